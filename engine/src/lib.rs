@@ -1,0 +1,14 @@
+//! Vallum's rule engine: the rule model, the iptables-restore parser and printer, validation,
+//! compiled snapshots and the per-core packet path with generation counters.
+//!
+//! The engine is sans-IO: it reads no socket, no file and no clock. Time comes in as `now`
+//! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.
+
+pub mod model;
+pub mod packet;
+
+/// A monotonic clock the caller supplies (the engine never reads one itself).
+pub trait Clock: Send + Sync {
+    /// Nanoseconds since an arbitrary fixed origin; never decreases.
+    fn now_ns(&self) -> u64;
+}

@@ -1,0 +1,783 @@
+//! The rule model: ruleset -> tables -> chains -> rules (matches + target).
+//!
+//! These are plain data types, the common language of the parser ([`crate::restore`]), the
+//! validator ([`crate::validate`]) and the compiler ([`crate::compile`]). They mirror what
+//! `iptables-save` prints: a [`Rule`] holds the "IP header" part of an iptables rule (`-s`, `-d`,
+//! `-i`, `-o`, `-p`, `-f`) as fields, then the `-m` matches in the order they were given, then the
+//! target. Nothing here knows about protobuf, SQLite or the clock.
+//!
+//! Tables `filter` and `raw` are enforced by the engine. `nat`, `mangle` and `security` are
+//! parsed, stored and printed back, and [`crate::validate`] reports them as "not enforced":
+//! they are never dropped silently. Matches and targets of extensions the engine does not
+//! implement are kept as [`Match::Opaque`] / [`Target::Opaque`] so that a real ruleset survives
+//! a round trip; validation rejects them in enforced tables, naming the extension.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Address family of a table: `iptables` (IPv4) or `ip6tables` (IPv6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// IPv4 (`iptables`, `-4`).
+    Ipv4,
+    /// IPv6 (`ip6tables`, `-6`).
+    Ipv6,
+}
+
+/// The kind of an x_tables table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TableKind {
+    /// `raw`: PREROUTING and OUTPUT, before conntrack; enforced (NOTRACK / CT --notrack).
+    Raw,
+    /// `mangle`: parsed and printed, not enforced.
+    Mangle,
+    /// `nat`: parsed and printed, not enforced.
+    Nat,
+    /// `filter`: INPUT, FORWARD, OUTPUT; enforced.
+    Filter,
+    /// `security`: parsed and printed, not enforced.
+    Security,
+}
+
+impl TableKind {
+    /// All kinds, in the order the kernel runs them at a hook (raw first, as
+    /// NF_IP_PRI_RAW < NF_IP_PRI_MANGLE < NF_IP_PRI_NAT_DST < NF_IP_PRI_FILTER < NF_IP_PRI_SECURITY).
+    pub const ALL: [TableKind; 5] = [
+        TableKind::Raw,
+        TableKind::Mangle,
+        TableKind::Nat,
+        TableKind::Filter,
+        TableKind::Security,
+    ];
+
+    /// The name used after `*` in iptables-restore text.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableKind::Raw => "raw",
+            TableKind::Mangle => "mangle",
+            TableKind::Nat => "nat",
+            TableKind::Filter => "filter",
+            TableKind::Security => "security",
+        }
+    }
+
+    /// Parses a table name (`filter`, `raw`, ...); `None` for anything else.
+    pub fn from_name(s: &str) -> Option<TableKind> {
+        TableKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// Whether the engine evaluates this table on the packet path (filter and raw).
+    pub fn is_enforced(self) -> bool {
+        matches!(self, TableKind::Filter | TableKind::Raw)
+    }
+
+    /// The builtin chains (hooks) of this table, in iptables-save order.
+    pub fn builtin_hooks(self) -> &'static [Hook] {
+        use Hook::*;
+        match self {
+            TableKind::Raw => &[Prerouting, Output],
+            TableKind::Mangle => &[Prerouting, Input, Forward, Output, Postrouting],
+            TableKind::Nat => &[Prerouting, Input, Output, Postrouting],
+            TableKind::Filter => &[Input, Forward, Output],
+            TableKind::Security => &[Input, Forward, Output],
+        }
+    }
+}
+
+impl fmt::Display for TableKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A netfilter hook: where in the stack a builtin chain is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Hook {
+    /// Before routing, every packet that arrives.
+    Prerouting,
+    /// Packets for a local address.
+    Input,
+    /// Routed packets.
+    Forward,
+    /// Locally generated packets.
+    Output,
+    /// Every packet that leaves.
+    Postrouting,
+}
+
+impl Hook {
+    /// All hooks, in packet-path order.
+    pub const ALL: [Hook; 5] = [
+        Hook::Prerouting,
+        Hook::Input,
+        Hook::Forward,
+        Hook::Output,
+        Hook::Postrouting,
+    ];
+
+    /// The builtin chain name (`INPUT`, ...).
+    pub fn chain_name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "PREROUTING",
+            Hook::Input => "INPUT",
+            Hook::Forward => "FORWARD",
+            Hook::Output => "OUTPUT",
+            Hook::Postrouting => "POSTROUTING",
+        }
+    }
+
+    /// Parses a builtin chain name; `None` for user chains.
+    pub fn from_chain_name(s: &str) -> Option<Hook> {
+        Hook::ALL.into_iter().find(|h| h.chain_name() == s)
+    }
+
+    /// Index 0..5, for per-hook arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.chain_name())
+    }
+}
+
+/// Where something came from in iptables-restore text: 1-based line and column.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Location {
+    /// 1-based line number (0 when the item did not come from text).
+    pub line: u32,
+    /// 1-based column of the first byte of the token (0 when unknown).
+    pub column: u32,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// Packet and byte counters, as `[packets:bytes]` in iptables-save text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Counters {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (layer 3 length, as xt_counters).
+    pub bytes: u64,
+}
+
+/// A ruleset: one owner's tables. Several rulesets can be active at once; at each hook they run
+/// in ascending `priority` order with nftables semantics (see [`crate::compile`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ruleset {
+    /// Owner-chosen name, unique among active rulesets.
+    pub name: String,
+    /// Lower runs first (as nftables base-chain priority).
+    pub priority: i32,
+    /// Tables, at most one per (family, kind).
+    pub tables: Vec<Table>,
+}
+
+impl Ruleset {
+    /// The table of this family and kind, if present.
+    pub fn table(&self, family: Family, kind: TableKind) -> Option<&Table> {
+        self.tables
+            .iter()
+            .find(|t| t.family == family && t.kind == kind)
+    }
+
+    /// Number of rules over all tables and chains.
+    pub fn rule_count(&self) -> usize {
+        self.tables
+            .iter()
+            .flat_map(|t| &t.chains)
+            .map(|c| c.rules.len())
+            .sum()
+    }
+}
+
+/// One table (`*filter` ... `COMMIT`) of one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    /// IPv4 or IPv6.
+    pub family: Family,
+    /// filter, raw, nat, mangle or security.
+    pub kind: TableKind,
+    /// Builtin chains first in hook order, then user chains, as iptables-save prints them.
+    pub chains: Vec<Chain>,
+    /// Where `*table` was written.
+    pub location: Location,
+}
+
+impl Table {
+    /// The chain with this name, if present.
+    pub fn chain(&self, name: &str) -> Option<&Chain> {
+        self.chains.iter().find(|c| c.name == name)
+    }
+}
+
+/// A builtin chain's policy: the verdict when the packet reaches the end of the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// `ACCEPT`.
+    Accept,
+    /// `DROP`.
+    Drop,
+}
+
+/// A chain: builtin (has a hook and a policy) or user-defined (`-` in `:NAME - [0:0]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// Chain name, at most 28 bytes (XT_EXTENSION_MAXNAMELEN - 1 minus the kernel's own needs,
+    /// as iptables: "chain name too long").
+    pub name: String,
+    /// `Some` for builtin chains only (as iptables-restore: "policy only on builtin chains").
+    pub policy: Option<Policy>,
+    /// The policy counters `[p:b]` of a builtin chain (zero for user chains).
+    pub counters: Counters,
+    /// Rules in evaluation order.
+    pub rules: Vec<Rule>,
+    /// Where the chain was declared (`:NAME` or `-N NAME`).
+    pub location: Location,
+}
+
+impl Chain {
+    /// The hook this chain is attached to, if it is builtin.
+    pub fn hook(&self) -> Option<Hook> {
+        if self.policy.is_some() {
+            Hook::from_chain_name(&self.name)
+        } else {
+            None
+        }
+    }
+}
+
+/// A value with an optional `!` in front, as iptables writes `! -s 10.0.0.0/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Neg<T> {
+    /// `true` when written with `!`: the match succeeds when the test fails.
+    pub negated: bool,
+    /// The tested value.
+    pub value: T,
+}
+
+impl<T> Neg<T> {
+    /// A plain (non-negated) value.
+    pub fn plain(value: T) -> Self {
+        Neg {
+            negated: false,
+            value,
+        }
+    }
+}
+
+/// An address with a mask, as `-s 10.0.0.0/8` or `-s 10.0.0.0/255.0.0.0`.
+/// The mask need not be contiguous (iptables accepts any dotted mask); `prefix_len()` returns
+/// `None` then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpNet {
+    /// The address, already ANDed with the mask (as iptables stores it).
+    pub addr: IpAddr,
+    /// The mask, same family as `addr`.
+    pub mask: IpAddr,
+}
+
+impl IpNet {
+    /// A network from an address and a prefix length (0..=32 or 0..=128). Bits of `addr` beyond
+    /// the prefix are cleared. Returns `None` when `len` is too long for the family.
+    pub fn new(addr: IpAddr, len: u8) -> Option<IpNet> {
+        match addr {
+            IpAddr::V4(a) => {
+                if len > 32 {
+                    return None;
+                }
+                let m = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+                Some(IpNet {
+                    addr: IpAddr::V4(Ipv4Addr::from(u32::from(a) & m)),
+                    mask: IpAddr::V4(Ipv4Addr::from(m)),
+                })
+            }
+            IpAddr::V6(a) => {
+                if len > 128 {
+                    return None;
+                }
+                let m = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                Some(IpNet {
+                    addr: IpAddr::V6(Ipv6Addr::from(u128::from(a) & m)),
+                    mask: IpAddr::V6(Ipv6Addr::from(m)),
+                })
+            }
+        }
+    }
+
+    /// The prefix length when the mask is contiguous.
+    pub fn prefix_len(&self) -> Option<u8> {
+        let (bits, width) = match self.mask {
+            IpAddr::V4(m) => (u32::from(m) as u128, 32u32),
+            IpAddr::V6(m) => (u128::from(m), 128u32),
+        };
+        let ones = bits.count_ones();
+        let expected = if ones == 0 {
+            0
+        } else {
+            (u128::MAX >> (128 - width)) & !((1u128 << (width - ones)) - 1)
+        };
+        (bits == expected).then_some(ones as u8)
+    }
+
+    /// Whether `ip` is inside this network (false across families).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, self.mask, ip) {
+            (IpAddr::V4(a), IpAddr::V4(m), IpAddr::V4(x)) => {
+                u32::from(x) & u32::from(m) == u32::from(a)
+            }
+            (IpAddr::V6(a), IpAddr::V6(m), IpAddr::V6(x)) => {
+                u128::from(x) & u128::from(m) == u128::from(a)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An interface name pattern (`-i eth0`, `-i eth+`): at most 15 bytes (IFNAMSIZ - 1); a trailing
+/// `+` matches every name with that prefix, and `+` alone matches every interface.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Iface {
+    /// The name as written, including a trailing `+`.
+    pub name: String,
+}
+
+impl Iface {
+    /// Whether an interface name matches this pattern (as xt's ifname compare).
+    pub fn matches(&self, ifname: &str) -> bool {
+        match self.name.strip_suffix('+') {
+            Some(prefix) => ifname.starts_with(prefix),
+            None => self.name == ifname,
+        }
+    }
+}
+
+/// An inclusive port range; a single port has `lo == hi`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    /// First port.
+    pub lo: u16,
+    /// Last port (>= lo).
+    pub hi: u16,
+}
+
+impl PortRange {
+    /// Whether `port` is within the range.
+    pub fn contains(&self, port: u16) -> bool {
+        self.lo <= port && port <= self.hi
+    }
+}
+
+/// An inclusive range of IP addresses (`-m iprange --src-range a-b`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddrRange {
+    /// First address.
+    pub lo: IpAddr,
+    /// Last address (same family).
+    pub hi: IpAddr,
+}
+
+impl AddrRange {
+    /// Whether `ip` is within the range (false across families).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.lo, self.hi, ip) {
+            (IpAddr::V4(l), IpAddr::V4(h), IpAddr::V4(x)) => l <= x && x <= h,
+            (IpAddr::V6(l), IpAddr::V6(h), IpAddr::V6(x)) => l <= x && x <= h,
+            _ => false,
+        }
+    }
+}
+
+/// TCP flag bits, as in the TCP header's 13th byte (FIN = 0x01 ... URG = 0x20).
+pub mod tcp_flags {
+    /// FIN.
+    pub const FIN: u8 = 0x01;
+    /// SYN.
+    pub const SYN: u8 = 0x02;
+    /// RST.
+    pub const RST: u8 = 0x04;
+    /// PSH.
+    pub const PSH: u8 = 0x08;
+    /// ACK.
+    pub const ACK: u8 = 0x10;
+    /// URG.
+    pub const URG: u8 = 0x20;
+}
+
+/// Conntrack states as a bit set (`--ctstate NEW,ESTABLISHED`), the bits of xt_conntrack's
+/// XT_CONNTRACK_STATE_* in the order iptables prints them.
+pub mod ct_state {
+    /// INVALID.
+    pub const INVALID: u8 = 1 << 0;
+    /// ESTABLISHED.
+    pub const ESTABLISHED: u8 = 1 << 1;
+    /// RELATED.
+    pub const RELATED: u8 = 1 << 2;
+    /// NEW.
+    pub const NEW: u8 = 1 << 3;
+    /// UNTRACKED.
+    pub const UNTRACKED: u8 = 1 << 4;
+    /// SNAT (conntrack match only).
+    pub const SNAT: u8 = 1 << 5;
+    /// DNAT (conntrack match only).
+    pub const DNAT: u8 = 1 << 6;
+}
+
+/// Which packet address a `--match-set` flag refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SetDir {
+    /// `src`.
+    Src,
+    /// `dst`.
+    Dst,
+}
+
+/// A `-m` match (or the implicit protocol match). Each variant is one iptables extension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    /// `-m tcp`: ports, flags and options.
+    Tcp(TcpMatch),
+    /// `-m udp`: ports.
+    Udp(UdpMatch),
+    /// `-m multiport`: up to 15 port slots, a range takes 2.
+    Multiport(MultiportMatch),
+    /// `-m icmp --icmp-type`.
+    Icmp(IcmpMatch),
+    /// `-m icmp6 --icmpv6-type`.
+    Icmpv6(IcmpMatch),
+    /// `-m conntrack`.
+    Conntrack(ConntrackMatch),
+    /// `-m state --state`: a set of [`ct_state`] bits.
+    State(Neg<u8>),
+    /// `-m iprange`.
+    Iprange(IprangeMatch),
+    /// `-m set --match-set NAME dir[,dir...]`.
+    Set(SetMatch),
+    /// `-m comment --comment TEXT` (at most 255 bytes); never affects matching.
+    Comment(String),
+    /// `-m mark --mark VALUE[/MASK]`: `(mark & mask) == value`.
+    Mark(Neg<MarkValue>),
+    /// `-m length --length LO[:HI]`: layer-3 length in bytes.
+    Length(Neg<PortRange>),
+    /// `-m limit`: token bucket.
+    Limit(LimitMatch),
+    /// `-m mac --mac-source`.
+    Mac(Neg<[u8; 6]>),
+    /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
+    /// tables and round trips); rejected by validation in enforced tables.
+    Opaque(Opaque),
+}
+
+impl Match {
+    /// The extension name as written after `-m`.
+    pub fn extension(&self) -> &str {
+        match self {
+            Match::Tcp(_) => "tcp",
+            Match::Udp(_) => "udp",
+            Match::Multiport(_) => "multiport",
+            Match::Icmp(_) => "icmp",
+            Match::Icmpv6(_) => "icmp6",
+            Match::Conntrack(_) => "conntrack",
+            Match::State(_) => "state",
+            Match::Iprange(_) => "iprange",
+            Match::Set(_) => "set",
+            Match::Comment(_) => "comment",
+            Match::Mark(_) => "mark",
+            Match::Length(_) => "length",
+            Match::Limit(_) => "limit",
+            Match::Mac(_) => "mac",
+            Match::Opaque(o) => &o.name,
+        }
+    }
+}
+
+/// `-m tcp` options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TcpMatch {
+    /// `--sport`.
+    pub sport: Option<Neg<PortRange>>,
+    /// `--dport`.
+    pub dport: Option<Neg<PortRange>>,
+    /// `--tcp-flags MASK COMP` (`--syn` is `FIN,SYN,RST,ACK SYN`).
+    pub flags: Option<Neg<TcpFlags>>,
+    /// `--tcp-option N`: the packet carries TCP option kind N.
+    pub option: Option<Neg<u8>>,
+}
+
+/// `--tcp-flags MASK COMP`: `(flags & mask) == comp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TcpFlags {
+    /// Flags examined ([`tcp_flags`] bits).
+    pub mask: u8,
+    /// Flags that must be set among those examined.
+    pub comp: u8,
+}
+
+/// `-m udp` options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UdpMatch {
+    /// `--sport`.
+    pub sport: Option<Neg<PortRange>>,
+    /// `--dport`.
+    pub dport: Option<Neg<PortRange>>,
+}
+
+/// Which ports `-m multiport` compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MultiportDir {
+    /// `--sports`.
+    Source,
+    /// `--dports`.
+    Destination,
+    /// `--ports`: source or destination.
+    Either,
+}
+
+/// `-m multiport [!] --sports|--dports|--ports p[,p|lo:hi...]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultiportMatch {
+    /// Compared ports.
+    pub dir: MultiportDir,
+    /// `!` before the option.
+    pub negated: bool,
+    /// Ports and ranges in written order; at most 15 slots where a range takes 2.
+    pub ports: Vec<PortRange>,
+}
+
+/// `--icmp-type` / `--icmpv6-type`: `type` and an inclusive code range; `any` is `None` type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IcmpMatch {
+    /// `!` before the option.
+    pub negated: bool,
+    /// `None` for `any` (every ICMP packet).
+    pub icmp_type: Option<u8>,
+    /// Inclusive code range (0..=255 when only a type is given).
+    pub code: (u8, u8),
+}
+
+/// `-m conntrack` options. Only `--ctstate` is enforced by the engine's packet path in issue
+/// #2; the others are parsed and printed, and validation names them when not enforced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConntrackMatch {
+    /// `--ctstate`: [`ct_state`] bits.
+    pub ctstate: Option<Neg<u8>>,
+    /// Every other option, verbatim in written order (name without `--`, negation, value).
+    pub other: Vec<OpaqueOption>,
+}
+
+/// `-m iprange`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IprangeMatch {
+    /// `--src-range LO-HI`.
+    pub src: Option<Neg<AddrRange>>,
+    /// `--dst-range LO-HI`.
+    pub dst: Option<Neg<AddrRange>>,
+}
+
+/// `-m set [!] --match-set NAME src|dst[,...]`: the set's element type decides how many flags
+/// are consumed (hash:ip uses the first, hash:ip,port the first two).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetMatch {
+    /// `!` before `--match-set`.
+    pub negated: bool,
+    /// Set name, at most 31 bytes (IPSET_MAXNAMELEN - 1).
+    pub name: String,
+    /// One flag per element dimension.
+    pub dirs: Vec<SetDir>,
+    /// Further options (`--return-nomatch`, `! --update-counters`, ...) verbatim.
+    pub other: Vec<OpaqueOption>,
+}
+
+/// `--mark VALUE[/MASK]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MarkValue {
+    /// Compared value.
+    pub value: u32,
+    /// Mask applied to the packet mark first (0xffffffff when not written).
+    pub mask: u32,
+}
+
+/// `-m limit --limit N/unit --limit-burst B`: a token bucket, as xt_limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LimitMatch {
+    /// Average rate: packets per `unit`.
+    pub rate: u32,
+    /// Unit of the rate.
+    pub unit: RateUnit,
+    /// Bucket size in packets (default 5).
+    pub burst: u32,
+}
+
+impl LimitMatch {
+    /// Nanoseconds between two packets at the average rate.
+    pub fn interval_ns(&self) -> u64 {
+        self.unit.ns() / u64::from(self.rate.max(1))
+    }
+}
+
+/// The unit of a `--limit` rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RateUnit {
+    /// `/sec`.
+    Second,
+    /// `/min`.
+    Minute,
+    /// `/hour`.
+    Hour,
+    /// `/day`.
+    Day,
+}
+
+impl RateUnit {
+    /// The unit's length in nanoseconds.
+    pub fn ns(self) -> u64 {
+        const S: u64 = 1_000_000_000;
+        match self {
+            RateUnit::Second => S,
+            RateUnit::Minute => 60 * S,
+            RateUnit::Hour => 3600 * S,
+            RateUnit::Day => 86_400 * S,
+        }
+    }
+}
+
+/// An option of an extension kept verbatim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpaqueOption {
+    /// `!` before the option.
+    pub negated: bool,
+    /// The option name including its dashes (`--dst-type`).
+    pub name: String,
+    /// The option's arguments as separate tokens (unquoted).
+    pub args: Vec<String>,
+}
+
+/// A match or target extension the engine does not implement, kept verbatim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opaque {
+    /// The extension name (`addrtype`, `DNAT`).
+    pub name: String,
+    /// Its options in written order.
+    pub options: Vec<OpaqueOption>,
+}
+
+/// What a rule does when all its matches hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// No `-j`: the rule only counts.
+    None,
+    /// `-j ACCEPT`.
+    Accept,
+    /// `-j DROP`.
+    Drop,
+    /// `-j RETURN`.
+    Return,
+    /// `-j REJECT [--reject-with TYPE]`: a final drop that answers with an ICMP error or TCP RST.
+    Reject(RejectWith),
+    /// `-j CHAIN`: call a user chain; RETURN or its end comes back here.
+    Jump(String),
+    /// `-g CHAIN`: continue in a user chain; its end returns to this chain's caller.
+    Goto(String),
+    /// `-j LOG`: emit a log event and continue with the next rule.
+    Log(LogTarget),
+    /// `-j NOTRACK` (raw table): mark the packet untracked and continue.
+    Notrack,
+    /// `-j CT --notrack` (raw table): as NOTRACK. Other CT options are kept in `other`.
+    Ct(CtTarget),
+    /// A target extension the engine does not implement, kept verbatim.
+    Opaque(Opaque),
+}
+
+/// The answer of `-j REJECT`. IPv4 names are `icmp-*`, IPv6 names `icmp6-*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectWith {
+    /// icmp-net-unreachable / icmp6-no-route.
+    NetUnreachable,
+    /// icmp-host-unreachable / icmp6-addr-unreachable.
+    HostUnreachable,
+    /// icmp-port-unreachable / icmp6-port-unreachable (the default).
+    PortUnreachable,
+    /// icmp-proto-unreachable (IPv4 only).
+    ProtoUnreachable,
+    /// icmp-net-prohibited (IPv4 only).
+    NetProhibited,
+    /// icmp-host-prohibited (IPv4 only).
+    HostProhibited,
+    /// icmp-admin-prohibited / icmp6-adm-prohibited.
+    AdminProhibited,
+    /// tcp-reset.
+    TcpReset,
+    /// icmp6-policy-fail (IPv6 only).
+    PolicyFail,
+    /// icmp6-reject-route (IPv6 only).
+    RejectRoute,
+}
+
+/// `-j LOG` options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogTarget {
+    /// `--log-prefix` (at most 29 bytes).
+    pub prefix: Option<String>,
+    /// `--log-level` as a syslog number 0..=7 (printed as a number, as iptables-save does).
+    pub level: Option<u8>,
+    /// `--log-tcp-sequence`, `--log-tcp-options`, `--log-ip-options`, `--log-uid`,
+    /// `--log-macdecode` as written, in iptables' print order.
+    pub flags: Vec<String>,
+}
+
+/// `-j CT` options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CtTarget {
+    /// `--notrack`.
+    pub notrack: bool,
+    /// Every other option, verbatim.
+    pub other: Vec<OpaqueOption>,
+}
+
+/// One rule: the header fields, the matches in order and the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// `-s`.
+    pub src: Option<Neg<IpNet>>,
+    /// `-d`.
+    pub dst: Option<Neg<IpNet>>,
+    /// `-i`.
+    pub in_iface: Option<Neg<Iface>>,
+    /// `-o`.
+    pub out_iface: Option<Neg<Iface>>,
+    /// `-p`: protocol number (0 is never stored: `-p all` is `None`).
+    pub protocol: Option<Neg<u8>>,
+    /// `-f` / `! -f` (IPv4 only): `Some(true)` matches second and later fragments only.
+    pub fragment: Option<bool>,
+    /// `-m` matches, in written order.
+    pub matches: Vec<Match>,
+    /// `-j` / `-g`.
+    pub target: Target,
+    /// `[p:b]` or `-c p b` counters given in the text, if any.
+    pub counters: Option<Counters>,
+    /// Where the rule's first token was written.
+    pub location: Location,
+}
+
+impl Default for Rule {
+    fn default() -> Self {
+        Rule {
+            src: None,
+            dst: None,
+            in_iface: None,
+            out_iface: None,
+            protocol: None,
+            fragment: None,
+            matches: Vec::new(),
+            target: Target::None,
+            counters: None,
+            location: Location::default(),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Packets as the classifier sees them: a small, `Copy` header summary ([`PacketMeta`]) parsed
+//! from Ethernet or raw IP bytes, plus the metadata that does not live in the bytes (hook,
+//! interfaces, mark, conntrack state).
+//!
+//! Parsing lives in [`parse`] (etherparse underneath), capture files in [`pcap`], generated
+//! traffic in [`synth`]. The hot path only reads [`PacketMeta`]; it never allocates.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::model::{Family, Hook, ct_state};
+
+pub mod parse;
+pub mod pcap;
+pub mod synth;
+
+/// An interface name stored inline (IFNAMSIZ = 16 bytes, at most 15 used), so packet metadata
+/// stays `Copy` and allocation-free. The empty name means "no interface" (e.g. `-o` at INPUT).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct IfName {
+    bytes: [u8; 16],
+    len: u8,
+}
+
+impl IfName {
+    /// An interface name; `None` when longer than 15 bytes.
+    pub fn new(name: &str) -> Option<IfName> {
+        let b = name.as_bytes();
+        if b.len() > 15 {
+            return None;
+        }
+        let mut bytes = [0u8; 16];
+        bytes[..b.len()].copy_from_slice(b);
+        Some(IfName {
+            bytes,
+            len: b.len() as u8,
+        })
+    }
+
+    /// The name as a string slice.
+    pub fn as_str(&self) -> &str {
+        // Only ever built from a &str in `new`, so the bytes are valid UTF-8.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Debug for IfName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+/// The header fields and metadata of one packet, as the classifier reads them.
+///
+/// Shapes and units: addresses in host form, ports in host order, `len` is the layer-3 length
+/// in bytes (IPv4 total length, IPv6 payload length + 40) as `-m length` and xt_counters use.
+/// `sport`/`dport` are 0 and `tcp_flags` 0 when the protocol has no ports or the packet is a
+/// non-first fragment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketMeta {
+    /// IPv4 or IPv6.
+    pub family: Family,
+    /// The hook the packet is classified at.
+    pub hook: Hook,
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// Layer-4 protocol number (after IPv6 extension headers).
+    pub protocol: u8,
+    /// A non-first fragment (no layer-4 header available), as `-f`.
+    pub fragment: bool,
+    /// TCP/UDP/SCTP/DCCP/UDP-Lite source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// TCP flags byte ([`crate::model::tcp_flags`]).
+    pub tcp_flags: u8,
+    /// TCP option kinds present, as a 256-bit set (bit k of word k/64).
+    pub tcp_options: [u64; 4],
+    /// ICMP / ICMPv6 type.
+    pub icmp_type: u8,
+    /// ICMP / ICMPv6 code.
+    pub icmp_code: u8,
+    /// Layer-3 length in bytes.
+    pub len: u32,
+    /// Input interface (empty at OUTPUT).
+    pub in_iface: IfName,
+    /// Output interface (empty at PREROUTING and INPUT).
+    pub out_iface: IfName,
+    /// Ethernet source address, when the packet came with a link-layer header.
+    pub src_mac: Option<[u8; 6]>,
+    /// The packet mark (skb->mark).
+    pub mark: u32,
+    /// Conntrack state as one [`ct_state`] bit (NEW when no tracker ran).
+    pub ct_state: u8,
+}
+
+impl Default for PacketMeta {
+    fn default() -> Self {
+        PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Input,
+            src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            dst: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            protocol: 0,
+            fragment: false,
+            sport: 0,
+            dport: 0,
+            tcp_flags: 0,
+            tcp_options: [0; 4],
+            icmp_type: 0,
+            icmp_code: 0,
+            len: 0,
+            in_iface: IfName::default(),
+            out_iface: IfName::default(),
+            src_mac: None,
+            mark: 0,
+            ct_state: ct_state::NEW,
+        }
+    }
+}
+
+impl PacketMeta {
+    /// Whether the packet carries TCP option `kind`.
+    pub fn has_tcp_option(&self, kind: u8) -> bool {
+        self.tcp_options[usize::from(kind / 64)] & (1u64 << (kind % 64)) != 0
+    }
+}
