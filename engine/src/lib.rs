@@ -4,11 +4,15 @@
 //! The engine is sans-IO: it reads no socket, no file and no clock. Time comes in as `now`
 //! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.
 
+pub mod compile;
 pub mod model;
 pub mod packet;
+pub mod sets;
+pub mod validate;
 
 /// A monotonic clock the caller supplies (the engine never reads one itself).
 pub trait Clock: Send + Sync {
     /// Nanoseconds since an arbitrary fixed origin; never decreases.
     fn now_ns(&self) -> u64;
 }
+

@@ -169,7 +169,7 @@ pub struct Counters {
 
 /// A ruleset: one owner's tables. Several rulesets can be active at once; at each hook they run
 /// in ascending `priority` order with nftables semantics (see [`crate::compile`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ruleset {
     /// Owner-chosen name, unique among active rulesets.
     pub name: String,
@@ -198,7 +198,7 @@ impl Ruleset {
 }
 
 /// One table (`*filter` ... `COMMIT`) of one family.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Table {
     /// IPv4 or IPv6.
     pub family: Family,
@@ -227,7 +227,7 @@ pub enum Policy {
 }
 
 /// A chain: builtin (has a hook and a policy) or user-defined (`-` in `:NAME - [0:0]`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Chain {
     /// Chain name, at most 28 bytes (XT_EXTENSION_MAXNAMELEN - 1 minus the kernel's own needs,
     /// as iptables: "chain name too long").
@@ -439,7 +439,7 @@ pub enum SetDir {
 }
 
 /// A `-m` match (or the implicit protocol match). Each variant is one iptables extension.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Match {
     /// `-m tcp`: ports, flags and options.
     Tcp(TcpMatch),
@@ -498,7 +498,7 @@ impl Match {
 }
 
 /// `-m tcp` options.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TcpMatch {
     /// `--sport`.
     pub sport: Option<Neg<PortRange>>,
@@ -520,7 +520,7 @@ pub struct TcpFlags {
 }
 
 /// `-m udp` options.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct UdpMatch {
     /// `--sport`.
     pub sport: Option<Neg<PortRange>>,
@@ -540,7 +540,7 @@ pub enum MultiportDir {
 }
 
 /// `-m multiport [!] --sports|--dports|--ports p[,p|lo:hi...]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MultiportMatch {
     /// Compared ports.
     pub dir: MultiportDir,
@@ -563,7 +563,7 @@ pub struct IcmpMatch {
 
 /// `-m conntrack` options. Only `--ctstate` is enforced by the engine's packet path in issue
 /// #2; the others are parsed and printed, and validation names them when not enforced.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ConntrackMatch {
     /// `--ctstate`: [`ct_state`] bits.
     pub ctstate: Option<Neg<u8>>,
@@ -572,7 +572,7 @@ pub struct ConntrackMatch {
 }
 
 /// `-m iprange`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct IprangeMatch {
     /// `--src-range LO-HI`.
     pub src: Option<Neg<AddrRange>>,
@@ -582,7 +582,7 @@ pub struct IprangeMatch {
 
 /// `-m set [!] --match-set NAME src|dst[,...]`: the set's element type decides how many flags
 /// are consumed (hash:ip uses the first, hash:ip,port the first two).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SetMatch {
     /// `!` before `--match-set`.
     pub negated: bool,
@@ -648,7 +648,7 @@ impl RateUnit {
 }
 
 /// An option of an extension kept verbatim.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct OpaqueOption {
     /// `!` before the option.
     pub negated: bool,
@@ -659,7 +659,7 @@ pub struct OpaqueOption {
 }
 
 /// A match or target extension the engine does not implement, kept verbatim.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Opaque {
     /// The extension name (`addrtype`, `DNAT`).
     pub name: String,
@@ -668,7 +668,7 @@ pub struct Opaque {
 }
 
 /// What a rule does when all its matches hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     /// No `-j`: the rule only counts.
     None,
@@ -720,7 +720,7 @@ pub enum RejectWith {
 }
 
 /// `-j LOG` options.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LogTarget {
     /// `--log-prefix` (at most 29 bytes).
     pub prefix: Option<String>,
@@ -732,7 +732,7 @@ pub struct LogTarget {
 }
 
 /// `-j CT` options.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtTarget {
     /// `--notrack`.
     pub notrack: bool,
@@ -741,7 +741,7 @@ pub struct CtTarget {
 }
 
 /// One rule: the header fields, the matches in order and the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Rule {
     /// `-s`.
     pub src: Option<Neg<IpNet>>,

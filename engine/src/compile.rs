@@ -1,0 +1,1193 @@
+//! Compiled snapshots: the immutable, published form of all active rulesets.
+//!
+//! [`Snapshot::compile`] turns validated [`Ruleset`]s into flat arrays: per (family, hook) the
+//! base chains to run in order, every chain's rules with jump and goto targets resolved to
+//! indices, and one counter slot per rule and per chain policy. A snapshot never changes after
+//! it is built, except its counters and the state of `-m limit` token buckets.
+//!
+//! ## Evaluation (iptables semantics within a chain, nftables semantics across base chains)
+//! At a hook, the base chains of the packet's family run in this order: tables by kernel
+//! priority (raw before filter, as NF_IP_PRI_RAW < NF_IP_PRI_FILTER), and within a table kind
+//! the rulesets by ascending priority (ties by name). Inside a chain the first matching rule's
+//! target decides: ACCEPT ends *this* base chain and the packet goes on to the next base chain
+//! (as an nftables accept); DROP and REJECT are final for the hook; `-j CHAIN` pushes a return
+//! point, `-g CHAIN` does not, RETURN (or the end of a user chain) pops one, and RETURN or the
+//! end of a base chain applies the policy. LOG and NOTRACK do not decide and continue with the
+//! next rule, as XT_CONTINUE targets do. A matching rule is counted before its target runs, as
+//! ipt_do_table counts.
+//!
+//! Only filter and raw are enforced; nat, mangle and security tables are not compiled
+//! ([`crate::validate`] reports them).
+//!
+//! ## Counters
+//! Each core has its own cache-line-aligned block of (packets, bytes) pairs, one pair per rule
+//! and per chain policy, like xt_counters in per-cpu memory. Only that core's worker writes its
+//! block (a Relaxed load and store of an `AtomicU64`, which compiles to plain moves; no
+//! read-modify-write shared between cores). A reader sums the cores plus a `base` array
+//! that holds counters carried over from the previous snapshot ([`Snapshot::carry_from`]) and
+//! the offsets of [`Snapshot::zero_counters`].
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::model::{
+    Family, Hook, IpNet, Match, MultiportDir, Neg, Policy, PortRange, RejectWith, Rule, Ruleset,
+    SetDir, TableKind, Target, ct_state,
+};
+use crate::packet::{IfName, PacketMeta};
+use crate::sets::{IpSet, SetRegistry};
+
+/// The deepest chain call stack a packet may build with `-j` (goto does not add depth).
+/// Validation rejects rulesets that could go deeper; at run time a deeper call drops the
+/// packet, as x_tables does when its jump stack overflows.
+pub const MAX_CALL_DEPTH: usize = 64;
+
+/// The verdict of a hook for one packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Every base chain accepted the packet (or none exists).
+    Accept,
+    /// Dropped silently.
+    Drop,
+    /// Dropped with an answer (ICMP error or TCP RST) the caller may send.
+    Reject(RejectWith),
+}
+
+impl Verdict {
+    /// Upper-case name as used in metrics labels (`ACCEPT`, `DROP`, `REJECT`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Accept => "ACCEPT",
+            Verdict::Drop => "DROP",
+            Verdict::Reject(_) => "REJECT",
+        }
+    }
+}
+
+/// A `-j LOG` hit, handed to the caller of [`Snapshot::classify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEvent {
+    /// Ruleset name.
+    pub ruleset: Arc<str>,
+    /// Table of the rule.
+    pub table: TableKind,
+    /// Chain of the rule.
+    pub chain: Arc<str>,
+    /// 1-based rule number in its chain.
+    pub rule: u32,
+    /// `--log-prefix`, if set.
+    pub prefix: Option<Arc<str>>,
+    /// `--log-level` (syslog 0..=7, default 4 = warning as xt_LOG).
+    pub level: u8,
+    /// The packet as it was when the rule matched.
+    pub packet: PacketMeta,
+}
+
+/// Why a ruleset could not be compiled. Validation ([`crate::validate`]) catches all of these
+/// first, with locations; the compiler re-checks so that it never builds a broken snapshot.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum CompileError {
+    /// A jump or goto names a chain that does not exist in the same table.
+    #[error("ruleset {ruleset}: {table} chain {chain}: target chain {target} does not exist")]
+    UnknownChain {
+        /// Ruleset name.
+        ruleset: String,
+        /// Table.
+        table: TableKind,
+        /// Chain holding the rule.
+        chain: String,
+        /// Missing chain.
+        target: String,
+    },
+    /// A match or target the packet path cannot run in an enforced table.
+    #[error("ruleset {ruleset}: {table} chain {chain}: extension {extension} is not enforced")]
+    Unsupported {
+        /// Ruleset name.
+        ruleset: String,
+        /// Table.
+        table: TableKind,
+        /// Chain holding the rule.
+        chain: String,
+        /// Extension name.
+        extension: String,
+    },
+    /// `--match-set` names a set the registry does not know.
+    #[error("ruleset {ruleset}: set {set} does not exist")]
+    UnknownSet {
+        /// Ruleset name.
+        ruleset: String,
+        /// Set name.
+        set: String,
+    },
+    /// Two active rulesets have the same name.
+    #[error("ruleset {0} is given twice")]
+    DuplicateRuleset(String),
+}
+
+// === compiled form ===
+
+#[derive(Debug)]
+struct CChain {
+    ruleset: u32,
+    family: Family,
+    table: TableKind,
+    name: Arc<str>,
+    first_rule: u32,
+    n_rules: u32,
+    /// `Some` for builtin chains.
+    policy: Option<Policy>,
+}
+
+#[derive(Debug)]
+struct CRule {
+    src: Option<(bool, u128, u128)>,
+    dst: Option<(bool, u128, u128)>,
+    in_iface: Option<(bool, IfacePattern)>,
+    out_iface: Option<(bool, IfacePattern)>,
+    protocol: Option<(bool, u8)>,
+    fragment: Option<bool>,
+    matches: Box<[CMatch]>,
+    target: CTarget,
+    /// 1-based number in its chain.
+    number: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct IfacePattern {
+    name: IfName,
+    wildcard: bool,
+}
+
+impl IfacePattern {
+    fn matches(&self, ifname: &IfName) -> bool {
+        let p = self.name.as_str().as_bytes();
+        let n = ifname.as_str().as_bytes();
+        if self.wildcard {
+            n.starts_with(p)
+        } else {
+            n == p
+        }
+    }
+}
+
+#[derive(Debug)]
+enum CMatch {
+    Tcp {
+        sport: Option<(bool, PortRange)>,
+        dport: Option<(bool, PortRange)>,
+        flags: Option<(bool, u8, u8)>,
+        option: Option<(bool, u8)>,
+    },
+    Udp {
+        sport: Option<(bool, PortRange)>,
+        dport: Option<(bool, PortRange)>,
+    },
+    Multiport {
+        dir: MultiportDir,
+        negated: bool,
+        ports: Box<[PortRange]>,
+    },
+    Icmp {
+        negated: bool,
+        icmp_type: Option<u8>,
+        code: (u8, u8),
+    },
+    CtState {
+        negated: bool,
+        bits: u8,
+    },
+    Iprange {
+        src: Option<(bool, IpAddr, IpAddr)>,
+        dst: Option<(bool, IpAddr, IpAddr)>,
+    },
+    Set {
+        negated: bool,
+        set: Arc<dyn IpSet>,
+        dirs: Box<[SetDir]>,
+    },
+    Mark {
+        negated: bool,
+        value: u32,
+        mask: u32,
+    },
+    Length {
+        negated: bool,
+        range: PortRange,
+    },
+    Limit(TokenBucket),
+    Mac {
+        negated: bool,
+        mac: [u8; 6],
+    },
+}
+
+/// `-m limit` as a generic cell rate algorithm over one atomic: `tat` is the theoretical
+/// arrival time (ns) of the next conforming packet. A packet conforms when
+/// `tat - burst_ns <= now`; it then moves `tat` to `max(tat, now) + interval`. This is the
+/// token bucket of xt_limit (credit = burst, one token per interval) without its spinlock.
+#[derive(Debug)]
+struct TokenBucket {
+    interval_ns: u64,
+    /// (burst - 1) * interval: how far ahead of `now` the schedule may run.
+    burst_ns: u64,
+    /// Relaxed is enough: the bucket is a rate estimate shared by cores, it guards no other
+    /// memory, and the compare-exchange makes each update atomic.
+    tat: AtomicU64,
+}
+
+impl TokenBucket {
+    fn conforms(&self, now: u64) -> bool {
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            if tat.saturating_sub(self.burst_ns) > now {
+                return false;
+            }
+            let next = tat.max(now).saturating_add(self.interval_ns);
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(seen) => tat = seen,
+            }
+        }
+    }
+
+    fn would_conform(&self, now: u64) -> bool {
+        self.tat.load(Ordering::Relaxed).saturating_sub(self.burst_ns) <= now
+    }
+}
+
+#[derive(Debug, Clone)]
+enum CTarget {
+    Continue,
+    Accept,
+    Drop,
+    Reject(RejectWith),
+    Return,
+    Jump(u32),
+    Goto(u32),
+    Log {
+        prefix: Option<Arc<str>>,
+        level: u8,
+    },
+    Notrack,
+}
+
+/// One cache line of counters: four (packets, bytes) pairs.
+#[repr(align(64))]
+#[derive(Default)]
+struct CounterLine([AtomicU64; 8]);
+
+/// A core's private counter block.
+struct CoreCounters {
+    lines: Box<[CounterLine]>,
+}
+
+impl CoreCounters {
+    fn new(slots: usize) -> CoreCounters {
+        CoreCounters {
+            lines: (0..slots.div_ceil(4)).map(|_| CounterLine::default()).collect(),
+        }
+    }
+
+    fn cell(&self, slot: usize, which: usize) -> &AtomicU64 {
+        &self.lines[slot / 4].0[(slot % 4) * 2 + which]
+    }
+
+    /// Single writer (the owning core): Relaxed load + store, no RMW. Readers on other threads
+    /// may see a stale value, never a torn one.
+    #[inline]
+    fn bump(&self, slot: usize, bytes: u64) {
+        let p = self.cell(slot, 0);
+        p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        let b = self.cell(slot, 1);
+        b.store(b.load(Ordering::Relaxed).wrapping_add(bytes), Ordering::Relaxed);
+    }
+}
+
+/// The identity of a counter slot across snapshots: ruleset, family, table, chain, and for
+/// rules the rule's content (its canonical form) plus an ordinal among equal rules of the chain,
+/// so that duplicates keep a stable order. Policies have `content == None`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SlotIdentity {
+    ruleset: Arc<str>,
+    family: Family,
+    table: TableKind,
+    chain: Arc<str>,
+    content: Option<(u64, u32)>,
+}
+
+/// Packet and byte counts of one rule or chain policy, read consistently as the sum of all
+/// cores plus carried-over values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotCounters {
+    /// Ruleset name.
+    pub ruleset: Arc<str>,
+    /// Family of the table.
+    pub family: Family,
+    /// Table.
+    pub table: TableKind,
+    /// Chain.
+    pub chain: Arc<str>,
+    /// 1-based rule number, or `None` for the chain's policy.
+    pub rule: Option<u32>,
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (layer-3 length).
+    pub bytes: u64,
+}
+
+/// The compiled, immutable form of all active rulesets. See the module docs.
+pub struct Snapshot {
+    rulesets: Box<[Arc<Ruleset>]>,
+    names: Box<[Arc<str>]>,
+    /// `[family][hook]` -> base chain indices in evaluation order.
+    hooks: [[Box<[u32]>; 5]; 2],
+    chains: Box<[CChain]>,
+    rules: Box<[CRule]>,
+    /// Slot `i < rules.len()` is rule `i`; slot `rules.len() + c` is chain `c`'s policy.
+    identities: Box<[SlotIdentity]>,
+    cores: Box<[CoreCounters]>,
+    /// Two cells (packets, bytes) per slot: carried-over values minus zeroing offsets
+    /// (wrapping arithmetic).
+    base: Box<[AtomicU64]>,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("rulesets", &self.names)
+            .field("chains", &self.chains.len())
+            .field("rules", &self.rules.len())
+            .field("cores", &self.cores.len())
+            .finish()
+    }
+}
+
+fn family_index(f: Family) -> usize {
+    match f {
+        Family::Ipv4 => 0,
+        Family::Ipv6 => 1,
+    }
+}
+
+fn addr_bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+fn net_bits(n: &Neg<IpNet>) -> (bool, u128, u128) {
+    (n.negated, addr_bits(n.value.addr), addr_bits(n.value.mask))
+}
+
+/// A stable 64-bit hash of a rule's content, ignoring where it was written and the counters
+/// given in the text: two rules with the same canonical iptables-save form hash the same,
+/// because the parser canonicalises into the model.
+fn content_hash(rule: &Rule) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rule.src.hash(&mut h);
+    rule.dst.hash(&mut h);
+    rule.in_iface.hash(&mut h);
+    rule.out_iface.hash(&mut h);
+    rule.protocol.hash(&mut h);
+    rule.fragment.hash(&mut h);
+    rule.matches.hash(&mut h);
+    rule.target.hash(&mut h);
+    h.finish()
+}
+
+// === impl Snapshot: building ===
+
+impl Snapshot {
+    /// An empty snapshot (every hook accepts) with counter blocks for `cores` cores.
+    pub fn empty(cores: usize) -> Snapshot {
+        Snapshot {
+            rulesets: Box::new([]),
+            names: Box::new([]),
+            hooks: Default::default(),
+            chains: Box::new([]),
+            rules: Box::new([]),
+            identities: Box::new([]),
+            cores: (0..cores.max(1)).map(|_| CoreCounters::new(0)).collect(),
+            base: Box::new([]),
+        }
+    }
+
+    /// Compiles `rulesets` (already validated) for `cores` worker cores. Set names resolve
+    /// through `sets`.
+    ///
+    /// Errors: [`CompileError`] when a ruleset was not validated and refers to something that
+    /// does not exist or cannot be enforced.
+    pub fn compile(
+        rulesets: &[Arc<Ruleset>],
+        sets: &dyn SetRegistry,
+        cores: usize,
+    ) -> Result<Snapshot, CompileError> {
+        let mut order: Vec<usize> = (0..rulesets.len()).collect();
+        order.sort_by(|&a, &b| {
+            (rulesets[a].priority, &rulesets[a].name)
+                .cmp(&(rulesets[b].priority, &rulesets[b].name))
+        });
+        for w in order.windows(2) {
+            if rulesets[w[0]].name == rulesets[w[1]].name {
+                return Err(CompileError::DuplicateRuleset(rulesets[w[0]].name.clone()));
+            }
+        }
+        let sorted: Vec<Arc<Ruleset>> = order.iter().map(|&i| rulesets[i].clone()).collect();
+        let names: Vec<Arc<str>> = sorted.iter().map(|r| Arc::from(r.name.as_str())).collect();
+
+        let mut chains: Vec<CChain> = Vec::new();
+        let mut rules: Vec<CRule> = Vec::new();
+        let mut rule_ids: Vec<SlotIdentity> = Vec::new();
+        let mut hooks: [[Vec<u32>; 5]; 2] = Default::default();
+        // Base chains per (family, hook, table kind), ruleset order already sorted.
+        let mut base: Vec<(Family, Hook, TableKind, u32)> = Vec::new();
+
+        for (ri, rs) in sorted.iter().enumerate() {
+            for table in rs.tables.iter().filter(|t| t.kind.is_enforced()) {
+                let first_chain = chains.len();
+                let index: HashMap<&str, u32> = table
+                    .chains
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name.as_str(), (first_chain + i) as u32))
+                    .collect();
+                let err_ctx = |chain: &str| (rs.name.clone(), table.kind, chain.to_string());
+                for chain in &table.chains {
+                    let cname: Arc<str> = Arc::from(chain.name.as_str());
+                    let ci = chains.len() as u32;
+                    let first_rule = rules.len() as u32;
+                    let mut seen: HashMap<u64, u32> = HashMap::new();
+                    for (n, rule) in chain.rules.iter().enumerate() {
+                        let compiled = compile_rule(rule, n as u32 + 1, &index, sets, &rs.name)
+                            .map_err(|e| e.in_context(err_ctx(&chain.name)))?;
+                        rules.push(compiled);
+                        let h = content_hash(rule);
+                        let ord = seen.entry(h).or_insert(0);
+                        rule_ids.push(SlotIdentity {
+                            ruleset: names[ri].clone(),
+                            family: table.family,
+                            table: table.kind,
+                            chain: cname.clone(),
+                            content: Some((h, *ord)),
+                        });
+                        *ord += 1;
+                    }
+                    let hook = chain.hook();
+                    chains.push(CChain {
+                        ruleset: ri as u32,
+                        family: table.family,
+                        table: table.kind,
+                        name: cname,
+                        first_rule,
+                        n_rules: chain.rules.len() as u32,
+                        policy: chain.policy,
+                    });
+                    if let Some(hook) = hook {
+                        base.push((table.family, hook, table.kind, ci));
+                    }
+                }
+            }
+        }
+        // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
+        base.sort_by_key(|&(_, _, kind, _)| kind);
+        for (family, hook, _, ci) in base {
+            hooks[family_index(family)][hook.index()].push(ci);
+        }
+
+        let mut identities = rule_ids;
+        identities.extend(chains.iter().map(|c| SlotIdentity {
+            ruleset: names[c.ruleset as usize].clone(),
+            family: c.family,
+            table: c.table,
+            chain: c.name.clone(),
+            content: None,
+        }));
+        let slots = identities.len();
+        Ok(Snapshot {
+            rulesets: sorted.into_boxed_slice(),
+            names: names.into_boxed_slice(),
+            hooks: hooks.map(|h| h.map(Vec::into_boxed_slice)),
+            chains: chains.into_boxed_slice(),
+            rules: rules.into_boxed_slice(),
+            identities: identities.into_boxed_slice(),
+            cores: (0..cores.max(1)).map(|_| CoreCounters::new(slots)).collect(),
+            base: (0..slots * 2).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// The rulesets this snapshot was compiled from, in evaluation (priority) order.
+    pub fn rulesets(&self) -> &[Arc<Ruleset>] {
+        &self.rulesets
+    }
+
+    /// Number of compiled rules (enforced tables only).
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Number of cores this snapshot has counter blocks for.
+    pub fn cores(&self) -> usize {
+        self.cores.len()
+    }
+}
+
+/// A compile error before the chain context is known.
+enum RuleError {
+    UnknownChain(String),
+    Unsupported(String),
+    UnknownSet(String),
+}
+
+impl RuleError {
+    fn in_context(self, (ruleset, table, chain): (String, TableKind, String)) -> CompileError {
+        match self {
+            RuleError::UnknownChain(target) => CompileError::UnknownChain {
+                ruleset,
+                table,
+                chain,
+                target,
+            },
+            RuleError::Unsupported(extension) => CompileError::Unsupported {
+                ruleset,
+                table,
+                chain,
+                extension,
+            },
+            RuleError::UnknownSet(set) => CompileError::UnknownSet { ruleset, set },
+        }
+    }
+}
+
+fn iface_pattern(i: &Neg<crate::model::Iface>) -> Option<(bool, IfacePattern)> {
+    let (name, wildcard) = match i.value.name.strip_suffix('+') {
+        Some(p) => (p, true),
+        None => (i.value.name.as_str(), false),
+    };
+    Some((
+        i.negated,
+        IfacePattern {
+            name: IfName::new(name)?,
+            wildcard,
+        },
+    ))
+}
+
+fn compile_rule(
+    rule: &Rule,
+    number: u32,
+    chains: &HashMap<&str, u32>,
+    sets: &dyn SetRegistry,
+    _ruleset: &str,
+) -> Result<CRule, RuleError> {
+    let mut matches = Vec::with_capacity(rule.matches.len());
+    for m in &rule.matches {
+        let neg = |n: &Option<Neg<PortRange>>| n.map(|p| (p.negated, p.value));
+        let c = match m {
+            Match::Tcp(t) => CMatch::Tcp {
+                sport: neg(&t.sport),
+                dport: neg(&t.dport),
+                flags: t.flags.map(|f| (f.negated, f.value.mask, f.value.comp)),
+                option: t.option.map(|o| (o.negated, o.value)),
+            },
+            Match::Udp(u) => CMatch::Udp {
+                sport: neg(&u.sport),
+                dport: neg(&u.dport),
+            },
+            Match::Multiport(mp) => CMatch::Multiport {
+                dir: mp.dir,
+                negated: mp.negated,
+                ports: mp.ports.clone().into_boxed_slice(),
+            },
+            Match::Icmp(i) | Match::Icmpv6(i) => CMatch::Icmp {
+                negated: i.negated,
+                icmp_type: i.icmp_type,
+                code: i.code,
+            },
+            Match::Conntrack(ct) => {
+                if let Some(o) = ct.other.first() {
+                    return Err(RuleError::Unsupported(format!("conntrack {}", o.name)));
+                }
+                match ct.ctstate {
+                    Some(s) => CMatch::CtState {
+                        negated: s.negated,
+                        bits: s.value,
+                    },
+                    None => continue,
+                }
+            }
+            Match::State(s) => CMatch::CtState {
+                negated: s.negated,
+                bits: s.value,
+            },
+            Match::Iprange(r) => CMatch::Iprange {
+                src: r.src.map(|n| (n.negated, n.value.lo, n.value.hi)),
+                dst: r.dst.map(|n| (n.negated, n.value.lo, n.value.hi)),
+            },
+            Match::Set(s) => {
+                if let Some(o) = s.other.first() {
+                    return Err(RuleError::Unsupported(format!("set {}", o.name)));
+                }
+                let set = sets
+                    .lookup(&s.name)
+                    .ok_or_else(|| RuleError::UnknownSet(s.name.clone()))?;
+                CMatch::Set {
+                    negated: s.negated,
+                    set,
+                    dirs: s.dirs.clone().into_boxed_slice(),
+                }
+            }
+            Match::Comment(_) => continue,
+            Match::Mark(mk) => CMatch::Mark {
+                negated: mk.negated,
+                value: mk.value.value,
+                mask: mk.value.mask,
+            },
+            Match::Length(l) => CMatch::Length {
+                negated: l.negated,
+                range: l.value,
+            },
+            Match::Limit(l) => {
+                let interval_ns = l.interval_ns();
+                CMatch::Limit(TokenBucket {
+                    interval_ns,
+                    burst_ns: interval_ns.saturating_mul(u64::from(l.burst.max(1) - 1)),
+                    tat: AtomicU64::new(0),
+                })
+            }
+            Match::Mac(mac) => CMatch::Mac {
+                negated: mac.negated,
+                mac: mac.value,
+            },
+            Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
+        };
+        matches.push(c);
+    }
+    let resolve = |name: &str| {
+        chains
+            .get(name)
+            .copied()
+            .ok_or_else(|| RuleError::UnknownChain(name.to_string()))
+    };
+    let target = match &rule.target {
+        Target::None => CTarget::Continue,
+        Target::Accept => CTarget::Accept,
+        Target::Drop => CTarget::Drop,
+        Target::Return => CTarget::Return,
+        Target::Reject(w) => CTarget::Reject(*w),
+        Target::Jump(c) => CTarget::Jump(resolve(c)?),
+        Target::Goto(c) => CTarget::Goto(resolve(c)?),
+        Target::Log(l) => CTarget::Log {
+            prefix: l.prefix.as_deref().map(Arc::from),
+            level: l.level.unwrap_or(4),
+        },
+        Target::Notrack => CTarget::Notrack,
+        Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
+        Target::Ct(ct) => {
+            let what = ct
+                .other
+                .first()
+                .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
+            return Err(RuleError::Unsupported(what));
+        }
+        Target::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
+    };
+    let iface = |i: &Option<Neg<crate::model::Iface>>| -> Result<_, RuleError> {
+        match i {
+            None => Ok(None),
+            Some(n) => iface_pattern(n)
+                .map(Some)
+                .ok_or_else(|| RuleError::Unsupported(format!("interface {}", n.value.name))),
+        }
+    };
+    Ok(CRule {
+        src: rule.src.as_ref().map(net_bits),
+        dst: rule.dst.as_ref().map(net_bits),
+        in_iface: iface(&rule.in_iface)?,
+        out_iface: iface(&rule.out_iface)?,
+        protocol: rule.protocol.map(|p| (p.negated, p.value)),
+        fragment: rule.fragment,
+        matches: matches.into_boxed_slice(),
+        target,
+        number,
+    })
+}
+
+// === impl Snapshot: evaluation ===
+
+/// What the evaluator reports on its way; the hot path counts, the trace records.
+trait Observer {
+    fn rule(&mut self, slot: usize, chain: &CChain, rule: &CRule, pkt: &PacketMeta);
+    fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
+    fn log(&mut self, chain: &CChain, rule: &CRule, prefix: &Option<Arc<str>>, level: u8, pkt: &PacketMeta);
+    fn outcome(&mut self, _what: StepOutcome) {}
+}
+
+/// The hot-path observer: bumps this core's counters and collects LOG events.
+struct Counting<'a> {
+    counters: &'a CoreCounters,
+    names: &'a [Arc<str>],
+    logs: &'a mut Vec<LogEvent>,
+}
+
+impl Observer for Counting<'_> {
+    #[inline]
+    fn rule(&mut self, slot: usize, _: &CChain, _: &CRule, pkt: &PacketMeta) {
+        self.counters.bump(slot, u64::from(pkt.len));
+    }
+    #[inline]
+    fn policy(&mut self, slot: usize, _: &CChain, pkt: &PacketMeta) {
+        self.counters.bump(slot, u64::from(pkt.len));
+    }
+    #[inline]
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
+        bucket.conforms(now)
+    }
+    fn log(&mut self, chain: &CChain, rule: &CRule, prefix: &Option<Arc<str>>, level: u8, pkt: &PacketMeta) {
+        self.logs.push(LogEvent {
+            ruleset: self.names[chain.ruleset as usize].clone(),
+            table: chain.table,
+            chain: chain.name.clone(),
+            rule: rule.number,
+            prefix: prefix.clone(),
+            level,
+            packet: *pkt,
+        });
+    }
+}
+
+/// What happened at one step of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepOutcome {
+    /// The rule matched and its target does not decide (no target, LOG, NOTRACK).
+    Continue,
+    /// `-j CHAIN`.
+    Jump,
+    /// `-g CHAIN`.
+    Goto,
+    /// RETURN (explicit).
+    Return,
+    /// ACCEPT by a rule: the packet goes on to the next base chain.
+    Accept,
+    /// DROP by a rule.
+    Drop,
+    /// REJECT by a rule.
+    Reject,
+    /// The chain's policy applied.
+    Policy(Policy),
+}
+
+/// One step of a [`Trace`]: a rule that matched, or a policy that applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceStep {
+    /// Ruleset name.
+    pub ruleset: Arc<str>,
+    /// Family of the table.
+    pub family: Family,
+    /// Table.
+    pub table: TableKind,
+    /// Chain.
+    pub chain: Arc<str>,
+    /// 1-based rule number; `None` when the step is the chain's policy.
+    pub rule: Option<u32>,
+    /// What the step did.
+    pub outcome: StepOutcome,
+}
+
+/// The result of [`Snapshot::trace`]: the verdict and every rule that matched on the way, in
+/// order (the rules whose counters would go up), like `nft monitor trace`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    /// The hook's verdict.
+    pub verdict: Verdict,
+    /// Matched rules and applied policies in evaluation order.
+    pub steps: Vec<TraceStep>,
+    /// LOG events the packet would have produced.
+    pub logs: Vec<LogEvent>,
+}
+
+struct Tracing<'a> {
+    names: &'a [Arc<str>],
+    steps: Vec<TraceStep>,
+    logs: Vec<LogEvent>,
+}
+
+impl Observer for Tracing<'_> {
+    fn rule(&mut self, _: usize, chain: &CChain, rule: &CRule, _: &PacketMeta) {
+        self.steps.push(TraceStep {
+            ruleset: self.names[chain.ruleset as usize].clone(),
+            family: chain.family,
+            table: chain.table,
+            chain: chain.name.clone(),
+            rule: Some(rule.number),
+            outcome: StepOutcome::Continue,
+        });
+    }
+    fn policy(&mut self, _: usize, chain: &CChain, _: &PacketMeta) {
+        self.steps.push(TraceStep {
+            ruleset: self.names[chain.ruleset as usize].clone(),
+            family: chain.family,
+            table: chain.table,
+            chain: chain.name.clone(),
+            rule: None,
+            outcome: StepOutcome::Policy(chain.policy.unwrap_or(Policy::Accept)),
+        });
+    }
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
+        // A trace must not consume tokens that real traffic would get.
+        bucket.would_conform(now)
+    }
+    fn log(&mut self, chain: &CChain, rule: &CRule, prefix: &Option<Arc<str>>, level: u8, pkt: &PacketMeta) {
+        self.logs.push(LogEvent {
+            ruleset: self.names[chain.ruleset as usize].clone(),
+            table: chain.table,
+            chain: chain.name.clone(),
+            rule: rule.number,
+            prefix: prefix.clone(),
+            level,
+            packet: *pkt,
+        });
+    }
+    fn outcome(&mut self, what: StepOutcome) {
+        if let Some(last) = self.steps.last_mut() {
+            if last.rule.is_some() {
+                last.outcome = what;
+            }
+        }
+    }
+}
+
+#[inline]
+fn port_in(r: &Option<(bool, PortRange)>, port: u16) -> bool {
+    match r {
+        None => true,
+        Some((neg, range)) => range.contains(port) != *neg,
+    }
+}
+
+#[inline]
+fn has_ports(proto: u8) -> bool {
+    // TCP, UDP, DCCP, SCTP, UDP-Lite: the protocols multiport accepts.
+    matches!(proto, 6 | 17 | 33 | 132 | 136)
+}
+
+impl Snapshot {
+    #[inline]
+    fn header_matches(r: &CRule, p: &PacketMeta) -> bool {
+        if let Some((neg, net, mask)) = r.src {
+            if (addr_bits(p.src) & mask == net) == neg {
+                return false;
+            }
+        }
+        if let Some((neg, net, mask)) = r.dst {
+            if (addr_bits(p.dst) & mask == net) == neg {
+                return false;
+            }
+        }
+        if let Some((neg, pat)) = &r.in_iface {
+            if pat.matches(&p.in_iface) == *neg {
+                return false;
+            }
+        }
+        if let Some((neg, pat)) = &r.out_iface {
+            if pat.matches(&p.out_iface) == *neg {
+                return false;
+            }
+        }
+        if let Some((neg, proto)) = r.protocol {
+            if (p.protocol == proto) == neg {
+                return false;
+            }
+        }
+        if let Some(frag) = r.fragment {
+            if p.fragment != frag {
+                return false;
+            }
+        }
+        true
+    }
+
+    #[inline]
+    fn match_one<O: Observer>(m: &CMatch, p: &PacketMeta, now: u64, obs: &mut O) -> bool {
+        match m {
+            CMatch::Tcp {
+                sport,
+                dport,
+                flags,
+                option,
+            } => {
+                // As tcp_mt: a non-first fragment has no TCP header to look at.
+                !p.fragment
+                    && port_in(sport, p.sport)
+                    && port_in(dport, p.dport)
+                    && flags.is_none_or(|(neg, mask, comp)| (p.tcp_flags & mask == comp) != neg)
+                    && option.is_none_or(|(neg, kind)| p.has_tcp_option(kind) != neg)
+            }
+            CMatch::Udp { sport, dport } => {
+                !p.fragment && port_in(sport, p.sport) && port_in(dport, p.dport)
+            }
+            CMatch::Multiport {
+                dir,
+                negated,
+                ports,
+            } => {
+                if p.fragment || !has_ports(p.protocol) {
+                    return false;
+                }
+                let hit = ports.iter().any(|r| match dir {
+                    MultiportDir::Source => r.contains(p.sport),
+                    MultiportDir::Destination => r.contains(p.dport),
+                    MultiportDir::Either => r.contains(p.sport) || r.contains(p.dport),
+                });
+                hit != *negated
+            }
+            CMatch::Icmp {
+                negated,
+                icmp_type,
+                code,
+            } => {
+                if p.fragment {
+                    return false;
+                }
+                let hit = match icmp_type {
+                    None => true,
+                    Some(t) => p.icmp_type == *t && code.0 <= p.icmp_code && p.icmp_code <= code.1,
+                };
+                hit != *negated
+            }
+            CMatch::CtState { negated, bits } => (p.ct_state & bits != 0) != *negated,
+            CMatch::Iprange { src, dst } => {
+                let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
+                    addr_bits(lo) <= addr_bits(ip) && addr_bits(ip) <= addr_bits(hi)
+                };
+                src.is_none_or(|(neg, lo, hi)| within(p.src, lo, hi) != neg)
+                    && dst.is_none_or(|(neg, lo, hi)| within(p.dst, lo, hi) != neg)
+            }
+            CMatch::Set { negated, set, dirs } => set.contains(p, dirs) != *negated,
+            CMatch::Mark {
+                negated,
+                value,
+                mask,
+            } => (p.mark & mask == *value) != *negated,
+            CMatch::Length { negated, range } => {
+                (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
+                    != *negated
+            }
+            CMatch::Limit(bucket) => obs.limit(bucket, now),
+            // As mac_mt: no link-layer source, no match (even when negated).
+            CMatch::Mac { negated, mac } => p.src_mac.is_some_and(|m| (m == *mac) != *negated),
+        }
+    }
+
+    /// Runs one base chain; `None` means ACCEPT-and-continue with the next base chain.
+    fn run_chain<O: Observer>(
+        &self,
+        base: u32,
+        p: &mut PacketMeta,
+        now: u64,
+        obs: &mut O,
+    ) -> Option<Verdict> {
+        let mut stack = [(0u32, 0u32); MAX_CALL_DEPTH];
+        let mut depth = 0usize;
+        let mut chain = base;
+        let mut next = 0u32;
+        loop {
+            let c = &self.chains[chain as usize];
+            if next >= c.n_rules {
+                if depth == 0 {
+                    return self.apply_policy(base, p, obs);
+                }
+                depth -= 1;
+                (chain, next) = stack[depth];
+                continue;
+            }
+            let slot = (c.first_rule + next) as usize;
+            let r = &self.rules[slot];
+            next += 1;
+            if !Self::header_matches(r, p) || !r.matches.iter().all(|m| Self::match_one(m, p, now, obs)) {
+                continue;
+            }
+            obs.rule(slot, c, r, p);
+            match &r.target {
+                CTarget::Continue => {}
+                CTarget::Accept => {
+                    obs.outcome(StepOutcome::Accept);
+                    return None;
+                }
+                CTarget::Drop => {
+                    obs.outcome(StepOutcome::Drop);
+                    return Some(Verdict::Drop);
+                }
+                CTarget::Reject(w) => {
+                    obs.outcome(StepOutcome::Reject);
+                    return Some(Verdict::Reject(*w));
+                }
+                CTarget::Return => {
+                    obs.outcome(StepOutcome::Return);
+                    if depth == 0 {
+                        return self.apply_policy(base, p, obs);
+                    }
+                    depth -= 1;
+                    (chain, next) = stack[depth];
+                }
+                CTarget::Jump(t) => {
+                    obs.outcome(StepOutcome::Jump);
+                    if depth == MAX_CALL_DEPTH {
+                        return Some(Verdict::Drop);
+                    }
+                    stack[depth] = (chain, next);
+                    depth += 1;
+                    chain = *t;
+                    next = 0;
+                }
+                CTarget::Goto(t) => {
+                    obs.outcome(StepOutcome::Goto);
+                    chain = *t;
+                    next = 0;
+                }
+                CTarget::Log { prefix, level } => obs.log(c, r, prefix, *level, p),
+                CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
+            }
+        }
+    }
+
+    fn apply_policy<O: Observer>(&self, base: u32, p: &PacketMeta, obs: &mut O) -> Option<Verdict> {
+        let c = &self.chains[base as usize];
+        obs.policy(self.rules.len() + base as usize, c, p);
+        match c.policy {
+            Some(Policy::Drop) => Some(Verdict::Drop),
+            Some(Policy::Accept) | None => None,
+        }
+    }
+
+    fn evaluate<O: Observer>(&self, p: &mut PacketMeta, now: u64, obs: &mut O) -> Verdict {
+        for &base in self.hooks[family_index(p.family)][p.hook.index()].iter() {
+            if let Some(v) = self.run_chain(base, p, now, obs) {
+                return v;
+            }
+        }
+        Verdict::Accept
+    }
+
+    /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by
+    /// `-m limit`), counting every matched rule and applied policy in that core's counters and
+    /// appending LOG events to `logs`. `packet.ct_state` becomes UNTRACKED when a raw-table
+    /// NOTRACK rule matched. Never allocates unless a LOG rule matched.
+    ///
+    /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
+    #[inline]
+    pub fn classify(
+        &self,
+        core: usize,
+        packet: &mut PacketMeta,
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+    ) -> Verdict {
+        let counters = &self.cores[core.min(self.cores.len() - 1)];
+        let mut obs = Counting {
+            counters,
+            names: &self.names,
+            logs,
+        };
+        self.evaluate(packet, now, &mut obs)
+    }
+
+    /// Evaluates one packet without counting or consuming `-m limit` tokens, and returns the
+    /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
+    /// and every applied policy, in order.
+    pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
+        let mut p = *packet;
+        let mut obs = Tracing {
+            names: &self.names,
+            steps: Vec::new(),
+            logs: Vec::new(),
+        };
+        let verdict = self.evaluate(&mut p, now, &mut obs);
+        Trace {
+            verdict,
+            steps: obs.steps,
+            logs: obs.logs,
+        }
+    }
+}
+
+// === impl Snapshot: counters ===
+
+impl Snapshot {
+    fn slot_total(&self, slot: usize) -> (u64, u64) {
+        let mut packets = self.base[slot * 2].load(Ordering::Relaxed);
+        let mut bytes = self.base[slot * 2 + 1].load(Ordering::Relaxed);
+        for core in self.cores.iter() {
+            packets = packets.wrapping_add(core.cell(slot, 0).load(Ordering::Relaxed));
+            bytes = bytes.wrapping_add(core.cell(slot, 1).load(Ordering::Relaxed));
+        }
+        (packets, bytes)
+    }
+
+    /// Every rule's and every base chain's policy counters: base plus the sum over cores.
+    /// Rules come in (ruleset, table, chain, number) evaluation order, policies after them.
+    pub fn counters(&self) -> Vec<SlotCounters> {
+        let nrules = self.rules.len();
+        (0..self.identities.len())
+            .filter(|&s| s < nrules || self.chains[s - nrules].policy.is_some())
+            .map(|slot| {
+                let (packets, bytes) = self.slot_total(slot);
+                let id = &self.identities[slot];
+                SlotCounters {
+                    ruleset: id.ruleset.clone(),
+                    family: id.family,
+                    table: id.table,
+                    chain: id.chain.clone(),
+                    rule: (slot < nrules).then(|| self.rules[slot].number),
+                    packets,
+                    bytes,
+                }
+            })
+            .collect()
+    }
+
+    /// Sets every counter (of `ruleset`, or all when `None`) to zero, as `iptables -Z`, without
+    /// touching the cores' blocks: the current totals are subtracted from `base`.
+    pub fn zero_counters(&self, ruleset: Option<&str>) {
+        for slot in 0..self.identities.len() {
+            if ruleset.is_some_and(|r| &*self.identities[slot].ruleset != r) {
+                continue;
+            }
+            let (p, b) = self.slot_total(slot);
+            self.base[slot * 2].fetch_sub(p, Ordering::Relaxed);
+            self.base[slot * 2 + 1].fetch_sub(b, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds the counters of `old` into this snapshot for every rule and policy whose identity
+    /// (ruleset, family, table, chain, rule content, ordinal among equal rules) is unchanged.
+    /// Call it only once no core can still write `old` (after the commit's quiesce), so `old`'s
+    /// totals are final. Returns how many slots were carried.
+    pub fn carry_from(&self, old: &Snapshot) -> usize {
+        let index: HashMap<&SlotIdentity, usize> = self
+            .identities
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id, i))
+            .collect();
+        let mut carried = 0;
+        for (old_slot, id) in old.identities.iter().enumerate() {
+            if let Some(&slot) = index.get(id) {
+                let (p, b) = old.slot_total(old_slot);
+                if p != 0 || b != 0 {
+                    self.base[slot * 2].fetch_add(p, Ordering::Relaxed);
+                    self.base[slot * 2 + 1].fetch_add(b, Ordering::Relaxed);
+                }
+                carried += 1;
+            }
+        }
+        carried
+    }
+}

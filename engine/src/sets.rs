@@ -1,0 +1,119 @@
+//! Named sets for `-m set --match-set NAME src|dst` (ipset-style).
+//!
+//! The compiled snapshot resolves each set name once, at compile time, through a
+//! [`SetRegistry`], and keeps an `Arc<dyn IpSet>`; the packet path then calls
+//! [`IpSet::contains`] without any lock. Implementations must keep that call lock-free (ipset
+//! went from 8 to 11.3 Mpps when its rwlock became RCU). [`FrozenSet`] is an immutable
+//! implementation for rulesets whose sets do not change between commits.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::model::{IpNet, SetDir};
+use crate::packet::PacketMeta;
+
+/// A set the packet path can query.
+pub trait IpSet: Send + Sync + std::fmt::Debug {
+    /// Whether the packet's key (address for `dirs[0]`, and port for `dirs[1]` on
+    /// `hash:ip,port`-type sets) is an element. Must not block.
+    fn contains(&self, packet: &PacketMeta, dirs: &[SetDir]) -> bool;
+
+    /// How many flags (`src`/`dst`) a `--match-set` on this set needs at least (1 for
+    /// `hash:ip`/`hash:net`, 2 for `hash:ip,port`).
+    fn dimensions(&self) -> usize;
+}
+
+/// Where the compiler and the validator look sets up by name.
+pub trait SetRegistry {
+    /// The set named `name`, if it exists.
+    fn lookup(&self, name: &str) -> Option<Arc<dyn IpSet>>;
+}
+
+/// A registry that knows no set: `--match-set` fails validation with "set does not exist".
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoSets;
+
+impl SetRegistry for NoSets {
+    fn lookup(&self, _name: &str) -> Option<Arc<dyn IpSet>> {
+        None
+    }
+}
+
+impl SetRegistry for BTreeMap<String, Arc<dyn IpSet>> {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn IpSet>> {
+        self.get(name).cloned()
+    }
+}
+
+/// An immutable `hash:ip` / `hash:net` set (addresses of both families may be mixed).
+/// Lookups take no lock: single addresses are hashed, networks are checked by prefix length
+/// (one hash probe per distinct prefix length, as ipset's hash:net does).
+#[derive(Debug, Default, Clone)]
+pub struct FrozenSet {
+    /// (prefix length, family is v6) -> network addresses with that prefix.
+    by_prefix: BTreeMap<(u8, bool), HashSet<IpAddr>>,
+}
+
+impl FrozenSet {
+    /// A set of the given networks (a host address is a /32 or /128 network).
+    pub fn new(elements: impl IntoIterator<Item = IpNet>) -> FrozenSet {
+        let mut by_prefix: BTreeMap<(u8, bool), HashSet<IpAddr>> = BTreeMap::new();
+        for net in elements {
+            let len = net.prefix_len().unwrap_or(match net.addr {
+                IpAddr::V4(_) => 32,
+                IpAddr::V6(_) => 128,
+            });
+            by_prefix
+                .entry((len, net.addr.is_ipv6()))
+                .or_default()
+                .insert(net.addr);
+        }
+        FrozenSet { by_prefix }
+    }
+
+    /// Whether `ip` is inside one of the set's networks.
+    pub fn contains_addr(&self, ip: IpAddr) -> bool {
+        self.by_prefix
+            .iter()
+            .filter(|((_, v6), _)| *v6 == ip.is_ipv6())
+            .any(|((len, _), addrs)| {
+                IpNet::new(ip, *len).is_some_and(|net| addrs.contains(&net.addr))
+            })
+    }
+}
+
+impl IpSet for FrozenSet {
+    fn contains(&self, packet: &PacketMeta, dirs: &[SetDir]) -> bool {
+        let ip = match dirs.first() {
+            Some(SetDir::Src) => packet.src,
+            Some(SetDir::Dst) | None => packet.dst,
+        };
+        self.contains_addr(ip)
+    }
+
+    fn dimensions(&self) -> usize {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frozen_set_matches_hosts_and_networks_per_family() {
+        let set = FrozenSet::new([
+            IpNet::new("10.0.0.0".parse().unwrap(), 8).unwrap(),
+            IpNet::new("192.0.2.7".parse().unwrap(), 32).unwrap(),
+            IpNet::new("2001:db8::".parse().unwrap(), 32).unwrap(),
+        ]);
+        assert!(set.contains_addr("10.200.3.4".parse().unwrap()));
+        assert!(set.contains_addr("192.0.2.7".parse().unwrap()));
+        assert!(!set.contains_addr("192.0.2.8".parse().unwrap()));
+        assert!(set.contains_addr("2001:db8:1::1".parse().unwrap()));
+        assert!(!set.contains_addr("2001:db9::1".parse().unwrap()));
+        // ::ffff:10.0.0.1 is an IPv6 address: families never mix.
+        assert!(!set.contains_addr("::ffff:10.0.0.1".parse().unwrap()));
+    }
+}
