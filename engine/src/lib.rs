@@ -4,8 +4,10 @@
 //! The engine is sans-IO: it reads no socket, no file and no clock. Time comes in as `now`
 //! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.
 
+pub mod dataplane;
 pub mod model;
 pub mod packet;
+pub mod sync;
 
 /// A monotonic clock the caller supplies (the engine never reads one itself).
 pub trait Clock: Send + Sync {
