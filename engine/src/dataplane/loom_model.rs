@@ -14,7 +14,7 @@
 
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use super::{BarrierStrategy, Dataplane};
 use crate::Clock;
@@ -89,19 +89,21 @@ fn builder() -> loom::model::Builder {
     b
 }
 
-/// `readers` reader threads, each running `batches` batches, against one commit.
-fn check(strategy: BarrierStrategy, readers: usize, batches: usize) {
+/// `readers` reader threads, each running `batches` batches, against `commits` commits.
+fn check(strategy: BarrierStrategy, readers: usize, batches: usize, commits: u64) {
     builder().check(move || {
-        let freed_old = Arc::new(AtomicBool::new(false));
+        let freed: Vec<Arc<AtomicBool>> = (0..=commits)
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect();
         let dp = Arc::new(Dataplane::new(
-            TestSnap::new(0, Arc::clone(&freed_old)),
+            TestSnap::new(0, Arc::clone(&freed[0])),
             readers,
             strategy,
             std::sync::Arc::new(ZeroClock),
         ));
-        // Per reader: "inside a batch that loaded the old snapshot".
-        let holding: Arc<Vec<AtomicBool>> =
-            Arc::new((0..readers).map(|_| AtomicBool::new(false)).collect());
+        // Per reader: 1 + the id of the snapshot its current batch loaded, 0 outside batches.
+        let holding: Arc<Vec<AtomicU64>> =
+            Arc::new((0..readers).map(|_| AtomicU64::new(0)).collect());
 
         let handles: Vec<_> = (0..readers)
             .map(|r| {
@@ -110,55 +112,70 @@ fn check(strategy: BarrierStrategy, readers: usize, batches: usize) {
                     let mut w = dp.worker(r).expect("one worker per core");
                     for _ in 0..batches {
                         w.batch(|snap, b| {
-                            let old = snap.id == 0;
-                            if old {
-                                holding[r].store(true, Relaxed);
-                            }
+                            holding[r].store(snap.id + 1, Relaxed);
                             assert_eq!(snap.read(), snap.id + 100);
                             b.add_packets(1);
-                            if old {
-                                holding[r].store(false, Relaxed);
-                            }
+                            holding[r].store(0, Relaxed);
                         });
                     }
                 })
             })
             .collect();
 
-        let (retired, _report) =
-            dp.commit(Box::new(TestSnap::new(1, Arc::new(AtomicBool::new(false)))));
-        // Once commit returned, no reader may still be inside a batch that loaded the old
-        // snapshot. Relaxed: the only happens-before we may rely on is the protocol's.
-        for (r, h) in holding.iter().enumerate() {
-            assert!(!h.load(Relaxed), "reader {r} still holds the old snapshot");
+        let mut graveyard = Vec::new();
+        for id in 1..=commits {
+            let (retired, _report) =
+                dp.commit(Box::new(TestSnap::new(id, Arc::clone(&freed[id as usize]))));
+            // Once commit returned, no reader may still be inside a batch that loaded the
+            // retired snapshot (id - 1). Relaxed: the only happens-before we may rely on is the
+            // protocol's.
+            for (r, h) in holding.iter().enumerate() {
+                assert_ne!(
+                    h.load(Relaxed),
+                    id,
+                    "reader {r} still holds snapshot {}",
+                    id - 1
+                );
+            }
+            assert_eq!(retired.id, id - 1);
+            assert_eq!(retired.read(), id - 1 + 100);
+            // "Free" it: poison it now, but keep the memory until the readers are joined, so that
+            // a protocol bug shows as a loom report (causality violation or the freed assertion)
+            // instead of a segfault in a reader that dereferences a really freed box.
+            let retired = retired.into_inner();
+            retired.poison();
+            graveyard.push(retired);
         }
-        assert_eq!(retired.read(), 100);
-        // "Free" it: poison it now, but keep the memory until the readers are joined, so that a
-        // protocol bug shows as a loom report (causality violation or the freed assertion)
-        // instead of a segfault in a reader that dereferences a really freed box.
-        let retired = retired.into_inner();
-        retired.poison();
-        assert!(freed_old.load(Relaxed));
 
         for h in handles {
             h.join().expect("reader panicked");
         }
-        drop(retired);
+        drop(graveyard);
         assert_eq!(dp.batches().iter().sum::<u64>(), (readers * batches) as u64);
     });
 }
 
 #[test]
 fn loom_one_reader_two_batches_seqcst() {
-    check(BarrierStrategy::SeqCst, 1, 2);
+    check(BarrierStrategy::SeqCst, 1, 2, 1);
 }
 
 #[test]
 fn loom_one_reader_two_batches_membarrier() {
-    check(BarrierStrategy::Membarrier, 1, 2);
+    check(BarrierStrategy::Membarrier, 1, 2, 1);
 }
 
 #[test]
 fn loom_two_readers_one_batch_seqcst() {
-    check(BarrierStrategy::SeqCst, 2, 1);
+    check(BarrierStrategy::SeqCst, 2, 1, 1);
+}
+
+#[test]
+fn loom_one_reader_three_batches_two_commits() {
+    check(BarrierStrategy::SeqCst, 1, 3, 2);
+}
+
+#[test]
+fn loom_two_readers_two_batches_seqcst() {
+    check(BarrierStrategy::SeqCst, 2, 2, 1);
 }
