@@ -5,9 +5,11 @@
 //! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.
 
 pub mod compile;
+pub mod dataplane;
 pub mod model;
 pub mod packet;
 pub mod sets;
+pub mod sync;
 pub mod validate;
 
 /// A monotonic clock the caller supplies (the engine never reads one itself).
