@@ -6,6 +6,7 @@
 
 pub mod compile;
 pub mod dataplane;
+pub mod engine;
 pub mod model;
 pub mod packet;
 pub mod sets;

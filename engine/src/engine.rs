@@ -1,0 +1,382 @@
+//! The engine: the active rulesets, the published [`Snapshot`] and the per-core workers that
+//! classify packets, tied together by the commit protocol of [`crate::dataplane`].
+//!
+//! A commit ([`Engine::commit`]) runs these phases and times each one with the caller's
+//! [`Clock`] (all durations in ns):
+//! 1. **validate** every changed ruleset ([`crate::validate`]); any error aborts and changes
+//!    nothing;
+//! 2. **compile** all active rulesets with the change applied into a new [`Snapshot`];
+//! 3. **publish** it (pointer swap + writer barrier) and 4. **quiesce**: wait only for the
+//!    cores whose generation was odd (mid-batch), never for an RCU grace period, as x_tables'
+//!    `xt_replace_table` does since 2021;
+//! 5. **carry** counters of unchanged rules from the old snapshot into the new one.
+//!
+//! The old snapshot comes back in [`Committed::retired`]; drop it off the commit path.
+//! Commits are serialised by a mutex; workers never take it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::Clock;
+use crate::compile::{CompileError, LogEvent, SlotCounters, Snapshot, Trace, Verdict};
+use crate::dataplane::{
+    BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Worker,
+};
+use crate::model::{Family, Hook, Ruleset};
+use crate::packet::PacketMeta;
+use crate::sets::SetRegistry;
+use crate::validate::{Severity, Violation, validate};
+
+/// How to build an [`Engine`].
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// Number of worker cores (at least 1).
+    pub cores: usize,
+    /// Barrier strategy of the packet path; `Membarrier` falls back to `SeqCst` when the kernel
+    /// lacks membarrier(2) (see [`Engine::barrier_fallback`]).
+    pub barrier: BarrierStrategy,
+}
+
+/// A change to the set of active rulesets.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Add a ruleset, or replace the active one of the same name.
+    Put(Ruleset),
+    /// Deactivate the ruleset with this name (no error if absent).
+    Remove(String),
+    /// Replace every active ruleset.
+    ReplaceAll(Vec<Ruleset>),
+}
+
+/// Why a commit was refused. Nothing changed in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// Validation found errors (all of them are listed, warnings too).
+    #[error("ruleset is invalid: {} error(s), first: {}", count_errors(.0), first_error(.0))]
+    Invalid(Vec<Violation>),
+    /// The compiler refused the ruleset (validation should have caught it first).
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+}
+
+fn count_errors(v: &[Violation]) -> usize {
+    v.iter().filter(|v| v.severity == Severity::Error).count()
+}
+
+fn first_error(v: &[Violation]) -> String {
+    v.iter()
+        .find(|v| v.severity == Severity::Error)
+        .map_or_else(String::new, ToString::to_string)
+}
+
+/// Phase durations of one commit, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitReport {
+    /// Validation of the changed rulesets.
+    pub validate_ns: u64,
+    /// Compilation of the new snapshot.
+    pub compile_ns: u64,
+    /// Pointer swap and writer barrier.
+    pub publish_ns: u64,
+    /// Waiting for the cores that were mid-batch.
+    pub quiesce_ns: u64,
+    /// Carrying counters of unchanged rules into the new snapshot.
+    pub carry_ns: u64,
+    /// Cores that were mid-batch at publish time (the only ones waited for).
+    pub cores_waited: usize,
+    /// Rules in the new snapshot (enforced tables).
+    pub rules: usize,
+    /// Counter slots (rules and policies) carried over.
+    pub carried: usize,
+}
+
+impl CommitReport {
+    /// Sum of all phases, ns.
+    pub fn total_ns(&self) -> u64 {
+        self.validate_ns + self.compile_ns + self.publish_ns + self.quiesce_ns + self.carry_ns
+    }
+}
+
+/// A successful commit.
+#[derive(Debug)]
+pub struct Committed {
+    /// Phase durations.
+    pub report: CommitReport,
+    /// Warnings of validation (e.g. tables that are stored but not enforced).
+    pub warnings: Vec<Violation>,
+    /// The previous snapshot, unreachable by any core: drop it off the commit path.
+    pub retired: Retired<Snapshot>,
+}
+
+/// Verdict counters of one core: `[family][hook][verdict]`, one writer (the core).
+#[repr(align(128))]
+#[derive(Default)]
+struct VerdictCounts([[[AtomicU64; 3]; 5]; 2]);
+
+/// Packets counted by (family, hook, verdict name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerdictCount {
+    /// Family.
+    pub family: Family,
+    /// Hook.
+    pub hook: Hook,
+    /// `ACCEPT`, `DROP` or `REJECT`.
+    pub verdict: &'static str,
+    /// Packets.
+    pub packets: u64,
+}
+
+/// The engine. Share it by reference (or `Arc`) between the committer and the workers.
+pub struct Engine {
+    dataplane: Dataplane<Snapshot>,
+    active: Mutex<BTreeMap<String, Arc<Ruleset>>>,
+    verdicts: Box<[VerdictCounts]>,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("cores", &self.dataplane.cores())
+            .field("barrier", &self.dataplane.barrier())
+            .finish_non_exhaustive()
+    }
+}
+
+fn verdict_index(v: Verdict) -> usize {
+    match v {
+        Verdict::Accept => 0,
+        Verdict::Drop => 1,
+        Verdict::Reject(_) => 2,
+    }
+}
+
+impl Engine {
+    /// An engine with no ruleset (every packet accepted) and `config.cores` cores.
+    pub fn new(config: EngineConfig, clock: Arc<dyn Clock>) -> Engine {
+        let cores = config.cores.max(1);
+        Engine {
+            dataplane: Dataplane::new(Snapshot::empty(cores), cores, config.barrier, clock.clone()),
+            active: Mutex::new(BTreeMap::new()),
+            verdicts: (0..cores).map(|_| VerdictCounts::default()).collect(),
+            clock,
+        }
+    }
+
+    /// Validates `ruleset` as a commit would (with `sets` for `--match-set`), without
+    /// committing. Returns every violation, warnings included.
+    pub fn validate(&self, ruleset: &Ruleset, sets: &dyn SetRegistry) -> Vec<Violation> {
+        validate(ruleset, Some(sets))
+    }
+
+    /// Applies `change` atomically: validate, compile, publish, quiesce, carry counters.
+    /// See the module docs for the phases.
+    ///
+    /// Errors: [`CommitError::Invalid`] with every violation when validation finds an error;
+    /// [`CommitError::Compile`] when compilation fails. The engine is unchanged on error.
+    pub fn commit(&self, change: Change, sets: &dyn SetRegistry) -> Result<Committed, CommitError> {
+        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let t0 = self.clock.now_ns();
+        let mut next = active.clone();
+        let mut changed: Vec<Arc<Ruleset>> = Vec::new();
+        match change {
+            Change::Put(rs) => {
+                let rs = Arc::new(rs);
+                next.insert(rs.name.clone(), rs.clone());
+                changed.push(rs);
+            }
+            Change::Remove(name) => {
+                next.remove(&name);
+            }
+            Change::ReplaceAll(all) => {
+                next.clear();
+                for rs in all {
+                    let rs = Arc::new(rs);
+                    if next.insert(rs.name.clone(), rs.clone()).is_some() {
+                        return Err(CompileError::DuplicateRuleset(rs.name.clone()).into());
+                    }
+                    changed.push(rs);
+                }
+            }
+        }
+        let mut violations = Vec::new();
+        for rs in &changed {
+            violations.extend(validate(rs, Some(sets)));
+        }
+        if violations.iter().any(|v| v.severity == Severity::Error) {
+            return Err(CommitError::Invalid(violations));
+        }
+        let t1 = self.clock.now_ns();
+        let list: Vec<Arc<Ruleset>> = next.values().cloned().collect();
+        let snapshot = Snapshot::compile(&list, sets, self.dataplane.cores())?;
+        let rules = snapshot.rule_count();
+        let t2 = self.clock.now_ns();
+        let (retired, q): (Retired<Snapshot>, QuiesceReport) =
+            self.dataplane.commit(Box::new(snapshot));
+        let t3 = self.clock.now_ns();
+        // `with_active` serialises with other dataplane commits; ours are already serialised
+        // by `active`, so this is the snapshot just published.
+        let carried = self.dataplane.with_active(|new| new.carry_from(&retired));
+        let t4 = self.clock.now_ns();
+        *active = next;
+        Ok(Committed {
+            report: CommitReport {
+                validate_ns: t1.saturating_sub(t0),
+                compile_ns: t2.saturating_sub(t1),
+                publish_ns: q.publish_ns,
+                quiesce_ns: q.quiesce_ns,
+                carry_ns: t4.saturating_sub(t3),
+                cores_waited: q.cores_waited,
+                rules,
+                carried,
+            },
+            warnings: violations,
+            retired,
+        })
+    }
+
+    /// The active rulesets, by name.
+    pub fn rulesets(&self) -> BTreeMap<String, Arc<Ruleset>> {
+        self.active.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Claims core `core` for a worker thread. Each core has at most one worker at a time.
+    ///
+    /// Errors: [`DataplaneError`] when the index is out of range or the core is claimed.
+    pub fn worker(&self, core: usize) -> Result<EngineWorker<'_>, DataplaneError> {
+        Ok(EngineWorker {
+            inner: self.dataplane.worker(core)?,
+            verdicts: &self.verdicts[core],
+            logs: Vec::new(),
+        })
+    }
+
+    /// Evaluates one packet against the active snapshot without counting, returning the
+    /// verdict and the rules it went through.
+    pub fn trace(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
+        self.dataplane.with_active(|s| s.trace(packet, now_ns))
+    }
+
+    /// Per-rule and per-policy counters of the active snapshot (sum over cores plus carried).
+    pub fn counters(&self) -> Vec<SlotCounters> {
+        self.dataplane.with_active(Snapshot::counters)
+    }
+
+    /// Zeroes the counters of one ruleset, or of all.
+    pub fn zero_counters(&self, ruleset: Option<&str>) {
+        self.dataplane.with_active(|s| s.zero_counters(ruleset));
+    }
+
+    /// Packets counted per (family, hook, verdict), summed over cores; zero rows omitted.
+    pub fn verdict_counts(&self) -> Vec<VerdictCount> {
+        let mut out = Vec::new();
+        for (fi, family) in [Family::Ipv4, Family::Ipv6].into_iter().enumerate() {
+            for hook in Hook::ALL {
+                for (vi, verdict) in ["ACCEPT", "DROP", "REJECT"].into_iter().enumerate() {
+                    let packets: u64 = self
+                        .verdicts
+                        .iter()
+                        .map(|c| c.0[fi][hook.index()][vi].load(Ordering::Relaxed))
+                        .sum();
+                    if packets != 0 {
+                        out.push(VerdictCount {
+                            family,
+                            hook,
+                            verdict,
+                            packets,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Per-core generation counters (odd: mid-batch).
+    pub fn generations(&self) -> Vec<u64> {
+        self.dataplane.generations()
+    }
+
+    /// Per-core packet counts.
+    pub fn core_packets(&self) -> Vec<u64> {
+        self.dataplane.packets()
+    }
+
+    /// The barrier strategy in effect.
+    pub fn barrier(&self) -> BarrierStrategy {
+        self.dataplane.barrier()
+    }
+
+    /// Why `Membarrier` was requested but `SeqCst` is in effect, if so.
+    pub fn barrier_fallback(&self) -> Option<&str> {
+        self.dataplane.fallback_reason()
+    }
+
+    /// The sampled barrier cost per packet (see [`crate::dataplane::SAMPLE_EVERY`]).
+    pub fn barrier_histogram(&self) -> Histogram {
+        self.dataplane.barrier_histogram()
+    }
+
+    /// Number of cores.
+    pub fn cores(&self) -> usize {
+        self.dataplane.cores()
+    }
+}
+
+/// A worker's handle on one core: classifies batches of packets against the active snapshot.
+pub struct EngineWorker<'a> {
+    inner: Worker<'a, Snapshot>,
+    verdicts: &'a VerdictCounts,
+    logs: Vec<LogEvent>,
+}
+
+impl std::fmt::Debug for EngineWorker<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineWorker")
+            .field("core", &self.inner.core())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineWorker<'_> {
+    /// The core index.
+    pub fn core(&self) -> usize {
+        self.inner.core()
+    }
+
+    /// Classifies `packets` in one batch (one generation-counter round trip) at time `now_ns`
+    /// and writes each verdict into `verdicts` (same index). Processes
+    /// `min(packets.len(), verdicts.len())` packets and returns that number. Packets whose
+    /// raw-table rules said NOTRACK come back with `ct_state` UNTRACKED. LOG events are kept
+    /// until [`EngineWorker::take_logs`].
+    pub fn process_batch(
+        &mut self,
+        packets: &mut [PacketMeta],
+        verdicts: &mut [Verdict],
+        now_ns: u64,
+    ) -> usize {
+        let n = packets.len().min(verdicts.len());
+        let logs = &mut self.logs;
+        let counts = self.verdicts;
+        self.inner.batch(|snap, batch| {
+            for (p, v) in packets[..n].iter_mut().zip(verdicts[..n].iter_mut()) {
+                *v = snap.classify(batch.core(), p, now_ns, logs);
+                let fi = match p.family {
+                    Family::Ipv4 => 0,
+                    Family::Ipv6 => 1,
+                };
+                // Single writer per core: Relaxed load + store, no shared RMW.
+                let c = &counts.0[fi][p.hook.index()][verdict_index(*v)];
+                c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            }
+            batch.add_packets(n as u64);
+        });
+        n
+    }
+
+    /// The LOG events produced since the last call.
+    pub fn take_logs(&mut self) -> Vec<LogEvent> {
+        std::mem::take(&mut self.logs)
+    }
+}
