@@ -1,1 +1,636 @@
-//! TODO(helper): see packet.rs
+//! Header parsing: Ethernet / raw IP bytes to [`PacketMeta`], with etherparse underneath.
+//!
+//! All entry points take untrusted bytes and never panic: every header is read through an
+//! etherparse `*Slice::from_slice` constructor (which checks the length first) or through
+//! `slice::get`. Nothing here allocates, formats or logs, so it can run on the packet path; the
+//! error is the two-byte [`PacketError`].
+//!
+//! # Lax lengths, strict headers
+//!
+//! Capture files are often cut at a snap length, and Ethernet pads short frames. So the layer-3
+//! length fields are trusted for [`PacketMeta::len`] (what the kernel counts, what `-m length`
+//! sees) but the bytes actually present bound what is read: an IPv4 total length or IPv6 payload
+//! length larger than the buffer is accepted (snaplen truncation), one smaller than the buffer
+//! trims it (padding). This is the lax model of etherparse's `LaxSlicedPacket`, done by hand
+//! because iptables semantics differ from it in two places: the IPv4 protocol is the header's own
+//! (an AH header is not skipped, as `-p` reads `iph->protocol`), and for a first fragment the
+//! transport header is read (etherparse skips every fragmented payload; the kernel matches ports
+//! on offset 0).
+//!
+//! The headers the classifier reads must be complete, though: the IP header and IPv6 extension
+//! headers, the whole TCP header with options, the 8-byte UDP / ICMP / ICMPv6 headers, and the
+//! first 4 bytes (ports) of SCTP, DCCP and UDP-Lite, unless the packet is a non-first fragment.
+//! The kernel would "hotdrop" such a packet at the first match that reads the missing header,
+//! which [`PacketMeta`] cannot express, so these packets are rejected with
+//! [`PacketError::Truncated`] and the caller decides (count as dropped, skip).
+//!
+//! Checksums are not verified (captures often carry offloaded, unfilled checksums).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use etherparse::{
+    EtherType, Ethernet2Slice, Icmpv4Slice, Icmpv6Slice, IpAuthHeaderSlice, Ipv4HeaderSlice,
+    Ipv6FragmentHeaderSlice, Ipv6HeaderSlice, Ipv6RawExtHeaderSlice, LinuxSllProtocolType,
+    LinuxSllSlice, SingleVlanSlice, TcpSlice, UdpSlice,
+};
+
+use crate::model::Family;
+use crate::packet::PacketMeta;
+
+/// Why bytes could not be turned into a [`PacketMeta`]. Tiny and `Copy`: the packet path
+/// returns it without allocating or formatting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum PacketError {
+    /// The bytes end inside a header the classifier reads (link, IP, IPv6 extension or
+    /// transport header).
+    #[error("packet truncated inside a header")]
+    Truncated,
+    /// A header field is impossible: IPv4 IHL < 5 or total length shorter than the header,
+    /// an IP version nibble that does not match the link-layer protocol.
+    #[error("malformed packet header")]
+    Malformed,
+    /// The frame carries something other than IPv4 or IPv6 (ARP, LLDP, an unknown version).
+    #[error("not an IPv4 or IPv6 packet")]
+    NotIp,
+}
+
+/// IP protocol numbers this module reads a transport header for.
+mod proto {
+    pub const ICMP: u8 = 1;
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const DCCP: u8 = 33;
+    pub const ICMPV6: u8 = 58;
+    pub const SCTP: u8 = 132;
+    pub const UDPLITE: u8 = 136;
+    // IPv6 extension headers that ipv6_find_hdr() skips.
+    pub const HOPOPTS: u8 = 0;
+    pub const ROUTING: u8 = 43;
+    pub const FRAGMENT: u8 = 44;
+    pub const AUTH: u8 = 51;
+    pub const DSTOPTS: u8 = 60;
+}
+
+/// Parses an Ethernet II frame (without FCS), skipping any number of 802.1Q / 802.1ad / QinQ
+/// (0x8100, 0x88A8, 0x9100) tags, into a [`PacketMeta`].
+///
+/// `base` supplies what is not in the bytes (hook, interfaces, mark, ct_state); every header
+/// field of the result is taken from the frame, `src_mac` from the Ethernet source.
+pub fn parse_ethernet(frame: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+    let eth = Ethernet2Slice::from_slice_without_fcs(frame).map_err(|_| PacketError::Truncated)?;
+    let mut ether_type = eth.ether_type();
+    let mut rest = eth.payload_slice();
+    // Each tag consumes 4 bytes, so this loop ends.
+    while matches!(
+        ether_type,
+        EtherType::VLAN_TAGGED_FRAME
+            | EtherType::PROVIDER_BRIDGING
+            | EtherType::VLAN_DOUBLE_TAGGED_FRAME
+    ) {
+        let vlan = SingleVlanSlice::from_slice(rest).map_err(|_| PacketError::Truncated)?;
+        ether_type = vlan.ether_type();
+        rest = vlan.payload_slice();
+    }
+    let meta = parse_ether_payload(ether_type, rest, base)?;
+    Ok(PacketMeta {
+        src_mac: Some(eth.source()),
+        ..meta
+    })
+}
+
+/// Parses a Linux "cooked" capture (SLL, pcap linktype 113) packet. `src_mac` is the SLL
+/// sender address when it is a 6-byte (Ethernet) address, else `base.src_mac`.
+pub fn parse_linux_sll(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+    let sll = LinuxSllSlice::from_slice(bytes).map_err(|e| match e {
+        etherparse::err::linux_sll::HeaderSliceError::Len(_) => PacketError::Truncated,
+        etherparse::err::linux_sll::HeaderSliceError::Content(_) => PacketError::Malformed,
+    })?;
+    let ether_type = match sll.protocol_type() {
+        LinuxSllProtocolType::EtherType(t) => t,
+        _ => return Err(PacketError::NotIp),
+    };
+    let meta = parse_ether_payload(ether_type, sll.payload_slice(), base)?;
+    let src_mac = match <[u8; 6]>::try_from(sll.sender_address()) {
+        Ok(mac) => Some(mac),
+        Err(_) => base.src_mac,
+    };
+    Ok(PacketMeta { src_mac, ..meta })
+}
+
+/// Parses a raw IPv4 or IPv6 packet, choosing by the version nibble of the first byte.
+/// `src_mac` is kept from `base`.
+pub fn parse_ip(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+    match bytes.first().map(|b| b >> 4) {
+        None => Err(PacketError::Truncated),
+        Some(4) => parse_ipv4(bytes, base),
+        Some(6) => parse_ipv6(bytes, base),
+        Some(_) => Err(PacketError::NotIp),
+    }
+}
+
+/// Dispatches on an Ethernet protocol number; the IP version nibble must agree with it.
+fn parse_ether_payload(
+    ether_type: EtherType,
+    bytes: &[u8],
+    base: PacketMeta,
+) -> Result<PacketMeta, PacketError> {
+    let want = match ether_type {
+        EtherType::IPV4 => 4,
+        EtherType::IPV6 => 6,
+        _ => return Err(PacketError::NotIp),
+    };
+    match bytes.first().map(|b| b >> 4) {
+        None => Err(PacketError::Truncated),
+        Some(v) if v != want => Err(PacketError::Malformed),
+        Some(_) => parse_ip(bytes, base),
+    }
+}
+
+/// The layer-3 fields common to both families, before the transport header is read.
+struct Layer3<'a> {
+    family: Family,
+    src: IpAddr,
+    dst: IpAddr,
+    protocol: u8,
+    /// Non-first fragment.
+    fragment: bool,
+    /// Layer-3 length in bytes (header field, not the buffer length).
+    len: u32,
+    /// Bytes after the IP (and IPv6 extension) headers that are present in the buffer.
+    l4: &'a [u8],
+}
+
+fn parse_ipv4(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+    use etherparse::err::ipv4::HeaderSliceError;
+    let header = Ipv4HeaderSlice::from_slice(bytes).map_err(|e| match e {
+        HeaderSliceError::Len(_) => PacketError::Truncated,
+        HeaderSliceError::Content(_) => PacketError::Malformed,
+    })?;
+    let header_len = header.slice().len();
+    let total_len = usize::from(header.total_len());
+    if total_len < header_len {
+        return Err(PacketError::Malformed);
+    }
+    // Lax: a total length beyond the buffer is snaplen truncation; read what is there.
+    let end = total_len.min(bytes.len());
+    let l4 = bytes.get(header_len..end).unwrap_or(&[]);
+    finish(
+        Layer3 {
+            family: Family::Ipv4,
+            src: IpAddr::V4(Ipv4Addr::from(header.source())),
+            dst: IpAddr::V4(Ipv4Addr::from(header.destination())),
+            protocol: header.protocol().0,
+            fragment: header.fragments_offset().value() != 0,
+            len: u32::from(header.total_len()),
+            l4,
+        },
+        base,
+    )
+}
+
+fn parse_ipv6(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+    use etherparse::err::ipv6::HeaderSliceError;
+    let header = Ipv6HeaderSlice::from_slice(bytes).map_err(|e| match e {
+        HeaderSliceError::Len(_) => PacketError::Truncated,
+        HeaderSliceError::Content(_) => PacketError::Malformed,
+    })?;
+    let payload_len = usize::from(header.payload_length());
+    let after_header = bytes.get(etherparse::Ipv6Header::LEN..).unwrap_or(&[]);
+    // Payload length 0 with bytes following is a jumbogram (RFC 2675): the buffer is the packet.
+    let (payload, len) = if payload_len == 0 && !after_header.is_empty() {
+        (after_header, bytes.len())
+    } else {
+        let present = payload_len.min(after_header.len());
+        (
+            after_header.get(..present).unwrap_or(&[]),
+            payload_len + etherparse::Ipv6Header::LEN,
+        )
+    };
+    let (protocol, fragment, l4) = skip_ipv6_extensions(header.next_header().0, payload)?;
+    finish(
+        Layer3 {
+            family: Family::Ipv6,
+            src: IpAddr::V6(Ipv6Addr::from(header.source())),
+            dst: IpAddr::V6(Ipv6Addr::from(header.destination())),
+            protocol,
+            fragment,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+            l4,
+        },
+        base,
+    )
+}
+
+/// Walks IPv6 extension headers as the kernel's `ipv6_find_hdr(.., target = -1, ..)` does for
+/// ip6tables `-p`: hop-by-hop, routing, destination options and AH are skipped wherever they
+/// appear; at a fragment header with a non-zero offset the walk stops and the fragment header's
+/// next-header value is the protocol (the rest is not a header). Returns (protocol, non-first
+/// fragment, bytes after the headers).
+fn skip_ipv6_extensions(mut next: u8, mut rest: &[u8]) -> Result<(u8, bool, &[u8]), PacketError> {
+    // Every extension header is at least 8 bytes, so this loop ends.
+    loop {
+        match next {
+            proto::HOPOPTS | proto::ROUTING | proto::DSTOPTS => {
+                let ext =
+                    Ipv6RawExtHeaderSlice::from_slice(rest).map_err(|_| PacketError::Truncated)?;
+                next = ext.next_header().0;
+                rest = rest.get(ext.slice().len()..).unwrap_or(&[]);
+            }
+            proto::FRAGMENT => {
+                let frag = Ipv6FragmentHeaderSlice::from_slice(rest)
+                    .map_err(|_| PacketError::Truncated)?;
+                next = frag.next_header().0;
+                rest = rest.get(frag.slice().len()..).unwrap_or(&[]);
+                // The offset is the top 13 bits of bytes 2..4. Read by hand: etherparse 0.16's
+                // `fragment_offset()` mixes in the low flag bits (M=1 reads as offset 1).
+                let offset = match frag.slice() {
+                    [_, _, hi, lo, ..] => u16::from_be_bytes([*hi, *lo]) >> 3,
+                    _ => 0,
+                };
+                if offset != 0 {
+                    return Ok((next, true, rest));
+                }
+            }
+            proto::AUTH => {
+                let auth = IpAuthHeaderSlice::from_slice(rest).map_err(|e| match e {
+                    etherparse::err::ip_auth::HeaderSliceError::Len(_) => PacketError::Truncated,
+                    etherparse::err::ip_auth::HeaderSliceError::Content(_) => {
+                        PacketError::Malformed
+                    }
+                })?;
+                next = auth.next_header().0;
+                rest = rest.get(auth.slice().len()..).unwrap_or(&[]);
+            }
+            _ => return Ok((next, false, rest)),
+        }
+    }
+}
+
+/// Reads the transport header (unless a non-first fragment) and builds the result.
+fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
+    let mut meta = PacketMeta {
+        family: l3.family,
+        src: l3.src,
+        dst: l3.dst,
+        protocol: l3.protocol,
+        fragment: l3.fragment,
+        sport: 0,
+        dport: 0,
+        tcp_flags: 0,
+        tcp_options: [0; 4],
+        icmp_type: 0,
+        icmp_code: 0,
+        len: l3.len,
+        ..base
+    };
+    if l3.fragment {
+        return Ok(meta);
+    }
+    let l4 = l3.l4;
+    match (l3.protocol, l3.family) {
+        (proto::TCP, _) => {
+            let tcp = TcpSlice::from_slice(l4).map_err(|e| match e {
+                etherparse::err::tcp::HeaderSliceError::Len(_) => PacketError::Truncated,
+                etherparse::err::tcp::HeaderSliceError::Content(_) => PacketError::Malformed,
+            })?;
+            meta.sport = tcp.source_port();
+            meta.dport = tcp.destination_port();
+            // Byte 13 of the header, as xt_tcpudp reads it (CWR and ECE included).
+            meta.tcp_flags = tcp.header_slice().get(13).copied().unwrap_or(0);
+            meta.tcp_options = tcp_option_kinds(tcp.options());
+        }
+        (proto::UDP, _) => {
+            let udp = UdpSlice::from_slice_lax(l4).map_err(|_| PacketError::Truncated)?;
+            meta.sport = udp.source_port();
+            meta.dport = udp.destination_port();
+        }
+        (proto::SCTP | proto::DCCP | proto::UDPLITE, _) => {
+            let ports = l4.get(..4).ok_or(PacketError::Truncated)?;
+            meta.sport = u16::from_be_bytes([ports[0], ports[1]]);
+            meta.dport = u16::from_be_bytes([ports[2], ports[3]]);
+        }
+        (proto::ICMP, Family::Ipv4) => {
+            let icmp = Icmpv4Slice::from_slice(l4).map_err(|_| PacketError::Truncated)?;
+            meta.icmp_type = icmp.type_u8();
+            meta.icmp_code = icmp.code_u8();
+        }
+        (proto::ICMPV6, Family::Ipv6) => {
+            let icmp = Icmpv6Slice::from_slice(l4).map_err(|_| PacketError::Truncated)?;
+            meta.icmp_type = icmp.type_u8();
+            meta.icmp_code = icmp.code_u8();
+        }
+        _ => {}
+    }
+    Ok(meta)
+}
+
+/// The set of TCP option kinds present, walked as the kernel's `tcp_find_option` does: kinds 0
+/// (EOL) and 1 (NOP) are one byte, every other kind is skipped by its length byte (a zero or
+/// missing length counts as 1). The walk does not stop at EOL, as the kernel's does not.
+fn tcp_option_kinds(options: &[u8]) -> [u64; 4] {
+    let mut set = [0u64; 4];
+    let mut i = 0usize;
+    while let Some(&kind) = options.get(i) {
+        set[usize::from(kind / 64)] |= 1u64 << (kind % 64);
+        i += if kind < 2 {
+            1
+        } else {
+            match options.get(i + 1) {
+                Some(&0) | None => 1,
+                Some(&n) => usize::from(n),
+            }
+        };
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Hook, tcp_flags};
+    use crate::packet::IfName;
+    use etherparse::{IpNumber, PacketBuilder, TcpOptionElement};
+    use proptest::prelude::*;
+
+    const SMAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const DMAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
+
+    fn base() -> PacketMeta {
+        PacketMeta {
+            hook: Hook::Input,
+            in_iface: IfName::new("eth0").unwrap(),
+            mark: 7,
+            // Stale header values in base must not leak into the result.
+            sport: 999,
+            icmp_type: 99,
+            ..PacketMeta::default()
+        }
+    }
+
+    fn tcp_v4(payload_len: usize) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2(SMAC, DMAC)
+            .ipv4([192, 0, 2, 1], [198, 51, 100, 7], 64)
+            .tcp(40000, 443, 1, 65535)
+            .syn()
+            .ece()
+            .options(&[
+                TcpOptionElement::MaximumSegmentSize(1460),
+                TcpOptionElement::Noop,
+                TcpOptionElement::WindowScale(7),
+                TcpOptionElement::SelectiveAcknowledgementPermitted,
+            ])
+            .unwrap();
+        let mut v = Vec::new();
+        b.write(&mut v, &vec![0u8; payload_len]).unwrap();
+        v
+    }
+
+    #[test]
+    fn ipv4_tcp_with_options() {
+        let frame = tcp_v4(10);
+        let m = parse_ethernet(&frame, base()).unwrap();
+        assert_eq!(m.family, Family::Ipv4);
+        assert_eq!(m.src, "192.0.2.1".parse::<IpAddr>().unwrap());
+        assert_eq!(m.dst, "198.51.100.7".parse::<IpAddr>().unwrap());
+        assert_eq!((m.protocol, m.sport, m.dport), (6, 40000, 443));
+        assert_eq!(m.tcp_flags, tcp_flags::SYN | 0x40);
+        for kind in [1, 2, 3, 4] {
+            assert!(m.has_tcp_option(kind), "kind {kind}");
+        }
+        assert!(!m.has_tcp_option(8));
+        assert_eq!(m.len, 20 + 32 + 10);
+        assert_eq!(m.src_mac, Some(SMAC));
+        assert_eq!(
+            (m.mark, m.hook, m.in_iface.as_str()),
+            (7, Hook::Input, "eth0")
+        );
+        assert_eq!(m.icmp_type, 0);
+        assert!(!m.fragment);
+    }
+
+    #[test]
+    fn snaplen_truncated_payload_still_parses_and_keeps_header_length() {
+        let frame = tcp_v4(100);
+        let cut = &frame[..14 + 20 + 32 + 5];
+        let m = parse_ethernet(cut, base()).unwrap();
+        assert_eq!(m.len, 20 + 32 + 100);
+        assert_eq!(m.dport, 443);
+    }
+
+    #[test]
+    fn truncated_headers_are_errors() {
+        let frame = tcp_v4(0);
+        for cut in 0..14 + 20 + 32 {
+            let r = parse_ethernet(&frame[..cut], base());
+            assert_eq!(r, Err(PacketError::Truncated), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn ethernet_padding_is_ignored() {
+        let mut v = Vec::new();
+        PacketBuilder::ethernet2(SMAC, DMAC)
+            .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .udp(53, 5353)
+            .write(&mut v, &[])
+            .unwrap();
+        v.resize(60, 0xAA);
+        let m = parse_ethernet(&v, base()).unwrap();
+        assert_eq!((m.protocol, m.sport, m.dport, m.len), (17, 53, 5353, 28));
+    }
+
+    #[test]
+    fn vlan_tags_are_skipped() {
+        let mut v = Vec::new();
+        PacketBuilder::ethernet2(SMAC, DMAC)
+            .double_vlan(
+                etherparse::VlanId::try_new(100).unwrap(),
+                etherparse::VlanId::try_new(200).unwrap(),
+            )
+            .ipv6(
+                [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                [0xfe; 16],
+                64,
+            )
+            .icmpv6_echo_request(1, 2)
+            .write(&mut v, &[1, 2, 3])
+            .unwrap();
+        let m = parse_ethernet(&v, base()).unwrap();
+        assert_eq!(m.family, Family::Ipv6);
+        assert_eq!((m.protocol, m.icmp_type, m.icmp_code), (58, 128, 0));
+        assert_eq!(m.len, 40 + 8 + 3);
+    }
+
+    #[test]
+    fn icmpv4_type_and_code() {
+        let mut v = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .icmpv4_raw(3, 4, [0; 4])
+            .write(&mut v, &[])
+            .unwrap();
+        let m = parse_ip(&v, base()).unwrap();
+        assert_eq!(
+            (m.protocol, m.icmp_type, m.icmp_code, m.sport),
+            (1, 3, 4, 0)
+        );
+        assert_eq!(m.src_mac, None);
+    }
+
+    /// An IPv6 header followed by `exts` (already chained) and `l4`.
+    fn ipv6_raw(first_next: u8, exts: &[u8], l4: &[u8]) -> Vec<u8> {
+        let mut v = vec![0x60, 0, 0, 0];
+        v.extend_from_slice(&u16::try_from(exts.len() + l4.len()).unwrap().to_be_bytes());
+        v.push(first_next);
+        v.push(64);
+        v.extend_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        v.extend_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        v.extend_from_slice(exts);
+        v.extend_from_slice(l4);
+        v
+    }
+
+    const UDP_53: [u8; 8] = [0x30, 0x39, 0, 53, 0, 8, 0, 0];
+
+    #[test]
+    fn ipv6_extension_headers_are_skipped() {
+        // hop-by-hop (8 bytes) -> destination options (16 bytes) -> routing (8) -> UDP
+        let mut exts = vec![60, 0, 1, 4, 0, 0, 0, 0];
+        exts.extend_from_slice(&[43, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        exts.extend_from_slice(&[17, 0, 0, 0, 0, 0, 0, 0]);
+        let pkt = ipv6_raw(0, &exts, &UDP_53);
+        let m = parse_ip(&pkt, base()).unwrap();
+        assert_eq!((m.protocol, m.sport, m.dport), (17, 12345, 53));
+        assert_eq!(m.len, 40 + 32 + 8);
+        assert!(!m.fragment);
+        // cut inside the destination options header
+        assert_eq!(
+            parse_ip(&pkt[..40 + 12], base()),
+            Err(PacketError::Truncated)
+        );
+    }
+
+    #[test]
+    fn ipv6_fragments() {
+        // first fragment (offset 0, M=1): ports are read
+        let first = [17, 0, 0x00, 0x01, 0, 0, 0, 9];
+        let m = parse_ip(&ipv6_raw(44, &first, &UDP_53), base()).unwrap();
+        assert_eq!((m.protocol, m.fragment, m.dport), (17, false, 53));
+        // non-first fragment (offset 8 units): no ports, protocol from the fragment header
+        let later = [17, 0, 0x00, 0x40, 0, 0, 0, 9];
+        let m = parse_ip(&ipv6_raw(44, &later, &[1, 2, 3]), base()).unwrap();
+        assert_eq!((m.protocol, m.fragment, m.sport, m.dport), (17, true, 0, 0));
+    }
+
+    #[test]
+    fn ipv4_fragments_and_ah() {
+        let mut v = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .udp(1000, 2000)
+            .write(&mut v, &[0; 16])
+            .unwrap();
+        // non-first fragment: set offset 2 (16 bytes); header checksum is not checked
+        let mut later = v.clone();
+        later[6] = 0x00;
+        later[7] = 0x02;
+        let m = parse_ip(&later, base()).unwrap();
+        assert_eq!((m.protocol, m.fragment, m.sport, m.dport), (17, true, 0, 0));
+        // first fragment (MF set, offset 0): ports read
+        let mut first = v.clone();
+        first[6] = 0x20;
+        let m = parse_ip(&first, base()).unwrap();
+        assert_eq!((m.fragment, m.dport), (false, 2000));
+        // AH is not skipped for IPv4: -p sees 51
+        let mut ah = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .write(
+                &mut ah,
+                IpNumber(51),
+                &[17, 2, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0],
+            )
+            .unwrap();
+        let m = parse_ip(&ah, base()).unwrap();
+        assert_eq!((m.protocol, m.sport), (51, 0));
+    }
+
+    #[test]
+    fn sctp_ports_and_other_protocols() {
+        let mut v = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .write(&mut v, IpNumber(132), &[0x0b, 0xb8, 0x0f, 0xa0, 0, 0, 0, 0])
+            .unwrap();
+        let m = parse_ip(&v, base()).unwrap();
+        assert_eq!((m.protocol, m.sport, m.dport), (132, 3000, 4000));
+        let mut gre = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .write(&mut gre, IpNumber(47), &[])
+            .unwrap();
+        let m = parse_ip(&gre, base()).unwrap();
+        assert_eq!((m.protocol, m.sport, m.len), (47, 0, 20));
+    }
+
+    #[test]
+    fn not_ip_and_malformed() {
+        let mut arp = vec![0u8; 42];
+        arp[12] = 0x08;
+        arp[13] = 0x06;
+        assert_eq!(parse_ethernet(&arp, base()), Err(PacketError::NotIp));
+        assert_eq!(parse_ip(&[0x50; 40], base()), Err(PacketError::NotIp));
+        assert_eq!(parse_ip(&[], base()), Err(PacketError::Truncated));
+        // IHL 4
+        let mut bad = vec![0x44; 20];
+        bad[2] = 0;
+        bad[3] = 20;
+        assert_eq!(parse_ip(&bad, base()), Err(PacketError::Malformed));
+        // IPv6 bytes behind an IPv4 ether type
+        let mut frame = vec![0u8; 14];
+        frame[12] = 0x08;
+        frame.extend_from_slice(&ipv6_raw(17, &[], &UDP_53));
+        assert_eq!(parse_ethernet(&frame, base()), Err(PacketError::Malformed));
+    }
+
+    #[test]
+    fn linux_sll() {
+        let mut v = Vec::new();
+        PacketBuilder::linux_sll(
+            etherparse::LinuxSllPacketType::HOST,
+            6,
+            [1, 2, 3, 4, 5, 6, 0, 0],
+        )
+        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+        .udp(1, 2)
+        .write(&mut v, &[])
+        .unwrap();
+        let m = parse_linux_sll(&v, base()).unwrap();
+        assert_eq!((m.protocol, m.dport), (17, 2));
+        assert_eq!(m.src_mac, Some([1, 2, 3, 4, 5, 6]));
+    }
+
+    #[test]
+    fn tcp_option_walk_matches_kernel() {
+        // NOP, EOL, then kind 30 length 4, then kind 8 with zero length (counts as 1), kind 5
+        let set = tcp_option_kinds(&[1, 0, 30, 4, 0, 0, 8, 0, 5]);
+        let has = |k: u8| set[usize::from(k / 64)] & (1 << (k % 64)) != 0;
+        assert!(has(1) && has(0) && has(30) && has(8) && has(5));
+        assert!(!has(4) && !has(2));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = parse_ethernet(&bytes, PacketMeta::default());
+            let _ = parse_ip(&bytes, PacketMeta::default());
+            let _ = parse_linux_sll(&bytes, PacketMeta::default());
+        }
+
+        #[test]
+        fn ip_looking_bytes_never_panic(
+            v6 in any::<bool>(),
+            mut bytes in proptest::collection::vec(any::<u8>(), 0..120),
+        ) {
+            if let Some(b) = bytes.first_mut() {
+                *b = if v6 { 0x60 } else { 0x45 };
+            }
+            let _ = parse_ip(&bytes, PacketMeta::default());
+        }
+    }
+}
