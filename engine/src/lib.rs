@@ -6,6 +6,7 @@
 
 pub mod model;
 pub mod packet;
+pub mod restore;
 
 /// A monotonic clock the caller supplies (the engine never reads one itself).
 pub trait Clock: Send + Sync {

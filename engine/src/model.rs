@@ -302,7 +302,11 @@ impl IpNet {
                 if len > 128 {
                     return None;
                 }
-                let m = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                let m = if len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - len)
+                };
                 Some(IpNet {
                     addr: IpAddr::V6(Ipv6Addr::from(u128::from(a) & m)),
                     mask: IpAddr::V6(Ipv6Addr::from(m)),
