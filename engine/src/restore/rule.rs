@@ -264,7 +264,6 @@ pub(crate) fn parse_line(
     let mut proto_used = false;
     let mut seen: Vec<Main> = Vec::new();
     let mut has_spec = prefix_counters.is_some();
-    let mut skip = false;
 
     while let Some(tok) = cur.next() {
         if tok.text == "!" {
@@ -497,16 +496,15 @@ pub(crate) fn parse_line(
                 }
                 rule.counters = Some(Counters { packets, bytes });
             }
-            Main::V4 => skip |= ctx.family != Family::Ipv4,
-            Main::V6 => skip |= ctx.family != Family::Ipv6,
+            // The other family's line: iptables-restore drops it as soon as it sees the flag.
+            Main::V4 if ctx.family != Family::Ipv4 => return Ok(None),
+            Main::V6 if ctx.family != Family::Ipv6 => return Ok(None),
+            Main::V4 | Main::V6 => {}
         }
         args.finish()?;
     }
     if let Some(i) = invert {
         return Err(ctx.err(i, K::BadNegation));
-    }
-    if skip {
-        return Ok(None);
     }
     let Some((command, command_token)) = command else {
         let t = toks.first().cloned().unwrap_or(Token {

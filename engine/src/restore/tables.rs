@@ -386,9 +386,9 @@ fn command_line(
         target_token,
     } = parsed;
     rule.location = location;
-    if !st.opts.counters {
-        rule.counters = None;
-    }
+    // With --counters every rule has counters (zero when not written), as in the kernel;
+    // without, none are kept.
+    rule.counters = st.opts.counters.then(|| rule.counters.unwrap_or_default());
     let noflush = st.opts.noflush;
     let takes_rule = matches!(
         command,
