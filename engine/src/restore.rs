@@ -343,3 +343,206 @@ pub fn clear_locations(tables: &mut [Table]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Counters, Policy};
+
+    fn v4() -> ParseOptions<'static> {
+        ParseOptions::default()
+    }
+
+    fn rules(text: &str, opts: &ParseOptions<'_>, chain: &str) -> Vec<String> {
+        let r = parse(text, opts).unwrap_or_else(|e| panic!("parse failed: {e}"));
+        r.tables[0]
+            .chain(chain)
+            .map(|c| {
+                c.rules
+                    .iter()
+                    .map(|r| print_rule_spec(r, opts.family))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn errors(text: &str, opts: &ParseOptions<'_>) -> Vec<String> {
+        match parse(text, opts) {
+            Ok(r) => panic!("expected errors, got {r:?}"),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn error_display_has_line_column_and_token() {
+        let e = errors("*filter\n-A INPUT -p tcp --dport 99999\nCOMMIT\n", &v4());
+        assert_eq!(e.len(), 1);
+        assert!(e[0].starts_with("2:25: invalid port"), "{}", e[0]);
+        assert!(e[0].ends_with("near '99999'"), "{}", e[0]);
+    }
+
+    #[test]
+    fn collects_one_error_per_bad_line_and_no_partial_result() {
+        let text = "*filter\n-A INPUT -j NOPE\n-A INPUT -j ACCEPT\n-A INPUT -m nosuch\nCOMMIT\n";
+        let e = errors(text, &v4());
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("2:13: Couldn't load target 'NOPE'"),
+            "{}",
+            e[0]
+        );
+        assert!(
+            e[1].starts_with("4:13: Couldn't load match 'nosuch'"),
+            "{}",
+            e[1]
+        );
+    }
+
+    #[test]
+    fn missing_commit_and_lines_outside_tables() {
+        let e = errors("-A INPUT -j ACCEPT\n*filter\n", &v4());
+        assert!(e[0].starts_with("1:1: unexpected line"), "{e:?}");
+        assert!(e[1].contains("no COMMIT"), "{e:?}");
+    }
+
+    #[test]
+    fn chains_must_be_declared_before_use() {
+        let text = "*filter\n-A INPUT -j LATER\n:LATER - [0:0]\nCOMMIT\n";
+        assert!(parse(text, &v4()).is_err());
+        let ok = "*filter\n:LATER - [0:0]\n-A INPUT -j LATER\nCOMMIT\n";
+        assert_eq!(rules(ok, &v4(), "INPUT"), ["-j LATER"]);
+        // With --noflush the jump is recorded for validation instead.
+        let nf = ParseOptions {
+            noflush: true,
+            ..v4()
+        };
+        let r = parse(text, &nf).expect("noflush accepts");
+        assert_eq!(r.external[0].chain, "LATER");
+        assert_eq!(r.external[0].kind, ExternalRefKind::Jump);
+    }
+
+    #[test]
+    fn insert_positions() {
+        let text = "*filter\n-A INPUT -j ACCEPT\n-I INPUT -j DROP\n-I INPUT 3 -j RETURN\n-I INPUT 2 -p tcp\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "INPUT"),
+            ["-j DROP", "-p tcp", "-j ACCEPT", "-j RETURN"]
+        );
+        let e = errors("*filter\n-I INPUT 2 -j DROP\nCOMMIT\n", &v4());
+        assert!(e[0].contains("index of 2 is out of range"), "{e:?}");
+        let e = errors("*filter\n-I INPUT 0 -j DROP\nCOMMIT\n", &v4());
+        assert!(e[0].starts_with("2:10:"), "{e:?}");
+    }
+
+    #[test]
+    fn delete_by_number_and_by_spec() {
+        let text = "*filter\n-A INPUT -j ACCEPT\n-A INPUT -p udp -j DROP\n-A INPUT -j RETURN\n\
+                    -D INPUT 1\n-D INPUT -p udp -j DROP\nCOMMIT\n";
+        assert_eq!(rules(text, &v4(), "INPUT"), ["-j RETURN"]);
+        let e = errors(
+            "*filter\n-A INPUT -j ACCEPT\n-D INPUT -j DROP\nCOMMIT\n",
+            &v4(),
+        );
+        assert!(e[0].contains("bad rule"), "{e:?}");
+        let e = errors("*filter\n-D INPUT 1\nCOMMIT\n", &v4());
+        assert!(e[0].contains("out of range"), "{e:?}");
+    }
+
+    #[test]
+    fn counters_prefix_and_option() {
+        let text = "*filter\n:INPUT DROP [3:4]\n[1:2] -A INPUT -j ACCEPT\n-A INPUT -c 5 6 -j DROP\nCOMMIT\n";
+        let with = ParseOptions {
+            counters: true,
+            ..v4()
+        };
+        let r = parse(text, &with).expect("parses");
+        let c = r.tables[0].chain("INPUT").expect("INPUT");
+        assert_eq!(c.policy, Some(Policy::Drop));
+        assert_eq!(
+            c.counters,
+            Counters {
+                packets: 3,
+                bytes: 4
+            }
+        );
+        assert_eq!(
+            c.rules[0].counters,
+            Some(Counters {
+                packets: 1,
+                bytes: 2
+            })
+        );
+        assert_eq!(
+            c.rules[1].counters,
+            Some(Counters {
+                packets: 5,
+                bytes: 6
+            })
+        );
+        assert_eq!(
+            print(&r.tables, &PrintOptions { counters: true }),
+            "*filter\n:INPUT DROP [3:4]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+             [1:2] -A INPUT -j ACCEPT\n[5:6] -A INPUT -j DROP\nCOMMIT\n"
+        );
+        // Without --counters they are checked but dropped.
+        let r = parse(text, &v4()).expect("parses");
+        let c = r.tables[0].chain("INPUT").expect("INPUT");
+        assert_eq!(c.counters, Counters::default());
+        assert_eq!(c.rules[0].counters, None);
+        assert!(parse("*filter\n[1:x] -A INPUT\nCOMMIT\n", &v4()).is_err());
+        assert!(parse("*filter\n:INPUT ACCEPT [1]\nCOMMIT\n", &v4()).is_err());
+    }
+
+    #[test]
+    fn implicit_protocol_match_and_canonical_order() {
+        let text = "*filter\n-A INPUT -m comment --comment \"a b\" -p tcp --dport 22 ! -s 10.1.2.3/8 -j ACCEPT\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "INPUT"),
+            ["! -s 10.0.0.0/8 -p tcp -m comment --comment \"a b\" -m tcp --dport 22 -j ACCEPT"]
+        );
+    }
+
+    #[test]
+    fn opaque_extensions_round_trip_and_known_ones_reject_unknown_options() {
+        let text = "*nat\n-A POSTROUTING -m addrtype ! --src-type LOCAL -j SNAT --to-source 192.0.2.1 --random\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "POSTROUTING"),
+            ["-m addrtype ! --src-type LOCAL -j SNAT --to-source 192.0.2.1 --random"]
+        );
+        let e = errors("*filter\n-A INPUT -p udp -m udp --flags x\nCOMMIT\n", &v4());
+        assert!(
+            e[0].contains("extension 'udp' has no option '--flags'"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn hostnames_and_name_limits() {
+        let e = errors("*filter\n-A INPUT -s example.com\nCOMMIT\n", &v4());
+        assert!(e[0].contains("hostnames are not supported"), "{e:?}");
+        let long = "c".repeat(29);
+        assert!(parse(&format!("*filter\n:{long} - [0:0]\nCOMMIT\n"), &v4()).is_err());
+        let ok = "c".repeat(28);
+        assert!(parse(&format!("*filter\n:{ok} - [0:0]\nCOMMIT\n"), &v4()).is_ok());
+        let set = "s".repeat(32);
+        assert!(
+            parse(
+                &format!("*filter\n-A INPUT -m set --match-set {set} src\nCOMMIT\n"),
+                &v4()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn family_prefixes() {
+        let text =
+            "*filter\n-6 -A INPUT -s ::1 -j ACCEPT\n-4 -A INPUT -s 127.0.0.1 -j ACCEPT\nCOMMIT\n";
+        assert_eq!(rules(text, &v4(), "INPUT"), ["-s 127.0.0.1/32 -j ACCEPT"]);
+        let v6 = ParseOptions {
+            family: Family::Ipv6,
+            ..v4()
+        };
+        assert_eq!(rules(text, &v6, "INPUT"), ["-s ::1/128 -j ACCEPT"]);
+    }
+}

@@ -2,7 +2,6 @@
 //! (`-s -d -i -o -p -f`, then matches in order, then `-j`/`-g`), and the `iptables -S` form.
 
 use std::fmt::Write as _;
-use std::net::IpAddr;
 
 use crate::model::{
     Chain, Counters, Family, IcmpMatch, IpNet, Match, MultiportDir, Neg, OpaqueOption, Policy,
@@ -10,7 +9,7 @@ use crate::model::{
 };
 
 use super::extensions::{
-    CT_STATE_NAMES, ICMP_NAMES, REJECT_NAMES, TCP_FLAG_NAMES, protocol_name, rate_unit_name,
+    CT_STATE_NAMES, REJECT_NAMES, TCP_FLAG_NAMES, protocol_name, rate_unit_name,
 };
 
 /// How to print.
@@ -270,7 +269,6 @@ pub fn print_rule_spec(r: &Rule, family: Family) -> String {
         print_match(&mut o, m);
     }
     print_target(&mut o, &r.target, family);
-    let _ = ICMP_NAMES;
     o.join(" ")
 }
 
@@ -431,14 +429,5 @@ fn print_target(o: &mut Vec<String>, t: &Target, family: Family) {
             o.push(format!("-j {}", op.name));
             opaque_opts(o, &op.options);
         }
-    }
-}
-
-#[allow(dead_code)]
-fn _family_addr(a: IpAddr) -> Family {
-    if a.is_ipv4() {
-        Family::Ipv4
-    } else {
-        Family::Ipv6
     }
 }
