@@ -1067,9 +1067,18 @@ fn set_option(
                         },
                     ));
                 }
-                if n.text.is_empty() || n.text.chars().any(|c| c.is_whitespace() || c.is_control())
+                if n.text.is_empty()
+                    || n.text.starts_with('-')
+                    || n.text
+                        .chars()
+                        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
                 {
-                    return Err(invalid(ctx, &n, "set name", "empty or contains whitespace"));
+                    return Err(invalid(
+                        ctx,
+                        &n,
+                        "set name",
+                        "empty, leading '-', whitespace, quote or backslash",
+                    ));
                 }
                 let f = args.next_plain()?;
                 let mut dirs = Vec::new();

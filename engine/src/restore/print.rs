@@ -145,8 +145,8 @@ fn quoted(s: &str) -> String {
     o
 }
 
-/// Quotes an opaque argument only where the tokenizer needs it (whitespace, `"`, `\`, empty,
-/// a leading `!` or `-` that would read as an option), so real rulesets print byte-identically.
+/// Quotes an opaque argument only where the tokenizer needs it (whitespace, `"`, `\`, empty),
+/// so real rulesets print byte-identically.
 fn opaque_arg(s: &str) -> String {
     if s.is_empty()
         || s.starts_with('-')
@@ -229,9 +229,18 @@ fn opaque_opts(o: &mut Vec<String>, opts: &[OpaqueOption]) {
             s.push_str("! ");
         }
         s.push_str(&op.name);
-        for a in &op.args {
-            s.push(' ');
-            s.push_str(&opaque_arg(a));
+        match op.args.as_slice() {
+            // An argument that reads as an option (it came as `--opt=-x`) stays attached.
+            [a] if a.starts_with('-') || a == "!" => {
+                s.push('=');
+                s.push_str(&opaque_arg(a));
+            }
+            args => {
+                for a in args {
+                    s.push(' ');
+                    s.push_str(&opaque_arg(a));
+                }
+            }
         }
         o.push(s);
     }

@@ -594,7 +594,12 @@ pub(crate) fn check_chain_name(t: &Token, ctx: &Ctx<'_>) -> Result<(), ParseErro
             },
         ));
     }
-    if t.text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    // Quotes and backslashes could not be written back unambiguously (`:NAME` lines are not
+    // unquoted by iptables-restore, command lines are).
+    if t.text
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+    {
         return Err(ctx.err(t, K::BadChainName));
     }
     Ok(())
@@ -615,7 +620,7 @@ fn parse_iface(t: &Token, ctx: &Ctx<'_>) -> Result<Iface, ParseError> {
     if t.text.is_empty()
         || t.text
             .chars()
-            .any(|c| c.is_whitespace() || c == '/' || c.is_control())
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '"' | '\\'))
     {
         return Err(ctx.err(
             t,
