@@ -9,6 +9,7 @@ pub mod dataplane;
 pub mod engine;
 pub mod model;
 pub mod packet;
+pub mod restore;
 pub mod sets;
 pub mod sync;
 pub mod validate;

@@ -1,0 +1,548 @@
+//! The iptables-restore text parser and the canonical (iptables-save) printer.
+//!
+//! [`parse`] reads the text `iptables-restore` (or `ip6tables-restore`, chosen by
+//! [`ParseOptions::family`]) accepts: `*table` ... `COMMIT` blocks with `:CHAIN POLICY [p:b]`
+//! declarations and `-N/-X/-F/-A/-I/-D/-R/-P` command lines. It follows iptables-restore v1.8.11
+//! (legacy backend): see the module docs of the submodules for the option grammar. Errors carry the
+//! 1-based line and column of the offending token; every bad line yields at least one error and a
+//! text with errors never yields a (partial) ruleset.
+//!
+//! [`print`] writes the canonical iptables-save form of tables; [`print_rule_spec`] writes a
+//! single rule (the part after `-A CHAIN `), which other code uses as the rule's identity.
+//! For every text `t` that parses, `parse(print(parse(t)))` equals `parse(t)` up to locations
+//! (checked by the conformance tests and the `restore` fuzz target).
+//!
+//! What is deliberately NOT checked here (validation, [`crate::validate`], does it): loops,
+//! jumps to chains of another table, extensions valid only at some hooks (`-m mac` outside
+//! PREROUTING/INPUT/FORWARD), opaque extensions in enforced tables.
+
+mod extensions;
+mod lexer;
+mod print;
+mod rule;
+mod tables;
+
+use std::fmt;
+
+use crate::model::{Family, Location, Ruleset, Table, TableKind};
+
+pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
+
+/// How to read the text: which tool is emulated and with which flags.
+#[derive(Clone, Copy)]
+pub struct ParseOptions<'a> {
+    /// `Ipv4` reads as `iptables-restore`, `Ipv6` as `ip6tables-restore`: the family of every
+    /// table, the address syntax, and which of `-4`/`-6` lines are kept.
+    pub family: Family,
+    /// As `iptables-restore --noflush`: tables are not flushed first, so commands may name
+    /// chains this text never declares (existing state). Such references are recorded in
+    /// [`Restore::external`] for validation instead of failing with "Couldn't load target".
+    pub noflush: bool,
+    /// As `iptables-restore --counters`: keep `[p:b]` / `-c p b` rule counters and builtin policy
+    /// counters. Without it they are still syntax-checked but reset to zero, as iptables does.
+    pub counters: bool,
+    /// Tells whether an ipset exists (`-m set --match-set NAME`); `None` accepts every name
+    /// (set existence is then validation's job).
+    pub set_exists: Option<&'a dyn Fn(&str) -> bool>,
+}
+
+impl Default for ParseOptions<'_> {
+    /// IPv4, no `--noflush`, no `--counters`, every set name accepted.
+    fn default() -> Self {
+        ParseOptions {
+            family: Family::Ipv4,
+            noflush: false,
+            counters: false,
+            set_exists: None,
+        }
+    }
+}
+
+impl fmt::Debug for ParseOptions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ParseOptions")
+            .field("family", &self.family)
+            .field("noflush", &self.noflush)
+            .field("counters", &self.counters)
+            .field("set_exists", &self.set_exists.map(|_| "<fn>"))
+            .finish()
+    }
+}
+
+/// What a restore text yields: the tables it defines, and (with `--noflush`) what it expects
+/// to already exist.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restore {
+    /// Tables in the order of their first `*table` line, each with builtin chains first (hook
+    /// order) and user chains sorted by name (the order legacy iptables-save prints).
+    pub tables: Vec<Table>,
+    /// With [`ParseOptions::noflush`]: every command that names a chain this text does not
+    /// declare (it must exist already), in text order. Always empty without `noflush`.
+    pub external: Vec<ExternalRef>,
+}
+
+/// A reference to a chain that must exist outside the parsed text (`--noflush` only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExternalRef {
+    /// Family of the table.
+    pub family: Family,
+    /// Table the command ran in.
+    pub table: TableKind,
+    /// The chain name.
+    pub chain: String,
+    /// What the command did with it.
+    pub kind: ExternalRefKind,
+    /// Where the chain name was written.
+    pub location: Location,
+}
+
+/// What a `--noflush` command did with a chain the text does not declare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExternalRefKind {
+    /// `-j CHAIN`.
+    Jump,
+    /// `-g CHAIN`.
+    Goto,
+    /// `-A CHAIN` / `-I CHAIN`: rules were added to an existing chain (the parsed table holds the
+    /// chain with only the added rules).
+    AddRules,
+    /// `-D CHAIN ...` / `-R CHAIN ...` of a rule this text did not create.
+    ChangeRule,
+    /// `-F CHAIN`.
+    Flush,
+    /// `-X CHAIN` (also recorded for chains declared in the text, as the kernel's copy goes too).
+    Delete,
+    /// `:BUILTIN - [p:b]`: the builtin chain keeps its existing policy.
+    KeepPolicy,
+}
+
+/// One problem in the text, at a line and column, near a token.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{location}: {kind} near '{token}'")]
+pub struct ParseError {
+    /// Line and column of the offending token (column 0 when the problem is a missing line).
+    pub location: Location,
+    /// The offending token (empty at end of line or file).
+    pub token: String,
+    /// What is wrong.
+    pub kind: ParseErrorKind,
+}
+
+/// Every error of a text that did not parse, in line order (at least one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseErrors(pub Vec<ParseError>);
+
+impl fmt::Display for ParseErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ParseErrors {}
+
+/// The kinds of [`ParseError`]. Messages follow iptables' wording where it has one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseErrorKind {
+    /// A `"` was opened and the line ended first.
+    #[error("unterminated quote")]
+    UnterminatedQuote,
+    /// A line that is neither `*table`, `:chain`, `COMMIT`, a command nor a `#` comment, or a
+    /// command line outside a `*table` block.
+    #[error("unexpected line: {0}")]
+    UnexpectedLine(&'static str),
+    /// `*name` with a name that is not filter, raw, nat, mangle or security.
+    #[error("unknown table")]
+    UnknownTable,
+    /// A `*table` block without its `COMMIT` (at end of file or before the next `*table`).
+    #[error("table '{0}' has no COMMIT line")]
+    MissingCommit(String),
+    /// `-t` inside a restore block (iptables-restore adds `-t <table>` itself).
+    #[error("the -t option is not allowed in restore input")]
+    TableOption,
+    /// A command iptables-restore does not accept here (`-L`, `-E`, ...).
+    #[error("command not supported in restore input")]
+    UnsupportedCommand,
+    /// A rule line without `-A/-I/-D/-R/-N/-X/-F/-P`.
+    #[error("no command specified")]
+    NoCommand,
+    /// Two commands on one line.
+    #[error("only one command per line")]
+    MultipleCommands,
+    /// An option without its argument(s).
+    #[error("option '{0}' requires an argument")]
+    MissingArgument(String),
+    /// A word where an option was expected (iptables: "Bad argument").
+    #[error("bad argument")]
+    BadArgument,
+    /// An option no loaded extension knows (iptables: `unknown option "--dport"`).
+    #[error("unknown option '{0}'")]
+    UnknownOption(String),
+    /// An option a known extension does not have.
+    #[error("extension '{extension}' has no option '{option}'")]
+    UnknownExtensionOption {
+        /// The extension (`tcp`, `LOG`).
+        extension: String,
+        /// The option as written.
+        option: String,
+    },
+    /// `-m NAME` of an extension that does not exist.
+    #[error("Couldn't load match '{0}'")]
+    UnknownMatch(String),
+    /// `-j NAME` that is neither a target nor a chain declared on an earlier line (as
+    /// iptables-restore: chains must be declared before they are jumped to).
+    #[error("Couldn't load target '{0}' (chains must be declared before use)")]
+    UnknownTarget(String),
+    /// A value that does not parse (port, address, number, name...).
+    #[error("invalid {what}: {reason}")]
+    InvalidValue {
+        /// What was being parsed.
+        what: &'static str,
+        /// Why it is wrong.
+        reason: String,
+    },
+    /// A hostname where an address is needed: the engine is sans-IO and resolves nothing.
+    #[error("hostnames are not supported, write an address")]
+    Hostname,
+    /// A name longer than its kernel limit.
+    #[error("{what} too long ({max} bytes max)")]
+    TooLong {
+        /// Chain name, interface, set name, comment, log prefix.
+        what: &'static str,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// The same option twice in one extension or rule.
+    #[error("multiple '{0}' options not allowed")]
+    DuplicateOption(String),
+    /// Options that cannot be combined.
+    #[error("'{0}' cannot be combined with '{1}'")]
+    Conflict(String, String),
+    /// `!` before something that cannot be negated, or twice.
+    #[error("negation not allowed here")]
+    BadNegation,
+    /// An extension without one of its mandatory options.
+    #[error("extension '{extension}' needs {needs}")]
+    MissingOption {
+        /// The extension.
+        extension: String,
+        /// What it needs.
+        needs: &'static str,
+    },
+    /// An extension that needs `-p PROTO` (not negated), as the kernel's protocol check.
+    #[error("extension '{extension}' needs '-p {proto}' (not negated)")]
+    NeedsProtocol {
+        /// The extension.
+        extension: String,
+        /// The protocol(s) it works with.
+        proto: &'static str,
+    },
+    /// `! -p all`: the rule can never match.
+    #[error("rule would never match protocol")]
+    NeverMatches,
+    /// An extension used in a table where the kernel refuses it.
+    #[error("'{extension}' is only valid in table '{table}'")]
+    WrongTable {
+        /// The extension.
+        extension: String,
+        /// The table it needs.
+        table: &'static str,
+    },
+    /// `-A/-I/-D/-F/-X/-P` naming a chain that does not exist.
+    #[error("chain '{0}' does not exist")]
+    NoSuchChain(String),
+    /// `-N` of a chain that exists, or a user chain named like a builtin chain or a target.
+    #[error("chain '{0}' already exists or clashes with a builtin name")]
+    ChainExists(String),
+    /// An invalid chain name (empty, or starting with `-` or `!`).
+    #[error("invalid chain name")]
+    BadChainName,
+    /// A policy on a user chain, or a policy that is not ACCEPT or DROP.
+    #[error("bad policy (ACCEPT or DROP on a builtin chain, '-' on a user chain)")]
+    BadPolicy,
+    /// Counters that are not `[packets:bytes]` / `-c PACKETS BYTES`.
+    #[error("invalid counters")]
+    BadCounters,
+    /// `-I/-D/-R` with a rule number outside the chain.
+    #[error("index of {0} is out of range")]
+    BadRuleNumber(String),
+    /// `-D CHAIN rulespec` that matches no rule.
+    #[error("bad rule (does a matching rule exist in that chain?)")]
+    NoSuchRule,
+    /// `-X` of a builtin chain, of a chain still holding rules or still referenced.
+    #[error("cannot delete chain '{0}': builtin, not empty or still referenced")]
+    ChainInUse(String),
+    /// `-g` or `-j` to a builtin chain.
+    #[error("cannot jump to builtin chain '{0}'")]
+    JumpToBuiltin(String),
+    /// `-m set` naming a set the `set_exists` callback does not know.
+    #[error("set '{0}' does not exist")]
+    NoSuchSet(String),
+}
+
+impl ParseError {
+    pub(crate) fn new(
+        line: u32,
+        column: u32,
+        token: impl Into<String>,
+        kind: ParseErrorKind,
+    ) -> Self {
+        ParseError {
+            location: Location { line, column },
+            token: token.into(),
+            kind,
+        }
+    }
+}
+
+/// Parses an iptables-restore text (see the module docs).
+///
+/// # Errors
+/// Every problem found, at least one per bad line; nothing is returned then.
+pub fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, ParseErrors> {
+    tables::parse(text, opts)
+}
+
+/// Parses a restore text into a named [`Ruleset`] of priority 0 (no `--noflush`: every chain
+/// must be declared).
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_ruleset(
+    name: &str,
+    text: &str,
+    opts: &ParseOptions<'_>,
+) -> Result<Ruleset, ParseErrors> {
+    let opts = ParseOptions {
+        noflush: false,
+        ..*opts
+    };
+    let r = parse(text, &opts)?;
+    Ok(Ruleset {
+        name: name.to_string(),
+        priority: 0,
+        tables: r.tables,
+    })
+}
+
+/// Sets every [`Location`] in the tables to the default, so that models parsed from different
+/// texts (say, an input and its canonical print) compare equal when they mean the same.
+pub fn clear_locations(tables: &mut [Table]) {
+    for t in tables {
+        t.location = Location::default();
+        for c in &mut t.chains {
+            c.location = Location::default();
+            for r in &mut c.rules {
+                r.location = Location::default();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Counters, Policy};
+
+    fn v4() -> ParseOptions<'static> {
+        ParseOptions::default()
+    }
+
+    fn rules(text: &str, opts: &ParseOptions<'_>, chain: &str) -> Vec<String> {
+        let r = parse(text, opts).unwrap_or_else(|e| panic!("parse failed: {e}"));
+        r.tables[0]
+            .chain(chain)
+            .map(|c| {
+                c.rules
+                    .iter()
+                    .map(|r| print_rule_spec(r, opts.family))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn errors(text: &str, opts: &ParseOptions<'_>) -> Vec<String> {
+        match parse(text, opts) {
+            Ok(r) => panic!("expected errors, got {r:?}"),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn error_display_has_line_column_and_token() {
+        let e = errors("*filter\n-A INPUT -p tcp --dport 99999\nCOMMIT\n", &v4());
+        assert_eq!(e.len(), 1);
+        assert!(e[0].starts_with("2:25: invalid port"), "{}", e[0]);
+        assert!(e[0].ends_with("near '99999'"), "{}", e[0]);
+    }
+
+    #[test]
+    fn collects_one_error_per_bad_line_and_no_partial_result() {
+        let text = "*filter\n-A INPUT -j NOPE\n-A INPUT -j ACCEPT\n-A INPUT -m nosuch\nCOMMIT\n";
+        let e = errors(text, &v4());
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("2:13: Couldn't load target 'NOPE'"),
+            "{}",
+            e[0]
+        );
+        assert!(
+            e[1].starts_with("4:13: Couldn't load match 'nosuch'"),
+            "{}",
+            e[1]
+        );
+    }
+
+    #[test]
+    fn missing_commit_and_lines_outside_tables() {
+        let e = errors("-A INPUT -j ACCEPT\n*filter\n", &v4());
+        assert!(e[0].starts_with("1:1: unexpected line"), "{e:?}");
+        assert!(e[1].contains("no COMMIT"), "{e:?}");
+    }
+
+    #[test]
+    fn chains_must_be_declared_before_use() {
+        let text = "*filter\n-A INPUT -j LATER\n:LATER - [0:0]\nCOMMIT\n";
+        assert!(parse(text, &v4()).is_err());
+        let ok = "*filter\n:LATER - [0:0]\n-A INPUT -j LATER\nCOMMIT\n";
+        assert_eq!(rules(ok, &v4(), "INPUT"), ["-j LATER"]);
+        // With --noflush the jump is recorded for validation instead.
+        let nf = ParseOptions {
+            noflush: true,
+            ..v4()
+        };
+        let r = parse(text, &nf).expect("noflush accepts");
+        assert_eq!(r.external[0].chain, "LATER");
+        assert_eq!(r.external[0].kind, ExternalRefKind::Jump);
+    }
+
+    #[test]
+    fn insert_positions() {
+        let text = "*filter\n-A INPUT -j ACCEPT\n-I INPUT -j DROP\n-I INPUT 3 -j RETURN\n-I INPUT 2 -p tcp\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "INPUT"),
+            ["-j DROP", "-p tcp", "-j ACCEPT", "-j RETURN"]
+        );
+        let e = errors("*filter\n-I INPUT 2 -j DROP\nCOMMIT\n", &v4());
+        assert!(e[0].contains("index of 2 is out of range"), "{e:?}");
+        let e = errors("*filter\n-I INPUT 0 -j DROP\nCOMMIT\n", &v4());
+        assert!(e[0].starts_with("2:10:"), "{e:?}");
+    }
+
+    #[test]
+    fn delete_by_number_and_by_spec() {
+        let text = "*filter\n-A INPUT -j ACCEPT\n-A INPUT -p udp -j DROP\n-A INPUT -j RETURN\n\
+                    -D INPUT 1\n-D INPUT -p udp -j DROP\nCOMMIT\n";
+        assert_eq!(rules(text, &v4(), "INPUT"), ["-j RETURN"]);
+        let e = errors(
+            "*filter\n-A INPUT -j ACCEPT\n-D INPUT -j DROP\nCOMMIT\n",
+            &v4(),
+        );
+        assert!(e[0].contains("bad rule"), "{e:?}");
+        let e = errors("*filter\n-D INPUT 1\nCOMMIT\n", &v4());
+        assert!(e[0].contains("out of range"), "{e:?}");
+    }
+
+    #[test]
+    fn counters_prefix_and_option() {
+        let text = "*filter\n:INPUT DROP [3:4]\n[1:2] -A INPUT -j ACCEPT\n-A INPUT -c 5 6 -j DROP\nCOMMIT\n";
+        let with = ParseOptions {
+            counters: true,
+            ..v4()
+        };
+        let r = parse(text, &with).expect("parses");
+        let c = r.tables[0].chain("INPUT").expect("INPUT");
+        assert_eq!(c.policy, Some(Policy::Drop));
+        assert_eq!(
+            c.counters,
+            Counters {
+                packets: 3,
+                bytes: 4
+            }
+        );
+        assert_eq!(
+            c.rules[0].counters,
+            Some(Counters {
+                packets: 1,
+                bytes: 2
+            })
+        );
+        assert_eq!(
+            c.rules[1].counters,
+            Some(Counters {
+                packets: 5,
+                bytes: 6
+            })
+        );
+        assert_eq!(
+            print(&r.tables, &PrintOptions { counters: true }),
+            "*filter\n:INPUT DROP [3:4]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+             [1:2] -A INPUT -j ACCEPT\n[5:6] -A INPUT -j DROP\nCOMMIT\n"
+        );
+        // Without --counters they are checked but dropped.
+        let r = parse(text, &v4()).expect("parses");
+        let c = r.tables[0].chain("INPUT").expect("INPUT");
+        assert_eq!(c.counters, Counters::default());
+        assert_eq!(c.rules[0].counters, None);
+        assert!(parse("*filter\n[1:x] -A INPUT\nCOMMIT\n", &v4()).is_err());
+        assert!(parse("*filter\n:INPUT ACCEPT [1]\nCOMMIT\n", &v4()).is_err());
+    }
+
+    #[test]
+    fn implicit_protocol_match_and_canonical_order() {
+        let text = "*filter\n-A INPUT -m comment --comment \"a b\" -p tcp --dport 22 ! -s 10.1.2.3/8 -j ACCEPT\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "INPUT"),
+            ["! -s 10.0.0.0/8 -p tcp -m comment --comment \"a b\" -m tcp --dport 22 -j ACCEPT"]
+        );
+    }
+
+    #[test]
+    fn opaque_extensions_round_trip_and_known_ones_reject_unknown_options() {
+        let text = "*nat\n-A POSTROUTING -m addrtype ! --src-type LOCAL -j SNAT --to-source 192.0.2.1 --random\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "POSTROUTING"),
+            ["-m addrtype ! --src-type LOCAL -j SNAT --to-source 192.0.2.1 --random"]
+        );
+        let e = errors("*filter\n-A INPUT -p udp -m udp --flags x\nCOMMIT\n", &v4());
+        assert!(
+            e[0].contains("extension 'udp' has no option '--flags'"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn hostnames_and_name_limits() {
+        let e = errors("*filter\n-A INPUT -s example.com\nCOMMIT\n", &v4());
+        assert!(e[0].contains("hostnames are not supported"), "{e:?}");
+        let long = "c".repeat(29);
+        assert!(parse(&format!("*filter\n:{long} - [0:0]\nCOMMIT\n"), &v4()).is_err());
+        let ok = "c".repeat(28);
+        assert!(parse(&format!("*filter\n:{ok} - [0:0]\nCOMMIT\n"), &v4()).is_ok());
+        let set = "s".repeat(32);
+        assert!(
+            parse(
+                &format!("*filter\n-A INPUT -m set --match-set {set} src\nCOMMIT\n"),
+                &v4()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn family_prefixes() {
+        let text =
+            "*filter\n-6 -A INPUT -s ::1 -j ACCEPT\n-4 -A INPUT -s 127.0.0.1 -j ACCEPT\nCOMMIT\n";
+        assert_eq!(rules(text, &v4(), "INPUT"), ["-s 127.0.0.1/32 -j ACCEPT"]);
+        let v6 = ParseOptions {
+            family: Family::Ipv6,
+            ..v4()
+        };
+        assert_eq!(rules(text, &v6, "INPUT"), ["-s ::1/128 -j ACCEPT"]);
+    }
+}

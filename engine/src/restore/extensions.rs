@@ -1,0 +1,1654 @@
+//! Match and target extensions: option parsing, the checks iptables and the kernel make, and
+//! canonical values (so that printing and re-parsing gives the same model).
+//!
+//! Known extensions (model variants): matches tcp, udp, multiport, icmp, icmp6, conntrack,
+//! state, iprange, set, comment, mark, length, limit, mac; targets ACCEPT, DROP, RETURN, REJECT,
+//! LOG, NOTRACK, CT. Other extensions iptables ships are kept as [`Opaque`] with their options
+//! verbatim; a name that is no extension at all is an error ("Couldn't load match").
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::model::{
+    AddrRange, ConntrackMatch, CtTarget, Family, IcmpMatch, IpNet, IprangeMatch, LimitMatch,
+    LogTarget, MarkValue, Match, MultiportDir, MultiportMatch, Neg, Opaque, OpaqueOption,
+    PortRange, RateUnit, RejectWith, Rule, SetDir, SetMatch, TableKind, Target, TcpFlags, TcpMatch,
+    UdpMatch, ct_state,
+};
+
+use super::lexer::Token;
+use super::rule::{Args, Ctx};
+use super::{ParseError, ParseErrorKind as K};
+
+/// A match being built while its line is parsed.
+pub(crate) struct PendingMatch {
+    /// The match so far.
+    pub m: Match,
+    /// Options already given (for "multiple ... not allowed").
+    seen: Vec<&'static str>,
+    /// The `-m NAME` argument (or the option that loaded it implicitly).
+    token: Token,
+}
+
+impl PendingMatch {
+    pub(crate) fn is_opaque(&self) -> bool {
+        matches!(self.m, Match::Opaque(_))
+    }
+}
+
+/// A target being built while its line is parsed.
+pub(crate) struct PendingTarget {
+    /// The target so far.
+    pub t: Target,
+    /// The extension name.
+    pub name: String,
+    seen: Vec<&'static str>,
+    token: Option<Token>,
+}
+
+impl PendingTarget {
+    /// A target without options (jump, goto).
+    pub(crate) fn plain(t: Target) -> Self {
+        PendingTarget {
+            name: String::new(),
+            t,
+            seen: Vec::new(),
+            token: None,
+        }
+    }
+
+    pub(crate) fn is_opaque(&self) -> bool {
+        matches!(self.t, Target::Opaque(_))
+    }
+}
+
+/// Match extensions iptables 1.8.11 ships that the engine keeps as [`Match::Opaque`].
+const OPAQUE_MATCHES: &[&str] = &[
+    "addrtype",
+    "ah",
+    "bpf",
+    "cgroup",
+    "cluster",
+    "connbytes",
+    "connlabel",
+    "connlimit",
+    "connmark",
+    "cpu",
+    "dccp",
+    "devgroup",
+    "dscp",
+    "dst",
+    "ecn",
+    "esp",
+    "eui64",
+    "frag",
+    "hashlimit",
+    "hbh",
+    "helper",
+    "hl",
+    "ipcomp",
+    "ipv6header",
+    "ipvs",
+    "mh",
+    "nfacct",
+    "osf",
+    "owner",
+    "physdev",
+    "pkttype",
+    "policy",
+    "quota",
+    "rateest",
+    "realm",
+    "recent",
+    "rpfilter",
+    "rt",
+    "sctp",
+    "socket",
+    "statistic",
+    "string",
+    "tcpmss",
+    "time",
+    "tos",
+    "ttl",
+    "u32",
+    "udplite",
+];
+
+/// Target extensions iptables 1.8.11 ships that the engine keeps as [`Target::Opaque`].
+const OPAQUE_TARGETS: &[&str] = &[
+    "AUDIT",
+    "CHECKSUM",
+    "CLASSIFY",
+    "CLUSTERIP",
+    "CONNMARK",
+    "CONNSECMARK",
+    "DNAT",
+    "DNPT",
+    "DSCP",
+    "ECN",
+    "HL",
+    "HMARK",
+    "IDLETIMER",
+    "LED",
+    "MARK",
+    "MASQUERADE",
+    "NETMAP",
+    "NFLOG",
+    "NFQUEUE",
+    "QUEUE",
+    "RATEEST",
+    "REDIRECT",
+    "SECMARK",
+    "SET",
+    "SNAT",
+    "SNPT",
+    "SYNPROXY",
+    "TCPMSS",
+    "TCPOPTSTRIP",
+    "TEE",
+    "TOS",
+    "TPROXY",
+    "TRACE",
+    "TTL",
+    "ULOG",
+];
+
+/// Whether a name is a target (user chains may not be named like one).
+pub(crate) fn is_target_name(name: &str) -> bool {
+    matches!(
+        name,
+        "ACCEPT" | "DROP" | "RETURN" | "REJECT" | "LOG" | "NOTRACK" | "CT"
+    ) || OPAQUE_TARGETS.contains(&name)
+}
+
+fn invalid(ctx: &Ctx<'_>, t: &Token, what: &'static str, reason: impl Into<String>) -> ParseError {
+    ctx.err(
+        t,
+        K::InvalidValue {
+            what,
+            reason: reason.into(),
+        },
+    )
+}
+
+// === numbers, ports, addresses ===
+
+/// An unsigned number as C's `strtoul(s, 0)`: decimal, `0x` hex or leading-`0` octal; no sign.
+pub(crate) fn parse_uint(s: &str, max: u64) -> Option<u64> {
+    let v = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        if h.is_empty() || !h.chars().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        u64::from_str_radix(h, 16).ok()?
+    } else if s.len() > 1 && s.starts_with('0') {
+        if !s.chars().all(|c| c.is_digit(8)) {
+            return None;
+        }
+        u64::from_str_radix(&s[1..], 8).ok()?
+    } else {
+        if s.is_empty() || !s.chars().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        s.parse().ok()?
+    };
+    (v <= max).then_some(v)
+}
+
+/// A few well-known service names (iptables asks getservbyname; the engine reads no files).
+const SERVICES: &[(&str, u16)] = &[
+    ("ftp", 21),
+    ("ssh", 22),
+    ("telnet", 23),
+    ("smtp", 25),
+    ("domain", 53),
+    ("http", 80),
+    ("pop3", 110),
+    ("ntp", 123),
+    ("imap", 143),
+    ("snmp", 161),
+    ("https", 443),
+    ("imaps", 993),
+    ("pop3s", 995),
+];
+
+fn parse_port(t: &Token, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
+    if let Some(v) = parse_uint(s, 65535) {
+        return Ok(v as u16);
+    }
+    SERVICES
+        .iter()
+        .find(|(n, _)| *n == s)
+        .map(|(_, p)| *p)
+        .ok_or_else(|| {
+            invalid(
+                ctx,
+                t,
+                "port",
+                format!("'{s}' is not a port number 0-65535"),
+            )
+        })
+}
+
+/// `a`, `a:b`, `:b`, `a:`, `:` (missing ends are 0 and `max`); `a > b` is an error.
+fn parse_range(
+    t: &Token,
+    ctx: &Ctx<'_>,
+    what: &'static str,
+    max: u64,
+) -> Result<(u64, u64), ParseError> {
+    let num = |s: &str| -> Result<u64, ParseError> {
+        if what == "port" {
+            return parse_port(t, s, ctx).map(u64::from);
+        }
+        parse_uint(s, max)
+            .ok_or_else(|| invalid(ctx, t, what, format!("'{s}' is not a number 0-{max}")))
+    };
+    let (lo, hi) = match t.text.split_once(':') {
+        None => {
+            let v = num(&t.text)?;
+            (v, v)
+        }
+        Some((a, b)) => (
+            if a.is_empty() { 0 } else { num(a)? },
+            if b.is_empty() { max } else { num(b)? },
+        ),
+    };
+    if lo > hi {
+        return Err(invalid(ctx, t, what, "range start is above its end"));
+    }
+    Ok((lo, hi))
+}
+
+fn port_range(t: &Token, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
+    let (lo, hi) = parse_range(t, ctx, "port", 65535)?;
+    Ok(PortRange {
+        lo: lo as u16,
+        hi: hi as u16,
+    })
+}
+
+fn parse_addr(t: &Token, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAddr, ParseError> {
+    match family {
+        Family::Ipv4 => {
+            if let Ok(a) = s.parse::<Ipv4Addr>() {
+                return Ok(IpAddr::V4(a));
+            }
+        }
+        Family::Ipv6 => {
+            if let Ok(a) = s.parse::<Ipv6Addr>() {
+                return Ok(IpAddr::V6(a));
+            }
+        }
+    }
+    let hostname = !s.is_empty()
+        && s.chars().any(|c| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && !(family == Family::Ipv6 && s.chars().all(|c| c.is_ascii_hexdigit()));
+    if hostname {
+        return Err(ctx.err(t, K::Hostname));
+    }
+    Err(invalid(
+        ctx,
+        t,
+        "address",
+        format!(
+            "'{s}' is not an {} address",
+            if family == Family::Ipv4 {
+                "IPv4"
+            } else {
+                "IPv6"
+            }
+        ),
+    ))
+}
+
+/// `-s`/`-d` and conntrack addresses: `ADDR[/LEN|/MASK]`; the address is masked as iptables
+/// stores it; a mask need not be contiguous. Comma lists (several rules in iptables) and
+/// hostnames are rejected.
+pub(crate) fn parse_net(t: &Token, family: Family, ctx: &Ctx<'_>) -> Result<IpNet, ParseError> {
+    if t.text.contains(',') {
+        return Err(invalid(
+            ctx,
+            t,
+            "address",
+            "address lists are not supported, write one rule per address",
+        ));
+    }
+    let (a, m) = match t.text.split_once('/') {
+        Some((a, m)) => (a, Some(m)),
+        None => (t.text.as_str(), None),
+    };
+    let addr = parse_addr(t, a, family, ctx)?;
+    let width: u8 = if family == Family::Ipv4 { 32 } else { 128 };
+    let mask = match m {
+        None => IpNet::new(addr, width).map(|n| n.mask),
+        Some(m) if !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()) => m
+            .parse::<u8>()
+            .ok()
+            .and_then(|len| IpNet::new(addr, len))
+            .map(|n| n.mask),
+        Some(m) => Some(parse_addr(t, m, family, ctx)?),
+    };
+    let Some(mask) = mask else {
+        return Err(invalid(ctx, t, "mask", "prefix length too long"));
+    };
+    let addr = match (addr, mask) {
+        (IpAddr::V4(a), IpAddr::V4(m)) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & u32::from(m))),
+        (IpAddr::V6(a), IpAddr::V6(m)) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & u128::from(m))),
+        _ => return Err(invalid(ctx, t, "mask", "family mismatch")),
+    };
+    Ok(IpNet { addr, mask })
+}
+
+/// Protocol names iptables knows without /etc/protocols (xtables_chain_protos) plus the few
+/// /etc/protocols names iptables-save prints for common numbers; first name is the printed one.
+const PROTOCOLS: &[(&str, u8)] = &[
+    ("tcp", 6),
+    ("sctp", 132),
+    ("udp", 17),
+    ("udplite", 136),
+    ("icmp", 1),
+    ("ipv6-icmp", 58),
+    ("icmpv6", 58),
+    ("esp", 50),
+    ("ah", 51),
+    ("mh", 135),
+    ("all", 0),
+    ("dccp", 33),
+    ("gre", 47),
+    ("igmp", 2),
+    ("ipv6", 41),
+    ("ospf", 89),
+    ("pim", 103),
+    ("vrrp", 112),
+];
+
+/// The name iptables-save prints for a protocol number, if it has one.
+pub(crate) fn protocol_name(p: u8) -> Option<&'static str> {
+    PROTOCOLS.iter().find(|(_, n)| *n == p).map(|(s, _)| *s)
+}
+
+/// `-p`: a name from the table above or a number 0..=255 (0 and `all` mean any).
+pub(crate) fn parse_protocol(t: &Token, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+    let s = t.text.to_ascii_lowercase();
+    if let Some((_, n)) = PROTOCOLS.iter().find(|(name, _)| *name == s) {
+        return Ok(*n);
+    }
+    parse_uint(&t.text, 255).map(|v| v as u8).ok_or_else(|| {
+        invalid(
+            ctx,
+            t,
+            "protocol",
+            "unknown protocol name or number above 255",
+        )
+    })
+}
+
+/// The match `-p PROTO` loads implicitly for an unknown option.
+pub(crate) fn proto_extension(p: u8) -> Option<&'static str> {
+    Some(match p {
+        6 => "tcp",
+        17 => "udp",
+        1 => "icmp",
+        58 => "icmp6",
+        132 => "sctp",
+        33 => "dccp",
+        136 => "udplite",
+        135 => "mh",
+        50 => "esp",
+        51 => "ah",
+        _ => return None,
+    })
+}
+
+// === match construction and options ===
+
+/// Starts `-m NAME`.
+pub(crate) fn new_match(
+    name: &str,
+    tok: &Token,
+    ctx: &Ctx<'_>,
+) -> Result<PendingMatch, ParseError> {
+    let name = match name {
+        "icmpv6" | "ipv6-icmp" => "icmp6",
+        n => n,
+    };
+    let m = match name {
+        "tcp" => Match::Tcp(TcpMatch::default()),
+        "udp" => Match::Udp(UdpMatch::default()),
+        "multiport" => Match::Multiport(MultiportMatch {
+            dir: MultiportDir::Either,
+            negated: false,
+            ports: Vec::new(),
+        }),
+        "icmp" if ctx.family == Family::Ipv4 => Match::Icmp(any_icmp()),
+        "icmp6" if ctx.family == Family::Ipv6 => Match::Icmpv6(any_icmp()),
+        "conntrack" => Match::Conntrack(ConntrackMatch::default()),
+        "state" => Match::State(Neg::plain(0)),
+        "iprange" => Match::Iprange(IprangeMatch::default()),
+        "set" => Match::Set(SetMatch {
+            negated: false,
+            name: String::new(),
+            dirs: Vec::new(),
+            other: Vec::new(),
+        }),
+        "comment" => Match::Comment(String::new()),
+        "mark" => Match::Mark(Neg::plain(MarkValue {
+            value: 0,
+            mask: u32::MAX,
+        })),
+        "length" => Match::Length(Neg::plain(PortRange { lo: 0, hi: 65535 })),
+        "limit" => Match::Limit(LimitMatch {
+            rate: 3,
+            unit: RateUnit::Hour,
+            burst: 5,
+        }),
+        "mac" => Match::Mac(Neg::plain([0; 6])),
+        n if OPAQUE_MATCHES.contains(&n) => Match::Opaque(Opaque {
+            name: n.to_string(),
+            options: Vec::new(),
+        }),
+        _ => return Err(ctx.err(tok, K::UnknownMatch(name.to_string()))),
+    };
+    Ok(PendingMatch {
+        m,
+        seen: Vec::new(),
+        token: tok.clone(),
+    })
+}
+
+fn any_icmp() -> IcmpMatch {
+    IcmpMatch {
+        negated: false,
+        icmp_type: None,
+        code: (0, 255),
+    }
+}
+
+/// Records an option; `Err` when given twice or negated where it cannot be.
+fn once(
+    seen: &mut Vec<&'static str>,
+    key: &'static str,
+    negated: bool,
+    negatable: bool,
+    args: &Args<'_, '_>,
+    ctx: &Ctx<'_>,
+    opt: &str,
+) -> Result<(), ParseError> {
+    let t = args.opt_token();
+    if negated && !negatable {
+        return Err(ctx.err(t, K::BadNegation));
+    }
+    if seen.contains(&key) {
+        return Err(ctx.err(t, K::DuplicateOption(opt.to_string())));
+    }
+    seen.push(key);
+    Ok(())
+}
+
+/// Handles `--name` for a known match; `None` when the match has no such option.
+pub(crate) fn match_option(
+    pm: &mut PendingMatch,
+    name: &str,
+    negated: bool,
+    args: &mut Args<'_, '_>,
+    ctx: &Ctx<'_>,
+) -> Option<Result<(), ParseError>> {
+    let seen = &mut pm.seen;
+    let r = match &mut pm.m {
+        Match::Tcp(m) => match name {
+            "--sport" | "--source-port" => {
+                ports_opt(&mut m.sport, seen, "--sport", negated, args, ctx)
+            }
+            "--dport" | "--destination-port" => {
+                ports_opt(&mut m.dport, seen, "--dport", negated, args, ctx)
+            }
+            "--syn" => once(seen, "flags", negated, true, args, ctx, name).map(|()| {
+                m.flags = Some(Neg {
+                    negated,
+                    value: TcpFlags {
+                        mask: 0x17,
+                        comp: 0x02,
+                    },
+                });
+            }),
+            "--tcp-flags" => once(seen, "flags", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let b = args.next_plain()?;
+                m.flags = Some(Neg {
+                    negated,
+                    value: TcpFlags {
+                        mask: tcp_flag_list(&a, ctx)?,
+                        comp: tcp_flag_list(&b, ctx)?,
+                    },
+                });
+                Ok(())
+            }),
+            "--tcp-option" => once(seen, "option", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let v = parse_uint(&a.text, 255)
+                    .ok_or_else(|| invalid(ctx, &a, "TCP option", "not a number 0-255"))?;
+                m.option = Some(Neg {
+                    negated,
+                    value: v as u8,
+                });
+                Ok(())
+            }),
+            _ => return None,
+        },
+        Match::Udp(m) => match name {
+            "--sport" | "--source-port" => {
+                ports_opt(&mut m.sport, seen, "--sport", negated, args, ctx)
+            }
+            "--dport" | "--destination-port" => {
+                ports_opt(&mut m.dport, seen, "--dport", negated, args, ctx)
+            }
+            _ => return None,
+        },
+        Match::Multiport(m) => {
+            let dir = match name {
+                "--sports" | "--source-ports" => MultiportDir::Source,
+                "--dports" | "--destination-ports" => MultiportDir::Destination,
+                "--ports" => MultiportDir::Either,
+                _ => return None,
+            };
+            once(seen, "ports", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                m.dir = dir;
+                m.negated = negated;
+                m.ports = multiport_list(&a, ctx)?;
+                Ok(())
+            })
+        }
+        Match::Icmp(m) | Match::Icmpv6(m) => {
+            let v6 = ctx.family == Family::Ipv6;
+            if name != if v6 { "--icmpv6-type" } else { "--icmp-type" } {
+                return None;
+            }
+            once(seen, "type", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                *m = parse_icmp(&a, v6, ctx)?;
+                m.negated = negated;
+                Ok(())
+            })
+        }
+        Match::Conntrack(m) => return conntrack_option(m, seen, name, negated, args, ctx),
+        Match::State(s) => match name {
+            "--state" => once(seen, "state", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                *s = Neg {
+                    negated,
+                    value: parse_states(&a, false, ctx)?,
+                };
+                Ok(())
+            }),
+            _ => return None,
+        },
+        Match::Iprange(m) => {
+            let slot = match name {
+                "--src-range" => &mut m.src,
+                "--dst-range" => &mut m.dst,
+                _ => return None,
+            };
+            let key = if name == "--src-range" { "src" } else { "dst" };
+            once(seen, key, negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let Some((lo, hi)) = a.text.split_once('-') else {
+                    return Err(invalid(ctx, &a, "address range", "expected FROM-TO"));
+                };
+                let lo = parse_addr(&a, lo, ctx.family, ctx)?;
+                let hi = parse_addr(&a, hi, ctx.family, ctx)?;
+                *slot = Some(Neg {
+                    negated,
+                    value: AddrRange { lo, hi },
+                });
+                Ok(())
+            })
+        }
+        Match::Set(m) => return set_option(m, seen, name, negated, args, ctx),
+        Match::Comment(c) => match name {
+            "--comment" => once(seen, "comment", negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                if a.text.len() > 255 {
+                    return Err(ctx.err(
+                        &a,
+                        K::TooLong {
+                            what: "comment",
+                            max: 255,
+                        },
+                    ));
+                }
+                *c = a.text;
+                Ok(())
+            }),
+            _ => return None,
+        },
+        Match::Mark(mk) => match name {
+            "--mark" => once(seen, "mark", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                *mk = Neg {
+                    negated,
+                    value: parse_mark(&a, ctx)?,
+                };
+                Ok(())
+            }),
+            _ => return None,
+        },
+        Match::Length(l) => match name {
+            "--length" => once(seen, "length", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let (lo, hi) = parse_range(&a, ctx, "length", 65535)?;
+                *l = Neg {
+                    negated,
+                    value: PortRange {
+                        lo: lo as u16,
+                        hi: hi as u16,
+                    },
+                };
+                Ok(())
+            }),
+            _ => return None,
+        },
+        Match::Limit(l) => match name {
+            "--limit" => once(seen, "limit", negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let (rate, unit) = parse_rate(&a, ctx)?;
+                l.rate = rate;
+                l.unit = unit;
+                Ok(())
+            }),
+            "--limit-burst" => {
+                once(seen, "burst", negated, false, args, ctx, name).and_then(|()| {
+                    let a = args.next()?;
+                    l.burst = parse_uint(&a.text, 10000)
+                        .ok_or_else(|| invalid(ctx, &a, "burst", "not a number 0-10000"))?
+                        as u32;
+                    Ok(())
+                })
+            }
+            _ => return None,
+        },
+        Match::Mac(mac) => match name {
+            "--mac-source" => once(seen, "mac", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                *mac = Neg {
+                    negated,
+                    value: parse_mac(&a, ctx)?,
+                };
+                Ok(())
+            }),
+            _ => return None,
+        },
+        Match::Opaque(_) => return None,
+    };
+    Some(r)
+}
+
+fn ports_opt(
+    slot: &mut Option<Neg<PortRange>>,
+    seen: &mut Vec<&'static str>,
+    key: &'static str,
+    negated: bool,
+    args: &mut Args<'_, '_>,
+    ctx: &Ctx<'_>,
+) -> Result<(), ParseError> {
+    once(seen, key, negated, true, args, ctx, key)?;
+    let a = args.next()?;
+    let r = port_range(&a, ctx)?;
+    // A full range not negated matches everything: iptables-save omits it.
+    *slot = (negated || r != PortRange { lo: 0, hi: 65535 }).then_some(Neg { negated, value: r });
+    Ok(())
+}
+
+/// TCP flag names in iptables' print order.
+pub(crate) const TCP_FLAG_NAMES: [(&str, u8); 6] = [
+    ("FIN", 0x01),
+    ("SYN", 0x02),
+    ("RST", 0x04),
+    ("PSH", 0x08),
+    ("ACK", 0x10),
+    ("URG", 0x20),
+];
+
+fn tcp_flag_list(t: &Token, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+    let mut v = 0;
+    for f in t.text.split(',') {
+        let f = f.to_ascii_uppercase();
+        v |= match f.as_str() {
+            "ALL" => 0x3f,
+            "NONE" => 0,
+            _ => TCP_FLAG_NAMES
+                .iter()
+                .find(|(n, _)| *n == f)
+                .map(|(_, b)| *b)
+                .ok_or_else(|| invalid(ctx, t, "TCP flag", format!("unknown flag '{f}'")))?,
+        };
+    }
+    Ok(v)
+}
+
+/// As libxt_multiport v1: up to 15 slots, a range `a:b` (a < b) takes two.
+fn multiport_list(t: &Token, ctx: &Ctx<'_>) -> Result<Vec<PortRange>, ParseError> {
+    let mut out = Vec::new();
+    let mut slots = 0;
+    for part in t.text.split(',') {
+        let r = match part.split_once(':') {
+            Some((a, b)) => {
+                let lo = parse_port(t, a, ctx)?;
+                let hi = parse_port(t, b, ctx)?;
+                if lo >= hi {
+                    return Err(invalid(ctx, t, "port range", "invalid portrange specified"));
+                }
+                slots += 2;
+                PortRange { lo, hi }
+            }
+            None => {
+                let p = parse_port(t, part, ctx)?;
+                slots += 1;
+                PortRange { lo: p, hi: p }
+            }
+        };
+        out.push(r);
+    }
+    if slots > 15 {
+        return Err(invalid(
+            ctx,
+            t,
+            "port list",
+            "too many ports specified (15 slots, a range takes 2)",
+        ));
+    }
+    Ok(out)
+}
+
+/// ICMP type names (iptables' icmp_codes): name, type, code range.
+pub(crate) const ICMP_NAMES: &[(&str, u8, u8, u8)] = &[
+    ("any", 255, 0, 255),
+    ("echo-reply", 0, 0, 255),
+    ("destination-unreachable", 3, 0, 255),
+    ("network-unreachable", 3, 0, 0),
+    ("host-unreachable", 3, 1, 1),
+    ("protocol-unreachable", 3, 2, 2),
+    ("port-unreachable", 3, 3, 3),
+    ("fragmentation-needed", 3, 4, 4),
+    ("source-route-failed", 3, 5, 5),
+    ("network-unknown", 3, 6, 6),
+    ("host-unknown", 3, 7, 7),
+    ("network-prohibited", 3, 9, 9),
+    ("host-prohibited", 3, 10, 10),
+    ("TOS-network-unreachable", 3, 11, 11),
+    ("TOS-host-unreachable", 3, 12, 12),
+    ("communication-prohibited", 3, 13, 13),
+    ("host-precedence-violation", 3, 14, 14),
+    ("precedence-cutoff", 3, 15, 15),
+    ("source-quench", 4, 0, 255),
+    ("redirect", 5, 0, 255),
+    ("network-redirect", 5, 0, 0),
+    ("host-redirect", 5, 1, 1),
+    ("TOS-network-redirect", 5, 2, 2),
+    ("TOS-host-redirect", 5, 3, 3),
+    ("echo-request", 8, 0, 255),
+    ("ping", 8, 0, 255),
+    ("router-advertisement", 9, 0, 255),
+    ("router-solicitation", 10, 0, 255),
+    ("time-exceeded", 11, 0, 255),
+    ("ttl-exceeded", 11, 0, 255),
+    ("ttl-zero-during-transit", 11, 0, 0),
+    ("ttl-zero-during-reassembly", 11, 1, 1),
+    ("parameter-problem", 12, 0, 255),
+    ("ip-header-bad", 12, 0, 0),
+    ("required-option-missing", 12, 1, 1),
+    ("timestamp-request", 13, 0, 255),
+    ("timestamp-reply", 14, 0, 255),
+    ("address-mask-request", 17, 0, 255),
+    ("address-mask-reply", 18, 0, 255),
+];
+
+/// ICMPv6 type names (ip6tables' icmpv6_codes).
+pub(crate) const ICMPV6_NAMES: &[(&str, u8, u8, u8)] = &[
+    ("destination-unreachable", 1, 0, 255),
+    ("no-route", 1, 0, 0),
+    ("communication-prohibited", 1, 1, 1),
+    ("beyond-scope", 1, 2, 2),
+    ("address-unreachable", 1, 3, 3),
+    ("port-unreachable", 1, 4, 4),
+    ("failed-policy", 1, 5, 5),
+    ("reject-route", 1, 6, 6),
+    ("packet-too-big", 2, 0, 255),
+    ("time-exceeded", 3, 0, 255),
+    ("ttl-exceeded", 3, 0, 255),
+    ("ttl-zero-during-transit", 3, 0, 0),
+    ("ttl-zero-during-reassembly", 3, 1, 1),
+    ("parameter-problem", 4, 0, 255),
+    ("bad-header", 4, 0, 0),
+    ("unknown-header-type", 4, 1, 1),
+    ("unknown-option", 4, 2, 2),
+    ("echo-request", 128, 0, 255),
+    ("ping", 128, 0, 255),
+    ("echo-reply", 129, 0, 255),
+    ("pong", 129, 0, 255),
+    ("mld-listener-query", 130, 0, 255),
+    ("mld-listener-report", 131, 0, 255),
+    ("mld-listener-done", 132, 0, 255),
+    ("mld-listener-reduction", 132, 0, 255),
+    ("router-solicitation", 133, 0, 255),
+    ("router-advertisement", 134, 0, 255),
+    ("neighbour-solicitation", 135, 0, 255),
+    ("neighbor-solicitation", 135, 0, 255),
+    ("neighbour-advertisement", 136, 0, 255),
+    ("neighbor-advertisement", 136, 0, 255),
+    ("redirect", 137, 0, 255),
+];
+
+/// `NAME`, `TYPE`, `TYPE/CODE` or `TYPE/LO:HI`. IPv4 type 255 with every code is `any`.
+fn parse_icmp(t: &Token, v6: bool, ctx: &Ctx<'_>) -> Result<IcmpMatch, ParseError> {
+    let names = if v6 { ICMPV6_NAMES } else { ICMP_NAMES };
+    let (ty, code) = if let Some((_, ty, lo, hi)) = names.iter().find(|(n, ..)| *n == t.text) {
+        (*ty, (*lo, *hi))
+    } else {
+        let bad = || {
+            invalid(
+                ctx,
+                t,
+                "ICMP type",
+                "unknown name, or not TYPE[/CODE] with numbers 0-255",
+            )
+        };
+        let (ty, code) = match t.text.split_once('/') {
+            Some((a, c)) => (a, Some(c)),
+            None => (t.text.as_str(), None),
+        };
+        let ty = parse_uint(ty, 255).ok_or_else(bad)? as u8;
+        let code = match code {
+            None => (0, 255),
+            Some(c) => match c.split_once(':') {
+                Some((lo, hi)) => {
+                    let lo = parse_uint(lo, 255).ok_or_else(bad)? as u8;
+                    let hi = parse_uint(hi, 255).ok_or_else(bad)? as u8;
+                    if lo > hi {
+                        return Err(bad());
+                    }
+                    (lo, hi)
+                }
+                None => {
+                    let c = parse_uint(c, 255).ok_or_else(bad)? as u8;
+                    (c, c)
+                }
+            },
+        };
+        (ty, code)
+    };
+    let icmp_type = (v6 || ty != 255 || code != (0, 255)).then_some(ty);
+    Ok(IcmpMatch {
+        negated: false,
+        icmp_type,
+        code,
+    })
+}
+
+/// Conntrack state names in iptables' print order (libxt_conntrack / libxt_state).
+pub(crate) const CT_STATE_NAMES: [(&str, u8); 7] = [
+    ("INVALID", ct_state::INVALID),
+    ("NEW", ct_state::NEW),
+    ("RELATED", ct_state::RELATED),
+    ("ESTABLISHED", ct_state::ESTABLISHED),
+    ("UNTRACKED", ct_state::UNTRACKED),
+    ("SNAT", ct_state::SNAT),
+    ("DNAT", ct_state::DNAT),
+];
+
+fn parse_states(t: &Token, conntrack: bool, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+    let mut v = 0;
+    for s in t.text.split(',') {
+        let bit = CT_STATE_NAMES
+            .iter()
+            .filter(|(n, _)| conntrack || !matches!(*n, "SNAT" | "DNAT"))
+            .find(|(n, _)| n.eq_ignore_ascii_case(s))
+            .map(|(_, b)| *b)
+            .ok_or_else(|| invalid(ctx, t, "state", format!("bad state '{s}'")))?;
+        v |= bit;
+    }
+    Ok(v)
+}
+
+/// Conntrack status names in print order with their IPS_* bits.
+const CT_STATUS_NAMES: [(&str, u32); 4] = [
+    ("EXPECTED", 1),
+    ("SEEN_REPLY", 2),
+    ("ASSURED", 4),
+    ("CONFIRMED", 8),
+];
+
+/// The options of `-m conntrack` other than `--ctstate`, in libxt_conntrack's print order.
+const CONNTRACK_ORDER: [&str; 12] = [
+    "--ctproto",
+    "--ctorigsrc",
+    "--ctorigdst",
+    "--ctreplsrc",
+    "--ctrepldst",
+    "--ctorigsrcport",
+    "--ctorigdstport",
+    "--ctreplsrcport",
+    "--ctrepldstport",
+    "--ctstatus",
+    "--ctexpire",
+    "--ctdir",
+];
+
+fn conntrack_option(
+    m: &mut ConntrackMatch,
+    seen: &mut Vec<&'static str>,
+    name: &str,
+    negated: bool,
+    args: &mut Args<'_, '_>,
+    ctx: &Ctx<'_>,
+) -> Option<Result<(), ParseError>> {
+    if name == "--ctstate" {
+        return Some(
+            once(seen, "--ctstate", negated, true, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                m.ctstate = Some(Neg {
+                    negated,
+                    value: parse_states(&a, true, ctx)?,
+                });
+                Ok(())
+            }),
+        );
+    }
+    let key = *CONNTRACK_ORDER.iter().find(|k| **k == name)?;
+    Some((|| {
+        once(seen, key, negated, key != "--ctdir", args, ctx, name)?;
+        let a = args.next()?;
+        let value = match key {
+            "--ctproto" => {
+                let p = parse_protocol(&a, ctx)?;
+                if p == 0 {
+                    return Err(ctx.err(&a, K::NeverMatches));
+                }
+                p.to_string()
+            }
+            "--ctorigsrc" | "--ctorigdst" | "--ctreplsrc" | "--ctrepldst" => {
+                let n = parse_net(&a, ctx.family, ctx)?;
+                match n.prefix_len() {
+                    Some(32) if ctx.family == Family::Ipv4 => n.addr.to_string(),
+                    Some(128) => n.addr.to_string(),
+                    Some(l) => format!("{}/{l}", n.addr),
+                    None => format!("{}/{}", n.addr, n.mask),
+                }
+            }
+            "--ctstatus" => {
+                let mut v = 0;
+                for s in a.text.split(',') {
+                    v |= if s.eq_ignore_ascii_case("NONE") {
+                        0
+                    } else {
+                        CT_STATUS_NAMES
+                            .iter()
+                            .find(|(n, _)| n.eq_ignore_ascii_case(s))
+                            .map(|(_, b)| *b)
+                            .ok_or_else(|| {
+                                invalid(ctx, &a, "status", format!("bad status '{s}'"))
+                            })?
+                    };
+                }
+                if v == 0 {
+                    "NONE".to_string()
+                } else {
+                    CT_STATUS_NAMES
+                        .iter()
+                        .filter(|(_, b)| v & b != 0)
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                }
+            }
+            "--ctexpire" => {
+                let (lo, hi) = parse_range(&a, ctx, "expire time", u64::from(u32::MAX))?;
+                if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("{lo}:{hi}")
+                }
+            }
+            "--ctdir" => match a.text.as_str() {
+                "ORIGINAL" | "REPLY" => a.text.clone(),
+                _ => return Err(invalid(ctx, &a, "direction", "ORIGINAL or REPLY")),
+            },
+            _ => {
+                let r = port_range(&a, ctx)?;
+                if r.lo == r.hi {
+                    r.lo.to_string()
+                } else {
+                    format!("{}:{}", r.lo, r.hi)
+                }
+            }
+        };
+        m.other.push(OpaqueOption {
+            negated,
+            name: key.to_string(),
+            args: vec![value],
+        });
+        Ok(())
+    })())
+}
+
+/// The options of `-m set` after `--match-set`, in libxt_set's print order, and whether they
+/// take a number.
+const SET_ORDER: [(&str, bool); 9] = [
+    ("--return-nomatch", false),
+    ("--update-counters", false),
+    ("--update-subcounters", false),
+    ("--packets-eq", true),
+    ("--packets-lt", true),
+    ("--packets-gt", true),
+    ("--bytes-eq", true),
+    ("--bytes-lt", true),
+    ("--bytes-gt", true),
+];
+
+fn set_option(
+    m: &mut SetMatch,
+    seen: &mut Vec<&'static str>,
+    name: &str,
+    negated: bool,
+    args: &mut Args<'_, '_>,
+    ctx: &Ctx<'_>,
+) -> Option<Result<(), ParseError>> {
+    if name == "--match-set" || name == "--set" {
+        return Some(
+            once(seen, "--match-set", negated, true, args, ctx, name).and_then(|()| {
+                let n = args.next()?;
+                if n.text.len() > 31 {
+                    return Err(ctx.err(
+                        &n,
+                        K::TooLong {
+                            what: "set name",
+                            max: 31,
+                        },
+                    ));
+                }
+                if n.text.is_empty()
+                    || n.text.starts_with('-')
+                    || n.text
+                        .chars()
+                        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+                {
+                    return Err(invalid(
+                        ctx,
+                        &n,
+                        "set name",
+                        "empty, leading '-', whitespace, quote or backslash",
+                    ));
+                }
+                let f = args.next_plain()?;
+                let mut dirs = Vec::new();
+                for d in f.text.split(',') {
+                    dirs.push(match d {
+                        "src" => SetDir::Src,
+                        "dst" => SetDir::Dst,
+                        _ => {
+                            return Err(invalid(
+                                ctx,
+                                &f,
+                                "set flags",
+                                "expected src|dst[,src|dst...]",
+                            ));
+                        }
+                    });
+                }
+                if dirs.len() > 6 {
+                    return Err(invalid(ctx, &f, "set flags", "at most 6 dimensions"));
+                }
+                if let Some(exists) = ctx.set_exists {
+                    if !exists(&n.text) {
+                        return Err(ctx.err(&n, K::NoSuchSet(n.text.clone())));
+                    }
+                }
+                m.negated = negated;
+                m.name = n.text;
+                m.dirs = dirs;
+                Ok(())
+            }),
+        );
+    }
+    let (key, takes_number) = *SET_ORDER.iter().find(|(k, _)| *k == name)?;
+    Some((|| {
+        let negatable = key != "--return-nomatch" && !key.ends_with("-lt") && !key.ends_with("-gt");
+        once(seen, key, negated, negatable, args, ctx, name)?;
+        let mut a = Vec::new();
+        if takes_number {
+            let t = args.next()?;
+            let v = parse_uint(&t.text, u64::MAX)
+                .ok_or_else(|| invalid(ctx, &t, "counter", "not a number"))?;
+            a.push(v.to_string());
+        }
+        m.other.push(OpaqueOption {
+            negated,
+            name: key.to_string(),
+            args: a,
+        });
+        Ok(())
+    })())
+}
+
+fn parse_mark(t: &Token, ctx: &Ctx<'_>) -> Result<MarkValue, ParseError> {
+    let bad = || invalid(ctx, t, "mark", "expected VALUE[/MASK], 32-bit numbers");
+    let (v, m) = match t.text.split_once('/') {
+        Some((v, m)) => (v, Some(m)),
+        None => (t.text.as_str(), None),
+    };
+    let value = parse_uint(v, u64::from(u32::MAX)).ok_or_else(bad)? as u32;
+    let mask = match m {
+        Some(m) => parse_uint(m, u64::from(u32::MAX)).ok_or_else(bad)? as u32,
+        None => u32::MAX,
+    };
+    Ok(MarkValue { value, mask })
+}
+
+/// Rate units as libxt_limit: name, ticks per unit at XT_LIMIT_SCALE (10000 per second).
+const RATES: [(&str, RateUnit, u64); 4] = [
+    ("day", RateUnit::Day, 10000 * 86400),
+    ("hour", RateUnit::Hour, 10000 * 3600),
+    ("min", RateUnit::Minute, 10000 * 60),
+    ("sec", RateUnit::Second, 10000),
+];
+
+/// The printed name of a rate unit.
+pub(crate) fn rate_unit_name(u: RateUnit) -> &'static str {
+    RATES
+        .iter()
+        .find(|r| r.1 == u)
+        .map(|r| r.0)
+        .unwrap_or("sec")
+}
+
+/// `N[/second|minute|hour|day]` (unit prefixes allowed) as libxt_limit's parse_rate, then
+/// canonicalized as its print_rate would print it (so `60/min` becomes `1/sec`).
+fn parse_rate(t: &Token, ctx: &Ctx<'_>) -> Result<(u32, RateUnit), ParseError> {
+    let bad = |r: &str| invalid(ctx, t, "rate", r.to_string());
+    let (n, unit) = match t.text.split_once('/') {
+        Some((n, u)) => (n, Some(u)),
+        None => (t.text.as_str(), None),
+    };
+    let mult = match unit {
+        None => 10000,
+        Some(u) => {
+            let full = [
+                ("second", 10000),
+                ("minute", 600_000),
+                ("hour", 36_000_000),
+                ("day", 864_000_000),
+            ];
+            full.iter()
+                .find(|(name, _)| !u.is_empty() && name.starts_with(&u.to_ascii_lowercase()))
+                .map(|(_, m)| *m)
+                .ok_or_else(|| bad("unit must be second, minute, hour or day"))?
+        }
+    };
+    let r = parse_uint(n, u64::from(u32::MAX)).ok_or_else(|| bad("not a number"))?;
+    if r == 0 {
+        return Err(bad("rate must be above 0"));
+    }
+    if r > mult {
+        return Err(bad("rate too fast"));
+    }
+    let period = mult / r;
+    // print_rate: the largest unit that divides well.
+    let mut i = 1;
+    while i < RATES.len() {
+        let m = RATES[i].2;
+        if period > m || m / period < m % period {
+            break;
+        }
+        i += 1;
+    }
+    let (_, unit, m) = RATES[i - 1];
+    Ok(((m / period) as u32, unit))
+}
+
+fn parse_mac(t: &Token, ctx: &Ctx<'_>) -> Result<[u8; 6], ParseError> {
+    let bad = || invalid(ctx, t, "MAC address", "expected XX:XX:XX:XX:XX:XX");
+    let parts: Vec<&str> = t.text.split(':').collect();
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.is_empty() || p.len() > 2 {
+            return Err(bad());
+        }
+        mac[i] = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    Ok(mac)
+}
+
+/// Appends an option to an opaque match, with every following non-option token as argument.
+pub(crate) fn opaque_option(m: &mut Match, name: &str, negated: bool, args: &mut Args<'_, '_>) {
+    if let Match::Opaque(o) = m {
+        o.options.push(OpaqueOption {
+            negated,
+            name: name.to_string(),
+            args: args.rest_plain(),
+        });
+    }
+}
+
+/// Appends an option to an opaque target.
+pub(crate) fn opaque_target_option(
+    pt: &mut PendingTarget,
+    name: &str,
+    negated: bool,
+    args: &mut Args<'_, '_>,
+) {
+    if let Target::Opaque(o) = &mut pt.t {
+        o.options.push(OpaqueOption {
+            negated,
+            name: name.to_string(),
+            args: args.rest_plain(),
+        });
+    }
+}
+
+/// The kernel's protocol checks and each extension's final check.
+pub(crate) fn finish_match(
+    pm: PendingMatch,
+    rule: &Rule,
+    ctx: &Ctx<'_>,
+) -> Result<Match, ParseError> {
+    let PendingMatch { mut m, seen, token } = pm;
+    let proto = rule.protocol.filter(|p| !p.negated).map(|p| p.value);
+    let needs = |need: &'static str| {
+        Err(ctx.err(
+            &token,
+            K::MissingOption {
+                extension: m_name(&token),
+                needs: need,
+            },
+        ))
+    };
+    let needs_proto = |ok: bool, proto_names: &'static str| {
+        if ok {
+            Ok(())
+        } else {
+            Err(ctx.err(
+                &token,
+                K::NeedsProtocol {
+                    extension: m_name(&token),
+                    proto: proto_names,
+                },
+            ))
+        }
+    };
+    match &mut m {
+        Match::Tcp(_) => needs_proto(proto == Some(6), "tcp")?,
+        Match::Udp(_) => needs_proto(proto == Some(17), "udp")?,
+        Match::Multiport(_) => {
+            if seen.is_empty() {
+                return needs("--sports, --dports or --ports");
+            }
+            needs_proto(
+                matches!(proto, Some(6 | 17 | 132 | 33 | 136)),
+                "tcp|udp|udplite|sctp|dccp",
+            )?
+        }
+        Match::Icmp(_) => {
+            if seen.is_empty() {
+                return needs("--icmp-type");
+            }
+            needs_proto(proto == Some(1), "icmp")?
+        }
+        Match::Icmpv6(_) => {
+            if seen.is_empty() {
+                return needs("--icmpv6-type");
+            }
+            needs_proto(proto == Some(58), "ipv6-icmp")?
+        }
+        Match::Conntrack(c) => {
+            if seen.is_empty() {
+                return needs("at least one option");
+            }
+            c.other
+                .sort_by_key(|o| CONNTRACK_ORDER.iter().position(|k| *k == o.name));
+        }
+        Match::State(_) => {
+            if seen.is_empty() {
+                return needs("--state");
+            }
+        }
+        Match::Iprange(_) => {
+            if seen.is_empty() {
+                return needs("--src-range or --dst-range");
+            }
+        }
+        Match::Set(s) => {
+            if !seen.contains(&"--match-set") {
+                return needs("--match-set NAME FLAGS");
+            }
+            s.other
+                .sort_by_key(|o| SET_ORDER.iter().position(|k| k.0 == o.name));
+        }
+        Match::Comment(_) => {
+            if seen.is_empty() {
+                return needs("--comment");
+            }
+        }
+        Match::Mark(_) => {
+            if seen.is_empty() {
+                return needs("--mark");
+            }
+        }
+        Match::Length(_) => {
+            if seen.is_empty() {
+                return needs("--length");
+            }
+        }
+        Match::Mac(_) => {
+            if seen.is_empty() {
+                return needs("--mac-source");
+            }
+        }
+        Match::Limit(_) | Match::Opaque(_) => {}
+    }
+    Ok(m)
+}
+
+fn m_name(t: &Token) -> String {
+    t.text.clone()
+}
+
+// === targets ===
+
+/// Starts `-j NAME`; `None` when NAME is no target (then it is a chain to jump to).
+pub(crate) fn new_target(tok: &Token, ctx: &Ctx<'_>) -> Result<Option<PendingTarget>, ParseError> {
+    let t = match tok.text.as_str() {
+        "ACCEPT" => Target::Accept,
+        "DROP" => Target::Drop,
+        "RETURN" => Target::Return,
+        "REJECT" => Target::Reject(RejectWith::PortUnreachable),
+        "LOG" => Target::Log(LogTarget::default()),
+        "NOTRACK" => Target::Notrack,
+        "CT" => Target::Ct(CtTarget::default()),
+        n if OPAQUE_TARGETS.contains(&n) => Target::Opaque(Opaque {
+            name: n.to_string(),
+            options: Vec::new(),
+        }),
+        _ => return Ok(None),
+    };
+    if matches!(t, Target::Notrack | Target::Ct(_)) && ctx.table != TableKind::Raw {
+        return Err(ctx.err(
+            tok,
+            K::WrongTable {
+                extension: tok.text.clone(),
+                table: "raw",
+            },
+        ));
+    }
+    Ok(Some(PendingTarget {
+        name: tok.text.clone(),
+        t,
+        seen: Vec::new(),
+        token: Some(tok.clone()),
+    }))
+}
+
+/// REJECT names per family: (IPv4 names, IPv6 names, value); the first name is printed.
+pub(crate) const REJECT_NAMES: &[(&[&str], &[&str], RejectWith)] = &[
+    (
+        &["icmp-net-unreachable", "net-unreach"],
+        &["icmp6-no-route", "no-route"],
+        RejectWith::NetUnreachable,
+    ),
+    (
+        &["icmp-host-unreachable", "host-unreach"],
+        &["icmp6-addr-unreachable", "addr-unreach"],
+        RejectWith::HostUnreachable,
+    ),
+    (
+        &["icmp-port-unreachable", "port-unreach"],
+        &["icmp6-port-unreachable", "port-unreach"],
+        RejectWith::PortUnreachable,
+    ),
+    (
+        &["icmp-proto-unreachable", "proto-unreach"],
+        &[],
+        RejectWith::ProtoUnreachable,
+    ),
+    (
+        &["icmp-net-prohibited", "net-prohib"],
+        &[],
+        RejectWith::NetProhibited,
+    ),
+    (
+        &["icmp-host-prohibited", "host-prohib"],
+        &[],
+        RejectWith::HostProhibited,
+    ),
+    (
+        &["icmp-admin-prohibited", "admin-prohib"],
+        &["icmp6-adm-prohibited", "adm-prohibited"],
+        RejectWith::AdminProhibited,
+    ),
+    (
+        &["tcp-reset", "tcp-rst"],
+        &["tcp-reset", "tcp-rst"],
+        RejectWith::TcpReset,
+    ),
+    (
+        &[],
+        &["icmp6-policy-fail", "policy-fail"],
+        RejectWith::PolicyFail,
+    ),
+    (
+        &[],
+        &["icmp6-reject-route", "reject-route"],
+        RejectWith::RejectRoute,
+    ),
+];
+
+/// LOG levels (syslog names; iptables-save prints numbers).
+const LOG_LEVELS: [(&str, u8); 10] = [
+    ("emerg", 0),
+    ("panic", 0),
+    ("alert", 1),
+    ("crit", 2),
+    ("error", 3),
+    ("err", 3),
+    ("warning", 4),
+    ("warn", 4),
+    ("notice", 5),
+    ("info", 6),
+];
+
+/// LOG flags in libipt_LOG's print order.
+pub(crate) const LOG_FLAGS: [&str; 5] = [
+    "--log-tcp-sequence",
+    "--log-tcp-options",
+    "--log-ip-options",
+    "--log-uid",
+    "--log-macdecode",
+];
+
+/// CT event names in libxt_CT's print order.
+const CT_EVENTS: [&str; 10] = [
+    "new",
+    "related",
+    "destroy",
+    "reply",
+    "assured",
+    "protoinfo",
+    "helper",
+    "mark",
+    "natseqinfo",
+    "secmark",
+];
+
+/// CT options other than `--notrack`, in libxt_CT's print order.
+const CT_ORDER: [&str; 7] = [
+    "--helper",
+    "--timeout",
+    "--ctevents",
+    "--expevents",
+    "--zone-orig",
+    "--zone-reply",
+    "--zone",
+];
+
+/// Handles `--name` for a known target; `None` when it has no such option.
+pub(crate) fn target_option(
+    pt: &mut PendingTarget,
+    name: &str,
+    negated: bool,
+    args: &mut Args<'_, '_>,
+    ctx: &Ctx<'_>,
+) -> Option<Result<(), ParseError>> {
+    let seen = &mut pt.seen;
+    let r = match &mut pt.t {
+        Target::Reject(w) => {
+            if name != "--reject-with" {
+                return None;
+            }
+            once(seen, "with", negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let v6 = ctx.family == Family::Ipv6;
+                *w = REJECT_NAMES
+                    .iter()
+                    .find(|(n4, n6, _)| if v6 { n6 } else { n4 }.contains(&a.text.as_str()))
+                    .map(|e| e.2)
+                    .ok_or_else(|| invalid(ctx, &a, "reject type", "unknown for this family"))?;
+                Ok(())
+            })
+        }
+        Target::Log(l) => match name {
+            "--log-prefix" => {
+                once(seen, "prefix", negated, false, args, ctx, name).and_then(|()| {
+                    let a = args.next()?;
+                    if a.text.len() > 29 {
+                        return Err(ctx.err(
+                            &a,
+                            K::TooLong {
+                                what: "log prefix",
+                                max: 29,
+                            },
+                        ));
+                    }
+                    if a.text.contains('\n') {
+                        return Err(invalid(ctx, &a, "log prefix", "no newline allowed"));
+                    }
+                    l.prefix = (!a.text.is_empty()).then_some(a.text);
+                    Ok(())
+                })
+            }
+            "--log-level" => once(seen, "level", negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let lv = LOG_LEVELS
+                    .iter()
+                    .find(|(n, _)| *n == a.text)
+                    .map(|(_, v)| *v)
+                    .or_else(|| {
+                        if a.text == "debug" {
+                            Some(7)
+                        } else {
+                            parse_uint(&a.text, 7).map(|v| v as u8)
+                        }
+                    })
+                    .ok_or_else(|| invalid(ctx, &a, "log level", "a syslog level name or 0-7"))?;
+                // 4 (warning) is the default and iptables-save omits it.
+                l.level = (lv != 4).then_some(lv);
+                Ok(())
+            }),
+            f => {
+                let key = *LOG_FLAGS.iter().find(|k| **k == f)?;
+                once(seen, key, negated, false, args, ctx, name).map(|()| {
+                    l.flags.push(key.to_string());
+                    l.flags
+                        .sort_by_key(|x| LOG_FLAGS.iter().position(|k| k == x));
+                })
+            }
+        },
+        Target::Ct(c) => {
+            if name == "--notrack" {
+                return Some(
+                    once(seen, "--notrack", negated, false, args, ctx, name).map(|()| {
+                        c.notrack = true;
+                    }),
+                );
+            }
+            let key = *CT_ORDER.iter().find(|k| **k == name)?;
+            (|| {
+                once(seen, key, negated, false, args, ctx, name)?;
+                let a = args.next()?;
+                let value = match key {
+                    "--ctevents" | "--expevents" => {
+                        let mut bits = 0u32;
+                        for e in a.text.split(',') {
+                            let i = CT_EVENTS
+                                .iter()
+                                .position(|n| *n == e)
+                                .filter(|&i| key == "--ctevents" || i == 0)
+                                .ok_or_else(|| {
+                                    invalid(ctx, &a, "event", format!("unknown event '{e}'"))
+                                })?;
+                            bits |= 1 << i;
+                        }
+                        CT_EVENTS
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| bits & (1 << i) != 0)
+                            .map(|(_, n)| *n)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    }
+                    "--zone" | "--zone-orig" | "--zone-reply" => parse_uint(&a.text, 65535)
+                        .ok_or_else(|| invalid(ctx, &a, "zone", "not a number 0-65535"))?
+                        .to_string(),
+                    _ => {
+                        if a.text.is_empty() || a.text.len() > 15 {
+                            return Err(invalid(ctx, &a, "name", "1 to 15 bytes"));
+                        }
+                        a.text.clone()
+                    }
+                };
+                c.other.push(OpaqueOption {
+                    negated: false,
+                    name: key.to_string(),
+                    args: vec![value],
+                });
+                c.other
+                    .sort_by_key(|o| CT_ORDER.iter().position(|k| *k == o.name));
+                Ok(())
+            })()
+        }
+        _ => return None,
+    };
+    Some(r)
+}
+
+/// Each target's final check (REJECT tcp-reset needs `-p tcp`).
+pub(crate) fn finish_target(
+    pt: PendingTarget,
+    rule: &Rule,
+    ctx: &Ctx<'_>,
+) -> Result<Target, ParseError> {
+    if let Target::Reject(RejectWith::TcpReset) = pt.t {
+        let tcp = rule.protocol == Some(Neg::plain(6));
+        if !tcp {
+            let tok = pt.token.unwrap_or(Token {
+                text: "REJECT".into(),
+                column: 0,
+            });
+            return Err(ctx.err(
+                &tok,
+                K::NeedsProtocol {
+                    extension: "REJECT --reject-with tcp-reset".into(),
+                    proto: "tcp",
+                },
+            ));
+        }
+    }
+    if let Target::Ct(c) = &mut { pt.t.clone() } {
+        // `--zone 0` is the default and iptables-save omits it.
+        c.other.retain(|o| !(o.name == "--zone" && o.args == ["0"]));
+        return Ok(Target::Ct(c.clone()));
+    }
+    Ok(pt.t)
+}

@@ -1,0 +1,636 @@
+//! Parses one command line (`-A CHAIN rule...`, `-I CHAIN [N] rule...`, `-N CHAIN`, ...) as
+//! iptables' `do_parse` does with getopt: options in any order, `!` before the option it negates,
+//! long options with `--name value` or `--name=value`, short ones with `-p tcp` or `-ptcp`.
+//!
+//! Matches are loaded by `-m NAME`; an option no loaded match knows loads the match named after
+//! the `-p` protocol once (implicit `-p tcp --dport 80`, printed back as `-p tcp -m tcp`).
+//! Extension options are dispatched in [`super::extensions`].
+
+use crate::model::{Counters, Family, Iface, Neg, Rule, TableKind, Target};
+
+use super::extensions::{self, PendingMatch, PendingTarget};
+use super::lexer::Token;
+use super::{ParseError, ParseErrorKind as K};
+
+/// What a line asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Command {
+    /// `-A CHAIN rule`.
+    Append,
+    /// `-I CHAIN [N] rule` (1-based, default 1).
+    Insert(u32),
+    /// `-D CHAIN N` (`Some`) or `-D CHAIN rule` (`None`).
+    Delete(Option<u32>),
+    /// `-R CHAIN N rule`.
+    Replace(u32),
+    /// `-N CHAIN`.
+    NewChain,
+    /// `-X [CHAIN]`.
+    DeleteChain,
+    /// `-F [CHAIN]`.
+    Flush,
+    /// `-P CHAIN POLICY`.
+    Policy(Token),
+}
+
+/// One parsed command line.
+#[derive(Clone, Debug)]
+pub(crate) struct Line {
+    /// The command.
+    pub command: Command,
+    /// The command option token (`-A`), for error locations.
+    pub command_token: Token,
+    /// The chain argument, if any.
+    pub chain: Option<Token>,
+    /// The rule (empty for commands without a rule).
+    pub rule: Rule,
+    /// Whether any rule option was given.
+    pub has_spec: bool,
+    /// The `-j`/`-g` argument token when the target is a jump or goto.
+    pub target_token: Option<Token>,
+}
+
+/// What the line parser needs to know about its surroundings.
+pub(crate) struct Ctx<'a> {
+    /// Family of the restore.
+    pub family: Family,
+    /// Table of the current block.
+    pub table: TableKind,
+    /// 1-based line number.
+    pub line: u32,
+    /// The `set_exists` callback.
+    pub set_exists: Option<&'a dyn Fn(&str) -> bool>,
+}
+
+impl Ctx<'_> {
+    pub(crate) fn err(&self, tok: &Token, kind: K) -> ParseError {
+        ParseError::new(self.line, tok.column, tok.text.clone(), kind)
+    }
+}
+
+/// Reads tokens in order; an argument attached to its option (`--x=y`, `-ptcp`) is pending.
+pub(crate) struct Cursor<'t> {
+    toks: &'t [Token],
+    pos: usize,
+}
+
+impl<'t> Cursor<'t> {
+    fn next(&mut self) -> Option<&'t Token> {
+        let t = self.toks.get(self.pos)?;
+        self.pos += 1;
+        Some(t)
+    }
+
+    fn peek(&self) -> Option<&'t Token> {
+        self.toks.get(self.pos)
+    }
+}
+
+/// The arguments of one option: the attached one first, then following tokens.
+pub(crate) struct Args<'c, 't> {
+    cur: &'c mut Cursor<'t>,
+    attached: Option<Token>,
+    opt: &'t Token,
+    line: u32,
+}
+
+impl Args<'_, '_> {
+    /// The next argument, whatever it looks like (as getopt's required argument).
+    pub(crate) fn next(&mut self) -> Result<Token, ParseError> {
+        if let Some(t) = self.attached.take() {
+            return Ok(t);
+        }
+        match self.cur.next() {
+            Some(t) => Ok(t.clone()),
+            None => Err(self.missing()),
+        }
+    }
+
+    /// A further argument that must not look like an option (as iptables' `xs_has_arg`).
+    pub(crate) fn next_plain(&mut self) -> Result<Token, ParseError> {
+        if let Some(t) = self.attached.take() {
+            return Ok(t);
+        }
+        match self.cur.peek() {
+            Some(t) if !t.text.starts_with('-') && t.text != "!" => {
+                self.cur.pos += 1;
+                Ok(t.clone())
+            }
+            _ => Err(self.missing()),
+        }
+    }
+
+    /// Every following token that does not look like an option (for opaque extensions).
+    pub(crate) fn rest_plain(&mut self) -> Vec<String> {
+        if let Some(t) = self.attached.take() {
+            return vec![t.text];
+        }
+        let mut v = Vec::new();
+        while let Some(t) = self.cur.peek() {
+            if t.text.starts_with('-') || t.text == "!" {
+                break;
+            }
+            v.push(t.text.clone());
+            self.cur.pos += 1;
+        }
+        v
+    }
+
+    fn missing(&self) -> ParseError {
+        ParseError::new(
+            self.line,
+            self.opt.column,
+            self.opt.text.clone(),
+            K::MissingArgument(self.opt.text.clone()),
+        )
+    }
+
+    /// The option token these arguments belong to.
+    pub(crate) fn opt_token(&self) -> &Token {
+        self.opt
+    }
+
+    /// Fails when an attached argument was not used (`--syn=x`).
+    fn finish(self) -> Result<(), ParseError> {
+        match self.attached {
+            Some(t) => Err(ParseError::new(self.line, t.column, t.text, K::BadArgument)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Splits an option token into its name and an attached argument.
+fn split_option(tok: &Token) -> Option<(String, Option<Token>)> {
+    let s = tok.text.as_str();
+    if let Some(long) = s.strip_prefix("--") {
+        if long.is_empty() {
+            return None;
+        }
+        return Some(match long.split_once('=') {
+            Some((n, v)) => (
+                format!("--{n}"),
+                Some(Token {
+                    text: v.to_string(),
+                    column: tok.column,
+                }),
+            ),
+            None => (s.to_string(), None),
+        });
+    }
+    let rest = s.strip_prefix('-')?;
+    let c = rest.chars().next()?;
+    let tail = &rest[c.len_utf8()..];
+    let attached = (!tail.is_empty()).then(|| Token {
+        text: tail.to_string(),
+        column: tok.column,
+    });
+    Some((format!("-{c}"), attached))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Main {
+    Cmd(char),
+    Table,
+    Src,
+    Dst,
+    In,
+    Out,
+    Proto,
+    Frag,
+    Match,
+    Jump,
+    Goto,
+    SetCounters,
+    V4,
+    V6,
+}
+
+fn main_option(name: &str) -> Option<Main> {
+    Some(match name {
+        "-A" | "--append" => Main::Cmd('A'),
+        "-I" | "--insert" => Main::Cmd('I'),
+        "-D" | "--delete" => Main::Cmd('D'),
+        "-R" | "--replace" => Main::Cmd('R'),
+        "-N" | "--new-chain" | "--new" => Main::Cmd('N'),
+        "-X" | "--delete-chain" => Main::Cmd('X'),
+        "-F" | "--flush" => Main::Cmd('F'),
+        "-P" | "--policy" => Main::Cmd('P'),
+        "-L" | "--list" | "-S" | "--list-rules" | "-Z" | "--zero" | "-E" | "--rename-chain"
+        | "-C" | "--check" | "-h" | "--help" | "-V" | "--version" => Main::Cmd('?'),
+        "-t" | "--table" => Main::Table,
+        "-s" | "--source" | "--src" => Main::Src,
+        "-d" | "--destination" | "--dst" => Main::Dst,
+        "-i" | "--in-interface" => Main::In,
+        "-o" | "--out-interface" => Main::Out,
+        "-p" | "--protocol" => Main::Proto,
+        "-f" | "--fragment" => Main::Frag,
+        "-m" | "--match" => Main::Match,
+        "-j" | "--jump" => Main::Jump,
+        "-g" | "--goto" => Main::Goto,
+        "-c" | "--set-counters" => Main::SetCounters,
+        "-4" | "--ipv4" => Main::V4,
+        "-6" | "--ipv6" => Main::V6,
+        _ => return None,
+    })
+}
+
+/// Which extension unknown `--options` go to when no known extension takes them.
+#[derive(Clone, Copy)]
+enum Open {
+    None,
+    Match(usize),
+    Target,
+}
+
+/// Parses one command line. `Ok(None)`: the line carries the other family's `-4`/`-6` and is
+/// skipped, as iptables-restore does. `prefix_counters` are the `[p:b]` before the line.
+pub(crate) fn parse_line(
+    toks: &[Token],
+    ctx: &Ctx<'_>,
+    prefix_counters: Option<Counters>,
+) -> Result<Option<Line>, ParseError> {
+    let mut cur = Cursor { toks, pos: 0 };
+    let mut invert: Option<&Token> = None;
+    let mut rule = Rule {
+        counters: prefix_counters,
+        ..Rule::default()
+    };
+    let mut command: Option<(Command, Token)> = None;
+    let mut chain: Option<Token> = None;
+    let mut matches: Vec<PendingMatch> = Vec::new();
+    let mut target: Option<PendingTarget> = None;
+    let mut target_token: Option<Token> = None;
+    let mut open = Open::None;
+    let mut proto_used = false;
+    let mut seen: Vec<Main> = Vec::new();
+    let mut has_spec = prefix_counters.is_some();
+
+    while let Some(tok) = cur.next() {
+        if tok.text == "!" {
+            if invert.is_some() {
+                return Err(ctx.err(tok, K::BadNegation));
+            }
+            invert = Some(tok);
+            continue;
+        }
+        let Some((name, attached)) = split_option(tok) else {
+            return Err(ctx.err(tok, K::BadArgument));
+        };
+        let inv = invert.take();
+        let mut args = Args {
+            cur: &mut cur,
+            attached,
+            opt: tok,
+            line: ctx.line,
+        };
+        let Some(main) = main_option(&name) else {
+            if !name.starts_with("--") {
+                return Err(ctx.err(tok, K::UnknownOption(name)));
+            }
+            has_spec = true;
+            let negated = inv.is_some();
+            // Known matches first (most recent first), then a known target. A known match's
+            // option does not close an open opaque extension (`-m tcp -m addrtype --dport 1
+            // --dst-type LOCAL` is fine).
+            let mut handled = false;
+            for pm in matches.iter_mut().rev() {
+                if let Some(r) = extensions::match_option(pm, &name, negated, &mut args, ctx) {
+                    r?;
+                    handled = true;
+                    break;
+                }
+            }
+            if handled {
+                args.finish()?;
+                continue;
+            }
+            if let Some(pt) = target.as_mut() {
+                if let Some(r) = extensions::target_option(pt, &name, negated, &mut args, ctx) {
+                    r?;
+                    args.finish()?;
+                    continue;
+                }
+            }
+            match open {
+                Open::Match(i) => {
+                    if let Some(pm) = matches.get_mut(i) {
+                        extensions::opaque_option(&mut pm.m, &name, negated, &mut args);
+                        continue;
+                    }
+                }
+                Open::Target => {
+                    if let Some(pt) = target.as_mut() {
+                        extensions::opaque_target_option(pt, &name, negated, &mut args);
+                        continue;
+                    }
+                }
+                Open::None => {}
+            }
+            // Load the protocol's match implicitly, once (iptables' load_proto).
+            if !proto_used {
+                if let Some(p) = rule.protocol {
+                    proto_used = true;
+                    if let Some(ext) = extensions::proto_extension(p.value) {
+                        let mut pm = extensions::new_match(ext, tok, ctx)?;
+                        let known = !pm.is_opaque();
+                        if known {
+                            if let Some(r) =
+                                extensions::match_option(&mut pm, &name, negated, &mut args, ctx)
+                            {
+                                r?;
+                                args.finish()?;
+                                matches.push(pm);
+                                continue;
+                            }
+                        } else {
+                            extensions::opaque_option(&mut pm.m, &name, negated, &mut args);
+                            matches.push(pm);
+                            open = Open::Match(matches.len() - 1);
+                            continue;
+                        }
+                    }
+                }
+            }
+            let last_known = target
+                .as_ref()
+                .filter(|t| !t.is_opaque())
+                .map(|t| t.name.clone())
+                .or_else(|| {
+                    matches
+                        .last()
+                        .filter(|m| !m.is_opaque())
+                        .map(|m| m.m.extension().to_string())
+                });
+            return Err(ctx.err(
+                tok,
+                match last_known {
+                    Some(extension) => K::UnknownExtensionOption {
+                        extension,
+                        option: name,
+                    },
+                    None => K::UnknownOption(name),
+                },
+            ));
+        };
+        open = Open::None;
+        if let Some(i) = inv {
+            if !matches!(
+                main,
+                Main::Src | Main::Dst | Main::In | Main::Out | Main::Proto | Main::Frag
+            ) {
+                return Err(ctx.err(i, K::BadNegation));
+            }
+        }
+        if matches!(
+            main,
+            Main::Src
+                | Main::Dst
+                | Main::In
+                | Main::Out
+                | Main::Proto
+                | Main::Frag
+                | Main::Jump
+                | Main::Goto
+                | Main::SetCounters
+        ) {
+            if seen.contains(&main) || (matches!(main, Main::Jump | Main::Goto) && target.is_some())
+            {
+                return Err(ctx.err(tok, K::DuplicateOption(name)));
+            }
+            seen.push(main);
+            has_spec = true;
+        }
+        let negated = inv.is_some();
+        match main {
+            Main::Cmd(c) => {
+                if command.is_some() {
+                    return Err(ctx.err(tok, K::MultipleCommands));
+                }
+                let cmd = parse_command(c, tok, &mut args, &mut chain, ctx)?;
+                command = Some((cmd, tok.clone()));
+            }
+            Main::Table => return Err(ctx.err(tok, K::TableOption)),
+            Main::Src | Main::Dst => {
+                let a = args.next()?;
+                let net = extensions::parse_net(&a, ctx.family, ctx)?;
+                let v = Some(Neg {
+                    negated,
+                    value: net,
+                });
+                if main == Main::Src {
+                    rule.src = v;
+                } else {
+                    rule.dst = v;
+                }
+            }
+            Main::In | Main::Out => {
+                let a = args.next()?;
+                let iface = parse_iface(&a, ctx)?;
+                // `-i +` (not negated) matches every interface: iptables-save omits it.
+                let v = (negated || iface.name != "+").then_some(Neg {
+                    negated,
+                    value: iface,
+                });
+                if main == Main::In {
+                    rule.in_iface = v;
+                } else {
+                    rule.out_iface = v;
+                }
+            }
+            Main::Proto => {
+                let a = args.next()?;
+                let p = extensions::parse_protocol(&a, ctx)?;
+                if p == 0 && negated {
+                    return Err(ctx.err(&a, K::NeverMatches));
+                }
+                rule.protocol = (p != 0).then_some(Neg { negated, value: p });
+            }
+            Main::Frag => {
+                if ctx.family == Family::Ipv6 {
+                    return Err(ctx.err(tok, K::UnknownOption(name)));
+                }
+                rule.fragment = Some(!negated);
+            }
+            Main::Match => {
+                let a = args.next()?;
+                let pm = extensions::new_match(&a.text, &a, ctx)?;
+                let opaque = pm.is_opaque();
+                matches.push(pm);
+                if opaque {
+                    open = Open::Match(matches.len() - 1);
+                }
+                has_spec = true;
+            }
+            Main::Jump | Main::Goto => {
+                let a = args.next()?;
+                let pt = if main == Main::Goto {
+                    check_chain_name(&a, ctx)?;
+                    target_token = Some(a.clone());
+                    PendingTarget::plain(Target::Goto(a.text.clone()))
+                } else {
+                    match extensions::new_target(&a, ctx)? {
+                        Some(pt) => pt,
+                        None => {
+                            check_chain_name(&a, ctx)?;
+                            target_token = Some(a.clone());
+                            PendingTarget::plain(Target::Jump(a.text.clone()))
+                        }
+                    }
+                };
+                if pt.is_opaque() {
+                    open = Open::Target;
+                }
+                target = Some(pt);
+            }
+            Main::SetCounters => {
+                let p = args.next()?;
+                let (pk, by) = match p.text.split_once(',') {
+                    Some((a, b)) => (a.to_string(), b.to_string()),
+                    None => (p.text.clone(), args.next_plain()?.text),
+                };
+                let (Ok(packets), Ok(bytes)) = (pk.parse::<u64>(), by.parse::<u64>()) else {
+                    return Err(ctx.err(&p, K::BadCounters));
+                };
+                if rule.counters.is_some() {
+                    return Err(ctx.err(tok, K::DuplicateOption(name)));
+                }
+                rule.counters = Some(Counters { packets, bytes });
+            }
+            // The other family's line: iptables-restore drops it as soon as it sees the flag.
+            Main::V4 if ctx.family != Family::Ipv4 => return Ok(None),
+            Main::V6 if ctx.family != Family::Ipv6 => return Ok(None),
+            Main::V4 | Main::V6 => {}
+        }
+        args.finish()?;
+    }
+    if let Some(i) = invert {
+        return Err(ctx.err(i, K::BadNegation));
+    }
+    let Some((command, command_token)) = command else {
+        let t = toks.first().cloned().unwrap_or(Token {
+            text: String::new(),
+            column: 1,
+        });
+        return Err(ctx.err(&t, K::NoCommand));
+    };
+    for pm in matches {
+        rule.matches.push(extensions::finish_match(pm, &rule, ctx)?);
+    }
+    if let Some(pt) = target {
+        rule.target = extensions::finish_target(pt, &rule, ctx)?;
+    }
+    Ok(Some(Line {
+        command,
+        command_token,
+        chain,
+        rule,
+        has_spec,
+        target_token,
+    }))
+}
+
+fn parse_command(
+    c: char,
+    tok: &Token,
+    args: &mut Args<'_, '_>,
+    chain: &mut Option<Token>,
+    ctx: &Ctx<'_>,
+) -> Result<Command, ParseError> {
+    let number = |t: &Token| -> Result<u32, ParseError> {
+        match t.text.parse::<u32>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(ctx.err(t, K::BadRuleNumber(t.text.clone()))),
+        }
+    };
+    let optional_chain = |args: &mut Args<'_, '_>| -> Option<Token> { args.next_plain().ok() };
+    let cmd = match c {
+        'A' | 'I' | 'D' | 'R' | 'N' | 'P' => {
+            let ch = args.next()?;
+            check_chain_name(&ch, ctx)?;
+            *chain = Some(ch);
+            match c {
+                'A' => Command::Append,
+                'N' => Command::NewChain,
+                'I' => match args.next_plain() {
+                    Ok(n) => Command::Insert(number(&n)?),
+                    Err(_) => Command::Insert(1),
+                },
+                'D' => match args.next_plain() {
+                    Ok(n) => Command::Delete(Some(number(&n)?)),
+                    Err(_) => Command::Delete(None),
+                },
+                'R' => Command::Replace(number(&args.next_plain()?)?),
+                _ => Command::Policy(args.next_plain()?),
+            }
+        }
+        'X' | 'F' => {
+            if let Some(ch) = optional_chain(args) {
+                check_chain_name(&ch, ctx)?;
+                *chain = Some(ch);
+            }
+            if c == 'X' {
+                Command::DeleteChain
+            } else {
+                Command::Flush
+            }
+        }
+        _ => return Err(ctx.err(tok, K::UnsupportedCommand)),
+    };
+    Ok(cmd)
+}
+
+/// Checks a chain name as iptables-restore does: 1 to 28 bytes (XT_EXTENSION_MAXNAMELEN - 1),
+/// not starting with `-` or `!`.
+pub(crate) fn check_chain_name(t: &Token, ctx: &Ctx<'_>) -> Result<(), ParseError> {
+    if t.text.is_empty() || t.text.starts_with('-') || t.text.starts_with('!') {
+        return Err(ctx.err(t, K::BadChainName));
+    }
+    if t.text.len() > 28 {
+        return Err(ctx.err(
+            t,
+            K::TooLong {
+                what: "chain name",
+                max: 28,
+            },
+        ));
+    }
+    // Quotes and backslashes could not be written back unambiguously (`:NAME` lines are not
+    // unquoted by iptables-restore, command lines are).
+    if t.text
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+    {
+        return Err(ctx.err(t, K::BadChainName));
+    }
+    Ok(())
+}
+
+/// `-i`/`-o`: at most 15 bytes (IFNAMSIZ - 1), as iptables: "interface name must be shorter
+/// than 16 characters"; a trailing `+` is a prefix wildcard.
+fn parse_iface(t: &Token, ctx: &Ctx<'_>) -> Result<Iface, ParseError> {
+    if t.text.len() > 15 {
+        return Err(ctx.err(
+            t,
+            K::TooLong {
+                what: "interface name",
+                max: 15,
+            },
+        ));
+    }
+    if t.text.is_empty()
+        || t.text
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '"' | '\\'))
+    {
+        return Err(ctx.err(
+            t,
+            K::InvalidValue {
+                what: "interface name",
+                reason: "empty or contains '/' or whitespace".into(),
+            },
+        ));
+    }
+    Ok(Iface {
+        name: t.text.clone(),
+    })
+}

@@ -1,0 +1,628 @@
+//! The block structure of iptables-restore input and the commands' effect on the in-memory
+//! tables, as iptables-restore.c (v1.8.11, legacy) applies them line by line.
+//!
+//! * `#` starts a comment only in column 1; empty (or blank) lines are skipped.
+//! * `*table` opens a block, `COMMIT` closes it; commands outside a block are errors, and so is
+//!   a block left open.
+//! * Without `--noflush` every table named is rebuilt from scratch: its builtin chains exist
+//!   with policy ACCEPT and zero counters even when not declared (as iptables does), user chains
+//!   exist only once declared (`:NAME - [p:b]` or `-N NAME`) on an earlier line.
+//! * `:NAME POLICY [p:b]` sets a builtin chain's policy (`-` keeps it); a user chain's policy
+//!   must be `-` and its counters are ignored; declaring an existing user chain again flushes
+//!   it (create-or-flush). The counters must be `[p:b]`, and with `--counters` they are
+//!   required.
+
+use std::collections::HashSet;
+
+use crate::model::{
+    Chain, Counters, Family, Hook, Location, Policy, Rule, Table, TableKind, Target,
+};
+
+use super::extensions::is_target_name;
+use super::lexer::{Token, tokenize};
+use super::rule::{Command, Ctx, Line, check_chain_name, parse_line};
+use super::{
+    ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
+    Restore,
+};
+
+/// At most this many errors are collected; the rest is not reported.
+const MAX_ERRORS: usize = 100;
+
+struct Block {
+    table: Table,
+    /// Chains whose rules before this text are unknown (noflush: builtin chains and chains only
+    /// referenced by commands).
+    external_content: HashSet<String>,
+}
+
+impl Block {
+    fn new(family: Family, kind: TableKind, location: Location, noflush: bool) -> Block {
+        let chains = kind
+            .builtin_hooks()
+            .iter()
+            .map(|h| Chain {
+                name: h.chain_name().to_string(),
+                policy: Some(Policy::Accept),
+                counters: Counters::default(),
+                rules: Vec::new(),
+                location,
+            })
+            .collect::<Vec<_>>();
+        let external_content = if noflush {
+            chains.iter().map(|c| c.name.clone()).collect()
+        } else {
+            HashSet::new()
+        };
+        Block {
+            table: Table {
+                family,
+                kind,
+                chains,
+                location,
+            },
+            external_content,
+        }
+    }
+
+    fn chain_index(&self, name: &str) -> Option<usize> {
+        self.table.chains.iter().position(|c| c.name == name)
+    }
+
+    fn is_builtin(&self, name: &str) -> bool {
+        Hook::from_chain_name(name).is_some_and(|h| self.table.kind.builtin_hooks().contains(&h))
+    }
+
+    fn referenced(&self, name: &str) -> bool {
+        self.table
+            .chains
+            .iter()
+            .flat_map(|c| &c.rules)
+            .any(|r| matches!(&r.target, Target::Jump(t) | Target::Goto(t) if t == name))
+    }
+}
+
+/// Splits a line on blanks with 1-based columns (for `:` and `*` lines, which iptables-restore
+/// splits with strtok, without quote handling).
+fn words(line: &str) -> Vec<Token> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in line
+        .char_indices()
+        .chain(std::iter::once((line.len(), ' ')))
+    {
+        if c == ' ' || c == '\t' {
+            if let Some(s) = start.take() {
+                out.push(Token {
+                    text: line[s..i].to_string(),
+                    column: s as u32 + 1,
+                });
+            }
+        } else if start.is_none() {
+            start = Some(i);
+        }
+    }
+    out
+}
+
+/// `[packets:bytes]`.
+fn parse_counters(s: &str) -> Option<Counters> {
+    let inner = s.strip_prefix('[')?.strip_suffix(']')?;
+    let (p, b) = inner.split_once(':')?;
+    let digits = |x: &str| !x.is_empty() && x.chars().all(|c| c.is_ascii_digit());
+    if !digits(p) || !digits(b) {
+        return None;
+    }
+    Some(Counters {
+        packets: p.parse().ok()?,
+        bytes: b.parse().ok()?,
+    })
+}
+
+struct State<'o, 'a> {
+    opts: &'o ParseOptions<'a>,
+    errors: Vec<ParseError>,
+    external: Vec<ExternalRef>,
+    done: Vec<Table>,
+}
+
+impl State<'_, '_> {
+    fn error(&mut self, e: ParseError) {
+        if self.errors.len() < MAX_ERRORS {
+            self.errors.push(e);
+        }
+    }
+
+    fn external(&mut self, b: &Block, chain: &Token, line: u32, kind: ExternalRefKind) {
+        self.external.push(ExternalRef {
+            family: self.opts.family,
+            table: b.table.kind,
+            chain: chain.text.clone(),
+            kind,
+            location: Location {
+                line,
+                column: chain.column,
+            },
+        });
+    }
+}
+
+pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, ParseErrors> {
+    let mut st = State {
+        opts,
+        errors: Vec::new(),
+        external: Vec::new(),
+        done: Vec::new(),
+    };
+    let mut cur: Option<Block> = None;
+    // Inside a block whose `*table` line was bad: skip until COMMIT.
+    let mut skipping = false;
+    let mut last_line = 0;
+    for (idx, raw) in text.split('\n').enumerate() {
+        let line_no = idx as u32 + 1;
+        last_line = line_no;
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let w = words(line);
+        let Some(first) = w.first() else { continue };
+        let err =
+            |tok: &Token, kind: K| ParseError::new(line_no, tok.column, tok.text.clone(), kind);
+        if let Some(name) = first.text.strip_prefix('*') {
+            if let Some(b) = cur.take() {
+                st.error(ParseError::new(
+                    line_no,
+                    first.column,
+                    first.text.clone(),
+                    K::MissingCommit(b.table.kind.name().to_string()),
+                ));
+            }
+            skipping = false;
+            let Some(kind) = TableKind::from_name(name).filter(|_| w.len() == 1) else {
+                st.error(err(first, K::UnknownTable));
+                skipping = true;
+                continue;
+            };
+            let location = Location {
+                line: line_no,
+                column: first.column,
+            };
+            // A second block for the same table: --noflush continues from the first one,
+            // otherwise it replaces it.
+            let prev = st.done.iter().position(|t| t.kind == kind);
+            cur = Some(match prev {
+                Some(i) if opts.noflush => {
+                    let table = st.done.remove(i);
+                    Block {
+                        external_content: Block::new(opts.family, kind, location, true)
+                            .external_content,
+                        table,
+                    }
+                }
+                _ => Block::new(opts.family, kind, location, opts.noflush),
+            });
+            continue;
+        }
+        if first.text == "COMMIT" && w.len() == 1 {
+            match cur.take() {
+                Some(b) => {
+                    let mut table = b.table;
+                    table.chains.sort_by(|a, b| {
+                        let key = |c: &Chain| (c.policy.is_none(), c.hook().map(|h| h.index()));
+                        key(a).cmp(&key(b)).then_with(|| {
+                            if a.policy.is_none() {
+                                a.name.as_bytes().cmp(b.name.as_bytes())
+                            } else {
+                                std::cmp::Ordering::Equal
+                            }
+                        })
+                    });
+                    match st.done.iter().position(|t| t.kind == table.kind) {
+                        Some(i) => st.done[i] = table,
+                        None => st.done.push(table),
+                    }
+                }
+                None if skipping => skipping = false,
+                None => st.error(err(
+                    first,
+                    K::UnexpectedLine("COMMIT outside a *table block"),
+                )),
+            }
+            continue;
+        }
+        if skipping {
+            continue;
+        }
+        let Some(block) = cur.as_mut() else {
+            st.error(err(first, K::UnexpectedLine("outside a *table block")));
+            continue;
+        };
+        if first.text.starts_with(':') {
+            if let Err(e) = declare_chain(block, &w, line_no, &mut st) {
+                st.error(e);
+            }
+            continue;
+        }
+        if let Err(e) = command_line(block, line, line_no, &mut st) {
+            st.error(e);
+        }
+    }
+    if let Some(b) = cur {
+        st.error(ParseError::new(
+            last_line,
+            0,
+            "",
+            K::MissingCommit(b.table.kind.name().to_string()),
+        ));
+    }
+    if !st.errors.is_empty() {
+        return Err(ParseErrors(st.errors));
+    }
+    Ok(Restore {
+        tables: st.done,
+        external: st.external,
+    })
+}
+
+fn declare_chain(
+    b: &mut Block,
+    w: &[Token],
+    line: u32,
+    st: &mut State<'_, '_>,
+) -> Result<(), ParseError> {
+    let err = |tok: &Token, kind: K| ParseError::new(line, tok.column, tok.text.clone(), kind);
+    let first = &w[0];
+    let name = Token {
+        text: first.text[1..].to_string(),
+        column: first.column + 1,
+    };
+    let ctx = Ctx {
+        family: st.opts.family,
+        table: b.table.kind,
+        line,
+        set_exists: None,
+    };
+    check_chain_name(&name, &ctx)?;
+    let Some(policy) = w.get(1) else {
+        return Err(err(first, K::BadPolicy));
+    };
+    let counters = match w.get(2) {
+        Some(c) => Some(parse_counters(&c.text).ok_or_else(|| err(c, K::BadCounters))?),
+        None if st.opts.counters => return Err(err(policy, K::BadCounters)),
+        None => None,
+    };
+    if let Some(extra) = w.get(3) {
+        return Err(err(extra, K::BadArgument));
+    }
+    let location = Location {
+        line,
+        column: name.column,
+    };
+    if b.is_builtin(&name.text) {
+        let p = match policy.text.as_str() {
+            "ACCEPT" => Some(Policy::Accept),
+            "DROP" => Some(Policy::Drop),
+            "-" => None,
+            _ => return Err(err(policy, K::BadPolicy)),
+        };
+        let noflush = st.opts.noflush;
+        if p.is_none() && noflush {
+            st.external(b, &name, line, ExternalRefKind::KeepPolicy);
+        }
+        let keep_counters = st.opts.counters;
+        if let Some(i) = b.chain_index(&name.text) {
+            let c = &mut b.table.chains[i];
+            if let Some(p) = p {
+                c.policy = Some(p);
+                if keep_counters {
+                    c.counters = counters.unwrap_or_default();
+                }
+            }
+            c.location = location;
+        }
+        return Ok(());
+    }
+    if policy.text != "-" {
+        return Err(err(policy, K::BadPolicy));
+    }
+    if is_target_name(&name.text) {
+        return Err(err(&name, K::ChainExists(name.text.clone())));
+    }
+    match b.chain_index(&name.text) {
+        Some(i) => {
+            // Create-or-flush, as iptables-restore.
+            b.table.chains[i].rules.clear();
+            b.table.chains[i].location = location;
+        }
+        None => b.table.chains.push(Chain {
+            name: name.text.clone(),
+            policy: None,
+            counters: Counters::default(),
+            rules: Vec::new(),
+            location,
+        }),
+    }
+    b.external_content.remove(&name.text);
+    Ok(())
+}
+
+fn command_line(
+    b: &mut Block,
+    line: &str,
+    line_no: u32,
+    st: &mut State<'_, '_>,
+) -> Result<(), ParseError> {
+    let mut toks = tokenize(line)
+        .map_err(|u| ParseError::new(line_no, u.column, "\"", K::UnterminatedQuote))?;
+    let mut prefix = None;
+    let mut location = Location {
+        line: line_no,
+        column: toks.first().map_or(1, |t| t.column),
+    };
+    if toks.first().is_some_and(|t| t.text.starts_with('[')) {
+        let t = toks.remove(0);
+        prefix =
+            Some(parse_counters(&t.text).ok_or_else(|| {
+                ParseError::new(line_no, t.column, t.text.clone(), K::BadCounters)
+            })?);
+        location.column = t.column;
+    }
+    let ctx = Ctx {
+        family: st.opts.family,
+        table: b.table.kind,
+        line: line_no,
+        set_exists: st.opts.set_exists,
+    };
+    let Some(parsed) = parse_line(&toks, &ctx, prefix)? else {
+        return Ok(());
+    };
+    let Line {
+        command,
+        command_token,
+        chain,
+        mut rule,
+        has_spec,
+        target_token,
+    } = parsed;
+    rule.location = location;
+    // With --counters every rule has counters (zero when not written), as in the kernel;
+    // without, none are kept.
+    rule.counters = st.opts.counters.then(|| rule.counters.unwrap_or_default());
+    let noflush = st.opts.noflush;
+    let takes_rule = matches!(
+        command,
+        Command::Append | Command::Insert(_) | Command::Replace(_) | Command::Delete(None)
+    );
+    if !takes_rule && has_spec {
+        return Err(ctx.err(
+            &command_token,
+            K::UnexpectedLine("this command takes no rule options"),
+        ));
+    }
+    let chain_tok = chain.clone();
+    // Commands with a chain that this text does not know.
+    let missing = |b: &Block, name: &Token| b.chain_index(&name.text).is_none();
+    match command {
+        Command::Append | Command::Insert(_) | Command::Replace(_) | Command::Delete(_) => {
+            let Some(ch) = chain_tok else {
+                return Err(ctx.err(&command_token, K::NoCommand));
+            };
+            if takes_rule && !matches!(command, Command::Delete(_)) {
+                check_target(b, &rule, target_token.as_ref(), &ctx, st, line_no)?;
+            }
+            if missing(b, &ch) {
+                if !noflush {
+                    return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone())));
+                }
+                if b.is_builtin(&ch.text) {
+                    return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone())));
+                }
+                b.table.chains.push(Chain {
+                    name: ch.text.clone(),
+                    policy: None,
+                    counters: Counters::default(),
+                    rules: Vec::new(),
+                    location: Location {
+                        line: line_no,
+                        column: ch.column,
+                    },
+                });
+                b.external_content.insert(ch.text.clone());
+            }
+            let external = b.external_content.contains(&ch.text);
+            let Some(i) = b.chain_index(&ch.text) else {
+                return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone())));
+            };
+            let len = b.table.chains[i].rules.len();
+            let bad_number = |n: u32| ctx.err(&ch, K::BadRuleNumber(n.to_string()));
+            match command {
+                Command::Append => {
+                    if external {
+                        st.external(b, &ch, line_no, ExternalRefKind::AddRules);
+                    }
+                    b.table.chains[i].rules.push(rule);
+                }
+                Command::Insert(n) => {
+                    let pos = n as usize - 1;
+                    if external {
+                        // Positions count rules that already exist; we only know ours.
+                        st.external(b, &ch, line_no, ExternalRefKind::AddRules);
+                        b.table.chains[i].rules.insert(pos.min(len), rule);
+                    } else if pos > len {
+                        return Err(bad_number(n));
+                    } else {
+                        b.table.chains[i].rules.insert(pos, rule);
+                    }
+                }
+                Command::Replace(n) | Command::Delete(Some(n)) => {
+                    let pos = n as usize - 1;
+                    if pos < len {
+                        b.table.chains[i].rules.remove(pos);
+                        if let Command::Replace(_) = command {
+                            b.table.chains[i].rules.insert(pos, rule);
+                        }
+                    } else if external {
+                        st.external(b, &ch, line_no, ExternalRefKind::ChangeRule);
+                    } else {
+                        return Err(bad_number(n));
+                    }
+                }
+                Command::Delete(None) => {
+                    let found = b.table.chains[i]
+                        .rules
+                        .iter()
+                        .position(|r| same_rule(r, &rule));
+                    match found {
+                        Some(p) => {
+                            b.table.chains[i].rules.remove(p);
+                        }
+                        None if external => {
+                            st.external(b, &ch, line_no, ExternalRefKind::ChangeRule);
+                        }
+                        None => return Err(ctx.err(&command_token, K::NoSuchRule)),
+                    }
+                }
+                _ => {}
+            }
+        }
+        Command::NewChain => {
+            let Some(ch) = chain_tok else {
+                return Err(ctx.err(&command_token, K::NoCommand));
+            };
+            if b.chain_index(&ch.text).is_some()
+                || is_target_name(&ch.text)
+                || Hook::from_chain_name(&ch.text).is_some()
+            {
+                return Err(ctx.err(&ch, K::ChainExists(ch.text.clone())));
+            }
+            b.table.chains.push(Chain {
+                name: ch.text.clone(),
+                policy: None,
+                counters: Counters::default(),
+                rules: Vec::new(),
+                location: Location {
+                    line: line_no,
+                    column: ch.column,
+                },
+            });
+            b.external_content.remove(&ch.text);
+        }
+        Command::DeleteChain => match chain_tok {
+            Some(ch) => match b.chain_index(&ch.text) {
+                Some(i) => {
+                    let c = &b.table.chains[i];
+                    if c.policy.is_some() || !c.rules.is_empty() || b.referenced(&ch.text) {
+                        return Err(ctx.err(&ch, K::ChainInUse(ch.text.clone())));
+                    }
+                    b.table.chains.remove(i);
+                    b.external_content.remove(&ch.text);
+                    if noflush {
+                        st.external(b, &ch, line_no, ExternalRefKind::Delete);
+                    }
+                }
+                None if noflush => st.external(b, &ch, line_no, ExternalRefKind::Delete),
+                None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone()))),
+            },
+            None => {
+                let users: Vec<String> = b
+                    .table
+                    .chains
+                    .iter()
+                    .filter(|c| c.policy.is_none())
+                    .map(|c| c.name.clone())
+                    .collect();
+                for u in &users {
+                    let busy = b
+                        .table
+                        .chains
+                        .iter()
+                        .find(|c| &c.name == u)
+                        .is_some_and(|c| !c.rules.is_empty())
+                        || b.referenced(u);
+                    if busy {
+                        return Err(ctx.err(&command_token, K::ChainInUse(u.clone())));
+                    }
+                }
+                b.table.chains.retain(|c| c.policy.is_some());
+            }
+        },
+        Command::Flush => match chain_tok {
+            Some(ch) => match b.chain_index(&ch.text) {
+                Some(i) => {
+                    b.table.chains[i].rules.clear();
+                    if b.external_content.remove(&ch.text) {
+                        st.external(b, &ch, line_no, ExternalRefKind::Flush);
+                    }
+                }
+                None if noflush => st.external(b, &ch, line_no, ExternalRefKind::Flush),
+                None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone()))),
+            },
+            None => {
+                for c in &mut b.table.chains {
+                    c.rules.clear();
+                }
+                b.external_content.clear();
+            }
+        },
+        Command::Policy(p) => {
+            let Some(ch) = chain_tok else {
+                return Err(ctx.err(&command_token, K::NoCommand));
+            };
+            if !b.is_builtin(&ch.text) {
+                return Err(ctx.err(&p, K::BadPolicy));
+            }
+            let pol = match p.text.as_str() {
+                "ACCEPT" => Policy::Accept,
+                "DROP" => Policy::Drop,
+                _ => return Err(ctx.err(&p, K::BadPolicy)),
+            };
+            if let Some(i) = b.chain_index(&ch.text) {
+                b.table.chains[i].policy = Some(pol);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `-j CHAIN` / `-g CHAIN` must name a user chain declared on an earlier line (as
+/// iptables-restore: "Couldn't load target"); with `--noflush` an unknown chain is recorded.
+fn check_target(
+    b: &Block,
+    rule: &Rule,
+    tok: Option<&Token>,
+    ctx: &Ctx<'_>,
+    st: &mut State<'_, '_>,
+    line: u32,
+) -> Result<(), ParseError> {
+    let (name, kind) = match &rule.target {
+        Target::Jump(n) => (n, ExternalRefKind::Jump),
+        Target::Goto(n) => (n, ExternalRefKind::Goto),
+        _ => return Ok(()),
+    };
+    let tok = tok.cloned().unwrap_or(Token {
+        text: name.clone(),
+        column: 0,
+    });
+    if b.is_builtin(name) || Hook::from_chain_name(name).is_some() {
+        return Err(ctx.err(&tok, K::JumpToBuiltin(name.clone())));
+    }
+    if b.chain_index(name).is_some() {
+        return Ok(());
+    }
+    if st.opts.noflush {
+        st.external(b, &tok, line, kind);
+        return Ok(());
+    }
+    Err(ctx.err(&tok, K::UnknownTarget(name.clone())))
+}
+
+/// Rule equality for `-D CHAIN rulespec`: everything but location and counters.
+fn same_rule(a: &Rule, b: &Rule) -> bool {
+    let strip = |r: &Rule| Rule {
+        location: Location::default(),
+        counters: None,
+        ..r.clone()
+    };
+    strip(a) == strip(b)
+}
