@@ -38,17 +38,14 @@ fn packet_meta(frame: &[u8]) -> PacketMeta {
     parse_ethernet(frame, base).expect("corpus frames parse")
 }
 
-// ===== ENGINE ADAPTER (enabled on merge) =====
+// ===== ENGINE ADAPTER =====
 //
 // `engine_hits` runs one packet through the engine and reports what the kernel reports: the
 // filter-table rules whose counters would go up, as (chain, 1-based index within the chain),
 // sorted and deduplicated, and the builtin chain whose policy was applied (or None).
-//
-// To enable once `restore` and `compile` are merged: delete the `#[cfg(any())]` line above the
-// first `mod engine_adapter` and delete the second (stub) `mod engine_adapter` entirely. If the
-// real API differs in names, adapt only the body of `engine_hits`.
-#[cfg(any())]
 mod engine_adapter {
+    use std::sync::Arc;
+
     use vallum_engine::model::{Family, TableKind};
     use vallum_engine::packet::PacketMeta;
 
@@ -69,40 +66,33 @@ mod engine_adapter {
             },
         )
         .expect("corpus ruleset parses");
-        let snapshot =
-            vallum_engine::compile::Snapshot::compile(&[ruleset]).expect("corpus ruleset compiles");
-        let trace = snapshot.trace(packet);
-        // Every step is a rule whose matches all matched (its counter goes up), including
-        // jumps, gotos and RETURNs, in traversal order; keep the filter table's.
+        let snapshot = vallum_engine::compile::Snapshot::compile(
+            &[Arc::new(ruleset)],
+            &vallum_engine::sets::NoSets,
+            1,
+        )
+        .expect("corpus ruleset compiles");
+        let trace = snapshot.trace(packet, 0);
+        // Every rule step is a rule whose matches all matched (its counter goes up), including
+        // jumps, gotos and RETURNs, in traversal order; keep the filter table's. A step without
+        // a rule number is a builtin chain's policy.
         let mut hits: Vec<(String, usize)> = trace
             .steps
             .iter()
             .filter(|s| s.table == TableKind::Filter)
-            .map(|s| (s.chain.to_string(), s.rule))
+            .filter_map(|s| s.rule.map(|n| (s.chain.to_string(), n as usize)))
             .collect();
         hits.sort();
         hits.dedup();
-        let policy = trace.policy.map(|chain| chain.to_string());
+        let policy = trace
+            .steps
+            .iter()
+            .find(|s| s.table == TableKind::Filter && s.rule.is_none())
+            .map(|s| s.chain.to_string());
         (hits, policy)
     }
 }
 
-/// Stub while the evaluator is not merged: never called (ENABLED is false).
-mod engine_adapter {
-    use vallum_engine::model::Family;
-    use vallum_engine::packet::PacketMeta;
-
-    /// The engine is not wired in yet: only the kernel side runs.
-    pub const ENABLED: bool = false;
-
-    pub fn engine_hits(
-        _rules_text: &str,
-        _family: Family,
-        _packet: &PacketMeta,
-    ) -> (Vec<(String, usize)>, Option<String>) {
-        (Vec::new(), None)
-    }
-}
 // ===== end of ENGINE ADAPTER =====
 
 /// Checks one case against the kernel (and the engine when enabled); returns failure lines.
