@@ -49,9 +49,6 @@ mod engine_adapter {
     use vallum_engine::model::{Family, TableKind};
     use vallum_engine::packet::PacketMeta;
 
-    /// The engine is wired in: the test compares against it.
-    pub const ENABLED: bool = true;
-
     pub fn engine_hits(
         rules_text: &str,
         family: Family,
@@ -128,17 +125,15 @@ fn check_case(oracle: &KernelOracle, case: &CorpusCase) -> Vec<String> {
                 case.name, p.spec.id, kernel_rules, got.policy, p.hits, p.policy
             ));
         }
-        if engine_adapter::ENABLED {
-            let (engine_rules, engine_policy) =
-                engine_adapter::engine_hits(&case.rules, case.family, &meta);
-            if (engine_rules.as_slice(), engine_policy.as_deref())
-                != (kernel_rules.as_slice(), got.policy.as_deref())
-            {
-                failures.push(format!(
-                    "{}/{}: engine hit {:?} policy {:?}, kernel hit {:?} policy {:?}",
-                    case.name, p.spec.id, engine_rules, engine_policy, kernel_rules, got.policy
-                ));
-            }
+        let (engine_rules, engine_policy) =
+            engine_adapter::engine_hits(&case.rules, case.family, &meta);
+        if (engine_rules.as_slice(), engine_policy.as_deref())
+            != (kernel_rules.as_slice(), got.policy.as_deref())
+        {
+            failures.push(format!(
+                "{}/{}: engine hit {:?} policy {:?}, kernel hit {:?} policy {:?}",
+                case.name, p.spec.id, engine_rules, engine_policy, kernel_rules, got.policy
+            ));
         }
     }
     failures
@@ -159,6 +154,36 @@ fn corpus_files_parse() {
     }
 }
 
+/// Runs without root: the corpus expectations were verified against the kernel (see
+/// `kernel_agrees_with_corpus`), so the engine must reproduce them everywhere.
+#[test]
+fn engine_agrees_with_corpus_expectations() {
+    let cases = load_corpus(&corpus_dir()).unwrap_or_else(|e| panic!("{e}"));
+    let mut failures = Vec::new();
+    let mut packets = 0;
+    for case in &cases {
+        for p in &case.packets {
+            packets += 1;
+            let meta = packet_meta(&build_frame(&p.spec, FW_MAC));
+            let (hits, policy) = engine_adapter::engine_hits(&case.rules, case.family, &meta);
+            let mut expected = p.hits.clone();
+            expected.sort();
+            if (hits.as_slice(), policy.as_deref()) != (expected.as_slice(), p.policy.as_deref()) {
+                failures.push(format!(
+                    "{}/{}: engine hit {:?} policy {:?}, corpus expects {:?} policy {:?}",
+                    case.name, p.spec.id, hits, policy, expected, p.policy
+                ));
+            }
+        }
+    }
+    println!(
+        "engine vs corpus: {} rulesets, {packets} packets, {} failures",
+        cases.len(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn kernel_agrees_with_corpus() {
     let cases = load_corpus(&corpus_dir()).unwrap_or_else(|e| panic!("{e}"));
@@ -170,11 +195,6 @@ fn kernel_agrees_with_corpus() {
         }
         Err(e) => panic!("kernel oracle setup failed: {e}"),
     };
-    if !engine_adapter::ENABLED {
-        println!(
-            "kernel oracle: engine adapter not enabled; checking the corpus against the kernel only"
-        );
-    }
     let mut failures = Vec::new();
     let mut packets = 0;
     for case in &cases {
