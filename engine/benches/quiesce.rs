@@ -1,0 +1,295 @@
+//! Commit latency (publish + wait until the old snapshot is unreachable) with busy workers.
+//!
+//! Cases, each run twice: W = cores - 1 (a CPU is free for the committer) and W = cores (every
+//! CPU busy), or only W = `VALLUM_BENCH_WORKERS` when that is set:
+//! - `dataplane/seqcst`: `Dataplane::commit` with `BarrierStrategy::SeqCst`;
+//! - `dataplane/membarrier`: `Dataplane::commit` with `BarrierStrategy::Membarrier`;
+//! - `rcu/arc-swap`: `ArcSwap::swap(new)`, then wait until the old `Arc`'s strong count is 1
+//!   (every reader's guard gone; arc-swap converts outstanding debts into counts in `swap`);
+//! - `rcu/epoch`: crossbeam-epoch `Atomic::swap` + `defer_destroy`, then `pin().flush()` until
+//!   the old snapshot's destructor ran (the global epoch advanced twice and garbage was collected).
+//!
+//! Workers run batches back to back; each batch holds the snapshot for a fixed amount of work
+//! (~`VALLUM_BENCH_BATCH_NS`, default 2000 ns, calibrated at start). The committer commits
+//! `VALLUM_BENCH_COMMITS` times (default 2000; 20 with `--test`), sleeping 100 us between
+//! commits, and timing each commit with `Instant`. Percentiles are computed from all samples
+//! (criterion reports means only, so this bench has its own `main` and prints a Markdown table).
+//!
+//! Run: `cargo bench -p vallum-engine --bench quiesce` (smoke: `-- --test`).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use crossbeam_epoch as epoch;
+use vallum_engine::Clock;
+use vallum_engine::dataplane::{BarrierStrategy, Dataplane};
+
+struct Snap {
+    data: Vec<u64>,
+}
+
+impl Snap {
+    fn new(seed: u64) -> Snap {
+        Snap {
+            data: (0..256).map(|i| i * 7 + seed).collect(),
+        }
+    }
+}
+
+/// A batch's work: `rounds` passes over the snapshot.
+fn work(s: &Snap, rounds: u32) -> u64 {
+    let mut acc = 0u64;
+    for _ in 0..rounds {
+        for &d in black_box(&s.data) {
+            acc = acc.wrapping_add(d);
+        }
+    }
+    acc
+}
+
+struct MonoClock(Instant);
+
+impl Clock for MonoClock {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+struct Config {
+    commits: usize,
+    rounds: u32,
+    gap: Duration,
+}
+
+/// Spins or yields until `done`.
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let mut spins = 0u32;
+    while !done() {
+        if spins < 1024 {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            thread::yield_now();
+        }
+    }
+}
+
+/// Dataplane commits; returns (latency samples in ns, mean cores waited, effective strategy).
+fn dataplane(strategy: BarrierStrategy, workers: usize, cfg: &Config) -> (Vec<u64>, f64, String) {
+    let dp = Dataplane::new(
+        Snap::new(0),
+        workers,
+        strategy,
+        Arc::new(MonoClock(Instant::now())),
+    );
+    let label = match dp.fallback_reason() {
+        None => dp.barrier().to_string(),
+        Some(why) => format!("{} (fallback: {why})", dp.barrier()),
+    };
+    let stop = AtomicBool::new(false);
+    let mut samples = Vec::with_capacity(cfg.commits);
+    let mut waited = 0usize;
+    thread::scope(|s| {
+        for core in 0..workers {
+            let (dp, stop) = (&dp, &stop);
+            s.spawn(move || {
+                let mut w = dp.worker(core).expect("free core");
+                while !stop.load(Ordering::Relaxed) {
+                    black_box(w.batch(|snap, b| {
+                        b.add_packets(32);
+                        work(snap, cfg.rounds)
+                    }));
+                }
+            });
+        }
+        wait_until(|| !dp.batches().contains(&0));
+        for i in 0..cfg.commits {
+            let new = Box::new(Snap::new(i as u64));
+            let t = Instant::now();
+            let (old, report) = dp.commit(new);
+            samples.push(t.elapsed().as_nanos() as u64);
+            waited += report.cores_waited;
+            drop(old);
+            thread::sleep(cfg.gap);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    (samples, waited as f64 / cfg.commits as f64, label)
+}
+
+fn arc_swap(workers: usize, cfg: &Config) -> Vec<u64> {
+    let swap = ArcSwap::from_pointee(Snap::new(0));
+    let stop = AtomicBool::new(false);
+    let mut samples = Vec::with_capacity(cfg.commits);
+    thread::scope(|s| {
+        for _ in 0..workers {
+            let (swap, stop) = (&swap, &stop);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let g = swap.load();
+                    black_box(work(&g, cfg.rounds));
+                }
+            });
+        }
+        for i in 0..cfg.commits {
+            let new = Arc::new(Snap::new(i as u64));
+            let t = Instant::now();
+            let old = swap.swap(new);
+            wait_until(|| Arc::strong_count(&old) == 1);
+            samples.push(t.elapsed().as_nanos() as u64);
+            drop(old);
+            thread::sleep(cfg.gap);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    samples
+}
+
+/// A snapshot whose destructor reports that it ran.
+struct Tracked {
+    snap: Snap,
+    freed: Arc<AtomicBool>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.freed.store(true, Ordering::Release);
+    }
+}
+
+fn epoch(workers: usize, cfg: &Config) -> Vec<u64> {
+    // The flag of the snapshot currently published (the next one to be retired).
+    let mut current_freed = Arc::new(AtomicBool::new(false));
+    let active = epoch::Atomic::new(Tracked {
+        snap: Snap::new(0),
+        freed: Arc::clone(&current_freed),
+    });
+    let stop = AtomicBool::new(false);
+    let mut samples = Vec::with_capacity(cfg.commits);
+    thread::scope(|s| {
+        for _ in 0..workers {
+            let (active, stop) = (&active, &stop);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = epoch::pin();
+                    let p = active.load(Ordering::Acquire, &guard);
+                    // SAFETY: `p` was loaded under `guard`; the committer frees snapshots only
+                    // through `defer_destroy`, which waits for every guard pinned before it.
+                    if let Some(t) = unsafe { p.as_ref() } {
+                        black_box(work(&t.snap, cfg.rounds));
+                    }
+                }
+            });
+        }
+        for i in 0..cfg.commits {
+            let new_freed = Arc::new(AtomicBool::new(false));
+            let new = epoch::Owned::new(Tracked {
+                snap: Snap::new(i as u64),
+                freed: Arc::clone(&new_freed),
+            });
+            let t = Instant::now();
+            {
+                let guard = epoch::pin();
+                let old = active.swap(new, Ordering::AcqRel, &guard);
+                // SAFETY: `old` was just unlinked by the swap and is not reachable from `active`
+                // any more; only readers pinned before can hold it, and `defer_destroy` waits
+                // for them.
+                unsafe { guard.defer_destroy(old) };
+                guard.flush();
+            }
+            wait_until(|| {
+                epoch::pin().flush();
+                current_freed.load(Ordering::Acquire)
+            });
+            samples.push(t.elapsed().as_nanos() as u64);
+            current_freed = new_freed;
+            thread::sleep(cfg.gap);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    // SAFETY: all readers were joined by the scope; nobody else can reach the last snapshot.
+    unsafe {
+        drop(active.into_owned());
+    }
+    samples
+}
+
+fn pct(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64 / 1000.0
+}
+
+fn row(variant: &str, workers: usize, mut samples: Vec<u64>, waited: Option<f64>) {
+    samples.sort_unstable();
+    let mean = samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64 / 1000.0;
+    println!(
+        "| {variant} | {workers} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+        samples.len(),
+        pct(&samples, 0.5),
+        pct(&samples, 0.99),
+        pct(&samples, 0.999),
+        pct(&samples, 1.0),
+        mean,
+        waited.map_or("-".to_string(), |w| format!("{w:.2}")),
+    );
+}
+
+/// Rounds of `work` that take about `target_ns`.
+fn calibrate(target_ns: u64) -> u32 {
+    let s = Snap::new(1);
+    let rounds = 64u32;
+    let t = Instant::now();
+    for _ in 0..100 {
+        black_box(work(&s, rounds));
+    }
+    let per_round = t.elapsed().as_nanos() as f64 / (100.0 * f64::from(rounds));
+    ((target_ns as f64 / per_round).round() as u32).max(1)
+}
+
+fn main() {
+    let test = std::env::args().any(|a| a == "--test");
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    let batch_ns = env_u64("VALLUM_BENCH_BATCH_NS").unwrap_or(2000);
+    let cfg = Config {
+        commits: env_u64("VALLUM_BENCH_COMMITS")
+            .map_or(if test { 20 } else { 2000 }, |n| n as usize),
+        rounds: calibrate(batch_ns),
+        gap: Duration::from_micros(100),
+    };
+    let worker_counts = match env_u64("VALLUM_BENCH_WORKERS") {
+        Some(w) => vec![w as usize],
+        None => {
+            let mut v = vec![cpus.saturating_sub(1).max(1), cpus];
+            v.dedup();
+            v
+        }
+    };
+    println!(
+        "commit latency, us ({cpus} CPUs, batch ~{batch_ns} ns = {} rounds, {} commits, 100 us apart)",
+        cfg.rounds, cfg.commits
+    );
+    println!("| variant | workers | commits | p50 | p99 | p99.9 | max | mean | cores waited |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &w in &worker_counts {
+        for strategy in [BarrierStrategy::SeqCst, BarrierStrategy::Membarrier] {
+            let (samples, waited, label) = dataplane(strategy, w, &cfg);
+            row(&format!("dataplane/{label}"), w, samples, Some(waited));
+        }
+        row("rcu/arc-swap", w, arc_swap(w, &cfg), None);
+        row("rcu/epoch", w, epoch(w, &cfg), None);
+    }
+}
