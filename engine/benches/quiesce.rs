@@ -12,7 +12,8 @@
 //! Workers run batches back to back; each batch holds the snapshot for a fixed amount of work
 //! (~`VALLUM_BENCH_BATCH_NS`, default 2000 ns, calibrated at start). The committer commits
 //! `VALLUM_BENCH_COMMITS` times (default 2000; 20 with `--test`), sleeping 100 us between
-//! commits, and timing each commit with `Instant`. Percentiles are computed from all samples
+//! commits, and timing each commit with `Instant`. The variants take turns in
+//! `VALLUM_BENCH_ROUNDS` rounds (default 10) so that machine noise spreads over all of them. Percentiles are computed from all samples
 //! (criterion reports means only, so this bench has its own `main` and prints a Markdown table).
 //!
 //! Run: `cargo bench -p vallum-engine --bench quiesce` (smoke: `-- --test`).
@@ -63,6 +64,7 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+#[derive(Clone, Copy)]
 struct Config {
     commits: usize,
     rounds: u32,
@@ -245,15 +247,21 @@ fn row(variant: &str, workers: usize, mut samples: Vec<u64>, waited: Option<f64>
     );
 }
 
-/// Rounds of `work` that take about `target_ns`.
+/// Rounds of `work` that take about `target_ns` (the fastest of 50 tries, so that preemption
+/// by other processes during calibration does not shrink the batches).
 fn calibrate(target_ns: u64) -> u32 {
     let s = Snap::new(1);
-    let rounds = 64u32;
-    let t = Instant::now();
-    for _ in 0..100 {
-        black_box(work(&s, rounds));
-    }
-    let per_round = t.elapsed().as_nanos() as f64 / (100.0 * f64::from(rounds));
+    let rounds = 16u32;
+    let best = (0..50)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..10 {
+                black_box(work(&s, rounds));
+            }
+            t.elapsed().as_nanos() as f64
+        })
+        .fold(f64::INFINITY, f64::min);
+    let per_round = best / (10.0 * f64::from(rounds));
     ((target_ns as f64 / per_round).round() as u32).max(1)
 }
 
@@ -278,18 +286,40 @@ fn main() {
             v
         }
     };
+    let rounds =
+        env_u64("VALLUM_BENCH_ROUNDS").map_or(if test { 1 } else { 10 }, |r| r.max(1) as usize);
     println!(
-        "commit latency, us ({cpus} CPUs, batch ~{batch_ns} ns = {} rounds, {} commits, 100 us apart)",
+        "commit latency, us ({cpus} CPUs, batch ~{batch_ns} ns = {} rounds, {} commits in {rounds} rounds, 100 us apart)",
         cfg.rounds, cfg.commits
     );
     println!("| variant | workers | commits | p50 | p99 | p99.9 | max | mean | cores waited |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for &w in &worker_counts {
-        for strategy in [BarrierStrategy::SeqCst, BarrierStrategy::Membarrier] {
-            let (samples, waited, label) = dataplane(strategy, w, &cfg);
-            row(&format!("dataplane/{label}"), w, samples, Some(waited));
+        // Variants alternate in `rounds` rounds, so that a noisy phase of the machine (other
+        // processes) hits all of them alike instead of one whole variant.
+        let per_round = Config {
+            commits: cfg.commits.div_ceil(rounds).max(1),
+            ..cfg
+        };
+        let mut seq = (Vec::new(), 0.0, String::new());
+        let mut mb = (Vec::new(), 0.0, String::new());
+        let (mut arc, mut ep) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            for (acc, strategy) in [
+                (&mut seq, BarrierStrategy::SeqCst),
+                (&mut mb, BarrierStrategy::Membarrier),
+            ] {
+                let (samples, waited, label) = dataplane(strategy, w, &per_round);
+                acc.0.extend(samples);
+                acc.1 += waited / rounds as f64;
+                acc.2 = label;
+            }
+            arc.extend(arc_swap(w, &per_round));
+            ep.extend(epoch(w, &per_round));
         }
-        row("rcu/arc-swap", w, arc_swap(w, &cfg), None);
-        row("rcu/epoch", w, epoch(w, &cfg), None);
+        row(&format!("dataplane/{}", seq.2), w, seq.0, Some(seq.1));
+        row(&format!("dataplane/{}", mb.2), w, mb.0, Some(mb.1));
+        row("rcu/arc-swap", w, arc, None);
+        row("rcu/epoch", w, ep, None);
     }
 }
