@@ -71,15 +71,18 @@ struct Config {
     gap: Duration,
 }
 
-/// Spins or yields until `done`.
+/// Waits until `done` with the same backoff as `Dataplane::commit` (spin 1024, yield 16 times,
+/// then sleep 50 us per round), so that the baselines are compared fairly.
 fn wait_until(mut done: impl FnMut() -> bool) {
-    let mut spins = 0u32;
+    let mut rounds = 0u32;
     while !done() {
-        if spins < 1024 {
-            spins += 1;
+        rounds += 1;
+        if rounds <= 1024 {
             std::hint::spin_loop();
-        } else {
+        } else if rounds <= 1024 + 16 {
             thread::yield_now();
+        } else {
+            thread::sleep(Duration::from_micros(50));
         }
     }
 }

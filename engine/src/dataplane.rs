@@ -76,11 +76,13 @@
 //!
 //! The committer waits for the longest remaining batch among the cores that were mid-batch when it
 //! looked (batches are short: one burst of packets); idle cores cost nothing. It grows when such a
-//! worker is preempted mid-batch — most likely when every CPU is busy (workers = CPUs), where the
-//! committer itself competes for a CPU: after [`SPIN_LIMIT`](quiesce::SPIN_LIMIT) spins it
-//! yields so that a preempted worker on its CPU can finish. With the membarrier strategy the
-//! `publish_ns` phase also includes the syscall, which waits for IPIs to every CPU running one of
-//! our threads (a few microseconds, more in VMs).
+//! worker is preempted mid-batch: then the commit waits until the scheduler runs the worker
+//! again. That is most likely when every CPU is busy (workers = CPUs), where the committer itself
+//! takes a CPU a preempted worker could use: after 1024 spins it yields a few times and then
+//! sleeps 50 us per round to give its CPU away (see `quiesce::SLEEP_US`). Pinning workers to
+//! CPUs and leaving one CPU for the committer keeps commits in the microseconds. With the
+//! membarrier strategy the `publish_ns` phase also includes the syscall, which waits for IPIs to
+//! every CPU running one of our threads (~15-20 us measured in this VM, less on bare metal).
 
 mod barrier;
 mod histogram;
@@ -122,9 +124,10 @@ pub enum DataplaneError {
 /// What a commit cost. Times in nanoseconds from the dataplane's [`Clock`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuiesceReport {
-    /// Swap of the active pointer plus the writer barrier (for membarrier: the syscall), ns.
+    /// Swap of the active pointer, the writer barrier (for membarrier: the syscall) and one read
+    /// of every core's generation, ns.
     pub publish_ns: u64,
-    /// Reading every generation and waiting for the cores that were mid-batch, ns.
+    /// Waiting for the cores that were mid-batch to move on, ns.
     pub quiesce_ns: u64,
     /// Number of cores that were mid-batch (odd generation) after the barrier.
     pub cores_waited: usize,
@@ -321,9 +324,11 @@ impl<S> Dataplane<S> {
         let old = self.active.swap(Box::into_raw(new), Ordering::AcqRel);
         // Full barrier between the swap and the generation loads (Claim A in the module docs).
         barrier::writer_barrier(self.strategy);
+        let busy = quiesce::look(self.cores.iter().map(|c| &c.generation));
         let t1 = self.clock.now_ns();
-        let cores_waited = quiesce::quiesce(self.cores.iter().map(|c| &c.generation));
+        quiesce::wait_all(&busy);
         let t2 = self.clock.now_ns();
+        let cores_waited = busy.len();
         // SAFETY: `old` came from `Box::into_raw` (in `with_membarrier` or an earlier commit) and
         // was never null. The swap above removed it from `active` and, under the commit lock, we
         // are the only one who got it back. By Claims A and B (module docs) every core that loaded

@@ -3,30 +3,46 @@
 
 use crate::sync::{AtomicU64, Ordering, spin_loop, yield_now};
 
-/// Spins of `spin_loop` per core before the committer starts yielding its CPU. About 1-10 us on
-/// current x86-64 (a `pause` is 10-140 cycles): longer than a typical batch, short enough that a
-/// committer sharing a CPU with a preempted worker gives it the CPU soon.
+/// Spins of `spin_loop` per core before the committer starts yielding its CPU. About 10-50 us
+/// on current x86-64 (a `pause` is 10-140 cycles): longer than a typical batch.
 pub(crate) const SPIN_LIMIT: u32 = 1 << 10;
 
-/// Reads every generation once, then waits for each core that was inside a batch (odd) to move
-/// on; returns how many cores were waited for. Idle cores (even) never delay a commit.
+/// `yield_now` calls after the spins before the committer sleeps instead.
+pub(crate) const YIELD_LIMIT: u32 = 16;
+
+/// How long the committer sleeps per round once spinning and yielding did not help, in us.
+///
+/// A worker still odd after that long is almost surely preempted, waiting for a CPU. When every
+/// CPU is busy, `sched_yield` does not reliably hand ours to it (EEVDF may pick the yielder
+/// again), and the committer would hold the CPU until the next scheduler tick (~4 ms, seen in
+/// `benches/quiesce.rs` with workers = CPUs); sleeping gives the CPU away (median commit with
+/// workers = CPUs on 2 CPUs fell from ~7 ms to ~0.2 ms).
+pub(crate) const SLEEP_US: u64 = 50;
+
+/// Reads every generation once and returns the cores inside a batch (odd), with the value seen.
 ///
 /// Must run after the writer barrier (see `crate::dataplane`). The generations are all read
-/// first and only then waited on, so a core that starts a new batch meanwhile (which loaded the
-/// new pointer) does not make us wait for it.
-pub(crate) fn quiesce<'a>(generations: impl IntoIterator<Item = &'a AtomicU64>) -> usize {
-    let busy: Vec<(&AtomicU64, u64)> = generations
+/// first and only then waited on (in [`wait_all`]), so a core that starts a new batch meanwhile
+/// (which loaded the new pointer) does not make us wait for it.
+pub(crate) fn look<'a>(
+    generations: impl IntoIterator<Item = &'a AtomicU64>,
+) -> Vec<(&'a AtomicU64, u64)> {
+    generations
         .into_iter()
         // Acquire: when the value read is a core's end-of-batch (even) store, the core's reads of
         // the snapshot it used in that batch happen-before everything we do next. Odd values are
         // handled by `wait_moved`.
         .map(|g| (g, g.load(Ordering::Acquire)))
         .filter(|(_, v)| v % 2 == 1)
-        .collect();
-    for &(g, seen) in &busy {
+        .collect()
+}
+
+/// Waits for each core [`look`] found busy to move on. Idle cores were never in the list, so
+/// they never delay a commit.
+pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)]) {
+    for &(g, seen) in busy {
         wait_moved(g, seen);
     }
-    busy.len()
 }
 
 /// Waits until `generation` differs from `seen` (an odd value read after the barrier).
@@ -38,15 +54,19 @@ pub(crate) fn quiesce<'a>(generations: impl IntoIterator<Item = &'a AtomicU64>) 
 /// happen-before our return (and so before the caller frees it). We do not wait for the value to
 /// become even: a core that is odd again is in a new batch, which loaded the new pointer.
 pub(crate) fn wait_moved(generation: &AtomicU64, seen: u64) {
-    let mut spins = 0u32;
+    let mut rounds = 0u32;
     // Acquire: see above; pairs with the worker's Release generation stores.
     while generation.load(Ordering::Acquire) == seen {
-        if spins < SPIN_LIMIT {
-            spins += 1;
+        rounds = rounds.saturating_add(1);
+        if rounds <= SPIN_LIMIT {
             spin_loop();
-        } else {
-            // The worker is probably preempted (or its batch is long); give it our CPU.
+        } else if rounds <= SPIN_LIMIT + YIELD_LIMIT || cfg!(loom) {
+            // The worker is probably preempted (or its batch is long); offer it our CPU.
             yield_now();
+        } else {
+            // Not a clock read: the engine still takes no time from the OS, it only blocks.
+            #[cfg(not(loom))]
+            std::thread::sleep(std::time::Duration::from_micros(SLEEP_US));
         }
     }
 }
