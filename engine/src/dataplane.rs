@@ -473,6 +473,10 @@ impl<S> Worker<'_, S> {
     /// packets with [`CoreBatch::add_packets`].
     ///
     /// If `f` panics the core is still marked idle, so commits do not wait for it forever.
+    ///
+    /// Do not call [`Dataplane::commit`] from inside `f` (on any dataplane this worker's core
+    /// belongs to): the commit would wait for this very batch to end and never return.
+    /// [`Dataplane::with_active`] is fine.
     #[inline]
     pub fn batch<R>(&mut self, f: impl FnOnce(&S, &CoreBatch) -> R) -> R {
         if self.batches & (SAMPLE_EVERY - 1) == 0 {
