@@ -71,16 +71,14 @@ struct Config {
     gap: Duration,
 }
 
-/// Waits until `done` with the same backoff as `Dataplane::commit` (spin 1024, yield 16 times,
-/// then sleep 50 us per round), so that the baselines are compared fairly.
+/// Waits until `done` with the same backoff as `Dataplane::commit` (spin 1024 times, then sleep
+/// 50 us per round), so that the baselines are compared fairly.
 fn wait_until(mut done: impl FnMut() -> bool) {
-    let mut rounds = 0u32;
+    let mut spins = 0u32;
     while !done() {
-        rounds += 1;
-        if rounds <= 1024 {
+        if spins < 1024 {
+            spins += 1;
             std::hint::spin_loop();
-        } else if rounds <= 1024 + 16 {
-            thread::yield_now();
         } else {
             thread::sleep(Duration::from_micros(50));
         }

@@ -78,8 +78,8 @@
 //! looked (batches are short: one burst of packets); idle cores cost nothing. It grows when such a
 //! worker is preempted mid-batch: then the commit waits until the scheduler runs the worker
 //! again. That is most likely when every CPU is busy (workers = CPUs), where the committer itself
-//! takes a CPU a preempted worker could use: after 1024 spins it yields a few times and then
-//! sleeps 50 us per round to give its CPU away (see `quiesce::SLEEP_US`). Pinning workers to
+//! takes a CPU a preempted worker could use: after 1024 spins it sleeps 50 us per round to give
+//! its CPU away (see `quiesce::SLEEP_US` for why not `yield_now`). Pinning workers to
 //! CPUs and leaving one CPU for the committer keeps commits in the microseconds. With the
 //! membarrier strategy the `publish_ns` phase also includes the syscall, which waits for IPIs to
 //! every CPU running one of our threads (~15-20 us measured in this VM, less on bare metal).

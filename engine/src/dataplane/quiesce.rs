@@ -1,22 +1,20 @@
 //! Waiting for cores: after the new snapshot is published and the barrier ran, every core that was
 //! inside a batch (odd generation) must pass a quiescent point before the old snapshot may go.
 
-use crate::sync::{AtomicU64, Ordering, spin_loop, yield_now};
+use crate::sync::{AtomicU64, Ordering, spin_loop};
 
-/// Spins of `spin_loop` per core before the committer starts yielding its CPU. About 10-50 us
-/// on current x86-64 (a `pause` is 10-140 cycles): longer than a typical batch.
+/// Spins of `spin_loop` per core before the committer starts sleeping. About 10-50 us on
+/// current x86-64 (a `pause` is 10-140 cycles): longer than a typical batch.
 pub(crate) const SPIN_LIMIT: u32 = 1 << 10;
 
-/// `yield_now` calls after the spins before the committer sleeps instead.
-pub(crate) const YIELD_LIMIT: u32 = 16;
-
-/// How long the committer sleeps per round once spinning and yielding did not help, in us.
+/// How long the committer sleeps per round once spinning did not help, in us.
 ///
-/// A worker still odd after that long is almost surely preempted, waiting for a CPU. When every
-/// CPU is busy, `sched_yield` does not reliably hand ours to it (EEVDF may pick the yielder
-/// again), and the committer would hold the CPU until the next scheduler tick (~4 ms, seen in
-/// `benches/quiesce.rs` with workers = CPUs); sleeping gives the CPU away (median commit with
-/// workers = CPUs on 2 CPUs fell from ~7 ms to ~0.2 ms).
+/// A worker still odd after the spins is almost surely preempted, waiting for a CPU. The
+/// committer then sleeps rather than calling `sched_yield`: when every CPU is busy, yielding does
+/// not reliably hand the CPU to the preempted worker (EEVDF may pick another task, or the yielder
+/// again), and in `benches/quiesce.rs` with workers = CPUs on a loaded 2-CPU VM, 16 yields before
+/// sleeping gave a median commit of ~12-14 ms against ~0.15 ms for spinning then sleeping, in
+/// the same run. Under loom (no sleeping) it yields to the model's scheduler instead.
 pub(crate) const SLEEP_US: u64 = 50;
 
 /// Reads every generation once and returns the cores inside a batch (odd), with the value seen.
@@ -54,19 +52,19 @@ pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)]) {
 /// happen-before our return (and so before the caller frees it). We do not wait for the value to
 /// become even: a core that is odd again is in a new batch, which loaded the new pointer.
 pub(crate) fn wait_moved(generation: &AtomicU64, seen: u64) {
-    let mut rounds = 0u32;
+    let mut spins = 0u32;
     // Acquire: see above; pairs with the worker's Release generation stores.
     while generation.load(Ordering::Acquire) == seen {
-        rounds = rounds.saturating_add(1);
-        if rounds <= SPIN_LIMIT {
+        if spins < SPIN_LIMIT {
+            spins += 1;
             spin_loop();
-        } else if rounds <= SPIN_LIMIT + YIELD_LIMIT || cfg!(loom) {
-            // The worker is probably preempted (or its batch is long); offer it our CPU.
-            yield_now();
         } else {
-            // Not a clock read: the engine still takes no time from the OS, it only blocks.
+            // The worker is probably preempted (or its batch is long): give our CPU away. Not a
+            // clock read; the engine still takes no time from the OS, it only blocks.
             #[cfg(not(loom))]
             std::thread::sleep(std::time::Duration::from_micros(SLEEP_US));
+            #[cfg(loom)]
+            crate::sync::yield_now();
         }
     }
 }
