@@ -15,6 +15,7 @@ pub(crate) const SPIN_LIMIT: u32 = 1 << 10;
 /// again), and in `benches/quiesce.rs` with workers = CPUs on a loaded 2-CPU VM, 16 yields before
 /// sleeping gave a median commit of ~12-14 ms against ~0.15 ms for spinning then sleeping, in
 /// the same run. Under loom (no sleeping) it yields to the model's scheduler instead.
+#[cfg_attr(loom, allow(dead_code))] // loom yields instead of sleeping
 pub(crate) const SLEEP_US: u64 = 50;
 
 /// Reads every generation once and returns the cores inside a batch (odd), with the value seen.
