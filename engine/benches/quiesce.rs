@@ -13,8 +13,11 @@
 //! (~`VALLUM_BENCH_BATCH_NS`, default 2000 ns, calibrated at start). The committer commits
 //! `VALLUM_BENCH_COMMITS` times (default 2000; 20 with `--test`), sleeping 100 us between
 //! commits, and timing each commit with `Instant`. The variants take turns in
-//! `VALLUM_BENCH_ROUNDS` rounds (default 10) so that machine noise spreads over all of them. Percentiles are computed from all samples
-//! (criterion reports means only, so this bench has its own `main` and prints a Markdown table).
+//! `VALLUM_BENCH_ROUNDS` rounds (default 10) so that machine noise spreads over all of them.
+//! All waits, the baselines' too, use the same `Backoff` (default: spin 1024, yield once, then
+//! sleep 20 us; override with `VALLUM_BENCH_BACKOFF=spins,yields,sleep_us`). Percentiles are
+//! computed from all samples (criterion reports means only, so this bench has its own `main` and
+//! prints a Markdown table).
 //!
 //! Run: `cargo bench -p vallum-engine --bench quiesce` (smoke: `-- --test`).
 
@@ -27,7 +30,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use crossbeam_epoch as epoch;
 use vallum_engine::Clock;
-use vallum_engine::dataplane::{BarrierStrategy, Dataplane};
+use vallum_engine::dataplane::{Backoff, BarrierStrategy, Dataplane};
 
 struct Snap {
     data: Vec<u64>,
@@ -66,33 +69,38 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[derive(Clone, Copy)]
 struct Config {
+    backoff: Backoff,
     commits: usize,
     rounds: u32,
     gap: Duration,
 }
 
-/// Waits until `done` with the same backoff as `Dataplane::commit` (spin 1024 times, then sleep
-/// 50 us per round), so that the baselines are compared fairly.
-fn wait_until(mut done: impl FnMut() -> bool) {
-    let mut spins = 0u32;
+/// Waits until `done` with the same backoff as `Dataplane::commit` (see `Backoff`), so that the
+/// baselines are compared fairly.
+fn wait_until(backoff: &Backoff, mut done: impl FnMut() -> bool) {
+    let mut rounds = 0u64;
+    let spins = u64::from(backoff.spins);
     while !done() {
-        if spins < 1024 {
-            spins += 1;
+        rounds += 1;
+        if rounds <= spins {
             std::hint::spin_loop();
+        } else if rounds <= spins + u64::from(backoff.yields) {
+            thread::yield_now();
         } else {
-            thread::sleep(Duration::from_micros(50));
+            thread::sleep(Duration::from_micros(backoff.sleep_us));
         }
     }
 }
 
 /// Dataplane commits; returns (latency samples in ns, mean cores waited, effective strategy).
 fn dataplane(strategy: BarrierStrategy, workers: usize, cfg: &Config) -> (Vec<u64>, f64, String) {
-    let dp = Dataplane::new(
+    let mut dp = Dataplane::new(
         Snap::new(0),
         workers,
         strategy,
         Arc::new(MonoClock(Instant::now())),
     );
+    dp.set_backoff(cfg.backoff);
     let label = match dp.fallback_reason() {
         None => dp.barrier().to_string(),
         Some(why) => format!("{} (fallback: {why})", dp.barrier()),
@@ -113,7 +121,7 @@ fn dataplane(strategy: BarrierStrategy, workers: usize, cfg: &Config) -> (Vec<u6
                 }
             });
         }
-        wait_until(|| !dp.batches().contains(&0));
+        wait_until(&cfg.backoff, || !dp.batches().contains(&0));
         for i in 0..cfg.commits {
             let new = Box::new(Snap::new(i as u64));
             let t = Instant::now();
@@ -146,7 +154,7 @@ fn arc_swap(workers: usize, cfg: &Config) -> Vec<u64> {
             let new = Arc::new(Snap::new(i as u64));
             let t = Instant::now();
             let old = swap.swap(new);
-            wait_until(|| Arc::strong_count(&old) == 1);
+            wait_until(&cfg.backoff, || Arc::strong_count(&old) == 1);
             samples.push(t.elapsed().as_nanos() as u64);
             drop(old);
             thread::sleep(cfg.gap);
@@ -208,7 +216,7 @@ fn epoch(workers: usize, cfg: &Config) -> Vec<u64> {
                 unsafe { guard.defer_destroy(old) };
                 guard.flush();
             }
-            wait_until(|| {
+            wait_until(&cfg.backoff, || {
                 epoch::pin().flush();
                 current_freed.load(Ordering::Acquire)
             });
@@ -273,7 +281,20 @@ fn main() {
     }
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
     let batch_ns = env_u64("VALLUM_BENCH_BATCH_NS").unwrap_or(2000);
+    // VALLUM_BENCH_BACKOFF="spins,yields,sleep_us" overrides the default backoff.
+    let backoff = std::env::var("VALLUM_BENCH_BACKOFF")
+        .ok()
+        .and_then(|v| {
+            let p: Vec<u64> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            (p.len() == 3).then(|| Backoff {
+                spins: p[0] as u32,
+                yields: p[1] as u32,
+                sleep_us: p[2],
+            })
+        })
+        .unwrap_or_default();
     let cfg = Config {
+        backoff,
         commits: env_u64("VALLUM_BENCH_COMMITS")
             .map_or(if test { 20 } else { 2000 }, |n| n as usize),
         rounds: calibrate(batch_ns),
@@ -293,6 +314,7 @@ fn main() {
         "commit latency, us ({cpus} CPUs, batch ~{batch_ns} ns = {} rounds, {} commits in {rounds} rounds, 100 us apart)",
         cfg.rounds, cfg.commits
     );
+    println!("backoff: {backoff:?}");
     println!("| variant | workers | commits | p50 | p99 | p99.9 | max | mean | cores waited |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for &w in &worker_counts {

@@ -78,8 +78,8 @@
 //! looked (batches are short: one burst of packets); idle cores cost nothing. It grows when such a
 //! worker is preempted mid-batch: then the commit waits until the scheduler runs the worker
 //! again. That is most likely when every CPU is busy (workers = CPUs), where the committer itself
-//! takes a CPU a preempted worker could use: after 1024 spins it sleeps 50 us per round to give
-//! its CPU away (see `quiesce::SLEEP_US` for why not `yield_now`). Pinning workers to
+//! takes a CPU a preempted worker could use: after spinning it yields once, then sleeps in short
+//! rounds to give its CPU away (see [`Backoff`], tunable with [`Dataplane::set_backoff`]). Pinning workers to
 //! CPUs and leaving one CPU for the committer keeps commits in the microseconds. With the
 //! membarrier strategy the `publish_ns` phase also includes the syscall, which waits for IPIs to
 //! every CPU running one of our threads (~15-20 us measured in this VM, less on bare metal).
@@ -94,6 +94,7 @@ use std::sync::Arc;
 
 pub use barrier::{BarrierError, BarrierStrategy};
 pub use histogram::Histogram;
+pub use quiesce::Backoff;
 
 use crate::Clock;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, Ordering, stat};
@@ -189,6 +190,8 @@ pub struct Dataplane<S> {
     fallback: Option<(BarrierError, String)>,
     /// One committer at a time; also keeps the active snapshot alive for `with_active`.
     commit_lock: Mutex<()>,
+    /// How commits wait for busy cores.
+    backoff: Backoff,
     clock: Arc<dyn Clock>,
     /// Owns an `S` (dropck), and opts out of the auto `Send`/`Sync` that `AtomicPtr` would give
     /// for every `S`; see the impls below.
@@ -264,9 +267,20 @@ impl<S> Dataplane<S> {
             requested,
             fallback,
             commit_lock: Mutex::new(()),
+            backoff: Backoff::default(),
             clock,
             _owns: PhantomData,
         }
+    }
+
+    /// Sets how commits wait for cores that are inside a batch (before sharing the dataplane).
+    pub fn set_backoff(&mut self, backoff: Backoff) {
+        self.backoff = backoff;
+    }
+
+    /// How commits wait for cores that are inside a batch.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
     }
 
     /// Claims core `core` for the calling worker; released when the [`Worker`] is dropped.
@@ -326,7 +340,7 @@ impl<S> Dataplane<S> {
         barrier::writer_barrier(self.strategy);
         let busy = quiesce::look(self.cores.iter().map(|c| &c.generation));
         let t1 = self.clock.now_ns();
-        quiesce::wait_all(&busy);
+        quiesce::wait_all(&busy, &self.backoff);
         let t2 = self.clock.now_ns();
         let cores_waited = busy.len();
         // SAFETY: `old` came from `Box::into_raw` (in `with_membarrier` or an earlier commit) and

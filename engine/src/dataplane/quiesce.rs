@@ -1,22 +1,40 @@
 //! Waiting for cores: after the new snapshot is published and the barrier ran, every core that was
 //! inside a batch (odd generation) must pass a quiescent point before the old snapshot may go.
 
-use crate::sync::{AtomicU64, Ordering, spin_loop};
+use crate::sync::{AtomicU64, Ordering, spin_loop, yield_now};
 
-/// Spins of `spin_loop` per core before the committer starts sleeping. About 10-50 us on
-/// current x86-64 (a `pause` is 10-140 cycles): longer than a typical batch.
-pub(crate) const SPIN_LIMIT: u32 = 1 << 10;
-
-/// How long the committer sleeps per round once spinning did not help, in us.
+/// How the committer waits for a core that is still inside a batch: spin, then yield, then
+/// sleep. Set it with `Dataplane::set_backoff`.
 ///
-/// A worker still odd after the spins is almost surely preempted, waiting for a CPU. The
-/// committer then sleeps rather than calling `sched_yield`: when every CPU is busy, yielding does
-/// not reliably hand the CPU to the preempted worker (EEVDF may pick another task, or the yielder
-/// again), and in `benches/quiesce.rs` with workers = CPUs on a loaded 2-CPU VM, 16 yields before
-/// sleeping gave a median commit of ~12-14 ms against ~0.15 ms for spinning then sleeping, in
-/// the same run. Under loom (no sleeping) it yields to the model's scheduler instead.
-#[cfg_attr(loom, allow(dead_code))] // loom yields instead of sleeping
-pub(crate) const SLEEP_US: u64 = 50;
+/// A worker still odd after the spins is probably preempted, waiting for a CPU. Yielding helps
+/// when the committer itself displaced it and nothing else is runnable there (the worker runs at
+/// once), but under foreign load `sched_yield` may hand the CPU to another task for a whole slice
+/// (EEVDF), and in `benches/quiesce.rs` with workers = CPUs on a loaded 2-CPU VM, 16 yields
+/// before sleeping gave a median commit of ~12-14 ms against ~0.15 ms for spin-then-sleep in the
+/// same run; with a CPU free for the committer, spin-then-yield gave ~3-20 us medians against
+/// ~130 us for spin-then-sleep. Hence the default: spin, one yield, then short sleeps. Under loom
+/// sleeping is replaced by yielding to the model's scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// `spin_loop` rounds per core before yielding (default 1024: about 10-50 us on current
+    /// x86-64, longer than a typical batch).
+    pub spins: u32,
+    /// `yield_now` rounds after the spins before sleeping (default 1).
+    pub yields: u32,
+    /// Sleep per round after that, in microseconds (default 20; Linux adds its timer slack,
+    /// 50 us by default, to each sleep).
+    pub sleep_us: u64,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff {
+            spins: 1 << 10,
+            yields: 1,
+            sleep_us: 20,
+        }
+    }
+}
 
 /// Reads every generation once and returns the cores inside a batch (odd), with the value seen.
 ///
@@ -38,9 +56,9 @@ pub(crate) fn look<'a>(
 
 /// Waits for each core [`look`] found busy to move on. Idle cores were never in the list, so
 /// they never delay a commit.
-pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)]) {
+pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)], backoff: &Backoff) {
     for &(g, seen) in busy {
-        wait_moved(g, seen);
+        wait_moved(g, seen, backoff);
     }
 }
 
@@ -52,20 +70,22 @@ pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)]) {
 /// a store sequenced after the end of that batch: the core's reads of the old snapshot
 /// happen-before our return (and so before the caller frees it). We do not wait for the value to
 /// become even: a core that is odd again is in a new batch, which loaded the new pointer.
-pub(crate) fn wait_moved(generation: &AtomicU64, seen: u64) {
-    let mut spins = 0u32;
+pub(crate) fn wait_moved(generation: &AtomicU64, seen: u64, backoff: &Backoff) {
+    let mut rounds = 0u64;
+    let yield_until = u64::from(backoff.spins) + u64::from(backoff.yields);
     // Acquire: see above; pairs with the worker's Release generation stores.
     while generation.load(Ordering::Acquire) == seen {
-        if spins < SPIN_LIMIT {
-            spins += 1;
+        rounds += 1;
+        if rounds <= u64::from(backoff.spins) {
             spin_loop();
+        } else if rounds <= yield_until || cfg!(loom) {
+            // Offer our CPU, in case we displaced the worker.
+            yield_now();
         } else {
-            // The worker is probably preempted (or its batch is long): give our CPU away. Not a
-            // clock read; the engine still takes no time from the OS, it only blocks.
+            // Give the CPU away for a while. Not a clock read; the engine still takes no time
+            // from the OS, it only blocks.
             #[cfg(not(loom))]
-            std::thread::sleep(std::time::Duration::from_micros(SLEEP_US));
-            #[cfg(loom)]
-            crate::sync::yield_now();
+            std::thread::sleep(std::time::Duration::from_micros(backoff.sleep_us));
         }
     }
 }
