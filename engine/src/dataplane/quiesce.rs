@@ -6,14 +6,21 @@ use crate::sync::{AtomicU64, Ordering, spin_loop, yield_now};
 /// How the committer waits for a core that is still inside a batch: spin, then yield, then
 /// sleep. Set it with `Dataplane::set_backoff`.
 ///
-/// A worker still odd after the spins is probably preempted, waiting for a CPU. Yielding helps
-/// when the committer itself displaced it and nothing else is runnable there (the worker runs at
-/// once), but under foreign load `sched_yield` may hand the CPU to another task for a whole slice
-/// (EEVDF), and in `benches/quiesce.rs` with workers = CPUs on a loaded 2-CPU VM, 16 yields
-/// before sleeping gave a median commit of ~12-14 ms against ~0.15 ms for spin-then-sleep in the
-/// same run; with a CPU free for the committer, spin-then-yield gave ~3-20 us medians against
-/// ~130 us for spin-then-sleep. Hence the default: spin, one yield, then short sleeps. Under loom
-/// sleeping is replaced by yielding to the model's scheduler.
+/// A worker still odd after the spins is probably preempted, waiting for a CPU — often by the
+/// committer itself, which woke up on the worker's CPU. Yielding then gives it back at once; but
+/// under foreign load `sched_yield` may hand the CPU to another task for a whole slice (EEVDF),
+/// where sleeping is better. Measured with `benches/quiesce.rs` on a 2-CPU VM loaded by other
+/// processes (median commit, 2 us batches):
+///
+/// | workers | spin, yield once, sleep 20 us | spin, sleep 20 us | spin, yield 16x, sleep 50 us |
+/// |---|---|---|---|
+/// | CPUs - 1 | 2.2 us | 103 us | — |
+/// | CPUs | 3.8 ms | 0.29 ms | ~12 ms |
+///
+/// The default yields once, for the recommended deployment that leaves a CPU to the committer;
+/// with a worker on every CPU and other load on the machine, set `yields: 0`. Tails (p99) were
+/// in the milliseconds in every setting on that machine (workers preempted by foreign load).
+/// Under loom, sleeping is replaced by yielding to the model's scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     /// `spin_loop` rounds per core before yielding (default 1024: about 10-50 us on current
