@@ -23,7 +23,7 @@ use crate::sync::{AtomicU64, Ordering, spin_loop, yield_now};
 /// Under loom, sleeping is replaced by yielding to the model's scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
-    /// `spin_loop` rounds per core before yielding (default 1024: about 10-50 us on current
+    /// `spin_loop` rounds per core before yielding (default 1024: about 3-50 us on current
     /// x86-64, longer than a typical batch).
     pub spins: u32,
     /// `yield_now` rounds after the spins before sleeping (default 1).
