@@ -76,11 +76,13 @@
 //!
 //! The committer waits for the longest remaining batch among the cores that were mid-batch when it
 //! looked (batches are short: one burst of packets); idle cores cost nothing. It grows when such a
-//! worker is preempted mid-batch — most likely when every CPU is busy (workers = CPUs), where the
-//! committer itself competes for a CPU: after [`SPIN_LIMIT`](quiesce::SPIN_LIMIT) spins it
-//! yields so that a preempted worker on its CPU can finish. With the membarrier strategy the
-//! `publish_ns` phase also includes the syscall, which waits for IPIs to every CPU running one of
-//! our threads (a few microseconds, more in VMs).
+//! worker is preempted mid-batch: then the commit waits until the scheduler runs the worker
+//! again. That is most likely when every CPU is busy (workers = CPUs), where the committer itself
+//! takes a CPU a preempted worker could use: after spinning it yields once, then sleeps in short
+//! rounds to give its CPU away (see [`Backoff`], tunable with [`Dataplane::set_backoff`]). Pinning workers to
+//! CPUs and leaving one CPU for the committer keeps commits in the microseconds. With the
+//! membarrier strategy the `publish_ns` phase also includes the syscall, which waits for IPIs to
+//! every CPU running one of our threads (~15-20 us measured in this VM, less on bare metal).
 
 mod barrier;
 mod histogram;
@@ -92,6 +94,7 @@ use std::sync::Arc;
 
 pub use barrier::{BarrierError, BarrierStrategy};
 pub use histogram::Histogram;
+pub use quiesce::Backoff;
 
 use crate::Clock;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, Ordering, stat};
@@ -122,9 +125,10 @@ pub enum DataplaneError {
 /// What a commit cost. Times in nanoseconds from the dataplane's [`Clock`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuiesceReport {
-    /// Swap of the active pointer plus the writer barrier (for membarrier: the syscall), ns.
+    /// Swap of the active pointer, the writer barrier (for membarrier: the syscall) and one read
+    /// of every core's generation, ns.
     pub publish_ns: u64,
-    /// Reading every generation and waiting for the cores that were mid-batch, ns.
+    /// Waiting for the cores that were mid-batch to move on, ns.
     pub quiesce_ns: u64,
     /// Number of cores that were mid-batch (odd generation) after the barrier.
     pub cores_waited: usize,
@@ -186,6 +190,8 @@ pub struct Dataplane<S> {
     fallback: Option<(BarrierError, String)>,
     /// One committer at a time; also keeps the active snapshot alive for `with_active`.
     commit_lock: Mutex<()>,
+    /// How commits wait for busy cores.
+    backoff: Backoff,
     clock: Arc<dyn Clock>,
     /// Owns an `S` (dropck), and opts out of the auto `Send`/`Sync` that `AtomicPtr` would give
     /// for every `S`; see the impls below.
@@ -261,9 +267,20 @@ impl<S> Dataplane<S> {
             requested,
             fallback,
             commit_lock: Mutex::new(()),
+            backoff: Backoff::default(),
             clock,
             _owns: PhantomData,
         }
+    }
+
+    /// Sets how commits wait for cores that are inside a batch (before sharing the dataplane).
+    pub fn set_backoff(&mut self, backoff: Backoff) {
+        self.backoff = backoff;
+    }
+
+    /// How commits wait for cores that are inside a batch.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
     }
 
     /// Claims core `core` for the calling worker; released when the [`Worker`] is dropped.
@@ -321,9 +338,11 @@ impl<S> Dataplane<S> {
         let old = self.active.swap(Box::into_raw(new), Ordering::AcqRel);
         // Full barrier between the swap and the generation loads (Claim A in the module docs).
         barrier::writer_barrier(self.strategy);
+        let busy = quiesce::look(self.cores.iter().map(|c| &c.generation));
         let t1 = self.clock.now_ns();
-        let cores_waited = quiesce::quiesce(self.cores.iter().map(|c| &c.generation));
+        quiesce::wait_all(&busy, &self.backoff);
         let t2 = self.clock.now_ns();
+        let cores_waited = busy.len();
         // SAFETY: `old` came from `Box::into_raw` (in `with_membarrier` or an earlier commit) and
         // was never null. The swap above removed it from `active` and, under the commit lock, we
         // are the only one who got it back. By Claims A and B (module docs) every core that loaded
@@ -468,6 +487,10 @@ impl<S> Worker<'_, S> {
     /// packets with [`CoreBatch::add_packets`].
     ///
     /// If `f` panics the core is still marked idle, so commits do not wait for it forever.
+    ///
+    /// Do not call [`Dataplane::commit`] from inside `f` (on any dataplane this worker's core
+    /// belongs to): the commit would wait for this very batch to end and never return.
+    /// [`Dataplane::with_active`] is fine.
     #[inline]
     pub fn batch<R>(&mut self, f: impl FnOnce(&S, &CoreBatch) -> R) -> R {
         if self.batches & (SAMPLE_EVERY - 1) == 0 {

@@ -64,7 +64,7 @@ pub(crate) mod cmd {
 }
 
 /// Issues `membarrier(cmd, flags = 0, cpu_id = 0)`; returns the syscall's non-negative result.
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 pub(crate) fn membarrier_syscall(cmd: i32) -> std::io::Result<i64> {
     // SAFETY: membarrier takes three integer arguments and touches no memory of ours; any
     // command value is safe to pass (unknown ones fail with EINVAL).
@@ -83,8 +83,8 @@ pub(crate) fn membarrier_syscall(cmd: i32) -> std::io::Result<i64> {
     }
 }
 
-/// Not Linux: membarrier does not exist.
-#[cfg(not(target_os = "linux"))]
+/// Not Linux (or under miri, which has no membarrier): the syscall does not exist.
+#[cfg(any(not(target_os = "linux"), miri))]
 pub(crate) fn membarrier_syscall(_cmd: i32) -> std::io::Result<i64> {
     Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
 }

@@ -3,30 +3,70 @@
 
 use crate::sync::{AtomicU64, Ordering, spin_loop, yield_now};
 
-/// Spins of `spin_loop` per core before the committer starts yielding its CPU. About 1-10 us on
-/// current x86-64 (a `pause` is 10-140 cycles): longer than a typical batch, short enough that a
-/// committer sharing a CPU with a preempted worker gives it the CPU soon.
-pub(crate) const SPIN_LIMIT: u32 = 1 << 10;
+/// How the committer waits for a core that is still inside a batch: spin, then yield, then
+/// sleep. Set it with `Dataplane::set_backoff`.
+///
+/// A worker still odd after the spins is probably preempted, waiting for a CPU — often by the
+/// committer itself, which woke up on the worker's CPU. Yielding then gives it back at once; but
+/// under foreign load `sched_yield` may hand the CPU to another task for a whole slice (EEVDF),
+/// where sleeping is better. Measured with `benches/quiesce.rs` on a 2-CPU VM loaded by other
+/// processes (median commit, 2 us batches):
+///
+/// | workers | spin, yield once, sleep 20 us | spin, sleep 20 us | spin, yield 16x, sleep 50 us |
+/// |---|---|---|---|
+/// | CPUs - 1 | 2.2 us | 103 us | — |
+/// | CPUs | 3.8 ms | 0.29 ms | ~12 ms |
+///
+/// The default yields once, for the recommended deployment that leaves a CPU to the committer;
+/// with a worker on every CPU and other load on the machine, set `yields: 0`. Tails (p99) were
+/// in the milliseconds in every setting on that machine (workers preempted by foreign load).
+/// Under loom, sleeping is replaced by yielding to the model's scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// `spin_loop` rounds per core before yielding (default 1024: about 3-50 us on current
+    /// x86-64, longer than a typical batch).
+    pub spins: u32,
+    /// `yield_now` rounds after the spins before sleeping (default 1).
+    pub yields: u32,
+    /// Sleep per round after that, in microseconds (default 20; Linux adds its timer slack,
+    /// 50 us by default, to each sleep).
+    pub sleep_us: u64,
+}
 
-/// Reads every generation once, then waits for each core that was inside a batch (odd) to move
-/// on; returns how many cores were waited for. Idle cores (even) never delay a commit.
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff {
+            spins: 1 << 10,
+            yields: 1,
+            sleep_us: 20,
+        }
+    }
+}
+
+/// Reads every generation once and returns the cores inside a batch (odd), with the value seen.
 ///
 /// Must run after the writer barrier (see `crate::dataplane`). The generations are all read
-/// first and only then waited on, so a core that starts a new batch meanwhile (which loaded the
-/// new pointer) does not make us wait for it.
-pub(crate) fn quiesce<'a>(generations: impl IntoIterator<Item = &'a AtomicU64>) -> usize {
-    let busy: Vec<(&AtomicU64, u64)> = generations
+/// first and only then waited on (in [`wait_all`]), so a core that starts a new batch meanwhile
+/// (which loaded the new pointer) does not make us wait for it.
+pub(crate) fn look<'a>(
+    generations: impl IntoIterator<Item = &'a AtomicU64>,
+) -> Vec<(&'a AtomicU64, u64)> {
+    generations
         .into_iter()
         // Acquire: when the value read is a core's end-of-batch (even) store, the core's reads of
         // the snapshot it used in that batch happen-before everything we do next. Odd values are
         // handled by `wait_moved`.
         .map(|g| (g, g.load(Ordering::Acquire)))
         .filter(|(_, v)| v % 2 == 1)
-        .collect();
-    for &(g, seen) in &busy {
-        wait_moved(g, seen);
+        .collect()
+}
+
+/// Waits for each core [`look`] found busy to move on. Idle cores were never in the list, so
+/// they never delay a commit.
+pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)], backoff: &Backoff) {
+    for &(g, seen) in busy {
+        wait_moved(g, seen, backoff);
     }
-    busy.len()
 }
 
 /// Waits until `generation` differs from `seen` (an odd value read after the barrier).
@@ -37,16 +77,22 @@ pub(crate) fn quiesce<'a>(generations: impl IntoIterator<Item = &'a AtomicU64>) 
 /// a store sequenced after the end of that batch: the core's reads of the old snapshot
 /// happen-before our return (and so before the caller frees it). We do not wait for the value to
 /// become even: a core that is odd again is in a new batch, which loaded the new pointer.
-pub(crate) fn wait_moved(generation: &AtomicU64, seen: u64) {
-    let mut spins = 0u32;
+pub(crate) fn wait_moved(generation: &AtomicU64, seen: u64, backoff: &Backoff) {
+    let mut rounds = 0u64;
+    let yield_until = u64::from(backoff.spins) + u64::from(backoff.yields);
     // Acquire: see above; pairs with the worker's Release generation stores.
     while generation.load(Ordering::Acquire) == seen {
-        if spins < SPIN_LIMIT {
-            spins += 1;
+        rounds += 1;
+        if rounds <= u64::from(backoff.spins) {
             spin_loop();
-        } else {
-            // The worker is probably preempted (or its batch is long); give it our CPU.
+        } else if rounds <= yield_until || cfg!(loom) {
+            // Offer our CPU, in case we displaced the worker.
             yield_now();
+        } else {
+            // Give the CPU away for a while. Not a clock read; the engine still takes no time
+            // from the OS, it only blocks.
+            #[cfg(not(loom))]
+            std::thread::sleep(std::time::Duration::from_micros(backoff.sleep_us));
         }
     }
 }

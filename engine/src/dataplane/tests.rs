@@ -106,8 +106,8 @@ fn idle_cores_do_not_delay_a_commit() {
 #[test]
 fn a_busy_core_delays_the_commit_until_its_counter_moves() {
     for strategy in strategies() {
-        // Counts the committer's clock reads: the 2nd is taken after publish + barrier, just
-        // before the generations are read.
+        // Counts the committer's clock reads: the 2nd is taken after publish + barrier + the one
+        // read of every generation, just before waiting.
         let committer_reads = Arc::new(AtomicUsize::new(0));
         let reads = Arc::clone(&committer_reads);
         let clock = Arc::new(FnClock(move || {
@@ -128,7 +128,7 @@ fn a_busy_core_delays_the_commit_until_its_counter_moves() {
                 w.batch(|snap, _| {
                     assert_eq!(*snap, 1);
                     in_batch_tx.send(()).unwrap();
-                    // Stay in the batch until the commit has published and is about to look.
+                    // Stay in the batch until the commit has published and looked at us.
                     while committer_reads.load(SeqCst) < 2 {
                         thread::yield_now();
                     }
