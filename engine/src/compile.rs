@@ -760,6 +760,25 @@ trait Observer {
     fn outcome(&mut self, _what: StepOutcome) {}
 }
 
+fn log_event(
+    names: &[Arc<str>],
+    chain: &CChain,
+    rule: &CRule,
+    prefix: &Option<Arc<str>>,
+    level: u8,
+    pkt: &PacketMeta,
+) -> LogEvent {
+    LogEvent {
+        ruleset: names[chain.ruleset as usize].clone(),
+        table: chain.table,
+        chain: chain.name.clone(),
+        rule: rule.number,
+        prefix: prefix.clone(),
+        level,
+        packet: *pkt,
+    }
+}
+
 /// The hot-path observer: bumps this core's counters and collects LOG events.
 struct Counting<'a> {
     counters: &'a CoreCounters,
@@ -788,15 +807,8 @@ impl Observer for Counting<'_> {
         level: u8,
         pkt: &PacketMeta,
     ) {
-        self.logs.push(LogEvent {
-            ruleset: self.names[chain.ruleset as usize].clone(),
-            table: chain.table,
-            chain: chain.name.clone(),
-            rule: rule.number,
-            prefix: prefix.clone(),
-            level,
-            packet: *pkt,
-        });
+        self.logs
+            .push(log_event(self.names, chain, rule, prefix, level, pkt));
     }
 }
 
@@ -889,15 +901,8 @@ impl Observer for Tracing<'_> {
         level: u8,
         pkt: &PacketMeta,
     ) {
-        self.logs.push(LogEvent {
-            ruleset: self.names[chain.ruleset as usize].clone(),
-            table: chain.table,
-            chain: chain.name.clone(),
-            rule: rule.number,
-            prefix: prefix.clone(),
-            level,
-            packet: *pkt,
-        });
+        self.logs
+            .push(log_event(self.names, chain, rule, prefix, level, pkt));
     }
     fn outcome(&mut self, what: StepOutcome) {
         if let Some(last) = self.steps.last_mut() {
