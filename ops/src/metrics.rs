@@ -221,7 +221,7 @@ impl CommitPhases {
 }
 
 fn ns_to_s(ns: u64) -> f64 {
-    ns as f64 * 1e-9
+    ns as f64 / 1e9
 }
 
 // === impl Metrics ===
