@@ -4,6 +4,7 @@
 //! trace once per iteration (throughput reported in packets/s):
 //! - acl_1k truncated to 10 and 100 rules, and whole (~1k), with acl_1k_trace;
 //! - fw_10k (~10k rules) with the first 2000 headers of fw_10k_trace.
+//!
 //! Skips with a printed reason when ../shared/data/classbench is absent.
 //!
 //! Run: `cargo bench -p vallum-engine --bench classify`

@@ -257,7 +257,10 @@ impl TokenBucket {
     }
 
     fn would_conform(&self, now: u64) -> bool {
-        self.tat.load(Ordering::Relaxed).saturating_sub(self.burst_ns) <= now
+        self.tat
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.burst_ns)
+            <= now
     }
 }
 
@@ -270,10 +273,7 @@ enum CTarget {
     Return,
     Jump(u32),
     Goto(u32),
-    Log {
-        prefix: Option<Arc<str>>,
-        level: u8,
-    },
+    Log { prefix: Option<Arc<str>>, level: u8 },
     Notrack,
 }
 
@@ -290,7 +290,9 @@ struct CoreCounters {
 impl CoreCounters {
     fn new(slots: usize) -> CoreCounters {
         CoreCounters {
-            lines: (0..slots.div_ceil(4)).map(|_| CounterLine::default()).collect(),
+            lines: (0..slots.div_ceil(4))
+                .map(|_| CounterLine::default())
+                .collect(),
         }
     }
 
@@ -305,7 +307,10 @@ impl CoreCounters {
         let p = self.cell(slot, 0);
         p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         let b = self.cell(slot, 1);
-        b.store(b.load(Ordering::Relaxed).wrapping_add(bytes), Ordering::Relaxed);
+        b.store(
+            b.load(Ordering::Relaxed).wrapping_add(bytes),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -517,7 +522,9 @@ impl Snapshot {
             chains: chains.into_boxed_slice(),
             rules: rules.into_boxed_slice(),
             identities: identities.into_boxed_slice(),
-            cores: (0..cores.max(1)).map(|_| CoreCounters::new(slots)).collect(),
+            cores: (0..cores.max(1))
+                .map(|_| CoreCounters::new(slots))
+                .collect(),
             base: (0..slots * 2).map(|_| AtomicU64::new(0)).collect(),
         })
     }
@@ -726,7 +733,14 @@ trait Observer {
     fn rule(&mut self, slot: usize, chain: &CChain, rule: &CRule, pkt: &PacketMeta);
     fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
-    fn log(&mut self, chain: &CChain, rule: &CRule, prefix: &Option<Arc<str>>, level: u8, pkt: &PacketMeta);
+    fn log(
+        &mut self,
+        chain: &CChain,
+        rule: &CRule,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    );
     fn outcome(&mut self, _what: StepOutcome) {}
 }
 
@@ -750,7 +764,14 @@ impl Observer for Counting<'_> {
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         bucket.conforms(now)
     }
-    fn log(&mut self, chain: &CChain, rule: &CRule, prefix: &Option<Arc<str>>, level: u8, pkt: &PacketMeta) {
+    fn log(
+        &mut self,
+        chain: &CChain,
+        rule: &CRule,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    ) {
         self.logs.push(LogEvent {
             ruleset: self.names[chain.ruleset as usize].clone(),
             table: chain.table,
@@ -844,7 +865,14 @@ impl Observer for Tracing<'_> {
         // A trace must not consume tokens that real traffic would get.
         bucket.would_conform(now)
     }
-    fn log(&mut self, chain: &CChain, rule: &CRule, prefix: &Option<Arc<str>>, level: u8, pkt: &PacketMeta) {
+    fn log(
+        &mut self,
+        chain: &CChain,
+        rule: &CRule,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    ) {
         self.logs.push(LogEvent {
             ruleset: self.names[chain.ruleset as usize].clone(),
             table: chain.table,
@@ -1011,7 +1039,9 @@ impl Snapshot {
             let slot = (c.first_rule + next) as usize;
             let r = &self.rules[slot];
             next += 1;
-            if !Self::header_matches(r, p) || !r.matches.iter().all(|m| Self::match_one(m, p, now, obs)) {
+            if !Self::header_matches(r, p)
+                || !r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
+            {
                 continue;
             }
             obs.rule(slot, c, r, p);

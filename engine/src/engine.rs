@@ -238,7 +238,10 @@ impl Engine {
 
     /// The active rulesets, by name.
     pub fn rulesets(&self) -> BTreeMap<String, Arc<Ruleset>> {
-        self.active.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Claims core `core` for a worker thread. Each core has at most one worker at a time.

@@ -19,4 +19,3 @@ pub trait Clock: Send + Sync {
     /// Nanoseconds since an arbitrary fixed origin; never decreases.
     fn now_ns(&self) -> u64;
 }
-

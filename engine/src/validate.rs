@@ -32,8 +32,7 @@ use std::fmt;
 
 use crate::compile::MAX_CALL_DEPTH;
 use crate::model::{
-    Chain, Family, Hook, Location, Match, RejectWith, Rule, Ruleset, Table,
-    TableKind, Target,
+    Chain, Family, Hook, Location, Match, RejectWith, Rule, Ruleset, Table, TableKind, Target,
 };
 use crate::sets::SetRegistry;
 
@@ -121,7 +120,9 @@ pub enum ViolationKind {
     #[error("chain name {0:?} must be 1 to 28 bytes")]
     BadChainName(String),
     /// A chain with a policy whose name is not a hook of the table.
-    #[error("chain {chain} is not a builtin chain of table {table}; only builtin chains have a policy")]
+    #[error(
+        "chain {chain} is not a builtin chain of table {table}; only builtin chains have a policy"
+    )]
     PolicyOnUserChain {
         /// Chain name.
         chain: String,
@@ -132,7 +133,9 @@ pub enum ViolationKind {
     #[error("builtin chain {0} needs a policy")]
     BuiltinWithoutPolicy(String),
     /// A jump or goto to a chain missing from the table.
-    #[error("target chain {0} does not exist in this table (as iptables-restore: chains must be declared before use)")]
+    #[error(
+        "target chain {0} does not exist in this table (as iptables-restore: chains must be declared before use)"
+    )]
     UnknownChain(String),
     /// A jump or goto to a builtin chain.
     #[error("cannot jump to builtin chain {0}")]
@@ -299,7 +302,13 @@ impl TableCheck<'_> {
     }
 
     fn at_rule(&mut self, c: &Chain, n: usize, r: &Rule, kind: ViolationKind) {
-        self.push(Severity::Error, Some(c), Some(n as u32 + 1), r.location, kind);
+        self.push(
+            Severity::Error,
+            Some(c),
+            Some(n as u32 + 1),
+            r.location,
+            kind,
+        );
     }
 
     fn check(&mut self, sets: Option<&dyn SetRegistry>) {
@@ -384,12 +393,22 @@ impl TableCheck<'_> {
         }
         for c in 0..n {
             if state[c] == 0 {
-                dfs(c, &edges, &mut state, &mut depth, &mut Vec::new(), &mut loops);
+                dfs(
+                    c,
+                    &edges,
+                    &mut state,
+                    &mut depth,
+                    &mut Vec::new(),
+                    &mut loops,
+                );
             }
         }
         for cycle in loops {
             let first = &table.chains[cycle[0]];
-            let names = cycle.iter().map(|&i| table.chains[i].name.clone()).collect();
+            let names = cycle
+                .iter()
+                .map(|&i| table.chains[i].name.clone())
+                .collect();
             self.at_chain(first, ViolationKind::Loop(names));
         }
         for (ci, c) in table.chains.iter().enumerate() {
@@ -448,7 +467,10 @@ impl TableCheck<'_> {
         }
         for net in [&r.src, &r.dst].into_iter().flatten() {
             if net.value.addr.is_ipv6() != (family == Family::Ipv6) {
-                errs.push(ViolationKind::WrongFamily(format!("address {}", net.value.addr)));
+                errs.push(ViolationKind::WrongFamily(format!(
+                    "address {}",
+                    net.value.addr
+                )));
             }
         }
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
@@ -463,7 +485,10 @@ impl TableCheck<'_> {
                     errs.extend(needs("tcp", &[6], "tcp"));
                     for p in [t.sport, t.dport].into_iter().flatten() {
                         if p.value.lo > p.value.hi {
-                            errs.push(ViolationKind::BadRange(format!("{}:{}", p.value.lo, p.value.hi)));
+                            errs.push(ViolationKind::BadRange(format!(
+                                "{}:{}",
+                                p.value.lo, p.value.hi
+                            )));
                         }
                     }
                 }
@@ -471,13 +496,24 @@ impl TableCheck<'_> {
                     errs.extend(needs("udp", &[17, 136], "udp"));
                     for p in [u.sport, u.dport].into_iter().flatten() {
                         if p.value.lo > p.value.hi {
-                            errs.push(ViolationKind::BadRange(format!("{}:{}", p.value.lo, p.value.hi)));
+                            errs.push(ViolationKind::BadRange(format!(
+                                "{}:{}",
+                                p.value.lo, p.value.hi
+                            )));
                         }
                     }
                 }
                 Match::Multiport(mp) => {
-                    errs.extend(needs("multiport", &[6, 17, 33, 132, 136], "tcp|udp|udplite|sctp|dccp"));
-                    let slots: usize = mp.ports.iter().map(|p| if p.lo == p.hi { 1 } else { 2 }).sum();
+                    errs.extend(needs(
+                        "multiport",
+                        &[6, 17, 33, 132, 136],
+                        "tcp|udp|udplite|sctp|dccp",
+                    ));
+                    let slots: usize = mp
+                        .ports
+                        .iter()
+                        .map(|p| if p.lo == p.hi { 1 } else { 2 })
+                        .sum();
                     if slots > 15 || mp.ports.is_empty() {
                         errs.push(ViolationKind::TooManyPorts(slots));
                     }
@@ -516,7 +552,10 @@ impl TableCheck<'_> {
                         if !fam_ok {
                             errs.push(ViolationKind::WrongFamily("iprange address".into()));
                         } else if rg.value.lo > rg.value.hi {
-                            errs.push(ViolationKind::BadRange(format!("{}-{}", rg.value.lo, rg.value.hi)));
+                            errs.push(ViolationKind::BadRange(format!(
+                                "{}-{}",
+                                rg.value.lo, rg.value.hi
+                            )));
                         }
                     }
                 }
@@ -565,7 +604,10 @@ impl TableCheck<'_> {
                 }
                 Match::Length(l) => {
                     if l.value.lo > l.value.hi {
-                        errs.push(ViolationKind::BadRange(format!("{}:{}", l.value.lo, l.value.hi)));
+                        errs.push(ViolationKind::BadRange(format!(
+                            "{}:{}",
+                            l.value.lo, l.value.hi
+                        )));
                     }
                 }
                 Match::Limit(l) => {
@@ -588,7 +630,10 @@ impl TableCheck<'_> {
         if mac_used {
             for h in [Hook::Output, Hook::Postrouting] {
                 if reached(h) {
-                    errs.push(ViolationKind::WrongHook { what: "-m mac", hook: h });
+                    errs.push(ViolationKind::WrongHook {
+                        what: "-m mac",
+                        hook: h,
+                    });
                 }
             }
         }
@@ -603,12 +648,17 @@ impl TableCheck<'_> {
                 }
                 for h in [Hook::Prerouting, Hook::Postrouting] {
                     if reached(h) {
-                        errs.push(ViolationKind::WrongHook { what: "REJECT", hook: h });
+                        errs.push(ViolationKind::WrongHook {
+                            what: "REJECT",
+                            hook: h,
+                        });
                     }
                 }
                 let v4_only = matches!(
                     w,
-                    RejectWith::ProtoUnreachable | RejectWith::NetProhibited | RejectWith::HostProhibited
+                    RejectWith::ProtoUnreachable
+                        | RejectWith::NetProhibited
+                        | RejectWith::HostProhibited
                 );
                 let v6_only = matches!(w, RejectWith::PolicyFail | RejectWith::RejectRoute);
                 if (v4_only && family == Family::Ipv6) || (v6_only && family == Family::Ipv4) {

@@ -51,7 +51,9 @@ pub fn data_dir() -> Option<PathBuf> {
 }
 
 fn prefix(s: &str) -> Result<(u32, u8), String> {
-    let (a, l) = s.split_once('/').ok_or_else(|| format!("no '/' in {s:?}"))?;
+    let (a, l) = s
+        .split_once('/')
+        .ok_or_else(|| format!("no '/' in {s:?}"))?;
     let addr: Ipv4Addr = a.parse().map_err(|e| format!("{s:?}: {e}"))?;
     let len: u8 = l.parse().map_err(|e| format!("{s:?}: {e}"))?;
     if len > 32 {
@@ -61,7 +63,9 @@ fn prefix(s: &str) -> Result<(u32, u8), String> {
 }
 
 fn range(s: &str) -> Result<(u16, u16), String> {
-    let (lo, hi) = s.split_once(':').ok_or_else(|| format!("no ':' in {s:?}"))?;
+    let (lo, hi) = s
+        .split_once(':')
+        .ok_or_else(|| format!("no ':' in {s:?}"))?;
     let lo = lo.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
     let hi = hi.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
     Ok((lo, hi))
@@ -80,12 +84,20 @@ pub fn parse_filters(text: &str) -> Result<Vec<Filter>, String> {
             continue;
         }
         let err = |e: String| format!("line {}: {e}", i + 1);
-        let line = line.strip_prefix('@').ok_or_else(|| err("no leading '@'".into()))?;
-        let f: Vec<&str> = line.split('\t').map(str::trim).filter(|s| !s.is_empty()).collect();
+        let line = line
+            .strip_prefix('@')
+            .ok_or_else(|| err("no leading '@'".into()))?;
+        let f: Vec<&str> = line
+            .split('\t')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
         if f.len() < 5 {
             return Err(err(format!("{} fields, want at least 5", f.len())));
         }
-        let (p, m) = f[4].split_once('/').ok_or_else(|| err("bad protocol".into()))?;
+        let (p, m) = f[4]
+            .split_once('/')
+            .ok_or_else(|| err("bad protocol".into()))?;
         let proto = match hex_u8(m).map_err(err)? {
             0 => None,
             _ => Some(hex_u8(p).map_err(err)?),
@@ -112,7 +124,10 @@ pub fn parse_trace(text: &str) -> Result<Vec<Header>, String> {
         if f.len() < 5 {
             return Err(format!("line {}: {} fields, want 7", i + 1, f.len()));
         }
-        let num = |k: usize| f[k].parse::<u64>().map_err(|e| format!("line {}: {e}", i + 1));
+        let num = |k: usize| {
+            f[k].parse::<u64>()
+                .map_err(|e| format!("line {}: {e}", i + 1))
+        };
         out.push(Header {
             src: num(0)? as u32,
             dst: num(1)? as u32,
@@ -131,7 +146,8 @@ fn ports(r: (u16, u16)) -> Option<Neg<PortRange>> {
 /// Translates one filter into an iptables rule with the given target.
 pub fn to_rule(f: &Filter, target: Target) -> Result<Rule, String> {
     let net = |(a, l): (u32, u8)| {
-        (l > 0).then(|| Neg::plain(IpNet::new(IpAddr::V4(Ipv4Addr::from(a)), l).expect("len <= 32")))
+        (l > 0)
+            .then(|| Neg::plain(IpNet::new(IpAddr::V4(Ipv4Addr::from(a)), l).expect("len <= 32")))
     };
     let mut rule = Rule {
         src: net(f.src),
@@ -142,10 +158,17 @@ pub fn to_rule(f: &Filter, target: Target) -> Result<Rule, String> {
     };
     let (sport, dport) = (ports(f.sport), ports(f.dport));
     match f.proto {
-        Some(6) => rule.matches.push(Match::Tcp(TcpMatch { sport, dport, ..Default::default() })),
+        Some(6) => rule.matches.push(Match::Tcp(TcpMatch {
+            sport,
+            dport,
+            ..Default::default()
+        })),
         Some(17) => rule.matches.push(Match::Udp(UdpMatch { sport, dport })),
         _ if sport.is_some() || dport.is_some() => {
-            return Err(format!("port range on protocol {:?} cannot be written in iptables", f.proto));
+            return Err(format!(
+                "port range on protocol {:?} cannot be written in iptables",
+                f.proto
+            ));
         }
         _ => {}
     }
