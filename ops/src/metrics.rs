@@ -815,3 +815,63 @@ impl<B: http_body::Body> http_body::Body for MetricsBody<B> {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(not(feature = "otlp"))]
+    #[test]
+    fn otlp_endpoint_needs_the_feature() {
+        let e = Metrics::new(&MetricsConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4317".to_owned()),
+            ..MetricsConfig::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.reason(), "OTLP_DISABLED");
+    }
+
+    #[cfg(feature = "otlp")]
+    #[tokio::test]
+    async fn otlp_reader_is_added() {
+        let m = Metrics::new(&MetricsConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4317".to_owned()),
+            ..MetricsConfig::default()
+        })
+        .unwrap();
+        m.record_commit("web", CommitOutcome::Committed, &CommitPhases::default());
+        assert!(m.render().unwrap().contains("vallum_commits_total"));
+    }
+
+    #[test]
+    fn phases_from_engine_report() {
+        let r = CommitReport {
+            validate_ns: 1,
+            compile_ns: 2,
+            publish_ns: 3,
+            quiesce_ns: 4,
+            carry_ns: 5,
+            cores_waited: 2,
+            ..CommitReport::default()
+        };
+        let p = CommitPhases::from_report(&r, 10);
+        assert_eq!((p.persist_ns, p.total_ns, p.cores_waited), (10, 25, 2));
+        // The collector's constant descriptor is valid (its `expect` cannot fire).
+        let desc = BarrierCollector::new(Arc::new(Engine::new(
+            vallum_engine::engine::EngineConfig {
+                cores: 1,
+                barrier: vallum_engine::dataplane::BarrierStrategy::SeqCst,
+            },
+            Arc::new(Zero),
+        )));
+        assert_eq!(desc.desc()[0].fq_name, "vallum_packet_barrier_seconds");
+    }
+
+    struct Zero;
+
+    impl vallum_engine::Clock for Zero {
+        fn now_ns(&self) -> u64 {
+            0
+        }
+    }
+}
