@@ -1,0 +1,631 @@
+//! Output of vallumctl: JSON views of API messages (`--output json`) and text renderings,
+//! including the `iptables -L -v -x -n`-like counters table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+use vallum_proto::v1::{
+    CommitEvent, CommitOutcome, CommitPhases, CommitResult, DiffRevisionsResponse, Family,
+    GetStatusResponse, ReplayCaptureResponse, Revision, RevisionState, RuleCounter, Ruleset,
+    Severity, TracePacketResponse, VerdictTotals, Violation,
+};
+
+fn ts(t: Option<&prost_types::Timestamp>) -> Value {
+    match t {
+        Some(t) => json!({"seconds": t.seconds, "nanos": t.nanos}),
+        None => Value::Null,
+    }
+}
+
+/// `ipv4`, `ipv6` or `unspecified`.
+pub fn family(f: i32) -> &'static str {
+    match Family::try_from(f) {
+        Ok(Family::Ipv4) => "ipv4",
+        Ok(Family::Ipv6) => "ipv6",
+        _ => "unspecified",
+    }
+}
+
+fn state(s: i32) -> &'static str {
+    match RevisionState::try_from(s) {
+        Ok(RevisionState::Staged) => "staged",
+        Ok(RevisionState::Active) => "active",
+        Ok(RevisionState::Superseded) => "superseded",
+        Ok(RevisionState::Rejected) => "rejected",
+        Ok(RevisionState::PendingConfirm) => "pending-confirm",
+        _ => "unspecified",
+    }
+}
+
+fn severity(s: i32) -> &'static str {
+    match Severity::try_from(s) {
+        Ok(Severity::Warning) => "warning",
+        _ => "error",
+    }
+}
+
+fn outcome(o: i32) -> &'static str {
+    match CommitOutcome::try_from(o) {
+        Ok(CommitOutcome::Committed) => "committed",
+        Ok(CommitOutcome::Failed) => "failed",
+        Ok(CommitOutcome::RolledBack) => "rolled-back",
+        Ok(CommitOutcome::Confirmed) => "confirmed",
+        _ => "unspecified",
+    }
+}
+
+/// A violation as JSON.
+pub fn violation_json(v: &Violation, location: &str) -> Value {
+    json!({
+        "severity": severity(v.severity),
+        "location": location,
+        "path": v.path,
+        "message": v.message,
+        "reason": v.reason,
+    })
+}
+
+/// `LOCATION: SEVERITY: MESSAGE [REASON]`.
+pub fn violation_text(v: &Violation, location: &str) -> String {
+    let mut s = format!("{location}: {}: {}", severity(v.severity), v.message);
+    if !v.path.is_empty() {
+        let _ = write!(s, " (in {})", v.path);
+    }
+    s
+}
+
+/// A revision as JSON.
+pub fn revision_json(r: &Revision) -> Value {
+    json!({
+        "name": r.name,
+        "ruleset": r.ruleset,
+        "number": r.number,
+        "parent": r.parent,
+        "digest": r.digest,
+        "author": r.author,
+        "message": r.message,
+        "create_time": ts(r.create_time.as_ref()),
+        "state": state(r.state),
+        "rule_count": r.rule_count,
+        "warnings": r.warnings.iter().map(|w| violation_json(w, &w.location)).collect::<Vec<_>>(),
+    })
+}
+
+/// One line about a revision.
+pub fn revision_text(r: &Revision) -> String {
+    let mut s = format!(
+        "{}  {}  {} rules  digest {}",
+        r.name,
+        state(r.state),
+        r.rule_count,
+        short(&r.digest)
+    );
+    if !r.message.is_empty() {
+        let _ = write!(s, "  \"{}\"", r.message);
+    }
+    s
+}
+
+fn short(d: &str) -> &str {
+    d.get(..12).unwrap_or(d)
+}
+
+fn phases_json(p: Option<&CommitPhases>) -> Value {
+    match p {
+        Some(p) => json!({
+            "validate_ns": p.validate_ns, "compile_ns": p.compile_ns, "persist_ns": p.persist_ns,
+            "publish_ns": p.publish_ns, "quiesce_ns": p.quiesce_ns, "carry_ns": p.carry_ns,
+            "total_ns": p.total_ns, "cores_waited": p.cores_waited,
+        }),
+        None => Value::Null,
+    }
+}
+
+fn phases_text(p: &CommitPhases) -> String {
+    let us = |ns: u64| ns as f64 / 1e3;
+    format!(
+        "total {:.1} µs (validate {:.1}, compile {:.1}, persist {:.1}, publish {:.1}, quiesce {:.1}, carry {:.1}; {} cores waited)",
+        us(p.total_ns),
+        us(p.validate_ns),
+        us(p.compile_ns),
+        us(p.persist_ns),
+        us(p.publish_ns),
+        us(p.quiesce_ns),
+        us(p.carry_ns),
+        p.cores_waited
+    )
+}
+
+/// A commit result as JSON.
+pub fn commit_json(c: &CommitResult) -> Value {
+    json!({
+        "revision": c.revision.as_ref().map(revision_json),
+        "phases": phases_json(c.phases.as_ref()),
+        "confirm_deadline": ts(c.confirm_deadline.as_ref()),
+        "etag": c.etag,
+    })
+}
+
+/// A commit result as text.
+pub fn commit_text(c: &CommitResult) -> String {
+    let mut s = String::new();
+    if let Some(r) = &c.revision {
+        let _ = writeln!(s, "committed {}", revision_text(r));
+    }
+    if let Some(p) = &c.phases {
+        let _ = writeln!(s, "  {}", phases_text(p));
+    }
+    if let Some(d) = &c.confirm_deadline {
+        let _ = writeln!(
+            s,
+            "  confirm before unix time {} or it is rolled back (vallumctl confirm)",
+            d.seconds
+        );
+    }
+    s
+}
+
+/// A ruleset as JSON.
+pub fn ruleset_json(r: &Ruleset) -> Value {
+    json!({
+        "name": r.name, "priority": r.priority, "etag": r.etag,
+        "active_revision": r.active_revision, "latest_revision": r.latest_revision,
+        "update_time": ts(r.update_time.as_ref()),
+    })
+}
+
+/// Rulesets as an aligned text table.
+pub fn rulesets_text(rs: &[Ruleset]) -> String {
+    let mut s = format!(
+        "{:<24} {:>8} {:>7} {:>7}\n",
+        "NAME", "PRIORITY", "ACTIVE", "LATEST"
+    );
+    for r in rs {
+        let name = r.name.strip_prefix("rulesets/").unwrap_or(&r.name);
+        let _ = writeln!(
+            s,
+            "{:<24} {:>8} {:>7} {:>7}",
+            name, r.priority, r.active_revision, r.latest_revision
+        );
+    }
+    s
+}
+
+/// A diff as JSON.
+pub fn diff_json(d: &DiffRevisionsResponse) -> Value {
+    Value::Array(
+        d.chains
+            .iter()
+            .map(|c| {
+                json!({
+                    "family": family(c.family), "table": c.table, "chain": c.chain,
+                    "added": c.added, "removed": c.removed,
+                    "moved": c.moved.iter().map(|m| json!({
+                        "rule": m.rule, "from_position": m.from_position, "to_position": m.to_position,
+                    })).collect::<Vec<_>>(),
+                    "policy_change": c.policy_change,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// A diff as text: per chain, `+ rule`, `- rule`, `~ rule (from -> to)`.
+pub fn diff_text(d: &DiffRevisionsResponse) -> String {
+    let mut s = String::new();
+    for c in &d.chains {
+        let _ = writeln!(s, "{} {}/{}:", family(c.family), c.table, c.chain);
+        if !c.policy_change.is_empty() {
+            let _ = writeln!(s, "  policy {}", c.policy_change);
+        }
+        for r in &c.removed {
+            let _ = writeln!(s, "  - {r}");
+        }
+        for r in &c.added {
+            let _ = writeln!(s, "  + {r}");
+        }
+        for m in &c.moved {
+            let _ = writeln!(
+                s,
+                "  ~ {} (#{} -> #{})",
+                m.rule, m.from_position, m.to_position
+            );
+        }
+    }
+    s
+}
+
+/// Counters as JSON.
+pub fn counters_json(cs: &[RuleCounter]) -> Value {
+    Value::Array(
+        cs.iter()
+            .map(|c| {
+                json!({
+                    "ruleset": c.ruleset, "family": family(c.family), "table": c.table,
+                    "chain": c.chain, "rule": c.rule, "packets": c.packets, "bytes": c.bytes,
+                    "text": c.text,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The columns of one rule, taken from its canonical text.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Columns {
+    target: String,
+    prot: String,
+    opt: String,
+    inp: String,
+    out: String,
+    source: String,
+    destination: String,
+    rest: Vec<String>,
+}
+
+/// Splits rule text into words, keeping `"quoted strings"` (with `\"` escapes) together.
+fn words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = text.chars();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '\\' if quoted => {
+                cur.push(ch);
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            '"' => {
+                quoted = !quoted;
+                cur.push(ch);
+            }
+            c if c.is_whitespace() && !quoted => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+fn columns(text: &str, fam: &str) -> Columns {
+    let any = if fam == "ipv6" { "::/0" } else { "0.0.0.0/0" };
+    let mut c = Columns {
+        target: String::new(),
+        prot: "all".into(),
+        opt: if fam == "ipv6" {
+            "   ".into()
+        } else {
+            "--".into()
+        },
+        inp: "*".into(),
+        out: "*".into(),
+        source: any.into(),
+        destination: any.into(),
+        rest: Vec::new(),
+    };
+    let w = words(text);
+    let mut i = 0;
+    let mut neg = false;
+    while i < w.len() {
+        let word = w[i].as_str();
+        let bang = if neg { "!" } else { "" };
+        let next = w.get(i + 1).cloned();
+        let slot = match word {
+            "!" => {
+                neg = true;
+                i += 1;
+                continue;
+            }
+            "-p" | "--protocol" => Some(&mut c.prot),
+            "-s" | "--source" => Some(&mut c.source),
+            "-d" | "--destination" => Some(&mut c.destination),
+            "-i" | "--in-interface" => Some(&mut c.inp),
+            "-o" | "--out-interface" => Some(&mut c.out),
+            "-j" | "--jump" | "-g" | "--goto" => Some(&mut c.target),
+            "-f" | "--fragment" => {
+                c.opt = if neg { "!f" } else { "-f" }.into();
+                neg = false;
+                i += 1;
+                continue;
+            }
+            _ => None,
+        };
+        match (slot, next) {
+            (Some(slot), Some(v)) => {
+                *slot = format!("{bang}{v}");
+                // Options after the target (e.g. `--reject-with`) stay in the rest.
+                i += 2;
+            }
+            _ => {
+                if neg {
+                    c.rest.push("!".into());
+                }
+                c.rest.push(w[i].clone());
+                i += 1;
+            }
+        }
+        neg = false;
+    }
+    c
+}
+
+fn row(pkts: &str, bytes: &str, c: &Columns) -> String {
+    let mut line = format!(
+        "{:>8} {:>10} {:<10} {:<4} {:<3} {:<6} {:<6} {:<19} {:<19}",
+        pkts, bytes, c.target, c.prot, c.opt, c.inp, c.out, c.source, c.destination
+    );
+    if !c.rest.is_empty() {
+        line.push(' ');
+        line.push_str(&c.rest.join(" "));
+    }
+    line.trim_end().to_owned() + "\n"
+}
+
+/// Counters as `iptables -L -v -x -n` prints them: per ruleset and table a heading, per chain
+/// `Chain NAME (policy P N packets, M bytes)` (builtin) or `Chain NAME (N references)` (user
+/// chain), then one row per rule: pkts bytes target prot opt in out source destination and the
+/// remaining options of the rule text.
+pub fn counters_text(cs: &[RuleCounter]) -> String {
+    // (ruleset, family, table) -> chain -> (policy, rules), in first-seen order of chains.
+    type Chains<'a> = Vec<(&'a str, Option<&'a RuleCounter>, Vec<&'a RuleCounter>)>;
+    let mut tables: BTreeMap<(&str, &str, &str), Chains<'_>> = BTreeMap::new();
+    for c in cs {
+        let chains = tables
+            .entry((c.ruleset.as_str(), family(c.family), c.table.as_str()))
+            .or_default();
+        let idx = match chains.iter().position(|(n, _, _)| *n == c.chain) {
+            Some(i) => i,
+            None => {
+                chains.push((c.chain.as_str(), None, Vec::new()));
+                chains.len() - 1
+            }
+        };
+        if c.rule == 0 {
+            chains[idx].1 = Some(c);
+        } else {
+            chains[idx].2.push(c);
+        }
+    }
+    let mut s = String::new();
+    for ((ruleset, fam, table), chains) in &tables {
+        let _ = writeln!(s, "# ruleset {ruleset}, table {table} ({fam})");
+        let targets: Vec<String> = chains
+            .iter()
+            .flat_map(|(_, _, rules)| rules.iter().map(|r| columns(&r.text, fam).target))
+            .collect();
+        for (name, policy, rules) in chains {
+            match policy {
+                Some(p) => {
+                    let _ = writeln!(
+                        s,
+                        "Chain {name} (policy {} {} packets, {} bytes)",
+                        p.text, p.packets, p.bytes
+                    );
+                }
+                None => {
+                    let refs = targets.iter().filter(|t| t == name).count();
+                    let _ = writeln!(s, "Chain {name} ({refs} references)");
+                }
+            }
+            let header = Columns {
+                target: "target".into(),
+                prot: "prot".into(),
+                opt: "opt".into(),
+                inp: "in".into(),
+                out: "out".into(),
+                source: "source".into(),
+                destination: "destination".into(),
+                rest: Vec::new(),
+            };
+            s.push_str(&row("pkts", "bytes", &header));
+            let mut rules = rules.clone();
+            rules.sort_by_key(|r| r.rule);
+            for r in rules {
+                s.push_str(&row(
+                    &r.packets.to_string(),
+                    &r.bytes.to_string(),
+                    &columns(&r.text, fam),
+                ));
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// A trace as JSON.
+pub fn trace_json(t: &TracePacketResponse) -> Value {
+    json!({
+        "verdict": t.verdict,
+        "steps": t.steps.iter().map(|s| json!({
+            "ruleset": s.ruleset, "family": family(s.family), "table": s.table, "chain": s.chain,
+            "rule": s.rule, "outcome": s.outcome, "text": s.text,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A trace as text: one line per step, then the verdict.
+pub fn trace_text(t: &TracePacketResponse) -> String {
+    let mut s = String::new();
+    for st in &t.steps {
+        let at = if st.rule == 0 {
+            format!("{}/{} policy", st.table, st.chain)
+        } else {
+            format!("{}/{}#{}", st.table, st.chain, st.rule)
+        };
+        let _ = writeln!(
+            s,
+            "{:<28} {:<14} [{} {}] {}",
+            at,
+            st.outcome,
+            st.ruleset,
+            family(st.family),
+            st.text
+        );
+    }
+    let _ = writeln!(s, "verdict: {}", t.verdict);
+    s
+}
+
+fn totals_json(t: Option<&VerdictTotals>) -> Value {
+    match t {
+        Some(t) => {
+            json!({"accepted": t.accepted, "dropped": t.dropped, "rejected": t.rejected, "unparsed": t.unparsed})
+        }
+        None => Value::Null,
+    }
+}
+
+/// A replay as JSON.
+pub fn replay_json(r: &ReplayCaptureResponse) -> Value {
+    json!({
+        "packets": r.packets,
+        "active": totals_json(r.active.as_ref()),
+        "staged": totals_json(r.staged.as_ref()),
+        "changed_flows": r.changed_flows.iter().map(|f| json!({
+            "family": family(f.family), "source": f.source, "destination": f.destination,
+            "protocol": f.protocol, "source_port": f.source_port,
+            "destination_port": f.destination_port, "packets": f.packets,
+            "active_verdict": f.active_verdict, "staged_verdict": f.staged_verdict,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A replay as text.
+pub fn replay_text(r: &ReplayCaptureResponse) -> String {
+    let mut s = format!("{} packets\n", r.packets);
+    for (name, t) in [("active", &r.active), ("staged", &r.staged)] {
+        if let Some(t) = t {
+            let _ = writeln!(
+                s,
+                "{name:<7} accepted {}  dropped {}  rejected {}  unparsed {}",
+                t.accepted, t.dropped, t.rejected, t.unparsed
+            );
+        }
+    }
+    if !r.changed_flows.is_empty() {
+        let _ = writeln!(s, "changed flows:");
+        for f in &r.changed_flows {
+            let _ = writeln!(
+                s,
+                "  {} {}:{} -> {}:{} proto {}  {} packets  {} -> {}",
+                family(f.family),
+                f.source,
+                f.source_port,
+                f.destination,
+                f.destination_port,
+                f.protocol,
+                f.packets,
+                f.active_verdict,
+                f.staged_verdict
+            );
+        }
+    }
+    s
+}
+
+/// Engine status as JSON.
+pub fn status_json(st: &GetStatusResponse) -> Value {
+    json!({
+        "cores": st.cores.iter().map(|c| json!({"core": c.core, "generation": c.generation, "packets": c.packets})).collect::<Vec<_>>(),
+        "active": st.active.iter().map(|a| json!({"ruleset": a.ruleset, "revision": a.revision, "priority": a.priority})).collect::<Vec<_>>(),
+        "barrier_strategy": st.barrier_strategy,
+        "barrier_fallback": st.barrier_fallback,
+        "packet_source": st.packet_source,
+        "version": st.version,
+        "rules": st.rules,
+    })
+}
+
+/// Engine status as text.
+pub fn status_text(st: &GetStatusResponse) -> String {
+    let mut s = format!(
+        "version {}  barrier {}{}  source {}  rules {}\n",
+        st.version,
+        st.barrier_strategy,
+        if st.barrier_fallback.is_empty() {
+            String::new()
+        } else {
+            format!(" (fallback: {})", st.barrier_fallback)
+        },
+        st.packet_source,
+        st.rules
+    );
+    let _ = writeln!(s, "active:");
+    for a in &st.active {
+        let _ = writeln!(
+            s,
+            "  {:<24} revision {:<6} priority {}",
+            a.ruleset, a.revision, a.priority
+        );
+    }
+    let _ = writeln!(s, "{:>5} {:>20} {:>20}", "CORE", "GENERATION", "PACKETS");
+    for c in &st.cores {
+        let _ = writeln!(s, "{:>5} {:>20} {:>20}", c.core, c.generation, c.packets);
+    }
+    s
+}
+
+/// A commit event as JSON.
+pub fn event_json(e: &CommitEvent) -> Value {
+    json!({
+        "revision": e.revision, "outcome": outcome(e.outcome),
+        "phases": phases_json(e.phases.as_ref()), "error": e.error, "time": ts(e.time.as_ref()),
+    })
+}
+
+/// A commit event as one line.
+pub fn event_text(e: &CommitEvent) -> String {
+    let mut s = format!("{} {}", outcome(e.outcome), e.revision);
+    if let Some(p) = &e.phases {
+        let _ = write!(s, "  {}", phases_text(p));
+    }
+    if !e.error.is_empty() {
+        let _ = write!(s, "  error: {}", e.error);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_rule_text_into_columns() {
+        let c = columns(
+            "-s 10.0.0.0/8 ! -i eth0 -p tcp -m tcp --dport 22 -m comment --comment \"ssh in\" -j ACCEPT",
+            "ipv4",
+        );
+        assert_eq!(c.source, "10.0.0.0/8");
+        assert_eq!(c.inp, "!eth0");
+        assert_eq!(c.prot, "tcp");
+        assert_eq!(c.target, "ACCEPT");
+        assert_eq!(
+            c.rest,
+            [
+                "-m",
+                "tcp",
+                "--dport",
+                "22",
+                "-m",
+                "comment",
+                "--comment",
+                "\"ssh in\""
+            ]
+        );
+        let c = columns("-j REJECT --reject-with icmp-port-unreachable", "ipv6");
+        assert_eq!(c.source, "::/0");
+        assert_eq!(c.rest, ["--reject-with", "icmp-port-unreachable"]);
+        let c = columns("! -f -j DROP", "ipv4");
+        assert_eq!(c.opt, "!f");
+    }
+}

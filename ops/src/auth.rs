@@ -1,0 +1,743 @@
+//! Bearer-token authentication and role-based authorisation for the gRPC server, as a tower
+//! [`Layer`] that wraps tonic's router.
+//!
+//! # Tokens
+//! Tokens come from files, never from literal flags (so they do not show in `ps`):
+//! - `--token-file FILE` (`VALLUM_TOKEN_FILE`): one token a line, `ROLE TOKEN [NAME]`, where ROLE is
+//!   `admin` or `read-only` (alias `reader`);
+//! - `--admin-token-file FILE` (`VALLUM_ADMIN_TOKEN_FILE`) and `--reader-token-file FILE`
+//!   (`VALLUM_READER_TOKEN_FILE`): one token a line, `TOKEN [NAME]`, all of that role.
+//!
+//! Blank lines and lines starting with `#` are skipped. NAME is what the audit log records (the
+//! token itself is never logged); it defaults to `ROLE@FILE:LINE`. A token is at least 16
+//! characters of printable ASCII without spaces (e.g. `openssl rand -hex 32`).
+//!
+//! When no token is configured, authentication is **off**: every call is let through as the
+//! [`Caller::anonymous`] admin. That is meant for the loopback default;
+//! [`AuthConfig::check_listen`] refuses a non-loopback listen address without tokens unless the
+//! operator opts out with `--insecure-no-auth`.
+//!
+//! # Authorisation
+//! A client sends `authorization: Bearer TOKEN`. [`classify`] sorts the full gRPC path
+//! (`/vallum.v1.RulesetService/Apply`) into [`Access::Read`] or [`Access::Admin`]: read-only
+//! tokens may call Get*/List*/Validate/Diff/Export/Trace/Replay/GetStatus/WatchCommits, gRPC
+//! health and reflection; everything else (Stage, Commit, Confirm, Apply, Rollback, Delete,
+//! ZeroCounters and any method this table does not know) needs admin.
+//!
+//! | failure | gRPC code | `ErrorInfo.reason` |
+//! |---|---|---|
+//! | no `authorization` header, or not `Bearer` | UNAUTHENTICATED | `TOKEN_MISSING` |
+//! | unknown token | UNAUTHENTICATED | `TOKEN_INVALID` |
+//! | read-only token on an admin method | PERMISSION_DENIED | `ADMIN_REQUIRED` |
+//!
+//! # The caller in handlers
+//! Every request that passes gets a [`Caller`] in its extensions (tonic copies http extensions into
+//! `tonic::Request::extensions()`), for the audit log:
+//! ```ignore
+//! let who = req.extensions().get::<vallum_ops::auth::Caller>().map(|c| c.name.clone());
+//! ```
+//!
+//! Tokens are stored as SHA-256 digests and compared in constant time against every configured
+//! digest (no early exit), so neither the token bytes nor which entry matched leak through timing.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use subtle::ConstantTimeEq;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::ERROR_DOMAIN;
+
+/// Shortest accepted token, in characters.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// What a token may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// Reads, validation, trace and replay; no change to stored or active rulesets.
+    ReadOnly,
+    /// Everything.
+    Admin,
+}
+
+impl Role {
+    /// `read-only` or `admin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::ReadOnly => "read-only",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Parses `admin`, `read-only`, `readonly` or `reader`.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "admin" => Some(Role::Admin),
+            "read-only" | "readonly" | "reader" => Some(Role::ReadOnly),
+            _ => None,
+        }
+    }
+
+    /// Whether this role may call a method of the given access class.
+    pub fn allows(self, access: Access) -> bool {
+        match access {
+            Access::Read => true,
+            Access::Admin => self == Role::Admin,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The authenticated caller, put into every passing request's extensions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The token's name (for the audit log), or `anonymous` when auth is off.
+    pub name: Arc<str>,
+    /// The token's role.
+    pub role: Role,
+}
+
+impl Caller {
+    /// The caller of every request when authentication is off: an admin named `anonymous`.
+    pub fn anonymous() -> Caller {
+        Caller {
+            name: Arc::from("anonymous"),
+            role: Role::Admin,
+        }
+    }
+}
+
+/// The access class of a gRPC method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Reading, validating, tracing: any valid token.
+    Read,
+    /// Changing rulesets, revisions, the engine or counters: admin tokens only.
+    Admin,
+}
+
+/// Methods of `vallum.v1` that a read-only token may call, as `Service/Method`.
+const READ_METHODS: &[&str] = &[
+    "RulesetService/ValidateRuleset",
+    "RulesetService/GetRuleset",
+    "RulesetService/ListRulesets",
+    "RulesetService/ListRevisions",
+    "RulesetService/GetRevision",
+    "RulesetService/DiffRevisions",
+    "RulesetService/ExportRevision",
+    "RulesetService/WatchCommits",
+    "CounterService/GetCounters",
+    "TraceService/TracePacket",
+    "TraceService/ReplayCapture",
+    "EngineService/GetStatus",
+];
+
+/// Methods of `vallum.v1` that need an admin token, as `Service/Method`.
+const ADMIN_METHODS: &[&str] = &[
+    "RulesetService/StageRevision",
+    "RulesetService/CommitRevision",
+    "RulesetService/ConfirmCommit",
+    "RulesetService/Apply",
+    "RulesetService/Rollback",
+    "RulesetService/DeleteRuleset",
+    "CounterService/ZeroCounters",
+];
+
+/// Health and reflection methods, as full paths.
+const INFRA_METHODS: &[(&str, &str)] = &[
+    ("grpc.health.v1.Health", "Check"),
+    ("grpc.health.v1.Health", "Watch"),
+    (
+        "grpc.reflection.v1.ServerReflection",
+        "ServerReflectionInfo",
+    ),
+    (
+        "grpc.reflection.v1alpha.ServerReflection",
+        "ServerReflectionInfo",
+    ),
+];
+
+/// `(service, method)` of a path that names a method of our API, health or reflection, as
+/// static strings (for metric labels of bounded cardinality); `None` for any other path.
+pub fn known_method(path: &str) -> Option<(&'static str, &'static str)> {
+    let rest = path.strip_prefix('/')?;
+    let (service, method) = rest.split_once('/')?;
+    if let Some(&(s, m)) = INFRA_METHODS
+        .iter()
+        .find(|(s, m)| *s == service && *m == method)
+    {
+        return Some((s, m));
+    }
+    let short = rest.strip_prefix("vallum.v1.")?;
+    let entry = READ_METHODS
+        .iter()
+        .chain(ADMIN_METHODS)
+        .find(|e| **e == short)?;
+    let (s, m) = entry.split_once('/')?;
+    // The service name with its package, from a static table so the label is `'static`.
+    let service = match s {
+        "RulesetService" => "vallum.v1.RulesetService",
+        "CounterService" => "vallum.v1.CounterService",
+        "TraceService" => "vallum.v1.TraceService",
+        "EngineService" => "vallum.v1.EngineService",
+        _ => return None,
+    };
+    Some((service, m))
+}
+
+/// Services whose every method is read-only (health checks and reflection).
+const READ_SERVICES: &[&str] = &[
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+];
+
+/// Classifies a full gRPC path such as `/vallum.v1.RulesetService/Apply`. Unknown methods need
+/// admin (deny by default), so a method added to the API is safe until it is listed here.
+pub fn classify(path: &str) -> Access {
+    if READ_SERVICES.iter().any(|s| path.starts_with(s)) {
+        return Access::Read;
+    }
+    match path.strip_prefix("/vallum.v1.") {
+        Some(m) if READ_METHODS.contains(&m) => Access::Read,
+        _ => Access::Admin,
+    }
+}
+
+/// Why a token file could not be loaded, or why auth refuses to start.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The token file could not be read.
+    #[error("cannot read token file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A line of a token file is malformed.
+    #[error("{source_name}:{line}: {message}")]
+    Syntax {
+        /// The file (or other source) name.
+        source_name: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong (never contains the token).
+        message: String,
+    },
+    /// The same token is configured twice.
+    #[error("{source_name}:{line}: duplicate token (also named {other})")]
+    Duplicate {
+        /// The file name.
+        source_name: String,
+        /// 1-based line number.
+        line: usize,
+        /// The name of the first entry with this token.
+        other: Arc<str>,
+    },
+    /// Auth is off but the server listens beyond loopback.
+    #[error(
+        "refusing to listen on {addr} without tokens: configure --token-file/--admin-token-file \
+         or pass --insecure-no-auth"
+    )]
+    OpenListener {
+        /// The listen address.
+        addr: SocketAddr,
+    },
+}
+
+impl AuthError {
+    /// UPPER_SNAKE reason, as in the error table.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Read { .. } => "TOKEN_FILE_UNREADABLE",
+            AuthError::Syntax { .. } => "TOKEN_FILE_INVALID",
+            AuthError::Duplicate { .. } => "TOKEN_DUPLICATE",
+            AuthError::OpenListener { .. } => "AUTH_REQUIRED_OFF_LOOPBACK",
+        }
+    }
+}
+
+// === impl TokenSet ===
+
+struct Entry {
+    digest: [u8; 32],
+    caller: Caller,
+}
+
+/// The configured tokens (as SHA-256 digests) with their callers.
+#[derive(Default)]
+pub struct TokenSet {
+    entries: Vec<Entry>,
+}
+
+impl fmt::Debug for TokenSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print digests; names and roles are enough.
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| &e.caller))
+            .finish()
+    }
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+fn check_token(token: &str) -> Result<(), String> {
+    if token.len() < MIN_TOKEN_LEN {
+        return Err(format!("token is shorter than {MIN_TOKEN_LEN} characters"));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("token must be printable ASCII without spaces".to_owned());
+    }
+    Ok(())
+}
+
+impl TokenSet {
+    /// An empty set (auth off).
+    pub fn new() -> TokenSet {
+        TokenSet::default()
+    }
+
+    /// Whether no token is configured (auth off).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Adds one token. `source_name` and `line` are for error messages only.
+    pub fn insert(
+        &mut self,
+        token: &str,
+        caller: Caller,
+        source_name: &str,
+        line: usize,
+    ) -> Result<(), AuthError> {
+        check_token(token).map_err(|message| AuthError::Syntax {
+            source_name: source_name.to_owned(),
+            line,
+            message,
+        })?;
+        let digest = digest(token.as_bytes());
+        if let Some(e) = self.entries.iter().find(|e| e.digest == digest) {
+            return Err(AuthError::Duplicate {
+                source_name: source_name.to_owned(),
+                line,
+                other: e.caller.name.clone(),
+            });
+        }
+        self.entries.push(Entry { digest, caller });
+        Ok(())
+    }
+
+    /// Adds the tokens of a file's text. With `role = None` every line is `ROLE TOKEN [NAME]`;
+    /// with `Some(role)` every line is `TOKEN [NAME]`.
+    pub fn add_text(
+        &mut self,
+        text: &str,
+        role: Option<Role>,
+        source_name: &str,
+    ) -> Result<(), AuthError> {
+        for (i, raw) in text.lines().enumerate() {
+            let line = i + 1;
+            let l = raw.trim();
+            if l.is_empty() || l.starts_with('#') {
+                continue;
+            }
+            let syntax = |message: String| AuthError::Syntax {
+                source_name: source_name.to_owned(),
+                line,
+                message,
+            };
+            let mut words = l.split_whitespace();
+            let role = match role {
+                Some(r) => r,
+                None => {
+                    let w = words.next().unwrap_or_default();
+                    Role::parse(w).ok_or_else(|| {
+                        syntax(format!(
+                            "unknown role `{w}` (expected `ROLE TOKEN [NAME]` with ROLE admin or \
+                             read-only)"
+                        ))
+                    })?
+                }
+            };
+            let token = words
+                .next()
+                .ok_or_else(|| syntax("missing token".to_owned()))?;
+            let name = match words.next() {
+                Some(n) => n.to_owned(),
+                None => format!("{role}@{source_name}:{line}"),
+            };
+            if words.next().is_some() {
+                return Err(syntax("trailing words after the name".to_owned()));
+            }
+            self.insert(
+                token,
+                Caller {
+                    name: Arc::from(name),
+                    role,
+                },
+                source_name,
+                line,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Adds the tokens of a file (see [`TokenSet::add_text`]).
+    pub fn add_file(&mut self, path: &Path, role: Option<Role>) -> Result<(), AuthError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.add_text(&text, role, &path.display().to_string())
+    }
+
+    /// The caller whose token this is. Compares the digest with every entry in constant time and
+    /// without early exit.
+    pub fn authenticate(&self, token: &[u8]) -> Option<&Caller> {
+        let d = digest(token);
+        let mut found: Option<&Caller> = None;
+        for e in &self.entries {
+            if bool::from(e.digest.ct_eq(&d)) {
+                found = Some(&e.caller);
+            }
+        }
+        found
+    }
+}
+
+// === impl AuthConfig ===
+
+/// Auth flags of `vallumd`; flatten into the server's clap parser with `#[command(flatten)]`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct AuthConfig {
+    /// Token file with lines `ROLE TOKEN [NAME]` (ROLE: admin or read-only).
+    #[arg(long, env = "VALLUM_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Token file with admin tokens, lines `TOKEN [NAME]`.
+    #[arg(long, env = "VALLUM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Token file with read-only tokens, lines `TOKEN [NAME]`.
+    #[arg(long, env = "VALLUM_READER_TOKEN_FILE", value_name = "FILE")]
+    pub reader_token_file: Option<PathBuf>,
+    /// Allow listening beyond loopback with no token configured (auth off).
+    #[arg(long, env = "VALLUM_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+}
+
+impl AuthConfig {
+    /// Loads every configured file into one [`TokenSet`] (empty: auth off).
+    pub fn load(&self) -> Result<TokenSet, AuthError> {
+        let mut set = TokenSet::new();
+        if let Some(p) = &self.token_file {
+            set.add_file(p, None)?;
+        }
+        if let Some(p) = &self.admin_token_file {
+            set.add_file(p, Some(Role::Admin))?;
+        }
+        if let Some(p) = &self.reader_token_file {
+            set.add_file(p, Some(Role::ReadOnly))?;
+        }
+        Ok(set)
+    }
+
+    /// Refuses to serve `addr` beyond loopback with auth off, unless `--insecure-no-auth`.
+    pub fn check_listen(&self, tokens: &TokenSet, addr: SocketAddr) -> Result<(), AuthError> {
+        if tokens.is_empty() && !addr.ip().is_loopback() && !self.insecure_no_auth {
+            return Err(AuthError::OpenListener { addr });
+        }
+        Ok(())
+    }
+}
+
+// === impl AuthLayer ===
+
+/// The tower layer: put it around tonic's router with `Server::builder().layer(...)`.
+#[derive(Clone, Debug)]
+pub struct AuthLayer {
+    tokens: Arc<TokenSet>,
+}
+
+impl AuthLayer {
+    /// A layer checking requests against `tokens`; with an empty set every request passes as
+    /// [`Caller::anonymous`].
+    pub fn new(tokens: TokenSet) -> AuthLayer {
+        AuthLayer {
+            tokens: Arc::new(tokens),
+        }
+    }
+
+    /// Decides one request: the caller, or the status to answer with.
+    pub fn check(&self, path: &str, authorization: Option<&[u8]>) -> Result<Caller, Status> {
+        if self.tokens.is_empty() {
+            return Ok(Caller::anonymous());
+        }
+        let token = authorization.and_then(bearer_token).ok_or_else(|| {
+            denied(
+                Code::Unauthenticated,
+                "TOKEN_MISSING",
+                "missing bearer token (send `authorization: Bearer TOKEN`)",
+            )
+        })?;
+        let caller = self
+            .tokens
+            .authenticate(token)
+            .ok_or_else(|| denied(Code::Unauthenticated, "TOKEN_INVALID", "invalid token"))?;
+        let access = classify(path);
+        if !caller.role.allows(access) {
+            return Err(denied(
+                Code::PermissionDenied,
+                "ADMIN_REQUIRED",
+                &format!("{path} needs an admin token; {} is read-only", caller.name),
+            ));
+        }
+        Ok(caller.clone())
+    }
+}
+
+/// The token of an `authorization` header value `Bearer TOKEN` (scheme case-insensitive).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+fn denied(code: Code, reason: &str, message: &str) -> Status {
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(
+            reason,
+            ERROR_DOMAIN,
+            std::collections::HashMap::<String, String>::new(),
+        ),
+    )
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> AuthService<S> {
+        AuthService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service made by [`AuthLayer`].
+#[derive(Clone, Debug)]
+pub struct AuthService<S> {
+    inner: S,
+    layer: AuthLayer,
+}
+
+impl<S, B, RB> Service<Request<B>> for AuthService<S>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: Default + Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<RB>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let auth = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        match self.layer.check(req.uri().path(), auth) {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+                Box::pin(self.inner.call(req))
+            }
+            Err(status) => {
+                let resp = status.into_http::<RB>();
+                Box::pin(std::future::ready(Ok(resp)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ADMIN: &str = "admin-token-0123456789";
+    const READER: &str = "reader-token-0123456789";
+
+    fn layer() -> AuthLayer {
+        let mut set = TokenSet::new();
+        set.add_text(
+            &format!("# comment\n\nadmin {ADMIN} alice\nread-only {READER}\n"),
+            None,
+            "tokens",
+        )
+        .unwrap();
+        AuthLayer::new(set)
+    }
+
+    #[test]
+    fn classifies_methods() {
+        for m in [
+            "/vallum.v1.RulesetService/StageRevision",
+            "/vallum.v1.RulesetService/CommitRevision",
+            "/vallum.v1.RulesetService/ConfirmCommit",
+            "/vallum.v1.RulesetService/Apply",
+            "/vallum.v1.RulesetService/Rollback",
+            "/vallum.v1.RulesetService/DeleteRuleset",
+            "/vallum.v1.CounterService/ZeroCounters",
+            "/vallum.v1.RulesetService/SomethingNew",
+            "/other.Service/GetX",
+        ] {
+            assert_eq!(classify(m), Access::Admin, "{m}");
+        }
+        for m in [
+            "/vallum.v1.RulesetService/ValidateRuleset",
+            "/vallum.v1.RulesetService/ListRevisions",
+            "/vallum.v1.RulesetService/WatchCommits",
+            "/vallum.v1.TraceService/ReplayCapture",
+            "/vallum.v1.EngineService/GetStatus",
+            "/vallum.v1.CounterService/GetCounters",
+            "/grpc.health.v1.Health/Check",
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        ] {
+            assert_eq!(classify(m), Access::Read, "{m}");
+        }
+    }
+
+    fn reason(s: &Status) -> String {
+        s.get_details_error_info()
+            .map(|i| i.reason)
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn checks_tokens_and_roles() {
+        let l = layer();
+        let apply = "/vallum.v1.RulesetService/Apply";
+        let get = "/vallum.v1.RulesetService/GetRuleset";
+
+        let e = l.check(apply, None).unwrap_err();
+        assert_eq!(
+            (e.code(), reason(&e).as_str()),
+            (Code::Unauthenticated, "TOKEN_MISSING")
+        );
+        let e = l.check(apply, Some(b"Basic abc")).unwrap_err();
+        assert_eq!(reason(&e), "TOKEN_MISSING");
+        let e = l
+            .check(apply, Some(b"Bearer nope-nope-nope-nope"))
+            .unwrap_err();
+        assert_eq!(
+            (e.code(), reason(&e).as_str()),
+            (Code::Unauthenticated, "TOKEN_INVALID")
+        );
+
+        let r = format!("Bearer {READER}");
+        let c = l.check(get, Some(r.as_bytes())).unwrap();
+        assert_eq!(c.role, Role::ReadOnly);
+        assert_eq!(&*c.name, "read-only@tokens:4");
+        let e = l.check(apply, Some(r.as_bytes())).unwrap_err();
+        assert_eq!(
+            (e.code(), reason(&e).as_str()),
+            (Code::PermissionDenied, "ADMIN_REQUIRED")
+        );
+
+        let a = format!("bearer  {ADMIN} ");
+        let c = l.check(apply, Some(a.as_bytes())).unwrap();
+        assert_eq!((&*c.name, c.role), ("alice", Role::Admin));
+    }
+
+    #[test]
+    fn known_methods() {
+        assert_eq!(
+            known_method("/vallum.v1.RulesetService/Apply"),
+            Some(("vallum.v1.RulesetService", "Apply"))
+        );
+        assert_eq!(
+            known_method("/grpc.health.v1.Health/Check"),
+            Some(("grpc.health.v1.Health", "Check"))
+        );
+        assert_eq!(known_method("/vallum.v1.RulesetService/Nope"), None);
+        assert_eq!(known_method("/x"), None);
+    }
+
+    #[test]
+    fn no_tokens_means_anonymous_admin() {
+        let l = AuthLayer::new(TokenSet::new());
+        let c = l.check("/vallum.v1.RulesetService/Apply", None).unwrap();
+        assert_eq!(c, Caller::anonymous());
+    }
+
+    #[test]
+    fn token_file_errors() {
+        let mut s = TokenSet::new();
+        let e = s
+            .add_text("boss abcdefabcdefabcdef", None, "f")
+            .unwrap_err();
+        assert!(e.to_string().starts_with("f:1: unknown role `boss`"), "{e}");
+        let e = s.add_text("short", Some(Role::Admin), "f").unwrap_err();
+        assert!(e.to_string().contains("shorter than 16"), "{e}");
+        assert!(!e.to_string().contains("short "), "token leaked: {e}");
+        let e = s
+            .add_text(&format!("{ADMIN}\n{ADMIN} again\n"), Some(Role::Admin), "f")
+            .unwrap_err();
+        assert_eq!(e.to_string(), "f:2: duplicate token (also named admin@f:1)");
+        assert_eq!(e.reason(), "TOKEN_DUPLICATE");
+    }
+
+    #[test]
+    fn refuses_open_listener_without_tokens() {
+        let cfg = AuthConfig::default();
+        let empty = TokenSet::new();
+        assert!(
+            cfg.check_listen(&empty, "127.0.0.1:1".parse().unwrap())
+                .is_ok()
+        );
+        assert!(
+            cfg.check_listen(&empty, "0.0.0.0:1".parse().unwrap())
+                .is_err()
+        );
+        let cfg = AuthConfig {
+            insecure_no_auth: true,
+            ..AuthConfig::default()
+        };
+        assert!(
+            cfg.check_listen(&empty, "0.0.0.0:1".parse().unwrap())
+                .is_ok()
+        );
+    }
+}

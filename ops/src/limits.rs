@@ -1,0 +1,341 @@
+//! Resource limits: request size, rules per ruleset, rulesets, revisions kept.
+//!
+//! This module holds the configuration ([`LimitsConfig`], clap flags with `VALLUM_*` twins), the
+//! checks and the error type; the server calls them:
+//! - request size: `RulesetServiceServer::new(svc).max_decoding_message_size(cfg.max_request_bytes)`
+//!   for every service, and [`RequestLimitLayer`] in the tonic `Server` builder so that tonic's
+//!   OUT_OF_RANGE "decoded message length too large" answer becomes RESOURCE_EXHAUSTED with
+//!   `ErrorInfo.reason = REQUEST_TOO_LARGE`;
+//! - rules: after parsing a Stage/Apply/Validate source, `check_rules(rule_count,
+//!   cfg.max_rules_per_ruleset)?` (INVALID_ARGUMENT with a BadRequest violation on `source`);
+//! - rulesets: before creating a new ruleset, `check_rulesets(existing, cfg.max_rulesets)?`
+//!   (RESOURCE_EXHAUSTED);
+//! - revisions kept: after storing a revision, delete [`revisions_to_prune`]`(&numbers, active,
+//!   cfg.max_revisions_kept)` in the same transaction (the active and pending revisions are never
+//!   pruned).
+//!
+//! Every refusal is a [`LimitError`] whose `From<LimitError> for Status` carries
+//! `ErrorInfo { reason, domain: "vallum.dev", metadata: { limit, value, max } }`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Response};
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::ERROR_DOMAIN;
+
+/// Default [`LimitsConfig::max_request_bytes`]: 4 MiB (tonic's own default).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 << 20;
+/// Default [`LimitsConfig::max_rules_per_ruleset`].
+pub const DEFAULT_MAX_RULES: usize = 100_000;
+/// Default [`LimitsConfig::max_rulesets`].
+pub const DEFAULT_MAX_RULESETS: usize = 256;
+/// Default [`LimitsConfig::max_revisions_kept`].
+pub const DEFAULT_MAX_REVISIONS_KEPT: usize = 100;
+
+/// Limit flags of `vallumd`; flatten into the server's clap parser.
+#[derive(Clone, Debug, clap::Args)]
+pub struct LimitsConfig {
+    /// Largest accepted gRPC request message, bytes.
+    #[arg(long, env = "VALLUM_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+    /// Most rules in one ruleset (all tables and families together).
+    #[arg(long, env = "VALLUM_MAX_RULES", default_value_t = DEFAULT_MAX_RULES)]
+    pub max_rules_per_ruleset: usize,
+    /// Most rulesets stored.
+    #[arg(long, env = "VALLUM_MAX_RULESETS", default_value_t = DEFAULT_MAX_RULESETS)]
+    pub max_rulesets: usize,
+    /// Revisions kept per ruleset; older ones (never the active one) are deleted.
+    #[arg(long, env = "VALLUM_MAX_REVISIONS_KEPT", default_value_t = DEFAULT_MAX_REVISIONS_KEPT)]
+    pub max_revisions_kept: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> LimitsConfig {
+        LimitsConfig {
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_rules_per_ruleset: DEFAULT_MAX_RULES,
+            max_rulesets: DEFAULT_MAX_RULESETS,
+            max_revisions_kept: DEFAULT_MAX_REVISIONS_KEPT,
+        }
+    }
+}
+
+/// A refused request: which limit, the value seen and the maximum.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// The request message is larger than `--max-request-bytes`.
+    #[error("request of {size} bytes exceeds the limit of {max} bytes (--max-request-bytes)")]
+    RequestTooLarge {
+        /// Bytes in the request (0 when unknown).
+        size: usize,
+        /// The limit, bytes.
+        max: usize,
+    },
+    /// The ruleset has more rules than `--max-rules`.
+    #[error("ruleset has {count} rules, more than the limit of {max} (--max-rules)")]
+    TooManyRules {
+        /// Rules in the ruleset.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Creating the ruleset would exceed `--max-rulesets`.
+    #[error("{count} rulesets exist, the limit is {max} (--max-rulesets)")]
+    TooManyRulesets {
+        /// Rulesets that exist.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl LimitError {
+    /// UPPER_SNAKE reason, as in the error table.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LimitError::RequestTooLarge { .. } => "REQUEST_TOO_LARGE",
+            LimitError::TooManyRules { .. } => "TOO_MANY_RULES",
+            LimitError::TooManyRulesets { .. } => "TOO_MANY_RULESETS",
+        }
+    }
+
+    /// The gRPC code: INVALID_ARGUMENT for content the caller can shrink (rules), otherwise
+    /// RESOURCE_EXHAUSTED.
+    pub fn code(&self) -> Code {
+        match self {
+            LimitError::TooManyRules { .. } => Code::InvalidArgument,
+            LimitError::RequestTooLarge { .. } | LimitError::TooManyRulesets { .. } => {
+                Code::ResourceExhausted
+            }
+        }
+    }
+
+    /// `(limit flag, value, max)`.
+    fn parts(&self) -> (&'static str, usize, usize) {
+        match *self {
+            LimitError::RequestTooLarge { size, max } => ("max-request-bytes", size, max),
+            LimitError::TooManyRules { count, max } => ("max-rules", count, max),
+            LimitError::TooManyRulesets { count, max } => ("max-rulesets", count, max),
+        }
+    }
+}
+
+impl From<LimitError> for Status {
+    fn from(e: LimitError) -> Status {
+        let (limit, value, max) = e.parts();
+        let metadata: HashMap<String, String> = [
+            ("limit".to_owned(), limit.to_owned()),
+            ("value".to_owned(), value.to_string()),
+            ("max".to_owned(), max.to_string()),
+        ]
+        .into_iter()
+        .collect();
+        let mut details = ErrorDetails::with_error_info(e.reason(), ERROR_DOMAIN, metadata);
+        if let LimitError::TooManyRules { .. } = e {
+            details.set_bad_request(vec![FieldViolation::new("source", e.to_string())]);
+        }
+        Status::with_error_details(e.code(), e.to_string(), details)
+    }
+}
+
+/// Refuses a ruleset with more than `max` rules.
+pub fn check_rules(count: usize, max: usize) -> Result<(), LimitError> {
+    if count > max {
+        return Err(LimitError::TooManyRules { count, max });
+    }
+    Ok(())
+}
+
+/// Refuses to create one more ruleset when `existing` already reach `max`.
+pub fn check_rulesets(existing: usize, max: usize) -> Result<(), LimitError> {
+    if existing >= max {
+        return Err(LimitError::TooManyRulesets {
+            count: existing,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a request body of `size` bytes over `max` (for paths that read bytes themselves).
+pub fn check_request_size(size: usize, max: usize) -> Result<(), LimitError> {
+    if size > max {
+        return Err(LimitError::RequestTooLarge { size, max });
+    }
+    Ok(())
+}
+
+/// The revision numbers to delete so that at most `keep` remain: the oldest first, never one in
+/// `protected` (the active revision, one pending confirmation). `keep = 0` keeps all.
+pub fn revisions_to_prune(numbers: &[u64], protected: &[u64], keep: usize) -> Vec<u64> {
+    if keep == 0 || numbers.len() <= keep {
+        return Vec::new();
+    }
+    let mut sorted = numbers.to_vec();
+    sorted.sort_unstable();
+    let mut excess = sorted.len() - keep;
+    let mut out = Vec::new();
+    for n in sorted {
+        if excess == 0 {
+            break;
+        }
+        if protected.contains(&n) {
+            continue;
+        }
+        out.push(n);
+        excess -= 1;
+    }
+    out
+}
+
+// === impl RequestLimitLayer ===
+
+/// Rewrites tonic's answer to an oversized request (OUT_OF_RANGE, "decoded message length too
+/// large") into RESOURCE_EXHAUSTED with `ErrorInfo.reason = REQUEST_TOO_LARGE`. tonic answers a
+/// failed decode of a unary request with a trailers-only response, so the status is in the
+/// response headers, where this layer looks. Other responses pass untouched.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestLimitLayer {
+    max: usize,
+}
+
+impl RequestLimitLayer {
+    /// A layer reporting `max` (bytes) as the limit.
+    pub fn new(max: usize) -> RequestLimitLayer {
+        RequestLimitLayer { max }
+    }
+}
+
+impl<S> Layer<S> for RequestLimitLayer {
+    type Service = RequestLimitService<S>;
+
+    fn layer(&self, inner: S) -> RequestLimitService<S> {
+        RequestLimitService {
+            inner,
+            max: self.max,
+        }
+    }
+}
+
+/// The service made by [`RequestLimitLayer`].
+#[derive(Clone, Debug)]
+pub struct RequestLimitService<S> {
+    inner: S,
+    max: usize,
+}
+
+/// The `found N bytes` number of tonic's message, if present.
+fn found_size(message: &str) -> usize {
+    message
+        .split_once("found ")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn rewrite<RB: Default>(resp: Response<RB>, max: usize) -> Response<RB> {
+    let h = resp.headers();
+    let out_of_range = h.get("grpc-status") == Some(&HeaderValue::from_static("11"));
+    if !out_of_range {
+        return resp;
+    }
+    let Some(status) = Status::from_header_map(h) else {
+        return resp;
+    };
+    if !status
+        .message()
+        .contains("decoded message length too large")
+    {
+        return resp;
+    }
+    let size = found_size(status.message());
+    Status::from(LimitError::RequestTooLarge { size, max }).into_http()
+}
+
+impl<S, B, RB> Service<http::Request<B>> for RequestLimitService<S>
+where
+    S: Service<http::Request<B>, Response = Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: Default + Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<RB>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let fut = self.inner.call(req);
+        let max = self.max;
+        Box::pin(async move { fut.await.map(|r| rewrite(r, max)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks() {
+        assert!(check_rules(10, 10).is_ok());
+        let e = check_rules(11, 10).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ruleset has 11 rules, more than the limit of 10 (--max-rules)"
+        );
+        let s = Status::from(e);
+        assert_eq!(s.code(), Code::InvalidArgument);
+        let d = s.get_error_details();
+        let info = d.error_info().unwrap();
+        assert_eq!(info.reason, "TOO_MANY_RULES");
+        assert_eq!(info.metadata["max"], "10");
+        assert_eq!(d.bad_request().unwrap().field_violations[0].field, "source");
+
+        assert!(check_rulesets(1, 2).is_ok());
+        let s = Status::from(check_rulesets(2, 2).unwrap_err());
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        let s = Status::from(check_request_size(5, 4).unwrap_err());
+        assert_eq!(
+            s.get_details_error_info().unwrap().reason,
+            "REQUEST_TOO_LARGE"
+        );
+    }
+
+    #[test]
+    fn prunes_oldest_but_protected() {
+        assert_eq!(revisions_to_prune(&[1, 2, 3], &[], 3), Vec::<u64>::new());
+        assert_eq!(revisions_to_prune(&[5, 1, 4, 2, 3], &[], 3), vec![1, 2]);
+        assert_eq!(revisions_to_prune(&[1, 2, 3, 4, 5], &[1], 3), vec![2, 3]);
+        assert_eq!(
+            revisions_to_prune(&[1, 2, 3], &[1, 2, 3], 1),
+            Vec::<u64>::new()
+        );
+        assert_eq!(revisions_to_prune(&[1, 2, 3], &[], 0), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn rewrites_tonic_size_error() {
+        let tonic_err = Status::out_of_range(
+            "Error, decoded message length too large: found 5000 bytes, the limit is: 100 bytes",
+        );
+        let r: Response<()> = rewrite(tonic_err.into_http(), 100);
+        let s = Status::from_header_map(r.headers()).unwrap();
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert!(s.message().contains("5000 bytes"), "{}", s.message());
+        let other: Response<()> = rewrite(Status::out_of_range("page 9").into_http(), 100);
+        assert_eq!(
+            Status::from_header_map(other.headers()).unwrap().code(),
+            Code::OutOfRange
+        );
+    }
+}

@@ -1,0 +1,877 @@
+//! Metrics: the OpenTelemetry SDK with the Prometheus exporter, served as text on `/metrics`
+//! (`--metrics-listen`, default `127.0.0.1:9464`), optionally pushed with OTLP (cargo feature
+//! `otlp`, off by default, then `--otlp-endpoint`).
+//!
+//! Names follow the table in DESIGN.md. The Prometheus exporter appends the unit (`s` ->
+//! `_seconds`) and `_total` for counters itself, so instruments are created *without* those
+//! suffixes (`vallum_commit_duration` with unit `s` is scraped as
+//! `vallum_commit_duration_seconds`; `vallum_commits` as `vallum_commits_total`). The test
+//! `scrape_has_every_design_metric` checks the scraped names.
+//!
+//! | scraped name | kind | labels | fed by |
+//! |---|---|---|---|
+//! | `vallum_commit_duration_seconds` | histogram | phase, outcome | [`Metrics::record_commit`] |
+//! | `vallum_commit_quiesce_cores_waited` | histogram | | [`Metrics::record_commit`] |
+//! | `vallum_commits_total` | counter | ruleset, outcome | [`Metrics::record_commit`] |
+//! | `vallum_active_revision` | gauge | ruleset | [`Metrics::set_active_revision`] |
+//! | `vallum_packets_total` | counter | family, hook, verdict, ruleset=`all` | engine, at scrape |
+//! | `vallum_core_generation` | gauge | core | engine, at scrape |
+//! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
+//! | `vallum_rule_packets_total`, `vallum_rule_bytes_total` | counter (opt-in) | ruleset, family, table, chain, rule | engine, at scrape |
+//! | `rpc_server_duration_seconds` | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
+//!
+//! Deviations from the table, because of what the engine can attribute:
+//! - `vallum_packets_total` has `ruleset="all"`: the engine counts verdicts per (family, hook,
+//!   verdict) only, a verdict is the outcome of all rulesets at a hook. A `family` label is added.
+//! - `vallum_rule_*_total` has a `family` label too: `filter`/`INPUT` exists in both families.
+//!   `rule` is the 1-based rule number, or `policy` for the chain policy.
+//!
+//! ## The barrier histogram
+//! The engine keeps its own log-linear histogram of sampled barrier cost per packet (in
+//! picoseconds), cumulative since start. OTel has no asynchronous histogram, and re-recording the
+//! deltas between scrapes would cost one `record` call per sample and lose the exact sum. So
+//! `vallum_packet_barrier_seconds` is a small Prometheus collector registered in the same
+//! registry ([`Metrics::observe_engine`]), read at scrape time: exact counts and sum, bucket
+//! bounds at powers of two from 2^3 ps (8e-12 s) to 2^20 ps (1.05e-6 s), which are bucket edges
+//! of the engine's histogram, so no count is moved between buckets. It is not pushed via OTLP.
+//!
+//! ## Wiring in the server
+//! ```ignore
+//! let metrics = Metrics::new(args.metrics.clone())?;
+//! metrics.observe_engine(engine.clone())?;                     // once, at start
+//! let _http = metrics.serve(args.metrics.metrics_listen, shutdown.clone()).await?;
+//! Server::builder().layer(metrics.grpc_layer()).layer(auth_layer) ...;
+//! metrics.record_commit(&ruleset, CommitOutcome::Committed, &phases); // after each commit
+//! metrics.set_active_revision(&ruleset, Some(n));              // after commit / rollback / delete
+//! ```
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use pin_project_lite::pin_project;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto;
+use tower_layer::Layer;
+use tower_service::Service;
+use vallum_engine::dataplane::Histogram as EngineHistogram;
+use vallum_engine::engine::{CommitReport, Engine};
+
+use crate::auth;
+
+/// Default address of the `/metrics` HTTP listener.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
+
+/// Bucket bounds of `vallum_commit_duration_seconds`, seconds (1 µs .. 10 s).
+const COMMIT_BOUNDS: &[f64] = &[
+    1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Bucket bounds of `vallum_commit_quiesce_cores_waited`, cores.
+const CORES_BOUNDS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+/// Bucket bounds of `rpc.server.duration`, seconds: the semantic-convention buckets with finer
+/// ones below 5 ms (most of our calls are sub-millisecond).
+const RPC_BOUNDS: &[f64] = &[
+    1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0,
+];
+/// `vallum_packet_barrier_seconds` bounds: powers of two from 2^3 to 2^20 picoseconds.
+const BARRIER_MIN_EXP: u32 = 3;
+const BARRIER_MAX_EXP: u32 = 20;
+
+/// Metric flags of `vallumd`; flatten into the server's clap parser.
+#[derive(Clone, Debug, clap::Args)]
+pub struct MetricsConfig {
+    /// Address of the Prometheus `/metrics` HTTP listener.
+    #[arg(long, env = "VALLUM_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]
+    pub metrics_listen: SocketAddr,
+    /// Export per-rule packet and byte counters (`vallum_rule_*_total`; one series per rule).
+    #[arg(long, env = "VALLUM_METRICS_RULE_COUNTERS")]
+    pub metrics_rule_counters: bool,
+    /// Also push metrics with OTLP/gRPC to this endpoint (e.g. `http://127.0.0.1:4317`), every
+    /// 60 s; needs vallum-ops built with the `otlp` cargo feature.
+    #[arg(long, env = "VALLUM_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> MetricsConfig {
+        MetricsConfig {
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            metrics_rule_counters: false,
+            otlp_endpoint: None,
+        }
+    }
+}
+
+/// Why metrics could not be set up or served.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The OpenTelemetry SDK or exporter refused the configuration.
+    #[error("metrics exporter: {0}")]
+    Exporter(String),
+    /// `--otlp-endpoint` was given but the `otlp` cargo feature is off.
+    #[error("--otlp-endpoint needs vallum-ops built with the `otlp` cargo feature")]
+    OtlpDisabled,
+    /// A collector is already registered (e.g. `observe_engine` called twice).
+    #[error("metrics registry: {0}")]
+    Registry(#[from] prometheus::Error),
+    /// The `/metrics` listener could not be bound.
+    #[error("cannot listen for /metrics on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl MetricsError {
+    /// UPPER_SNAKE reason, as in the error table.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            MetricsError::Exporter(_) => "METRICS_EXPORTER",
+            MetricsError::OtlpDisabled => "OTLP_DISABLED",
+            MetricsError::Registry(_) => "METRICS_REGISTRY",
+            MetricsError::Bind { .. } => "METRICS_BIND",
+        }
+    }
+}
+
+/// How a commit ended (label `outcome`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Made active.
+    Committed,
+    /// Refused (validation, compile, store) or failed; nothing changed.
+    Failed,
+    /// Rolled back, e.g. a confirm deadline passed.
+    RolledBack,
+    /// A pending commit was confirmed.
+    Confirmed,
+}
+
+impl CommitOutcome {
+    /// The label value: `committed`, `failed`, `rolled_back`, `confirmed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommitOutcome::Committed => "committed",
+            CommitOutcome::Failed => "failed",
+            CommitOutcome::RolledBack => "rolled_back",
+            CommitOutcome::Confirmed => "confirmed",
+        }
+    }
+}
+
+/// Phase durations of one commit, in nanoseconds, as in the API's `CommitPhases`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitPhases {
+    /// Validation, ns.
+    pub validate_ns: u64,
+    /// Compilation, ns.
+    pub compile_ns: u64,
+    /// Writing the revision to the store (WAL commit), ns.
+    pub persist_ns: u64,
+    /// Pointer swap and writer barrier, ns.
+    pub publish_ns: u64,
+    /// Waiting for mid-batch cores, ns.
+    pub quiesce_ns: u64,
+    /// Carrying counters, ns.
+    pub carry_ns: u64,
+    /// The whole commit as the caller saw it, ns.
+    pub total_ns: u64,
+    /// Cores that were mid-batch at publish time.
+    pub cores_waited: u32,
+}
+
+impl CommitPhases {
+    /// The phases of an engine commit plus the store's `persist_ns`; total = their sum.
+    pub fn from_report(report: &CommitReport, persist_ns: u64) -> CommitPhases {
+        CommitPhases {
+            validate_ns: report.validate_ns,
+            compile_ns: report.compile_ns,
+            persist_ns,
+            publish_ns: report.publish_ns,
+            quiesce_ns: report.quiesce_ns,
+            carry_ns: report.carry_ns,
+            total_ns: report.total_ns() + persist_ns,
+            cores_waited: u32::try_from(report.cores_waited).unwrap_or(u32::MAX),
+        }
+    }
+
+    fn phases(&self) -> [(&'static str, u64); 6] {
+        [
+            ("validate", self.validate_ns),
+            ("compile", self.compile_ns),
+            ("persist", self.persist_ns),
+            ("publish", self.publish_ns),
+            ("quiesce", self.quiesce_ns),
+            ("carry", self.carry_ns),
+        ]
+    }
+}
+
+fn ns_to_s(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+// === impl Metrics ===
+
+/// The metrics of one server: cheap to clone, share it between services.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    provider: SdkMeterProvider,
+    registry: prometheus::Registry,
+    meter: Meter,
+    rule_counters: bool,
+    commit_duration: Histogram<f64>,
+    cores_waited: Histogram<u64>,
+    commits: Counter<u64>,
+    rpc_duration: Histogram<f64>,
+    /// ruleset -> active revision, read by the `vallum_active_revision` callback.
+    active: Arc<Mutex<BTreeMap<String, u64>>>,
+    /// Observable instruments: kept so their callbacks stay registered.
+    observers: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("rule_counters", &self.inner.rule_counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Builds the meter provider, the Prometheus registry and the instruments fed by calls.
+    pub fn new(config: &MetricsConfig) -> Result<Metrics, MetricsError> {
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .scope_info_enabled(false)
+            .build()
+            .map_err(|e| MetricsError::Exporter(e.to_string()))?;
+        let resource = Resource::builder().with_service_name("vallumd").build();
+        let builder = SdkMeterProvider::builder()
+            .with_resource(resource)
+            .with_reader(exporter);
+        let builder = with_otlp(builder, config.otlp_endpoint.as_deref())?;
+        let provider = builder.build();
+        let meter = provider.meter("vallum");
+
+        let commit_duration = meter
+            .f64_histogram("vallum_commit_duration")
+            .with_unit("s")
+            .with_description(
+                "Duration of each commit phase and of the whole commit (phase=total).",
+            )
+            .with_boundaries(COMMIT_BOUNDS.to_vec())
+            .build();
+        let cores_waited = meter
+            .u64_histogram("vallum_commit_quiesce_cores_waited")
+            .with_description("Cores that were mid-batch at publish time and had to be waited for.")
+            .with_boundaries(CORES_BOUNDS.to_vec())
+            .build();
+        let commits = meter
+            .u64_counter("vallum_commits")
+            .with_description("Commits by ruleset and outcome.")
+            .build();
+        let rpc_duration = meter
+            .f64_histogram("rpc.server.duration")
+            .with_unit("s")
+            .with_description("Duration of inbound gRPC calls (OTel semantic conventions).")
+            .with_boundaries(RPC_BOUNDS.to_vec())
+            .build();
+
+        let active: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+        let active_cb = active.clone();
+        let active_gauge = meter
+            .u64_observable_gauge("vallum_active_revision")
+            .with_description("Active revision number of each ruleset.")
+            .with_callback(move |obs| {
+                let map = active_cb.lock().unwrap_or_else(PoisonError::into_inner);
+                for (ruleset, rev) in map.iter() {
+                    obs.observe(*rev, &[KeyValue::new("ruleset", ruleset.clone())]);
+                }
+            })
+            .build();
+
+        Ok(Metrics {
+            inner: Arc::new(Inner {
+                provider,
+                registry,
+                meter,
+                rule_counters: config.metrics_rule_counters,
+                commit_duration,
+                cores_waited,
+                commits,
+                rpc_duration,
+                active,
+                observers: Mutex::new(vec![Box::new(active_gauge)]),
+            }),
+        })
+    }
+
+    /// Records one commit: each phase and `total` into `vallum_commit_duration_seconds`, the
+    /// cores waited for, and one `vallum_commits_total{ruleset, outcome}`. For a failed commit
+    /// only the phases that ran (non-zero) are recorded; `total` always is.
+    pub fn record_commit(&self, ruleset: &str, outcome: CommitOutcome, phases: &CommitPhases) {
+        let i = &self.inner;
+        let outcome_kv = KeyValue::new("outcome", outcome.as_str());
+        for (phase, ns) in phases.phases() {
+            if ns == 0 && outcome != CommitOutcome::Committed {
+                continue;
+            }
+            i.commit_duration.record(
+                ns_to_s(ns),
+                &[KeyValue::new("phase", phase), outcome_kv.clone()],
+            );
+        }
+        i.commit_duration.record(
+            ns_to_s(phases.total_ns),
+            &[KeyValue::new("phase", "total"), outcome_kv.clone()],
+        );
+        if outcome == CommitOutcome::Committed {
+            i.cores_waited.record(u64::from(phases.cores_waited), &[]);
+        }
+        i.commits.add(
+            1,
+            &[KeyValue::new("ruleset", ruleset.to_owned()), outcome_kv],
+        );
+    }
+
+    /// Sets (`Some`) or removes (`None`, ruleset deleted) `vallum_active_revision{ruleset}`.
+    pub fn set_active_revision(&self, ruleset: &str, revision: Option<u64>) {
+        let mut map = self
+            .inner
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match revision {
+            Some(r) => {
+                map.insert(ruleset.to_owned(), r);
+            }
+            None => {
+                map.remove(ruleset);
+            }
+        }
+    }
+
+    /// Registers the engine-fed metrics, read at scrape time: packets by verdict, core
+    /// generations, the barrier histogram and (opt-in) per-rule counters. Call once; a second
+    /// call fails with [`MetricsError::Registry`].
+    pub fn observe_engine(&self, engine: Arc<Engine>) -> Result<(), MetricsError> {
+        let i = &self.inner;
+        i.registry
+            .register(Box::new(BarrierCollector::new(engine.clone())))?;
+        let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
+
+        let e = engine.clone();
+        keep.push(Box::new(
+            i.meter
+                .u64_observable_counter("vallum_packets")
+                .with_description(
+                    "Packets by final verdict (ruleset=\"all\": verdicts are per hook, not per ruleset).",
+                )
+                .with_callback(move |obs| {
+                    for vc in e.verdict_counts() {
+                        obs.observe(
+                            vc.packets,
+                            &[
+                                KeyValue::new("family", family_name(vc.family)),
+                                KeyValue::new("hook", vc.hook.chain_name()),
+                                KeyValue::new("verdict", vc.verdict),
+                                KeyValue::new("ruleset", "all"),
+                            ],
+                        );
+                    }
+                })
+                .build(),
+        ));
+
+        let e = engine.clone();
+        keep.push(Box::new(
+            i.meter
+                .u64_observable_gauge("vallum_core_generation")
+                .with_description("Generation counter of each core (odd: inside a batch).")
+                .with_callback(move |obs| {
+                    for (core, g) in e.generations().into_iter().enumerate() {
+                        obs.observe(g, &[KeyValue::new("core", core.to_string())]);
+                    }
+                })
+                .build(),
+        ));
+
+        if i.rule_counters {
+            for (name, bytes) in [("vallum_rule_packets", false), ("vallum_rule_bytes", true)] {
+                let e = engine.clone();
+                keep.push(Box::new(
+                    i.meter
+                        .u64_observable_counter(name)
+                        .with_description(if bytes {
+                            "Bytes (layer-3 length) matched by each rule or chain policy."
+                        } else {
+                            "Packets matched by each rule or chain policy."
+                        })
+                        .with_callback(move |obs| {
+                            for c in e.counters() {
+                                let rule = c
+                                    .rule
+                                    .map_or_else(|| "policy".to_owned(), |r| r.to_string());
+                                obs.observe(
+                                    if bytes { c.bytes } else { c.packets },
+                                    &[
+                                        KeyValue::new("ruleset", c.ruleset.to_string()),
+                                        KeyValue::new("family", family_name(c.family)),
+                                        KeyValue::new("table", c.table.name()),
+                                        KeyValue::new("chain", c.chain.to_string()),
+                                        KeyValue::new("rule", rule),
+                                    ],
+                                );
+                            }
+                        })
+                        .build(),
+                ));
+            }
+        }
+        i.observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(keep);
+        Ok(())
+    }
+
+    /// A tower layer recording `rpc.server.duration` for every call; put it outermost in the
+    /// tonic `Server` builder so refused calls (auth, limits) are measured too.
+    pub fn grpc_layer(&self) -> GrpcMetricsLayer {
+        GrpcMetricsLayer {
+            histogram: self.inner.rpc_duration.clone(),
+        }
+    }
+
+    /// The Prometheus text exposition of everything registered.
+    pub fn render(&self) -> Result<String, MetricsError> {
+        let families = self.inner.registry.gather();
+        let mut out = String::new();
+        prometheus::TextEncoder::new().encode_utf8(&families, &mut out)?;
+        Ok(out)
+    }
+
+    /// Binds `addr` and serves `GET /metrics` until `shutdown` resolves. Returns once bound;
+    /// the server runs on a spawned task (needs a tokio runtime).
+    pub async fn serve<F>(
+        &self,
+        addr: SocketAddr,
+        shutdown: F,
+    ) -> Result<MetricsServer, MetricsError>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| MetricsError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| MetricsError::Bind { addr, source })?;
+        let this = self.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let this = this.clone();
+                async move {
+                    match this.render() {
+                        Ok(body) => (
+                            http::StatusCode::OK,
+                            [(http::header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                            body,
+                        ),
+                        Err(e) => (
+                            http::StatusCode::INTERNAL_SERVER_ERROR,
+                            [(http::header::CONTENT_TYPE, "text/plain")],
+                            e.to_string(),
+                        ),
+                    }
+                }
+            }),
+        );
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        });
+        Ok(MetricsServer { local_addr, task })
+    }
+
+    /// Flushes and stops the exporters (OTLP's last push).
+    pub fn shutdown(&self) -> Result<(), MetricsError> {
+        self.inner
+            .provider
+            .shutdown()
+            .map_err(|e| MetricsError::Exporter(e.to_string()))
+    }
+}
+
+#[cfg(feature = "otlp")]
+fn with_otlp(
+    builder: opentelemetry_sdk::metrics::MeterProviderBuilder,
+    endpoint: Option<&str>,
+) -> Result<opentelemetry_sdk::metrics::MeterProviderBuilder, MetricsError> {
+    use opentelemetry_otlp::{MetricExporter, WithExportConfig};
+    let Some(endpoint) = endpoint else {
+        return Ok(builder);
+    };
+    let exporter = MetricExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| MetricsError::Exporter(e.to_string()))?;
+    let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+        .with_interval(std::time::Duration::from_secs(60))
+        .build();
+    Ok(builder.with_reader(reader))
+}
+
+#[cfg(not(feature = "otlp"))]
+fn with_otlp(
+    builder: opentelemetry_sdk::metrics::MeterProviderBuilder,
+    endpoint: Option<&str>,
+) -> Result<opentelemetry_sdk::metrics::MeterProviderBuilder, MetricsError> {
+    match endpoint {
+        None => Ok(builder),
+        Some(_) => Err(MetricsError::OtlpDisabled),
+    }
+}
+
+fn family_name(f: vallum_engine::model::Family) -> &'static str {
+    match f {
+        vallum_engine::model::Family::Ipv4 => "ipv4",
+        vallum_engine::model::Family::Ipv6 => "ipv6",
+    }
+}
+
+/// The running `/metrics` listener.
+#[derive(Debug)]
+pub struct MetricsServer {
+    /// The bound address (useful with port 0).
+    pub local_addr: SocketAddr,
+    /// The server task; ends after the shutdown future resolved.
+    pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+// === impl BarrierCollector ===
+
+/// `vallum_packet_barrier_seconds`, read from the engine's histogram at scrape time.
+struct BarrierCollector {
+    engine: Arc<Engine>,
+    desc: Desc,
+}
+
+impl BarrierCollector {
+    fn new(engine: Arc<Engine>) -> BarrierCollector {
+        // The name, help and label are constants that the test `barrier_histogram_buckets`
+        // exercises, so this cannot fail at run time.
+        #[allow(clippy::expect_used)]
+        let desc = Desc::new(
+            "vallum_packet_barrier_seconds".to_owned(),
+            BARRIER_HELP.to_owned(),
+            vec!["strategy".to_owned()],
+            HashMap::new(),
+        );
+        BarrierCollector {
+            engine,
+            desc: desc.expect("constant metric name and labels are valid"),
+        }
+    }
+}
+
+const BARRIER_HELP: &str =
+    "Sampled barrier cost per packet (1 batch in 1024 per core, batch time / batch size).";
+
+impl Collector for BarrierCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let h = self.engine.barrier_histogram();
+        let mut buckets = Vec::new();
+        let mut engine_buckets = h.buckets().peekable();
+        let mut cumulative = 0u64;
+        for e in BARRIER_MIN_EXP..=BARRIER_MAX_EXP {
+            let bound_ps = 1u64 << e;
+            // Engine buckets are [lo, hi) with hi a power of two at these bounds; a bucket
+            // whose exclusive upper bound is <= 2^e holds only values < 2^e.
+            while let Some((_, count)) = engine_buckets.next_if(|(hi, _)| *hi <= bound_ps) {
+                cumulative += count;
+            }
+            let mut b = proto::Bucket::default();
+            b.set_upper_bound(EngineHistogram::ps_to_seconds(bound_ps));
+            b.set_cumulative_count(cumulative);
+            buckets.push(b);
+        }
+        let mut hist = proto::Histogram::default();
+        hist.set_sample_count(h.count());
+        hist.set_sample_sum(EngineHistogram::ps_to_seconds(h.sum_ps()));
+        hist.set_bucket(buckets);
+        let mut label = proto::LabelPair::default();
+        label.set_name("strategy".to_owned());
+        label.set_value(self.engine.barrier().as_str().to_owned());
+        let mut m = proto::Metric::from_label(vec![label]);
+        m.set_histogram(hist);
+        let mut mf = proto::MetricFamily::default();
+        mf.set_name("vallum_packet_barrier_seconds".to_owned());
+        mf.set_help(BARRIER_HELP.to_owned());
+        mf.set_field_type(proto::MetricType::HISTOGRAM);
+        mf.set_metric(vec![m]);
+        vec![mf]
+    }
+}
+
+// === impl GrpcMetricsLayer ===
+
+/// Records `rpc.server.duration` (seconds, from the request to the end of the response body,
+/// i.e. the trailers) with `rpc.system=grpc`, `rpc.service`, `rpc.method` and
+/// `rpc.grpc.status_code`. Paths that are not methods of our API, health or reflection are
+/// recorded as `rpc.service=_OTHER`, `rpc.method=_OTHER` so that random paths cannot create
+/// unbounded series.
+#[derive(Clone, Debug)]
+pub struct GrpcMetricsLayer {
+    histogram: Histogram<f64>,
+}
+
+impl<S> Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetricsService<S>;
+
+    fn layer(&self, inner: S) -> GrpcMetricsService<S> {
+        GrpcMetricsService {
+            inner,
+            histogram: self.histogram.clone(),
+        }
+    }
+}
+
+/// The service made by [`GrpcMetricsLayer`].
+#[derive(Clone, Debug)]
+pub struct GrpcMetricsService<S> {
+    inner: S,
+    histogram: Histogram<f64>,
+}
+
+/// One call being timed.
+struct Recording {
+    start: Instant,
+    histogram: Histogram<f64>,
+    service: &'static str,
+    method: &'static str,
+}
+
+impl Recording {
+    fn finish(self, code: i64) {
+        self.histogram.record(
+            self.start.elapsed().as_secs_f64(),
+            &[
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", self.service),
+                KeyValue::new("rpc.method", self.method),
+                KeyValue::new("rpc.grpc.status_code", code),
+            ],
+        );
+    }
+}
+
+/// gRPC status code UNKNOWN, for bodies that fail.
+const CODE_UNKNOWN: i64 = 2;
+/// gRPC status code CANCELLED, for bodies dropped before their trailers (client went away).
+const CODE_CANCELLED: i64 = 1;
+
+fn grpc_status(headers: &http::HeaderMap) -> Option<i64> {
+    headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+impl<S, B, RB> Service<http::Request<B>> for GrpcMetricsService<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: Send + 'static,
+{
+    type Response = http::Response<MetricsBody<RB>>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<http::Response<MetricsBody<RB>>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let (service, method) =
+            auth::known_method(req.uri().path()).unwrap_or(("_OTHER", "_OTHER"));
+        let rec = Recording {
+            start: Instant::now(),
+            histogram: self.histogram.clone(),
+            service,
+            method,
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            match fut.await {
+                Ok(resp) => {
+                    // Trailers-only responses (errors before any message) carry the status in
+                    // the headers; others in the trailers at the end of the body.
+                    let rec = match grpc_status(resp.headers()) {
+                        Some(code) => {
+                            rec.finish(code);
+                            None
+                        }
+                        None => Some(rec),
+                    };
+                    Ok(resp.map(|inner| MetricsBody { inner, rec }))
+                }
+                Err(e) => {
+                    rec.finish(CODE_UNKNOWN);
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+pin_project! {
+    /// A response body that records the call's duration when its trailers (or end, or an error)
+    /// pass, or when it is dropped early.
+    pub struct MetricsBody<B> {
+        #[pin]
+        inner: B,
+        rec: Option<Recording>,
+    }
+
+    impl<B> PinnedDrop for MetricsBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(rec) = this.project().rec.take() {
+                rec.finish(CODE_CANCELLED);
+            }
+        }
+    }
+}
+
+impl<B: Default> Default for MetricsBody<B> {
+    fn default() -> MetricsBody<B> {
+        MetricsBody {
+            inner: B::default(),
+            rec: None,
+        }
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for MetricsBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) => {
+                if let Some(code) = f.trailers_ref().and_then(grpc_status) {
+                    if let Some(rec) = this.rec.take() {
+                        rec.finish(code);
+                    }
+                }
+            }
+            Some(Err(_)) | None => {
+                if let Some(rec) = this.rec.take() {
+                    rec.finish(CODE_UNKNOWN);
+                }
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(not(feature = "otlp"))]
+    #[test]
+    fn otlp_endpoint_needs_the_feature() {
+        let e = Metrics::new(&MetricsConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4317".to_owned()),
+            ..MetricsConfig::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.reason(), "OTLP_DISABLED");
+    }
+
+    #[cfg(feature = "otlp")]
+    #[tokio::test]
+    async fn otlp_reader_is_added() {
+        let m = Metrics::new(&MetricsConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4317".to_owned()),
+            ..MetricsConfig::default()
+        })
+        .unwrap();
+        m.record_commit("web", CommitOutcome::Committed, &CommitPhases::default());
+        assert!(m.render().unwrap().contains("vallum_commits_total"));
+    }
+
+    #[test]
+    fn phases_from_engine_report() {
+        let r = CommitReport {
+            validate_ns: 1,
+            compile_ns: 2,
+            publish_ns: 3,
+            quiesce_ns: 4,
+            carry_ns: 5,
+            cores_waited: 2,
+            ..CommitReport::default()
+        };
+        let p = CommitPhases::from_report(&r, 10);
+        assert_eq!((p.persist_ns, p.total_ns, p.cores_waited), (10, 25, 2));
+        // The collector's constant descriptor is valid (its `expect` cannot fire).
+        let desc = BarrierCollector::new(Arc::new(Engine::new(
+            vallum_engine::engine::EngineConfig {
+                cores: 1,
+                barrier: vallum_engine::dataplane::BarrierStrategy::SeqCst,
+            },
+            Arc::new(Zero),
+        )));
+        assert_eq!(desc.desc()[0].fq_name, "vallum_packet_barrier_seconds");
+    }
+
+    struct Zero;
+
+    impl vallum_engine::Clock for Zero {
+        fn now_ns(&self) -> u64 {
+            0
+        }
+    }
+}
