@@ -1,0 +1,1 @@
+//! content (work in progress).

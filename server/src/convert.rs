@@ -1,0 +1,1 @@
+//! convert (work in progress).

@@ -1,0 +1,1 @@
+//! sources (work in progress).
