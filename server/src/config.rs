@@ -170,8 +170,8 @@ mod tests {
         assert_eq!(c.db, PathBuf::from("./vallum.db"));
         assert_eq!(c.source, Source::None);
         assert!(c.cores >= 1);
-        let c = Config::from_args(["vallumd", "--source", "pcap:/tmp/x.pcap", "--rate", "5"])
-            .unwrap();
+        let c =
+            Config::from_args(["vallumd", "--source", "pcap:/tmp/x.pcap", "--rate", "5"]).unwrap();
         assert_eq!(c.source, Source::Pcap("/tmp/x.pcap".into()));
         assert_eq!(c.rate, 5);
         assert!(Config::from_args(["vallumd", "--source", "bogus"]).is_err());

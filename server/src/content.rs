@@ -74,7 +74,9 @@ impl Content {
                 ..ParseOptions::default()
             };
             let rs = restore::parse_ruleset(name, text, &opts).map_err(|e| {
-                Error::Internal(format!("stored content of ruleset {name} does not parse: {e}"))
+                Error::Internal(format!(
+                    "stored content of ruleset {name} does not parse: {e}"
+                ))
             })?;
             tables.extend(rs.tables);
         }
@@ -163,7 +165,10 @@ impl Checked {
             .iter()
             .filter(|f| f.severity == Severity::Error)
             .collect();
-        let reason = if errors.iter().any(|f| f.reason == Reason::UnsupportedExtension) {
+        let reason = if errors
+            .iter()
+            .any(|f| f.reason == Reason::UnsupportedExtension)
+        {
             Reason::UnsupportedExtension
         } else {
             Reason::InvalidRuleset
@@ -349,7 +354,11 @@ mod tests {
         let t = "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n";
         let c = check("a", 0, &text(t, Family::Ipv4), &NoSets).unwrap();
         assert!(c.valid());
-        assert!(c.content.v4.contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT"));
+        assert!(
+            c.content
+                .v4
+                .contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT")
+        );
         let rs = c.content.to_ruleset("a", 0).unwrap();
         assert_eq!(Content::from_tables(&rs.tables), c.content);
         assert_eq!(c.content.digest().len(), 64);
@@ -365,7 +374,10 @@ mod tests {
         };
         assert_eq!(reason, Reason::InvalidRuleset);
         assert_eq!(violations[0].field, "source.text.content");
-        assert!(violations[0].description.starts_with("t.rules:3:"), "{violations:?}");
+        assert!(
+            violations[0].description.starts_with("t.rules:3:"),
+            "{violations:?}"
+        );
     }
 
     #[test]
@@ -376,6 +388,9 @@ mod tests {
             panic!("expected invalid")
         };
         assert_eq!(reason, Reason::UnsupportedExtension);
-        assert!(violations[0].description.contains("recent"), "{violations:?}");
+        assert!(
+            violations[0].description.contains("recent"),
+            "{violations:?}"
+        );
     }
 }

@@ -26,13 +26,16 @@ pub fn ruleset_id(field: &str, s: &str) -> Result<String> {
     let s = s.strip_prefix("rulesets/").unwrap_or(s);
     let ok = !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if ok {
         Ok(s.to_string())
     } else {
         Err(Error::invalid(
             field,
-            format!("{s:?} is not a ruleset name (1-63 characters of A-Z a-z 0-9 . _ -, optionally prefixed rulesets/)"),
+            format!(
+                "{s:?} is not a ruleset name (1-63 characters of A-Z a-z 0-9 . _ -, optionally prefixed rulesets/)"
+            ),
         ))
     }
 }
@@ -67,7 +70,9 @@ pub fn revision_resource(ruleset: &str, n: u64) -> String {
 pub fn duration(field: &str, d: Option<&prost_types::Duration>) -> Result<Option<Duration>> {
     match d {
         None => Ok(None),
-        Some(d) if d.seconds < 0 || d.nanos < 0 => Err(Error::invalid(field, "must not be negative")),
+        Some(d) if d.seconds < 0 || d.nanos < 0 => {
+            Err(Error::invalid(field, "must not be negative"))
+        }
         Some(d) => {
             let d = Duration::new(d.seconds as u64, d.nanos as u32);
             Ok((!d.is_zero()).then_some(d))
@@ -107,10 +112,17 @@ impl TryFrom<&pb::RulesetSource> for RulesetInput {
     fn try_from(src: &pb::RulesetSource) -> Result<Self> {
         use pb::ruleset_source::Source;
         match &src.source {
-            None => Err(Error::invalid("source", "a ruleset source (text or structured) is required")),
+            None => Err(Error::invalid(
+                "source",
+                "a ruleset source (text or structured) is required",
+            )),
             Some(Source::Text(t)) => {
                 let family = family_of("source.text.family", t.family)?;
-                let filename = if t.filename.is_empty() { "<request>".to_string() } else { t.filename.clone() };
+                let filename = if t.filename.is_empty() {
+                    "<request>".to_string()
+                } else {
+                    t.filename.clone()
+                };
                 let mut parts = vec![TextPart {
                     text: t.content.clone(),
                     family,
@@ -142,7 +154,10 @@ impl TryFrom<&pb::RulesetSource> for RulesetInput {
 
 fn quote(field: &str, s: &str) -> Result<String> {
     if s.contains('"') || s.contains('\n') || s.contains('\\') {
-        return Err(Error::invalid(field, format!("{s:?} contains a quote, backslash or newline")));
+        return Err(Error::invalid(
+            field,
+            format!("{s:?} contains a quote, backslash or newline"),
+        ));
     }
     if s.is_empty() || s.contains(char::is_whitespace) {
         Ok(format!("\"{s}\""))
@@ -174,7 +189,11 @@ fn extension(out: &mut Vec<String>, field: &str, e: &pb::Extension) -> Result<()
         if o.negated {
             out.push("!".into());
         }
-        let name = if o.name.starts_with('-') { o.name.clone() } else { format!("--{}", o.name) };
+        let name = if o.name.starts_with('-') {
+            o.name.clone()
+        } else {
+            format!("--{}", o.name)
+        };
         out.push(quote(&f, &name)?);
         for a in &o.args {
             out.push(quote(&f, a)?);
@@ -186,11 +205,36 @@ fn extension(out: &mut Vec<String>, field: &str, e: &pb::Extension) -> Result<()
 /// The restore text of one structured rule (the part after `-A CHAIN `).
 fn rule_text(field: &str, r: &pb::RuleSpec) -> Result<String> {
     let mut out = Vec::new();
-    neg(&mut out, &format!("{field}.source"), "-s", r.source.as_ref())?;
-    neg(&mut out, &format!("{field}.destination"), "-d", r.destination.as_ref())?;
-    neg(&mut out, &format!("{field}.in_interface"), "-i", r.in_interface.as_ref())?;
-    neg(&mut out, &format!("{field}.out_interface"), "-o", r.out_interface.as_ref())?;
-    neg(&mut out, &format!("{field}.protocol"), "-p", r.protocol.as_ref())?;
+    neg(
+        &mut out,
+        &format!("{field}.source"),
+        "-s",
+        r.source.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.destination"),
+        "-d",
+        r.destination.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.in_interface"),
+        "-i",
+        r.in_interface.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.out_interface"),
+        "-o",
+        r.out_interface.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.protocol"),
+        "-p",
+        r.protocol.as_ref(),
+    )?;
     match r.fragment.as_str() {
         "" => {}
         "fragment" => out.push("-f".into()),
@@ -237,10 +281,15 @@ fn structured(spec: &pb::RulesetSpec) -> Result<RulesetInput> {
                 &mut parts[n]
             }
         };
-        let mut lines: Vec<(String, String)> = vec![(format!("*{}", t.table), format!("{tf}.table"))];
+        let mut lines: Vec<(String, String)> =
+            vec![(format!("*{}", t.table), format!("{tf}.table"))];
         for (ci, c) in t.chains.iter().enumerate() {
             let cf = format!("{tf}.chains[{ci}]");
-            let policy = if c.policy.is_empty() { "-" } else { c.policy.as_str() };
+            let policy = if c.policy.is_empty() {
+                "-"
+            } else {
+                c.policy.as_str()
+            };
             lines.push((format!(":{} {policy} [0:0]", c.name), cf));
         }
         for (ci, c) in t.chains.iter().enumerate() {
@@ -263,10 +312,16 @@ fn structured(spec: &pb::RulesetSpec) -> Result<RulesetInput> {
         }
     }
     if !errors.is_empty() {
-        return Err(Error::BadRequest { reason: Reason::InvalidArgument, violations: errors });
+        return Err(Error::BadRequest {
+            reason: Reason::InvalidArgument,
+            violations: errors,
+        });
     }
     if parts.is_empty() {
-        return Err(Error::invalid("source.structured.tables", "at least one table is required"));
+        return Err(Error::invalid(
+            "source.structured.tables",
+            "at least one table is required",
+        ));
     }
     Ok(RulesetInput { parts })
 }
@@ -309,7 +364,11 @@ pub fn revision(r: &RevisionRow, content: bool, warnings: &[Finding]) -> pb::Rev
         message: r.message.clone(),
         create_time: Some(timestamp(r.created_at)),
         state: state_pb(r.state) as i32,
-        content: if content { r.content.combined() } else { String::new() },
+        content: if content {
+            r.content.combined()
+        } else {
+            String::new()
+        },
         rule_count: r.rule_count,
         warnings: warnings.iter().map(violation).collect(),
     }
@@ -386,7 +445,9 @@ fn protocol(field: &str, s: &str) -> Result<u8> {
         "icmpv6" | "ipv6-icmp" | "icmp6" => 58,
         "sctp" => 132,
         "udplite" => 136,
-        other => other.parse().map_err(|_| Error::invalid(field, format!("unknown protocol {s:?}")))?,
+        other => other
+            .parse()
+            .map_err(|_| Error::invalid(field, format!("unknown protocol {s:?}")))?,
     })
 }
 
@@ -402,7 +463,10 @@ pub fn hook(field: &str, s: &str) -> Result<Hook> {
         return Ok(Hook::Input);
     }
     Hook::from_chain_name(&s.to_ascii_uppercase()).ok_or_else(|| {
-        Error::invalid(field, format!("unknown hook {s:?} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)"))
+        Error::invalid(
+            field,
+            format!("unknown hook {s:?} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)"),
+        )
     })
 }
 
@@ -416,7 +480,9 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
             if s.is_empty() {
                 return Ok(None);
             }
-            s.parse().map(Some).map_err(|_| Error::invalid(field, format!("{s:?} is not an IP address")))
+            s.parse()
+                .map(Some)
+                .map_err(|_| Error::invalid(field, format!("{s:?} is not an IP address")))
         };
         let src = addr("packet.source", &p.source)?;
         let dst = addr("packet.destination", &p.destination)?;
@@ -435,7 +501,10 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
         };
         let (src, dst) = (src.unwrap_or(unspecified), dst.unwrap_or(unspecified));
         if src.is_ipv4() != (family == Family::Ipv4) || dst.is_ipv4() != (family == Family::Ipv4) {
-            return Err(Error::invalid("packet.family", "addresses do not match the family"));
+            return Err(Error::invalid(
+                "packet.family",
+                "addresses do not match the family",
+            ));
         }
         let port = |field: &str, v: u32| -> Result<u16> {
             u16::try_from(v).map_err(|_| Error::invalid(field, "ports are 0..65535"))
@@ -452,7 +521,12 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
                 'P' => tcp_flags::PSH,
                 'A' => tcp_flags::ACK,
                 'U' => tcp_flags::URG,
-                _ => return Err(Error::invalid("packet.tcp_flags", format!("{c:?} is not one of FSRPAU"))),
+                _ => {
+                    return Err(Error::invalid(
+                        "packet.tcp_flags",
+                        format!("{c:?} is not one of FSRPAU"),
+                    ));
+                }
             };
         }
         let ct = match p.ct_state.to_ascii_uppercase().as_str() {
@@ -461,7 +535,12 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
             "RELATED" => ct_state::RELATED,
             "INVALID" => ct_state::INVALID,
             "UNTRACKED" => ct_state::UNTRACKED,
-            other => return Err(Error::invalid("packet.ct_state", format!("unknown state {other:?}"))),
+            other => {
+                return Err(Error::invalid(
+                    "packet.ct_state",
+                    format!("unknown state {other:?}"),
+                ));
+            }
         };
         let src_mac = if p.source_mac.is_empty() {
             None
@@ -533,7 +612,9 @@ pub fn rule_text_of(
 /// A trace step, with the rule text looked up in `rulesets`.
 pub fn trace_step(s: &TraceStep, rulesets: &[std::sync::Arc<Ruleset>]) -> pb::TraceStep {
     let text = match s.rule {
-        Some(n) => rule_text_of(rulesets, &s.ruleset, s.family, s.table, &s.chain, n).unwrap_or_default(),
+        Some(n) => {
+            rule_text_of(rulesets, &s.ruleset, s.family, s.table, &s.chain, n).unwrap_or_default()
+        }
         None => String::new(),
     };
     pb::TraceStep {
@@ -554,5 +635,8 @@ pub fn verdict(v: Verdict) -> &'static str {
 
 /// Field violations as a bad request with reason INVALID_ARGUMENT.
 pub fn bad_request(violations: Vec<FieldViolation>) -> Error {
-    Error::BadRequest { reason: Reason::InvalidArgument, violations }
+    Error::BadRequest {
+        reason: Reason::InvalidArgument,
+        violations,
+    }
 }

@@ -184,7 +184,9 @@ pub enum Error {
 
 fn first(v: &[FieldViolation]) -> String {
     match v.first() {
-        Some(f) if v.len() > 1 => format!("{}: {} (and {} more)", f.field, f.description, v.len() - 1),
+        Some(f) if v.len() > 1 => {
+            format!("{}: {} (and {} more)", f.field, f.description, v.len() - 1)
+        }
         Some(f) => format!("{}: {}", f.field, f.description),
         None => String::from("bad request"),
     }
@@ -272,7 +274,10 @@ mod tests {
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
         let d = s.get_error_details();
         assert_eq!(d.error_info().unwrap().reason, "INVALID_ARGUMENT");
-        assert_eq!(d.bad_request().unwrap().field_violations[0].field, "source.text.content");
+        assert_eq!(
+            d.bad_request().unwrap().field_violations[0].field,
+            "source.text.content"
+        );
         let s: tonic::Status = Error::EtagMismatch {
             name: "rulesets/a".into(),
             given: "x".into(),
@@ -280,6 +285,13 @@ mod tests {
         }
         .into();
         assert_eq!(s.code(), tonic::Code::FailedPrecondition);
-        assert_eq!(s.get_error_details().precondition_failure().unwrap().violations.len(), 1);
+        assert_eq!(
+            s.get_error_details()
+                .precondition_failure()
+                .unwrap()
+                .violations
+                .len(),
+            1
+        );
     }
 }

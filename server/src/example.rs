@@ -41,7 +41,11 @@ mod tests {
     #[test]
     fn example_is_valid_and_has_both_families() {
         let c = crate::content::check(NAME, 0, &input(), &NoSets).unwrap();
-        let errors: Vec<_> = c.findings.iter().filter(|f| f.severity == vallum_engine::validate::Severity::Error).collect();
+        let errors: Vec<_> = c
+            .findings
+            .iter()
+            .filter(|f| f.severity == vallum_engine::validate::Severity::Error)
+            .collect();
         assert!(errors.is_empty(), "{errors:#?}");
         assert!(!c.content.v4.is_empty() && !c.content.v6.is_empty());
         assert!(c.ruleset.rule_count() > 50);

@@ -135,6 +135,11 @@ impl Pipeline {
         &self.store
     }
 
+    /// Now on the engine's clock (ns): the time base of `-m limit` and of the workers.
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
     /// The hooks.
     pub fn hooks(&self) -> &Hooks {
         &self.hooks
@@ -147,7 +152,10 @@ impl Pipeline {
 
     /// Active rulesets: name -> (revision, priority).
     pub fn active(&self) -> BTreeMap<String, (u64, i32)> {
-        self.active.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Loads every active revision of the store into the engine (one atomic engine commit).
@@ -174,12 +182,11 @@ impl Pipeline {
         }
         let n = models.len();
         let engine = self.engine.clone();
-        let committed = tokio::task::spawn_blocking(move || {
-            engine.commit(Change::ReplaceAll(models), &NoSets)
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("load task: {e}")))?
-        .map_err(|e| Error::Commit(e.to_string()))?;
+        let committed =
+            tokio::task::spawn_blocking(move || engine.commit(Change::ReplaceAll(models), &NoSets))
+                .await
+                .map_err(|e| Error::Internal(format!("load task: {e}")))?
+                .map_err(|e| Error::Commit(e.to_string()))?;
         drop(committed);
         *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads;
         Ok(n)
@@ -312,14 +319,23 @@ impl Pipeline {
     pub async fn confirm(&self, ruleset: &str, number: u64) -> Result<RevisionRow> {
         let _w = self.write.lock().await;
         self.revision(ruleset, number).await?;
-        let rev = self.store.confirm(ruleset, number).await?.ok_or_else(|| {
-            Error::Precondition {
-                kind: "REVISION_STATE",
-                subject: format!("rulesets/{ruleset}/revisions/{number}"),
-                message: "no commit of this revision is waiting for confirmation".into(),
-            }
-        })?;
-        self.emit(ruleset, number, Outcome::Confirmed, Phases::default(), None, 0);
+        let rev =
+            self.store
+                .confirm(ruleset, number)
+                .await?
+                .ok_or_else(|| Error::Precondition {
+                    kind: "REVISION_STATE",
+                    subject: format!("rulesets/{ruleset}/revisions/{number}"),
+                    message: "no commit of this revision is waiting for confirmation".into(),
+                })?;
+        self.emit(
+            ruleset,
+            number,
+            Outcome::Confirmed,
+            Phases::default(),
+            None,
+            0,
+        );
         Ok(rev)
     }
 
@@ -406,7 +422,14 @@ impl Pipeline {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .remove(&c.ruleset);
-                    self.emit(&c.ruleset, c.revision, Outcome::RolledBack, Phases::default(), None, 0);
+                    self.emit(
+                        &c.ruleset,
+                        c.revision,
+                        Outcome::RolledBack,
+                        Phases::default(),
+                        None,
+                        0,
+                    );
                 }
             }
             done += 1;
@@ -415,7 +438,10 @@ impl Pipeline {
     }
 
     /// Runs [`Pipeline::expire_confirms`] every `interval` until the returned task is aborted.
-    pub fn spawn_confirm_timer(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_confirm_timer(
+        self: &Arc<Self>,
+        interval: Duration,
+    ) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
@@ -429,10 +455,13 @@ impl Pipeline {
     }
 
     async fn ruleset(&self, name: &str) -> Result<RulesetRow> {
-        self.store.get_ruleset(name).await?.ok_or_else(|| Error::NotFound {
-            kind: "ruleset",
-            name: format!("rulesets/{name}"),
-        })
+        self.store
+            .get_ruleset(name)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                kind: "ruleset",
+                name: format!("rulesets/{name}"),
+            })
     }
 
     async fn revision(&self, ruleset: &str, number: u64) -> Result<RevisionRow> {
@@ -524,7 +553,14 @@ impl Pipeline {
             Ok(Err(e)) => {
                 let msg = e.to_string();
                 self.store.revert_commit(&persisted, &msg).await?;
-                self.emit(&job.ruleset, persisted.revision.number, Outcome::Failed, Phases::default(), Some(msg.clone()), 0);
+                self.emit(
+                    &job.ruleset,
+                    persisted.revision.number,
+                    Outcome::Failed,
+                    Phases::default(),
+                    Some(msg.clone()),
+                    0,
+                );
                 return Err(Error::Commit(msg));
             }
             Err(e) => {
@@ -545,7 +581,10 @@ impl Pipeline {
         self.active
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(job.ruleset.clone(), (persisted.revision.number, persisted.ruleset.priority));
+            .insert(
+                job.ruleset.clone(),
+                (persisted.revision.number, persisted.ruleset.priority),
+            );
         // Phase columns are informative; a failure to write them does not undo the commit.
         if let Err(e) = self.store.finish_commit(persisted.commit_id, &phases).await {
             eprintln!("vallumd: recording commit phases failed: {e}");

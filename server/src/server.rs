@@ -112,13 +112,22 @@ pub async fn run_with(
         clock.clone(),
     ));
     let store = crate::store::Store::open(&config.db).await?;
-    let pipeline = Arc::new(Pipeline::new(engine.clone(), store.clone(), clock.clone(), hooks.clone()));
+    let pipeline = Arc::new(Pipeline::new(
+        engine.clone(),
+        store.clone(),
+        clock.clone(),
+        hooks.clone(),
+    ));
     let state = State::new(pipeline.clone(), config.source.to_string());
 
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_service_status("", ServingStatus::NotServing).await;
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
     for s in SERVICES {
-        reporter.set_service_status(s, ServingStatus::NotServing).await;
+        reporter
+            .set_service_status(s, ServingStatus::NotServing)
+            .await;
     }
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(vallum_proto::FILE_DESCRIPTOR_SET)
@@ -159,11 +168,19 @@ pub async fn run_with(
     if config.example && store.list_rulesets().await?.is_empty() {
         let checked = content::check(example::NAME, 0, &example::input(), &NoSets)?;
         pipeline
-            .apply(checked, "vallumd --example", "bundled example ruleset", None, None)
+            .apply(
+                checked,
+                "vallumd --example",
+                "bundled example ruleset",
+                None,
+                None,
+            )
             .await?;
     }
     state.ready.store(true, Ordering::Release);
-    reporter.set_service_status("", ServingStatus::Serving).await;
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
     for s in SERVICES {
         reporter.set_service_status(s, ServingStatus::Serving).await;
     }
@@ -198,7 +215,11 @@ pub async fn run_with(
                 (format!("{fam} {} {}", v.hook, v.verdict), v.packets)
             })
             .collect(),
-        active: pipeline.active().into_iter().map(|(k, v)| (k, v.0)).collect(),
+        active: pipeline
+            .active()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect(),
     };
     store.close().await;
     Ok(summary)

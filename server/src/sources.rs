@@ -36,7 +36,10 @@ pub struct Sources {
 
 enum Feed {
     Synthetic(Synth),
-    Replay { packets: Arc<[PacketMeta]>, next: usize },
+    Replay {
+        packets: Arc<[PacketMeta]>,
+        next: usize,
+    },
 }
 
 impl Feed {
@@ -75,22 +78,33 @@ impl Sources {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = engine.cores();
         let replay: Option<Arc<[PacketMeta]>> = match source {
-            Source::None => return Ok(Sources { stop, threads: Vec::new() }),
+            Source::None => {
+                return Ok(Sources {
+                    stop,
+                    threads: Vec::new(),
+                });
+            }
             Source::Synthetic => None,
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::Internal(format!("read {}: {e}", path.display())))?;
                 let caps = read_capture(&bytes)
                     .map_err(|e| Error::Internal(format!("{}: {e}", path.display())))?;
-                let metas: Vec<PacketMeta> =
-                    caps.iter().filter_map(|c| c.parse(base_packet()).ok()).collect();
+                let metas: Vec<PacketMeta> = caps
+                    .iter()
+                    .filter_map(|c| c.parse(base_packet()).ok())
+                    .collect();
                 if metas.is_empty() {
                     return Err(Error::Internal(format!("{}: no IP packet", path.display())));
                 }
                 Some(metas.into())
             }
         };
-        let per_core = if rate == 0 { 0 } else { (rate / cores as u64).max(1) };
+        let per_core = if rate == 0 {
+            0
+        } else {
+            (rate / cores as u64).max(1)
+        };
         let mut threads = Vec::with_capacity(cores);
         for core in 0..cores {
             let mut feed = match &replay {

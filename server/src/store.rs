@@ -65,7 +65,11 @@ impl FromStr for RevisionState {
             "SUPERSEDED" => RevisionState::Superseded,
             "REJECTED" => RevisionState::Rejected,
             "PENDING_CONFIRM" => RevisionState::PendingConfirm,
-            _ => return Err(Error::Internal(format!("unknown revision state {s:?} in store"))),
+            _ => {
+                return Err(Error::Internal(format!(
+                    "unknown revision state {s:?} in store"
+                )));
+            }
         })
     }
 }
@@ -103,7 +107,11 @@ impl FromStr for Outcome {
             "FAILED" => Outcome::Failed,
             "ROLLED_BACK" => Outcome::RolledBack,
             "CONFIRMED" => Outcome::Confirmed,
-            _ => return Err(Error::Internal(format!("unknown commit outcome {s:?} in store"))),
+            _ => {
+                return Err(Error::Internal(format!(
+                    "unknown commit outcome {s:?} in store"
+                )));
+            }
         })
     }
 }
@@ -578,7 +586,7 @@ impl Store {
         expected_etag: Option<&str>,
     ) -> Result<(RulesetRow, RevisionRow)> {
         let now = now_ns();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rs = ensure_ruleset(&mut tx, &new.ruleset, new.priority, now).await?;
         check_etag(&rs, expected_etag)?;
         let number = insert_revision(&mut tx, &rs, new, RevisionState::Staged, now).await?;
@@ -602,9 +610,11 @@ impl Store {
     /// [`Error::EtagMismatch`], [`Error::Store`].
     pub async fn persist_commit(&self, c: &PersistCommit) -> Result<Persisted> {
         let now = now_ns();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rs = match &c.target {
-            CommitTarget::New(new) => ensure_ruleset(&mut tx, &c.ruleset, new.priority, now).await?,
+            CommitTarget::New(new) => {
+                ensure_ruleset(&mut tx, &c.ruleset, new.priority, now).await?
+            }
             CommitTarget::Staged(_) => {
                 ruleset_in(&mut tx, &c.ruleset)
                     .await?
@@ -618,12 +628,13 @@ impl Store {
         let number = match &c.target {
             CommitTarget::New(new) => insert_revision(&mut tx, &rs, new, c.state, now).await?,
             CommitTarget::Staged(n) => {
-                let rev = revision_in(&mut tx, &c.ruleset, *n)
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        kind: "revision",
-                        name: format!("rulesets/{}/revisions/{n}", c.ruleset),
-                    })?;
+                let rev =
+                    revision_in(&mut tx, &c.ruleset, *n)
+                        .await?
+                        .ok_or_else(|| Error::NotFound {
+                            kind: "revision",
+                            name: format!("rulesets/{}/revisions/{n}", c.ruleset),
+                        })?;
                 if rev.state != RevisionState::Staged {
                     return Err(Error::Precondition {
                         kind: "REVISION_STATE",
@@ -710,15 +721,21 @@ impl Store {
     /// Errors: [`Error::Store`].
     pub async fn revert_commit(&self, p: &Persisted, error: &str) -> Result<()> {
         let now = now_ns();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let name = &p.ruleset.name;
         set_state(&mut tx, name, p.revision.number, RevisionState::Rejected).await?;
         if let Some((prev, state)) = p.previous {
             set_state(&mut tx, name, prev, state).await?;
         }
         if let Some(rs) = ruleset_in(&mut tx, name).await? {
-            set_ruleset_heads(&mut tx, &rs, rs.latest_revision, p.previous.map(|x| x.0), now)
-                .await?;
+            set_ruleset_heads(
+                &mut tx,
+                &rs,
+                rs.latest_revision,
+                p.previous.map(|x| x.0),
+                now,
+            )
+            .await?;
         }
         sqlx::query("UPDATE commits SET outcome = 'FAILED', error = ?, confirm_deadline = NULL WHERE id = ?")
             .bind(error)
@@ -735,7 +752,7 @@ impl Store {
     /// Errors: [`Error::Store`].
     pub async fn deactivate(&self, ruleset: &str, revision: u64, started_at: i64) -> Result<i64> {
         let now = now_ns();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         set_state(&mut tx, ruleset, revision, RevisionState::Rejected).await?;
         if let Some(rs) = ruleset_in(&mut tx, ruleset).await? {
             set_ruleset_heads(&mut tx, &rs, rs.latest_revision, None, now).await?;
@@ -765,7 +782,7 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn confirm(&self, ruleset: &str, revision: u64) -> Result<Option<RevisionRow>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let done = sqlx::query(
             "UPDATE commits SET outcome = 'CONFIRMED', confirm_deadline = NULL \
              WHERE ruleset = ? AND revision = ? AND confirm_deadline IS NOT NULL",
@@ -811,7 +828,7 @@ impl Store {
     ///
     /// Errors: [`Error::EtagMismatch`], [`Error::Store`].
     pub async fn delete_ruleset(&self, name: &str, expected_etag: Option<&str>) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let Some(rs) = ruleset_in(&mut tx, name).await? else {
             return Ok(false);
         };
@@ -836,18 +853,24 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn idempotent_get(&self, method: &str, request_id: &str) -> Result<Option<Vec<u8>>> {
-        let row = sqlx::query("SELECT response FROM idempotency WHERE method = ? AND request_id = ?")
-            .bind(method)
-            .bind(request_id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row =
+            sqlx::query("SELECT response FROM idempotency WHERE method = ? AND request_id = ?")
+                .bind(method)
+                .bind(request_id)
+                .fetch_optional(&self.pool)
+                .await?;
         Ok(row.map(|r| r.try_get("response")).transpose()?)
     }
 
     /// Stores the response of a call with this request id (the first one wins).
     ///
     /// Errors: [`Error::Store`].
-    pub async fn idempotent_put(&self, method: &str, request_id: &str, response: &[u8]) -> Result<()> {
+    pub async fn idempotent_put(
+        &self,
+        method: &str,
+        request_id: &str,
+        response: &[u8],
+    ) -> Result<()> {
         sqlx::query(
             "INSERT OR IGNORE INTO idempotency (method, request_id, response, created_at) VALUES (?, ?, ?, ?)",
         )
@@ -926,7 +949,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/v.db");
         let store = Store::open(&path).await.unwrap();
-        let (rs, r1) = store.stage(&new_rev("a", "*filter\nCOMMIT\n"), None).await.unwrap();
+        let (rs, r1) = store
+            .stage(&new_rev("a", "*filter\nCOMMIT\n"), None)
+            .await
+            .unwrap();
         assert_eq!(r1.number, 1);
         assert_eq!(r1.state, RevisionState::Staged);
         assert!(matches!(
@@ -941,7 +967,9 @@ mod tests {
         assert_ne!(p.ruleset.etag, rs.etag);
         // Committing it again is refused.
         assert!(matches!(
-            store.persist_commit(&commit("a", CommitTarget::Staged(1))).await,
+            store
+                .persist_commit(&commit("a", CommitTarget::Staged(1)))
+                .await,
             Err(Error::Precondition { .. })
         ));
         let p2 = store
@@ -950,7 +978,10 @@ mod tests {
             .unwrap();
         assert_eq!(p2.revision.number, 2);
         assert_eq!(p2.previous, Some((1, RevisionState::Active)));
-        store.finish_commit(p2.commit_id, &Phases::default()).await.unwrap();
+        store
+            .finish_commit(p2.commit_id, &Phases::default())
+            .await
+            .unwrap();
         store.close().await;
 
         let store = Store::open(&path).await.unwrap();
@@ -963,7 +994,15 @@ mod tests {
         );
         assert_eq!(store.commits("a").await.unwrap().len(), 2);
         store.revert_commit(&p2, "boom").await.unwrap();
-        assert_eq!(store.get_ruleset("a").await.unwrap().unwrap().active_revision, Some(1));
+        assert_eq!(
+            store
+                .get_ruleset("a")
+                .await
+                .unwrap()
+                .unwrap()
+                .active_revision,
+            Some(1)
+        );
         assert!(store.delete_ruleset("a", None).await.unwrap());
         assert!(store.list_rulesets().await.unwrap().is_empty());
     }
@@ -982,7 +1021,10 @@ mod tests {
         assert!(store.pending_confirms().await.unwrap().is_empty());
         store.idempotent_put("Apply", "r1", b"one").await.unwrap();
         store.idempotent_put("Apply", "r1", b"two").await.unwrap();
-        assert_eq!(store.idempotent_get("Apply", "r1").await.unwrap().unwrap(), b"one");
+        assert_eq!(
+            store.idempotent_get("Apply", "r1").await.unwrap().unwrap(),
+            b"one"
+        );
         assert!(store.idempotent_get("Stage", "r1").await.unwrap().is_none());
     }
 }

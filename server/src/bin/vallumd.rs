@@ -4,7 +4,10 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let config = vallum_server::Config::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("vallumd: cannot start the runtime: {e}");

@@ -24,9 +24,16 @@ impl CountersApi {
 
 #[tonic::async_trait]
 impl CounterService for CountersApi {
-    async fn get_counters(&self, request: Request<pb::GetCountersRequest>) -> Result<Response<pb::GetCountersResponse>, Status> {
+    async fn get_counters(
+        &self,
+        request: Request<pb::GetCountersRequest>,
+    ) -> Result<Response<pb::GetCountersResponse>, Status> {
         let r = request.into_inner();
-        let filter = if r.ruleset.is_empty() { None } else { Some(convert::ruleset_id("ruleset", &r.ruleset)?) };
+        let filter = if r.ruleset.is_empty() {
+            None
+        } else {
+            Some(convert::ruleset_id("ruleset", &r.ruleset)?)
+        };
         let engine = self.state.pipeline.engine();
         let rulesets: Vec<_> = engine.rulesets().into_values().collect();
         let counters = engine
@@ -35,7 +42,10 @@ impl CounterService for CountersApi {
             .filter(|c| filter.as_deref().is_none_or(|f| f == &*c.ruleset))
             .map(|c| {
                 let text = match c.rule {
-                    Some(n) => convert::rule_text_of(&rulesets, &c.ruleset, c.family, c.table, &c.chain, n).unwrap_or_default(),
+                    Some(n) => {
+                        convert::rule_text_of(&rulesets, &c.ruleset, c.family, c.table, &c.chain, n)
+                            .unwrap_or_default()
+                    }
                     None => rulesets
                         .iter()
                         .find(|r| *r.name == *c.ruleset)
@@ -60,10 +70,20 @@ impl CounterService for CountersApi {
         Ok(Response::new(pb::GetCountersResponse { counters }))
     }
 
-    async fn zero_counters(&self, request: Request<pb::ZeroCountersRequest>) -> Result<Response<pb::ZeroCountersResponse>, Status> {
+    async fn zero_counters(
+        &self,
+        request: Request<pb::ZeroCountersRequest>,
+    ) -> Result<Response<pb::ZeroCountersResponse>, Status> {
         let r = request.into_inner();
-        let filter = if r.ruleset.is_empty() { None } else { Some(convert::ruleset_id("ruleset", &r.ruleset)?) };
-        self.state.pipeline.engine().zero_counters(filter.as_deref());
+        let filter = if r.ruleset.is_empty() {
+            None
+        } else {
+            Some(convert::ruleset_id("ruleset", &r.ruleset)?)
+        };
+        self.state
+            .pipeline
+            .engine()
+            .zero_counters(filter.as_deref());
         Ok(Response::new(pb::ZeroCountersResponse {}))
     }
 }

@@ -24,7 +24,10 @@ impl EngineApi {
 
 #[tonic::async_trait]
 impl EngineService for EngineApi {
-    async fn get_status(&self, _request: Request<pb::GetStatusRequest>) -> Result<Response<pb::GetStatusResponse>, Status> {
+    async fn get_status(
+        &self,
+        _request: Request<pb::GetStatusRequest>,
+    ) -> Result<Response<pb::GetStatusResponse>, Status> {
         let engine = self.state.pipeline.engine();
         let gens = engine.generations();
         let packets = engine.core_packets();
@@ -32,16 +35,28 @@ impl EngineService for EngineApi {
             .iter()
             .zip(packets.iter().chain(std::iter::repeat(&0)))
             .enumerate()
-            .map(|(i, (g, p))| pb::CoreStatus { core: i as u32, generation: *g, packets: *p })
+            .map(|(i, (g, p))| pb::CoreStatus {
+                core: i as u32,
+                generation: *g,
+                packets: *p,
+            })
             .collect();
         let active = self
             .state
             .pipeline
             .active()
             .into_iter()
-            .map(|(name, (revision, priority))| pb::ActiveRevision { ruleset: name, revision, priority })
+            .map(|(name, (revision, priority))| pb::ActiveRevision {
+                ruleset: name,
+                revision,
+                priority,
+            })
             .collect();
-        let rules = engine.rulesets().values().map(|r| r.rule_count() as u64).sum();
+        let rules = engine
+            .rulesets()
+            .values()
+            .map(|r| r.rule_count() as u64)
+            .sum();
         Ok(Response::new(pb::GetStatusResponse {
             cores,
             active,

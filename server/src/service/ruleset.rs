@@ -32,8 +32,14 @@ impl RulesetApi {
         RulesetApi { state }
     }
 
-    fn check(&self, name: &str, priority: i32, source: Option<&pb::RulesetSource>) -> Result<content::Checked> {
-        let source = source.ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
+    fn check(
+        &self,
+        name: &str,
+        priority: i32,
+        source: Option<&pb::RulesetSource>,
+    ) -> Result<content::Checked> {
+        let source =
+            source.ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
         let input = RulesetInput::try_from(source)?;
         content::check(name, priority, &input, &NoSets)
     }
@@ -43,7 +49,8 @@ fn etag(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
-type WatchStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::CommitEvent, Status>> + Send>>;
+type WatchStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::CommitEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl RulesetService for RulesetApi {
@@ -52,7 +59,11 @@ impl RulesetService for RulesetApi {
         request: Request<pb::ValidateRulesetRequest>,
     ) -> Result<Response<pb::ValidateRulesetResponse>, Status> {
         let r = request.into_inner();
-        let name = if r.ruleset.is_empty() { "validate".to_string() } else { convert::ruleset_id("ruleset", &r.ruleset)? };
+        let name = if r.ruleset.is_empty() {
+            "validate".to_string()
+        } else {
+            convert::ruleset_id("ruleset", &r.ruleset)?
+        };
         let checked = self.check(&name, 0, r.source.as_ref())?;
         Ok(Response::new(pb::ValidateRulesetResponse {
             valid: checked.valid(),
@@ -74,11 +85,19 @@ impl RulesetService for RulesetApi {
             let warnings = checked.warnings();
             if r.validate_only {
                 checked.into_valid()?;
-                return Ok(pb::Revision { ruleset: format!("rulesets/{name}"), warnings: warnings.iter().map(convert::violation).collect(), ..Default::default() });
+                return Ok(pb::Revision {
+                    ruleset: format!("rulesets/{name}"),
+                    warnings: warnings.iter().map(convert::violation).collect(),
+                    ..Default::default()
+                });
             }
             self.state
                 .idempotent("StageRevision", &r.request_id, async {
-                    let (_, rev) = self.state.pipeline.stage(checked, &caller, &r.message, etag(&r.etag)).await?;
+                    let (_, rev) = self
+                        .state
+                        .pipeline
+                        .stage(checked, &caller, &r.message, etag(&r.etag))
+                        .await?;
                     Ok(convert::revision(&rev, false, &warnings))
                 })
                 .await
@@ -101,24 +120,42 @@ impl RulesetService for RulesetApi {
             let (name, n) = convert::revision_name("name", &r.name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             if r.validate_only {
-                let rev = self.state.pipeline.store().get_revision(&name, n).await?.ok_or_else(|| Error::NotFound { kind: "revision", name: r.name.clone() })?;
+                let rev = self
+                    .state
+                    .pipeline
+                    .store()
+                    .get_revision(&name, n)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        kind: "revision",
+                        name: r.name.clone(),
+                    })?;
                 let model = rev.content.to_ruleset(&name, 0)?;
                 let v = self.state.pipeline.engine().validate(&model, &NoSets);
                 if vallum_engine::validate::has_errors(&v) {
                     return Err(Error::invalid("name", "revision no longer validates"));
                 }
-                return Ok(pb::CommitResult { revision: Some(convert::revision(&rev, false, &[])), ..Default::default() });
+                return Ok(pb::CommitResult {
+                    revision: Some(convert::revision(&rev, false, &[])),
+                    ..Default::default()
+                });
             }
             self.state
                 .idempotent("CommitRevision", &r.request_id, async {
-                    let c = self.state.pipeline.commit_staged(&name, n, within, etag(&r.etag)).await?;
+                    let c = self
+                        .state
+                        .pipeline
+                        .commit_staged(&name, n, within, etag(&r.etag))
+                        .await?;
                     Ok(convert::commit_result(&c, &[]))
                 })
                 .await
         }
         .await;
         if !r.validate_only {
-            self.state.audit(caller, "CommitRevision", &r, &result).await;
+            self.state
+                .audit(caller, "CommitRevision", &r, &result)
+                .await;
         }
         Ok(Response::new(result?))
     }
@@ -133,14 +170,19 @@ impl RulesetService for RulesetApi {
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
             let rev = self.state.pipeline.confirm(&name, n).await?;
-            Ok(pb::ConfirmCommitResponse { revision: Some(convert::revision(&rev, false, &[])) })
+            Ok(pb::ConfirmCommitResponse {
+                revision: Some(convert::revision(&rev, false, &[])),
+            })
         }
         .await;
         self.state.audit(caller, "ConfirmCommit", &r, &result).await;
         Ok(Response::new(result?))
     }
 
-    async fn apply(&self, request: Request<pb::ApplyRequest>) -> Result<Response<pb::CommitResult>, Status> {
+    async fn apply(
+        &self,
+        request: Request<pb::ApplyRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
         let r = request.into_inner();
@@ -152,13 +194,21 @@ impl RulesetService for RulesetApi {
             if r.validate_only {
                 checked.into_valid()?;
                 return Ok(pb::CommitResult {
-                    revision: Some(pb::Revision { ruleset: format!("rulesets/{name}"), warnings: warnings.iter().map(convert::violation).collect(), ..Default::default() }),
+                    revision: Some(pb::Revision {
+                        ruleset: format!("rulesets/{name}"),
+                        warnings: warnings.iter().map(convert::violation).collect(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 });
             }
             self.state
                 .idempotent("Apply", &r.request_id, async {
-                    let c = self.state.pipeline.apply(checked, &caller, &r.message, within, etag(&r.etag)).await?;
+                    let c = self
+                        .state
+                        .pipeline
+                        .apply(checked, &caller, &r.message, within, etag(&r.etag))
+                        .await?;
                     Ok(convert::commit_result(&c, &warnings))
                 })
                 .await
@@ -170,7 +220,10 @@ impl RulesetService for RulesetApi {
         Ok(Response::new(result?))
     }
 
-    async fn rollback(&self, request: Request<pb::RollbackRequest>) -> Result<Response<pb::CommitResult>, Status> {
+    async fn rollback(
+        &self,
+        request: Request<pb::RollbackRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
         let r = request.into_inner();
@@ -178,7 +231,11 @@ impl RulesetService for RulesetApi {
             let (name, n) = convert::revision_name("name", &r.name)?;
             self.state
                 .idempotent("Rollback", &r.request_id, async {
-                    let c = self.state.pipeline.rollback(&name, n, &caller, &r.message, etag(&r.etag)).await?;
+                    let c = self
+                        .state
+                        .pipeline
+                        .rollback(&name, n, &caller, &r.message, etag(&r.etag))
+                        .await?;
                     Ok(convert::commit_result(&c, &[]))
                 })
                 .await
@@ -188,20 +245,46 @@ impl RulesetService for RulesetApi {
         Ok(Response::new(result?))
     }
 
-    async fn get_ruleset(&self, request: Request<pb::GetRulesetRequest>) -> Result<Response<pb::Ruleset>, Status> {
+    async fn get_ruleset(
+        &self,
+        request: Request<pb::GetRulesetRequest>,
+    ) -> Result<Response<pb::Ruleset>, Status> {
         let r = request.into_inner();
         let name = convert::ruleset_id("name", &r.name)?;
-        let rs = self.state.pipeline.store().get_ruleset(&name).await.map_err(Error::from)?;
-        let rs = rs.ok_or_else(|| Error::NotFound { kind: "ruleset", name: format!("rulesets/{name}") })?;
+        let rs = self
+            .state
+            .pipeline
+            .store()
+            .get_ruleset(&name)
+            .await
+            .map_err(Error::from)?;
+        let rs = rs.ok_or_else(|| Error::NotFound {
+            kind: "ruleset",
+            name: format!("rulesets/{name}"),
+        })?;
         Ok(Response::new(convert::ruleset(&rs)))
     }
 
-    async fn list_rulesets(&self, _request: Request<pb::ListRulesetsRequest>) -> Result<Response<pb::ListRulesetsResponse>, Status> {
-        let all = self.state.pipeline.store().list_rulesets().await.map_err(Error::from)?;
-        Ok(Response::new(pb::ListRulesetsResponse { rulesets: all.iter().map(convert::ruleset).collect() }))
+    async fn list_rulesets(
+        &self,
+        _request: Request<pb::ListRulesetsRequest>,
+    ) -> Result<Response<pb::ListRulesetsResponse>, Status> {
+        let all = self
+            .state
+            .pipeline
+            .store()
+            .list_rulesets()
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListRulesetsResponse {
+            rulesets: all.iter().map(convert::ruleset).collect(),
+        }))
     }
 
-    async fn delete_ruleset(&self, request: Request<pb::DeleteRulesetRequest>) -> Result<Response<pb::DeleteRulesetResponse>, Status> {
+    async fn delete_ruleset(
+        &self,
+        request: Request<pb::DeleteRulesetRequest>,
+    ) -> Result<Response<pb::DeleteRulesetResponse>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
         let r = request.into_inner();
@@ -215,90 +298,177 @@ impl RulesetService for RulesetApi {
         Ok(Response::new(pb::DeleteRulesetResponse {}))
     }
 
-    async fn list_revisions(&self, request: Request<pb::ListRevisionsRequest>) -> Result<Response<pb::ListRevisionsResponse>, Status> {
+    async fn list_revisions(
+        &self,
+        request: Request<pb::ListRevisionsRequest>,
+    ) -> Result<Response<pb::ListRevisionsResponse>, Status> {
         let r = request.into_inner();
         let name = convert::ruleset_id("ruleset", &r.ruleset)?;
         let after: u64 = if r.page_token.is_empty() {
             0
         } else {
-            r.page_token.parse().map_err(|_| Error::invalid("page_token", "not a token from an earlier response"))?
+            r.page_token
+                .parse()
+                .map_err(|_| Error::invalid("page_token", "not a token from an earlier response"))?
         };
-        let size = if r.page_size == 0 { 100 } else { r.page_size.min(1000) };
+        let size = if r.page_size == 0 {
+            100
+        } else {
+            r.page_size.min(1000)
+        };
         let store = self.state.pipeline.store();
-        if store.get_ruleset(&name).await.map_err(Error::from)?.is_none() {
-            return Err(Error::NotFound { kind: "ruleset", name: format!("rulesets/{name}") }.into());
+        if store
+            .get_ruleset(&name)
+            .await
+            .map_err(Error::from)?
+            .is_none()
+        {
+            return Err(Error::NotFound {
+                kind: "ruleset",
+                name: format!("rulesets/{name}"),
+            }
+            .into());
         }
-        let revs = store.list_revisions(&name, after, size + 1).await.map_err(Error::from)?;
+        let revs = store
+            .list_revisions(&name, after, size + 1)
+            .await
+            .map_err(Error::from)?;
         let more = revs.len() > size as usize;
         let revs = &revs[..revs.len().min(size as usize)];
         Ok(Response::new(pb::ListRevisionsResponse {
-            next_page_token: if more { revs.last().map(|r| r.number.to_string()).unwrap_or_default() } else { String::new() },
-            revisions: revs.iter().map(|r| convert::revision(r, false, &[])).collect(),
+            next_page_token: if more {
+                revs.last()
+                    .map(|r| r.number.to_string())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            },
+            revisions: revs
+                .iter()
+                .map(|r| convert::revision(r, false, &[]))
+                .collect(),
         }))
     }
 
-    async fn get_revision(&self, request: Request<pb::GetRevisionRequest>) -> Result<Response<pb::Revision>, Status> {
+    async fn get_revision(
+        &self,
+        request: Request<pb::GetRevisionRequest>,
+    ) -> Result<Response<pb::Revision>, Status> {
         let r = request.into_inner();
         let (name, n) = convert::revision_name("name", &r.name)?;
-        let rev = self.state.pipeline.store().get_revision(&name, n).await.map_err(Error::from)?;
-        let rev = rev.ok_or_else(|| Error::NotFound { kind: "revision", name: r.name.clone() })?;
+        let rev = self
+            .state
+            .pipeline
+            .store()
+            .get_revision(&name, n)
+            .await
+            .map_err(Error::from)?;
+        let rev = rev.ok_or_else(|| Error::NotFound {
+            kind: "revision",
+            name: r.name.clone(),
+        })?;
         Ok(Response::new(convert::revision(&rev, true, &[])))
     }
 
-    async fn diff_revisions(&self, request: Request<pb::DiffRevisionsRequest>) -> Result<Response<pb::DiffRevisionsResponse>, Status> {
+    async fn diff_revisions(
+        &self,
+        request: Request<pb::DiffRevisionsRequest>,
+    ) -> Result<Response<pb::DiffRevisionsResponse>, Status> {
         let r = request.into_inner();
         let (a, an) = convert::revision_name("from", &r.from)?;
         let (b, bn) = convert::revision_name("to", &r.to)?;
         if a != b {
-            return Err(Error::invalid("to", "both revisions must belong to the same ruleset").into());
+            return Err(
+                Error::invalid("to", "both revisions must belong to the same ruleset").into(),
+            );
         }
         let store = self.state.pipeline.store();
         let load = |n: u64, field: &'static str| {
             let a = a.clone();
             async move {
-                let rev = store.get_revision(&a, n).await?.ok_or_else(|| Error::NotFound { kind: "revision", name: convert::revision_resource(&a, n) });
+                let rev = store
+                    .get_revision(&a, n)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        kind: "revision",
+                        name: convert::revision_resource(&a, n),
+                    });
                 let _ = field;
                 rev?.content.to_ruleset(&a, 0)
             }
         };
         let from = load(an, "from").await?;
         let to = load(bn, "to").await?;
-        Ok(Response::new(pb::DiffRevisionsResponse { chains: diff(&from, &to) }))
+        Ok(Response::new(pb::DiffRevisionsResponse {
+            chains: diff(&from, &to),
+        }))
     }
 
-    async fn export_revision(&self, request: Request<pb::ExportRevisionRequest>) -> Result<Response<pb::ExportRevisionResponse>, Status> {
+    async fn export_revision(
+        &self,
+        request: Request<pb::ExportRevisionRequest>,
+    ) -> Result<Response<pb::ExportRevisionResponse>, Status> {
         let r = request.into_inner();
         let (name, n) = convert::revision_name("name", &r.name)?;
-        let rev = self.state.pipeline.store().get_revision(&name, n).await.map_err(Error::from)?;
-        let rev = rev.ok_or_else(|| Error::NotFound { kind: "revision", name: r.name.clone() })?;
+        let rev = self
+            .state
+            .pipeline
+            .store()
+            .get_revision(&name, n)
+            .await
+            .map_err(Error::from)?;
+        let rev = rev.ok_or_else(|| Error::NotFound {
+            kind: "revision",
+            name: r.name.clone(),
+        })?;
         let mut model = rev.content.to_ruleset(&name, 0)?;
         let live = r.counters && self.state.pipeline.active().get(&name).map(|x| x.0) == Some(n);
         if live {
             fill_counters(&mut model, &self.state.pipeline.engine().counters());
         }
-        let format = pb::ExportFormat::try_from(r.format).map_err(|_| Error::invalid("format", "unknown export format"))?;
+        let format = pb::ExportFormat::try_from(r.format)
+            .map_err(|_| Error::invalid("format", "unknown export format"))?;
         let (content, content_type) = match format {
             pb::ExportFormat::Unspecified | pb::ExportFormat::IptablesSave => {
-                let c = Content::from_tables_with(&model.tables, &PrintOptions { counters: r.counters });
+                let c = Content::from_tables_with(
+                    &model.tables,
+                    &PrintOptions {
+                        counters: r.counters,
+                    },
+                );
                 (c.combined(), "text/plain")
             }
             pb::ExportFormat::Json => (json_view(&model, n, &rev.digest, live), "application/json"),
         };
-        Ok(Response::new(pb::ExportRevisionResponse { content, content_type: content_type.into() }))
+        Ok(Response::new(pb::ExportRevisionResponse {
+            content,
+            content_type: content_type.into(),
+        }))
     }
 
     type WatchCommitsStream = WatchStream;
 
-    async fn watch_commits(&self, request: Request<pb::WatchCommitsRequest>) -> Result<Response<Self::WatchCommitsStream>, Status> {
+    async fn watch_commits(
+        &self,
+        request: Request<pb::WatchCommitsRequest>,
+    ) -> Result<Response<Self::WatchCommitsStream>, Status> {
         let r = request.into_inner();
-        let filter = if r.ruleset.is_empty() { None } else { Some(convert::ruleset_id("ruleset", &r.ruleset)?) };
+        let filter = if r.ruleset.is_empty() {
+            None
+        } else {
+            Some(convert::ruleset_id("ruleset", &r.ruleset)?)
+        };
         let rx = self.state.pipeline.subscribe();
         let stream = BroadcastStream::new(rx).filter_map(move |e| match e {
-            Ok(e) if filter.as_ref().is_none_or(|f| *f == e.ruleset) => Some(Ok(convert::commit_event(&e))),
+            Ok(e) if filter.as_ref().is_none_or(|f| *f == e.ruleset) => {
+                Some(Ok(convert::commit_event(&e)))
+            }
             Ok(_) => None,
             // A slow watcher lost events: tell it, rather than silently skipping.
             Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
-                Some(Err(Status::data_loss(format!("watcher lagged behind; {n} commit events were dropped"))))
+                Some(Err(Status::data_loss(format!(
+                    "watcher lagged behind; {n} commit events were dropped"
+                ))))
             }
         });
         Ok(Response::new(Box::pin(stream)))
@@ -307,12 +477,27 @@ impl RulesetService for RulesetApi {
 
 fn fill_counters(model: &mut Ruleset, counters: &[vallum_engine::compile::SlotCounters]) {
     for c in counters.iter().filter(|c| *c.ruleset == *model.name) {
-        let Some(t) = model.tables.iter_mut().find(|t| t.family == c.family && t.kind == c.table) else { continue };
-        let Some(ch) = t.chains.iter_mut().find(|ch| *ch.name == *c.chain) else { continue };
-        let v = Counters { packets: c.packets, bytes: c.bytes };
+        let Some(t) = model
+            .tables
+            .iter_mut()
+            .find(|t| t.family == c.family && t.kind == c.table)
+        else {
+            continue;
+        };
+        let Some(ch) = t.chains.iter_mut().find(|ch| *ch.name == *c.chain) else {
+            continue;
+        };
+        let v = Counters {
+            packets: c.packets,
+            bytes: c.bytes,
+        };
         match c.rule {
             Some(n) => {
-                if let Some(rule) = usize::try_from(n).ok().and_then(|n| n.checked_sub(1)).and_then(|i| ch.rules.get_mut(i)) {
+                if let Some(rule) = usize::try_from(n)
+                    .ok()
+                    .and_then(|n| n.checked_sub(1))
+                    .and_then(|i| ch.rules.get_mut(i))
+                {
                     rule.counters = Some(v);
                 }
             }
@@ -371,13 +556,22 @@ fn chains(rs: &Ruleset) -> BTreeMap<(u8, u8, String), (ChainKey, Vec<String>, Op
     let mut out = BTreeMap::new();
     for t in &rs.tables {
         for c in &t.chains {
-            let fam = match t.family { Family::Ipv4 => 0, Family::Ipv6 => 1 };
-            let kind = TableKind::ALL.iter().position(|k| *k == t.kind).unwrap_or(0) as u8;
+            let fam = match t.family {
+                Family::Ipv4 => 0,
+                Family::Ipv6 => 1,
+            };
+            let kind = TableKind::ALL
+                .iter()
+                .position(|k| *k == t.kind)
+                .unwrap_or(0) as u8;
             out.insert(
                 (fam, kind, c.name.clone()),
                 (
                     (t.family, t.kind, c.name.clone()),
-                    c.rules.iter().map(|r| print_rule_spec(r, t.family)).collect(),
+                    c.rules
+                        .iter()
+                        .map(|r| print_rule_spec(r, t.family))
+                        .collect(),
                     c.policy.map(|p| format!("{p:?}").to_uppercase()),
                 ),
             );
@@ -401,7 +595,9 @@ pub fn diff(from: &Ruleset, to: &Ruleset) -> Vec<pb::ChainDiff> {
         let ea = a.get(&k);
         let eb = b.get(&k);
         let key = ea.or(eb).map(|e| e.0.clone());
-        let Some((family, table, chain)) = key else { continue };
+        let Some((family, table, chain)) = key else {
+            continue;
+        };
         let old = ea.map_or(&empty, |e| &e.1);
         let new = eb.map_or(&empty, |e| &e.1);
         // Pair occurrences.
@@ -421,14 +617,23 @@ pub fn diff(from: &Ruleset, to: &Ruleset) -> Vec<pb::ChainDiff> {
             }
         }
         let paired_new: std::collections::HashSet<usize> = pairs.iter().map(|p| p.1).collect();
-        let added: Vec<String> = new.iter().enumerate().filter(|(j, _)| !paired_new.contains(j)).map(|(_, r)| r.clone()).collect();
+        let added: Vec<String> = new
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !paired_new.contains(j))
+            .map(|(_, r)| r.clone())
+            .collect();
         // Longest increasing subsequence of new indices, in old order: those stay; others moved.
         let keep = lis(&pairs.iter().map(|p| p.1).collect::<Vec<_>>());
         let moved: Vec<pb::RuleMove> = pairs
             .iter()
             .enumerate()
             .filter(|(idx, _)| !keep.contains(idx))
-            .map(|(_, &(i, j))| pb::RuleMove { rule: old[i].clone(), from_position: (i + 1) as u32, to_position: (j + 1) as u32 })
+            .map(|(_, &(i, j))| pb::RuleMove {
+                rule: old[i].clone(),
+                from_position: (i + 1) as u32,
+                to_position: (j + 1) as u32,
+            })
             .collect();
         let pa = ea.and_then(|e| e.2.clone());
         let pb_ = eb.and_then(|e| e.2.clone());
@@ -437,7 +642,12 @@ pub fn diff(from: &Ruleset, to: &Ruleset) -> Vec<pb::ChainDiff> {
         } else {
             String::new()
         };
-        if added.is_empty() && removed.is_empty() && moved.is_empty() && policy_change.is_empty() && ea.is_some() == eb.is_some() {
+        if added.is_empty()
+            && removed.is_empty()
+            && moved.is_empty()
+            && policy_change.is_empty()
+            && ea.is_some() == eb.is_some()
+        {
             continue;
         }
         out.push(pb::ChainDiff {
@@ -485,8 +695,12 @@ mod tests {
     #[test]
     fn diff_added_removed_moved() {
         let p = |t: &str| parse_ruleset("a", t, &ParseOptions::default()).unwrap();
-        let a = p("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -s 1.1.1.1/32 -j DROP\n-A INPUT -s 2.2.2.2/32 -j DROP\n-A INPUT -s 3.3.3.3/32 -j DROP\nCOMMIT\n");
-        let b = p("*filter\n:INPUT DROP [0:0]\n-A INPUT -s 3.3.3.3/32 -j DROP\n-A INPUT -s 1.1.1.1/32 -j DROP\n-A INPUT -s 4.4.4.4/32 -j DROP\nCOMMIT\n");
+        let a = p(
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -s 1.1.1.1/32 -j DROP\n-A INPUT -s 2.2.2.2/32 -j DROP\n-A INPUT -s 3.3.3.3/32 -j DROP\nCOMMIT\n",
+        );
+        let b = p(
+            "*filter\n:INPUT DROP [0:0]\n-A INPUT -s 3.3.3.3/32 -j DROP\n-A INPUT -s 1.1.1.1/32 -j DROP\n-A INPUT -s 4.4.4.4/32 -j DROP\nCOMMIT\n",
+        );
         let d = diff(&a, &b);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].added, vec!["-s 4.4.4.4/32 -j DROP"]);

@@ -44,7 +44,13 @@ impl TraceApi {
     async fn staged(&self, field: &str, name: &str) -> Result<(Vec<Arc<Ruleset>>, Snapshot)> {
         let (rs, n) = convert::revision_name(field, name)?;
         let store = self.state.pipeline.store();
-        let rev = store.get_revision(&rs, n).await?.ok_or_else(|| Error::NotFound { kind: "revision", name: name.to_string() })?;
+        let rev = store
+            .get_revision(&rs, n)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                kind: "revision",
+                name: name.to_string(),
+            })?;
         let priority = store.get_ruleset(&rs).await?.map_or(0, |r| r.priority);
         let model = rev.content.to_ruleset(&rs, priority)?;
         let mut all = self.state.pipeline.engine().rulesets();
@@ -57,8 +63,9 @@ impl TraceApi {
         Ok((list, snap))
     }
 
+    /// Now on the engine's clock, the time base of `-m limit` buckets.
     fn now(&self) -> u64 {
-        u64::try_from(crate::store::now_ns()).unwrap_or(0)
+        self.state.pipeline.now_ns()
     }
 }
 
@@ -72,7 +79,10 @@ fn totals(t: &mut pb::VerdictTotals, v: Verdict) {
 
 #[tonic::async_trait]
 impl TraceService for TraceApi {
-    async fn trace_packet(&self, request: Request<pb::TracePacketRequest>) -> Result<Response<pb::TracePacketResponse>, Status> {
+    async fn trace_packet(
+        &self,
+        request: Request<pb::TracePacketRequest>,
+    ) -> Result<Response<pb::TracePacketResponse>, Status> {
         self.state.ready()?;
         let r = request.into_inner();
         let spec = r.packet.clone().unwrap_or_default();
@@ -86,18 +96,28 @@ impl TraceService for TraceApi {
         };
         let (trace, rulesets): (Trace, Vec<Arc<Ruleset>>) = if r.revision.is_empty() {
             let engine = self.state.pipeline.engine();
-            (engine.trace(&packet, self.now()), engine.rulesets().into_values().collect())
+            (
+                engine.trace(&packet, self.now()),
+                engine.rulesets().into_values().collect(),
+            )
         } else {
             let (list, snap) = self.staged("revision", &r.revision).await?;
             (snap.trace(&packet, self.now()), list)
         };
         Ok(Response::new(pb::TracePacketResponse {
             verdict: convert::verdict(trace.verdict).into(),
-            steps: trace.steps.iter().map(|s| convert::trace_step(s, &rulesets)).collect(),
+            steps: trace
+                .steps
+                .iter()
+                .map(|s| convert::trace_step(s, &rulesets))
+                .collect(),
         }))
     }
 
-    async fn replay_capture(&self, request: Request<pb::ReplayCaptureRequest>) -> Result<Response<pb::ReplayCaptureResponse>, Status> {
+    async fn replay_capture(
+        &self,
+        request: Request<pb::ReplayCaptureRequest>,
+    ) -> Result<Response<pb::ReplayCaptureResponse>, Status> {
         self.state.ready()?;
         let r = request.into_inner();
         let packets = read_capture(&r.capture).map_err(|e| Error::BadRequest {
@@ -106,17 +126,28 @@ impl TraceService for TraceApi {
         })?;
         let base = PacketMeta {
             hook: convert::hook("hook", &r.hook)?,
-            in_iface: vallum_engine::packet::IfName::new(&r.in_interface).ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
+            in_iface: vallum_engine::packet::IfName::new(&r.in_interface)
+                .ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
             ..PacketMeta::default()
         };
-        let staged = if r.revision.is_empty() { None } else { Some(self.staged("revision", &r.revision).await?.1) };
+        let staged = if r.revision.is_empty() {
+            None
+        } else {
+            Some(self.staged("revision", &r.revision).await?.1)
+        };
         let engine = self.state.pipeline.engine().clone();
-        let max_flows = if r.max_flows == 0 { 100 } else { r.max_flows as usize };
+        let max_flows = if r.max_flows == 0 {
+            100
+        } else {
+            r.max_flows as usize
+        };
         let now = self.now();
         // CPU-bound: run off the async workers.
-        let resp = tokio::task::spawn_blocking(move || replay(&packets, base, &engine, staged.as_ref(), now, max_flows))
-            .await
-            .map_err(|e| Error::Internal(format!("replay task: {e}")))?;
+        let resp = tokio::task::spawn_blocking(move || {
+            replay(&packets, base, &engine, staged.as_ref(), now, max_flows)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("replay task: {e}")))?;
         Ok(Response::new(resp))
     }
 }
@@ -148,7 +179,14 @@ pub fn replay(
             let vs = s.trace(&meta, now).verdict;
             totals(&mut staged_t, vs);
             if va.name() != vs.name() {
-                let key = (meta.family, meta.src, meta.dst, meta.protocol, meta.sport, meta.dport);
+                let key = (
+                    meta.family,
+                    meta.src,
+                    meta.dst,
+                    meta.protocol,
+                    meta.sport,
+                    meta.dport,
+                );
                 flows.entry(key).or_insert((0, va, vs)).0 += 1;
             }
         }
@@ -162,17 +200,19 @@ pub fn replay(
         staged: staged.map(|_| staged_t),
         changed_flows: changed
             .into_iter()
-            .map(|((family, src, dst, proto, sport, dport), (n, va, vs))| pb::FlowChange {
-                family: convert::family_pb(family) as i32,
-                source: src.to_string(),
-                destination: dst.to_string(),
-                protocol: u32::from(proto),
-                source_port: u32::from(sport),
-                destination_port: u32::from(dport),
-                packets: n,
-                active_verdict: va.name().into(),
-                staged_verdict: vs.name().into(),
-            })
+            .map(
+                |((family, src, dst, proto, sport, dport), (n, va, vs))| pb::FlowChange {
+                    family: convert::family_pb(family) as i32,
+                    source: src.to_string(),
+                    destination: dst.to_string(),
+                    protocol: u32::from(proto),
+                    source_port: u32::from(sport),
+                    destination_port: u32::from(dport),
+                    packets: n,
+                    active_verdict: va.name().into(),
+                    staged_verdict: vs.name().into(),
+                },
+            )
             .collect(),
     }
 }
