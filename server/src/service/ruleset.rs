@@ -251,13 +251,7 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::Ruleset>, Status> {
         let r = request.into_inner();
         let name = convert::ruleset_id("name", &r.name)?;
-        let rs = self
-            .state
-            .pipeline
-            .store()
-            .get_ruleset(&name)
-            .await
-            .map_err(Error::from)?;
+        let rs = self.state.pipeline.store().get_ruleset(&name).await?;
         let rs = rs.ok_or_else(|| Error::NotFound {
             kind: "ruleset",
             name: format!("rulesets/{name}"),
@@ -269,13 +263,7 @@ impl RulesetService for RulesetApi {
         &self,
         _request: Request<pb::ListRulesetsRequest>,
     ) -> Result<Response<pb::ListRulesetsResponse>, Status> {
-        let all = self
-            .state
-            .pipeline
-            .store()
-            .list_rulesets()
-            .await
-            .map_err(Error::from)?;
+        let all = self.state.pipeline.store().list_rulesets().await?;
         Ok(Response::new(pb::ListRulesetsResponse {
             rulesets: all.iter().map(convert::ruleset).collect(),
         }))
@@ -317,22 +305,14 @@ impl RulesetService for RulesetApi {
             r.page_size.min(1000)
         };
         let store = self.state.pipeline.store();
-        if store
-            .get_ruleset(&name)
-            .await
-            .map_err(Error::from)?
-            .is_none()
-        {
+        if store.get_ruleset(&name).await?.is_none() {
             return Err(Error::NotFound {
                 kind: "ruleset",
                 name: format!("rulesets/{name}"),
             }
             .into());
         }
-        let revs = store
-            .list_revisions(&name, after, size + 1)
-            .await
-            .map_err(Error::from)?;
+        let revs = store.list_revisions(&name, after, size + 1).await?;
         let more = revs.len() > size as usize;
         let revs = &revs[..revs.len().min(size as usize)];
         Ok(Response::new(pb::ListRevisionsResponse {
@@ -356,13 +336,7 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::Revision>, Status> {
         let r = request.into_inner();
         let (name, n) = convert::revision_name("name", &r.name)?;
-        let rev = self
-            .state
-            .pipeline
-            .store()
-            .get_revision(&name, n)
-            .await
-            .map_err(Error::from)?;
+        let rev = self.state.pipeline.store().get_revision(&name, n).await?;
         let rev = rev.ok_or_else(|| Error::NotFound {
             kind: "revision",
             name: r.name.clone(),
@@ -410,13 +384,7 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::ExportRevisionResponse>, Status> {
         let r = request.into_inner();
         let (name, n) = convert::revision_name("name", &r.name)?;
-        let rev = self
-            .state
-            .pipeline
-            .store()
-            .get_revision(&name, n)
-            .await
-            .map_err(Error::from)?;
+        let rev = self.state.pipeline.store().get_revision(&name, n).await?;
         let rev = rev.ok_or_else(|| Error::NotFound {
             kind: "revision",
             name: r.name.clone(),
@@ -552,7 +520,10 @@ fn json_view(model: &Ruleset, number: u64, digest: &str, counters: bool) -> Stri
 
 type ChainKey = (Family, TableKind, String);
 
-fn chains(rs: &Ruleset) -> BTreeMap<(u8, u8, String), (ChainKey, Vec<String>, Option<String>)> {
+/// A chain's key, canonical rule texts and policy name.
+type ChainEntry = (ChainKey, Vec<String>, Option<String>);
+
+fn chains(rs: &Ruleset) -> BTreeMap<(u8, u8, String), ChainEntry> {
     let mut out = BTreeMap::new();
     for t in &rs.tables {
         for c in &t.chains {
