@@ -1,0 +1,157 @@
+//! Apply of a 10k-rule ruleset through gRPC, including the SQLite write (durable WAL commit)
+//! and the engine commit, against an in-process server on an ephemeral port.
+//!
+//! Cases:
+//! - `apply/acl1_10k`: ClassBench acl1_10k (neurocuts) converted to iptables rules (one INPUT
+//!   chain, see engine/benches/support/classbench.rs), applied alternately with a variant whose
+//!   last rule differs (so every Apply is a real change); 2 engine cores, no traffic.
+//!
+//! Prints p50/p99 of the whole call and of the server-reported phases. Skips with a printed
+//! reason when ../shared/data/classbench is absent. Run:
+//! `cargo bench -p vallum-server --bench apply`
+
+// criterion_group! generates undocumented items.
+#![allow(missing_docs)]
+
+#[path = "../../engine/benches/support/classbench.rs"]
+mod classbench;
+
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use vallum_engine::restore::{PrintOptions, print};
+use vallum_proto::v1 as pb;
+use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
+
+fn pct(v: &mut [u64], p: f64) -> u64 {
+    v.sort_unstable();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn bench(c: &mut Criterion) {
+    let Some(dir) = classbench::data_dir() else {
+        eprintln!("SKIP apply bench: ../shared/data/classbench not found");
+        return;
+    };
+    let text = std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k");
+    let filters = classbench::parse_filters(&text).expect("parse acl1_10k");
+    let rs = classbench::to_ruleset("acl", &filters).expect("convert");
+    let rules = rs.rule_count();
+    let a = print(&rs.tables, &PrintOptions::default());
+    let b = a.replacen(
+        "-A INPUT ",
+        "-A INPUT -p tcp -m tcp --dport 1 -j DROP\n-A INPUT ",
+        1,
+    );
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let db = tmp.path().join("bench.db");
+    // Find a free port, then run the server in-process on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let config = vallum_server::Config::from_args([
+        "vallumd".to_string(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--db".into(),
+        db.display().to_string(),
+        "--cores".into(),
+        "2".into(),
+    ])
+    .expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(vallum_server::server::run_with(
+        config,
+        Default::default(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let mut client = rt.block_on(async {
+        for _ in 0..200 {
+            if let Ok(c) = RulesetServiceClient::connect(format!("http://127.0.0.1:{port}")).await {
+                return c
+                    .max_decoding_message_size(256 << 20)
+                    .max_encoding_message_size(256 << 20);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("server did not start");
+    });
+    let apply = |client: &mut RulesetServiceClient<tonic::transport::Channel>, t: &str| {
+        let req = pb::ApplyRequest {
+            ruleset: "acl".into(),
+            source: Some(pb::RulesetSource {
+                source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
+                    content: t.to_string(),
+                    ..Default::default()
+                })),
+            }),
+            ..Default::default()
+        };
+        rt.block_on(async {
+            loop {
+                match client.apply(req.clone()).await {
+                    Ok(r) => return r.into_inner(),
+                    // Still loading (NOT_READY): retry.
+                    Err(s) if s.code() == tonic::Code::Unavailable => {
+                        tokio::time::sleep(Duration::from_millis(20)).await
+                    }
+                    Err(s) => panic!("apply: {s:?}"),
+                }
+            }
+        })
+    };
+    let mut totals = Vec::new();
+    let mut phases: Vec<pb::CommitPhases> = Vec::new();
+    let mut flip = false;
+    let mut g = c.benchmark_group("apply");
+    g.sample_size(20).measurement_time(Duration::from_secs(20));
+    g.bench_function(format!("acl1_10k ({rules} rules)"), |bn| {
+        bn.iter(|| {
+            flip = !flip;
+            let t0 = Instant::now();
+            let r = apply(&mut client, if flip { &a } else { &b });
+            totals.push(t0.elapsed().as_nanos() as u64);
+            phases.push(r.phases.unwrap_or_default());
+        })
+    });
+    g.finish();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    println!("apply acl1_10k ({rules} rules), {} calls:", totals.len());
+    println!(
+        "  gRPC call   p50 {:8.2} ms  p99 {:8.2} ms",
+        ms(pct(&mut totals, 0.5)),
+        ms(pct(&mut totals, 0.99))
+    );
+    type Get = fn(&pb::CommitPhases) -> u64;
+    let cols: [(&str, Get); 7] = [
+        ("validate", |p| p.validate_ns),
+        ("persist", |p| p.persist_ns),
+        ("compile", |p| p.compile_ns),
+        ("publish", |p| p.publish_ns),
+        ("quiesce", |p| p.quiesce_ns),
+        ("carry", |p| p.carry_ns),
+        ("total", |p| p.total_ns),
+    ];
+    for (name, f) in cols {
+        let mut v: Vec<u64> = phases.iter().map(f).collect();
+        println!(
+            "  {name:<10}  p50 {:8.2} ms  p99 {:8.2} ms",
+            ms(pct(&mut v, 0.5)),
+            ms(pct(&mut v, 0.99))
+        );
+    }
+    let _ = stop_tx.send(());
+    let _ = rt.block_on(server);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

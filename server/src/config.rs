@@ -1,0 +1,181 @@
+//! `vallumd`'s configuration: every flag has an environment twin `VALLUM_*` (clap `env`).
+//!
+//! Tests build a [`Config`] with [`Config::from_args`] (or [`Config::default`]), which never
+//! reads the process environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Parser;
+use vallum_engine::dataplane::BarrierStrategy;
+
+/// The barrier strategy of the packet path (see the engine's `dataplane` module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Barrier {
+    /// `fence(SeqCst)` on both sides.
+    Seqcst,
+    /// Compiler fences in workers, `membarrier(2)` in the committer (falls back to seqcst).
+    Membarrier,
+}
+
+impl From<Barrier> for BarrierStrategy {
+    fn from(b: Barrier) -> Self {
+        match b {
+            Barrier::Seqcst => BarrierStrategy::SeqCst,
+            Barrier::Membarrier => BarrierStrategy::Membarrier,
+        }
+    }
+}
+
+/// Where the workers' packets come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// No traffic: workers are not started.
+    None,
+    /// A pcap or pcapng file, read at start and replayed in a loop.
+    Pcap(PathBuf),
+    /// The engine's deterministic synthetic generator.
+    Synthetic,
+}
+
+impl FromStr for Source {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(Source::None),
+            "synthetic" => Ok(Source::Synthetic),
+            _ => match s.strip_prefix("pcap:") {
+                Some(path) if !path.is_empty() => Ok(Source::Pcap(PathBuf::from(path))),
+                _ => Err(format!(
+                    "unknown packet source {s:?} (none, pcap:FILE or synthetic)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::None => f.write_str("none"),
+            Source::Pcap(p) => write!(f, "pcap:{}", p.display()),
+            Source::Synthetic => f.write_str("synthetic"),
+        }
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|e| format!("{s:?}: {e} (seconds, e.g. 1 or 0.5)"))?;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?}: must be a non-negative number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn default_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// `vallumd` flags. Defaults follow DESIGN.md.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "vallumd", version, about = "Vallum firewall-management daemon")]
+pub struct Config {
+    /// gRPC listen address; port 0 picks a free port (printed as `listening on ADDR`).
+    #[arg(long, env = "VALLUM_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// SQLite database file, created with its parent directory when missing.
+    #[arg(long, env = "VALLUM_DB", default_value = "./vallum.db")]
+    pub db: PathBuf,
+
+    /// Number of engine worker cores (default: available parallelism).
+    #[arg(long, env = "VALLUM_CORES", default_value_t = default_cores())]
+    pub cores: usize,
+
+    /// Barrier strategy of the packet path.
+    #[arg(long, env = "VALLUM_BARRIER", value_enum, default_value = "seqcst")]
+    pub barrier: Barrier,
+
+    /// Packet source: none, pcap:FILE (replayed in a loop) or synthetic.
+    #[arg(long, env = "VALLUM_SOURCE", default_value = "none")]
+    pub source: Source,
+
+    /// Packets per second over all workers; 0 means as fast as possible.
+    #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]
+    pub rate: u64,
+
+    /// Load the bundled example ruleset (`host-firewall`) on start when the store has no
+    /// ruleset yet.
+    #[arg(long, env = "VALLUM_EXAMPLE")]
+    pub example: bool,
+
+    /// Prometheus /metrics listen address (served by the metrics module).
+    #[arg(long, env = "VALLUM_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
+    pub metrics_listen: SocketAddr,
+
+    /// How often pending commit-confirmed deadlines are checked, in seconds.
+    #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
+    pub confirm_check_interval: Duration,
+
+    /// Run this many seconds, print a summary and exit 0 (for the Quick start in CI).
+    #[arg(long, env = "VALLUM_EXIT_AFTER", value_parser = parse_seconds)]
+    pub exit_after: Option<Duration>,
+
+    /// Test seam: wait this long (seconds) before loading the stored state, so health stays
+    /// NOT_SERVING observably.
+    #[arg(long, env = "VALLUM_LOAD_DELAY", value_parser = parse_seconds, hide = true)]
+    pub load_delay: Option<Duration>,
+}
+
+impl Config {
+    /// Parses flags from `args` (first item is the program name) WITHOUT reading the
+    /// environment: for tests and embedding.
+    ///
+    /// Errors: clap's error for unknown flags or bad values.
+    pub fn from_args<I, T>(args: I) -> Result<Config, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        // `env` attributes are read by clap at parse time; disable them by parsing with
+        // a command whose args have env lookups removed.
+        let cmd = <Config as clap::CommandFactory>::command();
+        let cmd = cmd.mut_args(|a| a.env(None::<&str>));
+        let matches = cmd.try_get_matches_from(args)?;
+        <Config as clap::FromArgMatches>::from_arg_matches(&matches)
+    }
+}
+
+impl Default for Config {
+    /// The defaults of every flag, without reading the environment.
+    fn default() -> Self {
+        Config::from_args(["vallumd"]).unwrap_or_else(|e| unreachable!("defaults parse: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_sources() {
+        let c = Config::from_args(["vallumd"]).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(c.db, PathBuf::from("./vallum.db"));
+        assert_eq!(c.source, Source::None);
+        assert!(c.cores >= 1);
+        let c =
+            Config::from_args(["vallumd", "--source", "pcap:/tmp/x.pcap", "--rate", "5"]).unwrap();
+        assert_eq!(c.source, Source::Pcap("/tmp/x.pcap".into()));
+        assert_eq!(c.rate, 5);
+        assert!(Config::from_args(["vallumd", "--source", "bogus"]).is_err());
+        let c = Config::from_args(["vallumd", "--exit-after", "1.5"]).unwrap();
+        assert_eq!(c.exit_after, Some(Duration::from_millis(1500)));
+    }
+}

@@ -1,0 +1,396 @@
+//! A revision's content: what the caller sent, parsed and validated, and its canonical stored
+//! form (IPv4 and IPv6 iptables-save text, printed by the engine's canonical printer) with its
+//! sha256 digest.
+//!
+//! Stored content always re-parses to the same model (the printer's round-trip guarantee), so
+//! the store keeps text, not a serialised model. The combined text shown to users is the IPv4
+//! text, then [`V6_SEPARATOR`], then the IPv6 text (the separator is a comment line, so the
+//! combined text is still valid iptables-restore input for the IPv4 part).
+
+use sha2::{Digest, Sha256};
+use vallum_engine::model::{Family, Ruleset, Table};
+use vallum_engine::restore::{self, ParseOptions, PrintOptions};
+use vallum_engine::sets::SetRegistry;
+use vallum_engine::validate::{Severity, Violation, ViolationKind};
+
+use crate::error::{Error, FieldViolation, Reason};
+
+/// The line between the IPv4 and the IPv6 part of a combined content text.
+pub const V6_SEPARATOR: &str = "# ---- ip6tables-save ----\n";
+
+/// Canonical content of one revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Content {
+    /// iptables-save text of the IPv4 tables (may be empty).
+    pub v4: String,
+    /// ip6tables-save text of the IPv6 tables (may be empty).
+    pub v6: String,
+}
+
+impl Content {
+    /// The canonical content of `tables` (locations and counters dropped).
+    pub fn from_tables(tables: &[Table]) -> Content {
+        Content::from_tables_with(tables, &PrintOptions::default())
+    }
+
+    /// As [`Content::from_tables`], with print options (`counters` for `[p:b]`).
+    pub fn from_tables_with(tables: &[Table], opts: &PrintOptions) -> Content {
+        let pick = |f: Family| -> Vec<Table> {
+            tables.iter().filter(|t| t.family == f).cloned().collect()
+        };
+        Content {
+            v4: restore::print(&pick(Family::Ipv4), opts),
+            v6: restore::print(&pick(Family::Ipv6), opts),
+        }
+    }
+
+    /// The combined text: IPv4, then [`V6_SEPARATOR`] and IPv6 when there are IPv6 tables.
+    pub fn combined(&self) -> String {
+        if self.v6.is_empty() {
+            self.v4.clone()
+        } else {
+            format!("{}{V6_SEPARATOR}{}", self.v4, self.v6)
+        }
+    }
+
+    /// sha256 of [`Content::combined`], lower-case hex (64 characters).
+    pub fn digest(&self) -> String {
+        let d = Sha256::digest(self.combined().as_bytes());
+        d.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses stored content into a ruleset.
+    ///
+    /// Errors: [`Error::Internal`] when the stored text no longer parses (a corrupt store or
+    /// an engine parser change).
+    pub fn to_ruleset(&self, name: &str, priority: i32) -> Result<Ruleset, Error> {
+        let mut tables = Vec::new();
+        for (text, family) in [(&self.v4, Family::Ipv4), (&self.v6, Family::Ipv6)] {
+            if text.is_empty() {
+                continue;
+            }
+            let opts = ParseOptions {
+                family,
+                ..ParseOptions::default()
+            };
+            let rs = restore::parse_ruleset(name, text, &opts).map_err(|e| {
+                Error::Internal(format!(
+                    "stored content of ruleset {name} does not parse: {e}"
+                ))
+            })?;
+            tables.extend(rs.tables);
+        }
+        Ok(Ruleset {
+            name: name.to_string(),
+            priority,
+            tables,
+        })
+    }
+}
+
+/// One text of a request: iptables-restore input for one family.
+#[derive(Clone, Debug)]
+pub struct TextPart {
+    /// The text.
+    pub text: String,
+    /// iptables-restore (IPv4) or ip6tables-restore (IPv6).
+    pub family: Family,
+    /// File name for `FILE:LINE:COL` messages.
+    pub filename: String,
+    /// Request field path of the text, e.g. `source.text.content`.
+    pub field: String,
+    /// For text generated from structured input: the field path of each line (index = line
+    /// - 1); violations then name the structured field instead of a line.
+    pub line_fields: Option<Vec<String>>,
+}
+
+/// What a request asks to store: one or two texts (IPv4 and IPv6).
+#[derive(Clone, Debug, Default)]
+pub struct RulesetInput {
+    /// The texts, at most one per family.
+    pub parts: Vec<TextPart>,
+}
+
+/// A violation in the caller's terms: where (file position or field path), what, how bad.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// Error or warning.
+    pub severity: Severity,
+    /// `FILE:LINE:COL` for text, a field path for structured input.
+    pub location: String,
+    /// `filter/INPUT#3` style path inside the ruleset.
+    pub path: String,
+    /// The message.
+    pub message: String,
+    /// UPPER_SNAKE reason (a [`Reason`] name).
+    pub reason: Reason,
+}
+
+/// A parsed, validated input.
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// The model (priority set).
+    pub ruleset: Ruleset,
+    /// Its canonical content.
+    pub content: Content,
+    /// Every violation (only warnings when [`Checked::valid`]).
+    pub findings: Vec<Finding>,
+}
+
+impl Checked {
+    /// Whether no finding is an error.
+    pub fn valid(&self) -> bool {
+        self.findings.iter().all(|f| f.severity != Severity::Error)
+    }
+
+    /// The findings that are warnings.
+    pub fn warnings(&self) -> Vec<Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Warning)
+            .cloned()
+            .collect()
+    }
+
+    /// `Ok(self)` when valid, else the bad-request error naming every error finding.
+    ///
+    /// Errors: [`Error::BadRequest`] with reason UNSUPPORTED_EXTENSION when an error is an
+    /// extension the engine does not enforce, INVALID_RULESET otherwise.
+    pub fn into_valid(self) -> Result<Checked, Error> {
+        if self.valid() {
+            return Ok(self);
+        }
+        let errors: Vec<&Finding> = self
+            .findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+            .collect();
+        let reason = if errors
+            .iter()
+            .any(|f| f.reason == Reason::UnsupportedExtension)
+        {
+            Reason::UnsupportedExtension
+        } else {
+            Reason::InvalidRuleset
+        };
+        Err(Error::BadRequest {
+            reason,
+            violations: errors
+                .iter()
+                .map(|f| {
+                    let (field, desc) = split_field(&f.location);
+                    let path = if f.path.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{}: ", f.path)
+                    };
+                    FieldViolation::new(field, format!("{desc}{path}{}", f.message))
+                })
+                .collect(),
+        })
+    }
+}
+
+/// Findings keep `field|FILE:LINE:COL` internally so one string carries both the request
+/// field and the text position; this splits them into (field, "FILE:LINE:COL: ").
+fn split_field(location: &str) -> (String, String) {
+    match location.split_once('|') {
+        Some((field, pos)) => (field.to_string(), format!("{pos}: ")),
+        None => (location.to_string(), String::new()),
+    }
+}
+
+impl Finding {
+    /// The location as the API shows it (`FILE:LINE:COL` or a field path).
+    pub fn display_location(&self) -> String {
+        match self.location.split_once('|') {
+            Some((_, pos)) => pos.to_string(),
+            None => self.location.clone(),
+        }
+    }
+}
+
+fn part_position(part: &TextPart, line: u32, column: u32) -> String {
+    match &part.line_fields {
+        Some(fields) => fields
+            .get((line as usize).wrapping_sub(1))
+            .cloned()
+            .unwrap_or_else(|| part.field.clone()),
+        None => format!("{}|{}:{line}:{column}", part.field, part.filename),
+    }
+}
+
+/// Parses and validates `input` as ruleset `name` at `priority`, with `sets` for
+/// `--match-set`.
+///
+/// Errors: [`Error::BadRequest`] when a text does not parse: reason NOFLUSH_UNSUPPORTED when it
+/// parses only as `iptables-restore --noflush` input (it relies on chains that exist outside
+/// the text), INVALID_RULESET otherwise; every error is listed as `FILE:LINE:COL: message`.
+/// Validation problems are NOT errors here: they come back in [`Checked::findings`].
+pub fn check(
+    name: &str,
+    priority: i32,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+) -> Result<Checked, Error> {
+    if input.parts.is_empty() {
+        return Err(Error::invalid("source", "a ruleset source is required"));
+    }
+    let mut tables = Vec::new();
+    let mut violations = Vec::new();
+    let mut noflush_only = true;
+    for part in &input.parts {
+        let opts = ParseOptions {
+            family: part.family,
+            ..ParseOptions::default()
+        };
+        match restore::parse_ruleset(name, &part.text, &opts) {
+            Ok(rs) => tables.extend(rs.tables),
+            Err(errs) => {
+                let noflush = ParseOptions {
+                    noflush: true,
+                    ..opts
+                };
+                match restore::parse(&part.text, &noflush) {
+                    Ok(r) if !r.external.is_empty() => {
+                        let mut chains: Vec<&str> =
+                            r.external.iter().map(|e| e.chain.as_str()).collect();
+                        chains.dedup();
+                        let e = &r.external[0];
+                        violations.push(FieldViolation::new(
+                            part.field.clone(),
+                            format!(
+                                "{}:{}:{}: this is iptables-restore --noflush input: it relies on chains that exist outside the text ({}); a Vallum ruleset must declare every chain it uses",
+                                part.filename,
+                                e.location.line,
+                                e.location.column,
+                                chains.join(", ")
+                            ),
+                        ));
+                    }
+                    _ => {
+                        noflush_only = false;
+                        for e in errs.0 {
+                            let pos = part_position(part, e.location.line, e.location.column);
+                            let (field, prefix) = split_field(&pos);
+                            violations.push(FieldViolation::new(
+                                field,
+                                format!("{prefix}{} near '{}'", e.kind, e.token),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if !violations.is_empty() {
+        return Err(Error::BadRequest {
+            reason: if noflush_only {
+                Reason::NoflushUnsupported
+            } else {
+                Reason::InvalidRuleset
+            },
+            violations,
+        });
+    }
+    let ruleset = Ruleset {
+        name: name.to_string(),
+        priority,
+        tables,
+    };
+    let findings = vallum_engine::validate::validate(&ruleset, Some(sets))
+        .iter()
+        .map(|v| finding(v, input))
+        .collect();
+    let content = Content::from_tables(&ruleset.tables);
+    Ok(Checked {
+        ruleset,
+        content,
+        findings,
+    })
+}
+
+fn finding(v: &Violation, input: &RulesetInput) -> Finding {
+    let part = v
+        .family
+        .and_then(|f| input.parts.iter().find(|p| p.family == f))
+        .or_else(|| input.parts.first());
+    let location = match part {
+        Some(p) => part_position(p, v.location.line, v.location.column),
+        None => String::new(),
+    };
+    let reason = match v.kind {
+        ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
+        _ => Reason::InvalidRuleset,
+    };
+    Finding {
+        severity: v.severity,
+        location,
+        path: v.path(),
+        message: v.kind.to_string(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vallum_engine::sets::NoSets;
+
+    fn text(t: &str, family: Family) -> RulesetInput {
+        RulesetInput {
+            parts: vec![TextPart {
+                text: t.into(),
+                family,
+                filename: "t.rules".into(),
+                field: "source.text.content".into(),
+                line_fields: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn canonical_round_trip_and_digest() {
+        let t = "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n";
+        let c = check("a", 0, &text(t, Family::Ipv4), &NoSets).unwrap();
+        assert!(c.valid());
+        assert!(
+            c.content
+                .v4
+                .contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT")
+        );
+        let rs = c.content.to_ruleset("a", 0).unwrap();
+        assert_eq!(Content::from_tables(&rs.tables), c.content);
+        assert_eq!(c.content.digest().len(), 64);
+    }
+
+    #[test]
+    fn parse_errors_have_file_line_col() {
+        let t = "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dportx 22 -j ACCEPT\nCOMMIT\n";
+        let Err(Error::BadRequest { reason, violations }) =
+            check("a", 0, &text(t, Family::Ipv4), &NoSets)
+        else {
+            panic!("expected bad request")
+        };
+        assert_eq!(reason, Reason::InvalidRuleset);
+        assert_eq!(violations[0].field, "source.text.content");
+        assert!(
+            violations[0].description.starts_with("t.rules:3:"),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn unsupported_extension_is_named() {
+        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m recent --rcheck -j DROP\nCOMMIT\n";
+        let c = check("a", 0, &text(t, Family::Ipv4), &NoSets).unwrap();
+        let Err(Error::BadRequest { reason, violations }) = c.into_valid() else {
+            panic!("expected invalid")
+        };
+        assert_eq!(reason, Reason::UnsupportedExtension);
+        assert!(
+            violations[0].description.contains("recent"),
+            "{violations:?}"
+        );
+    }
+}

@@ -1,0 +1,642 @@
+//! proto <-> domain conversions: the only module that knows both `vallum_proto::v1` and the
+//! engine/store types. Conversions from requests return [`Error::BadRequest`] with field
+//! paths (`source.structured.tables[0].chains[1].rules[2]`).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use vallum_engine::compile::{StepOutcome, TraceStep, Verdict};
+use vallum_engine::model::{Family, Hook, Policy, Ruleset, TableKind, ct_state, tcp_flags};
+use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::restore::print_rule_spec;
+use vallum_engine::validate::Severity;
+use vallum_proto::v1 as pb;
+
+use crate::content::{Finding, RulesetInput, TextPart};
+use crate::error::{Error, FieldViolation, Reason, Result};
+use crate::pipeline::{CommitEvent, CommitResult};
+use crate::store::{Outcome, Phases, RevisionRow, RevisionState, RulesetRow};
+
+// === names ===
+
+/// Checks a ruleset name: 1 to 63 bytes of `[A-Za-z0-9._-]`.
+///
+/// Errors: [`Error::BadRequest`] on `field`.
+pub fn ruleset_id(field: &str, s: &str) -> Result<String> {
+    let s = s.strip_prefix("rulesets/").unwrap_or(s);
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(Error::invalid(
+            field,
+            format!(
+                "{s:?} is not a ruleset name (1-63 characters of A-Z a-z 0-9 . _ -, optionally prefixed rulesets/)"
+            ),
+        ))
+    }
+}
+
+/// Parses `rulesets/{r}/revisions/{n}` into (r, n).
+///
+/// Errors: [`Error::BadRequest`] on `field`.
+pub fn revision_name(field: &str, s: &str) -> Result<(String, u64)> {
+    let bad = || {
+        Error::invalid(
+            field,
+            format!("{s:?} is not a revision name (rulesets/{{ruleset}}/revisions/{{n}}, n >= 1)"),
+        )
+    };
+    let rest = s.strip_prefix("rulesets/").ok_or_else(bad)?;
+    let (r, n) = rest.split_once("/revisions/").ok_or_else(bad)?;
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    if n == 0 {
+        return Err(bad());
+    }
+    Ok((ruleset_id(field, r)?, n))
+}
+
+/// `rulesets/{r}/revisions/{n}`.
+pub fn revision_resource(ruleset: &str, n: u64) -> String {
+    format!("rulesets/{ruleset}/revisions/{n}")
+}
+
+/// A `google.protobuf.Duration` as a std duration (`None` when absent or zero).
+///
+/// Errors: [`Error::BadRequest`] for negative durations.
+pub fn duration(field: &str, d: Option<&prost_types::Duration>) -> Result<Option<Duration>> {
+    match d {
+        None => Ok(None),
+        Some(d) if d.seconds < 0 || d.nanos < 0 => {
+            Err(Error::invalid(field, "must not be negative"))
+        }
+        Some(d) => {
+            let d = Duration::new(d.seconds as u64, d.nanos as u32);
+            Ok((!d.is_zero()).then_some(d))
+        }
+    }
+}
+
+/// Unix ns as a timestamp.
+pub fn timestamp(ns: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ns.div_euclid(1_000_000_000),
+        nanos: ns.rem_euclid(1_000_000_000) as i32,
+    }
+}
+
+fn family_of(field: &str, v: i32) -> Result<Family> {
+    match pb::Family::try_from(v) {
+        Ok(pb::Family::Unspecified | pb::Family::Ipv4) => Ok(Family::Ipv4),
+        Ok(pb::Family::Ipv6) => Ok(Family::Ipv6),
+        Err(_) => Err(Error::invalid(field, format!("unknown family {v}"))),
+    }
+}
+
+/// The proto family.
+pub fn family_pb(f: Family) -> pb::Family {
+    match f {
+        Family::Ipv4 => pb::Family::Ipv4,
+        Family::Ipv6 => pb::Family::Ipv6,
+    }
+}
+
+// === ruleset sources ===
+
+impl TryFrom<&pb::RulesetSource> for RulesetInput {
+    type Error = Error;
+
+    fn try_from(src: &pb::RulesetSource) -> Result<Self> {
+        use pb::ruleset_source::Source;
+        match &src.source {
+            None => Err(Error::invalid(
+                "source",
+                "a ruleset source (text or structured) is required",
+            )),
+            Some(Source::Text(t)) => {
+                let family = family_of("source.text.family", t.family)?;
+                let filename = if t.filename.is_empty() {
+                    "<request>".to_string()
+                } else {
+                    t.filename.clone()
+                };
+                let mut parts = vec![TextPart {
+                    text: t.content.clone(),
+                    family,
+                    filename: filename.clone(),
+                    field: "source.text.content".into(),
+                    line_fields: None,
+                }];
+                if !t.content_v6.is_empty() {
+                    if family == Family::Ipv6 {
+                        return Err(Error::invalid(
+                            "source.text.content_v6",
+                            "content_v6 needs content in family IPV4 (content is already IPv6)",
+                        ));
+                    }
+                    parts.push(TextPart {
+                        text: t.content_v6.clone(),
+                        family: Family::Ipv6,
+                        filename: format!("{filename} (v6)"),
+                        field: "source.text.content_v6".into(),
+                        line_fields: None,
+                    });
+                }
+                Ok(RulesetInput { parts })
+            }
+            Some(Source::Structured(spec)) => structured(spec),
+        }
+    }
+}
+
+fn quote(field: &str, s: &str) -> Result<String> {
+    if s.contains('"') || s.contains('\n') || s.contains('\\') {
+        return Err(Error::invalid(
+            field,
+            format!("{s:?} contains a quote, backslash or newline"),
+        ));
+    }
+    if s.is_empty() || s.contains(char::is_whitespace) {
+        Ok(format!("\"{s}\""))
+    } else {
+        Ok(s.to_string())
+    }
+}
+
+fn neg(out: &mut Vec<String>, field: &str, flag: &str, n: Option<&pb::Negatable>) -> Result<()> {
+    if let Some(n) = n {
+        if n.value.is_empty() {
+            if n.negated {
+                return Err(Error::invalid(field, "negated without a value"));
+            }
+            return Ok(());
+        }
+        if n.negated {
+            out.push("!".into());
+        }
+        out.push(flag.into());
+        out.push(quote(field, &n.value)?);
+    }
+    Ok(())
+}
+
+fn extension(out: &mut Vec<String>, field: &str, e: &pb::Extension) -> Result<()> {
+    for (i, o) in e.options.iter().enumerate() {
+        let f = format!("{field}.options[{i}]");
+        if o.negated {
+            out.push("!".into());
+        }
+        let name = if o.name.starts_with('-') {
+            o.name.clone()
+        } else {
+            format!("--{}", o.name)
+        };
+        out.push(quote(&f, &name)?);
+        for a in &o.args {
+            out.push(quote(&f, a)?);
+        }
+    }
+    Ok(())
+}
+
+/// The restore text of one structured rule (the part after `-A CHAIN `).
+fn rule_text(field: &str, r: &pb::RuleSpec) -> Result<String> {
+    let mut out = Vec::new();
+    neg(
+        &mut out,
+        &format!("{field}.source"),
+        "-s",
+        r.source.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.destination"),
+        "-d",
+        r.destination.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.in_interface"),
+        "-i",
+        r.in_interface.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.out_interface"),
+        "-o",
+        r.out_interface.as_ref(),
+    )?;
+    neg(
+        &mut out,
+        &format!("{field}.protocol"),
+        "-p",
+        r.protocol.as_ref(),
+    )?;
+    match r.fragment.as_str() {
+        "" => {}
+        "fragment" => out.push("-f".into()),
+        "not-fragment" => out.extend(["!".to_string(), "-f".to_string()]),
+        other => {
+            return Err(Error::invalid(
+                format!("{field}.fragment"),
+                format!("{other:?}: expected \"\", \"fragment\" or \"not-fragment\""),
+            ));
+        }
+    }
+    for (i, m) in r.matches.iter().enumerate() {
+        let f = format!("{field}.matches[{i}]");
+        out.push("-m".into());
+        out.push(quote(&f, &m.name)?);
+        extension(&mut out, &f, m)?;
+    }
+    if let Some(t) = r.target.as_ref().filter(|t| !t.name.is_empty()) {
+        let f = format!("{field}.target");
+        out.push(if r.goto { "-g" } else { "-j" }.into());
+        out.push(quote(&f, &t.name)?);
+        extension(&mut out, &f, t)?;
+    }
+    Ok(out.join(" "))
+}
+
+fn structured(spec: &pb::RulesetSpec) -> Result<RulesetInput> {
+    let mut parts: Vec<TextPart> = Vec::new();
+    let mut errors = Vec::new();
+    for (ti, t) in spec.tables.iter().enumerate() {
+        let tf = format!("source.structured.tables[{ti}]");
+        let family = family_of(&format!("{tf}.family"), t.family)?;
+        let part = match parts.iter_mut().position(|p| p.family == family) {
+            Some(i) => &mut parts[i],
+            None => {
+                parts.push(TextPart {
+                    text: String::new(),
+                    family,
+                    filename: "<structured>".into(),
+                    field: "source.structured".into(),
+                    line_fields: Some(Vec::new()),
+                });
+                let n = parts.len() - 1;
+                &mut parts[n]
+            }
+        };
+        let mut lines: Vec<(String, String)> =
+            vec![(format!("*{}", t.table), format!("{tf}.table"))];
+        for (ci, c) in t.chains.iter().enumerate() {
+            let cf = format!("{tf}.chains[{ci}]");
+            let policy = if c.policy.is_empty() {
+                "-"
+            } else {
+                c.policy.as_str()
+            };
+            lines.push((format!(":{} {policy} [0:0]", c.name), cf));
+        }
+        for (ci, c) in t.chains.iter().enumerate() {
+            for (ri, r) in c.rules.iter().enumerate() {
+                let rf = format!("{tf}.chains[{ci}].rules[{ri}]");
+                match rule_text(&rf, r) {
+                    Ok(text) => lines.push((format!("-A {} {text}", c.name), rf)),
+                    Err(Error::BadRequest { violations, .. }) => errors.extend(violations),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        lines.push(("COMMIT".into(), tf));
+        for (text, field) in lines {
+            part.text.push_str(&text);
+            part.text.push('\n');
+            if let Some(f) = part.line_fields.as_mut() {
+                f.push(field);
+            }
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Error::BadRequest {
+            reason: Reason::InvalidArgument,
+            violations: errors,
+        });
+    }
+    if parts.is_empty() {
+        return Err(Error::invalid(
+            "source.structured.tables",
+            "at least one table is required",
+        ));
+    }
+    Ok(RulesetInput { parts })
+}
+
+// === rulesets, revisions, commits ===
+
+/// A finding as the API's violation.
+pub fn violation(f: &Finding) -> pb::Violation {
+    pb::Violation {
+        severity: match f.severity {
+            Severity::Error => pb::Severity::Error,
+            Severity::Warning => pb::Severity::Warning,
+        } as i32,
+        location: f.display_location(),
+        path: f.path.clone(),
+        message: f.message.clone(),
+        reason: f.reason.info().name.to_string(),
+    }
+}
+
+fn state_pb(s: RevisionState) -> pb::RevisionState {
+    match s {
+        RevisionState::Staged => pb::RevisionState::Staged,
+        RevisionState::Active => pb::RevisionState::Active,
+        RevisionState::Superseded => pb::RevisionState::Superseded,
+        RevisionState::Rejected => pb::RevisionState::Rejected,
+        RevisionState::PendingConfirm => pb::RevisionState::PendingConfirm,
+    }
+}
+
+/// A revision row as the API's revision; `content` fills the content field.
+pub fn revision(r: &RevisionRow, content: bool, warnings: &[Finding]) -> pb::Revision {
+    pb::Revision {
+        name: revision_resource(&r.ruleset, r.number),
+        ruleset: format!("rulesets/{}", r.ruleset),
+        number: r.number,
+        parent: r.parent.unwrap_or(0),
+        digest: r.digest.clone(),
+        author: r.author.clone(),
+        message: r.message.clone(),
+        create_time: Some(timestamp(r.created_at)),
+        state: state_pb(r.state) as i32,
+        content: if content {
+            r.content.combined()
+        } else {
+            String::new()
+        },
+        rule_count: r.rule_count,
+        warnings: warnings.iter().map(violation).collect(),
+    }
+}
+
+/// A ruleset row as the API's ruleset.
+pub fn ruleset(r: &RulesetRow) -> pb::Ruleset {
+    pb::Ruleset {
+        name: format!("rulesets/{}", r.name),
+        priority: r.priority,
+        etag: r.etag.clone(),
+        active_revision: r.active_revision.unwrap_or(0),
+        latest_revision: r.latest_revision,
+        update_time: Some(timestamp(r.updated_at)),
+    }
+}
+
+/// Phase durations.
+pub fn phases(p: &Phases) -> pb::CommitPhases {
+    pb::CommitPhases {
+        validate_ns: p.validate_ns,
+        compile_ns: p.compile_ns,
+        persist_ns: p.persist_ns,
+        publish_ns: p.publish_ns,
+        quiesce_ns: p.quiesce_ns,
+        carry_ns: p.carry_ns,
+        total_ns: p.total_ns,
+        cores_waited: p.cores_waited,
+    }
+}
+
+/// A commit result.
+pub fn commit_result(c: &CommitResult, warnings: &[Finding]) -> pb::CommitResult {
+    pb::CommitResult {
+        revision: Some(revision(&c.revision, false, warnings)),
+        phases: Some(phases(&c.phases)),
+        confirm_deadline: c.confirm_deadline.map(timestamp),
+        etag: c.etag.clone(),
+    }
+}
+
+/// A commit outcome.
+pub fn outcome(o: Outcome) -> pb::CommitOutcome {
+    match o {
+        Outcome::Committed => pb::CommitOutcome::Committed,
+        Outcome::Failed => pb::CommitOutcome::Failed,
+        Outcome::RolledBack => pb::CommitOutcome::RolledBack,
+        Outcome::Confirmed => pb::CommitOutcome::Confirmed,
+    }
+}
+
+/// A commit event.
+pub fn commit_event(e: &CommitEvent) -> pb::CommitEvent {
+    pb::CommitEvent {
+        revision: revision_resource(&e.ruleset, e.revision),
+        outcome: outcome(e.outcome) as i32,
+        phases: Some(phases(&e.phases)),
+        error: e.error.clone().unwrap_or_default(),
+        time: Some(timestamp(e.time_ns)),
+    }
+}
+
+// === packets and traces ===
+
+fn protocol(field: &str, s: &str) -> Result<u8> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "" | "all" => 0,
+        "icmp" => 1,
+        "tcp" => 6,
+        "udp" => 17,
+        "gre" => 47,
+        "esp" => 50,
+        "ah" => 51,
+        "icmpv6" | "ipv6-icmp" | "icmp6" => 58,
+        "sctp" => 132,
+        "udplite" => 136,
+        other => other
+            .parse()
+            .map_err(|_| Error::invalid(field, format!("unknown protocol {s:?}")))?,
+    })
+}
+
+fn iface(field: &str, s: &str) -> Result<IfName> {
+    IfName::new(s).ok_or_else(|| Error::invalid(field, "interface names have at most 15 bytes"))
+}
+
+/// The hook named `s` (`INPUT` when empty).
+///
+/// Errors: [`Error::BadRequest`] on `field`.
+pub fn hook(field: &str, s: &str) -> Result<Hook> {
+    if s.is_empty() {
+        return Ok(Hook::Input);
+    }
+    Hook::from_chain_name(&s.to_ascii_uppercase()).ok_or_else(|| {
+        Error::invalid(
+            field,
+            format!("unknown hook {s:?} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)"),
+        )
+    })
+}
+
+/// A packet spec as packet metadata (a function, not `TryFrom`: both types are foreign here,
+/// so the orphan rule forbids the impl).
+///
+/// Errors: [`Error::BadRequest`] with `packet.*` field paths.
+pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
+    {
+        let addr = |field: &str, s: &str| -> Result<Option<IpAddr>> {
+            if s.is_empty() {
+                return Ok(None);
+            }
+            s.parse()
+                .map(Some)
+                .map_err(|_| Error::invalid(field, format!("{s:?} is not an IP address")))
+        };
+        let src = addr("packet.source", &p.source)?;
+        let dst = addr("packet.destination", &p.destination)?;
+        let family = match pb::Family::try_from(p.family) {
+            Ok(pb::Family::Ipv4) => Family::Ipv4,
+            Ok(pb::Family::Ipv6) => Family::Ipv6,
+            Ok(pb::Family::Unspecified) => match src.or(dst) {
+                Some(IpAddr::V6(_)) => Family::Ipv6,
+                _ => Family::Ipv4,
+            },
+            Err(_) => return Err(Error::invalid("packet.family", "unknown family")),
+        };
+        let unspecified = match family {
+            Family::Ipv4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            Family::Ipv6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let (src, dst) = (src.unwrap_or(unspecified), dst.unwrap_or(unspecified));
+        if src.is_ipv4() != (family == Family::Ipv4) || dst.is_ipv4() != (family == Family::Ipv4) {
+            return Err(Error::invalid(
+                "packet.family",
+                "addresses do not match the family",
+            ));
+        }
+        let port = |field: &str, v: u32| -> Result<u16> {
+            u16::try_from(v).map_err(|_| Error::invalid(field, "ports are 0..65535"))
+        };
+        let byte = |field: &str, v: u32| -> Result<u8> {
+            u8::try_from(v).map_err(|_| Error::invalid(field, "must be 0..255"))
+        };
+        let mut flags = 0u8;
+        for c in p.tcp_flags.chars() {
+            flags |= match c.to_ascii_uppercase() {
+                'F' => tcp_flags::FIN,
+                'S' => tcp_flags::SYN,
+                'R' => tcp_flags::RST,
+                'P' => tcp_flags::PSH,
+                'A' => tcp_flags::ACK,
+                'U' => tcp_flags::URG,
+                _ => {
+                    return Err(Error::invalid(
+                        "packet.tcp_flags",
+                        format!("{c:?} is not one of FSRPAU"),
+                    ));
+                }
+            };
+        }
+        let ct = match p.ct_state.to_ascii_uppercase().as_str() {
+            "" | "NEW" => ct_state::NEW,
+            "ESTABLISHED" => ct_state::ESTABLISHED,
+            "RELATED" => ct_state::RELATED,
+            "INVALID" => ct_state::INVALID,
+            "UNTRACKED" => ct_state::UNTRACKED,
+            other => {
+                return Err(Error::invalid(
+                    "packet.ct_state",
+                    format!("unknown state {other:?}"),
+                ));
+            }
+        };
+        let src_mac = if p.source_mac.is_empty() {
+            None
+        } else {
+            let bytes: Vec<u8> = p
+                .source_mac
+                .split(':')
+                .map(|h| u8::from_str_radix(h, 16))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| Error::invalid("packet.source_mac", "expected aa:bb:cc:dd:ee:ff"))?;
+            Some(<[u8; 6]>::try_from(bytes.as_slice()).map_err(|_| {
+                Error::invalid("packet.source_mac", "expected six bytes aa:bb:cc:dd:ee:ff")
+            })?)
+        };
+        Ok(PacketMeta {
+            family,
+            hook: hook("packet.hook", &p.hook)?,
+            src,
+            dst,
+            protocol: protocol("packet.protocol", &p.protocol)?,
+            sport: port("packet.source_port", p.source_port)?,
+            dport: port("packet.destination_port", p.destination_port)?,
+            tcp_flags: flags,
+            icmp_type: byte("packet.icmp_type", p.icmp_type)?,
+            icmp_code: byte("packet.icmp_code", p.icmp_code)?,
+            len: if p.length == 0 { 60 } else { p.length },
+            in_iface: iface("packet.in_interface", &p.in_interface)?,
+            out_iface: iface("packet.out_interface", &p.out_interface)?,
+            src_mac,
+            mark: p.mark,
+            ct_state: ct,
+            ..PacketMeta::default()
+        })
+    }
+}
+
+fn step_outcome(o: StepOutcome) -> &'static str {
+    match o {
+        StepOutcome::Continue => "CONTINUE",
+        StepOutcome::Jump => "JUMP",
+        StepOutcome::Goto => "GOTO",
+        StepOutcome::Return => "RETURN",
+        StepOutcome::Accept => "ACCEPT",
+        StepOutcome::Drop => "DROP",
+        StepOutcome::Reject => "REJECT",
+        StepOutcome::Policy(Policy::Accept) => "POLICY_ACCEPT",
+        StepOutcome::Policy(Policy::Drop) => "POLICY_DROP",
+    }
+}
+
+/// The canonical text of rule `number` (1-based) of a chain, when it exists.
+pub fn rule_text_of(
+    rulesets: &[std::sync::Arc<Ruleset>],
+    ruleset: &str,
+    family: Family,
+    table: TableKind,
+    chain: &str,
+    number: u32,
+) -> Option<String> {
+    let rs = rulesets.iter().find(|r| r.name == ruleset)?;
+    let rule = rs
+        .table(family, table)?
+        .chain(chain)?
+        .rules
+        .get(usize::try_from(number).ok()?.checked_sub(1)?)?;
+    Some(print_rule_spec(rule, family))
+}
+
+/// A trace step, with the rule text looked up in `rulesets`.
+pub fn trace_step(s: &TraceStep, rulesets: &[std::sync::Arc<Ruleset>]) -> pb::TraceStep {
+    let text = match s.rule {
+        Some(n) => {
+            rule_text_of(rulesets, &s.ruleset, s.family, s.table, &s.chain, n).unwrap_or_default()
+        }
+        None => String::new(),
+    };
+    pb::TraceStep {
+        ruleset: s.ruleset.to_string(),
+        family: family_pb(s.family) as i32,
+        table: s.table.name().to_string(),
+        chain: s.chain.to_string(),
+        rule: s.rule.unwrap_or(0),
+        outcome: step_outcome(s.outcome).to_string(),
+        text,
+    }
+}
+
+/// A verdict's name.
+pub fn verdict(v: Verdict) -> &'static str {
+    v.name()
+}
+
+/// Field violations as a bad request with reason INVALID_ARGUMENT.
+pub fn bad_request(violations: Vec<FieldViolation>) -> Error {
+    Error::BadRequest {
+        reason: Reason::InvalidArgument,
+        violations,
+    }
+}

@@ -1,0 +1,29 @@
+//! Vallum's firewall-management service: rulesets stored in SQLite, validated, staged and
+//! committed atomically to the engine, plus the packet sources that feed the engine's workers.
+//!
+//! Layout:
+//! - [`config`]: flags and their `VALLUM_*` env twins;
+//! - [`store`]: the SQLite store (every query lives there), migrations from `migrations/`;
+//! - [`content`]: a revision's canonical content (IPv4 and IPv6 iptables-save text, digest);
+//! - [`pipeline`]: the commit pipeline (validate, persist, publish, quiesce, carry) and
+//!   commit-confirmed timers;
+//! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: the error table;
+//! - [`sources`]: packet sources feeding one worker thread per core;
+//! - [`hooks`]: the seams for metrics, auth and limits (filled by the ops side);
+//! - [`server`]: wiring, [`run`].
+
+pub mod config;
+pub mod content;
+pub mod convert;
+pub mod error;
+pub mod example;
+pub mod hooks;
+pub mod pipeline;
+pub mod server;
+pub mod service;
+pub mod sources;
+pub mod store;
+
+pub use config::Config;
+pub use error::{Error, Reason};
+pub use server::{Summary, run};

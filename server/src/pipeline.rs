@@ -1,0 +1,628 @@
+//! The commit pipeline: validate -> persist -> publish (compile, swap, quiesce, carry in the
+//! engine) -> record phases, and the commit-confirmed timers.
+//!
+//! Crash safety. A commit's store transaction (the revision row, its new state, the ruleset's
+//! `active_revision`, the commit row) is durable (WAL commit with `synchronous = FULL`) BEFORE
+//! the engine publishes. At start, [`Pipeline::load`] runs exactly the revisions the store
+//! marks active. So after a `kill -9` at any point, the active revision of a ruleset is the
+//! last one whose transaction reached the disk: the last acknowledged commit, or a later one
+//! that was durable but not yet acknowledged; never a mix (one transaction moves every row).
+//! The phase columns of the commit row are filled after publish and may be zero after a crash.
+//!
+//! Commits (and every other store write) are serialised by one async lock, so the engine sees
+//! commits in the order the store made them durable.
+//!
+//! The engine's commit re-validates and compiles; when it fails after validation passed here
+//! (not expected), the store transaction is reverted by a compensating one and the commit is
+//! FAILED.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use vallum_engine::Clock;
+use vallum_engine::engine::{Change, Engine};
+use vallum_engine::model::Ruleset;
+use vallum_engine::sets::NoSets;
+use vallum_engine::validate::has_errors;
+
+use crate::content::Checked;
+use crate::error::{Error, FieldViolation, Reason, Result};
+use crate::hooks::{CommitRecord, Hooks};
+use crate::store::{
+    CommitTarget, NewRevision, Outcome, PersistCommit, Phases, RevisionRow, RevisionState,
+    RulesetRow, Store, now_ns,
+};
+
+/// A commit event, as WatchCommits streams it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitEvent {
+    /// Ruleset name.
+    pub ruleset: String,
+    /// Revision number.
+    pub revision: u64,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Phase durations.
+    pub phases: Phases,
+    /// Error text of a failed commit.
+    pub error: Option<String>,
+    /// Unix ns.
+    pub time_ns: i64,
+}
+
+/// The result of a successful commit.
+#[derive(Clone, Debug)]
+pub struct CommitResult {
+    /// The revision made active (state ACTIVE or PENDING_CONFIRM).
+    pub revision: RevisionRow,
+    /// Phase durations.
+    pub phases: Phases,
+    /// The confirm deadline, Unix ns, for a commit-confirmed.
+    pub confirm_deadline: Option<i64>,
+    /// The ruleset's new etag.
+    pub etag: String,
+}
+
+/// A monotonic clock for the engine (ns since the process started using it).
+#[derive(Debug)]
+pub struct MonotonicClock(std::time::Instant);
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock(std::time::Instant::now())
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The pipeline: engine, store, event channel and hooks.
+pub struct Pipeline {
+    engine: Arc<Engine>,
+    store: Store,
+    clock: Arc<dyn Clock>,
+    write: tokio::sync::Mutex<()>,
+    events: broadcast::Sender<CommitEvent>,
+    hooks: Hooks,
+    active: Mutex<BTreeMap<String, (u64, i32)>>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline").finish_non_exhaustive()
+    }
+}
+
+/// What to commit, internally.
+struct Job {
+    ruleset: String,
+    model: Ruleset,
+    target: CommitTarget,
+    state: RevisionState,
+    outcome: Outcome,
+    previous_state: RevisionState,
+    confirm_deadline: Option<i64>,
+    etag: Option<String>,
+}
+
+impl Pipeline {
+    /// A pipeline around `engine` and `store`.
+    pub fn new(engine: Arc<Engine>, store: Store, clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
+        let (events, _) = broadcast::channel(1024);
+        Pipeline {
+            engine,
+            store,
+            clock,
+            write: tokio::sync::Mutex::new(()),
+            events,
+            hooks,
+            active: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Now on the engine's clock (ns): the time base of `-m limit` and of the workers.
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// The hooks.
+    pub fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+
+    /// Subscribes to commit events (those after the call).
+    pub fn subscribe(&self) -> broadcast::Receiver<CommitEvent> {
+        self.events.subscribe()
+    }
+
+    /// Active rulesets: name -> (revision, priority).
+    pub fn active(&self) -> BTreeMap<String, (u64, i32)> {
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Loads every active revision of the store into the engine (one atomic engine commit).
+    /// A revision that no longer loads is skipped with a message on stderr rather than
+    /// keeping the server down. Returns how many rulesets are active.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn load(&self) -> Result<usize> {
+        let _w = self.write.lock().await;
+        let mut models = Vec::new();
+        let mut heads = BTreeMap::new();
+        for (rs, rev) in self.store.active().await? {
+            match rev.content.to_ruleset(&rs.name, rs.priority) {
+                Ok(m) if !has_errors(&self.engine.validate(&m, &NoSets)) => {
+                    heads.insert(rs.name.clone(), (rev.number, rs.priority));
+                    models.push(m);
+                }
+                Ok(_) => eprintln!(
+                    "vallumd: active revision {} of {} is no longer valid; not loaded",
+                    rev.number, rs.name
+                ),
+                Err(e) => eprintln!("vallumd: {e}; not loaded"),
+            }
+        }
+        let n = models.len();
+        let engine = self.engine.clone();
+        let committed =
+            tokio::task::spawn_blocking(move || engine.commit(Change::ReplaceAll(models), &NoSets))
+                .await
+                .map_err(|e| Error::Internal(format!("load task: {e}")))?
+                .map_err(|e| Error::Commit(e.to_string()))?;
+        drop(committed);
+        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads;
+        Ok(n)
+    }
+
+    /// Stores a checked input as a STAGED revision.
+    ///
+    /// Errors: [`Error::BadRequest`] when `checked` has errors; [`Error::EtagMismatch`];
+    /// [`Error::Store`].
+    pub async fn stage(
+        &self,
+        checked: Checked,
+        author: &str,
+        message: &str,
+        etag: Option<&str>,
+    ) -> Result<(RulesetRow, RevisionRow)> {
+        let checked = checked.into_valid()?;
+        let new = new_revision(&checked, author, message);
+        let _w = self.write.lock().await;
+        self.store.stage(&new, etag).await
+    }
+
+    /// Makes staged revision `number` of `ruleset` active; with `confirm_within`, it is
+    /// rolled back unless confirmed in time.
+    ///
+    /// Errors: [`Error::NotFound`], [`Error::Precondition`] (not STAGED),
+    /// [`Error::EtagMismatch`], [`Error::Commit`], [`Error::Store`].
+    pub async fn commit_staged(
+        &self,
+        ruleset: &str,
+        number: u64,
+        confirm_within: Option<Duration>,
+        etag: Option<&str>,
+    ) -> Result<CommitResult> {
+        let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        let rev = self.revision(ruleset, number).await?;
+        let model = rev.content.to_ruleset(ruleset, rs.priority)?;
+        let (state, deadline) = confirm(confirm_within);
+        self.run(Job {
+            ruleset: ruleset.to_string(),
+            model,
+            target: CommitTarget::Staged(number),
+            state,
+            outcome: Outcome::Committed,
+            previous_state: RevisionState::Superseded,
+            confirm_deadline: deadline,
+            etag: etag.map(str::to_string),
+        })
+        .await
+    }
+
+    /// Stage + commit in one store transaction.
+    ///
+    /// Errors: as [`Pipeline::stage`] and [`Pipeline::commit_staged`].
+    pub async fn apply(
+        &self,
+        checked: Checked,
+        author: &str,
+        message: &str,
+        confirm_within: Option<Duration>,
+        etag: Option<&str>,
+    ) -> Result<CommitResult> {
+        let checked = checked.into_valid()?;
+        let new = new_revision(&checked, author, message);
+        let (state, deadline) = confirm(confirm_within);
+        let _w = self.write.lock().await;
+        let mut model = checked.ruleset;
+        if let Some(rs) = self.store.get_ruleset(&new.ruleset).await? {
+            model.priority = rs.priority;
+        }
+        self.run(Job {
+            ruleset: new.ruleset.clone(),
+            model,
+            target: CommitTarget::New(new),
+            state,
+            outcome: Outcome::Committed,
+            previous_state: RevisionState::Superseded,
+            confirm_deadline: deadline,
+            etag: etag.map(str::to_string),
+        })
+        .await
+    }
+
+    /// Commits the content of revision `number` as a new revision.
+    ///
+    /// Errors: [`Error::NotFound`], [`Error::EtagMismatch`], [`Error::Commit`],
+    /// [`Error::Store`].
+    pub async fn rollback(
+        &self,
+        ruleset: &str,
+        number: u64,
+        author: &str,
+        message: &str,
+        etag: Option<&str>,
+    ) -> Result<CommitResult> {
+        let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        let rev = self.revision(ruleset, number).await?;
+        let model = rev.content.to_ruleset(ruleset, rs.priority)?;
+        let message = if message.is_empty() {
+            format!("rollback to revision {number}")
+        } else {
+            message.to_string()
+        };
+        self.run(Job {
+            ruleset: ruleset.to_string(),
+            model,
+            target: CommitTarget::New(NewRevision {
+                ruleset: ruleset.to_string(),
+                priority: rs.priority,
+                content: rev.content.clone(),
+                rule_count: rev.rule_count,
+                author: author.to_string(),
+                message,
+            }),
+            state: RevisionState::Active,
+            outcome: Outcome::RolledBack,
+            previous_state: RevisionState::Superseded,
+            confirm_deadline: None,
+            etag: etag.map(str::to_string),
+        })
+        .await
+    }
+
+    /// Confirms the pending commit-confirmed of revision `number`.
+    ///
+    /// Errors: [`Error::NotFound`]; [`Error::Precondition`] when no commit of it is pending;
+    /// [`Error::Store`].
+    pub async fn confirm(&self, ruleset: &str, number: u64) -> Result<RevisionRow> {
+        let _w = self.write.lock().await;
+        self.revision(ruleset, number).await?;
+        let rev =
+            self.store
+                .confirm(ruleset, number)
+                .await?
+                .ok_or_else(|| Error::Precondition {
+                    kind: "REVISION_STATE",
+                    subject: format!("rulesets/{ruleset}/revisions/{number}"),
+                    message: "no commit of this revision is waiting for confirmation".into(),
+                })?;
+        self.emit(
+            ruleset,
+            number,
+            Outcome::Confirmed,
+            Phases::default(),
+            None,
+            0,
+        );
+        Ok(rev)
+    }
+
+    /// Deactivates a ruleset in the engine and deletes it from the store.
+    ///
+    /// Errors: [`Error::NotFound`], [`Error::EtagMismatch`], [`Error::Commit`],
+    /// [`Error::Store`].
+    pub async fn delete(&self, ruleset: &str, etag: Option<&str>) -> Result<()> {
+        let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
+            return Err(Error::EtagMismatch {
+                name: format!("rulesets/{ruleset}"),
+                given: e.to_string(),
+                current: rs.etag,
+            });
+        }
+        let engine = self.engine.clone();
+        let name = ruleset.to_string();
+        tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &NoSets))
+            .await
+            .map_err(|e| Error::Internal(format!("commit task: {e}")))?
+            .map_err(|e| Error::Commit(e.to_string()))?;
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(ruleset);
+        self.store.delete_ruleset(ruleset, etag).await?;
+        Ok(())
+    }
+
+    /// Rolls back every commit-confirmed whose deadline passed: the previous revision's content
+    /// is committed as a new revision (outcome ROLLED_BACK, the unconfirmed revision
+    /// REJECTED), or the ruleset is deactivated when it had no previous revision. Returns how
+    /// many were rolled back.
+    ///
+    /// Errors: [`Error::Store`], [`Error::Commit`].
+    pub async fn expire_confirms(&self) -> Result<usize> {
+        let now = now_ns();
+        let mut done = 0;
+        let _w = self.write.lock().await;
+        for c in self.store.pending_confirms().await? {
+            if c.confirm_deadline.is_none_or(|d| d > now) {
+                continue;
+            }
+            let rs = self.ruleset(&c.ruleset).await?;
+            match c.previous {
+                Some(prev) => {
+                    let rev = self.revision(&c.ruleset, prev).await?;
+                    let model = rev.content.to_ruleset(&c.ruleset, rs.priority)?;
+                    self.run(Job {
+                        ruleset: c.ruleset.clone(),
+                        model,
+                        target: CommitTarget::New(NewRevision {
+                            ruleset: c.ruleset.clone(),
+                            priority: rs.priority,
+                            content: rev.content.clone(),
+                            rule_count: rev.rule_count,
+                            author: "vallumd".into(),
+                            message: format!(
+                                "automatic rollback: revision {} was not confirmed in time",
+                                c.revision
+                            ),
+                        }),
+                        state: RevisionState::Active,
+                        outcome: Outcome::RolledBack,
+                        previous_state: RevisionState::Rejected,
+                        confirm_deadline: None,
+                        etag: None,
+                    })
+                    .await?;
+                }
+                None => {
+                    self.store.deactivate(&c.ruleset, c.revision, now).await?;
+                    let engine = self.engine.clone();
+                    let name = c.ruleset.clone();
+                    tokio::task::spawn_blocking(move || {
+                        engine.commit(Change::Remove(name), &NoSets)
+                    })
+                    .await
+                    .map_err(|e| Error::Internal(format!("commit task: {e}")))?
+                    .map_err(|e| Error::Commit(e.to_string()))?;
+                    self.active
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&c.ruleset);
+                    self.emit(
+                        &c.ruleset,
+                        c.revision,
+                        Outcome::RolledBack,
+                        Phases::default(),
+                        None,
+                        0,
+                    );
+                }
+            }
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Runs [`Pipeline::expire_confirms`] every `interval` until the returned task is aborted.
+    pub fn spawn_confirm_timer(
+        self: &Arc<Self>,
+        interval: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
+            loop {
+                tick.tick().await;
+                if let Err(e) = me.expire_confirms().await {
+                    eprintln!("vallumd: commit-confirmed check failed: {e}");
+                }
+            }
+        })
+    }
+
+    async fn ruleset(&self, name: &str) -> Result<RulesetRow> {
+        self.store
+            .get_ruleset(name)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                kind: "ruleset",
+                name: format!("rulesets/{name}"),
+            })
+    }
+
+    async fn revision(&self, ruleset: &str, number: u64) -> Result<RevisionRow> {
+        self.store
+            .get_revision(ruleset, number)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                kind: "revision",
+                name: format!("rulesets/{ruleset}/revisions/{number}"),
+            })
+    }
+
+    fn emit(
+        &self,
+        ruleset: &str,
+        revision: u64,
+        outcome: Outcome,
+        phases: Phases,
+        error: Option<String>,
+        rules: u64,
+    ) {
+        let _ = self.events.send(CommitEvent {
+            ruleset: ruleset.to_string(),
+            revision,
+            outcome,
+            phases,
+            error,
+            time_ns: now_ns(),
+        });
+        self.hooks.observer.on_commit(&CommitRecord {
+            ruleset: ruleset.to_string(),
+            revision,
+            outcome: outcome.as_str(),
+            phases,
+            rules,
+        });
+    }
+
+    /// The pipeline proper; the caller holds the write lock.
+    async fn run(&self, job: Job) -> Result<CommitResult> {
+        let wall = std::time::Instant::now();
+        let started_at = now_ns();
+        let t0 = self.clock.now_ns();
+        // validate
+        let violations = self.engine.validate(&job.model, &NoSets);
+        if has_errors(&violations) {
+            return Err(Error::BadRequest {
+                reason: Reason::InvalidRuleset,
+                violations: violations
+                    .iter()
+                    .filter(|v| v.severity == vallum_engine::validate::Severity::Error)
+                    .map(|v| FieldViolation::new("revision", v.to_string()))
+                    .collect(),
+            });
+        }
+        let t1 = self.clock.now_ns();
+        // persist: durable before publish
+        let persisted = self
+            .store
+            .persist_commit(&PersistCommit {
+                ruleset: job.ruleset.clone(),
+                target: job.target,
+                state: job.state,
+                outcome: job.outcome,
+                previous_state: job.previous_state,
+                confirm_deadline: job.confirm_deadline,
+                expected_etag: job.etag,
+                started_at,
+                validate_ns: t1.saturating_sub(t0),
+            })
+            .await?;
+        let t2 = self.clock.now_ns();
+        // publish (the engine compiles, swaps, quiesces and carries counters)
+        let mut model = job.model;
+        model.priority = persisted.ruleset.priority;
+        let engine = self.engine.clone();
+        let committed = tokio::task::spawn_blocking(move || {
+            engine.commit(Change::Put(model), &NoSets).map(|c| {
+                let report = c.report;
+                // Free the old snapshot here, off the async workers.
+                drop(c.retired);
+                report
+            })
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("commit task: {e}")));
+        let report = match committed {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                self.store.revert_commit(&persisted, &msg).await?;
+                self.emit(
+                    &job.ruleset,
+                    persisted.revision.number,
+                    Outcome::Failed,
+                    Phases::default(),
+                    Some(msg.clone()),
+                    0,
+                );
+                return Err(Error::Commit(msg));
+            }
+            Err(e) => {
+                self.store.revert_commit(&persisted, &e.to_string()).await?;
+                return Err(e);
+            }
+        };
+        let phases = Phases {
+            validate_ns: t1.saturating_sub(t0) + report.validate_ns,
+            compile_ns: report.compile_ns,
+            persist_ns: t2.saturating_sub(t1),
+            publish_ns: report.publish_ns,
+            quiesce_ns: report.quiesce_ns,
+            carry_ns: report.carry_ns,
+            total_ns: u64::try_from(wall.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            cores_waited: u32::try_from(report.cores_waited).unwrap_or(u32::MAX),
+        };
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                job.ruleset.clone(),
+                (persisted.revision.number, persisted.ruleset.priority),
+            );
+        // Phase columns are informative; a failure to write them does not undo the commit.
+        if let Err(e) = self.store.finish_commit(persisted.commit_id, &phases).await {
+            eprintln!("vallumd: recording commit phases failed: {e}");
+        }
+        self.emit(
+            &job.ruleset,
+            persisted.revision.number,
+            job.outcome,
+            phases,
+            None,
+            report.rules as u64,
+        );
+        Ok(CommitResult {
+            revision: persisted.revision,
+            phases,
+            confirm_deadline: job.confirm_deadline,
+            etag: persisted.ruleset.etag,
+        })
+    }
+}
+
+fn confirm(within: Option<Duration>) -> (RevisionState, Option<i64>) {
+    match within.filter(|d| !d.is_zero()) {
+        Some(d) => (
+            RevisionState::PendingConfirm,
+            Some(now_ns().saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))),
+        ),
+        None => (RevisionState::Active, None),
+    }
+}
+
+fn new_revision(c: &Checked, author: &str, message: &str) -> NewRevision {
+    NewRevision {
+        ruleset: c.ruleset.name.clone(),
+        priority: c.ruleset.priority,
+        content: c.content.clone(),
+        rule_count: u32::try_from(c.ruleset.rule_count()).unwrap_or(u32::MAX),
+        author: author.to_string(),
+        message: message.to_string(),
+    }
+}

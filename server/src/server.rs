@@ -1,0 +1,226 @@
+//! Wiring: store, engine, pipeline, gRPC server (health, reflection, the four services),
+//! packet sources, commit-confirmed timer, shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+use vallum_engine::Clock;
+use vallum_engine::engine::{Engine, EngineConfig};
+use vallum_engine::sets::NoSets;
+use vallum_proto::v1::counter_service_server::CounterServiceServer;
+use vallum_proto::v1::engine_service_server::EngineServiceServer;
+use vallum_proto::v1::ruleset_service_server::RulesetServiceServer;
+use vallum_proto::v1::trace_service_server::TraceServiceServer;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::hooks::{self, Hooks};
+use crate::pipeline::{MonotonicClock, Pipeline};
+use crate::service::State;
+use crate::service::counters::CountersApi;
+use crate::service::engine::EngineApi;
+use crate::service::ruleset::RulesetApi;
+use crate::service::trace::TraceApi;
+use crate::sources::Sources;
+use crate::{content, example};
+
+/// The gRPC service names health reports on (besides "").
+pub const SERVICES: [&str; 4] = [
+    "vallum.v1.RulesetService",
+    "vallum.v1.CounterService",
+    "vallum.v1.TraceService",
+    "vallum.v1.EngineService",
+];
+
+/// What a run did, printed at exit.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Address served.
+    pub listen: String,
+    /// Packets classified per (family, hook, verdict), e.g. `ipv4 INPUT DROP`.
+    pub verdicts: Vec<(String, u64)>,
+    /// Active revisions (ruleset, revision).
+    pub active: Vec<(String, u64)>,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: u64 = self.verdicts.iter().map(|v| v.1).sum();
+        writeln!(f, "vallumd summary: {total} packets classified")?;
+        for (k, n) in &self.verdicts {
+            writeln!(f, "  {k}: {n}")?;
+        }
+        if self.active.is_empty() {
+            writeln!(f, "  active revisions: none")?;
+        }
+        for (r, n) in &self.active {
+            writeln!(f, "  active: rulesets/{r}/revisions/{n}")?;
+        }
+        Ok(())
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs `vallumd` until Ctrl-C / SIGTERM (or `--exit-after`), with the default hooks.
+///
+/// Errors: [`Error`] when the store cannot be opened or migrated, the address cannot be bound,
+/// the example does not load, or a packet source cannot start.
+pub async fn run(config: Config) -> Result<Summary> {
+    run_with(config, Hooks::default(), shutdown_signal()).await
+}
+
+/// As [`run`], with explicit hooks and a shutdown future (for embedding and tests).
+///
+/// Errors: as [`run`].
+pub async fn run_with(
+    config: Config,
+    hooks: Hooks,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Summary> {
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+    let engine = Arc::new(Engine::new(
+        EngineConfig {
+            cores: config.cores.max(1),
+            barrier: config.barrier.into(),
+        },
+        clock.clone(),
+    ));
+    let store = crate::store::Store::open(&config.db).await?;
+    let pipeline = Arc::new(Pipeline::new(
+        engine.clone(),
+        store.clone(),
+        clock.clone(),
+        hooks.clone(),
+    ));
+    let state = State::new(pipeline.clone(), config.source.to_string());
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    for s in SERVICES {
+        reporter
+            .set_service_status(s, ServingStatus::NotServing)
+            .await;
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(vallum_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::Internal(format!("bind {}: {e}", config.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::Internal(format!("local address: {e}")))?;
+    println!("listening on {addr}");
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let grpc = tonic::transport::Server::builder()
+        // HOOK(ops): TLS (`.tls_config(..)`) goes here.
+        .layer(hooks::rpc_layer(&config))
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(RulesetServiceServer::new(RulesetApi::new(state.clone())))
+        .add_service(CounterServiceServer::new(CountersApi::new(state.clone())))
+        .add_service(TraceServiceServer::new(TraceApi::new(state.clone())))
+        .add_service(EngineServiceServer::new(EngineApi::new(state.clone())))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = stop_rx.await;
+        });
+    let server = tokio::spawn(grpc);
+
+    // Load the stored state, then SERVING.
+    if let Some(d) = config.load_delay {
+        tokio::time::sleep(d).await;
+    }
+    pipeline.load().await?;
+    if config.example && store.list_rulesets().await?.is_empty() {
+        let checked = content::check(example::NAME, 0, &example::input(), &NoSets)?;
+        pipeline
+            .apply(
+                checked,
+                "vallumd --example",
+                "bundled example ruleset",
+                None,
+                None,
+            )
+            .await?;
+    }
+    state.ready.store(true, Ordering::Release);
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    for s in SERVICES {
+        reporter.set_service_status(s, ServingStatus::Serving).await;
+    }
+    hooks.observer.on_start(&engine, &config);
+    let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
+    let sources = Sources::start(engine.clone(), &config.source, config.rate, clock)?;
+
+    match config.exit_after {
+        Some(d) => {
+            tokio::select! {
+                _ = tokio::time::sleep(d) => {}
+                _ = shutdown => {}
+            }
+        }
+        None => shutdown.await,
+    }
+
+    sources.stop();
+    timer.abort();
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    let summary = Summary {
+        listen: addr.to_string(),
+        verdicts: engine
+            .verdict_counts()
+            .into_iter()
+            .map(|v| {
+                let fam = match v.family {
+                    vallum_engine::model::Family::Ipv4 => "ipv4",
+                    vallum_engine::model::Family::Ipv6 => "ipv6",
+                };
+                (format!("{fam} {} {}", v.hook, v.verdict), v.packets)
+            })
+            .collect(),
+        active: pipeline
+            .active()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect(),
+    };
+    store.close().await;
+    Ok(summary)
+}

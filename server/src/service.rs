@@ -1,0 +1,105 @@
+//! The gRPC services, one module each, sharing [`State`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::pipeline::Pipeline;
+use crate::store::{AuditEntry, now_ns};
+
+pub mod counters;
+pub mod engine;
+pub mod ruleset;
+pub mod trace;
+
+/// What every service shares.
+#[derive(Debug)]
+pub struct State {
+    /// The commit pipeline (engine + store).
+    pub pipeline: Arc<Pipeline>,
+    /// Set once the stored state is loaded into the engine.
+    pub ready: AtomicBool,
+    /// The packet source, as configured (`none`, `pcap:FILE`, `synthetic`).
+    pub source: String,
+    /// Serialises calls that carry a request_id, so a retry racing the first call waits for
+    /// its stored response.
+    idempotency: tokio::sync::Mutex<()>,
+}
+
+impl State {
+    /// Shared state for the services.
+    pub fn new(pipeline: Arc<Pipeline>, source: String) -> Arc<State> {
+        Arc::new(State {
+            pipeline,
+            ready: AtomicBool::new(false),
+            source,
+            idempotency: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Errors with [`Error::NotReady`] until the stored state is loaded.
+    pub fn ready(&self) -> Result<()> {
+        // Acquire pairs with the Release store in `server::run` after loading.
+        if self.ready.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(Error::NotReady)
+        }
+    }
+
+    /// Runs `f` once per (method, request_id): a repeated id returns the stored response of the
+    /// first successful call. An empty id always runs `f`.
+    ///
+    /// Errors: `f`'s, or [`Error::Store`]/[`Error::Internal`] for the stored response.
+    pub async fn idempotent<M, F>(&self, method: &str, request_id: &str, f: F) -> Result<M>
+    where
+        M: prost::Message + Default,
+        F: std::future::Future<Output = Result<M>>,
+    {
+        if request_id.is_empty() {
+            return f.await;
+        }
+        let _g = self.idempotency.lock().await;
+        let store = self.pipeline.store();
+        if let Some(bytes) = store.idempotent_get(method, request_id).await? {
+            return M::decode(bytes.as_slice())
+                .map_err(|e| Error::Internal(format!("stored response of {request_id}: {e}")));
+        }
+        let m = f.await?;
+        store
+            .idempotent_put(method, request_id, &m.encode_to_vec())
+            .await?;
+        Ok(m)
+    }
+
+    /// Appends an audit record for a mutating call (failures to write it are reported on
+    /// stderr, not to the caller).
+    pub async fn audit<R: prost::Message, T>(
+        &self,
+        caller: String,
+        method: &str,
+        request: &R,
+        result: &Result<T>,
+    ) {
+        let digest: String = Sha256::digest(request.encode_to_vec())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let outcome = match result {
+            Ok(_) => "OK".to_string(),
+            Err(e) => e.reason().info().name.to_string(),
+        };
+        let entry = AuditEntry {
+            at: now_ns(),
+            caller,
+            method: method.to_string(),
+            request_digest: digest,
+            outcome,
+        };
+        if let Err(e) = self.pipeline.store().audit(&entry).await {
+            eprintln!("vallumd: audit write failed: {e}");
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! `vallum.v1.EngineService`: cores, active revisions, barrier, packet source.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use vallum_engine::dataplane::BarrierStrategy;
+use vallum_proto::v1 as pb;
+use vallum_proto::v1::engine_service_server::EngineService;
+
+use super::State;
+
+/// The EngineService implementation.
+#[derive(Debug, Clone)]
+pub struct EngineApi {
+    state: Arc<State>,
+}
+
+impl EngineApi {
+    /// The service over shared state.
+    pub fn new(state: Arc<State>) -> Self {
+        EngineApi { state }
+    }
+}
+
+#[tonic::async_trait]
+impl EngineService for EngineApi {
+    async fn get_status(
+        &self,
+        _request: Request<pb::GetStatusRequest>,
+    ) -> Result<Response<pb::GetStatusResponse>, Status> {
+        let engine = self.state.pipeline.engine();
+        let gens = engine.generations();
+        let packets = engine.core_packets();
+        let cores = gens
+            .iter()
+            .zip(packets.iter().chain(std::iter::repeat(&0)))
+            .enumerate()
+            .map(|(i, (g, p))| pb::CoreStatus {
+                core: i as u32,
+                generation: *g,
+                packets: *p,
+            })
+            .collect();
+        let active = self
+            .state
+            .pipeline
+            .active()
+            .into_iter()
+            .map(|(name, (revision, priority))| pb::ActiveRevision {
+                ruleset: name,
+                revision,
+                priority,
+            })
+            .collect();
+        let rules = engine
+            .rulesets()
+            .values()
+            .map(|r| r.rule_count() as u64)
+            .sum();
+        Ok(Response::new(pb::GetStatusResponse {
+            cores,
+            active,
+            barrier_strategy: match engine.barrier() {
+                BarrierStrategy::SeqCst => "seqcst",
+                BarrierStrategy::Membarrier => "membarrier",
+            }
+            .into(),
+            barrier_fallback: engine.barrier_fallback().unwrap_or_default().to_string(),
+            packet_source: self.state.source.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            rules,
+        }))
+    }
+}

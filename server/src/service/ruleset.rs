@@ -1,0 +1,682 @@
+//! `vallum.v1.RulesetService`: validate, stage, commit, confirm, apply, rollback, read, diff,
+//! export and watch.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+use tonic::{Request, Response, Status};
+use vallum_engine::model::{Counters, Family, Ruleset, TableKind};
+use vallum_engine::restore::{PrintOptions, print_rule_spec};
+use vallum_engine::sets::NoSets;
+use vallum_proto::v1 as pb;
+use vallum_proto::v1::ruleset_service_server::RulesetService;
+
+use super::State;
+use crate::content::{self, Content, RulesetInput};
+use crate::convert;
+use crate::error::{Error, Result};
+use crate::hooks;
+
+/// The RulesetService implementation.
+#[derive(Debug, Clone)]
+pub struct RulesetApi {
+    state: Arc<State>,
+}
+
+impl RulesetApi {
+    /// The service over shared state.
+    pub fn new(state: Arc<State>) -> Self {
+        RulesetApi { state }
+    }
+
+    fn check(
+        &self,
+        name: &str,
+        priority: i32,
+        source: Option<&pb::RulesetSource>,
+    ) -> Result<content::Checked> {
+        let source =
+            source.ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
+        let input = RulesetInput::try_from(source)?;
+        content::check(name, priority, &input, &NoSets)
+    }
+}
+
+fn etag(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+type WatchStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::CommitEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RulesetService for RulesetApi {
+    async fn validate_ruleset(
+        &self,
+        request: Request<pb::ValidateRulesetRequest>,
+    ) -> Result<Response<pb::ValidateRulesetResponse>, Status> {
+        let r = request.into_inner();
+        let name = if r.ruleset.is_empty() {
+            "validate".to_string()
+        } else {
+            convert::ruleset_id("ruleset", &r.ruleset)?
+        };
+        let checked = self.check(&name, 0, r.source.as_ref())?;
+        Ok(Response::new(pb::ValidateRulesetResponse {
+            valid: checked.valid(),
+            violations: checked.findings.iter().map(convert::violation).collect(),
+            rule_count: u32::try_from(checked.ruleset.rule_count()).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn stage_revision(
+        &self,
+        request: Request<pb::StageRevisionRequest>,
+    ) -> Result<Response<pb::Revision>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = async {
+            let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            let checked = self.check(&name, r.priority, r.source.as_ref())?;
+            let warnings = checked.warnings();
+            if r.validate_only {
+                checked.into_valid()?;
+                return Ok(pb::Revision {
+                    ruleset: format!("rulesets/{name}"),
+                    warnings: warnings.iter().map(convert::violation).collect(),
+                    ..Default::default()
+                });
+            }
+            self.state
+                .idempotent("StageRevision", &r.request_id, async {
+                    let (_, rev) = self
+                        .state
+                        .pipeline
+                        .stage(checked, &caller, &r.message, etag(&r.etag))
+                        .await?;
+                    Ok(convert::revision(&rev, false, &warnings))
+                })
+                .await
+        }
+        .await;
+        if !r.validate_only {
+            self.state.audit(caller, "StageRevision", &r, &result).await;
+        }
+        Ok(Response::new(result?))
+    }
+
+    async fn commit_revision(
+        &self,
+        request: Request<pb::CommitRevisionRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = async {
+            let (name, n) = convert::revision_name("name", &r.name)?;
+            let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
+            if r.validate_only {
+                let rev = self
+                    .state
+                    .pipeline
+                    .store()
+                    .get_revision(&name, n)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        kind: "revision",
+                        name: r.name.clone(),
+                    })?;
+                let model = rev.content.to_ruleset(&name, 0)?;
+                let v = self.state.pipeline.engine().validate(&model, &NoSets);
+                if vallum_engine::validate::has_errors(&v) {
+                    return Err(Error::invalid("name", "revision no longer validates"));
+                }
+                return Ok(pb::CommitResult {
+                    revision: Some(convert::revision(&rev, false, &[])),
+                    ..Default::default()
+                });
+            }
+            self.state
+                .idempotent("CommitRevision", &r.request_id, async {
+                    let c = self
+                        .state
+                        .pipeline
+                        .commit_staged(&name, n, within, etag(&r.etag))
+                        .await?;
+                    Ok(convert::commit_result(&c, &[]))
+                })
+                .await
+        }
+        .await;
+        if !r.validate_only {
+            self.state
+                .audit(caller, "CommitRevision", &r, &result)
+                .await;
+        }
+        Ok(Response::new(result?))
+    }
+
+    async fn confirm_commit(
+        &self,
+        request: Request<pb::ConfirmCommitRequest>,
+    ) -> Result<Response<pb::ConfirmCommitResponse>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = async {
+            let (name, n) = convert::revision_name("name", &r.name)?;
+            let rev = self.state.pipeline.confirm(&name, n).await?;
+            Ok(pb::ConfirmCommitResponse {
+                revision: Some(convert::revision(&rev, false, &[])),
+            })
+        }
+        .await;
+        self.state.audit(caller, "ConfirmCommit", &r, &result).await;
+        Ok(Response::new(result?))
+    }
+
+    async fn apply(
+        &self,
+        request: Request<pb::ApplyRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = async {
+            let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
+            let checked = self.check(&name, r.priority, r.source.as_ref())?;
+            let warnings = checked.warnings();
+            if r.validate_only {
+                checked.into_valid()?;
+                return Ok(pb::CommitResult {
+                    revision: Some(pb::Revision {
+                        ruleset: format!("rulesets/{name}"),
+                        warnings: warnings.iter().map(convert::violation).collect(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            }
+            self.state
+                .idempotent("Apply", &r.request_id, async {
+                    let c = self
+                        .state
+                        .pipeline
+                        .apply(checked, &caller, &r.message, within, etag(&r.etag))
+                        .await?;
+                    Ok(convert::commit_result(&c, &warnings))
+                })
+                .await
+        }
+        .await;
+        if !r.validate_only {
+            self.state.audit(caller, "Apply", &r, &result).await;
+        }
+        Ok(Response::new(result?))
+    }
+
+    async fn rollback(
+        &self,
+        request: Request<pb::RollbackRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = async {
+            let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state
+                .idempotent("Rollback", &r.request_id, async {
+                    let c = self
+                        .state
+                        .pipeline
+                        .rollback(&name, n, &caller, &r.message, etag(&r.etag))
+                        .await?;
+                    Ok(convert::commit_result(&c, &[]))
+                })
+                .await
+        }
+        .await;
+        self.state.audit(caller, "Rollback", &r, &result).await;
+        Ok(Response::new(result?))
+    }
+
+    async fn get_ruleset(
+        &self,
+        request: Request<pb::GetRulesetRequest>,
+    ) -> Result<Response<pb::Ruleset>, Status> {
+        let r = request.into_inner();
+        let name = convert::ruleset_id("name", &r.name)?;
+        let rs = self.state.pipeline.store().get_ruleset(&name).await?;
+        let rs = rs.ok_or_else(|| Error::NotFound {
+            kind: "ruleset",
+            name: format!("rulesets/{name}"),
+        })?;
+        Ok(Response::new(convert::ruleset(&rs)))
+    }
+
+    async fn list_rulesets(
+        &self,
+        _request: Request<pb::ListRulesetsRequest>,
+    ) -> Result<Response<pb::ListRulesetsResponse>, Status> {
+        let all = self.state.pipeline.store().list_rulesets().await?;
+        Ok(Response::new(pb::ListRulesetsResponse {
+            rulesets: all.iter().map(convert::ruleset).collect(),
+        }))
+    }
+
+    async fn delete_ruleset(
+        &self,
+        request: Request<pb::DeleteRulesetRequest>,
+    ) -> Result<Response<pb::DeleteRulesetResponse>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = async {
+            let name = convert::ruleset_id("name", &r.name)?;
+            self.state.pipeline.delete(&name, etag(&r.etag)).await
+        }
+        .await;
+        self.state.audit(caller, "DeleteRuleset", &r, &result).await;
+        result?;
+        Ok(Response::new(pb::DeleteRulesetResponse {}))
+    }
+
+    async fn list_revisions(
+        &self,
+        request: Request<pb::ListRevisionsRequest>,
+    ) -> Result<Response<pb::ListRevisionsResponse>, Status> {
+        let r = request.into_inner();
+        let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+        let after: u64 = if r.page_token.is_empty() {
+            0
+        } else {
+            r.page_token
+                .parse()
+                .map_err(|_| Error::invalid("page_token", "not a token from an earlier response"))?
+        };
+        let size = if r.page_size == 0 {
+            100
+        } else {
+            r.page_size.min(1000)
+        };
+        let store = self.state.pipeline.store();
+        if store.get_ruleset(&name).await?.is_none() {
+            return Err(Error::NotFound {
+                kind: "ruleset",
+                name: format!("rulesets/{name}"),
+            }
+            .into());
+        }
+        let revs = store.list_revisions(&name, after, size + 1).await?;
+        let more = revs.len() > size as usize;
+        let revs = &revs[..revs.len().min(size as usize)];
+        Ok(Response::new(pb::ListRevisionsResponse {
+            next_page_token: if more {
+                revs.last()
+                    .map(|r| r.number.to_string())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            },
+            revisions: revs
+                .iter()
+                .map(|r| convert::revision(r, false, &[]))
+                .collect(),
+        }))
+    }
+
+    async fn get_revision(
+        &self,
+        request: Request<pb::GetRevisionRequest>,
+    ) -> Result<Response<pb::Revision>, Status> {
+        let r = request.into_inner();
+        let (name, n) = convert::revision_name("name", &r.name)?;
+        let rev = self.state.pipeline.store().get_revision(&name, n).await?;
+        let rev = rev.ok_or_else(|| Error::NotFound {
+            kind: "revision",
+            name: r.name.clone(),
+        })?;
+        Ok(Response::new(convert::revision(&rev, true, &[])))
+    }
+
+    async fn diff_revisions(
+        &self,
+        request: Request<pb::DiffRevisionsRequest>,
+    ) -> Result<Response<pb::DiffRevisionsResponse>, Status> {
+        let r = request.into_inner();
+        let (a, an) = convert::revision_name("from", &r.from)?;
+        let (b, bn) = convert::revision_name("to", &r.to)?;
+        if a != b {
+            return Err(
+                Error::invalid("to", "both revisions must belong to the same ruleset").into(),
+            );
+        }
+        let store = self.state.pipeline.store();
+        let load = |n: u64, field: &'static str| {
+            let a = a.clone();
+            async move {
+                let rev = store
+                    .get_revision(&a, n)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        kind: "revision",
+                        name: convert::revision_resource(&a, n),
+                    });
+                let _ = field;
+                rev?.content.to_ruleset(&a, 0)
+            }
+        };
+        let from = load(an, "from").await?;
+        let to = load(bn, "to").await?;
+        Ok(Response::new(pb::DiffRevisionsResponse {
+            chains: diff(&from, &to),
+        }))
+    }
+
+    async fn export_revision(
+        &self,
+        request: Request<pb::ExportRevisionRequest>,
+    ) -> Result<Response<pb::ExportRevisionResponse>, Status> {
+        let r = request.into_inner();
+        let (name, n) = convert::revision_name("name", &r.name)?;
+        let rev = self.state.pipeline.store().get_revision(&name, n).await?;
+        let rev = rev.ok_or_else(|| Error::NotFound {
+            kind: "revision",
+            name: r.name.clone(),
+        })?;
+        let mut model = rev.content.to_ruleset(&name, 0)?;
+        let live = r.counters && self.state.pipeline.active().get(&name).map(|x| x.0) == Some(n);
+        if live {
+            fill_counters(&mut model, &self.state.pipeline.engine().counters());
+        }
+        let format = pb::ExportFormat::try_from(r.format)
+            .map_err(|_| Error::invalid("format", "unknown export format"))?;
+        let (content, content_type) = match format {
+            pb::ExportFormat::Unspecified | pb::ExportFormat::IptablesSave => {
+                let c = Content::from_tables_with(
+                    &model.tables,
+                    &PrintOptions {
+                        counters: r.counters,
+                    },
+                );
+                (c.combined(), "text/plain")
+            }
+            pb::ExportFormat::Json => (json_view(&model, n, &rev.digest, live), "application/json"),
+        };
+        Ok(Response::new(pb::ExportRevisionResponse {
+            content,
+            content_type: content_type.into(),
+        }))
+    }
+
+    type WatchCommitsStream = WatchStream;
+
+    async fn watch_commits(
+        &self,
+        request: Request<pb::WatchCommitsRequest>,
+    ) -> Result<Response<Self::WatchCommitsStream>, Status> {
+        let r = request.into_inner();
+        let filter = if r.ruleset.is_empty() {
+            None
+        } else {
+            Some(convert::ruleset_id("ruleset", &r.ruleset)?)
+        };
+        let rx = self.state.pipeline.subscribe();
+        let stream = BroadcastStream::new(rx).filter_map(move |e| match e {
+            Ok(e) if filter.as_ref().is_none_or(|f| *f == e.ruleset) => {
+                Some(Ok(convert::commit_event(&e)))
+            }
+            Ok(_) => None,
+            // A slow watcher lost events: tell it, rather than silently skipping.
+            Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
+                Some(Err(Status::data_loss(format!(
+                    "watcher lagged behind; {n} commit events were dropped"
+                ))))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn fill_counters(model: &mut Ruleset, counters: &[vallum_engine::compile::SlotCounters]) {
+    for c in counters.iter().filter(|c| *c.ruleset == *model.name) {
+        let Some(t) = model
+            .tables
+            .iter_mut()
+            .find(|t| t.family == c.family && t.kind == c.table)
+        else {
+            continue;
+        };
+        let Some(ch) = t.chains.iter_mut().find(|ch| *ch.name == *c.chain) else {
+            continue;
+        };
+        let v = Counters {
+            packets: c.packets,
+            bytes: c.bytes,
+        };
+        match c.rule {
+            Some(n) => {
+                if let Some(rule) = usize::try_from(n)
+                    .ok()
+                    .and_then(|n| n.checked_sub(1))
+                    .and_then(|i| ch.rules.get_mut(i))
+                {
+                    rule.counters = Some(v);
+                }
+            }
+            None => ch.counters = v,
+        }
+    }
+}
+
+fn json_view(model: &Ruleset, number: u64, digest: &str, counters: bool) -> String {
+    let tables: Vec<serde_json::Value> = model
+        .tables
+        .iter()
+        .map(|t| {
+            let chains: Vec<serde_json::Value> = t
+                .chains
+                .iter()
+                .map(|c| {
+                    let rules: Vec<serde_json::Value> = c
+                        .rules
+                        .iter()
+                        .map(|r| {
+                            let mut v = serde_json::json!({ "rule": print_rule_spec(r, t.family) });
+                            if let (true, Some(k)) = (counters, r.counters) {
+                                v["packets"] = k.packets.into();
+                                v["bytes"] = k.bytes.into();
+                            }
+                            v
+                        })
+                        .collect();
+                    serde_json::json!({
+                        "name": c.name,
+                        "policy": c.policy.map(|p| format!("{p:?}").to_uppercase()),
+                        "rules": rules,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "family": match t.family { Family::Ipv4 => "ipv4", Family::Ipv6 => "ipv6" },
+                "table": t.kind.name(),
+                "chains": chains,
+            })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "ruleset": model.name,
+        "revision": number,
+        "digest": digest,
+        "tables": tables,
+    });
+    serde_json::to_string_pretty(&v).unwrap_or_else(|_| String::from("{}"))
+}
+
+type ChainKey = (Family, TableKind, String);
+
+/// A chain's key, canonical rule texts and policy name.
+type ChainEntry = (ChainKey, Vec<String>, Option<String>);
+
+fn chains(rs: &Ruleset) -> BTreeMap<(u8, u8, String), ChainEntry> {
+    let mut out = BTreeMap::new();
+    for t in &rs.tables {
+        for c in &t.chains {
+            let fam = match t.family {
+                Family::Ipv4 => 0,
+                Family::Ipv6 => 1,
+            };
+            let kind = TableKind::ALL
+                .iter()
+                .position(|k| *k == t.kind)
+                .unwrap_or(0) as u8;
+            out.insert(
+                (fam, kind, c.name.clone()),
+                (
+                    (t.family, t.kind, c.name.clone()),
+                    c.rules
+                        .iter()
+                        .map(|r| print_rule_spec(r, t.family))
+                        .collect(),
+                    c.policy.map(|p| format!("{p:?}").to_uppercase()),
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// Per chain: rules only in `to` (added), only in `from` (removed), and rules in both whose
+/// order relative to the others changed (moved: those outside a longest common order).
+/// Equal rule texts are paired by occurrence (the k-th copy with the k-th copy).
+pub fn diff(from: &Ruleset, to: &Ruleset) -> Vec<pb::ChainDiff> {
+    let a = chains(from);
+    let b = chains(to);
+    let mut keys: Vec<_> = a.keys().chain(b.keys()).cloned().collect();
+    keys.sort();
+    keys.dedup();
+    let empty = Vec::new();
+    let mut out = Vec::new();
+    for k in keys {
+        let ea = a.get(&k);
+        let eb = b.get(&k);
+        let key = ea.or(eb).map(|e| e.0.clone());
+        let Some((family, table, chain)) = key else {
+            continue;
+        };
+        let old = ea.map_or(&empty, |e| &e.1);
+        let new = eb.map_or(&empty, |e| &e.1);
+        // Pair occurrences.
+        let mut positions: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, r) in new.iter().enumerate() {
+            positions.entry(r.as_str()).or_default().push(i);
+        }
+        for v in positions.values_mut() {
+            v.reverse();
+        }
+        let mut pairs = Vec::new(); // (old index, new index)
+        let mut removed = Vec::new();
+        for (i, r) in old.iter().enumerate() {
+            match positions.get_mut(r.as_str()).and_then(Vec::pop) {
+                Some(j) => pairs.push((i, j)),
+                None => removed.push(r.clone()),
+            }
+        }
+        let paired_new: std::collections::HashSet<usize> = pairs.iter().map(|p| p.1).collect();
+        let added: Vec<String> = new
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !paired_new.contains(j))
+            .map(|(_, r)| r.clone())
+            .collect();
+        // Longest increasing subsequence of new indices, in old order: those stay; others moved.
+        let keep = lis(&pairs.iter().map(|p| p.1).collect::<Vec<_>>());
+        let moved: Vec<pb::RuleMove> = pairs
+            .iter()
+            .enumerate()
+            .filter(|(idx, _)| !keep.contains(idx))
+            .map(|(_, &(i, j))| pb::RuleMove {
+                rule: old[i].clone(),
+                from_position: (i + 1) as u32,
+                to_position: (j + 1) as u32,
+            })
+            .collect();
+        let pa = ea.and_then(|e| e.2.clone());
+        let pb_ = eb.and_then(|e| e.2.clone());
+        let policy_change = if pa != pb_ && pa.is_some() && pb_.is_some() {
+            format!("{} -> {}", pa.unwrap_or_default(), pb_.unwrap_or_default())
+        } else {
+            String::new()
+        };
+        if added.is_empty()
+            && removed.is_empty()
+            && moved.is_empty()
+            && policy_change.is_empty()
+            && ea.is_some() == eb.is_some()
+        {
+            continue;
+        }
+        out.push(pb::ChainDiff {
+            family: convert::family_pb(family) as i32,
+            table: table.name().to_string(),
+            chain,
+            added,
+            removed,
+            moved,
+            policy_change,
+        });
+    }
+    out
+}
+
+/// Indices (into `v`) of one longest strictly increasing subsequence.
+fn lis(v: &[usize]) -> std::collections::HashSet<usize> {
+    let mut tails: Vec<usize> = Vec::new(); // indices into v
+    let mut prev = vec![usize::MAX; v.len()];
+    for i in 0..v.len() {
+        let pos = tails.partition_point(|&t| v[t] < v[i]);
+        if pos > 0 {
+            prev[i] = tails[pos - 1];
+        }
+        if pos == tails.len() {
+            tails.push(i);
+        } else {
+            tails[pos] = i;
+        }
+    }
+    let mut out = std::collections::HashSet::new();
+    let mut cur = tails.last().copied();
+    while let Some(i) = cur {
+        out.insert(i);
+        cur = (prev[i] != usize::MAX).then_some(prev[i]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vallum_engine::restore::{ParseOptions, parse_ruleset};
+
+    #[test]
+    fn diff_added_removed_moved() {
+        let p = |t: &str| parse_ruleset("a", t, &ParseOptions::default()).unwrap();
+        let a = p(
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -s 1.1.1.1/32 -j DROP\n-A INPUT -s 2.2.2.2/32 -j DROP\n-A INPUT -s 3.3.3.3/32 -j DROP\nCOMMIT\n",
+        );
+        let b = p(
+            "*filter\n:INPUT DROP [0:0]\n-A INPUT -s 3.3.3.3/32 -j DROP\n-A INPUT -s 1.1.1.1/32 -j DROP\n-A INPUT -s 4.4.4.4/32 -j DROP\nCOMMIT\n",
+        );
+        let d = diff(&a, &b);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].added, vec!["-s 4.4.4.4/32 -j DROP"]);
+        assert_eq!(d[0].removed, vec!["-s 2.2.2.2/32 -j DROP"]);
+        assert_eq!(d[0].moved.len(), 1);
+        assert_eq!(d[0].policy_change, "ACCEPT -> DROP");
+    }
+}

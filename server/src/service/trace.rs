@@ -1,0 +1,218 @@
+//! `vallum.v1.TraceService`: trace one packet, replay a capture, against the active rulesets or
+//! a staged revision compiled on the fly (never published).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use vallum_engine::compile::{Snapshot, Trace, Verdict};
+use vallum_engine::model::{Family, Ruleset};
+use vallum_engine::packet::PacketMeta;
+use vallum_engine::packet::parse::{parse_ethernet, parse_ip};
+use vallum_engine::packet::pcap::read_capture;
+use vallum_engine::sets::NoSets;
+use vallum_proto::v1 as pb;
+use vallum_proto::v1::trace_service_server::TraceService;
+
+use super::State;
+use crate::convert;
+use crate::error::{Error, Reason, Result};
+
+/// The TraceService implementation.
+#[derive(Debug, Clone)]
+pub struct TraceApi {
+    state: Arc<State>,
+}
+
+/// What packets are evaluated against.
+pub enum Target {
+    /// The engine's published snapshot.
+    Active,
+    /// A snapshot of the active rulesets with one revision swapped in.
+    Staged(Box<Snapshot>),
+}
+
+impl TraceApi {
+    /// The service over shared state.
+    pub fn new(state: Arc<State>) -> Self {
+        TraceApi { state }
+    }
+
+    /// The active rulesets with revision `name` (a `rulesets/r/revisions/n`) put in place of
+    /// its ruleset, and the compiled snapshot of them.
+    async fn staged(&self, field: &str, name: &str) -> Result<(Vec<Arc<Ruleset>>, Snapshot)> {
+        let (rs, n) = convert::revision_name(field, name)?;
+        let store = self.state.pipeline.store();
+        let rev = store
+            .get_revision(&rs, n)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                kind: "revision",
+                name: name.to_string(),
+            })?;
+        let priority = store.get_ruleset(&rs).await?.map_or(0, |r| r.priority);
+        let model = rev.content.to_ruleset(&rs, priority)?;
+        let mut all = self.state.pipeline.engine().rulesets();
+        all.insert(rs, Arc::new(model));
+        let list: Vec<Arc<Ruleset>> = all.into_values().collect();
+        let snap = Snapshot::compile(&list, &NoSets, 1).map_err(|e| Error::BadRequest {
+            reason: Reason::InvalidRuleset,
+            violations: vec![crate::error::FieldViolation::new(field, e.to_string())],
+        })?;
+        Ok((list, snap))
+    }
+
+    /// Now on the engine's clock, the time base of `-m limit` buckets.
+    fn now(&self) -> u64 {
+        self.state.pipeline.now_ns()
+    }
+}
+
+fn totals(t: &mut pb::VerdictTotals, v: Verdict) {
+    match v {
+        Verdict::Accept => t.accepted += 1,
+        Verdict::Drop => t.dropped += 1,
+        Verdict::Reject(_) => t.rejected += 1,
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for TraceApi {
+    async fn trace_packet(
+        &self,
+        request: Request<pb::TracePacketRequest>,
+    ) -> Result<Response<pb::TracePacketResponse>, Status> {
+        self.state.ready()?;
+        let r = request.into_inner();
+        let spec = r.packet.clone().unwrap_or_default();
+        let base = convert::packet(&spec)?;
+        let packet = if r.frame.is_empty() {
+            base
+        } else if r.raw_ip {
+            parse_ip(&r.frame, base).map_err(|e| Error::invalid("frame", e.to_string()))?
+        } else {
+            parse_ethernet(&r.frame, base).map_err(|e| Error::invalid("frame", e.to_string()))?
+        };
+        let (trace, rulesets): (Trace, Vec<Arc<Ruleset>>) = if r.revision.is_empty() {
+            let engine = self.state.pipeline.engine();
+            (
+                engine.trace(&packet, self.now()),
+                engine.rulesets().into_values().collect(),
+            )
+        } else {
+            let (list, snap) = self.staged("revision", &r.revision).await?;
+            (snap.trace(&packet, self.now()), list)
+        };
+        Ok(Response::new(pb::TracePacketResponse {
+            verdict: convert::verdict(trace.verdict).into(),
+            steps: trace
+                .steps
+                .iter()
+                .map(|s| convert::trace_step(s, &rulesets))
+                .collect(),
+        }))
+    }
+
+    async fn replay_capture(
+        &self,
+        request: Request<pb::ReplayCaptureRequest>,
+    ) -> Result<Response<pb::ReplayCaptureResponse>, Status> {
+        self.state.ready()?;
+        let r = request.into_inner();
+        let packets = read_capture(&r.capture).map_err(|e| Error::BadRequest {
+            reason: Reason::BadCapture,
+            violations: vec![crate::error::FieldViolation::new("capture", e.to_string())],
+        })?;
+        let base = PacketMeta {
+            hook: convert::hook("hook", &r.hook)?,
+            in_iface: vallum_engine::packet::IfName::new(&r.in_interface)
+                .ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
+            ..PacketMeta::default()
+        };
+        let staged = if r.revision.is_empty() {
+            None
+        } else {
+            Some(self.staged("revision", &r.revision).await?.1)
+        };
+        let engine = self.state.pipeline.engine().clone();
+        let max_flows = if r.max_flows == 0 {
+            100
+        } else {
+            r.max_flows as usize
+        };
+        let now = self.now();
+        // CPU-bound: run off the async workers.
+        let resp = tokio::task::spawn_blocking(move || {
+            replay(&packets, base, &engine, staged.as_ref(), now, max_flows)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("replay task: {e}")))?;
+        Ok(Response::new(resp))
+    }
+}
+
+type FlowKey = (Family, IpAddr, IpAddr, u8, u16, u16);
+
+/// Evaluates every packet of a capture against the engine's active snapshot and, when given, a
+/// staged snapshot; counts verdicts and collects flows whose verdict differs.
+pub fn replay(
+    packets: &[vallum_engine::packet::pcap::CapturedPacket],
+    base: PacketMeta,
+    engine: &vallum_engine::engine::Engine,
+    staged: Option<&Snapshot>,
+    now: u64,
+    max_flows: usize,
+) -> pb::ReplayCaptureResponse {
+    let mut active = pb::VerdictTotals::default();
+    let mut staged_t = pb::VerdictTotals::default();
+    let mut flows: HashMap<FlowKey, (u64, Verdict, Verdict)> = HashMap::new();
+    for p in packets {
+        let Ok(meta) = p.parse(base) else {
+            active.unparsed += 1;
+            staged_t.unparsed += 1;
+            continue;
+        };
+        let va = engine.trace(&meta, now).verdict;
+        totals(&mut active, va);
+        if let Some(s) = staged {
+            let vs = s.trace(&meta, now).verdict;
+            totals(&mut staged_t, vs);
+            if va.name() != vs.name() {
+                let key = (
+                    meta.family,
+                    meta.src,
+                    meta.dst,
+                    meta.protocol,
+                    meta.sport,
+                    meta.dport,
+                );
+                flows.entry(key).or_insert((0, va, vs)).0 += 1;
+            }
+        }
+    }
+    let mut changed: Vec<_> = flows.into_iter().collect();
+    changed.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| a.0.cmp(&b.0)));
+    changed.truncate(max_flows);
+    pb::ReplayCaptureResponse {
+        packets: packets.len() as u64,
+        active: Some(active),
+        staged: staged.map(|_| staged_t),
+        changed_flows: changed
+            .into_iter()
+            .map(
+                |((family, src, dst, proto, sport, dport), (n, va, vs))| pb::FlowChange {
+                    family: convert::family_pb(family) as i32,
+                    source: src.to_string(),
+                    destination: dst.to_string(),
+                    protocol: u32::from(proto),
+                    source_port: u32::from(sport),
+                    destination_port: u32::from(dport),
+                    packets: n,
+                    active_verdict: va.name().into(),
+                    staged_verdict: vs.name().into(),
+                },
+            )
+            .collect(),
+    }
+}

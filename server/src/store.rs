@@ -1,0 +1,1030 @@
+//! The SQLite store: every query of the server lives in this module.
+//!
+//! The database is opened in WAL mode with `synchronous = FULL`, so a transaction is durable
+//! when its commit returns (the commit pipeline relies on that: the revision and commit rows are
+//! durable before the engine publishes). Migrations from `migrations/` at the workspace root are
+//! embedded and applied at open. Times are Unix nanoseconds, durations nanoseconds.
+//!
+//! Writers are serialised by the caller (the pipeline's write lock); readers run concurrently
+//! on the pool's other connections.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use crate::content::Content;
+use crate::error::{Error, Result};
+
+/// Now as Unix nanoseconds.
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The stored state of a revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RevisionState {
+    /// Stored, never made active.
+    Staged,
+    /// Active in the engine.
+    Active,
+    /// Was active; a later commit replaced it.
+    Superseded,
+    /// Its commit failed or was rolled back.
+    Rejected,
+    /// Active, waiting for ConfirmCommit.
+    PendingConfirm,
+}
+
+impl RevisionState {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RevisionState::Staged => "STAGED",
+            RevisionState::Active => "ACTIVE",
+            RevisionState::Superseded => "SUPERSEDED",
+            RevisionState::Rejected => "REJECTED",
+            RevisionState::PendingConfirm => "PENDING_CONFIRM",
+        }
+    }
+}
+
+impl FromStr for RevisionState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "STAGED" => RevisionState::Staged,
+            "ACTIVE" => RevisionState::Active,
+            "SUPERSEDED" => RevisionState::Superseded,
+            "REJECTED" => RevisionState::Rejected,
+            "PENDING_CONFIRM" => RevisionState::PendingConfirm,
+            _ => {
+                return Err(Error::Internal(format!(
+                    "unknown revision state {s:?} in store"
+                )));
+            }
+        })
+    }
+}
+
+/// How a commit ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The revision became active.
+    Committed,
+    /// The engine refused it; nothing changed.
+    Failed,
+    /// A confirm timeout (or rollback) made an earlier content active again.
+    RolledBack,
+    /// A commit-confirmed was confirmed.
+    Confirmed,
+}
+
+impl Outcome {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Committed => "COMMITTED",
+            Outcome::Failed => "FAILED",
+            Outcome::RolledBack => "ROLLED_BACK",
+            Outcome::Confirmed => "CONFIRMED",
+        }
+    }
+}
+
+impl FromStr for Outcome {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "COMMITTED" => Outcome::Committed,
+            "FAILED" => Outcome::Failed,
+            "ROLLED_BACK" => Outcome::RolledBack,
+            "CONFIRMED" => Outcome::Confirmed,
+            _ => {
+                return Err(Error::Internal(format!(
+                    "unknown commit outcome {s:?} in store"
+                )));
+            }
+        })
+    }
+}
+
+/// Phase durations of a commit, nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Validation.
+    pub validate_ns: u64,
+    /// Compilation.
+    pub compile_ns: u64,
+    /// The durable store transaction.
+    pub persist_ns: u64,
+    /// Pointer swap and writer barrier.
+    pub publish_ns: u64,
+    /// Waiting for mid-batch cores.
+    pub quiesce_ns: u64,
+    /// Counter carry.
+    pub carry_ns: u64,
+    /// Whole commit, wall clock.
+    pub total_ns: u64,
+    /// Cores waited for.
+    pub cores_waited: u32,
+}
+
+/// A ruleset row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RulesetRow {
+    /// Name.
+    pub name: String,
+    /// Priority among active rulesets (lower first).
+    pub priority: i32,
+    /// Current etag.
+    pub etag: String,
+    /// Active revision number.
+    pub active_revision: Option<u64>,
+    /// Highest revision number.
+    pub latest_revision: u64,
+    /// Creation time, Unix ns.
+    pub created_at: i64,
+    /// Last change, Unix ns.
+    pub updated_at: i64,
+}
+
+/// A revision row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevisionRow {
+    /// Ruleset name.
+    pub ruleset: String,
+    /// Number, from 1.
+    pub number: u64,
+    /// The revision active when this one was created.
+    pub parent: Option<u64>,
+    /// sha256 hex of the combined content.
+    pub digest: String,
+    /// Canonical content.
+    pub content: Content,
+    /// Rules over all tables.
+    pub rule_count: u32,
+    /// Who created it.
+    pub author: String,
+    /// Why.
+    pub message: String,
+    /// State.
+    pub state: RevisionState,
+    /// Creation time, Unix ns.
+    pub created_at: i64,
+}
+
+/// A commit row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitRow {
+    /// Sequence number.
+    pub id: i64,
+    /// Ruleset.
+    pub ruleset: String,
+    /// The revision made active.
+    pub revision: u64,
+    /// The revision active before.
+    pub previous: Option<u64>,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Error text of a failed commit.
+    pub error: Option<String>,
+    /// Phase durations.
+    pub phases: Phases,
+    /// Start, Unix ns.
+    pub started_at: i64,
+    /// Commit-confirmed deadline, Unix ns, while pending.
+    pub confirm_deadline: Option<i64>,
+}
+
+/// A new revision to store.
+#[derive(Clone, Debug)]
+pub struct NewRevision {
+    /// Ruleset name (created on first stage).
+    pub ruleset: String,
+    /// Priority, stored when the ruleset is created.
+    pub priority: i32,
+    /// Canonical content.
+    pub content: Content,
+    /// Rule count.
+    pub rule_count: u32,
+    /// Author (the caller).
+    pub author: String,
+    /// Message.
+    pub message: String,
+}
+
+/// What a commit makes active.
+#[derive(Clone, Debug)]
+pub enum CommitTarget {
+    /// An existing STAGED revision.
+    Staged(u64),
+    /// A new revision stored in the same transaction (Apply, Rollback, confirm timeout).
+    New(NewRevision),
+}
+
+/// The durable part of a commit: one transaction.
+#[derive(Clone, Debug)]
+pub struct PersistCommit {
+    /// Ruleset name.
+    pub ruleset: String,
+    /// What becomes active.
+    pub target: CommitTarget,
+    /// ACTIVE or PENDING_CONFIRM.
+    pub state: RevisionState,
+    /// COMMITTED or ROLLED_BACK.
+    pub outcome: Outcome,
+    /// The state the previously active revision gets (SUPERSEDED, or REJECTED for a confirm
+    /// timeout).
+    pub previous_state: RevisionState,
+    /// Commit-confirmed deadline, Unix ns.
+    pub confirm_deadline: Option<i64>,
+    /// When the request must still see this etag.
+    pub expected_etag: Option<String>,
+    /// Start of the commit, Unix ns.
+    pub started_at: i64,
+    /// Validation time so far.
+    pub validate_ns: u64,
+}
+
+/// The result of [`Store::persist_commit`].
+#[derive(Clone, Debug)]
+pub struct Persisted {
+    /// The commit row id.
+    pub commit_id: i64,
+    /// The ruleset after the commit.
+    pub ruleset: RulesetRow,
+    /// The revision made active.
+    pub revision: RevisionRow,
+    /// The revision active before, and its state before.
+    pub previous: Option<(u64, RevisionState)>,
+}
+
+/// One audit record.
+#[derive(Clone, Debug)]
+pub struct AuditEntry {
+    /// Unix ns.
+    pub at: i64,
+    /// Who called (from the auth hook; `anonymous` without auth).
+    pub caller: String,
+    /// gRPC method, e.g. `Apply`.
+    pub method: String,
+    /// sha256 hex of the encoded request.
+    pub request_digest: String,
+    /// `OK` or the error reason.
+    pub outcome: String,
+}
+
+/// The store handle (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+fn u64_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn etag(created_at: i64, latest: u64, active: Option<u64>) -> String {
+    format!("{:x}.{latest}.{}", created_at, active.unwrap_or(0))
+}
+
+fn ruleset_row(r: &SqliteRow) -> Result<RulesetRow> {
+    Ok(RulesetRow {
+        name: r.try_get("name")?,
+        priority: r.try_get("priority")?,
+        etag: r.try_get("etag")?,
+        active_revision: r.try_get::<Option<i64>, _>("active_revision")?.map(u64_of),
+        latest_revision: u64_of(r.try_get("latest_revision")?),
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+fn revision_row(r: &SqliteRow) -> Result<RevisionRow> {
+    Ok(RevisionRow {
+        ruleset: r.try_get("ruleset")?,
+        number: u64_of(r.try_get("number")?),
+        parent: r.try_get::<Option<i64>, _>("parent")?.map(u64_of),
+        digest: r.try_get("digest")?,
+        content: Content {
+            v4: r.try_get("content_v4")?,
+            v6: r.try_get("content_v6")?,
+        },
+        rule_count: u32::try_from(r.try_get::<i64, _>("rule_count")?).unwrap_or(u32::MAX),
+        author: r.try_get("author")?,
+        message: r.try_get("message")?,
+        state: r.try_get::<String, _>("state")?.parse()?,
+        created_at: r.try_get("created_at")?,
+    })
+}
+
+fn commit_row(r: &SqliteRow) -> Result<CommitRow> {
+    Ok(CommitRow {
+        id: r.try_get("id")?,
+        ruleset: r.try_get("ruleset")?,
+        revision: u64_of(r.try_get("revision")?),
+        previous: r.try_get::<Option<i64>, _>("previous")?.map(u64_of),
+        outcome: r.try_get::<String, _>("outcome")?.parse()?,
+        error: r.try_get("error")?,
+        phases: Phases {
+            validate_ns: u64_of(r.try_get("validate_ns")?),
+            compile_ns: u64_of(r.try_get("compile_ns")?),
+            persist_ns: u64_of(r.try_get("persist_ns")?),
+            publish_ns: u64_of(r.try_get("publish_ns")?),
+            quiesce_ns: u64_of(r.try_get("quiesce_ns")?),
+            carry_ns: u64_of(r.try_get("carry_ns")?),
+            total_ns: u64_of(r.try_get("total_ns")?),
+            cores_waited: u32::try_from(r.try_get::<i64, _>("cores_waited")?).unwrap_or(0),
+        },
+        started_at: r.try_get("started_at")?,
+        confirm_deadline: r.try_get("confirm_deadline")?,
+    })
+}
+
+async fn ruleset_in(tx: &mut Transaction<'_, Sqlite>, name: &str) -> Result<Option<RulesetRow>> {
+    let row = sqlx::query("SELECT * FROM rulesets WHERE name = ?")
+        .bind(name)
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.as_ref().map(ruleset_row).transpose()
+}
+
+async fn revision_in(
+    tx: &mut Transaction<'_, Sqlite>,
+    ruleset: &str,
+    number: u64,
+) -> Result<Option<RevisionRow>> {
+    let row = sqlx::query("SELECT * FROM revisions WHERE ruleset = ? AND number = ?")
+        .bind(ruleset)
+        .bind(i64_of(number))
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.as_ref().map(revision_row).transpose()
+}
+
+/// Creates the ruleset row when missing; returns it.
+async fn ensure_ruleset(
+    tx: &mut Transaction<'_, Sqlite>,
+    name: &str,
+    priority: i32,
+    now: i64,
+) -> Result<RulesetRow> {
+    if let Some(r) = ruleset_in(tx, name).await? {
+        return Ok(r);
+    }
+    sqlx::query(
+        "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+         VALUES (?, ?, ?, NULL, 0, ?, ?)",
+    )
+    .bind(name)
+    .bind(priority)
+    .bind(etag(now, 0, None))
+    .bind(now)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    ruleset_in(tx, name)
+        .await?
+        .ok_or_else(|| Error::Internal(format!("ruleset {name} vanished after insert")))
+}
+
+async fn insert_revision(
+    tx: &mut Transaction<'_, Sqlite>,
+    rs: &RulesetRow,
+    new: &NewRevision,
+    state: RevisionState,
+    now: i64,
+) -> Result<u64> {
+    let number = rs.latest_revision + 1;
+    sqlx::query(
+        "INSERT INTO revisions (ruleset, number, parent, digest, content_v4, content_v6, rule_count, author, message, state, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&rs.name)
+    .bind(i64_of(number))
+    .bind(rs.active_revision.map(i64_of))
+    .bind(new.content.digest())
+    .bind(&new.content.v4)
+    .bind(&new.content.v6)
+    .bind(i64::from(new.rule_count))
+    .bind(&new.author)
+    .bind(&new.message)
+    .bind(state.as_str())
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(number)
+}
+
+async fn set_ruleset_heads(
+    tx: &mut Transaction<'_, Sqlite>,
+    rs: &RulesetRow,
+    latest: u64,
+    active: Option<u64>,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE rulesets SET latest_revision = ?, active_revision = ?, etag = ?, updated_at = ? WHERE name = ?",
+    )
+    .bind(i64_of(latest))
+    .bind(active.map(i64_of))
+    .bind(etag(rs.created_at, latest, active))
+    .bind(now)
+    .bind(&rs.name)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn set_state(
+    tx: &mut Transaction<'_, Sqlite>,
+    ruleset: &str,
+    number: u64,
+    state: RevisionState,
+) -> Result<()> {
+    sqlx::query("UPDATE revisions SET state = ? WHERE ruleset = ? AND number = ?")
+        .bind(state.as_str())
+        .bind(ruleset)
+        .bind(i64_of(number))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+fn check_etag(rs: &RulesetRow, expected: Option<&str>) -> Result<()> {
+    match expected {
+        Some(e) if !e.is_empty() && e != rs.etag => Err(Error::EtagMismatch {
+            name: format!("rulesets/{}", rs.name),
+            given: e.to_string(),
+            current: rs.etag.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Opens (creating it and its directory when missing) the database at `path`, in WAL mode
+    /// with `synchronous = FULL`, and applies pending migrations.
+    ///
+    /// Errors: [`Error::Store`] when the file cannot be opened, [`Error::Migrate`] when a
+    /// migration fails, [`Error::Internal`] when the directory cannot be created.
+    pub async fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Internal(format!("create {}: {e}", dir.display())))?;
+        }
+        let opts = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await?;
+        sqlx::migrate!("../migrations").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    /// Closes the pool (waits for connections to finish).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// One ruleset.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn get_ruleset(&self, name: &str) -> Result<Option<RulesetRow>> {
+        let row = sqlx::query("SELECT * FROM rulesets WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(ruleset_row).transpose()
+    }
+
+    /// Every ruleset, by name.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn list_rulesets(&self) -> Result<Vec<RulesetRow>> {
+        let rows = sqlx::query("SELECT * FROM rulesets ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(ruleset_row).collect()
+    }
+
+    /// One revision.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn get_revision(&self, ruleset: &str, number: u64) -> Result<Option<RevisionRow>> {
+        let row = sqlx::query("SELECT * FROM revisions WHERE ruleset = ? AND number = ?")
+            .bind(ruleset)
+            .bind(i64_of(number))
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(revision_row).transpose()
+    }
+
+    /// Revisions with `number > after`, ascending, at most `limit`.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn list_revisions(
+        &self,
+        ruleset: &str,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<RevisionRow>> {
+        let rows = sqlx::query(
+            "SELECT * FROM revisions WHERE ruleset = ? AND number > ? ORDER BY number LIMIT ?",
+        )
+        .bind(ruleset)
+        .bind(i64_of(after))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(revision_row).collect()
+    }
+
+    /// The rulesets with an active revision, with that revision: what the engine must run.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn active(&self) -> Result<Vec<(RulesetRow, RevisionRow)>> {
+        let mut out = Vec::new();
+        for rs in self.list_rulesets().await? {
+            if let Some(n) = rs.active_revision {
+                let rev = self.get_revision(&rs.name, n).await?.ok_or_else(|| {
+                    Error::Internal(format!("active revision {n} of {} is missing", rs.name))
+                })?;
+                out.push((rs, rev));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores a STAGED revision (creating the ruleset on first use).
+    ///
+    /// Errors: [`Error::EtagMismatch`] when `expected_etag` is given and differs;
+    /// [`Error::Store`].
+    pub async fn stage(
+        &self,
+        new: &NewRevision,
+        expected_etag: Option<&str>,
+    ) -> Result<(RulesetRow, RevisionRow)> {
+        let now = now_ns();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let rs = ensure_ruleset(&mut tx, &new.ruleset, new.priority, now).await?;
+        check_etag(&rs, expected_etag)?;
+        let number = insert_revision(&mut tx, &rs, new, RevisionState::Staged, now).await?;
+        set_ruleset_heads(&mut tx, &rs, number, rs.active_revision, now).await?;
+        let rs = ruleset_in(&mut tx, &new.ruleset).await?;
+        let rev = revision_in(&mut tx, &new.ruleset, number).await?;
+        tx.commit().await?;
+        match (rs, rev) {
+            (Some(rs), Some(rev)) => Ok((rs, rev)),
+            _ => Err(Error::Internal("staged rows vanished".into())),
+        }
+    }
+
+    /// The durable half of a commit, in one transaction that is on disk when this returns:
+    /// the target revision gets `state`, the previous active one `previous_state`, the
+    /// ruleset points at the target, pending confirm deadlines of the ruleset are cleared
+    /// (a new commit settles them), and a commit row is written.
+    ///
+    /// Errors: [`Error::NotFound`] for a missing ruleset or revision,
+    /// [`Error::Precondition`] when a revision to commit is not STAGED,
+    /// [`Error::EtagMismatch`], [`Error::Store`].
+    pub async fn persist_commit(&self, c: &PersistCommit) -> Result<Persisted> {
+        let now = now_ns();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let rs = match &c.target {
+            CommitTarget::New(new) => {
+                ensure_ruleset(&mut tx, &c.ruleset, new.priority, now).await?
+            }
+            CommitTarget::Staged(_) => {
+                ruleset_in(&mut tx, &c.ruleset)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        kind: "ruleset",
+                        name: format!("rulesets/{}", c.ruleset),
+                    })?
+            }
+        };
+        check_etag(&rs, c.expected_etag.as_deref())?;
+        let number = match &c.target {
+            CommitTarget::New(new) => insert_revision(&mut tx, &rs, new, c.state, now).await?,
+            CommitTarget::Staged(n) => {
+                let rev =
+                    revision_in(&mut tx, &c.ruleset, *n)
+                        .await?
+                        .ok_or_else(|| Error::NotFound {
+                            kind: "revision",
+                            name: format!("rulesets/{}/revisions/{n}", c.ruleset),
+                        })?;
+                if rev.state != RevisionState::Staged {
+                    return Err(Error::Precondition {
+                        kind: "REVISION_STATE",
+                        subject: format!("rulesets/{}/revisions/{n}", c.ruleset),
+                        message: format!(
+                            "revision is {}, only STAGED revisions can be committed (use Rollback to reactivate an earlier one)",
+                            rev.state.as_str()
+                        ),
+                    });
+                }
+                set_state(&mut tx, &c.ruleset, *n, c.state).await?;
+                *n
+            }
+        };
+        let mut previous = None;
+        if let Some(p) = rs.active_revision.filter(|p| *p != number) {
+            let prev = revision_in(&mut tx, &c.ruleset, p).await?;
+            if let Some(prev) = prev {
+                previous = Some((p, prev.state));
+                set_state(&mut tx, &c.ruleset, p, c.previous_state).await?;
+            }
+        }
+        sqlx::query(
+            "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ? AND confirm_deadline IS NOT NULL",
+        )
+        .bind(&c.ruleset)
+        .execute(&mut *tx)
+        .await?;
+        let latest = rs.latest_revision.max(number);
+        set_ruleset_heads(&mut tx, &rs, latest, Some(number), now).await?;
+        let commit_id: i64 = sqlx::query(
+            "INSERT INTO commits (ruleset, revision, previous, outcome, validate_ns, started_at, confirm_deadline) \
+             VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        )
+        .bind(&c.ruleset)
+        .bind(i64_of(number))
+        .bind(previous.map(|(p, _)| i64_of(p)))
+        .bind(c.outcome.as_str())
+        .bind(i64_of(c.validate_ns))
+        .bind(c.started_at)
+        .bind(c.confirm_deadline)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("id")?;
+        let rs_after = ruleset_in(&mut tx, &c.ruleset).await?;
+        let rev = revision_in(&mut tx, &c.ruleset, number).await?;
+        tx.commit().await?;
+        match (rs_after, rev) {
+            (Some(ruleset), Some(revision)) => Ok(Persisted {
+                commit_id,
+                ruleset,
+                revision,
+                previous,
+            }),
+            _ => Err(Error::Internal("committed rows vanished".into())),
+        }
+    }
+
+    /// Records the phase durations of a commit after publish.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn finish_commit(&self, commit_id: i64, p: &Phases) -> Result<()> {
+        sqlx::query(
+            "UPDATE commits SET validate_ns = ?, compile_ns = ?, persist_ns = ?, publish_ns = ?, \
+             quiesce_ns = ?, carry_ns = ?, total_ns = ?, cores_waited = ? WHERE id = ?",
+        )
+        .bind(i64_of(p.validate_ns))
+        .bind(i64_of(p.compile_ns))
+        .bind(i64_of(p.persist_ns))
+        .bind(i64_of(p.publish_ns))
+        .bind(i64_of(p.quiesce_ns))
+        .bind(i64_of(p.carry_ns))
+        .bind(i64_of(p.total_ns))
+        .bind(i64::from(p.cores_waited))
+        .bind(commit_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Undoes [`Store::persist_commit`] when the engine refused the commit: the revision is
+    /// REJECTED, the previous one active again, the commit row FAILED with `error`.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn revert_commit(&self, p: &Persisted, error: &str) -> Result<()> {
+        let now = now_ns();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let name = &p.ruleset.name;
+        set_state(&mut tx, name, p.revision.number, RevisionState::Rejected).await?;
+        if let Some((prev, state)) = p.previous {
+            set_state(&mut tx, name, prev, state).await?;
+        }
+        if let Some(rs) = ruleset_in(&mut tx, name).await? {
+            set_ruleset_heads(
+                &mut tx,
+                &rs,
+                rs.latest_revision,
+                p.previous.map(|x| x.0),
+                now,
+            )
+            .await?;
+        }
+        sqlx::query("UPDATE commits SET outcome = 'FAILED', error = ?, confirm_deadline = NULL WHERE id = ?")
+            .bind(error)
+            .bind(p.commit_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deactivates a ruleset whose first commit was not confirmed in time: no revision is
+    /// active afterwards, `revision` is REJECTED and a ROLLED_BACK commit row is written.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn deactivate(&self, ruleset: &str, revision: u64, started_at: i64) -> Result<i64> {
+        let now = now_ns();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        set_state(&mut tx, ruleset, revision, RevisionState::Rejected).await?;
+        if let Some(rs) = ruleset_in(&mut tx, ruleset).await? {
+            set_ruleset_heads(&mut tx, &rs, rs.latest_revision, None, now).await?;
+        }
+        sqlx::query(
+            "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ? AND confirm_deadline IS NOT NULL",
+        )
+        .bind(ruleset)
+        .execute(&mut *tx)
+        .await?;
+        let id: i64 = sqlx::query(
+            "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) VALUES (?, ?, ?, 'ROLLED_BACK', ?) RETURNING id",
+        )
+        .bind(ruleset)
+        .bind(i64_of(revision))
+        .bind(i64_of(revision))
+        .bind(started_at)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("id")?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Confirms the pending commit of `revision`: the revision becomes ACTIVE and the commit
+    /// row CONFIRMED. Returns the revision, or `None` when no commit of it is pending.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn confirm(&self, ruleset: &str, revision: u64) -> Result<Option<RevisionRow>> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let done = sqlx::query(
+            "UPDATE commits SET outcome = 'CONFIRMED', confirm_deadline = NULL \
+             WHERE ruleset = ? AND revision = ? AND confirm_deadline IS NOT NULL",
+        )
+        .bind(ruleset)
+        .bind(i64_of(revision))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if done == 0 {
+            return Ok(None);
+        }
+        set_state(&mut tx, ruleset, revision, RevisionState::Active).await?;
+        let rev = revision_in(&mut tx, ruleset, revision).await?;
+        tx.commit().await?;
+        Ok(rev)
+    }
+
+    /// Commits waiting for ConfirmCommit, earliest deadline first.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn pending_confirms(&self) -> Result<Vec<CommitRow>> {
+        let rows = sqlx::query(
+            "SELECT * FROM commits WHERE confirm_deadline IS NOT NULL ORDER BY confirm_deadline",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(commit_row).collect()
+    }
+
+    /// The commit rows of a ruleset, oldest first.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn commits(&self, ruleset: &str) -> Result<Vec<CommitRow>> {
+        let rows = sqlx::query("SELECT * FROM commits WHERE ruleset = ? ORDER BY id")
+            .bind(ruleset)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(commit_row).collect()
+    }
+
+    /// Deletes a ruleset with its revisions and commit rows. Returns whether it existed.
+    ///
+    /// Errors: [`Error::EtagMismatch`], [`Error::Store`].
+    pub async fn delete_ruleset(&self, name: &str, expected_etag: Option<&str>) -> Result<bool> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let Some(rs) = ruleset_in(&mut tx, name).await? else {
+            return Ok(false);
+        };
+        check_etag(&rs, expected_etag)?;
+        sqlx::query("DELETE FROM revisions WHERE ruleset = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM commits WHERE ruleset = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM rulesets WHERE name = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The stored response of an earlier call with this request id.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn idempotent_get(&self, method: &str, request_id: &str) -> Result<Option<Vec<u8>>> {
+        let row =
+            sqlx::query("SELECT response FROM idempotency WHERE method = ? AND request_id = ?")
+                .bind(method)
+                .bind(request_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|r| r.try_get("response")).transpose()?)
+    }
+
+    /// Stores the response of a call with this request id (the first one wins).
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn idempotent_put(
+        &self,
+        method: &str,
+        request_id: &str,
+        response: &[u8],
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT OR IGNORE INTO idempotency (method, request_id, response, created_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(method)
+        .bind(request_id)
+        .bind(response)
+        .bind(now_ns())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Appends an audit record.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn audit(&self, e: &AuditEntry) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO audit (at, caller, method, request_digest, outcome) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(e.at)
+        .bind(&e.caller)
+        .bind(&e.method)
+        .bind(&e.request_digest)
+        .bind(&e.outcome)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Number of audit records (for tests and status).
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn audit_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM audit")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?;
+        Ok(u64_of(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new_rev(name: &str, text: &str) -> NewRevision {
+        NewRevision {
+            ruleset: name.into(),
+            priority: 0,
+            content: Content {
+                v4: text.into(),
+                v6: String::new(),
+            },
+            rule_count: 1,
+            author: "test".into(),
+            message: "m".into(),
+        }
+    }
+
+    fn commit(name: &str, target: CommitTarget) -> PersistCommit {
+        PersistCommit {
+            ruleset: name.into(),
+            target,
+            state: RevisionState::Active,
+            outcome: Outcome::Committed,
+            previous_state: RevisionState::Superseded,
+            confirm_deadline: None,
+            expected_etag: None,
+            started_at: now_ns(),
+            validate_ns: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn stage_commit_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/v.db");
+        let store = Store::open(&path).await.unwrap();
+        let (rs, r1) = store
+            .stage(&new_rev("a", "*filter\nCOMMIT\n"), None)
+            .await
+            .unwrap();
+        assert_eq!(r1.number, 1);
+        assert_eq!(r1.state, RevisionState::Staged);
+        assert!(matches!(
+            store.stage(&new_rev("a", "x"), Some("nope")).await,
+            Err(Error::EtagMismatch { .. })
+        ));
+        let p = store
+            .persist_commit(&commit("a", CommitTarget::Staged(1)))
+            .await
+            .unwrap();
+        assert_eq!(p.ruleset.active_revision, Some(1));
+        assert_ne!(p.ruleset.etag, rs.etag);
+        // Committing it again is refused.
+        assert!(matches!(
+            store
+                .persist_commit(&commit("a", CommitTarget::Staged(1)))
+                .await,
+            Err(Error::Precondition { .. })
+        ));
+        let p2 = store
+            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", "y"))))
+            .await
+            .unwrap();
+        assert_eq!(p2.revision.number, 2);
+        assert_eq!(p2.previous, Some((1, RevisionState::Active)));
+        store
+            .finish_commit(p2.commit_id, &Phases::default())
+            .await
+            .unwrap();
+        store.close().await;
+
+        let store = Store::open(&path).await.unwrap();
+        let active = store.active().await.unwrap();
+        assert_eq!(active.len(), 1);
+        assert_eq!(active[0].1.number, 2);
+        assert_eq!(
+            store.get_revision("a", 1).await.unwrap().unwrap().state,
+            RevisionState::Superseded
+        );
+        assert_eq!(store.commits("a").await.unwrap().len(), 2);
+        store.revert_commit(&p2, "boom").await.unwrap();
+        assert_eq!(
+            store
+                .get_ruleset("a")
+                .await
+                .unwrap()
+                .unwrap()
+                .active_revision,
+            Some(1)
+        );
+        assert!(store.delete_ruleset("a", None).await.unwrap());
+        assert!(store.list_rulesets().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn confirm_and_idempotency() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+        let mut c = commit("a", CommitTarget::New(new_rev("a", "x")));
+        c.state = RevisionState::PendingConfirm;
+        c.confirm_deadline = Some(now_ns() + 1_000_000_000);
+        store.persist_commit(&c).await.unwrap();
+        assert_eq!(store.pending_confirms().await.unwrap().len(), 1);
+        assert!(store.confirm("a", 1).await.unwrap().is_some());
+        assert!(store.confirm("a", 1).await.unwrap().is_none());
+        assert!(store.pending_confirms().await.unwrap().is_empty());
+        store.idempotent_put("Apply", "r1", b"one").await.unwrap();
+        store.idempotent_put("Apply", "r1", b"two").await.unwrap();
+        assert_eq!(
+            store.idempotent_get("Apply", "r1").await.unwrap().unwrap(),
+            b"one"
+        );
+        assert!(store.idempotent_get("Stage", "r1").await.unwrap().is_none());
+    }
+}
