@@ -628,7 +628,16 @@ fn compile_rule(
                 negated: mp.negated,
                 ports: mp.ports.clone().into_boxed_slice(),
             },
-            Match::Icmp(i) | Match::Icmpv6(i) => CMatch::Icmp {
+            // IPv4 type 255 matches every ICMP packet whatever the code range (the kernel's
+            // icmp_type_code_match tests `test_type == 0xFF` first). The parser keeps
+            // `--icmp-type 255/0` as `Some(255)` so that it prints back as written (as newer
+            // iptables-save does), and a structured model may carry it too.
+            Match::Icmp(i) => CMatch::Icmp {
+                negated: i.negated,
+                icmp_type: i.icmp_type.filter(|&t| t != 255),
+                code: i.code,
+            },
+            Match::Icmpv6(i) => CMatch::Icmp {
                 negated: i.negated,
                 icmp_type: i.icmp_type,
                 code: i.code,

@@ -484,3 +484,46 @@ fn commits_while_workers_classify_never_lose_a_packet() {
     );
     assert_eq!(e.core_packets().iter().sum::<u64>(), sent);
 }
+
+/// A structured model may carry IPv4 ICMP type 255 with a code range; the kernel matches every
+/// ICMP packet for it (icmp_type_code_match tests `test_type == 0xFF` first). ICMPv6 does not.
+#[test]
+fn icmp_type_255_matches_every_icmp_packet_in_ipv4_only() {
+    use vallum_engine::model::{IcmpMatch, Match};
+    let mut rs = ruleset(
+        "icmp",
+        0,
+        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p icmp -j DROP\nCOMMIT\n",
+    );
+    let rule = &mut rs.tables[0].chains[0].rules[0];
+    rule.matches.push(Match::Icmp(IcmpMatch {
+        negated: false,
+        icmp_type: Some(255),
+        code: (0, 0),
+    }));
+    assert!(validate(&rs, None).is_empty());
+    let s = snapshot(vec![rs]);
+    let echo = PacketMeta {
+        protocol: 1,
+        icmp_type: 8,
+        icmp_code: 0,
+        ..PacketMeta::default()
+    };
+    assert_eq!(classify(&s, echo), Verdict::Drop);
+
+    let mut rs6 = ruleset6(
+        "icmp6",
+        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p ipv6-icmp -m icmp6 --icmpv6-type 255/0 -j DROP\nCOMMIT\n",
+    );
+    rs6.name = "icmp6".into();
+    let s6 = snapshot(vec![rs6]);
+    let echo6 = PacketMeta {
+        family: Family::Ipv6,
+        src: "2001:db8::1".parse().unwrap(),
+        dst: "2001:db8::2".parse().unwrap(),
+        protocol: 58,
+        icmp_type: 128,
+        ..PacketMeta::default()
+    };
+    assert_eq!(classify(&s6, echo6), Verdict::Accept);
+}
