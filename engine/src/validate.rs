@@ -199,8 +199,8 @@ pub enum ViolationKind {
     /// multiport with more than 15 slots.
     #[error("multiport takes at most 15 ports, a range counting 2 (got {0})")]
     TooManyPorts(usize),
-    /// limit with a zero rate or burst.
-    #[error("limit needs a rate and a burst of at least 1")]
+    /// limit with a zero rate or burst, a rate above 10000/second or a burst above 10000.
+    #[error("limit needs a rate of 1 to 10000/second and a burst of 1 to 10000")]
     BadLimit,
     /// A set that does not exist.
     #[error("set {0} does not exist")]
@@ -218,6 +218,17 @@ pub enum ViolationKind {
     /// No flag at all given to --match-set.
     #[error("--match-set {0} needs src or dst flags")]
     SetNoFlags(String),
+    /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
+    /// from what its text form means (structured input only; the parser never builds these).
+    #[error("{what} {value}: {reason}")]
+    BadValue {
+        /// What it is (`address`, `protocol`, ...).
+        what: &'static str,
+        /// The value as written.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
 }
 
 /// Validates a ruleset. With `sets`, every `--match-set` must name an existing set; without,
@@ -466,12 +477,32 @@ impl TableCheck<'_> {
             errs.push(ViolationKind::WrongFamily("-f".into()));
         }
         for net in [&r.src, &r.dst].into_iter().flatten() {
-            if net.value.addr.is_ipv6() != (family == Family::Ipv6) {
+            let n = net.value;
+            if n.addr.is_ipv6() != (family == Family::Ipv6)
+                || n.mask.is_ipv6() != (family == Family::Ipv6)
+            {
                 errs.push(ViolationKind::WrongFamily(format!(
-                    "address {}",
-                    net.value.addr
+                    "address {}/{}",
+                    n.addr, n.mask
                 )));
+            } else if !n.contains(n.addr) {
+                // The kernel compares `(ip & mask) == addr`, so such a rule never matches, but
+                // its text form `ADDR/MASK` is masked again by iptables-restore and does.
+                errs.push(ViolationKind::BadValue {
+                    what: "address",
+                    value: format!("{}/{}", n.addr, n.mask),
+                    reason: "has bits set outside its mask",
+                });
             }
+        }
+        if r.protocol.is_some_and(|p| p.value == 0) {
+            // The model spells `-p all` as `None`; the compiled rule would compare the
+            // packet's protocol with 0 instead of matching every protocol.
+            errs.push(ViolationKind::BadValue {
+                what: "protocol",
+                value: "0".into(),
+                reason: "`-p all` is written as no protocol",
+            });
         }
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
         let mut mac_used = false;
@@ -520,6 +551,12 @@ impl TableCheck<'_> {
                     if mp.ports.iter().any(|p| p.lo > p.hi) {
                         errs.push(ViolationKind::BadRange("multiport".into()));
                     }
+                }
+                Match::Icmp(i) | Match::Icmpv6(i) if i.code.0 > i.code.1 => {
+                    errs.push(ViolationKind::BadRange(format!(
+                        "icmp code {}:{}",
+                        i.code.0, i.code.1
+                    )));
                 }
                 Match::Icmp(_) => {
                     if family != Family::Ipv4 {
@@ -611,7 +648,11 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Limit(l) => {
-                    if l.rate == 0 || l.burst == 0 {
+                    // As libxt_limit: at most 10000 packets a second (XT_LIMIT_SCALE) and a
+                    // burst of at most 10000. A faster rate would make the token interval 0 ns
+                    // and the match true for every packet.
+                    let too_fast = u128::from(l.rate) * 100_000 > u128::from(l.unit.ns());
+                    if l.rate == 0 || l.burst == 0 || too_fast || l.burst > 10_000 {
                         errs.push(ViolationKind::BadLimit);
                     }
                 }

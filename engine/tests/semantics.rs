@@ -527,3 +527,86 @@ fn icmp_type_255_matches_every_icmp_packet_in_ipv4_only() {
     };
     assert_eq!(classify(&s6, echo6), Verdict::Accept);
 }
+
+/// Rulesets built in code (the gRPC API) can hold values the parser never produces. Each of
+/// these would make the compiled rule behave differently from its iptables-save text (or from
+/// what the kernel accepts), so validation must refuse them, naming the rule.
+#[test]
+fn structured_values_the_text_form_cannot_mean_are_refused() {
+    use vallum_engine::model::{IcmpMatch, LimitMatch, Match, Neg, RateUnit};
+    let base = || {
+        ruleset(
+            "s",
+            0,
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p icmp -j DROP\nCOMMIT\n",
+        )
+    };
+    type Edit = Box<dyn Fn(&mut vallum_engine::model::Rule)>;
+    let net = |a: &str, m: &str| {
+        Some(Neg::plain(IpNet {
+            addr: a.parse().unwrap(),
+            mask: m.parse().unwrap(),
+        }))
+    };
+    let cases: Vec<(&str, Edit)> = vec![
+        ("v6 mask on a v4 address", {
+            let n = net("10.0.0.0", "ffff::");
+            Box::new(move |r| r.src = n)
+        }),
+        ("address bits outside the mask", {
+            let n = net("10.0.0.1", "255.255.255.0");
+            Box::new(move |r| r.dst = n)
+        }),
+        ("protocol 0", Box::new(|r| r.protocol = Some(Neg::plain(0)))),
+        (
+            "icmp code range upside down",
+            Box::new(|r| {
+                r.matches.push(Match::Icmp(IcmpMatch {
+                    negated: false,
+                    icmp_type: Some(3),
+                    code: (5, 1),
+                }))
+            }),
+        ),
+        (
+            "limit faster than 10000/s",
+            Box::new(|r| {
+                r.matches.push(Match::Limit(LimitMatch {
+                    rate: u32::MAX,
+                    unit: RateUnit::Second,
+                    burst: 5,
+                }))
+            }),
+        ),
+        (
+            "limit burst above 10000",
+            Box::new(|r| {
+                r.matches.push(Match::Limit(LimitMatch {
+                    rate: 1,
+                    unit: RateUnit::Second,
+                    burst: 10_001,
+                }))
+            }),
+        ),
+    ];
+    for (what, edit) in cases {
+        let mut rs = base();
+        edit(&mut rs.tables[0].chains[0].rules[0]);
+        let v = validate(&rs, None);
+        assert!(
+            v.iter()
+                .any(|v| v.severity == Severity::Error && v.rule == Some(1)),
+            "{what}: not refused: {v:?}"
+        );
+    }
+    // The limits themselves are fine.
+    let mut rs = base();
+    rs.tables[0].chains[0].rules[0]
+        .matches
+        .push(Match::Limit(LimitMatch {
+            rate: 10_000,
+            unit: RateUnit::Second,
+            burst: 10_000,
+        }));
+    assert!(validate(&rs, None).is_empty());
+}
