@@ -116,8 +116,11 @@ pub enum ViolationKind {
     /// Two chains with one name in a table.
     #[error("chain {0} is declared twice")]
     DuplicateChain(String),
-    /// Chain name empty or longer than 28 bytes.
-    #[error("chain name {0:?} must be 1 to 28 bytes")]
+    /// Chain name empty, longer than 28 bytes, or not writable in iptables-restore text
+    /// (starts with `-` or `!`, holds whitespace, control characters, quotes or backslashes).
+    #[error(
+        "chain name {0:?} must be 1 to 28 bytes, not start with - or !, and hold no whitespace, control characters, quotes or backslashes"
+    )]
     BadChainName(String),
     /// A chain with a policy whose name is not a hook of the table.
     #[error(
@@ -183,8 +186,10 @@ pub enum ViolationKind {
     /// Something of the other family (icmp in ip6tables, `-f` in IPv6, ...).
     #[error("{0} is not valid for this family")]
     WrongFamily(String),
-    /// A name or text too long or empty.
-    #[error("{what} {value:?} is longer than {max} bytes or empty")]
+    /// A name or text too long, empty, or with characters its text form cannot carry.
+    #[error(
+        "{what} {value:?} is empty, longer than {max} bytes or holds characters iptables text cannot carry"
+    )]
     TooLong {
         /// What it is.
         what: &'static str,
@@ -330,7 +335,13 @@ impl TableCheck<'_> {
             if names.insert(&c.name, i).is_some() {
                 self.at_chain(c, ViolationKind::DuplicateChain(c.name.clone()));
             }
-            if c.name.is_empty() || c.name.len() > 28 {
+            if c.name.is_empty()
+                || c.name.len() > 28
+                || c.name.starts_with(['-', '!'])
+                || c.name
+                    .chars()
+                    .any(|ch| ch.is_whitespace() || ch.is_control() || ch == '"' || ch == '\\')
+            {
                 self.at_chain(c, ViolationKind::BadChainName(c.name.clone()));
             }
             let builtin = Hook::from_chain_name(&c.name).is_some_and(|h| hooks.contains(&h));
@@ -465,7 +476,14 @@ impl TableCheck<'_> {
         let mut errs: Vec<ViolationKind> = Vec::new();
 
         for i in [&r.in_iface, &r.out_iface].into_iter().flatten() {
-            if i.value.name.is_empty() || i.value.name.len() > 15 {
+            // As the parser: no whitespace, control characters, '/', quotes or backslashes
+            // (iptables: "Invalid character"), so that the printed rule parses back.
+            let bad_char =
+                |ch: char| ch.is_whitespace() || ch.is_control() || matches!(ch, '/' | '"' | '\\');
+            if i.value.name.is_empty()
+                || i.value.name.len() > 15
+                || i.value.name.chars().any(bad_char)
+            {
                 errs.push(ViolationKind::TooLong {
                     what: "interface",
                     value: i.value.name.clone(),
@@ -597,7 +615,12 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Set(s) => {
-                    if s.name.is_empty() || s.name.len() > 31 {
+                    if s.name.is_empty()
+                        || s.name.len() > 31
+                        || s.name
+                            .chars()
+                            .any(|ch| ch.is_whitespace() || ch.is_control())
+                    {
                         errs.push(ViolationKind::TooLong {
                             what: "set name",
                             value: s.name.clone(),
@@ -631,7 +654,7 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Comment(text) => {
-                    if text.len() > 255 {
+                    if text.len() > 255 || text.chars().any(char::is_control) {
                         errs.push(ViolationKind::TooLong {
                             what: "comment",
                             value: text.clone(),
@@ -743,11 +766,22 @@ impl TableCheck<'_> {
                 }
             }
             Target::Log(l) => {
-                if l.prefix.as_ref().is_some_and(|p| p.len() > 29) {
+                if l.prefix
+                    .as_ref()
+                    .is_some_and(|p| p.len() > 29 || p.chars().any(char::is_control))
+                {
                     errs.push(ViolationKind::TooLong {
                         what: "log prefix",
                         value: l.prefix.clone().unwrap_or_default(),
                         max: 29,
+                    });
+                }
+                if let Some(level) = l.level.filter(|&lv| lv > 7) {
+                    // xt_LOG's checkentry: "level %u >= 8".
+                    errs.push(ViolationKind::BadValue {
+                        what: "log level",
+                        value: level.to_string(),
+                        reason: "syslog levels are 0 to 7",
                     });
                 }
             }

@@ -610,3 +610,96 @@ fn structured_values_the_text_form_cannot_mean_are_refused() {
         }));
     assert!(validate(&rs, None).is_empty());
 }
+
+/// Names and texts of a structured ruleset must survive iptables-save -> iptables-restore: the
+/// engine persists and shows rulesets as text. A chain name with a space or a leading `-`, an
+/// interface with `/`, a comment or log prefix with a newline, a log level above 7 (xt_LOG
+/// refuses it) were all accepted and printed as text that does not parse back.
+#[test]
+fn structured_names_that_cannot_be_printed_are_refused() {
+    use vallum_engine::model::{Iface, LogTarget, Match, Neg, SetDir, SetMatch, Target};
+    use vallum_engine::restore::print;
+    let base = || {
+        ruleset(
+            "n",
+            0,
+            "*filter\n:INPUT ACCEPT [0:0]\n:USER - [0:0]\n-A INPUT -j USER\n-A USER -j ACCEPT\nCOMMIT\n",
+        )
+    };
+    type Edit = Box<dyn Fn(&mut Ruleset)>;
+    let rename = |name: &'static str| -> Edit {
+        Box::new(move |rs: &mut Ruleset| {
+            let t = &mut rs.tables[0];
+            for c in &mut t.chains {
+                if c.name == "USER" {
+                    c.name = name.into();
+                }
+            }
+            t.chains[0].rules[0].target = Target::Jump(name.into());
+            assert!(t.chain(name).is_some());
+        })
+    };
+    let rule = |f: fn(&mut vallum_engine::model::Rule)| -> Edit {
+        Box::new(move |rs: &mut Ruleset| f(&mut rs.tables[0].chains[0].rules[0]))
+    };
+    let cases: Vec<(&str, Edit)> = vec![
+        ("chain name with a space", rename("MY CHAIN")),
+        ("chain name starting with -", rename("-X")),
+        ("chain name with a quote", rename("A\"B")),
+        (
+            "interface with /",
+            rule(|r| r.in_iface = Some(Neg::plain(Iface { name: "a/b".into() }))),
+        ),
+        (
+            "interface with a space",
+            rule(|r| r.out_iface = Some(Neg::plain(Iface { name: "a b".into() }))),
+        ),
+        (
+            "comment with a newline",
+            rule(|r| {
+                r.matches
+                    .push(Match::Comment("ok\n-A INPUT -j DROP".into()))
+            }),
+        ),
+        (
+            "log prefix with a newline",
+            rule(|r| {
+                r.target = Target::Log(LogTarget {
+                    prefix: Some("a\nb".into()),
+                    ..LogTarget::default()
+                })
+            }),
+        ),
+        (
+            "log level 9",
+            rule(|r| {
+                r.target = Target::Log(LogTarget {
+                    level: Some(9),
+                    ..LogTarget::default()
+                })
+            }),
+        ),
+        (
+            "set name with a space",
+            rule(|r| {
+                r.matches.push(Match::Set(SetMatch {
+                    negated: false,
+                    name: "a b".into(),
+                    dirs: vec![SetDir::Src],
+                    other: Vec::new(),
+                }))
+            }),
+        ),
+    ];
+    assert!(validate(&base(), None).is_empty());
+    for (what, edit) in cases {
+        let mut rs = base();
+        edit(&mut rs);
+        let v = validate(&rs, None);
+        assert!(
+            v.iter().any(|v| v.severity == Severity::Error),
+            "{what}: not refused, though it prints as:\n{}",
+            print(&rs.tables, &Default::default())
+        );
+    }
+}
