@@ -703,3 +703,30 @@ fn structured_names_that_cannot_be_printed_are_refused() {
         );
     }
 }
+
+/// `Snapshot::compile` is public and may be handed an unvalidated ruleset. A goto loop adds no
+/// call depth, so the evaluator would spin forever on the first packet; compile must refuse it.
+#[test]
+fn compile_refuses_a_goto_loop_that_validation_was_not_asked_about() {
+    use vallum_engine::compile::CompileError;
+    use vallum_engine::model::{Rule, Target};
+    let mut rs = ruleset(
+        "loop",
+        0,
+        "*filter\n:INPUT ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n-A INPUT -g A\n-A A -g B\nCOMMIT\n",
+    );
+    for c in &mut rs.tables[0].chains {
+        if c.name == "B" {
+            c.rules.push(Rule {
+                target: Target::Goto("A".into()),
+                ..Rule::default()
+            });
+        }
+    }
+    assert!(vallum_engine::validate::has_errors(&validate(&rs, None)));
+    let r = Snapshot::compile(&[Arc::new(rs)], &NoSets, 1);
+    assert!(
+        matches!(r, Err(CompileError::Loop { .. })),
+        "compiled a loop: {r:?}"
+    );
+}
