@@ -128,6 +128,17 @@ pub enum CompileError {
     /// Two active rulesets have the same name.
     #[error("ruleset {0} is given twice")]
     DuplicateRuleset(String),
+    /// Jumps and gotos form a cycle through this chain: a packet would never leave it (a goto
+    /// loop adds no call depth, so the depth limit would not stop it).
+    #[error("ruleset {ruleset}: {table} chain {chain}: jumps and gotos loop back to it")]
+    Loop {
+        /// Ruleset name.
+        ruleset: String,
+        /// Table.
+        table: TableKind,
+        /// A chain on the cycle.
+        chain: String,
+    },
 }
 
 // === compiled form ===
@@ -516,6 +527,14 @@ impl Snapshot {
                 }
             }
         }
+        if let Some(c) = find_loop(&chains, &rules) {
+            let c = &chains[c];
+            return Err(CompileError::Loop {
+                ruleset: sorted[c.ruleset as usize].name.clone(),
+                table: c.table,
+                chain: c.name.to_string(),
+            });
+        }
         // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
         base.sort_by_key(|&(_, _, kind, _)| kind);
         for (family, hook, _, ci) in base {
@@ -559,6 +578,51 @@ impl Snapshot {
     pub fn cores(&self) -> usize {
         self.cores.len()
     }
+}
+
+/// A chain on a cycle of jumps and gotos, if any: iterative DFS with colours over the
+/// resolved targets (validation reports loops with locations; this keeps an unvalidated
+/// ruleset from hanging the packet path).
+fn find_loop(chains: &[CChain], rules: &[CRule]) -> Option<usize> {
+    let targets = |c: usize| {
+        let ch = &chains[c];
+        rules[ch.first_rule as usize..(ch.first_rule + ch.n_rules) as usize]
+            .iter()
+            .filter_map(|r| match r.target {
+                CTarget::Jump(t) | CTarget::Goto(t) => Some(t as usize),
+                _ => None,
+            })
+    };
+    // 0 new, 1 on the stack, 2 done.
+    let mut state = vec![0u8; chains.len()];
+    let mut stack: Vec<(usize, usize)> = Vec::new();
+    for root in 0..chains.len() {
+        if state[root] != 0 {
+            continue;
+        }
+        state[root] = 1;
+        stack.push((root, 0));
+        while let Some(&mut (c, ref mut i)) = stack.last_mut() {
+            match targets(c).nth(*i) {
+                Some(t) => {
+                    *i += 1;
+                    match state[t] {
+                        0 => {
+                            state[t] = 1;
+                            stack.push((t, 0));
+                        }
+                        1 => return Some(t),
+                        _ => {}
+                    }
+                }
+                None => {
+                    state[c] = 2;
+                    stack.pop();
+                }
+            }
+        }
+    }
+    None
 }
 
 /// A compile error before the chain context is known.
@@ -628,7 +692,16 @@ fn compile_rule(
                 negated: mp.negated,
                 ports: mp.ports.clone().into_boxed_slice(),
             },
-            Match::Icmp(i) | Match::Icmpv6(i) => CMatch::Icmp {
+            // IPv4 type 255 matches every ICMP packet whatever the code range (the kernel's
+            // icmp_type_code_match tests `test_type == 0xFF` first). The parser keeps
+            // `--icmp-type 255/0` as `Some(255)` so that it prints back as written (as newer
+            // iptables-save does), and a structured model may carry it too.
+            Match::Icmp(i) => CMatch::Icmp {
+                negated: i.negated,
+                icmp_type: i.icmp_type.filter(|&t| t != 255),
+                code: i.code,
+            },
+            Match::Icmpv6(i) => CMatch::Icmp {
                 negated: i.negated,
                 icmp_type: i.icmp_type,
                 code: i.code,

@@ -559,7 +559,8 @@ pub struct MultiportMatch {
 pub struct IcmpMatch {
     /// `!` before the option.
     pub negated: bool,
-    /// `None` for `any` (every ICMP packet).
+    /// `None` for `any` (every ICMP packet). For IPv4, `Some(255)` also matches every ICMP
+    /// packet whatever `code` says, as the kernel's icmp_type_code_match.
     pub icmp_type: Option<u8>,
     /// Inclusive code range (0..=255 when only a type is given).
     pub code: (u8, u8),

@@ -116,8 +116,11 @@ pub enum ViolationKind {
     /// Two chains with one name in a table.
     #[error("chain {0} is declared twice")]
     DuplicateChain(String),
-    /// Chain name empty or longer than 28 bytes.
-    #[error("chain name {0:?} must be 1 to 28 bytes")]
+    /// Chain name empty, longer than 28 bytes, or not writable in iptables-restore text
+    /// (starts with `-` or `!`, holds whitespace, control characters, quotes or backslashes).
+    #[error(
+        "chain name {0:?} must be 1 to 28 bytes, not start with - or !, and hold no whitespace, control characters, quotes or backslashes"
+    )]
     BadChainName(String),
     /// A chain with a policy whose name is not a hook of the table.
     #[error(
@@ -183,8 +186,10 @@ pub enum ViolationKind {
     /// Something of the other family (icmp in ip6tables, `-f` in IPv6, ...).
     #[error("{0} is not valid for this family")]
     WrongFamily(String),
-    /// A name or text too long or empty.
-    #[error("{what} {value:?} is longer than {max} bytes or empty")]
+    /// A name or text too long, empty, or with characters its text form cannot carry.
+    #[error(
+        "{what} {value:?} is empty, longer than {max} bytes or holds characters iptables text cannot carry"
+    )]
     TooLong {
         /// What it is.
         what: &'static str,
@@ -199,8 +204,8 @@ pub enum ViolationKind {
     /// multiport with more than 15 slots.
     #[error("multiport takes at most 15 ports, a range counting 2 (got {0})")]
     TooManyPorts(usize),
-    /// limit with a zero rate or burst.
-    #[error("limit needs a rate and a burst of at least 1")]
+    /// limit with a zero rate or burst, a rate above 10000/second or a burst above 10000.
+    #[error("limit needs a rate of 1 to 10000/second and a burst of 1 to 10000")]
     BadLimit,
     /// A set that does not exist.
     #[error("set {0} does not exist")]
@@ -218,6 +223,17 @@ pub enum ViolationKind {
     /// No flag at all given to --match-set.
     #[error("--match-set {0} needs src or dst flags")]
     SetNoFlags(String),
+    /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
+    /// from what its text form means (structured input only; the parser never builds these).
+    #[error("{what} {value}: {reason}")]
+    BadValue {
+        /// What it is (`address`, `protocol`, ...).
+        what: &'static str,
+        /// The value as written.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
 }
 
 /// Validates a ruleset. With `sets`, every `--match-set` must name an existing set; without,
@@ -319,7 +335,13 @@ impl TableCheck<'_> {
             if names.insert(&c.name, i).is_some() {
                 self.at_chain(c, ViolationKind::DuplicateChain(c.name.clone()));
             }
-            if c.name.is_empty() || c.name.len() > 28 {
+            if c.name.is_empty()
+                || c.name.len() > 28
+                || c.name.starts_with(['-', '!'])
+                || c.name
+                    .chars()
+                    .any(|ch| ch.is_whitespace() || ch.is_control() || ch == '"' || ch == '\\')
+            {
                 self.at_chain(c, ViolationKind::BadChainName(c.name.clone()));
             }
             let builtin = Hook::from_chain_name(&c.name).is_some_and(|h| hooks.contains(&h));
@@ -454,7 +476,14 @@ impl TableCheck<'_> {
         let mut errs: Vec<ViolationKind> = Vec::new();
 
         for i in [&r.in_iface, &r.out_iface].into_iter().flatten() {
-            if i.value.name.is_empty() || i.value.name.len() > 15 {
+            // As the parser: no whitespace, control characters, '/', quotes or backslashes
+            // (iptables: "Invalid character"), so that the printed rule parses back.
+            let bad_char =
+                |ch: char| ch.is_whitespace() || ch.is_control() || matches!(ch, '/' | '"' | '\\');
+            if i.value.name.is_empty()
+                || i.value.name.len() > 15
+                || i.value.name.chars().any(bad_char)
+            {
                 errs.push(ViolationKind::TooLong {
                     what: "interface",
                     value: i.value.name.clone(),
@@ -466,12 +495,32 @@ impl TableCheck<'_> {
             errs.push(ViolationKind::WrongFamily("-f".into()));
         }
         for net in [&r.src, &r.dst].into_iter().flatten() {
-            if net.value.addr.is_ipv6() != (family == Family::Ipv6) {
+            let n = net.value;
+            if n.addr.is_ipv6() != (family == Family::Ipv6)
+                || n.mask.is_ipv6() != (family == Family::Ipv6)
+            {
                 errs.push(ViolationKind::WrongFamily(format!(
-                    "address {}",
-                    net.value.addr
+                    "address {}/{}",
+                    n.addr, n.mask
                 )));
+            } else if !n.contains(n.addr) {
+                // The kernel compares `(ip & mask) == addr`, so such a rule never matches, but
+                // its text form `ADDR/MASK` is masked again by iptables-restore and does.
+                errs.push(ViolationKind::BadValue {
+                    what: "address",
+                    value: format!("{}/{}", n.addr, n.mask),
+                    reason: "has bits set outside its mask",
+                });
             }
+        }
+        if r.protocol.is_some_and(|p| p.value == 0) {
+            // The model spells `-p all` as `None`; the compiled rule would compare the
+            // packet's protocol with 0 instead of matching every protocol.
+            errs.push(ViolationKind::BadValue {
+                what: "protocol",
+                value: "0".into(),
+                reason: "`-p all` is written as no protocol",
+            });
         }
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
         let mut mac_used = false;
@@ -521,6 +570,12 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::BadRange("multiport".into()));
                     }
                 }
+                Match::Icmp(i) | Match::Icmpv6(i) if i.code.0 > i.code.1 => {
+                    errs.push(ViolationKind::BadRange(format!(
+                        "icmp code {}:{}",
+                        i.code.0, i.code.1
+                    )));
+                }
                 Match::Icmp(_) => {
                     if family != Family::Ipv4 {
                         errs.push(ViolationKind::WrongFamily("-m icmp".into()));
@@ -560,7 +615,12 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Set(s) => {
-                    if s.name.is_empty() || s.name.len() > 31 {
+                    if s.name.is_empty()
+                        || s.name.len() > 31
+                        || s.name
+                            .chars()
+                            .any(|ch| ch.is_whitespace() || ch.is_control())
+                    {
                         errs.push(ViolationKind::TooLong {
                             what: "set name",
                             value: s.name.clone(),
@@ -594,7 +654,7 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Comment(text) => {
-                    if text.len() > 255 {
+                    if text.len() > 255 || text.chars().any(char::is_control) {
                         errs.push(ViolationKind::TooLong {
                             what: "comment",
                             value: text.clone(),
@@ -611,7 +671,11 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Limit(l) => {
-                    if l.rate == 0 || l.burst == 0 {
+                    // As libxt_limit: at most 10000 packets a second (XT_LIMIT_SCALE) and a
+                    // burst of at most 10000. A faster rate would make the token interval 0 ns
+                    // and the match true for every packet.
+                    let too_fast = u128::from(l.rate) * 100_000 > u128::from(l.unit.ns());
+                    if l.rate == 0 || l.burst == 0 || too_fast || l.burst > 10_000 {
                         errs.push(ViolationKind::BadLimit);
                     }
                 }
@@ -702,11 +766,22 @@ impl TableCheck<'_> {
                 }
             }
             Target::Log(l) => {
-                if l.prefix.as_ref().is_some_and(|p| p.len() > 29) {
+                if l.prefix
+                    .as_ref()
+                    .is_some_and(|p| p.len() > 29 || p.chars().any(char::is_control))
+                {
                     errs.push(ViolationKind::TooLong {
                         what: "log prefix",
                         value: l.prefix.clone().unwrap_or_default(),
                         max: 29,
+                    });
+                }
+                if let Some(level) = l.level.filter(|&lv| lv > 7) {
+                    // xt_LOG's checkentry: "level %u >= 8".
+                    errs.push(ViolationKind::BadValue {
+                        what: "log level",
+                        value: level.to_string(),
+                        reason: "syslog levels are 0 to 7",
                     });
                 }
             }

@@ -262,6 +262,47 @@ mod generated {
             super::check(&text);
         }
 
+        /// Arbitrary text, arbitrary bytes (lossy UTF-8: NUL, `\\` at line end, unicode) and
+        /// arbitrary lines inside a table: never a panic, and whatever is accepted round-trips.
+        #[test]
+        fn arbitrary_text_never_panics(text in ".{0,300}") {
+            super::check(&text);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            super::check(&String::from_utf8_lossy(&bytes));
+        }
+
+        #[test]
+        fn arbitrary_lines_in_a_table_never_panic(
+            lines in prop::collection::vec("[-!\"\\\\ a-zA-Z0-9:/,.=+*\\[\\]\u{0}\t\u{e9}]{0,60}", 0..6),
+        ) {
+            let text = format!("*filter\n:u - [0:0]\n{}\nCOMMIT\n", lines.join("\n"));
+            super::check(&text);
+        }
+
+        /// Structured mutations of a valid ruleset: cut it anywhere, or splice a fragment or
+        /// a random character in at any byte.
+        #[test]
+        fn mutated_rulesets_never_panic(
+            frags in prop::collection::vec(prop::sample::select(FRAGMENTS), 1..5),
+            at in any::<prop::sample::Index>(),
+            cut in any::<prop::sample::Index>(),
+            insert in prop_oneof![prop::sample::select(FRAGMENTS).prop_map(str::to_string), any::<char>().prop_map(String::from), Just("\n".to_string())],
+        ) {
+            let text = format!(
+                "*filter\n:INPUT DROP [1:2]\n:u - [0:0]\n-A INPUT {}\n-I INPUT 2 -j u\n-D INPUT 1\nCOMMIT\n",
+                frags.join(" ")
+            );
+            let boundaries: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+            let i = boundaries[at.index(boundaries.len())];
+            let mut spliced = text.clone();
+            spliced.insert_str(i, &insert);
+            super::check(&spliced);
+            super::check(&text[..boundaries[cut.index(boundaries.len())]]);
+        }
+
         #[test]
         fn generated_rules_round_trip_ipv6(frags in prop::collection::vec(prop::sample::select(FRAGMENTS), 0..7)) {
             let text = format!("*filter\n:u - [0:0]\n-A INPUT {}\nCOMMIT\n", frags.join(" "));

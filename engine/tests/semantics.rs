@@ -484,3 +484,249 @@ fn commits_while_workers_classify_never_lose_a_packet() {
     );
     assert_eq!(e.core_packets().iter().sum::<u64>(), sent);
 }
+
+/// A structured model may carry IPv4 ICMP type 255 with a code range; the kernel matches every
+/// ICMP packet for it (icmp_type_code_match tests `test_type == 0xFF` first). ICMPv6 does not.
+#[test]
+fn icmp_type_255_matches_every_icmp_packet_in_ipv4_only() {
+    use vallum_engine::model::{IcmpMatch, Match};
+    let mut rs = ruleset(
+        "icmp",
+        0,
+        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p icmp -j DROP\nCOMMIT\n",
+    );
+    let rule = &mut rs.tables[0].chains[0].rules[0];
+    rule.matches.push(Match::Icmp(IcmpMatch {
+        negated: false,
+        icmp_type: Some(255),
+        code: (0, 0),
+    }));
+    assert!(validate(&rs, None).is_empty());
+    let s = snapshot(vec![rs]);
+    let echo = PacketMeta {
+        protocol: 1,
+        icmp_type: 8,
+        icmp_code: 0,
+        ..PacketMeta::default()
+    };
+    assert_eq!(classify(&s, echo), Verdict::Drop);
+
+    let mut rs6 = ruleset6(
+        "icmp6",
+        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p ipv6-icmp -m icmp6 --icmpv6-type 255/0 -j DROP\nCOMMIT\n",
+    );
+    rs6.name = "icmp6".into();
+    let s6 = snapshot(vec![rs6]);
+    let echo6 = PacketMeta {
+        family: Family::Ipv6,
+        src: "2001:db8::1".parse().unwrap(),
+        dst: "2001:db8::2".parse().unwrap(),
+        protocol: 58,
+        icmp_type: 128,
+        ..PacketMeta::default()
+    };
+    assert_eq!(classify(&s6, echo6), Verdict::Accept);
+}
+
+/// Rulesets built in code (the gRPC API) can hold values the parser never produces. Each of
+/// these would make the compiled rule behave differently from its iptables-save text (or from
+/// what the kernel accepts), so validation must refuse them, naming the rule.
+#[test]
+fn structured_values_the_text_form_cannot_mean_are_refused() {
+    use vallum_engine::model::{IcmpMatch, LimitMatch, Match, Neg, RateUnit};
+    let base = || {
+        ruleset(
+            "s",
+            0,
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p icmp -j DROP\nCOMMIT\n",
+        )
+    };
+    type Edit = Box<dyn Fn(&mut vallum_engine::model::Rule)>;
+    let net = |a: &str, m: &str| {
+        Some(Neg::plain(IpNet {
+            addr: a.parse().unwrap(),
+            mask: m.parse().unwrap(),
+        }))
+    };
+    let cases: Vec<(&str, Edit)> = vec![
+        ("v6 mask on a v4 address", {
+            let n = net("10.0.0.0", "ffff::");
+            Box::new(move |r| r.src = n)
+        }),
+        ("address bits outside the mask", {
+            let n = net("10.0.0.1", "255.255.255.0");
+            Box::new(move |r| r.dst = n)
+        }),
+        ("protocol 0", Box::new(|r| r.protocol = Some(Neg::plain(0)))),
+        (
+            "icmp code range upside down",
+            Box::new(|r| {
+                r.matches.push(Match::Icmp(IcmpMatch {
+                    negated: false,
+                    icmp_type: Some(3),
+                    code: (5, 1),
+                }))
+            }),
+        ),
+        (
+            "limit faster than 10000/s",
+            Box::new(|r| {
+                r.matches.push(Match::Limit(LimitMatch {
+                    rate: u32::MAX,
+                    unit: RateUnit::Second,
+                    burst: 5,
+                }))
+            }),
+        ),
+        (
+            "limit burst above 10000",
+            Box::new(|r| {
+                r.matches.push(Match::Limit(LimitMatch {
+                    rate: 1,
+                    unit: RateUnit::Second,
+                    burst: 10_001,
+                }))
+            }),
+        ),
+    ];
+    for (what, edit) in cases {
+        let mut rs = base();
+        edit(&mut rs.tables[0].chains[0].rules[0]);
+        let v = validate(&rs, None);
+        assert!(
+            v.iter()
+                .any(|v| v.severity == Severity::Error && v.rule == Some(1)),
+            "{what}: not refused: {v:?}"
+        );
+    }
+    // The limits themselves are fine.
+    let mut rs = base();
+    rs.tables[0].chains[0].rules[0]
+        .matches
+        .push(Match::Limit(LimitMatch {
+            rate: 10_000,
+            unit: RateUnit::Second,
+            burst: 10_000,
+        }));
+    assert!(validate(&rs, None).is_empty());
+}
+
+/// Names and texts of a structured ruleset must survive iptables-save -> iptables-restore: the
+/// engine persists and shows rulesets as text. A chain name with a space or a leading `-`, an
+/// interface with `/`, a comment or log prefix with a newline, a log level above 7 (xt_LOG
+/// refuses it) were all accepted and printed as text that does not parse back.
+#[test]
+fn structured_names_that_cannot_be_printed_are_refused() {
+    use vallum_engine::model::{Iface, LogTarget, Match, Neg, SetDir, SetMatch, Target};
+    use vallum_engine::restore::print;
+    let base = || {
+        ruleset(
+            "n",
+            0,
+            "*filter\n:INPUT ACCEPT [0:0]\n:USER - [0:0]\n-A INPUT -j USER\n-A USER -j ACCEPT\nCOMMIT\n",
+        )
+    };
+    type Edit = Box<dyn Fn(&mut Ruleset)>;
+    let rename = |name: &'static str| -> Edit {
+        Box::new(move |rs: &mut Ruleset| {
+            let t = &mut rs.tables[0];
+            for c in &mut t.chains {
+                if c.name == "USER" {
+                    c.name = name.into();
+                }
+            }
+            t.chains[0].rules[0].target = Target::Jump(name.into());
+            assert!(t.chain(name).is_some());
+        })
+    };
+    let rule = |f: fn(&mut vallum_engine::model::Rule)| -> Edit {
+        Box::new(move |rs: &mut Ruleset| f(&mut rs.tables[0].chains[0].rules[0]))
+    };
+    let cases: Vec<(&str, Edit)> = vec![
+        ("chain name with a space", rename("MY CHAIN")),
+        ("chain name starting with -", rename("-X")),
+        ("chain name with a quote", rename("A\"B")),
+        (
+            "interface with /",
+            rule(|r| r.in_iface = Some(Neg::plain(Iface { name: "a/b".into() }))),
+        ),
+        (
+            "interface with a space",
+            rule(|r| r.out_iface = Some(Neg::plain(Iface { name: "a b".into() }))),
+        ),
+        (
+            "comment with a newline",
+            rule(|r| {
+                r.matches
+                    .push(Match::Comment("ok\n-A INPUT -j DROP".into()))
+            }),
+        ),
+        (
+            "log prefix with a newline",
+            rule(|r| {
+                r.target = Target::Log(LogTarget {
+                    prefix: Some("a\nb".into()),
+                    ..LogTarget::default()
+                })
+            }),
+        ),
+        (
+            "log level 9",
+            rule(|r| {
+                r.target = Target::Log(LogTarget {
+                    level: Some(9),
+                    ..LogTarget::default()
+                })
+            }),
+        ),
+        (
+            "set name with a space",
+            rule(|r| {
+                r.matches.push(Match::Set(SetMatch {
+                    negated: false,
+                    name: "a b".into(),
+                    dirs: vec![SetDir::Src],
+                    other: Vec::new(),
+                }))
+            }),
+        ),
+    ];
+    assert!(validate(&base(), None).is_empty());
+    for (what, edit) in cases {
+        let mut rs = base();
+        edit(&mut rs);
+        let v = validate(&rs, None);
+        assert!(
+            v.iter().any(|v| v.severity == Severity::Error),
+            "{what}: not refused, though it prints as:\n{}",
+            print(&rs.tables, &Default::default())
+        );
+    }
+}
+
+/// `Snapshot::compile` is public and may be handed an unvalidated ruleset. A goto loop adds no
+/// call depth, so the evaluator would spin forever on the first packet; compile must refuse it.
+#[test]
+fn compile_refuses_a_goto_loop_that_validation_was_not_asked_about() {
+    use vallum_engine::compile::CompileError;
+    use vallum_engine::model::{Rule, Target};
+    let mut rs = ruleset(
+        "loop",
+        0,
+        "*filter\n:INPUT ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n-A INPUT -g A\n-A A -g B\nCOMMIT\n",
+    );
+    for c in &mut rs.tables[0].chains {
+        if c.name == "B" {
+            c.rules.push(Rule {
+                target: Target::Goto("A".into()),
+                ..Rule::default()
+            });
+        }
+    }
+    assert!(vallum_engine::validate::has_errors(&validate(&rs, None)));
+    let r = Snapshot::compile(&[Arc::new(rs)], &NoSets, 1);
+    assert!(
+        matches!(r, Err(CompileError::Loop { .. })),
+        "compiled a loop: {r:?}"
+    );
+}
