@@ -542,7 +542,7 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Udp(u) => {
-                    errs.extend(needs("udp", &[17, 136], "udp"));
+                    errs.extend(needs("udp", &[17], "udp"));
                     for p in [u.sport, u.dport].into_iter().flatten() {
                         if p.value.lo > p.value.hi {
                             errs.push(ViolationKind::BadRange(format!(
