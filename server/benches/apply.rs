@@ -151,6 +151,100 @@ fn bench(c: &mut Criterion) {
     }
     let _ = stop_tx.send(());
     let _ = rt.block_on(server);
+    kernel_baselines(&a, rules);
+}
+
+/// The same ruleset loaded by the kernel's own tools as whole processes, in a private network
+/// namespace: `iptables-legacy-restore` and `nft -f` (input from `iptables-restore-translate`).
+/// Needs root, `ip`, and the tools; prints why when it skips.
+fn kernel_baselines(text: &str, rules: usize) {
+    use std::process::{Command, Stdio};
+    let have = |tool: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    if !root {
+        println!("SKIP kernel baselines: not root");
+        return;
+    }
+    for tool in [
+        "ip",
+        "iptables-legacy-restore",
+        "iptables-restore-translate",
+        "nft",
+    ] {
+        if !have(tool) {
+            println!("SKIP kernel baselines: {tool} not found");
+            return;
+        }
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let save = tmp.path().join("acl1_10k.rules");
+    std::fs::write(&save, text).expect("write rules");
+    let nft_text = Command::new("iptables-restore-translate")
+        .arg("-f")
+        .arg(&save)
+        .output()
+        .expect("iptables-restore-translate");
+    if !nft_text.status.success() {
+        println!(
+            "SKIP nft baseline: iptables-restore-translate failed: {}",
+            String::from_utf8_lossy(&nft_text.stderr)
+        );
+    }
+    let nft = tmp.path().join("acl1_10k.nft");
+    let mut body = b"flush ruleset\n".to_vec();
+    body.extend_from_slice(&nft_text.stdout);
+    std::fs::write(&nft, body).expect("write nft");
+    let ns = format!("vallum-bench-{}", std::process::id());
+    let ok = Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("SKIP kernel baselines: ip netns add failed");
+        return;
+    }
+    let run = |args: &[&str]| -> Option<u64> {
+        let t0 = Instant::now();
+        let st = Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .ok()?;
+        st.success().then(|| t0.elapsed().as_nanos() as u64)
+    };
+    let save_s = save.display().to_string();
+    let nft_s = nft.display().to_string();
+    let cases: [(&str, Vec<&str>); 2] = [
+        (
+            "iptables-legacy-restore",
+            vec!["iptables-legacy-restore", save_s.as_str()],
+        ),
+        ("nft -f", vec!["nft", "-f", nft_s.as_str()]),
+    ];
+    for (name, args) in cases {
+        let mut times: Vec<u64> = (0..20).filter_map(|_| run(&args)).collect();
+        if times.is_empty() {
+            println!("  {name:<24} failed in the namespace");
+            continue;
+        }
+        let n = times.len();
+        println!(
+            "  {name:<24} ({rules} rules, whole process, {n} runs) p50 {:8.2} ms  p99 {:8.2} ms",
+            pct(&mut times, 0.5) as f64 / 1e6,
+            pct(&mut times, 0.99) as f64 / 1e6
+        );
+    }
+    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
 }
 
 criterion_group!(benches, bench);
