@@ -39,6 +39,10 @@ use crate::model::{
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
 
+mod tuple_merge;
+
+use tuple_merge::ChainIndex;
+
 /// Commit-path maps hash with FxHash: keys are our own (names, content hashes), and SipHash's
 /// DoS resistance would cost ~15% of a 10k-rule compile.
 type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
@@ -47,6 +51,39 @@ type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
 /// Validation rejects rulesets that could go deeper; at run time a deeper call drops the
 /// packet, as x_tables does when its jump stack overflows.
 pub const MAX_CALL_DEPTH: usize = 64;
+
+/// How a snapshot finds the first matching rule of a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Classifier {
+    /// Check every rule in order: the reference evaluator.
+    Linear,
+    /// A TupleMerge index per chain (see [`tuple_merge`](self) module docs in
+    /// `compile/tuple_merge.rs`) for chains with at least `min_rules` rules; shorter chains
+    /// are walked linearly. Returns exactly what [`Classifier::Linear`] returns.
+    TupleMerge {
+        /// Chains with fewer rules are not indexed (a short scan beats hashing).
+        min_rules: u32,
+    },
+}
+
+impl Default for Classifier {
+    /// TupleMerge for chains of 16 rules or more.
+    fn default() -> Self {
+        Classifier::TupleMerge { min_rules: 16 }
+    }
+}
+
+/// Bytes a snapshot's rules and index take, as counted by [`Snapshot::memory_bytes`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Compiled rules: the rule structs and the arrays they own (matches, multiport lists);
+    /// shared objects such as sets are not counted.
+    pub rules: usize,
+    /// The classification index of every chain.
+    pub index: usize,
+    /// Hash tables over all chain indexes.
+    pub tables: usize,
+}
 
 /// The verdict of a hook for one packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -363,6 +400,8 @@ pub struct Snapshot {
     /// Two cells (packets, bytes) per slot: carried-over values minus zeroing offsets
     /// (wrapping arithmetic).
     base: Box<[AtomicU64]>,
+    /// One entry per chain: its index, or `None` where the chain is walked linearly.
+    index: Box<[Option<ChainIndex>]>,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -424,11 +463,12 @@ impl Snapshot {
             identities: Box::new([]),
             cores: (0..cores.max(1)).map(|_| CoreCounters::new(0)).collect(),
             base: Box::new([]),
+            index: Box::new([]),
         }
     }
 
-    /// Compiles `rulesets` (already validated) for `cores` worker cores. Set names resolve
-    /// through `sets`.
+    /// Compiles `rulesets` (already validated) for `cores` worker cores with the default
+    /// [`Classifier`]. Set names resolve through `sets`.
     ///
     /// Errors: [`CompileError`] when a ruleset was not validated and refers to something that
     /// does not exist or cannot be enforced.
@@ -436,6 +476,17 @@ impl Snapshot {
         rulesets: &[Arc<Ruleset>],
         sets: &dyn SetRegistry,
         cores: usize,
+    ) -> Result<Snapshot, CompileError> {
+        Self::compile_with(rulesets, sets, cores, Classifier::default())
+    }
+
+    /// As [`Snapshot::compile`], with the given classifier ([`Classifier::Linear`] forces the
+    /// reference walk).
+    pub fn compile_with(
+        rulesets: &[Arc<Ruleset>],
+        sets: &dyn SetRegistry,
+        cores: usize,
+        classifier: Classifier,
     ) -> Result<Snapshot, CompileError> {
         let mut order: Vec<usize> = (0..rulesets.len()).collect();
         order.sort_by(|&a, &b| {
@@ -531,6 +582,23 @@ impl Snapshot {
             content: None,
         }));
         let slots = identities.len();
+        let index = chains
+            .iter()
+            .map(|c| match classifier {
+                Classifier::TupleMerge { min_rules } if c.n_rules >= min_rules.max(1) => {
+                    let first = c.first_rule as usize;
+                    let width = match c.family {
+                        Family::Ipv4 => 32,
+                        Family::Ipv6 => 128,
+                    };
+                    Some(ChainIndex::build(
+                        &rules[first..first + c.n_rules as usize],
+                        width,
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
         Ok(Snapshot {
             rulesets: sorted.into_boxed_slice(),
             names: names.into_boxed_slice(),
@@ -542,7 +610,39 @@ impl Snapshot {
                 .map(|_| CoreCounters::new(slots))
                 .collect(),
             base: (0..slots * 2).map(|_| AtomicU64::new(0)).collect(),
+            index,
         })
+    }
+
+    /// Bytes taken by the compiled rules and by the classification index.
+    pub fn memory_bytes(&self) -> MemoryUsage {
+        let rules = self
+            .rules
+            .iter()
+            .map(|r| {
+                size_of::<CRule>()
+                    + r.matches
+                        .iter()
+                        .map(|m| {
+                            size_of::<CMatch>()
+                                + match m {
+                                    CMatch::Multiport { ports, .. } => {
+                                        size_of_val::<[PortRange]>(ports)
+                                    }
+                                    CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
+                                    _ => 0,
+                                }
+                        })
+                        .sum::<usize>()
+            })
+            .sum();
+        let indexes = self.index.iter().flatten();
+        MemoryUsage {
+            rules,
+            index: size_of_val::<[Option<ChainIndex>]>(&self.index)
+                + indexes.clone().map(ChainIndex::memory_bytes).sum::<usize>(),
+            tables: indexes.map(ChainIndex::tables).sum(),
+        }
     }
 
     /// The rulesets this snapshot was compiled from, in evaluation (priority) order.
@@ -958,6 +1058,13 @@ impl Snapshot {
         true
     }
 
+    /// Whether `r` matches `p`: header fields, then every match in written order (a `-m limit`
+    /// is only asked when everything before it matched, as in the kernel).
+    #[inline]
+    fn rule_matches<O: Observer>(r: &CRule, p: &PacketMeta, now: u64, obs: &mut O) -> bool {
+        Self::header_matches(r, p) && r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
+    }
+
     #[inline]
     fn match_one<O: Observer>(m: &CMatch, p: &PacketMeta, now: u64, obs: &mut O) -> bool {
         match m {
@@ -1052,14 +1159,21 @@ impl Snapshot {
                 (chain, next) = stack[depth];
                 continue;
             }
-            let slot = (c.first_rule + next) as usize;
-            let r = &self.rules[slot];
-            next += 1;
-            if !Self::header_matches(r, p)
-                || !r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
-            {
+            let first = c.first_rule as usize;
+            let rules = &self.rules[first..first + c.n_rules as usize];
+            let found = match &self.index.get(chain as usize) {
+                Some(Some(idx)) => self.indexed_next(idx, rules, next, p, now, obs),
+                _ => {
+                    (next..c.n_rules).find(|&i| Self::rule_matches(&rules[i as usize], p, now, obs))
+                }
+            };
+            let Some(at) = found else {
+                next = c.n_rules;
                 continue;
-            }
+            };
+            next = at + 1;
+            let slot = first + at as usize;
+            let r = &self.rules[slot];
             obs.rule(slot, c, r, p);
             match &r.target {
                 CTarget::Continue => {}
