@@ -181,10 +181,46 @@ struct CChain {
     policy: Option<Policy>,
 }
 
+/// `-s` or `-d` as (address & mask, mask); an absent field has mask 0, which every address
+/// matches. Two `u64` halves rather than `u128`s keep `CRule` 8-byte aligned (a `u128` field
+/// pads it to 16 and costs 16 bytes a rule).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct AddrMatch {
+    net: [u64; 2],
+    mask: [u64; 2],
+}
+
+impl AddrMatch {
+    fn new(net: u128, mask: u128) -> AddrMatch {
+        let halves = |x: u128| [(x >> 64) as u64, x as u64];
+        AddrMatch {
+            net: halves(net),
+            mask: halves(mask),
+        }
+    }
+
+    #[inline]
+    fn net(&self) -> u128 {
+        (u128::from(self.net[0]) << 64) | u128::from(self.net[1])
+    }
+
+    #[inline]
+    fn mask(&self) -> u128 {
+        (u128::from(self.mask[0]) << 64) | u128::from(self.mask[1])
+    }
+
+    #[inline]
+    fn matches(&self, addr: u128) -> bool {
+        addr & self.mask() == self.net()
+    }
+}
+
 #[derive(Debug)]
 struct CRule {
-    src: Option<(bool, u128, u128)>,
-    dst: Option<(bool, u128, u128)>,
+    src: AddrMatch,
+    dst: AddrMatch,
+    src_negated: bool,
+    dst_negated: bool,
     in_iface: Option<(bool, IfacePattern)>,
     out_iface: Option<(bool, IfacePattern)>,
     protocol: Option<(bool, u8)>,
@@ -239,10 +275,8 @@ enum CMatch {
         negated: bool,
         bits: u8,
     },
-    Iprange {
-        src: Option<(bool, IpAddr, IpAddr)>,
-        dst: Option<(bool, IpAddr, IpAddr)>,
-    },
+    /// Boxed: two address ranges would double the size of every `CMatch`.
+    Iprange(Box<IprangeMatch>),
     Set {
         negated: bool,
         set: Arc<dyn IpSet>,
@@ -304,6 +338,12 @@ impl TokenBucket {
     }
 }
 
+#[derive(Debug)]
+struct IprangeMatch {
+    src: Option<(bool, IpAddr, IpAddr)>,
+    dst: Option<(bool, IpAddr, IpAddr)>,
+}
+
 #[derive(Debug, Clone)]
 enum CTarget {
     Continue,
@@ -313,7 +353,8 @@ enum CTarget {
     Return,
     Jump(u32),
     Goto(u32),
-    Log { prefix: Option<Arc<str>>, level: u8 },
+    /// `(prefix, level)`, boxed to keep the target (and so every rule) 8 bytes smaller.
+    Log(Box<(Option<Arc<str>>, u8)>),
     Notrack,
 }
 
@@ -429,8 +470,14 @@ fn addr_bits(ip: IpAddr) -> u128 {
     }
 }
 
-fn net_bits(n: &Neg<IpNet>) -> (bool, u128, u128) {
-    (n.negated, addr_bits(n.value.addr), addr_bits(n.value.mask))
+fn addr_match(n: &Option<Neg<IpNet>>) -> (AddrMatch, bool) {
+    match n {
+        None => (AddrMatch::default(), false),
+        Some(n) => (
+            AddrMatch::new(addr_bits(n.value.addr), addr_bits(n.value.mask)),
+            n.negated,
+        ),
+    }
 }
 
 /// A stable 64-bit hash of a rule's content, ignoring where it was written and the counters
@@ -630,6 +677,7 @@ impl Snapshot {
                                         size_of_val::<[PortRange]>(ports)
                                     }
                                     CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
+                                    CMatch::Iprange(_) => size_of::<IprangeMatch>(),
                                     _ => 0,
                                 }
                         })
@@ -749,10 +797,10 @@ fn compile_rule(
                 negated: s.negated,
                 bits: s.value,
             },
-            Match::Iprange(r) => CMatch::Iprange {
+            Match::Iprange(r) => CMatch::Iprange(Box::new(IprangeMatch {
                 src: r.src.map(|n| (n.negated, n.value.lo, n.value.hi)),
                 dst: r.dst.map(|n| (n.negated, n.value.lo, n.value.hi)),
-            },
+            })),
             Match::Set(s) => {
                 if let Some(o) = s.other.first() {
                     return Err(RuleError::Unsupported(format!("set {}", o.name)));
@@ -806,10 +854,10 @@ fn compile_rule(
         Target::Reject(w) => CTarget::Reject(*w),
         Target::Jump(c) => CTarget::Jump(resolve(c)?),
         Target::Goto(c) => CTarget::Goto(resolve(c)?),
-        Target::Log(l) => CTarget::Log {
-            prefix: l.prefix.as_deref().map(Arc::from),
-            level: l.level.unwrap_or(4),
-        },
+        Target::Log(l) => CTarget::Log(Box::new((
+            l.prefix.as_deref().map(Arc::from),
+            l.level.unwrap_or(4),
+        ))),
         Target::Notrack => CTarget::Notrack,
         Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
         Target::Ct(ct) => {
@@ -829,9 +877,13 @@ fn compile_rule(
                 .ok_or_else(|| RuleError::Unsupported(format!("interface {}", n.value.name))),
         }
     };
+    let (src, src_negated) = addr_match(&rule.src);
+    let (dst, dst_negated) = addr_match(&rule.dst);
     Ok(CRule {
-        src: rule.src.as_ref().map(net_bits),
-        dst: rule.dst.as_ref().map(net_bits),
+        src,
+        dst,
+        src_negated,
+        dst_negated,
         in_iface: iface(&rule.in_iface)?,
         out_iface: iface(&rule.out_iface)?,
         protocol: rule.protocol.map(|p| (p.negated, p.value)),
@@ -1025,15 +1077,10 @@ fn has_ports(proto: u8) -> bool {
 impl Snapshot {
     #[inline]
     fn header_matches(r: &CRule, p: &PacketMeta) -> bool {
-        if let Some((neg, net, mask)) = r.src {
-            if (addr_bits(p.src) & mask == net) == neg {
-                return false;
-            }
-        }
-        if let Some((neg, net, mask)) = r.dst {
-            if (addr_bits(p.dst) & mask == net) == neg {
-                return false;
-            }
+        if r.src.matches(addr_bits(p.src)) == r.src_negated
+            || r.dst.matches(addr_bits(p.dst)) == r.dst_negated
+        {
+            return false;
         }
         if let Some((neg, pat)) = &r.in_iface {
             if pat.matches(&p.in_iface) == *neg {
@@ -1114,7 +1161,8 @@ impl Snapshot {
                 hit != *negated
             }
             CMatch::CtState { negated, bits } => (p.ct_state & bits != 0) != *negated,
-            CMatch::Iprange { src, dst } => {
+            CMatch::Iprange(r) => {
+                let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
                     addr_bits(lo) <= addr_bits(ip) && addr_bits(ip) <= addr_bits(hi)
                 };
@@ -1212,7 +1260,7 @@ impl Snapshot {
                     chain = *t;
                     next = 0;
                 }
-                CTarget::Log { prefix, level } => obs.log(c, r, prefix, *level, p),
+                CTarget::Log(log) => obs.log(c, r, &log.0, log.1, p),
                 CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
             }
         }

@@ -39,7 +39,7 @@
 
 use std::mem::size_of;
 
-use super::{CMatch, CRule, Observer, Snapshot, addr_bits};
+use super::{AddrMatch, CMatch, CRule, Observer, Snapshot, addr_bits};
 use crate::packet::PacketMeta;
 
 /// The most rules one hash key of a table may hold before a rule looks for another table
@@ -172,20 +172,16 @@ struct RuleKey {
 
 /// A plain prefix: `(len, bits)` when the field is not negated and its mask is contiguous
 /// within the family's width; `None` (not indexable) otherwise.
-fn plain_prefix(field: Option<(bool, u128, u128)>, width: u32) -> Option<(u8, u128)> {
-    match field {
-        None => Some((0, 0)),
-        Some((false, net, mask)) => {
-            let len = mask.count_ones();
-            (len <= width && mask == prefix_mask(width, len as u8)).then(|| (len as u8, net & mask))
-        }
-        Some((true, ..)) => None,
-    }
+fn plain_prefix(field: AddrMatch, negated: bool, width: u32) -> Option<(u8, u128)> {
+    let (net, mask) = (field.net(), field.mask());
+    let len = mask.count_ones();
+    (!negated && len <= width && mask == prefix_mask(width, len as u8))
+        .then(|| (len as u8, net & mask))
 }
 
 fn rule_key(r: &CRule, width: u32) -> RuleKey {
-    let (src_len, src) = plain_prefix(r.src, width).unwrap_or((0, 0));
-    let (dst_len, dst) = plain_prefix(r.dst, width).unwrap_or((0, 0));
+    let (src_len, src) = plain_prefix(r.src, r.src_negated, width).unwrap_or((0, 0));
+    let (dst_len, dst) = plain_prefix(r.dst, r.dst_negated, width).unwrap_or((0, 0));
     let proto = match r.protocol {
         Some((false, p)) => Some(p),
         _ => None,
@@ -224,7 +220,8 @@ fn has_side_effects(r: &CRule) -> bool {
 // === ChainIndex ===
 
 /// One hash table of a tuple: buckets in compressed form (`entries[starts[b]..starts[b+1]]`
-/// are bucket `b`'s rule positions, ascending).
+/// are bucket `b`'s rules, ascending by position). Each entry carries the high 32 bits of its
+/// key's hash as a tag, so a packet whose key differs is turned away without reading the rule.
 #[derive(Debug)]
 struct Table {
     masks: Masks,
@@ -233,7 +230,14 @@ struct Table {
     max: u32,
     bucket_mask: u64,
     starts: Box<[u32]>,
-    entries: Box<[u32]>,
+    entries: Box<[Entry]>,
+}
+
+/// A rule in a bucket: its position in the chain and the high half of its key hash.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    pos: u32,
+    tag: u32,
 }
 
 /// The index of one chain. Rule positions are 0-based within the chain.
@@ -283,11 +287,14 @@ impl TableBuilder {
             starts[b + 1] += starts[b];
         }
         let mut fill: Vec<u32> = starts[..buckets].to_vec();
-        let mut entries = vec![0u32; n];
+        let mut entries = vec![Entry::default(); n];
         // Members come in ascending position order, so every bucket ends up ascending.
         for &(pos, h) in &self.members {
             let b = (h & bucket_mask) as usize;
-            entries[fill[b] as usize] = pos;
+            entries[fill[b] as usize] = Entry {
+                pos,
+                tag: (h >> 32) as u32,
+            };
             fill[b] += 1;
         }
         Table {
@@ -369,7 +376,9 @@ impl ChainIndex {
             + self
                 .tables
                 .iter()
-                .map(|t| size_of::<Table>() + 4 * (t.starts.len() + t.entries.len()))
+                .map(|t| {
+                    size_of::<Table>() + 4 * t.starts.len() + size_of_val::<[Entry]>(&t.entries)
+                })
                 .sum::<usize>()
             + 4 * (self.fallback.len() + self.effects.len())
     }
@@ -407,13 +416,18 @@ impl Snapshot {
             if t.max < start {
                 continue;
             }
-            let b = (t.masks.hash(src, dst, l4) & t.bucket_mask) as usize;
+            let h = t.masks.hash(src, dst, l4);
+            let b = (h & t.bucket_mask) as usize;
+            let tag = (h >> 32) as u32;
             let (lo, hi) = (t.starts[b] as usize, t.starts[b + 1] as usize);
-            for &pos in &t.entries[lo..hi] {
+            for &Entry { pos, tag: t_tag } in &t.entries[lo..hi] {
                 if pos >= best {
                     break;
                 }
-                if pos >= start && Self::rule_matches(&rules[pos as usize], p, now, obs) {
+                if t_tag == tag
+                    && pos >= start
+                    && Self::rule_matches(&rules[pos as usize], p, now, obs)
+                {
                     best = pos;
                     break;
                 }
@@ -460,18 +474,18 @@ mod tests {
     #[test]
     fn non_contiguous_and_negated_prefixes_are_not_indexed() {
         assert_eq!(
-            plain_prefix(Some((false, 0x0a00_0000, 0xff00_0000)), 32),
+            plain_prefix(AddrMatch::new(0x0a00_0000, 0xff00_0000), false, 32),
             Some((8, 0x0a00_0000))
         );
         assert_eq!(
-            plain_prefix(Some((false, 0x0a00_0000, 0xff00_ff00)), 32),
+            plain_prefix(AddrMatch::new(0x0a00_0000, 0xff00_ff00), false, 32),
             None
         );
         assert_eq!(
-            plain_prefix(Some((true, 0x0a00_0000, 0xff00_0000)), 32),
+            plain_prefix(AddrMatch::new(0x0a00_0000, 0xff00_0000), true, 32),
             None
         );
-        assert_eq!(plain_prefix(None, 32), Some((0, 0)));
+        assert_eq!(plain_prefix(AddrMatch::default(), false, 32), Some((0, 0)));
     }
 
     #[test]
