@@ -94,7 +94,8 @@ fn bench(c: &mut Criterion) {
     };
     eprintln!("set rules tables rule_bytes/rule index_bytes/rule");
     for case in &cases {
-        let snap = Snapshot::compile(&[case.ruleset.clone()], &NoSets, 1).expect("compile");
+        let snap =
+            Snapshot::compile(std::slice::from_ref(&case.ruleset), &NoSets, 1).expect("compile");
         let m = snap.memory_bytes();
         eprintln!(
             "{} {} {} {:.1} {:.1}",
@@ -114,8 +115,9 @@ fn bench(c: &mut Criterion) {
         let packets: Vec<_> = case.headers.iter().map(classbench::to_packet).collect();
         group.throughput(Throughput::Elements(packets.len() as u64));
         for (name, classifier) in VARIANTS {
-            let snap = Snapshot::compile_with(&[case.ruleset.clone()], &NoSets, 1, classifier)
-                .expect("compile");
+            let snap =
+                Snapshot::compile_with(std::slice::from_ref(&case.ruleset), &NoSets, 1, classifier)
+                    .expect("compile");
             let mut logs = Vec::new();
             let id = BenchmarkId::new(name, format!("{}/{}", case.set, case.rules));
             group.bench_function(id, |b| {
@@ -143,8 +145,13 @@ fn bench(c: &mut Criterion) {
             let id = BenchmarkId::new(name, format!("{}/{}", case.set, case.rules));
             group.bench_function(id, |b| {
                 b.iter(|| {
-                    Snapshot::compile_with(&[case.ruleset.clone()], &NoSets, 1, classifier)
-                        .expect("compile")
+                    Snapshot::compile_with(
+                        std::slice::from_ref(&case.ruleset),
+                        &NoSets,
+                        1,
+                        classifier,
+                    )
+                    .expect("compile")
                 })
             });
         }

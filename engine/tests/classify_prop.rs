@@ -294,7 +294,7 @@ proptest! {
             ..ParseOptions::default()
         };
         let rs = Arc::new(parse_ruleset("prop", &text, &opts).unwrap_or_else(|e| panic!("{e}\n{text}")));
-        let linear = Snapshot::compile_with(&[rs.clone()], &NoSets, 1, Classifier::Linear)
+        let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
             .expect("compiles");
         let indexed =
             Snapshot::compile_with(&[rs], &NoSets, 1, Classifier::TupleMerge { min_rules: 0 })

@@ -95,6 +95,9 @@ impl Tuple {
         };
         t.src = shorten(t.src);
         t.dst = shorten(t.dst);
+        // Exact source ports are rare in rule sets (they name client ports); a table that
+        // ignores them can take rules with and without one.
+        t.sport = false;
         t
     }
 }
@@ -176,7 +179,7 @@ fn plain_prefix(field: AddrMatch, negated: bool, width: u32) -> Option<(u8, u128
     let (net, mask) = (field.net(), field.mask());
     let len = mask.count_ones();
     (!negated && len <= width && mask == prefix_mask(width, len as u8))
-        .then(|| (len as u8, net & mask))
+        .then_some((len as u8, net & mask))
 }
 
 fn rule_key(r: &CRule, width: u32) -> RuleKey {
