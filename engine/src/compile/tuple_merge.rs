@@ -17,10 +17,15 @@
 //! Here a tuple has five fields: source and destination prefix length (plain `-s`/`-d` with a
 //! contiguous mask), protocol (plain `-p`), and source and destination port when `-m tcp` or
 //! `-m udp` names a single plain port. As in TupleMerge, a new table does not take the rule's
-//! own tuple but a relaxed one (addresses shortened by 1..4 bits, and the shorter address
-//! dropped when the two differ by more than 4 bits), so later rules can share it; a rule goes
-//! into the first table (in priority order) whose tuple fits it and whose bucket for its key
-//! holds fewer than [`COLLIDE_LIMIT`] rules.
+//! own tuple but a relaxed one (addresses shortened by 1..4 bits, the shorter address dropped
+//! when the two differ by more than 4 bits, the source port ignored), so later rules can share
+//! it; a rule goes into the first table (in priority order) whose tuple fits it and whose
+//! bucket for its key holds fewer than [`COLLIDE_LIMIT`] rules.
+//!
+//! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
+//! position and a 32-bit tag of its key hash, so most probes reject without reading a rule.
+//! The index is built once per commit with the snapshot; it has no in-place update (a
+//! snapshot is immutable), a commit rebuilds it with the rest of the snapshot.
 //!
 //! ## Exactness
 //! The index only proposes candidates; every candidate is checked with the evaluator's own
