@@ -1,11 +1,17 @@
-//! Linear classification throughput on ClassBench sets (one core, no dataplane barrier).
+//! Classification throughput on ClassBench sets (one core, no dataplane barrier): the linear
+//! walk (the reference) and the TupleMerge index side by side, in the same run.
 //!
-//! Cases (`classify/linear/<set>/<rules>`), each classifying every header of the matching
-//! trace once per iteration (throughput reported in packets/s):
-//! - acl_1k truncated to 10 and 100 rules, and whole (~1k), with acl_1k_trace;
-//! - fw_10k (~10k rules) with the first 2000 headers of fw_10k_trace.
+//! Cases:
+//! - `classify/<linear|tuplemerge>/<set>/<rules>`: every header of the case classified once
+//!   per iteration (throughput in packets/s). Sets: CutSplit acl_1k (whole and cut to 10 and
+//!   100 rules) and fw_10k with their traces (fw_10k: the first 2000 headers); NeuroCuts
+//!   acl1, fw1, ipc1 at 1k and 10k, and the generated 100k sets, with 10,000 headers sampled
+//!   from the rules (no trace exists for them).
+//! - `build/<linear|tuplemerge>/<set>/<rules>`: `Snapshot::compile_with` of the whole set.
+//! - Printed to stderr, not timed by criterion: index tables and bytes per rule.
 //!
-//! Skips with a printed reason when ../shared/data/classbench is absent.
+//! Set `VALLUM_BENCH_100K=0` to skip the 100k sets (their linear case is slow). Skips with a
+//! printed reason when ../shared/data/classbench is absent.
 //!
 //! Run: `cargo bench -p vallum-engine --bench classify`
 
@@ -13,53 +19,142 @@
 #![allow(missing_docs)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use vallum_engine::compile::Snapshot;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use vallum_engine::compile::{Classifier, Snapshot, Verdict};
+use vallum_engine::model::Ruleset;
 use vallum_engine::sets::NoSets;
 
 #[path = "support/classbench.rs"]
 mod classbench;
 
-fn bench(c: &mut Criterion) {
+const VARIANTS: [(&str, Classifier); 2] = [
+    ("linear", Classifier::Linear),
+    ("tuplemerge", Classifier::TupleMerge { min_rules: 16 }),
+];
+
+struct Case {
+    set: String,
+    ruleset: Arc<Ruleset>,
+    rules: usize,
+    headers: Vec<classbench::Header>,
+}
+
+fn cases() -> Option<Vec<Case>> {
     let Some(dir) = classbench::data_dir() else {
         eprintln!("SKIP classify bench: ../shared/data/classbench not found");
-        return;
+        return None;
     };
     let read = |p: &str| std::fs::read_to_string(dir.join(p)).expect("read classbench file");
+    let mut out = Vec::new();
+    let mut push = |set: &str, filters: &[classbench::Filter], headers: Vec<classbench::Header>| {
+        let rs = classbench::to_ruleset(set, filters).expect("translate");
+        out.push(Case {
+            set: set.to_string(),
+            ruleset: Arc::new(rs),
+            rules: filters.len(),
+            headers,
+        });
+    };
     let acl = classbench::parse_filters(&read("cutsplit/acl_1k")).expect("acl_1k");
     let acl_trace = classbench::parse_trace(&read("cutsplit/acl_1k_trace")).expect("acl trace");
+    for n in [10, 100, acl.len()] {
+        push("cs-acl", &acl[..n], acl_trace.clone());
+    }
     let fw = classbench::parse_filters(&read("cutsplit/fw_10k")).expect("fw_10k");
     let fw_trace = classbench::parse_trace(&read("cutsplit/fw_10k_trace")).expect("fw trace");
+    push("cs-fw", &fw, fw_trace[..fw_trace.len().min(2000)].to_vec());
+    for size in ["1k", "10k"] {
+        for set in ["acl1", "fw1", "ipc1"] {
+            let f = classbench::parse_filters(&read(&format!("neurocuts/{set}_{size}")))
+                .expect("neurocuts set");
+            let h = classbench::sample_headers(&f, 10_000, 7);
+            push(set, &f, h);
+        }
+    }
+    if std::env::var("VALLUM_BENCH_100K").as_deref() != Ok("0") {
+        for set in ["acl1", "fw1", "ipc1"] {
+            let path = dir.join(format!("generated/{set}_100k.gz"));
+            let Some(text) = classbench::read_gz(&path) else {
+                eprintln!("SKIP {set}_100k: cannot gunzip {}", path.display());
+                continue;
+            };
+            let f = classbench::parse_filters(&text).expect("generated set");
+            let h = classbench::sample_headers(&f, 10_000, 7);
+            push(set, &f, h);
+        }
+    }
+    Some(out)
+}
 
-    let cases: Vec<(&str, &[classbench::Filter], &[classbench::Header])> = vec![
-        ("acl1", &acl[..10], &acl_trace),
-        ("acl1", &acl[..100], &acl_trace),
-        ("acl1", &acl[..], &acl_trace),
-        ("fw1", &fw[..], &fw_trace[..fw_trace.len().min(2000)]),
-    ];
-    let mut group = c.benchmark_group("classify/linear");
-    for (set, filters, trace) in cases {
-        let rs = classbench::to_ruleset(set, filters).expect("translate");
-        let snap = Snapshot::compile(&[Arc::new(rs)], &NoSets, 1).expect("compile");
-        let packets: Vec<_> = trace.iter().map(classbench::to_packet).collect();
+fn bench(c: &mut Criterion) {
+    let Some(cases) = cases() else {
+        return;
+    };
+    eprintln!("set rules tables rule_bytes/rule index_bytes/rule");
+    for case in &cases {
+        let snap =
+            Snapshot::compile(std::slice::from_ref(&case.ruleset), &NoSets, 1).expect("compile");
+        let m = snap.memory_bytes();
+        eprintln!(
+            "{} {} {} {:.1} {:.1}",
+            case.set,
+            case.rules,
+            m.tables,
+            m.rules as f64 / case.rules as f64,
+            m.index as f64 / case.rules as f64
+        );
+    }
+
+    let mut group = c.benchmark_group("classify");
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    group.sample_size(10);
+    for case in &cases {
+        let packets: Vec<_> = case.headers.iter().map(classbench::to_packet).collect();
         group.throughput(Throughput::Elements(packets.len() as u64));
-        group.sample_size(if filters.len() > 5000 { 10 } else { 50 });
-        let mut logs = Vec::new();
-        group.bench_function(format!("{set}/{}", filters.len()), |b| {
-            b.iter(|| {
-                let mut accepted = 0u32;
-                for p in &packets {
-                    let mut p = *p;
-                    if snap.classify(0, &mut p, 0, &mut logs)
-                        == vallum_engine::compile::Verdict::Accept
-                    {
-                        accepted += 1;
+        for (name, classifier) in VARIANTS {
+            let snap =
+                Snapshot::compile_with(std::slice::from_ref(&case.ruleset), &NoSets, 1, classifier)
+                    .expect("compile");
+            let mut logs = Vec::new();
+            let id = BenchmarkId::new(name, format!("{}/{}", case.set, case.rules));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    let mut accepted = 0u32;
+                    for p in &packets {
+                        let mut p = *p;
+                        if snap.classify(0, &mut p, 0, &mut logs) == Verdict::Accept {
+                            accepted += 1;
+                        }
                     }
-                }
-                accepted
-            })
-        });
+                    accepted
+                })
+            });
+        }
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("build");
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    group.sample_size(10);
+    for case in cases.iter().filter(|c| c.rules >= 500) {
+        for (name, classifier) in VARIANTS {
+            let id = BenchmarkId::new(name, format!("{}/{}", case.set, case.rules));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    Snapshot::compile_with(
+                        std::slice::from_ref(&case.ruleset),
+                        &NoSets,
+                        1,
+                        classifier,
+                    )
+                    .expect("compile")
+                })
+            });
+        }
     }
     group.finish();
 }

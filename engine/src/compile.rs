@@ -39,6 +39,10 @@ use crate::model::{
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
 
+mod tuple_merge;
+
+use tuple_merge::ChainIndex;
+
 /// Commit-path maps hash with FxHash: keys are our own (names, content hashes), and SipHash's
 /// DoS resistance would cost ~15% of a 10k-rule compile.
 type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
@@ -47,6 +51,39 @@ type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
 /// Validation rejects rulesets that could go deeper; at run time a deeper call drops the
 /// packet, as x_tables does when its jump stack overflows.
 pub const MAX_CALL_DEPTH: usize = 64;
+
+/// How a snapshot finds the first matching rule of a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Classifier {
+    /// Check every rule in order: the reference evaluator.
+    Linear,
+    /// A TupleMerge index per chain (see [`tuple_merge`](self) module docs in
+    /// `compile/tuple_merge.rs`) for chains with at least `min_rules` rules; shorter chains
+    /// are walked linearly. Returns exactly what [`Classifier::Linear`] returns.
+    TupleMerge {
+        /// Chains with fewer rules are not indexed (a short scan beats hashing).
+        min_rules: u32,
+    },
+}
+
+impl Default for Classifier {
+    /// TupleMerge for chains of 16 rules or more.
+    fn default() -> Self {
+        Classifier::TupleMerge { min_rules: 16 }
+    }
+}
+
+/// Bytes a snapshot's rules and index take, as counted by [`Snapshot::memory_bytes`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Compiled rules: the rule structs and the arrays they own (matches, multiport lists);
+    /// shared objects such as sets are not counted.
+    pub rules: usize,
+    /// The classification index of every chain.
+    pub index: usize,
+    /// Hash tables over all chain indexes.
+    pub tables: usize,
+}
 
 /// The verdict of a hook for one packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,10 +192,46 @@ struct CChain {
     policy: Option<Policy>,
 }
 
+/// `-s` or `-d` as (address & mask, mask); an absent field has mask 0, which every address
+/// matches. Two `u64` halves rather than `u128`s keep `CRule` 8-byte aligned (a `u128` field
+/// pads it to 16 and costs 16 bytes a rule).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct AddrMatch {
+    net: [u64; 2],
+    mask: [u64; 2],
+}
+
+impl AddrMatch {
+    fn new(net: u128, mask: u128) -> AddrMatch {
+        let halves = |x: u128| [(x >> 64) as u64, x as u64];
+        AddrMatch {
+            net: halves(net),
+            mask: halves(mask),
+        }
+    }
+
+    #[inline]
+    fn net(&self) -> u128 {
+        (u128::from(self.net[0]) << 64) | u128::from(self.net[1])
+    }
+
+    #[inline]
+    fn mask(&self) -> u128 {
+        (u128::from(self.mask[0]) << 64) | u128::from(self.mask[1])
+    }
+
+    #[inline]
+    fn matches(&self, addr: u128) -> bool {
+        addr & self.mask() == self.net()
+    }
+}
+
 #[derive(Debug)]
 struct CRule {
-    src: Option<(bool, u128, u128)>,
-    dst: Option<(bool, u128, u128)>,
+    src: AddrMatch,
+    dst: AddrMatch,
+    src_negated: bool,
+    dst_negated: bool,
     in_iface: Option<(bool, IfacePattern)>,
     out_iface: Option<(bool, IfacePattern)>,
     protocol: Option<(bool, u8)>,
@@ -213,10 +286,8 @@ enum CMatch {
         negated: bool,
         bits: u8,
     },
-    Iprange {
-        src: Option<(bool, IpAddr, IpAddr)>,
-        dst: Option<(bool, IpAddr, IpAddr)>,
-    },
+    /// Boxed: two address ranges would double the size of every `CMatch`.
+    Iprange(Box<IprangeMatch>),
     Set {
         negated: bool,
         set: Arc<dyn IpSet>,
@@ -278,6 +349,12 @@ impl TokenBucket {
     }
 }
 
+#[derive(Debug)]
+struct IprangeMatch {
+    src: Option<(bool, IpAddr, IpAddr)>,
+    dst: Option<(bool, IpAddr, IpAddr)>,
+}
+
 #[derive(Debug, Clone)]
 enum CTarget {
     Continue,
@@ -287,7 +364,8 @@ enum CTarget {
     Return,
     Jump(u32),
     Goto(u32),
-    Log { prefix: Option<Arc<str>>, level: u8 },
+    /// `(prefix, level)`, boxed to keep the target (and so every rule) 8 bytes smaller.
+    Log(Box<(Option<Arc<str>>, u8)>),
     Notrack,
 }
 
@@ -374,6 +452,8 @@ pub struct Snapshot {
     /// Two cells (packets, bytes) per slot: carried-over values minus zeroing offsets
     /// (wrapping arithmetic).
     base: Box<[AtomicU64]>,
+    /// One entry per chain: its index, or `None` where the chain is walked linearly.
+    index: Box<[Option<ChainIndex>]>,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -401,8 +481,14 @@ fn addr_bits(ip: IpAddr) -> u128 {
     }
 }
 
-fn net_bits(n: &Neg<IpNet>) -> (bool, u128, u128) {
-    (n.negated, addr_bits(n.value.addr), addr_bits(n.value.mask))
+fn addr_match(n: &Option<Neg<IpNet>>) -> (AddrMatch, bool) {
+    match n {
+        None => (AddrMatch::default(), false),
+        Some(n) => (
+            AddrMatch::new(addr_bits(n.value.addr), addr_bits(n.value.mask)),
+            n.negated,
+        ),
+    }
 }
 
 /// A stable 64-bit hash of a rule's content, ignoring where it was written and the counters
@@ -435,11 +521,12 @@ impl Snapshot {
             identities: Box::new([]),
             cores: (0..cores.max(1)).map(|_| CoreCounters::new(0)).collect(),
             base: Box::new([]),
+            index: Box::new([]),
         }
     }
 
-    /// Compiles `rulesets` (already validated) for `cores` worker cores. Set names resolve
-    /// through `sets`.
+    /// Compiles `rulesets` (already validated) for `cores` worker cores with the default
+    /// [`Classifier`]. Set names resolve through `sets`.
     ///
     /// Errors: [`CompileError`] when a ruleset was not validated and refers to something that
     /// does not exist or cannot be enforced.
@@ -447,6 +534,17 @@ impl Snapshot {
         rulesets: &[Arc<Ruleset>],
         sets: &dyn SetRegistry,
         cores: usize,
+    ) -> Result<Snapshot, CompileError> {
+        Self::compile_with(rulesets, sets, cores, Classifier::default())
+    }
+
+    /// As [`Snapshot::compile`], with the given classifier ([`Classifier::Linear`] forces the
+    /// reference walk).
+    pub fn compile_with(
+        rulesets: &[Arc<Ruleset>],
+        sets: &dyn SetRegistry,
+        cores: usize,
+        classifier: Classifier,
     ) -> Result<Snapshot, CompileError> {
         let mut order: Vec<usize> = (0..rulesets.len()).collect();
         order.sort_by(|&a, &b| {
@@ -550,6 +648,23 @@ impl Snapshot {
             content: None,
         }));
         let slots = identities.len();
+        let index = chains
+            .iter()
+            .map(|c| match classifier {
+                Classifier::TupleMerge { min_rules } if c.n_rules >= min_rules.max(1) => {
+                    let first = c.first_rule as usize;
+                    let width = match c.family {
+                        Family::Ipv4 => 32,
+                        Family::Ipv6 => 128,
+                    };
+                    Some(ChainIndex::build(
+                        &rules[first..first + c.n_rules as usize],
+                        width,
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
         Ok(Snapshot {
             rulesets: sorted.into_boxed_slice(),
             names: names.into_boxed_slice(),
@@ -561,7 +676,40 @@ impl Snapshot {
                 .map(|_| CoreCounters::new(slots))
                 .collect(),
             base: (0..slots * 2).map(|_| AtomicU64::new(0)).collect(),
+            index,
         })
+    }
+
+    /// Bytes taken by the compiled rules and by the classification index.
+    pub fn memory_bytes(&self) -> MemoryUsage {
+        let rules = self
+            .rules
+            .iter()
+            .map(|r| {
+                size_of::<CRule>()
+                    + r.matches
+                        .iter()
+                        .map(|m| {
+                            size_of::<CMatch>()
+                                + match m {
+                                    CMatch::Multiport { ports, .. } => {
+                                        size_of_val::<[PortRange]>(ports)
+                                    }
+                                    CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
+                                    CMatch::Iprange(_) => size_of::<IprangeMatch>(),
+                                    _ => 0,
+                                }
+                        })
+                        .sum::<usize>()
+            })
+            .sum();
+        let indexes = self.index.iter().flatten();
+        MemoryUsage {
+            rules,
+            index: size_of_val::<[Option<ChainIndex>]>(&self.index)
+                + indexes.clone().map(ChainIndex::memory_bytes).sum::<usize>(),
+            tables: indexes.map(ChainIndex::tables).sum(),
+        }
     }
 
     /// The rulesets this snapshot was compiled from, in evaluation (priority) order.
@@ -722,10 +870,10 @@ fn compile_rule(
                 negated: s.negated,
                 bits: s.value,
             },
-            Match::Iprange(r) => CMatch::Iprange {
+            Match::Iprange(r) => CMatch::Iprange(Box::new(IprangeMatch {
                 src: r.src.map(|n| (n.negated, n.value.lo, n.value.hi)),
                 dst: r.dst.map(|n| (n.negated, n.value.lo, n.value.hi)),
-            },
+            })),
             Match::Set(s) => {
                 if let Some(o) = s.other.first() {
                     return Err(RuleError::Unsupported(format!("set {}", o.name)));
@@ -779,10 +927,10 @@ fn compile_rule(
         Target::Reject(w) => CTarget::Reject(*w),
         Target::Jump(c) => CTarget::Jump(resolve(c)?),
         Target::Goto(c) => CTarget::Goto(resolve(c)?),
-        Target::Log(l) => CTarget::Log {
-            prefix: l.prefix.as_deref().map(Arc::from),
-            level: l.level.unwrap_or(4),
-        },
+        Target::Log(l) => CTarget::Log(Box::new((
+            l.prefix.as_deref().map(Arc::from),
+            l.level.unwrap_or(4),
+        ))),
         Target::Notrack => CTarget::Notrack,
         Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
         Target::Ct(ct) => {
@@ -802,9 +950,13 @@ fn compile_rule(
                 .ok_or_else(|| RuleError::Unsupported(format!("interface {}", n.value.name))),
         }
     };
+    let (src, src_negated) = addr_match(&rule.src);
+    let (dst, dst_negated) = addr_match(&rule.dst);
     Ok(CRule {
-        src: rule.src.as_ref().map(net_bits),
-        dst: rule.dst.as_ref().map(net_bits),
+        src,
+        dst,
+        src_negated,
+        dst_negated,
         in_iface: iface(&rule.in_iface)?,
         out_iface: iface(&rule.out_iface)?,
         protocol: rule.protocol.map(|p| (p.negated, p.value)),
@@ -1003,15 +1155,10 @@ fn has_ports(proto: u8) -> bool {
 impl Snapshot {
     #[inline]
     fn header_matches(r: &CRule, p: &PacketMeta) -> bool {
-        if let Some((neg, net, mask)) = r.src {
-            if (addr_bits(p.src) & mask == net) == neg {
-                return false;
-            }
-        }
-        if let Some((neg, net, mask)) = r.dst {
-            if (addr_bits(p.dst) & mask == net) == neg {
-                return false;
-            }
+        if r.src.matches(addr_bits(p.src)) == r.src_negated
+            || r.dst.matches(addr_bits(p.dst)) == r.dst_negated
+        {
+            return false;
         }
         if let Some((neg, pat)) = &r.in_iface {
             if pat.matches(&p.in_iface) == *neg {
@@ -1034,6 +1181,13 @@ impl Snapshot {
             }
         }
         true
+    }
+
+    /// Whether `r` matches `p`: header fields, then every match in written order (a `-m limit`
+    /// is only asked when everything before it matched, as in the kernel).
+    #[inline]
+    fn rule_matches<O: Observer>(r: &CRule, p: &PacketMeta, now: u64, obs: &mut O) -> bool {
+        Self::header_matches(r, p) && r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
     }
 
     #[inline]
@@ -1085,7 +1239,8 @@ impl Snapshot {
                 hit != *negated
             }
             CMatch::CtState { negated, bits } => (p.ct_state & bits != 0) != *negated,
-            CMatch::Iprange { src, dst } => {
+            CMatch::Iprange(r) => {
+                let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
                     addr_bits(lo) <= addr_bits(ip) && addr_bits(ip) <= addr_bits(hi)
                 };
@@ -1130,14 +1285,21 @@ impl Snapshot {
                 (chain, next) = stack[depth];
                 continue;
             }
-            let slot = (c.first_rule + next) as usize;
-            let r = &self.rules[slot];
-            next += 1;
-            if !Self::header_matches(r, p)
-                || !r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
-            {
+            let first = c.first_rule as usize;
+            let rules = &self.rules[first..first + c.n_rules as usize];
+            let found = match &self.index.get(chain as usize) {
+                Some(Some(idx)) => self.indexed_next(idx, rules, next, p, now, obs),
+                _ => {
+                    (next..c.n_rules).find(|&i| Self::rule_matches(&rules[i as usize], p, now, obs))
+                }
+            };
+            let Some(at) = found else {
+                next = c.n_rules;
                 continue;
-            }
+            };
+            next = at + 1;
+            let slot = first + at as usize;
+            let r = &self.rules[slot];
             obs.rule(slot, c, r, p);
             match &r.target {
                 CTarget::Continue => {}
@@ -1176,7 +1338,7 @@ impl Snapshot {
                     chain = *t;
                     next = 0;
                 }
-                CTarget::Log { prefix, level } => obs.log(c, r, prefix, *level, p),
+                CTarget::Log(log) => obs.log(c, r, &log.0, log.1, p),
                 CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
             }
         }

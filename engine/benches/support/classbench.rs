@@ -180,9 +180,19 @@ pub fn to_rule(f: &Filter, target: Target) -> Result<Rule, String> {
 
 /// A ruleset with one filter/INPUT chain holding `filters` as ACCEPT rules, policy DROP.
 pub fn to_ruleset(name: &str, filters: &[Filter]) -> Result<Ruleset, String> {
+    to_ruleset_with(name, filters, |_| Target::Accept)
+}
+
+/// As [`to_ruleset`], with the target of rule `i` (0-based) given by `target(i)`.
+pub fn to_ruleset_with(
+    name: &str,
+    filters: &[Filter],
+    target: impl Fn(usize) -> Target,
+) -> Result<Ruleset, String> {
     let rules = filters
         .iter()
-        .map(|f| to_rule(f, Target::Accept))
+        .enumerate()
+        .map(|(i, f)| to_rule(f, target(i)))
         .collect::<Result<Vec<_>, _>>()?;
     let chain = |hook: Hook, rules: Vec<Rule>, policy| Chain {
         name: hook.chain_name().to_string(),
@@ -218,4 +228,49 @@ pub fn to_packet(h: &Header) -> PacketMeta {
         len: 64,
         ..PacketMeta::default()
     }
+}
+
+/// `n` headers sampled from the rules: each picks a random rule and a random point inside
+/// every field of it (a random protocol when the rule has none), so each header matches at
+/// least its rule. Deterministic for a given `seed` (splitmix64). For sets without a trace.
+pub fn sample_headers(filters: &[Filter], n: usize, seed: u64) -> Vec<Header> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let inside = |(addr, len): (u32, u8), r: u64| {
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+        (addr & mask) | (r as u32 & !mask)
+    };
+    let within = |(lo, hi): (u16, u16), r: u64| lo + (r % (u64::from(hi - lo) + 1)) as u16;
+    (0..n)
+        .map(|_| {
+            let f = &filters[(next() % filters.len() as u64) as usize];
+            Header {
+                src: inside(f.src, next()),
+                dst: inside(f.dst, next()),
+                sport: within(f.sport, next()),
+                dport: within(f.dport, next()),
+                proto: f.proto.unwrap_or([6, 17, 1][(next() % 3) as usize]),
+            }
+        })
+        .collect()
+}
+
+/// Reads a gzip-compressed set (the generated 100k sets) with the system's `gzip -dc`;
+/// `None` when gzip is missing or fails.
+pub fn read_gz(path: &Path) -> Option<String> {
+    let out = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8(out.stdout).ok())
+        .flatten()
 }

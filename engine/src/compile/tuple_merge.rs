@@ -1,0 +1,520 @@
+//! A per-chain packet classification index: TupleMerge over the rule header.
+//!
+//! ## The structure (tuple space search with merged tuples)
+//! Tuple space search (V. Srinivasan, S. Suri, G. Varghese, "Packet Classification using
+//! Tuple Space Search", SIGCOMM 1999) groups rules by their *tuple*, the prefix lengths of
+//! their fields, and keeps one hash table per tuple keyed by the rule's fields masked to those
+//! lengths: a packet masked the same way finds the rules of a tuple with one probe. TupleMerge
+//! (J. Daly, E. Torng, "TupleMerge: Building Online Packet Classifiers by Omitting Bits",
+//! ICCCN 2017; J. Daly et al., "TupleMerge: Fast Software Packet Processing for Online Packet
+//! Classification", IEEE/ACM Transactions on Networking 27(4), 2019) cuts the number of tables
+//! by letting a rule sit in any table whose tuple is *shorter or equal* in every field (the
+//! table ignores some of the rule's bits, the rule is re-checked in full), and bounds the cost
+//! of that with a collision limit per hash key. Tables are kept in order of their best
+//! (lowest-numbered) rule, so a lookup stops as soon as no remaining table can beat the match
+//! found so far (the "priority sorting" TupleMerge shares with PartitionSort).
+//!
+//! Here a tuple has five fields: source and destination prefix length (plain `-s`/`-d` with a
+//! contiguous mask), protocol (plain `-p`), and source and destination port when `-m tcp` or
+//! `-m udp` names a single plain port. As in TupleMerge, a new table does not take the rule's
+//! own tuple but a relaxed one (addresses shortened by 1..4 bits, the shorter address dropped
+//! when the two differ by more than 4 bits, the source port ignored), so later rules can share
+//! it; a rule goes into the first table (in priority order) whose tuple fits it and whose
+//! bucket for its key holds fewer than [`COLLIDE_LIMIT`] rules.
+//!
+//! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
+//! position and a 32-bit tag of its key hash, so most probes reject without reading a rule.
+//! The index is built once per commit with the snapshot; it has no in-place update (a
+//! snapshot is immutable), a commit rebuilds it with the rest of the snapshot.
+//!
+//! ## Exactness
+//! The index only proposes candidates; every candidate is checked with the evaluator's own
+//! match code ([`Snapshot::rule_matches`]), so negations, interfaces, sets, conntrack and every
+//! other match keep the linear walk's meaning. What the index guarantees is: *if a rule
+//! matches a packet, the packet's key in the rule's table equals the rule's key*, because the
+//! table only looks at fields the rule pins exactly. Rules with nothing to index (no plain
+//! prefix, protocol or single port) go into a `fallback` list that is always scanned.
+//!
+//! A query asks for the lowest-numbered matching rule at or after a start position, because a
+//! matching rule whose target does not decide (no target, LOG, NOTRACK, or the return point of
+//! a jump) continues the walk right after itself. Rules with a side effect on evaluation
+//! (`-m limit` takes a token) must be evaluated exactly when the linear walk would reach them:
+//! they sit in an `effects` list that is checked, in order, only below the best side-effect-free
+//! match, so a bucket is only ever taken from when every rule before it failed.
+
+use std::mem::size_of;
+
+use super::{AddrMatch, CMatch, CRule, Observer, Snapshot, addr_bits};
+use crate::packet::PacketMeta;
+
+/// The most rules one hash key of a table may hold before a rule looks for another table
+/// (TupleMerge's default `c = 10`).
+pub(super) const COLLIDE_LIMIT: u32 = 10;
+
+/// The fields a table looks at: prefix lengths and whether protocol and ports are pinned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tuple {
+    src: u8,
+    dst: u8,
+    proto: bool,
+    sport: bool,
+    dport: bool,
+}
+
+impl Tuple {
+    /// A table with tuple `self` may hold a rule with tuple `rule`.
+    fn fits(self, rule: Tuple) -> bool {
+        self.src <= rule.src
+            && self.dst <= rule.dst
+            && (!self.proto || rule.proto)
+            && (!self.sport || rule.sport)
+            && (!self.dport || rule.dport)
+    }
+
+    fn is_empty(self) -> bool {
+        self.src == 0 && self.dst == 0 && !self.proto && !self.sport && !self.dport
+    }
+
+    /// TupleMerge's relaxation for a new table: drop the shorter address when the lengths are
+    /// far apart, then shorten each address a little so neighbouring rules fit too. The
+    /// widths are scaled so IPv6 (128 bits) is relaxed like IPv4 (32 bits).
+    fn relaxed(self, width: u32) -> Tuple {
+        let mut t = self;
+        let scale = (width / 32) as u8;
+        let far = 4 * scale;
+        if t.dst > t.src + far {
+            t.src = 0;
+        } else if t.src > t.dst + far {
+            t.dst = 0;
+        }
+        let shorten = |len: u8| {
+            let l = len / scale;
+            let cut = match l {
+                32 => 4,
+                25..=31 => 3,
+                17..=24 => 2,
+                9..=16 => 1,
+                _ => 0,
+            };
+            len - cut * scale
+        };
+        t.src = shorten(t.src);
+        t.dst = shorten(t.dst);
+        // Exact source ports are rare in rule sets (they name client ports); a table that
+        // ignores them can take rules with and without one.
+        t.sport = false;
+        t
+    }
+}
+
+/// The masks of a tuple, applied to a packet's (or rule's) fields before hashing.
+#[derive(Clone, Copy, Debug)]
+struct Masks {
+    src: u128,
+    dst: u128,
+    /// Over `l4_word`: protocol << 32 | sport << 16 | dport.
+    l4: u64,
+}
+
+impl Masks {
+    fn of(t: Tuple, width: u32) -> Masks {
+        let mut l4 = 0u64;
+        if t.proto {
+            l4 |= 0xff << 32;
+        }
+        if t.sport {
+            l4 |= 0xffff << 16;
+        }
+        if t.dport {
+            l4 |= 0xffff;
+        }
+        Masks {
+            src: prefix_mask(width, t.src),
+            dst: prefix_mask(width, t.dst),
+            l4,
+        }
+    }
+
+    #[inline]
+    fn hash(&self, src: u128, dst: u128, l4: u64) -> u64 {
+        key_hash(src & self.src, dst & self.dst, l4 & self.l4)
+    }
+}
+
+/// The top `len` bits of a `width`-bit address, in the low bits of a `u128`.
+fn prefix_mask(width: u32, len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        (u128::MAX << (128 - u32::from(len))) >> (128 - width)
+    }
+}
+
+#[inline]
+fn l4_word(proto: u8, sport: u16, dport: u16) -> u64 {
+    (u64::from(proto) << 32) | (u64::from(sport) << 16) | u64::from(dport)
+}
+
+/// Folds the key into 64 bits (an IPv4 pair is packed without loss) and mixes it with one
+/// folded 64x64->128 multiply, as wyhash/ahash do. A collision only costs an extra check.
+#[inline]
+fn key_hash(src: u128, dst: u128, l4: u64) -> u64 {
+    const K1: u64 = 0x9e37_79b9_7f4a_7c15;
+    const K2: u64 = 0xc2b2_ae3d_27d4_eb4f;
+    let x = (src as u64)
+        ^ (dst as u64).rotate_left(32)
+        ^ ((src >> 64) as u64).rotate_left(17)
+        ^ ((dst >> 64) as u64).rotate_left(47);
+    let m = u128::from(x ^ K1) * u128::from(l4 ^ K2);
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
+/// The indexable part of one rule.
+#[derive(Clone, Copy, Debug)]
+struct RuleKey {
+    tuple: Tuple,
+    src: u128,
+    dst: u128,
+    l4: u64,
+}
+
+/// A plain prefix: `(len, bits)` when the field is not negated and its mask is contiguous
+/// within the family's width; `None` (not indexable) otherwise.
+fn plain_prefix(field: AddrMatch, negated: bool, width: u32) -> Option<(u8, u128)> {
+    let (net, mask) = (field.net(), field.mask());
+    let len = mask.count_ones();
+    (!negated && len <= width && mask == prefix_mask(width, len as u8))
+        .then_some((len as u8, net & mask))
+}
+
+fn rule_key(r: &CRule, width: u32) -> RuleKey {
+    let (src_len, src) = plain_prefix(r.src, r.src_negated, width).unwrap_or((0, 0));
+    let (dst_len, dst) = plain_prefix(r.dst, r.dst_negated, width).unwrap_or((0, 0));
+    let proto = match r.protocol {
+        Some((false, p)) => Some(p),
+        _ => None,
+    };
+    let (mut sport, mut dport) = (None, None);
+    for m in r.matches.iter() {
+        let (s, d) = match m {
+            CMatch::Tcp { sport, dport, .. } | CMatch::Udp { sport, dport } => (sport, dport),
+            _ => continue,
+        };
+        let single = |p: &Option<(bool, crate::model::PortRange)>| match p {
+            Some((false, r)) if r.lo == r.hi => Some(r.lo),
+            _ => None,
+        };
+        sport = sport.or(single(s));
+        dport = dport.or(single(d));
+    }
+    RuleKey {
+        tuple: Tuple {
+            src: src_len,
+            dst: dst_len,
+            proto: proto.is_some(),
+            sport: sport.is_some(),
+            dport: dport.is_some(),
+        },
+        src,
+        dst,
+        l4: l4_word(proto.unwrap_or(0), sport.unwrap_or(0), dport.unwrap_or(0)),
+    }
+}
+
+fn has_side_effects(r: &CRule) -> bool {
+    r.matches.iter().any(|m| matches!(m, CMatch::Limit(_)))
+}
+
+// === ChainIndex ===
+
+/// One hash table of a tuple: buckets in compressed form (`entries[starts[b]..starts[b+1]]`
+/// are bucket `b`'s rules, ascending by position). Each entry carries the high 32 bits of its
+/// key's hash as a tag, so a packet whose key differs is turned away without reading the rule.
+#[derive(Debug)]
+struct Table {
+    masks: Masks,
+    /// Lowest and highest rule position held.
+    min: u32,
+    max: u32,
+    bucket_mask: u64,
+    starts: Box<[u32]>,
+    entries: Box<[Entry]>,
+}
+
+/// A rule in a bucket: its position in the chain and the high half of its key hash.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    pos: u32,
+    tag: u32,
+}
+
+/// The index of one chain. Rule positions are 0-based within the chain.
+#[derive(Debug)]
+pub(super) struct ChainIndex {
+    /// In ascending order of `min`.
+    tables: Box<[Table]>,
+    /// Side-effect-free rules with nothing to index, ascending.
+    fallback: Box<[u32]>,
+    /// Rules whose matches have side effects (`-m limit`), ascending.
+    effects: Box<[u32]>,
+}
+
+/// A table under construction.
+struct TableBuilder {
+    tuple: Tuple,
+    masks: Masks,
+    /// Rules per key hash (the collision count of TupleMerge).
+    load: rustc_hash::FxHashMap<u64, u32>,
+    members: Vec<(u32, u64)>,
+}
+
+impl TableBuilder {
+    fn new(tuple: Tuple, width: u32) -> TableBuilder {
+        TableBuilder {
+            tuple,
+            masks: Masks::of(tuple, width),
+            load: Default::default(),
+            members: Vec::new(),
+        }
+    }
+
+    fn insert(&mut self, pos: u32, h: u64) {
+        *self.load.entry(h).or_insert(0) += 1;
+        self.members.push((pos, h));
+    }
+
+    fn finish(self) -> Table {
+        let n = self.members.len();
+        let buckets = (2 * n).next_power_of_two().max(1);
+        let bucket_mask = buckets as u64 - 1;
+        let mut starts = vec![0u32; buckets + 1];
+        for &(_, h) in &self.members {
+            starts[(h & bucket_mask) as usize + 1] += 1;
+        }
+        for b in 0..buckets {
+            starts[b + 1] += starts[b];
+        }
+        let mut fill: Vec<u32> = starts[..buckets].to_vec();
+        let mut entries = vec![Entry::default(); n];
+        // Members come in ascending position order, so every bucket ends up ascending.
+        for &(pos, h) in &self.members {
+            let b = (h & bucket_mask) as usize;
+            entries[fill[b] as usize] = Entry {
+                pos,
+                tag: (h >> 32) as u32,
+            };
+            fill[b] += 1;
+        }
+        Table {
+            masks: self.masks,
+            min: self.members.first().map_or(u32::MAX, |m| m.0),
+            max: self.members.last().map_or(0, |m| m.0),
+            bucket_mask,
+            starts: starts.into_boxed_slice(),
+            entries: entries.into_boxed_slice(),
+        }
+    }
+}
+
+impl ChainIndex {
+    /// Builds the index of a chain's rules (`width`: 32 for IPv4, 128 for IPv6).
+    pub(super) fn build(rules: &[CRule], width: u32) -> ChainIndex {
+        let mut tables: Vec<TableBuilder> = Vec::new();
+        let mut fallback = Vec::new();
+        let mut effects = Vec::new();
+        for (pos, r) in rules.iter().enumerate() {
+            let pos = pos as u32;
+            if has_side_effects(r) {
+                effects.push(pos);
+                continue;
+            }
+            let key = rule_key(r, width);
+            if key.tuple.is_empty() {
+                fallback.push(pos);
+                continue;
+            }
+            // The first fitting table (tables are in creation order, which is the order of
+            // their best rule) with room for this key.
+            let mut chosen = None;
+            for (ti, t) in tables.iter().enumerate() {
+                if t.tuple.fits(key.tuple) {
+                    let h = t.masks.hash(key.src, key.dst, key.l4);
+                    if t.load.get(&h).copied().unwrap_or(0) < COLLIDE_LIMIT {
+                        chosen = Some((ti, h));
+                        break;
+                    }
+                }
+            }
+            let (ti, h) = match chosen {
+                Some(c) => c,
+                None => {
+                    // A relaxed table that already exists fits and is full for this key; then
+                    // the rule's exact tuple is the best we can do (and may exceed the limit
+                    // when many rules pin the same values).
+                    let relaxed = key.tuple.relaxed(width);
+                    let tuple = if tables.iter().any(|t| t.tuple == relaxed) {
+                        key.tuple
+                    } else {
+                        relaxed
+                    };
+                    let ti = match tables.iter().position(|t| t.tuple == tuple) {
+                        Some(ti) => ti,
+                        None => {
+                            tables.push(TableBuilder::new(tuple, width));
+                            tables.len() - 1
+                        }
+                    };
+                    (ti, tables[ti].masks.hash(key.src, key.dst, key.l4))
+                }
+            };
+            tables[ti].insert(pos, h);
+        }
+        let mut tables: Vec<Table> = tables.into_iter().map(TableBuilder::finish).collect();
+        tables.sort_by_key(|t| t.min);
+        ChainIndex {
+            tables: tables.into_boxed_slice(),
+            fallback: fallback.into_boxed_slice(),
+            effects: effects.into_boxed_slice(),
+        }
+    }
+
+    /// Bytes held by the index (structs and arrays, not the rules it points at).
+    pub(super) fn memory_bytes(&self) -> usize {
+        size_of::<ChainIndex>()
+            + self
+                .tables
+                .iter()
+                .map(|t| {
+                    size_of::<Table>() + 4 * t.starts.len() + size_of_val::<[Entry]>(&t.entries)
+                })
+                .sum::<usize>()
+            + 4 * (self.fallback.len() + self.effects.len())
+    }
+
+    /// Number of hash tables.
+    pub(super) fn tables(&self) -> usize {
+        self.tables.len()
+    }
+}
+
+// === impl Snapshot: indexed lookup ===
+
+impl Snapshot {
+    /// The position (0-based in the chain) of the first rule at or after `start` that matches
+    /// `p`, exactly as the linear walk from `start` would find it, with the same `-m limit`
+    /// side effects.
+    #[inline]
+    pub(super) fn indexed_next<O: Observer>(
+        &self,
+        idx: &ChainIndex,
+        rules: &[CRule],
+        start: u32,
+        p: &PacketMeta,
+        now: u64,
+        obs: &mut O,
+    ) -> Option<u32> {
+        let src = addr_bits(p.src);
+        let dst = addr_bits(p.dst);
+        let l4 = l4_word(p.protocol, p.sport, p.dport);
+        let mut best = u32::MAX;
+        for t in idx.tables.iter() {
+            if t.min >= best {
+                break;
+            }
+            if t.max < start {
+                continue;
+            }
+            let h = t.masks.hash(src, dst, l4);
+            let b = (h & t.bucket_mask) as usize;
+            let tag = (h >> 32) as u32;
+            let (lo, hi) = (t.starts[b] as usize, t.starts[b + 1] as usize);
+            for &Entry { pos, tag: t_tag } in &t.entries[lo..hi] {
+                if pos >= best {
+                    break;
+                }
+                if t_tag == tag
+                    && pos >= start
+                    && Self::rule_matches(&rules[pos as usize], p, now, obs)
+                {
+                    best = pos;
+                    break;
+                }
+            }
+        }
+        let from = idx.fallback.partition_point(|&r| r < start);
+        for &pos in &idx.fallback[from..] {
+            if pos >= best {
+                break;
+            }
+            if Self::rule_matches(&rules[pos as usize], p, now, obs) {
+                best = pos;
+                break;
+            }
+        }
+        // Every side-effect-free rule in [start, best) failed, so the linear walk would
+        // evaluate exactly these, in this order, before reaching `best`.
+        let from = idx.effects.partition_point(|&r| r < start);
+        for &pos in &idx.effects[from..] {
+            if pos >= best {
+                break;
+            }
+            if Self::rule_matches(&rules[pos as usize], p, now, obs) {
+                return Some(pos);
+            }
+        }
+        (best != u32::MAX).then_some(best)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_masks_cover_the_family_width() {
+        assert_eq!(prefix_mask(32, 0), 0);
+        assert_eq!(prefix_mask(32, 8), 0xff00_0000);
+        assert_eq!(prefix_mask(32, 32), 0xffff_ffff);
+        assert_eq!(prefix_mask(128, 128), u128::MAX);
+        assert_eq!(prefix_mask(128, 1), 1 << 127);
+    }
+
+    #[test]
+    fn non_contiguous_and_negated_prefixes_are_not_indexed() {
+        assert_eq!(
+            plain_prefix(AddrMatch::new(0x0a00_0000, 0xff00_0000), false, 32),
+            Some((8, 0x0a00_0000))
+        );
+        assert_eq!(
+            plain_prefix(AddrMatch::new(0x0a00_0000, 0xff00_ff00), false, 32),
+            None
+        );
+        assert_eq!(
+            plain_prefix(AddrMatch::new(0x0a00_0000, 0xff00_0000), true, 32),
+            None
+        );
+        assert_eq!(plain_prefix(AddrMatch::default(), false, 32), Some((0, 0)));
+    }
+
+    #[test]
+    fn relaxation_follows_tuplemerge() {
+        let t = Tuple {
+            src: 32,
+            dst: 24,
+            proto: true,
+            sport: false,
+            dport: true,
+        };
+        let r = t.relaxed(32);
+        // 32 vs 24 differ by more than 4: the shorter (dst) is dropped, src 32 -> 28.
+        assert_eq!((r.src, r.dst), (28, 0));
+        assert!(r.fits(t));
+        let t6 = Tuple {
+            src: 64,
+            dst: 64,
+            ..t
+        };
+        let r6 = t6.relaxed(128);
+        assert_eq!((r6.src, r6.dst), (60, 60));
+    }
+}

@@ -1,0 +1,205 @@
+//! The TupleMerge classifier against the linear walk (the reference), on ClassBench sets.
+//!
+//! Every rule set is translated with mixed targets (ACCEPT, DROP and rules without a target,
+//! which match and continue), so the index is asked for "the next match after rule k" as
+//! often as for the first match. For each header the two snapshots must give the same
+//! [`Trace`](vallum_engine::compile::Trace): verdict and every matched rule in order.
+//! Headers: the CutSplit traces where they exist, and random headers drawn near rule
+//! boundaries (prefix edges and port range endpoints, each +-1) for every set.
+//!
+//! `cargo test -p vallum-engine --test classify_diff` runs the default sizes; the
+//! `#[ignore]`d test draws 1M boundary headers per 1k set (run it with `--release -- --ignored`).
+//! Skips with a printed reason when ../shared/data/classbench is absent.
+
+use std::sync::Arc;
+
+use vallum_engine::compile::{Classifier, Snapshot};
+use vallum_engine::model::Target;
+use vallum_engine::sets::NoSets;
+
+#[path = "../benches/support/classbench.rs"]
+mod classbench;
+
+use classbench::{Filter, Header};
+
+/// splitmix64: a small deterministic generator, enough to spread headers.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// An address at or next to the edges of a prefix, or inside it.
+fn near_prefix(rng: &mut Rng, (addr, len): (u32, u8)) -> u32 {
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    let lo = addr & mask;
+    let hi = lo | !mask;
+    match rng.below(6) {
+        0 => lo,
+        1 => hi,
+        2 => lo.wrapping_sub(1),
+        3 => hi.wrapping_add(1),
+        _ => lo | (rng.next() as u32 & !mask),
+    }
+}
+
+fn near_range(rng: &mut Rng, (lo, hi): (u16, u16)) -> u16 {
+    match rng.below(6) {
+        0 => lo,
+        1 => hi,
+        2 => lo.wrapping_sub(1),
+        3 => hi.wrapping_add(1),
+        _ => lo + (rng.next() % (u64::from(hi - lo) + 1)) as u16,
+    }
+}
+
+/// A header whose fields sit near the boundaries of (usually) one random rule; each field
+/// comes from another rule one time in four, so headers also fall between rules.
+fn boundary_header(rng: &mut Rng, filters: &[Filter]) -> Header {
+    let base = rng.below(filters.len());
+    let pick = |rng: &mut Rng| {
+        if rng.below(4) == 0 {
+            filters[rng.below(filters.len())]
+        } else {
+            filters[base]
+        }
+    };
+    let (s, d, sp, dp, pr) = (pick(rng), pick(rng), pick(rng), pick(rng), pick(rng));
+    Header {
+        src: near_prefix(rng, s.src),
+        dst: near_prefix(rng, d.dst),
+        sport: near_range(rng, sp.sport),
+        dport: near_range(rng, dp.dport),
+        proto: match (rng.below(5), pr.proto) {
+            (0, _) => [1, 6, 17, 47][rng.below(4)],
+            (_, Some(p)) => p,
+            (_, None) => [1, 6, 17][rng.below(3)],
+        },
+    }
+}
+
+/// Mixed targets: every 7th rule has no target (matches and continues), every 5th drops.
+fn target(i: usize) -> Target {
+    if i % 7 == 3 {
+        Target::None
+    } else if i % 5 == 1 {
+        Target::Drop
+    } else {
+        Target::Accept
+    }
+}
+
+fn snapshots(name: &str, filters: &[Filter]) -> (Snapshot, Snapshot) {
+    let rs = Arc::new(classbench::to_ruleset_with(name, filters, target).expect("translate"));
+    let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
+        .expect("compile linear");
+    let indexed =
+        Snapshot::compile_with(&[rs], &NoSets, 1, Classifier::TupleMerge { min_rules: 0 })
+            .expect("compile indexed");
+    (linear, indexed)
+}
+
+/// Compares both snapshots on `headers`; panics with the first difference.
+fn compare(
+    name: &str,
+    linear: &Snapshot,
+    indexed: &Snapshot,
+    headers: impl Iterator<Item = Header>,
+) {
+    let mut n = 0usize;
+    for h in headers {
+        let p = classbench::to_packet(&h);
+        let want = linear.trace(&p, 0);
+        let got = indexed.trace(&p, 0);
+        assert_eq!(got, want, "{name}: header {h:?} (#{n})");
+        n += 1;
+    }
+    assert!(n > 0, "{name}: no headers");
+}
+
+/// Reads a set (and its trace, if given) or prints why it is skipped.
+fn load(set: &str, trace: Option<&str>) -> Option<(Vec<Filter>, Vec<Header>)> {
+    let Some(dir) = classbench::data_dir() else {
+        eprintln!("SKIP {set}: ../shared/data/classbench not found");
+        return None;
+    };
+    let read = |p: &str| std::fs::read_to_string(dir.join(p)).expect("read classbench file");
+    let filters = classbench::parse_filters(&read(set)).expect("parse filters");
+    let headers = trace.map_or_else(Vec::new, |t| {
+        classbench::parse_trace(&read(t)).expect("parse trace")
+    });
+    Some((filters, headers))
+}
+
+fn check_set(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) {
+    let Some((filters, headers)) = load(set, trace) else {
+        return;
+    };
+    let (linear, indexed) = snapshots(set, &filters);
+    if !headers.is_empty() {
+        compare(
+            set,
+            &linear,
+            &indexed,
+            headers.iter().take(trace_limit).copied(),
+        );
+    }
+    let mut rng = Rng(0x5eed ^ filters.len() as u64);
+    compare(
+        set,
+        &linear,
+        &indexed,
+        (0..random).map(|_| boundary_header(&mut rng, &filters)),
+    );
+}
+
+#[test]
+fn cutsplit_1k_sets_with_traces() {
+    for set in ["acl", "fw", "ipc"] {
+        let path = format!("cutsplit/{set}_1k");
+        check_set(&path, Some(&format!("{path}_trace")), usize::MAX, 20_000);
+    }
+}
+
+#[test]
+fn cutsplit_fw_10k_with_trace() {
+    check_set(
+        "cutsplit/fw_10k",
+        Some("cutsplit/fw_10k_trace"),
+        5_000,
+        5_000,
+    );
+}
+
+#[test]
+fn neurocuts_1k_sets_near_boundaries() {
+    for set in ["acl1", "fw1", "ipc1"] {
+        check_set(&format!("neurocuts/{set}_1k"), None, 0, 100_000);
+    }
+}
+
+#[test]
+fn neurocuts_10k_sets_near_boundaries() {
+    for set in ["acl1", "fw1", "ipc1"] {
+        check_set(&format!("neurocuts/{set}_10k"), None, 0, 5_000);
+    }
+}
+
+#[test]
+#[ignore = "1M headers per set: run with --release -- --ignored"]
+fn million_boundary_headers() {
+    for set in ["acl1", "fw1", "ipc1"] {
+        check_set(&format!("neurocuts/{set}_1k"), None, 0, 1_000_000);
+        check_set(&format!("neurocuts/{set}_10k"), None, 0, 1_000_000);
+    }
+}
