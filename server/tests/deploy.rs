@@ -1418,7 +1418,7 @@ fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    if !head.starts_with("HTTP/1.") || !head.split(' ').nth(1).is_some_and(|c| c == "200") {
+    if !head.starts_with("HTTP/1.") || head.split(' ').nth(1) != Some("200") {
         return Err(std::io::Error::other(format!("GET {path}: {head}")));
     }
     Ok(body.to_owned())
