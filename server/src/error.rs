@@ -235,6 +235,15 @@ pub enum Error {
     /// A configured limit refused the request (rules per ruleset, rulesets).
     #[error(transparent)]
     Limit(#[from] crate::limits::LimitError),
+    /// vallumd cannot start: a token file, certificate, metrics exporter or listener is
+    /// wrong. Never sent to a client.
+    #[error("{message} ({code})")]
+    Startup {
+        /// The UPPER_SNAKE code of the cause, e.g. `TOKEN_FILE_INVALID`, `METRICS_BIND`.
+        code: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// Anything else (a bug, or startup I/O).
     #[error("internal: {0}")]
     Internal(String),
@@ -270,7 +279,7 @@ impl Error {
             Error::Commit(_) => Reason::CommitFailed,
             Error::Store(_) | Error::Migrate(_) => Reason::Store,
             Error::Limit(l) => l.reason(),
-            Error::Internal(_) => Reason::Internal,
+            Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
         }
     }
 }
@@ -309,12 +318,31 @@ impl From<Error> for tonic::Status {
             | Error::Commit(_)
             | Error::Store(_)
             | Error::Migrate(_)
+            | Error::Startup { .. }
             | Error::Internal(_) => {}
         }
         details.set_error_info(info.name, ERROR_DOMAIN, metadata);
         tonic::Status::with_error_details(info.code, message, details)
     }
 }
+
+macro_rules! startup_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Error {
+                Error::Startup {
+                    code: e.reason(),
+                    message: e.to_string(),
+                }
+            }
+        }
+    )*};
+}
+startup_error!(
+    crate::auth::AuthError,
+    crate::tls::TlsError,
+    crate::metrics::MetricsError
+);
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

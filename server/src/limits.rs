@@ -45,12 +45,13 @@ pub struct LimitsConfig {
     #[arg(long, env = "VALLUM_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
     /// Most rules in one ruleset (all tables and families together).
-    #[arg(long, env = "VALLUM_MAX_RULES", default_value_t = DEFAULT_MAX_RULES)]
+    #[arg(long = "max-rules", env = "VALLUM_MAX_RULES", default_value_t = DEFAULT_MAX_RULES)]
     pub max_rules_per_ruleset: usize,
     /// Most rulesets stored.
     #[arg(long, env = "VALLUM_MAX_RULESETS", default_value_t = DEFAULT_MAX_RULESETS)]
     pub max_rulesets: usize,
-    /// Revisions kept per ruleset; older ones (never the active one) are deleted.
+    /// Revisions kept per ruleset; older ones (never the active one, nor one waiting for or
+    /// restored by a commit-confirmed) are deleted when a revision is added. 0 keeps all.
     #[arg(long, env = "VALLUM_MAX_REVISIONS_KEPT", default_value_t = DEFAULT_MAX_REVISIONS_KEPT)]
     pub max_revisions_kept: usize,
 }
