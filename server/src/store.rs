@@ -1010,6 +1010,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn prunes_old_revisions_but_never_active_pending_or_restore_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_revisions_kept(2);
+        let text = "*filter\nCOMMIT\n";
+        let numbers = |store: Store| async move {
+            let mut out = Vec::new();
+            for n in 1..=6 {
+                if store.get_revision("a", n).await.unwrap().is_some() {
+                    out.push(n);
+                }
+            }
+            out
+        };
+        store
+            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", text))))
+            .await
+            .unwrap();
+        // Revision 2 waits for confirmation; 1 is what a timeout would restore.
+        store
+            .persist_commit(&PersistCommit {
+                state: RevisionState::PendingConfirm,
+                confirm_deadline: Some(i64::MAX),
+                ..commit("a", CommitTarget::New(new_rev("a", text)))
+            })
+            .await
+            .unwrap();
+        store.stage(&new_rev("a", text), None).await.unwrap();
+        assert_eq!(numbers(store.clone()).await, vec![1, 2, 3]);
+        store.stage(&new_rev("a", text), None).await.unwrap();
+        assert_eq!(numbers(store.clone()).await, vec![1, 2, 4]);
+        // A plain commit settles the pending one: only it and the replaced active one stay.
+        store
+            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", text))))
+            .await
+            .unwrap();
+        assert_eq!(numbers(store.clone()).await, vec![2, 5]);
+    }
+
+    #[tokio::test]
     async fn stage_commit_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/v.db");
