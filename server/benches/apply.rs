@@ -64,6 +64,8 @@ fn bench(c: &mut Criterion) {
         db.display().to_string(),
         "--cores".into(),
         "2".into(),
+        "--metrics-listen".into(),
+        "127.0.0.1:0".into(),
     ])
     .expect("config");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

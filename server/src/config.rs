@@ -11,6 +11,11 @@ use std::time::Duration;
 use clap::Parser;
 use vallum_engine::dataplane::BarrierStrategy;
 
+use crate::auth::AuthConfig;
+use crate::limits::LimitsConfig;
+use crate::metrics::MetricsConfig;
+use crate::tls::ServerTlsArgs;
+
 /// The barrier strategy of the packet path (see the engine's `dataplane` module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Barrier {
@@ -115,9 +120,23 @@ pub struct Config {
     #[arg(long, env = "VALLUM_EXAMPLE")]
     pub example: bool,
 
-    /// Prometheus /metrics listen address (served by the metrics module).
-    #[arg(long, env = "VALLUM_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
-    pub metrics_listen: SocketAddr,
+    /// Metrics: `--metrics-listen` (port 0 picks a free port, printed as `metrics on ADDR`),
+    /// `--metrics-rule-counters`, `--otlp-endpoint`.
+    #[command(flatten)]
+    pub metrics: MetricsConfig,
+
+    /// Bearer tokens: `--token-file`, `--admin-token-file`, `--reader-token-file`,
+    /// `--insecure-no-auth`.
+    #[command(flatten)]
+    pub auth: AuthConfig,
+
+    /// TLS / mTLS: `--tls-cert`, `--tls-key`, `--tls-client-ca`.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+
+    /// Limits: `--max-request-bytes`, `--max-rules`, `--max-rulesets`, `--max-revisions-kept`.
+    #[command(flatten)]
+    pub limits: LimitsConfig,
 
     /// How often pending commit-confirmed deadlines are checked, in seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
@@ -177,5 +196,45 @@ mod tests {
         assert!(Config::from_args(["vallumd", "--source", "bogus"]).is_err());
         let c = Config::from_args(["vallumd", "--exit-after", "1.5"]).unwrap();
         assert_eq!(c.exit_after, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn ops_flags() {
+        let c = Config::from_args(["vallumd"]).unwrap();
+        assert_eq!(c.metrics.metrics_listen.to_string(), "127.0.0.1:9464");
+        assert!(c.auth.token_file.is_none() && c.tls.tls_cert.is_none());
+        assert_eq!(c.limits.max_rules_per_ruleset, 100_000);
+        let c = Config::from_args([
+            "vallumd",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--token-file",
+            "/t",
+            "--tls-cert",
+            "/c",
+            "--tls-key",
+            "/k",
+            "--max-rules",
+            "5",
+            "--max-rulesets",
+            "6",
+            "--max-revisions-kept",
+            "7",
+            "--max-request-bytes",
+            "8",
+        ])
+        .unwrap();
+        assert_eq!(c.metrics.metrics_listen.port(), 0);
+        assert_eq!(c.auth.token_file, Some(PathBuf::from("/t")));
+        assert_eq!(c.tls.tls_key, Some(PathBuf::from("/k")));
+        assert_eq!(
+            (
+                c.limits.max_rules_per_ruleset,
+                c.limits.max_rulesets,
+                c.limits.max_revisions_kept,
+                c.limits.max_request_bytes
+            ),
+            (5, 6, 7, 8)
+        );
     }
 }

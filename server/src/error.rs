@@ -1,7 +1,19 @@
 //! The service's one error type and its one table of codes.
 //!
 //! [`Reason`] is the table: each row gives the UPPER_SNAKE `ErrorInfo.reason`, the gRPC code
-//! and the exit code `vallumctl` uses. [`Error`]'s `Display` is the human message;
+//! and the exit code `vallumctl` uses. It holds the reasons of the services and pipeline and
+//! those of the tower layers in front of them ([`crate::auth`]: `TOKEN_*`, `ADMIN_REQUIRED`;
+//! [`crate::limits`]: `REQUEST_TOO_LARGE`, `TOO_MANY_*`), so `vallumctl` maps every reason it
+//! can receive through this one table.
+//!
+//! Exit codes of `vallumctl` are classes, not one number per reason:
+//!
+//! | exit | meaning |
+//! |---|---|
+//! | [`EXIT_OK`] 0 | success |
+//! | [`EXIT_REJECTED`] 1 | the server (or a local check) refused the input or the call |
+//! | [`EXIT_USAGE`] 2 | usage (clap's own code for bad flags) |
+//! | [`EXIT_UNAVAILABLE`] 3 | the server is unreachable, loading or stopping | [`Error`]'s `Display` is the human message;
 //! `From<Error> for tonic::Status` is the only place errors become gRPC statuses, with
 //! `BadRequest` field violations, `PreconditionFailure` and `ErrorInfo` details
 //! (domain [`ERROR_DOMAIN`]).
@@ -10,6 +22,15 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 /// `ErrorInfo.domain` of every error.
 pub const ERROR_DOMAIN: &str = "vallum.dev";
+
+/// `vallumctl` exit code: success.
+pub const EXIT_OK: u8 = 0;
+/// `vallumctl` exit code: the input or call was rejected.
+pub const EXIT_REJECTED: u8 = 1;
+/// `vallumctl` exit code: usage error (clap).
+pub const EXIT_USAGE: u8 = 2;
+/// `vallumctl` exit code: the server could not be reached, is not ready or is stopping.
+pub const EXIT_UNAVAILABLE: u8 = 3;
 
 /// The table of error codes: one row per reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,6 +60,20 @@ pub enum Reason {
     Store,
     /// A bug or an unexpected condition.
     Internal,
+    /// No bearer token in the request (auth layer).
+    TokenMissing,
+    /// The bearer token is not configured (auth layer).
+    TokenInvalid,
+    /// A read-only token called a method that needs an admin token (auth layer).
+    AdminRequired,
+    /// The request message is larger than `--max-request-bytes` (limits layer).
+    RequestTooLarge,
+    /// The ruleset has more rules than `--max-rules`.
+    TooManyRules,
+    /// Creating the ruleset would exceed `--max-rulesets`.
+    TooManyRulesets,
+    /// The server is stopping.
+    ShuttingDown,
 }
 
 /// One row of the table.
@@ -54,7 +89,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 19] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -67,24 +102,44 @@ impl Reason {
         Reason::CommitFailed,
         Reason::Store,
         Reason::Internal,
+        Reason::TokenMissing,
+        Reason::TokenInvalid,
+        Reason::AdminRequired,
+        Reason::RequestTooLarge,
+        Reason::TooManyRules,
+        Reason::TooManyRulesets,
+        Reason::ShuttingDown,
     ];
 
     /// This reason's row of the table.
     pub const fn info(self) -> ReasonInfo {
         use tonic::Code;
+        const REJECTED: u8 = EXIT_REJECTED;
+        const UNAVAILABLE: u8 = EXIT_UNAVAILABLE;
         let (name, code, exit_code) = match self {
-            Reason::InvalidArgument => ("INVALID_ARGUMENT", Code::InvalidArgument, 2),
-            Reason::InvalidRuleset => ("INVALID_RULESET", Code::InvalidArgument, 3),
-            Reason::UnsupportedExtension => ("UNSUPPORTED_EXTENSION", Code::InvalidArgument, 4),
-            Reason::NoflushUnsupported => ("NOFLUSH_UNSUPPORTED", Code::InvalidArgument, 5),
-            Reason::BadCapture => ("BAD_CAPTURE", Code::InvalidArgument, 6),
-            Reason::NotFound => ("NOT_FOUND", Code::NotFound, 7),
-            Reason::EtagMismatch => ("ETAG_MISMATCH", Code::FailedPrecondition, 8),
-            Reason::FailedPrecondition => ("FAILED_PRECONDITION", Code::FailedPrecondition, 9),
-            Reason::NotReady => ("NOT_READY", Code::Unavailable, 10),
-            Reason::CommitFailed => ("COMMIT_FAILED", Code::Internal, 11),
-            Reason::Store => ("STORE_ERROR", Code::Internal, 12),
-            Reason::Internal => ("INTERNAL", Code::Internal, 13),
+            Reason::InvalidArgument => ("INVALID_ARGUMENT", Code::InvalidArgument, REJECTED),
+            Reason::InvalidRuleset => ("INVALID_RULESET", Code::InvalidArgument, REJECTED),
+            Reason::UnsupportedExtension => {
+                ("UNSUPPORTED_EXTENSION", Code::InvalidArgument, REJECTED)
+            }
+            Reason::NoflushUnsupported => ("NOFLUSH_UNSUPPORTED", Code::InvalidArgument, REJECTED),
+            Reason::BadCapture => ("BAD_CAPTURE", Code::InvalidArgument, REJECTED),
+            Reason::NotFound => ("NOT_FOUND", Code::NotFound, REJECTED),
+            Reason::EtagMismatch => ("ETAG_MISMATCH", Code::FailedPrecondition, REJECTED),
+            Reason::FailedPrecondition => {
+                ("FAILED_PRECONDITION", Code::FailedPrecondition, REJECTED)
+            }
+            Reason::NotReady => ("NOT_READY", Code::Unavailable, UNAVAILABLE),
+            Reason::CommitFailed => ("COMMIT_FAILED", Code::Internal, REJECTED),
+            Reason::Store => ("STORE_ERROR", Code::Internal, REJECTED),
+            Reason::Internal => ("INTERNAL", Code::Internal, REJECTED),
+            Reason::TokenMissing => ("TOKEN_MISSING", Code::Unauthenticated, REJECTED),
+            Reason::TokenInvalid => ("TOKEN_INVALID", Code::Unauthenticated, REJECTED),
+            Reason::AdminRequired => ("ADMIN_REQUIRED", Code::PermissionDenied, REJECTED),
+            Reason::RequestTooLarge => ("REQUEST_TOO_LARGE", Code::ResourceExhausted, REJECTED),
+            Reason::TooManyRules => ("TOO_MANY_RULES", Code::InvalidArgument, REJECTED),
+            Reason::TooManyRulesets => ("TOO_MANY_RULESETS", Code::ResourceExhausted, REJECTED),
+            Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
         };
         ReasonInfo {
             name,
@@ -177,6 +232,18 @@ pub enum Error {
     /// A migration failed at start.
     #[error("store migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A configured limit refused the request (rules per ruleset, rulesets).
+    #[error(transparent)]
+    Limit(#[from] crate::limits::LimitError),
+    /// vallumd cannot start: a token file, certificate, metrics exporter or listener is
+    /// wrong. Never sent to a client.
+    #[error("{message} ({code})")]
+    Startup {
+        /// The UPPER_SNAKE code of the cause, e.g. `TOKEN_FILE_INVALID`, `METRICS_BIND`.
+        code: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// Anything else (a bug, or startup I/O).
     #[error("internal: {0}")]
     Internal(String),
@@ -211,7 +278,8 @@ impl Error {
             Error::NotReady => Reason::NotReady,
             Error::Commit(_) => Reason::CommitFailed,
             Error::Store(_) | Error::Migrate(_) => Reason::Store,
-            Error::Internal(_) => Reason::Internal,
+            Error::Limit(l) => l.reason(),
+            Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
         }
     }
 }
@@ -222,6 +290,7 @@ impl From<Error> for tonic::Status {
         let info = reason.info();
         let message = e.to_string();
         let mut details = ErrorDetails::new();
+        let mut metadata = std::collections::HashMap::new();
         match &e {
             Error::BadRequest { violations, .. } => {
                 for v in violations {
@@ -238,17 +307,42 @@ impl From<Error> for tonic::Status {
             } => {
                 details.add_precondition_failure_violation(*kind, subject.clone(), message.clone());
             }
+            Error::Limit(l) => {
+                metadata = l.metadata();
+                if let crate::limits::LimitError::TooManyRules { .. } = l {
+                    details.add_bad_request_violation("source", message.clone());
+                }
+            }
             Error::NotFound { .. }
             | Error::NotReady
             | Error::Commit(_)
             | Error::Store(_)
             | Error::Migrate(_)
+            | Error::Startup { .. }
             | Error::Internal(_) => {}
         }
-        details.set_error_info(info.name, ERROR_DOMAIN, std::collections::HashMap::new());
+        details.set_error_info(info.name, ERROR_DOMAIN, metadata);
         tonic::Status::with_error_details(info.code, message, details)
     }
 }
+
+macro_rules! startup_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Error {
+                Error::Startup {
+                    code: e.reason(),
+                    message: e.to_string(),
+                }
+            }
+        }
+    )*};
+}
+startup_error!(
+    crate::auth::AuthError,
+    crate::tls::TlsError,
+    crate::metrics::MetricsError
+);
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -260,11 +354,22 @@ mod tests {
     #[test]
     fn table_is_unique_and_round_trips() {
         let mut names = std::collections::HashSet::new();
-        let mut exits = std::collections::HashSet::new();
         for r in Reason::ALL {
-            assert!(names.insert(r.info().name));
-            assert!(exits.insert(r.info().exit_code));
-            assert_eq!(Reason::from_name(r.info().name), Some(r));
+            let info = r.info();
+            assert!(names.insert(info.name));
+            assert_eq!(Reason::from_name(info.name), Some(r));
+            // UNAVAILABLE rows, and only those, tell vallumctl to exit 3.
+            let unavailable = info.code == tonic::Code::Unavailable;
+            assert_eq!(
+                info.exit_code,
+                if unavailable {
+                    EXIT_UNAVAILABLE
+                } else {
+                    EXIT_REJECTED
+                },
+                "{}",
+                info.name
+            );
         }
     }
 

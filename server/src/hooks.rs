@@ -1,19 +1,27 @@
-//! Seams for the ops side: metrics, authentication and limits plug in here without touching
-//! the services or the pipeline.
+//! Seams between the server core and its operational plumbing: metrics, authentication and
+//! limits plug in here without touching the services or the pipeline.
 //!
-//! - [`Observer`]: called by the pipeline after every commit outcome and once at start with
-//!   the engine (for sampled gauges such as per-core generations). The default does nothing.
-//! - [`rpc_layer`]: the tower layer wrapped around every gRPC service (auth, limits,
-//!   `rpc.server.duration`). Replace the body and [`RpcLayer`] with a `ServiceBuilder` stack.
-//! - [`caller`]: who made a request, for the audit table (from the auth layer's extensions
-//!   once tokens exist).
+//! - [`Observer`]: called by the pipeline after every commit outcome, whenever a ruleset's
+//!   active revision changes, and once at start with the engine. [`MetricsObserver`] feeds
+//!   [`crate::metrics`] from it; [`Hooks::with_observer`] adds observers.
+//! - [`rpc_layer`]: the tower layers wrapped around every gRPC service, outermost first:
+//!   `rpc.server.duration` ([`crate::metrics::GrpcMetricsLayer`], so refused calls are
+//!   measured too), the request-size answer ([`RequestLimitLayer`]) and bearer-token auth
+//!   ([`AuthLayer`]).
+//! - [`caller`]: who made a request, for the audit table (the auth layer's [`Caller`]).
+//! - [`Hooks::limits`]: the limits the pipeline enforces (rules per ruleset, rulesets).
 
 use std::sync::Arc;
 
+use tower::ServiceBuilder;
+use tower::layer::util::{Identity, Stack};
 use vallum_engine::engine::Engine;
 
+use crate::auth::{AuthLayer, Caller, TokenSet};
 use crate::config::Config;
-use crate::store::Phases;
+use crate::limits::{LimitsConfig, RequestLimitLayer};
+use crate::metrics::{CommitOutcome, CommitPhases, GrpcMetricsLayer, Metrics};
+use crate::store::{Outcome, Phases};
 
 /// What the pipeline reports after each commit.
 #[derive(Clone, Debug)]
@@ -22,8 +30,8 @@ pub struct CommitRecord {
     pub ruleset: String,
     /// Revision number made active (or refused).
     pub revision: u64,
-    /// `COMMITTED`, `FAILED`, `ROLLED_BACK` or `CONFIRMED`.
-    pub outcome: &'static str,
+    /// How the commit ended.
+    pub outcome: Outcome,
     /// Phase durations (ns).
     pub phases: Phases,
     /// Rules in the new snapshot.
@@ -34,6 +42,9 @@ pub struct CommitRecord {
 pub trait Observer: Send + Sync + 'static {
     /// After every commit outcome (also failures, rollbacks and confirmations).
     fn on_commit(&self, _record: &CommitRecord) {}
+    /// When a ruleset's active revision changes: `Some(n)` after a commit, rollback or load,
+    /// `None` when the ruleset is deactivated or deleted.
+    fn on_active(&self, _ruleset: &str, _revision: Option<u64>) {}
     /// Once, after the stored state is loaded into the engine.
     fn on_start(&self, _engine: &Arc<Engine>, _config: &Config) {}
 }
@@ -44,39 +55,140 @@ pub struct NoopObserver;
 
 impl Observer for NoopObserver {}
 
+/// Several observers, called in order.
+struct Observers(Vec<Arc<dyn Observer>>);
+
+impl Observer for Observers {
+    fn on_commit(&self, record: &CommitRecord) {
+        for o in &self.0 {
+            o.on_commit(record);
+        }
+    }
+
+    fn on_active(&self, ruleset: &str, revision: Option<u64>) {
+        for o in &self.0 {
+            o.on_active(ruleset, revision);
+        }
+    }
+
+    fn on_start(&self, engine: &Arc<Engine>, config: &Config) {
+        for o in &self.0 {
+            o.on_start(engine, config);
+        }
+    }
+}
+
+// === impl MetricsObserver ===
+
+/// Feeds [`Metrics`] from the pipeline: `vallum_commit_duration_seconds` (every phase, persist
+/// included), `vallum_commits_total` and `vallum_active_revision`.
+#[derive(Clone, Debug)]
+pub struct MetricsObserver {
+    metrics: Metrics,
+}
+
+impl MetricsObserver {
+    /// An observer recording into `metrics`.
+    pub fn new(metrics: Metrics) -> MetricsObserver {
+        MetricsObserver { metrics }
+    }
+}
+
+impl From<&Phases> for CommitPhases {
+    fn from(p: &Phases) -> CommitPhases {
+        CommitPhases {
+            validate_ns: p.validate_ns,
+            compile_ns: p.compile_ns,
+            persist_ns: p.persist_ns,
+            publish_ns: p.publish_ns,
+            quiesce_ns: p.quiesce_ns,
+            carry_ns: p.carry_ns,
+            total_ns: p.total_ns,
+            cores_waited: p.cores_waited,
+        }
+    }
+}
+
+impl From<Outcome> for CommitOutcome {
+    fn from(o: Outcome) -> CommitOutcome {
+        match o {
+            Outcome::Committed => CommitOutcome::Committed,
+            Outcome::Failed => CommitOutcome::Failed,
+            Outcome::RolledBack => CommitOutcome::RolledBack,
+            Outcome::Confirmed => CommitOutcome::Confirmed,
+        }
+    }
+}
+
+impl Observer for MetricsObserver {
+    fn on_commit(&self, record: &CommitRecord) {
+        self.metrics.record_commit(
+            &record.ruleset,
+            record.outcome.into(),
+            &CommitPhases::from(&record.phases),
+        );
+    }
+
+    fn on_active(&self, ruleset: &str, revision: Option<u64>) {
+        self.metrics.set_active_revision(ruleset, revision);
+    }
+}
+
 /// The hooks a server runs with.
 #[derive(Clone)]
 pub struct Hooks {
-    /// Commit and start events.
+    /// Commit, active-revision and start events.
     pub observer: Arc<dyn Observer>,
+    /// Limits the pipeline enforces (rules per ruleset, rulesets).
+    pub limits: LimitsConfig,
 }
 
 impl Default for Hooks {
     fn default() -> Self {
         Hooks {
             observer: Arc::new(NoopObserver),
+            limits: LimitsConfig::default(),
         }
+    }
+}
+
+impl Hooks {
+    /// These hooks with `extra` called after the current observer.
+    pub fn with_observer(mut self, extra: Arc<dyn Observer>) -> Hooks {
+        self.observer = Arc::new(Observers(vec![self.observer, extra]));
+        self
     }
 }
 
 impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hooks").finish_non_exhaustive()
+        f.debug_struct("Hooks")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
 }
 
-/// The tower layer around all gRPC services. HOOK(ops): auth, limits and RPC metrics.
-pub type RpcLayer = tower::layer::util::Identity;
+/// The tower layers around all gRPC services (see [`rpc_layer`]).
+pub type RpcLayer = Stack<AuthLayer, Stack<RequestLimitLayer, Stack<GrpcMetricsLayer, Identity>>>;
 
-/// Builds the [`RpcLayer`] from the configuration. HOOK(ops).
-pub fn rpc_layer(_config: &Config) -> RpcLayer {
-    tower::layer::util::Identity::new()
+/// Builds the [`RpcLayer`]: RPC metrics outermost (refusals are measured), then the
+/// request-size answer, then auth with `tokens` (empty: auth off, every caller `anonymous`).
+pub fn rpc_layer(config: &Config, metrics: &Metrics, tokens: TokenSet) -> RpcLayer {
+    ServiceBuilder::new()
+        .layer(metrics.grpc_layer())
+        .layer(RequestLimitLayer::new(config.limits.max_request_bytes))
+        .layer(AuthLayer::new(tokens))
+        .into_inner()
 }
 
-/// The caller of a request, for the audit table. HOOK(ops): read the authenticated identity
-/// from the request extensions; until then the peer address or `anonymous`.
+/// The caller of a request, for the audit table: the name of the auth layer's [`Caller`]; when
+/// auth is off (the `anonymous` caller) or the request did not pass the layer, the peer
+/// address (`peer:ADDR`) or `anonymous`.
 pub fn caller<T>(request: &tonic::Request<T>) -> String {
-    request
-        .remote_addr()
-        .map_or_else(|| "anonymous".to_string(), |a| format!("peer:{a}"))
+    match request.extensions().get::<Caller>() {
+        Some(c) if *c != Caller::anonymous() => c.name.to_string(),
+        _ => request
+            .remote_addr()
+            .map_or_else(|| "anonymous".to_string(), |a| format!("peer:{a}")),
+    }
 }

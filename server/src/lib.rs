@@ -9,20 +9,31 @@
 //!   commit-confirmed timers;
 //! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: the error table;
 //! - [`sources`]: packet sources feeding one worker thread per core;
-//! - [`hooks`]: the seams for metrics, auth and limits (filled by the ops side);
+//! - [`hooks`]: the seams for metrics, auth and limits, and the [`hooks::MetricsObserver`]
+//!   that feeds [`metrics`] from the pipeline;
+//! - operational plumbing: [`metrics`] (OpenTelemetry -> Prometheus `/metrics`), [`auth`]
+//!   (bearer tokens with roles), [`tls`] (TLS / mTLS), [`limits`] (request size, rules,
+//!   rulesets, revisions kept);
 //! - [`server`]: wiring, [`run`].
+//!
+//! Binaries: `vallumd` (the daemon) and `vallumctl` (the command-line client, in
+//! `src/bin/vallumctl/main.rs` with its modules beside it).
 
+pub mod auth;
 pub mod config;
 pub mod content;
 pub mod convert;
 pub mod error;
 pub mod example;
 pub mod hooks;
+pub mod limits;
+pub mod metrics;
 pub mod pipeline;
 pub mod server;
 pub mod service;
 pub mod sources;
 pub mod store;
+pub mod tls;
 
 pub use config::Config;
 pub use error::{Error, Reason};

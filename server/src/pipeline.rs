@@ -30,6 +30,7 @@ use vallum_engine::validate::has_errors;
 use crate::content::Checked;
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
+use crate::limits;
 use crate::store::{
     CommitTarget, NewRevision, Outcome, PersistCommit, Phases, RevisionRow, RevisionState,
     RulesetRow, Store, now_ns,
@@ -188,6 +189,9 @@ impl Pipeline {
                 .map_err(|e| Error::Internal(format!("load task: {e}")))?
                 .map_err(|e| Error::Commit(e.to_string()))?;
         drop(committed);
+        for (name, (rev, _)) in &heads {
+            self.hooks.observer.on_active(name, Some(*rev));
+        }
         *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads;
         Ok(n)
     }
@@ -204,8 +208,10 @@ impl Pipeline {
         etag: Option<&str>,
     ) -> Result<(RulesetRow, RevisionRow)> {
         let checked = checked.into_valid()?;
+        self.check_rules(&checked)?;
         let new = new_revision(&checked, author, message);
         let _w = self.write.lock().await;
+        self.check_rulesets(&new.ruleset).await?;
         self.store.stage(&new, etag).await
     }
 
@@ -251,12 +257,14 @@ impl Pipeline {
         etag: Option<&str>,
     ) -> Result<CommitResult> {
         let checked = checked.into_valid()?;
+        self.check_rules(&checked)?;
         let new = new_revision(&checked, author, message);
         let (state, deadline) = confirm(confirm_within);
         let _w = self.write.lock().await;
         let mut model = checked.ruleset;
-        if let Some(rs) = self.store.get_ruleset(&new.ruleset).await? {
-            model.priority = rs.priority;
+        match self.store.get_ruleset(&new.ruleset).await? {
+            Some(rs) => model.priority = rs.priority,
+            None => self.check_rulesets(&new.ruleset).await?,
         }
         self.run(Job {
             ruleset: new.ruleset.clone(),
@@ -359,10 +367,7 @@ impl Pipeline {
             .await
             .map_err(|e| Error::Internal(format!("commit task: {e}")))?
             .map_err(|e| Error::Commit(e.to_string()))?;
-        self.active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(ruleset);
+        self.set_active(ruleset, None);
         self.store.delete_ruleset(ruleset, etag).await?;
         Ok(())
     }
@@ -418,10 +423,7 @@ impl Pipeline {
                     .await
                     .map_err(|e| Error::Internal(format!("commit task: {e}")))?
                     .map_err(|e| Error::Commit(e.to_string()))?;
-                    self.active
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&c.ruleset);
+                    self.set_active(&c.ruleset, None);
                     self.emit(
                         &c.ruleset,
                         c.revision,
@@ -474,6 +476,38 @@ impl Pipeline {
             })
     }
 
+    /// Records `ruleset`'s active (revision, priority), or that it has none, and tells the
+    /// observer.
+    fn set_active(&self, ruleset: &str, head: Option<(u64, i32)>) {
+        {
+            let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            match head {
+                Some(h) => active.insert(ruleset.to_string(), h),
+                None => active.remove(ruleset),
+            };
+        }
+        self.hooks.observer.on_active(ruleset, head.map(|h| h.0));
+    }
+
+    /// `--max-rules`: refuses a ruleset with too many rules.
+    fn check_rules(&self, checked: &Checked) -> Result<()> {
+        limits::check_rules(
+            checked.ruleset.rule_count(),
+            self.hooks.limits.max_rules_per_ruleset,
+        )?;
+        Ok(())
+    }
+
+    /// `--max-rulesets`: refuses to create `ruleset` when it is new and the store is full.
+    /// The caller holds the write lock, so the count cannot change before the insert.
+    async fn check_rulesets(&self, ruleset: &str) -> Result<()> {
+        if self.store.get_ruleset(ruleset).await?.is_none() {
+            let existing = self.store.list_rulesets().await?.len();
+            limits::check_rulesets(existing, self.hooks.limits.max_rulesets)?;
+        }
+        Ok(())
+    }
+
     fn emit(
         &self,
         ruleset: &str,
@@ -494,7 +528,7 @@ impl Pipeline {
         self.hooks.observer.on_commit(&CommitRecord {
             ruleset: ruleset.to_string(),
             revision,
-            outcome: outcome.as_str(),
+            outcome,
             phases,
             rules,
         });
@@ -578,13 +612,10 @@ impl Pipeline {
             total_ns: u64::try_from(wall.elapsed().as_nanos()).unwrap_or(u64::MAX),
             cores_waited: u32::try_from(report.cores_waited).unwrap_or(u32::MAX),
         };
-        self.active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                job.ruleset.clone(),
-                (persisted.revision.number, persisted.ruleset.priority),
-            );
+        self.set_active(
+            &job.ruleset,
+            Some((persisted.revision.number, persisted.ruleset.priority)),
+        );
         // Phase columns are informative; a failure to write them does not undo the commit.
         if let Err(e) = self.store.finish_commit(persisted.commit_id, &phases).await {
             eprintln!("vallumd: recording commit phases failed: {e}");

@@ -1,5 +1,6 @@
-//! Wiring: store, engine, pipeline, gRPC server (health, reflection, the four services),
-//! packet sources, commit-confirmed timer, shutdown.
+//! Wiring: store, engine, pipeline, metrics (`/metrics`), gRPC server (TLS, the layers of
+//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth; health, reflection, the four
+//! services), packet sources, commit-confirmed timer, shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ use vallum_proto::v1::trace_service_server::TraceServiceServer;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::hooks::{self, Hooks};
+use crate::hooks::{self, Hooks, MetricsObserver};
+use crate::metrics::Metrics;
 use crate::pipeline::{MonotonicClock, Pipeline};
 use crate::service::State;
 use crate::service::counters::CountersApi;
@@ -27,7 +29,7 @@ use crate::service::engine::EngineApi;
 use crate::service::ruleset::RulesetApi;
 use crate::service::trace::TraceApi;
 use crate::sources::Sources;
-use crate::{content, example};
+use crate::{content, example, tls};
 
 /// The gRPC service names health reports on (besides "").
 pub const SERVICES: [&str; 4] = [
@@ -111,7 +113,22 @@ pub async fn run_with(
         },
         clock.clone(),
     ));
-    let store = crate::store::Store::open(&config.db).await?;
+    // Metrics first: the engine-fed gauges are registered before any traffic, and /metrics is
+    // up (and printed) before the gRPC listener, so `listening on` means everything is bound.
+    let metrics = Metrics::new(&config.metrics)?;
+    metrics.observe_engine(engine.clone())?;
+    let hooks = Hooks {
+        limits: config.limits.clone(),
+        ..hooks
+    }
+    .with_observer(Arc::new(MetricsObserver::new(metrics.clone())));
+    let tokens = config.auth.load()?;
+    config.auth.check_listen(&tokens, config.listen)?;
+    let tls = tls::server_config(&config.tls)?;
+
+    let store = crate::store::Store::open(&config.db)
+        .await?
+        .with_revisions_kept(config.limits.max_revisions_kept);
     let pipeline = Arc::new(Pipeline::new(
         engine.clone(),
         store.clone(),
@@ -135,6 +152,14 @@ pub async fn run_with(
         .build_v1()
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
 
+    let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let metrics_server = metrics
+        .serve(config.metrics.metrics_listen, async {
+            let _ = metrics_stop_rx.await;
+        })
+        .await?;
+    println!("metrics on {}", metrics_server.local_addr);
+
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::Internal(format!("bind {}: {e}", config.listen)))?;
@@ -146,15 +171,31 @@ pub async fn run_with(
     let _ = std::io::stdout().flush();
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let grpc = tonic::transport::Server::builder()
-        // HOOK(ops): TLS (`.tls_config(..)`) goes here.
-        .layer(hooks::rpc_layer(&config))
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| Error::Internal(format!("TLS: {e}")))?;
+    }
+    let max = config.limits.max_request_bytes;
+    let grpc = builder
+        .layer(hooks::rpc_layer(&config, &metrics, tokens))
         .add_service(health)
         .add_service(reflection)
-        .add_service(RulesetServiceServer::new(RulesetApi::new(state.clone())))
-        .add_service(CounterServiceServer::new(CountersApi::new(state.clone())))
-        .add_service(TraceServiceServer::new(TraceApi::new(state.clone())))
-        .add_service(EngineServiceServer::new(EngineApi::new(state.clone())))
+        .add_service(
+            RulesetServiceServer::new(RulesetApi::new(state.clone()))
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            CounterServiceServer::new(CountersApi::new(state.clone()))
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            TraceServiceServer::new(TraceApi::new(state.clone())).max_decoding_message_size(max),
+        )
+        .add_service(
+            EngineServiceServer::new(EngineApi::new(state.clone())).max_decoding_message_size(max),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
             let _ = stop_rx.await;
         });
@@ -202,6 +243,11 @@ pub async fn run_with(
     timer.abort();
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    let _ = metrics_stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), metrics_server.task).await;
+    if let Err(e) = metrics.shutdown() {
+        eprintln!("vallumd: {e}");
+    }
     let summary = Summary {
         listen: addr.to_string(),
         verdicts: engine

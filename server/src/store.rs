@@ -286,6 +286,8 @@ pub struct AuditEntry {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: SqlitePool,
+    /// Revisions kept per ruleset (`--max-revisions-kept`); 0 keeps all.
+    revisions_kept: usize,
 }
 
 fn u64_of(v: i64) -> u64 {
@@ -448,6 +450,52 @@ async fn set_ruleset_heads(
     Ok(())
 }
 
+/// Deletes the oldest revisions of `ruleset` beyond `keep` (0: none), never one in
+/// `protected`, the active one, one PENDING_CONFIRM, or the revision a pending confirm would
+/// restore. Returns the numbers deleted.
+async fn prune_revisions(
+    tx: &mut Transaction<'_, Sqlite>,
+    ruleset: &str,
+    keep: usize,
+    protected: &[u64],
+) -> Result<Vec<u64>> {
+    if keep == 0 {
+        return Ok(Vec::new());
+    }
+    let numbers: Vec<u64> = sqlx::query("SELECT number FROM revisions WHERE ruleset = ?")
+        .bind(ruleset)
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>("number").map(u64_of))
+        .collect::<std::result::Result<_, _>>()?;
+    if numbers.len() <= keep {
+        return Ok(Vec::new());
+    }
+    let mut protect = protected.to_vec();
+    let held = sqlx::query(
+        "SELECT active_revision AS n FROM rulesets WHERE name = ?1 AND active_revision IS NOT NULL \
+         UNION SELECT number FROM revisions WHERE ruleset = ?1 AND state = 'PENDING_CONFIRM' \
+         UNION SELECT previous FROM commits WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL \
+               AND previous IS NOT NULL",
+    )
+    .bind(ruleset)
+    .fetch_all(&mut **tx)
+    .await?;
+    for r in &held {
+        protect.push(u64_of(r.try_get::<i64, _>(0)?));
+    }
+    let prune = crate::limits::revisions_to_prune(&numbers, &protect, keep);
+    for n in &prune {
+        sqlx::query("DELETE FROM revisions WHERE ruleset = ? AND number = ?")
+            .bind(ruleset)
+            .bind(i64_of(*n))
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(prune)
+}
+
 async fn set_state(
     tx: &mut Transaction<'_, Sqlite>,
     ruleset: &str,
@@ -499,7 +547,19 @@ impl Store {
             .connect_with(opts)
             .await?;
         sqlx::migrate!("../migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            revisions_kept: 0,
+        })
+    }
+
+    /// This store, keeping at most `n` revisions per ruleset (0: all): every transaction that
+    /// adds a revision deletes the oldest ones beyond `n`, never the active revision, one
+    /// waiting for confirmation, the revision a pending confirm would restore, nor the
+    /// revision the transaction itself made or replaced (see [`crate::limits::revisions_to_prune`]).
+    pub fn with_revisions_kept(mut self, n: usize) -> Store {
+        self.revisions_kept = n;
+        self
     }
 
     /// Closes the pool (waits for connections to finish).
@@ -591,6 +651,7 @@ impl Store {
         check_etag(&rs, expected_etag)?;
         let number = insert_revision(&mut tx, &rs, new, RevisionState::Staged, now).await?;
         set_ruleset_heads(&mut tx, &rs, number, rs.active_revision, now).await?;
+        prune_revisions(&mut tx, &new.ruleset, self.revisions_kept, &[number]).await?;
         let rs = ruleset_in(&mut tx, &new.ruleset).await?;
         let rev = revision_in(&mut tx, &new.ruleset, number).await?;
         tx.commit().await?;
@@ -679,6 +740,10 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?
         .try_get("id")?;
+        // The previous active revision stays: revert_commit restores it if the engine refuses.
+        let mut keep = vec![number];
+        keep.extend(rs.active_revision);
+        prune_revisions(&mut tx, &c.ruleset, self.revisions_kept, &keep).await?;
         let rs_after = ruleset_in(&mut tx, &c.ruleset).await?;
         let rev = revision_in(&mut tx, &c.ruleset, number).await?;
         tx.commit().await?;
@@ -942,6 +1007,48 @@ mod tests {
             started_at: now_ns(),
             validate_ns: 1,
         }
+    }
+
+    #[tokio::test]
+    async fn prunes_old_revisions_but_never_active_pending_or_restore_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_revisions_kept(2);
+        let text = "*filter\nCOMMIT\n";
+        let numbers = |store: Store| async move {
+            let mut out = Vec::new();
+            for n in 1..=6 {
+                if store.get_revision("a", n).await.unwrap().is_some() {
+                    out.push(n);
+                }
+            }
+            out
+        };
+        store
+            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", text))))
+            .await
+            .unwrap();
+        // Revision 2 waits for confirmation; 1 is what a timeout would restore.
+        store
+            .persist_commit(&PersistCommit {
+                state: RevisionState::PendingConfirm,
+                confirm_deadline: Some(i64::MAX),
+                ..commit("a", CommitTarget::New(new_rev("a", text)))
+            })
+            .await
+            .unwrap();
+        store.stage(&new_rev("a", text), None).await.unwrap();
+        assert_eq!(numbers(store.clone()).await, vec![1, 2, 3]);
+        store.stage(&new_rev("a", text), None).await.unwrap();
+        assert_eq!(numbers(store.clone()).await, vec![1, 2, 4]);
+        // A plain commit settles the pending one: only it and the replaced active one stay.
+        store
+            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", text))))
+            .await
+            .unwrap();
+        assert_eq!(numbers(store.clone()).await, vec![2, 5]);
     }
 
     #[tokio::test]

@@ -484,7 +484,11 @@ async fn kill9_during_commits_keeps_a_whole_revision() {
 #[tokio::test]
 async fn concurrent_commits_under_traffic() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--source", "synthetic"]);
+    // Keep every revision (0), so that all 200 per ruleset can be listed below.
+    let d = Vallumd::start(
+        &dir.path().join("v.db"),
+        &["--source", "synthetic", "--max-revisions-kept", "0"],
+    );
     d.wait_serving().await;
     let mut tasks = Vec::new();
     for client in 0..8 {

@@ -15,16 +15,19 @@ use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 pub struct Vallumd {
     pub child: Child,
     pub addr: String,
+    /// The `/metrics` listener (`metrics on ADDR`).
+    pub metrics_addr: String,
 }
 
 impl Vallumd {
-    /// Starts vallumd with `--listen 127.0.0.1:0 --db DB` and `extra` flags; waits for the
-    /// `listening on ADDR` line.
+    /// Starts vallumd with `--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db DB` and
+    /// `extra` flags; waits for the `metrics on ADDR` and `listening on ADDR` lines.
     pub fn start(db: &Path, extra: &[&str]) -> Vallumd {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vallumd"))
             .args(["--listen", "127.0.0.1:0", "--db"])
             .arg(db)
             .args(["--cores", "2"])
+            .args(["--metrics-listen", "127.0.0.1:0"])
             .args(extra)
             .env_remove("VALLUM_DB")
             .stdout(Stdio::piped())
@@ -34,13 +37,22 @@ impl Vallumd {
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let first = lines.next().expect("a line").expect("read stdout");
-        let addr = first
-            .strip_prefix("listening on ")
+        let metrics_addr = first
+            .strip_prefix("metrics on ")
             .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_string();
+        let second = lines.next().expect("a line").expect("read stdout");
+        let addr = second
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected second line {second:?}"))
             .to_string();
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Vallumd { child, addr }
+        Vallumd {
+            child,
+            addr,
+            metrics_addr,
+        }
     }
 
     pub fn url(&self) -> String {

@@ -369,7 +369,7 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
     }
     let tls = cli.server.starts_with("https://") || cli.ca.is_some() || cli.cert.is_some();
     if tls {
-        let cfg = vallum_ops::tls::client_config(
+        let cfg = vallum_server::tls::client_config(
             cli.ca.as_deref(),
             cli.cert.as_deref(),
             cli.key.as_deref(),

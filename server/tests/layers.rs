@@ -10,8 +10,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
 use tower::ServiceExt;
-use vallum_ops::auth::{AuthLayer, Caller, Role, TokenSet};
-use vallum_ops::limits::RequestLimitLayer;
+use vallum_server::auth::{AuthLayer, Caller, Role, TokenSet};
+use vallum_server::limits::RequestLimitLayer;
 
 const ADMIN: &str = "admin-token-0123456789";
 const READER: &str = "reader-token-0123456789";

@@ -98,7 +98,7 @@ pub struct MetricsConfig {
     #[arg(long, env = "VALLUM_METRICS_RULE_COUNTERS")]
     pub metrics_rule_counters: bool,
     /// Also push metrics with OTLP/gRPC to this endpoint (e.g. `http://127.0.0.1:4317`), every
-    /// 60 s; needs vallum-ops built with the `otlp` cargo feature.
+    /// 60 s; needs vallum-server built with the `otlp` cargo feature.
     #[arg(long, env = "VALLUM_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 }
@@ -120,7 +120,7 @@ pub enum MetricsError {
     #[error("metrics exporter: {0}")]
     Exporter(String),
     /// `--otlp-endpoint` was given but the `otlp` cargo feature is off.
-    #[error("--otlp-endpoint needs vallum-ops built with the `otlp` cargo feature")]
+    #[error("--otlp-endpoint needs vallum-server built with the `otlp` cargo feature")]
     OtlpDisabled,
     /// A collector is already registered (e.g. `observe_engine` called twice).
     #[error("metrics registry: {0}")]
@@ -136,7 +136,8 @@ pub enum MetricsError {
 }
 
 impl MetricsError {
-    /// UPPER_SNAKE reason, as in the error table.
+    /// UPPER_SNAKE code of this startup error, printed by vallumd. It never reaches a client,
+    /// so it is not a row of the [`crate::Reason`] table.
     pub fn reason(&self) -> &'static str {
         match self {
             MetricsError::Exporter(_) => "METRICS_EXPORTER",

@@ -24,11 +24,10 @@ use std::task::{Context, Poll};
 
 use http::{HeaderValue, Response};
 use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::ERROR_DOMAIN;
+use crate::error::{Error, Reason};
 
 /// Default [`LimitsConfig::max_request_bytes`]: 4 MiB (tonic's own default).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 << 20;
@@ -46,12 +45,13 @@ pub struct LimitsConfig {
     #[arg(long, env = "VALLUM_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
     /// Most rules in one ruleset (all tables and families together).
-    #[arg(long, env = "VALLUM_MAX_RULES", default_value_t = DEFAULT_MAX_RULES)]
+    #[arg(long = "max-rules", env = "VALLUM_MAX_RULES", default_value_t = DEFAULT_MAX_RULES)]
     pub max_rules_per_ruleset: usize,
     /// Most rulesets stored.
     #[arg(long, env = "VALLUM_MAX_RULESETS", default_value_t = DEFAULT_MAX_RULESETS)]
     pub max_rulesets: usize,
-    /// Revisions kept per ruleset; older ones (never the active one) are deleted.
+    /// Revisions kept per ruleset; older ones (never the active one, nor one waiting for or
+    /// restored by a commit-confirmed) are deleted when a revision is added. 0 keeps all.
     #[arg(long, env = "VALLUM_MAX_REVISIONS_KEPT", default_value_t = DEFAULT_MAX_REVISIONS_KEPT)]
     pub max_revisions_kept: usize,
 }
@@ -97,24 +97,20 @@ pub enum LimitError {
 }
 
 impl LimitError {
-    /// UPPER_SNAKE reason, as in the error table.
-    pub fn reason(&self) -> &'static str {
+    /// This refusal's row of the error table ([`Reason`]), which gives the gRPC code:
+    /// INVALID_ARGUMENT for content the caller can shrink (rules), otherwise
+    /// RESOURCE_EXHAUSTED.
+    pub fn reason(&self) -> Reason {
         match self {
-            LimitError::RequestTooLarge { .. } => "REQUEST_TOO_LARGE",
-            LimitError::TooManyRules { .. } => "TOO_MANY_RULES",
-            LimitError::TooManyRulesets { .. } => "TOO_MANY_RULESETS",
+            LimitError::RequestTooLarge { .. } => Reason::RequestTooLarge,
+            LimitError::TooManyRules { .. } => Reason::TooManyRules,
+            LimitError::TooManyRulesets { .. } => Reason::TooManyRulesets,
         }
     }
 
-    /// The gRPC code: INVALID_ARGUMENT for content the caller can shrink (rules), otherwise
-    /// RESOURCE_EXHAUSTED.
+    /// The gRPC code (from the table).
     pub fn code(&self) -> Code {
-        match self {
-            LimitError::TooManyRules { .. } => Code::InvalidArgument,
-            LimitError::RequestTooLarge { .. } | LimitError::TooManyRulesets { .. } => {
-                Code::ResourceExhausted
-            }
-        }
+        self.reason().info().code
     }
 
     /// `(limit flag, value, max)`.
@@ -125,23 +121,24 @@ impl LimitError {
             LimitError::TooManyRulesets { count, max } => ("max-rulesets", count, max),
         }
     }
-}
 
-impl From<LimitError> for Status {
-    fn from(e: LimitError) -> Status {
-        let (limit, value, max) = e.parts();
-        let metadata: HashMap<String, String> = [
+    /// The `ErrorInfo.metadata`: `limit` (the flag), `value` and `max`.
+    pub fn metadata(&self) -> HashMap<String, String> {
+        let (limit, value, max) = self.parts();
+        [
             ("limit".to_owned(), limit.to_owned()),
             ("value".to_owned(), value.to_string()),
             ("max".to_owned(), max.to_string()),
         ]
         .into_iter()
-        .collect();
-        let mut details = ErrorDetails::with_error_info(e.reason(), ERROR_DOMAIN, metadata);
-        if let LimitError::TooManyRules { .. } = e {
-            details.set_bad_request(vec![FieldViolation::new("source", e.to_string())]);
-        }
-        Status::with_error_details(e.code(), e.to_string(), details)
+        .collect()
+    }
+}
+
+/// Through [`Error::Limit`], the one place errors become statuses.
+impl From<LimitError> for Status {
+    fn from(e: LimitError) -> Status {
+        Status::from(Error::Limit(e))
     }
 }
 
@@ -284,6 +281,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic_types::StatusExt;
 
     #[test]
     fn checks() {

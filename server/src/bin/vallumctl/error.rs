@@ -1,33 +1,27 @@
-//! vallumctl's errors and the exit-code table.
+//! vallumctl's errors and exit codes.
 //!
-//! | exit | meaning | from |
-//! |---|---|---|
-//! | 0 | success | |
-//! | 1 | rejected: the server (or a local check) refused the input or the call | INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, UNAUTHENTICATED, OUT_OF_RANGE, RESOURCE_EXHAUSTED, ABORTED, CANCELLED, UNIMPLEMENTED, INTERNAL, UNKNOWN, DATA_LOSS; `validate` finding errors; an unreadable local file |
-//! | 2 | usage (clap's own code for bad flags) | |
-//! | 3 | server unavailable | UNAVAILABLE, DEADLINE_EXCEEDED, connection refused / TLS handshake failure |
-//!
-//! The ErrorInfo `reason` (UPPER_SNAKE) is printed with the message; one reason moves the exit
-//! code: `SHUTTING_DOWN` (the server is stopping) counts as unavailable (3) whatever its code.
+//! The exit codes and the reason -> exit code mapping are the server's error table
+//! ([`vallum_server::Reason`], see `vallum_server::error`): 0 success, 1 rejected, 2 usage
+//! (clap), 3 unavailable. A status whose `ErrorInfo.reason` is a row of that table exits with
+//! that row's code (so `NOT_READY` and `SHUTTING_DOWN` exit 3 whatever the gRPC code); a status
+//! without a known reason (another server, tonic's own errors) is mapped by its gRPC code:
+//! UNAVAILABLE and DEADLINE_EXCEEDED exit 3, every other failure 1. Connection refused and TLS
+//! handshake failures exit 3.
 
 use std::path::PathBuf;
 
 use tonic::Code;
 use tonic_types::StatusExt;
-
-/// Exit code: success.
-pub const EXIT_OK: u8 = 0;
-/// Exit code: the input or call was rejected.
-pub const EXIT_REJECTED: u8 = 1;
-/// Exit code: usage error (clap).
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code: the server could not be reached or did not answer in time.
-pub const EXIT_UNAVAILABLE: u8 = 3;
+use vallum_server::Reason;
+pub use vallum_server::error::{EXIT_OK, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 /// The exit code for a gRPC status code and ErrorInfo reason.
 pub fn exit_code(code: Code, reason: Option<&str>) -> u8 {
-    if reason == Some("SHUTTING_DOWN") {
-        return EXIT_UNAVAILABLE;
+    if code == Code::Ok {
+        return EXIT_OK;
+    }
+    if let Some(r) = reason.and_then(Reason::from_name) {
+        return r.info().exit_code;
     }
     match code {
         Code::Ok => EXIT_OK,
@@ -73,7 +67,7 @@ pub enum CliError {
     },
     /// TLS flags are wrong.
     #[error(transparent)]
-    Tls(#[from] vallum_ops::tls::TlsError),
+    Tls(#[from] vallum_server::tls::TlsError),
     /// The server answered with an error.
     #[error("{}", status_line(.status))]
     Status {
@@ -198,6 +192,11 @@ mod tests {
         assert_eq!(exit_code(Code::Unavailable, None), 3);
         assert_eq!(exit_code(Code::DeadlineExceeded, None), 3);
         assert_eq!(exit_code(Code::Internal, Some("SHUTTING_DOWN")), 3);
+        assert_eq!(exit_code(Code::Internal, Some("NOT_READY")), 3);
+        assert_eq!(exit_code(Code::Unavailable, Some("NOT_READY")), 3);
+        assert_eq!(exit_code(Code::InvalidArgument, Some("INVALID_RULESET")), 1);
+        assert_eq!(exit_code(Code::PermissionDenied, Some("ADMIN_REQUIRED")), 1);
+        assert_eq!(exit_code(Code::Unavailable, Some("SOMETHING_ELSE")), 3);
         assert_eq!(exit_code(Code::Ok, None), 0);
     }
 }

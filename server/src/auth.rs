@@ -34,7 +34,7 @@
 //! Every request that passes gets a [`Caller`] in its extensions (tonic copies http extensions into
 //! `tonic::Request::extensions()`), for the audit log:
 //! ```ignore
-//! let who = req.extensions().get::<vallum_ops::auth::Caller>().map(|c| c.name.clone());
+//! let who = req.extensions().get::<vallum_server::auth::Caller>().map(|c| c.name.clone());
 //! ```
 //!
 //! Tokens are stored as SHA-256 digests and compared in constant time against every configured
@@ -50,12 +50,12 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use subtle::ConstantTimeEq;
-use tonic::{Code, Status};
+use tonic::Status;
 use tonic_types::{ErrorDetails, StatusExt};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::ERROR_DOMAIN;
+use crate::error::{ERROR_DOMAIN, Reason};
 
 /// Shortest accepted token, in characters.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -261,7 +261,8 @@ pub enum AuthError {
 }
 
 impl AuthError {
-    /// UPPER_SNAKE reason, as in the error table.
+    /// UPPER_SNAKE code of this startup error, printed by vallumd. It never reaches a client,
+    /// so it is not a row of the [`crate::Reason`] table.
     pub fn reason(&self) -> &'static str {
         match self {
             AuthError::Read { .. } => "TOKEN_FILE_UNREADABLE",
@@ -498,20 +499,18 @@ impl AuthLayer {
         }
         let token = authorization.and_then(bearer_token).ok_or_else(|| {
             denied(
-                Code::Unauthenticated,
-                "TOKEN_MISSING",
+                Reason::TokenMissing,
                 "missing bearer token (send `authorization: Bearer TOKEN`)",
             )
         })?;
         let caller = self
             .tokens
             .authenticate(token)
-            .ok_or_else(|| denied(Code::Unauthenticated, "TOKEN_INVALID", "invalid token"))?;
+            .ok_or_else(|| denied(Reason::TokenInvalid, "invalid token"))?;
         let access = classify(path);
         if !caller.role.allows(access) {
             return Err(denied(
-                Code::PermissionDenied,
-                "ADMIN_REQUIRED",
+                Reason::AdminRequired,
                 &format!("{path} needs an admin token; {} is read-only", caller.name),
             ));
         }
@@ -529,12 +528,14 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
-fn denied(code: Code, reason: &str, message: &str) -> Status {
+/// A refusal of the auth layer, with its row of the error table.
+fn denied(reason: Reason, message: &str) -> Status {
+    let info = reason.info();
     Status::with_error_details(
-        code,
+        info.code,
         message,
         ErrorDetails::with_error_info(
-            reason,
+            info.name,
             ERROR_DOMAIN,
             std::collections::HashMap::<String, String>::new(),
         ),
@@ -595,6 +596,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Code;
 
     const ADMIN: &str = "admin-token-0123456789";
     const READER: &str = "reader-token-0123456789";

@@ -18,8 +18,8 @@ use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
-use vallum_ops::auth::{AuthLayer, Role, TokenSet};
-use vallum_ops::metrics::{CommitOutcome, CommitPhases, Metrics, MetricsConfig};
+use vallum_server::auth::{AuthLayer, Role, TokenSet};
+use vallum_server::metrics::{CommitOutcome, CommitPhases, Metrics, MetricsConfig};
 
 /// A clock whose k-th reading is 10·k² ns: steps grow, so the engine's sampled barrier cost
 /// (two timed steps minus twice the cost of one reading) is positive (80 ns per batch).

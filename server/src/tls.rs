@@ -9,7 +9,7 @@
 //! Wiring in the server:
 //! ```ignore
 //! let mut builder = tonic::transport::Server::builder();
-//! if let Some(tls) = vallum_ops::tls::server_config(&args.tls)? {
+//! if let Some(tls) = vallum_server::tls::server_config(&args.tls)? {
 //!     builder = builder.tls_config(tls)?;
 //! }
 //! ```
@@ -55,7 +55,8 @@ pub enum TlsError {
 }
 
 impl TlsError {
-    /// UPPER_SNAKE reason, as in the error table.
+    /// UPPER_SNAKE code of this startup error, printed by vallumd. It never reaches a client,
+    /// so it is not a row of the [`crate::Reason`] table.
     pub fn reason(&self) -> &'static str {
         match self {
             TlsError::Read { .. } => "TLS_FILE_UNREADABLE",
