@@ -311,6 +311,28 @@ pub(crate) fn parse_line(
                     continue;
                 }
             }
+            // Load the protocol's match implicitly, once (iptables' load_proto), when it knows
+            // the option. This comes before an open opaque extension takes the option, so
+            // that the canonical print (matches before the target) parses back the same:
+            // `-p tcp -j MARK --set-mark 1 --sport 5` gives --sport to tcp, as iptables does.
+            let implicit = (!proto_used)
+                .then(|| rule.protocol.and_then(|p| extensions::proto_extension(p.value)))
+                .flatten();
+            let mut implicit_opaque = None;
+            if let Some(ext) = implicit {
+                let mut pm = extensions::new_match(ext, tok, ctx)?;
+                if pm.is_opaque() {
+                    implicit_opaque = Some(pm);
+                } else if let Some(r) =
+                    extensions::match_option(&mut pm, &name, negated, &mut args, ctx)
+                {
+                    proto_used = true;
+                    r?;
+                    args.finish()?;
+                    matches.push(pm);
+                    continue;
+                }
+            }
             match open {
                 Open::Match(i) => {
                     if let Some(pm) = matches.get_mut(i) {
@@ -326,30 +348,12 @@ pub(crate) fn parse_line(
                 }
                 Open::None => {}
             }
-            // Load the protocol's match implicitly, once (iptables' load_proto).
-            if !proto_used {
-                if let Some(p) = rule.protocol {
-                    proto_used = true;
-                    if let Some(ext) = extensions::proto_extension(p.value) {
-                        let mut pm = extensions::new_match(ext, tok, ctx)?;
-                        let known = !pm.is_opaque();
-                        if known {
-                            if let Some(r) =
-                                extensions::match_option(&mut pm, &name, negated, &mut args, ctx)
-                            {
-                                r?;
-                                args.finish()?;
-                                matches.push(pm);
-                                continue;
-                            }
-                        } else {
-                            extensions::opaque_option(&mut pm.m, &name, negated, &mut args);
-                            matches.push(pm);
-                            open = Open::Match(matches.len() - 1);
-                            continue;
-                        }
-                    }
-                }
+            if let Some(mut pm) = implicit_opaque {
+                proto_used = true;
+                extensions::opaque_option(&mut pm.m, &name, negated, &mut args);
+                matches.push(pm);
+                open = Open::Match(matches.len() - 1);
+                continue;
             }
             let last_known = target
                 .as_ref()
