@@ -90,7 +90,7 @@ impl Role {
     /// Whether this role may call a method of the given access class.
     pub fn allows(self, access: Access) -> bool {
         match access {
-            Access::Read => true,
+            Access::Public | Access::Read => true,
             Access::Admin => self == Role::Admin,
         }
     }
@@ -124,6 +124,9 @@ impl Caller {
 /// The access class of a gRPC method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// grpc.health.v1 only: no token needed. Kubernetes' native gRPC probes cannot send an
+    /// `authorization` header, and the answer reveals nothing but SERVING / NOT_SERVING.
+    Public,
     /// Reading, validating, tracing: any valid token.
     Read,
     /// Changing rulesets, revisions, the engine or counters: admin tokens only.
@@ -199,9 +202,11 @@ pub fn known_method(path: &str) -> Option<(&'static str, &'static str)> {
     Some((service, m))
 }
 
-/// Services whose every method is read-only (health checks and reflection).
+/// Services anyone may call, token or not (see [`Access::Public`]).
+const PUBLIC_SERVICES: &[&str] = &["/grpc.health.v1.Health/"];
+
+/// Services whose every method is read-only (reflection).
 const READ_SERVICES: &[&str] = &[
-    "/grpc.health.v1.Health/",
     "/grpc.reflection.v1.ServerReflection/",
     "/grpc.reflection.v1alpha.ServerReflection/",
 ];
@@ -209,6 +214,9 @@ const READ_SERVICES: &[&str] = &[
 /// Classifies a full gRPC path such as `/vallum.v1.RulesetService/Apply`. Unknown methods need
 /// admin (deny by default), so a method added to the API is safe until it is listed here.
 pub fn classify(path: &str) -> Access {
+    if PUBLIC_SERVICES.iter().any(|s| path.starts_with(s)) {
+        return Access::Public;
+    }
     if READ_SERVICES.iter().any(|s| path.starts_with(s)) {
         return Access::Read;
     }
@@ -497,6 +505,12 @@ impl AuthLayer {
         if self.tokens.is_empty() {
             return Ok(Caller::anonymous());
         }
+        if classify(path) == Access::Public {
+            return Ok(Caller {
+                name: Arc::from("health-probe"),
+                role: Role::ReadOnly,
+            });
+        }
         let token = authorization.and_then(bearer_token).ok_or_else(|| {
             denied(
                 Reason::TokenMissing,
@@ -634,10 +648,15 @@ mod tests {
             "/vallum.v1.TraceService/ReplayCapture",
             "/vallum.v1.EngineService/GetStatus",
             "/vallum.v1.CounterService/GetCounters",
-            "/grpc.health.v1.Health/Check",
             "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
         ] {
             assert_eq!(classify(m), Access::Read, "{m}");
+        }
+        for m in [
+            "/grpc.health.v1.Health/Check",
+            "/grpc.health.v1.Health/Watch",
+        ] {
+            assert_eq!(classify(m), Access::Public, "{m}");
         }
     }
 

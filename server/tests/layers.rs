@@ -86,6 +86,14 @@ async fn start(max: usize) -> SocketAddr {
     addr
 }
 
+async fn client_channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn roles_and_request_size_over_grpc() {
     let addr = start(64).await;
@@ -104,19 +112,37 @@ async fn roles_and_request_size_over_grpc() {
         req
     };
 
-    // Health is read-only: a reader may call it.
+    // Health is public: Kubernetes' gRPC probes send no token.
+    client.check(call(None, String::new())).await.unwrap();
     client
         .check(call(Some(READER), String::new()))
         .await
         .unwrap();
-    let e = client.check(call(None, String::new())).await.unwrap_err();
+
+    // Any other service needs a valid token; the auth layer answers before routing, so the
+    // (unserved) EngineService shows it: no token, a bad token, then a reader passing auth
+    // and reaching the router (UNIMPLEMENTED here).
+    let mut engine = vallum_proto::v1::engine_service_client::EngineServiceClient::new(
+        client_channel(addr).await,
+    );
+    let status = |token: Option<&str>| {
+        let mut req = tonic::Request::new(vallum_proto::v1::GetStatusRequest {});
+        if let Some(t) = token {
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        req
+    };
+    let e = engine.get_status(status(None)).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);
     assert_eq!(e.get_details_error_info().unwrap().reason, "TOKEN_MISSING");
-    let e = client
-        .check(call(Some("not-a-valid-token-at-all"), String::new()))
+    let e = engine
+        .get_status(status(Some("not-a-valid-token-at-all")))
         .await
         .unwrap_err();
     assert_eq!(e.get_details_error_info().unwrap().reason, "TOKEN_INVALID");
+    let e = engine.get_status(status(Some(READER))).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
 
     // Over the 64-byte limit: RESOURCE_EXHAUSTED with ErrorInfo naming the limit.
     let e = client
