@@ -157,8 +157,9 @@ async fn scrape_has_every_design_metric() {
         .await
         .unwrap();
     let mut client = HealthClient::new(channel.clone());
-    let e = client
-        .check(HealthCheckRequest::default())
+    // Refused by auth before routing: EngineService is not served here, health needs no token.
+    let e = vallum_proto::v1::engine_service_client::EngineServiceClient::new(channel.clone())
+        .get_status(vallum_proto::v1::GetStatusRequest {})
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
@@ -306,11 +307,11 @@ async fn scrape_has_every_design_metric() {
         let expect = if *le >= mean { count } else { 0.0 };
         assert_eq!(*c, expect, "le={le} mean={mean}");
     }
-    // gRPC: one UNAUTHENTICATED (16) and one OK (0) health check.
+    // gRPC: one UNAUTHENTICATED (16) GetStatus and one OK (0) health check.
     assert_eq!(
         value(
             &text,
-            "rpc_server_duration_seconds_count{rpc_grpc_status_code=\"16\",rpc_method=\"Check\",rpc_service=\"grpc.health.v1.Health\""
+            "rpc_server_duration_seconds_count{rpc_grpc_status_code=\"16\",rpc_method=\"GetStatus\",rpc_service=\"vallum.v1.EngineService\""
         ),
         1.0
     );
