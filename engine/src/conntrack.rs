@@ -174,23 +174,39 @@ fn untag(link: *mut Conn) -> (*mut Conn, usize) {
     (link.map_addr(|a| a & !1), link.addr() & 1)
 }
 
+/// One insert/delete lock and the counter it guards, on its own cache line(s) so that threads
+/// working under different locks do not bounce a shared line.
+#[repr(align(128))]
+struct Stripe {
+    lock: Mutex<()>,
+    /// Entries inserted under this stripe's lock (the lower of an entry's two). `Relaxed`
+    /// RMW: a statistic, summed by [`Conntrack::stats`]; it orders nothing.
+    new_total: AtomicU64,
+}
+
+/// A value alone on its cache line(s).
+#[repr(align(128))]
+struct Padded<T>(T);
+
 /// The locks of two buckets, taken lower index first.
 struct PairGuard<'a> {
     _first: MutexGuard<'a, ()>,
     _second: Option<MutexGuard<'a, ()>>,
+    /// The index of the lower lock.
+    lower: usize,
 }
 
 /// The connection table. See the module docs for the concurrency scheme.
 pub struct Conntrack {
     buckets: Box<[AtomicPtr<Conn>]>,
     mask: usize,
-    locks: Box<[Mutex<()>]>,
+    locks: Box<[Stripe]>,
     max_entries: u64,
-    /// Counters: statistics plus the entry count that enforces `max_entries`. Each is a
-    /// `Relaxed` RMW: no other memory access is ordered by them (the count may briefly exceed
-    /// the maximum by the number of concurrent inserters, as in the kernel).
-    entries: AtomicU64,
-    new_total: AtomicU64,
+    /// The entry count that enforces `max_entries` (the kernel's global `nf_conntrack_count`).
+    /// `Relaxed` RMW: no other memory access is ordered by it; the count may briefly exceed the
+    /// maximum by the number of concurrent inserters, as in the kernel.
+    entries: Padded<AtomicU64>,
+    /// Rare-event statistics, `Relaxed` RMW (they order nothing).
     early_drops: AtomicU64,
     insert_failed: AtomicU64,
     /// Next bucket [`Conntrack::gc`] scans (`Relaxed` RMW: it only spreads the work).
@@ -217,10 +233,14 @@ impl Conntrack {
         Ok(Conntrack {
             buckets: (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
             mask: n - 1,
-            locks: (0..config.locks.min(n)).map(|_| Mutex::new(())).collect(),
+            locks: (0..config.locks.min(n))
+                .map(|_| Stripe {
+                    lock: Mutex::new(()),
+                    new_total: AtomicU64::new(0),
+                })
+                .collect(),
             max_entries: config.max_entries as u64,
-            entries: AtomicU64::new(0),
-            new_total: AtomicU64::new(0),
+            entries: Padded(AtomicU64::new(0)),
             early_drops: AtomicU64::new(0),
             insert_failed: AtomicU64::new(0),
             gc_cursor: AtomicU64::new(0),
@@ -255,8 +275,9 @@ impl Conntrack {
         let guard = reclaim::pin();
         // Rounds: delete an expired entry found, early-drop to make room, then insert (or
         // clash and update); a fourth round only under heavy churn, which then counts INVALID.
+        let hash = t.hash();
         for _ in 0..4 {
-            if let Some((conn, dir)) = self.find(&t, t.hash(), &guard) {
+            if let Some((conn, dir)) = self.find(&t, hash, &guard) {
                 if conn.timeout.load(Ordering::Relaxed) <= now {
                     self.delete_conn(conn, &guard);
                     continue;
@@ -275,8 +296,10 @@ impl Conntrack {
             } else {
                 0
             };
+            let reply = t.reply();
+            let hashes = [hash, reply.hash()];
             let new = Box::new(Conn {
-                tuple: [t, t.reply()],
+                tuple: [t, reply],
                 next: [
                     AtomicPtr::new(ptr::null_mut()),
                     AtomicPtr::new(ptr::null_mut()),
@@ -285,7 +308,7 @@ impl Conntrack {
                 timeout: AtomicU64::new(now.saturating_add(timeout_of(t.protocol, status))),
                 dying: AtomicBool::new(false),
             });
-            return match self.insert(new, now, &guard) {
+            return match self.insert(new, hashes, now, &guard) {
                 Insert::Done => CtVerdict::New,
                 Insert::Clash(conn, dir) => update(conn, dir, pkt, now),
                 Insert::Full => CtVerdict::TableFull,
@@ -325,6 +348,7 @@ impl Conntrack {
         let (lo, hi) = (la.min(lb), la.max(lb));
         let lock = |i: usize| {
             self.locks[i]
+                .lock
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
@@ -333,6 +357,7 @@ impl Conntrack {
         PairGuard {
             _first: first,
             _second: second,
+            lower: lo,
         }
     }
 
@@ -340,23 +365,29 @@ impl Conntrack {
         t.hash() as usize & self.mask
     }
 
-    fn insert<'g>(&self, new: Box<Conn>, now: u64, guard: &'g reclaim::Guard) -> Insert<'g> {
-        let b = [self.bucket_of(&new.tuple[0]), self.bucket_of(&new.tuple[1])];
-        if self.entries.fetch_add(1, Ordering::Relaxed) >= self.max_entries {
-            self.entries.fetch_sub(1, Ordering::Relaxed);
+    /// Inserts `new`, whose tuples hash to `hashes`, unless either tuple is already present.
+    fn insert<'g>(
+        &self,
+        new: Box<Conn>,
+        hashes: [u64; 2],
+        now: u64,
+        guard: &'g reclaim::Guard,
+    ) -> Insert<'g> {
+        let b = hashes.map(|h| h as usize & self.mask);
+        if self.entries.0.fetch_add(1, Ordering::Relaxed) >= self.max_entries {
+            self.entries.0.fetch_sub(1, Ordering::Relaxed);
             if !self.early_drop(b[0], now, guard) {
                 self.insert_failed.fetch_add(1, Ordering::Relaxed);
                 return Insert::Full;
             }
             return Insert::Retry;
         }
-        let _locks = self.lock_pair(b[0], b[1]);
+        let locks = self.lock_pair(b[0], b[1]);
         // Clash: another thread inserted either tuple since our lookup (both directions:
         // a simultaneous packet of the other direction may have opened the same flow).
         for d in 0..2 {
-            let h = new.tuple[d].hash();
-            if let Some((conn, dir)) = self.find(&new.tuple[d], h, guard) {
-                self.entries.fetch_sub(1, Ordering::Relaxed);
+            if let Some((conn, dir)) = self.find(&new.tuple[d], hashes[d], guard) {
+                self.entries.0.fetch_sub(1, Ordering::Relaxed);
                 return Insert::Clash(conn, dir ^ d);
             }
         }
@@ -369,7 +400,9 @@ impl Conntrack {
             // Release: publishes the whole entry (and `next`) to readers' Acquire loads.
             self.buckets[bucket].store(tag(p, d), Ordering::Release);
         }
-        self.new_total.fetch_add(1, Ordering::Relaxed);
+        self.locks[locks.lower]
+            .new_total
+            .fetch_add(1, Ordering::Relaxed);
         Insert::Done
     }
 
@@ -455,7 +488,7 @@ impl Conntrack {
         let p = ptr::from_ref(conn).cast_mut();
         self.unlink(b[0], p, 0);
         self.unlink(b[1], p, 1);
-        self.entries.fetch_sub(1, Ordering::Relaxed);
+        self.entries.0.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: `p` came from Box::into_raw in `insert`; it is now unreachable from both
         // chains, and only the thread that set `dying` (under the locks) retires it.
         unsafe { self.retired.retire(guard, p) };
@@ -534,8 +567,12 @@ impl Conntrack {
     /// The counters.
     pub fn stats(&self) -> ConntrackStats {
         ConntrackStats {
-            entries: self.entries.load(Ordering::Relaxed),
-            new_total: self.new_total.load(Ordering::Relaxed),
+            entries: self.entries.0.load(Ordering::Relaxed),
+            new_total: self
+                .locks
+                .iter()
+                .map(|s| s.new_total.load(Ordering::Relaxed))
+                .sum(),
             early_drops: self.early_drops.load(Ordering::Relaxed),
             insert_failed: self.insert_failed.load(Ordering::Relaxed),
         }
