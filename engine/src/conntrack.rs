@@ -385,8 +385,8 @@ impl Conntrack {
         let locks = self.lock_pair(b[0], b[1]);
         // Clash: another thread inserted either tuple since our lookup (both directions:
         // a simultaneous packet of the other direction may have opened the same flow).
-        for d in 0..2 {
-            if let Some((conn, dir)) = self.find(&new.tuple[d], hashes[d], guard) {
+        for (d, (t, &h)) in new.tuple.iter().zip(&hashes).enumerate() {
+            if let Some((conn, dir)) = self.find(t, h, guard) {
                 self.entries.0.fetch_sub(1, Ordering::Relaxed);
                 return Insert::Clash(conn, dir ^ d);
             }
