@@ -51,6 +51,8 @@ mod reclaim;
 pub mod tcp;
 pub mod tuple;
 
+#[cfg(all(test, loom))]
+mod loom_model;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
@@ -179,8 +181,9 @@ fn untag(link: *mut Conn) -> (*mut Conn, usize) {
 #[repr(align(128))]
 struct Stripe {
     lock: Mutex<()>,
-    /// Entries inserted under this stripe's lock (the lower of an entry's two). `Relaxed`
-    /// RMW: a statistic, summed by [`Conntrack::stats`]; it orders nothing.
+    /// Entries inserted under this stripe's lock (the lower of an entry's two); written only
+    /// by holders of `lock`. A statistic, summed by [`Conntrack::stats`]; `Relaxed`, it orders
+    /// nothing.
     new_total: AtomicU64,
 }
 
@@ -400,9 +403,10 @@ impl Conntrack {
             // Release: publishes the whole entry (and `next`) to readers' Acquire loads.
             self.buckets[bucket].store(tag(p, d), Ordering::Release);
         }
-        self.locks[locks.lower]
-            .new_total
-            .fetch_add(1, Ordering::Relaxed);
+        // A load and a store, not an RMW: only holders of this stripe's lock write it, and we
+        // hold it (readers in `stats` may see either value; Relaxed, it orders nothing).
+        let counter = &self.locks[locks.lower].new_total;
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         Insert::Done
     }
 
