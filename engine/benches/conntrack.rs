@@ -5,8 +5,9 @@
 //! Cases (`<table>` is `lockfree` or `mutex_hashmap`, `<threads>` from `VALLUM_BENCH_THREADS`,
 //! default "1,2"):
 //! - `syn_flood/<table>/pcap/<threads>`: the TCP SYNs of `../shared/data/pcap/ndpi-synscan.pcap`
-//!   (2002 distinct flows), repeated with the source port varied until [`FLOWS`] distinct flows;
-//!   skipped with a printed reason when the capture is absent.
+//!   (2011 packets, 2002 distinct 5-tuples, 1994 distinct pure-SYN flows), repeated with the
+//!   source port varied until [`FLOWS`] distinct flows; skipped with a printed reason when the
+//!   capture is absent.
 //! - `syn_flood/<table>/synth/<threads>`: [`FLOWS`] generated distinct SYNs (source address and
 //!   port varied).
 //!
@@ -83,7 +84,7 @@ fn pcap_flows() -> Result<Vec<PacketMeta>, String> {
             continue;
         };
         if p.protocol == 6
-            && p.tcp_flags & tcp_flags::SYN != 0
+            && p.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN
             && seen.insert((p.src, p.sport, p.dst, p.dport))
         {
             base.push(syn(p.src, p.sport, p.dst, p.dport));
