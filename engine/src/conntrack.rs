@@ -34,8 +34,10 @@
 //! TCP: SYN / SYN-ACK / ACK handshake, FIN and RST closing ([`TcpState`], no window tracking, no
 //! mid-stream pick-up: a non-SYN TCP packet without an entry is INVALID). UDP and generic: NEW
 //! until a reply is seen, then ESTABLISHED. ICMP: echo/timestamp/info/address-mask (and ICMPv6
-//! echo / node info) requests open entries, replies match them. ICMP errors are INVALID for now:
-//! RELATED needs the embedded header, which [`PacketMeta`] does not carry. Non-first fragments
+//! echo / node info) requests open entries, replies match them. ICMP errors are RELATED when the
+//! header embedded in them belongs to a live entry, through [`Conntrack::track_related`] (the
+//! caller parses the embedded header: [`PacketMeta`] does not carry it); given to
+//! [`Conntrack::track`] they are INVALID. Non-first fragments
 //! are UNTRACKED (there is no defragmentation before the tracker). Packets already marked
 //! UNTRACKED (raw-table NOTRACK) are left alone.
 //!
@@ -115,6 +117,8 @@ pub enum CtVerdict {
     New,
     /// A reply was seen.
     Established,
+    /// An ICMP error about a tracked connection ([`Conntrack::track_related`]).
+    Related,
     /// The packet fits no connection (or its state); `ct_state` is INVALID.
     Invalid,
     /// The packet is not tracked; `ct_state` is UNTRACKED.
@@ -259,8 +263,38 @@ impl Conntrack {
         pkt.ct_state = match v {
             CtVerdict::New => ct_state::NEW,
             CtVerdict::Established => ct_state::ESTABLISHED,
+            CtVerdict::Related => ct_state::RELATED,
             CtVerdict::Invalid | CtVerdict::TableFull => ct_state::INVALID,
             CtVerdict::Untracked => ct_state::UNTRACKED,
+        };
+        v
+    }
+
+    /// Tracks an ICMP/ICMPv6 error (destination unreachable, time exceeded, parameter problem,
+    /// ...; source quench and redirect for IPv4, packet too big for IPv6) whose embedded
+    /// header the caller parsed into `inner` (as it was sent: source, destination, ports or
+    /// ICMP `type << 8 | code`). RELATED when `inner` is either tuple of an entry that has not
+    /// expired at `now` (ns), INVALID otherwise; sets `pkt.ct_state` likewise. The entry's
+    /// timeout is not refreshed (nor is it in nf_conntrack).
+    ///
+    /// nf_conntrack looks up the inverted embedded tuple; since every entry is hashed under
+    /// both its tuples, looking up `inner` itself finds the same entry.
+    pub fn track_related(&self, pkt: &mut PacketMeta, inner: &Tuple, now: u64) -> CtVerdict {
+        let v = if pkt.ct_state == ct_state::UNTRACKED {
+            CtVerdict::Untracked
+        } else if pkt.fragment || !matches!(Tuple::from_packet(pkt).1, Some(IcmpKind::Error)) {
+            CtVerdict::Invalid
+        } else {
+            let guard = reclaim::pin();
+            match self.find(inner, inner.hash(), &guard) {
+                Some((conn, _)) if conn.timeout.load(Ordering::Relaxed) > now => CtVerdict::Related,
+                _ => CtVerdict::Invalid,
+            }
+        };
+        pkt.ct_state = match v {
+            CtVerdict::Related => ct_state::RELATED,
+            CtVerdict::Untracked => ct_state::UNTRACKED,
+            _ => ct_state::INVALID,
         };
         v
     }

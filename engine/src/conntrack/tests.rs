@@ -335,3 +335,57 @@ fn concurrent_readers_and_writers_keep_counts() {
             .all(|v| v.seen_reply)
     );
 }
+
+#[test]
+fn icmp_errors_about_tracked_flows_are_related() {
+    let ct = table(64, 100);
+    tcp(&ct, false, SYN, 0);
+    let inner = Tuple {
+        src: ip(1),
+        dst: ip(2),
+        protocol: PROTO_TCP,
+        sport: 1000,
+        dport: 80,
+    };
+    // A router tells the client its SYN did not get through.
+    let mut unreach = pkt(PROTO_ICMP, ip(7), 0, ip(1), 0, 0);
+    unreach.icmp_type = 3;
+    assert_eq!(
+        ct.track_related(&mut unreach, &inner, S),
+        CtVerdict::Related
+    );
+    assert_eq!(unreach.ct_state, ct_state::RELATED);
+    // The same error quoting the server's side of the flow (the reply tuple) is RELATED too.
+    assert_eq!(
+        ct.track_related(&mut unreach, &inner.reply(), S),
+        CtVerdict::Related
+    );
+    // Unknown flow, expired flow, not an error, NOTRACK.
+    let other = Tuple {
+        sport: 1001,
+        ..inner
+    };
+    assert_eq!(
+        ct.track_related(&mut unreach, &other, S),
+        CtVerdict::Invalid
+    );
+    assert_eq!(unreach.ct_state, ct_state::INVALID);
+    assert_eq!(
+        ct.track_related(&mut unreach, &inner, 121 * S),
+        CtVerdict::Invalid
+    );
+    let mut echo = pkt(PROTO_ICMP, ip(7), 0, ip(1), 0, 0);
+    echo.icmp_type = 8;
+    assert_eq!(ct.track_related(&mut echo, &inner, S), CtVerdict::Invalid);
+    let mut untracked = unreach;
+    untracked.ct_state = ct_state::UNTRACKED;
+    assert_eq!(
+        ct.track_related(&mut untracked, &inner, S),
+        CtVerdict::Untracked
+    );
+    // ICMPv6 packet too big.
+    let mut ptb = pkt(PROTO_ICMPV6, ip(7), 0, ip(1), 0, 0);
+    ptb.icmp_type = 2;
+    assert_eq!(ct.track_related(&mut ptb, &inner, S), CtVerdict::Related);
+    assert_eq!(ct.stats().entries, 1, "errors open no entries");
+}

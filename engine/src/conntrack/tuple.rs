@@ -43,8 +43,8 @@ pub(crate) enum IcmpKind {
     Request,
     /// A reply: valid only for an existing entry.
     Reply,
-    /// An error about another flow (destination unreachable, time exceeded, ...): RELATED in
-    /// nf_conntrack; not tracked here because [`PacketMeta`] lacks the embedded header.
+    /// An error about another flow (destination unreachable, time exceeded, ...): RELATED
+    /// through [`super::Conntrack::track_related`], INVALID through `track`.
     Error,
     /// Neighbour discovery, MLD and the like: never tracked (nf_conntrack leaves them untracked).
     Untracked,
