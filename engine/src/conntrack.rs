@@ -2,10 +2,10 @@
 //! nf_conntrack since the 2014 patchset that removed the central `nf_conntrack_lock`.
 //!
 //! # Concurrency
-//! - **Lookups take no lock.** The table is an array of bucket heads; each entry ([`Conn`]) is
+//! - **Lookups take no lock.** The table is an array of bucket heads; each entry (`Conn`) is
 //!   linked into two chains, by its original and by its reply tuple (`tuplehash[2]`). A link is
 //!   a tagged pointer: the low bit says which of the entry's two nodes it points at. Readers walk
-//!   chains with `Acquire` loads under a crossbeam-epoch guard ([`reclaim`]).
+//!   chains with `Acquire` loads under a crossbeam-epoch guard (module `reclaim`).
 //! - **Inserts and deletes take hashed locks**: `locks` mutexes, lock `i` guarding every bucket
 //!   `b` with `b % locks == i`. A writer takes the locks of both of an entry's buckets, lower
 //!   index first (one lock when they coincide), so two writers never wait on each other in a

@@ -389,3 +389,51 @@ fn icmp_errors_about_tracked_flows_are_related() {
     assert_eq!(ct.track_related(&mut ptb, &inner, S), CtVerdict::Related);
     assert_eq!(ct.stats().entries, 1, "errors open no entries");
 }
+
+/// Four threads open more flows than the table holds while a fifth collects garbage: the
+/// maximum holds up to the number of concurrent inserters, every flow is either in the table or
+/// was dropped early or refused, and the counters agree with the chains.
+#[test]
+fn concurrent_early_drop_keeps_counts() {
+    const MAX: usize = 64;
+    let ct = Arc::new(table(32, MAX));
+    let handles: Vec<_> = (0..4u8)
+        .map(|w| {
+            let ct = Arc::clone(&ct);
+            std::thread::spawn(move || {
+                let mut new = 0u64;
+                for i in 0..1000u16 {
+                    let mut p = pkt(PROTO_TCP, ip(10 + w), i, ip(2), 80, SYN);
+                    match ct.track(&mut p, u64::from(i)) {
+                        CtVerdict::New => new += 1,
+                        CtVerdict::TableFull => {}
+                        v => panic!("{v:?}"),
+                    }
+                    assert!(ct.stats().entries as usize <= MAX + 4);
+                    if i % 3 == 0 {
+                        let mut r = pkt(PROTO_TCP, ip(2), 80, ip(10 + w), i, SYN | ACK);
+                        ct.track(&mut r, u64::from(i));
+                    }
+                }
+                new
+            })
+        })
+        .collect();
+    let gc = {
+        let ct = Arc::clone(&ct);
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                ct.gc(500, 8);
+            }
+        })
+    };
+    let new: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    gc.join().unwrap();
+    let s = ct.stats();
+    let l = ct.list();
+    assert_eq!(s.entries as usize, l.len());
+    assert!(l.len() <= MAX);
+    assert_eq!(s.new_total, new);
+    assert!(s.early_drops > 0);
+    assert!(s.new_total >= s.entries + s.early_drops, "{s:?}");
+}
