@@ -2,8 +2,9 @@
 //! single `Mutex<HashMap>` table (the design before the kernel's 2014 removal of the central
 //! `nf_conntrack_lock`), in the same run.
 //!
-//! Cases (`<table>` is `lockfree` or `mutex_hashmap`, `<threads>` from `VALLUM_BENCH_THREADS`,
-//! default "1,2"):
+//! Cases (`<table>` is `lockfree`, `lockfree_batch32` (the same table fed through
+//! `track_batch` 32 packets at a time, one epoch pin per batch; criterion only) or
+//! `mutex_hashmap`; `<threads>` from `VALLUM_BENCH_THREADS`, default "1,2"):
 //! - `syn_flood/<table>/pcap/<threads>`: the TCP SYNs of `../shared/data/pcap/ndpi-synscan.pcap`
 //!   (2011 packets, 2002 distinct 5-tuples, 1994 distinct pure-SYN flows), repeated with the
 //!   source port varied until [`FLOWS`] distinct flows; skipped with a printed reason when the
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rustc_hash::FxBuildHasher;
-use vallum_engine::conntrack::{Conntrack, ConntrackConfig, Tuple};
+use vallum_engine::conntrack::{Conntrack, ConntrackConfig, CtVerdict, Tuple};
 use vallum_engine::model::{ct_state, tcp_flags};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::pcap::read_capture;
@@ -126,6 +127,14 @@ fn synth_flows() -> Vec<PacketMeta> {
 trait Table: Send + Sync + 'static {
     fn build(flows: usize) -> Self;
     fn track(&self, p: &mut PacketMeta, now: u64);
+    /// Tracks every packet of `pkts` (a copy of each).
+    fn track_slice(&self, pkts: &[PacketMeta]) {
+        for (i, p) in pkts.iter().enumerate() {
+            let mut p = *p;
+            self.track(&mut p, i as u64);
+            std::hint::black_box(p.ct_state);
+        }
+    }
 }
 
 impl Table for Conntrack {
@@ -139,6 +148,29 @@ impl Table for Conntrack {
     }
     fn track(&self, p: &mut PacketMeta, now: u64) {
         Conntrack::track(self, p, now);
+    }
+}
+
+/// The conntrack table fed in batches of 32 packets (one epoch pin per batch), as a worker's
+/// `process_batch` would.
+struct Batched(Conntrack);
+
+impl Table for Batched {
+    fn build(flows: usize) -> Self {
+        Batched(<Conntrack as Table>::build(flows))
+    }
+    fn track(&self, p: &mut PacketMeta, now: u64) {
+        Conntrack::track(&self.0, p, now);
+    }
+    fn track_slice(&self, pkts: &[PacketMeta]) {
+        let mut v = [CtVerdict::New; 32];
+        for (i, chunk) in pkts.chunks(32).enumerate() {
+            let mut batch = [PacketMeta::default(); 32];
+            batch[..chunk.len()].copy_from_slice(chunk);
+            self.0
+                .track_batch(&mut batch[..chunk.len()], i as u64, &mut v);
+            std::hint::black_box(&batch);
+        }
     }
 }
 
@@ -193,11 +225,7 @@ fn flood<T: Table>(flows: &Arc<Vec<PacketMeta>>, threads: usize) -> Duration {
                 let lo = (t * chunk).min(flows.len());
                 let hi = ((t + 1) * chunk).min(flows.len());
                 barrier.wait();
-                for (i, p) in flows[lo..hi].iter().enumerate() {
-                    let mut p = *p;
-                    table.track(&mut p, i as u64);
-                    std::hint::black_box(p.ct_state);
-                }
+                table.track_slice(&flows[lo..hi]);
             })
         })
         .collect();
@@ -237,6 +265,11 @@ fn bench(c: &mut Criterion) {
                 |b, &n| {
                     b.iter_custom(|iters| (0..iters).map(|_| flood::<Conntrack>(flows, n)).sum())
                 },
+            );
+            g.bench_with_input(
+                BenchmarkId::new(format!("lockfree_batch32/{name}"), n),
+                &n,
+                |b, &n| b.iter_custom(|iters| (0..iters).map(|_| flood::<Batched>(flows, n)).sum()),
             );
             g.bench_with_input(
                 BenchmarkId::new(format!("mutex_hashmap/{name}"), n),

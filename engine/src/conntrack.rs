@@ -270,6 +270,17 @@ impl Conntrack {
         v
     }
 
+    /// [`Conntrack::track`] for each packet of a batch, with the epoch pinned once for the
+    /// whole batch (the per-packet pins nest and skip the fence); `verdicts[i]` receives packet
+    /// `i`'s verdict (the shorter of the two slices bounds the work). Drop the packets whose
+    /// verdict is [`CtVerdict::TableFull`].
+    pub fn track_batch(&self, pkts: &mut [PacketMeta], now: u64, verdicts: &mut [CtVerdict]) {
+        let _guard = reclaim::pin();
+        for (p, v) in pkts.iter_mut().zip(verdicts.iter_mut()) {
+            *v = self.track(p, now);
+        }
+    }
+
     /// Tracks an ICMP/ICMPv6 error (destination unreachable, time exceeded, parameter problem,
     /// ...; source quench and redirect for IPv4, packet too big for IPv6) whose embedded
     /// header the caller parsed into `inner` (as it was sent: source, destination, ports or

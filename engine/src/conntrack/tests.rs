@@ -437,3 +437,21 @@ fn concurrent_early_drop_keeps_counts() {
     assert!(s.early_drops > 0);
     assert!(s.new_total >= s.entries + s.early_drops, "{s:?}");
 }
+
+#[test]
+fn track_batch_matches_track() {
+    let ct = table(64, 100);
+    let mut pkts = [
+        pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, SYN),
+        pkt(PROTO_TCP, ip(2), 80, ip(1), 1000, SYN | ACK),
+        pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, ACK),
+        pkt(PROTO_TCP, ip(1), 1001, ip(2), 80, ACK),
+    ];
+    let mut v = [CtVerdict::Invalid; 4];
+    ct.track_batch(&mut pkts, 0, &mut v);
+    use CtVerdict::*;
+    assert_eq!(v, [New, Established, Established, Invalid]);
+    let states: Vec<u8> = pkts.iter().map(|p| p.ct_state).collect();
+    use ct_state::*;
+    assert_eq!(states, [NEW, ESTABLISHED, ESTABLISHED, INVALID]);
+}
