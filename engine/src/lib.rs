@@ -5,6 +5,7 @@
 //! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.
 
 pub mod compile;
+pub mod conntrack;
 pub mod dataplane;
 pub mod engine;
 pub mod model;

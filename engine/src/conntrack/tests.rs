@@ -1,0 +1,457 @@
+//! Unit tests of the tracker: TCP handshake and closing, UDP and ICMP, timeouts, GC, the
+//! maximum with early drop, and concurrent readers and writers.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use super::*;
+use crate::model::tcp_flags::{ACK, FIN, RST, SYN};
+
+const S: u64 = 1_000_000_000;
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+}
+
+fn pkt(protocol: u8, src: IpAddr, sport: u16, dst: IpAddr, dport: u16, flags: u8) -> PacketMeta {
+    PacketMeta {
+        src,
+        dst,
+        protocol,
+        sport,
+        dport,
+        tcp_flags: flags,
+        ..PacketMeta::default()
+    }
+}
+
+fn table(buckets: usize, max_entries: usize) -> Conntrack {
+    Conntrack::new(ConntrackConfig {
+        buckets,
+        max_entries,
+        locks: 16,
+    })
+    .unwrap()
+}
+
+/// Tracks a TCP packet from client (a:1000) to server (b:80) or back; returns the ct_state.
+fn tcp(ct: &Conntrack, reply: bool, flags: u8, now: u64) -> u8 {
+    let mut p = if reply {
+        pkt(PROTO_TCP, ip(2), 80, ip(1), 1000, flags)
+    } else {
+        pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, flags)
+    };
+    ct.track(&mut p, now);
+    p.ct_state
+}
+
+#[test]
+fn tcp_handshake_new_then_established_both_ways() {
+    let ct = table(64, 100);
+    assert_eq!(tcp(&ct, false, SYN, 0), ct_state::NEW);
+    assert_eq!(tcp(&ct, false, SYN, S), ct_state::NEW, "retransmitted SYN");
+    assert_eq!(tcp(&ct, true, SYN | ACK, 2 * S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::SynRecv));
+    assert_eq!(tcp(&ct, false, ACK, 3 * S), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, true, ACK, 4 * S), ct_state::ESTABLISHED);
+    let l = ct.list();
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].tcp_state, Some(TcpState::Established));
+    assert!(l[0].seen_reply);
+    assert_eq!(l[0].expires_ns, 4 * S + 5 * 24 * 3600 * S);
+    assert_eq!(ct.stats().new_total, 1);
+    assert_eq!(ct.stats().entries, 1);
+}
+
+#[test]
+fn tcp_close_and_invalid() {
+    let ct = table(64, 100);
+    assert_eq!(
+        tcp(&ct, false, ACK, 0),
+        ct_state::INVALID,
+        "no entry, not a SYN"
+    );
+    assert_eq!(ct.stats().entries, 0);
+    tcp(&ct, false, SYN, 0);
+    assert_eq!(
+        tcp(&ct, false, SYN | ACK, 0),
+        ct_state::INVALID,
+        "SYN-ACK from client"
+    );
+    tcp(&ct, true, SYN | ACK, 0);
+    tcp(&ct, false, ACK, 0);
+    tcp(&ct, false, FIN | ACK, 0);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::FinWait));
+    tcp(&ct, true, FIN | ACK, 0);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::LastAck));
+    assert_eq!(tcp(&ct, false, ACK, 0), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::TimeWait));
+    assert_eq!(ct.list()[0].expires_ns, 120 * S);
+    // A new SYN on the same tuple reopens it.
+    assert_eq!(tcp(&ct, false, SYN, S), ct_state::NEW);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::SynSent));
+    assert_eq!(tcp(&ct, true, RST, S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Close));
+    assert_eq!(ct.list()[0].expires_ns, 11 * S);
+}
+
+#[test]
+fn udp_reply_establishes_and_extends_timeout() {
+    let ct = table(64, 100);
+    let mut q = pkt(PROTO_UDP, ip(1), 5353, ip(2), 53, 0);
+    assert_eq!(ct.track(&mut q, 0), CtVerdict::New);
+    assert_eq!(q.ct_state, ct_state::NEW);
+    assert_eq!(ct.list()[0].expires_ns, 30 * S);
+    let mut r = pkt(PROTO_UDP, ip(2), 53, ip(1), 5353, 0);
+    assert_eq!(ct.track(&mut r, S), CtVerdict::Established);
+    assert_eq!(r.ct_state, ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].expires_ns, 121 * S);
+    assert_eq!(ct.track(&mut q, 2 * S), CtVerdict::Established);
+}
+
+#[test]
+fn icmp_echo_and_errors() {
+    let ct = table(64, 100);
+    let mut req = pkt(PROTO_ICMP, ip(1), 0, ip(2), 0, 0);
+    req.icmp_type = 8;
+    let mut rep = pkt(PROTO_ICMP, ip(2), 0, ip(1), 0, 0);
+    rep.icmp_type = 0;
+    assert_eq!(
+        ct.track(&mut rep.clone(), 0),
+        CtVerdict::Invalid,
+        "reply first"
+    );
+    assert_eq!(ct.track(&mut req, 0), CtVerdict::New);
+    assert_eq!(ct.track(&mut rep, 0), CtVerdict::Established);
+    let mut unreach = pkt(PROTO_ICMP, ip(2), 0, ip(1), 0, 0);
+    unreach.icmp_type = 3;
+    assert_eq!(ct.track(&mut unreach, 0), CtVerdict::Invalid);
+    let mut ns = pkt(PROTO_ICMPV6, ip(2), 0, ip(1), 0, 0);
+    ns.icmp_type = 135;
+    assert_eq!(ct.track(&mut ns, 0), CtVerdict::Untracked);
+    assert_eq!(ns.ct_state, ct_state::UNTRACKED);
+}
+
+#[test]
+fn notrack_and_fragments_are_not_tracked() {
+    let ct = table(64, 100);
+    let mut p = pkt(PROTO_UDP, ip(1), 1, ip(2), 2, 0);
+    p.ct_state = ct_state::UNTRACKED;
+    assert_eq!(ct.track(&mut p, 0), CtVerdict::Untracked);
+    assert_eq!(p.ct_state, ct_state::UNTRACKED);
+    let mut f = pkt(PROTO_UDP, ip(1), 0, ip(2), 0, 0);
+    f.fragment = true;
+    assert_eq!(ct.track(&mut f, 0), CtVerdict::Untracked);
+    assert_eq!(ct.stats().entries, 0);
+}
+
+#[test]
+fn timeouts_expire_with_now_and_gc_collects() {
+    let ct = table(64, 100);
+    let mut q = pkt(PROTO_UDP, ip(1), 5353, ip(2), 53, 0);
+    ct.track(&mut q, 0);
+    tcp(&ct, false, SYN, 0);
+    assert_eq!(ct.stats().entries, 2);
+    // The UDP entry (30 s) expired at 31 s; a reply then finds nothing and opens a new entry.
+    let mut r = pkt(PROTO_UDP, ip(2), 53, ip(1), 5353, 0);
+    assert_eq!(ct.track(&mut r, 31 * S), CtVerdict::New);
+    assert_eq!(ct.stats().new_total, 3);
+    assert_eq!(ct.stats().entries, 2);
+    assert_eq!(
+        ct.gc(60 * S, 64),
+        0,
+        "SYN_SENT lives 120 s, the new UDP entry until 61 s"
+    );
+    assert_eq!(ct.stats().entries, 2);
+    assert_eq!(ct.gc(100 * S, 64), 1);
+    assert_eq!(ct.stats().entries, 1);
+    assert_eq!(ct.gc(121 * S, 64), 1);
+    assert_eq!(ct.stats().entries, 0);
+    assert!(ct.list().is_empty());
+}
+
+#[test]
+fn gc_reports_what_it_removed() {
+    let ct = table(64, 1000);
+    for i in 0..100u16 {
+        let mut p = pkt(PROTO_UDP, ip(1), i, ip(2), 53, 0);
+        ct.track(&mut p, 0);
+    }
+    let mut removed = 0;
+    for _ in 0..8 {
+        removed += ct.gc(31 * S, 8);
+    }
+    assert_eq!(removed, 100);
+    assert_eq!(ct.stats().entries, 0);
+}
+
+#[test]
+fn max_entries_with_early_drop() {
+    // One bucket, so early drop always sees every entry.
+    let ct = table(1, 3);
+    for i in 0..3u16 {
+        let mut p = pkt(PROTO_UDP, ip(1), i, ip(2), 53, 0);
+        assert_eq!(ct.track(&mut p, 0), CtVerdict::New);
+    }
+    // Replied entries are not dropped early.
+    for i in 0..3u16 {
+        let mut r = pkt(PROTO_UDP, ip(2), 53, ip(1), i, 0);
+        assert_eq!(ct.track(&mut r, 0), CtVerdict::Established);
+    }
+    let mut p = pkt(PROTO_UDP, ip(1), 100, ip(2), 53, 0);
+    assert_eq!(ct.track(&mut p, 0), CtVerdict::TableFull);
+    assert_eq!(p.ct_state, ct_state::INVALID);
+    assert_eq!(ct.stats().insert_failed, 1);
+    // Once one is unreplied... there is none; delete one and add an unreplied one.
+    assert_eq!(ct.delete(|v| v.original.sport == 0), 1);
+    assert_eq!(ct.track(&mut p, 0), CtVerdict::New);
+    let mut p2 = pkt(PROTO_UDP, ip(1), 101, ip(2), 53, 0);
+    assert_eq!(ct.track(&mut p2, 0), CtVerdict::New);
+    let s = ct.stats();
+    assert_eq!((s.entries, s.early_drops, s.new_total), (3, 1, 5));
+    let sports: Vec<u16> = ct.list().iter().map(|v| v.original.sport).collect();
+    assert!(
+        sports.contains(&101) && !sports.contains(&100),
+        "{sports:?}"
+    );
+}
+
+#[test]
+fn delete_and_flush() {
+    let ct = table(16, 1000);
+    for i in 0..50u16 {
+        let mut p = pkt(PROTO_UDP, ip(1), i, ip(2), 53, 0);
+        ct.track(&mut p, 0);
+    }
+    assert_eq!(ct.delete(|v| v.original.sport < 10), 10);
+    assert_eq!(ct.list().len(), 40);
+    assert_eq!(ct.flush(), 40);
+    assert_eq!(ct.stats().entries, 0);
+}
+
+#[test]
+fn config_errors() {
+    let c = ConntrackConfig::default();
+    assert!(Conntrack::new(c).is_ok());
+    let e = |c| Conntrack::new(c).err();
+    assert_eq!(
+        e(ConntrackConfig { buckets: 0, ..c }),
+        Some(ConntrackError::Buckets(0))
+    );
+    assert_eq!(
+        e(ConntrackConfig { locks: 0, ..c }),
+        Some(ConntrackError::NoLocks)
+    );
+    assert_eq!(
+        e(ConntrackConfig {
+            max_entries: 0,
+            ..c
+        }),
+        Some(ConntrackError::NoEntries)
+    );
+}
+
+/// Writers open flows (each flow by two threads at once, from both directions), delete and GC
+/// while readers track established flows; afterwards every flow exists exactly once and the
+/// counters add up.
+#[test]
+fn concurrent_readers_and_writers_keep_counts() {
+    const FLOWS: u16 = 2000;
+    let ct = Arc::new(table(256, 1 << 20));
+    // Long-lived flows the readers use.
+    for i in 0..100u16 {
+        let mut p = pkt(PROTO_UDP, ip(9), i, ip(8), 53, 0);
+        ct.track(&mut p, 0);
+        let mut r = pkt(PROTO_UDP, ip(8), 53, ip(9), i, 0);
+        ct.track(&mut r, 0);
+    }
+    let mut handles = Vec::new();
+    for w in 0..4u16 {
+        let ct = Arc::clone(&ct);
+        handles.push(std::thread::spawn(move || {
+            for i in 0..FLOWS {
+                // Threads 0 and 1 open the same flows from opposite sides, 2 and 3 likewise.
+                let (a, b) = (ip(1 + (w / 2) as u8), ip(100));
+                let mut p = if w % 2 == 0 {
+                    pkt(PROTO_UDP, a, i, b, 53, 0)
+                } else {
+                    pkt(PROTO_UDP, b, 53, a, i, 0)
+                };
+                let v = ct.track(&mut p, 1);
+                assert!(
+                    matches!(v, CtVerdict::New | CtVerdict::Established),
+                    "{v:?}"
+                );
+            }
+        }));
+    }
+    for _ in 0..2 {
+        let ct = Arc::clone(&ct);
+        handles.push(std::thread::spawn(move || {
+            for round in 0..20 {
+                for i in 0..100u16 {
+                    let mut r = pkt(PROTO_UDP, ip(8), 53, ip(9), i, 0);
+                    assert_eq!(ct.track(&mut r, 2), CtVerdict::Established, "round {round}");
+                }
+            }
+        }));
+    }
+    // A churner: short flows created and deleted again.
+    {
+        let ct = Arc::clone(&ct);
+        handles.push(std::thread::spawn(move || {
+            for i in 0..2000u16 {
+                let mut p = pkt(PROTO_TCP, ip(50), i, ip(51), 80, SYN);
+                assert_eq!(ct.track(&mut p, 3), CtVerdict::New);
+                if i % 2 == 0 {
+                    ct.delete(|v| v.original.src == ip(50) && v.original.sport == i);
+                }
+                ct.gc(3, 4);
+            }
+        }));
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    let l = ct.list();
+    let mut keys: Vec<Tuple> = l.iter().map(|v| v.original).collect();
+    keys.sort_by_key(|t| (t.src, t.dst, t.sport, t.dport, t.protocol));
+    keys.dedup();
+    assert_eq!(keys.len(), l.len(), "no duplicate entries");
+    let expected = 100 + 2 * usize::from(FLOWS) + 1000;
+    assert_eq!(l.len(), expected);
+    let s = ct.stats();
+    assert_eq!(s.entries as usize, expected);
+    assert_eq!(
+        s.new_total as usize,
+        expected + 1000,
+        "inserts - deletes = entries"
+    );
+    assert_eq!(s.early_drops + s.insert_failed, 0);
+    // Every flow of both writer pairs was seen from both sides: established.
+    assert!(
+        l.iter()
+            .filter(|v| v.original.protocol == PROTO_UDP)
+            .all(|v| v.seen_reply)
+    );
+}
+
+#[test]
+fn icmp_errors_about_tracked_flows_are_related() {
+    let ct = table(64, 100);
+    tcp(&ct, false, SYN, 0);
+    let inner = Tuple {
+        src: ip(1),
+        dst: ip(2),
+        protocol: PROTO_TCP,
+        sport: 1000,
+        dport: 80,
+    };
+    // A router tells the client its SYN did not get through.
+    let mut unreach = pkt(PROTO_ICMP, ip(7), 0, ip(1), 0, 0);
+    unreach.icmp_type = 3;
+    assert_eq!(
+        ct.track_related(&mut unreach, &inner, S),
+        CtVerdict::Related
+    );
+    assert_eq!(unreach.ct_state, ct_state::RELATED);
+    // The same error quoting the server's side of the flow (the reply tuple) is RELATED too.
+    assert_eq!(
+        ct.track_related(&mut unreach, &inner.reply(), S),
+        CtVerdict::Related
+    );
+    // Unknown flow, expired flow, not an error, NOTRACK.
+    let other = Tuple {
+        sport: 1001,
+        ..inner
+    };
+    assert_eq!(
+        ct.track_related(&mut unreach, &other, S),
+        CtVerdict::Invalid
+    );
+    assert_eq!(unreach.ct_state, ct_state::INVALID);
+    assert_eq!(
+        ct.track_related(&mut unreach, &inner, 121 * S),
+        CtVerdict::Invalid
+    );
+    let mut echo = pkt(PROTO_ICMP, ip(7), 0, ip(1), 0, 0);
+    echo.icmp_type = 8;
+    assert_eq!(ct.track_related(&mut echo, &inner, S), CtVerdict::Invalid);
+    let mut untracked = unreach;
+    untracked.ct_state = ct_state::UNTRACKED;
+    assert_eq!(
+        ct.track_related(&mut untracked, &inner, S),
+        CtVerdict::Untracked
+    );
+    // ICMPv6 packet too big.
+    let mut ptb = pkt(PROTO_ICMPV6, ip(7), 0, ip(1), 0, 0);
+    ptb.icmp_type = 2;
+    assert_eq!(ct.track_related(&mut ptb, &inner, S), CtVerdict::Related);
+    assert_eq!(ct.stats().entries, 1, "errors open no entries");
+}
+
+/// Four threads open more flows than the table holds while a fifth collects garbage: the
+/// maximum holds up to the number of concurrent inserters, every flow is either in the table or
+/// was dropped early or refused, and the counters agree with the chains.
+#[test]
+fn concurrent_early_drop_keeps_counts() {
+    const MAX: usize = 64;
+    let ct = Arc::new(table(32, MAX));
+    let handles: Vec<_> = (0..4u8)
+        .map(|w| {
+            let ct = Arc::clone(&ct);
+            std::thread::spawn(move || {
+                let mut new = 0u64;
+                for i in 0..1000u16 {
+                    let mut p = pkt(PROTO_TCP, ip(10 + w), i, ip(2), 80, SYN);
+                    match ct.track(&mut p, u64::from(i)) {
+                        CtVerdict::New => new += 1,
+                        CtVerdict::TableFull => {}
+                        v => panic!("{v:?}"),
+                    }
+                    assert!(ct.stats().entries as usize <= MAX + 4);
+                    if i % 3 == 0 {
+                        let mut r = pkt(PROTO_TCP, ip(2), 80, ip(10 + w), i, SYN | ACK);
+                        ct.track(&mut r, u64::from(i));
+                    }
+                }
+                new
+            })
+        })
+        .collect();
+    let gc = {
+        let ct = Arc::clone(&ct);
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                ct.gc(500, 8);
+            }
+        })
+    };
+    let new: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    gc.join().unwrap();
+    let s = ct.stats();
+    let l = ct.list();
+    assert_eq!(s.entries as usize, l.len());
+    assert!(l.len() <= MAX);
+    assert_eq!(s.new_total, new);
+    assert!(s.early_drops > 0);
+    assert!(s.new_total >= s.entries + s.early_drops, "{s:?}");
+}
+
+#[test]
+fn track_batch_matches_track() {
+    let ct = table(64, 100);
+    let mut pkts = [
+        pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, SYN),
+        pkt(PROTO_TCP, ip(2), 80, ip(1), 1000, SYN | ACK),
+        pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, ACK),
+        pkt(PROTO_TCP, ip(1), 1001, ip(2), 80, ACK),
+    ];
+    let mut v = [CtVerdict::Invalid; 4];
+    ct.track_batch(&mut pkts, 0, &mut v);
+    use CtVerdict::*;
+    assert_eq!(v, [New, Established, Established, Invalid]);
+    let states: Vec<u8> = pkts.iter().map(|p| p.ct_state).collect();
+    use ct_state::*;
+    assert_eq!(states, [NEW, ESTABLISHED, ESTABLISHED, INVALID]);
+}
