@@ -146,10 +146,18 @@ pub async fn run_with(
             .set_service_status(s, ServingStatus::NotServing)
             .await;
     }
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(vallum_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection v1, and v1alpha for the many clients that still only speak it (grpcurl
+    // before 1.9, Python grpcio-reflection's descriptor database).
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(vallum_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder()
         .build_v1()
+        .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
 
     let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -182,6 +190,7 @@ pub async fn run_with(
         .layer(hooks::rpc_layer(&config, &metrics, tokens))
         .add_service(health)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(
             RulesetServiceServer::new(RulesetApi::new(state.clone()))
                 .max_decoding_message_size(max),

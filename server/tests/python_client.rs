@@ -23,7 +23,10 @@ fn python_has_grpc() -> Result<(), String> {
     } else {
         Err(format!(
             "python grpcio packages missing (pip install grpcio grpcio-reflection grpcio-health-checking): {}",
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
         ))
     }
 }
