@@ -7,7 +7,8 @@
 //!   `hash:ip` set; throughput in lookups/s. Variants, in the same run:
 //!   - `sethandle/no_writer`: `IpSet::contains` on a `SetHandle` (arc-swap load + Fx probe);
 //!   - `sethandle/writer_10k_per_s`: the same while another thread adds 50 and deletes 50
-//!     elements every 10 ms (10k element changes/s, one publication per batch);
+//!     elements every 10 ms (10k element changes/s, one `SetManager::update` publication
+//!     per batch);
 //!   - `rwlock_hashset/no_writer` and `rwlock_hashset/writer_10k_per_s`: a
 //!     `RwLock<FxHashSet<IpAddr>>` read-locked per lookup, with the same writer pattern.
 //!
@@ -139,9 +140,8 @@ fn lookup(c: &mut Criterion) {
         let add = add
             .iter()
             .map(|&a| (Element::new(a, 32, None), AddOptions::default()));
-        wm.add("s", add, 0).unwrap();
-        wm.delete("s", del.iter().map(|&a| Element::new(a, 32, None)))
-            .unwrap();
+        let del = del.iter().map(|&a| Element::new(a, 32, None));
+        wm.update("s", add, del, 0).unwrap();
     });
     g.bench_function("sethandle/writer_10k_per_s", run_handle);
     stop.store(true, Ordering::Relaxed);

@@ -671,6 +671,23 @@ impl SetManager {
         )
     }
 
+    /// Adds `add` and deletes `delete` in one publication (readers see both or neither);
+    /// returns how many deleted elements were present. Deletions apply after additions.
+    pub fn update(
+        &self,
+        name: &str,
+        add: impl IntoIterator<Item = (Element, AddOptions)>,
+        delete: impl IntoIterator<Item = Element>,
+        now: u64,
+    ) -> Result<usize, SetError> {
+        let sets = self.lock();
+        let mut st = Self::stage(&sets, name)?;
+        st.add(name, add, now)?;
+        let n = delete.into_iter().filter(|e| st.content.remove(e)).count();
+        st.publish();
+        Ok(n)
+    }
+
     /// Deletes elements in one publication; returns how many were present.
     pub fn delete(
         &self,
@@ -1180,11 +1197,8 @@ mod tests {
                 (net, host)
             };
             // One batch: the new element is published together with the removal.
-            let sets = m.lock();
-            let mut st = SetManager::stage(&sets, "c").unwrap();
-            st.add("c", [(add, AddOptions::default())], 0).unwrap();
-            st.content.remove(&del);
-            st.publish();
+            m.update("c", [(add, AddOptions::default())], [del], 0)
+                .unwrap();
         }
         stop.store(true, Ordering::Relaxed);
         for r in readers {
