@@ -4,7 +4,7 @@
 //!
 //! # Lock-free reads (RCU by `arc-swap`)
 //!
-//! A set's elements live in an immutable [`Content`] (an Fx hash table plus the list of prefix
+//! A set's elements live in an immutable `Content` (an Fx hash table plus the list of prefix
 //! lengths present). A [`SetHandle`] is the shared cell the compiled snapshot holds (as
 //! `Arc<dyn IpSet>`); it keeps the current content in an [`ArcSwap`]. The packet path does
 //! `content.load()` (lock-free: a thread-local debt slot, no lock, no allocation), probes the
@@ -835,11 +835,23 @@ impl Staged {
     ) -> Result<(), SetError> {
         let opts = self.content.opts;
         for (e, add) in elements {
+            // As ipset: per-element options need the set to have been created with them.
+            let unsupported = if add.timeout.is_some() && opts.timeout.is_none() {
+                Some("the set was created without timeout")
+            } else if add.counters.is_some() && !opts.counters {
+                Some("the set was created without counters")
+            } else {
+                None
+            };
+            if let Some(reason) = unsupported {
+                return Err(SetError::BadElement {
+                    set: name.into(),
+                    element: e.display(&self.spec()),
+                    reason: reason.into(),
+                });
+            }
             let expires = match add.timeout.or(opts.timeout) {
-                // Only sets created with a timeout keep per-element timeouts (as ipset).
-                Some(t) if t > 0 && opts.timeout.is_some() => {
-                    now.saturating_add(u64::from(t).saturating_mul(NS_PER_S))
-                }
+                Some(t) if t > 0 => now.saturating_add(u64::from(t).saturating_mul(NS_PER_S)),
                 _ => u64::MAX,
             };
             let old = self.content.map.get(&e).and_then(|o| o.counters.clone());

@@ -360,6 +360,14 @@ add office-nets 10.20.0.0/16,tcp:22
                 "create a hash:ip\nadd a 10.0.0.1 foo\n",
                 "2:16: unknown option",
             ),
+            (
+                "create a hash:ip\nadd a 10.0.0.1 timeout 5\n",
+                "2:7: set \"a\": invalid element",
+            ),
+            (
+                "create a hash:ip\nadd a 10.0.0.1 packets 1 bytes 2\n",
+                "2:7: set \"a\": invalid element",
+            ),
             ("add nope 10.0.0.1\n", "1:5: set \"nope\" does not exist"),
             ("del a 10.0.0.1\n", "1:1: unknown command"),
             ("create a hash:ip\nadd a\n", "2:6: missing element"),
