@@ -1247,7 +1247,7 @@ impl Snapshot {
                 src.is_none_or(|(neg, lo, hi)| within(p.src, lo, hi) != neg)
                     && dst.is_none_or(|(neg, lo, hi)| within(p.dst, lo, hi) != neg)
             }
-            CMatch::Set { negated, set, dirs } => set.contains(p, dirs) != *negated,
+            CMatch::Set { negated, set, dirs } => set.contains(p, dirs, now) != *negated,
             CMatch::Mark {
                 negated,
                 value,
