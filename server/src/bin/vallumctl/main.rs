@@ -35,7 +35,11 @@ use crate::error::{CliError, EXIT_OK, EXIT_USAGE};
 
 /// Command-line client of the Vallum firewall service.
 #[derive(Debug, Parser)]
-#[command(name = "vallumctl", version, about)]
+#[command(
+    name = "vallumctl",
+    version,
+    about = "Command-line client of vallumd, the Vallum firewall service"
+)]
 struct Cli {
     /// gRPC endpoint of vallumd (`https://` or any TLS flag turns TLS on).
     #[arg(
@@ -454,9 +458,9 @@ fn print(output: Output, json: Value, text: impl FnOnce() -> String) -> Result<(
         Output::Json => {
             let s =
                 serde_json::to_string_pretty(&json).map_err(|e| CliError::Output(e.to_string()))?;
-            println!("{s}");
+            write_stdout(&format!("{s}\n"));
         }
-        Output::Text => print!("{}", text()),
+        Output::Text => write_stdout(&text()),
     }
     Ok(())
 }
@@ -766,8 +770,8 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
             while let Some(ev) = stream.next().await {
                 let ev = ev?;
                 match out {
-                    Output::Json => println!("{}", view::event_json(&ev)),
-                    Output::Text => println!("{}", view::event_text(&ev)),
+                    Output::Json => write_stdout(&format!("{}\n", view::event_json(&ev))),
+                    Output::Text => write_stdout(&format!("{}\n", view::event_text(&ev))),
                 }
             }
         }
@@ -842,6 +846,19 @@ fn report(e: &CliError, output: Output) {
                 eprintln!("vallumctl: {e}");
             }
         }
+    }
+}
+
+/// Writes to stdout. A closed pipe (`vallumctl ... | head`) ends the program quietly with
+/// status 0, as Unix tools do, instead of `print!`'s panic.
+fn write_stdout(s: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(i32::from(EXIT_OK));
+        }
+        eprintln!("vallumctl: cannot write to stdout: {e}");
     }
 }
 
