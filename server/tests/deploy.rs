@@ -1174,7 +1174,7 @@ fn dashboard_is_valid_grafana_json() {
 // Metric names
 
 /// DESIGN.md's metric table, with the OTel `rpc.server.duration` in its Prometheus form. Kept in
-/// step with /work/shared/DESIGN.md when that file is present (see below).
+/// step with ../shared/DESIGN.md (beside the repository) when that file is present (see below).
 const DESIGN_METRICS: &[(&str, &str)] = &[
     ("vallum_commit_duration_seconds", "histogram"),
     ("vallum_commit_quiesce_cores_waited", "histogram"),
