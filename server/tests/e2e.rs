@@ -687,3 +687,54 @@ async fn commit_confirmed_rolls_back_and_etags_and_idempotency() {
         "{br:?}"
     );
 }
+
+/// The confirm deadline is stored: a commit made with `confirm_within`, then a kill -9 before
+/// the deadline, is rolled back by the restarted vallumd once the deadline passes.
+#[tokio::test]
+async fn confirm_deadline_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v.db");
+    let mut d = Vallumd::start(&db, &["--confirm-check-interval", "0.1"]);
+    d.wait_serving().await;
+    let mut c = d.rulesets().await;
+    c.apply(apply_req("cr", &numbered(1))).await.unwrap();
+    let mut req = apply_req("cr", &numbered(2));
+    req.confirm_within = Some(prost_types::Duration {
+        seconds: 2,
+        nanos: 0,
+    });
+    let r2 = c.apply(req).await.unwrap().into_inner();
+    assert_eq!(
+        r2.revision.as_ref().unwrap().state,
+        pb::RevisionState::PendingConfirm as i32
+    );
+    d.kill9();
+
+    let d = Vallumd::start(&db, &["--confirm-check-interval", "0.1"]);
+    d.wait_serving().await;
+    let mut c = d.rulesets().await;
+    // Still pending right after the restart (the deadline is 2 s after the commit), then rolled
+    // back to revision 1's content as revision 3.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let rs = loop {
+        let rs = c
+            .get_ruleset(pb::GetRulesetRequest { name: "cr".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        if rs.active_revision == 3 || std::time::Instant::now() > deadline {
+            break rs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(rs.active_revision, 3, "not rolled back after the restart");
+    let get = |n: u64| pb::GetRevisionRequest {
+        name: format!("rulesets/cr/revisions/{n}"),
+    };
+    let r1 = c.get_revision(get(1)).await.unwrap().into_inner();
+    let r2 = c.get_revision(get(2)).await.unwrap().into_inner();
+    let r3 = c.get_revision(get(3)).await.unwrap().into_inner();
+    assert_eq!(r2.state, pb::RevisionState::Rejected as i32);
+    assert_eq!(r3.state, pb::RevisionState::Active as i32);
+    assert_eq!(r1.digest, r3.digest);
+}
