@@ -272,6 +272,17 @@ pub fn has_errors(violations: &[Violation]) -> bool {
     violations.iter().any(|v| v.severity == Severity::Error)
 }
 
+/// A `BadRange` for each `--sport`/`--dport` range whose low end is above its high end.
+fn empty_port_ranges(
+    ranges: [Option<crate::model::Neg<crate::model::PortRange>>; 2],
+) -> impl Iterator<Item = ViolationKind> {
+    ranges
+        .into_iter()
+        .flatten()
+        .filter(|p| p.value.lo > p.value.hi)
+        .map(|p| ViolationKind::BadRange(format!("{}:{}", p.value.lo, p.value.hi)))
+}
+
 struct TableCheck<'a> {
     ruleset: &'a Ruleset,
     table: &'a Table,
@@ -532,25 +543,11 @@ impl TableCheck<'_> {
             match m {
                 Match::Tcp(t) => {
                     errs.extend(needs("tcp", &[6], "tcp"));
-                    for p in [t.sport, t.dport].into_iter().flatten() {
-                        if p.value.lo > p.value.hi {
-                            errs.push(ViolationKind::BadRange(format!(
-                                "{}:{}",
-                                p.value.lo, p.value.hi
-                            )));
-                        }
-                    }
+                    errs.extend(empty_port_ranges([t.sport, t.dport]));
                 }
                 Match::Udp(u) => {
                     errs.extend(needs("udp", &[17], "udp"));
-                    for p in [u.sport, u.dport].into_iter().flatten() {
-                        if p.value.lo > p.value.hi {
-                            errs.push(ViolationKind::BadRange(format!(
-                                "{}:{}",
-                                p.value.lo, p.value.hi
-                            )));
-                        }
-                    }
+                    errs.extend(empty_port_ranges([u.sport, u.dport]));
                 }
                 Match::Multiport(mp) => {
                     errs.extend(needs(

@@ -85,11 +85,7 @@ impl RulesetService for RulesetApi {
             let warnings = checked.warnings();
             if r.validate_only {
                 checked.into_valid()?;
-                return Ok(pb::Revision {
-                    ruleset: format!("rulesets/{name}"),
-                    warnings: warnings.iter().map(convert::violation).collect(),
-                    ..Default::default()
-                });
+                return Ok(preview_revision(&name, &warnings));
             }
             self.state
                 .idempotent("StageRevision", &r.request_id, async {
@@ -194,11 +190,7 @@ impl RulesetService for RulesetApi {
             if r.validate_only {
                 checked.into_valid()?;
                 return Ok(pb::CommitResult {
-                    revision: Some(pb::Revision {
-                        ruleset: format!("rulesets/{name}"),
-                        warnings: warnings.iter().map(convert::violation).collect(),
-                        ..Default::default()
-                    }),
+                    revision: Some(preview_revision(&name, &warnings)),
                     ..Default::default()
                 });
             }
@@ -440,6 +432,16 @@ impl RulesetService for RulesetApi {
             }
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// What a `validate_only` Stage or Apply answers: the ruleset and the warnings, no revision
+/// number (nothing was stored).
+fn preview_revision(name: &str, warnings: &[crate::content::Finding]) -> pb::Revision {
+    pb::Revision {
+        ruleset: format!("rulesets/{name}"),
+        warnings: warnings.iter().map(convert::violation).collect(),
+        ..Default::default()
     }
 }
 
