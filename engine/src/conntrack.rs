@@ -321,8 +321,10 @@ impl Conntrack {
             _ => {}
         }
         let guard = reclaim::pin();
-        // Rounds: delete an expired entry found, early-drop to make room, then insert (or
-        // clash and update); a fourth round only under heavy churn, which then counts INVALID.
+        // Rounds: an expired entry found is deleted and the lookup repeats; otherwise insert
+        // (early-dropping to make room) or, on a clash, update the winner. A fourth round
+        // needs other threads to keep re-creating and expiring this very tuple; it counts
+        // INVALID.
         let hash = t.hash();
         for _ in 0..4 {
             if let Some((conn, dir)) = self.find(&t, hash, &guard) {
@@ -360,7 +362,6 @@ impl Conntrack {
                 Insert::Done => CtVerdict::New,
                 Insert::Clash(conn, dir) => update(conn, dir, pkt, now),
                 Insert::Full => CtVerdict::TableFull,
-                Insert::Retry => continue,
             };
         }
         CtVerdict::Invalid
@@ -422,13 +423,16 @@ impl Conntrack {
         guard: &'g reclaim::Guard,
     ) -> Insert<'g> {
         let b = hashes.map(|h| h as usize & self.mask);
-        if self.entries.0.fetch_add(1, Ordering::Relaxed) >= self.max_entries {
+        // As __nf_conntrack_alloc: reserve a slot first; over the maximum, an early drop frees
+        // one and the reservation stands (so concurrent inserters cannot take the freed slot
+        // from under us and starve this packet). The count exceeds the maximum by at most the
+        // number of concurrent inserters, as in the kernel.
+        if self.entries.0.fetch_add(1, Ordering::Relaxed) >= self.max_entries
+            && !self.early_drop(b[0], now, guard)
+        {
             self.entries.0.fetch_sub(1, Ordering::Relaxed);
-            if !self.early_drop(b[0], now, guard) {
-                self.insert_failed.fetch_add(1, Ordering::Relaxed);
-                return Insert::Full;
-            }
-            return Insert::Retry;
+            self.insert_failed.fetch_add(1, Ordering::Relaxed);
+            return Insert::Full;
         }
         let locks = self.lock_pair(b[0], b[1]);
         // Clash: another thread inserted either tuple since our lookup (both directions:
@@ -651,7 +655,6 @@ enum Insert<'g> {
     Done,
     Clash(&'g Conn, usize),
     Full,
-    Retry,
 }
 
 fn view(c: &Conn) -> ConnView {
