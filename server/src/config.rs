@@ -43,6 +43,40 @@ pub enum Source {
     Pcap(PathBuf),
     /// The engine's deterministic synthetic generator.
     Synthetic,
+    /// Real packets from NFQUEUE (Linux): worker k binds queue `first + k`.
+    Nfqueue(NfqueueSource),
+}
+
+/// `--source nfqueue[:FIRST][,fail-closed]`: the queues `FIRST..FIRST+cores-1` (FIRST
+/// defaults to 0), steered by `vallumctl dataplane install` with the same numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NfqueueSource {
+    /// The first queue number.
+    pub first: u16,
+    /// Without it the queues are bound with `NFQA_CFG_F_FAIL_OPEN`: when a queue is full the
+    /// kernel accepts new packets instead of dropping them (as `--queue-bypass` does while no
+    /// worker is bound). `fail-closed` drops them.
+    pub fail_closed: bool,
+}
+
+impl FromStr for NfqueueSource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (head, fail_closed) = match s.strip_suffix(",fail-closed") {
+            Some(h) => (h, true),
+            None => (s, false),
+        };
+        let first = match head.strip_prefix("nfqueue") {
+            Some("") => 0,
+            Some(n) => n
+                .strip_prefix(':')
+                .and_then(|n| n.parse::<u16>().ok())
+                .ok_or_else(|| format!("{s:?}: the first queue must be a number 0..65535"))?,
+            None => return Err(format!("{s:?} is not nfqueue[:FIRST][,fail-closed]")),
+        };
+        Ok(NfqueueSource { first, fail_closed })
+    }
 }
 
 impl FromStr for Source {
@@ -52,10 +86,12 @@ impl FromStr for Source {
         match s {
             "none" => Ok(Source::None),
             "synthetic" => Ok(Source::Synthetic),
+            _ if s.starts_with("nfqueue") => s.parse().map(Source::Nfqueue),
             _ => match s.strip_prefix("pcap:") {
                 Some(path) if !path.is_empty() => Ok(Source::Pcap(PathBuf::from(path))),
                 _ => Err(format!(
-                    "unknown packet source {s:?} (none, pcap:FILE or synthetic)"
+                    "unknown packet source {s:?} (none, pcap:FILE, synthetic or \
+                     nfqueue[:FIRST][,fail-closed])"
                 )),
             },
         }
@@ -68,6 +104,13 @@ impl std::fmt::Display for Source {
             Source::None => f.write_str("none"),
             Source::Pcap(p) => write!(f, "pcap:{}", p.display()),
             Source::Synthetic => f.write_str("synthetic"),
+            Source::Nfqueue(q) => {
+                write!(f, "nfqueue:{}", q.first)?;
+                if q.fail_closed {
+                    f.write_str(",fail-closed")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -107,7 +150,9 @@ pub struct Config {
     #[arg(long, env = "VALLUM_BARRIER", value_enum, default_value = "seqcst")]
     pub barrier: Barrier,
 
-    /// Packet source: none, pcap:FILE (replayed in a loop) or synthetic.
+    /// Packet source: none, pcap:FILE (replayed in a loop), synthetic, or
+    /// nfqueue[:FIRST][,fail-closed] (Linux; worker k binds NFQUEUE FIRST+k; see
+    /// docs/operations.md).
     #[arg(long, env = "VALLUM_SOURCE", default_value = "none")]
     pub source: Source,
 
@@ -194,6 +239,32 @@ mod tests {
         assert_eq!(c.source, Source::Pcap("/tmp/x.pcap".into()));
         assert_eq!(c.rate, 5);
         assert!(Config::from_args(["vallumd", "--source", "bogus"]).is_err());
+        for (text, first, fail_closed, shown) in [
+            ("nfqueue", 0, false, "nfqueue:0"),
+            ("nfqueue:4", 4, false, "nfqueue:4"),
+            ("nfqueue,fail-closed", 0, true, "nfqueue:0,fail-closed"),
+            (
+                "nfqueue:65535,fail-closed",
+                65535,
+                true,
+                "nfqueue:65535,fail-closed",
+            ),
+        ] {
+            let c = Config::from_args(["vallumd", "--source", text]).unwrap();
+            let want = Source::Nfqueue(NfqueueSource { first, fail_closed });
+            assert_eq!(c.source, want, "{text}");
+            assert_eq!(c.source.to_string(), shown);
+            assert_eq!(shown.parse::<Source>(), Ok(want));
+        }
+        for bad in [
+            "nfqueue:",
+            "nfqueue:x",
+            "nfqueue:65536",
+            "nfqueue4",
+            "nfqueue,open",
+        ] {
+            assert!(bad.parse::<Source>().is_err(), "{bad}");
+        }
         let c = Config::from_args(["vallumd", "--exit-after", "1.5"]).unwrap();
         assert_eq!(c.exit_after, Some(Duration::from_millis(1500)));
     }

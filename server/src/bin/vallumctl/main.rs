@@ -4,6 +4,7 @@
 //! for `watch`, one per line). Exit codes are in [`error`]: 0 ok, 1 rejected, 2 usage,
 //! 3 server unavailable.
 
+mod dataplane;
 mod error;
 mod view;
 
@@ -243,6 +244,12 @@ enum Command {
     },
     /// List rulesets.
     Rulesets,
+    /// NFQUEUE steering rules of the current network namespace (runs iptables locally; no
+    /// server).
+    Dataplane {
+        #[command(subcommand)]
+        command: dataplane::DataplaneCommand,
+    },
     /// Deactivate and delete a ruleset with its revisions.
     Delete {
         /// Ruleset name.
@@ -466,6 +473,10 @@ fn print(output: Output, json: Value, text: impl FnOnce() -> String) -> Result<(
 }
 
 async fn run(cli: &Cli) -> Result<(), CliError> {
+    if let Command::Dataplane { command } = &cli.command {
+        let (json, text) = dataplane::run(command)?;
+        return print(cli.output, json, || text);
+    }
     let is_watch = matches!(cli.command, Command::Watch { .. });
     let mut c = connect(cli, !is_watch).await?;
     let out = cli.output;
@@ -798,6 +809,8 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                 format!("deleted ruleset {ruleset}\n")
             })?;
         }
+        // Handled above, before connecting.
+        Command::Dataplane { .. } => {}
     }
     Ok(())
 }
