@@ -126,6 +126,53 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Connection-table flags (see the engine's `conntrack` module); flattened into [`Config`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Args)]
+pub struct ConntrackArgs {
+    /// Most conntrack entries at once (nf_conntrack_max); beyond it an unreplied entry is
+    /// evicted, or the new connection's packet dropped. 0 turns connection tracking off
+    /// (every packet is NEW to the rules; ConntrackService answers FAILED_PRECONDITION).
+    #[arg(long, env = "VALLUM_CONNTRACK_MAX", default_value_t = 262_144)]
+    pub conntrack_max: usize,
+
+    /// Hash buckets of the connection table (nf_conntrack_buckets), rounded up to a power of
+    /// two, 1..=2^30.
+    #[arg(long, env = "VALLUM_CONNTRACK_BUCKETS", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub conntrack_buckets: u64,
+
+    /// Seconds between two garbage-collection steps of the connection table; each step
+    /// deletes the expired entries of 1/8 of the buckets, so the whole table is swept every
+    /// 8 steps. Expired entries also go when a packet or an early drop finds them.
+    #[arg(long, env = "VALLUM_CONNTRACK_GC_INTERVAL", default_value = "1", value_parser = parse_positive_seconds)]
+    pub conntrack_gc_interval: Duration,
+}
+
+impl ConntrackArgs {
+    /// The engine's table sizes, `None` when `--conntrack-max 0`.
+    pub fn engine_config(&self) -> Option<vallum_engine::conntrack::ConntrackConfig> {
+        (self.conntrack_max > 0).then(|| vallum_engine::conntrack::ConntrackConfig {
+            buckets: usize::try_from(self.conntrack_buckets).unwrap_or(1 << 30),
+            max_entries: self.conntrack_max,
+            ..vallum_engine::conntrack::ConntrackConfig::default()
+        })
+    }
+
+    /// Buckets one GC step scans: an eighth of the table (at least one).
+    pub fn gc_budget(&self) -> usize {
+        let buckets = usize::try_from(self.conntrack_buckets.next_power_of_two()).unwrap_or(1);
+        (buckets / 8).max(1)
+    }
+}
+
+fn parse_positive_seconds(s: &str) -> Result<Duration, String> {
+    let d = parse_seconds(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than 0 seconds"));
+    }
+    Ok(d)
+}
+
 fn default_cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
@@ -182,6 +229,10 @@ pub struct Config {
     /// Limits: `--max-request-bytes`, `--max-rules`, `--max-rulesets`, `--max-revisions-kept`.
     #[command(flatten)]
     pub limits: LimitsConfig,
+
+    /// Conntrack: `--conntrack-max`, `--conntrack-buckets`, `--conntrack-gc-interval`.
+    #[command(flatten)]
+    pub conntrack: ConntrackArgs,
 
     /// How often pending commit-confirmed deadlines are checked, in seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
@@ -267,6 +318,43 @@ mod tests {
         }
         let c = Config::from_args(["vallumd", "--exit-after", "1.5"]).unwrap();
         assert_eq!(c.exit_after, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn conntrack_flags() {
+        let c = Config::from_args(["vallumd"]).unwrap().conntrack;
+        let e = c.engine_config().unwrap();
+        assert_eq!((e.max_entries, e.buckets), (262_144, 65_536));
+        assert_eq!(c.conntrack_gc_interval, Duration::from_secs(1));
+        assert_eq!(c.gc_budget(), 8192);
+        let c = Config::from_args([
+            "vallumd",
+            "--conntrack-max",
+            "100",
+            "--conntrack-buckets",
+            "10",
+            "--conntrack-gc-interval",
+            "0.25",
+        ])
+        .unwrap()
+        .conntrack;
+        let e = c.engine_config().unwrap();
+        assert_eq!((e.max_entries, e.buckets), (100, 10));
+        assert_eq!(c.gc_budget(), 2);
+        assert_eq!(c.conntrack_gc_interval, Duration::from_millis(250));
+        let off = Config::from_args(["vallumd", "--conntrack-max", "0"]).unwrap();
+        assert_eq!(off.conntrack.engine_config(), None);
+        for bad in [
+            ["--conntrack-buckets", "0"],
+            ["--conntrack-buckets", "2000000000"],
+            ["--conntrack-gc-interval", "0"],
+            ["--conntrack-max", "-1"],
+        ] {
+            assert!(
+                Config::from_args(["vallumd", bad[0], bad[1]]).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
