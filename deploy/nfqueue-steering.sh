@@ -1,54 +1,38 @@
 #!/bin/sh
-# Installs the NFQUEUE steering rules for vallumd (idempotent: the chain is flushed and refilled,
-# the jumps are added once). Run as an init container with CAP_NET_ADMIN in the network namespace
-# to protect: the pod's (sidecar) or the node's (node agent, hostNetwork).
+# Installs the NFQUEUE steering rules for vallumd with `vallumctl dataplane install` (idempotent:
+# the VALLUM-NFQUEUE chain and its jumps are rewritten in one iptables-restore --noflush). Run as
+# an init container with CAP_NET_ADMIN in the network namespace to protect: the pod's (sidecar)
+# or the node's (node agent, hostNetwork). See docs/operations.md, "NFQUEUE mode".
 #
-#   VALLUM_CORES          workers = queues 0..N-1 (required; same value as vallumd's --cores)
-#   VALLUM_STEER_HOOKS    mangle hooks to steer (default "PREROUTING OUTPUT"; node agent: FORWARD)
-#   VALLUM_STEER_EXEMPT   TCP ports never steered (default "50051,9464": gRPC, metrics, probes)
-#   VALLUM_STEER_FAMILIES "4 6" (default) or "4"
-#   $1 = remove          deletes the jumps and the chain instead
+#   VALLUM_CORES              workers = queues 0..N-1 (required; same value as vallumd's --cores)
+#   VALLUM_STEER_HOOKS        filter chains to steer (default "INPUT OUTPUT"; node agent: FORWARD)
+#   VALLUM_STEER_EXEMPT       TCP ports never steered (default "50051,9464": gRPC, metrics, probes)
+#   VALLUM_STEER_FAMILIES     "4 6" (default), "4" or "6"
+#   VALLUM_STEER_FAIL_CLOSED  "true": no --queue-bypass (packets are dropped while vallumd is down)
+#   VALLUMCTL                 the vallumctl program (default: vallumctl on PATH)
+#   $1 = remove               takes the rules out instead
 #
-# --queue-bypass: while no vallumd worker is bound to a queue the kernel ACCEPTs its packets, so a
-# restarting vallumd never blackholes the pod; it does mean traffic is unfiltered meanwhile.
+# --queue-bypass (the default): while no vallumd worker is bound to a queue the kernel ACCEPTs its
+# packets, so a restarting vallumd never blackholes the pod; it does mean traffic is unfiltered
+# meanwhile.
 set -eu
 
-: "${VALLUM_CORES:?set VALLUM_CORES to vallumd's worker count}"
-HOOKS="${VALLUM_STEER_HOOKS:-PREROUTING OUTPUT}"
-EXEMPT="${VALLUM_STEER_EXEMPT:-50051,9464}"
-FAMILIES="${VALLUM_STEER_FAMILIES:-4 6}"
-CHAIN=VALLUM-STEER
+VALLUMCTL="${VALLUMCTL:-vallumctl}"
+case "${VALLUM_STEER_FAMILIES:-4 6}" in
+  "4") family=ipv4 ;;
+  "6") family=ipv6 ;;
+  *) family=both ;;
+esac
 
-if [ "$VALLUM_CORES" -gt 1 ]; then
-  QUEUE="--queue-balance 0:$((VALLUM_CORES - 1))"
-else
-  QUEUE="--queue-num 0"
+if [ "${1:-}" = remove ]; then
+  exec "$VALLUMCTL" dataplane uninstall --family "$family"
 fi
 
-for fam in $FAMILIES; do
-  if [ "$fam" = 6 ]; then ipt=ip6tables; else ipt=iptables; fi
-  for hook in $HOOKS; do
-    case "$hook" in
-      OUTPUT | POSTROUTING) lo="! -o lo" ;;
-      *) lo="! -i lo" ;;
-    esac
-    # shellcheck disable=SC2086
-    if [ "${1:-}" = remove ]; then
-      $ipt -w -t mangle -D "$hook" $lo -j "$CHAIN" 2>/dev/null || true
-    elif ! $ipt -w -t mangle -C "$hook" $lo -j "$CHAIN" 2>/dev/null; then
-      $ipt -w -t mangle -N "$CHAIN" 2>/dev/null || true
-      $ipt -w -t mangle -A "$hook" $lo -j "$CHAIN"
-    fi
-  done
-  if [ "${1:-}" = remove ]; then
-    $ipt -w -t mangle -F "$CHAIN" 2>/dev/null || true
-    $ipt -w -t mangle -X "$CHAIN" 2>/dev/null || true
-    continue
-  fi
-  $ipt -w -t mangle -N "$CHAIN" 2>/dev/null || $ipt -w -t mangle -F "$CHAIN"
-  $ipt -w -t mangle -A "$CHAIN" -p tcp -m multiport --dports "$EXEMPT" -j RETURN
-  $ipt -w -t mangle -A "$CHAIN" -p tcp -m multiport --sports "$EXEMPT" -j RETURN
-  # shellcheck disable=SC2086
-  $ipt -w -t mangle -A "$CHAIN" -j NFQUEUE $QUEUE --queue-bypass
-  echo "nfqueue-steering: IPv$fam $HOOKS -> $CHAIN -> NFQUEUE $QUEUE --queue-bypass (exempt tcp $EXEMPT)"
-done
+: "${VALLUM_CORES:?set VALLUM_CORES to vallumd's worker count}"
+chains=$(echo "${VALLUM_STEER_HOOKS:-INPUT OUTPUT}" | tr ' ' ',')
+set -- --queues "$VALLUM_CORES" --chains "$chains" --family "$family" \
+  --exempt-tcp-ports "${VALLUM_STEER_EXEMPT:-50051,9464}"
+if [ "${VALLUM_STEER_FAIL_CLOSED:-false}" = true ]; then
+  set -- "$@" --fail-closed
+fi
+exec "$VALLUMCTL" dataplane install "$@"

@@ -50,6 +50,7 @@ fn bench(c: &mut Criterion) {
             EngineConfig {
                 cores: 2,
                 barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
             },
             Arc::new(MonoClock(Instant::now())),
         );

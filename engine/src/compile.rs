@@ -444,6 +444,9 @@ pub struct Snapshot {
     names: Box<[Arc<str>]>,
     /// `[family][hook]` -> base chain indices in evaluation order.
     hooks: [[Box<[u32]>; 5]; 2],
+    /// `[family][hook]` -> how many of `hooks`' leading chains are raw-table chains (raw sorts
+    /// first): conntrack runs between them and the rest ([`Snapshot::classify_split`]).
+    raw_chains: [[u32; 5]; 2],
     chains: Box<[CChain]>,
     rules: Box<[CRule]>,
     /// Slot `i < rules.len()` is rule `i`; slot `rules.len() + c` is chain `c`'s policy.
@@ -516,6 +519,7 @@ impl Snapshot {
             rulesets: Box::new([]),
             names: Box::new([]),
             hooks: Default::default(),
+            raw_chains: [[0; 5]; 2],
             chains: Box::new([]),
             rules: Box::new([]),
             identities: Box::new([]),
@@ -635,8 +639,12 @@ impl Snapshot {
         }
         // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
         base.sort_by_key(|&(_, _, kind, _)| kind);
-        for (family, hook, _, ci) in base {
+        let mut raw_chains = [[0u32; 5]; 2];
+        for (family, hook, kind, ci) in base {
             hooks[family_index(family)][hook.index()].push(ci);
+            if kind == TableKind::Raw {
+                raw_chains[family_index(family)][hook.index()] += 1;
+            }
         }
 
         let mut identities = rule_ids;
@@ -669,6 +677,7 @@ impl Snapshot {
             rulesets: sorted.into_boxed_slice(),
             names: names.into_boxed_slice(),
             hooks: hooks.map(|h| h.map(Vec::into_boxed_slice)),
+            raw_chains,
             chains: chains.into_boxed_slice(),
             rules: rules.into_boxed_slice(),
             identities: identities.into_boxed_slice(),
@@ -1085,6 +1094,11 @@ pub struct Trace {
     pub steps: Vec<TraceStep>,
     /// LOG events the packet would have produced.
     pub logs: Vec<LogEvent>,
+    /// The packet's [`ct_state`] bit at the end of the evaluation: after raw-table NOTRACK
+    /// and, in [`Snapshot::trace_split`], after the step between the raw and the other chains
+    /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
+    /// non-raw chains saw.
+    pub ct_state: u8,
 }
 
 struct Tracing<'a> {
@@ -1353,8 +1367,29 @@ impl Snapshot {
         }
     }
 
-    fn evaluate<O: Observer>(&self, p: &mut PacketMeta, now: u64, obs: &mut O) -> Verdict {
-        for &base in self.hooks[family_index(p.family)][p.hook.index()].iter() {
+    /// Runs the hook's raw-table base chains, then `after_raw` (a `Some` verdict is final),
+    /// then the other base chains. With `after_raw = |_| None` this is the plain walk: the
+    /// closure is inlined away, so the path without conntrack pays nothing for the split.
+    #[inline]
+    fn evaluate<O: Observer>(
+        &self,
+        p: &mut PacketMeta,
+        now: u64,
+        obs: &mut O,
+        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+    ) -> Verdict {
+        let (f, h) = (family_index(p.family), p.hook.index());
+        let chains = &self.hooks[f][h];
+        let (raw, rest) = chains.split_at((self.raw_chains[f][h] as usize).min(chains.len()));
+        for &base in raw {
+            if let Some(v) = self.run_chain(base, p, now, obs) {
+                return v;
+            }
+        }
+        if let Some(v) = after_raw(p) {
+            return v;
+        }
+        for &base in rest {
             if let Some(v) = self.run_chain(base, p, now, obs) {
                 return v;
             }
@@ -1376,30 +1411,60 @@ impl Snapshot {
         now: u64,
         logs: &mut Vec<LogEvent>,
     ) -> Verdict {
+        self.classify_split(core, packet, now, logs, |_| None)
+    }
+
+    /// As [`Snapshot::classify`], calling `after_raw` between the hook's raw-table chains
+    /// (priority -300) and the others, where netfilter runs conntrack (-200): it may set
+    /// `packet.ct_state` (the other chains' `--ctstate` sees it) or return a final verdict
+    /// (e.g. DROP when the conntrack table is full). A DROP or REJECT of a raw chain ends the
+    /// packet before `after_raw` runs.
+    #[inline]
+    pub fn classify_split(
+        &self,
+        core: usize,
+        packet: &mut PacketMeta,
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+    ) -> Verdict {
         let counters = &self.cores[core.min(self.cores.len() - 1)];
         let mut obs = Counting {
             counters,
             names: &self.names,
             logs,
         };
-        self.evaluate(packet, now, &mut obs)
+        self.evaluate(packet, now, &mut obs, after_raw)
     }
 
     /// Evaluates one packet without counting or consuming `-m limit` tokens, and returns the
     /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
     /// and every applied policy, in order.
     pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
+        self.trace_split(packet, now, |_| None)
+    }
+
+    /// As [`Snapshot::trace`], with `after_raw` run between the raw and the other chains as
+    /// in [`Snapshot::classify_split`]; [`Trace::ct_state`] is the state the packet had after
+    /// it.
+    pub fn trace_split(
+        &self,
+        packet: &PacketMeta,
+        now: u64,
+        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+    ) -> Trace {
         let mut p = *packet;
         let mut obs = Tracing {
             names: &self.names,
             steps: Vec::new(),
             logs: Vec::new(),
         };
-        let verdict = self.evaluate(&mut p, now, &mut obs);
+        let verdict = self.evaluate(&mut p, now, &mut obs, after_raw);
         Trace {
             verdict,
             steps: obs.steps,
             logs: obs.logs,
+            ct_state: p.ct_state,
         }
     }
 }

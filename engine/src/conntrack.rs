@@ -28,7 +28,7 @@
 //!   new array and makes the generation even again; the old array is retired to the epoch
 //!   collector. A reader reads the generation (waiting while it is odd, as
 //!   `read_seqcount_begin`), walks the current array, and when it finds nothing re-reads the
-//!   generation behind an `Acquire` fence: if a resize began meanwhile the miss may be false
+//!   generation: if a resize began meanwhile the miss may be false
 //!   (a node may have moved under it) and it looks again. A hit needs no re-check: the tuple
 //!   matched and the entry is not dying, wherever it was found. Moving a node only ever points
 //!   it into the new array, whose chains lead nowhere else, so a walk across a resize is
@@ -50,9 +50,9 @@
 //! mid-stream pick-up: a non-SYN TCP packet without an entry is INVALID). UDP and generic: NEW
 //! until a reply is seen, then ESTABLISHED. ICMP: echo/timestamp/info/address-mask (and ICMPv6
 //! echo / node info) requests open entries, replies match them. ICMP errors are RELATED when the
-//! header embedded in them belongs to a live entry, through [`Conntrack::track_related`] (the
-//! caller parses the embedded header: [`PacketMeta`] does not carry it); given to
-//! [`Conntrack::track`] they are INVALID. Non-first fragments
+//! header embedded in them belongs to a live entry: [`Conntrack::track`] reads it from
+//! [`PacketMeta::embedded`] (filled by the parser), [`Conntrack::track_related`] takes it as an
+//! argument; an error without an embedded header is INVALID. Non-first fragments
 //! are UNTRACKED (there is no defragmentation before the tracker). Packets already marked
 //! UNTRACKED (raw-table NOTRACK) are left alone.
 //!
@@ -65,10 +65,9 @@ use std::ptr;
 
 use crate::model::ct_state;
 use crate::packet::PacketMeta;
-use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, fence, spin_loop,
-};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, spin_loop};
 
+pub mod filter;
 mod reclaim;
 pub mod tcp;
 pub mod tuple;
@@ -78,6 +77,7 @@ mod loom_model;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+pub use filter::ConnFilter;
 pub use tcp::TcpState;
 pub use tuple::Tuple;
 use tuple::{IcmpKind, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
@@ -146,6 +146,33 @@ pub enum CtVerdict {
     /// The table is full and no entry could be dropped early: drop the packet (the kernel's
     /// "table full, dropping packet"). `ct_state` is INVALID.
     TableFull,
+}
+
+/// An epoch pin held across a batch of packets (see [`Conntrack::pin`]): entries unlinked while
+/// it lives are not freed, and the per-packet pins inside the batch nest without a fence.
+/// Not `Send`: drop it on the thread that made it.
+pub struct Pinned {
+    _guard: reclaim::Guard,
+}
+
+impl std::fmt::Debug for Pinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pinned")
+    }
+}
+
+impl CtVerdict {
+    /// The [`ct_state`] bit a packet with this verdict carries (as [`Conntrack::track`] sets
+    /// it): TableFull is INVALID.
+    pub fn ct_state(self) -> u8 {
+        match self {
+            CtVerdict::New => ct_state::NEW,
+            CtVerdict::Established => ct_state::ESTABLISHED,
+            CtVerdict::Related => ct_state::RELATED,
+            CtVerdict::Invalid | CtVerdict::TableFull => ct_state::INVALID,
+            CtVerdict::Untracked => ct_state::UNTRACKED,
+        }
+    }
 }
 
 /// A copy of one entry, for listing.
@@ -403,14 +430,18 @@ impl Conntrack {
     /// deletes an entry.
     pub fn track(&self, pkt: &mut PacketMeta, now: u64) -> CtVerdict {
         let v = self.classify(pkt, now);
-        pkt.ct_state = match v {
-            CtVerdict::New => ct_state::NEW,
-            CtVerdict::Established => ct_state::ESTABLISHED,
-            CtVerdict::Related => ct_state::RELATED,
-            CtVerdict::Invalid | CtVerdict::TableFull => ct_state::INVALID,
-            CtVerdict::Untracked => ct_state::UNTRACKED,
-        };
+        pkt.ct_state = v.ct_state();
         v
+    }
+
+    /// Pins the calling thread for a batch: hold the result while calling [`Conntrack::track`]
+    /// on the batch's packets, so each packet's own pin nests (no fence per packet), as
+    /// [`Conntrack::track_batch`] does. Keep batches short: a pinned thread delays the freeing
+    /// of every entry deleted meanwhile.
+    pub fn pin(&self) -> Pinned {
+        Pinned {
+            _guard: reclaim::pin(),
+        }
     }
 
     /// [`Conntrack::track`] for each packet of a batch, with the epoch pinned once for the
@@ -439,11 +470,7 @@ impl Conntrack {
         } else if pkt.fragment || !matches!(Tuple::from_packet(pkt).1, Some(IcmpKind::Error)) {
             CtVerdict::Invalid
         } else {
-            let guard = reclaim::pin();
-            match self.find(inner, inner.hash(), &guard) {
-                Some((conn, _)) if conn.timeout.load(Ordering::Relaxed) > now => CtVerdict::Related,
-                _ => CtVerdict::Invalid,
-            }
+            self.related(Some(inner), now)
         };
         pkt.ct_state = match v {
             CtVerdict::Related => ct_state::RELATED,
@@ -453,6 +480,47 @@ impl Conntrack {
         v
     }
 
+    /// What [`Conntrack::track`] would decide for `pkt` at `now` (ns), without creating,
+    /// updating or deleting anything: a lookup only, for tracing. A packet that would open an
+    /// entry is NEW (even when the table is full: whether an early drop would make room is
+    /// only known by trying); an expired entry counts as absent.
+    pub fn peek(&self, pkt: &PacketMeta, now: u64) -> CtVerdict {
+        if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
+            return CtVerdict::Untracked;
+        }
+        let (t, icmp) = Tuple::from_packet(pkt);
+        match icmp {
+            Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
+            Some(IcmpKind::Error) => return self.related(pkt.embedded.as_ref(), now),
+            Some(IcmpKind::Other) => return CtVerdict::Invalid,
+            _ => {}
+        }
+        let guard = reclaim::pin();
+        match self.find(&t, t.hash(), &guard) {
+            Some((conn, dir)) if conn.timeout.load(Ordering::Relaxed) > now => {
+                match transition(conn.status.load(Ordering::Relaxed), dir, pkt) {
+                    Some((new, reopened)) => verdict_of(new, reopened),
+                    None => CtVerdict::Invalid,
+                }
+            }
+            _ if opens(pkt, icmp) => CtVerdict::New,
+            _ => CtVerdict::Invalid,
+        }
+    }
+
+    /// RELATED when `inner` (an ICMP error's embedded header) is either tuple of an entry live
+    /// at `now`, INVALID otherwise (also when there is no embedded header).
+    fn related(&self, inner: Option<&Tuple>, now: u64) -> CtVerdict {
+        let Some(inner) = inner else {
+            return CtVerdict::Invalid;
+        };
+        let guard = reclaim::pin();
+        match self.find(inner, inner.hash(), &guard) {
+            Some((conn, _)) if conn.timeout.load(Ordering::Relaxed) > now => CtVerdict::Related,
+            _ => CtVerdict::Invalid,
+        }
+    }
+
     fn classify(&self, pkt: &PacketMeta, now: u64) -> CtVerdict {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return CtVerdict::Untracked;
@@ -460,7 +528,8 @@ impl Conntrack {
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {
             Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
-            Some(IcmpKind::Error | IcmpKind::Other) => return CtVerdict::Invalid,
+            Some(IcmpKind::Error) => return self.related(pkt.embedded.as_ref(), now),
+            Some(IcmpKind::Other) => return CtVerdict::Invalid,
             _ => {}
         }
         let guard = reclaim::pin();
@@ -477,11 +546,7 @@ impl Conntrack {
                 }
                 return update(conn, dir, pkt, now);
             }
-            let opens = match pkt.protocol {
-                PROTO_TCP => tcp::opens(pkt.tcp_flags),
-                _ => icmp != Some(IcmpKind::Reply),
-            };
-            if !opens {
+            if !opens(pkt, icmp) {
                 return CtVerdict::Invalid;
             }
             let status = if pkt.protocol == PROTO_TCP {
@@ -532,11 +597,12 @@ impl Conntrack {
     /// Whether a resize began since [`Conntrack::begin`] returned `generation`
     /// (`read_seqcount_retry`).
     fn resized_since(&self, generation: u64) -> bool {
-        // Acquire fence: if any load of our walk read a link a resize stored (after its odd
-        // store and Release fence), this fence synchronizes with that Release fence, so the
-        // load below sees the odd generation or a later one (the seqlock reader of Boehm,
-        // "Can seqlocks get along with programming language memory models?", 2012).
-        fence(Ordering::Acquire);
+        // Relaxed suffices, without the Acquire fence of a general seqlock reader (Boehm, "Can
+        // seqlocks get along with programming language memory models?", 2012): every link a
+        // resize stores is a Release store made after its odd generation store, and our walk
+        // loaded links with Acquire, so if the walk saw any link a resize moved, that resize's
+        // odd store happens-before this load, which then returns it or a later value. (The
+        // loom model `peek_races_with_resize` fails when this check is skipped.)
         self.generation.load(Ordering::Relaxed) != generation
     }
 
@@ -712,6 +778,11 @@ impl Conntrack {
         n
     }
 
+    /// The most entries the table admits (`max_entries` of its [`ConntrackConfig`]).
+    pub fn max_entries(&self) -> u64 {
+        self.max_entries
+    }
+
     /// The current number of buckets.
     pub fn buckets(&self) -> usize {
         let guard = reclaim::pin();
@@ -747,10 +818,9 @@ impl Conntrack {
             return Ok(n);
         }
         let generation = self.generation.load(Ordering::Relaxed);
+        // Relaxed: the Release link stores below order it before any reader that sees them
+        // (`resized_since`).
         self.generation.store(generation + 1, Ordering::Relaxed);
-        // Release fence: every link store below is ordered after the odd generation for a
-        // reader whose Acquire fence follows a load of one of them (`resized_since`).
-        fence(Ordering::Release);
         let new = Buckets::new(n);
         for head in old.heads.iter() {
             loop {
@@ -894,6 +964,40 @@ fn timeout_of(protocol: u8, status: u64) -> u64 {
     }
 }
 
+/// Whether a packet without an entry may create one: a TCP SYN (without ACK, RST, FIN), any
+/// UDP or other-protocol packet, an ICMP request (not a reply).
+fn opens(pkt: &PacketMeta, icmp: Option<IcmpKind>) -> bool {
+    match pkt.protocol {
+        PROTO_TCP => tcp::opens(pkt.tcp_flags),
+        _ => icmp != Some(IcmpKind::Reply),
+    }
+}
+
+/// The status word after a packet in direction `dir` on an entry whose word is `old`, and
+/// whether the packet reopened a closed TCP entry; `None` when the packet does not fit (INVALID).
+fn transition(old: u64, dir: usize, pkt: &PacketMeta) -> Option<(u64, bool)> {
+    if pkt.protocol == PROTO_TCP {
+        match tcp::step(old, dir, pkt.tcp_flags) {
+            tcp::Step::To(w) => Some((w, false)),
+            tcp::Step::Reopen(w) => Some((w, true)),
+            tcp::Step::Invalid => None,
+        }
+    } else if dir == 1 {
+        Some((old | tcp::SEEN_REPLY, false))
+    } else {
+        Some((old, false))
+    }
+}
+
+/// The verdict of a packet that left an entry with status `new`.
+fn verdict_of(new: u64, reopened: bool) -> CtVerdict {
+    if reopened || new & tcp::SEEN_REPLY == 0 {
+        CtVerdict::New
+    } else {
+        CtVerdict::Established
+    }
+}
+
 /// Applies one packet in direction `dir` to an existing entry.
 fn update(conn: &Conn, dir: usize, pkt: &PacketMeta, now: u64) -> CtVerdict {
     // Relaxed on `status`: the word is self-contained (CAS makes each transition atomic) and
@@ -901,16 +1005,8 @@ fn update(conn: &Conn, dir: usize, pkt: &PacketMeta, now: u64) -> CtVerdict {
     // which only moves the expiry by one packet's worth (as in the kernel).
     let mut old = conn.status.load(Ordering::Relaxed);
     loop {
-        let (new, reopened) = if pkt.protocol == PROTO_TCP {
-            match tcp::step(old, dir, pkt.tcp_flags) {
-                tcp::Step::To(w) => (w, false),
-                tcp::Step::Reopen(w) => (w, true),
-                tcp::Step::Invalid => return CtVerdict::Invalid,
-            }
-        } else if dir == 1 {
-            (old | tcp::SEEN_REPLY, false)
-        } else {
-            (old, false)
+        let Some((new, reopened)) = transition(old, dir, pkt) else {
+            return CtVerdict::Invalid;
         };
         if new != old {
             if let Err(cur) =
@@ -923,10 +1019,6 @@ fn update(conn: &Conn, dir: usize, pkt: &PacketMeta, now: u64) -> CtVerdict {
         }
         let t = now.saturating_add(timeout_of(conn.tuple[0].protocol, new));
         conn.timeout.store(t, Ordering::Relaxed);
-        return if reopened || new & tcp::SEEN_REPLY == 0 {
-            CtVerdict::New
-        } else {
-            CtVerdict::Established
-        };
+        return verdict_of(new, reopened);
     }
 }

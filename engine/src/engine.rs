@@ -13,6 +13,31 @@
 //!
 //! The old snapshot comes back in [`Committed::retired`]; drop it off the commit path.
 //! Commits are serialised by a mutex; workers never take it.
+//!
+//! # Conntrack
+//! The engine owns one [`Conntrack`] table shared by all cores (unless
+//! [`EngineConfig::conntrack`] is `None`). It lives outside the snapshots, so a commit keeps
+//! every entry: established flows survive a ruleset change. [`EngineWorker::process_batch`]
+//! does per packet what netfilter does per hook: the raw-table base chains (priority -300,
+//! where NOTRACK marks a packet UNTRACKED), then conntrack (-200) sets the packet's
+//! `ct_state` ([`Conntrack::track`]; ICMP errors are RELATED through the header the parser
+//! embedded in [`PacketMeta::embedded`]), then the other tables' chains, whose `--ctstate` /
+//! `--state` matches read it. A packet the table has no room for (no entry could be dropped
+//! early) is dropped, counted in [`ConntrackStats::insert_failed`](crate::conntrack::ConntrackStats)
+//! and as a DROP verdict.
+//!
+//! The kernel tracks a packet once, at PREROUTING (or OUTPUT for local packets), and INPUT,
+//! FORWARD and POSTROUTING reuse that state. Here a packet reaches the engine at one hook (its
+//! `hook` field), so it is tracked at that hook, the first and only one it is seen with: a
+//! source that hands the engine INPUT packets gets the state the kernel would have computed
+//! at PREROUTING. A source must therefore not hand the same packet to the engine at two hooks
+//! (it would be tracked twice).
+//!
+//! One difference remains: the kernel inserts ("confirms") a new entry only when the packet
+//! that opened it has passed every hook, so a NEW packet the rules drop leaves no entry. Here
+//! the entry is created when the tracker sees the packet, before the filter chains decide; a
+//! dropped NEW packet leaves an unreplied entry that expires with its state's timeout and is
+//! the first kind an early drop evicts.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +45,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::Clock;
 use crate::compile::{CompileError, LogEvent, SlotCounters, Snapshot, Trace, Verdict};
+use crate::conntrack::{Conntrack, ConntrackConfig, CtVerdict};
 use crate::dataplane::{
     BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Worker,
 };
@@ -36,6 +62,10 @@ pub struct EngineConfig {
     /// Barrier strategy of the packet path; `Membarrier` falls back to `SeqCst` when the kernel
     /// lacks membarrier(2) (see [`Engine::barrier_fallback`]).
     pub barrier: BarrierStrategy,
+    /// The connection table's sizes; `None` (or `max_entries` 0) turns conntrack off: packets
+    /// keep the `ct_state` they come with (NEW by default) and nothing is tracked. Buckets and
+    /// locks are clamped to 1..=2^30.
+    pub conntrack: Option<ConntrackConfig>,
 }
 
 /// A change to the set of active rulesets.
@@ -133,6 +163,7 @@ pub struct Engine {
     active: Mutex<BTreeMap<String, Arc<Ruleset>>>,
     verdicts: Box<[VerdictCounts]>,
     clock: Arc<dyn Clock>,
+    conntrack: Option<Conntrack>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -153,14 +184,28 @@ fn verdict_index(v: Verdict) -> usize {
 }
 
 impl Engine {
-    /// An engine with no ruleset (every packet accepted) and `config.cores` cores.
+    /// An engine with no ruleset (every packet accepted), `config.cores` cores and, unless
+    /// `config.conntrack` is off, an empty connection table.
     pub fn new(config: EngineConfig, clock: Arc<dyn Clock>) -> Engine {
         let cores = config.cores.max(1);
+        let conntrack = config
+            .conntrack
+            .filter(|c| c.max_entries > 0)
+            .and_then(|c| {
+                // Clamped into the range `Conntrack::new` accepts, so it cannot fail.
+                Conntrack::new(ConntrackConfig {
+                    buckets: c.buckets.clamp(1, 1 << 30),
+                    locks: c.locks.clamp(1, 1 << 30),
+                    max_entries: c.max_entries,
+                })
+                .ok()
+            });
         Engine {
             dataplane: Dataplane::new(Snapshot::empty(cores), cores, config.barrier, clock.clone()),
             active: Mutex::new(BTreeMap::new()),
             verdicts: (0..cores).map(|_| VerdictCounts::default()).collect(),
             clock,
+            conntrack,
         }
     }
 
@@ -252,13 +297,46 @@ impl Engine {
             inner: self.dataplane.worker(core)?,
             verdicts: &self.verdicts[core],
             logs: Vec::new(),
+            conntrack: self.conntrack.as_ref(),
         })
     }
 
     /// Evaluates one packet against the active snapshot without counting, returning the
-    /// verdict and the rules it went through.
+    /// verdict, the rules it went through and, in [`Trace::ct_state`], the conntrack state the
+    /// packet got: with conntrack on, a lookup between the raw and the other chains
+    /// ([`Conntrack::peek`]) that changes nothing in the table; with it off, the packet's own
+    /// `ct_state`. Raw-table NOTRACK still makes it UNTRACKED.
     pub fn trace(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
+        match &self.conntrack {
+            None => self.dataplane.with_active(|s| s.trace(packet, now_ns)),
+            Some(ct) => self.dataplane.with_active(|s| {
+                s.trace_split(packet, now_ns, |p| {
+                    p.ct_state = ct.peek(p, now_ns).ct_state();
+                    None
+                })
+            }),
+        }
+    }
+
+    /// As [`Engine::trace`] but with the packet's `ct_state` taken as given (no conntrack
+    /// lookup), to ask how the rules treat e.g. an ESTABLISHED packet.
+    pub fn trace_with_state(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
         self.dataplane.with_active(|s| s.trace(packet, now_ns))
+    }
+
+    /// The connection table, `None` when conntrack is off: stats, list, delete by filter,
+    /// flush.
+    pub fn conntrack(&self) -> Option<&Conntrack> {
+        self.conntrack.as_ref()
+    }
+
+    /// One garbage-collection step of the connection table: deletes the expired entries of
+    /// the next `budget` buckets (round robin) at `now_ns` (the engine clock's ns). Returns how
+    /// many it deleted (0 when conntrack is off). Call it periodically, off the packet path.
+    pub fn gc(&self, now_ns: u64, budget: usize) -> usize {
+        self.conntrack
+            .as_ref()
+            .map_or(0, |ct| ct.gc(now_ns, budget))
     }
 
     /// Per-rule and per-policy counters of the active snapshot (sum over cores plus carried).
@@ -332,6 +410,7 @@ pub struct EngineWorker<'a> {
     inner: Worker<'a, Snapshot>,
     verdicts: &'a VerdictCounts,
     logs: Vec<LogEvent>,
+    conntrack: Option<&'a Conntrack>,
 }
 
 impl std::fmt::Debug for EngineWorker<'_> {
@@ -350,9 +429,10 @@ impl EngineWorker<'_> {
 
     /// Classifies `packets` in one batch (one generation-counter round trip) at time `now_ns`
     /// and writes each verdict into `verdicts` (same index). Processes
-    /// `min(packets.len(), verdicts.len())` packets and returns that number. Packets whose
-    /// raw-table rules said NOTRACK come back with `ct_state` UNTRACKED. LOG events are kept
-    /// until [`EngineWorker::take_logs`].
+    /// `min(packets.len(), verdicts.len())` packets and returns that number. Each packet comes
+    /// back with the `ct_state` the non-raw chains saw: UNTRACKED when raw-table rules said
+    /// NOTRACK, else the tracker's (module docs, "Conntrack"; unchanged when conntrack is off).
+    /// LOG events are kept until [`EngineWorker::take_logs`].
     pub fn process_batch(
         &mut self,
         packets: &mut [PacketMeta],
@@ -362,9 +442,20 @@ impl EngineWorker<'_> {
         let n = packets.len().min(verdicts.len());
         let logs = &mut self.logs;
         let counts = self.verdicts;
+        let ct = self.conntrack;
+        // One epoch pin for the whole batch: the per-packet pins inside `track` nest.
+        let _pin = ct.map(Conntrack::pin);
         self.inner.batch(|snap, batch| {
             for (p, v) in packets[..n].iter_mut().zip(verdicts[..n].iter_mut()) {
-                *v = snap.classify(batch.core(), p, now_ns, logs);
+                *v = match ct {
+                    None => snap.classify(batch.core(), p, now_ns, logs),
+                    Some(ct) => snap.classify_split(batch.core(), p, now_ns, logs, |p| {
+                        match ct.track(p, now_ns) {
+                            CtVerdict::TableFull => Some(Verdict::Drop),
+                            _ => None,
+                        }
+                    }),
+                };
                 let fi = match p.family {
                     Family::Ipv4 => 0,
                     Family::Ipv6 => 1,

@@ -7,6 +7,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use crate::conntrack::Tuple;
 use crate::model::{Family, Hook, ct_state};
 
 pub mod parse;
@@ -93,6 +94,12 @@ pub struct PacketMeta {
     pub mark: u32,
     /// Conntrack state as one [`ct_state`] bit (NEW when no tracker ran).
     pub ct_state: u8,
+    /// For an ICMP/ICMPv6 error (destination unreachable, time exceeded, ...): the header
+    /// embedded in it, as the packet the error is about was sent, in the tracker's
+    /// [`Tuple`] form (ports, or ICMP `type << 8 | code`). `None` for other packets and for
+    /// errors whose embedded header is missing, truncated or a non-first fragment; the tracker
+    /// then finds such an error INVALID (as nf_conntrack's `icmp_error_message`).
+    pub embedded: Option<Tuple>,
 }
 
 impl Default for PacketMeta {
@@ -116,6 +123,7 @@ impl Default for PacketMeta {
             src_mac: None,
             mark: 0,
             ct_state: ct_state::NEW,
+            embedded: None,
         }
     }
 }

@@ -348,6 +348,7 @@ fn engine(cores: usize) -> Engine {
         EngineConfig {
             cores,
             barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
         },
         Arc::new(ManualClock::default()),
     )

@@ -22,7 +22,8 @@
 //! (`/vallum.v1.RulesetService/Apply`) into [`Access::Read`] or [`Access::Admin`]: read-only
 //! tokens may call Get*/List*/Validate/Diff/Export/Trace/Replay/GetStatus/WatchCommits, gRPC
 //! health and reflection; everything else (Stage, Commit, Confirm, Apply, Rollback, Delete,
-//! ZeroCounters and any method this table does not know) needs admin.
+//! ZeroCounters, conntrack Delete and Flush, and any method this table does not know) needs
+//! admin.
 //!
 //! | failure | gRPC code | `ErrorInfo.reason` |
 //! |---|---|---|
@@ -147,6 +148,8 @@ const READ_METHODS: &[&str] = &[
     "TraceService/TracePacket",
     "TraceService/ReplayCapture",
     "EngineService/GetStatus",
+    "ConntrackService/List",
+    "ConntrackService/GetStats",
 ];
 
 /// Methods of `vallum.v1` that need an admin token, as `Service/Method`.
@@ -158,6 +161,8 @@ const ADMIN_METHODS: &[&str] = &[
     "RulesetService/Rollback",
     "RulesetService/DeleteRuleset",
     "CounterService/ZeroCounters",
+    "ConntrackService/Delete",
+    "ConntrackService/Flush",
 ];
 
 /// Health and reflection methods, as full paths.
@@ -197,6 +202,7 @@ pub fn known_method(path: &str) -> Option<(&'static str, &'static str)> {
         "CounterService" => "vallum.v1.CounterService",
         "TraceService" => "vallum.v1.TraceService",
         "EngineService" => "vallum.v1.EngineService",
+        "ConntrackService" => "vallum.v1.ConntrackService",
         _ => return None,
     };
     Some((service, m))
@@ -636,6 +642,8 @@ mod tests {
             "/vallum.v1.RulesetService/Rollback",
             "/vallum.v1.RulesetService/DeleteRuleset",
             "/vallum.v1.CounterService/ZeroCounters",
+            "/vallum.v1.ConntrackService/Delete",
+            "/vallum.v1.ConntrackService/Flush",
             "/vallum.v1.RulesetService/SomethingNew",
             "/other.Service/GetX",
         ] {
@@ -648,6 +656,8 @@ mod tests {
             "/vallum.v1.TraceService/ReplayCapture",
             "/vallum.v1.EngineService/GetStatus",
             "/vallum.v1.CounterService/GetCounters",
+            "/vallum.v1.ConntrackService/List",
+            "/vallum.v1.ConntrackService/GetStats",
             "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
         ] {
             assert_eq!(classify(m), Access::Read, "{m}");

@@ -43,6 +43,40 @@ pub enum Source {
     Pcap(PathBuf),
     /// The engine's deterministic synthetic generator.
     Synthetic,
+    /// Real packets from NFQUEUE (Linux): worker k binds queue `first + k`.
+    Nfqueue(NfqueueSource),
+}
+
+/// `--source nfqueue[:FIRST][,fail-closed]`: the queues `FIRST..FIRST+cores-1` (FIRST
+/// defaults to 0), steered by `vallumctl dataplane install` with the same numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NfqueueSource {
+    /// The first queue number.
+    pub first: u16,
+    /// Without it the queues are bound with `NFQA_CFG_F_FAIL_OPEN`: when a queue is full the
+    /// kernel accepts new packets instead of dropping them (as `--queue-bypass` does while no
+    /// worker is bound). `fail-closed` drops them.
+    pub fail_closed: bool,
+}
+
+impl FromStr for NfqueueSource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (head, fail_closed) = match s.strip_suffix(",fail-closed") {
+            Some(h) => (h, true),
+            None => (s, false),
+        };
+        let first = match head.strip_prefix("nfqueue") {
+            Some("") => 0,
+            Some(n) => n
+                .strip_prefix(':')
+                .and_then(|n| n.parse::<u16>().ok())
+                .ok_or_else(|| format!("{s:?}: the first queue must be a number 0..65535"))?,
+            None => return Err(format!("{s:?} is not nfqueue[:FIRST][,fail-closed]")),
+        };
+        Ok(NfqueueSource { first, fail_closed })
+    }
 }
 
 impl FromStr for Source {
@@ -52,10 +86,12 @@ impl FromStr for Source {
         match s {
             "none" => Ok(Source::None),
             "synthetic" => Ok(Source::Synthetic),
+            _ if s.starts_with("nfqueue") => s.parse().map(Source::Nfqueue),
             _ => match s.strip_prefix("pcap:") {
                 Some(path) if !path.is_empty() => Ok(Source::Pcap(PathBuf::from(path))),
                 _ => Err(format!(
-                    "unknown packet source {s:?} (none, pcap:FILE or synthetic)"
+                    "unknown packet source {s:?} (none, pcap:FILE, synthetic or \
+                     nfqueue[:FIRST][,fail-closed])"
                 )),
             },
         }
@@ -68,6 +104,13 @@ impl std::fmt::Display for Source {
             Source::None => f.write_str("none"),
             Source::Pcap(p) => write!(f, "pcap:{}", p.display()),
             Source::Synthetic => f.write_str("synthetic"),
+            Source::Nfqueue(q) => {
+                write!(f, "nfqueue:{}", q.first)?;
+                if q.fail_closed {
+                    f.write_str(",fail-closed")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -81,6 +124,53 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?}: must be a non-negative number of seconds"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Connection-table flags (see the engine's `conntrack` module); flattened into [`Config`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Args)]
+pub struct ConntrackArgs {
+    /// Most conntrack entries at once (nf_conntrack_max); beyond it an unreplied entry is
+    /// evicted, or the new connection's packet dropped. 0 turns connection tracking off
+    /// (every packet is NEW to the rules; ConntrackService answers FAILED_PRECONDITION).
+    #[arg(long, env = "VALLUM_CONNTRACK_MAX", default_value_t = 262_144)]
+    pub conntrack_max: usize,
+
+    /// Hash buckets of the connection table (nf_conntrack_buckets), rounded up to a power of
+    /// two, 1..=2^30.
+    #[arg(long, env = "VALLUM_CONNTRACK_BUCKETS", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub conntrack_buckets: u64,
+
+    /// Seconds between two garbage-collection steps of the connection table; each step
+    /// deletes the expired entries of 1/8 of the buckets, so the whole table is swept every
+    /// 8 steps. Expired entries also go when a packet or an early drop finds them.
+    #[arg(long, env = "VALLUM_CONNTRACK_GC_INTERVAL", default_value = "1", value_parser = parse_positive_seconds)]
+    pub conntrack_gc_interval: Duration,
+}
+
+impl ConntrackArgs {
+    /// The engine's table sizes, `None` when `--conntrack-max 0`.
+    pub fn engine_config(&self) -> Option<vallum_engine::conntrack::ConntrackConfig> {
+        (self.conntrack_max > 0).then(|| vallum_engine::conntrack::ConntrackConfig {
+            buckets: usize::try_from(self.conntrack_buckets).unwrap_or(1 << 30),
+            max_entries: self.conntrack_max,
+            ..vallum_engine::conntrack::ConntrackConfig::default()
+        })
+    }
+
+    /// Buckets one GC step scans: an eighth of the table (at least one).
+    pub fn gc_budget(&self) -> usize {
+        let buckets = usize::try_from(self.conntrack_buckets.next_power_of_two()).unwrap_or(1);
+        (buckets / 8).max(1)
+    }
+}
+
+fn parse_positive_seconds(s: &str) -> Result<Duration, String> {
+    let d = parse_seconds(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than 0 seconds"));
+    }
+    Ok(d)
 }
 
 fn default_cores() -> usize {
@@ -107,7 +197,9 @@ pub struct Config {
     #[arg(long, env = "VALLUM_BARRIER", value_enum, default_value = "seqcst")]
     pub barrier: Barrier,
 
-    /// Packet source: none, pcap:FILE (replayed in a loop) or synthetic.
+    /// Packet source: none, pcap:FILE (replayed in a loop), synthetic, or
+    /// nfqueue[:FIRST][,fail-closed] (Linux; worker k binds NFQUEUE FIRST+k; see
+    /// docs/operations.md).
     #[arg(long, env = "VALLUM_SOURCE", default_value = "none")]
     pub source: Source,
 
@@ -137,6 +229,10 @@ pub struct Config {
     /// Limits: `--max-request-bytes`, `--max-rules`, `--max-rulesets`, `--max-revisions-kept`.
     #[command(flatten)]
     pub limits: LimitsConfig,
+
+    /// Conntrack: `--conntrack-max`, `--conntrack-buckets`, `--conntrack-gc-interval`.
+    #[command(flatten)]
+    pub conntrack: ConntrackArgs,
 
     /// How often pending commit-confirmed deadlines are checked, in seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
@@ -194,8 +290,71 @@ mod tests {
         assert_eq!(c.source, Source::Pcap("/tmp/x.pcap".into()));
         assert_eq!(c.rate, 5);
         assert!(Config::from_args(["vallumd", "--source", "bogus"]).is_err());
+        for (text, first, fail_closed, shown) in [
+            ("nfqueue", 0, false, "nfqueue:0"),
+            ("nfqueue:4", 4, false, "nfqueue:4"),
+            ("nfqueue,fail-closed", 0, true, "nfqueue:0,fail-closed"),
+            (
+                "nfqueue:65535,fail-closed",
+                65535,
+                true,
+                "nfqueue:65535,fail-closed",
+            ),
+        ] {
+            let c = Config::from_args(["vallumd", "--source", text]).unwrap();
+            let want = Source::Nfqueue(NfqueueSource { first, fail_closed });
+            assert_eq!(c.source, want, "{text}");
+            assert_eq!(c.source.to_string(), shown);
+            assert_eq!(shown.parse::<Source>(), Ok(want));
+        }
+        for bad in [
+            "nfqueue:",
+            "nfqueue:x",
+            "nfqueue:65536",
+            "nfqueue4",
+            "nfqueue,open",
+        ] {
+            assert!(bad.parse::<Source>().is_err(), "{bad}");
+        }
         let c = Config::from_args(["vallumd", "--exit-after", "1.5"]).unwrap();
         assert_eq!(c.exit_after, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn conntrack_flags() {
+        let c = Config::from_args(["vallumd"]).unwrap().conntrack;
+        let e = c.engine_config().unwrap();
+        assert_eq!((e.max_entries, e.buckets), (262_144, 65_536));
+        assert_eq!(c.conntrack_gc_interval, Duration::from_secs(1));
+        assert_eq!(c.gc_budget(), 8192);
+        let c = Config::from_args([
+            "vallumd",
+            "--conntrack-max",
+            "100",
+            "--conntrack-buckets",
+            "10",
+            "--conntrack-gc-interval",
+            "0.25",
+        ])
+        .unwrap()
+        .conntrack;
+        let e = c.engine_config().unwrap();
+        assert_eq!((e.max_entries, e.buckets), (100, 10));
+        assert_eq!(c.gc_budget(), 2);
+        assert_eq!(c.conntrack_gc_interval, Duration::from_millis(250));
+        let off = Config::from_args(["vallumd", "--conntrack-max", "0"]).unwrap();
+        assert_eq!(off.conntrack.engine_config(), None);
+        for bad in [
+            ["--conntrack-buckets", "0"],
+            ["--conntrack-buckets", "2000000000"],
+            ["--conntrack-gc-interval", "0"],
+            ["--conntrack-max", "-1"],
+        ] {
+            assert!(
+                Config::from_args(["vallumd", bad[0], bad[1]]).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

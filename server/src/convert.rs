@@ -6,7 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use vallum_engine::compile::{StepOutcome, TraceStep, Verdict};
-use vallum_engine::model::{Family, Hook, Policy, Ruleset, TableKind, ct_state, tcp_flags};
+use vallum_engine::conntrack::{ConnFilter, ConnView, Conntrack, TcpState, Tuple};
+use vallum_engine::model::{Family, Hook, IpNet, Policy, Ruleset, TableKind, ct_state, tcp_flags};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::print_rule_spec;
 use vallum_engine::validate::Severity;
@@ -638,5 +639,199 @@ pub fn bad_request(violations: Vec<FieldViolation>) -> Error {
     Error::BadRequest {
         reason: Reason::InvalidArgument,
         violations,
+    }
+}
+
+// === conntrack ===
+
+/// The name of a [`ct_state`] bit (`NEW`, `ESTABLISHED`, `RELATED`, `INVALID`, `UNTRACKED`;
+/// empty for anything else).
+pub fn ct_state_name(bit: u8) -> &'static str {
+    match bit {
+        ct_state::NEW => "NEW",
+        ct_state::ESTABLISHED => "ESTABLISHED",
+        ct_state::RELATED => "RELATED",
+        ct_state::INVALID => "INVALID",
+        ct_state::UNTRACKED => "UNTRACKED",
+        _ => "",
+    }
+}
+
+/// An address or prefix (`10.0.0.0/8`) of a conntrack filter; `None` when empty.
+fn prefix(field: &str, s: &str) -> Result<Option<IpNet>> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let bad = || {
+        Error::invalid(
+            field,
+            format!("{s:?} is not an address or prefix (ADDR[/LEN])"),
+        )
+    };
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        None => max,
+        Some(l) => l.parse::<u8>().ok().filter(|&l| l <= max).ok_or_else(bad)?,
+    };
+    Ok(IpNet::new(addr, len))
+}
+
+/// A conntrack filter from the API. Every bad field is reported (paths
+/// `{prefix}.source`, `{prefix}.protocol`, ...).
+///
+/// Errors: [`Error::BadRequest`] with one violation per bad field: an unknown family, protocol
+/// or state, a malformed address/prefix or one of the other family, a port above 65535.
+pub fn conntrack_filter(prefix_path: &str, f: &pb::ConntrackFilter) -> Result<ConnFilter> {
+    /// The value of a field check, its violations collected in `bad`.
+    fn keep<T>(bad: &mut Vec<FieldViolation>, r: Result<Option<T>>) -> Option<T> {
+        match r {
+            Ok(v) => v,
+            Err(Error::BadRequest { violations, .. }) => {
+                bad.extend(violations);
+                None
+            }
+            Err(e) => {
+                bad.push(FieldViolation::new("filter", e.to_string()));
+                None
+            }
+        }
+    }
+    let mut bad = Vec::new();
+    let path = |name: &str| format!("{prefix_path}.{name}");
+    let family = keep(
+        &mut bad,
+        match pb::Family::try_from(f.family) {
+            Ok(pb::Family::Unspecified) => Ok(None),
+            Ok(pb::Family::Ipv4) => Ok(Some(Family::Ipv4)),
+            Ok(pb::Family::Ipv6) => Ok(Some(Family::Ipv6)),
+            Err(_) => Err(Error::invalid(
+                path("family"),
+                format!("unknown family {}", f.family),
+            )),
+        },
+    );
+    // `all` (0) means any protocol, as for `-p`.
+    let protocol = keep(
+        &mut bad,
+        protocol(&path("protocol"), &f.protocol).map(|p| (p != 0).then_some(p)),
+    );
+    let src = keep(&mut bad, prefix(&path("source"), &f.source));
+    let dst = keep(&mut bad, prefix(&path("destination"), &f.destination));
+    let port = |name: &str, v: u32| -> Result<Option<u16>> {
+        match v {
+            0 => Ok(None),
+            1..=65535 => Ok(Some(v as u16)),
+            _ => Err(Error::invalid(path(name), "ports are 1..65535 (0: any)")),
+        }
+    };
+    let sport = keep(&mut bad, port("source_port", f.source_port));
+    let dport = keep(&mut bad, port("destination_port", f.destination_port));
+    let tcp_state = keep(
+        &mut bad,
+        if f.state.is_empty() {
+            Ok(None)
+        } else {
+            TcpState::from_name(&f.state).map(Some).ok_or_else(|| {
+                let names: Vec<&str> = TcpState::ALL.iter().map(|s| s.name()).collect();
+                Error::invalid(
+                    path("state"),
+                    format!(
+                        "unknown TCP state {:?} (one of {})",
+                        f.state,
+                        names.join(", ")
+                    ),
+                )
+            })
+        },
+    );
+    // Addresses must agree with each other and with the family.
+    let fam_of = |n: &IpNet| {
+        if n.addr.is_ipv4() {
+            Family::Ipv4
+        } else {
+            Family::Ipv6
+        }
+    };
+    let want = family.or(src.as_ref().map(fam_of));
+    for (name, n) in [("source", &src), ("destination", &dst)] {
+        if let (Some(w), Some(n)) = (want, n) {
+            if fam_of(n) != w {
+                bad.push(FieldViolation::new(
+                    path(name),
+                    format!("{} is not an {} address", n.addr, family_label(w)),
+                ));
+            }
+        }
+    }
+    if !bad.is_empty() {
+        return Err(bad_request(bad));
+    }
+    Ok(ConnFilter {
+        family,
+        protocol,
+        src,
+        dst,
+        sport,
+        dport,
+        tcp_state,
+    })
+}
+
+fn family_label(f: Family) -> &'static str {
+    match f {
+        Family::Ipv4 => "IPv4",
+        Family::Ipv6 => "IPv6",
+    }
+}
+
+/// One tuple of an entry as the API's.
+fn conntrack_tuple(t: &Tuple) -> pb::ConntrackTuple {
+    let icmp = matches!(t.protocol, 1 | 58);
+    pb::ConntrackTuple {
+        source: t.src.to_string(),
+        destination: t.dst.to_string(),
+        source_port: if icmp { 0 } else { u32::from(t.sport) },
+        destination_port: if icmp { 0 } else { u32::from(t.dport) },
+        icmp_type: if icmp { u32::from(t.dport >> 8) } else { 0 },
+        icmp_code: if icmp { u32::from(t.dport & 0xff) } else { 0 },
+    }
+}
+
+/// An entry as the API's, with its time left computed at `now_ns` (the engine clock).
+pub fn conntrack_entry(c: &ConnView, now_ns: u64) -> pb::ConntrackEntry {
+    let left = c.expires_ns.saturating_sub(now_ns);
+    pb::ConntrackEntry {
+        family: family_pb(if c.original.src.is_ipv4() {
+            Family::Ipv4
+        } else {
+            Family::Ipv6
+        }) as i32,
+        protocol: u32::from(c.original.protocol),
+        original: Some(conntrack_tuple(&c.original)),
+        reply: Some(conntrack_tuple(&c.reply)),
+        state: c.tcp_state.map(TcpState::name).unwrap_or_default().into(),
+        seen_reply: c.seen_reply,
+        expires_in: Some(prost_types::Duration {
+            seconds: i64::try_from(left / 1_000_000_000).unwrap_or(i64::MAX),
+            nanos: (left % 1_000_000_000) as i32,
+        }),
+    }
+}
+
+/// The table's counters as the API's.
+pub fn conntrack_stats(ct: &Conntrack) -> pb::ConntrackStats {
+    let s = ct.stats();
+    pb::ConntrackStats {
+        entries: s.entries,
+        max_entries: ct.max_entries(),
+        buckets: ct.buckets() as u64,
+        new_total: s.new_total,
+        early_drops: s.early_drops,
+        insert_failed: s.insert_failed,
     }
 }

@@ -19,6 +19,8 @@
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
 //! | `vallum_rule_packets_total`, `vallum_rule_bytes_total` | counter (opt-in) | ruleset, family, table, chain, rule | engine, at scrape |
 //! | `rpc_server_duration_seconds` | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
+//! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
+//! | `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`, `vallum_conntrack_insert_failed_total` | counter | | engine, at scrape |
 //!
 //! Deviations from the table, because of what the engine can attribute:
 //! - `vallum_packets_total` has `ruleset="all"`: the engine counts verdicts per (family, hook,
@@ -455,6 +457,78 @@ impl Metrics {
         Ok(())
     }
 
+    /// Registers the connection-table metrics, read from [`Conntrack::stats`] at scrape time:
+    /// `vallum_conntrack_entries` and `vallum_conntrack_max` (gauges, entries; the table-full
+    /// alert divides them), `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`
+    /// and `vallum_conntrack_insert_failed_total` (counters since start). Registers nothing when
+    /// the engine runs without conntrack. Call once.
+    ///
+    /// [`Conntrack::stats`]: vallum_engine::conntrack::Conntrack::stats
+    pub fn observe_conntrack(&self, engine: Arc<Engine>) {
+        let i = &self.inner;
+        let Some(max) = engine.conntrack().map(|c| c.max_entries()) else {
+            return;
+        };
+        let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
+        let e = engine.clone();
+        keep.push(Box::new(
+            i.meter
+                .u64_observable_gauge("vallum_conntrack_entries")
+                .with_description(
+                    "Entries in the connection table (including expired ones not yet collected).",
+                )
+                .with_callback(move |obs| {
+                    if let Some(ct) = e.conntrack() {
+                        obs.observe(ct.stats().entries, &[]);
+                    }
+                })
+                .build(),
+        ));
+        keep.push(Box::new(
+            i.meter
+                .u64_observable_gauge("vallum_conntrack_max")
+                .with_description("Most entries the connection table admits (--conntrack-max).")
+                .with_callback(move |obs| obs.observe(max, &[]))
+                .build(),
+        ));
+        type Pick = fn(&vallum_engine::conntrack::ConntrackStats) -> u64;
+        let counters: [(&'static str, &'static str, Pick); 3] = [
+            (
+                "vallum_conntrack_new",
+                "Connection-table entries created.",
+                |s| s.new_total,
+            ),
+            (
+                "vallum_conntrack_early_drops",
+                "Unreplied entries evicted to admit new connections (table full).",
+                |s| s.early_drops,
+            ),
+            (
+                "vallum_conntrack_insert_failed",
+                "New connections refused, and their packets dropped, because the table was full.",
+                |s| s.insert_failed,
+            ),
+        ];
+        for (name, help, pick) in counters {
+            let e = engine.clone();
+            keep.push(Box::new(
+                i.meter
+                    .u64_observable_counter(name)
+                    .with_description(help)
+                    .with_callback(move |obs| {
+                        if let Some(ct) = e.conntrack() {
+                            obs.observe(pick(&ct.stats()), &[]);
+                        }
+                    })
+                    .build(),
+            ));
+        }
+        i.observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(keep);
+    }
+
     /// A tower layer recording `rpc.server.duration` for every call; put it outermost in the
     /// tonic `Server` builder so refused calls (auth, limits) are measured too.
     pub fn grpc_layer(&self) -> GrpcMetricsLayer {
@@ -862,6 +936,7 @@ mod tests {
             vallum_engine::engine::EngineConfig {
                 cores: 1,
                 barrier: vallum_engine::dataplane::BarrierStrategy::SeqCst,
+                conntrack: None,
             },
             Arc::new(Zero),
         )));

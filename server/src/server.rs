@@ -1,6 +1,6 @@
 //! Wiring: store, engine, pipeline, metrics (`/metrics`), gRPC server (TLS, the layers of
 //! [`hooks::rpc_layer`]: RPC metrics, request limit, auth; health, reflection, the four
-//! services), packet sources, commit-confirmed timer, shutdown.
+//! services), packet sources, commit-confirmed timer, conntrack garbage collection, shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,6 +17,8 @@ use vallum_proto::v1::counter_service_server::CounterServiceServer;
 use vallum_proto::v1::engine_service_server::EngineServiceServer;
 use vallum_proto::v1::ruleset_service_server::RulesetServiceServer;
 use vallum_proto::v1::trace_service_server::TraceServiceServer;
+// Conntrack (issue #4).
+use vallum_proto::v1::conntrack_service_server::ConntrackServiceServer;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -28,15 +30,18 @@ use crate::service::counters::CountersApi;
 use crate::service::engine::EngineApi;
 use crate::service::ruleset::RulesetApi;
 use crate::service::trace::TraceApi;
+// Conntrack (issue #4).
+use crate::service::conntrack::ConntrackApi;
 use crate::sources::Sources;
 use crate::{content, example, tls};
 
 /// The gRPC service names health reports on (besides "").
-pub const SERVICES: [&str; 4] = [
+pub const SERVICES: [&str; 5] = [
     "vallum.v1.RulesetService",
     "vallum.v1.CounterService",
     "vallum.v1.TraceService",
     "vallum.v1.EngineService",
+    "vallum.v1.ConntrackService",
 ];
 
 /// What a run did, printed at exit.
@@ -110,6 +115,7 @@ pub async fn run_with(
         EngineConfig {
             cores: config.cores.max(1),
             barrier: config.barrier.into(),
+            conntrack: config.conntrack.engine_config(),
         },
         clock.clone(),
     ));
@@ -117,6 +123,7 @@ pub async fn run_with(
     // up (and printed) before the gRPC listener, so `listening on` means everything is bound.
     let metrics = Metrics::new(&config.metrics)?;
     metrics.observe_engine(engine.clone())?;
+    metrics.observe_conntrack(engine.clone());
     let hooks = Hooks {
         limits: config.limits.clone(),
         ..hooks
@@ -205,6 +212,10 @@ pub async fn run_with(
         .add_service(
             EngineServiceServer::new(EngineApi::new(state.clone())).max_decoding_message_size(max),
         )
+        .add_service(
+            ConntrackServiceServer::new(ConntrackApi::new(state.clone()))
+                .max_decoding_message_size(max),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
             let _ = stop_rx.await;
         });
@@ -236,6 +247,7 @@ pub async fn run_with(
     }
     hooks.observer.on_start(&engine, &config);
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
+    let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
     let sources = Sources::start(engine.clone(), &config.source, config.rate, clock)?;
 
     match config.exit_after {
@@ -250,6 +262,7 @@ pub async fn run_with(
 
     sources.stop();
     timer.abort();
+    conntrack_gc.abort();
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = metrics_stop_tx.send(());
@@ -278,4 +291,28 @@ pub async fn run_with(
     };
     store.close().await;
     Ok(summary)
+}
+
+/// The periodic garbage collection of the connection table: every `--conntrack-gc-interval`,
+/// one [`Engine::gc`] step over an eighth of the buckets, on a blocking thread (it takes the
+/// table's bucket locks). Nothing runs when conntrack is off.
+fn spawn_conntrack_gc(
+    engine: Arc<Engine>,
+    clock: Arc<dyn Clock>,
+    config: &Config,
+) -> tokio::task::JoinHandle<()> {
+    let budget = config.conntrack.gc_budget();
+    let every = config.conntrack.conntrack_gc_interval;
+    tokio::spawn(async move {
+        if engine.conntrack().is_none() {
+            return;
+        }
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let (e, c) = (engine.clone(), clock.clone());
+            let _ = tokio::task::spawn_blocking(move || e.gc(c.now_ns(), budget)).await;
+        }
+    })
 }

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
 use crate::store::{AuditEntry, now_ns};
 
+pub mod conntrack;
 pub mod counters;
 pub mod engine;
 pub mod ruleset;

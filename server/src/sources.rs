@@ -4,7 +4,10 @@
 //! - `none`: no thread;
 //! - `pcap:FILE`: the file is read and parsed once at start; each core replays all of it in a
 //!   loop, starting at its own offset;
-//! - `synthetic`: the engine's deterministic generator, seeded per core.
+//! - `synthetic`: the engine's deterministic generator, seeded per core;
+//! - `nfqueue[:FIRST][,fail-closed]` (Linux): real packets, worker k on NFQUEUE `FIRST + k`
+//!   ([`nfqueue`]); every queue is bound before any thread starts, so a queue that cannot be
+//!   bound is a startup error. `--rate` does not apply.
 //!
 //! `--rate` paces the total over all cores (each core gets `rate / cores`); 0 is full speed.
 //! [`Sources::stop`] asks every thread to finish its batch and joins them.
@@ -21,8 +24,10 @@ use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::packet::synth::{Synth, SynthConfig};
 use vallum_engine::packet::{IfName, PacketMeta};
 
-use crate::config::Source;
+use crate::config::{NfqueueSource, Source};
 use crate::error::{Error, Result};
+
+pub mod nfqueue;
 
 /// Packets per batch (one generation round trip each).
 pub const BATCH: usize = 32;
@@ -85,6 +90,7 @@ impl Sources {
                 });
             }
             Source::Synthetic => None,
+            Source::Nfqueue(q) => return start_nfqueue(engine, *q, clock, stop),
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::Internal(format!("read {}: {e}", path.display())))?;
@@ -154,11 +160,76 @@ impl Sources {
         Ok(Sources { stop, threads })
     }
 
-    /// Stops every thread after its current batch and joins them.
+    /// Stops every thread after its current batch (NFQUEUE: within 100 ms) and joins them.
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads {
             let _ = t.join();
         }
     }
+}
+
+/// Binds NFQUEUE `q.first + k` for every core k, then starts the workers.
+#[cfg(target_os = "linux")]
+fn start_nfqueue(
+    engine: Arc<Engine>,
+    q: NfqueueSource,
+    clock: Arc<dyn Clock>,
+    stop: Arc<AtomicBool>,
+) -> Result<Sources> {
+    let cores = engine.cores();
+    let first = usize::from(q.first);
+    if first + cores - 1 > usize::from(u16::MAX) {
+        return Err(Error::Startup {
+            code: "NFQUEUE_OPEN",
+            message: format!(
+                "NFQUEUE {first}..{}: queue numbers end at 65535 (lower the first queue or --cores)",
+                first + cores - 1
+            ),
+        });
+    }
+    let mut queues = Vec::with_capacity(cores);
+    for k in 0..cores {
+        let num = (first + k) as u16;
+        let queue = nfqueue::Queue::open(num, !q.fail_closed).map_err(|e| Error::Startup {
+            code: "NFQUEUE_OPEN",
+            message: e.to_string(),
+        })?;
+        queues.push(queue);
+    }
+    let mut threads = Vec::with_capacity(cores);
+    for (core, mut queue) in queues.into_iter().enumerate() {
+        let engine = engine.clone();
+        let stop = stop.clone();
+        let clock = clock.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("vallum-nfq-{core}"))
+            .spawn(move || {
+                let mut worker = match engine.worker(core) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        eprintln!("vallumd: core {core}: {e}");
+                        return;
+                    }
+                };
+                nfqueue::run_worker(&mut queue, &mut worker, &stop, &*clock);
+            })
+            .map_err(|e| Error::Internal(format!("spawn core {core}: {e}")))?;
+        threads.push(t);
+    }
+    Ok(Sources { stop, threads })
+}
+
+/// NFQUEUE is a Linux interface.
+#[cfg(not(target_os = "linux"))]
+fn start_nfqueue(
+    _engine: Arc<Engine>,
+    _q: NfqueueSource,
+    _clock: Arc<dyn Clock>,
+    _stop: Arc<AtomicBool>,
+) -> Result<Sources> {
+    Err(Error::Startup {
+        code: "NFQUEUE_UNSUPPORTED",
+        message: "--source nfqueue needs Linux (nfnetlink_queue)".to_owned(),
+    })
 }

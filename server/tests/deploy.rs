@@ -1193,14 +1193,17 @@ const DESIGN_METRICS: &[(&str, &str)] = &[
     ("rpc_server_duration_seconds", "histogram"),
 ];
 
-/// Declared in DESIGN.md, exported by issue #4 (conntrack and sets), not by this build: the live
-/// scrape does not require them. Remove a name here when issue #4 lands.
-const NOT_YET_EXPORTED: &[&str] = &[
-    "vallum_conntrack_entries",
-    "vallum_conntrack_new_total",
-    "vallum_conntrack_early_drops_total",
-    "vallum_set_elements",
+/// Exported by vallumd and used by the dashboard or the alerts, but not (yet) in DESIGN.md's
+/// table, which this repository cannot edit: the conntrack table size (the near-full alert
+/// divides by it) and the insert failures the issue #4 text asks for. Reported for DESIGN.md.
+const BEYOND_DESIGN: &[(&str, &str)] = &[
+    ("vallum_conntrack_max", "gauge"),
+    ("vallum_conntrack_insert_failed_total", "counter"),
 ];
+
+/// Declared in DESIGN.md, exported by issue #4 (sets), not by this build: the live scrape does
+/// not require them. Remove a name here when the set metrics land.
+const NOT_YET_EXPORTED: &[&str] = &["vallum_set_elements"];
 
 /// Not vallumd's: Prometheus' own `up`, and kube-state-metrics' container readiness (the
 /// readiness probe is grpc.health.v1, so "not ready" is health NOT_SERVING).
@@ -1392,6 +1395,7 @@ fn dashboard_and_alert_metrics_are_declared_in_design() {
         let base = base_name(m);
         assert!(
             DESIGN_METRICS.iter().any(|(n, _)| *n == base)
+                || BEYOND_DESIGN.iter().any(|(n, _)| *n == base)
                 || EXTERNAL_METRICS.contains(&m.as_str()),
             "{w} uses {m}, which DESIGN.md does not declare"
         );

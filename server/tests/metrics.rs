@@ -45,6 +45,7 @@ fn engine() -> Arc<Engine> {
         EngineConfig {
             cores: 2,
             barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
         },
         Arc::new(TickClock(AtomicU64::new(0))),
     ));

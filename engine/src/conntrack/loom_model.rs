@@ -162,9 +162,34 @@ fn insert_races_with_resize() {
             loom::thread::spawn(move || ct.track(&mut udp(1, 1, 2, 53), 0))
         };
         assert_eq!(ct.resize(2), Ok(2));
-        assert_eq!(t.join().unwrap_or_else(|_| panic!("thread")), CtVerdict::New);
+        assert_eq!(
+            t.join().unwrap_or_else(|_| panic!("thread")),
+            CtVerdict::New
+        );
         assert_eq!(ct.track(&mut udp(2, 53, 1, 1), 0), CtVerdict::Established);
         assert_eq!(ct.list().len(), 1);
         assert_eq!(ct.stats().entries, 1);
+    });
+}
+
+/// A lookup that may not fall back on an insert (tracing's `peek`) races with a resize: a walk
+/// that a moved node led astray must notice the generation change and look again, or it would
+/// report an existing flow as new.
+#[test]
+fn peek_races_with_resize() {
+    model(|| {
+        let ct = Arc::new(table(1, 1));
+        ct.track(&mut udp(1, 1, 2, 53), 0);
+        ct.track(&mut udp(1, 2, 2, 53), 0);
+        let t = {
+            let ct = Arc::clone(&ct);
+            loom::thread::spawn(move || ct.peek(&udp(2, 53, 1, 1), 1))
+        };
+        assert_eq!(ct.resize(2), Ok(2));
+        assert_eq!(
+            t.join().unwrap_or_else(|_| panic!("thread")),
+            CtVerdict::Established
+        );
+        assert_eq!(ct.stats().entries, 2);
     });
 }

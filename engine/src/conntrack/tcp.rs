@@ -41,6 +41,37 @@ impl TcpState {
         }
     }
 
+    /// Every state, in handshake order.
+    pub const ALL: [TcpState; 7] = [
+        TcpState::SynSent,
+        TcpState::SynRecv,
+        TcpState::Established,
+        TcpState::FinWait,
+        TcpState::LastAck,
+        TcpState::TimeWait,
+        TcpState::Close,
+    ];
+
+    /// The name `conntrack -L` prints (`SYN_SENT`, `ESTABLISHED`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpState::SynSent => "SYN_SENT",
+            TcpState::SynRecv => "SYN_RECV",
+            TcpState::Established => "ESTABLISHED",
+            TcpState::FinWait => "FIN_WAIT",
+            TcpState::LastAck => "LAST_ACK",
+            TcpState::TimeWait => "TIME_WAIT",
+            TcpState::Close => "CLOSE",
+        }
+    }
+
+    /// The state named `name` (as [`TcpState::name`], ASCII case-insensitive).
+    pub fn from_name(name: &str) -> Option<TcpState> {
+        TcpState::ALL
+            .into_iter()
+            .find(|s| s.name().eq_ignore_ascii_case(name))
+    }
+
     fn from_bits(b: u8) -> Option<TcpState> {
         Some(match b {
             1 => TcpState::SynSent,

@@ -390,6 +390,105 @@ fn icmp_errors_about_tracked_flows_are_related() {
     assert_eq!(ct.stats().entries, 1, "errors open no entries");
 }
 
+#[test]
+fn track_reads_the_embedded_header_and_peek_changes_nothing() {
+    let ct = table(64, 100);
+    let mut unreach = pkt(PROTO_ICMP, ip(7), 0, ip(1), 0, 0);
+    unreach.icmp_type = 3;
+    unreach.embedded = Some(Tuple {
+        src: ip(1),
+        dst: ip(2),
+        protocol: PROTO_TCP,
+        sport: 1000,
+        dport: 80,
+    });
+    assert_eq!(ct.peek(&unreach, 0), CtVerdict::Invalid, "no flow yet");
+    let mut syn = pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, SYN);
+    assert_eq!(ct.peek(&syn, 0), CtVerdict::New);
+    assert_eq!(ct.stats().entries, 0, "peek inserts nothing");
+    ct.track(&mut syn, 0);
+    assert_eq!(ct.peek(&unreach, S), CtVerdict::Related);
+    assert_eq!(ct.track(&mut unreach, S), CtVerdict::Related);
+    assert_eq!(unreach.ct_state, ct_state::RELATED);
+    // Without the embedded header the error is INVALID.
+    unreach.embedded = None;
+    assert_eq!(ct.track(&mut unreach, S), CtVerdict::Invalid);
+    // peek of the SYN-ACK says ESTABLISHED but leaves SYN_SENT and the timeout alone.
+    let before = ct.list();
+    let synack = pkt(PROTO_TCP, ip(2), 80, ip(1), 1000, SYN | ACK);
+    assert_eq!(ct.peek(&synack, 5 * S), CtVerdict::Established);
+    assert_eq!(ct.list(), before);
+    assert_eq!(before[0].tcp_state, Some(TcpState::SynSent));
+    // A SYN on the same tuple in SYN_SENT is a retransmission: NEW. Expired: NEW as well.
+    assert_eq!(ct.peek(&syn, S), CtVerdict::New);
+    let ack = pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, ACK);
+    assert_eq!(ct.peek(&ack, S), CtVerdict::Invalid);
+    assert_eq!(
+        ct.peek(&ack, 500 * S),
+        CtVerdict::Invalid,
+        "expired: no entry"
+    );
+}
+
+#[test]
+fn filters_match_like_conntrack_tools() {
+    use crate::model::{Family, IpNet};
+    let ct = table(64, 100);
+    tcp(&ct, false, SYN, 0);
+    tcp(&ct, true, SYN | ACK, 0);
+    let mut dns = pkt(PROTO_UDP, ip(1), 5353, ip(9), 53, 0);
+    ct.track(&mut dns, 0);
+    let mut ping = pkt(PROTO_ICMP, ip(1), 0, ip(9), 0, 0);
+    ping.icmp_type = 8;
+    ct.track(&mut ping, 0);
+    let hits = |f: ConnFilter| ct.list().iter().filter(|c| f.matches(c)).count();
+    assert_eq!(hits(ConnFilter::default()), 3);
+    let v4 = ConnFilter {
+        family: Some(Family::Ipv4),
+        ..ConnFilter::default()
+    };
+    assert_eq!(hits(v4), 3);
+    let v6 = ConnFilter {
+        family: Some(Family::Ipv6),
+        ..ConnFilter::default()
+    };
+    assert_eq!(hits(v6), 0);
+    let to9 = ConnFilter {
+        dst: IpNet::new(ip(9), 32),
+        ..ConnFilter::default()
+    };
+    assert_eq!(hits(to9), 2);
+    let net = ConnFilter {
+        src: IpNet::new(ip(0), 24),
+        dport: Some(53),
+        ..ConnFilter::default()
+    };
+    assert_eq!(hits(net), 1);
+    // The reply tuple is not what -s/-d look at.
+    let from2 = ConnFilter {
+        src: IpNet::new(ip(2), 32),
+        ..ConnFilter::default()
+    };
+    assert_eq!(hits(from2), 0);
+    // ICMP keeps type/code in dport: a port filter never matches it.
+    let port = ConnFilter {
+        protocol: Some(PROTO_ICMP),
+        dport: Some(8 << 8),
+        ..ConnFilter::default()
+    };
+    assert_eq!(hits(port), 0);
+    let state = ConnFilter {
+        tcp_state: Some(TcpState::SynRecv),
+        ..ConnFilter::default()
+    };
+    assert_eq!(hits(state), 1);
+    assert_eq!(TcpState::from_name("syn_recv"), Some(TcpState::SynRecv));
+    assert_eq!(TcpState::from_name("LISTEN"), None);
+    for s in TcpState::ALL {
+        assert_eq!(TcpState::from_name(s.name()), Some(s));
+    }
+}
+
 /// Four threads open more flows than the table holds while a fifth collects garbage: the
 /// maximum holds up to the number of concurrent inserters, every flow is either in the table or
 /// was dropped early or refused, and the counters agree with the chains.

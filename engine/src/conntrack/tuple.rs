@@ -73,6 +73,12 @@ fn icmp_kind(protocol: u8, ty: u8) -> (IcmpKind, u8) {
     }
 }
 
+/// Whether ICMP (`protocol` 1) or ICMPv6 (58) type `ty` is an error that embeds the header of
+/// the packet it is about (the types [`super::Conntrack::track_related`] accepts).
+pub(crate) fn is_icmp_error(protocol: u8, ty: u8) -> bool {
+    matches!(protocol, PROTO_ICMP | PROTO_ICMPV6) && icmp_kind(protocol, ty).0 == IcmpKind::Error
+}
+
 impl Tuple {
     /// The original-direction tuple of `pkt`, and for ICMP the kind of its type.
     pub(crate) fn from_packet(pkt: &PacketMeta) -> (Tuple, Option<IcmpKind>) {

@@ -34,6 +34,8 @@ use etherparse::{
     LinuxSllSlice, SingleVlanSlice, TcpSlice, UdpSlice,
 };
 
+use crate::conntrack::Tuple;
+use crate::conntrack::tuple::is_icmp_error;
 use crate::model::Family;
 use crate::packet::PacketMeta;
 
@@ -281,6 +283,7 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
         icmp_type: 0,
         icmp_code: 0,
         len: l3.len,
+        embedded: None,
         ..base
     };
     if l3.fragment {
@@ -313,15 +316,80 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
             let icmp = Icmpv4Slice::from_slice(l4).map_err(|_| PacketError::Truncated)?;
             meta.icmp_type = icmp.type_u8();
             meta.icmp_code = icmp.code_u8();
+            if is_icmp_error(proto::ICMP, meta.icmp_type) {
+                meta.embedded = embedded_ipv4(icmp.payload());
+            }
         }
         (proto::ICMPV6, Family::Ipv6) => {
             let icmp = Icmpv6Slice::from_slice(l4).map_err(|_| PacketError::Truncated)?;
             meta.icmp_type = icmp.type_u8();
             meta.icmp_code = icmp.code_u8();
+            if is_icmp_error(proto::ICMPV6, meta.icmp_type) {
+                meta.embedded = embedded_ipv6(icmp.payload());
+            }
         }
         _ => {}
     }
     Ok(meta)
+}
+
+/// The tuple of the IPv4 header (and the start of its transport header) that an ICMP error
+/// embeds after its 8-byte header, as nf_conntrack's `icmp_error_message` reads it: addresses
+/// and protocol from the IP header, then TCP/UDP/SCTP/DCCP/UDP-Lite ports (the first 4 bytes;
+/// RFC 792 guarantees 8) or the ICMP type and code. `None` when the IP header is incomplete or
+/// malformed, the embedded packet is a non-first fragment, or the ports / ICMP header are cut
+/// off. The embedded header's lengths and checksum are not checked (it is usually truncated).
+fn embedded_ipv4(bytes: &[u8]) -> Option<Tuple> {
+    let h = Ipv4HeaderSlice::from_slice(bytes).ok()?;
+    if h.fragments_offset().value() != 0 {
+        return None;
+    }
+    embedded_tuple(
+        IpAddr::V4(Ipv4Addr::from(h.source())),
+        IpAddr::V4(Ipv4Addr::from(h.destination())),
+        h.protocol().0,
+        bytes.get(h.slice().len()..)?,
+    )
+}
+
+/// As [`embedded_ipv4`] for the IPv6 header an ICMPv6 error embeds (RFC 4443: as much of the
+/// packet as fits), skipping extension headers as [`skip_ipv6_extensions`] does.
+fn embedded_ipv6(bytes: &[u8]) -> Option<Tuple> {
+    let h = Ipv6HeaderSlice::from_slice(bytes).ok()?;
+    let rest = bytes.get(etherparse::Ipv6Header::LEN..)?;
+    let (protocol, fragment, l4) = skip_ipv6_extensions(h.next_header().0, rest).ok()?;
+    if fragment {
+        return None;
+    }
+    embedded_tuple(
+        IpAddr::V6(Ipv6Addr::from(h.source())),
+        IpAddr::V6(Ipv6Addr::from(h.destination())),
+        protocol,
+        l4,
+    )
+}
+
+/// The tuple of an embedded header whose layer-4 bytes start at `l4`.
+fn embedded_tuple(src: IpAddr, dst: IpAddr, protocol: u8, l4: &[u8]) -> Option<Tuple> {
+    let (sport, dport) = match protocol {
+        proto::TCP | proto::UDP | proto::SCTP | proto::DCCP | proto::UDPLITE => match l4 {
+            [a, b, c, d, ..] => (u16::from_be_bytes([*a, *b]), u16::from_be_bytes([*c, *d])),
+            _ => return None,
+        },
+        // The tracker's ICMP convention: sport 0, dport `type << 8 | code`.
+        proto::ICMP | proto::ICMPV6 => match l4 {
+            [ty, code, ..] => (0, u16::from_be_bytes([*ty, *code])),
+            _ => return None,
+        },
+        _ => (0, 0),
+    };
+    Some(Tuple {
+        src,
+        dst,
+        protocol,
+        sport,
+        dport,
+    })
 }
 
 /// The set of TCP option kinds present, walked as the kernel's `tcp_find_option` does: kinds 0
@@ -474,6 +542,125 @@ mod tests {
             (1, 3, 4, 0)
         );
         assert_eq!(m.src_mac, None);
+    }
+
+    #[test]
+    fn icmpv4_error_embeds_the_header_it_is_about() {
+        // The UDP datagram 10.0.0.2:5353 -> 10.0.0.9:53 the error is about: its IP header and
+        // the first 8 bytes, as routers send them (RFC 792).
+        let mut about = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 2], [10, 0, 0, 9], 64)
+            .udp(5353, 53)
+            .write(&mut about, &[0xAB; 20])
+            .unwrap();
+        let mut v = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 9], [10, 0, 0, 2], 64)
+            .icmpv4_raw(3, 3, [0; 4])
+            .write(&mut v, &about[..28])
+            .unwrap();
+        let m = parse_ip(&v, base()).unwrap();
+        assert_eq!((m.icmp_type, m.icmp_code), (3, 3));
+        let t = m.embedded.expect("embedded header");
+        assert_eq!(
+            (t.src, t.dst, t.protocol, t.sport, t.dport),
+            (
+                "10.0.0.2".parse::<IpAddr>().unwrap(),
+                "10.0.0.9".parse::<IpAddr>().unwrap(),
+                17,
+                5353,
+                53
+            )
+        );
+        // Cut inside the embedded ports: no tuple (the tracker finds the error INVALID), but
+        // the outer packet still parses.
+        let mut cut = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 9], [10, 0, 0, 2], 64)
+            .icmpv4_raw(3, 3, [0; 4])
+            .write(&mut cut, &about[..22])
+            .unwrap();
+        let m = parse_ip(&cut, base()).unwrap();
+        assert_eq!((m.icmp_type, m.embedded), (3, None));
+        // An echo request is not an error: nothing embedded, even with a payload that looks
+        // like an IP header. A stale `embedded` in `base` does not leak through.
+        let mut echo = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 9], [10, 0, 0, 2], 64)
+            .icmpv4_echo_request(1, 1)
+            .write(&mut echo, &about[..28])
+            .unwrap();
+        let stale = PacketMeta {
+            embedded: m.embedded.or(Some(t)),
+            ..base()
+        };
+        assert_eq!(parse_ip(&echo, stale).unwrap().embedded, None);
+        // Time exceeded about an echo request: the ICMP convention, dport = type << 8 | code.
+        let mut ping = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 2], [192, 0, 2, 1], 1)
+            .icmpv4_echo_request(7, 1)
+            .write(&mut ping, &[])
+            .unwrap();
+        let mut ttl = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .icmpv4_raw(11, 0, [0; 4])
+            .write(&mut ttl, &ping)
+            .unwrap();
+        let t = parse_ip(&ttl, base()).unwrap().embedded.unwrap();
+        assert_eq!((t.protocol, t.sport, t.dport), (1, 0, 8 << 8));
+    }
+
+    #[test]
+    fn icmpv6_error_embeds_the_header_it_is_about() {
+        // TCP 2001:db8::1:40000 -> 2001:db8::2:443 behind a hop-by-hop header, inside a
+        // packet-too-big (type 2).
+        let mut tcp = vec![0u8; 20];
+        tcp[..4].copy_from_slice(&[0x9c, 0x40, 0x01, 0xbb]);
+        tcp[12] = 0x50;
+        let about = ipv6_raw(0, &[6, 0, 1, 4, 0, 0, 0, 0], &tcp);
+        let mut err = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+        err.extend_from_slice(&about);
+        let m = parse_ip(&ipv6_raw(58, &[], &err), base()).unwrap();
+        assert_eq!((m.protocol, m.icmp_type), (58, 2));
+        let t = m.embedded.expect("embedded header");
+        assert_eq!((t.protocol, t.sport, t.dport), (6, 40000, 443));
+        assert_eq!(t.src, "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(t.dst, "2001:db8::2".parse::<IpAddr>().unwrap());
+        // Neighbour solicitation (135) is not an error.
+        let ns = ipv6_raw(58, &[], &[135, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(parse_ip(&ns, base()).unwrap().embedded, None);
+        // The embedded header cut inside its extension header: no tuple.
+        let mut short = vec![1, 4, 0, 0, 0, 0, 0, 0];
+        short.extend_from_slice(&about[..44]);
+        let m = parse_ip(&ipv6_raw(58, &[], &short), base()).unwrap();
+        assert_eq!((m.icmp_type, m.embedded), (1, None));
+    }
+
+    /// Real ICMP port-unreachable errors from `../shared/data/pcap/tcpreplay-test.pcap`
+    /// (SOURCES.md): 172.16.11.12 answers DNS replies from 172.16.11.1:53 with type 3 code 3,
+    /// embedding the reply's IPv4 and UDP headers (checked by hand with a hex dump).
+    #[test]
+    fn icmp_errors_of_a_real_capture() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/data/pcap/tcpreplay-test.pcap");
+        let Ok(bytes) = std::fs::read(&path) else {
+            println!("SKIP real ICMP errors: cannot read {}", path.display());
+            return;
+        };
+        let caps = crate::packet::pcap::read_capture(&bytes).unwrap();
+        let errors: Vec<PacketMeta> = caps
+            .iter()
+            .filter_map(|c| c.parse(PacketMeta::default()).ok())
+            .filter(|m| m.protocol == 1 && m.icmp_type == 3)
+            .collect();
+        assert_eq!(errors.len(), 6);
+        let dns = "172.16.11.1".parse::<IpAddr>().unwrap();
+        let host = "172.16.11.12".parse::<IpAddr>().unwrap();
+        let mut ports = Vec::new();
+        for m in &errors {
+            assert_eq!((m.src, m.dst, m.icmp_code), (host, dns, 3));
+            let t = m.embedded.expect("embedded header");
+            assert_eq!((t.src, t.dst, t.protocol, t.sport), (dns, host, 17, 53));
+            ports.push(t.dport);
+        }
+        assert_eq!(ports, [59368, 50282, 59925, 57238, 57238, 57360]);
     }
 
     /// An IPv6 header followed by `exts` (already chained) and `l4`.

@@ -94,17 +94,30 @@ impl TraceService for TraceApi {
         } else {
             parse_ethernet(&r.frame, base).map_err(|e| Error::invalid("frame", e.to_string()))?
         };
+        // An empty `ct_state` asks the connection table (a lookup that changes nothing).
+        let lookup = spec.ct_state.is_empty();
+        let engine = self.state.pipeline.engine();
+        let now = self.now();
         let (trace, rulesets): (Trace, Vec<Arc<Ruleset>>) = if r.revision.is_empty() {
-            let engine = self.state.pipeline.engine();
-            (
-                engine.trace(&packet, self.now()),
-                engine.rulesets().into_values().collect(),
-            )
+            let trace = if lookup {
+                engine.trace(&packet, now)
+            } else {
+                engine.trace_with_state(&packet, now)
+            };
+            (trace, engine.rulesets().into_values().collect())
         } else {
             let (list, snap) = self.staged("revision", &r.revision).await?;
-            (snap.trace(&packet, self.now()), list)
+            let trace = match engine.conntrack() {
+                Some(ct) if lookup => snap.trace_split(&packet, now, |p| {
+                    p.ct_state = ct.peek(p, now).ct_state();
+                    None
+                }),
+                _ => snap.trace(&packet, now),
+            };
+            (trace, list)
         };
         Ok(Response::new(pb::TracePacketResponse {
+            ct_state: convert::ct_state_name(trace.ct_state).into(),
             verdict: convert::verdict(trace.verdict).into(),
             steps: trace
                 .steps
@@ -173,7 +186,9 @@ pub fn replay(
             staged_t.unparsed += 1;
             continue;
         };
-        let va = engine.trace(&meta, now).verdict;
+        // Both sides see the packets' own state (NEW): the live table knows nothing of the
+        // capture's flows, and a lookup would make the two sides differ by conntrack alone.
+        let va = engine.trace_with_state(&meta, now).verdict;
         totals(&mut active, va);
         if let Some(s) = staged {
             let vs = s.trace(&meta, now).verdict;

@@ -82,6 +82,9 @@ pub enum CliError {
     /// Output could not be written or encoded.
     #[error("output: {0}")]
     Output(String),
+    /// `dataplane install|uninstall`: an iptables program could not run or failed.
+    #[error("dataplane: {0}")]
+    Dataplane(String),
 }
 
 impl CliError {
@@ -89,7 +92,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Read { .. } | CliError::Argument(_) | CliError::Tls(_) => EXIT_REJECTED,
-            CliError::Invalid | CliError::Output(_) => EXIT_REJECTED,
+            CliError::Invalid | CliError::Output(_) | CliError::Dataplane(_) => EXIT_REJECTED,
             CliError::Connect { .. } => EXIT_UNAVAILABLE,
             CliError::Status { status, .. } => exit_code(
                 status.code(),

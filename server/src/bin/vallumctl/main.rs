@@ -4,6 +4,8 @@
 //! for `watch`, one per line). Exit codes are in [`error`]: 0 ok, 1 rejected, 2 usage,
 //! 3 server unavailable.
 
+mod conntrack;
+mod dataplane;
 mod error;
 mod view;
 
@@ -23,6 +25,8 @@ use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
 use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
+// Conntrack (issue #4).
+use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
 use vallum_proto::v1::{
     self as pb, ApplyRequest, CommitRevisionRequest, ConfirmCommitRequest, DeleteRulesetRequest,
     DiffRevisionsRequest, ExportFormat, ExportRevisionRequest, GetCountersRequest,
@@ -243,6 +247,12 @@ enum Command {
     },
     /// List rulesets.
     Rulesets,
+    /// NFQUEUE steering rules of the current network namespace (runs iptables locally; no
+    /// server).
+    Dataplane {
+        #[command(subcommand)]
+        command: dataplane::DataplaneCommand,
+    },
     /// Deactivate and delete a ruleset with its revisions.
     Delete {
         /// Ruleset name.
@@ -250,6 +260,11 @@ enum Command {
         /// Only delete if the etag still matches.
         #[arg(long)]
         etag: Option<String>,
+    },
+    /// The connection table: list, delete, flush, stats (as conntrack-tools' `conntrack`).
+    Conntrack {
+        #[command(subcommand)]
+        cmd: conntrack::ConntrackCmd,
     },
 }
 
@@ -285,7 +300,8 @@ struct TraceArgs {
     /// Layer-3 length, bytes.
     #[arg(long, default_value_t = 60)]
     length: u32,
-    /// Conntrack state: NEW, ESTABLISHED, RELATED, INVALID, UNTRACKED.
+    /// Conntrack state: NEW, ESTABLISHED, RELATED, INVALID, UNTRACKED; an empty value
+    /// (`--ct-state ''`) looks the packet up in the connection table instead.
     #[arg(long, default_value = "NEW")]
     ct_state: String,
     /// Packet mark.
@@ -358,6 +374,8 @@ struct Clients {
     counters: CounterServiceClient<Svc>,
     trace: TraceServiceClient<Svc>,
     engine: EngineServiceClient<Svc>,
+    // Conntrack (issue #4).
+    conntrack: ConntrackServiceClient<Svc>,
 }
 
 async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
@@ -395,7 +413,9 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
         rulesets: RulesetServiceClient::with_interceptor(channel.clone(), auth.clone()),
         counters: CounterServiceClient::with_interceptor(channel.clone(), auth.clone()),
         trace: TraceServiceClient::with_interceptor(channel.clone(), auth.clone()),
-        engine: EngineServiceClient::with_interceptor(channel, auth),
+        engine: EngineServiceClient::with_interceptor(channel.clone(), auth.clone()),
+        // Conntrack (issue #4).
+        conntrack: ConntrackServiceClient::with_interceptor(channel, auth),
     })
 }
 
@@ -466,6 +486,10 @@ fn print(output: Output, json: Value, text: impl FnOnce() -> String) -> Result<(
 }
 
 async fn run(cli: &Cli) -> Result<(), CliError> {
+    if let Command::Dataplane { command } = &cli.command {
+        let (json, text) = dataplane::run(command)?;
+        return print(cli.output, json, || text);
+    }
     let is_watch = matches!(cli.command, Command::Watch { .. });
     let mut c = connect(cli, !is_watch).await?;
     let out = cli.output;
@@ -798,6 +822,9 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                 format!("deleted ruleset {ruleset}\n")
             })?;
         }
+        // Handled above, before connecting.
+        Command::Dataplane { .. } => {}
+        Command::Conntrack { cmd } => conntrack::run(&mut c.conntrack, cmd, out).await?,
     }
     Ok(())
 }

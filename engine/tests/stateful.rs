@@ -1,0 +1,365 @@
+//! The engine's conntrack in the packet path: a stateful ruleset (`--ctstate
+//! ESTABLISHED,RELATED -j ACCEPT`, new SSH, `-P INPUT DROP`) sees NEW, ESTABLISHED, RELATED,
+//! INVALID and UNTRACKED packets; a full table drops; a commit keeps the table; trace looks up
+//! without changing it; with conntrack off nothing is tracked.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use etherparse::PacketBuilder;
+use vallum_engine::Clock;
+use vallum_engine::compile::Verdict;
+use vallum_engine::conntrack::{ConnFilter, ConntrackConfig, TcpState};
+use vallum_engine::dataplane::BarrierStrategy;
+use vallum_engine::engine::{Change, Engine, EngineConfig};
+use vallum_engine::model::tcp_flags::{ACK, SYN};
+use vallum_engine::model::{Family, Hook, ct_state};
+use vallum_engine::packet::PacketMeta;
+use vallum_engine::packet::parse::parse_ip;
+use vallum_engine::restore::{ParseOptions, parse_ruleset};
+use vallum_engine::sets::NoSets;
+
+const S: u64 = 1_000_000_000;
+
+/// A clock nobody reads here: every call passes `now` explicitly.
+struct Frozen(AtomicU64);
+
+impl Clock for Frozen {
+    fn now_ns(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The host is 10.0.0.1; it runs sshd and talks to the world. Raw NOTRACKs NTP (udp/123) at
+/// PREROUTING and OUTPUT; filter accepts UNTRACKED on OUTPUT only, so the path is visible.
+const STATEFUL: &str = "\
+*raw
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A PREROUTING -p udp --dport 123 -j NOTRACK
+-A OUTPUT -p udp --dport 123 -j NOTRACK
+COMMIT
+*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A INPUT -m conntrack --ctstate INVALID -j DROP
+-A INPUT -p tcp --dport 22 --syn -j ACCEPT
+COMMIT
+";
+
+fn engine(conntrack: Option<ConntrackConfig>) -> Engine {
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack,
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    let rs = parse_ruleset("host", STATEFUL, &ParseOptions::default()).unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    e
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn pkt(hook: Hook, proto: u8, src: &str, sport: u16, dst: &str, dport: u16, f: u8) -> PacketMeta {
+    PacketMeta {
+        family: Family::Ipv4,
+        hook,
+        src: ip(src),
+        dst: ip(dst),
+        protocol: proto,
+        sport,
+        dport,
+        tcp_flags: f,
+        len: 60,
+        ..PacketMeta::default()
+    }
+}
+
+/// Runs one packet through core 0; returns (verdict, ct_state it came back with).
+fn run(e: &Engine, p: PacketMeta, now: u64) -> (Verdict, u8) {
+    let mut w = e.worker(0).unwrap();
+    let mut ps = [p];
+    let mut vs = [Verdict::Accept];
+    assert_eq!(w.process_batch(&mut ps, &mut vs, now), 1);
+    (vs[0], ps[0].ct_state)
+}
+
+/// Counter of INPUT rule `n` (1-based).
+fn rule_packets(e: &Engine, n: u32) -> u64 {
+    e.counters()
+        .into_iter()
+        .find(|c| &*c.chain == "INPUT" && c.rule == Some(n))
+        .map_or(0, |c| c.packets)
+}
+
+const ME: &str = "10.0.0.1";
+const PEER: &str = "192.0.2.7";
+
+#[test]
+fn new_established_invalid_through_the_rules() {
+    let e = engine(Some(ConntrackConfig::default()));
+    // A client's SYN to sshd: NEW, accepted by rule 3.
+    let syn = pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN);
+    assert_eq!(run(&e, syn, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(rule_packets(&e, 3), 1);
+    // sshd's SYN-ACK leaves through OUTPUT: the reply direction, ESTABLISHED.
+    let synack = pkt(Hook::Output, 6, ME, 22, PEER, 40000, SYN | ACK);
+    assert_eq!(
+        run(&e, synack, 2 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    // The client's ACK: ESTABLISHED, accepted by rule 1.
+    let ack = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
+    assert_eq!(
+        run(&e, ack, 3 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    assert_eq!(rule_packets(&e, 1), 1);
+    let list = e.conntrack().unwrap().list();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].tcp_state, Some(TcpState::Established));
+    assert_eq!(list[0].original.src, ip(PEER));
+
+    // Our own connection out: the SYN is NEW at OUTPUT, the peer's SYN-ACK is ESTABLISHED at
+    // INPUT and passes the default-DROP chain through rule 1.
+    let out = pkt(Hook::Output, 6, ME, 50000, PEER, 443, SYN);
+    assert_eq!(run(&e, out, 4 * S), (Verdict::Accept, ct_state::NEW));
+    let back = pkt(Hook::Input, 6, PEER, 443, ME, 50000, SYN | ACK);
+    assert_eq!(
+        run(&e, back, 5 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    assert_eq!(rule_packets(&e, 1), 2);
+
+    // A mid-stream ACK of a connection the table never saw: INVALID, dropped by rule 2, and
+    // no entry is created.
+    let stray = pkt(Hook::Input, 6, PEER, 41000, ME, 22, ACK);
+    assert_eq!(run(&e, stray, 6 * S), (Verdict::Drop, ct_state::INVALID));
+    assert_eq!(rule_packets(&e, 2), 1);
+    assert_eq!(e.conntrack().unwrap().stats().entries, 2);
+    // A new connection to a closed port: NEW (conntrack runs before filter), dropped by the
+    // policy. Its entry stays, unreplied (the kernel would not confirm it: engine docs).
+    let closed = pkt(Hook::Input, 6, PEER, 42000, ME, 25, SYN);
+    assert_eq!(run(&e, closed, 7 * S), (Verdict::Drop, ct_state::NEW));
+    assert_eq!(e.conntrack().unwrap().stats().entries, 3);
+}
+
+/// An ICMP port-unreachable from `from` about the UDP datagram `about_src:sport ->
+/// about_dst:dport`, parsed from bytes at INPUT.
+fn unreachable(from: &str, to: &str, about: (&str, u16, &str, u16)) -> PacketMeta {
+    let v4 = |s: &str| match ip(s) {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(_) => unreachable!("IPv4 only here"),
+    };
+    let mut inner = Vec::new();
+    PacketBuilder::ipv4(v4(about.0), v4(about.2), 64)
+        .udp(about.1, about.3)
+        .write(&mut inner, &[0; 12])
+        .unwrap();
+    let mut bytes = Vec::new();
+    PacketBuilder::ipv4(v4(from), v4(to), 64)
+        .icmpv4_raw(3, 3, [0; 4])
+        .write(&mut bytes, &inner[..28])
+        .unwrap();
+    parse_ip(
+        &bytes,
+        PacketMeta {
+            hook: Hook::Input,
+            ..PacketMeta::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn icmp_error_about_a_tracked_flow_is_related() {
+    let e = engine(Some(ConntrackConfig::default()));
+    // A DNS query out: NEW.
+    let q = pkt(Hook::Output, 17, ME, 5353, PEER, 53, 0);
+    assert_eq!(run(&e, q, S), (Verdict::Accept, ct_state::NEW));
+    // The peer says port unreachable about that query: RELATED, accepted by rule 1.
+    let err = unreachable(PEER, ME, (ME, 5353, PEER, 53));
+    assert_eq!(run(&e, err, 2 * S), (Verdict::Accept, ct_state::RELATED));
+    assert_eq!(rule_packets(&e, 1), 1);
+    // The same error about a flow nobody sent: INVALID, dropped by rule 2.
+    let forged = unreachable(PEER, ME, (ME, 6000, PEER, 53));
+    assert_eq!(run(&e, forged, 3 * S), (Verdict::Drop, ct_state::INVALID));
+    // Errors open no entry.
+    assert_eq!(e.conntrack().unwrap().stats().entries, 1);
+}
+
+#[test]
+fn raw_notrack_is_untracked_and_not_in_the_table() {
+    let e = engine(Some(ConntrackConfig::default()));
+    // NTP at PREROUTING: raw NOTRACK, UNTRACKED, no entry.
+    let ntp_in = pkt(Hook::Prerouting, 17, PEER, 123, ME, 123, 0);
+    assert_eq!(run(&e, ntp_in, S), (Verdict::Accept, ct_state::UNTRACKED));
+    let ntp_out = pkt(Hook::Output, 17, ME, 123, PEER, 123, 0);
+    assert_eq!(run(&e, ntp_out, S), (Verdict::Accept, ct_state::UNTRACKED));
+    assert_eq!(e.conntrack().unwrap().stats().entries, 0);
+    assert_eq!(e.conntrack().unwrap().stats().new_total, 0);
+    // Another UDP port at PREROUTING is tracked.
+    let dns_in = pkt(Hook::Prerouting, 17, PEER, 5000, ME, 53, 0);
+    assert_eq!(run(&e, dns_in, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(e.conntrack().unwrap().stats().entries, 1);
+}
+
+#[test]
+fn a_full_table_drops_and_counts() {
+    let e = engine(Some(ConntrackConfig {
+        buckets: 4,
+        max_entries: 2,
+        locks: 2,
+    }));
+    // Two replied (so not early-droppable) flows fill the table.
+    for port in [1000, 1001] {
+        let out = pkt(Hook::Output, 17, ME, port, PEER, 53, 0);
+        assert_eq!(run(&e, out, S), (Verdict::Accept, ct_state::NEW));
+        let back = pkt(Hook::Input, 17, PEER, 53, ME, port, 0);
+        assert_eq!(run(&e, back, S), (Verdict::Accept, ct_state::ESTABLISHED));
+    }
+    // A third flow finds no room and no unreplied victim: dropped, even at OUTPUT whose
+    // policy is ACCEPT.
+    let third = pkt(Hook::Output, 17, ME, 1002, PEER, 53, 0);
+    assert_eq!(run(&e, third, 2 * S), (Verdict::Drop, ct_state::INVALID));
+    let st = e.conntrack().unwrap().stats();
+    assert_eq!((st.entries, st.insert_failed, st.new_total), (2, 1, 2));
+    let dropped: u64 = e
+        .verdict_counts()
+        .iter()
+        .filter(|v| v.hook == Hook::Output && v.verdict == "DROP")
+        .map(|v| v.packets)
+        .sum();
+    assert_eq!(dropped, 1);
+    // Existing flows go on.
+    let back = pkt(Hook::Input, 17, PEER, 53, ME, 1000, 0);
+    assert_eq!(
+        run(&e, back, 3 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+}
+
+#[test]
+fn a_commit_keeps_the_table() {
+    let e = engine(Some(ConntrackConfig::default()));
+    let syn = pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN);
+    assert_eq!(run(&e, syn, S).0, Verdict::Accept);
+    run(&e, pkt(Hook::Output, 6, ME, 22, PEER, 40000, SYN | ACK), S);
+    // A new revision that no longer admits new SSH connections.
+    let locked = STATEFUL.replace("-A INPUT -p tcp --dport 22 --syn -j ACCEPT\n", "");
+    let rs = parse_ruleset("host", &locked, &ParseOptions::default()).unwrap();
+    let c = e.commit(Change::Put(rs), &NoSets).unwrap();
+    drop(c.retired);
+    assert_eq!(e.conntrack().unwrap().stats().entries, 1);
+    // The established session survives; a new one is refused.
+    let ack = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
+    assert_eq!(
+        run(&e, ack, 2 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    let other = pkt(Hook::Input, 6, PEER, 40001, ME, 22, SYN);
+    assert_eq!(run(&e, other, 2 * S), (Verdict::Drop, ct_state::NEW));
+}
+
+#[test]
+fn trace_looks_up_without_changing_the_table() {
+    let e = engine(Some(ConntrackConfig::default()));
+    let ct = e.conntrack().unwrap();
+    let syn = pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN);
+    let t = e.trace(&syn, S);
+    assert_eq!((t.verdict, t.ct_state), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(ct.stats().entries, 0, "trace inserts nothing");
+    let stray = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
+    let t = e.trace(&stray, S);
+    assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::INVALID));
+    // Asking with a given state skips the lookup.
+    let given = PacketMeta {
+        ct_state: ct_state::ESTABLISHED,
+        ..stray
+    };
+    let t = e.trace_with_state(&given, S);
+    assert_eq!(
+        (t.verdict, t.ct_state),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+
+    run(&e, syn, S);
+    run(&e, pkt(Hook::Output, 6, ME, 22, PEER, 40000, SYN | ACK), S);
+    let before = ct.list();
+    let t = e.trace(&stray, 2 * S);
+    assert_eq!(
+        (t.verdict, t.ct_state),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    // The lookup did not advance the state (SYN_RECV -> ESTABLISHED) nor the timeout.
+    assert_eq!(ct.list(), before);
+    assert_eq!(before[0].tcp_state, Some(TcpState::SynRecv));
+    // An ICMP error about it traces RELATED; NTP at PREROUTING UNTRACKED.
+    let err = unreachable(PEER, ME, (ME, 22, PEER, 40000));
+    assert_eq!(
+        e.trace(&err, 2 * S).ct_state,
+        ct_state::INVALID,
+        "udp != tcp"
+    );
+    let ntp = pkt(Hook::Prerouting, 17, PEER, 123, ME, 123, 0);
+    assert_eq!(e.trace(&ntp, 2 * S).ct_state, ct_state::UNTRACKED);
+    assert_eq!(ct.stats().new_total, 1);
+}
+
+#[test]
+fn delete_by_filter_flush_and_gc() {
+    let e = engine(Some(ConntrackConfig::default()));
+    run(&e, pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN), S);
+    run(&e, pkt(Hook::Output, 17, ME, 5353, PEER, 53, 0), S);
+    run(
+        &e,
+        pkt(Hook::Output, 17, ME, 5354, "198.51.100.1", 53, 0),
+        S,
+    );
+    let ct = e.conntrack().unwrap();
+    let udp = ConnFilter {
+        protocol: Some(17),
+        ..ConnFilter::default()
+    };
+    assert_eq!(ct.list().iter().filter(|c| udp.matches(c)).count(), 2);
+    let to_peer = ConnFilter {
+        protocol: Some(17),
+        dst: Some(vallum_engine::model::IpNet::new(ip(PEER), 32).unwrap()),
+        ..ConnFilter::default()
+    };
+    assert_eq!(ct.delete(|c| to_peer.matches(c)), 1);
+    assert_eq!(ct.stats().entries, 2);
+    // UDP entries time out after 30 s unreplied; the SYN_SENT one after 120 s.
+    assert_eq!(e.gc(40 * S, usize::MAX), 1);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::SynSent));
+    assert_eq!(ct.flush(), 1);
+    assert_eq!(ct.stats().entries, 0);
+}
+
+#[test]
+fn conntrack_off_tracks_nothing() {
+    for off in [
+        None,
+        Some(ConntrackConfig {
+            max_entries: 0,
+            ..ConntrackConfig::default()
+        }),
+    ] {
+        let e = engine(off);
+        assert!(e.conntrack().is_none());
+        // Without a tracker every packet keeps its NEW: a mid-stream ACK to sshd is not
+        // INVALID, and the SYN-ACK of our own connection is not ESTABLISHED.
+        let back = pkt(Hook::Input, 6, PEER, 443, ME, 50000, SYN | ACK);
+        assert_eq!(run(&e, back, S), (Verdict::Drop, ct_state::NEW));
+        assert_eq!(e.gc(S, 10), 0);
+        assert_eq!(e.trace(&back, S).ct_state, ct_state::NEW);
+    }
+}

@@ -1,0 +1,541 @@
+//! `vallumctl dataplane install|uninstall`: the steering rules that hand the current network
+//! namespace's packets to vallumd's NFQUEUE workers, put in and taken out with the system's
+//! own iptables (no gRPC).
+//!
+//! Layout (both families unless `--family`): a chain `VALLUM-NFQUEUE` in the filter table
+//!
+//! ```text
+//! -A VALLUM-NFQUEUE -i lo -j RETURN                          (unless --include-loopback)
+//! -A VALLUM-NFQUEUE -o lo -j RETURN
+//! -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN   (--exempt-tcp-ports)
+//! -A VALLUM-NFQUEUE -p tcp -m multiport --sports 50051,9464 -j RETURN
+//! -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance F:F+N-1 --queue-bypass  (--fail-closed: no bypass)
+//! ```
+//!
+//! and one `-j VALLUM-NFQUEUE` at the top of each chosen builtin chain (INPUT, OUTPUT, FORWARD
+//! by default). Install is declarative and idempotent: it writes the chain's whole content
+//! and replaces every jump to it, in one `iptables-restore --noflush` transaction, so
+//! installing twice leaves what installing once does and a second install with other flags
+//! replaces the first. Uninstall deletes the jumps and the chain; when there is none it
+//! succeeds and says so.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+use crate::error::CliError;
+
+/// The steering chain in the filter table.
+pub const CHAIN: &str = "VALLUM-NFQUEUE";
+/// The builtin chains of the filter table a jump can come from.
+const BUILTIN: [&str; 3] = ["INPUT", "FORWARD", "OUTPUT"];
+
+/// Address family, as iptables / ip6tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FamilyChoice {
+    /// iptables only.
+    Ipv4,
+    /// ip6tables only.
+    Ipv6,
+    /// Both.
+    Both,
+}
+
+/// Flags shared by install and uninstall.
+#[derive(Debug, clap::Args)]
+pub struct ToolArgs {
+    /// The iptables program (e.g. iptables-legacy or a full path); the IPv6 one is the same
+    /// name with ip6tables, the restore one the name plus `-restore`.
+    #[arg(long, value_name = "PATH", default_value = "iptables")]
+    iptables: PathBuf,
+    /// Families to steer.
+    #[arg(long, value_enum, default_value_t = FamilyChoice::Both)]
+    family: FamilyChoice,
+    /// Print the iptables-restore input instead of running it.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// `dataplane install` flags.
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Number of queues (= vallumd's --cores), starting at --queue-first.
+    #[arg(long, visible_alias = "queue-count", default_value_t = default_queues(), value_parser = clap::value_parser!(u16).range(1..))]
+    queues: u16,
+    /// First queue number (= FIRST of vallumd's --source nfqueue:FIRST).
+    #[arg(long, default_value_t = 0)]
+    queue_first: u16,
+    /// Omit --queue-bypass: while no vallumd worker is bound to a queue its packets are
+    /// dropped instead of accepted.
+    #[arg(long)]
+    fail_closed: bool,
+    /// Builtin filter chains that jump to the steering chain.
+    #[arg(long, value_delimiter = ',', default_value = "INPUT,OUTPUT,FORWARD")]
+    chains: Vec<String>,
+    /// Steer loopback traffic too (by default `lo` is exempt).
+    #[arg(long)]
+    include_loopback: bool,
+    /// TCP ports (either direction) never steered, comma-separated; empty for none. The
+    /// default keeps vallumd's gRPC and metrics ports reachable whatever the ruleset says.
+    #[arg(long, default_value = "50051,9464")]
+    exempt_tcp_ports: String,
+    #[command(flatten)]
+    tool: ToolArgs,
+}
+
+fn default_queues() -> u16 {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(usize::from(u16::MAX)) as u16
+}
+
+/// The `dataplane` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum DataplaneCommand {
+    /// Put the NFQUEUE steering rules into the current network namespace (idempotent).
+    Install(InstallArgs),
+    /// Take them out (succeeds when there are none).
+    Uninstall(ToolArgs),
+}
+
+/// What install writes, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Plan {
+    first: u16,
+    count: u16,
+    bypass: bool,
+    chains: Vec<&'static str>,
+    loopback: bool,
+    exempt: Vec<u16>,
+}
+
+impl Plan {
+    fn from_args(a: &InstallArgs) -> Result<Plan, CliError> {
+        let last = u32::from(a.queue_first) + u32::from(a.queues) - 1;
+        if last > u32::from(u16::MAX) {
+            return Err(CliError::Argument(format!(
+                "--queue-first {} --queues {}: queue numbers end at 65535",
+                a.queue_first, a.queues
+            )));
+        }
+        let mut chains = Vec::new();
+        for c in &a.chains {
+            let up = c.trim().to_ascii_uppercase();
+            let Some(b) = BUILTIN.iter().find(|b| **b == up) else {
+                return Err(CliError::Argument(format!(
+                    "--chains: `{c}` is not a builtin chain of the filter table (INPUT, OUTPUT, FORWARD)"
+                )));
+            };
+            if !chains.contains(b) {
+                chains.push(*b);
+            }
+        }
+        if chains.is_empty() {
+            return Err(CliError::Argument(
+                "--chains: name at least one chain".into(),
+            ));
+        }
+        let mut exempt = Vec::new();
+        for p in a
+            .exempt_tcp_ports
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            let port = p.parse::<u16>().map_err(|_| {
+                CliError::Argument(format!("--exempt-tcp-ports: `{p}` is not a port"))
+            })?;
+            exempt.push(port);
+        }
+        // multiport takes at most 15 ports.
+        if exempt.len() > 15 {
+            return Err(CliError::Argument(
+                "--exempt-tcp-ports: at most 15 ports (iptables multiport)".into(),
+            ));
+        }
+        Ok(Plan {
+            first: a.queue_first,
+            count: a.queues,
+            bypass: !a.fail_closed,
+            chains,
+            loopback: a.include_loopback,
+            exempt,
+        })
+    }
+
+    /// The NFQUEUE target's options.
+    fn target(&self) -> String {
+        let q = if self.count == 1 {
+            format!("--queue-num {}", self.first)
+        } else {
+            format!(
+                "--queue-balance {}:{}",
+                self.first,
+                u32::from(self.first) + u32::from(self.count) - 1
+            )
+        };
+        if self.bypass {
+            format!("{q} --queue-bypass")
+        } else {
+            q
+        }
+    }
+}
+
+/// The iptables-restore input that installs `plan`, given the `iptables -S` lines of the
+/// filter table now (their jumps to [`CHAIN`] are deleted, then one per chosen chain is
+/// inserted at the top).
+fn install_text(plan: &Plan, current: &str) -> String {
+    let mut t = String::from("*filter\n");
+    t.push_str(&format!(":{CHAIN} - [0:0]\n"));
+    for d in jumps(current) {
+        t.push_str(&format!("-D {d}\n"));
+    }
+    if !plan.loopback {
+        t.push_str(&format!("-A {CHAIN} -i lo -j RETURN\n"));
+        t.push_str(&format!("-A {CHAIN} -o lo -j RETURN\n"));
+    }
+    if !plan.exempt.is_empty() {
+        let ports: Vec<String> = plan.exempt.iter().map(u16::to_string).collect();
+        let ports = ports.join(",");
+        t.push_str(&format!(
+            "-A {CHAIN} -p tcp -m multiport --dports {ports} -j RETURN\n"
+        ));
+        t.push_str(&format!(
+            "-A {CHAIN} -p tcp -m multiport --sports {ports} -j RETURN\n"
+        ));
+    }
+    t.push_str(&format!("-A {CHAIN} -j NFQUEUE {}\n", plan.target()));
+    for c in &plan.chains {
+        t.push_str(&format!("-I {c} 1 -j {CHAIN}\n"));
+    }
+    t.push_str("COMMIT\n");
+    t
+}
+
+/// The iptables-restore input that removes every jump to [`CHAIN`] and the chain; `None` when
+/// neither exists.
+fn uninstall_text(current: &str) -> Option<String> {
+    let exists = current.lines().any(|l| l.trim() == format!("-N {CHAIN}"));
+    let jumps = jumps(current);
+    if !exists && jumps.is_empty() {
+        return None;
+    }
+    let mut t = String::from("*filter\n");
+    for d in jumps {
+        t.push_str(&format!("-D {d}\n"));
+    }
+    if exists {
+        t.push_str(&format!("-F {CHAIN}\n-X {CHAIN}\n"));
+    }
+    t.push_str("COMMIT\n");
+    Some(t)
+}
+
+/// The rule specs (after `-A `) of the builtin chains' rules that jump to [`CHAIN`].
+fn jumps(current: &str) -> Vec<String> {
+    current
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("-A "))
+        .filter(|spec| {
+            let chain = spec.split_whitespace().next().unwrap_or("");
+            let mut words = spec.split_whitespace();
+            BUILTIN.contains(&chain)
+                && words.any(|w| w == "-j" || w == "-g")
+                && words.next() == Some(CHAIN)
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The programs of one family.
+#[derive(Debug)]
+struct Tools {
+    family: &'static str,
+    iptables: PathBuf,
+    restore: PathBuf,
+}
+
+/// `iptables-legacy` -> (`ip6tables-legacy` for IPv6) and `…-restore`.
+fn tools(iptables: &Path, family: FamilyChoice) -> Vec<Tools> {
+    let name = iptables
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "iptables".to_owned());
+    let with_name = |n: String| -> PathBuf {
+        if iptables.components().count() > 1 {
+            iptables.with_file_name(n)
+        } else {
+            PathBuf::from(n)
+        }
+    };
+    let v6 = name.replacen("iptables", "ip6tables", 1);
+    let mut out = Vec::new();
+    if family != FamilyChoice::Ipv6 {
+        out.push(Tools {
+            family: "ipv4",
+            iptables: with_name(name.clone()),
+            restore: with_name(format!("{name}-restore")),
+        });
+    }
+    if family != FamilyChoice::Ipv4 {
+        out.push(Tools {
+            family: "ipv6",
+            iptables: with_name(v6.clone()),
+            restore: with_name(format!("{v6}-restore")),
+        });
+    }
+    out
+}
+
+fn tool_error(program: &Path, what: &str) -> CliError {
+    CliError::Dataplane(format!("{}: {what}", program.display()))
+}
+
+/// `iptables -w -t filter -S`.
+fn list(t: &Tools) -> Result<String, CliError> {
+    let out = Command::new(&t.iptables)
+        .args(["-w", "-t", "filter", "-S"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| tool_error(&t.iptables, &format!("cannot run: {e}")))?;
+    if !out.status.success() {
+        return Err(tool_error(
+            &t.iptables,
+            &format!(
+                "-t filter -S failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|_| tool_error(&t.iptables, "output is not UTF-8"))
+}
+
+/// `iptables-restore -w --noflush` < `text`.
+fn restore(t: &Tools, text: &str) -> Result<(), CliError> {
+    let mut child = Command::new(&t.restore)
+        .args(["-w", "--noflush"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| tool_error(&t.restore, &format!("cannot run: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| tool_error(&t.restore, &format!("write input: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| tool_error(&t.restore, &format!("wait: {e}")))?;
+    if !out.status.success() {
+        return Err(tool_error(
+            &t.restore,
+            &format!(
+                "--noflush failed ({}): {}\ninput was:\n{text}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs a `dataplane` subcommand; returns the JSON report and its text form.
+///
+/// Errors: [`CliError::Argument`] for bad flags, [`CliError::Dataplane`] when an iptables
+/// program cannot run or fails (the message has its stderr and, for restore, its input).
+pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
+    let mut report = Vec::new();
+    let mut text = String::new();
+    match cmd {
+        DataplaneCommand::Install(a) => {
+            let plan = Plan::from_args(a)?;
+            for t in tools(&a.tool.iptables, a.tool.family) {
+                let current = if a.tool.dry_run {
+                    String::new()
+                } else {
+                    list(&t)?
+                };
+                let input = install_text(&plan, &current);
+                if a.tool.dry_run {
+                    text.push_str(&format!(
+                        "# {} ({})\n{input}",
+                        t.family,
+                        t.restore.display()
+                    ));
+                } else {
+                    restore(&t, &input)?;
+                    text.push_str(&format!(
+                        "{}: filter {} -> {CHAIN} -> NFQUEUE {}{}{} ({})\n",
+                        t.family,
+                        plan.chains.join(","),
+                        plan.target(),
+                        if plan.loopback { "" } else { "; lo exempt" },
+                        if plan.exempt.is_empty() {
+                            String::new()
+                        } else {
+                            let p: Vec<String> = plan.exempt.iter().map(u16::to_string).collect();
+                            format!("; tcp ports {} exempt", p.join(","))
+                        },
+                        t.restore.display()
+                    ));
+                }
+                report.push(json!({
+                    "family": t.family,
+                    "program": t.restore.display().to_string(),
+                    "chains": plan.chains,
+                    "queue_first": plan.first,
+                    "queue_count": plan.count,
+                    "queue_bypass": plan.bypass,
+                    "loopback_exempt": !plan.loopback,
+                    "exempt_tcp_ports": plan.exempt,
+                    "applied": !a.tool.dry_run,
+                    "input": input,
+                }));
+            }
+            Ok((json!({"installed": report}), text))
+        }
+        DataplaneCommand::Uninstall(tool) => {
+            for t in tools(&tool.iptables, tool.family) {
+                let current = list(&t)?;
+                let input = uninstall_text(&current);
+                match &input {
+                    None => text.push_str(&format!(
+                        "{}: no {CHAIN} chain, nothing to remove\n",
+                        t.family
+                    )),
+                    Some(i) if tool.dry_run => {
+                        text.push_str(&format!("# {} ({})\n{i}", t.family, t.restore.display()))
+                    }
+                    Some(i) => {
+                        restore(&t, i)?;
+                        text.push_str(&format!("{}: removed {CHAIN} and its jumps\n", t.family));
+                    }
+                }
+                report.push(json!({
+                    "family": t.family,
+                    "program": t.restore.display().to_string(),
+                    "removed": input.is_some() && !tool.dry_run,
+                    "input": input,
+                }));
+            }
+            Ok((json!({"uninstalled": report}), text))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(subcommand)]
+        cmd: DataplaneCommand,
+    }
+
+    fn plan(args: &[&str]) -> Result<Plan, CliError> {
+        let mut all = vec!["t", "install"];
+        all.extend_from_slice(args);
+        match T::try_parse_from(all)
+            .map_err(|e| CliError::Argument(e.to_string()))?
+            .cmd
+        {
+            DataplaneCommand::Install(a) => Plan::from_args(&a),
+            DataplaneCommand::Uninstall(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn install_text_is_the_documented_layout() {
+        let p = plan(&["--queues", "4"]).unwrap();
+        let t = install_text(&p, "");
+        assert_eq!(
+            t,
+            "*filter\n\
+             :VALLUM-NFQUEUE - [0:0]\n\
+             -A VALLUM-NFQUEUE -i lo -j RETURN\n\
+             -A VALLUM-NFQUEUE -o lo -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --sports 50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance 0:3 --queue-bypass\n\
+             -I INPUT 1 -j VALLUM-NFQUEUE\n\
+             -I OUTPUT 1 -j VALLUM-NFQUEUE\n\
+             -I FORWARD 1 -j VALLUM-NFQUEUE\n\
+             COMMIT\n"
+        );
+    }
+
+    #[test]
+    fn install_options() {
+        let p = plan(&[
+            "--queue-first",
+            "7",
+            "--queue-count",
+            "1",
+            "--fail-closed",
+            "--chains",
+            "forward,FORWARD",
+            "--include-loopback",
+            "--exempt-tcp-ports",
+            "",
+        ])
+        .unwrap();
+        assert_eq!(
+            install_text(&p, ""),
+            "*filter\n:VALLUM-NFQUEUE - [0:0]\n-A VALLUM-NFQUEUE -j NFQUEUE --queue-num 7\n\
+             -I FORWARD 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
+        );
+        assert!(plan(&["--chains", "PREROUTING"]).is_err());
+        assert!(plan(&["--queues", "0"]).is_err());
+        assert!(plan(&["--queue-first", "65535", "--queues", "2"]).is_err());
+        assert!(plan(&["--exempt-tcp-ports", "22,x"]).is_err());
+    }
+
+    // `iptables -S` of a namespace after one install, plus a user's own rules.
+    const INSTALLED: &str = "-P INPUT ACCEPT\n-P FORWARD ACCEPT\n-P OUTPUT ACCEPT\n\
+        -N VALLUM-NFQUEUE\n-N VALLUM-NFQUEUE-OTHER\n-A INPUT -j VALLUM-NFQUEUE\n\
+        -A INPUT -p tcp -j ACCEPT\n-A INPUT -j VALLUM-NFQUEUE-OTHER\n\
+        -A OUTPUT -o eth0 -j VALLUM-NFQUEUE\n\
+        -A VALLUM-NFQUEUE -i lo -j RETURN\n\
+        -A VALLUM-NFQUEUE -j NFQUEUE --queue-num 0 --queue-bypass\n";
+
+    #[test]
+    fn reinstall_replaces_every_jump() {
+        let p = plan(&["--queues", "1", "--chains", "INPUT"]).unwrap();
+        let t = install_text(&p, INSTALLED);
+        assert!(t.contains("-D INPUT -j VALLUM-NFQUEUE\n-D OUTPUT -o eth0 -j VALLUM-NFQUEUE\n"));
+        assert!(!t.contains("-D INPUT -j VALLUM-NFQUEUE-OTHER"));
+        assert!(!t.contains("-D INPUT -p tcp"));
+        assert!(t.ends_with("-I INPUT 1 -j VALLUM-NFQUEUE\nCOMMIT\n"));
+    }
+
+    #[test]
+    fn uninstall_text_removes_jumps_then_chain() {
+        assert_eq!(
+            uninstall_text(INSTALLED).unwrap(),
+            "*filter\n-D INPUT -j VALLUM-NFQUEUE\n-D OUTPUT -o eth0 -j VALLUM-NFQUEUE\n\
+             -F VALLUM-NFQUEUE\n-X VALLUM-NFQUEUE\nCOMMIT\n"
+        );
+        assert_eq!(uninstall_text("-P INPUT ACCEPT\n-N OTHER\n"), None);
+    }
+
+    #[test]
+    fn tool_names() {
+        let t = tools(Path::new("/usr/sbin/iptables-legacy"), FamilyChoice::Both);
+        assert_eq!(t[0].restore, Path::new("/usr/sbin/iptables-legacy-restore"));
+        assert_eq!(t[1].iptables, Path::new("/usr/sbin/ip6tables-legacy"));
+        assert_eq!(
+            t[1].restore,
+            Path::new("/usr/sbin/ip6tables-legacy-restore")
+        );
+        let t = tools(Path::new("iptables"), FamilyChoice::Ipv6);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].restore, Path::new("ip6tables-restore"));
+    }
+}

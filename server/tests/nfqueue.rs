@@ -1,0 +1,480 @@
+//! NFQUEUE end to end (root only; otherwise `SKIP <reason>`): two network namespaces A and B
+//! joined by a veth pair; in A, `vallumd --source nfqueue --cores 2` and the steering of
+//! `vallumctl dataplane install --queues 2`; from B, real ICMP echo, UDP and TCP to echo
+//! servers in A.
+//!
+//! Checks, in order: (a) with an ACCEPT ruleset everything passes; (b) a commit that DROPs
+//! ICMP echo, one UDP port and one TCP port blocks exactly those flows; (d) a TCP connection
+//! opened before that commit (to a port no rule names) keeps exchanging data after it; (c) the
+//! next commit, without the DROPs, lets everything through again with no restart; (e) after
+//! zeroing, N pings count exactly N packets and N x 36 bytes (IP length) on the INPUT rule
+//! `-p icmp --icmp-type echo-request`; and `vallumctl dataplane uninstall` leaves no VALLUM
+//! chain in `iptables-save` / `ip6tables-save`.
+//!
+//! The test thread never changes namespace: every piece that must live in A or B runs on a
+//! thread that first `setns(2)`s into it (a namespace is per thread; threads and processes
+//! started from there inherit it). The rules are stateless (no `--ctstate`).
+
+#[path = "support/vallumd.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::{Vallumd, text_source};
+use vallum_proto::v1 as pb;
+
+const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
+const B_ADDR: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 2);
+/// TCP port that stays open through every commit (the established-connection check).
+const TCP_KEEP: u16 = 7001;
+/// TCP port the DROP commit blocks.
+const TCP_BLOCK: u16 = 7002;
+/// UDP echo port the DROP commit blocks.
+const UDP_PORT: u16 = 7003;
+/// Pings counted in (e).
+const PINGS: u64 = 5;
+/// ICMP echo payload bytes (IP length = 20 + 8 + this).
+const PING_PAYLOAD: usize = 8;
+
+const ACCEPT_ALL: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n\
+    :OUTPUT ACCEPT [0:0]\n-A INPUT -p icmp -m icmp --icmp-type echo-request -j ACCEPT\nCOMMIT\n";
+
+fn drop_some() -> String {
+    format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p icmp -m icmp --icmp-type echo-request -j DROP\n\
+         -A INPUT -p udp -m udp --dport {UDP_PORT} -j DROP\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_BLOCK} -j DROP\nCOMMIT\n"
+    )
+}
+
+// === skipping ===
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+/// Why this machine cannot run the test, if it cannot.
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (network namespaces, iptables and NFQUEUE need it)".into());
+    }
+    for tool in [
+        "ip",
+        "iptables",
+        "iptables-restore",
+        "iptables-save",
+        "ip6tables",
+        "ip6tables-restore",
+        "ip6tables-save",
+    ] {
+        if !on_path(tool) {
+            return Some(format!("`{tool}` is not on PATH"));
+        }
+    }
+    let _ = Command::new("modprobe").arg("nfnetlink_queue").output();
+    if !Path::new("/proc/net/netfilter/nfnetlink_queue").exists() {
+        return Some("the nfnetlink_queue kernel module is not available".into());
+    }
+    None
+}
+
+// === namespaces ===
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ip(args: &[&str]) -> String {
+    run(Command::new("ip").args(args))
+}
+
+/// Namespaces A and B with a veth pair and addresses; deleted on drop (also on panic), which
+/// removes the veth and every rule with them.
+struct Netns {
+    a: String,
+    b: String,
+}
+
+impl Netns {
+    fn new() -> Result<Netns, String> {
+        let id = std::process::id();
+        let ns = Netns {
+            a: format!("vallum-a-{id}"),
+            b: format!("vallum-b-{id}"),
+        };
+        let st = Command::new("ip").args(["netns", "add", &ns.a]).status();
+        if !matches!(st, Ok(s) if s.success()) {
+            return Err(format!("`ip netns add` failed ({st:?})"));
+        }
+        ip(&["netns", "add", &ns.b]);
+        let (va, vb) = (
+            format!("vla{}", id % 100_000),
+            format!("vlb{}", id % 100_000),
+        );
+        ip(&[
+            "-n", &ns.a, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns", &ns.b,
+        ]);
+        for (n, dev, addr) in [(&ns.a, &va, A_ADDR), (&ns.b, &vb, B_ADDR)] {
+            ip(&["-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            ip(&["-n", n, "link", "set", dev, "up"]);
+            ip(&["-n", n, "link", "set", "lo", "up"]);
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// Runs `f` on a new thread inside network namespace `name` and returns its result.
+fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{name}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: `file` is an open namespace file; setns only changes this thread.
+        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+// === echo servers in A ===
+
+fn tcp_echo(port: u16) {
+    let l = TcpListener::bind((A_ADDR, port)).expect("bind tcp");
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 1500];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+fn udp_echo(port: u16) {
+    let s = UdpSocket::bind((A_ADDR, port)).expect("bind udp");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while let Ok((n, from)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(&buf[..n], from);
+        }
+    });
+}
+
+// === probes from B (each returns whether the echo came back in time) ===
+
+fn udp_probe(timeout: Duration) -> bool {
+    let s = UdpSocket::bind((B_ADDR, 0)).expect("bind");
+    s.set_read_timeout(Some(timeout)).expect("timeout");
+    s.send_to(b"vallum-udp", (A_ADDR, UDP_PORT)).expect("send");
+    let mut buf = [0u8; 64];
+    matches!(s.recv_from(&mut buf), Ok((10, _)) if &buf[..10] == b"vallum-udp")
+}
+
+fn tcp_connect(port: u16, timeout: Duration) -> Option<TcpStream> {
+    let s = TcpStream::connect_timeout(&SocketAddr::from((A_ADDR, port)), timeout).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    Some(s)
+}
+
+fn tcp_roundtrip(s: &mut TcpStream, msg: &[u8]) -> bool {
+    if s.write_all(msg).is_err() {
+        return false;
+    }
+    let mut got = vec![0u8; msg.len()];
+    s.read_exact(&mut got).is_ok() && got == msg
+}
+
+fn tcp_probe(port: u16, timeout: Duration) -> bool {
+    tcp_connect(port, timeout).is_some_and(|mut s| tcp_roundtrip(&mut s, b"vallum-tcp"))
+}
+
+fn checksum(b: &[u8]) -> u16 {
+    let mut sum: u32 = b
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// One ICMP echo request to A over a raw socket; true when the matching reply arrives.
+fn ping(seq: u16, timeout: Duration) -> bool {
+    // SAFETY: plain socket(2); the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
+    assert!(raw >= 0, "raw socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `raw` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let id = (std::process::id() & 0xffff) as u16;
+    let mut pkt = vec![8u8, 0, 0, 0];
+    pkt.extend_from_slice(&id.to_be_bytes());
+    pkt.extend_from_slice(&seq.to_be_bytes());
+    pkt.extend_from_slice(&[0x5a; PING_PAYLOAD]);
+    let c = checksum(&pkt);
+    pkt[2..4].copy_from_slice(&c.to_be_bytes());
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(A_ADDR).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `pkt` and `addr` are live for the call; the lengths are theirs.
+    let r = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert!(r >= 0, "sendto: {}", std::io::Error::last_os_error());
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 1500];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let tv = libc::timeval {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_usec: left.subsec_micros().max(1) as libc::suseconds_t,
+        };
+        // SAFETY: `tv` is a live timeval of the size passed.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        // SAFETY: `buf` is a live, writable buffer of the length passed.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return false;
+        }
+        // A raw IPv4 socket receives the IP header too.
+        let ihl = usize::from(buf[0] & 0x0f) * 4;
+        let icmp = &buf[ihl..n as usize];
+        if icmp.len() >= 8
+            && icmp[0] == 0
+            && icmp[4..6] == id.to_be_bytes()
+            && icmp[6..8] == seq.to_be_bytes()
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// What passes from B right now: (icmp, udp, tcp to TCP_KEEP, tcp to TCP_BLOCK). A flow is
+/// tried up to 3 times when it should pass, once when it should not.
+fn reachability(b: &str, timeout: Duration) -> [bool; 4] {
+    in_netns(b, move || {
+        let retry = |f: &dyn Fn() -> bool| (0..3).any(|_| f());
+        [
+            retry(&|| ping(1, timeout)),
+            retry(&|| udp_probe(timeout)),
+            retry(&|| tcp_probe(TCP_KEEP, timeout)),
+            retry(&|| tcp_probe(TCP_BLOCK, timeout)),
+        ]
+    })
+}
+
+// === gRPC ===
+
+async fn apply(d: &Vallumd, text: &str) {
+    d.rulesets()
+        .await
+        .apply(pb::ApplyRequest {
+            ruleset: "nfq".into(),
+            source: Some(text_source(text, false, "nfq.rules")),
+            ..Default::default()
+        })
+        .await
+        .expect("apply");
+}
+
+fn vallumctl(ns: &str, args: &[&str]) -> String {
+    run(Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            env!("CARGO_BIN_EXE_vallumctl"),
+            "dataplane",
+        ])
+        .args(args))
+}
+
+#[test]
+fn nfqueue_two_namespaces() {
+    if let Some(why) = skip_reason() {
+        println!("SKIP nfqueue_two_namespaces: {why}");
+        return;
+    }
+    let ns = match Netns::new() {
+        Ok(ns) => ns,
+        Err(why) => {
+            println!("SKIP nfqueue_two_namespaces: {why}");
+            return;
+        }
+    };
+    let (a, b) = (ns.a.clone(), ns.b.clone());
+    let installed = vallumctl(&a, &["install", "--queues", "2"]);
+    assert!(
+        installed.contains("--queue-balance 0:1 --queue-bypass"),
+        "{installed}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("v.db");
+    // vallumd, the echo servers and the gRPC client all live in A.
+    let b2 = b.clone();
+    in_netns(&a, move || {
+        tcp_echo(TCP_KEEP);
+        tcp_echo(TCP_BLOCK);
+        udp_echo(UDP_PORT);
+        let d = Vallumd::start(&db, &["--source", "nfqueue"]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(scenario(&d, &b2));
+    });
+    // Steering out: no VALLUM chain left in either family.
+    vallumctl(&a, &["uninstall"]);
+    for save in ["iptables-save", "ip6tables-save"] {
+        let out = run(Command::new("ip").args(["netns", "exec", &a, save]));
+        assert!(!out.contains("VALLUM"), "{save} after uninstall:\n{out}");
+    }
+    drop(ns);
+}
+
+async fn scenario(d: &Vallumd, b: &str) {
+    d.wait_serving().await;
+    let pass = Duration::from_secs(2);
+    let block = Duration::from_millis(500);
+
+    // (a) ACCEPT: everything passes.
+    apply(d, ACCEPT_ALL).await;
+    assert_eq!(
+        reachability(b, pass),
+        [true; 4],
+        "(a) accept ruleset: icmp, udp, tcp, tcp"
+    );
+
+    // (d) a connection opened before the next commit ...
+    let b1 = b.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(bool, bool, bool)>();
+    let keeper = std::thread::spawn(move || {
+        in_netns(&b1, move || {
+            let mut s = tcp_connect(TCP_KEEP, pass).expect("connect before commit");
+            let before = tcp_roundtrip(&mut s, b"before");
+            // Wait for the DROP commit, then for the commit that removes it.
+            rx.recv().expect("signal");
+            let after_drop = tcp_roundtrip(&mut s, b"after the drop commit");
+            rx.recv().expect("signal");
+            let after_accept = tcp_roundtrip(&mut s, b"after the accept commit");
+            done_tx
+                .send((before, after_drop, after_accept))
+                .expect("report");
+        })
+    });
+
+    // (b) DROP ICMP echo, UDP_PORT and TCP_BLOCK: those fail, TCP_KEEP still passes.
+    apply(d, &drop_some()).await;
+    tx.send(()).expect("signal");
+    let got = in_netns(b, move || {
+        [
+            ping(2, block),
+            udp_probe(block),
+            tcp_probe(TCP_KEEP, pass),
+            tcp_probe(TCP_BLOCK, block),
+        ]
+    });
+    assert_eq!(
+        got,
+        [false, false, true, false],
+        "(b) drop ruleset: icmp, udp, tcp keep, tcp block"
+    );
+
+    // (c) the next commit without the DROPs lets them through again, no restart.
+    apply(d, ACCEPT_ALL).await;
+    tx.send(()).expect("signal");
+    assert_eq!(
+        reachability(b, pass),
+        [true; 4],
+        "(c) accept again: icmp, udp, tcp, tcp"
+    );
+    keeper.join().expect("keeper");
+    let (before, after_drop, after_accept) = done_rx.recv().expect("keeper report");
+    assert!(
+        before && after_drop && after_accept,
+        "(d) established tcp: {before} {after_drop} {after_accept}"
+    );
+
+    // (e) N pings -> exactly N packets and N x IP length bytes on the echo-request rule.
+    let mut counters = pb::counter_service_client::CounterServiceClient::new(d.channel().await);
+    counters
+        .zero_counters(pb::ZeroCountersRequest {
+            ruleset: "nfq".into(),
+        })
+        .await
+        .expect("zero");
+    let answered = in_netns(b, move || {
+        (0..PINGS).filter(|&i| ping(100 + i as u16, pass)).count()
+    });
+    assert_eq!(answered as u64, PINGS, "every ping answered");
+    let c = counters
+        .get_counters(pb::GetCountersRequest {
+            ruleset: "nfq".into(),
+        })
+        .await
+        .expect("counters")
+        .into_inner();
+    let rule = c
+        .counters
+        .iter()
+        .find(|c| c.chain == "INPUT" && c.rule == 1 && c.family == pb::Family::Ipv4 as i32)
+        .unwrap_or_else(|| panic!("no INPUT rule 1 counter: {:#?}", c.counters));
+    assert!(rule.text.contains("icmp"), "{rule:?}");
+    assert_eq!(rule.packets, PINGS, "{rule:?}");
+    assert_eq!(
+        rule.bytes,
+        PINGS * (20 + 8 + PING_PAYLOAD as u64),
+        "{rule:?}"
+    );
+}
