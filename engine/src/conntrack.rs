@@ -18,8 +18,23 @@
 //! - **Deletion**: under the locks the writer sets `dying` (`Release`), unlinks both nodes
 //!   (a removed node keeps its `next`, so a reader standing on it walks on to the rest of the
 //!   chain, as in RCU lists) and retires the entry to the epoch collector, which frees it only
-//!   after every reader pinned at that time has unpinned. Nodes never move between chains and
-//!   are never reused within a grace period, so the kernel's "nulls" end markers are not needed.
+//!   after every reader pinned at that time has unpinned. Nodes are never reused within a
+//!   grace period, and they move between chains only in a resize, which readers detect by the
+//!   generation seqcount (below), so the kernel's "nulls" end markers are not needed.
+//! - **Resize** ([`Conntrack::resize`], and growth from [`Conntrack::gc`]) works like
+//!   `nf_conntrack_hash_resize`: the resizer takes every lock (in index order, the order
+//!   writers use), makes the `generation` seqcount odd, moves every node into a new bucket
+//!   array (unlinking it from the old head, then pushing it onto its new chain), publishes the
+//!   new array and makes the generation even again; the old array is retired to the epoch
+//!   collector. A reader reads the generation (waiting while it is odd, as
+//!   `read_seqcount_begin`), walks the current array, and when it finds nothing re-reads the
+//!   generation: if a resize began meanwhile the miss may be false
+//!   (a node may have moved under it) and it looks again. A hit needs no re-check: the tuple
+//!   matched and the entry is not dying, wherever it was found. Moving a node only ever points
+//!   it into the new array, whose chains lead nowhere else, so a walk across a resize is
+//!   finite. Writers read the generation, lock their buckets' stripes and check that the
+//!   generation did not change (the resizer holds every lock while it is odd), as
+//!   `nf_conntrack_double_lock` does.
 //! - **The re-check after finding an entry**: in the kernel a reader that matched a tuple takes
 //!   a reference and then re-reads the tuple and the confirmed bit with acquire ordering
 //!   (SLAB_TYPESAFE_BY_RCU may have recycled the object; "netfilter: conntrack: fix crash due to
@@ -41,13 +56,16 @@
 //! are UNTRACKED (there is no defragmentation before the tracker). Packets already marked
 //! UNTRACKED (raw-table NOTRACK) are left alone.
 //!
-//! The table has a fixed number of buckets (no resize).
+//! The table starts with [`ConntrackConfig::buckets`] buckets and doubles (in [`Conntrack::gc`])
+//! while it holds more entries than buckets, up to `max_entries` rounded up to a power of two;
+//! [`Conntrack::resize`] sets the size explicitly (the kernel's `nf_conntrack_buckets`
+//! sysctl). Lookups wait while a resize runs (milliseconds for 10^5 entries).
 
 use std::ptr;
 
 use crate::model::ct_state;
 use crate::packet::PacketMeta;
-use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, spin_loop};
 
 pub mod filter;
 mod reclaim;
@@ -232,10 +250,128 @@ struct PairGuard<'a> {
     lower: usize,
 }
 
+/// One bucket array: the chain heads. Replaced as a whole by a resize.
+struct Buckets {
+    heads: Box<[AtomicPtr<Conn>]>,
+    /// `heads.len() - 1` (the length is a power of two).
+    mask: usize,
+}
+
+impl Buckets {
+    fn new(n: usize) -> Buckets {
+        Buckets {
+            heads: (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
+            mask: n - 1,
+        }
+    }
+
+    fn index(&self, hash: u64) -> usize {
+        hash as usize & self.mask
+    }
+
+    /// The live entry holding `t` in the chain of `hash`, and which of its tuples matched.
+    fn find<'g>(
+        &self,
+        t: &Tuple,
+        hash: u64,
+        _guard: &'g reclaim::Guard,
+    ) -> Option<(&'g Conn, usize)> {
+        // Acquire: pairs with the Release store that published the node (or re-linked it), so
+        // the node's fields are visible before we read them.
+        let mut link = self.heads[self.index(hash)].load(Ordering::Acquire);
+        while !link.is_null() {
+            let (p, dir) = untag(link);
+            // SAFETY: `p` was reachable from a chain after we pinned `_guard` (we loaded it
+            // from a bucket head or a node we reached that way), so it is not freed before the
+            // guard drops; its construction happens-before this read (Acquire above).
+            let conn: &'g Conn = unsafe { &*p };
+            // Acquire on `dying`: pairs with the deleter's Release (module docs, "re-check").
+            if conn.tuple[dir] == *t && !conn.dying.load(Ordering::Acquire) {
+                return Some((conn, dir));
+            }
+            link = conn.next[dir].load(Ordering::Acquire);
+        }
+        None
+    }
+
+    /// The live entries whose node is in `bucket` and that satisfy `pick` (each entry once per
+    /// node in the bucket, so possibly twice when both its tuples hash here).
+    fn scan<'g>(
+        &self,
+        bucket: usize,
+        _guard: &'g reclaim::Guard,
+        mut pick: impl FnMut(&Conn) -> bool,
+    ) -> Vec<&'g Conn> {
+        let mut out = Vec::new();
+        // Acquire: as in `find`.
+        let mut link = self.heads[bucket].load(Ordering::Acquire);
+        while !link.is_null() {
+            let (p, dir) = untag(link);
+            // SAFETY: as in `find`: reached from a chain while `_guard` is pinned.
+            let conn: &'g Conn = unsafe { &*p };
+            if !conn.dying.load(Ordering::Acquire) && pick(conn) {
+                out.push(conn);
+            }
+            link = conn.next[dir].load(Ordering::Acquire);
+        }
+        out
+    }
+
+    /// Unlinks node `dir` of `target` from `bucket`'s chain. The caller holds its lock.
+    fn unlink(&self, bucket: usize, target: *mut Conn, dir: usize) {
+        let want = tag(target, dir);
+        let mut link: &AtomicPtr<Conn> = &self.heads[bucket];
+        loop {
+            // Acquire: the node we step onto may have been published by another writer under
+            // this lock (the lock already orders that; Acquire keeps the argument local).
+            let cur = link.load(Ordering::Acquire);
+            if cur.is_null() {
+                return;
+            }
+            let (p, d) = untag(cur);
+            // SAFETY: reachable from the chain, which only lock holders change, and we hold
+            // the lock; nodes are freed only after being unlinked and a grace period.
+            let conn = unsafe { &*p };
+            if cur == want {
+                // Release: the successor was published before; readers reaching it through
+                // this link must see its construction (module docs).
+                link.store(conn.next[d].load(Ordering::Acquire), Ordering::Release);
+                return;
+            }
+            link = &conn.next[d];
+        }
+    }
+
+    /// Calls `f` on every live entry whose original node is in `bucket`.
+    fn walk_originals<'g>(
+        &self,
+        bucket: usize,
+        _guard: &'g reclaim::Guard,
+        mut f: impl FnMut(&'g Conn),
+    ) {
+        // Acquire: as in `find`.
+        let mut link = self.heads[bucket].load(Ordering::Acquire);
+        while !link.is_null() {
+            let (p, dir) = untag(link);
+            // SAFETY: as in `find`.
+            let conn: &'g Conn = unsafe { &*p };
+            if dir == 0 && !conn.dying.load(Ordering::Acquire) {
+                f(conn);
+            }
+            link = conn.next[dir].load(Ordering::Acquire);
+        }
+    }
+}
+
 /// The connection table. See the module docs for the concurrency scheme.
 pub struct Conntrack {
-    buckets: Box<[AtomicPtr<Conn>]>,
-    mask: usize,
+    /// The current bucket array (a `Box` leaked into a pointer; swapped by a resize under
+    /// every lock, old arrays retired to the epoch collector).
+    table: AtomicPtr<Buckets>,
+    /// Seqcount of resizes (`nf_conntrack_generation`): odd while one runs.
+    generation: AtomicU64,
+    /// Growth stops at this many buckets.
+    max_buckets: usize,
     locks: Box<[Stripe]>,
     max_entries: u64,
     /// The entry count that enforces `max_entries` (the kernel's global `nf_conntrack_count`).
@@ -248,6 +384,7 @@ pub struct Conntrack {
     /// Next bucket [`Conntrack::gc`] scans (`Relaxed` RMW: it only spreads the work).
     gc_cursor: AtomicU64,
     retired: reclaim::Retired<Conn>,
+    retired_tables: reclaim::Retired<Buckets>,
 }
 
 // === impl Conntrack ===
@@ -267,9 +404,12 @@ impl Conntrack {
             return Err(ConntrackError::NoEntries);
         }
         Ok(Conntrack {
-            buckets: (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
-            mask: n - 1,
-            locks: (0..config.locks.min(n))
+            table: AtomicPtr::new(Box::into_raw(Box::new(Buckets::new(n)))),
+            generation: AtomicU64::new(0),
+            max_buckets: config.max_entries.next_power_of_two().max(n),
+            locks: (0..config
+                .locks
+                .min(config.max_entries.next_power_of_two().max(n)))
                 .map(|_| Stripe {
                     lock: Mutex::new(()),
                     new_total: AtomicU64::new(0),
@@ -281,6 +421,7 @@ impl Conntrack {
             insert_failed: AtomicU64::new(0),
             gc_cursor: AtomicU64::new(0),
             retired: reclaim::Retired::new(),
+            retired_tables: reclaim::Retired::new(),
         })
     }
 
@@ -434,29 +575,73 @@ impl Conntrack {
         CtVerdict::Invalid
     }
 
-    /// The live entry holding `t` in bucket `hash`, and which of its tuples matched.
+    /// The reader half of the generation seqcount (`read_seqcount_begin`): waits while a
+    /// resize runs, then returns the generation and the current bucket array.
+    fn begin<'g>(&self, _guard: &'g reclaim::Guard) -> (u64, &'g Buckets) {
+        loop {
+            // Acquire: pairs with the resizer's Release store of the even generation, so the
+            // array it published and every node it moved are visible to our walk.
+            let generation = self.generation.load(Ordering::Acquire);
+            if generation & 1 == 0 {
+                // Acquire: pairs with the Release store that published the array.
+                let p = self.table.load(Ordering::Acquire);
+                // SAFETY: arrays are freed only through `retired_tables`, after every reader
+                // pinned when the array was replaced has unpinned; we are pinned (`_guard`)
+                // and loaded `p` while pinned.
+                return (generation, unsafe { &*p });
+            }
+            spin_loop();
+        }
+    }
+
+    /// Whether a resize began since [`Conntrack::begin`] returned `generation`
+    /// (`read_seqcount_retry`).
+    fn resized_since(&self, generation: u64) -> bool {
+        // Relaxed suffices, without the Acquire fence of a general seqlock reader (Boehm, "Can
+        // seqlocks get along with programming language memory models?", 2012): every link a
+        // resize stores is a Release store made after its odd generation store, and our walk
+        // loaded links with Acquire, so if the walk saw any link a resize moved, that resize's
+        // odd store happens-before this load, which then returns it or a later value. (The
+        // loom model `peek_races_with_resize` fails when this check is skipped.)
+        self.generation.load(Ordering::Relaxed) != generation
+    }
+
+    /// The live entry holding `t` (whose hash is `hash`), and which of its tuples matched.
     fn find<'g>(
         &self,
         t: &Tuple,
         hash: u64,
-        _guard: &'g reclaim::Guard,
+        guard: &'g reclaim::Guard,
     ) -> Option<(&'g Conn, usize)> {
-        // Acquire: pairs with the Release store that published the node (or re-linked it), so
-        // the node's fields are visible before we read them.
-        let mut link = self.buckets[hash as usize & self.mask].load(Ordering::Acquire);
-        while !link.is_null() {
-            let (p, dir) = untag(link);
-            // SAFETY: `p` was reachable from a chain after we pinned `_guard` (we loaded it
-            // from a bucket head or a node we reached that way), so it is not freed before the
-            // guard drops; its construction happens-before this read (Acquire above).
-            let conn: &'g Conn = unsafe { &*p };
-            // Acquire on `dying`: pairs with the deleter's Release (module docs, "re-check").
-            if conn.tuple[dir] == *t && !conn.dying.load(Ordering::Acquire) {
-                return Some((conn, dir));
+        loop {
+            let (generation, table) = self.begin(guard);
+            if let Some(hit) = table.find(t, hash, guard) {
+                return Some(hit);
             }
-            link = conn.next[dir].load(Ordering::Acquire);
+            if !self.resized_since(generation) {
+                return None;
+            }
         }
-        None
+    }
+
+    /// Locks the stripes of the buckets of `hashes` in the current array and returns the
+    /// guard, the array and the two bucket indices; no resize can start while the guard lives.
+    fn lock_buckets<'g>(
+        &self,
+        hashes: [u64; 2],
+        guard: &'g reclaim::Guard,
+    ) -> (PairGuard<'_>, &'g Buckets, [usize; 2]) {
+        loop {
+            let (generation, table) = self.begin(guard);
+            let b = hashes.map(|h| table.index(h));
+            let locks = self.lock_pair(b[0], b[1]);
+            // Relaxed: a resize changes the generation only while it holds every lock; if one
+            // ran since `begin`, its unlock happens-before our lock and we see its stores, and
+            // none can start before we unlock.
+            if self.generation.load(Ordering::Relaxed) == generation {
+                return (locks, table, b);
+            }
+        }
     }
 
     fn lock_pair(&self, a: usize, b: usize) -> PairGuard<'_> {
@@ -477,10 +662,6 @@ impl Conntrack {
         }
     }
 
-    fn bucket_of(&self, t: &Tuple) -> usize {
-        t.hash() as usize & self.mask
-    }
-
     /// Inserts `new`, whose tuples hash to `hashes`, unless either tuple is already present.
     fn insert<'g>(
         &self,
@@ -489,23 +670,22 @@ impl Conntrack {
         now: u64,
         guard: &'g reclaim::Guard,
     ) -> Insert<'g> {
-        let b = hashes.map(|h| h as usize & self.mask);
         // As __nf_conntrack_alloc: reserve a slot first; over the maximum, an early drop frees
         // one and the reservation stands (so concurrent inserters cannot take the freed slot
         // from under us and starve this packet). The count exceeds the maximum by at most the
         // number of concurrent inserters, as in the kernel.
         if self.entries.0.fetch_add(1, Ordering::Relaxed) >= self.max_entries
-            && !self.early_drop(b[0], now, guard)
+            && !self.early_drop(hashes[0], now, guard)
         {
             self.entries.0.fetch_sub(1, Ordering::Relaxed);
             self.insert_failed.fetch_add(1, Ordering::Relaxed);
             return Insert::Full;
         }
-        let locks = self.lock_pair(b[0], b[1]);
+        let (locks, table, b) = self.lock_buckets(hashes, guard);
         // Clash: another thread inserted either tuple since our lookup (both directions:
         // a simultaneous packet of the other direction may have opened the same flow).
         for (d, (t, &h)) in new.tuple.iter().zip(&hashes).enumerate() {
-            if let Some((conn, dir)) = self.find(t, h, guard) {
+            if let Some((conn, dir)) = table.find(t, h, guard) {
                 self.entries.0.fetch_sub(1, Ordering::Relaxed);
                 return Insert::Clash(conn, dir ^ d);
             }
@@ -513,11 +693,11 @@ impl Conntrack {
         let p = Box::into_raw(new);
         for (d, &bucket) in b.iter().enumerate() {
             // Relaxed: we hold the bucket's lock, the only writers of this head take it too.
-            let head = self.buckets[bucket].load(Ordering::Relaxed);
+            let head = table.heads[bucket].load(Ordering::Relaxed);
             // SAFETY: `p` is our own live Box, not yet reachable by other threads.
             unsafe { &*p }.next[d].store(head, Ordering::Relaxed);
             // Release: publishes the whole entry (and `next`) to readers' Acquire loads.
-            self.buckets[bucket].store(tag(p, d), Ordering::Release);
+            table.heads[bucket].store(tag(p, d), Ordering::Release);
         }
         // A load and a store, not an RMW: only holders of this stripe's lock write it, and we
         // hold it (readers in `stats` may see either value; Relaxed, it orders nothing).
@@ -526,11 +706,13 @@ impl Conntrack {
         Insert::Done
     }
 
-    /// Drops one unreplied (or expired) entry near bucket `start`; whether one was dropped.
-    fn early_drop(&self, start: usize, now: u64, guard: &reclaim::Guard) -> bool {
+    /// Drops one unreplied (or expired) entry in the buckets after the one of `hash`; whether
+    /// one was dropped.
+    fn early_drop(&self, hash: u64, now: u64, guard: &reclaim::Guard) -> bool {
+        let (_, table) = self.begin(guard);
         for i in 0..EVICTION_RANGE {
-            let bucket = (start + i) & self.mask;
-            let victim = self.scan(bucket, guard, |c| {
+            let bucket = table.index(hash).wrapping_add(i) & table.mask;
+            let victim = table.scan(bucket, guard, |c| {
                 c.status.load(Ordering::Relaxed) & tcp::SEEN_REPLY == 0
                     || c.timeout.load(Ordering::Relaxed) <= now
             });
@@ -544,61 +726,10 @@ impl Conntrack {
         false
     }
 
-    /// The live entries whose node is in `bucket` and that satisfy `pick` (each entry once per
-    /// node in the bucket, so possibly twice when both its tuples hash here).
-    fn scan<'g>(
-        &self,
-        bucket: usize,
-        _guard: &'g reclaim::Guard,
-        mut pick: impl FnMut(&Conn) -> bool,
-    ) -> Vec<&'g Conn> {
-        let mut out = Vec::new();
-        // Acquire: as in `find`.
-        let mut link = self.buckets[bucket].load(Ordering::Acquire);
-        while !link.is_null() {
-            let (p, dir) = untag(link);
-            // SAFETY: as in `find`: reached from a chain while `_guard` is pinned.
-            let conn: &'g Conn = unsafe { &*p };
-            if !conn.dying.load(Ordering::Acquire) && pick(conn) {
-                out.push(conn);
-            }
-            link = conn.next[dir].load(Ordering::Acquire);
-        }
-        out
-    }
-
-    /// Unlinks node `dir` of `target` from `bucket`'s chain. The caller holds its lock.
-    fn unlink(&self, bucket: usize, target: *mut Conn, dir: usize) {
-        let want = tag(target, dir);
-        let mut link: &AtomicPtr<Conn> = &self.buckets[bucket];
-        loop {
-            // Acquire: the node we step onto may have been published by another writer under
-            // this lock (the lock already orders that; Acquire keeps the argument local).
-            let cur = link.load(Ordering::Acquire);
-            if cur.is_null() {
-                return;
-            }
-            let (p, d) = untag(cur);
-            // SAFETY: reachable from the chain, which only lock holders change, and we hold
-            // the lock; nodes are freed only after being unlinked and a grace period.
-            let conn = unsafe { &*p };
-            if cur == want {
-                // Release: the successor was published before; readers reaching it through
-                // this link must see its construction (module docs).
-                link.store(conn.next[d].load(Ordering::Acquire), Ordering::Release);
-                return;
-            }
-            link = &conn.next[d];
-        }
-    }
-
     /// Deletes `conn` unless another thread already did; whether this call deleted it.
     fn delete_conn(&self, conn: &Conn, guard: &reclaim::Guard) -> bool {
-        let b = [
-            self.bucket_of(&conn.tuple[0]),
-            self.bucket_of(&conn.tuple[1]),
-        ];
-        let _locks = self.lock_pair(b[0], b[1]);
+        let (_locks, table, b) =
+            self.lock_buckets([conn.tuple[0].hash(), conn.tuple[1].hash()], guard);
         // Relaxed load: `dying` is only written under these locks, which we hold.
         if conn.dying.load(Ordering::Relaxed) {
             return false;
@@ -606,8 +737,8 @@ impl Conntrack {
         // Release: readers that Acquire-load `dying` and see it set skip the entry.
         conn.dying.store(true, Ordering::Release);
         let p = ptr::from_ref(conn).cast_mut();
-        self.unlink(b[0], p, 0);
-        self.unlink(b[1], p, 1);
+        table.unlink(b[0], p, 0);
+        table.unlink(b[1], p, 1);
         self.entries.0.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: `p` came from Box::into_raw in `insert`; it is now unreachable from both
         // chains, and only the thread that set `dying` (under the locks) retires it.
@@ -616,17 +747,33 @@ impl Conntrack {
     }
 
     /// Deletes up to all expired entries in the next `budget` buckets (round robin over the
-    /// table); returns how many it deleted. Call it periodically with the current `now` (ns).
+    /// table); returns how many it deleted. When this call completes a sweep of the whole
+    /// table, it then grows the table (doubling the buckets) if it holds more entries than
+    /// buckets and is below its largest size. Call it periodically
+    /// with the current `now` (ns), off the packet path: a growth waits for every lock and
+    /// lookups wait for it.
     pub fn gc(&self, now: u64, budget: usize) -> usize {
         let guard = reclaim::pin();
-        let budget = budget.min(self.buckets.len());
+        let (_, table) = self.begin(&guard);
+        let budget = budget.min(table.heads.len());
         let start = self.gc_cursor.fetch_add(budget as u64, Ordering::Relaxed) as usize;
         let mut n = 0;
         for i in 0..budget {
-            let bucket = start.wrapping_add(i) & self.mask;
-            for conn in self.scan(bucket, &guard, |c| c.timeout.load(Ordering::Relaxed) <= now) {
+            let bucket = start.wrapping_add(i) & table.mask;
+            for conn in table.scan(bucket, &guard, |c| c.timeout.load(Ordering::Relaxed) <= now) {
                 n += usize::from(self.delete_conn(conn, &guard));
             }
+        }
+        // Grow at the end of a sweep over the whole array, when the expired entries it found
+        // are gone and the count is what the live flows need.
+        let buckets = table.heads.len();
+        let swept = (start & table.mask) + budget >= buckets;
+        if swept
+            && self.entries.0.load(Ordering::Relaxed) > buckets as u64
+            && buckets < self.max_buckets
+        {
+            self.resize(buckets * 2)
+                .unwrap_or_else(|e| unreachable!("doubling below the maximum: {e}"));
         }
         n
     }
@@ -636,38 +783,90 @@ impl Conntrack {
         self.max_entries
     }
 
-    /// Number of hash buckets (a power of two).
+    /// The current number of buckets.
     pub fn buckets(&self) -> usize {
-        self.buckets.len()
+        let guard = reclaim::pin();
+        self.begin(&guard).1.heads.len()
+    }
+
+    /// Rehashes every entry into `buckets` buckets (rounded up to a power of two), as
+    /// `nf_conntrack_hash_resize` (the `nf_conntrack_buckets` sysctl); returns the new count.
+    /// Takes every lock; lookups wait until it is done. Shrinking is allowed.
+    ///
+    /// Errors: [`ConntrackError::Buckets`] when `buckets` is 0 or above 2^62.
+    pub fn resize(&self, buckets: usize) -> Result<usize, ConntrackError> {
+        let n = buckets
+            .checked_next_power_of_two()
+            .filter(|&n| buckets > 0 && n <= 1 << 62)
+            .ok_or(ConntrackError::Buckets(buckets))?;
+        let guard = reclaim::pin();
+        // Every lock, in index order (writers take at most two, lower first: no cycle).
+        let locks: Vec<MutexGuard<'_, ()>> = self
+            .locks
+            .iter()
+            .map(|s| {
+                s.lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            })
+            .collect();
+        // Relaxed: only resizers store `table` and `generation`, and they hold every lock.
+        let old_p = self.table.load(Ordering::Relaxed);
+        // SAFETY: the current array is live (only a resizer retires it, and we are the one).
+        let old = unsafe { &*old_p };
+        if old.heads.len() == n {
+            return Ok(n);
+        }
+        let generation = self.generation.load(Ordering::Relaxed);
+        // Relaxed: the Release link stores below order it before any reader that sees them
+        // (`resized_since`).
+        self.generation.store(generation + 1, Ordering::Relaxed);
+        let new = Buckets::new(n);
+        for head in old.heads.iter() {
+            loop {
+                // Relaxed: we hold every lock, so no other thread writes links.
+                let link = head.load(Ordering::Relaxed);
+                if link.is_null() {
+                    break;
+                }
+                let (p, dir) = untag(link);
+                // SAFETY: reachable from a chain of the current array, which only lock
+                // holders change; entries are retired only after being unlinked.
+                let conn = unsafe { &*p };
+                // Release (all three): a reader that reaches a node through one of these links
+                // must see the node's construction and its links (as in `unlink`). Unlink
+                // from the old head first, then point the node into the new array only: a
+                // walk that follows it stays in the new array, whose chains end.
+                head.store(conn.next[dir].load(Ordering::Relaxed), Ordering::Release);
+                let to = &new.heads[new.index(conn.tuple[dir].hash())];
+                conn.next[dir].store(to.load(Ordering::Relaxed), Ordering::Release);
+                to.store(link, Ordering::Release);
+            }
+        }
+        self.table
+            .store(Box::into_raw(Box::new(new)), Ordering::Release);
+        // Release: pairs with `begin`'s Acquire: a reader that sees the even generation sees
+        // the new array and every moved link.
+        self.generation.store(generation + 2, Ordering::Release);
+        drop(locks);
+        // SAFETY: `old_p` came from Box::into_raw and is no longer reachable: the pointer was
+        // replaced above, under every lock, and only this resize retires it.
+        unsafe { self.retired_tables.retire(&guard, old_p) };
+        Ok(n)
     }
 
     /// Every live entry (including expired ones not yet collected), each once.
     pub fn list(&self) -> Vec<ConnView> {
         let guard = reclaim::pin();
-        let mut out = Vec::new();
-        for bucket in 0..self.buckets.len() {
-            self.walk_originals(bucket, &guard, |c| out.push(view(c)));
-        }
-        out
-    }
-
-    /// Calls `f` on every live entry whose original node is in `bucket`.
-    fn walk_originals<'g>(
-        &self,
-        bucket: usize,
-        _guard: &'g reclaim::Guard,
-        mut f: impl FnMut(&'g Conn),
-    ) {
-        // Acquire: as in `find`.
-        let mut link = self.buckets[bucket].load(Ordering::Acquire);
-        while !link.is_null() {
-            let (p, dir) = untag(link);
-            // SAFETY: as in `find`.
-            let conn: &'g Conn = unsafe { &*p };
-            if dir == 0 && !conn.dying.load(Ordering::Acquire) {
-                f(conn);
+        loop {
+            let (generation, table) = self.begin(&guard);
+            let mut out = Vec::new();
+            for bucket in 0..table.heads.len() {
+                table.walk_originals(bucket, &guard, |c| out.push(view(c)));
             }
-            link = conn.next[dir].load(Ordering::Acquire);
+            if !self.resized_since(generation) {
+                return out;
+            }
         }
     }
 
@@ -675,18 +874,24 @@ impl Conntrack {
     pub fn delete(&self, filter: impl Fn(&ConnView) -> bool) -> usize {
         let guard = reclaim::pin();
         let mut n = 0;
-        for bucket in 0..self.buckets.len() {
-            let mut hits = Vec::new();
-            self.walk_originals(bucket, &guard, |c| {
-                if filter(&view(c)) {
-                    hits.push(c);
+        loop {
+            let (generation, table) = self.begin(&guard);
+            for bucket in 0..table.heads.len() {
+                let mut hits = Vec::new();
+                table.walk_originals(bucket, &guard, |c| {
+                    if filter(&view(c)) {
+                        hits.push(c);
+                    }
+                });
+                for c in hits {
+                    n += usize::from(self.delete_conn(c, &guard));
                 }
-            });
-            for c in hits {
-                n += usize::from(self.delete_conn(c, &guard));
+            }
+            // A resize during the walk may have hidden entries from it: walk again.
+            if !self.resized_since(generation) {
+                return n;
             }
         }
-        n
     }
 
     /// Deletes every entry; returns how many.
@@ -711,8 +916,11 @@ impl Conntrack {
 
 impl Drop for Conntrack {
     fn drop(&mut self) {
-        for bucket in 0..self.buckets.len() {
-            let mut link = self.buckets[bucket].load(Ordering::Relaxed);
+        // SAFETY: `&mut self`: no reader or writer is left; the current array came from
+        // Box::into_raw and is not retired (only replaced arrays are).
+        let table = unsafe { Box::from_raw(self.table.load(Ordering::Relaxed)) };
+        for head in table.heads.iter() {
+            let mut link = head.load(Ordering::Relaxed);
             while !link.is_null() {
                 let (p, dir) = untag(link);
                 // SAFETY: `&mut self`: no reader or writer is left; every linked entry is live.

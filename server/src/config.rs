@@ -135,8 +135,9 @@ pub struct ConntrackArgs {
     #[arg(long, env = "VALLUM_CONNTRACK_MAX", default_value_t = 262_144)]
     pub conntrack_max: usize,
 
-    /// Hash buckets of the connection table (nf_conntrack_buckets), rounded up to a power of
-    /// two, 1..=2^30.
+    /// Initial hash buckets of the connection table (nf_conntrack_buckets), rounded up to a
+    /// power of two, 1..=2^30; GC doubles them while the table holds more entries than
+    /// buckets, up to `--conntrack-max` rounded up.
     #[arg(long, env = "VALLUM_CONNTRACK_BUCKETS", default_value_t = 65_536,
           value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
     pub conntrack_buckets: u64,

@@ -554,3 +554,120 @@ fn track_batch_matches_track() {
     use ct_state::*;
     assert_eq!(states, [NEW, ESTABLISHED, ESTABLISHED, INVALID]);
 }
+
+fn udp_flow(i: u32) -> (PacketMeta, PacketMeta) {
+    let a = IpAddr::V4(Ipv4Addr::from(0x0a01_0000 + i));
+    let port = 1024 + (i % 50_000) as u16;
+    (
+        pkt(PROTO_UDP, a, port, ip(2), 53, 0),
+        pkt(PROTO_UDP, ip(2), 53, a, port, 0),
+    )
+}
+
+/// An explicit resize (up and down) keeps every entry findable from both directions, once.
+#[test]
+fn resize_keeps_every_entry() {
+    let ct = table(16, 4096);
+    for i in 0..1000 {
+        assert_eq!(ct.track(&mut udp_flow(i).0, 0), CtVerdict::New);
+    }
+    for buckets in [1024, 2, 3000] {
+        let n = ct.resize(buckets).unwrap();
+        assert_eq!(n, buckets.next_power_of_two());
+        assert_eq!(ct.buckets(), n);
+        assert_eq!(ct.list().len(), 1000, "after resize to {n}");
+        for i in (0..1000).step_by(7) {
+            assert_eq!(
+                ct.track(&mut udp_flow(i).1, 0),
+                CtVerdict::Established,
+                "flow {i} after resize to {n}"
+            );
+        }
+    }
+    assert_eq!(ct.stats().entries, 1000);
+    assert_eq!(ct.resize(0), Err(ConntrackError::Buckets(0)));
+    assert_eq!(ct.delete(|v| v.original.dport == 53), 1000);
+    assert_eq!(ct.stats().entries, 0);
+}
+
+/// GC doubles the table while it holds more entries than buckets, up to `max_entries`
+/// rounded up to a power of two.
+#[test]
+fn gc_grows_the_table_up_to_the_maximum() {
+    let ct = table(4, 50);
+    for i in 0..20 {
+        ct.track(&mut udp_flow(i).0, 0);
+    }
+    ct.gc(0, 4);
+    assert_eq!(
+        ct.buckets(),
+        8,
+        "20 entries > 4 buckets: one doubling per gc"
+    );
+    ct.gc(0, 8);
+    assert_eq!(ct.buckets(), 16);
+    ct.gc(0, 16);
+    assert_eq!(ct.buckets(), 32);
+    ct.gc(0, 32);
+    assert_eq!(ct.buckets(), 32, "20 entries fit 32 buckets");
+    for i in 20..50 {
+        ct.track(&mut udp_flow(i).0, 0);
+    }
+    for _ in 0..4 {
+        ct.gc(0, 64);
+    }
+    assert_eq!(ct.buckets(), 64, "capped at max_entries rounded up");
+    assert_eq!(ct.list().len(), 50);
+}
+
+/// Two threads open flows and look up their earlier flows while a third resizes the table
+/// up and down: no lookup misses a live entry, no entry is duplicated or lost.
+#[test]
+fn lookups_and_inserts_race_with_resizes() {
+    let ct = Arc::new(table(4, 1 << 16));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let resizer = {
+        let (ct, stop) = (Arc::clone(&ct), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            // A pause between resizes: back-to-back resizes would starve lookups (a walk
+            // that overlaps a resize retries), which is why the server only grows from GC.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ct.resize(if n % 2 == 0 { 2 } else { 512 }).unwrap();
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            n
+        })
+    };
+    let workers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let ct = Arc::clone(&ct);
+            std::thread::spawn(move || {
+                for i in 0..2000 {
+                    let id = w * 10_000 + i;
+                    assert_eq!(ct.track(&mut udp_flow(id).0, 0), CtVerdict::New, "{id}");
+                    let old = w * 10_000 + i / 2;
+                    assert_eq!(
+                        ct.track(&mut udp_flow(old).1, 0),
+                        CtVerdict::Established,
+                        "reply of {old}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let resizes = resizer.join().unwrap();
+    assert!(resizes > 0);
+    let l = ct.list();
+    assert_eq!(l.len(), 4000);
+    assert_eq!(ct.stats().entries, 4000);
+    let mut keys: Vec<_> = l.iter().map(|v| v.original).collect();
+    keys.sort_by_key(|t| format!("{t:?}"));
+    keys.dedup();
+    assert_eq!(keys.len(), 4000, "no entry listed twice");
+}
