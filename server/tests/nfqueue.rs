@@ -53,6 +53,20 @@ fn drop_some() -> String {
     )
 }
 
+/// INPUT drops by policy; established and related flows pass; new TCP connections to
+/// TCP_KEEP pass only while `allow_new` (the usual stateful host firewall).
+fn stateful(allow_new: bool) -> String {
+    let new = if allow_new {
+        format!("-A INPUT -p tcp -m tcp --dport {TCP_KEEP} -m conntrack --ctstate NEW -j ACCEPT\n")
+    } else {
+        String::new()
+    };
+    format!(
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n{new}COMMIT\n"
+    )
+}
+
 // === skipping ===
 
 fn on_path(tool: &str) -> bool {
@@ -477,4 +491,55 @@ async fn scenario(d: &Vallumd, b: &str) {
         PINGS * (20 + 8 + PING_PAYLOAD as u64),
         "{rule:?}"
     );
+
+    // (f) stateful: with conntrack, a commit that stops admitting new connections leaves the
+    // established one working (its entry lives outside the snapshot), and new ones fail.
+    apply(d, &stateful(true)).await;
+    let b1 = b.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel::<bool>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<bool>();
+    let keeper = std::thread::spawn(move || {
+        in_netns(&b1, move || {
+            let mut s = tcp_connect(TCP_KEEP, pass).expect("connect while NEW is allowed");
+            opened_tx
+                .send(tcp_roundtrip(&mut s, b"stateful before"))
+                .expect("report");
+            rx.recv().expect("signal");
+            done_tx
+                .send(tcp_roundtrip(&mut s, b"stateful after"))
+                .expect("report");
+        })
+    });
+    assert!(
+        opened_rx.recv().expect("keeper"),
+        "(f) new connection admitted"
+    );
+    let mut ct = pb::conntrack_service_client::ConntrackServiceClient::new(d.channel().await);
+    let listed = ct
+        .list(pb::ListConntrackRequest {
+            filter: Some(pb::ConntrackFilter {
+                protocol: "tcp".into(),
+                destination_port: u32::from(TCP_KEEP),
+                state: "ESTABLISHED".into(),
+                ..Default::default()
+            }),
+            limit: 0,
+        })
+        .await
+        .expect("conntrack list")
+        .into_inner();
+    assert!(
+        !listed.entries.is_empty(),
+        "(f) the open connection is ESTABLISHED in the table"
+    );
+    apply(d, &stateful(false)).await;
+    tx.send(()).expect("signal");
+    assert!(
+        done_rx.recv().expect("keeper"),
+        "(f) established connection survives the commit"
+    );
+    keeper.join().expect("keeper");
+    let fresh = in_netns(b, move || tcp_probe(TCP_KEEP, block));
+    assert!(!fresh, "(f) a new connection is dropped after the commit");
 }
