@@ -20,32 +20,32 @@ use super::rule::{Args, Ctx};
 use super::{ParseError, ParseErrorKind as K};
 
 /// A match being built while its line is parsed.
-pub(crate) struct PendingMatch {
+pub(crate) struct PendingMatch<'t> {
     /// The match so far.
     pub m: Match,
     /// Options already given (for "multiple ... not allowed").
     seen: Vec<&'static str>,
     /// The `-m NAME` argument (or the option that loaded it implicitly).
-    token: Token,
+    token: Token<'t>,
 }
 
-impl PendingMatch {
+impl PendingMatch<'_> {
     pub(crate) fn is_opaque(&self) -> bool {
         matches!(self.m, Match::Opaque(_))
     }
 }
 
 /// A target being built while its line is parsed.
-pub(crate) struct PendingTarget {
+pub(crate) struct PendingTarget<'t> {
     /// The target so far.
     pub t: Target,
     /// The extension name.
     pub name: String,
     seen: Vec<&'static str>,
-    token: Option<Token>,
+    token: Option<Token<'t>>,
 }
 
-impl PendingTarget {
+impl PendingTarget<'_> {
     /// A target without options (jump, goto).
     pub(crate) fn plain(t: Target) -> Self {
         PendingTarget {
@@ -316,7 +316,7 @@ pub(crate) fn parse_net(t: &Token, family: Family, ctx: &Ctx<'_>) -> Result<IpNe
     }
     let (a, m) = match t.text.split_once('/') {
         Some((a, m)) => (a, Some(m)),
-        None => (t.text.as_str(), None),
+        None => (t.as_str(), None),
     };
     let addr = parse_addr(t, a, family, ctx)?;
     let width: u8 = if family == Family::Ipv4 { 32 } else { 128 };
@@ -404,11 +404,11 @@ pub(crate) fn proto_extension(p: u8) -> Option<&'static str> {
 // === match construction and options ===
 
 /// Starts `-m NAME`.
-pub(crate) fn new_match(
+pub(crate) fn new_match<'t>(
     name: &str,
-    tok: &Token,
+    tok: &Token<'t>,
     ctx: &Ctx<'_>,
-) -> Result<PendingMatch, ParseError> {
+) -> Result<PendingMatch<'t>, ParseError> {
     let name = match name {
         "icmpv6" | "ipv6-icmp" => "icmp6",
         n => n,
@@ -618,7 +618,7 @@ pub(crate) fn match_option(
                         },
                     ));
                 }
-                *c = a.text;
+                *c = a.text.into_owned();
                 Ok(())
             }),
             _ => return None,
@@ -856,7 +856,7 @@ fn parse_icmp(t: &Token, v6: bool, ctx: &Ctx<'_>) -> Result<IcmpMatch, ParseErro
         };
         let (ty, code) = match t.text.split_once('/') {
             Some((a, c)) => (a, Some(c)),
-            None => (t.text.as_str(), None),
+            None => (t.as_str(), None),
         };
         let ty = parse_uint(ty, 255).ok_or_else(bad)? as u8;
         let code = match code {
@@ -1010,8 +1010,8 @@ fn conntrack_option(
                     format!("{lo}:{hi}")
                 }
             }
-            "--ctdir" => match a.text.as_str() {
-                "ORIGINAL" | "REPLY" => a.text.clone(),
+            "--ctdir" => match a.as_str() {
+                "ORIGINAL" | "REPLY" => a.text.to_string(),
                 _ => return Err(invalid(ctx, &a, "direction", "ORIGINAL or REPLY")),
             },
             _ => {
@@ -1101,11 +1101,11 @@ fn set_option(
                 }
                 if let Some(exists) = ctx.set_exists {
                     if !exists(&n.text) {
-                        return Err(ctx.err(&n, K::NoSuchSet(n.text.clone())));
+                        return Err(ctx.err(&n, K::NoSuchSet(n.text.to_string())));
                     }
                 }
                 m.negated = negated;
-                m.name = n.text;
+                m.name = n.text.into_owned();
                 m.dirs = dirs;
                 Ok(())
             }),
@@ -1135,7 +1135,7 @@ fn parse_mark(t: &Token, ctx: &Ctx<'_>) -> Result<MarkValue, ParseError> {
     let bad = || invalid(ctx, t, "mark", "expected VALUE[/MASK], 32-bit numbers");
     let (v, m) = match t.text.split_once('/') {
         Some((v, m)) => (v, Some(m)),
-        None => (t.text.as_str(), None),
+        None => (t.as_str(), None),
     };
     let value = parse_uint(v, u64::from(u32::MAX)).ok_or_else(bad)? as u32;
     let mask = match m {
@@ -1168,7 +1168,7 @@ fn parse_rate(t: &Token, ctx: &Ctx<'_>) -> Result<(u32, RateUnit), ParseError> {
     let bad = |r: &str| invalid(ctx, t, "rate", r.to_string());
     let (n, unit) = match t.text.split_once('/') {
         Some((n, u)) => (n, Some(u)),
-        None => (t.text.as_str(), None),
+        None => (t.as_str(), None),
     };
     let mult = match unit {
         None => 10000,
@@ -1353,14 +1353,17 @@ pub(crate) fn finish_match(
 }
 
 fn m_name(t: &Token) -> String {
-    t.text.clone()
+    t.text.to_string()
 }
 
 // === targets ===
 
 /// Starts `-j NAME`; `None` when NAME is no target (then it is a chain to jump to).
-pub(crate) fn new_target(tok: &Token, ctx: &Ctx<'_>) -> Result<Option<PendingTarget>, ParseError> {
-    let t = match tok.text.as_str() {
+pub(crate) fn new_target<'t>(
+    tok: &Token<'t>,
+    ctx: &Ctx<'_>,
+) -> Result<Option<PendingTarget<'t>>, ParseError> {
+    let t = match tok.as_str() {
         "ACCEPT" => Target::Accept,
         "DROP" => Target::Drop,
         "RETURN" => Target::Return,
@@ -1378,13 +1381,13 @@ pub(crate) fn new_target(tok: &Token, ctx: &Ctx<'_>) -> Result<Option<PendingTar
         return Err(ctx.err(
             tok,
             K::WrongTable {
-                extension: tok.text.clone(),
+                extension: tok.text.to_string(),
                 table: "raw",
             },
         ));
     }
     Ok(Some(PendingTarget {
-        name: tok.text.clone(),
+        name: tok.text.to_string(),
         t,
         seen: Vec::new(),
         token: Some(tok.clone()),
@@ -1512,7 +1515,7 @@ pub(crate) fn target_option(
                 let v6 = ctx.family == Family::Ipv6;
                 *w = REJECT_NAMES
                     .iter()
-                    .find(|(n4, n6, _)| if v6 { n6 } else { n4 }.contains(&a.text.as_str()))
+                    .find(|(n4, n6, _)| if v6 { n6 } else { n4 }.contains(&a.as_str()))
                     .map(|e| e.2)
                     .ok_or_else(|| invalid(ctx, &a, "reject type", "unknown for this family"))?;
                 Ok(())
@@ -1534,7 +1537,7 @@ pub(crate) fn target_option(
                     if a.text.contains('\n') {
                         return Err(invalid(ctx, &a, "log prefix", "no newline allowed"));
                     }
-                    l.prefix = (!a.text.is_empty()).then_some(a.text);
+                    l.prefix = (!a.text.is_empty()).then(|| a.text.into_owned());
                     Ok(())
                 })
             }
@@ -1605,7 +1608,7 @@ pub(crate) fn target_option(
                         if a.text.is_empty() || a.text.len() > 15 {
                             return Err(invalid(ctx, &a, "name", "1 to 15 bytes"));
                         }
-                        a.text.clone()
+                        a.text.to_string()
                     }
                 };
                 c.other.push(OpaqueOption {

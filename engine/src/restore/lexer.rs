@@ -7,13 +7,31 @@
 //! is dropped); single quotes are ordinary characters. Quotes are only grouping: a quoted `"!"`
 //! still negates, as in iptables.
 
+use std::borrow::Cow;
+
 /// One token of a line with the 1-based byte column where it starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Token {
-    /// The token text with quotes and escapes removed.
-    pub text: String,
+pub(crate) struct Token<'a> {
+    /// The token text with quotes and escapes removed: a slice of the line unless the token
+    /// had a quoted part.
+    pub text: Cow<'a, str>,
     /// 1-based byte column of the token's first character (its opening quote when quoted).
     pub column: u32,
+}
+
+impl Token<'_> {
+    /// The text.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The token with its text owned, detached from the line.
+    pub(crate) fn into_static(self) -> Token<'static> {
+        Token {
+            text: Cow::Owned(self.text.into_owned()),
+            column: self.column,
+        }
+    }
 }
 
 /// A line ended inside a double-quoted part; carries the 1-based column of the opening quote.
@@ -23,60 +41,61 @@ pub(crate) struct UnterminatedQuote {
     pub column: u32,
 }
 
-/// Tokenizes one line (without its newline).
-pub(crate) fn tokenize(line: &str) -> Result<Vec<Token>, UnterminatedQuote> {
-    let mut out = Vec::new();
-    let mut buf = String::new();
-    let mut start: Option<u32> = None;
-    let mut quote_col: Option<u32> = None;
-    let mut escaped = false;
-    for (i, c) in line.char_indices() {
-        let col = i as u32 + 1;
-        if quote_col.is_some() {
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Tokenizes one line (without its newline). Tokens without quotes borrow from `line`; only
+/// a token with a quoted part allocates.
+pub(crate) fn tokenize(line: &str) -> Result<Vec<Token<'_>>, UnterminatedQuote> {
+    let bytes = line.as_bytes();
+    let mut out = Vec::with_capacity(16);
+    let mut i = 0;
+    while i < bytes.len() {
+        if is_space(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        // Separators and quotes are ASCII, so byte positions found here are char boundaries.
+        let start = i;
+        while i < bytes.len() && !is_space(bytes[i]) && bytes[i] != b'"' {
+            i += 1;
+        }
+        let column = start as u32 + 1;
+        if i == bytes.len() || bytes[i] != b'"' {
+            out.push(Token {
+                text: Cow::Borrowed(&line[start..i]),
+                column,
+            });
+            continue;
+        }
+        // A quoted part: everything up to the closing quote, backslash escaping the next
+        // character; the closing quote ends the token (even an empty one).
+        let quote = i as u32 + 1;
+        let mut buf = String::from(&line[start..i]);
+        let mut escaped = false;
+        let mut closed = None;
+        for (j, c) in line[i + 1..].char_indices() {
             if escaped {
                 buf.push(c);
                 escaped = false;
             } else if c == '\\' {
                 escaped = true;
             } else if c == '"' {
-                // The closing quote ends the token, even an empty one.
-                quote_col = None;
-                out.push(Token {
-                    text: std::mem::take(&mut buf),
-                    column: start.take().unwrap_or(col),
-                });
+                closed = Some(i + 1 + j + 1);
+                break;
             } else {
                 buf.push(c);
             }
-            continue;
         }
-        match c {
-            '"' => {
-                quote_col = Some(col);
-                start.get_or_insert(col);
-            }
-            ' ' | '\t' | '\n' | '\r' => {
-                if let Some(s) = start.take() {
-                    out.push(Token {
-                        text: std::mem::take(&mut buf),
-                        column: s,
-                    });
-                }
-            }
-            _ => {
-                start.get_or_insert(col);
-                buf.push(c);
-            }
-        }
-    }
-    if let Some(column) = quote_col {
-        return Err(UnterminatedQuote { column });
-    }
-    if let Some(s) = start {
+        let Some(next) = closed else {
+            return Err(UnterminatedQuote { column: quote });
+        };
         out.push(Token {
-            text: buf,
-            column: s,
+            text: Cow::Owned(buf),
+            column,
         });
+        i = next;
     }
     Ok(out)
 }
@@ -89,7 +108,7 @@ mod tests {
         tokenize(line)
             .expect("test line tokenizes")
             .into_iter()
-            .map(|t| t.text)
+            .map(|t| t.text.into_owned())
             .collect()
     }
 

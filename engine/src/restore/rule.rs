@@ -22,6 +22,8 @@ const PROTOCOL_OPTIONS: [&str; 9] = [
 ];
 
 use super::extensions::{self, PendingMatch, PendingTarget};
+use std::borrow::Cow;
+
 use super::lexer::Token;
 use super::{ParseError, ParseErrorKind as K};
 
@@ -43,24 +45,24 @@ pub(crate) enum Command {
     /// `-F [CHAIN]`.
     Flush,
     /// `-P CHAIN POLICY`.
-    Policy(Token),
+    Policy(Token<'static>),
 }
 
 /// One parsed command line.
 #[derive(Clone, Debug)]
-pub(crate) struct Line {
+pub(crate) struct Line<'t> {
     /// The command.
     pub command: Command,
     /// The command option token (`-A`), for error locations.
-    pub command_token: Token,
+    pub command_token: Token<'t>,
     /// The chain argument, if any.
-    pub chain: Option<Token>,
+    pub chain: Option<Token<'t>>,
     /// The rule (empty for commands without a rule).
     pub rule: Rule,
     /// Whether any rule option was given.
     pub has_spec: bool,
     /// The `-j`/`-g` argument token when the target is a jump or goto.
-    pub target_token: Option<Token>,
+    pub target_token: Option<Token<'t>>,
 }
 
 /// What the line parser needs to know about its surroundings.
@@ -77,24 +79,24 @@ pub(crate) struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub(crate) fn err(&self, tok: &Token, kind: K) -> ParseError {
-        ParseError::new(self.line, tok.column, tok.text.clone(), kind)
+        ParseError::new(self.line, tok.column, tok.text.to_string(), kind)
     }
 }
 
 /// Reads tokens in order; an argument attached to its option (`--x=y`, `-ptcp`) is pending.
 pub(crate) struct Cursor<'t> {
-    toks: &'t [Token],
+    toks: &'t [Token<'t>],
     pos: usize,
 }
 
 impl<'t> Cursor<'t> {
-    fn next(&mut self) -> Option<&'t Token> {
+    fn next(&mut self) -> Option<&'t Token<'t>> {
         let t = self.toks.get(self.pos)?;
         self.pos += 1;
         Some(t)
     }
 
-    fn peek(&self) -> Option<&'t Token> {
+    fn peek(&self) -> Option<&'t Token<'t>> {
         self.toks.get(self.pos)
     }
 }
@@ -102,14 +104,14 @@ impl<'t> Cursor<'t> {
 /// The arguments of one option: the attached one first, then following tokens.
 pub(crate) struct Args<'c, 't> {
     cur: &'c mut Cursor<'t>,
-    attached: Option<Token>,
-    opt: &'t Token,
+    attached: Option<Token<'t>>,
+    opt: &'t Token<'t>,
     line: u32,
 }
 
-impl Args<'_, '_> {
+impl<'t> Args<'_, 't> {
     /// The next argument, whatever it looks like (as getopt's required argument).
-    pub(crate) fn next(&mut self) -> Result<Token, ParseError> {
+    pub(crate) fn next(&mut self) -> Result<Token<'t>, ParseError> {
         if let Some(t) = self.attached.take() {
             return Ok(t);
         }
@@ -120,7 +122,7 @@ impl Args<'_, '_> {
     }
 
     /// A further argument that must not look like an option (as iptables' `xs_has_arg`).
-    pub(crate) fn next_plain(&mut self) -> Result<Token, ParseError> {
+    pub(crate) fn next_plain(&mut self) -> Result<Token<'t>, ParseError> {
         if let Some(t) = self.attached.take() {
             return Ok(t);
         }
@@ -136,14 +138,14 @@ impl Args<'_, '_> {
     /// Every following token that does not look like an option (for opaque extensions).
     pub(crate) fn rest_plain(&mut self) -> Vec<String> {
         if let Some(t) = self.attached.take() {
-            return vec![t.text];
+            return vec![t.text.into_owned()];
         }
         let mut v = Vec::new();
         while let Some(t) = self.cur.peek() {
             if t.text.starts_with('-') || t.text == "!" {
                 break;
             }
-            v.push(t.text.clone());
+            v.push(t.text.to_string());
             self.cur.pos += 1;
         }
         v
@@ -153,13 +155,13 @@ impl Args<'_, '_> {
         ParseError::new(
             self.line,
             self.opt.column,
-            self.opt.text.clone(),
-            K::MissingArgument(self.opt.text.clone()),
+            self.opt.text.to_string(),
+            K::MissingArgument(self.opt.text.to_string()),
         )
     }
 
     /// The option token these arguments belong to.
-    pub(crate) fn opt_token(&self) -> &Token {
+    pub(crate) fn opt_token(&self) -> &Token<'t> {
         self.opt
     }
 
@@ -172,32 +174,30 @@ impl Args<'_, '_> {
     }
 }
 
-/// Splits an option token into its name and an attached argument.
-fn split_option(tok: &Token) -> Option<(String, Option<Token>)> {
-    let s = tok.text.as_str();
+/// Splits an option token into its name (a prefix of the token: `--dport`, `-p`) and an
+/// attached argument (`--dport=80`, `-ptcp`).
+fn split_option<'t>(tok: &'t Token<'t>) -> Option<(&'t str, Option<Token<'t>>)> {
+    let s = tok.as_str();
+    let attached = |text: &'t str| Token {
+        text: Cow::Borrowed(text),
+        column: tok.column,
+    };
     if let Some(long) = s.strip_prefix("--") {
         if long.is_empty() {
             return None;
         }
         return Some(match long.split_once('=') {
-            Some((n, v)) => (
-                format!("--{n}"),
-                Some(Token {
-                    text: v.to_string(),
-                    column: tok.column,
-                }),
-            ),
-            None => (s.to_string(), None),
+            Some((n, v)) => (&s[..2 + n.len()], Some(attached(v))),
+            None => (s, None),
         });
     }
     let rest = s.strip_prefix('-')?;
     let c = rest.chars().next()?;
     let tail = &rest[c.len_utf8()..];
-    let attached = (!tail.is_empty()).then(|| Token {
-        text: tail.to_string(),
-        column: tok.column,
-    });
-    Some((format!("-{c}"), attached))
+    Some((
+        &s[..1 + c.len_utf8()],
+        (!tail.is_empty()).then(|| attached(tail)),
+    ))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -257,11 +257,11 @@ enum Open {
 
 /// Parses one command line. `Ok(None)`: the line carries the other family's `-4`/`-6` and is
 /// skipped, as iptables-restore does. `prefix_counters` are the `[p:b]` before the line.
-pub(crate) fn parse_line(
-    toks: &[Token],
+pub(crate) fn parse_line<'t>(
+    toks: &'t [Token<'t>],
     ctx: &Ctx<'_>,
     prefix_counters: Option<Counters>,
-) -> Result<Option<Line>, ParseError> {
+) -> Result<Option<Line<'t>>, ParseError> {
     let mut cur = Cursor { toks, pos: 0 };
     let mut invert: Option<&Token> = None;
     let mut rule = Rule {
@@ -298,7 +298,7 @@ pub(crate) fn parse_line(
         };
         let Some(main) = main_option(&name) else {
             if !name.starts_with("--") {
-                return Err(ctx.err(tok, K::UnknownOption(name)));
+                return Err(ctx.err(tok, K::UnknownOption(name.to_string())));
             }
             has_spec = true;
             let negated = inv.is_some();
@@ -358,8 +358,8 @@ pub(crate) fn parse_line(
             // An option of a protocol match before `-p` is unknown in iptables (load_proto has
             // no protocol yet); an open opaque extension must not swallow it either, or the
             // canonical print (with `-p` first) would give it to the protocol match instead.
-            if implicit.is_none() && !proto_used && PROTOCOL_OPTIONS.contains(&name.as_str()) {
-                return Err(ctx.err(tok, K::UnknownOption(name)));
+            if implicit.is_none() && !proto_used && PROTOCOL_OPTIONS.contains(&name) {
+                return Err(ctx.err(tok, K::UnknownOption(name.to_string())));
             }
             match open {
                 Open::Match(i) => {
@@ -401,9 +401,9 @@ pub(crate) fn parse_line(
                 match last_known {
                     Some(extension) => K::UnknownExtensionOption {
                         extension,
-                        option: name,
+                        option: name.to_string(),
                     },
-                    None => K::UnknownOption(name),
+                    None => K::UnknownOption(name.to_string()),
                 },
             ));
         };
@@ -430,7 +430,7 @@ pub(crate) fn parse_line(
         ) {
             if seen.contains(&main) || (matches!(main, Main::Jump | Main::Goto) && target.is_some())
             {
-                return Err(ctx.err(tok, K::DuplicateOption(name)));
+                return Err(ctx.err(tok, K::DuplicateOption(name.to_string())));
             }
             seen.push(main);
             has_spec = true;
@@ -482,7 +482,7 @@ pub(crate) fn parse_line(
             }
             Main::Frag => {
                 if ctx.family == Family::Ipv6 {
-                    return Err(ctx.err(tok, K::UnknownOption(name)));
+                    return Err(ctx.err(tok, K::UnknownOption(name.to_string())));
                 }
                 rule.fragment = Some(!negated);
             }
@@ -501,14 +501,14 @@ pub(crate) fn parse_line(
                 let pt = if main == Main::Goto {
                     check_chain_name(&a, ctx)?;
                     target_token = Some(a.clone());
-                    PendingTarget::plain(Target::Goto(a.text.clone()))
+                    PendingTarget::plain(Target::Goto(a.text.to_string()))
                 } else {
                     match extensions::new_target(&a, ctx)? {
                         Some(pt) => pt,
                         None => {
                             check_chain_name(&a, ctx)?;
                             target_token = Some(a.clone());
-                            PendingTarget::plain(Target::Jump(a.text.clone()))
+                            PendingTarget::plain(Target::Jump(a.text.to_string()))
                         }
                     }
                 };
@@ -521,13 +521,13 @@ pub(crate) fn parse_line(
                 let p = args.next()?;
                 let (pk, by) = match p.text.split_once(',') {
                     Some((a, b)) => (a.to_string(), b.to_string()),
-                    None => (p.text.clone(), args.next_plain()?.text),
+                    None => (p.text.to_string(), args.next_plain()?.text.into_owned()),
                 };
                 let (Ok(packets), Ok(bytes)) = (pk.parse::<u64>(), by.parse::<u64>()) else {
                     return Err(ctx.err(&p, K::BadCounters));
                 };
                 if rule.counters.is_some() {
-                    return Err(ctx.err(tok, K::DuplicateOption(name)));
+                    return Err(ctx.err(tok, K::DuplicateOption(name.to_string())));
                 }
                 rule.counters = Some(Counters { packets, bytes });
             }
@@ -543,7 +543,7 @@ pub(crate) fn parse_line(
     }
     let Some((command, command_token)) = command else {
         let t = toks.first().cloned().unwrap_or(Token {
-            text: String::new(),
+            text: Cow::Borrowed(""),
             column: 1,
         });
         return Err(ctx.err(&t, K::NoCommand));
@@ -564,20 +564,20 @@ pub(crate) fn parse_line(
     }))
 }
 
-fn parse_command(
+fn parse_command<'t>(
     c: char,
-    tok: &Token,
-    args: &mut Args<'_, '_>,
-    chain: &mut Option<Token>,
+    tok: &Token<'t>,
+    args: &mut Args<'_, 't>,
+    chain: &mut Option<Token<'t>>,
     ctx: &Ctx<'_>,
 ) -> Result<Command, ParseError> {
     let number = |t: &Token| -> Result<u32, ParseError> {
         match t.text.parse::<u32>() {
             Ok(n) if n >= 1 => Ok(n),
-            _ => Err(ctx.err(t, K::BadRuleNumber(t.text.clone()))),
+            _ => Err(ctx.err(t, K::BadRuleNumber(t.text.to_string()))),
         }
     };
-    let optional_chain = |args: &mut Args<'_, '_>| -> Option<Token> { args.next_plain().ok() };
+    let optional_chain = |args: &mut Args<'_, 't>| -> Option<Token<'t>> { args.next_plain().ok() };
     let cmd = match c {
         'A' | 'I' | 'D' | 'R' | 'N' | 'P' => {
             let ch = args.next()?;
@@ -595,7 +595,7 @@ fn parse_command(
                     Err(_) => Command::Delete(None),
                 },
                 'R' => Command::Replace(number(&args.next_plain()?)?),
-                _ => Command::Policy(args.next_plain()?),
+                _ => Command::Policy(args.next_plain()?.into_static()),
             }
         }
         'X' | 'F' => {
@@ -666,6 +666,6 @@ fn parse_iface(t: &Token, ctx: &Ctx<'_>) -> Result<Iface, ParseError> {
         ));
     }
     Ok(Iface {
-        name: t.text.clone(),
+        name: t.text.to_string(),
     })
 }

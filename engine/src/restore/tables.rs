@@ -12,6 +12,7 @@
 //!   it (create-or-flush). The counters must be `[p:b]`, and with `--counters` they are
 //!   required.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use crate::model::{
@@ -84,7 +85,7 @@ impl Block {
 
 /// Splits a line on blanks with 1-based columns (for `:` and `*` lines, which iptables-restore
 /// splits with strtok, without quote handling).
-fn words(line: &str) -> Vec<Token> {
+fn words(line: &str) -> Vec<Token<'_>> {
     let mut out = Vec::new();
     let mut start = None;
     for (i, c) in line
@@ -94,7 +95,7 @@ fn words(line: &str) -> Vec<Token> {
         if c == ' ' || c == '\t' {
             if let Some(s) = start.take() {
                 out.push(Token {
-                    text: line[s..i].to_string(),
+                    text: Cow::Borrowed(&line[s..i]),
                     column: s as u32 + 1,
                 });
             }
@@ -137,7 +138,7 @@ impl State<'_, '_> {
         self.external.push(ExternalRef {
             family: self.opts.family,
             table: b.table.kind,
-            chain: chain.text.clone(),
+            chain: chain.text.to_string(),
             kind,
             location: Location {
                 line,
@@ -168,13 +169,13 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
         let w = words(line);
         let Some(first) = w.first() else { continue };
         let err =
-            |tok: &Token, kind: K| ParseError::new(line_no, tok.column, tok.text.clone(), kind);
+            |tok: &Token, kind: K| ParseError::new(line_no, tok.column, tok.text.to_string(), kind);
         if let Some(name) = first.text.strip_prefix('*') {
             if let Some(b) = cur.take() {
                 st.error(ParseError::new(
                     line_no,
                     first.column,
-                    first.text.clone(),
+                    first.text.to_string(),
                     K::MissingCommit(b.table.kind.name().to_string()),
                 ));
             }
@@ -271,10 +272,10 @@ fn declare_chain(
     line: u32,
     st: &mut State<'_, '_>,
 ) -> Result<(), ParseError> {
-    let err = |tok: &Token, kind: K| ParseError::new(line, tok.column, tok.text.clone(), kind);
+    let err = |tok: &Token, kind: K| ParseError::new(line, tok.column, tok.text.to_string(), kind);
     let first = &w[0];
     let name = Token {
-        text: first.text[1..].to_string(),
+        text: Cow::Borrowed(&first.text[1..]),
         column: first.column + 1,
     };
     let ctx = Ctx {
@@ -300,7 +301,7 @@ fn declare_chain(
         column: name.column,
     };
     if b.is_builtin(&name.text) {
-        let p = match policy.text.as_str() {
+        let p = match policy.as_str() {
             "ACCEPT" => Some(Policy::Accept),
             "DROP" => Some(Policy::Drop),
             "-" => None,
@@ -327,7 +328,7 @@ fn declare_chain(
         return Err(err(policy, K::BadPolicy));
     }
     if is_target_name(&name.text) {
-        return Err(err(&name, K::ChainExists(name.text.clone())));
+        return Err(err(&name, K::ChainExists(name.text.to_string())));
     }
     match b.chain_index(&name.text) {
         Some(i) => {
@@ -336,14 +337,14 @@ fn declare_chain(
             b.table.chains[i].location = location;
         }
         None => b.table.chains.push(Chain {
-            name: name.text.clone(),
+            name: name.text.to_string(),
             policy: None,
             counters: Counters::default(),
             rules: Vec::new(),
             location,
         }),
     }
-    b.external_content.remove(&name.text);
+    b.external_content.remove(name.as_str());
     Ok(())
 }
 
@@ -364,7 +365,7 @@ fn command_line(
         let t = toks.remove(0);
         prefix =
             Some(parse_counters(&t.text).ok_or_else(|| {
-                ParseError::new(line_no, t.column, t.text.clone(), K::BadCounters)
+                ParseError::new(line_no, t.column, t.text.to_string(), K::BadCounters)
             })?);
         location.column = t.column;
     }
@@ -413,13 +414,13 @@ fn command_line(
             }
             if missing(b, &ch) {
                 if !noflush {
-                    return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone())));
+                    return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
                 }
                 if b.is_builtin(&ch.text) {
-                    return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone())));
+                    return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
                 }
                 b.table.chains.push(Chain {
-                    name: ch.text.clone(),
+                    name: ch.text.to_string(),
                     policy: None,
                     counters: Counters::default(),
                     rules: Vec::new(),
@@ -428,11 +429,11 @@ fn command_line(
                         column: ch.column,
                     },
                 });
-                b.external_content.insert(ch.text.clone());
+                b.external_content.insert(ch.text.to_string());
             }
-            let external = b.external_content.contains(&ch.text);
+            let external = b.external_content.contains(ch.as_str());
             let Some(i) = b.chain_index(&ch.text) else {
-                return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone())));
+                return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
             };
             let len = b.table.chains[i].rules.len();
             let bad_number = |n: u32| ctx.err(&ch, K::BadRuleNumber(n.to_string()));
@@ -494,10 +495,10 @@ fn command_line(
                 || is_target_name(&ch.text)
                 || Hook::from_chain_name(&ch.text).is_some()
             {
-                return Err(ctx.err(&ch, K::ChainExists(ch.text.clone())));
+                return Err(ctx.err(&ch, K::ChainExists(ch.text.to_string())));
             }
             b.table.chains.push(Chain {
-                name: ch.text.clone(),
+                name: ch.text.to_string(),
                 policy: None,
                 counters: Counters::default(),
                 rules: Vec::new(),
@@ -506,23 +507,23 @@ fn command_line(
                     column: ch.column,
                 },
             });
-            b.external_content.remove(&ch.text);
+            b.external_content.remove(ch.as_str());
         }
         Command::DeleteChain => match chain_tok {
             Some(ch) => match b.chain_index(&ch.text) {
                 Some(i) => {
                     let c = &b.table.chains[i];
                     if c.policy.is_some() || !c.rules.is_empty() || b.referenced(&ch.text) {
-                        return Err(ctx.err(&ch, K::ChainInUse(ch.text.clone())));
+                        return Err(ctx.err(&ch, K::ChainInUse(ch.text.to_string())));
                     }
                     b.table.chains.remove(i);
-                    b.external_content.remove(&ch.text);
+                    b.external_content.remove(ch.as_str());
                     if noflush {
                         st.external(b, &ch, line_no, ExternalRefKind::Delete);
                     }
                 }
                 None if noflush => st.external(b, &ch, line_no, ExternalRefKind::Delete),
-                None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone()))),
+                None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string()))),
             },
             None => {
                 let users: Vec<String> = b
@@ -551,12 +552,12 @@ fn command_line(
             Some(ch) => match b.chain_index(&ch.text) {
                 Some(i) => {
                     b.table.chains[i].rules.clear();
-                    if b.external_content.remove(&ch.text) {
+                    if b.external_content.remove(ch.as_str()) {
                         st.external(b, &ch, line_no, ExternalRefKind::Flush);
                     }
                 }
                 None if noflush => st.external(b, &ch, line_no, ExternalRefKind::Flush),
-                None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.clone()))),
+                None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string()))),
             },
             None => {
                 for c in &mut b.table.chains {
@@ -572,7 +573,7 @@ fn command_line(
             if !b.is_builtin(&ch.text) {
                 return Err(ctx.err(&p, K::BadPolicy));
             }
-            let pol = match p.text.as_str() {
+            let pol = match p.as_str() {
                 "ACCEPT" => Policy::Accept,
                 "DROP" => Policy::Drop,
                 _ => return Err(ctx.err(&p, K::BadPolicy)),
@@ -601,7 +602,7 @@ fn check_target(
         _ => return Ok(()),
     };
     let tok = tok.cloned().unwrap_or(Token {
-        text: name.clone(),
+        text: Cow::Borrowed(name),
         column: 0,
     });
     if b.is_builtin(name) || Hook::from_chain_name(name).is_some() {

@@ -1,0 +1,39 @@
+//! iptables-restore text: parse and canonical print of ClassBench acl1_10k written as iptables
+//! rules (the input of the server's Apply bench, BENCHMARKS.md §6), and the kube-proxy and
+//! Docker dumps of `../shared/data/iptables-save/` when present.
+//!
+//! Run: `cargo bench -p vallum-engine --bench restore`.
+
+#[path = "support/classbench.rs"]
+mod classbench;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use vallum_engine::restore::{ParseOptions, PrintOptions, parse_ruleset, print};
+
+fn bench(c: &mut Criterion) {
+    let Some(dir) = classbench::data_dir() else {
+        eprintln!("SKIP restore bench: ../shared/data/classbench not found");
+        return;
+    };
+    let text = std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k");
+    let filters = classbench::parse_filters(&text).expect("parse acl1_10k");
+    let rs = classbench::to_ruleset("acl", &filters).expect("convert");
+    let text = print(&rs.tables, &PrintOptions::default());
+    let rules = rs.rule_count() as u64;
+    let opts = ParseOptions::default();
+    let parsed = parse_ruleset("acl", &text, &opts).expect("parse");
+    assert_eq!(parsed.rule_count() as u64, rules);
+
+    let mut g = c.benchmark_group("restore_acl1_10k");
+    g.throughput(Throughput::Elements(rules));
+    g.bench_function("parse", |b| {
+        b.iter(|| parse_ruleset("acl", &text, &opts).expect("parse"))
+    });
+    g.bench_function("print", |b| {
+        b.iter(|| print(&parsed.tables, &PrintOptions::default()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
