@@ -166,6 +166,32 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
+        // Rule lines (the bulk of a restore text) go straight to the tokenizer; only
+        // `*table`, `:CHAIN` and `COMMIT` lines are split into words here.
+        let lead = line.trim_start_matches([' ', '\t']);
+        if !(lead.starts_with(['*', ':']) || lead.starts_with("COMMIT")) {
+            if skipping {
+                continue;
+            }
+            match cur.as_mut() {
+                Some(block) => {
+                    if let Err(e) = command_line(block, line, line_no, &mut st) {
+                        st.error(e);
+                    }
+                }
+                None => {
+                    let w = words(line);
+                    let first = &w[0];
+                    st.error(ParseError::new(
+                        line_no,
+                        first.column,
+                        first.text.to_string(),
+                        K::UnexpectedLine("outside a *table block"),
+                    ));
+                }
+            }
+            continue;
+        }
         let w = words(line);
         let Some(first) = w.first() else { continue };
         let err =
