@@ -26,7 +26,7 @@ pub struct PrintOptions {
 pub fn print(tables: &[Table], opts: &PrintOptions) -> String {
     let mut out = String::new();
     for t in tables {
-        out.push_str(&print_table(t, opts));
+        write_table(&mut out, t, opts);
     }
     out
 }
@@ -50,7 +50,13 @@ fn policy_name(p: Option<Policy>) -> &'static str {
 
 /// Prints one table (see [`print`]).
 pub fn print_table(t: &Table, opts: &PrintOptions) -> String {
-    let mut out = format!("*{}\n", t.kind.name());
+    let mut out = String::new();
+    write_table(&mut out, t, opts);
+    out
+}
+
+fn write_table(out: &mut String, t: &Table, opts: &PrintOptions) {
+    let _ = writeln!(out, "*{}", t.kind.name());
     let chains = chain_order(t);
     for c in &chains {
         let _ = writeln!(
@@ -70,16 +76,11 @@ pub fn print_table(t: &Table, opts: &PrintOptions) -> String {
             }
             out.push_str("-A ");
             out.push_str(&c.name);
-            let spec = print_rule_spec(r, t.family);
-            if !spec.is_empty() {
-                out.push(' ');
-                out.push_str(&spec);
-            }
+            write_rule_spec(&mut Parts { out, first: false }, r, t.family);
             out.push('\n');
         }
     }
     out.push_str("COMMIT\n");
-    out
 }
 
 /// Prints a table as `iptables -S` (or `-vS` with `verbose`): `-P` lines for builtin chains,
@@ -109,11 +110,14 @@ pub fn print_s(t: &Table, verbose: bool) -> String {
                 let k: Counters = r.counters.unwrap_or_default();
                 let _ = write!(out, " -c {} {}", k.packets, k.bytes);
             }
-            let spec = print_rule_spec(r, t.family);
-            if !spec.is_empty() {
-                out.push(' ');
-                out.push_str(&spec);
-            }
+            write_rule_spec(
+                &mut Parts {
+                    out: &mut out,
+                    first: false,
+                },
+                r,
+                t.family,
+            );
             out.push('\n');
         }
     }
@@ -200,7 +204,7 @@ fn states(bits: u8) -> String {
         .join(",")
 }
 
-fn icmp(o: &mut Vec<String>, m: &IcmpMatch, opt: &str) {
+fn icmp(o: &mut Parts<'_>, m: &IcmpMatch, opt: &str) {
     let mut s = String::new();
     if m.negated {
         s.push_str("! ");
@@ -219,10 +223,10 @@ fn icmp(o: &mut Vec<String>, m: &IcmpMatch, opt: &str) {
             }
         }
     }
-    o.push(s);
+    o.push(&s);
 }
 
-fn opaque_opts(o: &mut Vec<String>, opts: &[OpaqueOption]) {
+fn opaque_opts(o: &mut Parts<'_>, opts: &[OpaqueOption]) {
     for op in opts {
         let mut s = String::new();
         if op.negated {
@@ -242,59 +246,95 @@ fn opaque_opts(o: &mut Vec<String>, opts: &[OpaqueOption]) {
                 }
             }
         }
-        o.push(s);
+        o.push(&s);
     }
 }
 
 /// Prints a rule's options in iptables-save order without `-A CHAIN` (empty for a rule with no
 /// options). This canonical text is the rule's identity elsewhere in Vallum.
 pub fn print_rule_spec(r: &Rule, family: Family) -> String {
-    let mut o: Vec<String> = Vec::new();
+    let mut out = String::new();
+    write_rule_spec(
+        &mut Parts {
+            out: &mut out,
+            first: true,
+        },
+        r,
+        family,
+    );
+    out
+}
+
+/// The options of one rule, written into one string with a space before each but the first.
+struct Parts<'a> {
+    out: &'a mut String,
+    first: bool,
+}
+
+impl Parts<'_> {
+    fn sep(&mut self) {
+        if !self.first {
+            self.out.push(' ');
+        }
+        self.first = false;
+    }
+
+    fn push(&mut self, part: &str) {
+        self.sep();
+        self.out.push_str(part);
+    }
+
+    fn push_fmt(&mut self, part: std::fmt::Arguments<'_>) {
+        self.sep();
+        let _ = self.out.write_fmt(part);
+    }
+}
+
+fn write_rule_spec(o: &mut Parts<'_>, r: &Rule, family: Family) {
     if let Some(s) = &r.src {
-        o.push(format!("{}-s {}", neg(s), net(&s.value)));
+        o.push_fmt(format_args!("{}-s {}", neg(s), net(&s.value)));
     }
     if let Some(d) = &r.dst {
-        o.push(format!("{}-d {}", neg(d), net(&d.value)));
+        o.push_fmt(format_args!("{}-d {}", neg(d), net(&d.value)));
     }
     if let Some(i) = &r.in_iface {
-        o.push(format!("{}-i {}", neg(i), i.value.name));
+        o.push_fmt(format_args!("{}-i {}", neg(i), i.value.name));
     }
     if let Some(i) = &r.out_iface {
-        o.push(format!("{}-o {}", neg(i), i.value.name));
+        o.push_fmt(format_args!("{}-o {}", neg(i), i.value.name));
     }
     if let Some(p) = &r.protocol {
         let name = protocol_name(p.value)
             .map(str::to_string)
             .unwrap_or_else(|| p.value.to_string());
-        o.push(format!("{}-p {name}", neg(p)));
+        o.push_fmt(format_args!("{}-p {name}", neg(p)));
     }
     match r.fragment {
-        Some(true) => o.push("-f".into()),
-        Some(false) => o.push("! -f".into()),
+        Some(true) => o.push("-f"),
+        Some(false) => o.push("! -f"),
         None => {}
     }
     for m in &r.matches {
-        o.push(format!("-m {}", m.extension()));
-        print_match(&mut o, m);
+        o.push_fmt(format_args!("-m {}", m.extension()));
+        print_match(o, m);
     }
-    print_target(&mut o, &r.target, family);
-    o.join(" ")
+    print_target(o, &r.target, family);
 }
 
-fn print_match(o: &mut Vec<String>, m: &Match) {
+fn print_match(o: &mut Parts<'_>, m: &Match) {
     match m {
         Match::Tcp(t) => {
             if let Some(p) = &t.sport {
-                o.push(format!("{}--sport {}", neg(p), range(&p.value)));
+                o.push_fmt(format_args!("{}--sport {}", neg(p), range(&p.value)));
             }
             if let Some(p) = &t.dport {
-                o.push(format!("{}--dport {}", neg(p), range(&p.value)));
+                o.push_fmt(format_args!("{}--dport {}", neg(p), range(&p.value)));
             }
             if let Some(p) = &t.option {
-                o.push(format!("{}--tcp-option {}", neg(p), p.value));
+                o.push_fmt(format_args!("{}--tcp-option {}", neg(p), p.value));
             }
             if let Some(f) = &t.flags {
-                o.push(format!(
+                o.push_fmt(format_args!(
                     "{}--tcp-flags {} {}",
                     neg(f),
                     tcp_flags(f.value.mask),
@@ -304,10 +344,10 @@ fn print_match(o: &mut Vec<String>, m: &Match) {
         }
         Match::Udp(u) => {
             if let Some(p) = &u.sport {
-                o.push(format!("{}--sport {}", neg(p), range(&p.value)));
+                o.push_fmt(format_args!("{}--sport {}", neg(p), range(&p.value)));
             }
             if let Some(p) = &u.dport {
-                o.push(format!("{}--dport {}", neg(p), range(&p.value)));
+                o.push_fmt(format_args!("{}--dport {}", neg(p), range(&p.value)));
             }
         }
         Match::Multiport(m) => {
@@ -317,20 +357,23 @@ fn print_match(o: &mut Vec<String>, m: &Match) {
                 MultiportDir::Either => "--ports",
             };
             let list = m.ports.iter().map(range).collect::<Vec<_>>().join(",");
-            o.push(format!("{}{opt} {list}", if m.negated { "! " } else { "" }));
+            o.push_fmt(format_args!(
+                "{}{opt} {list}",
+                if m.negated { "! " } else { "" }
+            ));
         }
         Match::Icmp(i) => icmp(o, i, "--icmp-type"),
         Match::Icmpv6(i) => icmp(o, i, "--icmpv6-type"),
         Match::Conntrack(c) => {
             if let Some(s) = &c.ctstate {
-                o.push(format!("{}--ctstate {}", neg(s), states(s.value)));
+                o.push_fmt(format_args!("{}--ctstate {}", neg(s), states(s.value)));
             }
             opaque_opts(o, &c.other);
         }
-        Match::State(s) => o.push(format!("{}--state {}", neg(s), states(s.value))),
+        Match::State(s) => o.push_fmt(format_args!("{}--state {}", neg(s), states(s.value))),
         Match::Iprange(i) => {
             if let Some(r) = &i.src {
-                o.push(format!(
+                o.push_fmt(format_args!(
                     "{}--src-range {}-{}",
                     neg(r),
                     r.value.lo,
@@ -338,7 +381,7 @@ fn print_match(o: &mut Vec<String>, m: &Match) {
                 ));
             }
             if let Some(r) = &i.dst {
-                o.push(format!(
+                o.push_fmt(format_args!(
                     "{}--dst-range {}-{}",
                     neg(r),
                     r.value.lo,
@@ -356,32 +399,41 @@ fn print_match(o: &mut Vec<String>, m: &Match) {
                 })
                 .collect::<Vec<_>>()
                 .join(",");
-            o.push(format!(
+            o.push_fmt(format_args!(
                 "{}--match-set {} {dirs}",
                 if s.negated { "! " } else { "" },
                 s.name
             ));
             opaque_opts(o, &s.other);
         }
-        Match::Comment(c) => o.push(format!("--comment {}", save_string(c))),
+        Match::Comment(c) => o.push_fmt(format_args!("--comment {}", save_string(c))),
         Match::Mark(m) => {
             let v = &m.value;
             if v.mask == u32::MAX {
-                o.push(format!("{}--mark {:#x}", neg(m), v.value));
+                o.push_fmt(format_args!("{}--mark {:#x}", neg(m), v.value));
             } else {
-                o.push(format!("{}--mark {:#x}/{:#x}", neg(m), v.value, v.mask));
+                o.push_fmt(format_args!(
+                    "{}--mark {:#x}/{:#x}",
+                    neg(m),
+                    v.value,
+                    v.mask
+                ));
             }
         }
-        Match::Length(l) => o.push(format!("{}--length {}", neg(l), range(&l.value))),
+        Match::Length(l) => o.push_fmt(format_args!("{}--length {}", neg(l), range(&l.value))),
         Match::Limit(l) => {
-            o.push(format!("--limit {}/{}", l.rate, rate_unit_name(l.unit)));
+            o.push_fmt(format_args!(
+                "--limit {}/{}",
+                l.rate,
+                rate_unit_name(l.unit)
+            ));
             if l.burst != 5 {
-                o.push(format!("--limit-burst {}", l.burst));
+                o.push_fmt(format_args!("--limit-burst {}", l.burst));
             }
         }
         Match::Mac(m) => {
             let v = &m.value;
-            o.push(format!(
+            o.push_fmt(format_args!(
                 "{}--mac-source {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
                 neg(m),
                 v[0],
@@ -396,12 +448,12 @@ fn print_match(o: &mut Vec<String>, m: &Match) {
     }
 }
 
-fn print_target(o: &mut Vec<String>, t: &Target, family: Family) {
+fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
     match t {
         Target::None => {}
-        Target::Accept => o.push("-j ACCEPT".into()),
-        Target::Drop => o.push("-j DROP".into()),
-        Target::Return => o.push("-j RETURN".into()),
+        Target::Accept => o.push("-j ACCEPT"),
+        Target::Drop => o.push("-j DROP"),
+        Target::Return => o.push("-j RETURN"),
         Target::Reject(w) => {
             let name = REJECT_NAMES
                 .iter()
@@ -412,30 +464,32 @@ fn print_target(o: &mut Vec<String>, t: &Target, family: Family) {
                 })
                 .copied()
                 .unwrap_or("icmp-port-unreachable");
-            o.push(format!("-j REJECT --reject-with {name}"));
+            o.push_fmt(format_args!("-j REJECT --reject-with {name}"));
         }
-        Target::Jump(c) => o.push(format!("-j {c}")),
-        Target::Goto(c) => o.push(format!("-g {c}")),
+        Target::Jump(c) => o.push_fmt(format_args!("-j {c}")),
+        Target::Goto(c) => o.push_fmt(format_args!("-g {c}")),
         Target::Log(l) => {
-            o.push("-j LOG".into());
+            o.push("-j LOG");
             if let Some(p) = &l.prefix {
-                o.push(format!("--log-prefix {}", save_string(p)));
+                o.push_fmt(format_args!("--log-prefix {}", save_string(p)));
             }
             if let Some(lv) = l.level {
-                o.push(format!("--log-level {lv}"));
+                o.push_fmt(format_args!("--log-level {lv}"));
             }
-            o.extend(l.flags.iter().cloned());
+            for f in &l.flags {
+                o.push(f);
+            }
         }
-        Target::Notrack => o.push("-j NOTRACK".into()),
+        Target::Notrack => o.push("-j NOTRACK"),
         Target::Ct(c) => {
-            o.push("-j CT".into());
+            o.push("-j CT");
             if c.notrack {
-                o.push("--notrack".into());
+                o.push("--notrack");
             }
             opaque_opts(o, &c.other);
         }
         Target::Opaque(op) => {
-            o.push(format!("-j {}", op.name));
+            o.push_fmt(format_args!("-j {}", op.name));
             opaque_opts(o, &op.options);
         }
     }

@@ -389,10 +389,9 @@ fn command_line(
     };
     if toks.first().is_some_and(|t| t.text.starts_with('[')) {
         let t = toks.remove(0);
-        prefix =
-            Some(parse_counters(&t.text).ok_or_else(|| {
-                ParseError::new(line_no, t.column, t.text.to_string(), K::BadCounters)
-            })?);
+        prefix = Some(parse_counters(&t.text).ok_or_else(|| {
+            ParseError::new(line_no, t.column, t.text.to_string(), K::BadCounters)
+        })?);
         location.column = t.column;
     }
     let ctx = Ctx {
