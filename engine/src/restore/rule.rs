@@ -296,7 +296,7 @@ pub(crate) fn parse_line<'t>(
             opt: tok,
             line: ctx.line,
         };
-        let Some(main) = main_option(&name) else {
+        let Some(main) = main_option(name) else {
             if !name.starts_with("--") {
                 return Err(ctx.err(tok, K::UnknownOption(name.to_string())));
             }
@@ -307,7 +307,7 @@ pub(crate) fn parse_line<'t>(
             // --dst-type LOCAL` is fine).
             let mut handled = false;
             for pm in matches.iter_mut().rev() {
-                if let Some(r) = extensions::match_option(pm, &name, negated, &mut args, ctx) {
+                if let Some(r) = extensions::match_option(pm, name, negated, &mut args, ctx) {
                     r?;
                     handled = true;
                     break;
@@ -318,7 +318,7 @@ pub(crate) fn parse_line<'t>(
                 continue;
             }
             if let Some(pt) = target.as_mut() {
-                if let Some(r) = extensions::target_option(pt, &name, negated, &mut args, ctx) {
+                if let Some(r) = extensions::target_option(pt, name, negated, &mut args, ctx) {
                     r?;
                     args.finish()?;
                     continue;
@@ -344,7 +344,7 @@ pub(crate) fn parse_line<'t>(
                     Ok(pm) if pm.is_opaque() => implicit_opaque = Some(pm),
                     Ok(mut pm) => {
                         if let Some(r) =
-                            extensions::match_option(&mut pm, &name, negated, &mut args, ctx)
+                            extensions::match_option(&mut pm, name, negated, &mut args, ctx)
                         {
                             proto_used = true;
                             r?;
@@ -364,13 +364,13 @@ pub(crate) fn parse_line<'t>(
             match open {
                 Open::Match(i) => {
                     if let Some(pm) = matches.get_mut(i) {
-                        extensions::opaque_option(&mut pm.m, &name, negated, &mut args);
+                        extensions::opaque_option(&mut pm.m, name, negated, &mut args);
                         continue;
                     }
                 }
                 Open::Target => {
                     if let Some(pt) = target.as_mut() {
-                        extensions::opaque_target_option(pt, &name, negated, &mut args);
+                        extensions::opaque_target_option(pt, name, negated, &mut args);
                         continue;
                     }
                 }
@@ -378,7 +378,7 @@ pub(crate) fn parse_line<'t>(
             }
             if let Some(mut pm) = implicit_opaque {
                 proto_used = true;
-                extensions::opaque_option(&mut pm.m, &name, negated, &mut args);
+                extensions::opaque_option(&mut pm.m, name, negated, &mut args);
                 matches.push(pm);
                 open = Open::Match(matches.len() - 1);
                 continue;
