@@ -4,6 +4,9 @@
 //!
 //! Run: `cargo bench -p vallum-engine --bench restore`.
 
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
 #[path = "support/classbench.rs"]
 mod classbench;
 
