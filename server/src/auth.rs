@@ -21,8 +21,9 @@
 //! A client sends `authorization: Bearer TOKEN`. [`classify`] sorts the full gRPC path
 //! (`/vallum.v1.RulesetService/Apply`) into [`Access::Read`] or [`Access::Admin`]: read-only
 //! tokens may call Get*/List*/Validate/Diff/Export/Trace/Replay/GetStatus/WatchCommits, gRPC
-//! health and reflection; everything else (Stage, Commit, Confirm, Apply, Rollback, Delete,
-//! ZeroCounters and any method this table does not know) needs admin.
+//! health and reflection (ListSets, GetSet and ExportIpsetSave of the SetService too);
+//! everything else (Stage, Commit, Confirm, Apply, Rollback, Delete, ZeroCounters, every
+//! set change and any method this table does not know) needs admin.
 //!
 //! | failure | gRPC code | `ErrorInfo.reason` |
 //! |---|---|---|
@@ -147,6 +148,9 @@ const READ_METHODS: &[&str] = &[
     "TraceService/TracePacket",
     "TraceService/ReplayCapture",
     "EngineService/GetStatus",
+    "SetService/ListSets",
+    "SetService/GetSet",
+    "SetService/ExportIpsetSave",
 ];
 
 /// Methods of `vallum.v1` that need an admin token, as `Service/Method`.
@@ -158,6 +162,13 @@ const ADMIN_METHODS: &[&str] = &[
     "RulesetService/Rollback",
     "RulesetService/DeleteRuleset",
     "CounterService/ZeroCounters",
+    "SetService/CreateSet",
+    "SetService/DestroySet",
+    "SetService/AddElements",
+    "SetService/DeleteElements",
+    "SetService/FlushSet",
+    "SetService/SwapSets",
+    "SetService/ImportIpsetSave",
 ];
 
 /// Health and reflection methods, as full paths.
@@ -197,6 +208,7 @@ pub fn known_method(path: &str) -> Option<(&'static str, &'static str)> {
         "CounterService" => "vallum.v1.CounterService",
         "TraceService" => "vallum.v1.TraceService",
         "EngineService" => "vallum.v1.EngineService",
+        "SetService" => "vallum.v1.SetService",
         _ => return None,
     };
     Some((service, m))

@@ -12,6 +12,7 @@ use crate::store::{AuditEntry, now_ns};
 pub mod counters;
 pub mod engine;
 pub mod ruleset;
+pub mod sets;
 pub mod trace;
 
 /// What every service shares.
