@@ -134,10 +134,16 @@ async fn set_round_trip_errors_and_destroy_in_use() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((s.r#type.as_str(), s.entries, s.maxelem), ("hash:net", 0, 65536));
+    assert_eq!(
+        (s.r#type.as_str(), s.entries, s.maxelem),
+        ("hash:net", 0, 65536)
+    );
     // Same name again: ALREADY_EXISTS, unless -exist with the same spec.
     let e = c.create_set(create("bans", "hash:net")).await.unwrap_err();
-    assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::AlreadyExists, "ALREADY_EXISTS"));
+    assert_eq!(
+        (e.code(), reason(&e).as_str()),
+        (tonic::Code::AlreadyExists, "ALREADY_EXISTS")
+    );
     c.create_set(pb::CreateSetRequest {
         exist: true,
         ..create("bans", "hash:net")
@@ -264,16 +270,25 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     let v = violations(&e);
     assert!(
         v.iter()
-            .any(|(_, d)| d.starts_with("web2.rules:6:") && d.contains("set nosuchset does not exist")),
+            .any(|(_, d)| d.starts_with("web2.rules:6:")
+                && d.contains("set nosuchset does not exist")),
         "{v:?}"
     );
     // The set rule drops 10.1.2.3, without a commit after the elements changed.
     let t = trace(&d, packet("10.1.2.3", "192.0.2.10", 80)).await;
     assert_eq!(t.verdict, "DROP", "{t:#?}");
-    assert!(t.steps.iter().any(|s| s.text.contains("--match-set bans src")));
+    assert!(
+        t.steps
+            .iter()
+            .any(|s| s.text.contains("--match-set bans src"))
+    );
 
     // Listed with its user; destroy refused while referenced.
-    let l = c.list_sets(pb::ListSetsRequest {}).await.unwrap().into_inner();
+    let l = c
+        .list_sets(pb::ListSetsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(l.sets.len(), 1);
     assert_eq!(l.sets[0].referenced_by, ["web"]);
     let e = c
@@ -307,8 +322,18 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     .unwrap();
     assert_eq!(elements(&mut c, "bans").await, ["203.0.113.0/24"]);
     assert_eq!(elements(&mut c, "bans-next").await.len(), 3);
-    assert_eq!(trace(&d, packet("10.1.2.3", "192.0.2.10", 80)).await.verdict, "ACCEPT");
-    assert_eq!(trace(&d, packet("203.0.113.5", "192.0.2.10", 80)).await.verdict, "DROP");
+    assert_eq!(
+        trace(&d, packet("10.1.2.3", "192.0.2.10", 80))
+            .await
+            .verdict,
+        "ACCEPT"
+    );
+    assert_eq!(
+        trace(&d, packet("203.0.113.5", "192.0.2.10", 80))
+            .await
+            .verdict,
+        "DROP"
+    );
     c.create_set(create("ports", "hash:ip,port")).await.unwrap();
     let e = c
         .swap_sets(pb::SwapSetsRequest {
@@ -326,7 +351,12 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     .await
     .unwrap();
     assert!(elements(&mut c, "bans").await.is_empty());
-    assert_eq!(trace(&d, packet("203.0.113.5", "192.0.2.10", 80)).await.verdict, "ACCEPT");
+    assert_eq!(
+        trace(&d, packet("203.0.113.5", "192.0.2.10", 80))
+            .await
+            .verdict,
+        "ACCEPT"
+    );
 
     // Once the ruleset is gone the set can go.
     rs.delete_ruleset(pb::DeleteRulesetRequest {
@@ -439,7 +469,11 @@ async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
     assert_eq!((set.timeout, set.counters), (Some(600), true));
     assert_eq!(set.referenced_by, ["web"]);
     let texts: Vec<&str> = after.elements.iter().map(|e| e.text.as_str()).collect();
-    assert_eq!(texts, ["10.8.8.8", "10.9.9.9"], "10.7.7.7 expired while down");
+    assert_eq!(
+        texts,
+        ["10.8.8.8", "10.9.9.9"],
+        "10.7.7.7 expired while down"
+    );
     let left_after = after.elements[1].timeout.unwrap();
     assert!(
         left_after < left_before,
@@ -466,7 +500,10 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
     // The file's comment (and SOURCES.md) name the set it needs: docker-ext-bridges-v4,
     // a hash:net that Docker fills with its bridges' subnets.
     let set = "docker-ext-bridges-v4";
-    assert!(text.contains(&format!("--match-set {set} dst")), "{fname} changed");
+    assert!(
+        text.contains(&format!("--match-set {set} dst")),
+        "{fname} changed"
+    );
     let first_use = text
         .lines()
         .position(|l| l.contains("--match-set"))
@@ -537,12 +574,16 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
     let t = trace(&d, p.clone()).await;
     assert_eq!(t.verdict, "DROP", "{t:#?}");
     assert!(
-        t.steps.iter().any(|s| s.chain == "FORWARD"
-            && s.text == format!("-m set --match-set {set} dst -j DOCKER")),
+        t.steps
+            .iter()
+            .any(|s| s.chain == "FORWARD"
+                && s.text == format!("-m set --match-set {set} dst -j DOCKER")),
         "{t:#?}"
     );
     // And removes it again: back to the policy, still without a commit.
-    c.delete_elements(del(set, &["192.0.2.0/24"])).await.unwrap();
+    c.delete_elements(del(set, &["192.0.2.0/24"]))
+        .await
+        .unwrap();
     let t = trace(&d, p).await;
     assert_eq!(t.verdict, "ACCEPT", "{t:#?}");
     let st = pb::engine_service_client::EngineServiceClient::new(d.channel().await)
@@ -552,4 +593,155 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
         .into_inner();
     assert_eq!(st.active.len(), 1);
     assert_eq!(st.active[0].revision, 1, "no commit happened");
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn vallumctl(server: &str, args: &[&str]) -> Run {
+    vallumctl_stdin(server, args, "")
+}
+
+fn vallumctl_stdin(server: &str, args: &[&str], stdin: &str) -> Run {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+        .args(["--server", server, "--timeout", "10s"])
+        .args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vallumctl_set_commands_like_ipset() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    let url = d.url();
+    let ok = |args: &[&str]| {
+        let r = vallumctl(&url, args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.stderr);
+        r.stdout
+    };
+
+    ok(&[
+        "set", "create", "f2b", "hash:ip", "timeout", "600", "counters",
+    ]);
+    ok(&[
+        "set", "create", "f2b-new", "hash:ip", "timeout", "600", "counters",
+    ]);
+    ok(&["set", "create", "nets6", "hash:net", "family", "inet6"]);
+    let out = ok(&[
+        "set",
+        "add",
+        "f2b",
+        "203.0.113.9",
+        "198.51.100.23",
+        "timeout",
+        "0",
+    ]);
+    assert!(out.contains("added 2 to f2b"), "{out}");
+    let file = dir.path().join("nets.txt");
+    std::fs::write(
+        &file,
+        "# bad networks\n2001:db8:bad::/48\n2001:db8:dead::/48\n",
+    )
+    .unwrap();
+    ok(&["set", "add", "nets6", "-f", file.to_str().unwrap()]);
+
+    // `ipset list NAME` layout.
+    let out = ok(&["set", "show", "f2b"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "Name: f2b");
+    assert_eq!(lines[1], "Type: hash:ip");
+    assert_eq!(
+        lines[2],
+        "Header: family inet hashsize 1024 maxelem 65536 timeout 600 counters"
+    );
+    assert!(lines.contains(&"Number of entries: 2"), "{out}");
+    let members = lines.iter().position(|l| *l == "Members:").unwrap();
+    assert_eq!(
+        lines[members + 1],
+        "198.51.100.23 timeout 0 packets 0 bytes 0"
+    );
+    assert!(
+        lines[members + 2].starts_with("203.0.113.9 timeout "),
+        "{out}"
+    );
+    let out = ok(&["set", "list", "--terse"]);
+    assert_eq!(out.matches("Name: ").count(), 3, "{out}");
+    assert!(!out.contains("Members:"), "{out}");
+    let j: serde_json::Value =
+        serde_json::from_str(&ok(&["-o", "json", "set", "show", "nets6"])).unwrap();
+    assert_eq!(j["family"], "inet6");
+    assert_eq!(j["members"].as_array().unwrap().len(), 2);
+
+    // Errors: exit 1 with the server's reason; a bad element names its field.
+    let r = vallumctl(&url, &["set", "add", "f2b", "203.0.113.9"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("ALREADY_EXISTS"), "{}", r.stderr);
+    let r = vallumctl(&url, &["set", "add", "f2b", "203.0.113.10", "not-an-ip"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("elements[1]:"), "{}", r.stderr);
+    let r = vallumctl(&url, &["set", "del", "nets6", "2001:db8:beef::/48"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("NOT_FOUND"), "{}", r.stderr);
+    ok(&["set", "del", "nets6", "2001:db8:beef::/48", "--exist"]);
+
+    // ipset save / ipset restore round trip into a fresh server.
+    let saved = ok(&["set", "save"]);
+    assert!(
+        saved.contains("create nets6 hash:net family inet6 hashsize 1024 maxelem 65536\n"),
+        "{saved}"
+    );
+    let dir2 = tempfile::tempdir().unwrap();
+    let d2 = Vallumd::start(&dir2.path().join("v.db"), &[]);
+    d2.wait_serving().await;
+    let r = vallumctl_stdin(&d2.url(), &["set", "import"], &saved);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("into 3 set(s)"), "{}", r.stdout);
+    let again = vallumctl(&d2.url(), &["set", "save", "nets6"]);
+    assert_eq!(
+        again.stdout,
+        "create nets6 hash:net family inet6 hashsize 1024 maxelem 65536\nadd nets6 2001:db8:bad::/48\nadd nets6 2001:db8:dead::/48\n"
+    );
+    // A bad restore file: FILE:LINE:COL on stderr, nothing applied.
+    let bad = dir.path().join("bad.save");
+    std::fs::write(&bad, "create x hash:ip\nadd x 10.0.0.1\nadd x 10.0.0.300\n").unwrap();
+    let r = vallumctl(&d2.url(), &["set", "import", bad.to_str().unwrap()]);
+    assert_eq!(r.code, 1);
+    let want = format!("{}:3:7:", bad.display());
+    assert!(
+        r.stderr.lines().any(|l| l.starts_with(&want)),
+        "{}",
+        r.stderr
+    );
+    let r = vallumctl(&d2.url(), &["set", "show", "x"]);
+    assert_eq!(r.code, 1, "nothing of the bad file was applied");
+
+    ok(&["set", "swap", "f2b", "f2b-new"]);
+    assert!(ok(&["set", "show", "f2b"]).contains("Number of entries: 0"));
+    ok(&["set", "flush", "f2b-new"]);
+    ok(&["set", "destroy", "f2b-new"]);
+    let r = vallumctl(&url, &["set", "destroy", "f2b-new"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("NOT_FOUND"), "{}", r.stderr);
 }

@@ -130,14 +130,6 @@ pub fn element_pb(e: &ListedElement) -> pb::SetElement {
     }
 }
 
-/// `ipset`'s family word.
-pub fn family_word(f: Family) -> &'static str {
-    match f {
-        Family::Ipv4 => "inet",
-        Family::Ipv6 => "inet6",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

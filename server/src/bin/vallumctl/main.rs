@@ -5,6 +5,7 @@
 //! 3 server unavailable.
 
 mod error;
+mod sets;
 mod view;
 
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ use tonic_types::StatusExt;
 use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
 use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
+use vallum_proto::v1::set_service_client::SetServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
 use vallum_proto::v1::{
     self as pb, ApplyRequest, CommitRevisionRequest, ConfirmCommitRequest, DeleteRulesetRequest,
@@ -251,6 +253,11 @@ enum Command {
         #[arg(long)]
         etag: Option<String>,
     },
+    /// ipset-style sets: create, add, del, list, show, flush, swap, destroy, import, save.
+    Set {
+        #[command(subcommand)]
+        command: sets::SetCommand,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -358,6 +365,7 @@ struct Clients {
     counters: CounterServiceClient<Svc>,
     trace: TraceServiceClient<Svc>,
     engine: EngineServiceClient<Svc>,
+    sets: sets::Client,
 }
 
 async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
@@ -395,7 +403,8 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
         rulesets: RulesetServiceClient::with_interceptor(channel.clone(), auth.clone()),
         counters: CounterServiceClient::with_interceptor(channel.clone(), auth.clone()),
         trace: TraceServiceClient::with_interceptor(channel.clone(), auth.clone()),
-        engine: EngineServiceClient::with_interceptor(channel, auth),
+        engine: EngineServiceClient::with_interceptor(channel.clone(), auth.clone()),
+        sets: SetServiceClient::with_interceptor(channel, auth).max_decoding_message_size(64 << 20),
     })
 }
 
@@ -798,6 +807,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                 format!("deleted ruleset {ruleset}\n")
             })?;
         }
+        Command::Set { command } => sets::run(&mut c.sets, out, command).await?,
     }
     Ok(())
 }
