@@ -4,7 +4,6 @@
 
 use std::net::IpAddr;
 
-use vallum_engine::model::Family;
 use vallum_engine::sets::{ListedElement, SetSpec, SetSummary, SetType};
 use vallum_proto::v1 as pb;
 
@@ -133,6 +132,7 @@ pub fn element_pb(e: &ListedElement) -> pb::SetElement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vallum_engine::model::Family;
 
     #[test]
     fn structured_and_text_elements() {
