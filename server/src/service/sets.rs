@@ -1,8 +1,9 @@
 //! `vallum.v1.SetService`: ipset-style sets (create, destroy, add/delete elements, list, get,
 //! flush, swap, `ipset save` import and export), without a ruleset commit. A thin adapter:
 //! requests are converted in [`crate::convert::sets`], the work (checks, durable store
-//! transaction, publish in the engine) is in [`crate::pipeline::sets`]. Mutating calls wait
-//! for the stored state to be loaded and are audited like the RulesetService's.
+//! transaction, publish in the engine) is in [`crate::pipeline::sets`]. Every call answers
+//! NOT_READY until the stored sets are loaded (reads too: before that the registry is empty);
+//! mutating calls are audited like the RulesetService's.
 
 use std::sync::Arc;
 
@@ -145,6 +146,7 @@ impl SetService for SetApi {
         &self,
         _request: Request<pb::ListSetsRequest>,
     ) -> Result<Response<pb::ListSetsResponse>, Status> {
+        self.state.ready()?;
         let p = &self.state.pipeline;
         let sets = p
             .sets()
@@ -159,6 +161,7 @@ impl SetService for SetApi {
         &self,
         request: Request<pb::GetSetRequest>,
     ) -> Result<Response<pb::GetSetResponse>, Status> {
+        self.state.ready()?;
         let r = request.into_inner();
         let name = set_name("name", &r.name)?;
         let start: usize = if r.page_token.is_empty() {
@@ -257,6 +260,7 @@ impl SetService for SetApi {
         &self,
         request: Request<pb::ExportIpsetSaveRequest>,
     ) -> Result<Response<pb::ExportIpsetSaveResponse>, Status> {
+        self.state.ready()?;
         let r = request.into_inner();
         let name = if r.name.is_empty() {
             None
