@@ -378,6 +378,43 @@ async fn set_round_trip_errors_and_destroy_in_use() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
+    // A commit-confirmed whose rollback would restore a revision using the set: destroy is
+    // refused too (the rollback would fail).
+    rs.apply(apply(
+        "cc",
+        &FILTER_WITH_SET.replace("bans", "bans-next"),
+        "cc.rules",
+    ))
+    .await
+    .unwrap();
+    let no_set = FILTER_WITH_SET.replace("-A INPUT -m set --match-set bans src -j DROP\n", "");
+    rs.apply(pb::ApplyRequest {
+        confirm_within: Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        }),
+        ..apply("cc", &no_set, "cc.rules")
+    })
+    .await
+    .unwrap();
+    let l = c
+        .list_sets(pb::ListSetsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(l.sets.iter().all(|s| s.referenced_by.is_empty()), "{l:?}");
+    let e = c
+        .destroy_set(pb::DestroySetRequest {
+            name: "bans-next".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("rulesets/cc/revisions/1"),
+        "{}",
+        e.message()
+    );
     // ipset save of what is left.
     let text = c
         .export_ipset_save(pb::ExportIpsetSaveRequest {

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vallum_engine::model::Match;
+use vallum_engine::model::{Match, Ruleset};
 use vallum_engine::sets::ipset::MAX_NAME_LEN;
 use vallum_engine::sets::{AddOptions, Element, SaveError, SetError, SetInfo, SetSpec, SetSummary};
 
@@ -31,11 +31,10 @@ use crate::store::sets::{ImportedSet, StoredElement};
 /// How often [`Pipeline::spawn_set_gc`] frees expired elements by default.
 pub const SET_GC_INTERVAL: Duration = Duration::from_secs(10);
 
-/// One element of a request, in ipset syntax, with where it came from.
+/// One element of a request, in ipset syntax; errors name it by its index in the request's
+/// list (`elements[3]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElementInput {
-    /// Request field path for errors, e.g. `elements[3]`.
-    pub field: String,
     /// ipset syntax (`10.0.0.0/8`, `192.0.2.1,tcp:80`).
     pub text: String,
     /// `timeout N` seconds (0: never expires); `None`: the set's default.
@@ -115,6 +114,19 @@ fn set_error(e: SetError) -> Error {
     }
 }
 
+/// Whether a rule of `rs` matches set `name`.
+fn references(rs: &Ruleset, name: &str) -> bool {
+    rs.tables.iter().any(|t| {
+        t.chains.iter().any(|c| {
+            c.rules.iter().any(|r| {
+                r.matches
+                    .iter()
+                    .any(|m| matches!(m, Match::Set(s) if s.name == name))
+            })
+        })
+    })
+}
+
 /// An engine expiry (ns on the engine clock, `u64::MAX` never) as a wall-clock expiry.
 fn wall_expiry(expires: u64, now: u64, wall: i64) -> Option<i64> {
     (expires != u64::MAX).then(|| {
@@ -178,19 +190,27 @@ impl Pipeline {
         self.engine
             .rulesets()
             .into_iter()
-            .filter(|(_, rs)| {
-                rs.tables.iter().any(|t| {
-                    t.chains.iter().any(|c| {
-                        c.rules.iter().any(|r| {
-                            r.matches
-                                .iter()
-                                .any(|m| matches!(m, Match::Set(s) if s.name == name))
-                        })
-                    })
-                })
-            })
+            .filter(|(_, rs)| references(rs, name))
             .map(|(n, _)| n)
             .collect()
+    }
+
+    /// Revisions a pending commit-confirmed would restore (on timeout) that reference set
+    /// `name`, as `rulesets/R/revisions/N`: destroying the set would make that rollback fail.
+    async fn pending_restore_references(&self, name: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for c in self.store.pending_confirms().await? {
+            let Some(prev) = c.previous else { continue };
+            let Some(rev) = self.store.get_revision(&c.ruleset, prev).await? else {
+                continue;
+            };
+            if let Ok(m) = rev.content.to_ruleset(&c.ruleset, 0) {
+                if references(&m, name) {
+                    out.push(format!("rulesets/{}/revisions/{prev}", c.ruleset));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Creates an empty set (`ipset create`). With `exist`, an existing set with the same
@@ -220,13 +240,20 @@ impl Pipeline {
     ///
     /// Errors: [`Error::NotFound`]; [`Error::Precondition`] (`SET_IN_USE`) while an active
     /// ruleset references it (as ipset: "Set cannot be destroyed: it is in use by a kernel
-    /// component"); [`Error::Store`].
+    /// component"), or the revision a pending commit-confirmed would restore does;
+    /// [`Error::Store`].
     pub async fn destroy_set(&self, name: &str) -> Result<()> {
         let _w = self.write.lock().await;
         if self.sets.summary(name).is_none() {
             return Err(not_found(name));
         }
-        let users = self.set_references(name);
+        let mut users = self.set_references(name);
+        // A commit-confirmed's restore target counts too (its rollback would fail).
+        for rev in self.pending_restore_references(name).await? {
+            users.push(format!(
+                "{rev} (restored if the pending commit is not confirmed)"
+            ));
+        }
         if !users.is_empty() {
             return Err(Error::Precondition {
                 kind: "SET_IN_USE",
@@ -244,6 +271,7 @@ impl Pipeline {
     /// Parses request elements for a set of `spec`: every bad element is listed.
     fn parse_inputs(
         spec: &SetSpec,
+        field: &str,
         inputs: &[ElementInput],
         with_timeouts: bool,
     ) -> Result<Vec<(usize, Element, AddOptions)>> {
@@ -252,7 +280,7 @@ impl Pipeline {
         for (i, input) in inputs.iter().enumerate() {
             if with_timeouts && input.timeout.is_some() && spec.timeout.is_none() {
                 violations.push(FieldViolation::new(
-                    format!("{}.timeout", input.field),
+                    format!("{field}[{i}].timeout"),
                     "the set was created without timeout (as ipset)",
                 ));
                 continue;
@@ -266,7 +294,7 @@ impl Pipeline {
                     out.extend(es.into_iter().map(|e| (i, e, opts)));
                 }
                 Err(why) => violations.push(FieldViolation::new(
-                    input.field.clone(),
+                    format!("{field}[{i}]"),
                     format!("invalid element {:?}: {why}", input.text),
                 )),
             }
@@ -281,7 +309,7 @@ impl Pipeline {
         }
     }
 
-    /// Adds elements to a set in one step, all or none (`ipset add`; with `exist`, an element
+    /// Adds elements (request field `field`) to a set in one step, all or none (`ipset add`; with `exist`, an element
     /// already there gets its timeout renewed instead of failing, as `ipset add -exist`).
     ///
     /// Errors: [`Error::NotFound`] (set); [`Error::BadRequest`] naming each bad element's
@@ -290,13 +318,14 @@ impl Pipeline {
     pub async fn add_elements(
         &self,
         set: &str,
+        field: &str,
         inputs: &[ElementInput],
         exist: bool,
     ) -> Result<ElementsChanged> {
         let _w = self.write.lock().await;
         let handle = self.sets.handle(set).ok_or_else(|| not_found(set))?;
         let spec = self.sets.summary(set).ok_or_else(|| not_found(set))?.spec;
-        let parsed = Self::parse_inputs(&spec, inputs, true)?;
+        let parsed = Self::parse_inputs(&spec, field, inputs, true)?;
         let now = self.clock.now_ns();
         let wall = now_ns();
         if !exist {
@@ -306,10 +335,9 @@ impl Pipeline {
                     return Err(Error::AlreadyExists {
                         kind: "element",
                         name: format!(
-                            "{}: {} ({}; it's already added, as ipset without -exist)",
+                            "{}: {} ({field}[{i}]; it's already added, as ipset without -exist)",
                             set_resource(set),
                             e.display(&spec),
-                            inputs[*i].field
                         ),
                     });
                 }
@@ -335,7 +363,7 @@ impl Pipeline {
         })
     }
 
-    /// Deletes elements from a set in one step, all or none (`ipset del`; with `exist`, an
+    /// Deletes elements (request field `field`) from a set in one step, all or none (`ipset del`; with `exist`, an
     /// element that is not there is not an error).
     ///
     /// Errors: [`Error::NotFound`] (the set, or an element without `exist`);
@@ -343,13 +371,14 @@ impl Pipeline {
     pub async fn delete_elements(
         &self,
         set: &str,
+        field: &str,
         inputs: &[ElementInput],
         exist: bool,
     ) -> Result<ElementsChanged> {
         let _w = self.write.lock().await;
         let handle = self.sets.handle(set).ok_or_else(|| not_found(set))?;
         let spec = self.sets.summary(set).ok_or_else(|| not_found(set))?.spec;
-        let parsed = Self::parse_inputs(&spec, inputs, false)?;
+        let parsed = Self::parse_inputs(&spec, field, inputs, false)?;
         let now = self.clock.now_ns();
         if !exist {
             let mut seen = HashSet::with_capacity(parsed.len());
@@ -358,10 +387,9 @@ impl Pipeline {
                     return Err(Error::NotFound {
                         kind: "element",
                         name: format!(
-                            "{}: {} ({}; it's not added, as ipset without -exist)",
+                            "{}: {} ({field}[{i}]; it's not added, as ipset without -exist)",
                             set_resource(set),
                             e.display(&spec),
-                            inputs[*i].field
                         ),
                     });
                 }

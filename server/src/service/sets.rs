@@ -104,7 +104,7 @@ impl SetService for SetApi {
                     let c = self
                         .state
                         .pipeline
-                        .add_elements(&name, &inputs, r.exist)
+                        .add_elements(&name, "elements", &inputs, r.exist)
                         .await?;
                     Ok(pb::AddElementsResponse {
                         added: c.changed,
@@ -130,7 +130,7 @@ impl SetService for SetApi {
                     let c = self
                         .state
                         .pipeline
-                        .delete_elements(&name, &inputs, r.exist)
+                        .delete_elements(&name, "elements", &inputs, r.exist)
                         .await?;
                     Ok(pb::DeleteElementsResponse {
                         deleted: c.changed,
