@@ -16,9 +16,10 @@ pub mod ipset;
 pub mod save;
 
 pub use ipset::{
-    AddOptions, Element, ListedElement, SetError, SetHandle, SetInfo, SetManager, SetSpec, SetType,
+    AddOptions, Element, ListedElement, Prepared, SetError, SetHandle, SetInfo, SetManager,
+    SetSpec, SetSummary, SetType,
 };
-pub use save::{SaveError, SaveErrorKind};
+pub use save::{PreparedRestore, RestoredSet, SaveError, SaveErrorKind};
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;

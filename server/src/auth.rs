@@ -24,6 +24,9 @@
 //! health and reflection; everything else (Stage, Commit, Confirm, Apply, Rollback, Delete,
 //! ZeroCounters, conntrack Delete and Flush, and any method this table does not know) needs
 //! admin.
+//! health and reflection (ListSets, GetSet and ExportIpsetSave of the SetService too);
+//! everything else (Stage, Commit, Confirm, Apply, Rollback, Delete, ZeroCounters, every
+//! set change and any method this table does not know) needs admin.
 //!
 //! | failure | gRPC code | `ErrorInfo.reason` |
 //! |---|---|---|
@@ -150,6 +153,9 @@ const READ_METHODS: &[&str] = &[
     "EngineService/GetStatus",
     "ConntrackService/List",
     "ConntrackService/GetStats",
+    "SetService/ListSets",
+    "SetService/GetSet",
+    "SetService/ExportIpsetSave",
 ];
 
 /// Methods of `vallum.v1` that need an admin token, as `Service/Method`.
@@ -163,6 +169,13 @@ const ADMIN_METHODS: &[&str] = &[
     "CounterService/ZeroCounters",
     "ConntrackService/Delete",
     "ConntrackService/Flush",
+    "SetService/CreateSet",
+    "SetService/DestroySet",
+    "SetService/AddElements",
+    "SetService/DeleteElements",
+    "SetService/FlushSet",
+    "SetService/SwapSets",
+    "SetService/ImportIpsetSave",
 ];
 
 /// Health and reflection methods, as full paths.
@@ -203,6 +216,7 @@ pub fn known_method(path: &str) -> Option<(&'static str, &'static str)> {
         "TraceService" => "vallum.v1.TraceService",
         "EngineService" => "vallum.v1.EngineService",
         "ConntrackService" => "vallum.v1.ConntrackService",
+        "SetService" => "vallum.v1.SetService",
         _ => return None,
     };
     Some((service, m))

@@ -18,6 +18,8 @@ use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::pipeline::{CommitEvent, CommitResult};
 use crate::store::{Outcome, Phases, RevisionRow, RevisionState, RulesetRow};
 
+pub mod sets;
+
 // === names ===
 
 /// Checks a ruleset name: 1 to 63 bytes of `[A-Za-z0-9._-]`.

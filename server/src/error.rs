@@ -74,6 +74,10 @@ pub enum Reason {
     TooManyRulesets,
     /// The server is stopping.
     ShuttingDown,
+    /// The set (or set element) to create or add exists already (as ipset without `-exist`).
+    AlreadyExists,
+    /// Adding would exceed the set's `maxelem` (as ipset: "Hash is full").
+    SetFull,
 }
 
 /// One row of the table.
@@ -89,7 +93,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 21] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -109,6 +113,8 @@ impl Reason {
         Reason::TooManyRules,
         Reason::TooManyRulesets,
         Reason::ShuttingDown,
+        Reason::AlreadyExists,
+        Reason::SetFull,
     ];
 
     /// This reason's row of the table.
@@ -140,6 +146,8 @@ impl Reason {
             Reason::TooManyRules => ("TOO_MANY_RULES", Code::InvalidArgument, REJECTED),
             Reason::TooManyRulesets => ("TOO_MANY_RULESETS", Code::ResourceExhausted, REJECTED),
             Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
+            Reason::AlreadyExists => ("ALREADY_EXISTS", Code::AlreadyExists, REJECTED),
+            Reason::SetFull => ("SET_FULL", Code::ResourceExhausted, REJECTED),
         };
         ReasonInfo {
             name,
@@ -192,13 +200,29 @@ pub enum Error {
         /// Every bad field (at least one).
         violations: Vec<FieldViolation>,
     },
-    /// A ruleset or revision that does not exist.
+    /// A ruleset, revision, set or set element that does not exist.
     #[error("{kind} {name} not found")]
     NotFound {
-        /// `ruleset` or `revision`.
+        /// `ruleset`, `revision`, `set` or `element`.
         kind: &'static str,
-        /// Its resource name.
+        /// Its resource name (`sets/NAME`; for an element `sets/NAME: ELEMENT (elements[i])`).
         name: String,
+    },
+    /// A set (or set element) to create exists already.
+    #[error("{kind} {name} already exists")]
+    AlreadyExists {
+        /// `set` or `element`.
+        kind: &'static str,
+        /// Its resource name, as in [`Error::NotFound`].
+        name: String,
+    },
+    /// Adding the elements would exceed the set's `maxelem`.
+    #[error("set {set} is full ({maxelem} elements, maxelem)")]
+    SetFull {
+        /// Resource name `sets/NAME`.
+        set: String,
+        /// The set's limit.
+        maxelem: u32,
     },
     /// The request carried an etag that is not the stored one.
     #[error("etag mismatch on {name}: request has {given:?}, current is {current:?}")]
@@ -273,6 +297,8 @@ impl Error {
         match self {
             Error::BadRequest { reason, .. } => *reason,
             Error::NotFound { .. } => Reason::NotFound,
+            Error::AlreadyExists { .. } => Reason::AlreadyExists,
+            Error::SetFull { .. } => Reason::SetFull,
             Error::EtagMismatch { .. } => Reason::EtagMismatch,
             Error::Precondition { .. } => Reason::FailedPrecondition,
             Error::NotReady => Reason::NotReady,
@@ -306,6 +332,13 @@ impl From<Error> for tonic::Status {
                 message,
             } => {
                 details.add_precondition_failure_violation(*kind, subject.clone(), message.clone());
+            }
+            Error::AlreadyExists { kind, name } => {
+                details.set_resource_info(*kind, name.clone(), "", message.clone());
+            }
+            Error::SetFull { set, maxelem } => {
+                metadata.insert("maxelem".to_string(), maxelem.to_string());
+                details.set_resource_info("set", set.clone(), "", message.clone());
             }
             Error::Limit(l) => {
                 metadata = l.metadata();

@@ -18,6 +18,7 @@
 //! | `vallum_core_generation` | gauge | core | engine, at scrape |
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
 //! | `vallum_rule_packets_total`, `vallum_rule_bytes_total` | counter (opt-in) | ruleset, family, table, chain, rule | engine, at scrape |
+//! | `vallum_set_elements` | gauge | set | [`Metrics::observe_sets`], at scrape |
 //! | `rpc_server_duration_seconds` | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
 //! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
 //! | `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`, `vallum_conntrack_insert_failed_total` | counter | | engine, at scrape |
@@ -67,6 +68,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 use vallum_engine::dataplane::Histogram as EngineHistogram;
 use vallum_engine::engine::{CommitReport, Engine};
+use vallum_engine::sets::SetManager;
 
 use crate::auth;
 
@@ -527,6 +529,29 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(keep);
+    }
+
+    /// Registers `vallum_set_elements{set}`, read at scrape time from `sets`: the elements each
+    /// set holds (expired ones count until garbage-collected, as ipset's "Number of entries").
+    /// A set appears once created and disappears when destroyed. Call once.
+    pub fn observe_sets(&self, sets: Arc<SetManager>) -> Result<(), MetricsError> {
+        let gauge = self
+            .inner
+            .meter
+            .u64_observable_gauge("vallum_set_elements")
+            .with_description("Elements held by each ipset-style set.")
+            .with_callback(move |obs| {
+                for s in sets.summaries() {
+                    obs.observe(s.entries as u64, &[KeyValue::new("set", s.name)]);
+                }
+            })
+            .build();
+        self.inner
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(gauge));
+        Ok(())
     }
 
     /// A tower layer recording `rpc.server.duration` for every call; put it outermost in the

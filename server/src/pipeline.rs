@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 use vallum_engine::Clock;
 use vallum_engine::engine::{Change, Engine};
 use vallum_engine::model::Ruleset;
-use vallum_engine::sets::NoSets;
+use vallum_engine::sets::SetManager;
 use vallum_engine::validate::has_errors;
 
 use crate::content::Checked;
@@ -35,6 +35,8 @@ use crate::store::{
     CommitTarget, NewRevision, Outcome, PersistCommit, Phases, RevisionRow, RevisionState,
     RulesetRow, Store, now_ns,
 };
+
+pub mod sets;
 
 /// A commit event, as WatchCommits streams it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,10 +84,13 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// The pipeline: engine, store, event channel and hooks.
+/// The pipeline: engine, store, ipset-style sets, event channel and hooks.
 pub struct Pipeline {
     engine: Arc<Engine>,
     store: Store,
+    /// The set registry every validation and commit resolves `--match-set` against; changed
+    /// by the methods in [`sets`] (under the write lock, durable before published).
+    sets: Arc<SetManager>,
     clock: Arc<dyn Clock>,
     write: tokio::sync::Mutex<()>,
     events: broadcast::Sender<CommitEvent>,
@@ -118,6 +123,7 @@ impl Pipeline {
         Pipeline {
             engine,
             store,
+            sets: Arc::new(SetManager::new()),
             clock,
             write: tokio::sync::Mutex::new(()),
             events,
@@ -134,6 +140,11 @@ impl Pipeline {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The set registry (ipset-style sets) rules are validated and compiled against.
+    pub fn sets(&self) -> &Arc<SetManager> {
+        &self.sets
     }
 
     /// Now on the engine's clock (ns): the time base of `-m limit` and of the workers.
@@ -170,7 +181,7 @@ impl Pipeline {
         let mut heads = BTreeMap::new();
         for (rs, rev) in self.store.active().await? {
             match rev.content.to_ruleset(&rs.name, rs.priority) {
-                Ok(m) if !has_errors(&self.engine.validate(&m, &NoSets)) => {
+                Ok(m) if !has_errors(&self.engine.validate(&m, &*self.sets)) => {
                     heads.insert(rs.name.clone(), (rev.number, rs.priority));
                     models.push(m);
                 }
@@ -183,8 +194,9 @@ impl Pipeline {
         }
         let n = models.len();
         let engine = self.engine.clone();
+        let sets = self.sets.clone();
         let committed =
-            tokio::task::spawn_blocking(move || engine.commit(Change::ReplaceAll(models), &NoSets))
+            tokio::task::spawn_blocking(move || engine.commit(Change::ReplaceAll(models), &*sets))
                 .await
                 .map_err(|e| Error::Internal(format!("load task: {e}")))?
                 .map_err(|e| Error::Commit(e.to_string()))?;
@@ -362,8 +374,9 @@ impl Pipeline {
             });
         }
         let engine = self.engine.clone();
+        let sets = self.sets.clone();
         let name = ruleset.to_string();
-        tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &NoSets))
+        tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &*sets))
             .await
             .map_err(|e| Error::Internal(format!("commit task: {e}")))?
             .map_err(|e| Error::Commit(e.to_string()))?;
@@ -416,9 +429,10 @@ impl Pipeline {
                 None => {
                     self.store.deactivate(&c.ruleset, c.revision, now).await?;
                     let engine = self.engine.clone();
+                    let sets = self.sets.clone();
                     let name = c.ruleset.clone();
                     tokio::task::spawn_blocking(move || {
-                        engine.commit(Change::Remove(name), &NoSets)
+                        engine.commit(Change::Remove(name), &*sets)
                     })
                     .await
                     .map_err(|e| Error::Internal(format!("commit task: {e}")))?
@@ -540,7 +554,7 @@ impl Pipeline {
         let started_at = now_ns();
         let t0 = self.clock.now_ns();
         // validate
-        let violations = self.engine.validate(&job.model, &NoSets);
+        let violations = self.engine.validate(&job.model, &*self.sets);
         if has_errors(&violations) {
             return Err(Error::BadRequest {
                 reason: Reason::InvalidRuleset,
@@ -572,8 +586,9 @@ impl Pipeline {
         let mut model = job.model;
         model.priority = persisted.ruleset.priority;
         let engine = self.engine.clone();
+        let sets = self.sets.clone();
         let committed = tokio::task::spawn_blocking(move || {
-            engine.commit(Change::Put(model), &NoSets).map(|c| {
+            engine.commit(Change::Put(model), &*sets).map(|c| {
                 let report = c.report;
                 // Free the old snapshot here, off the async workers.
                 drop(c.retired);

@@ -1,6 +1,10 @@
 //! Wiring: store, engine, pipeline, metrics (`/metrics`), gRPC server (TLS, the layers of
-//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth; health, reflection, the four
-//! services), packet sources, commit-confirmed timer, conntrack garbage collection, shutdown.
+//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth; health, reflection, the six
+//! services), packet sources, commit-confirmed timer, conntrack and set garbage collection,
+//! shutdown.
+//!
+//! Start order: open and migrate the store, restore the sets, load the active revisions
+//! (which may reference the sets), then SERVING.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,13 +16,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 use vallum_engine::Clock;
 use vallum_engine::engine::{Engine, EngineConfig};
-use vallum_engine::sets::NoSets;
+use vallum_proto::v1::conntrack_service_server::ConntrackServiceServer;
 use vallum_proto::v1::counter_service_server::CounterServiceServer;
 use vallum_proto::v1::engine_service_server::EngineServiceServer;
 use vallum_proto::v1::ruleset_service_server::RulesetServiceServer;
+use vallum_proto::v1::set_service_server::SetServiceServer;
 use vallum_proto::v1::trace_service_server::TraceServiceServer;
-// Conntrack (issue #4).
-use vallum_proto::v1::conntrack_service_server::ConntrackServiceServer;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -26,22 +29,23 @@ use crate::hooks::{self, Hooks, MetricsObserver};
 use crate::metrics::Metrics;
 use crate::pipeline::{MonotonicClock, Pipeline};
 use crate::service::State;
+use crate::service::conntrack::ConntrackApi;
 use crate::service::counters::CountersApi;
 use crate::service::engine::EngineApi;
 use crate::service::ruleset::RulesetApi;
+use crate::service::sets::SetApi;
 use crate::service::trace::TraceApi;
-// Conntrack (issue #4).
-use crate::service::conntrack::ConntrackApi;
 use crate::sources::Sources;
 use crate::{content, example, tls};
 
 /// The gRPC service names health reports on (besides "").
-pub const SERVICES: [&str; 5] = [
+pub const SERVICES: [&str; 6] = [
     "vallum.v1.RulesetService",
     "vallum.v1.CounterService",
     "vallum.v1.TraceService",
     "vallum.v1.EngineService",
     "vallum.v1.ConntrackService",
+    "vallum.v1.SetService",
 ];
 
 /// What a run did, printed at exit.
@@ -142,6 +146,7 @@ pub async fn run_with(
         clock.clone(),
         hooks.clone(),
     ));
+    metrics.observe_sets(pipeline.sets().clone())?;
     let state = State::new(pipeline.clone(), config.source.to_string());
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -216,6 +221,9 @@ pub async fn run_with(
             ConntrackServiceServer::new(ConntrackApi::new(state.clone()))
                 .max_decoding_message_size(max),
         )
+        .add_service(
+            SetServiceServer::new(SetApi::new(state.clone())).max_decoding_message_size(max),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
             let _ = stop_rx.await;
         });
@@ -225,9 +233,16 @@ pub async fn run_with(
     if let Some(d) = config.load_delay {
         tokio::time::sleep(d).await;
     }
+    // Sets before rulesets: an active revision may `--match-set` them.
+    pipeline.restore_sets().await?;
     pipeline.load().await?;
     if config.example && store.list_rulesets().await?.is_empty() {
-        let checked = content::check(example::NAME, 0, &example::input(), &NoSets)?;
+        let checked = content::check(
+            example::NAME,
+            0,
+            &example::input(),
+            pipeline.sets().as_ref(),
+        )?;
         pipeline
             .apply(
                 checked,
@@ -248,6 +263,7 @@ pub async fn run_with(
     hooks.observer.on_start(&engine, &config);
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
+    let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
     let sources = Sources::start(engine.clone(), &config.source, config.rate, clock)?;
 
     match config.exit_after {
@@ -263,6 +279,7 @@ pub async fn run_with(
     sources.stop();
     timer.abort();
     conntrack_gc.abort();
+    set_gc.abort();
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = metrics_stop_tx.send(());

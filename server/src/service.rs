@@ -13,6 +13,7 @@ pub mod conntrack;
 pub mod counters;
 pub mod engine;
 pub mod ruleset;
+pub mod sets;
 pub mod trace;
 
 /// What every service shares.

@@ -21,6 +21,8 @@ use sqlx::{Row, Sqlite, Transaction};
 use crate::content::Content;
 use crate::error::{Error, Result};
 
+pub mod sets;
+
 /// Now as Unix nanoseconds.
 pub fn now_ns() -> i64 {
     SystemTime::now()

@@ -17,7 +17,7 @@ use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
-use vallum_engine::sets::NoSets;
+use vallum_engine::sets::{NoSets, SetManager, SetSpec, SetType};
 use vallum_server::auth::{AuthLayer, Role, TokenSet};
 use vallum_server::metrics::{CommitOutcome, CommitPhases, Metrics, MetricsConfig};
 
@@ -136,6 +136,16 @@ async fn scrape_has_every_design_metric() {
     metrics.set_active_revision("web", Some(7));
     metrics.set_active_revision("gone", Some(1));
     metrics.set_active_revision("gone", None);
+    // Sets: one with three elements, one destroyed before the scrape.
+    let sets = Arc::new(SetManager::new());
+    sets.create("bans", SetSpec::new(SetType::HashNet, Family::Ipv4))
+        .unwrap();
+    sets.add_str("bans", &["10.0.0.0/8", "192.0.2.1", "198.51.100.0/24"], 0)
+        .unwrap();
+    sets.create("gone", SetSpec::new(SetType::HashIp, Family::Ipv4))
+        .unwrap();
+    sets.destroy("gone").unwrap();
+    metrics.observe_sets(sets).unwrap();
 
     // A gRPC server with both layers; one admin token.
     let mut tokens = TokenSet::new();
@@ -196,6 +206,7 @@ async fn scrape_has_every_design_metric() {
         "vallum_rule_packets_total",
         "vallum_rule_bytes_total",
         "rpc_server_duration_seconds",
+        "vallum_set_elements",
     ] {
         assert!(
             text.contains(&format!("# TYPE {name} ")),
@@ -232,6 +243,8 @@ async fn scrape_has_every_design_metric() {
         "phases that did not run are not recorded"
     );
     assert_eq!(value(&text, "vallum_active_revision{ruleset=\"web\""), 7.0);
+    assert_eq!(value(&text, "vallum_set_elements{set=\"bans\""), 3.0);
+    assert!(!text.contains("set=\"gone\""));
     assert!(!text.contains("ruleset=\"gone\""));
     let n = 2100.0 * 4.0;
     assert_eq!(

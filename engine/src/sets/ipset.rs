@@ -168,6 +168,20 @@ impl SetSpec {
             hashsize: 1024,
         }
     }
+
+    /// When an element added at `now` (ns, the caller's clock) with `add` expires, in ns of
+    /// the same clock; `u64::MAX` = never. As ipset: the element's `timeout`, else the set's
+    /// default; 0 (or no timeout at all) never expires.
+    pub fn expiry(&self, add: &AddOptions, now: u64) -> u64 {
+        expiry(self.timeout, add, now)
+    }
+}
+
+fn expiry(default: Option<u32>, add: &AddOptions, now: u64) -> u64 {
+    match add.timeout.or(default) {
+        Some(t) if t > 0 => now.saturating_add(u64::from(t).saturating_mul(NS_PER_S)),
+        _ => u64::MAX,
+    }
 }
 
 // === Element ===
@@ -564,6 +578,8 @@ impl super::SetRegistry for SetManager {
 pub(super) struct Staged {
     pub(super) handle: Arc<SetHandle>,
     content: Content,
+    /// With [`Staged::logged`]: every element added, with its expiry.
+    log: Option<Vec<(Element, u64)>>,
 }
 
 impl SetManager {
@@ -681,11 +697,76 @@ impl SetManager {
         now: u64,
     ) -> Result<usize, SetError> {
         let sets = self.lock();
-        let mut st = Self::stage(&sets, name)?;
-        st.add(name, add, now)?;
-        let n = delete.into_iter().filter(|e| st.content.remove(e)).count();
-        st.publish();
+        let p = Self::prepare_locked(&sets, name, add, delete, now)?;
+        let n = p.deleted;
+        p.publish();
         Ok(n)
+    }
+
+    /// As [`SetManager::update`], but returns the change unpublished (see [`Prepared`] for
+    /// the caller's part). Errors as `update`; on error nothing is staged.
+    pub fn prepare_update(
+        &self,
+        name: &str,
+        add: impl IntoIterator<Item = (Element, AddOptions)>,
+        delete: impl IntoIterator<Item = Element>,
+        now: u64,
+    ) -> Result<Prepared, SetError> {
+        let sets = self.lock();
+        Self::prepare_locked(&sets, name, add, delete, now)
+    }
+
+    fn prepare_locked(
+        sets: &BTreeMap<String, Arc<SetHandle>>,
+        name: &str,
+        add: impl IntoIterator<Item = (Element, AddOptions)>,
+        delete: impl IntoIterator<Item = Element>,
+        now: u64,
+    ) -> Result<Prepared, SetError> {
+        let mut st = Self::stage(sets, name)?;
+        st.add(name, add, now)?;
+        let deleted = delete.into_iter().filter(|e| st.content.remove(e)).count();
+        Ok(Prepared {
+            staged: st,
+            deleted,
+        })
+    }
+
+    /// Adds elements with absolute expiries (ns on the caller's clock, `u64::MAX` never) and
+    /// fresh counters, in one publication (all or none): how a persisted set is loaded back.
+    ///
+    /// Errors: [`SetError::NotFound`], [`SetError::Full`].
+    pub fn load(
+        &self,
+        name: &str,
+        elements: impl IntoIterator<Item = (Element, u64)>,
+    ) -> Result<(), SetError> {
+        let sets = self.lock();
+        let mut st = Self::stage(&sets, name)?;
+        st.insert_until(name, elements)?;
+        st.publish();
+        Ok(())
+    }
+
+    /// The header of `name`.
+    pub fn summary(&self, name: &str) -> Option<SetSummary> {
+        let sets = self.lock();
+        sets.get(name).map(|h| Self::summary_of(name, h))
+    }
+
+    /// The headers of every set, by name.
+    pub fn summaries(&self) -> Vec<SetSummary> {
+        let sets = self.lock();
+        sets.iter().map(|(n, h)| Self::summary_of(n, h)).collect()
+    }
+
+    fn summary_of(name: &str, h: &SetHandle) -> SetSummary {
+        let c = h.content.load();
+        SetSummary {
+            name: name.into(),
+            spec: h.spec(&c),
+            entries: c.map.len(),
+        }
     }
 
     /// Deletes elements in one publication; returns how many were present.
@@ -818,6 +899,7 @@ impl SetManager {
         Ok(Staged {
             handle: Arc::clone(h),
             content: Content::clone(&h.content.load()),
+            log: None,
         })
     }
 }
@@ -850,10 +932,7 @@ impl Staged {
                     reason: reason.into(),
                 });
             }
-            let expires = match add.timeout.or(opts.timeout) {
-                Some(t) if t > 0 => now.saturating_add(u64::from(t).saturating_mul(NS_PER_S)),
-                _ => u64::MAX,
-            };
+            let expires = expiry(opts.timeout, &add, now);
             let old = self.content.map.get(&e).and_then(|o| o.counters.clone());
             let counters = opts.counters.then(|| {
                 let c = old.unwrap_or_default();
@@ -871,13 +950,100 @@ impl Staged {
                 });
             }
             self.content.insert(e, Entry { expires, counters });
+            if let Some(log) = &mut self.log {
+                log.push((e, expires));
+            }
         }
         Ok(())
+    }
+
+    /// Inserts elements with absolute expiries (ns; `u64::MAX` never), fresh counters.
+    fn insert_until(
+        &mut self,
+        name: &str,
+        elements: impl IntoIterator<Item = (Element, u64)>,
+    ) -> Result<(), SetError> {
+        let opts = self.content.opts;
+        for (e, expires) in elements {
+            if !self.content.map.contains_key(&e) && self.content.map.len() >= opts.maxelem as usize
+            {
+                return Err(SetError::Full {
+                    set: name.into(),
+                    maxelem: opts.maxelem,
+                });
+            }
+            let counters = opts.counters.then(Arc::default);
+            self.content.insert(e, Entry { expires, counters });
+        }
+        Ok(())
+    }
+
+    /// Keeps a log of every element [`Staged::add`] inserts, with its expiry.
+    pub(super) fn logged(mut self) -> Staged {
+        self.log = Some(Vec::new());
+        self
+    }
+
+    /// The logged additions (empty unless [`Staged::logged`]).
+    pub(super) fn log(&self) -> &[(Element, u64)] {
+        self.log.as_deref().unwrap_or(&[])
     }
 
     pub(super) fn publish(self) {
         self.handle.content.store(self.content.seal());
     }
+}
+
+// === Prepared ===
+
+/// A change of one set, checked against its content and built on a private copy, not yet
+/// visible to readers: [`SetManager::prepare_update`] makes it, [`Prepared::publish`] makes
+/// it visible in one store; dropping it discards it. This lets a caller make the change
+/// durable elsewhere (the server's SQLite store) between the check and the publication.
+///
+/// Contract: between prepare and publish the caller keeps every other writer of this set
+/// out (the server holds its write lock); a publish overwrites changes made in between.
+pub struct Prepared {
+    staged: Staged,
+    deleted: usize,
+}
+
+impl fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("len", &self.staged.content.map.len())
+            .field("deleted", &self.deleted)
+            .finish()
+    }
+}
+
+impl Prepared {
+    /// How many of the elements to delete were present.
+    pub fn deleted(&self) -> usize {
+        self.deleted
+    }
+
+    /// The set's spec.
+    pub fn spec(&self) -> SetSpec {
+        self.staged.spec()
+    }
+
+    /// Makes the change visible (one atomic store; readers see all of it or none).
+    pub fn publish(self) {
+        self.staged.publish();
+    }
+}
+
+/// A set's header as `ipset list -terse` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetSummary {
+    /// Name.
+    pub name: String,
+    /// Type, family and options.
+    pub spec: SetSpec,
+    /// Elements held, including expired ones not yet freed by [`SetManager::gc`] (as ipset's
+    /// "Number of entries").
+    pub entries: usize,
 }
 
 #[cfg(test)]
@@ -1168,6 +1334,75 @@ mod tests {
             Err(SetError::BadElement { .. })
         ));
         assert_eq!(m.names().len(), 2);
+    }
+
+    #[test]
+    fn prepared_changes_are_invisible_until_published() {
+        let m = mgr("p", SetType::HashIp, Family::Ipv4, &["192.0.2.1"]);
+        let s = m.lookup("p").unwrap();
+        let e = m.parse_elements("p", &["192.0.2.2", "192.0.2.1"]).unwrap();
+        let p = m
+            .prepare_update("p", [(e[0], AddOptions::default())], [e[1]], 0)
+            .unwrap();
+        assert_eq!(p.deleted(), 1);
+        let (a, b) = (
+            pkt("192.0.2.1", "1.1.1.1", 6, 1, 2),
+            pkt("192.0.2.2", "1.1.1.1", 6, 1, 2),
+        );
+        assert!(s.contains(&a, SRC, 0) && !s.contains(&b, SRC, 0));
+        p.publish();
+        assert!(!s.contains(&a, SRC, 0) && s.contains(&b, SRC, 0));
+        // Dropped: nothing happens.
+        drop(
+            m.prepare_update("p", [(e[1], AddOptions::default())], [], 0)
+                .unwrap(),
+        );
+        assert!(!s.contains(&a, SRC, 0));
+        // Errors stage nothing.
+        assert!(matches!(
+            m.prepare_update("nope", [], [], 0),
+            Err(SetError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn load_keeps_absolute_expiries_and_summaries_count() {
+        let m = SetManager::new();
+        let spec = SetSpec {
+            timeout: Some(100),
+            maxelem: 2,
+            ..SetSpec::new(SetType::HashNet, Family::Ipv4)
+        };
+        assert_eq!(spec.expiry(&AddOptions::default(), 5), 5 + 100 * NS_PER_S);
+        assert_eq!(
+            spec.expiry(
+                &AddOptions {
+                    timeout: Some(0),
+                    counters: None
+                },
+                5
+            ),
+            u64::MAX
+        );
+        m.create("l", spec).unwrap();
+        let e = m
+            .parse_elements("l", &["10.0.0.0/8", "192.0.2.0/24"])
+            .unwrap();
+        m.load("l", [(e[0], 7 * NS_PER_S), (e[1], u64::MAX)])
+            .unwrap();
+        let s = m.lookup("l").unwrap();
+        let p = pkt("10.1.1.1", "1.1.1.1", 6, 1, 2);
+        assert!(s.contains(&p, SRC, 7 * NS_PER_S - 1));
+        assert!(!s.contains(&p, SRC, 7 * NS_PER_S));
+        let third = m.parse_elements("l", &["172.16.0.0/12"]).unwrap()[0];
+        assert!(matches!(
+            m.load("l", [(third, u64::MAX)]),
+            Err(SetError::Full { .. })
+        ));
+        let sum = m.summary("l").unwrap();
+        assert_eq!((sum.entries, sum.spec), (2, spec));
+        assert_eq!(m.summaries().len(), 1);
+        assert!(m.summary("x").is_none());
     }
 
     #[test]

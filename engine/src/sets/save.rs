@@ -120,11 +120,93 @@ impl<'a> Line<'a> {
     }
 }
 
+/// `ipset save` text checked and applied to private copies, not yet visible:
+/// [`SetManager::prepare_restore`] makes it, [`PreparedRestore::publish`] creates the new
+/// sets and publishes every changed set; dropping it discards everything. Same contract as
+/// [`super::Prepared`]: the caller keeps other set writers out until it publishes.
+pub struct PreparedRestore {
+    created: BTreeMap<String, Arc<SetHandle>>,
+    staged: BTreeMap<String, Staged>,
+    applied: usize,
+}
+
+impl std::fmt::Debug for PreparedRestore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedRestore")
+            .field("created", &self.created.keys().collect::<Vec<_>>())
+            .field("changed", &self.staged.keys().collect::<Vec<_>>())
+            .field("applied", &self.applied)
+            .finish()
+    }
+}
+
+/// One set a restore creates or adds to.
+#[derive(Debug)]
+pub struct RestoredSet<'a> {
+    /// Set name.
+    pub name: &'a str,
+    /// Its spec (of the new set, or of the existing one).
+    pub spec: SetSpec,
+    /// Whether the restore creates it.
+    pub created: bool,
+    /// Every element added, in text order, with its expiry (ns on the restore's clock,
+    /// `u64::MAX` never); an element added twice appears twice.
+    pub added: &'a [(Element, u64)],
+}
+
+impl PreparedRestore {
+    /// How many lines (`create`/`add`) the text had.
+    pub fn applied(&self) -> usize {
+        self.applied
+    }
+
+    /// The sets created or added to, by name.
+    pub fn sets(&self) -> impl Iterator<Item = RestoredSet<'_>> {
+        self.staged.iter().map(|(name, st)| RestoredSet {
+            name,
+            spec: st.spec(),
+            created: self.created.contains_key(name),
+            added: st.log(),
+        })
+    }
+
+    /// Creates the new sets and publishes every changed one.
+    pub fn publish(self, manager: &SetManager) {
+        let mut sets = manager.lock();
+        self.publish_locked(&mut sets);
+    }
+
+    fn publish_locked(self, sets: &mut BTreeMap<String, Arc<SetHandle>>) {
+        sets.extend(self.created);
+        for st in self.staged.into_values() {
+            st.publish();
+        }
+    }
+}
+
 impl SetManager {
     /// Applies `ipset save` text (creates sets, adds elements) at time `now`, all or nothing.
     /// Returns how many lines were applied.
     pub fn restore(&self, text: &str, now: u64) -> Result<usize, SaveError> {
         let mut sets = self.lock();
+        let p = Self::restore_locked(&sets, text, now)?;
+        let n = p.applied;
+        p.publish_locked(&mut sets);
+        Ok(n)
+    }
+
+    /// As [`SetManager::restore`], but returns the result unpublished, with a log of what it
+    /// adds (see [`PreparedRestore`]). Errors as `restore`; on error nothing is staged.
+    pub fn prepare_restore(&self, text: &str, now: u64) -> Result<PreparedRestore, SaveError> {
+        let sets = self.lock();
+        Self::restore_locked(&sets, text, now)
+    }
+
+    fn restore_locked(
+        sets: &BTreeMap<String, Arc<SetHandle>>,
+        text: &str,
+        now: u64,
+    ) -> Result<PreparedRestore, SaveError> {
         let mut created: BTreeMap<String, Arc<SetHandle>> = BTreeMap::new();
         let mut staged: BTreeMap<String, Staged> = BTreeMap::new();
         let mut applied = 0;
@@ -181,13 +263,13 @@ impl SetManager {
                         .map_err(|e| l.err_at(name_at, e.into()))?;
                     let st = SetManager::stage(&created, name)
                         .map_err(|e| l.err_at(name_at, e.into()))?;
-                    staged.insert(name.into(), st);
+                    staged.insert(name.into(), st.logged());
                 }
                 "add" => {
                     let name = l.next("set name")?;
                     if !staged.contains_key(name) {
-                        let st = SetManager::stage(&sets, name).map_err(|e| l.err(e.into()))?;
-                        staged.insert(name.into(), st);
+                        let st = SetManager::stage(sets, name).map_err(|e| l.err(e.into()))?;
+                        staged.insert(name.into(), st.logged());
                     }
                     let Some(st) = staged.get_mut(name) else {
                         return Err(l.err(SetError::NotFound(name.into()).into()));
@@ -224,11 +306,11 @@ impl SetManager {
             }
             applied += 1;
         }
-        sets.extend(created);
-        for st in staged.into_values() {
-            st.publish();
-        }
-        Ok(applied)
+        Ok(PreparedRestore {
+            created,
+            staged,
+            applied,
+        })
     }
 
     /// All sets as `ipset save` prints them at `now` (sets and elements sorted; remaining
@@ -343,6 +425,30 @@ add office-nets 10.20.0.0/16,tcp:22
         let again = SetManager::new();
         again.restore(&text, now).unwrap();
         assert_eq!(again.save(now), text);
+    }
+
+    #[test]
+    fn prepared_restore_logs_additions_and_publishes_on_demand() {
+        let m = SetManager::new();
+        m.restore("create old hash:ip family inet timeout 10\n", 0)
+            .unwrap();
+        let text = "create new hash:net family inet\nadd new 10.0.0.0/8\nadd old 192.0.2.1\nadd old 192.0.2.2 timeout 0\n";
+        let p = m.prepare_restore(text, SEC).unwrap();
+        assert_eq!(p.applied(), 4);
+        let sets: Vec<_> = p.sets().collect();
+        assert_eq!(sets.len(), 2);
+        assert_eq!((sets[0].name, sets[0].created), ("new", true));
+        assert_eq!(sets[0].added.len(), 1);
+        assert_eq!(sets[0].added[0].1, u64::MAX);
+        assert_eq!((sets[1].name, sets[1].created), ("old", false));
+        assert_eq!(sets[1].added[0].1, 11 * SEC);
+        assert_eq!(sets[1].added[1].1, u64::MAX);
+        // Not visible yet.
+        assert!(m.handle("new").is_none());
+        assert!(m.list("old", SEC).unwrap().elements.is_empty());
+        p.publish(&m);
+        assert_eq!(m.list("new", SEC).unwrap().elements.len(), 1);
+        assert_eq!(m.list("old", SEC).unwrap().elements.len(), 2);
     }
 
     #[test]

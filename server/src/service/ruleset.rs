@@ -10,7 +10,6 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use vallum_engine::model::{Counters, Family, Ruleset, TableKind};
 use vallum_engine::restore::{PrintOptions, print_rule_spec};
-use vallum_engine::sets::NoSets;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::ruleset_service_server::RulesetService;
 
@@ -41,7 +40,7 @@ impl RulesetApi {
         let source =
             source.ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
         let input = RulesetInput::try_from(source)?;
-        content::check(name, priority, &input, &NoSets)
+        content::check(name, priority, &input, self.state.pipeline.sets().as_ref())
     }
 }
 
@@ -127,7 +126,11 @@ impl RulesetService for RulesetApi {
                         name: r.name.clone(),
                     })?;
                 let model = rev.content.to_ruleset(&name, 0)?;
-                let v = self.state.pipeline.engine().validate(&model, &NoSets);
+                let v = self
+                    .state
+                    .pipeline
+                    .engine()
+                    .validate(&model, self.state.pipeline.sets().as_ref());
                 if vallum_engine::validate::has_errors(&v) {
                     return Err(Error::invalid("name", "revision no longer validates"));
                 }

@@ -11,7 +11,6 @@ use vallum_engine::model::{Family, Ruleset};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::{parse_ethernet, parse_ip};
 use vallum_engine::packet::pcap::read_capture;
-use vallum_engine::sets::NoSets;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::trace_service_server::TraceService;
 
@@ -56,7 +55,8 @@ impl TraceApi {
         let mut all = self.state.pipeline.engine().rulesets();
         all.insert(rs, Arc::new(model));
         let list: Vec<Arc<Ruleset>> = all.into_values().collect();
-        let snap = Snapshot::compile(&list, &NoSets, 1).map_err(|e| Error::BadRequest {
+        let sets = self.state.pipeline.sets();
+        let snap = Snapshot::compile(&list, sets.as_ref(), 1).map_err(|e| Error::BadRequest {
             reason: Reason::InvalidRuleset,
             violations: vec![crate::error::FieldViolation::new(field, e.to_string())],
         })?;

@@ -7,6 +7,7 @@
 mod conntrack;
 mod dataplane;
 mod error;
+mod sets;
 mod view;
 
 use std::path::{Path, PathBuf};
@@ -21,12 +22,12 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic_types::StatusExt;
+use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
 use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
 use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
+use vallum_proto::v1::set_service_client::SetServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
-// Conntrack (issue #4).
-use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
 use vallum_proto::v1::{
     self as pb, ApplyRequest, CommitRevisionRequest, ConfirmCommitRequest, DeleteRulesetRequest,
     DiffRevisionsRequest, ExportFormat, ExportRevisionRequest, GetCountersRequest,
@@ -266,6 +267,11 @@ enum Command {
         #[command(subcommand)]
         cmd: conntrack::ConntrackCmd,
     },
+    /// ipset-style sets: create, add, del, list, show, flush, swap, destroy, import, save.
+    Set {
+        #[command(subcommand)]
+        command: sets::SetCommand,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -374,8 +380,8 @@ struct Clients {
     counters: CounterServiceClient<Svc>,
     trace: TraceServiceClient<Svc>,
     engine: EngineServiceClient<Svc>,
-    // Conntrack (issue #4).
     conntrack: ConntrackServiceClient<Svc>,
+    sets: sets::Client,
 }
 
 async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
@@ -414,8 +420,8 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
         counters: CounterServiceClient::with_interceptor(channel.clone(), auth.clone()),
         trace: TraceServiceClient::with_interceptor(channel.clone(), auth.clone()),
         engine: EngineServiceClient::with_interceptor(channel.clone(), auth.clone()),
-        // Conntrack (issue #4).
-        conntrack: ConntrackServiceClient::with_interceptor(channel, auth),
+        conntrack: ConntrackServiceClient::with_interceptor(channel.clone(), auth.clone()),
+        sets: SetServiceClient::with_interceptor(channel, auth).max_decoding_message_size(64 << 20),
     })
 }
 
@@ -825,6 +831,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         // Handled above, before connecting.
         Command::Dataplane { .. } => {}
         Command::Conntrack { cmd } => conntrack::run(&mut c.conntrack, cmd, out).await?,
+        Command::Set { command } => sets::run(&mut c.sets, out, command).await?,
     }
     Ok(())
 }

@@ -1,0 +1,273 @@
+//! `vallum.v1.SetService`: ipset-style sets (create, destroy, add/delete elements, list, get,
+//! flush, swap, `ipset save` import and export), without a ruleset commit. A thin adapter:
+//! requests are converted in [`crate::convert::sets`], the work (checks, durable store
+//! transaction, publish in the engine) is in [`crate::pipeline::sets`]. Every call answers
+//! NOT_READY until the stored sets are loaded (reads too: before that the registry is empty);
+//! mutating calls are audited like the RulesetService's.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use vallum_proto::v1 as pb;
+use vallum_proto::v1::set_service_server::SetService;
+
+use super::State;
+use crate::convert::sets::{create_spec, element_inputs, element_pb, set_pb};
+use crate::error::{Error, Result};
+use crate::hooks;
+use crate::pipeline::sets::check_set_name;
+
+/// The SetService implementation.
+#[derive(Debug, Clone)]
+pub struct SetApi {
+    state: Arc<State>,
+}
+
+impl SetApi {
+    /// The service over shared state.
+    pub fn new(state: Arc<State>) -> Self {
+        SetApi { state }
+    }
+
+    fn header(&self, name: &str) -> Result<pb::Set> {
+        let p = &self.state.pipeline;
+        let s = p.sets().summary(name).ok_or_else(|| Error::NotFound {
+            kind: "set",
+            name: format!("sets/{name}"),
+        })?;
+        Ok(set_pb(&s, p.set_references(name)))
+    }
+
+    /// Runs a mutating call: ready check, then `f`, then the audit record.
+    async fn mutate<R, M, F>(&self, method: &str, request: Request<R>, f: F) -> Result<M, Status>
+    where
+        R: prost::Message,
+        F: AsyncFnOnce(&R) -> Result<M>,
+    {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = f(&r).await;
+        self.state.audit(caller, method, &r, &result).await;
+        Ok(result?)
+    }
+}
+
+/// A set name from a request field (an optional `sets/` prefix is accepted).
+fn set_name(field: &str, s: &str) -> Result<String> {
+    let s = s.strip_prefix("sets/").unwrap_or(s);
+    check_set_name(field, s)?;
+    Ok(s.to_string())
+}
+
+#[tonic::async_trait]
+impl SetService for SetApi {
+    async fn create_set(
+        &self,
+        request: Request<pb::CreateSetRequest>,
+    ) -> Result<Response<pb::Set>, Status> {
+        let set = self
+            .mutate("CreateSet", request, async |r: &pb::CreateSetRequest| {
+                let (name, spec) = create_spec(r)?;
+                self.state.pipeline.create_set(&name, spec, r.exist).await?;
+                self.header(&name)
+            })
+            .await?;
+        Ok(Response::new(set))
+    }
+
+    async fn destroy_set(
+        &self,
+        request: Request<pb::DestroySetRequest>,
+    ) -> Result<Response<pb::DestroySetResponse>, Status> {
+        let r = self
+            .mutate("DestroySet", request, async |r: &pb::DestroySetRequest| {
+                let name = set_name("name", &r.name)?;
+                self.state.pipeline.destroy_set(&name).await?;
+                Ok(pb::DestroySetResponse {})
+            })
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn add_elements(
+        &self,
+        request: Request<pb::AddElementsRequest>,
+    ) -> Result<Response<pb::AddElementsResponse>, Status> {
+        let r = self
+            .mutate(
+                "AddElements",
+                request,
+                async |r: &pb::AddElementsRequest| {
+                    let name = set_name("set", &r.set)?;
+                    let inputs = element_inputs("elements", &r.elements)?;
+                    let c = self
+                        .state
+                        .pipeline
+                        .add_elements(&name, "elements", &inputs, r.exist)
+                        .await?;
+                    Ok(pb::AddElementsResponse {
+                        added: c.changed,
+                        entries: c.entries,
+                    })
+                },
+            )
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn delete_elements(
+        &self,
+        request: Request<pb::DeleteElementsRequest>,
+    ) -> Result<Response<pb::DeleteElementsResponse>, Status> {
+        let r = self
+            .mutate(
+                "DeleteElements",
+                request,
+                async |r: &pb::DeleteElementsRequest| {
+                    let name = set_name("set", &r.set)?;
+                    let inputs = element_inputs("elements", &r.elements)?;
+                    let c = self
+                        .state
+                        .pipeline
+                        .delete_elements(&name, "elements", &inputs, r.exist)
+                        .await?;
+                    Ok(pb::DeleteElementsResponse {
+                        deleted: c.changed,
+                        entries: c.entries,
+                    })
+                },
+            )
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn list_sets(
+        &self,
+        _request: Request<pb::ListSetsRequest>,
+    ) -> Result<Response<pb::ListSetsResponse>, Status> {
+        self.state.ready()?;
+        let p = &self.state.pipeline;
+        let sets = p
+            .sets()
+            .summaries()
+            .iter()
+            .map(|s| set_pb(s, p.set_references(&s.name)))
+            .collect();
+        Ok(Response::new(pb::ListSetsResponse { sets }))
+    }
+
+    async fn get_set(
+        &self,
+        request: Request<pb::GetSetRequest>,
+    ) -> Result<Response<pb::GetSetResponse>, Status> {
+        self.state.ready()?;
+        let r = request.into_inner();
+        let name = set_name("name", &r.name)?;
+        let start: usize = if r.page_token.is_empty() {
+            0
+        } else {
+            r.page_token
+                .parse()
+                .map_err(|_| Error::invalid("page_token", "not a token of this API"))?
+        };
+        let header = self.header(&name)?;
+        let info = self.state.pipeline.get_set(&name)?;
+        let size = if r.page_size == 0 {
+            usize::MAX
+        } else {
+            r.page_size as usize
+        };
+        let end = start.saturating_add(size).min(info.elements.len());
+        let elements = info
+            .elements
+            .get(start.min(end)..end)
+            .unwrap_or_default()
+            .iter()
+            .map(element_pb)
+            .collect();
+        let next_page_token = if end < info.elements.len() {
+            end.to_string()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::GetSetResponse {
+            set: Some(header),
+            elements,
+            next_page_token,
+        }))
+    }
+
+    async fn flush_set(
+        &self,
+        request: Request<pb::FlushSetRequest>,
+    ) -> Result<Response<pb::FlushSetResponse>, Status> {
+        let r = self
+            .mutate("FlushSet", request, async |r: &pb::FlushSetRequest| {
+                let name = set_name("name", &r.name)?;
+                self.state.pipeline.flush_set(&name).await?;
+                Ok(pb::FlushSetResponse {})
+            })
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn swap_sets(
+        &self,
+        request: Request<pb::SwapSetsRequest>,
+    ) -> Result<Response<pb::SwapSetsResponse>, Status> {
+        let r = self
+            .mutate("SwapSets", request, async |r: &pb::SwapSetsRequest| {
+                let from = set_name("from", &r.from)?;
+                let to = set_name("to", &r.to)?;
+                self.state.pipeline.swap_sets(&from, &to).await?;
+                Ok(pb::SwapSetsResponse {})
+            })
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn import_ipset_save(
+        &self,
+        request: Request<pb::ImportIpsetSaveRequest>,
+    ) -> Result<Response<pb::ImportIpsetSaveResponse>, Status> {
+        let r = self
+            .mutate(
+                "ImportIpsetSave",
+                request,
+                async |r: &pb::ImportIpsetSaveRequest| {
+                    let filename = if r.filename.is_empty() {
+                        "<request>"
+                    } else {
+                        r.filename.as_str()
+                    };
+                    let (lines, sets) = self
+                        .state
+                        .pipeline
+                        .import_sets("text", filename, &r.text)
+                        .await?;
+                    Ok(pb::ImportIpsetSaveResponse {
+                        lines: lines as u64,
+                        sets,
+                    })
+                },
+            )
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    async fn export_ipset_save(
+        &self,
+        request: Request<pb::ExportIpsetSaveRequest>,
+    ) -> Result<Response<pb::ExportIpsetSaveResponse>, Status> {
+        self.state.ready()?;
+        let r = request.into_inner();
+        let name = if r.name.is_empty() {
+            None
+        } else {
+            Some(set_name("name", &r.name)?)
+        };
+        let text = self.state.pipeline.export_sets(name.as_deref())?;
+        Ok(Response::new(pb::ExportIpsetSaveResponse { text }))
+    }
+}
