@@ -316,16 +316,37 @@ fn ruleset_row(r: &SqliteRow) -> Result<RulesetRow> {
     })
 }
 
+/// A query for revisions with their content: `revisions` joined with `revision_content` (the
+/// texts live in their own table so that the small columns can be read and updated without
+/// touching them; see the migration `20261201120000_revision_content.sql`), followed by
+/// `$tail` (a `WHERE r.…` literal).
+macro_rules! revision_select {
+    ($tail:literal) => {
+        concat!(
+            "SELECT r.ruleset, r.number, r.parent, r.digest, c.content_v4, c.content_v6, ",
+            "r.rule_count, r.author, r.message, r.state, r.created_at FROM revisions r ",
+            "JOIN revision_content c ON c.ruleset = r.ruleset AND c.number = r.number ",
+            $tail
+        )
+    };
+}
+
 fn revision_row(r: &SqliteRow) -> Result<RevisionRow> {
+    let content = Content {
+        v4: r.try_get("content_v4")?,
+        v6: r.try_get("content_v6")?,
+    };
+    revision_row_with(r, content)
+}
+
+/// A revision from a row of `revisions` alone, with `content` the caller already has.
+fn revision_row_with(r: &SqliteRow, content: Content) -> Result<RevisionRow> {
     Ok(RevisionRow {
         ruleset: r.try_get("ruleset")?,
         number: u64_of(r.try_get("number")?),
         parent: r.try_get::<Option<i64>, _>("parent")?.map(u64_of),
         digest: r.try_get("digest")?,
-        content: Content {
-            v4: r.try_get("content_v4")?,
-            v6: r.try_get("content_v6")?,
-        },
+        content,
         rule_count: u32::try_from(r.try_get::<i64, _>("rule_count")?).unwrap_or(u32::MAX),
         author: r.try_get("author")?,
         message: r.try_get("message")?,
@@ -370,12 +391,45 @@ async fn revision_in(
     ruleset: &str,
     number: u64,
 ) -> Result<Option<RevisionRow>> {
-    let row = sqlx::query("SELECT * FROM revisions WHERE ruleset = ? AND number = ?")
+    let row = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
         .bind(ruleset)
         .bind(i64_of(number))
         .fetch_optional(&mut **tx)
         .await?;
     row.as_ref().map(revision_row).transpose()
+}
+
+/// Revision `number` of `ruleset` with `content` (which the caller knows), without reading
+/// the stored texts.
+async fn revision_with(
+    tx: &mut Transaction<'_, Sqlite>,
+    ruleset: &str,
+    number: u64,
+    content: Content,
+) -> Result<Option<RevisionRow>> {
+    let row = sqlx::query("SELECT * FROM revisions WHERE ruleset = ? AND number = ?")
+        .bind(ruleset)
+        .bind(i64_of(number))
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.as_ref()
+        .map(|r| revision_row_with(r, content))
+        .transpose()
+}
+
+/// The state of revision `number` of `ruleset`, if it exists (no text is read).
+async fn revision_state_in(
+    tx: &mut Transaction<'_, Sqlite>,
+    ruleset: &str,
+    number: u64,
+) -> Result<Option<RevisionState>> {
+    let row = sqlx::query("SELECT state FROM revisions WHERE ruleset = ? AND number = ?")
+        .bind(ruleset)
+        .bind(i64_of(number))
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.map(|r| Ok(r.try_get::<String, _>("state")?.parse()?))
+        .transpose()
 }
 
 /// Creates the ruleset row when missing; returns it.
@@ -413,20 +467,27 @@ async fn insert_revision(
 ) -> Result<u64> {
     let number = rs.latest_revision + 1;
     sqlx::query(
-        "INSERT INTO revisions (ruleset, number, parent, digest, content_v4, content_v6, rule_count, author, message, state, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&rs.name)
     .bind(i64_of(number))
     .bind(rs.active_revision.map(i64_of))
     .bind(new.content.digest())
-    .bind(&new.content.v4)
-    .bind(&new.content.v6)
     .bind(i64::from(new.rule_count))
     .bind(&new.author)
     .bind(&new.message)
     .bind(state.as_str())
     .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO revision_content (ruleset, number, content_v4, content_v6) VALUES (?, ?, ?, ?)",
+    )
+    .bind(&rs.name)
+    .bind(i64_of(number))
+    .bind(&new.content.v4)
+    .bind(&new.content.v6)
     .execute(&mut **tx)
     .await?;
     Ok(number)
@@ -489,11 +550,16 @@ async fn prune_revisions(
     }
     let prune = crate::limits::revisions_to_prune(&numbers, &protect, keep);
     for n in &prune {
-        sqlx::query("DELETE FROM revisions WHERE ruleset = ? AND number = ?")
-            .bind(ruleset)
-            .bind(i64_of(*n))
-            .execute(&mut **tx)
-            .await?;
+        for q in [
+            "DELETE FROM revisions WHERE ruleset = ? AND number = ?",
+            "DELETE FROM revision_content WHERE ruleset = ? AND number = ?",
+        ] {
+            sqlx::query(q)
+                .bind(ruleset)
+                .bind(i64_of(*n))
+                .execute(&mut **tx)
+                .await?;
+        }
     }
     Ok(prune)
 }
@@ -594,7 +660,7 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn get_revision(&self, ruleset: &str, number: u64) -> Result<Option<RevisionRow>> {
-        let row = sqlx::query("SELECT * FROM revisions WHERE ruleset = ? AND number = ?")
+        let row = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
             .bind(ruleset)
             .bind(i64_of(number))
             .fetch_optional(&self.pool)
@@ -611,9 +677,9 @@ impl Store {
         after: u64,
         limit: u32,
     ) -> Result<Vec<RevisionRow>> {
-        let rows = sqlx::query(
-            "SELECT * FROM revisions WHERE ruleset = ? AND number > ? ORDER BY number LIMIT ?",
-        )
+        let rows = sqlx::query(revision_select!(
+            "WHERE r.ruleset = ? AND r.number > ? ORDER BY r.number LIMIT ?"
+        ))
         .bind(ruleset)
         .bind(i64_of(after))
         .bind(i64::from(limit))
@@ -655,7 +721,7 @@ impl Store {
         set_ruleset_heads(&mut tx, &rs, number, rs.active_revision, now).await?;
         prune_revisions(&mut tx, &new.ruleset, self.revisions_kept, &[number]).await?;
         let rs = ruleset_in(&mut tx, &new.ruleset).await?;
-        let rev = revision_in(&mut tx, &new.ruleset, number).await?;
+        let rev = revision_with(&mut tx, &new.ruleset, number, new.content.clone()).await?;
         tx.commit().await?;
         match (rs, rev) {
             (Some(rs), Some(rev)) => Ok((rs, rev)),
@@ -691,20 +757,19 @@ impl Store {
         let number = match &c.target {
             CommitTarget::New(new) => insert_revision(&mut tx, &rs, new, c.state, now).await?,
             CommitTarget::Staged(n) => {
-                let rev =
-                    revision_in(&mut tx, &c.ruleset, *n)
-                        .await?
-                        .ok_or_else(|| Error::NotFound {
-                            kind: "revision",
-                            name: format!("rulesets/{}/revisions/{n}", c.ruleset),
-                        })?;
-                if rev.state != RevisionState::Staged {
+                let state = revision_state_in(&mut tx, &c.ruleset, *n)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        kind: "revision",
+                        name: format!("rulesets/{}/revisions/{n}", c.ruleset),
+                    })?;
+                if state != RevisionState::Staged {
                     return Err(Error::Precondition {
                         kind: "REVISION_STATE",
                         subject: format!("rulesets/{}/revisions/{n}", c.ruleset),
                         message: format!(
                             "revision is {}, only STAGED revisions can be committed (use Rollback to reactivate an earlier one)",
-                            rev.state.as_str()
+                            state.as_str()
                         ),
                     });
                 }
@@ -714,9 +779,8 @@ impl Store {
         };
         let mut previous = None;
         if let Some(p) = rs.active_revision.filter(|p| *p != number) {
-            let prev = revision_in(&mut tx, &c.ruleset, p).await?;
-            if let Some(prev) = prev {
-                previous = Some((p, prev.state));
+            if let Some(state) = revision_state_in(&mut tx, &c.ruleset, p).await? {
+                previous = Some((p, state));
                 set_state(&mut tx, &c.ruleset, p, c.previous_state).await?;
             }
         }
@@ -747,7 +811,13 @@ impl Store {
         keep.extend(rs.active_revision);
         prune_revisions(&mut tx, &c.ruleset, self.revisions_kept, &keep).await?;
         let rs_after = ruleset_in(&mut tx, &c.ruleset).await?;
-        let rev = revision_in(&mut tx, &c.ruleset, number).await?;
+        // A new revision's text is the one just written: do not read it back.
+        let rev = match &c.target {
+            CommitTarget::New(new) => {
+                revision_with(&mut tx, &c.ruleset, number, new.content.clone()).await?
+            }
+            CommitTarget::Staged(_) => revision_in(&mut tx, &c.ruleset, number).await?,
+        };
         tx.commit().await?;
         match (rs_after, rev) {
             (Some(ruleset), Some(revision)) => Ok(Persisted {
@@ -900,10 +970,12 @@ impl Store {
             return Ok(false);
         };
         check_etag(&rs, expected_etag)?;
-        sqlx::query("DELETE FROM revisions WHERE ruleset = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
+        for q in [
+            "DELETE FROM revisions WHERE ruleset = ?",
+            "DELETE FROM revision_content WHERE ruleset = ?",
+        ] {
+            sqlx::query(q).bind(name).execute(&mut *tx).await?;
+        }
         sqlx::query("DELETE FROM commits WHERE ruleset = ?")
             .bind(name)
             .execute(&mut *tx)
@@ -1009,6 +1081,61 @@ mod tests {
             started_at: now_ns(),
             validate_ns: 1,
         }
+    }
+
+    /// A store written before the texts moved to `revision_content` opens with every revision
+    /// and its text intact.
+    #[tokio::test]
+    async fn revision_texts_survive_the_content_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.db");
+        {
+            let opts = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true);
+            let pool = SqlitePoolOptions::new().connect_with(opts).await.unwrap();
+            sqlx::migrate!("../migrations")
+                .run_to(20261130070000, &pool)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+                 VALUES ('a', 0, 'e', 2, 2, 1, 1)",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            for (n, v4, state) in [
+                (1, "*filter\n-A INPUT -j DROP\nCOMMIT\n", "SUPERSEDED"),
+                (2, "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n", "ACTIVE"),
+            ] {
+                sqlx::query(
+                    "INSERT INTO revisions (ruleset, number, parent, digest, content_v4, content_v6, rule_count, author, message, state, created_at) \
+                     VALUES ('a', ?, NULL, 'd', ?, '*filter\nCOMMIT\n', 1, 'me', 'm', ?, 1)",
+                )
+                .bind(n)
+                .bind(v4)
+                .bind(state)
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+            pool.close().await;
+        }
+        let store = Store::open(&path).await.unwrap();
+        let r1 = store.get_revision("a", 1).await.unwrap().unwrap();
+        assert_eq!(r1.content.v4, "*filter\n-A INPUT -j DROP\nCOMMIT\n");
+        assert_eq!(r1.content.v6, "*filter\nCOMMIT\n");
+        assert_eq!(r1.state, RevisionState::Superseded);
+        let listed = store.list_revisions("a", 0, 10).await.unwrap();
+        assert_eq!(listed.len(), 2);
+        assert_eq!(
+            listed[1].content.v4,
+            "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n"
+        );
+        let (rs, active) = store.active().await.unwrap().remove(0);
+        assert_eq!((rs.name.as_str(), active.number), ("a", 2));
+        assert_eq!(active.content.v4, listed[1].content.v4);
     }
 
     #[tokio::test]
