@@ -428,7 +428,7 @@ async fn revision_state_in(
         .bind(i64_of(number))
         .fetch_optional(&mut **tx)
         .await?;
-    row.map(|r| Ok(r.try_get::<String, _>("state")?.parse()?))
+    row.map(|r| r.try_get::<String, _>("state")?.parse())
         .transpose()
 }
 
