@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use vallum_engine::Clock;
 use vallum_engine::compile::Verdict;
-use vallum_engine::engine::Engine;
+use vallum_engine::engine::{Engine, EngineWorker};
 use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::packet::synth::{Synth, SynthConfig};
 use vallum_engine::packet::{IfName, PacketMeta};
@@ -122,39 +122,28 @@ impl Sources {
                     next: core * p.len() / cores,
                 },
             };
-            let engine = engine.clone();
             let stop = stop.clone();
             let clock = clock.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("vallum-core-{core}"))
-                .spawn(move || {
-                    let mut worker = match engine.worker(core) {
-                        Ok(w) => w,
-                        Err(e) => {
-                            eprintln!("vallumd: core {core}: {e}");
-                            return;
-                        }
-                    };
-                    let mut packets = [PacketMeta::default(); BATCH];
-                    let mut verdicts = [Verdict::Accept; BATCH];
-                    let start = Instant::now();
-                    let mut sent: u64 = 0;
-                    // Relaxed: the flag only asks the loop to end; nothing is published with it.
-                    while !stop.load(Ordering::Relaxed) {
-                        feed.fill(&mut packets);
-                        worker.process_batch(&mut packets, &mut verdicts, clock.now_ns());
-                        // LOG events have no consumer yet (issue: log sink); drop them.
-                        drop(worker.take_logs());
-                        sent += BATCH as u64;
-                        if per_core > 0 {
-                            let due = Duration::from_secs_f64(sent as f64 / per_core as f64);
-                            if let Some(wait) = due.checked_sub(start.elapsed()) {
-                                std::thread::sleep(wait.min(Duration::from_millis(100)));
-                            }
+            let t = spawn_worker(&engine, core, "vallum-core", move |worker| {
+                let mut packets = [PacketMeta::default(); BATCH];
+                let mut verdicts = [Verdict::Accept; BATCH];
+                let start = Instant::now();
+                let mut sent: u64 = 0;
+                // Relaxed: the flag only asks the loop to end; nothing is published with it.
+                while !stop.load(Ordering::Relaxed) {
+                    feed.fill(&mut packets);
+                    worker.process_batch(&mut packets, &mut verdicts, clock.now_ns());
+                    // LOG events have no consumer yet (issue: log sink); drop them.
+                    drop(worker.take_logs());
+                    sent += BATCH as u64;
+                    if per_core > 0 {
+                        let due = Duration::from_secs_f64(sent as f64 / per_core as f64);
+                        if let Some(wait) = due.checked_sub(start.elapsed()) {
+                            std::thread::sleep(wait.min(Duration::from_millis(100)));
                         }
                     }
-                })
-                .map_err(|e| Error::Internal(format!("spawn core {core}: {e}")))?;
+                }
+            })?;
             threads.push(t);
         }
         Ok(Sources { stop, threads })
@@ -167,6 +156,26 @@ impl Sources {
             let _ = t.join();
         }
     }
+}
+
+/// Starts thread `{name}-{core}`, which claims `core` of `engine` and runs `body` with it (a
+/// core that cannot be claimed is reported on stderr and the thread ends).
+///
+/// Errors: [`Error::Internal`] when the thread cannot be spawned.
+fn spawn_worker(
+    engine: &Arc<Engine>,
+    core: usize,
+    name: &str,
+    body: impl FnOnce(&mut EngineWorker<'_>) + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let engine = engine.clone();
+    std::thread::Builder::new()
+        .name(format!("{name}-{core}"))
+        .spawn(move || match engine.worker(core) {
+            Ok(mut w) => body(&mut w),
+            Err(e) => eprintln!("vallumd: core {core}: {e}"),
+        })
+        .map_err(|e| Error::Internal(format!("spawn core {core}: {e}")))
 }
 
 /// Binds NFQUEUE `q.first + k` for every core k, then starts the workers.
@@ -199,23 +208,11 @@ fn start_nfqueue(
     }
     let mut threads = Vec::with_capacity(cores);
     for (core, mut queue) in queues.into_iter().enumerate() {
-        let engine = engine.clone();
         let stop = stop.clone();
         let clock = clock.clone();
-        let t = std::thread::Builder::new()
-            .name(format!("vallum-nfq-{core}"))
-            .spawn(move || {
-                let mut worker = match engine.worker(core) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        eprintln!("vallumd: core {core}: {e}");
-                        return;
-                    }
-                };
-                nfqueue::run_worker(&mut queue, &mut worker, &stop, &*clock);
-            })
-            .map_err(|e| Error::Internal(format!("spawn core {core}: {e}")))?;
-        threads.push(t);
+        threads.push(spawn_worker(&engine, core, "vallum-nfq", move |worker| {
+            nfqueue::run_worker(&mut queue, worker, &stop, &*clock);
+        })?);
     }
     Ok(Sources { stop, threads })
 }
