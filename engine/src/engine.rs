@@ -14,6 +14,11 @@
 //! The old snapshot comes back in [`Committed::retired`]; drop it off the commit path.
 //! Commits are serialised by a mutex; workers never take it.
 //!
+//! A commit can also be made in two halves: [`Engine::prepare`] (phases 1-2, nothing visible)
+//! and [`Engine::publish`] (phases 3-5). vallumd compiles while it writes the revision to its
+//! store and publishes once that is durable. A [`Prepared`] made before another commit was
+//! published is refused as [`CommitError::Stale`].
+//!
 //! # Conntrack
 //! The engine owns one [`Conntrack`] table shared by all cores (unless
 //! [`EngineConfig::conntrack`] is `None`). It lives outside the snapshots, so a commit keeps
@@ -88,6 +93,9 @@ pub enum CommitError {
     /// The compiler refused the ruleset (validation should have caught it first).
     #[error(transparent)]
     Compile(#[from] CompileError),
+    /// [`Engine::publish`]: another commit was published after this one was prepared.
+    #[error("another commit was published since this one was prepared")]
+    Stale,
 }
 
 fn count_errors(v: &[Violation]) -> usize {
@@ -139,6 +147,43 @@ pub struct Committed {
     pub retired: Retired<Snapshot>,
 }
 
+/// A validated and compiled commit, not yet visible to the packet path: made by
+/// [`Engine::prepare`], published by [`Engine::publish`] (or dropped: nothing happens).
+pub struct Prepared {
+    /// [`Active::version`] it was made from; publishing checks it is still current.
+    base: u64,
+    next: BTreeMap<String, Arc<Ruleset>>,
+    snapshot: Box<Snapshot>,
+    warnings: Vec<Violation>,
+    validate_ns: u64,
+    compile_ns: u64,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("base", &self.base)
+            .field("rulesets", &self.next.keys().collect::<Vec<_>>())
+            .field("rules", &self.snapshot.rule_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    /// The warnings validation found (errors make [`Engine::prepare`] fail instead).
+    pub fn warnings(&self) -> &[Violation] {
+        &self.warnings
+    }
+}
+
+/// The active rulesets and how many commits were published (a [`Prepared`] made from an older
+/// version is stale).
+#[derive(Default)]
+struct Active {
+    rulesets: BTreeMap<String, Arc<Ruleset>>,
+    version: u64,
+}
+
 /// Verdict counters of one core: `[family][hook][verdict]`, one writer (the core).
 #[repr(align(128))]
 #[derive(Default)]
@@ -160,7 +205,10 @@ pub struct VerdictCount {
 /// The engine. Share it by reference (or `Arc`) between the committer and the workers.
 pub struct Engine {
     dataplane: Dataplane<Snapshot>,
-    active: Mutex<BTreeMap<String, Arc<Ruleset>>>,
+    active: Mutex<Active>,
+    /// Held by [`Engine::commit`] from prepare to publish, so that its own publish is never
+    /// stale.
+    committing: Mutex<()>,
     verdicts: Box<[VerdictCounts]>,
     clock: Arc<dyn Clock>,
     conntrack: Option<Conntrack>,
@@ -202,7 +250,8 @@ impl Engine {
             });
         Engine {
             dataplane: Dataplane::new(Snapshot::empty(cores), cores, config.barrier, clock.clone()),
-            active: Mutex::new(BTreeMap::new()),
+            active: Mutex::new(Active::default()),
+            committing: Mutex::new(()),
             verdicts: (0..cores).map(|_| VerdictCounts::default()).collect(),
             clock,
             conntrack,
@@ -216,14 +265,29 @@ impl Engine {
     }
 
     /// Applies `change` atomically: validate, compile, publish, quiesce, carry counters.
-    /// See the module docs for the phases.
+    /// See the module docs for the phases. [`Engine::prepare`] then [`Engine::publish`], with
+    /// no other commit in between.
     ///
     /// Errors: [`CommitError::Invalid`] with every violation when validation finds an error;
     /// [`CommitError::Compile`] when compilation fails. The engine is unchanged on error.
     pub fn commit(&self, change: Change, sets: &dyn SetRegistry) -> Result<Committed, CommitError> {
-        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.committing.lock().unwrap_or_else(|e| e.into_inner());
+        let prepared = self.prepare(change, sets)?;
+        self.publish(prepared)
+    }
+
+    /// The first half of a commit: validates the changed rulesets and compiles the snapshot
+    /// of every active ruleset with `change` applied, without touching the packet path, so
+    /// that a caller can overlap it with other work (vallumd writes the revision to its store
+    /// meanwhile) and publish only once that succeeded.
+    ///
+    /// Errors: as [`Engine::commit`]. Nothing changes on error.
+    pub fn prepare(&self, change: Change, sets: &dyn SetRegistry) -> Result<Prepared, CommitError> {
         let t0 = self.clock.now_ns();
-        let mut next = active.clone();
+        let (base, mut next) = {
+            let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            (active.version, active.rulesets.clone())
+        };
         let mut changed: Vec<Arc<Ruleset>> = Vec::new();
         match change {
             Change::Put(rs) => {
@@ -255,28 +319,49 @@ impl Engine {
         let t1 = self.clock.now_ns();
         let list: Vec<Arc<Ruleset>> = next.values().cloned().collect();
         let snapshot = Snapshot::compile(&list, sets, self.dataplane.cores())?;
-        let rules = snapshot.rule_count();
         let t2 = self.clock.now_ns();
+        Ok(Prepared {
+            base,
+            next,
+            snapshot: Box::new(snapshot),
+            warnings: violations,
+            validate_ns: t1.saturating_sub(t0),
+            compile_ns: t2.saturating_sub(t1),
+        })
+    }
+
+    /// The second half of a commit: publishes a [`Prepared`] snapshot, waits for the cores
+    /// that were mid-batch (quiesce) and carries the counters of unchanged rules.
+    ///
+    /// Errors: [`CommitError::Stale`] when another commit was published since `prepared` was
+    /// made (prepare again); the engine is then unchanged.
+    pub fn publish(&self, prepared: Prepared) -> Result<Committed, CommitError> {
+        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        if active.version != prepared.base {
+            return Err(CommitError::Stale);
+        }
+        let rules = prepared.snapshot.rule_count();
         let (retired, q): (Retired<Snapshot>, QuiesceReport) =
-            self.dataplane.commit(Box::new(snapshot));
-        let t3 = self.clock.now_ns();
+            self.dataplane.commit(prepared.snapshot);
+        let t4 = self.clock.now_ns();
         // `with_active` serialises with other dataplane commits; ours are already serialised
         // by `active`, so this is the snapshot just published.
         let carried = self.dataplane.with_active(|new| new.carry_from(&retired));
-        let t4 = self.clock.now_ns();
-        *active = next;
+        let t5 = self.clock.now_ns();
+        active.rulesets = prepared.next;
+        active.version += 1;
         Ok(Committed {
             report: CommitReport {
-                validate_ns: t1.saturating_sub(t0),
-                compile_ns: t2.saturating_sub(t1),
+                validate_ns: prepared.validate_ns,
+                compile_ns: prepared.compile_ns,
                 publish_ns: q.publish_ns,
                 quiesce_ns: q.quiesce_ns,
-                carry_ns: t4.saturating_sub(t3),
+                carry_ns: t5.saturating_sub(t4),
                 cores_waited: q.cores_waited,
                 rules,
                 carried,
             },
-            warnings: violations,
+            warnings: prepared.warnings,
             retired,
         })
     }
@@ -286,6 +371,7 @@ impl Engine {
         self.active
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .rulesets
             .clone()
     }
 

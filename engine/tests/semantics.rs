@@ -440,6 +440,42 @@ fn a_refused_commit_changes_nothing() {
     assert_eq!(e.rulesets()["web"].rule_count(), 2);
 }
 
+/// Prepare then publish: nothing is visible before publish, a dropped `Prepared` changes
+/// nothing, and a `Prepared` made before another commit was published is refused as stale.
+#[test]
+fn prepare_publishes_only_when_asked_and_never_stale() {
+    let e = engine(1);
+    let open = "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n";
+    e.commit(Change::Put(ruleset("web", 0, open)), &NoSets)
+        .unwrap();
+    let p = e
+        .prepare(Change::Put(ruleset("web", 0, WEB)), &NoSets)
+        .unwrap();
+    let probe = tcp("10.0.0.1", "10.0.0.2", 9);
+    assert_eq!(
+        e.trace(&probe, 0).verdict,
+        Verdict::Accept,
+        "not yet published"
+    );
+    assert_eq!(e.rulesets()["web"].rule_count(), 0);
+    let c = e.publish(p).unwrap();
+    assert_eq!(c.report.rules, 2);
+    assert_eq!(e.trace(&probe, 0).verdict, Verdict::Drop);
+    assert_eq!(e.rulesets()["web"].rule_count(), 2);
+
+    // Dropped: nothing happens.
+    drop(e.prepare(Change::Remove("web".into()), &NoSets).unwrap());
+    assert_eq!(e.trace(&probe, 0).verdict, Verdict::Drop);
+
+    // Stale: another commit came first.
+    let late = e.prepare(Change::Remove("web".into()), &NoSets).unwrap();
+    e.commit(Change::Put(ruleset("web", 0, open)), &NoSets)
+        .unwrap();
+    assert!(matches!(e.publish(late), Err(CommitError::Stale)));
+    assert_eq!(e.trace(&probe, 0).verdict, Verdict::Accept);
+    assert_eq!(e.rulesets().len(), 1);
+}
+
 #[test]
 fn commits_while_workers_classify_never_lose_a_packet() {
     let e = Arc::new(engine(2));

@@ -566,6 +566,13 @@ impl Pipeline {
             });
         }
         let t1 = self.clock.now_ns();
+        // The engine validates and compiles (prepare, nothing visible yet) while the revision
+        // is written: both need only the model, and the store write waits on the disk.
+        let priority = job.model.priority;
+        let engine = self.engine.clone();
+        let sets = self.sets.clone();
+        let prepare =
+            tokio::task::spawn_blocking(move || engine.prepare(Change::Put(job.model), &*sets));
         // persist: durable before publish
         let persisted = self
             .store
@@ -580,23 +587,44 @@ impl Pipeline {
                 started_at,
                 validate_ns: t1.saturating_sub(t0),
             })
-            .await?;
+            .await;
         let t2 = self.clock.now_ns();
-        // publish (the engine compiles, swaps, quiesces and carries counters)
-        let mut model = job.model;
-        model.priority = persisted.ruleset.priority;
+        let prepared = prepare
+            .await
+            .map_err(|e| Error::Internal(format!("commit task: {e}")));
+        let persisted = match persisted {
+            Ok(p) => p,
+            Err(e) => {
+                // Nothing was published; the prepared snapshot is dropped off the async
+                // workers.
+                if let Ok(Ok(p)) = prepared {
+                    tokio::task::spawn_blocking(move || drop(p));
+                }
+                return Err(e);
+            }
+        };
+        // publish (swap, quiesce, carry counters): only now that the revision is durable.
         let engine = self.engine.clone();
-        let sets = self.sets.clone();
-        let committed = tokio::task::spawn_blocking(move || {
-            engine.commit(Change::Put(model), &*sets).map(|c| {
-                let report = c.report;
-                // Free the old snapshot here, off the async workers.
-                drop(c.retired);
-                report
+        let committed = match prepared {
+            // The model's priority is the stored one (callers read it before `run`); should
+            // that ever differ, the engine must not run something else than the store says.
+            Ok(Ok(_)) if persisted.ruleset.priority != priority => Err(Error::Internal(format!(
+                "ruleset priority changed during the commit ({priority} -> {})",
+                persisted.ruleset.priority
+            ))),
+            Ok(Ok(p)) => tokio::task::spawn_blocking(move || {
+                engine.publish(p).map(|c| {
+                    let report = c.report;
+                    // Free the old snapshot here, off the async workers.
+                    drop(c.retired);
+                    report
+                })
             })
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("commit task: {e}")));
+            .await
+            .map_err(|e| Error::Internal(format!("commit task: {e}"))),
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(e) => Err(e),
+        };
         let report = match committed {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
