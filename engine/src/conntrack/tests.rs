@@ -671,3 +671,84 @@ fn lookups_and_inserts_race_with_resizes() {
     keys.dedup();
     assert_eq!(keys.len(), 4000, "no entry listed twice");
 }
+
+/// Corner cases of the TCP state machine where nf_conntrack accepts the packet (a valid
+/// transition, or "ignored" without a state change) and a `--ctstate INVALID -j DROP` rule
+/// must not drop it.
+#[test]
+fn tcp_retransmissions_and_simultaneous_open_are_not_invalid() {
+    // The server's SYN-ACK retransmitted after the client's ACK was seen (the ACK got lost
+    // behind the firewall): nf_conntrack ignores it in ESTABLISHED (sIG), it is not INVALID.
+    let ct = table(64, 100);
+    tcp(&ct, false, SYN, 0);
+    tcp(&ct, true, SYN | ACK, 0);
+    tcp(&ct, false, ACK, 0);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+    assert_eq!(tcp(&ct, true, SYN | ACK, S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+
+    // The client's SYN retransmitted after the SYN-ACK was seen (sSR, SYN: sIG).
+    let ct = table(64, 100);
+    tcp(&ct, false, SYN, 0);
+    tcp(&ct, true, SYN | ACK, 0);
+    assert_eq!(tcp(&ct, false, SYN, S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::SynRecv));
+    assert_eq!(tcp(&ct, false, ACK, S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+
+    // Simultaneous open: SYN both ways, then SYN-ACK both ways, then ACKs (sS2 -> sSR on
+    // either side's SYN-ACK).
+    let ct = table(64, 100);
+    assert_eq!(tcp(&ct, false, SYN, 0), ct_state::NEW);
+    assert_eq!(tcp(&ct, true, SYN, 0), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, false, SYN | ACK, 0), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, true, SYN | ACK, 0), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, false, ACK, 0), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+}
+
+/// An ICMP error about an SCTP (or DCCP, UDP-Lite) flow: the tracker keys those flows
+/// without ports (generic), so the parsed embedded header must be keyed the same way or the
+/// error is never RELATED.
+#[test]
+fn icmp_error_about_an_sctp_flow_is_related() {
+    use crate::packet::parse::parse_ip;
+    // IPv4 10.0.0.1 -> 10.0.0.2, protocol 132 (SCTP), then the 12-byte SCTP common header
+    // (ports 5000 -> 36412, verification tag, checksum).
+    let mut sctp = vec![
+        0x45, 0, 0, 32, 0, 1, 0, 0, 64, 132, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
+    sctp.extend_from_slice(&[0x13, 0x88, 0x8e, 0x3c, 0, 0, 0, 1, 0, 0, 0, 0]);
+    let mut p = parse_ip(&sctp, PacketMeta::default()).unwrap();
+    assert_eq!(p.protocol, 132);
+    let ct = table(64, 100);
+    assert_eq!(ct.track(&mut p, 0), CtVerdict::New);
+    // A router 10.0.0.7 answers with destination unreachable quoting the packet.
+    let mut icmp = vec![
+        0x45,
+        0,
+        0,
+        (20 + 8 + sctp.len()) as u8,
+        0,
+        2,
+        0,
+        0,
+        64,
+        1,
+        0,
+        0,
+        10,
+        0,
+        0,
+        7,
+        10,
+        0,
+        0,
+        1,
+    ];
+    icmp.extend_from_slice(&[3, 1, 0, 0, 0, 0, 0, 0]);
+    icmp.extend_from_slice(&sctp);
+    let mut e = parse_ip(&icmp, PacketMeta::default()).unwrap();
+    assert!(e.embedded.is_some());
+    assert_eq!(ct.track(&mut e, S), CtVerdict::Related);
+}
