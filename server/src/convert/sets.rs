@@ -73,7 +73,10 @@ pub fn element_inputs(field: &str, elements: &[pb::SetElement]) -> Result<Vec<El
     let mut violations = Vec::new();
     for (i, e) in elements.iter().enumerate() {
         let f = || format!("{field}[{i}]");
-        let structured = !e.address.is_empty() || e.prefix_len != 0 || !e.protocol.is_empty();
+        let structured = !e.address.is_empty()
+            || e.prefix_len != 0
+            || !e.protocol.is_empty()
+            || e.port != 0;
         let text = match (e.text.is_empty(), structured) {
             (false, false) => Ok(e.text.trim().to_string()),
             (true, true) => structured_text(&f(), e),
@@ -169,6 +172,12 @@ mod tests {
                 address: "1.2.3.4".into(),
                 ..Default::default()
             },
+            // A port next to text would be dropped silently.
+            pb::SetElement {
+                text: "1.2.3.4".into(),
+                port: 80,
+                ..Default::default()
+            },
         ];
         let Err(Error::BadRequest { violations, .. }) = element_inputs("elements", &bad) else {
             panic!("expected a bad request");
@@ -176,7 +185,7 @@ mod tests {
         let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
         assert_eq!(
             fields,
-            ["elements[0]", "elements[1].address", "elements[2]"]
+            ["elements[0]", "elements[1].address", "elements[2]", "elements[3]"]
         );
     }
 
