@@ -752,3 +752,100 @@ fn icmp_error_about_an_sctp_flow_is_related() {
     assert!(e.embedded.is_some());
     assert_eq!(ct.track(&mut e, S), CtVerdict::Related);
 }
+
+/// Stress: two threads track flows (new, replies, re-creation after expiry) on an advancing
+/// clock while a third runs GC with growth, explicit resizes, deletes by filter and flushes,
+/// all at once, with a small maximum so early drop runs too. Afterwards the count equals the
+/// listed entries, each listed once, each findable in both directions.
+#[test]
+fn gc_resize_delete_flush_race_lookups() {
+    let ct = Arc::new(table(2, 512));
+    let clock = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let admin = {
+        let (ct, clock, stop) = (Arc::clone(&ct), Arc::clone(&clock), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut round = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = clock.load(std::sync::atomic::Ordering::Relaxed);
+                ct.gc(now, 64);
+                match round % 4 {
+                    0 => {
+                        ct.resize(if round % 8 == 0 { 4 } else { 256 }).unwrap();
+                    }
+                    1 => {
+                        ct.delete(|v| v.original.sport % 3 == 0);
+                    }
+                    2 if round % 16 == 2 => {
+                        ct.flush();
+                    }
+                    _ => {}
+                }
+                round += 1;
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            round
+        })
+    };
+    let workers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let (ct, clock) = (Arc::clone(&ct), Arc::clone(&clock));
+            std::thread::spawn(move || {
+                for i in 0..20_000u32 {
+                    let id = w * 100_000 + i % 700;
+                    // Time moves 1 s per 100 packets: UDP entries (30 s) expire while in use.
+                    let now = clock.fetch_add(S / 100, std::sync::atomic::Ordering::Relaxed);
+                    let (mut q, mut r) = udp_flow(id);
+                    let v = ct.track(&mut q, now);
+                    assert!(
+                        matches!(
+                            v,
+                            CtVerdict::New | CtVerdict::Established | CtVerdict::TableFull
+                        ),
+                        "{v:?}"
+                    );
+                    if i % 2 == 0 {
+                        let v = ct.track(&mut r, now);
+                        // The entry may have been deleted, flushed or dropped meanwhile.
+                        assert!(
+                            matches!(
+                                v,
+                                CtVerdict::New | CtVerdict::Established | CtVerdict::TableFull
+                            ),
+                            "{v:?}"
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(admin.join().unwrap() > 0);
+    let l = ct.list();
+    assert_eq!(ct.stats().entries, l.len() as u64);
+    assert!(l.len() <= 512 + 2, "{}", l.len());
+    let mut keys: Vec<_> = l.iter().map(|v| v.original).collect();
+    keys.sort_by_key(|t| format!("{t:?}"));
+    keys.dedup();
+    assert_eq!(keys.len(), l.len(), "no entry listed twice");
+    let now = clock.load(std::sync::atomic::Ordering::Relaxed);
+    for v in &l {
+        if v.expires_ns > now {
+            let mut p = PacketMeta {
+                src: v.reply.src,
+                dst: v.reply.dst,
+                protocol: v.reply.protocol,
+                sport: v.reply.sport,
+                dport: v.reply.dport,
+                ..PacketMeta::default()
+            };
+            assert_eq!(ct.peek(&p, now), CtVerdict::Established, "{v:?}");
+            assert_eq!(ct.track(&mut p, now), CtVerdict::Established, "{v:?}");
+        }
+    }
+    assert_eq!(ct.flush(), l.len());
+    assert_eq!(ct.stats().entries, 0);
+}

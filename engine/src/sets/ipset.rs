@@ -1466,7 +1466,10 @@ mod tests {
             let r = Element::parse(&spec, text);
             assert!(r.is_err(), "{text}: {:?}", r.map(|v| v.len()));
         }
-        assert_eq!(Element::parse(&spec, "2001:db8::/112").unwrap().len(), 65536);
+        assert_eq!(
+            Element::parse(&spec, "2001:db8::/112").unwrap().len(),
+            65536
+        );
         let v4 = SetSpec::new(SetType::HashIp, Family::Ipv4);
         assert!(Element::parse(&v4, "0.0.0.0/0").is_err());
     }
@@ -1498,9 +1501,6 @@ mod tests {
         assert_eq!(m.list("c", 0).unwrap().elements[0].counters, before);
         // Published, the counters are the given ones.
         m.add("c", [(e, add)], 0).unwrap();
-        assert_eq!(
-            m.list("c", 0).unwrap().elements[0].counters,
-            Some((7, 8))
-        );
+        assert_eq!(m.list("c", 0).unwrap().elements[0].counters, Some((7, 8)));
     }
 }

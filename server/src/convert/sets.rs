@@ -73,10 +73,8 @@ pub fn element_inputs(field: &str, elements: &[pb::SetElement]) -> Result<Vec<El
     let mut violations = Vec::new();
     for (i, e) in elements.iter().enumerate() {
         let f = || format!("{field}[{i}]");
-        let structured = !e.address.is_empty()
-            || e.prefix_len != 0
-            || !e.protocol.is_empty()
-            || e.port != 0;
+        let structured =
+            !e.address.is_empty() || e.prefix_len != 0 || !e.protocol.is_empty() || e.port != 0;
         let text = match (e.text.is_empty(), structured) {
             (false, false) => Ok(e.text.trim().to_string()),
             (true, true) => structured_text(&f(), e),
@@ -185,7 +183,12 @@ mod tests {
         let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
         assert_eq!(
             fields,
-            ["elements[0]", "elements[1].address", "elements[2]", "elements[3]"]
+            [
+                "elements[0]",
+                "elements[1].address",
+                "elements[2]",
+                "elements[3]"
+            ]
         );
     }
 

@@ -437,7 +437,10 @@ mod tests {
         fn check(b: &[u8]) {
             let range = b.as_ptr_range();
             for (n, m) in messages(b).enumerate() {
-                assert!(n <= b.len() / NLMSG_HDRLEN, "more messages than the bytes hold");
+                assert!(
+                    n <= b.len() / NLMSG_HDRLEN,
+                    "more messages than the bytes hold"
+                );
                 if let Ok(Message::Packet(p)) = m {
                     let r = p.payload.as_ptr_range();
                     assert!(p.payload.is_empty() || (range.start <= r.start && r.end <= range.end));
