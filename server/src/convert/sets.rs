@@ -15,7 +15,10 @@ use crate::pipeline::sets::{ElementInput, check_set_name};
 ///
 /// Errors: [`Error::BadRequest`] on `name`, `type`, `family`.
 pub fn create_spec(r: &pb::CreateSetRequest) -> Result<(String, SetSpec)> {
-    check_set_name("name", &r.name)?;
+    // The optional `sets/` prefix every other call strips: without stripping it here too,
+    // `sets/x` would create a set that DestroySet / GetSet `sets/x` cannot find.
+    let name = r.name.strip_prefix("sets/").unwrap_or(&r.name);
+    check_set_name("name", name)?;
     let kind = SetType::from_name(&r.r#type).ok_or_else(|| {
         Error::invalid(
             "type",
@@ -34,7 +37,7 @@ pub fn create_spec(r: &pb::CreateSetRequest) -> Result<(String, SetSpec)> {
     }
     spec.timeout = r.timeout;
     spec.counters = r.counters;
-    Ok((r.name.clone(), spec))
+    Ok((name.to_string(), spec))
 }
 
 /// The ipset text of one structured element.
@@ -214,5 +217,13 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("type"), "{e}");
+        // The resource form names the same set as in the other calls.
+        let (name, _) = create_spec(&pb::CreateSetRequest {
+            name: "sets/f2b".into(),
+            r#type: "hash:ip".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(name, "f2b");
     }
 }
