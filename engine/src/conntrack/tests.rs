@@ -849,3 +849,24 @@ fn gc_resize_delete_flush_race_lookups() {
     assert_eq!(ct.flush(), l.len());
     assert_eq!(ct.stats().entries, 0);
 }
+
+/// `max_entries` near `usize::MAX` (a `--conntrack-max` typo) builds a working table: the
+/// growth limit is capped at the largest size a resize accepts instead of overflowing
+/// `next_power_of_two`.
+#[test]
+fn huge_max_entries_do_not_overflow() {
+    for max_entries in [usize::MAX, (1 << 63) + 1, (1 << 62) + 1] {
+        let ct = Conntrack::new(ConntrackConfig {
+            buckets: 2,
+            max_entries,
+            locks: 4,
+        })
+        .unwrap();
+        for i in 0..8 {
+            assert_eq!(ct.track(&mut udp_flow(i).0, 0), CtVerdict::New);
+        }
+        ct.gc(0, 2);
+        assert_eq!(ct.buckets(), 4, "grows by doubling");
+        assert_eq!(ct.list().len(), 8);
+    }
+}
