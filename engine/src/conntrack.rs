@@ -403,13 +403,18 @@ impl Conntrack {
         if config.max_entries == 0 {
             return Err(ConntrackError::NoEntries);
         }
+        // Growth stops at `max_entries` rounded up, and at the largest size `resize` takes
+        // (a `max_entries` above 2^63 has no power of two to round up to).
+        let max_buckets = config
+            .max_entries
+            .checked_next_power_of_two()
+            .map_or(1 << 62, |m| m.min(1 << 62))
+            .max(n);
         Ok(Conntrack {
             table: AtomicPtr::new(Box::into_raw(Box::new(Buckets::new(n)))),
             generation: AtomicU64::new(0),
-            max_buckets: config.max_entries.next_power_of_two().max(n),
-            locks: (0..config
-                .locks
-                .min(config.max_entries.next_power_of_two().max(n)))
+            max_buckets,
+            locks: (0..config.locks.min(max_buckets))
                 .map(|_| Stripe {
                     lock: Mutex::new(()),
                     new_total: AtomicU64::new(0),

@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use vallum_engine::compile::{StepOutcome, TraceStep, Verdict};
+use vallum_engine::conntrack::tuple::{PROTO_TCP, PROTO_UDP};
 use vallum_engine::conntrack::{ConnFilter, ConnView, Conntrack, TcpState, Tuple};
 use vallum_engine::model::{Family, Hook, IpNet, Policy, Ruleset, TableKind, ct_state, tcp_flags};
 use vallum_engine::packet::{IfName, PacketMeta};
@@ -770,6 +771,25 @@ pub fn conntrack_filter(prefix_path: &str, f: &pb::ConntrackFilter) -> Result<Co
             }
         }
     }
+    // Conditions that can never hold together are refused rather than matching nothing:
+    // the tracker keys only TCP and UDP flows by port (ICMP keeps type and code there, other
+    // protocols 0), and only TCP entries have a state.
+    if let Some(p) = protocol {
+        for (name, set) in [("source_port", sport), ("destination_port", dport)] {
+            if set.is_some() && p != PROTO_TCP && p != PROTO_UDP {
+                bad.push(FieldViolation::new(
+                    path(name),
+                    format!("ports apply to tcp and udp entries only, not protocol {p}"),
+                ));
+            }
+        }
+        if tcp_state.is_some() && p != PROTO_TCP {
+            bad.push(FieldViolation::new(
+                path("state"),
+                format!("states apply to tcp entries only, not protocol {p}"),
+            ));
+        }
+    }
     if !bad.is_empty() {
         return Err(bad_request(bad));
     }
@@ -835,5 +855,66 @@ pub fn conntrack_stats(ct: &Conntrack) -> pb::ConntrackStats {
         new_total: s.new_total,
         early_drops: s.early_drops,
         insert_failed: s.insert_failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(f: &pb::ConntrackFilter) -> Vec<String> {
+        match conntrack_filter("filter", f) {
+            Ok(_) => Vec::new(),
+            Err(Error::BadRequest { violations, .. }) => {
+                violations.into_iter().map(|v| v.field).collect()
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn conntrack_filters_that_never_match_are_refused() {
+        let icmp_ports = pb::ConntrackFilter {
+            protocol: "icmp".into(),
+            source_port: 8,
+            destination_port: 80,
+            ..Default::default()
+        };
+        assert_eq!(
+            fields(&icmp_ports),
+            ["filter.source_port", "filter.destination_port"]
+        );
+        let udp_state = pb::ConntrackFilter {
+            protocol: "udp".into(),
+            state: "ESTABLISHED".into(),
+            ..Default::default()
+        };
+        assert_eq!(fields(&udp_state), ["filter.state"]);
+        let sctp_port = pb::ConntrackFilter {
+            protocol: "sctp".into(),
+            destination_port: 5000,
+            ..Default::default()
+        };
+        assert_eq!(fields(&sctp_port), ["filter.destination_port"]);
+        // What can match is accepted: ports on tcp/udp or without a protocol, state on tcp.
+        for ok in [
+            pb::ConntrackFilter {
+                protocol: "tcp".into(),
+                destination_port: 80,
+                state: "established".into(),
+                ..Default::default()
+            },
+            pb::ConntrackFilter {
+                protocol: "udp".into(),
+                source_port: 53,
+                ..Default::default()
+            },
+            pb::ConntrackFilter {
+                destination_port: 53,
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(fields(&ok), Vec::<String>::new(), "{ok:?}");
+        }
     }
 }

@@ -430,6 +430,67 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     );
 }
 
+/// Inputs an attacker or a typo could send: each is INVALID_ARGUMENT with the element's field
+/// path, the server keeps serving, and the set is unchanged.
+#[tokio::test]
+async fn hostile_set_inputs_are_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    let mut c = sets(&d).await;
+    c.create_set(pb::CreateSetRequest {
+        family: pb::Family::Ipv6 as i32,
+        maxelem: 1000,
+        ..create("v6", "hash:ip")
+    })
+    .await
+    .unwrap();
+    let bad = |req: pb::AddElementsRequest| {
+        let mut c = c.clone();
+        async move {
+            let e = c.add_elements(req).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+            violations(&e).into_iter().map(|v| v.0).collect::<Vec<_>>()
+        }
+    };
+    // A /0 on hash:ip of inet6 (used to overflow a shift).
+    assert_eq!(
+        bad(add("v6", &["2001:db8::1", "::/0"])).await,
+        ["elements[1]"]
+    );
+    // A port next to the element text (used to be dropped silently).
+    let with_port = pb::AddElementsRequest {
+        elements: vec![pb::SetElement {
+            port: 80,
+            ..el("2001:db8::1")
+        }],
+        ..add("v6", &[])
+    };
+    assert_eq!(bad(with_port).await, ["elements[0]"]);
+    // Many /112s (65536 hosts each): refused once past maxelem, not expanded in full.
+    let many: Vec<&str> = vec!["2001:db8::/112"; 2000];
+    assert_eq!(
+        bad(pb::AddElementsRequest {
+            exist: true,
+            ..add("v6", &many)
+        })
+        .await,
+        ["elements[0]"]
+    );
+    assert!(elements(&mut c, "v6").await.is_empty());
+    // The `sets/` resource form names the same set in CreateSet as in the other calls.
+    c.create_set(create("sets/res", "hash:ip")).await.unwrap();
+    c.add_elements(add("sets/res", &["192.0.2.1"]))
+        .await
+        .unwrap();
+    assert_eq!(elements(&mut c, "sets/res").await, ["192.0.2.1"]);
+    c.destroy_set(pb::DestroySetRequest {
+        name: "sets/res".into(),
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
     let dir = tempfile::tempdir().unwrap();

@@ -135,7 +135,14 @@ pub(crate) fn step(old: u64, dir: usize, flags: u8) -> Step {
         (TcpState::SynRecv, 0) if f == ACK => with(TcpState::Established, 0),
         (TcpState::SynRecv, 0) if f == ACK | FIN => with(TcpState::FinWait, FIN_SEEN[0]),
         (TcpState::SynRecv, 1) if f == SYN | ACK || f == ACK => with(TcpState::SynRecv, 0),
+        // nf_conntrack: the original side's SYN-ACK in SYN_RECV (simultaneous open, where
+        // the reply SYN led here) stays SYN_RECV; its retransmitted SYN is ignored (sIG).
+        (TcpState::SynRecv, 0) if f == SYN | ACK || f == SYN => with(TcpState::SynRecv, 0),
         (TcpState::SynRecv, _) => Step::Invalid,
+        // A SYN-ACK retransmitted by the server whose handshake ACK was lost after we saw it:
+        // nf_conntrack ignores it (sIG) rather than marking it INVALID, so the client can
+        // answer it again.
+        (TcpState::Established, 1) if f == SYN | ACK => with(TcpState::Established, 0),
         (TcpState::Established, _) if f & SYN != 0 => Step::Invalid,
         (TcpState::Established, d) if f & FIN != 0 => with(TcpState::FinWait, FIN_SEEN[d]),
         (TcpState::Established, _) => with(TcpState::Established, 0),

@@ -671,3 +671,202 @@ fn lookups_and_inserts_race_with_resizes() {
     keys.dedup();
     assert_eq!(keys.len(), 4000, "no entry listed twice");
 }
+
+/// Corner cases of the TCP state machine where nf_conntrack accepts the packet (a valid
+/// transition, or "ignored" without a state change) and a `--ctstate INVALID -j DROP` rule
+/// must not drop it.
+#[test]
+fn tcp_retransmissions_and_simultaneous_open_are_not_invalid() {
+    // The server's SYN-ACK retransmitted after the client's ACK was seen (the ACK got lost
+    // behind the firewall): nf_conntrack ignores it in ESTABLISHED (sIG), it is not INVALID.
+    let ct = table(64, 100);
+    tcp(&ct, false, SYN, 0);
+    tcp(&ct, true, SYN | ACK, 0);
+    tcp(&ct, false, ACK, 0);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+    assert_eq!(tcp(&ct, true, SYN | ACK, S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+
+    // The client's SYN retransmitted after the SYN-ACK was seen (sSR, SYN: sIG).
+    let ct = table(64, 100);
+    tcp(&ct, false, SYN, 0);
+    tcp(&ct, true, SYN | ACK, 0);
+    assert_eq!(tcp(&ct, false, SYN, S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::SynRecv));
+    assert_eq!(tcp(&ct, false, ACK, S), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+
+    // Simultaneous open: SYN both ways, then SYN-ACK both ways, then ACKs (sS2 -> sSR on
+    // either side's SYN-ACK).
+    let ct = table(64, 100);
+    assert_eq!(tcp(&ct, false, SYN, 0), ct_state::NEW);
+    assert_eq!(tcp(&ct, true, SYN, 0), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, false, SYN | ACK, 0), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, true, SYN | ACK, 0), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, false, ACK, 0), ct_state::ESTABLISHED);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Established));
+}
+
+/// An ICMP error about an SCTP (or DCCP, UDP-Lite) flow: the tracker keys those flows
+/// without ports (generic), so the parsed embedded header must be keyed the same way or the
+/// error is never RELATED.
+#[test]
+fn icmp_error_about_an_sctp_flow_is_related() {
+    use crate::packet::parse::parse_ip;
+    // IPv4 10.0.0.1 -> 10.0.0.2, protocol 132 (SCTP), then the 12-byte SCTP common header
+    // (ports 5000 -> 36412, verification tag, checksum).
+    let mut sctp = vec![
+        0x45, 0, 0, 32, 0, 1, 0, 0, 64, 132, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
+    sctp.extend_from_slice(&[0x13, 0x88, 0x8e, 0x3c, 0, 0, 0, 1, 0, 0, 0, 0]);
+    let mut p = parse_ip(&sctp, PacketMeta::default()).unwrap();
+    assert_eq!(p.protocol, 132);
+    let ct = table(64, 100);
+    assert_eq!(ct.track(&mut p, 0), CtVerdict::New);
+    // A router 10.0.0.7 answers with destination unreachable quoting the packet.
+    let mut icmp = vec![
+        0x45,
+        0,
+        0,
+        (20 + 8 + sctp.len()) as u8,
+        0,
+        2,
+        0,
+        0,
+        64,
+        1,
+        0,
+        0,
+        10,
+        0,
+        0,
+        7,
+        10,
+        0,
+        0,
+        1,
+    ];
+    icmp.extend_from_slice(&[3, 1, 0, 0, 0, 0, 0, 0]);
+    icmp.extend_from_slice(&sctp);
+    let mut e = parse_ip(&icmp, PacketMeta::default()).unwrap();
+    assert!(e.embedded.is_some());
+    assert_eq!(ct.track(&mut e, S), CtVerdict::Related);
+}
+
+/// Stress: two threads track flows (new, replies, re-creation after expiry) on an advancing
+/// clock while a third runs GC with growth, explicit resizes, deletes by filter and flushes,
+/// all at once, with a small maximum so early drop runs too. Afterwards the count equals the
+/// listed entries, each listed once, each findable in both directions.
+#[test]
+fn gc_resize_delete_flush_race_lookups() {
+    let ct = Arc::new(table(2, 512));
+    let clock = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let admin = {
+        let (ct, clock, stop) = (Arc::clone(&ct), Arc::clone(&clock), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut round = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = clock.load(std::sync::atomic::Ordering::Relaxed);
+                ct.gc(now, 64);
+                match round % 4 {
+                    0 => {
+                        ct.resize(if round % 8 == 0 { 4 } else { 256 }).unwrap();
+                    }
+                    1 => {
+                        ct.delete(|v| v.original.sport % 3 == 0);
+                    }
+                    2 if round % 16 == 2 => {
+                        ct.flush();
+                    }
+                    _ => {}
+                }
+                round += 1;
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            round
+        })
+    };
+    let workers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let (ct, clock) = (Arc::clone(&ct), Arc::clone(&clock));
+            std::thread::spawn(move || {
+                for i in 0..20_000u32 {
+                    let id = w * 100_000 + i % 700;
+                    // Time moves 1 s per 100 packets: UDP entries (30 s) expire while in use.
+                    let now = clock.fetch_add(S / 100, std::sync::atomic::Ordering::Relaxed);
+                    let (mut q, mut r) = udp_flow(id);
+                    let v = ct.track(&mut q, now);
+                    assert!(
+                        matches!(
+                            v,
+                            CtVerdict::New | CtVerdict::Established | CtVerdict::TableFull
+                        ),
+                        "{v:?}"
+                    );
+                    if i % 2 == 0 {
+                        let v = ct.track(&mut r, now);
+                        // The entry may have been deleted, flushed or dropped meanwhile.
+                        assert!(
+                            matches!(
+                                v,
+                                CtVerdict::New | CtVerdict::Established | CtVerdict::TableFull
+                            ),
+                            "{v:?}"
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(admin.join().unwrap() > 0);
+    let l = ct.list();
+    assert_eq!(ct.stats().entries, l.len() as u64);
+    assert!(l.len() <= 512 + 2, "{}", l.len());
+    let mut keys: Vec<_> = l.iter().map(|v| v.original).collect();
+    keys.sort_by_key(|t| format!("{t:?}"));
+    keys.dedup();
+    assert_eq!(keys.len(), l.len(), "no entry listed twice");
+    let now = clock.load(std::sync::atomic::Ordering::Relaxed);
+    for v in &l {
+        if v.expires_ns > now {
+            let mut p = PacketMeta {
+                src: v.reply.src,
+                dst: v.reply.dst,
+                protocol: v.reply.protocol,
+                sport: v.reply.sport,
+                dport: v.reply.dport,
+                ..PacketMeta::default()
+            };
+            assert_eq!(ct.peek(&p, now), CtVerdict::Established, "{v:?}");
+            assert_eq!(ct.track(&mut p, now), CtVerdict::Established, "{v:?}");
+        }
+    }
+    assert_eq!(ct.flush(), l.len());
+    assert_eq!(ct.stats().entries, 0);
+}
+
+/// `max_entries` near `usize::MAX` (a `--conntrack-max` typo) builds a working table: the
+/// growth limit is capped at the largest size a resize accepts instead of overflowing
+/// `next_power_of_two`.
+#[test]
+fn huge_max_entries_do_not_overflow() {
+    for max_entries in [usize::MAX, (1 << 63) + 1, (1 << 62) + 1] {
+        let ct = Conntrack::new(ConntrackConfig {
+            buckets: 2,
+            max_entries,
+            locks: 4,
+        })
+        .unwrap();
+        for i in 0..8 {
+            assert_eq!(ct.track(&mut udp_flow(i).0, 0), CtVerdict::New);
+        }
+        ct.gc(0, 2);
+        assert_eq!(ct.buckets(), 4, "grows by doubling");
+        assert_eq!(ct.list().len(), 8);
+    }
+}

@@ -335,8 +335,8 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
 
 /// The tuple of the IPv4 header (and the start of its transport header) that an ICMP error
 /// embeds after its 8-byte header, as nf_conntrack's `icmp_error_message` reads it: addresses
-/// and protocol from the IP header, then TCP/UDP/SCTP/DCCP/UDP-Lite ports (the first 4 bytes;
-/// RFC 792 guarantees 8) or the ICMP type and code. `None` when the IP header is incomplete or
+/// and protocol from the IP header, then TCP/UDP ports (the first 4 bytes; RFC 792 guarantees
+/// 8) or the ICMP type and code (other protocols: no ports, as the tracker keys them). `None` when the IP header is incomplete or
 /// malformed, the embedded packet is a non-first fragment, or the ports / ICMP header are cut
 /// off. The embedded header's lengths and checksum are not checked (it is usually truncated).
 fn embedded_ipv4(bytes: &[u8]) -> Option<Tuple> {
@@ -372,7 +372,9 @@ fn embedded_ipv6(bytes: &[u8]) -> Option<Tuple> {
 /// The tuple of an embedded header whose layer-4 bytes start at `l4`.
 fn embedded_tuple(src: IpAddr, dst: IpAddr, protocol: u8, l4: &[u8]) -> Option<Tuple> {
     let (sport, dport) = match protocol {
-        proto::TCP | proto::UDP | proto::SCTP | proto::DCCP | proto::UDPLITE => match l4 {
+        // Ports only where the tracker keys flows by them (`Tuple::from_packet`): SCTP, DCCP
+        // and UDP-Lite flows are tracked generically (no ports), so their errors must be too.
+        proto::TCP | proto::UDP => match l4 {
             [a, b, c, d, ..] => (u16::from_be_bytes([*a, *b]), u16::from_be_bytes([*c, *d])),
             _ => return None,
         },

@@ -291,10 +291,11 @@ impl Element {
         let addrs: Vec<(u128, u8)> = if spec.kind.has_net() || prefix == w {
             vec![(mask(bits, prefix, spec.family), prefix)]
         } else {
-            let count = 1u128 << (w - prefix);
-            if count > MAX_EXPAND {
+            // `::/0` would shift by 128: no count, refused like any other too-large one.
+            let count = 1u128.checked_shl(u32::from(w - prefix));
+            let Some(count) = count.filter(|&c| c <= MAX_EXPAND) else {
                 return Err(format!("/{prefix} expands to more than {MAX_EXPAND} hosts"));
-            }
+            };
             let base = mask(bits, prefix, spec.family);
             (0..count).map(|i| (base + i, w)).collect()
         };
@@ -933,14 +934,16 @@ impl Staged {
                 });
             }
             let expires = expiry(opts.timeout, &add, now);
+            // Explicit counters go into fresh ones: the old `Arc` is shared with the published
+            // content, and writing it now would change the live set before (or without) a
+            // publish. Otherwise the element keeps its counters.
             let old = self.content.map.get(&e).and_then(|o| o.counters.clone());
-            let counters = opts.counters.then(|| {
-                let c = old.unwrap_or_default();
-                if let Some((p, b)) = add.counters {
-                    c.packets.store(p, Ordering::Relaxed);
-                    c.bytes.store(b, Ordering::Relaxed);
-                }
-                c
+            let counters = opts.counters.then(|| match add.counters {
+                Some((p, b)) => Arc::new(Counters {
+                    packets: AtomicU64::new(p),
+                    bytes: AtomicU64::new(b),
+                }),
+                None => old.unwrap_or_default(),
             });
             let present = self.content.map.contains_key(&e);
             if !present && self.content.map.len() >= opts.maxelem as usize {
@@ -1452,5 +1455,52 @@ mod tests {
             assert!(r.join().unwrap() > 0);
         }
         assert_eq!(m.list("c", 0).unwrap().elements.len(), 65);
+    }
+
+    /// `hash:ip` of family inet6 with a /0 (or any prefix that expands past 2^127 hosts) is
+    /// refused like every other too-large CIDR, without a shift overflow.
+    #[test]
+    fn huge_ipv6_cidr_on_hash_ip_is_refused() {
+        let spec = SetSpec::new(SetType::HashIp, Family::Ipv6);
+        for text in ["::/0", "::/1", "2001:db8::/16", "2001:db8::/111"] {
+            let r = Element::parse(&spec, text);
+            assert!(r.is_err(), "{text}: {:?}", r.map(|v| v.len()));
+        }
+        assert_eq!(
+            Element::parse(&spec, "2001:db8::/112").unwrap().len(),
+            65536
+        );
+        let v4 = SetSpec::new(SetType::HashIp, Family::Ipv4);
+        assert!(Element::parse(&v4, "0.0.0.0/0").is_err());
+    }
+
+    /// A failed change leaves every element's counters as they were: explicit counters on an
+    /// element that is already there must not be written into the live (shared) counters
+    /// before the change is published.
+    #[test]
+    fn failed_restore_leaves_counters_alone() {
+        let m = SetManager::new();
+        let mut spec = SetSpec::new(SetType::HashIp, Family::Ipv4);
+        spec.counters = true;
+        m.create("c", spec).unwrap();
+        m.add_str("c", &["192.0.2.1"], 0).unwrap();
+        let s = m.lookup("c").unwrap();
+        assert!(s.contains(&pkt("192.0.2.1", "1.1.1.1", 6, 1, 2), SRC, 0));
+        let before = m.list("c", 0).unwrap().elements[0].counters;
+        assert_eq!(before, Some((1, 100)));
+        let text = "add c 192.0.2.1 packets 5 bytes 6\nadd c not-an-address\n";
+        assert!(m.restore(text, 0).is_err());
+        assert_eq!(m.list("c", 0).unwrap().elements[0].counters, before);
+        // A prepared update dropped unpublished changes nothing either.
+        let e = m.parse_elements("c", &["192.0.2.1"]).unwrap()[0];
+        let add = AddOptions {
+            timeout: None,
+            counters: Some((7, 8)),
+        };
+        drop(m.prepare_update("c", [(e, add)], [], 0).unwrap());
+        assert_eq!(m.list("c", 0).unwrap().elements[0].counters, before);
+        // Published, the counters are the given ones.
+        m.add("c", [(e, add)], 0).unwrap();
+        assert_eq!(m.list("c", 0).unwrap().elements[0].counters, Some((7, 8)));
     }
 }

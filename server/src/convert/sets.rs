@@ -15,7 +15,10 @@ use crate::pipeline::sets::{ElementInput, check_set_name};
 ///
 /// Errors: [`Error::BadRequest`] on `name`, `type`, `family`.
 pub fn create_spec(r: &pb::CreateSetRequest) -> Result<(String, SetSpec)> {
-    check_set_name("name", &r.name)?;
+    // The optional `sets/` prefix every other call strips: without stripping it here too,
+    // `sets/x` would create a set that DestroySet / GetSet `sets/x` cannot find.
+    let name = r.name.strip_prefix("sets/").unwrap_or(&r.name);
+    check_set_name("name", name)?;
     let kind = SetType::from_name(&r.r#type).ok_or_else(|| {
         Error::invalid(
             "type",
@@ -34,7 +37,7 @@ pub fn create_spec(r: &pb::CreateSetRequest) -> Result<(String, SetSpec)> {
     }
     spec.timeout = r.timeout;
     spec.counters = r.counters;
-    Ok((r.name.clone(), spec))
+    Ok((name.to_string(), spec))
 }
 
 /// The ipset text of one structured element.
@@ -73,7 +76,8 @@ pub fn element_inputs(field: &str, elements: &[pb::SetElement]) -> Result<Vec<El
     let mut violations = Vec::new();
     for (i, e) in elements.iter().enumerate() {
         let f = || format!("{field}[{i}]");
-        let structured = !e.address.is_empty() || e.prefix_len != 0 || !e.protocol.is_empty();
+        let structured =
+            !e.address.is_empty() || e.prefix_len != 0 || !e.protocol.is_empty() || e.port != 0;
         let text = match (e.text.is_empty(), structured) {
             (false, false) => Ok(e.text.trim().to_string()),
             (true, true) => structured_text(&f(), e),
@@ -169,6 +173,12 @@ mod tests {
                 address: "1.2.3.4".into(),
                 ..Default::default()
             },
+            // A port next to text would be dropped silently.
+            pb::SetElement {
+                text: "1.2.3.4".into(),
+                port: 80,
+                ..Default::default()
+            },
         ];
         let Err(Error::BadRequest { violations, .. }) = element_inputs("elements", &bad) else {
             panic!("expected a bad request");
@@ -176,7 +186,12 @@ mod tests {
         let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
         assert_eq!(
             fields,
-            ["elements[0]", "elements[1].address", "elements[2]"]
+            [
+                "elements[0]",
+                "elements[1].address",
+                "elements[2]",
+                "elements[3]"
+            ]
         );
     }
 
@@ -202,5 +217,13 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("type"), "{e}");
+        // The resource form names the same set as in the other calls.
+        let (name, _) = create_spec(&pb::CreateSetRequest {
+            name: "sets/f2b".into(),
+            r#type: "hash:ip".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(name, "f2b");
     }
 }

@@ -292,6 +292,18 @@ impl Pipeline {
                         counters: None,
                     };
                     out.extend(es.into_iter().map(|e| (i, e, opts)));
+                    // Each text expands to at most 65536 elements, but a request may hold
+                    // many: stop before holding more than the set could ever have.
+                    if out.len() as u64 > u64::from(spec.maxelem) {
+                        violations.push(FieldViolation::new(
+                            format!("{field}[{i}]"),
+                            format!(
+                                "the request expands to more than the set's maxelem ({}) elements",
+                                spec.maxelem
+                            ),
+                        ));
+                        break;
+                    }
                 }
                 Err(why) => violations.push(FieldViolation::new(
                     format!("{field}[{i}]"),
@@ -550,6 +562,40 @@ mod tests {
         assert_eq!(engine_expiry(Some(wall + 700), 10, wall + 300), Some(410));
         assert_eq!(engine_expiry(Some(wall + 700), 10, wall + 700), None);
         assert_eq!(engine_expiry(None, 10, wall), Some(u64::MAX));
+    }
+
+    #[test]
+    fn request_expansion_is_bounded_by_maxelem() {
+        use vallum_engine::model::Family;
+        use vallum_engine::sets::SetType;
+        let input = |t: &str| ElementInput {
+            text: t.into(),
+            timeout: None,
+        };
+        let refused_at = |maxelem: u32, inputs: &[ElementInput]| {
+            let mut spec = SetSpec::new(SetType::HashIp, Family::Ipv4);
+            spec.maxelem = maxelem;
+            match Pipeline::parse_inputs(&spec, "elements", inputs, true) {
+                Ok(v) => Err(v.len()),
+                Err(Error::BadRequest { violations, .. }) => Ok(violations
+                    .iter()
+                    .map(|v| (v.field.clone(), v.description.contains("maxelem")))
+                    .collect::<Vec<_>>()),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let two = [input("10.0.0.0/26"), input("10.0.1.0/26")];
+        assert_eq!(refused_at(128, &two), Err(128));
+        assert_eq!(
+            refused_at(127, &two),
+            Ok(vec![("elements[1]".to_string(), true)])
+        );
+        // Thousands of /16s (3e8 elements): refused at the first, the rest never expanded.
+        let many: Vec<ElementInput> = (0..5000).map(|_| input("10.0.0.0/16")).collect();
+        assert_eq!(
+            refused_at(65535, &many),
+            Ok(vec![("elements[0]".to_string(), true)])
+        );
     }
 
     #[test]
