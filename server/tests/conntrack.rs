@@ -5,8 +5,8 @@
 //! conntrack` prints `conntrack -L` lines and JSON; with `--conntrack-max 0` every call is
 //! FAILED_PRECONDITION and no conntrack metric is exported.
 //!
-//! The capture is replayed in a loop, so the table is read once it is steady (every flow of
-//! the capture has its entry and the count stops moving): within the test's few seconds no
+//! The capture is replayed in a loop, so the table is read once it is steady (every core has
+//! replayed the whole capture twice, and one more loop moved nothing): within the test's few seconds no
 //! entry expires (the shortest timeout is 10 s for a TCP CLOSE entry, refreshed each loop), so a
 //! steady table changes only through the calls the test makes, until the replay re-creates what
 //! they deleted.
@@ -96,19 +96,54 @@ async fn stats(c: &mut ConntrackServiceClient<Channel>) -> pb::ConntrackStats {
         .into_inner()
 }
 
-/// Waits until the entry count and the entries created stay the same for 1.5 s.
-async fn steady(c: &mut ConntrackServiceClient<Channel>) -> pb::ConntrackStats {
-    let mut last = stats(c).await;
-    let mut same_since = std::time::Instant::now();
-    for _ in 0..200 {
+/// Packets each core has classified.
+async fn core_packets(d: &Vallumd) -> Vec<u64> {
+    let mut e = pb::engine_service_client::EngineServiceClient::new(d.channel().await);
+    let st = e
+        .get_status(pb::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    st.cores.iter().map(|c| c.packets).collect()
+}
+
+/// Waits until every core has replayed the whole capture (`loop_packets` packets) `loops` more
+/// times than when called.
+async fn replayed(d: &Vallumd, loop_packets: u64, loops: u64) {
+    let start = core_packets(d).await;
+    for _ in 0..1200 {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = core_packets(d).await;
+        if now
+            .iter()
+            .zip(&start)
+            .all(|(n, s)| *n >= s + loops * loop_packets)
+        {
+            return;
+        }
+    }
+    panic!("the replay did not advance {loops} loops of {loop_packets} packets in 120 s");
+}
+
+/// A steady table: measured by replay progress, not by wall-clock time (a loaded machine may
+/// stall the replay for seconds). After two whole loops of the capture on every core since
+/// the call, every flow of the capture has its entry (a flow whose first packets a core's
+/// starting offset skipped is opened in its second loop); the table is steady once one more
+/// whole loop leaves the entry count and the entries created unchanged.
+async fn steady(
+    c: &mut ConntrackServiceClient<Channel>,
+    d: &Vallumd,
+    loop_packets: u64,
+) -> pb::ConntrackStats {
+    replayed(d, loop_packets, 2).await;
+    let mut last = stats(c).await;
+    for _ in 0..20 {
+        replayed(d, loop_packets, 1).await;
         let s = stats(c).await;
-        if (s.entries, s.new_total) != (last.entries, last.new_total) || s.entries == 0 {
-            same_since = std::time::Instant::now();
-            last = s;
-        } else if same_since.elapsed() > Duration::from_millis(1500) {
+        if (s.entries, s.new_total) == (last.entries, last.new_total) && s.entries > 0 {
             return s;
         }
+        last = s;
     }
     panic!("the table never became steady: {last:?}");
 }
@@ -140,6 +175,12 @@ async fn list_filter_delete_flush_and_metrics() {
         println!("SKIP conntrack e2e: {} not found", pcap.display());
         return;
     }
+    // Packets of the capture the pcap source replays (those that parse as IP).
+    let loop_packets = vallum_engine::packet::pcap::read_capture(&std::fs::read(&pcap).unwrap())
+        .unwrap()
+        .iter()
+        .filter(|p| p.parse(vallum_server::sources::base_packet()).is_ok())
+        .count() as u64;
     let dir = tempfile::tempdir().unwrap();
     let source = format!("pcap:{}", pcap.display());
     let d = Vallumd::start(&dir.path().join("v.db"), &["--source", &source]);
@@ -156,7 +197,7 @@ async fn list_filter_delete_flush_and_metrics() {
     let mut c = ConntrackServiceClient::new(d.channel().await);
 
     // A steady table: List, GetStats and /metrics agree.
-    let st = steady(&mut c).await;
+    let st = steady(&mut c, &d, loop_packets).await;
     let all = list(&mut c, pb::ConntrackFilter::default()).await;
     println!("steady table: {st:?}");
     assert_eq!(all.len() as u64, st.entries, "{st:?}");
@@ -413,7 +454,14 @@ async fn list_filter_delete_flush_and_metrics() {
         .unwrap()
         .into_inner()
         .deleted;
-    assert_eq!(n as usize, n_udp);
+    // At least the steady table's UDP entries. Not exactly: the replay keeps running, and a
+    // UDP flow deleted early in the walk can be opened again by its reply-direction packet,
+    // whose tuple hashes to a bucket the walk has not reached yet (the engine's own tests
+    // check exact counts on a quiet table).
+    assert!(
+        n as usize >= n_udp,
+        "deleted {n}, steady table had {n_udp} UDP entries"
+    );
     let after = list(&mut c, pb::ConntrackFilter::default()).await;
     let after: BTreeSet<Key> = after.into_iter().collect();
     for k in all.iter().filter(|k| !proto(k, 17)) {
@@ -432,7 +480,7 @@ async fn list_filter_delete_flush_and_metrics() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{out}"));
     assert!(flushed as usize >= all.len() - n_udp, "{out}");
-    let st2 = steady(&mut c).await;
+    let st2 = steady(&mut c, &d, loop_packets).await;
     assert!(
         st2.new_total >= before.new_total + (all.len() - n_udp) as u64,
         "flushed flows are created again: {before:?} -> {st2:?}"
