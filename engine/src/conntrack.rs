@@ -175,6 +175,23 @@ impl CtVerdict {
     }
 }
 
+/// The entry of a new connection, built by [`Conntrack::track_unconfirmed`] and not yet in
+/// the table (nf_conntrack's unconfirmed conntrack): [`Conntrack::confirm`] inserts it once the
+/// packet is accepted; dropping it forgets the connection.
+pub struct Unconfirmed {
+    conn: Box<Conn>,
+    /// Hashes of its original and reply tuples.
+    hashes: [u64; 2],
+}
+
+impl std::fmt::Debug for Unconfirmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unconfirmed")
+            .field("original", &self.conn.tuple[0])
+            .finish_non_exhaustive()
+    }
+}
+
 /// A copy of one entry, for listing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnView {
@@ -434,9 +451,45 @@ impl Conntrack {
     /// timeout, and writes the packet's [`ct_state`] bit. Lock-free unless it creates or
     /// deletes an entry.
     pub fn track(&self, pkt: &mut PacketMeta, now: u64) -> CtVerdict {
-        let v = self.classify(pkt, now);
+        let (v, unconfirmed) = self.track_unconfirmed(pkt, now);
+        match unconfirmed {
+            Some(u) => {
+                let v = self.confirm(u, pkt, now);
+                pkt.ct_state = v.ct_state();
+                v
+            }
+            None => v,
+        }
+    }
+
+    /// [`Conntrack::track`] without inserting: a packet that opens a connection gets
+    /// [`CtVerdict::New`] and its entry back as an [`Unconfirmed`], which joins the table only
+    /// through [`Conntrack::confirm`], as nf_conntrack confirms a new entry only when its first
+    /// packet leaves the last hook accepted (`__nf_conntrack_confirm`): a packet the rules drop
+    /// leaves no entry behind (so a dropped, possibly spoofed, first packet cannot open a flow
+    /// that its forged "reply" would then make ESTABLISHED). Packets of existing entries update
+    /// them at once, as in the kernel. Writes the packet's [`ct_state`] bit.
+    pub fn track_unconfirmed(
+        &self,
+        pkt: &mut PacketMeta,
+        now: u64,
+    ) -> (CtVerdict, Option<Unconfirmed>) {
+        let (v, u) = self.classify(pkt, now);
         pkt.ct_state = v.ct_state();
-        v
+        (v, u)
+    }
+
+    /// Inserts the entry of a new connection whose first packet (`pkt`) was accepted. When
+    /// another packet confirmed the same connection meanwhile (the first packets of both
+    /// directions at once), `pkt` updates that entry instead. [`CtVerdict::TableFull`] when
+    /// the table is full and no entry could be dropped early: drop the packet.
+    pub fn confirm(&self, unconfirmed: Unconfirmed, pkt: &PacketMeta, now: u64) -> CtVerdict {
+        let guard = reclaim::pin();
+        match self.insert(unconfirmed.conn, unconfirmed.hashes, now, &guard) {
+            Insert::Done => CtVerdict::New,
+            Insert::Clash(conn, dir) => update(conn, dir, pkt, now),
+            Insert::Full => CtVerdict::TableFull,
+        }
     }
 
     /// Pins the calling thread for a batch: hold the result while calling [`Conntrack::track`]
@@ -526,22 +579,21 @@ impl Conntrack {
         }
     }
 
-    fn classify(&self, pkt: &PacketMeta, now: u64) -> CtVerdict {
+    fn classify(&self, pkt: &PacketMeta, now: u64) -> (CtVerdict, Option<Unconfirmed>) {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
-            return CtVerdict::Untracked;
+            return (CtVerdict::Untracked, None);
         }
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {
-            Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
-            Some(IcmpKind::Error) => return self.related(pkt.embedded.as_ref(), now),
-            Some(IcmpKind::Other) => return CtVerdict::Invalid,
+            Some(IcmpKind::Untracked) => return (CtVerdict::Untracked, None),
+            Some(IcmpKind::Error) => return (self.related(pkt.embedded.as_ref(), now), None),
+            Some(IcmpKind::Other) => return (CtVerdict::Invalid, None),
             _ => {}
         }
         let guard = reclaim::pin();
-        // Rounds: an expired entry found is deleted and the lookup repeats; otherwise insert
-        // (early-dropping to make room) or, on a clash, update the winner. A fourth round
-        // needs other threads to keep re-creating and expiring this very tuple; it counts
-        // INVALID.
+        // Rounds: an expired entry found is deleted and the lookup repeats; otherwise the
+        // packet opens an unconfirmed entry. A fourth round needs other threads to keep
+        // re-creating and expiring this very tuple; it counts INVALID.
         let hash = t.hash();
         for _ in 0..4 {
             if let Some((conn, dir)) = self.find(&t, hash, &guard) {
@@ -549,10 +601,10 @@ impl Conntrack {
                     self.delete_conn(conn, &guard);
                     continue;
                 }
-                return update(conn, dir, pkt, now);
+                return (update(conn, dir, pkt, now), None);
             }
             if !opens(pkt, icmp) {
-                return CtVerdict::Invalid;
+                return (CtVerdict::Invalid, None);
             }
             let status = if pkt.protocol == PROTO_TCP {
                 tcp::word(TcpState::SynSent)
@@ -571,13 +623,9 @@ impl Conntrack {
                 timeout: AtomicU64::new(now.saturating_add(timeout_of(t.protocol, status))),
                 dying: AtomicBool::new(false),
             });
-            return match self.insert(new, hashes, now, &guard) {
-                Insert::Done => CtVerdict::New,
-                Insert::Clash(conn, dir) => update(conn, dir, pkt, now),
-                Insert::Full => CtVerdict::TableFull,
-            };
+            return (CtVerdict::New, Some(Unconfirmed { conn: new, hashes }));
         }
-        CtVerdict::Invalid
+        (CtVerdict::Invalid, None)
     }
 
     /// The reader half of the generation seqcount (`read_seqcount_begin`): waits while a
@@ -924,19 +972,27 @@ impl Drop for Conntrack {
         // SAFETY: `&mut self`: no reader or writer is left; the current array came from
         // Box::into_raw and is not retired (only replaced arrays are).
         let table = unsafe { Box::from_raw(self.table.load(Ordering::Relaxed)) };
+        // Collect first, free after the whole walk: an entry's reply node may sit in a chain
+        // walked after the one holding its original node, so freeing on the way would make
+        // that later walk read freed memory.
+        let mut linked = Vec::new();
         for head in table.heads.iter() {
             let mut link = head.load(Ordering::Relaxed);
             while !link.is_null() {
                 let (p, dir) = untag(link);
-                // SAFETY: `&mut self`: no reader or writer is left; every linked entry is live.
+                // SAFETY: `&mut self`: no reader or writer is left; every linked entry is live
+                // (none is freed before this walk ends).
                 link = unsafe { &*p }.next[dir].load(Ordering::Relaxed);
                 if dir == 0 {
-                    // SAFETY: each linked entry has exactly one original node, so it is freed
-                    // once; it came from Box::into_raw and is not retired (retired entries are
-                    // unlinked). We read its `next` above, before freeing.
-                    drop(unsafe { Box::from_raw(p) });
+                    linked.push(p);
                 }
             }
+        }
+        for p in linked {
+            // SAFETY: each linked entry has exactly one original node, so it is collected and
+            // freed once; it came from Box::into_raw and is not retired (retired entries are
+            // unlinked), and the walk that read it is over.
+            drop(unsafe { Box::from_raw(p) });
         }
     }
 }

@@ -27,9 +27,9 @@
 //! where NOTRACK marks a packet UNTRACKED), then conntrack (-200) sets the packet's
 //! `ct_state` ([`Conntrack::track`]; ICMP errors are RELATED through the header the parser
 //! embedded in [`PacketMeta::embedded`]), then the other tables' chains, whose `--ctstate` /
-//! `--state` matches read it. A packet the table has no room for (no entry could be dropped
-//! early) is dropped, counted in [`ConntrackStats::insert_failed`](crate::conntrack::ConntrackStats)
-//! and as a DROP verdict.
+//! `--state` matches read it. A new connection the table has no room for (no entry could be
+//! dropped early) has its packet dropped, counted in
+//! [`ConntrackStats::insert_failed`](crate::conntrack::ConntrackStats) and as a DROP verdict.
 //!
 //! The kernel tracks a packet once, at PREROUTING (or OUTPUT for local packets), and INPUT,
 //! FORWARD and POSTROUTING reuse that state. Here a packet reaches the engine at one hook (its
@@ -38,11 +38,11 @@
 //! at PREROUTING. A source must therefore not hand the same packet to the engine at two hooks
 //! (it would be tracked twice).
 //!
-//! One difference remains: the kernel inserts ("confirms") a new entry only when the packet
-//! that opened it has passed every hook, so a NEW packet the rules drop leaves no entry. Here
-//! the entry is created when the tracker sees the packet, before the filter chains decide; a
-//! dropped NEW packet leaves an unreplied entry that expires with its state's timeout and is
-//! the first kind an early drop evicts.
+//! As in the kernel, a new connection's entry joins the table ("is confirmed",
+//! [`Conntrack::confirm`]) only when the packet that opened it is accepted: a NEW packet the
+//! rules drop or reject leaves no entry, so a dropped (possibly spoofed) first packet cannot
+//! open a flow that a forged reply would then make ESTABLISHED. When the table is full at
+//! that point and no entry can be dropped early, the accepted packet is dropped.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -535,12 +535,26 @@ impl EngineWorker<'_> {
             for (p, v) in packets[..n].iter_mut().zip(verdicts[..n].iter_mut()) {
                 *v = match ct {
                     None => snap.classify(batch.core(), p, now_ns, logs),
-                    Some(ct) => snap.classify_split(batch.core(), p, now_ns, logs, |p| {
-                        match ct.track(p, now_ns) {
-                            CtVerdict::TableFull => Some(Verdict::Drop),
-                            _ => None,
+                    Some(ct) => {
+                        // A new connection's entry joins the table only if its first packet
+                        // is accepted (nf_conntrack confirms at the last hook).
+                        let mut unconfirmed = None;
+                        let v = snap.classify_split(batch.core(), p, now_ns, logs, |p| {
+                            let (v, u) = ct.track_unconfirmed(p, now_ns);
+                            unconfirmed = u;
+                            (v == CtVerdict::TableFull).then_some(Verdict::Drop)
+                        });
+                        match (unconfirmed, v) {
+                            (Some(u), Verdict::Accept) => match ct.confirm(u, p, now_ns) {
+                                CtVerdict::TableFull => {
+                                    p.ct_state = CtVerdict::TableFull.ct_state();
+                                    Verdict::Drop
+                                }
+                                _ => v,
+                            },
+                            _ => v,
                         }
-                    }),
+                    }
                 };
                 let fi = match p.family {
                     Family::Ipv4 => 0,

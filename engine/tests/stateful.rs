@@ -146,10 +146,16 @@ fn new_established_invalid_through_the_rules() {
     assert_eq!(rule_packets(&e, 2), 1);
     assert_eq!(e.conntrack().unwrap().stats().entries, 2);
     // A new connection to a closed port: NEW (conntrack runs before filter), dropped by the
-    // policy. Its entry stays, unreplied (the kernel would not confirm it: engine docs).
+    // policy, and not confirmed: no entry, as in the kernel; its retransmission is NEW again.
     let closed = pkt(Hook::Input, 6, PEER, 42000, ME, 25, SYN);
     assert_eq!(run(&e, closed, 7 * S), (Verdict::Drop, ct_state::NEW));
-    assert_eq!(e.conntrack().unwrap().stats().entries, 3);
+    assert_eq!(run(&e, closed, 8 * S), (Verdict::Drop, ct_state::NEW));
+    let st = e.conntrack().unwrap().stats();
+    assert_eq!((st.entries, st.new_total), (2, 2));
+    // So a "reply" to that dropped packet finds no flow: INVALID, not ESTABLISHED (a SYN-ACK
+    // opens nothing; OUTPUT's policy accepts it).
+    let forged = pkt(Hook::Output, 6, ME, 25, PEER, 42000, SYN | ACK);
+    assert_eq!(run(&e, forged, 9 * S), (Verdict::Accept, ct_state::INVALID));
 }
 
 /// An ICMP port-unreachable from `from` about the UDP datagram `about_src:sport ->
