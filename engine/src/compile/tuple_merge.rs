@@ -24,8 +24,13 @@
 //!
 //! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
 //! position and a 32-bit tag of its key hash, so most probes reject without reading a rule.
-//! The index is built once per commit with the snapshot; it has no in-place update (a
-//! snapshot is immutable), a commit rebuilds it with the rest of the snapshot.
+//! A snapshot is immutable, so the index is never changed in place. A commit that changes a
+//! few rules of a chain builds the chain's new index from the old one ([`ChainIndex::update`],
+//! TupleMerge's online insert and delete): every entry is copied with its position shifted,
+//! the removed rules' entries are left out, and each new rule goes into the first fitting
+//! table with room for its key, exactly as the build would place it; no key is hashed again
+//! except the new rules' (and a table's whose load doubled, which is rehashed). Unchanged
+//! chains share their index with the previous snapshot.
 //!
 //! ## Exactness
 //! The index only proposes candidates; every candidate is checked with the evaluator's own
@@ -230,9 +235,10 @@ fn has_side_effects(r: &CRule) -> bool {
 /// One hash table of a tuple: buckets in compressed form (`entries[starts[b]..starts[b+1]]`
 /// are bucket `b`'s rules, ascending by position). Each entry carries the high 32 bits of its
 /// key's hash as a tag, so a packet whose key differs is turned away without reading the rule.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Table {
     masks: Masks,
+    tuple: Tuple,
     /// Lowest and highest rule position held.
     min: u32,
     max: u32,
@@ -307,12 +313,102 @@ impl TableBuilder {
         }
         Table {
             masks: self.masks,
+            tuple: self.tuple,
             min: self.members.first().map_or(u32::MAX, |m| m.0),
             max: self.members.last().map_or(0, |m| m.0),
             bucket_mask,
             starts: starts.into_boxed_slice(),
             entries: entries.into_boxed_slice(),
         }
+    }
+}
+
+impl Table {
+    /// Rules in this table (those still present after `remap`) whose key hashes to `h`.
+    fn load(&self, h: u64, remap: &impl Fn(u32) -> Option<u32>) -> u32 {
+        let b = (h & self.bucket_mask) as usize;
+        let tag = (h >> 32) as u32;
+        self.entries[self.starts[b] as usize..self.starts[b + 1] as usize]
+            .iter()
+            .filter(|e| e.tag == tag && remap(e.pos).is_some())
+            .count() as u32
+    }
+
+    /// This table with positions mapped by `remap` (`None`: the rule is gone) and the entries
+    /// `ins` (position, key hash; ascending positions) added; `None` when it ends up empty.
+    /// Keeps the bucket array unless the table outgrew it (more entries than buckets) or
+    /// shrank below an eighth, then rebuilds it from the rules' keys.
+    fn updated(
+        &self,
+        remap: &impl Fn(u32) -> Option<u32>,
+        mut ins: Vec<(u32, u64)>,
+        rules: &[CRule],
+        width: u32,
+    ) -> Option<Table> {
+        let buckets = self.starts.len() - 1;
+        let kept = self
+            .entries
+            .iter()
+            .filter(|e| remap(e.pos).is_some())
+            .count();
+        let n = kept + ins.len();
+        if n == 0 {
+            return None;
+        }
+        if n > buckets || (buckets > 16 && n * 8 < buckets) {
+            let mut positions: Vec<u32> =
+                self.entries.iter().filter_map(|e| remap(e.pos)).collect();
+            positions.extend(ins.iter().map(|e| e.0));
+            positions.sort_unstable();
+            let mut b = TableBuilder::new(self.tuple, width);
+            for pos in positions {
+                let k = rule_key(&rules[pos as usize], width);
+                b.insert(pos, b.masks.hash(k.src, k.dst, k.l4));
+            }
+            return Some(b.finish());
+        }
+        ins.sort_unstable_by_key(|&(pos, h)| (h & self.bucket_mask, pos));
+        let mut starts = Vec::with_capacity(buckets + 1);
+        let mut entries = Vec::with_capacity(n);
+        let mut ins = ins.into_iter().peekable();
+        let (mut min, mut max) = (u32::MAX, 0);
+        starts.push(0u32);
+        for b in 0..buckets {
+            let old = &self.entries[self.starts[b] as usize..self.starts[b + 1] as usize];
+            let mut old = old
+                .iter()
+                .filter_map(|e| remap(e.pos).map(|pos| Entry { pos, tag: e.tag }))
+                .peekable();
+            // Merge two ascending runs: the bucket's kept entries and its insertions.
+            loop {
+                let next_ins = ins.next_if(|&(pos, h)| {
+                    (h & self.bucket_mask) as usize == b && old.peek().is_none_or(|e| pos < e.pos)
+                });
+                let e = match next_ins {
+                    Some((pos, h)) => Entry {
+                        pos,
+                        tag: (h >> 32) as u32,
+                    },
+                    None => match old.next() {
+                        Some(e) => e,
+                        None => break,
+                    },
+                };
+                min = min.min(e.pos);
+                max = max.max(e.pos);
+                entries.push(e);
+            }
+            starts.push(entries.len() as u32);
+        }
+        Some(Table {
+            masks: self.masks,
+            tuple: self.tuple,
+            min,
+            max,
+            bucket_mask: self.bucket_mask,
+            starts: starts.into_boxed_slice(),
+            entries: entries.into_boxed_slice(),
+        })
     }
 }
 
@@ -370,6 +466,114 @@ impl ChainIndex {
             tables[ti].insert(pos, h);
         }
         let mut tables: Vec<Table> = tables.into_iter().map(TableBuilder::finish).collect();
+        tables.sort_by_key(|t| t.min);
+        ChainIndex {
+            tables: tables.into_boxed_slice(),
+            fallback: fallback.into_boxed_slice(),
+            effects: effects.into_boxed_slice(),
+        }
+    }
+
+    /// The index of `rules`, which equal the rules this index was built for except that the
+    /// `removed` rules at position `at` were replaced by the `added` rules now at `at`
+    /// (TupleMerge's online update, without touching `self`). Costs a copy of the entries
+    /// (no hashing) plus one placement per added rule; a table whose entries outgrow its
+    /// buckets is rehashed.
+    pub(super) fn update(
+        &self,
+        rules: &[CRule],
+        width: u32,
+        at: u32,
+        removed: u32,
+        added: u32,
+    ) -> ChainIndex {
+        let end = at + removed;
+        let remap = |pos: u32| -> Option<u32> {
+            if pos < at {
+                Some(pos)
+            } else if pos < end {
+                None
+            } else {
+                Some(pos - removed + added)
+            }
+        };
+        let remap_list =
+            |list: &[u32]| -> Vec<u32> { list.iter().filter_map(|&p| remap(p)).collect() };
+        let mut fallback = remap_list(&self.fallback);
+        let mut effects = remap_list(&self.effects);
+        // New placements per table (index into `self.tables`, then into `fresh`).
+        let mut inserts: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.tables.len()];
+        let mut fresh: Vec<TableBuilder> = Vec::new();
+        for pos in at..at + added {
+            let r = &rules[pos as usize];
+            if has_side_effects(r) {
+                effects.push(pos);
+                continue;
+            }
+            let key = rule_key(r, width);
+            if key.tuple.is_empty() {
+                fallback.push(pos);
+                continue;
+            }
+            let mut chosen = false;
+            for (ti, t) in self.tables.iter().enumerate() {
+                if !t.tuple.fits(key.tuple) {
+                    continue;
+                }
+                let h = t.masks.hash(key.src, key.dst, key.l4);
+                let load =
+                    t.load(h, &remap) + inserts[ti].iter().filter(|e| e.1 == h).count() as u32;
+                if load < COLLIDE_LIMIT {
+                    inserts[ti].push((pos, h));
+                    chosen = true;
+                    break;
+                }
+            }
+            if chosen {
+                continue;
+            }
+            if let Some(t) = fresh.iter_mut().find(|t| {
+                t.tuple.fits(key.tuple) && {
+                    let h = t.masks.hash(key.src, key.dst, key.l4);
+                    t.load.get(&h).copied().unwrap_or(0) < COLLIDE_LIMIT
+                }
+            }) {
+                let h = t.masks.hash(key.src, key.dst, key.l4);
+                t.insert(pos, h);
+                continue;
+            }
+            let relaxed = key.tuple.relaxed(width);
+            let exists = |tuple: Tuple| {
+                self.tables.iter().any(|t| t.tuple == tuple)
+                    || fresh.iter().any(|t| t.tuple == tuple)
+            };
+            let tuple = if exists(relaxed) { key.tuple } else { relaxed };
+            let ti = match self.tables.iter().position(|t| t.tuple == tuple) {
+                Some(ti) => {
+                    let h = self.tables[ti].masks.hash(key.src, key.dst, key.l4);
+                    inserts[ti].push((pos, h));
+                    continue;
+                }
+                None => match fresh.iter().position(|t| t.tuple == tuple) {
+                    Some(fi) => fi,
+                    None => {
+                        fresh.push(TableBuilder::new(tuple, width));
+                        fresh.len() - 1
+                    }
+                },
+            };
+            let h = fresh[ti].masks.hash(key.src, key.dst, key.l4);
+            fresh[ti].insert(pos, h);
+        }
+        fallback.sort_unstable();
+        effects.sort_unstable();
+        let mut tables: Vec<Table> = self
+            .tables
+            .iter()
+            .zip(inserts)
+            .filter_map(|(t, ins)| t.updated(&remap, ins, rules, width))
+            .chain(fresh.into_iter().map(TableBuilder::finish))
+            .collect();
         tables.sort_by_key(|t| t.min);
         ChainIndex {
             tables: tables.into_boxed_slice(),
