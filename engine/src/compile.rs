@@ -261,9 +261,7 @@ struct CRule {
     out_iface: Option<(bool, IfacePattern)>,
     protocol: Option<(bool, u8)>,
     fragment: Option<bool>,
-    /// Shared by the snapshots that share the rule (a `-m limit` bucket keeps its state
-    /// across such commits).
-    matches: Arc<[CMatch]>,
+    matches: Matches,
     target: CTarget,
 }
 
@@ -285,7 +283,40 @@ impl IfacePattern {
     }
 }
 
-#[derive(Debug)]
+/// A rule's matches in written order. Most rules have at most one (`-m tcp`/`-m udp` in
+/// ClassBench sets), which is kept inline: no pointer to chase on the packet path, and a
+/// clone (when [`ChainBody::splice`] copies unchanged rules) touches no other memory.
+#[derive(Debug, Clone)]
+enum Matches {
+    Inline(Option<CMatch>),
+    Shared(Arc<[CMatch]>),
+}
+
+impl Matches {
+    fn new(mut v: Vec<CMatch>) -> Matches {
+        if v.len() <= 1 {
+            Matches::Inline(v.pop())
+        } else {
+            Matches::Shared(Arc::from(v))
+        }
+    }
+}
+
+impl std::ops::Deref for Matches {
+    type Target = [CMatch];
+
+    #[inline]
+    fn deref(&self) -> &[CMatch] {
+        match self {
+            Matches::Inline(m) => m.as_slice(),
+            Matches::Shared(a) => a,
+        }
+    }
+}
+
+/// `Clone` copies a `-m limit` bucket with its state at the time of the copy: a spliced
+/// chain's copy of an unchanged limit rule goes on from where the old snapshot was.
+#[derive(Debug, Clone)]
 enum CMatch {
     Tcp {
         sport: Option<(bool, PortRange)>,
@@ -348,6 +379,16 @@ struct TokenBucket {
     tat: AtomicU64,
 }
 
+impl Clone for TokenBucket {
+    fn clone(&self) -> TokenBucket {
+        TokenBucket {
+            interval_ns: self.interval_ns,
+            burst_ns: self.burst_ns,
+            tat: AtomicU64::new(self.tat.load(Ordering::Relaxed)),
+        }
+    }
+}
+
 impl TokenBucket {
     fn conforms(&self, now: u64) -> bool {
         let mut tat = self.tat.load(Ordering::Relaxed);
@@ -374,7 +415,7 @@ impl TokenBucket {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct IprangeMatch {
     src: Option<(bool, IpAddr, IpAddr)>,
     dst: Option<(bool, IpAddr, IpAddr)>,
@@ -437,6 +478,8 @@ impl CoreCounters {
 #[derive(Clone, Copy, Debug)]
 struct ChainOrigin {
     old: u32,
+    /// The body was spliced from the old one ([`ChainBody::splice`]).
+    spliced: bool,
     prefix: u32,
     old_mid: u32,
     new_mid: u32,
@@ -558,17 +601,36 @@ fn splice_pays(old_mid: u32, new_mid: u32, n: usize) -> bool {
     (old_mid + new_mid) as usize <= (n / 8).max(64)
 }
 
+/// Whether two rules have the same content: the fields [`content_hash`] covers, not where
+/// they were written nor the counters given in the text (an inserted line moves every later
+/// rule's location, which must not make them "changed").
+fn same_content(a: &Rule, b: &Rule) -> bool {
+    a.src == b.src
+        && a.dst == b.dst
+        && a.protocol == b.protocol
+        && a.fragment == b.fragment
+        && a.in_iface == b.in_iface
+        && a.out_iface == b.out_iface
+        && a.target == b.target
+        && a.matches == b.matches
+}
+
 /// The longest common prefix and, of what follows it, the longest common suffix of `old` and
-/// `new`: `(prefix, old_mid, new_mid)` with `old_mid`/`new_mid` the lengths of what differs.
+/// `new` (by [`same_content`]): `(prefix, old_mid, new_mid)` with `old_mid`/`new_mid` the
+/// lengths of what differs.
 fn diff_rules(old: &[Rule], new: &[Rule]) -> (u32, u32, u32) {
-    let prefix = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    let prefix = old
+        .iter()
+        .zip(new)
+        .take_while(|(a, b)| same_content(a, b))
+        .count();
     let rest = old.len().min(new.len()) - prefix;
     let suffix = old[prefix..]
         .iter()
         .rev()
         .zip(new[prefix..].iter().rev())
         .take(rest)
-        .take_while(|(a, b)| a == b)
+        .take_while(|(a, b)| same_content(a, b))
         .count();
     (
         prefix as u32,
@@ -830,8 +892,12 @@ impl Snapshot {
                             } else {
                                 diff_rules(old_rules, &chain.rules)
                             };
+                            let spliced = !ob.has_sets
+                                && (diff.1 != 0 || diff.2 != 0)
+                                && splice_pays(diff.1, diff.2, chain.rules.len());
                             let origin = ChainOrigin {
                                 old: oc,
+                                spliced,
                                 prefix: diff.0,
                                 old_mid: diff.1,
                                 new_mid: diff.2,
@@ -840,7 +906,7 @@ impl Snapshot {
                                 Arc::new(ChainBody::compile(&chain.rules, &cx)?)
                             } else if diff.1 == 0 && diff.2 == 0 {
                                 ob.clone()
-                            } else if splice_pays(diff.1, diff.2, chain.rules.len()) {
+                            } else if spliced {
                                 Arc::new(ob.splice(&chain.rules, diff, &cx)?)
                             } else {
                                 Arc::new(ChainBody::compile(&chain.rules, &cx)?)
@@ -973,23 +1039,38 @@ impl Snapshot {
         self.cores.len()
     }
 
-    /// How many chains share their compiled rules and index with the snapshot this one was
-    /// built from by [`Snapshot::compile_after`] (0 for a from-scratch compile), and how many
-    /// chains there are.
-    pub fn shared_chains(&self, prev: &Snapshot) -> (usize, usize) {
-        let shared = match &self.origin {
-            Some(o) if o.prev == prev.id => self
-                .chains
-                .iter()
-                .zip(o.chains.iter())
-                .filter(|(c, o)| {
-                    o.is_some_and(|o| Arc::ptr_eq(&c.body, &prev.chains[o.old as usize].body))
-                })
-                .count(),
-            _ => 0,
+    /// How this snapshot reused `prev`, when it was built from it by
+    /// [`Snapshot::compile_after`] (all zero but `chains` otherwise).
+    pub fn reuse(&self, prev: &Snapshot) -> Reuse {
+        let mut r = Reuse {
+            chains: self.chains.len(),
+            ..Reuse::default()
         };
-        (shared, self.chains.len())
+        if let Some(o) = self.origin.as_ref().filter(|o| o.prev == prev.id) {
+            for (c, o) in self.chains.iter().zip(o.chains.iter()) {
+                match o {
+                    Some(o) if Arc::ptr_eq(&c.body, &prev.chains[o.old as usize].body) => {
+                        r.shared += 1;
+                    }
+                    Some(o) if o.spliced => r.spliced += 1,
+                    _ => {}
+                }
+            }
+        }
+        r
     }
+}
+
+/// How a snapshot built by [`Snapshot::compile_after`] reused its predecessor
+/// ([`Snapshot::reuse`]). Chains neither shared nor spliced were compiled afresh.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reuse {
+    /// Chains in the snapshot.
+    pub chains: usize,
+    /// Chains whose compiled rules and index are the predecessor's (shared, not copied).
+    pub shared: usize,
+    /// Changed chains built from the predecessor's: unchanged rules copied, index updated.
+    pub spliced: usize,
 }
 
 /// A chain on a cycle of jumps and gotos, if any: iterative DFS with colours over the
@@ -1221,7 +1302,7 @@ fn compile_rule(
         out_iface: iface(&rule.out_iface)?,
         protocol: rule.protocol.map(|p| (p.negated, p.value)),
         fragment: rule.fragment,
-        matches: Arc::from(matches),
+        matches: Matches::new(matches),
         target,
     })
 }
@@ -1875,5 +1956,25 @@ impl Snapshot {
             }
         }
         carried
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[test]
+    fn hot_structs_stay_small() {
+        // A rule with its one inline match; the packet path reads it without another pointer.
+        assert!(
+            size_of::<CRule>() <= 168,
+            "CRule is {} bytes",
+            size_of::<CRule>()
+        );
+        assert!(
+            size_of::<CMatch>() <= 40,
+            "CMatch is {} bytes",
+            size_of::<CMatch>()
+        );
     }
 }
