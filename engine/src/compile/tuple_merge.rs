@@ -24,6 +24,12 @@
 //!
 //! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
 //! position and a 32-bit tag of its key hash, so most probes reject without reading a rule.
+//! A candidate whose tag matches is then checked against its rule's [`HeaderFilter`], a
+//! 28-byte summary of the rule's addresses, protocol and port ranges kept in a dense array
+//! (32 KB for 1k rules: it stays in L1/L2 where the 168-byte rules do not); only when the
+//! filter passes and is not the whole rule (negations, interfaces, other matches, IPv6) is the
+//! rule itself read. ClassBench rules are all "whole-rule" filters, so a lookup there reads
+//! no rule at all. (Port ranges are not hashed; the filter is where they are checked cheaply.)
 //! A snapshot is immutable, so the index is never changed in place. A commit that changes a
 //! few rules of a chain builds the chain's new index from the old one ([`ChainIndex::update`],
 //! TupleMerge's online insert and delete): every entry is copied with its position shifted,
@@ -230,6 +236,141 @@ fn has_side_effects(r: &CRule) -> bool {
     r.matches.iter().any(|m| matches!(m, CMatch::Limit(_)))
 }
 
+/// The header fields of a packet that [`HeaderFilter`]s look at, computed once per lookup.
+#[derive(Clone, Copy, Debug)]
+struct PacketKey {
+    /// IPv4 source (0 for IPv6: IPv6 filters do not look at addresses).
+    src: u32,
+    dst: u32,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+    fragment: bool,
+}
+
+impl PacketKey {
+    #[inline]
+    fn of(p: &PacketMeta) -> PacketKey {
+        let v4 = |ip: std::net::IpAddr| match ip {
+            std::net::IpAddr::V4(a) => u32::from(a),
+            std::net::IpAddr::V6(_) => 0,
+        };
+        PacketKey {
+            src: v4(p.src),
+            dst: v4(p.dst),
+            sport: p.sport,
+            dport: p.dport,
+            proto: p.protocol,
+            fragment: p.fragment,
+        }
+    }
+}
+
+/// A compact summary of a rule's header test (28 bytes, one per rule, in a dense array), checked
+/// before the rule itself so that most candidates a bucket proposes are turned away without
+/// reading the rule. It is always a necessary condition of the rule; when the rule has nothing
+/// else (plain IPv4 addresses or masks, plain protocol, at most one `-m tcp`/`-m udp` with
+/// plain port ranges and no flags or options), it is the whole rule ([`FILTER_EXACT`]) and the
+/// rule is not read at all.
+#[derive(Clone, Copy, Debug, Default)]
+struct HeaderFilter {
+    src: u32,
+    src_mask: u32,
+    dst: u32,
+    dst_mask: u32,
+    sport: (u16, u16),
+    dport: (u16, u16),
+    proto: u8,
+    proto_mask: u8,
+    flags: u8,
+}
+
+/// [`HeaderFilter::flags`]: the filter is the whole rule.
+const FILTER_EXACT: u8 = 1;
+/// [`HeaderFilter::flags`]: the rule has a port match, which fails on non-first fragments
+/// (as tcp_mt / udp_mt).
+const FILTER_PORTS: u8 = 2;
+
+impl HeaderFilter {
+    fn of(r: &CRule, width: u32) -> HeaderFilter {
+        let mut exact = width == 32;
+        let mut f = HeaderFilter {
+            sport: (0, u16::MAX),
+            dport: (0, u16::MAX),
+            ..HeaderFilter::default()
+        };
+        let addr = |m: AddrMatch, negated: bool, exact: &mut bool| -> (u32, u32) {
+            if width == 32 && !negated {
+                (m.net() as u32, m.mask() as u32)
+            } else {
+                *exact &= width == 32 && m.mask() == 0 && !negated;
+                (0, 0)
+            }
+        };
+        (f.src, f.src_mask) = addr(r.src, r.src_negated, &mut exact);
+        (f.dst, f.dst_mask) = addr(r.dst, r.dst_negated, &mut exact);
+        exact &= r.in_iface.is_none() && r.out_iface.is_none() && r.fragment.is_none();
+        match r.protocol {
+            Some((false, p)) => (f.proto, f.proto_mask) = (p, 0xff),
+            Some((true, _)) => exact = false,
+            None => {}
+        }
+        let mut ports_seen = 0;
+        for m in r.matches.iter() {
+            let (sport, dport) = match m {
+                CMatch::Tcp {
+                    sport,
+                    dport,
+                    flags,
+                    option,
+                } => {
+                    exact &= flags.is_none() && option.is_none();
+                    (sport, dport)
+                }
+                CMatch::Udp { sport, dport } => (sport, dport),
+                _ => {
+                    exact = false;
+                    continue;
+                }
+            };
+            ports_seen += 1;
+            f.flags |= FILTER_PORTS;
+            if ports_seen > 1 {
+                // A second port match: keep the first as the necessary condition.
+                exact = false;
+                continue;
+            }
+            let range = |p: &Option<(bool, crate::model::PortRange)>, exact: &mut bool| match p {
+                None => (0, u16::MAX),
+                Some((false, r)) => (r.lo, r.hi),
+                Some((true, _)) => {
+                    *exact = false;
+                    (0, u16::MAX)
+                }
+            };
+            f.sport = range(sport, &mut exact);
+            f.dport = range(dport, &mut exact);
+        }
+        if exact {
+            f.flags |= FILTER_EXACT;
+        }
+        f
+    }
+
+    /// Whether the packet passes the filter (branch-free).
+    #[inline]
+    fn passes(&self, k: &PacketKey) -> bool {
+        ((k.src & self.src_mask) == self.src)
+            & ((k.dst & self.dst_mask) == self.dst)
+            & ((k.proto & self.proto_mask) == self.proto)
+            & (self.sport.0 <= k.sport)
+            & (k.sport <= self.sport.1)
+            & (self.dport.0 <= k.dport)
+            & (k.dport <= self.dport.1)
+            & !(k.fragment & (self.flags & FILTER_PORTS != 0))
+    }
+}
+
 // === ChainIndex ===
 
 /// One hash table of a tuple: buckets in compressed form (`entries[starts[b]..starts[b+1]]`
@@ -263,6 +404,8 @@ pub(super) struct ChainIndex {
     fallback: Box<[u32]>,
     /// Rules whose matches have side effects (`-m limit`), ascending.
     effects: Box<[u32]>,
+    /// One [`HeaderFilter`] per rule of the chain, by position.
+    filters: Box<[HeaderFilter]>,
 }
 
 /// A table under construction.
@@ -471,6 +614,7 @@ impl ChainIndex {
             tables: tables.into_boxed_slice(),
             fallback: fallback.into_boxed_slice(),
             effects: effects.into_boxed_slice(),
+            filters: rules.iter().map(|r| HeaderFilter::of(r, width)).collect(),
         }
     }
 
@@ -575,10 +719,20 @@ impl ChainIndex {
             .chain(fresh.into_iter().map(TableBuilder::finish))
             .collect();
         tables.sort_by_key(|t| t.min);
+        let (p, e) = (at as usize, end as usize);
+        let mut filters = Vec::with_capacity(rules.len());
+        filters.extend_from_slice(&self.filters[..p]);
+        filters.extend(
+            rules[p..p + added as usize]
+                .iter()
+                .map(|r| HeaderFilter::of(r, width)),
+        );
+        filters.extend_from_slice(&self.filters[e..]);
         ChainIndex {
             tables: tables.into_boxed_slice(),
             fallback: fallback.into_boxed_slice(),
             effects: effects.into_boxed_slice(),
+            filters: filters.into_boxed_slice(),
         }
     }
 
@@ -593,6 +747,7 @@ impl ChainIndex {
                 })
                 .sum::<usize>()
             + 4 * (self.fallback.len() + self.effects.len())
+            + size_of_val::<[HeaderFilter]>(&self.filters)
     }
 
     /// Number of hash tables.
@@ -620,6 +775,15 @@ impl Snapshot {
         let src = addr_bits(p.src);
         let dst = addr_bits(p.dst);
         let l4 = l4_word(p.protocol, p.sport, p.dport);
+        let key = PacketKey::of(p);
+        // The filter first (dense array, no rule read); the rule only when the filter is not
+        // the whole rule.
+        let hit = |pos: u32, obs: &mut O| {
+            let f = &idx.filters[pos as usize];
+            f.passes(&key)
+                && (f.flags & FILTER_EXACT != 0
+                    || Self::rule_matches(&rules[pos as usize], p, now, obs))
+        };
         let mut best = u32::MAX;
         for t in idx.tables.iter() {
             if t.min >= best {
@@ -636,10 +800,7 @@ impl Snapshot {
                 if pos >= best {
                     break;
                 }
-                if t_tag == tag
-                    && pos >= start
-                    && Self::rule_matches(&rules[pos as usize], p, now, obs)
-                {
+                if t_tag == tag && pos >= start && hit(pos, obs) {
                     best = pos;
                     break;
                 }
@@ -650,7 +811,7 @@ impl Snapshot {
             if pos >= best {
                 break;
             }
-            if Self::rule_matches(&rules[pos as usize], p, now, obs) {
+            if hit(pos, obs) {
                 best = pos;
                 break;
             }
