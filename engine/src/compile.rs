@@ -76,10 +76,11 @@ impl Default for Classifier {
 /// Bytes a snapshot's rules and index take, as counted by [`Snapshot::memory_bytes`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryUsage {
-    /// Compiled rules: the rule structs and the arrays they own (matches, multiport lists);
-    /// shared objects such as sets are not counted.
+    /// Compiled rules: the rule structs (a single match is held inline) and the arrays they
+    /// own (several matches, multiport lists); shared objects such as sets are not counted.
     pub rules: usize,
-    /// The classification index of every chain.
+    /// The classification index of every chain: hash tables, lists and the 28-byte header
+    /// filter of every indexed rule.
     pub index: usize,
     /// Hash tables over all chain indexes.
     pub tables: usize,
@@ -999,19 +1000,20 @@ impl Snapshot {
             .clone()
             .flat_map(|b| b.rules.iter())
             .map(|r| {
+                // An inline match lives in the rule; shared ones in an `Arc` (two counters).
+                let shared = match &r.matches {
+                    Matches::Inline(_) => 0,
+                    Matches::Shared(a) => 16 + size_of_val::<[CMatch]>(a),
+                };
                 size_of::<CRule>()
+                    + shared
                     + r.matches
                         .iter()
-                        .map(|m| {
-                            size_of::<CMatch>()
-                                + match m {
-                                    CMatch::Multiport { ports, .. } => {
-                                        size_of_val::<[PortRange]>(ports)
-                                    }
-                                    CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
-                                    CMatch::Iprange(_) => size_of::<IprangeMatch>(),
-                                    _ => 0,
-                                }
+                        .map(|m| match m {
+                            CMatch::Multiport { ports, .. } => size_of_val::<[PortRange]>(ports),
+                            CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
+                            CMatch::Iprange(_) => size_of::<IprangeMatch>(),
+                            _ => 0,
                         })
                         .sum::<usize>()
             })
