@@ -28,6 +28,7 @@
 //! the offsets of [`Snapshot::zero_counters`].
 
 use std::hash::{Hash, Hasher};
+use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1619,7 +1620,9 @@ impl Snapshot {
         now: u64,
         obs: &mut O,
     ) -> Option<Verdict> {
-        let mut stack = [(0u32, 0u32); MAX_CALL_DEPTH];
+        // Return points of `-j`: (chain, next rule). Left uninitialised: zeroing 512 bytes for
+        // every packet and base chain cost ~6% of a 1k-rule lookup, and most packets never jump.
+        let mut stack = [MaybeUninit::<(u32, u32)>::uninit(); MAX_CALL_DEPTH];
         let mut depth = 0usize;
         let mut chain = base;
         let mut next = 0u32;
@@ -1632,7 +1635,9 @@ impl Snapshot {
                     return self.apply_policy(base, p, obs);
                 }
                 depth -= 1;
-                (chain, next) = stack[depth];
+                // SAFETY: every slot below the old `depth` was written by the push below (the
+                // only place `depth` grows), so `stack[depth]` is initialised.
+                (chain, next) = unsafe { stack[depth].assume_init() };
                 continue;
             }
             let rules = &body.rules[..];
@@ -1667,14 +1672,16 @@ impl Snapshot {
                         return self.apply_policy(base, p, obs);
                     }
                     depth -= 1;
-                    (chain, next) = stack[depth];
+                    // SAFETY: every slot below the old `depth` was written by the push below (the
+                    // only place `depth` grows), so `stack[depth]` is initialised.
+                    (chain, next) = unsafe { stack[depth].assume_init() };
                 }
                 CTarget::Jump(t) => {
                     obs.outcome(StepOutcome::Jump);
                     if depth == MAX_CALL_DEPTH {
                         return Some(Verdict::Drop);
                     }
-                    stack[depth] = (chain, next);
+                    stack[depth] = MaybeUninit::new((chain, next));
                     depth += 1;
                     chain = c.table_base + *t;
                     next = 0;
