@@ -702,14 +702,23 @@ impl BodyContext<'_> {
         matches!(self.classifier, Classifier::TupleMerge { min_rules } if n >= min_rules.max(1) as usize)
     }
 
-    fn finish(&self, rules: Vec<CRule>, hashes: Vec<u64>, index: Option<ChainIndex>) -> ChainBody {
+    /// The body of `rules`; `index`, `targets` and `has_sets` are computed here unless given.
+    fn finish(
+        &self,
+        rules: Vec<CRule>,
+        hashes: Vec<u64>,
+        index: Option<ChainIndex>,
+        known: Option<(Box<[u32]>, bool)>,
+    ) -> ChainBody {
         let index = index.or_else(|| {
             self.wants_index(rules.len())
                 .then(|| ChainIndex::build(&rules, self.width))
         });
+        let (targets, has_sets) =
+            known.unwrap_or_else(|| (jump_targets(&rules), rules.iter().any(has_set)));
         ChainBody {
-            targets: jump_targets(&rules),
-            has_sets: rules.iter().any(has_set),
+            targets,
+            has_sets,
             hashes: hashes.into_boxed_slice(),
             rules: rules.into_boxed_slice(),
             index,
@@ -722,7 +731,7 @@ impl ChainBody {
     fn compile(rules: &[Rule], cx: &BodyContext<'_>) -> Result<ChainBody, CompileError> {
         let compiled = cx.compile(rules)?;
         let hashes = rules.iter().map(content_hash).collect();
-        Ok(cx.finish(compiled, hashes, None))
+        Ok(cx.finish(compiled, hashes, None, None))
     }
 
     /// The body of `rules`, which equal this body's rules except that `old_mid` rules after
@@ -751,7 +760,16 @@ impl ChainBody {
             }
             _ => None,
         };
-        Ok(cx.finish(compiled, hashes, index))
+        // Only set-free bodies are spliced, so only the new rules can bring a set; the
+        // targets need a scan of the whole chain only when the old or the new rules jump.
+        let mid = &compiled[p..p + nm];
+        let has_sets = mid.iter().any(has_set);
+        let targets = if self.targets.is_empty() && jump_targets(mid).is_empty() {
+            Box::default()
+        } else {
+            jump_targets(&compiled)
+        };
+        Ok(cx.finish(compiled, hashes, index, Some((targets, has_sets))))
     }
 }
 
