@@ -1,6 +1,6 @@
 //! Incremental commits ([`Snapshot::compile_after`]) against from-scratch compiles: random
-//! sequences of small changes (insert, delete, replace one rule or a short run of rules) in a
-//! big indexed chain (ClassBench acl1 1k), in a small user chain that grows and shrinks across
+//! sequences of small changes (insert, delete, replace one rule or a short run of rules, and
+//! now and then 60 rules in or out at once) in a big indexed chain (ClassBench acl1 1k), in a small user chain that grows and shrinks across
 //! the index threshold, and in an untouched second ruleset. After every change the snapshot
 //! built from the previous one must
 //! - classify exactly like a snapshot compiled from scratch (same [`Trace`] for every header:
@@ -201,6 +201,18 @@ fn incremental_commits_equal_full_compiles() {
             let chains = &mut main.tables[0].chains;
             if touched_small {
                 mutate(&mut chains[3].rules, &mut rng, |r| maker.small(r));
+            } else if step % 8 == 5 {
+                // A bulk change within the splice limit (an eighth of the chain, at least
+                // 64): 60 rules in, or 60 out, so that tables outgrow or empty their bucket
+                // arrays (rehash and drop paths of the index update).
+                let big = &mut chains[0].rules;
+                let at = rng.below(big.len() - 60);
+                if step % 16 == 5 {
+                    let new: Vec<Rule> = (0..60).map(|_| maker.big(&mut rng)).collect();
+                    big.splice(at..at, new);
+                } else {
+                    big.drain(at..at + 60);
+                }
             } else {
                 mutate(&mut chains[0].rules, &mut rng, |r| maker.big(r));
             }

@@ -927,4 +927,123 @@ mod tests {
         // 64 bits of 128 scale to 16 of 32, which relax to 8: 32 of 128.
         assert_eq!((r6.src, r6.dst), (32, 32));
     }
+    /// Rules of one chain from iptables text: `-s 10.A.B.0/24 -d 192.168.C.D -p tcp --dport P`
+    /// for pseudo-random A..D, P (from `seed`), so they land in a few tables.
+    fn rule_lines(n: usize, seed: u64) -> Vec<String> {
+        let mut x = seed;
+        let mut next = move |m: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % m
+        };
+        (0..n)
+            .map(|_| match next(4) {
+                0 => format!("-A INPUT -s 10.{}.{}.0/24 -j ACCEPT", next(4), next(4)),
+                1 => format!(
+                    "-A INPUT -d 192.168.{}.{} -p tcp -m tcp --dport {} -j DROP",
+                    next(4),
+                    next(8),
+                    next(6) + 20
+                ),
+                2 => {
+                    let (net, lo) = (next(4), next(3) * 100);
+                    format!(
+                        "-A INPUT -s 10.{net}.0.0/16 -p udp -m udp --dport {lo}:{} -j ACCEPT",
+                        lo + 99
+                    )
+                }
+                _ => format!("-A INPUT ! -s 10.{}.0.0/16 -p tcp -j DROP", next(4)),
+            })
+            .collect()
+    }
+
+    fn compiled(lines: &[String]) -> Snapshot {
+        let text = format!(
+            "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n{}\nCOMMIT\n",
+            lines.join("\n")
+        );
+        let rs = crate::restore::parse_ruleset("t", &text, &Default::default()).expect("parses");
+        Snapshot::compile_with(
+            &[std::sync::Arc::new(rs)],
+            &crate::sets::NoSets,
+            1,
+            crate::compile::Classifier::TupleMerge { min_rules: 1 },
+        )
+        .expect("compiles")
+    }
+
+    /// Every first match from every start position, over a grid of packets.
+    fn answers(snap: &Snapshot, idx: &ChainIndex) -> Vec<Option<u32>> {
+        let rules = &snap.chains[0].body.rules;
+        let mut obs = super::super::Tracing {
+            names: &[],
+            steps: Vec::new(),
+            logs: Vec::new(),
+        };
+        let mut out = Vec::new();
+        for a in 0..5u8 {
+            for b in 0..5u8 {
+                for (proto, dport) in [(6u8, 22u16), (6, 25), (17, 150), (17, 250), (1, 0)] {
+                    let p = PacketMeta {
+                        src: std::net::Ipv4Addr::new(10, a, b, 7).into(),
+                        dst: std::net::Ipv4Addr::new(192, 168, a, b).into(),
+                        protocol: proto,
+                        dport,
+                        ..PacketMeta::default()
+                    };
+                    for start in (0..rules.len() as u32).step_by(7) {
+                        out.push(snap.indexed_next(idx, rules, start, &p, 0, &mut obs));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn update_equals_build_through_growth_and_shrink() {
+        let mut lines = rule_lines(12, 1);
+        let mut snap = compiled(&lines);
+        let mut grew = false;
+        for round in 0..12u64 {
+            // Six rounds of 30 rules in, then six of 30 out: tables outgrow their buckets,
+            // then shrink or empty.
+            let at = (round as usize * 5) % lines.len().max(1);
+            let (removed, added) = if round < 6 {
+                let new = rule_lines(30, 100 + round);
+                lines.splice(at..at, new);
+                (0, 30)
+            } else {
+                let n = 30.min(lines.len() - at);
+                lines.drain(at..at + n);
+                (n as u32, 0)
+            };
+            let next = compiled(&lines);
+            let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
+            let rules = &next.chains[0].body.rules;
+            let updated = old_idx.update(rules, 32, at as u32, removed, added);
+            let built = next.chains[0].body.index.as_ref().expect("indexed");
+            assert_eq!(
+                answers(&next, &updated),
+                answers(&next, built),
+                "round {round}"
+            );
+            for t in updated.tables.iter() {
+                assert!(
+                    t.entries.len() < t.starts.len(),
+                    "round {round}: table over full"
+                );
+                assert!(t.entries.windows(2).all(|w| w[0].pos != w[1].pos));
+            }
+            grew |= updated
+                .tables
+                .iter()
+                .zip(old_idx.tables.iter())
+                .any(|(n, o)| n.starts.len() > o.starts.len());
+            assert_eq!(updated.filters.len(), rules.len());
+            snap = next;
+        }
+        assert!(grew, "no table was rehashed to more buckets");
+    }
 }
