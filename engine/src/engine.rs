@@ -5,7 +5,9 @@
 //! [`Clock`] (all durations in ns):
 //! 1. **validate** every changed ruleset ([`crate::validate`]); any error aborts and changes
 //!    nothing;
-//! 2. **compile** all active rulesets with the change applied into a new [`Snapshot`];
+//! 2. **compile** all active rulesets with the change applied into a new [`Snapshot`],
+//!    incrementally from the active one ([`Snapshot::compile_after`]: unchanged chains are
+//!    shared, a few changed rules are spliced in and the chain's index updated);
 //! 3. **publish** it (pointer swap + writer barrier) and 4. **quiesce**: wait only for the
 //!    cores whose generation was odd (mid-batch), never for an RCU grace period, as x_tables'
 //!    `xt_replace_table` does since 2021;
@@ -318,7 +320,13 @@ impl Engine {
         }
         let t1 = self.clock.now_ns();
         let list: Vec<Arc<Ruleset>> = next.values().cloned().collect();
-        let snapshot = Snapshot::compile(&list, sets, self.dataplane.cores())?;
+        // Incremental: unchanged chains share the active snapshot's compiled rules and index,
+        // changed ones are spliced from them where that pays (`Snapshot::compile_after`). The
+        // snapshot compiled against must still be the active one at publish: `base` checks.
+        let cores = self.dataplane.cores();
+        let snapshot = self
+            .dataplane
+            .with_active(|prev| Snapshot::compile_after(prev, &list, sets, cores))?;
         let t2 = self.clock.now_ns();
         Ok(Prepared {
             base,

@@ -1,0 +1,229 @@
+//! The end-to-end worker pipeline under commits: two worker threads (one per core) classify a
+//! ClassBench trace through [`EngineWorker::process_batch`] (batches of 64 packets) while a
+//! committer thread commits a changed ruleset (one rule replaced, back and forth) every
+//! 100 ms. Rounds without and with commits alternate (so drift in machine load hits both
+//! alike); the table gives packets per second over all workers for each, and the dip. The
+//! machine has only the two cores the workers use, so the committer takes its CPU time from
+//! them: the last column (the committer's CPU time, incl. dropping retired snapshots, over
+//! the round's 2 core-seconds per second) is the part of the dip the commit work itself
+//! explains; the rest is caches refilled after a publish and scheduling. Each set also runs
+//! with one worker, which leaves the committer a core of its own (the deployed shape: the
+//! control plane does not share the workers' cores): that dip is what a commit costs the
+//! packet path itself.
+//!
+//! Sets: acl1 10k (neurocuts) with 10,000 headers sampled from its rules; with
+//! `VALLUM_BENCH_100K=1` also the generated acl1 100k. Conntrack is off (the classifier and the
+//! commit protocol are what is measured). `VALLUM_PIPELINE_SECS` sets the length of a round
+//! (default 2 s); there are 3 rounds of each kind.
+//!
+//! Run: `cargo bench -p vallum-engine --bench pipeline` (prints a table; no criterion).
+
+#![allow(missing_docs)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use vallum_engine::Clock;
+use vallum_engine::compile::Verdict;
+use vallum_engine::dataplane::BarrierStrategy;
+use vallum_engine::engine::{Change, Engine, EngineConfig};
+use vallum_engine::model::{Ruleset, Target};
+use vallum_engine::packet::PacketMeta;
+use vallum_engine::sets::NoSets;
+
+#[path = "support/classbench.rs"]
+mod classbench;
+
+struct MonoClock(Instant);
+
+impl Clock for MonoClock {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+const CORES: usize = 2;
+const BATCH: usize = 64;
+const COMMIT_EVERY: Duration = Duration::from_millis(100);
+
+struct RoundResult {
+    pps: f64,
+    commits: usize,
+    /// Median engine commit time (validate .. carry), us.
+    commit_us: f64,
+    /// CPU time the committer thread spent committing (and dropping retired snapshots), as a
+    /// share of the two cores over the round: the dip it alone explains.
+    commit_cpu_share: f64,
+}
+
+/// CPU time of the calling thread, ns (CLOCK_THREAD_CPUTIME_ID).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One round of `secs`: workers classify until told to stop; with `commits`, a committer
+/// alternates between the two rulesets every 100 ms.
+fn round(
+    engine: &Engine,
+    workers: usize,
+    packets: &[PacketMeta],
+    pair: &[Ruleset; 2],
+    commits: bool,
+    secs: f64,
+) -> RoundResult {
+    let stop = AtomicBool::new(false);
+    let total = AtomicU64::new(0);
+    let start = Barrier::new(workers + 1);
+    let mut times = Vec::new();
+    let mut cpu_ns = 0u64;
+    let elapsed = std::thread::scope(|s| {
+        for core in 0..workers {
+            let (stop, total, start) = (&stop, &total, &start);
+            s.spawn(move || {
+                let mut w = engine.worker(core).expect("worker");
+                let mut buf = [PacketMeta::default(); BATCH];
+                let mut verdicts = [Verdict::Accept; BATCH];
+                // Each core starts at another place of the trace.
+                let mut at = core * packets.len() / workers;
+                let mut n = 0u64;
+                start.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..16 {
+                        for b in buf.iter_mut() {
+                            *b = packets[at];
+                            at = if at + 1 == packets.len() { 0 } else { at + 1 };
+                        }
+                        n += w.process_batch(&mut buf, &mut verdicts, 0) as u64;
+                    }
+                }
+                total.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let t0 = Instant::now();
+        let end = t0 + Duration::from_secs_f64(secs);
+        let mut turn = 0usize;
+        let mut next = t0 + COMMIT_EVERY;
+        while Instant::now() < end {
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep((next - now).min(end - now));
+                continue;
+            }
+            next += COMMIT_EVERY;
+            if commits {
+                turn += 1;
+                let c0 = thread_cpu_ns();
+                let done = engine
+                    .commit(Change::Put(pair[turn % 2].clone()), &NoSets)
+                    .expect("commit");
+                times.push(done.report.total_ns());
+                // The retired snapshot is dropped here, on the committer thread.
+                drop(done.retired);
+                cpu_ns += thread_cpu_ns() - c0;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        t0.elapsed()
+    });
+    times.sort_unstable();
+    RoundResult {
+        pps: total.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        commits: times.len(),
+        commit_us: times
+            .get(times.len() / 2)
+            .map_or(0.0, |&t| t as f64 / 1000.0),
+        commit_cpu_share: cpu_ns as f64 / (elapsed.as_secs_f64() * 1e9 * CORES as f64),
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is not supported.
+    let Some(dir) = classbench::data_dir() else {
+        eprintln!("SKIP pipeline bench: ../shared/data/classbench not found");
+        return;
+    };
+    let secs: f64 = std::env::var("VALLUM_PIPELINE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    let mut sets = vec![(
+        "acl1",
+        std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k"),
+    )];
+    if std::env::var("VALLUM_BENCH_100K").as_deref() == Ok("1") {
+        match classbench::read_gz(&dir.join("generated/acl1_100k.gz")) {
+            Some(t) => sets.push(("acl1", t)),
+            None => eprintln!("SKIP acl1_100k: cannot gunzip"),
+        }
+    }
+    println!(
+        "| set | rules | workers | without commits (Mpps) | with a commit every 100 ms (Mpps) | dip | commits | median commit wall (us) | committer CPU / 2 cores |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, text) in sets {
+        for workers in [CORES, 1] {
+            let filters = classbench::parse_filters(&text).expect("parse");
+            let a = classbench::to_ruleset(name, &filters).expect("translate");
+            let mut b = a.clone();
+            let rules = &mut b.tables[0].chains[0].rules;
+            let mid = rules.len() / 2;
+            rules[mid] = classbench::to_rule(&filters[mid / 2], Target::Drop).expect("translate");
+            let pair = [a, b];
+            let packets: Vec<PacketMeta> = classbench::sample_headers(&filters, 10_000, 7)
+                .iter()
+                .map(classbench::to_packet)
+                .collect();
+            let engine = Engine::new(
+                EngineConfig {
+                    cores: CORES,
+                    barrier: BarrierStrategy::Membarrier,
+                    conntrack: None,
+                },
+                Arc::new(MonoClock(Instant::now())),
+            );
+            engine
+                .commit(Change::Put(pair[0].clone()), &NoSets)
+                .expect("commit");
+            // Warm-up.
+            round(&engine, workers, &packets, &pair, false, 0.5);
+            let (mut without, mut with) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                without.push(round(&engine, workers, &packets, &pair, false, secs));
+                with.push(round(&engine, workers, &packets, &pair, true, secs));
+            }
+            let mean = |v: &[RoundResult]| v.iter().map(|r| r.pps).sum::<f64>() / v.len() as f64;
+            let (w0, w1) = (mean(&without), mean(&with));
+            let mut commit_us: Vec<f64> = with.iter().map(|r| r.commit_us).collect();
+            commit_us.sort_by(f64::total_cmp);
+            let share = with.iter().map(|r| r.commit_cpu_share).sum::<f64>() / with.len() as f64;
+            println!(
+                "| {name} | {} | {workers} | {:.2} | {:.2} | {:+.1}% | {} | {:.0} | {:.1}% |",
+                filters.len(),
+                w0 / 1e6,
+                w1 / 1e6,
+                (w1 / w0 - 1.0) * 100.0,
+                with.iter().map(|r| r.commits).sum::<usize>(),
+                commit_us[commit_us.len() / 2],
+                share * 100.0,
+            );
+            eprintln!(
+                "rounds without: {:?} with: {:?} (Mpps)",
+                without
+                    .iter()
+                    .map(|r| (r.pps / 1e4).round() / 100.0)
+                    .collect::<Vec<_>>(),
+                with.iter()
+                    .map(|r| (r.pps / 1e4).round() / 100.0)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+}
