@@ -15,6 +15,8 @@
 
 #[path = "../../engine/benches/support/classbench.rs"]
 mod classbench;
+#[path = "support/inproc.rs"]
+mod inproc;
 
 use std::time::{Duration, Instant};
 
@@ -51,31 +53,8 @@ fn bench(c: &mut Criterion) {
         .expect("runtime");
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = tmp.path().join("bench.db");
-    // Find a free port, then run the server in-process on it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let config = vallum_server::Config::from_args([
-        "vallumd".to_string(),
-        "--listen".into(),
-        format!("127.0.0.1:{port}"),
-        "--db".into(),
-        db.display().to_string(),
-        "--cores".into(),
-        "2".into(),
-        "--metrics-listen".into(),
-        "127.0.0.1:0".into(),
-    ])
-    .expect("config");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(vallum_server::server::run_with(
-        config,
-        Default::default(),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    let server = inproc::start(&rt, &db, &[]);
+    let port = server.port;
     let mut client = rt.block_on(async {
         for _ in 0..200 {
             if let Ok(c) = RulesetServiceClient::connect(format!("http://127.0.0.1:{port}")).await {
@@ -151,8 +130,8 @@ fn bench(c: &mut Criterion) {
             ms(pct(&mut v, 0.99))
         );
     }
-    let _ = stop_tx.send(());
-    let _ = rt.block_on(server);
+    let _ = server.stop.send(());
+    let _ = rt.block_on(server.task);
     kernel_baselines(&a, rules);
 }
 

@@ -14,6 +14,9 @@
 //! whole gRPC call) instead of criterion's statistics, and prints min / median per case.
 //! Run: `cargo bench -p vallum-server --bench sets`
 
+#[path = "support/inproc.rs"]
+mod inproc;
+
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -32,40 +35,12 @@ fn hosts(n: usize, offset: usize) -> Vec<pb::SetElement> {
         .collect()
 }
 
-struct Server {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<vallum_server::error::Result<vallum_server::Summary>>,
-    port: u16,
-}
-
-fn start(rt: &tokio::runtime::Runtime, db: &std::path::Path) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let config = vallum_server::Config::from_args([
-        "vallumd".to_string(),
-        "--listen".into(),
-        format!("127.0.0.1:{port}"),
-        "--db".into(),
-        db.display().to_string(),
-        "--cores".into(),
-        "2".into(),
-        "--metrics-listen".into(),
-        "127.0.0.1:0".into(),
-        "--max-request-bytes".into(),
-        MAX_REQUEST.to_string(),
-    ])
-    .expect("config");
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = rt.spawn(vallum_server::server::run_with(
-        config,
-        Default::default(),
-        async {
-            let _ = rx.await;
-        },
-    ));
-    Server { stop, task, port }
+fn start(rt: &tokio::runtime::Runtime, db: &std::path::Path) -> inproc::Server {
+    inproc::start(
+        rt,
+        db,
+        &["--max-request-bytes".into(), MAX_REQUEST.to_string()],
+    )
 }
 
 /// Connects and waits until the server answers set calls (SERVING).
