@@ -32,8 +32,8 @@ use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
 use crate::limits;
 use crate::store::{
-    CommitTarget, NewRevision, Outcome, PersistCommit, Phases, RevisionRow, RevisionState,
-    RulesetRow, Store, now_ns,
+    AuditEntry, CommitTarget, NewRevision, Outcome, PersistCommit, Phases, RevisionRow,
+    RevisionState, RulesetRow, Store, now_ns,
 };
 
 pub mod sets;
@@ -114,6 +114,10 @@ struct Job {
     previous_state: RevisionState,
     confirm_deadline: Option<i64>,
     etag: Option<String>,
+    /// The model was validated against this pipeline's sets just before (an Apply's
+    /// [`crate::content::check`]): `run` does not validate it again (the engine's prepare
+    /// still does, under its own lock, so a set removed in between is still caught).
+    validated: bool,
 }
 
 impl Pipeline {
@@ -238,22 +242,27 @@ impl Pipeline {
         number: u64,
         confirm_within: Option<Duration>,
         etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
         let _w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
         let rev = self.revision(ruleset, number).await?;
         let model = rev.content.to_ruleset(ruleset, rs.priority)?;
         let (state, deadline) = confirm(confirm_within);
-        self.run(Job {
-            ruleset: ruleset.to_string(),
-            model,
-            target: CommitTarget::Staged(number),
-            state,
-            outcome: Outcome::Committed,
-            previous_state: RevisionState::Superseded,
-            confirm_deadline: deadline,
-            etag: etag.map(str::to_string),
-        })
+        self.run(
+            Job {
+                ruleset: ruleset.to_string(),
+                model,
+                target: CommitTarget::Staged(number),
+                state,
+                outcome: Outcome::Committed,
+                previous_state: RevisionState::Superseded,
+                confirm_deadline: deadline,
+                etag: etag.map(str::to_string),
+                validated: false,
+            },
+            audit,
+        )
         .await
     }
 
@@ -267,6 +276,7 @@ impl Pipeline {
         message: &str,
         confirm_within: Option<Duration>,
         etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
         let checked = checked.into_valid()?;
         self.check_rules(&checked)?;
@@ -274,20 +284,28 @@ impl Pipeline {
         let (state, deadline) = confirm(confirm_within);
         let _w = self.write.lock().await;
         let mut model = checked.ruleset;
-        match self.store.get_ruleset(&new.ruleset).await? {
-            Some(rs) => model.priority = rs.priority,
-            None => self.check_rulesets(&new.ruleset).await?,
+        // A ruleset's priority is fixed when it is created: an active one's is in memory.
+        match self.active_priority(&new.ruleset) {
+            Some(priority) => model.priority = priority,
+            None => match self.store.get_ruleset(&new.ruleset).await? {
+                Some(rs) => model.priority = rs.priority,
+                None => self.check_rulesets(&new.ruleset).await?,
+            },
         }
-        self.run(Job {
-            ruleset: new.ruleset.clone(),
-            model,
-            target: CommitTarget::New(new),
-            state,
-            outcome: Outcome::Committed,
-            previous_state: RevisionState::Superseded,
-            confirm_deadline: deadline,
-            etag: etag.map(str::to_string),
-        })
+        self.run(
+            Job {
+                ruleset: new.ruleset.clone(),
+                model,
+                target: CommitTarget::New(new),
+                state,
+                outcome: Outcome::Committed,
+                previous_state: RevisionState::Superseded,
+                confirm_deadline: deadline,
+                etag: etag.map(str::to_string),
+                validated: true,
+            },
+            audit,
+        )
         .await
     }
 
@@ -302,6 +320,7 @@ impl Pipeline {
         author: &str,
         message: &str,
         etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
         let _w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
@@ -312,23 +331,27 @@ impl Pipeline {
         } else {
             message.to_string()
         };
-        self.run(Job {
-            ruleset: ruleset.to_string(),
-            model,
-            target: CommitTarget::New(NewRevision {
+        self.run(
+            Job {
                 ruleset: ruleset.to_string(),
-                priority: rs.priority,
-                content: rev.content.clone(),
-                rule_count: rev.rule_count,
-                author: author.to_string(),
-                message,
-            }),
-            state: RevisionState::Active,
-            outcome: Outcome::RolledBack,
-            previous_state: RevisionState::Superseded,
-            confirm_deadline: None,
-            etag: etag.map(str::to_string),
-        })
+                model,
+                target: CommitTarget::New(NewRevision {
+                    ruleset: ruleset.to_string(),
+                    priority: rs.priority,
+                    content: rev.content.clone(),
+                    rule_count: rev.rule_count,
+                    author: author.to_string(),
+                    message,
+                }),
+                state: RevisionState::Active,
+                outcome: Outcome::RolledBack,
+                previous_state: RevisionState::Superseded,
+                confirm_deadline: None,
+                etag: etag.map(str::to_string),
+                validated: false,
+            },
+            audit,
+        )
         .await
     }
 
@@ -404,26 +427,30 @@ impl Pipeline {
                 Some(prev) => {
                     let rev = self.revision(&c.ruleset, prev).await?;
                     let model = rev.content.to_ruleset(&c.ruleset, rs.priority)?;
-                    self.run(Job {
-                        ruleset: c.ruleset.clone(),
-                        model,
-                        target: CommitTarget::New(NewRevision {
+                    self.run(
+                        Job {
                             ruleset: c.ruleset.clone(),
-                            priority: rs.priority,
-                            content: rev.content.clone(),
-                            rule_count: rev.rule_count,
-                            author: "vallumd".into(),
-                            message: format!(
-                                "automatic rollback: revision {} was not confirmed in time",
-                                c.revision
-                            ),
-                        }),
-                        state: RevisionState::Active,
-                        outcome: Outcome::RolledBack,
-                        previous_state: RevisionState::Rejected,
-                        confirm_deadline: None,
-                        etag: None,
-                    })
+                            model,
+                            target: CommitTarget::New(NewRevision {
+                                ruleset: c.ruleset.clone(),
+                                priority: rs.priority,
+                                content: rev.content.clone(),
+                                rule_count: rev.rule_count,
+                                author: "vallumd".into(),
+                                message: format!(
+                                    "automatic rollback: revision {} was not confirmed in time",
+                                    c.revision
+                                ),
+                            }),
+                            state: RevisionState::Active,
+                            outcome: Outcome::RolledBack,
+                            previous_state: RevisionState::Rejected,
+                            confirm_deadline: None,
+                            etag: None,
+                            validated: false,
+                        },
+                        &mut None,
+                    )
                     .await?;
                 }
                 None => {
@@ -492,6 +519,12 @@ impl Pipeline {
 
     /// Records `ruleset`'s active (revision, priority), or that it has none, and tells the
     /// observer.
+    /// The priority of `ruleset` when it has an active revision.
+    fn active_priority(&self, ruleset: &str) -> Option<i32> {
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        active.get(ruleset).map(|h| h.1)
+    }
+
     fn set_active(&self, ruleset: &str, head: Option<(u64, i32)>) {
         {
             let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
@@ -549,12 +582,17 @@ impl Pipeline {
     }
 
     /// The pipeline proper; the caller holds the write lock.
-    async fn run(&self, job: Job) -> Result<CommitResult> {
+    /// Validates, persists (with `audit`, taken once it is durable) and publishes `job`.
+    async fn run(&self, job: Job, audit: &mut Option<AuditEntry>) -> Result<CommitResult> {
         let wall = std::time::Instant::now();
         let started_at = now_ns();
         let t0 = self.clock.now_ns();
-        // validate
-        let violations = self.engine.validate(&job.model, &*self.sets);
+        // validate (an Apply's model was, a moment ago, by the same validator)
+        let violations = if job.validated {
+            Vec::new()
+        } else {
+            self.engine.validate(&job.model, &*self.sets)
+        };
         if has_errors(&violations) {
             return Err(Error::BadRequest {
                 reason: Reason::InvalidRuleset,
@@ -586,6 +624,7 @@ impl Pipeline {
                 expected_etag: job.etag,
                 started_at,
                 validate_ns: t1.saturating_sub(t0),
+                audit: audit.clone(),
             })
             .await;
         let t2 = self.clock.now_ns();
@@ -593,7 +632,11 @@ impl Pipeline {
             .await
             .map_err(|e| Error::Internal(format!("commit task: {e}")));
         let persisted = match persisted {
-            Ok(p) => p,
+            Ok(p) => {
+                // The audit record is durable with the commit; a refusal below corrects it.
+                audit.take();
+                p
+            }
             Err(e) => {
                 // Nothing was published; the prepared snapshot is dropped off the async
                 // workers.
@@ -614,10 +657,11 @@ impl Pipeline {
             ))),
             Ok(Ok(p)) => tokio::task::spawn_blocking(move || {
                 engine.publish(p).map(|c| {
-                    let report = c.report;
-                    // Free the old snapshot here, off the async workers.
-                    drop(c.retired);
-                    report
+                    // Free the old snapshot off the async workers, and after the reply: no
+                    // core reads it any more (publish waited for them).
+                    let retired = c.retired;
+                    tokio::task::spawn_blocking(move || drop(retired));
+                    c.report
                 })
             })
             .await
@@ -629,7 +673,8 @@ impl Pipeline {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
                 let msg = e.to_string();
-                self.store.revert_commit(&persisted, &msg).await?;
+                let outcome = Error::Commit(msg.clone()).reason().info().name;
+                self.store.revert_commit(&persisted, &msg, outcome).await?;
                 self.emit(
                     &job.ruleset,
                     persisted.revision.number,
@@ -641,7 +686,10 @@ impl Pipeline {
                 return Err(Error::Commit(msg));
             }
             Err(e) => {
-                self.store.revert_commit(&persisted, &e.to_string()).await?;
+                let outcome = e.reason().info().name;
+                self.store
+                    .revert_commit(&persisted, &e.to_string(), outcome)
+                    .await?;
                 return Err(e);
             }
         };
@@ -659,10 +707,15 @@ impl Pipeline {
             &job.ruleset,
             Some((persisted.revision.number, persisted.ruleset.priority)),
         );
-        // Phase columns are informative; a failure to write them does not undo the commit.
-        if let Err(e) = self.store.finish_commit(persisted.commit_id, &phases).await {
-            eprintln!("vallumd: recording commit phases failed: {e}");
-        }
+        // Phase columns are informative: written after the reply (a transaction and an fsync
+        // the caller need not wait for); a failure to write them does not undo the commit.
+        let store = self.store.clone();
+        let commit_id = persisted.commit_id;
+        tokio::spawn(async move {
+            if let Err(e) = store.finish_commit(commit_id, &phases).await {
+                eprintln!("vallumd: recording commit phases failed: {e}");
+            }
+        });
         self.emit(
             &job.ruleset,
             persisted.revision.number,
@@ -698,5 +751,92 @@ fn new_revision(c: &Checked, author: &str, message: &str) -> NewRevision {
         rule_count: u32::try_from(c.ruleset.rule_count()).unwrap_or(u32::MAX),
         author: author.to_string(),
         message: message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::content::{RulesetInput, TextPart};
+    use vallum_engine::dataplane::BarrierStrategy;
+    use vallum_engine::engine::EngineConfig;
+    use vallum_engine::model::Family;
+
+    fn entry() -> AuditEntry {
+        AuditEntry {
+            at: 1,
+            caller: "me".into(),
+            method: "Apply".into(),
+            request_digest: "d".into(),
+            outcome: "OK".into(),
+        }
+    }
+
+    fn checked(p: &Pipeline, rules: usize) -> Checked {
+        let mut text = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for i in 0..rules {
+            text.push_str(&format!("-A INPUT -p tcp --dport {} -j ACCEPT\n", i + 1));
+        }
+        text.push_str("COMMIT\n");
+        let input = RulesetInput {
+            parts: vec![TextPart {
+                text,
+                family: Family::Ipv4,
+                filename: "t.rules".into(),
+                field: "source.text.content".into(),
+                line_fields: None,
+            }],
+        };
+        crate::content::check("web", 0, &input, p.sets().as_ref()).expect("checks")
+    }
+
+    /// The audit record of an Apply is written in the commit's own transaction (the slot is
+    /// emptied); one refused before anything is stored is left to the caller to write.
+    #[tokio::test]
+    async fn apply_writes_its_audit_record_with_the_commit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("v.db")).await.expect("store");
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+        let engine = Arc::new(Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            clock.clone(),
+        ));
+        let mut hooks = Hooks::default();
+        hooks.limits.max_rules_per_ruleset = 5;
+        let p = Pipeline::new(engine, store.clone(), clock, hooks);
+
+        let mut audit = Some(entry());
+        let c = checked(&p, 3);
+        let r = p.apply(c, "me", "m", None, None, &mut audit).await;
+        assert_eq!(r.expect("commits").revision.number, 1);
+        assert!(audit.is_none(), "written with the commit");
+        assert_eq!(store.audit_count().await.expect("count"), 1);
+        // Same text again: the chunks are shared, the revision is new.
+        let mut audit = Some(entry());
+        let c = checked(&p, 3);
+        let r = p.apply(c, "me", "m", None, None, &mut audit).await;
+        assert_eq!(r.expect("commits").revision.number, 2);
+        assert_eq!(store.audit_count().await.expect("count"), 2);
+
+        // Over --max-rules: refused before the store; the record is still the caller's.
+        let mut audit = Some(entry());
+        let c = checked(&p, 6);
+        assert!(p.apply(c, "me", "m", None, None, &mut audit).await.is_err());
+        assert!(audit.is_some());
+        assert_eq!(store.audit_count().await.expect("count"), 2);
+        let rev = store
+            .get_revision("web", 2)
+            .await
+            .expect("read")
+            .expect("rev 2");
+        assert!(
+            rev.content.v4.contains("--dport 3 -j ACCEPT"),
+            "{}",
+            rev.content.v4
+        );
     }
 }

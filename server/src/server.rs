@@ -255,6 +255,7 @@ pub async fn run_with(
                 "bundled example ruleset",
                 None,
                 None,
+                &mut None,
             )
             .await?;
     }

@@ -85,23 +85,38 @@ impl State {
         request: &R,
         result: &Result<T>,
     ) {
-        let digest: String = Sha256::digest(request.encode_to_vec())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let outcome = match result {
-            Ok(_) => "OK".to_string(),
-            Err(e) => e.reason().info().name.to_string(),
+        self.audit_pending(Some(audit_entry(caller, method, request)), result)
+            .await;
+    }
+
+    /// Writes `entry` with the outcome of `result`, unless it was already written (`None`:
+    /// the pipeline recorded it inside its commit transaction, see
+    /// [`crate::store::PersistCommit::audit`]).
+    pub async fn audit_pending<T>(&self, entry: Option<AuditEntry>, result: &Result<T>) {
+        let Some(mut entry) = entry else {
+            return;
         };
-        let entry = AuditEntry {
-            at: now_ns(),
-            caller,
-            method: method.to_string(),
-            request_digest: digest,
-            outcome,
-        };
+        if let Err(e) = result {
+            entry.outcome = e.reason().info().name.to_string();
+        }
         if let Err(e) = self.pipeline.store().audit(&entry).await {
             eprintln!("vallumd: audit write failed: {e}");
         }
+    }
+}
+
+/// The audit record of a call of `method` by `caller` with `request` (outcome `OK`; the
+/// writer sets the failure reason): the request is identified by the sha256 of its encoding.
+pub fn audit_entry<R: prost::Message>(caller: String, method: &str, request: &R) -> AuditEntry {
+    let digest: String = Sha256::digest(request.encode_to_vec())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    AuditEntry {
+        at: now_ns(),
+        caller,
+        method: method.to_string(),
+        request_digest: digest,
+        outcome: "OK".to_string(),
     }
 }

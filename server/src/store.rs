@@ -16,11 +16,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
 use crate::content::Content;
 use crate::error::{Error, Result};
 
+pub mod chunks;
 pub mod sets;
 
 /// Now as Unix nanoseconds.
@@ -254,6 +255,10 @@ pub struct PersistCommit {
     pub started_at: i64,
     /// Validation time so far.
     pub validate_ns: u64,
+    /// The audit record of the call that asked for this commit, written in the same
+    /// transaction (so the record and the commit are durable together, with one fsync);
+    /// [`Store::revert_commit`] corrects its outcome should the engine refuse.
+    pub audit: Option<AuditEntry>,
 }
 
 /// The result of [`Store::persist_commit`].
@@ -267,6 +272,8 @@ pub struct Persisted {
     pub revision: RevisionRow,
     /// The revision active before, and its state before.
     pub previous: Option<(u64, RevisionState)>,
+    /// The id of the audit record written with the commit, if one was given.
+    pub audit_id: Option<i64>,
 }
 
 /// One audit record.
@@ -316,27 +323,41 @@ fn ruleset_row(r: &SqliteRow) -> Result<RulesetRow> {
     })
 }
 
-/// A query for revisions with their content: `revisions` joined with `revision_content` (the
-/// texts live in their own table so that the small columns can be read and updated without
-/// touching them; see the migration `20261201120000_revision_content.sql`), followed by
-/// `$tail` (a `WHERE r.…` literal).
+/// A query for revisions with their chunk lists: `revisions` joined with `revision_chunks`
+/// (the texts live in content-addressed chunks, see [`chunks`]; the small columns can be read
+/// and updated without touching them), followed by `$tail` (a `WHERE r.…` literal). Rows go
+/// through [`revision_rows`].
 macro_rules! revision_select {
     ($tail:literal) => {
         concat!(
-            "SELECT r.ruleset, r.number, r.parent, r.digest, c.content_v4, c.content_v6, ",
+            "SELECT r.ruleset, r.number, r.parent, r.digest, c.chunks_v4, c.chunks_v6, ",
             "r.rule_count, r.author, r.message, r.state, r.created_at FROM revisions r ",
-            "JOIN revision_content c ON c.ruleset = r.ruleset AND c.number = r.number ",
+            "JOIN revision_chunks c ON c.ruleset = r.ruleset AND c.number = r.number ",
             $tail
         )
     };
 }
 
-fn revision_row(r: &SqliteRow) -> Result<RevisionRow> {
-    let content = Content {
-        v4: r.try_get("content_v4")?,
-        v6: r.try_get("content_v6")?,
-    };
-    revision_row_with(r, content)
+/// Revisions from rows of [`revision_select!`], with their texts joined from the chunks.
+async fn revision_rows(
+    conn: &mut SqliteConnection,
+    rows: &[SqliteRow],
+) -> Result<Vec<RevisionRow>> {
+    let mut lists = Vec::with_capacity(rows.len() * 2);
+    for r in rows {
+        lists.push(r.try_get::<String, _>("chunks_v4")?);
+        lists.push(r.try_get::<String, _>("chunks_v6")?);
+    }
+    let refs: Vec<&str> = lists.iter().map(String::as_str).collect();
+    let mut texts = chunks::texts(conn, &refs).await?.into_iter();
+    rows.iter()
+        .map(|r| {
+            let (Some(v4), Some(v6)) = (texts.next(), texts.next()) else {
+                return Err(Error::Internal("chunk texts missing".into()));
+            };
+            revision_row_with(r, Content { v4, v6 })
+        })
+        .collect()
 }
 
 /// A revision from a row of `revisions` alone, with `content` the caller already has.
@@ -391,12 +412,12 @@ async fn revision_in(
     ruleset: &str,
     number: u64,
 ) -> Result<Option<RevisionRow>> {
-    let row = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
+    let rows = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
         .bind(ruleset)
         .bind(i64_of(number))
-        .fetch_optional(&mut **tx)
+        .fetch_all(&mut **tx)
         .await?;
-    row.as_ref().map(revision_row).transpose()
+    Ok(revision_rows(tx, &rows).await?.pop())
 }
 
 /// Revision `number` of `ruleset` with `content` (which the caller knows), without reading
@@ -481,13 +502,14 @@ async fn insert_revision(
     .bind(now)
     .execute(&mut **tx)
     .await?;
+    let (v4, v6) = chunks::put(tx, &new.content).await?;
     sqlx::query(
-        "INSERT INTO revision_content (ruleset, number, content_v4, content_v6) VALUES (?, ?, ?, ?)",
+        "INSERT INTO revision_chunks (ruleset, number, chunks_v4, chunks_v6) VALUES (?, ?, ?, ?)",
     )
     .bind(&rs.name)
     .bind(i64_of(number))
-    .bind(&new.content.v4)
-    .bind(&new.content.v6)
+    .bind(v4)
+    .bind(v6)
     .execute(&mut **tx)
     .await?;
     Ok(number)
@@ -550,18 +572,47 @@ async fn prune_revisions(
     }
     let prune = crate::limits::revisions_to_prune(&numbers, &protect, keep);
     for n in &prune {
-        for q in [
-            "DELETE FROM revisions WHERE ruleset = ? AND number = ?",
-            "DELETE FROM revision_content WHERE ruleset = ? AND number = ?",
-        ] {
-            sqlx::query(q)
-                .bind(ruleset)
-                .bind(i64_of(*n))
-                .execute(&mut **tx)
-                .await?;
-        }
+        let lists = sqlx::query(
+            "DELETE FROM revision_chunks WHERE ruleset = ? AND number = ? RETURNING chunks_v4, chunks_v6",
+        )
+        .bind(ruleset)
+        .bind(i64_of(*n))
+        .fetch_all(&mut **tx)
+        .await?;
+        release_lists(tx, &lists).await?;
+        sqlx::query("DELETE FROM revisions WHERE ruleset = ? AND number = ?")
+            .bind(ruleset)
+            .bind(i64_of(*n))
+            .execute(&mut **tx)
+            .await?;
     }
     Ok(prune)
+}
+
+/// Appends an audit record; returns its id.
+async fn insert_audit(conn: &mut SqliteConnection, e: &AuditEntry) -> Result<i64> {
+    let id = sqlx::query(
+        "INSERT INTO audit (at, caller, method, request_digest, outcome) VALUES (?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(e.at)
+    .bind(&e.caller)
+    .bind(&e.method)
+    .bind(&e.request_digest)
+    .bind(&e.outcome)
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get("id")?;
+    Ok(id)
+}
+
+/// Releases the chunks named by deleted `revision_chunks` rows (`chunks_v4`, `chunks_v6`).
+async fn release_lists(conn: &mut SqliteConnection, rows: &[SqliteRow]) -> Result<()> {
+    let mut lists = Vec::with_capacity(rows.len() * 2);
+    for r in rows {
+        lists.push(r.try_get::<String, _>("chunks_v4")?);
+        lists.push(r.try_get::<String, _>("chunks_v6")?);
+    }
+    chunks::release(conn, &lists).await
 }
 
 async fn set_state(
@@ -660,12 +711,13 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn get_revision(&self, ruleset: &str, number: u64) -> Result<Option<RevisionRow>> {
-        let row = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
+        let mut conn = self.pool.acquire().await?;
+        let rows = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
             .bind(ruleset)
             .bind(i64_of(number))
-            .fetch_optional(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
-        row.as_ref().map(revision_row).transpose()
+        Ok(revision_rows(&mut conn, &rows).await?.pop())
     }
 
     /// Revisions with `number > after`, ascending, at most `limit`.
@@ -677,15 +729,16 @@ impl Store {
         after: u64,
         limit: u32,
     ) -> Result<Vec<RevisionRow>> {
+        let mut conn = self.pool.acquire().await?;
         let rows = sqlx::query(revision_select!(
             "WHERE r.ruleset = ? AND r.number > ? ORDER BY r.number LIMIT ?"
         ))
         .bind(ruleset)
         .bind(i64_of(after))
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *conn)
         .await?;
-        rows.iter().map(revision_row).collect()
+        revision_rows(&mut conn, &rows).await
     }
 
     /// The rulesets with an active revision, with that revision: what the engine must run.
@@ -806,6 +859,10 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?
         .try_get("id")?;
+        let audit_id = match &c.audit {
+            Some(a) => Some(insert_audit(&mut tx, a).await?),
+            None => None,
+        };
         // The previous active revision stays: revert_commit restores it if the engine refuses.
         let mut keep = vec![number];
         keep.extend(rs.active_revision);
@@ -825,6 +882,7 @@ impl Store {
                 ruleset,
                 revision,
                 previous,
+                audit_id,
             }),
             _ => Err(Error::Internal("committed rows vanished".into())),
         }
@@ -853,12 +911,20 @@ impl Store {
     }
 
     /// Undoes [`Store::persist_commit`] when the engine refused the commit: the revision is
-    /// REJECTED, the previous one active again, the commit row FAILED with `error`.
+    /// REJECTED, the previous one active again, the commit row FAILED with `error`, and the
+    /// audit record written with the commit (if any) gets `outcome` (a reason name).
     ///
     /// Errors: [`Error::Store`].
-    pub async fn revert_commit(&self, p: &Persisted, error: &str) -> Result<()> {
+    pub async fn revert_commit(&self, p: &Persisted, error: &str, outcome: &str) -> Result<()> {
         let now = now_ns();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if let Some(id) = p.audit_id {
+            sqlx::query("UPDATE audit SET outcome = ? WHERE id = ?")
+                .bind(outcome)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
         let name = &p.ruleset.name;
         set_state(&mut tx, name, p.revision.number, RevisionState::Rejected).await?;
         if let Some((prev, state)) = p.previous {
@@ -970,12 +1036,17 @@ impl Store {
             return Ok(false);
         };
         check_etag(&rs, expected_etag)?;
-        for q in [
-            "DELETE FROM revisions WHERE ruleset = ?",
-            "DELETE FROM revision_content WHERE ruleset = ?",
-        ] {
-            sqlx::query(q).bind(name).execute(&mut *tx).await?;
-        }
+        let lists = sqlx::query(
+            "DELETE FROM revision_chunks WHERE ruleset = ? RETURNING chunks_v4, chunks_v6",
+        )
+        .bind(name)
+        .fetch_all(&mut *tx)
+        .await?;
+        release_lists(&mut tx, &lists).await?;
+        sqlx::query("DELETE FROM revisions WHERE ruleset = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("DELETE FROM commits WHERE ruleset = ?")
             .bind(name)
             .execute(&mut *tx)
@@ -1026,16 +1097,8 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn audit(&self, e: &AuditEntry) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO audit (at, caller, method, request_digest, outcome) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(e.at)
-        .bind(&e.caller)
-        .bind(&e.method)
-        .bind(&e.request_digest)
-        .bind(&e.outcome)
-        .execute(&self.pool)
-        .await?;
+        let mut conn = self.pool.acquire().await?;
+        insert_audit(&mut conn, e).await?;
         Ok(())
     }
 
@@ -1054,6 +1117,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlx::AssertSqlSafe;
 
     fn new_rev(name: &str, text: &str) -> NewRevision {
         NewRevision {
@@ -1080,6 +1144,7 @@ mod tests {
             expected_etag: None,
             started_at: now_ns(),
             validate_ns: 1,
+            audit: None,
         }
     }
 
@@ -1136,6 +1201,88 @@ mod tests {
         let (rs, active) = store.active().await.unwrap().remove(0);
         assert_eq!((rs.name.as_str(), active.number), ("a", 2));
         assert_eq!(active.content.v4, listed[1].content.v4);
+        // The old texts became one chunk each (4 texts); deleting the ruleset frees them.
+        assert_eq!(chunk_count(&store).await, (4, 4));
+        assert!(store.delete_ruleset("a", None).await.unwrap());
+        assert_eq!(chunk_count(&store).await, (0, 0));
+    }
+
+    /// Rows of `chunks` and `chunk_texts`.
+    async fn chunk_count(store: &Store) -> (i64, i64) {
+        let n = |t: &'static str| async move {
+            sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) FROM {t}")))
+                .fetch_one(&store.pool)
+                .await
+                .unwrap()
+                .get::<i64, _>(0)
+        };
+        (n("chunks").await, n("chunk_texts").await)
+    }
+
+    /// Revisions that differ in a few rules share their other chunks; pruning and deleting
+    /// release exactly the chunks no kept revision names, and every kept text reads back
+    /// byte for byte.
+    #[tokio::test]
+    async fn revisions_share_chunks_and_release_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_revisions_kept(3);
+        let text = |k: usize| {
+            let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
+            for i in 0..3000 {
+                let port = if i == 1500 { 10_000 + k } else { i };
+                s.push_str(&format!(
+                    "-A INPUT -s 10.0.{}.0/24 -p tcp -m tcp --dport {port} -j ACCEPT\n",
+                    i % 256
+                ));
+            }
+            s + "COMMIT\n"
+        };
+        let mut texts = Vec::new();
+        for k in 0..6 {
+            let mut rev = new_rev("a", &text(k));
+            // The IPv6 text is the same in every revision: all its chunks are shared.
+            rev.content.v6 = text(0).replace("10.0.", "2001:db8::");
+            texts.push(rev.content.clone());
+            store
+                .persist_commit(&commit("a", CommitTarget::New(rev)))
+                .await
+                .unwrap();
+        }
+        let kept = store.list_revisions("a", 0, 100).await.unwrap();
+        assert_eq!(kept.iter().map(|r| r.number).collect::<Vec<_>>(), [4, 5, 6]);
+        for r in &kept {
+            assert_eq!(r.content, texts[r.number as usize - 1]);
+        }
+        // One copy of each text plus the changed chunk of each kept revision.
+        let one =
+            chunks::split(&texts[0].v4).len() as i64 + chunks::split(&texts[0].v6).len() as i64;
+        let (c, t) = chunk_count(&store).await;
+        assert_eq!(c, t);
+        assert!(
+            c >= one && c <= one + 2 * 3,
+            "{c} chunks for {one} per revision"
+        );
+        let refs: i64 = sqlx::query("SELECT SUM(refs) FROM chunks")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap()
+            .get(0);
+        let distinct = |t: &str| {
+            chunks::split(t)
+                .into_iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len() as i64
+        };
+        let expect: i64 = kept
+            .iter()
+            .map(|r| distinct(&r.content.v4) + distinct(&r.content.v6))
+            .sum();
+        assert_eq!(refs, expect);
+        assert!(store.delete_ruleset("a", None).await.unwrap());
+        assert_eq!(chunk_count(&store).await, (0, 0));
     }
 
     #[tokio::test]
@@ -1208,10 +1355,21 @@ mod tests {
                 .await,
             Err(Error::Precondition { .. })
         ));
+        // The audit record goes in with the commit.
         let p2 = store
-            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", "y"))))
+            .persist_commit(&PersistCommit {
+                audit: Some(AuditEntry {
+                    at: 1,
+                    caller: "me".into(),
+                    method: "Apply".into(),
+                    request_digest: "d".into(),
+                    outcome: "OK".into(),
+                }),
+                ..commit("a", CommitTarget::New(new_rev("a", "y")))
+            })
             .await
             .unwrap();
+        assert_eq!(store.audit_count().await.unwrap(), 1);
         assert_eq!(p2.revision.number, 2);
         assert_eq!(p2.previous, Some((1, RevisionState::Active)));
         store
@@ -1229,7 +1387,17 @@ mod tests {
             RevisionState::Superseded
         );
         assert_eq!(store.commits("a").await.unwrap().len(), 2);
-        store.revert_commit(&p2, "boom").await.unwrap();
+        store
+            .revert_commit(&p2, "boom", "COMMIT_FAILED")
+            .await
+            .unwrap();
+        let outcome: String = sqlx::query("SELECT outcome FROM audit WHERE id = ?")
+            .bind(p2.audit_id.expect("audit id"))
+            .fetch_one(&store.pool)
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(outcome, "COMMIT_FAILED");
         assert_eq!(
             store
                 .get_ruleset("a")

@@ -13,7 +13,7 @@ use vallum_engine::restore::{PrintOptions, print_rule_spec};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::ruleset_service_server::RulesetService;
 
-use super::State;
+use super::{State, audit_entry};
 use crate::content::{self, Content, RulesetInput};
 use crate::convert;
 use crate::error::{Error, Result};
@@ -117,6 +117,9 @@ impl RulesetService for RulesetApi {
         self.state.ready()?;
         let caller = hooks::caller(&request);
         let r = request.into_inner();
+        // No record for a dry run.
+        let mut audit =
+            (!r.validate_only).then(|| audit_entry(caller.clone(), "CommitRevision", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
@@ -150,7 +153,7 @@ impl RulesetService for RulesetApi {
                     let c = self
                         .state
                         .pipeline
-                        .commit_staged(&name, n, within, etag(&r.etag))
+                        .commit_staged(&name, n, within, etag(&r.etag), &mut audit)
                         .await?;
                     Ok(convert::commit_result(&c, &[]))
                 })
@@ -158,9 +161,7 @@ impl RulesetService for RulesetApi {
         }
         .await;
         if !r.validate_only {
-            self.state
-                .audit(caller, "CommitRevision", &r, &result)
-                .await;
+            self.state.audit_pending(audit, &result).await;
         }
         Ok(Response::new(result?))
     }
@@ -191,6 +192,8 @@ impl RulesetService for RulesetApi {
         self.state.ready()?;
         let caller = hooks::caller(&request);
         let r = request.into_inner();
+        // No record for a dry run.
+        let mut audit = (!r.validate_only).then(|| audit_entry(caller.clone(), "Apply", &r));
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
@@ -208,7 +211,14 @@ impl RulesetService for RulesetApi {
                     let c = self
                         .state
                         .pipeline
-                        .apply(checked, &caller, &r.message, within, etag(&r.etag))
+                        .apply(
+                            checked,
+                            &caller,
+                            &r.message,
+                            within,
+                            etag(&r.etag),
+                            &mut audit,
+                        )
                         .await?;
                     Ok(convert::commit_result(&c, &warnings))
                 })
@@ -216,7 +226,7 @@ impl RulesetService for RulesetApi {
         }
         .await;
         if !r.validate_only {
-            self.state.audit(caller, "Apply", &r, &result).await;
+            self.state.audit_pending(audit, &result).await;
         }
         Ok(Response::new(result?))
     }
@@ -228,6 +238,7 @@ impl RulesetService for RulesetApi {
         self.state.ready()?;
         let caller = hooks::caller(&request);
         let r = request.into_inner();
+        let mut audit = Some(audit_entry(caller.clone(), "Rollback", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
             self.state
@@ -235,14 +246,14 @@ impl RulesetService for RulesetApi {
                     let c = self
                         .state
                         .pipeline
-                        .rollback(&name, n, &caller, &r.message, etag(&r.etag))
+                        .rollback(&name, n, &caller, &r.message, etag(&r.etag), &mut audit)
                         .await?;
                     Ok(convert::commit_result(&c, &[]))
                 })
                 .await
         }
         .await;
-        self.state.audit(caller, "Rollback", &r, &result).await;
+        self.state.audit_pending(audit, &result).await;
         Ok(Response::new(result?))
     }
 

@@ -5,7 +5,9 @@
 //! wall-clock expiry (Unix ns), so a restart does not extend a timeout.
 //!
 //! Bulk writes use multi-row statements of [`ROWS_PER_STATEMENT`] rows, all in the call's one
-//! transaction.
+//! transaction. Transactions begin IMMEDIATE (take the write lock first): a deferred one that
+//! reads and then writes fails with SQLITE_BUSY, without waiting, when another connection
+//! wrote in between (a commit's phase record, an audit row).
 
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use vallum_engine::model::Family;
@@ -167,7 +169,7 @@ impl Store {
     ///
     /// Errors: [`Error::Store`] (also when the name exists: the caller checks first).
     pub async fn create_set(&self, name: &str, spec: &SetSpec, now: i64) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         insert_set(&mut tx, name, spec, now).await?;
         tx.commit().await?;
         Ok(())
@@ -194,7 +196,7 @@ impl Store {
         add: &[StoredElement],
         delete: &[String],
     ) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let id = set_id(&mut tx, name).await?;
         upsert(&mut tx, id, add).await?;
         for chunk in delete.chunks(ROWS_PER_STATEMENT) {
@@ -216,7 +218,7 @@ impl Store {
     ///
     /// Errors: [`Error::Store`]; [`Error::Internal`] when the set is not stored.
     pub async fn flush_set(&self, name: &str) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let id = set_id(&mut tx, name).await?;
         sqlx::query("DELETE FROM set_elements WHERE set_id = ?")
             .bind(id)
@@ -230,7 +232,7 @@ impl Store {
     ///
     /// Errors: [`Error::Store`]; [`Error::Internal`] when a set is not stored.
     pub async fn swap_sets(&self, a: &str, b: &str) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let ia = set_id(&mut tx, a).await?;
         let ib = set_id(&mut tx, b).await?;
         // Through a name no set can have (longer than 31 bytes), for the UNIQUE constraint.
@@ -251,7 +253,7 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn import_sets(&self, sets: &[ImportedSet], now: i64) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         for s in sets {
             let id = match &s.create {
                 Some(spec) => insert_set(&mut tx, &s.name, spec, now).await?,
