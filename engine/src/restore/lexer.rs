@@ -21,16 +21,35 @@ pub(crate) struct Token<'a> {
 
 impl Token<'_> {
     /// The text.
+    #[cfg(test)]
     pub(crate) fn as_str(&self) -> &str {
         &self.text
     }
 
-    /// The token with its text owned, detached from the line.
-    pub(crate) fn into_static(self) -> Token<'static> {
-        Token {
-            text: Cow::Owned(self.text.into_owned()),
+    /// A copyable view of the token for the line parser.
+    pub(crate) fn tok(&self) -> Tok<'_> {
+        Tok {
+            text: &self.text,
             column: self.column,
         }
+    }
+}
+
+/// A token as the line parser reads it: its text (a slice of the line, or of a quoted token's
+/// buffer) and the 1-based byte column where it starts. `Copy`, so handing it around costs
+/// neither a clone nor an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tok<'t> {
+    /// The token text (quotes and escapes removed).
+    pub text: &'t str,
+    /// 1-based byte column of the token's first character.
+    pub column: u32,
+}
+
+impl<'t> Tok<'t> {
+    /// The text.
+    pub(crate) fn as_str(&self) -> &'t str {
+        self.text
     }
 }
 
@@ -47,9 +66,19 @@ fn is_space(b: u8) -> bool {
 
 /// Tokenizes one line (without its newline). Tokens without quotes borrow from `line`; only
 /// a token with a quoted part allocates.
+#[cfg(test)]
 pub(crate) fn tokenize(line: &str) -> Result<Vec<Token<'_>>, UnterminatedQuote> {
+    let mut out = Vec::new();
+    tokenize_into(line, &mut out).map(|()| out)
+}
+
+/// As [`tokenize`], into `out` (cleared first), so that one buffer serves every line.
+pub(crate) fn tokenize_into<'a>(
+    line: &'a str,
+    out: &mut Vec<Token<'a>>,
+) -> Result<(), UnterminatedQuote> {
+    out.clear();
     let bytes = line.as_bytes();
-    let mut out = Vec::with_capacity(16);
     let mut i = 0;
     while i < bytes.len() {
         if is_space(bytes[i]) {
@@ -97,7 +126,7 @@ pub(crate) fn tokenize(line: &str) -> Result<Vec<Token<'_>>, UnterminatedQuote> 
         });
         i = next;
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
