@@ -261,7 +261,7 @@ fn parse_range(
     };
     let (lo, hi) = match t.text.split_once(':') {
         None => {
-            let v = num(&t.text)?;
+            let v = num(t.text)?;
             (v, v)
         }
         Some((a, b)) => (
@@ -391,7 +391,7 @@ pub(crate) fn parse_protocol(t: &Tok, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
     if let Some((_, n)) = PROTOCOLS.iter().find(|(name, _)| *name == s) {
         return Ok(*n);
     }
-    parse_uint(&t.text, 255).map(|v| v as u8).ok_or_else(|| {
+    parse_uint(t.text, 255).map(|v| v as u8).ok_or_else(|| {
         invalid(
             ctx,
             t,
@@ -547,7 +547,7 @@ pub(crate) fn match_option(
             }),
             "--tcp-option" => once(seen, 3, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                let v = parse_uint(&a.text, 255)
+                let v = parse_uint(a.text, 255)
                     .ok_or_else(|| invalid(ctx, &a, "TCP option", "not a number 0-255"))?;
                 m.option = Some(Neg {
                     negated,
@@ -680,7 +680,7 @@ pub(crate) fn match_option(
             }),
             "--limit-burst" => once(seen, 1, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                l.burst = parse_uint(&a.text, 10000)
+                l.burst = parse_uint(a.text, 10000)
                     .ok_or_else(|| invalid(ctx, &a, "burst", "not a number 0-10000"))?
                     as u32;
                 Ok(())
@@ -1121,7 +1121,7 @@ fn set_option(
                     return Err(invalid(ctx, &f, "set flags", "at most 6 dimensions"));
                 }
                 if let Some(exists) = ctx.set_exists {
-                    if !exists(&n.text) {
+                    if !exists(n.text) {
                         return Err(ctx.err(&n, K::NoSuchSet(n.text.to_string())));
                     }
                 }
@@ -1140,7 +1140,7 @@ fn set_option(
         let mut a = Vec::new();
         if takes_number {
             let t = args.next()?;
-            let v = parse_uint(&t.text, u64::MAX)
+            let v = parse_uint(t.text, u64::MAX)
                 .ok_or_else(|| invalid(ctx, &t, "counter", "not a number"))?;
             a.push(v.to_string());
         }
@@ -1572,7 +1572,7 @@ pub(crate) fn target_option(
                         if a.text == "debug" {
                             Some(7)
                         } else {
-                            parse_uint(&a.text, 7).map(|v| v as u8)
+                            parse_uint(a.text, 7).map(|v| v as u8)
                         }
                     })
                     .ok_or_else(|| invalid(ctx, &a, "log level", "a syslog level name or 0-7"))?;
@@ -1622,7 +1622,7 @@ pub(crate) fn target_option(
                             .collect::<Vec<_>>()
                             .join(",")
                     }
-                    "--zone" | "--zone-orig" | "--zone-reply" => parse_uint(&a.text, 65535)
+                    "--zone" | "--zone-orig" | "--zone-reply" => parse_uint(a.text, 65535)
                         .ok_or_else(|| invalid(ctx, &a, "zone", "not a number 0-65535"))?
                         .to_string(),
                     _ => {

@@ -20,12 +20,6 @@ pub(crate) struct Token<'a> {
 }
 
 impl Token<'_> {
-    /// The text.
-    #[cfg(test)]
-    pub(crate) fn as_str(&self) -> &str {
-        &self.text
-    }
-
     /// A copyable view of the token for the line parser.
     pub(crate) fn tok(&self) -> Tok<'_> {
         Tok {

@@ -360,7 +360,7 @@ fn declare_chain(
         line,
         column: name.column,
     };
-    if b.is_builtin(&name.text) {
+    if b.is_builtin(name.text) {
         let p = match policy.as_str() {
             "ACCEPT" => Some(Policy::Accept),
             "DROP" => Some(Policy::Drop),
@@ -372,7 +372,7 @@ fn declare_chain(
             st.external(b, &name, line, ExternalRefKind::KeepPolicy);
         }
         let keep_counters = st.opts.counters;
-        if let Some(i) = b.chain_index(&name.text) {
+        if let Some(i) = b.chain_index(name.text) {
             let c = &mut b.table.chains[i];
             if let Some(p) = p {
                 c.policy = Some(p);
@@ -387,10 +387,10 @@ fn declare_chain(
     if policy.text != "-" {
         return Err(err(policy, K::BadPolicy));
     }
-    if is_target_name(&name.text) {
+    if is_target_name(name.text) {
         return Err(err(&name, K::ChainExists(name.text.to_string())));
     }
-    match b.chain_index(&name.text) {
+    match b.chain_index(name.text) {
         Some(i) => {
             // Create-or-flush, as iptables-restore.
             b.table.chains[i].rules.clear();
@@ -480,7 +480,7 @@ fn command_line<'a>(
                 if !noflush {
                     return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
                 }
-                if b.is_builtin(&ch.text) {
+                if b.is_builtin(ch.text) {
                     return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
                 }
                 b.table.chains.push(Chain {
@@ -496,7 +496,7 @@ fn command_line<'a>(
                 b.external_content.insert(ch.text.to_string());
             }
             let external = b.external_content.contains(ch.as_str());
-            let Some(i) = b.chain_index(&ch.text) else {
+            let Some(i) = b.chain_index(ch.text) else {
                 return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
             };
             let len = b.table.chains[i].rules.len();
@@ -555,9 +555,9 @@ fn command_line<'a>(
             let Some(ch) = chain_tok else {
                 return Err(ctx.err(&command_token, K::NoCommand));
             };
-            if b.chain_index(&ch.text).is_some()
-                || is_target_name(&ch.text)
-                || Hook::from_chain_name(&ch.text).is_some()
+            if b.chain_index(ch.text).is_some()
+                || is_target_name(ch.text)
+                || Hook::from_chain_name(ch.text).is_some()
             {
                 return Err(ctx.err(&ch, K::ChainExists(ch.text.to_string())));
             }
@@ -574,10 +574,10 @@ fn command_line<'a>(
             b.external_content.remove(ch.as_str());
         }
         Command::DeleteChain => match chain_tok {
-            Some(ch) => match b.chain_index(&ch.text) {
+            Some(ch) => match b.chain_index(ch.text) {
                 Some(i) => {
                     let c = &b.table.chains[i];
-                    if c.policy.is_some() || !c.rules.is_empty() || b.referenced(&ch.text) {
+                    if c.policy.is_some() || !c.rules.is_empty() || b.referenced(ch.text) {
                         return Err(ctx.err(&ch, K::ChainInUse(ch.text.to_string())));
                     }
                     b.table.chains.remove(i);
@@ -613,7 +613,7 @@ fn command_line<'a>(
             }
         },
         Command::Flush => match chain_tok {
-            Some(ch) => match b.chain_index(&ch.text) {
+            Some(ch) => match b.chain_index(ch.text) {
                 Some(i) => {
                     b.table.chains[i].rules.clear();
                     if b.external_content.remove(ch.as_str()) {
@@ -634,7 +634,7 @@ fn command_line<'a>(
             let Some(ch) = chain_tok else {
                 return Err(ctx.err(&command_token, K::NoCommand));
             };
-            if !b.is_builtin(&ch.text) {
+            if !b.is_builtin(ch.text) {
                 return Err(ctx.err(&p, K::BadPolicy));
             }
             let pol = match p.as_str() {
@@ -642,7 +642,7 @@ fn command_line<'a>(
                 "DROP" => Policy::Drop,
                 _ => return Err(ctx.err(&p, K::BadPolicy)),
             };
-            if let Some(i) = b.chain_index(&ch.text) {
+            if let Some(i) = b.chain_index(ch.text) {
                 b.table.chains[i].policy = Some(pol);
             }
         }
