@@ -15,7 +15,7 @@ use crate::model::{
     UdpMatch, ct_state,
 };
 
-use super::lexer::Tok;
+use super::lexer::{Tok, split_byte};
 use super::rule::{Args, Ctx};
 use super::{ParseError, ParseErrorKind as K};
 
@@ -259,7 +259,7 @@ fn parse_range(
         parse_uint(s, max)
             .ok_or_else(|| invalid(ctx, t, what, format!("'{s}' is not a number 0-{max}")))
     };
-    let (lo, hi) = match t.text.split_once(':') {
+    let (lo, hi) = match split_byte(t.text, b':') {
         None => {
             let v = num(t.text)?;
             (v, v)
@@ -283,10 +283,43 @@ fn port_range(t: &Tok, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
     })
 }
 
+/// A dotted-quad IPv4 address as `Ipv4Addr::from_str` reads it (four decimal octets of one
+/// to three digits, no leading zero, at most 255 each), without its general parser; `None`
+/// for anything else.
+pub(crate) fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
+    let b = s.as_bytes();
+    let mut octets = [0u8; 4];
+    let mut i = 0;
+    for (k, o) in octets.iter_mut().enumerate() {
+        if k > 0 {
+            if b.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let start = i;
+        let mut v: u32 = 0;
+        while let Some(&c) = b.get(i).filter(|c| c.is_ascii_digit()) {
+            if i - start == 3 {
+                return None;
+            }
+            v = v * 10 + u32::from(c - b'0');
+            i += 1;
+        }
+        let digits = i - start;
+        if digits == 0 || (digits > 1 && b[start] == b'0') || v > 255 {
+            return None;
+        }
+        *o = v as u8;
+    }
+    (i == b.len()).then(|| Ipv4Addr::from(octets))
+}
+
 fn parse_addr(t: &Tok, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAddr, ParseError> {
     match family {
         Family::Ipv4 => {
-            if let Ok(a) = s.parse::<Ipv4Addr>() {
+            // The fast path takes what std takes; std stays the judge of everything else.
+            if let Some(a) = parse_ipv4(s).or_else(|| s.parse::<Ipv4Addr>().ok()) {
                 return Ok(IpAddr::V4(a));
             }
         }
@@ -319,11 +352,34 @@ fn parse_addr(t: &Tok, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAddr,
     ))
 }
 
+/// The common IPv4 forms of [`parse_net`], `A.B.C.D` and `A.B.C.D/LEN` with a LEN of one or
+/// two digits up to 32, read in one pass with the result the general path gives; `None` sends
+/// everything else (every error included) down the general path.
+pub(crate) fn parse_ipv4_net(s: &str) -> Option<IpNet> {
+    let (a, len) = match split_byte(s, b'/') {
+        None => (s, 32),
+        Some((a, m)) => {
+            let len = match *m.as_bytes() {
+                [d] if d.is_ascii_digit() => d - b'0',
+                [d, e] if d.is_ascii_digit() && e.is_ascii_digit() => (d - b'0') * 10 + (e - b'0'),
+                _ => return None,
+            };
+            (a, len)
+        }
+    };
+    IpNet::new(IpAddr::V4(parse_ipv4(a)?), len)
+}
+
 /// `-s`/`-d` and conntrack addresses: `ADDR[/LEN|/MASK]`; the address is masked as iptables
 /// stores it; a mask need not be contiguous. Comma lists (several rules in iptables) and
 /// hostnames are rejected.
 pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet, ParseError> {
-    if t.text.contains(',') {
+    if family == Family::Ipv4 {
+        if let Some(n) = parse_ipv4_net(t.text) {
+            return Ok(n);
+        }
+    }
+    if t.text.as_bytes().contains(&b',') {
         return Err(invalid(
             ctx,
             t,
@@ -331,7 +387,7 @@ pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet,
             "address lists are not supported, write one rule per address",
         ));
     }
-    let (a, m) = match t.text.split_once('/') {
+    let (a, m) = match split_byte(t.text, b'/') {
         Some((a, m)) => (a, Some(m)),
         None => (t.as_str(), None),
     };
@@ -495,7 +551,7 @@ fn once(
     ctx: &Ctx<'_>,
     opt: &str,
 ) -> Result<(), ParseError> {
-    let t = args.opt_token();
+    let t = &args.opt_token();
     if negated && !negatable {
         return Err(ctx.err(t, K::BadNegation));
     }
@@ -1676,4 +1732,169 @@ pub(crate) fn finish_target(
         return Ok(Target::Ct(c.clone()));
     }
     Ok(pt.t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Strings at the edges of the dotted-quad grammar.
+    const ODD_V4: &[&str] = &[
+        "0.0.0.0",
+        "255.255.255.255",
+        "1.2.3.4",
+        "10.0.0.1",
+        "01.2.3.4",
+        "1.2.3.04",
+        "1.2.3.00",
+        "00.0.0.0",
+        "1.2.3.256",
+        "1.2.3.999",
+        "1.2.3.1000",
+        "1.2.3",
+        "1.2.3.4.5",
+        "1..2.3",
+        ".1.2.3",
+        "1.2.3.",
+        "+1.2.3.4",
+        "1.2.3.-4",
+        " 1.2.3.4",
+        "1.2.3.4 ",
+        "",
+        "1.2.3.4/8",
+        "a.b.c.d",
+        "0x1.2.3.4",
+        "１.2.3.4",
+        "1.2.3.4\0",
+    ];
+
+    #[test]
+    fn fast_ipv4_takes_exactly_what_std_takes() {
+        for s in ODD_V4 {
+            assert_eq!(parse_ipv4(s), s.parse::<Ipv4Addr>().ok(), "{s:?}");
+        }
+        // Every one-octet value, with and without leading zeros.
+        for v in 0..=1000u32 {
+            for s in [
+                format!("1.2.3.{v}"),
+                format!("1.2.3.{v:03}"),
+                format!("{v}.0.0.1"),
+            ] {
+                assert_eq!(parse_ipv4(&s), s.parse::<Ipv4Addr>().ok(), "{s:?}");
+            }
+        }
+    }
+
+    fn ctx() -> Ctx<'static> {
+        Ctx {
+            family: Family::Ipv4,
+            table: TableKind::Filter,
+            line: 1,
+            set_exists: None,
+        }
+    }
+
+    /// `parse_net` as it was before the fast path: the general path only.
+    fn general(s: &str) -> Result<IpNet, ParseError> {
+        let t = Tok { text: s, column: 7 };
+        let ctx = ctx();
+        let (a, m) = match s.split_once('/') {
+            Some((a, m)) => (a, Some(m)),
+            None => (s, None),
+        };
+        if s.contains(',') {
+            return Err(invalid(&ctx, &t, "address", "lists"));
+        }
+        let addr = parse_addr(&t, a, Family::Ipv4, &ctx)?;
+        let mask = match m {
+            None => IpNet::new(addr, 32).map(|n| n.mask),
+            Some(m) if !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()) => m
+                .parse::<u8>()
+                .ok()
+                .and_then(|len| IpNet::new(addr, len))
+                .map(|n| n.mask),
+            Some(m) => Some(parse_addr(&t, m, Family::Ipv4, &ctx)?),
+        };
+        let Some(IpAddr::V4(mask)) = mask else {
+            return Err(invalid(&ctx, &t, "mask", "prefix length too long"));
+        };
+        let IpAddr::V4(a) = addr else {
+            unreachable!("an IPv4 parse")
+        };
+        Ok(IpNet {
+            addr: IpAddr::V4(Ipv4Addr::from(u32::from(a) & u32::from(mask))),
+            mask: IpAddr::V4(mask),
+        })
+    }
+
+    #[test]
+    fn fast_ipv4_prefixes_agree_with_the_general_path() {
+        let mut cases: Vec<String> = ODD_V4.iter().map(|s| s.to_string()).collect();
+        for len in [
+            "0",
+            "00",
+            "8",
+            "08",
+            "24",
+            "31",
+            "32",
+            "032",
+            "33",
+            "99",
+            "100",
+            "256",
+            "",
+            "+8",
+            "-1",
+            "8 ",
+            "255.0.255.0",
+            "255.255.255.0",
+            "0.0.0.0",
+            "1.2.3",
+        ] {
+            cases.push(format!("10.1.2.3/{len}"));
+            cases.push(format!("0.0.0.0/{len}"));
+        }
+        cases.push("1.2.3.4/8/8".into());
+        cases.push("1.2.3.4,5.6.7.8".into());
+        let ctx = ctx();
+        for s in &cases {
+            let t = Tok { text: s, column: 7 };
+            let got = parse_net(&t, Family::Ipv4, &ctx);
+            match general(s) {
+                Ok(n) => assert_eq!(got, Ok(n), "{s:?}"),
+                // Errors come from the general path itself (same kind, message and column).
+                Err(_) => assert!(parse_ipv4_net(s).is_none(), "{s:?}"),
+            }
+        }
+        let net = |s: &str| parse_net(&Tok { text: s, column: 1 }, Family::Ipv4, &ctx);
+        assert_eq!(
+            net("10.1.2.3/8").map(|n| n.addr.to_string()),
+            Ok("10.0.0.0".into())
+        );
+        assert_eq!(net("10.1.2.3/0").map(|n| n.prefix_len()), Ok(Some(0)));
+        assert_eq!(net("10.1.2.3").map(|n| n.prefix_len()), Ok(Some(32)));
+        let odd = net("10.1.2.3/255.0.255.0").expect("a non-contiguous mask parses");
+        assert_eq!(odd.prefix_len(), None);
+        assert_eq!(odd.addr.to_string(), "10.0.2.0");
+        let e = net("01.2.3.4/8").expect_err("leading zero");
+        assert_eq!(e.location.column, 1);
+        assert!(e.to_string().contains("not an IPv4 address"), "{e}");
+        let e = net("1.2.3.4/33").expect_err("too long");
+        assert!(e.to_string().contains("prefix length too long"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_is_unchanged() {
+        let v6 = Ctx {
+            family: Family::Ipv6,
+            ..ctx()
+        };
+        let net = |s: &str| parse_net(&Tok { text: s, column: 1 }, Family::Ipv6, &v6);
+        let n = net("2001:db8::1/32").expect("parses");
+        assert_eq!(n.addr.to_string(), "2001:db8::");
+        assert_eq!(n.prefix_len(), Some(32));
+        assert!(net("1.2.3.4").is_err());
+        assert_eq!(net("::1").map(|n| n.prefix_len()), Ok(Some(128)));
+    }
 }

@@ -54,8 +54,29 @@ pub(crate) struct UnterminatedQuote {
     pub column: u32,
 }
 
-fn is_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+/// Byte classes of the tokenizer: ordinary, separator (space, tab, CR, LF), double quote.
+const ORDINARY: u8 = 0;
+const SPACE: u8 = 1;
+const QUOTE: u8 = 2;
+const CLASS: [u8; 256] = {
+    let mut t = [ORDINARY; 256];
+    t[b' ' as usize] = SPACE;
+    t[b'\t' as usize] = SPACE;
+    t[b'\n' as usize] = SPACE;
+    t[b'\r' as usize] = SPACE;
+    t[b'"' as usize] = QUOTE;
+    t
+};
+
+fn class(b: u8) -> u8 {
+    CLASS[usize::from(b)]
+}
+
+/// Splits `s` at the first `b` (an ASCII byte, so both sides are `str`s): as
+/// `str::split_once`, without the general pattern machinery (tokens are a few bytes long).
+pub(crate) fn split_byte(s: &str, b: u8) -> Option<(&str, &str)> {
+    let i = s.bytes().position(|c| c == b)?;
+    Some((&s[..i], &s[i + 1..]))
 }
 
 /// Tokenizes one line (without its newline). Tokens without quotes borrow from `line`; only
@@ -74,18 +95,19 @@ pub(crate) fn tokenize_into<'a>(
     out.clear();
     let bytes = line.as_bytes();
     let mut i = 0;
-    while i < bytes.len() {
-        if is_space(bytes[i]) {
+    while let Some(&b) = bytes.get(i) {
+        if class(b) == SPACE {
             i += 1;
             continue;
         }
         // Separators and quotes are ASCII, so byte positions found here are char boundaries.
         let start = i;
-        while i < bytes.len() && !is_space(bytes[i]) && bytes[i] != b'"' {
-            i += 1;
-        }
+        i += bytes[i..]
+            .iter()
+            .position(|&b| class(b) != ORDINARY)
+            .unwrap_or(bytes.len() - i);
         let column = start as u32 + 1;
-        if i == bytes.len() || bytes[i] != b'"' {
+        if bytes.get(i).is_none_or(|&b| class(b) != QUOTE) {
             out.push(Token {
                 text: Cow::Borrowed(&line[start..i]),
                 column,

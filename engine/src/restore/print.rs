@@ -585,3 +585,63 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Neg;
+
+    fn rule_with(src: IpNet, dst: IpNet) -> Rule {
+        Rule {
+            src: Some(Neg {
+                negated: true,
+                value: src,
+            }),
+            dst: Some(Neg::plain(dst)),
+            ..Rule::default()
+        }
+    }
+
+    fn v4(a: [u8; 4], m: [u8; 4]) -> IpNet {
+        IpNet {
+            addr: IpAddr::V4(Ipv4Addr::from(a)),
+            mask: IpAddr::V4(Ipv4Addr::from(m)),
+        }
+    }
+
+    #[test]
+    fn ipv4_writer_matches_display() {
+        let mut samples = vec![[0, 0, 0, 0], [255, 255, 255, 255], [10, 0, 0, 1]];
+        for v in [0u8, 1, 9, 10, 11, 99, 100, 101, 199, 200, 249, 250, 255] {
+            samples.push([v, 255 - v, v / 2, 7]);
+        }
+        for a in samples {
+            let mut s = String::new();
+            write_ipv4(&mut s, Ipv4Addr::from(a));
+            assert_eq!(s, Ipv4Addr::from(a).to_string());
+        }
+    }
+
+    #[test]
+    fn nets_print_as_prefix_or_mask() {
+        let r = rule_with(v4([0, 0, 0, 0], [0, 0, 0, 0]), v4([1, 2, 3, 4], [255; 4]));
+        assert_eq!(
+            print_rule_spec(&r, Family::Ipv4),
+            "! -s 0.0.0.0/0 -d 1.2.3.4/32"
+        );
+        let r = rule_with(
+            v4([10, 0, 2, 0], [255, 0, 255, 0]),
+            v4([192, 168, 100, 0], [255, 255, 255, 0]),
+        );
+        assert_eq!(
+            print_rule_spec(&r, Family::Ipv4),
+            "! -s 10.0.2.0/255.0.255.0 -d 192.168.100.0/24"
+        );
+        let six = IpNet::new("2001:db8::1".parse().expect("v6"), 64).expect("net");
+        let r = rule_with(six, six);
+        assert_eq!(
+            print_rule_spec(&r, Family::Ipv6),
+            "! -s 2001:db8::/64 -d 2001:db8::/64"
+        );
+    }
+}

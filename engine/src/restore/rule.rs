@@ -6,7 +6,7 @@
 //! the `-p` protocol once (implicit `-p tcp --dport 80`, printed back as `-p tcp -m tcp`).
 //! Extension options are dispatched in [`super::extensions`].
 
-use crate::model::{Counters, Family, Iface, Neg, Rule, TableKind, Target};
+use crate::model::{Counters, Family, Iface, Match, Neg, Rule, TableKind, Target};
 
 /// Options of the protocol matches that `-p` loads implicitly (tcp, udp, icmp, icmp6).
 const PROTOCOL_OPTIONS: [&str; 9] = [
@@ -23,7 +23,7 @@ const PROTOCOL_OPTIONS: [&str; 9] = [
 
 use super::extensions::{self, MatchState, PendingTarget};
 
-use super::lexer::{Tok, Token};
+use super::lexer::{Tok, Token, split_byte};
 use super::{ParseError, ParseErrorKind as K};
 
 /// What a line asks for.
@@ -87,10 +87,10 @@ pub(crate) struct Cursor<'t> {
 }
 
 impl<'t> Cursor<'t> {
-    fn next(&mut self) -> Option<Tok<'t>> {
+    fn next(&mut self) -> Option<&'t Token<'t>> {
         let t = self.toks.get(self.pos)?;
         self.pos += 1;
-        Some(t.tok())
+        Some(t)
     }
 
     fn peek(&self) -> Option<Tok<'t>> {
@@ -102,7 +102,8 @@ impl<'t> Cursor<'t> {
 pub(crate) struct Args<'c, 't> {
     cur: &'c mut Cursor<'t>,
     attached: Option<Tok<'t>>,
-    opt: Tok<'t>,
+    /// The option token (a reference: cheaper to hand around than a copy).
+    opt: &'t Token<'t>,
     line: u32,
 }
 
@@ -113,7 +114,7 @@ impl<'t> Args<'_, 't> {
             return Ok(t);
         }
         match self.cur.next() {
-            Some(t) => Ok(t),
+            Some(t) => Ok(t.tok()),
             None => Err(self.missing()),
         }
     }
@@ -152,14 +153,14 @@ impl<'t> Args<'_, 't> {
         ParseError::new(
             self.line,
             self.opt.column,
-            self.opt.text,
+            &*self.opt.text,
             K::MissingArgument(self.opt.text.to_string()),
         )
     }
 
     /// The option token these arguments belong to.
-    pub(crate) fn opt_token(&self) -> &Tok<'t> {
-        &self.opt
+    pub(crate) fn opt_token(&self) -> Tok<'t> {
+        self.opt.tok()
     }
 
     /// Fails when an attached argument was not used (`--syn=x`).
@@ -183,7 +184,7 @@ fn split_option(tok: Tok<'_>) -> Option<(&str, Option<Tok<'_>>)> {
         if long.is_empty() {
             return None;
         }
-        return Some(match long.split_once('=') {
+        return Some(match split_byte(long, b'=') {
             Some((n, v)) => (&s[..2 + n.len()], Some(attached(v))),
             None => (s, None),
         });
@@ -304,6 +305,15 @@ impl<'t> MatchStates<'t> {
     }
 }
 
+/// Adds a match to the rule. Most rules have one match at most, so the first gets a `Vec` of
+/// exactly one (a `Vec` would start at four).
+fn push_match(rule: &mut Rule, m: Match) {
+    if rule.matches.capacity() == 0 {
+        rule.matches.reserve_exact(1);
+    }
+    rule.matches.push(m);
+}
+
 /// Parses one command line; the rule's options go into `rule` (a default rule). `Ok(None)`:
 /// the line carries the other family's `-4`/`-6` and is skipped, as iptables-restore does.
 /// `prefix_counters` are the `[p:b]` before the line.
@@ -327,7 +337,8 @@ pub(crate) fn parse_line<'t>(
     let mut seen: u16 = 0;
     let mut has_spec = prefix_counters.is_some();
 
-    while let Some(tok) = cur.next() {
+    while let Some(tok_ref) = cur.next() {
+        let tok = tok_ref.tok();
         if tok.text == "!" {
             if invert.is_some() {
                 return Err(ctx.err(&tok, K::BadNegation));
@@ -342,7 +353,7 @@ pub(crate) fn parse_line<'t>(
         let mut args = Args {
             cur: &mut cur,
             attached,
-            opt: tok,
+            opt: tok_ref,
             line: ctx.line,
         };
         let Some(main) = main_option(name) else {
@@ -399,7 +410,7 @@ pub(crate) fn parse_line<'t>(
                             proto_used = true;
                             r?;
                             args.finish()?;
-                            rule.matches.push(m);
+                            push_match(rule, m);
                             states.push(st);
                             continue;
                         }
@@ -430,7 +441,7 @@ pub(crate) fn parse_line<'t>(
             if let Some((mut m, st)) = implicit_opaque {
                 proto_used = true;
                 extensions::opaque_option(&mut m, name, negated, &mut args);
-                rule.matches.push(m);
+                push_match(rule, m);
                 states.push(st);
                 open = Open::Match(rule.matches.len() - 1);
                 continue;
@@ -530,7 +541,7 @@ pub(crate) fn parse_line<'t>(
                 let a = args.next()?;
                 let (m, st) = extensions::new_match(a.text, &a, ctx)?;
                 let opaque = extensions::is_opaque(&m);
-                rule.matches.push(m);
+                push_match(rule, m);
                 states.push(st);
                 if opaque {
                     open = Open::Match(rule.matches.len() - 1);

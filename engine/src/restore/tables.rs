@@ -91,7 +91,8 @@ impl Block {
     fn append(&mut self, i: usize, rule: Rule, rest: usize) {
         let rules = &mut self.table.chains[i].rules;
         if self.bulk.is_none() && rules.len() >= BULK_RULES && rules.len() == rules.capacity() {
-            rules.reserve(rest + 1);
+            // A little more than the estimate: falling short would double the whole chain.
+            rules.reserve(rest + rest / 8 + 1);
             self.bulk = Some(i);
         }
         rules.push(rule);
