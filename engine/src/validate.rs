@@ -29,10 +29,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::net::IpAddr;
 
 use crate::compile::MAX_CALL_DEPTH;
 use crate::model::{
-    Chain, Family, Hook, Location, Match, RejectWith, Rule, Ruleset, Table, TableKind, Target,
+    Chain, Family, Hook, IpNet, Location, Match, RejectWith, Rule, Ruleset, Table, TableKind,
+    Target,
 };
 use crate::sets::SetRegistry;
 
@@ -274,13 +276,27 @@ pub fn has_errors(violations: &[Violation]) -> bool {
 
 /// A `BadRange` for each `--sport`/`--dport` range whose low end is above its high end.
 fn empty_port_ranges(
-    ranges: [Option<crate::model::Neg<crate::model::PortRange>>; 2],
-) -> impl Iterator<Item = ViolationKind> {
-    ranges
-        .into_iter()
-        .flatten()
-        .filter(|p| p.value.lo > p.value.hi)
-        .map(|p| ViolationKind::BadRange(format!("{}:{}", p.value.lo, p.value.hi)))
+    errs: &mut Vec<ViolationKind>,
+    ranges: [&Option<crate::model::Neg<crate::model::PortRange>>; 2],
+) {
+    for p in ranges.into_iter().flatten() {
+        if p.value.lo > p.value.hi {
+            errs.push(ViolationKind::BadRange(format!(
+                "{}:{}",
+                p.value.lo, p.value.hi
+            )));
+        }
+    }
+}
+
+/// Whether a network's address has no bits outside its mask (`contains(addr)`, read in place:
+/// this runs for every address of every rule).
+fn masked(n: &IpNet) -> bool {
+    match (&n.addr, &n.mask) {
+        (IpAddr::V4(a), IpAddr::V4(m)) => a.to_bits() & m.to_bits() == a.to_bits(),
+        (IpAddr::V6(a), IpAddr::V6(m)) => a.to_bits() & m.to_bits() == a.to_bits(),
+        _ => false,
+    }
 }
 
 struct TableCheck<'a> {
@@ -506,7 +522,7 @@ impl TableCheck<'_> {
             errs.push(ViolationKind::WrongFamily("-f".into()));
         }
         for net in [&r.src, &r.dst].into_iter().flatten() {
-            let n = net.value;
+            let n = &net.value;
             if n.addr.is_ipv6() != (family == Family::Ipv6)
                 || n.mask.is_ipv6() != (family == Family::Ipv6)
             {
@@ -514,7 +530,7 @@ impl TableCheck<'_> {
                     "address {}/{}",
                     n.addr, n.mask
                 )));
-            } else if !n.contains(n.addr) {
+            } else if !masked(n) {
                 // The kernel compares `(ip & mask) == addr`, so such a rule never matches, but
                 // its text form `ADDR/MASK` is masked again by iptables-restore and does.
                 errs.push(ViolationKind::BadValue {
@@ -543,11 +559,11 @@ impl TableCheck<'_> {
             match m {
                 Match::Tcp(t) => {
                     errs.extend(needs("tcp", &[6], "tcp"));
-                    errs.extend(empty_port_ranges([t.sport, t.dport]));
+                    empty_port_ranges(&mut errs, [&t.sport, &t.dport]);
                 }
                 Match::Udp(u) => {
                     errs.extend(needs("udp", &[17], "udp"));
-                    errs.extend(empty_port_ranges([u.sport, u.dport]));
+                    empty_port_ranges(&mut errs, [&u.sport, &u.dport]);
                 }
                 Match::Multiport(mp) => {
                     errs.extend(needs(

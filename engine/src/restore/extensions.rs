@@ -11,49 +11,66 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use crate::model::{
     AddrRange, ConntrackMatch, CtTarget, Family, IcmpMatch, IpNet, IprangeMatch, LimitMatch,
     LogTarget, MarkValue, Match, MultiportDir, MultiportMatch, Neg, Opaque, OpaqueOption,
-    PortRange, RateUnit, RejectWith, Rule, SetDir, SetMatch, TableKind, Target, TcpFlags, TcpMatch,
+    PortRange, RateUnit, RejectWith, SetDir, SetMatch, TableKind, Target, TcpFlags, TcpMatch,
     UdpMatch, ct_state,
 };
 
-use super::lexer::Token;
+use super::lexer::{Tok, split_byte};
 use super::rule::{Args, Ctx};
 use super::{ParseError, ParseErrorKind as K};
 
-/// A match being built while its line is parsed.
-pub(crate) struct PendingMatch<'t> {
-    /// The match so far.
-    pub m: Match,
-    /// Options already given (for "multiple ... not allowed").
-    seen: Vec<&'static str>,
+/// What the line parser tracks of a match (beside the [`Match`] itself) while its line is
+/// parsed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatchState<'t> {
+    /// Options already given (for "multiple ... not allowed"), one bit per option key.
+    seen: Seen,
     /// The `-m NAME` argument (or the option that loaded it implicitly).
-    token: Token<'t>,
+    token: Tok<'t>,
 }
 
-impl PendingMatch<'_> {
-    pub(crate) fn is_opaque(&self) -> bool {
-        matches!(self.m, Match::Opaque(_))
-    }
+impl MatchState<'_> {
+    /// A placeholder (for arrays of states).
+    pub(crate) const EMPTY: MatchState<'static> = MatchState {
+        seen: 0,
+        token: Tok {
+            text: "",
+            column: 0,
+        },
+    };
+}
+
+/// Options an extension already saw: bit `k` is the option with key `k`. Keys are numbered per
+/// extension; options that exclude each other (`--syn`, `--tcp-flags`) share one.
+type Seen = u32;
+
+/// Whether a match is kept verbatim (an extension the engine does not implement).
+pub(crate) fn is_opaque(m: &Match) -> bool {
+    matches!(m, Match::Opaque(_))
 }
 
 /// A target being built while its line is parsed.
 pub(crate) struct PendingTarget<'t> {
     /// The target so far.
     pub t: Target,
-    /// The extension name.
-    pub name: String,
-    seen: Vec<&'static str>,
-    token: Option<Token<'t>>,
+    seen: Seen,
+    /// The `-j NAME` argument (`None` for a jump or goto).
+    token: Option<Tok<'t>>,
 }
 
 impl PendingTarget<'_> {
     /// A target without options (jump, goto).
     pub(crate) fn plain(t: Target) -> Self {
         PendingTarget {
-            name: String::new(),
             t,
-            seen: Vec::new(),
+            seen: 0,
             token: None,
         }
+    }
+
+    /// The extension name (empty for a jump or goto).
+    pub(crate) fn name(&self) -> &str {
+        self.token.map_or("", |t| t.text)
     }
 
     pub(crate) fn is_opaque(&self) -> bool {
@@ -160,7 +177,7 @@ pub(crate) fn is_target_name(name: &str) -> bool {
     ) || OPAQUE_TARGETS.contains(&name)
 }
 
-fn invalid(ctx: &Ctx<'_>, t: &Token, what: &'static str, reason: impl Into<String>) -> ParseError {
+fn invalid(ctx: &Ctx<'_>, t: &Tok, what: &'static str, reason: impl Into<String>) -> ParseError {
     ctx.err(
         t,
         K::InvalidValue {
@@ -210,7 +227,7 @@ const SERVICES: &[(&str, u16)] = &[
     ("pop3s", 995),
 ];
 
-fn parse_port(t: &Token, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
+fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
     if let Some(v) = parse_uint(s, 65535) {
         return Ok(v as u16);
     }
@@ -230,7 +247,7 @@ fn parse_port(t: &Token, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
 
 /// `a`, `a:b`, `:b`, `a:`, `:` (missing ends are 0 and `max`); `a > b` is an error.
 fn parse_range(
-    t: &Token,
+    t: &Tok,
     ctx: &Ctx<'_>,
     what: &'static str,
     max: u64,
@@ -242,9 +259,9 @@ fn parse_range(
         parse_uint(s, max)
             .ok_or_else(|| invalid(ctx, t, what, format!("'{s}' is not a number 0-{max}")))
     };
-    let (lo, hi) = match t.text.split_once(':') {
+    let (lo, hi) = match split_byte(t.text, b':') {
         None => {
-            let v = num(&t.text)?;
+            let v = num(t.text)?;
             (v, v)
         }
         Some((a, b)) => (
@@ -258,7 +275,7 @@ fn parse_range(
     Ok((lo, hi))
 }
 
-fn port_range(t: &Token, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
+fn port_range(t: &Tok, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
     let (lo, hi) = parse_range(t, ctx, "port", 65535)?;
     Ok(PortRange {
         lo: lo as u16,
@@ -266,10 +283,43 @@ fn port_range(t: &Token, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
     })
 }
 
-fn parse_addr(t: &Token, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAddr, ParseError> {
+/// A dotted-quad IPv4 address as `Ipv4Addr::from_str` reads it (four decimal octets of one
+/// to three digits, no leading zero, at most 255 each), without its general parser; `None`
+/// for anything else.
+pub(crate) fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
+    let b = s.as_bytes();
+    let mut octets = [0u8; 4];
+    let mut i = 0;
+    for (k, o) in octets.iter_mut().enumerate() {
+        if k > 0 {
+            if b.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let start = i;
+        let mut v: u32 = 0;
+        while let Some(&c) = b.get(i).filter(|c| c.is_ascii_digit()) {
+            if i - start == 3 {
+                return None;
+            }
+            v = v * 10 + u32::from(c - b'0');
+            i += 1;
+        }
+        let digits = i - start;
+        if digits == 0 || (digits > 1 && b[start] == b'0') || v > 255 {
+            return None;
+        }
+        *o = v as u8;
+    }
+    (i == b.len()).then(|| Ipv4Addr::from(octets))
+}
+
+fn parse_addr(t: &Tok, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAddr, ParseError> {
     match family {
         Family::Ipv4 => {
-            if let Ok(a) = s.parse::<Ipv4Addr>() {
+            // The fast path takes what std takes; std stays the judge of everything else.
+            if let Some(a) = parse_ipv4(s).or_else(|| s.parse::<Ipv4Addr>().ok()) {
                 return Ok(IpAddr::V4(a));
             }
         }
@@ -302,11 +352,34 @@ fn parse_addr(t: &Token, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAdd
     ))
 }
 
+/// The common IPv4 forms of [`parse_net`], `A.B.C.D` and `A.B.C.D/LEN` with a LEN of one or
+/// two digits up to 32, read in one pass with the result the general path gives; `None` sends
+/// everything else (every error included) down the general path.
+pub(crate) fn parse_ipv4_net(s: &str) -> Option<IpNet> {
+    let (a, len) = match split_byte(s, b'/') {
+        None => (s, 32),
+        Some((a, m)) => {
+            let len = match *m.as_bytes() {
+                [d] if d.is_ascii_digit() => d - b'0',
+                [d, e] if d.is_ascii_digit() && e.is_ascii_digit() => (d - b'0') * 10 + (e - b'0'),
+                _ => return None,
+            };
+            (a, len)
+        }
+    };
+    IpNet::new(IpAddr::V4(parse_ipv4(a)?), len)
+}
+
 /// `-s`/`-d` and conntrack addresses: `ADDR[/LEN|/MASK]`; the address is masked as iptables
 /// stores it; a mask need not be contiguous. Comma lists (several rules in iptables) and
 /// hostnames are rejected.
-pub(crate) fn parse_net(t: &Token, family: Family, ctx: &Ctx<'_>) -> Result<IpNet, ParseError> {
-    if t.text.contains(',') {
+pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet, ParseError> {
+    if family == Family::Ipv4 {
+        if let Some(n) = parse_ipv4_net(t.text) {
+            return Ok(n);
+        }
+    }
+    if t.text.as_bytes().contains(&b',') {
         return Err(invalid(
             ctx,
             t,
@@ -314,7 +387,7 @@ pub(crate) fn parse_net(t: &Token, family: Family, ctx: &Ctx<'_>) -> Result<IpNe
             "address lists are not supported, write one rule per address",
         ));
     }
-    let (a, m) = match t.text.split_once('/') {
+    let (a, m) = match split_byte(t.text, b'/') {
         Some((a, m)) => (a, Some(m)),
         None => (t.as_str(), None),
     };
@@ -369,12 +442,12 @@ pub(crate) fn protocol_name(p: u8) -> Option<&'static str> {
 }
 
 /// `-p`: a name from the table above or a number 0..=255 (0 and `all` mean any).
-pub(crate) fn parse_protocol(t: &Token, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+pub(crate) fn parse_protocol(t: &Tok, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
     let s = t.text.to_ascii_lowercase();
     if let Some((_, n)) = PROTOCOLS.iter().find(|(name, _)| *name == s) {
         return Ok(*n);
     }
-    parse_uint(&t.text, 255).map(|v| v as u8).ok_or_else(|| {
+    parse_uint(t.text, 255).map(|v| v as u8).ok_or_else(|| {
         invalid(
             ctx,
             t,
@@ -406,9 +479,9 @@ pub(crate) fn proto_extension(p: u8) -> Option<&'static str> {
 /// Starts `-m NAME`.
 pub(crate) fn new_match<'t>(
     name: &str,
-    tok: &Token<'t>,
+    tok: &Tok<'t>,
     ctx: &Ctx<'_>,
-) -> Result<PendingMatch<'t>, ParseError> {
+) -> Result<(Match, MatchState<'t>), ParseError> {
     let name = match name {
         "icmpv6" | "ipv6-icmp" => "icmp6",
         n => n,
@@ -450,11 +523,13 @@ pub(crate) fn new_match<'t>(
         }),
         _ => return Err(ctx.err(tok, K::UnknownMatch(name.to_string()))),
     };
-    Ok(PendingMatch {
+    Ok((
         m,
-        seen: Vec::new(),
-        token: tok.clone(),
-    })
+        MatchState {
+            seen: 0,
+            token: *tok,
+        },
+    ))
 }
 
 fn any_icmp() -> IcmpMatch {
@@ -465,45 +540,47 @@ fn any_icmp() -> IcmpMatch {
     }
 }
 
-/// Records an option; `Err` when given twice or negated where it cannot be.
+/// Records the option with key `key` (a bit number of [`Seen`]); `Err` when given twice or
+/// negated where it cannot be.
 fn once(
-    seen: &mut Vec<&'static str>,
-    key: &'static str,
+    seen: &mut Seen,
+    key: usize,
     negated: bool,
     negatable: bool,
     args: &Args<'_, '_>,
     ctx: &Ctx<'_>,
     opt: &str,
 ) -> Result<(), ParseError> {
-    let t = args.opt_token();
+    let t = &args.opt_token();
     if negated && !negatable {
         return Err(ctx.err(t, K::BadNegation));
     }
-    if seen.contains(&key) {
+    if *seen & (1 << key) != 0 {
         return Err(ctx.err(t, K::DuplicateOption(opt.to_string())));
     }
-    seen.push(key);
+    *seen |= 1 << key;
     Ok(())
 }
 
 /// Handles `--name` for a known match; `None` when the match has no such option.
 pub(crate) fn match_option(
-    pm: &mut PendingMatch,
+    m: &mut Match,
+    st: &mut MatchState<'_>,
     name: &str,
     negated: bool,
     args: &mut Args<'_, '_>,
     ctx: &Ctx<'_>,
 ) -> Option<Result<(), ParseError>> {
-    let seen = &mut pm.seen;
-    let r = match &mut pm.m {
+    let seen = &mut st.seen;
+    let r = match m {
         Match::Tcp(m) => match name {
             "--sport" | "--source-port" => {
-                ports_opt(&mut m.sport, seen, "--sport", negated, args, ctx)
+                ports_opt(&mut m.sport, seen, 0, "--sport", negated, args, ctx)
             }
             "--dport" | "--destination-port" => {
-                ports_opt(&mut m.dport, seen, "--dport", negated, args, ctx)
+                ports_opt(&mut m.dport, seen, 1, "--dport", negated, args, ctx)
             }
-            "--syn" => once(seen, "flags", negated, true, args, ctx, name).map(|()| {
+            "--syn" => once(seen, 2, negated, true, args, ctx, name).map(|()| {
                 m.flags = Some(Neg {
                     negated,
                     value: TcpFlags {
@@ -512,7 +589,7 @@ pub(crate) fn match_option(
                     },
                 });
             }),
-            "--tcp-flags" => once(seen, "flags", negated, true, args, ctx, name).and_then(|()| {
+            "--tcp-flags" => once(seen, 2, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 let b = args.next_plain()?;
                 m.flags = Some(Neg {
@@ -524,9 +601,9 @@ pub(crate) fn match_option(
                 });
                 Ok(())
             }),
-            "--tcp-option" => once(seen, "option", negated, true, args, ctx, name).and_then(|()| {
+            "--tcp-option" => once(seen, 3, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                let v = parse_uint(&a.text, 255)
+                let v = parse_uint(a.text, 255)
                     .ok_or_else(|| invalid(ctx, &a, "TCP option", "not a number 0-255"))?;
                 m.option = Some(Neg {
                     negated,
@@ -538,10 +615,10 @@ pub(crate) fn match_option(
         },
         Match::Udp(m) => match name {
             "--sport" | "--source-port" => {
-                ports_opt(&mut m.sport, seen, "--sport", negated, args, ctx)
+                ports_opt(&mut m.sport, seen, 0, "--sport", negated, args, ctx)
             }
             "--dport" | "--destination-port" => {
-                ports_opt(&mut m.dport, seen, "--dport", negated, args, ctx)
+                ports_opt(&mut m.dport, seen, 1, "--dport", negated, args, ctx)
             }
             _ => return None,
         },
@@ -552,7 +629,7 @@ pub(crate) fn match_option(
                 "--ports" => MultiportDir::Either,
                 _ => return None,
             };
-            once(seen, "ports", negated, true, args, ctx, name).and_then(|()| {
+            once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 m.dir = dir;
                 m.negated = negated;
@@ -565,7 +642,7 @@ pub(crate) fn match_option(
             if name != if v6 { "--icmpv6-type" } else { "--icmp-type" } {
                 return None;
             }
-            once(seen, "type", negated, true, args, ctx, name).and_then(|()| {
+            once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 *m = parse_icmp(&a, v6, ctx)?;
                 m.negated = negated;
@@ -574,7 +651,7 @@ pub(crate) fn match_option(
         }
         Match::Conntrack(m) => return conntrack_option(m, seen, name, negated, args, ctx),
         Match::State(s) => match name {
-            "--state" => once(seen, "state", negated, true, args, ctx, name).and_then(|()| {
+            "--state" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 *s = Neg {
                     negated,
@@ -590,7 +667,7 @@ pub(crate) fn match_option(
                 "--dst-range" => &mut m.dst,
                 _ => return None,
             };
-            let key = if name == "--src-range" { "src" } else { "dst" };
+            let key = usize::from(name != "--src-range");
             once(seen, key, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 let Some((lo, hi)) = a.text.split_once('-') else {
@@ -607,7 +684,7 @@ pub(crate) fn match_option(
         }
         Match::Set(m) => return set_option(m, seen, name, negated, args, ctx),
         Match::Comment(c) => match name {
-            "--comment" => once(seen, "comment", negated, false, args, ctx, name).and_then(|()| {
+            "--comment" => once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 if a.text.len() > 255 {
                     return Err(ctx.err(
@@ -618,13 +695,13 @@ pub(crate) fn match_option(
                         },
                     ));
                 }
-                *c = a.text.into_owned();
+                *c = a.text.to_string();
                 Ok(())
             }),
             _ => return None,
         },
         Match::Mark(mk) => match name {
-            "--mark" => once(seen, "mark", negated, true, args, ctx, name).and_then(|()| {
+            "--mark" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 *mk = Neg {
                     negated,
@@ -635,7 +712,7 @@ pub(crate) fn match_option(
             _ => return None,
         },
         Match::Length(l) => match name {
-            "--length" => once(seen, "length", negated, true, args, ctx, name).and_then(|()| {
+            "--length" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 let (lo, hi) = parse_range(&a, ctx, "length", 65535)?;
                 *l = Neg {
@@ -650,26 +727,24 @@ pub(crate) fn match_option(
             _ => return None,
         },
         Match::Limit(l) => match name {
-            "--limit" => once(seen, "limit", negated, false, args, ctx, name).and_then(|()| {
+            "--limit" => once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 let (rate, unit) = parse_rate(&a, ctx)?;
                 l.rate = rate;
                 l.unit = unit;
                 Ok(())
             }),
-            "--limit-burst" => {
-                once(seen, "burst", negated, false, args, ctx, name).and_then(|()| {
-                    let a = args.next()?;
-                    l.burst = parse_uint(&a.text, 10000)
-                        .ok_or_else(|| invalid(ctx, &a, "burst", "not a number 0-10000"))?
-                        as u32;
-                    Ok(())
-                })
-            }
+            "--limit-burst" => once(seen, 1, negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                l.burst = parse_uint(a.text, 10000)
+                    .ok_or_else(|| invalid(ctx, &a, "burst", "not a number 0-10000"))?
+                    as u32;
+                Ok(())
+            }),
             _ => return None,
         },
         Match::Mac(mac) => match name {
-            "--mac-source" => once(seen, "mac", negated, true, args, ctx, name).and_then(|()| {
+            "--mac-source" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 *mac = Neg {
                     negated,
@@ -686,13 +761,14 @@ pub(crate) fn match_option(
 
 fn ports_opt(
     slot: &mut Option<Neg<PortRange>>,
-    seen: &mut Vec<&'static str>,
-    key: &'static str,
+    seen: &mut Seen,
+    key: usize,
+    opt: &str,
     negated: bool,
     args: &mut Args<'_, '_>,
     ctx: &Ctx<'_>,
 ) -> Result<(), ParseError> {
-    once(seen, key, negated, true, args, ctx, key)?;
+    once(seen, key, negated, true, args, ctx, opt)?;
     let a = args.next()?;
     let r = port_range(&a, ctx)?;
     // A full range not negated matches everything: iptables-save omits it.
@@ -710,7 +786,7 @@ pub(crate) const TCP_FLAG_NAMES: [(&str, u8); 6] = [
     ("URG", 0x20),
 ];
 
-fn tcp_flag_list(t: &Token, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+fn tcp_flag_list(t: &Tok, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
     let mut v = 0;
     for f in t.text.split(',') {
         let f = f.to_ascii_uppercase();
@@ -728,7 +804,7 @@ fn tcp_flag_list(t: &Token, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
 }
 
 /// As libxt_multiport v1: up to 15 slots, a range `a:b` (a < b) takes two.
-fn multiport_list(t: &Token, ctx: &Ctx<'_>) -> Result<Vec<PortRange>, ParseError> {
+fn multiport_list(t: &Tok, ctx: &Ctx<'_>) -> Result<Vec<PortRange>, ParseError> {
     let mut out = Vec::new();
     let mut slots = 0;
     for part in t.text.split(',') {
@@ -841,7 +917,7 @@ pub(crate) const ICMPV6_NAMES: &[(&str, u8, u8, u8)] = &[
 ];
 
 /// `NAME`, `TYPE`, `TYPE/CODE` or `TYPE/LO:HI`. IPv4 type 255 with every code is `any`.
-fn parse_icmp(t: &Token, v6: bool, ctx: &Ctx<'_>) -> Result<IcmpMatch, ParseError> {
+fn parse_icmp(t: &Tok, v6: bool, ctx: &Ctx<'_>) -> Result<IcmpMatch, ParseError> {
     let names = if v6 { ICMPV6_NAMES } else { ICMP_NAMES };
     let (ty, code) = if let Some((_, ty, lo, hi)) = names.iter().find(|(n, ..)| *n == t.text) {
         (*ty, (*lo, *hi))
@@ -897,7 +973,7 @@ pub(crate) const CT_STATE_NAMES: [(&str, u8); 7] = [
     ("DNAT", ct_state::DNAT),
 ];
 
-fn parse_states(t: &Token, conntrack: bool, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+fn parse_states(t: &Tok, conntrack: bool, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
     let mut v = 0;
     for s in t.text.split(',') {
         let bit = CT_STATE_NAMES
@@ -937,7 +1013,7 @@ const CONNTRACK_ORDER: [&str; 12] = [
 
 fn conntrack_option(
     m: &mut ConntrackMatch,
-    seen: &mut Vec<&'static str>,
+    seen: &mut Seen,
     name: &str,
     negated: bool,
     args: &mut Args<'_, '_>,
@@ -945,7 +1021,7 @@ fn conntrack_option(
 ) -> Option<Result<(), ParseError>> {
     if name == "--ctstate" {
         return Some(
-            once(seen, "--ctstate", negated, true, args, ctx, name).and_then(|()| {
+            once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 m.ctstate = Some(Neg {
                     negated,
@@ -955,9 +1031,10 @@ fn conntrack_option(
             }),
         );
     }
-    let key = *CONNTRACK_ORDER.iter().find(|k| **k == name)?;
+    let i = CONNTRACK_ORDER.iter().position(|k| *k == name)?;
+    let key = CONNTRACK_ORDER[i];
     Some((|| {
-        once(seen, key, negated, key != "--ctdir", args, ctx, name)?;
+        once(seen, i + 1, negated, key != "--ctdir", args, ctx, name)?;
         let a = args.next()?;
         let value = match key {
             "--ctproto" => {
@@ -1048,7 +1125,7 @@ const SET_ORDER: [(&str, bool); 9] = [
 
 fn set_option(
     m: &mut SetMatch,
-    seen: &mut Vec<&'static str>,
+    seen: &mut Seen,
     name: &str,
     negated: bool,
     args: &mut Args<'_, '_>,
@@ -1056,7 +1133,7 @@ fn set_option(
 ) -> Option<Result<(), ParseError>> {
     if name == "--match-set" || name == "--set" {
         return Some(
-            once(seen, "--match-set", negated, true, args, ctx, name).and_then(|()| {
+            once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let n = args.next()?;
                 if n.text.len() > 31 {
                     return Err(ctx.err(
@@ -1100,25 +1177,26 @@ fn set_option(
                     return Err(invalid(ctx, &f, "set flags", "at most 6 dimensions"));
                 }
                 if let Some(exists) = ctx.set_exists {
-                    if !exists(&n.text) {
+                    if !exists(n.text) {
                         return Err(ctx.err(&n, K::NoSuchSet(n.text.to_string())));
                     }
                 }
                 m.negated = negated;
-                m.name = n.text.into_owned();
+                m.name = n.text.to_string();
                 m.dirs = dirs;
                 Ok(())
             }),
         );
     }
-    let (key, takes_number) = *SET_ORDER.iter().find(|(k, _)| *k == name)?;
+    let i = SET_ORDER.iter().position(|(k, _)| *k == name)?;
+    let (key, takes_number) = SET_ORDER[i];
     Some((|| {
         let negatable = key != "--return-nomatch" && !key.ends_with("-lt") && !key.ends_with("-gt");
-        once(seen, key, negated, negatable, args, ctx, name)?;
+        once(seen, i + 1, negated, negatable, args, ctx, name)?;
         let mut a = Vec::new();
         if takes_number {
             let t = args.next()?;
-            let v = parse_uint(&t.text, u64::MAX)
+            let v = parse_uint(t.text, u64::MAX)
                 .ok_or_else(|| invalid(ctx, &t, "counter", "not a number"))?;
             a.push(v.to_string());
         }
@@ -1131,7 +1209,7 @@ fn set_option(
     })())
 }
 
-fn parse_mark(t: &Token, ctx: &Ctx<'_>) -> Result<MarkValue, ParseError> {
+fn parse_mark(t: &Tok, ctx: &Ctx<'_>) -> Result<MarkValue, ParseError> {
     let bad = || invalid(ctx, t, "mark", "expected VALUE[/MASK], 32-bit numbers");
     let (v, m) = match t.text.split_once('/') {
         Some((v, m)) => (v, Some(m)),
@@ -1164,7 +1242,7 @@ pub(crate) fn rate_unit_name(u: RateUnit) -> &'static str {
 
 /// `N[/second|minute|hour|day]` (unit prefixes allowed) as libxt_limit's parse_rate, then
 /// canonicalized as its print_rate would print it (so `60/min` becomes `1/sec`).
-fn parse_rate(t: &Token, ctx: &Ctx<'_>) -> Result<(u32, RateUnit), ParseError> {
+fn parse_rate(t: &Tok, ctx: &Ctx<'_>) -> Result<(u32, RateUnit), ParseError> {
     let bad = |r: &str| invalid(ctx, t, "rate", r.to_string());
     let (n, unit) = match t.text.split_once('/') {
         Some((n, u)) => (n, Some(u)),
@@ -1206,7 +1284,7 @@ fn parse_rate(t: &Token, ctx: &Ctx<'_>) -> Result<(u32, RateUnit), ParseError> {
     Ok(((m / period) as u32, unit))
 }
 
-fn parse_mac(t: &Token, ctx: &Ctx<'_>) -> Result<[u8; 6], ParseError> {
+fn parse_mac(t: &Tok, ctx: &Ctx<'_>) -> Result<[u8; 6], ParseError> {
     let bad = || invalid(ctx, t, "MAC address", "expected XX:XX:XX:XX:XX:XX");
     let parts: Vec<&str> = t.text.split(':').collect();
     if parts.len() != 6 {
@@ -1250,13 +1328,15 @@ pub(crate) fn opaque_target_option(
 }
 
 /// The kernel's protocol checks and each extension's final check.
+/// `protocol` is the rule's `-p`.
 pub(crate) fn finish_match(
-    pm: PendingMatch,
-    rule: &Rule,
+    m: &mut Match,
+    st: &MatchState<'_>,
+    protocol: Option<Neg<u8>>,
     ctx: &Ctx<'_>,
-) -> Result<Match, ParseError> {
-    let PendingMatch { mut m, seen, token } = pm;
-    let proto = rule.protocol.filter(|p| !p.negated).map(|p| p.value);
+) -> Result<(), ParseError> {
+    let MatchState { seen, token } = *st;
+    let proto = protocol.filter(|p| !p.negated).map(|p| p.value);
     let needs = |need: &'static str| {
         Err(ctx.err(
             &token,
@@ -1279,11 +1359,11 @@ pub(crate) fn finish_match(
             ))
         }
     };
-    match &mut m {
+    match m {
         Match::Tcp(_) => needs_proto(proto == Some(6), "tcp")?,
         Match::Udp(_) => needs_proto(proto == Some(17), "udp")?,
         Match::Multiport(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--sports, --dports or --ports");
             }
             needs_proto(
@@ -1292,67 +1372,67 @@ pub(crate) fn finish_match(
             )?
         }
         Match::Icmp(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--icmp-type");
             }
             needs_proto(proto == Some(1), "icmp")?
         }
         Match::Icmpv6(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--icmpv6-type");
             }
             needs_proto(proto == Some(58), "ipv6-icmp")?
         }
         Match::Conntrack(c) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("at least one option");
             }
             c.other
                 .sort_by_key(|o| CONNTRACK_ORDER.iter().position(|k| *k == o.name));
         }
         Match::State(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--state");
             }
         }
         Match::Iprange(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--src-range or --dst-range");
             }
         }
         Match::Set(s) => {
-            if !seen.contains(&"--match-set") {
+            if seen & 1 == 0 {
                 return needs("--match-set NAME FLAGS");
             }
             s.other
                 .sort_by_key(|o| SET_ORDER.iter().position(|k| k.0 == o.name));
         }
         Match::Comment(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--comment");
             }
         }
         Match::Mark(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--mark");
             }
         }
         Match::Length(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--length");
             }
         }
         Match::Mac(_) => {
-            if seen.is_empty() {
+            if seen == 0 {
                 return needs("--mac-source");
             }
         }
         Match::Limit(_) | Match::Opaque(_) => {}
     }
-    Ok(m)
+    Ok(())
 }
 
-fn m_name(t: &Token) -> String {
+fn m_name(t: &Tok) -> String {
     t.text.to_string()
 }
 
@@ -1360,7 +1440,7 @@ fn m_name(t: &Token) -> String {
 
 /// Starts `-j NAME`; `None` when NAME is no target (then it is a chain to jump to).
 pub(crate) fn new_target<'t>(
-    tok: &Token<'t>,
+    tok: &Tok<'t>,
     ctx: &Ctx<'_>,
 ) -> Result<Option<PendingTarget<'t>>, ParseError> {
     let t = match tok.as_str() {
@@ -1387,10 +1467,9 @@ pub(crate) fn new_target<'t>(
         ));
     }
     Ok(Some(PendingTarget {
-        name: tok.text.to_string(),
         t,
-        seen: Vec::new(),
-        token: Some(tok.clone()),
+        seen: 0,
+        token: Some(*tok),
     }))
 }
 
@@ -1510,7 +1589,7 @@ pub(crate) fn target_option(
             if name != "--reject-with" {
                 return None;
             }
-            once(seen, "with", negated, false, args, ctx, name).and_then(|()| {
+            once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 let v6 = ctx.family == Family::Ipv6;
                 *w = REJECT_NAMES
@@ -1522,26 +1601,24 @@ pub(crate) fn target_option(
             })
         }
         Target::Log(l) => match name {
-            "--log-prefix" => {
-                once(seen, "prefix", negated, false, args, ctx, name).and_then(|()| {
-                    let a = args.next()?;
-                    if a.text.len() > 29 {
-                        return Err(ctx.err(
-                            &a,
-                            K::TooLong {
-                                what: "log prefix",
-                                max: 29,
-                            },
-                        ));
-                    }
-                    if a.text.contains('\n') {
-                        return Err(invalid(ctx, &a, "log prefix", "no newline allowed"));
-                    }
-                    l.prefix = (!a.text.is_empty()).then(|| a.text.into_owned());
-                    Ok(())
-                })
-            }
-            "--log-level" => once(seen, "level", negated, false, args, ctx, name).and_then(|()| {
+            "--log-prefix" => once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                if a.text.len() > 29 {
+                    return Err(ctx.err(
+                        &a,
+                        K::TooLong {
+                            what: "log prefix",
+                            max: 29,
+                        },
+                    ));
+                }
+                if a.text.contains('\n') {
+                    return Err(invalid(ctx, &a, "log prefix", "no newline allowed"));
+                }
+                l.prefix = (!a.text.is_empty()).then(|| a.text.to_string());
+                Ok(())
+            }),
+            "--log-level" => once(seen, 1, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
                 let lv = LOG_LEVELS
                     .iter()
@@ -1551,7 +1628,7 @@ pub(crate) fn target_option(
                         if a.text == "debug" {
                             Some(7)
                         } else {
-                            parse_uint(&a.text, 7).map(|v| v as u8)
+                            parse_uint(a.text, 7).map(|v| v as u8)
                         }
                     })
                     .ok_or_else(|| invalid(ctx, &a, "log level", "a syslog level name or 0-7"))?;
@@ -1560,8 +1637,9 @@ pub(crate) fn target_option(
                 Ok(())
             }),
             f => {
-                let key = *LOG_FLAGS.iter().find(|k| **k == f)?;
-                once(seen, key, negated, false, args, ctx, name).map(|()| {
+                let i = LOG_FLAGS.iter().position(|k| *k == f)?;
+                let key = LOG_FLAGS[i];
+                once(seen, i + 2, negated, false, args, ctx, name).map(|()| {
                     l.flags.push(key.to_string());
                     l.flags
                         .sort_by_key(|x| LOG_FLAGS.iter().position(|k| k == x));
@@ -1570,15 +1648,14 @@ pub(crate) fn target_option(
         },
         Target::Ct(c) => {
             if name == "--notrack" {
-                return Some(
-                    once(seen, "--notrack", negated, false, args, ctx, name).map(|()| {
-                        c.notrack = true;
-                    }),
-                );
+                return Some(once(seen, 0, negated, false, args, ctx, name).map(|()| {
+                    c.notrack = true;
+                }));
             }
-            let key = *CT_ORDER.iter().find(|k| **k == name)?;
+            let i = CT_ORDER.iter().position(|k| *k == name)?;
+            let key = CT_ORDER[i];
             (|| {
-                once(seen, key, negated, false, args, ctx, name)?;
+                once(seen, i + 1, negated, false, args, ctx, name)?;
                 let a = args.next()?;
                 let value = match key {
                     "--ctevents" | "--expevents" => {
@@ -1601,7 +1678,7 @@ pub(crate) fn target_option(
                             .collect::<Vec<_>>()
                             .join(",")
                     }
-                    "--zone" | "--zone-orig" | "--zone-reply" => parse_uint(&a.text, 65535)
+                    "--zone" | "--zone-orig" | "--zone-reply" => parse_uint(a.text, 65535)
                         .ok_or_else(|| invalid(ctx, &a, "zone", "not a number 0-65535"))?
                         .to_string(),
                     _ => {
@@ -1627,16 +1704,17 @@ pub(crate) fn target_option(
 }
 
 /// Each target's final check (REJECT tcp-reset needs `-p tcp`).
+/// `protocol` is the rule's `-p`.
 pub(crate) fn finish_target(
     pt: PendingTarget,
-    rule: &Rule,
+    protocol: Option<Neg<u8>>,
     ctx: &Ctx<'_>,
 ) -> Result<Target, ParseError> {
     if let Target::Reject(RejectWith::TcpReset) = pt.t {
-        let tcp = rule.protocol == Some(Neg::plain(6));
+        let tcp = protocol == Some(Neg::plain(6));
         if !tcp {
-            let tok = pt.token.unwrap_or(Token {
-                text: "REJECT".into(),
+            let tok = pt.token.unwrap_or(Tok {
+                text: "REJECT",
                 column: 0,
             });
             return Err(ctx.err(
@@ -1654,4 +1732,169 @@ pub(crate) fn finish_target(
         return Ok(Target::Ct(c.clone()));
     }
     Ok(pt.t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Strings at the edges of the dotted-quad grammar.
+    const ODD_V4: &[&str] = &[
+        "0.0.0.0",
+        "255.255.255.255",
+        "1.2.3.4",
+        "10.0.0.1",
+        "01.2.3.4",
+        "1.2.3.04",
+        "1.2.3.00",
+        "00.0.0.0",
+        "1.2.3.256",
+        "1.2.3.999",
+        "1.2.3.1000",
+        "1.2.3",
+        "1.2.3.4.5",
+        "1..2.3",
+        ".1.2.3",
+        "1.2.3.",
+        "+1.2.3.4",
+        "1.2.3.-4",
+        " 1.2.3.4",
+        "1.2.3.4 ",
+        "",
+        "1.2.3.4/8",
+        "a.b.c.d",
+        "0x1.2.3.4",
+        "１.2.3.4",
+        "1.2.3.4\0",
+    ];
+
+    #[test]
+    fn fast_ipv4_takes_exactly_what_std_takes() {
+        for s in ODD_V4 {
+            assert_eq!(parse_ipv4(s), s.parse::<Ipv4Addr>().ok(), "{s:?}");
+        }
+        // Every one-octet value, with and without leading zeros.
+        for v in 0..=1000u32 {
+            for s in [
+                format!("1.2.3.{v}"),
+                format!("1.2.3.{v:03}"),
+                format!("{v}.0.0.1"),
+            ] {
+                assert_eq!(parse_ipv4(&s), s.parse::<Ipv4Addr>().ok(), "{s:?}");
+            }
+        }
+    }
+
+    fn ctx() -> Ctx<'static> {
+        Ctx {
+            family: Family::Ipv4,
+            table: TableKind::Filter,
+            line: 1,
+            set_exists: None,
+        }
+    }
+
+    /// `parse_net` as it was before the fast path: the general path only.
+    fn general(s: &str) -> Result<IpNet, ParseError> {
+        let t = Tok { text: s, column: 7 };
+        let ctx = ctx();
+        let (a, m) = match s.split_once('/') {
+            Some((a, m)) => (a, Some(m)),
+            None => (s, None),
+        };
+        if s.contains(',') {
+            return Err(invalid(&ctx, &t, "address", "lists"));
+        }
+        let addr = parse_addr(&t, a, Family::Ipv4, &ctx)?;
+        let mask = match m {
+            None => IpNet::new(addr, 32).map(|n| n.mask),
+            Some(m) if !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()) => m
+                .parse::<u8>()
+                .ok()
+                .and_then(|len| IpNet::new(addr, len))
+                .map(|n| n.mask),
+            Some(m) => Some(parse_addr(&t, m, Family::Ipv4, &ctx)?),
+        };
+        let Some(IpAddr::V4(mask)) = mask else {
+            return Err(invalid(&ctx, &t, "mask", "prefix length too long"));
+        };
+        let IpAddr::V4(a) = addr else {
+            unreachable!("an IPv4 parse")
+        };
+        Ok(IpNet {
+            addr: IpAddr::V4(Ipv4Addr::from(u32::from(a) & u32::from(mask))),
+            mask: IpAddr::V4(mask),
+        })
+    }
+
+    #[test]
+    fn fast_ipv4_prefixes_agree_with_the_general_path() {
+        let mut cases: Vec<String> = ODD_V4.iter().map(|s| s.to_string()).collect();
+        for len in [
+            "0",
+            "00",
+            "8",
+            "08",
+            "24",
+            "31",
+            "32",
+            "032",
+            "33",
+            "99",
+            "100",
+            "256",
+            "",
+            "+8",
+            "-1",
+            "8 ",
+            "255.0.255.0",
+            "255.255.255.0",
+            "0.0.0.0",
+            "1.2.3",
+        ] {
+            cases.push(format!("10.1.2.3/{len}"));
+            cases.push(format!("0.0.0.0/{len}"));
+        }
+        cases.push("1.2.3.4/8/8".into());
+        cases.push("1.2.3.4,5.6.7.8".into());
+        let ctx = ctx();
+        for s in &cases {
+            let t = Tok { text: s, column: 7 };
+            let got = parse_net(&t, Family::Ipv4, &ctx);
+            match general(s) {
+                Ok(n) => assert_eq!(got, Ok(n), "{s:?}"),
+                // Errors come from the general path itself (same kind, message and column).
+                Err(_) => assert!(parse_ipv4_net(s).is_none(), "{s:?}"),
+            }
+        }
+        let net = |s: &str| parse_net(&Tok { text: s, column: 1 }, Family::Ipv4, &ctx);
+        assert_eq!(
+            net("10.1.2.3/8").map(|n| n.addr.to_string()),
+            Ok("10.0.0.0".into())
+        );
+        assert_eq!(net("10.1.2.3/0").map(|n| n.prefix_len()), Ok(Some(0)));
+        assert_eq!(net("10.1.2.3").map(|n| n.prefix_len()), Ok(Some(32)));
+        let odd = net("10.1.2.3/255.0.255.0").expect("a non-contiguous mask parses");
+        assert_eq!(odd.prefix_len(), None);
+        assert_eq!(odd.addr.to_string(), "10.0.2.0");
+        let e = net("01.2.3.4/8").expect_err("leading zero");
+        assert_eq!(e.location.column, 1);
+        assert!(e.to_string().contains("not an IPv4 address"), "{e}");
+        let e = net("1.2.3.4/33").expect_err("too long");
+        assert!(e.to_string().contains("prefix length too long"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_is_unchanged() {
+        let v6 = Ctx {
+            family: Family::Ipv6,
+            ..ctx()
+        };
+        let net = |s: &str| parse_net(&Tok { text: s, column: 1 }, Family::Ipv6, &v6);
+        let n = net("2001:db8::1/32").expect("parses");
+        assert_eq!(n.addr.to_string(), "2001:db8::");
+        assert_eq!(n.prefix_len(), Some(32));
+        assert!(net("1.2.3.4").is_err());
+        assert_eq!(net("::1").map(|n| n.prefix_len()), Ok(Some(128)));
+    }
 }

@@ -20,17 +20,30 @@ pub(crate) struct Token<'a> {
 }
 
 impl Token<'_> {
-    /// The text.
-    pub(crate) fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// The token with its text owned, detached from the line.
-    pub(crate) fn into_static(self) -> Token<'static> {
-        Token {
-            text: Cow::Owned(self.text.into_owned()),
+    /// A copyable view of the token for the line parser.
+    pub(crate) fn tok(&self) -> Tok<'_> {
+        Tok {
+            text: &self.text,
             column: self.column,
         }
+    }
+}
+
+/// A token as the line parser reads it: its text (a slice of the line, or of a quoted token's
+/// buffer) and the 1-based byte column where it starts. `Copy`, so handing it around costs
+/// neither a clone nor an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tok<'t> {
+    /// The token text (quotes and escapes removed).
+    pub text: &'t str,
+    /// 1-based byte column of the token's first character.
+    pub column: u32,
+}
+
+impl<'t> Tok<'t> {
+    /// The text.
+    pub(crate) fn as_str(&self) -> &'t str {
+        self.text
     }
 }
 
@@ -41,28 +54,60 @@ pub(crate) struct UnterminatedQuote {
     pub column: u32,
 }
 
-fn is_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+/// Byte classes of the tokenizer: ordinary, separator (space, tab, CR, LF), double quote.
+const ORDINARY: u8 = 0;
+const SPACE: u8 = 1;
+const QUOTE: u8 = 2;
+const CLASS: [u8; 256] = {
+    let mut t = [ORDINARY; 256];
+    t[b' ' as usize] = SPACE;
+    t[b'\t' as usize] = SPACE;
+    t[b'\n' as usize] = SPACE;
+    t[b'\r' as usize] = SPACE;
+    t[b'"' as usize] = QUOTE;
+    t
+};
+
+fn class(b: u8) -> u8 {
+    CLASS[usize::from(b)]
+}
+
+/// Splits `s` at the first `b` (an ASCII byte, so both sides are `str`s): as
+/// `str::split_once`, without the general pattern machinery (tokens are a few bytes long).
+pub(crate) fn split_byte(s: &str, b: u8) -> Option<(&str, &str)> {
+    let i = s.bytes().position(|c| c == b)?;
+    Some((&s[..i], &s[i + 1..]))
 }
 
 /// Tokenizes one line (without its newline). Tokens without quotes borrow from `line`; only
 /// a token with a quoted part allocates.
+#[cfg(test)]
 pub(crate) fn tokenize(line: &str) -> Result<Vec<Token<'_>>, UnterminatedQuote> {
+    let mut out = Vec::new();
+    tokenize_into(line, &mut out).map(|()| out)
+}
+
+/// As [`tokenize`], into `out` (cleared first), so that one buffer serves every line.
+pub(crate) fn tokenize_into<'a>(
+    line: &'a str,
+    out: &mut Vec<Token<'a>>,
+) -> Result<(), UnterminatedQuote> {
+    out.clear();
     let bytes = line.as_bytes();
-    let mut out = Vec::with_capacity(16);
     let mut i = 0;
-    while i < bytes.len() {
-        if is_space(bytes[i]) {
+    while let Some(&b) = bytes.get(i) {
+        if class(b) == SPACE {
             i += 1;
             continue;
         }
         // Separators and quotes are ASCII, so byte positions found here are char boundaries.
         let start = i;
-        while i < bytes.len() && !is_space(bytes[i]) && bytes[i] != b'"' {
-            i += 1;
-        }
+        i += bytes[i..]
+            .iter()
+            .position(|&b| class(b) != ORDINARY)
+            .unwrap_or(bytes.len() - i);
         let column = start as u32 + 1;
-        if i == bytes.len() || bytes[i] != b'"' {
+        if bytes.get(i).is_none_or(|&b| class(b) != QUOTE) {
             out.push(Token {
                 text: Cow::Borrowed(&line[start..i]),
                 column,
@@ -97,7 +142,7 @@ pub(crate) fn tokenize(line: &str) -> Result<Vec<Token<'_>>, UnterminatedQuote> 
         });
         i = next;
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! (`-s -d -i -o -p -f`, then matches in order, then `-j`/`-g`), and the `iptables -S` form.
 
 use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::model::{
     Chain, Counters, Family, IcmpMatch, IpNet, Match, MultiportDir, Neg, OpaqueOption, Policy,
@@ -24,11 +25,21 @@ pub struct PrintOptions {
 /// in hook order, then user chains sorted by name, as legacy iptables-save), the rules of every
 /// chain in that order, `COMMIT`. Tables are printed in the order given.
 pub fn print(tables: &[Table], opts: &PrintOptions) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(tables.iter().map(text_estimate).sum());
     for t in tables {
         write_table(&mut out, t, opts);
     }
     out
+}
+
+/// About how many bytes a table prints as (rules of plain 5-tuple rulesets take about 60), so
+/// that the output is allocated once in the common case.
+fn text_estimate(t: &Table) -> usize {
+    t.chains
+        .iter()
+        .map(|c| 48 + 64 * c.rules.len())
+        .sum::<usize>()
+        + 32
 }
 
 fn chain_order(t: &Table) -> Vec<&Chain> {
@@ -50,29 +61,39 @@ fn policy_name(p: Option<Policy>) -> &'static str {
 
 /// Prints one table (see [`print`]).
 pub fn print_table(t: &Table, opts: &PrintOptions) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(text_estimate(t));
     write_table(&mut out, t, opts);
     out
 }
 
+/// `[packets:bytes]`.
+fn write_counters(out: &mut String, k: &Counters) {
+    out.push('[');
+    write_uint(out, k.packets);
+    out.push(':');
+    write_uint(out, k.bytes);
+    out.push(']');
+}
+
 fn write_table(out: &mut String, t: &Table, opts: &PrintOptions) {
-    let _ = writeln!(out, "*{}", t.kind.name());
+    out.push('*');
+    out.push_str(t.kind.name());
+    out.push('\n');
     let chains = chain_order(t);
     for c in &chains {
-        let _ = writeln!(
-            out,
-            ":{} {} [{}:{}]",
-            c.name,
-            policy_name(c.policy),
-            c.counters.packets,
-            c.counters.bytes
-        );
+        out.push(':');
+        out.push_str(&c.name);
+        out.push(' ');
+        out.push_str(policy_name(c.policy));
+        out.push(' ');
+        write_counters(out, &c.counters);
+        out.push('\n');
     }
     for c in &chains {
         for r in &c.rules {
             if opts.counters {
-                let k = r.counters.unwrap_or_default();
-                let _ = write!(out, "[{}:{}] ", k.packets, k.bytes);
+                write_counters(out, &r.counters.unwrap_or_default());
+                out.push(' ');
             }
             out.push_str("-A ");
             out.push_str(&c.name);
@@ -126,127 +147,168 @@ pub fn print_s(t: &Table, verbose: bool) -> String {
 
 /// Quotes as iptables-save's `xtables_save_string`: bare when made only of `[A-Za-z0-9_-]`
 /// (and not empty), otherwise in double quotes with `"`, `\` and `'` backslash-escaped.
-pub(crate) fn save_string(s: &str) -> String {
+fn write_save_string(out: &mut String, s: &str) {
     if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
     {
-        return s.to_string();
+        out.push_str(s);
+    } else {
+        write_quoted(out, s);
     }
-    quoted(s)
 }
 
-fn quoted(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
+fn write_quoted(out: &mut String, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push('"');
     for c in s.chars() {
         if matches!(c, '"' | '\\' | '\'') {
-            o.push('\\');
+            out.push('\\');
         }
-        o.push(c);
+        out.push(c);
     }
-    o.push('"');
-    o
+    out.push('"');
 }
 
-/// Quotes an opaque argument only where the tokenizer needs it (whitespace, `"`, `\`, empty),
-/// so real rulesets print byte-identically.
-fn opaque_arg(s: &str) -> String {
+/// Writes an opaque argument, quoted only where the tokenizer needs it (whitespace, `"`, `\`,
+/// empty), so real rulesets print byte-identically.
+fn write_opaque_arg(out: &mut String, s: &str) {
     if s.is_empty()
         || s.starts_with('-')
         || s.starts_with('!')
         || s.chars()
             .any(|c| c.is_whitespace() || c == '"' || c == '\\')
     {
-        quoted(s)
+        write_quoted(out, s);
     } else {
-        s.to_string()
+        out.push_str(s);
     }
 }
 
-fn net(n: &IpNet) -> String {
+// === numbers and addresses, written without core::fmt ===
+
+/// Writes an unsigned integer in decimal.
+fn write_uint(out: &mut String, v: impl itoa::Integer) {
+    out.push_str(itoa::Buffer::new().format(v));
+}
+
+/// Writes an IPv4 address in dotted decimal, as its `Display` does (no leading zeros).
+fn write_ipv4(out: &mut String, a: Ipv4Addr) {
+    let mut buf = [0u8; 15];
+    let mut n = 0;
+    for (i, o) in a.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[n] = b'.';
+            n += 1;
+        }
+        if o >= 100 {
+            buf[n] = b'0' + o / 100;
+            n += 1;
+        }
+        if o >= 10 {
+            buf[n] = b'0' + o / 10 % 10;
+            n += 1;
+        }
+        buf[n] = b'0' + o % 10;
+        n += 1;
+    }
+    // Only ASCII digits and dots were written.
+    if let Ok(s) = std::str::from_utf8(&buf[..n]) {
+        out.push_str(s);
+    }
+}
+
+fn write_addr(out: &mut String, a: &IpAddr) {
+    match a {
+        IpAddr::V4(a) => write_ipv4(out, *a),
+        IpAddr::V6(a) => {
+            let _ = write!(out, "{a}");
+        }
+    }
+}
+
+/// `ADDR/LEN`, or `ADDR/MASK` when the mask is not contiguous.
+fn write_net(out: &mut String, n: &IpNet) {
+    write_addr(out, &n.addr);
+    out.push('/');
     match n.prefix_len() {
-        Some(l) => format!("{}/{l}", n.addr),
-        None => format!("{}/{}", n.addr, n.mask),
+        Some(l) => write_uint(out, l),
+        None => write_addr(out, &n.mask),
     }
 }
 
-fn neg<T>(v: &Neg<T>) -> &'static str {
-    if v.negated { "! " } else { "" }
-}
-
-fn range(r: &PortRange) -> String {
-    if r.lo == r.hi {
-        r.lo.to_string()
-    } else {
-        format!("{}:{}", r.lo, r.hi)
+/// `LO` or `LO:HI`.
+fn write_range(out: &mut String, r: &PortRange) {
+    write_uint(out, r.lo);
+    if r.lo != r.hi {
+        out.push(':');
+        write_uint(out, r.hi);
     }
 }
 
-fn tcp_flags(f: u8) -> String {
+/// The names of the set bits, comma-separated, in table order.
+fn write_names<T: Copy + std::ops::BitAnd<Output = T> + PartialEq + Default>(
+    out: &mut String,
+    names: &[(&str, T)],
+    bits: T,
+) {
+    let mut first = true;
+    for (n, b) in names {
+        if bits & *b != T::default() {
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            out.push_str(n);
+        }
+    }
+}
+
+fn write_tcp_flags(out: &mut String, f: u8) {
     if f & 0x3f == 0 {
-        return "NONE".into();
+        out.push_str("NONE");
+    } else {
+        write_names(out, &TCP_FLAG_NAMES, f);
     }
-    TCP_FLAG_NAMES
-        .iter()
-        .filter(|(_, b)| f & b != 0)
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn states(bits: u8) -> String {
-    CT_STATE_NAMES
-        .iter()
-        .filter(|(_, b)| bits & b != 0)
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 fn icmp(o: &mut Parts<'_>, m: &IcmpMatch, opt: &str) {
-    let mut s = String::new();
-    if m.negated {
-        s.push_str("! ");
-    }
-    s.push_str(opt);
+    o.opt(m.negated, opt);
+    let out = &mut *o.out;
     match m.icmp_type {
-        None => s.push_str(" any"),
+        None => out.push_str(" any"),
         Some(t) => {
-            let _ = write!(s, " {t}");
+            out.push(' ');
+            write_uint(out, t);
             if m.code != (0, 255) {
-                if m.code.0 == m.code.1 {
-                    let _ = write!(s, "/{}", m.code.0);
-                } else {
-                    let _ = write!(s, "/{}:{}", m.code.0, m.code.1);
+                out.push('/');
+                write_uint(out, m.code.0);
+                if m.code.0 != m.code.1 {
+                    out.push(':');
+                    write_uint(out, m.code.1);
                 }
             }
         }
     }
-    o.push(&s);
 }
 
 fn opaque_opts(o: &mut Parts<'_>, opts: &[OpaqueOption]) {
     for op in opts {
-        let mut s = String::new();
-        if op.negated {
-            s.push_str("! ");
-        }
-        s.push_str(&op.name);
+        o.opt(op.negated, &op.name);
+        let out = &mut *o.out;
         match op.args.as_slice() {
             // An argument that reads as an option (it came as `--opt=-x`) stays attached.
             [a] if a.starts_with('-') || a == "!" => {
-                s.push('=');
-                s.push_str(&opaque_arg(a));
+                out.push('=');
+                write_opaque_arg(out, a);
             }
             args => {
                 for a in args {
-                    s.push(' ');
-                    s.push_str(&opaque_arg(a));
+                    out.push(' ');
+                    write_opaque_arg(out, a);
                 }
             }
         }
-        o.push(&s);
     }
 }
 
@@ -279,6 +341,16 @@ impl Parts<'_> {
         self.first = false;
     }
 
+    /// Starts an option: the separator, `! ` when negated, then `text`; the caller appends
+    /// the option's arguments to `out`.
+    fn opt(&mut self, negated: bool, text: &str) {
+        self.sep();
+        if negated {
+            self.out.push_str("! ");
+        }
+        self.out.push_str(text);
+    }
+
     fn push(&mut self, part: &str) {
         self.sep();
         self.out.push_str(part);
@@ -292,22 +364,27 @@ impl Parts<'_> {
 
 fn write_rule_spec(o: &mut Parts<'_>, r: &Rule, family: Family) {
     if let Some(s) = &r.src {
-        o.push_fmt(format_args!("{}-s {}", neg(s), net(&s.value)));
+        o.opt(s.negated, "-s ");
+        write_net(o.out, &s.value);
     }
     if let Some(d) = &r.dst {
-        o.push_fmt(format_args!("{}-d {}", neg(d), net(&d.value)));
+        o.opt(d.negated, "-d ");
+        write_net(o.out, &d.value);
     }
     if let Some(i) = &r.in_iface {
-        o.push_fmt(format_args!("{}-i {}", neg(i), i.value.name));
+        o.opt(i.negated, "-i ");
+        o.out.push_str(&i.value.name);
     }
     if let Some(i) = &r.out_iface {
-        o.push_fmt(format_args!("{}-o {}", neg(i), i.value.name));
+        o.opt(i.negated, "-o ");
+        o.out.push_str(&i.value.name);
     }
     if let Some(p) = &r.protocol {
-        let name = protocol_name(p.value)
-            .map(str::to_string)
-            .unwrap_or_else(|| p.value.to_string());
-        o.push_fmt(format_args!("{}-p {name}", neg(p)));
+        o.opt(p.negated, "-p ");
+        match protocol_name(p.value) {
+            Some(name) => o.out.push_str(name),
+            None => write_uint(o.out, p.value),
+        }
     }
     match r.fragment {
         Some(true) => o.push("-f"),
@@ -315,98 +392,95 @@ fn write_rule_spec(o: &mut Parts<'_>, r: &Rule, family: Family) {
         None => {}
     }
     for m in &r.matches {
-        o.push_fmt(format_args!("-m {}", m.extension()));
+        o.push("-m ");
+        o.out.push_str(m.extension());
         print_match(o, m);
     }
     print_target(o, &r.target, family);
 }
 
 fn print_match(o: &mut Parts<'_>, m: &Match) {
+    let ports = |o: &mut Parts<'_>, name: &str, p: &Option<Neg<PortRange>>| {
+        if let Some(p) = p {
+            o.opt(p.negated, name);
+            write_range(o.out, &p.value);
+        }
+    };
     match m {
         Match::Tcp(t) => {
-            if let Some(p) = &t.sport {
-                o.push_fmt(format_args!("{}--sport {}", neg(p), range(&p.value)));
-            }
-            if let Some(p) = &t.dport {
-                o.push_fmt(format_args!("{}--dport {}", neg(p), range(&p.value)));
-            }
+            ports(o, "--sport ", &t.sport);
+            ports(o, "--dport ", &t.dport);
             if let Some(p) = &t.option {
-                o.push_fmt(format_args!("{}--tcp-option {}", neg(p), p.value));
+                o.opt(p.negated, "--tcp-option ");
+                write_uint(o.out, p.value);
             }
             if let Some(f) = &t.flags {
-                o.push_fmt(format_args!(
-                    "{}--tcp-flags {} {}",
-                    neg(f),
-                    tcp_flags(f.value.mask),
-                    tcp_flags(f.value.comp)
-                ));
+                o.opt(f.negated, "--tcp-flags ");
+                write_tcp_flags(o.out, f.value.mask);
+                o.out.push(' ');
+                write_tcp_flags(o.out, f.value.comp);
             }
         }
         Match::Udp(u) => {
-            if let Some(p) = &u.sport {
-                o.push_fmt(format_args!("{}--sport {}", neg(p), range(&p.value)));
-            }
-            if let Some(p) = &u.dport {
-                o.push_fmt(format_args!("{}--dport {}", neg(p), range(&p.value)));
-            }
+            ports(o, "--sport ", &u.sport);
+            ports(o, "--dport ", &u.dport);
         }
         Match::Multiport(m) => {
             let opt = match m.dir {
-                MultiportDir::Source => "--sports",
-                MultiportDir::Destination => "--dports",
-                MultiportDir::Either => "--ports",
+                MultiportDir::Source => "--sports ",
+                MultiportDir::Destination => "--dports ",
+                MultiportDir::Either => "--ports ",
             };
-            let list = m.ports.iter().map(range).collect::<Vec<_>>().join(",");
-            o.push_fmt(format_args!(
-                "{}{opt} {list}",
-                if m.negated { "! " } else { "" }
-            ));
+            o.opt(m.negated, opt);
+            for (i, r) in m.ports.iter().enumerate() {
+                if i > 0 {
+                    o.out.push(',');
+                }
+                write_range(o.out, r);
+            }
         }
         Match::Icmp(i) => icmp(o, i, "--icmp-type"),
         Match::Icmpv6(i) => icmp(o, i, "--icmpv6-type"),
         Match::Conntrack(c) => {
             if let Some(s) = &c.ctstate {
-                o.push_fmt(format_args!("{}--ctstate {}", neg(s), states(s.value)));
+                o.opt(s.negated, "--ctstate ");
+                write_names(o.out, &CT_STATE_NAMES, s.value);
             }
             opaque_opts(o, &c.other);
         }
-        Match::State(s) => o.push_fmt(format_args!("{}--state {}", neg(s), states(s.value))),
+        Match::State(s) => {
+            o.opt(s.negated, "--state ");
+            write_names(o.out, &CT_STATE_NAMES, s.value);
+        }
         Match::Iprange(i) => {
-            if let Some(r) = &i.src {
-                o.push_fmt(format_args!(
-                    "{}--src-range {}-{}",
-                    neg(r),
-                    r.value.lo,
-                    r.value.hi
-                ));
-            }
-            if let Some(r) = &i.dst {
-                o.push_fmt(format_args!(
-                    "{}--dst-range {}-{}",
-                    neg(r),
-                    r.value.lo,
-                    r.value.hi
-                ));
+            for (r, opt) in [(&i.src, "--src-range "), (&i.dst, "--dst-range ")] {
+                if let Some(r) = r {
+                    o.opt(r.negated, opt);
+                    write_addr(o.out, &r.value.lo);
+                    o.out.push('-');
+                    write_addr(o.out, &r.value.hi);
+                }
             }
         }
         Match::Set(s) => {
-            let dirs = s
-                .dirs
-                .iter()
-                .map(|d| match d {
+            o.opt(s.negated, "--match-set ");
+            o.out.push_str(&s.name);
+            o.out.push(' ');
+            for (i, d) in s.dirs.iter().enumerate() {
+                if i > 0 {
+                    o.out.push(',');
+                }
+                o.out.push_str(match d {
                     SetDir::Src => "src",
                     SetDir::Dst => "dst",
-                })
-                .collect::<Vec<_>>()
-                .join(",");
-            o.push_fmt(format_args!(
-                "{}--match-set {} {dirs}",
-                if s.negated { "! " } else { "" },
-                s.name
-            ));
+                });
+            }
             opaque_opts(o, &s.other);
         }
-        Match::Comment(c) => o.push_fmt(format_args!("--comment {}", save_string(c))),
+        Match::Comment(c) => {
+            o.push("--comment ");
+            write_save_string(o.out, c);
+        }
         Match::Mark(m) => {
             let v = &m.value;
             if v.mask == u32::MAX {
@@ -420,15 +494,18 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 ));
             }
         }
-        Match::Length(l) => o.push_fmt(format_args!("{}--length {}", neg(l), range(&l.value))),
+        Match::Length(l) => {
+            o.opt(l.negated, "--length ");
+            write_range(o.out, &l.value);
+        }
         Match::Limit(l) => {
-            o.push_fmt(format_args!(
-                "--limit {}/{}",
-                l.rate,
-                rate_unit_name(l.unit)
-            ));
+            o.push("--limit ");
+            write_uint(o.out, l.rate);
+            o.out.push('/');
+            o.out.push_str(rate_unit_name(l.unit));
             if l.burst != 5 {
-                o.push_fmt(format_args!("--limit-burst {}", l.burst));
+                o.push("--limit-burst ");
+                write_uint(o.out, l.burst);
             }
         }
         Match::Mac(m) => {
@@ -448,6 +525,10 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
     }
 }
 
+fn neg<T>(v: &Neg<T>) -> &'static str {
+    if v.negated { "! " } else { "" }
+}
+
 fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
     match t {
         Target::None => {}
@@ -464,17 +545,26 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
                 })
                 .copied()
                 .unwrap_or("icmp-port-unreachable");
-            o.push_fmt(format_args!("-j REJECT --reject-with {name}"));
+            o.push("-j REJECT --reject-with ");
+            o.out.push_str(name);
         }
-        Target::Jump(c) => o.push_fmt(format_args!("-j {c}")),
-        Target::Goto(c) => o.push_fmt(format_args!("-g {c}")),
+        Target::Jump(c) => {
+            o.push("-j ");
+            o.out.push_str(c);
+        }
+        Target::Goto(c) => {
+            o.push("-g ");
+            o.out.push_str(c);
+        }
         Target::Log(l) => {
             o.push("-j LOG");
             if let Some(p) = &l.prefix {
-                o.push_fmt(format_args!("--log-prefix {}", save_string(p)));
+                o.push("--log-prefix ");
+                write_save_string(o.out, p);
             }
             if let Some(lv) = l.level {
-                o.push_fmt(format_args!("--log-level {lv}"));
+                o.push("--log-level ");
+                write_uint(o.out, lv);
             }
             for f in &l.flags {
                 o.push(f);
@@ -489,8 +579,69 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
             opaque_opts(o, &c.other);
         }
         Target::Opaque(op) => {
-            o.push_fmt(format_args!("-j {}", op.name));
+            o.push("-j ");
+            o.out.push_str(&op.name);
             opaque_opts(o, &op.options);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Neg;
+
+    fn rule_with(src: IpNet, dst: IpNet) -> Rule {
+        Rule {
+            src: Some(Neg {
+                negated: true,
+                value: src,
+            }),
+            dst: Some(Neg::plain(dst)),
+            ..Rule::default()
+        }
+    }
+
+    fn v4(a: [u8; 4], m: [u8; 4]) -> IpNet {
+        IpNet {
+            addr: IpAddr::V4(Ipv4Addr::from(a)),
+            mask: IpAddr::V4(Ipv4Addr::from(m)),
+        }
+    }
+
+    #[test]
+    fn ipv4_writer_matches_display() {
+        let mut samples = vec![[0, 0, 0, 0], [255, 255, 255, 255], [10, 0, 0, 1]];
+        for v in [0u8, 1, 9, 10, 11, 99, 100, 101, 199, 200, 249, 250, 255] {
+            samples.push([v, 255 - v, v / 2, 7]);
+        }
+        for a in samples {
+            let mut s = String::new();
+            write_ipv4(&mut s, Ipv4Addr::from(a));
+            assert_eq!(s, Ipv4Addr::from(a).to_string());
+        }
+    }
+
+    #[test]
+    fn nets_print_as_prefix_or_mask() {
+        let r = rule_with(v4([0, 0, 0, 0], [0, 0, 0, 0]), v4([1, 2, 3, 4], [255; 4]));
+        assert_eq!(
+            print_rule_spec(&r, Family::Ipv4),
+            "! -s 0.0.0.0/0 -d 1.2.3.4/32"
+        );
+        let r = rule_with(
+            v4([10, 0, 2, 0], [255, 0, 255, 0]),
+            v4([192, 168, 100, 0], [255, 255, 255, 0]),
+        );
+        assert_eq!(
+            print_rule_spec(&r, Family::Ipv4),
+            "! -s 10.0.2.0/255.0.255.0 -d 192.168.100.0/24"
+        );
+        let six = IpNet::new("2001:db8::1".parse().expect("v6"), 64).expect("net");
+        let r = rule_with(six, six);
+        assert_eq!(
+            print_rule_spec(&r, Family::Ipv6),
+            "! -s 2001:db8::/64 -d 2001:db8::/64"
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! the `-p` protocol once (implicit `-p tcp --dport 80`, printed back as `-p tcp -m tcp`).
 //! Extension options are dispatched in [`super::extensions`].
 
-use crate::model::{Counters, Family, Iface, Neg, Rule, TableKind, Target};
+use crate::model::{Counters, Family, Iface, Match, Neg, Rule, TableKind, Target};
 
 /// Options of the protocol matches that `-p` loads implicitly (tcp, udp, icmp, icmp6).
 const PROTOCOL_OPTIONS: [&str; 9] = [
@@ -21,15 +21,14 @@ const PROTOCOL_OPTIONS: [&str; 9] = [
     "--icmpv6-type",
 ];
 
-use super::extensions::{self, PendingMatch, PendingTarget};
-use std::borrow::Cow;
+use super::extensions::{self, MatchState, PendingTarget};
 
-use super::lexer::Token;
+use super::lexer::{Tok, Token, split_byte};
 use super::{ParseError, ParseErrorKind as K};
 
 /// What a line asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Command {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Command<'t> {
     /// `-A CHAIN rule`.
     Append,
     /// `-I CHAIN [N] rule` (1-based, default 1).
@@ -45,24 +44,22 @@ pub(crate) enum Command {
     /// `-F [CHAIN]`.
     Flush,
     /// `-P CHAIN POLICY`.
-    Policy(Token<'static>),
+    Policy(Tok<'t>),
 }
 
-/// One parsed command line.
-#[derive(Clone, Debug)]
+/// One parsed command line; its rule went into the caller's [`Rule`].
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Line<'t> {
     /// The command.
-    pub command: Command,
+    pub command: Command<'t>,
     /// The command option token (`-A`), for error locations.
-    pub command_token: Token<'t>,
+    pub command_token: Tok<'t>,
     /// The chain argument, if any.
-    pub chain: Option<Token<'t>>,
-    /// The rule (empty for commands without a rule).
-    pub rule: Rule,
+    pub chain: Option<Tok<'t>>,
     /// Whether any rule option was given.
     pub has_spec: bool,
     /// The `-j`/`-g` argument token when the target is a jump or goto.
-    pub target_token: Option<Token<'t>>,
+    pub target_token: Option<Tok<'t>>,
 }
 
 /// What the line parser needs to know about its surroundings.
@@ -78,8 +75,8 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub(crate) fn err(&self, tok: &Token, kind: K) -> ParseError {
-        ParseError::new(self.line, tok.column, tok.text.to_string(), kind)
+    pub(crate) fn err(&self, tok: &Tok, kind: K) -> ParseError {
+        ParseError::new(self.line, tok.column, tok.text, kind)
     }
 }
 
@@ -96,40 +93,41 @@ impl<'t> Cursor<'t> {
         Some(t)
     }
 
-    fn peek(&self) -> Option<&'t Token<'t>> {
-        self.toks.get(self.pos)
+    fn peek(&self) -> Option<Tok<'t>> {
+        self.toks.get(self.pos).map(Token::tok)
     }
 }
 
 /// The arguments of one option: the attached one first, then following tokens.
 pub(crate) struct Args<'c, 't> {
     cur: &'c mut Cursor<'t>,
-    attached: Option<Token<'t>>,
+    attached: Option<Tok<'t>>,
+    /// The option token (a reference: cheaper to hand around than a copy).
     opt: &'t Token<'t>,
     line: u32,
 }
 
 impl<'t> Args<'_, 't> {
     /// The next argument, whatever it looks like (as getopt's required argument).
-    pub(crate) fn next(&mut self) -> Result<Token<'t>, ParseError> {
+    pub(crate) fn next(&mut self) -> Result<Tok<'t>, ParseError> {
         if let Some(t) = self.attached.take() {
             return Ok(t);
         }
         match self.cur.next() {
-            Some(t) => Ok(t.clone()),
+            Some(t) => Ok(t.tok()),
             None => Err(self.missing()),
         }
     }
 
     /// A further argument that must not look like an option (as iptables' `xs_has_arg`).
-    pub(crate) fn next_plain(&mut self) -> Result<Token<'t>, ParseError> {
+    pub(crate) fn next_plain(&mut self) -> Result<Tok<'t>, ParseError> {
         if let Some(t) = self.attached.take() {
             return Ok(t);
         }
         match self.cur.peek() {
             Some(t) if !t.text.starts_with('-') && t.text != "!" => {
                 self.cur.pos += 1;
-                Ok(t.clone())
+                Ok(t)
             }
             _ => Err(self.missing()),
         }
@@ -138,7 +136,7 @@ impl<'t> Args<'_, 't> {
     /// Every following token that does not look like an option (for opaque extensions).
     pub(crate) fn rest_plain(&mut self) -> Vec<String> {
         if let Some(t) = self.attached.take() {
-            return vec![t.text.into_owned()];
+            return vec![t.text.to_string()];
         }
         let mut v = Vec::new();
         while let Some(t) = self.cur.peek() {
@@ -155,14 +153,14 @@ impl<'t> Args<'_, 't> {
         ParseError::new(
             self.line,
             self.opt.column,
-            self.opt.text.to_string(),
+            &*self.opt.text,
             K::MissingArgument(self.opt.text.to_string()),
         )
     }
 
     /// The option token these arguments belong to.
-    pub(crate) fn opt_token(&self) -> &Token<'t> {
-        self.opt
+    pub(crate) fn opt_token(&self) -> Tok<'t> {
+        self.opt.tok()
     }
 
     /// Fails when an attached argument was not used (`--syn=x`).
@@ -176,17 +174,17 @@ impl<'t> Args<'_, 't> {
 
 /// Splits an option token into its name (a prefix of the token: `--dport`, `-p`) and an
 /// attached argument (`--dport=80`, `-ptcp`).
-fn split_option<'t>(tok: &'t Token<'t>) -> Option<(&'t str, Option<Token<'t>>)> {
-    let s = tok.as_str();
-    let attached = |text: &'t str| Token {
-        text: Cow::Borrowed(text),
+fn split_option(tok: Tok<'_>) -> Option<(&str, Option<Tok<'_>>)> {
+    let s = tok.text;
+    let attached = |text| Tok {
+        text,
         column: tok.column,
     };
     if let Some(long) = s.strip_prefix("--") {
         if long.is_empty() {
             return None;
         }
-        return Some(match long.split_once('=') {
+        return Some(match split_byte(long, b'=') {
             Some((n, v)) => (&s[..2 + n.len()], Some(attached(v))),
             None => (s, None),
         });
@@ -216,6 +214,24 @@ enum Main {
     SetCounters,
     V4,
     V6,
+}
+
+impl Main {
+    /// The bit of an option that may be given once per rule (for "multiple ... not allowed").
+    fn once_bit(self) -> Option<u16> {
+        Some(match self {
+            Main::Src => 1,
+            Main::Dst => 1 << 1,
+            Main::In => 1 << 2,
+            Main::Out => 1 << 3,
+            Main::Proto => 1 << 4,
+            Main::Frag => 1 << 5,
+            Main::Jump => 1 << 6,
+            Main::Goto => 1 << 7,
+            Main::SetCounters => 1 << 8,
+            _ => return None,
+        })
+    }
 }
 
 fn main_option(name: &str) -> Option<Main> {
@@ -255,50 +271,94 @@ enum Open {
     Target,
 }
 
-/// Parses one command line. `Ok(None)`: the line carries the other family's `-4`/`-6` and is
-/// skipped, as iptables-restore does. `prefix_counters` are the `[p:b]` before the line.
+/// The [`MatchState`]s of a line's matches (index `i` belongs to `rule.matches[i]`): the first
+/// few inline, so that a line allocates nothing for them, the rest in a `Vec`.
+struct MatchStates<'t> {
+    inline: [MatchState<'t>; 4],
+    len: usize,
+    spill: Vec<MatchState<'t>>,
+}
+
+impl<'t> MatchStates<'t> {
+    fn new() -> Self {
+        MatchStates {
+            inline: [MatchState::EMPTY; 4],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, s: MatchState<'t>) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = s,
+            None => self.spill.push(s),
+        }
+        self.len += 1;
+    }
+
+    fn get_mut(&mut self, i: usize) -> &mut MatchState<'t> {
+        let n = self.inline.len();
+        match self.inline.get_mut(i) {
+            Some(s) => s,
+            None => &mut self.spill[i - n],
+        }
+    }
+}
+
+/// Adds a match to the rule. Most rules have one match at most, so the first gets a `Vec` of
+/// exactly one (a `Vec` would start at four).
+fn push_match(rule: &mut Rule, m: Match) {
+    if rule.matches.capacity() == 0 {
+        rule.matches.reserve_exact(1);
+    }
+    rule.matches.push(m);
+}
+
+/// Parses one command line; the rule's options go into `rule` (a default rule). `Ok(None)`:
+/// the line carries the other family's `-4`/`-6` and is skipped, as iptables-restore does.
+/// `prefix_counters` are the `[p:b]` before the line.
 pub(crate) fn parse_line<'t>(
     toks: &'t [Token<'t>],
     ctx: &Ctx<'_>,
     prefix_counters: Option<Counters>,
+    rule: &mut Rule,
 ) -> Result<Option<Line<'t>>, ParseError> {
     let mut cur = Cursor { toks, pos: 0 };
-    let mut invert: Option<&Token> = None;
-    let mut rule = Rule {
-        counters: prefix_counters,
-        ..Rule::default()
-    };
-    let mut command: Option<(Command, Token)> = None;
-    let mut chain: Option<Token> = None;
-    let mut matches: Vec<PendingMatch> = Vec::new();
+    let mut invert: Option<Tok> = None;
+    rule.counters = prefix_counters;
+    let mut command: Option<(Command, Tok)> = None;
+    let mut chain: Option<Tok> = None;
+    // The matches go straight into `rule.matches`; what is tracked while parsing them is here.
+    let mut states = MatchStates::new();
     let mut target: Option<PendingTarget> = None;
-    let mut target_token: Option<Token> = None;
+    let mut target_token: Option<Tok> = None;
     let mut open = Open::None;
     let mut proto_used = false;
-    let mut seen: Vec<Main> = Vec::new();
+    let mut seen: u16 = 0;
     let mut has_spec = prefix_counters.is_some();
 
-    while let Some(tok) = cur.next() {
+    while let Some(tok_ref) = cur.next() {
+        let tok = tok_ref.tok();
         if tok.text == "!" {
             if invert.is_some() {
-                return Err(ctx.err(tok, K::BadNegation));
+                return Err(ctx.err(&tok, K::BadNegation));
             }
             invert = Some(tok);
             continue;
         }
         let Some((name, attached)) = split_option(tok) else {
-            return Err(ctx.err(tok, K::BadArgument));
+            return Err(ctx.err(&tok, K::BadArgument));
         };
         let inv = invert.take();
         let mut args = Args {
             cur: &mut cur,
             attached,
-            opt: tok,
+            opt: tok_ref,
             line: ctx.line,
         };
         let Some(main) = main_option(name) else {
             if !name.starts_with("--") {
-                return Err(ctx.err(tok, K::UnknownOption(name.to_string())));
+                return Err(ctx.err(&tok, K::UnknownOption(name.to_string())));
             }
             has_spec = true;
             let negated = inv.is_some();
@@ -306,8 +366,9 @@ pub(crate) fn parse_line<'t>(
             // option does not close an open opaque extension (`-m tcp -m addrtype --dport 1
             // --dst-type LOCAL` is fine).
             let mut handled = false;
-            for pm in matches.iter_mut().rev() {
-                if let Some(r) = extensions::match_option(pm, name, negated, &mut args, ctx) {
+            for (i, m) in rule.matches.iter_mut().enumerate().rev() {
+                let st = states.get_mut(i);
+                if let Some(r) = extensions::match_option(m, st, name, negated, &mut args, ctx) {
                     r?;
                     handled = true;
                     break;
@@ -339,17 +400,18 @@ pub(crate) fn parse_line<'t>(
             // no open extension takes the option either.
             let mut implicit_err = None;
             if let Some(ext) = implicit {
-                match extensions::new_match(ext, tok, ctx) {
+                match extensions::new_match(ext, &tok, ctx) {
                     Err(e) => implicit_err = Some(e),
-                    Ok(pm) if pm.is_opaque() => implicit_opaque = Some(pm),
-                    Ok(mut pm) => {
+                    Ok((m, st)) if extensions::is_opaque(&m) => implicit_opaque = Some((m, st)),
+                    Ok((mut m, mut st)) => {
                         if let Some(r) =
-                            extensions::match_option(&mut pm, name, negated, &mut args, ctx)
+                            extensions::match_option(&mut m, &mut st, name, negated, &mut args, ctx)
                         {
                             proto_used = true;
                             r?;
                             args.finish()?;
-                            matches.push(pm);
+                            push_match(rule, m);
+                            states.push(st);
                             continue;
                         }
                     }
@@ -359,12 +421,12 @@ pub(crate) fn parse_line<'t>(
             // no protocol yet); an open opaque extension must not swallow it either, or the
             // canonical print (with `-p` first) would give it to the protocol match instead.
             if implicit.is_none() && !proto_used && PROTOCOL_OPTIONS.contains(&name) {
-                return Err(ctx.err(tok, K::UnknownOption(name.to_string())));
+                return Err(ctx.err(&tok, K::UnknownOption(name.to_string())));
             }
             match open {
                 Open::Match(i) => {
-                    if let Some(pm) = matches.get_mut(i) {
-                        extensions::opaque_option(&mut pm.m, name, negated, &mut args);
+                    if let Some(m) = rule.matches.get_mut(i) {
+                        extensions::opaque_option(m, name, negated, &mut args);
                         continue;
                     }
                 }
@@ -376,11 +438,12 @@ pub(crate) fn parse_line<'t>(
                 }
                 Open::None => {}
             }
-            if let Some(mut pm) = implicit_opaque {
+            if let Some((mut m, st)) = implicit_opaque {
                 proto_used = true;
-                extensions::opaque_option(&mut pm.m, name, negated, &mut args);
-                matches.push(pm);
-                open = Open::Match(matches.len() - 1);
+                extensions::opaque_option(&mut m, name, negated, &mut args);
+                push_match(rule, m);
+                states.push(st);
+                open = Open::Match(rule.matches.len() - 1);
                 continue;
             }
             if let Some(e) = implicit_err {
@@ -389,15 +452,15 @@ pub(crate) fn parse_line<'t>(
             let last_known = target
                 .as_ref()
                 .filter(|t| !t.is_opaque())
-                .map(|t| t.name.clone())
+                .map(|t| t.name().to_string())
                 .or_else(|| {
-                    matches
+                    rule.matches
                         .last()
-                        .filter(|m| !m.is_opaque())
-                        .map(|m| m.m.extension().to_string())
+                        .filter(|m| !extensions::is_opaque(m))
+                        .map(|m| m.extension().to_string())
                 });
             return Err(ctx.err(
-                tok,
+                &tok,
                 match last_known {
                     Some(extension) => K::UnknownExtensionOption {
                         extension,
@@ -413,38 +476,26 @@ pub(crate) fn parse_line<'t>(
                 main,
                 Main::Src | Main::Dst | Main::In | Main::Out | Main::Proto | Main::Frag
             ) {
-                return Err(ctx.err(i, K::BadNegation));
+                return Err(ctx.err(&i, K::BadNegation));
             }
         }
-        if matches!(
-            main,
-            Main::Src
-                | Main::Dst
-                | Main::In
-                | Main::Out
-                | Main::Proto
-                | Main::Frag
-                | Main::Jump
-                | Main::Goto
-                | Main::SetCounters
-        ) {
-            if seen.contains(&main) || (matches!(main, Main::Jump | Main::Goto) && target.is_some())
-            {
-                return Err(ctx.err(tok, K::DuplicateOption(name.to_string())));
+        if let Some(bit) = main.once_bit() {
+            if seen & bit != 0 || (matches!(main, Main::Jump | Main::Goto) && target.is_some()) {
+                return Err(ctx.err(&tok, K::DuplicateOption(name.to_string())));
             }
-            seen.push(main);
+            seen |= bit;
             has_spec = true;
         }
         let negated = inv.is_some();
         match main {
             Main::Cmd(c) => {
                 if command.is_some() {
-                    return Err(ctx.err(tok, K::MultipleCommands));
+                    return Err(ctx.err(&tok, K::MultipleCommands));
                 }
-                let cmd = parse_command(c, tok, &mut args, &mut chain, ctx)?;
-                command = Some((cmd, tok.clone()));
+                let cmd = parse_command(c, &tok, &mut args, &mut chain, ctx)?;
+                command = Some((cmd, tok));
             }
-            Main::Table => return Err(ctx.err(tok, K::TableOption)),
+            Main::Table => return Err(ctx.err(&tok, K::TableOption)),
             Main::Src | Main::Dst => {
                 let a = args.next()?;
                 let net = extensions::parse_net(&a, ctx.family, ctx)?;
@@ -482,17 +533,18 @@ pub(crate) fn parse_line<'t>(
             }
             Main::Frag => {
                 if ctx.family == Family::Ipv6 {
-                    return Err(ctx.err(tok, K::UnknownOption(name.to_string())));
+                    return Err(ctx.err(&tok, K::UnknownOption(name.to_string())));
                 }
                 rule.fragment = Some(!negated);
             }
             Main::Match => {
                 let a = args.next()?;
-                let pm = extensions::new_match(&a.text, &a, ctx)?;
-                let opaque = pm.is_opaque();
-                matches.push(pm);
+                let (m, st) = extensions::new_match(a.text, &a, ctx)?;
+                let opaque = extensions::is_opaque(&m);
+                push_match(rule, m);
+                states.push(st);
                 if opaque {
-                    open = Open::Match(matches.len() - 1);
+                    open = Open::Match(rule.matches.len() - 1);
                 }
                 has_spec = true;
             }
@@ -500,14 +552,14 @@ pub(crate) fn parse_line<'t>(
                 let a = args.next()?;
                 let pt = if main == Main::Goto {
                     check_chain_name(&a, ctx)?;
-                    target_token = Some(a.clone());
+                    target_token = Some(a);
                     PendingTarget::plain(Target::Goto(a.text.to_string()))
                 } else {
                     match extensions::new_target(&a, ctx)? {
                         Some(pt) => pt,
                         None => {
                             check_chain_name(&a, ctx)?;
-                            target_token = Some(a.clone());
+                            target_token = Some(a);
                             PendingTarget::plain(Target::Jump(a.text.to_string()))
                         }
                     }
@@ -520,14 +572,14 @@ pub(crate) fn parse_line<'t>(
             Main::SetCounters => {
                 let p = args.next()?;
                 let (pk, by) = match p.text.split_once(',') {
-                    Some((a, b)) => (a.to_string(), b.to_string()),
-                    None => (p.text.to_string(), args.next_plain()?.text.into_owned()),
+                    Some((a, b)) => (a, b),
+                    None => (p.text, args.next_plain()?.text),
                 };
                 let (Ok(packets), Ok(bytes)) = (pk.parse::<u64>(), by.parse::<u64>()) else {
                     return Err(ctx.err(&p, K::BadCounters));
                 };
                 if rule.counters.is_some() {
-                    return Err(ctx.err(tok, K::DuplicateOption(name.to_string())));
+                    return Err(ctx.err(&tok, K::DuplicateOption(name.to_string())));
                 }
                 rule.counters = Some(Counters { packets, bytes });
             }
@@ -539,26 +591,29 @@ pub(crate) fn parse_line<'t>(
         args.finish()?;
     }
     if let Some(i) = invert {
-        return Err(ctx.err(i, K::BadNegation));
+        return Err(ctx.err(&i, K::BadNegation));
     }
     let Some((command, command_token)) = command else {
-        let t = toks.first().cloned().unwrap_or(Token {
-            text: Cow::Borrowed(""),
-            column: 1,
-        });
+        let t = toks.first().map_or(
+            Tok {
+                text: "",
+                column: 1,
+            },
+            Token::tok,
+        );
         return Err(ctx.err(&t, K::NoCommand));
     };
-    for pm in matches {
-        rule.matches.push(extensions::finish_match(pm, &rule, ctx)?);
+    let protocol = rule.protocol;
+    for (i, m) in rule.matches.iter_mut().enumerate() {
+        extensions::finish_match(m, states.get_mut(i), protocol, ctx)?;
     }
     if let Some(pt) = target {
-        rule.target = extensions::finish_target(pt, &rule, ctx)?;
+        rule.target = extensions::finish_target(pt, protocol, ctx)?;
     }
     Ok(Some(Line {
         command,
         command_token,
         chain,
-        rule,
         has_spec,
         target_token,
     }))
@@ -566,18 +621,18 @@ pub(crate) fn parse_line<'t>(
 
 fn parse_command<'t>(
     c: char,
-    tok: &Token<'t>,
+    tok: &Tok<'t>,
     args: &mut Args<'_, 't>,
-    chain: &mut Option<Token<'t>>,
+    chain: &mut Option<Tok<'t>>,
     ctx: &Ctx<'_>,
-) -> Result<Command, ParseError> {
-    let number = |t: &Token| -> Result<u32, ParseError> {
+) -> Result<Command<'t>, ParseError> {
+    let number = |t: &Tok| -> Result<u32, ParseError> {
         match t.text.parse::<u32>() {
             Ok(n) if n >= 1 => Ok(n),
             _ => Err(ctx.err(t, K::BadRuleNumber(t.text.to_string()))),
         }
     };
-    let optional_chain = |args: &mut Args<'_, 't>| -> Option<Token<'t>> { args.next_plain().ok() };
+    let optional_chain = |args: &mut Args<'_, 't>| -> Option<Tok<'t>> { args.next_plain().ok() };
     let cmd = match c {
         'A' | 'I' | 'D' | 'R' | 'N' | 'P' => {
             let ch = args.next()?;
@@ -595,7 +650,7 @@ fn parse_command<'t>(
                     Err(_) => Command::Delete(None),
                 },
                 'R' => Command::Replace(number(&args.next_plain()?)?),
-                _ => Command::Policy(args.next_plain()?.into_static()),
+                _ => Command::Policy(args.next_plain()?),
             }
         }
         'X' | 'F' => {
@@ -616,7 +671,7 @@ fn parse_command<'t>(
 
 /// Checks a chain name as iptables-restore does: 1 to 28 bytes (XT_EXTENSION_MAXNAMELEN - 1),
 /// not starting with `-` or `!`.
-pub(crate) fn check_chain_name(t: &Token, ctx: &Ctx<'_>) -> Result<(), ParseError> {
+pub(crate) fn check_chain_name(t: &Tok, ctx: &Ctx<'_>) -> Result<(), ParseError> {
     if t.text.is_empty() || t.text.starts_with('-') || t.text.starts_with('!') {
         return Err(ctx.err(t, K::BadChainName));
     }
@@ -642,7 +697,7 @@ pub(crate) fn check_chain_name(t: &Token, ctx: &Ctx<'_>) -> Result<(), ParseErro
 
 /// `-i`/`-o`: at most 15 bytes (IFNAMSIZ - 1), as iptables: "interface name must be shorter
 /// than 16 characters"; a trailing `+` is a prefix wildcard.
-fn parse_iface(t: &Token, ctx: &Ctx<'_>) -> Result<Iface, ParseError> {
+fn parse_iface(t: &Tok, ctx: &Ctx<'_>) -> Result<Iface, ParseError> {
     if t.text.len() > 15 {
         return Err(ctx.err(
             t,

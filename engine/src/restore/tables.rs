@@ -12,7 +12,7 @@
 //!   it (create-or-flush). The counters must be `[p:b]`, and with `--counters` they are
 //!   required.
 
-use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::HashSet;
 
 use crate::model::{
@@ -20,7 +20,7 @@ use crate::model::{
 };
 
 use super::extensions::is_target_name;
-use super::lexer::{Token, tokenize};
+use super::lexer::{Tok, Token, tokenize_into};
 use super::rule::{Command, Ctx, Line, check_chain_name, parse_line};
 use super::{
     ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
@@ -30,11 +30,20 @@ use super::{
 /// At most this many errors are collected; the rest is not reported.
 const MAX_ERRORS: usize = 100;
 
+/// A chain that reaches this many rules gets room for about every rule line left in the text
+/// (once per block), instead of growing by doubling: bulk rulesets are mostly one big chain.
+const BULK_RULES: usize = 256;
+
 struct Block {
     table: Table,
     /// Chains whose rules before this text are unknown (noflush: builtin chains and chains only
     /// referenced by commands).
     external_content: HashSet<String>,
+    /// The index of the chain found last by [`Block::chain_index`] (rules come in runs per
+    /// chain); checked by name before use, so a stale value only costs a search.
+    last_chain: Cell<usize>,
+    /// The chain given room for the rest of the text (see [`BULK_RULES`]), shrunk at COMMIT.
+    bulk: Option<usize>,
 }
 
 impl Block {
@@ -63,11 +72,30 @@ impl Block {
                 location,
             },
             external_content,
+            last_chain: Cell::new(0),
+            bulk: None,
         }
     }
 
     fn chain_index(&self, name: &str) -> Option<usize> {
-        self.table.chains.iter().position(|c| c.name == name)
+        let last = self.last_chain.get();
+        if self.table.chains.get(last).is_some_and(|c| c.name == name) {
+            return Some(last);
+        }
+        let i = self.table.chains.iter().position(|c| c.name == name)?;
+        self.last_chain.set(i);
+        Some(i)
+    }
+
+    /// Appends a rule to chain `i`; `rest` estimates how many lines the text has left.
+    fn append(&mut self, i: usize, rule: Rule, rest: usize) {
+        let rules = &mut self.table.chains[i].rules;
+        if self.bulk.is_none() && rules.len() >= BULK_RULES && rules.len() == rules.capacity() {
+            // A little more than the estimate: falling short would double the whole chain.
+            rules.reserve(rest + rest / 8 + 1);
+            self.bulk = Some(i);
+        }
+        rules.push(rule);
     }
 
     fn is_builtin(&self, name: &str) -> bool {
@@ -85,7 +113,7 @@ impl Block {
 
 /// Splits a line on blanks with 1-based columns (for `:` and `*` lines, which iptables-restore
 /// splits with strtok, without quote handling).
-fn words(line: &str) -> Vec<Token<'_>> {
+fn words(line: &str) -> Vec<Tok<'_>> {
     let mut out = Vec::new();
     let mut start = None;
     for (i, c) in line
@@ -94,8 +122,8 @@ fn words(line: &str) -> Vec<Token<'_>> {
     {
         if c == ' ' || c == '\t' {
             if let Some(s) = start.take() {
-                out.push(Token {
-                    text: Cow::Borrowed(&line[s..i]),
+                out.push(Tok {
+                    text: &line[s..i],
                     column: s as u32 + 1,
                 });
             }
@@ -134,7 +162,7 @@ impl State<'_, '_> {
         }
     }
 
-    fn external(&mut self, b: &Block, chain: &Token, line: u32, kind: ExternalRefKind) {
+    fn external(&mut self, b: &Block, chain: &Tok, line: u32, kind: ExternalRefKind) {
         self.external.push(ExternalRef {
             family: self.opts.family,
             table: b.table.kind,
@@ -159,9 +187,15 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
     // Inside a block whose `*table` line was bad: skip until COMMIT.
     let mut skipping = false;
     let mut last_line = 0;
+    // One token buffer for every command line.
+    let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
+    // Bytes of the text read so far, for an estimate of the lines left.
+    let mut read = 0;
     for (idx, raw) in text.split('\n').enumerate() {
         let line_no = idx as u32 + 1;
         last_line = line_no;
+        read += raw.len() + 1;
+        let rest = text.len().saturating_sub(read) / (read / idx.max(1)).max(1);
         let line = raw.strip_suffix('\r').unwrap_or(raw);
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
@@ -175,7 +209,7 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
             }
             match cur.as_mut() {
                 Some(block) => {
-                    if let Err(e) = command_line(block, line, line_no, &mut st) {
+                    if let Err(e) = command_line(block, line, line_no, rest, &mut st, &mut toks) {
                         st.error(e);
                     }
                 }
@@ -194,8 +228,7 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
         }
         let w = words(line);
         let Some(first) = w.first() else { continue };
-        let err =
-            |tok: &Token, kind: K| ParseError::new(line_no, tok.column, tok.text.to_string(), kind);
+        let err = |tok: &Tok, kind: K| ParseError::new(line_no, tok.column, tok.text, kind);
         if let Some(name) = first.text.strip_prefix('*') {
             if let Some(b) = cur.take() {
                 st.error(ParseError::new(
@@ -222,9 +255,8 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
                 Some(i) if opts.noflush => {
                     let table = st.done.remove(i);
                     Block {
-                        external_content: Block::new(opts.family, kind, location, true)
-                            .external_content,
                         table,
+                        ..Block::new(opts.family, kind, location, true)
                     }
                 }
                 _ => Block::new(opts.family, kind, location, opts.noflush),
@@ -235,6 +267,9 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
             match cur.take() {
                 Some(b) => {
                     let mut table = b.table;
+                    if let Some(c) = b.bulk.and_then(|i| table.chains.get_mut(i)) {
+                        c.rules.shrink_to_fit();
+                    }
                     table.chains.sort_by(|a, b| {
                         let key = |c: &Chain| (c.policy.is_none(), c.hook().map(|h| h.index()));
                         key(a).cmp(&key(b)).then_with(|| {
@@ -271,7 +306,7 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
             }
             continue;
         }
-        if let Err(e) = command_line(block, line, line_no, &mut st) {
+        if let Err(e) = command_line(block, line, line_no, rest, &mut st, &mut toks) {
             st.error(e);
         }
     }
@@ -294,14 +329,14 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
 
 fn declare_chain(
     b: &mut Block,
-    w: &[Token],
+    w: &[Tok],
     line: u32,
     st: &mut State<'_, '_>,
 ) -> Result<(), ParseError> {
-    let err = |tok: &Token, kind: K| ParseError::new(line, tok.column, tok.text.to_string(), kind);
+    let err = |tok: &Tok, kind: K| ParseError::new(line, tok.column, tok.text, kind);
     let first = &w[0];
-    let name = Token {
-        text: Cow::Borrowed(&first.text[1..]),
+    let name = Tok {
+        text: &first.text[1..],
         column: first.column + 1,
     };
     let ctx = Ctx {
@@ -315,7 +350,7 @@ fn declare_chain(
         return Err(err(first, K::BadPolicy));
     };
     let counters = match w.get(2) {
-        Some(c) => Some(parse_counters(&c.text).ok_or_else(|| err(c, K::BadCounters))?),
+        Some(c) => Some(parse_counters(c.text).ok_or_else(|| err(c, K::BadCounters))?),
         None if st.opts.counters => return Err(err(policy, K::BadCounters)),
         None => None,
     };
@@ -326,7 +361,7 @@ fn declare_chain(
         line,
         column: name.column,
     };
-    if b.is_builtin(&name.text) {
+    if b.is_builtin(name.text) {
         let p = match policy.as_str() {
             "ACCEPT" => Some(Policy::Accept),
             "DROP" => Some(Policy::Drop),
@@ -338,7 +373,7 @@ fn declare_chain(
             st.external(b, &name, line, ExternalRefKind::KeepPolicy);
         }
         let keep_counters = st.opts.counters;
-        if let Some(i) = b.chain_index(&name.text) {
+        if let Some(i) = b.chain_index(name.text) {
             let c = &mut b.table.chains[i];
             if let Some(p) = p {
                 c.policy = Some(p);
@@ -353,10 +388,10 @@ fn declare_chain(
     if policy.text != "-" {
         return Err(err(policy, K::BadPolicy));
     }
-    if is_target_name(&name.text) {
+    if is_target_name(name.text) {
         return Err(err(&name, K::ChainExists(name.text.to_string())));
     }
-    match b.chain_index(&name.text) {
+    match b.chain_index(name.text) {
         Some(i) => {
             // Create-or-flush, as iptables-restore.
             b.table.chains[i].rules.clear();
@@ -374,25 +409,30 @@ fn declare_chain(
     Ok(())
 }
 
-fn command_line(
+/// Parses and applies one command line; `rest` estimates how many lines the text has left,
+/// `toks` is a buffer for the line's tokens.
+fn command_line<'a>(
     b: &mut Block,
-    line: &str,
+    line: &'a str,
     line_no: u32,
+    rest: usize,
     st: &mut State<'_, '_>,
+    toks: &mut Vec<Token<'a>>,
 ) -> Result<(), ParseError> {
-    let mut toks = tokenize(line)
+    tokenize_into(line, toks)
         .map_err(|u| ParseError::new(line_no, u.column, "\"", K::UnterminatedQuote))?;
+    let mut toks = &toks[..];
     let mut prefix = None;
-    let mut location = Location {
+    let location = Location {
         line: line_no,
         column: toks.first().map_or(1, |t| t.column),
     };
-    if toks.first().is_some_and(|t| t.text.starts_with('[')) {
-        let t = toks.remove(0);
-        prefix = Some(parse_counters(&t.text).ok_or_else(|| {
-            ParseError::new(line_no, t.column, t.text.to_string(), K::BadCounters)
-        })?);
-        location.column = t.column;
+    if let Some(t) = toks.first().filter(|t| t.text.starts_with('[')) {
+        prefix = Some(
+            parse_counters(&t.text)
+                .ok_or_else(|| ParseError::new(line_no, t.column, &*t.text, K::BadCounters))?,
+        );
+        toks = &toks[1..];
     }
     let ctx = Ctx {
         family: st.opts.family,
@@ -400,14 +440,14 @@ fn command_line(
         line: line_no,
         set_exists: st.opts.set_exists,
     };
-    let Some(parsed) = parse_line(&toks, &ctx, prefix)? else {
+    let mut rule = Rule::default();
+    let Some(parsed) = parse_line(toks, &ctx, prefix, &mut rule)? else {
         return Ok(());
     };
     let Line {
         command,
         command_token,
         chain,
-        mut rule,
         has_spec,
         target_token,
     } = parsed;
@@ -426,22 +466,22 @@ fn command_line(
             K::UnexpectedLine("this command takes no rule options"),
         ));
     }
-    let chain_tok = chain.clone();
+    let chain_tok = chain;
     // Commands with a chain that this text does not know.
-    let missing = |b: &Block, name: &Token| b.chain_index(&name.text).is_none();
+    let missing = |b: &Block, name: &Tok| b.chain_index(name.text).is_none();
     match command {
         Command::Append | Command::Insert(_) | Command::Replace(_) | Command::Delete(_) => {
             let Some(ch) = chain_tok else {
                 return Err(ctx.err(&command_token, K::NoCommand));
             };
             if takes_rule && !matches!(command, Command::Delete(_)) {
-                check_target(b, &rule, target_token.as_ref(), &ctx, st, line_no)?;
+                check_target(b, &rule, target_token, &ctx, st, line_no)?;
             }
             if missing(b, &ch) {
                 if !noflush {
                     return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
                 }
-                if b.is_builtin(&ch.text) {
+                if b.is_builtin(ch.text) {
                     return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
                 }
                 b.table.chains.push(Chain {
@@ -457,7 +497,7 @@ fn command_line(
                 b.external_content.insert(ch.text.to_string());
             }
             let external = b.external_content.contains(ch.as_str());
-            let Some(i) = b.chain_index(&ch.text) else {
+            let Some(i) = b.chain_index(ch.text) else {
                 return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
             };
             let len = b.table.chains[i].rules.len();
@@ -467,7 +507,7 @@ fn command_line(
                     if external {
                         st.external(b, &ch, line_no, ExternalRefKind::AddRules);
                     }
-                    b.table.chains[i].rules.push(rule);
+                    b.append(i, rule, rest);
                 }
                 Command::Insert(n) => {
                     let pos = n as usize - 1;
@@ -516,9 +556,9 @@ fn command_line(
             let Some(ch) = chain_tok else {
                 return Err(ctx.err(&command_token, K::NoCommand));
             };
-            if b.chain_index(&ch.text).is_some()
-                || is_target_name(&ch.text)
-                || Hook::from_chain_name(&ch.text).is_some()
+            if b.chain_index(ch.text).is_some()
+                || is_target_name(ch.text)
+                || Hook::from_chain_name(ch.text).is_some()
             {
                 return Err(ctx.err(&ch, K::ChainExists(ch.text.to_string())));
             }
@@ -535,10 +575,10 @@ fn command_line(
             b.external_content.remove(ch.as_str());
         }
         Command::DeleteChain => match chain_tok {
-            Some(ch) => match b.chain_index(&ch.text) {
+            Some(ch) => match b.chain_index(ch.text) {
                 Some(i) => {
                     let c = &b.table.chains[i];
-                    if c.policy.is_some() || !c.rules.is_empty() || b.referenced(&ch.text) {
+                    if c.policy.is_some() || !c.rules.is_empty() || b.referenced(ch.text) {
                         return Err(ctx.err(&ch, K::ChainInUse(ch.text.to_string())));
                     }
                     b.table.chains.remove(i);
@@ -574,7 +614,7 @@ fn command_line(
             }
         },
         Command::Flush => match chain_tok {
-            Some(ch) => match b.chain_index(&ch.text) {
+            Some(ch) => match b.chain_index(ch.text) {
                 Some(i) => {
                     b.table.chains[i].rules.clear();
                     if b.external_content.remove(ch.as_str()) {
@@ -595,7 +635,7 @@ fn command_line(
             let Some(ch) = chain_tok else {
                 return Err(ctx.err(&command_token, K::NoCommand));
             };
-            if !b.is_builtin(&ch.text) {
+            if !b.is_builtin(ch.text) {
                 return Err(ctx.err(&p, K::BadPolicy));
             }
             let pol = match p.as_str() {
@@ -603,7 +643,7 @@ fn command_line(
                 "DROP" => Policy::Drop,
                 _ => return Err(ctx.err(&p, K::BadPolicy)),
             };
-            if let Some(i) = b.chain_index(&ch.text) {
+            if let Some(i) = b.chain_index(ch.text) {
                 b.table.chains[i].policy = Some(pol);
             }
         }
@@ -616,7 +656,7 @@ fn command_line(
 fn check_target(
     b: &Block,
     rule: &Rule,
-    tok: Option<&Token>,
+    tok: Option<Tok>,
     ctx: &Ctx<'_>,
     st: &mut State<'_, '_>,
     line: u32,
@@ -626,8 +666,8 @@ fn check_target(
         Target::Goto(n) => (n, ExternalRefKind::Goto),
         _ => return Ok(()),
     };
-    let tok = tok.cloned().unwrap_or(Token {
-        text: Cow::Borrowed(name),
+    let tok = tok.unwrap_or(Tok {
+        text: name,
         column: 0,
     });
     if b.is_builtin(name) || Hook::from_chain_name(name).is_some() {
