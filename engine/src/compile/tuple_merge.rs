@@ -257,7 +257,7 @@ fn has_side_effects(r: &CRule) -> bool {
 }
 
 /// The header fields of a packet that [`HeaderFilter`]s look at, computed once per lookup.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct PacketKey {
     /// IPv4 source (0 for IPv6: IPv6 filters do not look at addresses).
     src: u32,
@@ -310,6 +310,10 @@ const FILTER_EXACT: u8 = 1;
 /// [`HeaderFilter::flags`]: the rule has a port match, which fails on non-first fragments
 /// (as tcp_mt / udp_mt).
 const FILTER_PORTS: u8 = 2;
+/// [`HeaderFilter::flags`]: the rule reads `ct_state` (`-m conntrack --ctstate`, `-m state`),
+/// the one packet field that changes during an evaluation (raw-table NOTRACK, conntrack after
+/// the raw chains). [`ChainIndex::probe_batch`] cannot decide such a rule ahead of time.
+const FILTER_CTSTATE: u8 = 4;
 
 impl HeaderFilter {
     fn of(r: &CRule, width: u32) -> HeaderFilter {
@@ -348,6 +352,11 @@ impl HeaderFilter {
                     (sport, dport)
                 }
                 CMatch::Udp { sport, dport } => (sport, dport),
+                CMatch::CtState { .. } => {
+                    exact = false;
+                    f.flags |= FILTER_CTSTATE;
+                    continue;
+                }
                 _ => {
                     exact = false;
                     continue;
@@ -776,6 +785,174 @@ impl ChainIndex {
     }
 }
 
+// === batched probe ===
+
+/// Most packets one [`ChainIndex::probe_batch`] call takes (a `u64` bit set covers them).
+pub(super) const PROBE_BATCH: usize = 64;
+
+/// [`ChainIndex::probe_batch`]'s answer when a rule that reads `ct_state` passed its filter
+/// below every pure match: the evaluation must query the index itself.
+pub(super) const PROBE_UNKNOWN: u32 = u32::MAX - 1;
+
+/// Asks the CPU to bring the cache line holding `p` into L1. A hint: it never faults and
+/// changes nothing visible, so any address, even one past an array's end, is fine.
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: PREFETCHT0 reads no memory architecturally and cannot fault, whatever the
+        // address (Intel SDM vol. 2, PREFETCHh); SSE is part of the x86_64 baseline.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// A packet's hash inputs and filter key, computed once per batch.
+#[derive(Clone, Copy, Default)]
+struct ProbeKey {
+    src: u128,
+    dst: u128,
+    l4: u64,
+    key: PacketKey,
+    v4: bool,
+}
+
+/// An observer for side-effect-free rules, which never report anything: such rules have no
+/// `-m limit` (those sit in `effects`), and only the evaluator reports matches.
+struct Silent;
+
+impl Observer for Silent {
+    fn rule(&mut self, _: usize, _: &super::CChain, _: u32, _: &PacketMeta) {}
+    fn policy(&mut self, _: usize, _: &super::CChain, _: &PacketMeta) {}
+    fn limit(&mut self, _: &super::TokenBucket, _: u64) -> bool {
+        false
+    }
+    fn log(
+        &mut self,
+        _: &super::CChain,
+        _: u32,
+        _: &Option<std::sync::Arc<str>>,
+        _: u8,
+        _: &PacketMeta,
+    ) {
+    }
+}
+
+impl ChainIndex {
+    /// The hash tables' part of [`Snapshot::indexed_next`] from start 0, for the packets
+    /// `packets[which[k]]` at once; writes `out[which[k]]`: the position of the lowest matching
+    /// rule any table holds, `u32::MAX` when none, or [`PROBE_UNKNOWN`] when a rule reading
+    /// `ct_state` passed its filter below that (the state may still change before the packet
+    /// reaches this chain). Every other field a table rule reads is fixed for the packet's
+    /// evaluation, so the answer holds whenever the evaluation queries this chain from rule 0.
+    ///
+    /// The probes of the packets are interleaved, a table at a time, as in Open vSwitch's
+    /// `dpcls_lookup` (lib/dpif-netdev.c: every subtable is probed for all still-unmatched
+    /// packets of a batch, with prefetches between hashing and reading the buckets): first
+    /// every live packet's key is hashed and its bucket bounds prefetched, then the bounds
+    /// are read and the entries prefetched, then the entries are checked, so the cache misses
+    /// of up to [`PROBE_BATCH`] packets overlap instead of following each other. A packet leaves
+    /// the batch once its best match is below the next table's lowest rule (tables ascend by
+    /// `min`), the per-packet early exit of the scalar lookup.
+    pub(super) fn probe_batch(
+        &self,
+        rules: &[CRule],
+        packets: &[PacketMeta],
+        which: &[u8],
+        now: u64,
+        out: &mut [u32; PROBE_BATCH],
+    ) {
+        let m = which.len().min(PROBE_BATCH);
+        let mut keys = [ProbeKey::default(); PROBE_BATCH];
+        for (k, &i) in which[..m].iter().enumerate() {
+            let p = &packets[i as usize];
+            keys[k] = ProbeKey {
+                src: addr_bits(p.src),
+                dst: addr_bits(p.dst),
+                l4: l4_word(p.protocol, p.sport, p.dport),
+                key: PacketKey::of(p),
+                v4: p.src.is_ipv4(),
+            };
+        }
+        let mut best = [u32::MAX; PROBE_BATCH];
+        // `best[k]` came from a rule reading ct_state (the answer is then PROBE_UNKNOWN).
+        let mut unsure = [false; PROBE_BATCH];
+        let mut live = [0u8; PROBE_BATCH];
+        for (k, l) in live[..m].iter_mut().enumerate() {
+            *l = k as u8;
+        }
+        let mut n_live = m;
+        let mut bucket = [0u32; PROBE_BATCH];
+        let mut tag = [0u32; PROBE_BATCH];
+        for t in self.tables.iter() {
+            // Retire the packets no table from here on can improve.
+            let mut j = 0;
+            for q in 0..n_live {
+                let k = live[q];
+                live[j] = k;
+                j += usize::from(best[k as usize] > t.min);
+            }
+            n_live = j;
+            if n_live == 0 {
+                break;
+            }
+            for q in 0..n_live {
+                let key = &keys[live[q] as usize];
+                let h = if key.v4 {
+                    t.masks.hash4(key.key.src, key.key.dst, key.l4)
+                } else {
+                    t.masks.hash(key.src, key.dst, key.l4)
+                };
+                let b = h & t.bucket_mask;
+                bucket[q] = b as u32;
+                tag[q] = (h >> 32) as u32;
+                prefetch(t.starts.as_ptr().wrapping_add(b as usize));
+            }
+            for &b in &bucket[..n_live] {
+                let lo = t.starts[b as usize];
+                prefetch(t.entries.as_ptr().wrapping_add(lo as usize));
+            }
+            for q in 0..n_live {
+                let k = live[q] as usize;
+                let b = bucket[q] as usize;
+                let (lo, hi) = (t.starts[b] as usize, t.starts[b + 1] as usize);
+                for &Entry { pos, tag: e_tag } in &t.entries[lo..hi] {
+                    if pos >= best[k] {
+                        break;
+                    }
+                    if e_tag != tag[q] {
+                        continue;
+                    }
+                    let f = &self.filters[pos as usize];
+                    if !f.passes(&keys[k].key) {
+                        continue;
+                    }
+                    if f.flags & FILTER_EXACT != 0 {
+                        (best[k], unsure[k]) = (pos, false);
+                        break;
+                    }
+                    if f.flags & FILTER_CTSTATE != 0 {
+                        // Undecidable now; whatever lies above it no longer matters.
+                        (best[k], unsure[k]) = (pos, true);
+                        break;
+                    }
+                    let p = &packets[which[k] as usize];
+                    if Snapshot::rule_matches(&rules[pos as usize], p, now, &mut Silent) {
+                        (best[k], unsure[k]) = (pos, false);
+                        break;
+                    }
+                }
+            }
+        }
+        for (k, &i) in which[..m].iter().enumerate() {
+            out[i as usize] = if unsure[k] { PROBE_UNKNOWN } else { best[k] };
+        }
+    }
+}
+
 // === impl Snapshot: indexed lookup ===
 
 impl Snapshot {
@@ -797,14 +974,6 @@ impl Snapshot {
         let l4 = l4_word(p.protocol, p.sport, p.dport);
         let key = PacketKey::of(p);
         let v4 = p.src.is_ipv4();
-        // The filter first (dense array, no rule read); the rule only when the filter is not
-        // the whole rule.
-        let hit = |pos: u32, obs: &mut O| {
-            let f = &idx.filters[pos as usize];
-            f.passes(&key)
-                && (f.flags & FILTER_EXACT != 0
-                    || Self::rule_matches(&rules[pos as usize], p, now, obs))
-        };
         let mut best = u32::MAX;
         for t in idx.tables.iter() {
             if t.min >= best {
@@ -825,20 +994,62 @@ impl Snapshot {
                 if pos >= best {
                     break;
                 }
-                if t_tag == tag && pos >= start && hit(pos, obs) {
+                if t_tag == tag
+                    && pos >= start
+                    && Self::filter_hit(idx, rules, pos, &key, p, now, obs)
+                {
                     best = pos;
                     break;
                 }
             }
         }
+        self.indexed_rest(idx, rules, start, best, p, now, obs)
+    }
+
+    /// Whether the rule at `pos` (side-effect free) matches: the filter first (dense array, no
+    /// rule read), the rule only when the filter is not the whole rule.
+    #[inline(always)]
+    fn filter_hit<O: Observer>(
+        idx: &ChainIndex,
+        rules: &[CRule],
+        pos: u32,
+        key: &PacketKey,
+        p: &PacketMeta,
+        now: u64,
+        obs: &mut O,
+    ) -> bool {
+        let f = &idx.filters[pos as usize];
+        f.passes(key)
+            && (f.flags & FILTER_EXACT != 0
+                || Self::rule_matches(&rules[pos as usize], p, now, obs))
+    }
+
+    /// The rest of [`Snapshot::indexed_next`] once the tables said `best` (the lowest matching
+    /// rule they hold at or after `start`, `u32::MAX` for none): the unindexed rules below it,
+    /// then the rules with side effects below the result, in order.
+    #[inline]
+    #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
+    pub(super) fn indexed_rest<O: Observer>(
+        &self,
+        idx: &ChainIndex,
+        rules: &[CRule],
+        start: u32,
+        mut best: u32,
+        p: &PacketMeta,
+        now: u64,
+        obs: &mut O,
+    ) -> Option<u32> {
         let from = idx.fallback.partition_point(|&r| r < start);
-        for &pos in &idx.fallback[from..] {
-            if pos >= best {
-                break;
-            }
-            if hit(pos, obs) {
-                best = pos;
-                break;
+        if from < idx.fallback.len() && idx.fallback[from] < best {
+            let key = PacketKey::of(p);
+            for &pos in &idx.fallback[from..] {
+                if pos >= best {
+                    break;
+                }
+                if Self::filter_hit(idx, rules, pos, &key, p, now, obs) {
+                    best = pos;
+                    break;
+                }
             }
         }
         // Every side-effect-free rule in [start, best) failed, so the linear walk would
