@@ -35,7 +35,13 @@ mod classbench;
 
 const VARIANTS: [(&str, Classifier); 2] = [
     ("linear", Classifier::Linear),
-    ("tuplemerge", Classifier::TupleMerge { min_rules: 16 }),
+    (
+        "tuplemerge",
+        Classifier::TupleMerge {
+            min_rules: 16,
+            batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
+        },
+    ),
 ];
 
 struct Case {

@@ -57,6 +57,7 @@ use crate::sets::{IpSet, SetRegistry};
 
 mod tuple_merge;
 
+pub use tuple_merge::PROBE_MIN_BYTES;
 use tuple_merge::{ChainIndex, PROBE_BATCH, PROBE_UNKNOWN};
 
 /// Commit-path maps hash with FxHash: keys are our own (names, content hashes), and SipHash's
@@ -79,13 +80,21 @@ pub enum Classifier {
     TupleMerge {
         /// Chains with fewer rules are not indexed (a short scan beats hashing).
         min_rules: u32,
+        /// [`Snapshot::classify_batch`] probes a chain's index for a whole batch at once only
+        /// when the index takes at least this many bytes ([`Snapshot::memory_bytes`]); smaller
+        /// ones are looked up packet by packet (default [`PROBE_MIN_BYTES`]; 0 batches every
+        /// index, as the differential tests do).
+        batch_min_bytes: usize,
     },
 }
 
 impl Default for Classifier {
-    /// TupleMerge for chains of 16 rules or more.
+    /// TupleMerge for chains of 16 rules or more, batched probes from [`PROBE_MIN_BYTES`].
     fn default() -> Self {
-        Classifier::TupleMerge { min_rules: 16 }
+        Classifier::TupleMerge {
+            min_rules: 16,
+            batch_min_bytes: PROBE_MIN_BYTES,
+        }
     }
 }
 
@@ -699,7 +708,7 @@ impl BodyContext<'_> {
     }
 
     fn wants_index(&self, n: usize) -> bool {
-        matches!(self.classifier, Classifier::TupleMerge { min_rules } if n >= min_rules.max(1) as usize)
+        matches!(self.classifier, Classifier::TupleMerge { min_rules, .. } if n >= min_rules.max(1) as usize)
     }
 
     /// The body of `rules`; `index`, `targets` and `has_sets` are computed here unless given.
@@ -1908,7 +1917,7 @@ impl Snapshot {
         mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
     ) -> usize {
         let n = packets.len().min(verdicts.len());
-        let counters = &self.cores[core.min(self.cores.len() - 1)];
+        let counters: &CoreCounters = &self.cores[core.min(self.cores.len() - 1)];
         let mut obs = Counting {
             counters,
             names: &self.names,
@@ -1920,6 +1929,20 @@ impl Snapshot {
         while lo < n {
             let hi = (lo + PROBE_BATCH).min(n);
             self.probe(&packets[lo..hi], now, &mut chains, &mut best);
+            // What each evaluation reads first, requested for all packets before the first
+            // one runs: the probed rule (its target) and its counter line.
+            for (&c, &b) in chains.iter().zip(best.iter()).take(hi - lo) {
+                if c == u32::MAX || b >= PROBE_UNKNOWN {
+                    continue;
+                }
+                let chain = &self.chains[c as usize];
+                if let Some(r) = chain.body.rules.get(b as usize) {
+                    tuple_merge::prefetch(&r.target);
+                }
+                if let Some(line) = counters.lines.get((chain.first_slot + b) as usize / 4) {
+                    tuple_merge::prefetch(line);
+                }
+            }
             for i in lo..hi {
                 let hint = Hint {
                     chain: chains[i - lo],
@@ -1934,8 +1957,8 @@ impl Snapshot {
         n
     }
 
-    /// Picks each packet's first indexed base chain (`chains[i]`, `u32::MAX` if its hook has
-    /// none) and probes that chain's tables for all its packets at once (`best[i]`).
+    /// Picks each packet's first base chain with an index worth probing in batches
+    /// (`chains[i]`, `u32::MAX` if its hook has none) and probes that chain's tables for all its packets at once (`best[i]`).
     fn probe(
         &self,
         packets: &[PacketMeta],
@@ -1943,6 +1966,12 @@ impl Snapshot {
         chains: &mut [u32; PROBE_BATCH],
         best: &mut [u32; PROBE_BATCH],
     ) {
+        let min_bytes = match self.classifier {
+            Classifier::TupleMerge {
+                batch_min_bytes, ..
+            } => batch_min_bytes,
+            Classifier::Linear => usize::MAX,
+        };
         let mut memo: Option<((usize, usize), u32)> = None;
         let mut pending = 0u64;
         for (i, p) in packets.iter().enumerate().take(PROBE_BATCH) {
@@ -1953,7 +1982,10 @@ impl Snapshot {
                     let c = self.hooks[fh.0][fh.1]
                         .iter()
                         .copied()
-                        .find(|&c| self.chains[c as usize].body.index.is_some())
+                        .find(|&c| {
+                            let body = &self.chains[c as usize].body;
+                            body.index.as_ref().is_some_and(|i| i.bytes() >= min_bytes)
+                        })
                         .unwrap_or(u32::MAX);
                     memo = Some((fh, c));
                     c

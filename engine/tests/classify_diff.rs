@@ -103,9 +103,16 @@ fn snapshots(name: &str, filters: &[Filter]) -> (Snapshot, Snapshot) {
     let rs = Arc::new(classbench::to_ruleset_with(name, filters, target).expect("translate"));
     let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
         .expect("compile linear");
-    let indexed =
-        Snapshot::compile_with(&[rs], &NoSets, 1, Classifier::TupleMerge { min_rules: 0 })
-            .expect("compile indexed");
+    let indexed = Snapshot::compile_with(
+        &[rs],
+        &NoSets,
+        1,
+        Classifier::TupleMerge {
+            min_rules: 0,
+            batch_min_bytes: 0,
+        },
+    )
+    .expect("compile indexed");
     (linear, indexed)
 }
 

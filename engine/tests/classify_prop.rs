@@ -297,7 +297,7 @@ proptest! {
         let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
             .expect("compiles");
         let indexed =
-            Snapshot::compile_with(&[rs], &NoSets, 1, Classifier::TupleMerge { min_rules: 0 })
+            Snapshot::compile_with(&[rs], &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0 })
                 .expect("compiles");
         for (i, s) in packets.iter().enumerate() {
             let p = packet(s, v6);
@@ -369,9 +369,9 @@ proptest! {
         }
         let linear = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::Linear)
             .expect("compiles");
-        let single = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0 })
+        let single = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0 })
             .expect("compiles");
-        let batched = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0 })
+        let batched = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0 })
             .expect("compiles");
         let packets: Vec<PacketMeta> = packets
             .iter()

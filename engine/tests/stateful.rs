@@ -382,9 +382,16 @@ fn one_batch_tracks_in_order_as_single_packets() {
          -A INPUT -p tcp --dport 22 -m conntrack --ctstate ESTABLISHED -j ACCEPT\n\
          -A INPUT -p tcp --sport 443 -m conntrack --ctstate ESTABLISHED -j ACCEPT\n",
     );
-    for i in 0..30 {
-        text += &format!("-A INPUT -s 198.51.100.{i} -p tcp --dport 22 -j DROP\n");
+    // 3,000 blocked hosts: an index of ~150 KB, above the size from which batches are probed
+    // together (`compile::PROBE_MIN_BYTES`).
+    for i in 0..3000 {
+        text += &format!(
+            "-A INPUT -s 10.{}.{}.1 -p tcp --dport 22 -j DROP\n",
+            i / 250,
+            i % 250
+        );
     }
+    text += "-A INPUT -s 198.51.100.3 -p tcp --dport 22 -j DROP\n";
     text += "-A INPUT -p tcp --dport 22 --syn -j ACCEPT\nCOMMIT\n";
     let rs = parse_ruleset("host", &text, &ParseOptions::default()).unwrap();
     let mut packets = Vec::new();
