@@ -25,13 +25,22 @@
 //! next snapshot from the active one without touching it: a chain whose rules (by content,
 //! not location) and whose table's chain names are unchanged shares the old body; a chain
 //! where one contiguous run of rules changed (an insert, a delete, a replace; at most an eighth
-//! of the chain or 64 rules) gets a body spliced from the old one (unchanged rules copied,
-//! new ones compiled, the index updated by TupleMerge's online insert/delete in
-//! `compile/tuple_merge.rs`); anything else is compiled afresh. Readers never see a
-//! half-built index: they keep using the old snapshot until the new one is published. The
-//! cost left is linear but cheap (comparing the rules, copying the changed chain's array); a
-//! one-rule change of a 10k chain compiles in about half the time of a full build and its
-//! counters carry in a tenth (BENCHMARKS.md section 5).
+//! of the chain or 64 rules) gets a body spliced from the old one (new rules compiled, the
+//! index updated by TupleMerge's online insert/delete in `compile/tuple_merge.rs`, and the
+//! rules kept in chunks of 1024 shared by `Arc`, `compile/chunks.rs`: only the chunks from
+//! the change on are rebuilt, only the changed ones for a replace); anything else is
+//! compiled afresh. Readers never see a half-built index: they keep using the old snapshot
+//! until the new one is published. The cost left is linear but cheap (comparing the rules,
+//! copying the index's entry and filter arrays); a one-rule change of a 10k chain compiles
+//! in about half the time of a full build and its counters carry in a tenth (BENCHMARKS.md
+//! section 5).
+//!
+//! ## Batches
+//! [`Snapshot::classify_batch`] gives each packet exactly what [`Snapshot::classify`] gives
+//! it, but first probes the hash tables of each packet's first large indexed base chain for
+//! up to [`CLASSIFY_BATCH`] packets together, their memory accesses interleaved a table at a
+//! time as Open vSwitch's `dpcls_lookup` does (`compile/tuple_merge.rs`); the evaluation
+//! then starts that chain from the probe's answer.
 //!
 //! ## Counters
 //! Each core has its own cache-line-aligned block of (packets, bytes) pairs, one pair per rule
@@ -55,7 +64,10 @@ use crate::model::{
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
 
+mod chunks;
 mod tuple_merge;
+
+use chunks::RuleChunks;
 
 pub use tuple_merge::PROBE_MIN_BYTES;
 use tuple_merge::{ChainIndex, PROBE_BATCH, PROBE_UNKNOWN};
@@ -229,7 +241,8 @@ struct CChain {
 /// ([`ChainBody::splice`]).
 #[derive(Debug)]
 struct ChainBody {
-    rules: Box<[CRule]>,
+    /// In chunks shared with the previous body where a splice left them unchanged.
+    rules: RuleChunks,
     /// [`content_hash`] of each rule: the counter identity.
     hashes: Box<[u64]>,
     /// The classification index, or `None` where the chain is walked linearly.
@@ -666,9 +679,8 @@ fn diff_rules(old: &[Rule], new: &[Rule]) -> (u32, u32, u32) {
 }
 
 /// The table-local jump and goto targets of `rules`, ascending, no repeats.
-fn jump_targets(rules: &[CRule]) -> Box<[u32]> {
+fn jump_targets<'a>(rules: impl Iterator<Item = &'a CRule>) -> Box<[u32]> {
     let mut t: Vec<u32> = rules
-        .iter()
         .filter_map(|r| match r.target {
             CTarget::Jump(t) | CTarget::Goto(t) => Some(t),
             _ => None,
@@ -714,7 +726,7 @@ impl BodyContext<'_> {
     /// The body of `rules`; `index`, `targets` and `has_sets` are computed here unless given.
     fn finish(
         &self,
-        rules: Vec<CRule>,
+        rules: RuleChunks,
         hashes: Vec<u64>,
         index: Option<ChainIndex>,
         known: Option<(Box<[u32]>, bool)>,
@@ -724,12 +736,12 @@ impl BodyContext<'_> {
                 .then(|| ChainIndex::build(&rules, self.width))
         });
         let (targets, has_sets) =
-            known.unwrap_or_else(|| (jump_targets(&rules), rules.iter().any(has_set)));
+            known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
         ChainBody {
             targets,
             has_sets,
             hashes: hashes.into_boxed_slice(),
-            rules: rules.into_boxed_slice(),
+            rules,
             index,
         }
     }
@@ -738,7 +750,7 @@ impl BodyContext<'_> {
 impl ChainBody {
     /// Compiles `rules` from scratch.
     fn compile(rules: &[Rule], cx: &BodyContext<'_>) -> Result<ChainBody, CompileError> {
-        let compiled = cx.compile(rules)?;
+        let compiled = RuleChunks::new(cx.compile(rules)?);
         let hashes = rules.iter().map(content_hash).collect();
         Ok(cx.finish(compiled, hashes, None, None))
     }
@@ -755,10 +767,12 @@ impl ChainBody {
     ) -> Result<ChainBody, CompileError> {
         let (p, om, nm) = (prefix as usize, old_mid as usize, new_mid as usize);
         let mid = &rules[p..p + nm];
-        let mut compiled = Vec::with_capacity(rules.len());
-        compiled.extend_from_slice(&self.rules[..p]);
-        compiled.extend(cx.compile(mid)?);
-        compiled.extend_from_slice(&self.rules[p + om..]);
+        let new = cx.compile(mid)?;
+        // Only set-free bodies are spliced, so only the new rules can bring a set; the
+        // targets need a scan of the whole chain only when the old or the new rules jump.
+        let has_sets = new.iter().any(has_set);
+        let new_jumps = !jump_targets(new.iter()).is_empty();
+        let compiled = self.rules.splice(p, om, new);
         let mut hashes = Vec::with_capacity(rules.len());
         hashes.extend_from_slice(&self.hashes[..p]);
         hashes.extend(mid.iter().map(content_hash));
@@ -769,14 +783,10 @@ impl ChainBody {
             }
             _ => None,
         };
-        // Only set-free bodies are spliced, so only the new rules can bring a set; the
-        // targets need a scan of the whole chain only when the old or the new rules jump.
-        let mid = &compiled[p..p + nm];
-        let has_sets = mid.iter().any(has_set);
-        let targets = if self.targets.is_empty() && jump_targets(mid).is_empty() {
+        let targets = if self.targets.is_empty() && !new_jumps {
             Box::default()
         } else {
-            jump_targets(&compiled)
+            jump_targets(compiled.iter())
         };
         Ok(cx.finish(compiled, hashes, index, Some((targets, has_sets))))
     }
@@ -1683,13 +1693,13 @@ impl Snapshot {
                 (chain, next) = unsafe { stack[depth].assume_init() };
                 continue;
             }
-            let rules = &body.rules[..];
+            let rules = &body.rules;
             let found = match &body.index {
                 Some(idx) if next == 0 && chain == hint.chain && hint.best != PROBE_UNKNOWN => {
                     self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
                 }
                 Some(idx) => self.indexed_next(idx, rules, next, p, now, obs),
-                None => (next..n).find(|&i| Self::rule_matches(&rules[i as usize], p, now, obs)),
+                None => rules.find_from(next, |r| Self::rule_matches(r, p, now, obs)),
             };
             let Some(at) = found else {
                 next = n;

@@ -61,7 +61,7 @@ use std::mem::size_of;
 
 #[cfg(doc)]
 use super::Classifier;
-use super::{AddrMatch, CMatch, CRule, Observer, Snapshot, addr_bits};
+use super::{AddrMatch, CMatch, CRule, Observer, RuleChunks, Snapshot, addr_bits};
 use crate::packet::PacketMeta;
 
 /// The most rules one hash key of a table may hold before a rule looks for another table
@@ -519,7 +519,7 @@ impl Table {
         &self,
         remap: &impl Fn(u32) -> Option<u32>,
         mut ins: Vec<(u32, u64)>,
-        rules: &[CRule],
+        rules: &RuleChunks,
         width: u32,
     ) -> Option<Table> {
         let buckets = self.starts.len() - 1;
@@ -591,7 +591,7 @@ impl Table {
 
 impl ChainIndex {
     /// Builds the index of a chain's rules (`width`: 32 for IPv4, 128 for IPv6).
-    pub(super) fn build(rules: &[CRule], width: u32) -> ChainIndex {
+    pub(super) fn build(rules: &RuleChunks, width: u32) -> ChainIndex {
         let mut tables: Vec<TableBuilder> = Vec::new();
         let mut fallback = Vec::new();
         let mut effects = Vec::new();
@@ -661,7 +661,7 @@ impl ChainIndex {
     /// buckets is rehashed.
     pub(super) fn update(
         &self,
-        rules: &[CRule],
+        rules: &RuleChunks,
         width: u32,
         at: u32,
         removed: u32,
@@ -759,8 +759,8 @@ impl ChainIndex {
         let mut filters = Vec::with_capacity(rules.len());
         filters.extend_from_slice(&self.filters[..p]);
         filters.extend(
-            rules[p..p + added as usize]
-                .iter()
+            rules
+                .range(p..p + added as usize)
                 .map(|r| HeaderFilter::of(r, width)),
         );
         filters.extend_from_slice(&self.filters[e..]);
@@ -810,9 +810,10 @@ impl ChainIndex {
 /// Most packets one [`ChainIndex::probe_batch`] call takes (a `u64` bit set covers them).
 pub(super) const PROBE_BATCH: usize = 64;
 
-/// The default of [`Classifier::TupleMerge`]'s `batch_min_bytes`: the smallest index (in
-/// [`ChainIndex::memory_bytes`]) that [`Snapshot::classify_batch`] probes in batches. A smaller one sits in L1/L2, where there is no latency to hide and the
-/// batch's bookkeeping (hash, bounds and tags stored per packet and table, then read back)
+/// The default of [`Classifier::TupleMerge`]'s `batch_min_bytes` (64 KiB): the smallest
+/// chain index (bytes as [`Snapshot::memory_bytes`] counts them) that
+/// [`Snapshot::classify_batch`] probes in batches. A smaller one sits in L1/L2, where there
+/// is no latency to hide and the batch's bookkeeping (hash, bounds and tags stored per packet and table, then read back)
 /// cost 10-15% on the 1k ClassBench sets (45-50 KiB); from about 1.5k rules (70 KiB) the
 /// batch gained 24-32% on acl1 and 4-7% on ipc1 and lost 7-9% on fw1 (whose lookups are
 /// dominated by filter checks, not misses); at 10k it gains 2-25%, at 100k 60-100%.
@@ -887,7 +888,7 @@ impl ChainIndex {
     /// `min`), the per-packet early exit of the scalar lookup.
     pub(super) fn probe_batch(
         &self,
-        rules: &[CRule],
+        rules: &RuleChunks,
         packets: &[PacketMeta],
         which: &[u8],
         now: u64,
@@ -998,7 +999,7 @@ impl Snapshot {
     pub(super) fn indexed_next<O: Observer>(
         &self,
         idx: &ChainIndex,
-        rules: &[CRule],
+        rules: &RuleChunks,
         start: u32,
         p: &PacketMeta,
         now: u64,
@@ -1046,7 +1047,7 @@ impl Snapshot {
     #[inline(always)]
     fn filter_hit<O: Observer>(
         idx: &ChainIndex,
-        rules: &[CRule],
+        rules: &RuleChunks,
         pos: u32,
         key: &PacketKey,
         p: &PacketMeta,
@@ -1067,7 +1068,7 @@ impl Snapshot {
     pub(super) fn indexed_rest<O: Observer>(
         &self,
         idx: &ChainIndex,
-        rules: &[CRule],
+        rules: &RuleChunks,
         start: u32,
         mut best: u32,
         p: &PacketMeta,
