@@ -528,6 +528,24 @@ impl Table {
             .iter()
             .filter(|e| remap(e.pos).is_some())
             .count();
+        if ins.is_empty() && kept == self.entries.len() {
+            // Nothing leaves or joins (most tables of a small change): `remap` is monotonic,
+            // so every bucket stays in order and the bucket array is kept as it is.
+            let entries: Box<[Entry]> = self
+                .entries
+                .iter()
+                .filter_map(|e| remap(e.pos).map(|pos| Entry { pos, tag: e.tag }))
+                .collect();
+            return Some(Table {
+                masks: self.masks,
+                tuple: self.tuple,
+                min: remap(self.min).unwrap_or(self.min),
+                max: remap(self.max).unwrap_or(self.max),
+                bucket_mask: self.bucket_mask,
+                starts: self.starts.clone(),
+                entries,
+            });
+        }
         let n = kept + ins.len();
         if n == 0 {
             return None;
