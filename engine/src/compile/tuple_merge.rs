@@ -42,6 +42,24 @@
 //! except the new rules' (and a table's whose load doubled, which is rehashed). Unchanged
 //! chains share their index with the previous snapshot.
 //!
+//! ## Batched probes
+//! [`Snapshot::classify_batch`] looks up a batch of packets a table at a time rather than a
+//! packet at a time, as Open vSwitch's userspace datapath classifier does (`dpcls_lookup` in
+//! lib/dpif-netdev.c; its tuple space classifier is described in B. Pfaff et al., "The
+//! Design and Implementation of Open vSwitch", NSDI 2015; DPDK's `rte_acl_classify` also
+//! takes several packets per call):
+//! [`ChainIndex::probe_batch`] walks the tables in priority order and, for each, hashes the
+//! keys of all packets that still could improve, prefetches their buckets, then checks them,
+//! so that the cache misses of many packets overlap; a packet drops out once its best match
+//! is below the next table's lowest rule. Only the tables' part of the first query of a base
+//! chain (from rule 0) is batched; everything after it (unindexed and `-m limit` rules,
+//! targets, jumps, later queries) runs per packet in order, so counters, LOG events, token
+//! buckets and conntrack see the same sequence as with per-packet calls. A table rule that
+//! reads `ct_state` is the one thing the probe cannot decide early (the state is set between
+//! the raw chains and the others); a packet whose probe meets one is looked up per packet.
+//! Indexes below [`PROBE_MIN_BYTES`] (about 1.3k ClassBench rules) are not batched: they
+//! sit in L1/L2 and the batch's bookkeeping costs more than it hides.
+//!
 //! ## Exactness
 //! The index only proposes candidates; every candidate is checked with the evaluator's own
 //! match code ([`Snapshot::rule_matches`]), so negations, interfaces, sets, conntrack and every
