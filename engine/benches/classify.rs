@@ -1,9 +1,13 @@
 //! Classification throughput on ClassBench sets (one core, no dataplane barrier): the linear
-//! walk (the reference) and the TupleMerge index side by side, in the same run.
+//! walk (the reference), the TupleMerge index packet by packet, and the TupleMerge index with
+//! batched probes side by side, in the same run.
 //!
 //! Cases:
-//! - `classify/<linear|tuplemerge>/<set>/<rules>`: every header of the case classified once
-//!   per iteration (throughput in packets/s). Sets: CutSplit acl_1k (whole and cut to 10 and
+//! - `classify/<linear|tuplemerge|tuplemerge-batch>/<set>/<rules>`: every header of the case
+//!   classified once per iteration (throughput in packets/s); `linear` and `tuplemerge` call
+//!   `Snapshot::classify` per packet, `tuplemerge-batch` calls `Snapshot::classify_batch` on
+//!   batches of 64 (as `EngineWorker::process_batch` does). Each packet is copied once in all
+//!   three (into the batch buffer, or into a local). Sets: CutSplit acl_1k (whole and cut to 10 and
 //!   100 rules) and fw_10k with their traces (fw_10k: the first 2000 headers); NeuroCuts
 //!   acl1, fw1, ipc1 at 1k and 10k, and the generated 100k sets, with 10,000 headers sampled
 //!   from the rules (no trace exists for them).
@@ -22,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
+use vallum_engine::compile::{CLASSIFY_BATCH, Classifier, Snapshot, Verdict};
 use vallum_engine::model::Ruleset;
 use vallum_engine::sets::NoSets;
 
@@ -31,7 +35,13 @@ mod classbench;
 
 const VARIANTS: [(&str, Classifier); 2] = [
     ("linear", Classifier::Linear),
-    ("tuplemerge", Classifier::TupleMerge { min_rules: 16 }),
+    (
+        "tuplemerge",
+        Classifier::TupleMerge {
+            min_rules: 16,
+            batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
+        },
+    ),
 ];
 
 struct Case {
@@ -128,6 +138,30 @@ fn bench(c: &mut Criterion) {
                         if snap.classify(0, &mut p, 0, &mut logs) == Verdict::Accept {
                             accepted += 1;
                         }
+                    }
+                    accepted
+                })
+            });
+            if classifier == Classifier::Linear {
+                continue;
+            }
+            let id = BenchmarkId::new(
+                format!("{name}-batch"),
+                format!("{}/{}", case.set, case.rules),
+            );
+            let mut buf = Vec::with_capacity(CLASSIFY_BATCH);
+            let mut verdicts = vec![Verdict::Drop; CLASSIFY_BATCH];
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    let mut accepted = 0u32;
+                    for chunk in packets.chunks(CLASSIFY_BATCH) {
+                        buf.clear();
+                        buf.extend_from_slice(chunk);
+                        let n = snap.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs);
+                        accepted += verdicts[..n]
+                            .iter()
+                            .filter(|&&v| v == Verdict::Accept)
+                            .count() as u32;
                     }
                     accepted
                 })

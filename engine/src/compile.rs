@@ -25,13 +25,22 @@
 //! next snapshot from the active one without touching it: a chain whose rules (by content,
 //! not location) and whose table's chain names are unchanged shares the old body; a chain
 //! where one contiguous run of rules changed (an insert, a delete, a replace; at most an eighth
-//! of the chain or 64 rules) gets a body spliced from the old one (unchanged rules copied,
-//! new ones compiled, the index updated by TupleMerge's online insert/delete in
-//! `compile/tuple_merge.rs`); anything else is compiled afresh. Readers never see a
-//! half-built index: they keep using the old snapshot until the new one is published. The
-//! cost left is linear but cheap (comparing the rules, copying the changed chain's array); a
-//! one-rule change of a 10k chain compiles in about half the time of a full build and its
-//! counters carry in a tenth (BENCHMARKS.md section 5).
+//! of the chain or 64 rules) gets a body spliced from the old one (new rules compiled, the
+//! index updated by TupleMerge's online insert/delete in `compile/tuple_merge.rs`, and the
+//! rules kept in chunks of 1024 shared by `Arc`, `compile/chunks.rs`: only the chunks from
+//! the change on are rebuilt, only the changed ones for a replace); anything else is
+//! compiled afresh. Readers never see a half-built index: they keep using the old snapshot
+//! until the new one is published. The cost left is linear but cheap (comparing the rules,
+//! copying the index's entry and filter arrays); a one-rule change of a 10k chain compiles
+//! in about half the time of a full build and its counters carry in a tenth (BENCHMARKS.md
+//! section 5).
+//!
+//! ## Batches
+//! [`Snapshot::classify_batch`] gives each packet exactly what [`Snapshot::classify`] gives
+//! it, but first probes the hash tables of each packet's first large indexed base chain for
+//! up to [`CLASSIFY_BATCH`] packets together, their memory accesses interleaved a table at a
+//! time as Open vSwitch's `dpcls_lookup` does (`compile/tuple_merge.rs`); the evaluation
+//! then starts that chain from the probe's answer.
 //!
 //! ## Counters
 //! Each core has its own cache-line-aligned block of (packets, bytes) pairs, one pair per rule
@@ -55,9 +64,13 @@ use crate::model::{
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
 
+mod chunks;
 mod tuple_merge;
 
-use tuple_merge::ChainIndex;
+use chunks::RuleChunks;
+
+pub use tuple_merge::PROBE_MIN_BYTES;
+use tuple_merge::{ChainIndex, PROBE_BATCH, PROBE_UNKNOWN};
 
 /// Commit-path maps hash with FxHash: keys are our own (names, content hashes), and SipHash's
 /// DoS resistance would cost ~15% of a 10k-rule compile.
@@ -79,13 +92,21 @@ pub enum Classifier {
     TupleMerge {
         /// Chains with fewer rules are not indexed (a short scan beats hashing).
         min_rules: u32,
+        /// [`Snapshot::classify_batch`] probes a chain's index for a whole batch at once only
+        /// when the index takes at least this many bytes ([`Snapshot::memory_bytes`]); smaller
+        /// ones are looked up packet by packet (default [`PROBE_MIN_BYTES`]; 0 batches every
+        /// index, as the differential tests do).
+        batch_min_bytes: usize,
     },
 }
 
 impl Default for Classifier {
-    /// TupleMerge for chains of 16 rules or more.
+    /// TupleMerge for chains of 16 rules or more, batched probes from [`PROBE_MIN_BYTES`].
     fn default() -> Self {
-        Classifier::TupleMerge { min_rules: 16 }
+        Classifier::TupleMerge {
+            min_rules: 16,
+            batch_min_bytes: PROBE_MIN_BYTES,
+        }
     }
 }
 
@@ -220,7 +241,8 @@ struct CChain {
 /// ([`ChainBody::splice`]).
 #[derive(Debug)]
 struct ChainBody {
-    rules: Box<[CRule]>,
+    /// In chunks shared with the previous body where a splice left them unchanged.
+    rules: RuleChunks,
     /// [`content_hash`] of each rule: the counter identity.
     hashes: Box<[u64]>,
     /// The classification index, or `None` where the chain is walked linearly.
@@ -657,9 +679,8 @@ fn diff_rules(old: &[Rule], new: &[Rule]) -> (u32, u32, u32) {
 }
 
 /// The table-local jump and goto targets of `rules`, ascending, no repeats.
-fn jump_targets(rules: &[CRule]) -> Box<[u32]> {
+fn jump_targets<'a>(rules: impl Iterator<Item = &'a CRule>) -> Box<[u32]> {
     let mut t: Vec<u32> = rules
-        .iter()
         .filter_map(|r| match r.target {
             CTarget::Jump(t) | CTarget::Goto(t) => Some(t),
             _ => None,
@@ -699,13 +720,13 @@ impl BodyContext<'_> {
     }
 
     fn wants_index(&self, n: usize) -> bool {
-        matches!(self.classifier, Classifier::TupleMerge { min_rules } if n >= min_rules.max(1) as usize)
+        matches!(self.classifier, Classifier::TupleMerge { min_rules, .. } if n >= min_rules.max(1) as usize)
     }
 
     /// The body of `rules`; `index`, `targets` and `has_sets` are computed here unless given.
     fn finish(
         &self,
-        rules: Vec<CRule>,
+        rules: RuleChunks,
         hashes: Vec<u64>,
         index: Option<ChainIndex>,
         known: Option<(Box<[u32]>, bool)>,
@@ -715,12 +736,12 @@ impl BodyContext<'_> {
                 .then(|| ChainIndex::build(&rules, self.width))
         });
         let (targets, has_sets) =
-            known.unwrap_or_else(|| (jump_targets(&rules), rules.iter().any(has_set)));
+            known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
         ChainBody {
             targets,
             has_sets,
             hashes: hashes.into_boxed_slice(),
-            rules: rules.into_boxed_slice(),
+            rules,
             index,
         }
     }
@@ -729,7 +750,7 @@ impl BodyContext<'_> {
 impl ChainBody {
     /// Compiles `rules` from scratch.
     fn compile(rules: &[Rule], cx: &BodyContext<'_>) -> Result<ChainBody, CompileError> {
-        let compiled = cx.compile(rules)?;
+        let compiled = RuleChunks::new(cx.compile(rules)?);
         let hashes = rules.iter().map(content_hash).collect();
         Ok(cx.finish(compiled, hashes, None, None))
     }
@@ -746,10 +767,12 @@ impl ChainBody {
     ) -> Result<ChainBody, CompileError> {
         let (p, om, nm) = (prefix as usize, old_mid as usize, new_mid as usize);
         let mid = &rules[p..p + nm];
-        let mut compiled = Vec::with_capacity(rules.len());
-        compiled.extend_from_slice(&self.rules[..p]);
-        compiled.extend(cx.compile(mid)?);
-        compiled.extend_from_slice(&self.rules[p + om..]);
+        let new = cx.compile(mid)?;
+        // Only set-free bodies are spliced, so only the new rules can bring a set; the
+        // targets need a scan of the whole chain only when the old or the new rules jump.
+        let has_sets = new.iter().any(has_set);
+        let new_jumps = !jump_targets(new.iter()).is_empty();
+        let compiled = self.rules.splice(p, om, new);
         let mut hashes = Vec::with_capacity(rules.len());
         hashes.extend_from_slice(&self.hashes[..p]);
         hashes.extend(mid.iter().map(content_hash));
@@ -760,14 +783,10 @@ impl ChainBody {
             }
             _ => None,
         };
-        // Only set-free bodies are spliced, so only the new rules can bring a set; the
-        // targets need a scan of the whole chain only when the old or the new rules jump.
-        let mid = &compiled[p..p + nm];
-        let has_sets = mid.iter().any(has_set);
-        let targets = if self.targets.is_empty() && jump_targets(mid).is_empty() {
+        let targets = if self.targets.is_empty() && !new_jumps {
             Box::default()
         } else {
-            jump_targets(&compiled)
+            jump_targets(compiled.iter())
         };
         Ok(cx.finish(compiled, hashes, index, Some((targets, has_sets))))
     }
@@ -1652,6 +1671,7 @@ impl Snapshot {
         p: &mut PacketMeta,
         now: u64,
         obs: &mut O,
+        hint: Hint,
     ) -> Option<Verdict> {
         // Return points of `-j`: (chain, next rule). Left uninitialised: zeroing 512 bytes for
         // every packet and base chain cost ~6% of a 1k-rule lookup, and most packets never jump.
@@ -1673,10 +1693,13 @@ impl Snapshot {
                 (chain, next) = unsafe { stack[depth].assume_init() };
                 continue;
             }
-            let rules = &body.rules[..];
+            let rules = &body.rules;
             let found = match &body.index {
+                Some(idx) if next == 0 && chain == hint.chain && hint.best != PROBE_UNKNOWN => {
+                    self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                }
                 Some(idx) => self.indexed_next(idx, rules, next, p, now, obs),
-                None => (next..n).find(|&i| Self::rule_matches(&rules[i as usize], p, now, obs)),
+                None => rules.find_from(next, |r| Self::rule_matches(r, p, now, obs)),
             };
             let Some(at) = found else {
                 next = n;
@@ -1748,13 +1771,14 @@ impl Snapshot {
         p: &mut PacketMeta,
         now: u64,
         obs: &mut O,
+        hint: Hint,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Verdict {
         let (f, h) = (family_index(p.family), p.hook.index());
         let chains = &self.hooks[f][h];
         let (raw, rest) = chains.split_at((self.raw_chains[f][h] as usize).min(chains.len()));
         for &base in raw {
-            if let Some(v) = self.run_chain(base, p, now, obs) {
+            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
                 return v;
             }
         }
@@ -1762,7 +1786,7 @@ impl Snapshot {
             return v;
         }
         for &base in rest {
-            if let Some(v) = self.run_chain(base, p, now, obs) {
+            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
                 return v;
             }
         }
@@ -1806,7 +1830,7 @@ impl Snapshot {
             names: &self.names,
             logs,
         };
-        self.evaluate(packet, now, &mut obs, after_raw)
+        self.evaluate(packet, now, &mut obs, Hint::NONE, after_raw)
     }
 
     /// Evaluates one packet without counting or consuming `-m limit` tokens, and returns the
@@ -1831,12 +1855,175 @@ impl Snapshot {
             steps: Vec::new(),
             logs: Vec::new(),
         };
-        let verdict = self.evaluate(&mut p, now, &mut obs, after_raw);
+        let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, after_raw);
         Trace {
             verdict,
             steps: obs.steps,
             logs: obs.logs,
             ct_state: p.ct_state,
+        }
+    }
+}
+
+/// The batch probe's answer for one packet ([`Snapshot::classify_batch`]): the tables' part
+/// of the first index query of base chain `chain` from rule 0 (`best`: a rule position,
+/// `u32::MAX` for none, or [`PROBE_UNKNOWN`]).
+#[derive(Clone, Copy, Debug)]
+struct Hint {
+    chain: u32,
+    best: u32,
+}
+
+impl Hint {
+    /// No probe was made: every query goes to the index.
+    const NONE: Hint = Hint {
+        chain: u32::MAX,
+        best: PROBE_UNKNOWN,
+    };
+}
+
+/// Packets [`Snapshot::classify_batch`] probes together; a longer slice is taken in chunks of
+/// this many.
+pub const CLASSIFY_BATCH: usize = PROBE_BATCH;
+
+impl Snapshot {
+    /// Classifies `packets` on `core` at `now` as [`Snapshot::classify`] classifies each of
+    /// them in order, and writes each verdict into `verdicts` (same index); processes
+    /// `min(packets.len(), verdicts.len())` packets and returns that number. Counters, LOG
+    /// events, `-m limit` tokens and `ct_state` come out exactly as from the per-packet calls.
+    ///
+    /// Faster on large chains: before the packets are evaluated one by one, the hash tables
+    /// of each packet's first indexed base chain are probed for [`CLASSIFY_BATCH`] packets at
+    /// a time with their memory accesses interleaved (`compile/tuple_merge.rs`,
+    /// `ChainIndex::probe_batch`, after Open vSwitch's `dpcls_lookup`); the evaluation then
+    /// starts that chain from the probe's answer. Later queries (after a jump, a LOG rule, or
+    /// in other chains) use the per-packet lookup.
+    pub fn classify_batch(
+        &self,
+        core: usize,
+        packets: &mut [PacketMeta],
+        verdicts: &mut [Verdict],
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+    ) -> usize {
+        self.classify_batch_split(core, packets, verdicts, now, logs, |_| None, |_, v| v)
+    }
+
+    /// As [`Snapshot::classify_batch`], with [`Snapshot::classify_split`]'s `after_raw` called
+    /// for each packet between its raw-table chains and the others, and `decided` called with
+    /// each packet and its verdict right after its evaluation, before the next packet is
+    /// evaluated; what `decided` returns is written to `verdicts`. (The engine tracks
+    /// connections in `after_raw` and confirms a new one in `decided` when it was accepted,
+    /// so a packet sees the connection state every earlier packet of the batch left.)
+    #[allow(clippy::too_many_arguments)]
+    pub fn classify_batch_split(
+        &self,
+        core: usize,
+        packets: &mut [PacketMeta],
+        verdicts: &mut [Verdict],
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+        mut after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
+        mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
+    ) -> usize {
+        let n = packets.len().min(verdicts.len());
+        let counters: &CoreCounters = &self.cores[core.min(self.cores.len() - 1)];
+        let mut obs = Counting {
+            counters,
+            names: &self.names,
+            logs,
+        };
+        let mut chains = [u32::MAX; PROBE_BATCH];
+        let mut best = [PROBE_UNKNOWN; PROBE_BATCH];
+        let mut lo = 0;
+        while lo < n {
+            let hi = (lo + PROBE_BATCH).min(n);
+            self.probe(&packets[lo..hi], now, &mut chains, &mut best);
+            // What each evaluation reads first, requested for all packets before the first
+            // one runs: the probed rule (its target) and its counter line.
+            for (&c, &b) in chains.iter().zip(best.iter()).take(hi - lo) {
+                if c == u32::MAX || b >= PROBE_UNKNOWN {
+                    continue;
+                }
+                let chain = &self.chains[c as usize];
+                if let Some(r) = chain.body.rules.get(b as usize) {
+                    tuple_merge::prefetch(&r.target);
+                }
+                if let Some(line) = counters.lines.get((chain.first_slot + b) as usize / 4) {
+                    tuple_merge::prefetch(line);
+                }
+            }
+            for i in lo..hi {
+                let hint = Hint {
+                    chain: chains[i - lo],
+                    best: best[i - lo],
+                };
+                let p = &mut packets[i];
+                let v = self.evaluate(p, now, &mut obs, hint, &mut after_raw);
+                verdicts[i] = decided(p, v);
+            }
+            lo = hi;
+        }
+        n
+    }
+
+    /// Picks each packet's first base chain with an index worth probing in batches
+    /// (`chains[i]`, `u32::MAX` if its hook has none) and probes that chain's tables for all its packets at once (`best[i]`).
+    fn probe(
+        &self,
+        packets: &[PacketMeta],
+        now: u64,
+        chains: &mut [u32; PROBE_BATCH],
+        best: &mut [u32; PROBE_BATCH],
+    ) {
+        let min_bytes = match self.classifier {
+            Classifier::TupleMerge {
+                batch_min_bytes, ..
+            } => batch_min_bytes,
+            Classifier::Linear => usize::MAX,
+        };
+        let mut memo: Option<((usize, usize), u32)> = None;
+        let mut pending = 0u64;
+        for (i, p) in packets.iter().enumerate().take(PROBE_BATCH) {
+            let fh = (family_index(p.family), p.hook.index());
+            let c = match memo {
+                Some((k, c)) if k == fh => c,
+                _ => {
+                    let c = self.hooks[fh.0][fh.1]
+                        .iter()
+                        .copied()
+                        .find(|&c| {
+                            let body = &self.chains[c as usize].body;
+                            body.index.as_ref().is_some_and(|i| i.bytes() >= min_bytes)
+                        })
+                        .unwrap_or(u32::MAX);
+                    memo = Some((fh, c));
+                    c
+                }
+            };
+            chains[i] = c;
+            if c != u32::MAX {
+                pending |= 1 << i;
+            }
+        }
+        let mut which = [0u8; PROBE_BATCH];
+        while pending != 0 {
+            let c = chains[pending.trailing_zeros() as usize];
+            let mut m = 0;
+            let mut rest = pending;
+            while rest != 0 {
+                let j = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                if chains[j] == c {
+                    which[m] = j as u8;
+                    m += 1;
+                    pending &= !(1 << j);
+                }
+            }
+            let body = &*self.chains[c as usize].body;
+            if let Some(idx) = &body.index {
+                idx.probe_batch(&body.rules, packets, &which[..m], now, best);
+            }
         }
     }
 }

@@ -522,7 +522,9 @@ impl EngineWorker<'_> {
     }
 
     /// Classifies `packets` in one batch (one generation-counter round trip) at time `now_ns`
-    /// and writes each verdict into `verdicts` (same index). Processes
+    /// and writes each verdict into `verdicts` (same index), through
+    /// [`Snapshot::classify_batch_split`] (the index probes of the batch's packets overlap;
+    /// the verdicts are those of classifying the packets one by one, in order). Processes
     /// `min(packets.len(), verdicts.len())` packets and returns that number. Each packet comes
     /// back with the `ct_state` the non-raw chains saw: UNTRACKED when raw-table rules said
     /// NOTRACK, else the tracker's (module docs, "Conntrack"; unchanged when conntrack is off).
@@ -540,19 +542,28 @@ impl EngineWorker<'_> {
         // One epoch pin for the whole batch: the per-packet pins inside `track` nest.
         let _pin = ct.map(Conntrack::pin);
         self.inner.batch(|snap, batch| {
-            for (p, v) in packets[..n].iter_mut().zip(verdicts[..n].iter_mut()) {
-                *v = match ct {
-                    None => snap.classify(batch.core(), p, now_ns, logs),
-                    Some(ct) => {
-                        // A new connection's entry joins the table only if its first packet
-                        // is accepted (nf_conntrack confirms at the last hook).
-                        let mut unconfirmed = None;
-                        let v = snap.classify_split(batch.core(), p, now_ns, logs, |p| {
+            let (packets, verdicts) = (&mut packets[..n], &mut verdicts[..n]);
+            match ct {
+                None => {
+                    snap.classify_batch(batch.core(), packets, verdicts, now_ns, logs);
+                }
+                Some(ct) => {
+                    // A new connection's entry joins the table only if its first packet is
+                    // accepted (nf_conntrack confirms at the last hook); `decided` runs right
+                    // after each packet, before the next one is tracked.
+                    let unconfirmed = std::cell::Cell::new(None);
+                    snap.classify_batch_split(
+                        batch.core(),
+                        packets,
+                        verdicts,
+                        now_ns,
+                        logs,
+                        |p| {
                             let (v, u) = ct.track_unconfirmed(p, now_ns);
-                            unconfirmed = u;
+                            unconfirmed.set(u);
                             (v == CtVerdict::TableFull).then_some(Verdict::Drop)
-                        });
-                        match (unconfirmed, v) {
+                        },
+                        |p, v| match (unconfirmed.take(), v) {
                             (Some(u), Verdict::Accept) => match ct.confirm(u, p, now_ns) {
                                 CtVerdict::TableFull => {
                                     p.ct_state = CtVerdict::TableFull.ct_state();
@@ -561,9 +572,11 @@ impl EngineWorker<'_> {
                                 _ => v,
                             },
                             _ => v,
-                        }
-                    }
-                };
+                        },
+                    );
+                }
+            }
+            for (p, v) in packets.iter().zip(verdicts.iter()) {
                 let fi = match p.family {
                     Family::Ipv4 => 0,
                     Family::Ipv6 => 1,

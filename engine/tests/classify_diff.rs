@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot};
+use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::model::Target;
 use vallum_engine::sets::NoSets;
 
@@ -103,9 +103,16 @@ fn snapshots(name: &str, filters: &[Filter]) -> (Snapshot, Snapshot) {
     let rs = Arc::new(classbench::to_ruleset_with(name, filters, target).expect("translate"));
     let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
         .expect("compile linear");
-    let indexed =
-        Snapshot::compile_with(&[rs], &NoSets, 1, Classifier::TupleMerge { min_rules: 0 })
-            .expect("compile indexed");
+    let indexed = Snapshot::compile_with(
+        &[rs],
+        &NoSets,
+        1,
+        Classifier::TupleMerge {
+            min_rules: 0,
+            batch_min_bytes: 0,
+        },
+    )
+    .expect("compile indexed");
     (linear, indexed)
 }
 
@@ -192,6 +199,72 @@ fn neurocuts_1k_sets_near_boundaries() {
 fn neurocuts_10k_sets_near_boundaries() {
     for set in ["acl1", "fw1", "ipc1"] {
         check_set(&format!("neurocuts/{set}_10k"), None, 0, 5_000);
+    }
+}
+
+/// Batched classification ([`Snapshot::classify_batch`]) against the per-packet index and the
+/// linear walk: every verdict equal, and every counter equal afterwards (with the mixed
+/// targets, the counters record every rule that matched, including those that continue).
+/// Batches are cut at 64, 1, 37 and 200 packets in turn.
+fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) {
+    let Some((filters, headers)) = load(set, trace) else {
+        return;
+    };
+    let (linear, single) = snapshots(set, &filters);
+    let (_, batched) = snapshots(set, &filters);
+    let mut rng = Rng(0xba7c ^ filters.len() as u64);
+    let packets: Vec<_> = headers
+        .iter()
+        .take(trace_limit)
+        .copied()
+        .chain((0..random).map(|_| boundary_header(&mut rng, &filters)))
+        .map(|h| classbench::to_packet(&h))
+        .collect();
+    let mut logs = Vec::new();
+    let (mut at, mut round) = (0, 0);
+    while at < packets.len() {
+        let cut = [64, 1, 37, 200][round % 4];
+        let chunk = &packets[at..(at + cut).min(packets.len())];
+        let mut buf = chunk.to_vec();
+        let mut verdicts = vec![Verdict::Accept; buf.len()];
+        assert_eq!(
+            batched.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs),
+            chunk.len()
+        );
+        for (i, p) in chunk.iter().enumerate() {
+            let (mut a, mut b) = (*p, *p);
+            let want = linear.classify(0, &mut a, 0, &mut logs);
+            assert_eq!(
+                single.classify(0, &mut b, 0, &mut logs),
+                want,
+                "{set}: {p:?}"
+            );
+            assert_eq!(
+                verdicts[i],
+                want,
+                "{set}: batched, packet #{}: {p:?}",
+                at + i
+            );
+        }
+        at += chunk.len();
+        round += 1;
+    }
+    let counters = linear.counters();
+    assert_eq!(single.counters(), counters, "{set}: per-packet counters");
+    assert_eq!(batched.counters(), counters, "{set}: batched counters");
+}
+
+#[test]
+fn batched_equals_per_packet_and_linear() {
+    check_batched(
+        "cutsplit/acl_1k",
+        Some("cutsplit/acl_1k_trace"),
+        20_000,
+        5_000,
+    );
+    for set in ["acl1", "fw1", "ipc1"] {
+        check_batched(&format!("neurocuts/{set}_1k"), None, 0, 20_000);
+        check_batched(&format!("neurocuts/{set}_10k"), None, 0, 5_000);
     }
 }
 

@@ -369,3 +369,81 @@ fn conntrack_off_tracks_nothing() {
         assert_eq!(e.trace(&back, S).ct_state, ct_state::NEW);
     }
 }
+
+/// A batch is tracked packet by packet in order: a reply in the same batch as the packet that
+/// opened its connection sees that connection (it was confirmed before the reply was tracked),
+/// and a NEW packet the rules drop leaves nothing for a later packet of the batch. The INPUT
+/// chain is long enough to be indexed (the batch probe runs), and its `--ctstate` rules sit in
+/// the index (they pin a protocol and port). Batches of 16 give what batches of 1 give.
+#[test]
+fn one_batch_tracks_in_order_as_single_packets() {
+    let mut text = String::from(
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p tcp --dport 22 -m conntrack --ctstate ESTABLISHED -j ACCEPT\n\
+         -A INPUT -p tcp --sport 443 -m conntrack --ctstate ESTABLISHED -j ACCEPT\n",
+    );
+    // 3,000 blocked hosts: an index of ~150 KB, above the size from which batches are probed
+    // together (`compile::PROBE_MIN_BYTES`).
+    for i in 0..3000 {
+        text += &format!(
+            "-A INPUT -s 10.{}.{}.1 -p tcp --dport 22 -j DROP\n",
+            i / 250,
+            i % 250
+        );
+    }
+    text += "-A INPUT -s 198.51.100.3 -p tcp --dport 22 -j DROP\n";
+    text += "-A INPUT -p tcp --dport 22 --syn -j ACCEPT\nCOMMIT\n";
+    let rs = parse_ruleset("host", &text, &ParseOptions::default()).unwrap();
+    let mut packets = Vec::new();
+    for (k, peer) in ["192.0.2.7", "198.51.100.3", "192.0.2.8"]
+        .iter()
+        .enumerate()
+    {
+        let port = 40000 + k as u16;
+        packets.push(pkt(Hook::Input, 6, peer, port, ME, 22, SYN));
+        packets.push(pkt(Hook::Output, 6, ME, 22, peer, port, SYN | ACK));
+        packets.push(pkt(Hook::Input, 6, peer, port, ME, 22, ACK));
+        packets.push(pkt(Hook::Output, 6, ME, 50000 + k as u16, peer, 443, SYN));
+        packets.push(pkt(
+            Hook::Input,
+            6,
+            peer,
+            443,
+            ME,
+            50000 + k as u16,
+            SYN | ACK,
+        ));
+    }
+    let run_in = |size: usize| {
+        let e = Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: Some(ConntrackConfig::default()),
+            },
+            Arc::new(Frozen(AtomicU64::new(0))),
+        );
+        e.commit(Change::Put(rs.clone()), &NoSets).unwrap();
+        let mut w = e.worker(0).unwrap();
+        let mut out = Vec::new();
+        for chunk in packets.chunks(size) {
+            let mut ps = chunk.to_vec();
+            let mut vs = vec![Verdict::Drop; ps.len()];
+            assert_eq!(w.process_batch(&mut ps, &mut vs, S), ps.len());
+            out.extend(vs.into_iter().zip(ps.iter().map(|p| p.ct_state)));
+        }
+        drop(w);
+        let counters: Vec<_> = e.counters().into_iter().map(|c| c.packets).collect();
+        (out, counters, e.conntrack().unwrap().list().len())
+    };
+    let single = run_in(1);
+    assert_eq!(run_in(16), single);
+    // The blocked peer's SYN was dropped, so its later packets are not ESTABLISHED.
+    let (out, _, entries) = &single;
+    assert_eq!(out[2], (Verdict::Accept, ct_state::ESTABLISHED));
+    assert_eq!(out[5], (Verdict::Drop, ct_state::NEW));
+    assert_eq!(out[7], (Verdict::Drop, ct_state::INVALID));
+    assert_eq!(out[9], (Verdict::Accept, ct_state::ESTABLISHED));
+    // Both ssh connections that were accepted and the three connections out.
+    assert_eq!(*entries, 5);
+}
