@@ -35,12 +35,18 @@ impl Content {
 
     /// As [`Content::from_tables`], with print options (`counters` for `[p:b]`).
     pub fn from_tables_with(tables: &[Table], opts: &PrintOptions) -> Content {
-        let pick = |f: Family| -> Vec<Table> {
-            tables.iter().filter(|t| t.family == f).cloned().collect()
+        // Table by table, in order: the same text as `restore::print` of the family's tables,
+        // without copying them first.
+        let print = |f: Family| -> String {
+            let mut out = String::new();
+            for t in tables.iter().filter(|t| t.family == f) {
+                out.push_str(&restore::print_table(t, opts));
+            }
+            out
         };
         Content {
-            v4: restore::print(&pick(Family::Ipv4), opts),
-            v6: restore::print(&pick(Family::Ipv6), opts),
+            v4: print(Family::Ipv4),
+            v6: print(Family::Ipv6),
         }
     }
 

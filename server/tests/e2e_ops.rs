@@ -407,6 +407,26 @@ async fn revisions_kept_and_rules_limit() {
     let e = c.apply(apply_req("web", big)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert_eq!(reason(&e), "TOO_MANY_RULES");
+    let e = c.apply(apply_req("no/such", big)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
+    // One audit record per Apply: the six commits' went in with their commit transactions,
+    // the refused ones on their own, with the reason.
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("v.db").display()))
+        .await
+        .unwrap();
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT method, outcome FROM audit ORDER BY id")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    let outcomes: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    assert!(rows.iter().all(|r| r.0 == "Apply"), "{rows:?}");
+    assert_eq!(outcomes[..6], ["OK"; 6], "{rows:?}");
+    assert_eq!(outcomes[6], "TOO_MANY_RULES", "{rows:?}");
+    assert_eq!(outcomes.len(), 8, "{rows:?}");
+    assert_ne!(outcomes[7], "OK", "{rows:?}");
+    db.close().await;
 }
 
 struct Run {

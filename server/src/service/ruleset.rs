@@ -191,13 +191,25 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
-        let r = request.into_inner();
-        // No record for a dry run.
-        let mut audit = (!r.validate_only).then(|| audit_entry(caller.clone(), "Apply", &r));
+        let r = Arc::new(request.into_inner());
+        // The audit record (a sha256 of the ~0.5 MB encoded request for a 10k-rule ruleset) is
+        // made on a second blocking thread while the text is parsed; no record for a dry run.
+        let mut digesting = (!r.validate_only).then(|| {
+            let (r, caller) = (r.clone(), caller.clone());
+            tokio::task::spawn_blocking(move || audit_entry(caller, "Apply", &*r))
+        });
+        let mut audit = None;
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
-            let checked = self.check(&name, r.priority, r.source.as_ref()).await?;
+            let checked = self.check(&name, r.priority, r.source.as_ref()).await;
+            if let Some(t) = digesting.take() {
+                audit = Some(
+                    t.await
+                        .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
+                );
+            }
+            let checked = checked?;
             let warnings = checked.warnings();
             if r.validate_only {
                 checked.into_valid()?;
@@ -225,6 +237,10 @@ impl RulesetService for RulesetApi {
                 .await
         }
         .await;
+        if let Some(t) = digesting {
+            // Refused before the check: the record was not joined yet.
+            audit = t.await.ok();
+        }
         if !r.validate_only {
             self.state.audit_pending(audit, &result).await;
         }
