@@ -443,8 +443,12 @@ pub(crate) fn protocol_name(p: u8) -> Option<&'static str> {
 
 /// `-p`: a name from the table above or a number 0..=255 (0 and `all` mean any).
 pub(crate) fn parse_protocol(t: &Tok, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
-    let s = t.text.to_ascii_lowercase();
-    if let Some((_, n)) = PROTOCOLS.iter().find(|(name, _)| *name == s) {
+    // Names are lowercase ASCII: comparing ignoring ASCII case is comparing the lowercased
+    // text, without allocating it.
+    if let Some((_, n)) = PROTOCOLS
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(t.text))
+    {
         return Ok(*n);
     }
     parse_uint(t.text, 255).map(|v| v as u8).ok_or_else(|| {
@@ -1882,6 +1886,41 @@ mod tests {
         assert!(e.to_string().contains("not an IPv4 address"), "{e}");
         let e = net("1.2.3.4/33").expect_err("too long");
         assert!(e.to_string().contains("prefix length too long"), "{e}");
+    }
+
+    #[test]
+    fn protocol_names_ignore_ascii_case_only() {
+        let ctx = ctx();
+        for s in [
+            "tcp",
+            "TCP",
+            "Tcp",
+            "uDp",
+            "IPV6-ICMP",
+            "icmpv6",
+            "all",
+            "ALL",
+            "6",
+            "0x11",
+            "017",
+            "256",
+            "tcpx",
+            "tc",
+            "",
+            "\u{131}cmp",
+            "ＴＣＰ",
+            "TCP\u{301}",
+        ] {
+            let t = Tok { text: s, column: 3 };
+            // The rule before: lowercase the text, then compare.
+            let lower = s.to_ascii_lowercase();
+            let want = PROTOCOLS
+                .iter()
+                .find(|(name, _)| *name == lower)
+                .map(|(_, n)| *n)
+                .or_else(|| parse_uint(s, 255).map(|v| v as u8));
+            assert_eq!(parse_protocol(&t, &ctx).ok(), want, "{s:?}");
+        }
     }
 
     #[test]

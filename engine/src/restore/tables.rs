@@ -42,7 +42,8 @@ struct Block {
     /// The index of the chain found last by [`Block::chain_index`] (rules come in runs per
     /// chain); checked by name before use, so a stale value only costs a search.
     last_chain: Cell<usize>,
-    /// The chain given room for the rest of the text (see [`BULK_RULES`]), shrunk at COMMIT.
+    /// The chain given room for the rest of the text (see [`BULK_RULES`]), shrunk at COMMIT
+    /// when the estimate was far too high.
     bulk: Option<usize>,
 }
 
@@ -267,8 +268,12 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
             match cur.take() {
                 Some(b) => {
                     let mut table = b.table;
+                    // Slack the bulk chain's estimate left is kept unless it is more than
+                    // doubling would leave: shrinking costs a fresh copy (and page faults).
                     if let Some(c) = b.bulk.and_then(|i| table.chains.get_mut(i)) {
-                        c.rules.shrink_to_fit();
+                        if c.rules.capacity() / 2 > c.rules.len() {
+                            c.rules.shrink_to_fit();
+                        }
                     }
                     table.chains.sort_by(|a, b| {
                         let key = |c: &Chain| (c.policy.is_none(), c.hook().map(|h| h.index()));
