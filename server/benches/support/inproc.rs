@@ -1,5 +1,9 @@
 //! An in-process vallumd for the server benches: ephemeral gRPC port, metrics on an ephemeral
-//! port, 2 engine cores, the store at a given path.
+//! port, 2 engine cores, the store at a given path. The bench process uses vallumd's global
+//! allocator (mimalloc, see server/src/bin/vallumd.rs), so the server runs as in vallumd.
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A running in-process server.
 pub struct Server {

@@ -2,6 +2,13 @@
 
 use clap::Parser;
 
+/// mimalloc instead of glibc's malloc: a 10k-rule Apply allocates and frees a few MB of rules
+/// (parse, validate, compile, the retired snapshot), and glibc handed that memory back to the
+/// kernel after every call and page-faulted it in again on the next (~1 ms per Apply of
+/// acl1_10k; BENCHMARKS.md §6).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let config = vallum_server::Config::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
