@@ -11,7 +11,9 @@
 mod classbench;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use vallum_engine::restore::{ParseOptions, PrintOptions, parse_ruleset, print};
+use vallum_engine::restore::{
+    ParseOptions, PrintOptions, parse_ruleset, parse_ruleset_threads, print,
+};
 
 fn bench(c: &mut Criterion) {
     let Some(dir) = classbench::data_dir() else {
@@ -31,6 +33,10 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(rules));
     g.bench_function("parse", |b| {
         b.iter(|| parse_ruleset("acl", &text, &opts).expect("parse"))
+    });
+    // Rule lines read ahead on two threads (what vallumd does on a 2-CPU machine).
+    g.bench_function("parse, 2 threads", |b| {
+        b.iter(|| parse_ruleset_threads("acl", &text, &opts, 2).expect("parse"))
     });
     g.bench_function("print", |b| {
         b.iter(|| print(&parsed.tables, &PrintOptions::default()))

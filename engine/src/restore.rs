@@ -318,11 +318,29 @@ pub fn parse_ruleset(
     text: &str,
     opts: &ParseOptions<'_>,
 ) -> Result<Ruleset, ParseErrors> {
+    parse_ruleset_threads(name, text, opts, 1)
+}
+
+/// As [`parse_ruleset`], with the rule lines of a large text (2048 lines or more) tokenized
+/// and parsed ahead on up to `threads` scoped threads (at most 8), each over a contiguous run
+/// of lines; the commands are then carried out in order on the calling thread. The result,
+/// errors included, is the same as [`parse_ruleset`]'s. `threads` <= 1, a small text, or a
+/// [`ParseOptions::set_exists`] callback (not required to be `Sync`) parse on the calling
+/// thread only.
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_ruleset_threads(
+    name: &str,
+    text: &str,
+    opts: &ParseOptions<'_>,
+    threads: usize,
+) -> Result<Ruleset, ParseErrors> {
     let opts = ParseOptions {
         noflush: false,
         ..*opts
     };
-    let r = parse(text, &opts)?;
+    let r = tables::parse_with(text, &opts, threads)?;
     Ok(Ruleset {
         name: name.to_string(),
         priority: 0,

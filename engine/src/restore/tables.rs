@@ -178,6 +178,26 @@ impl State<'_, '_> {
 }
 
 pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, ParseErrors> {
+    parse_with(text, opts, 1)
+}
+
+/// Texts with fewer lines are parsed on one thread (starting a thread costs more).
+const READ_AHEAD_MIN_LINES: usize = 2048;
+
+/// As [`parse`], reading the rule lines ahead on up to `threads` threads first (see
+/// [`read_ahead`]); the result is the same as [`parse`]'s, errors included.
+pub(crate) fn parse_with(
+    text: &str,
+    opts: &ParseOptions<'_>,
+    threads: usize,
+) -> Result<Restore, ParseErrors> {
+    let lines: Vec<&str> = text.split('\n').collect();
+    let mut ahead =
+        if threads > 1 && lines.len() >= READ_AHEAD_MIN_LINES && opts.set_exists.is_none() {
+            read_ahead(&lines, opts.family, threads)
+        } else {
+            Vec::new()
+        };
     let mut st = State {
         opts,
         errors: Vec::new(),
@@ -192,7 +212,7 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
     let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
     // Bytes of the text read so far, for an estimate of the lines left.
     let mut read = 0;
-    for (idx, raw) in text.split('\n').enumerate() {
+    for (idx, raw) in lines.iter().copied().enumerate() {
         let line_no = idx as u32 + 1;
         last_line = line_no;
         read += raw.len() + 1;
@@ -210,7 +230,22 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
             }
             match cur.as_mut() {
                 Some(block) => {
-                    if let Err(e) = command_line(block, line, line_no, rest, &mut st, &mut toks) {
+                    let done = match ahead.get_mut(idx).and_then(Option::take) {
+                        Some((kind, read)) if kind == block.table.kind => match read {
+                            Ok(parsed) => {
+                                let ctx = Ctx {
+                                    family: st.opts.family,
+                                    table: kind,
+                                    line: line_no,
+                                    set_exists: None,
+                                };
+                                apply_line(block, parsed, &ctx, rest, &mut st)
+                            }
+                            Err(e) => Err(e),
+                        },
+                        _ => command_line(block, line, line_no, rest, &mut st, &mut toks),
+                    };
+                    if let Err(e) = done {
                         st.error(e);
                     }
                 }
@@ -456,6 +491,197 @@ fn command_line<'a>(
         has_spec,
         target_token,
     } = parsed;
+    apply_line(
+        b,
+        Parsed {
+            command,
+            command_token,
+            chain,
+            has_spec,
+            target_token,
+            rule,
+            location,
+        },
+        &ctx,
+        rest,
+        st,
+    )
+}
+
+/// What [`read_ahead`] made of one line: the table it was read for, and the parsed `-A`
+/// command or the line's error.
+type Ahead<'a> = Option<(TableKind, Result<Parsed<'a>, ParseError>)>;
+
+/// Reads the rule lines of `lines` on up to `threads` threads (scoped, each over a contiguous
+/// run of lines): tokenizing and `parse_line` depend only on the line, the family and the
+/// table of the block it is in, not on what came before, so they can run out of order. The
+/// sequential pass in [`parse_with`] then only carries the commands out ([`apply_line`]),
+/// in order, as iptables-restore does. A line gets `Some` when it is an `-A` command whose
+/// tokens are slices of the line (not rebuilt from quotes), or when it has an error; every
+/// other line is parsed by the sequential pass as usual. The table of a line is that of the
+/// last `*table` line before it; the sequential pass uses a read-ahead result only when its
+/// block has that table.
+fn read_ahead<'a>(lines: &[&'a str], family: Family, threads: usize) -> Vec<Ahead<'a>> {
+    // The table of each line, from the `*table` lines (a bad one: none).
+    let mut tables = Vec::with_capacity(lines.len());
+    let mut table = None;
+    for raw in lines {
+        let lead = raw.trim_start_matches([' ', '\t']);
+        if let Some(name) = lead.strip_prefix('*') {
+            let name = name.trim_end_matches(['\r', ' ', '\t']);
+            table = TableKind::from_name(name).filter(|_| !name.contains([' ', '\t']));
+        }
+        tables.push(table);
+    }
+    let read_range = |from: usize, to: usize| -> Vec<Ahead<'a>> {
+        let mut toks: Vec<Token<'a>> = Vec::with_capacity(32);
+        (from..to)
+            .map(|idx| {
+                let line = lines[idx].strip_suffix('\r').unwrap_or(lines[idx]);
+                let lead = line.trim_start_matches([' ', '\t']);
+                if line.starts_with('#')
+                    || line.trim().is_empty()
+                    || lead.starts_with(['*', ':'])
+                    || lead.starts_with("COMMIT")
+                {
+                    return None;
+                }
+                let kind = tables[idx]?;
+                let line_no = u32::try_from(idx + 1).ok()?;
+                read_line(line, line_no, family, kind, &mut toks).map(|r| (kind, r))
+            })
+            .collect()
+    };
+    let threads = threads.min(8);
+    let per = lines.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (1..threads)
+            .map(|k| {
+                let (from, to) = ((k * per).min(lines.len()), ((k + 1) * per).min(lines.len()));
+                s.spawn(move || read_range(from, to))
+            })
+            .collect();
+        let mut out = read_range(0, per.min(lines.len()));
+        for h in handles {
+            match h.join() {
+                Ok(part) => out.extend(part),
+                // A panic in a reader is a parser bug: re-raise it here, as the sequential
+                // parser would have.
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        out
+    })
+}
+
+/// One line of [`read_ahead`]: the head of [`command_line`] (tokenize, `[p:b]`,
+/// `parse_line`), kept only for an `-A` command whose tokens lie in the line, or an error.
+fn read_line<'a>(
+    line: &'a str,
+    line_no: u32,
+    family: Family,
+    table: TableKind,
+    toks: &mut Vec<Token<'a>>,
+) -> Option<Result<Parsed<'a>, ParseError>> {
+    if let Err(u) = tokenize_into(line, toks) {
+        return Some(Err(ParseError::new(
+            line_no,
+            u.column,
+            "\"",
+            K::UnterminatedQuote,
+        )));
+    }
+    let mut ts = &toks[..];
+    let location = Location {
+        line: line_no,
+        column: ts.first().map_or(1, |t| t.column),
+    };
+    let mut prefix = None;
+    if let Some(t) = ts.first().filter(|t| t.text.starts_with('[')) {
+        match parse_counters(&t.text) {
+            Some(c) => prefix = Some(c),
+            None => {
+                return Some(Err(ParseError::new(
+                    line_no,
+                    t.column,
+                    &*t.text,
+                    K::BadCounters,
+                )));
+            }
+        }
+        ts = &ts[1..];
+    }
+    let ctx = Ctx {
+        family,
+        table,
+        line: line_no,
+        set_exists: None,
+    };
+    let mut rule = Rule::default();
+    let parsed = match parse_line(ts, &ctx, prefix, &mut rule) {
+        Err(e) => return Some(Err(e)),
+        Ok(None) => return None,
+        Ok(Some(p)) => p,
+    };
+    if !matches!(parsed.command, Command::Append) {
+        return None;
+    }
+    let target_token = match parsed.target_token {
+        Some(t) => Some(in_line(line, t)?),
+        None => None,
+    };
+    Some(Ok(Parsed {
+        command: Command::Append,
+        command_token: in_line(line, parsed.command_token)?,
+        chain: Some(in_line(line, parsed.chain?)?),
+        has_spec: parsed.has_spec,
+        target_token,
+        rule,
+        location,
+    }))
+}
+
+/// `tok` as a slice of `line` when its text is one (an unquoted token's is; a token rebuilt
+/// from quotes lives in the token buffer and gives `None`).
+fn in_line<'a>(line: &'a str, tok: Tok<'_>) -> Option<Tok<'a>> {
+    let start = (tok.text.as_ptr() as usize).checked_sub(line.as_ptr() as usize)?;
+    let text = line.get(start..start.checked_add(tok.text.len())?)?;
+    (text.as_ptr() == tok.text.as_ptr()).then_some(Tok {
+        text,
+        column: tok.column,
+    })
+}
+
+/// A command line after `parse_line`, the part that does not depend on the table's state.
+struct Parsed<'t> {
+    command: Command<'t>,
+    command_token: Tok<'t>,
+    chain: Option<Tok<'t>>,
+    has_spec: bool,
+    target_token: Option<Tok<'t>>,
+    rule: Rule,
+    location: Location,
+}
+
+/// Carries out a parsed command line on the table block (the part of a restore that must run
+/// in order: chain existence, positions, `-D` matching).
+fn apply_line(
+    b: &mut Block,
+    parsed: Parsed<'_>,
+    ctx: &Ctx<'_>,
+    rest: usize,
+    st: &mut State<'_, '_>,
+) -> Result<(), ParseError> {
+    let Parsed {
+        command,
+        command_token,
+        chain,
+        has_spec,
+        target_token,
+        mut rule,
+        location,
+    } = parsed;
+    let line_no = ctx.line;
     rule.location = location;
     // With --counters every rule has counters (zero when not written), as in the kernel;
     // without, none are kept.
@@ -480,7 +706,7 @@ fn command_line<'a>(
                 return Err(ctx.err(&command_token, K::NoCommand));
             };
             if takes_rule && !matches!(command, Command::Delete(_)) {
-                check_target(b, &rule, target_token, &ctx, st, line_no)?;
+                check_target(b, &rule, target_token, ctx, st, line_no)?;
             }
             if missing(b, &ch) {
                 if !noflush {
