@@ -192,12 +192,54 @@ pub(crate) fn parse_with(
     threads: usize,
 ) -> Result<Restore, ParseErrors> {
     let lines: Vec<&str> = text.split('\n').collect();
-    let mut ahead =
-        if threads > 1 && lines.len() >= READ_AHEAD_MIN_LINES && opts.set_exists.is_none() {
-            read_ahead(&lines, opts.family, threads)
-        } else {
-            Vec::new()
+    let n = lines.len();
+    if threads <= 1 || n < READ_AHEAD_MIN_LINES || opts.set_exists.is_some() {
+        return parse_lines(text, &lines, opts, usize::MAX, Vec::new);
+    }
+    // The calling thread parses and carries out lines [0, m) itself while `threads - 1`
+    // others read [m, n) ahead; it then carries those out. Carrying a line out costs about a
+    // quarter of reading it, so m is where both finish together: m * 5 = (n - m) * 4 / (t - 1).
+    let threads = threads.min(8);
+    let m = n * 4 / ((threads - 1) * 5 + 4);
+    let tables = line_tables(&lines);
+    let (lines, tables, family) = (&lines[..], &tables[..], opts.family);
+    std::thread::scope(|s| {
+        let per = (n - m).div_ceil(threads - 1);
+        let readers: Vec<_> = (0..threads - 1)
+            .map(|k| {
+                let from = (m + k * per).min(n);
+                let to = (from + per).min(n);
+                s.spawn(move || read_ahead(lines, tables, family, from, to))
+            })
+            .collect();
+        let fetch = move || {
+            let mut out = Vec::with_capacity(n - m);
+            for r in readers {
+                match r.join() {
+                    Ok(part) => out.extend(part),
+                    // A panic in a reader is a parser bug: re-raise it here, as the
+                    // one-thread parser would have.
+                    Err(p) => std::panic::resume_unwind(p),
+                }
+            }
+            out
         };
+        parse_lines(text, lines, opts, m, fetch)
+    })
+}
+
+/// The sequential pass of [`parse_with`] over `lines` (the lines of `text`); from line index
+/// `ahead_from` on, the lines read ahead by `fetch` (one entry per line) are carried out
+/// instead of parsed again.
+fn parse_lines<'a>(
+    text: &'a str,
+    lines: &[&'a str],
+    opts: &ParseOptions<'_>,
+    ahead_from: usize,
+    fetch: impl FnOnce() -> Vec<Ahead<'a>>,
+) -> Result<Restore, ParseErrors> {
+    let mut fetch = Some(fetch);
+    let mut ahead: Vec<Ahead<'a>> = Vec::new();
     let mut st = State {
         opts,
         errors: Vec::new(),
@@ -213,6 +255,9 @@ pub(crate) fn parse_with(
     // Bytes of the text read so far, for an estimate of the lines left.
     let mut read = 0;
     for (idx, raw) in lines.iter().copied().enumerate() {
+        if idx == ahead_from {
+            ahead = fetch.take().map(|f| f()).unwrap_or_default();
+        }
         let line_no = idx as u32 + 1;
         last_line = line_no;
         read += raw.len() + 1;
@@ -230,7 +275,11 @@ pub(crate) fn parse_with(
             }
             match cur.as_mut() {
                 Some(block) => {
-                    let done = match ahead.get_mut(idx).and_then(Option::take) {
+                    let read = idx
+                        .checked_sub(ahead_from)
+                        .and_then(|i| ahead.get_mut(i))
+                        .and_then(Option::take);
+                    let done = match read {
                         Some((kind, read)) if kind == block.table.kind => match read {
                             Ok(parsed) => {
                                 let ctx = Ctx {
@@ -512,66 +561,55 @@ fn command_line<'a>(
 /// command or the line's error.
 type Ahead<'a> = Option<(TableKind, Result<Parsed<'a>, ParseError>)>;
 
-/// Reads the rule lines of `lines` on up to `threads` threads (scoped, each over a contiguous
-/// run of lines): tokenizing and `parse_line` depend only on the line, the family and the
-/// table of the block it is in, not on what came before, so they can run out of order. The
-/// sequential pass in [`parse_with`] then only carries the commands out ([`apply_line`]),
-/// in order, as iptables-restore does. A line gets `Some` when it is an `-A` command whose
-/// tokens are slices of the line (not rebuilt from quotes), or when it has an error; every
-/// other line is parsed by the sequential pass as usual. The table of a line is that of the
-/// last `*table` line before it; the sequential pass uses a read-ahead result only when its
-/// block has that table.
-fn read_ahead<'a>(lines: &[&'a str], family: Family, threads: usize) -> Vec<Ahead<'a>> {
-    // The table of each line, from the `*table` lines (a bad one: none).
-    let mut tables = Vec::with_capacity(lines.len());
+/// The table of each line: that of the last `*table` line before it (`None` after a bad one,
+/// and before the first).
+fn line_tables(lines: &[&str]) -> Vec<Option<TableKind>> {
     let mut table = None;
-    for raw in lines {
-        let lead = raw.trim_start_matches([' ', '\t']);
-        if let Some(name) = lead.strip_prefix('*') {
-            let name = name.trim_end_matches(['\r', ' ', '\t']);
-            table = TableKind::from_name(name).filter(|_| !name.contains([' ', '\t']));
-        }
-        tables.push(table);
-    }
-    let read_range = |from: usize, to: usize| -> Vec<Ahead<'a>> {
-        let mut toks: Vec<Token<'a>> = Vec::with_capacity(32);
-        (from..to)
-            .map(|idx| {
-                let line = lines[idx].strip_suffix('\r').unwrap_or(lines[idx]);
-                let lead = line.trim_start_matches([' ', '\t']);
-                if line.starts_with('#')
-                    || line.trim().is_empty()
-                    || lead.starts_with(['*', ':'])
-                    || lead.starts_with("COMMIT")
-                {
-                    return None;
-                }
-                let kind = tables[idx]?;
-                let line_no = u32::try_from(idx + 1).ok()?;
-                read_line(line, line_no, family, kind, &mut toks).map(|r| (kind, r))
-            })
-            .collect()
-    };
-    let threads = threads.min(8);
-    let per = lines.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (1..threads)
-            .map(|k| {
-                let (from, to) = ((k * per).min(lines.len()), ((k + 1) * per).min(lines.len()));
-                s.spawn(move || read_range(from, to))
-            })
-            .collect();
-        let mut out = read_range(0, per.min(lines.len()));
-        for h in handles {
-            match h.join() {
-                Ok(part) => out.extend(part),
-                // A panic in a reader is a parser bug: re-raise it here, as the sequential
-                // parser would have.
-                Err(p) => std::panic::resume_unwind(p),
+    lines
+        .iter()
+        .map(|raw| {
+            let lead = raw.trim_start_matches([' ', '\t']);
+            if let Some(name) = lead.strip_prefix('*') {
+                let name = name.trim_end_matches(['\r', ' ', '\t']);
+                table = TableKind::from_name(name).filter(|_| !name.contains([' ', '\t']));
             }
-        }
-        out
-    })
+            table
+        })
+        .collect()
+}
+
+/// Reads the rule lines `from..to` of `lines` ahead of the sequential pass (on another
+/// thread): tokenizing and `parse_line` depend only on the line, the family and the table of
+/// the block it is in, not on what came before, so they can run out of order; the sequential
+/// pass then only carries the commands out ([`apply_line`]), in order, as iptables-restore
+/// does. A line gets `Some` when it is an `-A` command whose tokens are slices of the line
+/// (not rebuilt from quotes), or when it has an error; every other line is parsed by the
+/// sequential pass as usual, which also uses a result only when its block has the table the
+/// line was read for (`tables`, from [`line_tables`]).
+fn read_ahead<'a>(
+    lines: &[&'a str],
+    tables: &[Option<TableKind>],
+    family: Family,
+    from: usize,
+    to: usize,
+) -> Vec<Ahead<'a>> {
+    let mut toks: Vec<Token<'a>> = Vec::with_capacity(32);
+    (from..to)
+        .map(|idx| {
+            let line = lines[idx].strip_suffix('\r').unwrap_or(lines[idx]);
+            let lead = line.trim_start_matches([' ', '\t']);
+            if line.starts_with('#')
+                || line.trim().is_empty()
+                || lead.starts_with(['*', ':'])
+                || lead.starts_with("COMMIT")
+            {
+                return None;
+            }
+            let kind = tables[idx]?;
+            let line_no = u32::try_from(idx + 1).ok()?;
+            read_line(line, line_no, family, kind, &mut toks).map(|r| (kind, r))
+        })
+        .collect()
 }
 
 /// One line of [`read_ahead`]: the head of [`command_line`] (tokenize, `[p:b]`,
