@@ -420,24 +420,6 @@ async fn revision_in(
     Ok(revision_rows(tx, &rows).await?.pop())
 }
 
-/// Revision `number` of `ruleset` with `content` (which the caller knows), without reading
-/// the stored texts.
-async fn revision_with(
-    tx: &mut Transaction<'_, Sqlite>,
-    ruleset: &str,
-    number: u64,
-    content: Content,
-) -> Result<Option<RevisionRow>> {
-    let row = sqlx::query("SELECT * FROM revisions WHERE ruleset = ? AND number = ?")
-        .bind(ruleset)
-        .bind(i64_of(number))
-        .fetch_optional(&mut **tx)
-        .await?;
-    row.as_ref()
-        .map(|r| revision_row_with(r, content))
-        .transpose()
-}
-
 /// The state of revision `number` of `ruleset`, if it exists (no text is read).
 async fn revision_state_in(
     tx: &mut Transaction<'_, Sqlite>,
@@ -485,19 +467,31 @@ async fn insert_revision(
     new: &NewRevision,
     state: RevisionState,
     now: i64,
-) -> Result<u64> {
+) -> Result<RevisionRow> {
     let number = rs.latest_revision + 1;
+    let row = RevisionRow {
+        ruleset: rs.name.clone(),
+        number,
+        parent: rs.active_revision,
+        digest: new.content.digest(),
+        content: new.content.clone(),
+        rule_count: new.rule_count,
+        author: new.author.clone(),
+        message: new.message.clone(),
+        state,
+        created_at: now,
+    };
     sqlx::query(
         "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
-    .bind(&rs.name)
+    .bind(&row.ruleset)
     .bind(i64_of(number))
-    .bind(rs.active_revision.map(i64_of))
-    .bind(new.content.digest())
-    .bind(i64::from(new.rule_count))
-    .bind(&new.author)
-    .bind(&new.message)
+    .bind(row.parent.map(i64_of))
+    .bind(&row.digest)
+    .bind(i64::from(row.rule_count))
+    .bind(&row.author)
+    .bind(&row.message)
     .bind(state.as_str())
     .bind(now)
     .execute(&mut **tx)
@@ -512,7 +506,7 @@ async fn insert_revision(
     .bind(v6)
     .execute(&mut **tx)
     .await?;
-    Ok(number)
+    Ok(row)
 }
 
 async fn set_ruleset_heads(
@@ -521,18 +515,25 @@ async fn set_ruleset_heads(
     latest: u64,
     active: Option<u64>,
     now: i64,
-) -> Result<()> {
+) -> Result<RulesetRow> {
+    let after = RulesetRow {
+        etag: etag(rs.created_at, latest, active),
+        active_revision: active,
+        latest_revision: latest,
+        updated_at: now,
+        ..rs.clone()
+    };
     sqlx::query(
         "UPDATE rulesets SET latest_revision = ?, active_revision = ?, etag = ?, updated_at = ? WHERE name = ?",
     )
-    .bind(i64_of(latest))
-    .bind(active.map(i64_of))
-    .bind(etag(rs.created_at, latest, active))
+    .bind(i64_of(after.latest_revision))
+    .bind(after.active_revision.map(i64_of))
+    .bind(&after.etag)
     .bind(now)
     .bind(&rs.name)
     .execute(&mut **tx)
     .await?;
-    Ok(())
+    Ok(after)
 }
 
 /// Deletes the oldest revisions of `ruleset` beyond `keep` (0: none), never one in
@@ -547,13 +548,22 @@ async fn prune_revisions(
     if keep == 0 {
         return Ok(Vec::new());
     }
-    let numbers: Vec<u64> = sqlx::query("SELECT number FROM revisions WHERE ruleset = ?")
-        .bind(ruleset)
-        .fetch_all(&mut **tx)
-        .await?
+    // One row (`1,2,...`): sqlx-sqlite hands each result row over a channel, and this runs
+    // in every commit's transaction over up to `keep` + 1 revisions.
+    let numbers: Option<String> =
+        sqlx::query("SELECT group_concat(number) FROM revisions WHERE ruleset = ?")
+            .bind(ruleset)
+            .fetch_one(&mut **tx)
+            .await?
+            .try_get(0)?;
+    let numbers: Vec<u64> = numbers
         .iter()
-        .map(|r| r.try_get::<i64, _>("number").map(u64_of))
-        .collect::<std::result::Result<_, _>>()?;
+        .flat_map(|n| n.split(','))
+        .map(|n| {
+            n.parse()
+                .map_err(|_| Error::Internal(format!("revision number {n:?}")))
+        })
+        .collect::<Result<_>>()?;
     if numbers.len() <= keep {
         return Ok(Vec::new());
     }
@@ -770,16 +780,12 @@ impl Store {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rs = ensure_ruleset(&mut tx, &new.ruleset, new.priority, now).await?;
         check_etag(&rs, expected_etag)?;
-        let number = insert_revision(&mut tx, &rs, new, RevisionState::Staged, now).await?;
-        set_ruleset_heads(&mut tx, &rs, number, rs.active_revision, now).await?;
-        prune_revisions(&mut tx, &new.ruleset, self.revisions_kept, &[number]).await?;
-        let rs = ruleset_in(&mut tx, &new.ruleset).await?;
-        let rev = revision_with(&mut tx, &new.ruleset, number, new.content.clone()).await?;
+        // The rows written here are known: nothing is read back.
+        let rev = insert_revision(&mut tx, &rs, new, RevisionState::Staged, now).await?;
+        let rs = set_ruleset_heads(&mut tx, &rs, rev.number, rs.active_revision, now).await?;
+        prune_revisions(&mut tx, &new.ruleset, self.revisions_kept, &[rev.number]).await?;
         tx.commit().await?;
-        match (rs, rev) {
-            (Some(rs), Some(rev)) => Ok((rs, rev)),
-            _ => Err(Error::Internal("staged rows vanished".into())),
-        }
+        Ok((rs, rev))
     }
 
     /// The durable half of a commit, in one transaction that is on disk when this returns:
@@ -807,8 +813,15 @@ impl Store {
             }
         };
         check_etag(&rs, c.expected_etag.as_deref())?;
+        // A new revision's row is the one written here: it is not read back.
+        let mut written = None;
         let number = match &c.target {
-            CommitTarget::New(new) => insert_revision(&mut tx, &rs, new, c.state, now).await?,
+            CommitTarget::New(new) => {
+                let rev = insert_revision(&mut tx, &rs, new, c.state, now).await?;
+                let n = rev.number;
+                written = Some(rev);
+                n
+            }
             CommitTarget::Staged(n) => {
                 let state = revision_state_in(&mut tx, &c.ruleset, *n)
                     .await?
@@ -844,7 +857,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let latest = rs.latest_revision.max(number);
-        set_ruleset_heads(&mut tx, &rs, latest, Some(number), now).await?;
+        let ruleset = set_ruleset_heads(&mut tx, &rs, latest, Some(number), now).await?;
         let commit_id: i64 = sqlx::query(
             "INSERT INTO commits (ruleset, revision, previous, outcome, validate_ns, started_at, confirm_deadline) \
              VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
@@ -867,25 +880,20 @@ impl Store {
         let mut keep = vec![number];
         keep.extend(rs.active_revision);
         prune_revisions(&mut tx, &c.ruleset, self.revisions_kept, &keep).await?;
-        let rs_after = ruleset_in(&mut tx, &c.ruleset).await?;
-        // A new revision's text is the one just written: do not read it back.
-        let rev = match &c.target {
-            CommitTarget::New(new) => {
-                revision_with(&mut tx, &c.ruleset, number, new.content.clone()).await?
-            }
-            CommitTarget::Staged(_) => revision_in(&mut tx, &c.ruleset, number).await?,
+        let revision = match written {
+            Some(rev) => rev,
+            None => revision_in(&mut tx, &c.ruleset, number)
+                .await?
+                .ok_or_else(|| Error::Internal("committed revision vanished".into()))?,
         };
         tx.commit().await?;
-        match (rs_after, rev) {
-            (Some(ruleset), Some(revision)) => Ok(Persisted {
-                commit_id,
-                ruleset,
-                revision,
-                previous,
-                audit_id,
-            }),
-            _ => Err(Error::Internal("committed rows vanished".into())),
-        }
+        Ok(Persisted {
+            commit_id,
+            ruleset,
+            revision,
+            previous,
+            audit_id,
+        })
     }
 
     /// Records the phase durations of a commit after publish.
