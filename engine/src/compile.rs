@@ -65,10 +65,12 @@ use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
 
 mod chunks;
+mod rfc;
 mod tuple_merge;
 
 use chunks::RuleChunks;
 
+pub use rfc::RFC_MAX_RULES;
 pub use tuple_merge::PROBE_MIN_BYTES;
 use tuple_merge::{ChainIndex, PROBE_BATCH, PROBE_UNKNOWN};
 
@@ -95,17 +97,23 @@ pub enum Classifier {
         /// [`Snapshot::classify_batch`] probes a chain's index for a whole batch at once only
         /// when the index takes at least this many bytes ([`Snapshot::memory_bytes`]); smaller
         /// ones are looked up packet by packet (default [`PROBE_MIN_BYTES`]; 0 batches every
-        /// index, as the differential tests do).
+        /// index, as the differential tests do). Chains with RFC tables are never batched.
         batch_min_bytes: usize,
+        /// IPv4 chains with at most this many rules (and at least `min_rules`) also get RFC
+        /// tables (`compile/rfc.rs`, Recursive Flow Classification), which queries use before
+        /// the TupleMerge tables; 0 builds none (default [`RFC_MAX_RULES`]).
+        rfc_max_rules: u32,
     },
 }
 
 impl Default for Classifier {
-    /// TupleMerge for chains of 16 rules or more, batched probes from [`PROBE_MIN_BYTES`].
+    /// TupleMerge for chains of 16 rules or more, batched probes from [`PROBE_MIN_BYTES`],
+    /// RFC tables up to [`RFC_MAX_RULES`] rules.
     fn default() -> Self {
         Classifier::TupleMerge {
             min_rules: 16,
             batch_min_bytes: PROBE_MIN_BYTES,
+            rfc_max_rules: RFC_MAX_RULES,
         }
     }
 }
@@ -121,6 +129,8 @@ pub struct MemoryUsage {
     pub index: usize,
     /// Hash tables over all chain indexes.
     pub tables: usize,
+    /// Chains whose index has RFC tables (counted in `index`).
+    pub rfc_chains: usize,
 }
 
 /// The verdict of a hook for one packet.
@@ -723,6 +733,14 @@ impl BodyContext<'_> {
         matches!(self.classifier, Classifier::TupleMerge { min_rules, .. } if n >= min_rules.max(1) as usize)
     }
 
+    /// [`Classifier::TupleMerge`]'s `rfc_max_rules` (0 for the linear walk).
+    fn rfc_max_rules(&self) -> u32 {
+        match self.classifier {
+            Classifier::TupleMerge { rfc_max_rules, .. } => rfc_max_rules,
+            Classifier::Linear => 0,
+        }
+    }
+
     /// The body of `rules`; `index`, `targets` and `has_sets` are computed here unless given.
     fn finish(
         &self,
@@ -733,7 +751,7 @@ impl BodyContext<'_> {
     ) -> ChainBody {
         let index = index.or_else(|| {
             self.wants_index(rules.len())
-                .then(|| ChainIndex::build(&rules, self.width))
+                .then(|| ChainIndex::build(&rules, self.width, self.rfc_max_rules()))
         });
         let (targets, has_sets) =
             known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
@@ -778,9 +796,12 @@ impl ChainBody {
         hashes.extend(mid.iter().map(content_hash));
         hashes.extend_from_slice(&self.hashes[p + om..]);
         let index = match &self.index {
-            Some(idx) if cx.wants_index(compiled.len()) => {
-                Some(idx.update(&compiled, cx.width, prefix, old_mid, new_mid))
-            }
+            Some(idx) if cx.wants_index(compiled.len()) => Some(idx.update(
+                &compiled,
+                cx.width,
+                (prefix, old_mid, new_mid),
+                cx.rfc_max_rules(),
+            )),
             _ => None,
         };
         let targets = if self.targets.is_empty() && !new_jumps {
@@ -1075,7 +1096,8 @@ impl Snapshot {
         MemoryUsage {
             rules,
             index: indexes.clone().map(ChainIndex::memory_bytes).sum::<usize>(),
-            tables: indexes.map(ChainIndex::tables).sum(),
+            tables: indexes.clone().map(ChainIndex::tables).sum(),
+            rfc_chains: indexes.filter(|i| i.has_rfc()).count(),
         }
     }
 
@@ -1994,7 +2016,9 @@ impl Snapshot {
                         .copied()
                         .find(|&c| {
                             let body = &self.chains[c as usize].body;
-                            body.index.as_ref().is_some_and(|i| i.bytes() >= min_bytes)
+                            body.index
+                                .as_ref()
+                                .is_some_and(|i| i.bytes() >= min_bytes && !i.has_rfc())
                         })
                         .unwrap_or(u32::MAX);
                     memo = Some((fh, c));
