@@ -4,9 +4,10 @@
 //! (the default classifier) side by side, in the same run.
 //!
 //! Cases:
-//! - `classify/<linear|tuplemerge|tuplemerge-batch|rfc>/<set>/<rules>`: every header of the case
-//!   classified once per iteration (throughput in packets/s); `linear` and `tuplemerge` call
-//!   `Snapshot::classify` per packet, `tuplemerge-batch` calls `Snapshot::classify_batch` on
+//! - `classify/<linear|tuplemerge|tuplemerge-batch|rfc|rfc-batch>/<set>/<rules>`: every header
+//!   of the case classified once per iteration (throughput in packets/s); `linear`,
+//!   `tuplemerge` and `rfc` call `Snapshot::classify` per packet, the `-batch` cases call
+//!   `Snapshot::classify_batch` on
 //!   batches of 64 (as `EngineWorker::process_batch` does). Each packet is copied once in all
 //!   three (into the batch buffer, or into a local). Sets: CutSplit acl_1k (whole and cut to 10 and
 //!   100 rules) and fw_10k with their traces (fw_10k: the first 2000 headers); NeuroCuts
@@ -158,8 +159,7 @@ fn bench(c: &mut Criterion) {
                     accepted
                 })
             });
-            // RFC chains are never probed in batches: their batch case is the per-packet one.
-            if name != "tuplemerge" {
+            if classifier == Classifier::Linear {
                 continue;
             }
             let id = BenchmarkId::new(

@@ -97,7 +97,7 @@ pub enum Classifier {
         /// [`Snapshot::classify_batch`] probes a chain's index for a whole batch at once only
         /// when the index takes at least this many bytes ([`Snapshot::memory_bytes`]); smaller
         /// ones are looked up packet by packet (default [`PROBE_MIN_BYTES`]; 0 batches every
-        /// index, as the differential tests do). Chains with RFC tables are never batched.
+        /// index, as the differential tests do). Chains with RFC tables are always batched.
         batch_min_bytes: usize,
         /// IPv4 chains with at most this many rules (and at least `min_rules`) also get RFC
         /// tables (`compile/rfc.rs`, Recursive Flow Classification), which queries use before
@@ -1718,7 +1718,12 @@ impl Snapshot {
             let rules = &body.rules;
             let found = match &body.index {
                 Some(idx) if next == 0 && chain == hint.chain && hint.best != PROBE_UNKNOWN => {
-                    self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                    if idx.has_rfc() {
+                        // The RFC probe's answer is the first match itself.
+                        (hint.best != u32::MAX).then_some(hint.best)
+                    } else {
+                        self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                    }
                 }
                 Some(idx) => self.indexed_next(idx, rules, next, p, now, obs),
                 None => rules.find_from(next, |r| Self::rule_matches(r, p, now, obs)),
@@ -2018,7 +2023,7 @@ impl Snapshot {
                             let body = &self.chains[c as usize].body;
                             body.index
                                 .as_ref()
-                                .is_some_and(|i| i.bytes() >= min_bytes && !i.has_rfc())
+                                .is_some_and(|i| i.bytes() >= min_bytes || i.has_rfc())
                         })
                         .unwrap_or(u32::MAX);
                     memo = Some((fh, c));

@@ -216,8 +216,8 @@ fn neurocuts_10k_sets_near_boundaries() {
     }
 }
 
-/// Batched classification ([`Snapshot::classify_batch`]) against the per-packet index and the
-/// linear walk: every verdict equal, and every counter equal afterwards (with the mixed
+/// Batched classification ([`Snapshot::classify_batch`], without and with RFC tables) against
+/// the per-packet index and the linear walk: every verdict equal, and every counter equal afterwards (with the mixed
 /// targets, the counters record every rule that matched, including those that continue).
 /// Batches are cut at 64, 1, 37 and 200 packets in turn.
 fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) {
@@ -226,6 +226,7 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
     };
     let (linear, single) = snapshots(set, &filters, 0);
     let (_, batched) = snapshots(set, &filters, 0);
+    let (_, batched_rfc) = snapshots(set, &filters, RFC_MAX_RULES);
     let mut rng = Rng(0xba7c ^ filters.len() as u64);
     let packets: Vec<_> = headers
         .iter()
@@ -245,6 +246,12 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
             batched.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs),
             chunk.len()
         );
+        let mut buf = chunk.to_vec();
+        let mut verdicts_rfc = vec![Verdict::Accept; buf.len()];
+        assert_eq!(
+            batched_rfc.classify_batch(0, &mut buf, &mut verdicts_rfc, 0, &mut logs),
+            chunk.len()
+        );
         for (i, p) in chunk.iter().enumerate() {
             let (mut a, mut b) = (*p, *p);
             let want = linear.classify(0, &mut a, 0, &mut logs);
@@ -259,6 +266,12 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
                 "{set}: batched, packet #{}: {p:?}",
                 at + i
             );
+            assert_eq!(
+                verdicts_rfc[i],
+                want,
+                "{set}: batched with RFC tables, packet #{}: {p:?}",
+                at + i
+            );
         }
         at += chunk.len();
         round += 1;
@@ -266,6 +279,11 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
     let counters = linear.counters();
     assert_eq!(single.counters(), counters, "{set}: per-packet counters");
     assert_eq!(batched.counters(), counters, "{set}: batched counters");
+    assert_eq!(
+        batched_rfc.counters(),
+        counters,
+        "{set}: batched counters with RFC tables"
+    );
 }
 
 #[test]

@@ -78,18 +78,33 @@ pub(super) struct Rfc {
     p: Product,
     sd: Product,
     sdp: Product,
-    /// Final phase: a candidate list id.
-    fin: Product,
+    /// Final phase, `fin[sdp * fin_stride + dport class]`: [`DIRECT`] | the rule position
+    /// when the candidate list is one exact rule, else the list's id.
+    fin_stride: u32,
+    fin: Box<[u32]>,
     /// `lists[starts[l]..starts[l + 1]]` are list `l`'s rule positions, ascending.
     starts: Box<[u32]>,
     lists: Box<[u32]>,
 }
 
+/// [`Rfc::fin`]'s mark of an entry that is the answer itself.
+const DIRECT: u32 = 1 << 31;
+
+/// What the RFC tables say about a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Found<'a> {
+    /// The candidates are this one rule, whose filter is the whole rule: it matches, and no
+    /// rule before it can.
+    Exact(u32),
+    /// Every rule whose filter the packet passes (rules with side effects always),
+    /// ascending, cut after the first rule whose filter is exact.
+    List(&'a [u32]),
+}
+
 impl Rfc {
-    /// The candidate list of a packet: every rule whose filter it passes (rules with side
-    /// effects always), ascending, cut after the first rule whose filter is exact.
-    #[inline]
-    pub(super) fn candidates(&self, k: &PacketKey) -> &[u32] {
+    /// The class ids of phase 0 and 1 for one packet, then `(sdp, dport)` classes.
+    #[inline(always)]
+    fn classes(&self, k: &PacketKey) -> (u16, u16, u16) {
         let s = self.s.get(
             self.src_hi[(k.src >> 16) as usize],
             self.src_lo[(k.src & 0xffff) as usize],
@@ -102,9 +117,50 @@ impl Rfc {
             self.proto[usize::from(k.proto)],
             self.sport[usize::from(k.sport)],
         );
-        let sdp = self.sdp.get(self.sd.get(s, d), p);
-        let l = self.fin.get(sdp, self.dport[usize::from(k.dport)]) as usize;
-        &self.lists[self.starts[l] as usize..self.starts[l + 1] as usize]
+        (self.sd.get(s, d), p, self.dport[usize::from(k.dport)])
+    }
+
+    /// The final phase's answer for an entry of `fin`.
+    #[inline(always)]
+    fn found(&self, e: u32) -> Found<'_> {
+        if e & DIRECT != 0 {
+            Found::Exact(e & !DIRECT)
+        } else {
+            let l = e as usize;
+            Found::List(&self.lists[self.starts[l] as usize..self.starts[l + 1] as usize])
+        }
+    }
+
+    /// The candidates of a (not fragmented) IPv4 packet.
+    #[inline]
+    pub(super) fn lookup(&self, k: &PacketKey) -> Found<'_> {
+        let (sd, p, dport) = self.classes(k);
+        let sdp = self.sdp.get(sd, p);
+        self.found(self.fin[sdp as usize * self.fin_stride as usize + dport as usize])
+    }
+
+    /// [`Rfc::lookup`] for the packets `keys[..m]` a phase at a time, so that the table reads
+    /// of different packets overlap (the batching of [`super::tuple_merge`]'s probes); writes
+    /// `out[k]`: the first matching rule's position, `u32::MAX` for none, `unsure` when the
+    /// candidates need the evaluator.
+    pub(super) fn lookup_batch(&self, keys: &[PacketKey], out: &mut [u32], unsure: u32) {
+        const N: usize = super::tuple_merge::PROBE_BATCH;
+        let m = keys.len().min(N).min(out.len());
+        let mut mid = [(0u16, 0u16, 0u16); N];
+        for (c, k) in mid.iter_mut().zip(&keys[..m]) {
+            *c = self.classes(k);
+        }
+        let mut at = [0u32; N];
+        for (a, &(sd, p, dport)) in at.iter_mut().zip(&mid[..m]) {
+            *a = u32::from(self.sdp.get(sd, p)) * self.fin_stride + u32::from(dport);
+        }
+        for (o, &a) in out[..m].iter_mut().zip(&at[..m]) {
+            *o = match self.found(self.fin[a as usize]) {
+                Found::Exact(pos) => pos,
+                Found::List([]) => u32::MAX,
+                Found::List(_) => unsure,
+            };
+        }
     }
 
     /// Bytes held by the tables.
@@ -112,10 +168,11 @@ impl Rfc {
         size_of::<Rfc>()
             + 6 * 2 * (1 << 16)
             + 2 * 256
-            + [&self.s, &self.d, &self.p, &self.sd, &self.sdp, &self.fin]
+            + [&self.s, &self.d, &self.p, &self.sd, &self.sdp]
                 .iter()
                 .map(|p| p.bytes())
                 .sum::<usize>()
+            + 4 * self.fin.len()
             + 4 * (self.starts.len() + self.lists.len())
     }
 
@@ -230,7 +287,7 @@ impl Rfc {
         if a.len() * b.len() > MAX_PRODUCT {
             return None;
         }
-        let mut ids: rustc_hash::FxHashMap<Vec<u32>, u16> = Default::default();
+        let mut ids: rustc_hash::FxHashMap<Vec<u32>, u32> = Default::default();
         let mut starts = vec![0u32];
         let mut lists = Vec::new();
         let mut table = Vec::with_capacity(a.len() * b.len());
@@ -249,15 +306,16 @@ impl Rfc {
                         }
                     }
                 }
-                let next = ids.len();
+                if list.len() == 1 && exact[list[0] as usize] {
+                    table.push(DIRECT | list[0]);
+                    continue;
+                }
+                let next = ids.len() as u32;
                 let id = *ids.entry(list.clone()).or_insert_with(|| {
                     lists.extend_from_slice(&list);
                     starts.push(lists.len() as u32);
-                    next as u16
+                    next
                 });
-                if ids.len() > usize::from(u16::MAX) {
-                    return None;
-                }
                 table.push(id);
             }
         }
@@ -274,10 +332,8 @@ impl Rfc {
             p,
             sd,
             sdp,
-            fin: Product {
-                stride: b.len() as u32,
-                table: table.into_boxed_slice(),
-            },
+            fin_stride: b.len() as u32,
+            fin: table.into_boxed_slice(),
             starts: starts.into_boxed_slice(),
             lists: lists.into_boxed_slice(),
         })

@@ -79,7 +79,7 @@ use std::mem::size_of;
 
 #[cfg(doc)]
 use super::Classifier;
-use super::rfc::Rfc;
+use super::rfc::{Found, Rfc};
 use super::{AddrMatch, CMatch, CRule, Observer, RuleChunks, Snapshot, addr_bits};
 use crate::packet::PacketMeta;
 
@@ -841,8 +841,8 @@ impl ChainIndex {
         self
     }
 
-    /// Whether queries go through RFC tables first ([`Snapshot::classify_batch`] does not
-    /// probe such a chain in batches).
+    /// Whether queries go through RFC tables first ([`Snapshot::classify_batch`] probes
+    /// such a chain in batches whatever its size).
     pub(super) fn has_rfc(&self) -> bool {
         self.rfc.is_some()
     }
@@ -948,6 +948,20 @@ impl ChainIndex {
         out: &mut [u32; PROBE_BATCH],
     ) {
         let m = which.len().min(PROBE_BATCH);
+        if let Some(rfc) = &self.rfc {
+            let mut keys = [PacketKey::default(); PROBE_BATCH];
+            for (key, &i) in keys.iter_mut().zip(&which[..m]) {
+                *key = PacketKey::of(&packets[i as usize]);
+            }
+            let mut found = [0u32; PROBE_BATCH];
+            rfc.lookup_batch(&keys[..m], &mut found[..m], PROBE_UNKNOWN);
+            for (&f, &i) in found.iter().zip(&which[..m]) {
+                // RFC tables leave out the fragment bit (see `Snapshot::indexed_next`).
+                let fragment = packets[i as usize].fragment;
+                out[i as usize] = if fragment { PROBE_UNKNOWN } else { f };
+            }
+            return;
+        }
         let mut keys = [ProbeKey::default(); PROBE_BATCH];
         for (k, &i) in which[..m].iter().enumerate() {
             let p = &packets[i as usize];
@@ -1060,25 +1074,30 @@ impl Snapshot {
     ) -> Option<u32> {
         // RFC tables leave out the fragment bit: a non-first fragment takes the tables.
         if let Some(rfc) = idx.rfc.as_ref().filter(|_| !p.fragment) {
-            let list = rfc.candidates(&PacketKey::of(p));
-            let from = if start == 0 {
-                0
-            } else {
-                list.partition_point(|&r| r < start)
-            };
-            for &pos in &list[from..] {
-                if idx.filters[pos as usize].flags & FILTER_EXACT != 0
-                    || Self::rule_matches(&rules[pos as usize], p, now, obs)
-                {
-                    return Some(pos);
+            match rfc.lookup(&PacketKey::of(p)) {
+                Found::Exact(pos) if pos >= start => return Some(pos),
+                // A cut list whose exact rule lies before `start`: the tables decide.
+                Found::Exact(_) => {}
+                Found::List(list) => {
+                    let from = if start == 0 {
+                        0
+                    } else {
+                        list.partition_point(|&r| r < start)
+                    };
+                    for &pos in &list[from..] {
+                        if idx.filters[pos as usize].flags & FILTER_EXACT != 0
+                            || Self::rule_matches(&rules[pos as usize], p, now, obs)
+                        {
+                            return Some(pos);
+                        }
+                    }
+                    let cut = list
+                        .last()
+                        .is_some_and(|&l| idx.filters[l as usize].flags & FILTER_EXACT != 0);
+                    if !cut {
+                        return None;
+                    }
                 }
-            }
-            // The list was cut after an exact rule before `start`: the tables decide.
-            let cut = list
-                .last()
-                .is_some_and(|&l| idx.filters[l as usize].flags & FILTER_EXACT != 0);
-            if !cut {
-                return None;
             }
         }
         self.tm_next(idx, rules, start, p, now, obs)
