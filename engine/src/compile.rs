@@ -35,6 +35,12 @@
 //! in about half the time of a full build and its counters carry in a tenth (BENCHMARKS.md
 //! section 5).
 //!
+//! ## RFC tables for small chains
+//! An IPv4 chain of at most `rfc_max_rules` rules (default [`RFC_MAX_RULES`]) also gets
+//! Recursive Flow Classification tables over its header filters (`compile/rfc.rs`), which
+//! answer most lookups with a fixed number of table reads; the TupleMerge tables stay for
+//! what they cannot decide. A commit that changes such a chain rebuilds its RFC tables.
+//!
 //! ## Batches
 //! [`Snapshot::classify_batch`] gives each packet exactly what [`Snapshot::classify`] gives
 //! it, but first probes the hash tables of each packet's first large indexed base chain for

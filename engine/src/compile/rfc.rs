@@ -9,38 +9,56 @@
 //! rules that pass on every chunk. A lookup is a fixed number of table reads, independent of
 //! the number of rules; the price is memory and build time, which grow with the number of
 //! distinct classes, so it is built only for chains of at most [`RFC_MAX_RULES`] rules and
-//! given up (the chain keeps its TupleMerge lookup alone) when a cross product would exceed
-//! [`MAX_PRODUCT`] entries.
+//! given up (the chain keeps its TupleMerge lookup alone) when the cross products together
+//! would exceed [`MAX_PRODUCT`] entries.
 //!
 //! Here the condition of a rule is its [`HeaderFilter`] (`compile/tuple_merge.rs`), which is
 //! a conjunction of per-field tests and so splits exactly into chunks: phase 0 has seven
-//! chunks, the 16-bit halves of source and destination address (`(v & m) == n` per half),
-//! source and destination port (ranges), and protocol with the fragment bit (9 bits:
-//! ...). The phases are
+//! chunks, the 16-bit halves of source and destination address (`(v & m) == n` per half: a
+//! range when the half of the mask is a prefix, else checked value by value), source and
+//! destination port (ranges) and protocol (256 values). The filter's fragment test is left
+//! out: a non-first fragment is always looked up in the TupleMerge tables. The phases are
 //! `S = (src hi, src lo)`, `D = (dst hi, dst lo)`, `P = (proto, sport)`, then
-//! `SD = (S, D)`, then `SDP = (SD, P)`, then the final `(SDP, dport)`. Rules with side effects
-//! (`-m limit`) pass every chunk, so they stay in every class and are evaluated in order.
+//! `SD = (S, D)`, then `SDP = (SD, P)`, then the final `(SDP, dport)` (the order that kept
+//! the ClassBench fw1 and ipc1 tables small; pairing `(SD, (P, dport))` last made them 5 to
+//! 7 M entries). Rules with side effects (`-m limit`) pass every chunk, so they stay in every
+//! class and are evaluated in order.
 //!
 //! The final table does not give one rule but a candidate list: the rules whose filter the
 //! packet passes, ascending, cut after the first one whose filter is the whole rule
 //! ([`FILTER_EXACT`]; nothing after it can be the first match from a start at or before it).
+//! A list of one exact rule, the common case, is stored in the final entry itself
+//! ([`Found::Exact`]). Every phase's sets are cut the same way, after their first exact rule
+//! that ignores all the chunks the phase has not seen yet (such a rule passes every packet of
+//! the class, so the final list would be cut there anyway): this merges classes, and it is
+//! what keeps the cross products of the 1k sets below a million entries.
+//!
 //! A query walks the list from its start: an exact rule is the answer, any other is checked
 //! with the evaluator's own match code, so negations, interfaces, `ct_state` and `-m limit`
 //! keep the linear walk's meaning. A query that starts past the end of a cut list is not
-//! decided here ([`Rfc::candidates`]'s caller falls back to the TupleMerge tables).
+//! decided here (`Snapshot::indexed_next` falls back to the TupleMerge tables).
+//! [`Rfc::lookup_batch`] runs the phases for a whole batch of packets a phase at a time, so
+//! the table reads of different packets overlap ([`Snapshot::classify_batch`]): a
+//! packet whose answer is [`Found::Exact`] or an empty list is decided there, any other is
+//! looked up again by the evaluator.
 
 use std::mem::size_of;
 
+#[cfg(doc)]
+use super::Snapshot;
 use super::tuple_merge::{FILTER_EXACT, HeaderFilter, PacketKey};
 
-/// The most rules a chain may have for its index to build an [`Rfc`]. At 1k ClassBench
-/// rules the build takes a few milliseconds; the cross products grow roughly with the square
-/// of the rules, so larger chains keep the TupleMerge lookup alone.
-pub const RFC_MAX_RULES: u32 = 4096;
+/// The most rules a chain may have for its index to build an RFC tables (the default of
+/// `Classifier::TupleMerge`'s `rfc_max_rules`). Measured builds: 3-28 ms for the ClassBench
+/// 1k sets, 31-41 ms for 2k-rule prefixes of acl1/ipc1 10k (fw1 10k's prefixes from 1k on
+/// exceed the product budget); the cross products grow roughly with the square of the rules,
+/// so larger chains keep the TupleMerge lookup alone.
+pub const RFC_MAX_RULES: u32 = 2048;
 
-/// The most entries one cross-product table may have (2 bytes each) before the build is
-/// given up.
-const MAX_PRODUCT: usize = 1 << 21;
+/// The most entries all cross-product tables together may have (2 bytes each, 4 in the final
+/// table) before the build is given up; each entry costs one intersection of two rule sets
+/// to build, so this also bounds the build time (ClassBench 1k sets: 0.1 to 0.8 M entries).
+const MAX_PRODUCT: usize = 1 << 20;
 
 /// A phase-0 table over a 16-bit chunk.
 type Chunk16 = Box<[u16; 1 << 16]>;
@@ -224,13 +242,18 @@ impl Rfc {
                 if e {
                     return ALL;
                 }
-                u8::from(none(f.src, f.src_mask, 16)) * SH
-                    | u8::from(none(f.src, f.src_mask, 0)) * SL
-                    | u8::from(none(f.dst, f.dst_mask, 16)) * DH
-                    | u8::from(none(f.dst, f.dst_mask, 0)) * DL
-                    | u8::from(f.proto_mask == 0 && f.proto == 0) * PR
-                    | u8::from(full(f.sport)) * SP
-                    | u8::from(full(f.dport)) * DP
+                [
+                    (none(f.src, f.src_mask, 16), SH),
+                    (none(f.src, f.src_mask, 0), SL),
+                    (none(f.dst, f.dst_mask, 16), DH),
+                    (none(f.dst, f.dst_mask, 0), DL),
+                    (f.proto_mask == 0 && f.proto == 0, PR),
+                    (full(f.sport), SP),
+                    (full(f.dport), DP),
+                ]
+                .iter()
+                .filter(|c| c.0)
+                .fold(0, |w, c| w | c.1)
             })
             .collect();
         let exact: Vec<bool> = filters
@@ -277,14 +300,15 @@ impl Rfc {
             }
             *slot = c_proto.intern(&mut set)?;
         }
-        let (s, c_s) = product(&c_src_hi, &c_src_lo, ends(SH | SL))?;
-        let (d, c_d) = product(&c_dst_hi, &c_dst_lo, ends(DH | DL))?;
-        let (p, c_p) = product(&c_proto, &c_sport, ends(PR | SP))?;
-        let (sd, c_sd) = product(&c_s, &c_d, ends(SH | SL | DH | DL))?;
-        let (sdp, c_sdp) = product(&c_sd, &c_p, ends(ALL & !DP))?;
+        let mut budget = MAX_PRODUCT;
+        let (s, c_s) = product(&mut budget, &c_src_hi, &c_src_lo, ends(SH | SL))?;
+        let (d, c_d) = product(&mut budget, &c_dst_hi, &c_dst_lo, ends(DH | DL))?;
+        let (p, c_p) = product(&mut budget, &c_proto, &c_sport, ends(PR | SP))?;
+        let (sd, c_sd) = product(&mut budget, &c_s, &c_d, ends(SH | SL | DH | DL))?;
+        let (sdp, c_sdp) = product(&mut budget, &c_sd, &c_p, ends(ALL & !DP))?;
         // Final phase: candidate lists instead of classes.
         let (a, b) = (&c_sdp.sets, &c_dport.sets);
-        if a.len() * b.len() > MAX_PRODUCT {
+        if a.len() * b.len() > budget {
             return None;
         }
         let mut ids: rustc_hash::FxHashMap<Vec<u32>, u32> = Default::default();
@@ -443,10 +467,14 @@ fn chunk16(tests: &[Test], ends: &[u64]) -> Option<(Chunk16, Classes)> {
 }
 
 /// A cross-product phase: the class of every pair of classes of `a` and `b`.
-fn product(a: &Classes, b: &Classes, ends: Vec<u64>) -> Option<(Product, Classes)> {
-    if a.sets.len() * b.sets.len() > MAX_PRODUCT {
-        return None;
-    }
+/// `None` when the table would take more than `budget` entries (which it then uses up).
+fn product(
+    budget: &mut usize,
+    a: &Classes,
+    b: &Classes,
+    ends: Vec<u64>,
+) -> Option<(Product, Classes)> {
+    *budget = budget.checked_sub(a.sets.len() * b.sets.len())?;
     let mut set = vec![0u64; ends.len()];
     let mut out = Classes::new(ends);
     let mut table = Vec::with_capacity(a.sets.len() * b.sets.len());
