@@ -48,7 +48,7 @@ use std::mem::size_of;
 use super::Snapshot;
 use super::tuple_merge::{FILTER_EXACT, HeaderFilter, PacketKey};
 
-/// The most rules a chain may have for its index to build an RFC tables (the default of
+/// The most rules a chain may have for its index to get RFC tables (the default of
 /// `Classifier::TupleMerge`'s `rfc_max_rules`). Measured builds: 3-28 ms for the ClassBench
 /// 1k sets, 31-41 ms for 2k-rule prefixes of acl1/ipc1 10k (fw1 10k's prefixes from 1k on
 /// exceed the product budget); the cross products grow roughly with the square of the rules,
