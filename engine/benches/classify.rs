@@ -1,7 +1,8 @@
 //! Classification throughput on ClassBench sets (one core, no dataplane barrier): the linear
 //! walk (the reference), the TupleMerge index packet by packet, the TupleMerge index with
-//! batched probes, and TupleMerge with RFC tables for chains of up to `RFC_MAX_RULES` rules
-//! (the default classifier) side by side, in the same run.
+//! batched probes, and TupleMerge with RFC tables for chains of `RFC_MIN_RULES` to
+//! `RFC_MAX_RULES` rules (the default classifier), with and without batches, side by side, in
+//! the same run.
 //!
 //! Cases:
 //! - `classify/<linear|tuplemerge|tuplemerge-batch|rfc|rfc-batch>/<set>/<rules>`: every header
@@ -43,6 +44,7 @@ const VARIANTS: [(&str, Classifier); 3] = [
         Classifier::TupleMerge {
             min_rules: 16,
             batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
+            rfc_min_rules: 0,
             rfc_max_rules: 0,
         },
     ),
@@ -51,6 +53,7 @@ const VARIANTS: [(&str, Classifier); 3] = [
         Classifier::TupleMerge {
             min_rules: 16,
             batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
+            rfc_min_rules: vallum_engine::compile::RFC_MIN_RULES,
             rfc_max_rules: vallum_engine::compile::RFC_MAX_RULES,
         },
     ),

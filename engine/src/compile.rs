@@ -36,7 +36,7 @@
 //! section 5).
 //!
 //! ## RFC tables for small chains
-//! An IPv4 chain of at most `rfc_max_rules` rules (default [`RFC_MAX_RULES`]) also gets
+//! An IPv4 chain of [`RFC_MIN_RULES`] to [`RFC_MAX_RULES`] rules (by default) also gets
 //! Recursive Flow Classification tables over its header filters (`compile/rfc.rs`), which
 //! answer most lookups with a fixed number of table reads; the TupleMerge tables stay for
 //! what they cannot decide. A commit that changes such a chain rebuilds its RFC tables.
@@ -76,7 +76,7 @@ mod tuple_merge;
 
 use chunks::RuleChunks;
 
-pub use rfc::RFC_MAX_RULES;
+pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 pub use tuple_merge::PROBE_MIN_BYTES;
 use tuple_merge::{ChainIndex, PROBE_BATCH, PROBE_UNKNOWN};
 
@@ -105,9 +105,13 @@ pub enum Classifier {
         /// ones are looked up packet by packet (default [`PROBE_MIN_BYTES`]; 0 batches every
         /// index, as the differential tests do). Chains with RFC tables are always batched.
         batch_min_bytes: usize,
-        /// IPv4 chains with at most this many rules (and at least `min_rules`) also get RFC
-        /// tables (`compile/rfc.rs`, Recursive Flow Classification), which queries use before
-        /// the TupleMerge tables; 0 builds none (default [`RFC_MAX_RULES`]).
+        /// IPv4 chains with at least `rfc_min_rules` (and `min_rules`) and at most
+        /// `rfc_max_rules` rules also get RFC tables (`compile/rfc.rs`, Recursive Flow
+        /// Classification), which queries use before the TupleMerge tables; they take at least
+        /// 768 KiB a chain, so shorter chains do without (defaults [`RFC_MIN_RULES`] and
+        /// [`RFC_MAX_RULES`]; `rfc_max_rules` 0 builds none).
+        rfc_min_rules: u32,
+        /// See `rfc_min_rules`.
         rfc_max_rules: u32,
     },
 }
@@ -119,6 +123,7 @@ impl Default for Classifier {
         Classifier::TupleMerge {
             min_rules: 16,
             batch_min_bytes: PROBE_MIN_BYTES,
+            rfc_min_rules: RFC_MIN_RULES,
             rfc_max_rules: RFC_MAX_RULES,
         }
     }
@@ -739,11 +744,16 @@ impl BodyContext<'_> {
         matches!(self.classifier, Classifier::TupleMerge { min_rules, .. } if n >= min_rules.max(1) as usize)
     }
 
-    /// [`Classifier::TupleMerge`]'s `rfc_max_rules` (0 for the linear walk).
-    fn rfc_max_rules(&self) -> u32 {
+    /// [`Classifier::TupleMerge`]'s `(rfc_min_rules, rfc_max_rules)` (none for the linear
+    /// walk).
+    fn rfc_rules(&self) -> (u32, u32) {
         match self.classifier {
-            Classifier::TupleMerge { rfc_max_rules, .. } => rfc_max_rules,
-            Classifier::Linear => 0,
+            Classifier::TupleMerge {
+                rfc_min_rules,
+                rfc_max_rules,
+                ..
+            } => (rfc_min_rules, rfc_max_rules),
+            Classifier::Linear => (1, 0),
         }
     }
 
@@ -757,7 +767,7 @@ impl BodyContext<'_> {
     ) -> ChainBody {
         let index = index.or_else(|| {
             self.wants_index(rules.len())
-                .then(|| ChainIndex::build(&rules, self.width, self.rfc_max_rules()))
+                .then(|| ChainIndex::build(&rules, self.width, self.rfc_rules()))
         });
         let (targets, has_sets) =
             known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
@@ -806,7 +816,7 @@ impl ChainBody {
                 &compiled,
                 cx.width,
                 (prefix, old_mid, new_mid),
-                cx.rfc_max_rules(),
+                cx.rfc_rules(),
             )),
             _ => None,
         };

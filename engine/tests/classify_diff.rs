@@ -112,6 +112,7 @@ fn snapshots(name: &str, filters: &[Filter], rfc_max_rules: u32) -> (Snapshot, S
         Classifier::TupleMerge {
             min_rules: 0,
             batch_min_bytes: 0,
+            rfc_min_rules: 0,
             rfc_max_rules,
         },
     )

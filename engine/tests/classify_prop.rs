@@ -298,7 +298,7 @@ proptest! {
         let rs = Arc::new(parse_ruleset("prop", &text, &opts).unwrap_or_else(|e| panic!("{e}\n{text}")));
         // TupleMerge alone, then with RFC tables (every IPv4 chain here is small enough).
         for rfc_max_rules in [0, RFC_MAX_RULES] {
-            let classifier = Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_max_rules };
+            let classifier = Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules };
             let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
                 .expect("compiles");
             let indexed = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, classifier)
@@ -377,10 +377,10 @@ proptest! {
         }
         let linear = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::Linear)
             .expect("compiles");
-        let single = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_max_rules: 0 })
+        let single = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: 0 })
             .expect("compiles");
         // RFC tables on the IPv4 chains (never probed in batches), batched probes on the IPv6 ones.
-        let batched = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_max_rules: RFC_MAX_RULES })
+        let batched = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: RFC_MAX_RULES })
             .expect("compiles");
         let packets: Vec<PacketMeta> = packets
             .iter()

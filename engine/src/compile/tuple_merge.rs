@@ -631,8 +631,8 @@ impl Table {
 
 impl ChainIndex {
     /// Builds the index of a chain's rules (`width`: 32 for IPv4, 128 for IPv6), with RFC
-    /// tables when `width` is 32 and the chain has at most `rfc_max_rules` rules.
-    pub(super) fn build(rules: &RuleChunks, width: u32, rfc_max_rules: u32) -> ChainIndex {
+    /// tables when `width` is 32 and the chain's length is within `rfc_rules` (min, max).
+    pub(super) fn build(rules: &RuleChunks, width: u32, rfc_rules: (u32, u32)) -> ChainIndex {
         let mut tables: Vec<TableBuilder> = Vec::new();
         let mut fallback = Vec::new();
         let mut effects = Vec::new();
@@ -693,21 +693,21 @@ impl ChainIndex {
             rfc: None,
             bytes: 0,
         }
-        .with_rfc(width, rfc_max_rules)
+        .with_rfc(width, rfc_rules)
     }
 
     /// The index of `rules`, which equal the rules this index was built for except that the
     /// `removed` rules at position `at` were replaced by the `added` rules now at `at`
     /// (TupleMerge's online update, without touching `self`). Costs a copy of the entries
     /// (no hashing) plus one placement per added rule; a table whose entries outgrow its
-    /// buckets is rehashed. RFC tables (`rfc_max_rules` as for [`ChainIndex::build`]) are
+    /// buckets is rehashed. RFC tables (`rfc_rules` as for [`ChainIndex::build`]) are
     /// built afresh: they have no online update.
     pub(super) fn update(
         &self,
         rules: &RuleChunks,
         width: u32,
         (at, removed, added): (u32, u32, u32),
-        rfc_max_rules: u32,
+        rfc_rules: (u32, u32),
     ) -> ChainIndex {
         let end = at + removed;
         let remap = |pos: u32| -> Option<u32> {
@@ -814,7 +814,7 @@ impl ChainIndex {
             rfc: None,
             bytes: 0,
         }
-        .with_rfc(width, rfc_max_rules)
+        .with_rfc(width, rfc_rules)
     }
 
     /// Bytes held by the index (structs and arrays, not the rules it points at).
@@ -833,8 +833,9 @@ impl ChainIndex {
     }
 
     /// Adds RFC tables where the chain qualifies, then sets [`ChainIndex::bytes`].
-    fn with_rfc(mut self, width: u32, rfc_max_rules: u32) -> ChainIndex {
-        if width == 32 && self.filters.len() <= rfc_max_rules as usize {
+    fn with_rfc(mut self, width: u32, (min, max): (u32, u32)) -> ChainIndex {
+        let n = self.filters.len();
+        if width == 32 && n >= min as usize && n <= max as usize {
             self.rfc = Rfc::build(&self.filters, &self.effects);
         }
         self.bytes = self.memory_bytes();
@@ -1327,6 +1328,7 @@ mod tests {
             crate::compile::Classifier::TupleMerge {
                 min_rules: 1,
                 batch_min_bytes: 0,
+                rfc_min_rules: 0,
                 rfc_max_rules: 0,
             },
         )
@@ -1382,7 +1384,7 @@ mod tests {
             let next = compiled(&lines);
             let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
             let rules = &next.chains[0].body.rules;
-            let updated = old_idx.update(rules, 32, (at as u32, removed, added), 0);
+            let updated = old_idx.update(rules, 32, (at as u32, removed, added), (0, 0));
             let built = next.chains[0].body.index.as_ref().expect("indexed");
             assert_eq!(
                 answers(&next, &updated),
