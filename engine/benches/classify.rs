@@ -1,18 +1,22 @@
 //! Classification throughput on ClassBench sets (one core, no dataplane barrier): the linear
-//! walk (the reference), the TupleMerge index packet by packet, and the TupleMerge index with
-//! batched probes side by side, in the same run.
+//! walk (the reference), the TupleMerge index packet by packet, the TupleMerge index with
+//! batched probes, and TupleMerge with RFC tables for chains of `RFC_MIN_RULES` to
+//! `RFC_MAX_RULES` rules (the default classifier), with and without batches, side by side, in
+//! the same run.
 //!
 //! Cases:
-//! - `classify/<linear|tuplemerge|tuplemerge-batch>/<set>/<rules>`: every header of the case
-//!   classified once per iteration (throughput in packets/s); `linear` and `tuplemerge` call
-//!   `Snapshot::classify` per packet, `tuplemerge-batch` calls `Snapshot::classify_batch` on
+//! - `classify/<linear|tuplemerge|tuplemerge-batch|rfc|rfc-batch>/<set>/<rules>`: every header
+//!   of the case classified once per iteration (throughput in packets/s); `linear`,
+//!   `tuplemerge` and `rfc` call `Snapshot::classify` per packet, the `-batch` cases call
+//!   `Snapshot::classify_batch` on
 //!   batches of 64 (as `EngineWorker::process_batch` does). Each packet is copied once in all
 //!   three (into the batch buffer, or into a local). Sets: CutSplit acl_1k (whole and cut to 10 and
 //!   100 rules) and fw_10k with their traces (fw_10k: the first 2000 headers); NeuroCuts
 //!   acl1, fw1, ipc1 at 1k and 10k, and the generated 100k sets, with 10,000 headers sampled
 //!   from the rules (no trace exists for them).
-//! - `build/<linear|tuplemerge>/<set>/<rules>`: `Snapshot::compile_with` of the whole set.
-//! - Printed to stderr, not timed by criterion: index tables and bytes per rule.
+//! - `build/<linear|tuplemerge|rfc>/<set>/<rules>`: `Snapshot::compile_with` of the whole set.
+//! - Printed to stderr, not timed by criterion: index tables and bytes per rule (without and
+//!   with RFC tables).
 //!
 //! Set `VALLUM_BENCH_100K=0` to skip the 100k sets (their linear case is slow). Skips with a
 //! printed reason when ../shared/data/classbench is absent.
@@ -33,13 +37,24 @@ use vallum_engine::sets::NoSets;
 #[path = "support/classbench.rs"]
 mod classbench;
 
-const VARIANTS: [(&str, Classifier); 2] = [
+const VARIANTS: [(&str, Classifier); 3] = [
     ("linear", Classifier::Linear),
     (
         "tuplemerge",
         Classifier::TupleMerge {
             min_rules: 16,
             batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
+            rfc_min_rules: 0,
+            rfc_max_rules: 0,
+        },
+    ),
+    (
+        "rfc",
+        Classifier::TupleMerge {
+            min_rules: 16,
+            batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
+            rfc_min_rules: vallum_engine::compile::RFC_MIN_RULES,
+            rfc_max_rules: vallum_engine::compile::RFC_MAX_RULES,
         },
     ),
 ];
@@ -102,18 +117,23 @@ fn bench(c: &mut Criterion) {
     let Some(cases) = cases() else {
         return;
     };
-    eprintln!("set rules tables rule_bytes/rule index_bytes/rule");
+    eprintln!("set rules tables rule_bytes/rule index_bytes/rule rfc_chains index_bytes/rule(rfc)");
     for case in &cases {
-        let snap =
-            Snapshot::compile(std::slice::from_ref(&case.ruleset), &NoSets, 1).expect("compile");
-        let m = snap.memory_bytes();
+        let compile = |c| {
+            Snapshot::compile_with(std::slice::from_ref(&case.ruleset), &NoSets, 1, c)
+                .expect("compile")
+                .memory_bytes()
+        };
+        let (m, r) = (compile(VARIANTS[1].1), compile(VARIANTS[2].1));
         eprintln!(
-            "{} {} {} {:.1} {:.1}",
+            "{} {} {} {:.1} {:.1} {} {:.1}",
             case.set,
             case.rules,
             m.tables,
             m.rules as f64 / case.rules as f64,
-            m.index as f64 / case.rules as f64
+            m.index as f64 / case.rules as f64,
+            r.rfc_chains,
+            r.index as f64 / case.rules as f64
         );
     }
 

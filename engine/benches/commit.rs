@@ -9,9 +9,10 @@
 //!   chain replaced, alternately back and forth) compiled and published on a dataplane:
 //!   `full` compiles the snapshot from scratch ([`Snapshot::compile_with`]), `incremental`
 //!   from the active one ([`Snapshot::compile_after`]: unchanged chains shared, the changed
-//!   chain spliced and its TupleMerge index updated). Both then publish (swap + barrier +
+//!   chain spliced and its TupleMerge index updated, its RFC tables rebuilt where it has
+//!   them). Both then publish (swap + barrier +
 //!   quiesce) and carry the counters; the retired snapshot is dropped outside the timing.
-//!   Sizes: acl1 10k (neurocuts) and 100k (generated; set `VALLUM_BENCH_100K=0` to skip).
+//!   Sizes: acl1 1k and 10k (neurocuts) and 100k (generated; set `VALLUM_BENCH_100K=0` to skip).
 //!   After the timing it prints the median split (compile / publish / carry) of 30 updates.
 //!
 //! Run: `cargo bench -p vallum-engine --bench commit`
@@ -134,6 +135,12 @@ fn update(
 
 fn updates(c: &mut Criterion, dir: &std::path::Path) {
     let mut sets: Vec<(String, Vec<classbench::Filter>)> = Vec::new();
+    // 1k: the chain has RFC tables, which a commit rebuilds.
+    let text = std::fs::read_to_string(dir.join("neurocuts/acl1_1k")).expect("read acl1_1k");
+    sets.push((
+        "acl1".into(),
+        classbench::parse_filters(&text).expect("parse"),
+    ));
     let text = std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k");
     sets.push((
         "acl1".into(),

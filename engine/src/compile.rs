@@ -35,6 +35,12 @@
 //! in about half the time of a full build and its counters carry in a tenth (BENCHMARKS.md
 //! section 5).
 //!
+//! ## RFC tables for small chains
+//! An IPv4 chain of [`RFC_MIN_RULES`] to [`RFC_MAX_RULES`] rules (by default) also gets
+//! Recursive Flow Classification tables over its header filters (`compile/rfc.rs`), which
+//! answer most lookups with a fixed number of table reads; the TupleMerge tables stay for
+//! what they cannot decide. A commit that changes such a chain rebuilds its RFC tables.
+//!
 //! ## Batches
 //! [`Snapshot::classify_batch`] gives each packet exactly what [`Snapshot::classify`] gives
 //! it, but first probes the hash tables of each packet's first large indexed base chain for
@@ -65,10 +71,12 @@ use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
 
 mod chunks;
+mod rfc;
 mod tuple_merge;
 
 use chunks::RuleChunks;
 
+pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 pub use tuple_merge::PROBE_MIN_BYTES;
 use tuple_merge::{ChainIndex, PROBE_BATCH, PROBE_UNKNOWN};
 
@@ -95,17 +103,28 @@ pub enum Classifier {
         /// [`Snapshot::classify_batch`] probes a chain's index for a whole batch at once only
         /// when the index takes at least this many bytes ([`Snapshot::memory_bytes`]); smaller
         /// ones are looked up packet by packet (default [`PROBE_MIN_BYTES`]; 0 batches every
-        /// index, as the differential tests do).
+        /// index, as the differential tests do). Chains with RFC tables are always batched.
         batch_min_bytes: usize,
+        /// IPv4 chains with at least `rfc_min_rules` (and `min_rules`) and at most
+        /// `rfc_max_rules` rules also get RFC tables (`compile/rfc.rs`, Recursive Flow
+        /// Classification), which queries use before the TupleMerge tables; they take at least
+        /// 768 KiB a chain, so shorter chains do without (defaults [`RFC_MIN_RULES`] and
+        /// [`RFC_MAX_RULES`]; `rfc_max_rules` 0 builds none).
+        rfc_min_rules: u32,
+        /// See `rfc_min_rules`.
+        rfc_max_rules: u32,
     },
 }
 
 impl Default for Classifier {
-    /// TupleMerge for chains of 16 rules or more, batched probes from [`PROBE_MIN_BYTES`].
+    /// TupleMerge for chains of 16 rules or more, batched probes from [`PROBE_MIN_BYTES`],
+    /// RFC tables up to [`RFC_MAX_RULES`] rules.
     fn default() -> Self {
         Classifier::TupleMerge {
             min_rules: 16,
             batch_min_bytes: PROBE_MIN_BYTES,
+            rfc_min_rules: RFC_MIN_RULES,
+            rfc_max_rules: RFC_MAX_RULES,
         }
     }
 }
@@ -121,6 +140,8 @@ pub struct MemoryUsage {
     pub index: usize,
     /// Hash tables over all chain indexes.
     pub tables: usize,
+    /// Chains whose index has RFC tables (counted in `index`).
+    pub rfc_chains: usize,
 }
 
 /// The verdict of a hook for one packet.
@@ -723,6 +744,19 @@ impl BodyContext<'_> {
         matches!(self.classifier, Classifier::TupleMerge { min_rules, .. } if n >= min_rules.max(1) as usize)
     }
 
+    /// [`Classifier::TupleMerge`]'s `(rfc_min_rules, rfc_max_rules)` (none for the linear
+    /// walk).
+    fn rfc_rules(&self) -> (u32, u32) {
+        match self.classifier {
+            Classifier::TupleMerge {
+                rfc_min_rules,
+                rfc_max_rules,
+                ..
+            } => (rfc_min_rules, rfc_max_rules),
+            Classifier::Linear => (1, 0),
+        }
+    }
+
     /// The body of `rules`; `index`, `targets` and `has_sets` are computed here unless given.
     fn finish(
         &self,
@@ -733,7 +767,7 @@ impl BodyContext<'_> {
     ) -> ChainBody {
         let index = index.or_else(|| {
             self.wants_index(rules.len())
-                .then(|| ChainIndex::build(&rules, self.width))
+                .then(|| ChainIndex::build(&rules, self.width, self.rfc_rules()))
         });
         let (targets, has_sets) =
             known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
@@ -778,9 +812,12 @@ impl ChainBody {
         hashes.extend(mid.iter().map(content_hash));
         hashes.extend_from_slice(&self.hashes[p + om..]);
         let index = match &self.index {
-            Some(idx) if cx.wants_index(compiled.len()) => {
-                Some(idx.update(&compiled, cx.width, prefix, old_mid, new_mid))
-            }
+            Some(idx) if cx.wants_index(compiled.len()) => Some(idx.update(
+                &compiled,
+                cx.width,
+                (prefix, old_mid, new_mid),
+                cx.rfc_rules(),
+            )),
             _ => None,
         };
         let targets = if self.targets.is_empty() && !new_jumps {
@@ -1075,7 +1112,8 @@ impl Snapshot {
         MemoryUsage {
             rules,
             index: indexes.clone().map(ChainIndex::memory_bytes).sum::<usize>(),
-            tables: indexes.map(ChainIndex::tables).sum(),
+            tables: indexes.clone().map(ChainIndex::tables).sum(),
+            rfc_chains: indexes.filter(|i| i.has_rfc()).count(),
         }
     }
 
@@ -1696,7 +1734,12 @@ impl Snapshot {
             let rules = &body.rules;
             let found = match &body.index {
                 Some(idx) if next == 0 && chain == hint.chain && hint.best != PROBE_UNKNOWN => {
-                    self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                    if idx.has_rfc() {
+                        // The RFC probe's answer is the first match itself.
+                        (hint.best != u32::MAX).then_some(hint.best)
+                    } else {
+                        self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                    }
                 }
                 Some(idx) => self.indexed_next(idx, rules, next, p, now, obs),
                 None => rules.find_from(next, |r| Self::rule_matches(r, p, now, obs)),
@@ -1994,7 +2037,9 @@ impl Snapshot {
                         .copied()
                         .find(|&c| {
                             let body = &self.chains[c as usize].body;
-                            body.index.as_ref().is_some_and(|i| i.bytes() >= min_bytes)
+                            body.index
+                                .as_ref()
+                                .is_some_and(|i| i.bytes() >= min_bytes || i.has_rfc())
                         })
                         .unwrap_or(u32::MAX);
                     memo = Some((fh, c));

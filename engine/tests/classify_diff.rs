@@ -1,4 +1,5 @@
-//! The TupleMerge classifier against the linear walk (the reference), on ClassBench sets.
+//! The TupleMerge classifier, alone and with RFC tables, against the linear walk (the
+//! reference), on ClassBench sets.
 //!
 //! Every rule set is translated with mixed targets (ACCEPT, DROP and rules without a target,
 //! which match and continue), so the index is asked for "the next match after rule k" as
@@ -13,7 +14,7 @@
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
+use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 use vallum_engine::model::Target;
 use vallum_engine::sets::NoSets;
 
@@ -99,7 +100,8 @@ fn target(i: usize) -> Target {
     }
 }
 
-fn snapshots(name: &str, filters: &[Filter]) -> (Snapshot, Snapshot) {
+/// The linear snapshot and the indexed one, with RFC tables up to `rfc_max_rules` rules.
+fn snapshots(name: &str, filters: &[Filter], rfc_max_rules: u32) -> (Snapshot, Snapshot) {
     let rs = Arc::new(classbench::to_ruleset_with(name, filters, target).expect("translate"));
     let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
         .expect("compile linear");
@@ -110,6 +112,8 @@ fn snapshots(name: &str, filters: &[Filter]) -> (Snapshot, Snapshot) {
         Classifier::TupleMerge {
             min_rules: 0,
             batch_min_bytes: 0,
+            rfc_min_rules: 0,
+            rfc_max_rules,
         },
     )
     .expect("compile indexed");
@@ -152,22 +156,33 @@ fn check_set(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) 
     let Some((filters, headers)) = load(set, trace) else {
         return;
     };
-    let (linear, indexed) = snapshots(set, &filters);
-    if !headers.is_empty() {
+    // TupleMerge alone, then with RFC tables (built for the 1k sets only).
+    for rfc in [0, RFC_MAX_RULES] {
+        let (linear, indexed) = snapshots(set, &filters, rfc);
+        if rfc > 0 && filters.len() <= 1100 {
+            assert_eq!(
+                indexed.memory_bytes().rfc_chains,
+                1,
+                "{set}: no RFC tables built"
+            );
+        }
+        let name = format!("{set} (rfc_max_rules {rfc})");
+        if !headers.is_empty() {
+            compare(
+                &name,
+                &linear,
+                &indexed,
+                headers.iter().take(trace_limit).copied(),
+            );
+        }
+        let mut rng = Rng(0x5eed ^ filters.len() as u64);
         compare(
-            set,
+            &name,
             &linear,
             &indexed,
-            headers.iter().take(trace_limit).copied(),
+            (0..random).map(|_| boundary_header(&mut rng, &filters)),
         );
     }
-    let mut rng = Rng(0x5eed ^ filters.len() as u64);
-    compare(
-        set,
-        &linear,
-        &indexed,
-        (0..random).map(|_| boundary_header(&mut rng, &filters)),
-    );
 }
 
 #[test]
@@ -202,16 +217,17 @@ fn neurocuts_10k_sets_near_boundaries() {
     }
 }
 
-/// Batched classification ([`Snapshot::classify_batch`]) against the per-packet index and the
-/// linear walk: every verdict equal, and every counter equal afterwards (with the mixed
+/// Batched classification ([`Snapshot::classify_batch`], without and with RFC tables) against
+/// the per-packet index and the linear walk: every verdict equal, and every counter equal afterwards (with the mixed
 /// targets, the counters record every rule that matched, including those that continue).
 /// Batches are cut at 64, 1, 37 and 200 packets in turn.
 fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) {
     let Some((filters, headers)) = load(set, trace) else {
         return;
     };
-    let (linear, single) = snapshots(set, &filters);
-    let (_, batched) = snapshots(set, &filters);
+    let (linear, single) = snapshots(set, &filters, 0);
+    let (_, batched) = snapshots(set, &filters, 0);
+    let (_, batched_rfc) = snapshots(set, &filters, RFC_MAX_RULES);
     let mut rng = Rng(0xba7c ^ filters.len() as u64);
     let packets: Vec<_> = headers
         .iter()
@@ -231,6 +247,12 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
             batched.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs),
             chunk.len()
         );
+        let mut buf = chunk.to_vec();
+        let mut verdicts_rfc = vec![Verdict::Accept; buf.len()];
+        assert_eq!(
+            batched_rfc.classify_batch(0, &mut buf, &mut verdicts_rfc, 0, &mut logs),
+            chunk.len()
+        );
         for (i, p) in chunk.iter().enumerate() {
             let (mut a, mut b) = (*p, *p);
             let want = linear.classify(0, &mut a, 0, &mut logs);
@@ -245,6 +267,12 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
                 "{set}: batched, packet #{}: {p:?}",
                 at + i
             );
+            assert_eq!(
+                verdicts_rfc[i],
+                want,
+                "{set}: batched with RFC tables, packet #{}: {p:?}",
+                at + i
+            );
         }
         at += chunk.len();
         round += 1;
@@ -252,6 +280,11 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
     let counters = linear.counters();
     assert_eq!(single.counters(), counters, "{set}: per-packet counters");
     assert_eq!(batched.counters(), counters, "{set}: batched counters");
+    assert_eq!(
+        batched_rfc.counters(),
+        counters,
+        "{set}: batched counters with RFC tables"
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Property test: the TupleMerge classifier and the linear walk agree on random small
+//! Property test: the TupleMerge classifier (alone and with RFC tables) and the linear walk agree on random small
 //! rulesets with user chains (jump, goto, RETURN), negations, non-contiguous masks, interface
 //! wildcards, conntrack state, marks, `-m limit` and LOG, in IPv4 and IPv6: the same trace
 //! (verdict and every step) for every packet, the same verdicts when classifying with a
@@ -10,13 +10,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
+use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 use vallum_engine::model::{Family, Hook, ct_state};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 
-const NETS4: [&str; 7] = [
+const NETS4: [&str; 8] = [
     "10.0.0.0/8",
     "10.1.0.0/16",
     "10.1.2.0/24",
@@ -24,8 +24,9 @@ const NETS4: [&str; 7] = [
     "10.0.1.0/255.0.255.0",
     "192.168.0.0/16",
     "0.0.0.0/1",
+    "10.0.0.3/255.0.0.255",
 ];
-const NETS6: [&str; 7] = [
+const NETS6: [&str; 8] = [
     "2001:db8::/32",
     "2001:db8:1::/48",
     "2001:db8:1:2::/64",
@@ -33,6 +34,7 @@ const NETS6: [&str; 7] = [
     "2001:db8::/ffff:ffff:0:ffff::",
     "fd00::/8",
     "::/1",
+    "2001:db8::3/ffff:ffff::ffff",
 ];
 const ADDRS4: [&str; 7] = [
     "10.1.2.3",
@@ -294,26 +296,32 @@ proptest! {
             ..ParseOptions::default()
         };
         let rs = Arc::new(parse_ruleset("prop", &text, &opts).unwrap_or_else(|e| panic!("{e}\n{text}")));
-        let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
-            .expect("compiles");
-        let indexed =
-            Snapshot::compile_with(&[rs], &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0 })
+        // TupleMerge alone, then with RFC tables (every IPv4 chain here is small enough).
+        for rfc_max_rules in [0, RFC_MAX_RULES] {
+            let classifier = Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules };
+            let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
                 .expect("compiles");
-        for (i, s) in packets.iter().enumerate() {
-            let p = packet(s, v6);
-            let now = i as u64 * 300_000_000;
-            prop_assert_eq!(indexed.trace(&p, now), linear.trace(&p, now), "packet {:?}\n{}", p, text);
+            let indexed = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, classifier)
+                .expect("compiles");
+            if rfc_max_rules > 0 && !v6 && chains.iter().any(|c| !c.is_empty()) {
+                prop_assert!(indexed.memory_bytes().rfc_chains > 0, "no RFC tables built");
+            }
+            for (i, s) in packets.iter().enumerate() {
+                let p = packet(s, v6);
+                let now = i as u64 * 300_000_000;
+                prop_assert_eq!(indexed.trace(&p, now), linear.trace(&p, now), "rfc {} packet {:?}\n{}", rfc_max_rules, p, text);
+            }
+            let (mut logs_l, mut logs_i) = (Vec::new(), Vec::new());
+            for (i, s) in packets.iter().enumerate() {
+                let now = i as u64 * 300_000_000;
+                let (mut a, mut b) = (packet(s, v6), packet(s, v6));
+                let vl = linear.classify(0, &mut a, now, &mut logs_l);
+                let vi = indexed.classify(0, &mut b, now, &mut logs_i);
+                prop_assert_eq!(vi, vl, "rfc {} packet {:?}\n{}", rfc_max_rules, a, text);
+            }
+            prop_assert_eq!(logs_i, logs_l);
+            prop_assert_eq!(indexed.counters(), linear.counters());
         }
-        let (mut logs_l, mut logs_i) = (Vec::new(), Vec::new());
-        for (i, s) in packets.iter().enumerate() {
-            let now = i as u64 * 300_000_000;
-            let (mut a, mut b) = (packet(s, v6), packet(s, v6));
-            let vl = linear.classify(0, &mut a, now, &mut logs_l);
-            let vi = indexed.classify(0, &mut b, now, &mut logs_i);
-            prop_assert_eq!(vi, vl, "packet {:?}\n{}", a, text);
-        }
-        prop_assert_eq!(logs_i, logs_l);
-        prop_assert_eq!(indexed.counters(), linear.counters());
     }
 }
 
@@ -369,9 +377,10 @@ proptest! {
         }
         let linear = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::Linear)
             .expect("compiles");
-        let single = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0 })
+        let single = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: 0 })
             .expect("compiles");
-        let batched = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0 })
+        // RFC tables on the IPv4 chains (never probed in batches), batched probes on the IPv6 ones.
+        let batched = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: RFC_MAX_RULES })
             .expect("compiles");
         let packets: Vec<PacketMeta> = packets
             .iter()

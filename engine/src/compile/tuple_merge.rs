@@ -79,6 +79,7 @@ use std::mem::size_of;
 
 #[cfg(doc)]
 use super::Classifier;
+use super::rfc::{Found, Rfc};
 use super::{AddrMatch, CMatch, CRule, Observer, RuleChunks, Snapshot, addr_bits};
 use crate::packet::PacketMeta;
 
@@ -278,19 +279,19 @@ fn has_side_effects(r: &CRule) -> bool {
 
 /// The header fields of a packet that [`HeaderFilter`]s look at, computed once per lookup.
 #[derive(Clone, Copy, Debug, Default)]
-struct PacketKey {
+pub(super) struct PacketKey {
     /// IPv4 source (0 for IPv6: IPv6 filters do not look at addresses).
-    src: u32,
-    dst: u32,
-    sport: u16,
-    dport: u16,
-    proto: u8,
-    fragment: bool,
+    pub(super) src: u32,
+    pub(super) dst: u32,
+    pub(super) sport: u16,
+    pub(super) dport: u16,
+    pub(super) proto: u8,
+    pub(super) fragment: bool,
 }
 
 impl PacketKey {
     #[inline]
-    fn of(p: &PacketMeta) -> PacketKey {
+    pub(super) fn of(p: &PacketMeta) -> PacketKey {
         let v4 = |ip: std::net::IpAddr| match ip {
             std::net::IpAddr::V4(a) => u32::from(a),
             std::net::IpAddr::V6(_) => 0,
@@ -313,23 +314,23 @@ impl PacketKey {
 /// plain port ranges and no flags or options), it is the whole rule ([`FILTER_EXACT`]) and the
 /// rule is not read at all.
 #[derive(Clone, Copy, Debug, Default)]
-struct HeaderFilter {
-    src: u32,
-    src_mask: u32,
-    dst: u32,
-    dst_mask: u32,
-    sport: (u16, u16),
-    dport: (u16, u16),
-    proto: u8,
-    proto_mask: u8,
-    flags: u8,
+pub(super) struct HeaderFilter {
+    pub(super) src: u32,
+    pub(super) src_mask: u32,
+    pub(super) dst: u32,
+    pub(super) dst_mask: u32,
+    pub(super) sport: (u16, u16),
+    pub(super) dport: (u16, u16),
+    pub(super) proto: u8,
+    pub(super) proto_mask: u8,
+    pub(super) flags: u8,
 }
 
 /// [`HeaderFilter::flags`]: the filter is the whole rule.
-const FILTER_EXACT: u8 = 1;
+pub(super) const FILTER_EXACT: u8 = 1;
 /// [`HeaderFilter::flags`]: the rule has a port match, which fails on non-first fragments
 /// (as tcp_mt / udp_mt).
-const FILTER_PORTS: u8 = 2;
+pub(super) const FILTER_PORTS: u8 = 2;
 /// [`HeaderFilter::flags`]: the rule reads `ct_state` (`-m conntrack --ctstate`, `-m state`),
 /// the one packet field that changes during an evaluation (raw-table NOTRACK, conntrack after
 /// the raw chains). [`ChainIndex::probe_batch`] cannot decide such a rule ahead of time.
@@ -455,6 +456,9 @@ pub(super) struct ChainIndex {
     effects: Box<[u32]>,
     /// One [`HeaderFilter`] per rule of the chain, by position.
     filters: Box<[HeaderFilter]>,
+    /// The RFC tables over `filters` (`compile/rfc.rs`), for small IPv4 chains; queries
+    /// use them first and the tables above only when they cannot decide.
+    rfc: Option<Rfc>,
     /// [`ChainIndex::memory_bytes`], kept for [`Snapshot::classify_batch`]'s choice of the
     /// chains worth probing in batches.
     bytes: usize,
@@ -626,8 +630,9 @@ impl Table {
 }
 
 impl ChainIndex {
-    /// Builds the index of a chain's rules (`width`: 32 for IPv4, 128 for IPv6).
-    pub(super) fn build(rules: &RuleChunks, width: u32) -> ChainIndex {
+    /// Builds the index of a chain's rules (`width`: 32 for IPv4, 128 for IPv6), with RFC
+    /// tables when `width` is 32 and the chain's length is within `rfc_rules` (min, max).
+    pub(super) fn build(rules: &RuleChunks, width: u32, rfc_rules: (u32, u32)) -> ChainIndex {
         let mut tables: Vec<TableBuilder> = Vec::new();
         let mut fallback = Vec::new();
         let mut effects = Vec::new();
@@ -685,23 +690,24 @@ impl ChainIndex {
             fallback: fallback.into_boxed_slice(),
             effects: effects.into_boxed_slice(),
             filters: rules.iter().map(|r| HeaderFilter::of(r, width)).collect(),
+            rfc: None,
             bytes: 0,
         }
-        .sized()
+        .with_rfc(width, rfc_rules)
     }
 
     /// The index of `rules`, which equal the rules this index was built for except that the
     /// `removed` rules at position `at` were replaced by the `added` rules now at `at`
     /// (TupleMerge's online update, without touching `self`). Costs a copy of the entries
     /// (no hashing) plus one placement per added rule; a table whose entries outgrow its
-    /// buckets is rehashed.
+    /// buckets is rehashed. RFC tables (`rfc_rules` as for [`ChainIndex::build`]) are
+    /// built afresh: they have no online update.
     pub(super) fn update(
         &self,
         rules: &RuleChunks,
         width: u32,
-        at: u32,
-        removed: u32,
-        added: u32,
+        (at, removed, added): (u32, u32, u32),
+        rfc_rules: (u32, u32),
     ) -> ChainIndex {
         let end = at + removed;
         let remap = |pos: u32| -> Option<u32> {
@@ -805,9 +811,10 @@ impl ChainIndex {
             fallback: fallback.into_boxed_slice(),
             effects: effects.into_boxed_slice(),
             filters: filters.into_boxed_slice(),
+            rfc: None,
             bytes: 0,
         }
-        .sized()
+        .with_rfc(width, rfc_rules)
     }
 
     /// Bytes held by the index (structs and arrays, not the rules it points at).
@@ -822,12 +829,23 @@ impl ChainIndex {
                 .sum::<usize>()
             + 4 * (self.fallback.len() + self.effects.len())
             + size_of_val::<[HeaderFilter]>(&self.filters)
+            + self.rfc.as_ref().map_or(0, Rfc::memory_bytes)
     }
 
-    /// Sets [`ChainIndex::bytes`].
-    fn sized(mut self) -> ChainIndex {
+    /// Adds RFC tables where the chain qualifies, then sets [`ChainIndex::bytes`].
+    fn with_rfc(mut self, width: u32, (min, max): (u32, u32)) -> ChainIndex {
+        let n = self.filters.len();
+        if width == 32 && n >= min as usize && n <= max as usize {
+            self.rfc = Rfc::build(&self.filters, &self.effects);
+        }
         self.bytes = self.memory_bytes();
         self
+    }
+
+    /// Whether queries go through RFC tables first ([`Snapshot::classify_batch`] probes
+    /// such a chain in batches whatever its size).
+    pub(super) fn has_rfc(&self) -> bool {
+        self.rfc.is_some()
     }
 
     /// [`ChainIndex::memory_bytes`], computed when the index was built.
@@ -931,6 +949,20 @@ impl ChainIndex {
         out: &mut [u32; PROBE_BATCH],
     ) {
         let m = which.len().min(PROBE_BATCH);
+        if let Some(rfc) = &self.rfc {
+            let mut keys = [PacketKey::default(); PROBE_BATCH];
+            for (key, &i) in keys.iter_mut().zip(&which[..m]) {
+                *key = PacketKey::of(&packets[i as usize]);
+            }
+            let mut found = [0u32; PROBE_BATCH];
+            rfc.lookup_batch(&keys[..m], &mut found[..m], PROBE_UNKNOWN);
+            for (&f, &i) in found.iter().zip(&which[..m]) {
+                // RFC tables leave out the fragment bit (see `Snapshot::indexed_next`).
+                let fragment = packets[i as usize].fragment;
+                out[i as usize] = if fragment { PROBE_UNKNOWN } else { f };
+            }
+            return;
+        }
         let mut keys = [ProbeKey::default(); PROBE_BATCH];
         for (k, &i) in which[..m].iter().enumerate() {
             let p = &packets[i as usize];
@@ -1033,6 +1065,48 @@ impl Snapshot {
     /// side effects.
     #[inline]
     pub(super) fn indexed_next<O: Observer>(
+        &self,
+        idx: &ChainIndex,
+        rules: &RuleChunks,
+        start: u32,
+        p: &PacketMeta,
+        now: u64,
+        obs: &mut O,
+    ) -> Option<u32> {
+        // RFC tables leave out the fragment bit: a non-first fragment takes the tables.
+        if let Some(rfc) = idx.rfc.as_ref().filter(|_| !p.fragment) {
+            match rfc.lookup(&PacketKey::of(p)) {
+                Found::Exact(pos) if pos >= start => return Some(pos),
+                // A cut list whose exact rule lies before `start`: the tables decide.
+                Found::Exact(_) => {}
+                Found::List(list) => {
+                    let from = if start == 0 {
+                        0
+                    } else {
+                        list.partition_point(|&r| r < start)
+                    };
+                    for &pos in &list[from..] {
+                        if idx.filters[pos as usize].flags & FILTER_EXACT != 0
+                            || Self::rule_matches(&rules[pos as usize], p, now, obs)
+                        {
+                            return Some(pos);
+                        }
+                    }
+                    let cut = list
+                        .last()
+                        .is_some_and(|&l| idx.filters[l as usize].flags & FILTER_EXACT != 0);
+                    if !cut {
+                        return None;
+                    }
+                }
+            }
+        }
+        self.tm_next(idx, rules, start, p, now, obs)
+    }
+
+    /// [`Snapshot::indexed_next`] on the TupleMerge tables.
+    #[inline]
+    fn tm_next<O: Observer>(
         &self,
         idx: &ChainIndex,
         rules: &RuleChunks,
@@ -1254,6 +1328,8 @@ mod tests {
             crate::compile::Classifier::TupleMerge {
                 min_rules: 1,
                 batch_min_bytes: 0,
+                rfc_min_rules: 0,
+                rfc_max_rules: 0,
             },
         )
         .expect("compiles")
@@ -1308,7 +1384,7 @@ mod tests {
             let next = compiled(&lines);
             let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
             let rules = &next.chains[0].body.rules;
-            let updated = old_idx.update(rules, 32, at as u32, removed, added);
+            let updated = old_idx.update(rules, 32, (at as u32, removed, added), (0, 0));
             let built = next.chains[0].body.index.as_ref().expect("indexed");
             assert_eq!(
                 answers(&next, &updated),
