@@ -673,6 +673,9 @@ impl Store {
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            // A local file has no connection to lose: no ping round trip to the connection's
+            // worker thread before every use.
+            .test_before_acquire(false)
             .connect_with(opts)
             .await?;
         sqlx::migrate!("../migrations").run(&pool).await?;
