@@ -21,7 +21,7 @@ use crate::model::{
 
 use super::extensions::is_target_name;
 use super::lexer::{Tok, Token, tokenize_into};
-use super::rule::{Command, Ctx, Line, check_chain_name, parse_line};
+use super::rule::{Command, Ctx, check_chain_name, parse_line};
 use super::{
     ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
     Restore,
@@ -508,6 +508,26 @@ fn command_line<'a>(
     st: &mut State<'_, '_>,
     toks: &mut Vec<Token<'a>>,
 ) -> Result<(), ParseError> {
+    let ctx = Ctx {
+        family: st.opts.family,
+        table: b.table.kind,
+        line: line_no,
+        set_exists: st.opts.set_exists,
+    };
+    match read_command(line, &ctx, toks)? {
+        Some(parsed) => apply_line(b, parsed, &ctx, rest, st),
+        None => Ok(()),
+    }
+}
+
+/// The part of a command line that depends only on the line and `ctx` (shared by
+/// [`command_line`] and [`read_line`]): tokens, a `[p:b]` prefix, `parse_line`.
+fn read_command<'t, 'a: 't>(
+    line: &'a str,
+    ctx: &Ctx<'_>,
+    toks: &'t mut Vec<Token<'a>>,
+) -> Result<Option<Parsed<'t>>, ParseError> {
+    let line_no = ctx.line;
     tokenize_into(line, toks)
         .map_err(|u| ParseError::new(line_no, u.column, "\"", K::UnterminatedQuote))?;
     let mut toks = &toks[..];
@@ -523,38 +543,19 @@ fn command_line<'a>(
         );
         toks = &toks[1..];
     }
-    let ctx = Ctx {
-        family: st.opts.family,
-        table: b.table.kind,
-        line: line_no,
-        set_exists: st.opts.set_exists,
-    };
     let mut rule = Rule::default();
-    let Some(parsed) = parse_line(toks, &ctx, prefix, &mut rule)? else {
-        return Ok(());
+    let Some(l) = parse_line(toks, ctx, prefix, &mut rule)? else {
+        return Ok(None);
     };
-    let Line {
-        command,
-        command_token,
-        chain,
-        has_spec,
-        target_token,
-    } = parsed;
-    apply_line(
-        b,
-        Parsed {
-            command,
-            command_token,
-            chain,
-            has_spec,
-            target_token,
-            rule,
-            location,
-        },
-        &ctx,
-        rest,
-        st,
-    )
+    Ok(Some(Parsed {
+        command: l.command,
+        command_token: l.command_token,
+        chain: l.chain,
+        has_spec: l.has_spec,
+        target_token: l.target_token,
+        rule,
+        location,
+    }))
 }
 
 /// What [`read_ahead`] made of one line: the table it was read for, and the parsed `-A`
@@ -612,8 +613,8 @@ fn read_ahead<'a>(
         .collect()
 }
 
-/// One line of [`read_ahead`]: the head of [`command_line`] (tokenize, `[p:b]`,
-/// `parse_line`), kept only for an `-A` command whose tokens lie in the line, or an error.
+/// One line of [`read_ahead`]: [`read_command`], kept only for an `-A` command whose tokens
+/// lie in the line, or an error.
 fn read_line<'a>(
     line: &'a str,
     line_no: u32,
@@ -621,61 +622,32 @@ fn read_line<'a>(
     table: TableKind,
     toks: &mut Vec<Token<'a>>,
 ) -> Option<Result<Parsed<'a>, ParseError>> {
-    if let Err(u) = tokenize_into(line, toks) {
-        return Some(Err(ParseError::new(
-            line_no,
-            u.column,
-            "\"",
-            K::UnterminatedQuote,
-        )));
-    }
-    let mut ts = &toks[..];
-    let location = Location {
-        line: line_no,
-        column: ts.first().map_or(1, |t| t.column),
-    };
-    let mut prefix = None;
-    if let Some(t) = ts.first().filter(|t| t.text.starts_with('[')) {
-        match parse_counters(&t.text) {
-            Some(c) => prefix = Some(c),
-            None => {
-                return Some(Err(ParseError::new(
-                    line_no,
-                    t.column,
-                    &*t.text,
-                    K::BadCounters,
-                )));
-            }
-        }
-        ts = &ts[1..];
-    }
     let ctx = Ctx {
         family,
         table,
         line: line_no,
         set_exists: None,
     };
-    let mut rule = Rule::default();
-    let parsed = match parse_line(ts, &ctx, prefix, &mut rule) {
+    let p = match read_command(line, &ctx, toks) {
         Err(e) => return Some(Err(e)),
         Ok(None) => return None,
         Ok(Some(p)) => p,
     };
-    if !matches!(parsed.command, Command::Append) {
+    if !matches!(p.command, Command::Append) {
         return None;
     }
-    let target_token = match parsed.target_token {
+    let target_token = match p.target_token {
         Some(t) => Some(in_line(line, t)?),
         None => None,
     };
     Some(Ok(Parsed {
         command: Command::Append,
-        command_token: in_line(line, parsed.command_token)?,
-        chain: Some(in_line(line, parsed.chain?)?),
-        has_spec: parsed.has_spec,
+        command_token: in_line(line, p.command_token)?,
+        chain: Some(in_line(line, p.chain?)?),
+        has_spec: p.has_spec,
         target_token,
-        rule,
-        location,
+        rule: p.rule,
+        location: p.location,
     }))
 }
 
