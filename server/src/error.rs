@@ -253,6 +253,9 @@ pub enum Error {
     /// A store query failed.
     #[error("store: {0}")]
     Store(#[from] sqlx::Error),
+    /// A write transaction on the store's writer connection failed.
+    #[error("store: {0}")]
+    StoreWrite(#[from] rusqlite::Error),
     /// A migration failed at start.
     #[error("store migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -303,7 +306,7 @@ impl Error {
             Error::Precondition { .. } => Reason::FailedPrecondition,
             Error::NotReady => Reason::NotReady,
             Error::Commit(_) => Reason::CommitFailed,
-            Error::Store(_) | Error::Migrate(_) => Reason::Store,
+            Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) => Reason::Store,
             Error::Limit(l) => l.reason(),
             Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
         }
@@ -350,6 +353,7 @@ impl From<Error> for tonic::Status {
             | Error::NotReady
             | Error::Commit(_)
             | Error::Store(_)
+            | Error::StoreWrite(_)
             | Error::Migrate(_)
             | Error::Startup { .. }
             | Error::Internal(_) => {}

@@ -228,7 +228,7 @@ impl Pipeline {
         let new = new_revision(&checked, author, message);
         let _w = self.write.lock().await;
         self.check_rulesets(&new.ruleset).await?;
-        self.store.stage(&new, etag).await
+        self.store.stage(new, etag).await
     }
 
     /// Makes staged revision `number` of `ruleset` active; with `confirm_within`, it is
@@ -614,7 +614,7 @@ impl Pipeline {
         // persist: durable before publish
         let persisted = self
             .store
-            .persist_commit(&PersistCommit {
+            .persist_commit(PersistCommit {
                 ruleset: job.ruleset.clone(),
                 target: job.target,
                 state: job.state,

@@ -99,7 +99,7 @@ impl State {
         if let Err(e) = result {
             entry.outcome = e.reason().info().name.to_string();
         }
-        if let Err(e) = self.pipeline.store().audit(&entry).await {
+        if let Err(e) = self.pipeline.store().audit(entry).await {
             eprintln!("vallumd: audit write failed: {e}");
         }
     }

@@ -5,8 +5,11 @@
 //! durable before the engine publishes). Migrations from `migrations/` at the workspace root are
 //! embedded and applied at open. Times are Unix nanoseconds, durations nanoseconds.
 //!
-//! Writers are serialised by the caller (the pipeline's write lock); readers run concurrently
-//! on the pool's other connections.
+//! Reads and migrations go through the sqlx pool. The write transactions of rulesets,
+//! revisions, commits and the audit log run on one rusqlite connection, each in one hop to a
+//! blocking thread (see [`writer`] for why); the sets' transactions and a few single-statement
+//! writes stay on the pool. Writers are serialised by the caller (the pipeline's write lock)
+//! and by SQLite's write lock (10 s busy timeout on both sides); readers never wait (WAL).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -16,13 +19,16 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
+use sqlx::{Row, SqliteConnection};
 
 use crate::content::Content;
 use crate::error::{Error, Result};
 
 pub mod chunks;
 pub mod sets;
+mod writer;
+
+use writer::Writer;
 
 /// Now as Unix nanoseconds.
 pub fn now_ns() -> i64 {
@@ -295,6 +301,8 @@ pub struct AuditEntry {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: SqlitePool,
+    /// The connection write transactions run on (see [`writer`]).
+    writer: Writer,
     /// Revisions kept per ruleset (`--max-revisions-kept`); 0 keeps all.
     revisions_kept: usize,
 }
@@ -399,247 +407,6 @@ fn commit_row(r: &SqliteRow) -> Result<CommitRow> {
     })
 }
 
-async fn ruleset_in(tx: &mut Transaction<'_, Sqlite>, name: &str) -> Result<Option<RulesetRow>> {
-    let row = sqlx::query("SELECT * FROM rulesets WHERE name = ?")
-        .bind(name)
-        .fetch_optional(&mut **tx)
-        .await?;
-    row.as_ref().map(ruleset_row).transpose()
-}
-
-async fn revision_in(
-    tx: &mut Transaction<'_, Sqlite>,
-    ruleset: &str,
-    number: u64,
-) -> Result<Option<RevisionRow>> {
-    let rows = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
-        .bind(ruleset)
-        .bind(i64_of(number))
-        .fetch_all(&mut **tx)
-        .await?;
-    Ok(revision_rows(tx, &rows).await?.pop())
-}
-
-/// The state of revision `number` of `ruleset`, if it exists (no text is read).
-async fn revision_state_in(
-    tx: &mut Transaction<'_, Sqlite>,
-    ruleset: &str,
-    number: u64,
-) -> Result<Option<RevisionState>> {
-    let row = sqlx::query("SELECT state FROM revisions WHERE ruleset = ? AND number = ?")
-        .bind(ruleset)
-        .bind(i64_of(number))
-        .fetch_optional(&mut **tx)
-        .await?;
-    row.map(|r| r.try_get::<String, _>("state")?.parse())
-        .transpose()
-}
-
-/// Creates the ruleset row when missing; returns it.
-async fn ensure_ruleset(
-    tx: &mut Transaction<'_, Sqlite>,
-    name: &str,
-    priority: i32,
-    now: i64,
-) -> Result<RulesetRow> {
-    if let Some(r) = ruleset_in(tx, name).await? {
-        return Ok(r);
-    }
-    sqlx::query(
-        "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
-         VALUES (?, ?, ?, NULL, 0, ?, ?)",
-    )
-    .bind(name)
-    .bind(priority)
-    .bind(etag(now, 0, None))
-    .bind(now)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    ruleset_in(tx, name)
-        .await?
-        .ok_or_else(|| Error::Internal(format!("ruleset {name} vanished after insert")))
-}
-
-async fn insert_revision(
-    tx: &mut Transaction<'_, Sqlite>,
-    rs: &RulesetRow,
-    new: &NewRevision,
-    state: RevisionState,
-    now: i64,
-) -> Result<RevisionRow> {
-    let number = rs.latest_revision + 1;
-    let row = RevisionRow {
-        ruleset: rs.name.clone(),
-        number,
-        parent: rs.active_revision,
-        digest: new.content.digest(),
-        content: new.content.clone(),
-        rule_count: new.rule_count,
-        author: new.author.clone(),
-        message: new.message.clone(),
-        state,
-        created_at: now,
-    };
-    sqlx::query(
-        "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&row.ruleset)
-    .bind(i64_of(number))
-    .bind(row.parent.map(i64_of))
-    .bind(&row.digest)
-    .bind(i64::from(row.rule_count))
-    .bind(&row.author)
-    .bind(&row.message)
-    .bind(state.as_str())
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    let (v4, v6) = chunks::put(tx, &new.content).await?;
-    sqlx::query(
-        "INSERT INTO revision_chunks (ruleset, number, chunks_v4, chunks_v6) VALUES (?, ?, ?, ?)",
-    )
-    .bind(&rs.name)
-    .bind(i64_of(number))
-    .bind(v4)
-    .bind(v6)
-    .execute(&mut **tx)
-    .await?;
-    Ok(row)
-}
-
-async fn set_ruleset_heads(
-    tx: &mut Transaction<'_, Sqlite>,
-    rs: &RulesetRow,
-    latest: u64,
-    active: Option<u64>,
-    now: i64,
-) -> Result<RulesetRow> {
-    let after = RulesetRow {
-        etag: etag(rs.created_at, latest, active),
-        active_revision: active,
-        latest_revision: latest,
-        updated_at: now,
-        ..rs.clone()
-    };
-    sqlx::query(
-        "UPDATE rulesets SET latest_revision = ?, active_revision = ?, etag = ?, updated_at = ? WHERE name = ?",
-    )
-    .bind(i64_of(after.latest_revision))
-    .bind(after.active_revision.map(i64_of))
-    .bind(&after.etag)
-    .bind(now)
-    .bind(&rs.name)
-    .execute(&mut **tx)
-    .await?;
-    Ok(after)
-}
-
-/// Deletes the oldest revisions of `ruleset` beyond `keep` (0: none), never one in
-/// `protected`, the active one, one PENDING_CONFIRM, or the revision a pending confirm would
-/// restore. Returns the numbers deleted.
-async fn prune_revisions(
-    tx: &mut Transaction<'_, Sqlite>,
-    ruleset: &str,
-    keep: usize,
-    protected: &[u64],
-) -> Result<Vec<u64>> {
-    if keep == 0 {
-        return Ok(Vec::new());
-    }
-    // One row (`1,2,...`): sqlx-sqlite hands each result row over a channel, and this runs
-    // in every commit's transaction over up to `keep` + 1 revisions.
-    let numbers: Option<String> =
-        sqlx::query("SELECT group_concat(number) FROM revisions WHERE ruleset = ?")
-            .bind(ruleset)
-            .fetch_one(&mut **tx)
-            .await?
-            .try_get(0)?;
-    let numbers: Vec<u64> = numbers
-        .iter()
-        .flat_map(|n| n.split(','))
-        .map(|n| {
-            n.parse()
-                .map_err(|_| Error::Internal(format!("revision number {n:?}")))
-        })
-        .collect::<Result<_>>()?;
-    if numbers.len() <= keep {
-        return Ok(Vec::new());
-    }
-    let mut protect = protected.to_vec();
-    let held = sqlx::query(
-        "SELECT active_revision AS n FROM rulesets WHERE name = ?1 AND active_revision IS NOT NULL \
-         UNION SELECT number FROM revisions WHERE ruleset = ?1 AND state = 'PENDING_CONFIRM' \
-         UNION SELECT previous FROM commits WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL \
-               AND previous IS NOT NULL",
-    )
-    .bind(ruleset)
-    .fetch_all(&mut **tx)
-    .await?;
-    for r in &held {
-        protect.push(u64_of(r.try_get::<i64, _>(0)?));
-    }
-    let prune = crate::limits::revisions_to_prune(&numbers, &protect, keep);
-    for n in &prune {
-        let lists = sqlx::query(
-            "DELETE FROM revision_chunks WHERE ruleset = ? AND number = ? RETURNING chunks_v4, chunks_v6",
-        )
-        .bind(ruleset)
-        .bind(i64_of(*n))
-        .fetch_all(&mut **tx)
-        .await?;
-        release_lists(tx, &lists).await?;
-        sqlx::query("DELETE FROM revisions WHERE ruleset = ? AND number = ?")
-            .bind(ruleset)
-            .bind(i64_of(*n))
-            .execute(&mut **tx)
-            .await?;
-    }
-    Ok(prune)
-}
-
-/// Appends an audit record; returns its id.
-async fn insert_audit(conn: &mut SqliteConnection, e: &AuditEntry) -> Result<i64> {
-    let id = sqlx::query(
-        "INSERT INTO audit (at, caller, method, request_digest, outcome) VALUES (?, ?, ?, ?, ?) RETURNING id",
-    )
-    .bind(e.at)
-    .bind(&e.caller)
-    .bind(&e.method)
-    .bind(&e.request_digest)
-    .bind(&e.outcome)
-    .fetch_one(&mut *conn)
-    .await?
-    .try_get("id")?;
-    Ok(id)
-}
-
-/// Releases the chunks named by deleted `revision_chunks` rows (`chunks_v4`, `chunks_v6`).
-async fn release_lists(conn: &mut SqliteConnection, rows: &[SqliteRow]) -> Result<()> {
-    let mut lists = Vec::with_capacity(rows.len() * 2);
-    for r in rows {
-        lists.push(r.try_get::<String, _>("chunks_v4")?);
-        lists.push(r.try_get::<String, _>("chunks_v6")?);
-    }
-    chunks::release(conn, &lists).await
-}
-
-async fn set_state(
-    tx: &mut Transaction<'_, Sqlite>,
-    ruleset: &str,
-    number: u64,
-    state: RevisionState,
-) -> Result<()> {
-    sqlx::query("UPDATE revisions SET state = ? WHERE ruleset = ? AND number = ?")
-        .bind(state.as_str())
-        .bind(ruleset)
-        .bind(i64_of(number))
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
 fn check_etag(rs: &RulesetRow, expected: Option<&str>) -> Result<()> {
     match expected {
         Some(e) if !e.is_empty() && e != rs.etag => Err(Error::EtagMismatch {
@@ -649,6 +416,106 @@ fn check_etag(rs: &RulesetRow, expected: Option<&str>) -> Result<()> {
         }),
         _ => Ok(()),
     }
+}
+
+/// The transaction of [`Store::persist_commit`]; returns the result and, for a STAGED
+/// target, its number (its text is read after the commit).
+fn persist_commit_in(
+    tx: &rusqlite::Transaction<'_>,
+    c: PersistCommit,
+    keep: usize,
+) -> Result<(Persisted, Option<u64>)> {
+    let now = now_ns();
+    let rs = match &c.target {
+        CommitTarget::New(new) => writer::ensure_ruleset(tx, &c.ruleset, new.priority, now)?,
+        CommitTarget::Staged(_) => writer::existing_ruleset(tx, &c.ruleset)?,
+    };
+    check_etag(&rs, c.expected_etag.as_deref())?;
+    let (revision, staged) = match c.target {
+        // A new revision's row is the one written here: it is not read back.
+        CommitTarget::New(new) => (
+            Some(writer::insert_revision(tx, &rs, new, c.state, now)?),
+            None,
+        ),
+        CommitTarget::Staged(n) => {
+            let state =
+                writer::revision_state(tx, &c.ruleset, n)?.ok_or_else(|| Error::NotFound {
+                    kind: "revision",
+                    name: format!("rulesets/{}/revisions/{n}", c.ruleset),
+                })?;
+            if state != RevisionState::Staged {
+                return Err(Error::Precondition {
+                    kind: "REVISION_STATE",
+                    subject: format!("rulesets/{}/revisions/{n}", c.ruleset),
+                    message: format!(
+                        "revision is {}, only STAGED revisions can be committed (use Rollback to reactivate an earlier one)",
+                        state.as_str()
+                    ),
+                });
+            }
+            writer::set_state(tx, &c.ruleset, n, c.state)?;
+            (None, Some(n))
+        }
+    };
+    let number = revision
+        .as_ref()
+        .map_or_else(|| staged.unwrap_or(0), |r| r.number);
+    let mut previous = None;
+    if let Some(p) = rs.active_revision.filter(|p| *p != number) {
+        if let Some(state) = writer::revision_state(tx, &c.ruleset, p)? {
+            previous = Some((p, state));
+            writer::set_state(tx, &c.ruleset, p, c.previous_state)?;
+        }
+    }
+    writer::clear_deadlines(tx, &c.ruleset)?;
+    let latest = rs.latest_revision.max(number);
+    let ruleset = writer::set_ruleset_heads(tx, &rs, latest, Some(number), now)?;
+    tx.prepare_cached(
+        "INSERT INTO commits (ruleset, revision, previous, outcome, validate_ns, started_at, confirm_deadline) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(rusqlite::params![
+        c.ruleset,
+        i64_of(number),
+        previous.map(|(p, _)| i64_of(p)),
+        c.outcome.as_str(),
+        i64_of(c.validate_ns),
+        c.started_at,
+        c.confirm_deadline
+    ])?;
+    let commit_id = tx.last_insert_rowid();
+    let audit_id = c
+        .audit
+        .as_ref()
+        .map(|a| writer::insert_audit(tx, a))
+        .transpose()?;
+    // The previous active revision stays: revert_commit restores it if the engine refuses.
+    let mut protect = vec![number];
+    protect.extend(rs.active_revision);
+    writer::prune_revisions(tx, &c.ruleset, keep, &protect)?;
+    // A STAGED target's row is filled in by the caller after the commit.
+    let revision = revision.unwrap_or_else(|| RevisionRow {
+        ruleset: c.ruleset.clone(),
+        number,
+        parent: None,
+        digest: String::new(),
+        content: Content::default(),
+        rule_count: 0,
+        author: String::new(),
+        message: String::new(),
+        state: c.state,
+        created_at: now,
+    });
+    Ok((
+        Persisted {
+            commit_id,
+            ruleset,
+            revision,
+            previous,
+            audit_id,
+        },
+        staged,
+    ))
 }
 
 // === impl Store ===
@@ -679,8 +546,10 @@ impl Store {
             .connect_with(opts)
             .await?;
         sqlx::migrate!("../migrations").run(&pool).await?;
+        let writer = Writer::open(path)?;
         Ok(Store {
             pool,
+            writer,
             revisions_kept: 0,
         })
     }
@@ -773,130 +642,54 @@ impl Store {
     /// Stores a STAGED revision (creating the ruleset on first use).
     ///
     /// Errors: [`Error::EtagMismatch`] when `expected_etag` is given and differs;
-    /// [`Error::Store`].
+    /// [`Error::StoreWrite`].
     pub async fn stage(
         &self,
-        new: &NewRevision,
+        new: NewRevision,
         expected_etag: Option<&str>,
     ) -> Result<(RulesetRow, RevisionRow)> {
-        let now = now_ns();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let rs = ensure_ruleset(&mut tx, &new.ruleset, new.priority, now).await?;
-        check_etag(&rs, expected_etag)?;
-        // The rows written here are known: nothing is read back.
-        let rev = insert_revision(&mut tx, &rs, new, RevisionState::Staged, now).await?;
-        let rs = set_ruleset_heads(&mut tx, &rs, rev.number, rs.active_revision, now).await?;
-        prune_revisions(&mut tx, &new.ruleset, self.revisions_kept, &[rev.number]).await?;
-        tx.commit().await?;
-        Ok((rs, rev))
+        let keep = self.revisions_kept;
+        let expected_etag = expected_etag.map(str::to_string);
+        self.writer
+            .run(move |tx| {
+                let now = now_ns();
+                let name = new.ruleset.clone();
+                let rs = writer::ensure_ruleset(tx, &name, new.priority, now)?;
+                check_etag(&rs, expected_etag.as_deref())?;
+                // The rows written here are known: nothing is read back.
+                let rev = writer::insert_revision(tx, &rs, new, RevisionState::Staged, now)?;
+                let rs = writer::set_ruleset_heads(tx, &rs, rev.number, rs.active_revision, now)?;
+                writer::prune_revisions(tx, &name, keep, &[rev.number])?;
+                Ok((rs, rev))
+            })
+            .await
     }
 
     /// The durable half of a commit, in one transaction that is on disk when this returns:
     /// the target revision gets `state`, the previous active one `previous_state`, the
     /// ruleset points at the target, pending confirm deadlines of the ruleset are cleared
-    /// (a new commit settles them), and a commit row is written.
+    /// (a new commit settles them), and a commit row is written. Runs on the writer
+    /// connection in one hop (see [`writer`]).
     ///
     /// Errors: [`Error::NotFound`] for a missing ruleset or revision,
     /// [`Error::Precondition`] when a revision to commit is not STAGED,
-    /// [`Error::EtagMismatch`], [`Error::Store`].
-    pub async fn persist_commit(&self, c: &PersistCommit) -> Result<Persisted> {
-        let now = now_ns();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let rs = match &c.target {
-            CommitTarget::New(new) => {
-                ensure_ruleset(&mut tx, &c.ruleset, new.priority, now).await?
-            }
-            CommitTarget::Staged(_) => {
-                ruleset_in(&mut tx, &c.ruleset)
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        kind: "ruleset",
-                        name: format!("rulesets/{}", c.ruleset),
-                    })?
-            }
-        };
-        check_etag(&rs, c.expected_etag.as_deref())?;
-        // A new revision's row is the one written here: it is not read back.
-        let mut written = None;
-        let number = match &c.target {
-            CommitTarget::New(new) => {
-                let rev = insert_revision(&mut tx, &rs, new, c.state, now).await?;
-                let n = rev.number;
-                written = Some(rev);
-                n
-            }
-            CommitTarget::Staged(n) => {
-                let state = revision_state_in(&mut tx, &c.ruleset, *n)
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        kind: "revision",
-                        name: format!("rulesets/{}/revisions/{n}", c.ruleset),
-                    })?;
-                if state != RevisionState::Staged {
-                    return Err(Error::Precondition {
-                        kind: "REVISION_STATE",
-                        subject: format!("rulesets/{}/revisions/{n}", c.ruleset),
-                        message: format!(
-                            "revision is {}, only STAGED revisions can be committed (use Rollback to reactivate an earlier one)",
-                            state.as_str()
-                        ),
-                    });
-                }
-                set_state(&mut tx, &c.ruleset, *n, c.state).await?;
-                *n
-            }
-        };
-        let mut previous = None;
-        if let Some(p) = rs.active_revision.filter(|p| *p != number) {
-            if let Some(state) = revision_state_in(&mut tx, &c.ruleset, p).await? {
-                previous = Some((p, state));
-                set_state(&mut tx, &c.ruleset, p, c.previous_state).await?;
-            }
-        }
-        sqlx::query(
-            "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ? AND confirm_deadline IS NOT NULL",
-        )
-        .bind(&c.ruleset)
-        .execute(&mut *tx)
-        .await?;
-        let latest = rs.latest_revision.max(number);
-        let ruleset = set_ruleset_heads(&mut tx, &rs, latest, Some(number), now).await?;
-        let commit_id: i64 = sqlx::query(
-            "INSERT INTO commits (ruleset, revision, previous, outcome, validate_ns, started_at, confirm_deadline) \
-             VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        )
-        .bind(&c.ruleset)
-        .bind(i64_of(number))
-        .bind(previous.map(|(p, _)| i64_of(p)))
-        .bind(c.outcome.as_str())
-        .bind(i64_of(c.validate_ns))
-        .bind(c.started_at)
-        .bind(c.confirm_deadline)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get("id")?;
-        let audit_id = match &c.audit {
-            Some(a) => Some(insert_audit(&mut tx, a).await?),
-            None => None,
-        };
-        // The previous active revision stays: revert_commit restores it if the engine refuses.
-        let mut keep = vec![number];
-        keep.extend(rs.active_revision);
-        prune_revisions(&mut tx, &c.ruleset, self.revisions_kept, &keep).await?;
-        let revision = match written {
-            Some(rev) => rev,
-            None => revision_in(&mut tx, &c.ruleset, number)
+    /// [`Error::EtagMismatch`], [`Error::StoreWrite`], [`Error::Store`].
+    pub async fn persist_commit(&self, c: PersistCommit) -> Result<Persisted> {
+        let keep = self.revisions_kept;
+        let name = c.ruleset.clone();
+        let (mut p, staged) = self
+            .writer
+            .run(move |tx| persist_commit_in(tx, c, keep))
+            .await?;
+        // A STAGED revision's text is read back after the commit (the pipeline's write lock
+        // keeps other writers out meanwhile); a new revision's row is the one written.
+        if let Some(n) = staged {
+            p.revision = self
+                .get_revision(&name, n)
                 .await?
-                .ok_or_else(|| Error::Internal("committed revision vanished".into()))?,
-        };
-        tx.commit().await?;
-        Ok(Persisted {
-            commit_id,
-            ruleset,
-            revision,
-            previous,
-            audit_id,
-        })
+                .ok_or_else(|| Error::Internal("committed revision vanished".into()))?;
+        }
+        Ok(p)
     }
 
     /// Records the phase durations of a commit after publish.
@@ -925,94 +718,86 @@ impl Store {
     /// REJECTED, the previous one active again, the commit row FAILED with `error`, and the
     /// audit record written with the commit (if any) gets `outcome` (a reason name).
     ///
-    /// Errors: [`Error::Store`].
+    /// Errors: [`Error::StoreWrite`].
     pub async fn revert_commit(&self, p: &Persisted, error: &str, outcome: &str) -> Result<()> {
-        let now = now_ns();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(id) = p.audit_id {
-            sqlx::query("UPDATE audit SET outcome = ? WHERE id = ?")
-                .bind(outcome)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let name = &p.ruleset.name;
-        set_state(&mut tx, name, p.revision.number, RevisionState::Rejected).await?;
-        if let Some((prev, state)) = p.previous {
-            set_state(&mut tx, name, prev, state).await?;
-        }
-        if let Some(rs) = ruleset_in(&mut tx, name).await? {
-            set_ruleset_heads(
-                &mut tx,
-                &rs,
-                rs.latest_revision,
-                p.previous.map(|x| x.0),
-                now,
-            )
-            .await?;
-        }
-        sqlx::query("UPDATE commits SET outcome = 'FAILED', error = ?, confirm_deadline = NULL WHERE id = ?")
-            .bind(error)
-            .bind(p.commit_id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        let (name, number, previous) = (p.ruleset.name.clone(), p.revision.number, p.previous);
+        let (audit_id, commit_id) = (p.audit_id, p.commit_id);
+        let (error, outcome) = (error.to_string(), outcome.to_string());
+        self.writer
+            .run(move |tx| {
+                let now = now_ns();
+                if let Some(id) = audit_id {
+                    tx.prepare_cached("UPDATE audit SET outcome = ?1 WHERE id = ?2")?
+                        .execute(rusqlite::params![outcome, id])?;
+                }
+                writer::set_state(tx, &name, number, RevisionState::Rejected)?;
+                if let Some((prev, state)) = previous {
+                    writer::set_state(tx, &name, prev, state)?;
+                }
+                if let Some(rs) = writer::ruleset(tx, &name)? {
+                    let latest = rs.latest_revision;
+                    writer::set_ruleset_heads(tx, &rs, latest, previous.map(|x| x.0), now)?;
+                }
+                tx.prepare_cached(
+                    "UPDATE commits SET outcome = 'FAILED', error = ?1, confirm_deadline = NULL WHERE id = ?2",
+                )?
+                .execute(rusqlite::params![error, commit_id])?;
+                Ok(())
+            })
+            .await
     }
 
     /// Deactivates a ruleset whose first commit was not confirmed in time: no revision is
     /// active afterwards, `revision` is REJECTED and a ROLLED_BACK commit row is written.
+    /// Returns the commit row's id.
     ///
-    /// Errors: [`Error::Store`].
+    /// Errors: [`Error::StoreWrite`].
     pub async fn deactivate(&self, ruleset: &str, revision: u64, started_at: i64) -> Result<i64> {
-        let now = now_ns();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        set_state(&mut tx, ruleset, revision, RevisionState::Rejected).await?;
-        if let Some(rs) = ruleset_in(&mut tx, ruleset).await? {
-            set_ruleset_heads(&mut tx, &rs, rs.latest_revision, None, now).await?;
-        }
-        sqlx::query(
-            "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ? AND confirm_deadline IS NOT NULL",
-        )
-        .bind(ruleset)
-        .execute(&mut *tx)
-        .await?;
-        let id: i64 = sqlx::query(
-            "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) VALUES (?, ?, ?, 'ROLLED_BACK', ?) RETURNING id",
-        )
-        .bind(ruleset)
-        .bind(i64_of(revision))
-        .bind(i64_of(revision))
-        .bind(started_at)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get("id")?;
-        tx.commit().await?;
-        Ok(id)
+        let name = ruleset.to_string();
+        self.writer
+            .run(move |tx| {
+                let now = now_ns();
+                writer::set_state(tx, &name, revision, RevisionState::Rejected)?;
+                if let Some(rs) = writer::ruleset(tx, &name)? {
+                    let latest = rs.latest_revision;
+                    writer::set_ruleset_heads(tx, &rs, latest, None, now)?;
+                }
+                writer::clear_deadlines(tx, &name)?;
+                tx.prepare_cached(
+                    "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
+                     VALUES (?1, ?2, ?2, 'ROLLED_BACK', ?3)",
+                )?
+                .execute(rusqlite::params![name, i64_of(revision), started_at])?;
+                Ok(tx.last_insert_rowid())
+            })
+            .await
     }
 
     /// Confirms the pending commit of `revision`: the revision becomes ACTIVE and the commit
     /// row CONFIRMED. Returns the revision, or `None` when no commit of it is pending.
     ///
-    /// Errors: [`Error::Store`].
+    /// Errors: [`Error::StoreWrite`], [`Error::Store`].
     pub async fn confirm(&self, ruleset: &str, revision: u64) -> Result<Option<RevisionRow>> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done = sqlx::query(
-            "UPDATE commits SET outcome = 'CONFIRMED', confirm_deadline = NULL \
-             WHERE ruleset = ? AND revision = ? AND confirm_deadline IS NOT NULL",
-        )
-        .bind(ruleset)
-        .bind(i64_of(revision))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if done == 0 {
+        let name = ruleset.to_string();
+        let done = self
+            .writer
+            .run(move |tx| {
+                let done = tx
+                    .prepare_cached(
+                        "UPDATE commits SET outcome = 'CONFIRMED', confirm_deadline = NULL \
+                         WHERE ruleset = ?1 AND revision = ?2 AND confirm_deadline IS NOT NULL",
+                    )?
+                    .execute(rusqlite::params![name, i64_of(revision)])?;
+                if done > 0 {
+                    writer::set_state(tx, &name, revision, RevisionState::Active)?;
+                }
+                Ok(done > 0)
+            })
+            .await?;
+        if !done {
             return Ok(None);
         }
-        set_state(&mut tx, ruleset, revision, RevisionState::Active).await?;
-        let rev = revision_in(&mut tx, ruleset, revision).await?;
-        tx.commit().await?;
-        Ok(rev)
+        self.get_revision(ruleset, revision).await
     }
 
     /// Commits waiting for ConfirmCommit, earliest deadline first.
@@ -1040,34 +825,24 @@ impl Store {
 
     /// Deletes a ruleset with its revisions and commit rows. Returns whether it existed.
     ///
-    /// Errors: [`Error::EtagMismatch`], [`Error::Store`].
+    /// Errors: [`Error::EtagMismatch`], [`Error::StoreWrite`].
     pub async fn delete_ruleset(&self, name: &str, expected_etag: Option<&str>) -> Result<bool> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let Some(rs) = ruleset_in(&mut tx, name).await? else {
-            return Ok(false);
-        };
-        check_etag(&rs, expected_etag)?;
-        let lists = sqlx::query(
-            "DELETE FROM revision_chunks WHERE ruleset = ? RETURNING chunks_v4, chunks_v6",
-        )
-        .bind(name)
-        .fetch_all(&mut *tx)
-        .await?;
-        release_lists(&mut tx, &lists).await?;
-        sqlx::query("DELETE FROM revisions WHERE ruleset = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM commits WHERE ruleset = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM rulesets WHERE name = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
+        let name = name.to_string();
+        let expected = expected_etag.map(str::to_string);
+        self.writer
+            .run(move |tx| {
+                let Some(rs) = writer::ruleset(tx, &name)? else {
+                    return Ok(false);
+                };
+                check_etag(&rs, expected.as_deref())?;
+                writer::delete_revisions(tx, &name, None)?;
+                tx.prepare_cached("DELETE FROM commits WHERE ruleset = ?1")?
+                    .execute([&name])?;
+                tx.prepare_cached("DELETE FROM rulesets WHERE name = ?1")?
+                    .execute([&name])?;
+                Ok(true)
+            })
+            .await
     }
 
     /// The stored response of an earlier call with this request id.
@@ -1106,11 +881,11 @@ impl Store {
 
     /// Appends an audit record.
     ///
-    /// Errors: [`Error::Store`].
-    pub async fn audit(&self, e: &AuditEntry) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        insert_audit(&mut conn, e).await?;
-        Ok(())
+    /// Errors: [`Error::StoreWrite`].
+    pub async fn audit(&self, e: AuditEntry) -> Result<()> {
+        self.writer
+            .run(move |tx| writer::insert_audit(tx, &e).map(drop))
+            .await
     }
 
     /// Number of audit records (for tests and status).
@@ -1258,7 +1033,7 @@ mod tests {
             rev.content.v6 = text(0).replace("10.0.", "2001:db8::");
             texts.push(rev.content.clone());
             store
-                .persist_commit(&commit("a", CommitTarget::New(rev)))
+                .persist_commit(commit("a", CommitTarget::New(rev)))
                 .await
                 .unwrap();
         }
@@ -1314,25 +1089,25 @@ mod tests {
             out
         };
         store
-            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", text))))
+            .persist_commit(commit("a", CommitTarget::New(new_rev("a", text))))
             .await
             .unwrap();
         // Revision 2 waits for confirmation; 1 is what a timeout would restore.
         store
-            .persist_commit(&PersistCommit {
+            .persist_commit(PersistCommit {
                 state: RevisionState::PendingConfirm,
                 confirm_deadline: Some(i64::MAX),
                 ..commit("a", CommitTarget::New(new_rev("a", text)))
             })
             .await
             .unwrap();
-        store.stage(&new_rev("a", text), None).await.unwrap();
+        store.stage(new_rev("a", text), None).await.unwrap();
         assert_eq!(numbers(store.clone()).await, vec![1, 2, 3]);
-        store.stage(&new_rev("a", text), None).await.unwrap();
+        store.stage(new_rev("a", text), None).await.unwrap();
         assert_eq!(numbers(store.clone()).await, vec![1, 2, 4]);
         // A plain commit settles the pending one: only it and the replaced active one stay.
         store
-            .persist_commit(&commit("a", CommitTarget::New(new_rev("a", text))))
+            .persist_commit(commit("a", CommitTarget::New(new_rev("a", text))))
             .await
             .unwrap();
         assert_eq!(numbers(store.clone()).await, vec![2, 5]);
@@ -1344,17 +1119,17 @@ mod tests {
         let path = dir.path().join("sub/v.db");
         let store = Store::open(&path).await.unwrap();
         let (rs, r1) = store
-            .stage(&new_rev("a", "*filter\nCOMMIT\n"), None)
+            .stage(new_rev("a", "*filter\nCOMMIT\n"), None)
             .await
             .unwrap();
         assert_eq!(r1.number, 1);
         assert_eq!(r1.state, RevisionState::Staged);
         assert!(matches!(
-            store.stage(&new_rev("a", "x"), Some("nope")).await,
+            store.stage(new_rev("a", "x"), Some("nope")).await,
             Err(Error::EtagMismatch { .. })
         ));
         let p = store
-            .persist_commit(&commit("a", CommitTarget::Staged(1)))
+            .persist_commit(commit("a", CommitTarget::Staged(1)))
             .await
             .unwrap();
         assert_eq!(p.ruleset.active_revision, Some(1));
@@ -1362,13 +1137,13 @@ mod tests {
         // Committing it again is refused.
         assert!(matches!(
             store
-                .persist_commit(&commit("a", CommitTarget::Staged(1)))
+                .persist_commit(commit("a", CommitTarget::Staged(1)))
                 .await,
             Err(Error::Precondition { .. })
         ));
         // The audit record goes in with the commit.
         let p2 = store
-            .persist_commit(&PersistCommit {
+            .persist_commit(PersistCommit {
                 audit: Some(AuditEntry {
                     at: 1,
                     caller: "me".into(),
@@ -1429,7 +1204,7 @@ mod tests {
         let mut c = commit("a", CommitTarget::New(new_rev("a", "x")));
         c.state = RevisionState::PendingConfirm;
         c.confirm_deadline = Some(now_ns() + 1_000_000_000);
-        store.persist_commit(&c).await.unwrap();
+        store.persist_commit(c).await.unwrap();
         assert_eq!(store.pending_confirms().await.unwrap().len(), 1);
         assert!(store.confirm("a", 1).await.unwrap().is_some());
         assert!(store.confirm("a", 1).await.unwrap().is_none());

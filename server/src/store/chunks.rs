@@ -22,9 +22,10 @@
 
 use std::collections::HashMap;
 
+use rusqlite::{OptionalExtension, Transaction, params};
 use sha2::{Digest, Sha256};
-// Dynamic SQL here only varies in the number of `?` placeholders (built by `placeholders`
-// and `vec!["(?, ?)"; n]`); every value is bound, so `AssertSqlSafe` holds.
+// Dynamic SQL here only varies in the number of `?` placeholders (built by `placeholders`);
+// every value is bound, so `AssertSqlSafe` holds.
 use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
 use crate::content::Content;
@@ -83,20 +84,6 @@ pub fn split(text: &str) -> Vec<&str> {
     out
 }
 
-/// A 64-digit hex sha256 (as SQLite's `hex()` writes it) as bytes.
-fn unhex(hex: &str) -> Option<[u8; 32]> {
-    let b = hex.as_bytes();
-    if b.len() != 64 {
-        return None;
-    }
-    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = nibble(b[2 * i])? << 4 | nibble(b[2 * i + 1])?;
-    }
-    Some(out)
-}
-
 /// Encodes chunk ids as stored in `revision_chunks`: comma-separated decimal.
 fn encode(ids: &[i64]) -> String {
     let mut s = String::with_capacity(ids.len() * 6);
@@ -139,132 +126,75 @@ fn distinct(list: &[i64]) -> Vec<i64> {
 
 /// Stores the chunks of `content` that are not stored yet and adds one reference per family
 /// list; returns the encoded chunk lists `(v4, v6)` for `revision_chunks`. Runs in the
-/// caller's transaction.
+/// writer's transaction (statements prepared once, on the calling thread: see
+/// [`super::writer`]).
 ///
-/// Errors: [`Error::Store`].
-pub async fn put(conn: &mut SqliteConnection, content: &Content) -> Result<(String, String)> {
+/// Errors: [`Error::StoreWrite`].
+pub fn put(tx: &Transaction<'_>, content: &Content) -> Result<(String, String)> {
     let parts = [split(&content.v4), split(&content.v6)];
     let mut ids: HashMap<[u8; 32], i64> = HashMap::new();
-    let mut texts: HashMap<[u8; 32], &str> = HashMap::new();
-    let digests: Vec<Vec<[u8; 32]>> = parts
-        .iter()
-        .map(|chunks| {
-            chunks
-                .iter()
-                .map(|c| {
-                    let d: [u8; 32] = Sha256::digest(c.as_bytes()).into();
-                    texts.insert(d, c);
-                    d
-                })
-                .collect()
-        })
-        .collect();
-    let wanted: Vec<[u8; 32]> = texts.keys().copied().collect();
-    // One row per batch (`id:hexdigest,...`): sqlx-sqlite hands every result row over a
-    // channel, ~10 us each, which for ~150 rows cost more than the lookups themselves.
-    for batch in wanted.chunks(BATCH) {
-        let sql = format!(
-            "SELECT group_concat(id || ':' || hex(digest)) FROM chunks WHERE digest IN ({})",
-            placeholders(batch.len())
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for d in batch {
-            q = q.bind(d.as_slice());
+    let mut lookup = tx.prepare_cached("SELECT id FROM chunks WHERE digest = ?1")?;
+    let mut insert = tx.prepare_cached("INSERT INTO chunks (digest, refs) VALUES (?1, 0)")?;
+    let mut insert_text =
+        tx.prepare_cached("INSERT INTO chunk_texts (id, text) VALUES (?1, ?2)")?;
+    let mut lists: Vec<Vec<i64>> = Vec::with_capacity(2);
+    for chunks in &parts {
+        let mut list = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let d: [u8; 32] = Sha256::digest(c.as_bytes()).into();
+            let id = match ids.get(&d) {
+                Some(id) => *id,
+                None => {
+                    let found: Option<i64> =
+                        lookup.query_row([d.as_slice()], |r| r.get(0)).optional()?;
+                    let id = match found {
+                        Some(id) => id,
+                        None => {
+                            insert.execute([d.as_slice()])?;
+                            let id = tx.last_insert_rowid();
+                            insert_text.execute(params![id, c])?;
+                            id
+                        }
+                    };
+                    ids.insert(d, id);
+                    id
+                }
+            };
+            list.push(id);
         }
-        let found: Option<String> = q.fetch_one(&mut *conn).await?.try_get(0)?;
-        for pair in found.iter().flat_map(|f| f.split(',')) {
-            let parsed = pair
-                .split_once(':')
-                .and_then(|(id, hex)| Some((id.parse::<i64>().ok()?, unhex(hex)?)));
-            let (id, d) = parsed
-                .ok_or_else(|| Error::Internal(format!("corrupt chunk lookup row {pair:?}")))?;
-            ids.insert(d, id);
-        }
+        lists.push(list);
     }
-    let missing: Vec<[u8; 32]> = wanted
-        .iter()
-        .filter(|d| !ids.contains_key(*d))
-        .copied()
-        .collect();
-    for batch in missing.chunks(BATCH / 2) {
-        let sql = format!(
-            "INSERT INTO chunks (digest, refs) VALUES {} RETURNING id, digest",
-            vec!["(?, 0)"; batch.len()].join(", ")
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for d in batch {
-            q = q.bind(d.as_slice());
-        }
-        let mut new = Vec::with_capacity(batch.len());
-        for row in q.fetch_all(&mut *conn).await? {
-            let d: Vec<u8> = row.try_get("digest")?;
-            let id: i64 = row.try_get("id")?;
-            let d = <[u8; 32]>::try_from(d.as_slice())
-                .map_err(|_| Error::Internal("chunk digest is not 32 bytes".into()))?;
-            ids.insert(d, id);
-            new.push((id, texts[&d]));
-        }
-        let sql = format!(
-            "INSERT INTO chunk_texts (id, text) VALUES {}",
-            vec!["(?, ?)"; new.len()].join(", ")
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for (id, text) in &new {
-            q = q.bind(*id).bind(*text);
-        }
-        q.execute(&mut *conn).await?;
-    }
-    let lists: Vec<Vec<i64>> = digests
-        .iter()
-        .map(|ds| ds.iter().map(|d| ids[d]).collect())
-        .collect();
     for list in &lists {
-        adjust(conn, &distinct(list), 1).await?;
+        adjust(tx, &distinct(list), 1)?;
     }
     Ok((encode(&lists[0]), encode(&lists[1])))
 }
 
 /// Adds `delta` to the reference count of every chunk in `ids`.
-async fn adjust(conn: &mut SqliteConnection, ids: &[i64], delta: i64) -> Result<()> {
-    for batch in ids.chunks(BATCH) {
-        let sql = format!(
-            "UPDATE chunks SET refs = refs + ? WHERE id IN ({})",
-            placeholders(batch.len())
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(delta);
-        for id in batch {
-            q = q.bind(*id);
-        }
-        q.execute(&mut *conn).await?;
+fn adjust(tx: &Transaction<'_>, ids: &[i64], delta: i64) -> Result<()> {
+    let mut q = tx.prepare_cached("UPDATE chunks SET refs = refs + ?1 WHERE id = ?2")?;
+    for id in ids {
+        q.execute([delta, *id])?;
     }
     Ok(())
 }
 
 /// Drops one reference per stored list in `lists` (encoded as in `revision_chunks`) and
-/// deletes the chunks no list names any more. Runs in the caller's transaction.
+/// deletes the chunks no list names any more. Runs in the writer's transaction.
 ///
-/// Errors: [`Error::Store`], [`Error::Internal`] for a malformed list.
-pub async fn release(conn: &mut SqliteConnection, lists: &[String]) -> Result<()> {
+/// Errors: [`Error::StoreWrite`], [`Error::Internal`] for a malformed list.
+pub fn release(tx: &Transaction<'_>, lists: &[String]) -> Result<()> {
     let mut touched = Vec::new();
     for list in lists {
         let ids = distinct(&decode(list)?);
-        adjust(conn, &ids, -1).await?;
+        adjust(tx, &ids, -1)?;
         touched.extend(ids);
     }
-    let touched = distinct(&touched);
-    for batch in touched.chunks(BATCH) {
-        let p = placeholders(batch.len());
-        for sql in [
-            format!(
-                "DELETE FROM chunk_texts WHERE id IN (SELECT id FROM chunks WHERE refs <= 0 AND id IN ({p}))"
-            ),
-            format!("DELETE FROM chunks WHERE refs <= 0 AND id IN ({p})"),
-        ] {
-            let mut q = sqlx::query(AssertSqlSafe(sql));
-            for id in batch {
-                q = q.bind(*id);
-            }
-            q.execute(&mut *conn).await?;
+    let mut unused = tx.prepare_cached("DELETE FROM chunks WHERE id = ?1 AND refs <= 0")?;
+    let mut text = tx.prepare_cached("DELETE FROM chunk_texts WHERE id = ?1")?;
+    for id in distinct(&touched) {
+        if unused.execute([id])? > 0 {
+            text.execute([id])?;
         }
     }
     Ok(())
@@ -363,16 +293,6 @@ mod tests {
             "{} new chunks",
             new.len()
         );
-    }
-
-    #[test]
-    fn hex_digests_parse() {
-        let d: [u8; 32] = Sha256::digest(b"x").into();
-        let hex: String = d.iter().map(|b| format!("{b:02X}")).collect();
-        assert_eq!(unhex(&hex), Some(d));
-        assert_eq!(unhex(&hex.to_lowercase()), Some(d));
-        assert_eq!(unhex(&hex[1..]), None);
-        assert_eq!(unhex(&hex.replace('A', "G")), None);
     }
 
     #[test]
