@@ -19,6 +19,7 @@
 //! Binaries: `vallumd` (the daemon) and `vallumctl` (the command-line client, in
 //! `src/bin/vallumctl/main.rs` with its modules beside it).
 
+pub mod allocator;
 pub mod auth;
 pub mod config;
 pub mod content;

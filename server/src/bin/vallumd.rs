@@ -2,14 +2,13 @@
 
 use clap::Parser;
 
-/// mimalloc instead of glibc's malloc: a 10k-rule Apply allocates and frees a few MB of rules
-/// (parse, validate, compile, the retired snapshot), and glibc handed that memory back to the
-/// kernel after every call and page-faulted it in again on the next (~1 ms per Apply of
-/// acl1_10k; BENCHMARKS.md §6).
+/// mimalloc instead of glibc's malloc, keeping freed memory 10 s (see
+/// `vallum_server::allocator`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    vallum_server::allocator::keep_freed_memory();
     let config = vallum_server::Config::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
