@@ -29,13 +29,15 @@
 //! 52; about 25% faster lookups measured).
 //!
 //! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
-//! position and a 32-bit tag of its key hash, so most probes reject without reading a rule.
-//! A candidate whose tag matches is then checked against its rule's [`HeaderFilter`], a
-//! 28-byte summary of the rule's addresses, protocol and port ranges kept in a dense array
-//! (32 KB for 1k rules: it stays in L1/L2 where the 168-byte rules do not); only when the
-//! filter passes and is not the whole rule (negations, interfaces, other matches, IPv6) is the
-//! rule itself read. ClassBench rules are all "whole-rule" filters, so a lookup there reads
-//! no rule at all. (Port ranges are not hashed; the filter is where they are checked cheaply.)
+//! position and a 32-bit tag of its key hash. Every rule also has a [`HeaderFilter`], a
+//! 28-byte summary of its addresses, protocol and port ranges (one dense array per chain);
+//! a lookup reads neither array but a copy of each bucket entry with the tag's low 16 bits and
+//! the filter inline ([`ProbeEntry`], 32 bytes), so a candidate is checked in the cache line
+//! the bucket scan brought in, with no dependent read of the filter array. Only when the
+//! filter passes and is not the whole rule (negations, interfaces, other matches, IPv6) is
+//! the rule itself read. ClassBench rules are all "whole-rule" filters, so a lookup there
+//! reads no rule at all. (Port ranges are not hashed; the filter is where they are checked
+//! cheaply.) The `(position, tag)` entries stay as the form that updates copy and count.
 //! A snapshot is immutable, so the index is never changed in place. A commit that changes a
 //! few rules of a chain builds the chain's new index from the old one ([`ChainIndex::update`],
 //! TupleMerge's online insert and delete): every entry is copied with its position shifted,
@@ -468,11 +470,73 @@ struct Entry {
     tag: u32,
 }
 
+/// What a lookup reads of a bucket entry: the rule's position, 16 bits of its key hash and its
+/// [`HeaderFilter`], in 32 bytes (two to a cache line, never straddling one), so checking a
+/// candidate reads no second array. `entries[i]` of a [`Table`] is `probes[t][i]` of its
+/// [`ChainIndex`].
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct ProbeEntry {
+    src: u32,
+    src_mask: u32,
+    dst: u32,
+    dst_mask: u32,
+    sport: (u16, u16),
+    dport: (u16, u16),
+    pos: u32,
+    /// The low 16 bits of [`Entry::tag`]. IPv4 filters pin every bit a table hashes, so for
+    /// them it is redundant; IPv6 filters hold no addresses and rely on it.
+    tag: u16,
+    proto: u8,
+    /// [`HeaderFilter::flags`], plus [`PROBE_PROTO`] when the protocol is pinned.
+    flags: u8,
+}
+
+/// [`ProbeEntry::flags`]: the filter pins the protocol (`proto_mask` 0xff; otherwise 0).
+const PROBE_PROTO: u8 = 0x80;
+
+impl ProbeEntry {
+    fn of(e: Entry, f: &HeaderFilter) -> ProbeEntry {
+        ProbeEntry {
+            src: f.src,
+            src_mask: f.src_mask,
+            dst: f.dst,
+            dst_mask: f.dst_mask,
+            sport: f.sport,
+            dport: f.dport,
+            pos: e.pos,
+            tag: e.tag as u16,
+            proto: f.proto,
+            flags: f.flags | if f.proto_mask != 0 { PROBE_PROTO } else { 0 },
+        }
+    }
+
+    /// [`HeaderFilter::passes`] and the tag equal to `tag` (the low 16 bits of the packet's
+    /// key hash in this table), branch-free.
+    #[inline(always)]
+    fn passes(&self, k: &PacketKey, tag: u16) -> bool {
+        let proto_mask = 0u8.wrapping_sub(self.flags >> 7);
+        (self.tag == tag)
+            & ((k.src & self.src_mask) == self.src)
+            & ((k.dst & self.dst_mask) == self.dst)
+            & ((k.proto & proto_mask) == self.proto)
+            & (self.sport.0 <= k.sport)
+            & (k.sport <= self.sport.1)
+            & (self.dport.0 <= k.dport)
+            & (k.dport <= self.dport.1)
+            & !(k.fragment & (self.flags & FILTER_PORTS != 0))
+    }
+}
+
 /// The index of one chain. Rule positions are 0-based within the chain.
 #[derive(Debug)]
 pub(super) struct ChainIndex {
     /// In ascending order of `min`.
     tables: Box<[Table]>,
+    /// The lookup's copy of each table's entries (same order as `tables`, each as long as
+    /// its `entries`), with the filters inline. `entries` are what an update copies and
+    /// counts; these are rebuilt from them and `filters` after every build or update.
+    probes: Box<[Box<[ProbeEntry]>]>,
     /// Side-effect-free rules with nothing to index, ascending.
     fallback: Box<[u32]>,
     /// Rules whose matches have side effects (`-m limit`), ascending.
@@ -708,6 +772,7 @@ impl ChainIndex {
         tables.sort_by_key(|t| t.min);
         ChainIndex {
             tables: tables.into_boxed_slice(),
+            probes: Box::default(),
             fallback: fallback.into_boxed_slice(),
             effects: effects.into_boxed_slice(),
             filters: rules.iter().map(|r| HeaderFilter::of(r, width)).collect(),
@@ -828,6 +893,7 @@ impl ChainIndex {
         filters.extend_from_slice(&self.filters[e..]);
         ChainIndex {
             tables: tables.into_boxed_slice(),
+            probes: Box::default(),
             fallback: fallback.into_boxed_slice(),
             effects: effects.into_boxed_slice(),
             filters: filters.into_boxed_slice(),
@@ -847,13 +913,29 @@ impl ChainIndex {
                     size_of::<Table>() + 4 * t.starts.len() + size_of_val::<[Entry]>(&t.entries)
                 })
                 .sum::<usize>()
+            + self
+                .probes
+                .iter()
+                .map(|p| size_of::<Box<[ProbeEntry]>>() + size_of_val::<[ProbeEntry]>(p))
+                .sum::<usize>()
             + 4 * (self.fallback.len() + self.effects.len())
             + size_of_val::<[HeaderFilter]>(&self.filters)
             + self.rfc.as_ref().map_or(0, Rfc::memory_bytes)
     }
 
-    /// Adds RFC tables where the chain qualifies, then sets [`ChainIndex::bytes`].
+    /// Fills [`ChainIndex::probes`], adds RFC tables where the chain qualifies, then sets
+    /// [`ChainIndex::bytes`].
     fn with_rfc(mut self, width: u32, (min, max): (u32, u32)) -> ChainIndex {
+        self.probes = self
+            .tables
+            .iter()
+            .map(|t| {
+                t.entries
+                    .iter()
+                    .map(|&e| ProbeEntry::of(e, &self.filters[e.pos as usize]))
+                    .collect()
+            })
+            .collect();
         let n = self.filters.len();
         if width == 32 && n >= min as usize && n <= max as usize {
             self.rfc = Rfc::build(&self.filters, &self.effects);
@@ -958,8 +1040,8 @@ impl ChainIndex {
     /// every live packet's key is hashed and its bucket bounds prefetched, then the bounds
     /// are read and the entries prefetched, then the entries are checked, so the cache misses
     /// of up to [`PROBE_BATCH`] packets overlap instead of following each other. A packet leaves
-    /// the batch once its best match is below the next table's lowest rule (tables ascend by
-    /// `min`), the per-packet early exit of the scalar lookup.
+    /// the batch (in the hashing pass) once its best match is below the table's lowest rule
+    /// (tables ascend by `min`), the per-packet early exit of the scalar lookup.
     pub(super) fn probe_batch(
         &self,
         rules: &RuleChunks,
@@ -1007,58 +1089,54 @@ impl ChainIndex {
         // Indices below are masked with `LANES` (a no-op: every index is below PROBE_BATCH)
         // so the compiler drops the bounds checks.
         const LANES: usize = PROBE_BATCH - 1;
-        for t in self.tables.iter() {
-            // Retire the packets no table from here on can improve.
+        for (t, probes) in self.tables.iter().zip(self.probes.iter()) {
+            // 1. Retire the packets no table from here on can improve; hash the others' keys
+            //    and prefetch their bucket bounds (one pass: a retired packet's slot is
+            //    overwritten by the next packet's).
             let mut j = 0;
             for q in 0..n_live {
                 let k = live[q & LANES];
-                live[j & LANES] = k;
-                j += usize::from(best[k as usize & LANES] > t.min);
-            }
-            n_live = j;
-            if n_live == 0 {
-                break;
-            }
-            // 1. Hash every live packet's key, prefetch its bucket bounds.
-            for q in 0..n_live {
-                let key = &keys[live[q & LANES] as usize & LANES];
+                let key = &keys[k as usize & LANES];
                 let h = if key.v4 {
                     t.masks.hash4(key.key.src, key.key.dst, key.l4)
                 } else {
                     t.masks.hash(key.src, key.dst, key.l4)
                 };
                 let b = (h & t.bucket_mask) as u32;
-                span[q & LANES].0 = b;
-                tag[q & LANES] = (h >> 32) as u32;
+                live[j & LANES] = k;
+                span[j & LANES].0 = b;
+                tag[j & LANES] = (h >> 32) as u32;
                 prefetch(t.starts.as_ptr().wrapping_add(b as usize));
+                j += usize::from(best[k as usize & LANES] > t.min);
+            }
+            n_live = j;
+            if n_live == 0 {
+                break;
             }
             // 2. Read the bounds, prefetch the bucket's entries.
             for s in &mut span[..n_live] {
                 let b = s.0 as usize;
                 *s = (t.starts[b], t.starts[b + 1]);
-                prefetch(t.entries.as_ptr().wrapping_add(s.0 as usize));
+                prefetch(probes.as_ptr().wrapping_add(s.0 as usize));
             }
             // 3. Check the entries whose tag matches, in position order, below the best.
             for q in 0..n_live {
                 let k = live[q & LANES] as usize & LANES;
                 let (lo, hi) = span[q & LANES];
-                let tag = tag[q & LANES];
-                for &Entry { pos, tag: e_tag } in &t.entries[lo as usize..hi as usize] {
+                let tag = tag[q & LANES] as u16;
+                for e in &probes[lo as usize..hi as usize] {
+                    let pos = e.pos;
                     if pos >= best[k] {
                         break;
                     }
-                    if e_tag != tag {
+                    if !e.passes(&keys[k].key, tag) {
                         continue;
                     }
-                    let f = &self.filters[pos as usize];
-                    if !f.passes(&keys[k].key) {
-                        continue;
-                    }
-                    if f.flags & FILTER_EXACT != 0 {
+                    if e.flags & FILTER_EXACT != 0 {
                         (best[k], unsure[k]) = (pos, false);
                         break;
                     }
-                    if f.flags & FILTER_CTSTATE != 0 {
+                    if e.flags & FILTER_CTSTATE != 0 {
                         // Undecidable now; whatever lies above it no longer matters.
                         (best[k], unsure[k]) = (pos, true);
                         break;
@@ -1141,7 +1219,7 @@ impl Snapshot {
         let key = PacketKey::of(p);
         let v4 = p.src.is_ipv4();
         let mut best = u32::MAX;
-        for t in idx.tables.iter() {
+        for (t, probes) in idx.tables.iter().zip(idx.probes.iter()) {
             if t.min >= best {
                 break;
             }
@@ -1154,15 +1232,17 @@ impl Snapshot {
                 t.masks.hash(src, dst, l4)
             };
             let b = (h & t.bucket_mask) as usize;
-            let tag = (h >> 32) as u32;
+            let tag = (h >> 32) as u16;
             let (lo, hi) = (t.starts[b] as usize, t.starts[b + 1] as usize);
-            for &Entry { pos, tag: t_tag } in &t.entries[lo..hi] {
+            for e in &probes[lo..hi] {
+                let pos = e.pos;
                 if pos >= best {
                     break;
                 }
-                if t_tag == tag
-                    && pos >= start
-                    && Self::filter_hit(idx, rules, pos, &key, p, now, obs)
+                if pos >= start
+                    && e.passes(&key, tag)
+                    && (e.flags & FILTER_EXACT != 0
+                        || Self::rule_matches(&rules[pos as usize], p, now, obs))
                 {
                     best = pos;
                     break;
