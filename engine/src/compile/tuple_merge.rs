@@ -533,8 +533,8 @@ impl ProbeEntry {
 pub(super) struct ChainIndex {
     /// In ascending order of `min`.
     tables: Box<[Table]>,
-    /// The lookup's copy of each table's entries (same order as `tables`, each as long as
-    /// its `entries`), with the filters inline. `entries` are what an update copies and
+    /// The lookup's copy of each table's entries (same order as `tables`, each its `entries`
+    /// plus a sentinel whose `pos` is `u32::MAX`), with the filters inline. `entries` are what an update copies and
     /// counts; these are rebuilt from them and `filters` after every build or update.
     probes: Box<[Box<[ProbeEntry]>]>,
     /// Side-effect-free rules with nothing to index, ascending.
@@ -933,6 +933,10 @@ impl ChainIndex {
                 t.entries
                     .iter()
                     .map(|&e| ProbeEntry::of(e, &self.filters[e.pos as usize]))
+                    .chain([ProbeEntry {
+                        pos: u32::MAX,
+                        ..ProbeEntry::default()
+                    }])
                     .collect()
             })
             .collect();
@@ -1124,6 +1128,21 @@ impl ChainIndex {
                 let k = live[q & LANES] as usize & LANES;
                 let (lo, hi) = span[q & LANES];
                 let tag = tag[q & LANES] as u16;
+                // Most buckets are decided by their first entry (a whole-rule filter that
+                // passes, or none below the best): that case takes no data-dependent branch.
+                // `probes[hi]` exists (a sentinel ends every table) and is ignored when empty.
+                let e = &probes[lo as usize];
+                let first = (lo < hi) & (e.pos < best[k]);
+                let pass = first & e.passes(&keys[k].key, tag);
+                let exact = pass & (e.flags & FILTER_EXACT != 0);
+                best[k] = if exact { e.pos } else { best[k] };
+                unsure[k] &= !exact;
+                // Left to the loop below: a filter that is not the whole rule, or more entries
+                // after a first one that failed.
+                let more = (pass & !exact) | (first & !pass & (hi - lo > 1));
+                if !more {
+                    continue;
+                }
                 for e in &probes[lo as usize..hi as usize] {
                     let pos = e.pos;
                     if pos >= best[k] {
