@@ -30,14 +30,16 @@
 //!
 //! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
 //! position and a 32-bit tag of its key hash. Every rule also has a [`HeaderFilter`], a
-//! 28-byte summary of its addresses, protocol and port ranges (one dense array per chain);
-//! a lookup reads neither array but a copy of each bucket entry with the tag's low 16 bits and
-//! the filter inline ([`ProbeEntry`], 32 bytes), so a candidate is checked in the cache line
-//! the bucket scan brought in, with no dependent read of the filter array. Only when the
-//! filter passes and is not the whole rule (negations, interfaces, other matches, IPv6) is
-//! the rule itself read. ClassBench rules are all "whole-rule" filters, so a lookup there
-//! reads no rule at all. (Port ranges are not hashed; the filter is where they are checked
-//! cheaply.) The `(position, tag)` entries stay as the form that updates copy and count.
+//! 28-byte summary of its addresses, protocol and port ranges (one dense array per chain):
+//! a packet-by-packet lookup checks the tag, then the filter of a candidate whose tag
+//! matches. The batched probe reads neither array but a copy of each bucket entry with the
+//! tag's low 16 bits and the filter inline ([`ProbeEntry`], 32 bytes), so a candidate is
+//! checked in the cache line the bucket prefetch brought in, with no dependent read of the
+//! filter array. Only when the filter passes and is not the whole rule (negations,
+//! interfaces, other matches, IPv6) is the rule itself read. ClassBench rules are all
+//! "whole-rule" filters, so a lookup there reads no rule at all. (Port ranges are not hashed;
+//! the filter is where they are checked cheaply.) The `(position, tag)` entries are also the
+//! form that updates copy and count.
 //! A snapshot is immutable, so the index is never changed in place. A commit that changes a
 //! few rules of a chain builds the chain's new index from the old one ([`ChainIndex::update`],
 //! TupleMerge's online insert and delete): every entry is copied with its position shifted,
@@ -470,10 +472,11 @@ struct Entry {
     tag: u32,
 }
 
-/// What a lookup reads of a bucket entry: the rule's position, 16 bits of its key hash and its
-/// [`HeaderFilter`], in 32 bytes (two to a cache line, never straddling one), so checking a
-/// candidate reads no second array. `entries[i]` of a [`Table`] is `probes[t][i]` of its
-/// [`ChainIndex`].
+/// What [`ChainIndex::probe_batch`] reads of a bucket entry: the rule's position, 16 bits of
+/// its key hash and its [`HeaderFilter`], in 32 bytes (two to a cache line, never straddling
+/// one), so checking a candidate reads no second array. `entries[i]` of a [`Table`] is
+/// `probes[t][i]` of its [`ChainIndex`]. (The packet-by-packet lookup keeps to `entries` and
+/// `filters`: on 1k-rule chains, which stay in L1/L2, the 32-byte entries were 3-10% slower.)
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C, align(32))]
 struct ProbeEntry {
@@ -970,14 +973,17 @@ impl ChainIndex {
 /// Most packets one [`ChainIndex::probe_batch`] call takes (a `u64` bit set covers them).
 pub(super) const PROBE_BATCH: usize = 64;
 
-/// The default of [`Classifier::TupleMerge`]'s `batch_min_bytes` (64 KiB): the smallest
+/// The default of [`Classifier::TupleMerge`]'s `batch_min_bytes` (112 KiB): the smallest
 /// chain index (bytes as [`Snapshot::memory_bytes`] counts them) that
 /// [`Snapshot::classify_batch`] probes in batches. A smaller one sits in L1/L2, where there
 /// is no latency to hide and the batch's bookkeeping (hash, bounds and tags stored per packet and table, then read back)
-/// cost 10-15% on the 1k ClassBench sets (45-50 KiB); from about 1.5k rules (70 KiB) the
-/// batch gained 24-32% on acl1 and 4-7% on ipc1 and lost 7-9% on fw1 (whose lookups are
-/// dominated by filter checks, not misses); at 10k it gains 2-25%, at 100k 60-100%.
-pub const PROBE_MIN_BYTES: usize = 64 << 10;
+/// cost 10-15% on the 1k ClassBench sets; from about 1.5k rules the batch gained 24-32% on
+/// acl1 and 4-7% on ipc1 and lost 7-9% on fw1 (whose lookups are dominated by filter
+/// checks, not misses); at 10k it gains 2-25%, at 100k 60-100% (measured at 64 KiB when the
+/// index took ~49 bytes a rule; the [`ProbeEntry`] copies brought that to ~82, and the
+/// threshold moved with it so that it still falls near 1.3k ClassBench rules: at 64 KiB the
+/// 1k sets were batched and 3-14% slower).
+pub const PROBE_MIN_BYTES: usize = 112 << 10;
 
 /// [`ChainIndex::probe_batch`]'s answer when a rule that reads `ct_state` passed its filter
 /// below every pure match: the evaluation must query the index itself.
@@ -1238,7 +1244,10 @@ impl Snapshot {
         let key = PacketKey::of(p);
         let v4 = p.src.is_ipv4();
         let mut best = u32::MAX;
-        for (t, probes) in idx.tables.iter().zip(idx.probes.iter()) {
+        // Packet by packet, the 8-byte entries and the filter array: the 32-byte probe
+        // entries (which spare `probe_batch` a dependent read) measured 3-10% slower here on
+        // the 1k ClassBench sets, whose tables then take more of L1.
+        for t in idx.tables.iter() {
             if t.min >= best {
                 break;
             }
@@ -1251,17 +1260,15 @@ impl Snapshot {
                 t.masks.hash(src, dst, l4)
             };
             let b = (h & t.bucket_mask) as usize;
-            let tag = (h >> 32) as u16;
+            let tag = (h >> 32) as u32;
             let (lo, hi) = (t.starts[b] as usize, t.starts[b + 1] as usize);
-            for e in &probes[lo..hi] {
-                let pos = e.pos;
+            for &Entry { pos, tag: t_tag } in &t.entries[lo..hi] {
                 if pos >= best {
                     break;
                 }
-                if pos >= start
-                    && e.passes(&key, tag)
-                    && (e.flags & FILTER_EXACT != 0
-                        || Self::rule_matches(&rules[pos as usize], p, now, obs))
+                if t_tag == tag
+                    && pos >= start
+                    && Self::filter_hit(idx, rules, pos, &key, p, now, obs)
                 {
                     best = pos;
                     break;
