@@ -786,3 +786,53 @@ impl Default for Rule {
         }
     }
 }
+
+impl Rule {
+    /// Whether two rules have the same content: every field but where they were written
+    /// (`location`) and the counters given in the text (an inserted line moves every later
+    /// rule's location, which must not make them "changed"). Two rules with the same content
+    /// validate and compile alike in the same chain.
+    pub fn same_content(&self, other: &Rule) -> bool {
+        // Cheap inline fields first; `matches` (behind a pointer) last.
+        self.src == other.src
+            && self.dst == other.dst
+            && self.protocol == other.protocol
+            && self.fragment == other.fragment
+            && self.in_iface == other.in_iface
+            && self.out_iface == other.out_iface
+            && self.target == other.target
+            && self.matches == other.matches
+    }
+}
+
+/// The longest common prefix and, of what follows it, the longest common suffix of `old` and
+/// `new` (by [`Rule::same_content`]): `(prefix, old_mid, new_mid)` with `old_mid`/`new_mid`
+/// the lengths of what differs. `unchanged(i, rule)` is called for each rule of `new` found
+/// equal to its counterpart (prefix in order, then suffix from the end), while it is in
+/// cache: callers fold their own per-rule work into this one pass.
+pub(crate) fn diff_rules(
+    old: &[Rule],
+    new: &[Rule],
+    mut unchanged: impl FnMut(usize, &Rule),
+) -> (u32, u32, u32) {
+    let common = old.len().min(new.len());
+    let mut prefix = 0;
+    while prefix < common && old[prefix].same_content(&new[prefix]) {
+        unchanged(prefix, &new[prefix]);
+        prefix += 1;
+    }
+    let mut suffix = 0;
+    while suffix < common - prefix {
+        let (o, n) = (old.len() - 1 - suffix, new.len() - 1 - suffix);
+        if !old[o].same_content(&new[n]) {
+            break;
+        }
+        unchanged(n, &new[n]);
+        suffix += 1;
+    }
+    (
+        prefix as u32,
+        (old.len() - prefix - suffix) as u32,
+        (new.len() - prefix - suffix) as u32,
+    )
+}
