@@ -956,7 +956,7 @@ mod tests {
 
     fn pool(i: usize) -> Rule {
         let with = |matches: Vec<Match>, target: Target| Rule {
-            matches,
+            matches: matches.into(),
             target,
             ..Rule::default()
         };
