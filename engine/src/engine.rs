@@ -4,10 +4,13 @@
 //! A commit ([`Engine::commit`]) runs these phases and times each one with the caller's
 //! [`Clock`] (all durations in ns):
 //! 1. **validate** every changed ruleset ([`crate::validate`]); any error aborts and changes
-//!    nothing;
+//!    nothing. A ruleset that replaces an active one of the same name is diffed against it
+//!    chain by chain, and only its changed rules are checked one by one (same result as a
+//!    full validation, see `validate_after` in [`crate::validate`]);
 //! 2. **compile** all active rulesets with the change applied into a new [`Snapshot`],
 //!    incrementally from the active one ([`Snapshot::compile_after`]: unchanged chains are
-//!    shared, a few changed rules are spliced in and the chain's index updated);
+//!    shared, a few changed rules are spliced in and the chain's index updated), reusing the
+//!    diffs validation computed;
 //! 3. **publish** it (pointer swap + writer barrier) and 4. **quiesce**: wait only for the
 //!    cores whose generation was odd (mid-batch), never for an RCU grace period, as x_tables'
 //!    `xt_replace_table` does since 2021;
