@@ -6,7 +6,9 @@
 //! machine has only the two cores the workers use, so the committer takes its CPU time from
 //! them: the last column (the committer's CPU time, incl. dropping retired snapshots, over
 //! the round's 2 core-seconds per second) is the part of the dip the commit work itself
-//! explains; the rest is caches refilled after a publish and scheduling. Each set also runs
+//! explains; the rest is caches refilled after a publish and scheduling. The column after it
+//! is the committer's median CPU time per commit (clone, commit, drop): the share alone
+//! depends on how many commits a round completes. Each set also runs
 //! with one worker, which leaves the committer a core of its own (the deployed shape: the
 //! control plane does not share the workers' cores): that dip is what a commit costs the
 //! packet path itself.
@@ -55,6 +57,8 @@ struct RoundResult {
     /// CPU time the committer thread spent committing (and dropping retired snapshots), as a
     /// share of the two cores over the round: the dip it alone explains.
     commit_cpu_share: f64,
+    /// The committer's CPU time per commit (clone, commit, drop), median, us.
+    commit_cpu_us: f64,
 }
 
 /// CPU time of the calling thread, ns (CLOCK_THREAD_CPUTIME_ID).
@@ -83,6 +87,7 @@ fn round(
     let start = Barrier::new(workers + 1);
     let mut times = Vec::new();
     let mut cpu_ns = 0u64;
+    let mut cpu_each = Vec::new();
     let elapsed = std::thread::scope(|s| {
         for core in 0..workers {
             let (stop, total, start) = (&stop, &total, &start);
@@ -127,6 +132,7 @@ fn round(
                 times.push(done.report.total_ns());
                 // The retired snapshot is dropped here, on the committer thread.
                 drop(done.retired);
+                cpu_each.push(thread_cpu_ns() - c0);
                 cpu_ns += thread_cpu_ns() - c0;
             }
         }
@@ -134,7 +140,11 @@ fn round(
         t0.elapsed()
     });
     times.sort_unstable();
+    cpu_each.sort_unstable();
     RoundResult {
+        commit_cpu_us: cpu_each
+            .get(cpu_each.len() / 2)
+            .map_or(0.0, |&t| t as f64 / 1000.0),
         pps: total.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
         commits: times.len(),
         commit_us: times
@@ -165,9 +175,9 @@ fn main() {
         }
     }
     println!(
-        "| set | rules | workers | without commits (Mpps) | with a commit every 100 ms (Mpps) | dip | commits | median commit wall (us) | committer CPU / 2 cores |"
+        "| set | rules | workers | without commits (Mpps) | with a commit every 100 ms (Mpps) | dip | commits | median commit wall (us) | committer CPU / 2 cores | committer CPU per commit (us) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, text) in sets {
         for workers in [CORES, 1] {
             let filters = classbench::parse_filters(&text).expect("parse");
@@ -204,8 +214,10 @@ fn main() {
             let mut commit_us: Vec<f64> = with.iter().map(|r| r.commit_us).collect();
             commit_us.sort_by(f64::total_cmp);
             let share = with.iter().map(|r| r.commit_cpu_share).sum::<f64>() / with.len() as f64;
+            let mut cpu_us: Vec<f64> = with.iter().map(|r| r.commit_cpu_us).collect();
+            cpu_us.sort_by(f64::total_cmp);
             println!(
-                "| {name} | {} | {workers} | {:.2} | {:.2} | {:+.1}% | {} | {:.0} | {:.1}% |",
+                "| {name} | {} | {workers} | {:.2} | {:.2} | {:+.1}% | {} | {:.0} | {:.1}% | {:.0} |",
                 filters.len(),
                 w0 / 1e6,
                 w1 / 1e6,
@@ -213,6 +225,7 @@ fn main() {
                 with.iter().map(|r| r.commits).sum::<usize>(),
                 commit_us[commit_us.len() / 2],
                 share * 100.0,
+                cpu_us[cpu_us.len() / 2],
             );
             eprintln!(
                 "rounds without: {:?} with: {:?} (Mpps)",

@@ -65,10 +65,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{
     Family, Hook, IpNet, Match, MultiportDir, Neg, Policy, PortRange, RejectWith, Rule, Ruleset,
-    SetDir, TableKind, Target, ct_state,
+    SetDir, TableKind, Target, ct_state, diff_rules,
 };
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
+use crate::validate::RuleDiffs;
 
 mod chunks;
 mod rfc;
@@ -545,6 +546,16 @@ struct ChainOrigin {
     new_mid: u32,
 }
 
+/// The chains' diffs of ruleset `new` against the active ruleset `old` of its name, as
+/// validation computed them ([`crate::validate`]'s `validate_after`), for
+/// [`Snapshot::compile_after_hinted`].
+#[derive(Debug)]
+pub(crate) struct DiffHint {
+    pub(crate) new: Arc<Ruleset>,
+    pub(crate) old: Arc<Ruleset>,
+    pub(crate) diffs: RuleDiffs,
+}
+
 /// Where every chain of a snapshot came from in the snapshot with id `prev`.
 #[derive(Debug)]
 struct Origin {
@@ -659,44 +670,6 @@ fn content_hash(rule: &Rule) -> u64 {
 /// at most an eighth of the chain (and always up to 64 rules).
 fn splice_pays(old_mid: u32, new_mid: u32, n: usize) -> bool {
     (old_mid + new_mid) as usize <= (n / 8).max(64)
-}
-
-/// Whether two rules have the same content: the fields [`content_hash`] covers, not where
-/// they were written nor the counters given in the text (an inserted line moves every later
-/// rule's location, which must not make them "changed").
-fn same_content(a: &Rule, b: &Rule) -> bool {
-    a.src == b.src
-        && a.dst == b.dst
-        && a.protocol == b.protocol
-        && a.fragment == b.fragment
-        && a.in_iface == b.in_iface
-        && a.out_iface == b.out_iface
-        && a.target == b.target
-        && a.matches == b.matches
-}
-
-/// The longest common prefix and, of what follows it, the longest common suffix of `old` and
-/// `new` (by [`same_content`]): `(prefix, old_mid, new_mid)` with `old_mid`/`new_mid` the
-/// lengths of what differs.
-fn diff_rules(old: &[Rule], new: &[Rule]) -> (u32, u32, u32) {
-    let prefix = old
-        .iter()
-        .zip(new)
-        .take_while(|(a, b)| same_content(a, b))
-        .count();
-    let rest = old.len().min(new.len()) - prefix;
-    let suffix = old[prefix..]
-        .iter()
-        .rev()
-        .zip(new[prefix..].iter().rev())
-        .take(rest)
-        .take_while(|(a, b)| same_content(a, b))
-        .count();
-    (
-        prefix as u32,
-        (old.len() - prefix - suffix) as u32,
-        (new.len() - prefix - suffix) as u32,
-    )
 }
 
 /// The table-local jump and goto targets of `rules`, ascending, no repeats.
@@ -887,7 +860,20 @@ impl Snapshot {
         sets: &dyn SetRegistry,
         cores: usize,
     ) -> Result<Snapshot, CompileError> {
-        Self::build(rulesets, sets, cores, prev.classifier, Some(prev))
+        Self::build(rulesets, sets, cores, prev.classifier, Some((prev, &[])))
+    }
+
+    /// As [`Snapshot::compile_after`], taking the chains' diffs from `hints` (computed by
+    /// validation against the same old rulesets) instead of comparing the rules again. A hint
+    /// is used only for the ruleset `hint.new` when `prev` holds `hint.old` under its name.
+    pub(crate) fn compile_after_hinted(
+        prev: &Snapshot,
+        rulesets: &[Arc<Ruleset>],
+        sets: &dyn SetRegistry,
+        cores: usize,
+        hints: &[DiffHint],
+    ) -> Result<Snapshot, CompileError> {
+        Self::build(rulesets, sets, cores, prev.classifier, Some((prev, hints)))
     }
 
     fn build(
@@ -895,8 +881,9 @@ impl Snapshot {
         sets: &dyn SetRegistry,
         cores: usize,
         classifier: Classifier,
-        prev: Option<&Snapshot>,
+        prev: Option<(&Snapshot, &[DiffHint])>,
     ) -> Result<Snapshot, CompileError> {
+        let (prev, hints) = prev.map_or((None, &[][..]), |(p, h)| (Some(p), h));
         let mut order: Vec<usize> = (0..rulesets.len()).collect();
         order.sort_by(|&a, &b| {
             (rulesets[a].priority, &rulesets[a].name)
@@ -929,7 +916,12 @@ impl Snapshot {
         for (ri, rs) in sorted.iter().enumerate() {
             let old_rs = prev.and_then(|p| Some(&p.rulesets[*old_rulesets.get(rs.name.as_str())?]));
             let same_rs = old_rs.is_some_and(|o| Arc::ptr_eq(o, rs));
-            for table in &rs.tables {
+            let hint = old_rs.and_then(|o| {
+                hints
+                    .iter()
+                    .find(|h| Arc::ptr_eq(&h.new, rs) && Arc::ptr_eq(&h.old, o))
+            });
+            for (ti, table) in rs.tables.iter().enumerate() {
                 if !table.kind.is_enforced() {
                     continue;
                 }
@@ -978,10 +970,13 @@ impl Snapshot {
                     });
                     let (body, origin) = match old {
                         Some((oc, ob, old_rules)) => {
+                            let hinted = hint.and_then(|h| *h.diffs.tables.get(ti)?.get(ci)?);
                             let diff = if same_rs {
                                 (chain.rules.len() as u32, 0, 0)
+                            } else if let Some(d) = hinted {
+                                d
                             } else {
-                                diff_rules(old_rules, &chain.rules)
+                                diff_rules(old_rules, &chain.rules, |_, _| {})
                             };
                             let spliced = !ob.has_sets
                                 && (diff.1 != 0 || diff.2 != 0)

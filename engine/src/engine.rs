@@ -4,10 +4,13 @@
 //! A commit ([`Engine::commit`]) runs these phases and times each one with the caller's
 //! [`Clock`] (all durations in ns):
 //! 1. **validate** every changed ruleset ([`crate::validate`]); any error aborts and changes
-//!    nothing;
+//!    nothing. A ruleset that replaces an active one of the same name is diffed against it
+//!    chain by chain, and only its changed rules are checked one by one (same result as a
+//!    full validation, see `validate_after` in [`crate::validate`]);
 //! 2. **compile** all active rulesets with the change applied into a new [`Snapshot`],
 //!    incrementally from the active one ([`Snapshot::compile_after`]: unchanged chains are
-//!    shared, a few changed rules are spliced in and the chain's index updated);
+//!    shared, a few changed rules are spliced in and the chain's index updated), reusing the
+//!    diffs validation computed;
 //! 3. **publish** it (pointer swap + writer barrier) and 4. **quiesce**: wait only for the
 //!    cores whose generation was odd (mid-batch), never for an RCU grace period, as x_tables'
 //!    `xt_replace_table` does since 2021;
@@ -51,7 +54,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::Clock;
-use crate::compile::{CompileError, LogEvent, SlotCounters, Snapshot, Trace, Verdict};
+use crate::compile::{CompileError, DiffHint, LogEvent, SlotCounters, Snapshot, Trace, Verdict};
 use crate::conntrack::{Conntrack, ConntrackConfig, CtVerdict};
 use crate::dataplane::{
     BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Worker,
@@ -59,7 +62,7 @@ use crate::dataplane::{
 use crate::model::{Family, Hook, Ruleset};
 use crate::packet::PacketMeta;
 use crate::sets::SetRegistry;
-use crate::validate::{Severity, Violation, validate};
+use crate::validate::{Severity, Violation, validate, validate_after};
 
 /// How to build an [`Engine`].
 #[derive(Clone, Copy, Debug)]
@@ -263,7 +266,18 @@ impl Engine {
     /// Validates `ruleset` as a commit would (with `sets` for `--match-set`), without
     /// committing. Returns every violation, warnings included.
     pub fn validate(&self, ruleset: &Ruleset, sets: &dyn SetRegistry) -> Vec<Violation> {
-        validate(ruleset, Some(sets))
+        let old = self
+            .active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rulesets
+            .get(&ruleset.name)
+            .cloned();
+        match old {
+            // The same result, checking only what changed (`validate_after`).
+            Some(old) => validate_after(ruleset, &old, Some(sets)).0,
+            None => validate(ruleset, Some(sets)),
+        }
     }
 
     /// Applies `change` atomically: validate, compile, publish, quiesce, carry counters.
@@ -290,30 +304,47 @@ impl Engine {
             let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
             (active.version, active.rulesets.clone())
         };
-        let mut changed: Vec<Arc<Ruleset>> = Vec::new();
+        // Each changed ruleset with the active one of its name (if any), which it is
+        // validated and diffed against.
+        let mut changed: Vec<(Arc<Ruleset>, Option<Arc<Ruleset>>)> = Vec::new();
         match change {
             Change::Put(rs) => {
                 let rs = Arc::new(rs);
-                next.insert(rs.name.clone(), rs.clone());
-                changed.push(rs);
+                let old = next.insert(rs.name.clone(), rs.clone());
+                changed.push((rs, old));
             }
             Change::Remove(name) => {
                 next.remove(&name);
             }
             Change::ReplaceAll(all) => {
-                next.clear();
+                let mut old = std::mem::take(&mut next);
                 for rs in all {
                     let rs = Arc::new(rs);
                     if next.insert(rs.name.clone(), rs.clone()).is_some() {
                         return Err(CompileError::DuplicateRuleset(rs.name.clone()).into());
                     }
-                    changed.push(rs);
+                    let prev = old.remove(&rs.name);
+                    changed.push((rs, prev));
                 }
             }
         }
         let mut violations = Vec::new();
-        for rs in &changed {
-            violations.extend(validate(rs, Some(sets)));
+        let mut hints = Vec::new();
+        for (rs, old) in changed {
+            match old {
+                // Unchanged rules are not checked again (`validate_after`), and the chains'
+                // diffs it computes spare the compile its own.
+                Some(old) => {
+                    let (v, diffs) = validate_after(&rs, &old, Some(sets));
+                    violations.extend(v);
+                    hints.push(DiffHint {
+                        new: rs,
+                        old,
+                        diffs,
+                    });
+                }
+                None => violations.extend(validate(&rs, Some(sets))),
+            }
         }
         if violations.iter().any(|v| v.severity == Severity::Error) {
             return Err(CommitError::Invalid(violations));
@@ -326,7 +357,7 @@ impl Engine {
         let cores = self.dataplane.cores();
         let snapshot = self
             .dataplane
-            .with_active(|prev| Snapshot::compile_after(prev, &list, sets, cores))?;
+            .with_active(|prev| Snapshot::compile_after_hinted(prev, &list, sets, cores, &hints))?;
         let t2 = self.clock.now_ns();
         Ok(Prepared {
             base,

@@ -745,6 +745,156 @@ pub struct CtTarget {
     pub other: Vec<OpaqueOption>,
 }
 
+/// A rule's `-m` matches in written order, used as a slice (`Deref<Target = [Match]>`). Most
+/// rules have at most one match: it is kept inline, so such a rule owns no heap block for its
+/// matches, and cloning, comparing and dropping a large ruleset touches one array instead of
+/// one allocation per rule. Two or more matches live in a `Vec`. Equality, hashing and `Debug`
+/// are those of the slice.
+#[derive(Clone, Default)]
+pub struct MatchList(MatchRepr);
+
+#[derive(Clone, Default)]
+enum MatchRepr {
+    #[default]
+    Empty,
+    One(Match),
+    Many(Vec<Match>),
+}
+
+impl MatchList {
+    /// No matches.
+    pub const fn new() -> MatchList {
+        MatchList(MatchRepr::Empty)
+    }
+
+    /// Appends a match.
+    pub fn push(&mut self, m: Match) {
+        self.0 = match std::mem::take(&mut self.0) {
+            MatchRepr::Empty => MatchRepr::One(m),
+            MatchRepr::One(first) => MatchRepr::Many(vec![first, m]),
+            MatchRepr::Many(mut v) => {
+                v.push(m);
+                MatchRepr::Many(v)
+            }
+        };
+    }
+
+    /// Removes every match.
+    pub fn clear(&mut self) {
+        self.0 = MatchRepr::Empty;
+    }
+
+    /// The matches as a slice.
+    pub fn as_slice(&self) -> &[Match] {
+        match &self.0 {
+            MatchRepr::Empty => &[],
+            MatchRepr::One(m) => std::slice::from_ref(m),
+            MatchRepr::Many(v) => v,
+        }
+    }
+
+    /// The matches as a mutable slice.
+    pub fn as_mut_slice(&mut self) -> &mut [Match] {
+        match &mut self.0 {
+            MatchRepr::Empty => &mut [],
+            MatchRepr::One(m) => std::slice::from_mut(m),
+            MatchRepr::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for MatchList {
+    type Target = [Match];
+
+    fn deref(&self) -> &[Match] {
+        self.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for MatchList {
+    fn deref_mut(&mut self) -> &mut [Match] {
+        self.as_mut_slice()
+    }
+}
+
+impl PartialEq for MatchList {
+    fn eq(&self, other: &MatchList) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for MatchList {}
+
+impl std::hash::Hash for MatchList {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl fmt::Debug for MatchList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.as_slice().fmt(f)
+    }
+}
+
+impl From<Vec<Match>> for MatchList {
+    fn from(mut v: Vec<Match>) -> MatchList {
+        MatchList(match v.len() {
+            0 => MatchRepr::Empty,
+            1 => MatchRepr::One(v.pop().expect("one match")),
+            _ => MatchRepr::Many(v),
+        })
+    }
+}
+
+impl FromIterator<Match> for MatchList {
+    fn from_iter<I: IntoIterator<Item = Match>>(iter: I) -> MatchList {
+        let mut list = MatchList::new();
+        list.extend(iter);
+        list
+    }
+}
+
+impl Extend<Match> for MatchList {
+    fn extend<I: IntoIterator<Item = Match>>(&mut self, iter: I) {
+        for m in iter {
+            self.push(m);
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a MatchList {
+    type Item = &'a Match;
+    type IntoIter = std::slice::Iter<'a, Match>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a mut MatchList {
+    type Item = &'a mut Match;
+    type IntoIter = std::slice::IterMut<'a, Match>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_mut_slice().iter_mut()
+    }
+}
+
+impl IntoIterator for MatchList {
+    type Item = Match;
+    type IntoIter = std::vec::IntoIter<Match>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        match self.0 {
+            MatchRepr::Empty => Vec::new(),
+            MatchRepr::One(m) => vec![m],
+            MatchRepr::Many(v) => v,
+        }
+        .into_iter()
+    }
+}
+
 /// One rule: the header fields, the matches in order and the target.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Rule {
@@ -761,7 +911,7 @@ pub struct Rule {
     /// `-f` / `! -f` (IPv4 only): `Some(true)` matches second and later fragments only.
     pub fragment: Option<bool>,
     /// `-m` matches, in written order.
-    pub matches: Vec<Match>,
+    pub matches: MatchList,
     /// `-j` / `-g`.
     pub target: Target,
     /// `[p:b]` or `-c p b` counters given in the text, if any.
@@ -779,10 +929,99 @@ impl Default for Rule {
             out_iface: None,
             protocol: None,
             fragment: None,
-            matches: Vec::new(),
+            matches: MatchList::new(),
             target: Target::None,
             counters: None,
             location: Location::default(),
+        }
+    }
+}
+
+impl Rule {
+    /// Whether two rules have the same content: every field but where they were written
+    /// (`location`) and the counters given in the text (an inserted line moves every later
+    /// rule's location, which must not make them "changed"). Two rules with the same content
+    /// validate and compile alike in the same chain.
+    pub fn same_content(&self, other: &Rule) -> bool {
+        // Cheap inline fields first; `matches` (behind a pointer) last.
+        self.src == other.src
+            && self.dst == other.dst
+            && self.protocol == other.protocol
+            && self.fragment == other.fragment
+            && self.in_iface == other.in_iface
+            && self.out_iface == other.out_iface
+            && self.target == other.target
+            && self.matches == other.matches
+    }
+}
+
+/// The longest common prefix and, of what follows it, the longest common suffix of `old` and
+/// `new` (by [`Rule::same_content`]): `(prefix, old_mid, new_mid)` with `old_mid`/`new_mid`
+/// the lengths of what differs. `unchanged(i, rule)` is called for each rule of `new` found
+/// equal to its counterpart (prefix in order, then suffix from the end), while it is in
+/// cache: callers fold their own per-rule work into this one pass.
+pub(crate) fn diff_rules(
+    old: &[Rule],
+    new: &[Rule],
+    mut unchanged: impl FnMut(usize, &Rule),
+) -> (u32, u32, u32) {
+    let common = old.len().min(new.len());
+    let mut prefix = 0;
+    while prefix < common && old[prefix].same_content(&new[prefix]) {
+        unchanged(prefix, &new[prefix]);
+        prefix += 1;
+    }
+    let mut suffix = 0;
+    while suffix < common - prefix {
+        let (o, n) = (old.len() - 1 - suffix, new.len() - 1 - suffix);
+        if !old[o].same_content(&new[n]) {
+            break;
+        }
+
+        unchanged(n, &new[n]);
+        suffix += 1;
+    }
+    (
+        prefix as u32,
+        (old.len() - prefix - suffix) as u32,
+        (new.len() - prefix - suffix) as u32,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::{BuildHasher, BuildHasherDefault, Hash};
+
+    use super::*;
+
+    #[test]
+    fn match_list_behaves_as_its_slice() {
+        let ms: Vec<Match> = (0..4).map(|i| Match::Comment(format!("c{i}"))).collect();
+        let hash = |x: &dyn Fn(&mut rustc_hash::FxHasher)| {
+            let mut h = BuildHasherDefault::<rustc_hash::FxHasher>::default().build_hasher();
+            x(&mut h);
+            std::hash::Hasher::finish(&h)
+        };
+        for n in 0..=ms.len() {
+            let mut list = MatchList::new();
+            for m in &ms[..n] {
+                list.push(m.clone());
+            }
+            assert_eq!(list.as_slice(), &ms[..n]);
+            assert_eq!(list, MatchList::from(ms[..n].to_vec()));
+            assert_eq!(list, ms[..n].iter().cloned().collect::<MatchList>());
+            assert_eq!(list.clone().into_iter().collect::<Vec<_>>(), &ms[..n]);
+            assert_eq!(format!("{list:?}"), format!("{:?}", ms[..n].to_vec()));
+            assert_eq!(
+                hash(&|h| list.hash(h)),
+                hash(&|h| ms[..n].to_vec().hash(h)),
+                "{n} matches"
+            );
+            if n > 0 {
+                assert_ne!(list, MatchList::from(ms[..n - 1].to_vec()));
+            }
+            list.clear();
+            assert!(list.is_empty());
         }
     }
 }

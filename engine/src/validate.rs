@@ -34,7 +34,7 @@ use std::net::IpAddr;
 use crate::compile::MAX_CALL_DEPTH;
 use crate::model::{
     Chain, Family, Hook, IpNet, Location, Match, RejectWith, Rule, Ruleset, Table, TableKind,
-    Target,
+    Target, diff_rules,
 };
 use crate::sets::SetRegistry;
 
@@ -269,6 +269,64 @@ pub fn validate(ruleset: &Ruleset, sets: Option<&dyn SetRegistry>) -> Vec<Violat
     out
 }
 
+/// Per table (by index in the ruleset) and chain (by index in the table): how a chain's rules
+/// differ from the previous ruleset's chain of that name, `(prefix, old_mid, new_mid)` as
+/// [`crate::model::diff_rules`] gives it; `None` where no diff was computed (the table's chain
+/// names differ from the previous ruleset's, or there is no previous table). Computed once by
+/// [`validate_after`] and reused by the incremental compile.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RuleDiffs {
+    pub(crate) tables: Vec<Vec<Option<(u32, u32, u32)>>>,
+}
+
+/// As [`validate`], given `prev`: the ruleset of the same name that is active now, which
+/// passed validation without errors when it was committed. A rule whose content is unchanged
+/// (by [`Rule::same_content`], in the same chain, a prefix or suffix of the chain's rules)
+/// validates as it did then, as long as its context is the same: the table's chain names and
+/// builtin-ness are unchanged and no changed rule jumps (so every chain is reached from the
+/// same hooks) and it has no `-m set` (the registry may have changed). Only the other rules
+/// are checked rule by rule; the structure and the jump graph are checked in full. Returns
+/// exactly what [`validate`] returns (when this finds an error it runs [`validate`] for the
+/// full list), and the per-chain diffs it computed on the way.
+pub(crate) fn validate_after(
+    ruleset: &Ruleset,
+    prev: &Ruleset,
+    sets: Option<&dyn SetRegistry>,
+) -> (Vec<Violation>, RuleDiffs) {
+    let mut out = Vec::new();
+    let mut seen_tables = HashSet::new();
+    let mut diffs = RuleDiffs {
+        tables: vec![Vec::new(); ruleset.tables.len()],
+    };
+    for (ti, table) in ruleset.tables.iter().enumerate() {
+        let mut v = TableCheck {
+            ruleset,
+            table,
+            out: &mut out,
+        };
+        if !seen_tables.insert((table.family, table.kind)) {
+            v.at_table(ViolationKind::DuplicateTable(table.kind));
+            continue;
+        }
+        if !table.kind.is_enforced() {
+            v.push(
+                Severity::Warning,
+                None,
+                None,
+                table.location,
+                ViolationKind::TableNotEnforced(table.kind),
+            );
+        }
+        let old = prev.table(table.family, table.kind);
+        diffs.tables[ti] = v.check_after(sets, old);
+    }
+    if has_errors(&out) {
+        return (validate(ruleset, sets), diffs);
+    }
+    out.sort_by_key(|v| v.location);
+    (out, diffs)
+}
+
 /// Whether any violation is an error.
 pub fn has_errors(violations: &[Violation]) -> bool {
     violations.iter().any(|v| v.severity == Severity::Error)
@@ -355,6 +413,17 @@ impl TableCheck<'_> {
     }
 
     fn check(&mut self, sets: Option<&dyn SetRegistry>) {
+        self.check_after(sets, None);
+    }
+
+    /// [`TableCheck::check`], knowing the table `old` of the active ruleset (valid): see
+    /// [`validate_after`]. Returns the per-chain diffs against `old` (empty when its chains
+    /// differ).
+    fn check_after(
+        &mut self,
+        sets: Option<&dyn SetRegistry>,
+        old: Option<&Table>,
+    ) -> Vec<Option<(u32, u32, u32)>> {
         let table = self.table;
         let hooks = table.kind.builtin_hooks();
         let mut names: HashMap<&str, usize> = HashMap::new();
@@ -389,21 +458,58 @@ impl TableCheck<'_> {
         // Jump graph: edges (from, to, is_jump) per rule.
         let n = table.chains.len();
         let mut edges: Vec<Vec<(usize, bool)>> = vec![Vec::new(); n];
-        for (ci, c) in table.chains.iter().enumerate() {
-            for (ri, r) in c.rules.iter().enumerate() {
-                let (name, jump) = match &r.target {
-                    Target::Jump(t) => (t, true),
-                    Target::Goto(t) => (t, false),
-                    _ => continue,
-                };
-                match names.get(name.as_str()) {
-                    None => self.at_rule(c, ri, r, ViolationKind::UnknownChain(name.clone())),
-                    Some(&ti) if table.chains[ti].policy.is_some() => {
-                        self.at_rule(c, ri, r, ViolationKind::JumpToBuiltin(name.clone()))
-                    }
-                    Some(&ti) => edges[ci].push((ti, jump)),
+        let mut edge = |this: &mut Self, ci: usize, ri: usize, r: &Rule| {
+            let (name, jump) = match &r.target {
+                Target::Jump(t) => (t, true),
+                Target::Goto(t) => (t, false),
+                _ => return,
+            };
+            let c = &table.chains[ci];
+            match names.get(name.as_str()) {
+                None => this.at_rule(c, ri, r, ViolationKind::UnknownChain(name.clone())),
+                Some(&ti) if table.chains[ti].policy.is_some() => {
+                    this.at_rule(c, ri, r, ViolationKind::JumpToBuiltin(name.clone()))
                 }
+                Some(&ti) => edges[ci].push((ti, jump)),
             }
+        };
+        // With a previous table of the same chains (names, builtin or not, in order), each
+        // chain's rules are diffed against the old chain's in one pass that also collects the
+        // unchanged rules' edges; `recheck` gets the rules that must be checked one by one.
+        let same_chains = old.filter(|o| {
+            o.chains.len() == n
+                && o.chains
+                    .iter()
+                    .zip(&table.chains)
+                    .all(|(a, b)| a.name == b.name && a.policy.is_some() == b.policy.is_some())
+        });
+        let mut diffs = vec![None; if same_chains.is_some() { n } else { 0 }];
+        let mut recheck: Vec<(usize, usize)> = Vec::new();
+        let mut jumps_changed = same_chains.is_none();
+        for (ci, c) in table.chains.iter().enumerate() {
+            let Some(o) = same_chains else {
+                for (ri, r) in c.rules.iter().enumerate() {
+                    edge(self, ci, ri, r);
+                }
+                continue;
+            };
+            let old_rules = &o.chains[ci].rules;
+            let d = diff_rules(old_rules, &c.rules, |ri, r| {
+                edge(self, ci, ri, r);
+                if r.matches.iter().any(|m| matches!(m, Match::Set(_))) {
+                    recheck.push((ci, ri));
+                }
+            });
+            diffs[ci] = Some(d);
+            let (p, om, nm) = (d.0 as usize, d.1 as usize, d.2 as usize);
+            for (ri, r) in c.rules.iter().enumerate().skip(p).take(nm) {
+                edge(self, ci, ri, r);
+                recheck.push((ci, ri));
+                jumps_changed |= matches!(r.target, Target::Jump(_) | Target::Goto(_));
+            }
+            jumps_changed |= old_rules[p..p + om]
+                .iter()
+                .any(|r| matches!(r.target, Target::Jump(_) | Target::Goto(_)));
         }
 
         // Loops and depth: DFS with colours, as mark_source_chains walks the graph.
@@ -481,11 +587,22 @@ impl TableCheck<'_> {
             }
         }
 
-        for (ci, c) in table.chains.iter().enumerate() {
-            for (ri, r) in c.rules.iter().enumerate() {
-                self.check_rule(c, ri, r, reach[ci], sets);
+        if jumps_changed {
+            for (ci, c) in table.chains.iter().enumerate() {
+                for (ri, r) in c.rules.iter().enumerate() {
+                    self.check_rule(c, ri, r, reach[ci], sets);
+                }
+            }
+        } else {
+            // Every chain is reached from the hooks it was reached from before, so an
+            // unchanged rule (without a set) checks as it did when `old` was committed.
+            recheck.sort_unstable();
+            for (ci, ri) in recheck {
+                let c = &table.chains[ci];
+                self.check_rule(c, ri, &c.rules[ri], reach[ci], sets);
             }
         }
+        diffs
     }
 
     fn check_rule(
@@ -808,5 +925,214 @@ impl TableCheck<'_> {
         for e in errs {
             self.at_rule(c, ri, r, e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `validate_after` against `validate`: random valid rulesets, random changes (runs of
+    //! rules replaced, inserted, deleted, in one or two chains; sometimes a chain added, a
+    //! set removed from the registry), the same violations and the diffs `diff_rules` gives.
+
+    use std::collections::BTreeMap;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{IpNet, Neg, Policy, SetDir, SetMatch, TcpMatch};
+    use crate::sets::{FrozenSet, IpSet};
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            // xorshift64*
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+        }
+    }
+
+    fn pool(i: usize) -> Rule {
+        let with = |matches: Vec<Match>, target: Target| Rule {
+            matches: matches.into(),
+            target,
+            ..Rule::default()
+        };
+        match i {
+            0 => with(vec![], Target::Accept),
+            1 => with(
+                vec![Match::Mac(Neg::plain([2, 0, 0, 0, 0, 1]))],
+                Target::Accept,
+            ),
+            2 => with(vec![], Target::Jump("A".into())),
+            3 => with(vec![], Target::Jump("B".into())),
+            4 => with(vec![], Target::Goto("B".into())),
+            5 => with(vec![], Target::Reject(RejectWith::PortUnreachable)),
+            6 => with(
+                vec![Match::Set(SetMatch {
+                    negated: false,
+                    name: "s1".into(),
+                    dirs: vec![SetDir::Src],
+                    other: vec![],
+                })],
+                Target::Drop,
+            ),
+            7 => with(vec![Match::Comment("bad\u{1}".into())], Target::Accept),
+            8 => Rule {
+                protocol: Some(Neg::plain(6)),
+                ..with(vec![Match::Tcp(TcpMatch::default())], Target::Drop)
+            },
+            9 => with(vec![Match::Tcp(TcpMatch::default())], Target::Drop),
+            10 => with(vec![], Target::Return),
+            11 => with(vec![], Target::Jump("INPUT".into())),
+            12 => with(vec![], Target::Jump("nope".into())),
+            13 => with(vec![], Target::Notrack),
+            _ => Rule {
+                src: IpNet::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)), 8).map(Neg::plain),
+                ..with(vec![], Target::Accept)
+            },
+        }
+    }
+
+    const POOL: usize = 15;
+
+    fn chain(name: &str, policy: Option<Policy>, rules: Vec<Rule>) -> Chain {
+        Chain {
+            name: name.into(),
+            policy,
+            counters: Default::default(),
+            rules,
+            location: Location::default(),
+        }
+    }
+
+    fn random_ruleset(rng: &mut Rng) -> Ruleset {
+        let rules = |rng: &mut Rng, n: usize| -> Vec<Rule> {
+            // Mostly harmless rules, so that most rulesets are valid.
+            (0..rng.below(n))
+                .map(|_| match rng.below(4) {
+                    0 => pool(rng.below(POOL)),
+                    _ => pool([0, 8, 14][rng.below(3)]),
+                })
+                .collect()
+        };
+        let table = |kind: TableKind, chains: Vec<Chain>| Table {
+            family: Family::Ipv4,
+            kind,
+            chains,
+            location: Location::default(),
+        };
+        Ruleset {
+            name: "r".into(),
+            priority: 0,
+            tables: vec![
+                table(
+                    TableKind::Filter,
+                    vec![
+                        chain("INPUT", Some(Policy::Accept), rules(rng, 12)),
+                        chain("FORWARD", Some(Policy::Drop), rules(rng, 6)),
+                        chain("OUTPUT", Some(Policy::Accept), rules(rng, 6)),
+                        chain("A", None, rules(rng, 6)),
+                        chain("B", None, rules(rng, 6)),
+                    ],
+                ),
+                table(
+                    TableKind::Raw,
+                    vec![
+                        chain("PREROUTING", Some(Policy::Accept), rules(rng, 6)),
+                        chain("OUTPUT", Some(Policy::Accept), rules(rng, 6)),
+                        chain("A", None, rules(rng, 4)),
+                    ],
+                ),
+            ],
+        }
+    }
+
+    fn mutate(rng: &mut Rng, rs: &mut Ruleset) {
+        for _ in 0..1 + rng.below(2) {
+            let t = rng.below(rs.tables.len());
+            let table = &mut rs.tables[t];
+            if rng.below(15) == 0 {
+                table.chains.push(chain("C", None, vec![pool(0)]));
+                continue;
+            }
+            let c = rng.below(table.chains.len());
+            let rules = &mut table.chains[c].rules;
+            let at = rng.below(rules.len() + 1);
+            let removed = rng.below(3).min(rules.len() - at);
+            let added: Vec<Rule> = (0..rng.below(3)).map(|_| pool(rng.below(POOL))).collect();
+            rules.splice(at..at + removed, added);
+        }
+    }
+
+    #[test]
+    fn validate_after_matches_validate() {
+        let with_s1: BTreeMap<String, Arc<dyn IpSet>> = BTreeMap::from([(
+            "s1".to_string(),
+            Arc::new(FrozenSet::new([])) as Arc<dyn IpSet>,
+        )]);
+        let without: BTreeMap<String, Arc<dyn IpSet>> = BTreeMap::new();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let (mut checked, mut invalid, mut fast) = (0, 0, 0);
+        while checked < 4000 {
+            let old = random_ruleset(&mut rng);
+            if has_errors(&validate(&old, Some(&with_s1))) {
+                continue;
+            }
+            let mut new = old.clone();
+            mutate(&mut rng, &mut new);
+            let sets: &dyn SetRegistry = if rng.below(4) == 0 {
+                &without
+            } else {
+                &with_s1
+            };
+            let full = validate(&new, Some(sets));
+            let (after, diffs) = validate_after(&new, &old, Some(sets));
+            assert_eq!(after, full, "old {old:#?}\nnew {new:#?}");
+            for (ti, t) in new.tables.iter().enumerate() {
+                let ot = old.table(t.family, t.kind).expect("same tables");
+                for (ci, d) in diffs.tables[ti].iter().enumerate() {
+                    let d = d.expect("same chains: every chain diffed");
+                    assert_eq!(
+                        d,
+                        diff_rules(&ot.chains[ci].rules, &t.chains[ci].rules, |_, _| {})
+                    );
+                }
+            }
+            invalid += usize::from(has_errors(&full));
+            fast += usize::from(diffs.tables.iter().all(|t| !t.is_empty()));
+            checked += 1;
+        }
+        // Both outcomes and both paths were exercised.
+        assert!(invalid > 400 && invalid < 3600, "{invalid} invalid of 4000");
+        assert!(fast > 2000, "{fast} of 4000 diffed every table");
+    }
+
+    #[test]
+    fn unchanged_rule_reached_from_a_new_hook_is_checked_again() {
+        // `-m mac` in A is fine while only INPUT jumps to A; a new OUTPUT rule jumping to A
+        // makes that unchanged rule an error.
+        let mut rs = random_ruleset(&mut Rng(1));
+        let filter = &mut rs.tables[0];
+        for c in &mut filter.chains {
+            c.rules.clear();
+        }
+        filter.chains[0].rules.push(pool(2));
+        filter.chains[3].rules.push(pool(1));
+        assert!(!has_errors(&validate(&rs, None)));
+        let mut next = rs.clone();
+        next.tables[0].chains[2].rules.push(pool(2));
+        let (v, _) = validate_after(&next, &rs, None);
+        assert!(
+            v.iter().any(|v| v.kind
+                == ViolationKind::WrongHook {
+                    what: "-m mac",
+                    hook: Hook::Output
+                }),
+            "{v:?}"
+        );
+        assert_eq!(v, validate(&next, None));
     }
 }

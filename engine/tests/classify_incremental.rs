@@ -21,7 +21,10 @@
 
 use std::sync::Arc;
 
+use vallum_engine::Clock;
 use vallum_engine::compile::{Classifier, Snapshot};
+use vallum_engine::dataplane::BarrierStrategy;
+use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Chain, Counters, Location, Match, Rule, Ruleset, Target};
 use vallum_engine::sets::NoSets;
 
@@ -29,6 +32,14 @@ use vallum_engine::sets::NoSets;
 mod classbench;
 
 use classbench::{Filter, Header};
+
+struct ZeroClock;
+
+impl Clock for ZeroClock {
+    fn now_ns(&self) -> u64 {
+        0
+    }
+}
 
 /// splitmix64.
 struct Rng(u64);
@@ -189,6 +200,20 @@ fn incremental_commits_equal_full_compiles() {
         Snapshot::compile_with(&list(&main), &NoSets, cores, Classifier::default()).unwrap();
     let mut prev_full =
         Snapshot::compile_with(&list(&main), &NoSets, cores, Classifier::default()).unwrap();
+    // The same changes committed through an engine: `Engine::commit` takes the chains' diffs
+    // from validation (`validate_after`) instead of `compile_after` comparing the rules again.
+    let engine = Engine::new(
+        EngineConfig {
+            cores,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(ZeroClock),
+    );
+    engine
+        .commit(Change::Put((*other).clone()), &NoSets)
+        .unwrap();
+    engine.commit(Change::Put(main.clone()), &NoSets).unwrap();
     let (mut spliced_steps, mut small_sizes) = (0, Vec::new());
     for step in 0..80u64 {
         // Traffic on the old snapshots, so that carrying has something to carry.
@@ -252,6 +277,15 @@ fn incremental_commits_equal_full_compiles() {
                 inc.trace(&p, 0),
                 full.trace(&p, 0),
                 "step {step}: header #{i} {h:?}"
+            );
+        }
+        engine.commit(Change::Put(main.clone()), &NoSets).unwrap();
+        for (i, h) in probe.iter().chain(&traffic).enumerate() {
+            let p = classbench::to_packet(h);
+            assert_eq!(
+                engine.trace_with_state(&p, 0),
+                full.trace(&p, 0),
+                "step {step}: engine, header #{i} {h:?}"
             );
         }
         if step % 10 == 0 {

@@ -305,12 +305,8 @@ impl<'t> MatchStates<'t> {
     }
 }
 
-/// Adds a match to the rule. Most rules have one match at most, so the first gets a `Vec` of
-/// exactly one (a `Vec` would start at four).
+/// Adds a match to the rule (the first is kept inline: [`crate::model::MatchList`]).
 fn push_match(rule: &mut Rule, m: Match) {
-    if rule.matches.capacity() == 0 {
-        rule.matches.reserve_exact(1);
-    }
     rule.matches.push(m);
 }
 

@@ -1,0 +1,114 @@
+//! What one-rule commits cost the committing thread, by phase: the acl1 ruleset (one
+//! filter/INPUT chain) with its middle rule replaced, back and forth, through
+//! [`Engine::commit`]`(Change::Put(ruleset.clone()))` on an idle 2-core engine, as the pipeline
+//! bench's committer does. Per commit: the clone of the model (the caller's part, a stand-in for
+//! a parse), the report's validate / compile / publish+quiesce / carry, and dropping the retired
+//! snapshot (with the previous model); the last column is the thread's CPU time for all of it.
+//! Prints the median over `N` commits (default 20) for acl1 10k and, with
+//! `VALLUM_BENCH_100K=1`, the generated acl1 100k, in microseconds.
+//!
+//! Run: `cargo bench -p vallum-engine --bench commit_cpu` (prints a line per set; no criterion).
+#![allow(missing_docs)]
+use std::sync::Arc;
+use std::time::Instant;
+use vallum_engine::Clock;
+use vallum_engine::dataplane::BarrierStrategy;
+use vallum_engine::engine::{Change, Engine, EngineConfig};
+use vallum_engine::model::Target;
+use vallum_engine::sets::NoSets;
+
+#[path = "support/classbench.rs"]
+mod classbench;
+
+struct MonoClock(Instant);
+impl Clock for MonoClock {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+/// CPU time of the calling thread, ns (CLOCK_THREAD_CPUTIME_ID).
+fn cpu() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+fn med(mut v: Vec<u64>) -> f64 {
+    v.sort_unstable();
+    v[v.len() / 2] as f64 / 1e3
+}
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is not supported.
+    let Some(dir) = classbench::data_dir() else {
+        eprintln!("SKIP commit_cpu bench: ../shared/data/classbench not found");
+        return;
+    };
+    let n: usize = std::env::var("N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let mut sets =
+        vec![std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k")];
+    if std::env::var("VALLUM_BENCH_100K").as_deref() == Ok("1") {
+        match classbench::read_gz(&dir.join("generated/acl1_100k.gz")) {
+            Some(t) => sets.push(t),
+            None => eprintln!("SKIP acl1_100k: cannot gunzip"),
+        }
+    }
+    for text in sets {
+        run(&text, n);
+    }
+}
+
+fn run(text: &str, n: usize) {
+    let filters = classbench::parse_filters(text).unwrap();
+    let a = classbench::to_ruleset("acl1", &filters).unwrap();
+    let mut b = a.clone();
+    let rules = &mut b.tables[0].chains[0].rules;
+    let mid = rules.len() / 2;
+    rules[mid] = classbench::to_rule(&filters[mid / 2], Target::Drop).unwrap();
+    let pair = [a, b];
+    let engine = Engine::new(
+        EngineConfig {
+            cores: 2,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(MonoClock(Instant::now())),
+    );
+    engine
+        .commit(Change::Put(pair[0].clone()), &NoSets)
+        .unwrap();
+    let (mut cl, mut va, mut co, mut pu, mut ca, mut dr, mut tot) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..n {
+        let c0 = cpu();
+        let rs = pair[(i + 1) % 2].clone();
+        let c1 = cpu();
+        let done = engine.commit(Change::Put(rs), &NoSets).unwrap();
+        let c2 = cpu();
+        drop(done.retired);
+        let c3 = cpu();
+        cl.push(c1 - c0);
+        va.push(done.report.validate_ns);
+        co.push(done.report.compile_ns);
+        pu.push(done.report.publish_ns + done.report.quiesce_ns);
+        ca.push(done.report.carry_ns);
+        dr.push(c3 - c2);
+        tot.push(c3 - c0);
+    }
+    println!(
+        "{} rules, median of {n} (us): clone {:.0} validate {:.0} compile {:.0} publish {:.1} carry {:.0} drop {:.0} | CPU total {:.0}",
+        filters.len(),
+        med(cl),
+        med(va),
+        med(co),
+        med(pu),
+        med(ca),
+        med(dr),
+        med(tot)
+    );
+}
