@@ -1041,6 +1041,7 @@ mod tests {
         assert_eq!(kept.iter().map(|r| r.number).collect::<Vec<_>>(), [4, 5, 6]);
         for r in &kept {
             assert_eq!(r.content, texts[r.number as usize - 1]);
+            assert_eq!(r.digest, r.content.digest());
         }
         // One copy of each text plus the changed chunk of each kept revision.
         let one =
