@@ -250,18 +250,8 @@ pub fn validate(ruleset: &Ruleset, sets: Option<&dyn SetRegistry>) -> Vec<Violat
             table,
             out: &mut out,
         };
-        if !seen_tables.insert((table.family, table.kind)) {
-            v.at_table(ViolationKind::DuplicateTable(table.kind));
+        if !v.table_head(&mut seen_tables) {
             continue;
-        }
-        if !table.kind.is_enforced() {
-            v.push(
-                Severity::Warning,
-                None,
-                None,
-                table.location,
-                ViolationKind::TableNotEnforced(table.kind),
-            );
         }
         v.check(sets);
     }
@@ -304,18 +294,8 @@ pub(crate) fn validate_after(
             table,
             out: &mut out,
         };
-        if !seen_tables.insert((table.family, table.kind)) {
-            v.at_table(ViolationKind::DuplicateTable(table.kind));
+        if !v.table_head(&mut seen_tables) {
             continue;
-        }
-        if !table.kind.is_enforced() {
-            v.push(
-                Severity::Warning,
-                None,
-                None,
-                table.location,
-                ViolationKind::TableNotEnforced(table.kind),
-            );
         }
         let old = prev.table(table.family, table.kind);
         diffs.tables[ti] = v.check_after(sets, old);
@@ -391,6 +371,26 @@ impl TableCheck<'_> {
             location,
             kind,
         });
+    }
+
+    /// The checks of the table itself: a second table of the same family and kind is an
+    /// error (`false`: check nothing else of it), one that is not enforced a warning.
+    fn table_head(&mut self, seen: &mut HashSet<(Family, TableKind)>) -> bool {
+        let table = self.table;
+        if !seen.insert((table.family, table.kind)) {
+            self.at_table(ViolationKind::DuplicateTable(table.kind));
+            return false;
+        }
+        if !table.kind.is_enforced() {
+            self.push(
+                Severity::Warning,
+                None,
+                None,
+                table.location,
+                ViolationKind::TableNotEnforced(table.kind),
+            );
+        }
+        true
     }
 
     fn at_table(&mut self, kind: ViolationKind) {
