@@ -18,10 +18,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use vallum_engine::Clock;
 use vallum_engine::dataplane::{BarrierStrategy, Dataplane, Worker};
 
 const BATCHES: [u64; 3] = [1, 8, 32];
+
+#[path = "support/clock.rs"]
+mod clock;
+use clock::MonoClock;
 
 struct Snap {
     data: [u64; 64],
@@ -41,14 +44,6 @@ impl Snap {
 #[inline(always)]
 fn work(s: &Snap, packet: u64) -> u64 {
     s.data[(packet & 63) as usize]
-}
-
-struct MonoClock(Instant);
-
-impl Clock for MonoClock {
-    fn now_ns(&self) -> u64 {
-        self.0.elapsed().as_nanos() as u64
-    }
 }
 
 fn dataplane(strategy: BarrierStrategy) -> Dataplane<Snap> {

@@ -24,23 +24,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use vallum_engine::Clock;
 use vallum_engine::compile::{Classifier, Snapshot};
 use vallum_engine::dataplane::{BarrierStrategy, Dataplane, Retired};
 use vallum_engine::engine::{Change, CommitReport, Engine, EngineConfig};
 use vallum_engine::model::{Ruleset, Target};
 use vallum_engine::sets::NoSets;
 
+#[path = "support/clock.rs"]
+mod clock;
+use clock::MonoClock;
+
 #[path = "support/classbench.rs"]
 mod classbench;
-
-struct MonoClock(Instant);
-
-impl Clock for MonoClock {
-    fn now_ns(&self) -> u64 {
-        self.0.elapsed().as_nanos() as u64
-    }
-}
 
 fn median(mut v: Vec<u64>) -> f64 {
     v.sort_unstable();

@@ -11,31 +11,18 @@
 #![allow(missing_docs)]
 use std::sync::Arc;
 use std::time::Instant;
-use vallum_engine::Clock;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::Target;
 use vallum_engine::sets::NoSets;
 
+#[path = "support/clock.rs"]
+mod clock;
+use clock::{MonoClock, thread_cpu_ns};
+
 #[path = "support/classbench.rs"]
 mod classbench;
 
-struct MonoClock(Instant);
-impl Clock for MonoClock {
-    fn now_ns(&self) -> u64 {
-        self.0.elapsed().as_nanos() as u64
-    }
-}
-/// CPU time of the calling thread, ns (CLOCK_THREAD_CPUTIME_ID).
-fn cpu() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 fn med(mut v: Vec<u64>) -> f64 {
     v.sort_unstable();
     v[v.len() / 2] as f64 / 1e3
@@ -85,13 +72,13 @@ fn run(text: &str, n: usize) {
     let (mut cl, mut va, mut co, mut pu, mut ca, mut dr, mut tot) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     for i in 0..n {
-        let c0 = cpu();
+        let c0 = thread_cpu_ns();
         let rs = pair[(i + 1) % 2].clone();
-        let c1 = cpu();
+        let c1 = thread_cpu_ns();
         let done = engine.commit(Change::Put(rs), &NoSets).unwrap();
-        let c2 = cpu();
+        let c2 = thread_cpu_ns();
         drop(done.retired);
-        let c3 = cpu();
+        let c3 = thread_cpu_ns();
         cl.push(c1 - c0);
         va.push(done.report.validate_ns);
         co.push(done.report.compile_ns);

@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use vallum_engine::Clock;
 use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
@@ -34,16 +33,12 @@ use vallum_engine::model::{Ruleset, Target};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::sets::NoSets;
 
+#[path = "support/clock.rs"]
+mod clock;
+use clock::{MonoClock, thread_cpu_ns};
+
 #[path = "support/classbench.rs"]
 mod classbench;
-
-struct MonoClock(Instant);
-
-impl Clock for MonoClock {
-    fn now_ns(&self) -> u64 {
-        self.0.elapsed().as_nanos() as u64
-    }
-}
 
 const CORES: usize = 2;
 const BATCH: usize = 64;
@@ -59,17 +54,6 @@ struct RoundResult {
     commit_cpu_share: f64,
     /// The committer's CPU time per commit (clone, commit, drop), median, us.
     commit_cpu_us: f64,
-}
-
-/// CPU time of the calling thread, ns (CLOCK_THREAD_CPUTIME_ID).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// One round of `secs`: workers classify until told to stop; with `commits`, a committer
