@@ -5,10 +5,11 @@
 //! Why not through the sqlx pool like the reads: sqlx-sqlite runs every statement on the
 //! connection's own worker thread and hands it and its rows over channels, one round trip
 //! per statement. A commit's transaction is ~15 statements that take microseconds each, and
-//! on a loaded 2-core VM each round trip cost 0.25-0.5 ms (measured: 5.6-5.9 ms of the
-//! transaction of a 10k-rule Apply). Here the whole transaction is one hop to a blocking
-//! thread, with statements prepared once and cached on the connection. SQLite allows one
-//! writer at a time anyway; readers keep using the pool (WAL: they never wait for the writer).
+//! on a loaded 2-core VM each round trip cost 0.25-0.5 ms. Here the whole transaction is one
+//! hop to a blocking thread, with statements prepared once and cached on the connection
+//! (persist of a 10k-rule Apply, p50: 4.7-5.0 -> 3.3-3.4 ms together with the session's other
+//! changes, BENCHMARKS.md §6). SQLite allows one writer at a time anyway; readers keep using
+//! the pool (WAL: they never wait for the writer).
 //!
 //! The connection is opened after the migrations ran (the schema is the pool's), with the
 //! pool's settings: `synchronous = FULL` (a commit is on disk when it returns), foreign
@@ -42,7 +43,7 @@ impl Writer {
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", true)?;
-        // The statements of a commit, the chunk lookups' variants included.
+        // Room for every statement of the write transactions (~25).
         conn.set_prepared_statement_cache_capacity(64);
         Ok(Writer {
             conn: Arc::new(Mutex::new(conn)),
