@@ -593,13 +593,17 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn get_revision(&self, ruleset: &str, number: u64) -> Result<Option<RevisionRow>> {
-        let mut conn = self.pool.acquire().await?;
+        // One read transaction: the chunk lists and the chunks from the same snapshot (a
+        // delete or prune between two autocommit reads freed the chunks in between).
+        let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
             .bind(ruleset)
             .bind(i64_of(number))
-            .fetch_all(&mut *conn)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(revision_rows(&mut conn, &rows).await?.pop())
+        let rev = revision_rows(&mut tx, &rows).await?.pop();
+        tx.commit().await?;
+        Ok(rev)
     }
 
     /// Revisions with `number > after`, ascending, at most `limit`.
@@ -611,16 +615,19 @@ impl Store {
         after: u64,
         limit: u32,
     ) -> Result<Vec<RevisionRow>> {
-        let mut conn = self.pool.acquire().await?;
+        // One read transaction, as in `get_revision`.
+        let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(revision_select!(
             "WHERE r.ruleset = ? AND r.number > ? ORDER BY r.number LIMIT ?"
         ))
         .bind(ruleset)
         .bind(i64_of(after))
         .bind(i64::from(limit))
-        .fetch_all(&mut *conn)
+        .fetch_all(&mut *tx)
         .await?;
-        revision_rows(&mut conn, &rows).await
+        let revs = revision_rows(&mut tx, &rows).await?;
+        tx.commit().await?;
+        Ok(revs)
     }
 
     /// The rulesets with an active revision, with that revision: what the engine must run.
@@ -1070,6 +1077,52 @@ mod tests {
         assert_eq!(refs, expect);
         assert!(store.delete_ruleset("a", None).await.unwrap());
         assert_eq!(chunk_count(&store).await, (0, 0));
+    }
+
+    /// A revision read while the writer deletes and re-creates its ruleset is either there
+    /// with its own text or absent, never half (its chunk lists read, its chunks freed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_see_a_revision_whole_while_it_is_deleted() {
+        fn text(tag: u64) -> String {
+            let mut s = String::from("*filter\n");
+            for i in 0..300 {
+                s.push_str(&format!(
+                    "-A INPUT -s 10.{}.{}.0/24 -m comment --comment r{tag} -j ACCEPT\n",
+                    i / 256 % 256,
+                    i % 256
+                ));
+            }
+            s + "COMMIT\n"
+        }
+        fn rev(tag: u64) -> NewRevision {
+            NewRevision {
+                author: tag.to_string(),
+                ..new_rev("a", &text(tag))
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+        store.stage(rev(0), None).await.unwrap();
+        let w = store.clone();
+        let writer = tokio::spawn(async move {
+            for tag in 1..150u64 {
+                w.delete_ruleset("a", None).await.unwrap();
+                w.stage(rev(tag), None).await.unwrap();
+            }
+        });
+        let mut whole = 0;
+        while !writer.is_finished() {
+            if let Some(r) = store.get_revision("a", 1).await.unwrap() {
+                let tag: u64 = r.author.parse().unwrap();
+                assert_eq!(r.content.v4, text(tag));
+                whole += 1;
+            }
+            for r in store.list_revisions("a", 0, 10).await.unwrap() {
+                assert_eq!(r.content.v4, text(r.author.parse().unwrap()));
+            }
+        }
+        writer.await.unwrap();
+        assert!(whole > 0);
     }
 
     #[tokio::test]
