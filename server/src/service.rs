@@ -105,6 +105,23 @@ impl State {
     }
 }
 
+/// Runs a mutating call's work on a task of its own and waits for it. A gRPC handler's future
+/// is dropped when the client gives up (deadline, disconnect); a commit dropped between its
+/// durable store write and the engine's publish would leave the store naming a revision the
+/// engine does not run (found by review: Apply with a short deadline). A spawned task is not
+/// cancelled with the caller, so the call ends as a whole: published, or reverted.
+///
+/// Errors: the call's own; [`Error::Internal`] as a Status when the task panicked.
+pub async fn to_completion<T, F>(call: F) -> Result<T, tonic::Status>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, tonic::Status>> + Send + 'static,
+{
+    tokio::spawn(call)
+        .await
+        .unwrap_or_else(|e| Err(Error::Internal(format!("call task: {e}")).into()))
+}
+
 /// The audit record of a call of `method` by `caller` with `request` (outcome `OK`; the
 /// writer sets the failure reason): the request is identified by the sha256 of its encoding.
 pub fn audit_entry<R: prost::Message>(caller: String, method: &str, request: &R) -> AuditEntry {

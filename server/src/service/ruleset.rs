@@ -13,7 +13,7 @@ use vallum_engine::restore::{PrintOptions, print_rule_spec};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::ruleset_service_server::RulesetService;
 
-use super::{State, audit_entry};
+use super::{State, audit_entry, to_completion};
 use crate::content::{self, Content, RulesetInput};
 use crate::convert;
 use crate::error::{Error, Result};
@@ -47,6 +47,170 @@ impl RulesetApi {
         tokio::task::spawn_blocking(move || content::check(&name, priority, &input, &*sets))
             .await
             .map_err(|e| Error::Internal(format!("check task: {e}")))?
+    }
+    /// The body of `apply`, run by [`to_completion`].
+    async fn apply_call(
+        &self,
+        request: Request<pb::ApplyRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = Arc::new(request.into_inner());
+        // The audit record (a sha256 of the ~0.5 MB encoded request for a 10k-rule ruleset) is
+        // made on a second blocking thread while the text is parsed; no record for a dry run.
+        let mut digesting = (!r.validate_only).then(|| {
+            let (r, caller) = (r.clone(), caller.clone());
+            tokio::task::spawn_blocking(move || audit_entry(caller, "Apply", &*r))
+        });
+        let mut audit = None;
+        let result = async {
+            let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
+            let checked = self.check(&name, r.priority, r.source.as_ref()).await;
+            if let Some(t) = digesting.take() {
+                audit = Some(
+                    t.await
+                        .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
+                );
+            }
+            let checked = checked?;
+            let warnings = checked.warnings();
+            if r.validate_only {
+                checked.into_valid()?;
+                return Ok(pb::CommitResult {
+                    revision: Some(preview_revision(&name, &warnings)),
+                    ..Default::default()
+                });
+            }
+            self.state
+                .idempotent("Apply", &r.request_id, async {
+                    let c = self
+                        .state
+                        .pipeline
+                        .apply(
+                            checked,
+                            &caller,
+                            &r.message,
+                            within,
+                            etag(&r.etag),
+                            &mut audit,
+                        )
+                        .await?;
+                    Ok(convert::commit_result(&c, &warnings))
+                })
+                .await
+        }
+        .await;
+        if let Some(t) = digesting {
+            // Refused before the check: the record was not joined yet.
+            audit = t.await.ok();
+        }
+        if !r.validate_only {
+            self.state.audit_pending(audit, &result).await;
+        }
+        Ok(Response::new(result?))
+    }
+
+    /// The body of `commit_revision`, run by [`to_completion`].
+    async fn commit_revision_call(
+        &self,
+        request: Request<pb::CommitRevisionRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        // No record for a dry run.
+        let mut audit =
+            (!r.validate_only).then(|| audit_entry(caller.clone(), "CommitRevision", &r));
+        let result = async {
+            let (name, n) = convert::revision_name("name", &r.name)?;
+            let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
+            if r.validate_only {
+                let rev = self
+                    .state
+                    .pipeline
+                    .store()
+                    .get_revision(&name, n)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        kind: "revision",
+                        name: r.name.clone(),
+                    })?;
+                let model = rev.content.to_ruleset(&name, 0)?;
+                let v = self
+                    .state
+                    .pipeline
+                    .engine()
+                    .validate(&model, self.state.pipeline.sets().as_ref());
+                if vallum_engine::validate::has_errors(&v) {
+                    return Err(Error::invalid("name", "revision no longer validates"));
+                }
+                return Ok(pb::CommitResult {
+                    revision: Some(convert::revision(&rev, false, &[])),
+                    ..Default::default()
+                });
+            }
+            self.state
+                .idempotent("CommitRevision", &r.request_id, async {
+                    let c = self
+                        .state
+                        .pipeline
+                        .commit_staged(&name, n, within, etag(&r.etag), &mut audit)
+                        .await?;
+                    Ok(convert::commit_result(&c, &[]))
+                })
+                .await
+        }
+        .await;
+        if !r.validate_only {
+            self.state.audit_pending(audit, &result).await;
+        }
+        Ok(Response::new(result?))
+    }
+
+    /// The body of `rollback`, run by [`to_completion`].
+    async fn rollback_call(
+        &self,
+        request: Request<pb::RollbackRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let mut audit = Some(audit_entry(caller.clone(), "Rollback", &r));
+        let result = async {
+            let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state
+                .idempotent("Rollback", &r.request_id, async {
+                    let c = self
+                        .state
+                        .pipeline
+                        .rollback(&name, n, &caller, &r.message, etag(&r.etag), &mut audit)
+                        .await?;
+                    Ok(convert::commit_result(&c, &[]))
+                })
+                .await
+        }
+        .await;
+        self.state.audit_pending(audit, &result).await;
+        Ok(Response::new(result?))
+    }
+
+    /// The body of `delete_ruleset`, run by [`to_completion`].
+    async fn delete_ruleset_call(
+        &self,
+        request: Request<pb::DeleteRulesetRequest>,
+    ) -> Result<Response<pb::DeleteRulesetResponse>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let r = request.into_inner();
+        let result = async {
+            let name = convert::ruleset_id("name", &r.name)?;
+            self.state.pipeline.delete(&name, etag(&r.etag)).await
+        }
+        .await;
+        self.state.audit(caller, "DeleteRuleset", &r, &result).await;
+        result?;
+        Ok(Response::new(pb::DeleteRulesetResponse {}))
     }
 }
 
@@ -114,56 +278,9 @@ impl RulesetService for RulesetApi {
         &self,
         request: Request<pb::CommitRevisionRequest>,
     ) -> Result<Response<pb::CommitResult>, Status> {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
-        let r = request.into_inner();
-        // No record for a dry run.
-        let mut audit =
-            (!r.validate_only).then(|| audit_entry(caller.clone(), "CommitRevision", &r));
-        let result = async {
-            let (name, n) = convert::revision_name("name", &r.name)?;
-            let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
-            if r.validate_only {
-                let rev = self
-                    .state
-                    .pipeline
-                    .store()
-                    .get_revision(&name, n)
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        kind: "revision",
-                        name: r.name.clone(),
-                    })?;
-                let model = rev.content.to_ruleset(&name, 0)?;
-                let v = self
-                    .state
-                    .pipeline
-                    .engine()
-                    .validate(&model, self.state.pipeline.sets().as_ref());
-                if vallum_engine::validate::has_errors(&v) {
-                    return Err(Error::invalid("name", "revision no longer validates"));
-                }
-                return Ok(pb::CommitResult {
-                    revision: Some(convert::revision(&rev, false, &[])),
-                    ..Default::default()
-                });
-            }
-            self.state
-                .idempotent("CommitRevision", &r.request_id, async {
-                    let c = self
-                        .state
-                        .pipeline
-                        .commit_staged(&name, n, within, etag(&r.etag), &mut audit)
-                        .await?;
-                    Ok(convert::commit_result(&c, &[]))
-                })
-                .await
-        }
-        .await;
-        if !r.validate_only {
-            self.state.audit_pending(audit, &result).await;
-        }
-        Ok(Response::new(result?))
+        // On a task of its own: a client that gives up cannot stop it half done.
+        let api = self.clone();
+        to_completion(async move { api.commit_revision_call(request).await }).await
     }
 
     async fn confirm_commit(
@@ -189,88 +306,18 @@ impl RulesetService for RulesetApi {
         &self,
         request: Request<pb::ApplyRequest>,
     ) -> Result<Response<pb::CommitResult>, Status> {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
-        let r = Arc::new(request.into_inner());
-        // The audit record (a sha256 of the ~0.5 MB encoded request for a 10k-rule ruleset) is
-        // made on a second blocking thread while the text is parsed; no record for a dry run.
-        let mut digesting = (!r.validate_only).then(|| {
-            let (r, caller) = (r.clone(), caller.clone());
-            tokio::task::spawn_blocking(move || audit_entry(caller, "Apply", &*r))
-        });
-        let mut audit = None;
-        let result = async {
-            let name = convert::ruleset_id("ruleset", &r.ruleset)?;
-            let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
-            let checked = self.check(&name, r.priority, r.source.as_ref()).await;
-            if let Some(t) = digesting.take() {
-                audit = Some(
-                    t.await
-                        .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
-                );
-            }
-            let checked = checked?;
-            let warnings = checked.warnings();
-            if r.validate_only {
-                checked.into_valid()?;
-                return Ok(pb::CommitResult {
-                    revision: Some(preview_revision(&name, &warnings)),
-                    ..Default::default()
-                });
-            }
-            self.state
-                .idempotent("Apply", &r.request_id, async {
-                    let c = self
-                        .state
-                        .pipeline
-                        .apply(
-                            checked,
-                            &caller,
-                            &r.message,
-                            within,
-                            etag(&r.etag),
-                            &mut audit,
-                        )
-                        .await?;
-                    Ok(convert::commit_result(&c, &warnings))
-                })
-                .await
-        }
-        .await;
-        if let Some(t) = digesting {
-            // Refused before the check: the record was not joined yet.
-            audit = t.await.ok();
-        }
-        if !r.validate_only {
-            self.state.audit_pending(audit, &result).await;
-        }
-        Ok(Response::new(result?))
+        // On a task of its own: a client that gives up cannot stop it half done.
+        let api = self.clone();
+        to_completion(async move { api.apply_call(request).await }).await
     }
 
     async fn rollback(
         &self,
         request: Request<pb::RollbackRequest>,
     ) -> Result<Response<pb::CommitResult>, Status> {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
-        let r = request.into_inner();
-        let mut audit = Some(audit_entry(caller.clone(), "Rollback", &r));
-        let result = async {
-            let (name, n) = convert::revision_name("name", &r.name)?;
-            self.state
-                .idempotent("Rollback", &r.request_id, async {
-                    let c = self
-                        .state
-                        .pipeline
-                        .rollback(&name, n, &caller, &r.message, etag(&r.etag), &mut audit)
-                        .await?;
-                    Ok(convert::commit_result(&c, &[]))
-                })
-                .await
-        }
-        .await;
-        self.state.audit_pending(audit, &result).await;
-        Ok(Response::new(result?))
+        // On a task of its own: a client that gives up cannot stop it half done.
+        let api = self.clone();
+        to_completion(async move { api.rollback_call(request).await }).await
     }
 
     async fn get_ruleset(
@@ -301,17 +348,9 @@ impl RulesetService for RulesetApi {
         &self,
         request: Request<pb::DeleteRulesetRequest>,
     ) -> Result<Response<pb::DeleteRulesetResponse>, Status> {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
-        let r = request.into_inner();
-        let result = async {
-            let name = convert::ruleset_id("name", &r.name)?;
-            self.state.pipeline.delete(&name, etag(&r.etag)).await
-        }
-        .await;
-        self.state.audit(caller, "DeleteRuleset", &r, &result).await;
-        result?;
-        Ok(Response::new(pb::DeleteRulesetResponse {}))
+        // On a task of its own: a client that gives up cannot stop it half done.
+        let api = self.clone();
+        to_completion(async move { api.delete_ruleset_call(request).await }).await
     }
 
     async fn list_revisions(
