@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::set_service_server::SetService;
 
-use super::State;
+use super::{State, to_completion};
 use crate::convert::sets::{create_spec, element_inputs, element_pb, set_pb};
 use crate::error::{Error, Result};
 use crate::hooks;
@@ -38,18 +38,31 @@ impl SetApi {
         Ok(set_pb(&s, p.set_references(name)))
     }
 
-    /// Runs a mutating call: ready check, then `f`, then the audit record.
-    async fn mutate<R, M, F>(&self, method: &str, request: Request<R>, f: F) -> Result<M, Status>
+    /// Runs a mutating call: ready check, then `f`, then the audit record, on a task of its
+    /// own (a client that gives up cannot stop it between the store and the set registry;
+    /// see [`to_completion`]).
+    async fn mutate<R, M, F, Fut>(
+        &self,
+        method: &'static str,
+        request: Request<R>,
+        f: F,
+    ) -> Result<M, Status>
     where
-        R: prost::Message,
-        F: AsyncFnOnce(&R) -> Result<M>,
+        R: prost::Message + Send + Sync + 'static,
+        M: Send + Sync + 'static,
+        F: FnOnce(SetApi, Arc<R>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<M>> + Send,
     {
         self.state.ready()?;
         let caller = hooks::caller(&request);
-        let r = request.into_inner();
-        let result = f(&r).await;
-        self.state.audit(caller, method, &r, &result).await;
-        Ok(result?)
+        let r = Arc::new(request.into_inner());
+        let api = self.clone();
+        to_completion(async move {
+            let result = f(api.clone(), r.clone()).await;
+            api.state.audit(caller, method, &*r, &result).await;
+            Ok(result?)
+        })
+        .await
     }
 }
 
@@ -67,11 +80,15 @@ impl SetService for SetApi {
         request: Request<pb::CreateSetRequest>,
     ) -> Result<Response<pb::Set>, Status> {
         let set = self
-            .mutate("CreateSet", request, async |r: &pb::CreateSetRequest| {
-                let (name, spec) = create_spec(r)?;
-                self.state.pipeline.create_set(&name, spec, r.exist).await?;
-                self.header(&name)
-            })
+            .mutate(
+                "CreateSet",
+                request,
+                |api: SetApi, r: Arc<pb::CreateSetRequest>| async move {
+                    let (name, spec) = create_spec(&r)?;
+                    api.state.pipeline.create_set(&name, spec, r.exist).await?;
+                    api.header(&name)
+                },
+            )
             .await?;
         Ok(Response::new(set))
     }
@@ -81,11 +98,15 @@ impl SetService for SetApi {
         request: Request<pb::DestroySetRequest>,
     ) -> Result<Response<pb::DestroySetResponse>, Status> {
         let r = self
-            .mutate("DestroySet", request, async |r: &pb::DestroySetRequest| {
-                let name = set_name("name", &r.name)?;
-                self.state.pipeline.destroy_set(&name).await?;
-                Ok(pb::DestroySetResponse {})
-            })
+            .mutate(
+                "DestroySet",
+                request,
+                |api: SetApi, r: Arc<pb::DestroySetRequest>| async move {
+                    let name = set_name("name", &r.name)?;
+                    api.state.pipeline.destroy_set(&name).await?;
+                    Ok(pb::DestroySetResponse {})
+                },
+            )
             .await?;
         Ok(Response::new(r))
     }
@@ -98,10 +119,10 @@ impl SetService for SetApi {
             .mutate(
                 "AddElements",
                 request,
-                async |r: &pb::AddElementsRequest| {
+                |api: SetApi, r: Arc<pb::AddElementsRequest>| async move {
                     let name = set_name("set", &r.set)?;
                     let inputs = element_inputs("elements", &r.elements)?;
-                    let c = self
+                    let c = api
                         .state
                         .pipeline
                         .add_elements(&name, "elements", &inputs, r.exist)
@@ -124,10 +145,10 @@ impl SetService for SetApi {
             .mutate(
                 "DeleteElements",
                 request,
-                async |r: &pb::DeleteElementsRequest| {
+                |api: SetApi, r: Arc<pb::DeleteElementsRequest>| async move {
                     let name = set_name("set", &r.set)?;
                     let inputs = element_inputs("elements", &r.elements)?;
-                    let c = self
+                    let c = api
                         .state
                         .pipeline
                         .delete_elements(&name, "elements", &inputs, r.exist)
@@ -203,11 +224,15 @@ impl SetService for SetApi {
         request: Request<pb::FlushSetRequest>,
     ) -> Result<Response<pb::FlushSetResponse>, Status> {
         let r = self
-            .mutate("FlushSet", request, async |r: &pb::FlushSetRequest| {
-                let name = set_name("name", &r.name)?;
-                self.state.pipeline.flush_set(&name).await?;
-                Ok(pb::FlushSetResponse {})
-            })
+            .mutate(
+                "FlushSet",
+                request,
+                |api: SetApi, r: Arc<pb::FlushSetRequest>| async move {
+                    let name = set_name("name", &r.name)?;
+                    api.state.pipeline.flush_set(&name).await?;
+                    Ok(pb::FlushSetResponse {})
+                },
+            )
             .await?;
         Ok(Response::new(r))
     }
@@ -217,12 +242,16 @@ impl SetService for SetApi {
         request: Request<pb::SwapSetsRequest>,
     ) -> Result<Response<pb::SwapSetsResponse>, Status> {
         let r = self
-            .mutate("SwapSets", request, async |r: &pb::SwapSetsRequest| {
-                let from = set_name("from", &r.from)?;
-                let to = set_name("to", &r.to)?;
-                self.state.pipeline.swap_sets(&from, &to).await?;
-                Ok(pb::SwapSetsResponse {})
-            })
+            .mutate(
+                "SwapSets",
+                request,
+                |api: SetApi, r: Arc<pb::SwapSetsRequest>| async move {
+                    let from = set_name("from", &r.from)?;
+                    let to = set_name("to", &r.to)?;
+                    api.state.pipeline.swap_sets(&from, &to).await?;
+                    Ok(pb::SwapSetsResponse {})
+                },
+            )
             .await?;
         Ok(Response::new(r))
     }
@@ -235,13 +264,13 @@ impl SetService for SetApi {
             .mutate(
                 "ImportIpsetSave",
                 request,
-                async |r: &pb::ImportIpsetSaveRequest| {
+                |api: SetApi, r: Arc<pb::ImportIpsetSaveRequest>| async move {
                     let filename = if r.filename.is_empty() {
                         "<request>"
                     } else {
                         r.filename.as_str()
                     };
-                    let (lines, sets) = self
+                    let (lines, sets) = api
                         .state
                         .pipeline
                         .import_sets("text", filename, &r.text)
