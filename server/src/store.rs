@@ -421,7 +421,7 @@ fn check_etag(rs: &RulesetRow, expected: Option<&str>) -> Result<()> {
 /// The transaction of [`Store::persist_commit`]; returns the result and, for a STAGED
 /// target, its number (its text is read after the commit).
 fn persist_commit_in(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &writer::Tx<'_>,
     c: PersistCommit,
     keep: usize,
 ) -> Result<(Persisted, Option<u64>)> {
@@ -1012,6 +1012,81 @@ mod tests {
         (n("chunks").await, n("chunk_texts").await)
     }
 
+    /// Every stored chunk's reference count is the number of chunk lists that name it, and
+    /// every chunk is named by some list and has its text.
+    async fn assert_refs_exact(store: &Store) {
+        let lists: Vec<(String, String)> =
+            sqlx::query_as("SELECT chunks_v4, chunks_v6 FROM revision_chunks")
+                .fetch_all(&store.pool)
+                .await
+                .unwrap();
+        let mut named: std::collections::BTreeMap<i64, i64> = Default::default();
+        for (v4, v6) in &lists {
+            for l in [v4, v6] {
+                let ids: std::collections::BTreeSet<i64> =
+                    chunks::decode(l).unwrap().into_iter().collect();
+                for id in ids {
+                    *named.entry(id).or_default() += 1;
+                }
+            }
+        }
+        let stored: std::collections::BTreeMap<i64, i64> =
+            sqlx::query_as::<_, (i64, i64)>("SELECT id, refs FROM chunks")
+                .fetch_all(&store.pool)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect();
+        assert_eq!(stored, named);
+        let (c, t) = chunk_count(store).await;
+        assert_eq!(c, t);
+    }
+
+    /// Revisions that alternate between two texts (as an orchestrator re-applying a ruleset
+    /// with one rule toggled does): each commit adds one chunk list and prunes another in the
+    /// same transaction, so most chunks gain and lose a reference at once (net zero, not
+    /// written) and the toggled chunk falls to zero and is deleted, or is named again. The
+    /// counts stay exact through it all.
+    #[tokio::test]
+    async fn alternating_revisions_keep_counts_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_revisions_kept(2);
+        let text = |k: usize| {
+            let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
+            for i in 0..2000 {
+                let port = if i == 700 { 10_000 + k } else { i };
+                s.push_str(&format!(
+                    "-A INPUT -s 10.1.{}.0/24 -p udp -m udp --dport {port} -j ACCEPT\n",
+                    i % 256
+                ));
+            }
+            s + "COMMIT\n"
+        };
+        // a, b, a, b, then c (the toggled chunk of a and b falls out), then a again.
+        for (n, k) in [0, 1, 0, 1, 2, 3, 0].into_iter().enumerate() {
+            store
+                .persist_commit(commit("a", CommitTarget::New(new_rev("a", &text(k)))))
+                .await
+                .unwrap();
+            assert_refs_exact(&store).await;
+            let kept = store.list_revisions("a", 0, 100).await.unwrap();
+            assert_eq!(kept.len(), (n + 1).min(2));
+            assert_eq!(kept.last().unwrap().content.v4, text(k));
+        }
+        // Exactly the chunks of the two kept texts are stored.
+        let kept = store.list_revisions("a", 0, 100).await.unwrap();
+        let all: std::collections::HashSet<&str> = kept
+            .iter()
+            .flat_map(|r| chunks::split(&r.content.v4))
+            .collect();
+        assert_eq!(chunk_count(&store).await.0, all.len() as i64);
+        assert!(store.delete_ruleset("a", None).await.unwrap());
+        assert_eq!(chunk_count(&store).await, (0, 0));
+    }
+
     /// Revisions that differ in a few rules share their other chunks; pruning and deleting
     /// release exactly the chunks no kept revision names, and every kept text reads back
     /// byte for byte.
@@ -1075,6 +1150,7 @@ mod tests {
             .map(|r| distinct(&r.content.v4) + distinct(&r.content.v6))
             .sum();
         assert_eq!(refs, expect);
+        assert_refs_exact(&store).await;
         assert!(store.delete_ruleset("a", None).await.unwrap());
         assert_eq!(chunk_count(&store).await, (0, 0));
     }

@@ -17,17 +17,20 @@
 //!
 //! Reference counts: `chunks.refs` counts the chunk lists (one per revision and family) that
 //! name a chunk, once per list however often it occurs there. [`put`] adds a list's
-//! references, [`release`] removes them and deletes chunks nobody names any more; both run
-//! inside the caller's transaction, so a crash leaves counts and lists consistent.
+//! references, [`release`] removes them; both only note the change in the writer's
+//! transaction ([`super::writer::Tx`]), and [`apply_refs`] writes the net change per chunk
+//! and deletes the chunks nobody names any more just before that transaction commits, so a
+//! crash leaves counts and lists consistent.
 
 use std::collections::HashMap;
 
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{Transaction, params};
 use sha2::{Digest, Sha256};
 // Dynamic SQL here only varies in the number of `?` placeholders (built by `placeholders`);
 // every value is bound, so `AssertSqlSafe` holds.
 use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
+use super::writer::Tx;
 use crate::content::Content;
 use crate::error::{Error, Result};
 
@@ -125,38 +128,57 @@ fn distinct(list: &[i64]) -> Vec<i64> {
 }
 
 /// Stores the chunks of `content` that are not stored yet and adds one reference per family
-/// list; returns the encoded chunk lists `(v4, v6)` for `revision_chunks`. Runs in the
+/// list (to `tx`'s pending changes: see [`apply_refs`]); returns the encoded chunk lists
+/// `(v4, v6)` for `revision_chunks`. The stored chunks are found with a few batched lookups
+/// (one statement per [`LOOKUP_BATCH`] digests) instead of one per chunk. Runs in the
 /// writer's transaction (statements prepared once, on the calling thread: see
 /// [`super::writer`]).
 ///
 /// Errors: [`Error::StoreWrite`].
-pub fn put(tx: &Transaction<'_>, content: &Content) -> Result<(String, String)> {
-    let parts = [split(&content.v4), split(&content.v6)];
-    let mut ids: HashMap<[u8; 32], i64> = HashMap::new();
-    let mut lookup = tx.prepare_cached("SELECT id FROM chunks WHERE digest = ?1")?;
+pub(crate) fn put(tx: &Tx<'_>, content: &Content) -> Result<(String, String)> {
+    let parts: Vec<Vec<(&str, [u8; 32])>> = [&content.v4, &content.v6]
+        .iter()
+        .map(|text| {
+            split(text)
+                .into_iter()
+                .map(|c| (c, Sha256::digest(c.as_bytes()).into()))
+                .collect()
+        })
+        .collect();
+    let mut digests: Vec<[u8; 32]> = parts.iter().flatten().map(|(_, d)| *d).collect();
+    digests.sort_unstable();
+    digests.dedup();
+    let mut ids: HashMap<[u8; 32], i64> = HashMap::with_capacity(digests.len());
+    let mut lookup = tx.prepare_cached(&format!(
+        "SELECT id, digest FROM chunks WHERE digest IN ({})",
+        placeholders(LOOKUP_BATCH)
+    ))?;
+    for batch in digests.chunks(LOOKUP_BATCH) {
+        // Padded with the batch's last digest: one statement shape, prepared once (a
+        // repeated value in an IN list matches once).
+        let args = (0..LOOKUP_BATCH).map(|i| batch[i.min(batch.len() - 1)].to_vec());
+        let mut rows = lookup.query(rusqlite::params_from_iter(args))?;
+        while let Some(row) = rows.next()? {
+            let digest: Vec<u8> = row.get(1)?;
+            if let Ok(d) = <[u8; 32]>::try_from(digest.as_slice()) {
+                ids.insert(d, row.get(0)?);
+            }
+        }
+    }
     let mut insert = tx.prepare_cached("INSERT INTO chunks (digest, refs) VALUES (?1, 0)")?;
     let mut insert_text =
         tx.prepare_cached("INSERT INTO chunk_texts (id, text) VALUES (?1, ?2)")?;
     let mut lists: Vec<Vec<i64>> = Vec::with_capacity(2);
     for chunks in &parts {
         let mut list = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            let d: [u8; 32] = Sha256::digest(c.as_bytes()).into();
-            let id = match ids.get(&d) {
+        for (c, d) in chunks {
+            let id = match ids.get(d) {
                 Some(id) => *id,
                 None => {
-                    let found: Option<i64> =
-                        lookup.query_row([d.as_slice()], |r| r.get(0)).optional()?;
-                    let id = match found {
-                        Some(id) => id,
-                        None => {
-                            insert.execute([d.as_slice()])?;
-                            let id = tx.last_insert_rowid();
-                            insert_text.execute(params![id, c])?;
-                            id
-                        }
-                    };
-                    ids.insert(d, id);
+                    insert.execute([d.as_slice()])?;
+                    let id = tx.last_insert_rowid();
+                    insert_text.execute(params![id, c])?;
+                    ids.insert(*d, id);
                     id
                 }
             };
@@ -164,35 +186,66 @@ pub fn put(tx: &Transaction<'_>, content: &Content) -> Result<(String, String)> 
         }
         lists.push(list);
     }
+    let mut refs = tx.refs.borrow_mut();
     for list in &lists {
-        adjust(tx, &distinct(list), 1)?;
+        for id in distinct(list) {
+            *refs.entry(id).or_default() += 1;
+        }
     }
     Ok((encode(&lists[0]), encode(&lists[1])))
 }
 
-/// Adds `delta` to the reference count of every chunk in `ids`.
-fn adjust(tx: &Transaction<'_>, ids: &[i64], delta: i64) -> Result<()> {
-    let mut q = tx.prepare_cached("UPDATE chunks SET refs = refs + ?1 WHERE id = ?2")?;
-    for id in ids {
-        q.execute([delta, *id])?;
+/// Digests per lookup statement in [`put`] (and ids per statement in [`apply_refs`]).
+const LOOKUP_BATCH: usize = 64;
+
+/// Pending changes of chunk reference counts in one transaction: chunk id -> delta.
+pub(crate) type RefChanges = HashMap<i64, i64>;
+
+/// Drops one reference per stored list in `lists` (encoded as in `revision_chunks`), to
+/// `tx`'s pending changes: the chunks no list names any more are deleted by [`apply_refs`]
+/// at the end of the transaction.
+///
+/// Errors: [`Error::Internal`] for a malformed list.
+pub(crate) fn release(tx: &Tx<'_>, lists: &[String]) -> Result<()> {
+    let mut refs = tx.refs.borrow_mut();
+    for list in lists {
+        for id in distinct(&decode(list)?) {
+            *refs.entry(id).or_default() -= 1;
+        }
     }
     Ok(())
 }
 
-/// Drops one reference per stored list in `lists` (encoded as in `revision_chunks`) and
-/// deletes the chunks no list names any more. Runs in the writer's transaction.
+/// Writes a transaction's net reference count changes (chunks whose count did not change
+/// are not touched), then deletes the chunks (and their texts) whose count fell to zero.
+/// Called by the writer just before it commits.
 ///
-/// Errors: [`Error::StoreWrite`], [`Error::Internal`] for a malformed list.
-pub fn release(tx: &Transaction<'_>, lists: &[String]) -> Result<()> {
-    let mut touched = Vec::new();
-    for list in lists {
-        let ids = distinct(&decode(list)?);
-        adjust(tx, &ids, -1)?;
-        touched.extend(ids);
+/// Errors: [`Error::StoreWrite`].
+pub(crate) fn apply_refs(tx: &Transaction<'_>, changes: RefChanges) -> Result<()> {
+    let mut by_delta: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut fell = Vec::new();
+    for (id, delta) in changes {
+        if delta != 0 {
+            by_delta.entry(delta).or_default().push(id);
+        }
+        if delta < 0 {
+            fell.push(id);
+        }
+    }
+    let list = placeholders(LOOKUP_BATCH);
+    let mut adjust = tx.prepare_cached(&format!(
+        "UPDATE chunks SET refs = refs + ?1 WHERE id IN ({list})"
+    ))?;
+    for (delta, ids) in by_delta {
+        for batch in ids.chunks(LOOKUP_BATCH) {
+            let args = std::iter::once(delta)
+                .chain((0..LOOKUP_BATCH).map(|i| batch[i.min(batch.len() - 1)]));
+            adjust.execute(rusqlite::params_from_iter(args))?;
+        }
     }
     let mut unused = tx.prepare_cached("DELETE FROM chunks WHERE id = ?1 AND refs <= 0")?;
     let mut text = tx.prepare_cached("DELETE FROM chunk_texts WHERE id = ?1")?;
-    for id in distinct(&touched) {
+    for id in fell {
         if unused.execute([id])? > 0 {
             text.execute([id])?;
         }
