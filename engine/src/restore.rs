@@ -348,6 +348,26 @@ pub fn parse_ruleset_threads(
     })
 }
 
+/// As [`parse_ruleset`]'s tables for `text`, reusing the parse of a previous text:
+/// `previous` must be the tables [`parse_ruleset`] (or [`parse_ruleset_threads`]) returned
+/// for `previous_text` with the same `opts` (tables of other families are ignored). Only the
+/// lines between the texts' common first and last lines are parsed; the unchanged rules are
+/// copied with their locations moved. Returns exactly the tables (locations included) a full
+/// parse of `text` returns, or `None` when the shortcut does not apply: `previous_text` is
+/// not a plain dump (every command line an `-A` that appends one rule, each table and chain
+/// declared once, as `iptables-save` writes), the changed lines are not `-A` commands inside
+/// one `*table` block, one of them does not parse, names a chain not declared above it, or
+/// `opts` has `noflush` or a `set_exists` callback. Parse `text` in full then (which also
+/// reports every error with its position).
+pub fn parse_after(
+    previous_text: &str,
+    previous: &[Table],
+    text: &str,
+    opts: &ParseOptions<'_>,
+) -> Option<Vec<Table>> {
+    tables::parse_after(previous_text, previous, text, opts)
+}
+
 /// Sets every [`Location`] in the tables to the default, so that models parsed from different
 /// texts (say, an input and its canonical print) compare equal when they mean the same.
 pub fn clear_locations(tables: &mut [Table]) {

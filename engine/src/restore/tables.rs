@@ -12,6 +12,8 @@
 //!   it (create-or-flush). The counters must be `[p:b]`, and with `--counters` they are
 //!   required.
 
+mod reparse;
+
 use std::cell::Cell;
 use std::collections::HashSet;
 
@@ -26,6 +28,7 @@ use super::{
     ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
     Restore,
 };
+pub(crate) use reparse::parse_after;
 
 /// At most this many errors are collected; the rest is not reported.
 const MAX_ERRORS: usize = 100;
