@@ -175,6 +175,12 @@ impl std::fmt::Debug for Prepared {
 }
 
 impl Prepared {
+    /// The model of ruleset `name` the engine runs once this is published (for a
+    /// [`Change::Put`]: the ruleset given, now shared); `None` when it is not active then.
+    pub fn ruleset(&self, name: &str) -> Option<&Arc<Ruleset>> {
+        self.next.get(name)
+    }
+
     /// The warnings validation found (errors make [`Engine::prepare`] fail instead).
     pub fn warnings(&self) -> &[Violation] {
         &self.warnings

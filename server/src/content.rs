@@ -7,6 +7,8 @@
 //! text, then [`V6_SEPARATOR`], then the IPv6 text (the separator is a comment line, so the
 //! combined text is still valid iptables-restore input for the IPv4 part).
 
+use std::sync::{Arc, Weak};
+
 use sha2::{Digest, Sha256};
 use vallum_engine::model::{Family, Ruleset, Table};
 use vallum_engine::restore::{self, ParseOptions, PrintOptions};
@@ -153,6 +155,22 @@ pub struct Checked {
     pub content: Content,
     /// Every violation (only warnings when [`Checked::valid`]).
     pub findings: Vec<Finding>,
+    /// The texts the model was parsed from, by family, when the caller keeps them for the
+    /// next [`check_after`] (empty from [`check`]).
+    pub sources: Vec<(Family, Arc<String>)>,
+}
+
+/// The texts a ruleset's model was parsed from and that model, for [`check_after`] to parse
+/// the next text of the same ruleset incrementally (`restore::parse_after`: an orchestrator
+/// that re-applies a 10k-rule ruleset with one rule changed gets it parsed in ~1 ms instead
+/// of ~4). The model is not kept alive: once the engine has dropped it (a later commit of
+/// something else), there is nothing to reuse and the next text is parsed in full.
+#[derive(Clone, Debug)]
+pub struct PreviousParse {
+    /// Each text, by family, exactly as it was parsed.
+    pub texts: Vec<(Family, Arc<String>)>,
+    /// What [`check`] parsed them into (the tables; its priority may have been changed).
+    pub model: Weak<Ruleset>,
 }
 
 impl Checked {
@@ -251,17 +269,40 @@ pub fn check(
     input: &RulesetInput,
     sets: &dyn SetRegistry,
 ) -> Result<Checked, Error> {
+    check_after(name, priority, input, sets, None)
+}
+
+/// As [`check`], given the previous parse of the same ruleset: a text that differs from the
+/// previous one of its family in a few rule lines is parsed incrementally
+/// (`restore::parse_after`, which gives exactly what a full parse gives, or declines); any
+/// other is parsed in full. Same result and errors as [`check`].
+pub fn check_after(
+    name: &str,
+    priority: i32,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+    previous: Option<&PreviousParse>,
+) -> Result<Checked, Error> {
     if input.parts.is_empty() {
         return Err(Error::invalid("source", "a ruleset source is required"));
     }
     let mut tables = Vec::new();
     let mut violations = Vec::new();
     let mut noflush_only = true;
+    let reuse = previous.and_then(|p| Some((p, p.model.upgrade()?)));
     for part in &input.parts {
         let opts = ParseOptions {
             family: part.family,
             ..ParseOptions::default()
         };
+        let incremental = reuse.as_ref().and_then(|(p, model)| {
+            let (_, text) = p.texts.iter().find(|(f, _)| *f == part.family)?;
+            restore::parse_after(text, &model.tables, &part.text, &opts)
+        });
+        if let Some(t) = incremental {
+            tables.extend(t);
+            continue;
+        }
         match restore::parse_ruleset_threads(name, &part.text, &opts, parse_threads()) {
             Ok(rs) => tables.extend(rs.tables),
             Err(errs) => {
@@ -339,6 +380,7 @@ pub fn check(
         ruleset,
         content,
         findings,
+        sources: Vec::new(),
     })
 }
 
@@ -431,6 +473,97 @@ mod tests {
         assert!(!alone.is_empty());
         assert_eq!(c.findings.len(), alone.len());
         assert!(!c.valid());
+    }
+
+    /// A text checked against the previous parse of the ruleset gives what a check from
+    /// scratch gives (model with locations, canonical content, findings with their
+    /// FILE:LINE:COL), for IPv4 and IPv6 parts, whether the shortcut applies or not; a model
+    /// the engine dropped is not reused.
+    #[test]
+    fn check_after_equals_check() {
+        let rules = |family: Family, n: usize, extra: &str| {
+            let mut t = String::from("*filter\n:INPUT DROP [0:0]\n:x - [0:0]\n");
+            for i in 0..n {
+                let src = match family {
+                    Family::Ipv4 => format!("10.0.{}.0/24", i % 256),
+                    Family::Ipv6 => format!("2001:db8:{i:x}::/48"),
+                };
+                t.push_str(&format!(
+                    "-A INPUT -s {src} -p tcp --dport {} -j x\n",
+                    i + 1
+                ));
+                if i == n / 2 {
+                    t.push_str(extra);
+                }
+            }
+            t.push_str("-A x -j ACCEPT\nCOMMIT\n");
+            t
+        };
+        let both = |extra: &str| RulesetInput {
+            parts: vec![
+                TextPart {
+                    text: rules(Family::Ipv4, 300, extra),
+                    family: Family::Ipv4,
+                    filename: "v4.rules".into(),
+                    field: "source.text.content".into(),
+                    line_fields: None,
+                },
+                TextPart {
+                    text: rules(Family::Ipv6, 200, extra),
+                    family: Family::Ipv6,
+                    filename: "v6.rules".into(),
+                    field: "source.text.ipv6_content".into(),
+                    line_fields: None,
+                },
+            ],
+        };
+        let first = both("");
+        let c = check("a", 0, &first, &NoSets).unwrap();
+        let model = Arc::new(c.ruleset);
+        let previous = PreviousParse {
+            texts: first
+                .parts
+                .iter()
+                .map(|p| (p.family, Arc::new(p.text.clone())))
+                .collect(),
+            model: Arc::downgrade(&model),
+        };
+        for extra in [
+            // One rule added (the shortcut applies).
+            "-A INPUT -p udp --dport 53 -j ACCEPT\n",
+            // A rule whose jump loops back (a validation error at its line).
+            "-A x -j x\n",
+            // A bad rule (parse error: falls back, same error).
+            "-A INPUT -p tcp --dportx 1 -j ACCEPT\n",
+            // A chain declared in the middle (falls back).
+            ":y - [0:0]\n",
+        ] {
+            let next = both(extra);
+            let fresh = check("a", 0, &next, &NoSets);
+            let after = check_after("a", 0, &next, &NoSets, Some(&previous));
+            match (fresh, after) {
+                (Ok(f), Ok(a)) => {
+                    assert_eq!(a.ruleset, f.ruleset, "{extra}");
+                    assert_eq!(a.content, f.content);
+                    assert_eq!(a.findings, f.findings);
+                }
+                (Err(f), Err(a)) => assert_eq!(format!("{a:?}"), format!("{f:?}")),
+                (f, a) => panic!("{extra}: check {f:?}, check_after {a:?}"),
+            }
+        }
+        // The first case did take the shortcut.
+        let next = both("-A INPUT -p udp --dport 53 -j ACCEPT\n");
+        for (part, (_, old)) in next.parts.iter().zip(&previous.texts) {
+            let opts = ParseOptions {
+                family: part.family,
+                ..ParseOptions::default()
+            };
+            assert!(restore::parse_after(old, &model.tables, &part.text, &opts).is_some());
+        }
+        // Dropped by the engine: nothing to reuse, a full parse.
+        drop(model);
+        let c = check_after("a", 0, &next, &NoSets, Some(&previous)).unwrap();
+        assert_eq!(c.ruleset, check("a", 0, &next, &NoSets).unwrap().ruleset);
     }
 
     /// The digest is the sha256 of the combined text (what earlier revisions stored), with

@@ -16,18 +16,18 @@
 //! (not expected), the store transaction is reverted by a compensating one and the commit is
 //! FAILED.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
 use vallum_engine::Clock;
 use vallum_engine::engine::{Change, Engine};
-use vallum_engine::model::Ruleset;
+use vallum_engine::model::{Family, Ruleset};
 use vallum_engine::sets::SetManager;
 use vallum_engine::validate::has_errors;
 
-use crate::content::Checked;
+use crate::content::{Checked, PreviousParse};
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
 use crate::limits;
@@ -96,6 +96,9 @@ pub struct Pipeline {
     events: broadcast::Sender<CommitEvent>,
     hooks: Hooks,
     active: Mutex<BTreeMap<String, (u64, i32)>>,
+    /// Per ruleset, the texts its last Apply was parsed from and the model (see
+    /// [`Pipeline::previous_parse`]).
+    parses: Mutex<HashMap<String, PreviousParse>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -114,6 +117,9 @@ struct Job {
     previous_state: RevisionState,
     confirm_deadline: Option<i64>,
     etag: Option<String>,
+    /// The texts `model` was parsed from (an Apply's), kept after the commit for the next
+    /// Apply of the ruleset ([`Pipeline::previous_parse`]); empty otherwise.
+    sources: Vec<(Family, Arc<String>)>,
     /// The model was validated against this pipeline's sets just before (an Apply's
     /// [`crate::content::check`]): `run` does not validate it again (the engine's prepare
     /// still does, under its own lock, so a set removed in between is still caught).
@@ -133,6 +139,7 @@ impl Pipeline {
             events,
             hooks,
             active: Mutex::new(BTreeMap::new()),
+            parses: Mutex::new(HashMap::new()),
         }
     }
 
@@ -260,6 +267,7 @@ impl Pipeline {
                 confirm_deadline: deadline,
                 etag: etag.map(str::to_string),
                 validated: false,
+                sources: Vec::new(),
             },
             audit,
         )
@@ -283,6 +291,7 @@ impl Pipeline {
         let new = new_revision(&checked, author, message);
         let (state, deadline) = confirm(confirm_within);
         let _w = self.write.lock().await;
+        let sources = checked.sources;
         let mut model = checked.ruleset;
         // A ruleset's priority is fixed when it is created: an active one's is in memory.
         match self.active_priority(&new.ruleset) {
@@ -303,6 +312,7 @@ impl Pipeline {
                 confirm_deadline: deadline,
                 etag: etag.map(str::to_string),
                 validated: true,
+                sources,
             },
             audit,
         )
@@ -349,6 +359,7 @@ impl Pipeline {
                 confirm_deadline: None,
                 etag: etag.map(str::to_string),
                 validated: false,
+                sources: Vec::new(),
             },
             audit,
         )
@@ -448,6 +459,7 @@ impl Pipeline {
                             confirm_deadline: None,
                             etag: None,
                             validated: false,
+                            sources: Vec::new(),
                         },
                         &mut None,
                     )
@@ -533,7 +545,24 @@ impl Pipeline {
                 None => active.remove(ruleset),
             };
         }
+        if head.is_none() {
+            self.parses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(ruleset);
+        }
         self.hooks.observer.on_active(ruleset, head.map(|h| h.0));
+    }
+
+    /// The texts the last Apply of `ruleset` was parsed from and the model it gave, for
+    /// [`crate::content::check_after`] (`None` before the first Apply, after a delete).
+    /// Its model may no longer be active: the pair is still a text and its parse.
+    pub fn previous_parse(&self, ruleset: &str) -> Option<PreviousParse> {
+        self.parses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ruleset)
+            .cloned()
     }
 
     /// `--max-rules`: refuses a ruleset with too many rules.
@@ -631,6 +660,10 @@ impl Pipeline {
         let prepared = prepare
             .await
             .map_err(|e| Error::Internal(format!("commit task: {e}")));
+        let parsed = match &prepared {
+            Ok(Ok(p)) if !job.sources.is_empty() => p.ruleset(&job.ruleset).map(Arc::downgrade),
+            _ => None,
+        };
         let persisted = match persisted {
             Ok(p) => {
                 // The audit record is durable with the commit; a refusal below corrects it.
@@ -707,6 +740,16 @@ impl Pipeline {
             &job.ruleset,
             Some((persisted.revision.number, persisted.ruleset.priority)),
         );
+        if let Some(model) = parsed {
+            let previous = PreviousParse {
+                texts: job.sources,
+                model,
+            };
+            self.parses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(job.ruleset.clone(), previous);
+        }
         // Phase columns are informative: written after the reply (a transaction and an fsync
         // the caller need not wait for); a failure to write them does not undo the commit.
         let store = self.store.clone();
@@ -788,6 +831,48 @@ mod tests {
             }],
         };
         crate::content::check("web", 0, &input, p.sets().as_ref()).expect("checks")
+    }
+
+    /// After an Apply that carries its texts, the pipeline keeps them with the model the
+    /// engine now runs (the same `Arc`); a delete forgets them; an Apply without texts keeps
+    /// nothing.
+    #[tokio::test]
+    async fn apply_keeps_the_parse_for_the_next_check() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("v.db")).await.expect("store");
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+        let engine = Arc::new(Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            clock.clone(),
+        ));
+        let p = Pipeline::new(engine.clone(), store, clock, Hooks::default());
+        let c = checked(&p, 3);
+        assert!(c.sources.is_empty());
+        p.apply(c, "me", "m", None, None, &mut None)
+            .await
+            .expect("commits");
+        assert!(p.previous_parse("web").is_none());
+
+        let mut c = checked(&p, 4);
+        let text = Arc::new(String::from("the text"));
+        c.sources = vec![(Family::Ipv4, text.clone())];
+        p.apply(c, "me", "m", None, None, &mut None)
+            .await
+            .expect("commits");
+        let kept = p.previous_parse("web").expect("kept");
+        assert_eq!(kept.texts, [(Family::Ipv4, text)]);
+        let model = kept.model.upgrade().expect("the engine runs it");
+        assert!(Arc::ptr_eq(&model, &engine.rulesets()["web"]));
+        assert_eq!(model.rule_count(), 4);
+        drop(model);
+
+        p.delete("web", None).await.expect("deletes");
+        assert!(p.previous_parse("web").is_none());
+        assert!(kept.model.upgrade().is_none(), "the engine dropped it");
     }
 
     /// The audit record of an Apply is written in the commit's own transaction (the slot is
