@@ -368,6 +368,20 @@ pub fn parse_after(
     tables::parse_after(previous_text, previous, text, opts)
 }
 
+/// As [`parse_after`], when `previous_text` is also the canonical print of `previous`'s tables
+/// of the family (`print(.., &PrintOptions::default())` gives it back byte for byte): returns
+/// the tables and, when it can be made from `previous_text` by printing only the new rules
+/// in place of the changed lines, the canonical print of those tables (exactly what
+/// [`print`] returns for them); `None` for the print otherwise (print them in full).
+pub fn parse_after_canonical(
+    previous_text: &str,
+    previous: &[Table],
+    text: &str,
+    opts: &ParseOptions<'_>,
+) -> Option<(Vec<Table>, Option<String>)> {
+    tables::reparse(previous_text, previous, text, opts, true)
+}
+
 /// Sets every [`Location`] in the tables to the default, so that models parsed from different
 /// texts (say, an input and its canonical print) compare equal when they mean the same.
 pub fn clear_locations(tables: &mut [Table]) {

@@ -155,9 +155,21 @@ pub struct Checked {
     pub content: Content,
     /// Every violation (only warnings when [`Checked::valid`]).
     pub findings: Vec<Finding>,
-    /// The texts the model was parsed from, by family, when the caller keeps them for the
-    /// next [`check_after`] (empty from [`check`]).
-    pub sources: Vec<(Family, Arc<String>)>,
+    /// The texts the model was parsed from, when the caller keeps them for the next
+    /// [`check_after`] (empty from [`check`]: see [`Checked::keep_sources`]).
+    pub sources: Vec<SourceText>,
+}
+
+/// One text a model was parsed from (see [`PreviousParse`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceText {
+    /// IPv4 or IPv6.
+    pub family: Family,
+    /// The text exactly as parsed.
+    pub text: Arc<String>,
+    /// The text is the canonical content of its family (as `iptables-save` output of the
+    /// model is): the next check can then also splice the content instead of printing it.
+    pub canonical: bool,
 }
 
 /// The texts a ruleset's model was parsed from and that model, for [`check_after`] to parse
@@ -168,12 +180,32 @@ pub struct Checked {
 #[derive(Clone, Debug)]
 pub struct PreviousParse {
     /// Each text, by family, exactly as it was parsed.
-    pub texts: Vec<(Family, Arc<String>)>,
+    pub texts: Vec<SourceText>,
     /// What [`check`] parsed them into (the tables; its priority may have been changed).
     pub model: Weak<Ruleset>,
 }
 
 impl Checked {
+    /// Moves the texts of `input` (what this was checked from) into [`Checked::sources`],
+    /// noting which are the canonical content.
+    pub fn keep_sources(&mut self, input: RulesetInput) {
+        self.sources = input
+            .parts
+            .into_iter()
+            .map(|p| {
+                let content = match p.family {
+                    Family::Ipv4 => &self.content.v4,
+                    Family::Ipv6 => &self.content.v6,
+                };
+                SourceText {
+                    canonical: *content == p.text,
+                    family: p.family,
+                    text: Arc::new(p.text),
+                }
+            })
+            .collect();
+    }
+
     /// Whether no finding is an error.
     pub fn valid(&self) -> bool {
         self.findings.iter().all(|f| f.severity != Severity::Error)
@@ -290,19 +322,27 @@ pub fn check_after(
     let mut violations = Vec::new();
     let mut noflush_only = true;
     let reuse = previous.and_then(|p| Some((p, p.model.upgrade()?)));
+    // Per part, the canonical content spliced by `parse_after_canonical`, if it was.
+    let mut spliced: Vec<(Family, Option<String>)> = Vec::new();
     for part in &input.parts {
         let opts = ParseOptions {
             family: part.family,
             ..ParseOptions::default()
         };
         let incremental = reuse.as_ref().and_then(|(p, model)| {
-            let (_, text) = p.texts.iter().find(|(f, _)| *f == part.family)?;
-            restore::parse_after(text, &model.tables, &part.text, &opts)
+            let src = p.texts.iter().find(|s| s.family == part.family)?;
+            if src.canonical {
+                restore::parse_after_canonical(&src.text, &model.tables, &part.text, &opts)
+            } else {
+                restore::parse_after(&src.text, &model.tables, &part.text, &opts).map(|t| (t, None))
+            }
         });
-        if let Some(t) = incremental {
+        if let Some((t, print)) = incremental {
             tables.extend(t);
+            spliced.push((part.family, print));
             continue;
         }
+        spliced.push((part.family, None));
         match restore::parse_ruleset_threads(name, &part.text, &opts, parse_threads()) {
             Ok(rs) => tables.extend(rs.tables),
             Err(errs) => {
@@ -363,8 +403,23 @@ pub fn check_after(
             .map(|v| finding(v, input))
             .collect()
     };
+    // Every part's content spliced from the previous one: nothing to print.
+    let mut content = spliced
+        .iter()
+        .all(|(_, p)| p.is_some())
+        .then(Content::default);
+    if let Some(c) = content.as_mut() {
+        for (family, print) in spliced {
+            match family {
+                Family::Ipv4 => c.v4 = print.unwrap_or_default(),
+                Family::Ipv6 => c.v6 = print.unwrap_or_default(),
+            }
+        }
+    }
     // A large ruleset is printed (~1.2 ms for 10k rules) while it is validated (~0.3 ms).
-    let (findings, content) = if ruleset.rule_count() >= PARALLEL_CHECK_RULES {
+    let (findings, content) = if let Some(content) = content {
+        (validate(), content)
+    } else if ruleset.rule_count() >= PARALLEL_CHECK_RULES {
         std::thread::scope(|s| {
             let printing = s.spawn(|| Content::from_tables(&ruleset.tables));
             let findings = validate();
@@ -481,7 +536,7 @@ mod tests {
     /// the engine dropped is not reused.
     #[test]
     fn check_after_equals_check() {
-        let rules = |family: Family, n: usize, extra: &str| {
+        let rules = |family: Family, n: usize| {
             let mut t = String::from("*filter\n:INPUT DROP [0:0]\n:x - [0:0]\n");
             for i in 0..n {
                 let src = match family {
@@ -492,24 +547,21 @@ mod tests {
                     "-A INPUT -s {src} -p tcp --dport {} -j x\n",
                     i + 1
                 ));
-                if i == n / 2 {
-                    t.push_str(extra);
-                }
             }
             t.push_str("-A x -j ACCEPT\nCOMMIT\n");
             t
         };
-        let both = |extra: &str| RulesetInput {
+        let input = |v4: String, v6: String| RulesetInput {
             parts: vec![
                 TextPart {
-                    text: rules(Family::Ipv4, 300, extra),
+                    text: v4,
                     family: Family::Ipv4,
                     filename: "v4.rules".into(),
                     field: "source.text.content".into(),
                     line_fields: None,
                 },
                 TextPart {
-                    text: rules(Family::Ipv6, 200, extra),
+                    text: v6,
                     family: Family::Ipv6,
                     filename: "v6.rules".into(),
                     field: "source.text.ipv6_content".into(),
@@ -517,53 +569,73 @@ mod tests {
                 },
             ],
         };
-        let first = both("");
-        let c = check("a", 0, &first, &NoSets).unwrap();
-        let model = Arc::new(c.ruleset);
-        let previous = PreviousParse {
-            texts: first
-                .parts
-                .iter()
-                .map(|p| (p.family, Arc::new(p.text.clone())))
-                .collect(),
-            model: Arc::downgrade(&model),
+        // `extra` after the middle line of a text.
+        let with = |t: &str, extra: &str| {
+            let lines: Vec<&str> = t.split_inclusive('\n').collect();
+            let mid = lines.len() / 2;
+            format!("{}{extra}{}", lines[..mid].concat(), lines[mid..].concat())
         };
-        for extra in [
-            // One rule added (the shortcut applies).
-            "-A INPUT -p udp --dport 53 -j ACCEPT\n",
-            // A rule whose jump loops back (a validation error at its line).
-            "-A x -j x\n",
-            // A bad rule (parse error: falls back, same error).
-            "-A INPUT -p tcp --dportx 1 -j ACCEPT\n",
-            // A chain declared in the middle (falls back).
-            ":y - [0:0]\n",
-        ] {
-            let next = both(extra);
-            let fresh = check("a", 0, &next, &NoSets);
-            let after = check_after("a", 0, &next, &NoSets, Some(&previous));
-            match (fresh, after) {
-                (Ok(f), Ok(a)) => {
-                    assert_eq!(a.ruleset, f.ruleset, "{extra}");
-                    assert_eq!(a.content, f.content);
-                    assert_eq!(a.findings, f.findings);
-                }
-                (Err(f), Err(a)) => assert_eq!(format!("{a:?}"), format!("{f:?}")),
-                (f, a) => panic!("{extra}: check {f:?}, check_after {a:?}"),
-            }
-        }
-        // The first case did take the shortcut.
-        let next = both("-A INPUT -p udp --dport 53 -j ACCEPT\n");
-        for (part, (_, old)) in next.parts.iter().zip(&previous.texts) {
-            let opts = ParseOptions {
-                family: part.family,
-                ..ParseOptions::default()
+        let written = input(rules(Family::Ipv4, 300), rules(Family::Ipv6, 200));
+        let printed = check("a", 0, &written, &NoSets).unwrap().content;
+        // As written (not canonical: no `-m tcp`), and as printed back (canonical: the
+        // content is spliced, not printed).
+        for (first, canonical) in [(written, false), (input(printed.v4, printed.v6), true)] {
+            let mut c = check("a", 0, &first, &NoSets).unwrap();
+            let texts: Vec<String> = first.parts.iter().map(|p| p.text.clone()).collect();
+            c.keep_sources(first);
+            assert!(c.sources.iter().all(|s| s.canonical == canonical));
+            let model = Arc::new(c.ruleset);
+            let previous = PreviousParse {
+                texts: c.sources,
+                model: Arc::downgrade(&model),
             };
-            assert!(restore::parse_after(old, &model.tables, &part.text, &opts).is_some());
+            let next = |extra: &str| input(with(&texts[0], extra), with(&texts[1], extra));
+            for extra in [
+                // One rule added (the shortcut applies).
+                "-A INPUT -p udp --dport 53 -j ACCEPT\n",
+                // A rule that loops (a validation error at its line).
+                "-A x -j x\n",
+                // A rule of a chain printed later (in canonical text: not spliced).
+                "-A x -p udp -j DROP\n",
+                // A bad rule (parse error: falls back, same error).
+                "-A INPUT -p tcp --dportx 1 -j ACCEPT\n",
+                // A chain declared in the middle (falls back).
+                ":y - [0:0]\n",
+            ] {
+                let next = next(extra);
+                let fresh = check("a", 0, &next, &NoSets);
+                let after = check_after("a", 0, &next, &NoSets, Some(&previous));
+                match (fresh, after) {
+                    (Ok(f), Ok(a)) => {
+                        assert_eq!(a.ruleset, f.ruleset, "{extra}");
+                        assert_eq!(a.content, f.content, "{extra}");
+                        assert_eq!(a.findings, f.findings);
+                    }
+                    (Err(f), Err(a)) => assert_eq!(format!("{a:?}"), format!("{f:?}")),
+                    (f, a) => panic!("{extra}: check {f:?}, check_after {a:?}"),
+                }
+            }
+            // The first case did take the shortcut (and spliced the content when canonical).
+            let next = next("-A INPUT -p udp --dport 53 -j ACCEPT\n");
+            for (part, old) in next.parts.iter().zip(&previous.texts) {
+                let opts = ParseOptions {
+                    family: part.family,
+                    ..ParseOptions::default()
+                };
+                if canonical {
+                    let r =
+                        restore::parse_after_canonical(&old.text, &model.tables, &part.text, &opts);
+                    assert!(r.is_some_and(|(_, print)| print.is_some()));
+                } else {
+                    let r = restore::parse_after(&old.text, &model.tables, &part.text, &opts);
+                    assert!(r.is_some());
+                }
+            }
+            // Dropped by the engine: nothing to reuse, a full parse.
+            drop(model);
+            let c = check_after("a", 0, &next, &NoSets, Some(&previous)).unwrap();
+            assert_eq!(c.ruleset, check("a", 0, &next, &NoSets).unwrap().ruleset);
         }
-        // Dropped by the engine: nothing to reuse, a full parse.
-        drop(model);
-        let c = check_after("a", 0, &next, &NoSets, Some(&previous)).unwrap();
-        assert_eq!(c.ruleset, check("a", 0, &next, &NoSets).unwrap().ruleset);
     }
 
     /// The digest is the sha256 of the combined text (what earlier revisions stored), with

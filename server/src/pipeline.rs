@@ -23,11 +23,11 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use vallum_engine::Clock;
 use vallum_engine::engine::{Change, Engine};
-use vallum_engine::model::{Family, Ruleset};
+use vallum_engine::model::Ruleset;
 use vallum_engine::sets::SetManager;
 use vallum_engine::validate::has_errors;
 
-use crate::content::{Checked, PreviousParse};
+use crate::content::{Checked, PreviousParse, SourceText};
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
 use crate::limits;
@@ -119,7 +119,7 @@ struct Job {
     etag: Option<String>,
     /// The texts `model` was parsed from (an Apply's), kept after the commit for the next
     /// Apply of the ruleset ([`Pipeline::previous_parse`]); empty otherwise.
-    sources: Vec<(Family, Arc<String>)>,
+    sources: Vec<SourceText>,
     /// The model was validated against this pipeline's sets just before (an Apply's
     /// [`crate::content::check`]): `run` does not validate it again (the engine's prepare
     /// still does, under its own lock, so a set removed in between is still caught).
@@ -859,12 +859,17 @@ mod tests {
 
         let mut c = checked(&p, 4);
         let text = Arc::new(String::from("the text"));
-        c.sources = vec![(Family::Ipv4, text.clone())];
+        let source = SourceText {
+            family: Family::Ipv4,
+            text,
+            canonical: false,
+        };
+        c.sources = vec![source.clone()];
         p.apply(c, "me", "m", None, None, &mut None)
             .await
             .expect("commits");
         let kept = p.previous_parse("web").expect("kept");
-        assert_eq!(kept.texts, [(Family::Ipv4, text)]);
+        assert_eq!(kept.texts, [source]);
         let model = kept.model.upgrade().expect("the engine runs it");
         assert!(Arc::ptr_eq(&model, &engine.rulesets()["web"]));
         assert_eq!(model.rule_count(), 4);

@@ -42,7 +42,8 @@ fn text_estimate(t: &Table) -> usize {
         + 32
 }
 
-fn chain_order(t: &Table) -> Vec<&Chain> {
+/// The chains of `t` in the order [`print`] writes them.
+pub(crate) fn chain_order(t: &Table) -> Vec<&Chain> {
     let mut builtin: Vec<&Chain> = t.chains.iter().filter(|c| c.policy.is_some()).collect();
     builtin.sort_by_key(|c| c.hook().map(|h| h.index()));
     let mut user: Vec<&Chain> = t.chains.iter().filter(|c| c.policy.is_none()).collect();
@@ -91,17 +92,28 @@ fn write_table(out: &mut String, t: &Table, opts: &PrintOptions) {
     }
     for c in &chains {
         for r in &c.rules {
-            if opts.counters {
-                write_counters(out, &r.counters.unwrap_or_default());
-                out.push(' ');
-            }
-            out.push_str("-A ");
-            out.push_str(&c.name);
-            write_rule_spec(&mut Parts { out, first: false }, r, t.family);
-            out.push('\n');
+            write_rule_line(out, &c.name, r, t.family, opts);
         }
     }
     out.push_str("COMMIT\n");
+}
+
+/// One rule's line of [`print`]: `[p:b] ` with `opts.counters`, `-A CHAIN`, the rule, `\n`.
+pub(crate) fn write_rule_line(
+    out: &mut String,
+    chain: &str,
+    r: &Rule,
+    family: Family,
+    opts: &PrintOptions,
+) {
+    if opts.counters {
+        write_counters(out, &r.counters.unwrap_or_default());
+        out.push(' ');
+    }
+    out.push_str("-A ");
+    out.push_str(chain);
+    write_rule_spec(&mut Parts { out, first: false }, r, family);
+    out.push('\n');
 }
 
 /// Prints a table as `iptables -S` (or `-vS` with `verbose`): `-P` lines for builtin chains,

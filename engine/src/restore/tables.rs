@@ -28,7 +28,7 @@ use super::{
     ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
     Restore,
 };
-pub(crate) use reparse::parse_after;
+pub(crate) use reparse::{parse_after, reparse};
 
 /// At most this many errors are collected; the rest is not reported.
 const MAX_ERRORS: usize = 100;

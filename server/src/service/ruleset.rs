@@ -50,11 +50,7 @@ impl RulesetApi {
             let mut checked =
                 content::check_after(&name, priority, &input, &*sets, previous.as_ref())?;
             // Kept by the pipeline after a commit, for the next check of this ruleset.
-            checked.sources = input
-                .parts
-                .into_iter()
-                .map(|p| (p.family, Arc::new(p.text)))
-                .collect();
+            checked.keep_sources(input);
             Ok(checked)
         })
         .await

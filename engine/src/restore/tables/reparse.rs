@@ -19,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::super::ParseOptions;
 use super::super::lexer::Token;
+use super::super::print::{self, PrintOptions};
 use super::super::rule::{Command, Ctx};
 use super::read_command;
 use crate::model::{Chain, Hook, Location, Rule, Table, TableKind, Target};
@@ -69,6 +70,21 @@ pub(crate) fn parse_after(
     text: &str,
     opts: &ParseOptions<'_>,
 ) -> Option<Vec<Table>> {
+    reparse(previous_text, previous, text, opts, false).map(|(t, _)| t)
+}
+
+/// As [`parse_after`]; with `canonical` (the caller knows `previous_text` is the canonical
+/// print of `previous`'s tables of the family: `print(.., &PrintOptions::default())`), also
+/// the canonical print of the result, made from `previous_text` with the changed lines'
+/// rules printed in their place, when they land there (`None` when the new rules belong
+/// elsewhere in the print, e.g. lines of two chains in the wrong order; print in full then).
+pub(crate) fn reparse(
+    previous_text: &str,
+    previous: &[Table],
+    text: &str,
+    opts: &ParseOptions<'_>,
+    canonical: bool,
+) -> Option<(Vec<Table>, Option<String>)> {
     if opts.noflush || opts.set_exists.is_some() {
         return None;
     }
@@ -226,6 +242,18 @@ pub(crate) fn parse_after(
         added.entry(at).or_default().push(rule);
     }
 
+    let print = if canonical {
+        splice_print(
+            previous_text,
+            old[table],
+            &added,
+            head,
+            old_end_byte(ob, end, tail),
+        )
+    } else {
+        None
+    };
+
     // Assemble: rules above the change as they were, the new rules, then the rules below it
     // with their lines moved; the old rules of the changed lines are dropped.
     let mut out = Vec::with_capacity(old.len());
@@ -262,6 +290,86 @@ pub(crate) fn parse_after(
             location: shift(t.location)?,
         });
     }
+    Some((out, print))
+}
+
+/// The byte offset in `b` (a text whose last `end` bytes are common with the other text)
+/// where its last `tail` lines start (see how [`reparse`] counts them); `b.len()` for none.
+fn old_end_byte(b: &[u8], end: usize, tail: usize) -> usize {
+    if tail == 0 {
+        return b.len();
+    }
+    let from = b.len() - end;
+    let counted_start = newlines(&b[from..]) < tail;
+    if counted_start {
+        from
+    } else {
+        b[from..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .map_or(b.len(), |i| from + i + 1)
+    }
+}
+
+/// The canonical print of the new tables: `previous` (the canonical print of the old ones)
+/// with its changed lines `[head, old_end)` (all rule lines of `table`, each the print of an
+/// old rule) replaced by the print of the `added` rules, grouped by chain in print order;
+/// `None` unless that is where the print puts them: every chain with added rules must lie
+/// between the chain of the rule line before the change and that of the rule line after it
+/// (in a canonical print, the chains between have no other rules).
+fn splice_print(
+    previous: &str,
+    table: &Table,
+    added: &HashMap<usize, Vec<Rule>>,
+    head: usize,
+    old_end: usize,
+) -> Option<String> {
+    let order = print::chain_order(table);
+    let ord = |line: &str| -> Option<usize> {
+        let name = line.strip_prefix("-A ")?.split(' ').next()?;
+        order.iter().position(|c| c.name == name)
+    };
+    let before = previous[..head].strip_suffix('\n').unwrap_or("");
+    let before = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
+    let after = previous[old_end..].split('\n').next().unwrap_or("");
+    // The rules section starts after the `:CHAIN` lines and ends at COMMIT.
+    let low = if before.starts_with("-A ") {
+        ord(before)?
+    } else if before.starts_with(':') || before.starts_with('*') {
+        0
+    } else {
+        return None;
+    };
+    let high = if after.starts_with("-A ") {
+        ord(after)?
+    } else if after == "COMMIT" {
+        order.len()
+    } else {
+        return None;
+    };
+    let mut region = String::new();
+    for (o, c) in order.iter().enumerate() {
+        let ci = table.chains.iter().position(|x| std::ptr::eq(x, *c))?;
+        let Some(rules) = added.get(&ci) else {
+            continue;
+        };
+        if !(low..=high).contains(&o) {
+            return None;
+        }
+        for r in rules {
+            print::write_rule_line(
+                &mut region,
+                &c.name,
+                r,
+                table.family,
+                &PrintOptions::default(),
+            );
+        }
+    }
+    let mut out = String::with_capacity(previous.len() - (old_end - head) + region.len());
+    out.push_str(&previous[..head]);
+    out.push_str(&region);
+    out.push_str(&previous[old_end..]);
     Some(out)
 }
 
@@ -311,7 +419,9 @@ fn common_suffix(a: &[u8], b: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use crate::model::{Family, Table};
-    use crate::restore::{ParseOptions, parse_after, parse_ruleset};
+    use crate::restore::{
+        ParseOptions, PrintOptions, parse_after, parse_after_canonical, parse_ruleset, print,
+    };
 
     /// xorshift64*: a fixed, dependency-free sequence for the random texts below.
     struct Rng(u64);
@@ -437,6 +547,25 @@ mod tests {
             return false;
         };
         let full = parse_ruleset("t", new, opts).map(|r| r.tables);
+        // A canonical previous text also gets the new print spliced.
+        let canonical = !opts.counters && print(&prev.tables, &PrintOptions::default()) == old;
+        if canonical {
+            if let Some((tables, spliced)) = parse_after_canonical(old, &prev.tables, new, opts) {
+                assert_eq!(
+                    Some(&tables),
+                    full.as_ref().ok(),
+                    "old:\n{old}\nnew:\n{new}"
+                );
+                if let Some(p) = spliced {
+                    assert_eq!(
+                        p,
+                        print(&tables, &PrintOptions::default()),
+                        "old:\n{old}\nnew:\n{new}"
+                    );
+                    SPLICED.with(|n| n.set(n.get() + 1));
+                }
+            }
+        }
         match parse_after(old, &prev.tables, new, opts) {
             Some(fast) => {
                 let full: Vec<Table> = full.unwrap_or_else(|e| {
@@ -447,6 +576,11 @@ mod tests {
             }
             None => false,
         }
+    }
+
+    thread_local! {
+        /// How many [`agrees`] calls checked a spliced print.
+        static SPLICED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
     /// Random plain dumps with one to three random line changes (rules added, removed,
@@ -481,6 +615,39 @@ mod tests {
         assert!(
             fast * 100 >= cases * 15,
             "the shortcut applied in {fast} of {cases} cases"
+        );
+    }
+
+    /// The same from canonical texts (the dumps printed back), with the print spliced
+    /// (`parse_after_canonical`): whenever it gives a print, it is the full print of its
+    /// tables, and those are a full parse's.
+    #[test]
+    fn parse_after_canonical_prints_as_print() {
+        let mut r = Rng(0x2545_f491_4f6c_dd1d);
+        let spliced_before = SPLICED.with(std::cell::Cell::get);
+        let mut cases = 0;
+        for case in 0..3000 {
+            let v6 = case % 5 == 4;
+            let opts = ParseOptions {
+                family: if v6 { Family::Ipv6 } else { Family::Ipv4 },
+                ..ParseOptions::default()
+            };
+            let Ok(rs) = parse_ruleset("t", &join(&dump(&mut r, v6), false), &opts) else {
+                continue;
+            };
+            let canonical = print(&rs.tables, &PrintOptions::default());
+            let lines: Vec<String> = canonical.lines().map(str::to_string).collect();
+            let mut changed = lines.clone();
+            for _ in 0..1 + r.below(2) {
+                edit(&mut r, &mut changed, v6);
+            }
+            cases += 1;
+            agrees(&canonical, &join(&changed, false), &opts);
+        }
+        let spliced = SPLICED.with(std::cell::Cell::get) - spliced_before;
+        assert!(
+            spliced * 100 >= cases * 15,
+            "the print was spliced in {spliced} of {cases} cases"
         );
     }
 
@@ -568,29 +735,37 @@ mod tests {
                 family,
                 ..ParseOptions::default()
             };
-            if parse_ruleset("t", &text, &opts).is_err() {
+            let Ok(rs) = parse_ruleset("t", &text, &opts) else {
                 continue;
-            }
-            let lines: Vec<String> = text.lines().map(str::to_string).collect();
-            for (i, l) in lines.iter().enumerate() {
-                if !l.starts_with("-A ") {
-                    continue;
-                }
-                let mut removed = lines.clone();
-                removed.remove(i);
-                let mut doubled = lines.clone();
-                doubled.insert(i, l.clone());
-                let mut changed = lines.clone();
-                changed[i] = format!("{l} -m comment --comment x{i}");
-                for new in [removed, doubled, changed] {
-                    tried += 1;
-                    if agrees(&text, &join(&new, false), &opts) {
-                        applied += 1;
+            };
+            // As written, and printed back (canonical: the print is spliced too).
+            let canonical = print(&rs.tables, &PrintOptions::default());
+            for text in [text, canonical] {
+                let lines: Vec<String> = text.lines().map(str::to_string).collect();
+                for (i, l) in lines.iter().enumerate() {
+                    if !l.starts_with("-A ") {
+                        continue;
+                    }
+                    let mut removed = lines.clone();
+                    removed.remove(i);
+                    let mut doubled = lines.clone();
+                    doubled.insert(i, l.clone());
+                    let mut changed = lines.clone();
+                    changed[i] = format!("{l} -m comment --comment x{i}");
+                    for new in [removed, doubled, changed] {
+                        tried += 1;
+                        if agrees(&text, &join(&new, false), &opts) {
+                            applied += 1;
+                        }
                     }
                 }
             }
         }
-        eprintln!("parse_after on real dumps: {applied} of {tried} changes took the shortcut");
+        let spliced = SPLICED.with(std::cell::Cell::get);
+        eprintln!(
+            "parse_after on real dumps: {applied} of {tried} changes took the shortcut, {spliced} with the print spliced"
+        );
+        assert!(spliced * 3 >= tried, "{spliced} of {tried} spliced");
         // iptables-save output is a plain dump: a changed rule line always takes it.
         assert_eq!(applied, tried);
     }
