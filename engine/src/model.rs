@@ -15,8 +15,10 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+mod edit;
 mod rules;
 
+pub use edit::{EditError, EditOp, RuleEdit};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 
 /// Address family of a table: `iptables` (IPv4) or `ip6tables` (IPv6).
