@@ -32,7 +32,7 @@
 //! compiled afresh. Readers never see a half-built index: they keep using the old snapshot
 //! until the new one is published. The cost left is linear but cheap (comparing the rules,
 //! which skips the rule chunks a new model shares with the old one, `model::RuleList`;
-//! copying the index's entry and filter arrays, the counters); a
+//! copying the index's filter array and the tables a change touches, the counters); a
 //! one-rule change of a 10k chain compiles in about half the time of a full build and its
 //! counters carry in a tenth (BENCHMARKS.md section 5).
 //!
