@@ -692,6 +692,9 @@ impl Table {
             return Some((b.finish(), false));
         }
         ins.sort_unstable_by_key(|&(pos, h)| (h & self.bucket_mask, pos));
+        if shifts_from.is_none_or(|f| self.max < f) {
+            return Some((self.patched(remap, ins), false));
+        }
         let mut starts = Vec::with_capacity(buckets + 1);
         let mut entries = Vec::with_capacity(n);
         let mut ins = ins.into_iter().peekable();
@@ -736,6 +739,96 @@ impl Table {
             },
             false,
         ))
+    }
+
+    /// [`Table::updated`] when no position moves (`remap` is the identity but for the
+    /// removed rules) and the bucket array stays: the runs of buckets that neither lose nor
+    /// gain an entry are copied whole (their starts shifted by what the buckets before them
+    /// gained or lost) and only the touched buckets are merged. `ins` is sorted by (bucket,
+    /// position). Gives exactly the arrays of the bucket-by-bucket merge.
+    fn patched(&self, remap: &impl Fn(u32) -> Option<u32>, ins: Vec<(u32, u64)>) -> Table {
+        let buckets = self.starts.len() - 1;
+        let bucket = |h: u64| (h & self.bucket_mask) as usize;
+        // Buckets that lose or gain an entry, ascending, no repeats.
+        let mut touched: Vec<usize> = ins.iter().map(|&(_, h)| bucket(h)).collect();
+        let mut removed = 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            if remap(e.pos).is_none() {
+                removed += 1;
+                touched.push(self.starts.partition_point(|&s| s as usize <= i) - 1);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        let (ins_min, ins_max) = (
+            ins.iter().map(|e| e.0).min().unwrap_or(u32::MAX),
+            ins.iter().map(|e| e.0).max().unwrap_or(0),
+        );
+        let mut starts: Vec<u32> = Vec::with_capacity(buckets + 1);
+        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries.len() - removed + ins.len());
+        let mut ins = ins.into_iter().peekable();
+        // Appends the unchanged buckets `from..to` (`to` may be `buckets`, the end mark).
+        let copy = |starts: &mut Vec<u32>, entries: &mut Vec<Entry>, from: usize, to: usize| {
+            let lo = self.starts[from] as usize;
+            let hi = self.starts[to.min(buckets)] as usize;
+            let shift = entries.len() as i64 - lo as i64;
+            let end = if to == buckets { to + 1 } else { to };
+            starts.extend(
+                self.starts[from..end]
+                    .iter()
+                    .map(|&s| (i64::from(s) + shift) as u32),
+            );
+            entries.extend_from_slice(&self.entries[lo..hi]);
+        };
+        let mut from = 0;
+        for &b in &touched {
+            copy(&mut starts, &mut entries, from, b);
+            starts.push(entries.len() as u32);
+            let mut old = self.entries[self.starts[b] as usize..self.starts[b + 1] as usize]
+                .iter()
+                .filter(|e| remap(e.pos).is_some())
+                .copied()
+                .peekable();
+            // Merge two ascending runs: the bucket's kept entries and its insertions.
+            loop {
+                let next_ins = ins
+                    .next_if(|&(pos, h)| bucket(h) == b && old.peek().is_none_or(|e| pos < e.pos));
+                let e = match next_ins {
+                    Some((pos, h)) => Entry {
+                        pos,
+                        tag: (h >> 32) as u32,
+                    },
+                    None => match old.next() {
+                        Some(e) => e,
+                        None => break,
+                    },
+                };
+                entries.push(e);
+            }
+            from = b + 1;
+        }
+        copy(&mut starts, &mut entries, from, buckets);
+        debug_assert_eq!(starts.len(), buckets + 1);
+        let scan = || entries.iter().map(|e| e.pos);
+        let min = if remap(self.min).is_some() {
+            self.min.min(ins_min)
+        } else {
+            scan().min().unwrap_or(u32::MAX)
+        };
+        let max = if remap(self.max).is_some() {
+            self.max.max(ins_max)
+        } else {
+            scan().max().unwrap_or(0)
+        };
+        Table {
+            masks: self.masks,
+            tuple: self.tuple,
+            min,
+            max,
+            bucket_mask: self.bucket_mask,
+            starts: starts.into(),
+            entries: entries.into(),
+        }
     }
 }
 
@@ -1591,6 +1684,64 @@ mod tests {
             snap = next;
         }
         assert!(grew, "no table was rehashed to more buckets");
+    }
+
+    /// The patch of a table whose positions do not move ([`Table::patched`]) gives exactly
+    /// the arrays of the bucket-by-bucket merge, for random removals and insertions.
+    #[test]
+    fn patched_tables_equal_merged_ones() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let tuple = Tuple {
+            src: 24,
+            dst: 0,
+            proto: false,
+            sport: false,
+            dport: false,
+        };
+        for round in 0..200 {
+            let mut b = TableBuilder::new(tuple, 32);
+            let n = 8 + (next() % 300) as u32;
+            let mut pos = 0;
+            for _ in 0..n {
+                pos += 1 + (next() % 5) as u32;
+                b.insert(pos, next() % 64);
+            }
+            let t = b.finish();
+            // Remove a few positions the table holds, insert a few it does not.
+            let gone: Vec<u32> = t
+                .entries
+                .iter()
+                .map(|e| e.pos)
+                .filter(|_| next() % 16 == 0)
+                .collect();
+            let mut ins: Vec<(u32, u64)> = (0..next() % 4)
+                .map(|k| (pos + 1 + k as u32, next() % 64))
+                .collect();
+            ins.sort_unstable();
+            let remap = |p: u32| (!gone.contains(&p)).then_some(p);
+            let rules = RuleChunks::default();
+            let merged = t.updated(&remap, Some(0), ins.clone(), &rules, 32);
+            let patched = t.updated(&remap, None, ins, &rules, 32);
+            match (merged, patched) {
+                (Some((m, _)), Some((p, _))) => {
+                    assert_eq!(m.starts, p.starts, "round {round}");
+                    let key = |e: &Entry| (e.pos, e.tag);
+                    assert_eq!(
+                        m.entries.iter().map(key).collect::<Vec<_>>(),
+                        p.entries.iter().map(key).collect::<Vec<_>>(),
+                        "round {round}"
+                    );
+                    assert_eq!((m.min, m.max), (p.min, p.max), "round {round}");
+                }
+                (m, p) => assert_eq!(m.is_none(), p.is_none(), "round {round}"),
+            }
+        }
     }
 
     /// A replace moves no position: every table but those the old and the new rule sit in is
