@@ -1,7 +1,9 @@
 //! The end-to-end worker pipeline under commits: two worker threads (one per core) classify a
 //! ClassBench trace through [`EngineWorker::process_batch`] (batches of 64 packets) while a
 //! committer thread commits a changed ruleset (one rule replaced, back and forth) every
-//! 100 ms. Rounds without and with commits alternate (so drift in machine load hits both
+//! 100 ms, two ways (the `commit` column): `put` commits the whole ruleset
+//! ([`Change::Put`]), built each time from a plain `Vec` of rules (its own memory, as a parse
+//! makes it); `edit` commits only the replaced rule ([`Change::Edit`], as `iptables -R`). Rounds without and with commits alternate (so drift in machine load hits both
 //! alike); the table gives packets per second over all workers for each, and the dip. The
 //! machine has only the two cores the workers use, so the committer takes its CPU time from
 //! them: the last column (the committer's CPU time, incl. dropping retired snapshots, over
@@ -29,7 +31,7 @@ use std::time::{Duration, Instant};
 use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
-use vallum_engine::model::{Ruleset, Target};
+use vallum_engine::model::{EditOp, Family, Rule, RuleEdit, Ruleset, TableKind, Target};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::sets::NoSets;
 
@@ -56,14 +58,52 @@ struct RoundResult {
     commit_cpu_us: f64,
 }
 
+/// The ruleset the committer alternates: a template, its INPUT rules, and the two versions of
+/// the middle rule.
+struct Alternating {
+    template: Ruleset,
+    flat: Vec<Rule>,
+    mids: [Rule; 2],
+}
+
+impl Alternating {
+    /// The whole ruleset with version `turn % 2` of the middle rule, its rules copied from a
+    /// `Vec` (nothing shared with earlier versions).
+    fn whole(&self, turn: usize) -> Ruleset {
+        let mut rs = self.template.clone();
+        let mut rules = self.flat.clone();
+        let mid = rules.len() / 2;
+        rules[mid] = self.mids[turn % 2].clone();
+        rs.tables[0].chains[0].rules = rules.into();
+        rs
+    }
+
+    /// The change to version `turn % 2`, as `put` or `edit`.
+    fn change(&self, turn: usize, edit: bool) -> Change {
+        if !edit {
+            return Change::Put(self.whole(turn));
+        }
+        Change::Edit {
+            ruleset: self.template.name.clone(),
+            edits: vec![RuleEdit {
+                family: Family::Ipv4,
+                table: TableKind::Filter,
+                chain: "INPUT".into(),
+                number: (self.flat.len() / 2) as u32 + 1,
+                op: EditOp::Replace(self.mids[turn % 2].clone()),
+            }],
+        }
+    }
+}
+
 /// One round of `secs`: workers classify until told to stop; with `commits`, a committer
-/// alternates between the two rulesets every 100 ms.
+/// alternates between the two rulesets every 100 ms (by `Change::Edit` when `edit`).
 fn round(
     engine: &Engine,
     workers: usize,
     packets: &[PacketMeta],
-    pair: &[Ruleset; 2],
-    commits: bool,
+    alt: &Alternating,
+    (commits, edit): (bool, bool),
     secs: f64,
 ) -> RoundResult {
     let stop = AtomicBool::new(false);
@@ -111,7 +151,7 @@ fn round(
                 turn += 1;
                 let c0 = thread_cpu_ns();
                 let done = engine
-                    .commit(Change::Put(pair[turn % 2].clone()), &NoSets)
+                    .commit(alt.change(turn, edit), &NoSets)
                     .expect("commit");
                 times.push(done.report.total_ns());
                 // The retired snapshot is dropped here, on the committer thread.
@@ -159,18 +199,21 @@ fn main() {
         }
     }
     println!(
-        "| set | rules | workers | without commits (Mpps) | with a commit every 100 ms (Mpps) | dip | commits | median commit wall (us) | committer CPU / 2 cores | committer CPU per commit (us) |"
+        "| set | rules | workers | commit | without commits (Mpps) | with a commit every 100 ms (Mpps) | dip | commits | median commit wall (us) | committer CPU / 2 cores | committer CPU per commit (us) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for (name, text) in sets {
-        for workers in [CORES, 1] {
+        for (workers, edit) in [(CORES, false), (CORES, true), (1, false), (1, true)] {
             let filters = classbench::parse_filters(&text).expect("parse");
-            let a = classbench::to_ruleset(name, &filters).expect("translate");
-            let mut b = a.clone();
-            let rules = &mut b.tables[0].chains[0].rules;
-            let mid = rules.len() / 2;
-            rules[mid] = classbench::to_rule(&filters[mid / 2], Target::Drop).expect("translate");
-            let pair = [a, b];
+            let template = classbench::to_ruleset(name, &filters).expect("translate");
+            let flat = template.tables[0].chains[0].rules.to_vec();
+            let mid = flat.len() / 2;
+            let changed = classbench::to_rule(&filters[mid / 2], Target::Drop).expect("translate");
+            let alt = Alternating {
+                mids: [flat[mid].clone(), changed],
+                flat,
+                template,
+            };
             let packets: Vec<PacketMeta> = classbench::sample_headers(&filters, 10_000, 7)
                 .iter()
                 .map(classbench::to_packet)
@@ -184,14 +227,14 @@ fn main() {
                 Arc::new(MonoClock(Instant::now())),
             );
             engine
-                .commit(Change::Put(pair[0].clone()), &NoSets)
+                .commit(Change::Put(alt.whole(0)), &NoSets)
                 .expect("commit");
             // Warm-up.
-            round(&engine, workers, &packets, &pair, false, 0.5);
+            round(&engine, workers, &packets, &alt, (false, edit), 0.5);
             let (mut without, mut with) = (Vec::new(), Vec::new());
             for _ in 0..3 {
-                without.push(round(&engine, workers, &packets, &pair, false, secs));
-                with.push(round(&engine, workers, &packets, &pair, true, secs));
+                without.push(round(&engine, workers, &packets, &alt, (false, edit), secs));
+                with.push(round(&engine, workers, &packets, &alt, (true, edit), secs));
             }
             let mean = |v: &[RoundResult]| v.iter().map(|r| r.pps).sum::<f64>() / v.len() as f64;
             let (w0, w1) = (mean(&without), mean(&with));
@@ -201,8 +244,9 @@ fn main() {
             let mut cpu_us: Vec<f64> = with.iter().map(|r| r.commit_cpu_us).collect();
             cpu_us.sort_by(f64::total_cmp);
             println!(
-                "| {name} | {} | {workers} | {:.2} | {:.2} | {:+.1}% | {} | {:.0} | {:.1}% | {:.0} |",
+                "| {name} | {} | {workers} | {} | {:.2} | {:.2} | {:+.1}% | {} | {:.0} | {:.1}% | {:.0} |",
                 filters.len(),
+                if edit { "edit" } else { "put" },
                 w0 / 1e6,
                 w1 / 1e6,
                 (w1 / w0 - 1.0) * 100.0,

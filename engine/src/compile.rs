@@ -31,9 +31,10 @@
 //! the change on are rebuilt, only the changed ones for a replace); anything else is
 //! compiled afresh. Readers never see a half-built index: they keep using the old snapshot
 //! until the new one is published. The cost left is linear but cheap (comparing the rules,
-//! copying the index's entry and filter arrays); a one-rule change of a 10k chain compiles
-//! in about half the time of a full build and its counters carry in a tenth (BENCHMARKS.md
-//! section 5).
+//! which skips the rule chunks a new model shares with the old one, `model::RuleList`;
+//! copying the index's filter array and the tables a change touches, the counters); a
+//! one-rule change of a 10k chain compiles in about half the time of a full build and its
+//! counters carry in a tenth (BENCHMARKS.md section 5).
 //!
 //! ## RFC tables for small chains
 //! An IPv4 chain of [`RFC_MIN_RULES`] to [`RFC_MAX_RULES`] rules (by default) also gets
@@ -64,8 +65,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{
-    Family, Hook, IpNet, Match, MultiportDir, Neg, Policy, PortRange, RejectWith, Rule, Ruleset,
-    SetDir, TableKind, Target, ct_state, diff_rules,
+    Family, Hook, IpNet, Match, MultiportDir, Neg, Policy, PortRange, RejectWith, Rule, RuleList,
+    Ruleset, SetDir, TableKind, Target, ct_state, diff_rules,
 };
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
@@ -702,9 +703,11 @@ struct BodyContext<'a> {
 }
 
 impl BodyContext<'_> {
-    fn compile(&self, rules: &[Rule]) -> Result<Vec<CRule>, CompileError> {
+    fn compile<'r>(
+        &self,
+        rules: impl Iterator<Item = &'r Rule>,
+    ) -> Result<Vec<CRule>, CompileError> {
         rules
-            .iter()
             .map(|rule| {
                 compile_rule(rule, self.chains, self.sets).map_err(|e| {
                     e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
@@ -756,8 +759,8 @@ impl BodyContext<'_> {
 
 impl ChainBody {
     /// Compiles `rules` from scratch.
-    fn compile(rules: &[Rule], cx: &BodyContext<'_>) -> Result<ChainBody, CompileError> {
-        let compiled = RuleChunks::new(cx.compile(rules)?);
+    fn compile(rules: &RuleList, cx: &BodyContext<'_>) -> Result<ChainBody, CompileError> {
+        let compiled = RuleChunks::new(cx.compile(rules.iter())?);
         let hashes = rules.iter().map(content_hash).collect();
         Ok(cx.finish(compiled, hashes, None, None))
     }
@@ -768,13 +771,13 @@ impl ChainBody {
     /// ([`ChainIndex::update`], TupleMerge's incremental insert and delete) instead of rebuilt.
     fn splice(
         &self,
-        rules: &[Rule],
+        rules: &RuleList,
         (prefix, old_mid, new_mid): (u32, u32, u32),
         cx: &BodyContext<'_>,
     ) -> Result<ChainBody, CompileError> {
         let (p, om, nm) = (prefix as usize, old_mid as usize, new_mid as usize);
-        let mid = &rules[p..p + nm];
-        let new = cx.compile(mid)?;
+        let mid = rules.range(p..p + nm);
+        let new = cx.compile(mid.clone())?;
         // Only set-free bodies are spliced, so only the new rules can bring a set; the
         // targets need a scan of the whole chain only when the old or the new rules jump.
         let has_sets = new.iter().any(has_set);
@@ -782,7 +785,7 @@ impl ChainBody {
         let compiled = self.rules.splice(p, om, new);
         let mut hashes = Vec::with_capacity(rules.len());
         hashes.extend_from_slice(&self.hashes[..p]);
-        hashes.extend(mid.iter().map(content_hash));
+        hashes.extend(mid.map(content_hash));
         hashes.extend_from_slice(&self.hashes[p + om..]);
         let index = match &self.index {
             Some(idx) if cx.wants_index(compiled.len()) => Some(idx.update(

@@ -6,7 +6,10 @@
 //! 1. **validate** every changed ruleset ([`crate::validate`]); any error aborts and changes
 //!    nothing. A ruleset that replaces an active one of the same name is diffed against it
 //!    chain by chain, and only its changed rules are checked one by one (same result as a
-//!    full validation, see `validate_after` in [`crate::validate`]);
+//!    full validation, see `validate_after` in [`crate::validate`]). A [`Change::Edit`]
+//!    (insert, delete or replace rules by chain and number) makes the new ruleset from the
+//!    active one, sharing every rule chunk it does not touch, so this diff and the compile's
+//!    splice cost what the edit touched, not the size of the ruleset;
 //! 2. **compile** all active rulesets with the change applied into a new [`Snapshot`],
 //!    incrementally from the active one ([`Snapshot::compile_after`]: unchanged chains are
 //!    shared, a few changed rules are spliced in and the chain's index updated), reusing the
@@ -59,7 +62,7 @@ use crate::conntrack::{Conntrack, ConntrackConfig, CtVerdict};
 use crate::dataplane::{
     BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Worker,
 };
-use crate::model::{Family, Hook, Ruleset};
+use crate::model::{EditError, Family, Hook, RuleEdit, Ruleset};
 use crate::packet::PacketMeta;
 use crate::sets::SetRegistry;
 use crate::validate::{Severity, Violation, validate, validate_after};
@@ -87,6 +90,19 @@ pub enum Change {
     Remove(String),
     /// Replace every active ruleset.
     ReplaceAll(Vec<Ruleset>),
+    /// Edit single rules of the active ruleset `ruleset`: insert, delete or replace rules at
+    /// a chain and rule number, as `iptables -I` / `-D N` / `-R` ([`RuleEdit`], applied in
+    /// order by [`Ruleset::with_edits`]). The caller neither copies nor parses the whole
+    /// ruleset: the edited ruleset shares every rule chunk the edits leave alone with the
+    /// active one, so validation and compilation look at the changed rules (and the chunk
+    /// pointers) only. The commit is exactly the one `Put` of the edited ruleset would make:
+    /// the same validation findings, snapshot verdicts and carried counters.
+    Edit {
+        /// Name of the active ruleset to edit.
+        ruleset: String,
+        /// The edits, applied in order.
+        edits: Vec<RuleEdit>,
+    },
 }
 
 /// Why a commit was refused. Nothing changed in the engine.
@@ -98,6 +114,13 @@ pub enum CommitError {
     /// The compiler refused the ruleset (validation should have caught it first).
     #[error(transparent)]
     Compile(#[from] CompileError),
+    /// [`Change::Edit`] names a ruleset that is not active.
+    #[error("no active ruleset {0}")]
+    NoSuchRuleset(String),
+    /// [`Change::Edit`]: an edit names a missing table or chain, or a rule number out of
+    /// range.
+    #[error(transparent)]
+    Edit(#[from] EditError),
     /// [`Engine::publish`]: another commit was published after this one was prepared.
     #[error("another commit was published since this one was prepared")]
     Stale,
@@ -291,7 +314,9 @@ impl Engine {
     /// no other commit in between.
     ///
     /// Errors: [`CommitError::Invalid`] with every violation when validation finds an error;
-    /// [`CommitError::Compile`] when compilation fails. The engine is unchanged on error.
+    /// [`CommitError::Compile`] when compilation fails; for [`Change::Edit`],
+    /// [`CommitError::NoSuchRuleset`] and [`CommitError::Edit`] (a missing table or chain, a
+    /// rule number out of range). The engine is unchanged on error.
     pub fn commit(&self, change: Change, sets: &dyn SetRegistry) -> Result<Committed, CommitError> {
         let _one = self.committing.lock().unwrap_or_else(|e| e.into_inner());
         let prepared = self.prepare(change, sets)?;
@@ -321,6 +346,15 @@ impl Engine {
             }
             Change::Remove(name) => {
                 next.remove(&name);
+            }
+            Change::Edit { ruleset, edits } => {
+                let old = next
+                    .get(&ruleset)
+                    .cloned()
+                    .ok_or(CommitError::NoSuchRuleset(ruleset))?;
+                let rs = Arc::new(old.with_edits(edits)?);
+                next.insert(rs.name.clone(), rs.clone());
+                changed.push((rs, Some(old)));
             }
             Change::ReplaceAll(all) => {
                 let mut old = std::mem::take(&mut next);

@@ -15,6 +15,12 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+mod edit;
+mod rules;
+
+pub use edit::{EditError, EditOp, RuleEdit};
+pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
+
 /// Address family of a table: `iptables` (IPv4) or `ip6tables` (IPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -236,8 +242,8 @@ pub struct Chain {
     pub policy: Option<Policy>,
     /// The policy counters `[p:b]` of a builtin chain (zero for user chains).
     pub counters: Counters,
-    /// Rules in evaluation order.
-    pub rules: Vec<Rule>,
+    /// Rules in evaluation order, in chunks shared between clones ([`RuleList`]).
+    pub rules: RuleList,
     /// Where the chain was declared (`:NAME` or `-N NAME`).
     pub location: Location,
 }
@@ -957,35 +963,18 @@ impl Rule {
 
 /// The longest common prefix and, of what follows it, the longest common suffix of `old` and
 /// `new` (by [`Rule::same_content`]): `(prefix, old_mid, new_mid)` with `old_mid`/`new_mid`
-/// the lengths of what differs. `unchanged(i, rule)` is called for each rule of `new` found
-/// equal to its counterpart (prefix in order, then suffix from the end), while it is in
-/// cache: callers fold their own per-rule work into this one pass.
+/// the lengths of what differs. A chunk both lists share at the same place ([`RuleList`]) is
+/// taken as equal without reading it, so a list edited from a clone of another is diffed in
+/// time proportional to its chunks plus the changed rules. `unchanged(i, rule)` is called for
+/// rules of `new` found equal to their counterparts (prefix in order, then suffix from the
+/// end), while they are in cache: every one compared rule by rule and, of a shared chunk, at
+/// least those that jump, go to a chain or match a set (what validation must see again).
 pub(crate) fn diff_rules(
-    old: &[Rule],
-    new: &[Rule],
-    mut unchanged: impl FnMut(usize, &Rule),
+    old: &RuleList,
+    new: &RuleList,
+    unchanged: impl FnMut(usize, &Rule),
 ) -> (u32, u32, u32) {
-    let common = old.len().min(new.len());
-    let mut prefix = 0;
-    while prefix < common && old[prefix].same_content(&new[prefix]) {
-        unchanged(prefix, &new[prefix]);
-        prefix += 1;
-    }
-    let mut suffix = 0;
-    while suffix < common - prefix {
-        let (o, n) = (old.len() - 1 - suffix, new.len() - 1 - suffix);
-        if !old[o].same_content(&new[n]) {
-            break;
-        }
-
-        unchanged(n, &new[n]);
-        suffix += 1;
-    }
-    (
-        prefix as u32,
-        (old.len() - prefix - suffix) as u32,
-        (new.len() - prefix - suffix) as u32,
-    )
+    rules::diff(old, new, unchanged)
 }
 
 #[cfg(test)]

@@ -502,13 +502,13 @@ impl TableCheck<'_> {
             });
             diffs[ci] = Some(d);
             let (p, om, nm) = (d.0 as usize, d.1 as usize, d.2 as usize);
-            for (ri, r) in c.rules.iter().enumerate().skip(p).take(nm) {
+            for (ri, r) in (p..p + nm).zip(c.rules.range(p..p + nm)) {
                 edge(self, ci, ri, r);
                 recheck.push((ci, ri));
                 jumps_changed |= matches!(r.target, Target::Jump(_) | Target::Goto(_));
             }
-            jumps_changed |= old_rules[p..p + om]
-                .iter()
+            jumps_changed |= old_rules
+                .range(p..p + om)
                 .any(|r| matches!(r.target, Target::Jump(_) | Target::Goto(_)));
         }
 
@@ -1003,7 +1003,7 @@ mod tests {
             name: name.into(),
             policy,
             counters: Default::default(),
-            rules,
+            rules: rules.into(),
             location: Location::default(),
         }
     }
@@ -1063,7 +1063,12 @@ mod tests {
             let at = rng.below(rules.len() + 1);
             let removed = rng.below(3).min(rules.len() - at);
             let added: Vec<Rule> = (0..rng.below(3)).map(|_| pool(rng.below(POOL))).collect();
-            rules.splice(at..at + removed, added);
+            for _ in 0..removed {
+                rules.remove(at);
+            }
+            for (k, r) in added.into_iter().enumerate() {
+                rules.insert(at + k, r);
+            }
         }
     }
 

@@ -25,7 +25,7 @@ use vallum_engine::Clock;
 use vallum_engine::compile::{Classifier, Snapshot};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
-use vallum_engine::model::{Chain, Counters, Location, Match, Rule, Ruleset, Target};
+use vallum_engine::model::{Chain, Counters, Location, Match, Rule, RuleList, Ruleset, Target};
 use vallum_engine::sets::NoSets;
 
 #[path = "../benches/support/classbench.rs"]
@@ -103,14 +103,14 @@ fn user_chain(name: &str, rules: Vec<Rule>) -> Chain {
         name: name.into(),
         policy: None,
         counters: Counters::default(),
-        rules,
+        rules: rules.into(),
         location: Location::default(),
     }
 }
 
 /// One random small change to `chain`: insert, delete or replace one rule, or replace a run
 /// of up to 4 rules by up to 4 others.
-fn mutate(chain: &mut Vec<Rule>, rng: &mut Rng, mut make: impl FnMut(&mut Rng) -> Rule) {
+fn mutate(chain: &mut RuleList, rng: &mut Rng, mut make: impl FnMut(&mut Rng) -> Rule) {
     let n = chain.len();
     match rng.below(4) {
         0 => {
@@ -122,7 +122,7 @@ fn mutate(chain: &mut Vec<Rule>, rng: &mut Rng, mut make: impl FnMut(&mut Rng) -
         }
         2 if n > 0 => {
             let at = rng.below(n);
-            chain[at] = make(rng);
+            chain.set(at, make(rng));
         }
         _ => {
             let at = rng.below(n + 1);
@@ -236,7 +236,7 @@ fn incremental_commits_equal_full_compiles() {
                     let new: Vec<Rule> = (0..60).map(|_| maker.big(&mut rng)).collect();
                     big.splice(at..at, new);
                 } else {
-                    big.drain(at..at + 60);
+                    big.splice(at..at + 60, []);
                 }
             } else {
                 mutate(&mut chains[0].rules, &mut rng, |r| maker.big(r));

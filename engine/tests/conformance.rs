@@ -95,7 +95,7 @@ fn run_rule(family: Family, table: TableKind, chain: &str, rule: &str) -> Result
     let r = parse(&text, &opts).map_err(|e| e.to_string())?;
     let t = &r.tables[0];
     let c = t.chain(chain).ok_or("chain missing")?;
-    match c.rules.as_slice() {
+    match c.rules.to_vec().as_slice() {
         [one] => Ok(print_rule_spec(one, family)),
         _ => Err("expected exactly one rule".into()),
     }

@@ -198,7 +198,7 @@ pub fn to_ruleset_with(
         name: hook.chain_name().to_string(),
         policy: Some(policy),
         counters: Counters::default(),
-        rules,
+        rules: rules.into(),
         location: Location::default(),
     };
     Ok(Ruleset {

@@ -45,8 +45,11 @@
 //! TupleMerge's online insert and delete): every entry is copied with its position shifted,
 //! the removed rules' entries are left out, and each new rule goes into the first fitting
 //! table with room for its key, exactly as the build would place it; no key is hashed again
-//! except the new rules' (and a table's whose load doubled, which is rehashed). Unchanged
-//! chains share their index with the previous snapshot.
+//! except the new rules' (and a table's whose load doubled, which is rehashed). A table that
+//! no rule left or joined and whose positions did not move (every table a replace does not
+//! touch; the tables before an insert or delete) is not copied: the new index shares its
+//! arrays and its probe copy (`Arc`), so the cores find them in cache after the commit.
+//! Unchanged chains share their whole index with the previous snapshot.
 //!
 //! ## Batched probes
 //! [`Snapshot::classify_batch`] looks up a batch of packets a table at a time rather than a
@@ -82,6 +85,7 @@
 //! match, so a bucket is only ever taken from when every rule before it failed.
 
 use std::mem::size_of;
+use std::sync::Arc;
 
 #[cfg(doc)]
 use super::Classifier;
@@ -461,8 +465,10 @@ struct Table {
     min: u32,
     max: u32,
     bucket_mask: u64,
-    starts: Box<[u32]>,
-    entries: Box<[Entry]>,
+    /// Shared (`Arc`) with the previous index when an update left the table as it was, so
+    /// that the cores keep reading the memory they have in cache after a commit.
+    starts: Arc<[u32]>,
+    entries: Arc<[Entry]>,
 }
 
 /// A rule in a bucket: its position in the chain and the high half of its key hash.
@@ -539,7 +545,8 @@ pub(super) struct ChainIndex {
     /// The lookup's copy of each table's entries (same order as `tables`, each its `entries`
     /// plus a sentinel whose `pos` is `u32::MAX`), with the filters inline. `entries` are what an update copies and
     /// counts; these are rebuilt from them and `filters` after every build or update.
-    probes: Box<[Box<[ProbeEntry]>]>,
+    /// Shared with the previous index, as the table's arrays, where the table is unchanged.
+    probes: Box<[Arc<[ProbeEntry]>]>,
     /// Side-effect-free rules with nothing to index, ascending.
     fallback: Box<[u32]>,
     /// Rules whose matches have side effects (`-m limit`), ascending.
@@ -606,8 +613,8 @@ impl TableBuilder {
             min: self.members.first().map_or(u32::MAX, |m| m.0),
             max: self.members.last().map_or(0, |m| m.0),
             bucket_mask,
-            starts: starts.into_boxed_slice(),
-            entries: entries.into_boxed_slice(),
+            starts: starts.into(),
+            entries: entries.into(),
         }
     }
 }
@@ -626,14 +633,17 @@ impl Table {
     /// This table with positions mapped by `remap` (`None`: the rule is gone) and the entries
     /// `ins` (position, key hash; ascending positions) added; `None` when it ends up empty.
     /// Keeps the bucket array unless the table outgrew it (more entries than buckets) or
-    /// shrank below an eighth, then rebuilds it from the rules' keys.
+    /// shrank below an eighth, then rebuilds it from the rules' keys. The flag is `true` when
+    /// the table is this one, its arrays shared: nothing left or joined and `remap` moved
+    /// none of its positions (`shifts_from`: the first position `remap` moves, if any).
     fn updated(
         &self,
         remap: &impl Fn(u32) -> Option<u32>,
+        shifts_from: Option<u32>,
         mut ins: Vec<(u32, u64)>,
         rules: &RuleChunks,
         width: u32,
-    ) -> Option<Table> {
+    ) -> Option<(Table, bool)> {
         let buckets = self.starts.len() - 1;
         let kept = self
             .entries
@@ -641,22 +651,29 @@ impl Table {
             .filter(|e| remap(e.pos).is_some())
             .count();
         if ins.is_empty() && kept == self.entries.len() {
+            if shifts_from.is_none_or(|f| self.max < f) {
+                // Not a position changes: the same table.
+                return Some((self.clone(), true));
+            }
             // Nothing leaves or joins (most tables of a small change): `remap` is monotonic,
             // so every bucket stays in order and the bucket array is kept as it is.
-            let entries: Box<[Entry]> = self
+            let entries: Arc<[Entry]> = self
                 .entries
                 .iter()
                 .filter_map(|e| remap(e.pos).map(|pos| Entry { pos, tag: e.tag }))
                 .collect();
-            return Some(Table {
-                masks: self.masks,
-                tuple: self.tuple,
-                min: remap(self.min).unwrap_or(self.min),
-                max: remap(self.max).unwrap_or(self.max),
-                bucket_mask: self.bucket_mask,
-                starts: self.starts.clone(),
-                entries,
-            });
+            return Some((
+                Table {
+                    masks: self.masks,
+                    tuple: self.tuple,
+                    min: remap(self.min).unwrap_or(self.min),
+                    max: remap(self.max).unwrap_or(self.max),
+                    bucket_mask: self.bucket_mask,
+                    starts: self.starts.clone(),
+                    entries,
+                },
+                false,
+            ));
         }
         let n = kept + ins.len();
         if n == 0 {
@@ -672,9 +689,12 @@ impl Table {
                 let k = rule_key(&rules[pos as usize], width);
                 b.insert(pos, b.masks.hash(k.src, k.dst, k.l4));
             }
-            return Some(b.finish());
+            return Some((b.finish(), false));
         }
         ins.sort_unstable_by_key(|&(pos, h)| (h & self.bucket_mask, pos));
+        if shifts_from.is_none_or(|f| self.max < f) {
+            return Some((self.patched(remap, ins), false));
+        }
         let mut starts = Vec::with_capacity(buckets + 1);
         let mut entries = Vec::with_capacity(n);
         let mut ins = ins.into_iter().peekable();
@@ -707,15 +727,108 @@ impl Table {
             }
             starts.push(entries.len() as u32);
         }
-        Some(Table {
+        Some((
+            Table {
+                masks: self.masks,
+                tuple: self.tuple,
+                min,
+                max,
+                bucket_mask: self.bucket_mask,
+                starts: starts.into(),
+                entries: entries.into(),
+            },
+            false,
+        ))
+    }
+
+    /// [`Table::updated`] when no position moves (`remap` is the identity but for the
+    /// removed rules) and the bucket array stays: the runs of buckets that neither lose nor
+    /// gain an entry are copied whole (their starts shifted by what the buckets before them
+    /// gained or lost) and only the touched buckets are merged. `ins` is sorted by (bucket,
+    /// position). Gives exactly the arrays of the bucket-by-bucket merge.
+    fn patched(&self, remap: &impl Fn(u32) -> Option<u32>, ins: Vec<(u32, u64)>) -> Table {
+        let buckets = self.starts.len() - 1;
+        let bucket = |h: u64| (h & self.bucket_mask) as usize;
+        // Buckets that lose or gain an entry, ascending, no repeats.
+        let mut touched: Vec<usize> = ins.iter().map(|&(_, h)| bucket(h)).collect();
+        let mut removed = 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            if remap(e.pos).is_none() {
+                removed += 1;
+                touched.push(self.starts.partition_point(|&s| s as usize <= i) - 1);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        let (ins_min, ins_max) = (
+            ins.iter().map(|e| e.0).min().unwrap_or(u32::MAX),
+            ins.iter().map(|e| e.0).max().unwrap_or(0),
+        );
+        let mut starts: Vec<u32> = Vec::with_capacity(buckets + 1);
+        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries.len() - removed + ins.len());
+        let mut ins = ins.into_iter().peekable();
+        // Appends the unchanged buckets `from..to` (`to` may be `buckets`, the end mark).
+        let copy = |starts: &mut Vec<u32>, entries: &mut Vec<Entry>, from: usize, to: usize| {
+            let lo = self.starts[from] as usize;
+            let hi = self.starts[to.min(buckets)] as usize;
+            let shift = entries.len() as i64 - lo as i64;
+            let end = if to == buckets { to + 1 } else { to };
+            starts.extend(
+                self.starts[from..end]
+                    .iter()
+                    .map(|&s| (i64::from(s) + shift) as u32),
+            );
+            entries.extend_from_slice(&self.entries[lo..hi]);
+        };
+        let mut from = 0;
+        for &b in &touched {
+            copy(&mut starts, &mut entries, from, b);
+            starts.push(entries.len() as u32);
+            let mut old = self.entries[self.starts[b] as usize..self.starts[b + 1] as usize]
+                .iter()
+                .filter(|e| remap(e.pos).is_some())
+                .copied()
+                .peekable();
+            // Merge two ascending runs: the bucket's kept entries and its insertions.
+            loop {
+                let next_ins = ins
+                    .next_if(|&(pos, h)| bucket(h) == b && old.peek().is_none_or(|e| pos < e.pos));
+                let e = match next_ins {
+                    Some((pos, h)) => Entry {
+                        pos,
+                        tag: (h >> 32) as u32,
+                    },
+                    None => match old.next() {
+                        Some(e) => e,
+                        None => break,
+                    },
+                };
+                entries.push(e);
+            }
+            from = b + 1;
+        }
+        copy(&mut starts, &mut entries, from, buckets);
+        debug_assert_eq!(starts.len(), buckets + 1);
+        let scan = || entries.iter().map(|e| e.pos);
+        let min = if remap(self.min).is_some() {
+            self.min.min(ins_min)
+        } else {
+            scan().min().unwrap_or(u32::MAX)
+        };
+        let max = if remap(self.max).is_some() {
+            self.max.max(ins_max)
+        } else {
+            scan().max().unwrap_or(0)
+        };
+        Table {
             masks: self.masks,
             tuple: self.tuple,
             min,
             max,
             bucket_mask: self.bucket_mask,
-            starts: starts.into_boxed_slice(),
-            entries: entries.into_boxed_slice(),
-        })
+            starts: starts.into(),
+            entries: entries.into(),
+        }
     }
 }
 
@@ -773,6 +886,7 @@ impl ChainIndex {
         }
         let mut tables: Vec<Table> = tables.into_iter().map(TableBuilder::finish).collect();
         tables.sort_by_key(|t| t.min);
+        let probes = vec![None; tables.len()];
         ChainIndex {
             tables: tables.into_boxed_slice(),
             probes: Box::default(),
@@ -782,7 +896,7 @@ impl ChainIndex {
             rfc: None,
             bytes: 0,
         }
-        .with_rfc(width, rfc_rules)
+        .with_rfc(probes, width, rfc_rules)
     }
 
     /// The index of `rules`, which equal the rules this index was built for except that the
@@ -877,14 +991,23 @@ impl ChainIndex {
         }
         fallback.sort_unstable();
         effects.sort_unstable();
-        let mut tables: Vec<Table> = self
+        // A table no rule left or joined keeps its arrays and its probe copy (`Arc`s) when
+        // no position moved: always for a replace (as many rules added as removed), and for
+        // tables wholly before the change otherwise.
+        let shifts_from = (removed != added).then_some(at);
+        let mut tables: Vec<(Table, Option<Arc<[ProbeEntry]>>)> = self
             .tables
             .iter()
+            .zip(self.probes.iter())
             .zip(inserts)
-            .filter_map(|(t, ins)| t.updated(&remap, ins, rules, width))
-            .chain(fresh.into_iter().map(TableBuilder::finish))
+            .filter_map(|((t, probe), ins)| {
+                let (t, same) = t.updated(&remap, shifts_from, ins, rules, width)?;
+                Some((t, same.then(|| probe.clone())))
+            })
+            .chain(fresh.into_iter().map(|b| (b.finish(), None)))
             .collect();
-        tables.sort_by_key(|t| t.min);
+        tables.sort_by_key(|t| t.0.min);
+        let (tables, probes): (Vec<Table>, Vec<_>) = tables.into_iter().unzip();
         let (p, e) = (at as usize, end as usize);
         let mut filters = Vec::with_capacity(rules.len());
         filters.extend_from_slice(&self.filters[..p]);
@@ -903,7 +1026,7 @@ impl ChainIndex {
             rfc: None,
             bytes: 0,
         }
-        .with_rfc(width, rfc_rules)
+        .with_rfc(probes, width, rfc_rules)
     }
 
     /// Bytes held by the index (structs and arrays, not the rules it points at).
@@ -919,28 +1042,37 @@ impl ChainIndex {
             + self
                 .probes
                 .iter()
-                .map(|p| size_of::<Box<[ProbeEntry]>>() + size_of_val::<[ProbeEntry]>(p))
+                .map(|p| size_of::<Arc<[ProbeEntry]>>() + size_of_val::<[ProbeEntry]>(p))
                 .sum::<usize>()
             + 4 * (self.fallback.len() + self.effects.len())
             + size_of_val::<[HeaderFilter]>(&self.filters)
             + self.rfc.as_ref().map_or(0, Rfc::memory_bytes)
     }
 
-    /// Fills [`ChainIndex::probes`], adds RFC tables where the chain qualifies, then sets
+    /// Fills [`ChainIndex::probes`] (`probes[t]`: table `t`'s copy where it is known, else
+    /// built here), adds RFC tables where the chain qualifies, then sets
     /// [`ChainIndex::bytes`].
-    fn with_rfc(mut self, width: u32, (min, max): (u32, u32)) -> ChainIndex {
+    fn with_rfc(
+        mut self,
+        probes: Vec<Option<Arc<[ProbeEntry]>>>,
+        width: u32,
+        (min, max): (u32, u32),
+    ) -> ChainIndex {
         self.probes = self
             .tables
             .iter()
-            .map(|t| {
-                t.entries
-                    .iter()
-                    .map(|&e| ProbeEntry::of(e, &self.filters[e.pos as usize]))
-                    .chain([ProbeEntry {
-                        pos: u32::MAX,
-                        ..ProbeEntry::default()
-                    }])
-                    .collect()
+            .zip(probes)
+            .map(|(t, known)| {
+                known.unwrap_or_else(|| {
+                    t.entries
+                        .iter()
+                        .map(|&e| ProbeEntry::of(e, &self.filters[e.pos as usize]))
+                        .chain([ProbeEntry {
+                            pos: u32::MAX,
+                            ..ProbeEntry::default()
+                        }])
+                        .collect()
+                })
             })
             .collect();
         let n = self.filters.len();
@@ -1552,5 +1684,98 @@ mod tests {
             snap = next;
         }
         assert!(grew, "no table was rehashed to more buckets");
+    }
+
+    /// The patch of a table whose positions do not move ([`Table::patched`]) gives exactly
+    /// the arrays of the bucket-by-bucket merge, for random removals and insertions.
+    #[test]
+    fn patched_tables_equal_merged_ones() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let tuple = Tuple {
+            src: 24,
+            dst: 0,
+            proto: false,
+            sport: false,
+            dport: false,
+        };
+        for round in 0..200 {
+            let mut b = TableBuilder::new(tuple, 32);
+            let n = 8 + (next() % 300) as u32;
+            let mut pos = 0;
+            for _ in 0..n {
+                pos += 1 + (next() % 5) as u32;
+                b.insert(pos, next() % 64);
+            }
+            let t = b.finish();
+            // Remove a few positions the table holds, insert a few it does not.
+            let gone: Vec<u32> = t
+                .entries
+                .iter()
+                .map(|e| e.pos)
+                .filter(|_| next() % 16 == 0)
+                .collect();
+            let mut ins: Vec<(u32, u64)> = (0..next() % 4)
+                .map(|k| (pos + 1 + k as u32, next() % 64))
+                .collect();
+            ins.sort_unstable();
+            let remap = |p: u32| (!gone.contains(&p)).then_some(p);
+            let rules = RuleChunks::default();
+            let merged = t.updated(&remap, Some(0), ins.clone(), &rules, 32);
+            let patched = t.updated(&remap, None, ins, &rules, 32);
+            match (merged, patched) {
+                (Some((m, _)), Some((p, _))) => {
+                    assert_eq!(m.starts, p.starts, "round {round}");
+                    let key = |e: &Entry| (e.pos, e.tag);
+                    assert_eq!(
+                        m.entries.iter().map(key).collect::<Vec<_>>(),
+                        p.entries.iter().map(key).collect::<Vec<_>>(),
+                        "round {round}"
+                    );
+                    assert_eq!((m.min, m.max), (p.min, p.max), "round {round}");
+                }
+                (m, p) => assert_eq!(m.is_none(), p.is_none(), "round {round}"),
+            }
+        }
+    }
+
+    /// A replace moves no position: every table but those the old and the new rule sit in is
+    /// shared with the old index (arrays and probe copy), and the answers are a build's.
+    #[test]
+    fn a_replace_shares_the_tables_it_does_not_touch() {
+        let mut lines = rule_lines(400, 7);
+        let snap = compiled(&lines);
+        let at = 200;
+        lines[at] = rule_lines(1, 999).remove(0);
+        let next = compiled(&lines);
+        let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
+        let rules = &next.chains[0].body.rules;
+        let updated = old_idx.update(rules, 32, (at as u32, 1, 1), (0, 0));
+        let built = next.chains[0].body.index.as_ref().expect("indexed");
+        assert_eq!(answers(&next, &updated), answers(&next, built));
+        let shared = |t: &Table, p: &Arc<[ProbeEntry]>| {
+            old_idx
+                .tables
+                .iter()
+                .zip(old_idx.probes.iter())
+                .any(|(o, op)| Arc::ptr_eq(&o.entries, &t.entries) && Arc::ptr_eq(op, p))
+        };
+        let n = updated
+            .tables
+            .iter()
+            .zip(updated.probes.iter())
+            .filter(|(t, p)| shared(t, p))
+            .count();
+        assert!(updated.tables.len() > 3, "{} tables", updated.tables.len());
+        assert!(
+            n + 2 >= updated.tables.len(),
+            "{n} of {} tables shared",
+            updated.tables.len()
+        );
     }
 }

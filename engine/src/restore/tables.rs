@@ -18,7 +18,7 @@ use std::cell::Cell;
 use std::collections::HashSet;
 
 use crate::model::{
-    Chain, Counters, Family, Hook, Location, Policy, Rule, Table, TableKind, Target,
+    Chain, Counters, Family, Hook, Location, Policy, Rule, RuleList, Table, TableKind, Target,
 };
 
 use super::extensions::is_target_name;
@@ -33,10 +33,6 @@ pub(crate) use reparse::{parse_after, reparse};
 /// At most this many errors are collected; the rest is not reported.
 const MAX_ERRORS: usize = 100;
 
-/// A chain that reaches this many rules gets room for about every rule line left in the text
-/// (once per block), instead of growing by doubling: bulk rulesets are mostly one big chain.
-const BULK_RULES: usize = 256;
-
 struct Block {
     table: Table,
     /// Chains whose rules before this text are unknown (noflush: builtin chains and chains only
@@ -45,9 +41,6 @@ struct Block {
     /// The index of the chain found last by [`Block::chain_index`] (rules come in runs per
     /// chain); checked by name before use, so a stale value only costs a search.
     last_chain: Cell<usize>,
-    /// The chain given room for the rest of the text (see [`BULK_RULES`]), shrunk at COMMIT
-    /// when the estimate was far too high.
-    bulk: Option<usize>,
 }
 
 impl Block {
@@ -59,7 +52,7 @@ impl Block {
                 name: h.chain_name().to_string(),
                 policy: Some(Policy::Accept),
                 counters: Counters::default(),
-                rules: Vec::new(),
+                rules: RuleList::new(),
                 location,
             })
             .collect::<Vec<_>>();
@@ -77,7 +70,6 @@ impl Block {
             },
             external_content,
             last_chain: Cell::new(0),
-            bulk: None,
         }
     }
 
@@ -91,15 +83,10 @@ impl Block {
         Some(i)
     }
 
-    /// Appends a rule to chain `i`; `rest` estimates how many lines the text has left.
-    fn append(&mut self, i: usize, rule: Rule, rest: usize) {
-        let rules = &mut self.table.chains[i].rules;
-        if self.bulk.is_none() && rules.len() >= BULK_RULES && rules.len() == rules.capacity() {
-            // A little more than the estimate: falling short would double the whole chain.
-            rules.reserve(rest + rest / 8 + 1);
-            self.bulk = Some(i);
-        }
-        rules.push(rule);
+    /// Appends a rule to chain `i` (a [`crate::model::RuleList`] grows a chunk at a time and
+    /// never copies the rules it holds).
+    fn append(&mut self, i: usize, rule: Rule) {
+        self.table.chains[i].rules.push(rule);
     }
 
     fn is_builtin(&self, name: &str) -> bool {
@@ -197,7 +184,7 @@ pub(crate) fn parse_with(
     let lines: Vec<&str> = text.split('\n').collect();
     let n = lines.len();
     if threads <= 1 || n < READ_AHEAD_MIN_LINES || opts.set_exists.is_some() {
-        return parse_lines(text, &lines, opts, usize::MAX, Vec::new);
+        return parse_lines(&lines, opts, usize::MAX, Vec::new);
     }
     // The calling thread parses and carries out lines [0, m) itself while `threads - 1`
     // others read [m, n) ahead; it then carries those out. Carrying a line out costs about a
@@ -228,15 +215,14 @@ pub(crate) fn parse_with(
                 })
                 .collect()
         };
-        parse_lines(text, lines, opts, m, fetch)
+        parse_lines(lines, opts, m, fetch)
     })
 }
 
-/// The sequential pass of [`parse_with`] over `lines` (the lines of `text`); from line index
+/// The sequential pass of [`parse_with`] over `lines` (the lines of the text); from line index
 /// `ahead_from` on, the lines read ahead by `fetch` (one entry per line, in parts) are carried out
 /// instead of parsed again.
 fn parse_lines<'a>(
-    text: &'a str,
     lines: &[&'a str],
     opts: &ParseOptions<'_>,
     ahead_from: usize,
@@ -257,8 +243,6 @@ fn parse_lines<'a>(
     let mut last_line = 0;
     // One token buffer for every command line.
     let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
-    // Bytes of the text read so far, for an estimate of the lines left.
-    let mut read = 0;
     for (idx, raw) in lines.iter().copied().enumerate() {
         if idx == ahead_from {
             ahead = fetch
@@ -275,8 +259,6 @@ fn parse_lines<'a>(
         };
         let line_no = idx as u32 + 1;
         last_line = line_no;
-        read += raw.len() + 1;
-        let rest = text.len().saturating_sub(read) / (read / idx.max(1)).max(1);
         let line = raw.strip_suffix('\r').unwrap_or(raw);
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
@@ -299,11 +281,11 @@ fn parse_lines<'a>(
                                     line: line_no,
                                     set_exists: None,
                                 };
-                                apply_line(block, parsed, &ctx, rest, &mut st)
+                                apply_line(block, parsed, &ctx, &mut st)
                             }
                             Err(e) => Err(e),
                         },
-                        _ => command_line(block, line, line_no, rest, &mut st, &mut toks),
+                        _ => command_line(block, line, line_no, &mut st, &mut toks),
                     };
                     if let Err(e) = done {
                         st.error(e);
@@ -363,13 +345,6 @@ fn parse_lines<'a>(
             match cur.take() {
                 Some(b) => {
                     let mut table = b.table;
-                    // Slack the bulk chain's estimate left is kept unless it is more than
-                    // doubling would leave: shrinking costs a fresh copy (and page faults).
-                    if let Some(c) = b.bulk.and_then(|i| table.chains.get_mut(i)) {
-                        if c.rules.capacity() / 2 > c.rules.len() {
-                            c.rules.shrink_to_fit();
-                        }
-                    }
                     table.chains.sort_by(|a, b| {
                         let key = |c: &Chain| (c.policy.is_none(), c.hook().map(|h| h.index()));
                         key(a).cmp(&key(b)).then_with(|| {
@@ -406,7 +381,7 @@ fn parse_lines<'a>(
             }
             continue;
         }
-        if let Err(e) = command_line(block, line, line_no, rest, &mut st, &mut toks) {
+        if let Err(e) = command_line(block, line, line_no, &mut st, &mut toks) {
             st.error(e);
         }
     }
@@ -501,7 +476,7 @@ fn declare_chain(
             name: name.text.to_string(),
             policy: None,
             counters: Counters::default(),
-            rules: Vec::new(),
+            rules: RuleList::new(),
             location,
         }),
     }
@@ -509,13 +484,11 @@ fn declare_chain(
     Ok(())
 }
 
-/// Parses and applies one command line; `rest` estimates how many lines the text has left,
-/// `toks` is a buffer for the line's tokens.
+/// Parses and applies one command line; `toks` is a buffer for the line's tokens.
 fn command_line<'a>(
     b: &mut Block,
     line: &'a str,
     line_no: u32,
-    rest: usize,
     st: &mut State<'_, '_>,
     toks: &mut Vec<Token<'a>>,
 ) -> Result<(), ParseError> {
@@ -526,7 +499,7 @@ fn command_line<'a>(
         set_exists: st.opts.set_exists,
     };
     match read_command(line, &ctx, toks)? {
-        Some(parsed) => apply_line(b, parsed, &ctx, rest, st),
+        Some(parsed) => apply_line(b, parsed, &ctx, st),
         None => Ok(()),
     }
 }
@@ -690,7 +663,6 @@ fn apply_line(
     b: &mut Block,
     parsed: Parsed<'_>,
     ctx: &Ctx<'_>,
-    rest: usize,
     st: &mut State<'_, '_>,
 ) -> Result<(), ParseError> {
     let Parsed {
@@ -740,7 +712,7 @@ fn apply_line(
                     name: ch.text.to_string(),
                     policy: None,
                     counters: Counters::default(),
-                    rules: Vec::new(),
+                    rules: RuleList::new(),
                     location: Location {
                         line: line_no,
                         column: ch.column,
@@ -759,7 +731,7 @@ fn apply_line(
                     if external {
                         st.external(b, &ch, line_no, ExternalRefKind::AddRules);
                     }
-                    b.append(i, rule, rest);
+                    b.append(i, rule);
                 }
                 Command::Insert(n) => {
                     let pos = n as usize - 1;
@@ -818,7 +790,7 @@ fn apply_line(
                 name: ch.text.to_string(),
                 policy: None,
                 counters: Counters::default(),
-                rules: Vec::new(),
+                rules: RuleList::new(),
                 location: Location {
                     line: line_no,
                     column: ch.column,

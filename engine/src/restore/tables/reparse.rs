@@ -22,7 +22,7 @@ use super::super::lexer::Token;
 use super::super::print::{self, PrintOptions};
 use super::super::rule::{Command, Ctx};
 use super::read_command;
-use crate::model::{Chain, Hook, Location, Rule, Table, TableKind, Target};
+use crate::model::{Chain, Hook, Location, Rule, RuleList, Table, TableKind, Target};
 
 /// How a line of a restore text is read by the parser's main loop.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -169,9 +169,12 @@ pub(crate) fn reparse(
     // ... and every rule after the one before it in its chain, in line order (so that each
     // command appended its rule).
     let in_order = old.iter().flat_map(|t| &t.chains).all(|c| {
-        c.rules
-            .windows(2)
-            .all(|w| w[0].location.line < w[1].location.line)
+        let mut last = 0;
+        c.rules.iter().all(|r| {
+            let after = r.location.line > last;
+            last = r.location.line;
+            after
+        })
     });
     if !in_order {
         return None;
@@ -181,6 +184,7 @@ pub(crate) fn reparse(
     // Lines 1..=above are unchanged above the change, old lines after `below` are below it
     // and move by `delta`.
     let (above, below) = (u32::try_from(same).ok()?, u32::try_from(old_end).ok()?);
+    u32::try_from(n_new.max(n_old)).ok()?;
     let delta = i64::try_from(n_new).ok()? - i64::try_from(n_old).ok()?;
     let shift = |l: Location| -> Option<Location> {
         if l.line <= below {
@@ -260,20 +264,23 @@ pub(crate) fn reparse(
     for (ti, t) in old.iter().enumerate() {
         let mut chains = Vec::with_capacity(t.chains.len());
         for (ci, c) in t.chains.iter().enumerate() {
-            let mut fresh = if ti == table {
+            let fresh = if ti == table {
                 added.remove(&ci).unwrap_or_default()
             } else {
                 Vec::new()
             };
-            let from = c.rules.partition_point(|r| r.location.line <= above);
-            let to = c.rules.partition_point(|r| r.location.line <= below);
-            let mut rules = Vec::with_capacity(from + fresh.len() + (c.rules.len() - to));
-            rules.extend_from_slice(&c.rules[..from]);
-            rules.append(&mut fresh);
-            let moved = rules.len();
-            rules.extend_from_slice(&c.rules[to..]);
-            for r in &mut rules[moved..] {
-                r.location = shift(r.location)?;
+            // The rules of the changed lines, [from, to): by line, ascending.
+            let from = first_after(&c.rules, above);
+            let to = first_after(&c.rules, below);
+            // A copy that shares the chunks the change does not touch.
+            let mut rules = c.rules.clone();
+            let moved = from + fresh.len();
+            if from < to || !fresh.is_empty() {
+                rules.splice(from..to, fresh);
+            }
+            if delta != 0 && moved < rules.len() {
+                // Lines below the change fit in u32: checked for the text's line count.
+                rules.map_locations_from(moved, |l| shift(l).unwrap_or(l));
             }
             chains.push(Chain {
                 name: c.name.clone(),
@@ -371,6 +378,20 @@ fn splice_print(
     out.push_str(&region);
     out.push_str(&previous[old_end..]);
     Some(out)
+}
+
+/// The position of the first rule of `rules` (in line order) written after line `line`.
+fn first_after(rules: &RuleList, line: u32) -> usize {
+    let (mut lo, mut hi) = (0, rules.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if rules[mid].location.line <= line {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// The number of newlines in `b`, 64 bytes at a time (a byte count per block vectorizes;

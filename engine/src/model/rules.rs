@@ -1,0 +1,1012 @@
+//! A chain's rules as a copy-on-write list of shared chunks ([`RuleList`]).
+//!
+//! A commit builds the next model beside the active one, which stays in use until the commit
+//! is published (and in the retired snapshot after that). With the rules of a chain in one
+//! `Vec`, a one-rule change of a 100k-rule chain meant cloning, comparing and finally dropping
+//! two ~30 MB arrays. Here the rules are cut into chunks of about [`CHUNK`] rules, each behind
+//! an `Arc`: cloning a list clones the chunk pointers, an edit copies only the chunk it lands
+//! in, and two lists that share chunks are compared chunk by chunk (`Arc::ptr_eq`) without
+//! reading the rules in them. The chunks are those of the compiled rules in
+//! `compile/chunks.rs` (a one-level persistent vector, P. Bagwell, T. Rompf, "RRB-Trees:
+//! Efficient Immutable Vectors", EPFL 2011) with variable sizes, so that an insert or a delete
+//! moves no rule outside its own chunk.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::iter::FusedIterator;
+use std::ops::{Index, IndexMut, Range};
+use std::sync::Arc;
+
+use super::{Location, Match, Rule, Target};
+
+/// Rules per chunk when a list is built or grows at its end; an insert splits a chunk that
+/// reaches twice this size, a delete removes a chunk that becomes empty.
+pub(crate) const CHUNK: usize = 256;
+
+/// One chunk: at least one rule (a list holds no empty chunk).
+#[derive(Clone)]
+struct Chunk {
+    rules: Vec<Rule>,
+    /// `false` only when no rule of the chunk jumps, goes to a chain or has `-m set`
+    /// ([`needs_rescan`]): [`diff`] skips a shared chunk without that flag unread. Set
+    /// conservatively (`true`) when a rule is handed out mutably.
+    special: bool,
+}
+
+impl Chunk {
+    fn new(rules: Vec<Rule>) -> Chunk {
+        let special = rules.iter().any(needs_rescan);
+        Chunk { rules, special }
+    }
+}
+
+/// Whether validation must see a rule again even when it is unchanged: it adds an edge to the
+/// table's jump graph (`-j CHAIN`, `-g CHAIN`) or depends on the set registry (`-m set`).
+pub(crate) fn needs_rescan(r: &Rule) -> bool {
+    matches!(r.target, Target::Jump(_) | Target::Goto(_))
+        || r.matches.iter().any(|m| matches!(m, Match::Set(_)))
+}
+
+/// A chain's rules in evaluation order: a `Vec<Rule>`-like list whose clones share their
+/// storage, in chunks of about [`CHUNK`] rules behind `Arc`s (module docs). `clone` costs one
+/// pointer copy and reference count per chunk (a 100k-rule chain: ~400); `insert`, `remove`,
+/// `set` and mutable access copy only the chunk they touch when it is shared. Reading rule `i`
+/// is a binary search over the chunks' start positions; iteration walks the chunks in order.
+///
+/// Equality, hashing and `Debug` are those of the `Vec<Rule>` with the same rules, whatever
+/// the chunk boundaries.
+#[derive(Clone, Default)]
+pub struct RuleList {
+    chunks: Vec<Arc<Chunk>>,
+    /// Position of each chunk's first rule, ascending.
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl RuleList {
+    /// No rules.
+    pub const fn new() -> RuleList {
+        RuleList {
+            chunks: Vec::new(),
+            starts: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Number of rules.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there is no rule.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// (chunk, offset in it) of position `i < len`.
+    #[inline]
+    fn locate(&self, i: usize) -> (usize, usize) {
+        debug_assert!(i < self.len);
+        let c = self.starts.partition_point(|&s| s <= i) - 1;
+        (c, i - self.starts[c])
+    }
+
+    /// Rule `i` (0-based), or `None` past the end.
+    pub fn get(&self, i: usize) -> Option<&Rule> {
+        (i < self.len).then(|| {
+            let (c, o) = self.locate(i);
+            &self.chunks[c].rules[o]
+        })
+    }
+
+    /// Rule `i` for writing, or `None` past the end; copies its chunk first when it is shared.
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut Rule> {
+        if i >= self.len {
+            return None;
+        }
+        let (c, o) = self.locate(i);
+        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        chunk.special = true;
+        Some(&mut chunk.rules[o])
+    }
+
+    /// The first rule.
+    pub fn first(&self) -> Option<&Rule> {
+        self.chunks.first().and_then(|c| c.rules.first())
+    }
+
+    /// The last rule.
+    pub fn last(&self) -> Option<&Rule> {
+        self.chunks.last().and_then(|c| c.rules.last())
+    }
+
+    /// All rules, in order.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            chunks: self.chunks.iter(),
+            front: [].iter(),
+            back: [].iter(),
+            len: self.len,
+        }
+    }
+
+    /// Rules `range` (0-based positions), in order.
+    ///
+    /// Panics when `range` is not within `0..len()` or starts after its end, as slicing does.
+    pub fn range(&self, range: Range<usize>) -> Iter<'_> {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "rule range {range:?} out of 0..{}",
+            self.len
+        );
+        if range.is_empty() {
+            return Iter {
+                chunks: [].iter(),
+                front: [].iter(),
+                back: [].iter(),
+                len: 0,
+            };
+        }
+        let (cs, os) = self.locate(range.start);
+        let (ce, oe) = self.locate(range.end - 1);
+        if cs == ce {
+            return Iter {
+                chunks: [].iter(),
+                front: self.chunks[cs].rules[os..=oe].iter(),
+                back: [].iter(),
+                len: range.len(),
+            };
+        }
+        Iter {
+            chunks: self.chunks[cs + 1..ce].iter(),
+            front: self.chunks[cs].rules[os..].iter(),
+            back: self.chunks[ce].rules[..=oe].iter(),
+            len: range.len(),
+        }
+    }
+
+    /// All rules for writing, in order; copies every shared chunk first.
+    pub fn iter_mut(&mut self) -> IterMut<'_> {
+        IterMut {
+            len: self.len,
+            chunks: self.chunks.iter_mut(),
+            front: [].iter_mut(),
+            back: [].iter_mut(),
+        }
+    }
+
+    /// Appends a rule.
+    pub fn push(&mut self, rule: Rule) {
+        let special = needs_rescan(&rule);
+        match self.chunks.last_mut() {
+            Some(last) if last.rules.len() < CHUNK => {
+                let last = Arc::make_mut(last);
+                last.special |= special;
+                last.rules.push(rule);
+            }
+            _ => {
+                let mut rules = Vec::with_capacity(CHUNK);
+                rules.push(rule);
+                self.starts.push(self.len);
+                self.chunks.push(Arc::new(Chunk { rules, special }));
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Inserts `rule` at position `i` (0-based), moving the rules from `i` on one place back,
+    /// as `Vec::insert`. Copies only the chunk it lands in (and splits it when it reaches
+    /// twice [`CHUNK`]).
+    ///
+    /// Panics when `i > len()`.
+    pub fn insert(&mut self, i: usize, rule: Rule) {
+        assert!(
+            i <= self.len,
+            "insertion index (is {i}) should be <= len (is {})",
+            self.len
+        );
+        if i == self.len {
+            self.push(rule);
+            return;
+        }
+        let (c, o) = self.locate(i);
+        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        chunk.rules.insert(o, rule);
+        let split = chunk.rules.len() >= 2 * CHUNK;
+        if split {
+            let tail = chunk.rules.split_off(CHUNK);
+            chunk.special = chunk.rules.iter().any(needs_rescan);
+            self.chunks.insert(c + 1, Arc::new(Chunk::new(tail)));
+            // Its position already counts the new rule.
+            self.starts.insert(c + 1, self.starts[c] + CHUNK);
+        } else {
+            chunk.special = chunk.rules.iter().any(needs_rescan);
+        }
+        self.len += 1;
+        let after = if split { c + 2 } else { c + 1 };
+        for s in &mut self.starts[after..] {
+            *s += 1;
+        }
+    }
+
+    /// Removes and returns rule `i` (0-based), moving the rules after it one place forward,
+    /// as `Vec::remove`. Copies only its chunk (or drops it when it held only this rule).
+    ///
+    /// Panics when `i >= len()`.
+    pub fn remove(&mut self, i: usize) -> Rule {
+        assert!(
+            i < self.len,
+            "removal index (is {i}) should be < len (is {})",
+            self.len
+        );
+        let (c, o) = self.locate(i);
+        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let rule = chunk.rules.remove(o);
+        let after = if chunk.rules.is_empty() {
+            self.chunks.remove(c);
+            self.starts.remove(c);
+            c
+        } else {
+            chunk.special = chunk.rules.iter().any(needs_rescan);
+            c + 1
+        };
+        for s in &mut self.starts[after..] {
+            *s -= 1;
+        }
+        self.len -= 1;
+        rule
+    }
+
+    /// Replaces rule `i` (0-based) and returns the old one. Copies only its chunk.
+    ///
+    /// Panics when `i >= len()`.
+    pub fn set(&mut self, i: usize, rule: Rule) -> Rule {
+        assert!(
+            i < self.len,
+            "index (is {i}) should be < len (is {})",
+            self.len
+        );
+        let (c, o) = self.locate(i);
+        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let old = std::mem::replace(&mut chunk.rules[o], rule);
+        chunk.special = chunk.rules.iter().any(needs_rescan);
+        old
+    }
+
+    /// Replaces rules `range` (0-based positions) by `with`, as `Vec::splice` (the removed
+    /// rules are dropped, not returned). Chunks wholly outside `range` are kept (shared); the
+    /// chunks it touches are rebuilt, with the rules of theirs outside `range` cloned.
+    ///
+    /// Panics when `range` is not within `0..len()` or starts after its end.
+    pub fn splice(&mut self, range: Range<usize>, with: impl IntoIterator<Item = Rule>) {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "rule range {range:?} out of 0..{}",
+            self.len
+        );
+        // Chunks before `first` lie wholly before the range, chunks from `last` on wholly
+        // after it.
+        let first = if range.start == self.len {
+            self.chunks.len()
+        } else {
+            self.locate(range.start).0
+        };
+        let last = if range.end == self.len {
+            self.chunks.len()
+        } else {
+            match self.locate(range.end) {
+                (c, 0) => c,
+                (c, _) => c + 1,
+            }
+        };
+        let from = self.starts.get(first).copied().unwrap_or(self.len);
+        let to = self.starts.get(last).copied().unwrap_or(self.len);
+        let mut mid: Vec<Rule> = self.range(from..range.start).cloned().collect();
+        mid.extend(with);
+        mid.extend(self.range(range.end..to).cloned());
+        let tail = self.chunks.split_off(last);
+        self.chunks.truncate(first);
+        let mut rest = mid.into_iter();
+        while rest.len() > 0 {
+            let chunk: Vec<Rule> = rest.by_ref().take(CHUNK).collect();
+            self.chunks.push(Arc::new(Chunk::new(chunk)));
+        }
+        self.chunks.extend(tail);
+        self.starts.clear();
+        let mut at = 0;
+        for c in &self.chunks {
+            self.starts.push(at);
+            at += c.rules.len();
+        }
+        self.len = at;
+    }
+
+    /// Sets the location of every rule from position `from` on to `f` of it (a re-parse
+    /// whose lines moved: `restore::parse_after`); copies each shared chunk it touches. Only
+    /// locations change, so the chunks keep their validation flag.
+    pub fn map_locations_from(&mut self, from: usize, mut f: impl FnMut(Location) -> Location) {
+        for (c, &start) in self.chunks.iter_mut().zip(&self.starts) {
+            let len = c.rules.len();
+            if start + len <= from {
+                continue;
+            }
+            let skip = from.saturating_sub(start);
+            for r in &mut Arc::make_mut(c).rules[skip..] {
+                r.location = f(r.location);
+            }
+        }
+    }
+
+    /// Removes every rule.
+    pub fn clear(&mut self) {
+        *self = RuleList::new();
+    }
+
+    /// The rules as a `Vec`, cloned.
+    pub fn to_vec(&self) -> Vec<Rule> {
+        let mut v = Vec::with_capacity(self.len);
+        v.extend(self.iter().cloned());
+        v
+    }
+
+    /// The rules as a `Vec`; chunks no other list shares are moved, not cloned.
+    pub fn into_vec(self) -> Vec<Rule> {
+        let mut v = Vec::with_capacity(self.len);
+        for c in self.chunks {
+            match Arc::try_unwrap(c) {
+                Ok(c) => v.extend(c.rules),
+                Err(c) => v.extend_from_slice(&c.rules),
+            }
+        }
+        v
+    }
+
+    /// How many of this list's chunks `other` holds too (the same storage, not equal rules).
+    #[cfg(test)]
+    pub(crate) fn shared_chunks(&self, other: &RuleList) -> usize {
+        self.chunks
+            .iter()
+            .filter(|c| other.chunks.iter().any(|o| Arc::ptr_eq(c, o)))
+            .count()
+    }
+
+    /// Checks the invariants (tests only): starts, lengths, no empty chunk, exact or
+    /// conservative `special` flags.
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        assert_eq!(self.chunks.len(), self.starts.len());
+        let mut at = 0;
+        for (c, s) in self.chunks.iter().zip(&self.starts) {
+            assert_eq!(*s, at);
+            assert!(!c.rules.is_empty());
+            assert!(c.special || !c.rules.iter().any(needs_rescan));
+            at += c.rules.len();
+        }
+        assert_eq!(at, self.len);
+    }
+}
+
+/// Forward position in a [`RuleList`]: chunk and offset in it.
+#[derive(Clone, Copy)]
+struct Cursor {
+    c: usize,
+    o: usize,
+}
+
+/// The longest common prefix and, of what follows it, the longest common suffix of `old` and
+/// `new` by [`Rule::same_content`], as `(prefix, old_mid, new_mid)` (see
+/// [`super::diff_rules`]). A chunk the two lists share at the same place is skipped whole; of
+/// its rules only those [`needs_rescan`] are passed to `unchanged` (prefix in order, suffix
+/// from the end, as the rules compared one by one).
+pub(crate) fn diff(
+    old: &RuleList,
+    new: &RuleList,
+    mut unchanged: impl FnMut(usize, &Rule),
+) -> (u32, u32, u32) {
+    let common = old.len.min(new.len);
+    let mut prefix = 0;
+    let (mut oc, mut nc) = (Cursor { c: 0, o: 0 }, Cursor { c: 0, o: 0 });
+    let step = |l: &RuleList, k: &mut Cursor| {
+        k.o += 1;
+        if k.o == l.chunks[k.c].rules.len() {
+            k.c += 1;
+            k.o = 0;
+        }
+    };
+    while prefix < common {
+        if oc.o == 0 && nc.o == 0 && Arc::ptr_eq(&old.chunks[oc.c], &new.chunks[nc.c]) {
+            let chunk = &new.chunks[nc.c];
+            if chunk.special {
+                for (k, r) in chunk.rules.iter().enumerate() {
+                    if needs_rescan(r) {
+                        unchanged(prefix + k, r);
+                    }
+                }
+            }
+            prefix += chunk.rules.len();
+            oc.c += 1;
+            nc.c += 1;
+            continue;
+        }
+        let n = &new.chunks[nc.c].rules[nc.o];
+        if !old.chunks[oc.c].rules[oc.o].same_content(n) {
+            break;
+        }
+        unchanged(prefix, n);
+        prefix += 1;
+        step(old, &mut oc);
+        step(new, &mut nc);
+    }
+    // Backward: the rule before the cursor is chunks[c].rules[o - 1] (o >= 1 while in use).
+    let back_start = |l: &RuleList| Cursor {
+        c: l.chunks.len().saturating_sub(1),
+        o: l.chunks.last().map_or(0, |c| c.rules.len()),
+    };
+    let back = |l: &RuleList, k: &mut Cursor| {
+        k.o -= 1;
+        if k.o == 0 && k.c > 0 {
+            k.c -= 1;
+            k.o = l.chunks[k.c].rules.len();
+        }
+    };
+    let (mut oc, mut nc) = (back_start(old), back_start(new));
+    let mut suffix = 0;
+    while suffix < common - prefix {
+        let budget = common - prefix - suffix;
+        let (och, nch) = (&old.chunks[oc.c], &new.chunks[nc.c]);
+        if oc.o == och.rules.len()
+            && nc.o == nch.rules.len()
+            && nch.rules.len() <= budget
+            && Arc::ptr_eq(och, nch)
+        {
+            let end = new.len - suffix;
+            if nch.special {
+                for (k, r) in nch.rules.iter().enumerate().rev() {
+                    if needs_rescan(r) {
+                        unchanged(end - nch.rules.len() + k, r);
+                    }
+                }
+            }
+            suffix += nch.rules.len();
+            if suffix < common - prefix {
+                oc.c -= 1;
+                oc.o = old.chunks[oc.c].rules.len();
+                nc.c -= 1;
+                nc.o = new.chunks[nc.c].rules.len();
+            }
+            continue;
+        }
+        let n = &nch.rules[nc.o - 1];
+        if !och.rules[oc.o - 1].same_content(n) {
+            break;
+        }
+        unchanged(new.len - 1 - suffix, n);
+        suffix += 1;
+        if suffix < common - prefix {
+            back(old, &mut oc);
+            back(new, &mut nc);
+        }
+    }
+    (
+        prefix as u32,
+        (old.len - prefix - suffix) as u32,
+        (new.len - prefix - suffix) as u32,
+    )
+}
+
+/// Iterator over a [`RuleList`]'s rules ([`RuleList::iter`], [`RuleList::range`]).
+#[derive(Clone)]
+pub struct Iter<'a> {
+    chunks: std::slice::Iter<'a, Arc<Chunk>>,
+    front: std::slice::Iter<'a, Rule>,
+    back: std::slice::Iter<'a, Rule>,
+    len: usize,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = &'a Rule;
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a Rule> {
+        loop {
+            if let Some(r) = self.front.next() {
+                self.len -= 1;
+                return Some(r);
+            }
+            match self.chunks.next() {
+                Some(c) => self.front = c.rules.iter(),
+                None => {
+                    let r = self.back.next();
+                    if r.is_some() {
+                        self.len -= 1;
+                    }
+                    return r;
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len, Some(self.len))
+    }
+
+    fn nth(&mut self, mut n: usize) -> Option<&'a Rule> {
+        // Whole chunks are skipped without visiting their rules.
+        loop {
+            let f = self.front.len();
+            if n < f {
+                self.len -= n + 1;
+                return self.front.nth(n);
+            }
+            n -= f;
+            self.len -= f;
+            self.front = [].iter();
+            match self.chunks.next() {
+                Some(c) => self.front = c.rules.iter(),
+                None => {
+                    let b = self.back.len();
+                    if n < b {
+                        self.len -= n + 1;
+                        return self.back.nth(n);
+                    }
+                    self.len -= b;
+                    self.back = [].iter();
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    #[inline]
+    fn next_back(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = self.back.next_back() {
+                self.len -= 1;
+                return Some(r);
+            }
+            match self.chunks.next_back() {
+                Some(c) => self.back = c.rules.iter(),
+                None => {
+                    let r = self.front.next_back();
+                    if r.is_some() {
+                        self.len -= 1;
+                    }
+                    return r;
+                }
+            }
+        }
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl FusedIterator for Iter<'_> {}
+
+/// Mutable iterator over a [`RuleList`]'s rules ([`RuleList::iter_mut`]); copies each shared
+/// chunk as it reaches it.
+pub struct IterMut<'a> {
+    chunks: std::slice::IterMut<'a, Arc<Chunk>>,
+    front: std::slice::IterMut<'a, Rule>,
+    back: std::slice::IterMut<'a, Rule>,
+    len: usize,
+}
+
+fn chunk_mut(c: &mut Arc<Chunk>) -> std::slice::IterMut<'_, Rule> {
+    let c = Arc::make_mut(c);
+    c.special = true;
+    c.rules.iter_mut()
+}
+
+impl<'a> Iterator for IterMut<'a> {
+    type Item = &'a mut Rule;
+
+    fn next(&mut self) -> Option<&'a mut Rule> {
+        loop {
+            if let Some(r) = self.front.next() {
+                self.len -= 1;
+                return Some(r);
+            }
+            match self.chunks.next() {
+                Some(c) => self.front = chunk_mut(c),
+                None => {
+                    let r = self.back.next();
+                    if r.is_some() {
+                        self.len -= 1;
+                    }
+                    return r;
+                }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len, Some(self.len))
+    }
+}
+
+impl DoubleEndedIterator for IterMut<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = self.back.next_back() {
+                self.len -= 1;
+                return Some(r);
+            }
+            match self.chunks.next_back() {
+                Some(c) => self.back = chunk_mut(c),
+                None => {
+                    let r = self.front.next_back();
+                    if r.is_some() {
+                        self.len -= 1;
+                    }
+                    return r;
+                }
+            }
+        }
+    }
+}
+
+impl ExactSizeIterator for IterMut<'_> {}
+
+impl FusedIterator for IterMut<'_> {}
+
+impl Index<usize> for RuleList {
+    type Output = Rule;
+
+    fn index(&self, i: usize) -> &Rule {
+        match self.get(i) {
+            Some(r) => r,
+            None => panic!("rule index {i} out of range for {} rules", self.len),
+        }
+    }
+}
+
+impl IndexMut<usize> for RuleList {
+    fn index_mut(&mut self, i: usize) -> &mut Rule {
+        let len = self.len;
+        match self.get_mut(i) {
+            Some(r) => r,
+            None => panic!("rule index {i} out of range for {len} rules"),
+        }
+    }
+}
+
+impl PartialEq for RuleList {
+    fn eq(&self, other: &RuleList) -> bool {
+        if self.len != other.len {
+            return false;
+        }
+        if self.starts == other.starts {
+            // Same boundaries: shared chunks need no rule compared.
+            return self
+                .chunks
+                .iter()
+                .zip(&other.chunks)
+                .all(|(a, b)| Arc::ptr_eq(a, b) || a.rules == b.rules);
+        }
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for RuleList {}
+
+impl PartialEq<Vec<Rule>> for RuleList {
+    fn eq(&self, other: &Vec<Rule>) -> bool {
+        self.len == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Hash for RuleList {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `[Rule]` hashes: the length, then each rule.
+        state.write_usize(self.len);
+        for r in self.iter() {
+            r.hash(state);
+        }
+    }
+}
+
+impl fmt::Debug for RuleList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl From<Vec<Rule>> for RuleList {
+    fn from(rules: Vec<Rule>) -> RuleList {
+        let mut list = RuleList::new();
+        list.len = rules.len();
+        let mut rest = rules.into_iter();
+        while rest.len() > 0 {
+            list.starts.push(list.chunks.len() * CHUNK);
+            let chunk: Vec<Rule> = rest.by_ref().take(CHUNK).collect();
+            list.chunks.push(Arc::new(Chunk::new(chunk)));
+        }
+        list
+    }
+}
+
+impl FromIterator<Rule> for RuleList {
+    fn from_iter<I: IntoIterator<Item = Rule>>(iter: I) -> RuleList {
+        let mut list = RuleList::new();
+        list.extend(iter);
+        list
+    }
+}
+
+impl Extend<Rule> for RuleList {
+    fn extend<I: IntoIterator<Item = Rule>>(&mut self, iter: I) {
+        for r in iter {
+            self.push(r);
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a RuleList {
+    type Item = &'a Rule;
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a mut RuleList {
+    type Item = &'a mut Rule;
+    type IntoIter = IterMut<'a>;
+
+    fn into_iter(self) -> IterMut<'a> {
+        self.iter_mut()
+    }
+}
+
+impl IntoIterator for RuleList {
+    type Item = Rule;
+    type IntoIter = std::vec::IntoIter<Rule>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.into_vec().into_iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use super::*;
+    use crate::model::{IpNet, Neg, SetDir, SetMatch};
+
+    /// xorshift64*: deterministic, no dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+        }
+    }
+
+    /// Rule `id` (told apart by its source address); one in 16 jumps, one in 16 has a set.
+    fn rule(id: u32) -> Rule {
+        let mut r = Rule {
+            src: Some(Neg::plain(
+                IpNet::new(IpAddr::V4(Ipv4Addr::from(id)), 32).expect("/32"),
+            )),
+            target: Target::Accept,
+            ..Rule::default()
+        };
+        match id % 16 {
+            3 => r.target = Target::Jump("C".into()),
+            7 => r.matches.push(Match::Set(SetMatch {
+                negated: false,
+                name: "s".into(),
+                dirs: vec![SetDir::Src],
+                other: Vec::new(),
+            })),
+            _ => {}
+        }
+        r
+    }
+
+    fn id(r: &Rule) -> u32 {
+        match r.src.expect("src").value.addr {
+            IpAddr::V4(a) => a.into(),
+            IpAddr::V6(_) => unreachable!(),
+        }
+    }
+
+    fn ids<'a>(it: impl Iterator<Item = &'a Rule>) -> Vec<u32> {
+        it.map(id).collect()
+    }
+
+    /// The diff compared rule by rule on flat arrays.
+    fn flat_diff(old: &[Rule], new: &[Rule]) -> (u32, u32, u32) {
+        let common = old.len().min(new.len());
+        let p = (0..common)
+            .take_while(|&i| old[i].same_content(&new[i]))
+            .count();
+        let s = (0..common - p)
+            .take_while(|&k| old[old.len() - 1 - k].same_content(&new[new.len() - 1 - k]))
+            .count();
+        (
+            p as u32,
+            (old.len() - p - s) as u32,
+            (new.len() - p - s) as u32,
+        )
+    }
+
+    /// Random edits applied to a list and to a `Vec` alike agree in every read, and the diff
+    /// of the list against its edited clone is the flat diff (with every unchanged rule that
+    /// needs a rescan reported, at its position).
+    #[test]
+    fn edits_read_and_diff_as_a_vec() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut next = 0u32;
+        let mut fresh = || {
+            next += 1;
+            rule(next)
+        };
+        for round in 0..60 {
+            let n = [0, 1, CHUNK - 1, CHUNK, 3 * CHUNK + 17][round % 5];
+            let flat: Vec<Rule> = (0..n).map(|_| fresh()).collect();
+            let base = if round % 2 == 0 {
+                RuleList::from(flat.clone())
+            } else {
+                flat.iter().cloned().collect()
+            };
+            base.check();
+            let (mut list, mut vec) = (base.clone(), flat.clone());
+            for _ in 0..1 + rng.below(40) {
+                let len = vec.len();
+                match rng.below(6) {
+                    0 => {
+                        let at = rng.below(len + 1);
+                        let r = fresh();
+                        vec.insert(at, r.clone());
+                        list.insert(at, r);
+                    }
+                    1 if len > 0 => {
+                        let at = rng.below(len);
+                        assert_eq!(id(&list.remove(at)), id(&vec.remove(at)));
+                    }
+                    2 if len > 0 => {
+                        let at = rng.below(len);
+                        let r = fresh();
+                        vec[at] = r.clone();
+                        assert_ne!(id(&list.set(at, r)), 0);
+                    }
+                    3 => {
+                        let at = rng.below(len + 1);
+                        let del = rng.below(2 * CHUNK).min(len - at);
+                        let add: Vec<Rule> = (0..rng.below(CHUNK + 3)).map(|_| fresh()).collect();
+                        vec.splice(at..at + del, add.clone());
+                        list.splice(at..at + del, add);
+                    }
+                    4 if len > 0 => {
+                        let at = rng.below(len);
+                        let r = fresh();
+                        vec[at] = r.clone();
+                        list[at] = r;
+                    }
+                    _ => {
+                        let r = fresh();
+                        vec.push(r.clone());
+                        list.push(r);
+                    }
+                }
+                list.check();
+                assert_eq!(list.len(), vec.len());
+            }
+            assert_eq!(ids(list.iter()), ids(vec.iter()), "round {round}");
+            assert_eq!(ids(list.iter().rev()), ids(vec.iter().rev()));
+            assert_eq!(list, vec);
+            assert_eq!(list, RuleList::from(vec.clone()));
+            assert_eq!(format!("{list:?}"), format!("{vec:?}"));
+            let hash = |x: &dyn Fn(&mut rustc_hash::FxHasher)| {
+                let mut h = rustc_hash::FxHasher::default();
+                x(&mut h);
+                h.finish()
+            };
+            assert_eq!(hash(&|h| list.hash(h)), hash(&|h| vec.hash(h)));
+            for i in [0, 1, vec.len() / 2, vec.len().saturating_sub(1), vec.len()] {
+                assert_eq!(list.get(i).map(id), vec.get(i).map(id));
+                for j in [i, i + 1, i + CHUNK + 1, vec.len()] {
+                    if j <= vec.len() {
+                        assert_eq!(ids(list.range(i..j)), ids(vec[i..j].iter()));
+                        let mut it = list.iter();
+                        assert_eq!(it.nth(i).map(id), vec.get(i).map(id));
+                        assert_eq!(it.len(), vec.len().saturating_sub(i + 1));
+                    }
+                }
+            }
+            assert_eq!(list.first().map(id), vec.first().map(id));
+            assert_eq!(list.last().map(id), vec.last().map(id));
+            let mut seen = Vec::new();
+            let d = diff(&base, &list, |i, r| seen.push((i, id(r))));
+            assert_eq!(d, flat_diff(&flat, &vec), "round {round}");
+            let (p, _, nm) = (d.0 as usize, d.1, d.2 as usize);
+            for (i, r) in vec.iter().enumerate() {
+                let unchanged = i < p || i >= p + nm;
+                let reported = seen.contains(&(i, id(r)));
+                assert!(!reported || unchanged, "changed rule {i} reported");
+                assert!(
+                    !unchanged || !needs_rescan(r) || reported,
+                    "rule {i} missed"
+                );
+            }
+            assert_eq!(ids(list.clone().into_vec().iter()), ids(vec.iter()));
+            assert_eq!(ids(list.iter_mut().map(|r| &*r)), ids(vec.iter()));
+        }
+    }
+
+    #[test]
+    fn an_edit_copies_only_its_chunk() {
+        let base = RuleList::from((0..10 * CHUNK as u32).map(rule).collect::<Vec<_>>());
+        let mut replaced = base.clone();
+        replaced.set(5 * CHUNK + 3, rule(1_000_000));
+        assert_eq!(replaced.shared_chunks(&base), 9);
+        let mut inserted = base.clone();
+        inserted.insert(5 * CHUNK + 3, rule(1_000_000));
+        assert_eq!(inserted.shared_chunks(&base), 9);
+        let mut removed = base.clone();
+        removed.remove(5 * CHUNK + 3);
+        assert_eq!(removed.shared_chunks(&base), 9);
+        assert_eq!(
+            diff(&base, &inserted, |_, _| {}),
+            (5 * CHUNK as u32 + 3, 0, 1)
+        );
+        assert_eq!(
+            diff(&base, &removed, |_, _| {}),
+            (5 * CHUNK as u32 + 3, 1, 0)
+        );
+        assert_eq!(
+            diff(&base, &replaced, |_, _| {}),
+            (5 * CHUNK as u32 + 3, 1, 1)
+        );
+    }
+
+    /// Moving the lines of the rules from a position on copies only the chunks that hold
+    /// them; the rules before keep theirs, shared with the original.
+    #[test]
+    fn moved_locations_copy_only_their_chunks() {
+        let located = |n: u32| Rule {
+            location: Location {
+                line: n + 1,
+                column: 1,
+            },
+            ..rule(n)
+        };
+        let base = RuleList::from((0..10 * CHUNK as u32).map(located).collect::<Vec<_>>());
+        let mut moved = base.clone();
+        moved.map_locations_from(6 * CHUNK + 10, |l| Location {
+            line: l.line + 7,
+            ..l
+        });
+        assert_eq!(moved.shared_chunks(&base), 6);
+        for (i, (a, b)) in base.iter().zip(moved.iter()).enumerate() {
+            let want = if i >= 6 * CHUNK + 10 {
+                a.location.line + 7
+            } else {
+                a.location.line
+            };
+            assert_eq!(b.location.line, want, "rule {i}");
+            assert_eq!(b.target, a.target);
+        }
+        // Past the end: nothing changes.
+        let mut same = base.clone();
+        same.map_locations_from(base.len(), |_| Location::default());
+        assert_eq!(same.shared_chunks(&base), 10);
+    }
+
+    #[test]
+    #[should_panic(expected = "insertion index")]
+    fn insert_past_the_end_panics() {
+        RuleList::new().insert(1, rule(1));
+    }
+}
