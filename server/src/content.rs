@@ -702,4 +702,27 @@ mod tests {
             "{violations:?}"
         );
     }
+
+    /// A text the parser refuses (an `-I` whose rule number is past the end once a rule
+    /// above it was removed) is refused by `check_after` too, with the same error, when the
+    /// previous text's `-I` appended.
+    #[test]
+    fn check_after_refuses_what_check_refuses_for_an_insert() {
+        let old = "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\n-I INPUT 2 -j ACCEPT\nCOMMIT\n";
+        let new = "*filter\n:INPUT DROP [0:0]\n-I INPUT 2 -j ACCEPT\nCOMMIT\n";
+        let c = check("a", 0, &text(old, Family::Ipv4), &NoSets).unwrap();
+        let model = Arc::new(c.ruleset);
+        let previous = PreviousParse {
+            texts: vec![SourceText {
+                family: Family::Ipv4,
+                text: Arc::new(old.to_string()),
+                canonical: false,
+            }],
+            model: Arc::downgrade(&model),
+        };
+        let fresh = check("a", 0, &text(new, Family::Ipv4), &NoSets);
+        let after = check_after("a", 0, &text(new, Family::Ipv4), &NoSets, Some(&previous));
+        assert!(fresh.is_err());
+        assert_eq!(format!("{after:?}"), format!("{fresh:?}"));
+    }
 }

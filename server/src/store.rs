@@ -1347,4 +1347,153 @@ mod tests {
         );
         assert!(store.idempotent_get("Stage", "r1").await.unwrap().is_none());
     }
+
+    /// `n` distinct rule lines that each end a chunk (so a text of `k` of them is `k` chunks).
+    fn boundary_lines(n: usize, tag: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while out.len() < n {
+            let l = format!("-A INPUT -m comment --comment {tag}{i} -j ACCEPT\n");
+            if chunks::split(&format!("{l}x\n")).len() == 2 {
+                out.push(l);
+            }
+            i += 1;
+        }
+        out
+    }
+
+    /// Chunk lists across the lookup batch size (0, 1, 63, 64, 65, 128, 129, 130 distinct
+    /// chunks), with chunks repeated inside a text, shared by the IPv4 and IPv6 lists and by
+    /// two rulesets, staged and committed, pruned and deleted: the counts stay exact and
+    /// every kept text reads back.
+    #[tokio::test]
+    async fn chunk_batches_and_sharing_keep_counts_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_revisions_kept(2);
+        let lines = boundary_lines(140, "c");
+        let text = |k: usize, rep: usize| -> String {
+            lines[..k]
+                .iter()
+                .flat_map(|l| std::iter::repeat_n(l, rep))
+                .cloned()
+                .collect()
+        };
+        let mut step = 0;
+        for k in [0, 1, 63, 64, 65, 128, 129, 130] {
+            for (name, rep) in [("a", 1), ("b", 2)] {
+                step += 1;
+                let mut rev = new_rev(name, &text(k, rep));
+                // The IPv6 text: the same chunks, a few more, or none.
+                rev.content.v6 = match step % 3 {
+                    0 => text(k, 1),
+                    1 => text((k + 70).min(140), 1),
+                    _ => String::new(),
+                };
+                let content = rev.content.clone();
+                let p = if step % 4 == 0 {
+                    store.stage(rev, None).await.unwrap().1
+                } else {
+                    store
+                        .persist_commit(commit(name, CommitTarget::New(rev)))
+                        .await
+                        .unwrap()
+                        .revision
+                };
+                assert_refs_exact(&store).await;
+                let back = store.get_revision(name, p.number).await.unwrap().unwrap();
+                assert_eq!(back.content, content, "{name} k={k}");
+                for r in store.list_revisions(name, 0, 100).await.unwrap() {
+                    assert_eq!(r.digest, r.content.digest());
+                }
+            }
+        }
+        assert!(store.delete_ruleset("a", None).await.unwrap());
+        assert_refs_exact(&store).await;
+        for r in store.list_revisions("b", 0, 100).await.unwrap() {
+            assert_eq!(r.digest, r.content.digest());
+        }
+        assert!(store.delete_ruleset("b", None).await.unwrap());
+        assert_eq!(chunk_count(&store).await, (0, 0));
+    }
+
+    /// A write transaction that fails after storing chunks leaves no chunk and no pending
+    /// count behind; one that releases a revision's chunks and stores the same text again
+    /// keeps them with exact counts.
+    #[tokio::test]
+    async fn a_failed_transaction_leaves_no_chunks_or_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+        let lines = boundary_lines(100, "f");
+        let text: String = lines.concat();
+        store
+            .stage(new_rev("a", &text[..text.len() / 2]), None)
+            .await
+            .unwrap();
+        let before = chunk_count(&store).await;
+        let t = text.clone();
+        let r = store
+            .writer
+            .run(move |tx| {
+                let rs = writer::existing_ruleset(tx, "a")?;
+                writer::insert_revision(tx, &rs, new_rev("a", &t), RevisionState::Staged, 1)?;
+                Err::<(), _>(Error::Internal("boom".into()))
+            })
+            .await;
+        assert!(r.is_err());
+        assert_eq!(chunk_count(&store).await, before);
+        assert_refs_exact(&store).await;
+        // The next transaction starts from no pending change.
+        store.stage(new_rev("a", &text), None).await.unwrap();
+        assert_refs_exact(&store).await;
+        // Released and put again in one transaction.
+        let t = text.clone();
+        store
+            .writer
+            .run(move |tx| {
+                writer::delete_revisions(tx, "a", Some(2))?;
+                let rs = writer::existing_ruleset(tx, "a")?;
+                writer::insert_revision(tx, &rs, new_rev("a", &t), RevisionState::Staged, 1)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_refs_exact(&store).await;
+        assert_eq!(
+            store
+                .get_revision("a", 3)
+                .await
+                .unwrap()
+                .unwrap()
+                .content
+                .v4,
+            text
+        );
+    }
+
+    /// A chunk stored by a transaction and released again in it (a revision added and
+    /// deleted at once) is deleted with it, not left behind with no reference.
+    #[tokio::test]
+    async fn a_chunk_stored_and_released_in_one_transaction_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+        store
+            .stage(new_rev("a", "*filter\nCOMMIT\n"), None)
+            .await
+            .unwrap();
+        store
+            .writer
+            .run(|tx| {
+                let rs = writer::existing_ruleset(tx, "a")?;
+                let text = "*filter\n-A INPUT -j DROP\nCOMMIT\n";
+                writer::insert_revision(tx, &rs, new_rev("a", text), RevisionState::Staged, 1)?;
+                writer::delete_revisions(tx, "a", Some(2))?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_refs_exact(&store).await;
+    }
 }

@@ -177,6 +177,7 @@ pub(crate) fn put(tx: &Tx<'_>, content: &Content) -> Result<(String, String)> {
                 None => {
                     insert.execute([d.as_slice()])?;
                     let id = tx.last_insert_rowid();
+                    tx.created.borrow_mut().push(id);
                     insert_text.execute(params![id, c])?;
                     ids.insert(*d, id);
                     id
@@ -217,13 +218,22 @@ pub(crate) fn release(tx: &Tx<'_>, lists: &[String]) -> Result<()> {
 }
 
 /// Writes a transaction's net reference count changes (chunks whose count did not change
-/// are not touched), then deletes the chunks (and their texts) whose count fell to zero.
-/// Called by the writer just before it commits.
+/// are not touched), then deletes the chunks (and their texts) whose count fell to zero,
+/// and those `created` by the transaction (stored with no reference) that no list names at
+/// its end. Called by the writer just before it commits.
 ///
 /// Errors: [`Error::StoreWrite`].
-pub(crate) fn apply_refs(tx: &Transaction<'_>, changes: RefChanges) -> Result<()> {
+pub(crate) fn apply_refs(
+    tx: &Transaction<'_>,
+    changes: RefChanges,
+    created: Vec<i64>,
+) -> Result<()> {
     let mut by_delta: HashMap<i64, Vec<i64>> = HashMap::new();
-    let mut fell = Vec::new();
+    // A chunk stored here and released again has a net change of zero and a count of zero.
+    let mut fell: Vec<i64> = created
+        .into_iter()
+        .filter(|id| changes.get(id).is_none_or(|d| *d == 0))
+        .collect();
     for (id, delta) in changes {
         if delta != 0 {
             by_delta.entry(delta).or_default().push(id);

@@ -69,9 +69,10 @@ impl Writer {
             let tx = Tx {
                 tx: conn.transaction_with_behavior(TransactionBehavior::Immediate)?,
                 refs: RefCell::default(),
+                created: RefCell::default(),
             };
             let out = f(&tx)?;
-            chunks::apply_refs(&tx.tx, tx.refs.take())?;
+            chunks::apply_refs(&tx.tx, tx.refs.take(), tx.created.take())?;
             tx.tx.commit()?;
             Ok(out)
         })
@@ -89,6 +90,8 @@ pub(crate) struct Tx<'c> {
     tx: Transaction<'c>,
     /// Chunk id -> change of its reference count, not yet written.
     pub(crate) refs: RefCell<chunks::RefChanges>,
+    /// The chunks [`chunks::put`] stored in this transaction (with a count of zero).
+    pub(crate) created: RefCell<Vec<i64>>,
 }
 
 impl<'c> std::ops::Deref for Tx<'c> {
