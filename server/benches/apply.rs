@@ -3,8 +3,14 @@
 //!
 //! Cases:
 //! - `apply/acl1_10k`: ClassBench acl1_10k (neurocuts) converted to iptables rules (one INPUT
-//!   chain, see engine/benches/support/classbench.rs), applied alternately with a variant whose
-//!   last rule differs (so every Apply is a real change); 2 engine cores, no traffic.
+//!   chain, see engine/benches/support/classbench.rs), applied alternately with a variant that
+//!   has one more rule at the top (so every Apply is a real change); 2 engine cores, no
+//!   traffic. The
+//!   server parses each text incrementally against the previous one of the ruleset
+//!   (`restore::parse_after`) and splices the canonical content.
+//! - `apply/acl1_10k, full parse`: the same with an `-I` rule at the end of both texts, which
+//!   makes the server parse and print each text in full (a first Apply, or a text that is not
+//!   a plain dump, costs this).
 //!
 //! Prints p50/p99 of the whole call and of the server-reported phases. Skips with a printed
 //! reason when ../shared/data/classbench is absent. Run:
@@ -90,45 +96,65 @@ fn bench(c: &mut Criterion) {
             }
         })
     };
-    let mut totals = Vec::new();
-    let mut phases: Vec<pb::CommitPhases> = Vec::new();
-    let mut flip = false;
+    // The same two texts with an `-I` as their last rule: an insert below the change makes
+    // the server parse (and print) each text in full (`restore::parse_after` declines), as
+    // it does for a ruleset's first Apply or a text that is not a plain dump.
+    let with_insert = |t: &str| {
+        t.replace(
+            "COMMIT\n",
+            "-I INPUT 1 -p udp -m udp --dport 9 -j DROP\nCOMMIT\n",
+        )
+    };
+    let (fa, fb) = (with_insert(&a), with_insert(&b));
+    let cases = [
+        (format!("acl1_10k ({rules} rules)"), &a, &b),
+        (format!("acl1_10k ({rules} rules), full parse"), &fa, &fb),
+    ];
+    let mut results = Vec::new();
     let mut g = c.benchmark_group("apply");
     g.sample_size(20).measurement_time(Duration::from_secs(20));
-    g.bench_function(format!("acl1_10k ({rules} rules)"), |bn| {
-        bn.iter(|| {
-            flip = !flip;
-            let t0 = Instant::now();
-            let r = apply(&mut client, if flip { &a } else { &b });
-            totals.push(t0.elapsed().as_nanos() as u64);
-            phases.push(r.phases.unwrap_or_default());
-        })
-    });
+    for (label, a, b) in &cases {
+        let mut totals = Vec::new();
+        let mut phases: Vec<pb::CommitPhases> = Vec::new();
+        let mut flip = false;
+        g.bench_function(label.as_str(), |bn| {
+            bn.iter(|| {
+                flip = !flip;
+                let t0 = Instant::now();
+                let r = apply(&mut client, if flip { a } else { b });
+                totals.push(t0.elapsed().as_nanos() as u64);
+                phases.push(r.phases.unwrap_or_default());
+            })
+        });
+        results.push((label, totals, phases));
+    }
     g.finish();
     let ms = |ns: u64| ns as f64 / 1e6;
-    println!("apply acl1_10k ({rules} rules), {} calls:", totals.len());
-    println!(
-        "  gRPC call   p50 {:8.2} ms  p99 {:8.2} ms",
-        ms(pct(&mut totals, 0.5)),
-        ms(pct(&mut totals, 0.99))
-    );
-    type Get = fn(&pb::CommitPhases) -> u64;
-    let cols: [(&str, Get); 7] = [
-        ("validate", |p| p.validate_ns),
-        ("persist", |p| p.persist_ns),
-        ("compile", |p| p.compile_ns),
-        ("publish", |p| p.publish_ns),
-        ("quiesce", |p| p.quiesce_ns),
-        ("carry", |p| p.carry_ns),
-        ("total", |p| p.total_ns),
-    ];
-    for (name, f) in cols {
-        let mut v: Vec<u64> = phases.iter().map(f).collect();
+    for (label, mut totals, phases) in results {
+        println!("apply {label}, {} calls:", totals.len());
         println!(
-            "  {name:<10}  p50 {:8.2} ms  p99 {:8.2} ms",
-            ms(pct(&mut v, 0.5)),
-            ms(pct(&mut v, 0.99))
+            "  gRPC call   p50 {:8.2} ms  p99 {:8.2} ms",
+            ms(pct(&mut totals, 0.5)),
+            ms(pct(&mut totals, 0.99))
         );
+        type Get = fn(&pb::CommitPhases) -> u64;
+        let cols: [(&str, Get); 7] = [
+            ("validate", |p| p.validate_ns),
+            ("persist", |p| p.persist_ns),
+            ("compile", |p| p.compile_ns),
+            ("publish", |p| p.publish_ns),
+            ("quiesce", |p| p.quiesce_ns),
+            ("carry", |p| p.carry_ns),
+            ("total", |p| p.total_ns),
+        ];
+        for (name, f) in cols {
+            let mut v: Vec<u64> = phases.iter().map(f).collect();
+            println!(
+                "  {name:<10}  p50 {:8.2} ms  p99 {:8.2} ms",
+                ms(pct(&mut v, 0.5)),
+                ms(pct(&mut v, 0.99))
+            );
+        }
     }
     let _ = server.stop.send(());
     let _ = rt.block_on(server.task);

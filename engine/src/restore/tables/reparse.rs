@@ -121,12 +121,24 @@ pub(crate) fn reparse(
     let mut declared: HashSet<(TableKind, &str)> = HashSet::new();
     let mut block = None;
     let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
-    // Lines below the change are read for an `-I` only when one may be there: a search of
-    // their bytes for `-I`, `--insert` or a quote (which can hide one) is ~20x cheaper.
-    let below = &ob[old_end_byte(ob, end, tail)..];
-    let inserts_below = [b"-I".as_slice(), b"--insert", b"\""]
-        .iter()
-        .any(|p| memchr::memmem::find(below, p).is_some());
+    // An `-I` below the change that appended to its chain would insert elsewhere (or fail)
+    // once the change moves that chain's rule count. Only the lines that hold `-I`,
+    // `--insert` or a quote (which can hide one) are read for it: a byte search.
+    let below = &previous_text[old_end_byte(ob, end, tail)..];
+    let mut checked = usize::MAX;
+    for pat in ["-I", "--insert", "\""] {
+        for at in memchr::memmem::find_iter(below.as_bytes(), pat.as_bytes()) {
+            let start = below[..at].rfind('\n').map_or(0, |i| i + 1);
+            if start == checked {
+                continue;
+            }
+            checked = start;
+            let line = below[start..].split('\n').next().unwrap_or("");
+            if kind(line) == LineKind::Command && may_insert(line, &mut toks) {
+                return None;
+            }
+        }
+    }
     for (idx, raw) in previous_text.split('\n').enumerate() {
         let k = kind(raw);
         if (same..old_end).contains(&idx) {
@@ -137,14 +149,7 @@ pub(crate) fn reparse(
             }
         }
         match k {
-            LineKind::Command => {
-                commands += 1;
-                // An `-I` below the change that appended to its chain would insert elsewhere
-                // (or fail) once the change moves that chain's rule count.
-                if inserts_below && idx >= old_end && may_insert(raw, &mut toks) {
-                    return None;
-                }
-            }
+            LineKind::Command => commands += 1,
             LineKind::Table(Some(t)) => {
                 if tables_seen.contains(&t) {
                     return None;
