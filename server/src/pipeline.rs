@@ -833,11 +833,9 @@ mod tests {
         crate::content::check("web", 0, &input, p.sets().as_ref()).expect("checks")
     }
 
-    /// After an Apply that carries its texts, the pipeline keeps them with the model the
-    /// engine now runs (the same `Arc`); a delete forgets them; an Apply without texts keeps
-    /// nothing.
-    #[tokio::test]
-    async fn apply_keeps_the_parse_for_the_next_check() {
+    /// A pipeline on a one-core engine and a store in a temporary directory (kept alive by
+    /// the returned guard).
+    async fn pipeline(hooks: Hooks) -> (Pipeline, Arc<Engine>, Store, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("v.db")).await.expect("store");
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
@@ -849,7 +847,16 @@ mod tests {
             },
             clock.clone(),
         ));
-        let p = Pipeline::new(engine.clone(), store, clock, Hooks::default());
+        let p = Pipeline::new(engine.clone(), store.clone(), clock, hooks);
+        (p, engine, store, dir)
+    }
+
+    /// After an Apply that carries its texts, the pipeline keeps them with the model the
+    /// engine now runs (the same `Arc`); a delete forgets them; an Apply without texts keeps
+    /// nothing.
+    #[tokio::test]
+    async fn apply_keeps_the_parse_for_the_next_check() {
+        let (p, engine, _store, _dir) = pipeline(Hooks::default()).await;
         let c = checked(&p, 3);
         assert!(c.sources.is_empty());
         p.apply(c, "me", "m", None, None, &mut None)
@@ -884,20 +891,9 @@ mod tests {
     /// emptied); one refused before anything is stored is left to the caller to write.
     #[tokio::test]
     async fn apply_writes_its_audit_record_with_the_commit() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("v.db")).await.expect("store");
-        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
-        let engine = Arc::new(Engine::new(
-            EngineConfig {
-                cores: 1,
-                barrier: BarrierStrategy::SeqCst,
-                conntrack: None,
-            },
-            clock.clone(),
-        ));
         let mut hooks = Hooks::default();
         hooks.limits.max_rules_per_ruleset = 5;
-        let p = Pipeline::new(engine, store.clone(), clock, hooks);
+        let (p, _engine, store, _dir) = pipeline(hooks).await;
 
         let mut audit = Some(entry());
         let c = checked(&p, 3);
