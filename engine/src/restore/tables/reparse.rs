@@ -107,8 +107,20 @@ pub(crate) fn reparse(
     // end itself when it is a line start in both texts (it then reaches back to the first
     // changed line of the shorter text).
     let line_start = |b: &[u8]| b.len() == end || b[b.len() - end - 1] == b'\n';
-    let tail = newlines(&ob[ob.len() - end..])
-        + usize::from(end == room && line_start(ob) && line_start(nb));
+    let start_counts = end == room && line_start(ob) && line_start(nb);
+    let tail = newlines(&ob[ob.len() - end..]) + usize::from(start_counts);
+    // Where the old text's common last lines start (its end when there are none).
+    let from = ob.len() - end;
+    let old_tail_start = if tail == 0 {
+        ob.len()
+    } else if start_counts {
+        from
+    } else {
+        ob[from..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .map_or(ob.len(), |i| from + i + 1)
+    };
     // The changed lines: [same, old_end) of the old text, [same, new_end) of the new one.
     let (old_end, new_end) = (n_old - tail, n_new - tail);
 
@@ -124,7 +136,7 @@ pub(crate) fn reparse(
     // An `-I` below the change that appended to its chain would insert elsewhere (or fail)
     // once the change moves that chain's rule count. Only the lines that hold `-I`,
     // `--insert` or a quote (which can hide one) are read for it: a byte search.
-    let below = &previous_text[old_end_byte(ob, end, tail)..];
+    let below = &previous_text[old_tail_start..];
     let mut checked = usize::MAX;
     for pat in ["-I", "--insert", "\""] {
         for at in memchr::memmem::find_iter(below.as_bytes(), pat.as_bytes()) {
@@ -265,13 +277,7 @@ pub(crate) fn reparse(
     }
 
     let print = if canonical {
-        splice_print(
-            previous_text,
-            old[table],
-            &added,
-            head,
-            old_end_byte(ob, end, tail),
-        )
+        splice_print(previous_text, old[table], &added, head, old_tail_start)
     } else {
         None
     };
@@ -316,24 +322,6 @@ pub(crate) fn reparse(
         });
     }
     Some((out, print))
-}
-
-/// The byte offset in `b` (a text whose last `end` bytes are common with the other text)
-/// where its last `tail` lines start (see how [`reparse`] counts them); `b.len()` for none.
-fn old_end_byte(b: &[u8], end: usize, tail: usize) -> usize {
-    if tail == 0 {
-        return b.len();
-    }
-    let from = b.len() - end;
-    let counted_start = newlines(&b[from..]) < tail;
-    if counted_start {
-        from
-    } else {
-        b[from..]
-            .iter()
-            .position(|&c| c == b'\n')
-            .map_or(b.len(), |i| from + i + 1)
-    }
 }
 
 /// The canonical print of the new tables: `previous` (the canonical print of the old ones)
