@@ -13,6 +13,8 @@ pub mod packet;
 pub mod restore;
 pub mod sets;
 pub mod sync;
+#[cfg(test)]
+mod test_rng;
 pub mod validate;
 
 /// A monotonic clock the caller supplies (the engine never reads one itself).

@@ -942,17 +942,7 @@ mod tests {
     use crate::model::{IpNet, Neg, Policy, SetDir, SetMatch, TcpMatch};
     use crate::sets::{FrozenSet, IpSet};
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            // xorshift64*
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
-        }
-    }
+    use crate::test_rng::Rng;
 
     fn pool(i: usize) -> Rule {
         let with = |matches: Vec<Match>, target: Target| Rule {

@@ -780,17 +780,7 @@ mod tests {
     use super::*;
     use crate::model::{IpNet, Neg, SetDir, SetMatch};
 
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Rule `id` (told apart by its source address); one in 16 jumps, one in 16 has a set.
     fn rule(id: u32) -> Rule {

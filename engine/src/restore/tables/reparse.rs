@@ -461,19 +461,7 @@ mod tests {
         ParseOptions, PrintOptions, parse_after, parse_after_canonical, parse_ruleset, print,
     };
 
-    /// xorshift64*: a fixed, dependency-free sequence for the random texts below.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::test_rng::Rng;
 
     const USER: [&str; 3] = ["KUBE-SVC", "DOCKER", "zone_in"];
 
