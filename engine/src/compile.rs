@@ -32,9 +32,8 @@
 //! compiled afresh. Readers never see a half-built index: they keep using the old snapshot
 //! until the new one is published. The cost left is linear but cheap (comparing the rules,
 //! which skips the rule chunks a new model shares with the old one, `model::RuleList`;
-//! copying the index's filter array and the tables a change touches, the counters); a
-//! one-rule change of a 10k chain compiles in about half the time of a full build and its
-//! counters carry in a tenth (BENCHMARKS.md section 5).
+//! copying the index's filter array and the tables a change touches); counters need no copy
+//! (see Counters below; BENCHMARKS.md section 5).
 //!
 //! ## RFC tables for small chains
 //! An IPv4 chain of [`RFC_MIN_RULES`] to [`RFC_MAX_RULES`] rules (by default) also gets
@@ -50,13 +49,14 @@
 //! then starts that chain from the probe's answer.
 //!
 //! ## Counters
-//! Each core has its own cache-line-aligned block of (packets, bytes) pairs, one pair per rule
-//! and per chain policy, like xt_counters in per-cpu memory. Only that core's worker writes its
-//! block (a Relaxed load and store of an `AtomicU64`, which compiles to plain moves; no
-//! read-modify-write shared between cores). A reader sums the cores plus a `base` array
-//! that holds counters carried over from the previous snapshot ([`Snapshot::carry_from`]) and
-//! the offsets of [`Snapshot::zero_counters`]. A chain's rules count in consecutive slots
-//! from `CChain::first_slot`; the policies follow all rules.
+//! Each core has its own cache-line-aligned block of (packets, bytes) pairs, one pair (slot)
+//! per rule and per chain policy, like xt_counters in per-cpu memory. Only that core's worker
+//! writes its block (a Relaxed load and store of an `AtomicU64`, which compiles to plain moves;
+//! no read-modify-write shared between cores). A reader sums the cores plus a `base` pair
+//! that holds counts carried over from other cells and the offsets of
+//! [`Snapshot::zero_counters`]. A rule keeps its slot (`CRule::slot`) while it exists, and a
+//! snapshot built from the active one shares its cells (`compile/counters.rs`): a commit
+//! allocates no counters, and [`Snapshot::carry_from`] has nothing to copy.
 
 use std::hash::{Hash, Hasher};
 use std::mem::MaybeUninit;
@@ -73,10 +73,12 @@ use crate::sets::{IpSet, SetRegistry};
 use crate::validate::RuleDiffs;
 
 mod chunks;
+mod counters;
 mod rfc;
 mod tuple_merge;
 
 use chunks::RuleChunks;
+use counters::{CoreCounters, CounterCells};
 
 pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 pub use tuple_merge::PROBE_MIN_BYTES;
@@ -237,6 +239,46 @@ pub enum CompileError {
         /// A chain on the cycle.
         chain: String,
     },
+    /// More rules and chains than counter slots can number (2^32 - 1).
+    #[error("{0} rules and chains are more than a snapshot can count")]
+    TooManyRules(usize),
+}
+
+/// Why [`Snapshot::build_into`] stopped: a compile error, or no counter slot left in the cells
+/// it was given (the caller then builds into fresh cells).
+enum Stop {
+    Compile(CompileError),
+    NoRoom,
+}
+
+impl From<CompileError> for Stop {
+    fn from(e: CompileError) -> Stop {
+        Stop::Compile(e)
+    }
+}
+
+/// Counter slots for the `new` rules of a chain whose `old` rules counted in `old_slot(i)`:
+/// a new rule takes the slot of the old rule with its content identity ([`match_by_content`]),
+/// adding one to `continued`, else a slot from `fresh`.
+fn take_slots<'a>(
+    old: impl Iterator<Item = &'a Rule>,
+    new: impl Iterator<Item = &'a Rule>,
+    old_slot: impl Fn(usize) -> u32,
+    fresh: &impl Fn() -> Result<u32, Stop>,
+    continued: &mut usize,
+) -> Result<Vec<u32>, Stop> {
+    let old: Vec<u64> = old.map(content_hash).collect();
+    let new: Vec<u64> = new.map(content_hash).collect();
+    // No slot is u32::MAX: cells hold fewer than u32::MAX slots.
+    let mut slots = vec![u32::MAX; new.len()];
+    match_by_content(&old, &new, |n, o| {
+        slots[n] = old_slot(o);
+        *continued += 1;
+    });
+    for s in slots.iter_mut().filter(|s| **s == u32::MAX) {
+        *s = fresh()?;
+    }
+    Ok(slots)
 }
 
 // === compiled form ===
@@ -251,8 +293,13 @@ struct CChain {
     /// table-local, so a [`ChainBody`] can be shared by snapshots where the table sits at
     /// another place.
     table_base: u32,
-    /// Counter slot of the chain's first rule; rule `i` counts in slot `first_slot + i`.
-    first_slot: u32,
+    /// Where the chain's rules are in the model: `rulesets[ruleset].tables[table_at]
+    /// .chains[chain_at]`.
+    table_at: u32,
+    /// See `table_at`.
+    chain_at: u32,
+    /// Counter slot of the chain's policy (every chain has one; only builtin chains use it).
+    policy_slot: u32,
     /// `Some` for builtin chains.
     policy: Option<Policy>,
     body: Arc<ChainBody>,
@@ -266,8 +313,6 @@ struct CChain {
 struct ChainBody {
     /// In chunks shared with the previous body where a splice left them unchanged.
     rules: RuleChunks,
-    /// [`content_hash`] of each rule: the counter identity.
-    hashes: Box<[u64]>,
     /// The classification index, or `None` where the chain is walked linearly.
     index: Option<ChainIndex>,
     /// Table-local indices of the chains this chain jumps or goes to, ascending, no repeats.
@@ -323,6 +368,9 @@ struct CRule {
     out_iface: Option<(bool, IfacePattern)>,
     protocol: Option<(bool, u8)>,
     fragment: Option<bool>,
+    /// Where the rule counts in the snapshot's [`CounterCells`]; kept by the rule as long as
+    /// it exists (see `compile/counters.rs`).
+    slot: u32,
     matches: Matches,
     target: CTarget,
 }
@@ -497,54 +545,13 @@ enum CTarget {
     Notrack,
 }
 
-/// One cache line of counters: four (packets, bytes) pairs.
-#[repr(align(64))]
-#[derive(Default)]
-struct CounterLine([AtomicU64; 8]);
-
-/// A core's private counter block.
-struct CoreCounters {
-    lines: Box<[CounterLine]>,
-}
-
-impl CoreCounters {
-    fn new(slots: usize) -> CoreCounters {
-        CoreCounters {
-            lines: (0..slots.div_ceil(4))
-                .map(|_| CounterLine::default())
-                .collect(),
-        }
-    }
-
-    fn cell(&self, slot: usize, which: usize) -> &AtomicU64 {
-        &self.lines[slot / 4].0[(slot % 4) * 2 + which]
-    }
-
-    /// Single writer (the owning core): Relaxed load + store, no RMW. Readers on other threads
-    /// may see a stale value, never a torn one.
-    #[inline]
-    fn bump(&self, slot: usize, bytes: u64) {
-        let p = self.cell(slot, 0);
-        p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-        let b = self.cell(slot, 1);
-        b.store(
-            b.load(Ordering::Relaxed).wrapping_add(bytes),
-            Ordering::Relaxed,
-        );
-    }
-}
-
-/// Where a chain of a new snapshot came from in its predecessor, for the fast path of
-/// [`Snapshot::carry_from`]: old chain `old`, whose first `prefix` rules and last rules (after
-/// `prefix + old_mid`) are unchanged; `old_mid` rules there became `new_mid` rules here.
+/// Where a chain of a new snapshot came from in its predecessor, for [`Snapshot::reuse`]:
+/// old chain `old`, whose body it shares, was spliced from, or neither.
 #[derive(Clone, Copy, Debug)]
 struct ChainOrigin {
     old: u32,
     /// The body was spliced from the old one ([`ChainBody::splice`]).
     spliced: bool,
-    prefix: u32,
-    old_mid: u32,
-    new_mid: u32,
 }
 
 /// The chains' diffs of ruleset `new` against the active ruleset `old` of its name, as
@@ -601,15 +608,17 @@ pub struct Snapshot {
     /// first): conntrack runs between them and the rest ([`Snapshot::classify_split`]).
     raw_chains: [[u32; 5]; 2],
     chains: Box<[CChain]>,
-    /// Number of rules over all chains. Slot `i < n_rules` is a rule (see
-    /// [`CChain::first_slot`]); slot `n_rules + c` is chain `c`'s policy.
+    /// Number of rules over all chains.
     n_rules: usize,
-    cores: Box<[CoreCounters]>,
-    /// Two cells (packets, bytes) per slot: carried-over values minus zeroing offsets
-    /// (wrapping arithmetic).
-    base: Box<[AtomicU64]>,
+    /// Where rules ([`CRule::slot`]) and policies ([`CChain::policy_slot`]) count; shared
+    /// with the snapshot this one was built from ([`Snapshot::compile_after`]) while it has
+    /// room.
+    cells: Arc<CounterCells>,
+    /// Slots (rules and policies) this snapshot took over from the one it was built from,
+    /// with their counts: what [`Snapshot::carry_from`] reports for that snapshot.
+    continued: usize,
     /// What was taken over from the previous snapshot, when built by
-    /// [`Snapshot::compile_after`].
+    /// [`Snapshot::compile_after`] into its cells.
     origin: Option<Origin>,
 }
 
@@ -619,7 +628,7 @@ impl std::fmt::Debug for Snapshot {
             .field("rulesets", &self.names)
             .field("chains", &self.chains.len())
             .field("rules", &self.n_rules)
-            .field("cores", &self.cores.len())
+            .field("cells", &self.cells)
             .finish()
     }
 }
@@ -703,15 +712,20 @@ struct BodyContext<'a> {
 }
 
 impl BodyContext<'_> {
+    /// `rules` compiled, rule `i` counting in `slots[i]`.
     fn compile<'r>(
         &self,
         rules: impl Iterator<Item = &'r Rule>,
+        slots: &[u32],
     ) -> Result<Vec<CRule>, CompileError> {
         rules
-            .map(|rule| {
-                compile_rule(rule, self.chains, self.sets).map_err(|e| {
+            .zip(slots)
+            .map(|(rule, &slot)| {
+                let mut r = compile_rule(rule, self.chains, self.sets).map_err(|e| {
                     e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
-                })
+                })?;
+                r.slot = slot;
+                Ok(r)
             })
             .collect()
     }
@@ -737,7 +751,6 @@ impl BodyContext<'_> {
     fn finish(
         &self,
         rules: RuleChunks,
-        hashes: Vec<u64>,
         index: Option<ChainIndex>,
         known: Option<(Box<[u32]>, bool)>,
     ) -> ChainBody {
@@ -750,7 +763,6 @@ impl BodyContext<'_> {
         ChainBody {
             targets,
             has_sets,
-            hashes: hashes.into_boxed_slice(),
             rules,
             index,
         }
@@ -758,35 +770,35 @@ impl BodyContext<'_> {
 }
 
 impl ChainBody {
-    /// Compiles `rules` from scratch.
-    fn compile(rules: &RuleList, cx: &BodyContext<'_>) -> Result<ChainBody, CompileError> {
-        let compiled = RuleChunks::new(cx.compile(rules.iter())?);
-        let hashes = rules.iter().map(content_hash).collect();
-        Ok(cx.finish(compiled, hashes, None, None))
+    /// Compiles `rules` from scratch, rule `i` counting in `slots[i]`.
+    fn compile(
+        rules: &RuleList,
+        slots: &[u32],
+        cx: &BodyContext<'_>,
+    ) -> Result<ChainBody, CompileError> {
+        let compiled = RuleChunks::new(cx.compile(rules.iter(), slots)?);
+        Ok(cx.finish(compiled, None, None))
     }
 
     /// The body of `rules`, which equal this body's rules except that `old_mid` rules after
-    /// the first `prefix` became `new_mid` rules: unchanged rules are copied (cheap clones),
-    /// only the new ones are compiled, and the index is updated
-    /// ([`ChainIndex::update`], TupleMerge's incremental insert and delete) instead of rebuilt.
+    /// the first `prefix` became `new_mid` rules, counting in `mid_slots`: unchanged rules are
+    /// copied (cheap clones, their slots with them), only the new ones are compiled, and the
+    /// index is updated ([`ChainIndex::update`], TupleMerge's incremental insert and delete)
+    /// instead of rebuilt.
     fn splice(
         &self,
         rules: &RuleList,
         (prefix, old_mid, new_mid): (u32, u32, u32),
+        mid_slots: &[u32],
         cx: &BodyContext<'_>,
     ) -> Result<ChainBody, CompileError> {
         let (p, om, nm) = (prefix as usize, old_mid as usize, new_mid as usize);
-        let mid = rules.range(p..p + nm);
-        let new = cx.compile(mid.clone())?;
+        let new = cx.compile(rules.range(p..p + nm), mid_slots)?;
         // Only set-free bodies are spliced, so only the new rules can bring a set; the
         // targets need a scan of the whole chain only when the old or the new rules jump.
         let has_sets = new.iter().any(has_set);
         let new_jumps = !jump_targets(new.iter()).is_empty();
         let compiled = self.rules.splice(p, om, new);
-        let mut hashes = Vec::with_capacity(rules.len());
-        hashes.extend_from_slice(&self.hashes[..p]);
-        hashes.extend(mid.map(content_hash));
-        hashes.extend_from_slice(&self.hashes[p + om..]);
         let index = match &self.index {
             Some(idx) if cx.wants_index(compiled.len()) => Some(idx.update(
                 &compiled,
@@ -801,7 +813,7 @@ impl ChainBody {
         } else {
             jump_targets(compiled.iter())
         };
-        Ok(cx.finish(compiled, hashes, index, Some((targets, has_sets))))
+        Ok(cx.finish(compiled, index, Some((targets, has_sets))))
     }
 }
 
@@ -817,8 +829,8 @@ impl Snapshot {
             raw_chains: [[0; 5]; 2],
             chains: Box::new([]),
             n_rules: 0,
-            cores: (0..cores.max(1)).map(|_| CoreCounters::new(0)).collect(),
-            base: Box::new([]),
+            cells: Arc::new(CounterCells::new(cores, 0)),
+            continued: 0,
             origin: None,
         }
     }
@@ -855,6 +867,10 @@ impl Snapshot {
     /// it. Chains with `-m set` are always recompiled (the registry may hold new set objects).
     /// The result classifies exactly like a from-scratch compile; `prev` is not changed. Shared
     /// `-m limit` rules keep their token bucket state (a from-scratch compile starts them full).
+    /// The result counts in `prev`'s counter cells while they have room for its new rules
+    /// (`compile/counters.rs`): the rules it keeps go on counting where they counted, so
+    /// publish it only in `prev`'s place (as [`crate::engine::Engine`] does); when the cells
+    /// are full it gets fresh ones and compiles every chain afresh.
     ///
     /// Errors: as [`Snapshot::compile`].
     pub fn compile_after(
@@ -886,6 +902,40 @@ impl Snapshot {
         classifier: Classifier,
         prev: Option<(&Snapshot, &[DiffHint])>,
     ) -> Result<Snapshot, CompileError> {
+        // Counters are shared with `prev` (same cells) only where its cells fit: same cores,
+        // and room for the new rules; otherwise fresh cells and counts carried by identity.
+        let prev =
+            prev.filter(|(p, _)| p.classifier == classifier && p.cells.cores() == cores.max(1));
+        if let Some((p, hints)) = prev {
+            match Self::build_into(rulesets, sets, classifier, Some((p, hints)), &p.cells) {
+                Err(Stop::NoRoom) => {}
+                Err(Stop::Compile(e)) => return Err(e),
+                Ok(s) => return Ok(s),
+            }
+        }
+        let slots: usize = rulesets
+            .iter()
+            .flat_map(|rs| rs.tables.iter().filter(|t| t.kind.is_enforced()))
+            .flat_map(|t| t.chains.iter())
+            .map(|c| c.rules.len() + 1)
+            .sum();
+        let cells = Arc::new(CounterCells::with_room(cores, slots));
+        Self::build_into(rulesets, sets, classifier, None, &cells).map_err(|e| match e {
+            Stop::Compile(e) => e,
+            // Unreachable: the cells hold a slot for every rule and policy.
+            Stop::NoRoom => CompileError::TooManyRules(slots),
+        })
+    }
+
+    /// [`Snapshot::build`] with counters in `cells`; `prev` (whose cells they are, when
+    /// given) lends its compiled chains and the slots of the rules it keeps.
+    fn build_into(
+        rulesets: &[Arc<Ruleset>],
+        sets: &dyn SetRegistry,
+        classifier: Classifier,
+        prev: Option<(&Snapshot, &[DiffHint])>,
+        cells: &Arc<CounterCells>,
+    ) -> Result<Snapshot, Stop> {
         let (prev, hints) = prev.map_or((None, &[][..]), |(p, h)| (Some(p), h));
         let mut order: Vec<usize> = (0..rulesets.len()).collect();
         order.sort_by(|&a, &b| {
@@ -894,12 +944,11 @@ impl Snapshot {
         });
         for w in order.windows(2) {
             if rulesets[w[0]].name == rulesets[w[1]].name {
-                return Err(CompileError::DuplicateRuleset(rulesets[w[0]].name.clone()));
+                return Err(CompileError::DuplicateRuleset(rulesets[w[0]].name.clone()).into());
             }
         }
         let sorted: Vec<Arc<Ruleset>> = order.iter().map(|&i| rulesets[i].clone()).collect();
         let names: Vec<Arc<str>> = sorted.iter().map(|r| Arc::from(r.name.as_str())).collect();
-        let prev = prev.filter(|p| p.classifier == classifier);
         let old_rulesets: HashMap<&str, usize> = prev.map_or_else(HashMap::default, |p| {
             p.rulesets
                 .iter()
@@ -908,10 +957,12 @@ impl Snapshot {
                 .collect()
         });
         let old_chains = prev.map_or_else(HashMap::default, Snapshot::chain_map);
+        let fresh = || cells.alloc().ok_or(Stop::NoRoom);
 
         let mut chains: Vec<CChain> = Vec::new();
         let mut origins: Vec<Option<ChainOrigin>> = Vec::new();
         let mut n_rules = 0usize;
+        let mut continued = 0usize;
         let mut hooks: [[Vec<u32>; 5]; 2] = Default::default();
         // Base chains per (family, hook, table kind), ruleset order already sorted.
         let mut base: Vec<(Family, Hook, TableKind, u32)> = Vec::new();
@@ -961,7 +1012,8 @@ impl Snapshot {
                         table: table.kind,
                         chain: &chain.name,
                     };
-                    let old = old_table.and_then(|ot| {
+                    // The chain of this name in `prev`, whose slots the rules it keeps take.
+                    let named = prev.and_then(|p| {
                         let key = (
                             rs.name.as_str(),
                             table.family,
@@ -969,8 +1021,10 @@ impl Snapshot {
                             chain.name.as_str(),
                         );
                         let oc = *old_chains.get(&key)?;
-                        Some((oc, &prev?.chains[oc as usize].body, &ot.chains[ci].rules))
+                        Some((oc, &p.chains[oc as usize]))
                     });
+                    let old =
+                        named.and_then(|(oc, o)| Some((oc, &o.body, &old_table?.chains[ci].rules)));
                     let (body, origin) = match old {
                         Some((oc, ob, old_rules)) => {
                             let hinted = hint.and_then(|h| *h.diffs.tables.get(ti)?.get(ci)?);
@@ -981,28 +1035,65 @@ impl Snapshot {
                             } else {
                                 diff_rules(old_rules, &chain.rules, |_, _| {})
                             };
+                            let (p, om, nm) = (diff.0 as usize, diff.1 as usize, diff.2 as usize);
                             let spliced = !ob.has_sets
-                                && (diff.1 != 0 || diff.2 != 0)
+                                && (om != 0 || nm != 0)
                                 && splice_pays(diff.1, diff.2, chain.rules.len());
-                            let origin = ChainOrigin {
-                                old: oc,
-                                spliced,
-                                prefix: diff.0,
-                                old_mid: diff.1,
-                                new_mid: diff.2,
-                            };
-                            let body = if ob.has_sets {
-                                Arc::new(ChainBody::compile(&chain.rules, &cx)?)
-                            } else if diff.1 == 0 && diff.2 == 0 {
+                            let origin = ChainOrigin { old: oc, spliced };
+                            // The unchanged rules before and after the change keep their slots;
+                            // the changed run takes those of equal old rules, else new ones.
+                            continued += chain.rules.len() - nm;
+                            let body = if om == 0 && nm == 0 && !ob.has_sets {
                                 ob.clone()
-                            } else if spliced {
-                                Arc::new(ob.splice(&chain.rules, diff, &cx)?)
                             } else {
-                                Arc::new(ChainBody::compile(&chain.rules, &cx)?)
+                                let mid = take_slots(
+                                    old_rules.range(p..p + om),
+                                    chain.rules.range(p..p + nm),
+                                    |q| ob.rules[p + q].slot,
+                                    &fresh,
+                                    &mut continued,
+                                )?;
+                                if spliced {
+                                    Arc::new(ob.splice(&chain.rules, diff, &mid, &cx)?)
+                                } else {
+                                    let mut slots = Vec::with_capacity(chain.rules.len());
+                                    slots.extend(ob.rules.range(0..p).map(|r| r.slot));
+                                    slots.extend_from_slice(&mid);
+                                    slots.extend(
+                                        ob.rules.range(p + om..ob.rules.len()).map(|r| r.slot),
+                                    );
+                                    Arc::new(ChainBody::compile(&chain.rules, &slots, &cx)?)
+                                }
                             };
                             (body, Some(origin))
                         }
-                        None => (Arc::new(ChainBody::compile(&chain.rules, &cx)?), None),
+                        None => {
+                            let slots = match (named, prev) {
+                                // Same name, other chain names in the table: rules keep their
+                                // slots by content identity.
+                                (Some((_, o)), Some(p)) => take_slots(
+                                    p.model_rules(o).iter(),
+                                    chain.rules.iter(),
+                                    |q| o.body.rules[q].slot,
+                                    &fresh,
+                                    &mut continued,
+                                )?,
+                                _ => (0..chain.rules.len())
+                                    .map(|_| fresh())
+                                    .collect::<Result<_, _>>()?,
+                            };
+                            (
+                                Arc::new(ChainBody::compile(&chain.rules, &slots, &cx)?),
+                                None,
+                            )
+                        }
+                    };
+                    let policy_slot = match named {
+                        Some((_, o)) => {
+                            continued += 1;
+                            o.policy_slot
+                        }
+                        None => fresh()?,
                     };
                     let gi = chains.len() as u32;
                     if let Some(hook) = chain.hook() {
@@ -1014,7 +1105,9 @@ impl Snapshot {
                         table: table.kind,
                         name: Arc::from(chain.name.as_str()),
                         table_base,
-                        first_slot: n_rules as u32,
+                        table_at: ti as u32,
+                        chain_at: ci as u32,
+                        policy_slot,
                         policy: chain.policy,
                         body,
                     });
@@ -1029,7 +1122,8 @@ impl Snapshot {
                 ruleset: sorted[c.ruleset as usize].name.clone(),
                 table: c.table,
                 chain: c.name.to_string(),
-            });
+            }
+            .into());
         }
         // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
         base.sort_by_key(|&(_, _, kind, _)| kind);
@@ -1040,7 +1134,6 @@ impl Snapshot {
                 raw_chains[family_index(family)][hook.index()] += 1;
             }
         }
-        let slots = n_rules + chains.len();
         Ok(Snapshot {
             id: NEXT_SNAPSHOT_ID.fetch_add(1, Ordering::Relaxed),
             classifier,
@@ -1050,15 +1143,19 @@ impl Snapshot {
             raw_chains,
             chains: chains.into_boxed_slice(),
             n_rules,
-            cores: (0..cores.max(1))
-                .map(|_| CoreCounters::new(slots))
-                .collect(),
-            base: (0..slots * 2).map(|_| AtomicU64::new(0)).collect(),
+            cells: cells.clone(),
+            continued,
             origin: prev.map(|p| Origin {
                 prev: p.id,
                 chains: origins.into_boxed_slice(),
             }),
         })
+    }
+
+    /// The rules chain `c` of this snapshot was compiled from.
+    fn model_rules(&self, c: &CChain) -> &RuleList {
+        &self.rulesets[c.ruleset as usize].tables[c.table_at as usize].chains[c.chain_at as usize]
+            .rules
     }
 
     /// Chain index by (ruleset, family, table, chain name).
@@ -1127,7 +1224,7 @@ impl Snapshot {
 
     /// Number of cores this snapshot has counter blocks for.
     pub fn cores(&self) -> usize {
-        self.cores.len()
+        self.cells.cores()
     }
 
     /// How this snapshot reused `prev`, when it was built from it by
@@ -1393,6 +1490,8 @@ fn compile_rule(
         out_iface: iface(&rule.out_iface)?,
         protocol: rule.protocol.map(|p| (p.negated, p.value)),
         fragment: rule.fragment,
+        // Set by the caller, which knows the rule's place.
+        slot: 0,
         matches: Matches::new(matches),
         target,
     })
@@ -1748,7 +1847,7 @@ impl Snapshot {
             };
             next = at + 1;
             let r = &rules[at as usize];
-            obs.rule(c.first_slot as usize + at as usize, c, next, p);
+            obs.rule(r.slot as usize, c, next, p);
             match &r.target {
                 CTarget::Continue => {}
                 CTarget::Accept => {
@@ -1796,7 +1895,7 @@ impl Snapshot {
 
     fn apply_policy<O: Observer>(&self, base: u32, p: &PacketMeta, obs: &mut O) -> Option<Verdict> {
         let c = &self.chains[base as usize];
-        obs.policy(self.n_rules + base as usize, c, p);
+        obs.policy(c.policy_slot as usize, c, p);
         match c.policy {
             Some(Policy::Drop) => Some(Verdict::Drop),
             Some(Policy::Accept) | None => None,
@@ -1865,7 +1964,7 @@ impl Snapshot {
         logs: &mut Vec<LogEvent>,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Verdict {
-        let counters = &self.cores[core.min(self.cores.len() - 1)];
+        let counters = self.cells.core(core);
         let mut obs = Counting {
             counters,
             names: &self.names,
@@ -1968,7 +2067,7 @@ impl Snapshot {
         mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
     ) -> usize {
         let n = packets.len().min(verdicts.len());
-        let counters: &CoreCounters = &self.cores[core.min(self.cores.len() - 1)];
+        let counters: &CoreCounters = self.cells.core(core);
         let mut obs = Counting {
             counters,
             names: &self.names,
@@ -1989,9 +2088,9 @@ impl Snapshot {
                 let chain = &self.chains[c as usize];
                 if let Some(r) = chain.body.rules.get(b as usize) {
                     tuple_merge::prefetch(&r.target);
-                }
-                if let Some(line) = counters.lines.get((chain.first_slot + b) as usize / 4) {
-                    tuple_merge::prefetch(line);
+                    if let Some(line) = counters.lines.get(r.slot as usize / 4) {
+                        tuple_merge::prefetch(line);
+                    }
                 }
             }
             for i in lo..hi {
@@ -2097,13 +2196,7 @@ fn match_by_content(old: &[u64], new: &[u64], mut f: impl FnMut(usize, usize)) {
 
 impl Snapshot {
     fn slot_total(&self, slot: usize) -> (u64, u64) {
-        let mut packets = self.base[slot * 2].load(Ordering::Relaxed);
-        let mut bytes = self.base[slot * 2 + 1].load(Ordering::Relaxed);
-        for core in self.cores.iter() {
-            packets = packets.wrapping_add(core.cell(slot, 0).load(Ordering::Relaxed));
-            bytes = bytes.wrapping_add(core.cell(slot, 1).load(Ordering::Relaxed));
-        }
-        (packets, bytes)
+        self.cells.total(slot)
     }
 
     /// Every rule's and every base chain's policy counters: base plus the sum over cores.
@@ -2123,109 +2216,84 @@ impl Snapshot {
         };
         let mut out = Vec::with_capacity(self.n_rules + self.chains.len());
         for c in self.chains.iter() {
-            for i in 0..c.body.rules.len() {
-                out.push(row(c, c.first_slot as usize + i, Some(i as u32 + 1)));
+            for (i, r) in c.body.rules.iter().enumerate() {
+                out.push(row(c, r.slot as usize, Some(i as u32 + 1)));
             }
         }
-        for (ci, c) in self.chains.iter().enumerate() {
+        for c in self.chains.iter() {
             if c.policy.is_some() {
-                out.push(row(c, self.n_rules + ci, None));
+                out.push(row(c, c.policy_slot as usize, None));
             }
         }
         out
     }
 
     /// Sets every counter (of `ruleset`, or all when `None`) to zero, as `iptables -Z`, without
-    /// touching the cores' blocks: the current totals are subtracted from `base`.
+    /// touching the cores' blocks: the current totals are subtracted from the slots' base.
     pub fn zero_counters(&self, ruleset: Option<&str>) {
-        let zero = |slot: usize| {
-            let (p, b) = self.slot_total(slot);
-            self.base[slot * 2].fetch_sub(p, Ordering::Relaxed);
-            self.base[slot * 2 + 1].fetch_sub(b, Ordering::Relaxed);
+        let zero = |slot: u32| {
+            let (p, b) = self.slot_total(slot as usize);
+            self.cells
+                .add_base(slot as usize, (p.wrapping_neg(), b.wrapping_neg()));
         };
-        for (ci, c) in self.chains.iter().enumerate() {
+        for c in self.chains.iter() {
             if ruleset.is_some_and(|r| &*self.names[c.ruleset as usize] != r) {
                 continue;
             }
-            let first = c.first_slot as usize;
-            (first..first + c.body.rules.len()).for_each(zero);
-            zero(self.n_rules + ci);
+            c.body.rules.iter().for_each(|r| zero(r.slot));
+            zero(c.policy_slot);
         }
     }
 
-    /// Adds `old`'s counters of `old_slot` into `slot`.
-    fn carry_slot(&self, old: &Snapshot, old_slot: usize, slot: usize) {
-        let (p, b) = old.slot_total(old_slot);
+    /// Adds `old`'s counters of `old_slot` into `slot`, unless both are the same cell (a slot
+    /// this snapshot took over from `old`, which keeps counting there).
+    fn carry_slot(&self, old: &Snapshot, old_slot: u32, slot: u32) {
+        if old_slot == slot && Arc::ptr_eq(&self.cells, &old.cells) {
+            return;
+        }
+        let (p, b) = old.slot_total(old_slot as usize);
         if p != 0 || b != 0 {
-            self.base[slot * 2].fetch_add(p, Ordering::Relaxed);
-            self.base[slot * 2 + 1].fetch_add(b, Ordering::Relaxed);
+            self.cells.add_base(slot as usize, (p, b));
         }
     }
 
-    /// Adds the counters of `old` into this snapshot for every rule and policy whose identity
-    /// is unchanged: same ruleset, family, table and chain, and for a rule the same content
-    /// (canonical form) and ordinal among equal rules of the chain. Call it only once no core
-    /// can still write `old` (after the commit's quiesce), so `old`'s totals are final.
-    /// Returns how many slots (rules and chain policies) were carried.
+    /// Takes over the counters of `old` for every rule and policy whose identity is unchanged:
+    /// same ruleset, family, table and chain, and for a rule the same content (canonical form)
+    /// and ordinal among equal rules of the chain. Call it only once no core can still write
+    /// `old` (after the commit's quiesce), so `old`'s totals are final. Returns how many slots
+    /// (rules and chain policies) continue from `old`.
     ///
-    /// When this snapshot was built from `old` by [`Snapshot::compile_after`], a changed chain
-    /// is matched by position in its unchanged prefix and suffix and by content only in the
-    /// changed run between them (linear, no hashing of unchanged rules); this differs from the
-    /// content identity only when equal rules of one chain move across each other.
+    /// When this snapshot was built from `old` by [`Snapshot::compile_after`] into `old`'s
+    /// counter cells (the common case; `compile/counters.rs`), its rules already count in the
+    /// slots of the rules they continue, chosen at build time (by position in a changed
+    /// chain's unchanged prefix and suffix, and by content in the changed run between them),
+    /// so there is nothing to copy. Otherwise the counts are added by identity.
     pub fn carry_from(&self, old: &Snapshot) -> usize {
-        let fast = self.origin.as_ref().filter(|o| o.prev == old.id);
-        let mut old_chains = None;
+        if self.origin.as_ref().is_some_and(|o| o.prev == old.id) {
+            return self.continued;
+        }
+        let old_chains = old.chain_map();
         let mut carried = 0;
-        for (ci, c) in self.chains.iter().enumerate() {
-            let origin = fast.and_then(|o| o.chains[ci]);
-            let oc = match origin {
-                Some(o) => o.old as usize,
-                None => {
-                    let map = old_chains.get_or_insert_with(|| old.chain_map());
-                    let key = (
-                        &*self.names[c.ruleset as usize],
-                        c.family,
-                        c.table,
-                        &*c.name,
-                    );
-                    match map.get(&key) {
-                        Some(&oc) => oc as usize,
-                        None => continue,
-                    }
-                }
+        for c in self.chains.iter() {
+            let key = (
+                &*self.names[c.ruleset as usize],
+                c.family,
+                c.table,
+                &*c.name,
+            );
+            let Some(&oc) = old_chains.get(&key) else {
+                continue;
             };
-            let o = &old.chains[oc];
-            self.carry_slot(old, old.n_rules + oc, self.n_rules + ci);
+            let o = &old.chains[oc as usize];
+            self.carry_slot(old, o.policy_slot, c.policy_slot);
             carried += 1;
-            let (new_first, old_first) = (c.first_slot as usize, o.first_slot as usize);
-            let mut pair = |n: usize, p: usize| {
-                self.carry_slot(old, old_first + p, new_first + n);
-                carried += 1;
+            let hashes = |s: &Snapshot, c: &CChain| -> Vec<u64> {
+                s.model_rules(c).iter().map(content_hash).collect()
             };
-            match origin {
-                Some(ChainOrigin {
-                    prefix,
-                    old_mid,
-                    new_mid,
-                    ..
-                }) => {
-                    let (p, om, nm) = (prefix as usize, old_mid as usize, new_mid as usize);
-                    for i in 0..p {
-                        pair(i, i);
-                    }
-                    for i in p + nm..c.body.rules.len() {
-                        pair(i, i - nm + om);
-                    }
-                    if om > 0 && nm > 0 {
-                        match_by_content(
-                            &o.body.hashes[p..p + om],
-                            &c.body.hashes[p..p + nm],
-                            |n, q| pair(p + n, p + q),
-                        );
-                    }
-                }
-                None => match_by_content(&o.body.hashes, &c.body.hashes, pair),
-            }
+            match_by_content(&hashes(old, o), &hashes(self, c), |n, q| {
+                self.carry_slot(old, o.body.rules[q].slot, c.body.rules[n].slot);
+                carried += 1;
+            });
         }
         carried
     }

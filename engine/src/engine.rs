@@ -17,7 +17,10 @@
 //! 3. **publish** it (pointer swap + writer barrier) and 4. **quiesce**: wait only for the
 //!    cores whose generation was odd (mid-batch), never for an RCU grace period, as x_tables'
 //!    `xt_replace_table` does since 2021;
-//! 5. **carry** counters of unchanged rules from the old snapshot into the new one.
+//! 5. **carry** counters of unchanged rules from the old snapshot into the new one: nothing
+//!    to copy when the new snapshot counts in the old one's cells, where the rules it kept
+//!    already count (the common case, see [`Snapshot::carry_from`]); by rule identity when
+//!    it got fresh cells.
 //!
 //! The old snapshot comes back in [`Committed::retired`]; drop it off the commit path.
 //! Commits are serialised by a mutex; workers never take it.

@@ -1,0 +1,280 @@
+//! Rule and policy counters in cells that consecutive snapshots share.
+//!
+//! Each core has its own block of cache-line-aligned (packets, bytes) pairs, like xt_counters
+//! in per-cpu memory, and a `base` pair per slot holds values carried over from another cell
+//! set and the offsets of `iptables -Z`. A rule's slot is fixed when the rule is compiled
+//! (`CRule::slot`) and stays with the rule while it exists: a snapshot built from the active
+//! one ([`super::Snapshot::compile_after`]) shares the active one's [`CounterCells`], its
+//! unchanged rules keep their slots and so keep counting where they counted, and only new
+//! rules take new slots. A commit thus allocates no counter memory and copies no counts, and
+//! the cores write the same (warm) cache lines before and after a publish. This is how
+//! nftables keeps counters in the rule's own expression rather than in a per-table array that
+//! each ruleset replacement swaps (x_tables' `xt_replace_table`, whose old counters
+//! iptables-restore adds back from user space).
+//!
+//! Slots are handed out by bumping [`CounterCells::alloc`]'s cursor and never reused within a
+//! cell set: a removed rule's slot is dropped with the snapshots that still show it, so a
+//! slot never holds counts of two rules and no slot has to be zeroed while a core may still
+//! write it. When the cursor reaches the capacity, the next snapshot is built with a fresh,
+//! dense cell set (with room to grow) and its counts are carried by rule identity, as before
+//! this sharing ([`super::Snapshot::carry_from`]).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// One cache line of counters: four (packets, bytes) pairs.
+#[repr(align(64))]
+#[derive(Default)]
+pub(super) struct CounterLine([AtomicU64; 8]);
+
+/// A core's private counter block: `capacity` slots of (packets, bytes).
+pub(super) struct CoreCounters {
+    pub(super) lines: Box<[CounterLine]>,
+}
+
+impl CoreCounters {
+    fn new(slots: usize) -> CoreCounters {
+        CoreCounters {
+            lines: (0..slots.div_ceil(4))
+                .map(|_| CounterLine::default())
+                .collect(),
+        }
+    }
+
+    pub(super) fn cell(&self, slot: usize, which: usize) -> &AtomicU64 {
+        &self.lines[slot / 4].0[(slot % 4) * 2 + which]
+    }
+
+    /// Counts one packet of `bytes` in `slot`. Single writer (the owning core): Relaxed load +
+    /// store, no RMW. Readers on other threads may see a stale value, never a torn one.
+    #[inline]
+    pub(super) fn bump(&self, slot: usize, bytes: u64) {
+        let p = self.cell(slot, 0);
+        p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        let b = self.cell(slot, 1);
+        b.store(
+            b.load(Ordering::Relaxed).wrapping_add(bytes),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// The counter cells of one or more consecutive snapshots: per-core blocks and a base pair
+/// per slot, `capacity` slots, of which the first `cursor` are handed out.
+pub(super) struct CounterCells {
+    cores: Box<[CoreCounters]>,
+    /// Two cells (packets, bytes) per slot: carried-over values minus zeroing offsets
+    /// (wrapping arithmetic).
+    base: Box<[AtomicU64]>,
+    capacity: u32,
+    /// Slots handed out so far. Relaxed: it only has to hand each slot out once (the RMW
+    /// does that); the cells themselves are published to the cores with the snapshot that
+    /// uses them (the dataplane's Release store of the snapshot pointer).
+    cursor: AtomicU32,
+}
+
+impl std::fmt::Debug for CounterCells {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CounterCells")
+            .field("cores", &self.cores.len())
+            .field("capacity", &self.capacity)
+            .field("used", &self.cursor.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl CounterCells {
+    /// Zeroed cells for `cores` cores (at least one) and `capacity` slots.
+    pub(super) fn new(cores: usize, capacity: usize) -> CounterCells {
+        let capacity = capacity.min(u32::MAX as usize);
+        CounterCells {
+            cores: (0..cores.max(1))
+                .map(|_| CoreCounters::new(capacity))
+                .collect(),
+            base: (0..capacity * 2).map(|_| AtomicU64::new(0)).collect(),
+            capacity: capacity as u32,
+            cursor: AtomicU32::new(0),
+        }
+    }
+
+    /// Cells for a snapshot of `slots` slots that will change: half as many again (at least
+    /// 1,024) free for the rules later commits add before a new cell set is needed.
+    pub(super) fn with_room(cores: usize, slots: usize) -> CounterCells {
+        CounterCells::new(cores, slots + (slots / 2).max(1024))
+    }
+
+    /// Number of per-core blocks.
+    pub(super) fn cores(&self) -> usize {
+        self.cores.len()
+    }
+
+    /// The block of `core` (the last one for a core past the end).
+    #[inline]
+    pub(super) fn core(&self, core: usize) -> &CoreCounters {
+        &self.cores[core.min(self.cores.len() - 1)]
+    }
+
+    /// A new, never used slot, or `None` when all `capacity` slots are handed out.
+    pub(super) fn alloc(&self) -> Option<u32> {
+        // Relaxed: see `cursor`. A failed bump leaves the cursor past the capacity, which
+        // only makes later calls fail too.
+        let slot = self.cursor.fetch_add(1, Ordering::Relaxed);
+        (slot < self.capacity).then_some(slot)
+    }
+
+    /// Packets and bytes of `slot`: base plus the sum over cores.
+    pub(super) fn total(&self, slot: usize) -> (u64, u64) {
+        let mut packets = self.base[slot * 2].load(Ordering::Relaxed);
+        let mut bytes = self.base[slot * 2 + 1].load(Ordering::Relaxed);
+        for core in self.cores.iter() {
+            packets = packets.wrapping_add(core.cell(slot, 0).load(Ordering::Relaxed));
+            bytes = bytes.wrapping_add(core.cell(slot, 1).load(Ordering::Relaxed));
+        }
+        (packets, bytes)
+    }
+
+    /// Adds (wrapping) `packets` and `bytes` to `slot`'s base; subtracting is adding the
+    /// negation. RMW: a zeroing reader and a carrying commit may run at once.
+    pub(super) fn add_base(&self, slot: usize, (packets, bytes): (u64, u64)) {
+        self.base[slot * 2].fetch_add(packets, Ordering::Relaxed);
+        self.base[slot * 2 + 1].fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_handed_out_once_up_to_the_capacity() {
+        let c = CounterCells::new(2, 3);
+        assert_eq!(
+            (c.alloc(), c.alloc(), c.alloc()),
+            (Some(0), Some(1), Some(2))
+        );
+        assert_eq!(c.alloc(), None);
+        assert_eq!(c.alloc(), None, "a failed bump must not wrap around");
+    }
+
+    #[test]
+    fn totals_sum_cores_and_base() {
+        let c = CounterCells::new(2, 8);
+        c.core(0).bump(5, 100);
+        c.core(1).bump(5, 40);
+        c.core(7).bump(5, 1); // past the end: the last core
+        c.add_base(5, (10, 1000));
+        assert_eq!(c.total(5), (13, 1141));
+        c.add_base(5, (13u64.wrapping_neg(), 1141u64.wrapping_neg()));
+        assert_eq!(c.total(5), (0, 0));
+        assert_eq!(c.total(4), (0, 0));
+    }
+
+    use std::sync::Arc;
+
+    use crate::compile::Snapshot;
+    use crate::model::{Family, Hook, Ruleset};
+    use crate::packet::PacketMeta;
+    use crate::sets::NoSets;
+    use crate::test_rng::Rng;
+
+    /// filter/INPUT with one `-p tcp --dport N -j ACCEPT` rule per port, in order.
+    fn ruleset(ports: &[u16]) -> Arc<Ruleset> {
+        let mut text = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for p in ports {
+            text.push_str(&format!("-A INPUT -p tcp --dport {p} -j ACCEPT\n"));
+        }
+        text.push_str("COMMIT\n");
+        Arc::new(crate::restore::parse_ruleset("t", &text, &Default::default()).expect("parses"))
+    }
+
+    /// One TCP packet of 100 bytes to `port` on each of two snapshots, on `core`.
+    fn send(a: &Snapshot, b: &Snapshot, port: u16, core: usize) {
+        let mut p = PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Input,
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            protocol: 6,
+            sport: 40000,
+            dport: port,
+            len: 100,
+            ..PacketMeta::default()
+        };
+        let mut logs = Vec::new();
+        let mut q = p;
+        assert_eq!(
+            a.classify(core, &mut p, 0, &mut logs),
+            b.classify(core, &mut q, 0, &mut logs)
+        );
+    }
+
+    /// Snapshots built from their predecessor count in its cells (no copy at carry) until the
+    /// cells are full, then in fresh ones; either way every counter equals what a
+    /// from-scratch compile with counts carried by rule identity shows, through replaces,
+    /// inserts, deletes, swaps of neighbours (matched by content), zeroing, and traffic that
+    /// hits the old snapshot after the new one was built (before its publish).
+    #[test]
+    fn shared_cells_count_as_a_fresh_compile_with_carry() {
+        let mut rng = Rng(0x5eed_c0de);
+        let mut ports: Vec<u16> = (1..=20).collect();
+        let mut next_port = 1000u16;
+        let mut inc = Snapshot::compile(&[ruleset(&ports)], &NoSets, 2).unwrap();
+        let mut full = Snapshot::compile(&[ruleset(&ports)], &NoSets, 2).unwrap();
+        let (mut shared, mut fresh) = (0, 0);
+        for step in 0..2000 {
+            for _ in 0..4 {
+                let port = match rng.below(4) {
+                    0 => 5000, // no rule: the policy
+                    _ => ports[rng.below(ports.len())],
+                };
+                send(&inc, &full, port, rng.below(3));
+            }
+            match rng.below(8) {
+                0 if ports.len() > 4 => {
+                    ports.remove(rng.below(ports.len()));
+                }
+                1 if ports.len() < 40 => {
+                    ports.insert(rng.below(ports.len() + 1), next_port);
+                    next_port += 1;
+                }
+                2 => {
+                    let at = rng.below(ports.len() - 1);
+                    ports.swap(at, at + 1);
+                }
+                _ => {
+                    let at = rng.below(ports.len());
+                    ports[at] = next_port;
+                    next_port += 1;
+                }
+            }
+            let rs = ruleset(&ports);
+            let next_inc =
+                Snapshot::compile_after(&inc, std::slice::from_ref(&rs), &NoSets, 2).unwrap();
+            let next_full = Snapshot::compile(&[rs], &NoSets, 2).unwrap();
+            // Packets the old snapshots see between the build and the publish.
+            send(&inc, &full, ports[rng.below(ports.len())], 0);
+            if Arc::ptr_eq(&inc.cells, &next_inc.cells) {
+                shared += 1;
+            } else {
+                fresh += 1;
+            }
+            assert_eq!(
+                next_inc.carry_from(&inc),
+                next_full.carry_from(&full),
+                "step {step}: slots carried"
+            );
+            if step % 97 == 0 {
+                next_inc.zero_counters(Some("t"));
+                next_full.zero_counters(None);
+            }
+            let counted = next_inc.counters();
+            assert_eq!(counted, next_full.counters(), "step {step}");
+            assert!(step % 97 == 0 || counted.iter().any(|c| c.packets > 0));
+            (inc, full) = (next_inc, next_full);
+        }
+        // 21 slots and 1,024 to spare: about 0.75 new rules a step fill them once.
+        assert!(
+            fresh >= 1 && shared > 1000,
+            "shared {shared}, fresh {fresh}"
+        );
+    }
+}
