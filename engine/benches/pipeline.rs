@@ -18,7 +18,10 @@
 //! Sets: acl1 10k (neurocuts) with 10,000 headers sampled from its rules; with
 //! `VALLUM_BENCH_100K=1` also the generated acl1 100k. Conntrack is off (the classifier and the
 //! commit protocol are what is measured). `VALLUM_PIPELINE_SECS` sets the length of a round
-//! (default 2 s); there are 3 rounds of each kind.
+//! (default 2 s), `VALLUM_PIPELINE_ROUNDS` the number of rounds of each kind (default 3). The
+//! `dip` column compares the mean rates of all rounds; `median pair dip` is the median over
+//! each round with commits against the round without just before it, which a machine whose
+//! load drifts (other jobs) moves less.
 //!
 //! Run: `cargo bench -p vallum-engine --bench pipeline` (prints a table; no criterion).
 
@@ -188,6 +191,11 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2.0);
+    let rounds: usize = std::env::var("VALLUM_PIPELINE_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let mut sets = vec![(
         "acl1",
         std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k"),
@@ -199,9 +207,9 @@ fn main() {
         }
     }
     println!(
-        "| set | rules | workers | commit | without commits (Mpps) | with a commit every 100 ms (Mpps) | dip | commits | median commit wall (us) | committer CPU / 2 cores | committer CPU per commit (us) |"
+        "| set | rules | workers | commit | without commits (Mpps) | with a commit every 100 ms (Mpps) | dip | median pair dip | commits | median commit wall (us) | committer CPU / 2 cores | committer CPU per commit (us) |"
     );
-    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, text) in sets {
         for (workers, edit) in [(CORES, false), (CORES, true), (1, false), (1, true)] {
             let filters = classbench::parse_filters(&text).expect("parse");
@@ -232,7 +240,7 @@ fn main() {
             // Warm-up.
             round(&engine, workers, &packets, &alt, (false, edit), 0.5);
             let (mut without, mut with) = (Vec::new(), Vec::new());
-            for _ in 0..3 {
+            for _ in 0..rounds {
                 without.push(round(&engine, workers, &packets, &alt, (false, edit), secs));
                 with.push(round(&engine, workers, &packets, &alt, (true, edit), secs));
             }
@@ -243,13 +251,20 @@ fn main() {
             let share = with.iter().map(|r| r.commit_cpu_share).sum::<f64>() / with.len() as f64;
             let mut cpu_us: Vec<f64> = with.iter().map(|r| r.commit_cpu_us).collect();
             cpu_us.sort_by(f64::total_cmp);
+            let mut pair_dips: Vec<f64> = without
+                .iter()
+                .zip(&with)
+                .map(|(a, b)| b.pps / a.pps - 1.0)
+                .collect();
+            pair_dips.sort_by(f64::total_cmp);
             println!(
-                "| {name} | {} | {workers} | {} | {:.2} | {:.2} | {:+.1}% | {} | {:.0} | {:.1}% | {:.0} |",
+                "| {name} | {} | {workers} | {} | {:.2} | {:.2} | {:+.1}% | {:+.1}% | {} | {:.0} | {:.1}% | {:.0} |",
                 filters.len(),
                 if edit { "edit" } else { "put" },
                 w0 / 1e6,
                 w1 / 1e6,
                 (w1 / w0 - 1.0) * 100.0,
+                pair_dips[pair_dips.len() / 2] * 100.0,
                 with.iter().map(|r| r.commits).sum::<usize>(),
                 commit_us[commit_us.len() / 2],
                 share * 100.0,
