@@ -3,6 +3,10 @@
 //! as the pipeline bench's committer does, two ways:
 //! - `put`: [`Engine::commit`]`(Change::Put(ruleset))` of a whole ruleset built from a plain
 //!   `Vec` of rules (its own memory, as a parse makes it; nothing shared with the active one);
+//! - `put/sh`: [`Engine::commit`]`(Change::Put(ruleset))` of the active ruleset cloned with the
+//!   one rule replaced, so that it shares every other rule chunk with the active one
+//!   (`model::RuleList`): what vallumd's Apply commits when its incremental re-parse
+//!   (`restore::parse_after`) took the new text;
 //! - `edit`: [`Engine::commit`]`(Change::Edit { .. })` replacing the one rule (`iptables -R`);
 //! - `ins/del`: [`Engine::commit`]`(Change::Edit { .. })` inserting a rule before the middle
 //!   one, then deleting it again (`iptables -I` / `-D N`): every rule after it moves.
@@ -60,6 +64,7 @@ fn main() {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Put,
+    PutShared,
     Edit,
     InsertDelete,
 }
@@ -71,7 +76,7 @@ fn run(text: &str, n: usize) {
     let mid = flat.len() / 2;
     let changed = classbench::to_rule(&filters[mid / 2], Target::Drop).unwrap();
     let mids = [flat[mid].clone(), changed];
-    for mode in [Mode::Put, Mode::Edit, Mode::InsertDelete] {
+    for mode in [Mode::Put, Mode::PutShared, Mode::Edit, Mode::InsertDelete] {
         run_mode(&a, &flat, &mids, mode, n);
     }
 }
@@ -120,6 +125,11 @@ fn run_mode(a: &Ruleset, flat: &[Rule], mids: &[Rule; 2], mode: Mode, n: usize) 
         };
         let change = match mode {
             Mode::Put => Change::Put(whole(a, flat, mid, rule)),
+            Mode::PutShared => {
+                let mut rs = (*engine.rulesets()[&a.name]).clone();
+                rs.tables[0].chains[0].rules.set(mid, rule.clone());
+                Change::Put(rs)
+            }
             Mode::Edit => edit(EditOp::Replace(rule.clone())),
             Mode::InsertDelete if i % 2 == 0 => edit(EditOp::Insert(mids[1].clone())),
             Mode::InsertDelete => edit(EditOp::Delete),
@@ -142,10 +152,15 @@ fn run_mode(a: &Ruleset, flat: &[Rule], mids: &[Rule; 2], mode: Mode, n: usize) 
         flat.len(),
         match mode {
             Mode::Put => "put    ",
+            Mode::PutShared => "put/sh ",
             Mode::Edit => "edit   ",
             Mode::InsertDelete => "ins/del",
         },
-        if mode == Mode::Put { "build" } else { "edit" },
+        match mode {
+            Mode::Put => "build",
+            Mode::PutShared => "clone",
+            _ => "edit",
+        },
         med(cl),
         med(va),
         med(co),
