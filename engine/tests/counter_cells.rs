@@ -1,0 +1,525 @@
+//! Counters through engine commits against a reference that compiles every snapshot from
+//! scratch and carries counts by rule identity ([`Snapshot::carry_from`] between two
+//! from-scratch snapshots): random sequences of `Put`, `Edit`, `Remove` and `ReplaceAll` of
+//! three rulesets (IPv4 and IPv6 filter tables, user chains with jumps that come and go so a
+//! table's chain names change, `-m set` rules, priorities that change), zeroing of one
+//! ruleset or all, prepared commits that go stale, bulk replacements that run the shared
+//! counter cells out of slots, and traffic on two cores between the commits and between a
+//! prepare and its publish. After every step [`Engine::counters`] must equal the reference's
+//! counters and every commit's `carried` the reference's.
+//!
+//! Every rule carries a unique comment, so no two rules of a chain are equal and the
+//! incremental identity (position around the changed run) and the from-scratch one (content
+//! and ordinal) agree.
+//!
+//! `cargo test -p vallum-engine --test counter_cells`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use vallum_engine::Clock;
+use vallum_engine::compile::{Snapshot, Verdict};
+use vallum_engine::dataplane::BarrierStrategy;
+use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig, EngineWorker};
+use vallum_engine::model::{EditOp, IpNet, Family, Hook, RuleEdit, Ruleset, TableKind};
+use vallum_engine::packet::PacketMeta;
+use vallum_engine::restore::{ParseOptions, parse_ruleset};
+use vallum_engine::sets::{FrozenSet, IpSet};
+
+struct ZeroClock;
+
+impl Clock for ZeroClock {
+    fn now_ns(&self) -> u64 {
+        0
+    }
+}
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+type Sets = BTreeMap<String, Arc<dyn IpSet>>;
+
+fn sets() -> Sets {
+    let mut s = Sets::new();
+    let set: Arc<dyn IpSet> = Arc::new(FrozenSet::new([
+        IpNet::new("10.0.0.1".parse().unwrap(), 32).unwrap(),
+        IpNet::new("fd00::1".parse().unwrap(), 128).unwrap(),
+    ]));
+    s.insert("S".into(), set);
+    s
+}
+
+const PORTS: usize = 24;
+const USER: [&str; 3] = ["U0", "U1", "U2"];
+
+#[derive(Clone, Debug)]
+struct RuleSpec {
+    id: u64,
+    port: u16,
+    set: bool,
+    /// "ACCEPT", "DROP", "RETURN", "" (no target), or a user chain.
+    target: String,
+}
+
+#[derive(Clone, Debug)]
+struct ChainSpec {
+    name: String,
+    policy: Option<&'static str>,
+    rules: Vec<RuleSpec>,
+}
+
+#[derive(Clone, Debug)]
+struct RsSpec {
+    name: String,
+    priority: i32,
+    /// Per family (IPv4, IPv6): INPUT, FORWARD, OUTPUT, then user chains.
+    chains: [Vec<ChainSpec>; 2],
+}
+
+struct Gen {
+    rng: Rng,
+    next_id: u64,
+}
+
+impl Gen {
+    fn rule(&mut self, chain: &str, users: &[String]) -> RuleSpec {
+        self.next_id += 1;
+        // User chains only jump to later user chains (no loops); builtins to any.
+        let later: Vec<&String> = users
+            .iter()
+            .filter(|u| !USER.contains(&chain) || u.as_str() > chain)
+            .collect();
+        let target = match self.rng.below(10) {
+            0..=1 if !later.is_empty() => later[self.rng.below(later.len())].clone(),
+            0..=2 => String::new(),
+            3..=4 => "DROP".into(),
+            5 if USER.contains(&chain) => "RETURN".into(),
+            _ => "ACCEPT".into(),
+        };
+        RuleSpec {
+            id: self.next_id,
+            port: 1 + self.rng.below(PORTS) as u16,
+            set: self.rng.below(8) == 0,
+            target,
+        }
+    }
+
+    fn chain(&mut self, name: &str, policy: Option<&'static str>, users: &[String]) -> ChainSpec {
+        let n = self.rng.below(8);
+        ChainSpec {
+            name: name.into(),
+            policy,
+            rules: (0..n).map(|_| self.rule(name, users)).collect(),
+        }
+    }
+
+    fn ruleset(&mut self, name: &str) -> RsSpec {
+        let fam = |g: &mut Gen| {
+            let users: Vec<String> = USER
+                .iter()
+                .filter(|_| g.rng.below(2) == 0)
+                .map(|s| s.to_string())
+                .collect();
+            let mut chains = vec![
+                g.chain("INPUT", Some("DROP"), &users),
+                g.chain("FORWARD", Some("ACCEPT"), &users),
+                g.chain("OUTPUT", Some("ACCEPT"), &users),
+            ];
+            for u in &users {
+                chains.push(g.chain(u, None, &users));
+            }
+            chains
+        };
+        RsSpec {
+            name: name.into(),
+            priority: self.rng.below(3) as i32 * 10,
+            chains: [fam(self), fam(self)],
+        }
+    }
+
+    /// One random change of one chain (or of the chain list) of `rs`.
+    fn mutate(&mut self, rs: &mut RsSpec) {
+        let f = self.rng.below(2);
+        let users: Vec<String> = rs.chains[f][3..].iter().map(|c| c.name.clone()).collect();
+        match self.rng.below(12) {
+            // Add or remove a user chain: the table's chain names change.
+            0 => {
+                let missing: Vec<&str> = USER
+                    .iter()
+                    .copied()
+                    .filter(|u| !users.iter().any(|x| x == u))
+                    .collect();
+                if missing.is_empty() {
+                    return;
+                }
+                let name = missing[self.rng.below(missing.len())];
+                let mut all = users.clone();
+                all.push(name.into());
+                let c = self.chain(name, None, &all);
+                let chains = &mut rs.chains[f];
+                chains.push(c);
+                chains[3..].sort_by(|a, b| a.name.cmp(&b.name));
+            }
+            1 => {
+                if users.is_empty() {
+                    return;
+                }
+                let name = users[self.rng.below(users.len())].clone();
+                let chains = &mut rs.chains[f];
+                chains.retain(|c| c.name != name);
+                for c in chains.iter_mut() {
+                    c.rules.retain(|r| r.target != name);
+                }
+            }
+            2 => rs.priority = self.rng.below(3) as i32 * 10,
+            3 => {
+                let c = &mut rs.chains[f][self.rng.below(3)];
+                c.policy = Some(if c.policy == Some("DROP") {
+                    "ACCEPT"
+                } else {
+                    "DROP"
+                });
+            }
+            _ => {
+                let ci = self.rng.below(rs.chains[f].len());
+                let name = rs.chains[f][ci].name.clone();
+                let fresh = self.rule(&name, &users);
+                let rules = &mut rs.chains[f][ci].rules;
+                let n = rules.len();
+                match self.rng.below(5) {
+                    0 if n > 0 => {
+                        rules.remove(self.rng.below(n));
+                    }
+                    1 if n > 0 => rules[self.rng.below(n)] = fresh,
+                    2 if n > 1 => {
+                        let at = self.rng.below(n - 1);
+                        rules.swap(at, at + 1);
+                    }
+                    3 if n > 2 => {
+                        // Move a rule elsewhere (same content: the same identity).
+                        let r = rules.remove(self.rng.below(n));
+                        rules.insert(self.rng.below(n), r);
+                    }
+                    _ if n < 16 => rules.insert(self.rng.below(n + 1), fresh),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn rule_text(chain: &str, r: &RuleSpec) -> String {
+    let mut s = format!("-A {chain} -p tcp --dport {}", r.port);
+    if r.set {
+        s.push_str(" -m set --match-set S src");
+    }
+    s.push_str(&format!(" -m comment --comment r{}", r.id));
+    if !r.target.is_empty() {
+        s.push_str(&format!(" -j {}", r.target));
+    }
+    s
+}
+
+fn parse(spec: &RsSpec) -> Ruleset {
+    let mut out: Option<Ruleset> = None;
+    for (fi, family) in [Family::Ipv4, Family::Ipv6].into_iter().enumerate() {
+        let mut text = String::from("*filter\n");
+        for c in &spec.chains[fi] {
+            text.push_str(&format!(":{} {} [0:0]\n", c.name, c.policy.unwrap_or("-")));
+        }
+        for c in &spec.chains[fi] {
+            for r in &c.rules {
+                text.push_str(&rule_text(&c.name, r));
+                text.push('\n');
+            }
+        }
+        text.push_str("COMMIT\n");
+        let opts = ParseOptions {
+            family,
+            ..ParseOptions::default()
+        };
+        let rs = parse_ruleset(&spec.name, &text, &opts)
+            .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        match &mut out {
+            None => out = Some(rs),
+            Some(o) => o.tables.extend(rs.tables),
+        }
+    }
+    let mut rs = out.unwrap();
+    rs.priority = spec.priority;
+    rs
+}
+
+/// The edits that make `new` of `old` (same chain names): for each chain, the rules of the
+/// changed run between the common prefix and suffix deleted and the new ones inserted.
+fn edits(old: &RsSpec, new: &RsSpec, parsed: &Ruleset) -> Option<Vec<RuleEdit>> {
+    let mut out = Vec::new();
+    for (fi, family) in [Family::Ipv4, Family::Ipv6].into_iter().enumerate() {
+        let (oc, nc) = (&old.chains[fi], &new.chains[fi]);
+        if oc.len() != nc.len() || oc.iter().zip(nc).any(|(a, b)| a.name != b.name) {
+            return None;
+        }
+        if oc.iter().zip(nc).any(|(a, b)| a.policy != b.policy) || old.priority != new.priority
+        {
+            return None;
+        }
+        let table = parsed.table(family, TableKind::Filter).unwrap();
+        for (a, b) in oc.iter().zip(nc) {
+            let (ar, br) = (&a.rules, &b.rules);
+            let p = ar.iter().zip(br).take_while(|(x, y)| x.id == y.id).count();
+            let s = ar[p..]
+                .iter()
+                .rev()
+                .zip(br[p..].iter().rev())
+                .take_while(|(x, y)| x.id == y.id)
+                .count();
+            let chain = table.chains.iter().find(|c| c.name == b.name).unwrap();
+            for _ in p..ar.len() - s {
+                out.push(RuleEdit {
+                    family,
+                    table: TableKind::Filter,
+                    chain: b.name.clone(),
+                    number: p as u32 + 1,
+                    op: EditOp::Delete,
+                });
+            }
+            for i in p..br.len() - s {
+                out.push(RuleEdit {
+                    family,
+                    table: TableKind::Filter,
+                    chain: b.name.clone(),
+                    number: i as u32 + 1,
+                    op: EditOp::Insert(chain.rules.range(i..i + 1).next().unwrap().clone()),
+                });
+            }
+        }
+    }
+    Some(out)
+}
+
+fn packet(rng: &mut Rng) -> PacketMeta {
+    let v6 = rng.below(3) == 0;
+    let (src, dst): (IpAddr, IpAddr) = match (v6, rng.below(2)) {
+        (false, 0) => ("10.0.0.1".parse().unwrap(), "10.0.0.9".parse().unwrap()),
+        (false, _) => ("10.0.0.2".parse().unwrap(), "10.0.0.9".parse().unwrap()),
+        (true, 0) => ("fd00::1".parse().unwrap(), "fd00::9".parse().unwrap()),
+        (true, _) => ("fd00::2".parse().unwrap(), "fd00::9".parse().unwrap()),
+    };
+    PacketMeta {
+        family: if v6 { Family::Ipv6 } else { Family::Ipv4 },
+        hook: [Hook::Input, Hook::Forward, Hook::Output][rng.below(3)],
+        src,
+        dst,
+        protocol: 6,
+        sport: 40000,
+        dport: 1 + rng.below(PORTS + 2) as u16,
+        len: 40 + rng.below(1000) as u32,
+        ..PacketMeta::default()
+    }
+}
+
+/// `n` packets through the engine's workers and the reference snapshot, on random cores.
+fn traffic(rng: &mut Rng, workers: &mut [EngineWorker<'_>], reference: &Snapshot, n: usize) {
+    let mut logs = Vec::new();
+    for _ in 0..n {
+        let p = packet(rng);
+        let core = rng.below(workers.len());
+        let mut a = [p];
+        let mut v = [Verdict::Accept];
+        workers[core].process_batch(&mut a, &mut v, 0);
+        let mut q = p;
+        let r = reference.classify(core, &mut q, 0, &mut logs);
+        assert_eq!(v[0], r, "verdict of {p:?}");
+    }
+}
+
+#[test]
+fn engine_counters_equal_from_scratch_compiles_carried_by_identity() {
+    let sets = sets();
+    let cores = 2;
+    let engine = Engine::new(
+        EngineConfig {
+            cores,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(ZeroClock),
+    );
+    let mut workers: Vec<EngineWorker<'_>> =
+        (0..cores).map(|c| engine.worker(c).unwrap()).collect();
+    let mut g = Gen {
+        rng: Rng(std::env::var("SEED").map_or(0xc0ffee, |s| s.parse().unwrap())),
+        next_id: 0,
+    };
+    let mut traffic_rng = Rng(0x7aff1c);
+    let names = ["a", "b", "c"];
+    let mut active: BTreeMap<String, RsSpec> = BTreeMap::new();
+    let mut reference = Snapshot::compile(&[], &sets, cores).unwrap();
+    let mut fallbacks = 0;
+    let mut stale = 0;
+    let mut last_cap: Option<String> = None;
+
+    // Commits `change` (made of the specs `next`) on the engine and the reference.
+    let steps = std::env::var("STEPS").map_or(600, |s| s.parse().unwrap());
+    for step in 0..steps {
+        traffic(&mut traffic_rng, &mut workers, &reference, 12);
+        let mut next = active.clone();
+        let change = match g.rng.below(16) {
+            0 => {
+                let n = names[g.rng.below(3)];
+                next.remove(n);
+                Change::Remove(n.into())
+            }
+            1 => {
+                // Replace all: some mutated, one maybe dropped or fresh.
+                for n in names {
+                    match g.rng.below(4) {
+                        0 => {
+                            next.remove(n);
+                        }
+                        1 => {
+                            let r = g.ruleset(n);
+                            next.insert(n.into(), r);
+                        }
+                        _ => {
+                            if let Some(r) = next.get_mut(n) {
+                                g.mutate(&mut r.clone());
+                                let mut m = r.clone();
+                                g.mutate(&mut m);
+                                *r = m;
+                            }
+                        }
+                    }
+                }
+                Change::ReplaceAll(next.values().map(parse).collect())
+            }
+            2 => {
+                // Bulk: every chain of one ruleset gets fresh rules (runs the cells dry).
+                let n = names[g.rng.below(3)];
+                let mut r = next.get(n).cloned().unwrap_or_else(|| g.ruleset(n));
+                for f in 0..2 {
+                    let users: Vec<String> =
+                        r.chains[f][3..].iter().map(|c| c.name.clone()).collect();
+                    for c in r.chains[f].iter_mut() {
+                        let k = 8 + g.rng.below(40);
+                        c.rules = (0..k).map(|_| g.rule(&c.name, &users)).collect();
+                    }
+                }
+                next.insert(n.into(), r.clone());
+                Change::Put(parse(&r))
+            }
+            3..=6 if active.len() > 0 => {
+                // An edit of an active ruleset.
+                let n = active.keys().nth(g.rng.below(active.len())).unwrap().clone();
+                let old = active[&n].clone();
+                let mut r = old.clone();
+                for _ in 0..1 + g.rng.below(3) {
+                    g.mutate(&mut r);
+                }
+                let parsed = parse(&r);
+                next.insert(n.clone(), r.clone());
+                match edits(&old, &r, &parsed) {
+                    Some(e) => Change::Edit {
+                        ruleset: n,
+                        edits: e,
+                    },
+                    None => Change::Put(parsed),
+                }
+            }
+            _ => {
+                let n = names[g.rng.below(3)];
+                let r = match next.get(n) {
+                    Some(r) if g.rng.below(8) != 0 => {
+                        let mut r = r.clone();
+                        for _ in 0..1 + g.rng.below(2) {
+                            g.mutate(&mut r);
+                        }
+                        r
+                    }
+                    _ => g.ruleset(n),
+                };
+                next.insert(n.into(), r.clone());
+                Change::Put(parse(&r))
+            }
+        };
+        let prepared = engine
+            .prepare(change, &sets)
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        // Now and then a second prepare of another change from the same active snapshot,
+        // which goes stale when the first is published.
+        let second = if g.rng.below(4) == 0 {
+            let n = names[g.rng.below(3)];
+            let mut r = next.get(n).cloned().unwrap_or_else(|| g.ruleset(n));
+            g.mutate(&mut r);
+            Some(engine.prepare(Change::Put(parse(&r)), &sets).unwrap())
+        } else {
+            None
+        };
+        // Traffic on the old snapshot between the compile and the publish.
+        traffic(&mut traffic_rng, &mut workers, &reference, 6);
+        if g.rng.below(10) == 0 {
+            engine.zero_counters(None);
+            reference.zero_counters(None);
+        } else if g.rng.below(10) == 0 {
+            let n = names[g.rng.below(3)];
+            engine.zero_counters(Some(n));
+            reference.zero_counters(Some(n));
+        }
+        let committed = engine
+            .publish(prepared)
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        if let Some(s) = second {
+            assert!(matches!(engine.publish(s), Err(CommitError::Stale)));
+            stale += 1;
+        }
+        let list: Vec<Arc<Ruleset>> = engine.rulesets().into_values().collect();
+        let fresh = Snapshot::compile(&list, &sets, cores).unwrap();
+        let carried = fresh.carry_from(&reference);
+        reference = fresh;
+        active = next;
+        // The retired snapshot of commit k+1 is the one commit k published: a change of
+        // capacity between consecutive ones is a fresh cell set.
+        let cap = cells_of(&format!("{:?}", *committed.retired));
+        if last_cap.as_ref().is_some_and(|c| *c != cap) {
+            fallbacks += 1;
+        }
+        last_cap = Some(cap);
+        assert_eq!(committed.report.carried, carried, "step {step}: carried");
+        assert_eq!(engine.counters(), reference.counters(), "step {step}");
+        if g.rng.below(13) == 0 {
+            let n = names[g.rng.below(3)];
+            engine.zero_counters(Some(n));
+            reference.zero_counters(Some(n));
+        }
+    }
+    traffic(&mut traffic_rng, &mut workers, &reference, 50);
+    assert_eq!(engine.counters(), reference.counters(), "at the end");
+    assert!(
+        engine.counters().iter().any(|c| c.packets > 0),
+        "nothing counted"
+    );
+    assert!(fallbacks >= 3, "only {fallbacks} fresh cell sets");
+    assert!(stale > 50, "only {stale} stale prepares");
+}
+
+/// The capacity part of a snapshot's debug form ("capacity: N"), which tells its cell set
+/// apart from the next fresh one (each fresh set is sized to its snapshot).
+fn cells_of(debug: &str) -> String {
+    let at = debug.find("capacity").expect("cells in debug form");
+    debug[at..].split(',').next().unwrap().to_string()
+}
