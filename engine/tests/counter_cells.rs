@@ -523,3 +523,64 @@ fn cells_of(debug: &str) -> String {
     let at = debug.find("capacity").expect("cells in debug form");
     debug[at..].split(',').next().unwrap().to_string()
 }
+
+/// A commit of one ruleset leaves the `-m limit` buckets of another, untouched ruleset as
+/// they are (its compiled chains are shared with the active snapshot), also on the commit
+/// whose snapshot runs the shared counter cells out of slots and gets fresh ones: a bucket
+/// spent at time 0 (`--limit 1/hour --limit-burst 1`) stays spent however many commits of
+/// other rules follow.
+#[test]
+fn limit_buckets_of_untouched_rulesets_survive_fresh_cells() {
+    let sets = sets();
+    let engine = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(ZeroClock),
+    );
+    let text = "*filter\n:INPUT DROP [0:0]\n\
+                -A INPUT -p tcp --dport 22 -m limit --limit 1/hour --limit-burst 1 -j ACCEPT\n\
+                COMMIT\n";
+    let limited = parse_ruleset("limited", text, &ParseOptions::default()).unwrap();
+    engine.commit(Change::Put(limited), &sets).unwrap();
+    let mut worker = engine.worker(0).unwrap();
+    let mut ssh = |worker: &mut EngineWorker<'_>| {
+        let mut p = [PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Input,
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            protocol: 6,
+            sport: 40000,
+            dport: 22,
+            len: 60,
+            ..PacketMeta::default()
+        }];
+        let mut v = [Verdict::Accept];
+        worker.process_batch(&mut p, &mut v, 0);
+        v[0]
+    };
+    assert_eq!(ssh(&mut worker), Verdict::Accept, "the burst of one");
+    assert_eq!(ssh(&mut worker), Verdict::Drop, "the bucket is spent");
+    // Another ruleset, all of its 200 rules new on every commit: ~10 commits fill the cells.
+    let mut id = 0;
+    for step in 0..40 {
+        let mut text = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+        for _ in 0..200 {
+            id += 1;
+            text.push_str(&format!(
+                "-A INPUT -p udp --dport 5000 -m comment --comment c{id} -j ACCEPT\n"
+            ));
+        }
+        text.push_str("COMMIT\n");
+        let churn = parse_ruleset("churn", &text, &ParseOptions::default()).unwrap();
+        engine.commit(Change::Put(churn), &sets).unwrap();
+        assert_eq!(
+            ssh(&mut worker),
+            Verdict::Drop,
+            "step {step}: the untouched ruleset's limit bucket was refilled"
+        );
+    }
+}
