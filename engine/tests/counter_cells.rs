@@ -22,7 +22,7 @@ use vallum_engine::Clock;
 use vallum_engine::compile::{Snapshot, Verdict};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig, EngineWorker};
-use vallum_engine::model::{EditOp, IpNet, Family, Hook, RuleEdit, Ruleset, TableKind};
+use vallum_engine::model::{EditOp, Family, Hook, IpNet, RuleEdit, Ruleset, TableKind};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{FrozenSet, IpSet};
@@ -253,8 +253,8 @@ fn parse(spec: &RsSpec) -> Ruleset {
             family,
             ..ParseOptions::default()
         };
-        let rs = parse_ruleset(&spec.name, &text, &opts)
-            .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        let rs =
+            parse_ruleset(&spec.name, &text, &opts).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
         match &mut out {
             None => out = Some(rs),
             Some(o) => o.tables.extend(rs.tables),
@@ -274,8 +274,7 @@ fn edits(old: &RsSpec, new: &RsSpec, parsed: &Ruleset) -> Option<Vec<RuleEdit>> 
         if oc.len() != nc.len() || oc.iter().zip(nc).any(|(a, b)| a.name != b.name) {
             return None;
         }
-        if oc.iter().zip(nc).any(|(a, b)| a.policy != b.policy) || old.priority != new.priority
-        {
+        if oc.iter().zip(nc).any(|(a, b)| a.policy != b.policy) || old.priority != new.priority {
             return None;
         }
         let table = parsed.table(family, TableKind::Filter).unwrap();
@@ -425,7 +424,11 @@ fn engine_counters_equal_from_scratch_compiles_carried_by_identity() {
             }
             3..=6 if active.len() > 0 => {
                 // An edit of an active ruleset.
-                let n = active.keys().nth(g.rng.below(active.len())).unwrap().clone();
+                let n = active
+                    .keys()
+                    .nth(g.rng.below(active.len()))
+                    .unwrap()
+                    .clone();
                 let old = active[&n].clone();
                 let mut r = old.clone();
                 for _ in 0..1 + g.rng.below(3) {
