@@ -397,7 +397,6 @@ fn engine_counters_equal_from_scratch_compiles_carried_by_identity() {
                         }
                         _ => {
                             if let Some(r) = next.get_mut(n) {
-                                g.mutate(&mut r.clone());
                                 let mut m = r.clone();
                                 g.mutate(&mut m);
                                 *r = m;
@@ -422,7 +421,7 @@ fn engine_counters_equal_from_scratch_compiles_carried_by_identity() {
                 next.insert(n.into(), r.clone());
                 Change::Put(parse(&r))
             }
-            3..=6 if active.len() > 0 => {
+            3..=6 if !active.is_empty() => {
                 // An edit of an active ruleset.
                 let n = active
                     .keys()
@@ -549,7 +548,7 @@ fn limit_buckets_of_untouched_rulesets_survive_fresh_cells() {
     let limited = parse_ruleset("limited", text, &ParseOptions::default()).unwrap();
     engine.commit(Change::Put(limited), &sets).unwrap();
     let mut worker = engine.worker(0).unwrap();
-    let mut ssh = |worker: &mut EngineWorker<'_>| {
+    let ssh = |worker: &mut EngineWorker<'_>| {
         let mut p = [PacketMeta {
             family: Family::Ipv4,
             hook: Hook::Input,
