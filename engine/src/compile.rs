@@ -870,7 +870,8 @@ impl Snapshot {
     /// The result counts in `prev`'s counter cells while they have room for its new rules
     /// (`compile/counters.rs`): the rules it keeps go on counting where they counted, so
     /// publish it only in `prev`'s place (as [`crate::engine::Engine`] does); when the cells
-    /// are full it gets fresh ones and compiles every chain afresh.
+    /// are full it gets fresh ones and compiles every chain afresh (its `-m limit`
+    /// rules then take over the bucket state of the rules they continue, as at carry).
     ///
     /// Errors: as [`Snapshot::compile`].
     pub fn compile_after(
@@ -904,9 +905,9 @@ impl Snapshot {
     ) -> Result<Snapshot, CompileError> {
         // Counters are shared with `prev` (same cells) only where its cells fit: same cores,
         // and room for the new rules; otherwise fresh cells and counts carried by identity.
-        let prev =
+        let shared =
             prev.filter(|(p, _)| p.classifier == classifier && p.cells.cores() == cores.max(1));
-        if let Some((p, hints)) = prev {
+        if let Some((p, hints)) = shared {
             match Self::build_into(rulesets, sets, classifier, Some((p, hints)), &p.cells) {
                 Err(Stop::NoRoom) => {}
                 Err(Stop::Compile(e)) => return Err(e),
@@ -920,11 +921,18 @@ impl Snapshot {
             .map(|c| c.rules.len() + 1)
             .sum();
         let cells = Arc::new(CounterCells::with_room(cores, slots));
-        Self::build_into(rulesets, sets, classifier, None, &cells).map_err(|e| match e {
-            Stop::Compile(e) => e,
-            // Unreachable: the cells hold a slot for every rule and policy.
-            Stop::NoRoom => CompileError::TooManyRules(slots),
-        })
+        let snapshot =
+            Self::build_into(rulesets, sets, classifier, None, &cells).map_err(|e| match e {
+                Stop::Compile(e) => e,
+                // Unreachable: the cells hold a slot for every rule and policy.
+                Stop::NoRoom => CompileError::TooManyRules(slots),
+            })?;
+        // Compiled afresh, so no chain shares `prev`'s `-m limit` buckets: they go on from
+        // the state of the rules they continue (as a splice's copies do), not full again.
+        if let Some((p, _)) = prev {
+            snapshot.take_limits_from(p);
+        }
+        Ok(snapshot)
     }
 
     /// [`Snapshot::build`] with counters in `cells`; `prev` (whose cells they are, when
@@ -2257,6 +2265,46 @@ impl Snapshot {
         }
     }
 
+    /// Copies the state of `old`'s `-m limit` token buckets into the rules of this snapshot
+    /// with the same identity (as [`Snapshot::carry_from`] matches them).
+    fn take_limits_from(&self, old: &Snapshot) {
+        let is_limit = |m: &CMatch| matches!(m, CMatch::Limit(_));
+        let old_chains = old.chain_map();
+        for c in self.chains.iter() {
+            if !c.body.rules.iter().any(|r| r.matches.iter().any(is_limit)) {
+                continue;
+            }
+            let key = (
+                &*self.names[c.ruleset as usize],
+                c.family,
+                c.table,
+                &*c.name,
+            );
+            let Some(&oc) = old_chains.get(&key) else {
+                continue;
+            };
+            let o = &old.chains[oc as usize];
+            match_by_content(&old.content_hashes(o), &self.content_hashes(c), |n, q| {
+                // Equal content: the same matches in the same order.
+                let pairs = c.body.rules[n]
+                    .matches
+                    .iter()
+                    .zip(o.body.rules[q].matches.iter());
+                for (new, old) in pairs {
+                    if let (CMatch::Limit(new), CMatch::Limit(old)) = (new, old) {
+                        new.tat
+                            .store(old.tat.load(Ordering::Relaxed), Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    }
+
+    /// [`content_hash`] of each rule of chain `c`: the rules' identity within the chain.
+    fn content_hashes(&self, c: &CChain) -> Vec<u64> {
+        self.model_rules(c).iter().map(content_hash).collect()
+    }
+
     /// Takes over the counters of `old` for every rule and policy whose identity is unchanged:
     /// same ruleset, family, table and chain, and for a rule the same content (canonical form)
     /// and ordinal among equal rules of the chain. Call it only once no core can still write
@@ -2287,10 +2335,7 @@ impl Snapshot {
             let o = &old.chains[oc as usize];
             self.carry_slot(old, o.policy_slot, c.policy_slot);
             carried += 1;
-            let hashes = |s: &Snapshot, c: &CChain| -> Vec<u64> {
-                s.model_rules(c).iter().map(content_hash).collect()
-            };
-            match_by_content(&hashes(old, o), &hashes(self, c), |n, q| {
+            match_by_content(&old.content_hashes(o), &self.content_hashes(c), |n, q| {
                 self.carry_slot(old, o.body.rules[q].slot, c.body.rules[n].slot);
                 carried += 1;
             });
