@@ -586,3 +586,94 @@ fn limit_buckets_of_untouched_rulesets_survive_fresh_cells() {
         );
     }
 }
+
+/// Two worker threads classify while a third commits: a rule and a policy that every commit
+/// keeps count every packet that reached them exactly once, through commits that share the
+/// counter cells and commits that get fresh ones (carried after the quiesce).
+#[test]
+fn kept_rules_count_every_packet_under_concurrent_commits() {
+    let sets = sets();
+    let cores = 2;
+    let engine = Engine::new(
+        EngineConfig {
+            cores,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(ZeroClock),
+    );
+    let keep = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n";
+    let keep = parse_ruleset("keep", keep, &ParseOptions::default()).unwrap();
+    engine.commit(Change::Put(keep.clone()), &sets).unwrap();
+    let per_thread = 2_000_000u64;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let commits = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..cores)
+            .map(|core| {
+                let engine = &engine;
+                s.spawn(move || {
+                    let mut w = engine.worker(core).unwrap();
+                    let mut rng = Rng(core as u64 + 1);
+                    let mut sent = 0;
+                    while sent < per_thread {
+                        let mut batch: Vec<PacketMeta> = (0..32)
+                            .map(|_| PacketMeta {
+                                family: Family::Ipv4,
+                                hook: Hook::Input,
+                                src: "10.0.0.1".parse().unwrap(),
+                                dst: "10.0.0.2".parse().unwrap(),
+                                protocol: 6,
+                                sport: 40000,
+                                dport: if rng.below(2) == 0 { 22 } else { 23 },
+                                len: 100,
+                                ..PacketMeta::default()
+                            })
+                            .collect();
+                        let mut v = vec![Verdict::Drop; batch.len()];
+                        w.process_batch(&mut batch, &mut v, 0);
+                        sent += batch.len() as u64;
+                    }
+                })
+            })
+            .collect();
+        let committer = s.spawn(|| {
+            let mut id = 0;
+            let mut n = 0;
+            let mut rng = Rng(99);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut text = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+                for _ in 0..1 + rng.below(300) {
+                    id += 1;
+                    text.push_str(&format!(
+                        "-A INPUT -p udp --dport 5000 -m comment --comment c{id} -j ACCEPT\n"
+                    ));
+                }
+                text.push_str("COMMIT\n");
+                let churn = parse_ruleset("churn", &text, &ParseOptions::default()).unwrap();
+                engine.commit(Change::Put(churn), &sets).unwrap();
+                if n % 7 == 3 {
+                    // The kept ruleset again, as a new model (equal rules): diffed, kept.
+                    engine.commit(Change::Put(keep.clone()), &sets).unwrap();
+                }
+                n += 1;
+            }
+            n
+        });
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        committer.join().unwrap()
+    });
+    let counters = engine.counters();
+    let of = |rule: Option<u32>| {
+        counters
+            .iter()
+            .find(|c| &*c.ruleset == "keep" && &*c.chain == "INPUT" && c.rule == rule)
+            .map(|c| c.packets)
+            .unwrap()
+    };
+    let total = per_thread * cores as u64;
+    assert!(commits > 20, "only {commits} commits");
+    assert_eq!(of(Some(1)) + of(None), total, "{commits} commits");
+}
