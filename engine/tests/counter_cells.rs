@@ -677,3 +677,60 @@ fn kept_rules_count_every_packet_under_concurrent_commits() {
     assert!(commits > 20, "only {commits} commits");
     assert_eq!(of(Some(1)) + of(None), total, "{commits} commits");
 }
+
+/// Which of two equal rules a counter goes on with must not depend on how full the counter
+/// cells are: the same published commits on two engines, one of which also had a big commit
+/// prepared and dropped (vallumd drops a prepared commit when its store write fails), give
+/// the same counters.
+///
+/// Fails: the dropped prepare used up the active cell set's free slots (they are never
+/// handed out again), so the other engine's next commit gets fresh cells and carries by
+/// content and ordinal (the count of the one old `--dport 22` rule goes to the new first
+/// one), where the engine with room continues by position around the changed run (to the
+/// new last one). Before shared cells, an incremental commit always carried by position.
+#[test]
+#[ignore = "counter identity of equal rules depends on the cells' free slots (see doc)"]
+fn equal_rules_keep_their_counts_whatever_the_cells_free_slots() {
+    let sets = sets();
+    let engine = || {
+        Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            Arc::new(ZeroClock),
+        )
+    };
+    let rs = |ports: &[u16]| {
+        let mut text = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+        for p in ports {
+            text.push_str(&format!("-A INPUT -p tcp --dport {p} -j ACCEPT\n"));
+        }
+        text.push_str("COMMIT\n");
+        parse_ruleset("t", &text, &ParseOptions::default()).unwrap()
+    };
+    let (roomy, dropped) = (engine(), engine());
+    for e in [&roomy, &dropped] {
+        e.commit(Change::Put(rs(&[23, 22])), &sets).unwrap();
+        let mut w = e.worker(0).unwrap();
+        let mut p = [PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Input,
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            protocol: 6,
+            sport: 40000,
+            dport: 22,
+            len: 60,
+            ..PacketMeta::default()
+        }];
+        w.process_batch(&mut p, &mut [Verdict::Drop], 0);
+    }
+    let big: Vec<u16> = (1000..3500).collect();
+    drop(dropped.prepare(Change::Put(rs(&big)), &sets).unwrap());
+    for e in [&roomy, &dropped] {
+        e.commit(Change::Put(rs(&[22, 23, 22])), &sets).unwrap();
+    }
+    assert_eq!(roomy.counters(), dropped.counters());
+}
