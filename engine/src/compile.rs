@@ -58,6 +58,7 @@
 //! snapshot built from the active one shares its cells (`compile/counters.rs`): a commit
 //! allocates no counters, and [`Snapshot::carry_from`] has nothing to copy.
 
+use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
@@ -258,27 +259,27 @@ impl From<CompileError> for Stop {
 }
 
 /// Counter slots for the `new` rules of a chain whose `old` rules counted in `old_slot(i)`:
-/// a new rule takes the slot of the old rule with its content identity ([`match_by_content`]),
-/// adding one to `continued`, else a slot from `fresh`.
+/// a new rule that has the content identity of an old one ([`match_by_content`]) continues
+/// it (`keep` of its slot; one more `continued`), the others take a slot from `fresh`.
 fn take_slots<'a>(
     old: impl Iterator<Item = &'a Rule>,
     new: impl Iterator<Item = &'a Rule>,
     old_slot: impl Fn(usize) -> u32,
-    fresh: &impl Fn() -> Result<u32, Stop>,
+    (fresh, keep): (
+        &impl Fn() -> Result<u32, Stop>,
+        &impl Fn(u32) -> Result<u32, Stop>,
+    ),
     continued: &mut usize,
 ) -> Result<Vec<u32>, Stop> {
     let old: Vec<u64> = old.map(content_hash).collect();
     let new: Vec<u64> = new.map(content_hash).collect();
-    // No slot is u32::MAX: cells hold fewer than u32::MAX slots.
-    let mut slots = vec![u32::MAX; new.len()];
-    match_by_content(&old, &new, |n, o| {
-        slots[n] = old_slot(o);
-        *continued += 1;
-    });
-    for s in slots.iter_mut().filter(|s| **s == u32::MAX) {
-        *s = fresh()?;
-    }
-    Ok(slots)
+    let mut continues = vec![None; new.len()];
+    match_by_content(&old, &new, |n, o| continues[n] = Some(old_slot(o)));
+    *continued += continues.iter().flatten().count();
+    continues
+        .into_iter()
+        .map(|o| o.map_or_else(fresh, keep))
+        .collect()
 }
 
 // === compiled form ===
@@ -617,6 +618,12 @@ pub struct Snapshot {
     /// Slots (rules and policies) this snapshot took over from the one it was built from,
     /// with their counts: what [`Snapshot::carry_from`] reports for that snapshot.
     continued: usize,
+    /// The slots this snapshot's build took from `cells`, `from..to`, given back when a
+    /// commit that prepared it is dropped ([`Snapshot::release_slots`]).
+    slots_taken: (u32, u32),
+    /// When built from a snapshot into fresh cells: (old slot, new slot) of every rule and
+    /// policy that continues one of it, for [`Snapshot::carry_from`] to copy.
+    moved: Box<[(u32, u32)]>,
     /// What was taken over from the previous snapshot, when built by
     /// [`Snapshot::compile_after`] into its cells.
     origin: Option<Origin>,
@@ -831,6 +838,8 @@ impl Snapshot {
             n_rules: 0,
             cells: Arc::new(CounterCells::new(cores, 0)),
             continued: 0,
+            slots_taken: (0, 0),
+            moved: Box::default(),
             origin: None,
         }
     }
@@ -904,11 +913,11 @@ impl Snapshot {
         prev: Option<(&Snapshot, &[DiffHint])>,
     ) -> Result<Snapshot, CompileError> {
         // Counters are shared with `prev` (same cells) only where its cells fit: same cores,
-        // and room for the new rules; otherwise fresh cells and counts carried by identity.
-        let shared =
-            prev.filter(|(p, _)| p.classifier == classifier && p.cells.cores() == cores.max(1));
-        if let Some((p, hints)) = shared {
-            match Self::build_into(rulesets, sets, classifier, Some((p, hints)), &p.cells) {
+        // and room for the new rules; otherwise fresh cells, into which the carry copies the
+        // counts of the rules that continue.
+        let prev = prev.filter(|(p, _)| p.classifier == classifier);
+        if let Some((p, hints)) = prev.filter(|(p, _)| p.cells.cores() == cores.max(1)) {
+            match Self::build_into(rulesets, sets, classifier, Some((p, hints)), &p.cells, None) {
                 Err(Stop::NoRoom) => {}
                 Err(Stop::Compile(e)) => return Err(e),
                 Ok(s) => return Ok(s),
@@ -921,8 +930,9 @@ impl Snapshot {
             .map(|c| c.rules.len() + 1)
             .sum();
         let cells = Arc::new(CounterCells::with_room(cores, slots));
-        let snapshot =
-            Self::build_into(rulesets, sets, classifier, None, &cells).map_err(|e| match e {
+        let moved = RefCell::new(Vec::new());
+        let snapshot = Self::build_into(rulesets, sets, classifier, prev, &cells, Some(&moved))
+            .map_err(|e| match e {
                 Stop::Compile(e) => e,
                 // Unreachable: the cells hold a slot for every rule and policy.
                 Stop::NoRoom => CompileError::TooManyRules(slots),
@@ -935,14 +945,46 @@ impl Snapshot {
         Ok(snapshot)
     }
 
-    /// [`Snapshot::build`] with counters in `cells`; `prev` (whose cells they are, when
-    /// given) lends its compiled chains and the slots of the rules it keeps.
+    /// [`Snapshot::build`] with counters in `cells`. Without `moved`, `cells` are `prev`'s:
+    /// `prev` lends its compiled chains and the slots of the rules it keeps. With `moved`,
+    /// `cells` are fresh: every chain is compiled, and each rule or policy that continues
+    /// one of `prev` takes a new slot, noted in `moved` as (old slot, new slot). On error
+    /// the slots taken go back to `cells`.
     fn build_into(
         rulesets: &[Arc<Ruleset>],
         sets: &dyn SetRegistry,
         classifier: Classifier,
         prev: Option<(&Snapshot, &[DiffHint])>,
         cells: &Arc<CounterCells>,
+        moved: Option<&RefCell<Vec<(u32, u32)>>>,
+    ) -> Result<Snapshot, Stop> {
+        let _one = cells.build();
+        let from = cells.cursor();
+        let built = Self::build_body(rulesets, sets, classifier, prev, cells, moved);
+        match built {
+            Ok(mut s) => {
+                s.slots_taken = (from, cells.cursor());
+                s.moved = moved
+                    .map(|m| m.take().into_boxed_slice())
+                    .unwrap_or_default();
+                Ok(s)
+            }
+            Err(e) => {
+                // No other build took slots meanwhile (`_one`), and no core saw these.
+                let _ = cells.release_locked((from, cells.cursor()));
+                Err(e)
+            }
+        }
+    }
+
+    /// The body of [`Snapshot::build_into`], which holds the cells' build lock.
+    fn build_body(
+        rulesets: &[Arc<Ruleset>],
+        sets: &dyn SetRegistry,
+        classifier: Classifier,
+        prev: Option<(&Snapshot, &[DiffHint])>,
+        cells: &Arc<CounterCells>,
+        moved: Option<&RefCell<Vec<(u32, u32)>>>,
     ) -> Result<Snapshot, Stop> {
         let (prev, hints) = prev.map_or((None, &[][..]), |(p, h)| (Some(p), h));
         let mut order: Vec<usize> = (0..rulesets.len()).collect();
@@ -966,6 +1008,17 @@ impl Snapshot {
         });
         let old_chains = prev.map_or_else(HashMap::default, Snapshot::chain_map);
         let fresh = || cells.alloc().ok_or(Stop::NoRoom);
+        // The slot a rule or policy that continues one of `prev` (in `old`) counts in.
+        let keep = |old: u32| -> Result<u32, Stop> {
+            match moved {
+                None => Ok(old),
+                Some(m) => {
+                    let new = fresh()?;
+                    m.borrow_mut().push((old, new));
+                    Ok(new)
+                }
+            }
+        };
 
         let mut chains: Vec<CChain> = Vec::new();
         let mut origins: Vec<Option<ChainOrigin>> = Vec::new();
@@ -1045,31 +1098,34 @@ impl Snapshot {
                             };
                             let (p, om, nm) = (diff.0 as usize, diff.1 as usize, diff.2 as usize);
                             let spliced = !ob.has_sets
+                                && moved.is_none()
                                 && (om != 0 || nm != 0)
                                 && splice_pays(diff.1, diff.2, chain.rules.len());
                             let origin = ChainOrigin { old: oc, spliced };
                             // The unchanged rules before and after the change keep their slots;
                             // the changed run takes those of equal old rules, else new ones.
                             continued += chain.rules.len() - nm;
-                            let body = if om == 0 && nm == 0 && !ob.has_sets {
+                            let body = if om == 0 && nm == 0 && !ob.has_sets && moved.is_none() {
                                 ob.clone()
                             } else {
                                 let mid = take_slots(
                                     old_rules.range(p..p + om),
                                     chain.rules.range(p..p + nm),
                                     |q| ob.rules[p + q].slot,
-                                    &fresh,
+                                    (&fresh, &keep),
                                     &mut continued,
                                 )?;
                                 if spliced {
                                     Arc::new(ob.splice(&chain.rules, diff, &mid, &cx)?)
                                 } else {
                                     let mut slots = Vec::with_capacity(chain.rules.len());
-                                    slots.extend(ob.rules.range(0..p).map(|r| r.slot));
+                                    for r in ob.rules.range(0..p) {
+                                        slots.push(keep(r.slot)?);
+                                    }
                                     slots.extend_from_slice(&mid);
-                                    slots.extend(
-                                        ob.rules.range(p + om..ob.rules.len()).map(|r| r.slot),
-                                    );
+                                    for r in ob.rules.range(p + om..ob.rules.len()) {
+                                        slots.push(keep(r.slot)?);
+                                    }
                                     Arc::new(ChainBody::compile(&chain.rules, &slots, &cx)?)
                                 }
                             };
@@ -1083,7 +1139,7 @@ impl Snapshot {
                                     p.model_rules(o).iter(),
                                     chain.rules.iter(),
                                     |q| o.body.rules[q].slot,
-                                    &fresh,
+                                    (&fresh, &keep),
                                     &mut continued,
                                 )?,
                                 _ => (0..chain.rules.len())
@@ -1099,7 +1155,7 @@ impl Snapshot {
                     let policy_slot = match named {
                         Some((_, o)) => {
                             continued += 1;
-                            o.policy_slot
+                            keep(o.policy_slot)?
                         }
                         None => fresh()?,
                     };
@@ -1153,6 +1209,9 @@ impl Snapshot {
             n_rules,
             cells: cells.clone(),
             continued,
+            // Set by `build_into`.
+            slots_taken: (0, 0),
+            moved: Box::default(),
             origin: prev.map(|p| Origin {
                 prev: p.id,
                 chains: origins.into_boxed_slice(),
@@ -2305,6 +2364,13 @@ impl Snapshot {
         self.model_rules(c).iter().map(content_hash).collect()
     }
 
+    /// Gives the counter slots this snapshot's build took back to its cells, if none were
+    /// handed out after them. Only for a snapshot that was never published (no core counted
+    /// in it): [`crate::engine::Engine`] calls it when a prepared commit is dropped.
+    pub(crate) fn release_slots(&self) -> bool {
+        self.cells.release(self.slots_taken)
+    }
+
     /// Takes over the counters of `old` for every rule and policy whose identity is unchanged:
     /// same ruleset, family, table and chain, and for a rule the same content (canonical form)
     /// and ordinal among equal rules of the chain. Call it only once no core can still write
@@ -2318,6 +2384,13 @@ impl Snapshot {
     /// so there is nothing to copy. Otherwise the counts are added by identity.
     pub fn carry_from(&self, old: &Snapshot) -> usize {
         if self.origin.as_ref().is_some_and(|o| o.prev == old.id) {
+            // Into fresh cells: along the map the build made (empty for shared cells).
+            for &(from, to) in self.moved.iter() {
+                let (p, b) = old.slot_total(from as usize);
+                if p != 0 || b != 0 {
+                    self.cells.add_base(to as usize, (p, b));
+                }
+            }
             return self.continued;
         }
         let old_chains = old.chain_map();

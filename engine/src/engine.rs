@@ -179,12 +179,14 @@ pub struct Committed {
 }
 
 /// A validated and compiled commit, not yet visible to the packet path: made by
-/// [`Engine::prepare`], published by [`Engine::publish`] (or dropped: nothing happens).
+/// [`Engine::prepare`], published by [`Engine::publish`] (or dropped: nothing happens, and
+/// the counter slots its snapshot took go back when no later build took slots after them).
 pub struct Prepared {
     /// [`Active::version`] it was made from; publishing checks it is still current.
     base: u64,
     next: BTreeMap<String, Arc<Ruleset>>,
-    snapshot: Box<Snapshot>,
+    /// `None` once [`Engine::publish`] took it.
+    snapshot: Option<Box<Snapshot>>,
     warnings: Vec<Violation>,
     validate_ns: u64,
     compile_ns: u64,
@@ -195,8 +197,17 @@ impl std::fmt::Debug for Prepared {
         f.debug_struct("Prepared")
             .field("base", &self.base)
             .field("rulesets", &self.next.keys().collect::<Vec<_>>())
-            .field("rules", &self.snapshot.rule_count())
+            .field("rules", &self.snapshot.as_ref().map(|s| s.rule_count()))
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        // Never published (no core counted in it): its new counter slots are free again.
+        if let Some(s) = &self.snapshot {
+            s.release_slots();
+        }
     }
 }
 
@@ -405,7 +416,7 @@ impl Engine {
         Ok(Prepared {
             base,
             next,
-            snapshot: Box::new(snapshot),
+            snapshot: Some(Box::new(snapshot)),
             warnings: violations,
             validate_ns: t1.saturating_sub(t0),
             compile_ns: t2.saturating_sub(t1),
@@ -417,20 +428,22 @@ impl Engine {
     ///
     /// Errors: [`CommitError::Stale`] when another commit was published since `prepared` was
     /// made (prepare again); the engine is then unchanged.
-    pub fn publish(&self, prepared: Prepared) -> Result<Committed, CommitError> {
+    pub fn publish(&self, mut prepared: Prepared) -> Result<Committed, CommitError> {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
         if active.version != prepared.base {
             return Err(CommitError::Stale);
         }
-        let rules = prepared.snapshot.rule_count();
-        let (retired, q): (Retired<Snapshot>, QuiesceReport) =
-            self.dataplane.commit(prepared.snapshot);
+        let Some(snapshot) = prepared.snapshot.take() else {
+            unreachable!("a Prepared holds its snapshot until published")
+        };
+        let rules = snapshot.rule_count();
+        let (retired, q): (Retired<Snapshot>, QuiesceReport) = self.dataplane.commit(snapshot);
         let t4 = self.clock.now_ns();
         // `with_active` serialises with other dataplane commits; ours are already serialised
         // by `active`, so this is the snapshot just published.
         let carried = self.dataplane.with_active(|new| new.carry_from(&retired));
         let t5 = self.clock.now_ns();
-        active.rulesets = prepared.next;
+        active.rulesets = std::mem::take(&mut prepared.next);
         active.version += 1;
         Ok(Committed {
             report: CommitReport {
@@ -443,7 +456,7 @@ impl Engine {
                 rules,
                 carried,
             },
-            warnings: prepared.warnings,
+            warnings: std::mem::take(&mut prepared.warnings),
             retired,
         })
     }

@@ -679,17 +679,15 @@ fn kept_rules_count_every_packet_under_concurrent_commits() {
 }
 
 /// Which of two equal rules a counter goes on with must not depend on how full the counter
-/// cells are: the same published commits on two engines, one of which also had a big commit
-/// prepared and dropped (vallumd drops a prepared commit when its store write fails), give
-/// the same counters.
-///
-/// Fails: the dropped prepare used up the active cell set's free slots (they are never
-/// handed out again), so the other engine's next commit gets fresh cells and carries by
-/// content and ordinal (the count of the one old `--dport 22` rule goes to the new first
-/// one), where the engine with room continues by position around the changed run (to the
-/// new last one). Before shared cells, an incremental commit always carried by position.
+/// cells are: the same published commits on three engines give the same counters, where one
+/// also had a big commit prepared and dropped (vallumd drops a prepared commit when its store
+/// write fails: its slots go back), and one had two prepared and dropped in the order that
+/// cannot give the first one's slots back (the cells stay full and the next commit gets
+/// fresh ones, which must continue the same rules: by position around the changed run, the
+/// count of the one old `--dport 22` rule on the new last one, not on the first equal one).
+/// (Before the fix, a dropped prepare's slots never came back and a commit into fresh cells
+/// carried by content and ordinal.)
 #[test]
-#[ignore = "counter identity of equal rules depends on the cells' free slots (see doc)"]
 fn equal_rules_keep_their_counts_whatever_the_cells_free_slots() {
     let sets = sets();
     let engine = || {
@@ -710,8 +708,8 @@ fn equal_rules_keep_their_counts_whatever_the_cells_free_slots() {
         text.push_str("COMMIT\n");
         parse_ruleset("t", &text, &ParseOptions::default()).unwrap()
     };
-    let (roomy, dropped) = (engine(), engine());
-    for e in [&roomy, &dropped] {
+    let (roomy, dropped, full) = (engine(), engine(), engine());
+    for e in [&roomy, &dropped, &full] {
         e.commit(Change::Put(rs(&[23, 22])), &sets).unwrap();
         let mut w = e.worker(0).unwrap();
         let mut p = [PacketMeta {
@@ -729,8 +727,31 @@ fn equal_rules_keep_their_counts_whatever_the_cells_free_slots() {
     }
     let big: Vec<u16> = (1000..3500).collect();
     drop(dropped.prepare(Change::Put(rs(&big)), &sets).unwrap());
-    for e in [&roomy, &dropped] {
-        e.commit(Change::Put(rs(&[22, 23, 22])), &sets).unwrap();
+    // 1,000 of the active cells' 1,024 spare slots (2 rules, 3 policies), then one more
+    // after them: only the second build's slots can go back.
+    let most: Vec<u16> = (1000..2000).collect();
+    let first = full.prepare(Change::Put(rs(&most)), &sets).unwrap();
+    let second = full.prepare(Change::Put(rs(&[7, 23, 22])), &sets).unwrap();
+    drop(first);
+    drop(second);
+    // 31 new rules (the first `--dport 22` and 30 others) before the kept `23, 22`: more
+    // than the 24 slots `full` has left.
+    let last: Vec<u16> = [22].into_iter().chain(5000..5030).chain([23, 22]).collect();
+    for e in [&roomy, &dropped, &full] {
+        e.commit(Change::Put(rs(&last)), &sets).unwrap();
     }
-    assert_eq!(roomy.counters(), dropped.counters());
+    let counted = roomy.counters();
+    assert_eq!(
+        counted
+            .iter()
+            .filter(|c| &*c.chain == "INPUT")
+            .map(|c| (c.rule, c.packets))
+            .collect::<Vec<_>>(),
+        (1..=33)
+            .map(|n| (Some(n), u64::from(n == 33)))
+            .chain([(None, 0)])
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(counted, dropped.counters());
+    assert_eq!(counted, full.counters());
 }

@@ -13,12 +13,17 @@
 //! iptables-restore adds back from user space).
 //!
 //! Slots are handed out by bumping [`CounterCells::alloc`]'s cursor and never reused within a
-//! cell set: a removed rule's slot is dropped with the snapshots that still show it, so a
-//! slot never holds counts of two rules and no slot has to be zeroed while a core may still
-//! write it. When the cursor reaches the capacity, the next snapshot is built with a fresh,
-//! dense cell set (with room to grow) and its counts are carried by rule identity, as before
-//! this sharing ([`super::Snapshot::carry_from`]).
+//! cell set once a snapshot that counts in them was published: a removed rule's slot is
+//! dropped with the snapshots that still show it, so a slot never holds counts of two rules
+//! and no slot has to be zeroed while a core may still write it. The slots of a build that
+//! is never published (a compile error, a prepared commit dropped or found stale) go back
+//! when nothing was handed out after them ([`CounterCells::release`]). When the cursor
+//! reaches the capacity, the next snapshot is built with a fresh, dense cell set (with room
+//! to grow): its rules take new slots in the same correspondence to the old rules (by
+//! position around a chain's changed run, by content in it), and the commit's carry copies
+//! the counts along that map ([`super::Snapshot::carry_from`]).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// One cache line of counters: four (packets, bytes) pairs.
@@ -70,6 +75,9 @@ pub(super) struct CounterCells {
     /// does that); the cells themselves are published to the cores with the snapshot that
     /// uses them (the dataplane's Release store of the snapshot pointer).
     cursor: AtomicU32,
+    /// Held by a build for as long as it hands out slots, so that the slots of one build are
+    /// one contiguous range ([`CounterCells::release`] gives back exactly that range).
+    builder: Mutex<()>,
 }
 
 impl std::fmt::Debug for CounterCells {
@@ -93,6 +101,7 @@ impl CounterCells {
             base: (0..capacity * 2).map(|_| AtomicU64::new(0)).collect(),
             capacity: capacity as u32,
             cursor: AtomicU32::new(0),
+            builder: Mutex::new(()),
         }
     }
 
@@ -113,12 +122,40 @@ impl CounterCells {
         &self.cores[core.min(self.cores.len() - 1)]
     }
 
+    /// Starts a build that takes slots: while the guard lives no other build does, and
+    /// [`CounterCells::cursor`] tells where its range begins.
+    pub(super) fn build(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.builder.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next slot [`CounterCells::alloc`] hands out (past the capacity once full).
+    pub(super) fn cursor(&self) -> u32 {
+        self.cursor.load(Ordering::Relaxed)
+    }
+
     /// A new, never used slot, or `None` when all `capacity` slots are handed out.
     pub(super) fn alloc(&self) -> Option<u32> {
         // Relaxed: see `cursor`. A failed bump leaves the cursor past the capacity, which
-        // only makes later calls fail too.
+        // only makes later calls fail too (and `release` can take it back).
         let slot = self.cursor.fetch_add(1, Ordering::Relaxed);
         (slot < self.capacity).then_some(slot)
+    }
+
+    /// Gives back the slots `from..to` one build took, when no slot was handed out after
+    /// them; returns whether it did. Only for slots no core ever counted in: those of a
+    /// snapshot that was never published.
+    pub(super) fn release(&self, range: (u32, u32)) -> bool {
+        let _one = self.build();
+        self.release_locked(range)
+    }
+
+    /// [`CounterCells::release`] for a caller that holds [`CounterCells::build`]'s guard.
+    pub(super) fn release_locked(&self, (from, to): (u32, u32)) -> bool {
+        from < to
+            && self
+                .cursor
+                .compare_exchange(to, from, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Packets and bytes of `slot`: base plus the sum over cores.
@@ -153,6 +190,12 @@ mod tests {
         );
         assert_eq!(c.alloc(), None);
         assert_eq!(c.alloc(), None, "a failed bump must not wrap around");
+        // A build that took 1..5 (two slots past the capacity): given back, 1 is next.
+        assert!(c.release((1, 5)));
+        assert_eq!(c.alloc(), Some(1));
+        // Not when something was handed out after the range.
+        assert!(!c.release((0, 1)));
+        assert_eq!(c.alloc(), Some(2));
     }
 
     #[test]
@@ -205,6 +248,31 @@ mod tests {
             a.classify(core, &mut p, 0, &mut logs),
             b.classify(core, &mut q, 0, &mut logs)
         );
+    }
+
+    /// A build that is never published gives its new slots back, unless a later build took
+    /// slots after them.
+    #[test]
+    fn unpublished_builds_give_their_slots_back() {
+        let a = Snapshot::compile(&[ruleset(&[1, 2, 3])], &NoSets, 1).unwrap();
+        let at = a.cells.cursor();
+        // 9 and 4 are new.
+        let b = Snapshot::compile_after(&a, &[ruleset(&[1, 2, 9, 4])], &NoSets, 1).unwrap();
+        assert!(Arc::ptr_eq(&a.cells, &b.cells));
+        assert_eq!(b.cells.cursor(), at + 2);
+        let c = Snapshot::compile_after(&a, &[ruleset(&[5, 2, 3])], &NoSets, 1).unwrap();
+        assert_eq!(c.cells.cursor(), at + 3);
+        assert!(!b.release_slots(), "c took slots after b's");
+        assert!(c.release_slots());
+        assert_eq!(a.cells.cursor(), at + 2);
+        assert!(b.release_slots());
+        assert_eq!(a.cells.cursor(), at);
+        // A build that runs out of room gives back what it took before it did, and the
+        // snapshot gets fresh cells.
+        let many: Vec<u16> = (100..1200).collect();
+        let d = Snapshot::compile_after(&a, &[ruleset(&many)], &NoSets, 1).unwrap();
+        assert!(!Arc::ptr_eq(&a.cells, &d.cells));
+        assert_eq!(a.cells.cursor(), at);
     }
 
     /// Snapshots built from their predecessor count in its cells (no copy at carry) until the
