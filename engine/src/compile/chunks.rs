@@ -98,16 +98,19 @@ impl<T> Chunks<T> {
     }
 
     /// Items `range`, in order.
-    pub(super) fn range(
-        &self,
-        range: std::ops::Range<usize>,
-    ) -> impl Iterator<Item = &T> + Clone {
+    pub(super) fn range(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = &T> + Clone {
         let first = (range.start >> SHIFT).min(self.chunks.len());
         self.chunks[first..]
             .iter()
             .flat_map(|c| c.iter())
             .skip(range.start & (CHUNK - 1))
             .take(range.len())
+    }
+
+    /// Chunk `c` (tests check which chunks two arrays share).
+    #[cfg(test)]
+    pub(super) fn chunk(&self, c: usize) -> &Arc<[T]> {
+        &self.chunks[c]
     }
 
     /// The first position in `start..len` whose item satisfies `f`, a chunk slice at a time
