@@ -789,6 +789,7 @@ impl ChainBody {
         hashes.extend_from_slice(&self.hashes[p + om..]);
         let index = match &self.index {
             Some(idx) if cx.wants_index(compiled.len()) => Some(idx.update(
+                &self.rules,
                 &compiled,
                 cx.width,
                 (prefix, old_mid, new_mid),

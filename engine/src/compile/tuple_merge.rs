@@ -100,6 +100,10 @@ use super::rfc::{Found, Rfc};
 use super::{AddrMatch, CMatch, CRule, Observer, RuleChunks, Snapshot, addr_bits};
 use crate::packet::PacketMeta;
 
+/// The most removed rules [`ChainIndex::update`] looks up in the tables by their keys
+/// ([`ChainIndex::gone_entries`]); beyond that it scans every table's entries for them.
+const GONE_LOOKUP_MAX: u32 = 64;
+
 /// The most rules one hash key of a table may hold before a rule looks for another table
 /// (TupleMerge's default is `c = 10`; collisions are cheaper here, see the module docs).
 pub(super) const COLLIDE_LIMIT: u32 = 32;
@@ -479,7 +483,7 @@ struct Table {
 }
 
 /// A rule in a bucket: its position in the chain and the high half of its key hash.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Entry {
     pos: u32,
     tag: u32,
@@ -678,7 +682,9 @@ impl Table {
     /// This table with positions mapped by `remap` (`None`: the rule is gone) and the entries
     /// `ins` (position, key hash; ascending positions) added; `None` when it ends up empty.
     /// Keeps the bucket array unless the table outgrew it (more entries than buckets) or
-    /// shrank below an eighth, then rebuilds it from the rules' keys.
+    /// shrank below an eighth, then rebuilds it from the rules' keys. `gone`: the indices
+    /// (ascending) of the entries `remap` drops, where known ([`ChainIndex::gone_entries`];
+    /// otherwise they are found by a scan of the entries).
     ///
     /// With it comes its probe copy where it is had for less than a build from the entries
     /// (`None` otherwise; `probe` is this table's, `filters` the new index's): `probe` itself
@@ -693,16 +699,25 @@ impl Table {
         remap: &impl Fn(u32) -> Option<u32>,
         shifts_from: Option<u32>,
         mut ins: Vec<(u32, u64)>,
+        gone: Option<&[u32]>,
         rules: &RuleChunks,
         filters: &Chunks<HeaderFilter>,
         width: u32,
     ) -> Option<(Table, Option<Probes>)> {
         let buckets = self.starts.len() - 1;
-        let kept = self
-            .entries
-            .iter()
-            .filter(|e| remap(e.pos).is_some())
-            .count();
+        let scan = || {
+            self.entries
+                .iter()
+                .filter(|e| remap(e.pos).is_some())
+                .count()
+        };
+        let kept = match gone {
+            Some(gone) => {
+                debug_assert_eq!(self.entries.len() - gone.len(), scan());
+                self.entries.len() - gone.len()
+            }
+            None => scan(),
+        };
         if ins.is_empty() && kept == self.entries.len() {
             if shifts_from.is_none_or(|f| self.max < f) {
                 // Not a position changes: the same table.
@@ -757,7 +772,7 @@ impl Table {
         }
         ins.sort_unstable_by_key(|&(pos, h)| (h & self.bucket_mask, pos));
         if shifts_from.is_none_or(|f| self.max < f) {
-            let (t, probe) = self.patched(probe, remap, ins, filters);
+            let (t, probe) = self.patched(probe, remap, ins, gone, filters);
             return Some((t, Some(probe)));
         }
         let mut starts = Vec::with_capacity(buckets + 1);
@@ -807,7 +822,7 @@ impl Table {
     }
 
     /// [`Table::updated`] when no position moves (`remap` is the identity but for the
-    /// removed rules) and the bucket array stays: the runs of buckets that neither lose nor
+    /// removed rules, whose entries are `gone`, when known) and the bucket array stays: the runs of buckets that neither lose nor
     /// gain an entry are copied whole (their starts shifted by what the buckets before them
     /// gained or lost) and only the touched buckets are merged. `ins` is sorted by (bucket,
     /// position). Gives exactly the arrays of the bucket-by-bucket merge.
@@ -821,18 +836,26 @@ impl Table {
         probe: &[ProbeEntry],
         remap: &impl Fn(u32) -> Option<u32>,
         ins: Vec<(u32, u64)>,
+        gone: Option<&[u32]>,
         filters: &Chunks<HeaderFilter>,
     ) -> (Table, Probes) {
         let buckets = self.starts.len() - 1;
         let bucket = |h: u64| (h & self.bucket_mask) as usize;
         // Buckets that lose or gain an entry, ascending, no repeats.
         let mut touched: Vec<usize> = ins.iter().map(|&(_, h)| bucket(h)).collect();
-        let mut removed = 0;
-        for (i, e) in self.entries.iter().enumerate() {
-            if remap(e.pos).is_none() {
-                removed += 1;
-                touched.push(self.starts.partition_point(|&s| s as usize <= i) - 1);
+        let scanned: Vec<u32>;
+        let gone = match gone {
+            Some(gone) => gone,
+            None => {
+                scanned = (0..self.entries.len() as u32)
+                    .filter(|&i| remap(self.entries[i as usize].pos).is_none())
+                    .collect();
+                &scanned
             }
+        };
+        let removed = gone.len();
+        for &i in gone {
+            touched.push(self.starts.partition_point(|&s| s <= i) - 1);
         }
         touched.sort_unstable();
         touched.dedup();
@@ -990,14 +1013,16 @@ impl ChainIndex {
         .with_rfc(probes, width, rfc_rules)
     }
 
-    /// The index of `rules`, which equal the rules this index was built for except that the
-    /// `removed` rules at position `at` were replaced by the `added` rules now at `at`
+    /// The index of `rules`, which equal the rules this index was built for (`old_rules`)
+    /// except that the `removed` rules at position `at` were replaced by the `added` rules
+    /// now at `at`
     /// (TupleMerge's online update, without touching `self`). Costs a copy of the entries
     /// (no hashing) plus one placement per added rule; a table whose entries outgrow its
     /// buckets is rehashed. RFC tables (`rfc_rules` as for [`ChainIndex::build`]) are
     /// built afresh: they have no online update.
     pub(super) fn update(
         &self,
+        old_rules: &RuleChunks,
         rules: &RuleChunks,
         width: u32,
         (at, removed, added): (u32, u32, u32),
@@ -1097,13 +1122,27 @@ impl ChainIndex {
         // tables wholly before the change otherwise. A table whose positions stay but which
         // lost or gained rules gets its probe copy patched from the old one.
         let shifts_from = (removed != added).then_some(at);
+        let gone = (removed <= GONE_LOOKUP_MAX)
+            .then(|| self.gone_entries(old_rules, width, at..end))
+            .flatten();
         let mut tables: Vec<(Table, Option<Probes>)> = self
             .tables
             .iter()
             .zip(self.probes.iter())
             .zip(inserts)
-            .filter_map(|((t, probe), ins)| {
-                t.updated(probe, &remap, shifts_from, ins, rules, &filters, width)
+            .enumerate()
+            .filter_map(|(ti, ((t, probe), ins))| {
+                let gone = gone.as_ref().map(|g| g[ti].as_slice());
+                t.updated(
+                    probe,
+                    &remap,
+                    shifts_from,
+                    ins,
+                    gone,
+                    rules,
+                    &filters,
+                    width,
+                )
             })
             .chain(fresh.into_iter().map(|b| (b.finish(), None)))
             .collect();
@@ -1119,6 +1158,48 @@ impl ChainIndex {
             bytes: 0,
         }
         .with_rfc(probes, width, rfc_rules)
+    }
+
+    /// For each table, the indices (ascending) of its entries for the rules at `positions`
+    /// of `old_rules` (the rules this index was built for), found through the rules' keys
+    /// (one bucket per fitting table) rather than by a scan of every table's entries; `None`
+    /// when one is not where its key says (not expected; the caller then scans).
+    fn gone_entries(
+        &self,
+        old_rules: &RuleChunks,
+        width: u32,
+        positions: std::ops::Range<u32>,
+    ) -> Option<Vec<Vec<u32>>> {
+        if old_rules.len() != self.filters.len() {
+            return None;
+        }
+        let mut gone = vec![Vec::new(); self.tables.len()];
+        for pos in positions {
+            let r = &old_rules[pos as usize];
+            if has_side_effects(r) {
+                continue;
+            }
+            let key = rule_key(r, width);
+            if key.tuple.is_empty() {
+                continue;
+            }
+            let (ti, i) = self
+                .tables
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.tuple.fits(key.tuple))
+                .find_map(|(ti, t)| {
+                    let b = (t.masks.hash(key.src, key.dst, key.l4) & t.bucket_mask) as usize;
+                    (t.starts[b]..t.starts[b + 1])
+                        .find(|&i| t.entries[i as usize].pos == pos)
+                        .map(|i| (ti, i))
+                })?;
+            gone[ti].push(i);
+        }
+        for g in &mut gone {
+            g.sort_unstable();
+        }
+        Some(gone)
     }
 
     /// Bytes held by the index (structs and arrays, not the rules it points at).
@@ -1749,7 +1830,8 @@ mod tests {
             let next = compiled(&lines);
             let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
             let rules = &next.chains[0].body.rules;
-            let updated = old_idx.update(rules, 32, (at as u32, removed, added), (0, 0));
+            let old_rules = &snap.chains[0].body.rules;
+            let updated = old_idx.update(old_rules, rules, 32, (at as u32, removed, added), (0, 0));
             let built = next.chains[0].body.index.as_ref().expect("indexed");
             assert_eq!(
                 answers(&next, &updated),
@@ -1833,8 +1915,23 @@ mod tests {
                 })
                 .collect();
             let probe = t.probes(&filters);
-            let merged = t.updated(&probe, &remap, Some(0), ins.clone(), &rules, &filters, 32);
-            let patched = t.updated(&probe, &remap, None, ins, &rules, &filters, 32);
+            // The removed entries' indices, as `ChainIndex::gone_entries` finds them.
+            let gone_at: Vec<u32> = (0..t.entries.len() as u32)
+                .filter(|&i| gone.contains(&t.entries[i as usize].pos))
+                .collect();
+            let update = |shifts_from, gone: Option<&[u32]>| {
+                let ins = ins.clone();
+                t.updated(&probe, &remap, shifts_from, ins, gone, &rules, &filters, 32)
+            };
+            let merged = update(Some(0), None);
+            // Patched with the removed entries found by a scan, then as looked up.
+            let scanned = update(None, None);
+            let patched = update(None, Some(&gone_at));
+            assert_eq!(
+                scanned.as_ref().map(|(t, p)| (&t.entries, &t.starts, p)),
+                patched.as_ref().map(|(t, p)| (&t.entries, &t.starts, p)),
+                "round {round}"
+            );
             match (merged, patched) {
                 (Some((m, _)), Some((p, p_probe))) => {
                     // The probe copy is patched (or shared), never left to be rebuilt, and
@@ -1866,7 +1963,8 @@ mod tests {
         let next = compiled(&lines);
         let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
         let rules = &next.chains[0].body.rules;
-        let updated = old_idx.update(rules, 32, (at as u32, 1, 1), (0, 0));
+        let old_rules = &snap.chains[0].body.rules;
+        let updated = old_idx.update(old_rules, rules, 32, (at as u32, 1, 1), (0, 0));
         let built = next.chains[0].body.index.as_ref().expect("indexed");
         assert_eq!(answers(&next, &updated), answers(&next, built));
         let shared = |t: &Table, p: &Probes| {
@@ -1897,16 +1995,22 @@ mod tests {
     fn a_replace_shares_filter_chunks_and_patches_probe_copies() {
         use super::super::chunks::CHUNK;
         let mut lines = rule_lines(2 * CHUNK + 500, 11);
-        let snap = compiled(&lines);
-        let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
-        let mut old_idx_owned = None;
+        let mut snap = compiled(&lines);
+        let mut old_updated: Option<ChainIndex> = None;
         // Two replaces in a row (the second on an updated index), in the middle chunk.
         for (step, at) in [CHUNK + 100, CHUNK + 101].into_iter().enumerate() {
-            let old_idx = old_idx_owned.as_ref().unwrap_or(old_idx);
+            let old_rules = &snap.chains[0].body.rules;
+            let old_idx = match &old_updated {
+                Some(idx) => idx,
+                None => snap.chains[0].body.index.as_ref().expect("indexed"),
+            };
             lines[at] = rule_lines(1, 1000 + at as u64).remove(0);
             let next = compiled(&lines);
             let rules = &next.chains[0].body.rules;
-            let updated = old_idx.update(rules, 32, (at as u32, 1, 1), (0, 0));
+            let updated = old_idx.update(old_rules, rules, 32, (at as u32, 1, 1), (0, 0));
+            // The replaced rule's entry is found through its key, not by a scan.
+            let gone = old_idx.gone_entries(old_rules, 32, at as u32..at as u32 + 1);
+            assert_eq!(gone.map(|g| g.concat().len()), Some(1), "step {step}");
             let built = next.chains[0].body.index.as_ref().expect("indexed");
             assert_eq!(
                 answers(&next, &updated),
@@ -1939,7 +2043,8 @@ mod tests {
                 "step {step}: {changed} of {} probe copies not shared",
                 updated.tables.len()
             );
-            old_idx_owned = Some(updated);
+            old_updated = Some(updated);
+            snap = next;
         }
     }
 }
