@@ -31,12 +31,15 @@
 //! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
 //! position and a 32-bit tag of its key hash. Every rule also has a [`HeaderFilter`], a
 //! 28-byte summary of its addresses, protocol and port ranges (one dense array per chain, in
-//! shared chunks of 1024, `compile/chunks.rs`):
-//! a packet-by-packet lookup checks the tag, then the filter of a candidate whose tag
-//! matches. The batched probe reads neither array but a copy of each bucket entry with the
-//! tag's low 16 bits and the filter inline ([`ProbeEntry`], 32 bytes), so a candidate is
-//! checked in the cache line the bucket prefetch brought in, with no dependent read of the
-//! filter array. Only when the filter passes and is not the whole rule (negations,
+//! shared chunks of 1024, `compile/chunks.rs`). Beside each table's entries is a copy of
+//! them with the tag's low 16 bits and the filter inline ([`ProbeEntry`], 32 bytes, same
+//! order). The batched probe reads only that copy, so a candidate is checked in the cache
+//! line the bucket prefetch brought in, with no dependent read of the filter array; a
+//! packet-by-packet lookup walks the 8-byte entries and checks the tag, then the probe
+//! entry of a candidate whose tag matches (whose address is known from the bucket bounds, so
+//! its load does not wait for the entry's position, and needs no chunk lookup; reading
+//! `filters[pos]` there measured 6-10% slower on acl1 1k and 10k once the filters were
+//! chunked). Unindexed rules are checked against `filters`. Only when the filter passes and is not the whole rule (negations,
 //! interfaces, other matches, IPv6) is the rule itself read. ClassBench rules are all
 //! "whole-rule" filters, so a lookup there reads no rule at all. (Port ranges are not hashed;
 //! the filter is where they are checked cheaply.) The `(position, tag)` entries are also the
@@ -492,8 +495,9 @@ struct Entry {
 /// What [`ChainIndex::probe_batch`] reads of a bucket entry: the rule's position, 16 bits of
 /// its key hash and its [`HeaderFilter`], in 32 bytes (two to a cache line, never straddling
 /// one), so checking a candidate reads no second array. `entries[i]` of a [`Table`] is
-/// `probes[t][i]` of its [`ChainIndex`]. (The packet-by-packet lookup keeps to `entries` and
-/// `filters`: on 1k-rule chains, which stay in L1/L2, the 32-byte entries were 3-10% slower.)
+/// `probes[t][i]` of its [`ChainIndex`]. (The packet-by-packet lookup walks `entries` and
+/// reads a probe entry only for a candidate whose tag matches: walking the 32-byte entries
+/// was 3-10% slower on 1k-rule chains, which stay in L1/L2.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C, align(32))]
 struct ProbeEntry {
@@ -1545,10 +1549,12 @@ impl Snapshot {
         let key = PacketKey::of(p);
         let v4 = p.src.is_ipv4();
         let mut best = u32::MAX;
-        // Packet by packet, the 8-byte entries and the filter array: the 32-byte probe
-        // entries (which spare `probe_batch` a dependent read) measured 3-10% slower here on
-        // the 1k ClassBench sets, whose tables then take more of L1.
-        for t in idx.tables.iter() {
+        // Packet by packet, the 8-byte entries are walked (walking the 32-byte probe entries
+        // measured 3-10% slower here on the 1k ClassBench sets, whose tables then take more
+        // of L1), and a candidate whose tag matches is checked against the filter in its
+        // probe entry (same index as the bucket entry): its address is known from the bucket
+        // bounds, not from the entry's position, and it needs no chunk lookup in `filters`.
+        for (t, probes) in idx.tables.iter().zip(idx.probes.iter()) {
             if t.min >= best {
                 break;
             }
@@ -1563,13 +1569,16 @@ impl Snapshot {
             let b = (h & t.bucket_mask) as usize;
             let tag = (h >> 32) as u32;
             let (lo, hi) = (t.starts[b] as usize, t.starts[b + 1] as usize);
-            for &Entry { pos, tag: t_tag } in &t.entries[lo..hi] {
+            let probes = &probes[lo..hi];
+            for (e, &Entry { pos, tag: t_tag }) in probes.iter().zip(&t.entries[lo..hi]) {
                 if pos >= best {
                     break;
                 }
                 if t_tag == tag
                     && pos >= start
-                    && Self::filter_hit(idx, rules, pos, &key, p, now, obs)
+                    && e.passes(&key, tag as u16)
+                    && (e.flags & FILTER_EXACT != 0
+                        || Self::rule_matches(&rules[pos as usize], p, now, obs))
                 {
                     best = pos;
                     break;
