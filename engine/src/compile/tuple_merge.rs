@@ -39,8 +39,9 @@
 //! entry of a candidate whose tag matches (whose address is known from the bucket bounds, so
 //! its load does not wait for the entry's position, and needs no chunk lookup; reading
 //! `filters[pos]` there measured 6-10% slower on acl1 1k and 10k once the filters were
-//! chunked). Unindexed rules are checked against `filters`. Only when the filter passes and is not the whole rule (negations,
-//! interfaces, other matches, IPv6) is the rule itself read. ClassBench rules are all
+//! chunked). Unindexed rules are checked against `filters`. Only when the filter passes and
+//! is not the whole rule (negations, interfaces, other matches, IPv6) is the rule itself
+//! read. ClassBench rules are all
 //! "whole-rule" filters, so a lookup there reads no rule at all. (Port ranges are not hashed;
 //! the filter is where they are checked cheaply.) The `(position, tag)` entries are also the
 //! form that updates copy and count.
@@ -55,9 +56,9 @@
 //! arrays and its probe copy (`Arc`), so the cores find them in cache after the commit.
 //! A table a replace does touch gets its probe copy patched from the old one (unchanged runs
 //! copied, only the new rules' entries made), and the filter array is shared but for the
-//! chunk holding the changed rules: a replace in a 100k-rule chain writes kilobytes of new
-//! index memory, not the 3.2 MB of a fresh filter array and the probe copies of the tables
-//! it touches made entry by entry. Unchanged chains share their whole index with the
+//! chunk holding the changed rules: a replace in a 100k-rule chain no longer writes a fresh
+//! 2.8 MB filter array nor makes the touched tables' probe entries one by one (those one or
+//! two tables are still rewritten whole). Unchanged chains share their whole index with the
 //! previous snapshot.
 //!
 //! ## Batched probes
@@ -517,10 +518,11 @@ struct ProbeEntry {
 }
 
 /// A table's probe copy ([`ChainIndex::probes`]). An `Arc<Vec<_>>` rather than an
-/// `Arc<[_]>`: an update assembles a patched copy in a `Vec` ([`Table::patched`]), and making
-/// an `Arc<[_]>` of it copies it once more (the array is not where the `Arc`'s counts are),
-/// about a seventh of a replace's compile in a 100k-rule chain (measured). The extra load
-/// (`Arc` -> `Vec` -> entries) is paid once per table and batch.
+/// `Arc<[_]>`: an update assembles a patched copy in a `Vec` ([`Table::patched`]), and an
+/// `Arc<[_]>` (counts and items in one allocation) cannot take over the `Vec`'s buffer but
+/// copies it once more, about a seventh of a replace's commit in a 100k-rule chain
+/// (measured). The extra load (`Arc` -> `Vec` -> entries) is paid once per table probed, not
+/// per entry; it did not show in the batched lookup at 100k (BENCHMARKS.md section 5).
 type Probes = Arc<Vec<ProbeEntry>>;
 
 /// [`ProbeEntry::flags`]: the filter pins the protocol (`proto_mask` 0xff; otherwise 0).
@@ -826,9 +828,10 @@ impl Table {
     }
 
     /// [`Table::updated`] when no position moves (`remap` is the identity but for the
-    /// removed rules, whose entries are `gone`, when known) and the bucket array stays: the runs of buckets that neither lose nor
-    /// gain an entry are copied whole (their starts shifted by what the buckets before them
-    /// gained or lost) and only the touched buckets are merged. `ins` is sorted by (bucket,
+    /// removed rules, whose entries are `gone`, when known) and the bucket array stays: the
+    /// runs of buckets that neither lose nor gain an entry are copied whole (their starts
+    /// shifted by what the buckets before them gained or lost) and only the touched buckets
+    /// are merged. `ins` is sorted by (bucket,
     /// position). Gives exactly the arrays of the bucket-by-bucket merge.
     ///
     /// The probe copy is patched alongside from `probe` (this table's): a kept entry's rule
