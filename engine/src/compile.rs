@@ -808,6 +808,7 @@ impl ChainBody {
         let compiled = self.rules.splice(p, om, new);
         let index = match &self.index {
             Some(idx) if cx.wants_index(compiled.len()) => Some(idx.update(
+                &self.rules,
                 &compiled,
                 cx.width,
                 (prefix, old_mid, new_mid),

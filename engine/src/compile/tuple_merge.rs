@@ -30,13 +30,18 @@
 //!
 //! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
 //! position and a 32-bit tag of its key hash. Every rule also has a [`HeaderFilter`], a
-//! 28-byte summary of its addresses, protocol and port ranges (one dense array per chain):
-//! a packet-by-packet lookup checks the tag, then the filter of a candidate whose tag
-//! matches. The batched probe reads neither array but a copy of each bucket entry with the
-//! tag's low 16 bits and the filter inline ([`ProbeEntry`], 32 bytes), so a candidate is
-//! checked in the cache line the bucket prefetch brought in, with no dependent read of the
-//! filter array. Only when the filter passes and is not the whole rule (negations,
-//! interfaces, other matches, IPv6) is the rule itself read. ClassBench rules are all
+//! 28-byte summary of its addresses, protocol and port ranges (one dense array per chain, in
+//! shared chunks of 1024, `compile/chunks.rs`). Beside each table's entries is a copy of
+//! them with the tag's low 16 bits and the filter inline ([`ProbeEntry`], 32 bytes, same
+//! order). The batched probe reads only that copy, so a candidate is checked in the cache
+//! line the bucket prefetch brought in, with no dependent read of the filter array; a
+//! packet-by-packet lookup walks the 8-byte entries and checks the tag, then the probe
+//! entry of a candidate whose tag matches (whose address is known from the bucket bounds, so
+//! its load does not wait for the entry's position, and needs no chunk lookup; reading
+//! `filters[pos]` there measured 6-10% slower on acl1 1k and 10k once the filters were
+//! chunked). Unindexed rules are checked against `filters`. Only when the filter passes and
+//! is not the whole rule (negations, interfaces, other matches, IPv6) is the rule itself
+//! read. ClassBench rules are all
 //! "whole-rule" filters, so a lookup there reads no rule at all. (Port ranges are not hashed;
 //! the filter is where they are checked cheaply.) The `(position, tag)` entries are also the
 //! form that updates copy and count.
@@ -49,7 +54,12 @@
 //! no rule left or joined and whose positions did not move (every table a replace does not
 //! touch; the tables before an insert or delete) is not copied: the new index shares its
 //! arrays and its probe copy (`Arc`), so the cores find them in cache after the commit.
-//! Unchanged chains share their whole index with the previous snapshot.
+//! A table a replace does touch gets its probe copy patched from the old one (unchanged runs
+//! copied, only the new rules' entries made), and the filter array is shared but for the
+//! chunk holding the changed rules: a replace in a 100k-rule chain no longer writes a fresh
+//! 2.8 MB filter array nor makes the touched tables' probe entries one by one (those one or
+//! two tables are still rewritten whole). Unchanged chains share their whole index with the
+//! previous snapshot.
 //!
 //! ## Batched probes
 //! [`Snapshot::classify_batch`] looks up a batch of packets a table at a time rather than a
@@ -89,9 +99,14 @@ use std::sync::Arc;
 
 #[cfg(doc)]
 use super::Classifier;
+use super::chunks::Chunks;
 use super::rfc::{Found, Rfc};
 use super::{AddrMatch, CMatch, CRule, Observer, RuleChunks, Snapshot, addr_bits};
 use crate::packet::PacketMeta;
+
+/// The most removed rules [`ChainIndex::update`] looks up in the tables by their keys
+/// ([`ChainIndex::gone_entries`]); beyond that it scans every table's entries for them.
+const GONE_LOOKUP_MAX: u32 = 64;
 
 /// The most rules one hash key of a table may hold before a rule looks for another table
 /// (TupleMerge's default is `c = 10`; collisions are cheaper here, see the module docs).
@@ -344,7 +359,7 @@ impl PacketKey {
 /// else (plain IPv4 addresses or masks, plain protocol, at most one `-m tcp`/`-m udp` with
 /// plain port ranges and no flags or options), it is the whole rule ([`FILTER_EXACT`]) and the
 /// rule is not read at all.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct HeaderFilter {
     pub(super) src: u32,
     pub(super) src_mask: u32,
@@ -472,7 +487,7 @@ struct Table {
 }
 
 /// A rule in a bucket: its position in the chain and the high half of its key hash.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Entry {
     pos: u32,
     tag: u32,
@@ -481,9 +496,10 @@ struct Entry {
 /// What [`ChainIndex::probe_batch`] reads of a bucket entry: the rule's position, 16 bits of
 /// its key hash and its [`HeaderFilter`], in 32 bytes (two to a cache line, never straddling
 /// one), so checking a candidate reads no second array. `entries[i]` of a [`Table`] is
-/// `probes[t][i]` of its [`ChainIndex`]. (The packet-by-packet lookup keeps to `entries` and
-/// `filters`: on 1k-rule chains, which stay in L1/L2, the 32-byte entries were 3-10% slower.)
-#[derive(Debug, Clone, Copy, Default)]
+/// `probes[t][i]` of its [`ChainIndex`]. (The packet-by-packet lookup walks `entries` and
+/// reads a probe entry only for a candidate whose tag matches: walking the 32-byte entries
+/// was 3-10% slower on 1k-rule chains, which stay in L1/L2.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C, align(32))]
 struct ProbeEntry {
     src: u32,
@@ -501,10 +517,33 @@ struct ProbeEntry {
     flags: u8,
 }
 
+/// A table's probe copy ([`ChainIndex::probes`]). An `Arc<Vec<_>>` rather than an
+/// `Arc<[_]>`: an update assembles a patched copy in a `Vec` ([`Table::patched`]), and an
+/// `Arc<[_]>` (counts and items in one allocation) cannot take over the `Vec`'s buffer but
+/// copies it once more, about a seventh of a replace's commit in a 100k-rule chain
+/// (measured). The extra load (`Arc` -> `Vec` -> entries) is paid once per table probed, not
+/// per entry; it did not show in the batched lookup at 100k (BENCHMARKS.md section 5).
+type Probes = Arc<Vec<ProbeEntry>>;
+
 /// [`ProbeEntry::flags`]: the filter pins the protocol (`proto_mask` 0xff; otherwise 0).
 const PROBE_PROTO: u8 = 0x80;
 
 impl ProbeEntry {
+    /// The entry after a table's last (`pos` is `u32::MAX`, so a bucket walk stops there):
+    /// [`ChainIndex::probe_batch`] reads `probes[hi]` unguarded.
+    const SENTINEL: ProbeEntry = ProbeEntry {
+        src: 0,
+        src_mask: 0,
+        dst: 0,
+        dst_mask: 0,
+        sport: (0, 0),
+        dport: (0, 0),
+        pos: u32::MAX,
+        tag: 0,
+        proto: 0,
+        flags: 0,
+    };
+
     fn of(e: Entry, f: &HeaderFilter) -> ProbeEntry {
         ProbeEntry {
             src: f.src,
@@ -543,16 +582,20 @@ pub(super) struct ChainIndex {
     /// In ascending order of `min`.
     tables: Box<[Table]>,
     /// The lookup's copy of each table's entries (same order as `tables`, each its `entries`
-    /// plus a sentinel whose `pos` is `u32::MAX`), with the filters inline. `entries` are what an update copies and
-    /// counts; these are rebuilt from them and `filters` after every build or update.
-    /// Shared with the previous index, as the table's arrays, where the table is unchanged.
-    probes: Box<[Arc<[ProbeEntry]>]>,
+    /// plus a sentinel whose `pos` is `u32::MAX`), with the filters inline. `entries` are
+    /// what an update copies and counts; these follow them ([`Table::updated`]): shared with
+    /// the previous index, as the table's arrays, where the table is unchanged, copied with
+    /// positions moved or patched where that is all that changed, else built from `entries`
+    /// and `filters`.
+    probes: Box<[Probes]>,
     /// Side-effect-free rules with nothing to index, ascending.
     fallback: Box<[u32]>,
     /// Rules whose matches have side effects (`-m limit`), ascending.
     effects: Box<[u32]>,
-    /// One [`HeaderFilter`] per rule of the chain, by position.
-    filters: Box<[HeaderFilter]>,
+    /// One [`HeaderFilter`] per rule of the chain, by position, in chunks shared with the
+    /// previous index where an update left them as they were (a replace copies only the
+    /// chunk of the changed filters, not 28 bytes times the chain's length).
+    filters: Chunks<HeaderFilter>,
     /// The RFC tables over `filters` (`compile/rfc.rs`), for small IPv4 chains; queries
     /// use them first and the tables above only when they cannot decide.
     rfc: Option<Rfc>,
@@ -620,6 +663,18 @@ impl TableBuilder {
 }
 
 impl Table {
+    /// The probe copy of this table's entries, built from them and `filters` (the index's),
+    /// with the sentinel.
+    fn probes(&self, filters: &Chunks<HeaderFilter>) -> Probes {
+        Arc::new(
+            self.entries
+                .iter()
+                .map(|&e| ProbeEntry::of(e, &filters[e.pos as usize]))
+                .chain([ProbeEntry::SENTINEL])
+                .collect(),
+        )
+    }
+
     /// Rules in this table (those still present after `remap`) whose key hashes to `h`.
     fn load(&self, h: u64, remap: &impl Fn(u32) -> Option<u32>) -> u32 {
         let b = (h & self.bucket_mask) as usize;
@@ -633,27 +688,46 @@ impl Table {
     /// This table with positions mapped by `remap` (`None`: the rule is gone) and the entries
     /// `ins` (position, key hash; ascending positions) added; `None` when it ends up empty.
     /// Keeps the bucket array unless the table outgrew it (more entries than buckets) or
-    /// shrank below an eighth, then rebuilds it from the rules' keys. The flag is `true` when
-    /// the table is this one, its arrays shared: nothing left or joined and `remap` moved
-    /// none of its positions (`shifts_from`: the first position `remap` moves, if any).
+    /// shrank below an eighth, then rebuilds it from the rules' keys. `gone`: the indices
+    /// (ascending) of the entries `remap` drops, where known ([`ChainIndex::gone_entries`];
+    /// otherwise they are found by a scan of the entries).
+    ///
+    /// With it comes its probe copy where it is had for less than a build from the entries
+    /// (`None` otherwise; `probe` is this table's, `filters` the new index's): `probe` itself
+    /// when the table is this one, its arrays shared (nothing left or joined and `remap` moved
+    /// none of its positions; `shifts_from`: the first position `remap` moves, if any);
+    /// `probe` with positions remapped when nothing left or joined; `probe` patched
+    /// ([`Table::patched`]) when rules left or joined but no position moved.
+    #[allow(clippy::too_many_arguments)] // the update's state, passed as it is
     fn updated(
         &self,
+        probe: &Probes,
         remap: &impl Fn(u32) -> Option<u32>,
         shifts_from: Option<u32>,
         mut ins: Vec<(u32, u64)>,
+        gone: Option<&[u32]>,
         rules: &RuleChunks,
+        filters: &Chunks<HeaderFilter>,
         width: u32,
-    ) -> Option<(Table, bool)> {
+    ) -> Option<(Table, Option<Probes>)> {
         let buckets = self.starts.len() - 1;
-        let kept = self
-            .entries
-            .iter()
-            .filter(|e| remap(e.pos).is_some())
-            .count();
+        let scan = || {
+            self.entries
+                .iter()
+                .filter(|e| remap(e.pos).is_some())
+                .count()
+        };
+        let kept = match gone {
+            Some(gone) => {
+                debug_assert_eq!(self.entries.len() - gone.len(), scan());
+                self.entries.len() - gone.len()
+            }
+            None => scan(),
+        };
         if ins.is_empty() && kept == self.entries.len() {
             if shifts_from.is_none_or(|f| self.max < f) {
                 // Not a position changes: the same table.
-                return Some((self.clone(), true));
+                return Some((self.clone(), Some(probe.clone())));
             }
             // Nothing leaves or joins (most tables of a small change): `remap` is monotonic,
             // so every bucket stays in order and the bucket array is kept as it is.
@@ -662,6 +736,17 @@ impl Table {
                 .iter()
                 .filter_map(|e| remap(e.pos).map(|pos| Entry { pos, tag: e.tag }))
                 .collect();
+            // The same filters, moved with their rules: only the positions change.
+            let moved: Probes = Arc::new(
+                probe[..self.entries.len()]
+                    .iter()
+                    .map(|p| ProbeEntry {
+                        pos: remap(p.pos).unwrap_or(p.pos),
+                        ..*p
+                    })
+                    .chain([ProbeEntry::SENTINEL])
+                    .collect(),
+            );
             return Some((
                 Table {
                     masks: self.masks,
@@ -672,7 +757,7 @@ impl Table {
                     starts: self.starts.clone(),
                     entries,
                 },
-                false,
+                Some(moved),
             ));
         }
         let n = kept + ins.len();
@@ -689,11 +774,12 @@ impl Table {
                 let k = rule_key(&rules[pos as usize], width);
                 b.insert(pos, b.masks.hash(k.src, k.dst, k.l4));
             }
-            return Some((b.finish(), false));
+            return Some((b.finish(), None));
         }
         ins.sort_unstable_by_key(|&(pos, h)| (h & self.bucket_mask, pos));
         if shifts_from.is_none_or(|f| self.max < f) {
-            return Some((self.patched(remap, ins), false));
+            let (t, probe) = self.patched(probe, remap, ins, gone, filters);
+            return Some((t, Some(probe)));
         }
         let mut starts = Vec::with_capacity(buckets + 1);
         let mut entries = Vec::with_capacity(n);
@@ -737,26 +823,46 @@ impl Table {
                 starts: starts.into(),
                 entries: entries.into(),
             },
-            false,
+            None,
         ))
     }
 
     /// [`Table::updated`] when no position moves (`remap` is the identity but for the
-    /// removed rules) and the bucket array stays: the runs of buckets that neither lose nor
-    /// gain an entry are copied whole (their starts shifted by what the buckets before them
-    /// gained or lost) and only the touched buckets are merged. `ins` is sorted by (bucket,
+    /// removed rules, whose entries are `gone`, when known) and the bucket array stays: the
+    /// runs of buckets that neither lose nor gain an entry are copied whole (their starts
+    /// shifted by what the buckets before them gained or lost) and only the touched buckets
+    /// are merged. `ins` is sorted by (bucket,
     /// position). Gives exactly the arrays of the bucket-by-bucket merge.
-    fn patched(&self, remap: &impl Fn(u32) -> Option<u32>, ins: Vec<(u32, u64)>) -> Table {
+    ///
+    /// The probe copy is patched alongside from `probe` (this table's): a kept entry's rule
+    /// and filter are where they were, so its probe entry is copied with it (whole runs for
+    /// the untouched buckets) and only the inserted entries' are made, from `filters` (the
+    /// new index's). Equals the probe copy built from the new entries.
+    fn patched(
+        &self,
+        probe: &[ProbeEntry],
+        remap: &impl Fn(u32) -> Option<u32>,
+        ins: Vec<(u32, u64)>,
+        gone: Option<&[u32]>,
+        filters: &Chunks<HeaderFilter>,
+    ) -> (Table, Probes) {
         let buckets = self.starts.len() - 1;
         let bucket = |h: u64| (h & self.bucket_mask) as usize;
         // Buckets that lose or gain an entry, ascending, no repeats.
         let mut touched: Vec<usize> = ins.iter().map(|&(_, h)| bucket(h)).collect();
-        let mut removed = 0;
-        for (i, e) in self.entries.iter().enumerate() {
-            if remap(e.pos).is_none() {
-                removed += 1;
-                touched.push(self.starts.partition_point(|&s| s as usize <= i) - 1);
+        let scanned: Vec<u32>;
+        let gone = match gone {
+            Some(gone) => gone,
+            None => {
+                scanned = (0..self.entries.len() as u32)
+                    .filter(|&i| remap(self.entries[i as usize].pos).is_none())
+                    .collect();
+                &scanned
             }
+        };
+        let removed = gone.len();
+        for &i in gone {
+            touched.push(self.starts.partition_point(|&s| s <= i) - 1);
         }
         touched.sort_unstable();
         touched.dedup();
@@ -765,10 +871,16 @@ impl Table {
             ins.iter().map(|e| e.0).max().unwrap_or(0),
         );
         let mut starts: Vec<u32> = Vec::with_capacity(buckets + 1);
-        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries.len() - removed + ins.len());
+        let n = self.entries.len() - removed + ins.len();
+        let mut entries: Vec<Entry> = Vec::with_capacity(n);
+        let mut probes: Vec<ProbeEntry> = Vec::with_capacity(n + 1);
         let mut ins = ins.into_iter().peekable();
         // Appends the unchanged buckets `from..to` (`to` may be `buckets`, the end mark).
-        let copy = |starts: &mut Vec<u32>, entries: &mut Vec<Entry>, from: usize, to: usize| {
+        let copy = |starts: &mut Vec<u32>,
+                    entries: &mut Vec<Entry>,
+                    probes: &mut Vec<ProbeEntry>,
+                    from: usize,
+                    to: usize| {
             let lo = self.starts[from] as usize;
             let hi = self.starts[to.min(buckets)] as usize;
             let shift = entries.len() as i64 - lo as i64;
@@ -779,35 +891,43 @@ impl Table {
                     .map(|&s| (i64::from(s) + shift) as u32),
             );
             entries.extend_from_slice(&self.entries[lo..hi]);
+            probes.extend_from_slice(&probe[lo..hi]);
         };
         let mut from = 0;
         for &b in &touched {
-            copy(&mut starts, &mut entries, from, b);
+            copy(&mut starts, &mut entries, &mut probes, from, b);
             starts.push(entries.len() as u32);
-            let mut old = self.entries[self.starts[b] as usize..self.starts[b + 1] as usize]
-                .iter()
-                .filter(|e| remap(e.pos).is_some())
-                .copied()
+            // The bucket's kept entries, by index into `self.entries` (and `probe`).
+            let mut old = (self.starts[b] as usize..self.starts[b + 1] as usize)
+                .filter(|&i| remap(self.entries[i].pos).is_some())
                 .peekable();
             // Merge two ascending runs: the bucket's kept entries and its insertions.
             loop {
-                let next_ins = ins
-                    .next_if(|&(pos, h)| bucket(h) == b && old.peek().is_none_or(|e| pos < e.pos));
-                let e = match next_ins {
-                    Some((pos, h)) => Entry {
-                        pos,
-                        tag: (h >> 32) as u32,
-                    },
+                let next_ins = ins.next_if(|&(pos, h)| {
+                    bucket(h) == b && old.peek().is_none_or(|&i| pos < self.entries[i].pos)
+                });
+                match next_ins {
+                    Some((pos, h)) => {
+                        let e = Entry {
+                            pos,
+                            tag: (h >> 32) as u32,
+                        };
+                        entries.push(e);
+                        probes.push(ProbeEntry::of(e, &filters[pos as usize]));
+                    }
                     None => match old.next() {
-                        Some(e) => e,
+                        Some(i) => {
+                            entries.push(self.entries[i]);
+                            probes.push(probe[i]);
+                        }
                         None => break,
                     },
-                };
-                entries.push(e);
+                }
             }
             from = b + 1;
         }
-        copy(&mut starts, &mut entries, from, buckets);
+        copy(&mut starts, &mut entries, &mut probes, from, buckets);
+        probes.push(ProbeEntry::SENTINEL);
         debug_assert_eq!(starts.len(), buckets + 1);
         let scan = || entries.iter().map(|e| e.pos);
         let min = if remap(self.min).is_some() {
@@ -820,7 +940,7 @@ impl Table {
         } else {
             scan().max().unwrap_or(0)
         };
-        Table {
+        let table = Table {
             masks: self.masks,
             tuple: self.tuple,
             min,
@@ -828,7 +948,8 @@ impl Table {
             bucket_mask: self.bucket_mask,
             starts: starts.into(),
             entries: entries.into(),
-        }
+        };
+        (table, Arc::new(probes))
     }
 }
 
@@ -899,14 +1020,16 @@ impl ChainIndex {
         .with_rfc(probes, width, rfc_rules)
     }
 
-    /// The index of `rules`, which equal the rules this index was built for except that the
-    /// `removed` rules at position `at` were replaced by the `added` rules now at `at`
+    /// The index of `rules`, which equal the rules this index was built for (`old_rules`)
+    /// except that the `removed` rules at position `at` were replaced by the `added` rules
+    /// now at `at`
     /// (TupleMerge's online update, without touching `self`). Costs a copy of the entries
     /// (no hashing) plus one placement per added rule; a table whose entries outgrow its
     /// buckets is rehashed. RFC tables (`rfc_rules` as for [`ChainIndex::build`]) are
     /// built afresh: they have no online update.
     pub(super) fn update(
         &self,
+        old_rules: &RuleChunks,
         rules: &RuleChunks,
         width: u32,
         (at, removed, added): (u32, u32, u32),
@@ -991,42 +1114,99 @@ impl ChainIndex {
         }
         fallback.sort_unstable();
         effects.sort_unstable();
+        // The new rules' filters replace the removed ones'; the chunks the change leaves in
+        // place are shared (all of them but the changed run's for a replace).
+        let filters = self.filters.splice(
+            at as usize,
+            removed as usize,
+            rules
+                .range(at as usize..(at + added) as usize)
+                .map(|r| HeaderFilter::of(r, width))
+                .collect(),
+        );
         // A table no rule left or joined keeps its arrays and its probe copy (`Arc`s) when
         // no position moved: always for a replace (as many rules added as removed), and for
-        // tables wholly before the change otherwise.
+        // tables wholly before the change otherwise. A table whose positions stay but which
+        // lost or gained rules gets its probe copy patched from the old one.
         let shifts_from = (removed != added).then_some(at);
-        let mut tables: Vec<(Table, Option<Arc<[ProbeEntry]>>)> = self
+        let gone = (removed <= GONE_LOOKUP_MAX)
+            .then(|| self.gone_entries(old_rules, width, at..end))
+            .flatten();
+        let mut tables: Vec<(Table, Option<Probes>)> = self
             .tables
             .iter()
             .zip(self.probes.iter())
             .zip(inserts)
-            .filter_map(|((t, probe), ins)| {
-                let (t, same) = t.updated(&remap, shifts_from, ins, rules, width)?;
-                Some((t, same.then(|| probe.clone())))
+            .enumerate()
+            .filter_map(|(ti, ((t, probe), ins))| {
+                let gone = gone.as_ref().map(|g| g[ti].as_slice());
+                t.updated(
+                    probe,
+                    &remap,
+                    shifts_from,
+                    ins,
+                    gone,
+                    rules,
+                    &filters,
+                    width,
+                )
             })
             .chain(fresh.into_iter().map(|b| (b.finish(), None)))
             .collect();
         tables.sort_by_key(|t| t.0.min);
         let (tables, probes): (Vec<Table>, Vec<_>) = tables.into_iter().unzip();
-        let (p, e) = (at as usize, end as usize);
-        let mut filters = Vec::with_capacity(rules.len());
-        filters.extend_from_slice(&self.filters[..p]);
-        filters.extend(
-            rules
-                .range(p..p + added as usize)
-                .map(|r| HeaderFilter::of(r, width)),
-        );
-        filters.extend_from_slice(&self.filters[e..]);
         ChainIndex {
             tables: tables.into_boxed_slice(),
             probes: Box::default(),
             fallback: fallback.into_boxed_slice(),
             effects: effects.into_boxed_slice(),
-            filters: filters.into_boxed_slice(),
+            filters,
             rfc: None,
             bytes: 0,
         }
         .with_rfc(probes, width, rfc_rules)
+    }
+
+    /// For each table, the indices (ascending) of its entries for the rules at `positions`
+    /// of `old_rules` (the rules this index was built for), found through the rules' keys
+    /// (one bucket per fitting table) rather than by a scan of every table's entries; `None`
+    /// when one is not where its key says (not expected; the caller then scans).
+    fn gone_entries(
+        &self,
+        old_rules: &RuleChunks,
+        width: u32,
+        positions: std::ops::Range<u32>,
+    ) -> Option<Vec<Vec<u32>>> {
+        if old_rules.len() != self.filters.len() {
+            return None;
+        }
+        let mut gone = vec![Vec::new(); self.tables.len()];
+        for pos in positions {
+            let r = &old_rules[pos as usize];
+            if has_side_effects(r) {
+                continue;
+            }
+            let key = rule_key(r, width);
+            if key.tuple.is_empty() {
+                continue;
+            }
+            let (ti, i) = self
+                .tables
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.tuple.fits(key.tuple))
+                .find_map(|(ti, t)| {
+                    let b = (t.masks.hash(key.src, key.dst, key.l4) & t.bucket_mask) as usize;
+                    (t.starts[b]..t.starts[b + 1])
+                        .find(|&i| t.entries[i as usize].pos == pos)
+                        .map(|i| (ti, i))
+                })?;
+            gone[ti].push(i);
+        }
+        for g in &mut gone {
+            g.sort_unstable();
+        }
+        Some(gone)
     }
 
     /// Bytes held by the index (structs and arrays, not the rules it points at).
@@ -1042,10 +1222,14 @@ impl ChainIndex {
             + self
                 .probes
                 .iter()
-                .map(|p| size_of::<Arc<[ProbeEntry]>>() + size_of_val::<[ProbeEntry]>(p))
+                .map(|p| {
+                    size_of::<Probes>()
+                        + size_of::<Vec<ProbeEntry>>()
+                        + size_of_val::<[ProbeEntry]>(p)
+                })
                 .sum::<usize>()
             + 4 * (self.fallback.len() + self.effects.len())
-            + size_of_val::<[HeaderFilter]>(&self.filters)
+            + size_of::<HeaderFilter>() * self.filters.len()
             + self.rfc.as_ref().map_or(0, Rfc::memory_bytes)
     }
 
@@ -1054,7 +1238,7 @@ impl ChainIndex {
     /// [`ChainIndex::bytes`].
     fn with_rfc(
         mut self,
-        probes: Vec<Option<Arc<[ProbeEntry]>>>,
+        probes: Vec<Option<Probes>>,
         width: u32,
         (min, max): (u32, u32),
     ) -> ChainIndex {
@@ -1062,22 +1246,13 @@ impl ChainIndex {
             .tables
             .iter()
             .zip(probes)
-            .map(|(t, known)| {
-                known.unwrap_or_else(|| {
-                    t.entries
-                        .iter()
-                        .map(|&e| ProbeEntry::of(e, &self.filters[e.pos as usize]))
-                        .chain([ProbeEntry {
-                            pos: u32::MAX,
-                            ..ProbeEntry::default()
-                        }])
-                        .collect()
-                })
-            })
+            .map(|(t, known)| known.unwrap_or_else(|| t.probes(&self.filters)))
             .collect();
         let n = self.filters.len();
         if width == 32 && n >= min as usize && n <= max as usize {
-            self.rfc = Rfc::build(&self.filters, &self.effects);
+            // RFC is for small chains: a flat copy of their filters costs little.
+            let filters: Vec<HeaderFilter> = self.filters.iter().copied().collect();
+            self.rfc = Rfc::build(&filters, &self.effects);
         }
         self.bytes = self.memory_bytes();
         self
@@ -1232,6 +1407,7 @@ impl ChainIndex {
         // so the compiler drops the bounds checks.
         const LANES: usize = PROBE_BATCH - 1;
         for (t, probes) in self.tables.iter().zip(self.probes.iter()) {
+            let probes: &[ProbeEntry] = probes;
             // 1. Retire the packets no table from here on can improve; hash the others' keys
             //    and prefetch their bucket bounds (one pass: a retired packet's slot is
             //    overwritten by the next packet's).
@@ -1376,10 +1552,12 @@ impl Snapshot {
         let key = PacketKey::of(p);
         let v4 = p.src.is_ipv4();
         let mut best = u32::MAX;
-        // Packet by packet, the 8-byte entries and the filter array: the 32-byte probe
-        // entries (which spare `probe_batch` a dependent read) measured 3-10% slower here on
-        // the 1k ClassBench sets, whose tables then take more of L1.
-        for t in idx.tables.iter() {
+        // Packet by packet, the 8-byte entries are walked (walking the 32-byte probe entries
+        // measured 3-10% slower here on the 1k ClassBench sets, whose tables then take more
+        // of L1), and a candidate whose tag matches is checked against the filter in its
+        // probe entry (same index as the bucket entry): its address is known from the bucket
+        // bounds, not from the entry's position, and it needs no chunk lookup in `filters`.
+        for (t, probes) in idx.tables.iter().zip(idx.probes.iter()) {
             if t.min >= best {
                 break;
             }
@@ -1394,13 +1572,16 @@ impl Snapshot {
             let b = (h & t.bucket_mask) as usize;
             let tag = (h >> 32) as u32;
             let (lo, hi) = (t.starts[b] as usize, t.starts[b + 1] as usize);
-            for &Entry { pos, tag: t_tag } in &t.entries[lo..hi] {
+            let probes = &probes[lo..hi];
+            for (e, &Entry { pos, tag: t_tag }) in probes.iter().zip(&t.entries[lo..hi]) {
                 if pos >= best {
                     break;
                 }
                 if t_tag == tag
                     && pos >= start
-                    && Self::filter_hit(idx, rules, pos, &key, p, now, obs)
+                    && e.passes(&key, tag as u16)
+                    && (e.flags & FILTER_EXACT != 0
+                        || Self::rule_matches(&rules[pos as usize], p, now, obs))
                 {
                     best = pos;
                     break;
@@ -1661,7 +1842,8 @@ mod tests {
             let next = compiled(&lines);
             let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
             let rules = &next.chains[0].body.rules;
-            let updated = old_idx.update(rules, 32, (at as u32, removed, added), (0, 0));
+            let old_rules = &snap.chains[0].body.rules;
+            let updated = old_idx.update(old_rules, rules, 32, (at as u32, removed, added), (0, 0));
             let built = next.chains[0].body.index.as_ref().expect("indexed");
             assert_eq!(
                 answers(&next, &updated),
@@ -1680,7 +1862,15 @@ mod tests {
                 .iter()
                 .zip(old_idx.tables.iter())
                 .any(|(n, o)| n.starts.len() > o.starts.len());
-            assert_eq!(updated.filters.len(), rules.len());
+            // The filters are a build's; every probe copy (shared, moved, patched or built)
+            // is the one its table's entries give.
+            assert!(
+                updated.filters.iter().eq(built.filters.iter()),
+                "round {round}"
+            );
+            for (t, probe) in updated.tables.iter().zip(updated.probes.iter()) {
+                assert_eq!(**probe, *t.probes(&updated.filters), "round {round}");
+            }
             snap = next;
         }
         assert!(grew, "no table was rehashed to more buckets");
@@ -1726,10 +1916,40 @@ mod tests {
             ins.sort_unstable();
             let remap = |p: u32| (!gone.contains(&p)).then_some(p);
             let rules = RuleChunks::default();
-            let merged = t.updated(&remap, Some(0), ins.clone(), &rules, 32);
-            let patched = t.updated(&remap, None, ins, &rules, 32);
+            // A filter per position, told apart by its source address.
+            let filters: Chunks<HeaderFilter> = (0..pos + 8)
+                .map(|p| HeaderFilter {
+                    src: p,
+                    src_mask: u32::MAX,
+                    sport: (0, p as u16),
+                    flags: (p % 4) as u8,
+                    ..HeaderFilter::default()
+                })
+                .collect();
+            let probe = t.probes(&filters);
+            // The removed entries' indices, as `ChainIndex::gone_entries` finds them.
+            let gone_at: Vec<u32> = (0..t.entries.len() as u32)
+                .filter(|&i| gone.contains(&t.entries[i as usize].pos))
+                .collect();
+            let update = |shifts_from, gone: Option<&[u32]>| {
+                let ins = ins.clone();
+                t.updated(&probe, &remap, shifts_from, ins, gone, &rules, &filters, 32)
+            };
+            let merged = update(Some(0), None);
+            // Patched with the removed entries found by a scan, then as looked up.
+            let scanned = update(None, None);
+            let patched = update(None, Some(&gone_at));
+            assert_eq!(
+                scanned.as_ref().map(|(t, p)| (&t.entries, &t.starts, p)),
+                patched.as_ref().map(|(t, p)| (&t.entries, &t.starts, p)),
+                "round {round}"
+            );
             match (merged, patched) {
-                (Some((m, _)), Some((p, _))) => {
+                (Some((m, _)), Some((p, p_probe))) => {
+                    // The probe copy is patched (or shared), never left to be rebuilt, and
+                    // equals the one built from the merged entries.
+                    let p_probe = p_probe.expect("a patched table comes with its probes");
+                    assert_eq!(*p_probe, *m.probes(&filters), "round {round}");
                     assert_eq!(m.starts, p.starts, "round {round}");
                     let key = |e: &Entry| (e.pos, e.tag);
                     assert_eq!(
@@ -1755,10 +1975,11 @@ mod tests {
         let next = compiled(&lines);
         let old_idx = snap.chains[0].body.index.as_ref().expect("indexed");
         let rules = &next.chains[0].body.rules;
-        let updated = old_idx.update(rules, 32, (at as u32, 1, 1), (0, 0));
+        let old_rules = &snap.chains[0].body.rules;
+        let updated = old_idx.update(old_rules, rules, 32, (at as u32, 1, 1), (0, 0));
         let built = next.chains[0].body.index.as_ref().expect("indexed");
         assert_eq!(answers(&next, &updated), answers(&next, built));
-        let shared = |t: &Table, p: &Arc<[ProbeEntry]>| {
+        let shared = |t: &Table, p: &Probes| {
             old_idx
                 .tables
                 .iter()
@@ -1777,5 +1998,65 @@ mod tests {
             "{n} of {} tables shared",
             updated.tables.len()
         );
+    }
+
+    /// A replace in a chain of several filter chunks shares every filter chunk but the
+    /// changed rule's, and every probe copy but those of the tables the old and the new rule
+    /// sit in, which are patched; filters and probe copies equal what a build gives.
+    #[test]
+    fn a_replace_shares_filter_chunks_and_patches_probe_copies() {
+        use super::super::chunks::CHUNK;
+        let mut lines = rule_lines(2 * CHUNK + 500, 11);
+        let mut snap = compiled(&lines);
+        let mut old_updated: Option<ChainIndex> = None;
+        // Two replaces in a row (the second on an updated index), in the middle chunk.
+        for (step, at) in [CHUNK + 100, CHUNK + 101].into_iter().enumerate() {
+            let old_rules = &snap.chains[0].body.rules;
+            let old_idx = match &old_updated {
+                Some(idx) => idx,
+                None => snap.chains[0].body.index.as_ref().expect("indexed"),
+            };
+            lines[at] = rule_lines(1, 1000 + at as u64).remove(0);
+            let next = compiled(&lines);
+            let rules = &next.chains[0].body.rules;
+            let updated = old_idx.update(old_rules, rules, 32, (at as u32, 1, 1), (0, 0));
+            // The replaced rule's entry is found through its key, not by a scan.
+            let gone = old_idx.gone_entries(old_rules, 32, at as u32..at as u32 + 1);
+            assert_eq!(gone.map(|g| g.concat().len()), Some(1), "step {step}");
+            let built = next.chains[0].body.index.as_ref().expect("indexed");
+            assert_eq!(
+                answers(&next, &updated),
+                answers(&next, built),
+                "step {step}"
+            );
+            assert!(
+                updated.filters.iter().eq(built.filters.iter()),
+                "step {step}"
+            );
+            for c in [0, 2] {
+                assert!(
+                    Arc::ptr_eq(updated.filters.chunk(c), old_idx.filters.chunk(c)),
+                    "step {step}: filter chunk {c} copied"
+                );
+            }
+            assert!(!Arc::ptr_eq(
+                updated.filters.chunk(1),
+                old_idx.filters.chunk(1)
+            ));
+            let mut changed = 0;
+            for (t, probe) in updated.tables.iter().zip(updated.probes.iter()) {
+                assert_eq!(**probe, *t.probes(&updated.filters), "step {step}");
+                let shared = old_idx.probes.iter().any(|old| Arc::ptr_eq(old, probe));
+                changed += usize::from(!shared);
+            }
+            assert!(updated.tables.len() > 3, "{} tables", updated.tables.len());
+            assert!(
+                (1..=2).contains(&changed),
+                "step {step}: {changed} of {} probe copies not shared",
+                updated.tables.len()
+            );
+            old_updated = Some(updated);
+            snap = next;
+        }
     }
 }
