@@ -3,7 +3,7 @@
 //! Each core has its own block of cache-line-aligned (packets, bytes) pairs, like xt_counters
 //! in per-cpu memory, and a `base` pair per slot holds values carried over from another cell
 //! set and the offsets of `iptables -Z`. A rule's slot is fixed when the rule is compiled
-//! (`CRule::slot`) and stays with the rule while it exists: a snapshot built from the active
+//! (`ChainBody::slots`) and stays with the rule while it exists: a snapshot built from the active
 //! one ([`super::Snapshot::compile_after`]) shares the active one's [`CounterCells`], its
 //! unchanged rules keep their slots and so keep counting where they counted, and only new
 //! rules take new slots. A commit thus allocates no counter memory and copies no counts, and
