@@ -23,22 +23,9 @@ mod classbench;
 
 use classbench::{Filter, Header};
 
-/// splitmix64: a small deterministic generator, enough to spread headers.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[path = "support/seeded.rs"]
+mod seeded;
+use seeded::Rng;
 
 /// An address at or next to the edges of a prefix, or inside it.
 fn near_prefix(rng: &mut Rng, (addr, len): (u32, u8)) -> u32 {

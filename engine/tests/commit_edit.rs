@@ -22,7 +22,6 @@
 
 use std::sync::Arc;
 
-use vallum_engine::Clock;
 use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig};
@@ -37,30 +36,9 @@ mod classbench;
 
 use classbench::Filter;
 
-struct ZeroClock;
-
-impl Clock for ZeroClock {
-    fn now_ns(&self) -> u64 {
-        0
-    }
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[path = "support/seeded.rs"]
+mod seeded;
+use seeded::{Rng, ZeroClock};
 
 /// A rule from a random filter with a mixed target; one in 25 jumps to a missing chain.
 fn make(filters: &[Filter], rng: &mut Rng, small: bool) -> Rule {

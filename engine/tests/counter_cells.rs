@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use vallum_engine::Clock;
 use vallum_engine::compile::{Snapshot, Verdict};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig, EngineWorker};
@@ -27,30 +26,9 @@ use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{FrozenSet, IpSet};
 
-struct ZeroClock;
-
-impl Clock for ZeroClock {
-    fn now_ns(&self) -> u64 {
-        0
-    }
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[path = "support/seeded.rs"]
+mod seeded;
+use seeded::{Rng, ZeroClock};
 
 type Sets = BTreeMap<String, Arc<dyn IpSet>>;
 
