@@ -2331,21 +2331,10 @@ impl Snapshot {
     /// with the same identity (as [`Snapshot::carry_from`] matches them).
     fn take_limits_from(&self, old: &Snapshot) {
         let is_limit = |m: &CMatch| matches!(m, CMatch::Limit(_));
-        let old_chains = old.chain_map();
-        for c in self.chains.iter() {
+        for (c, o) in self.named_in(old) {
             if !c.body.rules.iter().any(|r| r.matches.iter().any(is_limit)) {
                 continue;
             }
-            let key = (
-                &*self.names[c.ruleset as usize],
-                c.family,
-                c.table,
-                &*c.name,
-            );
-            let Some(&oc) = old_chains.get(&key) else {
-                continue;
-            };
-            let o = &old.chains[oc as usize];
             match_by_content(&old.content_hashes(o), &self.content_hashes(c), |n, q| {
                 // Equal content: the same matches in the same order.
                 let pairs = c.body.rules[n]
@@ -2360,6 +2349,24 @@ impl Snapshot {
                 }
             });
         }
+    }
+
+    /// Each chain of this snapshot with the chain of `old` of the same name (ruleset, family,
+    /// table, chain), where there is one.
+    fn named_in<'a>(
+        &'a self,
+        old: &'a Snapshot,
+    ) -> impl Iterator<Item = (&'a CChain, &'a CChain)> + 'a {
+        let old_chains = old.chain_map();
+        self.chains.iter().filter_map(move |c| {
+            let key = (
+                &*self.names[c.ruleset as usize],
+                c.family,
+                c.table,
+                &*c.name,
+            );
+            Some((c, &old.chains[*old_chains.get(&key)? as usize]))
+        })
     }
 
     /// [`content_hash`] of each rule of chain `c`: the rules' identity within the chain.
@@ -2396,19 +2403,8 @@ impl Snapshot {
             }
             return self.continued;
         }
-        let old_chains = old.chain_map();
         let mut carried = 0;
-        for c in self.chains.iter() {
-            let key = (
-                &*self.names[c.ruleset as usize],
-                c.family,
-                c.table,
-                &*c.name,
-            );
-            let Some(&oc) = old_chains.get(&key) else {
-                continue;
-            };
-            let o = &old.chains[oc as usize];
+        for (c, o) in self.named_in(old) {
             self.carry_slot(old, o.policy_slot, c.policy_slot);
             carried += 1;
             match_by_content(&old.content_hashes(o), &self.content_hashes(c), |n, q| {
