@@ -8,7 +8,9 @@
 //! opened before that commit (to a port no rule names) keeps exchanging data after it; (c) the
 //! next commit, without the DROPs, lets everything through again with no restart; (e) after
 //! zeroing, N pings count exactly N packets and N x 36 bytes (IP length) on the INPUT rule
-//! `-p icmp --icmp-type echo-request`; and `vallumctl dataplane uninstall` leaves no VALLUM
+//! `-p icmp --icmp-type echo-request`; (f) conntrack keeps an established connection across a
+//! commit; (g) an ICMP timestamp request with 100 bytes of payload and an information request
+//! are counted on their `--icmp-type` rules; and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
@@ -319,6 +321,40 @@ fn ping(seq: u16, timeout: Duration) -> bool {
     false
 }
 
+/// Sends one ICMP message of type `ty` (code 0) with `payload` bytes after its 8-byte header
+/// to A over a raw socket; waits for nothing.
+fn send_icmp(ty: u8, payload: usize) {
+    // SAFETY: plain socket(2); the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
+    assert!(raw >= 0, "raw socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `raw` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut pkt = vec![ty, 0, 0, 0, 0, 1, 0, 1];
+    pkt.resize(8 + payload, 0x5a);
+    let c = checksum(&pkt);
+    pkt[2..4].copy_from_slice(&c.to_be_bytes());
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(A_ADDR).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `pkt` and `addr` are live for the call; the lengths are theirs.
+    let r = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert!(r >= 0, "sendto: {}", std::io::Error::last_os_error());
+}
+
 /// What passes from B right now: (icmp, udp, tcp to TCP_KEEP, tcp to TCP_BLOCK). A flow is
 /// tried up to 3 times when it should pass, once when it should not.
 fn reachability(b: &str, timeout: Duration) -> [bool; 4] {
@@ -561,4 +597,45 @@ async fn scenario(d: &Vallumd, b: &str) {
     keeper.join().expect("keeper");
     let fresh = in_netns(b, move || tcp_probe(TCP_KEEP, block));
     assert!(!fresh, "(f) a new connection is dropped after the commit");
+
+    // (g) ICMP whose length is not its type's usual one is matched on type and code, as the
+    // kernel's icmp_match does: a timestamp request with 100 bytes of payload (usually 20
+    // bytes in all) and an information request with 3.
+    apply(d, ICMP_ODD_LENGTHS).await;
+    in_netns(b, move || {
+        send_icmp(13, 100);
+        send_icmp(15, 3);
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let hits = loop {
+        let c = counters
+            .get_counters(pb::GetCountersRequest {
+                ruleset: "nfq".into(),
+            })
+            .await
+            .expect("counters")
+            .into_inner();
+        let hits: Vec<(u64, u64)> = (1..=2)
+            .map(|n| {
+                c.counters
+                    .iter()
+                    .find(|c| c.chain == "INPUT" && c.rule == n)
+                    .map_or((0, 0), |c| (c.packets, c.bytes))
+            })
+            .collect();
+        if hits.iter().all(|h| h.0 > 0) || Instant::now() > deadline {
+            break hits;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        hits,
+        [(1, 20 + 8 + 100), (1, 20 + 8 + 3)],
+        "(g) timestamp and information requests counted on their rules"
+    );
 }
+
+/// (g): ICMP types the kernel matches whatever their length.
+const ICMP_ODD_LENGTHS: &str = "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n\
+    :OUTPUT ACCEPT [0:0]\n-A INPUT -p icmp -m icmp --icmp-type 13 -j ACCEPT\n\
+    -A INPUT -p icmp -m icmp --icmp-type 15 -j ACCEPT\nCOMMIT\n";
