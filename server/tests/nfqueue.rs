@@ -8,7 +8,10 @@
 //! opened before that commit (to a port no rule names) keeps exchanging data after it; (c) the
 //! next commit, without the DROPs, lets everything through again with no restart; (e) after
 //! zeroing, N pings count exactly N packets and N x 36 bytes (IP length) on the INPUT rule
-//! `-p icmp --icmp-type echo-request`; and `vallumctl dataplane uninstall` leaves no VALLUM
+//! `-p icmp --icmp-type echo-request`; (f) conntrack keeps an established connection across a
+//! commit; (g) an ICMP timestamp request with 100 bytes of payload and an information request
+//! are counted on their `--icmp-type` rules; (h) `-m mac --mac-source` matches B's address
+//! (NFQA_HWADDR), its negation and another address do not; and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
@@ -36,6 +39,8 @@ const TCP_KEEP: u16 = 7001;
 const TCP_BLOCK: u16 = 7002;
 /// UDP echo port the DROP commit blocks.
 const UDP_PORT: u16 = 7003;
+/// The MAC address of B's end of the veth (the source of every frame A receives from B).
+const B_MAC: &str = "02:76:61:6c:00:0b";
 /// Pings counted in (e).
 const PINGS: u64 = 5;
 /// ICMP echo payload bytes (IP length = 20 + 8 + this).
@@ -148,7 +153,8 @@ impl Netns {
             format!("vlb{}", id % 100_000),
         );
         ip(&[
-            "-n", &ns.a, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns", &ns.b,
+            "-n", &ns.a, "link", "add", &va, "type", "veth", "peer", "name", &vb, "address", B_MAC,
+            "netns", &ns.b,
         ]);
         for (n, dev, addr) in [(&ns.a, &va, A_ADDR), (&ns.b, &vb, B_ADDR)] {
             ip(&["-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev]);
@@ -317,6 +323,40 @@ fn ping(seq: u16, timeout: Duration) -> bool {
         }
     }
     false
+}
+
+/// Sends one ICMP message of type `ty` (code 0) with `payload` bytes after its 8-byte header
+/// to A over a raw socket; waits for nothing.
+fn send_icmp(ty: u8, payload: usize) {
+    // SAFETY: plain socket(2); the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
+    assert!(raw >= 0, "raw socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `raw` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut pkt = vec![ty, 0, 0, 0, 0, 1, 0, 1];
+    pkt.resize(8 + payload, 0x5a);
+    let c = checksum(&pkt);
+    pkt[2..4].copy_from_slice(&c.to_be_bytes());
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(A_ADDR).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `pkt` and `addr` are live for the call; the lengths are theirs.
+    let r = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert!(r >= 0, "sendto: {}", std::io::Error::last_os_error());
 }
 
 /// What passes from B right now: (icmp, udp, tcp to TCP_KEEP, tcp to TCP_BLOCK). A flow is
@@ -561,4 +601,82 @@ async fn scenario(d: &Vallumd, b: &str) {
     keeper.join().expect("keeper");
     let fresh = in_netns(b, move || tcp_probe(TCP_KEEP, block));
     assert!(!fresh, "(f) a new connection is dropped after the commit");
+
+    // (g) ICMP whose length is not its type's usual one is matched on type and code, as the
+    // kernel's icmp_match does: a timestamp request with 100 bytes of payload (usually 20
+    // bytes in all) and an information request with 3.
+    apply(d, ICMP_ODD_LENGTHS).await;
+    in_netns(b, move || {
+        send_icmp(13, 100);
+        send_icmp(15, 3);
+    });
+    let hits = counts_once_moved(&mut counters, &[1, 2], &[1, 2]).await;
+    assert_eq!(
+        hits,
+        [(1, 20 + 8 + 100), (1, 20 + 8 + 3)],
+        "(g) timestamp and information requests counted on their rules"
+    );
+
+    // (h) -m mac: the source MAC comes from NFQA_HWADDR. B's address matches, its negation
+    // does not, another address does not.
+    apply(d, &mac_rules()).await;
+    // Rule 4's text is (g)'s rule 2: its counter carries over the commit.
+    counters
+        .zero_counters(pb::ZeroCountersRequest {
+            ruleset: "nfq".into(),
+        })
+        .await
+        .expect("zero");
+    in_netns(b, move || {
+        send_icmp(13, 0);
+        send_icmp(15, 0);
+    });
+    let hits = counts_once_moved(&mut counters, &[1, 2, 3, 4], &[1, 4]).await;
+    let packets: Vec<u64> = hits.iter().map(|h| h.0).collect();
+    assert_eq!(packets, [1, 0, 0, 1], "(h) -m mac --mac-source {B_MAC}");
 }
+
+/// (packets, bytes) of INPUT rules `rules` (IPv4) once each of `wait_for` has counted a
+/// packet, or after 5 s.
+async fn counts_once_moved(
+    counters: &mut pb::counter_service_client::CounterServiceClient<tonic::transport::Channel>,
+    rules: &[u32],
+    wait_for: &[u32],
+) -> Vec<(u64, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let c = counters
+            .get_counters(pb::GetCountersRequest {
+                ruleset: "nfq".into(),
+            })
+            .await
+            .expect("counters")
+            .into_inner();
+        let of = |n: u32| {
+            c.counters
+                .iter()
+                .find(|c| c.chain == "INPUT" && c.rule == n && c.family == pb::Family::Ipv4 as i32)
+                .map_or((0, 0), |c| (c.packets, c.bytes))
+        };
+        if wait_for.iter().all(|&n| of(n).0 > 0) || Instant::now() > deadline {
+            return rules.iter().map(|&n| of(n)).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// (h): allow by B's MAC, a negated MAC, another MAC, then a catch-all counted rule.
+fn mac_rules() -> String {
+    format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p icmp -m icmp --icmp-type 13 -m mac --mac-source {B_MAC} -j ACCEPT\n\
+         -A INPUT -p icmp -m icmp --icmp-type 15 -m mac ! --mac-source {B_MAC} -j DROP\n\
+         -A INPUT -p icmp -m icmp --icmp-type 15 -m mac --mac-source 02:00:00:00:00:99 -j DROP\n\
+         -A INPUT -p icmp -m icmp --icmp-type 15 -j ACCEPT\nCOMMIT\n"
+    )
+}
+
+/// (g): ICMP types the kernel matches whatever their length.
+const ICMP_ODD_LENGTHS: &str = "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n\
+    :OUTPUT ACCEPT [0:0]\n-A INPUT -p icmp -m icmp --icmp-type 13 -j ACCEPT\n\
+    -A INPUT -p icmp -m icmp --icmp-type 15 -j ACCEPT\nCOMMIT\n";

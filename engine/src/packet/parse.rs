@@ -17,19 +17,48 @@
 //! transport header is read (etherparse skips every fragmented payload; the kernel matches ports
 //! on offset 0).
 //!
-//! The headers the classifier reads must be complete, though: the IP header and IPv6 extension
-//! headers, the whole TCP header with options, the 8-byte UDP / ICMP / ICMPv6 headers, and the
-//! first 4 bytes (ports) of SCTP, DCCP and UDP-Lite, unless the packet is a non-first fragment.
-//! The kernel would "hotdrop" such a packet at the first match that reads the missing header,
-//! which [`PacketMeta`] cannot express, so these packets are rejected with
-//! [`PacketError::Truncated`] and the caller decides (count as dropped, skip).
+//! # What the kernel reads, and what we require
+//!
+//! iptables matches do not parse a packet; each reads the fixed bytes it needs from the start of
+//! the transport header with `skb_header_pointer` and, when they are not there, sets
+//! `par->hotdrop`: the packet is dropped on the spot, the rule's counter does not move. Nothing
+//! checks a type-specific length. From the kernel sources (net/netfilter/xt_tcpudp.c,
+//! xt_multiport.c, net/ipv4/netfilter/ip_tables.c, net/ipv6/netfilter/ip6_tables.c):
+//!
+//! | match                    | function                    | bytes read                      |
+//! |--------------------------|-----------------------------|---------------------------------|
+//! | `-m tcp`                 | `tcp_mt`                    | 20 (`struct tcphdr`); the options only for `--tcp-option` |
+//! | `-m udp` (UDP, UDP-Lite) | `udp_mt`                    | 8 (`struct udphdr`)             |
+//! | `-m multiport`           | `multiport_mt`              | 4 (the two ports)               |
+//! | `-m icmp`                | `icmp_match`                | 8 (`struct icmphdr`)            |
+//! | `-m icmp6`               | `icmp6_match`               | 8 (`struct icmp6hdr`)           |
+//!
+//! On a non-first fragment (`par->fragoff != 0`) every one of them is false without reading
+//! anything, except that `tcp_mt` hotdrops an IPv4 fragment at offset 1 (8 bytes: "evil TCP
+//! offset=1 frag", it could overwrite the flags of the first).
+//!
+//! So an ICMP timestamp request with 100 bytes of payload, an echo request with an odd-length
+//! payload or an information request is matched on its type and code like any ICMP message.
+//! etherparse's `Icmpv4Slice::from_slice` refuses a timestamp message (type 13/14, code 0) that
+//! is not exactly 20 bytes, so the ICMPv4 header is read from its first 8 bytes directly;
+//! `Icmpv6Slice::from_slice` only asks for 8 bytes and is used as is.
+//!
+//! A hotdrop at "the first match that reads the missing bytes" is something [`PacketMeta`] cannot
+//! express, so a packet that lacks bytes a match could read is rejected with
+//! [`PacketError::Truncated`] and the caller drops it (NFQUEUE) or skips it (captures). What is
+//! required, unless the packet is a non-first fragment: the IP header and IPv6 extension headers;
+//! the TCP header with its options (`TcpSlice::from_slice`: `--tcp-option` would read them); the
+//! 8-byte UDP, UDP-Lite, ICMP and ICMPv6 headers; the 4 port bytes of SCTP and DCCP (only
+//! `multiport` reads them). An IPv4 TCP fragment at offset 1 is [`PacketError::Malformed`].
+//! This equals the kernel whenever the first rule that decides the packet reads its transport
+//! header, and is stricter (drops) when a rule that reads no transport header decides first.
 //!
 //! Checksums are not verified (captures often carry offloaded, unfilled checksums).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use etherparse::{
-    EtherType, Ethernet2Slice, Icmpv4Slice, Icmpv6Slice, IpAuthHeaderSlice, Ipv4HeaderSlice,
+    EtherType, Ethernet2Slice, Icmpv6Slice, IpAuthHeaderSlice, Ipv4HeaderSlice,
     Ipv6FragmentHeaderSlice, Ipv6HeaderSlice, Ipv6RawExtHeaderSlice, LinuxSllProtocolType,
     LinuxSllSlice, SingleVlanSlice, TcpSlice, UdpSlice,
 };
@@ -48,7 +77,8 @@ pub enum PacketError {
     #[error("packet truncated inside a header")]
     Truncated,
     /// A header field is impossible: IPv4 IHL < 5 or total length shorter than the header,
-    /// an IP version nibble that does not match the link-layer protocol.
+    /// an IP version nibble that does not match the link-layer protocol, a TCP data offset
+    /// below 5, an IPv4 TCP fragment at offset 1 (8 bytes).
     #[error("malformed packet header")]
     Malformed,
     /// The frame carries something other than IPv4 or IPv6 (ARP, LLDP, an unknown version).
@@ -173,6 +203,11 @@ fn parse_ipv4(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError>
     if total_len < header_len {
         return Err(PacketError::Malformed);
     }
+    // As tcp_mt's "evil TCP offset=1 frag": the kernel hotdrops it at any `-m tcp`.
+    let offset = header.fragments_offset().value();
+    if offset == 1 && header.protocol().0 == proto::TCP {
+        return Err(PacketError::Malformed);
+    }
     // Lax: a total length beyond the buffer is snaplen truncation; read what is there.
     let end = total_len.min(bytes.len());
     let l4 = bytes.get(header_len..end).unwrap_or(&[]);
@@ -182,7 +217,7 @@ fn parse_ipv4(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError>
             src: IpAddr::V4(Ipv4Addr::from(header.source())),
             dst: IpAddr::V4(Ipv4Addr::from(header.destination())),
             protocol: header.protocol().0,
-            fragment: header.fragments_offset().value() != 0,
+            fragment: offset != 0,
             len: u32::from(header.total_len()),
             l4,
         },
@@ -302,22 +337,28 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
             meta.tcp_flags = tcp.header_slice().get(13).copied().unwrap_or(0);
             meta.tcp_options = tcp_option_kinds(tcp.options());
         }
-        (proto::UDP, _) => {
+        // As udp_mt, which serves UDP-Lite too: the 8-byte header, its length field not checked.
+        (proto::UDP | proto::UDPLITE, _) => {
             let udp = UdpSlice::from_slice_lax(l4).map_err(|_| PacketError::Truncated)?;
             meta.sport = udp.source_port();
             meta.dport = udp.destination_port();
         }
-        (proto::SCTP | proto::DCCP | proto::UDPLITE, _) => {
+        // Only multiport reads these: the two ports.
+        (proto::SCTP | proto::DCCP, _) => {
             let ports = l4.get(..4).ok_or(PacketError::Truncated)?;
             meta.sport = u16::from_be_bytes([ports[0], ports[1]]);
             meta.dport = u16::from_be_bytes([ports[2], ports[3]]);
         }
         (proto::ICMP, Family::Ipv4) => {
-            let icmp = Icmpv4Slice::from_slice(l4).map_err(|_| PacketError::Truncated)?;
-            meta.icmp_type = icmp.type_u8();
-            meta.icmp_code = icmp.code_u8();
+            // As icmp_match: the 8-byte `struct icmphdr`, whatever the type (not
+            // `Icmpv4Slice::from_slice`, which wants a timestamp message to be exactly 20 bytes).
+            let [icmp_type, icmp_code, _, _, _, _, _, _, payload @ ..] = l4 else {
+                return Err(PacketError::Truncated);
+            };
+            meta.icmp_type = *icmp_type;
+            meta.icmp_code = *icmp_code;
             if is_icmp_error(proto::ICMP, meta.icmp_type) {
-                meta.embedded = embedded_ipv4(icmp.payload());
+                meta.embedded = embedded_ipv4(payload);
             }
         }
         (proto::ICMPV6, Family::Ipv6) => {
@@ -792,6 +833,197 @@ mod tests {
         let m = parse_linux_sll(&v, base()).unwrap();
         assert_eq!((m.protocol, m.dport), (17, 2));
         assert_eq!(m.src_mac, Some([1, 2, 3, 4, 5, 6]));
+    }
+
+    /// An IPv4 packet to 10.0.0.2 carrying protocol `protocol` with exactly `l4` after the
+    /// header (total length and checksum right, as the kernel's ip_rcv wants them).
+    fn ipv4_l4(protocol: u8, l4: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        PacketBuilder::ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .write(&mut v, IpNumber(protocol), l4)
+            .unwrap();
+        v
+    }
+
+    /// ICMP `ty`/`code` with the rest of the 8-byte header zero and `extra` bytes after it.
+    fn icmp(ty: u8, code: u8, extra: usize) -> Vec<u8> {
+        let mut l4 = vec![ty, code, 0, 0, 0, 1, 0, 1];
+        l4.resize(8 + extra, 0x5A);
+        l4
+    }
+
+    /// As icmp_match: type and code from the 8-byte header, no type-specific length.
+    #[test]
+    fn icmpv4_of_any_length_is_read_like_the_kernel() {
+        for (what, ty, code, extra) in [
+            ("timestamp request, 100 bytes of payload", 13, 0, 100),
+            ("timestamp request, header only", 13, 0, 0),
+            ("timestamp request, 12 of 20 bytes", 13, 0, 4),
+            ("timestamp reply, the usual 20 bytes", 14, 0, 12),
+            ("timestamp reply, 21 bytes", 14, 0, 13),
+            ("echo request, odd payload", 8, 0, 7),
+            ("echo reply, 1 byte of payload", 0, 0, 1),
+            ("information request", 15, 0, 0),
+            ("information reply, padded", 16, 0, 3),
+            ("address mask request", 17, 0, 4),
+            ("unknown type 42 code 7", 42, 7, 5),
+        ] {
+            let pkt = ipv4_l4(1, &icmp(ty, code, extra));
+            let m = parse_ip(&pkt, base()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                (m.protocol, m.icmp_type, m.icmp_code, m.sport, m.dport),
+                (1, ty, code, 0, 0),
+                "{what}"
+            );
+            assert_eq!(m.len as usize, 20 + 8 + extra, "{what}");
+            assert_eq!(m.embedded, None, "{what}");
+        }
+        // Fewer than the 8 bytes icmp_match reads: the kernel hotdrops it at `-m icmp`.
+        for cut in 0..8 {
+            let pkt = ipv4_l4(1, &icmp(13, 0, 0)[..cut]);
+            assert_eq!(parse_ip(&pkt, base()), Err(PacketError::Truncated), "{cut}");
+        }
+        // A non-first fragment has no ICMP header to read: parsed, type 0.
+        let mut later = ipv4_l4(1, &[0xAB; 3]);
+        later[7] = 0x03;
+        let m = parse_ip(&later, base()).unwrap();
+        assert_eq!((m.fragment, m.icmp_type), (true, 0));
+    }
+
+    /// As icmp6_match: the 8-byte `struct icmp6hdr`, whatever the type.
+    #[test]
+    fn icmpv6_of_any_length_is_read_like_the_kernel() {
+        for (what, ty, code, extra) in [
+            ("echo request, odd payload", 128, 0, 7),
+            ("echo reply, no payload", 129, 0, 0),
+            ("neighbour solicitation without its target", 135, 0, 0),
+            ("neighbour advertisement, 23 bytes", 136, 0, 15),
+            ("router solicitation", 133, 0, 0),
+            ("MLD query, odd length", 130, 0, 17),
+            ("node information query", 139, 1, 9),
+            ("parameter problem, nothing embedded", 4, 1, 0),
+            ("unknown type 200", 200, 9, 3),
+        ] {
+            let pkt = ipv6_raw(58, &[], &icmp(ty, code, extra));
+            let m = parse_ip(&pkt, base()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                (m.protocol, m.icmp_type, m.icmp_code),
+                (58, ty, code),
+                "{what}"
+            );
+            assert_eq!(m.len as usize, 40 + 8 + extra, "{what}");
+            assert_eq!(m.embedded, None, "{what}");
+        }
+        // Behind a hop-by-hop header, 7 bytes: too short for icmp6_match.
+        let hbh = [58, 0, 1, 4, 0, 0, 0, 0];
+        let m = parse_ip(&ipv6_raw(0, &hbh, &icmp(128, 0, 1)), base()).unwrap();
+        assert_eq!((m.protocol, m.icmp_type), (58, 128));
+        for cut in 0..8 {
+            let pkt = ipv6_raw(0, &hbh, &icmp(128, 0, 0)[..cut]);
+            assert_eq!(parse_ip(&pkt, base()), Err(PacketError::Truncated), "{cut}");
+        }
+    }
+
+    /// A TCP header of `len` bytes with data offset `doff` (words), ports 40000 -> 22, SYN.
+    fn tcp_header(doff: u8, len: usize) -> Vec<u8> {
+        let mut t = vec![
+            0x9c,
+            0x40,
+            0,
+            22,
+            0,
+            0,
+            0,
+            1,
+            0,
+            0,
+            0,
+            0,
+            doff << 4,
+            0x02,
+            0xff,
+            0xff,
+        ];
+        t.resize(len, 1); // NOP options past byte 20
+        t
+    }
+
+    #[test]
+    fn truncated_transport_headers_follow_the_kernel_reads() {
+        // TCP: tcp_mt reads 20 bytes; with options we need them all (`--tcp-option`).
+        let m = parse_ip(&ipv4_l4(6, &tcp_header(5, 20)), base()).unwrap();
+        assert_eq!((m.sport, m.dport, m.tcp_flags), (40000, 22, tcp_flags::SYN));
+        let m = parse_ip(&ipv4_l4(6, &tcp_header(6, 24)), base()).unwrap();
+        assert!(m.has_tcp_option(1));
+        for (what, l4, err) in [
+            ("TCP, 14 bytes", tcp_header(5, 14), PacketError::Truncated),
+            ("TCP, 19 bytes", tcp_header(5, 19), PacketError::Truncated),
+            ("TCP options cut", tcp_header(8, 24), PacketError::Truncated),
+            (
+                "TCP data offset 4",
+                tcp_header(4, 20),
+                PacketError::Malformed,
+            ),
+            ("UDP, 4 bytes", UDP_53[..4].to_vec(), PacketError::Truncated),
+            ("UDP, 7 bytes", UDP_53[..7].to_vec(), PacketError::Truncated),
+        ] {
+            assert_eq!(
+                parse_ip(&ipv4_l4(l4_proto(what), &l4), base()),
+                Err(err),
+                "{what}"
+            );
+            assert_eq!(
+                parse_ip(&ipv6_raw(l4_proto(what), &[], &l4), base()),
+                Err(err),
+                "{what}"
+            );
+        }
+        // UDP with a length field that lies (0, or beyond the packet): read as udp_mt does.
+        let mut lying = UDP_53;
+        lying[5] = 0;
+        let m = parse_ip(&ipv4_l4(17, &lying), base()).unwrap();
+        assert_eq!(m.dport, 53);
+        lying[4] = 0xff;
+        let m = parse_ip(&ipv6_raw(17, &[], &lying), base()).unwrap();
+        assert_eq!(m.dport, 53);
+        // UDP-Lite goes through udp_mt: 8 bytes. SCTP and DCCP: the 4 port bytes multiport reads.
+        assert_eq!(
+            parse_ip(&ipv4_l4(136, &UDP_53[..7]), base()),
+            Err(PacketError::Truncated)
+        );
+        assert_eq!(parse_ip(&ipv4_l4(136, &UDP_53), base()).unwrap().dport, 53);
+        for p in [132, 33] {
+            assert_eq!(
+                parse_ip(&ipv4_l4(p, &UDP_53[..4]), base()).unwrap().dport,
+                53
+            );
+            assert_eq!(
+                parse_ip(&ipv4_l4(p, &UDP_53[..3]), base()),
+                Err(PacketError::Truncated)
+            );
+        }
+        // Non-first fragments read no transport header, however short.
+        let later = [6, 0, 0x00, 0x10, 0, 0, 0, 9];
+        let m = parse_ip(&ipv6_raw(44, &later, &[1]), base()).unwrap();
+        assert_eq!((m.protocol, m.fragment, m.dport), (6, true, 0));
+        // IPv4 TCP at fragment offset 1 (8 bytes): tcp_mt's "evil TCP offset=1 frag".
+        let mut evil = ipv4_l4(6, &[0; 12]);
+        evil[7] = 0x01;
+        assert_eq!(parse_ip(&evil, base()), Err(PacketError::Malformed));
+        let mut udp_at_1 = ipv4_l4(17, &[0; 12]);
+        udp_at_1[7] = 0x01;
+        assert!(parse_ip(&udp_at_1, base()).unwrap().fragment);
+        // In IPv6 the offset is in bytes, so "offset 1" (8 bytes) is just a non-first fragment.
+        let at_8 = [6, 0, 0x00, 0x08, 0, 0, 0, 9];
+        assert!(
+            parse_ip(&ipv6_raw(44, &at_8, &[0; 12]), base())
+                .unwrap()
+                .fragment
+        );
+    }
+
+    fn l4_proto(what: &str) -> u8 {
+        if what.starts_with("TCP") { 6 } else { 17 }
     }
 
     #[test]

@@ -13,9 +13,12 @@
 //! `proto` is `tcp`, `udp`, `icmp`, `icmpv6` or a protocol number. Keys: `sport`, `dport`
 //! (defaults 40000 and 80), `flags` (TCP flag letters from `FSRPAU`, or `none`; default `S`),
 //! `type` and `code` (ICMP; defaults 8 / 128 and 0), `len` (payload bytes after the layer-4
-//! header, default 0). After `=>`: every rule whose packet counter must go up, as `CHAIN:N`
+//! header, default 0), `cut` (keep only this many bytes after the IP header: a short transport
+//! header, with the IP lengths made to agree). After `=>`: every rule whose packet counter must go up, as `CHAIN:N`
 //! with N the 1-based position of the rule within its chain (any order), and the builtin chain
-//! whose policy counter must go up, or `-` for none.
+//! whose policy counter must go up, or `-` for none. No hits and `policy=-` is a packet the
+//! filter table dropped without counting it (a match "hotdropped" it: it could not read the
+//! header it matches on).
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -147,6 +150,7 @@ pub fn parse_packet_line(line: &str, family: Family) -> Result<CorpusPacket, Str
         icmp_type: if want_v6 { 128 } else { 8 },
         icmp_code: 0,
         payload_len: 0,
+        cut: None,
     };
     for kv in it {
         let (k, v) = kv
@@ -169,6 +173,7 @@ pub fn parse_packet_line(line: &str, family: Family) -> Result<CorpusPacket, Str
             "type" => spec.icmp_type = small(v, 255)? as u8,
             "code" => spec.icmp_code = small(v, 255)? as u8,
             "len" => spec.payload_len = small(v, 1400)? as usize,
+            "cut" => spec.cut = Some(small(v, 60)? as usize),
             _ => return Err(format!("unknown key `{k}`")),
         }
     }

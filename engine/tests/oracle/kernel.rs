@@ -100,6 +100,9 @@ pub struct PacketSpec {
     pub icmp_code: u8,
     /// Payload bytes after the layer-4 header (zeros).
     pub payload_len: usize,
+    /// Keep only this many bytes after the IP header (the layer-4 header cut short), with
+    /// the IP length fields (and the IPv4 header checksum) made to agree; `None`: whole.
+    pub cut: Option<usize>,
 }
 
 /// Builds the Ethernet frame for `spec`, from [`SRC_MAC`] to `dst_mac`, with correct checksums.
@@ -147,7 +150,36 @@ pub fn build_frame(spec: &PacketSpec, dst_mac: [u8; 6]) -> Vec<u8> {
         Proto::Other(n) => ip.write(&mut out, IpNumber(n), &payload),
     };
     r.unwrap_or_else(|e| panic!("packet {}: cannot build frame: {e}", spec.id));
+    if let Some(n) = spec.cut {
+        cut_transport(&mut out, n);
+    }
     out
+}
+
+/// Cuts an Ethernet + IPv4/IPv6 frame (no extension headers) to `n` bytes after the IP
+/// header and fixes the IP length fields (and the IPv4 header checksum) to match, so that the
+/// kernel's ip_rcv / ipv6_rcv take it as a whole packet with a short transport header.
+fn cut_transport(frame: &mut Vec<u8>, n: usize) {
+    const ETH: usize = 14;
+    if frame[ETH] >> 4 == 4 {
+        let ihl = usize::from(frame[ETH] & 0x0f) * 4;
+        frame.truncate(ETH + ihl + n);
+        let total = u16::try_from(ihl + n).expect("short packet");
+        frame[ETH + 2..ETH + 4].copy_from_slice(&total.to_be_bytes());
+        frame[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+        let mut sum: u32 = frame[ETH..ETH + ihl]
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        frame[ETH + 10..ETH + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    } else {
+        frame.truncate(ETH + 40 + n);
+        let payload = u16::try_from(n).expect("short packet");
+        frame[ETH + 4..ETH + 6].copy_from_slice(&payload.to_be_bytes());
+    }
 }
 
 /// What the kernel did with one packet.
@@ -338,6 +370,12 @@ impl KernelOracle {
             ],
             None,
         )?;
+        // A rule that counts every packet arriving at INPUT before the filter table sees it
+        // (mangle runs first): tells a packet the filter table dropped without moving any
+        // counter (a match's hotdrop) from one that never arrived.
+        for tool in ["iptables-legacy", "ip6tables-legacy"] {
+            run_in(&fw, &[tool, "-t", "mangle", "-A", "INPUT"], None)?;
+        }
         // Drop everything the firewall namespace sends, before its interfaces come up.
         run_in(
             &fw,
@@ -446,11 +484,31 @@ impl KernelOracle {
         parse_counters(&run_in(&self.fw, &[save, "-c", "-t", "filter"], None)?)
     }
 
-    /// Sends `frame` (whose IP version is `family`) and reports which counters went up.
+    /// Packets that reached INPUT so far (the mangle INPUT rule added at setup).
+    fn arrived(&self, family: Family) -> Result<u64, String> {
+        let save = match family {
+            Family::Ipv4 => "iptables-legacy-save",
+            Family::Ipv6 => "ip6tables-legacy-save",
+        };
+        let c = parse_counters(&run_in(&self.fw, &[save, "-c", "-t", "mangle"], None)?)?;
+        c.rules
+            .iter()
+            .find(|((chain, _), _)| chain == "INPUT")
+            .map(|(_, n)| *n)
+            .ok_or_else(|| "the mangle INPUT counting rule is gone".to_string())
+    }
+
+    /// Sends `frame` (whose IP version is `family`) and reports which counters went up. A
+    /// packet that reached INPUT but moved no filter counter (hotdropped by a match that could
+    /// not read its header) reports no rule and no policy.
     pub fn hits(&self, family: Family, frame: &[u8]) -> Result<KernelHits, String> {
         let before = self.counters(family)?;
+        let arrived_before = self.arrived(family)?;
         self.send(frame)?;
-        // Poll until the counters move, then until two reads 30 ms apart agree.
+        // Poll until the counters move (or the packet has arrived and the filter table has had
+        // its turn: the mangle and filter hooks run in one softirq pass, so once the mangle
+        // counter is read as moved, the filter table is done with the packet), then until two
+        // reads 30 ms apart agree.
         let deadline = Instant::now() + Duration::from_secs(3);
         let mut last = before.clone();
         let mut moved = false;
@@ -460,13 +518,21 @@ impl KernelOracle {
             if moved && now == last {
                 break;
             }
+            if !moved && now == before && self.arrived(family)? > arrived_before {
+                // Arrived; read the filter counters once more, after the mangle counter.
+                let now = self.counters(family)?;
+                if now == before {
+                    break;
+                }
+                last = now;
+                moved = true;
+                continue;
+            }
             moved |= now != before;
             last = now;
             if Instant::now() > deadline {
                 if !moved {
-                    return Err(
-                        "the packet never reached the filter table (no counter moved)".into(),
-                    );
+                    return Err("the packet never reached INPUT (no counter moved)".into());
                 }
                 return Err("counters did not settle".into());
             }

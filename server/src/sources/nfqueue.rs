@@ -5,14 +5,17 @@
 //!
 //! What the kernel tells us becomes the [`PacketMeta`]: the IP packet (NFQUEUE hands it from
 //! the IP header on; [`parse_ip`]), the hook (`NF_INET_*` numbers, [`hook_from_netfilter`]),
-//! the input/output interface indexes (names from [`IfNames`]) and the mark. Counters count
+//! the input/output interface indexes (names from [`IfNames`]), the mark, and the link-layer
+//! source address (`NFQA_HWADDR`, for `-m mac`; only from an Ethernet input device, as
+//! `mac_mt` checks `skb->dev->type == ARPHRD_ETHER`). Counters count
 //! the IP packet length, as xt_counters do.
 //!
 //! Verdicts: ACCEPT -> `NF_ACCEPT`; DROP -> `NF_DROP`; REJECT -> `NF_DROP` as well: NFQUEUE has
 //! no verdict that makes the kernel send the ICMP error or TCP RST, so a REJECT rule drops
-//! silently in this mode (documented in docs/operations.md). A packet that does not parse
-//! (truncated or malformed headers, which the kernel would hot-drop at the first match reading
-//! them) is dropped.
+//! silently in this mode (documented in docs/operations.md). A packet that does not parse is
+//! dropped: it lacks bytes that an iptables match reads (which the kernel would hot-drop at the
+//! first such match; the exact rules, e.g. ICMP of any length with its 8-byte header, are in
+//! [`vallum_engine::packet::parse`]) or has an impossible header.
 //!
 //! Why not a crate: `nfq` (pure Rust) allocates a receive buffer per message held, so a batch
 //! of 32 allocates 32 buffers of 72 KiB, panics on malformed attributes and has no batch
@@ -401,43 +404,51 @@ mod linux {
         rx.get(i * SLOT..i * SLOT + len).unwrap_or(&[])
     }
 
-    /// Interface index -> name, cached per worker; an entry older than 1 s is asked again
-    /// (renames keep the index), a miss asks at once. Index 0 is "no interface" (empty name).
+    /// Interface index -> (name, whether it is an Ethernet device), cached per worker; an
+    /// entry older than 1 s is asked again (renames keep the index), a miss asks at once.
+    /// Index 0 is "no interface" (empty name, not Ethernet).
     #[derive(Debug, Default)]
     pub struct IfNames {
-        entries: Vec<(u32, IfName, u64)>,
+        entries: Vec<(u32, IfName, bool, u64)>,
     }
 
     impl IfNames {
         /// The name of interface `index` at time `now_ns`; empty when unknown (gone).
         pub fn get(&mut self, index: u32, now_ns: u64) -> IfName {
+            self.link(index, now_ns).0
+        }
+
+        /// The name of interface `index` and whether its type is `ARPHRD_ETHER` (what
+        /// `mac_mt` asks of `skb->dev` before it reads a source address), at `now_ns`.
+        pub fn link(&mut self, index: u32, now_ns: u64) -> (IfName, bool) {
             if index == 0 {
-                return IfName::default();
+                return (IfName::default(), false);
             }
             let pos = self.entries.iter().position(|e| e.0 == index);
             if let Some(p) = pos {
-                let (_, name, at) = self.entries[p];
+                let (_, name, ether, at) = self.entries[p];
                 if now_ns.saturating_sub(at) < IFNAME_TTL_NS {
-                    return name;
+                    return (name, ether);
                 }
             }
-            let name = lookup(index).unwrap_or_default();
+            let (name, ether) = lookup(index).unwrap_or_default();
             match pos {
-                Some(p) => self.entries[p] = (index, name, now_ns),
+                Some(p) => self.entries[p] = (index, name, ether, now_ns),
                 None => {
                     // Bounded: interfaces come and go (veths); forget all past 1024.
                     if self.entries.len() >= 1024 {
                         self.entries.clear();
                     }
-                    self.entries.push((index, name, now_ns));
+                    self.entries.push((index, name, ether, now_ns));
                 }
             }
-            name
+            (name, ether)
         }
     }
 
-    /// `if_indextoname(3)` in the calling thread's network namespace.
-    fn lookup(index: u32) -> Option<IfName> {
+    /// `if_indextoname(3)` in the calling thread's network namespace, and whether the device
+    /// is Ethernet (`SIOCGIFHWADDR`'s `sa_family` is `ARPHRD_ETHER`; false when that fails).
+    fn lookup(index: u32) -> Option<(IfName, bool)> {
         let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
         // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname requires.
         let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
@@ -446,17 +457,42 @@ mod linux {
         }
         // SAFETY: on success the buffer holds a NUL-terminated name within IF_NAMESIZE bytes.
         let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-        IfName::new(s.to_str().ok()?)
+        let name = IfName::new(s.to_str().ok()?)?;
+        Some((name, is_ether(&buf)))
+    }
+
+    /// Whether the device named by the NUL-terminated `name` is `ARPHRD_ETHER`.
+    fn is_ether(name: &[libc::c_char; libc::IF_NAMESIZE]) -> bool {
+        // SAFETY: plain socket(2); the result is checked before use.
+        let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return false;
+        }
+        // SAFETY: `raw` is a new, valid descriptor that nothing else owns.
+        let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ifreq is plain data; all-zero is a valid value.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        req.ifr_name = *name;
+        // SAFETY: `req` is a live ifreq with a NUL-terminated name, as SIOCGIFHWADDR reads and
+        // writes it.
+        let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) };
+        // SAFETY: after a successful SIOCGIFHWADDR the union holds `ifru_hwaddr`.
+        r == 0 && unsafe { req.ifr_ifru.ifru_hwaddr.sa_family } == libc::ARPHRD_ETHER
     }
 
     /// Builds the [`PacketMeta`] of a queued packet; `None` when the hook is unknown or the
     /// bytes do not parse.
+    ///
+    /// The source MAC (`-m mac`) is `NFQA_HWADDR` when the input device is Ethernet: mac_mt
+    /// matches nothing on other devices (loopback sends an all-zero address).
     fn meta(p: &PacketMsg<'_>, names: &mut IfNames, now_ns: u64) -> Option<PacketMeta> {
+        let (in_iface, in_ether) = names.link(p.indev, now_ns);
         let base = PacketMeta {
             hook: hook_from_netfilter(p.hook)?,
-            in_iface: names.get(p.indev, now_ns),
+            in_iface,
             out_iface: names.get(p.outdev, now_ns),
             mark: p.mark,
+            src_mac: p.hw_addr.filter(|_| in_ether),
             ..PacketMeta::default()
         };
         parse_ip(p.payload, base).ok()
@@ -595,6 +631,19 @@ mod tests {
                 None
             ]
         );
+    }
+
+    /// Loopback (ifindex 1 in every network namespace) is not Ethernet: mac_mt matches
+    /// nothing on it, though NFQA_HWADDR carries an all-zero address for it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn loopback_is_not_ethernet() {
+        let mut names = IfNames::default();
+        assert_eq!(
+            names.link(1, 0),
+            (vallum_engine::packet::IfName::new("lo").unwrap(), false)
+        );
+        assert!(!names.link(0, 0).1);
     }
 
     #[test]

@@ -313,6 +313,10 @@ struct TraceArgs {
     /// Packet mark.
     #[arg(long, default_value_t = 0)]
     mark: u32,
+    /// Ethernet source address (aa:bb:cc:dd:ee:ff), what `-m mac --mac-source` compares;
+    /// without it the packet has no link-layer source and no `-m mac` rule matches.
+    #[arg(long, default_value = "")]
+    mac_source: String,
     /// ICMP type.
     #[arg(long, default_value_t = 0)]
     icmp_type: u32,
@@ -748,7 +752,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                         out_interface: t.out_interface.clone(),
                         mark: t.mark,
                         ct_state: t.ct_state.to_ascii_uppercase(),
-                        source_mac: String::new(),
+                        source_mac: t.mac_source.clone(),
                     }),
                     revision,
                     frame: Vec::new(),

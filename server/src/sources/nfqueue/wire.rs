@@ -44,6 +44,7 @@ mod attr {
     pub const MARK: u16 = 3;
     pub const IFINDEX_INDEV: u16 = 5;
     pub const IFINDEX_OUTDEV: u16 = 6;
+    pub const HWADDR: u16 = 9;
     pub const PAYLOAD: u16 = 10;
 }
 
@@ -86,6 +87,11 @@ pub struct PacketMsg<'a> {
     pub indev: u32,
     /// Output interface index (0: none, e.g. at INPUT).
     pub outdev: u32,
+    /// The link-layer source address (`NFQA_HWADDR`, what the input device's `header_ops->parse`
+    /// read from the frame) when it is 6 bytes long; the kernel sends it for packets with an
+    /// input device and a link-layer header (PREROUTING, INPUT, FORWARD), loopback included
+    /// (as all zeros). `None` when absent or of another length (e.g. a tunnel's 4 bytes).
+    pub hw_addr: Option<[u8; 6]>,
     /// The packet from its IP header on (at most the copy range).
     pub payload: &'a [u8],
 }
@@ -190,6 +196,7 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
         mark: 0,
         indev: 0,
         outdev: 0,
+        hw_addr: None,
         payload: &[],
     };
     let mut have_hdr = false;
@@ -209,6 +216,12 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
             attr::MARK => p.mark = u32_be(data, 0).ok_or(WireError::Truncated)?,
             attr::IFINDEX_INDEV => p.indev = u32_be(data, 0).ok_or(WireError::Truncated)?,
             attr::IFINDEX_OUTDEV => p.outdev = u32_be(data, 0).ok_or(WireError::Truncated)?,
+            attr::HWADDR => {
+                // struct nfqnl_msg_packet_hw { __be16 hw_addrlen; __u16 _pad; __u8 hw_addr[8]; }
+                let len = u16_be(data, 0).ok_or(WireError::Truncated)?;
+                let addr = data.get(4..10).ok_or(WireError::Truncated)?;
+                p.hw_addr = (len == 6).then(|| addr.try_into().ok()).flatten();
+            }
             attr::PAYLOAD => p.payload = data,
             _ => {}
         }
@@ -353,6 +366,8 @@ mod tests {
         };
         assert_eq!((p.queue, p.id, p.hook, p.hw_protocol), (7, 1, 1, 0x0800));
         assert_eq!((p.indev, p.outdev, p.mark), (1, 0, 0));
+        // NFQA_HWADDR {len 6, lo's all-zero address}.
+        assert_eq!(p.hw_addr, Some([0; 6]));
         assert_eq!(p.payload.len(), 34);
         assert_eq!(p.payload[0], 0x45);
         assert!(p.payload.ends_with(b"vallum"));
@@ -366,8 +381,27 @@ mod tests {
         };
         assert_eq!((p.queue, p.id, p.hook, p.hw_protocol), (7, 1, 3, 0x86dd));
         assert_eq!((p.indev, p.outdev), (0, 1));
+        // No input device at LOCAL_OUT: no NFQA_HWADDR.
+        assert_eq!(p.hw_addr, None);
         assert_eq!(p.payload.len(), 40 + 8 + 6);
         assert_eq!(p.payload[0] >> 4, 6);
+    }
+
+    #[test]
+    fn hwaddr_of_other_lengths_is_ignored() {
+        let mut b = hex(V4_INPUT_PACKET);
+        // The NFQA_HWADDR attribute starts at byte 40: {16, 9}, then hw_addrlen.
+        assert_eq!(&b[40..44], &[0x10, 0, 9, 0]);
+        b[46..52].copy_from_slice(&[2, 0, 0, 0, 0, 7]);
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!(p.hw_addr, Some([2, 0, 0, 0, 0, 7]));
+        b[45] = 4; // an IPv4 tunnel's 4-byte address
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!(p.hw_addr, None);
     }
 
     #[test]
