@@ -78,6 +78,7 @@ const FLAGS: &[&str] = &[
 
 /// All RPCs, a client of each service.
 struct Clients {
+    ch: Channel,
     rs: RulesetServiceClient<Channel>,
     counters: CounterServiceClient<Channel>,
     trace: TraceServiceClient<Channel>,
@@ -90,6 +91,7 @@ impl Clients {
     fn new(ch: Channel) -> Clients {
         const M: usize = 64 << 20;
         Clients {
+            ch: ch.clone(),
             rs: RulesetServiceClient::new(ch.clone()).max_decoding_message_size(M),
             counters: CounterServiceClient::new(ch.clone()).max_decoding_message_size(M),
             trace: TraceServiceClient::new(ch.clone()).max_decoding_message_size(M),
@@ -103,25 +105,183 @@ impl Clients {
 /// Declares [`Req`] (one variant per RPC), [`RPCS`] (their names) and `Req::send`.
 macro_rules! rpcs {
     ($( $var:ident => $client:ident . $method:ident ( $ty:ty ) ; )*) => {
-        /// One request of one RPC.
+        /// One request of one RPC, or raw bytes sent to one RPC's path.
         #[derive(Clone, Debug)]
-        enum Req { $( $var($ty), )* }
+        enum Req { $( $var($ty), )* Raw(RawReq) }
 
         /// Every RPC, named as in the .proto.
         const RPCS: &[&str] = &[ $( stringify!($var), )* ];
 
         impl Req {
             fn name(&self) -> &'static str {
-                match self { $( Req::$var(_) => stringify!($var), )* }
+                match self { $( Req::$var(_) => stringify!($var), )* Req::Raw(_) => "Raw" }
+            }
+
+            /// `/vallum.v1.Service/Method`.
+            fn path(&self) -> String {
+                match self {
+                    $( Req::$var(_) => grpc_path(stringify!($var), stringify!($client)), )*
+                    Req::Raw(q) => q.path.clone(),
+                }
+            }
+
+            /// The protobuf encoding of the request.
+            fn encode(&self) -> Vec<u8> {
+                match self {
+                    $( Req::$var(q) => prost::Message::encode_to_vec(q), )*
+                    Req::Raw(q) => q.bytes.clone(),
+                }
             }
 
             /// Sends the request; the answer's content is not needed (state is compared
             /// through [`snapshot`]).
             async fn send(self, c: &mut Clients) -> Result<(), Status> {
-                match self { $( Req::$var(q) => c.$client.$method(q).await.map(|_| ()), )* }
+                match self {
+                    $( Req::$var(q) => c.$client.$method(q).await.map(|_| ()), )*
+                    Req::Raw(q) => send_raw(c.ch.clone(), q).await,
+                }
             }
         }
     };
+}
+
+/// The HTTP/2 path of RPC `var` (a [`RPCS`] name) of the client field `client`.
+fn grpc_path(var: &str, client: &str) -> String {
+    let service = match client {
+        "rs" => "RulesetService",
+        "counters" => "CounterService",
+        "trace" => "TraceService",
+        "engine" => "EngineService",
+        "ct" => "ConntrackService",
+        _ => "SetService",
+    };
+    let method = var.strip_prefix("Conntrack").unwrap_or(var);
+    format!("/vallum.v1.{service}/{method}")
+}
+
+/// Raw protobuf bytes for one RPC: a typed request's encoding, mutated.
+#[derive(Clone, Debug)]
+struct RawReq {
+    /// The RPC the bytes were made for.
+    rpc: &'static str,
+    path: String,
+    /// What was done to the encoding.
+    how: &'static str,
+    /// Whether the RPC mutates (so a success may change the state).
+    write: bool,
+    bytes: Vec<u8>,
+}
+
+/// Sends bytes as they are (the codec neither encodes nor decodes).
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Status> {
+        use prost::bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+        use prost::bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+async fn send_raw(ch: Channel, q: RawReq) -> Result<(), Status> {
+    let mut grpc = tonic::client::Grpc::new(ch).max_decoding_message_size(64 << 20);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(format!("not ready: {e}")))?;
+    let path = http::uri::PathAndQuery::try_from(q.path.as_str())
+        .map_err(|e| Status::invalid_argument(format!("path: {e}")))?;
+    grpc.unary(tonic::Request::new(q.bytes), path, RawCodec)
+        .await
+        .map(|_| ())
+}
+
+/// A typed request's encoding mutated: a byte of a text made invalid UTF-8, truncated,
+/// bytes flipped, an unknown field, a field repeated, a length made huge, or noise.
+fn raw(r: &mut Rng, typed: &Req) -> Req {
+    let mut b = typed.encode();
+    let how = match r.below(7) {
+        0 => {
+            // Inside a run of printable ASCII (most likely a string field): 0xff.
+            let runs: Vec<usize> = (0..b.len().saturating_sub(3))
+                .filter(|&i| b[i..i + 3].iter().all(|c| c.is_ascii_graphic()))
+                .collect();
+            if runs.is_empty() {
+                b.push(0xff);
+            } else {
+                let i = runs[r.below(runs.len())] + 1;
+                b[i] = *r.pick(&[&0xffu8, &0xc0, &0x80, &0xed]);
+            }
+            "invalid UTF-8 in a text"
+        }
+        1 => {
+            let n = r.below(b.len() + 1);
+            b.truncate(n);
+            "truncated"
+        }
+        2 => {
+            fuzz_gen::mutate_bytes(r, &mut b);
+            "bytes flipped"
+        }
+        3 => {
+            // Field 99, varint; then field 100, length-delimited.
+            b.extend_from_slice(&[0x98, 0x06, 0x01, 0xa2, 0x06, 0x03, b'a', b'b', b'c']);
+            "unknown fields"
+        }
+        4 => {
+            let copy = b.clone();
+            b.extend_from_slice(&copy);
+            "every field twice"
+        }
+        5 => {
+            // Field 1 as length-delimited with a length far past the end.
+            b.splice(0..0, [0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+            "a length past the end"
+        }
+        _ => {
+            b = (0..r.small(64)).map(|_| r.below(256) as u8).collect();
+            "noise"
+        }
+    };
+    Req::Raw(RawReq {
+        rpc: typed.name(),
+        path: typed.path(),
+        how,
+        write: typed.is_write(),
+        bytes: b,
+    })
 }
 
 rpcs! {
@@ -162,7 +322,18 @@ rpcs! {
 
 impl Req {
     /// Whether this is a mutating RPC (`validate_only` or not).
+    /// The RPC's name, or `Raw(RPC: how)` for raw bytes.
+    fn label(&self) -> String {
+        match self {
+            Req::Raw(q) => format!("Raw({}: {})", q.rpc, q.how),
+            _ => self.name().to_string(),
+        }
+    }
+
     fn is_write(&self) -> bool {
+        if let Req::Raw(q) = self {
+            return q.write;
+        }
         self.may_change()
             || matches!(
                 self,
@@ -177,6 +348,7 @@ impl Req {
             Req::StageRevision(q) => !q.validate_only,
             Req::CommitRevision(q) => !q.validate_only,
             Req::Apply(q) => !q.validate_only,
+            Req::Raw(q) => q.write,
             Req::ConfirmCommit(_)
             | Req::Rollback(_)
             | Req::DeleteRuleset(_)
@@ -784,7 +956,7 @@ struct Tally {
 struct Finding {
     kind: &'static str,
     index: u64,
-    rpc: &'static str,
+    rpc: String,
     detail: String,
     request: String,
     saved: Option<PathBuf>,
@@ -897,11 +1069,17 @@ async fn grpc_fuzz() {
             too_large(&mut r)
         } else {
             let rpc = weighted[r.below(weighted.len())];
-            generate(&mut r, rpc, &caps)
+            let typed = generate(&mut r, rpc, &caps);
+            if r.chance(80) {
+                raw(&mut r, &typed)
+            } else {
+                typed
+            }
         };
         let index = n;
         n += 1;
         let rpc = req.name();
+        let label = req.label();
         let may_change = req.may_change();
         let is_write = req.is_write();
         let kept = req.clone();
@@ -910,11 +1088,11 @@ async fn grpc_fuzz() {
         t_send += t0.elapsed();
         let record = |kind: &'static str, detail: String, findings: &mut Vec<Finding>| {
             let saved = save(&save_dir, seed, index, &kept);
-            eprintln!("grpc fuzz: {kind} at request {index} ({rpc}): {detail}");
+            eprintln!("grpc fuzz: {kind} at request {index} ({label}): {detail}");
             findings.push(Finding {
                 kind,
                 index,
-                rpc,
+                rpc: label.clone(),
                 detail,
                 request: short(&kept, 600),
                 saved,
@@ -940,6 +1118,17 @@ async fn grpc_fuzz() {
             }
         };
 
+        // Health SERVING? (A few tries: a connection that an h2 error closed reconnects.)
+        // When it is not, give a dying process a moment to be seen as exited.
+        let serving = outcome.is_some() && wait_serving(&ch, 10).await;
+        if !serving {
+            for _ in 0..40 {
+                if daemon.exited().is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         // The process is up?
         if let Some(status) = daemon.exited() {
             crashes += 1;
@@ -967,8 +1156,7 @@ async fn grpc_fuzz() {
             before = snapshot(&c).await;
             continue;
         }
-        // Health SERVING? (A few tries: a connection that an h2 error closed reconnects.)
-        if !wait_serving(&ch, 10).await {
+        if !serving {
             let h = health(ch.clone()).await;
             record(
                 "not serving",
@@ -999,10 +1187,12 @@ async fn grpc_fuzz() {
                     && support::reason(e).is_empty());
             if wrong {
                 let msg: String = e.message().chars().take(160).collect();
-                let key = (rpc.to_string(), format!("{:?}", e.code()));
+                // One class per RPC (all raw requests together), code and message head.
+                let head: String = e.message().chars().take(32).collect();
+                let key = (rpc.to_string(), format!("{:?}: {head}", e.code()));
                 let seen = wrong_seen.entry(key).or_default();
                 *seen += 1;
-                if *seen <= 3 {
+                if *seen <= 2 {
                     record(
                         "wrong outcome",
                         format!("{:?}: {msg}", e.code()),
@@ -1071,6 +1261,12 @@ async fn grpc_fuzz() {
             f.saved,
             f.index + 1
         );
+    }
+    if !wrong_seen.is_empty() {
+        println!("wrong outcomes by RPC and answer:");
+        for ((rpc, answer), count) in &wrong_seen {
+            println!("  {count:5} {rpc}: {answer}");
+        }
     }
     let fatal: Vec<&Finding> = findings
         .iter()
