@@ -77,6 +77,7 @@ const FLAGS: &[&str] = &[
 // === the RPCs ===
 
 /// All RPCs, a client of each service.
+#[derive(Clone)]
 struct Clients {
     ch: Channel,
     rs: RulesetServiceClient<Channel>,
@@ -223,6 +224,13 @@ async fn send_raw(ch: Channel, q: RawReq) -> Result<(), Status> {
         .map_err(|e| Status::unavailable(format!("not ready: {e}")))?;
     let path = http::uri::PathAndQuery::try_from(q.path.as_str())
         .map_err(|e| Status::invalid_argument(format!("path: {e}")))?;
+    if q.rpc == "WatchCommits" {
+        // A server stream: the headers are the answer (the stream would wait for commits).
+        return grpc
+            .server_streaming(tonic::Request::new(q.bytes), path, RawCodec)
+            .await
+            .map(|_| ());
+    }
     grpc.unary(tonic::Request::new(q.bytes), path, RawCodec)
         .await
         .map(|_| ())
@@ -789,6 +797,34 @@ fn strip_timeout(line: &str) -> String {
     out.join(" ")
 }
 
+/// Why a request that was accepted should have been refused (issue #13's list), given the
+/// state before it.
+fn must_refuse(req: &Req, before: &[String]) -> Option<&'static str> {
+    let bare = |n: &str| n.strip_prefix("rulesets/").unwrap_or(n).to_string();
+    let exists = |n: &str| {
+        let line = format!("Ruleset {{ name: \"rulesets/{}\",", bare(n));
+        before.iter().any(|l| l.starts_with(&line))
+    };
+    let dots = |n: &str| matches!(bare(n).as_str(), "." | "..");
+    match req {
+        Req::TracePacket(q) if q.packet.is_none() && q.frame.is_empty() => {
+            Some("a trace with neither packet nor frame must be INVALID_ARGUMENT")
+        }
+        Req::Apply(q) if dots(&q.ruleset) => Some("`.` and `..` are not ruleset names"),
+        Req::StageRevision(q) if dots(&q.ruleset) => Some("`.` and `..` are not ruleset names"),
+        Req::GetCounters(q) if !q.ruleset.is_empty() && !exists(&q.ruleset) => {
+            Some("counters of a missing ruleset must be NOT_FOUND")
+        }
+        Req::ZeroCounters(q) if !q.ruleset.is_empty() && !exists(&q.ruleset) => {
+            Some("zeroing a missing ruleset's counters must be NOT_FOUND")
+        }
+        Req::CreateSet(q) if q.name.starts_with('-') => {
+            Some("a set named `-...` cannot be named by any rule")
+        }
+        _ => None,
+    }
+}
+
 /// The first difference of two snapshots, as `-old` / `+new` lines.
 fn first_diff(a: &[String], b: &[String]) -> Option<String> {
     let i = a.iter().zip(b).position(|(x, y)| x != y);
@@ -1064,6 +1100,84 @@ async fn grpc_fuzz() {
         {
             break;
         }
+        // Now and then a burst of concurrent requests (races between commits, deletes and
+        // set changes): checked for crashes and health only, then the state is taken anew.
+        if r.chance(15) {
+            let burst: Vec<Req> = (0..8)
+                .map(|_| {
+                    let rpc = weighted[r.below(weighted.len())];
+                    generate(&mut r, rpc, &caps)
+                })
+                .collect();
+            let index = n;
+            n += burst.len() as u64;
+            let sends = burst.iter().cloned().map(|q| {
+                let mut c = c.clone();
+                async move { tokio::time::timeout(stall, q.send(&mut c)).await }
+            });
+            let answers = futures_util::future::join_all(sends).await;
+            for (q, a) in burst.iter().zip(&answers) {
+                let t = tallies.entry(q.name()).or_default();
+                match a {
+                    Ok(Ok(())) => t.ok += 1,
+                    Ok(Err(e)) => *t.err.entry(format!("{:?}", e.code())).or_default() += 1,
+                    Err(_) => *t.err.entry("stall".into()).or_default() += 1,
+                }
+            }
+            let serving = wait_serving(&ch, 10).await;
+            if !serving {
+                for _ in 0..40 {
+                    if daemon.exited().is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            let stalled = answers.iter().any(|a| a.is_err());
+            let exited = daemon.exited();
+            if exited.is_some() || !serving || stalled {
+                let kind = if exited.is_some() {
+                    "crash"
+                } else if stalled {
+                    "stall"
+                } else {
+                    "not serving"
+                };
+                let paths: Vec<Option<PathBuf>> = burst
+                    .iter()
+                    .enumerate()
+                    .map(|(k, q)| save(&save_dir, seed, index + k as u64, q))
+                    .collect();
+                let detail = format!(
+                    "in a burst of {} concurrent requests ({exited:?})",
+                    burst.len()
+                );
+                eprintln!("grpc fuzz: {kind} at requests {index}..{}: {detail}", n);
+                findings.push(Finding {
+                    kind,
+                    index,
+                    rpc: burst.iter().map(Req::name).collect::<Vec<_>>().join(","),
+                    detail,
+                    request: burst
+                        .iter()
+                        .map(|q| short(q, 200))
+                        .collect::<Vec<_>>()
+                        .join("\n    "),
+                    saved: paths.into_iter().flatten().next(),
+                });
+                if exited.is_some() {
+                    crashes += 1;
+                    daemon = Daemon::start(&db);
+                    ch = daemon.channel().await;
+                    c = Clients::new(ch.clone());
+                }
+                if !wait_serving(&ch, 2400).await {
+                    break;
+                }
+            }
+            before = snapshot(&c).await;
+            continue;
+        }
         let over_limit = r.chance(5);
         let req = if over_limit {
             too_large(&mut r)
@@ -1178,34 +1292,53 @@ async fn grpc_fuzz() {
             }
             peak_hwm = peak_hwm.max(hwm);
         }
-        // Wrong outcomes.
-        if let Some(Err(e)) = &outcome {
-            let wrong = matches!(e.code(), Code::Internal | Code::Unknown | Code::DataLoss)
-                || (over_limit && e.code() != Code::ResourceExhausted)
-                || (!over_limit
-                    && e.code() == Code::ResourceExhausted
-                    && support::reason(e).is_empty());
-            if wrong {
-                let msg: String = e.message().chars().take(160).collect();
-                // One class per RPC (all raw requests together), code and message head.
-                let head: String = e.message().chars().take(32).collect();
-                let key = (rpc.to_string(), format!("{:?}: {head}", e.code()));
-                let seen = wrong_seen.entry(key).or_default();
-                *seen += 1;
-                if *seen <= 2 {
-                    record(
-                        "wrong outcome",
-                        format!("{:?}: {msg}", e.code()),
-                        &mut findings,
-                    );
+        // Wrong outcomes: a status that says "bug" (or an unbounded or raw message), an
+        // acceptance of what must be refused.
+        let wrong: Option<String> = match &outcome {
+            Some(Err(e)) => {
+                let m = e.message();
+                if matches!(e.code(), Code::Internal | Code::Unknown | Code::DataLoss) {
+                    Some(format!(
+                        "{:?}: {}",
+                        e.code(),
+                        m.chars().take(32).collect::<String>()
+                    ))
+                } else if over_limit && e.code() != Code::ResourceExhausted {
+                    Some(format!("over the size limit but {:?}", e.code()))
+                } else if e.code() == Code::ResourceExhausted && support::reason(e).is_empty() {
+                    Some(format!(
+                        "ResourceExhausted without a reason: {}",
+                        m.chars().take(32).collect::<String>()
+                    ))
+                } else if m.len() > 4096 {
+                    Some(format!("{:?} with a message over 4 KiB", e.code()))
+                } else if m.contains('\0') {
+                    Some(format!("{:?} with a NUL byte in its message", e.code()))
+                } else {
+                    None
                 }
             }
-        } else if over_limit {
-            record(
-                "wrong outcome",
-                "a request over --max-request-bytes was accepted".into(),
-                &mut findings,
-            );
+            Some(Ok(())) if over_limit => {
+                Some("a request over --max-request-bytes was accepted".into())
+            }
+            Some(Ok(())) => must_refuse(&kept, &before).map(|why| format!("accepted, but {why}")),
+            None => None,
+        };
+        if let Some(class) = wrong {
+            let detail = match &outcome {
+                Some(Err(e)) => format!(
+                    "{class} ({:?}: {})",
+                    e.code(),
+                    e.message().chars().take(160).collect::<String>()
+                ),
+                _ => class.clone(),
+            };
+            // One class per RPC (all raw requests together) and kind of answer.
+            let seen = wrong_seen.entry((rpc.to_string(), class)).or_default();
+            *seen += 1;
+            if *seen <= 2 {
+                record("wrong outcome", detail, &mut findings);
+            }
         }
         // State unchanged unless a mutation succeeded? Checked after every mutating RPC and
         // every 5th read-only one (a snapshot costs more than most requests).
