@@ -525,7 +525,9 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                 (Vec::new(), r.chance(50))
             };
             Req::TracePacket(pb::TracePacketRequest {
-                packet: (frame.is_empty() || r.chance(100)).then(|| fuzz_gen::packet_spec(r)),
+                // Now and then neither packet nor frame.
+                packet: ((frame.is_empty() && r.chance(970)) || r.chance(100))
+                    .then(|| fuzz_gen::packet_spec(r)),
                 revision: if r.chance(700) {
                     String::new()
                 } else {
