@@ -413,52 +413,130 @@ pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet,
     Ok(IpNet { addr, mask })
 }
 
-/// Protocol names iptables knows without /etc/protocols (xtables_chain_protos) plus the few
-/// /etc/protocols names iptables-save prints for common numbers; first name is the printed one.
-const PROTOCOLS: &[(&str, u8)] = &[
+/// The protocol names of `/etc/protocols` as Debian's netbase 6.4 ships it (taken from IANA's
+/// "Assigned Internet Protocol Numbers", <https://www.iana.org/assignments/protocol-numbers>),
+/// official names only, in file order. iptables reads that file through `getprotobyname` /
+/// `getprotobynumber`; the engine reads no files, so the table is built in. (`mptcp`, 262,
+/// does not fit an IP header's protocol byte: see [`parse_protocol`].)
+const ETC_PROTOCOLS: &[(&str, u8)] = &[
+    ("ip", 0),
+    ("hopopt", 0),
+    ("icmp", 1),
+    ("igmp", 2),
+    ("ggp", 3),
+    ("ipencap", 4),
+    ("st", 5),
+    ("tcp", 6),
+    ("egp", 8),
+    ("igp", 9),
+    ("pup", 12),
+    ("udp", 17),
+    ("hmp", 20),
+    ("xns-idp", 22),
+    ("rdp", 27),
+    ("iso-tp4", 29),
+    ("dccp", 33),
+    ("xtp", 36),
+    ("ddp", 37),
+    ("idpr-cmtp", 38),
+    ("ipv6", 41),
+    ("ipv6-route", 43),
+    ("ipv6-frag", 44),
+    ("idrp", 45),
+    ("rsvp", 46),
+    ("gre", 47),
+    ("esp", 50),
+    ("ah", 51),
+    ("skip", 57),
+    ("ipv6-icmp", 58),
+    ("ipv6-nonxt", 59),
+    ("ipv6-opts", 60),
+    ("rspf", 73),
+    ("vmtp", 81),
+    ("eigrp", 88),
+    ("ospf", 89),
+    ("ax.25", 93),
+    ("ipip", 94),
+    ("etherip", 97),
+    ("encap", 98),
+    ("pim", 103),
+    ("ipcomp", 108),
+    ("vrrp", 112),
+    ("l2tp", 115),
+    ("isis", 124),
+    ("sctp", 132),
+    ("fc", 133),
+    ("mobility-header", 135),
+    ("udplite", 136),
+    ("mpls-in-ip", 137),
+    ("manet", 138),
+    ("hip", 139),
+    ("shim6", 140),
+    ("wesp", 141),
+    ("rohc", 142),
+    ("ethernet", 143),
+];
+
+/// The names iptables knows without `/etc/protocols` (`xtables_chain_protos`, iptables 1.8.9):
+/// used for parsing, and for printing only numbers `/etc/protocols` has no name for.
+const CHAIN_PROTOS: &[(&str, u8)] = &[
     ("tcp", 6),
     ("sctp", 132),
     ("udp", 17),
     ("udplite", 136),
     ("icmp", 1),
-    ("ipv6-icmp", 58),
     ("icmpv6", 58),
+    ("ipv6-icmp", 58),
     ("esp", 50),
     ("ah", 51),
     ("mh", 135),
     ("all", 0),
-    ("dccp", 33),
-    ("gre", 47),
-    ("igmp", 2),
-    ("ipv6", 41),
-    ("ospf", 89),
-    ("pim", 103),
-    ("vrrp", 112),
 ];
 
-/// The name iptables-save prints for a protocol number, if it has one.
+/// The name iptables-save prints for a protocol number, if it has one: as iptables 1.8.9's
+/// `proto_to_name`, the `/etc/protocols` name first (`-p 4` prints `-p ipencap`, `-p 135`
+/// `-p mobility-header`), then `xtables_chain_protos`.
 pub(crate) fn protocol_name(p: u8) -> Option<&'static str> {
-    PROTOCOLS.iter().find(|(_, n)| *n == p).map(|(s, _)| *s)
+    if p == 0 {
+        return None;
+    }
+    ETC_PROTOCOLS
+        .iter()
+        .chain(CHAIN_PROTOS)
+        .find(|(_, n)| *n == p)
+        .map(|(s, _)| *s)
 }
 
-/// `-p`: a name from the table above or a number 0..=255 (0 and `all` mean any).
+/// `-p`: as iptables' `xtables_parse_protocol`, the text lowercased, then a number 0..=255
+/// (`strtoul` base 0), then an `/etc/protocols` name ([`ETC_PROTOCOLS`]), then a
+/// [`CHAIN_PROTOS`] name. 0 (`all`, `ip`, `hopopt`) means any protocol.
 pub(crate) fn parse_protocol(t: &Tok, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+    if let Some(v) = parse_uint(t.text, 255) {
+        return Ok(v as u8);
+    }
     // Names are lowercase ASCII: comparing ignoring ASCII case is comparing the lowercased
     // text, without allocating it.
-    if let Some((_, n)) = PROTOCOLS
+    if let Some((_, n)) = ETC_PROTOCOLS
         .iter()
+        .chain(CHAIN_PROTOS)
         .find(|(name, _)| name.eq_ignore_ascii_case(t.text))
     {
         return Ok(*n);
     }
-    parse_uint(t.text, 255).map(|v| v as u8).ok_or_else(|| {
-        invalid(
+    if t.text.eq_ignore_ascii_case("mptcp") {
+        return Err(invalid(
             ctx,
             t,
             "protocol",
-            "unknown protocol name or number above 255",
-        )
-    })
+            "mptcp is protocol 262, which no IP header can carry (the kernel stores it and never matches)",
+        ));
+    }
+    Err(invalid(
+        ctx,
+        t,
+        "protocol",
+        "unknown protocol name (not in /etc/protocols) or number above 255",
+    ))
 }
 
 /// The match `-p PROTO` loads implicitly for an unknown option.
@@ -1914,8 +1992,9 @@ mod tests {
             let t = Tok { text: s, column: 3 };
             // The rule before: lowercase the text, then compare.
             let lower = s.to_ascii_lowercase();
-            let want = PROTOCOLS
+            let want = ETC_PROTOCOLS
                 .iter()
+                .chain(CHAIN_PROTOS)
                 .find(|(name, _)| *name == lower)
                 .map(|(_, n)| *n)
                 .or_else(|| parse_uint(s, 255).map(|v| v as u8));
