@@ -206,9 +206,23 @@ pub enum ParseErrorKind {
         /// Why it is wrong.
         reason: String,
     },
-    /// A hostname where an address is needed: the engine is sans-IO and resolves nothing.
-    #[error("hostnames are not supported, write an address")]
+    /// A hostname where an address is needed. iptables resolves names when it loads the rules
+    /// (and keeps whatever addresses DNS gave then); the engine is sans-IO and resolves
+    /// nothing, so the text must say the addresses.
+    #[error(
+        "hostnames are not supported: iptables resolves them once, at load time; write the address(es) instead"
+    )]
     Hostname,
+    /// `! -s a,b` / `! -d a,b` (as iptables).
+    #[error("! not allowed with multiple source or destination IP addresses")]
+    NegatedAddressList,
+    /// `-R` with an address list (as iptables).
+    #[error("Replacement rule does not specify a unique address")]
+    ReplaceWithList,
+    /// `-o` in PREROUTING or INPUT, `-i` in POSTROUTING or OUTPUT (as iptables, which checks
+    /// the chain's name: "Can't use -o with INPUT").
+    #[error("Can't use -{0} with {1}")]
+    WrongDirection(char, String),
     /// A name longer than its kernel limit.
     #[error("{what} too long ({max} bytes max)")]
     TooLong {
@@ -571,6 +585,11 @@ mod tests {
     #[test]
     fn hostnames_and_name_limits() {
         let e = errors("*filter\n-A INPUT -s example.com\nCOMMIT\n", &v4());
+        assert!(
+            e[0].contains("hostnames are not supported: iptables resolves them once, at load time"),
+            "{e:?}"
+        );
+        let e = errors("*filter\n-A INPUT -s 10.0.0.1,localhost\nCOMMIT\n", &v4());
         assert!(e[0].contains("hostnames are not supported"), "{e:?}");
         let long = "c".repeat(29);
         assert!(parse(&format!("*filter\n:{long} - [0:0]\nCOMMIT\n"), &v4()).is_err());
@@ -584,6 +603,61 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn address_lists_expand_like_iptables() {
+        let text = "*filter\n-A INPUT -s 10.0.0.1,10.0.0.2 -d 1.1.1.1,0/0 -j DROP\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "INPUT"),
+            [
+                "-s 10.0.0.1/32 -d 1.1.1.1/32 -j DROP",
+                "-s 10.0.0.1/32 -j DROP",
+                "-s 10.0.0.2/32 -d 1.1.1.1/32 -j DROP",
+                "-s 10.0.0.2/32 -j DROP",
+            ]
+        );
+        let e = errors("*filter\n-A INPUT ! -s 1.1.1.1,2.2.2.2\nCOMMIT\n", &v4());
+        assert!(
+            e[0].starts_with("2:12: ! not allowed with multiple source"),
+            "{e:?}"
+        );
+        let e = errors(
+            "*filter\n-A INPUT -s 1.1.1.1\n-R INPUT 1 -s 1.1.1.1,2.2.2.2\nCOMMIT\n",
+            &v4(),
+        );
+        assert!(
+            e[0].contains("Replacement rule does not specify a unique address"),
+            "{e:?}"
+        );
+        // The read-ahead parser of large texts expands them the same way.
+        let mut big = String::from("*filter\n");
+        for i in 0..3000 {
+            big.push_str(&format!(
+                "-A INPUT -s 10.0.{}.{},192.0.2.1 -j ACCEPT\n",
+                i / 250,
+                i % 250
+            ));
+        }
+        big.push_str("COMMIT\n");
+        let one = parse_ruleset("a", &big, &v4()).expect("parses");
+        let four = parse_ruleset_threads("a", &big, &v4(), 4).expect("parses");
+        assert_eq!(one, four);
+        assert_eq!(one.tables[0].chains[0].rules.len(), 6000);
+    }
+
+    #[test]
+    fn interfaces_the_chain_cannot_see_are_refused_like_iptables() {
+        let e = errors("*filter\n-A INPUT -p tcp -o eth0\nCOMMIT\n", &v4());
+        assert!(e[0].starts_with("2:17: Can't use -o with INPUT"), "{e:?}");
+        let e = errors(
+            "*nat\n-A POSTROUTING -i eth0 -j MASQUERADE\nCOMMIT\n",
+            &v4(),
+        );
+        assert!(e[0].contains("Can't use -i with POSTROUTING"), "{e:?}");
+        // User chains are not checked (iptables goes by the chain's name).
+        let ok = "*filter\n:U - [0:0]\n-A U -o eth0\n-A FORWARD -i eth1 -o eth0\nCOMMIT\n";
+        assert_eq!(rules(ok, &v4(), "U"), ["-o eth0"]);
     }
 
     #[test]

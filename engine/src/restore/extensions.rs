@@ -315,11 +315,37 @@ pub(crate) fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
     (i == b.len()).then(|| Ipv4Addr::from(octets))
 }
 
+/// An IPv4 address as iptables' `__numeric_to_ipaddr` reads it: up to four dot-separated
+/// parts, each a number 0-255 as `strtoul(s, 0)` reads it (so `010` is octal 8, `0x0a` is 10;
+/// a leading `+` is allowed); an address (not a mask) with fewer parts is completed with zero
+/// bytes (`-s 0` is `0.0.0.0`, `-s 10.1` is `10.1.0.0`).
+fn numeric_ipv4(s: &str, is_mask: bool) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut n = 0;
+    for part in s.split('.') {
+        let slot = octets.get_mut(n)?;
+        let digits = part.strip_prefix('+').unwrap_or(part);
+        *slot = parse_uint(digits, 255)? as u8;
+        n += 1;
+    }
+    (!is_mask || n == 4).then(|| Ipv4Addr::from(octets))
+}
+
 fn parse_addr(t: &Tok, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAddr, ParseError> {
+    parse_addr_or_mask(t, s, family, false, ctx)
+}
+
+fn parse_addr_or_mask(
+    t: &Tok,
+    s: &str,
+    family: Family,
+    is_mask: bool,
+    ctx: &Ctx<'_>,
+) -> Result<IpAddr, ParseError> {
     match family {
         Family::Ipv4 => {
-            // The fast path takes what std takes; std stays the judge of everything else.
-            if let Some(a) = parse_ipv4(s).or_else(|| s.parse::<Ipv4Addr>().ok()) {
+            // The fast path takes the plain dotted quads; iptables' own reading takes the rest.
+            if let Some(a) = parse_ipv4(s).or_else(|| numeric_ipv4(s, is_mask)) {
                 return Ok(IpAddr::V4(a));
             }
         }
@@ -371,8 +397,8 @@ pub(crate) fn parse_ipv4_net(s: &str) -> Option<IpNet> {
 }
 
 /// `-s`/`-d` and conntrack addresses: `ADDR[/LEN|/MASK]`; the address is masked as iptables
-/// stores it; a mask need not be contiguous. Comma lists (several rules in iptables) and
-/// hostnames are rejected.
+/// stores it; a mask need not be contiguous. Comma lists (the line parser splits `-s`/`-d`
+/// lists before) and hostnames are rejected.
 pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet, ParseError> {
     if family == Family::Ipv4 {
         if let Some(n) = parse_ipv4_net(t.text) {
@@ -400,7 +426,7 @@ pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet,
             .ok()
             .and_then(|len| IpNet::new(addr, len))
             .map(|n| n.mask),
-        Some(m) => Some(parse_addr(t, m, family, ctx)?),
+        Some(m) => Some(parse_addr_or_mask(t, m, family, true, ctx)?),
     };
     let Some(mask) = mask else {
         return Err(invalid(ctx, t, "mask", "prefix length too long"));
@@ -1895,7 +1921,7 @@ mod tests {
                 .ok()
                 .and_then(|len| IpNet::new(addr, len))
                 .map(|n| n.mask),
-            Some(m) => Some(parse_addr(&t, m, Family::Ipv4, &ctx)?),
+            Some(m) => Some(parse_addr_or_mask(&t, m, Family::Ipv4, true, &ctx)?),
         };
         let Some(IpAddr::V4(mask)) = mask else {
             return Err(invalid(&ctx, &t, "mask", "prefix length too long"));
@@ -1959,9 +1985,18 @@ mod tests {
         let odd = net("10.1.2.3/255.0.255.0").expect("a non-contiguous mask parses");
         assert_eq!(odd.prefix_len(), None);
         assert_eq!(odd.addr.to_string(), "10.0.2.0");
-        let e = net("01.2.3.4/8").expect_err("leading zero");
-        assert_eq!(e.location.column, 1);
-        assert!(e.to_string().contains("not an IPv4 address"), "{e}");
+        // As iptables (strtoul base 0 per part, missing parts zero): checked with the kernel.
+        let v4 = |s: &str| net(s).map(|n| (n.addr.to_string(), n.prefix_len()));
+        assert_eq!(v4("01.2.3.4/8"), Ok(("1.0.0.0".into(), Some(8))));
+        assert_eq!(v4("010.0.0.1"), Ok(("8.0.0.1".into(), Some(32))));
+        assert_eq!(v4("0x0a.1.2.3"), Ok(("10.1.2.3".into(), Some(32))));
+        assert_eq!(v4("0"), Ok(("0.0.0.0".into(), Some(32))));
+        assert_eq!(v4("0/0"), Ok(("0.0.0.0".into(), Some(0))));
+        assert_eq!(v4("10.1/8"), Ok(("10.0.0.0".into(), Some(8))));
+        for bad in ["10.", "1.2.3.4.5", "1.2.3.256", "10.1.2.3/255.0", "1..2"] {
+            let e = net(bad).expect_err(bad);
+            assert_eq!(e.location.column, 1);
+        }
         let e = net("1.2.3.4/33").expect_err("too long");
         assert!(e.to_string().contains("prefix length too long"), "{e}");
     }
