@@ -17,7 +17,7 @@ use crate::model::{
 
 use super::lexer::{Tok, split_byte};
 use super::rule::{Args, Ctx};
-use super::{ParseError, ParseErrorKind as K};
+use super::{ParseError, ParseErrorKind as K, ParseWarning, ParseWarningKind};
 
 /// What the line parser tracks of a match (beside the [`Match`] itself) while its line is
 /// parsed.
@@ -56,6 +56,8 @@ pub(crate) struct PendingTarget<'t> {
     seen: Seen,
     /// The `-j NAME` argument (`None` for a jump or goto).
     token: Option<Tok<'t>>,
+    /// A value kept in the kernel's form rather than as written (see [`ParseWarning`]).
+    pub warning: Option<ParseWarning>,
 }
 
 impl PendingTarget<'_> {
@@ -65,6 +67,7 @@ impl PendingTarget<'_> {
             t,
             seen: 0,
             token: None,
+            warning: None,
         }
     }
 
@@ -778,9 +781,8 @@ pub(crate) fn match_option(
             let key = usize::from(name != "--src-range");
             once(seen, key, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                let Some((lo, hi)) = a.text.split_once('-') else {
-                    return Err(invalid(ctx, &a, "address range", "expected FROM-TO"));
-                };
+                // A single address is the range of just it (libxt_iprange: FROM[-TO]).
+                let (lo, hi) = a.text.split_once('-').unwrap_or((a.text, a.text));
                 let lo = parse_addr(&a, lo, ctx.family, ctx)?;
                 let hi = parse_addr(&a, hi, ctx.family, ctx)?;
                 *slot = Some(Neg {
@@ -1578,6 +1580,7 @@ pub(crate) fn new_target<'t>(
         t,
         seen: 0,
         token: Some(*tok),
+        warning: None,
     }))
 }
 
@@ -1649,6 +1652,10 @@ const LOG_LEVELS: [(&str, u8); 10] = [
     ("info", 6),
 ];
 
+/// The longest `--log-prefix` the kernel keeps, in bytes (`ipt_log_info.prefix[30]`, NUL
+/// included).
+pub(crate) const LOG_PREFIX_MAX: usize = 29;
+
 /// LOG flags in libipt_LOG's print order.
 pub(crate) const LOG_FLAGS: [&str; 5] = [
     "--log-tcp-sequence",
@@ -1692,6 +1699,7 @@ pub(crate) fn target_option(
     ctx: &Ctx<'_>,
 ) -> Option<Result<(), ParseError>> {
     let seen = &mut pt.seen;
+    let warning = &mut pt.warning;
     let r = match &mut pt.t {
         Target::Reject(w) => {
             if name != "--reject-with" {
@@ -1711,19 +1719,36 @@ pub(crate) fn target_option(
         Target::Log(l) => match name {
             "--log-prefix" => once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                if a.text.len() > 29 {
-                    return Err(ctx.err(
-                        &a,
-                        K::TooLong {
-                            what: "log prefix",
-                            max: 29,
-                        },
-                    ));
-                }
                 if a.text.contains('\n') {
                     return Err(invalid(ctx, &a, "log prefix", "no newline allowed"));
                 }
-                l.prefix = (!a.text.is_empty()).then(|| a.text.to_string());
+                // As libxt_LOG's option table (`.min = 1`).
+                if a.text.is_empty() {
+                    return Err(invalid(
+                        ctx,
+                        &a,
+                        "log prefix",
+                        "Argument must have a minimum length of 1 characters",
+                    ));
+                }
+                let mut kept = a.text;
+                if kept.len() > LOG_PREFIX_MAX {
+                    let mut end = LOG_PREFIX_MAX;
+                    while !kept.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    kept = &kept[..end];
+                    *warning = Some(ParseWarning::new(
+                        ctx.line,
+                        a.column,
+                        a.text,
+                        ParseWarningKind::LogPrefixTruncated {
+                            len: a.text.len(),
+                            kept: kept.to_string(),
+                        },
+                    ));
+                }
+                l.prefix = Some(kept.to_string());
                 Ok(())
             }),
             "--log-level" => once(seen, 1, negated, false, args, ctx, name).and_then(|()| {

@@ -24,7 +24,7 @@ const PROTOCOL_OPTIONS: [&str; 9] = [
 use super::extensions::{self, MatchState, PendingTarget};
 
 use super::lexer::{Tok, Token, split_byte};
-use super::{ParseError, ParseErrorKind as K};
+use super::{ParseError, ParseErrorKind as K, ParseWarning};
 
 /// What a line asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +62,8 @@ pub(crate) struct Line<'t> {
     pub target_token: Option<Tok<'t>>,
     /// `-s a,b` / `-d a,b`: the rule stands for one rule per address (see [`AddrLists`]).
     pub lists: Option<Box<AddrLists>>,
+    /// Values kept in the kernel's form rather than as written.
+    pub warnings: Vec<ParseWarning>,
 }
 
 /// The addresses of `-s a,b,...` and `-d a,b,...`. As iptables, such a line stands for one rule
@@ -703,7 +705,9 @@ pub(crate) fn parse_line<'t>(
     for (i, m) in rule.matches.iter_mut().enumerate() {
         extensions::finish_match(m, states.get_mut(i), protocol, ctx)?;
     }
-    if let Some(pt) = target {
+    let mut warnings = Vec::new();
+    if let Some(mut pt) = target {
+        warnings.extend(pt.warning.take());
         rule.target = extensions::finish_target(pt, protocol, ctx)?;
     }
     Ok(Some(Line {
@@ -713,6 +717,7 @@ pub(crate) fn parse_line<'t>(
         has_spec,
         target_token,
         lists,
+        warnings,
     }))
 }
 

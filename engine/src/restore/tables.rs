@@ -26,7 +26,7 @@ use super::lexer::{Tok, Token, tokenize_into};
 use super::rule::{AddrLists, Command, Ctx, check_chain_name, parse_line};
 use super::{
     ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
-    Restore,
+    ParseWarning, Restore,
 };
 pub(crate) use reparse::{parse_after, reparse};
 
@@ -143,6 +143,7 @@ struct State<'o, 'a> {
     opts: &'o ParseOptions<'a>,
     errors: Vec<ParseError>,
     external: Vec<ExternalRef>,
+    warnings: Vec<ParseWarning>,
     done: Vec<Table>,
 }
 
@@ -235,6 +236,7 @@ fn parse_lines<'a>(
         opts,
         errors: Vec::new(),
         external: Vec::new(),
+        warnings: Vec::new(),
         done: Vec::new(),
     };
     let mut cur: Option<Block> = None;
@@ -399,6 +401,7 @@ fn parse_lines<'a>(
     Ok(Restore {
         tables: st.done,
         external: st.external,
+        warnings: st.warnings,
     })
 }
 
@@ -540,6 +543,7 @@ fn read_command<'t, 'a: 't>(
         rule,
         location,
         lists: l.lists,
+        warnings: l.warnings,
     }))
 }
 
@@ -634,6 +638,7 @@ fn read_line<'a>(
         rule: p.rule,
         location: p.location,
         lists: p.lists,
+        warnings: p.warnings,
     }))
 }
 
@@ -659,6 +664,8 @@ struct Parsed<'t> {
     location: Location,
     /// `-s a,b` / `-d a,b`: `rule` stands for several rules.
     pub(super) lists: Option<Box<AddrLists>>,
+    /// The line's warnings.
+    pub(super) warnings: Vec<ParseWarning>,
 }
 
 /// Carries out a parsed command line on the table block (the part of a restore that must run
@@ -678,7 +685,9 @@ fn apply_line(
         mut rule,
         location,
         lists,
+        warnings,
     } = parsed;
+    st.warnings.extend(warnings);
     let line_no = ctx.line;
     rule.location = location;
     // With --counters every rule has counters (zero when not written), as in the kernel;

@@ -254,7 +254,11 @@ pub(crate) fn reparse(
         };
         let parsed = read_command(line, &ctx, &mut toks).ok()??;
         // A line with an address list stands for several rules: not a plain dump's line.
-        if !matches!(parsed.command, Command::Append) || parsed.lists.is_some() {
+        // One with a warning goes to the full parse, which reports it.
+        if !matches!(parsed.command, Command::Append)
+            || parsed.lists.is_some()
+            || !parsed.warnings.is_empty()
+        {
             return None;
         }
         let chain = parsed.chain?.text;
