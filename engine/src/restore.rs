@@ -18,6 +18,7 @@
 
 mod extensions;
 mod lexer;
+mod opaque;
 mod print;
 mod rule;
 mod tables;

@@ -1537,7 +1537,8 @@ pub(crate) fn finish_match(
                 return needs("--mac-source");
             }
         }
-        Match::Limit(_) | Match::Opaque(_) => {}
+        Match::Opaque(o) => super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?,
+        Match::Limit(_) => {}
     }
     Ok(())
 }
@@ -1839,7 +1840,7 @@ pub(crate) fn target_option(
 /// Each target's final check (REJECT tcp-reset needs `-p tcp`).
 /// `protocol` is the rule's `-p`.
 pub(crate) fn finish_target(
-    pt: PendingTarget,
+    mut pt: PendingTarget,
     protocol: Option<Neg<u8>>,
     ctx: &Ctx<'_>,
 ) -> Result<Target, ParseError> {
@@ -1858,6 +1859,9 @@ pub(crate) fn finish_target(
                 },
             ));
         }
+    }
+    if let (Target::Opaque(o), Some(tok)) = (&mut pt.t, &pt.token) {
+        super::opaque::canonical_target(&o.name, &mut o.options, tok, ctx)?;
     }
     if let Target::Ct(c) = &mut { pt.t.clone() } {
         // `--zone 0` is the default and iptables-save omits it.

@@ -83,7 +83,7 @@ pub(crate) struct AddrLists {
 impl AddrLists {
     /// The rules `rule` stands for, in the order iptables adds them.
     pub(crate) fn expand(&self, rule: &Rule) -> Vec<Rule> {
-        let one = |r: &Option<Neg<IpNet>>| vec![r.clone()];
+        let one = |r: &Option<Neg<IpNet>>| vec![*r];
         let side = |list: &[IpNet], own: &Option<Neg<IpNet>>| {
             if list.is_empty() {
                 one(own)
@@ -97,8 +97,8 @@ impl AddrLists {
         for s in &srcs {
             for d in &dsts {
                 out.push(Rule {
-                    src: s.clone(),
-                    dst: d.clone(),
+                    src: *s,
+                    dst: *d,
                     ..rule.clone()
                 });
             }
