@@ -172,6 +172,24 @@ const OPAQUE_TARGETS: &[&str] = &[
     "ULOG",
 ];
 
+/// Opaque extensions that iptables refuses without any option (each `.t` file has a bare
+/// `-m NAME;;FAIL` / `-j NAME;;FAIL` line for them).
+const OPAQUE_NEEDS_OPTION: &[&str] = &[
+    "addrtype",
+    "connbytes",
+    "connlimit",
+    "hashlimit",
+    "helper",
+    "hl",
+    "pkttype",
+    "quota",
+    "string",
+    "ttl",
+    "DNAT",
+    "SNAT",
+    "TCPMSS",
+];
+
 /// Whether a name is a target (user chains may not be named like one).
 pub(crate) fn is_target_name(name: &str) -> bool {
     matches!(
@@ -1537,7 +1555,23 @@ pub(crate) fn finish_match(
                 return needs("--mac-source");
             }
         }
-        Match::Opaque(o) => super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?,
+        Match::Opaque(o) => {
+            if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
+                return needs("at least one option");
+            }
+            let wants = match o.name.as_str() {
+                "ah" => Some((51, "ah")),
+                "esp" => Some((50, "esp")),
+                "sctp" => Some((132, "sctp")),
+                "dccp" => Some((33, "dccp")),
+                "mh" => Some((135, "mh")),
+                _ => None,
+            };
+            if let Some((n, p)) = wants {
+                needs_proto(proto == Some(n), p)?;
+            }
+            super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?
+        }
         Match::Limit(_) => {}
     }
     Ok(())
@@ -1861,6 +1895,15 @@ pub(crate) fn finish_target(
         }
     }
     if let (Target::Opaque(o), Some(tok)) = (&mut pt.t, &pt.token) {
+        if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
+            return Err(ctx.err(
+                tok,
+                K::MissingOption {
+                    extension: o.name.clone(),
+                    needs: "at least one option",
+                },
+            ));
+        }
         super::opaque::canonical_target(&o.name, &mut o.options, tok, ctx)?;
     }
     if let Target::Ct(c) = &mut { pt.t.clone() } {

@@ -67,6 +67,24 @@ fn value_mask(
     }
 }
 
+/// Fails unless exactly one of `names` is among the options (an extension's mandatory,
+/// exclusive options).
+fn exactly_one(
+    options: &[OpaqueOption],
+    names: &[&str],
+    bad: &dyn Fn(String) -> ParseError,
+) -> Result<(), ParseError> {
+    match options
+        .iter()
+        .filter(|o| names.contains(&o.name.as_str()))
+        .count()
+    {
+        1 => Ok(()),
+        0 => Err(bad(format!("needs {}", names.join(" or ")))),
+        _ => Err(bad(format!("only one of {}", names.join(", ")))),
+    }
+}
+
 fn hex_pair(v: u32, m: u32) -> String {
     format!("{v:#x}/{m:#x}")
 }
@@ -90,6 +108,7 @@ pub(crate) fn canonical_match(
     match name {
         "statistic" => statistic(options, &bad),
         "connmark" => {
+            exactly_one(options, &["--mark"], &bad)?;
             for o in options.iter_mut() {
                 if o.name == "--mark" {
                     let (v, m) = value_mask(one_arg(o, &bad)?, &bad)?;
@@ -104,6 +123,7 @@ pub(crate) fn canonical_match(
             Ok(())
         }
         "tos" => {
+            exactly_one(options, &["--tos"], &bad)?;
             for o in options.iter_mut() {
                 if o.name == "--tos" {
                     let (v, m) = tos_value(one_arg(o, &bad)?, &bad)?;
@@ -113,6 +133,7 @@ pub(crate) fn canonical_match(
             Ok(())
         }
         "dscp" => {
+            exactly_one(options, &["--dscp", "--dscp-class"], &bad)?;
             for o in options.iter_mut() {
                 let v = match o.name.as_str() {
                     "--dscp" => dscp_number(one_arg(o, &bad)?, &bad)?,
@@ -147,6 +168,11 @@ pub(crate) fn canonical_target(
         "MARK" => mark(options, &bad),
         "CONNMARK" => connmark(options, &bad),
         "TOS" => {
+            exactly_one(
+                options,
+                &["--set-tos", "--and-tos", "--or-tos", "--xor-tos"],
+                &bad,
+            )?;
             for o in options.iter_mut() {
                 let (v, m) = match o.name.as_str() {
                     "--set-tos" => tos_value(one_arg(o, &bad)?, &bad)?,
@@ -163,6 +189,7 @@ pub(crate) fn canonical_target(
             Ok(())
         }
         "DSCP" => {
+            exactly_one(options, &["--set-dscp", "--set-dscp-class"], &bad)?;
             for o in options.iter_mut() {
                 let v = match o.name.as_str() {
                     "--set-dscp" => dscp_number(one_arg(o, &bad)?, &bad)?,
@@ -174,6 +201,7 @@ pub(crate) fn canonical_target(
             Ok(())
         }
         "CLASSIFY" => {
+            exactly_one(options, &["--set-class"], &bad)?;
             for o in options.iter_mut() {
                 if o.name == "--set-class" {
                     let a = one_arg(o, &bad)?;
@@ -269,6 +297,17 @@ fn mark(
     options: &mut [OpaqueOption],
     bad: &dyn Fn(String) -> ParseError,
 ) -> Result<(), ParseError> {
+    exactly_one(
+        options,
+        &[
+            "--set-xmark",
+            "--set-mark",
+            "--and-mark",
+            "--or-mark",
+            "--xor-mark",
+        ],
+        bad,
+    )?;
     for o in options.iter_mut() {
         let (v, m) = match o.name.as_str() {
             "--set-xmark" => {
