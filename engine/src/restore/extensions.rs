@@ -4,7 +4,9 @@
 //! Known extensions (model variants): matches tcp, udp, multiport, icmp, icmp6, conntrack,
 //! state, iprange, set, comment, mark, length, limit, mac; targets ACCEPT, DROP, RETURN, REJECT,
 //! LOG, NOTRACK, CT. Other extensions iptables ships are kept as [`Opaque`] with their options
-//! verbatim; a name that is no extension at all is an error ("Couldn't load match").
+//! verbatim, except those `super::opaque` rewrites into iptables-save's form (statistic, MARK,
+//! CONNMARK, TOS, DSCP, CLASSIFY, connmark, tos, dscp); a name that is no extension at all is
+//! an error ("Couldn't load match").
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
