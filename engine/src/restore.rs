@@ -18,6 +18,7 @@
 
 mod extensions;
 mod lexer;
+mod opaque;
 mod print;
 mod rule;
 mod tables;
@@ -79,6 +80,46 @@ pub struct Restore {
     /// With [`ParseOptions::noflush`]: every command that names a chain this text does not
     /// declare (it must exist already), in text order. Always empty without `noflush`.
     pub external: Vec<ExternalRef>,
+    /// What was accepted but changed on the way, as the kernel changes it (a `--log-prefix`
+    /// cut to 29 bytes), in line order.
+    pub warnings: Vec<ParseWarning>,
+}
+
+/// Something the text asks for that is kept in the form the kernel would keep it, not as
+/// written; the ruleset still parses. Callers show it like a validation warning.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{location}: warning: {kind} near '{token}'")]
+pub struct ParseWarning {
+    /// Line and column of the token.
+    pub location: Location,
+    /// The token as written.
+    pub token: String,
+    /// What was changed.
+    pub kind: ParseWarningKind,
+}
+
+/// The kinds of [`ParseWarning`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseWarningKind {
+    /// `--log-prefix` longer than the kernel's 29 bytes (`struct ipt_log_info.prefix` is 30
+    /// bytes with its NUL): as iptables (`xtopt_parse_string`), the first 29 bytes are kept
+    /// (here cut back to a character boundary, so that the model stays UTF-8).
+    #[error("--log-prefix is {len} bytes; the kernel keeps the first 29: {kept:?}")]
+    LogPrefixTruncated {
+        /// The prefix's length as written, in bytes.
+        len: usize,
+        /// What is kept.
+        kept: String,
+    },
+}
+
+/// A parsed ruleset with the warnings of its text ([`parse_ruleset_warned`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warned {
+    /// The ruleset, as [`parse_ruleset_threads`] returns it.
+    pub ruleset: Ruleset,
+    /// The text's warnings, in line order.
+    pub warnings: Vec<ParseWarning>,
 }
 
 /// A reference to a chain that must exist outside the parsed text (`--noflush` only).
@@ -206,9 +247,23 @@ pub enum ParseErrorKind {
         /// Why it is wrong.
         reason: String,
     },
-    /// A hostname where an address is needed: the engine is sans-IO and resolves nothing.
-    #[error("hostnames are not supported, write an address")]
+    /// A hostname where an address is needed. iptables resolves names when it loads the rules
+    /// (and keeps whatever addresses DNS gave then); the engine is sans-IO and resolves
+    /// nothing, so the text must say the addresses.
+    #[error(
+        "hostnames are not supported: iptables resolves them once, at load time; write the address(es) instead"
+    )]
     Hostname,
+    /// `! -s a,b` / `! -d a,b` (as iptables).
+    #[error("! not allowed with multiple source or destination IP addresses")]
+    NegatedAddressList,
+    /// `-R` with an address list (as iptables).
+    #[error("Replacement rule does not specify a unique address")]
+    ReplaceWithList,
+    /// `-o` in PREROUTING or INPUT, `-i` in POSTROUTING or OUTPUT (as iptables, which checks
+    /// the chain's name: "Can't use -o with INPUT").
+    #[error("Can't use -{0} with {1}")]
+    WrongDirection(char, String),
     /// A name longer than its kernel limit.
     #[error("{what} too long ({max} bytes max)")]
     TooLong {
@@ -285,6 +340,21 @@ pub enum ParseErrorKind {
     NoSuchSet(String),
 }
 
+impl ParseWarning {
+    pub(crate) fn new(
+        line: u32,
+        column: u32,
+        token: impl Into<String>,
+        kind: ParseWarningKind,
+    ) -> Self {
+        ParseWarning {
+            location: Location { line, column },
+            token: token.into(),
+            kind,
+        }
+    }
+}
+
 impl ParseError {
     pub(crate) fn new(
         line: u32,
@@ -309,7 +379,7 @@ pub fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, ParseErrors
 }
 
 /// Parses a restore text into a named [`Ruleset`] of priority 0 (no `--noflush`: every chain
-/// must be declared).
+/// must be declared). Warnings are dropped: see [`parse_ruleset_warned`].
 ///
 /// # Errors
 /// As [`parse`].
@@ -321,7 +391,35 @@ pub fn parse_ruleset(
     parse_ruleset_threads(name, text, opts, 1)
 }
 
-/// As [`parse_ruleset`], with the rule lines of a large text (2048 lines or more) tokenized
+/// As [`parse_ruleset_threads`], with the text's warnings ([`Restore::warnings`]), which the
+/// other `parse_ruleset*` functions drop: callers that store what users send should use this
+/// one and show the warnings.
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_ruleset_warned(
+    name: &str,
+    text: &str,
+    opts: &ParseOptions<'_>,
+    threads: usize,
+) -> Result<Warned, ParseErrors> {
+    let opts = ParseOptions {
+        noflush: false,
+        ..*opts
+    };
+    let r = tables::parse_with(text, &opts, threads)?;
+    Ok(Warned {
+        ruleset: Ruleset {
+            name: name.to_string(),
+            priority: 0,
+            tables: r.tables,
+        },
+        warnings: r.warnings,
+    })
+}
+
+/// As [`parse_ruleset`] (warnings dropped: see [`parse_ruleset_warned`]), with the rule lines
+/// of a large text (2048 lines or more) tokenized
 /// and parsed ahead on up to `threads` scoped threads (at most 8), each over a contiguous run
 /// of lines; the commands are then carried out in order on the calling thread. The result,
 /// errors included, is the same as [`parse_ruleset`]'s. `threads` <= 1, a small text, or a
@@ -336,16 +434,7 @@ pub fn parse_ruleset_threads(
     opts: &ParseOptions<'_>,
     threads: usize,
 ) -> Result<Ruleset, ParseErrors> {
-    let opts = ParseOptions {
-        noflush: false,
-        ..*opts
-    };
-    let r = tables::parse_with(text, &opts, threads)?;
-    Ok(Ruleset {
-        name: name.to_string(),
-        priority: 0,
-        tables: r.tables,
-    })
+    parse_ruleset_warned(name, text, opts, threads).map(|w| w.ruleset)
 }
 
 /// As [`parse_ruleset`]'s tables for `text`, reusing the parse of a previous text:
@@ -399,7 +488,7 @@ pub fn clear_locations(tables: &mut [Table]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counters, Policy};
+    use crate::model::{Counters, LogTarget, Policy, Target};
 
     fn v4() -> ParseOptions<'static> {
         ParseOptions::default()
@@ -571,6 +660,11 @@ mod tests {
     #[test]
     fn hostnames_and_name_limits() {
         let e = errors("*filter\n-A INPUT -s example.com\nCOMMIT\n", &v4());
+        assert!(
+            e[0].contains("hostnames are not supported: iptables resolves them once, at load time"),
+            "{e:?}"
+        );
+        let e = errors("*filter\n-A INPUT -s 10.0.0.1,localhost\nCOMMIT\n", &v4());
         assert!(e[0].contains("hostnames are not supported"), "{e:?}");
         let long = "c".repeat(29);
         assert!(parse(&format!("*filter\n:{long} - [0:0]\nCOMMIT\n"), &v4()).is_err());
@@ -584,6 +678,99 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn address_lists_expand_like_iptables() {
+        let text = "*filter\n-A INPUT -s 10.0.0.1,10.0.0.2 -d 1.1.1.1,0/0 -j DROP\nCOMMIT\n";
+        assert_eq!(
+            rules(text, &v4(), "INPUT"),
+            [
+                "-s 10.0.0.1/32 -d 1.1.1.1/32 -j DROP",
+                "-s 10.0.0.1/32 -j DROP",
+                "-s 10.0.0.2/32 -d 1.1.1.1/32 -j DROP",
+                "-s 10.0.0.2/32 -j DROP",
+            ]
+        );
+        let e = errors("*filter\n-A INPUT ! -s 1.1.1.1,2.2.2.2\nCOMMIT\n", &v4());
+        assert!(
+            e[0].starts_with("2:12: ! not allowed with multiple source"),
+            "{e:?}"
+        );
+        let e = errors(
+            "*filter\n-A INPUT -s 1.1.1.1\n-R INPUT 1 -s 1.1.1.1,2.2.2.2\nCOMMIT\n",
+            &v4(),
+        );
+        assert!(
+            e[0].contains("Replacement rule does not specify a unique address"),
+            "{e:?}"
+        );
+        // The read-ahead parser of large texts expands them the same way.
+        let mut big = String::from("*filter\n");
+        for i in 0..3000 {
+            big.push_str(&format!(
+                "-A INPUT -s 10.0.{}.{},192.0.2.1 -j ACCEPT\n",
+                i / 250,
+                i % 250
+            ));
+        }
+        big.push_str("COMMIT\n");
+        let one = parse_ruleset("a", &big, &v4()).expect("parses");
+        let four = parse_ruleset_threads("a", &big, &v4(), 4).expect("parses");
+        assert_eq!(one, four);
+        assert_eq!(one.tables[0].chains[0].rules.len(), 6000);
+    }
+
+    #[test]
+    fn interfaces_the_chain_cannot_see_are_refused_like_iptables() {
+        let e = errors("*filter\n-A INPUT -p tcp -o eth0\nCOMMIT\n", &v4());
+        assert!(e[0].starts_with("2:17: Can't use -o with INPUT"), "{e:?}");
+        let e = errors(
+            "*nat\n-A POSTROUTING -i eth0 -j MASQUERADE\nCOMMIT\n",
+            &v4(),
+        );
+        assert!(e[0].contains("Can't use -i with POSTROUTING"), "{e:?}");
+        // User chains are not checked (iptables goes by the chain's name).
+        let ok = "*filter\n:U - [0:0]\n-A U -o eth0\n-A FORWARD -i eth1 -o eth0\nCOMMIT\n";
+        assert_eq!(rules(ok, &v4(), "U"), ["-o eth0"]);
+    }
+
+    #[test]
+    fn long_log_prefixes_are_cut_like_the_kernel_with_a_warning() {
+        let text =
+            "*filter\n-A INPUT -j LOG --log-prefix \"[UFW BLOCK] a very long prefix \"\nCOMMIT\n";
+        let r = parse(text, &v4()).expect("parses");
+        assert_eq!(
+            print_rule_spec(&r.tables[0].chains[0].rules[0], Family::Ipv4),
+            "-j LOG --log-prefix \"[UFW BLOCK] a very long prefi\""
+        );
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        let w = r.warnings[0].to_string();
+        assert!(
+            w.starts_with("2:30: warning: --log-prefix is 31 bytes; the kernel keeps the first 29"),
+            "{w}"
+        );
+        let warned = parse_ruleset_warned("a", text, &v4(), 1).expect("parses");
+        assert_eq!(warned.warnings, r.warnings);
+        // Cut at a character boundary: 28 ASCII bytes and a 2-byte character.
+        let text = format!(
+            "*filter\n-A INPUT -j LOG --log-prefix {}é\nCOMMIT\n",
+            "a".repeat(28)
+        );
+        let r = parse(&text, &v4()).expect("parses");
+        assert_eq!(
+            r.tables[0].chains[0].rules[0].target,
+            Target::Log(LogTarget {
+                prefix: Some("a".repeat(28)),
+                ..LogTarget::default()
+            })
+        );
+        // 29 bytes: no warning.
+        let text = format!(
+            "*filter\n-A INPUT -j LOG --log-prefix {}\nCOMMIT\n",
+            "a".repeat(29)
+        );
+        assert!(parse(&text, &v4()).expect("parses").warnings.is_empty());
     }
 
     #[test]

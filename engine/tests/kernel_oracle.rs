@@ -256,3 +256,103 @@ fn namespaces_are_removed_on_panic() {
         assert!(!list.contains(&ns), "namespace {ns} left behind");
     }
 }
+
+/// One line of `oracle/save-forms.txt`.
+struct SaveForm {
+    line: usize,
+    family: vallum_engine::model::Family,
+    table: String,
+    input: String,
+    /// The `-A` lines, or `None` for FAIL.
+    output: Option<String>,
+}
+
+fn save_forms() -> Vec<SaveForm> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/save-forms.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let mut out = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.starts_with('#') || l.trim().is_empty() {
+            continue;
+        }
+        let (head, output) = l
+            .split_once(" => ")
+            .unwrap_or_else(|| panic!("save-forms.txt:{}: no ' => '", i + 1));
+        let mut w = head.splitn(3, ' ');
+        let (Some(fam), Some(table), Some(input)) = (w.next(), w.next(), w.next()) else {
+            panic!("save-forms.txt:{}: expected FAMILY TABLE INPUT", i + 1);
+        };
+        let family = match fam {
+            "4" => vallum_engine::model::Family::Ipv4,
+            "6" => vallum_engine::model::Family::Ipv6,
+            _ => panic!("save-forms.txt:{}: family {fam}", i + 1),
+        };
+        let input = input.replace("\\n", "\n");
+        let output = match output {
+            "FAIL" => None,
+            "=" => Some(input.clone()),
+            o => Some(o.replace("\\n", "\n")),
+        };
+        out.push(SaveForm {
+            line: i + 1,
+            family,
+            table: table.to_string(),
+            input,
+            output,
+        });
+    }
+    out
+}
+
+/// The `-A` lines of a save text.
+fn rule_lines(save: &str) -> String {
+    save.lines()
+        .filter(|l| l.starts_with("-A "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Our print of every `oracle/save-forms.txt` case is what iptables-save printed for it (and
+/// what we refuse, iptables-restore refused); with the kernel at hand, the record is checked
+/// against it too.
+#[test]
+fn save_forms_match_iptables_save() {
+    use vallum_engine::restore::{ParseOptions, PrintOptions, parse, print};
+    let kernel = match kernel::availability() {
+        Ok(()) => true,
+        Err(why) => {
+            println!("SKIP kernel part: {why}");
+            false
+        }
+    };
+    let mut failures = Vec::new();
+    let forms = save_forms();
+    for f in &forms {
+        let text = format!("*{}\n{}\nCOMMIT\n", f.table, f.input);
+        let opts = ParseOptions {
+            family: f.family,
+            ..ParseOptions::default()
+        };
+        let ours =
+            parse(&text, &opts).map(|r| rule_lines(&print(&r.tables, &PrintOptions::default())));
+        match (&ours, &f.output) {
+            (Ok(got), Some(want)) if got == want => {}
+            (Err(_), None) => {}
+            _ => failures.push(format!(
+                "save-forms.txt:{}: we give {ours:?}, iptables-save gave {:?}",
+                f.line, f.output
+            )),
+        }
+        if kernel {
+            let k = kernel::restore_and_save(f.family, &f.table, &text).map(|s| rule_lines(&s));
+            if k.as_ref().ok() != f.output.as_ref() {
+                failures.push(format!(
+                    "save-forms.txt:{}: the kernel gives {k:?}, the record says {:?}",
+                    f.line, f.output
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    println!("{} save forms checked (kernel: {kernel})", forms.len());
+}

@@ -4,7 +4,9 @@
 //! Known extensions (model variants): matches tcp, udp, multiport, icmp, icmp6, conntrack,
 //! state, iprange, set, comment, mark, length, limit, mac; targets ACCEPT, DROP, RETURN, REJECT,
 //! LOG, NOTRACK, CT. Other extensions iptables ships are kept as [`Opaque`] with their options
-//! verbatim; a name that is no extension at all is an error ("Couldn't load match").
+//! verbatim, except those `super::opaque` rewrites into iptables-save's form (statistic, MARK,
+//! CONNMARK, TOS, DSCP, CLASSIFY, connmark, tos, dscp); a name that is no extension at all is
+//! an error ("Couldn't load match").
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -17,7 +19,7 @@ use crate::model::{
 
 use super::lexer::{Tok, split_byte};
 use super::rule::{Args, Ctx};
-use super::{ParseError, ParseErrorKind as K};
+use super::{ParseError, ParseErrorKind as K, ParseWarning, ParseWarningKind};
 
 /// What the line parser tracks of a match (beside the [`Match`] itself) while its line is
 /// parsed.
@@ -56,6 +58,8 @@ pub(crate) struct PendingTarget<'t> {
     seen: Seen,
     /// The `-j NAME` argument (`None` for a jump or goto).
     token: Option<Tok<'t>>,
+    /// A value kept in the kernel's form rather than as written (see [`ParseWarning`]).
+    pub warning: Option<ParseWarning>,
 }
 
 impl PendingTarget<'_> {
@@ -65,6 +69,7 @@ impl PendingTarget<'_> {
             t,
             seen: 0,
             token: None,
+            warning: None,
         }
     }
 
@@ -167,6 +172,24 @@ const OPAQUE_TARGETS: &[&str] = &[
     "TRACE",
     "TTL",
     "ULOG",
+];
+
+/// Opaque extensions that iptables refuses without any option (each `.t` file has a bare
+/// `-m NAME;;FAIL` / `-j NAME;;FAIL` line for them).
+const OPAQUE_NEEDS_OPTION: &[&str] = &[
+    "addrtype",
+    "connbytes",
+    "connlimit",
+    "hashlimit",
+    "helper",
+    "hl",
+    "pkttype",
+    "quota",
+    "string",
+    "ttl",
+    "DNAT",
+    "SNAT",
+    "TCPMSS",
 ];
 
 /// Whether a name is a target (user chains may not be named like one).
@@ -315,11 +338,37 @@ pub(crate) fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
     (i == b.len()).then(|| Ipv4Addr::from(octets))
 }
 
+/// An IPv4 address as iptables' `__numeric_to_ipaddr` reads it: up to four dot-separated
+/// parts, each a number 0-255 as `strtoul(s, 0)` reads it (so `010` is octal 8, `0x0a` is 10;
+/// a leading `+` is allowed); an address (not a mask) with fewer parts is completed with zero
+/// bytes (`-s 0` is `0.0.0.0`, `-s 10.1` is `10.1.0.0`).
+fn numeric_ipv4(s: &str, is_mask: bool) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut n = 0;
+    for part in s.split('.') {
+        let slot = octets.get_mut(n)?;
+        let digits = part.strip_prefix('+').unwrap_or(part);
+        *slot = parse_uint(digits, 255)? as u8;
+        n += 1;
+    }
+    (!is_mask || n == 4).then(|| Ipv4Addr::from(octets))
+}
+
 fn parse_addr(t: &Tok, s: &str, family: Family, ctx: &Ctx<'_>) -> Result<IpAddr, ParseError> {
+    parse_addr_or_mask(t, s, family, false, ctx)
+}
+
+fn parse_addr_or_mask(
+    t: &Tok,
+    s: &str,
+    family: Family,
+    is_mask: bool,
+    ctx: &Ctx<'_>,
+) -> Result<IpAddr, ParseError> {
     match family {
         Family::Ipv4 => {
-            // The fast path takes what std takes; std stays the judge of everything else.
-            if let Some(a) = parse_ipv4(s).or_else(|| s.parse::<Ipv4Addr>().ok()) {
+            // The fast path takes the plain dotted quads; iptables' own reading takes the rest.
+            if let Some(a) = parse_ipv4(s).or_else(|| numeric_ipv4(s, is_mask)) {
                 return Ok(IpAddr::V4(a));
             }
         }
@@ -371,8 +420,8 @@ pub(crate) fn parse_ipv4_net(s: &str) -> Option<IpNet> {
 }
 
 /// `-s`/`-d` and conntrack addresses: `ADDR[/LEN|/MASK]`; the address is masked as iptables
-/// stores it; a mask need not be contiguous. Comma lists (several rules in iptables) and
-/// hostnames are rejected.
+/// stores it; a mask need not be contiguous. Comma lists (the line parser splits `-s`/`-d`
+/// lists before) and hostnames are rejected.
 pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet, ParseError> {
     if family == Family::Ipv4 {
         if let Some(n) = parse_ipv4_net(t.text) {
@@ -400,7 +449,7 @@ pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet,
             .ok()
             .and_then(|len| IpNet::new(addr, len))
             .map(|n| n.mask),
-        Some(m) => Some(parse_addr(t, m, family, ctx)?),
+        Some(m) => Some(parse_addr_or_mask(t, m, family, true, ctx)?),
     };
     let Some(mask) = mask else {
         return Err(invalid(ctx, t, "mask", "prefix length too long"));
@@ -413,52 +462,130 @@ pub(crate) fn parse_net(t: &Tok, family: Family, ctx: &Ctx<'_>) -> Result<IpNet,
     Ok(IpNet { addr, mask })
 }
 
-/// Protocol names iptables knows without /etc/protocols (xtables_chain_protos) plus the few
-/// /etc/protocols names iptables-save prints for common numbers; first name is the printed one.
-const PROTOCOLS: &[(&str, u8)] = &[
+/// The protocol names of `/etc/protocols` as Debian's netbase 6.4 ships it (taken from IANA's
+/// "Assigned Internet Protocol Numbers", <https://www.iana.org/assignments/protocol-numbers>),
+/// official names only, in file order. iptables reads that file through `getprotobyname` /
+/// `getprotobynumber`; the engine reads no files, so the table is built in. (`mptcp`, 262,
+/// does not fit an IP header's protocol byte: see [`parse_protocol`].)
+const ETC_PROTOCOLS: &[(&str, u8)] = &[
+    ("ip", 0),
+    ("hopopt", 0),
+    ("icmp", 1),
+    ("igmp", 2),
+    ("ggp", 3),
+    ("ipencap", 4),
+    ("st", 5),
+    ("tcp", 6),
+    ("egp", 8),
+    ("igp", 9),
+    ("pup", 12),
+    ("udp", 17),
+    ("hmp", 20),
+    ("xns-idp", 22),
+    ("rdp", 27),
+    ("iso-tp4", 29),
+    ("dccp", 33),
+    ("xtp", 36),
+    ("ddp", 37),
+    ("idpr-cmtp", 38),
+    ("ipv6", 41),
+    ("ipv6-route", 43),
+    ("ipv6-frag", 44),
+    ("idrp", 45),
+    ("rsvp", 46),
+    ("gre", 47),
+    ("esp", 50),
+    ("ah", 51),
+    ("skip", 57),
+    ("ipv6-icmp", 58),
+    ("ipv6-nonxt", 59),
+    ("ipv6-opts", 60),
+    ("rspf", 73),
+    ("vmtp", 81),
+    ("eigrp", 88),
+    ("ospf", 89),
+    ("ax.25", 93),
+    ("ipip", 94),
+    ("etherip", 97),
+    ("encap", 98),
+    ("pim", 103),
+    ("ipcomp", 108),
+    ("vrrp", 112),
+    ("l2tp", 115),
+    ("isis", 124),
+    ("sctp", 132),
+    ("fc", 133),
+    ("mobility-header", 135),
+    ("udplite", 136),
+    ("mpls-in-ip", 137),
+    ("manet", 138),
+    ("hip", 139),
+    ("shim6", 140),
+    ("wesp", 141),
+    ("rohc", 142),
+    ("ethernet", 143),
+];
+
+/// The names iptables knows without `/etc/protocols` (`xtables_chain_protos`, iptables 1.8.9):
+/// used for parsing, and for printing only numbers `/etc/protocols` has no name for.
+const CHAIN_PROTOS: &[(&str, u8)] = &[
     ("tcp", 6),
     ("sctp", 132),
     ("udp", 17),
     ("udplite", 136),
     ("icmp", 1),
-    ("ipv6-icmp", 58),
     ("icmpv6", 58),
+    ("ipv6-icmp", 58),
     ("esp", 50),
     ("ah", 51),
     ("mh", 135),
     ("all", 0),
-    ("dccp", 33),
-    ("gre", 47),
-    ("igmp", 2),
-    ("ipv6", 41),
-    ("ospf", 89),
-    ("pim", 103),
-    ("vrrp", 112),
 ];
 
-/// The name iptables-save prints for a protocol number, if it has one.
+/// The name iptables-save prints for a protocol number, if it has one: as iptables 1.8.9's
+/// `proto_to_name`, the `/etc/protocols` name first (`-p 4` prints `-p ipencap`, `-p 135`
+/// `-p mobility-header`), then `xtables_chain_protos`.
 pub(crate) fn protocol_name(p: u8) -> Option<&'static str> {
-    PROTOCOLS.iter().find(|(_, n)| *n == p).map(|(s, _)| *s)
+    if p == 0 {
+        return None;
+    }
+    ETC_PROTOCOLS
+        .iter()
+        .chain(CHAIN_PROTOS)
+        .find(|(_, n)| *n == p)
+        .map(|(s, _)| *s)
 }
 
-/// `-p`: a name from the table above or a number 0..=255 (0 and `all` mean any).
+/// `-p`: as iptables' `xtables_parse_protocol`, the text lowercased, then a number 0..=255
+/// (`strtoul` base 0), then an `/etc/protocols` name ([`ETC_PROTOCOLS`]), then a
+/// [`CHAIN_PROTOS`] name. 0 (`all`, `ip`, `hopopt`) means any protocol.
 pub(crate) fn parse_protocol(t: &Tok, ctx: &Ctx<'_>) -> Result<u8, ParseError> {
+    if let Some(v) = parse_uint(t.text, 255) {
+        return Ok(v as u8);
+    }
     // Names are lowercase ASCII: comparing ignoring ASCII case is comparing the lowercased
     // text, without allocating it.
-    if let Some((_, n)) = PROTOCOLS
+    if let Some((_, n)) = ETC_PROTOCOLS
         .iter()
+        .chain(CHAIN_PROTOS)
         .find(|(name, _)| name.eq_ignore_ascii_case(t.text))
     {
         return Ok(*n);
     }
-    parse_uint(t.text, 255).map(|v| v as u8).ok_or_else(|| {
-        invalid(
+    if t.text.eq_ignore_ascii_case("mptcp") {
+        return Err(invalid(
             ctx,
             t,
             "protocol",
-            "unknown protocol name or number above 255",
-        )
-    })
+            "mptcp is protocol 262, which no IP header can carry (the kernel stores it and never matches)",
+        ));
+    }
+    Err(invalid(
+        ctx,
+        t,
+        "protocol",
+        "unknown protocol name (not in /etc/protocols) or number above 255",
+    ))
 }
 
 /// The match `-p PROTO` loads implicitly for an unknown option.
@@ -674,9 +801,8 @@ pub(crate) fn match_option(
             let key = usize::from(name != "--src-range");
             once(seen, key, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                let Some((lo, hi)) = a.text.split_once('-') else {
-                    return Err(invalid(ctx, &a, "address range", "expected FROM-TO"));
-                };
+                // A single address is the range of just it (libxt_iprange: FROM[-TO]).
+                let (lo, hi) = a.text.split_once('-').unwrap_or((a.text, a.text));
                 let lo = parse_addr(&a, lo, ctx.family, ctx)?;
                 let hi = parse_addr(&a, hi, ctx.family, ctx)?;
                 *slot = Some(Neg {
@@ -1431,7 +1557,24 @@ pub(crate) fn finish_match(
                 return needs("--mac-source");
             }
         }
-        Match::Limit(_) | Match::Opaque(_) => {}
+        Match::Opaque(o) => {
+            if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
+                return needs("at least one option");
+            }
+            let wants = match o.name.as_str() {
+                "ah" => Some((51, "ah")),
+                "esp" => Some((50, "esp")),
+                "sctp" => Some((132, "sctp")),
+                "dccp" => Some((33, "dccp")),
+                "mh" => Some((135, "mh")),
+                _ => None,
+            };
+            if let Some((n, p)) = wants {
+                needs_proto(proto == Some(n), p)?;
+            }
+            super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?
+        }
+        Match::Limit(_) => {}
     }
     Ok(())
 }
@@ -1474,6 +1617,7 @@ pub(crate) fn new_target<'t>(
         t,
         seen: 0,
         token: Some(*tok),
+        warning: None,
     }))
 }
 
@@ -1545,6 +1689,10 @@ const LOG_LEVELS: [(&str, u8); 10] = [
     ("info", 6),
 ];
 
+/// The longest `--log-prefix` the kernel keeps, in bytes (`ipt_log_info.prefix[30]`, NUL
+/// included).
+pub(crate) const LOG_PREFIX_MAX: usize = 29;
+
 /// LOG flags in libipt_LOG's print order.
 pub(crate) const LOG_FLAGS: [&str; 5] = [
     "--log-tcp-sequence",
@@ -1588,6 +1736,7 @@ pub(crate) fn target_option(
     ctx: &Ctx<'_>,
 ) -> Option<Result<(), ParseError>> {
     let seen = &mut pt.seen;
+    let warning = &mut pt.warning;
     let r = match &mut pt.t {
         Target::Reject(w) => {
             if name != "--reject-with" {
@@ -1607,19 +1756,36 @@ pub(crate) fn target_option(
         Target::Log(l) => match name {
             "--log-prefix" => once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                if a.text.len() > 29 {
-                    return Err(ctx.err(
-                        &a,
-                        K::TooLong {
-                            what: "log prefix",
-                            max: 29,
-                        },
-                    ));
-                }
                 if a.text.contains('\n') {
                     return Err(invalid(ctx, &a, "log prefix", "no newline allowed"));
                 }
-                l.prefix = (!a.text.is_empty()).then(|| a.text.to_string());
+                // As libxt_LOG's option table (`.min = 1`).
+                if a.text.is_empty() {
+                    return Err(invalid(
+                        ctx,
+                        &a,
+                        "log prefix",
+                        "Argument must have a minimum length of 1 characters",
+                    ));
+                }
+                let mut kept = a.text;
+                if kept.len() > LOG_PREFIX_MAX {
+                    let mut end = LOG_PREFIX_MAX;
+                    while !kept.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    kept = &kept[..end];
+                    *warning = Some(ParseWarning::new(
+                        ctx.line,
+                        a.column,
+                        a.text,
+                        ParseWarningKind::LogPrefixTruncated {
+                            len: a.text.len(),
+                            kept: kept.to_string(),
+                        },
+                    ));
+                }
+                l.prefix = Some(kept.to_string());
                 Ok(())
             }),
             "--log-level" => once(seen, 1, negated, false, args, ctx, name).and_then(|()| {
@@ -1710,7 +1876,7 @@ pub(crate) fn target_option(
 /// Each target's final check (REJECT tcp-reset needs `-p tcp`).
 /// `protocol` is the rule's `-p`.
 pub(crate) fn finish_target(
-    pt: PendingTarget,
+    mut pt: PendingTarget,
     protocol: Option<Neg<u8>>,
     ctx: &Ctx<'_>,
 ) -> Result<Target, ParseError> {
@@ -1729,6 +1895,18 @@ pub(crate) fn finish_target(
                 },
             ));
         }
+    }
+    if let (Target::Opaque(o), Some(tok)) = (&mut pt.t, &pt.token) {
+        if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
+            return Err(ctx.err(
+                tok,
+                K::MissingOption {
+                    extension: o.name.clone(),
+                    needs: "at least one option",
+                },
+            ));
+        }
+        super::opaque::canonical_target(&o.name, &mut o.options, tok, ctx)?;
     }
     if let Target::Ct(c) = &mut { pt.t.clone() } {
         // `--zone 0` is the default and iptables-save omits it.
@@ -1817,7 +1995,7 @@ mod tests {
                 .ok()
                 .and_then(|len| IpNet::new(addr, len))
                 .map(|n| n.mask),
-            Some(m) => Some(parse_addr(&t, m, Family::Ipv4, &ctx)?),
+            Some(m) => Some(parse_addr_or_mask(&t, m, Family::Ipv4, true, &ctx)?),
         };
         let Some(IpAddr::V4(mask)) = mask else {
             return Err(invalid(&ctx, &t, "mask", "prefix length too long"));
@@ -1881,9 +2059,18 @@ mod tests {
         let odd = net("10.1.2.3/255.0.255.0").expect("a non-contiguous mask parses");
         assert_eq!(odd.prefix_len(), None);
         assert_eq!(odd.addr.to_string(), "10.0.2.0");
-        let e = net("01.2.3.4/8").expect_err("leading zero");
-        assert_eq!(e.location.column, 1);
-        assert!(e.to_string().contains("not an IPv4 address"), "{e}");
+        // As iptables (strtoul base 0 per part, missing parts zero): checked with the kernel.
+        let v4 = |s: &str| net(s).map(|n| (n.addr.to_string(), n.prefix_len()));
+        assert_eq!(v4("01.2.3.4/8"), Ok(("1.0.0.0".into(), Some(8))));
+        assert_eq!(v4("010.0.0.1"), Ok(("8.0.0.1".into(), Some(32))));
+        assert_eq!(v4("0x0a.1.2.3"), Ok(("10.1.2.3".into(), Some(32))));
+        assert_eq!(v4("0"), Ok(("0.0.0.0".into(), Some(32))));
+        assert_eq!(v4("0/0"), Ok(("0.0.0.0".into(), Some(0))));
+        assert_eq!(v4("10.1/8"), Ok(("10.0.0.0".into(), Some(8))));
+        for bad in ["10.", "1.2.3.4.5", "1.2.3.256", "10.1.2.3/255.0", "1..2"] {
+            let e = net(bad).expect_err(bad);
+            assert_eq!(e.location.column, 1);
+        }
         let e = net("1.2.3.4/33").expect_err("too long");
         assert!(e.to_string().contains("prefix length too long"), "{e}");
     }
@@ -1914,8 +2101,9 @@ mod tests {
             let t = Tok { text: s, column: 3 };
             // The rule before: lowercase the text, then compare.
             let lower = s.to_ascii_lowercase();
-            let want = PROTOCOLS
+            let want = ETC_PROTOCOLS
                 .iter()
+                .chain(CHAIN_PROTOS)
                 .find(|(name, _)| *name == lower)
                 .map(|(_, n)| *n)
                 .or_else(|| parse_uint(s, 255).map(|v| v as u8));

@@ -6,7 +6,7 @@
 //! the `-p` protocol once (implicit `-p tcp --dport 80`, printed back as `-p tcp -m tcp`).
 //! Extension options are dispatched in [`super::extensions`].
 
-use crate::model::{Counters, Family, Iface, Match, Neg, Rule, TableKind, Target};
+use crate::model::{Counters, Family, Iface, IpNet, Match, Neg, Rule, TableKind, Target};
 
 /// Options of the protocol matches that `-p` loads implicitly (tcp, udp, icmp, icmp6).
 const PROTOCOL_OPTIONS: [&str; 9] = [
@@ -24,7 +24,7 @@ const PROTOCOL_OPTIONS: [&str; 9] = [
 use super::extensions::{self, MatchState, PendingTarget};
 
 use super::lexer::{Tok, Token, split_byte};
-use super::{ParseError, ParseErrorKind as K};
+use super::{ParseError, ParseErrorKind as K, ParseWarning};
 
 /// What a line asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub(crate) enum Command<'t> {
 }
 
 /// One parsed command line; its rule went into the caller's [`Rule`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Line<'t> {
     /// The command.
     pub command: Command<'t>,
@@ -60,6 +60,60 @@ pub(crate) struct Line<'t> {
     pub has_spec: bool,
     /// The `-j`/`-g` argument token when the target is a jump or goto.
     pub target_token: Option<Tok<'t>>,
+    /// `-s a,b` / `-d a,b`: the rule stands for one rule per address (see [`AddrLists`]).
+    pub lists: Option<Box<AddrLists>>,
+    /// Values kept in the kernel's form rather than as written.
+    pub warnings: Vec<ParseWarning>,
+}
+
+/// The addresses of `-s a,b,...` and `-d a,b,...`. As iptables, such a line stands for one rule
+/// per source address and destination address (source-major: `-s a,b -d c,d` is the rules
+/// a-c, a-d, b-c, b-d); `-I` inserts each at the same position (so they end up in reverse
+/// order), `-D` deletes each, `-R` refuses a list. A side without a list is empty (the rule's
+/// own `-s`/`-d` holds for every expansion); a side with one has 2 addresses or more, never
+/// negated (iptables: "! not allowed with multiple source or destination IP addresses").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AddrLists {
+    /// The `-s` addresses, masked as [`extensions::parse_net`] masks them.
+    pub src: Vec<IpNet>,
+    /// The `-d` addresses.
+    pub dst: Vec<IpNet>,
+}
+
+impl AddrLists {
+    /// The rules `rule` stands for, in the order iptables adds them.
+    pub(crate) fn expand(&self, rule: &Rule) -> Vec<Rule> {
+        let one = |r: &Option<Neg<IpNet>>| vec![*r];
+        let side = |list: &[IpNet], own: &Option<Neg<IpNet>>| {
+            if list.is_empty() {
+                one(own)
+            } else {
+                list.iter().map(|n| any_net_is_none(false, *n)).collect()
+            }
+        };
+        let srcs = side(&self.src, &rule.src);
+        let dsts = side(&self.dst, &rule.dst);
+        let mut out = Vec::with_capacity(srcs.len() * dsts.len());
+        for s in &srcs {
+            for d in &dsts {
+                out.push(Rule {
+                    src: *s,
+                    dst: *d,
+                    ..rule.clone()
+                });
+            }
+        }
+        out
+    }
+}
+
+/// `-s`/`-d` as the rule keeps it: `None` for `0.0.0.0/0` or `::/0` not negated, which matches
+/// every address (iptables-save omits it), the address otherwise.
+fn any_net_is_none(negated: bool, net: IpNet) -> Option<Neg<IpNet>> {
+    (negated || net.prefix_len() != Some(0)).then_some(Neg {
+        negated,
+        value: net,
+    })
 }
 
 /// What the line parser needs to know about its surroundings.
@@ -332,6 +386,12 @@ pub(crate) fn parse_line<'t>(
     let mut proto_used = false;
     let mut seen: u16 = 0;
     let mut has_spec = prefix_counters.is_some();
+    let mut lists: Option<Box<AddrLists>> = None;
+    // The `-i` and `-o` option tokens (for "Can't use -o with INPUT").
+    let mut in_tok: Option<Tok> = None;
+    let mut out_tok: Option<Tok> = None;
+    // A negated `-s`/`-d`, which an address list on the other side forbids.
+    let mut negated_addr: Option<Tok> = None;
 
     while let Some(tok_ref) = cur.next() {
         let tok = tok_ref.tok();
@@ -494,11 +554,33 @@ pub(crate) fn parse_line<'t>(
             Main::Table => return Err(ctx.err(&tok, K::TableOption)),
             Main::Src | Main::Dst => {
                 let a = args.next()?;
-                let net = extensions::parse_net(&a, ctx.family, ctx)?;
-                let v = Some(Neg {
-                    negated,
-                    value: net,
-                });
+                let v = if a.text.as_bytes().contains(&b',') {
+                    if negated {
+                        return Err(ctx.err(&tok, K::NegatedAddressList));
+                    }
+                    let mut nets = Vec::new();
+                    for part in a.text.split(',') {
+                        let t = Tok {
+                            text: part,
+                            column: a.column,
+                        };
+                        nets.push(extensions::parse_net(&t, ctx.family, ctx)?);
+                    }
+                    let l = lists.get_or_insert_with(Box::default);
+                    let first = any_net_is_none(false, nets[0]);
+                    if main == Main::Src {
+                        l.src = nets;
+                    } else {
+                        l.dst = nets;
+                    }
+                    first
+                } else {
+                    if negated {
+                        negated_addr = Some(tok);
+                    }
+                    let net = extensions::parse_net(&a, ctx.family, ctx)?;
+                    any_net_is_none(negated, net)
+                };
                 if main == Main::Src {
                     rule.src = v;
                 } else {
@@ -506,6 +588,11 @@ pub(crate) fn parse_line<'t>(
                 }
             }
             Main::In | Main::Out => {
+                if main == Main::In {
+                    in_tok = Some(tok);
+                } else {
+                    out_tok = Some(tok);
+                }
                 let a = args.next()?;
                 let iface = parse_iface(&a, ctx)?;
                 // `-i +` (not negated) matches every interface: iptables-save omits it.
@@ -599,11 +686,28 @@ pub(crate) fn parse_line<'t>(
         );
         return Err(ctx.err(&t, K::NoCommand));
     };
+    if let (Some(_), Some(t)) = (&lists, negated_addr) {
+        return Err(ctx.err(&t, K::NegatedAddressList));
+    }
+    // As iptables' do_parse, by chain name: packets coming in have no output interface yet,
+    // packets going out no input interface.
+    if let Some(ch) = chain {
+        let wrong = match ch.text {
+            "PREROUTING" | "INPUT" => out_tok.map(|t| (t, 'o')),
+            "POSTROUTING" | "OUTPUT" => in_tok.map(|t| (t, 'i')),
+            _ => None,
+        };
+        if let Some((t, c)) = wrong {
+            return Err(ctx.err(&t, K::WrongDirection(c, ch.text.to_string())));
+        }
+    }
     let protocol = rule.protocol;
     for (i, m) in rule.matches.iter_mut().enumerate() {
         extensions::finish_match(m, states.get_mut(i), protocol, ctx)?;
     }
-    if let Some(pt) = target {
+    let mut warnings = Vec::new();
+    if let Some(mut pt) = target {
+        warnings.extend(pt.warning.take());
         rule.target = extensions::finish_target(pt, protocol, ctx)?;
     }
     Ok(Some(Line {
@@ -612,6 +716,8 @@ pub(crate) fn parse_line<'t>(
         chain,
         has_spec,
         target_token,
+        lists,
+        warnings,
     }))
 }
 

@@ -23,10 +23,10 @@ use crate::model::{
 
 use super::extensions::is_target_name;
 use super::lexer::{Tok, Token, tokenize_into};
-use super::rule::{Command, Ctx, check_chain_name, parse_line};
+use super::rule::{AddrLists, Command, Ctx, check_chain_name, parse_line};
 use super::{
     ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
-    Restore,
+    ParseWarning, Restore,
 };
 pub(crate) use reparse::{parse_after, reparse};
 
@@ -143,6 +143,7 @@ struct State<'o, 'a> {
     opts: &'o ParseOptions<'a>,
     errors: Vec<ParseError>,
     external: Vec<ExternalRef>,
+    warnings: Vec<ParseWarning>,
     done: Vec<Table>,
 }
 
@@ -235,6 +236,7 @@ fn parse_lines<'a>(
         opts,
         errors: Vec::new(),
         external: Vec::new(),
+        warnings: Vec::new(),
         done: Vec::new(),
     };
     let mut cur: Option<Block> = None;
@@ -399,6 +401,7 @@ fn parse_lines<'a>(
     Ok(Restore {
         tables: st.done,
         external: st.external,
+        warnings: st.warnings,
     })
 }
 
@@ -539,6 +542,8 @@ fn read_command<'t, 'a: 't>(
         target_token: l.target_token,
         rule,
         location,
+        lists: l.lists,
+        warnings: l.warnings,
     }))
 }
 
@@ -632,6 +637,8 @@ fn read_line<'a>(
         target_token,
         rule: p.rule,
         location: p.location,
+        lists: p.lists,
+        warnings: p.warnings,
     }))
 }
 
@@ -655,6 +662,10 @@ struct Parsed<'t> {
     target_token: Option<Tok<'t>>,
     rule: Rule,
     location: Location,
+    /// `-s a,b` / `-d a,b`: `rule` stands for several rules.
+    pub(super) lists: Option<Box<AddrLists>>,
+    /// The line's warnings.
+    pub(super) warnings: Vec<ParseWarning>,
 }
 
 /// Carries out a parsed command line on the table block (the part of a restore that must run
@@ -673,7 +684,10 @@ fn apply_line(
         target_token,
         mut rule,
         location,
+        lists,
+        warnings,
     } = parsed;
+    st.warnings.extend(warnings);
     let line_no = ctx.line;
     rule.location = location;
     // With --counters every rule has counters (zero when not written), as in the kernel;
@@ -726,6 +740,9 @@ fn apply_line(
             };
             let len = b.table.chains[i].rules.len();
             let bad_number = |n: u32| ctx.err(&ch, K::BadRuleNumber(n.to_string()));
+            if let Some(lists) = lists {
+                return apply_list(b, i, command, &lists, &rule, external, (ctx, st, &ch));
+            }
             match command {
                 Command::Append => {
                     if external {
@@ -871,6 +888,60 @@ fn apply_line(
                 b.table.chains[i].policy = Some(pol);
             }
         }
+    }
+    Ok(())
+}
+
+/// Carries out `-A/-I/-D/-R` of a line with `-s a,b` / `-d a,b` on chain `i`, as iptables'
+/// `append_entry` / `insert_entry` / `delete_entry` loop over the addresses (see
+/// [`AddrLists`]): every expanded rule is appended, inserted at the line's position, or
+/// deleted (each must exist); `-R` is refused.
+fn apply_list(
+    b: &mut Block,
+    i: usize,
+    command: Command<'_>,
+    lists: &AddrLists,
+    rule: &Rule,
+    external: bool,
+    (ctx, st, ch): (&Ctx<'_>, &mut State<'_, '_>, &Tok<'_>),
+) -> Result<(), ParseError> {
+    let rules = lists.expand(rule);
+    let len = b.table.chains[i].rules.len();
+    match command {
+        Command::Append => {
+            if external {
+                st.external(b, ch, ctx.line, ExternalRefKind::AddRules);
+            }
+            for r in rules {
+                b.append(i, r);
+            }
+        }
+        Command::Insert(n) => {
+            let pos = n as usize - 1;
+            if external {
+                st.external(b, ch, ctx.line, ExternalRefKind::AddRules);
+            } else if pos > len {
+                return Err(ctx.err(ch, K::BadRuleNumber(n.to_string())));
+            }
+            for r in rules {
+                b.table.chains[i].rules.insert(pos.min(len), r);
+            }
+        }
+        Command::Delete(None) => {
+            for r in &rules {
+                let found = b.table.chains[i].rules.iter().position(|x| same_rule(x, r));
+                match found {
+                    Some(p) => {
+                        b.table.chains[i].rules.remove(p);
+                    }
+                    None if external => {
+                        st.external(b, ch, ctx.line, ExternalRefKind::ChangeRule);
+                    }
+                    None => return Err(ctx.err(ch, K::NoSuchRule)),
+                }
+            }
+        }
+        _ => return Err(ctx.err(ch, K::ReplaceWithList)),
     }
     Ok(())
 }

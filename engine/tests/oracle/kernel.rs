@@ -624,6 +624,19 @@ fn open_sender(ns: &str, dev: &str) -> Result<(OwnedFd, i32), String> {
     .map_err(|_| "sender thread panicked".to_string())?
 }
 
+/// What the kernel keeps of a restore text: `text` restored with `iptables-legacy-restore` (or
+/// `ip6tables-legacy-restore`) in a fresh network namespace of its own (`unshare -n`, gone
+/// when the command exits), then `iptables-legacy-save -t TABLE` of it. `Err` carries the
+/// tool's message when the restore fails.
+pub fn restore_and_save(family: Family, table: &str, text: &str) -> Result<String, String> {
+    let tool = match family {
+        Family::Ipv4 => "iptables-legacy",
+        Family::Ipv6 => "ip6tables-legacy",
+    };
+    let script = format!("{tool}-restore && {tool}-save -t {table}");
+    run(&["unshare", "-n", "sh", "-c", &script], Some(text))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -253,7 +253,12 @@ pub(crate) fn reparse(
             set_exists: None,
         };
         let parsed = read_command(line, &ctx, &mut toks).ok()??;
-        if !matches!(parsed.command, Command::Append) {
+        // A line with an address list stands for several rules: not a plain dump's line.
+        // One with a warning goes to the full parse, which reports it.
+        if !matches!(parsed.command, Command::Append)
+            || parsed.lists.is_some()
+            || !parsed.warnings.is_empty()
+        {
             return None;
         }
         let chain = parsed.chain?.text;
@@ -485,6 +490,10 @@ mod tests {
                     r.below(100),
                     100 + r.below(100)
                 )
+            }
+            // Packets going out have no input interface (iptables refuses `-i` there).
+            2 if matches!(chain, "OUTPUT" | "POSTROUTING") => {
+                s += " -o eth+ -m comment --comment \"a b\""
             }
             2 => s += " -i eth+ -m comment --comment \"a b\"",
             _ => {}
