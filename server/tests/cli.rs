@@ -1,6 +1,7 @@
 //! Runs the vallumctl binary against a fake in-process tonic server (RulesetService,
 //! CounterService, EngineService) with canned answers that check what the client sent, and
-//! against a real vallumd for exit codes, messages and the confirm deadline.
+//! against a real vallumd for exit codes, messages and the confirm deadline; checks that the
+//! exit-code tables of README.md and docs/operations.md are the code's.
 
 #[path = "support/vallumd.rs"]
 mod support;
@@ -955,4 +956,74 @@ async fn confirm_deadline_is_rfc3339_with_time_left() {
     let parsed: jiff::Timestamp = d["rfc3339"].as_str().unwrap().parse().unwrap();
     assert_eq!(Some(parsed.as_second()), d["seconds"].as_i64());
     assert!(parsed >= at, "{parsed} {at}");
+}
+
+/// The names of the exit-code table rows in `doc` (README.md or docs/operations.md): for each
+/// `| N | ...` line, the backticked UPPER_SNAKE names in it.
+fn exit_table(doc: &str) -> (Vec<String>, std::collections::BTreeMap<u8, Vec<String>>) {
+    let mut rows = Vec::new();
+    let mut names = std::collections::BTreeMap::new();
+    for line in doc.lines() {
+        let Some(rest) = line.strip_prefix("| ") else {
+            continue;
+        };
+        let Some((n, _)) = rest.split_once(" |") else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u8>() else { continue };
+        rows.push(line.to_owned());
+        let found: Vec<String> = line
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| w.len() > 1 && w.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+            .map(str::to_owned)
+            .collect();
+        names.insert(n, found);
+    }
+    (rows, names)
+}
+
+#[test]
+fn documented_exit_codes_are_the_code_table() {
+    use vallum_server::Reason;
+    use vallum_server::error::ClientReason;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let ops = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let (rows, names) = exit_table(&readme);
+    let (ops_rows, _) = exit_table(&ops);
+    assert_eq!(
+        rows, ops_rows,
+        "README.md and docs/operations.md tables differ"
+    );
+    assert_eq!(names.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    let mut table: Vec<(&str, u8)> = Reason::ALL
+        .iter()
+        .map(|r| (r.info().name, r.info().exit_code))
+        .collect();
+    table.extend(
+        ClientReason::ALL
+            .iter()
+            .map(|c| (c.info().name, c.info().exit_code)),
+    );
+    for (code, listed) in &names {
+        let mut want: Vec<&str> = table
+            .iter()
+            .filter(|(_, e)| e == code)
+            .map(|(n, _)| *n)
+            .collect();
+        let mut listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+        want.sort_unstable();
+        listed.sort_unstable();
+        if *code == 1 {
+            // Exit 1 is "every other reason": the names listed must be of that class.
+            assert!(
+                listed.iter().all(|n| want.contains(n)),
+                "exit 1 lists {listed:?}"
+            );
+        } else {
+            assert_eq!(listed, want, "the names documented for exit {code}");
+        }
+    }
 }
