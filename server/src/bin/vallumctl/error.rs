@@ -87,8 +87,11 @@ pub struct Context<'a> {
 /// What is printed for an error: detail lines, then the headline.
 #[derive(Debug, PartialEq)]
 pub struct Report {
-    /// One line per violation not already in the headline (`FILE:LINE:COL: message` when the
-    /// error is about a local file).
+    /// Every violation, one line each (`FILE:LINE:COL: message` when the error is about a
+    /// local file); `-o json` lists them all.
+    pub violations: Vec<String>,
+    /// The violations text output prints before the headline: all of them, or none when the
+    /// headline already says the only one.
     pub lines: Vec<String>,
     /// The error in one line (`CODE (REASON): message` for a status).
     pub headline: String,
@@ -107,7 +110,7 @@ impl Report {
         let mut j = json!({
             "error": self.headline,
             "exit_code": self.exit_code,
-            "violations": self.lines,
+            "violations": self.violations,
         });
         if let Some(c) = self.code {
             j["code"] = json!(c);
@@ -169,6 +172,7 @@ impl CliError {
         let exit_code = self.exit_code();
         let CliError::Status { status, file } = self else {
             return Report {
+                violations: Vec::new(),
                 lines: Vec::new(),
                 headline: self.to_string(),
                 code: self
@@ -181,6 +185,7 @@ impl CliError {
         };
         if let Some(c) = made_in_client(status) {
             return Report {
+                violations: Vec::new(),
                 lines: Vec::new(),
                 headline: client_headline(c, status, cx),
                 code: c.info().code.map(code_name),
@@ -188,9 +193,19 @@ impl CliError {
                 exit_code,
             };
         }
-        let (lines, covered) = detail_lines(status, file.as_ref());
+        let (violations, descriptions) = detail_lines(status, file.as_ref());
+        // One violation the message already says, about no local file: the headline is enough.
+        let said = violations.len() == 1
+            && file.is_none()
+            && strip_reason(status).contains(descriptions[0].as_str());
+        let (lines, printed) = if said {
+            (Vec::new(), Vec::new())
+        } else {
+            (violations.clone(), descriptions)
+        };
         Report {
-            headline: status_line(status, &covered),
+            headline: status_line(status, &printed),
+            violations,
             lines,
             code: Some(code_name(status.code())),
             reason,
@@ -331,7 +346,7 @@ pub fn is_plaintext_answer(e: &(dyn StdError + 'static)) -> bool {
 }
 
 /// The detail lines of a status (BadRequest and PreconditionFailure violations) and the
-/// descriptions they carry, for [`status_line`] to leave out.
+/// descriptions they carry.
 fn detail_lines(status: &tonic::Status, file: Option<&PathBuf>) -> (Vec<String>, Vec<String>) {
     let details = status.get_error_details();
     let mut lines = Vec::new();
@@ -354,12 +369,6 @@ fn detail_lines(status: &tonic::Status, file: Option<&PathBuf>) -> (Vec<String>,
             ));
             descriptions.push(v.description.clone());
         }
-    }
-    // One violation the message already says, about no local file: the headline is enough.
-    let message = strip_reason(status);
-    if lines.len() == 1 && file.is_none() && message.contains(descriptions[0].as_str()) {
-        lines.clear();
-        descriptions.clear();
     }
     (lines, descriptions)
 }
@@ -508,6 +517,8 @@ mod tests {
         let r = CliError::from(s).report(CX);
         assert!(r.lines.is_empty(), "{r:?}");
         assert_eq!(r.headline, "INVALID_ARGUMENT: name: must not be empty");
+        // JSON still lists it.
+        assert_eq!(r.json()["violations"][0], "name: must not be empty");
         let s = with_reason(
             Code::NotFound,
             "NOT_FOUND",
