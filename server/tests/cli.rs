@@ -1027,3 +1027,29 @@ fn documented_exit_codes_are_the_code_table() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_to_a_tls_server_says_use_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert = write(dir.path(), "server.pem", &key.cert.pem());
+    let pkey = write(dir.path(), "server.key", &key.signing_key.serialize_pem());
+    let d = support::Vallumd::start(
+        &dir.path().join("v.db"),
+        &["--tls-cert", &cert, "--tls-key", &pkey],
+    );
+    let url = d.url();
+    // Whether the server's alert reaches our h2 or the write breaks first is a race: both
+    // must say the same.
+    for _ in 0..3 {
+        let r = run_at(&url, &[], &["status"]).await;
+        assert_eq!(r.code, 3, "{}", r.stderr);
+        assert_eq!(
+            r.stderr,
+            format!(
+                "vallumctl: cannot connect to {url}: the server speaks TLS; use {}\n",
+                url.replace("http://", "https://")
+            )
+        );
+    }
+}

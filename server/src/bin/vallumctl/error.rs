@@ -251,6 +251,43 @@ pub fn made_in_client(status: &tonic::Status) -> Option<ClientReason> {
     None
 }
 
+/// Whether a failed call may have met a TLS server over plaintext: the connection broke, or our
+/// h2 gave up on the answer (a GOAWAY of our own with PROTOCOL_ERROR or FRAME_SIZE_ERROR: the
+/// bytes back were not HTTP/2, e.g. a TLS alert). Which of the two a TLS server causes is a race.
+pub fn maybe_tls_peer(e: &CliError) -> bool {
+    let CliError::Status { status, .. } = e else {
+        return false;
+    };
+    if made_in_client(status) == Some(ClientReason::ConnectionLost) {
+        return true;
+    }
+    let Some(first) = StdError::source(status) else {
+        return false;
+    };
+    causes(first).any(|c| {
+        c.downcast_ref::<h2::Error>().is_some_and(|h| {
+            h.is_go_away()
+                && h.is_library()
+                && matches!(
+                    h.reason(),
+                    Some(h2::Reason::PROTOCOL_ERROR | h2::Reason::FRAME_SIZE_ERROR)
+                )
+        })
+    })
+}
+
+/// Whether a TLS connect attempt got a TLS answer: it succeeded, or rustls failed on something
+/// other than the message format (a certificate we do not trust, an alert).
+pub fn tls_answered(result: Result<(), &(dyn StdError + 'static)>) -> bool {
+    match result {
+        Ok(()) => true,
+        Err(e) => causes(e).any(|c| {
+            c.downcast_ref::<rustls::Error>()
+                .is_some_and(|r| !matches!(r, rustls::Error::InvalidMessage(_)))
+        }),
+    }
+}
+
 /// The headline of a failure in the client.
 fn client_headline(c: ClientReason, status: &tonic::Status, cx: Context<'_>) -> String {
     let server = cx.server;

@@ -876,6 +876,29 @@ fn report(e: &CliError, cli: &Cli) {
     }
 }
 
+/// After a call over `http://` failed in a way a TLS server causes ([`error::maybe_tls_peer`]):
+/// whether the server answers a TLS handshake, so the message can say to use `https://`. One
+/// connection attempt, only on that failure path.
+async fn speaks_tls(cli: &Cli) -> bool {
+    let Some(rest) = cli.server.strip_prefix("http://") else {
+        return false;
+    };
+    let Ok(cfg) = vallum_server::tls::client_config(None, None, None, cli.tls_domain.as_deref())
+    else {
+        return false;
+    };
+    let Ok(ep) = Endpoint::from_shared(format!("https://{rest}")) else {
+        return false;
+    };
+    let Ok(ep) = ep.connect_timeout(Duration::from_secs(2)).tls_config(cfg) else {
+        return false;
+    };
+    match ep.connect().await {
+        Ok(_) => error::tls_answered(Ok(())),
+        Err(e) => error::tls_answered(Err(&e)),
+    }
+}
+
 /// Whether a command may change state on the server (`set` and `conntrack` count as changing).
 fn changes(c: &Command) -> bool {
     match c {
@@ -972,6 +995,18 @@ fn main() -> ExitCode {
     match rt.block_on(run(&cli)) {
         Ok(()) => ExitCode::from(EXIT_OK),
         Err(e) => {
+            let e = match e {
+                e if error::maybe_tls_peer(&e) && rt.block_on(speaks_tls(&cli)) => {
+                    CliError::Connect {
+                        server: cli.server.clone(),
+                        message: format!(
+                            "the server speaks TLS; use {}",
+                            cli.server.replacen("http://", "https://", 1)
+                        ),
+                    }
+                }
+                e => e,
+            };
             report(&e, &cli);
             ExitCode::from(e.exit_code())
         }
