@@ -12,8 +12,14 @@
 //! |---|---|
 //! | [`EXIT_OK`] 0 | success |
 //! | [`EXIT_REJECTED`] 1 | the server (or a local check) refused the input or the call |
-//! | [`EXIT_USAGE`] 2 | usage (clap's own code for bad flags) |
-//! | [`EXIT_UNAVAILABLE`] 3 | the server is unreachable, loading or stopping | [`Error`]'s `Display` is the human message;
+//! | [`EXIT_USAGE`] 2 | the command line is wrong (clap's code for bad flags); no call was made |
+//! | [`EXIT_UNAVAILABLE`] 3 | the server is unreachable, loading or stopping, the deadline passed or the connection broke |
+//!
+//! [`ClientReason`] holds the rows of failures `vallumctl` finds itself (no answer from the
+//! server, so no `ErrorInfo`), and [`status_exit_code`] maps a status without a known reason;
+//! together with [`Reason`] they are the whole exit-code mapping.
+//!
+//! [`Error`]'s `Display` is the human message;
 //! `From<Error> for tonic::Status` is the only place errors become gRPC statuses, with
 //! `BadRequest` field violations, `PreconditionFailure` and `ErrorInfo` details
 //! (domain [`ERROR_DOMAIN`]).
@@ -159,6 +165,115 @@ impl Reason {
     /// The reason whose UPPER_SNAKE name is `name` (for clients reading `ErrorInfo`).
     pub fn from_name(name: &str) -> Option<Reason> {
         Reason::ALL.into_iter().find(|r| r.info().name == name)
+    }
+}
+
+/// The exit code of `vallumctl` for a status it received: the row of its `ErrorInfo.reason` when
+/// that is a [`Reason`] (so `NOT_READY` and `SHUTTING_DOWN` exit 3 whatever the gRPC code);
+/// otherwise (another server, a proxy) by the gRPC code: UNAVAILABLE and DEADLINE_EXCEEDED exit
+/// [`EXIT_UNAVAILABLE`], OK [`EXIT_OK`], every other code [`EXIT_REJECTED`]. Failures the client
+/// finds itself (tonic's own statuses) are [`ClientReason`]s, classified before this is asked.
+pub fn status_exit_code(code: tonic::Code, reason: Option<&str>) -> u8 {
+    use tonic::Code;
+    if code == Code::Ok {
+        return EXIT_OK;
+    }
+    if let Some(r) = reason.and_then(Reason::from_name) {
+        return r.info().exit_code;
+    }
+    match code {
+        Code::Ok => EXIT_OK,
+        Code::Unavailable | Code::DeadlineExceeded => EXIT_UNAVAILABLE,
+        Code::InvalidArgument
+        | Code::FailedPrecondition
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::Unauthenticated
+        | Code::OutOfRange
+        | Code::ResourceExhausted
+        | Code::Aborted
+        | Code::Cancelled
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::Unknown
+        | Code::DataLoss => EXIT_REJECTED,
+    }
+}
+
+// === impl ClientReason ===
+
+/// The client-side rows of the table: failures that `vallumctl` finds itself, with no answer
+/// from the server. vallumd never sends these names; `vallumctl -o json` prints them as
+/// `reason`, and each row gives the exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClientReason {
+    /// The command line is wrong and no call was made: clap's usage errors (unknown command or
+    /// flag, a value that does not parse), a malformed revision name or `--server` URL, a
+    /// `--token` that is not printable ASCII, `--cert` without `--key`.
+    Usage,
+    /// A local step failed: a ruleset, capture or TLS file cannot be read or is not PEM,
+    /// stdout cannot be written, an iptables program (`dataplane`) failed.
+    Local,
+    /// The server cannot be reached: connection refused, no route, a TLS handshake that failed
+    /// (`https://` against a plaintext server included).
+    Unreachable,
+    /// The call's deadline (`--timeout`) passed before the answer came (tonic reports this as
+    /// CANCELLED `Timeout expired`; gRPC's name for it is DEADLINE_EXCEEDED).
+    DeadlineExceeded,
+    /// The connection broke during the call (the server was killed, the peer reset it); a
+    /// change may or may not have been made.
+    ConnectionLost,
+}
+
+/// One client-side row.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientReasonInfo {
+    /// UPPER_SNAKE name, as `vallumctl -o json` prints it in `reason`.
+    pub name: &'static str,
+    /// The gRPC code `vallumctl -o json` prints in `code`; `None` when no call was made.
+    pub code: Option<tonic::Code>,
+    /// The process exit code of `vallumctl`.
+    pub exit_code: u8,
+}
+
+impl ClientReason {
+    /// Every client-side reason, in table order.
+    pub const ALL: [ClientReason; 5] = [
+        ClientReason::Usage,
+        ClientReason::Local,
+        ClientReason::Unreachable,
+        ClientReason::DeadlineExceeded,
+        ClientReason::ConnectionLost,
+    ];
+
+    /// This reason's row.
+    pub const fn info(self) -> ClientReasonInfo {
+        use tonic::Code;
+        let (name, code, exit_code) = match self {
+            ClientReason::Usage => ("USAGE", None, EXIT_USAGE),
+            ClientReason::Local => ("LOCAL_ERROR", None, EXIT_REJECTED),
+            ClientReason::Unreachable => ("UNREACHABLE", Some(Code::Unavailable), EXIT_UNAVAILABLE),
+            ClientReason::DeadlineExceeded => (
+                "DEADLINE_EXCEEDED",
+                Some(Code::DeadlineExceeded),
+                EXIT_UNAVAILABLE,
+            ),
+            ClientReason::ConnectionLost => {
+                ("CONNECTION_LOST", Some(Code::Unavailable), EXIT_UNAVAILABLE)
+            }
+        };
+        ClientReasonInfo {
+            name,
+            code,
+            exit_code,
+        }
+    }
+}
+
+impl std::fmt::Display for ClientReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.info().name)
     }
 }
 
@@ -408,6 +523,45 @@ mod tests {
                 info.name
             );
         }
+    }
+
+    #[test]
+    fn client_rows_do_not_clash_with_server_rows() {
+        for c in ClientReason::ALL {
+            let info = c.info();
+            assert_eq!(Reason::from_name(info.name), None, "{}", info.name);
+            // Usage errors make no call; every failure to get an answer is a 3.
+            let expected = match info.code {
+                None if c == ClientReason::Usage => EXIT_USAGE,
+                None => EXIT_REJECTED,
+                Some(_) => EXIT_UNAVAILABLE,
+            };
+            assert_eq!(info.exit_code, expected, "{}", info.name);
+        }
+    }
+
+    #[test]
+    fn status_exit_codes() {
+        use tonic::Code;
+        assert_eq!(status_exit_code(Code::InvalidArgument, None), 1);
+        assert_eq!(
+            status_exit_code(Code::Unauthenticated, Some("TOKEN_MISSING")),
+            1
+        );
+        assert_eq!(status_exit_code(Code::Unavailable, None), 3);
+        assert_eq!(status_exit_code(Code::DeadlineExceeded, None), 3);
+        assert_eq!(status_exit_code(Code::Internal, Some("SHUTTING_DOWN")), 3);
+        assert_eq!(status_exit_code(Code::Internal, Some("NOT_READY")), 3);
+        assert_eq!(
+            status_exit_code(Code::InvalidArgument, Some("INVALID_RULESET")),
+            1
+        );
+        assert_eq!(
+            status_exit_code(Code::Unavailable, Some("SOMETHING_ELSE")),
+            3
+        );
+        assert_eq!(status_exit_code(Code::Cancelled, None), 1);
+        assert_eq!(status_exit_code(Code::Ok, None), 0);
     }
 
     #[test]

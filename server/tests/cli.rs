@@ -1,6 +1,10 @@
 //! Runs the vallumctl binary against a fake in-process tonic server (RulesetService,
-//! CounterService, EngineService) with canned answers that check what the client sent. The real
-//! server's end-to-end tests come with the server crate.
+//! CounterService, EngineService) with canned answers that check what the client sent, and
+//! against a real vallumd for exit codes, messages and the confirm deadline; checks that the
+//! exit-code tables of README.md and docs/operations.md are the code's.
+
+#[path = "support/vallumd.rs"]
+mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -281,7 +285,10 @@ impl RulesetService for Fake {
         req: Request<ExportRevisionRequest>,
     ) -> Result<Response<ExportRevisionResponse>, Status> {
         let r = req.into_inner();
-        parse_name(&r.name)?;
+        if parse_name(&r.name)?.1 == 77 {
+            // Never answers: for the client's --timeout.
+            std::future::pending::<()>().await;
+        }
         let c = if r.counters { "[5:300]" } else { "[0:0]" };
         Ok(Response::new(ExportRevisionResponse {
             content: format!("*filter\n:INPUT DROP {c}\nCOMMIT\n"),
@@ -499,11 +506,7 @@ async fn exit_codes() {
         r.stderr
     );
     assert_eq!(vallumctl(addr, Some("wrong"), &["rulesets"]).await.code, 1);
-    // Rejected locally: bad revision name, unreadable file.
-    assert_eq!(
-        vallumctl(addr, Some(TOKEN), &["commit", "web"]).await.code,
-        1
-    );
+    // Rejected locally: unreadable file.
     let r = vallumctl(addr, Some(TOKEN), &["stage", "web", "/nonexistent.rules"]).await;
     assert_eq!(r.code, 1);
     assert!(
@@ -511,8 +514,13 @@ async fn exit_codes() {
         "{}",
         r.stderr
     );
-    // Usage errors: clap's code 2.
+    // Usage errors: clap's code 2, and a malformed revision name (no call made).
     assert_eq!(vallumctl(addr, Some(TOKEN), &["frobnicate"]).await.code, 2);
+    for args in [["commit", "web"], ["export", "web"]] {
+        let r = vallumctl(addr, Some(TOKEN), &args).await;
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains("`web` is not a revision"), "{}", r.stderr);
+    }
     assert_eq!(
         vallumctl(addr, Some(TOKEN), &["stage", "web"]).await.code,
         2
@@ -538,6 +546,36 @@ async fn exit_codes() {
     assert!(r.stderr.contains("cannot connect to"), "{}", r.stderr);
     let r = vallumctl(closed, Some(TOKEN), &["apply", "web", &good]).await;
     assert_eq!(r.code, 3);
+    // The client's deadline: tonic says CANCELLED, the class is unavailable.
+    let r = vallumctl(
+        addr,
+        Some(TOKEN),
+        &["--timeout", "200ms", "export", "web/77"],
+    )
+    .await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        r.stderr,
+        format!(
+            "vallumctl: DEADLINE_EXCEEDED: no answer from http://{addr} within 200ms (--timeout)\n"
+        )
+    );
+    let r = vallumctl(
+        addr,
+        Some(TOKEN),
+        &["-o", "json", "--timeout", "200ms", "export", "web/77"],
+    )
+    .await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(
+        (&e["code"], &e["reason"], &e["exit_code"]),
+        (
+            &"DEADLINE_EXCEEDED".into(),
+            &"DEADLINE_EXCEEDED".into(),
+            &3.into()
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -673,4 +711,345 @@ Chain LOG_DROP (1 references)
     assert_eq!(out, expected, "got:\n{out}");
     let r = vallumctl(addr, Some(TOKEN), &["counters", "other"]).await;
     assert_eq!(r.code, 1);
+}
+
+// === against a real vallumd ===
+
+async fn run_at(url: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"));
+    cmd.args(args).env_clear().env("VALLUM_SERVER", url);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// A real vallumd (loopback, no tokens) in a temporary directory.
+async fn real() -> (support::Vallumd, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = support::Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    (d, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_of_failures_in_the_client() {
+    let (mut d, dir) = real().await;
+    let url = d.url();
+    let good = write(dir.path(), "good.rules", GOOD);
+    assert_eq!(run_at(&url, &[], &["apply", "web", &good]).await.code, 0);
+
+    // A malformed --server is a usage error (no connection tried), in JSON too.
+    let r = run_at(&url, &[], &["--server", "not-a-url", "status"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("`not-a-url` is not a URL like http://HOST:PORT"),
+        "{}",
+        r.stderr
+    );
+    let r = run_at(
+        &url,
+        &[],
+        &["-o", "json", "--server", "127.0.0.1:1", "status"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(
+        (&e["reason"], &e["exit_code"]),
+        (&"USAGE".into(), &2.into())
+    );
+    // A malformed revision: no call made, usage.
+    let r = run_at(&url, &[], &["export", "web"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    // Usage errors from clap are JSON with -o json or VALLUM_OUTPUT=json, still exit 2.
+    for (env, args) in [
+        (&[][..], &["-o", "json", "frobnicate"][..]),
+        (
+            &[][..],
+            &["--output=json", "commit", "web/1", "--confirm-within", "3x"][..],
+        ),
+        (&[("VALLUM_OUTPUT", "json")][..], &["stage", "web"][..]),
+    ] {
+        let r = run_at(&url, env, args).await;
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        let e: serde_json::Value = serde_json::from_str(&r.stderr)
+            .unwrap_or_else(|err| panic!("{args:?}: {err}: {}", r.stderr));
+        assert_eq!(
+            (&e["reason"], &e["exit_code"]),
+            (&"USAGE".into(), &2.into()),
+            "{e}"
+        );
+        assert!(e["error"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
+    }
+    // Without -o json they stay clap's text.
+    let r = run_at(&url, &[], &["frobnicate"]).await;
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.starts_with("error: unrecognized subcommand"),
+        "{}",
+        r.stderr
+    );
+
+    // https:// against the plaintext server: say what is wrong.
+    let tls_url = url.replace("http://", "https://");
+    let r = run_at(&tls_url, &[], &["status"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the server does not speak TLS")
+            && r.stderr.contains(&format!("use {url}")),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("InvalidContentType"), "{}", r.stderr);
+
+    // The server killed during a call (a watch stream): unavailable, not UNKNOWN/1.
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+        .args(["watch"])
+        .env_clear()
+        .env("VALLUM_SERVER", &url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
+    // Commit until the watch has printed one: then the stream is open.
+    let mut printed = None;
+    for port in 1..=200u16 {
+        let rules = GOOD.replace("--dport 22", &format!("--dport {port}"));
+        let f = write(dir.path(), "next.rules", &rules);
+        assert_eq!(run_at(&url, &[], &["apply", "web", &f]).await.code, 0);
+        if let Ok(line) =
+            tokio::time::timeout(std::time::Duration::from_millis(200), lines.next_line()).await
+        {
+            printed = line.unwrap();
+            break;
+        }
+    }
+    let printed = printed.expect("watch printed a commit");
+    assert!(printed.starts_with("committed"), "{printed}");
+    d.kill9();
+    let out = watch.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "vallumctl: UNAVAILABLE (CONNECTION_LOST): the connection to {url} broke during the call"
+        )),
+        "{stderr}"
+    );
+    // A closed port: the cause once.
+    let r = run_at(&url, &[], &["status"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("tcp connect error: tcp connect error"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("transport error"), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_say_each_fact_once() {
+    let (_d, dir) = real().await;
+    let url = _d.url();
+    let bad = write(
+        dir.path(),
+        "bad.rules",
+        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --bogus 1 -j ACCEPT\n-A INPUT -p udp --bogus 2 -j ACCEPT\nCOMMIT\n",
+    );
+    for cmd in [
+        &["apply", "web"][..],
+        &["stage", "web"][..],
+        &["validate"][..],
+    ] {
+        let mut args = cmd.to_vec();
+        args.push(&bad);
+        let r = run_at(&url, &[], &args).await;
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        let lines: Vec<&str> = r.stderr.lines().collect();
+        assert_eq!(lines.len(), 3, "{args:?}: {}", r.stderr);
+        assert!(lines[0].starts_with(&format!("{bad}:3:")), "{}", r.stderr);
+        assert!(lines[1].starts_with(&format!("{bad}:4:")), "{}", r.stderr);
+        assert_eq!(
+            lines[2], "vallumctl: INVALID_ARGUMENT (INVALID_RULESET): 2 errors",
+            "{args:?}"
+        );
+    }
+    // A reason equal to the code is said once.
+    let r = run_at(&url, &[], &["export", "nosuch/1"]).await;
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.starts_with("vallumctl: NOT_FOUND: "),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("(NOT_FOUND)"), "{}", r.stderr);
+    // JSON: the violations once each, and a headline that does not repeat them.
+    let r = run_at(&url, &[], &["-o", "json", "apply", "web", &bad]).await;
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(e["violations"].as_array().map(Vec::len), Some(2), "{e}");
+    assert_eq!(e["error"], "INVALID_ARGUMENT (INVALID_RULESET): 2 errors");
+    assert_eq!(
+        (&e["code"], &e["reason"]),
+        (&"INVALID_ARGUMENT".into(), &"INVALID_RULESET".into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_deadline_is_rfc3339_with_time_left() {
+    let (_d, dir) = real().await;
+    let url = _d.url();
+    let good = write(dir.path(), "good.rules", GOOD);
+    let r = run_at(
+        &url,
+        &[],
+        &["apply", "web", &good, "--confirm-within", "60s"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("confirm "))
+        .unwrap_or_else(|| panic!("no confirm line: {}", r.stdout));
+    // `  confirm by 2030-03-17T17:46:40Z (in 1m) or it is rolled back: vallumctl confirm web/1`
+    let rest = line.trim_start().strip_prefix("confirm by ").expect(line);
+    let (at, rest) = rest.split_once(" (in ").expect(line);
+    let (left, rest) = rest.split_once(')').expect(line);
+    assert_eq!(
+        rest, " or it is rolled back: vallumctl confirm web/1",
+        "{line}"
+    );
+    let at: jiff::Timestamp = at.parse().unwrap_or_else(|e| panic!("{at}: {e}"));
+    assert!(line.contains('Z'), "UTC: {line}");
+    let left: jiff::SignedDuration = left.parse().unwrap_or_else(|e| panic!("{left}: {e}"));
+    assert!(
+        left > jiff::SignedDuration::ZERO && left <= jiff::SignedDuration::from_secs(60),
+        "{line}"
+    );
+    // JSON carries the same instant, with its seconds.
+    let r = run_at(
+        &url,
+        &[],
+        &[
+            "-o",
+            "json",
+            "apply",
+            "web",
+            &good,
+            "--confirm-within",
+            "60s",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let d = &v["confirm_deadline"];
+    let parsed: jiff::Timestamp = d["rfc3339"].as_str().unwrap().parse().unwrap();
+    assert_eq!(Some(parsed.as_second()), d["seconds"].as_i64());
+    assert!(parsed >= at, "{parsed} {at}");
+}
+
+/// The names of the exit-code table rows in `doc` (README.md or docs/operations.md): for each
+/// `| N | ...` line, the backticked UPPER_SNAKE names in it.
+fn exit_table(doc: &str) -> (Vec<String>, std::collections::BTreeMap<u8, Vec<String>>) {
+    let mut rows = Vec::new();
+    let mut names = std::collections::BTreeMap::new();
+    for line in doc.lines() {
+        let Some(rest) = line.strip_prefix("| ") else {
+            continue;
+        };
+        let Some((n, _)) = rest.split_once(" |") else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u8>() else { continue };
+        rows.push(line.to_owned());
+        let found: Vec<String> = line
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| w.len() > 1 && w.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+            .map(str::to_owned)
+            .collect();
+        names.insert(n, found);
+    }
+    (rows, names)
+}
+
+#[test]
+fn documented_exit_codes_are_the_code_table() {
+    use vallum_server::Reason;
+    use vallum_server::error::ClientReason;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let ops = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let (rows, names) = exit_table(&readme);
+    let (ops_rows, _) = exit_table(&ops);
+    assert_eq!(
+        rows, ops_rows,
+        "README.md and docs/operations.md tables differ"
+    );
+    assert_eq!(names.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    let mut table: Vec<(&str, u8)> = Reason::ALL
+        .iter()
+        .map(|r| (r.info().name, r.info().exit_code))
+        .collect();
+    table.extend(
+        ClientReason::ALL
+            .iter()
+            .map(|c| (c.info().name, c.info().exit_code)),
+    );
+    for (code, listed) in &names {
+        let mut want: Vec<&str> = table
+            .iter()
+            .filter(|(_, e)| e == code)
+            .map(|(n, _)| *n)
+            .collect();
+        let mut listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+        want.sort_unstable();
+        listed.sort_unstable();
+        if *code == 1 {
+            // Exit 1 is "every other reason": the names listed must be of that class.
+            assert!(
+                listed.iter().all(|n| want.contains(n)),
+                "exit 1 lists {listed:?}"
+            );
+        } else {
+            assert_eq!(listed, want, "the names documented for exit {code}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_to_a_tls_server_says_use_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert = write(dir.path(), "server.pem", &key.cert.pem());
+    let pkey = write(dir.path(), "server.key", &key.signing_key.serialize_pem());
+    let d = support::Vallumd::start(
+        &dir.path().join("v.db"),
+        &["--tls-cert", &cert, "--tls-key", &pkey],
+    );
+    let url = d.url();
+    // Whether the server's alert reaches our h2 or the write breaks first is a race: both
+    // must say the same.
+    for _ in 0..3 {
+        let r = run_at(&url, &[], &["status"]).await;
+        assert_eq!(r.code, 3, "{}", r.stderr);
+        assert_eq!(
+            r.stderr,
+            format!(
+                "vallumctl: cannot connect to {url}: the server speaks TLS; use {}\n",
+                url.replace("http://", "https://")
+            )
+        );
+    }
 }

@@ -1,8 +1,8 @@
 //! vallumctl: the command-line client of Vallum's gRPC API.
 //!
 //! Every flag has a `VALLUM_*` environment twin; `--output json` prints one JSON document (or,
-//! for `watch`, one per line). Exit codes are in [`error`]: 0 ok, 1 rejected, 2 usage,
-//! 3 server unavailable.
+//! for `watch`, one per line), and errors as one JSON object on stderr (usage errors too).
+//! Exit codes are in [`error`]: 0 ok, 1 rejected, 2 usage, 3 server unavailable.
 
 mod conntrack;
 mod dataplane;
@@ -21,7 +21,6 @@ use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
-use tonic_types::StatusExt;
 use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
 use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
@@ -36,7 +35,7 @@ use vallum_proto::v1::{
     ValidateRulesetRequest, WatchCommitsRequest, ZeroCountersRequest,
 };
 
-use crate::error::{CliError, EXIT_OK, EXIT_USAGE};
+use crate::error::{CliError, ClientReason, EXIT_OK};
 
 /// Command-line client of the Vallum firewall service.
 #[derive(Debug, Parser)]
@@ -51,7 +50,8 @@ struct Cli {
         long,
         global = true,
         env = "VALLUM_SERVER",
-        default_value = "http://127.0.0.1:50051"
+        default_value = "http://127.0.0.1:50051",
+        value_parser = parse_server
     )]
     server: String,
     /// Bearer token sent as `authorization: Bearer TOKEN`.
@@ -346,6 +346,22 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Checks `--server`: an `http://` or `https://` URL with a host (a usage error otherwise, before
+/// any connection is tried).
+fn parse_server(s: &str) -> Result<String, String> {
+    let like = "a URL like http://HOST:PORT or https://HOST:PORT";
+    let uri: http::Uri = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not {like} ({e})"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(h)) if !h.is_empty() => Ok(s.to_owned()),
+        (Some(other), _) if other != "http" && other != "https" => {
+            Err(format!("`{s}`: the scheme is `{other}`, not http or https"))
+        }
+        _ => Err(format!("`{s}` is not {like}")),
+    }
+}
+
 /// Accepts `rulesets/R/revisions/N` or the short `R/N`.
 fn revision_name(s: &str) -> Result<String, CliError> {
     if let Some(rest) = s.strip_prefix("rulesets/") {
@@ -407,9 +423,22 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
             cli.key.as_deref(),
             cli.tls_domain.as_deref(),
         )?;
-        ep = ep.tls_config(cfg).map_err(|e| bad(chain(&e)))?;
+        ep = ep.tls_config(cfg).map_err(|e| bad(error::chain(&e)))?;
     }
-    let channel = ep.connect().await.map_err(|e| bad(chain(&e)))?;
+    let channel = ep.connect().await.map_err(|e| {
+        if tls && error::is_plaintext_answer(&e) {
+            let instead = match cli.server.strip_prefix("https://") {
+                Some(rest) => format!("use http://{rest}"),
+                None => "leave out --ca, --cert and --key".to_owned(),
+            };
+            bad(format!(
+                "the server does not speak TLS (it answered the TLS handshake in plaintext); \
+                 {instead}, or start vallumd with --tls-cert and --tls-key"
+            ))
+        } else {
+            bad(error::chain(&e))
+        }
+    })?;
     let token = match &cli.token {
         Some(t) => Some(
             format!("Bearer {t}")
@@ -427,18 +456,6 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
         conntrack: ConntrackServiceClient::with_interceptor(channel.clone(), auth.clone()),
         sets: SetServiceClient::with_interceptor(channel, auth).max_decoding_message_size(64 << 20),
     })
-}
-
-/// An error and its sources, joined with `: `.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(e) = src {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        src = e.source();
-    }
-    s
 }
 
 fn read_text(path: &Path) -> Result<String, CliError> {
@@ -840,51 +857,115 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Prints an error to stderr: the status line, then each BadRequest violation on its own line
-/// (as `FILE:LINE:COL: message` when the error is about a local file).
-fn report(e: &CliError, output: Output) {
-    let mut lines = Vec::new();
-    if let CliError::Status { status, file } = e {
-        let details = status.get_error_details();
-        if let Some(br) = details.bad_request() {
-            for v in &br.field_violations {
-                lines.push(match file {
-                    Some(f) => error::localize(&v.description, &f.display().to_string()),
-                    None if v.field.is_empty() => v.description.clone(),
-                    None => format!("{}: {}", v.field, v.description),
-                });
-            }
-        }
-        if let Some(pf) = details.precondition_failure() {
-            for v in &pf.violations {
-                lines.push(format!(
-                    "precondition {} {}: {}",
-                    v.r#type, v.subject, v.description
-                ));
-            }
-        }
-    }
-    match output {
-        Output::Json => {
-            let mut j =
-                json!({"error": e.to_string(), "exit_code": e.exit_code(), "violations": lines});
-            if let CliError::Status { status, .. } = e {
-                j["code"] = json!(error::code_name(status.code()));
-                if let Some(info) = status.get_details_error_info() {
-                    j["reason"] = json!(info.reason);
-                }
-            }
-            eprintln!("{j}");
-        }
+/// Prints an error to stderr: one line per violation not in the headline (as
+/// `FILE:LINE:COL: message` when the error is about a local file), then `vallumctl: HEADLINE`;
+/// with `-o json` one JSON object ([`error::Report::json`]).
+fn report(e: &CliError, cli: &Cli) {
+    let is_watch = matches!(cli.command, Command::Watch { .. });
+    let r = e.report(error::Context {
+        server: &cli.server,
+        timeout: (!is_watch).then_some(cli.timeout),
+        changes: changes(&cli.command),
+    });
+    match cli.output {
+        Output::Json => eprintln!("{}", r.json()),
         Output::Text => {
-            for l in &lines {
+            for l in &r.lines {
                 eprintln!("{l}");
             }
-            if !matches!(e, CliError::Invalid) || lines.is_empty() {
-                eprintln!("vallumctl: {e}");
+            if !matches!(e, CliError::Invalid) || r.lines.is_empty() {
+                eprintln!("vallumctl: {}", r.headline);
             }
         }
     }
+}
+
+/// After a call over `http://` failed in a way a TLS server causes ([`error::maybe_tls_peer`]):
+/// whether the server answers a TLS handshake, so the message can say to use `https://`. One
+/// connection attempt, only on that failure path.
+async fn speaks_tls(cli: &Cli) -> bool {
+    let Some(rest) = cli.server.strip_prefix("http://") else {
+        return false;
+    };
+    let Ok(cfg) = vallum_server::tls::client_config(None, None, None, cli.tls_domain.as_deref())
+    else {
+        return false;
+    };
+    let Ok(ep) = Endpoint::from_shared(format!("https://{rest}")) else {
+        return false;
+    };
+    let Ok(ep) = ep.connect_timeout(Duration::from_secs(2)).tls_config(cfg) else {
+        return false;
+    };
+    match ep.connect().await {
+        Ok(_) => error::tls_answered(Ok(())),
+        Err(e) => error::tls_answered(Err(&e)),
+    }
+}
+
+/// Whether a command may change state on the server (`set` and `conntrack` count as changing).
+fn changes(c: &Command) -> bool {
+    match c {
+        Command::Stage { validate_only, .. } => !validate_only,
+        Command::Counters { zero, .. } => *zero,
+        Command::Commit { .. }
+        | Command::Confirm { .. }
+        | Command::Apply { .. }
+        | Command::Rollback { .. }
+        | Command::Delete { .. }
+        | Command::Conntrack { .. }
+        | Command::Set { .. } => true,
+        Command::Validate { .. }
+        | Command::Revisions { .. }
+        | Command::Diff { .. }
+        | Command::Export { .. }
+        | Command::Trace(_)
+        | Command::Replay { .. }
+        | Command::Status
+        | Command::Watch { .. }
+        | Command::Rulesets
+        | Command::Dataplane { .. } => false,
+    }
+}
+
+/// Prints a clap error: help and version to stdout; a usage error to stderr as clap words it,
+/// or with `-o json` (or `VALLUM_OUTPUT=json`) as the JSON error object with reason `USAGE`.
+/// Returns the exit code.
+fn report_usage(e: &clap::Error) -> u8 {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return EXIT_OK;
+    }
+    let usage = ClientReason::Usage.info();
+    if wants_json() {
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        let message = first.strip_prefix("error: ").unwrap_or(first);
+        eprintln!(
+            "{}",
+            json!({
+                "error": message,
+                "exit_code": usage.exit_code,
+                "violations": [],
+                "reason": usage.name,
+                "detail": text,
+            })
+        );
+    } else {
+        let _ = e.print();
+    }
+    usage.exit_code
+}
+
+/// Whether the command line (or `VALLUM_OUTPUT`) asks for `-o json`, read as far as it parses.
+fn wants_json() -> bool {
+    use clap::CommandFactory;
+    Cli::command()
+        .ignore_errors(true)
+        .try_get_matches()
+        .ok()
+        .and_then(|m| m.get_one::<Output>("output").copied())
+        == Some(Output::Json)
 }
 
 /// Writes to stdout. A closed pipe (`vallumctl ... | head`) ends the program quietly with
@@ -903,11 +984,7 @@ fn write_stdout(s: &str) {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) => {
-            // --help and --version print to stdout and succeed; usage errors exit 2.
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
-        }
+        Err(e) => return ExitCode::from(report_usage(&e)),
     };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -916,13 +993,25 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vallumctl: cannot start the runtime: {e}");
-            return ExitCode::from(error::EXIT_REJECTED);
+            return ExitCode::from(ClientReason::Local.info().exit_code);
         }
     };
     match rt.block_on(run(&cli)) {
         Ok(()) => ExitCode::from(EXIT_OK),
         Err(e) => {
-            report(&e, cli.output);
+            let e = match e {
+                e if error::maybe_tls_peer(&e) && rt.block_on(speaks_tls(&cli)) => {
+                    CliError::Connect {
+                        server: cli.server.clone(),
+                        message: format!(
+                            "the server speaks TLS; use {}",
+                            cli.server.replacen("http://", "https://", 1)
+                        ),
+                    }
+                }
+                e => e,
+            };
+            report(&e, &cli);
             ExitCode::from(e.exit_code())
         }
     }
@@ -952,6 +1041,17 @@ mod tests {
         assert!(revision_name("web").is_err());
         assert!(revision_name("web/x").is_err());
         assert!(revision_name("a/b/3").is_err());
+    }
+
+    #[test]
+    fn servers() {
+        assert!(parse_server("http://127.0.0.1:50051").is_ok());
+        assert!(parse_server("https://vallum.example:443").is_ok());
+        assert!(parse_server("http://[::1]:50051").is_ok());
+        assert!(parse_server("not-a-url").is_err());
+        assert!(parse_server("127.0.0.1:50051").is_err());
+        assert!(parse_server("ftp://h:1").is_err());
+        assert!(parse_server("").is_err());
     }
 
     #[test]

@@ -11,10 +11,36 @@ use vallum_proto::v1::{
     Severity, TracePacketResponse, VerdictTotals, Violation,
 };
 
+/// A timestamp as `{"seconds", "nanos", "rfc3339"}` (RFC 3339 in UTC, e.g.
+/// `2030-03-17T17:46:40Z`).
 fn ts(t: Option<&prost_types::Timestamp>) -> Value {
     match t {
-        Some(t) => json!({"seconds": t.seconds, "nanos": t.nanos}),
+        Some(t) => json!({"seconds": t.seconds, "nanos": t.nanos, "rfc3339": rfc3339(t)}),
         None => Value::Null,
+    }
+}
+
+/// RFC 3339 in UTC, whole seconds (`2030-03-17T17:46:40Z`); the raw seconds when out of range.
+pub fn rfc3339(t: &prost_types::Timestamp) -> String {
+    match jiff::Timestamp::new(t.seconds, 0) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("unix time {}", t.seconds),
+    }
+}
+
+/// `by DEADLINE (in 59s)`: the deadline in RFC 3339 (UTC) and how long is left at `now`,
+/// rounded to the second (`passed 3s ago` once it has passed).
+pub fn deadline_text(d: &prost_types::Timestamp, now: jiff::Timestamp) -> String {
+    let at = rfc3339(d);
+    let left = match jiff::Timestamp::new(d.seconds, d.nanos.clamp(0, 999_999_999)) {
+        Ok(t) => t.duration_since(now),
+        Err(_) => return format!("by {at}"),
+    };
+    let left = left.round(jiff::Unit::Second).unwrap_or(left);
+    if left.is_negative() {
+        format!("by {at} (passed {:#} ago)", left.abs())
+    } else {
+        format!("by {at} (in {left:#})")
     }
 }
 
@@ -157,10 +183,17 @@ pub fn commit_text(c: &CommitResult) -> String {
         let _ = writeln!(s, "  {}", phases_text(p));
     }
     if let Some(d) = &c.confirm_deadline {
+        let confirm = match &c.revision {
+            Some(r) => {
+                let ruleset = r.ruleset.strip_prefix("rulesets/").unwrap_or(&r.ruleset);
+                format!("vallumctl confirm {ruleset}/{}", r.number)
+            }
+            None => "vallumctl confirm".to_owned(),
+        };
         let _ = writeln!(
             s,
-            "  confirm before unix time {} or it is rolled back (vallumctl confirm)",
-            d.seconds
+            "  confirm {} or it is rolled back: {confirm}",
+            deadline_text(d, jiff::Timestamp::now())
         );
     }
     s
@@ -602,6 +635,36 @@ pub fn event_text(e: &CommitEvent) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deadlines_are_rfc3339_with_time_left() {
+        let d = prost_types::Timestamp {
+            seconds: 1_900_000_000,
+            nanos: 0,
+        };
+        let now = |s: i64, ns: i32| jiff::Timestamp::new(s, ns).unwrap();
+        assert_eq!(rfc3339(&d), "2030-03-17T17:46:40Z");
+        assert_eq!(
+            deadline_text(&d, now(1_900_000_000 - 60, 0)),
+            "by 2030-03-17T17:46:40Z (in 1m)"
+        );
+        assert_eq!(
+            deadline_text(&d, now(1_900_000_000 - 90, 400_000_000)),
+            "by 2030-03-17T17:46:40Z (in 1m 30s)"
+        );
+        assert_eq!(
+            deadline_text(&d, now(1_900_000_003, 0)),
+            "by 2030-03-17T17:46:40Z (passed 3s ago)"
+        );
+        let far = prost_types::Timestamp {
+            seconds: i64::MAX,
+            nanos: 0,
+        };
+        assert_eq!(
+            deadline_text(&far, now(0, 0)),
+            format!("by unix time {}", i64::MAX)
+        );
+    }
 
     #[test]
     fn splits_rule_text_into_columns() {
