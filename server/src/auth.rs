@@ -800,7 +800,7 @@ mod tests {
                 "f:1: field 2 (TOKEN): token must be",
             ),
             (
-                format!("{}", &secret[..10]),
+                secret[..10].to_owned(),
                 Some(Role::Admin),
                 "f:1: field 1 (TOKEN)",
             ),

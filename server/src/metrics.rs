@@ -44,7 +44,7 @@
 //! metrics.observe_engine(engine.clone())?;                     // once, at start
 //! let _http = metrics.serve(args.metrics.metrics_listen, shutdown.clone()).await?;
 //! Server::builder().layer(metrics.grpc_layer()).layer(auth_layer) ...;
-//! metrics.record_commit(&ruleset, CommitOutcome::Committed, &phases); // after each commit
+//! metrics.record_commit(&ruleset, Outcome::Committed, &phases); // after each commit
 //! metrics.set_active_revision(&ruleset, Some(n));              // after commit / rollback / delete
 //! ```
 
@@ -71,6 +71,7 @@ use vallum_engine::engine::{CommitReport, Engine};
 use vallum_engine::sets::SetManager;
 
 use crate::auth;
+use crate::outcome::Outcome;
 
 /// Default address of the `/metrics` HTTP listener.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
@@ -148,31 +149,6 @@ impl MetricsError {
             MetricsError::OtlpDisabled => "OTLP_DISABLED",
             MetricsError::Registry(_) => "METRICS_REGISTRY",
             MetricsError::Bind { .. } => "METRICS_BIND",
-        }
-    }
-}
-
-/// How a commit ended (label `outcome`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CommitOutcome {
-    /// Made active.
-    Committed,
-    /// Refused (validation, compile, store) or failed; nothing changed.
-    Failed,
-    /// Rolled back, e.g. a confirm deadline passed.
-    RolledBack,
-    /// A pending commit was confirmed.
-    Confirmed,
-}
-
-impl CommitOutcome {
-    /// The label value: `committed`, `failed`, `rolled_back`, `confirmed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CommitOutcome::Committed => "committed",
-            CommitOutcome::Failed => "failed",
-            CommitOutcome::RolledBack => "rolled_back",
-            CommitOutcome::Confirmed => "confirmed",
         }
     }
 }
@@ -331,13 +307,16 @@ impl Metrics {
     }
 
     /// Records one commit: each phase and `total` into `vallum_commit_duration_seconds`, the
-    /// cores waited for, and one `vallum_commits_total{ruleset, outcome}`. For a failed commit
-    /// only the phases that ran (non-zero) are recorded; `total` always is.
-    pub fn record_commit(&self, ruleset: &str, outcome: CommitOutcome, phases: &CommitPhases) {
+    /// cores waited for, and one `vallum_commits_total{ruleset, outcome}` (outcome: an
+    /// [`Outcome::label`]). For other outcomes than `committed` only the phases that ran
+    /// (non-zero) are recorded, `total` included: a refusal or a confirmation has no phases
+    /// and must not pull the latency quantiles down with zeros.
+    pub fn record_commit(&self, ruleset: &str, outcome: Outcome, phases: &CommitPhases) {
         let i = &self.inner;
-        let outcome_kv = KeyValue::new("outcome", outcome.as_str());
-        for (phase, ns) in phases.phases() {
-            if ns == 0 && outcome != CommitOutcome::Committed {
+        let outcome_kv = KeyValue::new("outcome", outcome.label());
+        let total = ("total", phases.total_ns);
+        for (phase, ns) in phases.phases().into_iter().chain([total]) {
+            if ns == 0 && outcome != Outcome::Committed {
                 continue;
             }
             i.commit_duration.record(
@@ -345,11 +324,7 @@ impl Metrics {
                 &[KeyValue::new("phase", phase), outcome_kv.clone()],
             );
         }
-        i.commit_duration.record(
-            ns_to_s(phases.total_ns),
-            &[KeyValue::new("phase", "total"), outcome_kv.clone()],
-        );
-        if outcome == CommitOutcome::Committed {
+        if outcome == Outcome::Committed {
             i.cores_waited.record(u64::from(phases.cores_waited), &[]);
         }
         i.commits.add(
@@ -939,7 +914,7 @@ mod tests {
             ..MetricsConfig::default()
         })
         .unwrap();
-        m.record_commit("web", CommitOutcome::Committed, &CommitPhases::default());
+        m.record_commit("web", Outcome::Committed, &CommitPhases::default());
         assert!(m.render().unwrap().contains("vallum_commits_total"));
     }
 

@@ -31,25 +31,27 @@ use crate::content::{Checked, PreviousParse, SourceText};
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
 use crate::limits;
+use crate::outcome::Outcome;
 use crate::store::{
-    AuditEntry, CommitTarget, NewRevision, Outcome, PersistCommit, Phases, RevisionRow,
-    RevisionState, RulesetRow, Store, now_ns,
+    AuditEntry, CommitTarget, NewRevision, PersistCommit, Phases, RevisionRow, RevisionState,
+    RulesetRow, Store, now_ns,
 };
 
 pub mod sets;
 
-/// A commit event, as WatchCommits streams it.
+/// A commit event, as WatchCommits streams it: one per [`Outcome`] of every commit request
+/// (refusals included).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitEvent {
     /// Ruleset name.
     pub ruleset: String,
-    /// Revision number.
-    pub revision: u64,
+    /// Revision number; `None` for a refused request (no revision was made).
+    pub revision: Option<u64>,
     /// Outcome.
     pub outcome: Outcome,
     /// Phase durations.
     pub phases: Phases,
-    /// Error text of a failed commit.
+    /// Error text of a failed or refused commit.
     pub error: Option<String>,
     /// Unix ns.
     pub time_ns: i64,
@@ -384,7 +386,7 @@ impl Pipeline {
                 })?;
         self.emit(
             ruleset,
-            number,
+            Some(number),
             Outcome::Confirmed,
             Phases::default(),
             None,
@@ -419,10 +421,10 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Rolls back every commit-confirmed whose deadline passed: the previous revision's content
-    /// is committed as a new revision (outcome ROLLED_BACK, the unconfirmed revision
-    /// REJECTED), or the ruleset is deactivated when it had no previous revision. Returns how
-    /// many were rolled back.
+    /// Reverts every commit-confirmed whose deadline passed: the previous revision's content
+    /// is committed as a new revision (outcome REVERTED, the unconfirmed revision REJECTED),
+    /// or the ruleset is deactivated when it had no previous revision (outcome REVERTED).
+    /// Returns how many were reverted.
     ///
     /// Errors: [`Error::Store`], [`Error::Commit`].
     pub async fn expire_confirms(&self) -> Result<usize> {
@@ -454,7 +456,7 @@ impl Pipeline {
                                 ),
                             }),
                             state: RevisionState::Active,
-                            outcome: Outcome::RolledBack,
+                            outcome: Outcome::Reverted,
                             previous_state: RevisionState::Rejected,
                             confirm_deadline: None,
                             etag: None,
@@ -479,8 +481,8 @@ impl Pipeline {
                     self.set_active(&c.ruleset, None);
                     self.emit(
                         &c.ruleset,
-                        c.revision,
-                        Outcome::RolledBack,
+                        Some(c.revision),
+                        Outcome::Reverted,
                         Phases::default(),
                         None,
                         0,
@@ -584,10 +586,46 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Reports a commit request that ended with `error` before anything changed: when the
+    /// error is a refusal of the request's ruleset ([`Outcome::of_refusal`]), a REFUSED
+    /// event goes to the watch stream (for a valid `ruleset` name) and to the observer (the
+    /// metrics). Other errors are no commit attempt (not found, etag, state) or were
+    /// reported as FAILED where they happened.
+    ///
+    /// The observer's ruleset is empty unless the ruleset exists: refusals of made-up names
+    /// must not grow the metrics' label sets without bound.
+    pub async fn refused(&self, ruleset: Option<&str>, error: &Error) {
+        let Some(outcome) = Outcome::of_refusal(error) else {
+            return;
+        };
+        let known = match ruleset {
+            Some(name) if self.active_priority(name).is_some() => true,
+            Some(name) => matches!(self.store.get_ruleset(name).await, Ok(Some(_))),
+            None => false,
+        };
+        if let Some(name) = ruleset {
+            let _ = self.events.send(CommitEvent {
+                ruleset: name.to_string(),
+                revision: None,
+                outcome,
+                phases: Phases::default(),
+                error: Some(error.to_string()),
+                time_ns: now_ns(),
+            });
+        }
+        self.hooks.observer.on_commit(&CommitRecord {
+            ruleset: ruleset.filter(|_| known).unwrap_or_default().to_string(),
+            revision: None,
+            outcome,
+            phases: Phases::default(),
+            rules: 0,
+        });
+    }
+
     fn emit(
         &self,
         ruleset: &str,
-        revision: u64,
+        revision: Option<u64>,
         outcome: Outcome,
         phases: Phases,
         error: Option<String>,
@@ -676,6 +714,16 @@ impl Pipeline {
                 if let Ok(Ok(p)) = prepared {
                     tokio::task::spawn_blocking(move || drop(p));
                 }
+                if is_server_failure(&e) {
+                    self.emit(
+                        &job.ruleset,
+                        None,
+                        Outcome::Failed,
+                        Phases::default(),
+                        Some(e.to_string()),
+                        0,
+                    );
+                }
                 return Err(e);
             }
         };
@@ -710,7 +758,7 @@ impl Pipeline {
                 self.store.revert_commit(&persisted, &msg, outcome).await?;
                 self.emit(
                     &job.ruleset,
-                    persisted.revision.number,
+                    Some(persisted.revision.number),
                     Outcome::Failed,
                     Phases::default(),
                     Some(msg.clone()),
@@ -723,6 +771,14 @@ impl Pipeline {
                 self.store
                     .revert_commit(&persisted, &e.to_string(), outcome)
                     .await?;
+                self.emit(
+                    &job.ruleset,
+                    Some(persisted.revision.number),
+                    Outcome::Failed,
+                    Phases::default(),
+                    Some(e.to_string()),
+                    0,
+                );
                 return Err(e);
             }
         };
@@ -761,7 +817,7 @@ impl Pipeline {
         });
         self.emit(
             &job.ruleset,
-            persisted.revision.number,
+            Some(persisted.revision.number),
             job.outcome,
             phases,
             None,
@@ -774,6 +830,15 @@ impl Pipeline {
             etag: persisted.ruleset.etag,
         })
     }
+}
+
+/// Whether a persist error is the server's failure (store, internal) rather than an answer
+/// to the request (etag mismatch, not found), which is no commit attempt.
+fn is_server_failure(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) | Error::Internal(_)
+    )
 }
 
 fn confirm(within: Option<Duration>) -> (RevisionState, Option<i64>) {

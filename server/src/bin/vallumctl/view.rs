@@ -47,10 +47,13 @@ fn severity(s: i32) -> &'static str {
 
 fn outcome(o: i32) -> &'static str {
     match CommitOutcome::try_from(o) {
+        // The words of vallum_commits_total{outcome} (docs/operations.md, "Commit outcomes").
         Ok(CommitOutcome::Committed) => "committed",
-        Ok(CommitOutcome::Failed) => "failed",
-        Ok(CommitOutcome::RolledBack) => "rolled-back",
         Ok(CommitOutcome::Confirmed) => "confirmed",
+        Ok(CommitOutcome::RolledBack) => "rolled_back",
+        Ok(CommitOutcome::Reverted) => "reverted",
+        Ok(CommitOutcome::Refused) => "refused",
+        Ok(CommitOutcome::Failed) => "failed",
         _ => "unspecified",
     }
 }
