@@ -50,6 +50,9 @@ pub trait Observer: Send + Sync + 'static {
     fn on_active(&self, _ruleset: &str, _revision: Option<u64>) {}
     /// Once, after the stored state is loaded into the engine.
     fn on_start(&self, _engine: &Arc<Engine>, _config: &Config) {}
+    /// How many stored active revisions the engine does not run because they did not load
+    /// at start: after the load, and whenever one of them is replaced or deleted.
+    fn on_not_loaded(&self, _rulesets: usize) {}
 }
 
 /// An observer that does nothing (the default until the metrics module fills in).
@@ -79,12 +82,19 @@ impl Observer for Observers {
             o.on_start(engine, config);
         }
     }
+
+    fn on_not_loaded(&self, rulesets: usize) {
+        for o in &self.0 {
+            o.on_not_loaded(rulesets);
+        }
+    }
 }
 
 // === impl MetricsObserver ===
 
 /// Feeds [`Metrics`] from the pipeline: `vallum_commit_duration_seconds` (every phase, persist
-/// included), `vallum_commits_total` and `vallum_active_revision`.
+/// included), `vallum_commits_total`, `vallum_active_revision` and
+/// `vallum_rulesets_not_loaded`.
 #[derive(Clone, Debug)]
 pub struct MetricsObserver {
     metrics: Metrics,
@@ -123,6 +133,10 @@ impl Observer for MetricsObserver {
 
     fn on_active(&self, ruleset: &str, revision: Option<u64>) {
         self.metrics.set_active_revision(ruleset, revision);
+    }
+
+    fn on_not_loaded(&self, rulesets: usize) {
+        self.metrics.set_rulesets_not_loaded(rulesets);
     }
 }
 

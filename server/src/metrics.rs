@@ -14,6 +14,7 @@
 //! | `vallum_commit_quiesce_cores_waited` | histogram | | [`Metrics::record_commit`] |
 //! | `vallum_commits_total` | counter | ruleset, outcome | [`Metrics::record_commit`] |
 //! | `vallum_active_revision` | gauge | ruleset | [`Metrics::set_active_revision`] |
+//! | `vallum_rulesets_not_loaded` | gauge | | [`Metrics::set_rulesets_not_loaded`] |
 //! | `vallum_packets_total` | counter | family, hook, verdict, ruleset=`all` | engine, at scrape |
 //! | `vallum_core_generation` | gauge | core | engine, at scrape |
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
@@ -53,6 +54,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
@@ -224,6 +226,9 @@ struct Inner {
     rpc_duration: Histogram<f64>,
     /// ruleset -> active revision, read by the `vallum_active_revision` callback.
     active: Arc<Mutex<BTreeMap<String, u64>>>,
+    /// Stored active revisions the engine does not run, read by the
+    /// `vallum_rulesets_not_loaded` callback.
+    not_loaded: Arc<AtomicU64>,
     /// Observable instruments: kept so their callbacks stay registered.
     observers: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
 }
@@ -289,6 +294,17 @@ impl Metrics {
                 }
             })
             .build();
+        let not_loaded: Arc<AtomicU64> = Arc::default();
+        let not_loaded_cb = not_loaded.clone();
+        let not_loaded_gauge = meter
+            .u64_observable_gauge("vallum_rulesets_not_loaded")
+            .with_description(
+                "Rulesets whose stored active revision did not load at start (the engine does \
+                 not run it; vallumd --on-load-failure degraded).",
+            )
+            // Relaxed: a lone value, read at scrape; nothing else is ordered against it.
+            .with_callback(move |obs| obs.observe(not_loaded_cb.load(Ordering::Relaxed), &[]))
+            .build();
 
         Ok(Metrics {
             inner: Arc::new(Inner {
@@ -301,7 +317,8 @@ impl Metrics {
                 commits,
                 rpc_duration,
                 active,
-                observers: Mutex::new(vec![Box::new(active_gauge)]),
+                not_loaded,
+                observers: Mutex::new(vec![Box::new(active_gauge), Box::new(not_loaded_gauge)]),
             }),
         })
     }
@@ -330,6 +347,15 @@ impl Metrics {
         i.commits.add(
             1,
             &[KeyValue::new("ruleset", ruleset.to_owned()), outcome_kv],
+        );
+    }
+
+    /// Sets `vallum_rulesets_not_loaded`: how many stored active revisions did not load.
+    pub fn set_rulesets_not_loaded(&self, rulesets: usize) {
+        // Relaxed: see the callback.
+        self.inner.not_loaded.store(
+            u64::try_from(rulesets).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
         );
     }
 

@@ -33,8 +33,8 @@ use crate::hooks::{CommitRecord, Hooks};
 use crate::limits;
 use crate::outcome::Outcome;
 use crate::store::{
-    AuditEntry, CommitTarget, NewRevision, PersistCommit, Phases, RevisionRow, RevisionState,
-    RulesetRow, Store, now_ns,
+    AuditEntry, CommitTarget, LoadFailure, NewRevision, PersistCommit, Phases, RevisionRow,
+    RevisionState, RulesetRow, Store, now_ns,
 };
 
 pub mod sets;
@@ -101,6 +101,9 @@ pub struct Pipeline {
     /// Per ruleset, the texts its last Apply was parsed from and the model (see
     /// [`Pipeline::previous_parse`]).
     parses: Mutex<HashMap<String, PreviousParse>>,
+    /// Active revisions that did not load at start, by ruleset (see [`Pipeline::load`]);
+    /// the one owner of that fact in memory (the store keeps the durable mark).
+    not_loaded: tokio::sync::watch::Sender<BTreeMap<String, LoadFailure>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -142,7 +145,20 @@ impl Pipeline {
             hooks,
             active: Mutex::new(BTreeMap::new()),
             parses: Mutex::new(HashMap::new()),
+            not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
         }
+    }
+
+    /// Active revisions of the store that the engine does not run because they did not load
+    /// at start, by ruleset (empty when everything loaded).
+    pub fn not_loaded(&self) -> BTreeMap<String, LoadFailure> {
+        self.not_loaded.borrow().clone()
+    }
+
+    /// Follows [`Pipeline::not_loaded`]: changes when a load fails and when a failed ruleset
+    /// gets a new active revision or is deleted (for health).
+    pub fn watch_not_loaded(&self) -> tokio::sync::watch::Receiver<BTreeMap<String, LoadFailure>> {
+        self.not_loaded.subscribe()
     }
 
     /// The engine.
@@ -183,29 +199,42 @@ impl Pipeline {
             .clone()
     }
 
-    /// Loads every active revision of the store into the engine (one atomic engine commit).
-    /// A revision that no longer loads is skipped with a message on stderr rather than
-    /// keeping the server down. Returns how many rulesets are active.
+    /// Loads every active revision of the store into the engine (one atomic engine commit)
+    /// and returns those that did not load: a revision whose text no longer parses or
+    /// validates (e.g. it names a set that is gone), or that the store cannot read. Each of
+    /// those is marked in the store (table `load_failures`) with an audit record (caller
+    /// `vallumd`, method `Load`, outcome ACTIVE_REVISION_NOT_LOADED), reported to the
+    /// observer (`vallum_rulesets_not_loaded`) and kept in [`Pipeline::not_loaded`]; the
+    /// caller decides whether to serve without them (`--on-load-failure`). The marks of
+    /// rulesets that loaded are cleared.
     ///
-    /// Errors: [`Error::Store`].
-    pub async fn load(&self) -> Result<usize> {
+    /// Errors: [`Error::Store`] when the rulesets cannot be listed or a mark cannot be
+    /// written; [`Error::Commit`] when the engine refuses the revisions that did load.
+    pub async fn load(&self) -> Result<Vec<LoadFailure>> {
         let _w = self.write.lock().await;
         let mut models = Vec::new();
         let mut heads = BTreeMap::new();
-        for (rs, rev) in self.store.active().await? {
-            match rev.content.to_ruleset(&rs.name, rs.priority) {
-                Ok(m) if !has_errors(&self.engine.validate(&m, &*self.sets)) => {
-                    heads.insert(rs.name.clone(), (rev.number, rs.priority));
+        let mut failed = Vec::new();
+        for rs in self.store.list_rulesets().await? {
+            let Some(number) = rs.active_revision else {
+                continue;
+            };
+            match self.load_one(&rs, number).await {
+                Ok(m) => {
+                    heads.insert(rs.name.clone(), (number, rs.priority));
                     models.push(m);
                 }
-                Ok(_) => eprintln!(
-                    "vallumd: active revision {} of {} is no longer valid; not loaded",
-                    rev.number, rs.name
-                ),
-                Err(e) => eprintln!("vallumd: {e}; not loaded"),
+                Err((digest, error)) => failed.push((
+                    LoadFailure {
+                        ruleset: rs.name.clone(),
+                        revision: number,
+                        error,
+                        at: now_ns(),
+                    },
+                    digest,
+                )),
             }
         }
-        let n = models.len();
         let engine = self.engine.clone();
         let sets = self.sets.clone();
         let committed =
@@ -217,8 +246,83 @@ impl Pipeline {
         for (name, (rev, _)) in &heads {
             self.hooks.observer.on_active(name, Some(*rev));
         }
-        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads;
-        Ok(n)
+        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads.clone();
+        for old in self.store.load_failures().await? {
+            if heads.contains_key(&old.ruleset) {
+                self.store.clear_load_failure(&old.ruleset).await?;
+            }
+        }
+        let mut marks = BTreeMap::new();
+        for (f, digest) in failed {
+            eprintln!(
+                "vallumd: ACTIVE REVISION NOT LOADED: rulesets/{}/revisions/{}: {}; the engine \
+                 does not run it",
+                f.ruleset, f.revision, f.error
+            );
+            let audit = AuditEntry {
+                at: f.at,
+                caller: "vallumd".into(),
+                method: "Load".into(),
+                request_digest: digest,
+                outcome: Reason::ActiveRevisionNotLoaded.info().name.into(),
+            };
+            self.store.record_load_failure(f.clone(), audit).await?;
+            marks.insert(f.ruleset.clone(), f);
+        }
+        let failed: Vec<LoadFailure> = marks.values().cloned().collect();
+        self.hooks.observer.on_not_loaded(marks.len());
+        self.not_loaded.send_replace(marks);
+        Ok(failed)
+    }
+
+    /// The model of revision `number` of `rs`, or why it does not load: (the revision's
+    /// digest when it could be read, the error).
+    async fn load_one(
+        &self,
+        rs: &RulesetRow,
+        number: u64,
+    ) -> std::result::Result<Ruleset, (String, String)> {
+        let rev = match self.store.get_revision(&rs.name, number).await {
+            Ok(Some(rev)) => rev,
+            Ok(None) => return Err((String::new(), "the revision is missing".into())),
+            Err(e) => return Err((String::new(), e.to_string())),
+        };
+        let model = rev
+            .content
+            .to_ruleset(&rs.name, rs.priority)
+            .map_err(|e| (rev.digest.clone(), e.to_string()))?;
+        let violations = self.engine.validate(&model, &*self.sets);
+        if has_errors(&violations) {
+            let errors: Vec<String> = violations
+                .iter()
+                .filter(|v| v.severity == vallum_engine::validate::Severity::Error)
+                .take(3)
+                .map(ToString::to_string)
+                .collect();
+            return Err((
+                rev.digest.clone(),
+                format!("no longer valid: {}", errors.join("; ")),
+            ));
+        }
+        Ok(model)
+    }
+
+    /// Forgets that `ruleset`'s active revision did not load (it has another one now, or
+    /// none): the store's mark, [`Pipeline::not_loaded`] and the observer. A failure to
+    /// clear the durable mark is reported on stderr; the next start clears it.
+    async fn forget_not_loaded(&self, ruleset: &str) {
+        if !self.not_loaded.borrow().contains_key(ruleset) {
+            return;
+        }
+        if let Err(e) = self.store.clear_load_failure(ruleset).await {
+            eprintln!("vallumd: clearing the load failure of {ruleset}: {e}");
+        }
+        let mut left = 0;
+        self.not_loaded.send_modify(|m| {
+            m.remove(ruleset);
+            left = m.len();
+        });
+        self.hooks.observer.on_not_loaded(left);
     }
 
     /// Stores a checked input as a STAGED revision.
@@ -418,6 +522,7 @@ impl Pipeline {
             .map_err(|e| Error::Commit(e.to_string()))?;
         self.set_active(ruleset, None);
         self.store.delete_ruleset(ruleset, etag).await?;
+        self.forget_not_loaded(ruleset).await;
         Ok(())
     }
 
@@ -479,6 +584,7 @@ impl Pipeline {
                     .map_err(|e| Error::Internal(format!("commit task: {e}")))?
                     .map_err(|e| Error::Commit(e.to_string()))?;
                     self.set_active(&c.ruleset, None);
+                    self.forget_not_loaded(&c.ruleset).await;
                     self.emit(
                         &c.ruleset,
                         Some(c.revision),
@@ -796,6 +902,7 @@ impl Pipeline {
             &job.ruleset,
             Some((persisted.revision.number, persisted.ruleset.priority)),
         );
+        self.forget_not_loaded(&job.ruleset).await;
         if let Some(model) = parsed {
             let previous = PreviousParse {
                 texts: job.sources,

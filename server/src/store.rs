@@ -256,6 +256,20 @@ pub struct AuditEntry {
     pub outcome: String,
 }
 
+/// An active revision that did not load at start: the store names it active, the engine
+/// does not run it (table `load_failures`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadFailure {
+    /// Ruleset name.
+    pub ruleset: String,
+    /// The active revision that did not load.
+    pub revision: u64,
+    /// Why (parse, validation or store error).
+    pub error: String,
+    /// When it was found, Unix ns.
+    pub at: i64,
+}
+
 /// The store handle (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -852,6 +866,63 @@ impl Store {
         self.writer
             .run(move |tx| writer::insert_audit(tx, &e).map(drop))
             .await
+    }
+
+    /// Marks `f` as an active revision that did not load, with its audit record, in one
+    /// transaction (replacing an earlier mark of the ruleset).
+    ///
+    /// Errors: [`Error::StoreWrite`].
+    pub async fn record_load_failure(&self, f: LoadFailure, audit: AuditEntry) -> Result<()> {
+        self.writer
+            .run(move |tx| {
+                writer::insert_audit(tx, &audit)?;
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO load_failures (ruleset, revision, error, at) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(rusqlite::params![
+                    f.ruleset,
+                    i64_of(f.revision),
+                    f.error,
+                    f.at
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Removes the load-failure mark of `ruleset` (it loaded, got another active revision or
+    /// was deleted).
+    ///
+    /// Errors: [`Error::StoreWrite`].
+    pub async fn clear_load_failure(&self, ruleset: &str) -> Result<()> {
+        let name = ruleset.to_string();
+        self.writer
+            .run(move |tx| {
+                tx.prepare_cached("DELETE FROM load_failures WHERE ruleset = ?1")?
+                    .execute([name])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// The marked load failures, by ruleset.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn load_failures(&self) -> Result<Vec<LoadFailure>> {
+        let rows = sqlx::query("SELECT * FROM load_failures ORDER BY ruleset")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LoadFailure {
+                    ruleset: r.try_get("ruleset")?,
+                    revision: u64_of(r.try_get("revision")?),
+                    error: r.try_get("error")?,
+                    at: r.try_get("at")?,
+                })
+            })
+            .collect()
     }
 
     /// Number of audit records (for tests and status).

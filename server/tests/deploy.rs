@@ -1276,6 +1276,8 @@ const DESIGN_METRICS: &[(&str, &str)] = &[
 const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_conntrack_max", "gauge"),
     ("vallum_conntrack_insert_failed_total", "counter"),
+    // Issue #13: stored active revisions that did not load at start.
+    ("vallum_rulesets_not_loaded", "gauge"),
 ];
 
 /// Declared in DESIGN.md but not exported by this build (the live scrape does not require
