@@ -9,7 +9,9 @@
 //!   (`VALLUM_READER_TOKEN_FILE`): one token a line, `TOKEN [NAME]`, all of that role.
 //!
 //! Blank lines and lines starting with `#` are skipped. NAME is what the audit log records (the
-//! token itself is never logged); it defaults to `ROLE@FILE:LINE`. A token is at least 16
+//! token itself is never logged); it defaults to `ROLE@FILE:LINE`. An error in a token file
+//! names the file, the line and the field (`f:3: field 1 (ROLE) is not ...`) but never a
+//! value: a line in the wrong order (`TOKEN ROLE`) must not put the secret into the logs. A token is at least 16
 //! characters of printable ASCII without spaces (e.g. `openssl rand -hex 32`).
 //!
 //! When no token is configured, authentication is **off**: every call is let through as the
@@ -21,12 +23,9 @@
 //! A client sends `authorization: Bearer TOKEN`. [`classify`] sorts the full gRPC path
 //! (`/vallum.v1.RulesetService/Apply`) into [`Access::Read`] or [`Access::Admin`]: read-only
 //! tokens may call Get*/List*/Validate/Diff/Export/Trace/Replay/GetStatus/WatchCommits, gRPC
-//! health and reflection; everything else (Stage, Commit, Confirm, Apply, Rollback, Delete,
-//! ZeroCounters, conntrack Delete and Flush, and any method this table does not know) needs
-//! admin.
 //! health and reflection (ListSets, GetSet and ExportIpsetSave of the SetService too);
-//! everything else (Stage, Commit, Confirm, Apply, Rollback, Delete, ZeroCounters, every
-//! set change and any method this table does not know) needs admin.
+//! everything else (Stage, Commit, Confirm, Apply, Rollback, Delete, ZeroCounters, conntrack
+//! Delete and Flush, every set change and any method this table does not know) needs admin.
 //!
 //! | failure | gRPC code | `ErrorInfo.reason` |
 //! |---|---|---|
@@ -401,27 +400,36 @@ impl TokenSet {
                 message,
             };
             let mut words = l.split_whitespace();
+            let role_given = role.is_some();
             let role = match role {
                 Some(r) => r,
                 None => {
                     let w = words.next().unwrap_or_default();
+                    // The word is never echoed: a line written as `TOKEN ROLE` or `TOKEN`
+                    // would put the secret into the log.
                     Role::parse(w).ok_or_else(|| {
-                        syntax(format!(
-                            "unknown role `{w}` (expected `ROLE TOKEN [NAME]` with ROLE admin or \
-                             read-only)"
-                        ))
+                        syntax(
+                            "field 1 (ROLE) is not `admin` or `read-only` (value not shown; \
+                             expected `ROLE TOKEN [NAME]`)"
+                                .to_owned(),
+                        )
                     })?
                 }
             };
+            let token_field = if role_given { 1 } else { 2 };
             let token = words
                 .next()
-                .ok_or_else(|| syntax("missing token".to_owned()))?;
+                .ok_or_else(|| syntax(format!("field {token_field} (TOKEN) is missing")))?;
+            check_token(token).map_err(|m| syntax(format!("field {token_field} (TOKEN): {m}")))?;
             let name = match words.next() {
                 Some(n) => n.to_owned(),
                 None => format!("{role}@{source_name}:{line}"),
             };
             if words.next().is_some() {
-                return Err(syntax("trailing words after the name".to_owned()));
+                return Err(syntax(format!(
+                    "trailing words after field {} (NAME) (values not shown)",
+                    token_field + 1
+                )));
             }
             self.insert(
                 token,
@@ -753,7 +761,11 @@ mod tests {
         let e = s
             .add_text("boss abcdefabcdefabcdef", None, "f")
             .unwrap_err();
-        assert!(e.to_string().starts_with("f:1: unknown role `boss`"), "{e}");
+        assert!(
+            e.to_string().starts_with("f:1: field 1 (ROLE) is not"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("boss"), "a field value shown: {e}");
         let e = s.add_text("short", Some(Role::Admin), "f").unwrap_err();
         assert!(e.to_string().contains("shorter than 16"), "{e}");
         assert!(!e.to_string().contains("short "), "token leaked: {e}");
@@ -762,6 +774,48 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.to_string(), "f:2: duplicate token (also named admin@f:1)");
         assert_eq!(e.reason(), "TOKEN_DUPLICATE");
+    }
+
+    /// A line in the wrong format never shows its words: not a token written where the role
+    /// goes, not a token missing its role, not the words after a name.
+    #[test]
+    fn token_file_errors_never_show_a_token() {
+        let secret = "07d1c24b9f6a4e1d8c3b2a1f0e9d8c7b";
+        for (text, role, expect) in [
+            (format!("{secret} admin\n"), None, "f:1: field 1 (ROLE)"),
+            (format!("# c\n\n{secret}\n"), None, "f:3: field 1 (ROLE)"),
+            (
+                format!("admin {secret} n {secret}"),
+                None,
+                "f:1: trailing words",
+            ),
+            (
+                format!("{secret} n {secret}"),
+                Some(Role::Admin),
+                "f:1: trailing words",
+            ),
+            (
+                format!("admin {secret}é"),
+                None,
+                "f:1: field 2 (TOKEN): token must be",
+            ),
+            (
+                secret[..10].to_owned(),
+                Some(Role::Admin),
+                "f:1: field 1 (TOKEN)",
+            ),
+            (
+                "read-only".to_owned(),
+                None,
+                "f:1: field 2 (TOKEN) is missing",
+            ),
+        ] {
+            let e = TokenSet::new().add_text(&text, role, "f").unwrap_err();
+            let shown = format!("{e} {e:?}");
+            assert!(shown.starts_with(expect), "{text:?}: {shown}");
+            assert!(!shown.contains(&secret[..10]), "token leaked: {shown}");
+            assert_eq!(e.reason(), "TOKEN_FILE_INVALID");
+        }
     }
 
     #[test]

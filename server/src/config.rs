@@ -34,6 +34,20 @@ impl From<Barrier> for BarrierStrategy {
     }
 }
 
+/// What vallumd does when a stored active revision does not load at start
+/// (`--on-load-failure`; see [`crate::pipeline::Pipeline::load`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnLoadFailure {
+    /// Exit with ACTIVE_REVISION_NOT_LOADED before SERVING (the default: never run with less
+    /// than the store says is active). The revision is marked and audited first.
+    #[default]
+    Refuse,
+    /// Serve the rulesets that loaded; the failed one is marked, audited, counted in
+    /// `vallum_rulesets_not_loaded`, listed by GetStatus and NOT_SERVING under the health
+    /// name `rulesets/NAME` until a new revision of it is committed or it is deleted.
+    Degraded,
+}
+
 /// Where the workers' packets come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -235,6 +249,18 @@ pub struct Config {
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
 
+    /// What to do when a stored active revision does not load at start: `refuse` (exit,
+    /// the default) or `degraded` (serve the others; the failed ruleset is NOT_SERVING
+    /// under the health name `rulesets/NAME`). Either way the revision is marked in the
+    /// store and an audit record written.
+    #[arg(
+        long,
+        env = "VALLUM_ON_LOAD_FAILURE",
+        value_enum,
+        default_value = "refuse"
+    )]
+    pub on_load_failure: OnLoadFailure,
+
     /// How often pending commit-confirmed deadlines are checked, in seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
     pub confirm_check_interval: Duration,
@@ -286,6 +312,9 @@ mod tests {
         assert_eq!(c.db, PathBuf::from("./vallum.db"));
         assert_eq!(c.source, Source::None);
         assert!(c.cores >= 1);
+        assert_eq!(c.on_load_failure, OnLoadFailure::Refuse, "the safe default");
+        let c = Config::from_args(["vallumd", "--on-load-failure", "degraded"]).unwrap();
+        assert_eq!(c.on_load_failure, OnLoadFailure::Degraded);
         let c =
             Config::from_args(["vallumd", "--source", "pcap:/tmp/x.pcap", "--rate", "5"]).unwrap();
         assert_eq!(c.source, Source::Pcap("/tmp/x.pcap".into()));

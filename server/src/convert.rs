@@ -16,8 +16,9 @@ use vallum_proto::v1 as pb;
 
 use crate::content::{Finding, RulesetInput, TextPart};
 use crate::error::{Error, FieldViolation, Reason, Result};
+use crate::outcome::Outcome;
 use crate::pipeline::{CommitEvent, CommitResult};
-use crate::store::{Outcome, Phases, RevisionRow, RevisionState, RulesetRow};
+use crate::store::{Phases, RevisionRow, RevisionState, RulesetRow};
 
 pub mod sets;
 
@@ -418,16 +419,21 @@ pub fn commit_result(c: &CommitResult, warnings: &[Finding]) -> pb::CommitResult
 pub fn outcome(o: Outcome) -> pb::CommitOutcome {
     match o {
         Outcome::Committed => pb::CommitOutcome::Committed,
-        Outcome::Failed => pb::CommitOutcome::Failed,
-        Outcome::RolledBack => pb::CommitOutcome::RolledBack,
         Outcome::Confirmed => pb::CommitOutcome::Confirmed,
+        Outcome::RolledBack => pb::CommitOutcome::RolledBack,
+        Outcome::Reverted => pb::CommitOutcome::Reverted,
+        Outcome::Refused => pb::CommitOutcome::Refused,
+        Outcome::Failed => pb::CommitOutcome::Failed,
     }
 }
 
 /// A commit event.
 pub fn commit_event(e: &CommitEvent) -> pb::CommitEvent {
     pb::CommitEvent {
-        revision: revision_resource(&e.ruleset, e.revision),
+        revision: match e.revision {
+            Some(n) => revision_resource(&e.ruleset, n),
+            None => format!("rulesets/{}", e.ruleset),
+        },
         outcome: outcome(e.outcome) as i32,
         phases: Some(phases(&e.phases)),
         error: e.error.clone().unwrap_or_default(),

@@ -84,6 +84,9 @@ pub enum Reason {
     AlreadyExists,
     /// Adding would exceed the set's `maxelem` (as ipset: "Hash is full").
     SetFull,
+    /// A stored active revision did not load at start (the audit outcome of the `Load`
+    /// record, and vallumd's exit code under `--on-load-failure refuse`).
+    ActiveRevisionNotLoaded,
 }
 
 /// One row of the table.
@@ -99,7 +102,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -121,6 +124,7 @@ impl Reason {
         Reason::ShuttingDown,
         Reason::AlreadyExists,
         Reason::SetFull,
+        Reason::ActiveRevisionNotLoaded,
     ];
 
     /// This reason's row of the table.
@@ -154,6 +158,11 @@ impl Reason {
             Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
             Reason::AlreadyExists => ("ALREADY_EXISTS", Code::AlreadyExists, REJECTED),
             Reason::SetFull => ("SET_FULL", Code::ResourceExhausted, REJECTED),
+            Reason::ActiveRevisionNotLoaded => (
+                "ACTIVE_REVISION_NOT_LOADED",
+                Code::FailedPrecondition,
+                REJECTED,
+            ),
         };
         ReasonInfo {
             name,

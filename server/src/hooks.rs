@@ -20,16 +20,18 @@ use vallum_engine::engine::Engine;
 use crate::auth::{AuthLayer, Caller, TokenSet};
 use crate::config::Config;
 use crate::limits::{LimitsConfig, RequestLimitLayer};
-use crate::metrics::{CommitOutcome, CommitPhases, GrpcMetricsLayer, Metrics};
-use crate::store::{Outcome, Phases};
+use crate::metrics::{CommitPhases, GrpcMetricsLayer, Metrics};
+use crate::outcome::Outcome;
+use crate::store::Phases;
 
 /// What the pipeline reports after each commit.
 #[derive(Clone, Debug)]
 pub struct CommitRecord {
-    /// Ruleset name.
+    /// Ruleset name; empty for a refused request naming a ruleset that does not exist (see
+    /// [`crate::pipeline::Pipeline::refused`]).
     pub ruleset: String,
-    /// Revision number made active (or refused).
-    pub revision: u64,
+    /// Revision number made active (or failed); `None` when no revision was made (refused).
+    pub revision: Option<u64>,
     /// How the commit ended.
     pub outcome: Outcome,
     /// Phase durations (ns).
@@ -40,13 +42,17 @@ pub struct CommitRecord {
 
 /// Receives server events; implementations must be cheap and must not block.
 pub trait Observer: Send + Sync + 'static {
-    /// After every commit outcome (also failures, rollbacks and confirmations).
+    /// After every commit outcome (every [`Outcome`]: also refusals, failures, rollbacks,
+    /// reverts and confirmations).
     fn on_commit(&self, _record: &CommitRecord) {}
     /// When a ruleset's active revision changes: `Some(n)` after a commit, rollback or load,
     /// `None` when the ruleset is deactivated or deleted.
     fn on_active(&self, _ruleset: &str, _revision: Option<u64>) {}
     /// Once, after the stored state is loaded into the engine.
     fn on_start(&self, _engine: &Arc<Engine>, _config: &Config) {}
+    /// How many stored active revisions the engine does not run because they did not load
+    /// at start: after the load, and whenever one of them is replaced or deleted.
+    fn on_not_loaded(&self, _rulesets: usize) {}
 }
 
 /// An observer that does nothing (the default until the metrics module fills in).
@@ -76,12 +82,19 @@ impl Observer for Observers {
             o.on_start(engine, config);
         }
     }
+
+    fn on_not_loaded(&self, rulesets: usize) {
+        for o in &self.0 {
+            o.on_not_loaded(rulesets);
+        }
+    }
 }
 
 // === impl MetricsObserver ===
 
 /// Feeds [`Metrics`] from the pipeline: `vallum_commit_duration_seconds` (every phase, persist
-/// included), `vallum_commits_total` and `vallum_active_revision`.
+/// included), `vallum_commits_total`, `vallum_active_revision` and
+/// `vallum_rulesets_not_loaded`.
 #[derive(Clone, Debug)]
 pub struct MetricsObserver {
     metrics: Metrics,
@@ -109,28 +122,21 @@ impl From<&Phases> for CommitPhases {
     }
 }
 
-impl From<Outcome> for CommitOutcome {
-    fn from(o: Outcome) -> CommitOutcome {
-        match o {
-            Outcome::Committed => CommitOutcome::Committed,
-            Outcome::Failed => CommitOutcome::Failed,
-            Outcome::RolledBack => CommitOutcome::RolledBack,
-            Outcome::Confirmed => CommitOutcome::Confirmed,
-        }
-    }
-}
-
 impl Observer for MetricsObserver {
     fn on_commit(&self, record: &CommitRecord) {
         self.metrics.record_commit(
             &record.ruleset,
-            record.outcome.into(),
+            record.outcome,
             &CommitPhases::from(&record.phases),
         );
     }
 
     fn on_active(&self, ruleset: &str, revision: Option<u64>) {
         self.metrics.set_active_revision(ruleset, revision);
+    }
+
+    fn on_not_loaded(&self, rulesets: usize) {
+        self.metrics.set_rulesets_not_loaded(rulesets);
     }
 }
 

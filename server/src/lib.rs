@@ -6,7 +6,8 @@
 //! - [`store`]: the SQLite store (every query lives there), migrations from `migrations/`;
 //! - [`content`]: a revision's canonical content (IPv4 and IPv6 iptables-save text, digest);
 //! - [`pipeline`]: the commit pipeline (validate, persist, publish, quiesce, carry) and
-//!   commit-confirmed timers;
+//!   commit-confirmed timers; [`outcome`]: how a commit ended, one vocabulary for the store,
+//!   the metrics, the watch stream and the alerts;
 //! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: the error table;
 //! - [`sources`]: packet sources feeding one worker thread per core;
 //! - [`hooks`]: the seams for metrics, auth and limits, and the [`hooks::MetricsObserver`]
@@ -29,6 +30,7 @@ pub mod example;
 pub mod hooks;
 pub mod limits;
 pub mod metrics;
+pub mod outcome;
 pub mod pipeline;
 pub mod server;
 pub mod service;

@@ -14,6 +14,7 @@
 //! | `vallum_commit_quiesce_cores_waited` | histogram | | [`Metrics::record_commit`] |
 //! | `vallum_commits_total` | counter | ruleset, outcome | [`Metrics::record_commit`] |
 //! | `vallum_active_revision` | gauge | ruleset | [`Metrics::set_active_revision`] |
+//! | `vallum_rulesets_not_loaded` | gauge | | [`Metrics::set_rulesets_not_loaded`] |
 //! | `vallum_packets_total` | counter | family, hook, verdict, ruleset=`all` | engine, at scrape |
 //! | `vallum_core_generation` | gauge | core | engine, at scrape |
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
@@ -44,7 +45,7 @@
 //! metrics.observe_engine(engine.clone())?;                     // once, at start
 //! let _http = metrics.serve(args.metrics.metrics_listen, shutdown.clone()).await?;
 //! Server::builder().layer(metrics.grpc_layer()).layer(auth_layer) ...;
-//! metrics.record_commit(&ruleset, CommitOutcome::Committed, &phases); // after each commit
+//! metrics.record_commit(&ruleset, Outcome::Committed, &phases); // after each commit
 //! metrics.set_active_revision(&ruleset, Some(n));              // after commit / rollback / delete
 //! ```
 
@@ -53,6 +54,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
@@ -71,6 +73,7 @@ use vallum_engine::engine::{CommitReport, Engine};
 use vallum_engine::sets::SetManager;
 
 use crate::auth;
+use crate::outcome::Outcome;
 
 /// Default address of the `/metrics` HTTP listener.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
@@ -152,31 +155,6 @@ impl MetricsError {
     }
 }
 
-/// How a commit ended (label `outcome`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CommitOutcome {
-    /// Made active.
-    Committed,
-    /// Refused (validation, compile, store) or failed; nothing changed.
-    Failed,
-    /// Rolled back, e.g. a confirm deadline passed.
-    RolledBack,
-    /// A pending commit was confirmed.
-    Confirmed,
-}
-
-impl CommitOutcome {
-    /// The label value: `committed`, `failed`, `rolled_back`, `confirmed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CommitOutcome::Committed => "committed",
-            CommitOutcome::Failed => "failed",
-            CommitOutcome::RolledBack => "rolled_back",
-            CommitOutcome::Confirmed => "confirmed",
-        }
-    }
-}
-
 /// Phase durations of one commit, in nanoseconds, as in the API's `CommitPhases`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommitPhases {
@@ -248,6 +226,9 @@ struct Inner {
     rpc_duration: Histogram<f64>,
     /// ruleset -> active revision, read by the `vallum_active_revision` callback.
     active: Arc<Mutex<BTreeMap<String, u64>>>,
+    /// Stored active revisions the engine does not run, read by the
+    /// `vallum_rulesets_not_loaded` callback.
+    not_loaded: Arc<AtomicU64>,
     /// Observable instruments: kept so their callbacks stay registered.
     observers: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
 }
@@ -313,6 +294,17 @@ impl Metrics {
                 }
             })
             .build();
+        let not_loaded: Arc<AtomicU64> = Arc::default();
+        let not_loaded_cb = not_loaded.clone();
+        let not_loaded_gauge = meter
+            .u64_observable_gauge("vallum_rulesets_not_loaded")
+            .with_description(
+                "Rulesets whose stored active revision did not load at start (the engine does \
+                 not run it; vallumd --on-load-failure degraded).",
+            )
+            // Relaxed: a lone value, read at scrape; nothing else is ordered against it.
+            .with_callback(move |obs| obs.observe(not_loaded_cb.load(Ordering::Relaxed), &[]))
+            .build();
 
         Ok(Metrics {
             inner: Arc::new(Inner {
@@ -325,19 +317,23 @@ impl Metrics {
                 commits,
                 rpc_duration,
                 active,
-                observers: Mutex::new(vec![Box::new(active_gauge)]),
+                not_loaded,
+                observers: Mutex::new(vec![Box::new(active_gauge), Box::new(not_loaded_gauge)]),
             }),
         })
     }
 
     /// Records one commit: each phase and `total` into `vallum_commit_duration_seconds`, the
-    /// cores waited for, and one `vallum_commits_total{ruleset, outcome}`. For a failed commit
-    /// only the phases that ran (non-zero) are recorded; `total` always is.
-    pub fn record_commit(&self, ruleset: &str, outcome: CommitOutcome, phases: &CommitPhases) {
+    /// cores waited for, and one `vallum_commits_total{ruleset, outcome}` (outcome: an
+    /// [`Outcome::label`]). For other outcomes than `committed` only the phases that ran
+    /// (non-zero) are recorded, `total` included: a refusal or a confirmation has no phases
+    /// and must not pull the latency quantiles down with zeros.
+    pub fn record_commit(&self, ruleset: &str, outcome: Outcome, phases: &CommitPhases) {
         let i = &self.inner;
-        let outcome_kv = KeyValue::new("outcome", outcome.as_str());
-        for (phase, ns) in phases.phases() {
-            if ns == 0 && outcome != CommitOutcome::Committed {
+        let outcome_kv = KeyValue::new("outcome", outcome.label());
+        let total = ("total", phases.total_ns);
+        for (phase, ns) in phases.phases().into_iter().chain([total]) {
+            if ns == 0 && outcome != Outcome::Committed {
                 continue;
             }
             i.commit_duration.record(
@@ -345,16 +341,21 @@ impl Metrics {
                 &[KeyValue::new("phase", phase), outcome_kv.clone()],
             );
         }
-        i.commit_duration.record(
-            ns_to_s(phases.total_ns),
-            &[KeyValue::new("phase", "total"), outcome_kv.clone()],
-        );
-        if outcome == CommitOutcome::Committed {
+        if outcome == Outcome::Committed {
             i.cores_waited.record(u64::from(phases.cores_waited), &[]);
         }
         i.commits.add(
             1,
             &[KeyValue::new("ruleset", ruleset.to_owned()), outcome_kv],
+        );
+    }
+
+    /// Sets `vallum_rulesets_not_loaded`: how many stored active revisions did not load.
+    pub fn set_rulesets_not_loaded(&self, rulesets: usize) {
+        // Relaxed: see the callback.
+        self.inner.not_loaded.store(
+            u64::try_from(rulesets).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
         );
     }
 
@@ -939,7 +940,7 @@ mod tests {
             ..MetricsConfig::default()
         })
         .unwrap();
-        m.record_commit("web", CommitOutcome::Committed, &CommitPhases::default());
+        m.record_commit("web", Outcome::Committed, &CommitPhases::default());
         assert!(m.render().unwrap().contains("vallum_commits_total"));
     }
 

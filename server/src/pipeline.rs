@@ -31,25 +31,27 @@ use crate::content::{Checked, PreviousParse, SourceText};
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
 use crate::limits;
+use crate::outcome::Outcome;
 use crate::store::{
-    AuditEntry, CommitTarget, NewRevision, Outcome, PersistCommit, Phases, RevisionRow,
+    AuditEntry, CommitTarget, LoadFailure, NewRevision, PersistCommit, Phases, RevisionRow,
     RevisionState, RulesetRow, Store, now_ns,
 };
 
 pub mod sets;
 
-/// A commit event, as WatchCommits streams it.
+/// A commit event, as WatchCommits streams it: one per [`Outcome`] of every commit request
+/// (refusals included).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitEvent {
     /// Ruleset name.
     pub ruleset: String,
-    /// Revision number.
-    pub revision: u64,
+    /// Revision number; `None` for a refused request (no revision was made).
+    pub revision: Option<u64>,
     /// Outcome.
     pub outcome: Outcome,
     /// Phase durations.
     pub phases: Phases,
-    /// Error text of a failed commit.
+    /// Error text of a failed or refused commit.
     pub error: Option<String>,
     /// Unix ns.
     pub time_ns: i64,
@@ -99,6 +101,9 @@ pub struct Pipeline {
     /// Per ruleset, the texts its last Apply was parsed from and the model (see
     /// [`Pipeline::previous_parse`]).
     parses: Mutex<HashMap<String, PreviousParse>>,
+    /// Active revisions that did not load at start, by ruleset (see [`Pipeline::load`]);
+    /// the one owner of that fact in memory (the store keeps the durable mark).
+    not_loaded: tokio::sync::watch::Sender<BTreeMap<String, LoadFailure>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -140,7 +145,20 @@ impl Pipeline {
             hooks,
             active: Mutex::new(BTreeMap::new()),
             parses: Mutex::new(HashMap::new()),
+            not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
         }
+    }
+
+    /// Active revisions of the store that the engine does not run because they did not load
+    /// at start, by ruleset (empty when everything loaded).
+    pub fn not_loaded(&self) -> BTreeMap<String, LoadFailure> {
+        self.not_loaded.borrow().clone()
+    }
+
+    /// Follows [`Pipeline::not_loaded`]: changes when a load fails and when a failed ruleset
+    /// gets a new active revision or is deleted (for health).
+    pub fn watch_not_loaded(&self) -> tokio::sync::watch::Receiver<BTreeMap<String, LoadFailure>> {
+        self.not_loaded.subscribe()
     }
 
     /// The engine.
@@ -181,29 +199,42 @@ impl Pipeline {
             .clone()
     }
 
-    /// Loads every active revision of the store into the engine (one atomic engine commit).
-    /// A revision that no longer loads is skipped with a message on stderr rather than
-    /// keeping the server down. Returns how many rulesets are active.
+    /// Loads every active revision of the store into the engine (one atomic engine commit)
+    /// and returns those that did not load: a revision whose text no longer parses or
+    /// validates (e.g. it names a set that is gone), or that the store cannot read. Each of
+    /// those is marked in the store (table `load_failures`) with an audit record (caller
+    /// `vallumd`, method `Load`, outcome ACTIVE_REVISION_NOT_LOADED), reported to the
+    /// observer (`vallum_rulesets_not_loaded`) and kept in [`Pipeline::not_loaded`]; the
+    /// caller decides whether to serve without them (`--on-load-failure`). The marks of
+    /// rulesets that loaded are cleared.
     ///
-    /// Errors: [`Error::Store`].
-    pub async fn load(&self) -> Result<usize> {
+    /// Errors: [`Error::Store`] when the rulesets cannot be listed or a mark cannot be
+    /// written; [`Error::Commit`] when the engine refuses the revisions that did load.
+    pub async fn load(&self) -> Result<Vec<LoadFailure>> {
         let _w = self.write.lock().await;
         let mut models = Vec::new();
         let mut heads = BTreeMap::new();
-        for (rs, rev) in self.store.active().await? {
-            match rev.content.to_ruleset(&rs.name, rs.priority) {
-                Ok(m) if !has_errors(&self.engine.validate(&m, &*self.sets)) => {
-                    heads.insert(rs.name.clone(), (rev.number, rs.priority));
+        let mut failed = Vec::new();
+        for rs in self.store.list_rulesets().await? {
+            let Some(number) = rs.active_revision else {
+                continue;
+            };
+            match self.load_one(&rs, number).await {
+                Ok(m) => {
+                    heads.insert(rs.name.clone(), (number, rs.priority));
                     models.push(m);
                 }
-                Ok(_) => eprintln!(
-                    "vallumd: active revision {} of {} is no longer valid; not loaded",
-                    rev.number, rs.name
-                ),
-                Err(e) => eprintln!("vallumd: {e}; not loaded"),
+                Err((digest, error)) => failed.push((
+                    LoadFailure {
+                        ruleset: rs.name.clone(),
+                        revision: number,
+                        error,
+                        at: now_ns(),
+                    },
+                    digest,
+                )),
             }
         }
-        let n = models.len();
         let engine = self.engine.clone();
         let sets = self.sets.clone();
         let committed =
@@ -215,8 +246,83 @@ impl Pipeline {
         for (name, (rev, _)) in &heads {
             self.hooks.observer.on_active(name, Some(*rev));
         }
-        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads;
-        Ok(n)
+        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads.clone();
+        for old in self.store.load_failures().await? {
+            if heads.contains_key(&old.ruleset) {
+                self.store.clear_load_failure(&old.ruleset).await?;
+            }
+        }
+        let mut marks = BTreeMap::new();
+        for (f, digest) in failed {
+            eprintln!(
+                "vallumd: ACTIVE REVISION NOT LOADED: rulesets/{}/revisions/{}: {}; the engine \
+                 does not run it",
+                f.ruleset, f.revision, f.error
+            );
+            let audit = AuditEntry {
+                at: f.at,
+                caller: "vallumd".into(),
+                method: "Load".into(),
+                request_digest: digest,
+                outcome: Reason::ActiveRevisionNotLoaded.info().name.into(),
+            };
+            self.store.record_load_failure(f.clone(), audit).await?;
+            marks.insert(f.ruleset.clone(), f);
+        }
+        let failed: Vec<LoadFailure> = marks.values().cloned().collect();
+        self.hooks.observer.on_not_loaded(marks.len());
+        self.not_loaded.send_replace(marks);
+        Ok(failed)
+    }
+
+    /// The model of revision `number` of `rs`, or why it does not load: (the revision's
+    /// digest when it could be read, the error).
+    async fn load_one(
+        &self,
+        rs: &RulesetRow,
+        number: u64,
+    ) -> std::result::Result<Ruleset, (String, String)> {
+        let rev = match self.store.get_revision(&rs.name, number).await {
+            Ok(Some(rev)) => rev,
+            Ok(None) => return Err((String::new(), "the revision is missing".into())),
+            Err(e) => return Err((String::new(), e.to_string())),
+        };
+        let model = rev
+            .content
+            .to_ruleset(&rs.name, rs.priority)
+            .map_err(|e| (rev.digest.clone(), e.to_string()))?;
+        let violations = self.engine.validate(&model, &*self.sets);
+        if has_errors(&violations) {
+            let errors: Vec<String> = violations
+                .iter()
+                .filter(|v| v.severity == vallum_engine::validate::Severity::Error)
+                .take(3)
+                .map(ToString::to_string)
+                .collect();
+            return Err((
+                rev.digest.clone(),
+                format!("no longer valid: {}", errors.join("; ")),
+            ));
+        }
+        Ok(model)
+    }
+
+    /// Forgets that `ruleset`'s active revision did not load (it has another one now, or
+    /// none): the store's mark, [`Pipeline::not_loaded`] and the observer. A failure to
+    /// clear the durable mark is reported on stderr; the next start clears it.
+    async fn forget_not_loaded(&self, ruleset: &str) {
+        if !self.not_loaded.borrow().contains_key(ruleset) {
+            return;
+        }
+        if let Err(e) = self.store.clear_load_failure(ruleset).await {
+            eprintln!("vallumd: clearing the load failure of {ruleset}: {e}");
+        }
+        let mut left = 0;
+        self.not_loaded.send_modify(|m| {
+            m.remove(ruleset);
+            left = m.len();
+        });
+        self.hooks.observer.on_not_loaded(left);
     }
 
     /// Stores a checked input as a STAGED revision.
@@ -384,7 +490,7 @@ impl Pipeline {
                 })?;
         self.emit(
             ruleset,
-            number,
+            Some(number),
             Outcome::Confirmed,
             Phases::default(),
             None,
@@ -416,13 +522,14 @@ impl Pipeline {
             .map_err(|e| Error::Commit(e.to_string()))?;
         self.set_active(ruleset, None);
         self.store.delete_ruleset(ruleset, etag).await?;
+        self.forget_not_loaded(ruleset).await;
         Ok(())
     }
 
-    /// Rolls back every commit-confirmed whose deadline passed: the previous revision's content
-    /// is committed as a new revision (outcome ROLLED_BACK, the unconfirmed revision
-    /// REJECTED), or the ruleset is deactivated when it had no previous revision. Returns how
-    /// many were rolled back.
+    /// Reverts every commit-confirmed whose deadline passed: the previous revision's content
+    /// is committed as a new revision (outcome REVERTED, the unconfirmed revision REJECTED),
+    /// or the ruleset is deactivated when it had no previous revision (outcome REVERTED).
+    /// Returns how many were reverted.
     ///
     /// Errors: [`Error::Store`], [`Error::Commit`].
     pub async fn expire_confirms(&self) -> Result<usize> {
@@ -454,7 +561,7 @@ impl Pipeline {
                                 ),
                             }),
                             state: RevisionState::Active,
-                            outcome: Outcome::RolledBack,
+                            outcome: Outcome::Reverted,
                             previous_state: RevisionState::Rejected,
                             confirm_deadline: None,
                             etag: None,
@@ -477,10 +584,11 @@ impl Pipeline {
                     .map_err(|e| Error::Internal(format!("commit task: {e}")))?
                     .map_err(|e| Error::Commit(e.to_string()))?;
                     self.set_active(&c.ruleset, None);
+                    self.forget_not_loaded(&c.ruleset).await;
                     self.emit(
                         &c.ruleset,
-                        c.revision,
-                        Outcome::RolledBack,
+                        Some(c.revision),
+                        Outcome::Reverted,
                         Phases::default(),
                         None,
                         0,
@@ -584,10 +692,46 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Reports a commit request that ended with `error` before anything changed: when the
+    /// error is a refusal of the request's ruleset ([`Outcome::of_refusal`]), a REFUSED
+    /// event goes to the watch stream (for a valid `ruleset` name) and to the observer (the
+    /// metrics). Other errors are no commit attempt (not found, etag, state) or were
+    /// reported as FAILED where they happened.
+    ///
+    /// The observer's ruleset is empty unless the ruleset exists: refusals of made-up names
+    /// must not grow the metrics' label sets without bound.
+    pub async fn refused(&self, ruleset: Option<&str>, error: &Error) {
+        let Some(outcome) = Outcome::of_refusal(error) else {
+            return;
+        };
+        let known = match ruleset {
+            Some(name) if self.active_priority(name).is_some() => true,
+            Some(name) => matches!(self.store.get_ruleset(name).await, Ok(Some(_))),
+            None => false,
+        };
+        if let Some(name) = ruleset {
+            let _ = self.events.send(CommitEvent {
+                ruleset: name.to_string(),
+                revision: None,
+                outcome,
+                phases: Phases::default(),
+                error: Some(error.to_string()),
+                time_ns: now_ns(),
+            });
+        }
+        self.hooks.observer.on_commit(&CommitRecord {
+            ruleset: ruleset.filter(|_| known).unwrap_or_default().to_string(),
+            revision: None,
+            outcome,
+            phases: Phases::default(),
+            rules: 0,
+        });
+    }
+
     fn emit(
         &self,
         ruleset: &str,
-        revision: u64,
+        revision: Option<u64>,
         outcome: Outcome,
         phases: Phases,
         error: Option<String>,
@@ -676,6 +820,16 @@ impl Pipeline {
                 if let Ok(Ok(p)) = prepared {
                     tokio::task::spawn_blocking(move || drop(p));
                 }
+                if is_server_failure(&e) {
+                    self.emit(
+                        &job.ruleset,
+                        None,
+                        Outcome::Failed,
+                        Phases::default(),
+                        Some(e.to_string()),
+                        0,
+                    );
+                }
                 return Err(e);
             }
         };
@@ -710,7 +864,7 @@ impl Pipeline {
                 self.store.revert_commit(&persisted, &msg, outcome).await?;
                 self.emit(
                     &job.ruleset,
-                    persisted.revision.number,
+                    Some(persisted.revision.number),
                     Outcome::Failed,
                     Phases::default(),
                     Some(msg.clone()),
@@ -723,6 +877,14 @@ impl Pipeline {
                 self.store
                     .revert_commit(&persisted, &e.to_string(), outcome)
                     .await?;
+                self.emit(
+                    &job.ruleset,
+                    Some(persisted.revision.number),
+                    Outcome::Failed,
+                    Phases::default(),
+                    Some(e.to_string()),
+                    0,
+                );
                 return Err(e);
             }
         };
@@ -740,6 +902,7 @@ impl Pipeline {
             &job.ruleset,
             Some((persisted.revision.number, persisted.ruleset.priority)),
         );
+        self.forget_not_loaded(&job.ruleset).await;
         if let Some(model) = parsed {
             let previous = PreviousParse {
                 texts: job.sources,
@@ -761,7 +924,7 @@ impl Pipeline {
         });
         self.emit(
             &job.ruleset,
-            persisted.revision.number,
+            Some(persisted.revision.number),
             job.outcome,
             phases,
             None,
@@ -774,6 +937,15 @@ impl Pipeline {
             etag: persisted.ruleset.etag,
         })
     }
+}
+
+/// Whether a persist error is the server's failure (store, internal) rather than an answer
+/// to the request (etag mismatch, not found), which is no commit attempt.
+fn is_server_failure(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) | Error::Internal(_)
+    )
 }
 
 fn confirm(within: Option<Duration>) -> (RevisionState, Option<i64>) {

@@ -5,6 +5,13 @@
 //!
 //! Start order: open and migrate the store, restore the sets, load the active revisions
 //! (which may reference the sets), then SERVING.
+//!
+//! An active revision that does not load never lets the firewall open silently
+//! (`--on-load-failure`, [`OnLoadFailure`]): `refuse` (the default) stops vallumd with
+//! ACTIVE_REVISION_NOT_LOADED before SERVING; `degraded` serves the other rulesets and
+//! reports NOT_SERVING under the health name `rulesets/NAME` of each failed one until it
+//! gets a new revision or is deleted. Either way the store marks it and the audit table has
+//! a record (see [`Pipeline::load`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,7 +29,7 @@ use vallum_proto::v1::ruleset_service_server::RulesetServiceServer;
 use vallum_proto::v1::set_service_server::SetServiceServer;
 use vallum_proto::v1::trace_service_server::TraceServiceServer;
 
-use crate::config::Config;
+use crate::config::{Config, OnLoadFailure};
 use crate::error::{Error, Result};
 use crate::hooks::{self, Hooks, MetricsObserver};
 use crate::metrics::Metrics;
@@ -240,7 +247,30 @@ pub async fn run_with(
     }
     // Sets before rulesets: an active revision may `--match-set` them.
     pipeline.restore_sets().await?;
-    pipeline.load().await?;
+    let failed = pipeline.load().await?;
+    if !failed.is_empty() && config.on_load_failure == OnLoadFailure::Refuse {
+        let names: Vec<String> = failed
+            .iter()
+            .map(|f| {
+                format!(
+                    "rulesets/{}/revisions/{}: {}",
+                    f.ruleset, f.revision, f.error
+                )
+            })
+            .collect();
+        let _ = stop_tx.send(());
+        let _ = metrics_stop_tx.send(());
+        store.close().await;
+        return Err(Error::Startup {
+            code: crate::Reason::ActiveRevisionNotLoaded.info().name,
+            message: format!(
+                "refusing to start: {} active revision(s) do not load ({}); fix or replace \
+                 them (or start with --on-load-failure degraded to serve the others)",
+                failed.len(),
+                names.join("; ")
+            ),
+        });
+    }
     if config.example && store.list_rulesets().await?.is_empty() {
         let checked = content::check(
             example::NAME,
@@ -266,6 +296,7 @@ pub async fn run_with(
     for s in SERVICES {
         reporter.set_service_status(s, ServingStatus::Serving).await;
     }
+    let load_health = spawn_load_health(&pipeline, reporter.clone());
     hooks.observer.on_start(&engine, &config);
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
@@ -283,6 +314,7 @@ pub async fn run_with(
     }
 
     sources.stop();
+    load_health.abort();
     timer.abort();
     conntrack_gc.abort();
     set_gc.abort();
@@ -314,6 +346,43 @@ pub async fn run_with(
     };
     store.close().await;
     Ok(summary)
+}
+
+/// The health name of a ruleset whose active revision did not load (NOT_SERVING while it is
+/// not loaded, SERVING once replaced).
+pub fn ruleset_health_name(ruleset: &str) -> String {
+    format!("rulesets/{ruleset}")
+}
+
+/// Keeps health in step with [`Pipeline::not_loaded`]: NOT_SERVING under
+/// [`ruleset_health_name`] for every ruleset whose active revision did not load, SERVING
+/// again once it is replaced or deleted.
+fn spawn_load_health(
+    pipeline: &Arc<Pipeline>,
+    reporter: tonic_health::server::HealthReporter,
+) -> tokio::task::JoinHandle<()> {
+    let mut rx = pipeline.watch_not_loaded();
+    tokio::spawn(async move {
+        let mut shown = std::collections::BTreeSet::new();
+        loop {
+            let now: std::collections::BTreeSet<String> =
+                rx.borrow_and_update().keys().cloned().collect();
+            for name in now.difference(&shown) {
+                reporter
+                    .set_service_status(ruleset_health_name(name), ServingStatus::NotServing)
+                    .await;
+            }
+            for name in shown.difference(&now) {
+                reporter
+                    .set_service_status(ruleset_health_name(name), ServingStatus::Serving)
+                    .await;
+            }
+            shown = now;
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    })
 }
 
 /// The periodic garbage collection of the connection table: every `--conntrack-gc-interval`,

@@ -23,6 +23,7 @@ use sqlx::{Row, SqliteConnection};
 
 use crate::content::Content;
 use crate::error::{Error, Result};
+use crate::outcome::Outcome;
 
 pub mod chunks;
 pub mod sets;
@@ -77,48 +78,6 @@ impl FromStr for RevisionState {
             _ => {
                 return Err(Error::Internal(format!(
                     "unknown revision state {s:?} in store"
-                )));
-            }
-        })
-    }
-}
-
-/// How a commit ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// The revision became active.
-    Committed,
-    /// The engine refused it; nothing changed.
-    Failed,
-    /// A confirm timeout (or rollback) made an earlier content active again.
-    RolledBack,
-    /// A commit-confirmed was confirmed.
-    Confirmed,
-}
-
-impl Outcome {
-    /// The stored text.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Committed => "COMMITTED",
-            Outcome::Failed => "FAILED",
-            Outcome::RolledBack => "ROLLED_BACK",
-            Outcome::Confirmed => "CONFIRMED",
-        }
-    }
-}
-
-impl FromStr for Outcome {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "COMMITTED" => Outcome::Committed,
-            "FAILED" => Outcome::Failed,
-            "ROLLED_BACK" => Outcome::RolledBack,
-            "CONFIRMED" => Outcome::Confirmed,
-            _ => {
-                return Err(Error::Internal(format!(
-                    "unknown commit outcome {s:?} in store"
                 )));
             }
         })
@@ -248,7 +207,7 @@ pub struct PersistCommit {
     pub target: CommitTarget,
     /// ACTIVE or PENDING_CONFIRM.
     pub state: RevisionState,
-    /// COMMITTED or ROLLED_BACK.
+    /// COMMITTED, ROLLED_BACK (a Rollback) or REVERTED (a confirm deadline passed).
     pub outcome: Outcome,
     /// The state the previously active revision gets (SUPERSEDED, or REJECTED for a confirm
     /// timeout).
@@ -295,6 +254,20 @@ pub struct AuditEntry {
     pub request_digest: String,
     /// `OK` or the error reason.
     pub outcome: String,
+}
+
+/// An active revision that did not load at start: the store names it active, the engine
+/// does not run it (table `load_failures`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadFailure {
+    /// Ruleset name.
+    pub ruleset: String,
+    /// The active revision that did not load.
+    pub revision: u64,
+    /// Why (parse, validation or store error).
+    pub error: String,
+    /// When it was found, Unix ns.
+    pub at: i64,
 }
 
 /// The store handle (cheap to clone).
@@ -755,7 +728,7 @@ impl Store {
     }
 
     /// Deactivates a ruleset whose first commit was not confirmed in time: no revision is
-    /// active afterwards, `revision` is REJECTED and a ROLLED_BACK commit row is written.
+    /// active afterwards, `revision` is REJECTED and a REVERTED commit row is written.
     /// Returns the commit row's id.
     ///
     /// Errors: [`Error::StoreWrite`].
@@ -772,7 +745,7 @@ impl Store {
                 writer::clear_deadlines(tx, &name)?;
                 tx.prepare_cached(
                     "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
-                     VALUES (?1, ?2, ?2, 'ROLLED_BACK', ?3)",
+                     VALUES (?1, ?2, ?2, 'REVERTED', ?3)",
                 )?
                 .execute(rusqlite::params![name, i64_of(revision), started_at])?;
                 Ok(tx.last_insert_rowid())
@@ -895,6 +868,63 @@ impl Store {
             .await
     }
 
+    /// Marks `f` as an active revision that did not load, with its audit record, in one
+    /// transaction (replacing an earlier mark of the ruleset).
+    ///
+    /// Errors: [`Error::StoreWrite`].
+    pub async fn record_load_failure(&self, f: LoadFailure, audit: AuditEntry) -> Result<()> {
+        self.writer
+            .run(move |tx| {
+                writer::insert_audit(tx, &audit)?;
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO load_failures (ruleset, revision, error, at) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(rusqlite::params![
+                    f.ruleset,
+                    i64_of(f.revision),
+                    f.error,
+                    f.at
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Removes the load-failure mark of `ruleset` (it loaded, got another active revision or
+    /// was deleted).
+    ///
+    /// Errors: [`Error::StoreWrite`].
+    pub async fn clear_load_failure(&self, ruleset: &str) -> Result<()> {
+        let name = ruleset.to_string();
+        self.writer
+            .run(move |tx| {
+                tx.prepare_cached("DELETE FROM load_failures WHERE ruleset = ?1")?
+                    .execute([name])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// The marked load failures, by ruleset.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn load_failures(&self) -> Result<Vec<LoadFailure>> {
+        let rows = sqlx::query("SELECT * FROM load_failures ORDER BY ruleset")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LoadFailure {
+                    ruleset: r.try_get("ruleset")?,
+                    revision: u64_of(r.try_get("revision")?),
+                    error: r.try_get("error")?,
+                    at: r.try_get("at")?,
+                })
+            })
+            .collect()
+    }
+
     /// Number of audit records (for tests and status).
     ///
     /// Errors: [`Error::Store`].
@@ -998,6 +1028,102 @@ mod tests {
         assert_eq!(chunk_count(&store).await, (4, 4));
         assert!(store.delete_ruleset("a", None).await.unwrap());
         assert_eq!(chunk_count(&store).await, (0, 0));
+    }
+
+    /// A store written before outcomes were one vocabulary: the confirm timer's ROLLED_BACK
+    /// rows (a deactivation, an automatic rollback) become REVERTED, a deliberate rollback
+    /// stays ROLLED_BACK; every outcome can be written afterwards.
+    #[tokio::test]
+    async fn confirm_timeouts_become_reverted_in_the_outcome_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.db");
+        {
+            let opts = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .foreign_keys(true);
+            let pool = SqlitePoolOptions::new().connect_with(opts).await.unwrap();
+            sqlx::migrate!("../migrations")
+                .run_to(20261201140000, &pool)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+                 VALUES ('a', 0, 'e', 4, 4, 1, 1)",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            for (n, author, message) in [
+                (1, "me", "m"),
+                (2, "me", "rollback to revision 1"),
+                (3, "me", "m"),
+                (
+                    4,
+                    "vallumd",
+                    "automatic rollback: revision 3 was not confirmed in time",
+                ),
+            ] {
+                sqlx::query(
+                    "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
+                     VALUES ('a', ?, NULL, 'd', 0, ?, ?, 'SUPERSEDED', 1)",
+                )
+                .bind(n)
+                .bind(author)
+                .bind(message)
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+            for (revision, previous, outcome) in [
+                (1, None, "COMMITTED"),
+                (2, Some(1), "ROLLED_BACK"),
+                (3, Some(2), "COMMITTED"),
+                (4, Some(3), "ROLLED_BACK"),
+                (5, Some(5), "ROLLED_BACK"),
+            ] {
+                sqlx::query(
+                    "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
+                     VALUES ('a', ?, ?, ?, 1)",
+                )
+                .bind(revision)
+                .bind(previous)
+                .bind(outcome)
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+            pool.close().await;
+        }
+        let store = Store::open(&path).await.unwrap();
+        let outcomes: Vec<Outcome> = store
+            .commits("a")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.outcome)
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                Outcome::Committed,
+                Outcome::RolledBack,
+                Outcome::Committed,
+                Outcome::Reverted,
+                Outcome::Reverted,
+            ]
+        );
+        for o in Outcome::ALL {
+            sqlx::query(
+                "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
+                 VALUES ('b', 1, NULL, ?, 1)",
+            )
+            .bind(o.as_str())
+            .execute(&store.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{o}: {e}"));
+        }
+        assert_eq!(store.commits("b").await.unwrap().len(), Outcome::ALL.len());
     }
 
     /// Rows of `chunks` and `chunk_texts`.

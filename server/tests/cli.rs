@@ -402,6 +402,7 @@ impl EngineService for Fake {
             packet_source: "none".to_owned(),
             version: "0.1.0".to_owned(),
             rules: 4,
+            not_loaded: Vec::new(),
         }))
     }
 }

@@ -7,6 +7,8 @@
 //!   parse with vallumd's own flag parser;
 //! - the alert rules pass `promtool check rules` (skipped with a printed reason when promtool is
 //!   missing) and the PrometheusRule carries exactly the same groups;
+//! - commit outcomes are one vocabulary: the alert rules, the runbook's table, the dashboard and
+//!   the proto name exactly the outcomes of `vallum_server::outcome::Outcome`;
 //! - the dashboard is Grafana JSON with a schemaVersion, and every panel has a datasource and a
 //!   query;
 //! - every metric named by the dashboard and the alerts is in DESIGN.md's list and exists on the
@@ -1085,6 +1087,81 @@ fn alert_rules_are_valid_and_documented() {
     }
 }
 
+/// The alert rules, the runbook, the dashboard and the proto use exactly the outcomes of
+/// [`Outcome`]; VallumCommitFailures fires on exactly those that are failures (a deliberate
+/// rollback and a refusal are not).
+#[test]
+fn commit_outcomes_are_one_vocabulary() {
+    use vallum_server::outcome::Outcome;
+    let labels: BTreeSet<&str> = Outcome::ALL.iter().map(|o| o.label()).collect();
+    let failures: BTreeSet<&str> = Outcome::ALL
+        .iter()
+        .filter(|o| o.is_failure())
+        .map(|o| o.label())
+        .collect();
+    // Every `outcome` matcher in the rules names outcomes that exist.
+    for r in alert_rules() {
+        let expr = r["expr"].as_str().unwrap_or_default();
+        let name = r["alert"].as_str().unwrap_or_default();
+        for (i, _) in expr.match_indices("outcome") {
+            let rest = expr[i + "outcome".len()..].trim_start_matches(['=', '~', '!']);
+            let value = rest
+                .trim_start_matches('"')
+                .split('"')
+                .next()
+                .unwrap_or_default();
+            let named: BTreeSet<&str> = value.split('|').collect();
+            assert!(
+                named.is_subset(&labels),
+                "{name}: unknown outcome in {value:?}"
+            );
+            if name == "VallumCommitFailures" {
+                assert_eq!(named, failures, "{name} must fire on exactly the failures");
+            }
+        }
+    }
+    let failures_rule = alert_rules()
+        .into_iter()
+        .find(|r| r["alert"] == "VallumCommitFailures")
+        .expect("VallumCommitFailures");
+    assert!(
+        failures_rule["expr"]
+            .as_str()
+            .is_some_and(|e| e.contains("outcome=~")),
+        "VallumCommitFailures selects outcomes"
+    );
+
+    let docs = read("docs/operations.md");
+    let table = docs
+        .split_once("\n## Commit outcomes\n")
+        .and_then(|(_, rest)| rest.split("\n## ").next())
+        .expect("docs/operations.md has a \"## Commit outcomes\" section");
+    for o in Outcome::ALL {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", o.label())))
+            .unwrap_or_else(|| panic!("runbook table lacks `{}`", o.label()));
+        let failure = if o.is_failure() { "| yes |" } else { "| no |" };
+        assert!(row.ends_with(failure), "runbook row of {o}: {row}");
+        assert!(
+            vallum_proto::v1::CommitOutcome::from_str_name(&format!(
+                "COMMIT_OUTCOME_{}",
+                o.as_str()
+            ))
+            .is_some(),
+            "proto lacks COMMIT_OUTCOME_{}",
+            o.as_str()
+        );
+    }
+    let rows = table.lines().filter(|l| l.starts_with("| `")).count();
+    assert_eq!(rows, Outcome::ALL.len(), "runbook table rows");
+
+    let d = dashboard().to_string();
+    for l in &labels {
+        assert!(d.contains(l), "dashboard does not explain outcome {l}");
+    }
+}
+
 fn dashboard() -> Value {
     serde_json::from_str(&read("deploy/grafana/vallum.json")).expect("dashboard JSON")
 }
@@ -1199,6 +1276,8 @@ const DESIGN_METRICS: &[(&str, &str)] = &[
 const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_conntrack_max", "gauge"),
     ("vallum_conntrack_insert_failed_total", "counter"),
+    // Issue #13: stored active revisions that did not load at start.
+    ("vallum_rulesets_not_loaded", "gauge"),
 ];
 
 /// Declared in DESIGN.md but not exported by this build (the live scrape does not require

@@ -573,7 +573,7 @@ async fn commit_confirmed_rolls_back_and_etags_and_idempotency() {
     let a = c.apply(req.clone()).await.unwrap().into_inner();
     let b = c.apply(req).await.unwrap().into_inner();
     assert_eq!(a.revision.unwrap().number, b.revision.unwrap().number);
-    // Commit confirmed, not confirmed: rolled back to revision 2's content as revision 4.
+    // Commit confirmed, not confirmed: reverted to revision 2's content as revision 4.
     let mut req = apply_req("cc", &numbered(3));
     req.confirm_within = Some(prost_types::Duration {
         seconds: 0,
@@ -599,7 +599,7 @@ async fn commit_confirmed_rolls_back_and_etags_and_idempotency() {
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(ev.outcome, pb::CommitOutcome::RolledBack as i32);
+    assert_eq!(ev.outcome, pb::CommitOutcome::Reverted as i32);
     assert_eq!(ev.revision, "rulesets/cc/revisions/4");
     let rs = c
         .get_ruleset(pb::GetRulesetRequest { name: "cc".into() })

@@ -19,7 +19,8 @@ use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{NoSets, SetManager, SetSpec, SetType};
 use vallum_server::auth::{AuthLayer, Role, TokenSet};
-use vallum_server::metrics::{CommitOutcome, CommitPhases, Metrics, MetricsConfig};
+use vallum_server::metrics::{CommitPhases, Metrics, MetricsConfig};
+use vallum_server::outcome::Outcome;
 
 /// A clock whose k-th reading is 10·k² ns: steps grow, so the engine's sampled barrier cost
 /// (two timed steps minus twice the cost of one reading) is positive (80 ns per batch).
@@ -123,10 +124,10 @@ async fn scrape_has_every_design_metric() {
         total_ns: 324_200,
         cores_waited: 1,
     };
-    metrics.record_commit("web", CommitOutcome::Committed, &phases);
+    metrics.record_commit("web", Outcome::Committed, &phases);
     metrics.record_commit(
         "web",
-        CommitOutcome::Failed,
+        Outcome::Failed,
         &CommitPhases {
             validate_ns: 5_000,
             total_ns: 5_000,

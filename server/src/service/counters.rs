@@ -1,4 +1,10 @@
 //! `vallum.v1.CounterService`: per-rule counters of the active snapshot.
+//!
+//! A request naming a ruleset that does not exist (neither in the engine nor in the store) is
+//! NOT_FOUND, for GetCounters and ZeroCounters alike; an empty name means every ruleset. A
+//! stored ruleset with no active revision has no counters (an empty answer). ZeroCounters is
+//! an admin mutation and writes an audit record (`CounterService/ZeroCounters`), refused calls
+//! included.
 
 use std::sync::Arc;
 
@@ -7,7 +13,8 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::counter_service_server::CounterService;
 
 use super::State;
-use crate::convert;
+use crate::error::{Error, Result};
+use crate::{convert, hooks};
 
 /// The CounterService implementation.
 #[derive(Debug, Clone)]
@@ -20,6 +27,27 @@ impl CountersApi {
     pub fn new(state: Arc<State>) -> Self {
         CountersApi { state }
     }
+
+    /// The ruleset a request names (`None`: every ruleset).
+    ///
+    /// Errors: [`Error::BadRequest`] for a malformed name, [`Error::NotFound`] when the
+    /// ruleset is neither active nor stored, [`Error::Store`].
+    async fn filter(&self, ruleset: &str) -> Result<Option<String>> {
+        if ruleset.is_empty() {
+            return Ok(None);
+        }
+        let name = convert::ruleset_id("ruleset", ruleset)?;
+        let pipeline = &self.state.pipeline;
+        let known = pipeline.engine().rulesets().contains_key(name.as_str())
+            || pipeline.store().get_ruleset(&name).await?.is_some();
+        if !known {
+            return Err(Error::NotFound {
+                kind: "ruleset",
+                name: format!("rulesets/{name}"),
+            });
+        }
+        Ok(Some(name))
+    }
 }
 
 #[tonic::async_trait]
@@ -29,11 +57,7 @@ impl CounterService for CountersApi {
         request: Request<pb::GetCountersRequest>,
     ) -> Result<Response<pb::GetCountersResponse>, Status> {
         let r = request.into_inner();
-        let filter = if r.ruleset.is_empty() {
-            None
-        } else {
-            Some(convert::ruleset_id("ruleset", &r.ruleset)?)
-        };
+        let filter = self.filter(&r.ruleset).await?;
         let engine = self.state.pipeline.engine();
         let rulesets: Vec<_> = engine.rulesets().into_values().collect();
         let counters = engine
@@ -74,16 +98,19 @@ impl CounterService for CountersApi {
         &self,
         request: Request<pb::ZeroCountersRequest>,
     ) -> Result<Response<pb::ZeroCountersResponse>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
         let r = request.into_inner();
-        let filter = if r.ruleset.is_empty() {
-            None
-        } else {
-            Some(convert::ruleset_id("ruleset", &r.ruleset)?)
-        };
+        let result = self.filter(&r.ruleset).await.map(|filter| {
+            self.state
+                .pipeline
+                .engine()
+                .zero_counters(filter.as_deref());
+        });
         self.state
-            .pipeline
-            .engine()
-            .zero_counters(filter.as_deref());
+            .audit(caller, "CounterService/ZeroCounters", &r, &result)
+            .await;
+        result?;
         Ok(Response::new(pb::ZeroCountersResponse {}))
     }
 }

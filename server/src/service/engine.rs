@@ -8,6 +8,7 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::engine_service_server::EngineService;
 
 use super::State;
+use crate::convert;
 
 /// The EngineService implementation.
 #[derive(Debug, Clone)]
@@ -69,6 +70,18 @@ impl EngineService for EngineApi {
             packet_source: self.state.source.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
             rules,
+            not_loaded: self
+                .state
+                .pipeline
+                .not_loaded()
+                .into_values()
+                .map(|f| pb::NotLoadedRevision {
+                    ruleset: f.ruleset,
+                    revision: f.revision,
+                    error: f.error,
+                    time: Some(convert::timestamp(f.at)),
+                })
+                .collect(),
         }))
     }
 }

@@ -115,6 +115,10 @@ impl RulesetApi {
         }
         if !r.validate_only {
             self.state.audit_pending(audit, &result).await;
+            if let Err(e) = &result {
+                let name = convert::ruleset_id("ruleset", &r.ruleset).ok();
+                self.state.pipeline.refused(name.as_deref(), e).await;
+            }
         }
         Ok(Response::new(result?))
     }
@@ -172,6 +176,11 @@ impl RulesetApi {
         .await;
         if !r.validate_only {
             self.state.audit_pending(audit, &result).await;
+            if let Err(e) = &result {
+                let name = convert::revision_name("name", &r.name).ok();
+                let name = name.as_ref().map(|(n, _)| n.as_str());
+                self.state.pipeline.refused(name, e).await;
+            }
         }
         Ok(Response::new(result?))
     }
@@ -200,6 +209,11 @@ impl RulesetApi {
         }
         .await;
         self.state.audit_pending(audit, &result).await;
+        if let Err(e) = &result {
+            let name = convert::revision_name("name", &r.name).ok();
+            let name = name.as_ref().map(|(n, _)| n.as_str());
+            self.state.pipeline.refused(name, e).await;
+        }
         Ok(Response::new(result?))
     }
 

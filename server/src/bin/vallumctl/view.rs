@@ -73,10 +73,13 @@ fn severity(s: i32) -> &'static str {
 
 fn outcome(o: i32) -> &'static str {
     match CommitOutcome::try_from(o) {
+        // The words of vallum_commits_total{outcome} (docs/operations.md, "Commit outcomes").
         Ok(CommitOutcome::Committed) => "committed",
-        Ok(CommitOutcome::Failed) => "failed",
-        Ok(CommitOutcome::RolledBack) => "rolled-back",
         Ok(CommitOutcome::Confirmed) => "confirmed",
+        Ok(CommitOutcome::RolledBack) => "rolled_back",
+        Ok(CommitOutcome::Reverted) => "reverted",
+        Ok(CommitOutcome::Refused) => "refused",
+        Ok(CommitOutcome::Failed) => "failed",
         _ => "unspecified",
     }
 }
@@ -580,6 +583,7 @@ pub fn status_json(st: &GetStatusResponse) -> Value {
         "packet_source": st.packet_source,
         "version": st.version,
         "rules": st.rules,
+        "not_loaded": st.not_loaded.iter().map(|n| json!({"ruleset": n.ruleset, "revision": n.revision, "error": n.error, "time": ts(n.time.as_ref())})).collect::<Vec<_>>(),
     })
 }
 
@@ -604,6 +608,16 @@ pub fn status_text(st: &GetStatusResponse) -> String {
             "  {:<24} revision {:<6} priority {}",
             a.ruleset, a.revision, a.priority
         );
+    }
+    if !st.not_loaded.is_empty() {
+        let _ = writeln!(s, "NOT LOADED (stored as active, not enforced):");
+        for n in &st.not_loaded {
+            let _ = writeln!(
+                s,
+                "  {:<24} revision {:<6} {}",
+                n.ruleset, n.revision, n.error
+            );
+        }
     }
     let _ = writeln!(s, "{:>5} {:>20} {:>20}", "CORE", "GENERATION", "PACKETS");
     for c in &st.cores {
