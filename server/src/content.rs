@@ -10,6 +10,7 @@
 use std::sync::{Arc, Weak};
 
 use sha2::{Digest, Sha256};
+use vallum_engine::echo::clipped;
 use vallum_engine::model::{Family, Ruleset, Table};
 use vallum_engine::restore::{self, ParseOptions, PrintOptions};
 use vallum_engine::sets::SetRegistry;
@@ -350,8 +351,15 @@ pub fn check_after(
                     noflush: true,
                     ..opts
                 };
+                // Noflush input changes chains it does not declare (`-A`, `-F`, `-X`, `-D`);
+                // a text whose only errors are jumps to undeclared chains is just that,
+                // reported at each jump ("chain X is not declared").
+                let only_jumps = errs
+                    .0
+                    .iter()
+                    .all(|e| matches!(e.kind, restore::ParseErrorKind::UnknownTarget(_)));
                 match restore::parse(&part.text, &noflush) {
-                    Ok(r) if !r.external.is_empty() => {
+                    Ok(r) if !r.external.is_empty() && !only_jumps => {
                         let mut chains: Vec<&str> =
                             r.external.iter().map(|e| e.chain.as_str()).collect();
                         chains.dedup();
@@ -363,7 +371,7 @@ pub fn check_after(
                                 part.filename,
                                 e.location.line,
                                 e.location.column,
-                                chains.join(", ")
+                                some_names(&chains)
                             ),
                         ));
                     }
@@ -374,7 +382,7 @@ pub fn check_after(
                             let (field, prefix) = split_field(&pos);
                             violations.push(FieldViolation::new(
                                 field,
-                                format!("{prefix}{} near '{}'", e.kind, e.token),
+                                format!("{prefix}{} near '{}'", e.kind, clipped(&e.token)),
                             ));
                         }
                     }
@@ -437,6 +445,20 @@ pub fn check_after(
         findings,
         sources: Vec::new(),
     })
+}
+
+/// Up to 8 names, clipped, then how many more: `a, b, c and 120 more`.
+fn some_names(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    let mut out: Vec<String> = names
+        .iter()
+        .take(SHOWN)
+        .map(|n| clipped(n).to_string())
+        .collect();
+    if names.len() > SHOWN {
+        out.push(format!("and {} more", names.len() - SHOWN));
+    }
+    out.join(", ")
 }
 
 /// From this many rules on, [`check`] prints the canonical text on a second thread while it
@@ -687,6 +709,43 @@ mod tests {
             violations[0].description.starts_with("t.rules:3:"),
             "{violations:?}"
         );
+    }
+
+    fn refused(t: &str) -> (Reason, Vec<FieldViolation>) {
+        match check("a", 0, &text(t, Family::Ipv4), &NoSets) {
+            Err(Error::BadRequest { reason, violations }) => (reason, violations),
+            other => panic!("expected a bad request, got {other:?}"),
+        }
+    }
+
+    /// A jump to an undeclared chain is that, at the target (found by review: it was
+    /// reported as --noflush input); rules added to an undeclared chain are --noflush input.
+    #[test]
+    fn undeclared_chains_and_noflush_input() {
+        let (reason, v) =
+            refused("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp -j NOSUCHCHAIN\nCOMMIT\n");
+        assert_eq!(reason, Reason::InvalidRuleset);
+        assert!(
+            v[0].description
+                .starts_with("t.rules:3:20: chain 'NOSUCHCHAIN' is not declared"),
+            "{v:?}"
+        );
+        let (reason, v) = refused("*filter\n-A FOO -j ACCEPT\nCOMMIT\n");
+        assert_eq!(reason, Reason::NoflushUnsupported);
+        assert!(v[0].description.contains("--noflush"), "{v:?}");
+    }
+
+    /// A NUL byte or a long token is echoed escaped and cut.
+    #[test]
+    fn echoed_tokens_are_escaped_and_short() {
+        let (_, v) = refused("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j AC\0CEPT\nCOMMIT\n");
+        assert!(!v[0].description.contains('\0'), "{v:?}");
+        assert!(v[0].description.contains("AC\\0CEPT"), "{v:?}");
+        let long = "x".repeat(10_000);
+        let (_, v) = refused(&format!(
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --{long} 1\nCOMMIT\n"
+        ));
+        assert!(v[0].description.len() < 400, "{}", v[0].description);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use vallum_engine::compile::{StepOutcome, TraceStep, Verdict};
 use vallum_engine::conntrack::tuple::{PROTO_TCP, PROTO_UDP};
 use vallum_engine::conntrack::{ConnFilter, ConnView, Conntrack, TcpState, Tuple};
+use vallum_engine::echo::quoted;
 use vallum_engine::model::{Family, Hook, IpNet, Policy, Ruleset, TableKind, ct_state, tcp_flags};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::print_rule_spec;
@@ -23,25 +24,67 @@ pub mod sets;
 
 // === names ===
 
-/// Checks a ruleset name: 1 to 63 bytes of `[A-Za-z0-9._-]`.
+/// Longest ruleset name in bytes: a DNS label's 63 (RFC 1035), so a name fits a label, a
+/// Kubernetes name and a file name.
+pub const MAX_RULESET_NAME: usize = 63;
+
+/// Checks a ruleset name, optionally prefixed `rulesets/`. The one grammar of ruleset names:
+/// 1 to [`MAX_RULESET_NAME`] bytes of `A-Z a-z 0-9 . _ -`, the first a letter or digit (so
+/// neither `.` nor `..`, which would turn `rulesets/../revisions/1` into a path, nor a name
+/// read as a flag such as `-x`). The length is checked before anything else, and the message
+/// repeats at most a few dozen characters of the input.
 ///
 /// Errors: [`Error::BadRequest`] on `field`.
 pub fn ruleset_id(field: &str, s: &str) -> Result<String> {
-    let s = s.strip_prefix("rulesets/").unwrap_or(s);
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(s.to_string())
+    let name = s.strip_prefix("rulesets/").unwrap_or(s);
+    let why = if name.is_empty() || name.len() > MAX_RULESET_NAME {
+        Some("has 1 to 63 bytes")
+    } else if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        Some("starts with a letter or digit")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        Some("has only A-Z a-z 0-9 . _ -")
     } else {
-        Err(Error::invalid(
+        None
+    };
+    match why {
+        None => Ok(name.to_string()),
+        Some(why) => Err(Error::invalid(
             field,
             format!(
-                "{s:?} is not a ruleset name (1-63 characters of A-Z a-z 0-9 . _ -, optionally prefixed rulesets/)"
+                "{} is not a ruleset name: a ruleset name {why} (optionally prefixed rulesets/)",
+                quoted(s)
             ),
-        ))
+        )),
     }
+}
+
+/// Longest file name a text source may carry, in bytes: it starts every `FILE:LINE:COL` of
+/// every message, so it is kept well under the size of a status (a path of PATH_MAX, 4096
+/// bytes, would leave room for one violation).
+pub const MAX_FILENAME: usize = 1024;
+
+/// The file name of a text for `FILE:LINE:COL` messages (`<request>` when empty).
+///
+/// Errors: [`Error::BadRequest`] on `field` when longer than [`MAX_FILENAME`] or holding a
+/// control character (it is printed at the start of messages).
+pub fn filename(field: &str, s: &str) -> Result<String> {
+    if s.len() > MAX_FILENAME || s.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "{} is not a file name (at most {MAX_FILENAME} bytes, no control characters)",
+                quoted(s)
+            ),
+        ));
+    }
+    Ok(if s.is_empty() {
+        "<request>".to_string()
+    } else {
+        s.to_string()
+    })
 }
 
 /// Parses `rulesets/{r}/revisions/{n}` into (r, n).
@@ -51,7 +94,10 @@ pub fn revision_name(field: &str, s: &str) -> Result<(String, u64)> {
     let bad = || {
         Error::invalid(
             field,
-            format!("{s:?} is not a revision name (rulesets/{{ruleset}}/revisions/{{n}}, n >= 1)"),
+            format!(
+                "{} is not a revision name (rulesets/{{ruleset}}/revisions/{{n}}, n >= 1)",
+                quoted(s)
+            ),
         )
     };
     let rest = s.strip_prefix("rulesets/").ok_or_else(bad)?;
@@ -122,11 +168,7 @@ impl TryFrom<&pb::RulesetSource> for RulesetInput {
             )),
             Some(Source::Text(t)) => {
                 let family = family_of("source.text.family", t.family)?;
-                let filename = if t.filename.is_empty() {
-                    "<request>".to_string()
-                } else {
-                    t.filename.clone()
-                };
+                let filename = filename("source.text.filename", &t.filename)?;
                 let mut parts = vec![TextPart {
                     text: t.content.clone(),
                     family,
@@ -160,7 +202,7 @@ fn quote(field: &str, s: &str) -> Result<String> {
     if s.contains('"') || s.contains('\n') || s.contains('\\') {
         return Err(Error::invalid(
             field,
-            format!("{s:?} contains a quote, backslash or newline"),
+            format!("{} contains a quote, backslash or newline", quoted(s)),
         ));
     }
     if s.is_empty() || s.contains(char::is_whitespace) {
@@ -246,7 +288,10 @@ fn rule_text(field: &str, r: &pb::RuleSpec) -> Result<String> {
         other => {
             return Err(Error::invalid(
                 format!("{field}.fragment"),
-                format!("{other:?}: expected \"\", \"fragment\" or \"not-fragment\""),
+                format!(
+                    "{}: expected \"\", \"fragment\" or \"not-fragment\"",
+                    quoted(other)
+                ),
             ));
         }
     }
@@ -451,7 +496,7 @@ fn protocol(field: &str, s: &str) -> Result<u8> {
         "udplite" => 136,
         other => other
             .parse()
-            .map_err(|_| Error::invalid(field, format!("unknown protocol {s:?}")))?,
+            .map_err(|_| Error::invalid(field, format!("unknown protocol {}", quoted(s))))?,
     })
 }
 
@@ -469,7 +514,10 @@ pub fn hook(field: &str, s: &str) -> Result<Hook> {
     Hook::from_chain_name(&s.to_ascii_uppercase()).ok_or_else(|| {
         Error::invalid(
             field,
-            format!("unknown hook {s:?} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)"),
+            format!(
+                "unknown hook {} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)",
+                quoted(s)
+            ),
         )
     })
 }
@@ -486,7 +534,7 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
             }
             s.parse()
                 .map(Some)
-                .map_err(|_| Error::invalid(field, format!("{s:?} is not an IP address")))
+                .map_err(|_| Error::invalid(field, format!("{} is not an IP address", quoted(s))))
         };
         let src = addr("packet.source", &p.source)?;
         let dst = addr("packet.destination", &p.destination)?;
@@ -542,7 +590,7 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
             other => {
                 return Err(Error::invalid(
                     "packet.ct_state",
-                    format!("unknown state {other:?}"),
+                    format!("unknown state {}", quoted(other)),
                 ));
             }
         };
@@ -668,7 +716,7 @@ fn prefix(field: &str, s: &str) -> Result<Option<IpNet>> {
     let bad = || {
         Error::invalid(
             field,
-            format!("{s:?} is not an address or prefix (ADDR[/LEN])"),
+            format!("{} is not an address or prefix (ADDR[/LEN])", quoted(s)),
         )
     };
     let (addr, len) = match s.split_once('/') {
@@ -744,8 +792,8 @@ pub fn conntrack_filter(prefix_path: &str, f: &pb::ConntrackFilter) -> Result<Co
                 Error::invalid(
                     path("state"),
                     format!(
-                        "unknown TCP state {:?} (one of {})",
-                        f.state,
+                        "unknown TCP state {} (one of {})",
+                        quoted(&f.state),
                         names.join(", ")
                     ),
                 )
@@ -861,6 +909,47 @@ pub fn conntrack_stats(ct: &Conntrack) -> pb::ConntrackStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn description(e: Error) -> String {
+        match e {
+            Error::BadRequest { violations, .. } => violations[0].description.clone(),
+            e => panic!("{e}"),
+        }
+    }
+
+    /// The one grammar of ruleset names (found by review: `.` and `..` were accepted, so
+    /// `rulesets/../revisions/1` named a revision), with short messages for long input.
+    #[test]
+    fn ruleset_names() {
+        for ok in ["web", "rulesets/web", "a", "k8s-node.v1_2", &"x".repeat(63)] {
+            assert!(ruleset_id("ruleset", ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".x",
+            "-x",
+            "_x",
+            "a/b",
+            "a b",
+            "a\0",
+            "rulesets/",
+            "rulesets/..",
+            &"x".repeat(64),
+        ] {
+            assert!(ruleset_id("ruleset", bad).is_err(), "{bad:?}");
+        }
+        assert!(revision_name("name", "rulesets/../revisions/1").is_err());
+        assert!(revision_name("name", "rulesets/./revisions/1").is_err());
+        let long = description(ruleset_id("ruleset", &"x".repeat(10_000)).unwrap_err());
+        assert!(long.len() < 200, "{long}");
+        assert!(long.contains("(10000 bytes)"), "{long}");
+        let nul = description(ruleset_id("ruleset", "a\0b").unwrap_err());
+        assert!(nul.starts_with("\"a\\0b\" is not a ruleset name"), "{nul}");
+        let long = description(revision_name("name", &"r".repeat(10_000)).unwrap_err());
+        assert!(long.len() < 200, "{long}");
+    }
 
     fn fields(f: &pb::ConntrackFilter) -> Vec<String> {
         match conntrack_filter("filter", f) {

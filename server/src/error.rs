@@ -313,17 +313,56 @@ impl Error {
     }
 }
 
+/// The most bytes of `grpc-message` an error sends (cut with an ellipsis). With
+/// [`MAX_DETAIL_BYTES`] it keeps a status well inside the 16 KiB header list a client accepts
+/// by default (hyper's `max_header_list_size`; beyond it the client sees
+/// RESOURCE_EXHAUSTED "metadata size exceeds hard limit" instead of the error). Messages echo
+/// input through `vallum_engine::echo`, so this only cuts lists of many violations.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// The most bytes of `BadRequest` violations (fields and descriptions) one status carries;
+/// the violations past it are counted in a last one, field `""`.
+pub const MAX_DETAIL_BYTES: usize = 6 * 1024;
+
+/// `s` cut to at most `max` bytes on a character boundary, with an ellipsis when cut.
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         let reason = e.reason();
         let info = reason.info();
-        let message = e.to_string();
+        let message = cut(&e.to_string(), MAX_MESSAGE_BYTES);
         let mut details = ErrorDetails::new();
         let mut metadata = std::collections::HashMap::new();
         match &e {
             Error::BadRequest { violations, .. } => {
-                for v in violations {
-                    details.add_bad_request_violation(v.field.clone(), v.description.clone());
+                let mut budget = MAX_DETAIL_BYTES;
+                for (i, v) in violations.iter().enumerate() {
+                    let field = cut(&v.field, MAX_MESSAGE_BYTES);
+                    let description = cut(&v.description, MAX_MESSAGE_BYTES);
+                    let size = field.len() + description.len();
+                    if size > budget {
+                        details.add_bad_request_violation(
+                            "",
+                            format!(
+                                "{} more violations not shown ({i} of {} shown)",
+                                violations.len() - i,
+                                violations.len()
+                            ),
+                        );
+                        break;
+                    }
+                    budget -= size;
+                    details.add_bad_request_violation(field, description);
                 }
             }
             Error::EtagMismatch { name, .. } => {
@@ -408,6 +447,45 @@ mod tests {
                 info.name
             );
         }
+    }
+
+    /// However many violations and however long their text, a status stays small enough for
+    /// a client's header limit (found by review: a 10,000-character name overflowed it), and
+    /// says how many violations it left out.
+    #[test]
+    fn status_stays_small() {
+        let violations: Vec<FieldViolation> = (0..10_000)
+            .map(|i| FieldViolation::new(format!("elements[{i}]"), "x".repeat(100 + i % 3000)))
+            .collect();
+        let s: tonic::Status = Error::BadRequest {
+            reason: Reason::InvalidArgument,
+            violations,
+        }
+        .into();
+        assert!(
+            s.message().len() <= MAX_MESSAGE_BYTES,
+            "{}",
+            s.message().len()
+        );
+        assert!(
+            s.details().len() < 8 * 1024,
+            "{} bytes of details",
+            s.details().len()
+        );
+        let shown = s
+            .get_error_details()
+            .bad_request()
+            .unwrap()
+            .field_violations
+            .clone();
+        let last = shown.last().unwrap();
+        assert_eq!(last.field, "");
+        assert!(
+            last.description.ends_with(&format!("of 10000 shown)")),
+            "{}",
+            last.description
+        );
+        assert_eq!(shown[0].field, "elements[0]");
     }
 
     #[test]

@@ -167,7 +167,10 @@ impl TraceService for TraceApi {
 pub fn traced_packet(r: &pb::TracePacketRequest) -> Result<PacketMeta> {
     if r.frame.is_empty() {
         if r.raw_ip {
-            return Err(Error::invalid("frame", "raw_ip is set but the frame is empty"));
+            return Err(Error::invalid(
+                "frame",
+                "raw_ip is set but the frame is empty",
+            ));
         }
         if r.packet.is_none() {
             return Err(Error::invalid(
@@ -293,7 +296,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(traced_packet(&packet).unwrap().protocol, 6);
-        let mut ip = vec![0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+        let mut ip = vec![
+            0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
         ip.extend([0, 53, 0, 53, 0, 8, 0, 0]);
         ip[3] = 28;
         let frame = pb::TracePacketRequest {

@@ -1,0 +1,163 @@
+//! Request validation over real gRPC against a real `vallumd` (ephemeral port, temporary
+//! database): names and echoed input.
+//!
+//! Cases: a 10,000-character ruleset, revision, set or file name, a long token and thousands
+//! of bad lines each come back as INVALID_ARGUMENT with a short message (not the client's
+//! RESOURCE_EXHAUSTED "metadata size exceeds hard limit"); `.`/`..` ruleset names and a set
+//! named `-x` are refused; a TracePacket with nothing to trace is INVALID_ARGUMENT.
+
+#[path = "support/vallumd.rs"]
+mod support;
+
+use support::{Vallumd, reason, text_source};
+use tonic::Code;
+use vallum_proto::v1 as pb;
+use vallum_proto::v1::set_service_client::SetServiceClient;
+use vallum_proto::v1::trace_service_client::TraceServiceClient;
+
+const RULES: &str = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n";
+
+/// A refusal as the client sees it: the code, and a message short enough to read.
+fn refused(r: Result<impl std::fmt::Debug, tonic::Status>, code: Code) -> tonic::Status {
+    let s = r.expect_err("expected a refusal");
+    assert_eq!(s.code(), code, "{s:?}");
+    assert!(
+        s.message().len() <= 1024,
+        "{} bytes: {}",
+        s.message().len(),
+        s.message()
+    );
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_and_odd_names_are_refused_with_short_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    let mut rs = d.rulesets().await;
+    let mut sets = SetServiceClient::new(d.channel().await);
+    let long = "x".repeat(10_000);
+
+    // Ruleset names: too long, `.`, `..`, in every call that takes one.
+    for name in [long.as_str(), ".", "..", "rulesets/.."] {
+        let s = refused(
+            rs.apply(pb::ApplyRequest {
+                ruleset: name.into(),
+                source: Some(text_source(RULES, false, "a.rules")),
+                ..Default::default()
+            })
+            .await,
+            Code::InvalidArgument,
+        );
+        assert_eq!(reason(&s), "INVALID_ARGUMENT");
+        assert!(
+            s.message().starts_with("INVALID_ARGUMENT: ruleset:"),
+            "{}",
+            s.message()
+        );
+    }
+    let s = refused(
+        rs.validate_ruleset(pb::ValidateRulesetRequest {
+            ruleset: long.clone(),
+            source: Some(text_source(RULES, false, "a.rules")),
+        })
+        .await,
+        Code::InvalidArgument,
+    );
+    assert!(s.message().contains("(10000 bytes)"), "{}", s.message());
+    refused(
+        rs.get_revision(pb::GetRevisionRequest {
+            name: format!("rulesets/{long}/revisions/1"),
+        })
+        .await,
+        Code::InvalidArgument,
+    );
+    refused(
+        rs.get_revision(pb::GetRevisionRequest {
+            name: "rulesets/../revisions/1".into(),
+        })
+        .await,
+        Code::InvalidArgument,
+    );
+    // A file name that long, a token that long, and many bad lines: short statuses.
+    refused(
+        rs.validate_ruleset(pb::ValidateRulesetRequest {
+            ruleset: String::new(),
+            source: Some(text_source(RULES, false, &long)),
+        })
+        .await,
+        Code::InvalidArgument,
+    );
+    let token = format!("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j {long}\nCOMMIT\n");
+    let s = refused(
+        rs.validate_ruleset(pb::ValidateRulesetRequest {
+            ruleset: String::new(),
+            source: Some(text_source(&token, false, "t.rules")),
+        })
+        .await,
+        Code::InvalidArgument,
+    );
+    assert_eq!(reason(&s), "INVALID_RULESET");
+    let mut many = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+    for i in 0..5000 {
+        many.push_str(&format!("-A INPUT -p tcp --nosuch-{i}-{long:.100} 1\n"));
+    }
+    many.push_str("COMMIT\n");
+    let s = refused(
+        rs.validate_ruleset(pb::ValidateRulesetRequest {
+            ruleset: String::new(),
+            source: Some(text_source(&many, false, "many.rules")),
+        })
+        .await,
+        Code::InvalidArgument,
+    );
+    assert_eq!(reason(&s), "INVALID_RULESET");
+
+    // Set names: too long, or what no `--match-set` can name.
+    for name in [long.as_str(), "-x", "a\"b"] {
+        let s = refused(
+            sets.create_set(pb::CreateSetRequest {
+                name: name.into(),
+                r#type: "hash:ip".into(),
+                ..Default::default()
+            })
+            .await,
+            Code::InvalidArgument,
+        );
+        assert!(
+            s.message().starts_with("INVALID_ARGUMENT: name:"),
+            "{}",
+            s.message()
+        );
+    }
+    refused(
+        sets.get_set(pb::GetSetRequest {
+            name: long.clone(),
+            ..Default::default()
+        })
+        .await,
+        Code::InvalidArgument,
+    );
+    // Nothing was created by the refusals.
+    let listed = sets
+        .list_sets(pb::ListSetsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.sets.is_empty(), "{listed:?}");
+    let listed = rs
+        .list_rulesets(pb::ListRulesetsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.rulesets.is_empty(), "{listed:?}");
+
+    // TracePacket with nothing to trace.
+    let mut tr = TraceServiceClient::new(d.channel().await);
+    let s = refused(
+        tr.trace_packet(pb::TracePacketRequest::default()).await,
+        Code::InvalidArgument,
+    );
+    assert!(s.message().contains("packet"), "{}", s.message());
+}
