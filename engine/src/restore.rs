@@ -309,6 +309,29 @@ pub fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, ParseErrors
     tables::parse(text, opts)
 }
 
+/// Longest chain name in bytes (XT_EXTENSION_MAXNAMELEN - 1), as iptables.
+pub const MAX_CHAIN_NAME: usize = 28;
+
+/// The grammar of chain names, as iptables-restore checks a `:NAME` line: 1 to
+/// [`MAX_CHAIN_NAME`] bytes, not starting with `-` or `!`, without whitespace, control
+/// characters, `"` or `\` (those could not be written back unambiguously).
+///
+/// Errors: what is wrong, for a message.
+pub fn check_chain_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > MAX_CHAIN_NAME {
+        Err("a chain name has 1 to 28 bytes")
+    } else if name.starts_with(['-', '!']) {
+        Err("a chain name must not start with '-' or '!'")
+    } else if name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+    {
+        Err("a chain name has no whitespace, control characters, quotes or backslashes")
+    } else {
+        Ok(())
+    }
+}
+
 /// Parses a restore text into a named [`Ruleset`] of priority 0 (no `--noflush`: every chain
 /// must be declared).
 ///

@@ -11,7 +11,7 @@ use vallum_engine::conntrack::{ConnFilter, ConnView, Conntrack, TcpState, Tuple}
 use vallum_engine::echo::quoted;
 use vallum_engine::model::{Family, Hook, IpNet, Policy, Ruleset, TableKind, ct_state, tcp_flags};
 use vallum_engine::packet::{IfName, PacketMeta};
-use vallum_engine::restore::print_rule_spec;
+use vallum_engine::restore::{check_chain_name, print_rule_spec};
 use vallum_engine::validate::Severity;
 use vallum_proto::v1 as pb;
 
@@ -310,7 +310,52 @@ fn rule_text(field: &str, r: &pb::RuleSpec) -> Result<String> {
     Ok(out.join(" "))
 }
 
+/// The fields of a structured ruleset that become the frame of its text (table names, chain
+/// names, policies), checked by field path before anything is rendered: a bad one would
+/// otherwise be reported in terms of the text made from it (chain name `A B` gave "invalid
+/// counters near '-'").
+fn structured_frame(spec: &pb::RulesetSpec) -> Vec<FieldViolation> {
+    let mut bad = Vec::new();
+    for (ti, t) in spec.tables.iter().enumerate() {
+        let tf = format!("source.structured.tables[{ti}]");
+        if TableKind::from_name(&t.table).is_none() {
+            let names: Vec<&str> = TableKind::ALL.iter().map(|k| k.name()).collect();
+            bad.push(FieldViolation::new(
+                format!("{tf}.table"),
+                format!(
+                    "unknown table {} (one of {})",
+                    quoted(&t.table),
+                    names.join(", ")
+                ),
+            ));
+        }
+        for (ci, c) in t.chains.iter().enumerate() {
+            let cf = format!("{tf}.chains[{ci}]");
+            if let Err(why) = check_chain_name(&c.name) {
+                bad.push(FieldViolation::new(
+                    format!("{cf}.name"),
+                    format!("{}: {why}", quoted(&c.name)),
+                ));
+            }
+            if !matches!(c.policy.as_str(), "" | "-" | "ACCEPT" | "DROP") {
+                bad.push(FieldViolation::new(
+                    format!("{cf}.policy"),
+                    format!(
+                        "{}: expected ACCEPT or DROP (builtin chains), \"\" or \"-\" (user chains)",
+                        quoted(&c.policy)
+                    ),
+                ));
+            }
+        }
+    }
+    bad
+}
+
 fn structured(spec: &pb::RulesetSpec) -> Result<RulesetInput> {
+    let frame = structured_frame(spec);
+    if !frame.is_empty() {
+        return Err(bad_request(frame));
+    }
     let mut parts: Vec<TextPart> = Vec::new();
     let mut errors = Vec::new();
     for (ti, t) in spec.tables.iter().enumerate() {
@@ -909,6 +954,62 @@ pub fn conntrack_stats(ct: &Conntrack) -> pb::ConntrackStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn violations(e: Error) -> Vec<(String, String)> {
+        match e {
+            Error::BadRequest { violations, .. } => violations
+                .into_iter()
+                .map(|v| (v.field, v.description))
+                .collect(),
+            e => panic!("{e}"),
+        }
+    }
+
+    /// Structured fields are checked by field path before any text is made of them (found
+    /// by review: chain name `A B` was "invalid counters near '-'").
+    #[test]
+    fn structured_fields_are_checked_by_path() {
+        let chain = |name: &str, policy: &str| pb::ChainSpec {
+            name: name.into(),
+            policy: policy.into(),
+            ..Default::default()
+        };
+        let spec = pb::RulesetSpec {
+            tables: vec![
+                pb::TableSpec {
+                    table: "filter".into(),
+                    chains: vec![chain("INPUT", "DROP"), chain("A B", ""), chain("-x", "")],
+                    ..Default::default()
+                },
+                pb::TableSpec {
+                    table: "nosuch".into(),
+                    chains: vec![chain("OK", "REJECT")],
+                    ..Default::default()
+                },
+            ],
+        };
+        let src = pb::RulesetSource {
+            source: Some(pb::ruleset_source::Source::Structured(spec)),
+        };
+        let v = violations(RulesetInput::try_from(&src).unwrap_err());
+        let fields: Vec<&str> = v.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "source.structured.tables[0].chains[1].name",
+                "source.structured.tables[0].chains[2].name",
+                "source.structured.tables[1].table",
+                "source.structured.tables[1].chains[0].policy",
+            ],
+            "{v:?}"
+        );
+        assert!(
+            v[0].1
+                .starts_with("\"A B\": a chain name has no whitespace"),
+            "{v:?}"
+        );
+        assert!(v.iter().all(|(_, d)| !d.contains("counters")), "{v:?}");
+    }
 
     fn description(e: Error) -> String {
         match e {
