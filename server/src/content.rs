@@ -207,6 +207,37 @@ impl Checked {
             .collect();
     }
 
+    /// Whether the ruleset is empty: no rule in any table and no builtin chain with a DROP
+    /// policy (its user chains, if any, have no rules and nothing jumps to them). Such a
+    /// ruleset accepts every packet and, as ACCEPT passes a packet on to the next ruleset,
+    /// decides nothing: committing it is the same as deleting every rule, which an empty
+    /// file (`apply web /dev/null`) or a lost text does by accident. A text of no tables at
+    /// all is empty too.
+    pub fn is_empty(&self) -> bool {
+        self.ruleset.rule_count() == 0
+            && self.ruleset.tables.iter().all(|t| {
+                t.chains
+                    .iter()
+                    .all(|c| c.policy != Some(vallum_engine::model::Policy::Drop))
+            })
+    }
+
+    /// `Ok(self)` unless [`Checked::is_empty`] and the caller did not say `allow_empty`.
+    ///
+    /// Errors: [`Error::BadRequest`] with reason EMPTY_RULESET on `source`.
+    pub fn refuse_empty(self, allow_empty: bool) -> Result<Checked, Error> {
+        if allow_empty || !self.is_empty() {
+            return Ok(self);
+        }
+        Err(Error::BadRequest {
+            reason: Reason::EmptyRuleset,
+            violations: vec![FieldViolation::new(
+                "source",
+                "the ruleset is empty (no rule and no DROP policy: it would accept every packet, as if every rule were gone); set allow_empty (vallumctl --allow-empty) to commit it",
+            )],
+        })
+    }
+
     /// Whether no finding is an error.
     pub fn valid(&self) -> bool {
         self.findings.iter().all(|f| f.severity != Severity::Error)
@@ -746,6 +777,35 @@ mod tests {
             "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --{long} 1\nCOMMIT\n"
         ));
         assert!(v[0].description.len() < 400, "{}", v[0].description);
+    }
+
+    /// An empty text, tables without rules and ACCEPT policies, and rule-less user chains
+    /// are empty; a DROP policy or one rule is not (found by review: `apply web /dev/null`
+    /// committed an empty revision without a word).
+    #[test]
+    fn empty_rulesets() {
+        let is_empty = |t: &str| {
+            check("a", 0, &text(t, Family::Ipv4), &NoSets)
+                .unwrap()
+                .is_empty()
+        };
+        assert!(is_empty(""));
+        assert!(is_empty("*filter\nCOMMIT\n"));
+        assert!(is_empty(
+            "*filter\n:INPUT ACCEPT [0:0]\n:x - [0:0]\nCOMMIT\n*raw\nCOMMIT\n"
+        ));
+        assert!(!is_empty("*filter\n:INPUT DROP [0:0]\nCOMMIT\n"));
+        assert!(!is_empty(
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n"
+        ));
+        let empty = check("a", 0, &text("", Family::Ipv4), &NoSets).unwrap();
+        let Err(Error::BadRequest { reason, violations }) = empty.clone().refuse_empty(false)
+        else {
+            panic!("expected EMPTY_RULESET")
+        };
+        assert_eq!(reason, Reason::EmptyRuleset);
+        assert_eq!(violations[0].field, "source");
+        assert!(empty.refuse_empty(true).is_ok());
     }
 
     #[test]

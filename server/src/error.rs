@@ -78,6 +78,9 @@ pub enum Reason {
     AlreadyExists,
     /// Adding would exceed the set's `maxelem` (as ipset: "Hash is full").
     SetFull,
+    /// An Apply/Stage of an empty ruleset without `allow_empty` (see
+    /// [`crate::content::Checked::is_empty`]).
+    EmptyRuleset,
 }
 
 /// One row of the table.
@@ -93,7 +96,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -115,6 +118,7 @@ impl Reason {
         Reason::ShuttingDown,
         Reason::AlreadyExists,
         Reason::SetFull,
+        Reason::EmptyRuleset,
     ];
 
     /// This reason's row of the table.
@@ -148,6 +152,7 @@ impl Reason {
             Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
             Reason::AlreadyExists => ("ALREADY_EXISTS", Code::AlreadyExists, REJECTED),
             Reason::SetFull => ("SET_FULL", Code::ResourceExhausted, REJECTED),
+            Reason::EmptyRuleset => ("EMPTY_RULESET", Code::InvalidArgument, REJECTED),
         };
         ReasonInfo {
             name,

@@ -204,3 +204,53 @@ async fn a_request_that_does_not_decode_is_invalid_argument() {
         .into_inner();
     assert!(ok.valid, "{ok:?}");
 }
+
+/// An Apply or Stage of an empty ruleset is refused unless the caller says allow_empty, and
+/// the refusal stores nothing (found by review: `apply web /dev/null` committed an empty
+/// revision without a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_ruleset_needs_allow_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    let mut rs = d.rulesets().await;
+    let apply = |content: &str, allow_empty: bool| pb::ApplyRequest {
+        ruleset: "web".into(),
+        source: Some(text_source(content, false, "empty.rules")),
+        allow_empty,
+        ..Default::default()
+    };
+    rs.apply(apply(RULES, false)).await.unwrap();
+    for empty in ["", "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"] {
+        let s = refused(rs.apply(apply(empty, false)).await, Code::InvalidArgument);
+        assert_eq!(reason(&s), "EMPTY_RULESET", "{s:?}");
+        assert!(s.message().contains("allow_empty"), "{}", s.message());
+        let s = refused(
+            rs.stage_revision(pb::StageRevisionRequest {
+                ruleset: "web".into(),
+                source: Some(text_source(empty, false, "empty.rules")),
+                ..Default::default()
+            })
+            .await,
+            Code::InvalidArgument,
+        );
+        assert_eq!(reason(&s), "EMPTY_RULESET", "{s:?}");
+    }
+    let web = rs
+        .get_ruleset(pb::GetRulesetRequest { name: "web".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (web.active_revision, web.latest_revision),
+        (1, 1),
+        "{web:?}"
+    );
+    // Said explicitly: committed.
+    let c = rs.apply(apply("", true)).await.unwrap().into_inner();
+    assert_eq!(c.revision.unwrap().number, 2);
+    // A DROP policy alone is not empty.
+    rs.apply(apply("*filter\n:INPUT DROP [0:0]\nCOMMIT\n", false))
+        .await
+        .unwrap();
+}
