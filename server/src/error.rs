@@ -486,7 +486,7 @@ mod tests {
         let last = shown.last().unwrap();
         assert_eq!(last.field, "");
         assert!(
-            last.description.ends_with(&format!("of 10000 shown)")),
+            last.description.ends_with("of 10000 shown)"),
             "{}",
             last.description
         );
