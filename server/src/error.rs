@@ -230,7 +230,10 @@ pub enum Error {
         maxelem: u32,
     },
     /// The request carried an etag that is not the stored one.
-    #[error("etag mismatch on {name}: request has {given:?}, current is {current:?}")]
+    #[error(
+        "etag mismatch on {name}: request has {}, current is {current:?}",
+        vallum_engine::echo::quoted(.given)
+    )]
     EtagMismatch {
         /// Resource name.
         name: String,
@@ -510,6 +513,14 @@ mod tests {
         }
         .into();
         assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+        // The request's etag is echoed cut.
+        let long: tonic::Status = Error::EtagMismatch {
+            name: "rulesets/a".into(),
+            given: "e".repeat(10_000),
+            current: "y".into(),
+        }
+        .into();
+        assert!(long.message().len() < 200, "{}", long.message());
         assert_eq!(
             s.get_error_details()
                 .precondition_failure()
