@@ -253,4 +253,26 @@ async fn an_empty_ruleset_needs_allow_empty() {
     rs.apply(apply("*filter\n:INPUT DROP [0:0]\nCOMMIT\n", false))
         .await
         .unwrap();
+
+    // vallumctl: refused (exit 1, the reason on stderr), then said with --allow-empty.
+    let empty = dir.path().join("empty.rules");
+    std::fs::write(&empty, "").unwrap();
+    let ctl = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+            .env_clear()
+            .env("VALLUM_SERVER", d.url())
+            .args(["apply", "web"])
+            .arg(&empty)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = ctl(&[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("EMPTY_RULESET"),
+        "{out:?}"
+    );
+    let out = ctl(&["--allow-empty"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
