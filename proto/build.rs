@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Requests that do not decode are INVALID_ARGUMENT (src/codec.rs).
+        .codec_path("crate::codec::Codec")
         .compile_fds(fds)?;
     Ok(())
 }

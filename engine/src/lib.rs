@@ -7,6 +7,7 @@
 pub mod compile;
 pub mod conntrack;
 pub mod dataplane;
+pub mod echo;
 pub mod engine;
 pub mod model;
 pub mod packet;

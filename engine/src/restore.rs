@@ -25,6 +25,7 @@ mod tables;
 
 use std::fmt;
 
+use crate::echo::clipped;
 use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
@@ -159,7 +160,7 @@ pub enum ExternalRefKind {
 
 /// One problem in the text, at a line and column, near a token.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{location}: {kind} near '{token}'")]
+#[error("{location}: {kind} near '{}'", clipped(.token))]
 pub struct ParseError {
     /// Line and column of the offending token (column 0 when the problem is a missing line).
     pub location: Location,
@@ -201,7 +202,7 @@ pub enum ParseErrorKind {
     #[error("unknown table")]
     UnknownTable,
     /// A `*table` block without its `COMMIT` (at end of file or before the next `*table`).
-    #[error("table '{0}' has no COMMIT line")]
+    #[error("table '{}' has no COMMIT line", clipped(.0))]
     MissingCommit(String),
     /// `-t` inside a restore block (iptables-restore adds `-t <table>` itself).
     #[error("the -t option is not allowed in restore input")]
@@ -216,16 +217,16 @@ pub enum ParseErrorKind {
     #[error("only one command per line")]
     MultipleCommands,
     /// An option without its argument(s).
-    #[error("option '{0}' requires an argument")]
+    #[error("option '{}' requires an argument", clipped(.0))]
     MissingArgument(String),
     /// A word where an option was expected (iptables: "Bad argument").
     #[error("bad argument")]
     BadArgument,
     /// An option no loaded extension knows (iptables: `unknown option "--dport"`).
-    #[error("unknown option '{0}'")]
+    #[error("unknown option '{}'", clipped(.0))]
     UnknownOption(String),
     /// An option a known extension does not have.
-    #[error("extension '{extension}' has no option '{option}'")]
+    #[error("extension '{}' has no option '{}'", clipped(.extension), clipped(.option))]
     UnknownExtensionOption {
         /// The extension (`tcp`, `LOG`).
         extension: String,
@@ -233,11 +234,11 @@ pub enum ParseErrorKind {
         option: String,
     },
     /// `-m NAME` of an extension that does not exist.
-    #[error("Couldn't load match '{0}'")]
+    #[error("Couldn't load match '{}'", clipped(.0))]
     UnknownMatch(String),
     /// `-j NAME` that is neither a target nor a chain declared on an earlier line (as
     /// iptables-restore: chains must be declared before they are jumped to).
-    #[error("Couldn't load target '{0}' (chains must be declared before use)")]
+    #[error("chain '{}' is not declared (as iptables-restore: chains must be declared before use)", clipped(.0))]
     UnknownTarget(String),
     /// A value that does not parse (port, address, number, name...).
     #[error("invalid {what}: {reason}")]
@@ -273,16 +274,16 @@ pub enum ParseErrorKind {
         max: usize,
     },
     /// The same option twice in one extension or rule.
-    #[error("multiple '{0}' options not allowed")]
+    #[error("multiple '{}' options not allowed", clipped(.0))]
     DuplicateOption(String),
     /// Options that cannot be combined.
-    #[error("'{0}' cannot be combined with '{1}'")]
+    #[error("'{}' cannot be combined with '{}'", clipped(.0), clipped(.1))]
     Conflict(String, String),
     /// `!` before something that cannot be negated, or twice.
     #[error("negation not allowed here")]
     BadNegation,
     /// An extension without one of its mandatory options.
-    #[error("extension '{extension}' needs {needs}")]
+    #[error("extension '{}' needs {needs}", clipped(.extension))]
     MissingOption {
         /// The extension.
         extension: String,
@@ -290,7 +291,7 @@ pub enum ParseErrorKind {
         needs: &'static str,
     },
     /// An extension that needs `-p PROTO` (not negated), as the kernel's protocol check.
-    #[error("extension '{extension}' needs '-p {proto}' (not negated)")]
+    #[error("extension '{}' needs '-p {proto}' (not negated)", clipped(.extension))]
     NeedsProtocol {
         /// The extension.
         extension: String,
@@ -301,7 +302,7 @@ pub enum ParseErrorKind {
     #[error("rule would never match protocol")]
     NeverMatches,
     /// An extension used in a table where the kernel refuses it.
-    #[error("'{extension}' is only valid in table '{table}'")]
+    #[error("'{}' is only valid in table '{table}'", clipped(.extension))]
     WrongTable {
         /// The extension.
         extension: String,
@@ -309,10 +310,10 @@ pub enum ParseErrorKind {
         table: &'static str,
     },
     /// `-A/-I/-D/-F/-X/-P` naming a chain that does not exist.
-    #[error("chain '{0}' does not exist")]
+    #[error("chain '{}' does not exist", clipped(.0))]
     NoSuchChain(String),
     /// `-N` of a chain that exists, or a user chain named like a builtin chain or a target.
-    #[error("chain '{0}' already exists or clashes with a builtin name")]
+    #[error("chain '{}' already exists or clashes with a builtin name", clipped(.0))]
     ChainExists(String),
     /// An invalid chain name (empty, or starting with `-` or `!`).
     #[error("invalid chain name")]
@@ -324,19 +325,19 @@ pub enum ParseErrorKind {
     #[error("invalid counters")]
     BadCounters,
     /// `-I/-D/-R` with a rule number outside the chain.
-    #[error("index of {0} is out of range")]
+    #[error("index of {} is out of range", clipped(.0))]
     BadRuleNumber(String),
     /// `-D CHAIN rulespec` that matches no rule.
     #[error("bad rule (does a matching rule exist in that chain?)")]
     NoSuchRule,
     /// `-X` of a builtin chain, of a chain still holding rules or still referenced.
-    #[error("cannot delete chain '{0}': builtin, not empty or still referenced")]
+    #[error("cannot delete chain '{}': builtin, not empty or still referenced", clipped(.0))]
     ChainInUse(String),
     /// `-g` or `-j` to a builtin chain.
-    #[error("cannot jump to builtin chain '{0}'")]
+    #[error("cannot jump to builtin chain '{}'", clipped(.0))]
     JumpToBuiltin(String),
     /// `-m set` naming a set the `set_exists` callback does not know.
-    #[error("set '{0}' does not exist")]
+    #[error("set '{}' does not exist", clipped(.0))]
     NoSuchSet(String),
 }
 
@@ -376,6 +377,29 @@ impl ParseError {
 /// Every problem found, at least one per bad line; nothing is returned then.
 pub fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, ParseErrors> {
     tables::parse(text, opts)
+}
+
+/// Longest chain name in bytes (XT_EXTENSION_MAXNAMELEN - 1), as iptables.
+pub const MAX_CHAIN_NAME: usize = 28;
+
+/// The grammar of chain names, as iptables-restore checks a `:NAME` line: 1 to
+/// [`MAX_CHAIN_NAME`] bytes, not starting with `-` or `!`, without whitespace, control
+/// characters, `"` or `\` (those could not be written back unambiguously).
+///
+/// Errors: what is wrong, for a message.
+pub fn check_chain_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > MAX_CHAIN_NAME {
+        Err("a chain name has 1 to 28 bytes")
+    } else if name.starts_with(['-', '!']) {
+        Err("a chain name must not start with '-' or '!'")
+    } else if name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+    {
+        Err("a chain name has no whitespace, control characters, quotes or backslashes")
+    } else {
+        Ok(())
+    }
 }
 
 /// Parses a restore text into a named [`Ruleset`] of priority 0 (no `--noflush`: every chain
@@ -528,7 +552,7 @@ mod tests {
         let e = errors(text, &v4());
         assert_eq!(e.len(), 2, "{e:?}");
         assert!(
-            e[0].starts_with("2:13: Couldn't load target 'NOPE'"),
+            e[0].starts_with("2:13: chain 'NOPE' is not declared"),
             "{}",
             e[0]
         );
@@ -544,6 +568,26 @@ mod tests {
         let e = errors("-A INPUT -j ACCEPT\n*filter\n", &v4());
         assert!(e[0].starts_with("1:1: unexpected line"), "{e:?}");
         assert!(e[1].contains("no COMMIT"), "{e:?}");
+        // At the end of the text (line 4, column 1: after the last newline; columns are
+        // 1-based).
+        let e = errors("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\n", &v4());
+        assert!(
+            e[0].starts_with("4:1: table 'filter' has no COMMIT line"),
+            "{e:?}"
+        );
+    }
+
+    /// Tokens are echoed with control characters escaped and cut when long: a message stays
+    /// one short line whatever the text holds.
+    #[test]
+    fn echoed_tokens_are_escaped_and_cut() {
+        let e = errors("*filter\n-A INPUT -j AC\0CEPT\nCOMMIT\n", &v4());
+        assert!(e[0].contains("'AC\\0CEPT'"), "{e:?}");
+        assert!(!e[0].contains('\0'), "{e:?}");
+        let long = "x".repeat(10_000);
+        let e = errors(&format!("*filter\n-A INPUT --{long} 1\nCOMMIT\n"), &v4());
+        assert!(e[0].len() < 400, "{} bytes: {}", e[0].len(), &e[0][..400]);
+        assert!(e[0].contains("(10002 bytes)"), "{e:?}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use std::sync::{Arc, Weak};
 
 use sha2::{Digest, Sha256};
+use vallum_engine::echo::clipped;
 use vallum_engine::model::{Family, Ruleset, Table};
 use vallum_engine::restore::{self, ParseOptions, PrintOptions};
 use vallum_engine::sets::SetRegistry;
@@ -206,6 +207,37 @@ impl Checked {
             .collect();
     }
 
+    /// Whether the ruleset is empty: no rule in any table and no builtin chain with a DROP
+    /// policy (its user chains, if any, have no rules and nothing jumps to them). Such a
+    /// ruleset accepts every packet and, as ACCEPT passes a packet on to the next ruleset,
+    /// decides nothing: committing it is the same as deleting every rule, which an empty
+    /// file (`apply web /dev/null`) or a lost text does by accident. A text of no tables at
+    /// all is empty too.
+    pub fn is_empty(&self) -> bool {
+        self.ruleset.rule_count() == 0
+            && self.ruleset.tables.iter().all(|t| {
+                t.chains
+                    .iter()
+                    .all(|c| c.policy != Some(vallum_engine::model::Policy::Drop))
+            })
+    }
+
+    /// `Ok(self)` unless [`Checked::is_empty`] and the caller did not say `allow_empty`.
+    ///
+    /// Errors: [`Error::BadRequest`] with reason EMPTY_RULESET on `source`.
+    pub fn refuse_empty(self, allow_empty: bool) -> Result<Checked, Error> {
+        if allow_empty || !self.is_empty() {
+            return Ok(self);
+        }
+        Err(Error::BadRequest {
+            reason: Reason::EmptyRuleset,
+            violations: vec![FieldViolation::new(
+                "source",
+                "the ruleset is empty (no rule and no DROP policy: it would accept every packet, as if every rule were gone); set allow_empty (vallumctl --allow-empty) to commit it",
+            )],
+        })
+    }
+
     /// Whether no finding is an error.
     pub fn valid(&self) -> bool {
         self.findings.iter().all(|f| f.severity != Severity::Error)
@@ -350,8 +382,15 @@ pub fn check_after(
                     noflush: true,
                     ..opts
                 };
+                // Noflush input changes chains it does not declare (`-A`, `-F`, `-X`, `-D`);
+                // a text whose only errors are jumps to undeclared chains is just that,
+                // reported at each jump ("chain X is not declared").
+                let only_jumps = errs
+                    .0
+                    .iter()
+                    .all(|e| matches!(e.kind, restore::ParseErrorKind::UnknownTarget(_)));
                 match restore::parse(&part.text, &noflush) {
-                    Ok(r) if !r.external.is_empty() => {
+                    Ok(r) if !r.external.is_empty() && !only_jumps => {
                         let mut chains: Vec<&str> =
                             r.external.iter().map(|e| e.chain.as_str()).collect();
                         chains.dedup();
@@ -363,7 +402,7 @@ pub fn check_after(
                                 part.filename,
                                 e.location.line,
                                 e.location.column,
-                                chains.join(", ")
+                                some_names(&chains)
                             ),
                         ));
                     }
@@ -374,7 +413,7 @@ pub fn check_after(
                             let (field, prefix) = split_field(&pos);
                             violations.push(FieldViolation::new(
                                 field,
-                                format!("{prefix}{} near '{}'", e.kind, e.token),
+                                format!("{prefix}{} near '{}'", e.kind, clipped(&e.token)),
                             ));
                         }
                     }
@@ -437,6 +476,20 @@ pub fn check_after(
         findings,
         sources: Vec::new(),
     })
+}
+
+/// Up to 8 names, clipped, then how many more: `a, b, c and 120 more`.
+fn some_names(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    let mut out: Vec<String> = names
+        .iter()
+        .take(SHOWN)
+        .map(|n| clipped(n).to_string())
+        .collect();
+    if names.len() > SHOWN {
+        out.push(format!("and {} more", names.len() - SHOWN));
+    }
+    out.join(", ")
 }
 
 /// From this many rules on, [`check`] prints the canonical text on a second thread while it
@@ -687,6 +740,72 @@ mod tests {
             violations[0].description.starts_with("t.rules:3:"),
             "{violations:?}"
         );
+    }
+
+    fn refused(t: &str) -> (Reason, Vec<FieldViolation>) {
+        match check("a", 0, &text(t, Family::Ipv4), &NoSets) {
+            Err(Error::BadRequest { reason, violations }) => (reason, violations),
+            other => panic!("expected a bad request, got {other:?}"),
+        }
+    }
+
+    /// A jump to an undeclared chain is that, at the target (found by review: it was
+    /// reported as --noflush input); rules added to an undeclared chain are --noflush input.
+    #[test]
+    fn undeclared_chains_and_noflush_input() {
+        let (reason, v) =
+            refused("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp -j NOSUCHCHAIN\nCOMMIT\n");
+        assert_eq!(reason, Reason::InvalidRuleset);
+        assert!(
+            v[0].description
+                .starts_with("t.rules:3:20: chain 'NOSUCHCHAIN' is not declared"),
+            "{v:?}"
+        );
+        let (reason, v) = refused("*filter\n-A FOO -j ACCEPT\nCOMMIT\n");
+        assert_eq!(reason, Reason::NoflushUnsupported);
+        assert!(v[0].description.contains("--noflush"), "{v:?}");
+    }
+
+    /// A NUL byte or a long token is echoed escaped and cut.
+    #[test]
+    fn echoed_tokens_are_escaped_and_short() {
+        let (_, v) = refused("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j AC\0CEPT\nCOMMIT\n");
+        assert!(!v[0].description.contains('\0'), "{v:?}");
+        assert!(v[0].description.contains("AC\\0CEPT"), "{v:?}");
+        let long = "x".repeat(10_000);
+        let (_, v) = refused(&format!(
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --{long} 1\nCOMMIT\n"
+        ));
+        assert!(v[0].description.len() < 400, "{}", v[0].description);
+    }
+
+    /// An empty text, tables without rules and ACCEPT policies, and rule-less user chains
+    /// are empty; a DROP policy or one rule is not (found by review: `apply web /dev/null`
+    /// committed an empty revision without a word).
+    #[test]
+    fn empty_rulesets() {
+        let is_empty = |t: &str| {
+            check("a", 0, &text(t, Family::Ipv4), &NoSets)
+                .unwrap()
+                .is_empty()
+        };
+        assert!(is_empty(""));
+        assert!(is_empty("*filter\nCOMMIT\n"));
+        assert!(is_empty(
+            "*filter\n:INPUT ACCEPT [0:0]\n:x - [0:0]\nCOMMIT\n*raw\nCOMMIT\n"
+        ));
+        assert!(!is_empty("*filter\n:INPUT DROP [0:0]\nCOMMIT\n"));
+        assert!(!is_empty(
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n"
+        ));
+        let empty = check("a", 0, &text("", Family::Ipv4), &NoSets).unwrap();
+        let Err(Error::BadRequest { reason, violations }) = empty.clone().refuse_empty(false)
+        else {
+            panic!("expected EMPTY_RULESET")
+        };
+        assert_eq!(reason, Reason::EmptyRuleset);
+        assert_eq!(violations[0].field, "source");
+        assert!(empty.refuse_empty(true).is_ok());
     }
 
     #[test]

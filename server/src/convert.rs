@@ -8,9 +8,10 @@ use std::time::Duration;
 use vallum_engine::compile::{StepOutcome, TraceStep, Verdict};
 use vallum_engine::conntrack::tuple::{PROTO_TCP, PROTO_UDP};
 use vallum_engine::conntrack::{ConnFilter, ConnView, Conntrack, TcpState, Tuple};
+use vallum_engine::echo::quoted;
 use vallum_engine::model::{Family, Hook, IpNet, Policy, Ruleset, TableKind, ct_state, tcp_flags};
 use vallum_engine::packet::{IfName, PacketMeta};
-use vallum_engine::restore::print_rule_spec;
+use vallum_engine::restore::{check_chain_name, print_rule_spec};
 use vallum_engine::validate::Severity;
 use vallum_proto::v1 as pb;
 
@@ -24,25 +25,67 @@ pub mod sets;
 
 // === names ===
 
-/// Checks a ruleset name: 1 to 63 bytes of `[A-Za-z0-9._-]`.
+/// Longest ruleset name in bytes: a DNS label's 63 (RFC 1035), so a name fits a label, a
+/// Kubernetes name and a file name.
+pub const MAX_RULESET_NAME: usize = 63;
+
+/// Checks a ruleset name, optionally prefixed `rulesets/`. The one grammar of ruleset names:
+/// 1 to [`MAX_RULESET_NAME`] bytes of `A-Z a-z 0-9 . _ -`, the first a letter or digit (so
+/// neither `.` nor `..`, which would turn `rulesets/../revisions/1` into a path, nor a name
+/// read as a flag such as `-x`). The length is checked before anything else, and the message
+/// repeats at most a few dozen characters of the input.
 ///
 /// Errors: [`Error::BadRequest`] on `field`.
 pub fn ruleset_id(field: &str, s: &str) -> Result<String> {
-    let s = s.strip_prefix("rulesets/").unwrap_or(s);
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(s.to_string())
+    let name = s.strip_prefix("rulesets/").unwrap_or(s);
+    let why = if name.is_empty() || name.len() > MAX_RULESET_NAME {
+        Some("has 1 to 63 bytes")
+    } else if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        Some("starts with a letter or digit")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        Some("has only A-Z a-z 0-9 . _ -")
     } else {
-        Err(Error::invalid(
+        None
+    };
+    match why {
+        None => Ok(name.to_string()),
+        Some(why) => Err(Error::invalid(
             field,
             format!(
-                "{s:?} is not a ruleset name (1-63 characters of A-Z a-z 0-9 . _ -, optionally prefixed rulesets/)"
+                "{} is not a ruleset name: a ruleset name {why} (optionally prefixed rulesets/)",
+                quoted(s)
             ),
-        ))
+        )),
     }
+}
+
+/// Longest file name a text source may carry, in bytes: it starts every `FILE:LINE:COL` of
+/// every message, so it is kept well under the size of a status (a path of PATH_MAX, 4096
+/// bytes, would leave room for one violation).
+pub const MAX_FILENAME: usize = 1024;
+
+/// The file name of a text for `FILE:LINE:COL` messages (`<request>` when empty).
+///
+/// Errors: [`Error::BadRequest`] on `field` when longer than [`MAX_FILENAME`] or holding a
+/// control character (it is printed at the start of messages).
+pub fn filename(field: &str, s: &str) -> Result<String> {
+    if s.len() > MAX_FILENAME || s.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "{} is not a file name (at most {MAX_FILENAME} bytes, no control characters)",
+                quoted(s)
+            ),
+        ));
+    }
+    Ok(if s.is_empty() {
+        "<request>".to_string()
+    } else {
+        s.to_string()
+    })
 }
 
 /// Parses `rulesets/{r}/revisions/{n}` into (r, n).
@@ -52,7 +95,10 @@ pub fn revision_name(field: &str, s: &str) -> Result<(String, u64)> {
     let bad = || {
         Error::invalid(
             field,
-            format!("{s:?} is not a revision name (rulesets/{{ruleset}}/revisions/{{n}}, n >= 1)"),
+            format!(
+                "{} is not a revision name (rulesets/{{ruleset}}/revisions/{{n}}, n >= 1)",
+                quoted(s)
+            ),
         )
     };
     let rest = s.strip_prefix("rulesets/").ok_or_else(bad)?;
@@ -123,11 +169,7 @@ impl TryFrom<&pb::RulesetSource> for RulesetInput {
             )),
             Some(Source::Text(t)) => {
                 let family = family_of("source.text.family", t.family)?;
-                let filename = if t.filename.is_empty() {
-                    "<request>".to_string()
-                } else {
-                    t.filename.clone()
-                };
+                let filename = filename("source.text.filename", &t.filename)?;
                 let mut parts = vec![TextPart {
                     text: t.content.clone(),
                     family,
@@ -161,7 +203,7 @@ fn quote(field: &str, s: &str) -> Result<String> {
     if s.contains('"') || s.contains('\n') || s.contains('\\') {
         return Err(Error::invalid(
             field,
-            format!("{s:?} contains a quote, backslash or newline"),
+            format!("{} contains a quote, backslash or newline", quoted(s)),
         ));
     }
     if s.is_empty() || s.contains(char::is_whitespace) {
@@ -247,7 +289,10 @@ fn rule_text(field: &str, r: &pb::RuleSpec) -> Result<String> {
         other => {
             return Err(Error::invalid(
                 format!("{field}.fragment"),
-                format!("{other:?}: expected \"\", \"fragment\" or \"not-fragment\""),
+                format!(
+                    "{}: expected \"\", \"fragment\" or \"not-fragment\"",
+                    quoted(other)
+                ),
             ));
         }
     }
@@ -266,7 +311,52 @@ fn rule_text(field: &str, r: &pb::RuleSpec) -> Result<String> {
     Ok(out.join(" "))
 }
 
+/// The fields of a structured ruleset that become the frame of its text (table names, chain
+/// names, policies), checked by field path before anything is rendered: a bad one would
+/// otherwise be reported in terms of the text made from it (chain name `A B` gave "invalid
+/// counters near '-'").
+fn structured_frame(spec: &pb::RulesetSpec) -> Vec<FieldViolation> {
+    let mut bad = Vec::new();
+    for (ti, t) in spec.tables.iter().enumerate() {
+        let tf = format!("source.structured.tables[{ti}]");
+        if TableKind::from_name(&t.table).is_none() {
+            let names: Vec<&str> = TableKind::ALL.iter().map(|k| k.name()).collect();
+            bad.push(FieldViolation::new(
+                format!("{tf}.table"),
+                format!(
+                    "unknown table {} (one of {})",
+                    quoted(&t.table),
+                    names.join(", ")
+                ),
+            ));
+        }
+        for (ci, c) in t.chains.iter().enumerate() {
+            let cf = format!("{tf}.chains[{ci}]");
+            if let Err(why) = check_chain_name(&c.name) {
+                bad.push(FieldViolation::new(
+                    format!("{cf}.name"),
+                    format!("{}: {why}", quoted(&c.name)),
+                ));
+            }
+            if !matches!(c.policy.as_str(), "" | "-" | "ACCEPT" | "DROP") {
+                bad.push(FieldViolation::new(
+                    format!("{cf}.policy"),
+                    format!(
+                        "{}: expected ACCEPT or DROP (builtin chains), \"\" or \"-\" (user chains)",
+                        quoted(&c.policy)
+                    ),
+                ));
+            }
+        }
+    }
+    bad
+}
+
 fn structured(spec: &pb::RulesetSpec) -> Result<RulesetInput> {
+    let frame = structured_frame(spec);
+    if !frame.is_empty() {
+        return Err(bad_request(frame));
+    }
     let mut parts: Vec<TextPart> = Vec::new();
     let mut errors = Vec::new();
     for (ti, t) in spec.tables.iter().enumerate() {
@@ -457,7 +547,7 @@ fn protocol(field: &str, s: &str) -> Result<u8> {
         "udplite" => 136,
         other => other
             .parse()
-            .map_err(|_| Error::invalid(field, format!("unknown protocol {s:?}")))?,
+            .map_err(|_| Error::invalid(field, format!("unknown protocol {}", quoted(s))))?,
     })
 }
 
@@ -475,7 +565,10 @@ pub fn hook(field: &str, s: &str) -> Result<Hook> {
     Hook::from_chain_name(&s.to_ascii_uppercase()).ok_or_else(|| {
         Error::invalid(
             field,
-            format!("unknown hook {s:?} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)"),
+            format!(
+                "unknown hook {} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)",
+                quoted(s)
+            ),
         )
     })
 }
@@ -492,7 +585,7 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
             }
             s.parse()
                 .map(Some)
-                .map_err(|_| Error::invalid(field, format!("{s:?} is not an IP address")))
+                .map_err(|_| Error::invalid(field, format!("{} is not an IP address", quoted(s))))
         };
         let src = addr("packet.source", &p.source)?;
         let dst = addr("packet.destination", &p.destination)?;
@@ -548,7 +641,7 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
             other => {
                 return Err(Error::invalid(
                     "packet.ct_state",
-                    format!("unknown state {other:?}"),
+                    format!("unknown state {}", quoted(other)),
                 ));
             }
         };
@@ -674,7 +767,7 @@ fn prefix(field: &str, s: &str) -> Result<Option<IpNet>> {
     let bad = || {
         Error::invalid(
             field,
-            format!("{s:?} is not an address or prefix (ADDR[/LEN])"),
+            format!("{} is not an address or prefix (ADDR[/LEN])", quoted(s)),
         )
     };
     let (addr, len) = match s.split_once('/') {
@@ -750,8 +843,8 @@ pub fn conntrack_filter(prefix_path: &str, f: &pb::ConntrackFilter) -> Result<Co
                 Error::invalid(
                     path("state"),
                     format!(
-                        "unknown TCP state {:?} (one of {})",
-                        f.state,
+                        "unknown TCP state {} (one of {})",
+                        quoted(&f.state),
                         names.join(", ")
                     ),
                 )
@@ -867,6 +960,103 @@ pub fn conntrack_stats(ct: &Conntrack) -> pb::ConntrackStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn violations(e: Error) -> Vec<(String, String)> {
+        match e {
+            Error::BadRequest { violations, .. } => violations
+                .into_iter()
+                .map(|v| (v.field, v.description))
+                .collect(),
+            e => panic!("{e}"),
+        }
+    }
+
+    /// Structured fields are checked by field path before any text is made of them (found
+    /// by review: chain name `A B` was "invalid counters near '-'").
+    #[test]
+    fn structured_fields_are_checked_by_path() {
+        let chain = |name: &str, policy: &str| pb::ChainSpec {
+            name: name.into(),
+            policy: policy.into(),
+            ..Default::default()
+        };
+        let spec = pb::RulesetSpec {
+            tables: vec![
+                pb::TableSpec {
+                    table: "filter".into(),
+                    chains: vec![chain("INPUT", "DROP"), chain("A B", ""), chain("-x", "")],
+                    ..Default::default()
+                },
+                pb::TableSpec {
+                    table: "nosuch".into(),
+                    chains: vec![chain("OK", "REJECT")],
+                    ..Default::default()
+                },
+            ],
+        };
+        let src = pb::RulesetSource {
+            source: Some(pb::ruleset_source::Source::Structured(spec)),
+        };
+        let v = violations(RulesetInput::try_from(&src).unwrap_err());
+        let fields: Vec<&str> = v.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "source.structured.tables[0].chains[1].name",
+                "source.structured.tables[0].chains[2].name",
+                "source.structured.tables[1].table",
+                "source.structured.tables[1].chains[0].policy",
+            ],
+            "{v:?}"
+        );
+        assert!(
+            v[0].1
+                .starts_with("\"A B\": a chain name has no whitespace"),
+            "{v:?}"
+        );
+        assert!(v.iter().all(|(_, d)| !d.contains("counters")), "{v:?}");
+    }
+
+    fn description(e: Error) -> String {
+        match e {
+            Error::BadRequest { violations, .. } => violations[0].description.clone(),
+            e => panic!("{e}"),
+        }
+    }
+
+    /// The one grammar of ruleset names (found by review: `.` and `..` were accepted, so
+    /// `rulesets/../revisions/1` named a revision), with short messages for long input.
+    #[test]
+    fn ruleset_names() {
+        for ok in ["web", "rulesets/web", "a", "k8s-node.v1_2", &"x".repeat(63)] {
+            assert!(ruleset_id("ruleset", ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".x",
+            "-x",
+            "_x",
+            "a/b",
+            "a b",
+            "a\0",
+            "rulesets/",
+            "rulesets/..",
+            &"x".repeat(64),
+        ] {
+            assert!(ruleset_id("ruleset", bad).is_err(), "{bad:?}");
+        }
+        assert!(revision_name("name", "rulesets/../revisions/1").is_err());
+        assert!(revision_name("name", "rulesets/./revisions/1").is_err());
+        let long = description(ruleset_id("ruleset", &"x".repeat(10_000)).unwrap_err());
+        assert!(long.len() < 200, "{long}");
+        assert!(long.contains("(10000 bytes)"), "{long}");
+        let nul = description(ruleset_id("ruleset", "a\0b").unwrap_err());
+        assert!(nul.starts_with("\"a\\0b\" is not a ruleset name"), "{nul}");
+        let long = description(revision_name("name", &"r".repeat(10_000)).unwrap_err());
+        assert!(long.len() < 200, "{long}");
+    }
 
     fn fields(f: &pb::ConntrackFilter) -> Vec<String> {
         match conntrack_filter("filter", f) {

@@ -87,6 +87,9 @@ pub enum Reason {
     /// A stored active revision did not load at start (the audit outcome of the `Load`
     /// record, and vallumd's exit code under `--on-load-failure refuse`).
     ActiveRevisionNotLoaded,
+    /// An Apply/Stage of an empty ruleset without `allow_empty` (see
+    /// [`crate::content::Checked::is_empty`]).
+    EmptyRuleset,
 }
 
 /// One row of the table.
@@ -102,7 +105,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 23] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -125,6 +128,7 @@ impl Reason {
         Reason::AlreadyExists,
         Reason::SetFull,
         Reason::ActiveRevisionNotLoaded,
+        Reason::EmptyRuleset,
     ];
 
     /// This reason's row of the table.
@@ -163,6 +167,7 @@ impl Reason {
                 Code::FailedPrecondition,
                 REJECTED,
             ),
+            Reason::EmptyRuleset => ("EMPTY_RULESET", Code::InvalidArgument, REJECTED),
         };
         ReasonInfo {
             name,
@@ -349,7 +354,10 @@ pub enum Error {
         maxelem: u32,
     },
     /// The request carried an etag that is not the stored one.
-    #[error("etag mismatch on {name}: request has {given:?}, current is {current:?}")]
+    #[error(
+        "etag mismatch on {name}: request has {}, current is {current:?}",
+        vallum_engine::echo::quoted(.given)
+    )]
     EtagMismatch {
         /// Resource name.
         name: String,
@@ -437,17 +445,56 @@ impl Error {
     }
 }
 
+/// The most bytes of `grpc-message` an error sends (cut with an ellipsis). With
+/// [`MAX_DETAIL_BYTES`] it keeps a status well inside the 16 KiB header list a client accepts
+/// by default (hyper's `max_header_list_size`; beyond it the client sees
+/// RESOURCE_EXHAUSTED "metadata size exceeds hard limit" instead of the error). Messages echo
+/// input through `vallum_engine::echo`, so this only cuts lists of many violations.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// The most bytes of `BadRequest` violations (fields and descriptions) one status carries;
+/// the violations past it are counted in a last one, field `""`.
+pub const MAX_DETAIL_BYTES: usize = 6 * 1024;
+
+/// `s` cut to at most `max` bytes on a character boundary, with an ellipsis when cut.
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         let reason = e.reason();
         let info = reason.info();
-        let message = e.to_string();
+        let message = cut(&e.to_string(), MAX_MESSAGE_BYTES);
         let mut details = ErrorDetails::new();
         let mut metadata = std::collections::HashMap::new();
         match &e {
             Error::BadRequest { violations, .. } => {
-                for v in violations {
-                    details.add_bad_request_violation(v.field.clone(), v.description.clone());
+                let mut budget = MAX_DETAIL_BYTES;
+                for (i, v) in violations.iter().enumerate() {
+                    let field = cut(&v.field, MAX_MESSAGE_BYTES);
+                    let description = cut(&v.description, MAX_MESSAGE_BYTES);
+                    let size = field.len() + description.len();
+                    if size > budget {
+                        details.add_bad_request_violation(
+                            "",
+                            format!(
+                                "{} more violations not shown ({i} of {} shown)",
+                                violations.len() - i,
+                                violations.len()
+                            ),
+                        );
+                        break;
+                    }
+                    budget -= size;
+                    details.add_bad_request_violation(field, description);
                 }
             }
             Error::EtagMismatch { name, .. } => {
@@ -534,6 +581,45 @@ mod tests {
         }
     }
 
+    /// However many violations and however long their text, a status stays small enough for
+    /// a client's header limit (found by review: a 10,000-character name overflowed it), and
+    /// says how many violations it left out.
+    #[test]
+    fn status_stays_small() {
+        let violations: Vec<FieldViolation> = (0..10_000)
+            .map(|i| FieldViolation::new(format!("elements[{i}]"), "x".repeat(100 + i % 3000)))
+            .collect();
+        let s: tonic::Status = Error::BadRequest {
+            reason: Reason::InvalidArgument,
+            violations,
+        }
+        .into();
+        assert!(
+            s.message().len() <= MAX_MESSAGE_BYTES,
+            "{}",
+            s.message().len()
+        );
+        assert!(
+            s.details().len() < 8 * 1024,
+            "{} bytes of details",
+            s.details().len()
+        );
+        let shown = s
+            .get_error_details()
+            .bad_request()
+            .unwrap()
+            .field_violations
+            .clone();
+        let last = shown.last().unwrap();
+        assert_eq!(last.field, "");
+        assert!(
+            last.description.ends_with("of 10000 shown)"),
+            "{}",
+            last.description
+        );
+        assert_eq!(shown[0].field, "elements[0]");
+    }
+
     #[test]
     fn client_rows_do_not_clash_with_server_rows() {
         for c in ClientReason::ALL {
@@ -590,6 +676,14 @@ mod tests {
         }
         .into();
         assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+        // The request's etag is echoed cut.
+        let long: tonic::Status = Error::EtagMismatch {
+            name: "rulesets/a".into(),
+            given: "e".repeat(10_000),
+            current: "y".into(),
+        }
+        .into();
+        assert!(long.message().len() < 200, "{}", long.message());
         assert_eq!(
             s.get_error_details()
                 .precondition_failure()

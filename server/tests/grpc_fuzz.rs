@@ -438,6 +438,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             etag: etag(r),
             request_id: request_id(r),
             validate_only: r.chance(300),
+            allow_empty: r.chance(100),
         }),
         "CommitRevision" => Req::CommitRevision(pb::CommitRevisionRequest {
             name: revision_name(r),
@@ -458,6 +459,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             etag: etag(r),
             request_id: request_id(r),
             validate_only: r.chance(300),
+            allow_empty: r.chance(100),
         }),
         "Rollback" => Req::Rollback(pb::RollbackRequest {
             name: revision_name(r),

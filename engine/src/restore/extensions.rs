@@ -1265,27 +1265,9 @@ fn set_option(
         return Some(
             once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let n = args.next()?;
-                if n.text.len() > 31 {
-                    return Err(ctx.err(
-                        &n,
-                        K::TooLong {
-                            what: "set name",
-                            max: 31,
-                        },
-                    ));
-                }
-                if n.text.is_empty()
-                    || n.text.starts_with('-')
-                    || n.text
-                        .chars()
-                        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
-                {
-                    return Err(invalid(
-                        ctx,
-                        &n,
-                        "set name",
-                        "empty, leading '-', whitespace, quote or backslash",
-                    ));
+                // The grammar every set is created with.
+                if let Err(why) = crate::sets::ipset::check_name(n.text) {
+                    return Err(invalid(ctx, &n, "set name", why));
                 }
                 let f = args.next_plain()?;
                 let mut dirs = Vec::new();

@@ -771,30 +771,19 @@ fn parse_command<'t>(
     Ok(cmd)
 }
 
-/// Checks a chain name as iptables-restore does: 1 to 28 bytes (XT_EXTENSION_MAXNAMELEN - 1),
-/// not starting with `-` or `!`.
+/// Checks a chain name as iptables-restore does ([`super::check_chain_name`]), with
+/// iptables' "too long" for a name over 28 bytes.
 pub(crate) fn check_chain_name(t: &Tok, ctx: &Ctx<'_>) -> Result<(), ParseError> {
-    if t.text.is_empty() || t.text.starts_with('-') || t.text.starts_with('!') {
-        return Err(ctx.err(t, K::BadChainName));
-    }
-    if t.text.len() > 28 {
+    if t.text.len() > super::MAX_CHAIN_NAME && !t.text.starts_with(['-', '!']) {
         return Err(ctx.err(
             t,
             K::TooLong {
                 what: "chain name",
-                max: 28,
+                max: super::MAX_CHAIN_NAME,
             },
         ));
     }
-    // Quotes and backslashes could not be written back unambiguously (`:NAME` lines are not
-    // unquoted by iptables-restore, command lines are).
-    if t.text
-        .chars()
-        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
-    {
-        return Err(ctx.err(t, K::BadChainName));
-    }
-    Ok(())
+    super::check_chain_name(t.text).map_err(|_| ctx.err(t, K::BadChainName))
 }
 
 /// `-i`/`-o`: at most 15 bytes (IFNAMSIZ - 1), as iptables: "interface name must be shorter

@@ -390,7 +390,7 @@ fn parse_lines<'a>(
     if let Some(b) = cur {
         st.error(ParseError::new(
             last_line,
-            0,
+            1,
             "",
             K::MissingCommit(b.table.kind.name().to_string()),
         ));

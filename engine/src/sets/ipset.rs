@@ -44,11 +44,34 @@ use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 
 use super::IpSet;
+use crate::echo::quoted;
 use crate::model::{Family, SetDir};
 use crate::packet::PacketMeta;
 
 /// Longest set name in bytes (IPSET_MAXNAMELEN - 1).
 pub const MAX_NAME_LEN: usize = 31;
+
+/// The one grammar of set names, for creating a set (API, `ipset restore` text) and for
+/// naming it in a rule (`-m set --match-set NAME`): 1 to [`MAX_NAME_LEN`] bytes (ipset's
+/// limit), not starting with `-` (the rule parser would read an option), without whitespace,
+/// control characters, `"` or `\` (none survives a rule or `ipset save` line). A name that
+/// fails here could be created but never used in a rule.
+///
+/// Errors: what is wrong, for a message (`set name "-x": ...`).
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        Err("a set name has 1 to 31 bytes")
+    } else if name.starts_with('-') {
+        Err("a set name must not start with '-'")
+    } else if name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\\')
+    {
+        Err("a set name has no whitespace, control characters, quotes or backslashes")
+    } else {
+        Ok(())
+    }
+}
 
 /// Largest range one element text may expand to (`hash:ip` CIDR, port ranges), as ipset's
 /// own limit of 65536 elements per add.
@@ -59,20 +82,20 @@ const NS_PER_S: u64 = 1_000_000_000;
 /// Errors of [`SetManager`] operations.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SetError {
-    /// The name is empty or longer than 31 bytes.
-    #[error("set name {0:?} must be 1 to 31 bytes")]
-    BadName(String),
+    /// The name does not follow [`check_name`]; the reason is its message.
+    #[error("set name {}: {}", quoted(.0), .1)]
+    BadName(String, &'static str),
     /// `create` of a name that exists.
-    #[error("set {0:?} already exists")]
+    #[error("set {} already exists", quoted(.0))]
     Exists(String),
     /// The named set does not exist.
-    #[error("set {0:?} does not exist")]
+    #[error("set {} does not exist", quoted(.0))]
     NotFound(String),
     /// `swap` of sets of different type or family.
-    #[error("sets {0:?} and {1:?} have different type or family and cannot be swapped")]
+    #[error("sets {} and {} have different type or family and cannot be swapped", quoted(.0), quoted(.1))]
     Incompatible(String, String),
     /// An element text that does not fit the set's type and family.
-    #[error("set {set:?}: invalid element {element:?}: {reason}")]
+    #[error("set {}: invalid element {}: {reason}", quoted(.set), quoted(.element))]
     BadElement {
         /// Set name.
         set: String,
@@ -82,7 +105,7 @@ pub enum SetError {
         reason: String,
     },
     /// Adding would exceed `maxelem`.
-    #[error("set {set:?} is full ({maxelem} elements)")]
+    #[error("set {} is full ({maxelem} elements)", quoted(.set))]
     Full {
         /// Set name.
         set: String,
@@ -621,9 +644,7 @@ impl SetManager {
         name: &str,
         spec: SetSpec,
     ) -> Result<(), SetError> {
-        if name.is_empty() || name.len() > MAX_NAME_LEN {
-            return Err(SetError::BadName(name.into()));
-        }
+        check_name(name).map_err(|why| SetError::BadName(name.into(), why))?;
         if sets.contains_key(name) {
             return Err(SetError::Exists(name.into()));
         }
@@ -1320,8 +1341,18 @@ mod tests {
         };
         assert!(matches!(
             m.create(&"x".repeat(32), spec),
-            Err(SetError::BadName(_))
+            Err(SetError::BadName(..))
         ));
+        // Names no `--match-set` could name are refused at creation (found by review: `-x`
+        // was created, and no rule could use it).
+        for bad in ["-x", "a b", "q\"", "b\\s", "nul\0", ""] {
+            assert!(
+                matches!(m.create(bad, spec), Err(SetError::BadName(..))),
+                "{bad:?}"
+            );
+        }
+        let long = m.create(&"y".repeat(10_000), spec).unwrap_err().to_string();
+        assert!(long.len() < 200, "{long}");
         m.create(&"x".repeat(31), spec).unwrap();
         m.create("m", spec).unwrap();
         assert_eq!(m.create("m", spec), Err(SetError::Exists("m".into())));

@@ -23,7 +23,7 @@ use crate::model::Family;
 
 /// An error in `ipset save` text, at a 1-based line and column (bytes).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{line}:{col}: {kind} (at {token:?})")]
+#[error("{line}:{col}: {kind} (at {})", crate::echo::quoted(.token))]
 pub struct SaveError {
     /// Line, from 1.
     pub line: usize,

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use vallum_engine::echo::quoted;
 use vallum_engine::sets::{ListedElement, SetSpec, SetSummary, SetType};
 use vallum_proto::v1 as pb;
 
@@ -23,8 +24,8 @@ pub fn create_spec(r: &pb::CreateSetRequest) -> Result<(String, SetSpec)> {
         Error::invalid(
             "type",
             format!(
-                "unsupported set type {:?} (hash:ip, hash:net, hash:ip,port, hash:net,port)",
-                r.r#type
+                "unsupported set type {} (hash:ip, hash:net, hash:ip,port, hash:net,port)",
+                quoted(&r.r#type)
             ),
         )
     })?;
@@ -45,7 +46,7 @@ fn structured_text(field: &str, e: &pb::SetElement) -> Result<String, FieldViola
     let ip: IpAddr = e.address.parse().map_err(|_| {
         FieldViolation::new(
             format!("{field}.address"),
-            format!("{:?} is not an IPv4 or IPv6 address", e.address),
+            format!("{} is not an IPv4 or IPv6 address", quoted(&e.address)),
         )
     })?;
     let mut text = ip.to_string();

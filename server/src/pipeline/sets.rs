@@ -19,8 +19,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vallum_engine::echo::quoted;
 use vallum_engine::model::{Match, Ruleset};
-use vallum_engine::sets::ipset::MAX_NAME_LEN;
+use vallum_engine::sets::ipset::check_name;
 use vallum_engine::sets::{AddOptions, Element, SaveError, SetError, SetInfo, SetSpec, SetSummary};
 
 use super::Pipeline;
@@ -62,31 +63,23 @@ fn not_found(name: &str) -> Error {
     }
 }
 
-/// Checks a set name: 1 to 31 bytes (IPSET_MAXNAMELEN - 1), no whitespace or control
-/// characters (the name must survive `ipset save` text and iptables rules).
+/// Checks a set name against the engine's one grammar ([`check_name`]: 1 to 31 bytes, as
+/// ipset; what `-m set --match-set NAME` can name), before anything else looks at it; the
+/// message echoes at most a few dozen characters of the name.
 ///
 /// Errors: [`Error::BadRequest`] on `field`.
 pub fn check_set_name(field: &str, name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(Error::invalid(
-            field,
-            format!("set name {name:?} must be 1 to {MAX_NAME_LEN} bytes"),
-        ));
-    }
-    if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(Error::invalid(
-            field,
-            format!("set name {name:?} must not contain whitespace or control characters"),
-        ));
-    }
-    Ok(())
+    check_name(name)
+        .map_err(|why| Error::invalid(field, format!("set name {}: {why}", quoted(name))))
 }
 
 /// A [`SetError`] of an operation on set `name` (errors about elements are mapped by the
 /// callers, which know the field).
 fn set_error(e: SetError) -> Error {
     match e {
-        SetError::BadName(n) => Error::invalid("name", format!("bad set name {n:?}")),
+        SetError::BadName(n, why) => {
+            Error::invalid("name", format!("set name {}: {why}", quoted(&n)))
+        }
         SetError::Exists(n) => Error::AlreadyExists {
             kind: "set",
             name: set_resource(&n),
@@ -307,7 +300,7 @@ impl Pipeline {
                 }
                 Err(why) => violations.push(FieldViolation::new(
                     format!("{field}[{i}]"),
-                    format!("invalid element {:?}: {why}", input.text),
+                    format!("invalid element {}: {why}", quoted(&input.text)),
                 )),
             }
         }
@@ -604,5 +597,12 @@ mod tests {
         assert!(check_set_name("name", "").is_err());
         assert!(check_set_name("name", &"x".repeat(32)).is_err());
         assert!(check_set_name("name", "a b").is_err());
+        // What `--match-set` cannot name cannot be created.
+        assert!(check_set_name("name", "-x").is_err());
+        assert!(check_set_name("name", "q\"").is_err());
+        let long = check_set_name("name", &"x".repeat(10_000))
+            .unwrap_err()
+            .to_string();
+        assert!(long.len() < 200, "{long}");
     }
 }

@@ -81,7 +81,7 @@ impl RulesetApi {
                         .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
                 );
             }
-            let checked = checked?;
+            let checked = checked?.refuse_empty(r.allow_empty)?;
             let warnings = checked.warnings();
             if r.validate_only {
                 checked.into_valid()?;
@@ -272,7 +272,10 @@ impl RulesetService for RulesetApi {
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
-            let checked = self.check(&name, r.priority, r.source.as_ref()).await?;
+            let checked = self
+                .check(&name, r.priority, r.source.as_ref())
+                .await?
+                .refuse_empty(r.allow_empty)?;
             let warnings = checked.warnings();
             if r.validate_only {
                 checked.into_valid()?;

@@ -265,15 +265,11 @@ impl SetService for SetApi {
                 "ImportIpsetSave",
                 request,
                 |api: SetApi, r: Arc<pb::ImportIpsetSaveRequest>| async move {
-                    let filename = if r.filename.is_empty() {
-                        "<request>"
-                    } else {
-                        r.filename.as_str()
-                    };
+                    let filename = crate::convert::filename("filename", &r.filename)?;
                     let (lines, sets) = api
                         .state
                         .pipeline
-                        .import_sets("text", filename, &r.text)
+                        .import_sets("text", &filename, &r.text)
                         .await?;
                     Ok(pb::ImportIpsetSaveResponse {
                         lines: lines as u64,

@@ -149,6 +149,9 @@ enum Command {
         /// Run every check, store nothing.
         #[arg(long)]
         validate_only: bool,
+        /// Stage an empty ruleset (no rule, no DROP policy), refused otherwise.
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Make a staged revision active (RULESET/N or rulesets/RULESET/revisions/N).
     Commit {
@@ -181,6 +184,10 @@ enum Command {
         /// Roll back automatically unless confirmed within this time.
         #[arg(long, value_parser = parse_duration)]
         confirm_within: Option<Duration>,
+        /// Apply an empty ruleset (no rule, no DROP policy: every rule gone), refused
+        /// otherwise.
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Commit the content of an earlier revision again.
     Rollback {
@@ -570,6 +577,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
             change,
             priority,
             validate_only,
+            allow_empty,
         } => {
             let r = c
                 .rulesets
@@ -581,6 +589,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                     etag: change.etag.clone().unwrap_or_default(),
                     request_id: change.request_id.clone().unwrap_or_default(),
                     validate_only: *validate_only,
+                    allow_empty: *allow_empty,
                 })
                 .await
                 .map_err(with_file(file))?
@@ -627,6 +636,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
             change,
             priority,
             confirm_within,
+            allow_empty,
         } => {
             let r = c
                 .rulesets
@@ -639,6 +649,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                     etag: change.etag.clone().unwrap_or_default(),
                     request_id: change.request_id.clone().unwrap_or_default(),
                     validate_only: false,
+                    allow_empty: *allow_empty,
                 })
                 .await
                 .map_err(with_file(file))?
