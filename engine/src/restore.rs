@@ -17,6 +17,7 @@
 //! PREROUTING/INPUT/FORWARD), opaque extensions in enforced tables.
 
 mod extensions;
+mod header_matches;
 mod lexer;
 mod opaque;
 mod print;

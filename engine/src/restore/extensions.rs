@@ -648,6 +648,17 @@ pub(crate) fn new_match<'t>(
             burst: 5,
         }),
         "mac" => Match::Mac(Neg::plain([0; 6])),
+        // Family-specific extensions: ip6tables has no libipt_ttl, iptables no libip6t_*.
+        "ttl" if ctx.family == Family::Ipv6 => {
+            return Err(ctx.err(tok, K::UnknownMatch(name.to_string())));
+        }
+        "hl" | "frag" | "rt" | "ipv6header" | "dst" | "hbh" | "mh" | "eui64"
+            if ctx.family == Family::Ipv4 =>
+        {
+            return Err(ctx.err(tok, K::UnknownMatch(name.to_string())));
+        }
+        // Collected like an opaque extension; `finish_match` reads the options into a typed
+        // match where `header_matches` knows the extension.
         n if OPAQUE_MATCHES.contains(&n) => Match::Opaque(Opaque {
             name: n.to_string(),
             options: Vec::new(),
@@ -884,7 +895,17 @@ pub(crate) fn match_option(
             }),
             _ => return None,
         },
-        Match::Opaque(_) => return None,
+        // Collected as opaque while the line is parsed (see `header_matches`).
+        Match::Opaque(_)
+        | Match::Ttl(_)
+        | Match::Hl(_)
+        | Match::Tos(_)
+        | Match::Dscp(_)
+        | Match::Ecn(_)
+        | Match::Ah(_)
+        | Match::Frag(_)
+        | Match::Rt(_)
+        | Match::Ipv6Header(_) => return None,
     };
     Some(r)
 }
@@ -1561,6 +1582,11 @@ pub(crate) fn finish_match(
             if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
                 return needs("at least one option");
             }
+            if let Some(t) = super::header_matches::typed(&o.name, &o.options, proto, &token, ctx)?
+            {
+                *m = t;
+                return Ok(());
+            }
             let wants = match o.name.as_str() {
                 "ah" => Some((51, "ah")),
                 "esp" => Some((50, "esp")),
@@ -1574,7 +1600,17 @@ pub(crate) fn finish_match(
             }
             super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?
         }
-        Match::Limit(_) => {}
+        // Built from opaque options by `header_matches` (above), checked there.
+        Match::Limit(_)
+        | Match::Ttl(_)
+        | Match::Hl(_)
+        | Match::Tos(_)
+        | Match::Dscp(_)
+        | Match::Ecn(_)
+        | Match::Ah(_)
+        | Match::Frag(_)
+        | Match::Rt(_)
+        | Match::Ipv6Header(_) => {}
     }
     Ok(())
 }
