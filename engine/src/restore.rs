@@ -22,6 +22,7 @@ mod lexer;
 mod opaque;
 mod print;
 mod rule;
+mod support;
 mod tables;
 
 use std::fmt;
@@ -29,6 +30,7 @@ use std::fmt;
 use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
+pub use support::{Support, SupportRow, support_markdown, support_table};
 
 /// How to read the text: which tool is emulated and with which flags.
 #[derive(Clone, Copy)]

@@ -83,8 +83,32 @@ impl PendingTarget<'_> {
     }
 }
 
-/// Match extensions iptables 1.8.11 ships that the engine keeps as [`Match::Opaque`].
-const OPAQUE_MATCHES: &[&str] = &[
+/// Match extensions with their own [`Match`] variant from the start of parsing (`new_match`);
+/// `header_matches` adds those read from opaque options at the end of the line.
+pub(crate) const KNOWN_MATCHES: &[&str] = &[
+    "tcp",
+    "udp",
+    "multiport",
+    "icmp",
+    "icmp6",
+    "conntrack",
+    "state",
+    "iprange",
+    "set",
+    "comment",
+    "mark",
+    "length",
+    "limit",
+    "mac",
+];
+
+/// Target extensions with their own [`Target`] variant (`new_target`).
+pub(crate) const KNOWN_TARGETS: &[&str] =
+    &["ACCEPT", "DROP", "RETURN", "REJECT", "LOG", "NOTRACK", "CT"];
+
+/// Match extensions iptables 1.8.11 ships that the engine keeps as [`Match::Opaque`] (or
+/// reads into a typed match in `header_matches`).
+pub(crate) const OPAQUE_MATCHES: &[&str] = &[
     "addrtype",
     "ah",
     "bpf",
@@ -136,7 +160,7 @@ const OPAQUE_MATCHES: &[&str] = &[
 ];
 
 /// Target extensions iptables 1.8.11 ships that the engine keeps as [`Target::Opaque`].
-const OPAQUE_TARGETS: &[&str] = &[
+pub(crate) const OPAQUE_TARGETS: &[&str] = &[
     "AUDIT",
     "CHECKSUM",
     "CLASSIFY",
@@ -194,10 +218,7 @@ const OPAQUE_NEEDS_OPTION: &[&str] = &[
 
 /// Whether a name is a target (user chains may not be named like one).
 pub(crate) fn is_target_name(name: &str) -> bool {
-    matches!(
-        name,
-        "ACCEPT" | "DROP" | "RETURN" | "REJECT" | "LOG" | "NOTRACK" | "CT"
-    ) || OPAQUE_TARGETS.contains(&name)
+    KNOWN_TARGETS.contains(&name) || OPAQUE_TARGETS.contains(&name)
 }
 
 fn invalid(ctx: &Ctx<'_>, t: &Tok, what: &'static str, reason: impl Into<String>) -> ParseError {
@@ -652,9 +673,7 @@ pub(crate) fn new_match<'t>(
         "ttl" if ctx.family == Family::Ipv6 => {
             return Err(ctx.err(tok, K::UnknownMatch(name.to_string())));
         }
-        "hl" | "frag" | "rt" | "ipv6header" | "dst" | "hbh" | "mh" | "eui64"
-            if ctx.family == Family::Ipv4 =>
-        {
+        "hl" | "frag" | "rt" | "ipv6header" if ctx.family == Family::Ipv4 => {
             return Err(ctx.err(tok, K::UnknownMatch(name.to_string())));
         }
         // Collected like an opaque extension; `finish_match` reads the options into a typed
