@@ -1786,9 +1786,9 @@ impl Observer for Tracing<'_> {
     }
 }
 
-/// `-m ecn`, as ecn_mt4/ecn_mt6: the IP ECN field, then the TCP ECE/CWR flags, which are only
-/// read when the IP header's own next protocol is TCP (for IPv6: no extension header before
-/// it). A non-first fragment has no TCP header here: a TCP-flag test is false on it (the
+/// `-m ecn`, as ecn_mt4/ecn_mt6: the IP ECN field, then the TCP ECE/CWR flags of a TCP packet
+/// (for IPv6 also behind extension headers: the kernel oracle's `header-v6/cwr-ect2-dst`
+/// matches). A non-first fragment has no TCP header here: a TCP-flag test is false on it (the
 /// kernel would read the fragment's payload bytes as flags).
 fn ecn_matches(e: &EcnMatch, p: &PacketMeta) -> bool {
     if let Some(ect) = e.ect {
@@ -1799,9 +1799,7 @@ fn ecn_matches(e: &EcnMatch, p: &PacketMeta) -> bool {
     if e.ece.is_none() && e.cwr.is_none() {
         return true;
     }
-    let direct_tcp = p.protocol == 6
-        && (p.family == Family::Ipv4 || p.ipv6_ext.mask == crate::model::ipv6_ext::PROTO);
-    if !direct_tcp || p.fragment {
+    if p.protocol != 6 || p.fragment {
         return false;
     }
     let flag = |want: Option<bool>, bit: u8| {
