@@ -250,7 +250,9 @@ fn first_hits(family: Family, rules: &[&str], packets: &[Vec<u8>]) -> Vec<usize>
     };
     let snaps: Vec<Snapshot> = [Classifier::Linear, index]
         .into_iter()
-        .map(|c| Snapshot::compile_with(&[rs.clone()], &NoSets, 1, c).expect("compiles"))
+        .map(|c| {
+            Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, c).expect("compiles")
+        })
         .collect();
     for bytes in packets {
         let base = PacketMeta {
