@@ -67,8 +67,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{
-    Family, Hook, IpNet, Match, MultiportDir, Neg, Policy, PortRange, RejectWith, Rule, RuleList,
-    Ruleset, SetDir, TableKind, Target, ct_state, diff_rules,
+    EcnMatch, Family, FragMatch, Hook, IdRange, IpNet, Ipv6HeaderMatch, Match, MultiportDir, Neg,
+    Policy, PortRange, RejectWith, RtMatch, Rule, RuleList, Ruleset, SetDir, TableKind, Target,
+    TtlMatch, TtlOp, ct_state, diff_rules,
 };
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
@@ -478,6 +479,24 @@ enum CMatch {
         negated: bool,
         mac: [u8; 6],
     },
+    /// `-m ttl` / `-m hl`.
+    Ttl(TtlMatch),
+    /// `-m tos`, and `-m dscp` as `(tos & 0xfc) == dscp << 2`.
+    Tos {
+        negated: bool,
+        value: u8,
+        mask: u8,
+    },
+    Ecn(EcnMatch),
+    Ah {
+        negated: bool,
+        spi: IdRange,
+    },
+    /// Boxed: bigger than the other variants.
+    Frag(Box<FragMatch>),
+    /// Boxed; `other` (the type-0 options) is empty (refused at compile time).
+    Rt(Box<RtMatch>),
+    Ipv6Header(Ipv6HeaderMatch),
 }
 
 /// `-m limit` as a generic cell rate algorithm over one atomic: `tat` is the theoretical
@@ -1508,6 +1527,31 @@ fn compile_rule(
                 negated: mac.negated,
                 mac: mac.value,
             },
+            Match::Ttl(t) | Match::Hl(t) => CMatch::Ttl(*t),
+            Match::Tos(t) => CMatch::Tos {
+                negated: t.negated,
+                value: t.value.value,
+                mask: t.value.mask,
+            },
+            // xt_dscp: `(dsfield >> 2) == dscp`.
+            Match::Dscp(d) => CMatch::Tos {
+                negated: d.negated,
+                value: d.value << 2,
+                mask: 0xfc,
+            },
+            Match::Ecn(e) => CMatch::Ecn(*e),
+            Match::Ah(a) => CMatch::Ah {
+                negated: a.negated,
+                spi: a.value,
+            },
+            Match::Frag(f) => CMatch::Frag(Box::new(*f)),
+            Match::Rt(r) => {
+                if let Some(o) = r.other.first() {
+                    return Err(RuleError::Unsupported(format!("rt {}", o.name)));
+                }
+                CMatch::Rt(Box::new(r.clone()))
+            }
+            Match::Ipv6Header(h) => CMatch::Ipv6Header(*h),
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
         matches.push(c);
@@ -1742,6 +1786,38 @@ impl Observer for Tracing<'_> {
     }
 }
 
+/// `-m ecn`, as ecn_mt4/ecn_mt6: the IP ECN field, then the TCP ECE/CWR flags of a TCP packet
+/// (for IPv6 also behind extension headers: the kernel oracle's `header-v6/cwr-ect2-dst`
+/// matches). A non-first fragment has no TCP header here: a TCP-flag test is false on it (the
+/// kernel would read the fragment's payload bytes as flags).
+fn ecn_matches(e: &EcnMatch, p: &PacketMeta) -> bool {
+    if let Some(ect) = e.ect {
+        if (p.tos & 3 == ect.value) == ect.negated {
+            return false;
+        }
+    }
+    if e.ece.is_none() && e.cwr.is_none() {
+        return true;
+    }
+    if p.protocol != 6 || p.fragment {
+        return false;
+    }
+    let flag = |want: Option<bool>, bit: u8| {
+        want.is_none_or(|negated| (p.tcp_flags & bit != 0) != negated)
+    };
+    flag(e.ece, 0x40) && flag(e.cwr, 0x80)
+}
+
+/// `-m frag`, as frag_mt6 (`--fraglen` is not compared, as there).
+fn frag_matches(f: &FragMatch, h: &crate::packet::FragmentHeader) -> bool {
+    let off = h.offset_flags;
+    f.id.value.contains(h.id) != f.id.negated
+        && !(f.res && (h.reserved != 0 || off & 0x6 != 0))
+        && !(f.first && off & !0x7 != 0)
+        && !(f.more && off & 1 == 0)
+        && !(f.last && off & 1 != 0)
+}
+
 #[inline]
 fn port_in(r: &Option<(bool, PortRange)>, port: u16) -> bool {
     match r {
@@ -1864,6 +1940,39 @@ impl Snapshot {
             CMatch::Limit(bucket) => obs.limit(bucket, now),
             // As mac_mt: no link-layer source, no match (even when negated).
             CMatch::Mac { negated, mac } => p.src_mac.is_some_and(|m| (m == *mac) != *negated),
+            CMatch::Ttl(t) => match t.op {
+                TtlOp::Eq => p.ttl == t.value,
+                TtlOp::Ne => p.ttl != t.value,
+                TtlOp::Lt => p.ttl < t.value,
+                TtlOp::Gt => p.ttl > t.value,
+            },
+            CMatch::Tos {
+                negated,
+                value,
+                mask,
+            } => (p.tos & mask == *value) != *negated,
+            CMatch::Ecn(e) => ecn_matches(e, p),
+            // As ah_mt: a non-first fragment has no AH header.
+            CMatch::Ah { negated, spi } => !p.fragment && spi.contains(p.ah_spi) != *negated,
+            CMatch::Frag(f) => p.ipv6_ext.fragment.is_some_and(|h| frag_matches(f, &h)),
+            CMatch::Rt(r) => p.ipv6_ext.routing.is_some_and(|h| {
+                r.segsleft.value.contains(u32::from(h.segments_left)) != r.segsleft.negated
+                    && r.len
+                        .is_none_or(|l| (l.value == u32::from(h.len)) != l.negated)
+                    && r.rt_type
+                        .is_none_or(|t| (t.value == h.rt_type) != t.negated)
+            }),
+            CMatch::Ipv6Header(h) => {
+                let have = p.ipv6_ext.mask;
+                if h.soft {
+                    // ip6t_ipv6header: `!((temp ^ matchflags ^ invflags) & matchflags)`, with
+                    // invflags 0xff when negated: each listed header present (absent).
+                    let inv = if h.negated { 0xff } else { 0 };
+                    (have ^ h.headers ^ inv) & h.headers == 0
+                } else {
+                    (have == h.headers) != h.negated
+                }
+            }
         }
     }
 

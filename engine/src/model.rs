@@ -479,6 +479,27 @@ pub enum Match {
     Limit(LimitMatch),
     /// `-m mac --mac-source`.
     Mac(Neg<[u8; 6]>),
+    /// `-m ttl` (IPv4): compares the TTL.
+    Ttl(TtlMatch),
+    /// `-m hl` (IPv6): compares the hop limit.
+    Hl(TtlMatch),
+    /// `-m tos [!] --tos VALUE/MASK`: `(tos & mask) == value` on the IPv4 TOS byte or the IPv6
+    /// traffic class.
+    Tos(Neg<TosValue>),
+    /// `-m dscp [!] --dscp N`: the top 6 bits of the TOS byte / traffic class equal N (0-63).
+    Dscp(Neg<u8>),
+    /// `-m ecn`: ECN bits of the IP header and of the TCP header.
+    Ecn(EcnMatch),
+    /// `-m ah [!] --ahspi LO[:HI]` (IPv4, needs `-p ah`): the AH header's SPI is in the range
+    /// (the whole range when no `--ahspi` was given).
+    Ah(Neg<IdRange>),
+    /// `-m frag` (IPv6): the first fragment extension header.
+    Frag(FragMatch),
+    /// `-m rt` (IPv6): the first routing extension header.
+    Rt(RtMatch),
+    /// `-m ipv6header [!] --header LIST [--soft]` (IPv6): which extension headers the packet
+    /// carries.
+    Ipv6Header(Ipv6HeaderMatch),
     /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
     /// tables and round trips); rejected by validation in enforced tables.
     Opaque(Opaque),
@@ -502,9 +523,149 @@ impl Match {
             Match::Length(_) => "length",
             Match::Limit(_) => "limit",
             Match::Mac(_) => "mac",
+            Match::Ttl(_) => "ttl",
+            Match::Hl(_) => "hl",
+            Match::Tos(_) => "tos",
+            Match::Dscp(_) => "dscp",
+            Match::Ecn(_) => "ecn",
+            Match::Ah(_) => "ah",
+            Match::Frag(_) => "frag",
+            Match::Rt(_) => "rt",
+            Match::Ipv6Header(_) => "ipv6header",
             Match::Opaque(o) => &o.name,
         }
     }
+}
+
+/// How `-m ttl` / `-m hl` compares (xt_ttl's `IPT_TTL_*` / `IP6T_HL_*` modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TtlOp {
+    /// `--ttl-eq N` / `--hl-eq N`.
+    Eq,
+    /// `! --ttl-eq N` / `! --hl-eq N`.
+    Ne,
+    /// `--ttl-lt N` / `--hl-lt N`: strictly below.
+    Lt,
+    /// `--ttl-gt N` / `--hl-gt N`: strictly above.
+    Gt,
+}
+
+/// `-m ttl` / `-m hl`: the TTL or hop limit compared with `value`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TtlMatch {
+    /// The comparison.
+    pub op: TtlOp,
+    /// The compared value.
+    pub value: u8,
+}
+
+/// `--tos VALUE/MASK` (a symbolic name is its value with mask 0x3f, a bare number mask 0xff, as
+/// libxt_tos).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TosValue {
+    /// Compared value.
+    pub value: u8,
+    /// Mask applied to the TOS byte first.
+    pub mask: u8,
+}
+
+/// `-m ecn` options; each is `Some(negated)` when given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EcnMatch {
+    /// `[!] --ecn-tcp-ece`: the TCP ECE flag is set (needs `-p tcp`).
+    pub ece: Option<bool>,
+    /// `[!] --ecn-tcp-cwr`: the TCP CWR flag is set (needs `-p tcp`).
+    pub cwr: Option<bool>,
+    /// `[!] --ecn-ip-ect N`: the IP header's ECN field (0-3) equals N.
+    pub ect: Option<Neg<u8>>,
+}
+
+/// An inclusive range of 32-bit identifiers (AH SPIs, fragment ids, segments left).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IdRange {
+    /// First value.
+    pub lo: u32,
+    /// Last value (>= lo).
+    pub hi: u32,
+}
+
+impl IdRange {
+    /// Every 32-bit value (what an omitted option means).
+    pub const ALL: IdRange = IdRange {
+        lo: 0,
+        hi: u32::MAX,
+    };
+
+    /// Whether `v` is within the range.
+    pub fn contains(&self, v: u32) -> bool {
+        self.lo <= v && v <= self.hi
+    }
+}
+
+/// `-m frag` options (ip6t_frag). A packet without a fragment header never matches, whatever
+/// the negations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragMatch {
+    /// `[!] --fragid LO[:HI]`: the identification is in the range ([`IdRange::ALL`] when not
+    /// given and not negated).
+    pub id: Neg<IdRange>,
+    /// `[!] --fraglen N`: stored and printed; the kernel's `frag_mt6` does not compare it, and
+    /// neither does the engine.
+    pub len: Option<Neg<u32>>,
+    /// `--fragres`: the reserved fields are zero.
+    pub res: bool,
+    /// `--fragfirst`: the offset is zero.
+    pub first: bool,
+    /// `--fragmore`: the M flag is set.
+    pub more: bool,
+    /// `--fraglast`: the M flag is clear.
+    pub last: bool,
+}
+
+/// `-m rt` options (ip6t_rt). A packet without a routing header never matches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RtMatch {
+    /// `[!] --rt-type N`.
+    pub rt_type: Option<Neg<u8>>,
+    /// `[!] --rt-segsleft LO[:HI]` ([`IdRange::ALL`] when not given and not negated).
+    pub segsleft: Neg<IdRange>,
+    /// `[!] --rt-len N`: the header length in bytes, `(Hdr Ext Len + 1) * 8`.
+    pub len: Option<Neg<u32>>,
+    /// The type-0 options (`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict`) verbatim; parsed
+    /// and printed, refused by validation in enforced tables.
+    pub other: Vec<OpaqueOption>,
+}
+
+/// `-m ipv6header`: ip6t_ipv6header's header bits ([`ipv6_ext`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ipv6HeaderMatch {
+    /// `!` before `--header`.
+    pub negated: bool,
+    /// The headers listed ([`ipv6_ext`] bits).
+    pub headers: u8,
+    /// `--soft`: the listed headers are present (or, negated, absent), others may be too;
+    /// without it the packet's set of headers equals the list (or, negated, differs).
+    pub soft: bool,
+}
+
+/// IPv6 extension-header bits as ip6t_ipv6header's `MASK_*`.
+pub mod ipv6_ext {
+    /// Hop-by-hop options.
+    pub const HOPOPTS: u8 = 128;
+    /// Destination options.
+    pub const DSTOPTS: u8 = 64;
+    /// Routing header.
+    pub const ROUTING: u8 = 32;
+    /// Fragment header.
+    pub const FRAGMENT: u8 = 16;
+    /// Authentication header.
+    pub const AH: u8 = 8;
+    /// Encapsulating security payload.
+    pub const ESP: u8 = 4;
+    /// No next header (59).
+    pub const NONE: u8 = 2;
+    /// An upper-layer protocol follows the extension headers.
+    pub const PROTO: u8 = 1;
 }
 
 /// `-m tcp` options.

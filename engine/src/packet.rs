@@ -84,6 +84,15 @@ pub struct PacketMeta {
     pub icmp_code: u8,
     /// Layer-3 length in bytes.
     pub len: u32,
+    /// IPv4 TTL / IPv6 hop limit (`-m ttl`, `-m hl`); 64 by default.
+    pub ttl: u8,
+    /// IPv4 TOS byte / IPv6 traffic class: DSCP in the top 6 bits, ECN in the low 2 (`-m tos`,
+    /// `-m dscp`, `-m ecn --ecn-ip-ect`).
+    pub tos: u8,
+    /// The SPI of an IPv4 AH header (`-p ah`, read by `-m ah`); 0 otherwise.
+    pub ah_spi: u32,
+    /// IPv6 extension headers (all empty for IPv4).
+    pub ipv6_ext: Ipv6Ext,
     /// Input interface (empty at OUTPUT).
     pub in_iface: IfName,
     /// Output interface (empty at PREROUTING and INPUT).
@@ -118,6 +127,10 @@ impl Default for PacketMeta {
             icmp_type: 0,
             icmp_code: 0,
             len: 0,
+            ttl: 64,
+            tos: 0,
+            ah_spi: 0,
+            ipv6_ext: Ipv6Ext::default(),
             in_iface: IfName::default(),
             out_iface: IfName::default(),
             src_mac: None,
@@ -126,6 +139,41 @@ impl Default for PacketMeta {
             embedded: None,
         }
     }
+}
+
+/// The IPv6 extension headers of a packet, as ip6tables' header matches see them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ipv6Ext {
+    /// The headers present, as ip6t_ipv6header's walk finds them ([`crate::model::ipv6_ext`]
+    /// bits; `PROTO` when an upper-layer header follows, `NONE` for next header 59, `ESP`
+    /// ends the walk).
+    pub mask: u8,
+    /// The first routing header (`-m rt`, which finds it as `ipv6_find_hdr`).
+    pub routing: Option<RoutingHeader>,
+    /// The first fragment header (`-m frag`).
+    pub fragment: Option<FragmentHeader>,
+}
+
+/// The fields of an IPv6 routing header that `-m rt` reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RoutingHeader {
+    /// Routing type (0, 2, 4 for SRv6...).
+    pub rt_type: u8,
+    /// Segments left.
+    pub segments_left: u8,
+    /// Header length in bytes: `(Hdr Ext Len + 1) * 8`.
+    pub len: u16,
+}
+
+/// The fields of an IPv6 fragment header that `-m frag` reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentHeader {
+    /// Identification.
+    pub id: u32,
+    /// Bytes 2..4 in host order: the offset in the top 13 bits, 2 reserved bits, then M.
+    pub offset_flags: u16,
+    /// The reserved byte (byte 1).
+    pub reserved: u8,
 }
 
 impl PacketMeta {

@@ -17,10 +17,12 @@
 //! PREROUTING/INPUT/FORWARD), opaque extensions in enforced tables.
 
 mod extensions;
+mod header_matches;
 mod lexer;
 mod opaque;
 mod print;
 mod rule;
+mod support;
 mod tables;
 
 use std::fmt;
@@ -29,6 +31,7 @@ use crate::echo::clipped;
 use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
+pub use support::{Support, SupportRow, support_markdown, support_table};
 
 /// How to read the text: which tool is emulated and with which flags.
 #[derive(Clone, Copy)]

@@ -810,6 +810,61 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Mac(_) => mac_used = true,
+                Match::Ttl(_) | Match::Ah(_) if family != Family::Ipv4 => {
+                    errs.push(ViolationKind::WrongFamily(format!("-m {}", m.extension())));
+                }
+                Match::Hl(_) | Match::Frag(_) | Match::Rt(_) | Match::Ipv6Header(_)
+                    if family != Family::Ipv6 =>
+                {
+                    errs.push(ViolationKind::WrongFamily(format!("-m {}", m.extension())));
+                }
+                Match::Ttl(_) | Match::Hl(_) | Match::Tos(_) | Match::Ipv6Header(_) => {}
+                Match::Dscp(d) => {
+                    if d.value > 63 {
+                        errs.push(ViolationKind::BadValue {
+                            what: "dscp",
+                            value: d.value.to_string(),
+                            reason: "DSCP is 0-63",
+                        });
+                    }
+                }
+                Match::Ecn(e) => {
+                    if e.ece.is_some() || e.cwr.is_some() {
+                        errs.extend(needs("ecn --ecn-tcp-ece/--ecn-tcp-cwr", &[6], "tcp"));
+                    }
+                    if e.ect.is_some_and(|v| v.value > 3) {
+                        errs.push(ViolationKind::BadValue {
+                            what: "ecn --ecn-ip-ect",
+                            value: e.ect.map_or(0, |v| v.value).to_string(),
+                            reason: "the ECN field is 0-3",
+                        });
+                    }
+                }
+                Match::Ah(a) => {
+                    errs.extend(needs("ah", &[51], "ah"));
+                    if a.value.lo > a.value.hi {
+                        errs.push(ViolationKind::BadRange("ah --ahspi".into()));
+                    }
+                }
+                Match::Frag(f) => {
+                    if f.id.value.lo > f.id.value.hi {
+                        errs.push(ViolationKind::BadRange("frag --fragid".into()));
+                    }
+                }
+                Match::Rt(rt) => {
+                    if rt.segsleft.value.lo > rt.segsleft.value.hi {
+                        errs.push(ViolationKind::BadRange("rt --rt-segsleft".into()));
+                    }
+                    if enforced {
+                        if let Some(o) = rt.other.first() {
+                            errs.push(ViolationKind::Unsupported {
+                                what: "match",
+                                name: format!("rt {}", o.name),
+                                table: table.kind,
+                            });
+                        }
+                    }
+                }
                 Match::Opaque(o) => {
                     if enforced {
                         errs.push(ViolationKind::Unsupported {

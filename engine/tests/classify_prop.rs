@@ -1,6 +1,7 @@
 //! Property test: the TupleMerge classifier (alone and with RFC tables) and the linear walk agree on random small
 //! rulesets with user chains (jump, goto, RETURN), negations, non-contiguous masks, interface
-//! wildcards, conntrack state, marks, `-m limit` and LOG, in IPv4 and IPv6: the same trace
+//! wildcards, conntrack state, marks, IP-header matches (ttl/hl, tos, dscp, ecn, ipv6header,
+//! frag, rt), `-m limit` and LOG, in IPv4 and IPv6: the same trace
 //! (verdict and every step) for every packet, the same verdicts when classifying with a
 //! moving clock, and the same counters afterwards.
 //!
@@ -11,8 +12,8 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
-use vallum_engine::model::{Family, Hook, ct_state};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::model::{Family, Hook, ct_state, ipv6_ext};
+use vallum_engine::packet::{FragmentHeader, IfName, Ipv6Ext, PacketMeta, RoutingHeader};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 
@@ -75,7 +76,24 @@ struct RuleSpec {
     target: u8,
     /// Which later chain a jump/goto goes to (modulo the chains after this one).
     to: usize,
+    /// An IP-header match (see [`HEADER_MATCHES`]); 0 and values past the table: none.
+    header: usize,
 }
+
+/// IP-header matches (IPv4, IPv6): residual filters in the index, checked per rule.
+const HEADER_MATCHES: [(&str, &str); 8] = [
+    ("-m ttl --ttl-lt 64", "-m hl --hl-lt 64"),
+    ("-m ttl ! --ttl-eq 64", "-m hl ! --hl-eq 64"),
+    ("-m tos --tos 0x10/0x3f", "-m tos --tos 0x10/0x3f"),
+    ("-m dscp --dscp 0x2e", "-m dscp ! --dscp 0x2e"),
+    ("-m ecn --ecn-ip-ect 1", "-m ecn ! --ecn-ip-ect 1"),
+    (
+        "-m ttl --ttl-gt 100",
+        "-m ipv6header --header hop-by-hop,protocol",
+    ),
+    ("-m tos ! --tos 0x00/0x03", "-m frag --fragmore"),
+    ("-m dscp ! --dscp 0", "-m rt --rt-type 0 --rt-segsleft 1:9"),
+];
 
 fn rule_spec() -> impl Strategy<Value = RuleSpec> {
     let net = prop::option::weighted(0.5, (prop::bool::weighted(0.2), 0..NETS4.len()));
@@ -99,20 +117,24 @@ fn rule_spec() -> impl Strategy<Value = RuleSpec> {
         prop::bool::weighted(0.08),
         0u8..7,
         0usize..3,
+        0usize..(2 * HEADER_MATCHES.len() + 1),
     )
         .prop_map(
-            |(src, dst, proto, sport, dport, iface, ctstate, mark, limit, target, to)| RuleSpec {
-                src,
-                dst,
-                proto,
-                sport,
-                dport,
-                iface,
-                ctstate,
-                mark,
-                limit,
-                target,
-                to,
+            |(src, dst, proto, sport, dport, iface, ctstate, mark, limit, target, to, header)| {
+                RuleSpec {
+                    src,
+                    dst,
+                    proto,
+                    sport,
+                    dport,
+                    iface,
+                    ctstate,
+                    mark,
+                    limit,
+                    target,
+                    to,
+                    header,
+                }
             },
         )
 }
@@ -188,6 +210,10 @@ fn render(rules: &[Vec<RuleSpec>], policy_drop: bool, v6: bool) -> String {
             if r.mark {
                 l += " -m mark --mark 0x1/0x1";
             }
+            if let Some(h) = r.header.checked_sub(1).and_then(|i| HEADER_MATCHES.get(i)) {
+                l.push(' ');
+                l += if v6 { h.1 } else { h.0 };
+            }
             if r.limit {
                 l += " -m limit --limit 2/sec --limit-burst 1";
             }
@@ -224,6 +250,8 @@ struct PacketSpec {
     iface: usize,
     ct: u8,
     mark: u32,
+    /// Indexes into the TTL, TOS and IPv6 extension-header pools of [`packet`].
+    header: (usize, usize, usize),
 }
 
 fn packet_spec() -> impl Strategy<Value = PacketSpec> {
@@ -246,9 +274,10 @@ fn packet_spec() -> impl Strategy<Value = PacketSpec> {
             ct_state::RELATED,
         ]),
         0u32..3,
+        (0usize..3, 0usize..4, 0usize..4),
     )
         .prop_map(
-            |(src, dst, proto, sport, dport, iface, ct, mark)| PacketSpec {
+            |(src, dst, proto, sport, dport, iface, ct, mark, header)| PacketSpec {
                 src,
                 dst,
                 proto,
@@ -257,6 +286,7 @@ fn packet_spec() -> impl Strategy<Value = PacketSpec> {
                 iface,
                 ct,
                 mark,
+                header,
             },
         )
 }
@@ -276,7 +306,33 @@ fn packet(s: &PacketSpec, v6: bool) -> PacketMeta {
         in_iface: IfName::new(["eth0", "eth1", "wlan0", "lo"][s.iface]).expect("short name"),
         ct_state: s.ct,
         mark: s.mark,
+        ttl: [64, 1, 200][s.header.0],
+        tos: [0, 0x10, 0xb8, 0x01][s.header.1],
+        ipv6_ext: if v6 {
+            ipv6_ext(s.header.2)
+        } else {
+            Ipv6Ext::default()
+        },
         ..PacketMeta::default()
+    }
+}
+
+/// None, hop-by-hop, a first fragment with M set, a type-0 routing header with 2 segments
+/// left; each followed by the upper layer.
+fn ipv6_ext(i: usize) -> Ipv6Ext {
+    let mask = [0, ipv6_ext::HOPOPTS, ipv6_ext::FRAGMENT, ipv6_ext::ROUTING][i] | ipv6_ext::PROTO;
+    Ipv6Ext {
+        mask,
+        fragment: (i == 2).then_some(FragmentHeader {
+            id: 7,
+            offset_flags: 1,
+            reserved: 0,
+        }),
+        routing: (i == 3).then_some(RoutingHeader {
+            rt_type: 0,
+            segments_left: 2,
+            len: 24,
+        }),
     }
 }
 

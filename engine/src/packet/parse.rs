@@ -66,7 +66,8 @@ use etherparse::{
 use crate::conntrack::Tuple;
 use crate::conntrack::tuple::is_icmp_error;
 use crate::model::Family;
-use crate::packet::PacketMeta;
+use crate::model::ipv6_ext;
+use crate::packet::{FragmentHeader, Ipv6Ext, PacketMeta, RoutingHeader};
 
 /// Why bytes could not be turned into a [`PacketMeta`]. Tiny and `Copy`: the packet path
 /// returns it without allocating or formatting.
@@ -101,6 +102,11 @@ mod proto {
     pub const FRAGMENT: u8 = 44;
     pub const AUTH: u8 = 51;
     pub const DSTOPTS: u8 = 60;
+    // Where ip6t_ipv6header's walk ends besides an upper-layer protocol.
+    pub const ESP: u8 = 50;
+    pub const NONE: u8 = 59;
+    /// IPv4 `-p ah` (the same number as [`AUTH`]).
+    pub const AH: u8 = 51;
 }
 
 /// Parses an Ethernet II frame (without FCS), skipping any number of 802.1Q / 802.1ad / QinQ
@@ -188,6 +194,12 @@ struct Layer3<'a> {
     fragment: bool,
     /// Layer-3 length in bytes (header field, not the buffer length).
     len: u32,
+    /// TTL / hop limit.
+    ttl: u8,
+    /// TOS byte / traffic class.
+    tos: u8,
+    /// IPv6 extension headers.
+    ipv6_ext: Ipv6Ext,
     /// Bytes after the IP (and IPv6 extension) headers that are present in the buffer.
     l4: &'a [u8],
 }
@@ -219,6 +231,9 @@ fn parse_ipv4(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError>
             protocol: header.protocol().0,
             fragment: offset != 0,
             len: u32::from(header.total_len()),
+            ttl: header.ttl(),
+            tos: (header.dcp().value() << 2) | header.ecn().value(),
+            ipv6_ext: Ipv6Ext::default(),
             l4,
         },
         base,
@@ -243,7 +258,9 @@ fn parse_ipv6(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError>
             payload_len + etherparse::Ipv6Header::LEN,
         )
     };
-    let (protocol, fragment, l4) = skip_ipv6_extensions(header.next_header().0, payload)?;
+    let mut ipv6_ext = Ipv6Ext::default();
+    let (protocol, fragment, l4) =
+        skip_ipv6_extensions(header.next_header().0, payload, &mut ipv6_ext)?;
     finish(
         Layer3 {
             family: Family::Ipv6,
@@ -252,6 +269,9 @@ fn parse_ipv6(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError>
             protocol,
             fragment,
             len: u32::try_from(len).unwrap_or(u32::MAX),
+            ttl: header.hop_limit(),
+            tos: header.traffic_class(),
+            ipv6_ext,
             l4,
         },
         base,
@@ -263,28 +283,72 @@ fn parse_ipv6(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError>
 /// appear; at a fragment header with a non-zero offset the walk stops and the fragment header's
 /// next-header value is the protocol (the rest is not a header). Returns (protocol, non-first
 /// fragment, bytes after the headers).
-fn skip_ipv6_extensions(mut next: u8, mut rest: &[u8]) -> Result<(u8, bool, &[u8]), PacketError> {
+///
+/// On the way it records in `ext` what `-m ipv6header`, `-m rt` and `-m frag` read: the
+/// header bits as ip6t_ipv6header's walk sets them (`PROTO` when the walk ends at an
+/// upper-layer protocol, `NONE` at next header 59, `ESP` where ESP starts), and the first
+/// routing and fragment headers. After a non-first fragment the kernel's ipv6header walk would
+/// read the fragment's payload as headers when the fragment header names an extension header;
+/// here the walk ends at such a fragment and only `PROTO` (or `NONE`/`ESP`) is added.
+fn skip_ipv6_extensions<'b>(
+    mut next: u8,
+    mut rest: &'b [u8],
+    ext: &mut Ipv6Ext,
+) -> Result<(u8, bool, &'b [u8]), PacketError> {
+    let end_bits = |next: u8| match next {
+        proto::NONE => ipv6_ext::NONE,
+        proto::ESP => ipv6_ext::ESP,
+        _ => ipv6_ext::PROTO,
+    };
     // Every extension header is at least 8 bytes, so this loop ends.
     loop {
         match next {
             proto::HOPOPTS | proto::ROUTING | proto::DSTOPTS => {
-                let ext =
+                let h =
                     Ipv6RawExtHeaderSlice::from_slice(rest).map_err(|_| PacketError::Truncated)?;
-                next = ext.next_header().0;
-                rest = rest.get(ext.slice().len()..).unwrap_or(&[]);
+                let bytes = h.slice();
+                ext.mask |= match next {
+                    proto::HOPOPTS => ipv6_ext::HOPOPTS,
+                    proto::ROUTING => ipv6_ext::ROUTING,
+                    _ => ipv6_ext::DSTOPTS,
+                };
+                if next == proto::ROUTING && ext.routing.is_none() {
+                    if let [_, _, rt_type, segments_left, ..] = *bytes {
+                        ext.routing = Some(RoutingHeader {
+                            rt_type,
+                            segments_left,
+                            len: bytes.len() as u16,
+                        });
+                    }
+                }
+                next = h.next_header().0;
+                rest = rest.get(bytes.len()..).unwrap_or(&[]);
             }
             proto::FRAGMENT => {
                 let frag = Ipv6FragmentHeaderSlice::from_slice(rest)
                     .map_err(|_| PacketError::Truncated)?;
+                ext.mask |= ipv6_ext::FRAGMENT;
                 next = frag.next_header().0;
                 rest = rest.get(frag.slice().len()..).unwrap_or(&[]);
                 // The offset is the top 13 bits of bytes 2..4. Read by hand: etherparse 0.16's
                 // `fragment_offset()` mixes in the low flag bits (M=1 reads as offset 1).
-                let offset = match frag.slice() {
-                    [_, _, hi, lo, ..] => u16::from_be_bytes([*hi, *lo]) >> 3,
-                    _ => 0,
+                let (reserved, offset_flags, id) = match *frag.slice() {
+                    [_, r, hi, lo, a, b, c, d, ..] => (
+                        r,
+                        u16::from_be_bytes([hi, lo]),
+                        u32::from_be_bytes([a, b, c, d]),
+                    ),
+                    _ => (0, 0, 0),
                 };
-                if offset != 0 {
+                if ext.fragment.is_none() {
+                    ext.fragment = Some(FragmentHeader {
+                        id,
+                        offset_flags,
+                        reserved,
+                    });
+                }
+                if offset_flags >> 3 != 0 {
+                    ext.mask |= end_bits(next);
                     return Ok((next, true, rest));
                 }
             }
@@ -295,10 +359,14 @@ fn skip_ipv6_extensions(mut next: u8, mut rest: &[u8]) -> Result<(u8, bool, &[u8
                         PacketError::Malformed
                     }
                 })?;
+                ext.mask |= ipv6_ext::AH;
                 next = auth.next_header().0;
                 rest = rest.get(auth.slice().len()..).unwrap_or(&[]);
             }
-            _ => return Ok((next, false, rest)),
+            _ => {
+                ext.mask |= end_bits(next);
+                return Ok((next, false, rest));
+            }
         }
     }
 }
@@ -318,6 +386,10 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
         icmp_type: 0,
         icmp_code: 0,
         len: l3.len,
+        ttl: l3.ttl,
+        tos: l3.tos,
+        ah_spi: 0,
+        ipv6_ext: l3.ipv6_ext,
         embedded: None,
         ..base
     };
@@ -342,6 +414,13 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
             let udp = UdpSlice::from_slice_lax(l4).map_err(|_| PacketError::Truncated)?;
             meta.sport = udp.source_port();
             meta.dport = udp.destination_port();
+        }
+        // As ah_mt: the 12-byte `struct ip_auth_hdr`, of which `-m ah` reads the SPI.
+        (proto::AH, Family::Ipv4) => {
+            let [_, _, _, _, a, b, c, d, _, _, _, _, ..] = *l4 else {
+                return Err(PacketError::Truncated);
+            };
+            meta.ah_spi = u32::from_be_bytes([a, b, c, d]);
         }
         // Only multiport reads these: the two ports.
         (proto::SCTP | proto::DCCP, _) => {
@@ -398,7 +477,8 @@ fn embedded_ipv4(bytes: &[u8]) -> Option<Tuple> {
 fn embedded_ipv6(bytes: &[u8]) -> Option<Tuple> {
     let h = Ipv6HeaderSlice::from_slice(bytes).ok()?;
     let rest = bytes.get(etherparse::Ipv6Header::LEN..)?;
-    let (protocol, fragment, l4) = skip_ipv6_extensions(h.next_header().0, rest).ok()?;
+    let (protocol, fragment, l4) =
+        skip_ipv6_extensions(h.next_header().0, rest, &mut Ipv6Ext::default()).ok()?;
     if fragment {
         return None;
     }

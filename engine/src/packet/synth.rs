@@ -205,6 +205,11 @@ impl Synth {
             icmp_type: f.icmp_type,
             icmp_code: 0,
             len: l3 + l4 + payload,
+            // What parsing the frame finds: no extension headers, then the upper layer.
+            ipv6_ext: crate::packet::Ipv6Ext {
+                mask: if v6 { crate::model::ipv6_ext::PROTO } else { 0 },
+                ..Default::default()
+            },
             ..self.base
         }
     }

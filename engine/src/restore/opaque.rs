@@ -448,7 +448,10 @@ fn tos_byte(s: &str, bad: &dyn Fn(String) -> ParseError) -> Result<u8, ParseErro
 }
 
 /// `NAME` (mask 0x3f), `V` (mask 0xff) or `V/M`, as libxt_tos_helper's `tos_parse_*`.
-fn tos_value(s: &str, bad: &dyn Fn(String) -> ParseError) -> Result<(u8, u8), ParseError> {
+pub(crate) fn tos_value(
+    s: &str,
+    bad: &dyn Fn(String) -> ParseError,
+) -> Result<(u8, u8), ParseError> {
     if let Some((_, v)) = TOS_NAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(s)) {
         return Ok((*v, 0x3f));
     }
@@ -460,7 +463,7 @@ fn tos_value(s: &str, bad: &dyn Fn(String) -> ParseError) -> Result<(u8, u8), Pa
     }
 }
 
-fn dscp_number(s: &str, bad: &dyn Fn(String) -> ParseError) -> Result<u8, ParseError> {
+pub(crate) fn dscp_number(s: &str, bad: &dyn Fn(String) -> ParseError) -> Result<u8, ParseError> {
     parse_uint(s, 63)
         .map(|v| v as u8)
         .ok_or_else(|| bad(format!("bad DSCP value '{s}', or out of range (0-63)")))
@@ -492,7 +495,7 @@ const DSCP_CLASSES: [(&str, u8); 22] = [
     ("EF", 0x2e),
 ];
 
-fn dscp_class(s: &str, bad: &dyn Fn(String) -> ParseError) -> Result<u8, ParseError> {
+pub(crate) fn dscp_class(s: &str, bad: &dyn Fn(String) -> ParseError) -> Result<u8, ParseError> {
     DSCP_CLASSES
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(s))

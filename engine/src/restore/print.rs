@@ -5,9 +5,11 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::model::{
-    Chain, Counters, Family, IcmpMatch, IpNet, Match, MultiportDir, Neg, OpaqueOption, Policy,
-    PortRange, Rule, SetDir, Table, Target,
+    Chain, Counters, Family, IcmpMatch, IdRange, IpNet, Match, MultiportDir, Neg, OpaqueOption,
+    Policy, PortRange, Rule, SetDir, Table, Target, TtlOp,
 };
+
+use super::header_matches::IPV6_HEADER_NAMES;
 
 use super::extensions::{
     CT_STATE_NAMES, REJECT_NAMES, TCP_FLAG_NAMES, protocol_name, rate_unit_name,
@@ -304,6 +306,20 @@ fn icmp(o: &mut Parts<'_>, m: &IcmpMatch, opt: &str) {
     }
 }
 
+/// An `--ahspi` / `--fragid` / `--rt-segsleft` range: nothing for the whole range, `N` or
+/// `LO:HI` otherwise (a negated whole range keeps its `!`: see `header_matches`).
+fn id_range(o: &mut Parts<'_>, opt: &str, r: &Neg<IdRange>) {
+    if r.value == IdRange::ALL && !r.negated {
+        return;
+    }
+    o.opt(r.negated, opt);
+    write_uint(o.out, r.value.lo);
+    if r.value.lo != r.value.hi {
+        o.out.push(':');
+        write_uint(o.out, r.value.hi);
+    }
+}
+
 fn opaque_opts(o: &mut Parts<'_>, opts: &[OpaqueOption]) {
     for op in opts {
         o.opt(op.negated, &op.name);
@@ -534,6 +550,79 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             ));
         }
         Match::Opaque(op) => opaque_opts(o, &op.options),
+        Match::Ttl(t) | Match::Hl(t) => {
+            let ext = m.extension();
+            let (neg, k) = match t.op {
+                TtlOp::Eq => (false, "eq"),
+                TtlOp::Ne => (true, "eq"),
+                TtlOp::Lt => (false, "lt"),
+                TtlOp::Gt => (false, "gt"),
+            };
+            o.opt(neg, "");
+            o.out.push_str("--");
+            o.out.push_str(ext);
+            o.out.push('-');
+            o.out.push_str(k);
+            o.out.push(' ');
+            write_uint(o.out, t.value);
+        }
+        Match::Tos(t) => {
+            o.opt(t.negated, "--tos ");
+            let _ = write!(o.out, "0x{:02x}/0x{:02x}", t.value.value, t.value.mask);
+        }
+        Match::Dscp(d) => {
+            o.opt(d.negated, "--dscp ");
+            let _ = write!(o.out, "0x{:02x}", d.value);
+        }
+        Match::Ecn(e) => {
+            if let Some(neg) = e.ece {
+                o.opt(neg, "--ecn-tcp-ece");
+            }
+            if let Some(neg) = e.cwr {
+                o.opt(neg, "--ecn-tcp-cwr");
+            }
+            if let Some(ect) = e.ect {
+                o.opt(ect.negated, "--ecn-ip-ect ");
+                write_uint(o.out, ect.value);
+            }
+        }
+        Match::Ah(spi) => id_range(o, "--ahspi ", spi),
+        Match::Frag(f) => {
+            id_range(o, "--fragid ", &f.id);
+            if let Some(l) = f.len {
+                o.opt(l.negated, "--fraglen ");
+                write_uint(o.out, l.value);
+            }
+            for (on, name) in [
+                (f.res, "--fragres"),
+                (f.first, "--fragfirst"),
+                (f.more, "--fragmore"),
+                (f.last, "--fraglast"),
+            ] {
+                if on {
+                    o.push(name);
+                }
+            }
+        }
+        Match::Rt(r) => {
+            if let Some(t) = r.rt_type {
+                o.opt(t.negated, "--rt-type ");
+                write_uint(o.out, t.value);
+            }
+            id_range(o, "--rt-segsleft ", &r.segsleft);
+            if let Some(l) = r.len {
+                o.opt(l.negated, "--rt-len ");
+                write_uint(o.out, l.value);
+            }
+            opaque_opts(o, &r.other);
+        }
+        Match::Ipv6Header(h) => {
+            o.opt(h.negated, "--header ");
+            write_names(o.out, &IPV6_HEADER_NAMES, h.headers);
+            if h.soft {
+                o.push("--soft");
+            }
+        }
     }
 }
 

@@ -14,7 +14,11 @@
 //! (defaults 40000 and 80), `flags` (TCP flag letters from `FSRPAU`, or `none`; default `S`),
 //! `type` and `code` (ICMP; defaults 8 / 128 and 0), `len` (payload bytes after the layer-4
 //! header, default 0), `cut` (keep only this many bytes after the IP header: a short transport
-//! header, with the IP lengths made to agree). After `=>`: every rule whose packet counter must go up, as `CHAIN:N`
+//! header, with the IP lengths made to agree), `ttl` (or `hl`; default 64), `tos` (IPv4 TOS
+//! byte / IPv6 traffic class, default 0), `payload` (hex bytes instead of `len` zeros), `ext`
+//! (IPv6 extension headers `TYPE:HEX`: the first header's type, then the headers' bytes, each
+//! starting with its next-header byte; `_` may separate bytes). Flag letters `E` and `C` are
+//! ECE and CWR. After `=>`: every rule whose packet counter must go up, as `CHAIN:N`
 //! with N the 1-based position of the rule within its chain (any order), and the builtin chain
 //! whose policy counter must go up, or `-` for none. No hits and `policy=-` is a packet the
 //! filter table dropped without counting it (a match "hotdropped" it: it could not read the
@@ -99,6 +103,23 @@ pub fn load_corpus(dir: &Path) -> Result<Vec<CorpusCase>, String> {
         .collect()
 }
 
+/// Hex bytes, `_` allowed between them for readability.
+fn hex(s: &str) -> Result<Vec<u8>, String> {
+    let digits: Vec<u8> = s.bytes().filter(|b| *b != b'_').collect();
+    if digits.len() % 2 != 0 {
+        return Err(format!("odd number of hex digits in `{s}`"));
+    }
+    digits
+        .chunks(2)
+        .map(|p| {
+            std::str::from_utf8(p)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .ok_or_else(|| format!("bad hex `{s}`"))
+        })
+        .collect()
+}
+
 fn parse_flags(s: &str) -> Result<u8, String> {
     if s == "none" {
         return Ok(0);
@@ -112,6 +133,8 @@ fn parse_flags(s: &str) -> Result<u8, String> {
                 'P' => tcp_flags::PSH,
                 'A' => tcp_flags::ACK,
                 'U' => tcp_flags::URG,
+                'E' => 0x40,
+                'C' => 0x80,
                 _ => return Err(format!("unknown TCP flag `{c}`")),
             })
     })
@@ -151,13 +174,21 @@ pub fn parse_packet_line(line: &str, family: Family) -> Result<CorpusPacket, Str
         icmp_code: 0,
         payload_len: 0,
         cut: None,
+        ttl: 64,
+        tos: 0,
+        payload: None,
+        ext: None,
     };
     for kv in it {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| format!("bad field `{kv}`"))?;
         let num = |v: &str| -> Result<u64, String> {
-            v.parse().map_err(|_| format!("bad number in `{kv}`"))
+            match v.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16),
+                None => v.parse(),
+            }
+            .map_err(|_| format!("bad number in `{kv}`"))
         };
         let small = |v: &str, max: u64| -> Result<u64, String> {
             let n = num(v)?;
@@ -174,6 +205,13 @@ pub fn parse_packet_line(line: &str, family: Family) -> Result<CorpusPacket, Str
             "code" => spec.icmp_code = small(v, 255)? as u8,
             "len" => spec.payload_len = small(v, 1400)? as usize,
             "cut" => spec.cut = Some(small(v, 60)? as usize),
+            "ttl" | "hl" => spec.ttl = small(v, 255)? as u8,
+            "tos" => spec.tos = small(v, 255)? as u8,
+            "payload" => spec.payload = Some(hex(v)?),
+            "ext" => {
+                let (first, bytes) = v.split_once(':').ok_or("ext=TYPE:HEX")?;
+                spec.ext = Some((small(first, 255)? as u8, hex(bytes)?));
+            }
             _ => return Err(format!("unknown key `{k}`")),
         }
     }

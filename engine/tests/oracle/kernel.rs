@@ -103,17 +103,30 @@ pub struct PacketSpec {
     /// Keep only this many bytes after the IP header (the layer-4 header cut short), with
     /// the IP length fields (and the IPv4 header checksum) made to agree; `None`: whole.
     pub cut: Option<usize>,
+    /// IPv4 TTL / IPv6 hop limit.
+    pub ttl: u8,
+    /// IPv4 TOS byte / IPv6 traffic class.
+    pub tos: u8,
+    /// The payload bytes (replacing `payload_len` zeros) when given.
+    pub payload: Option<Vec<u8>>,
+    /// IPv6 extension headers inserted between the IPv6 header and the layer-4 header:
+    /// (first header's type, the headers' bytes, each with its own next-header byte; the last
+    /// one names the layer-4 protocol).
+    pub ext: Option<(u8, Vec<u8>)>,
 }
 
 /// Builds the Ethernet frame for `spec`, from [`SRC_MAC`] to `dst_mac`, with correct checksums.
 pub fn build_frame(spec: &PacketSpec, dst_mac: [u8; 6]) -> Vec<u8> {
     let eth = PacketBuilder::ethernet2(SRC_MAC, dst_mac);
     let ip = match (spec.src, spec.dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => eth.ipv4(s.octets(), d.octets(), 64),
-        (IpAddr::V6(s), IpAddr::V6(d)) => eth.ipv6(s.octets(), d.octets(), 64),
+        (IpAddr::V4(s), IpAddr::V4(d)) => eth.ipv4(s.octets(), d.octets(), spec.ttl),
+        (IpAddr::V6(s), IpAddr::V6(d)) => eth.ipv6(s.octets(), d.octets(), spec.ttl),
         _ => panic!("packet {}: source and destination families differ", spec.id),
     };
-    let payload = vec![0u8; spec.payload_len];
+    let payload = spec
+        .payload
+        .clone()
+        .unwrap_or_else(|| vec![0u8; spec.payload_len]);
     let mut out = Vec::new();
     let r = match spec.proto {
         Proto::Tcp => {
@@ -126,6 +139,8 @@ pub fn build_frame(spec: &PacketSpec, dst_mac: [u8; 6]) -> Vec<u8> {
                 (tcp_flags::PSH, 3),
                 (tcp_flags::ACK, 4),
                 (tcp_flags::URG, 5),
+                (0x40, 6),
+                (0x80, 7),
             ] {
                 if f & bit != 0 {
                     t = match set {
@@ -134,7 +149,9 @@ pub fn build_frame(spec: &PacketSpec, dst_mac: [u8; 6]) -> Vec<u8> {
                         2 => t.rst(),
                         3 => t.psh(),
                         4 => t.ack(1),
-                        _ => t.urg(0),
+                        5 => t.urg(0),
+                        6 => t.ece(),
+                        _ => t.cwr(),
                     };
                 }
             }
@@ -153,7 +170,39 @@ pub fn build_frame(spec: &PacketSpec, dst_mac: [u8; 6]) -> Vec<u8> {
     if let Some(n) = spec.cut {
         cut_transport(&mut out, n);
     }
+    const ETH: usize = 14;
+    if out[ETH] >> 4 == 4 {
+        out[ETH + 1] = spec.tos;
+        fix_ipv4_checksum(&mut out);
+    } else {
+        out[ETH] = 0x60 | (spec.tos >> 4);
+        out[ETH + 1] = (spec.tos << 4) | (out[ETH + 1] & 0x0f);
+        if let Some((first, bytes)) = &spec.ext {
+            // The layer-4 checksum does not cover extension headers (only the final
+            // destination would change with a routing header, and the kernel's filter INPUT
+            // does not check it).
+            out[ETH + 6] = *first;
+            let len = u16::from_be_bytes([out[ETH + 4], out[ETH + 5]]) + bytes.len() as u16;
+            out[ETH + 4..ETH + 6].copy_from_slice(&len.to_be_bytes());
+            out.splice(ETH + 40..ETH + 40, bytes.iter().copied());
+        }
+    }
     out
+}
+
+/// Recomputes the IPv4 header checksum of an Ethernet frame.
+fn fix_ipv4_checksum(frame: &mut [u8]) {
+    const ETH: usize = 14;
+    let ihl = usize::from(frame[ETH] & 0x0f) * 4;
+    frame[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+    let mut sum: u32 = frame[ETH..ETH + ihl]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    frame[ETH + 10..ETH + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
 }
 
 /// Cuts an Ethernet + IPv4/IPv6 frame (no extension headers) to `n` bytes after the IP

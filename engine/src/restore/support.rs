@@ -1,0 +1,210 @@
+//! Which iptables extensions the engine enforces, keeps for storage only, or does not know: the
+//! table `docs/extensions.md` is generated from ([`support_markdown`]; the test
+//! `tests/support_table.rs` fails when the file and this table differ).
+//!
+//! The rows are derived from what the parser does: every name [`super::extensions`] knows
+//! (its typed matches and targets and its opaque lists) is loaded with `-m NAME` / `-j NAME`
+//! in each family and classified by the model value it produces, so the table cannot drift from
+//! the parser.
+
+use crate::model::{Family, Match, TableKind, Target};
+
+use super::extensions::{self, KNOWN_MATCHES, KNOWN_TARGETS, OPAQUE_MATCHES, OPAQUE_TARGETS};
+use super::header_matches;
+use super::lexer::Tok;
+use super::rule::Ctx;
+
+/// How the engine supports an extension in one family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Support {
+    /// Parsed, printed as iptables-save and enforced in every table the engine runs (filter,
+    /// raw); `note` names options that are only stored (refused by validation there).
+    Enforced {
+        /// Options that are stored only, or empty.
+        note: &'static str,
+    },
+    /// Parsed and printed verbatim (or in iptables-save's canonical form) for the stored-only
+    /// tables (nat, mangle, security); validation refuses it in filter and raw, naming it.
+    StoredOnly,
+    /// The family's iptables has no such extension: "Couldn't load match/target".
+    Refused,
+}
+
+/// One row of the support table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SupportRow {
+    /// `true` for a target (`-j`), `false` for a match (`-m`).
+    pub target: bool,
+    /// The extension name.
+    pub name: &'static str,
+    /// In IPv4 (iptables).
+    pub ipv4: Support,
+    /// In IPv6 (ip6tables).
+    pub ipv6: Support,
+}
+
+/// Options of enforced extensions that are only stored (validation refuses them in filter and
+/// raw): the conntrack, set, rt and CT options the engine does not run.
+fn note(target: bool, name: &str) -> &'static str {
+    match (target, name) {
+        (false, "conntrack") => "only `--ctstate` is enforced; other options are stored only",
+        (false, "set") => "`--match-set` is enforced; further options are stored only",
+        (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
+        (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
+        (true, "CT") => "raw table; only `--notrack` is enforced, other options are stored only",
+        (true, "REJECT") => "filter table only",
+        (true, "NOTRACK") => "raw table only",
+        _ => "",
+    }
+}
+
+fn classify_match(name: &'static str, family: Family) -> Support {
+    let ctx = Ctx {
+        family,
+        table: TableKind::Filter,
+        line: 1,
+        set_exists: None,
+    };
+    let tok = Tok {
+        text: name,
+        column: 1,
+    };
+    match extensions::new_match(name, &tok, &ctx) {
+        Err(_) => Support::Refused,
+        Ok((Match::Opaque(_), _)) if !header_matches::is_typed(name, family) => Support::StoredOnly,
+        Ok(_) => Support::Enforced {
+            note: note(false, name),
+        },
+    }
+}
+
+fn classify_target(name: &'static str, family: Family) -> Support {
+    let tok = Tok {
+        text: name,
+        column: 1,
+    };
+    // NOTRACK and CT load only in raw, REJECT only in filter: either will do.
+    let load = |table| {
+        let ctx = Ctx {
+            family,
+            table,
+            line: 1,
+            set_exists: None,
+        };
+        extensions::new_target(&tok, &ctx)
+            .ok()
+            .flatten()
+            .map(|t| t.t)
+    };
+    match load(TableKind::Filter).or_else(|| load(TableKind::Raw)) {
+        None => Support::Refused,
+        Some(Target::Opaque(_)) => Support::StoredOnly,
+        Some(_) => Support::Enforced {
+            note: note(true, name),
+        },
+    }
+}
+
+/// Every extension the parser knows, matches then targets, each sorted by name.
+pub fn support_table() -> Vec<SupportRow> {
+    let mut matches: Vec<&'static str> = KNOWN_MATCHES
+        .iter()
+        .chain(OPAQUE_MATCHES)
+        .copied()
+        .collect();
+    matches.sort_unstable();
+    matches.dedup();
+    let mut targets: Vec<&'static str> = KNOWN_TARGETS
+        .iter()
+        .chain(OPAQUE_TARGETS)
+        .copied()
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    let m = matches.into_iter().map(|name| SupportRow {
+        target: false,
+        name,
+        ipv4: classify_match(name, Family::Ipv4),
+        ipv6: classify_match(name, Family::Ipv6),
+    });
+    let t = targets.into_iter().map(|name| SupportRow {
+        target: true,
+        name,
+        ipv4: classify_target(name, Family::Ipv4),
+        ipv6: classify_target(name, Family::Ipv6),
+    });
+    m.chain(t).collect()
+}
+
+fn cell(s: Support) -> &'static str {
+    match s {
+        Support::Enforced { .. } => "enforced",
+        Support::StoredOnly => "stored only",
+        Support::Refused => "-",
+    }
+}
+
+/// The text of `docs/extensions.md`.
+pub fn support_markdown() -> String {
+    let mut out = String::from(
+        "# Extension support\n\n\
+         Generated from the parser's own tables by `vallum_engine::restore::support_markdown`\n\
+         (the test `engine/tests/support_table.rs` fails when this file differs; run it with\n\
+         `VALLUM_BLESS=1` to rewrite it). Do not edit by hand.\n\n\
+         - **enforced**: parsed with iptables 1.8.9's grammar, printed as iptables-save prints it,\n  \
+         validated, and run by the engine in the tables it enforces (filter, raw).\n\
+         - **stored only**: parsed and printed (in iptables-save's canonical form where the\n  \
+         engine knows it, otherwise verbatim) so that nat, mangle and security tables import and\n  \
+         export faithfully; in filter or raw, validation refuses the rule with an error naming the\n  \
+         extension (`UNSUPPORTED`), so nothing is accepted that would not be enforced. `string`\n  \
+         and `u32` are among these: matching payload bytes (`string`'s Boyer-Moore/KMP over\n  \
+         the skb, `u32`'s small interpreter) is not worth its cost on the packet path yet.\n\
+         - **-**: that family's iptables has no such extension; the parser refuses it\n  \
+         (\"Couldn't load match\").\n\n\
+         `addrtype` needs the node's local, broadcast and anycast addresses, which the sans-IO\n\
+         engine does not have yet; it is stored only until they are an engine input.\n\n",
+    );
+    for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
+        out.push_str(&format!(
+            "## {title}\n\n| `{flag}` | IPv4 | IPv6 | Notes |\n|---|---|---|---|\n"
+        ));
+        for r in support_table().iter().filter(|r| r.target == target) {
+            let note = match (r.ipv4, r.ipv6) {
+                (Support::Enforced { note }, _) | (_, Support::Enforced { note }) => note,
+                _ => "",
+            };
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} |\n",
+                r.name,
+                cell(r.ipv4),
+                cell(r.ipv6),
+                note
+            ));
+        }
+        out.push('\n');
+    }
+    out.pop();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_names_are_typed_and_opaque_names_are_not() {
+        for r in support_table() {
+            let known = if r.target {
+                KNOWN_TARGETS.contains(&r.name)
+            } else {
+                KNOWN_MATCHES.contains(&r.name)
+            };
+            let enforced_somewhere = matches!(r.ipv4, Support::Enforced { .. })
+                || matches!(r.ipv6, Support::Enforced { .. });
+            let typed = !r.target
+                && (header_matches::is_typed(r.name, Family::Ipv4)
+                    || header_matches::is_typed(r.name, Family::Ipv6));
+            assert_eq!(enforced_somewhere, known || typed, "{}", r.name);
+        }
+    }
+}
