@@ -93,10 +93,13 @@ enum RuleError {
     Shape(&'static str),
 }
 
+/// Whether an error is of the expected kind.
+type IsKind = fn(&ParseErrorKind) -> bool;
+
 /// The reasons a FAIL vector can carry (a `#` comment on the line just above it), with the
 /// error kind each means. A reason not listed here fails the test, so that a new one is
 /// classified rather than ignored.
-const FAIL_REASONS: &[(&str, fn(&ParseErrorKind) -> bool)] = &[
+const FAIL_REASONS: &[(&str, IsKind)] = &[
     // libxt_set.t: no set exists in the test environment.
     (
         "fails: foo does not exist",
@@ -308,11 +311,7 @@ fn s_lines(tables: &[Table], expect: &str, verbose: bool) -> String {
 }
 
 /// Whether `r` is a refusal whose first error is on `line` and of a kind `reason` accepts.
-fn refused_with(
-    r: &Result<restore::Restore, ParseErrors>,
-    line: u32,
-    reason: fn(&ParseErrorKind) -> bool,
-) -> bool {
+fn refused_with(r: &Result<restore::Restore, ParseErrors>, line: u32, reason: IsKind) -> bool {
     match r {
         Err(e) => {
             e.0.first()
@@ -380,8 +379,8 @@ fn restore_cases() {
         }
     }
     // Each must-fail input with the error its README row names, on the line it names.
-    let invalid_counters: fn(&ParseErrorKind) -> bool = |k| *k == ParseErrorKind::BadCounters;
-    let table_option: fn(&ParseErrorKind) -> bool = |k| *k == ParseErrorKind::TableOption;
+    let invalid_counters: IsKind = |k| *k == ParseErrorKind::BadCounters;
+    let table_option: IsKind = |k| *k == ParseErrorKind::TableOption;
     for (fail, line, reason) in [
         ("05-bad-policy-counters.rules-FAIL", 2, invalid_counters),
         ("06-table-option-inside-restore.rules-FAIL", 2, table_option),
