@@ -19,6 +19,10 @@
 //! server, so no `ErrorInfo`), and [`status_exit_code`] maps a status without a known reason;
 //! together with [`Reason`] they are the whole exit-code mapping.
 //!
+//! The table is one list in the `reasons!` invocation below: adding a reason is one row
+//! there, which declares the variant, puts it in [`Reason::ALL`] and gives its
+//! [`Reason::info`].
+//!
 //! [`Error`]'s `Display` is the human message;
 //! `From<Error> for tonic::Status` is the only place errors become gRPC statuses, with
 //! `BadRequest` field violations, `PreconditionFailure` and `ErrorInfo` details
@@ -38,60 +42,6 @@ pub const EXIT_USAGE: u8 = 2;
 /// `vallumctl` exit code: the server could not be reached, is not ready or is stopping.
 pub const EXIT_UNAVAILABLE: u8 = 3;
 
-/// The table of error codes: one row per reason.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// A request field is missing or malformed (names, durations, packets).
-    InvalidArgument,
-    /// The ruleset text or structure does not parse or does not validate.
-    InvalidRuleset,
-    /// The ruleset uses an extension the engine does not enforce in filter/raw.
-    UnsupportedExtension,
-    /// The ruleset relies on state outside the text (iptables-restore `--noflush` input).
-    NoflushUnsupported,
-    /// A capture that cannot be read.
-    BadCapture,
-    /// The named ruleset or revision does not exist.
-    NotFound,
-    /// The request's etag differs from the stored one.
-    EtagMismatch,
-    /// The resource is not in a state that allows the call (e.g. confirming a commit that
-    /// is not pending).
-    FailedPrecondition,
-    /// The server is still loading its stored state.
-    NotReady,
-    /// The engine refused a commit that passed validation.
-    CommitFailed,
-    /// The store failed (I/O, corruption, migration).
-    Store,
-    /// A bug or an unexpected condition.
-    Internal,
-    /// No bearer token in the request (auth layer).
-    TokenMissing,
-    /// The bearer token is not configured (auth layer).
-    TokenInvalid,
-    /// A read-only token called a method that needs an admin token (auth layer).
-    AdminRequired,
-    /// The request message is larger than `--max-request-bytes` (limits layer).
-    RequestTooLarge,
-    /// The ruleset has more rules than `--max-rules`.
-    TooManyRules,
-    /// Creating the ruleset would exceed `--max-rulesets`.
-    TooManyRulesets,
-    /// The server is stopping.
-    ShuttingDown,
-    /// The set (or set element) to create or add exists already (as ipset without `-exist`).
-    AlreadyExists,
-    /// Adding would exceed the set's `maxelem` (as ipset: "Hash is full").
-    SetFull,
-    /// A stored active revision did not load at start (the audit outcome of the `Load`
-    /// record, and vallumd's exit code under `--on-load-failure refuse`).
-    ActiveRevisionNotLoaded,
-    /// An Apply/Stage of an empty ruleset without `allow_empty` (see
-    /// [`crate::content::Checked::is_empty`]).
-    EmptyRuleset,
-}
-
 /// One row of the table.
 #[derive(Clone, Copy, Debug)]
 pub struct ReasonInfo {
@@ -103,79 +53,90 @@ pub struct ReasonInfo {
     pub exit_code: u8,
 }
 
-impl Reason {
-    /// Every reason, in table order.
-    pub const ALL: [Reason; 23] = [
-        Reason::InvalidArgument,
-        Reason::InvalidRuleset,
-        Reason::UnsupportedExtension,
-        Reason::NoflushUnsupported,
-        Reason::BadCapture,
-        Reason::NotFound,
-        Reason::EtagMismatch,
-        Reason::FailedPrecondition,
-        Reason::NotReady,
-        Reason::CommitFailed,
-        Reason::Store,
-        Reason::Internal,
-        Reason::TokenMissing,
-        Reason::TokenInvalid,
-        Reason::AdminRequired,
-        Reason::RequestTooLarge,
-        Reason::TooManyRules,
-        Reason::TooManyRulesets,
-        Reason::ShuttingDown,
-        Reason::AlreadyExists,
-        Reason::SetFull,
-        Reason::ActiveRevisionNotLoaded,
-        Reason::EmptyRuleset,
-    ];
-
-    /// This reason's row of the table.
-    pub const fn info(self) -> ReasonInfo {
-        use tonic::Code;
-        const REJECTED: u8 = EXIT_REJECTED;
-        const UNAVAILABLE: u8 = EXIT_UNAVAILABLE;
-        let (name, code, exit_code) = match self {
-            Reason::InvalidArgument => ("INVALID_ARGUMENT", Code::InvalidArgument, REJECTED),
-            Reason::InvalidRuleset => ("INVALID_RULESET", Code::InvalidArgument, REJECTED),
-            Reason::UnsupportedExtension => {
-                ("UNSUPPORTED_EXTENSION", Code::InvalidArgument, REJECTED)
-            }
-            Reason::NoflushUnsupported => ("NOFLUSH_UNSUPPORTED", Code::InvalidArgument, REJECTED),
-            Reason::BadCapture => ("BAD_CAPTURE", Code::InvalidArgument, REJECTED),
-            Reason::NotFound => ("NOT_FOUND", Code::NotFound, REJECTED),
-            Reason::EtagMismatch => ("ETAG_MISMATCH", Code::FailedPrecondition, REJECTED),
-            Reason::FailedPrecondition => {
-                ("FAILED_PRECONDITION", Code::FailedPrecondition, REJECTED)
-            }
-            Reason::NotReady => ("NOT_READY", Code::Unavailable, UNAVAILABLE),
-            Reason::CommitFailed => ("COMMIT_FAILED", Code::Internal, REJECTED),
-            Reason::Store => ("STORE_ERROR", Code::Internal, REJECTED),
-            Reason::Internal => ("INTERNAL", Code::Internal, REJECTED),
-            Reason::TokenMissing => ("TOKEN_MISSING", Code::Unauthenticated, REJECTED),
-            Reason::TokenInvalid => ("TOKEN_INVALID", Code::Unauthenticated, REJECTED),
-            Reason::AdminRequired => ("ADMIN_REQUIRED", Code::PermissionDenied, REJECTED),
-            Reason::RequestTooLarge => ("REQUEST_TOO_LARGE", Code::ResourceExhausted, REJECTED),
-            Reason::TooManyRules => ("TOO_MANY_RULES", Code::InvalidArgument, REJECTED),
-            Reason::TooManyRulesets => ("TOO_MANY_RULESETS", Code::ResourceExhausted, REJECTED),
-            Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
-            Reason::AlreadyExists => ("ALREADY_EXISTS", Code::AlreadyExists, REJECTED),
-            Reason::SetFull => ("SET_FULL", Code::ResourceExhausted, REJECTED),
-            Reason::ActiveRevisionNotLoaded => (
-                "ACTIVE_REVISION_NOT_LOADED",
-                Code::FailedPrecondition,
-                REJECTED,
-            ),
-            Reason::EmptyRuleset => ("EMPTY_RULESET", Code::InvalidArgument, REJECTED),
-        };
-        ReasonInfo {
-            name,
-            code,
-            exit_code,
+/// Declares [`Reason`], [`Reason::ALL`] and [`Reason::info`] from one list, so a row is
+/// added in one place: `/// doc` then `Variant => ("NAME", tonic::Code variant, exit code),`.
+macro_rules! reasons {
+    ($(
+        $(#[doc = $doc:literal])+
+        $variant:ident => ($name:literal, $code:ident, $exit:expr),
+    )+) => {
+        /// The table of error codes: one row per reason.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[doc = $doc])+ $variant,)+
         }
-    }
 
+        impl Reason {
+            /// Every reason, in table order.
+            pub const ALL: [Reason; [$(stringify!($variant)),+].len()] = [$(Reason::$variant),+];
+
+            /// This reason's row of the table.
+            pub const fn info(self) -> ReasonInfo {
+                match self {
+                    $(Reason::$variant => ReasonInfo {
+                        name: $name,
+                        code: tonic::Code::$code,
+                        exit_code: $exit,
+                    },)+
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// A request field is missing or malformed (names, durations, packets).
+    InvalidArgument => ("INVALID_ARGUMENT", InvalidArgument, EXIT_REJECTED),
+    /// The ruleset text or structure does not parse or does not validate.
+    InvalidRuleset => ("INVALID_RULESET", InvalidArgument, EXIT_REJECTED),
+    /// The ruleset uses an extension the engine does not enforce in filter/raw.
+    UnsupportedExtension => ("UNSUPPORTED_EXTENSION", InvalidArgument, EXIT_REJECTED),
+    /// The ruleset relies on state outside the text (iptables-restore `--noflush` input).
+    NoflushUnsupported => ("NOFLUSH_UNSUPPORTED", InvalidArgument, EXIT_REJECTED),
+    /// A capture that cannot be read.
+    BadCapture => ("BAD_CAPTURE", InvalidArgument, EXIT_REJECTED),
+    /// The named ruleset or revision does not exist.
+    NotFound => ("NOT_FOUND", NotFound, EXIT_REJECTED),
+    /// The request's etag differs from the stored one.
+    EtagMismatch => ("ETAG_MISMATCH", FailedPrecondition, EXIT_REJECTED),
+    /// The resource is not in a state that allows the call (e.g. confirming a commit that
+    /// is not pending).
+    FailedPrecondition => ("FAILED_PRECONDITION", FailedPrecondition, EXIT_REJECTED),
+    /// The server is still loading its stored state.
+    NotReady => ("NOT_READY", Unavailable, EXIT_UNAVAILABLE),
+    /// The engine refused a commit that passed validation.
+    CommitFailed => ("COMMIT_FAILED", Internal, EXIT_REJECTED),
+    /// The store failed (I/O, corruption, migration).
+    Store => ("STORE_ERROR", Internal, EXIT_REJECTED),
+    /// A bug or an unexpected condition.
+    Internal => ("INTERNAL", Internal, EXIT_REJECTED),
+    /// No bearer token in the request (auth layer).
+    TokenMissing => ("TOKEN_MISSING", Unauthenticated, EXIT_REJECTED),
+    /// The bearer token is not configured (auth layer).
+    TokenInvalid => ("TOKEN_INVALID", Unauthenticated, EXIT_REJECTED),
+    /// A read-only token called a method that needs an admin token (auth layer).
+    AdminRequired => ("ADMIN_REQUIRED", PermissionDenied, EXIT_REJECTED),
+    /// The request message is larger than `--max-request-bytes` (limits layer).
+    RequestTooLarge => ("REQUEST_TOO_LARGE", ResourceExhausted, EXIT_REJECTED),
+    /// The ruleset has more rules than `--max-rules`.
+    TooManyRules => ("TOO_MANY_RULES", InvalidArgument, EXIT_REJECTED),
+    /// Creating the ruleset would exceed `--max-rulesets`.
+    TooManyRulesets => ("TOO_MANY_RULESETS", ResourceExhausted, EXIT_REJECTED),
+    /// The server is stopping.
+    ShuttingDown => ("SHUTTING_DOWN", Unavailable, EXIT_UNAVAILABLE),
+    /// The set (or set element) to create or add exists already (as ipset without `-exist`).
+    AlreadyExists => ("ALREADY_EXISTS", AlreadyExists, EXIT_REJECTED),
+    /// Adding would exceed the set's `maxelem` (as ipset: "Hash is full").
+    SetFull => ("SET_FULL", ResourceExhausted, EXIT_REJECTED),
+    /// A stored active revision did not load at start (the audit outcome of the `Load`
+    /// record, and vallumd's exit code under `--on-load-failure refuse`).
+    ActiveRevisionNotLoaded => ("ACTIVE_REVISION_NOT_LOADED", FailedPrecondition, EXIT_REJECTED),
+    /// An Apply/Stage of an empty ruleset without `allow_empty` (see
+    /// [`crate::content::Checked::is_empty`]).
+    EmptyRuleset => ("EMPTY_RULESET", InvalidArgument, EXIT_REJECTED),
+}
+
+impl Reason {
     /// The reason whose UPPER_SNAKE name is `name` (for clients reading `ErrorInfo`).
     pub fn from_name(name: &str) -> Option<Reason> {
         Reason::ALL.into_iter().find(|r| r.info().name == name)

@@ -10,6 +10,7 @@
 //!   ([`AuthLayer`]).
 //! - [`caller`]: who made a request, for the audit table (the auth layer's [`Caller`]).
 //! - [`Hooks::limits`]: the limits the pipeline enforces (rules per ruleset, rulesets).
+//! - [`Hooks::confirm_clock`]: the wall clock of commit-confirmed deadlines.
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use crate::config::Config;
 use crate::limits::{LimitsConfig, RequestLimitLayer};
 use crate::metrics::{CommitPhases, GrpcMetricsLayer, Metrics};
 use crate::outcome::Outcome;
+use crate::pipeline::confirm_clock::{SystemWallClock, WallClock};
 use crate::store::Phases;
 
 /// What the pipeline reports after each commit.
@@ -147,6 +149,9 @@ pub struct Hooks {
     pub observer: Arc<dyn Observer>,
     /// Limits the pipeline enforces (rules per ruleset, rulesets).
     pub limits: LimitsConfig,
+    /// The clock commit-confirmed deadlines are set and checked on (default: the system
+    /// clock; tests pass a [`crate::pipeline::confirm_clock::ManualWallClock`]).
+    pub confirm_clock: Arc<dyn WallClock>,
 }
 
 impl Default for Hooks {
@@ -154,6 +159,7 @@ impl Default for Hooks {
         Hooks {
             observer: Arc::new(NoopObserver),
             limits: LimitsConfig::default(),
+            confirm_clock: Arc::new(SystemWallClock),
         }
     }
 }

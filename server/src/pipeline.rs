@@ -37,6 +37,7 @@ use crate::store::{
     RevisionState, RulesetRow, Store, now_ns,
 };
 
+pub mod confirm_clock;
 pub mod sets;
 
 /// A commit event, as WatchCommits streams it: one per [`Outcome`] of every commit request
@@ -361,7 +362,7 @@ impl Pipeline {
         let rs = self.ruleset(ruleset).await?;
         let rev = self.revision(ruleset, number).await?;
         let model = rev.content.to_ruleset(ruleset, rs.priority)?;
-        let (state, deadline) = confirm(confirm_within);
+        let (state, deadline) = self.confirm_state(confirm_within);
         self.run(
             Job {
                 ruleset: ruleset.to_string(),
@@ -395,7 +396,7 @@ impl Pipeline {
         let checked = checked.into_valid()?;
         self.check_rules(&checked)?;
         let new = new_revision(&checked, author, message);
-        let (state, deadline) = confirm(confirm_within);
+        let (state, deadline) = self.confirm_state(confirm_within);
         let _w = self.write.lock().await;
         let sources = checked.sources;
         let mut model = checked.ruleset;
@@ -533,7 +534,7 @@ impl Pipeline {
     ///
     /// Errors: [`Error::Store`], [`Error::Commit`].
     pub async fn expire_confirms(&self) -> Result<usize> {
-        let now = now_ns();
+        let now = self.hooks.confirm_clock.unix_ns();
         let mut done = 0;
         let _w = self.write.lock().await;
         for c in self.store.pending_confirms().await? {
@@ -598,6 +599,22 @@ impl Pipeline {
             done += 1;
         }
         Ok(done)
+    }
+
+    /// The state and deadline (Unix ns on [`Hooks::confirm_clock`]) of a commit made with
+    /// `confirm_within` (none or zero: ACTIVE, no deadline).
+    fn confirm_state(&self, within: Option<Duration>) -> (RevisionState, Option<i64>) {
+        match within.filter(|d| !d.is_zero()) {
+            Some(d) => {
+                let now = self.hooks.confirm_clock.unix_ns();
+                let within = i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+                (
+                    RevisionState::PendingConfirm,
+                    Some(now.saturating_add(within)),
+                )
+            }
+            None => (RevisionState::Active, None),
+        }
     }
 
     /// Runs [`Pipeline::expire_confirms`] every `interval` until the returned task is aborted.
@@ -948,16 +965,6 @@ fn is_server_failure(e: &Error) -> bool {
     )
 }
 
-fn confirm(within: Option<Duration>) -> (RevisionState, Option<i64>) {
-    match within.filter(|d| !d.is_zero()) {
-        Some(d) => (
-            RevisionState::PendingConfirm,
-            Some(now_ns().saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))),
-        ),
-        None => (RevisionState::Active, None),
-    }
-}
-
 fn new_revision(c: &Checked, author: &str, message: &str) -> NewRevision {
     NewRevision {
         ruleset: c.ruleset.name.clone(),
@@ -1021,6 +1028,78 @@ mod tests {
         ));
         let p = Pipeline::new(engine.clone(), store.clone(), clock, hooks);
         (p, engine, store, dir)
+    }
+
+    /// A commit-confirmed is rolled back when its deadline passes on the injected clock and
+    /// not before, and a new pipeline on the same store (a restart) keeps the deadline: the
+    /// clock is advanced, nothing waits.
+    #[tokio::test]
+    async fn confirm_deadline_passes_on_the_injected_clock() {
+        use confirm_clock::{ManualWallClock, WallClock};
+        let clock = ManualWallClock::starting_now();
+        let hooks = Hooks {
+            confirm_clock: Arc::new(clock.clone()),
+            ..Hooks::default()
+        };
+        let (p, _engine, store, dir) = pipeline(hooks.clone()).await;
+        p.apply(checked(&p, 1), "me", "m", None, None, &mut None)
+            .await
+            .expect("commits");
+        let within = Duration::from_secs(60);
+        let r = p
+            .apply(checked(&p, 2), "me", "m", Some(within), None, &mut None)
+            .await
+            .expect("commits");
+        assert_eq!(r.revision.state, RevisionState::PendingConfirm);
+        assert_eq!(r.confirm_deadline, Some(clock.unix_ns() + 60_000_000_000));
+        clock.advance(within - Duration::from_secs(1));
+        assert_eq!(p.expire_confirms().await.expect("checks"), 0);
+
+        // Restart: a new engine and pipeline on the same database.
+        drop(p);
+        store.close().await;
+        let store = Store::open(&dir.path().join("v.db")).await.expect("store");
+        let engine_clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+        let engine = Arc::new(Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            engine_clock.clone(),
+        ));
+        let p = Pipeline::new(engine.clone(), store.clone(), engine_clock, hooks);
+        assert!(p.load().await.expect("loads").is_empty());
+        assert_eq!(p.expire_confirms().await.expect("checks"), 0);
+        let rev = |n| {
+            let store = store.clone();
+            async move {
+                store
+                    .get_revision("web", n)
+                    .await
+                    .expect("read")
+                    .expect("revision")
+            }
+        };
+        assert_eq!(rev(2).await.state, RevisionState::PendingConfirm);
+        assert_eq!(engine.rulesets()["web"].rule_count(), 2);
+
+        let mut events = p.subscribe();
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(p.expire_confirms().await.expect("checks"), 1);
+        let ev = events.try_recv().expect("an event");
+        assert_eq!((ev.revision, ev.outcome), (Some(3), Outcome::Reverted));
+        let rs = store
+            .get_ruleset("web")
+            .await
+            .expect("read")
+            .expect("ruleset");
+        assert_eq!(rs.active_revision, Some(3));
+        assert_eq!(rev(2).await.state, RevisionState::Rejected);
+        assert_eq!(rev(3).await.digest, rev(1).await.digest);
+        assert_eq!(engine.rulesets()["web"].rule_count(), 1);
+        // Once is enough.
+        assert_eq!(p.expire_confirms().await.expect("checks"), 0);
     }
 
     /// After an Apply that carries its texts, the pipeline keeps them with the model the

@@ -1,5 +1,6 @@
 //! Shared helpers of the end-to-end tests: start a real `vallumd` on an ephemeral port with a
-//! temporary database, connect clients, find the shared data.
+//! temporary database (or one in this process, [`InProcess`], where a test injects hooks such
+//! as a clock), connect clients, find the shared data, join tasks, poll for a condition.
 
 #![allow(dead_code)] // Each test uses a different part.
 
@@ -60,17 +61,7 @@ impl Vallumd {
     }
 
     pub async fn channel(&self) -> Channel {
-        for _ in 0..100 {
-            if let Ok(c) = Channel::from_shared(self.url())
-                .expect("url")
-                .connect()
-                .await
-            {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("cannot connect to {}", self.addr)
+        connect(&self.addr).await
     }
 
     pub async fn rulesets(&self) -> RulesetServiceClient<Channel> {
@@ -79,21 +70,7 @@ impl Vallumd {
 
     /// Waits until health says SERVING for "".
     pub async fn wait_serving(&self) {
-        use tonic_health::pb::health_client::HealthClient;
-        use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
-        let mut h = HealthClient::new(self.channel().await);
-        for _ in 0..400 {
-            let r = h
-                .check(HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await;
-            if matches!(r, Ok(ref r) if r.get_ref().status == ServingStatus::Serving as i32) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("vallumd never became SERVING");
+        assert!(serving(&self.addr).await, "vallumd never became SERVING");
     }
 
     /// kill -9.
@@ -106,6 +83,120 @@ impl Vallumd {
 impl Drop for Vallumd {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// A channel to `addr` (retried while the listener comes up).
+pub async fn connect(addr: &str) -> Channel {
+    for _ in 0..100 {
+        if let Ok(c) = Channel::from_shared(format!("http://{addr}"))
+            .expect("url")
+            .connect()
+            .await
+        {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cannot connect to {addr}")
+}
+
+/// Polls health at `addr` until it says SERVING for "" (true) or 400 polls passed (false).
+async fn serving(addr: &str) -> bool {
+    let channel = connect(addr).await;
+    for _ in 0..400 {
+        if serving_now(&channel).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+/// Whether health on `channel` says SERVING for "".
+async fn serving_now(channel: &Channel) -> bool {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let r = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await;
+    matches!(r, Ok(ref r) if r.get_ref().status == ServingStatus::Serving as i32)
+}
+
+/// vallumd run in this process (`server::run_with`) with the hooks a test gives it, e.g. a
+/// [`vallum_server::pipeline::confirm_clock::ManualWallClock`]. Stopped on [`InProcess::stop`]
+/// or when the test's runtime ends.
+pub struct InProcess {
+    pub addr: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<vallum_server::error::Result<vallum_server::Summary>>,
+}
+
+impl InProcess {
+    /// Starts vallumd with `--listen 127.0.0.1:PORT --metrics-listen 127.0.0.1:0 --db DB
+    /// --cores 2`, `extra` flags and `hooks`, and waits until it is SERVING. PORT is a free
+    /// port picked here; when another process takes it first, starts again on another.
+    pub async fn start(db: &Path, extra: &[&str], hooks: vallum_server::hooks::Hooks) -> Self {
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let addr = format!("127.0.0.1:{port}");
+            let mut args = vec!["vallumd", "--listen", &addr, "--cores", "2"];
+            args.extend(["--metrics-listen", "127.0.0.1:0", "--db"]);
+            let db = db.to_str().expect("a UTF-8 path");
+            args.push(db);
+            args.extend_from_slice(extra);
+            let config = vallum_server::Config::from_args(args).expect("flags");
+            let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(vallum_server::server::run_with(
+                config,
+                hooks.clone(),
+                async {
+                    let _ = rx.await;
+                },
+            ));
+            // Until SERVING, or the server ended (it could not bind, or failed to start).
+            let channel = Channel::from_shared(format!("http://{addr}"))
+                .expect("url")
+                .connect_lazy();
+            for _ in 0..400 {
+                if task.is_finished() {
+                    break;
+                }
+                if serving_now(&channel).await {
+                    return InProcess { addr, stop, task };
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            assert!(
+                task.is_finished(),
+                "in-process vallumd never became SERVING"
+            );
+            match join(task).await {
+                Err(e) if e.to_string().contains("bind") => continue,
+                r => panic!("in-process vallumd did not start: {r:?}"),
+            }
+        }
+        panic!("in-process vallumd: no free port after 5 tries");
+    }
+
+    pub async fn channel(&self) -> Channel {
+        connect(&self.addr).await
+    }
+
+    pub async fn rulesets(&self) -> RulesetServiceClient<Channel> {
+        RulesetServiceClient::new(self.channel().await).max_decoding_message_size(64 << 20)
+    }
+
+    /// Stops it as SIGTERM would and waits until it has ended.
+    pub async fn stop(self) {
+        let InProcess { stop, task, .. } = self;
+        let _ = stop.send(());
+        join(task).await.expect("vallumd ends cleanly");
     }
 }
 
@@ -137,4 +228,30 @@ pub fn reason(s: &tonic::Status) -> String {
         .error_info()
         .map(|i| i.reason.clone())
         .unwrap_or_default()
+}
+
+/// Awaits a spawned task and re-raises its panic in the test (a failed assertion inside the
+/// task fails the test with its own message); a task that was cancelled fails the test too.
+pub async fn join<T>(task: tokio::task::JoinHandle<T>) -> T {
+    match task.await {
+        Ok(v) => v,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => panic!("task did not finish: {e}"),
+    }
+}
+
+/// Polls `probe` up to `attempts` times, `every` apart, until it returns `Some`; panics with
+/// `what` when it never does. A bound on the number of polls, not a deadline the test asserts.
+pub async fn poll<T, F, Fut>(what: &str, attempts: usize, every: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..attempts {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        tokio::time::sleep(every).await;
+    }
+    panic!("{what}: not reached after {attempts} polls");
 }
