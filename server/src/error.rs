@@ -70,6 +70,8 @@ pub enum Reason {
     RequestTooLarge,
     /// The ruleset has more rules than `--max-rules`.
     TooManyRules,
+    /// The ruleset has more chains than `--max-chains`.
+    TooManyChains,
     /// Creating the ruleset would exceed `--max-rulesets`.
     TooManyRulesets,
     /// The server is stopping.
@@ -93,7 +95,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -111,6 +113,7 @@ impl Reason {
         Reason::AdminRequired,
         Reason::RequestTooLarge,
         Reason::TooManyRules,
+        Reason::TooManyChains,
         Reason::TooManyRulesets,
         Reason::ShuttingDown,
         Reason::AlreadyExists,
@@ -143,7 +146,8 @@ impl Reason {
             Reason::TokenInvalid => ("TOKEN_INVALID", Code::Unauthenticated, REJECTED),
             Reason::AdminRequired => ("ADMIN_REQUIRED", Code::PermissionDenied, REJECTED),
             Reason::RequestTooLarge => ("REQUEST_TOO_LARGE", Code::ResourceExhausted, REJECTED),
-            Reason::TooManyRules => ("TOO_MANY_RULES", Code::InvalidArgument, REJECTED),
+            Reason::TooManyRules => ("TOO_MANY_RULES", Code::ResourceExhausted, REJECTED),
+            Reason::TooManyChains => ("TOO_MANY_CHAINS", Code::ResourceExhausted, REJECTED),
             Reason::TooManyRulesets => ("TOO_MANY_RULESETS", Code::ResourceExhausted, REJECTED),
             Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
             Reason::AlreadyExists => ("ALREADY_EXISTS", Code::AlreadyExists, REJECTED),
@@ -345,7 +349,9 @@ impl From<Error> for tonic::Status {
             }
             Error::Limit(l) => {
                 metadata = l.metadata();
-                if let crate::limits::LimitError::TooManyRules { .. } = l {
+                if let crate::limits::LimitError::TooManyRules { .. }
+                | crate::limits::LimitError::TooManyChains { .. } = l
+                {
                     details.add_bad_request_violation("source", message.clone());
                 }
             }

@@ -1,4 +1,4 @@
-//! Resource limits: request size, rules per ruleset, rulesets, revisions kept.
+//! Resource limits: request size, rules and chains per ruleset, rulesets, revisions kept.
 //!
 //! This module holds the configuration ([`LimitsConfig`], clap flags with `VALLUM_*` twins), the
 //! checks and the error type; the server calls them:
@@ -6,8 +6,10 @@
 //!   for every service, and [`RequestLimitLayer`] in the tonic `Server` builder so that tonic's
 //!   OUT_OF_RANGE "decoded message length too large" answer becomes RESOURCE_EXHAUSTED with
 //!   `ErrorInfo.reason = REQUEST_TOO_LARGE`;
-//! - rules: after parsing a Stage/Apply/Validate source, `check_rules(rule_count,
-//!   cfg.max_rules_per_ruleset)?` (INVALID_ARGUMENT with a BadRequest violation on `source`);
+//! - rules and chains: right after a Stage/Apply/Validate source is parsed (a pass linear in
+//!   the request, itself bounded by the request size), before it is validated, printed or
+//!   compiled, [`LimitsConfig::check_tables`] (RESOURCE_EXHAUSTED with a BadRequest violation
+//!   on `source`); the pipeline checks the rules again before it stores a revision;
 //! - rulesets: before creating a new ruleset, `check_rulesets(existing, cfg.max_rulesets)?`
 //!   (RESOURCE_EXHAUSTED);
 //! - revisions kept: after storing a revision, delete [`revisions_to_prune`]`(&numbers, active,
@@ -33,6 +35,13 @@ use crate::error::{Error, Reason};
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 << 20;
 /// Default [`LimitsConfig::max_rules_per_ruleset`].
 pub const DEFAULT_MAX_RULES: usize = 100_000;
+/// Default [`LimitsConfig::max_chains_per_ruleset`]: 65,536. A kube-proxy host (iptables
+/// mode) has one `KUBE-SVC-*` chain per Service and one `KUBE-SEP-*` per endpoint, plus a few
+/// per Service with external traffic policies: at the Kubernetes scalability threshold of
+/// 10,000 Services with ~5 endpoints each that is ~60k chains in its nat table. Validating
+/// 65,536 chains takes milliseconds (BENCHMARKS.md, "Validation (issue #13)"); the limit bounds
+/// the memory a ruleset's chains hold in the model and in every compiled snapshot.
+pub const DEFAULT_MAX_CHAINS: usize = 65_536;
 /// Default [`LimitsConfig::max_rulesets`].
 pub const DEFAULT_MAX_RULESETS: usize = 256;
 /// Default [`LimitsConfig::max_revisions_kept`].
@@ -47,6 +56,10 @@ pub struct LimitsConfig {
     /// Most rules in one ruleset (all tables and families together).
     #[arg(long = "max-rules", env = "VALLUM_MAX_RULES", default_value_t = DEFAULT_MAX_RULES)]
     pub max_rules_per_ruleset: usize,
+    /// Most chains in one ruleset: builtin and user chains of all tables and families
+    /// together.
+    #[arg(long = "max-chains", env = "VALLUM_MAX_CHAINS", default_value_t = DEFAULT_MAX_CHAINS)]
+    pub max_chains_per_ruleset: usize,
     /// Most rulesets stored.
     #[arg(long, env = "VALLUM_MAX_RULESETS", default_value_t = DEFAULT_MAX_RULESETS)]
     pub max_rulesets: usize,
@@ -61,6 +74,7 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_rules_per_ruleset: DEFAULT_MAX_RULES,
+            max_chains_per_ruleset: DEFAULT_MAX_CHAINS,
             max_rulesets: DEFAULT_MAX_RULESETS,
             max_revisions_kept: DEFAULT_MAX_REVISIONS_KEPT,
         }
@@ -86,6 +100,14 @@ pub enum LimitError {
         /// The limit.
         max: usize,
     },
+    /// The ruleset has more chains than `--max-chains`.
+    #[error("ruleset has {count} chains, more than the limit of {max} (--max-chains)")]
+    TooManyChains {
+        /// Chains in the ruleset (builtin ones included).
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
     /// Creating the ruleset would exceed `--max-rulesets`.
     #[error("{count} rulesets exist, the limit is {max} (--max-rulesets)")]
     TooManyRulesets {
@@ -97,13 +119,13 @@ pub enum LimitError {
 }
 
 impl LimitError {
-    /// This refusal's row of the error table ([`Reason`]), which gives the gRPC code:
-    /// INVALID_ARGUMENT for content the caller can shrink (rules), otherwise
-    /// RESOURCE_EXHAUSTED.
+    /// This refusal's row of the error table ([`Reason`]), which gives the gRPC code
+    /// (RESOURCE_EXHAUSTED for every limit).
     pub fn reason(&self) -> Reason {
         match self {
             LimitError::RequestTooLarge { .. } => Reason::RequestTooLarge,
             LimitError::TooManyRules { .. } => Reason::TooManyRules,
+            LimitError::TooManyChains { .. } => Reason::TooManyChains,
             LimitError::TooManyRulesets { .. } => Reason::TooManyRulesets,
         }
     }
@@ -118,6 +140,7 @@ impl LimitError {
         match *self {
             LimitError::RequestTooLarge { size, max } => ("max-request-bytes", size, max),
             LimitError::TooManyRules { count, max } => ("max-rules", count, max),
+            LimitError::TooManyChains { count, max } => ("max-chains", count, max),
             LimitError::TooManyRulesets { count, max } => ("max-rulesets", count, max),
         }
     }
@@ -146,6 +169,28 @@ impl From<LimitError> for Status {
 pub fn check_rules(count: usize, max: usize) -> Result<(), LimitError> {
     if count > max {
         return Err(LimitError::TooManyRules { count, max });
+    }
+    Ok(())
+}
+
+impl LimitsConfig {
+    /// `--max-chains` and `--max-rules` for a parsed ruleset's `tables`: chains first (a
+    /// ruleset of many empty chains has few rules). O(chains): called before the ruleset is
+    /// validated, printed or compiled.
+    pub fn check_tables(&self, tables: &[vallum_engine::model::Table]) -> Result<(), LimitError> {
+        let chains = tables.iter().map(|t| t.chains.len()).sum();
+        check_chains(chains, self.max_chains_per_ruleset)?;
+        let rules = (tables.iter().flat_map(|t| &t.chains))
+            .map(|c| c.rules.len())
+            .sum();
+        check_rules(rules, self.max_rules_per_ruleset)
+    }
+}
+
+/// Refuses a ruleset with more than `max` chains.
+pub fn check_chains(count: usize, max: usize) -> Result<(), LimitError> {
+    if count > max {
+        return Err(LimitError::TooManyChains { count, max });
     }
     Ok(())
 }
@@ -292,11 +337,23 @@ mod tests {
             "ruleset has 11 rules, more than the limit of 10 (--max-rules)"
         );
         let s = Status::from(e);
-        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.code(), Code::ResourceExhausted);
         let d = s.get_error_details();
         let info = d.error_info().unwrap();
         assert_eq!(info.reason, "TOO_MANY_RULES");
         assert_eq!(info.metadata["max"], "10");
+        assert_eq!(d.bad_request().unwrap().field_violations[0].field, "source");
+
+        let s = Status::from(check_chains(11, 10).unwrap_err());
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(
+            s.message(),
+            "ruleset has 11 chains, more than the limit of 10 (--max-chains)"
+        );
+        let d = s.get_error_details();
+        let info = d.error_info().unwrap();
+        assert_eq!(info.reason, "TOO_MANY_CHAINS");
+        assert_eq!(info.metadata["limit"], "max-chains");
         assert_eq!(d.bad_request().unwrap().field_violations[0].field, "source");
 
         assert!(check_rulesets(1, 2).is_ok());
