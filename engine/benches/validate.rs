@@ -14,7 +14,8 @@
 //! parse + validate, and the peak heap of it above what was allocated before (the text
 //! itself is not counted), measured with a counting global allocator.
 //!
-//! Run: `cargo bench -p vallum-engine --bench validate` (add `-- --quick` for a short run).
+//! Run: `cargo bench -p vallum-engine --bench validate`; `VALLUM_BENCH_CHAINS=10000,100000`
+//! and `VALLUM_BENCH_CASES=flat,deep` pick sizes and cases.
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
@@ -76,7 +77,29 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-const SIZES: [usize; 3] = [10_000, 100_000, 1_000_000];
+/// The chain counts: 10k, 100k and 1M, or those listed in `VALLUM_BENCH_CHAINS`
+/// (comma-separated; to measure a slower build of the parser on the small sizes only).
+fn sizes() -> Vec<usize> {
+    std::env::var("VALLUM_BENCH_CHAINS")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|n| n.trim().parse().expect("a chain count"))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![10_000, 100_000, 1_000_000])
+}
+
+/// The cases: all, or those named in `VALLUM_BENCH_CASES` (comma-separated).
+fn cases() -> Vec<Case> {
+    let only = std::env::var("VALLUM_BENCH_CASES").ok();
+    (Case::ALL.into_iter())
+        .filter(|c| {
+            only.as_ref()
+                .is_none_or(|o| o.split(',').any(|n| n == c.name()))
+        })
+        .collect()
+}
 
 #[derive(Clone, Copy)]
 enum Case {
@@ -138,8 +161,8 @@ fn parse(text: &str) -> Ruleset {
 /// One parse + validate of each case and size: time and peak heap above the start.
 fn report() {
     eprintln!("case        chains     text MB   parse+validate   peak heap MB   bytes/chain");
-    for case in Case::ALL {
-        for n in SIZES {
+    for case in cases() {
+        for n in sizes() {
             let text = case.text(n);
             let base = IN_USE.load(Ordering::Relaxed);
             PEAK.store(base, Ordering::Relaxed);
@@ -169,8 +192,8 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     g.warm_up_time(Duration::from_millis(500));
     g.measurement_time(Duration::from_secs(2));
-    for case in Case::ALL {
-        for n in SIZES {
+    for case in cases() {
+        for n in sizes() {
             let text = case.text(n);
             g.throughput(Throughput::Elements(n as u64));
             g.bench_with_input(
