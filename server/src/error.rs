@@ -72,6 +72,10 @@ pub enum Reason {
     TooManyRules,
     /// The ruleset has more chains than `--max-chains`.
     TooManyChains,
+    /// Creating a set would exceed `--max-sets`.
+    TooManySets,
+    /// A set's `maxelem` is above `--max-set-elements`.
+    SetTooLarge,
     /// Creating the ruleset would exceed `--max-rulesets`.
     TooManyRulesets,
     /// The server is stopping.
@@ -95,7 +99,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 24] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -114,6 +118,8 @@ impl Reason {
         Reason::RequestTooLarge,
         Reason::TooManyRules,
         Reason::TooManyChains,
+        Reason::TooManySets,
+        Reason::SetTooLarge,
         Reason::TooManyRulesets,
         Reason::ShuttingDown,
         Reason::AlreadyExists,
@@ -148,6 +154,8 @@ impl Reason {
             Reason::RequestTooLarge => ("REQUEST_TOO_LARGE", Code::ResourceExhausted, REJECTED),
             Reason::TooManyRules => ("TOO_MANY_RULES", Code::ResourceExhausted, REJECTED),
             Reason::TooManyChains => ("TOO_MANY_CHAINS", Code::ResourceExhausted, REJECTED),
+            Reason::TooManySets => ("TOO_MANY_SETS", Code::ResourceExhausted, REJECTED),
+            Reason::SetTooLarge => ("SET_TOO_LARGE", Code::ResourceExhausted, REJECTED),
             Reason::TooManyRulesets => ("TOO_MANY_RULESETS", Code::ResourceExhausted, REJECTED),
             Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
             Reason::AlreadyExists => ("ALREADY_EXISTS", Code::AlreadyExists, REJECTED),

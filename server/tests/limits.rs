@@ -157,3 +157,61 @@ async fn chains_and_rules_over_their_limits_are_resource_exhausted() {
         .into_inner();
     assert!(all.rulesets.is_empty(), "{all:?}");
 }
+
+#[tokio::test]
+async fn sets_over_their_limits_are_resource_exhausted() {
+    use vallum_proto::v1::set_service_client::SetServiceClient;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Vallumd::start(
+        &dir.path().join("v.db"),
+        &[
+            "--insecure-no-auth",
+            "--max-sets",
+            "2",
+            "--max-set-elements",
+            "1000",
+        ],
+    );
+    d.wait_serving().await;
+    let mut s = SetServiceClient::new(d.channel().await);
+    let create = |name: &str, maxelem: u32| pb::CreateSetRequest {
+        name: name.into(),
+        r#type: "hash:ip".into(),
+        maxelem,
+        ..Default::default()
+    };
+    let e = s.create_set(create("big", 0)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert_eq!(reason(&e), "SET_TOO_LARGE");
+    assert_eq!(
+        e.message(),
+        "set big asks for maxelem 65536, more than the limit of 1000 (--max-set-elements)"
+    );
+    s.create_set(create("a", 1000)).await.expect("creates a");
+    let two = "create b hash:ip family inet hashsize 64 maxelem 10\ncreate c hash:ip family inet hashsize 64 maxelem 10\nadd b 10.0.0.1\n";
+    let e = s
+        .import_ipset_save(pb::ImportIpsetSaveRequest {
+            text: two.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert_eq!(reason(&e), "TOO_MANY_SETS");
+    assert!(e.message().contains("(--max-sets)"), "{}", e.message());
+    s.create_set(create("b", 10)).await.expect("creates b");
+    let e = s.create_set(create("c", 10)).await.unwrap_err();
+    assert_eq!(reason(&e), "TOO_MANY_SETS");
+    assert_eq!(
+        e.message(),
+        "3 sets would exist, more than the limit of 2 (--max-sets)"
+    );
+    let names: Vec<String> = (s.list_sets(pb::ListSetsRequest {}).await)
+        .expect("lists")
+        .into_inner()
+        .sets
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+}
