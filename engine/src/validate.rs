@@ -145,7 +145,8 @@ pub enum ViolationKind {
     /// A jump or goto to a builtin chain.
     #[error("cannot jump to builtin chain {0}")]
     JumpToBuiltin(String),
-    /// The jump graph has a cycle through these chains.
+    /// The jump graph has a cycle through these chains (a long one names its first and last
+    /// 8 chains around `... (N more)`).
     #[error("loop: {}", .0.join(" -> "))]
     Loop(Vec<String>),
     /// Calls nest deeper than [`MAX_CALL_DEPTH`].
@@ -337,6 +338,106 @@ fn masked(n: &IpNet) -> bool {
     }
 }
 
+/// What [`walk_calls`] finds in a table's jump graph.
+struct CallGraph {
+    /// Per chain, the most `-j` calls nested below it (a `-g` adds none).
+    depth: Vec<usize>,
+    /// Each cycle found, from the chain jumped back to around to it again.
+    loops: Vec<Cycle>,
+}
+
+/// A cycle of [`walk_calls`]: its chain indices from the chain jumped back to around to it
+/// again (the first and last entry are the same chain); of a cycle longer than
+/// [`LOOP_NAMES`], only the first and last `LOOP_NAMES / 2`, with `omitted` counting the
+/// chains between them, so that a graph with many long cycles costs O(chains + jumps).
+struct Cycle {
+    chains: Vec<usize>,
+    omitted: usize,
+}
+
+/// Loops and call depth of a jump graph (`edges[c]`: chain `c`'s targets in rule order, and
+/// whether each is a `-j`), as mark_source_chains walks it: a depth-first search with
+/// colours, on an explicit stack, so that a chain of jumps of any length (100k chains, each
+/// jumping to the next) neither recurses nor needs more than O(chains + jumps) memory; a
+/// cycle costs the length of its path once. The order of `loops` is that of a recursive DFS
+/// from chain 0 upwards.
+fn walk_calls(edges: &[Vec<(usize, bool)>]) -> CallGraph {
+    const NEW: u8 = 0;
+    const ON_PATH: u8 = 1;
+    const DONE: u8 = 2;
+    let n = edges.len();
+    let mut state = vec![NEW; n];
+    let mut depth = vec![0usize; n];
+    // Where an ON_PATH chain is in `path`.
+    let mut at = vec![0usize; n];
+    let mut path: Vec<usize> = Vec::new();
+    // Per chain on the path: the next edge to look at and the depth found so far.
+    let mut frames: Vec<(usize, usize, usize)> = Vec::new();
+    let mut loops = Vec::new();
+    for root in 0..n {
+        if state[root] != NEW {
+            continue;
+        }
+        state[root] = ON_PATH;
+        at[root] = 0;
+        path.push(root);
+        frames.push((root, 0, 0));
+        while let Some(frame) = frames.last_mut() {
+            let (c, i) = (frame.0, frame.1);
+            let Some(&(t, jump)) = edges[c].get(i) else {
+                depth[c] = frame.2;
+                state[c] = DONE;
+                path.pop();
+                frames.pop();
+                continue;
+            };
+            match state[t] {
+                NEW => {
+                    // Descend; this edge is looked at again once `t` is done.
+                    state[t] = ON_PATH;
+                    at[t] = path.len();
+                    path.push(t);
+                    frames.push((t, 0, 0));
+                    continue;
+                }
+                ON_PATH => {
+                    let on = &path[at[t]..];
+                    let len = on.len() + 1;
+                    let half = LOOP_NAMES / 2;
+                    let (mut chains, omitted) = if len <= LOOP_NAMES {
+                        (on.to_vec(), 0)
+                    } else {
+                        let mut v = on[..half].to_vec();
+                        v.extend_from_slice(&on[on.len() + 1 - half..]);
+                        (v, len - 2 * half)
+                    };
+                    chains.push(t);
+                    loops.push(Cycle { chains, omitted });
+                }
+                _ => frame.2 = frame.2.max(depth[t] + usize::from(jump)),
+            }
+            frame.1 += 1;
+        }
+    }
+    CallGraph { depth, loops }
+}
+
+/// Longest loop named in full in a [`ViolationKind::Loop`]; a longer one names its first and
+/// last chains around a count of the ones left out, so that a message stays short whatever
+/// the ruleset.
+const LOOP_NAMES: usize = 16;
+
+/// The chain names of a cycle from [`walk_calls`], `... (N more)` standing for the ones
+/// omitted.
+fn loop_names(table: &Table, cycle: &Cycle) -> Vec<String> {
+    let name = |&i: &usize| table.chains[i].name.clone();
+    let mut out: Vec<String> = cycle.chains.iter().map(name).collect();
+    if cycle.omitted > 0 {
+        out.insert(LOOP_NAMES / 2, format!("... ({} more)", cycle.omitted));
+    }
+    out
+}
+
 struct TableCheck<'a> {
     ruleset: &'a Ruleset,
     table: &'a Table,
@@ -513,58 +614,10 @@ impl TableCheck<'_> {
         }
 
         // Loops and depth: DFS with colours, as mark_source_chains walks the graph.
-        let mut state = vec![0u8; n]; // 0 new, 1 on stack, 2 done
-        let mut depth = vec![0usize; n];
-        let mut loops = Vec::new();
-        fn dfs(
-            c: usize,
-            edges: &[Vec<(usize, bool)>],
-            state: &mut [u8],
-            depth: &mut [usize],
-            path: &mut Vec<usize>,
-            loops: &mut Vec<Vec<usize>>,
-        ) {
-            state[c] = 1;
-            path.push(c);
-            let mut d = 0;
-            for &(t, jump) in &edges[c] {
-                match state[t] {
-                    1 => {
-                        let start = path.iter().position(|&x| x == t).unwrap_or(0);
-                        let mut cycle = path[start..].to_vec();
-                        cycle.push(t);
-                        loops.push(cycle);
-                    }
-                    0 => dfs(t, edges, state, depth, path, loops),
-                    _ => {}
-                }
-                if state[t] == 2 {
-                    d = d.max(depth[t] + usize::from(jump));
-                }
-            }
-            depth[c] = d;
-            path.pop();
-            state[c] = 2;
-        }
-        for c in 0..n {
-            if state[c] == 0 {
-                dfs(
-                    c,
-                    &edges,
-                    &mut state,
-                    &mut depth,
-                    &mut Vec::new(),
-                    &mut loops,
-                );
-            }
-        }
+        let CallGraph { depth, loops } = walk_calls(&edges);
         for cycle in loops {
-            let first = &table.chains[cycle[0]];
-            let names = cycle
-                .iter()
-                .map(|&i| table.chains[i].name.clone())
-                .collect();
-            self.at_chain(first, ViolationKind::Loop(names));
+            let first = &table.chains[cycle.chains[0]];
+            self.at_chain(first, ViolationKind::Loop(loop_names(table, &cycle)));
         }
         for (ci, c) in table.chains.iter().enumerate() {
             if c.policy.is_some() && depth[ci] > MAX_CALL_DEPTH {
@@ -1115,6 +1168,104 @@ mod tests {
                 rules.insert(at + k, r);
             }
         }
+    }
+
+    /// A filter table whose INPUT jumps to `C0`, each `Ci` with the rules `rules(i)`.
+    fn chains_table(n: usize, rules: impl Fn(usize) -> Vec<Rule>) -> Ruleset {
+        let mut chains = vec![chain(
+            "INPUT",
+            Some(Policy::Accept),
+            vec![Rule {
+                target: Target::Jump("C0".into()),
+                ..Rule::default()
+            }],
+        )];
+        chains.extend((0..n).map(|i| chain(&format!("C{i}"), None, rules(i))));
+        Ruleset {
+            name: "deep".into(),
+            priority: 0,
+            tables: vec![Table {
+                family: Family::Ipv4,
+                kind: TableKind::Filter,
+                chains,
+                location: Location::default(),
+            }],
+        }
+    }
+
+    fn jump(to: usize) -> Rule {
+        Rule {
+            target: Target::Jump(format!("C{to}")),
+            ..Rule::default()
+        }
+    }
+
+    /// Runs `f` on a thread with a 256 KiB stack (a recursion on chain depth overflows it).
+    fn small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let t = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(f)
+            .expect("spawn");
+        match t.join() {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+
+    /// 100k chains jumping in one line: the depth is found without recursion (the recursive
+    /// DFS overflowed this stack, and a tokio worker's at 12k).
+    #[test]
+    fn a_long_line_of_jumps_is_too_deep_on_a_small_stack() {
+        const N: usize = 100_000;
+        let v = small_stack(|| {
+            let rs = chains_table(N, |i| if i + 1 < N { vec![jump(i + 1)] } else { vec![] });
+            validate(&rs, None)
+        });
+        let kinds: Vec<&ViolationKind> = v.iter().map(|v| &v.kind).collect();
+        assert_eq!(kinds, [&ViolationKind::TooDeep(N)]);
+        assert_eq!(v[0].chain.as_deref(), Some("INPUT"));
+    }
+
+    /// A loop through 100k chains, and 100k loops through a line of them: every loop is
+    /// reported, each naming at most 17 items, so the cost stays linear.
+    #[test]
+    fn long_loops_are_named_in_short() {
+        const N: usize = 100_000;
+        let (one, many) = small_stack(|| {
+            let ring = chains_table(N, |i| vec![jump((i + 1) % N)]);
+            let back = chains_table(N, |i| {
+                let mut r = vec![jump(0)];
+                if i + 1 < N {
+                    r.push(jump(i + 1));
+                }
+                r
+            });
+            (validate(&ring, None), validate(&back, None))
+        });
+        let loops = |v: &[Violation]| -> Vec<Vec<String>> {
+            v.iter()
+                .filter_map(|v| match &v.kind {
+                    ViolationKind::Loop(names) => Some(names.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let ring = loops(&one);
+        assert_eq!(ring.len(), 1);
+        assert_eq!(ring[0].len(), LOOP_NAMES + 1);
+        assert_eq!(ring[0][0], "C0");
+        assert_eq!(
+            ring[0][LOOP_NAMES / 2],
+            format!("... ({} more)", N + 1 - 16)
+        );
+        assert_eq!(ring[0][LOOP_NAMES], "C0");
+        assert_eq!(ring[0][LOOP_NAMES - 1], format!("C{}", N - 1));
+        let back = loops(&many);
+        assert_eq!(back.len(), N);
+        assert!(back.iter().all(|l| l.len() <= LOOP_NAMES + 1));
+        // The first loop: C0 jumping to itself; a short one is named in full.
+        assert_eq!(back[0], ["C0", "C0"]);
+        assert_eq!(back[3], ["C0", "C1", "C2", "C3", "C0"]);
     }
 
     #[test]

@@ -241,7 +241,8 @@ pub struct Config {
     #[command(flatten)]
     pub tls: ServerTlsArgs,
 
-    /// Limits: `--max-request-bytes`, `--max-rules`, `--max-rulesets`, `--max-revisions-kept`.
+    /// Limits: `--max-request-bytes`, `--max-rules`, `--max-chains`, `--max-rulesets`,
+    /// `--max-revisions-kept`.
     #[command(flatten)]
     pub limits: LimitsConfig,
 
@@ -393,6 +394,7 @@ mod tests {
         assert_eq!(c.metrics.metrics_listen.to_string(), "127.0.0.1:9464");
         assert!(c.auth.token_file.is_none() && c.tls.tls_cert.is_none());
         assert_eq!(c.limits.max_rules_per_ruleset, 100_000);
+        assert_eq!(c.limits.max_chains_per_ruleset, 65_536);
         let c = Config::from_args([
             "vallumd",
             "--metrics-listen",
@@ -411,6 +413,8 @@ mod tests {
             "7",
             "--max-request-bytes",
             "8",
+            "--max-chains",
+            "9",
         ])
         .unwrap();
         assert_eq!(c.metrics.metrics_listen.port(), 0);
@@ -421,9 +425,10 @@ mod tests {
                 c.limits.max_rules_per_ruleset,
                 c.limits.max_rulesets,
                 c.limits.max_revisions_kept,
-                c.limits.max_request_bytes
+                c.limits.max_request_bytes,
+                c.limits.max_chains_per_ruleset
             ),
-            (5, 6, 7, 8)
+            (5, 6, 7, 8, 9)
         );
     }
 }

@@ -17,6 +17,7 @@ use vallum_engine::sets::SetRegistry;
 use vallum_engine::validate::{Severity, Violation, ViolationKind};
 
 use crate::error::{Error, FieldViolation, Reason};
+use crate::limits::LimitsConfig;
 
 /// The line between the IPv4 and the IPv6 part of a combined content text.
 pub const V6_SEPARATOR: &str = "# ---- ip6tables-save ----\n";
@@ -347,6 +348,23 @@ pub fn check_after(
     sets: &dyn SetRegistry,
     previous: Option<&PreviousParse>,
 ) -> Result<Checked, Error> {
+    check_limited(name, priority, input, sets, previous, None)
+}
+
+/// As [`check_after`], with `limits` (`--max-chains`, `--max-rules`) checked on the parsed
+/// tables before anything else is done with them (validation, printing): a refusal costs one
+/// parse, which is linear in the text.
+///
+/// # Errors
+/// As [`check`], and [`crate::limits::LimitError`] (RESOURCE_EXHAUSTED) over a limit.
+pub fn check_limited(
+    name: &str,
+    priority: i32,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+    previous: Option<&PreviousParse>,
+    limits: Option<&LimitsConfig>,
+) -> Result<Checked, Error> {
     if input.parts.is_empty() {
         return Err(Error::invalid("source", "a ruleset source is required"));
     }
@@ -430,6 +448,9 @@ pub fn check_after(
             },
             violations,
         });
+    }
+    if let Some(limits) = limits {
+        limits.check_tables(&tables)?;
     }
     let ruleset = Ruleset {
         name: name.to_string(),

@@ -119,7 +119,13 @@ reasons! {
     /// The request message is larger than `--max-request-bytes` (limits layer).
     RequestTooLarge => ("REQUEST_TOO_LARGE", ResourceExhausted, EXIT_REJECTED),
     /// The ruleset has more rules than `--max-rules`.
-    TooManyRules => ("TOO_MANY_RULES", InvalidArgument, EXIT_REJECTED),
+    TooManyRules => ("TOO_MANY_RULES", ResourceExhausted, EXIT_REJECTED),
+    /// The ruleset has more chains than `--max-chains`.
+    TooManyChains => ("TOO_MANY_CHAINS", ResourceExhausted, EXIT_REJECTED),
+    /// Creating a set would exceed `--max-sets`.
+    TooManySets => ("TOO_MANY_SETS", ResourceExhausted, EXIT_REJECTED),
+    /// A set's `maxelem` is above `--max-set-elements`.
+    SetTooLarge => ("SET_TOO_LARGE", ResourceExhausted, EXIT_REJECTED),
     /// Creating the ruleset would exceed `--max-rulesets`.
     TooManyRulesets => ("TOO_MANY_RULESETS", ResourceExhausted, EXIT_REJECTED),
     /// The server is stopping.
@@ -477,7 +483,9 @@ impl From<Error> for tonic::Status {
             }
             Error::Limit(l) => {
                 metadata = l.metadata();
-                if let crate::limits::LimitError::TooManyRules { .. } = l {
+                if let crate::limits::LimitError::TooManyRules { .. }
+                | crate::limits::LimitError::TooManyChains { .. } = l
+                {
                     details.add_bad_request_violation("source", message.clone());
                 }
             }

@@ -1,4 +1,4 @@
-//! Resource limits: request size, rules per ruleset, rulesets, revisions kept.
+//! Resource limits: request size, rules and chains per ruleset, rulesets, revisions kept.
 //!
 //! This module holds the configuration ([`LimitsConfig`], clap flags with `VALLUM_*` twins), the
 //! checks and the error type; the server calls them:
@@ -6,8 +6,14 @@
 //!   for every service, and [`RequestLimitLayer`] in the tonic `Server` builder so that tonic's
 //!   OUT_OF_RANGE "decoded message length too large" answer becomes RESOURCE_EXHAUSTED with
 //!   `ErrorInfo.reason = REQUEST_TOO_LARGE`;
-//! - rules: after parsing a Stage/Apply/Validate source, `check_rules(rule_count,
-//!   cfg.max_rules_per_ruleset)?` (INVALID_ARGUMENT with a BadRequest violation on `source`);
+//! - rules and chains: right after a Stage/Apply/Validate source is parsed (a pass linear in
+//!   the request, itself bounded by the request size), before it is validated, printed or
+//!   compiled, [`LimitsConfig::check_tables`] (RESOURCE_EXHAUSTED with a BadRequest violation
+//!   on `source`); the pipeline checks the rules again before it stores a revision;
+//! - sets: before a CreateSet or an ImportSets creates sets, [`LimitsConfig::check_new_sets`]
+//!   (RESOURCE_EXHAUSTED): at most `--max-sets` sets, none with a `maxelem` above
+//!   `--max-set-elements` (a set's elements are then bounded by its `maxelem`, as ipset's
+//!   "Hash is full", `SET_FULL`);
 //! - rulesets: before creating a new ruleset, `check_rulesets(existing, cfg.max_rulesets)?`
 //!   (RESOURCE_EXHAUSTED);
 //! - revisions kept: after storing a revision, delete [`revisions_to_prune`]`(&numbers, active,
@@ -33,6 +39,19 @@ use crate::error::{Error, Reason};
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 << 20;
 /// Default [`LimitsConfig::max_rules_per_ruleset`].
 pub const DEFAULT_MAX_RULES: usize = 100_000;
+/// Default [`LimitsConfig::max_chains_per_ruleset`]: 65,536. A kube-proxy host (iptables
+/// mode) has one `KUBE-SVC-*` chain per Service and one `KUBE-SEP-*` per endpoint, plus a few
+/// per Service with external traffic policies: at the Kubernetes scalability threshold of
+/// 10,000 Services with ~5 endpoints each that is ~60k chains in its nat table. Validating
+/// 65,536 chains takes milliseconds (BENCHMARKS.md, "Validation (issue #13)"); the limit bounds
+/// the memory a ruleset's chains hold in the model and in every compiled snapshot.
+pub const DEFAULT_MAX_CHAINS: usize = 65_536;
+/// Default [`LimitsConfig::max_sets`]: 1,024 (a kube-proxy in ipvs mode uses ~20 sets, Docker
+/// and fail2ban a few each).
+pub const DEFAULT_MAX_SETS: usize = 1024;
+/// Default [`LimitsConfig::max_set_elements`]: 1,048,576, sixteen times ipset's default
+/// `maxelem` of 65,536 (BENCHMARKS.md's sets bench loads 1M elements into one set).
+pub const DEFAULT_MAX_SET_ELEMENTS: u32 = 1 << 20;
 /// Default [`LimitsConfig::max_rulesets`].
 pub const DEFAULT_MAX_RULESETS: usize = 256;
 /// Default [`LimitsConfig::max_revisions_kept`].
@@ -47,6 +66,16 @@ pub struct LimitsConfig {
     /// Most rules in one ruleset (all tables and families together).
     #[arg(long = "max-rules", env = "VALLUM_MAX_RULES", default_value_t = DEFAULT_MAX_RULES)]
     pub max_rules_per_ruleset: usize,
+    /// Most chains in one ruleset: builtin and user chains of all tables and families
+    /// together.
+    #[arg(long = "max-chains", env = "VALLUM_MAX_CHAINS", default_value_t = DEFAULT_MAX_CHAINS)]
+    pub max_chains_per_ruleset: usize,
+    /// Most ipset-style sets.
+    #[arg(long, env = "VALLUM_MAX_SETS", default_value_t = DEFAULT_MAX_SETS)]
+    pub max_sets: usize,
+    /// Largest `maxelem` a set may be created with: the most elements one set holds.
+    #[arg(long, env = "VALLUM_MAX_SET_ELEMENTS", default_value_t = DEFAULT_MAX_SET_ELEMENTS)]
+    pub max_set_elements: u32,
     /// Most rulesets stored.
     #[arg(long, env = "VALLUM_MAX_RULESETS", default_value_t = DEFAULT_MAX_RULESETS)]
     pub max_rulesets: usize,
@@ -61,6 +90,9 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_rules_per_ruleset: DEFAULT_MAX_RULES,
+            max_chains_per_ruleset: DEFAULT_MAX_CHAINS,
+            max_sets: DEFAULT_MAX_SETS,
+            max_set_elements: DEFAULT_MAX_SET_ELEMENTS,
             max_rulesets: DEFAULT_MAX_RULESETS,
             max_revisions_kept: DEFAULT_MAX_REVISIONS_KEPT,
         }
@@ -86,6 +118,34 @@ pub enum LimitError {
         /// The limit.
         max: usize,
     },
+    /// The ruleset has more chains than `--max-chains`.
+    #[error("ruleset has {count} chains, more than the limit of {max} (--max-chains)")]
+    TooManyChains {
+        /// Chains in the ruleset (builtin ones included).
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Creating sets would exceed `--max-sets`.
+    #[error("{count} sets would exist, more than the limit of {max} (--max-sets)")]
+    TooManySets {
+        /// Sets there would be.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A set's `maxelem` is above `--max-set-elements`.
+    #[error(
+        "set {set} asks for maxelem {maxelem}, more than the limit of {max} (--max-set-elements)"
+    )]
+    SetTooLarge {
+        /// The set.
+        set: String,
+        /// Its `maxelem`.
+        maxelem: u32,
+        /// The limit.
+        max: u32,
+    },
     /// Creating the ruleset would exceed `--max-rulesets`.
     #[error("{count} rulesets exist, the limit is {max} (--max-rulesets)")]
     TooManyRulesets {
@@ -97,13 +157,15 @@ pub enum LimitError {
 }
 
 impl LimitError {
-    /// This refusal's row of the error table ([`Reason`]), which gives the gRPC code:
-    /// INVALID_ARGUMENT for content the caller can shrink (rules), otherwise
-    /// RESOURCE_EXHAUSTED.
+    /// This refusal's row of the error table ([`Reason`]), which gives the gRPC code
+    /// (RESOURCE_EXHAUSTED for every limit).
     pub fn reason(&self) -> Reason {
         match self {
             LimitError::RequestTooLarge { .. } => Reason::RequestTooLarge,
             LimitError::TooManyRules { .. } => Reason::TooManyRules,
+            LimitError::TooManyChains { .. } => Reason::TooManyChains,
+            LimitError::TooManySets { .. } => Reason::TooManySets,
+            LimitError::SetTooLarge { .. } => Reason::SetTooLarge,
             LimitError::TooManyRulesets { .. } => Reason::TooManyRulesets,
         }
     }
@@ -116,8 +178,13 @@ impl LimitError {
     /// `(limit flag, value, max)`.
     fn parts(&self) -> (&'static str, usize, usize) {
         match *self {
+            LimitError::TooManySets { count, max } => ("max-sets", count, max),
+            LimitError::SetTooLarge { maxelem, max, .. } => {
+                ("max-set-elements", maxelem as usize, max as usize)
+            }
             LimitError::RequestTooLarge { size, max } => ("max-request-bytes", size, max),
             LimitError::TooManyRules { count, max } => ("max-rules", count, max),
+            LimitError::TooManyChains { count, max } => ("max-chains", count, max),
             LimitError::TooManyRulesets { count, max } => ("max-rulesets", count, max),
         }
     }
@@ -146,6 +213,57 @@ impl From<LimitError> for Status {
 pub fn check_rules(count: usize, max: usize) -> Result<(), LimitError> {
     if count > max {
         return Err(LimitError::TooManyRules { count, max });
+    }
+    Ok(())
+}
+
+impl LimitsConfig {
+    /// `--max-chains` and `--max-rules` for a parsed ruleset's `tables`: chains first (a
+    /// ruleset of many empty chains has few rules). O(chains): called before the ruleset is
+    /// validated, printed or compiled.
+    pub fn check_tables(&self, tables: &[vallum_engine::model::Table]) -> Result<(), LimitError> {
+        let chains = tables.iter().map(|t| t.chains.len()).sum();
+        check_chains(chains, self.max_chains_per_ruleset)?;
+        let rules = (tables.iter().flat_map(|t| &t.chains))
+            .map(|c| c.rules.len())
+            .sum();
+        check_rules(rules, self.max_rules_per_ruleset)
+    }
+}
+
+impl LimitsConfig {
+    /// `--max-sets` and `--max-set-elements` before `new` sets (name, `maxelem`) are created
+    /// beside the `existing` ones.
+    pub fn check_new_sets<'a>(
+        &self,
+        existing: usize,
+        new: impl IntoIterator<Item = (&'a str, u32)>,
+    ) -> Result<(), LimitError> {
+        let mut count = existing;
+        for (set, maxelem) in new {
+            if maxelem > self.max_set_elements {
+                return Err(LimitError::SetTooLarge {
+                    set: set.to_string(),
+                    maxelem,
+                    max: self.max_set_elements,
+                });
+            }
+            count += 1;
+        }
+        if count > self.max_sets && count > existing {
+            return Err(LimitError::TooManySets {
+                count,
+                max: self.max_sets,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a ruleset with more than `max` chains.
+pub fn check_chains(count: usize, max: usize) -> Result<(), LimitError> {
+    if count > max {
+        return Err(LimitError::TooManyChains { count, max });
     }
     Ok(())
 }
@@ -292,11 +410,23 @@ mod tests {
             "ruleset has 11 rules, more than the limit of 10 (--max-rules)"
         );
         let s = Status::from(e);
-        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.code(), Code::ResourceExhausted);
         let d = s.get_error_details();
         let info = d.error_info().unwrap();
         assert_eq!(info.reason, "TOO_MANY_RULES");
         assert_eq!(info.metadata["max"], "10");
+        assert_eq!(d.bad_request().unwrap().field_violations[0].field, "source");
+
+        let s = Status::from(check_chains(11, 10).unwrap_err());
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(
+            s.message(),
+            "ruleset has 11 chains, more than the limit of 10 (--max-chains)"
+        );
+        let d = s.get_error_details();
+        let info = d.error_info().unwrap();
+        assert_eq!(info.reason, "TOO_MANY_CHAINS");
+        assert_eq!(info.metadata["limit"], "max-chains");
         assert_eq!(d.bad_request().unwrap().field_violations[0].field, "source");
 
         assert!(check_rulesets(1, 2).is_ok());
@@ -307,6 +437,26 @@ mod tests {
             s.get_details_error_info().unwrap().reason,
             "REQUEST_TOO_LARGE"
         );
+    }
+
+    #[test]
+    fn set_limits() {
+        let l = LimitsConfig {
+            max_sets: 2,
+            max_set_elements: 10,
+            ..LimitsConfig::default()
+        };
+        assert!(l.check_new_sets(1, [("a", 10)]).is_ok());
+        // Sets that exist already are not refused (a lowered limit stops only new ones).
+        assert!(l.check_new_sets(5, []).is_ok());
+        let e = l.check_new_sets(1, [("a", 1), ("b", 1)]).unwrap_err();
+        assert_eq!(e, LimitError::TooManySets { count: 3, max: 2 });
+        let s = Status::from(l.check_new_sets(0, [("a", 11)]).unwrap_err());
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        let info = s.get_details_error_info().unwrap();
+        assert_eq!(info.reason, "SET_TOO_LARGE");
+        assert_eq!(info.metadata["limit"], "max-set-elements");
+        assert_eq!(info.metadata["value"], "11");
     }
 
     #[test]

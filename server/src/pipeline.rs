@@ -172,6 +172,11 @@ impl Pipeline {
         &self.store
     }
 
+    /// The configured limits (`--max-rules`, `--max-chains`, ...).
+    pub fn limits(&self) -> &limits::LimitsConfig {
+        &self.hooks.limits
+    }
+
     /// The set registry (ipset-style sets) rules are validated and compiled against.
     pub fn sets(&self) -> &Arc<SetManager> {
         &self.sets

@@ -405,7 +405,7 @@ async fn revisions_kept_and_rules_limit() {
 
     let big = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -s 10.0.0.1 -j DROP\n-A INPUT -s 10.0.0.2 -j DROP\n-A INPUT -s 10.0.0.3 -j DROP\nCOMMIT\n";
     let e = c.apply(apply_req("web", big)).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
     assert_eq!(reason(&e), "TOO_MANY_RULES");
     let e = c.apply(apply_req("no/such", big)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);

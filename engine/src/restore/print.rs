@@ -46,10 +46,24 @@ fn text_estimate(t: &Table) -> usize {
 
 /// The chains of `t` in the order [`print`] writes them.
 pub(crate) fn chain_order(t: &Table) -> Vec<&Chain> {
-    let mut builtin: Vec<&Chain> = t.chains.iter().filter(|c| c.policy.is_some()).collect();
-    builtin.sort_by_key(|c| c.hook().map(|h| h.index()));
-    let mut user: Vec<&Chain> = t.chains.iter().filter(|c| c.policy.is_none()).collect();
-    user.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    chain_order_index(t)
+        .into_iter()
+        .map(|i| &t.chains[i])
+        .collect()
+}
+
+/// The positions in `t.chains` of the chains in the order [`print`] writes them: builtin
+/// chains by hook, then user chains by name.
+pub(crate) fn chain_order_index(t: &Table) -> Vec<usize> {
+    let chains = &t.chains;
+    let mut builtin: Vec<usize> = (0..chains.len())
+        .filter(|&i| chains[i].policy.is_some())
+        .collect();
+    builtin.sort_by_key(|&i| chains[i].hook().map(|h| h.index()));
+    let mut user: Vec<usize> = (0..chains.len())
+        .filter(|&i| chains[i].policy.is_none())
+        .collect();
+    user.sort_by(|&a, &b| chains[a].name.as_bytes().cmp(chains[b].name.as_bytes()));
     builtin.extend(user);
     builtin
 }

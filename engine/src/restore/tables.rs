@@ -15,7 +15,7 @@
 mod reparse;
 
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::model::{
     Chain, Counters, Family, Hook, Location, Policy, Rule, RuleList, Table, TableKind, Target,
@@ -33,14 +33,30 @@ pub(crate) use reparse::{parse_after, reparse};
 /// At most this many errors are collected; the rest is not reported.
 const MAX_ERRORS: usize = 100;
 
+/// A `*table` block being read. Every command costs O(its own size), whatever the number of
+/// chains and rules: chains are found by name in [`Block::index`] and whether a chain is the
+/// target of a rule (`-X`) is read from [`Block::targeted`].
 struct Block {
+    /// The table; its chains are in no particular order until COMMIT sorts them.
     table: Table,
     /// Chains whose rules before this text are unknown (noflush: builtin chains and chains only
     /// referenced by commands).
     external_content: HashSet<String>,
+    /// The position of each chain of `table.chains`, by name.
+    index: HashMap<String, usize>,
+    /// How many rules of the table `-j`/`-g` to each chain (entries of 0 are removed).
+    targeted: HashMap<String, usize>,
     /// The index of the chain found last by [`Block::chain_index`] (rules come in runs per
-    /// chain); checked by name before use, so a stale value only costs a search.
+    /// chain, and comparing one name is cheaper than hashing it); checked by name before use.
     last_chain: Cell<usize>,
+}
+
+/// The chain a rule jumps or goes to, if any.
+fn target_chain(r: &Rule) -> Option<&str> {
+    match &r.target {
+        Target::Jump(t) | Target::Goto(t) => Some(t),
+        _ => None,
+    }
 }
 
 impl Block {
@@ -61,16 +77,33 @@ impl Block {
         } else {
             HashSet::new()
         };
-        Block {
-            table: Table {
-                family,
-                kind,
-                chains,
-                location,
-            },
+        let table = Table {
+            family,
+            kind,
+            chains,
+            location,
+        };
+        Block::with_table(table, external_content)
+    }
+
+    /// A block over `table` as it is (a `--noflush` block continuing an earlier one).
+    fn with_table(table: Table, external_content: HashSet<String>) -> Block {
+        let index = (table.chains.iter().enumerate())
+            .map(|(i, c)| (c.name.clone(), i))
+            .collect();
+        let mut b = Block {
+            table,
             external_content,
+            index,
+            targeted: HashMap::new(),
             last_chain: Cell::new(0),
+        };
+        let chains = std::mem::take(&mut b.table.chains);
+        for r in chains.iter().flat_map(|c| &c.rules) {
+            b.count_target(r, true);
         }
+        b.table.chains = chains;
+        b
     }
 
     fn chain_index(&self, name: &str) -> Option<usize> {
@@ -78,27 +111,74 @@ impl Block {
         if self.table.chains.get(last).is_some_and(|c| c.name == name) {
             return Some(last);
         }
-        let i = self.table.chains.iter().position(|c| c.name == name)?;
+        let i = *self.index.get(name)?;
         self.last_chain.set(i);
         Some(i)
+    }
+
+    /// Adds a chain (its name must be new in the table).
+    fn push_chain(&mut self, chain: Chain) {
+        self.index
+            .insert(chain.name.clone(), self.table.chains.len());
+        self.table.chains.push(chain);
+    }
+
+    /// Removes chain `i` (which holds no rules), moving the last chain into its place.
+    fn remove_chain(&mut self, i: usize) {
+        let c = self.table.chains.swap_remove(i);
+        self.index.remove(&c.name);
+        if let Some(moved) = self.table.chains.get(i) {
+            self.index.insert(moved.name.clone(), i);
+        }
+    }
+
+    /// Counts `r`'s target chain in or out of [`Block::targeted`].
+    fn count_target(&mut self, r: &Rule, added: bool) {
+        let Some(t) = target_chain(r) else { return };
+        if added {
+            *self.targeted.entry(t.to_string()).or_insert(0) += 1;
+        } else if let Some(n) = self.targeted.get_mut(t) {
+            *n -= 1;
+            if *n == 0 {
+                self.targeted.remove(t);
+            }
+        }
     }
 
     /// Appends a rule to chain `i` (a [`crate::model::RuleList`] grows a chunk at a time and
     /// never copies the rules it holds).
     fn append(&mut self, i: usize, rule: Rule) {
+        self.count_target(&rule, true);
         self.table.chains[i].rules.push(rule);
+    }
+
+    /// Inserts a rule into chain `i` at `pos` (at most its length).
+    fn insert(&mut self, i: usize, pos: usize, rule: Rule) {
+        self.count_target(&rule, true);
+        self.table.chains[i].rules.insert(pos, rule);
+    }
+
+    /// Removes rule `pos` of chain `i`.
+    fn remove_rule(&mut self, i: usize, pos: usize) {
+        let r = self.table.chains[i].rules.remove(pos);
+        self.count_target(&r, false);
+    }
+
+    /// Removes every rule of chain `i`.
+    fn flush(&mut self, i: usize) {
+        let rules = std::mem::take(&mut self.table.chains[i].rules);
+        for r in &rules {
+            self.count_target(r, false);
+        }
     }
 
     fn is_builtin(&self, name: &str) -> bool {
         Hook::from_chain_name(name).is_some_and(|h| self.table.kind.builtin_hooks().contains(&h))
     }
 
+    /// Whether a rule of the table jumps or goes to chain `name`.
     fn referenced(&self, name: &str) -> bool {
-        self.table
-            .chains
-            .iter()
-            .flat_map(|c| &c.rules)
-            .any(|r| matches!(&r.target, Target::Jump(t) | Target::Goto(t) if t == name))
+        self.targeted.contains_key(name)
     }
 }
 
@@ -334,10 +414,8 @@ fn parse_lines<'a>(
             cur = Some(match prev {
                 Some(i) if opts.noflush => {
                     let table = st.done.remove(i);
-                    Block {
-                        table,
-                        ..Block::new(opts.family, kind, location, true)
-                    }
+                    let external = Block::new(opts.family, kind, location, true).external_content;
+                    Block::with_table(table, external)
                 }
                 _ => Block::new(opts.family, kind, location, opts.noflush),
             });
@@ -472,10 +550,10 @@ fn declare_chain(
     match b.chain_index(name.text) {
         Some(i) => {
             // Create-or-flush, as iptables-restore.
-            b.table.chains[i].rules.clear();
+            b.flush(i);
             b.table.chains[i].location = location;
         }
-        None => b.table.chains.push(Chain {
+        None => b.push_chain(Chain {
             name: name.text.to_string(),
             policy: None,
             counters: Counters::default(),
@@ -722,7 +800,7 @@ fn apply_line(
                 if b.is_builtin(ch.text) {
                     return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
                 }
-                b.table.chains.push(Chain {
+                b.push_chain(Chain {
                     name: ch.text.to_string(),
                     policy: None,
                     counters: Counters::default(),
@@ -755,19 +833,19 @@ fn apply_line(
                     if external {
                         // Positions count rules that already exist; we only know ours.
                         st.external(b, &ch, line_no, ExternalRefKind::AddRules);
-                        b.table.chains[i].rules.insert(pos.min(len), rule);
+                        b.insert(i, pos.min(len), rule);
                     } else if pos > len {
                         return Err(bad_number(n));
                     } else {
-                        b.table.chains[i].rules.insert(pos, rule);
+                        b.insert(i, pos, rule);
                     }
                 }
                 Command::Replace(n) | Command::Delete(Some(n)) => {
                     let pos = n as usize - 1;
                     if pos < len {
-                        b.table.chains[i].rules.remove(pos);
+                        b.remove_rule(i, pos);
                         if let Command::Replace(_) = command {
-                            b.table.chains[i].rules.insert(pos, rule);
+                            b.insert(i, pos, rule);
                         }
                     } else if external {
                         st.external(b, &ch, line_no, ExternalRefKind::ChangeRule);
@@ -781,9 +859,7 @@ fn apply_line(
                         .iter()
                         .position(|r| same_rule(r, &rule));
                     match found {
-                        Some(p) => {
-                            b.table.chains[i].rules.remove(p);
-                        }
+                        Some(p) => b.remove_rule(i, p),
                         None if external => {
                             st.external(b, &ch, line_no, ExternalRefKind::ChangeRule);
                         }
@@ -803,7 +879,7 @@ fn apply_line(
             {
                 return Err(ctx.err(&ch, K::ChainExists(ch.text.to_string())));
             }
-            b.table.chains.push(Chain {
+            b.push_chain(Chain {
                 name: ch.text.to_string(),
                 policy: None,
                 counters: Counters::default(),
@@ -822,7 +898,7 @@ fn apply_line(
                     if c.policy.is_some() || !c.rules.is_empty() || b.referenced(ch.text) {
                         return Err(ctx.err(&ch, K::ChainInUse(ch.text.to_string())));
                     }
-                    b.table.chains.remove(i);
+                    b.remove_chain(i);
                     b.external_content.remove(ch.as_str());
                     if noflush {
                         st.external(b, &ch, line_no, ExternalRefKind::Delete);
@@ -832,32 +908,25 @@ fn apply_line(
                 None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string()))),
             },
             None => {
-                let users: Vec<String> = b
-                    .table
-                    .chains
-                    .iter()
+                // The first busy user chain by name, the order libiptc keeps user chains in.
+                let busy = (b.table.chains.iter())
                     .filter(|c| c.policy.is_none())
-                    .map(|c| c.name.clone())
-                    .collect();
-                for u in &users {
-                    let busy = b
-                        .table
-                        .chains
-                        .iter()
-                        .find(|c| &c.name == u)
-                        .is_some_and(|c| !c.rules.is_empty())
-                        || b.referenced(u);
-                    if busy {
-                        return Err(ctx.err(&command_token, K::ChainInUse(u.clone())));
-                    }
+                    .filter(|c| !c.rules.is_empty() || b.referenced(&c.name))
+                    .min_by(|x, y| x.name.as_bytes().cmp(y.name.as_bytes()));
+                if let Some(c) = busy {
+                    return Err(ctx.err(&command_token, K::ChainInUse(c.name.clone())));
                 }
                 b.table.chains.retain(|c| c.policy.is_some());
+                let index = (b.table.chains.iter().enumerate())
+                    .map(|(i, c)| (c.name.clone(), i))
+                    .collect();
+                b.index = index;
             }
         },
         Command::Flush => match chain_tok {
             Some(ch) => match b.chain_index(ch.text) {
                 Some(i) => {
-                    b.table.chains[i].rules.clear();
+                    b.flush(i);
                     if b.external_content.remove(ch.as_str()) {
                         st.external(b, &ch, line_no, ExternalRefKind::Flush);
                     }
@@ -869,6 +938,7 @@ fn apply_line(
                 for c in &mut b.table.chains {
                     c.rules.clear();
                 }
+                b.targeted.clear();
                 b.external_content.clear();
             }
         },

@@ -222,6 +222,7 @@ impl Pipeline {
                 name: set_resource(name),
             });
         }
+        (self.hooks.limits).check_new_sets(self.sets.names().len(), [(name, spec.maxelem)])?;
         self.store.create_set(name, &spec, now_ns()).await?;
         self.sets.create(name, spec).map_err(set_error)?;
         self.sets
@@ -469,6 +470,10 @@ impl Pipeline {
         let now = self.clock.now_ns();
         let wall = now_ns();
         let prepared = self.sets.prepare_restore(text, now).map_err(|e| bad(&e))?;
+        let created = (prepared.sets())
+            .filter(|s| s.created)
+            .map(|s| (s.name, s.spec.maxelem));
+        (self.hooks.limits).check_new_sets(self.sets.names().len(), created)?;
         let mut imported = Vec::new();
         for s in prepared.sets() {
             check_set_name(field, s.name)?;

@@ -42,13 +42,20 @@ impl RulesetApi {
         let input = RulesetInput::try_from(source)?;
         let sets = self.state.pipeline.sets().clone();
         let previous = self.state.pipeline.previous_parse(name);
+        let limits = self.state.pipeline.limits().clone();
         let name = name.to_string();
         // Parsing, validating and printing a large ruleset takes milliseconds (~5 ms for 10k
         // rules, ~1 ms to parse again after a change of a few rules): off the async workers,
         // which keep serving other calls meanwhile.
         tokio::task::spawn_blocking(move || {
-            let mut checked =
-                content::check_after(&name, priority, &input, &*sets, previous.as_ref())?;
+            let mut checked = content::check_limited(
+                &name,
+                priority,
+                &input,
+                &*sets,
+                previous.as_ref(),
+                Some(&limits),
+            )?;
             // Kept by the pipeline after a commit, for the next check of this ruleset.
             checked.keep_sources(input);
             Ok(checked)

@@ -225,12 +225,14 @@ pub(crate) fn reparse(
         Some(Location { line, ..l })
     };
     // Where the declaration is in the new text (one below the change moved with it).
+    // The old table's chains by name: a changed line costs the same whatever their number.
+    let chain_at: HashMap<&str, usize> = (old[table].chains.iter().enumerate())
+        .map(|(i, c)| (c.name.as_str(), i))
+        .collect();
     let declared_before = |name: &str, line: u32| {
-        old[table]
-            .chains
-            .iter()
-            .find(|c| c.name == name)
-            .and_then(|c| shift(c.location))
+        chain_at
+            .get(name)
+            .and_then(|&i| shift(old[table].chains[i].location))
             .is_some_and(|l| l.line < line)
     };
 
@@ -277,7 +279,7 @@ pub(crate) fn reparse(
         }
         rule.location = parsed.location;
         rule.counters = opts.counters.then(|| rule.counters.unwrap_or_default());
-        let at = old[table].chains.iter().position(|c| c.name == chain)?;
+        let at = *chain_at.get(chain)?;
         added.entry(at).or_default().push(rule);
     }
 
@@ -342,10 +344,10 @@ fn splice_print(
     head: usize,
     old_end: usize,
 ) -> Option<String> {
-    let order = print::chain_order(table);
+    let order = print::chain_order_index(table);
     let ord = |line: &str| -> Option<usize> {
         let name = line.strip_prefix("-A ")?.split(' ').next()?;
-        order.iter().position(|c| c.name == name)
+        order.iter().position(|&i| table.chains[i].name == name)
     };
     let before = previous[..head].strip_suffix('\n').unwrap_or("");
     let before = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
@@ -366,8 +368,8 @@ fn splice_print(
         return None;
     };
     let mut region = String::new();
-    for (o, c) in order.iter().enumerate() {
-        let ci = table.chains.iter().position(|x| std::ptr::eq(x, *c))?;
+    for (o, &ci) in order.iter().enumerate() {
+        let c = &table.chains[ci];
         let Some(rules) = added.get(&ci) else {
             continue;
         };
