@@ -25,10 +25,9 @@
 //! - `VALLUM_FUZZ_SEED` (default a fixed seed; `random` for one from the clock): the seed is
 //!   printed; the generators never look at answers, so the same seed sends the same requests;
 //! - `VALLUM_FUZZ_ONLY=Apply,TracePacket`: only these RPCs;
-//! - `VALLUM_FUZZ_DEEP_MAX` (default 1000): longest line of chain jumps generated;
-//!   `VALLUM_FUZZ_CHAINS_MAX` (default 2000): most chains in a flat ruleset. Today's main
-//!   overflows its stack at ~12,000 chained jumps and validates many chains in quadratic time
-//!   (issue #13, defects 1 and 2); raise both to 20000 once those are fixed;
+//! - `VALLUM_FUZZ_DEEP_MAX` (default 20000): longest line of chain jumps generated (past the
+//!   ~12,000 at which a recursive depth check overflowed a worker's stack, issue #13 defect 1);
+//!   `VALLUM_FUZZ_CHAINS_MAX` (default 20000): most chains in a flat ruleset;
 //! - `VALLUM_FUZZ_VALLUMD=PATH`: fuzz another vallumd binary (e.g. a release build).
 //!
 //! It ends with a line `grpc fuzz: N requests (per RPC ok/err ...), C crashes, ..., seed S`.
@@ -1023,8 +1022,8 @@ async fn grpc_fuzz() {
     let max_rss_kib = (env_num("VALLUM_FUZZ_MAX_RSS_MIB").unwrap_or(1024.0) * 1024.0) as u64;
     let strict = std::env::var("VALLUM_FUZZ_STRICT").is_ok_and(|v| v == "1");
     let caps = Caps {
-        deep_max: env_num("VALLUM_FUZZ_DEEP_MAX").map_or(1000, |n| n as usize),
-        chains_max: env_num("VALLUM_FUZZ_CHAINS_MAX").map_or(2000, |n| n as usize),
+        deep_max: env_num("VALLUM_FUZZ_DEEP_MAX").map_or(20_000, |n| n as usize),
+        chains_max: env_num("VALLUM_FUZZ_CHAINS_MAX").map_or(20_000, |n| n as usize),
         request_bytes: MAX_REQUEST_BYTES - 64 * 1024,
     };
     let only: Vec<&'static str> = match std::env::var("VALLUM_FUZZ_ONLY") {
