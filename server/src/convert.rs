@@ -115,15 +115,22 @@ pub fn revision_resource(ruleset: &str, n: u64) -> String {
     format!("rulesets/{ruleset}/revisions/{n}")
 }
 
+/// The largest `seconds` of a `google.protobuf.Duration` (about 10,000 years; duration.proto).
+const MAX_DURATION_SECONDS: i64 = 315_576_000_000;
+
 /// A `google.protobuf.Duration` as a std duration (`None` when absent or zero).
 ///
-/// Errors: [`Error::BadRequest`] for negative durations.
+/// Errors: [`Error::BadRequest`] on `field` for negative durations and for values outside
+/// duration.proto's range (`nanos` in 0..=999,999,999, `seconds` at most 315,576,000,000).
 pub fn duration(field: &str, d: Option<&prost_types::Duration>) -> Result<Option<Duration>> {
     match d {
         None => Ok(None),
         Some(d) if d.seconds < 0 || d.nanos < 0 => {
             Err(Error::invalid(field, "must not be negative"))
         }
+        Some(d) if d.nanos > 999_999_999 || d.seconds > MAX_DURATION_SECONDS => Err(
+            Error::invalid(field, "out of range for google.protobuf.Duration"),
+        ),
         Some(d) => {
             let d = Duration::new(d.seconds as u64, d.nanos as u32);
             Ok((!d.is_zero()).then_some(d))
@@ -961,6 +968,24 @@ pub fn conntrack_stats(ct: &Conntrack) -> pb::ConntrackStats {
 mod tests {
     use super::*;
 
+    #[test]
+    fn durations_outside_duration_proto_are_refused() {
+        let d = |seconds, nanos| prost_types::Duration { seconds, nanos };
+        assert_eq!(
+            duration("f", Some(&d(1, 5))).expect("in range"),
+            Some(Duration::new(1, 5))
+        );
+        assert_eq!(duration("f", Some(&d(0, 0))).expect("zero"), None);
+        for bad in [
+            d(0, 1_000_000_000),
+            d(MAX_DURATION_SECONDS + 1, 0),
+            d(i64::MAX, 0),
+            d(-1, 0),
+        ] {
+            let e = duration("confirm_within", Some(&bad)).expect_err("refused");
+            assert!(e.to_string().contains("confirm_within"), "{e}");
+        }
+    }
     fn violations(e: Error) -> Vec<(String, String)> {
         match e {
             Error::BadRequest { violations, .. } => violations
