@@ -8,7 +8,12 @@
 //! ## Evaluation (iptables semantics within a chain, nftables semantics across base chains)
 //! At a hook, the base chains of the packet's family run in this order: tables by kernel
 //! priority (raw before filter, as NF_IP_PRI_RAW < NF_IP_PRI_FILTER), and within a table kind
-//! the rulesets by ascending priority (ties by name). Inside a chain the first matching rule's
+//! the rulesets by ascending priority (ties by name). A packet handed over at INPUT or FORWARD
+//! has passed PREROUTING in the kernel, so it runs the PREROUTING chains first (raw
+//! PREROUTING, conntrack, the other PREROUTING chains, then the hook's chains), seen there
+//! with hook PREROUTING and no output interface; a packet at OUTPUT runs raw OUTPUT,
+//! conntrack, then filter OUTPUT (locally generated packets never pass PREROUTING). A DROP
+//! or REJECT at PREROUTING is the packet's verdict. Inside a chain the first matching rule's
 //! target decides: ACCEPT ends *this* base chain and the packet goes on to the next base chain
 //! (as an nftables accept); DROP and REJECT are final for the hook; `-j CHAIN` pushes a return
 //! point, `-g CHAIN` does not, RETURN (or the end of a user chain) pops one, and RETURN or the
@@ -1970,9 +1975,18 @@ impl Snapshot {
         }
     }
 
-    /// Runs the hook's raw-table base chains, then `after_raw` (a `Some` verdict is final),
-    /// then the other base chains. With `after_raw = |_| None` this is the plain walk: the
-    /// closure is inlined away, so the path without conntrack pays nothing for the split.
+    /// Runs the base chains a packet handed over at `p.hook` has passed in the kernel, in
+    /// the kernel's order, and returns the verdict:
+    /// - at INPUT and FORWARD, first the PREROUTING chains (a packet the kernel queues there
+    ///   has passed PREROUTING): raw PREROUTING, then `after_raw` (conntrack, priority -200),
+    ///   then the other PREROUTING chains; with the packet's hook set to PREROUTING and no
+    ///   output interface while they run, as the kernel sees it there;
+    /// - then the hook's own chains: raw, `after_raw` if it has not run yet (OUTPUT: raw
+    ///   OUTPUT, conntrack, filter OUTPUT; PREROUTING alone), then the others.
+    ///
+    /// A `Some` verdict of `after_raw` is final, as is a DROP or REJECT of any chain (the
+    /// later hooks never see the packet). With `after_raw = |_| None` this is the plain walk:
+    /// the closure is inlined away, so the path without conntrack pays nothing for the split.
     #[inline]
     fn evaluate<O: Observer>(
         &self,
@@ -1982,23 +1996,56 @@ impl Snapshot {
         hint: Hint,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Verdict {
-        let (f, h) = (family_index(p.family), p.hook.index());
+        let f = family_index(p.family);
+        let hook = p.hook;
+        let mut after_raw = Some(after_raw);
+        if matches!(hook, Hook::Input | Hook::Forward)
+            && !self.hooks[f][Hook::Prerouting.index()].is_empty()
+        {
+            let out_iface = std::mem::take(&mut p.out_iface);
+            p.hook = Hook::Prerouting;
+            let v = self.run_hook(f, Hook::Prerouting, p, now, obs, hint, &mut after_raw);
+            p.hook = hook;
+            p.out_iface = out_iface;
+            if let Some(v) = v {
+                return v;
+            }
+        }
+        self.run_hook(f, hook, p, now, obs, hint, &mut after_raw)
+            .unwrap_or(Verdict::Accept)
+    }
+
+    /// One hook's base chains: raw, then `after_raw` (taken: it runs once per packet), then
+    /// the rest. `Some` is a final verdict; `None` means the packet passed the hook.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn run_hook<O: Observer>(
+        &self,
+        f: usize,
+        hook: Hook,
+        p: &mut PacketMeta,
+        now: u64,
+        obs: &mut O,
+        hint: Hint,
+        after_raw: &mut Option<impl FnOnce(&mut PacketMeta) -> Option<Verdict>>,
+    ) -> Option<Verdict> {
+        let h = hook.index();
         let chains = &self.hooks[f][h];
         let (raw, rest) = chains.split_at((self.raw_chains[f][h] as usize).min(chains.len()));
         for &base in raw {
             if let Some(v) = self.run_chain(base, p, now, obs, hint) {
-                return v;
+                return Some(v);
             }
         }
-        if let Some(v) = after_raw(p) {
-            return v;
+        if let Some(v) = after_raw.take().and_then(|a| a(p)) {
+            return Some(v);
         }
         for &base in rest {
             if let Some(v) = self.run_chain(base, p, now, obs, hint) {
-                return v;
+                return Some(v);
             }
         }
-        Verdict::Accept
+        None
     }
 
     /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by

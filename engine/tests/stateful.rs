@@ -447,3 +447,126 @@ fn one_batch_tracks_in_order_as_single_packets() {
     // Both ssh connections that were accepted and the three connections out.
     assert_eq!(*entries, 5);
 }
+
+/// Docker 28's guard against LAN hosts reaching a container directly, and a DNS server that
+/// does not track its queries, as one host writes them: raw PREROUTING decides both.
+const DOCKER_GUARD: &str = "\
+*raw
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A PREROUTING -d 172.17.0.2/32 ! -i docker0 -j DROP
+-A PREROUTING -p udp -m udp --dport 53 -j CT --notrack
+COMMIT
+*filter
+:INPUT DROP [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -m conntrack --ctstate UNTRACKED -j ACCEPT
+-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+COMMIT
+";
+
+fn counter(e: &Engine, chain: &str, rule: Option<u32>) -> u64 {
+    e.counters()
+        .into_iter()
+        .find(|c| &*c.chain == chain && c.rule == rule)
+        .map_or(0, |c| c.packets)
+}
+
+/// Before the fix, a packet handed over at INPUT or FORWARD ran only that hook's chains: the
+/// guard never dropped, and the DNS query was NEW, so INPUT's policy dropped it.
+#[test]
+fn input_and_forward_packets_pass_raw_prerouting_first() {
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    let rs = parse_ruleset("host", DOCKER_GUARD, &ParseOptions::default()).unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    let from = |hook: Hook, in_iface: &str, out_iface: &str, mut p: PacketMeta| {
+        p.hook = hook;
+        p.in_iface = vallum_engine::packet::IfName::new(in_iface).unwrap();
+        p.out_iface = vallum_engine::packet::IfName::new(out_iface).unwrap();
+        p
+    };
+    // A LAN host's SYN to the container, routed (FORWARD) from eth0: dropped at raw
+    // PREROUTING, before conntrack (no entry, nothing counted NEW).
+    let lan = pkt(Hook::Forward, 6, PEER, 40000, "172.17.0.2", 80, SYN);
+    let lan = from(Hook::Forward, "eth0", "docker0", lan);
+    assert_eq!(run(&e, lan, S).0, Verdict::Drop);
+    assert_eq!(counter(&e, "PREROUTING", Some(1)), 1);
+    assert_eq!(e.conntrack().unwrap().stats().new_total, 0);
+    // The same address from the bridge passes (FORWARD's policy ACCEPT), tracked NEW.
+    let bridge = from(Hook::Forward, "docker0", "eth0", lan);
+    assert_eq!(run(&e, bridge, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(counter(&e, "PREROUTING", Some(1)), 1);
+    // Queued at INPUT (a host with that address): dropped too.
+    let local = from(Hook::Input, "eth0", "", lan);
+    assert_eq!(run(&e, local, S).0, Verdict::Drop);
+    assert_eq!(counter(&e, "PREROUTING", Some(1)), 2);
+    // The verdicts count at the hook the packet came with.
+    let drops: u64 = e
+        .verdict_counts()
+        .iter()
+        .filter(|c| c.verdict == "DROP")
+        .map(|c| {
+            assert_ne!(c.hook, Hook::Prerouting, "{c:?}");
+            c.packets
+        })
+        .sum();
+    assert_eq!(drops, 2);
+
+    // A DNS query at INPUT: CT --notrack in raw PREROUTING makes it UNTRACKED, INPUT rule 1
+    // accepts it, and the table has no entry for it.
+    let entries = e.conntrack().unwrap().stats().entries;
+    let dns = from(
+        Hook::Input,
+        "eth0",
+        "",
+        pkt(Hook::Input, 17, PEER, 5353, ME, 53, 0),
+    );
+    assert_eq!(run(&e, dns, 2 * S), (Verdict::Accept, ct_state::UNTRACKED));
+    assert_eq!(counter(&e, "INPUT", Some(1)), 1);
+    assert_eq!(e.conntrack().unwrap().stats().entries, entries);
+    // trace walks the same path: raw PREROUTING's NOTRACK rule and policy, then INPUT rule 1.
+    let t = e.trace(&dns, 3 * S);
+    assert_eq!(
+        (t.verdict, t.ct_state),
+        (Verdict::Accept, ct_state::UNTRACKED)
+    );
+    let path: Vec<_> = t.steps.iter().map(|s| (&*s.chain, s.rule)).collect();
+    assert_eq!(
+        path,
+        [
+            ("PREROUTING", Some(2)),
+            ("PREROUTING", None),
+            ("INPUT", Some(1))
+        ]
+    );
+    // Another UDP port is tracked (NEW) and dropped by INPUT's policy.
+    let other = PacketMeta { dport: 54, ..dns };
+    assert_eq!(run(&e, other, 3 * S), (Verdict::Drop, ct_state::NEW));
+}
+
+/// A packet handed over at OUTPUT runs raw OUTPUT before conntrack; PREROUTING is not its
+/// path (locally generated packets never pass it).
+#[test]
+fn output_packets_skip_prerouting() {
+    let e = engine(Some(ConntrackConfig::default()));
+    let rs = parse_ruleset(
+        "guard",
+        "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -j DROP\nCOMMIT\n",
+        &ParseOptions::default(),
+    )
+    .unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    let ntp_out = pkt(Hook::Output, 17, ME, 123, PEER, 123, 0);
+    assert_eq!(run(&e, ntp_out, S), (Verdict::Accept, ct_state::UNTRACKED));
+    let ssh_in = pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN);
+    assert_eq!(run(&e, ssh_in, S).0, Verdict::Drop);
+}

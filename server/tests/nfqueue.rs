@@ -11,12 +11,14 @@
 //! `-p icmp --icmp-type echo-request`; (f) conntrack keeps an established connection across a
 //! commit; (g) an ICMP timestamp request with 100 bytes of payload and an information request
 //! are counted on their `--icmp-type` rules; (h) `-m mac --mac-source` matches B's address
-//! (NFQA_HWADDR), its negation and another address do not; and `vallumctl dataplane uninstall` leaves no VALLUM
+//! (NFQA_HWADDR), its negation and another address do not; (i) raw PREROUTING runs for
+//! INPUT-queued packets (a Docker-style `-d A ! -i docker0 -j DROP` guard drops ICMP,
+//! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
 //! thread that first `setns(2)`s into it (a namespace is per thread; threads and processes
-//! started from there inherit it). The rules are stateless (no `--ctstate`).
+//! started from there inherit it). The rules of (a)-(e), (g) and (h) are stateless.
 
 #[path = "support/vallumd.rs"]
 mod support;
@@ -634,6 +636,37 @@ async fn scenario(d: &Vallumd, b: &str) {
     let hits = counts_once_moved(&mut counters, &[1, 2, 3, 4], &[1, 4]).await;
     let packets: Vec<u64> = hits.iter().map(|h| h.0).collect();
     assert_eq!(packets, [1, 0, 0, 1], "(h) -m mac --mac-source {B_MAC}");
+
+    // (i) raw PREROUTING decides INPUT-queued packets first: Docker 28's guard drops ICMP to
+    // A's address from any interface but docker0, and CT --notrack makes the UDP query
+    // UNTRACKED, so `--ctstate UNTRACKED -j ACCEPT` admits it past INPUT's DROP policy.
+    apply(d, &raw_prerouting_rules()).await;
+    let got = in_netns(b, move || {
+        let retry = |f: &dyn Fn() -> bool| (0..3).any(|_| f());
+        [
+            ping(3, block),
+            retry(&|| udp_probe(pass)),
+            retry(&|| tcp_probe(TCP_KEEP, pass)),
+        ]
+    });
+    assert_eq!(
+        got,
+        [false, true, true],
+        "(i) raw PREROUTING: icmp dropped by the guard, untracked udp accepted, tcp"
+    );
+}
+
+/// (i): Docker 28's raw guard (for A's address) and a NOTRACKed UDP service.
+fn raw_prerouting_rules() -> String {
+    format!(
+        "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A PREROUTING -d {A_ADDR}/32 ! -i docker0 -p icmp -j DROP\n\
+         -A PREROUTING -p udp -m udp --dport {UDP_PORT} -j CT --notrack\nCOMMIT\n\
+         *filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -m conntrack --ctstate UNTRACKED -j ACCEPT\n\
+         -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_KEEP} -j ACCEPT\nCOMMIT\n"
+    )
 }
 
 /// (packets, bytes) of INPUT rules `rules` (IPv4) once each of `wait_for` has counted a
