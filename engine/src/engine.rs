@@ -296,6 +296,7 @@ impl Engine {
                     buckets: c.buckets.clamp(1, 1 << 30),
                     locks: c.locks.clamp(1, 1 << 30),
                     max_entries: c.max_entries,
+                    tcp_loose: c.tcp_loose,
                 })
                 .ok()
             });

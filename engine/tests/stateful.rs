@@ -139,12 +139,23 @@ fn new_established_invalid_through_the_rules() {
     );
     assert_eq!(rule_packets(&e, 1), 2);
 
-    // A mid-stream ACK of a connection the table never saw: INVALID, dropped by rule 2, and
-    // no entry is created.
+    // A mid-stream ACK of a connection the table never saw: NEW, as with Linux's default
+    // nf_conntrack_tcp_loose=1 (picked up), but rule 3 wants a SYN, so INPUT's policy drops
+    // it and no entry is created.
     let stray = pkt(Hook::Input, 6, PEER, 41000, ME, 22, ACK);
-    assert_eq!(run(&e, stray, 6 * S), (Verdict::Drop, ct_state::INVALID));
-    assert_eq!(rule_packets(&e, 2), 1);
+    assert_eq!(run(&e, stray, 6 * S), (Verdict::Drop, ct_state::NEW));
+    assert_eq!(rule_packets(&e, 2), 0);
     assert_eq!(e.conntrack().unwrap().stats().entries, 2);
+    // Without pick-up (tcp_loose off) it is INVALID, dropped by rule 2.
+    let strict = engine(Some(ConntrackConfig {
+        tcp_loose: false,
+        ..ConntrackConfig::default()
+    }));
+    assert_eq!(
+        run(&strict, stray, 6 * S),
+        (Verdict::Drop, ct_state::INVALID)
+    );
+    assert_eq!(rule_packets(&strict, 2), 1);
     // A new connection to a closed port: NEW (conntrack runs before filter), dropped by the
     // policy, and not confirmed: no entry, as in the kernel; its retransmission is NEW again.
     let closed = pkt(Hook::Input, 6, PEER, 42000, ME, 25, SYN);
@@ -224,6 +235,7 @@ fn a_full_table_drops_and_counts() {
         buckets: 4,
         max_entries: 2,
         locks: 2,
+        tcp_loose: true,
     }));
     // Two replied (so not early-droppable) flows fill the table.
     for port in [1000, 1001] {
@@ -285,7 +297,9 @@ fn trace_looks_up_without_changing_the_table() {
     assert_eq!(ct.stats().entries, 0, "trace inserts nothing");
     let stray = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
     let t = e.trace(&stray, S);
-    assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::INVALID));
+    // Picked up mid-stream (NEW), dropped by the policy (rule 3 wants a SYN).
+    assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::NEW));
+    assert_eq!(ct.stats().entries, 0, "trace inserts nothing");
     // Asking with a given state skips the lookup.
     let given = PacketMeta {
         ct_state: ct_state::ESTABLISHED,
@@ -442,7 +456,8 @@ fn one_batch_tracks_in_order_as_single_packets() {
     let (out, _, entries) = &single;
     assert_eq!(out[2], (Verdict::Accept, ct_state::ESTABLISHED));
     assert_eq!(out[5], (Verdict::Drop, ct_state::NEW));
-    assert_eq!(out[7], (Verdict::Drop, ct_state::INVALID));
+    // Its ACK is picked up (NEW, loose tracking) and dropped by its DROP rule.
+    assert_eq!(out[7], (Verdict::Drop, ct_state::NEW));
     assert_eq!(out[9], (Verdict::Accept, ct_state::ESTABLISHED));
     // Both ssh connections that were accepted and the three connections out.
     assert_eq!(*entries, 5);
@@ -569,4 +584,55 @@ fn output_packets_skip_prerouting() {
     assert_eq!(run(&e, ntp_out, S), (Verdict::Accept, ct_state::UNTRACKED));
     let ssh_in = pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN);
     assert_eq!(run(&e, ssh_in, S).0, Verdict::Drop);
+}
+
+/// A ufw-style host (established accepted, INVALID dropped, ssh open without `--ctstate`)
+/// after a restart or a flush: the table is empty and the client's next segment is a plain
+/// ACK. Linux (nf_conntrack_tcp_loose=1) picks the flow up as NEW and the ssh rule accepts
+/// it; before the pick-up it was INVALID and ufw's INVALID rule dropped every such flow.
+#[test]
+fn established_flow_survives_an_empty_table() {
+    const UFW: &str = "\
+*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A INPUT -m conntrack --ctstate INVALID -j DROP
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+COMMIT
+";
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    e.commit(
+        Change::Put(parse_ruleset("ufw", UFW, &ParseOptions::default()).unwrap()),
+        &NoSets,
+    )
+    .unwrap();
+    let data = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
+    assert_eq!(run(&e, data, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(rule_packets(&e, 3), 1);
+    // sshd's answer is the reply direction of the picked-up entry; then the flow is
+    // ESTABLISHED both ways.
+    let answer = pkt(Hook::Output, 6, ME, 22, PEER, 40000, ACK);
+    assert_eq!(
+        run(&e, answer, 2 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    assert_eq!(
+        run(&e, data, 3 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    assert_eq!(rule_packets(&e, 1), 1);
+    let l = e.conntrack().unwrap().list();
+    assert_eq!((l.len(), l[0].tcp_state), (1, Some(TcpState::Established)));
+    // A stray FIN or RST of an unknown flow is still INVALID (not picked up).
+    let fin = pkt(Hook::Input, 6, PEER, 40001, ME, 22, ACK | 0x01);
+    assert_eq!(run(&e, fin, 4 * S), (Verdict::Drop, ct_state::INVALID));
 }

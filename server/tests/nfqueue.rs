@@ -13,7 +13,8 @@
 //! are counted on their `--icmp-type` rules; (h) `-m mac --mac-source` matches B's address
 //! (NFQA_HWADDR), its negation and another address do not; (i) raw PREROUTING runs for
 //! INPUT-queued packets (a Docker-style `-d A ! -i docker0 -j DROP` guard drops ICMP,
-//! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); and `vallumctl dataplane uninstall` leaves no VALLUM
+//! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); (j) a ufw-style
+//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up); and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
@@ -654,6 +655,51 @@ async fn scenario(d: &Vallumd, b: &str) {
         [false, true, true],
         "(i) raw PREROUTING: icmp dropped by the guard, untracked udp accepted, tcp"
     );
+
+    // (j) a ufw-style host keeps an established TCP flow when our table forgets it (a flush
+    // here, a vallumd restart in life): the next segment is a plain ACK, picked up as NEW
+    // (nf_conntrack_tcp_loose=1) and accepted by the port rule, not INVALID and dropped.
+    apply(d, &ufw_style()).await;
+    let b1 = b.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel::<bool>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<bool>();
+    let keeper = std::thread::spawn(move || {
+        in_netns(&b1, move || {
+            let mut s = tcp_connect(TCP_KEEP, pass).expect("connect (j)");
+            opened_tx
+                .send(tcp_roundtrip(&mut s, b"before the flush"))
+                .expect("report");
+            rx.recv().expect("signal");
+            done_tx
+                .send(tcp_roundtrip(&mut s, b"after the flush"))
+                .expect("report");
+        })
+    });
+    assert!(opened_rx.recv().expect("keeper"), "(j) connection opened");
+    let flushed = ct
+        .flush(pb::FlushConntrackRequest {})
+        .await
+        .expect("conntrack flush")
+        .into_inner();
+    assert!(flushed.deleted > 0, "(j) the flush deleted the flow");
+    tx.send(()).expect("signal");
+    assert!(
+        done_rx.recv().expect("keeper"),
+        "(j) the established flow carries on after the flush (picked up mid-stream)"
+    );
+    keeper.join().expect("keeper");
+}
+
+/// (j): ufw's shape: established accepted, INVALID dropped, the service port open with no
+/// `--ctstate`.
+fn ufw_style() -> String {
+    format!(
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+         -A INPUT -m conntrack --ctstate INVALID -j DROP\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_KEEP} -j ACCEPT\nCOMMIT\n"
+    )
 }
 
 /// (i): Docker 28's raw guard (for A's address) and a NOTRACKed UDP service.
