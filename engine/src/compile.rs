@@ -1694,12 +1694,17 @@ pub struct Trace {
     /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
     /// non-raw chains saw.
     pub ct_state: u8,
+    /// How many `-m limit` matches the packet's path asked. A trace is a dry run for them:
+    /// each answers whether a token is there now without taking it, so a burst of real
+    /// packets can be limited where a trace of each of them matched.
+    pub limits_asked: u32,
 }
 
 struct Tracing<'a> {
     names: &'a [Arc<str>],
     steps: Vec<TraceStep>,
     logs: Vec<LogEvent>,
+    limits_asked: u32,
 }
 
 impl Observer for Tracing<'_> {
@@ -1725,6 +1730,7 @@ impl Observer for Tracing<'_> {
     }
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         // A trace must not consume tokens that real traffic would get.
+        self.limits_asked += 1;
         bucket.would_conform(now)
     }
     fn log(
@@ -2088,7 +2094,8 @@ impl Snapshot {
         self.evaluate(packet, now, &mut obs, Hint::NONE, after_raw)
     }
 
-    /// Evaluates one packet without counting or consuming `-m limit` tokens, and returns the
+    /// Evaluates one packet without counting or consuming `-m limit` tokens (a dry run for
+    /// them: [`Trace::limits_asked`] says how many were asked), and returns the
     /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
     /// and every applied policy, in order.
     pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
@@ -2109,6 +2116,7 @@ impl Snapshot {
             names: &self.names,
             steps: Vec::new(),
             logs: Vec::new(),
+            limits_asked: 0,
         };
         let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, after_raw);
         Trace {
@@ -2116,6 +2124,7 @@ impl Snapshot {
             steps: obs.steps,
             logs: obs.logs,
             ct_state: p.ct_state,
+            limits_asked: obs.limits_asked,
         }
     }
 }

@@ -69,6 +69,20 @@ impl TraceApi {
     }
 }
 
+/// [`pb::TracePacketResponse::notes`]: where `trace` did not do what the packet path does.
+fn trace_notes(trace: &Trace) -> Vec<String> {
+    let mut notes = Vec::new();
+    if trace.limits_asked > 0 {
+        notes.push(format!(
+            "dry run for -m limit: {} limit match(es) on this path were asked without taking \
+             a token; real packets take one each, so a burst can be limited where every traced \
+             packet matched",
+            trace.limits_asked
+        ));
+    }
+    notes
+}
+
 fn totals(t: &mut pb::VerdictTotals, v: Verdict) {
     match v {
         Verdict::Accept => t.accepted += 1,
@@ -117,6 +131,7 @@ impl TraceService for TraceApi {
             (trace, list)
         };
         Ok(Response::new(pb::TracePacketResponse {
+            notes: trace_notes(&trace),
             ct_state: convert::ct_state_name(trace.ct_state).into(),
             verdict: convert::verdict(trace.verdict).into(),
             steps: trace
