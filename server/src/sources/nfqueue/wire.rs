@@ -390,9 +390,10 @@ mod tests {
     #[test]
     fn hwaddr_of_other_lengths_is_ignored() {
         let mut b = hex(V4_INPUT_PACKET);
-        // The NFQA_HWADDR attribute starts at byte 40: {16, 9}, then hw_addrlen.
+        // The NFQA_HWADDR attribute starts at byte 40: {16, 9}, then hw_addrlen (be16), two
+        // bytes of padding and the address.
         assert_eq!(&b[40..44], &[0x10, 0, 9, 0]);
-        b[46..52].copy_from_slice(&[2, 0, 0, 0, 0, 7]);
+        b[48..54].copy_from_slice(&[2, 0, 0, 0, 0, 7]);
         let Message::Packet(p) = one(&b) else {
             panic!("not a packet")
         };
