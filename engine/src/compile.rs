@@ -1853,7 +1853,16 @@ impl Snapshot {
                 };
                 hit != *negated
             }
-            CMatch::CtState { negated, bits } => (p.ct_state & bits != 0) != *negated,
+            CMatch::CtState { negated, bits } => {
+                // As conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
+                // INVALID (no entry) or UNTRACKED packet has no status bits to read.
+                let nat = if p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0 {
+                    p.ct_nat
+                } else {
+                    0
+                };
+                ((p.ct_state | nat) & bits != 0) != *negated
+            }
             CMatch::Iprange(r) => {
                 let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {

@@ -636,3 +636,63 @@ COMMIT
     let fin = pkt(Hook::Input, 6, PEER, 40001, ME, 22, ACK | 0x01);
     assert_eq!(run(&e, fin, 4 * S), (Verdict::Drop, ct_state::INVALID));
 }
+
+/// `--ctstate DNAT` / `SNAT` read the kernel's NAT bits ([`PacketMeta::ct_nat`], from
+/// NFQA_CT in NFQUEUE mode) on top of our tracker's state, as xt_conntrack reads the entry's
+/// IPS_DST_NAT / IPS_SRC_NAT; not for an UNTRACKED packet (no entry). Before, nothing set
+/// those bits and the rules never matched.
+#[test]
+fn ctstate_dnat_reads_the_kernel_nat_bits() {
+    const PORT_FORWARD: &str = "\
+*raw
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A PREROUTING -p udp -m udp --dport 123 -j NOTRACK
+COMMIT
+*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -m conntrack --ctstate DNAT -j ACCEPT
+-A FORWARD -m conntrack ! --ctstate SNAT -p udp -j DROP
+-A FORWARD -p udp -m conntrack --ctstate SNAT -j ACCEPT
+COMMIT
+";
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    let rs = parse_ruleset("fwd", PORT_FORWARD, &ParseOptions::default()).unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    let fwd = pkt(Hook::Forward, 6, PEER, 40000, "172.17.0.2", 80, SYN);
+    assert_eq!(run(&e, fwd, S).0, Verdict::Drop, "no NAT: policy");
+    let dnat = PacketMeta {
+        ct_nat: ct_state::DNAT,
+        ..fwd
+    };
+    assert_eq!(run(&e, dnat, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(counter(&e, "FORWARD", Some(1)), 1);
+    let t = e.trace(&dnat, S);
+    let forward: Vec<_> = t.steps.iter().filter(|s| &*s.chain == "FORWARD").collect();
+    assert_eq!(forward[0].rule, Some(1));
+    // `! --ctstate SNAT` drops UDP without SNAT; with SNAT it goes on to rule 3.
+    let udp = pkt(Hook::Forward, 17, PEER, 5000, "172.17.0.2", 53, 0);
+    assert_eq!(run(&e, udp, S).0, Verdict::Drop);
+    assert_eq!(counter(&e, "FORWARD", Some(2)), 1);
+    let snat = PacketMeta {
+        ct_nat: ct_state::SNAT,
+        ..udp
+    };
+    assert_eq!(run(&e, snat, S).0, Verdict::Accept);
+    assert_eq!(counter(&e, "FORWARD", Some(3)), 1);
+    // UNTRACKED by our raw table: no entry, so no NAT bits to read.
+    let ntp = PacketMeta {
+        ct_nat: ct_state::DNAT,
+        ..pkt(Hook::Forward, 17, PEER, 123, "172.17.0.2", 123, 0)
+    };
+    assert_eq!(run(&e, ntp, S), (Verdict::Drop, ct_state::UNTRACKED));
+}
