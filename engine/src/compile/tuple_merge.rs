@@ -1800,6 +1800,7 @@ mod tests {
             names: &[],
             steps: Vec::new(),
             logs: Vec::new(),
+            limits_asked: 0,
         };
         let mut out = Vec::new();
         for a in 0..5u8 {
