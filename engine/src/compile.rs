@@ -19,7 +19,10 @@
 //! point, `-g CHAIN` does not, RETURN (or the end of a user chain) pops one, and RETURN or the
 //! end of a base chain applies the policy. LOG and NOTRACK do not decide and continue with the
 //! next rule, as XT_CONTINUE targets do. A matching rule is counted before its target runs, as
-//! ipt_do_table counts.
+//! ipt_do_table counts. A packet whose transport header is cut ([`PacketMeta::l4_cut`]) walks
+//! every chain linearly (no index), and the first tcp / udp / multiport / icmp match that
+//! reads a missing byte drops it on the spot without counting its rule (the kernel's
+//! hotdrop).
 //!
 //! Only filter and raw are enforced; nat, mangle and security tables are not compiled
 //! ([`crate::validate`] reports them).
@@ -1587,6 +1590,45 @@ trait Observer {
         pkt: &PacketMeta,
     );
     fn outcome(&mut self, _what: StepOutcome) {}
+    /// A match found the transport-header bytes it reads missing ([`PacketMeta::l4_cut`]):
+    /// the packet is dropped on the spot (the kernel's `par->hotdrop`).
+    fn hotdrop(&mut self) {}
+}
+
+/// Wraps the observer of a packet with a cut transport header on the linear path, to see
+/// whether a rule's match hotdropped it ([`Observer::hotdrop`]).
+struct HotdropWatch<'o, O> {
+    inner: &'o mut O,
+    dropped: bool,
+}
+
+impl<O: Observer> Observer for HotdropWatch<'_, O> {
+    fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta) {
+        self.inner.rule(slot, chain, number, pkt);
+    }
+    fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta) {
+        self.inner.policy(slot, chain, pkt);
+    }
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
+        self.inner.limit(bucket, now)
+    }
+    fn log(
+        &mut self,
+        chain: &CChain,
+        number: u32,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    ) {
+        self.inner.log(chain, number, prefix, level, pkt);
+    }
+    fn outcome(&mut self, what: StepOutcome) {
+        self.inner.outcome(what);
+    }
+    fn hotdrop(&mut self) {
+        self.dropped = true;
+        self.inner.hotdrop();
+    }
 }
 
 fn log_event(
@@ -1694,6 +1736,9 @@ pub struct Trace {
     /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
     /// non-raw chains saw.
     pub ct_state: u8,
+    /// The packet was dropped by a match that reads transport-header bytes it lacks
+    /// ([`PacketMeta::l4_cut`], the kernel's hotdrop); that rule is not among the steps.
+    pub hotdropped: bool,
     /// How many `-m limit` matches the packet's path asked. A trace is a dry run for them:
     /// each answers whether a token is there now without taking it, so a burst of real
     /// packets can be limited where a trace of each of them matched.
@@ -1705,6 +1750,7 @@ struct Tracing<'a> {
     steps: Vec<TraceStep>,
     logs: Vec<LogEvent>,
     limits_asked: u32,
+    hotdropped: bool,
 }
 
 impl Observer for Tracing<'_> {
@@ -1750,6 +1796,9 @@ impl Observer for Tracing<'_> {
                 last.outcome = what;
             }
         }
+    }
+    fn hotdrop(&mut self) {
+        self.hotdropped = true;
     }
 }
 
@@ -1814,15 +1863,32 @@ impl Snapshot {
                 flags,
                 option,
             } => {
-                // As tcp_mt: a non-first fragment has no TCP header to look at.
-                !p.fragment
-                    && port_in(sport, p.sport)
+                // As tcp_mt: a non-first fragment has no TCP header to look at; the 20-byte
+                // header (and the options, for --tcp-option) must be there, else hotdrop.
+                if p.fragment {
+                    return false;
+                }
+                if let Some(n) = p.l4_cut {
+                    if n < 20 || option.is_some() {
+                        obs.hotdrop();
+                        return false;
+                    }
+                }
+                port_in(sport, p.sport)
                     && port_in(dport, p.dport)
                     && flags.is_none_or(|(neg, mask, comp)| (p.tcp_flags & mask == comp) != neg)
                     && option.is_none_or(|(neg, kind)| p.has_tcp_option(kind) != neg)
             }
             CMatch::Udp { sport, dport } => {
-                !p.fragment && port_in(sport, p.sport) && port_in(dport, p.dport)
+                if p.fragment {
+                    return false;
+                }
+                // As udp_mt: the 8-byte header must be there (a cut one is shorter).
+                if p.l4_cut.is_some() {
+                    obs.hotdrop();
+                    return false;
+                }
+                port_in(sport, p.sport) && port_in(dport, p.dport)
             }
             CMatch::Multiport {
                 dir,
@@ -1830,6 +1896,11 @@ impl Snapshot {
                 ports,
             } => {
                 if p.fragment || !has_ports(p.protocol) {
+                    return false;
+                }
+                // As multiport_mt: the 4 port bytes.
+                if p.l4_cut.is_some_and(|n| n < 4) {
+                    obs.hotdrop();
                     return false;
                 }
                 let hit = ports.iter().any(|r| match dir {
@@ -1845,6 +1916,11 @@ impl Snapshot {
                 code,
             } => {
                 if p.fragment {
+                    return false;
+                }
+                // As icmp_match / icmp6_match: the 8-byte header.
+                if p.l4_cut.is_some() {
+                    obs.hotdrop();
                     return false;
                 }
                 let hit = match icmp_type {
@@ -1918,6 +1994,22 @@ impl Snapshot {
             }
             let rules = &body.rules;
             let found = match &body.index {
+                // A cut transport header takes the linear walk: the kernel evaluates rules in
+                // order, and the first match that reads a missing byte drops the packet, which
+                // an index (which skips rules by their ports) cannot see.
+                _ if p.l4_cut.is_some() => {
+                    let mut watch = HotdropWatch {
+                        inner: &mut *obs,
+                        dropped: false,
+                    };
+                    let at = rules.find_from(next, |r| {
+                        Self::rule_matches(r, p, now, &mut watch) || watch.dropped
+                    });
+                    if watch.dropped {
+                        return Some(Verdict::Drop);
+                    }
+                    at
+                }
                 Some(idx) if next == 0 && chain == hint.chain && hint.best != PROBE_UNKNOWN => {
                     if idx.has_rfc() {
                         // The RFC probe's answer is the first match itself.
@@ -2126,6 +2218,7 @@ impl Snapshot {
             steps: Vec::new(),
             logs: Vec::new(),
             limits_asked: 0,
+            hotdropped: false,
         };
         let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, after_raw);
         Trace {
@@ -2134,6 +2227,7 @@ impl Snapshot {
             logs: obs.logs,
             ct_state: p.ct_state,
             limits_asked: obs.limits_asked,
+            hotdropped: obs.hotdropped,
         }
     }
 }

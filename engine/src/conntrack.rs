@@ -558,6 +558,9 @@ impl Conntrack {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return CtVerdict::Untracked;
         }
+        if pkt.l4_cut.is_some() {
+            return CtVerdict::Invalid;
+        }
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {
             Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
@@ -594,6 +597,11 @@ impl Conntrack {
     fn classify(&self, pkt: &PacketMeta, now: u64) -> (CtVerdict, Option<Unconfirmed>) {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return (CtVerdict::Untracked, None);
+        }
+        // A cut transport header: nf_conntrack's tuple or header check fails ("short
+        // packet", "truncated packet"), the packet goes on without an entry: INVALID.
+        if pkt.l4_cut.is_some() {
+            return (CtVerdict::Invalid, None);
         }
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {

@@ -696,3 +696,84 @@ COMMIT
     };
     assert_eq!(run(&e, ntp, S), (Verdict::Drop, ct_state::UNTRACKED));
 }
+
+/// A transport header cut short is dropped by the first match that reads a missing byte, as
+/// the kernel hotdrops: rules before it count, nothing after it runs, and a chain large
+/// enough for the index (which skips rules by their ports) still walks it in order. Before,
+/// the parser refused such packets, so no rule counted at all.
+#[test]
+fn cut_transport_header_is_hotdropped_at_the_first_match_that_reads_it() {
+    let mut text = String::from(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -s 192.0.2.7/32\n",
+    );
+    for i in 0..300 {
+        text += &format!("-A INPUT -p tcp -m tcp --dport {} -j DROP\n", 1000 + i);
+    }
+    text += "COMMIT\n";
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    let rs = parse_ruleset("big", &text, &ParseOptions::default()).unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    // 16 bytes of a TCP header to port 22: no rule's port matches, but rule 2's tcp_mt
+    // cannot read its 20 bytes.
+    let mut bytes = Vec::new();
+    PacketBuilder::ipv4([192, 0, 2, 7], [10, 0, 0, 1], 64)
+        .tcp(40000, 22, 1, 1024)
+        .syn()
+        .write(&mut bytes, &[])
+        .unwrap();
+    bytes.truncate(20 + 16);
+    bytes[2..4].copy_from_slice(&36u16.to_be_bytes());
+    let cut = parse_ip(&bytes, PacketMeta::default()).unwrap();
+    assert_eq!((cut.l4_cut, cut.dport), (Some(16), 22));
+    let t = e.trace(&cut, S);
+    assert!(t.hotdropped);
+    assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::INVALID));
+    let path: Vec<_> = t.steps.iter().map(|s| s.rule).collect();
+    assert_eq!(path, [Some(1)], "rule 1 counts; rule 2 hotdrops; no policy");
+    // The packet path, one at a time and in a batch with complete packets around it.
+    let whole = parse_ip(
+        &{
+            let mut b = Vec::new();
+            PacketBuilder::ipv4([192, 0, 2, 7], [10, 0, 0, 1], 64)
+                .tcp(40000, 22, 1, 1024)
+                .syn()
+                .write(&mut b, &[])
+                .unwrap();
+            b
+        },
+        PacketMeta::default(),
+    )
+    .unwrap();
+    let mut w = e.worker(0).unwrap();
+    let mut ps = [whole, cut, whole, cut];
+    let mut vs = [Verdict::Accept; 4];
+    w.process_batch(&mut ps, &mut vs, S);
+    drop(w);
+    assert_eq!(
+        vs,
+        [
+            Verdict::Accept,
+            Verdict::Drop,
+            Verdict::Accept,
+            Verdict::Drop
+        ]
+    );
+    assert_eq!(counter(&e, "INPUT", Some(1)), 4);
+    assert_eq!(counter(&e, "INPUT", Some(2)), 0);
+    assert_eq!(
+        counter(&e, "INPUT", None),
+        2,
+        "policy: the whole packets only"
+    );
+    // Only the complete SYN opened an entry; the cut ones are INVALID.
+    assert_eq!(e.conntrack().unwrap().stats().entries, 1);
+    assert_eq!(ps[1].ct_state, ct_state::INVALID);
+}

@@ -1801,6 +1801,7 @@ mod tests {
             steps: Vec::new(),
             logs: Vec::new(),
             limits_asked: 0,
+            hotdropped: false,
         };
         let mut out = Vec::new();
         for a in 0..5u8 {

@@ -72,6 +72,13 @@ impl TraceApi {
 /// [`pb::TracePacketResponse::notes`]: where `trace` did not do what the packet path does.
 fn trace_notes(trace: &Trace) -> Vec<String> {
     let mut notes = Vec::new();
+    if trace.hotdropped {
+        notes.push(
+            "hotdrop: the transport header is cut short and a match read a missing byte, so \
+             the packet was dropped there without counting that rule (as the kernel does)"
+                .to_owned(),
+        );
+    }
     if trace.limits_asked > 0 {
         notes.push(format!(
             "dry run for -m limit: {} limit match(es) on this path were asked without taking \

@@ -16,10 +16,10 @@
 //!
 //! Verdicts: ACCEPT -> `NF_ACCEPT`; DROP -> `NF_DROP`; REJECT -> `NF_DROP` as well: NFQUEUE has
 //! no verdict that makes the kernel send the ICMP error or TCP RST, so a REJECT rule drops
-//! silently in this mode (documented in docs/operations.md). A packet that does not parse is
-//! dropped: it lacks bytes that an iptables match reads (which the kernel would hot-drop at the
-//! first such match; the exact rules, e.g. ICMP of any length with its 8-byte header, are in
-//! [`vallum_engine::packet::parse`]) or has an impossible header.
+//! silently in this mode (documented in docs/operations.md). A packet whose transport header is
+//! cut short is classified and dropped at the first match that reads a missing byte, as the
+//! kernel's hotdrop ([`vallum_engine::packet::parse`]); one that does not parse (cut inside
+//! its IP or IPv6 extension headers, or an impossible header) is dropped.
 //!
 //! Why not a crate: `nfq` (pure Rust) allocates a receive buffer per message held, so a batch
 //! of 32 allocates 32 buffers of 72 KiB, panics on malformed attributes and has no batch
