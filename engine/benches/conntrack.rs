@@ -143,6 +143,7 @@ impl Table for Conntrack {
             buckets: flows,
             max_entries: 2 * flows,
             locks: 1024,
+            tcp_loose: true,
         })
         .expect("valid config")
     }

@@ -8,13 +8,21 @@
 //! ## Evaluation (iptables semantics within a chain, nftables semantics across base chains)
 //! At a hook, the base chains of the packet's family run in this order: tables by kernel
 //! priority (raw before filter, as NF_IP_PRI_RAW < NF_IP_PRI_FILTER), and within a table kind
-//! the rulesets by ascending priority (ties by name). Inside a chain the first matching rule's
+//! the rulesets by ascending priority (ties by name). A packet handed over at INPUT or FORWARD
+//! has passed PREROUTING in the kernel, so it runs the PREROUTING chains first (raw
+//! PREROUTING, conntrack, the other PREROUTING chains, then the hook's chains), seen there
+//! with hook PREROUTING and no output interface; a packet at OUTPUT runs raw OUTPUT,
+//! conntrack, then filter OUTPUT (locally generated packets never pass PREROUTING). A DROP
+//! or REJECT at PREROUTING is the packet's verdict. Inside a chain the first matching rule's
 //! target decides: ACCEPT ends *this* base chain and the packet goes on to the next base chain
 //! (as an nftables accept); DROP and REJECT are final for the hook; `-j CHAIN` pushes a return
 //! point, `-g CHAIN` does not, RETURN (or the end of a user chain) pops one, and RETURN or the
 //! end of a base chain applies the policy. LOG and NOTRACK do not decide and continue with the
 //! next rule, as XT_CONTINUE targets do. A matching rule is counted before its target runs, as
-//! ipt_do_table counts.
+//! ipt_do_table counts. A packet whose transport header is cut ([`PacketMeta::l4_cut`]) walks
+//! every chain linearly (no index), and the first tcp / udp / multiport / icmp match that
+//! reads a missing byte drops it on the spot without counting its rule (the kernel's
+//! hotdrop).
 //!
 //! Only filter and raw are enforced; nat, mangle and security tables are not compiled
 //! ([`crate::validate`] reports them).
@@ -1626,6 +1634,45 @@ trait Observer {
         pkt: &PacketMeta,
     );
     fn outcome(&mut self, _what: StepOutcome) {}
+    /// A match found the transport-header bytes it reads missing ([`PacketMeta::l4_cut`]):
+    /// the packet is dropped on the spot (the kernel's `par->hotdrop`).
+    fn hotdrop(&mut self) {}
+}
+
+/// Wraps the observer of a packet with a cut transport header on the linear path, to see
+/// whether a rule's match hotdropped it ([`Observer::hotdrop`]).
+struct HotdropWatch<'o, O> {
+    inner: &'o mut O,
+    dropped: bool,
+}
+
+impl<O: Observer> Observer for HotdropWatch<'_, O> {
+    fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta) {
+        self.inner.rule(slot, chain, number, pkt);
+    }
+    fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta) {
+        self.inner.policy(slot, chain, pkt);
+    }
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
+        self.inner.limit(bucket, now)
+    }
+    fn log(
+        &mut self,
+        chain: &CChain,
+        number: u32,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    ) {
+        self.inner.log(chain, number, prefix, level, pkt);
+    }
+    fn outcome(&mut self, what: StepOutcome) {
+        self.inner.outcome(what);
+    }
+    fn hotdrop(&mut self) {
+        self.dropped = true;
+        self.inner.hotdrop();
+    }
 }
 
 fn log_event(
@@ -1733,12 +1780,21 @@ pub struct Trace {
     /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
     /// non-raw chains saw.
     pub ct_state: u8,
+    /// The packet was dropped by a match that reads transport-header bytes it lacks
+    /// ([`PacketMeta::l4_cut`], the kernel's hotdrop); that rule is not among the steps.
+    pub hotdropped: bool,
+    /// How many `-m limit` matches the packet's path asked. A trace is a dry run for them:
+    /// each answers whether a token is there now without taking it, so a burst of real
+    /// packets can be limited where a trace of each of them matched.
+    pub limits_asked: u32,
 }
 
 struct Tracing<'a> {
     names: &'a [Arc<str>],
     steps: Vec<TraceStep>,
     logs: Vec<LogEvent>,
+    limits_asked: u32,
+    hotdropped: bool,
 }
 
 impl Observer for Tracing<'_> {
@@ -1764,6 +1820,7 @@ impl Observer for Tracing<'_> {
     }
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         // A trace must not consume tokens that real traffic would get.
+        self.limits_asked += 1;
         bucket.would_conform(now)
     }
     fn log(
@@ -1783,6 +1840,9 @@ impl Observer for Tracing<'_> {
                 last.outcome = what;
             }
         }
+    }
+    fn hotdrop(&mut self) {
+        self.hotdropped = true;
     }
 }
 
@@ -1879,15 +1939,32 @@ impl Snapshot {
                 flags,
                 option,
             } => {
-                // As tcp_mt: a non-first fragment has no TCP header to look at.
-                !p.fragment
-                    && port_in(sport, p.sport)
+                // As tcp_mt: a non-first fragment has no TCP header to look at; the 20-byte
+                // header (and the options, for --tcp-option) must be there, else hotdrop.
+                if p.fragment {
+                    return false;
+                }
+                if let Some(n) = p.l4_cut {
+                    if n < 20 || option.is_some() {
+                        obs.hotdrop();
+                        return false;
+                    }
+                }
+                port_in(sport, p.sport)
                     && port_in(dport, p.dport)
                     && flags.is_none_or(|(neg, mask, comp)| (p.tcp_flags & mask == comp) != neg)
                     && option.is_none_or(|(neg, kind)| p.has_tcp_option(kind) != neg)
             }
             CMatch::Udp { sport, dport } => {
-                !p.fragment && port_in(sport, p.sport) && port_in(dport, p.dport)
+                if p.fragment {
+                    return false;
+                }
+                // As udp_mt: the 8-byte header must be there (a cut one is shorter).
+                if p.l4_cut.is_some() {
+                    obs.hotdrop();
+                    return false;
+                }
+                port_in(sport, p.sport) && port_in(dport, p.dport)
             }
             CMatch::Multiport {
                 dir,
@@ -1895,6 +1972,11 @@ impl Snapshot {
                 ports,
             } => {
                 if p.fragment || !has_ports(p.protocol) {
+                    return false;
+                }
+                // As multiport_mt: the 4 port bytes.
+                if p.l4_cut.is_some_and(|n| n < 4) {
+                    obs.hotdrop();
                     return false;
                 }
                 let hit = ports.iter().any(|r| match dir {
@@ -1912,13 +1994,27 @@ impl Snapshot {
                 if p.fragment {
                     return false;
                 }
+                // As icmp_match / icmp6_match: the 8-byte header.
+                if p.l4_cut.is_some() {
+                    obs.hotdrop();
+                    return false;
+                }
                 let hit = match icmp_type {
                     None => true,
                     Some(t) => p.icmp_type == *t && code.0 <= p.icmp_code && p.icmp_code <= code.1,
                 };
                 hit != *negated
             }
-            CMatch::CtState { negated, bits } => (p.ct_state & bits != 0) != *negated,
+            CMatch::CtState { negated, bits } => {
+                // As conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
+                // INVALID (no entry) or UNTRACKED packet has no status bits to read.
+                let nat = if p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0 {
+                    p.ct_nat
+                } else {
+                    0
+                };
+                ((p.ct_state | nat) & bits != 0) != *negated
+            }
             CMatch::Iprange(r) => {
                 let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
@@ -2007,6 +2103,22 @@ impl Snapshot {
             }
             let rules = &body.rules;
             let found = match &body.index {
+                // A cut transport header takes the linear walk: the kernel evaluates rules in
+                // order, and the first match that reads a missing byte drops the packet, which
+                // an index (which skips rules by their ports) cannot see.
+                _ if p.l4_cut.is_some() => {
+                    let mut watch = HotdropWatch {
+                        inner: &mut *obs,
+                        dropped: false,
+                    };
+                    let at = rules.find_from(next, |r| {
+                        Self::rule_matches(r, p, now, &mut watch) || watch.dropped
+                    });
+                    if watch.dropped {
+                        return Some(Verdict::Drop);
+                    }
+                    at
+                }
                 Some(idx) if next == 0 && chain == hint.chain && hint.best != PROBE_UNKNOWN => {
                     if idx.has_rfc() {
                         // The RFC probe's answer is the first match itself.
@@ -2079,9 +2191,18 @@ impl Snapshot {
         }
     }
 
-    /// Runs the hook's raw-table base chains, then `after_raw` (a `Some` verdict is final),
-    /// then the other base chains. With `after_raw = |_| None` this is the plain walk: the
-    /// closure is inlined away, so the path without conntrack pays nothing for the split.
+    /// Runs the base chains a packet handed over at `p.hook` has passed in the kernel, in
+    /// the kernel's order, and returns the verdict:
+    /// - at INPUT and FORWARD, first the PREROUTING chains (a packet the kernel queues there
+    ///   has passed PREROUTING): raw PREROUTING, then `after_raw` (conntrack, priority -200),
+    ///   then the other PREROUTING chains; with the packet's hook set to PREROUTING and no
+    ///   output interface while they run, as the kernel sees it there;
+    /// - then the hook's own chains: raw, `after_raw` if it has not run yet (OUTPUT: raw
+    ///   OUTPUT, conntrack, filter OUTPUT; PREROUTING alone), then the others.
+    ///
+    /// A `Some` verdict of `after_raw` is final, as is a DROP or REJECT of any chain (the
+    /// later hooks never see the packet). With `after_raw = |_| None` this is the plain walk:
+    /// the closure is inlined away, so the path without conntrack pays nothing for the split.
     #[inline]
     fn evaluate<O: Observer>(
         &self,
@@ -2091,23 +2212,56 @@ impl Snapshot {
         hint: Hint,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Verdict {
-        let (f, h) = (family_index(p.family), p.hook.index());
+        let f = family_index(p.family);
+        let hook = p.hook;
+        let mut after_raw = Some(after_raw);
+        if matches!(hook, Hook::Input | Hook::Forward)
+            && !self.hooks[f][Hook::Prerouting.index()].is_empty()
+        {
+            let out_iface = std::mem::take(&mut p.out_iface);
+            p.hook = Hook::Prerouting;
+            let v = self.run_hook(f, Hook::Prerouting, p, now, obs, hint, &mut after_raw);
+            p.hook = hook;
+            p.out_iface = out_iface;
+            if let Some(v) = v {
+                return v;
+            }
+        }
+        self.run_hook(f, hook, p, now, obs, hint, &mut after_raw)
+            .unwrap_or(Verdict::Accept)
+    }
+
+    /// One hook's base chains: raw, then `after_raw` (taken: it runs once per packet), then
+    /// the rest. `Some` is a final verdict; `None` means the packet passed the hook.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn run_hook<O: Observer>(
+        &self,
+        f: usize,
+        hook: Hook,
+        p: &mut PacketMeta,
+        now: u64,
+        obs: &mut O,
+        hint: Hint,
+        after_raw: &mut Option<impl FnOnce(&mut PacketMeta) -> Option<Verdict>>,
+    ) -> Option<Verdict> {
+        let h = hook.index();
         let chains = &self.hooks[f][h];
         let (raw, rest) = chains.split_at((self.raw_chains[f][h] as usize).min(chains.len()));
         for &base in raw {
             if let Some(v) = self.run_chain(base, p, now, obs, hint) {
-                return v;
+                return Some(v);
             }
         }
-        if let Some(v) = after_raw(p) {
-            return v;
+        if let Some(v) = after_raw.take().and_then(|a| a(p)) {
+            return Some(v);
         }
         for &base in rest {
             if let Some(v) = self.run_chain(base, p, now, obs, hint) {
-                return v;
+                return Some(v);
             }
         }
-        Verdict::Accept
+        None
     }
 
     /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by
@@ -2150,7 +2304,8 @@ impl Snapshot {
         self.evaluate(packet, now, &mut obs, Hint::NONE, after_raw)
     }
 
-    /// Evaluates one packet without counting or consuming `-m limit` tokens, and returns the
+    /// Evaluates one packet without counting or consuming `-m limit` tokens (a dry run for
+    /// them: [`Trace::limits_asked`] says how many were asked), and returns the
     /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
     /// and every applied policy, in order.
     pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
@@ -2171,6 +2326,8 @@ impl Snapshot {
             names: &self.names,
             steps: Vec::new(),
             logs: Vec::new(),
+            limits_asked: 0,
+            hotdropped: false,
         };
         let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, after_raw);
         Trace {
@@ -2178,6 +2335,8 @@ impl Snapshot {
             steps: obs.steps,
             logs: obs.logs,
             ct_state: p.ct_state,
+            limits_asked: obs.limits_asked,
+            hotdropped: obs.hotdropped,
         }
     }
 }

@@ -46,8 +46,10 @@
 //!   creates a new one (the kernel has the same window between lookup and GC).
 //!
 //! # What it tracks
-//! TCP: SYN / SYN-ACK / ACK handshake, FIN and RST closing ([`TcpState`], no window tracking, no
-//! mid-stream pick-up: a non-SYN TCP packet without an entry is INVALID). UDP and generic: NEW
+//! TCP: SYN / SYN-ACK / ACK handshake, FIN and RST closing ([`TcpState`], no window tracking),
+//! and mid-stream pick-up as `nf_conntrack_tcp_loose=1`: an ACK without an entry opens one in
+//! ESTABLISHED (the packet is NEW; [`ConntrackConfig::tcp_loose`] off makes it INVALID, as
+//! any other TCP packet without an entry but a SYN is). UDP and generic: NEW
 //! until a reply is seen, then ESTABLISHED. ICMP: echo/timestamp/info/address-mask (and ICMPv6
 //! echo / node info) requests open entries, replies match them. ICMP errors are RELATED when the
 //! header embedded in them belongs to a live entry: [`Conntrack::track`] reads it from
@@ -94,7 +96,7 @@ const GENERIC_TIMEOUT: u64 = 600 * SEC;
 /// How many buckets early drop scans for an unreplied entry (the kernel's `NF_CT_EVICTION_RANGE`).
 const EVICTION_RANGE: usize = 8;
 
-/// Sizes of a [`Conntrack`].
+/// Sizes and behaviour of a [`Conntrack`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConntrackConfig {
     /// Hash buckets (rounded up to a power of two; `nf_conntrack_buckets`).
@@ -103,6 +105,12 @@ pub struct ConntrackConfig {
     pub max_entries: usize,
     /// Number of insert/delete locks (the kernel uses 1024).
     pub locks: usize,
+    /// Mid-stream pick-up, as `nf_conntrack_tcp_loose=1` (the kernel's default, and ours): a
+    /// TCP ACK (without SYN, FIN or RST) with no entry opens one in ESTABLISHED, the packet
+    /// NEW to the rules, so flows established before a restart or a flush carry on once the
+    /// rules accept them again. `false` is the strict behaviour: only a SYN opens an entry,
+    /// any other TCP packet without one is INVALID.
+    pub tcp_loose: bool,
 }
 
 impl Default for ConntrackConfig {
@@ -111,6 +119,7 @@ impl Default for ConntrackConfig {
             buckets: 1 << 16,
             max_entries: 1 << 18,
             locks: 1024,
+            tcp_loose: true,
         }
     }
 }
@@ -400,6 +409,8 @@ pub struct Conntrack {
     insert_failed: AtomicU64,
     /// Next bucket [`Conntrack::gc`] scans (`Relaxed` RMW: it only spreads the work).
     gc_cursor: AtomicU64,
+    /// [`ConntrackConfig::tcp_loose`].
+    tcp_loose: bool,
     retired: reclaim::Retired<Conn>,
     retired_tables: reclaim::Retired<Buckets>,
 }
@@ -442,6 +453,7 @@ impl Conntrack {
             early_drops: AtomicU64::new(0),
             insert_failed: AtomicU64::new(0),
             gc_cursor: AtomicU64::new(0),
+            tcp_loose: config.tcp_loose,
             retired: reclaim::Retired::new(),
             retired_tables: reclaim::Retired::new(),
         })
@@ -546,6 +558,9 @@ impl Conntrack {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return CtVerdict::Untracked;
         }
+        if pkt.l4_cut.is_some() {
+            return CtVerdict::Invalid;
+        }
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {
             Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
@@ -561,7 +576,7 @@ impl Conntrack {
                     None => CtVerdict::Invalid,
                 }
             }
-            _ if opens(pkt, icmp) => CtVerdict::New,
+            _ if opens(pkt, icmp, self.tcp_loose) => CtVerdict::New,
             _ => CtVerdict::Invalid,
         }
     }
@@ -583,6 +598,11 @@ impl Conntrack {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return (CtVerdict::Untracked, None);
         }
+        // A cut transport header: nf_conntrack's tuple or header check fails ("short
+        // packet", "truncated packet"), the packet goes on without an entry: INVALID.
+        if pkt.l4_cut.is_some() {
+            return (CtVerdict::Invalid, None);
+        }
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {
             Some(IcmpKind::Untracked) => return (CtVerdict::Untracked, None),
@@ -603,13 +623,15 @@ impl Conntrack {
                 }
                 return (update(conn, dir, pkt, now), None);
             }
-            if !opens(pkt, icmp) {
+            if !opens(pkt, icmp, self.tcp_loose) {
                 return (CtVerdict::Invalid, None);
             }
-            let status = if pkt.protocol == PROTO_TCP {
-                tcp::word(TcpState::SynSent)
-            } else {
-                0
+            let status = match pkt.protocol {
+                PROTO_TCP if tcp::opens(pkt.tcp_flags) => tcp::word(TcpState::SynSent),
+                // Picked up mid-stream (tcp_new with nf_conntrack_tcp_loose): the history is
+                // lost, the connection is taken as established (its first packet counts NEW).
+                PROTO_TCP => tcp::word(TcpState::Established),
+                _ => 0,
             };
             let reply = t.reply();
             let hashes = [hash, reply.hash()];
@@ -1017,6 +1039,15 @@ fn view(c: &Conn) -> ConnView {
 /// The timeout (ns) of an entry of `protocol` with status word `status`.
 fn timeout_of(protocol: u8, status: u64) -> u64 {
     match protocol {
+        // An ESTABLISHED entry that never saw a reply was picked up mid-stream (a handshake
+        // reaches ESTABLISHED only after the SYN-ACK): it gets the unacknowledged-data
+        // timeout until a reply shows the flow is real.
+        PROTO_TCP
+            if status & tcp::SEEN_REPLY == 0
+                && tcp::state_of(status) == Some(TcpState::Established) =>
+        {
+            tcp::PICKUP_TIMEOUT_NS
+        }
         PROTO_TCP => tcp::state_of(status).map_or(SEC * 10, TcpState::timeout_ns),
         PROTO_UDP if status & tcp::SEEN_REPLY != 0 => UDP_STREAM_TIMEOUT,
         PROTO_UDP => UDP_TIMEOUT,
@@ -1025,11 +1056,12 @@ fn timeout_of(protocol: u8, status: u64) -> u64 {
     }
 }
 
-/// Whether a packet without an entry may create one: a TCP SYN (without ACK, RST, FIN), any
-/// UDP or other-protocol packet, an ICMP request (not a reply).
-fn opens(pkt: &PacketMeta, icmp: Option<IcmpKind>) -> bool {
+/// Whether a packet without an entry may create one: a TCP SYN (without ACK, RST, FIN), with
+/// `tcp_loose` ([`ConntrackConfig::tcp_loose`]) also a mid-stream ACK; any UDP or
+/// other-protocol packet, an ICMP request (not a reply).
+fn opens(pkt: &PacketMeta, icmp: Option<IcmpKind>, tcp_loose: bool) -> bool {
     match pkt.protocol {
-        PROTO_TCP => tcp::opens(pkt.tcp_flags),
+        PROTO_TCP => tcp::opens(pkt.tcp_flags) || (tcp_loose && tcp::picks_up(pkt.tcp_flags)),
         _ => icmp != Some(IcmpKind::Reply),
     }
 }

@@ -44,10 +44,13 @@
 //!
 //! The kernel tracks a packet once, at PREROUTING (or OUTPUT for local packets), and INPUT,
 //! FORWARD and POSTROUTING reuse that state. Here a packet reaches the engine at one hook (its
-//! `hook` field), so it is tracked at that hook, the first and only one it is seen with: a
-//! source that hands the engine INPUT packets gets the state the kernel would have computed
-//! at PREROUTING. A source must therefore not hand the same packet to the engine at two hooks
-//! (it would be tracked twice).
+//! `hook` field) and runs every chain it would have passed on the way there, in the kernel's
+//! order: at INPUT and FORWARD, raw PREROUTING, then conntrack, then the other PREROUTING
+//! chains, then the hook's own; at OUTPUT, raw OUTPUT, conntrack, filter OUTPUT (see the
+//! evaluation order in [`crate::compile`]). So a raw PREROUTING DROP (Docker's guard for
+//! container addresses) or NOTRACK decides an INPUT-queued packet as it does in the kernel.
+//! A source must therefore not hand the same packet to the engine at two hooks (it would run
+//! PREROUTING and be tracked twice).
 //!
 //! As in the kernel, a new connection's entry joins the table ("is confirmed",
 //! [`Conntrack::confirm`]) only when the packet that opened it is accepted: a NEW packet the
@@ -293,6 +296,7 @@ impl Engine {
                     buckets: c.buckets.clamp(1, 1 << 30),
                     locks: c.locks.clamp(1, 1 << 30),
                     max_entries: c.max_entries,
+                    tcp_loose: c.tcp_loose,
                 })
                 .ok()
             });

@@ -103,6 +103,22 @@ pub struct PacketMeta {
     pub mark: u32,
     /// Conntrack state as one [`ct_state`] bit (NEW when no tracker ran).
     pub ct_state: u8,
+    /// The NAT bits of the kernel's conntrack entry for this packet: [`ct_state::SNAT`] when
+    /// its status has IPS_SRC_NAT, [`ct_state::DNAT`] for IPS_DST_NAT (NFQUEUE mode reads them
+    /// from `NFQA_CT`), 0 when the kernel did no NAT or nobody said. Only the kernel knows
+    /// them (it does the NAT); the engine's own tracker decides the other states.
+    /// `--ctstate SNAT` / `DNAT` read them, as xt_conntrack reads the status bits, for a
+    /// tracked packet only (not when [`PacketMeta::ct_state`] is INVALID or UNTRACKED).
+    pub ct_nat: u8,
+    /// `Some(n)` when the transport header is cut after `n` bytes, short of what the
+    /// protocol's header holds (TCP: 20 bytes and its options; UDP, UDP-Lite, ICMP, ICMPv6:
+    /// 8; SCTP, DCCP: the 4 port bytes). The fields that lie within the `n` bytes are set
+    /// (ports from 4 bytes, TCP flags from 14), the others are 0. As the kernel's matches
+    /// do, the first `-m tcp` / `udp` / `multiport` / `icmp` match that reads a missing byte
+    /// drops the packet on the spot (a hotdrop: that rule's counter does not move, earlier
+    /// rules still count), and conntrack finds it INVALID. `None` for a complete header, a
+    /// non-first fragment and protocols without one.
+    pub l4_cut: Option<u8>,
     /// For an ICMP/ICMPv6 error (destination unreachable, time exceeded, ...): the header
     /// embedded in it, as the packet the error is about was sent, in the tracker's
     /// [`Tuple`] form (ports, or ICMP `type << 8 | code`). `None` for other packets and for
@@ -136,6 +152,8 @@ impl Default for PacketMeta {
             src_mac: None,
             mark: 0,
             ct_state: ct_state::NEW,
+            ct_nat: 0,
+            l4_cut: None,
             embedded: None,
         }
     }

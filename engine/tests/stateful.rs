@@ -139,12 +139,23 @@ fn new_established_invalid_through_the_rules() {
     );
     assert_eq!(rule_packets(&e, 1), 2);
 
-    // A mid-stream ACK of a connection the table never saw: INVALID, dropped by rule 2, and
-    // no entry is created.
+    // A mid-stream ACK of a connection the table never saw: NEW, as with Linux's default
+    // nf_conntrack_tcp_loose=1 (picked up), but rule 3 wants a SYN, so INPUT's policy drops
+    // it and no entry is created.
     let stray = pkt(Hook::Input, 6, PEER, 41000, ME, 22, ACK);
-    assert_eq!(run(&e, stray, 6 * S), (Verdict::Drop, ct_state::INVALID));
-    assert_eq!(rule_packets(&e, 2), 1);
+    assert_eq!(run(&e, stray, 6 * S), (Verdict::Drop, ct_state::NEW));
+    assert_eq!(rule_packets(&e, 2), 0);
     assert_eq!(e.conntrack().unwrap().stats().entries, 2);
+    // Without pick-up (tcp_loose off) it is INVALID, dropped by rule 2.
+    let strict = engine(Some(ConntrackConfig {
+        tcp_loose: false,
+        ..ConntrackConfig::default()
+    }));
+    assert_eq!(
+        run(&strict, stray, 6 * S),
+        (Verdict::Drop, ct_state::INVALID)
+    );
+    assert_eq!(rule_packets(&strict, 2), 1);
     // A new connection to a closed port: NEW (conntrack runs before filter), dropped by the
     // policy, and not confirmed: no entry, as in the kernel; its retransmission is NEW again.
     let closed = pkt(Hook::Input, 6, PEER, 42000, ME, 25, SYN);
@@ -224,6 +235,7 @@ fn a_full_table_drops_and_counts() {
         buckets: 4,
         max_entries: 2,
         locks: 2,
+        tcp_loose: true,
     }));
     // Two replied (so not early-droppable) flows fill the table.
     for port in [1000, 1001] {
@@ -285,7 +297,9 @@ fn trace_looks_up_without_changing_the_table() {
     assert_eq!(ct.stats().entries, 0, "trace inserts nothing");
     let stray = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
     let t = e.trace(&stray, S);
-    assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::INVALID));
+    // Picked up mid-stream (NEW), dropped by the policy (rule 3 wants a SYN).
+    assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::NEW));
+    assert_eq!(ct.stats().entries, 0, "trace inserts nothing");
     // Asking with a given state skips the lookup.
     let given = PacketMeta {
         ct_state: ct_state::ESTABLISHED,
@@ -442,8 +456,324 @@ fn one_batch_tracks_in_order_as_single_packets() {
     let (out, _, entries) = &single;
     assert_eq!(out[2], (Verdict::Accept, ct_state::ESTABLISHED));
     assert_eq!(out[5], (Verdict::Drop, ct_state::NEW));
-    assert_eq!(out[7], (Verdict::Drop, ct_state::INVALID));
+    // Its ACK is picked up (NEW, loose tracking) and dropped by its DROP rule.
+    assert_eq!(out[7], (Verdict::Drop, ct_state::NEW));
     assert_eq!(out[9], (Verdict::Accept, ct_state::ESTABLISHED));
     // Both ssh connections that were accepted and the three connections out.
     assert_eq!(*entries, 5);
+}
+
+/// Docker 28's guard against LAN hosts reaching a container directly, and a DNS server that
+/// does not track its queries, as one host writes them: raw PREROUTING decides both.
+const DOCKER_GUARD: &str = "\
+*raw
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A PREROUTING -d 172.17.0.2/32 ! -i docker0 -j DROP
+-A PREROUTING -p udp -m udp --dport 53 -j CT --notrack
+COMMIT
+*filter
+:INPUT DROP [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -m conntrack --ctstate UNTRACKED -j ACCEPT
+-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+COMMIT
+";
+
+fn counter(e: &Engine, chain: &str, rule: Option<u32>) -> u64 {
+    e.counters()
+        .into_iter()
+        .find(|c| &*c.chain == chain && c.rule == rule)
+        .map_or(0, |c| c.packets)
+}
+
+/// Before the fix, a packet handed over at INPUT or FORWARD ran only that hook's chains: the
+/// guard never dropped, and the DNS query was NEW, so INPUT's policy dropped it.
+#[test]
+fn input_and_forward_packets_pass_raw_prerouting_first() {
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    let rs = parse_ruleset("host", DOCKER_GUARD, &ParseOptions::default()).unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    let from = |hook: Hook, in_iface: &str, out_iface: &str, mut p: PacketMeta| {
+        p.hook = hook;
+        p.in_iface = vallum_engine::packet::IfName::new(in_iface).unwrap();
+        p.out_iface = vallum_engine::packet::IfName::new(out_iface).unwrap();
+        p
+    };
+    // A LAN host's SYN to the container, routed (FORWARD) from eth0: dropped at raw
+    // PREROUTING, before conntrack (no entry, nothing counted NEW).
+    let lan = pkt(Hook::Forward, 6, PEER, 40000, "172.17.0.2", 80, SYN);
+    let lan = from(Hook::Forward, "eth0", "docker0", lan);
+    assert_eq!(run(&e, lan, S).0, Verdict::Drop);
+    assert_eq!(counter(&e, "PREROUTING", Some(1)), 1);
+    assert_eq!(e.conntrack().unwrap().stats().new_total, 0);
+    // The same address from the bridge passes (FORWARD's policy ACCEPT), tracked NEW.
+    let bridge = from(Hook::Forward, "docker0", "eth0", lan);
+    assert_eq!(run(&e, bridge, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(counter(&e, "PREROUTING", Some(1)), 1);
+    // Queued at INPUT (a host with that address): dropped too.
+    let local = from(Hook::Input, "eth0", "", lan);
+    assert_eq!(run(&e, local, S).0, Verdict::Drop);
+    assert_eq!(counter(&e, "PREROUTING", Some(1)), 2);
+    // The verdicts count at the hook the packet came with.
+    let drops: u64 = e
+        .verdict_counts()
+        .iter()
+        .filter(|c| c.verdict == "DROP")
+        .map(|c| {
+            assert_ne!(c.hook, Hook::Prerouting, "{c:?}");
+            c.packets
+        })
+        .sum();
+    assert_eq!(drops, 2);
+
+    // A DNS query at INPUT: CT --notrack in raw PREROUTING makes it UNTRACKED, INPUT rule 1
+    // accepts it, and the table has no entry for it.
+    let entries = e.conntrack().unwrap().stats().entries;
+    let dns = from(
+        Hook::Input,
+        "eth0",
+        "",
+        pkt(Hook::Input, 17, PEER, 5353, ME, 53, 0),
+    );
+    assert_eq!(run(&e, dns, 2 * S), (Verdict::Accept, ct_state::UNTRACKED));
+    assert_eq!(counter(&e, "INPUT", Some(1)), 1);
+    assert_eq!(e.conntrack().unwrap().stats().entries, entries);
+    // trace walks the same path: raw PREROUTING's NOTRACK rule and policy, then INPUT rule 1.
+    let t = e.trace(&dns, 3 * S);
+    assert_eq!(
+        (t.verdict, t.ct_state),
+        (Verdict::Accept, ct_state::UNTRACKED)
+    );
+    let path: Vec<_> = t.steps.iter().map(|s| (&*s.chain, s.rule)).collect();
+    assert_eq!(
+        path,
+        [
+            ("PREROUTING", Some(2)),
+            ("PREROUTING", None),
+            ("INPUT", Some(1))
+        ]
+    );
+    // Another UDP port is tracked (NEW) and dropped by INPUT's policy.
+    let other = PacketMeta { dport: 54, ..dns };
+    assert_eq!(run(&e, other, 3 * S), (Verdict::Drop, ct_state::NEW));
+}
+
+/// A packet handed over at OUTPUT runs raw OUTPUT before conntrack; PREROUTING is not its
+/// path (locally generated packets never pass it).
+#[test]
+fn output_packets_skip_prerouting() {
+    let e = engine(Some(ConntrackConfig::default()));
+    let rs = parse_ruleset(
+        "guard",
+        "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -j DROP\nCOMMIT\n",
+        &ParseOptions::default(),
+    )
+    .unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    let ntp_out = pkt(Hook::Output, 17, ME, 123, PEER, 123, 0);
+    assert_eq!(run(&e, ntp_out, S), (Verdict::Accept, ct_state::UNTRACKED));
+    let ssh_in = pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN);
+    assert_eq!(run(&e, ssh_in, S).0, Verdict::Drop);
+}
+
+/// A ufw-style host (established accepted, INVALID dropped, ssh open without `--ctstate`)
+/// after a restart or a flush: the table is empty and the client's next segment is a plain
+/// ACK. Linux (nf_conntrack_tcp_loose=1) picks the flow up as NEW and the ssh rule accepts
+/// it; before the pick-up it was INVALID and ufw's INVALID rule dropped every such flow.
+#[test]
+fn established_flow_survives_an_empty_table() {
+    const UFW: &str = "\
+*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A INPUT -m conntrack --ctstate INVALID -j DROP
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+COMMIT
+";
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    e.commit(
+        Change::Put(parse_ruleset("ufw", UFW, &ParseOptions::default()).unwrap()),
+        &NoSets,
+    )
+    .unwrap();
+    let data = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
+    assert_eq!(run(&e, data, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(rule_packets(&e, 3), 1);
+    // sshd's answer is the reply direction of the picked-up entry; then the flow is
+    // ESTABLISHED both ways.
+    let answer = pkt(Hook::Output, 6, ME, 22, PEER, 40000, ACK);
+    assert_eq!(
+        run(&e, answer, 2 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    assert_eq!(
+        run(&e, data, 3 * S),
+        (Verdict::Accept, ct_state::ESTABLISHED)
+    );
+    assert_eq!(rule_packets(&e, 1), 1);
+    let l = e.conntrack().unwrap().list();
+    assert_eq!((l.len(), l[0].tcp_state), (1, Some(TcpState::Established)));
+    // A stray FIN or RST of an unknown flow is still INVALID (not picked up).
+    let fin = pkt(Hook::Input, 6, PEER, 40001, ME, 22, ACK | 0x01);
+    assert_eq!(run(&e, fin, 4 * S), (Verdict::Drop, ct_state::INVALID));
+}
+
+/// `--ctstate DNAT` / `SNAT` read the kernel's NAT bits ([`PacketMeta::ct_nat`], from
+/// NFQA_CT in NFQUEUE mode) on top of our tracker's state, as xt_conntrack reads the entry's
+/// IPS_DST_NAT / IPS_SRC_NAT; not for an UNTRACKED packet (no entry). Before, nothing set
+/// those bits and the rules never matched.
+#[test]
+fn ctstate_dnat_reads_the_kernel_nat_bits() {
+    const PORT_FORWARD: &str = "\
+*raw
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A PREROUTING -p udp -m udp --dport 123 -j NOTRACK
+COMMIT
+*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+-A FORWARD -m conntrack --ctstate DNAT -j ACCEPT
+-A FORWARD -m conntrack ! --ctstate SNAT -p udp -j DROP
+-A FORWARD -p udp -m conntrack --ctstate SNAT -j ACCEPT
+COMMIT
+";
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    let rs = parse_ruleset("fwd", PORT_FORWARD, &ParseOptions::default()).unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    let fwd = pkt(Hook::Forward, 6, PEER, 40000, "172.17.0.2", 80, SYN);
+    assert_eq!(run(&e, fwd, S).0, Verdict::Drop, "no NAT: policy");
+    let dnat = PacketMeta {
+        ct_nat: ct_state::DNAT,
+        ..fwd
+    };
+    assert_eq!(run(&e, dnat, S), (Verdict::Accept, ct_state::NEW));
+    assert_eq!(counter(&e, "FORWARD", Some(1)), 1);
+    let t = e.trace(&dnat, S);
+    let forward: Vec<_> = t.steps.iter().filter(|s| &*s.chain == "FORWARD").collect();
+    assert_eq!(forward[0].rule, Some(1));
+    // `! --ctstate SNAT` drops UDP without SNAT; with SNAT it goes on to rule 3.
+    let udp = pkt(Hook::Forward, 17, PEER, 5000, "172.17.0.2", 53, 0);
+    assert_eq!(run(&e, udp, S).0, Verdict::Drop);
+    assert_eq!(counter(&e, "FORWARD", Some(2)), 1);
+    let snat = PacketMeta {
+        ct_nat: ct_state::SNAT,
+        ..udp
+    };
+    assert_eq!(run(&e, snat, S).0, Verdict::Accept);
+    assert_eq!(counter(&e, "FORWARD", Some(3)), 1);
+    // UNTRACKED by our raw table: no entry, so no NAT bits to read.
+    let ntp = PacketMeta {
+        ct_nat: ct_state::DNAT,
+        ..pkt(Hook::Forward, 17, PEER, 123, "172.17.0.2", 123, 0)
+    };
+    assert_eq!(run(&e, ntp, S), (Verdict::Drop, ct_state::UNTRACKED));
+}
+
+/// A transport header cut short is dropped by the first match that reads a missing byte, as
+/// the kernel hotdrops: rules before it count, nothing after it runs, and a chain large
+/// enough for the index (which skips rules by their ports) still walks it in order. Before,
+/// the parser refused such packets, so no rule counted at all.
+#[test]
+fn cut_transport_header_is_hotdropped_at_the_first_match_that_reads_it() {
+    let mut text = String::from(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -s 192.0.2.7/32\n",
+    );
+    for i in 0..300 {
+        text += &format!("-A INPUT -p tcp -m tcp --dport {} -j DROP\n", 1000 + i);
+    }
+    text += "COMMIT\n";
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    let rs = parse_ruleset("big", &text, &ParseOptions::default()).unwrap();
+    e.commit(Change::Put(rs), &NoSets).unwrap();
+    // 16 bytes of a TCP header to port 22: no rule's port matches, but rule 2's tcp_mt
+    // cannot read its 20 bytes.
+    let mut bytes = Vec::new();
+    PacketBuilder::ipv4([192, 0, 2, 7], [10, 0, 0, 1], 64)
+        .tcp(40000, 22, 1, 1024)
+        .syn()
+        .write(&mut bytes, &[])
+        .unwrap();
+    bytes.truncate(20 + 16);
+    bytes[2..4].copy_from_slice(&36u16.to_be_bytes());
+    let cut = parse_ip(&bytes, PacketMeta::default()).unwrap();
+    assert_eq!((cut.l4_cut, cut.dport), (Some(16), 22));
+    let t = e.trace(&cut, S);
+    assert!(t.hotdropped);
+    assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::INVALID));
+    let path: Vec<_> = t.steps.iter().map(|s| s.rule).collect();
+    assert_eq!(path, [Some(1)], "rule 1 counts; rule 2 hotdrops; no policy");
+    // The packet path, one at a time and in a batch with complete packets around it.
+    let whole = parse_ip(
+        &{
+            let mut b = Vec::new();
+            PacketBuilder::ipv4([192, 0, 2, 7], [10, 0, 0, 1], 64)
+                .tcp(40000, 22, 1, 1024)
+                .syn()
+                .write(&mut b, &[])
+                .unwrap();
+            b
+        },
+        PacketMeta::default(),
+    )
+    .unwrap();
+    let mut w = e.worker(0).unwrap();
+    let mut ps = [whole, cut, whole, cut];
+    let mut vs = [Verdict::Accept; 4];
+    w.process_batch(&mut ps, &mut vs, S);
+    drop(w);
+    assert_eq!(
+        vs,
+        [
+            Verdict::Accept,
+            Verdict::Drop,
+            Verdict::Accept,
+            Verdict::Drop
+        ]
+    );
+    assert_eq!(counter(&e, "INPUT", Some(1)), 4);
+    assert_eq!(counter(&e, "INPUT", Some(2)), 0);
+    assert_eq!(
+        counter(&e, "INPUT", None),
+        2,
+        "policy: the whole packets only"
+    );
+    // Only the complete SYN opened an entry; the cut ones are INVALID.
+    assert_eq!(e.conntrack().unwrap().stats().entries, 1);
+    assert_eq!(ps[1].ct_state, ct_state::INVALID);
 }

@@ -161,6 +161,16 @@ pub struct ConntrackArgs {
     /// 8 steps. Expired entries also go when a packet or an early drop finds them.
     #[arg(long, env = "VALLUM_CONNTRACK_GC_INTERVAL", default_value = "1", value_parser = parse_positive_seconds)]
     pub conntrack_gc_interval: Duration,
+
+    /// Mid-stream TCP pick-up, as Linux's `nf_conntrack_tcp_loose=1` (its default): a TCP ACK
+    /// with no entry (a flow older than the table: after a restart or a flush) opens an
+    /// ESTABLISHED entry and is NEW to the rules, so rules that accept the flow's port keep it
+    /// alive. `false` (or `0`, `no`, `off`): only a SYN opens an entry, any other TCP packet
+    /// without one is INVALID.
+    #[arg(long, env = "VALLUM_CONNTRACK_TCP_LOOSE", default_value_t = true,
+          action = clap::ArgAction::Set, value_name = "BOOL",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub conntrack_tcp_loose: bool,
 }
 
 impl ConntrackArgs {
@@ -169,6 +179,7 @@ impl ConntrackArgs {
         (self.conntrack_max > 0).then(|| vallum_engine::conntrack::ConntrackConfig {
             buckets: usize::try_from(self.conntrack_buckets).unwrap_or(1 << 30),
             max_entries: self.conntrack_max,
+            tcp_loose: self.conntrack_tcp_loose,
             ..vallum_engine::conntrack::ConntrackConfig::default()
         })
     }
@@ -358,6 +369,17 @@ mod tests {
         assert_eq!((e.max_entries, e.buckets), (262_144, 65_536));
         assert_eq!(c.conntrack_gc_interval, Duration::from_secs(1));
         assert_eq!(c.gc_budget(), 8192);
+        assert!(e.tcp_loose, "pick-up on by default, as Linux");
+        for (v, loose) in [
+            ("false", false),
+            ("0", false),
+            ("off", false),
+            ("true", true),
+        ] {
+            let c = Config::from_args(["vallumd", "--conntrack-tcp-loose", v]).unwrap();
+            assert_eq!(c.conntrack.engine_config().unwrap().tcp_loose, loose, "{v}");
+        }
+        assert!(Config::from_args(["vallumd", "--conntrack-tcp-loose", "maybe"]).is_err());
         let c = Config::from_args([
             "vallumd",
             "--conntrack-max",

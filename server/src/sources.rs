@@ -204,6 +204,13 @@ fn start_nfqueue(
             code: "NFQUEUE_OPEN",
             message: e.to_string(),
         })?;
+        if k == 0 && !queue.kernel_conntrack() {
+            eprintln!(
+                "vallumd: NFQUEUE {num}: the kernel does not hand over its conntrack entries \
+                 (NFQA_CFG_F_CONNTRACK refused: no nf_conntrack_netlink), so --ctstate SNAT \
+                 and DNAT never match"
+            );
+        }
         queues.push(queue);
     }
     let mut threads = Vec::with_capacity(cores);

@@ -1,5 +1,5 @@
 //! NFQUEUE end to end (root only; otherwise `SKIP <reason>`): two network namespaces A and B
-//! joined by a veth pair; in A, `vallumd --source nfqueue --cores 2` and the steering of
+//! joined by a veth pair (and C behind A, which routes between B and C); in A, `vallumd --source nfqueue --cores 2` and the steering of
 //! `vallumctl dataplane install --queues 2`; from B, real ICMP echo, UDP and TCP to echo
 //! servers in A.
 //!
@@ -11,12 +11,15 @@
 //! `-p icmp --icmp-type echo-request`; (f) conntrack keeps an established connection across a
 //! commit; (g) an ICMP timestamp request with 100 bytes of payload and an information request
 //! are counted on their `--icmp-type` rules; (h) `-m mac --mac-source` matches B's address
-//! (NFQA_HWADDR), its negation and another address do not; and `vallumctl dataplane uninstall` leaves no VALLUM
+//! (NFQA_HWADDR), its negation and another address do not; (i) raw PREROUTING runs for
+//! INPUT- and FORWARD-queued packets (a Docker-style `-d A ! -i docker0 -j DROP` guard drops ICMP,
+//! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); (j) a ufw-style
+//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up); and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
 //! thread that first `setns(2)`s into it (a namespace is per thread; threads and processes
-//! started from there inherit it). The rules are stateless (no `--ctstate`).
+//! started from there inherit it). The rules of (a)-(e), (g) and (h) are stateless.
 
 #[path = "support/vallumd.rs"]
 mod support;
@@ -33,6 +36,9 @@ use vallum_proto::v1 as pb;
 
 const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
 const B_ADDR: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 2);
+/// A's address towards C, and C's: B reaches C through A, which forwards (FORWARD-queued).
+const AC_ADDR: Ipv4Addr = Ipv4Addr::new(10, 232, 0, 1);
+const C_ADDR: Ipv4Addr = Ipv4Addr::new(10, 232, 0, 2);
 /// TCP port that stays open through every commit (the established-connection check).
 const TCP_KEEP: u16 = 7001;
 /// TCP port the DROP commit blocks.
@@ -134,6 +140,7 @@ fn ip(args: &[&str]) -> String {
 struct Netns {
     a: String,
     b: String,
+    c: String,
 }
 
 impl Netns {
@@ -142,6 +149,7 @@ impl Netns {
         let ns = Netns {
             a: format!("vallum-a-{id}"),
             b: format!("vallum-b-{id}"),
+            c: format!("vallum-c-{id}"),
         };
         let st = Command::new("ip").args(["netns", "add", &ns.a]).status();
         if !matches!(st, Ok(s) if s.success()) {
@@ -161,13 +169,52 @@ impl Netns {
             ip(&["-n", n, "link", "set", dev, "up"]);
             ip(&["-n", n, "link", "set", "lo", "up"]);
         }
+        // C behind A: A routes between B and C.
+        ip(&["netns", "add", &ns.c]);
+        let (vac, vc) = (
+            format!("vlac{}", id % 100_000),
+            format!("vlc{}", id % 100_000),
+        );
+        ip(&[
+            "-n", &ns.a, "link", "add", &vac, "type", "veth", "peer", "name", &vc, "netns", &ns.c,
+        ]);
+        for (n, dev, addr) in [(&ns.a, &vac, AC_ADDR), (&ns.c, &vc, C_ADDR)] {
+            ip(&["-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            ip(&["-n", n, "link", "set", dev, "up"]);
+        }
+        ip(&[
+            "-n",
+            &ns.b,
+            "route",
+            "add",
+            "10.232.0.0/24",
+            "via",
+            &A_ADDR.to_string(),
+        ]);
+        ip(&[
+            "-n",
+            &ns.c,
+            "route",
+            "add",
+            "10.231.0.0/24",
+            "via",
+            &AC_ADDR.to_string(),
+        ]);
+        run(Command::new("ip").args([
+            "netns",
+            "exec",
+            &ns.a,
+            "sh",
+            "-c",
+            "echo 1 > /proc/sys/net/ipv4/ip_forward",
+        ]));
         Ok(ns)
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        for n in [&self.a, &self.b] {
+        for n in [&self.a, &self.b, &self.c] {
             let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
@@ -257,6 +304,11 @@ fn checksum(b: &[u8]) -> u16 {
 
 /// One ICMP echo request to A over a raw socket; true when the matching reply arrives.
 fn ping(seq: u16, timeout: Duration) -> bool {
+    ping_to(A_ADDR, seq, timeout)
+}
+
+/// One ICMP echo request to `to` over a raw socket; true when the matching reply arrives.
+fn ping_to(to: Ipv4Addr, seq: u16, timeout: Duration) -> bool {
     // SAFETY: plain socket(2); the result is checked.
     let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
     assert!(raw >= 0, "raw socket: {}", std::io::Error::last_os_error());
@@ -273,7 +325,7 @@ fn ping(seq: u16, timeout: Duration) -> bool {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: 0,
         sin_addr: libc::in_addr {
-            s_addr: u32::from(A_ADDR).to_be(),
+            s_addr: u32::from(to).to_be(),
         },
         sin_zero: [0; 8],
     };
@@ -634,6 +686,91 @@ async fn scenario(d: &Vallumd, b: &str) {
     let hits = counts_once_moved(&mut counters, &[1, 2, 3, 4], &[1, 4]).await;
     let packets: Vec<u64> = hits.iter().map(|h| h.0).collect();
     assert_eq!(packets, [1, 0, 0, 1], "(h) -m mac --mac-source {B_MAC}");
+
+    // (i) raw PREROUTING decides INPUT- and FORWARD-queued packets first: Docker 28's guard
+    // drops ICMP to A's and to C's address (routed through A) from any interface but docker0,
+    // and CT --notrack makes the UDP query UNTRACKED, so `--ctstate UNTRACKED -j ACCEPT`
+    // admits it past INPUT's DROP policy. First, C answers through A (FORWARD ACCEPT).
+    let retry = |f: &(dyn Fn() -> bool + Send)| (0..3).any(|_| f());
+    assert!(
+        in_netns(b, move || retry(&|| ping_to(C_ADDR, 4, pass))),
+        "(i) C answers a ping forwarded by A"
+    );
+    apply(d, &raw_prerouting_rules()).await;
+    let got = in_netns(b, move || {
+        let retry = |f: &dyn Fn() -> bool| (0..3).any(|_| f());
+        [
+            ping(3, block),
+            ping_to(C_ADDR, 5, block),
+            retry(&|| udp_probe(pass)),
+            retry(&|| tcp_probe(TCP_KEEP, pass)),
+        ]
+    });
+    assert_eq!(
+        got,
+        [false, false, true, true],
+        "(i) raw PREROUTING: icmp to A (INPUT) and to C (FORWARD) dropped by the guard, \
+         untracked udp accepted, tcp"
+    );
+
+    // (j) a ufw-style host keeps an established TCP flow when our table forgets it (a flush
+    // here, a vallumd restart in life): the next segment is a plain ACK, picked up as NEW
+    // (nf_conntrack_tcp_loose=1) and accepted by the port rule, not INVALID and dropped.
+    apply(d, &ufw_style()).await;
+    let b1 = b.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel::<bool>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<bool>();
+    let keeper = std::thread::spawn(move || {
+        in_netns(&b1, move || {
+            let mut s = tcp_connect(TCP_KEEP, pass).expect("connect (j)");
+            opened_tx
+                .send(tcp_roundtrip(&mut s, b"before the flush"))
+                .expect("report");
+            rx.recv().expect("signal");
+            done_tx
+                .send(tcp_roundtrip(&mut s, b"after the flush"))
+                .expect("report");
+        })
+    });
+    assert!(opened_rx.recv().expect("keeper"), "(j) connection opened");
+    let flushed = ct
+        .flush(pb::FlushConntrackRequest {})
+        .await
+        .expect("conntrack flush")
+        .into_inner();
+    assert!(flushed.deleted > 0, "(j) the flush deleted the flow");
+    tx.send(()).expect("signal");
+    assert!(
+        done_rx.recv().expect("keeper"),
+        "(j) the established flow carries on after the flush (picked up mid-stream)"
+    );
+    keeper.join().expect("keeper");
+}
+
+/// (j): ufw's shape: established accepted, INVALID dropped, the service port open with no
+/// `--ctstate`.
+fn ufw_style() -> String {
+    format!(
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+         -A INPUT -m conntrack --ctstate INVALID -j DROP\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_KEEP} -j ACCEPT\nCOMMIT\n"
+    )
+}
+
+/// (i): Docker 28's raw guard (for A's address) and a NOTRACKed UDP service.
+fn raw_prerouting_rules() -> String {
+    format!(
+        "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A PREROUTING -d {A_ADDR}/32 ! -i docker0 -p icmp -j DROP\n\
+         -A PREROUTING -d {C_ADDR}/32 ! -i docker0 -p icmp -j DROP\n\
+         -A PREROUTING -p udp -m udp --dport {UDP_PORT} -j CT --notrack\nCOMMIT\n\
+         *filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -m conntrack --ctstate UNTRACKED -j ACCEPT\n\
+         -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_KEEP} -j ACCEPT\nCOMMIT\n"
+    )
 }
 
 /// (packets, bytes) of INPUT rules `rules` (IPv4) once each of `wait_for` has counted a

@@ -1800,6 +1800,8 @@ mod tests {
             names: &[],
             steps: Vec::new(),
             logs: Vec::new(),
+            limits_asked: 0,
+            hotdropped: false,
         };
         let mut out = Vec::new();
         for a in 0..5u8 {

@@ -56,6 +56,7 @@ fn table(buckets: usize, locks: usize) -> Conntrack {
         buckets,
         max_entries: 16,
         locks,
+        tcp_loose: true,
     })
     .unwrap_or_else(|e| panic!("{e}"))
 }

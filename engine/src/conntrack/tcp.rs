@@ -106,6 +106,18 @@ pub(crate) fn opens(flags: u8) -> bool {
     flags & (SYN | ACK | RST | FIN) == SYN
 }
 
+/// Whether a packet with `flags` is picked up mid-stream when loose tracking is on: an ACK
+/// without SYN, FIN or RST (PSH and URG allowed), the one case where nf_conntrack's
+/// `tcp_conntracks[0][TCP_ACK_SET][sNO]` is ESTABLISHED; a FIN, RST or SYN-ACK with no entry
+/// stays INVALID.
+pub(crate) fn picks_up(flags: u8) -> bool {
+    flags & (SYN | ACK | RST | FIN) == ACK
+}
+
+/// Timeout of an entry picked up mid-stream until a reply is seen, ns
+/// (`nf_conntrack_tcp_timeout_unacknowledged`, 300 s).
+pub(crate) const PICKUP_TIMEOUT_NS: u64 = 300 * SEC;
+
 /// The outcome of one TCP packet on an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Step {

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use super::*;
-use crate::model::tcp_flags::{ACK, FIN, RST, SYN};
+use crate::model::tcp_flags::{ACK, FIN, PSH, RST, SYN};
 
 const S: u64 = 1_000_000_000;
 
@@ -30,6 +30,16 @@ fn table(buckets: usize, max_entries: usize) -> Conntrack {
         buckets,
         max_entries,
         locks: 16,
+        tcp_loose: true,
+    })
+    .unwrap()
+}
+
+/// A table without mid-stream pick-up (`nf_conntrack_tcp_loose=0`).
+fn strict_table() -> Conntrack {
+    Conntrack::new(ConntrackConfig {
+        tcp_loose: false,
+        ..ConntrackConfig::default()
     })
     .unwrap()
 }
@@ -65,12 +75,21 @@ fn tcp_handshake_new_then_established_both_ways() {
 
 #[test]
 fn tcp_close_and_invalid() {
-    let ct = table(64, 100);
+    let strict = strict_table();
     assert_eq!(
-        tcp(&ct, false, ACK, 0),
+        tcp(&strict, false, ACK, 0),
         ct_state::INVALID,
         "no entry, not a SYN"
     );
+    assert_eq!(strict.stats().entries, 0);
+    let ct = table(64, 100);
+    for flags in [FIN | ACK, RST, RST | ACK, SYN | ACK, FIN, 0] {
+        assert_eq!(
+            tcp(&ct, false, flags, 0),
+            ct_state::INVALID,
+            "no entry, flags {flags:#x}: not picked up even when loose"
+        );
+    }
     assert_eq!(ct.stats().entries, 0);
     tcp(&ct, false, SYN, 0);
     assert_eq!(
@@ -93,6 +112,40 @@ fn tcp_close_and_invalid() {
     assert_eq!(tcp(&ct, true, RST, S), ct_state::ESTABLISHED);
     assert_eq!(ct.list()[0].tcp_state, Some(TcpState::Close));
     assert_eq!(ct.list()[0].expires_ns, 11 * S);
+}
+
+/// As nf_conntrack_tcp_loose=1: an ACK with no entry (a flow older than the table: a restart,
+/// a flush) opens an ESTABLISHED entry; the packet is NEW, the reply ESTABLISHED, and until
+/// that reply the entry lives 300 s, not 5 days. Before the pick-up it was INVALID.
+#[test]
+fn tcp_loose_picks_up_mid_stream() {
+    let ct = table(64, 100);
+    assert_eq!(tcp(&ct, false, ACK | PSH, S), ct_state::NEW);
+    let l = ct.list();
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].tcp_state, Some(TcpState::Established));
+    assert!(!l[0].seen_reply);
+    assert_eq!(l[0].expires_ns, S + 300 * S);
+    // More data the same way: still NEW (no reply yet), as the kernel's ctinfo.
+    assert_eq!(tcp(&ct, false, ACK, 2 * S), ct_state::NEW);
+    // The server answers: ESTABLISHED, and the established timeout applies.
+    assert_eq!(tcp(&ct, true, ACK, 3 * S), ct_state::ESTABLISHED);
+    assert_eq!(tcp(&ct, false, ACK, 4 * S), ct_state::ESTABLISHED);
+    let l = ct.list();
+    assert!(l[0].seen_reply);
+    assert_eq!(l[0].expires_ns, 4 * S + 5 * 24 * 3600 * S);
+    // It closes as any other flow.
+    tcp(&ct, false, FIN | ACK, 5 * S);
+    assert_eq!(ct.list()[0].tcp_state, Some(TcpState::FinWait));
+    // A reply-direction ACK of an unknown flow is picked up too, with the roles as seen.
+    assert_eq!(
+        tcp(&ct, true, ACK, 6 * S),
+        ct_state::ESTABLISHED,
+        "same entry"
+    );
+    let mut other = pkt(PROTO_TCP, ip(3), 443, ip(1), 2000, ACK);
+    assert_eq!(ct.track(&mut other, 7 * S), CtVerdict::New);
+    assert_eq!(ct.list().len(), 2);
 }
 
 #[test]
@@ -423,11 +476,9 @@ fn track_reads_the_embedded_header_and_peek_changes_nothing() {
     assert_eq!(ct.peek(&syn, S), CtVerdict::New);
     let ack = pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, ACK);
     assert_eq!(ct.peek(&ack, S), CtVerdict::Invalid);
-    assert_eq!(
-        ct.peek(&ack, 500 * S),
-        CtVerdict::Invalid,
-        "expired: no entry"
-    );
+    // Expired: no entry, so the ACK is picked up mid-stream (loose), INVALID when strict.
+    assert_eq!(ct.peek(&ack, 500 * S), CtVerdict::New, "expired: no entry");
+    assert_eq!(strict_table().peek(&ack, 500 * S), CtVerdict::Invalid);
 }
 
 #[test]
@@ -544,7 +595,7 @@ fn track_batch_matches_track() {
         pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, SYN),
         pkt(PROTO_TCP, ip(2), 80, ip(1), 1000, SYN | ACK),
         pkt(PROTO_TCP, ip(1), 1000, ip(2), 80, ACK),
-        pkt(PROTO_TCP, ip(1), 1001, ip(2), 80, ACK),
+        pkt(PROTO_TCP, ip(1), 1001, ip(2), 80, FIN | ACK),
     ];
     let mut v = [CtVerdict::Invalid; 4];
     ct.track_batch(&mut pkts, 0, &mut v);
@@ -860,6 +911,7 @@ fn huge_max_entries_do_not_overflow() {
             buckets: 2,
             max_entries,
             locks: 4,
+            tcp_loose: true,
         })
         .unwrap();
         for i in 0..8 {

@@ -43,15 +43,16 @@
 //! is not exactly 20 bytes, so the ICMPv4 header is read from its first 8 bytes directly;
 //! `Icmpv6Slice::from_slice` only asks for 8 bytes and is used as is.
 //!
-//! A hotdrop at "the first match that reads the missing bytes" is something [`PacketMeta`] cannot
-//! express, so a packet that lacks bytes a match could read is rejected with
-//! [`PacketError::Truncated`] and the caller drops it (NFQUEUE) or skips it (captures). What is
-//! required, unless the packet is a non-first fragment: the IP header and IPv6 extension headers;
-//! the TCP header with its options (`TcpSlice::from_slice`: `--tcp-option` would read them); the
-//! 8-byte UDP, UDP-Lite, ICMP and ICMPv6 headers; the 4 port bytes of SCTP and DCCP (only
-//! `multiport` reads them). An IPv4 TCP fragment at offset 1 is [`PacketError::Malformed`].
-//! This equals the kernel whenever the first rule that decides the packet reads its transport
-//! header, and is stricter (drops) when a rule that reads no transport header decides first.
+//! A transport header shorter than its protocol's (TCP: 20 bytes and its options, as
+//! `TcpSlice::from_slice` wants them; UDP, UDP-Lite, ICMP, ICMPv6: 8; SCTP, DCCP: the 4 port
+//! bytes, all `multiport` reads) is not an error: the packet parses with
+//! [`PacketMeta::l4_cut`] set to the bytes present (and the ports, TCP flags and ICMP type that
+//! lie within them), and the evaluator drops it at the first match that reads a missing byte,
+//! on the linear path, as the kernel's hotdrop (rules before it count; see `compile.rs`). What
+//! is required, unless the packet is a non-first fragment: the IP header and IPv6 extension
+//! headers ([`PacketError::Truncated`] otherwise; the caller drops the packet, NFQUEUE, or
+//! skips it, captures). A TCP data offset below 5 and an IPv4 TCP fragment at offset 1 are
+//! [`PacketError::Malformed`].
 //!
 //! Checksums are not verified (captures often carry offloaded, unfilled checksums).
 
@@ -73,8 +74,8 @@ use crate::packet::{FragmentHeader, Ipv6Ext, PacketMeta, RoutingHeader};
 /// returns it without allocating or formatting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum PacketError {
-    /// The bytes end inside a header the classifier reads (link, IP, IPv6 extension or
-    /// transport header).
+    /// The bytes end inside a header the classifier needs: link, IP or IPv6 extension header
+    /// (a cut transport header is [`PacketMeta::l4_cut`], not an error).
     #[error("packet truncated inside a header")]
     Truncated,
     /// A header field is impossible: IPv4 IHL < 5 or total length shorter than the header,
@@ -398,23 +399,33 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
     }
     let l4 = l3.l4;
     match (l3.protocol, l3.family) {
-        (proto::TCP, _) => {
-            let tcp = TcpSlice::from_slice(l4).map_err(|e| match e {
-                etherparse::err::tcp::HeaderSliceError::Len(_) => PacketError::Truncated,
-                etherparse::err::tcp::HeaderSliceError::Content(_) => PacketError::Malformed,
-            })?;
-            meta.sport = tcp.source_port();
-            meta.dport = tcp.destination_port();
-            // Byte 13 of the header, as xt_tcpudp reads it (CWR and ECE included).
-            meta.tcp_flags = tcp.header_slice().get(13).copied().unwrap_or(0);
-            meta.tcp_options = tcp_option_kinds(tcp.options());
-        }
+        (proto::TCP, _) => match TcpSlice::from_slice(l4) {
+            Ok(tcp) => {
+                meta.sport = tcp.source_port();
+                meta.dport = tcp.destination_port();
+                // Byte 13 of the header, as xt_tcpudp reads it (CWR and ECE included).
+                meta.tcp_flags = tcp.header_slice().get(13).copied().unwrap_or(0);
+                meta.tcp_options = tcp_option_kinds(tcp.options());
+            }
+            Err(etherparse::err::tcp::HeaderSliceError::Content(_)) => {
+                return Err(PacketError::Malformed);
+            }
+            // Shorter than 20 bytes or than its data offset says (at most 60).
+            Err(etherparse::err::tcp::HeaderSliceError::Len(_)) => {
+                cut(&mut meta, l4);
+                if let Some(&flags) = l4.get(13) {
+                    meta.tcp_flags = flags;
+                }
+            }
+        },
         // As udp_mt, which serves UDP-Lite too: the 8-byte header, its length field not checked.
-        (proto::UDP | proto::UDPLITE, _) => {
-            let udp = UdpSlice::from_slice_lax(l4).map_err(|_| PacketError::Truncated)?;
-            meta.sport = udp.source_port();
-            meta.dport = udp.destination_port();
-        }
+        (proto::UDP | proto::UDPLITE, _) => match UdpSlice::from_slice_lax(l4) {
+            Ok(udp) => {
+                meta.sport = udp.source_port();
+                meta.dport = udp.destination_port();
+            }
+            Err(_) => cut(&mut meta, l4),
+        },
         // As ah_mt: the 12-byte `struct ip_auth_hdr`, of which `-m ah` reads the SPI.
         (proto::AH, Family::Ipv4) => {
             let [_, _, _, _, a, b, c, d, _, _, _, _, ..] = *l4 else {
@@ -423,16 +434,13 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
             meta.ah_spi = u32::from_be_bytes([a, b, c, d]);
         }
         // Only multiport reads these: the two ports.
-        (proto::SCTP | proto::DCCP, _) => {
-            let ports = l4.get(..4).ok_or(PacketError::Truncated)?;
-            meta.sport = u16::from_be_bytes([ports[0], ports[1]]);
-            meta.dport = u16::from_be_bytes([ports[2], ports[3]]);
-        }
+        (proto::SCTP | proto::DCCP, _) => cut(&mut meta, l4),
         (proto::ICMP, Family::Ipv4) => {
             // As icmp_match: the 8-byte `struct icmphdr`, whatever the type (not
             // `Icmpv4Slice::from_slice`, which wants a timestamp message to be exactly 20 bytes).
             let [icmp_type, icmp_code, _, _, _, _, _, _, payload @ ..] = l4 else {
-                return Err(PacketError::Truncated);
+                meta.l4_cut = Some(l4.len() as u8);
+                return Ok(meta);
             };
             meta.icmp_type = *icmp_type;
             meta.icmp_code = *icmp_code;
@@ -440,17 +448,34 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
                 meta.embedded = embedded_ipv4(payload);
             }
         }
-        (proto::ICMPV6, Family::Ipv6) => {
-            let icmp = Icmpv6Slice::from_slice(l4).map_err(|_| PacketError::Truncated)?;
-            meta.icmp_type = icmp.type_u8();
-            meta.icmp_code = icmp.code_u8();
-            if is_icmp_error(proto::ICMPV6, meta.icmp_type) {
-                meta.embedded = embedded_ipv6(icmp.payload());
+        (proto::ICMPV6, Family::Ipv6) => match Icmpv6Slice::from_slice(l4) {
+            Ok(icmp) => {
+                meta.icmp_type = icmp.type_u8();
+                meta.icmp_code = icmp.code_u8();
+                if is_icmp_error(proto::ICMPV6, meta.icmp_type) {
+                    meta.embedded = embedded_ipv6(icmp.payload());
+                }
             }
-        }
+            Err(_) => meta.l4_cut = Some(l4.len() as u8),
+        },
         _ => {}
     }
     Ok(meta)
+}
+
+/// The ports of a transport header (its first 4 bytes), or, when they are cut too, nothing;
+/// for SCTP and DCCP (whose header we read only the ports of) a complete 4 bytes is not a cut.
+/// Marks the cut ([`PacketMeta::l4_cut`]) otherwise. Called only with fewer bytes than the
+/// protocol's header (at most 60 for TCP), so the count fits a `u8`.
+fn cut(meta: &mut PacketMeta, l4: &[u8]) {
+    if let Some(&[a, b, c, d]) = l4.get(..4).and_then(|p| <&[u8; 4]>::try_from(p).ok()) {
+        meta.sport = u16::from_be_bytes([a, b]);
+        meta.dport = u16::from_be_bytes([c, d]);
+        if matches!(meta.protocol, proto::SCTP | proto::DCCP) {
+            return;
+        }
+    }
+    meta.l4_cut = Some(l4.len().min(usize::from(u8::MAX)) as u8);
 }
 
 /// The tuple of the IPv4 header (and the start of its transport header) that an ICMP error
@@ -611,10 +636,20 @@ mod tests {
     #[test]
     fn truncated_headers_are_errors() {
         let frame = tcp_v4(0);
-        for cut in 0..14 + 20 + 32 {
+        for cut in 0..14 + 20 {
             let r = parse_ethernet(&frame[..cut], base());
             assert_eq!(r, Err(PacketError::Truncated), "cut at {cut}");
         }
+        // Inside the TCP header (32 bytes with options): parsed, the cut marked; the ports
+        // once their 4 bytes are there.
+        for cut in 14 + 20..14 + 20 + 32 {
+            let m = parse_ethernet(&frame[..cut], base()).unwrap();
+            let n = cut - 34;
+            assert_eq!(m.l4_cut, Some(n as u8), "cut at {cut}");
+            let ports = if n >= 4 { (40000, 443) } else { (0, 0) };
+            assert_eq!((m.sport, m.dport), ports, "cut at {cut}");
+        }
+        assert_eq!(parse_ethernet(&frame, base()).unwrap().l4_cut, None);
     }
 
     #[test]
@@ -958,10 +993,10 @@ mod tests {
             assert_eq!(m.len as usize, 20 + 8 + extra, "{what}");
             assert_eq!(m.embedded, None, "{what}");
         }
-        // Fewer than the 8 bytes icmp_match reads: the kernel hotdrops it at `-m icmp`.
+        // Fewer than the 8 bytes icmp_match reads: marked, the kernel hotdrops it at `-m icmp`.
         for cut in 0..8 {
             let pkt = ipv4_l4(1, &icmp(13, 0, 0)[..cut]);
-            assert_eq!(parse_ip(&pkt, base()), Err(PacketError::Truncated), "{cut}");
+            assert_eq!(parse_ip(&pkt, base()).unwrap().l4_cut, Some(cut as u8));
         }
         // A non-first fragment has no ICMP header to read: parsed, type 0.
         let mut later = ipv4_l4(1, &[0xAB; 3]);
@@ -1000,7 +1035,7 @@ mod tests {
         assert_eq!((m.protocol, m.icmp_type), (58, 128));
         for cut in 0..8 {
             let pkt = ipv6_raw(0, &hbh, &icmp(128, 0, 0)[..cut]);
-            assert_eq!(parse_ip(&pkt, base()), Err(PacketError::Truncated), "{cut}");
+            assert_eq!(parse_ip(&pkt, base()).unwrap().l4_cut, Some(cut as u8));
         }
     }
 
@@ -1035,27 +1070,55 @@ mod tests {
         assert_eq!((m.sport, m.dport, m.tcp_flags), (40000, 22, tcp_flags::SYN));
         let m = parse_ip(&ipv4_l4(6, &tcp_header(6, 24)), base()).unwrap();
         assert!(m.has_tcp_option(1));
-        for (what, l4, err) in [
-            ("TCP, 14 bytes", tcp_header(5, 14), PacketError::Truncated),
-            ("TCP, 19 bytes", tcp_header(5, 19), PacketError::Truncated),
-            ("TCP options cut", tcp_header(8, 24), PacketError::Truncated),
+        assert_eq!(m.l4_cut, None);
+        // Cut short: parsed, with the cut marked (the matches that read the missing bytes
+        // hotdrop), the ports and TCP flags when their bytes are there.
+        for (what, l4, cut, ports, flags) in [
+            ("TCP, 3 bytes", tcp_header(5, 3), 3, (0, 0), 0),
             (
-                "TCP data offset 4",
-                tcp_header(4, 20),
-                PacketError::Malformed,
+                "TCP, 14 bytes",
+                tcp_header(5, 14),
+                14,
+                (40000, 22),
+                tcp_flags::SYN,
             ),
-            ("UDP, 4 bytes", UDP_53[..4].to_vec(), PacketError::Truncated),
-            ("UDP, 7 bytes", UDP_53[..7].to_vec(), PacketError::Truncated),
+            (
+                "TCP, 19 bytes",
+                tcp_header(5, 19),
+                19,
+                (40000, 22),
+                tcp_flags::SYN,
+            ),
+            (
+                "TCP options cut",
+                tcp_header(8, 24),
+                24,
+                (40000, 22),
+                tcp_flags::SYN,
+            ),
+            ("UDP, 4 bytes", UDP_53[..4].to_vec(), 4, (12345, 53), 0),
+            ("UDP, 7 bytes", UDP_53[..7].to_vec(), 7, (12345, 53), 0),
+        ] {
+            for pkt in [
+                ipv4_l4(l4_proto(what), &l4),
+                ipv6_raw(l4_proto(what), &[], &l4),
+            ] {
+                let m = parse_ip(&pkt, base()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(
+                    (m.l4_cut, (m.sport, m.dport), m.tcp_flags, m.tcp_options),
+                    (Some(cut), ports, flags, [0; 4]),
+                    "{what}"
+                );
+            }
+        }
+        for pkt in [
+            ipv4_l4(6, &tcp_header(4, 20)),
+            ipv6_raw(6, &[], &tcp_header(4, 20)),
         ] {
             assert_eq!(
-                parse_ip(&ipv4_l4(l4_proto(what), &l4), base()),
-                Err(err),
-                "{what}"
-            );
-            assert_eq!(
-                parse_ip(&ipv6_raw(l4_proto(what), &[], &l4), base()),
-                Err(err),
-                "{what}"
+                parse_ip(&pkt, base()),
+                Err(PacketError::Malformed),
+                "doff 4"
             );
         }
         // UDP with a length field that lies (0, or beyond the packet): read as udp_mt does.
@@ -1068,18 +1131,18 @@ mod tests {
         assert_eq!(m.dport, 53);
         // UDP-Lite goes through udp_mt: 8 bytes. SCTP and DCCP: the 4 port bytes multiport reads.
         assert_eq!(
-            parse_ip(&ipv4_l4(136, &UDP_53[..7]), base()),
-            Err(PacketError::Truncated)
+            parse_ip(&ipv4_l4(136, &UDP_53[..7]), base())
+                .unwrap()
+                .l4_cut,
+            Some(7)
         );
         assert_eq!(parse_ip(&ipv4_l4(136, &UDP_53), base()).unwrap().dport, 53);
         for p in [132, 33] {
+            let m = parse_ip(&ipv4_l4(p, &UDP_53[..4]), base()).unwrap();
+            assert_eq!((m.dport, m.l4_cut), (53, None));
             assert_eq!(
-                parse_ip(&ipv4_l4(p, &UDP_53[..4]), base()).unwrap().dport,
-                53
-            );
-            assert_eq!(
-                parse_ip(&ipv4_l4(p, &UDP_53[..3]), base()),
-                Err(PacketError::Truncated)
+                parse_ip(&ipv4_l4(p, &UDP_53[..3]), base()).unwrap().l4_cut,
+                Some(3)
             );
         }
         // Non-first fragments read no transport header, however short.

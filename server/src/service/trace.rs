@@ -69,6 +69,27 @@ impl TraceApi {
     }
 }
 
+/// [`pb::TracePacketResponse::notes`]: where `trace` did not do what the packet path does.
+fn trace_notes(trace: &Trace) -> Vec<String> {
+    let mut notes = Vec::new();
+    if trace.hotdropped {
+        notes.push(
+            "hotdrop: the transport header is cut short and a match read a missing byte, so \
+             the packet was dropped there without counting that rule (as the kernel does)"
+                .to_owned(),
+        );
+    }
+    if trace.limits_asked > 0 {
+        notes.push(format!(
+            "dry run for -m limit: {} limit match(es) on this path were asked without taking \
+             a token; real packets take one each, so a burst can be limited where every traced \
+             packet matched",
+            trace.limits_asked
+        ));
+    }
+    notes
+}
+
 fn totals(t: &mut pb::VerdictTotals, v: Verdict) {
     match v {
         Verdict::Accept => t.accepted += 1,
@@ -109,6 +130,7 @@ impl TraceService for TraceApi {
             (trace, list)
         };
         Ok(Response::new(pb::TracePacketResponse {
+            notes: trace_notes(&trace),
             ct_state: convert::ct_state_name(trace.ct_state).into(),
             verdict: convert::verdict(trace.verdict).into(),
             steps: trace

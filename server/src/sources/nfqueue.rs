@@ -5,17 +5,21 @@
 //!
 //! What the kernel tells us becomes the [`PacketMeta`]: the IP packet (NFQUEUE hands it from
 //! the IP header on; [`parse_ip`]), the hook (`NF_INET_*` numbers, [`hook_from_netfilter`]),
-//! the input/output interface indexes (names from [`IfNames`]), the mark, and the link-layer
+//! the input/output interface indexes (names from [`IfNames`]), the mark, the link-layer
 //! source address (`NFQA_HWADDR`, for `-m mac`; only from an Ethernet input device, as
-//! `mac_mt` checks `skb->dev->type == ARPHRD_ETHER`). Counters count
+//! `mac_mt` checks `skb->dev->type == ARPHRD_ETHER`), and the NAT bits of the kernel's own
+//! conntrack entry (`NFQA_CT`'s `CTA_STATUS`, asked for with `NFQA_CFG_F_CONNTRACK`;
+//! [`ct_nat`]) for `--ctstate SNAT/DNAT`: the kernel does the NAT, so only it knows. Every
+//! other state (NEW, ESTABLISHED, RELATED, INVALID, UNTRACKED) is the engine's own tracker's,
+//! which also sees our raw-table NOTRACK rules; `NFQA_CT_INFO` is read but not used. Counters count
 //! the IP packet length, as xt_counters do.
 //!
 //! Verdicts: ACCEPT -> `NF_ACCEPT`; DROP -> `NF_DROP`; REJECT -> `NF_DROP` as well: NFQUEUE has
 //! no verdict that makes the kernel send the ICMP error or TCP RST, so a REJECT rule drops
-//! silently in this mode (documented in docs/operations.md). A packet that does not parse is
-//! dropped: it lacks bytes that an iptables match reads (which the kernel would hot-drop at the
-//! first such match; the exact rules, e.g. ICMP of any length with its 8-byte header, are in
-//! [`vallum_engine::packet::parse`]) or has an impossible header.
+//! silently in this mode (documented in docs/operations.md). A packet whose transport header is
+//! cut short is classified and dropped at the first match that reads a missing byte, as the
+//! kernel's hotdrop ([`vallum_engine::packet::parse`]); one that does not parse (cut inside
+//! its IP or IPv6 extension headers, or an impossible header) is dropped.
 //!
 //! Why not a crate: `nfq` (pure Rust) allocates a receive buffer per message held, so a batch
 //! of 32 allocates 32 buffers of 72 KiB, panics on malformed attributes and has no batch
@@ -23,12 +27,14 @@
 //! messages are few and small, so they live in [`wire`] with tests from captured bytes.
 //!
 //! Queue options (set at bind, in the same config message, so no packet is ever delivered with
-//! the default metadata-only copy mode): copy the whole packet (copy range 65535), and with
-//! fail-open, `NFQA_CFG_F_FAIL_OPEN` (a full queue accepts instead of dropping).
+//! the default metadata-only copy mode): copy the whole packet (copy range 65535), with
+//! fail-open `NFQA_CFG_F_FAIL_OPEN` (a full queue accepts instead of dropping), and
+//! `NFQA_CFG_F_CONNTRACK` where the kernel has ctnetlink (else bound without it, see
+//! [`Queue::open`]).
 
 pub mod wire;
 
-use vallum_engine::model::Hook;
+use vallum_engine::model::{Hook, ct_state};
 
 /// The [`Hook`] of a netfilter hook number (`NF_INET_PRE_ROUTING` = 0, `LOCAL_IN` = 1,
 /// `FORWARD` = 2, `LOCAL_OUT` = 3, `POST_ROUTING` = 4); `None` for any other number.
@@ -72,6 +78,15 @@ fn hint(e: &std::io::Error) -> &'static str {
     }
 }
 
+/// [`PacketMeta::ct_nat`](vallum_engine::packet::PacketMeta::ct_nat) from the kernel's
+/// conntrack status (`CTA_STATUS` of `NFQA_CT`): SNAT for `IPS_SRC_NAT`, DNAT for
+/// `IPS_DST_NAT`, as xt_conntrack's state bits; 0 without an entry.
+pub fn ct_nat(status: Option<u32>) -> u8 {
+    let Some(s) = status else { return 0 };
+    let bit = |ips: u32, state: u8| if s & ips != 0 { state } else { 0 };
+    bit(wire::IPS_SRC_NAT, ct_state::SNAT) | bit(wire::IPS_DST_NAT, ct_state::DNAT)
+}
+
 #[cfg(target_os = "linux")]
 pub use linux::{IfNames, Queue, run_worker};
 
@@ -89,7 +104,7 @@ mod linux {
     use vallum_engine::packet::{IfName, PacketMeta};
 
     use super::wire::{self, Message, PacketMsg};
-    use super::{QueueError, hook_from_netfilter};
+    use super::{QueueError, ct_nat, hook_from_netfilter};
     use crate::sources::BATCH;
 
     /// Bytes copied of each packet (the kernel's maximum, `NFQNL_MAX_COPY_RANGE`), so any
@@ -113,6 +128,8 @@ mod linux {
     /// so the worker reads a datagram while it sends verdicts).
     pub struct Queue {
         link: Link,
+        /// Whether the kernel accepted `NFQA_CFG_F_CONNTRACK` (packets carry `NFQA_CT`).
+        kernel_ct: bool,
         /// `BATCH` slots of `SLOT` bytes.
         rx: Vec<u8>,
         /// Bytes received in each slot by the last [`Queue::recv_batch`].
@@ -169,7 +186,11 @@ mod linux {
 
     impl Queue {
         /// Opens a netlink socket and binds queue `num` in the current network namespace,
-        /// copying whole packets; `fail_open` sets `NFQA_CFG_F_FAIL_OPEN`.
+        /// copying whole packets; `fail_open` sets `NFQA_CFG_F_FAIL_OPEN`. It asks for the
+        /// kernel's conntrack entry with each packet (`NFQA_CFG_F_CONNTRACK`, for
+        /// `--ctstate SNAT/DNAT`); where the kernel refuses that (`EOPNOTSUPP`: no
+        /// `nf_conntrack_netlink`) it binds without it, and [`Queue::kernel_conntrack`] says
+        /// so.
         ///
         /// Errors: [`QueueError`] with the step and errno: `EPERM` without CAP_NET_ADMIN,
         /// `EBUSY` when another socket holds the queue.
@@ -222,14 +243,34 @@ mod linux {
                     seq: 1,
                     tx: Vec::with_capacity(BATCH * 64),
                 },
+                kernel_ct: true,
                 rx: vec![0; BATCH * SLOT],
                 lens: [0; BATCH],
             };
             // Bind, copy mode and flags in one message: the kernel creates the queue and
-            // applies the parameters before it can deliver any packet.
-            wire::config_bind(&mut q.link.tx, 1, num, COPY_RANGE, fail_open);
-            q.request("bind queue")?;
+            // applies the parameters before it can deliver any packet. It checks the flags
+            // before it binds, so a refused NFQA_CFG_F_CONNTRACK leaves nothing bound.
+            wire::config_bind(&mut q.link.tx, 1, num, COPY_RANGE, fail_open, true);
+            match q.request("bind queue") {
+                Ok(()) => {}
+                Err(e) if e.source.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    q.kernel_ct = false;
+                    q.link.tx.clear();
+                    q.link.seq = q.link.seq.wrapping_add(1);
+                    let seq = q.link.seq;
+                    wire::config_bind(&mut q.link.tx, seq, num, COPY_RANGE, fail_open, false);
+                    q.request("bind queue")?;
+                }
+                Err(e) => return Err(e),
+            }
             Ok(q)
+        }
+
+        /// Whether packets come with the kernel's conntrack entry (`NFQA_CT`): false when the
+        /// kernel refused `NFQA_CFG_F_CONNTRACK` (no ctnetlink), and then `--ctstate SNAT` /
+        /// `DNAT` never match.
+        pub fn kernel_conntrack(&self) -> bool {
+            self.kernel_ct
         }
 
         /// The queue number.
@@ -493,6 +534,7 @@ mod linux {
             out_iface: names.get(p.outdev, now_ns),
             mark: p.mark,
             src_mac: p.hw_addr.filter(|_| in_ether),
+            ct_nat: ct_nat(p.ct_status),
             ..PacketMeta::default()
         };
         parse_ip(p.payload, base).ok()
@@ -644,6 +686,19 @@ mod tests {
             (vallum_engine::packet::IfName::new("lo").unwrap(), false)
         );
         assert!(!names.link(0, 0).1);
+    }
+
+    #[test]
+    fn kernel_nat_status_bits() {
+        assert_eq!(ct_nat(None), 0);
+        // IPS_CONFIRMED | IPS_SEEN_REPLY: tracked, no NAT.
+        assert_eq!(ct_nat(Some(0x0a)), 0);
+        assert_eq!(ct_nat(Some(0x0a | wire::IPS_DST_NAT)), ct_state::DNAT);
+        assert_eq!(ct_nat(Some(wire::IPS_SRC_NAT)), ct_state::SNAT);
+        assert_eq!(
+            ct_nat(Some(wire::IPS_SRC_NAT | wire::IPS_DST_NAT)),
+            ct_state::SNAT | ct_state::DNAT
+        );
     }
 
     #[test]

@@ -483,6 +483,7 @@ pub fn trace_json(t: &TracePacketResponse) -> Value {
     json!({
         "verdict": t.verdict,
         "ct_state": t.ct_state,
+        "notes": t.notes,
         "steps": t.steps.iter().map(|s| json!({
             "ruleset": s.ruleset, "family": family(s.family), "table": s.table, "chain": s.chain,
             "rule": s.rule, "outcome": s.outcome, "text": s.text,
@@ -512,6 +513,9 @@ pub fn trace_text(t: &TracePacketResponse) -> String {
     let _ = writeln!(s, "verdict: {}", t.verdict);
     if !t.ct_state.is_empty() {
         let _ = writeln!(s, "ct_state: {}", t.ct_state);
+    }
+    for n in &t.notes {
+        let _ = writeln!(s, "note: {n}");
     }
     s
 }

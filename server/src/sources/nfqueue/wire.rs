@@ -46,7 +46,18 @@ mod attr {
     pub const IFINDEX_OUTDEV: u16 = 6;
     pub const HWADDR: u16 = 9;
     pub const PAYLOAD: u16 = 10;
+    /// Nested: the kernel's conntrack entry as ctnetlink attributes (`CTA_*`).
+    pub const CT: u16 = 11;
+    pub const CT_INFO: u16 = 12;
 }
+
+/// `CTA_STATUS` inside `NFQA_CT`: the entry's `IPS_*` status bits, big-endian u32.
+const CTA_STATUS: u16 = 3;
+
+/// `IPS_SRC_NAT` (bit 4 of the conntrack status): the kernel source-NATs this connection.
+pub const IPS_SRC_NAT: u32 = 1 << 4;
+/// `IPS_DST_NAT` (bit 5): the kernel destination-NATs this connection.
+pub const IPS_DST_NAT: u32 = 1 << 5;
 
 /// `NFQA_CFG_*` (config messages).
 mod cfg {
@@ -61,6 +72,10 @@ mod cfg {
 /// `NFQA_CFG_F_FAIL_OPEN`: when the queue is full the kernel accepts new packets instead of
 /// dropping them.
 const CFG_F_FAIL_OPEN: u32 = 1;
+/// `NFQA_CFG_F_CONNTRACK`: each queued packet carries the kernel's conntrack entry
+/// (`NFQA_CT`) and its ctinfo (`NFQA_CT_INFO`), when it has one. The kernel refuses it with
+/// `EOPNOTSUPP` when ctnetlink (`nf_conntrack_netlink`) is not available.
+const CFG_F_CONNTRACK: u32 = 2;
 
 /// Netfilter verdict `NF_DROP`.
 pub const NF_DROP: u32 = 0;
@@ -94,6 +109,13 @@ pub struct PacketMsg<'a> {
     pub hw_addr: Option<[u8; 6]>,
     /// The packet from its IP header on (at most the copy range).
     pub payload: &'a [u8],
+    /// The `IPS_*` status bits of the kernel's conntrack entry (`CTA_STATUS` in `NFQA_CT`),
+    /// sent when the queue was bound with `NFQA_CFG_F_CONNTRACK` and the packet has an entry
+    /// (not for untracked packets, nor where conntrack does not run in the namespace).
+    pub ct_status: Option<u32>,
+    /// `NFQA_CT_INFO`: the kernel's `enum ip_conntrack_info` for the packet (ESTABLISHED 0,
+    /// RELATED 1, NEW 2, ESTABLISHED_REPLY 3, RELATED_REPLY 4), with `ct_status`.
+    pub ct_info: Option<u32>,
 }
 
 /// One message the kernel sent.
@@ -198,6 +220,8 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
         outdev: 0,
         hw_addr: None,
         payload: &[],
+        ct_status: None,
+        ct_info: None,
     };
     let mut have_hdr = false;
     let mut rest = m.get(NFNL_HDRLEN..).ok_or(WireError::Truncated)?;
@@ -223,6 +247,8 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
                 p.hw_addr = (len == 6).then(|| addr.try_into().ok()).flatten();
             }
             attr::PAYLOAD => p.payload = data,
+            attr::CT => p.ct_status = ct_status(data)?,
+            attr::CT_INFO => p.ct_info = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
             _ => {}
         }
         rest = rest.get(align4(alen)..).unwrap_or(&[]);
@@ -232,6 +258,21 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
     } else {
         Err(WireError::NoPacketHeader)
     }
+}
+
+/// `CTA_STATUS` among the attributes nested in `NFQA_CT`; `None` when absent.
+fn ct_status(mut rest: &[u8]) -> Result<Option<u32>, WireError> {
+    let mut status = None;
+    while !rest.is_empty() {
+        let alen = usize::from(u16_ne(rest, 0).ok_or(WireError::Truncated)?);
+        let aty = u16_ne(rest, 2).ok_or(WireError::Truncated)? & NLA_TYPE_MASK;
+        let data = rest.get(4..alen).ok_or(WireError::Truncated)?;
+        if aty == CTA_STATUS {
+            status = Some(u32_be(data, 0).ok_or(WireError::Truncated)?);
+        }
+        rest = rest.get(align4(alen)..).unwrap_or(&[]);
+    }
+    Ok(status)
 }
 
 // === building messages ===
@@ -269,20 +310,31 @@ fn finish(out: &mut [u8], start: usize) {
 /// packet can be delivered), asking for an ack:
 /// - `NFQA_CFG_CMD` `{ u8 command = BIND; u8 _pad; be16 pf }` (pf unused since Linux 3.8);
 /// - `NFQA_CFG_PARAMS` `{ be32 copy_range; u8 copy_mode = NFQNL_COPY_PACKET }` (packed);
-/// - `NFQA_CFG_FLAGS` / `NFQA_CFG_MASK`: `NFQA_CFG_F_FAIL_OPEN` on or off.
+/// - `NFQA_CFG_FLAGS` / `NFQA_CFG_MASK`: `NFQA_CFG_F_FAIL_OPEN` on or off, and with
+///   `conntrack` `NFQA_CFG_F_CONNTRACK` on (packets then carry `NFQA_CT`, `NFQA_CT_INFO`).
 ///
 /// The kernel answers `EPERM` without CAP_NET_ADMIN and also when another socket holds the
-/// queue.
-pub fn config_bind(out: &mut Vec<u8>, seq: u32, queue: u16, copy_range: u32, fail_open: bool) {
+/// queue; `EOPNOTSUPP` for `conntrack` without ctnetlink (it checks the flags before it
+/// binds, so nothing is bound then).
+pub fn config_bind(
+    out: &mut Vec<u8>,
+    seq: u32,
+    queue: u16,
+    copy_range: u32,
+    fail_open: bool,
+    conntrack: bool,
+) {
     let start = begin(out, msg::CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, queue);
     put_attr(out, cfg::CMD, &[CFG_CMD_BIND, 0, 0, 0]);
     let mut p = [0u8; 5];
     p[..4].copy_from_slice(&copy_range.to_be_bytes());
     p[4] = cfg::COPY_PACKET;
     put_attr(out, cfg::PARAMS, &p);
-    let flags = if fail_open { CFG_F_FAIL_OPEN } else { 0 };
+    let on = |yes: bool, flag: u32| if yes { flag } else { 0 };
+    let flags = on(fail_open, CFG_F_FAIL_OPEN) | on(conntrack, CFG_F_CONNTRACK);
+    let mask = CFG_F_FAIL_OPEN | on(conntrack, CFG_F_CONNTRACK);
     put_attr(out, cfg::FLAGS, &flags.to_be_bytes());
-    put_attr(out, cfg::MASK, &CFG_F_FAIL_OPEN.to_be_bytes());
+    put_attr(out, cfg::MASK, &mask.to_be_bytes());
     finish(out, start);
 }
 
@@ -348,6 +400,13 @@ mod tests {
         "20000000010301000400000000000000000000070c0002000000000100000001";
     const SENT_BATCH_DROP_ID3_SEQ5: &str =
         "20000000030301000500000000000000000000070c0002000000000000000003";
+    // The bind of queue 7 with fail-open and NFQA_CFG_F_CONNTRACK (flags and mask 3), sent on
+    // Linux 6.18 built without ctnetlink, and the kernel's answer: -EOPNOTSUPP (-95).
+    const SENT_BIND_Q7_FAIL_OPEN_CT: &str = "3800000002030500010000000000000000000007080001000100\
+        0000090002000000ffff0200000008000500000000030800040000000003";
+    const ERR_BIND_CT_UNSUPPORTED: &str = "4c00000002000000010000001d170000a1ffffff3800000002030500\
+        0100000000000000000000070800010001000000090002000000ffff02000000080005000000000308000400\
+        00000003";
     // A second socket's bind of queue 8, already held: -EPERM (-1), not EBUSY.
     const ERR_BIND_HELD: &str = "4c000000020000000100000029a36af7ffffffff380000000203050001000000\
         00000000000000080800010001000000090002000000ffff0200000008000500000000000800040000000001";
@@ -410,6 +469,56 @@ mod tests {
         assert_eq!(one(&hex(ACK_BIND)), Message::Ack { seq: 1, errno: 0 });
         assert_eq!(one(&hex(ERR_UNBIND)), Message::Ack { seq: 6, errno: 19 });
         assert_eq!(one(&hex(ERR_BIND_HELD)), Message::Ack { seq: 1, errno: 1 });
+        assert_eq!(
+            one(&hex(ERR_BIND_CT_UNSUPPORTED)),
+            Message::Ack { seq: 1, errno: 95 }
+        );
+    }
+
+    /// `V4_INPUT_PACKET` with `NFQA_CT` and `NFQA_CT_INFO` appended as the kernel lays them
+    /// out (`nfqnl_build_packet_message` -> `ctnetlink_glue_build`: a nested NFQA_CT holding
+    /// CTA_TUPLE_ORIG (nested), CTA_STATUS (be32) and CTA_TIMEOUT (be32); then NFQA_CT_INFO
+    /// (be32)). Built here, not captured: the kernel this was written on has no ctnetlink.
+    fn with_ct(status: u32, info: u32) -> Vec<u8> {
+        let mut b = hex(V4_INPUT_PACKET);
+        b.resize(align4(b.len()), 0);
+        let mut ct = Vec::new();
+        put_attr(&mut ct, 1 | 0x8000, &[8, 0, 1 | 0x80, 0, 0, 0, 0, 0]);
+        put_attr(&mut ct, CTA_STATUS, &status.to_be_bytes());
+        put_attr(&mut ct, 7, &30u32.to_be_bytes());
+        // NLA_F_NESTED on NFQA_CT, as nla_nest_start sets it.
+        let len = (4 + ct.len()) as u16;
+        b.extend_from_slice(&len.to_ne_bytes());
+        b.extend_from_slice(&(attr::CT | 0x8000).to_ne_bytes());
+        b.extend_from_slice(&ct);
+        put_attr(&mut b, attr::CT_INFO, &info.to_be_bytes());
+        let n = b.len() as u32;
+        b[..4].copy_from_slice(&n.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn reads_the_kernel_conntrack_status() {
+        // IPS_SEEN_REPLY | IPS_CONFIRMED | IPS_DST_NAT | IPS_DST_NAT_DONE, ctinfo NEW.
+        let b = with_ct(0x2 | 0x8 | IPS_DST_NAT | 0x100, 2);
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!(p.ct_status, Some(0x2 | 0x8 | IPS_DST_NAT | 0x100));
+        assert_eq!(p.ct_info, Some(2));
+        assert!(p.payload.ends_with(b"vallum"));
+        // Without the attributes (a queue bound without NFQA_CFG_F_CONNTRACK).
+        let plain = hex(V4_INPUT_PACKET);
+        let Message::Packet(p) = one(&plain) else {
+            panic!("not a packet")
+        };
+        assert_eq!((p.ct_status, p.ct_info), (None, None));
+        // Every truncation of the nested attributes is an error, not a panic.
+        for n in hex(V4_INPUT_PACKET).len() + 1..b.len() {
+            let mut cut = b[..n].to_vec();
+            cut[..4].copy_from_slice(&(n as u32).to_ne_bytes());
+            let _ = messages(&cut).collect::<Vec<_>>();
+        }
     }
 
     #[test]
@@ -445,11 +554,14 @@ mod tests {
     #[test]
     fn builds_the_bytes_the_kernel_accepted() {
         let mut out = Vec::new();
-        config_bind(&mut out, 1, 7, 0xffff, true);
+        config_bind(&mut out, 1, 7, 0xffff, true, false);
         assert_eq!(out, hex(SENT_BIND_Q7_FAIL_OPEN));
         out.clear();
-        config_bind(&mut out, 1, 8, 0xffff, false);
+        config_bind(&mut out, 1, 8, 0xffff, false, false);
         assert_eq!(out, hex(SENT_BIND_Q8));
+        out.clear();
+        config_bind(&mut out, 1, 7, 0xffff, true, true);
+        assert_eq!(out, hex(SENT_BIND_Q7_FAIL_OPEN_CT));
         out.clear();
         verdict(&mut out, 4, 7, 1, NF_ACCEPT, false);
         assert_eq!(out, hex(SENT_VERDICT_ACCEPT_ID1_SEQ4));
