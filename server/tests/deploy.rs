@@ -1271,7 +1271,7 @@ const DESIGN_METRICS: &[(&str, &str)] = &[
     ("vallum_conntrack_new_total", "counter"),
     ("vallum_conntrack_early_drops_total", "counter"),
     ("vallum_set_elements", "gauge"),
-    // `rpc.server.duration` (unit s) as the Prometheus exporter names it.
+    // `rpc.server.duration` (unit s) as /metrics names it (server/src/metrics/exposition.rs).
     ("rpc_server_duration_seconds", "histogram"),
 ];
 

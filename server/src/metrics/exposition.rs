@@ -3,7 +3,7 @@
 //! [`ResourceMetrics`] into it ([`from_otel`]), and the encoder ([`render`]).
 //!
 //! Names and labels follow the OpenTelemetry -> Prometheus compatibility rules (the ones
-//! `opentelemetry-prometheus` applies, so the scraped names are what they were with it):
+//! `opentelemetry-prometheus` applies too):
 //! - characters outside `[a-zA-Z0-9_:]` (metric names) or `[a-zA-Z0-9_]` (label names) become
 //!   `_` (`rpc.server.duration` -> `rpc_server_duration`, `rpc.grpc.status_code` ->
 //!   `rpc_grpc_status_code`); a leading digit gets a `_` before it;
@@ -289,14 +289,11 @@ pub fn render(mut families: Vec<Family>) -> String {
     // Stable: of two families with one name, the first keeps its place.
     families.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = String::new();
-    let mut i = 0;
-    while i < families.len() {
-        let f = &families[i];
-        let mut series: Vec<Series> = Vec::new();
-        let mut j = i;
-        while j < families.len() && families[j].name == f.name {
-            series.extend(families[j].series.iter().cloned());
-            j += 1;
+    let mut families = families.into_iter().peekable();
+    while let Some(f) = families.next() {
+        let mut series = f.series;
+        while let Some(same) = families.next_if(|g| g.name == f.name) {
+            series.extend(same.series);
         }
         for s in &mut series {
             s.labels.sort();
@@ -339,7 +336,6 @@ pub fn render(mut families: Vec<Family>) -> String {
                 }
             }
         }
-        i = j;
     }
     out
 }
@@ -457,6 +453,23 @@ mod tests {
              a_sum 18446744073709551615\na_count 3\n\
              # HELP b two\\nlines \\\\\n# TYPE b gauge\n\
              b{a=\"\"} 0.25\nb{a=\"q\\\"\\\\\\n\",z=\"1\"} +Inf\n"
+        );
+    }
+
+    #[test]
+    fn families_of_one_name_merge_under_the_first() {
+        let gauge = |help: &str, v: u64| Family {
+            name: "g".to_owned(),
+            help: help.to_owned(),
+            kind: Kind::Gauge,
+            series: vec![Series {
+                labels: vec![("k".into(), v.to_string())],
+                value: Value::Single(Number::U64(v)),
+            }],
+        };
+        assert_eq!(
+            render(vec![gauge("first", 2), gauge("second", 1)]),
+            "# HELP g first\n# TYPE g gauge\ng{k=\"1\"} 1\ng{k=\"2\"} 2\n"
         );
     }
 }
