@@ -1,8 +1,9 @@
-//! Metrics: the OpenTelemetry SDK with the Prometheus exporter, served as text on `/metrics`
-//! (`--metrics-listen`, default `127.0.0.1:9464`), optionally pushed with OTLP (cargo feature
-//! `otlp`, off by default, then `--otlp-endpoint`).
+//! Metrics: OpenTelemetry instruments (the `opentelemetry` API and SDK), read by one pull
+//! reader and served in the Prometheus text format on `/metrics` (`--metrics-listen`, default
+//! `127.0.0.1:9464`), optionally pushed with OTLP too (cargo feature `otlp`, off by default, then
+//! `--otlp-endpoint`).
 //!
-//! Names follow the table in DESIGN.md. The Prometheus exporter appends the unit (`s` ->
+//! Names follow the table in DESIGN.md. The exposition ([`exposition`]) appends the unit (`s` ->
 //! `_seconds`) and `_total` for counters itself, so instruments are created *without* those
 //! suffixes (`vallum_commit_duration` with unit `s` is scraped as
 //! `vallum_commit_duration_seconds`; `vallum_commits` as `vallum_commits_total`). The test
@@ -30,12 +31,31 @@
 //! - `vallum_rule_*_total` has a `family` label too: `filter`/`INPUT` exists in both families.
 //!   `rule` is the 1-based rule number, or `policy` for the chain policy.
 //!
+//! ## How `/metrics` is served, and why this way
+//! A scrape collects the SDK's instruments through [`PullReader`] (the SDK's `ManualReader`,
+//! shared with the renderer), converts the collected `ResourceMetrics` into the text format's
+//! families ([`exposition::from_otel`]), adds the barrier histogram (below) and renders them all
+//! with one encoder ([`exposition::render`]). There is no second registry or instrument API.
+//!
+//! The alternatives, as of opentelemetry 0.33 (checked with `cargo info`):
+//! - `opentelemetry-prometheus` 0.33.1 is maintained again (its 0.32 changelog removed the
+//!   discontinuation notice) but renders through the `prometheus` crate's registry and encoder;
+//!   the barrier histogram, which OTel cannot express, would then need a raw
+//!   `prometheus::Collector` in that registry: two instrument APIs and two crates for one
+//!   text format of a few dozen lines.
+//! - OTLP into Prometheus' OTLP receiver is what OTel recommends for new projects, but it is a
+//!   push path (and a Prometheus feature flag); the deployment (ServiceMonitor, the alerts'
+//!   `up{job="vallum"}`) scrapes. OTLP stays available for those who want it (feature `otlp`).
+//!
+//! The test `server/tests/prometheus_server.rs` has a real Prometheus scrape vallumd and
+//! evaluates every dashboard query and alert expression, so a format or name slip fails there.
+//!
 //! ## The barrier histogram
 //! The engine keeps its own log-linear histogram of sampled barrier cost per packet (in
 //! picoseconds), cumulative since start. OTel has no asynchronous histogram, and re-recording the
 //! deltas between scrapes would cost one `record` call per sample and lose the exact sum. So
-//! `vallum_packet_barrier_seconds` is a small Prometheus collector registered in the same
-//! registry ([`Metrics::observe_engine`]), read at scrape time: exact counts and sum, bucket
+//! `vallum_packet_barrier_seconds` is read from the engine at scrape time
+//! ([`Metrics::observe_engine`]) and rendered by the same encoder: exact counts and sum, bucket
 //! bounds at powers of two from 2^3 ps (8e-12 s) to 2^20 ps (1.05e-6 s), which are bucket edges
 //! of the engine's histogram, so no count is moved between buckets. It is not pushed via OTLP.
 //!
@@ -49,23 +69,28 @@
 //! metrics.set_active_revision(&ruleset, Some(n));              // after commit / rollback / delete
 //! ```
 
+pub mod exposition;
+
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll, ready};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::reader::MetricReader;
+use opentelemetry_sdk::metrics::{
+    InstrumentKind, ManualReader, Pipeline, SdkMeterProvider, Temporality,
+};
 use pin_project_lite::pin_project;
-use prometheus::core::{Collector, Desc};
-use prometheus::proto;
 use tower_layer::Layer;
 use tower_service::Service;
 use vallum_engine::dataplane::Histogram as EngineHistogram;
@@ -74,6 +99,7 @@ use vallum_engine::sets::SetManager;
 
 use crate::auth;
 use crate::outcome::Outcome;
+use exposition::{Family, Kind, Number, Series, Value};
 
 /// Default address of the `/metrics` HTTP listener.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
@@ -129,9 +155,9 @@ pub enum MetricsError {
     /// `--otlp-endpoint` was given but the `otlp` cargo feature is off.
     #[error("--otlp-endpoint needs vallum-server built with the `otlp` cargo feature")]
     OtlpDisabled,
-    /// A collector is already registered (e.g. `observe_engine` called twice).
-    #[error("metrics registry: {0}")]
-    Registry(#[from] prometheus::Error),
+    /// The engine's metrics are already registered (`observe_engine` called twice).
+    #[error("metrics registry: the engine's metrics are already registered")]
+    AlreadyRegistered,
     /// The `/metrics` listener could not be bound.
     #[error("cannot listen for /metrics on {addr}: {source}")]
     Bind {
@@ -149,7 +175,7 @@ impl MetricsError {
         match self {
             MetricsError::Exporter(_) => "METRICS_EXPORTER",
             MetricsError::OtlpDisabled => "OTLP_DISABLED",
-            MetricsError::Registry(_) => "METRICS_REGISTRY",
+            MetricsError::AlreadyRegistered => "METRICS_REGISTRY",
             MetricsError::Bind { .. } => "METRICS_BIND",
         }
     }
@@ -217,7 +243,10 @@ pub struct Metrics {
 
 struct Inner {
     provider: SdkMeterProvider,
-    registry: prometheus::Registry,
+    /// What `/metrics` collects from (also registered with `provider`).
+    reader: PullReader,
+    /// The engine whose barrier histogram `/metrics` adds ([`Metrics::observe_engine`]).
+    engine: OnceLock<Arc<Engine>>,
     meter: Meter,
     rule_counters: bool,
     commit_duration: Histogram<f64>,
@@ -242,18 +271,13 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Builds the meter provider, the Prometheus registry and the instruments fed by calls.
+    /// Builds the meter provider, its pull reader and the instruments fed by calls.
     pub fn new(config: &MetricsConfig) -> Result<Metrics, MetricsError> {
-        let registry = prometheus::Registry::new();
-        let exporter = opentelemetry_prometheus::exporter()
-            .with_registry(registry.clone())
-            .scope_info_enabled(false)
-            .build()
-            .map_err(|e| MetricsError::Exporter(e.to_string()))?;
+        let reader = PullReader(Arc::new(ManualReader::builder().build()));
         let resource = Resource::builder().with_service_name("vallumd").build();
         let builder = SdkMeterProvider::builder()
             .with_resource(resource)
-            .with_reader(exporter);
+            .with_reader(reader.clone());
         let builder = with_otlp(builder, config.otlp_endpoint.as_deref())?;
         let provider = builder.build();
         let meter = provider.meter("vallum");
@@ -309,7 +333,8 @@ impl Metrics {
         Ok(Metrics {
             inner: Arc::new(Inner {
                 provider,
-                registry,
+                reader,
+                engine: OnceLock::new(),
                 meter,
                 rule_counters: config.metrics_rule_counters,
                 commit_duration,
@@ -378,11 +403,12 @@ impl Metrics {
 
     /// Registers the engine-fed metrics, read at scrape time: packets by verdict, core
     /// generations, the barrier histogram and (opt-in) per-rule counters. Call once; a second
-    /// call fails with [`MetricsError::Registry`].
+    /// call fails with [`MetricsError::AlreadyRegistered`].
     pub fn observe_engine(&self, engine: Arc<Engine>) -> Result<(), MetricsError> {
         let i = &self.inner;
-        i.registry
-            .register(Box::new(BarrierCollector::new(engine.clone())))?;
+        i.engine
+            .set(engine.clone())
+            .map_err(|_| MetricsError::AlreadyRegistered)?;
         let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
 
         let e = engine.clone();
@@ -563,12 +589,19 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of everything registered.
+    /// The Prometheus text exposition (format 0.0.4) of every instrument and the barrier
+    /// histogram, collected now. Fails only after [`Metrics::shutdown`].
     pub fn render(&self) -> Result<String, MetricsError> {
-        let families = self.inner.registry.gather();
-        let mut out = String::new();
-        prometheus::TextEncoder::new().encode_utf8(&families, &mut out)?;
-        Ok(out)
+        let mut rm = ResourceMetrics::default();
+        self.inner
+            .reader
+            .collect(&mut rm)
+            .map_err(|e| MetricsError::Exporter(e.to_string()))?;
+        let mut families = exposition::from_otel(&rm);
+        if let Some(engine) = self.inner.engine.get() {
+            families.push(barrier_family(engine));
+        }
+        Ok(exposition::render(families))
     }
 
     /// Binds `addr` and serves `GET /metrics` until `shutdown` resolves. Returns once bound;
@@ -596,7 +629,7 @@ impl Metrics {
                     match this.render() {
                         Ok(body) => (
                             http::StatusCode::OK,
-                            [(http::header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                            [(http::header::CONTENT_TYPE, exposition::CONTENT_TYPE)],
                             body,
                         ),
                         Err(e) => (
@@ -672,72 +705,68 @@ pub struct MetricsServer {
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-// === impl BarrierCollector ===
+// === impl PullReader ===
 
-/// `vallum_packet_barrier_seconds`, read from the engine's histogram at scrape time.
-struct BarrierCollector {
-    engine: Arc<Engine>,
-    desc: Desc,
-}
+/// The reader `/metrics` collects from: the SDK's [`ManualReader`], shared between the meter
+/// provider (which owns a registered reader) and [`Metrics::render`]. Cumulative temporality,
+/// as Prometheus expects.
+#[derive(Clone, Debug)]
+struct PullReader(Arc<ManualReader>);
 
-impl BarrierCollector {
-    fn new(engine: Arc<Engine>) -> BarrierCollector {
-        // The name, help and label are constants that the test `barrier_histogram_buckets`
-        // exercises, so this cannot fail at run time.
-        #[allow(clippy::expect_used)]
-        let desc = Desc::new(
-            "vallum_packet_barrier_seconds".to_owned(),
-            BARRIER_HELP.to_owned(),
-            vec!["strategy".to_owned()],
-            HashMap::new(),
-        );
-        BarrierCollector {
-            engine,
-            desc: desc.expect("constant metric name and labels are valid"),
-        }
+impl MetricReader for PullReader {
+    fn register_pipeline(&self, pipeline: Weak<Pipeline>) {
+        self.0.register_pipeline(pipeline);
+    }
+
+    fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
+        self.0.collect(rm)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self, _kind: InstrumentKind) -> Temporality {
+        Temporality::Cumulative
     }
 }
+
+// === the barrier histogram ===
 
 const BARRIER_HELP: &str =
     "Sampled barrier cost per packet (1 batch in 1024 per core, batch time / batch size).";
 
-impl Collector for BarrierCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        vec![&self.desc]
-    }
-
-    fn collect(&self) -> Vec<proto::MetricFamily> {
-        let h = self.engine.barrier_histogram();
-        let mut buckets = Vec::new();
-        let mut engine_buckets = h.buckets().peekable();
-        let mut cumulative = 0u64;
-        for e in BARRIER_MIN_EXP..=BARRIER_MAX_EXP {
-            let bound_ps = 1u64 << e;
-            // Engine buckets are [lo, hi) with hi a power of two at these bounds; a bucket
-            // whose exclusive upper bound is <= 2^e holds only values < 2^e.
-            while let Some((_, count)) = engine_buckets.next_if(|(hi, _)| *hi <= bound_ps) {
-                cumulative += count;
-            }
-            let mut b = proto::Bucket::default();
-            b.set_upper_bound(EngineHistogram::ps_to_seconds(bound_ps));
-            b.set_cumulative_count(cumulative);
-            buckets.push(b);
+/// `vallum_packet_barrier_seconds{strategy}`, read from the engine's histogram now.
+fn barrier_family(engine: &Engine) -> Family {
+    let h = engine.barrier_histogram();
+    let mut buckets = Vec::new();
+    let mut engine_buckets = h.buckets().peekable();
+    let mut cumulative = 0u64;
+    for e in BARRIER_MIN_EXP..=BARRIER_MAX_EXP {
+        let bound_ps = 1u64 << e;
+        // Engine buckets are [lo, hi) with hi a power of two at these bounds; a bucket
+        // whose exclusive upper bound is <= 2^e holds only values < 2^e.
+        while let Some((_, count)) = engine_buckets.next_if(|(hi, _)| *hi <= bound_ps) {
+            cumulative += count;
         }
-        let mut hist = proto::Histogram::default();
-        hist.set_sample_count(h.count());
-        hist.set_sample_sum(EngineHistogram::ps_to_seconds(h.sum_ps()));
-        hist.set_bucket(buckets);
-        let mut label = proto::LabelPair::default();
-        label.set_name("strategy".to_owned());
-        label.set_value(self.engine.barrier().as_str().to_owned());
-        let mut m = proto::Metric::from_label(vec![label]);
-        m.set_histogram(hist);
-        let mut mf = proto::MetricFamily::default();
-        mf.set_name("vallum_packet_barrier_seconds".to_owned());
-        mf.set_help(BARRIER_HELP.to_owned());
-        mf.set_field_type(proto::MetricType::HISTOGRAM);
-        mf.set_metric(vec![m]);
-        vec![mf]
+        buckets.push((EngineHistogram::ps_to_seconds(bound_ps), cumulative));
+    }
+    Family {
+        name: "vallum_packet_barrier_seconds".to_owned(),
+        help: BARRIER_HELP.to_owned(),
+        kind: Kind::Histogram,
+        series: vec![Series {
+            labels: vec![("strategy".to_owned(), engine.barrier().as_str().to_owned())],
+            value: Value::Histogram {
+                buckets,
+                sum: Number::F64(EngineHistogram::ps_to_seconds(h.sum_ps())),
+                count: h.count(),
+            },
+        }],
     }
 }
 
@@ -957,16 +986,24 @@ mod tests {
         };
         let p = CommitPhases::from_report(&r, 10);
         assert_eq!((p.persist_ns, p.total_ns, p.cores_waited), (10, 25, 2));
-        // The collector's constant descriptor is valid (its `expect` cannot fire).
-        let desc = BarrierCollector::new(Arc::new(Engine::new(
+    }
+
+    #[test]
+    fn barrier_family_of_an_idle_engine() {
+        let engine = Engine::new(
             vallum_engine::engine::EngineConfig {
                 cores: 1,
                 barrier: vallum_engine::dataplane::BarrierStrategy::SeqCst,
                 conntrack: None,
             },
             Arc::new(Zero),
-        )));
-        assert_eq!(desc.desc()[0].fq_name, "vallum_packet_barrier_seconds");
+        );
+        let f = barrier_family(&engine);
+        assert_eq!(f.name, "vallum_packet_barrier_seconds");
+        let Value::Histogram { buckets, count, .. } = &f.series[0].value else {
+            panic!("{f:?}");
+        };
+        assert_eq!((buckets.len(), *count), (18, 0));
     }
 
     struct Zero;
