@@ -75,10 +75,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{
-    EcnMatch, Family, FragMatch, Hook, IdRange, IpNet, Ipv6HeaderMatch, Match, MultiportDir, Neg,
-    Policy, PortRange, RejectWith, RtMatch, Rule, RuleList, Ruleset, SetDir, TableKind, Target,
-    TtlMatch, TtlOp, ct_state, diff_rules,
+    AddrTypeLimit, EcnMatch, Family, FragMatch, Hook, IdRange, IpNet, Ipv6HeaderMatch, Match,
+    MultiportDir, Neg, Policy, PortRange, RejectWith, RtMatch, Rule, RuleList, Ruleset, SetDir,
+    TableKind, Target, TtlMatch, TtlOp, ct_state, diff_rules,
 };
+use crate::node_addrs::{AddrFacts, NodeAddrs};
 use crate::packet::{IfName, PacketMeta};
 use crate::sets::{IpSet, SetRegistry};
 use crate::validate::RuleDiffs;
@@ -334,8 +335,9 @@ struct ChainBody {
     index: Option<ChainIndex>,
     /// Table-local indices of the chains this chain jumps or goes to, ascending, no repeats.
     targets: Box<[u32]>,
-    /// Some rule has `-m set`: such a body is never shared, because the registry may hold a new
-    /// set object under the same name.
+    /// Some rule has `-m set` (or an addrtype match with the node's addresses): such a body is
+    /// never shared, because the registry may hold a new set object under the same name (or
+    /// another address handle).
     has_sets: bool,
 }
 
@@ -505,6 +507,37 @@ enum CMatch {
     /// Boxed; `other` (the type-0 options) is empty (refused at compile time).
     Rt(Box<RtMatch>),
     Ipv6Header(Ipv6HeaderMatch),
+    /// `-m addrtype` (boxed: it holds a handle).
+    AddrType(Box<CAddrType>),
+}
+
+/// A compiled `-m addrtype`: `(negated, type bits)` per direction, and the node's addresses
+/// (`None` when its types need none, [`crate::node_addrs::needs_facts`]).
+#[derive(Debug, Clone)]
+struct CAddrType {
+    src: Option<(bool, u16)>,
+    dst: Option<(bool, u16)>,
+    limit: AddrTypeLimit,
+    addrs: Option<Arc<NodeAddrs>>,
+}
+
+/// What an addrtype match without the node's addresses decides against (it only asks for
+/// types the address bits decide).
+static NO_ADDRS: AddrFacts = AddrFacts::EMPTY;
+
+/// `-m addrtype`, as addrtype_mt_v1: the source test, then (if it held) the destination test.
+fn addrtype_matches(a: &CAddrType, p: &PacketMeta) -> bool {
+    let dev = match a.limit {
+        AddrTypeLimit::None => None,
+        AddrTypeLimit::In => Some(&p.in_iface),
+        AddrTypeLimit::Out => Some(&p.out_iface),
+    };
+    let guard = a.addrs.as_ref().map(|n| n.load());
+    let facts: &AddrFacts = guard.as_deref().map_or(&NO_ADDRS, |f| f);
+    a.src
+        .is_none_or(|(neg, mask)| facts.matches(p.src, dev, mask) != neg)
+        && a.dst
+            .is_none_or(|(neg, mask)| facts.matches(p.dst, dev, mask) != neg)
 }
 
 /// `-m limit` as a generic cell rate algorithm over one atomic: `tat` is the theoretical
@@ -733,8 +766,13 @@ fn jump_targets<'a>(rules: impl Iterator<Item = &'a CRule>) -> Box<[u32]> {
     t.into_boxed_slice()
 }
 
+/// Some match holds an object resolved through the registry (a set, the node's addresses).
 fn has_set(r: &CRule) -> bool {
-    r.matches.iter().any(|m| matches!(m, CMatch::Set { .. }))
+    r.matches.iter().any(|m| match m {
+        CMatch::Set { .. } => true,
+        CMatch::AddrType(a) => a.addrs.is_some(),
+        _ => false,
+    })
 }
 
 /// What a chain body is compiled with: the table's chain names (table-local indices), the set
@@ -756,7 +794,7 @@ impl BodyContext<'_> {
     ) -> Result<Vec<CRule>, CompileError> {
         rules
             .map(|rule| {
-                compile_rule(rule, self.chains, self.sets).map_err(|e| {
+                compile_rule(rule, self.chains, self.sets, self.width == 128).map_err(|e| {
                     e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
                 })
             })
@@ -1446,6 +1484,7 @@ fn compile_rule(
     rule: &Rule,
     chains: &HashMap<&str, u32>,
     sets: &dyn SetRegistry,
+    v6: bool,
 ) -> Result<CRule, RuleError> {
     let mut matches = Vec::with_capacity(rule.matches.len());
     for m in &rule.matches {
@@ -1560,6 +1599,34 @@ fn compile_rule(
                 CMatch::Rt(Box::new(r.clone()))
             }
             Match::Ipv6Header(h) => CMatch::Ipv6Header(*h),
+            Match::AddrType(a) => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                let masks = a.src.iter().chain(a.dst.iter());
+                let undecided = masks.clone().map(|v| v.value).fold(0, |x, y| x | y)
+                    & !crate::model::addr_type::DECIDED;
+                if undecided != 0 {
+                    return Err(RuleError::Unsupported(format!(
+                        "addrtype {}",
+                        crate::model::addr_type::names(undecided)
+                    )));
+                }
+                let addrs = if masks
+                    .clone()
+                    .any(|v| crate::node_addrs::needs_facts(family, v.value))
+                {
+                    Some(sets.node_addrs().ok_or_else(|| {
+                        RuleError::Unsupported("addrtype without the node's addresses".into())
+                    })?)
+                } else {
+                    None
+                };
+                CMatch::AddrType(Box::new(CAddrType {
+                    src: a.src.map(|v| (v.negated, v.value)),
+                    dst: a.dst.map(|v| (v.negated, v.value)),
+                    limit: a.limit,
+                    addrs,
+                }))
+            }
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
         matches.push(c);
@@ -2058,6 +2125,7 @@ impl Snapshot {
                     && r.rt_type
                         .is_none_or(|t| (t.value == h.rt_type) != t.negated)
             }),
+            CMatch::AddrType(a) => addrtype_matches(a, p),
             CMatch::Ipv6Header(h) => {
                 let have = p.ipv6_ext.mask;
                 if h.soft {

@@ -10,6 +10,7 @@ pub mod dataplane;
 pub mod echo;
 pub mod engine;
 pub mod model;
+pub mod node_addrs;
 pub mod packet;
 pub mod restore;
 pub mod sets;

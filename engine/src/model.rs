@@ -500,6 +500,9 @@ pub enum Match {
     /// `-m ipv6header [!] --header LIST [--soft]` (IPv6): which extension headers the packet
     /// carries.
     Ipv6Header(Ipv6HeaderMatch),
+    /// `-m addrtype`: the kernel's route type of the source and/or destination address
+    /// ([`crate::node_addrs`] decides it from the node's address facts).
+    AddrType(AddrTypeMatch),
     /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
     /// tables and round trips); rejected by validation in enforced tables.
     Opaque(Opaque),
@@ -532,6 +535,7 @@ impl Match {
             Match::Frag(_) => "frag",
             Match::Rt(_) => "rt",
             Match::Ipv6Header(_) => "ipv6header",
+            Match::AddrType(_) => "addrtype",
             Match::Opaque(o) => &o.name,
         }
     }
@@ -646,6 +650,91 @@ pub struct Ipv6HeaderMatch {
     /// `--soft`: the listed headers are present (or, negated, absent), others may be too;
     /// without it the packet's set of headers equals the list (or, negated, differs).
     pub soft: bool,
+}
+
+/// `-m addrtype` (xt_addrtype revision 1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AddrTypeMatch {
+    /// `[!] --src-type LIST`: [`addr_type`] bits, the source's type is one of them.
+    pub src: Option<Neg<u16>>,
+    /// `[!] --dst-type LIST`: [`addr_type`] bits, the destination's type is one of them.
+    pub dst: Option<Neg<u16>>,
+    /// `--limit-iface-in` / `--limit-iface-out`: only addresses of the packet's input
+    /// (output) device count as LOCAL or BROADCAST.
+    pub limit: AddrTypeLimit,
+}
+
+/// `-m addrtype`'s device limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AddrTypeLimit {
+    /// Any device.
+    #[default]
+    None,
+    /// `--limit-iface-in`: the input device (PREROUTING, INPUT, FORWARD).
+    In,
+    /// `--limit-iface-out`: the output device (FORWARD, OUTPUT, POSTROUTING).
+    Out,
+}
+
+/// Route types of `-m addrtype`, as xt_addrtype's `XT_ADDRTYPE_*` (`1 << RTN_*`).
+pub mod addr_type {
+    /// `UNSPEC` (RTN_UNSPEC).
+    pub const UNSPEC: u16 = 1 << 0;
+    /// `UNICAST`.
+    pub const UNICAST: u16 = 1 << 1;
+    /// `LOCAL`.
+    pub const LOCAL: u16 = 1 << 2;
+    /// `BROADCAST`.
+    pub const BROADCAST: u16 = 1 << 3;
+    /// `ANYCAST`.
+    pub const ANYCAST: u16 = 1 << 4;
+    /// `MULTICAST`.
+    pub const MULTICAST: u16 = 1 << 5;
+    /// `BLACKHOLE`.
+    pub const BLACKHOLE: u16 = 1 << 6;
+    /// `UNREACHABLE`.
+    pub const UNREACHABLE: u16 = 1 << 7;
+    /// `PROHIBIT`.
+    pub const PROHIBIT: u16 = 1 << 8;
+    /// `THROW`.
+    pub const THROW: u16 = 1 << 9;
+    /// `NAT`.
+    pub const NAT: u16 = 1 << 10;
+    /// `XRESOLVE`.
+    pub const XRESOLVE: u16 = 1 << 11;
+    /// The names in bit order, as libxt_addrtype's `rtn_names` (its print order).
+    pub const NAMES: [&str; 12] = [
+        "UNSPEC",
+        "UNICAST",
+        "LOCAL",
+        "BROADCAST",
+        "ANYCAST",
+        "MULTICAST",
+        "BLACKHOLE",
+        "UNREACHABLE",
+        "PROHIBIT",
+        "THROW",
+        "NAT",
+        "XRESOLVE",
+    ];
+    /// The types the engine decides from the node's local table and the address bits
+    /// (see [`crate::node_addrs`]); the others need routes it does not have.
+    pub const DECIDED: u16 = UNSPEC | UNICAST | LOCAL | BROADCAST | MULTICAST;
+
+    /// The names of the bits in `mask`, comma-separated, in bit order (libxt_addrtype's
+    /// `print_types`).
+    pub fn names(mask: u16) -> String {
+        let mut out = String::new();
+        for (i, n) in NAMES.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                if !out.is_empty() {
+                    out.push(',');
+                }
+                out.push_str(n);
+            }
+        }
+        out
+    }
 }
 
 /// IPv6 extension-header bits as ip6t_ipv6header's `MASK_*`.

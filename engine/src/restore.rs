@@ -16,6 +16,7 @@
 //! jumps to chains of another table, extensions valid only at some hooks (`-m mac` outside
 //! PREROUTING/INPUT/FORWARD), opaque extensions in enforced tables.
 
+mod addrtype;
 mod extensions;
 mod header_matches;
 mod lexer;

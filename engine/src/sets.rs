@@ -44,6 +44,12 @@ pub trait IpSet: Send + Sync + std::fmt::Debug {
 pub trait SetRegistry {
     /// The set named `name`, if it exists.
     fn lookup(&self, name: &str) -> Option<Arc<dyn IpSet>>;
+
+    /// The node's address facts for `-m addrtype` ([`crate::node_addrs`]); `None` (the
+    /// default) when this registry has none: rules whose types depend on them are refused.
+    fn node_addrs(&self) -> Option<Arc<crate::node_addrs::NodeAddrs>> {
+        None
+    }
 }
 
 /// A registry that knows no set: `--match-set` fails validation with "set does not exist".

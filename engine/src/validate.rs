@@ -33,8 +33,8 @@ use std::net::IpAddr;
 
 use crate::compile::MAX_CALL_DEPTH;
 use crate::model::{
-    Chain, Family, Hook, IpNet, Location, Match, RejectWith, Rule, Ruleset, Table, TableKind,
-    Target, diff_rules,
+    AddrTypeLimit, Chain, Family, Hook, IpNet, Location, Match, RejectWith, Rule, Ruleset, Table,
+    TableKind, Target, addr_type, diff_rules,
 };
 use crate::sets::SetRegistry;
 
@@ -226,6 +226,12 @@ pub enum ViolationKind {
     /// No flag at all given to --match-set.
     #[error("--match-set {0} needs src or dst flags")]
     SetNoFlags(String),
+    /// `-m addrtype` with types that depend on the node's addresses, validated against a
+    /// registry that has none ([`SetRegistry::node_addrs`]).
+    #[error(
+        "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
+    )]
+    NodeAddrsUnknown(String),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]
@@ -916,6 +922,67 @@ impl TableCheck<'_> {
                                 table: table.kind,
                             });
                         }
+                    }
+                }
+                Match::AddrType(a) => {
+                    let all = a.src.map_or(0, |v| v.value) | a.dst.map_or(0, |v| v.value);
+                    if a.src.is_none() && a.dst.is_none() {
+                        errs.push(ViolationKind::BadValue {
+                            what: "addrtype",
+                            value: String::new(),
+                            reason: "needs --src-type or --dst-type",
+                        });
+                    }
+                    if all >> 12 != 0 {
+                        errs.push(ViolationKind::BadValue {
+                            what: "addrtype",
+                            value: format!("{all:#x}"),
+                            reason: "holds bits that name no route type",
+                        });
+                    }
+                    let v6_refused = addr_type::BROADCAST | addr_type::BLACKHOLE | 0xff00;
+                    if family == Family::Ipv6 && all & v6_refused != 0 {
+                        errs.push(ViolationKind::WrongFamily(format!(
+                            "-m addrtype {}",
+                            addr_type::names(all & v6_refused)
+                        )));
+                    }
+                    // As addrtype_mt_checkentry.
+                    let bad_hooks: &[Hook] = match a.limit {
+                        AddrTypeLimit::None => &[],
+                        AddrTypeLimit::In => &[Hook::Output, Hook::Postrouting],
+                        AddrTypeLimit::Out => &[Hook::Prerouting, Hook::Input],
+                    };
+                    for &h in bad_hooks {
+                        if reached(h) {
+                            errs.push(ViolationKind::WrongHook {
+                                what: if a.limit == AddrTypeLimit::In {
+                                    "-m addrtype --limit-iface-in"
+                                } else {
+                                    "-m addrtype --limit-iface-out"
+                                },
+                                hook: h,
+                            });
+                        }
+                    }
+                    let undecided = all & !addr_type::DECIDED & 0x0fff;
+                    if enforced && undecided != 0 {
+                        errs.push(ViolationKind::Unsupported {
+                            what: "match",
+                            name: format!(
+                                "addrtype {} (needs routes beyond the node's local table)",
+                                addr_type::names(undecided)
+                            ),
+                            table: table.kind,
+                        });
+                    }
+                    let needs = a
+                        .src
+                        .iter()
+                        .chain(a.dst.iter())
+                        .any(|v| crate::node_addrs::needs_facts(family, v.value));
+                    if enforced && needs && sets.is_some_and(|r| r.node_addrs().is_none()) {
+                        errs.push(ViolationKind::NodeAddrsUnknown(addr_type::names(all)));
                     }
                 }
                 Match::Opaque(o) => {

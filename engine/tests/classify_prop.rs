@@ -12,10 +12,12 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
+use vallum_engine::model::IpNet;
 use vallum_engine::model::{Family, Hook, ct_state, ipv6_ext};
+use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
 use vallum_engine::packet::{FragmentHeader, IfName, Ipv6Ext, PacketMeta, RoutingHeader};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
-use vallum_engine::sets::NoSets;
+use vallum_engine::sets::SetManager;
 
 const NETS4: [&str; 8] = [
     "10.0.0.0/8",
@@ -81,7 +83,8 @@ struct RuleSpec {
 }
 
 /// IP-header matches (IPv4, IPv6): residual filters in the index, checked per rule.
-const HEADER_MATCHES: [(&str, &str); 8] = [
+/// The addrtype entries decide against [`node_facts`].
+const HEADER_MATCHES: [(&str, &str); 10] = [
     ("-m ttl --ttl-lt 64", "-m hl --hl-lt 64"),
     ("-m ttl ! --ttl-eq 64", "-m hl ! --hl-eq 64"),
     ("-m tos --tos 0x10/0x3f", "-m tos --tos 0x10/0x3f"),
@@ -93,7 +96,35 @@ const HEADER_MATCHES: [(&str, &str); 8] = [
     ),
     ("-m tos ! --tos 0x00/0x03", "-m frag --fragmore"),
     ("-m dscp ! --dscp 0", "-m rt --rt-type 0 --rt-segsleft 1:9"),
+    (
+        "-m addrtype --dst-type LOCAL --limit-iface-in",
+        "-m addrtype --dst-type UNICAST,LOCAL --limit-iface-in",
+    ),
+    (
+        "-m addrtype ! --src-type LOCAL,BROADCAST --dst-type LOCAL",
+        "-m addrtype ! --dst-type LOCAL",
+    ),
 ];
+
+/// The node's local table for the addrtype matches: some pool addresses are local (one as a
+/// prefix on lo), one on eth0.
+fn node_facts() -> SetManager {
+    let e = |net: &str, len: u8, kind: RouteType, dev: &str| LocalRoute {
+        net: IpNet::new(net.parse().expect("address"), len).expect("prefix"),
+        kind,
+        iface: IfName::new(dev).expect("name"),
+    };
+    let m = SetManager::new();
+    m.node_addrs().replace(AddrFacts::new([
+        e("10.1.2.3", 32, RouteType::Local, "eth0"),
+        e("10.1.3.0", 24, RouteType::Local, "lo"),
+        e("10.1.3.255", 32, RouteType::Broadcast, "lo"),
+        e("2001:db8:1:2::3", 128, RouteType::Local, "eth0"),
+        e("fd00::", 8, RouteType::Local, "lo"),
+        e("fe80::1", 128, RouteType::Local, "wlan0"),
+    ]));
+    m
+}
 
 fn rule_spec() -> impl Strategy<Value = RuleSpec> {
     let net = prop::option::weighted(0.5, (prop::bool::weighted(0.2), 0..NETS4.len()));
@@ -355,9 +386,9 @@ proptest! {
         // TupleMerge alone, then with RFC tables (every IPv4 chain here is small enough).
         for rfc_max_rules in [0, RFC_MAX_RULES] {
             let classifier = Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules };
-            let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
+            let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &node_facts(), 1, Classifier::Linear)
                 .expect("compiles");
-            let indexed = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, classifier)
+            let indexed = Snapshot::compile_with(std::slice::from_ref(&rs), &node_facts(), 1, classifier)
                 .expect("compiles");
             if rfc_max_rules > 0 && !v6 && chains.iter().any(|c| !c.is_empty()) {
                 prop_assert!(indexed.memory_bytes().rfc_chains > 0, "no RFC tables built");
@@ -431,12 +462,12 @@ proptest! {
                 parse_ruleset(name, &text, &opts).unwrap_or_else(|e| panic!("{e}\n{text}")),
             ));
         }
-        let linear = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::Linear)
+        let linear = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::Linear)
             .expect("compiles");
-        let single = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: 0 })
+        let single = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: 0 })
             .expect("compiles");
         // RFC tables on the IPv4 chains (never probed in batches), batched probes on the IPv6 ones.
-        let batched = Snapshot::compile_with(&rulesets, &NoSets, 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: RFC_MAX_RULES })
+        let batched = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: RFC_MAX_RULES })
             .expect("compiles");
         let packets: Vec<PacketMeta> = packets
             .iter()

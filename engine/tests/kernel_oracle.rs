@@ -77,12 +77,12 @@ mod engine_adapter {
             },
         )
         .expect("corpus ruleset parses");
-        let snapshot = vallum_engine::compile::Snapshot::compile(
-            &[Arc::new(ruleset)],
-            &vallum_engine::sets::NoSets,
-            1,
-        )
-        .expect("corpus ruleset compiles");
+        // The namespace's own addresses, for `-m addrtype`.
+        let sets = vallum_engine::sets::SetManager::new();
+        sets.node_addrs()
+            .replace(super::kernel::oracle_local_table());
+        let snapshot = vallum_engine::compile::Snapshot::compile(&[Arc::new(ruleset)], &sets, 1)
+            .expect("corpus ruleset compiles");
         let trace = snapshot.trace(packet, 0);
         // Every rule step is a rule whose matches all matched (its counter goes up), including
         // jumps, gotos and RETURNs, in traversal order; keep the filter table's. A step without

@@ -37,7 +37,9 @@ fn the_issue_14_extensions_have_the_status_the_docs_claim() {
     }
     assert_eq!(row(false, "ttl").ipv6, Support::Refused);
     assert_eq!(row(false, "hl").ipv4, Support::Refused);
-    for name in ["string", "u32", "addrtype"] {
+    assert!(enforced(row(false, "addrtype").ipv4));
+    assert!(enforced(row(false, "addrtype").ipv6));
+    for name in ["string", "u32"] {
         let r = row(false, name);
         assert_eq!(
             (r.ipv4, r.ipv6),

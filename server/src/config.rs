@@ -273,6 +273,17 @@ pub struct Config {
     )]
     pub on_load_failure: OnLoadFailure,
 
+    /// The node's addresses for `-m addrtype`, as `[broadcast:]ADDR[/LEN][@DEV],...` (the
+    /// local routing table's local and broadcast routes); without it vallumd reads the host's
+    /// local table over rtnetlink and refreshes it every `--local-addresses-refresh` (see
+    /// `local_addrs`). Meant for the pcap and synthetic sources and for tests.
+    #[arg(long, env = "VALLUM_LOCAL_ADDRESSES")]
+    pub local_addresses: Option<crate::local_addrs::LocalAddresses>,
+
+    /// How often the host's addresses are read again (seconds; host mode only).
+    #[arg(long, env = "VALLUM_LOCAL_ADDRESSES_REFRESH", default_value = "1", value_parser = parse_seconds)]
+    pub local_addresses_refresh: Duration,
+
     /// How often pending commit-confirmed deadlines are checked, in seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
     pub confirm_check_interval: Duration,

@@ -29,6 +29,7 @@ pub mod error;
 pub mod example;
 pub mod hooks;
 pub mod limits;
+pub mod local_addrs;
 pub mod metrics;
 pub mod outcome;
 pub mod pipeline;

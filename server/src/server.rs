@@ -153,6 +153,21 @@ pub async fn run_with(
         hooks.clone(),
     ));
     metrics.observe_sets(pipeline.sets().clone())?;
+    // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
+    let local_addrs = match crate::local_addrs::start(
+        pipeline.sets().node_addrs().clone(),
+        config.local_addresses.as_ref(),
+        config.local_addresses_refresh,
+    ) {
+        Ok(task) => task,
+        Err(e) => {
+            store.close().await;
+            return Err(Error::Startup {
+                code: crate::Reason::Internal.info().name,
+                message: format!("{e}; give the node's addresses with --local-addresses"),
+            });
+        }
+    };
     let state = State::new(pipeline.clone(), config.source.to_string());
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -318,6 +333,9 @@ pub async fn run_with(
     timer.abort();
     conntrack_gc.abort();
     set_gc.abort();
+    if let Some(t) = local_addrs {
+        t.abort();
+    }
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = metrics_stop_tx.send(());

@@ -40,7 +40,8 @@ pub struct Sources {
 }
 
 enum Feed {
-    Synthetic(Synth),
+    // Boxed: the generator holds packets inline (PacketMeta grew), the replay only a pointer.
+    Synthetic(Box<Synth>),
     Replay {
         packets: Arc<[PacketMeta]>,
         next: usize,
@@ -114,9 +115,9 @@ impl Sources {
         let mut threads = Vec::with_capacity(cores);
         for core in 0..cores {
             let mut feed = match &replay {
-                None => Feed::Synthetic(
+                None => Feed::Synthetic(Box::new(
                     Synth::new(core as u64 + 1, SynthConfig::default()).with_base(base_packet()),
-                ),
+                )),
                 Some(p) => Feed::Replay {
                     packets: p.clone(),
                     next: core * p.len() / cores,

@@ -927,7 +927,8 @@ pub(crate) fn match_option(
         | Match::Ah(_)
         | Match::Frag(_)
         | Match::Rt(_)
-        | Match::Ipv6Header(_) => return None,
+        | Match::Ipv6Header(_)
+        | Match::AddrType(_) => return None,
     };
     Some(r)
 }
@@ -1586,6 +1587,10 @@ pub(crate) fn finish_match(
             if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
                 return needs("at least one option");
             }
+            if o.name == "addrtype" {
+                *m = super::addrtype::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if let Some(t) = super::header_matches::typed(&o.name, &o.options, proto, &token, ctx)?
             {
                 *m = t;
@@ -1614,7 +1619,8 @@ pub(crate) fn finish_match(
         | Match::Ah(_)
         | Match::Frag(_)
         | Match::Rt(_)
-        | Match::Ipv6Header(_) => {}
+        | Match::Ipv6Header(_)
+        | Match::AddrType(_) => {}
     }
     Ok(())
 }

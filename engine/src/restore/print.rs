@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::model::{
-    Chain, Counters, Family, IcmpMatch, IdRange, IpNet, Match, MultiportDir, Neg, OpaqueOption,
-    Policy, PortRange, Rule, SetDir, Table, Target, TtlOp,
+    AddrTypeLimit, Chain, Counters, Family, IcmpMatch, IdRange, IpNet, Match, MultiportDir, Neg,
+    OpaqueOption, Policy, PortRange, Rule, SetDir, Table, Target, TtlOp,
 };
 
 use super::header_matches::IPV6_HEADER_NAMES;
@@ -629,6 +629,19 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 write_uint(o.out, l.value);
             }
             opaque_opts(o, &r.other);
+        }
+        Match::AddrType(a) => {
+            for (v, opt) in [(a.src, "--src-type "), (a.dst, "--dst-type ")] {
+                if let Some(v) = v {
+                    o.opt(v.negated, opt);
+                    o.out.push_str(&crate::model::addr_type::names(v.value));
+                }
+            }
+            match a.limit {
+                AddrTypeLimit::None => {}
+                AddrTypeLimit::In => o.push("--limit-iface-in"),
+                AddrTypeLimit::Out => o.push("--limit-iface-out"),
+            }
         }
         Match::Ipv6Header(h) => {
             o.opt(h.negated, "--header ");

@@ -50,12 +50,21 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "conntrack") => "only `--ctstate` is enforced; other options are stored only",
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
+        (false, "addrtype") => {
+            "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
+        }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
         (true, "CT") => "raw table; only `--notrack` is enforced, other options are stored only",
         (true, "REJECT") => "filter table only",
         (true, "NOTRACK") => "raw table only",
         _ => "",
     }
+}
+
+/// Extensions collected as opaque options and then read into a typed match (`header_matches`,
+/// `addrtype`).
+fn typed_from_opaque(name: &str, family: Family) -> bool {
+    name == "addrtype" || header_matches::is_typed(name, family)
 }
 
 fn classify_match(name: &'static str, family: Family) -> Support {
@@ -71,7 +80,7 @@ fn classify_match(name: &'static str, family: Family) -> Support {
     };
     match extensions::new_match(name, &tok, &ctx) {
         Err(_) => Support::Refused,
-        Ok((Match::Opaque(_), _)) if !header_matches::is_typed(name, family) => Support::StoredOnly,
+        Ok((Match::Opaque(_), _)) if !typed_from_opaque(name, family) => Support::StoredOnly,
         Ok(_) => Support::Enforced {
             note: note(false, name),
         },
@@ -161,8 +170,12 @@ pub fn support_markdown() -> String {
          the skb, `u32`'s small interpreter) is not worth its cost on the packet path yet.\n\
          - **-**: that family's iptables has no such extension; the parser refuses it\n  \
          (\"Couldn't load match\").\n\n\
-         `addrtype` needs the node's local, broadcast and anycast addresses, which the sans-IO\n\
-         engine does not have yet; it is stored only until they are an engine input.\n\n",
+         `addrtype` decides the types the node's local routing table and the address bits tell\n\
+         (UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST; see `vallum_engine::node_addrs`): vallumd\n\
+         reads the host's addresses (or takes `--local-addresses`) and the packet path reads\n\
+         them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
+         need routes it does not have: validation refuses them in filter and raw, naming them;\n\
+         nat and mangle store them.\n\n",
     );
     for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
         out.push_str(&format!(
@@ -202,8 +215,8 @@ mod tests {
             let enforced_somewhere = matches!(r.ipv4, Support::Enforced { .. })
                 || matches!(r.ipv6, Support::Enforced { .. });
             let typed = !r.target
-                && (header_matches::is_typed(r.name, Family::Ipv4)
-                    || header_matches::is_typed(r.name, Family::Ipv6));
+                && (typed_from_opaque(r.name, Family::Ipv4)
+                    || typed_from_opaque(r.name, Family::Ipv6));
             assert_eq!(enforced_somewhere, known || typed, "{}", r.name);
         }
     }

@@ -590,11 +590,17 @@ pub struct AddOptions {
 #[derive(Debug, Default)]
 pub struct SetManager {
     sets: Mutex<BTreeMap<String, Arc<SetHandle>>>,
+    /// The node's address facts that `-m addrtype` reads (empty until its owner fills them).
+    node_addrs: Arc<crate::node_addrs::NodeAddrs>,
 }
 
 impl super::SetRegistry for SetManager {
     fn lookup(&self, name: &str) -> Option<Arc<dyn IpSet>> {
         self.handle(name).map(|h| h as Arc<dyn IpSet>)
+    }
+
+    fn node_addrs(&self) -> Option<Arc<crate::node_addrs::NodeAddrs>> {
+        Some(self.node_addrs.clone())
     }
 }
 
@@ -610,6 +616,13 @@ impl SetManager {
     /// An empty manager.
     pub fn new() -> SetManager {
         SetManager::default()
+    }
+
+    /// The node's address facts compiled `-m addrtype` matches read; replace them with
+    /// [`NodeAddrs::replace`](crate::node_addrs::NodeAddrs::replace) when the host's
+    /// addresses change.
+    pub fn node_addrs(&self) -> &Arc<crate::node_addrs::NodeAddrs> {
+        &self.node_addrs
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Arc<SetHandle>>> {

@@ -49,6 +49,33 @@ const TOOLS: [&str; 7] = [
     "ip6tables-legacy",
 ];
 
+/// The firewall namespace's local routing table (`ip route show table local`, both families)
+/// as the engine's address facts for `-m addrtype`: the AnyIP routes `local 0.0.0.0/0` and
+/// `local ::/0` on lo, loopback's `local 127.0.0.0/8`, 127.0.0.1 and broadcast
+/// 127.255.255.255, `::1`, vo1's 10.99.0.1/24 (broadcast 10.99.0.255) and its link-local
+/// address (from [`FW_MAC`]).
+pub fn oracle_local_table() -> vallum_engine::node_addrs::AddrFacts {
+    use vallum_engine::model::IpNet;
+    use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
+    use vallum_engine::packet::IfName;
+    let e = |net: &str, len: u8, kind: RouteType, dev: &str| LocalRoute {
+        net: IpNet::new(net.parse().expect("address"), len).expect("prefix"),
+        kind,
+        iface: IfName::new(dev).expect("name"),
+    };
+    AddrFacts::new([
+        e("0.0.0.0", 0, RouteType::Local, "lo"),
+        e("127.0.0.0", 8, RouteType::Local, "lo"),
+        e("127.0.0.1", 32, RouteType::Local, "lo"),
+        e("127.255.255.255", 32, RouteType::Broadcast, "lo"),
+        e("10.99.0.1", 32, RouteType::Local, FW_IFACE),
+        e("10.99.0.255", 32, RouteType::Broadcast, FW_IFACE),
+        e("::", 0, RouteType::Local, "lo"),
+        e("::1", 128, RouteType::Local, "lo"),
+        e("fe80::76:61ff:fe6c:2", 128, RouteType::Local, FW_IFACE),
+    ])
+}
+
 /// Layer-4 protocol of a [`PacketSpec`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proto {
@@ -496,6 +523,23 @@ impl KernelOracle {
             &[
                 "ip", "-n", &fw, "-6", "route", "add", "local", "::/0", "dev", "lo", "table",
                 "local",
+            ],
+            None,
+        )?;
+        // One IPv4 subnet on vo1, for `-m addrtype`: local 10.99.0.1 and broadcast
+        // 10.99.0.255 on vo1 (see [`oracle_local_table`]).
+        run(
+            &[
+                "ip",
+                "-n",
+                &fw,
+                "addr",
+                "add",
+                "10.99.0.1/24",
+                "broadcast",
+                "10.99.0.255",
+                "dev",
+                FW_IFACE,
             ],
             None,
         )?;
