@@ -159,6 +159,11 @@ pub struct Checked {
     /// The texts the model was parsed from, when the caller keeps them for the next
     /// [`check_after`] (empty from [`check`]: see [`Checked::keep_sources`]).
     pub sources: Vec<SourceText>,
+    /// The families whose text is not kept by [`Checked::keep_sources`]: their parse had
+    /// warnings (the incremental parse copies unchanged lines without them, so the next
+    /// check must parse in full to report them again), or the text was `--noflush` input
+    /// (the model is not the parse of the text alone).
+    pub not_reusable: Vec<Family>,
 }
 
 /// One text a model was parsed from (see [`PreviousParse`]).
@@ -190,9 +195,11 @@ impl Checked {
     /// Moves the texts of `input` (what this was checked from) into [`Checked::sources`],
     /// noting which are the canonical content.
     pub fn keep_sources(&mut self, input: RulesetInput) {
+        let skip = std::mem::take(&mut self.not_reusable);
         self.sources = input
             .parts
             .into_iter()
+            .filter(|p| !skip.contains(&p.family))
             .map(|p| {
                 let content = match p.family {
                     Family::Ipv4 => &self.content.v4,
@@ -353,6 +360,9 @@ pub fn check_after(
     let mut tables = Vec::new();
     let mut violations = Vec::new();
     let mut noflush_only = true;
+    // Warnings of the parser, as findings, and the families that had some.
+    let mut parse_warnings = Vec::new();
+    let mut not_reusable = Vec::new();
     let reuse = previous.and_then(|p| Some((p, p.model.upgrade()?)));
     // Per part, the canonical content spliced by `parse_after_canonical`, if it was.
     let mut spliced: Vec<(Family, Option<String>)> = Vec::new();
@@ -375,8 +385,14 @@ pub fn check_after(
             continue;
         }
         spliced.push((part.family, None));
-        match restore::parse_ruleset_threads(name, &part.text, &opts, parse_threads()) {
-            Ok(rs) => tables.extend(rs.tables),
+        match restore::parse_ruleset_warned(name, &part.text, &opts, parse_threads()) {
+            Ok(w) => {
+                tables.extend(w.ruleset.tables);
+                if !w.warnings.is_empty() {
+                    not_reusable.push(part.family);
+                }
+                parse_warnings.extend(w.warnings.iter().map(|w| parse_warning(part, w)));
+            }
             Err(errs) => {
                 let noflush = ParseOptions {
                     noflush: true,
@@ -437,10 +453,13 @@ pub fn check_after(
         tables,
     };
     let validate = || {
-        vallum_engine::validate::validate(&ruleset, Some(sets))
-            .iter()
-            .map(|v| finding(v, input))
-            .collect()
+        let mut findings = parse_warnings.clone();
+        findings.extend(
+            vallum_engine::validate::validate(&ruleset, Some(sets))
+                .iter()
+                .map(|v| finding(v, input)),
+        );
+        findings
     };
     // Every part's content spliced from the previous one: nothing to print.
     let mut content = spliced
@@ -475,7 +494,21 @@ pub fn check_after(
         content,
         findings,
         sources: Vec::new(),
+        not_reusable,
     })
+}
+
+/// A parser warning (the text was accepted, changed as the kernel changes it) as a
+/// warning-level finding at the token's `FILE:LINE:COL`, reason INVALID_RULESET as
+/// validation's warnings.
+fn parse_warning(part: &TextPart, w: &restore::ParseWarning) -> Finding {
+    Finding {
+        severity: Severity::Warning,
+        location: part_position(part, w.location.line, w.location.column),
+        path: String::new(),
+        message: format!("{} near '{}'", w.kind, clipped(&w.token)),
+        reason: Reason::InvalidRuleset,
+    }
 }
 
 /// Up to 8 names, clipped, then how many more: `a, b, c and 120 more`.
@@ -764,6 +797,37 @@ mod tests {
         let (reason, v) = refused("*filter\n-A FOO -j ACCEPT\nCOMMIT\n");
         assert_eq!(reason, Reason::NoflushUnsupported);
         assert!(v[0].description.contains("--noflush"), "{v:?}");
+    }
+
+    /// A `--log-prefix` the parser cuts to 29 bytes comes back as a warning finding at its
+    /// FILE:LINE:COL (found by review: the warning was dropped), also when the text is
+    /// checked again against the previous parse (which copies unchanged lines).
+    #[test]
+    fn parser_warnings_are_findings() {
+        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j LOG --log-prefix \"[UFW BLOCK] a very long prefix \"\nCOMMIT\n";
+        let mut c = check("a", 0, &text(t, Family::Ipv4), &NoSets).unwrap();
+        assert!(c.valid());
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].display_location(), "t.rules:3:30");
+        assert!(
+            w[0].message
+                .starts_with("--log-prefix is 31 bytes; the kernel keeps the first 29"),
+            "{w:?}"
+        );
+        assert!(c.content.v4.contains("--log-prefix \"[UFW BLOCK] a very long prefi\""));
+        // The text with warnings is not kept for an incremental parse, which would drop them.
+        c.keep_sources(text(t, Family::Ipv4));
+        assert!(c.sources.is_empty());
+        let model = Arc::new(c.ruleset);
+        // As the pipeline keeps it after a commit.
+        let previous = PreviousParse {
+            texts: c.sources,
+            model: Arc::downgrade(&model),
+        };
+        let next = t.replace("COMMIT", "-A INPUT -j ACCEPT\nCOMMIT");
+        let after = check_after("a", 0, &text(&next, Family::Ipv4), &NoSets, Some(&previous));
+        assert_eq!(after.unwrap().warnings().len(), 1);
     }
 
     /// A NUL byte or a long token is echoed escaped and cut.
