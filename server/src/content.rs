@@ -11,8 +11,8 @@ use std::sync::{Arc, Weak};
 
 use sha2::{Digest, Sha256};
 use vallum_engine::echo::clipped;
-use vallum_engine::model::{Family, Ruleset, Table};
-use vallum_engine::restore::{self, ParseOptions, PrintOptions};
+use vallum_engine::model::{Family, Hook, Location, Ruleset, Table};
+use vallum_engine::restore::{self, ExternalRefKind, ParseOptions, PrintOptions};
 use vallum_engine::sets::SetRegistry;
 use vallum_engine::validate::{Severity, Violation, ViolationKind};
 
@@ -354,9 +354,56 @@ pub fn check_after(
     sets: &dyn SetRegistry,
     previous: Option<&PreviousParse>,
 ) -> Result<Checked, Error> {
+    check_with(name, priority, input, sets, previous, &Restoring::default())
+}
+
+/// How a request's text is restored, beyond the text itself (`RestoreText.noflush` and
+/// `.counters`, vallumctl `--noflush` / `--counters`).
+#[derive(Clone, Debug, Default)]
+pub struct Restoring {
+    /// As `iptables-restore --counters`: rules keep the text's `[p:b]` / `-c P B` counters
+    /// (the engine starts them there); without it they are syntax-checked and dropped.
+    pub counters: bool,
+    /// As `iptables-restore --noflush`: the text is applied on top of this content (the
+    /// ruleset's active revision, or empty tables when none is active).
+    pub noflush: Option<Base>,
+}
+
+/// What a `--noflush` text is applied to.
+#[derive(Clone, Debug, Default)]
+pub struct Base {
+    /// The content (canonical, as stored).
+    pub content: Content,
+    /// What findings on its rules name as their place, e.g. `rulesets/web/revisions/3`
+    /// (they have no line in the request's text).
+    pub label: String,
+}
+
+/// As [`check_after`], with [`Restoring`] options. With `noflush`, each text is parsed as
+/// `iptables-restore --noflush` input applied to the base content of its family (as the
+/// kernel's tables: what the text does not name is kept, `:CHAIN` flushes or creates, `-D` /
+/// `-R` / `-F` / `-A` must find their rule or chain there), and the whole merged ruleset
+/// (the base's tables of a family the request has no text for included) is validated and
+/// printed as one complete revision. Findings on base rules are at [`Base::label`]. Neither
+/// `noflush` nor `counters` parses incrementally.
+///
+/// Errors: as [`check`]; a noflush text that changes a chain or rule that does not exist is
+/// INVALID_RULESET at the command.
+pub fn check_with(
+    name: &str,
+    priority: i32,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+    previous: Option<&PreviousParse>,
+    how: &Restoring,
+) -> Result<Checked, Error> {
     if input.parts.is_empty() {
         return Err(Error::invalid("source", "a ruleset source is required"));
     }
+    if let Some(base) = &how.noflush {
+        return check_noflush(name, priority, input, sets, base, how.counters);
+    }
+    let previous = previous.filter(|_| !how.counters);
     let mut tables = Vec::new();
     let mut violations = Vec::new();
     let mut noflush_only = true;
@@ -369,8 +416,13 @@ pub fn check_after(
     for part in &input.parts {
         let opts = ParseOptions {
             family: part.family,
+            counters: how.counters,
             ..ParseOptions::default()
         };
+        if how.counters {
+            // A model with counters is no base for a later parse without them.
+            not_reusable.push(part.family);
+        }
         let incremental = reuse.as_ref().and_then(|(p, model)| {
             let src = p.texts.iter().find(|s| s.family == part.family)?;
             if src.canonical {
@@ -452,12 +504,34 @@ pub fn check_after(
         priority,
         tables,
     };
+    Ok(finish(
+        ruleset,
+        input,
+        sets,
+        parse_warnings,
+        spliced,
+        not_reusable,
+        "",
+    ))
+}
+
+/// Validates and prints a parsed ruleset (the common end of [`check_with`]): findings are
+/// the parser's warnings then validation's; content spliced when every family has it.
+fn finish(
+    ruleset: Ruleset,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+    parse_warnings: Vec<Finding>,
+    spliced: Vec<(Family, Option<String>)>,
+    not_reusable: Vec<Family>,
+    base_label: &str,
+) -> Checked {
     let validate = || {
         let mut findings = parse_warnings.clone();
         findings.extend(
             vallum_engine::validate::validate(&ruleset, Some(sets))
                 .iter()
-                .map(|v| finding(v, input)),
+                .map(|v| finding(v, input, base_label)),
         );
         findings
     };
@@ -489,13 +563,187 @@ pub fn check_after(
     } else {
         (validate(), Content::from_tables(&ruleset.tables))
     };
-    Ok(Checked {
+    Checked {
         ruleset,
         content,
         findings,
         sources: Vec::new(),
         not_reusable,
-    })
+    }
+}
+
+/// [`check_with`] for `--noflush` input (see there).
+fn check_noflush(
+    name: &str,
+    priority: i32,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+    base: &Base,
+    counters: bool,
+) -> Result<Checked, Error> {
+    let mut tables = Vec::new();
+    let mut violations = Vec::new();
+    let mut parse_warnings = Vec::new();
+    for family in [Family::Ipv4, Family::Ipv6] {
+        let base_text = match family {
+            Family::Ipv4 => &base.content.v4,
+            Family::Ipv6 => &base.content.v6,
+        };
+        let part = input.parts.iter().find(|p| p.family == family);
+        let Some(part) = part else {
+            if !base_text.is_empty() {
+                let mut rs = restore::parse_ruleset(
+                    name,
+                    base_text,
+                    &ParseOptions {
+                        family,
+                        ..ParseOptions::default()
+                    },
+                )
+                .map_err(|e| Error::Internal(format!("{}: does not parse: {e}", base.label)))?;
+                restore::clear_locations(&mut rs.tables);
+                tables.extend(rs.tables);
+            }
+            continue;
+        };
+        match merge_noflush(base_text, part, counters) {
+            Ok((t, warnings)) => {
+                tables.extend(t);
+                parse_warnings.extend(warnings.iter().map(|w| parse_warning(part, w)));
+            }
+            Err(MergeError::Internal(e)) => {
+                return Err(Error::Internal(format!("{}: {e}", base.label)));
+            }
+            Err(MergeError::Text(v)) => violations.extend(v),
+        }
+    }
+    if !violations.is_empty() {
+        return Err(Error::BadRequest {
+            reason: Reason::InvalidRuleset,
+            violations,
+        });
+    }
+    let ruleset = Ruleset {
+        name: name.to_string(),
+        priority,
+        tables,
+    };
+    let families = vec![Family::Ipv4, Family::Ipv6];
+    let spliced = families.iter().map(|f| (*f, None)).collect();
+    Ok(finish(
+        ruleset,
+        input,
+        sets,
+        parse_warnings,
+        spliced,
+        families,
+        &base.label,
+    ))
+}
+
+/// Why [`merge_noflush`] failed.
+enum MergeError {
+    /// The base content does not parse (a corrupt store).
+    Internal(String),
+    /// The text's problems, at `FILE:LINE:COL`.
+    Text(Vec<FieldViolation>),
+}
+
+/// `part` (iptables-restore --noflush input) applied to `base_text` (canonical content of the
+/// same family): the base is read as a first block of each table and the text continues it
+/// (the parser's --noflush reading of a repeated `*table`), so every command sees the base's
+/// chains and rules. Locations are the text's; the base's are cleared (line 0).
+fn merge_noflush(
+    base_text: &str,
+    part: &TextPart,
+    counters: bool,
+) -> Result<(Vec<Table>, Vec<restore::ParseWarning>), MergeError> {
+    // Canonical content ends with a newline: the text starts on line `offset + 1`.
+    let offset = u32::try_from(base_text.matches('\n').count()).unwrap_or(u32::MAX);
+    let merged = format!("{base_text}{}", part.text);
+    let opts = ParseOptions {
+        family: part.family,
+        noflush: true,
+        counters,
+        set_exists: None,
+    };
+    let at = |loc: &Location| -> (String, String) {
+        split_field(&part_position(
+            part,
+            loc.line.saturating_sub(offset),
+            loc.column,
+        ))
+    };
+    let mut r = match restore::parse(&merged, &opts) {
+        Ok(r) => r,
+        Err(errs) => {
+            if let Some(e) = errs.0.iter().find(|e| e.location.line <= offset) {
+                return Err(MergeError::Internal(format!("does not parse: {e}")));
+            }
+            return Err(MergeError::Text(
+                errs.0
+                    .iter()
+                    .map(|e| {
+                        let (field, prefix) = at(&e.location);
+                        FieldViolation::new(
+                            field,
+                            format!("{prefix}{} near '{}'", e.kind, clipped(&e.token)),
+                        )
+                    })
+                    .collect(),
+            ));
+        }
+    };
+    // What the text changes must exist: the base is the whole of what is there, so a
+    // reference the parser could not resolve in it is what iptables-restore --noflush
+    // refuses against the kernel's tables.
+    let mut violations = Vec::new();
+    for e in &r.external {
+        let builtin = Hook::from_chain_name(&e.chain)
+            .is_some_and(|h| e.table.builtin_hooks().contains(&h));
+        let problem = match e.kind {
+            ExternalRefKind::KeepPolicy | ExternalRefKind::Delete => None,
+            ExternalRefKind::AddRules | ExternalRefKind::Flush if builtin => None,
+            ExternalRefKind::AddRules | ExternalRefKind::Flush => {
+                Some(format!("chain '{}' does not exist", clipped(&e.chain)))
+            }
+            ExternalRefKind::Jump | ExternalRefKind::Goto => Some(format!(
+                "chain '{}' does not exist (in the text or the active revision)",
+                clipped(&e.chain)
+            )),
+            ExternalRefKind::ChangeRule => Some(format!(
+                "no such rule in chain '{}' (does a matching rule exist?)",
+                clipped(&e.chain)
+            )),
+        };
+        if let Some(p) = problem {
+            let (field, prefix) = at(&e.location);
+            violations.push(FieldViolation::new(field, format!("{prefix}{p}")));
+        }
+    }
+    if !violations.is_empty() {
+        return Err(MergeError::Text(violations));
+    }
+    let shift = |loc: &mut Location| {
+        if loc.line > offset {
+            loc.line -= offset;
+        } else {
+            *loc = Location::default();
+        }
+    };
+    for t in &mut r.tables {
+        shift(&mut t.location);
+        for c in &mut t.chains {
+            shift(&mut c.location);
+            for rule in &mut c.rules {
+                shift(&mut rule.location);
+            }
+        }
+    }
+    for w in &mut r.warnings {
+        shift(&mut w.location);
+    }
+    Ok((r.tables, r.warnings))
 }
 
 /// A parser warning (the text was accepted, changed as the kernel changes it) as a
@@ -535,12 +783,15 @@ fn parse_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
-fn finding(v: &Violation, input: &RulesetInput) -> Finding {
+/// A validation finding at its text position; one on a rule of a `--noflush` base (line 0:
+/// not in the text) is at `source|{base_label}`.
+fn finding(v: &Violation, input: &RulesetInput, base_label: &str) -> Finding {
     let part = v
         .family
         .and_then(|f| input.parts.iter().find(|p| p.family == f))
         .or_else(|| input.parts.first());
     let location = match part {
+        _ if v.location.line == 0 && !base_label.is_empty() => format!("source|{base_label}"),
         Some(p) => part_position(p, v.location.line, v.location.column),
         None => String::new(),
     };
