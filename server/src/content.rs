@@ -466,7 +466,7 @@ pub fn check_with(
                         violations.push(FieldViolation::new(
                             part.field.clone(),
                             format!(
-                                "{}:{}:{}: this is iptables-restore --noflush input: it relies on chains that exist outside the text ({}); a Vallum ruleset must declare every chain it uses",
+                                "{}:{}:{}: this is iptables-restore --noflush input: it relies on chains that exist outside the text ({}); declare every chain it uses, or send it with noflush (vallumctl --noflush) to apply it to the ruleset's active revision",
                                 part.filename,
                                 e.location.line,
                                 e.location.column,
@@ -743,6 +743,18 @@ fn merge_noflush(
     for w in &mut r.warnings {
         shift(&mut w.location);
     }
+    // The parser moves a table continued by a second block to the end: back to the base's
+    // order (that of a full text's `*table` lines), new tables after.
+    let order: Vec<&str> = base_text
+        .lines()
+        .filter_map(|l| l.strip_prefix('*'))
+        .collect();
+    r.tables.sort_by_key(|t| {
+        order
+            .iter()
+            .position(|n| *n == t.kind.name())
+            .unwrap_or(usize::MAX)
+    });
     Ok((r.tables, r.warnings))
 }
 
@@ -1079,6 +1091,90 @@ mod tests {
         let next = t.replace("COMMIT", "-A INPUT -j ACCEPT\nCOMMIT");
         let after = check_after("a", 0, &text(&next, Family::Ipv4), &NoSets, Some(&previous));
         assert_eq!(after.unwrap().warnings().len(), 1);
+    }
+
+    /// The kube-proxy shape of base (KUBE-SERVICES jumping to per-service chains).
+    const KUBE: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n:KUBE-SVC-B - [0:0]\n-A INPUT -j KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m udp --dport 53 -j KUBE-SVC-A\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\n-A KUBE-SVC-A -s 10.244.1.5/32 -j ACCEPT\n-A KUBE-SVC-B -s 10.244.2.7/32 -j ACCEPT\nCOMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -p udp -m udp --dport 123 -j NOTRACK\nCOMMIT\n";
+
+    fn noflush(base: &str, t: &str) -> Result<Checked, Error> {
+        let base = Base {
+            content: check("a", 0, &text(base, Family::Ipv4), &NoSets)
+                .unwrap()
+                .content,
+            label: "rulesets/a/revisions/1".into(),
+        };
+        let how = Restoring {
+            counters: false,
+            noflush: Some(base),
+        };
+        check_with("a", 0, &text(t, Family::Ipv4), &NoSets, None, &how)
+    }
+
+    /// A kube-proxy-style partial update (one service chain replaced, one rule appended to a
+    /// builtin chain, one deleted by spec) applied to the base: every other chain and table
+    /// is kept, the result is the complete merged ruleset; positions are the text's.
+    #[test]
+    fn noflush_merges_onto_the_base() {
+        let update = "*filter\n:KUBE-SVC-A - [0:0]\n-A KUBE-SVC-A -s 10.244.1.9/32 -j ACCEPT\n-A INPUT -p tcp --dport 22 -j ACCEPT\n-D KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\nCOMMIT\n";
+        let c = noflush(KUBE, update).unwrap();
+        let want = KUBE
+            .replace("-A KUBE-SVC-A -s 10.244.1.5/32", "-A KUBE-SVC-A -s 10.244.1.9/32")
+            .replace(
+                "-A INPUT -j KUBE-SERVICES\n",
+                "-A INPUT -j KUBE-SERVICES\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n",
+            )
+            .replace(
+                "-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\n",
+                "",
+            );
+        assert_eq!(c.content.v4, want);
+        let input = &c.ruleset.tables[0].chains[0];
+        assert_eq!(input.rules.iter().map(|r| r.location.line).collect::<Vec<_>>(), [0, 4]);
+        // Not kept for an incremental parse (the model is not the text's alone).
+        let mut c = c;
+        c.keep_sources(text(update, Family::Ipv4));
+        assert!(c.sources.is_empty());
+        // An empty text changes nothing; a table the base lacks is created.
+        assert_eq!(noflush(KUBE, "").unwrap().content.v4, check("a", 0, &text(KUBE, Family::Ipv4), &NoSets).unwrap().content.v4);
+        let c = noflush("", "*filter\n-A INPUT -j DROP\nCOMMIT\n").unwrap();
+        assert!(c.content.v4.contains("-A INPUT -j DROP"), "{}", c.content.v4);
+    }
+
+    /// What the text changes must exist in the base (as iptables-restore --noflush against
+    /// the kernel's tables): errors at the text's FILE:LINE:COL.
+    #[test]
+    fn noflush_refuses_what_is_not_there() {
+        for (t, want) in [
+            ("*filter\n-A NOPE -j ACCEPT\nCOMMIT\n", "t.rules:2:4: chain 'NOPE' does not exist"),
+            ("*filter\n-A INPUT -j NOPE\nCOMMIT\n", "t.rules:2:13: chain 'NOPE' does not exist"),
+            ("*filter\n-D INPUT -p tcp -j DROP\nCOMMIT\n", "t.rules:2:4: no such rule in chain 'INPUT'"),
+            ("*filter\n-D INPUT 9\nCOMMIT\n", "t.rules:2:4: no such rule"),
+            ("*filter\n-F NOPE\nCOMMIT\n", "t.rules:2:4: chain 'NOPE' does not exist"),
+            ("*filter\n-A INPUT -p tcp --dportx 1\nCOMMIT\n", "t.rules:2:17: unknown option"),
+            ("*filter\n-A INPUT -j ACCEPT\n", "t.rules:3:1: table 'filter' has no COMMIT"),
+        ] {
+            let Err(Error::BadRequest { reason, violations }) = noflush(KUBE, t) else {
+                panic!("{t:?}: expected a bad request")
+            };
+            assert_eq!(reason, Reason::InvalidRuleset, "{t:?}");
+            assert_eq!(violations[0].field, "source.text.content", "{t:?}");
+            assert!(violations[0].description.starts_with(want), "{t:?}: {violations:?}");
+        }
+        // Deleting a user chain's rules and the chain itself is fine once nothing jumps to it.
+        let c = noflush(
+            KUBE,
+            "*filter\n-D KUBE-SERVICES 2\n-F KUBE-SVC-B\n-X KUBE-SVC-B\nCOMMIT\n",
+        )
+        .unwrap();
+        assert!(!c.content.v4.contains("KUBE-SVC-B"), "{}", c.content.v4);
+        // A finding on a base rule names the base revision.
+        let c = noflush(KUBE, "*filter\n-A KUBE-SVC-B -j KUBE-SERVICES\nCOMMIT\n").unwrap();
+        assert!(!c.valid());
+        assert!(
+            c.findings.iter().any(|f| f.display_location() == "rulesets/a/revisions/1"),
+            "{:?}",
+            c.findings
+        );
     }
 
     /// A NUL byte or a long token is echoed escaped and cut.
