@@ -2333,7 +2333,10 @@ impl Snapshot {
             );
         };
         for c in self.chains.iter() {
-            if !rulesets.iter().any(|r| **r == *self.names[c.ruleset as usize]) {
+            if !rulesets
+                .iter()
+                .any(|r| **r == *self.names[c.ruleset as usize])
+            {
                 continue;
             }
             let model = &self.rulesets[c.ruleset as usize].tables[c.table_at as usize].chains

@@ -217,9 +217,10 @@ impl Drop for Prepared {
 /// Whether a model carries counters to start from (`Rule::counters`, or a chain policy's
 /// non-zero `Chain::counters`), as the parser keeps them only with `--counters`.
 fn has_counters(rs: &Ruleset) -> bool {
-    rs.tables.iter().flat_map(|t| &t.chains).any(|c| {
-        c.counters != Counters::default() || c.rules.iter().any(|r| r.counters.is_some())
-    })
+    rs.tables
+        .iter()
+        .flat_map(|t| &t.chains)
+        .any(|c| c.counters != Counters::default() || c.rules.iter().any(|r| r.counters.is_some()))
 }
 
 impl Prepared {

@@ -767,11 +767,21 @@ fn counters_parsed_with_counters_start_there() {
             .collect()
     };
     put("a", &with, text);
-    assert_eq!(of("a"), [(Some(1), 5, 300), (Some(2), 0, 0), (None, 7, 700)]);
+    assert_eq!(
+        of("a"),
+        [(Some(1), 5, 300), (Some(2), 0, 0), (None, 7, 700)]
+    );
     // Without --counters the text's counts are ignored: the rules keep what they had.
-    put("a", &ParseOptions::default(), &text.replace("[5:300]", "[9:9]"));
+    put(
+        "a",
+        &ParseOptions::default(),
+        &text.replace("[5:300]", "[9:9]"),
+    );
     put("b", &with, text);
-    assert_eq!(of("a"), [(Some(1), 5, 300), (Some(2), 0, 0), (None, 7, 700)]);
+    assert_eq!(
+        of("a"),
+        [(Some(1), 5, 300), (Some(2), 0, 0), (None, 7, 700)]
+    );
     // With them again, they are set.
     put("a", &with, &text.replace("[5:300]", "[1:60]"));
     assert_eq!(of("a"), [(Some(1), 1, 60), (Some(2), 0, 0), (None, 7, 700)]);

@@ -699,8 +699,8 @@ fn merge_noflush(
     // refuses against the kernel's tables.
     let mut violations = Vec::new();
     for e in &r.external {
-        let builtin = Hook::from_chain_name(&e.chain)
-            .is_some_and(|h| e.table.builtin_hooks().contains(&h));
+        let builtin =
+            Hook::from_chain_name(&e.chain).is_some_and(|h| e.table.builtin_hooks().contains(&h));
         let problem = match e.kind {
             ExternalRefKind::KeepPolicy | ExternalRefKind::Delete => None,
             ExternalRefKind::AddRules | ExternalRefKind::Flush if builtin => None,
@@ -1078,7 +1078,11 @@ mod tests {
                 .starts_with("--log-prefix is 31 bytes; the kernel keeps the first 29"),
             "{w:?}"
         );
-        assert!(c.content.v4.contains("--log-prefix \"[UFW BLOCK] a very long prefi\""));
+        assert!(
+            c.content
+                .v4
+                .contains("--log-prefix \"[UFW BLOCK] a very long prefi\"")
+        );
         // The text with warnings is not kept for an incremental parse, which would drop them.
         c.keep_sources(text(t, Family::Ipv4));
         assert!(c.sources.is_empty());
@@ -1118,7 +1122,10 @@ mod tests {
         let update = "*filter\n:KUBE-SVC-A - [0:0]\n-A KUBE-SVC-A -s 10.244.1.9/32 -j ACCEPT\n-A INPUT -p tcp --dport 22 -j ACCEPT\n-D KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\nCOMMIT\n";
         let c = noflush(KUBE, update).unwrap();
         let want = KUBE
-            .replace("-A KUBE-SVC-A -s 10.244.1.5/32", "-A KUBE-SVC-A -s 10.244.1.9/32")
+            .replace(
+                "-A KUBE-SVC-A -s 10.244.1.5/32",
+                "-A KUBE-SVC-A -s 10.244.1.9/32",
+            )
             .replace(
                 "-A INPUT -j KUBE-SERVICES\n",
                 "-A INPUT -j KUBE-SERVICES\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n",
@@ -1129,15 +1136,32 @@ mod tests {
             );
         assert_eq!(c.content.v4, want);
         let input = &c.ruleset.tables[0].chains[0];
-        assert_eq!(input.rules.iter().map(|r| r.location.line).collect::<Vec<_>>(), [0, 4]);
+        assert_eq!(
+            input
+                .rules
+                .iter()
+                .map(|r| r.location.line)
+                .collect::<Vec<_>>(),
+            [0, 4]
+        );
         // Not kept for an incremental parse (the model is not the text's alone).
         let mut c = c;
         c.keep_sources(text(update, Family::Ipv4));
         assert!(c.sources.is_empty());
         // An empty text changes nothing; a table the base lacks is created.
-        assert_eq!(noflush(KUBE, "").unwrap().content.v4, check("a", 0, &text(KUBE, Family::Ipv4), &NoSets).unwrap().content.v4);
+        assert_eq!(
+            noflush(KUBE, "").unwrap().content.v4,
+            check("a", 0, &text(KUBE, Family::Ipv4), &NoSets)
+                .unwrap()
+                .content
+                .v4
+        );
         let c = noflush("", "*filter\n-A INPUT -j DROP\nCOMMIT\n").unwrap();
-        assert!(c.content.v4.contains("-A INPUT -j DROP"), "{}", c.content.v4);
+        assert!(
+            c.content.v4.contains("-A INPUT -j DROP"),
+            "{}",
+            c.content.v4
+        );
     }
 
     /// What the text changes must exist in the base (as iptables-restore --noflush against
@@ -1145,20 +1169,41 @@ mod tests {
     #[test]
     fn noflush_refuses_what_is_not_there() {
         for (t, want) in [
-            ("*filter\n-A NOPE -j ACCEPT\nCOMMIT\n", "t.rules:2:4: chain 'NOPE' does not exist"),
-            ("*filter\n-A INPUT -j NOPE\nCOMMIT\n", "t.rules:2:13: chain 'NOPE' does not exist"),
-            ("*filter\n-D INPUT -p tcp -j DROP\nCOMMIT\n", "t.rules:2:4: no such rule in chain 'INPUT'"),
+            (
+                "*filter\n-A NOPE -j ACCEPT\nCOMMIT\n",
+                "t.rules:2:4: chain 'NOPE' does not exist",
+            ),
+            (
+                "*filter\n-A INPUT -j NOPE\nCOMMIT\n",
+                "t.rules:2:13: chain 'NOPE' does not exist",
+            ),
+            (
+                "*filter\n-D INPUT -p tcp -j DROP\nCOMMIT\n",
+                "t.rules:2:4: no such rule in chain 'INPUT'",
+            ),
             ("*filter\n-D INPUT 9\nCOMMIT\n", "t.rules:2:4: no such rule"),
-            ("*filter\n-F NOPE\nCOMMIT\n", "t.rules:2:4: chain 'NOPE' does not exist"),
-            ("*filter\n-A INPUT -p tcp --dportx 1\nCOMMIT\n", "t.rules:2:17: unknown option"),
-            ("*filter\n-A INPUT -j ACCEPT\n", "t.rules:3:1: table 'filter' has no COMMIT"),
+            (
+                "*filter\n-F NOPE\nCOMMIT\n",
+                "t.rules:2:4: chain 'NOPE' does not exist",
+            ),
+            (
+                "*filter\n-A INPUT -p tcp --dportx 1\nCOMMIT\n",
+                "t.rules:2:17: unknown option",
+            ),
+            (
+                "*filter\n-A INPUT -j ACCEPT\n",
+                "t.rules:3:1: table 'filter' has no COMMIT",
+            ),
         ] {
             let Err(Error::BadRequest { reason, violations }) = noflush(KUBE, t) else {
                 panic!("{t:?}: expected a bad request")
             };
             assert_eq!(reason, Reason::InvalidRuleset, "{t:?}");
             assert_eq!(violations[0].field, "source.text.content", "{t:?}");
-            assert!(violations[0].description.starts_with(want), "{t:?}: {violations:?}");
+            assert!(
+                violations[0].description.starts_with(want),
+                "{t:?}: {violations:?}"
+            );
         }
         // Deleting a user chain's rules and the chain itself is fine once nothing jumps to it.
         let c = noflush(
@@ -1171,7 +1216,9 @@ mod tests {
         let c = noflush(KUBE, "*filter\n-A KUBE-SVC-B -j KUBE-SERVICES\nCOMMIT\n").unwrap();
         assert!(!c.valid());
         assert!(
-            c.findings.iter().any(|f| f.display_location() == "rulesets/a/revisions/1"),
+            c.findings
+                .iter()
+                .any(|f| f.display_location() == "rulesets/a/revisions/1"),
             "{:?}",
             c.findings
         );
