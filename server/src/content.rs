@@ -1162,6 +1162,35 @@ mod tests {
             "{}",
             c.content.v4
         );
+        // The base's IPv6 tables are kept when the text is IPv4 only (and the other way).
+        let v6 = "*filter\n:INPUT DROP [0:0]\n-A INPUT -s 2001:db8::/32 -j ACCEPT\nCOMMIT\n";
+        let both = RulesetInput {
+            parts: vec![
+                text(KUBE, Family::Ipv4).parts.remove(0),
+                text(v6, Family::Ipv6).parts.remove(0),
+            ],
+        };
+        let base = check("a", 0, &both, &NoSets).unwrap().content;
+        for (t, family) in [
+            (update, Family::Ipv4),
+            ("*filter\n-F INPUT\nCOMMIT\n", Family::Ipv6),
+        ] {
+            let how = Restoring {
+                counters: false,
+                noflush: Some(Base {
+                    content: base.clone(),
+                    label: "b".into(),
+                }),
+            };
+            let c = check_with("a", 0, &text(t, family), &NoSets, None, &how).unwrap();
+            match family {
+                Family::Ipv4 => assert_eq!((&c.content.v4, &c.content.v6), (&want, &base.v6)),
+                Family::Ipv6 => {
+                    assert_eq!(c.content.v4, base.v4);
+                    assert!(!c.content.v6.contains("-A INPUT"), "{}", c.content.v6);
+                }
+            }
+        }
     }
 
     /// What the text changes must exist in the base (as iptables-restore --noflush against
