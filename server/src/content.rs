@@ -6,6 +6,11 @@
 //! the store keeps text, not a serialised model. The combined text shown to users is the IPv4
 //! text, then [`V6_SEPARATOR`], then the IPv6 text (the separator is a comment line, so the
 //! combined text is still valid iptables-restore input for the IPv4 part).
+//!
+//! A request's text is a whole ruleset, or with `noflush` ([`check_with`]) a change applied to
+//! the ruleset's active content as `iptables-restore --noflush` applies one to the kernel's
+//! tables; either way the result checked and stored is the complete ruleset. The parser's
+//! warnings become warning findings at their `FILE:LINE:COL`.
 
 use std::sync::{Arc, Weak};
 
@@ -386,6 +391,10 @@ pub struct Base {
 /// (the base's tables of a family the request has no text for included) is validated and
 /// printed as one complete revision. Findings on base rules are at [`Base::label`]. Neither
 /// `noflush` nor `counters` parses incrementally.
+///
+/// Two differences from iptables-restore --noflush remain (the parser reads a continued
+/// table's builtin chains as holding unknown rules): `-I BUILTIN N` past the chain's end
+/// inserts at the end instead of failing, and `-X` of a chain that does not exist is a no-op.
 ///
 /// Errors: as [`check`]; a noflush text that changes a chain or rule that does not exist is
 /// INVALID_RULESET at the command.
