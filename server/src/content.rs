@@ -1104,6 +1104,17 @@ mod tests {
         let next = t.replace("COMMIT", "-A INPUT -j ACCEPT\nCOMMIT");
         let after = check_after("a", 0, &text(&next, Family::Ipv4), &NoSets, Some(&previous));
         assert_eq!(after.unwrap().warnings().len(), 1);
+        // A text large enough to be read ahead on several threads reports it too.
+        let mut big = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+        for i in 0..3000 {
+            big.push_str(&format!("-A INPUT -p tcp --dport {} -j ACCEPT\n", i + 1));
+        }
+        big.push_str(&t[t.find("-A INPUT -j LOG").unwrap()..]);
+        let w = check("a", 0, &text(&big, Family::Ipv4), &NoSets)
+            .unwrap()
+            .warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].display_location(), "t.rules:3003:30");
     }
 
     /// The kube-proxy shape of base (KUBE-SERVICES jumping to per-service chains).
