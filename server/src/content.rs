@@ -16,7 +16,7 @@ use std::sync::{Arc, Weak};
 
 use sha2::{Digest, Sha256};
 use vallum_engine::echo::clipped;
-use vallum_engine::model::{Family, Hook, Location, Ruleset, Table};
+use vallum_engine::model::{Family, Hook, Location, Ruleset, Table, TableKind};
 use vallum_engine::restore::{self, ExternalRefKind, ParseOptions, PrintOptions};
 use vallum_engine::sets::SetRegistry;
 use vallum_engine::validate::{Severity, Violation, ViolationKind};
@@ -392,9 +392,9 @@ pub struct Base {
 /// printed as one complete revision. Findings on base rules are at [`Base::label`]. Neither
 /// `noflush` nor `counters` parses incrementally.
 ///
-/// Two differences from iptables-restore --noflush remain (the parser reads a continued
-/// table's builtin chains as holding unknown rules): `-I BUILTIN N` past the chain's end
-/// inserts at the end instead of failing, and `-X` of a chain that does not exist is a no-op.
+/// Differences from iptables-restore --noflush that remain: `-X` of a chain that does not
+/// exist is a no-op, and in a second `*table` block of the same table in one text `-I
+/// BUILTIN N` past the chain's end inserts at the end instead of failing.
 ///
 /// Errors: as [`check`]; a noflush text that changes a chain or rule that does not exist is
 /// INVALID_RULESET at the command.
@@ -650,6 +650,42 @@ fn check_noflush(
     ))
 }
 
+/// The table a `*table` line opens (as the parser reads one: a single word), if it is one.
+fn table_header(line: &str) -> Option<TableKind> {
+    let mut words = line.split([' ', '\t', '\r']).filter(|w| !w.is_empty());
+    let name = words.next()?.strip_prefix('*')?;
+    if words.next().is_some() {
+        return None;
+    }
+    TableKind::from_name(name)
+}
+
+/// For table `kind`: `-F CHAIN` for each builtin chain, then the base's `-A` lines of builtin
+/// chains (canonical text: one `-A CHAIN spec` per rule, in order).
+fn builtin_refill(base_text: &str, kind: TableKind) -> Vec<String> {
+    let builtins: Vec<&str> = kind
+        .builtin_hooks()
+        .iter()
+        .map(|h| h.chain_name())
+        .collect();
+    let mut out: Vec<String> = builtins.iter().map(|c| format!("-F {c}")).collect();
+    let header = format!("*{}", kind.name());
+    let mut inside = false;
+    for line in base_text.lines() {
+        if line == header {
+            inside = true;
+        } else if line == "COMMIT" {
+            inside = false;
+        } else if inside {
+            let chain = line.strip_prefix("-A ").and_then(|l| l.split(' ').next());
+            if chain.is_some_and(|c| builtins.contains(&c)) {
+                out.push(line.to_string());
+            }
+        }
+    }
+    out
+}
+
 /// Why [`merge_noflush`] failed.
 enum MergeError {
     /// The base content does not parse (a corrupt store).
@@ -661,46 +697,73 @@ enum MergeError {
 /// `part` (iptables-restore --noflush input) applied to `base_text` (canonical content of the
 /// same family): the base is read as a first block of each table and the text continues it
 /// (the parser's --noflush reading of a repeated `*table`), so every command sees the base's
-/// chains and rules. Locations are the text's; the base's are cleared (line 0).
+/// chains and rules. The parser reads a continued block's builtin chains as holding unknown
+/// rules; right after the text's first `*table` line of each table, `-F` and the base's rules
+/// of each builtin chain are read again (lines of no position), so that they are known:
+/// `-I`/`-D`/`-R` by number or rule are checked against them as against the kernel's.
+/// Locations are the text's; the base's are cleared (line 0).
 fn merge_noflush(
     base_text: &str,
     part: &TextPart,
     counters: bool,
 ) -> Result<(Vec<Table>, Vec<restore::ParseWarning>), MergeError> {
-    // Canonical content ends with a newline: the text starts on line `offset + 1`.
-    let offset = u32::try_from(base_text.matches('\n').count()).unwrap_or(u32::MAX);
-    let merged = format!("{base_text}{}", part.text);
+    // The merged text, and for each of its lines (index = line - 1) the text's line, or
+    // `None` for lines of the base.
+    let offset = base_text.matches('\n').count();
+    let mut merged = String::with_capacity(base_text.len() + part.text.len());
+    merged.push_str(base_text);
+    let mut map: Vec<Option<u32>> = vec![None; offset];
+    let mut seen: Vec<TableKind> = Vec::new();
+    let segments: Vec<&str> = part.text.split('\n').collect();
+    for (i, seg) in segments.iter().enumerate() {
+        merged.push_str(seg);
+        map.push(Some(u32::try_from(i + 1).unwrap_or(u32::MAX)));
+        if i + 1 == segments.len() {
+            break;
+        }
+        merged.push('\n');
+        let Some(kind) = table_header(seg).filter(|k| !seen.contains(k)) else {
+            continue;
+        };
+        seen.push(kind);
+        for line in builtin_refill(base_text, kind) {
+            merged.push_str(&line);
+            merged.push('\n');
+            map.push(None);
+        }
+    }
     let opts = ParseOptions {
         family: part.family,
         noflush: true,
         counters,
         set_exists: None,
     };
-    let at = |loc: &Location| -> (String, String) {
-        split_field(&part_position(
-            part,
-            loc.line.saturating_sub(offset),
-            loc.column,
-        ))
+    // The text's line of a merged line; past the end (a missing COMMIT) past the text's.
+    let text_line = |line: u32| -> Option<u32> {
+        let i = (line as usize).checked_sub(1)?;
+        match map.get(i) {
+            Some(l) => *l,
+            None => u32::try_from(segments.len() + i + 1 - map.len()).ok(),
+        }
+    };
+    let at = |line: u32, loc: &Location| -> (String, String) {
+        split_field(&part_position(part, line, loc.column))
     };
     let mut r = match restore::parse(&merged, &opts) {
         Ok(r) => r,
         Err(errs) => {
-            if let Some(e) = errs.0.iter().find(|e| e.location.line <= offset) {
-                return Err(MergeError::Internal(format!("does not parse: {e}")));
+            let mut v = Vec::new();
+            for e in &errs.0 {
+                let Some(line) = text_line(e.location.line) else {
+                    return Err(MergeError::Internal(format!("does not parse: {e}")));
+                };
+                let (field, prefix) = at(line, &e.location);
+                v.push(FieldViolation::new(
+                    field,
+                    format!("{prefix}{} near '{}'", e.kind, clipped(&e.token)),
+                ));
             }
-            return Err(MergeError::Text(
-                errs.0
-                    .iter()
-                    .map(|e| {
-                        let (field, prefix) = at(&e.location);
-                        FieldViolation::new(
-                            field,
-                            format!("{prefix}{} near '{}'", e.kind, clipped(&e.token)),
-                        )
-                    })
-                    .collect(),
-            ));
+            return Err(MergeError::Text(v));
         }
     };
     // What the text changes must exist: the base is the whole of what is there, so a
@@ -708,6 +771,10 @@ fn merge_noflush(
     // refuses against the kernel's tables.
     let mut violations = Vec::new();
     for e in &r.external {
+        let Some(line) = text_line(e.location.line) else {
+            // The `-F` of a refill.
+            continue;
+        };
         let builtin =
             Hook::from_chain_name(&e.chain).is_some_and(|h| e.table.builtin_hooks().contains(&h));
         let problem = match e.kind {
@@ -726,19 +793,16 @@ fn merge_noflush(
             )),
         };
         if let Some(p) = problem {
-            let (field, prefix) = at(&e.location);
+            let (field, prefix) = at(line, &e.location);
             violations.push(FieldViolation::new(field, format!("{prefix}{p}")));
         }
     }
     if !violations.is_empty() {
         return Err(MergeError::Text(violations));
     }
-    let shift = |loc: &mut Location| {
-        if loc.line > offset {
-            loc.line -= offset;
-        } else {
-            *loc = Location::default();
-        }
+    let shift = |loc: &mut Location| match text_line(loc.line) {
+        Some(line) => loc.line = line,
+        None => *loc = Location::default(),
     };
     for t in &mut r.tables {
         shift(&mut t.location);
@@ -1227,10 +1291,26 @@ mod tests {
                 "t.rules:2:13: chain 'NOPE' does not exist",
             ),
             (
-                "*filter\n-D INPUT -p tcp -j DROP\nCOMMIT\n",
-                "t.rules:2:4: no such rule in chain 'INPUT'",
+                "*filter
+-D INPUT -p tcp -j DROP
+COMMIT
+",
+                "t.rules:2:1: bad rule",
             ),
-            ("*filter\n-D INPUT 9\nCOMMIT\n", "t.rules:2:4: no such rule"),
+            (
+                "*filter
+-I INPUT 3 -j DROP
+COMMIT
+",
+                "t.rules:2:4: index of 3 is out of range",
+            ),
+            (
+                "*filter
+-D INPUT 9
+COMMIT
+",
+                "t.rules:2:4: index of 9 is out of range",
+            ),
             (
                 "*filter\n-F NOPE\nCOMMIT\n",
                 "t.rules:2:4: chain 'NOPE' does not exist",
@@ -1254,6 +1334,20 @@ mod tests {
                 "{t:?}: {violations:?}"
             );
         }
+        // Builtin chains hold the base's rules: -I, -R and -D by number see them.
+        let c = noflush(
+            KUBE,
+            "*filter\n-I INPUT 2 -j DROP\n-R INPUT 1 -p tcp -j KUBE-SERVICES\n-I INPUT -p udp -j ACCEPT\nCOMMIT\n*raw\n-D PREROUTING 1\nCOMMIT\n",
+        )
+        .unwrap();
+        assert!(
+            c.content.v4.contains(
+                "-A INPUT -p udp -j ACCEPT\n-A INPUT -p tcp -j KUBE-SERVICES\n-A INPUT -j DROP\n-A KUBE"
+            ),
+            "{}",
+            c.content.v4
+        );
+        assert!(!c.content.v4.contains("NOTRACK"), "{}", c.content.v4);
         // Deleting a user chain's rules and the chain itself is fine once nothing jumps to it.
         let c = noflush(
             KUBE,
