@@ -2651,6 +2651,43 @@ impl Snapshot {
         }
     }
 
+    /// Sets the counters of the rulesets named to what their model says, as
+    /// `iptables-restore --counters` loads them: every rule with [`crate::model::Rule::counters`]
+    /// and every policy with non-zero [`crate::model::Chain::counters`] (a policy's `[0:0]`
+    /// keeps what was carried: a `--noflush` merge declares untouched builtin chains so).
+    /// Other counters keep what [`Snapshot::carry_from`] gave them. Packets counted meanwhile
+    /// are kept on top (the base is moved by the difference).
+    pub fn start_counters(&self, rulesets: &[String]) {
+        if rulesets.is_empty() {
+            return;
+        }
+        let set = |slot: u32, c: &crate::model::Counters| {
+            let (p, b) = self.slot_total(slot as usize);
+            self.cells.add_base(
+                slot as usize,
+                (c.packets.wrapping_sub(p), c.bytes.wrapping_sub(b)),
+            );
+        };
+        for c in self.chains.iter() {
+            if !rulesets
+                .iter()
+                .any(|r| **r == *self.names[c.ruleset as usize])
+            {
+                continue;
+            }
+            let model = &self.rulesets[c.ruleset as usize].tables[c.table_at as usize].chains
+                [c.chain_at as usize];
+            for (rule, &slot) in model.rules.iter().zip(c.body.slots.iter()) {
+                if let Some(counters) = &rule.counters {
+                    set(slot, counters);
+                }
+            }
+            if c.policy.is_some() && model.counters != crate::model::Counters::default() {
+                set(c.policy_slot, &model.counters);
+            }
+        }
+    }
+
     /// Adds `old`'s counters of `old_slot` into `slot`, unless both are the same cell (a slot
     /// this snapshot took over from `old`, which keeps counting there).
     fn carry_slot(&self, old: &Snapshot, old_slot: u32, slot: u32) {

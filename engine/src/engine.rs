@@ -68,7 +68,7 @@ use crate::conntrack::{Conntrack, ConntrackConfig, CtVerdict};
 use crate::dataplane::{
     BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Worker,
 };
-use crate::model::{EditError, Family, Hook, RuleEdit, Ruleset};
+use crate::model::{Counters, EditError, Family, Hook, RuleEdit, Ruleset};
 use crate::packet::PacketMeta;
 use crate::sets::SetRegistry;
 use crate::validate::{Severity, Violation, validate, validate_after};
@@ -188,6 +188,9 @@ pub struct Prepared {
     /// [`Active::version`] it was made from; publishing checks it is still current.
     base: u64,
     next: BTreeMap<String, Arc<Ruleset>>,
+    /// The rulesets put by this change whose model carries rule or policy counters (parsed
+    /// as `iptables-restore --counters`): publish starts those counters there.
+    start_counters: Vec<String>,
     /// `None` once [`Engine::publish`] took it.
     snapshot: Option<Box<Snapshot>>,
     warnings: Vec<Violation>,
@@ -212,6 +215,15 @@ impl Drop for Prepared {
             s.release_slots();
         }
     }
+}
+
+/// Whether a model carries counters to start from (`Rule::counters`, or a chain policy's
+/// non-zero `Chain::counters`), as the parser keeps them only with `--counters`.
+fn has_counters(rs: &Ruleset) -> bool {
+    rs.tables
+        .iter()
+        .flat_map(|t| &t.chains)
+        .any(|c| c.counters != Counters::default() || c.rules.iter().any(|r| r.counters.is_some()))
 }
 
 impl Prepared {
@@ -356,6 +368,9 @@ impl Engine {
         // Each changed ruleset with the active one of its name (if any), which it is
         // validated and diffed against.
         let mut changed: Vec<(Arc<Ruleset>, Option<Arc<Ruleset>>)> = Vec::new();
+        // Only what is put now starts counters from the model: an edit keeps the active
+        // model's other rules, whose counters (if any) were started when it was put.
+        let put = !matches!(change, Change::Edit { .. });
         match change {
             Change::Put(rs) => {
                 let rs = Arc::new(rs);
@@ -386,6 +401,11 @@ impl Engine {
                 }
             }
         }
+        let start_counters = changed
+            .iter()
+            .filter(|(rs, _)| put && has_counters(rs))
+            .map(|(rs, _)| rs.name.clone())
+            .collect();
         let mut violations = Vec::new();
         let mut hints = Vec::new();
         for (rs, old) in changed {
@@ -420,6 +440,7 @@ impl Engine {
         Ok(Prepared {
             base,
             next,
+            start_counters,
             snapshot: Some(Box::new(snapshot)),
             warnings: violations,
             validate_ns: t1.saturating_sub(t0),
@@ -445,7 +466,11 @@ impl Engine {
         let t4 = self.clock.now_ns();
         // `with_active` serialises with other dataplane commits; ours are already serialised
         // by `active`, so this is the snapshot just published.
-        let carried = self.dataplane.with_active(|new| new.carry_from(&retired));
+        let carried = self.dataplane.with_active(|new| {
+            let carried = new.carry_from(&retired);
+            new.start_counters(&prepared.start_counters);
+            carried
+        });
         let t5 = self.clock.now_ns();
         active.rulesets = std::mem::take(&mut prepared.next);
         active.version += 1;

@@ -733,3 +733,56 @@ fn equal_rules_keep_their_counts_whatever_the_cells_free_slots() {
     assert_eq!(counted, dropped.counters());
     assert_eq!(counted, full.counters());
 }
+
+/// A ruleset parsed with `--counters` starts its rules (and non-zero policies) at the text's
+/// `[p:b]`; a later put without counters carries them as any other; one of another ruleset
+/// does not touch them. Fails before `Snapshot::start_counters` (every count started at 0).
+#[test]
+fn counters_parsed_with_counters_start_there() {
+    let engine = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(ZeroClock),
+    );
+    let with = ParseOptions {
+        counters: true,
+        ..ParseOptions::default()
+    };
+    let text = "*filter\n:INPUT DROP [7:700]\n[5:300] -A INPUT -p tcp --dport 22 -j ACCEPT\n\
+                -A INPUT -p tcp --dport 80 -j ACCEPT\nCOMMIT\n";
+    let sets = sets();
+    let put = |name: &str, opts: &ParseOptions<'_>, text: &str| {
+        let rs = parse_ruleset(name, text, opts).unwrap();
+        engine.commit(Change::Put(rs), &sets).unwrap();
+    };
+    let of = |name: &str| -> Vec<(Option<u32>, u64, u64)> {
+        engine
+            .counters()
+            .into_iter()
+            .filter(|c| &*c.ruleset == name && &*c.chain == "INPUT")
+            .map(|c| (c.rule, c.packets, c.bytes))
+            .collect()
+    };
+    put("a", &with, text);
+    assert_eq!(
+        of("a"),
+        [(Some(1), 5, 300), (Some(2), 0, 0), (None, 7, 700)]
+    );
+    // Without --counters the text's counts are ignored: the rules keep what they had.
+    put(
+        "a",
+        &ParseOptions::default(),
+        &text.replace("[5:300]", "[9:9]"),
+    );
+    put("b", &with, text);
+    assert_eq!(
+        of("a"),
+        [(Some(1), 5, 300), (Some(2), 0, 0), (None, 7, 700)]
+    );
+    // With them again, they are set.
+    put("a", &with, &text.replace("[5:300]", "[1:60]"));
+    assert_eq!(of("a"), [(Some(1), 1, 60), (Some(2), 0, 0), (None, 7, 700)]);
+}

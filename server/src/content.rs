@@ -6,13 +6,18 @@
 //! the store keeps text, not a serialised model. The combined text shown to users is the IPv4
 //! text, then [`V6_SEPARATOR`], then the IPv6 text (the separator is a comment line, so the
 //! combined text is still valid iptables-restore input for the IPv4 part).
+//!
+//! A request's text is a whole ruleset, or with `noflush` ([`check_with`]) a change applied to
+//! the ruleset's active content as `iptables-restore --noflush` applies one to the kernel's
+//! tables; either way the result checked and stored is the complete ruleset. The parser's
+//! warnings become warning findings at their `FILE:LINE:COL`.
 
 use std::sync::{Arc, Weak};
 
 use sha2::{Digest, Sha256};
 use vallum_engine::echo::clipped;
-use vallum_engine::model::{Family, Ruleset, Table};
-use vallum_engine::restore::{self, ParseOptions, PrintOptions};
+use vallum_engine::model::{Family, Hook, Location, Ruleset, Table, TableKind};
+use vallum_engine::restore::{self, ExternalRefKind, ParseOptions, PrintOptions};
 use vallum_engine::sets::SetRegistry;
 use vallum_engine::validate::{Severity, Violation, ViolationKind};
 
@@ -160,6 +165,11 @@ pub struct Checked {
     /// The texts the model was parsed from, when the caller keeps them for the next
     /// [`check_after`] (empty from [`check`]: see [`Checked::keep_sources`]).
     pub sources: Vec<SourceText>,
+    /// The families whose text is not kept by [`Checked::keep_sources`]: their parse had
+    /// warnings (the incremental parse copies unchanged lines without them, so the next
+    /// check must parse in full to report them again), or the text was `--noflush` input
+    /// (the model is not the parse of the text alone).
+    pub not_reusable: Vec<Family>,
 }
 
 /// One text a model was parsed from (see [`PreviousParse`]).
@@ -191,9 +201,11 @@ impl Checked {
     /// Moves the texts of `input` (what this was checked from) into [`Checked::sources`],
     /// noting which are the canonical content.
     pub fn keep_sources(&mut self, input: RulesetInput) {
+        let skip = std::mem::take(&mut self.not_reusable);
         self.sources = input
             .parts
             .into_iter()
+            .filter(|p| !skip.contains(&p.family))
             .map(|p| {
                 let content = match p.family {
                     Family::Ipv4 => &self.content.v4,
@@ -348,37 +360,93 @@ pub fn check_after(
     sets: &dyn SetRegistry,
     previous: Option<&PreviousParse>,
 ) -> Result<Checked, Error> {
-    check_limited(name, priority, input, sets, previous, None)
+    check_with(
+        name,
+        priority,
+        input,
+        sets,
+        previous,
+        &Restoring::default(),
+        None,
+    )
 }
 
-/// As [`check_after`], with `limits` (`--max-chains`, `--max-rules`) checked on the parsed
-/// tables before anything else is done with them (validation, printing): a refusal costs one
-/// parse, which is linear in the text.
+/// How a request's text is restored, beyond the text itself (`RestoreText.noflush` and
+/// `.counters`, vallumctl `--noflush` / `--counters`).
+#[derive(Clone, Debug, Default)]
+pub struct Restoring {
+    /// As `iptables-restore --counters`: rules keep the text's `[p:b]` / `-c P B` counters
+    /// (the engine starts them there); without it they are syntax-checked and dropped.
+    pub counters: bool,
+    /// As `iptables-restore --noflush`: the text is applied on top of this content (the
+    /// ruleset's active revision, or empty tables when none is active).
+    pub noflush: Option<Base>,
+}
+
+/// What a `--noflush` text is applied to.
+#[derive(Clone, Debug, Default)]
+pub struct Base {
+    /// The content (canonical, as stored).
+    pub content: Content,
+    /// What findings on its rules name as their place, e.g. `rulesets/web/revisions/3`
+    /// (they have no line in the request's text).
+    pub label: String,
+}
+
+/// As [`check_after`], with [`Restoring`] options. With `noflush`, each text is parsed as
+/// `iptables-restore --noflush` input applied to the base content of its family (as the
+/// kernel's tables: what the text does not name is kept, `:CHAIN` flushes or creates, `-D` /
+/// `-R` / `-F` / `-A` must find their rule or chain there), and the whole merged ruleset
+/// (the base's tables of a family the request has no text for included) is validated and
+/// printed as one complete revision. Findings on base rules are at [`Base::label`]. Neither
+/// `noflush` nor `counters` parses incrementally.
 ///
-/// # Errors
-/// As [`check`], and [`crate::limits::LimitError`] (RESOURCE_EXHAUSTED) over a limit.
-pub fn check_limited(
+/// Differences from iptables-restore --noflush that remain: `-X` of a chain that does not
+/// exist is a no-op, and in a second `*table` block of the same table in one text `-I
+/// BUILTIN N` past the chain's end inserts at the end instead of failing.
+///
+/// `limits` (`--max-chains`, `--max-rules`) are checked on the parsed tables before anything
+/// else is done with them (validation, printing): a refusal costs one parse, which is linear in
+/// the text.
+///
+/// Errors: as [`check`]; a noflush text that changes a chain or rule that does not exist is
+/// INVALID_RULESET at the command; [`crate::limits::LimitError`] (RESOURCE_EXHAUSTED) over a
+/// limit.
+pub fn check_with(
     name: &str,
     priority: i32,
     input: &RulesetInput,
     sets: &dyn SetRegistry,
     previous: Option<&PreviousParse>,
+    how: &Restoring,
     limits: Option<&LimitsConfig>,
 ) -> Result<Checked, Error> {
     if input.parts.is_empty() {
         return Err(Error::invalid("source", "a ruleset source is required"));
     }
+    if let Some(base) = &how.noflush {
+        return check_noflush(name, priority, input, sets, base, how.counters, limits);
+    }
+    let previous = previous.filter(|_| !how.counters);
     let mut tables = Vec::new();
     let mut violations = Vec::new();
     let mut noflush_only = true;
+    // Warnings of the parser, as findings, and the families that had some.
+    let mut parse_warnings = Vec::new();
+    let mut not_reusable = Vec::new();
     let reuse = previous.and_then(|p| Some((p, p.model.upgrade()?)));
     // Per part, the canonical content spliced by `parse_after_canonical`, if it was.
     let mut spliced: Vec<(Family, Option<String>)> = Vec::new();
     for part in &input.parts {
         let opts = ParseOptions {
             family: part.family,
+            counters: how.counters,
             ..ParseOptions::default()
         };
+        if how.counters {
+            // A model with counters is no base for a later parse without them.
+            not_reusable.push(part.family);
+        }
         let incremental = reuse.as_ref().and_then(|(p, model)| {
             let src = p.texts.iter().find(|s| s.family == part.family)?;
             if src.canonical {
@@ -393,8 +461,14 @@ pub fn check_limited(
             continue;
         }
         spliced.push((part.family, None));
-        match restore::parse_ruleset_threads(name, &part.text, &opts, parse_threads()) {
-            Ok(rs) => tables.extend(rs.tables),
+        match restore::parse_ruleset_warned(name, &part.text, &opts, parse_threads()) {
+            Ok(w) => {
+                tables.extend(w.ruleset.tables);
+                if !w.warnings.is_empty() {
+                    not_reusable.push(part.family);
+                }
+                parse_warnings.extend(w.warnings.iter().map(|w| parse_warning(part, w)));
+            }
             Err(errs) => {
                 let noflush = ParseOptions {
                     noflush: true,
@@ -416,7 +490,7 @@ pub fn check_limited(
                         violations.push(FieldViolation::new(
                             part.field.clone(),
                             format!(
-                                "{}:{}:{}: this is iptables-restore --noflush input: it relies on chains that exist outside the text ({}); a Vallum ruleset must declare every chain it uses",
+                                "{}:{}:{}: this is iptables-restore --noflush input: it relies on chains that exist outside the text ({}); declare every chain it uses, or send it with noflush (vallumctl --noflush) to apply it to the ruleset's active revision",
                                 part.filename,
                                 e.location.line,
                                 e.location.column,
@@ -457,11 +531,36 @@ pub fn check_limited(
         priority,
         tables,
     };
+    Ok(finish(
+        ruleset,
+        input,
+        sets,
+        parse_warnings,
+        spliced,
+        not_reusable,
+        "",
+    ))
+}
+
+/// Validates and prints a parsed ruleset (the common end of [`check_with`]): findings are
+/// the parser's warnings then validation's; content spliced when every family has it.
+fn finish(
+    ruleset: Ruleset,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+    parse_warnings: Vec<Finding>,
+    spliced: Vec<(Family, Option<String>)>,
+    not_reusable: Vec<Family>,
+    base_label: &str,
+) -> Checked {
     let validate = || {
-        vallum_engine::validate::validate(&ruleset, Some(sets))
-            .iter()
-            .map(|v| finding(v, input))
-            .collect()
+        let mut findings = parse_warnings.clone();
+        findings.extend(
+            vallum_engine::validate::validate(&ruleset, Some(sets))
+                .iter()
+                .map(|v| finding(v, input, base_label)),
+        );
+        findings
     };
     // Every part's content spliced from the previous one: nothing to print.
     let mut content = spliced
@@ -491,12 +590,281 @@ pub fn check_limited(
     } else {
         (validate(), Content::from_tables(&ruleset.tables))
     };
-    Ok(Checked {
+    Checked {
         ruleset,
         content,
         findings,
         sources: Vec::new(),
-    })
+        not_reusable,
+    }
+}
+
+/// [`check_with`] for `--noflush` input (see there).
+fn check_noflush(
+    name: &str,
+    priority: i32,
+    input: &RulesetInput,
+    sets: &dyn SetRegistry,
+    base: &Base,
+    counters: bool,
+    limits: Option<&LimitsConfig>,
+) -> Result<Checked, Error> {
+    let mut tables = Vec::new();
+    let mut violations = Vec::new();
+    let mut parse_warnings = Vec::new();
+    for family in [Family::Ipv4, Family::Ipv6] {
+        let base_text = match family {
+            Family::Ipv4 => &base.content.v4,
+            Family::Ipv6 => &base.content.v6,
+        };
+        let part = input.parts.iter().find(|p| p.family == family);
+        let Some(part) = part else {
+            if !base_text.is_empty() {
+                let mut rs = restore::parse_ruleset(
+                    name,
+                    base_text,
+                    &ParseOptions {
+                        family,
+                        ..ParseOptions::default()
+                    },
+                )
+                .map_err(|e| Error::Internal(format!("{}: does not parse: {e}", base.label)))?;
+                restore::clear_locations(&mut rs.tables);
+                tables.extend(rs.tables);
+            }
+            continue;
+        };
+        match merge_noflush(base_text, part, counters) {
+            Ok((t, warnings)) => {
+                tables.extend(t);
+                parse_warnings.extend(warnings.iter().map(|w| parse_warning(part, w)));
+            }
+            Err(MergeError::Internal(e)) => {
+                return Err(Error::Internal(format!("{}: {e}", base.label)));
+            }
+            Err(MergeError::Text(v)) => violations.extend(v),
+        }
+    }
+    if !violations.is_empty() {
+        return Err(Error::BadRequest {
+            reason: Reason::InvalidRuleset,
+            violations,
+        });
+    }
+    // The merged revision is what must fit the limits.
+    if let Some(limits) = limits {
+        limits.check_tables(&tables)?;
+    }
+    let ruleset = Ruleset {
+        name: name.to_string(),
+        priority,
+        tables,
+    };
+    let families = vec![Family::Ipv4, Family::Ipv6];
+    let spliced = families.iter().map(|f| (*f, None)).collect();
+    Ok(finish(
+        ruleset,
+        input,
+        sets,
+        parse_warnings,
+        spliced,
+        families,
+        &base.label,
+    ))
+}
+
+/// The table a `*table` line opens (as the parser reads one: a single word), if it is one.
+fn table_header(line: &str) -> Option<TableKind> {
+    let mut words = line.split([' ', '\t', '\r']).filter(|w| !w.is_empty());
+    let name = words.next()?.strip_prefix('*')?;
+    if words.next().is_some() {
+        return None;
+    }
+    TableKind::from_name(name)
+}
+
+/// For table `kind`: `-F CHAIN` for each builtin chain, then the base's `-A` lines of builtin
+/// chains (canonical text: one `-A CHAIN spec` per rule, in order).
+fn builtin_refill(base_text: &str, kind: TableKind) -> Vec<String> {
+    let builtins: Vec<&str> = kind
+        .builtin_hooks()
+        .iter()
+        .map(|h| h.chain_name())
+        .collect();
+    let mut out: Vec<String> = builtins.iter().map(|c| format!("-F {c}")).collect();
+    let header = format!("*{}", kind.name());
+    let mut inside = false;
+    for line in base_text.lines() {
+        if line == header {
+            inside = true;
+        } else if line == "COMMIT" {
+            inside = false;
+        } else if inside {
+            let chain = line.strip_prefix("-A ").and_then(|l| l.split(' ').next());
+            if chain.is_some_and(|c| builtins.contains(&c)) {
+                out.push(line.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Why [`merge_noflush`] failed.
+enum MergeError {
+    /// The base content does not parse (a corrupt store).
+    Internal(String),
+    /// The text's problems, at `FILE:LINE:COL`.
+    Text(Vec<FieldViolation>),
+}
+
+/// `part` (iptables-restore --noflush input) applied to `base_text` (canonical content of the
+/// same family): the base is read as a first block of each table and the text continues it
+/// (the parser's --noflush reading of a repeated `*table`), so every command sees the base's
+/// chains and rules. The parser reads a continued block's builtin chains as holding unknown
+/// rules; right after the text's first `*table` line of each table, `-F` and the base's rules
+/// of each builtin chain are read again (lines of no position), so that they are known:
+/// `-I`/`-D`/`-R` by number or rule are checked against them as against the kernel's.
+/// Locations are the text's; the base's are cleared (line 0).
+fn merge_noflush(
+    base_text: &str,
+    part: &TextPart,
+    counters: bool,
+) -> Result<(Vec<Table>, Vec<restore::ParseWarning>), MergeError> {
+    // The merged text, and for each of its lines (index = line - 1) the text's line, or
+    // `None` for lines of the base.
+    let offset = base_text.matches('\n').count();
+    let mut merged = String::with_capacity(base_text.len() + part.text.len());
+    merged.push_str(base_text);
+    let mut map: Vec<Option<u32>> = vec![None; offset];
+    let mut seen: Vec<TableKind> = Vec::new();
+    let segments: Vec<&str> = part.text.split('\n').collect();
+    for (i, seg) in segments.iter().enumerate() {
+        merged.push_str(seg);
+        map.push(Some(u32::try_from(i + 1).unwrap_or(u32::MAX)));
+        if i + 1 == segments.len() {
+            break;
+        }
+        merged.push('\n');
+        let Some(kind) = table_header(seg).filter(|k| !seen.contains(k)) else {
+            continue;
+        };
+        seen.push(kind);
+        for line in builtin_refill(base_text, kind) {
+            merged.push_str(&line);
+            merged.push('\n');
+            map.push(None);
+        }
+    }
+    let opts = ParseOptions {
+        family: part.family,
+        noflush: true,
+        counters,
+        set_exists: None,
+    };
+    // The text's line of a merged line; past the end (a missing COMMIT) past the text's.
+    let text_line = |line: u32| -> Option<u32> {
+        let i = (line as usize).checked_sub(1)?;
+        match map.get(i) {
+            Some(l) => *l,
+            None => u32::try_from(segments.len() + i + 1 - map.len()).ok(),
+        }
+    };
+    let at = |line: u32, loc: &Location| -> (String, String) {
+        split_field(&part_position(part, line, loc.column))
+    };
+    let mut r = match restore::parse(&merged, &opts) {
+        Ok(r) => r,
+        Err(errs) => {
+            let mut v = Vec::new();
+            for e in &errs.0 {
+                let Some(line) = text_line(e.location.line) else {
+                    return Err(MergeError::Internal(format!("does not parse: {e}")));
+                };
+                let (field, prefix) = at(line, &e.location);
+                v.push(FieldViolation::new(
+                    field,
+                    format!("{prefix}{} near '{}'", e.kind, clipped(&e.token)),
+                ));
+            }
+            return Err(MergeError::Text(v));
+        }
+    };
+    // What the text changes must exist: the base is the whole of what is there, so a
+    // reference the parser could not resolve in it is what iptables-restore --noflush
+    // refuses against the kernel's tables.
+    let mut violations = Vec::new();
+    for e in &r.external {
+        let Some(line) = text_line(e.location.line) else {
+            // The `-F` of a refill.
+            continue;
+        };
+        let builtin =
+            Hook::from_chain_name(&e.chain).is_some_and(|h| e.table.builtin_hooks().contains(&h));
+        let problem = match e.kind {
+            ExternalRefKind::KeepPolicy | ExternalRefKind::Delete => None,
+            ExternalRefKind::AddRules | ExternalRefKind::Flush if builtin => None,
+            ExternalRefKind::AddRules | ExternalRefKind::Flush => {
+                Some(format!("chain '{}' does not exist", clipped(&e.chain)))
+            }
+            ExternalRefKind::Jump | ExternalRefKind::Goto => Some(format!(
+                "chain '{}' does not exist (in the text or the active revision)",
+                clipped(&e.chain)
+            )),
+            ExternalRefKind::ChangeRule => Some(format!(
+                "no such rule in chain '{}' (does a matching rule exist?)",
+                clipped(&e.chain)
+            )),
+        };
+        if let Some(p) = problem {
+            let (field, prefix) = at(line, &e.location);
+            violations.push(FieldViolation::new(field, format!("{prefix}{p}")));
+        }
+    }
+    if !violations.is_empty() {
+        return Err(MergeError::Text(violations));
+    }
+    let shift = |loc: &mut Location| match text_line(loc.line) {
+        Some(line) => loc.line = line,
+        None => *loc = Location::default(),
+    };
+    for t in &mut r.tables {
+        shift(&mut t.location);
+        for c in &mut t.chains {
+            shift(&mut c.location);
+            for rule in &mut c.rules {
+                shift(&mut rule.location);
+            }
+        }
+    }
+    for w in &mut r.warnings {
+        shift(&mut w.location);
+    }
+    // The parser moves a table continued by a second block to the end: back to the base's
+    // order (that of a full text's `*table` lines), new tables after.
+    let order: Vec<&str> = base_text
+        .lines()
+        .filter_map(|l| l.strip_prefix('*'))
+        .collect();
+    r.tables.sort_by_key(|t| {
+        order
+            .iter()
+            .position(|n| *n == t.kind.name())
+            .unwrap_or(usize::MAX)
+    });
+    Ok((r.tables, r.warnings))
+}
+
+/// A parser warning (the text was accepted, changed as the kernel changes it) as a
+/// warning-level finding at the token's `FILE:LINE:COL`, reason INVALID_RULESET as
+/// validation's warnings.
+fn parse_warning(part: &TextPart, w: &restore::ParseWarning) -> Finding {
+    Finding {
+        severity: Severity::Warning,
+        location: part_position(part, w.location.line, w.location.column),
+        path: String::new(),
+        message: format!("{} near '{}'", w.kind, clipped(&w.token)),
+        reason: Reason::InvalidRuleset,
+    }
 }
 
 /// Up to 8 names, clipped, then how many more: `a, b, c and 120 more`.
@@ -523,12 +891,15 @@ fn parse_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
-fn finding(v: &Violation, input: &RulesetInput) -> Finding {
+/// A validation finding at its text position; one on a rule of a `--noflush` base (line 0:
+/// not in the text) is at `source|{base_label}`.
+fn finding(v: &Violation, input: &RulesetInput, base_label: &str) -> Finding {
     let part = v
         .family
         .and_then(|f| input.parts.iter().find(|p| p.family == f))
         .or_else(|| input.parts.first());
     let location = match part {
+        _ if v.location.line == 0 && !base_label.is_empty() => format!("source|{base_label}"),
         Some(p) => part_position(p, v.location.line, v.location.column),
         None => String::new(),
     };
@@ -785,6 +1156,238 @@ mod tests {
         let (reason, v) = refused("*filter\n-A FOO -j ACCEPT\nCOMMIT\n");
         assert_eq!(reason, Reason::NoflushUnsupported);
         assert!(v[0].description.contains("--noflush"), "{v:?}");
+    }
+
+    /// A `--log-prefix` the parser cuts to 29 bytes comes back as a warning finding at its
+    /// FILE:LINE:COL (found by review: the warning was dropped), also when the text is
+    /// checked again against the previous parse (which copies unchanged lines).
+    #[test]
+    fn parser_warnings_are_findings() {
+        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j LOG --log-prefix \"[UFW BLOCK] a very long prefix \"\nCOMMIT\n";
+        let mut c = check("a", 0, &text(t, Family::Ipv4), &NoSets).unwrap();
+        assert!(c.valid());
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].display_location(), "t.rules:3:30");
+        assert!(
+            w[0].message
+                .starts_with("--log-prefix is 31 bytes; the kernel keeps the first 29"),
+            "{w:?}"
+        );
+        assert!(
+            c.content
+                .v4
+                .contains("--log-prefix \"[UFW BLOCK] a very long prefi\"")
+        );
+        // The text with warnings is not kept for an incremental parse, which would drop them.
+        c.keep_sources(text(t, Family::Ipv4));
+        assert!(c.sources.is_empty());
+        let model = Arc::new(c.ruleset);
+        // As the pipeline keeps it after a commit.
+        let previous = PreviousParse {
+            texts: c.sources,
+            model: Arc::downgrade(&model),
+        };
+        let next = t.replace("COMMIT", "-A INPUT -j ACCEPT\nCOMMIT");
+        let after = check_after("a", 0, &text(&next, Family::Ipv4), &NoSets, Some(&previous));
+        assert_eq!(after.unwrap().warnings().len(), 1);
+        // A text large enough to be read ahead on several threads reports it too.
+        let mut big = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+        for i in 0..3000 {
+            big.push_str(&format!("-A INPUT -p tcp --dport {} -j ACCEPT\n", i + 1));
+        }
+        big.push_str(&t[t.find("-A INPUT -j LOG").unwrap()..]);
+        let w = check("a", 0, &text(&big, Family::Ipv4), &NoSets)
+            .unwrap()
+            .warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].display_location(), "t.rules:3003:30");
+    }
+
+    /// The kube-proxy shape of base (KUBE-SERVICES jumping to per-service chains).
+    const KUBE: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n:KUBE-SVC-B - [0:0]\n-A INPUT -j KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m udp --dport 53 -j KUBE-SVC-A\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\n-A KUBE-SVC-A -s 10.244.1.5/32 -j ACCEPT\n-A KUBE-SVC-B -s 10.244.2.7/32 -j ACCEPT\nCOMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -p udp -m udp --dport 123 -j NOTRACK\nCOMMIT\n";
+
+    fn noflush(base: &str, t: &str) -> Result<Checked, Error> {
+        let base = Base {
+            content: check("a", 0, &text(base, Family::Ipv4), &NoSets)
+                .unwrap()
+                .content,
+            label: "rulesets/a/revisions/1".into(),
+        };
+        let how = Restoring {
+            counters: false,
+            noflush: Some(base),
+        };
+        check_with("a", 0, &text(t, Family::Ipv4), &NoSets, None, &how, None)
+    }
+
+    /// A kube-proxy-style partial update (one service chain replaced, one rule appended to a
+    /// builtin chain, one deleted by spec) applied to the base: every other chain and table
+    /// is kept, the result is the complete merged ruleset; positions are the text's.
+    #[test]
+    fn noflush_merges_onto_the_base() {
+        let update = "*filter\n:KUBE-SVC-A - [0:0]\n-A KUBE-SVC-A -s 10.244.1.9/32 -j ACCEPT\n-A INPUT -p tcp --dport 22 -j ACCEPT\n-D KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\nCOMMIT\n";
+        let c = noflush(KUBE, update).unwrap();
+        let want = KUBE
+            .replace(
+                "-A KUBE-SVC-A -s 10.244.1.5/32",
+                "-A KUBE-SVC-A -s 10.244.1.9/32",
+            )
+            .replace(
+                "-A INPUT -j KUBE-SERVICES\n",
+                "-A INPUT -j KUBE-SERVICES\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n",
+            )
+            .replace(
+                "-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\n",
+                "",
+            );
+        assert_eq!(c.content.v4, want);
+        let input = &c.ruleset.tables[0].chains[0];
+        assert_eq!(
+            input
+                .rules
+                .iter()
+                .map(|r| r.location.line)
+                .collect::<Vec<_>>(),
+            [0, 4]
+        );
+        // Not kept for an incremental parse (the model is not the text's alone).
+        let mut c = c;
+        c.keep_sources(text(update, Family::Ipv4));
+        assert!(c.sources.is_empty());
+        // An empty text changes nothing; a table the base lacks is created.
+        assert_eq!(
+            noflush(KUBE, "").unwrap().content.v4,
+            check("a", 0, &text(KUBE, Family::Ipv4), &NoSets)
+                .unwrap()
+                .content
+                .v4
+        );
+        let c = noflush("", "*filter\n-A INPUT -j DROP\nCOMMIT\n").unwrap();
+        assert!(
+            c.content.v4.contains("-A INPUT -j DROP"),
+            "{}",
+            c.content.v4
+        );
+        // The base's IPv6 tables are kept when the text is IPv4 only (and the other way).
+        let v6 = "*filter\n:INPUT DROP [0:0]\n-A INPUT -s 2001:db8::/32 -j ACCEPT\nCOMMIT\n";
+        let both = RulesetInput {
+            parts: vec![
+                text(KUBE, Family::Ipv4).parts.remove(0),
+                text(v6, Family::Ipv6).parts.remove(0),
+            ],
+        };
+        let base = check("a", 0, &both, &NoSets).unwrap().content;
+        for (t, family) in [
+            (update, Family::Ipv4),
+            ("*filter\n-F INPUT\nCOMMIT\n", Family::Ipv6),
+        ] {
+            let how = Restoring {
+                counters: false,
+                noflush: Some(Base {
+                    content: base.clone(),
+                    label: "b".into(),
+                }),
+            };
+            let c = check_with("a", 0, &text(t, family), &NoSets, None, &how, None).unwrap();
+            match family {
+                Family::Ipv4 => assert_eq!((&c.content.v4, &c.content.v6), (&want, &base.v6)),
+                Family::Ipv6 => {
+                    assert_eq!(c.content.v4, base.v4);
+                    assert!(!c.content.v6.contains("-A INPUT"), "{}", c.content.v6);
+                }
+            }
+        }
+    }
+
+    /// What the text changes must exist in the base (as iptables-restore --noflush against
+    /// the kernel's tables): errors at the text's FILE:LINE:COL.
+    #[test]
+    fn noflush_refuses_what_is_not_there() {
+        for (t, want) in [
+            (
+                "*filter\n-A NOPE -j ACCEPT\nCOMMIT\n",
+                "t.rules:2:4: chain 'NOPE' does not exist",
+            ),
+            (
+                "*filter\n-A INPUT -j NOPE\nCOMMIT\n",
+                "t.rules:2:13: chain 'NOPE' does not exist",
+            ),
+            (
+                "*filter
+-D INPUT -p tcp -j DROP
+COMMIT
+",
+                "t.rules:2:1: bad rule",
+            ),
+            (
+                "*filter
+-I INPUT 3 -j DROP
+COMMIT
+",
+                "t.rules:2:4: index of 3 is out of range",
+            ),
+            (
+                "*filter
+-D INPUT 9
+COMMIT
+",
+                "t.rules:2:4: index of 9 is out of range",
+            ),
+            (
+                "*filter\n-F NOPE\nCOMMIT\n",
+                "t.rules:2:4: chain 'NOPE' does not exist",
+            ),
+            (
+                "*filter\n-A INPUT -p tcp --dportx 1\nCOMMIT\n",
+                "t.rules:2:17: unknown option",
+            ),
+            (
+                "*filter\n-A INPUT -j ACCEPT\n",
+                "t.rules:3:1: table 'filter' has no COMMIT",
+            ),
+        ] {
+            let Err(Error::BadRequest { reason, violations }) = noflush(KUBE, t) else {
+                panic!("{t:?}: expected a bad request")
+            };
+            assert_eq!(reason, Reason::InvalidRuleset, "{t:?}");
+            assert_eq!(violations[0].field, "source.text.content", "{t:?}");
+            assert!(
+                violations[0].description.starts_with(want),
+                "{t:?}: {violations:?}"
+            );
+        }
+        // Builtin chains hold the base's rules: -I, -R and -D by number see them.
+        let c = noflush(
+            KUBE,
+            "*filter\n-I INPUT 2 -j DROP\n-R INPUT 1 -p tcp -j KUBE-SERVICES\n-I INPUT -p udp -j ACCEPT\nCOMMIT\n*raw\n-D PREROUTING 1\nCOMMIT\n",
+        )
+        .unwrap();
+        assert!(
+            c.content.v4.contains(
+                "-A INPUT -p udp -j ACCEPT\n-A INPUT -p tcp -j KUBE-SERVICES\n-A INPUT -j DROP\n-A KUBE"
+            ),
+            "{}",
+            c.content.v4
+        );
+        assert!(!c.content.v4.contains("NOTRACK"), "{}", c.content.v4);
+        // Deleting a user chain's rules and the chain itself is fine once nothing jumps to it.
+        let c = noflush(
+            KUBE,
+            "*filter\n-D KUBE-SERVICES 2\n-F KUBE-SVC-B\n-X KUBE-SVC-B\nCOMMIT\n",
+        )
+        .unwrap();
+        assert!(!c.content.v4.contains("KUBE-SVC-B"), "{}", c.content.v4);
+        // A finding on a base rule names the base revision.
+        let c = noflush(KUBE, "*filter\n-A KUBE-SVC-B -j KUBE-SERVICES\nCOMMIT\n").unwrap();
+        assert!(!c.valid());
+        assert!(
+            c.findings
+                .iter()
+                .any(|f| f.display_location() == "rulesets/a/revisions/1"),
+            "{:?}",
+            c.findings
+        );
     }
 
     /// A NUL byte or a long token is echoed escaped and cut.

@@ -164,6 +164,15 @@ pub fn family_pb(f: Family) -> pb::Family {
 
 // === ruleset sources ===
 
+/// A source's `(noflush, counters)` flags (`RestoreText.noflush` / `.counters`; structured
+/// input has neither).
+pub fn restore_flags(src: &pb::RulesetSource) -> (bool, bool) {
+    match &src.source {
+        Some(pb::ruleset_source::Source::Text(t)) => (t.noflush, t.counters),
+        _ => (false, false),
+    }
+}
+
 impl TryFrom<&pb::RulesetSource> for RulesetInput {
     type Error = Error;
 

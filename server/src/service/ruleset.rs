@@ -31,15 +31,63 @@ impl RulesetApi {
         RulesetApi { state }
     }
 
+    /// Parses and validates a request's source for ruleset `name`. With `noflush` the text is
+    /// applied to the ruleset's active revision (empty tables when it has none), as
+    /// `iptables-restore --noflush` applies to the kernel's live tables; the second value is
+    /// then the etag the commit must still see (the ruleset's when the base was read, `""`
+    /// for a ruleset that does not exist yet), so that a commit in between is refused
+    /// (ETAG_MISMATCH) rather than undone by the merged revision.
+    ///
+    /// Errors: as [`content::check_with`]; with `noflush`, [`Error::EtagMismatch`] when
+    /// `etag` is given and is not the ruleset's.
     async fn check(
         &self,
         name: &str,
         priority: i32,
         source: Option<&pb::RulesetSource>,
-    ) -> Result<content::Checked> {
+        etag: &str,
+    ) -> Result<(content::Checked, Option<String>)> {
         let source =
             source.ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
         let input = RulesetInput::try_from(source)?;
+        let (noflush, counters) = convert::restore_flags(source);
+        let mut expected_etag = None;
+        let base = if noflush {
+            let store = self.state.pipeline.store();
+            let row = store.get_ruleset(name).await?;
+            if let Some(rs) = &row {
+                if !etag.is_empty() && etag != rs.etag {
+                    return Err(Error::EtagMismatch {
+                        name: format!("rulesets/{name}"),
+                        given: etag.to_string(),
+                        current: rs.etag.clone(),
+                    });
+                }
+            }
+            expected_etag = Some(row.as_ref().map(|r| r.etag.clone()).unwrap_or_default());
+            let active = row.as_ref().and_then(|r| r.active_revision);
+            Some(match active {
+                Some(n) => {
+                    let rev = store.get_revision(name, n).await?.ok_or_else(|| {
+                        Error::Internal(format!("active revision {n} of {name} is not stored"))
+                    })?;
+                    content::Base {
+                        content: rev.content,
+                        label: format!("rulesets/{name}/revisions/{n}"),
+                    }
+                }
+                None => content::Base {
+                    content: Content::default(),
+                    label: format!("rulesets/{name} (no active revision)"),
+                },
+            })
+        } else {
+            None
+        };
+        let how = content::Restoring {
+            counters,
+            noflush: base,
+        };
         let sets = self.state.pipeline.sets().clone();
         let previous = self.state.pipeline.previous_parse(name);
         let limits = self.state.pipeline.limits().clone();
@@ -48,17 +96,18 @@ impl RulesetApi {
         // rules, ~1 ms to parse again after a change of a few rules): off the async workers,
         // which keep serving other calls meanwhile.
         tokio::task::spawn_blocking(move || {
-            let mut checked = content::check_limited(
+            let mut checked = content::check_with(
                 &name,
                 priority,
                 &input,
                 &*sets,
                 previous.as_ref(),
+                &how,
                 Some(&limits),
             )?;
             // Kept by the pipeline after a commit, for the next check of this ruleset.
             checked.keep_sources(input);
-            Ok(checked)
+            Ok((checked, expected_etag))
         })
         .await
         .map_err(|e| Error::Internal(format!("check task: {e}")))?
@@ -81,15 +130,19 @@ impl RulesetApi {
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
-            let checked = self.check(&name, r.priority, r.source.as_ref()).await;
+            let checked = self
+                .check(&name, r.priority, r.source.as_ref(), &r.etag)
+                .await;
             if let Some(t) = digesting.take() {
                 audit = Some(
                     t.await
                         .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
                 );
             }
-            let checked = checked?.refuse_empty(r.allow_empty)?;
+            let (checked, base_etag) = checked?;
+            let checked = checked.refuse_empty(r.allow_empty)?;
             let warnings = checked.warnings();
+            let expected = base_etag.unwrap_or_else(|| r.etag.clone());
             if r.validate_only {
                 checked.into_valid()?;
                 return Ok(pb::CommitResult {
@@ -107,7 +160,7 @@ impl RulesetApi {
                             &caller,
                             &r.message,
                             within,
-                            etag(&r.etag),
+                            etag(&expected),
                             &mut audit,
                         )
                         .await?;
@@ -262,7 +315,7 @@ impl RulesetService for RulesetApi {
         } else {
             convert::ruleset_id("ruleset", &r.ruleset)?
         };
-        let checked = self.check(&name, 0, r.source.as_ref()).await?;
+        let (checked, _) = self.check(&name, 0, r.source.as_ref(), "").await?;
         Ok(Response::new(pb::ValidateRulesetResponse {
             valid: checked.valid(),
             violations: checked.findings.iter().map(convert::violation).collect(),
@@ -279,10 +332,11 @@ impl RulesetService for RulesetApi {
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
-            let checked = self
-                .check(&name, r.priority, r.source.as_ref())
-                .await?
-                .refuse_empty(r.allow_empty)?;
+            let (checked, base_etag) = self
+                .check(&name, r.priority, r.source.as_ref(), &r.etag)
+                .await?;
+            let checked = checked.refuse_empty(r.allow_empty)?;
+            let expected = base_etag.unwrap_or_else(|| r.etag.clone());
             let warnings = checked.warnings();
             if r.validate_only {
                 checked.into_valid()?;
@@ -293,7 +347,7 @@ impl RulesetService for RulesetApi {
                     let (_, rev) = self
                         .state
                         .pipeline
-                        .stage(checked, &caller, &r.message, etag(&r.etag))
+                        .stage(checked, &caller, &r.message, etag(&expected))
                         .await?;
                     Ok(convert::revision(&rev, false, &warnings))
                 })

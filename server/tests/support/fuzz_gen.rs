@@ -1097,6 +1097,7 @@ pub fn source(r: &mut Rng, caps: &Caps) -> Option<pb::RulesetSource> {
                         1 => "x".repeat(5000),
                         _ => String::new(),
                     },
+                    ..Default::default()
                 })),
             })
         }

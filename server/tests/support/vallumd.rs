@@ -217,6 +217,7 @@ pub fn text_source(content: &str, v6: bool, filename: &str) -> vallum_proto::v1:
             family: if v6 { Family::Ipv6 } else { Family::Ipv4 } as i32,
             content_v6: String::new(),
             filename: filename.to_string(),
+            ..Default::default()
         })),
     }
 }

@@ -106,6 +106,14 @@ struct SourceArgs {
     /// An ip6tables-restore file stored in the same ruleset.
     #[arg(long, value_name = "FILE")]
     v6: Option<PathBuf>,
+    /// As `iptables-restore --noflush`: the file changes the ruleset's active revision
+    /// (tables it names are not flushed; `:CHAIN` lines flush or create chains) and the
+    /// merged result is checked and stored.
+    #[arg(long, short = 'n')]
+    noflush: bool,
+    /// As `iptables-restore --counters`: rules start with the file's `[p:b]` counters.
+    #[arg(long, short = 'c')]
+    counters: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -488,6 +496,8 @@ fn source(file: &Path, args: &SourceArgs) -> Result<RulesetSource, CliError> {
             family: family as i32,
             content_v6,
             filename: file.display().to_string(),
+            noflush: args.noflush,
+            counters: args.counters,
         })),
     })
 }
@@ -595,7 +605,11 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                 .map_err(with_file(file))?
                 .into_inner();
             print(out, view::revision_json(&r), || {
-                format!("staged {}\n", view::revision_text(&r))
+                format!(
+                    "staged {}\n{}",
+                    view::revision_text(&r),
+                    view::warnings_text(&r)
+                )
             })?;
         }
         Command::Commit {

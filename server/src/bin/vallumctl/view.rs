@@ -136,6 +136,15 @@ pub fn revision_text(r: &Revision) -> String {
     s
 }
 
+/// A revision's warnings, one `  LOCATION: warning: MESSAGE` line each.
+pub fn warnings_text(r: &Revision) -> String {
+    let mut s = String::new();
+    for w in &r.warnings {
+        let _ = writeln!(s, "  {}", violation_text(w, &w.location));
+    }
+    s
+}
+
 fn short(d: &str) -> &str {
     d.get(..12).unwrap_or(d)
 }
@@ -181,6 +190,9 @@ pub fn commit_text(c: &CommitResult) -> String {
     let mut s = String::new();
     if let Some(r) = &c.revision {
         let _ = writeln!(s, "committed {}", revision_text(r));
+    }
+    if let Some(r) = &c.revision {
+        s.push_str(&warnings_text(r));
     }
     if let Some(p) = &c.phases {
         let _ = writeln!(s, "  {}", phases_text(p));
