@@ -84,6 +84,10 @@ pub enum Reason {
     AlreadyExists,
     /// Adding would exceed the set's `maxelem` (as ipset: "Hash is full").
     SetFull,
+    /// Fleet mode: etcd cannot be reached or refused the request.
+    FleetUnavailable,
+    /// Fleet mode: the ruleset is owned by the fleet; change it with FleetService.
+    FleetOwned,
 }
 
 /// One row of the table.
@@ -99,7 +103,7 @@ pub struct ReasonInfo {
 
 impl Reason {
     /// Every reason, in table order.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 23] = [
         Reason::InvalidArgument,
         Reason::InvalidRuleset,
         Reason::UnsupportedExtension,
@@ -121,6 +125,8 @@ impl Reason {
         Reason::ShuttingDown,
         Reason::AlreadyExists,
         Reason::SetFull,
+        Reason::FleetUnavailable,
+        Reason::FleetOwned,
     ];
 
     /// This reason's row of the table.
@@ -154,6 +160,8 @@ impl Reason {
             Reason::ShuttingDown => ("SHUTTING_DOWN", Code::Unavailable, UNAVAILABLE),
             Reason::AlreadyExists => ("ALREADY_EXISTS", Code::AlreadyExists, REJECTED),
             Reason::SetFull => ("SET_FULL", Code::ResourceExhausted, REJECTED),
+            Reason::FleetUnavailable => ("FLEET_UNAVAILABLE", Code::Unavailable, UNAVAILABLE),
+            Reason::FleetOwned => ("FLEET_OWNED", Code::FailedPrecondition, REJECTED),
         };
         ReasonInfo {
             name,
@@ -389,6 +397,17 @@ pub enum Error {
     /// Anything else (a bug, or startup I/O).
     #[error("internal: {0}")]
     Internal(String),
+    /// Fleet mode: etcd cannot be reached, or refused the request (see [`crate::fleet`]).
+    #[error("fleet: {0}")]
+    Fleet(String),
+    /// Fleet mode: a local mutation of a ruleset the fleet agent owns.
+    #[error("rulesets/{ruleset} is owned by {owner}; change it with FleetService (vallumctl fleet)")]
+    FleetOwned {
+        /// The ruleset name.
+        ruleset: String,
+        /// The owner, e.g. `fleet /vallum/v1/ (fleet revision 42)`.
+        owner: String,
+    },
 }
 
 fn first(v: &[FieldViolation]) -> String {
@@ -424,6 +443,8 @@ impl Error {
             Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) => Reason::Store,
             Error::Limit(l) => l.reason(),
             Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
+            Error::Fleet(_) => Reason::FleetUnavailable,
+            Error::FleetOwned { .. } => Reason::FleetOwned,
         }
     }
 }
@@ -464,7 +485,15 @@ impl From<Error> for tonic::Status {
                     details.add_bad_request_violation("source", message.clone());
                 }
             }
+            Error::FleetOwned { ruleset, .. } => {
+                details.add_precondition_failure_violation(
+                    "FLEET_OWNED",
+                    format!("rulesets/{ruleset}"),
+                    message.clone(),
+                );
+            }
             Error::NotFound { .. }
+            | Error::Fleet(_)
             | Error::NotReady
             | Error::Commit(_)
             | Error::Store(_)

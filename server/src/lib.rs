@@ -8,6 +8,7 @@
 //! - [`pipeline`]: the commit pipeline (validate, persist, publish, quiesce, carry) and
 //!   commit-confirmed timers;
 //! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: the error table;
+//! - [`fleet`]: fleet mode (desired rulesets in etcd, the node agent, FleetService);
 //! - [`sources`]: packet sources feeding one worker thread per core;
 //! - [`hooks`]: the seams for metrics, auth and limits, and the [`hooks::MetricsObserver`]
 //!   that feeds [`metrics`] from the pipeline;
@@ -26,6 +27,7 @@ pub mod content;
 pub mod convert;
 pub mod error;
 pub mod example;
+pub mod fleet;
 pub mod hooks;
 pub mod limits;
 pub mod metrics;

@@ -73,6 +73,7 @@ impl RulesetApi {
         let mut audit = None;
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             let checked = self.check(&name, r.priority, r.source.as_ref()).await;
             if let Some(t) = digesting.take() {
@@ -132,6 +133,7 @@ impl RulesetApi {
             (!r.validate_only).then(|| audit_entry(caller.clone(), "CommitRevision", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             if r.validate_only {
                 let rev = self
@@ -187,6 +189,7 @@ impl RulesetApi {
         let mut audit = Some(audit_entry(caller.clone(), "Rollback", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state.owners.check(&name)?;
             self.state
                 .idempotent("Rollback", &r.request_id, async {
                     let c = self
@@ -213,6 +216,7 @@ impl RulesetApi {
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("name", &r.name)?;
+            self.state.owners.check(&name)?;
             self.state.pipeline.delete(&name, etag(&r.etag)).await
         }
         .await;
@@ -258,6 +262,7 @@ impl RulesetService for RulesetApi {
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            self.state.owners.check(&name)?;
             let checked = self.check(&name, r.priority, r.source.as_ref()).await?;
             let warnings = checked.warnings();
             if r.validate_only {
@@ -300,6 +305,7 @@ impl RulesetService for RulesetApi {
         let r = request.into_inner();
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state.owners.check(&name)?;
             let rev = self.state.pipeline.confirm(&name, n).await?;
             Ok(pb::ConfirmCommitResponse {
                 revision: Some(convert::revision(&rev, false, &[])),
