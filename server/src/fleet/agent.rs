@@ -427,6 +427,8 @@ impl Agent {
     /// lease expired or etcd was unreachable.
     async fn heartbeat(&self) {
         let ttl = self.lease_ttl;
+        // Retried well within the TTL, so one failed endpoint does not let the node key expire.
+        let max = BACKOFF_MAX.min(ttl / 4);
         let mut backoff = BACKOFF_MIN;
         loop {
             let round = async {
@@ -445,7 +447,7 @@ impl Agent {
                 Err(e) => {
                     eprintln!("vallumd: fleet: heartbeat: {e}; retrying in {backoff:?}");
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    backoff = (backoff * 2).min(max);
                 }
             }
         }
