@@ -364,6 +364,49 @@ async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
     assert!(s.pending.is_empty(), "{s:?}");
     assert!(local_rulesets(&n3).await.is_empty());
     assert_eq!(local_rulesets(&n2).await, ["trust"]);
+
+    // vallumctl shows the same, in text and JSON.
+    let ctl = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+            .args(["--server", &n2.url()])
+            .args(args)
+            .env_remove("VALLUM_OUTPUT")
+            .output()
+            .expect("run vallumctl");
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let text = ctl(&["fleet", "status", "trust"]);
+    assert!(text.contains("2/3 applied, 1 failed"), "{text}");
+    assert!(text.contains("n3  NACK"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ctl(&["fleet", "status", "trust", "-o", "json"])).unwrap();
+    assert_eq!(json["failed"][0]["node"], "n3");
+    assert_eq!(json["failed"][0]["result"], "NACK");
+    assert_eq!(json["applied"].as_array().unwrap().len(), 2);
+    let nodes: serde_json::Value =
+        serde_json::from_str(&ctl(&["fleet", "nodes", "-o", "json"])).unwrap();
+    assert_eq!(nodes.as_array().unwrap().len(), 3);
+    let file = dir.path().join("drop23.rules");
+    std::fs::write(&file, DROP_23).unwrap();
+    let put: serde_json::Value = serde_json::from_str(&ctl(&[
+        "fleet",
+        "apply",
+        "ssh",
+        file.to_str().unwrap(),
+        "--selector",
+        "role=web",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let rev = put["fleet_revision"].as_i64().unwrap();
+    wait_applied(&mut f, "ssh", &["n1", "n2", "n3"], rev).await;
+    ctl(&["fleet", "delete", "ssh"]);
+    wait_for("ssh removed from n3", || async {
+        local_rulesets(&n3).await.is_empty().then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,9 +5,14 @@
 //! (same field numbers). Not the `etcd-client` crate: its build script runs a system `protoc`,
 //! and Vallum builds with the Rust toolchain alone (protox).
 //!
-//! Endpoints are balanced by tonic (`Channel::balance_list`); the channel connects lazily, so
-//! creating a client never waits for etcd (fail-static start). Plain `http://` only for now.
+//! Endpoints: one lazily connecting channel each (creating a client never waits for etcd:
+//! fail-static start); calls go to the current endpoint, and a call failing with UNAVAILABLE
+//! (connection refused, member down) moves the client to the next one, so with one member
+//! of three down at most one call per client fails. (tonic's `balance_list` kept sending a
+//! share of the calls to the dead member.) Plain `http://` only for now.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -73,12 +78,11 @@ pub enum Swap {
     Moved(i64),
 }
 
-/// An etcd client (cheap to clone).
+/// An etcd client (cheap to clone; clones share the current endpoint).
 #[derive(Clone, Debug)]
 pub struct Etcd {
-    kv: KvClient<Channel>,
-    watch: WatchClient<Channel>,
-    lease: LeaseClient<Channel>,
+    channels: Arc<Vec<Channel>>,
+    current: Arc<AtomicUsize>,
 }
 
 const MAX_MESSAGE: usize = 64 << 20;
@@ -102,21 +106,43 @@ impl Etcd {
                 .keep_alive_while_idle(true);
             list.push(ep);
         }
-        let channel = match list.len() {
-            0 => {
-                return Err(EtcdError::Endpoint {
-                    endpoint: String::new(),
-                    message: "no endpoint given".into(),
-                });
-            }
-            1 => list.remove(0).connect_lazy(),
-            _ => Channel::balance_list(list.into_iter()),
-        };
+        if list.is_empty() {
+            return Err(EtcdError::Endpoint {
+                endpoint: String::new(),
+                message: "no endpoint given".into(),
+            });
+        }
         Ok(Etcd {
-            kv: KvClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
-            watch: WatchClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
-            lease: LeaseClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
+            channels: Arc::new(list.into_iter().map(|e| e.connect_lazy()).collect()),
+            current: Arc::default(),
         })
+    }
+
+    fn channel(&self) -> Channel {
+        // Relaxed: an endpoint choice; any value is a valid index and nothing pairs with it.
+        let i = self.current.load(Ordering::Relaxed) % self.channels.len();
+        self.channels[i].clone()
+    }
+
+    fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    fn watch_client(&self) -> WatchClient<Channel> {
+        WatchClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    fn lease(&self) -> LeaseClient<Channel> {
+        LeaseClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    /// Moves to the next endpoint after an UNAVAILABLE answer; returns the error.
+    fn failed(&self, s: tonic::Status) -> EtcdError {
+        if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
+            // Relaxed: as in `channel`.
+            self.current.fetch_add(1, Ordering::Relaxed);
+        }
+        EtcdError::Status(s)
     }
 
     /// Every key under `prefix` at `revision` (0: the newest), and the store revision read.
@@ -128,8 +154,7 @@ impl Etcd {
         revision: i64,
     ) -> EtcdResult<(i64, Vec<KeyValue>)> {
         let r = self
-            .kv
-            .clone()
+            .kv()
             .range(pb::RangeRequest {
                 key: prefix.as_bytes().to_vec(),
                 range_end: prefix_end(prefix.as_bytes()),
@@ -137,7 +162,10 @@ impl Etcd {
                 ..Default::default()
             })
             .await
-            .map_err(|s| compacted(s, revision))?
+            .map_err(|s| match compacted(s, revision) {
+                EtcdError::Status(s) => self.failed(s),
+                other => other,
+            })?
             .into_inner();
         Ok((r.header.map_or(0, |h| h.revision), r.kvs))
     }
@@ -147,13 +175,13 @@ impl Etcd {
     /// Errors: [`EtcdError::Status`].
     pub async fn get(&self, key: &str) -> EtcdResult<Option<KeyValue>> {
         let r = self
-            .kv
-            .clone()
+            .kv()
             .range(pb::RangeRequest {
                 key: key.as_bytes().to_vec(),
                 ..Default::default()
             })
-            .await?
+            .await
+            .map_err(|e| self.failed(e))?
             .into_inner();
         Ok(r.kvs.into_iter().next())
     }
@@ -163,15 +191,15 @@ impl Etcd {
     /// Errors: [`EtcdError::Status`].
     pub async fn put(&self, key: &str, value: Vec<u8>, lease: i64) -> EtcdResult<i64> {
         let r = self
-            .kv
-            .clone()
+            .kv()
             .put(pb::PutRequest {
                 key: key.as_bytes().to_vec(),
                 value,
                 lease,
                 prev_kv: false,
             })
-            .await?
+            .await
+            .map_err(|e| self.failed(e))?
             .into_inner();
         Ok(r.header.map_or(0, |h| h.revision))
     }
@@ -230,8 +258,7 @@ impl Etcd {
             ..Default::default()
         });
         let r = self
-            .kv
-            .clone()
+            .kv()
             .txn(pb::TxnRequest {
                 compare: compare.into_iter().collect(),
                 success: vec![pb::RequestOp { request: Some(op) }],
@@ -239,7 +266,8 @@ impl Etcd {
                     request: Some(read),
                 }],
             })
-            .await?
+            .await
+            .map_err(|e| self.failed(e))?
             .into_inner();
         if r.succeeded {
             return Ok(Swap::Done(r.header.map_or(0, |h| h.revision)));
@@ -262,13 +290,13 @@ impl Etcd {
     /// Errors: [`EtcdError::Status`].
     pub async fn delete(&self, key: &str) -> EtcdResult<i64> {
         let r = self
-            .kv
-            .clone()
+            .kv()
             .delete_range(pb::DeleteRangeRequest {
                 key: key.as_bytes().to_vec(),
                 ..Default::default()
             })
-            .await?
+            .await
+            .map_err(|e| self.failed(e))?
             .into_inner();
         Ok(r.header.map_or(0, |h| h.revision))
     }
@@ -277,13 +305,13 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn compact(&self, revision: i64) -> EtcdResult<()> {
-        self.kv
-            .clone()
+        self.kv()
             .compact(pb::CompactionRequest {
                 revision,
                 physical: true,
             })
-            .await?;
+            .await
+            .map_err(|e| self.failed(e))?;
         Ok(())
     }
 
@@ -292,10 +320,10 @@ impl Etcd {
     /// Errors: [`EtcdError::Status`].
     pub async fn lease_grant(&self, ttl: i64) -> EtcdResult<i64> {
         let r = self
-            .lease
-            .clone()
+            .lease()
             .lease_grant(pb::LeaseGrantRequest { ttl, id: 0 })
-            .await?
+            .await
+            .map_err(|e| self.failed(e))?
             .into_inner();
         if !r.error.is_empty() {
             return Err(tonic::Status::unavailable(r.error).into());
@@ -307,10 +335,10 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn lease_revoke(&self, id: i64) -> EtcdResult<()> {
-        self.lease
-            .clone()
+        self.lease()
             .lease_revoke(pb::LeaseRevokeRequest { id })
-            .await?;
+            .await
+            .map_err(|e| self.failed(e))?;
         Ok(())
     }
 
@@ -321,10 +349,10 @@ impl Etcd {
     pub async fn keep_alive(&self, id: i64, every: Duration) -> EtcdResult<()> {
         let (tx, rx) = mpsc::channel(1);
         let mut responses = self
-            .lease
-            .clone()
+            .lease()
             .lease_keep_alive(ReceiverStream::new(rx))
-            .await?
+            .await
+            .map_err(|e| self.failed(e))?
             .into_inner();
         let mut tick = tokio::time::interval(every);
         loop {
@@ -332,7 +360,7 @@ impl Etcd {
             if tx.send(pb::LeaseKeepAliveRequest { id }).await.is_err() {
                 return Err(EtcdError::WatchEnded("keep-alive stream closed".into()));
             }
-            match responses.message().await? {
+            match responses.message().await.map_err(|e| self.failed(e))? {
                 Some(r) if r.ttl > 0 => {}
                 Some(_) => return Ok(()),
                 None => return Err(EtcdError::WatchEnded("keep-alive stream ended".into())),
@@ -360,18 +388,19 @@ impl Etcd {
             .await
             .map_err(|_| EtcdError::WatchEnded("request stream closed".into()))?;
         let mut stream = self
-            .watch
-            .clone()
+            .watch_client()
             .watch(ReceiverStream::new(rx))
-            .await?
+            .await
+            .map_err(|e| self.failed(e))?
             .into_inner();
         // The first response says whether the watch was created (or compacted).
         let mut w = Watcher {
+            etcd: self.clone(),
             _requests: tx,
             stream: None,
             first: None,
         };
-        match stream.message().await? {
+        match stream.message().await.map_err(|e| self.failed(e))? {
             Some(r) => {
                 check_response(&r)?;
                 if !r.events.is_empty() {
@@ -410,6 +439,8 @@ fn check_response(r: &pb::WatchResponse) -> EtcdResult<()> {
 /// A running watch.
 #[derive(Debug)]
 pub struct Watcher {
+    /// For moving to the next endpoint when the stream fails.
+    etcd: Etcd,
     /// Kept open: dropping it would end the watch.
     _requests: mpsc::Sender<pb::WatchRequest>,
     stream: Option<tonic::Streaming<pb::WatchResponse>>,
@@ -428,7 +459,7 @@ impl Watcher {
         let Some(stream) = self.stream.as_mut() else {
             return Err(EtcdError::WatchEnded("not started".into()));
         };
-        match stream.message().await? {
+        match stream.message().await.map_err(|e| self.etcd.failed(e))? {
             Some(r) => {
                 check_response(&r)?;
                 Ok(r)

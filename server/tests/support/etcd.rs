@@ -20,11 +20,21 @@ pub fn etcd_bin() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// A free loopback port never handed out before in this process: the tests of one binary
+/// run in parallel, and the kernel may give a port just released to the next `bind(0)`.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// One etcd member; killed on drop.
@@ -90,10 +100,17 @@ impl EtcdServer {
         self.child = Some(child);
     }
 
-    /// Waits until `/health` says true (at most 30 s).
-    pub fn wait_healthy(&self) {
+    /// Waits until `/health` says true (at most 30 s), from this member's own process.
+    pub fn wait_healthy(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
+            let exited = self
+                .child
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            if exited {
+                break;
+            }
             if self.healthy() {
                 return;
             }
@@ -166,7 +183,7 @@ impl EtcdCluster {
         for m in &mut members {
             m.spawn();
         }
-        for m in &members {
+        for m in &mut members {
             m.wait_healthy();
         }
         Some(EtcdCluster { members })
