@@ -401,7 +401,9 @@ pub enum Error {
     #[error("fleet: {0}")]
     Fleet(String),
     /// Fleet mode: a local mutation of a ruleset the fleet agent owns.
-    #[error("rulesets/{ruleset} is owned by {owner}; change it with FleetService (vallumctl fleet)")]
+    #[error(
+        "rulesets/{ruleset} is owned by {owner}; change it with FleetService (vallumctl fleet)"
+    )]
     FleetOwned {
         /// The ruleset name.
         ruleset: String,

@@ -332,7 +332,9 @@ pub fn revision_message(fleet_revision: i64, message: &str) -> String {
 /// The fleet revision in a message made by [`revision_message`].
 pub fn fleet_revision_of(message: &str) -> Option<i64> {
     let rest = message.strip_prefix("fleet revision ")?;
-    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
     rest[..end].parse().ok()
 }
 
@@ -351,10 +353,7 @@ mod tests {
         assert_eq!(k.ruleset("web"), "/vallum/v1/rulesets/web");
         assert_eq!(k.ruleset_name("/vallum/v1/rulesets/web"), Some("web"));
         assert_eq!(k.ruleset_name("/vallum/v1/rulesets/"), None);
-        assert_eq!(
-            k.status_parts(&k.status("n1", "web")),
-            Some(("n1", "web"))
-        );
+        assert_eq!(k.status_parts(&k.status("n1", "web")), Some(("n1", "web")));
     }
 
     #[test]

@@ -151,18 +151,18 @@ pub async fn run_with(
     metrics.observe_sets(pipeline.sets().clone())?;
     let state = State::new(pipeline.clone(), config.source.to_string());
     // Fleet mode: the etcd client connects lazily, so an unreachable etcd never delays start.
-    let fleet = match config.fleet.enabled() {
-        true => {
-            let etcd = crate::fleet::etcd::Etcd::connect(&config.fleet.fleet_endpoints).map_err(
-                |e| Error::Startup {
-                    code: "FLEET_ENDPOINT_INVALID",
-                    message: e.to_string(),
-                },
-            )?;
-            Some((etcd, config.fleet.node()?))
-        }
-        false => None,
-    };
+    let fleet =
+        match config.fleet.enabled() {
+            true => {
+                let etcd = crate::fleet::etcd::Etcd::connect(&config.fleet.fleet_endpoints)
+                    .map_err(|e| Error::Startup {
+                        code: "FLEET_ENDPOINT_INVALID",
+                        message: e.to_string(),
+                    })?;
+                Some((etcd, config.fleet.node()?))
+            }
+            false => None,
+        };
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -267,7 +267,10 @@ pub async fn run_with(
     pipeline.load().await?;
     if config.fleet.enabled() {
         // Before SERVING: a fleet-owned ruleset is refused to local callers from the start.
-        state.owners.load(&config.fleet.fleet_prefix, &store).await?;
+        state
+            .owners
+            .load(&config.fleet.fleet_prefix, &store)
+            .await?;
     }
     if config.example && store.list_rulesets().await?.is_empty() {
         let checked = content::check(

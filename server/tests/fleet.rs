@@ -4,10 +4,10 @@
 //!
 //! Every test prints `SKIP etcd not installed` and passes when etcd is absent.
 
-#[path = "support/vallumd.rs"]
-mod vallumd;
 #[path = "support/etcd.rs"]
 mod etcd;
+#[path = "support/vallumd.rs"]
+mod vallumd;
 
 use std::future::Future;
 use std::io::{Read, Write};
@@ -15,13 +15,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use etcd::{EtcdCluster, EtcdServer};
-use vallumd::{Vallumd, reason, text_source};
 use tonic::Code;
 use tonic::transport::Channel;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::fleet_service_client::FleetServiceClient;
 use vallum_proto::v1::set_service_client::SetServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
+use vallumd::{Vallumd, reason, text_source};
 
 const DROP_23: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n";
 const DROP_24: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 24 -j DROP\nCOMMIT\n";
@@ -85,7 +85,6 @@ async fn wait_applied(
     revision: i64,
 ) -> pb::RolloutStatus {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = None;
     loop {
         let s = f
             .get_rollout_status(pb::GetRolloutStatusRequest { name: name.into() })
@@ -97,10 +96,9 @@ async fn wait_applied(
                 return s.clone();
             }
         }
-        last = Some(s);
         assert!(
             Instant::now() < deadline,
-            "timed out waiting for {name}@{revision} applied on {expect_selected:?}; last status {last:#?}"
+            "timed out waiting for {name}@{revision} applied on {expect_selected:?}; last status {s:#?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -147,11 +145,20 @@ fn metric(v: &Vallumd, metric: &str) -> Option<f64> {
         .ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(metric)?.strip_prefix(' ')?.trim().parse().ok())
+    body.lines().find_map(|l| {
+        l.strip_prefix(metric)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
-async fn apply_locally(v: &Vallumd, name: &str, text: &str) -> Result<pb::CommitResult, tonic::Status> {
+async fn apply_locally(
+    v: &Vallumd,
+    name: &str,
+    text: &str,
+) -> Result<pb::CommitResult, tonic::Status> {
     v.rulesets()
         .await
         .apply(pb::ApplyRequest {
@@ -179,7 +186,10 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
     let mut f = fleet(&n3).await;
 
     // A text the writer refuses never reaches etcd, with Apply's very error.
-    let refused = f.put_ruleset(put("web", BAD, "role=web", "")).await.unwrap_err();
+    let refused = f
+        .put_ruleset(put("web", BAD, "role=web", ""))
+        .await
+        .unwrap_err();
     let by_apply = apply_locally(&n3, "web", BAD).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     assert_eq!(reason(&refused), "INVALID_RULESET", "{refused:?}");
@@ -200,8 +210,15 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
-    let bad_selector = f.put_ruleset(put("web", DROP_23, "role in web", "")).await.unwrap_err();
-    assert_eq!(bad_selector.code(), Code::InvalidArgument, "{bad_selector:?}");
+    let bad_selector = f
+        .put_ruleset(put("web", DROP_23, "role in web", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        bad_selector.code(),
+        Code::InvalidArgument,
+        "{bad_selector:?}"
+    );
 
     // The right nodes ACK, the other is untouched.
     let w = f
@@ -508,7 +525,8 @@ async fn compacted_while_an_agent_is_down_it_lists_again_and_converges() {
         .await
         .unwrap()
         .into_inner();
-    let etcd_client = vallum_server::fleet::etcd::Etcd::connect(&[url.clone()]).unwrap();
+    let etcd_client =
+        vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
     etcd_client.compact(d.fleet_revision).await.unwrap();
 
     let n2 = node(dir.path(), &url, "n2", "role=web");

@@ -91,7 +91,9 @@ impl FleetStats {
             revision,
             applies: meter
                 .u64_counter("vallum_fleet_applies")
-                .with_description("Fleet rulesets handled by this node, by outcome (ack, nack, removed).")
+                .with_description(
+                    "Fleet rulesets handled by this node, by outcome (ack, nack, removed).",
+                )
                 .build(),
             restarts: meter
                 .u64_counter("vallum_fleet_watch_restarts")
@@ -200,7 +202,10 @@ impl Agent {
                 }
                 _ => {
                     self.stats.set_connected(false);
-                    eprintln!("vallumd: fleet: watch: {err}; resuming from {} in {backoff:?}", last + 1);
+                    eprintln!(
+                        "vallumd: fleet: watch: {err}; resuming from {} in {backoff:?}",
+                        last + 1
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     "disconnected"
@@ -251,7 +256,11 @@ impl Agent {
 
     /// Watches from `last + 1`, handling events, until an error (which it returns).
     async fn watch_from(&self, last: &mut i64, backoff: &mut Duration) -> EtcdError {
-        let mut w = match self.etcd.watch_prefix(&self.keys.rulesets(), *last + 1).await {
+        let mut w = match self
+            .etcd
+            .watch_prefix(&self.keys.rulesets(), *last + 1)
+            .await
+        {
             Ok(w) => w,
             Err(e) => return e,
         };
@@ -351,11 +360,10 @@ impl Agent {
         let input = RulesetInput::try_from(&source)?;
         let sets = self.pipeline.sets().clone();
         let (n, priority) = (name.to_string(), d.priority);
-        let checked = tokio::task::spawn_blocking(move || {
-            content::check(&n, priority, &input, &*sets)
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("check task: {e}")))??;
+        let checked =
+            tokio::task::spawn_blocking(move || content::check(&n, priority, &input, &*sets))
+                .await
+                .map_err(|e| Error::Internal(format!("check task: {e}")))??;
         let digest: String = Sha256::digest(value)
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -396,13 +404,17 @@ impl Agent {
             match self.pipeline.delete(name, None).await {
                 Ok(()) | Err(Error::NotFound { .. }) => {
                     self.owners.remove(name);
-                    self.stats.applies.add(1, &[Attr::new("outcome", "removed")]);
+                    self.stats
+                        .applies
+                        .add(1, &[Attr::new("outcome", "removed")]);
                 }
                 Err(e) => eprintln!("vallumd: fleet: removing {name}: {e}"),
             }
         }
         if lock(&self.reported).contains_key(name) {
-            self.etcd.delete(&self.keys.status(&self.node, name)).await?;
+            self.etcd
+                .delete(&self.keys.status(&self.node, name))
+                .await?;
             lock(&self.reported).remove(name);
         }
         Ok(())
@@ -439,7 +451,9 @@ impl Agent {
                     heartbeat_ns: super::now_ns(),
                 };
                 let value = serde_json::to_vec(&info).unwrap_or_default();
-                self.etcd.put(&self.keys.node(&self.node), value, id).await?;
+                self.etcd
+                    .put(&self.keys.node(&self.node), value, id)
+                    .await?;
                 self.etcd.keep_alive(id, ttl / 3).await
             };
             match round.await {

@@ -49,9 +49,10 @@ impl FleetApi {
         let input = RulesetInput::try_from(source)?;
         let sets = self.state.pipeline.sets().clone();
         let (n, priority) = (name.clone(), r.priority);
-        let checked = tokio::task::spawn_blocking(move || content::check(&n, priority, &input, &*sets))
-            .await
-            .map_err(|e| Error::Internal(format!("check task: {e}")))??;
+        let checked =
+            tokio::task::spawn_blocking(move || content::check(&n, priority, &input, &*sets))
+                .await
+                .map_err(|e| Error::Internal(format!("check task: {e}")))??;
         let warnings: Vec<pb::Violation> =
             checked.warnings().iter().map(convert::violation).collect();
         let checked = checked.into_valid()?;
@@ -111,8 +112,8 @@ impl FleetApi {
     async fn rollout(&self, name: &str) -> Result<pb::RolloutStatus> {
         let (desired, kv) = self.get(name).await?;
         let name = convert::ruleset_id("name", name)?;
-        let selector =
-            Selector::parse(&desired.selector).map_err(|e| Error::Internal(format!("stored selector: {e}")))?;
+        let selector = Selector::parse(&desired.selector)
+            .map_err(|e| Error::Internal(format!("stored selector: {e}")))?;
         let nodes = self.nodes().await?;
         // Every report, then this ruleset's: status keys are per (node, ruleset).
         let (_, kvs) = self.etcd.range_prefix(&self.keys.statuses(), 0).await?;
@@ -167,7 +168,9 @@ fn etag(field: &str, s: &str) -> Result<Option<i64>> {
         .ok_or_else(|| {
             Error::invalid(
                 field,
-                format!("{s:?} is not a fleet etag (a fleet revision, or 0 for \"must not exist\")"),
+                format!(
+                    "{s:?} is not a fleet etag (a fleet revision, or 0 for \"must not exist\")"
+                ),
             )
         })
 }
@@ -181,7 +184,12 @@ fn decode(kv: &KeyValue) -> Result<Desired> {
     })
 }
 
-fn fleet_ruleset(name: &str, d: &Desired, rev: i64, warnings: Vec<pb::Violation>) -> pb::FleetRuleset {
+fn fleet_ruleset(
+    name: &str,
+    d: &Desired,
+    rev: i64,
+    warnings: Vec<pb::Violation>,
+) -> pb::FleetRuleset {
     pb::FleetRuleset {
         name: name.to_string(),
         priority: d.priority,
@@ -190,7 +198,11 @@ fn fleet_ruleset(name: &str, d: &Desired, rev: i64, warnings: Vec<pb::Violation>
         author: d.author.clone(),
         write_time: Some(convert::timestamp(d.write_time_ns)),
         fleet_revision: rev,
-        etag: if rev > 0 { rev.to_string() } else { String::new() },
+        etag: if rev > 0 {
+            rev.to_string()
+        } else {
+            String::new()
+        },
         content: d.content.clone(),
         content_v6: d.content_v6.clone(),
         warnings,
@@ -246,7 +258,12 @@ impl FleetService for FleetApi {
         let r = request.into_inner();
         let (d, kv) = self.get(&r.name).await?;
         let name = convert::ruleset_id("name", &r.name)?;
-        Ok(Response::new(fleet_ruleset(&name, &d, kv.mod_revision, Vec::new())))
+        Ok(Response::new(fleet_ruleset(
+            &name,
+            &d,
+            kv.mod_revision,
+            Vec::new(),
+        )))
     }
 
     async fn list_rulesets(
@@ -262,7 +279,12 @@ impl FleetService for FleetApi {
         for kv in kvs {
             let key = String::from_utf8_lossy(&kv.key).into_owned();
             if let Some(name) = self.keys.ruleset_name(&key) {
-                rulesets.push(fleet_ruleset(name, &decode(&kv)?, kv.mod_revision, Vec::new()));
+                rulesets.push(fleet_ruleset(
+                    name,
+                    &decode(&kv)?,
+                    kv.mod_revision,
+                    Vec::new(),
+                ));
             }
         }
         Ok(Response::new(pb::ListFleetRulesetsResponse { rulesets }))
@@ -278,7 +300,11 @@ impl FleetService for FleetApi {
         let result = async {
             let name = convert::ruleset_id("name", &r.name)?;
             let expect = etag("etag", &r.etag)?;
-            match self.etcd.delete_if(&self.keys.ruleset(&name), expect).await? {
+            match self
+                .etcd
+                .delete_if(&self.keys.ruleset(&name), expect)
+                .await?
+            {
                 Swap::Done(rev) => Ok(rev),
                 Swap::Moved(0) => Err(Error::NotFound {
                     kind: "fleet ruleset",
@@ -304,7 +330,9 @@ impl FleetService for FleetApi {
         &self,
         request: Request<pb::GetRolloutStatusRequest>,
     ) -> Result<Response<pb::RolloutStatus>, Status> {
-        Ok(Response::new(self.rollout(&request.into_inner().name).await?))
+        Ok(Response::new(
+            self.rollout(&request.into_inner().name).await?,
+        ))
     }
 
     async fn list_nodes(

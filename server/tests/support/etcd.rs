@@ -56,13 +56,25 @@ impl EtcdServer {
             return None;
         };
         let peer = free_port();
-        let mut m = EtcdServer::member(bin, "m0", free_port(), peer, format!("m0=http://127.0.0.1:{peer}"));
+        let mut m = EtcdServer::member(
+            bin,
+            "m0",
+            free_port(),
+            peer,
+            format!("m0=http://127.0.0.1:{peer}"),
+        );
         m.spawn();
         m.wait_healthy();
         Some(m)
     }
 
-    fn member(bin: PathBuf, name: &str, client_port: u16, peer_port: u16, cluster: String) -> EtcdServer {
+    fn member(
+        bin: PathBuf,
+        name: &str,
+        client_port: u16,
+        peer_port: u16,
+        cluster: String,
+    ) -> EtcdServer {
         EtcdServer {
             child: None,
             bin,
@@ -88,10 +100,25 @@ impl EtcdServer {
             .arg(&self.name)
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
             .args(["--initial-cluster", &self.cluster])
-            .args(["--initial-cluster-state", "new", "--initial-cluster-token", "vallum-test"])
+            .args([
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "vallum-test",
+            ])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
@@ -178,7 +205,9 @@ impl EtcdCluster {
         let mut members: Vec<EtcdServer> = ports
             .iter()
             .enumerate()
-            .map(|(i, (c, p))| EtcdServer::member(bin.clone(), &format!("m{i}"), *c, *p, cluster.clone()))
+            .map(|(i, (c, p))| {
+                EtcdServer::member(bin.clone(), &format!("m{i}"), *c, *p, cluster.clone())
+            })
             .collect();
         for m in &mut members {
             m.spawn();

@@ -227,7 +227,12 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
             print(
                 out,
                 json!({"name": name, "fleet_revision": r.fleet_revision}),
-                || format!("fleet ruleset {name}: deleted at fleet revision {}\n", r.fleet_revision),
+                || {
+                    format!(
+                        "fleet ruleset {name}: deleted at fleet revision {}\n",
+                        r.fleet_revision
+                    )
+                },
             )
         }
         FleetCommand::Nodes => {
