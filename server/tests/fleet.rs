@@ -574,3 +574,112 @@ async fn three_member_cluster_one_member_down_progress_goes_on() {
     wait_applied(&mut f, "web", &["n1", "n2"], w2.fleet_revision).await;
     assert_eq!(verdict(&n2, 24).await, "DROP");
 }
+
+/// A TCP proxy in front of etcd that the test can cut (every connection dropped, new ones
+/// refused) and restore: a node's etcd link fails while etcd itself stays up.
+struct Proxy {
+    url: String,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(to: u16) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (o, c) = (open.clone(), conns.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !o.load(Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", to)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                c.lock().unwrap().push(task);
+            }
+        });
+        Proxy {
+            url,
+            open,
+            conns,
+            accept,
+        }
+    }
+
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for t in self.conns.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_behind_a_compaction_lists_again_and_converges() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let proxy = Proxy::start(etcd.client_port).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = node(dir.path(), &proxy.url, "n1", "role=web");
+    let writer = node(dir.path(), &etcd.url(), "writer", "role=writer");
+    n1.wait_serving().await;
+    writer.wait_serving().await;
+    let mut f = fleet(&writer).await;
+    let a = f
+        .put_ruleset(put("a", DROP_23, "role=web", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "a", &["n1"], a.fleet_revision).await;
+
+    // n1 loses etcd (etcd stays up): meanwhile a changes, b appears, history is compacted.
+    proxy.cut();
+    wait_for("n1 disconnected", || async {
+        (metric(&n1, "vallum_fleet_connected") == Some(0.0)).then_some(())
+    })
+    .await;
+    let a2 = f
+        .put_ruleset(put("a", DROP_24, "role=web", &a.etag))
+        .await
+        .unwrap()
+        .into_inner();
+    let b = f
+        .put_ruleset(put("b", DROP_23, "role=web", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let client = vallum_server::fleet::etcd::Etcd::connect(&[etcd.url()]).unwrap();
+    client.compact(b.fleet_revision).await.unwrap();
+    assert_eq!(verdict(&n1, 23).await, "DROP", "fail-static while cut off");
+
+    proxy.restore();
+    wait_applied(&mut f, "a", &["n1"], a2.fleet_revision).await;
+    wait_applied(&mut f, "b", &["n1"], b.fleet_revision).await;
+    let restarts = metric(
+        &n1,
+        "vallum_fleet_watch_restarts_total{reason=\"compacted\"}",
+    );
+    assert!(restarts >= Some(1.0), "{restarts:?}");
+    assert_eq!(verdict(&n1, 24).await, "DROP");
+}
