@@ -383,16 +383,27 @@ async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
     assert_eq!(local_rulesets(&n2).await, ["trust"]);
 
     // vallumctl shows the same, in text and JSON.
-    let ctl = |args: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
             .args(["--server", &n2.url()])
             .args(args)
             .env_remove("VALLUM_OUTPUT")
             .output()
-            .expect("run vallumctl");
+            .expect("run vallumctl")
+    };
+    let ctl = |args: &[&str]| {
+        let o = run(args);
         assert!(o.status.success(), "{args:?}: {o:?}");
         String::from_utf8(o.stdout).unwrap()
     };
+    let nacked = run(&["fleet", "wait", "trust"]);
+    assert_eq!(nacked.status.code(), Some(1), "{nacked:?}");
+    let out = String::from_utf8_lossy(&nacked.stdout);
+    assert!(out.contains("FAILED") && out.contains("n3  NACK"), "{out}");
+    assert!(
+        String::from_utf8_lossy(&nacked.stderr).contains("NACKed by n3"),
+        "{nacked:?}"
+    );
     let text = ctl(&["fleet", "status", "trust"]);
     assert!(text.contains("2/3 applied, 1 failed"), "{text}");
     assert!(text.contains("n3  NACK"), "{text}");
@@ -418,6 +429,18 @@ async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
     ]))
     .unwrap();
     let rev = put["fleet_revision"].as_i64().unwrap();
+    let waited: serde_json::Value = serde_json::from_str(&ctl(&[
+        "fleet",
+        "wait",
+        "ssh",
+        "--revision",
+        &rev.to_string(),
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(waited["phase"], "DONE", "{waited}");
+    assert_eq!(waited["applied"].as_array().unwrap().len(), 3);
     wait_applied(&mut f, "ssh", &["n1", "n2", "n3"], rev).await;
     ctl(&["fleet", "delete", "ssh"]);
     wait_for("ssh removed from n3", || async {

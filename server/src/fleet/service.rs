@@ -224,8 +224,82 @@ fn node_status(node: &str, r: &NodeReport) -> pb::NodeStatus {
     }
 }
 
+/// How often WaitRollout reads the reports.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The phase of a rollout of `revision` given its status.
+fn phase(s: &pb::RolloutStatus, revision: i64) -> pb::RolloutPhase {
+    if s.fleet_revision != revision {
+        pb::RolloutPhase::Superseded
+    } else if !s.failed.is_empty() {
+        pb::RolloutPhase::Failed
+    } else if s.pending.is_empty() {
+        pb::RolloutPhase::Done
+    } else {
+        pb::RolloutPhase::Progressing
+    }
+}
+
+type ProgressStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::RolloutProgress, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl FleetService for FleetApi {
+    type WaitRolloutStream = ProgressStream;
+
+    /// Reads the status every 100 ms (one range of the reports each) and sends it when it
+    /// changed.
+    async fn wait_rollout(
+        &self,
+        request: Request<pb::WaitRolloutRequest>,
+    ) -> Result<Response<Self::WaitRolloutStream>, Status> {
+        let r = request.into_inner();
+        let timeout = convert::duration("timeout", r.timeout.as_ref())?
+            .unwrap_or(std::time::Duration::from_secs(60));
+        let first = self.rollout(&r.name).await?;
+        let revision = if r.fleet_revision > 0 {
+            r.fleet_revision
+        } else {
+            first.fleet_revision
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut status = first;
+            let mut sent: Option<pb::RolloutStatus> = None;
+            loop {
+                let mut p = phase(&status, revision);
+                let timed_out = tokio::time::Instant::now() >= deadline;
+                if p == pb::RolloutPhase::Progressing && timed_out {
+                    p = pb::RolloutPhase::TimedOut;
+                }
+                let end = p != pb::RolloutPhase::Progressing;
+                if end || sent.as_ref() != Some(&status) {
+                    let msg = pb::RolloutProgress {
+                        phase: p as i32,
+                        status: Some(status.clone()),
+                    };
+                    if tx.send(Ok(msg)).await.is_err() || end {
+                        return;
+                    }
+                    sent = Some(status.clone());
+                }
+                tokio::time::sleep(WAIT_POLL).await;
+                status = match this.rollout(&r.name).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn put_ruleset(
         &self,
         request: Request<pb::PutFleetRulesetRequest>,

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `fleet apply NAME FILE [--selector S] [--priority N] [-m MSG] [--etag E] [--validate-only]` | validate as Apply, write to etcd |
 //! | `fleet status NAME` | selected / applied / failed (with errors) / pending / stale nodes |
+//! | `fleet wait NAME [--revision R] [--wait-timeout D]` | until every selected node ACKed (exit 0), one NACKed or the time is up (exit 1) |
 //! | `fleet list` | the fleet rulesets |
 //! | `fleet delete NAME [--etag E]` | delete from etcd; every node removes it |
 //! | `fleet nodes` | live nodes, their labels and version |
@@ -60,6 +61,19 @@ pub enum FleetCommand {
         /// Ruleset name.
         name: String,
     },
+    /// Wait until every selected live node ACKed the fleet revision (exit 0), or a node
+    /// NACKed it, a later write replaced it, or the wait timed out (exit 1). Not bound by
+    /// `--timeout`.
+    Wait {
+        /// Ruleset name.
+        name: String,
+        /// The fleet revision (default: the current one).
+        #[arg(long, default_value_t = 0)]
+        revision: i64,
+        /// How long to wait, e.g. `60s`, `5m`.
+        #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
+        wait_timeout: std::time::Duration,
+    },
     /// The fleet rulesets.
     List,
     /// Delete fleet ruleset NAME: every node removes it.
@@ -80,7 +94,10 @@ impl FleetCommand {
         match self {
             FleetCommand::Apply { validate_only, .. } => !validate_only,
             FleetCommand::Delete { .. } => true,
-            FleetCommand::Status { .. } | FleetCommand::List | FleetCommand::Nodes => false,
+            FleetCommand::Status { .. }
+            | FleetCommand::Wait { .. }
+            | FleetCommand::List
+            | FleetCommand::Nodes => false,
         }
     }
 }
@@ -198,6 +215,86 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
                 t
             })
         }
+        FleetCommand::Wait {
+            name,
+            revision,
+            wait_timeout,
+        } => {
+            let mut stream = c
+                .wait_rollout(pb::WaitRolloutRequest {
+                    name: name.clone(),
+                    fleet_revision: *revision,
+                    timeout: Some(prost_types::Duration {
+                        seconds: i64::try_from(wait_timeout.as_secs()).unwrap_or(i64::MAX),
+                        nanos: i32::try_from(wait_timeout.subsec_nanos()).unwrap_or(0),
+                    }),
+                })
+                .await?
+                .into_inner();
+            let mut last = None;
+            while let Some(p) = stream.message().await? {
+                let s = p.status.clone().unwrap_or_default();
+                if out == Output::Text {
+                    crate::write_stdout(&format!(
+                        "{} fleet revision {}: {}/{} applied, {} failed, {} pending\n",
+                        phase_name(p.phase),
+                        s.fleet_revision,
+                        s.applied.len(),
+                        s.selected.len(),
+                        s.failed.len(),
+                        s.pending.len()
+                    ));
+                    for f in &s.failed {
+                        crate::write_stdout(&format!("  {}  NACK  {}\n", f.node, f.error));
+                    }
+                }
+                last = Some(p);
+            }
+            let last = last.unwrap_or_default();
+            let s = last.status.clone().unwrap_or_default();
+            if out == Output::Json {
+                print(
+                    out,
+                    json!({
+                        "name": s.name,
+                        "phase": phase_name(last.phase),
+                        "fleet_revision": s.fleet_revision,
+                        "selected": s.selected,
+                        "applied": s.applied.iter().map(status_json).collect::<Vec<_>>(),
+                        "failed": s.failed.iter().map(status_json).collect::<Vec<_>>(),
+                        "pending": s.pending,
+                    }),
+                    String::new,
+                )?;
+            }
+            // The outcome as a status, for the exit code and the headline: a timeout exits 3
+            // (DEADLINE_EXCEEDED), a NACK or a newer write 1.
+            let what = format!(
+                "fleet ruleset {name} at fleet revision {}",
+                s.fleet_revision
+            );
+            match pb::RolloutPhase::try_from(last.phase) {
+                Ok(pb::RolloutPhase::Done) => Ok(()),
+                Ok(pb::RolloutPhase::TimedOut) => Err(tonic::Status::deadline_exceeded(format!(
+                    "{what}: {} node(s) still pending after {wait_timeout:?}",
+                    s.pending.len()
+                ))
+                .into()),
+                Ok(pb::RolloutPhase::Failed) => Err(tonic::Status::failed_precondition(format!(
+                    "{what}: NACKed by {}",
+                    s.failed
+                        .iter()
+                        .map(|f| f.node.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+                .into()),
+                _ => Err(tonic::Status::failed_precondition(format!(
+                    "{what}: replaced by a later write before it was applied"
+                ))
+                .into()),
+            }
+        }
         FleetCommand::List => {
             let r = c
                 .list_rulesets(pb::ListFleetRulesetsRequest {})
@@ -261,5 +358,16 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
                 t
             })
         }
+    }
+}
+
+fn phase_name(phase: i32) -> &'static str {
+    match pb::RolloutPhase::try_from(phase) {
+        Ok(pb::RolloutPhase::Progressing) => "PROGRESSING",
+        Ok(pb::RolloutPhase::Done) => "DONE",
+        Ok(pb::RolloutPhase::Failed) => "FAILED",
+        Ok(pb::RolloutPhase::Superseded) => "SUPERSEDED",
+        Ok(pb::RolloutPhase::TimedOut) => "TIMED_OUT",
+        Ok(pb::RolloutPhase::Unspecified) | Err(_) => "UNKNOWN",
     }
 }

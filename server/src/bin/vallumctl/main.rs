@@ -527,7 +527,13 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         let (json, text) = dataplane::run(command)?;
         return print(cli.output, json, || text);
     }
-    let is_watch = matches!(cli.command, Command::Watch { .. });
+    let is_watch = matches!(
+        cli.command,
+        Command::Watch { .. }
+            | Command::Fleet {
+                command: fleet::FleetCommand::Wait { .. }
+            }
+    );
     let mut c = connect(cli, !is_watch).await?;
     let out = cli.output;
     match &cli.command {
