@@ -25,7 +25,7 @@ use vallum_proto::v1::trace_service_server::TraceServiceServer;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::fleet::agent::{Agent, FleetStats};
+use crate::fleet::agent::{Agent, FleetStats, PipelineLocal};
 use crate::fleet::service::FleetApi;
 use crate::hooks::{self, Hooks, MetricsObserver};
 use crate::metrics::Metrics;
@@ -306,7 +306,7 @@ pub async fn run_with(
     let agent = fleet.map(|(etcd, node)| {
         Agent::new(
             etcd,
-            pipeline.clone(),
+            Arc::new(PipelineLocal(pipeline.clone())),
             state.owners.clone(),
             config.fleet.keys(),
             node,

@@ -120,13 +120,99 @@ impl FleetStats {
     }
 }
 
+// === Local ===
+
+/// The node-local side of the agent: in vallumd, the commit pipeline ([`PipelineLocal`]); the
+/// fleet scale bench (`benches/fleet.rs`) runs the same agent over a lighter one.
+#[tonic::async_trait]
+pub trait Local: Send + Sync + std::fmt::Debug + 'static {
+    /// Whether a ruleset of this name is active locally, and its local revision.
+    fn active(&self, name: &str) -> Option<u64>;
+
+    /// Checks and commits `d` as ruleset `name` at fleet revision `rev` (`value`: the etcd
+    /// value, for the audit record); returns the local revision.
+    ///
+    /// Errors: as Apply's.
+    async fn apply(&self, name: &str, rev: i64, d: &Desired, value: &[u8]) -> Result<u64, Error>;
+
+    /// Deactivates and deletes ruleset `name`.
+    ///
+    /// Errors: as DeleteRuleset's.
+    async fn remove(&self, name: &str) -> Result<(), Error>;
+}
+
+/// [`Local`] over vallumd's pipeline: the same check and commit as Apply.
+#[derive(Debug)]
+pub struct PipelineLocal(pub Arc<Pipeline>);
+
+#[tonic::async_trait]
+impl Local for PipelineLocal {
+    fn active(&self, name: &str) -> Option<u64> {
+        self.0.active().get(name).map(|a| a.0)
+    }
+
+    async fn apply(&self, name: &str, rev: i64, d: &Desired, value: &[u8]) -> Result<u64, Error> {
+        let source = pb::RulesetSource {
+            source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
+                content: d.content.clone(),
+                family: pb::Family::Ipv4 as i32,
+                content_v6: d.content_v6.clone(),
+                filename: format!("fleet:{name}@{rev}"),
+            })),
+        };
+        let input = RulesetInput::try_from(&source)?;
+        let sets = self.0.sets().clone();
+        let (n, priority) = (name.to_string(), d.priority);
+        let checked =
+            tokio::task::spawn_blocking(move || content::check(&n, priority, &input, &*sets))
+                .await
+                .map_err(|e| Error::Internal(format!("check task: {e}")))??;
+        let digest: String = Sha256::digest(value)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let mut audit = Some(AuditEntry {
+            at: super::now_ns(),
+            caller: format!("fleet revision {rev} ({})", d.author),
+            method: "FleetApply".to_string(),
+            request_digest: digest,
+            outcome: "OK".to_string(),
+        });
+        let result = self
+            .0
+            .apply(
+                checked,
+                FLEET_AUTHOR,
+                &super::revision_message(rev, &d.message),
+                None,
+                None,
+                &mut audit,
+            )
+            .await;
+        if let Some(mut entry) = audit {
+            // Not written inside the commit transaction: the commit failed before it.
+            if let Err(e) = &result {
+                entry.outcome = e.reason().info().name.to_string();
+            }
+            if let Err(e) = self.0.store().audit(entry).await {
+                eprintln!("vallumd: fleet: audit write failed: {e}");
+            }
+        }
+        Ok(result?.revision.number)
+    }
+
+    async fn remove(&self, name: &str) -> Result<(), Error> {
+        self.0.delete(name, None).await
+    }
+}
+
 // === impl Agent ===
 
 /// One node's agent.
 #[derive(Debug)]
 pub struct Agent {
     etcd: Etcd,
-    pipeline: Arc<Pipeline>,
+    local: Arc<dyn Local>,
     owners: Arc<Owners>,
     keys: Keys,
     node: String,
@@ -138,11 +224,11 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// An agent for `node` with `labels`, committing through `pipeline`.
+    /// An agent for `node` with `labels`, committing through `local`.
     #[allow(clippy::too_many_arguments)] // One call site (server wiring); each is distinct.
     pub fn new(
         etcd: Etcd,
-        pipeline: Arc<Pipeline>,
+        local: Arc<dyn Local>,
         owners: Arc<Owners>,
         keys: Keys,
         node: String,
@@ -152,7 +238,7 @@ impl Agent {
     ) -> Arc<Agent> {
         Arc::new(Agent {
             etcd,
-            pipeline,
+            local,
             owners,
             keys,
             node,
@@ -315,13 +401,12 @@ impl Agent {
         if !selector.matches(&self.labels) {
             return self.removed(name).await;
         }
-        let active = self.pipeline.active();
+        let active = self.local.active(name);
         if self.owners.get(name) == Some(rev) {
             // Enforced already (e.g. before a restart, or an event re-delivered).
-            let local = active.get(name).map_or(0, |a| a.0);
-            return self.report(name, ack(rev, local, 0.0)).await;
+            return self.report(name, ack(rev, active.unwrap_or(0), 0.0)).await;
         }
-        if self.owners.get(name).is_none() && active.contains_key(name) {
+        if self.owners.get(name).is_none() && active.is_some() {
             return self
                 .report(
                     name,
@@ -332,7 +417,7 @@ impl Agent {
                 )
                 .await;
         }
-        match self.apply(name, rev, &d, &kv.value).await {
+        match self.local.apply(name, rev, &d, &kv.value).await {
             Ok(local) => {
                 self.owners.set(name, rev);
                 let latency = ((super::now_ns() - d.write_time_ns).max(0) as f64) / 1e9;
@@ -347,61 +432,10 @@ impl Agent {
         }
     }
 
-    /// Checks and commits `d` as ruleset `name`; returns the local revision.
-    async fn apply(&self, name: &str, rev: i64, d: &Desired, value: &[u8]) -> Result<u64, Error> {
-        let source = pb::RulesetSource {
-            source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
-                content: d.content.clone(),
-                family: pb::Family::Ipv4 as i32,
-                content_v6: d.content_v6.clone(),
-                filename: format!("fleet:{name}@{rev}"),
-            })),
-        };
-        let input = RulesetInput::try_from(&source)?;
-        let sets = self.pipeline.sets().clone();
-        let (n, priority) = (name.to_string(), d.priority);
-        let checked =
-            tokio::task::spawn_blocking(move || content::check(&n, priority, &input, &*sets))
-                .await
-                .map_err(|e| Error::Internal(format!("check task: {e}")))??;
-        let digest: String = Sha256::digest(value)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let mut audit = Some(AuditEntry {
-            at: super::now_ns(),
-            caller: format!("fleet revision {rev} ({})", d.author),
-            method: "FleetApply".to_string(),
-            request_digest: digest,
-            outcome: "OK".to_string(),
-        });
-        let result = self
-            .pipeline
-            .apply(
-                checked,
-                FLEET_AUTHOR,
-                &super::revision_message(rev, &d.message),
-                None,
-                None,
-                &mut audit,
-            )
-            .await;
-        if let Some(mut entry) = audit {
-            // Not written inside the commit transaction: the commit failed before it.
-            if let Err(e) = &result {
-                entry.outcome = e.reason().info().name.to_string();
-            }
-            if let Err(e) = self.pipeline.store().audit(entry).await {
-                eprintln!("vallumd: fleet: audit write failed: {e}");
-            }
-        }
-        Ok(result?.revision.number)
-    }
-
     /// Removes ruleset `name` from this node (when the fleet owns it) and its report.
     async fn removed(&self, name: &str) -> EtcdResult<()> {
         if self.owners.get(name).is_some() {
-            match self.pipeline.delete(name, None).await {
+            match self.local.remove(name).await {
                 Ok(()) | Err(Error::NotFound { .. }) => {
                     self.owners.remove(name);
                     self.stats

@@ -82,78 +82,99 @@ impl FleetApi {
     }
 
     async fn get(&self, name: &str) -> Result<(Desired, KeyValue)> {
-        let name = convert::ruleset_id("name", name)?;
-        let kv = self
-            .etcd
-            .get(&self.keys.ruleset(&name))
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                kind: "fleet ruleset",
-                name: format!("fleet/rulesets/{name}"),
-            })?;
-        Ok((decode(&kv)?, kv))
+        get(&self.etcd, &self.keys, name).await
     }
 
     async fn nodes(&self) -> Result<BTreeMap<String, NodeInfo>> {
-        let (_, kvs) = self.etcd.range_prefix(&self.keys.nodes(), 0).await?;
-        let mut nodes = BTreeMap::new();
-        for kv in kvs {
-            let key = String::from_utf8_lossy(&kv.key);
-            if let (Some(name), Ok(info)) = (
-                key.strip_prefix(self.keys.nodes().as_str()),
-                serde_json::from_slice::<NodeInfo>(&kv.value),
-            ) {
-                nodes.insert(name.to_string(), info);
-            }
-        }
-        Ok(nodes)
+        nodes(&self.etcd, &self.keys).await
     }
 
     async fn rollout(&self, name: &str) -> Result<pb::RolloutStatus> {
-        let (desired, kv) = self.get(name).await?;
-        let name = convert::ruleset_id("name", name)?;
-        let selector = Selector::parse(&desired.selector)
-            .map_err(|e| Error::Internal(format!("stored selector: {e}")))?;
-        let nodes = self.nodes().await?;
-        // Every report, then this ruleset's: status keys are per (node, ruleset).
-        let (_, kvs) = self.etcd.range_prefix(&self.keys.statuses(), 0).await?;
-        let mut reports = BTreeMap::new();
-        for kv in kvs {
-            let key = String::from_utf8_lossy(&kv.key).into_owned();
-            if let Some((node, rs)) = self.keys.status_parts(&key) {
-                if rs == name {
-                    if let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) {
-                        reports.insert(node.to_string(), r);
-                    }
-                }
-            }
-        }
-        let rev = kv.mod_revision;
-        let mut out = pb::RolloutStatus {
-            name: name.clone(),
-            fleet_revision: rev,
-            ..Default::default()
-        };
-        for (node, info) in &nodes {
-            if !selector.matches(&info.labels) {
-                continue;
-            }
-            out.selected.push(node.clone());
-            match reports.get(node) {
-                Some(r) if r.fleet_revision == rev && r.result == Ack::Ack => {
-                    out.applied.push(node_status(node, r));
-                }
-                Some(r) if r.fleet_revision == rev => out.failed.push(node_status(node, r)),
-                _ => out.pending.push(node.clone()),
-            }
-        }
-        for (node, r) in &reports {
-            if !nodes.contains_key(node) {
-                out.stale.push(node_status(node, r));
-            }
-        }
-        Ok(out)
+        rollout_status(&self.etcd, &self.keys, name).await
     }
+}
+
+/// The fleet ruleset `name` and its key.
+///
+/// Errors: [`Error::NotFound`], [`Error::Fleet`], [`Error::Internal`] for a value that is not one.
+pub async fn get(etcd: &Etcd, keys: &Keys, name: &str) -> Result<(Desired, KeyValue)> {
+    let name = convert::ruleset_id("name", name)?;
+    let kv = etcd
+        .get(&keys.ruleset(&name))
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            kind: "fleet ruleset",
+            name: format!("fleet/rulesets/{name}"),
+        })?;
+    Ok((decode(&kv)?, kv))
+}
+
+/// The live nodes (their node key, on a lease, exists).
+///
+/// Errors: [`Error::Fleet`].
+pub async fn nodes(etcd: &Etcd, keys: &Keys) -> Result<BTreeMap<String, NodeInfo>> {
+    let (_, kvs) = etcd.range_prefix(&keys.nodes(), 0).await?;
+    let mut nodes = BTreeMap::new();
+    for kv in kvs {
+        let key = String::from_utf8_lossy(&kv.key);
+        if let (Some(name), Ok(info)) = (
+            key.strip_prefix(keys.nodes().as_str()),
+            serde_json::from_slice::<NodeInfo>(&kv.value),
+        ) {
+            nodes.insert(name.to_string(), info);
+        }
+    }
+    Ok(nodes)
+}
+
+/// GetRolloutStatus of `name`: the live nodes its selector matches, which of them ACKed or
+/// NACKed its current fleet revision, which are pending, and reports of nodes gone.
+///
+/// Errors: as [`get`].
+pub async fn rollout_status(etcd: &Etcd, keys: &Keys, name: &str) -> Result<pb::RolloutStatus> {
+    let (desired, kv) = get(etcd, keys, name).await?;
+    let name = convert::ruleset_id("name", name)?;
+    let selector = Selector::parse(&desired.selector)
+        .map_err(|e| Error::Internal(format!("stored selector: {e}")))?;
+    let nodes = nodes(etcd, keys).await?;
+    // Every report, then this ruleset's: status keys are per (node, ruleset).
+    let (_, kvs) = etcd.range_prefix(&keys.statuses(), 0).await?;
+    let mut reports = BTreeMap::new();
+    for kv in kvs {
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        if let Some((node, rs)) = keys.status_parts(&key) {
+            if rs == name {
+                if let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) {
+                    reports.insert(node.to_string(), r);
+                }
+            }
+        }
+    }
+    let rev = kv.mod_revision;
+    let mut out = pb::RolloutStatus {
+        name: name.clone(),
+        fleet_revision: rev,
+        ..Default::default()
+    };
+    for (node, info) in &nodes {
+        if !selector.matches(&info.labels) {
+            continue;
+        }
+        out.selected.push(node.clone());
+        match reports.get(node) {
+            Some(r) if r.fleet_revision == rev && r.result == Ack::Ack => {
+                out.applied.push(node_status(node, r));
+            }
+            Some(r) if r.fleet_revision == rev => out.failed.push(node_status(node, r)),
+            _ => out.pending.push(node.clone()),
+        }
+    }
+    for (node, r) in &reports {
+        if !nodes.contains_key(node) {
+            out.stale.push(node_status(node, r));
+        }
+    }
+    Ok(out)
 }
 
 /// The expected mod revision of an etag: `None` for "", else its number (0: absent).

@@ -161,6 +161,11 @@ impl EtcdServer {
         body.contains("\"health\":\"true\"")
     }
 
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// kill -9 (the data directory stays).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
