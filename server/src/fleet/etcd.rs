@@ -101,7 +101,9 @@ impl Etcd {
                 })?
                 .connect_timeout(Duration::from_secs(2))
                 .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(5))
+                // Above etcd's --grpc-keepalive-min-time (5 s): pinging at it gets GOAWAY
+                // ("too many pings").
+                .http2_keep_alive_interval(Duration::from_secs(15))
                 .keep_alive_timeout(Duration::from_secs(5))
                 .keep_alive_while_idle(true);
             list.push(ep);
