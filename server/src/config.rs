@@ -284,6 +284,11 @@ pub struct Config {
     #[arg(long, env = "VALLUM_LOCAL_ADDRESSES_REFRESH", default_value = "1", value_parser = parse_seconds)]
     pub local_addresses_refresh: Duration,
 
+    /// Fleet mode: `--fleet-endpoints`, `--node-name`, `--node-labels`, `--fleet-prefix`,
+    /// `--fleet-lease-ttl` (off without `--fleet-endpoints`).
+    #[command(flatten)]
+    pub fleet: crate::fleet::FleetArgs,
+
     /// How often pending commit-confirmed deadlines are checked, in seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
     pub confirm_check_interval: Duration,

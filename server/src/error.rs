@@ -140,6 +140,10 @@ reasons! {
     /// An Apply/Stage of an empty ruleset without `allow_empty` (see
     /// [`crate::content::Checked::is_empty`]).
     EmptyRuleset => ("EMPTY_RULESET", InvalidArgument, EXIT_REJECTED),
+    /// Fleet mode: etcd cannot be reached or refused the request.
+    FleetUnavailable => ("FLEET_UNAVAILABLE", Unavailable, EXIT_UNAVAILABLE),
+    /// Fleet mode: the ruleset is owned by the fleet; change it with FleetService.
+    FleetOwned => ("FLEET_OWNED", FailedPrecondition, EXIT_REJECTED),
 }
 
 impl Reason {
@@ -373,6 +377,19 @@ pub enum Error {
     /// Anything else (a bug, or startup I/O).
     #[error("internal: {0}")]
     Internal(String),
+    /// Fleet mode: etcd cannot be reached, or refused the request (see [`crate::fleet`]).
+    #[error("fleet: {0}")]
+    Fleet(String),
+    /// Fleet mode: a local mutation of a ruleset the fleet agent owns.
+    #[error(
+        "rulesets/{ruleset} is owned by {owner}; change it with FleetService (vallumctl fleet)"
+    )]
+    FleetOwned {
+        /// The ruleset name.
+        ruleset: String,
+        /// The owner, e.g. `fleet /vallum/v1/ (fleet revision 42)`.
+        owner: String,
+    },
 }
 
 fn first(v: &[FieldViolation]) -> String {
@@ -408,6 +425,8 @@ impl Error {
             Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) => Reason::Store,
             Error::Limit(l) => l.reason(),
             Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
+            Error::Fleet(_) => Reason::FleetUnavailable,
+            Error::FleetOwned { .. } => Reason::FleetOwned,
         }
     }
 }
@@ -489,7 +508,15 @@ impl From<Error> for tonic::Status {
                     details.add_bad_request_violation("source", message.clone());
                 }
             }
+            Error::FleetOwned { ruleset, .. } => {
+                details.add_precondition_failure_violation(
+                    "FLEET_OWNED",
+                    format!("rulesets/{ruleset}"),
+                    message.clone(),
+                );
+            }
             Error::NotFound { .. }
+            | Error::Fleet(_)
             | Error::NotReady
             | Error::Commit(_)
             | Error::Store(_)

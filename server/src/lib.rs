@@ -9,6 +9,7 @@
 //!   commit-confirmed timers; [`outcome`]: how a commit ended, one vocabulary for the store,
 //!   the metrics, the watch stream and the alerts;
 //! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: the error table;
+//! - [`fleet`]: fleet mode (desired rulesets in etcd, the node agent, FleetService);
 //! - [`sources`]: packet sources feeding one worker thread per core;
 //! - [`hooks`]: the seams for metrics, auth and limits, and the [`hooks::MetricsObserver`]
 //!   that feeds [`metrics`] from the pipeline;
@@ -27,6 +28,7 @@ pub mod content;
 pub mod convert;
 pub mod error;
 pub mod example;
+pub mod fleet;
 pub mod hooks;
 pub mod limits;
 pub mod local_addrs;

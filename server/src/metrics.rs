@@ -348,6 +348,20 @@ impl Metrics {
         })
     }
 
+    /// The meter, for instruments another module owns (fleet mode's `vallum_fleet_*`).
+    pub fn meter(&self) -> Meter {
+        self.inner.meter.clone()
+    }
+
+    /// Keeps an observable instrument registered for the life of these metrics.
+    pub fn keep(&self, instrument: Box<dyn Any + Send + Sync>) {
+        self.inner
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(instrument);
+    }
+
     /// Records one commit: each phase and `total` into `vallum_commit_duration_seconds`, the
     /// cores waited for, and one `vallum_commits_total{ruleset, outcome}` (outcome: an
     /// [`Outcome::label`]). For other outcomes than `committed` only the phases that ran

@@ -107,6 +107,8 @@ impl Outcome {
             | Error::StoreWrite(_)
             | Error::Migrate(_)
             | Error::Startup { .. }
+            | Error::Fleet(_)
+            | Error::FleetOwned { .. }
             | Error::Internal(_) => None,
         }
     }

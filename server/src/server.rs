@@ -25,12 +25,15 @@ use vallum_engine::engine::{Engine, EngineConfig};
 use vallum_proto::v1::conntrack_service_server::ConntrackServiceServer;
 use vallum_proto::v1::counter_service_server::CounterServiceServer;
 use vallum_proto::v1::engine_service_server::EngineServiceServer;
+use vallum_proto::v1::fleet_service_server::FleetServiceServer;
 use vallum_proto::v1::ruleset_service_server::RulesetServiceServer;
 use vallum_proto::v1::set_service_server::SetServiceServer;
 use vallum_proto::v1::trace_service_server::TraceServiceServer;
 
 use crate::config::{Config, OnLoadFailure};
 use crate::error::{Error, Result};
+use crate::fleet::agent::{Agent, FleetStats, PipelineLocal};
+use crate::fleet::service::FleetApi;
 use crate::hooks::{self, Hooks, MetricsObserver};
 use crate::metrics::Metrics;
 use crate::pipeline::{MonotonicClock, Pipeline};
@@ -169,6 +172,19 @@ pub async fn run_with(
         }
     };
     let state = State::new(pipeline.clone(), config.source.to_string());
+    // Fleet mode: the etcd client connects lazily, so an unreachable etcd never delays start.
+    let fleet =
+        match config.fleet.enabled() {
+            true => {
+                let etcd = crate::fleet::etcd::Etcd::connect(&config.fleet.fleet_endpoints)
+                    .map_err(|e| Error::Startup {
+                        code: "FLEET_ENDPOINT_INVALID",
+                        message: e.to_string(),
+                    })?;
+                Some((etcd, config.fleet.node()?))
+            }
+            false => None,
+        };
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -245,6 +261,14 @@ pub async fn run_with(
         .add_service(
             SetServiceServer::new(SetApi::new(state.clone())).max_decoding_message_size(max),
         )
+        .add_optional_service(fleet.as_ref().map(|(etcd, _)| {
+            FleetServiceServer::new(FleetApi::new(
+                state.clone(),
+                etcd.clone(),
+                config.fleet.keys(),
+            ))
+            .max_decoding_message_size(max)
+        }))
         .serve_with_incoming_shutdown(
             // TCP_NODELAY on every accepted connection (a listener of our own does not get
             // tonic's default): without it Nagle's algorithm holds the last segment of a
@@ -286,6 +310,13 @@ pub async fn run_with(
             ),
         });
     }
+    if config.fleet.enabled() {
+        // Before SERVING: a fleet-owned ruleset is refused to local callers from the start.
+        state
+            .owners
+            .load(&config.fleet.fleet_prefix, &store)
+            .await?;
+    }
     if config.example && store.list_rulesets().await?.is_empty() {
         let checked = content::check(
             example::NAME,
@@ -317,6 +348,20 @@ pub async fn run_with(
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
     let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
     let sources = Sources::start(engine.clone(), &config.source, config.rate, clock)?;
+    // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
+    let agent = fleet.map(|(etcd, node)| {
+        Agent::new(
+            etcd,
+            Arc::new(PipelineLocal(pipeline.clone())),
+            state.owners.clone(),
+            config.fleet.keys(),
+            node,
+            config.fleet.node_labels.clone(),
+            config.fleet.lease_ttl(),
+            FleetStats::new(&metrics),
+        )
+        .spawn()
+    });
 
     match config.exit_after {
         Some(d) => {
@@ -330,6 +375,9 @@ pub async fn run_with(
 
     sources.stop();
     load_health.abort();
+    if let Some(a) = agent {
+        a.abort();
+    }
     timer.abort();
     conntrack_gc.abort();
     set_gc.abort();

@@ -25,6 +25,8 @@ pub struct State {
     pub ready: AtomicBool,
     /// The packet source, as configured (`none`, `pcap:FILE`, `synthetic`).
     pub source: String,
+    /// The rulesets fleet mode owns: RulesetService refuses to change them.
+    pub owners: Arc<crate::fleet::Owners>,
     /// Serialises calls that carry a request_id, so a retry racing the first call waits for
     /// its stored response.
     idempotency: tokio::sync::Mutex<()>,
@@ -37,6 +39,7 @@ impl State {
             pipeline,
             ready: AtomicBool::new(false),
             source,
+            owners: Arc::default(),
             idempotency: tokio::sync::Mutex::new(()),
         })
     }

@@ -129,6 +129,7 @@ impl RulesetApi {
         let mut audit = None;
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             let checked = self
                 .check(&name, r.priority, r.source.as_ref(), &r.etag)
@@ -196,6 +197,7 @@ impl RulesetApi {
             (!r.validate_only).then(|| audit_entry(caller.clone(), "CommitRevision", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             if r.validate_only {
                 let rev = self
@@ -256,6 +258,7 @@ impl RulesetApi {
         let mut audit = Some(audit_entry(caller.clone(), "Rollback", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state.owners.check(&name)?;
             self.state
                 .idempotent("Rollback", &r.request_id, async {
                     let c = self
@@ -287,6 +290,7 @@ impl RulesetApi {
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("name", &r.name)?;
+            self.state.owners.check(&name)?;
             self.state.pipeline.delete(&name, etag(&r.etag)).await
         }
         .await;
@@ -332,6 +336,7 @@ impl RulesetService for RulesetApi {
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            self.state.owners.check(&name)?;
             let (checked, base_etag) = self
                 .check(&name, r.priority, r.source.as_ref(), &r.etag)
                 .await?;
@@ -378,6 +383,7 @@ impl RulesetService for RulesetApi {
         let r = request.into_inner();
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            self.state.owners.check(&name)?;
             let rev = self.state.pipeline.confirm(&name, n).await?;
             Ok(pb::ConfirmCommitResponse {
                 revision: Some(convert::revision(&rev, false, &[])),

@@ -7,6 +7,7 @@
 mod conntrack;
 mod dataplane;
 mod error;
+mod fleet;
 mod sets;
 mod view;
 
@@ -24,6 +25,7 @@ use tonic::transport::{Channel, Endpoint};
 use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
 use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
+use vallum_proto::v1::fleet_service_client::FleetServiceClient;
 use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 use vallum_proto::v1::set_service_client::SetServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
@@ -287,6 +289,11 @@ enum Command {
         #[command(subcommand)]
         command: sets::SetCommand,
     },
+    /// Fleet mode (a vallumd with --fleet-endpoints): apply, status, list, delete, nodes.
+    Fleet {
+        #[command(subcommand)]
+        command: fleet::FleetCommand,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -417,6 +424,7 @@ struct Clients {
     engine: EngineServiceClient<Svc>,
     conntrack: ConntrackServiceClient<Svc>,
     sets: sets::Client,
+    fleet: fleet::Client,
 }
 
 async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
@@ -469,6 +477,8 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
         trace: TraceServiceClient::with_interceptor(channel.clone(), auth.clone()),
         engine: EngineServiceClient::with_interceptor(channel.clone(), auth.clone()),
         conntrack: ConntrackServiceClient::with_interceptor(channel.clone(), auth.clone()),
+        fleet: FleetServiceClient::with_interceptor(channel.clone(), auth.clone())
+            .max_decoding_message_size(64 << 20),
         sets: SetServiceClient::with_interceptor(channel, auth).max_decoding_message_size(64 << 20),
     })
 }
@@ -534,7 +544,13 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         let (json, text) = dataplane::run(command)?;
         return print(cli.output, json, || text);
     }
-    let is_watch = matches!(cli.command, Command::Watch { .. });
+    let is_watch = matches!(
+        cli.command,
+        Command::Watch { .. }
+            | Command::Fleet {
+                command: fleet::FleetCommand::Wait { .. }
+            }
+    );
     let mut c = connect(cli, !is_watch).await?;
     let out = cli.output;
     match &cli.command {
@@ -878,6 +894,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Dataplane { .. } => {}
         Command::Conntrack { cmd } => conntrack::run(&mut c.conntrack, cmd, out).await?,
         Command::Set { command } => sets::run(&mut c.sets, out, command).await?,
+        Command::Fleet { command } => fleet::run(&mut c.fleet, out, command).await?,
     }
     Ok(())
 }
@@ -933,6 +950,7 @@ fn changes(c: &Command) -> bool {
     match c {
         Command::Stage { validate_only, .. } => !validate_only,
         Command::Counters { zero, .. } => *zero,
+        Command::Fleet { command } => command.changes(),
         Command::Commit { .. }
         | Command::Confirm { .. }
         | Command::Apply { .. }

@@ -1,0 +1,377 @@
+//! Fleet mode: one declared policy for many nodes, kept in etcd (v3 API).
+//!
+//! Off unless `vallumd` runs with `--fleet-endpoints`. Then it serves `vallum.v1.FleetService`
+//! ([`service`]) and runs a node agent ([`agent`]). The keys under `--fleet-prefix` (default
+//! `/vallum/v1/`), each value JSON (readable with `etcdctl get`):
+//!
+//! - `{prefix}rulesets/{name}`: a [`Desired`] ruleset (canonical IPv4/IPv6 iptables-save
+//!   text, priority, node selector, message, author, write time), written only by
+//!   FleetService after it validated the text exactly as Apply does. The etcd revision of the
+//!   write (the key's mod revision) is the **fleet revision**, and its etag.
+//! - `{prefix}status/{node}/{name}`: a [`NodeReport`], one small key per (node, ruleset),
+//!   never a list inside the ruleset key (writes stay one per node and change).
+//! - `{prefix}nodes/{node}`: a [`NodeInfo`] (labels, version, heartbeat), bound to an etcd
+//!   lease of `--fleet-lease-ttl` seconds kept alive by the agent: when a node dies its node
+//!   key expires, and its reports show as stale in GetRolloutStatus rather than as applied.
+//!
+//! The etcd client ([`etcd`]) is generated from the subset of etcd's API in
+//! `proto/etcd/rpc.proto` (see there, and [`etcd`], for why not the `etcd-client` crate).
+//!
+//! Ownership: a ruleset the agent committed is *fleet-owned* ([`Owners`]): its local
+//! revisions have author [`FLEET_AUTHOR`] and a message starting `fleet revision N`, so the
+//! ownership survives a restart without etcd. RulesetService refuses to change a fleet-owned
+//! ruleset (FAILED_PRECONDITION, reason FLEET_OWNED, naming the owner).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+pub mod agent;
+pub mod etcd;
+pub mod selector;
+pub mod service;
+
+/// The author of every local revision the fleet agent commits.
+pub const FLEET_AUTHOR: &str = "fleet";
+
+/// Fleet-mode flags, flattened into [`crate::Config`]; each has a `VALLUM_*` env twin.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct FleetArgs {
+    /// etcd endpoints, comma-separated (`http://127.0.0.1:2379,...`); fleet mode is off
+    /// without it.
+    #[arg(long, env = "VALLUM_FLEET_ENDPOINTS", value_delimiter = ',')]
+    pub fleet_endpoints: Vec<String>,
+
+    /// This node's name in the fleet (default: the host name).
+    #[arg(long, env = "VALLUM_NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// This node's labels, `k=v,k2=v2`, matched by the rulesets' node selectors.
+    #[arg(long, env = "VALLUM_NODE_LABELS", default_value = "", value_parser = selector::parse_labels)]
+    pub node_labels: Labels,
+
+    /// The etcd key prefix of the fleet's keys.
+    #[arg(long, env = "VALLUM_FLEET_PREFIX", default_value = "/vallum/v1/")]
+    pub fleet_prefix: String,
+
+    /// Seconds the node key outlives this node (its etcd lease's TTL; kept alive every
+    /// third of it).
+    #[arg(long, env = "VALLUM_FLEET_LEASE_TTL", default_value_t = 10)]
+    pub fleet_lease_ttl: u32,
+}
+
+/// Node labels: name -> value.
+pub type Labels = BTreeMap<String, String>;
+
+impl FleetArgs {
+    /// Whether fleet mode is on.
+    pub fn enabled(&self) -> bool {
+        !self.fleet_endpoints.is_empty()
+    }
+
+    /// The node name: `--node-name`, else the host name.
+    ///
+    /// Errors: [`Error::Startup`] when neither is usable as a key segment.
+    pub fn node(&self) -> Result<String> {
+        let name = match &self.node_name {
+            Some(n) => n.clone(),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+        };
+        let ok = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if ok {
+            Ok(name)
+        } else {
+            Err(Error::Startup {
+                code: "NODE_NAME_INVALID",
+                message: format!(
+                    "--node-name {name:?}: 1-253 characters of A-Z a-z 0-9 . _ - are required in fleet mode"
+                ),
+            })
+        }
+    }
+
+    /// The key layout under `--fleet-prefix`.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.fleet_prefix)
+    }
+
+    /// The lease TTL (at least 2 s).
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(u64::from(self.fleet_lease_ttl.max(2)))
+    }
+}
+
+// === impl Keys ===
+
+/// The etcd keys of a fleet under one prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// The keys under `prefix` (a `/` is appended when missing).
+    pub fn new(prefix: &str) -> Keys {
+        let mut prefix = prefix.to_string();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Keys { prefix }
+    }
+
+    /// The prefix itself, ending in `/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `{prefix}rulesets/`.
+    pub fn rulesets(&self) -> String {
+        format!("{}rulesets/", self.prefix)
+    }
+
+    /// `{prefix}rulesets/{name}`.
+    pub fn ruleset(&self, name: &str) -> String {
+        format!("{}rulesets/{name}", self.prefix)
+    }
+
+    /// `{prefix}status/`.
+    pub fn statuses(&self) -> String {
+        format!("{}status/", self.prefix)
+    }
+
+    /// `{prefix}status/{node}/{ruleset}`.
+    pub fn status(&self, node: &str, ruleset: &str) -> String {
+        format!("{}status/{node}/{ruleset}", self.prefix)
+    }
+
+    /// `{prefix}nodes/`.
+    pub fn nodes(&self) -> String {
+        format!("{}nodes/", self.prefix)
+    }
+
+    /// `{prefix}nodes/{node}`.
+    pub fn node(&self, node: &str) -> String {
+        format!("{}nodes/{node}", self.prefix)
+    }
+
+    /// The ruleset name of a `{prefix}rulesets/{name}` key.
+    pub fn ruleset_name<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.prefix.as_str())?
+            .strip_prefix("rulesets/")
+            .filter(|n| !n.is_empty() && !n.contains('/'))
+    }
+
+    /// (node, ruleset) of a `{prefix}status/{node}/{ruleset}` key.
+    pub fn status_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+        key.strip_prefix(self.prefix.as_str())?
+            .strip_prefix("status/")?
+            .split_once('/')
+    }
+}
+
+// === values ===
+
+/// The value of `{prefix}rulesets/{name}` (JSON).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desired {
+    /// Canonical iptables-save text of the IPv4 tables.
+    #[serde(default)]
+    pub content: String,
+    /// Canonical ip6tables-save text of the IPv6 tables.
+    #[serde(default)]
+    pub content_v6: String,
+    /// Priority among active rulesets (lower runs first).
+    #[serde(default)]
+    pub priority: i32,
+    /// Node selector ([`selector::Selector`] syntax); empty selects every node.
+    #[serde(default)]
+    pub selector: String,
+    /// The writer's message.
+    #[serde(default)]
+    pub message: String,
+    /// Who wrote it (the FleetService caller).
+    #[serde(default)]
+    pub author: String,
+    /// Write time, Unix ns (the start of programming latency).
+    #[serde(default)]
+    pub write_time_ns: i64,
+}
+
+/// ACK or NACK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Ack {
+    /// The node enforces the fleet revision.
+    Ack,
+    /// The node could not apply it (and keeps what it enforced before).
+    Nack,
+}
+
+/// The value of `{prefix}status/{node}/{ruleset}` (JSON).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The fleet revision this report is about.
+    pub fleet_revision: i64,
+    /// ACK or NACK.
+    pub result: Ack,
+    /// The NACK's error, as Apply would return it (`FILE:LINE:COL: message`).
+    #[serde(default)]
+    pub error: String,
+    /// The local revision an ACK made active (0 for a NACK).
+    #[serde(default)]
+    pub local_revision: u64,
+    /// Report time, Unix ns.
+    pub time_ns: i64,
+    /// Fleet write time -> local publish, seconds (0 for a NACK).
+    #[serde(default)]
+    pub latency_seconds: f64,
+}
+
+/// The value of `{prefix}nodes/{node}` (JSON), on the node's lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node's labels.
+    #[serde(default)]
+    pub labels: Labels,
+    /// vallumd's version.
+    #[serde(default)]
+    pub version: String,
+    /// When the node (re)registered on its lease, Unix ns; the lease keeps it alive after.
+    #[serde(default)]
+    pub heartbeat_ns: i64,
+}
+
+// === impl Owners ===
+
+/// Which local rulesets the fleet agent owns, and at which fleet revision: the one place the
+/// services and the agent ask.
+#[derive(Debug, Default)]
+pub struct Owners {
+    /// `None` when fleet mode is off; else the prefix (for messages).
+    prefix: Mutex<Option<String>>,
+    owned: Mutex<BTreeMap<String, i64>>,
+}
+
+impl Owners {
+    /// Turns fleet ownership on for `prefix` and reads the owned rulesets from the store:
+    /// those whose active revision's author is [`FLEET_AUTHOR`] (the fleet revision from its
+    /// message `fleet revision N: ...`).
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn load(&self, prefix: &str, store: &Store) -> Result<()> {
+        let mut owned = BTreeMap::new();
+        for (rs, rev) in store.active().await? {
+            if rev.author == FLEET_AUTHOR {
+                owned.insert(rs.name, fleet_revision_of(&rev.message).unwrap_or(0));
+            }
+        }
+        *lock(&self.prefix) = Some(prefix.to_string());
+        *lock(&self.owned) = owned;
+        Ok(())
+    }
+
+    /// Errors with [`Error::FleetOwned`] when `ruleset` is fleet-owned.
+    pub fn check(&self, ruleset: &str) -> Result<()> {
+        let Some(prefix) = lock(&self.prefix).clone() else {
+            return Ok(());
+        };
+        match lock(&self.owned).get(ruleset) {
+            Some(rev) => Err(Error::FleetOwned {
+                ruleset: ruleset.to_string(),
+                owner: format!("the fleet at {prefix} (fleet revision {rev})"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The fleet revision a fleet-owned ruleset was applied at.
+    pub fn get(&self, ruleset: &str) -> Option<i64> {
+        lock(&self.owned).get(ruleset).copied()
+    }
+
+    /// Every fleet-owned ruleset.
+    pub fn all(&self) -> BTreeMap<String, i64> {
+        lock(&self.owned).clone()
+    }
+
+    /// Marks `ruleset` fleet-owned at `revision`.
+    pub fn set(&self, ruleset: &str, revision: i64) {
+        lock(&self.owned).insert(ruleset.to_string(), revision);
+    }
+
+    /// `ruleset` is no longer fleet-owned.
+    pub fn remove(&self, ruleset: &str) {
+        lock(&self.owned).remove(ruleset);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The local revision message of a fleet apply.
+pub fn revision_message(fleet_revision: i64, message: &str) -> String {
+    if message.is_empty() {
+        format!("fleet revision {fleet_revision}")
+    } else {
+        format!("fleet revision {fleet_revision}: {message}")
+    }
+}
+
+/// The fleet revision in a message made by [`revision_message`].
+pub fn fleet_revision_of(message: &str) -> Option<i64> {
+    let rest = message.strip_prefix("fleet revision ")?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// Unix ns now.
+pub(crate) fn now_ns() -> i64 {
+    crate::store::now_ns()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let k = Keys::new("/vallum/v1");
+        assert_eq!(k.ruleset("web"), "/vallum/v1/rulesets/web");
+        assert_eq!(k.ruleset_name("/vallum/v1/rulesets/web"), Some("web"));
+        assert_eq!(k.ruleset_name("/vallum/v1/rulesets/"), None);
+        assert_eq!(k.status_parts(&k.status("n1", "web")), Some(("n1", "web")));
+    }
+
+    #[test]
+    fn revision_message_round_trip() {
+        assert_eq!(fleet_revision_of(&revision_message(42, "hello")), Some(42));
+        assert_eq!(fleet_revision_of(&revision_message(7, "")), Some(7));
+        assert_eq!(fleet_revision_of("rollback to revision 3"), None);
+    }
+
+    #[test]
+    fn owners_refuse_only_in_fleet_mode() {
+        let o = Owners::default();
+        o.set("web", 5);
+        assert!(o.check("web").is_ok(), "fleet mode off: nothing is owned");
+        *lock(&o.prefix) = Some("/vallum/v1/".into());
+        let e = o.check("web").unwrap_err();
+        assert_eq!(e.reason(), crate::Reason::FleetOwned);
+        assert!(e.to_string().contains("fleet revision 5"), "{e}");
+        assert!(o.check("other").is_ok());
+    }
+}

@@ -1,0 +1,554 @@
+//! The node agent: keeps the local pipeline enforcing the fleet rulesets whose selector
+//! matches this node's labels, reports ACK/NACK per (node, ruleset), and keeps the node key
+//! alive on an etcd lease.
+//!
+//! Sync: list `{prefix}rulesets/` at revision R (and this node's own reports), reconcile,
+//! then watch from R+1. Every event is handled idempotently and the last revision seen only
+//! moves past an event once it is handled and reported, so after a disconnect the watch
+//! resumes from that revision and re-delivers anything half done. When etcd answers that the
+//! revision was compacted, the agent lists again and reconciles (`vallum_fleet_watch_restarts
+//! _total{reason="compacted"}`).
+//!
+//! Reconcile of one ruleset: a selected ruleset whose fleet revision this node does not
+//! enforce yet is checked and committed through the same local pipeline as Apply
+//! ([`crate::content::check`] then [`Pipeline::apply`], author [`FLEET_AUTHOR`], message
+//! `fleet revision N: ...`, an audit row `FleetApply`), then reported ACK with the local
+//! revision and the latency write -> publish, or NACK with the error (the node keeps what it
+//! enforced before). A ruleset no longer selected, or deleted, is removed locally and its
+//! report deleted.
+//!
+//! Fail-static: nothing here runs before the stored state is loaded, and nothing local
+//! changes while etcd is unreachable; `vallum_fleet_connected` says 0 and the agent retries
+//! with a backoff of 0.1 s doubling to 5 s. Latency uses the writer's and the node's wall
+//! clocks (keep them in sync, e.g. NTP).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry::KeyValue as Attr;
+use opentelemetry::metrics::{Counter, Histogram};
+use sha2::{Digest, Sha256};
+use vallum_proto::etcdserverpb::event::EventType;
+use vallum_proto::v1 as pb;
+
+use super::etcd::{Etcd, EtcdError, EtcdResult, KeyValue};
+use super::selector::Selector;
+use super::{Ack, Desired, FLEET_AUTHOR, Keys, Labels, NodeInfo, NodeReport, Owners};
+use crate::content::{self, RulesetInput};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::store::AuditEntry;
+
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Buckets of `vallum_fleet_programming_latency_seconds`.
+const LATENCY_BOUNDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+// === impl FleetStats ===
+
+/// The agent's metrics: `vallum_fleet_connected`, `vallum_fleet_revision`,
+/// `vallum_fleet_applies_total{outcome}`, `vallum_fleet_watch_restarts_total{reason}`,
+/// `vallum_fleet_programming_latency_seconds`.
+#[derive(Debug)]
+pub struct FleetStats {
+    connected: Arc<AtomicBool>,
+    revision: Arc<AtomicI64>,
+    applies: Counter<u64>,
+    restarts: Counter<u64>,
+    latency: Histogram<f64>,
+}
+
+impl FleetStats {
+    /// Registers the instruments on `metrics`.
+    pub fn new(metrics: &Metrics) -> Arc<FleetStats> {
+        let meter = metrics.meter();
+        let connected = Arc::new(AtomicBool::new(false));
+        let revision = Arc::new(AtomicI64::new(0));
+        let c = connected.clone();
+        let gauge = meter
+            .u64_observable_gauge("vallum_fleet_connected")
+            .with_description("1 while the fleet agent's last etcd call succeeded, else 0.")
+            // Relaxed: a monitoring read of one flag, ordered with nothing else.
+            .with_callback(move |o| o.observe(u64::from(c.load(Ordering::Relaxed)), &[]))
+            .build();
+        metrics.keep(Box::new(gauge));
+        let r = revision.clone();
+        let gauge = meter
+            .i64_observable_gauge("vallum_fleet_revision")
+            .with_description("The last etcd revision the fleet agent handled.")
+            // Relaxed: as above.
+            .with_callback(move |o| o.observe(r.load(Ordering::Relaxed), &[]))
+            .build();
+        metrics.keep(Box::new(gauge));
+        Arc::new(FleetStats {
+            connected,
+            revision,
+            applies: meter
+                .u64_counter("vallum_fleet_applies")
+                .with_description(
+                    "Fleet rulesets handled by this node, by outcome (ack, nack, removed).",
+                )
+                .build(),
+            restarts: meter
+                .u64_counter("vallum_fleet_watch_restarts")
+                .with_description("Watch restarts by reason (disconnected, compacted).")
+                .build(),
+            latency: meter
+                .f64_histogram("vallum_fleet_programming_latency")
+                .with_unit("s")
+                .with_description("Fleet write time to local publish of a fleet ruleset.")
+                .with_boundaries(LATENCY_BOUNDS.to_vec())
+                .build(),
+        })
+    }
+
+    /// Whether the last etcd call succeeded.
+    pub fn connected(&self) -> bool {
+        // Relaxed: a status read of one flag.
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    fn set_connected(&self, up: bool) {
+        // Relaxed: see `connected`.
+        self.connected.store(up, Ordering::Relaxed);
+    }
+}
+
+// === Local ===
+
+/// The node-local side of the agent: in vallumd, the commit pipeline ([`PipelineLocal`]); the
+/// fleet scale bench (`benches/fleet.rs`) runs the same agent over a lighter one.
+#[tonic::async_trait]
+pub trait Local: Send + Sync + std::fmt::Debug + 'static {
+    /// Whether a ruleset of this name is active locally, and its local revision.
+    fn active(&self, name: &str) -> Option<u64>;
+
+    /// Checks and commits `d` as ruleset `name` at fleet revision `rev` (`value`: the etcd
+    /// value, for the audit record); returns the local revision.
+    ///
+    /// Errors: as Apply's.
+    async fn apply(&self, name: &str, rev: i64, d: &Desired, value: &[u8]) -> Result<u64, Error>;
+
+    /// Deactivates and deletes ruleset `name`.
+    ///
+    /// Errors: as DeleteRuleset's.
+    async fn remove(&self, name: &str) -> Result<(), Error>;
+}
+
+/// [`Local`] over vallumd's pipeline: the same check and commit as Apply.
+#[derive(Debug)]
+pub struct PipelineLocal(pub Arc<Pipeline>);
+
+#[tonic::async_trait]
+impl Local for PipelineLocal {
+    fn active(&self, name: &str) -> Option<u64> {
+        self.0.active().get(name).map(|a| a.0)
+    }
+
+    async fn apply(&self, name: &str, rev: i64, d: &Desired, value: &[u8]) -> Result<u64, Error> {
+        let source = pb::RulesetSource {
+            source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
+                content: d.content.clone(),
+                family: pb::Family::Ipv4 as i32,
+                content_v6: d.content_v6.clone(),
+                filename: format!("fleet:{name}@{rev}"),
+                ..Default::default()
+            })),
+        };
+        let input = RulesetInput::try_from(&source)?;
+        let sets = self.0.sets().clone();
+        let limits = self.0.limits().clone();
+        let (n, priority) = (name.to_string(), d.priority);
+        // As Apply's check, limits included (this node's flags; a node over them NACKs).
+        let checked = tokio::task::spawn_blocking(move || {
+            content::check_with(
+                &n,
+                priority,
+                &input,
+                &*sets,
+                None,
+                &content::Restoring::default(),
+                Some(&limits),
+            )
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("check task: {e}")))??;
+        let digest: String = Sha256::digest(value)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let mut audit = Some(AuditEntry {
+            at: super::now_ns(),
+            caller: format!("fleet revision {rev} ({})", d.author),
+            method: "FleetApply".to_string(),
+            request_digest: digest,
+            outcome: "OK".to_string(),
+        });
+        let result = self
+            .0
+            .apply(
+                checked,
+                FLEET_AUTHOR,
+                &super::revision_message(rev, &d.message),
+                None,
+                None,
+                &mut audit,
+            )
+            .await;
+        if let Some(mut entry) = audit {
+            // Not written inside the commit transaction: the commit failed before it.
+            if let Err(e) = &result {
+                entry.outcome = e.reason().info().name.to_string();
+            }
+            if let Err(e) = self.0.store().audit(entry).await {
+                eprintln!("vallumd: fleet: audit write failed: {e}");
+            }
+        }
+        Ok(result?.revision.number)
+    }
+
+    async fn remove(&self, name: &str) -> Result<(), Error> {
+        self.0.delete(name, None).await
+    }
+}
+
+// === impl Agent ===
+
+/// One node's agent.
+#[derive(Debug)]
+pub struct Agent {
+    etcd: Etcd,
+    local: Arc<dyn Local>,
+    owners: Arc<Owners>,
+    keys: Keys,
+    node: String,
+    labels: Labels,
+    lease_ttl: Duration,
+    stats: Arc<FleetStats>,
+    /// The rulesets this node has a report key for.
+    reported: Mutex<BTreeMap<String, NodeReport>>,
+}
+
+impl Agent {
+    /// An agent for `node` with `labels`, committing through `local`.
+    #[allow(clippy::too_many_arguments)] // One call site (server wiring); each is distinct.
+    pub fn new(
+        etcd: Etcd,
+        local: Arc<dyn Local>,
+        owners: Arc<Owners>,
+        keys: Keys,
+        node: String,
+        labels: Labels,
+        lease_ttl: Duration,
+        stats: Arc<FleetStats>,
+    ) -> Arc<Agent> {
+        Arc::new(Agent {
+            etcd,
+            local,
+            owners,
+            keys,
+            node,
+            labels,
+            lease_ttl,
+            stats,
+            reported: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Runs the sync loop and the heartbeat until aborted.
+    pub fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            tokio::join!(self.heartbeat(), self.sync());
+        })
+    }
+
+    async fn sync(&self) {
+        let mut last = 0i64;
+        let mut need_list = true;
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            if need_list {
+                match self.list_and_reconcile().await {
+                    Ok(rev) => {
+                        last = rev;
+                        need_list = false;
+                        backoff = BACKOFF_MIN;
+                        self.stats.set_connected(true);
+                        // Relaxed: a monitoring value.
+                        self.stats.revision.store(last, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        self.stats.set_connected(false);
+                        eprintln!("vallumd: fleet: list: {e}; retrying in {backoff:?}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        continue;
+                    }
+                }
+            }
+            let err = self.watch_from(&mut last, &mut backoff).await;
+            let reason = match err {
+                EtcdError::Compacted(_) => {
+                    need_list = true;
+                    "compacted"
+                }
+                _ => {
+                    self.stats.set_connected(false);
+                    eprintln!(
+                        "vallumd: fleet: watch: {err}; resuming from {} in {backoff:?}",
+                        last + 1
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    "disconnected"
+                }
+            };
+            self.stats.restarts.add(1, &[Attr::new("reason", reason)]);
+        }
+    }
+
+    /// Lists the rulesets and this node's reports, reconciles; returns the revision read.
+    async fn list_and_reconcile(&self) -> EtcdResult<i64> {
+        let (rev, kvs) = self.etcd.range_prefix(&self.keys.rulesets(), 0).await?;
+        let mine = format!("{}{}/", self.keys.statuses(), self.node);
+        let (_, reports) = self.etcd.range_prefix(&mine, rev).await?;
+        {
+            let mut reported = lock(&self.reported);
+            reported.clear();
+            for kv in reports {
+                let key = String::from_utf8_lossy(&kv.key);
+                if let (Some((_, name)), Ok(r)) = (
+                    self.keys.status_parts(&key),
+                    serde_json::from_slice::<NodeReport>(&kv.value),
+                ) {
+                    reported.insert(name.to_string(), r);
+                }
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for kv in &kvs {
+            let key = String::from_utf8_lossy(&kv.key).into_owned();
+            if let Some(name) = self.keys.ruleset_name(&key) {
+                seen.insert(name.to_string());
+                self.desired(name, kv).await?;
+            }
+        }
+        let stale: Vec<String> = self
+            .owners
+            .all()
+            .into_keys()
+            .chain(lock(&self.reported).keys().cloned())
+            .filter(|n| !seen.contains(n))
+            .collect();
+        for name in stale {
+            self.removed(&name).await?;
+        }
+        Ok(rev)
+    }
+
+    /// Watches from `last + 1`, handling events, until an error (which it returns).
+    async fn watch_from(&self, last: &mut i64, backoff: &mut Duration) -> EtcdError {
+        let mut w = match self
+            .etcd
+            .watch_prefix(&self.keys.rulesets(), *last + 1)
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => return e,
+        };
+        self.stats.set_connected(true);
+        *backoff = BACKOFF_MIN;
+        loop {
+            let r = match w.next().await {
+                Ok(r) => r,
+                Err(e) => return e,
+            };
+            if r.events.is_empty() {
+                // A progress notification: every event up to this revision was sent.
+                if let Some(h) = &r.header {
+                    *last = (*last).max(h.revision);
+                }
+            }
+            for ev in r.events {
+                let Some(kv) = ev.kv else { continue };
+                let key = String::from_utf8_lossy(&kv.key).into_owned();
+                if let Some(name) = self.keys.ruleset_name(&key) {
+                    let done = if ev.r#type == EventType::Delete as i32 {
+                        self.removed(name).await
+                    } else {
+                        self.desired(name, &kv).await
+                    };
+                    if let Err(e) = done {
+                        return e;
+                    }
+                }
+                *last = (*last).max(kv.mod_revision);
+            }
+            // Relaxed: a monitoring value.
+            self.stats.revision.store(*last, Ordering::Relaxed);
+        }
+    }
+
+    /// Reconciles ruleset `name` with its fleet key `kv`.
+    async fn desired(&self, name: &str, kv: &KeyValue) -> EtcdResult<()> {
+        let rev = kv.mod_revision;
+        let d: Desired = match serde_json::from_slice(&kv.value) {
+            Ok(d) => d,
+            Err(e) => {
+                return self
+                    .report(name, nack(rev, format!("not a fleet ruleset value: {e}")))
+                    .await;
+            }
+        };
+        let selector = match Selector::parse(&d.selector) {
+            Ok(s) => s,
+            Err(e) => return self.report(name, nack(rev, format!("selector: {e}"))).await,
+        };
+        if !selector.matches(&self.labels) {
+            return self.removed(name).await;
+        }
+        let active = self.local.active(name);
+        if self.owners.get(name) == Some(rev) {
+            // Enforced already (e.g. before a restart, or an event re-delivered).
+            return self.report(name, ack(rev, active.unwrap_or(0), 0.0)).await;
+        }
+        if self.owners.get(name).is_none() && active.is_some() {
+            return self
+                .report(
+                    name,
+                    nack(
+                        rev,
+                        format!("a local ruleset {name} exists that the fleet does not own; delete it on this node first"),
+                    ),
+                )
+                .await;
+        }
+        match self.local.apply(name, rev, &d, &kv.value).await {
+            Ok(local) => {
+                self.owners.set(name, rev);
+                let latency = ((super::now_ns() - d.write_time_ns).max(0) as f64) / 1e9;
+                self.stats.latency.record(latency, &[]);
+                self.stats.applies.add(1, &[Attr::new("outcome", "ack")]);
+                self.report(name, ack(rev, local, latency)).await
+            }
+            Err(e) => {
+                self.stats.applies.add(1, &[Attr::new("outcome", "nack")]);
+                self.report(name, nack(rev, describe(&e))).await
+            }
+        }
+    }
+
+    /// Removes ruleset `name` from this node (when the fleet owns it) and its report.
+    async fn removed(&self, name: &str) -> EtcdResult<()> {
+        if self.owners.get(name).is_some() {
+            match self.local.remove(name).await {
+                Ok(()) | Err(Error::NotFound { .. }) => {
+                    self.owners.remove(name);
+                    self.stats
+                        .applies
+                        .add(1, &[Attr::new("outcome", "removed")]);
+                }
+                Err(e) => eprintln!("vallumd: fleet: removing {name}: {e}"),
+            }
+        }
+        if lock(&self.reported).contains_key(name) {
+            self.etcd
+                .delete(&self.keys.status(&self.node, name))
+                .await?;
+            lock(&self.reported).remove(name);
+        }
+        Ok(())
+    }
+
+    /// Writes this node's report for `name`, unless the same result is reported already.
+    async fn report(&self, name: &str, r: NodeReport) -> EtcdResult<()> {
+        if let Some(old) = lock(&self.reported).get(name) {
+            if old.fleet_revision == r.fleet_revision && old.result == r.result {
+                return Ok(());
+            }
+        }
+        let value = serde_json::to_vec(&r).unwrap_or_default();
+        self.etcd
+            .put(&self.keys.status(&self.node, name), value, 0)
+            .await?;
+        lock(&self.reported).insert(name.to_string(), r);
+        Ok(())
+    }
+
+    /// Registers the node key on a lease and keeps the lease alive; re-registers when the
+    /// lease expired or etcd was unreachable.
+    async fn heartbeat(&self) {
+        let ttl = self.lease_ttl;
+        // Retried well within the TTL, so one failed endpoint does not let the node key expire.
+        let max = BACKOFF_MAX.min(ttl / 4);
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let round = async {
+                let id = self.etcd.lease_grant(ttl.as_secs() as i64).await?;
+                let info = NodeInfo {
+                    labels: self.labels.clone(),
+                    version: env!("CARGO_PKG_VERSION").to_string(),
+                    heartbeat_ns: super::now_ns(),
+                };
+                let value = serde_json::to_vec(&info).unwrap_or_default();
+                self.etcd
+                    .put(&self.keys.node(&self.node), value, id)
+                    .await?;
+                self.etcd.keep_alive(id, ttl / 3).await
+            };
+            match round.await {
+                Ok(()) => backoff = BACKOFF_MIN,
+                Err(e) => {
+                    eprintln!("vallumd: fleet: heartbeat: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(max);
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn ack(rev: i64, local: u64, latency: f64) -> NodeReport {
+    NodeReport {
+        fleet_revision: rev,
+        result: Ack::Ack,
+        error: String::new(),
+        local_revision: local,
+        time_ns: super::now_ns(),
+        latency_seconds: latency,
+    }
+}
+
+fn nack(rev: i64, error: String) -> NodeReport {
+    NodeReport {
+        fleet_revision: rev,
+        result: Ack::Nack,
+        error,
+        local_revision: 0,
+        time_ns: super::now_ns(),
+        latency_seconds: 0.0,
+    }
+}
+
+/// An error as a NACK shows it: every violation of a bad request (`FILE:LINE:COL: ...`),
+/// else the error's text.
+fn describe(e: &Error) -> String {
+    match e {
+        Error::BadRequest { violations, .. } => violations
+            .iter()
+            .map(|v| v.description.clone())
+            .collect::<Vec<_>>()
+            .join("; "),
+        other => other.to_string(),
+    }
+}

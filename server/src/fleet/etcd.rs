@@ -1,0 +1,484 @@
+//! A small etcd v3 client: the calls fleet mode makes (prefix range, put, compare-and-swap
+//! and delete in one Txn, watch, lease grant and keep-alive, compact).
+//!
+//! Generated from `proto/etcd/rpc.proto`, a subset of etcd's API written from its reference
+//! (same field numbers). Not the `etcd-client` crate: its build script runs a system `protoc`,
+//! and Vallum builds with the Rust toolchain alone (protox).
+//!
+//! Endpoints: one lazily connecting channel each (creating a client never waits for etcd:
+//! fail-static start); calls go to the current endpoint, and a call failing with UNAVAILABLE
+//! (connection refused, member down) moves the client to the next one, so with one member
+//! of three down at most one call per client fails. (tonic's `balance_list` kept sending a
+//! share of the calls to the dead member.) Plain `http://` only for now.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use vallum_proto::etcdserverpb as pb;
+use vallum_proto::etcdserverpb::kv_client::KvClient;
+use vallum_proto::etcdserverpb::lease_client::LeaseClient;
+use vallum_proto::etcdserverpb::watch_client::WatchClient;
+
+pub use pb::KeyValue;
+
+/// What an etcd call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// An endpoint is not a URL.
+    #[error("etcd endpoint {endpoint:?}: {message}")]
+    Endpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// Why.
+        message: String,
+    },
+    /// The call failed (etcd unreachable, or it refused the request).
+    #[error("etcd: {}", .0.message())]
+    Status(#[from] tonic::Status),
+    /// A watch start revision was compacted: list again. Holds etcd's compact revision.
+    #[error("etcd: revision compacted (oldest kept {0})")]
+    Compacted(i64),
+    /// The watch ended (etcd closed it or cancelled it for another reason).
+    #[error("etcd: watch ended: {0}")]
+    WatchEnded(String),
+}
+
+impl From<EtcdError> for crate::Error {
+    fn from(e: EtcdError) -> Self {
+        crate::Error::Fleet(e.to_string())
+    }
+}
+
+/// Result of an etcd call.
+pub type EtcdResult<T> = std::result::Result<T, EtcdError>;
+
+/// The end of the range of every key starting with `prefix` (its last byte plus one).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or empty): every key from `prefix` on.
+    vec![0]
+}
+
+/// The outcome of a compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Swap {
+    /// Done at this etcd revision.
+    Done(i64),
+    /// The key's mod revision was not the expected one: here is the current one (0: absent).
+    Moved(i64),
+}
+
+/// An etcd client (cheap to clone; clones share the current endpoint).
+#[derive(Clone, Debug)]
+pub struct Etcd {
+    channels: Arc<Vec<Channel>>,
+    current: Arc<AtomicUsize>,
+}
+
+const MAX_MESSAGE: usize = 64 << 20;
+
+impl Etcd {
+    /// A client over `endpoints` (`http://host:port`), connecting lazily.
+    ///
+    /// Errors: [`EtcdError::Endpoint`].
+    pub fn connect(endpoints: &[String]) -> EtcdResult<Etcd> {
+        let mut list = Vec::new();
+        for e in endpoints {
+            let ep = Endpoint::from_shared(e.clone())
+                .map_err(|err| EtcdError::Endpoint {
+                    endpoint: e.clone(),
+                    message: err.to_string(),
+                })?
+                .connect_timeout(Duration::from_secs(2))
+                .tcp_nodelay(true)
+                // Above etcd's --grpc-keepalive-min-time (5 s): pinging at it gets GOAWAY
+                // ("too many pings").
+                .http2_keep_alive_interval(Duration::from_secs(15))
+                .keep_alive_timeout(Duration::from_secs(5))
+                .keep_alive_while_idle(true);
+            list.push(ep);
+        }
+        if list.is_empty() {
+            return Err(EtcdError::Endpoint {
+                endpoint: String::new(),
+                message: "no endpoint given".into(),
+            });
+        }
+        Ok(Etcd {
+            channels: Arc::new(list.into_iter().map(|e| e.connect_lazy()).collect()),
+            current: Arc::default(),
+        })
+    }
+
+    fn channel(&self) -> Channel {
+        // Relaxed: an endpoint choice; any value is a valid index and nothing pairs with it.
+        let i = self.current.load(Ordering::Relaxed) % self.channels.len();
+        self.channels[i].clone()
+    }
+
+    fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    fn watch_client(&self) -> WatchClient<Channel> {
+        WatchClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    fn lease(&self) -> LeaseClient<Channel> {
+        LeaseClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE)
+    }
+
+    /// Moves to the next endpoint after an UNAVAILABLE answer; returns the error.
+    fn failed(&self, s: tonic::Status) -> EtcdError {
+        if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
+            // Relaxed: as in `channel`.
+            self.current.fetch_add(1, Ordering::Relaxed);
+        }
+        EtcdError::Status(s)
+    }
+
+    /// Every key under `prefix` at `revision` (0: the newest), and the store revision read.
+    ///
+    /// Errors: [`EtcdError::Status`]; [`EtcdError::Compacted`] for a compacted `revision`.
+    pub async fn range_prefix(
+        &self,
+        prefix: &str,
+        revision: i64,
+    ) -> EtcdResult<(i64, Vec<KeyValue>)> {
+        let r = self
+            .kv()
+            .range(pb::RangeRequest {
+                key: prefix.as_bytes().to_vec(),
+                range_end: prefix_end(prefix.as_bytes()),
+                revision,
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| match compacted(s, revision) {
+                EtcdError::Status(s) => self.failed(s),
+                other => other,
+            })?
+            .into_inner();
+        Ok((r.header.map_or(0, |h| h.revision), r.kvs))
+    }
+
+    /// The key `key`, if present.
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn get(&self, key: &str) -> EtcdResult<Option<KeyValue>> {
+        let r = self
+            .kv()
+            .range(pb::RangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        Ok(r.kvs.into_iter().next())
+    }
+
+    /// Puts `value` at `key` (on `lease`, 0 for none); returns the etcd revision of the write.
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn put(&self, key: &str, value: Vec<u8>, lease: i64) -> EtcdResult<i64> {
+        let r = self
+            .kv()
+            .put(pb::PutRequest {
+                key: key.as_bytes().to_vec(),
+                value,
+                lease,
+                prev_kv: false,
+            })
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        Ok(r.header.map_or(0, |h| h.revision))
+    }
+
+    /// Puts `value` at `key` in one Txn, if the key's mod revision is `expect` (0: the key
+    /// does not exist) or unconditionally for `None`.
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn put_if(&self, key: &str, value: Vec<u8>, expect: Option<i64>) -> EtcdResult<Swap> {
+        let put = pb::request_op::Request::RequestPut(pb::PutRequest {
+            key: key.as_bytes().to_vec(),
+            value,
+            ..Default::default()
+        });
+        self.swap(key, expect, put).await
+    }
+
+    /// Deletes `key` in one Txn, if its mod revision is `expect` (or unconditionally for
+    /// `None`); `Moved(0)` when the key does not exist.
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn delete_if(&self, key: &str, expect: Option<i64>) -> EtcdResult<Swap> {
+        // "Exists" is mod revision > 0; with an expected revision, equality implies it.
+        let expect = Some(expect.unwrap_or(-1));
+        let del = pb::request_op::Request::RequestDeleteRange(pb::DeleteRangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        });
+        self.swap(key, expect, del).await
+    }
+
+    /// `op` if the key's mod revision is `expect` (-1: any existing key).
+    async fn swap(
+        &self,
+        key: &str,
+        expect: Option<i64>,
+        op: pb::request_op::Request,
+    ) -> EtcdResult<Swap> {
+        use pb::compare::{CompareResult, CompareTarget, TargetUnion};
+        let compare = expect.map(|rev| {
+            let (result, rev) = if rev < 0 {
+                (CompareResult::Greater, 0)
+            } else {
+                (CompareResult::Equal, rev)
+            };
+            pb::Compare {
+                result: result as i32,
+                target: CompareTarget::Mod as i32,
+                key: key.as_bytes().to_vec(),
+                target_union: Some(TargetUnion::ModRevision(rev)),
+            }
+        });
+        let read = pb::request_op::Request::RequestRange(pb::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            keys_only: true,
+            ..Default::default()
+        });
+        let r = self
+            .kv()
+            .txn(pb::TxnRequest {
+                compare: compare.into_iter().collect(),
+                success: vec![pb::RequestOp { request: Some(op) }],
+                failure: vec![pb::RequestOp {
+                    request: Some(read),
+                }],
+            })
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        if r.succeeded {
+            return Ok(Swap::Done(r.header.map_or(0, |h| h.revision)));
+        }
+        let current = r
+            .responses
+            .into_iter()
+            .find_map(|op| match op.response {
+                Some(pb::response_op::Response::ResponseRange(rr)) => {
+                    Some(rr.kvs.first().map_or(0, |kv| kv.mod_revision))
+                }
+                _ => None,
+            })
+            .unwrap_or(0);
+        Ok(Swap::Moved(current))
+    }
+
+    /// Deletes `key`; returns the etcd revision.
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn delete(&self, key: &str) -> EtcdResult<i64> {
+        let r = self
+            .kv()
+            .delete_range(pb::DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        Ok(r.header.map_or(0, |h| h.revision))
+    }
+
+    /// Compacts the store's history up to `revision` (waits until it is physical).
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn compact(&self, revision: i64) -> EtcdResult<()> {
+        self.kv()
+            .compact(pb::CompactionRequest {
+                revision,
+                physical: true,
+            })
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(())
+    }
+
+    /// Grants a lease of `ttl` seconds; returns its id.
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn lease_grant(&self, ttl: i64) -> EtcdResult<i64> {
+        let r = self
+            .lease()
+            .lease_grant(pb::LeaseGrantRequest { ttl, id: 0 })
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        if !r.error.is_empty() {
+            return Err(tonic::Status::unavailable(r.error).into());
+        }
+        Ok(r.id)
+    }
+
+    /// Revokes lease `id` (its keys are deleted).
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn lease_revoke(&self, id: i64) -> EtcdResult<()> {
+        self.lease()
+            .lease_revoke(pb::LeaseRevokeRequest { id })
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(())
+    }
+
+    /// Keeps lease `id` alive every `every` until the lease expires (returns `Ok`) or the
+    /// stream fails (returns the error).
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn keep_alive(&self, id: i64, every: Duration) -> EtcdResult<()> {
+        let (tx, rx) = mpsc::channel(1);
+        let mut responses = self
+            .lease()
+            .lease_keep_alive(ReceiverStream::new(rx))
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            if tx.send(pb::LeaseKeepAliveRequest { id }).await.is_err() {
+                return Err(EtcdError::WatchEnded("keep-alive stream closed".into()));
+            }
+            match responses.message().await.map_err(|e| self.failed(e))? {
+                Some(r) if r.ttl > 0 => {}
+                Some(_) => return Ok(()),
+                None => return Err(EtcdError::WatchEnded("keep-alive stream ended".into())),
+            }
+        }
+    }
+
+    /// Watches every key under `prefix` from `start` (inclusive).
+    ///
+    /// Errors: [`EtcdError::Status`]; [`EtcdError::Compacted`] when `start` was compacted.
+    pub async fn watch_prefix(&self, prefix: &str, start: i64) -> EtcdResult<Watcher> {
+        let (tx, rx) = mpsc::channel(4);
+        let create = pb::WatchRequest {
+            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+                pb::WatchCreateRequest {
+                    key: prefix.as_bytes().to_vec(),
+                    range_end: prefix_end(prefix.as_bytes()),
+                    start_revision: start,
+                    progress_notify: true,
+                    ..Default::default()
+                },
+            )),
+        };
+        tx.send(create)
+            .await
+            .map_err(|_| EtcdError::WatchEnded("request stream closed".into()))?;
+        let mut stream = self
+            .watch_client()
+            .watch(ReceiverStream::new(rx))
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        // The first response says whether the watch was created (or compacted).
+        let mut w = Watcher {
+            etcd: self.clone(),
+            _requests: tx,
+            stream: None,
+            first: None,
+        };
+        match stream.message().await.map_err(|e| self.failed(e))? {
+            Some(r) => {
+                check_response(&r)?;
+                if !r.events.is_empty() {
+                    w.first = Some(r);
+                }
+            }
+            None => return Err(EtcdError::WatchEnded("no response to create".into())),
+        }
+        w.stream = Some(stream);
+        Ok(w)
+    }
+}
+
+fn compacted(s: tonic::Status, revision: i64) -> EtcdError {
+    if s.message().contains("compacted") {
+        EtcdError::Compacted(revision)
+    } else {
+        EtcdError::Status(s)
+    }
+}
+
+fn check_response(r: &pb::WatchResponse) -> EtcdResult<()> {
+    if r.compact_revision > 0 {
+        return Err(EtcdError::Compacted(r.compact_revision));
+    }
+    if r.canceled {
+        return Err(EtcdError::WatchEnded(if r.cancel_reason.is_empty() {
+            "cancelled by etcd".into()
+        } else {
+            r.cancel_reason.clone()
+        }));
+    }
+    Ok(())
+}
+
+/// A running watch.
+#[derive(Debug)]
+pub struct Watcher {
+    /// For moving to the next endpoint when the stream fails.
+    etcd: Etcd,
+    /// Kept open: dropping it would end the watch.
+    _requests: mpsc::Sender<pb::WatchRequest>,
+    stream: Option<tonic::Streaming<pb::WatchResponse>>,
+    first: Option<pb::WatchResponse>,
+}
+
+impl Watcher {
+    /// The next response with events, or a progress notification (no events; its header
+    /// says the store revision every event up to which was sent).
+    ///
+    /// Errors: [`EtcdError::Status`], [`EtcdError::Compacted`], [`EtcdError::WatchEnded`].
+    pub async fn next(&mut self) -> EtcdResult<pb::WatchResponse> {
+        if let Some(r) = self.first.take() {
+            return Ok(r);
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(EtcdError::WatchEnded("not started".into()));
+        };
+        match stream.message().await.map_err(|e| self.etcd.failed(e))? {
+            Some(r) => {
+                check_response(&r)?;
+                Ok(r)
+            }
+            None => Err(EtcdError::WatchEnded("stream ended".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_is_the_next_key() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b""), vec![0]);
+    }
+}

@@ -1,0 +1,708 @@
+//! Fleet mode against real etcd and real vallumd processes: selection by labels, the writer's
+//! validation, per-node ACK/NACK, etags, delete, fail-static across an etcd outage and a
+//! restart, re-listing after compaction, a 3-member cluster with one member down.
+//!
+//! Every test prints `SKIP etcd not installed` and passes when etcd is absent.
+
+#[path = "support/etcd.rs"]
+mod etcd;
+#[path = "support/vallumd.rs"]
+mod vallumd;
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use etcd::{EtcdCluster, EtcdServer};
+use tonic::Code;
+use tonic::transport::Channel;
+use vallum_proto::v1 as pb;
+use vallum_proto::v1::fleet_service_client::FleetServiceClient;
+use vallum_proto::v1::set_service_client::SetServiceClient;
+use vallum_proto::v1::trace_service_client::TraceServiceClient;
+use vallumd::{Vallumd, reason, text_source};
+
+const DROP_23: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n";
+const DROP_24: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 24 -j DROP\nCOMMIT\n";
+const USES_SET: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -m set --match-set trusted src -j ACCEPT\nCOMMIT\n";
+const BAD: &str = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 70000 -j DROP\nCOMMIT\n";
+
+/// A vallumd in fleet mode with database `{dir}/{name}.db`.
+fn node(dir: &Path, endpoints: &str, name: &str, labels: &str) -> Vallumd {
+    Vallumd::start(
+        &dir.join(format!("{name}.db")),
+        &[
+            "--fleet-endpoints",
+            endpoints,
+            "--node-name",
+            name,
+            "--node-labels",
+            labels,
+            "--fleet-lease-ttl",
+            "3",
+        ],
+    )
+}
+
+async fn fleet(v: &Vallumd) -> FleetServiceClient<Channel> {
+    FleetServiceClient::new(v.channel().await)
+}
+
+fn put(name: &str, text: &str, selector: &str, etag: &str) -> pb::PutFleetRulesetRequest {
+    pb::PutFleetRulesetRequest {
+        name: name.into(),
+        source: Some(text_source(text, false, "fleet.rules")),
+        selector: selector.into(),
+        message: format!("{name} for {selector:?}"),
+        etag: etag.into(),
+        ..Default::default()
+    }
+}
+
+/// Polls `f` every 50 ms until it returns `Some` (at most 30 s).
+async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(t) = f().await {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until every selected node ACKed the current revision of `name` and returns the
+/// status; `expect_selected` are the node names.
+async fn wait_applied(
+    f: &mut FleetServiceClient<Channel>,
+    name: &str,
+    expect_selected: &[&str],
+    revision: i64,
+) -> pb::RolloutStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = f
+            .get_rollout_status(pb::GetRolloutStatusRequest { name: name.into() })
+            .await
+            .map(|s| s.into_inner());
+        if let Ok(s) = &s {
+            let applied: Vec<&str> = s.applied.iter().map(|a| a.node.as_str()).collect();
+            if s.fleet_revision == revision && applied == expect_selected && s.pending.is_empty() {
+                return s.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {name}@{revision} applied on {expect_selected:?}; last status {s:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn local_rulesets(v: &Vallumd) -> Vec<String> {
+    v.rulesets()
+        .await
+        .list_rulesets(pb::ListRulesetsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .rulesets
+        .into_iter()
+        .map(|r| r.name.trim_start_matches("rulesets/").to_string())
+        .collect()
+}
+
+async fn verdict(v: &Vallumd, port: u32) -> String {
+    TraceServiceClient::new(v.channel().await)
+        .trace_packet(pb::TracePacketRequest {
+            packet: Some(pb::PacketSpec {
+                source: "198.51.100.7".into(),
+                destination: "192.0.2.10".into(),
+                protocol: "tcp".into(),
+                source_port: 40000,
+                destination_port: port,
+                tcp_flags: "S".into(),
+                in_interface: "eth0".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .verdict
+}
+
+/// The value of the unlabelled sample `metric` on `/metrics`.
+fn metric(v: &Vallumd, metric: &str) -> Option<f64> {
+    let mut s = std::net::TcpStream::connect(&v.metrics_addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.lines().find_map(|l| {
+        l.strip_prefix(metric)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+async fn apply_locally(
+    v: &Vallumd,
+    name: &str,
+    text: &str,
+) -> Result<pb::CommitResult, tonic::Status> {
+    v.rulesets()
+        .await
+        .apply(pb::ApplyRequest {
+            ruleset: name.into(),
+            source: Some(text_source(text, false, "fleet.rules")),
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node(dir.path(), &url, "n1", "role=web,zone=a");
+    let n2 = node(dir.path(), &url, "n2", "role=web,zone=b");
+    let n3 = node(dir.path(), &url, "n3", "role=db");
+    for n in [&n1, &n2, &n3] {
+        n.wait_serving().await;
+    }
+    let mut f = fleet(&n3).await;
+
+    // A text the writer refuses never reaches etcd, with Apply's very error.
+    let refused = f
+        .put_ruleset(put("web", BAD, "role=web", ""))
+        .await
+        .unwrap_err();
+    let by_apply = apply_locally(&n3, "web", BAD).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert_eq!(reason(&refused), "INVALID_RULESET", "{refused:?}");
+    assert_eq!(reason(&by_apply), "INVALID_RULESET");
+    assert_eq!(refused.message(), by_apply.message());
+    assert!(refused.message().contains("fleet.rules:3:"), "{refused:?}");
+    let dry = f
+        .put_ruleset(pb::PutFleetRulesetRequest {
+            validate_only: true,
+            ..put("web", DROP_23, "role=web", "")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(dry.fleet_revision, 0);
+    let missing = f
+        .get_ruleset(pb::GetFleetRulesetRequest { name: "web".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+    let bad_selector = f
+        .put_ruleset(put("web", DROP_23, "role in web", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        bad_selector.code(),
+        Code::InvalidArgument,
+        "{bad_selector:?}"
+    );
+
+    // The right nodes ACK, the other is untouched.
+    let w = f
+        .put_ruleset(put("web", DROP_23, "role=web", "0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(w.fleet_revision > 0);
+    assert_eq!(w.etag, w.fleet_revision.to_string());
+    let s = wait_applied(&mut f, "web", &["n1", "n2"], w.fleet_revision).await;
+    assert_eq!(s.selected, ["n1", "n2"]);
+    assert!(s.failed.is_empty() && s.stale.is_empty(), "{s:?}");
+    assert!(s.applied.iter().all(|a| a.local_revision == 1), "{s:?}");
+    assert_eq!(local_rulesets(&n3).await, Vec::<String>::new());
+    assert_eq!(verdict(&n1, 23).await, "DROP");
+    assert_eq!(verdict(&n3, 23).await, "ACCEPT");
+    let rev = n1
+        .rulesets()
+        .await
+        .get_revision(pb::GetRevisionRequest {
+            name: "rulesets/web/revisions/1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rev.author, "fleet");
+    assert!(
+        rev.message
+            .starts_with(&format!("fleet revision {}", w.fleet_revision)),
+        "{rev:?}"
+    );
+
+    // Local mutations of a fleet-owned ruleset are refused, naming the owner.
+    let local = apply_locally(&n1, "web", DROP_24).await.unwrap_err();
+    assert_eq!(local.code(), Code::FailedPrecondition, "{local:?}");
+    assert_eq!(reason(&local), "FLEET_OWNED");
+    assert!(local.message().contains("/vallum/v1/"), "{local:?}");
+    let local = n1
+        .rulesets()
+        .await
+        .delete_ruleset(pb::DeleteRulesetRequest {
+            name: "web".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&local), "FLEET_OWNED");
+
+    // Two writers with the same etag: exactly one wins.
+    let etag = w.etag.clone();
+    let (mut fa, mut fb) = (f.clone(), fleet(&n1).await);
+    let (a, b) = tokio::join!(
+        fa.put_ruleset(put("web", DROP_24, "role=web", &etag)),
+        fb.put_ruleset(put("web", DROP_24, "zone=a", &etag)),
+    );
+    let (won, lost) = match (a, b) {
+        (Ok(w), Err(l)) | (Err(l), Ok(w)) => (w.into_inner(), l),
+        other => panic!("exactly one writer must win: {other:?}"),
+    };
+    assert_eq!(lost.code(), Code::FailedPrecondition, "{lost:?}");
+    assert_eq!(reason(&lost), "ETAG_MISMATCH");
+    let expect: &[&str] = if won.selector == "zone=a" {
+        &["n1"]
+    } else {
+        &["n1", "n2"]
+    };
+    wait_applied(&mut f, "web", expect, won.fleet_revision).await;
+    if expect.len() == 1 {
+        // n2 is no longer selected: removed there.
+        wait_for("web removed from n2", || async {
+            local_rulesets(&n2).await.is_empty().then_some(())
+        })
+        .await;
+    }
+    assert_eq!(verdict(&n1, 24).await, "DROP");
+    assert_eq!(verdict(&n1, 23).await, "ACCEPT");
+
+    // Delete -> removed from every node; its reports go too.
+    let stale = f
+        .delete_ruleset(pb::DeleteFleetRulesetRequest {
+            name: "web".into(),
+            etag: w.etag.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&stale), "ETAG_MISMATCH");
+    f.delete_ruleset(pb::DeleteFleetRulesetRequest {
+        name: "web".into(),
+        etag: won.etag.clone(),
+    })
+    .await
+    .unwrap();
+    for n in [&n1, &n2] {
+        wait_for("web removed everywhere", || async {
+            local_rulesets(n).await.is_empty().then_some(())
+        })
+        .await;
+    }
+    assert_eq!(verdict(&n1, 24).await, "ACCEPT");
+    let nodes = f
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["n1", "n2", "n3"]);
+    assert_eq!(nodes[0].labels["zone"], "a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node(dir.path(), &url, "n1", "role=web");
+    let n2 = node(dir.path(), &url, "n2", "role=web");
+    let n3 = node(dir.path(), &url, "n3", "role=web");
+    for n in [&n1, &n2, &n3] {
+        n.wait_serving().await;
+    }
+    for n in [&n1, &n2] {
+        SetServiceClient::new(n.channel().await)
+            .create_set(pb::CreateSetRequest {
+                name: "trusted".into(),
+                r#type: "hash:net".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let mut f = fleet(&n1).await;
+    let w = f
+        .put_ruleset(put("trust", USES_SET, "role=web", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let s = wait_for("n3 NACKs, n1 and n2 ACK", || {
+        let mut f = f.clone();
+        async move {
+            let s = f
+                .get_rollout_status(pb::GetRolloutStatusRequest {
+                    name: "trust".into(),
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (s.applied.len() == 2 && s.failed.len() == 1).then_some(s)
+        }
+    })
+    .await;
+    assert_eq!(s.fleet_revision, w.fleet_revision);
+    let applied: Vec<&str> = s.applied.iter().map(|a| a.node.as_str()).collect();
+    assert_eq!(applied, ["n1", "n2"]);
+    assert_eq!(s.failed[0].node, "n3");
+    assert_eq!(s.failed[0].result, pb::NodeResult::Nack as i32);
+    assert!(s.failed[0].error.contains("trusted"), "{s:?}");
+    assert!(s.pending.is_empty(), "{s:?}");
+    assert!(local_rulesets(&n3).await.is_empty());
+    assert_eq!(local_rulesets(&n2).await, ["trust"]);
+
+    // vallumctl shows the same, in text and JSON.
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+            .args(["--server", &n2.url()])
+            .args(args)
+            .env_remove("VALLUM_OUTPUT")
+            .output()
+            .expect("run vallumctl")
+    };
+    let ctl = |args: &[&str]| {
+        let o = run(args);
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let nacked = run(&["fleet", "wait", "trust"]);
+    assert_eq!(nacked.status.code(), Some(1), "{nacked:?}");
+    let out = String::from_utf8_lossy(&nacked.stdout);
+    assert!(out.contains("FAILED") && out.contains("n3  NACK"), "{out}");
+    assert!(
+        String::from_utf8_lossy(&nacked.stderr).contains("NACKed by n3"),
+        "{nacked:?}"
+    );
+    let text = ctl(&["fleet", "status", "trust"]);
+    assert!(text.contains("2/3 applied, 1 failed"), "{text}");
+    assert!(text.contains("n3  NACK"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ctl(&["fleet", "status", "trust", "-o", "json"])).unwrap();
+    assert_eq!(json["failed"][0]["node"], "n3");
+    assert_eq!(json["failed"][0]["result"], "NACK");
+    assert_eq!(json["applied"].as_array().unwrap().len(), 2);
+    let nodes: serde_json::Value =
+        serde_json::from_str(&ctl(&["fleet", "nodes", "-o", "json"])).unwrap();
+    assert_eq!(nodes.as_array().unwrap().len(), 3);
+    let file = dir.path().join("drop23.rules");
+    std::fs::write(&file, DROP_23).unwrap();
+    let put: serde_json::Value = serde_json::from_str(&ctl(&[
+        "fleet",
+        "apply",
+        "ssh",
+        file.to_str().unwrap(),
+        "--selector",
+        "role=web",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let rev = put["fleet_revision"].as_i64().unwrap();
+    let waited: serde_json::Value = serde_json::from_str(&ctl(&[
+        "fleet",
+        "wait",
+        "ssh",
+        "--revision",
+        &rev.to_string(),
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(waited["phase"], "DONE", "{waited}");
+    assert_eq!(waited["applied"].as_array().unwrap().len(), 3);
+    wait_applied(&mut f, "ssh", &["n1", "n2", "n3"], rev).await;
+    ctl(&["fleet", "delete", "ssh"]);
+    wait_for("ssh removed from n3", || async {
+        local_rulesets(&n3).await.is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_static_across_an_etcd_outage_and_a_restart_then_catch_up() {
+    let Some(mut etcd) = EtcdServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let mut n1 = node(dir.path(), &url, "n1", "role=web");
+    n1.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    let w = f
+        .put_ruleset(put("web", DROP_23, "", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "web", &["n1"], w.fleet_revision).await;
+    assert_eq!(metric(&n1, "vallum_fleet_connected"), Some(1.0));
+
+    etcd.stop();
+    wait_for("vallum_fleet_connected 0", || async {
+        (metric(&n1, "vallum_fleet_connected") == Some(0.0)).then_some(())
+    })
+    .await;
+    assert_eq!(verdict(&n1, 23).await, "DROP");
+    let down = f.list_nodes(pb::ListNodesRequest {}).await.unwrap_err();
+    assert_eq!(reason(&down), "FLEET_UNAVAILABLE", "{down:?}");
+
+    // Restart with etcd still down: SERVING from SQLite, still fleet-owned.
+    n1.kill9();
+    let n1 = node(dir.path(), &url, "n1", "role=web");
+    n1.wait_serving().await;
+    assert_eq!(verdict(&n1, 23).await, "DROP");
+    assert_eq!(
+        reason(&apply_locally(&n1, "web", DROP_24).await.unwrap_err()),
+        "FLEET_OWNED"
+    );
+
+    // etcd returns: the agent catches up with a write made meanwhile elsewhere.
+    etcd.restart();
+    let mut f = fleet(&n1).await;
+    let w2 = wait_for("FleetService reaches etcd again", || {
+        let mut f = f.clone();
+        let etag = w.etag.clone();
+        async move {
+            f.put_ruleset(put("web", DROP_24, "", &etag))
+                .await
+                .ok()
+                .map(|r| r.into_inner())
+        }
+    })
+    .await;
+    wait_applied(&mut f, "web", &["n1"], w2.fleet_revision).await;
+    assert_eq!(verdict(&n1, 23).await, "ACCEPT");
+    assert_eq!(verdict(&n1, 24).await, "DROP");
+    wait_for("vallum_fleet_connected 1", || async {
+        (metric(&n1, "vallum_fleet_connected") == Some(1.0)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_while_an_agent_is_down_it_lists_again_and_converges() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node(dir.path(), &url, "n1", "role=web");
+    let mut n2 = node(dir.path(), &url, "n2", "role=web");
+    n1.wait_serving().await;
+    n2.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    let a = f
+        .put_ruleset(put("a", DROP_23, "", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let gone = f
+        .put_ruleset(put("gone", DROP_24, "", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "a", &["n1", "n2"], a.fleet_revision).await;
+    wait_applied(&mut f, "gone", &["n1", "n2"], gone.fleet_revision).await;
+
+    n2.kill9();
+    let a2 = f
+        .put_ruleset(put("a", DROP_24, "", &a.etag))
+        .await
+        .unwrap()
+        .into_inner();
+    let d = f
+        .delete_ruleset(pb::DeleteFleetRulesetRequest {
+            name: "gone".into(),
+            etag: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let etcd_client =
+        vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    etcd_client.compact(d.fleet_revision).await.unwrap();
+
+    let n2 = node(dir.path(), &url, "n2", "role=web");
+    n2.wait_serving().await;
+    wait_applied(&mut f, "a", &["n1", "n2"], a2.fleet_revision).await;
+    wait_for("gone removed from n2", || async {
+        (local_rulesets(&n2).await == ["a"]).then_some(())
+    })
+    .await;
+    assert_eq!(verdict(&n2, 24).await, "DROP");
+    assert_eq!(verdict(&n2, 23).await, "ACCEPT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_member_cluster_one_member_down_progress_goes_on() {
+    let Some(mut cluster) = EtcdCluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let endpoints = cluster.endpoints();
+    let n1 = node(dir.path(), &endpoints, "n1", "role=web");
+    let n2 = node(dir.path(), &endpoints, "n2", "role=web");
+    n1.wait_serving().await;
+    n2.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    let w = f
+        .put_ruleset(put("web", DROP_23, "", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "web", &["n1", "n2"], w.fleet_revision).await;
+
+    cluster.members[0].stop();
+    let w2 = wait_for("a write with one member down", || {
+        let mut f = f.clone();
+        let etag = w.etag.clone();
+        async move {
+            f.put_ruleset(put("web", DROP_24, "", &etag))
+                .await
+                .ok()
+                .map(|r| r.into_inner())
+        }
+    })
+    .await;
+    wait_applied(&mut f, "web", &["n1", "n2"], w2.fleet_revision).await;
+    assert_eq!(verdict(&n2, 24).await, "DROP");
+}
+
+/// A TCP proxy in front of etcd that the test can cut (every connection dropped, new ones
+/// refused) and restore: a node's etcd link fails while etcd itself stays up.
+struct Proxy {
+    url: String,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(to: u16) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (o, c) = (open.clone(), conns.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !o.load(Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", to)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                c.lock().unwrap().push(task);
+            }
+        });
+        Proxy {
+            url,
+            open,
+            conns,
+            accept,
+        }
+    }
+
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for t in self.conns.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_behind_a_compaction_lists_again_and_converges() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let proxy = Proxy::start(etcd.client_port).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = node(dir.path(), &proxy.url, "n1", "role=web");
+    let writer = node(dir.path(), &etcd.url(), "writer", "role=writer");
+    n1.wait_serving().await;
+    writer.wait_serving().await;
+    let mut f = fleet(&writer).await;
+    let a = f
+        .put_ruleset(put("a", DROP_23, "role=web", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "a", &["n1"], a.fleet_revision).await;
+
+    // n1 loses etcd (etcd stays up): meanwhile a changes, b appears, history is compacted.
+    proxy.cut();
+    wait_for("n1 disconnected", || async {
+        (metric(&n1, "vallum_fleet_connected") == Some(0.0)).then_some(())
+    })
+    .await;
+    let a2 = f
+        .put_ruleset(put("a", DROP_24, "role=web", &a.etag))
+        .await
+        .unwrap()
+        .into_inner();
+    let b = f
+        .put_ruleset(put("b", DROP_23, "role=web", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let client = vallum_server::fleet::etcd::Etcd::connect(&[etcd.url()]).unwrap();
+    client.compact(b.fleet_revision).await.unwrap();
+    assert_eq!(verdict(&n1, 23).await, "DROP", "fail-static while cut off");
+
+    proxy.restore();
+    wait_applied(&mut f, "a", &["n1"], a2.fleet_revision).await;
+    wait_applied(&mut f, "b", &["n1"], b.fleet_revision).await;
+    let restarts = metric(
+        &n1,
+        "vallum_fleet_watch_restarts_total{reason=\"compacted\"}",
+    );
+    assert!(restarts >= Some(1.0), "{restarts:?}");
+    assert_eq!(verdict(&n1, 24).await, "DROP");
+}

@@ -1,0 +1,234 @@
+//! Real etcd for the fleet tests: one member, or a 3-member cluster, on loopback ports with
+//! temporary data directories. `etcd` is found on `PATH` or at `/usr/bin/etcd` (Debian's
+//! `etcd-server`); when absent, [`EtcdServer::start`] prints `SKIP etcd not installed` and
+//! returns `None`.
+
+#![allow(dead_code)] // Each test uses a different part.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The etcd binary, if installed.
+pub fn etcd_bin() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("etcd"))
+        .chain([PathBuf::from("/usr/bin/etcd")])
+        .find(|p| p.is_file())
+}
+
+/// A free loopback port never handed out before in this process: the tests of one binary
+/// run in parallel, and the kernel may give a port just released to the next `bind(0)`.
+fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// One etcd member; killed on drop.
+pub struct EtcdServer {
+    child: Option<Child>,
+    bin: PathBuf,
+    name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    cluster: String,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    /// A single-member etcd, up and healthy; `None` (after printing SKIP) when not installed.
+    pub fn start() -> Option<EtcdServer> {
+        let Some(bin) = etcd_bin() else {
+            println!("SKIP etcd not installed (Debian package etcd-server)");
+            return None;
+        };
+        let peer = free_port();
+        let mut m = EtcdServer::member(
+            bin,
+            "m0",
+            free_port(),
+            peer,
+            format!("m0=http://127.0.0.1:{peer}"),
+        );
+        m.spawn();
+        m.wait_healthy();
+        Some(m)
+    }
+
+    fn member(
+        bin: PathBuf,
+        name: &str,
+        client_port: u16,
+        peer_port: u16,
+        cluster: String,
+    ) -> EtcdServer {
+        EtcdServer {
+            child: None,
+            bin,
+            name: name.to_string(),
+            client_port,
+            peer_port,
+            cluster,
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn spawn(&mut self) {
+        let client = self.url();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file");
+        let child = Command::new(&self.bin)
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &self.cluster])
+            .args([
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "vallum-test",
+            ])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn etcd");
+        self.child = Some(child);
+    }
+
+    /// Waits until `/health` says true (at most 30 s), from this member's own process.
+    pub fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let exited = self
+                .child
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            if exited {
+                break;
+            }
+            if self.healthy() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+        panic!("etcd {} never became healthy; its log:\n{log}", self.name);
+    }
+
+    fn healthy(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body.contains("\"health\":\"true\"")
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// kill -9 (the data directory stays).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts again on the same ports and data directory.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        self.wait_healthy();
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A 3-member etcd cluster.
+pub struct EtcdCluster {
+    pub members: Vec<EtcdServer>,
+}
+
+impl EtcdCluster {
+    /// Three members, all healthy; `None` (after printing SKIP) when etcd is not installed.
+    pub fn start() -> Option<EtcdCluster> {
+        let Some(bin) = etcd_bin() else {
+            println!("SKIP etcd not installed (Debian package etcd-server)");
+            return None;
+        };
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<EtcdServer> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (c, p))| {
+                EtcdServer::member(bin.clone(), &format!("m{i}"), *c, *p, cluster.clone())
+            })
+            .collect();
+        for m in &mut members {
+            m.spawn();
+        }
+        for m in &mut members {
+            m.wait_healthy();
+        }
+        Some(EtcdCluster { members })
+    }
+
+    /// Every member's URL, comma-separated (for `--fleet-endpoints`).
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(EtcdServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
