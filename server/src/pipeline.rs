@@ -961,7 +961,7 @@ impl Pipeline {
 fn is_server_failure(e: &Error) -> bool {
     matches!(
         e,
-        Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) | Error::Internal(_)
+        Error::Store(_) | Error::Migrate(_) | Error::Internal(_)
     )
 }
 
