@@ -426,7 +426,7 @@ async fn revisions_kept_and_rules_limit() {
     assert_eq!(outcomes[6], "TOO_MANY_RULES", "{rows:?}");
     assert_eq!(outcomes.len(), 8, "{rows:?}");
     assert_ne!(outcomes[7], "OK", "{rows:?}");
-    db.close().await;
+    drop(db);
 }
 
 struct Run {
