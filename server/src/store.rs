@@ -389,7 +389,11 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(CommitRow, String)> {
 }
 
 /// The commit rows of `sql` with `args`.
-fn commit_rows<P: rusqlite::Params>(conn: &Connection, sql: &str, args: P) -> Result<Vec<CommitRow>> {
+fn commit_rows<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    args: P,
+) -> Result<Vec<CommitRow>> {
     conn.prepare_cached(sql)?
         .query_map(args, commit_row)?
         .map(|x| {
@@ -924,12 +928,7 @@ impl Store {
                     "INSERT OR REPLACE INTO load_failures (ruleset, revision, error, at) \
                      VALUES (?1, ?2, ?3, ?4)",
                 )?
-                .execute(params![
-                    f.ruleset,
-                    i64_of(f.revision),
-                    f.error,
-                    f.at
-                ])?;
+                .execute(params![f.ruleset, i64_of(f.revision), f.error, f.at])?;
                 Ok(())
             })
             .await
@@ -1112,7 +1111,10 @@ mod tests {
             let k = r.number as usize - 1;
             assert_eq!(r.content, content(k), "a/{}", r.number);
             assert_eq!(r.digest, r.content.digest());
-            assert_eq!((r.author.clone(), r.message.clone()), (format!("author{k}"), format!("message {k}")));
+            assert_eq!(
+                (r.author.clone(), r.message.clone()),
+                (format!("author{k}"), format!("message {k}"))
+            );
             assert_eq!(r.rule_count, 1500);
         }
         let states: Vec<RevisionState> = a.iter().map(|r| r.state).collect();
@@ -1123,14 +1125,25 @@ mod tests {
         let c = store.get_revision("c", 1).await.unwrap().unwrap();
         assert_eq!(c.content, Content::default());
         let rs = store.get_ruleset("a").await.unwrap().unwrap();
-        assert_eq!((rs.priority, rs.active_revision, rs.latest_revision), (5, Some(6), 7));
+        assert_eq!(
+            (rs.priority, rs.active_revision, rs.latest_revision),
+            (5, Some(6), 7)
+        );
         let commits = store.commits("a").await.unwrap();
         assert_eq!(commits.len(), 6);
-        assert!(commits.iter().all(|c| c.phases.total_ns == 99 && c.outcome == Outcome::Committed));
+        assert!(
+            commits
+                .iter()
+                .all(|c| c.phases.total_ns == 99 && c.outcome == Outcome::Committed)
+        );
         assert_eq!(store.pending_confirms().await.unwrap()[0].ruleset, "b");
         assert_eq!(store.audit_count().await.unwrap(), 9);
         assert_eq!(
-            store.idempotent_get("Apply", "req-1").await.unwrap().unwrap(),
+            store
+                .idempotent_get("Apply", "req-1")
+                .await
+                .unwrap()
+                .unwrap(),
             b"\x01\x02resp"
         );
         assert_eq!(store.load_failures().await.unwrap()[0].error, "boom");
@@ -1143,8 +1156,11 @@ mod tests {
             migrate::MIGRATIONS.len() as i64
         );
         assert_eq!(
-            count(&store, "SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'")
-                .await,
+            count(
+                &store,
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'"
+            )
+            .await,
             0
         );
         // It keeps working: a commit shares the stored chunks, pruning frees the old ones.
@@ -1159,7 +1175,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(p.revision.number, 8);
-        assert_eq!(store.get_revision("a", 8).await.unwrap().unwrap().content, content(3));
+        assert_eq!(
+            store.get_revision("a", 8).await.unwrap().unwrap().content,
+            content(3)
+        );
         assert_refs_exact(&store).await;
         for name in ["a", "b", "c"] {
             assert!(store.delete_ruleset(name, None).await.unwrap());
@@ -1167,7 +1186,15 @@ mod tests {
         assert_eq!(chunk_count(&store).await, (0, 0));
         drop(store);
         // And opens again.
-        assert!(Store::open(&path).await.unwrap().list_rulesets().await.unwrap().is_empty());
+        assert!(
+            Store::open(&path)
+                .await
+                .unwrap()
+                .list_rulesets()
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 
     /// A store written before outcomes were one vocabulary: the confirm timer's ROLLED_BACK
@@ -1571,7 +1598,11 @@ mod tests {
         let outcome: String = store
             .readers
             .run(move |tx| {
-                Ok(tx.query_row("SELECT outcome FROM audit WHERE id = ?1", [id], |r| r.get(0))?)
+                Ok(
+                    tx.query_row("SELECT outcome FROM audit WHERE id = ?1", [id], |r| {
+                        r.get(0)
+                    })?,
+                )
             })
             .await
             .unwrap();
@@ -1759,4 +1790,3 @@ mod tests {
         assert_refs_exact(&store).await;
     }
 }
-

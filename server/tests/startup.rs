@@ -71,7 +71,11 @@ fn open_db(db: &Path) -> rusqlite::Connection {
 }
 
 /// The rows of `sql`, each mapped by `f`.
-fn rows<T>(db: &rusqlite::Connection, sql: &str, f: fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>) -> Vec<T> {
+fn rows<T>(
+    db: &rusqlite::Connection,
+    sql: &str,
+    f: fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Vec<T> {
     db.prepare(sql)
         .expect(sql)
         .query_map([], f)
@@ -174,9 +178,10 @@ async fn active_revision_that_does_not_load_is_refused_or_degraded() {
     assert!(stderr.contains("rulesets/web/revisions/1"), "{stderr}");
     assert!(stderr.contains("--on-load-failure degraded"), "{stderr}");
     let pool = open_db(&db);
-    let marks: Vec<(String, i64)> = rows(&pool, "SELECT ruleset, revision FROM load_failures", |r| {
-        Ok((r.get(0)?, r.get(1)?))
-    });
+    let marks: Vec<(String, i64)> =
+        rows(&pool, "SELECT ruleset, revision FROM load_failures", |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        });
     assert_eq!(marks, [("web".to_owned(), 1)]);
     let audit: Vec<(String, String, String)> = rows(
         &pool,
@@ -216,7 +221,11 @@ async fn active_revision_that_does_not_load_is_refused_or_degraded() {
     assert_eq!(not_loaded_gauge(&d.metrics_addr).await, Some(1.0));
     let pool = open_db(&db);
     let n: i64 = pool
-        .query_row("SELECT COUNT(*) FROM audit WHERE method = 'Load'", [], |r| r.get(0))
+        .query_row(
+            "SELECT COUNT(*) FROM audit WHERE method = 'Load'",
+            [],
+            |r| r.get(0),
+        )
         .expect("audit");
     assert_eq!(n, 2, "one record per start that found it");
 

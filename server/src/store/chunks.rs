@@ -179,7 +179,13 @@ pub(crate) fn put(tx: &Tx<'_>, ruleset: &str, number: i64, content: &Content) ->
     for batch in batches {
         let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(5 * LOOKUP_BATCH);
         for (family, position, chunk) in batch {
-            args.extend([&ruleset as &dyn rusqlite::ToSql, &number, family, position, chunk]);
+            args.extend([
+                &ruleset as &dyn rusqlite::ToSql,
+                &number,
+                family,
+                position,
+                chunk,
+            ]);
         }
         many.execute(args.as_slice())?;
     }
@@ -231,7 +237,12 @@ pub(crate) fn delete_unused(
         .into_iter()
         .filter(|id| changes.get(id).is_none_or(|d| *d <= 0))
         .collect();
-    candidates.extend(changes.into_iter().filter(|(_, d)| *d < 0).map(|(id, _)| id));
+    candidates.extend(
+        changes
+            .into_iter()
+            .filter(|(_, d)| *d < 0)
+            .map(|(id, _)| id),
+    );
     let mut unused = tx.prepare_cached(
         "DELETE FROM chunks WHERE id = ?1 \
          AND NOT EXISTS (SELECT 1 FROM revision_chunk_list WHERE chunk = ?1)",
@@ -261,15 +272,16 @@ pub(crate) fn contents(conn: &Connection, keys: &[(&str, i64)]) -> Result<Vec<Co
         let mut rows = list.query(params![ruleset, number])?;
         while let Some(row) = rows.next()? {
             let (family, id): (i64, i64) = (row.get(0)?, row.get(1)?);
-            if !found.contains_key(&id) {
-                let t: Option<String> =
-                    rusqlite::OptionalExtension::optional(text.query_row([id], |r| r.get(0)))?;
-                let t = t.ok_or_else(|| {
-                    Error::Internal(format!("stored chunk {id} has no text"))
-                })?;
-                found.insert(id, t);
-            }
-            let t = found.get(&id).map_or("", String::as_str);
+            let t = match found.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let t: Option<String> =
+                        rusqlite::OptionalExtension::optional(text.query_row([id], |r| r.get(0)))?;
+                    e.insert(
+                        t.ok_or_else(|| Error::Internal(format!("stored chunk {id} has no text")))?,
+                    )
+                }
+            };
             if family == 4 {
                 content.v4.push_str(t);
             } else {

@@ -123,7 +123,10 @@ pub(crate) fn run_to(conn: &mut Connection, until: i64) -> Result<()> {
         if checksum_of(m) != checksum.as_slice() {
             return Err(failed(
                 *version,
-                format!("migrations/{}_{}.sql changed after it was applied", m.version, m.name),
+                format!(
+                    "migrations/{}_{}.sql changed after it was applied",
+                    m.version, m.name
+                ),
             ));
         }
     }

@@ -121,7 +121,8 @@ impl Writer {
     /// Errors: [`Error::Store`] when it cannot be opened or configured, [`Error::Migrate`].
     pub(crate) fn open(path: &Path, until: i64) -> Result<Writer> {
         let mut conn = connect(path)?;
-        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Internal(format!(
                 "{}: journal mode {mode}, not WAL",
