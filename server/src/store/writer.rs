@@ -5,10 +5,11 @@
 //! Why rusqlite and not sqlx (the design card's first choice): sqlx-sqlite runs every
 //! statement on the connection's own worker thread and hands it and its rows over channels,
 //! one round trip per statement. A commit's transaction is ~15-25 statements that take
-//! microseconds each, and on a loaded 2-core VM each round trip cost 0.25-0.5 ms. Measured
-//! 2026-12-01 on this VM (load 9-10, same file, WAL, `synchronous = FULL`, one `BEGIN
-//! IMMEDIATE` transaction of 12 point reads and 12 updates, 300 each, p50): see
-//! BENCHMARKS.md §6 "One SQLite driver" for the figures. Here the whole transaction is one hop
+//! microseconds each. Measured 2026-12-01 on a loaded 2-core VM (same file, WAL,
+//! `synchronous = FULL`, one `BEGIN IMMEDIATE` transaction of 12 point reads and 12 updates,
+//! 300 each, alternated): p50 1.15-1.18 ms through the sqlx pool, 0.23-0.31 ms here (3.8-5x;
+//! ~0.04 ms more per statement, ~1 ms more for a 10k-rule Apply's ~25-30 statements, +15% of
+//! the Apply; BENCHMARKS.md §6 "One SQLite driver"). Here the whole transaction is one hop
 //! to a blocking thread, with statements prepared once and cached on the connection. SQLite
 //! allows one writer at a time anyway; readers run on their own connections (WAL: they never
 //! wait for the writer, and see a transaction whole or not at all).
