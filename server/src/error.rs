@@ -353,15 +353,13 @@ pub enum Error {
     /// The engine refused a commit after validation passed; the store was reverted.
     #[error("commit failed in the engine: {0}")]
     Commit(String),
-    /// A store query failed.
+    /// A store query or transaction failed (SQLite, through rusqlite).
     #[error("store: {0}")]
-    Store(#[from] sqlx::Error),
-    /// A write transaction on the store's writer connection failed.
-    #[error("store: {0}")]
-    StoreWrite(#[from] rusqlite::Error),
-    /// A migration failed at start.
+    Store(#[from] rusqlite::Error),
+    /// A migration failed at start, or the database's migrations do not match this build's
+    /// (see server/src/store/migrate.rs).
     #[error("store migration: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(String),
     /// A configured limit refused the request (rules per ruleset, rulesets).
     #[error(transparent)]
     Limit(#[from] crate::limits::LimitError),
@@ -422,7 +420,7 @@ impl Error {
             Error::Precondition { .. } => Reason::FailedPrecondition,
             Error::NotReady => Reason::NotReady,
             Error::Commit(_) => Reason::CommitFailed,
-            Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) => Reason::Store,
+            Error::Store(_) | Error::Migrate(_) => Reason::Store,
             Error::Limit(l) => l.reason(),
             Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
             Error::Fleet(_) => Reason::FleetUnavailable,
@@ -520,7 +518,6 @@ impl From<Error> for tonic::Status {
             | Error::NotReady
             | Error::Commit(_)
             | Error::Store(_)
-            | Error::StoreWrite(_)
             | Error::Migrate(_)
             | Error::Startup { .. }
             | Error::Internal(_) => {}

@@ -104,7 +104,6 @@ impl Outcome {
             | Error::NotReady
             | Error::Commit(_)
             | Error::Store(_)
-            | Error::StoreWrite(_)
             | Error::Migrate(_)
             | Error::Startup { .. }
             | Error::Fleet(_)

@@ -964,10 +964,7 @@ impl Pipeline {
 /// Whether a persist error is the server's failure (store, internal) rather than an answer
 /// to the request (etag mismatch, not found), which is no commit attempt.
 fn is_server_failure(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Store(_) | Error::StoreWrite(_) | Error::Migrate(_) | Error::Internal(_)
-    )
+    matches!(e, Error::Store(_) | Error::Migrate(_) | Error::Internal(_))
 }
 
 fn new_revision(c: &Checked, author: &str, message: &str) -> NewRevision {

@@ -5,31 +5,29 @@
 //! durable before the engine publishes). Migrations from `migrations/` at the workspace root are
 //! embedded and applied at open. Times are Unix nanoseconds, durations nanoseconds.
 //!
-//! Reads and migrations go through the sqlx pool. The write transactions of rulesets,
-//! revisions, commits and the audit log run on one rusqlite connection, each in one hop to a
-//! blocking thread (see [`writer`] for why); the sets' transactions and a few single-statement
-//! writes stay on the pool. Writers are serialised by the caller (the pipeline's write lock)
-//! and by SQLite's write lock (10 s busy timeout on both sides); readers never wait (WAL).
+//! One driver, rusqlite (with its own bundled SQLite), for everything: every write
+//! transaction runs on one writer connection and every read in one read transaction on one of
+//! a few reader connections, each in one hop to a blocking thread (see [`writer`] for why
+//! not sqlx, with the measurements); migrations run on the writer at open ([`migrate`]).
+//! Writers are serialised by the writer connection (and by the pipeline's write lock before
+//! it); readers never wait (WAL).
 
 use std::path::Path;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
-use sqlx::{Row, SqliteConnection};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::content::Content;
 use crate::error::{Error, Result};
 use crate::outcome::Outcome;
 
 pub mod chunks;
+mod migrate;
 pub mod sets;
 mod writer;
 
-use writer::Writer;
+use writer::{Readers, Writer};
 
 /// Now as Unix nanoseconds.
 pub fn now_ns() -> i64 {
@@ -273,12 +271,16 @@ pub struct LoadFailure {
 /// The store handle (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: SqlitePool,
+    /// The connections reads run on (see [`writer`]).
+    readers: Readers,
     /// The connection write transactions run on (see [`writer`]).
     writer: Writer,
     /// Revisions kept per ruleset (`--max-revisions-kept`); 0 keeps all.
     revisions_kept: usize,
 }
+
+/// Reader connections (reads run in parallel up to this many).
+const READERS: usize = 4;
 
 fn u64_of(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
@@ -292,92 +294,114 @@ fn etag(created_at: i64, latest: u64, active: Option<u64>) -> String {
     format!("{:x}.{latest}.{}", created_at, active.unwrap_or(0))
 }
 
-fn ruleset_row(r: &SqliteRow) -> Result<RulesetRow> {
+/// The one mapper of a `rulesets` row (`SELECT *`).
+fn ruleset_row(r: &Row<'_>) -> rusqlite::Result<RulesetRow> {
     Ok(RulesetRow {
-        name: r.try_get("name")?,
-        priority: r.try_get("priority")?,
-        etag: r.try_get("etag")?,
-        active_revision: r.try_get::<Option<i64>, _>("active_revision")?.map(u64_of),
-        latest_revision: u64_of(r.try_get("latest_revision")?),
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
+        name: r.get("name")?,
+        priority: r.get("priority")?,
+        etag: r.get("etag")?,
+        active_revision: r.get::<_, Option<i64>>("active_revision")?.map(u64_of),
+        latest_revision: u64_of(r.get("latest_revision")?),
+        created_at: r.get("created_at")?,
+        updated_at: r.get("updated_at")?,
     })
 }
 
-/// A query for revisions with their chunk lists: `revisions` joined with `revision_chunks`
-/// (the texts live in content-addressed chunks, see [`chunks`]; the small columns can be read
-/// and updated without touching them), followed by `$tail` (a `WHERE r.…` literal). Rows go
-/// through [`revision_rows`].
+/// The small columns of revisions (the texts live in content-addressed chunks, see
+/// [`chunks`]; they can be read and updated without touching them), followed by `$tail` (a
+/// `WHERE …` literal). Rows go through [`revision_rows`].
 macro_rules! revision_select {
     ($tail:literal) => {
         concat!(
-            "SELECT r.ruleset, r.number, r.parent, r.digest, c.chunks_v4, c.chunks_v6, ",
-            "r.rule_count, r.author, r.message, r.state, r.created_at FROM revisions r ",
-            "JOIN revision_chunks c ON c.ruleset = r.ruleset AND c.number = r.number ",
+            "SELECT ruleset, number, parent, digest, rule_count, author, message, state, ",
+            "created_at FROM revisions ",
             $tail
         )
     };
 }
 
-/// Revisions from rows of [`revision_select!`], with their texts joined from the chunks.
-async fn revision_rows(
-    conn: &mut SqliteConnection,
-    rows: &[SqliteRow],
+/// Revisions from the rows of `stmt` (a [`revision_select!`]) with `args`, with their texts
+/// joined from the chunks, in the caller's read transaction.
+fn revision_rows<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    args: P,
 ) -> Result<Vec<RevisionRow>> {
-    let mut lists = Vec::with_capacity(rows.len() * 2);
-    for r in rows {
-        lists.push(r.try_get::<String, _>("chunks_v4")?);
-        lists.push(r.try_get::<String, _>("chunks_v6")?);
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt
+        .query_map(args, |r| {
+            Ok(RevisionRow {
+                ruleset: r.get("ruleset")?,
+                number: u64_of(r.get("number")?),
+                parent: r.get::<_, Option<i64>>("parent")?.map(u64_of),
+                digest: r.get("digest")?,
+                content: Content::default(),
+                rule_count: u32::try_from(r.get::<_, i64>("rule_count")?).unwrap_or(u32::MAX),
+                author: r.get("author")?,
+                message: r.get("message")?,
+                state: RevisionState::Staged,
+                created_at: r.get("created_at")?,
+            })
+            .map(|row| (row, r.get::<_, String>("state")))
+        })?
+        .map(|x| {
+            let (mut row, state) = x?;
+            row.state = state?.parse()?;
+            Ok(row)
+        })
+        .collect::<Result<Vec<RevisionRow>>>()?;
+    let keys: Vec<(&str, i64)> = rows
+        .iter()
+        .map(|r| (r.ruleset.as_str(), i64_of(r.number)))
+        .collect();
+    let contents = chunks::contents(conn, &keys)?;
+    for (row, content) in rows.iter_mut().zip(contents) {
+        row.content = content;
     }
-    let refs: Vec<&str> = lists.iter().map(String::as_str).collect();
-    let mut texts = chunks::texts(conn, &refs).await?.into_iter();
-    rows.iter()
-        .map(|r| {
-            let (Some(v4), Some(v6)) = (texts.next(), texts.next()) else {
-                return Err(Error::Internal("chunk texts missing".into()));
-            };
-            revision_row_with(r, Content { v4, v6 })
+    Ok(rows)
+}
+
+/// The one mapper of a `commits` row (`SELECT *`).
+fn commit_row(r: &Row<'_>) -> rusqlite::Result<(CommitRow, String)> {
+    Ok((
+        CommitRow {
+            id: r.get("id")?,
+            ruleset: r.get("ruleset")?,
+            revision: u64_of(r.get("revision")?),
+            previous: r.get::<_, Option<i64>>("previous")?.map(u64_of),
+            outcome: Outcome::Committed,
+            error: r.get("error")?,
+            phases: Phases {
+                validate_ns: u64_of(r.get("validate_ns")?),
+                compile_ns: u64_of(r.get("compile_ns")?),
+                persist_ns: u64_of(r.get("persist_ns")?),
+                publish_ns: u64_of(r.get("publish_ns")?),
+                quiesce_ns: u64_of(r.get("quiesce_ns")?),
+                carry_ns: u64_of(r.get("carry_ns")?),
+                total_ns: u64_of(r.get("total_ns")?),
+                cores_waited: u32::try_from(r.get::<_, i64>("cores_waited")?).unwrap_or(0),
+            },
+            started_at: r.get("started_at")?,
+            confirm_deadline: r.get("confirm_deadline")?,
+        },
+        r.get("outcome")?,
+    ))
+}
+
+/// The commit rows of `sql` with `args`.
+fn commit_rows<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    args: P,
+) -> Result<Vec<CommitRow>> {
+    conn.prepare_cached(sql)?
+        .query_map(args, commit_row)?
+        .map(|x| {
+            let (mut row, outcome) = x?;
+            row.outcome = outcome.parse()?;
+            Ok(row)
         })
         .collect()
-}
-
-/// A revision from a row of `revisions` alone, with `content` the caller already has.
-fn revision_row_with(r: &SqliteRow, content: Content) -> Result<RevisionRow> {
-    Ok(RevisionRow {
-        ruleset: r.try_get("ruleset")?,
-        number: u64_of(r.try_get("number")?),
-        parent: r.try_get::<Option<i64>, _>("parent")?.map(u64_of),
-        digest: r.try_get("digest")?,
-        content,
-        rule_count: u32::try_from(r.try_get::<i64, _>("rule_count")?).unwrap_or(u32::MAX),
-        author: r.try_get("author")?,
-        message: r.try_get("message")?,
-        state: r.try_get::<String, _>("state")?.parse()?,
-        created_at: r.try_get("created_at")?,
-    })
-}
-
-fn commit_row(r: &SqliteRow) -> Result<CommitRow> {
-    Ok(CommitRow {
-        id: r.try_get("id")?,
-        ruleset: r.try_get("ruleset")?,
-        revision: u64_of(r.try_get("revision")?),
-        previous: r.try_get::<Option<i64>, _>("previous")?.map(u64_of),
-        outcome: r.try_get::<String, _>("outcome")?.parse()?,
-        error: r.try_get("error")?,
-        phases: Phases {
-            validate_ns: u64_of(r.try_get("validate_ns")?),
-            compile_ns: u64_of(r.try_get("compile_ns")?),
-            persist_ns: u64_of(r.try_get("persist_ns")?),
-            publish_ns: u64_of(r.try_get("publish_ns")?),
-            quiesce_ns: u64_of(r.try_get("quiesce_ns")?),
-            carry_ns: u64_of(r.try_get("carry_ns")?),
-            total_ns: u64_of(r.try_get("total_ns")?),
-            cores_waited: u32::try_from(r.try_get::<i64, _>("cores_waited")?).unwrap_or(0),
-        },
-        started_at: r.try_get("started_at")?,
-        confirm_deadline: r.try_get("confirm_deadline")?,
-    })
 }
 
 fn check_etag(rs: &RulesetRow, expected: Option<&str>) -> Result<()> {
@@ -447,7 +471,7 @@ fn persist_commit_in(
         "INSERT INTO commits (ruleset, revision, previous, outcome, validate_ns, started_at, confirm_deadline) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
-    .execute(rusqlite::params![
+    .execute(params![
         c.ruleset,
         i64_of(number),
         previous.map(|(p, _)| i64_of(p)),
@@ -500,31 +524,28 @@ impl Store {
     /// Errors: [`Error::Store`] when the file cannot be opened, [`Error::Migrate`] when a
     /// migration fails, [`Error::Internal`] when the directory cannot be created.
     pub async fn open(path: &Path) -> Result<Store> {
+        Store::open_to(path, i64::MAX).await
+    }
+
+    /// [`Store::open`], applying the migrations up to and including version `until` only
+    /// (tests of a migration make a database as an older build left it).
+    async fn open_to(path: &Path, until: i64) -> Result<Store> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::Internal(format!("create {}: {e}", dir.display())))?;
         }
-        let opts = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            // A local file has no connection to lose: no ping round trip to the connection's
-            // worker thread before every use.
-            .test_before_acquire(false)
-            .connect_with(opts)
-            .await?;
-        sqlx::migrate!("../migrations").run(&pool).await?;
-        let writer = Writer::open(path)?;
-        Ok(Store {
-            pool,
-            writer,
-            revisions_kept: 0,
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let writer = Writer::open(&path, until)?;
+            let readers = Readers::open(&path, READERS)?;
+            Ok(Store {
+                readers,
+                writer,
+                revisions_kept: 0,
+            })
         })
+        .await
+        .map_err(|e| Error::Internal(format!("store open task: {e}")))?
     }
 
     /// This store, keeping at most `n` revisions per ruleset (0: all): every transaction that
@@ -536,30 +557,37 @@ impl Store {
         self
     }
 
-    /// Closes the pool (waits for connections to finish).
-    pub async fn close(&self) {
-        self.pool.close().await;
-    }
+    /// Nothing to wait for: every call's transaction is done when it returns, and the
+    /// connections close when the last handle is dropped. Kept for callers that close.
+    pub async fn close(&self) {}
 
     /// One ruleset.
     ///
     /// Errors: [`Error::Store`].
     pub async fn get_ruleset(&self, name: &str) -> Result<Option<RulesetRow>> {
-        let row = sqlx::query("SELECT * FROM rulesets WHERE name = ?")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(ruleset_row).transpose()
+        let name = name.to_string();
+        self.readers
+            .run(move |tx| {
+                Ok(tx
+                    .prepare_cached("SELECT * FROM rulesets WHERE name = ?1")?
+                    .query_row([name], ruleset_row)
+                    .optional()?)
+            })
+            .await
     }
 
     /// Every ruleset, by name.
     ///
     /// Errors: [`Error::Store`].
     pub async fn list_rulesets(&self) -> Result<Vec<RulesetRow>> {
-        let rows = sqlx::query("SELECT * FROM rulesets ORDER BY name")
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(ruleset_row).collect()
+        self.readers
+            .run(|tx| {
+                Ok(tx
+                    .prepare_cached("SELECT * FROM rulesets ORDER BY name")?
+                    .query_map([], ruleset_row)?
+                    .collect::<rusqlite::Result<_>>()?)
+            })
+            .await
     }
 
     /// One revision.
@@ -568,15 +596,17 @@ impl Store {
     pub async fn get_revision(&self, ruleset: &str, number: u64) -> Result<Option<RevisionRow>> {
         // One read transaction: the chunk lists and the chunks from the same snapshot (a
         // delete or prune between two autocommit reads freed the chunks in between).
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(revision_select!("WHERE r.ruleset = ? AND r.number = ?"))
-            .bind(ruleset)
-            .bind(i64_of(number))
-            .fetch_all(&mut *tx)
-            .await?;
-        let rev = revision_rows(&mut tx, &rows).await?.pop();
-        tx.commit().await?;
-        Ok(rev)
+        let ruleset = ruleset.to_string();
+        self.readers
+            .run(move |tx| {
+                Ok(revision_rows(
+                    tx,
+                    revision_select!("WHERE ruleset = ?1 AND number = ?2"),
+                    params![ruleset, i64_of(number)],
+                )?
+                .pop())
+            })
+            .await
     }
 
     /// Revisions with `number > after`, ascending, at most `limit`.
@@ -589,18 +619,16 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<RevisionRow>> {
         // One read transaction, as in `get_revision`.
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(revision_select!(
-            "WHERE r.ruleset = ? AND r.number > ? ORDER BY r.number LIMIT ?"
-        ))
-        .bind(ruleset)
-        .bind(i64_of(after))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let revs = revision_rows(&mut tx, &rows).await?;
-        tx.commit().await?;
-        Ok(revs)
+        let ruleset = ruleset.to_string();
+        self.readers
+            .run(move |tx| {
+                revision_rows(
+                    tx,
+                    revision_select!("WHERE ruleset = ?1 AND number > ?2 ORDER BY number LIMIT ?3"),
+                    params![ruleset, i64_of(after), i64::from(limit)],
+                )
+            })
+            .await
     }
 
     /// The rulesets with an active revision, with that revision: what the engine must run.
@@ -622,7 +650,7 @@ impl Store {
     /// Stores a STAGED revision (creating the ruleset on first use).
     ///
     /// Errors: [`Error::EtagMismatch`] when `expected_etag` is given and differs;
-    /// [`Error::StoreWrite`].
+    /// [`Error::Store`].
     pub async fn stage(
         &self,
         new: NewRevision,
@@ -653,7 +681,7 @@ impl Store {
     ///
     /// Errors: [`Error::NotFound`] for a missing ruleset or revision,
     /// [`Error::Precondition`] when a revision to commit is not STAGED,
-    /// [`Error::EtagMismatch`], [`Error::StoreWrite`], [`Error::Store`].
+    /// [`Error::EtagMismatch`], [`Error::Store`].
     pub async fn persist_commit(&self, c: PersistCommit) -> Result<Persisted> {
         let keep = self.revisions_kept;
         let name = c.ruleset.clone();
@@ -676,29 +704,35 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn finish_commit(&self, commit_id: i64, p: &Phases) -> Result<()> {
-        sqlx::query(
-            "UPDATE commits SET validate_ns = ?, compile_ns = ?, persist_ns = ?, publish_ns = ?, \
-             quiesce_ns = ?, carry_ns = ?, total_ns = ?, cores_waited = ? WHERE id = ?",
-        )
-        .bind(i64_of(p.validate_ns))
-        .bind(i64_of(p.compile_ns))
-        .bind(i64_of(p.persist_ns))
-        .bind(i64_of(p.publish_ns))
-        .bind(i64_of(p.quiesce_ns))
-        .bind(i64_of(p.carry_ns))
-        .bind(i64_of(p.total_ns))
-        .bind(i64::from(p.cores_waited))
-        .bind(commit_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let p = *p;
+        self.writer
+            .run(move |tx| {
+                tx.prepare_cached(
+                    "UPDATE commits SET validate_ns = ?1, compile_ns = ?2, persist_ns = ?3, \
+                     publish_ns = ?4, quiesce_ns = ?5, carry_ns = ?6, total_ns = ?7, \
+                     cores_waited = ?8 WHERE id = ?9",
+                )?
+                .execute(params![
+                    i64_of(p.validate_ns),
+                    i64_of(p.compile_ns),
+                    i64_of(p.persist_ns),
+                    i64_of(p.publish_ns),
+                    i64_of(p.quiesce_ns),
+                    i64_of(p.carry_ns),
+                    i64_of(p.total_ns),
+                    i64::from(p.cores_waited),
+                    commit_id
+                ])?;
+                Ok(())
+            })
+            .await
     }
 
     /// Undoes [`Store::persist_commit`] when the engine refused the commit: the revision is
     /// REJECTED, the previous one active again, the commit row FAILED with `error`, and the
     /// audit record written with the commit (if any) gets `outcome` (a reason name).
     ///
-    /// Errors: [`Error::StoreWrite`].
+    /// Errors: [`Error::Store`].
     pub async fn revert_commit(&self, p: &Persisted, error: &str, outcome: &str) -> Result<()> {
         let (name, number, previous) = (p.ruleset.name.clone(), p.revision.number, p.previous);
         let (audit_id, commit_id) = (p.audit_id, p.commit_id);
@@ -708,7 +742,7 @@ impl Store {
                 let now = now_ns();
                 if let Some(id) = audit_id {
                     tx.prepare_cached("UPDATE audit SET outcome = ?1 WHERE id = ?2")?
-                        .execute(rusqlite::params![outcome, id])?;
+                        .execute(params![outcome, id])?;
                 }
                 writer::set_state(tx, &name, number, RevisionState::Rejected)?;
                 if let Some((prev, state)) = previous {
@@ -721,7 +755,7 @@ impl Store {
                 tx.prepare_cached(
                     "UPDATE commits SET outcome = 'FAILED', error = ?1, confirm_deadline = NULL WHERE id = ?2",
                 )?
-                .execute(rusqlite::params![error, commit_id])?;
+                .execute(params![error, commit_id])?;
                 Ok(())
             })
             .await
@@ -731,7 +765,7 @@ impl Store {
     /// active afterwards, `revision` is REJECTED and a REVERTED commit row is written.
     /// Returns the commit row's id.
     ///
-    /// Errors: [`Error::StoreWrite`].
+    /// Errors: [`Error::Store`].
     pub async fn deactivate(&self, ruleset: &str, revision: u64, started_at: i64) -> Result<i64> {
         let name = ruleset.to_string();
         self.writer
@@ -747,7 +781,7 @@ impl Store {
                     "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
                      VALUES (?1, ?2, ?2, 'REVERTED', ?3)",
                 )?
-                .execute(rusqlite::params![name, i64_of(revision), started_at])?;
+                .execute(params![name, i64_of(revision), started_at])?;
                 Ok(tx.last_insert_rowid())
             })
             .await
@@ -756,7 +790,7 @@ impl Store {
     /// Confirms the pending commit of `revision`: the revision becomes ACTIVE and the commit
     /// row CONFIRMED. Returns the revision, or `None` when no commit of it is pending.
     ///
-    /// Errors: [`Error::StoreWrite`], [`Error::Store`].
+    /// Errors: [`Error::Store`].
     pub async fn confirm(&self, ruleset: &str, revision: u64) -> Result<Option<RevisionRow>> {
         let name = ruleset.to_string();
         let done = self
@@ -767,7 +801,7 @@ impl Store {
                         "UPDATE commits SET outcome = 'CONFIRMED', confirm_deadline = NULL \
                          WHERE ruleset = ?1 AND revision = ?2 AND confirm_deadline IS NOT NULL",
                     )?
-                    .execute(rusqlite::params![name, i64_of(revision)])?;
+                    .execute(params![name, i64_of(revision)])?;
                 if done > 0 {
                     writer::set_state(tx, &name, revision, RevisionState::Active)?;
                 }
@@ -784,28 +818,36 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn pending_confirms(&self) -> Result<Vec<CommitRow>> {
-        let rows = sqlx::query(
-            "SELECT * FROM commits WHERE confirm_deadline IS NOT NULL ORDER BY confirm_deadline",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(commit_row).collect()
+        self.readers
+            .run(|tx| {
+                commit_rows(
+                    tx,
+                    "SELECT * FROM commits WHERE confirm_deadline IS NOT NULL ORDER BY confirm_deadline",
+                    [],
+                )
+            })
+            .await
     }
 
     /// The commit rows of a ruleset, oldest first.
     ///
     /// Errors: [`Error::Store`].
     pub async fn commits(&self, ruleset: &str) -> Result<Vec<CommitRow>> {
-        let rows = sqlx::query("SELECT * FROM commits WHERE ruleset = ? ORDER BY id")
-            .bind(ruleset)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(commit_row).collect()
+        let ruleset = ruleset.to_string();
+        self.readers
+            .run(move |tx| {
+                commit_rows(
+                    tx,
+                    "SELECT * FROM commits WHERE ruleset = ?1 ORDER BY id",
+                    [ruleset],
+                )
+            })
+            .await
     }
 
     /// Deletes a ruleset with its revisions and commit rows. Returns whether it existed.
     ///
-    /// Errors: [`Error::EtagMismatch`], [`Error::StoreWrite`].
+    /// Errors: [`Error::EtagMismatch`], [`Error::Store`].
     pub async fn delete_ruleset(&self, name: &str, expected_etag: Option<&str>) -> Result<bool> {
         let name = name.to_string();
         let expected = expected_etag.map(str::to_string);
@@ -829,13 +871,17 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn idempotent_get(&self, method: &str, request_id: &str) -> Result<Option<Vec<u8>>> {
-        let row =
-            sqlx::query("SELECT response FROM idempotency WHERE method = ? AND request_id = ?")
-                .bind(method)
-                .bind(request_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(row.map(|r| r.try_get("response")).transpose()?)
+        let (method, request_id) = (method.to_string(), request_id.to_string());
+        self.readers
+            .run(move |tx| {
+                Ok(tx
+                    .prepare_cached(
+                        "SELECT response FROM idempotency WHERE method = ?1 AND request_id = ?2",
+                    )?
+                    .query_row([method, request_id], |r| r.get(0))
+                    .optional()?)
+            })
+            .await
     }
 
     /// Stores the response of a call with this request id (the first one wins).
@@ -847,21 +893,23 @@ impl Store {
         request_id: &str,
         response: &[u8],
     ) -> Result<()> {
-        sqlx::query(
-            "INSERT OR IGNORE INTO idempotency (method, request_id, response, created_at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(method)
-        .bind(request_id)
-        .bind(response)
-        .bind(now_ns())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let (method, request_id) = (method.to_string(), request_id.to_string());
+        let response = response.to_vec();
+        self.writer
+            .run(move |tx| {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO idempotency (method, request_id, response, created_at) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![method, request_id, response, now_ns()])?;
+                Ok(())
+            })
+            .await
     }
 
     /// Appends an audit record.
     ///
-    /// Errors: [`Error::StoreWrite`].
+    /// Errors: [`Error::Store`].
     pub async fn audit(&self, e: AuditEntry) -> Result<()> {
         self.writer
             .run(move |tx| writer::insert_audit(tx, &e).map(drop))
@@ -871,7 +919,7 @@ impl Store {
     /// Marks `f` as an active revision that did not load, with its audit record, in one
     /// transaction (replacing an earlier mark of the ruleset).
     ///
-    /// Errors: [`Error::StoreWrite`].
+    /// Errors: [`Error::Store`].
     pub async fn record_load_failure(&self, f: LoadFailure, audit: AuditEntry) -> Result<()> {
         self.writer
             .run(move |tx| {
@@ -880,12 +928,7 @@ impl Store {
                     "INSERT OR REPLACE INTO load_failures (ruleset, revision, error, at) \
                      VALUES (?1, ?2, ?3, ?4)",
                 )?
-                .execute(rusqlite::params![
-                    f.ruleset,
-                    i64_of(f.revision),
-                    f.error,
-                    f.at
-                ])?;
+                .execute(params![f.ruleset, i64_of(f.revision), f.error, f.at])?;
                 Ok(())
             })
             .await
@@ -894,7 +937,7 @@ impl Store {
     /// Removes the load-failure mark of `ruleset` (it loaded, got another active revision or
     /// was deleted).
     ///
-    /// Errors: [`Error::StoreWrite`].
+    /// Errors: [`Error::Store`].
     pub async fn clear_load_failure(&self, ruleset: &str) -> Result<()> {
         let name = ruleset.to_string();
         self.writer
@@ -910,37 +953,47 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn load_failures(&self) -> Result<Vec<LoadFailure>> {
-        let rows = sqlx::query("SELECT * FROM load_failures ORDER BY ruleset")
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(LoadFailure {
-                    ruleset: r.try_get("ruleset")?,
-                    revision: u64_of(r.try_get("revision")?),
-                    error: r.try_get("error")?,
-                    at: r.try_get("at")?,
-                })
+        self.readers
+            .run(|tx| {
+                Ok(tx
+                    .prepare_cached("SELECT * FROM load_failures ORDER BY ruleset")?
+                    .query_map([], |r| {
+                        Ok(LoadFailure {
+                            ruleset: r.get("ruleset")?,
+                            revision: u64_of(r.get("revision")?),
+                            error: r.get("error")?,
+                            at: r.get("at")?,
+                        })
+                    })?
+                    .collect::<rusqlite::Result<_>>()?)
             })
-            .collect()
+            .await
     }
 
     /// Number of audit records (for tests and status).
     ///
     /// Errors: [`Error::Store`].
     pub async fn audit_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM audit")
-            .fetch_one(&self.pool)
-            .await?
-            .try_get("n")?;
-        Ok(u64_of(n))
+        self.readers
+            .run(|tx| {
+                let n: i64 = tx.query_row("SELECT COUNT(*) FROM audit", [], |r| r.get(0))?;
+                Ok(u64_of(n))
+            })
+            .await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::AssertSqlSafe;
+
+    /// A database at `path` migrated up to `until` only, as an older build left it.
+    fn old_db(path: &Path, until: i64) -> Connection {
+        let mut conn = Connection::open(path).unwrap();
+        conn.pragma_update(None, "foreign_keys", true).unwrap();
+        migrate::run_to(&mut conn, until).unwrap();
+        conn
+    }
 
     fn new_rev(name: &str, text: &str) -> NewRevision {
         NewRevision {
@@ -978,37 +1031,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v.db");
         {
-            let opts = SqliteConnectOptions::new()
-                .filename(&path)
-                .create_if_missing(true);
-            let pool = SqlitePoolOptions::new().connect_with(opts).await.unwrap();
-            sqlx::migrate!("../migrations")
-                .run_to(20261130070000, &pool)
-                .await
-                .unwrap();
-            sqlx::query(
+            let conn = old_db(&path, 20261130070000);
+            conn.execute(
                 "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
                  VALUES ('a', 0, 'e', 2, 2, 1, 1)",
+                [],
             )
-            .execute(&pool)
-            .await
             .unwrap();
             for (n, v4, state) in [
                 (1, "*filter\n-A INPUT -j DROP\nCOMMIT\n", "SUPERSEDED"),
                 (2, "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n", "ACTIVE"),
             ] {
-                sqlx::query(
+                conn.execute(
                     "INSERT INTO revisions (ruleset, number, parent, digest, content_v4, content_v6, rule_count, author, message, state, created_at) \
-                     VALUES ('a', ?, NULL, 'd', ?, '*filter\nCOMMIT\n', 1, 'me', 'm', ?, 1)",
+                     VALUES ('a', ?1, NULL, 'd', ?2, '*filter\nCOMMIT\n', 1, 'me', 'm', ?3, 1)",
+                    params![n, v4, state],
                 )
-                .bind(n)
-                .bind(v4)
-                .bind(state)
-                .execute(&pool)
-                .await
                 .unwrap();
             }
-            pool.close().await;
         }
         let store = Store::open(&path).await.unwrap();
         let r1 = store.get_revision("a", 1).await.unwrap().unwrap();
@@ -1030,6 +1070,133 @@ mod tests {
         assert_eq!(chunk_count(&store).await, (0, 0));
     }
 
+    /// A database made by the build before the store had one driver (sqlx ran its
+    /// migrations, chunk lists were comma-separated text with counts kept by hand; made by
+    /// `make_fixture` at cd75b4d, see tests/fixtures/README.md) opens in place: every revision
+    /// reads back byte-identical, with its rows, commits, sets, idempotency and load failure
+    /// marks, the chunk lists are rows SQLite checks, and it keeps working.
+    #[tokio::test]
+    async fn a_database_made_by_the_two_driver_store_migrates_in_place() {
+        let text = |k: usize, fam: &str| {
+            let mut s = String::from("*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n");
+            for i in 0..1500 {
+                let port = if i % 500 == 7 { 20_000 + k } else { i };
+                s.push_str(&format!(
+                    "-A INPUT -s {fam}{}.0/24 -p tcp -m tcp --dport {port} -j ACCEPT\n",
+                    i % 200
+                ));
+            }
+            s + "COMMIT\n"
+        };
+        let content = |k: usize| Content {
+            v4: text(k, "10.0."),
+            v6: if k % 2 == 0 {
+                text(k, "2001:db8:")
+            } else {
+                String::new()
+            },
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.db");
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store_two_drivers.db"),
+            &path,
+        )
+        .unwrap();
+        let store = Store::open(&path).await.unwrap().with_revisions_kept(4);
+        let a = store.list_revisions("a", 0, 100).await.unwrap();
+        // Six commits and a stage, four kept: 4, 5 (replaced), 6 (active), 7 (staged).
+        assert_eq!(a.iter().map(|r| r.number).collect::<Vec<_>>(), [4, 5, 6, 7]);
+        for r in &a {
+            let k = r.number as usize - 1;
+            assert_eq!(r.content, content(k), "a/{}", r.number);
+            assert_eq!(r.digest, r.content.digest());
+            assert_eq!(
+                (r.author.clone(), r.message.clone()),
+                (format!("author{k}"), format!("message {k}"))
+            );
+            assert_eq!(r.rule_count, 1500);
+        }
+        let states: Vec<RevisionState> = a.iter().map(|r| r.state).collect();
+        use RevisionState::*;
+        assert_eq!(states, [Superseded, Superseded, Active, Staged]);
+        let b = store.get_revision("b", 1).await.unwrap().unwrap();
+        assert_eq!((b.content.clone(), b.state), (content(2), PendingConfirm));
+        let c = store.get_revision("c", 1).await.unwrap().unwrap();
+        assert_eq!(c.content, Content::default());
+        let rs = store.get_ruleset("a").await.unwrap().unwrap();
+        assert_eq!(
+            (rs.priority, rs.active_revision, rs.latest_revision),
+            (5, Some(6), 7)
+        );
+        let commits = store.commits("a").await.unwrap();
+        assert_eq!(commits.len(), 6);
+        assert!(
+            commits
+                .iter()
+                .all(|c| c.phases.total_ns == 99 && c.outcome == Outcome::Committed)
+        );
+        assert_eq!(store.pending_confirms().await.unwrap()[0].ruleset, "b");
+        assert_eq!(store.audit_count().await.unwrap(), 9);
+        assert_eq!(
+            store
+                .idempotent_get("Apply", "req-1")
+                .await
+                .unwrap()
+                .unwrap(),
+            b"\x01\x02resp"
+        );
+        assert_eq!(store.load_failures().await.unwrap()[0].error, "boom");
+        let sets = store.load_sets(0).await.unwrap();
+        assert_eq!((sets[0].name.as_str(), sets[0].elements.len()), ("s4", 2));
+        assert_refs_exact(&store).await;
+        // sqlx's bookkeeping became ours.
+        assert_eq!(
+            count(&store, "SELECT COUNT(*) FROM schema_migrations").await,
+            migrate::MIGRATIONS.len() as i64
+        );
+        assert_eq!(
+            count(
+                &store,
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'"
+            )
+            .await,
+            0
+        );
+        // It keeps working: a commit shares the stored chunks, pruning frees the old ones.
+        let p = store
+            .persist_commit(commit(
+                "a",
+                CommitTarget::New(NewRevision {
+                    content: content(3),
+                    ..new_rev("a", "")
+                }),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(p.revision.number, 8);
+        assert_eq!(
+            store.get_revision("a", 8).await.unwrap().unwrap().content,
+            content(3)
+        );
+        assert_refs_exact(&store).await;
+        for name in ["a", "b", "c"] {
+            assert!(store.delete_ruleset(name, None).await.unwrap());
+        }
+        assert_eq!(chunk_count(&store).await, (0, 0));
+        drop(store);
+        // And opens again.
+        assert!(
+            Store::open(&path)
+                .await
+                .unwrap()
+                .list_rulesets()
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
     /// A store written before outcomes were one vocabulary: the confirm timer's ROLLED_BACK
     /// rows (a deactivation, an automatic rollback) become REVERTED, a deliberate rollback
     /// stays ROLLED_BACK; every outcome can be written afterwards.
@@ -1038,21 +1205,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v.db");
         {
-            let opts = SqliteConnectOptions::new()
-                .filename(&path)
-                .create_if_missing(true)
-                .foreign_keys(true);
-            let pool = SqlitePoolOptions::new().connect_with(opts).await.unwrap();
-            sqlx::migrate!("../migrations")
-                .run_to(20261201140000, &pool)
-                .await
-                .unwrap();
-            sqlx::query(
+            let conn = old_db(&path, 20261201140000);
+            conn.execute(
                 "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
                  VALUES ('a', 0, 'e', 4, 4, 1, 1)",
+                [],
             )
-            .execute(&pool)
-            .await
             .unwrap();
             for (n, author, message) in [
                 (1, "me", "m"),
@@ -1064,15 +1222,11 @@ mod tests {
                     "automatic rollback: revision 3 was not confirmed in time",
                 ),
             ] {
-                sqlx::query(
+                conn.execute(
                     "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
-                     VALUES ('a', ?, NULL, 'd', 0, ?, ?, 'SUPERSEDED', 1)",
+                     VALUES ('a', ?1, NULL, 'd', 0, ?2, ?3, 'SUPERSEDED', 1)",
+                    params![n, author, message],
                 )
-                .bind(n)
-                .bind(author)
-                .bind(message)
-                .execute(&pool)
-                .await
                 .unwrap();
             }
             for (revision, previous, outcome) in [
@@ -1082,18 +1236,13 @@ mod tests {
                 (4, Some(3), "ROLLED_BACK"),
                 (5, Some(5), "ROLLED_BACK"),
             ] {
-                sqlx::query(
+                conn.execute(
                     "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
-                     VALUES ('a', ?, ?, ?, 1)",
+                     VALUES ('a', ?1, ?2, ?3, 1)",
+                    params![revision, previous, outcome],
                 )
-                .bind(revision)
-                .bind(previous)
-                .bind(outcome)
-                .execute(&pool)
-                .await
                 .unwrap();
             }
-            pool.close().await;
         }
         let store = Store::open(&path).await.unwrap();
         let outcomes: Vec<Outcome> = store
@@ -1114,56 +1263,67 @@ mod tests {
             ]
         );
         for o in Outcome::ALL {
-            sqlx::query(
-                "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
-                 VALUES ('b', 1, NULL, ?, 1)",
-            )
-            .bind(o.as_str())
-            .execute(&store.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{o}: {e}"));
+            store
+                .writer
+                .run(move |tx| {
+                    tx.execute(
+                        "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
+                         VALUES ('b', 1, NULL, ?1, 1)",
+                        [o.as_str()],
+                    )?;
+                    Ok(())
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{o}: {e}"));
         }
         assert_eq!(store.commits("b").await.unwrap().len(), Outcome::ALL.len());
     }
 
-    /// Rows of `chunks` and `chunk_texts`.
-    async fn chunk_count(store: &Store) -> (i64, i64) {
-        let n = |t: &'static str| async move {
-            sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) FROM {t}")))
-                .fetch_one(&store.pool)
-                .await
-                .unwrap()
-                .get::<i64, _>(0)
-        };
-        (n("chunks").await, n("chunk_texts").await)
+    /// `SELECT COUNT(*)`-style query of one integer.
+    async fn count(store: &Store, sql: &'static str) -> i64 {
+        store
+            .readers
+            .run(move |tx| Ok(tx.query_row(sql, [], |r| r.get(0))?))
+            .await
+            .unwrap()
     }
 
-    /// Every stored chunk's reference count is the number of chunk lists that name it, and
-    /// every chunk is named by some list and has its text.
+    /// Rows of `chunks` and `chunk_texts`.
+    async fn chunk_count(store: &Store) -> (i64, i64) {
+        (
+            count(store, "SELECT COUNT(*) FROM chunks").await,
+            count(store, "SELECT COUNT(*) FROM chunk_texts").await,
+        )
+    }
+
+    /// Every stored chunk is named by some list and has its text, every list's positions
+    /// run 0.. without a gap, and SQLite finds no foreign key violation.
     async fn assert_refs_exact(store: &Store) {
-        let lists: Vec<(String, String)> =
-            sqlx::query_as("SELECT chunks_v4, chunks_v6 FROM revision_chunks")
-                .fetch_all(&store.pool)
-                .await
-                .unwrap();
-        let mut named: std::collections::BTreeMap<i64, i64> = Default::default();
-        for (v4, v6) in &lists {
-            for l in [v4, v6] {
-                let ids: std::collections::BTreeSet<i64> =
-                    chunks::decode(l).unwrap().into_iter().collect();
-                for id in ids {
-                    *named.entry(id).or_default() += 1;
-                }
-            }
-        }
-        let stored: std::collections::BTreeMap<i64, i64> =
-            sqlx::query_as::<_, (i64, i64)>("SELECT id, refs FROM chunks")
-                .fetch_all(&store.pool)
-                .await
-                .unwrap()
-                .into_iter()
-                .collect();
-        assert_eq!(stored, named);
+        let unnamed = count(
+            store,
+            "SELECT COUNT(*) FROM chunks c WHERE NOT EXISTS \
+             (SELECT 1 FROM revision_chunk_list l WHERE l.chunk = c.id)",
+        )
+        .await;
+        assert_eq!(unnamed, 0, "chunks no list names");
+        let gaps = count(
+            store,
+            "SELECT COUNT(*) FROM (SELECT ruleset, number, family FROM revision_chunk_list \
+             GROUP BY ruleset, number, family HAVING MAX(position) + 1 <> COUNT(*))",
+        )
+        .await;
+        assert_eq!(gaps, 0, "lists with gaps");
+        let violations = store
+            .readers
+            .run(|tx| {
+                Ok(tx
+                    .prepare("PRAGMA foreign_key_check")?
+                    .query_map([], |_| Ok(()))?
+                    .count())
+            })
+            .await
+            .unwrap();
+        assert_eq!(violations, 0, "foreign key violations");
         let (c, t) = chunk_count(store).await;
         assert_eq!(c, t);
     }
@@ -1260,11 +1420,12 @@ mod tests {
             c >= one && c <= one + 2 * 3,
             "{c} chunks for {one} per revision"
         );
-        let refs: i64 = sqlx::query("SELECT SUM(refs) FROM chunks")
-            .fetch_one(&store.pool)
-            .await
-            .unwrap()
-            .get(0);
+        let refs = count(
+            &store,
+            "SELECT COUNT(*) FROM (SELECT DISTINCT ruleset, number, family, chunk \
+             FROM revision_chunk_list)",
+        )
+        .await;
         let distinct = |t: &str| {
             chunks::split(t)
                 .into_iter()
@@ -1433,12 +1594,18 @@ mod tests {
             .revert_commit(&p2, "boom", "COMMIT_FAILED")
             .await
             .unwrap();
-        let outcome: String = sqlx::query("SELECT outcome FROM audit WHERE id = ?")
-            .bind(p2.audit_id.expect("audit id"))
-            .fetch_one(&store.pool)
+        let id = p2.audit_id.expect("audit id");
+        let outcome: String = store
+            .readers
+            .run(move |tx| {
+                Ok(
+                    tx.query_row("SELECT outcome FROM audit WHERE id = ?1", [id], |r| {
+                        r.get(0)
+                    })?,
+                )
+            })
             .await
-            .unwrap()
-            .get(0);
+            .unwrap();
         assert_eq!(outcome, "COMMIT_FAILED");
         assert_eq!(
             store

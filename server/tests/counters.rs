@@ -57,18 +57,18 @@ async fn unknown_ruleset_is_not_found_and_zeroing_is_audited() {
         assert_eq!(r.code, 0, "{args:?}: {}", r.stderr);
     }
 
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .expect("open db");
-    let rows: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT method, outcome, request_digest FROM audit \
-         WHERE method = 'CounterService/ZeroCounters' ORDER BY id",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("audit");
+    let pool = rusqlite::Connection::open(&db).expect("open db");
+    let rows: Vec<(String, String, String)> = pool
+        .prepare(
+            "SELECT method, outcome, request_digest FROM audit \
+             WHERE method = 'CounterService/ZeroCounters' ORDER BY id",
+        )
+        .expect("audit")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("audit")
+        .collect::<rusqlite::Result<_>>()
+        .expect("audit");
     let outcomes: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(outcomes, ["NOT_FOUND", "OK", "OK"], "{rows:?}");
     assert!(rows.iter().all(|r| r.2.len() == 64), "{rows:?}");
-    pool.close().await;
 }

@@ -412,21 +412,21 @@ async fn revisions_kept_and_rules_limit() {
 
     // One audit record per Apply: the six commits' went in with their commit transactions,
     // the refused ones on their own, with the reason.
-    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("v.db").display()))
-        .await
+    let db = rusqlite::Connection::open(dir.path().join("v.db")).unwrap();
+    let rows: Vec<(String, String)> = db
+        .prepare("SELECT method, outcome FROM audit ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
         .unwrap();
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT method, outcome FROM audit ORDER BY id")
-            .fetch_all(&db)
-            .await
-            .unwrap();
     let outcomes: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert!(rows.iter().all(|r| r.0 == "Apply"), "{rows:?}");
     assert_eq!(outcomes[..6], ["OK"; 6], "{rows:?}");
     assert_eq!(outcomes[6], "TOO_MANY_RULES", "{rows:?}");
     assert_eq!(outcomes.len(), 8, "{rows:?}");
     assert_ne!(outcomes[7], "OK", "{rows:?}");
-    db.close().await;
+    drop(db);
 }
 
 struct Run {

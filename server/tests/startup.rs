@@ -66,41 +66,50 @@ fn apply_req(ruleset: &str, text: &str) -> pb::ApplyRequest {
     }
 }
 
-async fn open_db(db: &Path) -> sqlx::SqlitePool {
-    sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .expect("open db")
+fn open_db(db: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(db).expect("open db")
+}
+
+/// The rows of `sql`, each mapped by `f`.
+fn rows<T>(
+    db: &rusqlite::Connection,
+    sql: &str,
+    f: fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Vec<T> {
+    db.prepare(sql)
+        .expect(sql)
+        .query_map([], f)
+        .expect(sql)
+        .collect::<rusqlite::Result<_>>()
+        .expect(sql)
 }
 
 /// Rewrites the stored text of `ruleset`'s active revision behind vallumd's back: the chunks
 /// that only it names get a text that does not parse.
 async fn corrupt_active_text(db: &Path, ruleset: &str) {
-    let pool = open_db(db).await;
-    let lists: Vec<(String, String)> = sqlx::query_as(
-        "SELECT c.ruleset, c.chunks_v4 FROM revision_chunks c JOIN rulesets r \
-         ON r.name = c.ruleset AND r.active_revision = c.number",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("chunk lists");
+    let pool = open_db(db);
+    let lists: Vec<(String, i64)> = rows(
+        &pool,
+        "SELECT c.ruleset, c.chunk FROM revision_chunk_list c JOIN rulesets r \
+         ON r.name = c.ruleset AND r.active_revision = c.number WHERE c.family = 4",
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    );
     let ids = |mine: bool| -> BTreeSet<i64> {
         lists
             .iter()
             .filter(|(r, _)| (r == ruleset) == mine)
-            .flat_map(|(_, l)| l.split(',').filter_map(|id| id.parse().ok()))
+            .map(|(_, id)| *id)
             .collect()
     };
     let only_mine: Vec<i64> = ids(true).difference(&ids(false)).copied().collect();
     assert!(!only_mine.is_empty(), "{lists:?}");
     for id in only_mine {
-        sqlx::query("UPDATE chunk_texts SET text = ? WHERE id = ?")
-            .bind("*filter\n-A INPUT --no-such-option -j DROP\nCOMMIT\n")
-            .bind(id)
-            .execute(&pool)
-            .await
-            .expect("corrupt");
+        pool.execute(
+            "UPDATE chunk_texts SET text = ?1 WHERE id = ?2",
+            rusqlite::params!["*filter\n-A INPUT --no-such-option -j DROP\nCOMMIT\n", id],
+        )
+        .expect("corrupt");
     }
-    pool.close().await;
 }
 
 async fn health(d: &Vallumd, service: &str) -> Result<ServingStatus, tonic::Code> {
@@ -168,25 +177,24 @@ async fn active_revision_that_does_not_load_is_refused_or_degraded() {
     assert!(stderr.contains("ACTIVE_REVISION_NOT_LOADED"), "{stderr}");
     assert!(stderr.contains("rulesets/web/revisions/1"), "{stderr}");
     assert!(stderr.contains("--on-load-failure degraded"), "{stderr}");
-    let pool = open_db(&db).await;
-    let marks: Vec<(String, i64)> = sqlx::query_as("SELECT ruleset, revision FROM load_failures")
-        .fetch_all(&pool)
-        .await
-        .expect("marks");
+    let pool = open_db(&db);
+    let marks: Vec<(String, i64)> =
+        rows(&pool, "SELECT ruleset, revision FROM load_failures", |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        });
     assert_eq!(marks, [("web".to_owned(), 1)]);
-    let audit: Vec<(String, String, String)> = sqlx::query_as(
+    let audit: Vec<(String, String, String)> = rows(
+        &pool,
         "SELECT caller, method, outcome FROM audit WHERE method = 'Load' ORDER BY id",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("audit");
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    );
     let want: (String, String, String) = (
         "vallumd".into(),
         "Load".into(),
         "ACTIVE_REVISION_NOT_LOADED".into(),
     );
     assert_eq!(audit, [want]);
-    pool.close().await;
+    drop(pool);
 
     // Degraded: serves `other`, says web is not loaded.
     let d = Vallumd::start(&db, &["--on-load-failure", "degraded"]);
@@ -211,12 +219,15 @@ async fn active_revision_that_does_not_load_is_refused_or_degraded() {
     );
     assert!(!st.not_loaded[0].error.is_empty());
     assert_eq!(not_loaded_gauge(&d.metrics_addr).await, Some(1.0));
-    let pool = open_db(&db).await;
-    let n: (i64,) = sqlx::query_as("SELECT COUNT(*) FROM audit WHERE method = 'Load'")
-        .fetch_one(&pool)
-        .await
+    let pool = open_db(&db);
+    let n: i64 = pool
+        .query_row(
+            "SELECT COUNT(*) FROM audit WHERE method = 'Load'",
+            [],
+            |r| r.get(0),
+        )
         .expect("audit");
-    assert_eq!(n.0, 2, "one record per start that found it");
+    assert_eq!(n, 2, "one record per start that found it");
 
     // A new revision of web repairs it.
     let mut c = d.rulesets().await;
@@ -230,10 +241,8 @@ async fn active_revision_that_does_not_load_is_refused_or_degraded() {
     assert!(st.not_loaded.is_empty(), "{st:?}");
     assert_eq!(st.active.len(), 2, "{st:?}");
     assert_eq!(not_loaded_gauge(&d.metrics_addr).await, Some(0.0));
-    let marks: (i64,) = sqlx::query_as("SELECT COUNT(*) FROM load_failures")
-        .fetch_one(&pool)
-        .await
+    let marks: i64 = pool
+        .query_row("SELECT COUNT(*) FROM load_failures", [], |r| r.get(0))
         .expect("marks");
-    assert_eq!(marks.0, 0);
-    pool.close().await;
+    assert_eq!(marks, 0);
 }

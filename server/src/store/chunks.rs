@@ -1,7 +1,8 @@
 //! Content-addressed storage of revision texts: a text is cut into chunks of whole lines,
 //! each chunk is stored once (table `chunks` + `chunk_texts`, keyed by its sha256) and a
-//! revision keeps the list of its chunk ids (`revision_chunks`). Migration:
-//! `migrations/20261201140000_content_chunks.sql`.
+//! revision keeps the list of its chunks as rows of `revision_chunk_list` (one per chunk and
+//! position, with foreign keys to the revision and the chunk). Migrations:
+//! `migrations/20261201140000_content_chunks.sql`, `20261216090000_chunk_list_rows.sql`.
 //!
 //! Why: a commit of a large ruleset usually changes a few rules. Writing the whole text
 //! again made the SQLite transaction of a 10k-rule Apply write and fsync ~0.5 MB (and pruning
@@ -15,20 +16,20 @@
 //! inserting or deleting a rule changes the chunk around it and no other. Chunks are joined
 //! back byte for byte: the concatenation of a text's chunks is the text.
 //!
-//! Reference counts: `chunks.refs` counts the chunk lists (one per revision and family) that
-//! name a chunk, once per list however often it occurs there. [`put`] adds a list's
-//! references, [`release`] removes them; both only note the change in the writer's
-//! transaction ([`super::writer::Tx`]), and [`apply_refs`] writes the net change per chunk
-//! and deletes the chunks nobody names any more just before that transaction commits, so a
-//! crash leaves counts and lists consistent.
+//! Integrity: SQLite enforces it (`PRAGMA foreign_keys = ON`): a list row names a stored
+//! chunk (a chunk a list names cannot be deleted), belongs to a stored revision (deleted with
+//! it), and a text belongs to its chunk (deleted with it). What the store does by hand is
+//! deleting the chunks no list names any more: [`put`] and [`release`] note, per chunk, how
+//! many lists of the writer's transaction ([`super::writer::Tx`]) started or stopped naming
+//! it, and [`delete_unused`] looks only at the chunks whose net change is negative (or that
+//! the transaction stored), just before it commits. A commit that adds a revision and prunes
+//! the oldest one names ~150 chunks twice over, almost all with a net change of zero: they are
+//! not looked at.
 
 use std::collections::HashMap;
 
-use rusqlite::{Transaction, params};
+use rusqlite::{Connection, Transaction, params};
 use sha2::{Digest, Sha256};
-// Dynamic SQL here only varies in the number of `?` placeholders (built by `placeholders`);
-// every value is bound, so `AssertSqlSafe` holds.
-use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
 use super::writer::Tx;
 use crate::content::Content;
@@ -39,9 +40,6 @@ pub const BOUNDARY_BITS: u32 = 6;
 
 /// A chunk ends after at most this many lines (bounds a chunk at ~16 KB of rules).
 pub const MAX_LINES: usize = 256;
-
-/// Bound parameters per statement (SQLite's historical limit is 999).
-const BATCH: usize = 400;
 
 /// A hash of one line for boundary decisions only (identity is the sha256): FxHash-style
 /// multiply-rotate over 8-byte words, then a final avalanche so the low bits depend on every
@@ -87,33 +85,6 @@ pub fn split(text: &str) -> Vec<&str> {
     out
 }
 
-/// Encodes chunk ids as stored in `revision_chunks`: comma-separated decimal.
-fn encode(ids: &[i64]) -> String {
-    let mut s = String::with_capacity(ids.len() * 6);
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&id.to_string());
-    }
-    s
-}
-
-/// Decodes a stored chunk list.
-///
-/// Errors: [`Error::Internal`] for a malformed list (a corrupt store).
-pub fn decode(list: &str) -> Result<Vec<i64>> {
-    if list.is_empty() {
-        return Ok(Vec::new());
-    }
-    list.split(',')
-        .map(|s| {
-            s.parse()
-                .map_err(|_| Error::Internal(format!("corrupt chunk list {list:?}")))
-        })
-        .collect()
-}
-
 /// `?, ?, ...` with `n` placeholders.
 fn placeholders(n: usize) -> String {
     let mut s = "?, ".repeat(n);
@@ -127,15 +98,18 @@ fn distinct(list: &[i64]) -> Vec<i64> {
     list.iter().copied().filter(|id| seen.insert(*id)).collect()
 }
 
-/// Stores the chunks of `content` that are not stored yet and adds one reference per family
-/// list (to `tx`'s pending changes: see [`apply_refs`]); returns the encoded chunk lists
-/// `(v4, v6)` for `revision_chunks`. The stored chunks are found with a few batched lookups
-/// (one statement per [`LOOKUP_BATCH`] digests) instead of one per chunk. Runs in the
-/// writer's transaction (statements prepared once, on the calling thread: see
-/// [`super::writer`]).
+/// The `family` column of `revision_chunk_list`: 4 for the IPv4 text, 6 for the IPv6 text.
+const FAMILIES: [i64; 2] = [4, 6];
+
+/// Stores the chunks of `content` that are not stored yet and the chunk lists of revision
+/// `number` of `ruleset` (which must be stored) as rows of `revision_chunk_list`, noting the
+/// lists' chunks in `tx`'s pending changes (see [`delete_unused`]). The stored chunks are
+/// found with a few batched lookups (one statement per [`LOOKUP_BATCH`] digests) and the list
+/// rows written [`LOOKUP_BATCH`] to a statement, instead of one statement per chunk. Runs in
+/// the writer's transaction (statements prepared once per connection: see [`super::writer`]).
 ///
-/// Errors: [`Error::StoreWrite`].
-pub(crate) fn put(tx: &Tx<'_>, content: &Content) -> Result<(String, String)> {
+/// Errors: [`Error::Store`].
+pub(crate) fn put(tx: &Tx<'_>, ruleset: &str, number: i64, content: &Content) -> Result<()> {
     let parts: Vec<Vec<(&str, [u8; 32])>> = [&content.v4, &content.v6]
         .iter()
         .map(|text| {
@@ -165,11 +139,13 @@ pub(crate) fn put(tx: &Tx<'_>, content: &Content) -> Result<(String, String)> {
             }
         }
     }
-    let mut insert = tx.prepare_cached("INSERT INTO chunks (digest, refs) VALUES (?1, 0)")?;
+    let mut insert = tx.prepare_cached("INSERT INTO chunks (digest) VALUES (?1)")?;
     let mut insert_text =
         tx.prepare_cached("INSERT INTO chunk_texts (id, text) VALUES (?1, ?2)")?;
-    let mut lists: Vec<Vec<i64>> = Vec::with_capacity(2);
-    for chunks in &parts {
+    // (family, position, chunk) of every list row.
+    let mut rows: Vec<(i64, i64, i64)> = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    let mut refs = tx.refs.borrow_mut();
+    for (family, chunks) in FAMILIES.into_iter().zip(&parts) {
         let mut list = Vec::with_capacity(chunks.len());
         for (c, d) in chunks {
             let id = match ids.get(d) {
@@ -183,123 +159,138 @@ pub(crate) fn put(tx: &Tx<'_>, content: &Content) -> Result<(String, String)> {
                     id
                 }
             };
+            rows.push((family, i64::try_from(list.len()).unwrap_or(i64::MAX), id));
             list.push(id);
         }
-        lists.push(list);
-    }
-    let mut refs = tx.refs.borrow_mut();
-    for list in &lists {
-        for id in distinct(list) {
+        for id in distinct(&list) {
             *refs.entry(id).or_default() += 1;
         }
     }
-    Ok((encode(&lists[0]), encode(&lists[1])))
-}
-
-/// Digests per lookup statement in [`put`] (and ids per statement in [`apply_refs`]).
-const LOOKUP_BATCH: usize = 64;
-
-/// Pending changes of chunk reference counts in one transaction: chunk id -> delta.
-pub(crate) type RefChanges = HashMap<i64, i64>;
-
-/// Drops one reference per stored list in `lists` (encoded as in `revision_chunks`), to
-/// `tx`'s pending changes: the chunks no list names any more are deleted by [`apply_refs`]
-/// at the end of the transaction.
-///
-/// Errors: [`Error::Internal`] for a malformed list.
-pub(crate) fn release(tx: &Tx<'_>, lists: &[String]) -> Result<()> {
-    let mut refs = tx.refs.borrow_mut();
-    for list in lists {
-        for id in distinct(&decode(list)?) {
-            *refs.entry(id).or_default() -= 1;
+    let mut many = tx.prepare_cached(&format!(
+        "INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) VALUES {}",
+        vec!["(?, ?, ?, ?, ?)"; LOOKUP_BATCH].join(", ")
+    ))?;
+    let mut one = tx.prepare_cached(
+        "INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    let batches = rows.chunks_exact(LOOKUP_BATCH);
+    let rest = batches.remainder();
+    for batch in batches {
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(5 * LOOKUP_BATCH);
+        for (family, position, chunk) in batch {
+            args.extend([
+                &ruleset as &dyn rusqlite::ToSql,
+                &number,
+                family,
+                position,
+                chunk,
+            ]);
         }
+        many.execute(args.as_slice())?;
+    }
+    for (family, position, chunk) in rest {
+        one.execute(params![ruleset, number, family, position, chunk])?;
     }
     Ok(())
 }
 
-/// Writes a transaction's net reference count changes (chunks whose count did not change
-/// are not touched), then deletes the chunks (and their texts) whose count fell to zero,
-/// and those `created` by the transaction (stored with no reference) that no list names at
-/// its end. Called by the writer just before it commits.
+/// Digests per lookup statement in [`put`] (and list rows per INSERT).
+const LOOKUP_BATCH: usize = 64;
+
+/// Pending changes in one transaction: chunk id -> how many more lists name it (negative:
+/// fewer).
+pub(crate) type RefChanges = HashMap<i64, i64>;
+
+/// Notes that the chunk lists of revisions of `ruleset` (`number` = `Some(n)`: that one
+/// only; `None`: all) are about to be deleted, in `tx`'s pending changes: the chunks no list
+/// names afterwards are deleted by [`delete_unused`] at the end of the transaction. The
+/// lists themselves go with their revisions (`ON DELETE CASCADE`).
 ///
-/// Errors: [`Error::StoreWrite`].
-pub(crate) fn apply_refs(
+/// Errors: [`Error::Store`].
+pub(crate) fn release(tx: &Tx<'_>, ruleset: &str, number: Option<i64>) -> Result<()> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT DISTINCT number, family, chunk FROM revision_chunk_list \
+         WHERE ruleset = ?1 AND (?2 IS NULL OR number = ?2)",
+    )?;
+    let mut rows = stmt.query(params![ruleset, number])?;
+    let mut refs = tx.refs.borrow_mut();
+    while let Some(row) = rows.next()? {
+        *refs.entry(row.get(2)?).or_default() -= 1;
+    }
+    Ok(())
+}
+
+/// Deletes the chunks (their texts go with them) that may have lost their last list in this
+/// transaction, when no list names them: those whose net change is negative and those
+/// `created` by the transaction whose net change is not positive. Chunks whose net change is
+/// zero or more are named by as many lists as before (at least one) and are not looked at.
+/// Called by the writer just before it commits.
+///
+/// Errors: [`Error::Store`].
+pub(crate) fn delete_unused(
     tx: &Transaction<'_>,
     changes: RefChanges,
     created: Vec<i64>,
 ) -> Result<()> {
-    let mut by_delta: HashMap<i64, Vec<i64>> = HashMap::new();
-    // A chunk stored here and released again has a net change of zero and a count of zero.
-    let mut fell: Vec<i64> = created
+    let mut candidates: Vec<i64> = created
         .into_iter()
-        .filter(|id| changes.get(id).is_none_or(|d| *d == 0))
+        .filter(|id| changes.get(id).is_none_or(|d| *d <= 0))
         .collect();
-    for (id, delta) in changes {
-        if delta != 0 {
-            by_delta.entry(delta).or_default().push(id);
-        }
-        if delta < 0 {
-            fell.push(id);
-        }
-    }
-    let list = placeholders(LOOKUP_BATCH);
-    let mut adjust = tx.prepare_cached(&format!(
-        "UPDATE chunks SET refs = refs + ?1 WHERE id IN ({list})"
-    ))?;
-    for (delta, ids) in by_delta {
-        for batch in ids.chunks(LOOKUP_BATCH) {
-            let args = std::iter::once(delta)
-                .chain((0..LOOKUP_BATCH).map(|i| batch[i.min(batch.len() - 1)]));
-            adjust.execute(rusqlite::params_from_iter(args))?;
-        }
-    }
-    let mut unused = tx.prepare_cached("DELETE FROM chunks WHERE id = ?1 AND refs <= 0")?;
-    let mut text = tx.prepare_cached("DELETE FROM chunk_texts WHERE id = ?1")?;
-    for id in fell {
-        if unused.execute([id])? > 0 {
-            text.execute([id])?;
-        }
+    candidates.extend(
+        changes
+            .into_iter()
+            .filter(|(_, d)| *d < 0)
+            .map(|(id, _)| id),
+    );
+    let mut unused = tx.prepare_cached(
+        "DELETE FROM chunks WHERE id = ?1 \
+         AND NOT EXISTS (SELECT 1 FROM revision_chunk_list WHERE chunk = ?1)",
+    )?;
+    for id in candidates {
+        unused.execute([id])?;
     }
     Ok(())
 }
 
-/// The texts of stored chunk lists, each joined back in order: one `String` per list.
+/// The contents of the revisions `keys` (ruleset, number), in order, each text joined back
+/// from its chunks (a chunk shared by several is read once). Call it inside a read
+/// transaction, so the lists and the chunks come from one snapshot.
 ///
-/// Errors: [`Error::Store`]; [`Error::Internal`] for a malformed list or a missing chunk.
-pub async fn texts(conn: &mut SqliteConnection, lists: &[&str]) -> Result<Vec<String>> {
-    let decoded: Vec<Vec<i64>> = lists.iter().map(|l| decode(l)).collect::<Result<_>>()?;
-    let all = distinct(&decoded.concat());
-    let mut found: HashMap<i64, String> = HashMap::with_capacity(all.len());
-    for batch in all.chunks(BATCH) {
-        let sql = format!(
-            "SELECT id, text FROM chunk_texts WHERE id IN ({})",
-            placeholders(batch.len())
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for id in batch {
-            q = q.bind(*id);
-        }
-        for row in q.fetch_all(&mut *conn).await? {
-            found.insert(row.try_get("id")?, row.try_get("text")?);
-        }
-    }
-    decoded
-        .iter()
-        .map(|ids| {
-            let mut s = String::with_capacity(
-                ids.iter()
-                    .map(|id| found.get(id).map_or(0, String::len))
-                    .sum(),
-            );
-            for id in ids {
-                let t = found
-                    .get(id)
-                    .ok_or_else(|| Error::Internal(format!("stored chunk {id} is missing")))?;
-                s.push_str(t);
+/// Errors: [`Error::Store`]; [`Error::Internal`] when a listed chunk has no text (a corrupt
+/// store).
+pub(crate) fn contents(conn: &Connection, keys: &[(&str, i64)]) -> Result<Vec<Content>> {
+    let mut list = conn.prepare_cached(
+        "SELECT family, chunk FROM revision_chunk_list WHERE ruleset = ?1 AND number = ?2 \
+         ORDER BY family, position",
+    )?;
+    let mut text = conn.prepare_cached("SELECT text FROM chunk_texts WHERE id = ?1")?;
+    let mut found: HashMap<i64, String> = HashMap::new();
+    let mut out = Vec::with_capacity(keys.len());
+    for (ruleset, number) in keys {
+        let mut content = Content::default();
+        let mut rows = list.query(params![ruleset, number])?;
+        while let Some(row) = rows.next()? {
+            let (family, id): (i64, i64) = (row.get(0)?, row.get(1)?);
+            let t = match found.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let t: Option<String> =
+                        rusqlite::OptionalExtension::optional(text.query_row([id], |r| r.get(0)))?;
+                    e.insert(
+                        t.ok_or_else(|| Error::Internal(format!("stored chunk {id} has no text")))?,
+                    )
+                }
+            };
+            if family == 4 {
+                content.v4.push_str(t);
+            } else {
+                content.v6.push_str(t);
             }
-            Ok(s)
-        })
-        .collect()
+        }
+        out.push(content);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -356,13 +347,5 @@ mod tests {
             "{} new chunks",
             new.len()
         );
-    }
-
-    #[test]
-    fn lists_round_trip_and_reject_garbage() {
-        assert_eq!(decode(&encode(&[1, 22, 333])).unwrap(), [1, 22, 333]);
-        assert_eq!(decode("").unwrap(), Vec::<i64>::new());
-        assert!(decode("1,,2").is_err());
-        assert!(decode("x").is_err());
     }
 }

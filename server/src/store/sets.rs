@@ -5,17 +5,15 @@
 //! wall-clock expiry (Unix ns), so a restart does not extend a timeout.
 //!
 //! Bulk writes use multi-row statements of [`ROWS_PER_STATEMENT`] rows, all in the call's one
-//! transaction. Transactions begin IMMEDIATE (take the write lock first): a deferred one that
-//! reads and then writes fails with SQLITE_BUSY, without waiting, when another connection
-//! wrote in between (a commit's phase record, an audit row).
+//! transaction on the store's writer connection ([`super::writer`]).
 
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+use rusqlite::{OptionalExtension, Row, ToSql, params};
 use vallum_engine::model::Family;
 use vallum_engine::sets::{SetSpec, SetType};
 
+use super::writer::Tx;
 use super::{Store, u64_of};
 use crate::error::{Error, Result};
-
 /// Rows per multi-row INSERT / DELETE (3 bound values a row stays under SQLite's 32766).
 pub const ROWS_PER_STATEMENT: usize = 5000;
 
@@ -57,9 +55,9 @@ fn family_text(f: Family) -> &'static str {
     }
 }
 
-fn spec_of(r: &sqlx::sqlite::SqliteRow) -> Result<SetSpec> {
-    let kind: String = r.try_get("type")?;
-    let family: String = r.try_get("family")?;
+fn spec_of(r: &Row<'_>) -> Result<SetSpec> {
+    let kind: String = r.get("type")?;
+    let family: String = r.get("family")?;
     let bad = |what: &str| Error::Internal(format!("stored set has an unknown {what}"));
     Ok(SetSpec {
         kind: SetType::from_name(&kind).ok_or_else(|| bad("type"))?,
@@ -69,60 +67,58 @@ fn spec_of(r: &sqlx::sqlite::SqliteRow) -> Result<SetSpec> {
             _ => return Err(bad("family")),
         },
         timeout: r
-            .try_get::<Option<i64>, _>("timeout")?
+            .get::<_, Option<i64>>("timeout")?
             .map(|t| u32::try_from(t).unwrap_or(u32::MAX)),
-        counters: r.try_get::<i64, _>("counters")? != 0,
-        maxelem: u32::try_from(r.try_get::<i64, _>("maxelem")?).unwrap_or(u32::MAX),
-        hashsize: u32::try_from(r.try_get::<i64, _>("hashsize")?).unwrap_or(u32::MAX),
+        counters: r.get::<_, i64>("counters")? != 0,
+        maxelem: u32::try_from(r.get::<_, i64>("maxelem")?).unwrap_or(u32::MAX),
+        hashsize: u32::try_from(r.get::<_, i64>("hashsize")?).unwrap_or(u32::MAX),
     })
 }
 
-async fn set_id(tx: &mut Transaction<'_, Sqlite>, name: &str) -> Result<i64> {
-    sqlx::query_scalar("SELECT id FROM sets WHERE name = ?")
-        .bind(name)
-        .fetch_optional(&mut **tx)
-        .await?
+fn set_id(tx: &Tx<'_>, name: &str) -> Result<i64> {
+    tx.prepare_cached("SELECT id FROM sets WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()?
         .ok_or_else(|| Error::Internal(format!("set {name} is not in the store")))
 }
 
-async fn insert_set(
-    tx: &mut Transaction<'_, Sqlite>,
-    name: &str,
-    spec: &SetSpec,
-    now: i64,
-) -> Result<i64> {
-    let id = sqlx::query_scalar(
+fn insert_set(tx: &Tx<'_>, name: &str, spec: &SetSpec, now: i64) -> Result<i64> {
+    tx.prepare_cached(
         "INSERT INTO sets (name, type, family, hashsize, maxelem, timeout, counters, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-    )
-    .bind(name)
-    .bind(spec.kind.name())
-    .bind(family_text(spec.family))
-    .bind(i64::from(spec.hashsize))
-    .bind(i64::from(spec.maxelem))
-    .bind(spec.timeout.map(i64::from))
-    .bind(i64::from(spec.counters))
-    .bind(now)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        name,
+        spec.kind.name(),
+        family_text(spec.family),
+        i64::from(spec.hashsize),
+        i64::from(spec.maxelem),
+        spec.timeout.map(i64::from),
+        i64::from(spec.counters),
+        now
+    ])?;
+    Ok(tx.last_insert_rowid())
 }
 
-async fn upsert(
-    tx: &mut Transaction<'_, Sqlite>,
-    set_id: i64,
-    elements: &[StoredElement],
-) -> Result<()> {
+/// `(?, ?, ?), ...` with `rows` groups of `cols` placeholders.
+fn groups(rows: usize, cols: usize) -> String {
+    let one = format!("({})", vec!["?"; cols].join(", "));
+    vec![one; rows].join(", ")
+}
+
+fn upsert(tx: &Tx<'_>, set_id: i64, elements: &[StoredElement]) -> Result<()> {
     for chunk in elements.chunks(ROWS_PER_STATEMENT) {
-        let mut q: QueryBuilder<Sqlite> =
-            QueryBuilder::new("INSERT INTO set_elements (set_id, element, expires_at) ");
-        q.push_values(chunk, |mut b, e| {
-            b.push_bind(set_id)
-                .push_bind(e.text.as_str())
-                .push_bind(e.expires_at);
-        });
-        q.push(" ON CONFLICT (set_id, element) DO UPDATE SET expires_at = excluded.expires_at");
-        q.build().execute(&mut **tx).await?;
+        // Two statement shapes per call at most (full chunks and the rest): cached.
+        let mut stmt = tx.prepare_cached(&format!(
+            "INSERT INTO set_elements (set_id, element, expires_at) VALUES {} \
+             ON CONFLICT (set_id, element) DO UPDATE SET expires_at = excluded.expires_at",
+            groups(chunk.len(), 3)
+        ))?;
+        let mut args: Vec<&dyn ToSql> = Vec::with_capacity(chunk.len() * 3);
+        for e in chunk {
+            args.extend([&set_id as &dyn ToSql, &e.text, &e.expires_at]);
+        }
+        stmt.execute(args.as_slice())?;
     }
     Ok(())
 }
@@ -134,56 +130,59 @@ impl Store {
     ///
     /// Errors: [`Error::Store`]; [`Error::Internal`] for a row this build cannot read.
     pub async fn load_sets(&self, now: i64) -> Result<Vec<StoredSet>> {
-        let rows = sqlx::query("SELECT * FROM sets ORDER BY name")
-            .fetch_all(&self.pool)
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let id: i64 = r.try_get("id")?;
-            let elements = sqlx::query(
-                "SELECT element, expires_at FROM set_elements \
-                 WHERE set_id = ? AND (expires_at IS NULL OR expires_at > ?)",
-            )
-            .bind(id)
-            .bind(now)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|e| {
-                Ok(StoredElement {
-                    text: e.try_get("element")?,
-                    expires_at: e.try_get("expires_at")?,
-                })
+        self.readers
+            .run(move |tx| {
+                let mut sets = tx.prepare_cached("SELECT * FROM sets ORDER BY name")?;
+                let mut elements = tx.prepare_cached(
+                    "SELECT element, expires_at FROM set_elements \
+                     WHERE set_id = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+                )?;
+                let mut rows = sets.query([])?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next()? {
+                    let id: i64 = r.get("id")?;
+                    let elements = elements
+                        .query_map(params![id, now], |e| {
+                            Ok(StoredElement {
+                                text: e.get("element")?,
+                                expires_at: e.get("expires_at")?,
+                            })
+                        })?
+                        .collect::<rusqlite::Result<Vec<_>>>()?;
+                    out.push(StoredSet {
+                        name: r.get("name")?,
+                        spec: spec_of(r)?,
+                        elements,
+                    });
+                }
+                Ok(out)
             })
-            .collect::<Result<Vec<_>>>()?;
-            out.push(StoredSet {
-                name: r.try_get("name")?,
-                spec: spec_of(r)?,
-                elements,
-            });
-        }
-        Ok(out)
+            .await
     }
 
     /// Stores a new, empty set.
     ///
     /// Errors: [`Error::Store`] (also when the name exists: the caller checks first).
     pub async fn create_set(&self, name: &str, spec: &SetSpec, now: i64) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        insert_set(&mut tx, name, spec, now).await?;
-        tx.commit().await?;
-        Ok(())
+        let (name, spec) = (name.to_string(), *spec);
+        self.writer
+            .run(move |tx| insert_set(tx, &name, &spec, now).map(drop))
+            .await
     }
 
     /// Deletes a set and its elements; whether it existed.
     ///
     /// Errors: [`Error::Store`].
     pub async fn destroy_set(&self, name: &str) -> Result<bool> {
-        let r = sqlx::query("DELETE FROM sets WHERE name = ?")
-            .bind(name)
-            .execute(&self.pool)
-            .await?;
-        Ok(r.rows_affected() > 0)
+        let name = name.to_string();
+        self.writer
+            .run(move |tx| {
+                Ok(tx
+                    .prepare_cached("DELETE FROM sets WHERE name = ?1")?
+                    .execute([name])?
+                    > 0)
+            })
+            .await
     }
 
     /// Adds `add` (an element already stored gets the new expiry) and removes `delete` from
@@ -196,56 +195,60 @@ impl Store {
         add: &[StoredElement],
         delete: &[String],
     ) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let id = set_id(&mut tx, name).await?;
-        upsert(&mut tx, id, add).await?;
-        for chunk in delete.chunks(ROWS_PER_STATEMENT) {
-            let mut q: QueryBuilder<Sqlite> =
-                QueryBuilder::new("DELETE FROM set_elements WHERE set_id = ");
-            q.push_bind(id).push(" AND element IN (");
-            let mut sep = q.separated(", ");
-            for e in chunk {
-                sep.push_bind(e.as_str());
-            }
-            q.push(")");
-            q.build().execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        let (name, add, delete) = (name.to_string(), add.to_vec(), delete.to_vec());
+        self.writer
+            .run(move |tx| {
+                let id = set_id(tx, &name)?;
+                upsert(tx, id, &add)?;
+                for chunk in delete.chunks(ROWS_PER_STATEMENT) {
+                    let mut stmt = tx.prepare_cached(&format!(
+                        "DELETE FROM set_elements WHERE set_id = ? AND element IN ({})",
+                        vec!["?"; chunk.len()].join(", ")
+                    ))?;
+                    let mut args: Vec<&dyn ToSql> = Vec::with_capacity(chunk.len() + 1);
+                    args.push(&id);
+                    args.extend(chunk.iter().map(|e| e as &dyn ToSql));
+                    stmt.execute(args.as_slice())?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// Removes every element of set `name`.
     ///
     /// Errors: [`Error::Store`]; [`Error::Internal`] when the set is not stored.
     pub async fn flush_set(&self, name: &str) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let id = set_id(&mut tx, name).await?;
-        sqlx::query("DELETE FROM set_elements WHERE set_id = ?")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        let name = name.to_string();
+        self.writer
+            .run(move |tx| {
+                let id = set_id(tx, &name)?;
+                tx.prepare_cached("DELETE FROM set_elements WHERE set_id = ?1")?
+                    .execute([id])?;
+                Ok(())
+            })
+            .await
     }
 
     /// Exchanges two sets' names (so their contents and options swap, as `ipset swap`).
     ///
     /// Errors: [`Error::Store`]; [`Error::Internal`] when a set is not stored.
     pub async fn swap_sets(&self, a: &str, b: &str) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let ia = set_id(&mut tx, a).await?;
-        let ib = set_id(&mut tx, b).await?;
-        // Through a name no set can have (longer than 31 bytes), for the UNIQUE constraint.
-        let parked = "vallum: swap in progress, not a set name";
-        for (id, name) in [(ia, parked), (ib, a), (ia, b)] {
-            sqlx::query("UPDATE sets SET name = ? WHERE id = ?")
-                .bind(name)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        let (a, b) = (a.to_string(), b.to_string());
+        self.writer
+            .run(move |tx| {
+                let ia = set_id(tx, &a)?;
+                let ib = set_id(tx, &b)?;
+                // Through a name no set can have (longer than 31 bytes), for the UNIQUE
+                // constraint.
+                let parked = "vallum: swap in progress, not a set name";
+                let mut rename = tx.prepare_cached("UPDATE sets SET name = ?1 WHERE id = ?2")?;
+                for (id, name) in [(ia, parked), (ib, a.as_str()), (ia, b.as_str())] {
+                    rename.execute(params![name, id])?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// Stores what an `ipset save` import did, in one transaction: the sets it creates and
@@ -253,29 +256,35 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn import_sets(&self, sets: &[ImportedSet], now: i64) -> Result<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        for s in sets {
-            let id = match &s.create {
-                Some(spec) => insert_set(&mut tx, &s.name, spec, now).await?,
-                None => set_id(&mut tx, &s.name).await?,
-            };
-            upsert(&mut tx, id, &s.added).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        let sets = sets.to_vec();
+        self.writer
+            .run(move |tx| {
+                for s in &sets {
+                    let id = match &s.create {
+                        Some(spec) => insert_set(tx, &s.name, spec, now)?,
+                        None => set_id(tx, &s.name)?,
+                    };
+                    upsert(tx, id, &s.added)?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// Deletes elements that expired at `now` (Unix ns); how many.
     ///
     /// Errors: [`Error::Store`].
     pub async fn expire_set_elements(&self, now: i64) -> Result<u64> {
-        let r = sqlx::query(
-            "DELETE FROM set_elements WHERE expires_at IS NOT NULL AND expires_at <= ?",
-        )
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(u64_of(i64::try_from(r.rows_affected()).unwrap_or(i64::MAX)))
+        self.writer
+            .run(move |tx| {
+                let n = tx
+                    .prepare_cached(
+                        "DELETE FROM set_elements WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+                    )?
+                    .execute([now])?;
+                Ok(u64_of(i64::try_from(n).unwrap_or(i64::MAX)))
+            })
+            .await
     }
 }
 
@@ -371,8 +380,9 @@ mod tests {
         assert!(store.destroy_set("c").await.unwrap());
         assert!(!store.destroy_set("c").await.unwrap());
         // The cascade removed c's elements.
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM set_elements")
-            .fetch_one(&store.pool)
+        let n: i64 = store
+            .readers
+            .run(|tx| Ok(tx.query_row("SELECT COUNT(*) FROM set_elements", [], |r| r.get(0))?))
             .await
             .unwrap();
         assert_eq!(n, 1);

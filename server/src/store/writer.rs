@@ -1,96 +1,174 @@
-//! The store's writer: one SQLite connection (rusqlite) on which the write transactions of
-//! revisions, commits and the audit log run, each as one synchronous call on a blocking
-//! thread.
+//! The store's connections (rusqlite, the store's one SQLite driver): one writer connection
+//! on which every write transaction runs, and a few reader connections for the reads; each
+//! call is one synchronous closure on a blocking thread.
 //!
-//! Why not through the sqlx pool like the reads: sqlx-sqlite runs every statement on the
-//! connection's own worker thread and hands it and its rows over channels, one round trip
-//! per statement. A commit's transaction is ~15 statements that take microseconds each, and
-//! on a loaded 2-core VM each round trip cost 0.25-0.5 ms. Here the whole transaction is one
-//! hop to a blocking thread, with statements prepared once and cached on the connection
-//! (persist of a 10k-rule Apply, p50: 4.7-5.0 -> 3.3-3.4 ms together with the session's other
-//! changes, BENCHMARKS.md §6). SQLite allows one writer at a time anyway; readers keep using
-//! the pool (WAL: they never wait for the writer).
+//! Why rusqlite and not sqlx (the design card's first choice): sqlx-sqlite runs every
+//! statement on the connection's own worker thread and hands it and its rows over channels,
+//! one round trip per statement. A commit's transaction is ~15-25 statements that take
+//! microseconds each. Measured 2026-12-01 on a loaded 2-core VM (same file, WAL,
+//! `synchronous = FULL`, one `BEGIN IMMEDIATE` transaction of 12 point reads and 12 updates,
+//! 300 each, alternated): p50 1.15-1.18 ms through the sqlx pool, 0.23-0.31 ms here (3.8-5x;
+//! ~0.04 ms more per statement, ~1 ms more for a 10k-rule Apply's ~25-30 statements, +15% of
+//! the Apply; BENCHMARKS.md §6 "One SQLite driver"). Here the whole transaction is one hop
+//! to a blocking thread, with statements prepared once and cached on the connection. SQLite
+//! allows one writer at a time anyway; readers run on their own connections (WAL: they never
+//! wait for the writer, and see a transaction whole or not at all).
 //!
-//! The connection is opened after the migrations ran (the schema is the pool's), with the
-//! pool's settings: `synchronous = FULL` (a commit is on disk when it returns), foreign
-//! keys on, a 10 s busy timeout (the pool's few single-statement writes and the sets'
-//! transactions may hold the write lock for a moment).
+//! Every connection has `synchronous = FULL` (a commit is on disk when it returns), foreign
+//! keys on and a 10 s busy timeout; the database is in WAL mode. The writer runs the
+//! migrations ([`super::migrate`]) before the readers open; readers are `query_only`.
 
 use std::cell::RefCell;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use super::{
-    AuditEntry, NewRevision, RevisionRow, RevisionState, RulesetRow, chunks, etag, i64_of, u64_of,
+    AuditEntry, NewRevision, RevisionRow, RevisionState, RulesetRow, chunks, etag, i64_of,
+    ruleset_row, u64_of,
 };
 use crate::error::{Error, Result};
+
+/// Opens a connection to `path` with the store's settings (see the module docs).
+fn connect(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    // Room for every statement of the transactions (~30).
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// Runs `f` on one of `conns` (the first free one, else the next in turn) on a blocking
+/// thread. A panic in an earlier call left nothing half done: its transaction rolled back
+/// when it was dropped.
+async fn on_blocking<T, F>(conns: Arc<[Mutex<Connection>]>, start: usize, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(move || {
+        let n = conns.len();
+        let free = (0..n).find_map(|i| conns[(start + i) % n].try_lock().ok());
+        let mut conn = match free {
+            Some(c) => c,
+            None => conns[start % n].lock().unwrap_or_else(|e| e.into_inner()),
+        };
+        f(&mut conn)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("store task: {e}")))?
+}
+
+/// The reader connections (cheap to clone: shared).
+#[derive(Clone, Debug)]
+pub(crate) struct Readers {
+    conns: Arc<[Mutex<Connection>]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Readers {
+    /// Opens `n` (at least 1) read-only connections to the migrated database at `path`.
+    ///
+    /// Errors: [`Error::Store`].
+    pub(crate) fn open(path: &Path, n: usize) -> Result<Readers> {
+        let conns = (0..n.max(1))
+            .map(|_| {
+                let c = connect(path)?;
+                c.pragma_update(None, "query_only", true)?;
+                Ok(Mutex::new(c))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Readers {
+            conns: conns.into(),
+            next: Arc::default(),
+        })
+    }
+
+    /// Runs `f` in one read transaction (one snapshot of the database) on a reader
+    /// connection, on a blocking thread.
+    ///
+    /// Errors: those of `f`, [`Error::Store`], [`Error::Internal`] when the task panicked.
+    pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        on_blocking(self.conns.clone(), start, move |conn| {
+            let tx = conn.transaction()?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+}
 
 /// The writer connection (cheap to clone: shared).
 #[derive(Clone, Debug)]
 pub(crate) struct Writer {
-    conn: Arc<Mutex<Connection>>,
+    conn: Arc<[Mutex<Connection>]>,
 }
 
 impl Writer {
-    /// Opens the writer connection to the database at `path` (which must exist and be
-    /// migrated).
+    /// Opens (creating it when missing) the database at `path` in WAL mode and applies the
+    /// pending migrations, up to and including version `until`.
     ///
-    /// Errors: [`Error::StoreWrite`] when it cannot be opened or configured.
-    pub(crate) fn open(path: &Path) -> Result<Writer> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", true)?;
-        // Room for every statement of the write transactions (~25).
-        conn.set_prepared_statement_cache_capacity(64);
+    /// Errors: [`Error::Store`] when it cannot be opened or configured, [`Error::Migrate`].
+    pub(crate) fn open(path: &Path, until: i64) -> Result<Writer> {
+        let mut conn = connect(path)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Internal(format!(
+                "{}: journal mode {mode}, not WAL",
+                path.display()
+            )));
+        }
+        super::migrate::run_to(&mut conn, until)?;
         Ok(Writer {
-            conn: Arc::new(Mutex::new(conn)),
+            conn: Arc::new([Mutex::new(conn)]),
         })
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction on a blocking thread and commits it
     /// when `f` returns `Ok` (durable when this returns); an `Err` rolls everything back.
     ///
-    /// Errors: those of `f`, [`Error::StoreWrite`], [`Error::Internal`] when the blocking
+    /// Errors: those of `f`, [`Error::Store`], [`Error::Internal`] when the blocking
     /// task panicked.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Tx<'_>) -> Result<T> + Send + 'static,
     {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            // A panic in an earlier transaction left nothing half done: its transaction
-            // rolled back when it was dropped.
-            let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+        on_blocking(self.conn.clone(), 0, move |conn| {
             let tx = Tx {
                 tx: conn.transaction_with_behavior(TransactionBehavior::Immediate)?,
                 refs: RefCell::default(),
                 created: RefCell::default(),
             };
             let out = f(&tx)?;
-            chunks::apply_refs(&tx.tx, tx.refs.take(), tx.created.take())?;
+            chunks::delete_unused(&tx.tx, tx.refs.take(), tx.created.take())?;
             tx.tx.commit()?;
             Ok(out)
         })
         .await
-        .map_err(|e| Error::Internal(format!("store write task: {e}")))?
     }
 }
 
 /// One write transaction of [`Writer::run`] (derefs to the rusqlite transaction), with the
-/// chunk reference counts it changed: [`chunks::put`] and [`chunks::release`] add to them
-/// and the net change per chunk is written once, just before the commit. A commit that adds
-/// a revision and prunes the oldest one names ~150 chunks twice over, almost all with a net
-/// change of zero: one UPDATE of ~150 rows each way was ~0.5 ms of a 10k-rule Apply.
+/// changes of how many chunk lists name each chunk: [`chunks::put`] and [`chunks::release`]
+/// add to them and [`chunks::delete_unused`] reads them just before the commit.
 pub(crate) struct Tx<'c> {
     tx: Transaction<'c>,
-    /// Chunk id -> change of its reference count, not yet written.
+    /// Chunk id -> change of the number of lists that name it.
     pub(crate) refs: RefCell<chunks::RefChanges>,
-    /// The chunks [`chunks::put`] stored in this transaction (with a count of zero).
+    /// The chunks [`chunks::put`] stored in this transaction.
     pub(crate) created: RefCell<Vec<i64>>,
 }
 
@@ -100,18 +178,6 @@ impl<'c> std::ops::Deref for Tx<'c> {
     fn deref(&self) -> &Transaction<'c> {
         &self.tx
     }
-}
-
-fn ruleset_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RulesetRow> {
-    Ok(RulesetRow {
-        name: r.get("name")?,
-        priority: r.get("priority")?,
-        etag: r.get("etag")?,
-        active_revision: r.get::<_, Option<i64>>("active_revision")?.map(u64_of),
-        latest_revision: u64_of(r.get("latest_revision")?),
-        created_at: r.get("created_at")?,
-        updated_at: r.get("updated_at")?,
-    })
 }
 
 /// The ruleset row of `name`, if any.
@@ -183,11 +249,7 @@ pub(crate) fn insert_revision(
         state.as_str(),
         now
     ])?;
-    let (v4, v6) = chunks::put(tx, &new.content)?;
-    tx.prepare_cached(
-        "INSERT INTO revision_chunks (ruleset, number, chunks_v4, chunks_v6) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![rs.name, i64_of(number), v4, v6])?;
+    chunks::put(tx, &rs.name, i64_of(number), &new.content)?;
     Ok(RevisionRow {
         ruleset: rs.name.clone(),
         number,
@@ -274,19 +336,10 @@ pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry) -> Result<i64> {
 }
 
 /// Deletes revisions of `ruleset` (`number` = `Some(n)`: that one only; `None`: all) with
-/// their chunk lists, releasing the chunks no other revision names.
+/// their chunk lists (`ON DELETE CASCADE`), releasing the chunks no other revision names.
 pub(crate) fn delete_revisions(tx: &Tx<'_>, ruleset: &str, number: Option<u64>) -> Result<()> {
     let n = number.map(i64_of);
-    let lists = tx
-        .prepare_cached(
-            "DELETE FROM revision_chunks WHERE ruleset = ?1 AND (?2 IS NULL OR number = ?2) \
-             RETURNING chunks_v4, chunks_v6",
-        )?
-        .query_map(params![ruleset, n], |r| {
-            Ok([r.get::<_, String>(0)?, r.get::<_, String>(1)?])
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    chunks::release(tx, &lists.concat())?;
+    chunks::release(tx, ruleset, n)?;
     tx.prepare_cached("DELETE FROM revisions WHERE ruleset = ?1 AND (?2 IS NULL OR number = ?2)")?
         .execute(params![ruleset, n])?;
     Ok(())
