@@ -14,6 +14,9 @@
 //! value: a line in the wrong order (`TOKEN ROLE`) must not put the secret into the logs. A token is at least 16
 //! characters of printable ASCII without spaces (e.g. `openssl rand -hex 32`).
 //!
+//! A token file that holds no token (empty, or comments only) is refused at start
+//! (`TOKEN_FILE_EMPTY`), never read as "no token configured".
+//!
 //! When no token is configured, authentication is **off**: every call is let through as the
 //! [`Caller::anonymous`] admin. That is meant for the loopback default;
 //! [`AuthConfig::check_listen`] refuses a non-loopback listen address without tokens unless the
@@ -276,6 +279,17 @@ pub enum AuthError {
         /// The name of the first entry with this token.
         other: Arc<str>,
     },
+    /// A configured token file holds no token (empty, or only blank lines and comments).
+    /// Refused rather than read as "auth off": a secret mount that came up empty must not
+    /// open every mutation to every caller.
+    #[error(
+        "token file {path} holds no token (only blank lines and comments); without tokens \
+         authentication would be off: add a token or drop the flag"
+    )]
+    NoTokens {
+        /// The file.
+        path: PathBuf,
+    },
     /// Auth is off but the server listens beyond loopback.
     #[error(
         "refusing to listen on {addr} without tokens: configure --token-file/--admin-token-file \
@@ -295,6 +309,7 @@ impl AuthError {
             AuthError::Read { .. } => "TOKEN_FILE_UNREADABLE",
             AuthError::Syntax { .. } => "TOKEN_FILE_INVALID",
             AuthError::Duplicate { .. } => "TOKEN_DUPLICATE",
+            AuthError::NoTokens { .. } => "TOKEN_FILE_EMPTY",
             AuthError::OpenListener { .. } => "AUTH_REQUIRED_OFF_LOOPBACK",
         }
     }
@@ -444,13 +459,21 @@ impl TokenSet {
         Ok(())
     }
 
-    /// Adds the tokens of a file (see [`TokenSet::add_text`]).
+    /// Adds the tokens of a file (see [`TokenSet::add_text`]); a file that holds none is
+    /// [`AuthError::NoTokens`].
     pub fn add_file(&mut self, path: &Path, role: Option<Role>) -> Result<(), AuthError> {
         let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
             path: path.to_owned(),
             source,
         })?;
-        self.add_text(&text, role, &path.display().to_string())
+        let before = self.len();
+        self.add_text(&text, role, &path.display().to_string())?;
+        if self.len() == before {
+            return Err(AuthError::NoTokens {
+                path: path.to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// The caller whose token this is. Compares the digest with every entry in constant time and
@@ -815,6 +838,35 @@ mod tests {
             assert!(shown.starts_with(expect), "{text:?}: {shown}");
             assert!(!shown.contains(&secret[..10]), "token leaked: {shown}");
             assert_eq!(e.reason(), "TOKEN_FILE_INVALID");
+        }
+    }
+
+    /// A token file that holds no token (empty, blank lines or comments only: a secret mount
+    /// that came up empty) refuses to start; it used to turn authentication off.
+    #[test]
+    fn a_token_file_without_tokens_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for text in ["", "\n\n", "# admin 0123456789abcdef0123\n"] {
+            let path = dir.path().join("tokens");
+            std::fs::write(&path, text).unwrap();
+            for cfg in [
+                AuthConfig {
+                    token_file: Some(path.clone()),
+                    ..AuthConfig::default()
+                },
+                AuthConfig {
+                    admin_token_file: Some(path.clone()),
+                    ..AuthConfig::default()
+                },
+                AuthConfig {
+                    reader_token_file: Some(path.clone()),
+                    ..AuthConfig::default()
+                },
+            ] {
+                let e = cfg.load().unwrap_err();
+                assert_eq!(e.reason(), "TOKEN_FILE_EMPTY", "{text:?}: {e}");
+                assert!(e.to_string().contains("holds no token"), "{e}");
+            }
         }
     }
 
