@@ -339,6 +339,35 @@ pub fn fleet_revision_of(message: &str) -> Option<i64> {
 }
 
 /// Unix ns now.
+/// Checks a fleet ruleset exactly as Apply does on this vallumd (limits first, then parse and
+/// validation against this node's sets), off the async workers: the writer's check before a
+/// Put and each node's before it commits (a node over its own limits NACKs).
+///
+/// Errors: as [`crate::content::check_with`].
+pub(crate) async fn check(
+    pipeline: &crate::pipeline::Pipeline,
+    name: &str,
+    priority: i32,
+    input: crate::content::RulesetInput,
+) -> Result<crate::content::Checked> {
+    let sets = pipeline.sets().clone();
+    let limits = pipeline.limits().clone();
+    let name = name.to_string();
+    tokio::task::spawn_blocking(move || {
+        crate::content::check_with(
+            &name,
+            priority,
+            &input,
+            &*sets,
+            None,
+            &crate::content::Restoring::default(),
+            Some(&limits),
+        )
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("check task: {e}")))?
+}
+
 pub(crate) fn now_ns() -> i64 {
     crate::store::now_ns()
 }

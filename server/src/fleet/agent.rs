@@ -11,7 +11,7 @@
 //!
 //! Reconcile of one ruleset: a selected ruleset whose fleet revision this node does not
 //! enforce yet is checked and committed through the same local pipeline as Apply
-//! ([`crate::content::check`] then [`Pipeline::apply`], author [`FLEET_AUTHOR`], message
+//! ([`super::check`], as Apply checks, then [`Pipeline::apply`], author [`FLEET_AUTHOR`], message
 //! `fleet revision N: ...`, an audit row `FleetApply`), then reported ACK with the local
 //! revision and the latency write -> publish, or NACK with the error (the node keeps what it
 //! enforced before). A ruleset no longer selected, or deleted, is removed locally and its
@@ -36,7 +36,7 @@ use vallum_proto::v1 as pb;
 use super::etcd::{Etcd, EtcdError, EtcdResult, KeyValue};
 use super::selector::Selector;
 use super::{Ack, Desired, FLEET_AUTHOR, Keys, Labels, NodeInfo, NodeReport, Owners};
-use crate::content::{self, RulesetInput};
+use crate::content::RulesetInput;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -162,23 +162,7 @@ impl Local for PipelineLocal {
             })),
         };
         let input = RulesetInput::try_from(&source)?;
-        let sets = self.0.sets().clone();
-        let limits = self.0.limits().clone();
-        let (n, priority) = (name.to_string(), d.priority);
-        // As Apply's check, limits included (this node's flags; a node over them NACKs).
-        let checked = tokio::task::spawn_blocking(move || {
-            content::check_with(
-                &n,
-                priority,
-                &input,
-                &*sets,
-                None,
-                &content::Restoring::default(),
-                Some(&limits),
-            )
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("check task: {e}")))??;
+        let checked = super::check(&self.0, name, d.priority, input).await?;
         let digest: String = Sha256::digest(value)
             .iter()
             .map(|b| format!("{b:02x}"))

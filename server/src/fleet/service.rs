@@ -2,7 +2,7 @@
 //! aggregates the nodes' reports.
 //!
 //! PutRuleset checks the source exactly as RulesetService.Apply does (the same
-//! [`content::check`] against this vallumd's sets, the same errors with FILE:LINE:COL) before
+//! [`super::check`] against this vallumd's sets, the same errors with FILE:LINE:COL) before
 //! anything is written; the write is one etcd Txn comparing the key's mod revision with the
 //! request's etag (FAILED_PRECONDITION, reason ETAG_MISMATCH, when it moved). A value larger
 //! than etcd's request limit (1.5 MiB by default) is refused by etcd (FLEET_UNAVAILABLE with
@@ -18,7 +18,7 @@ use vallum_proto::v1::fleet_service_server::FleetService;
 use super::etcd::{Etcd, KeyValue, Swap};
 use super::selector::Selector;
 use super::{Ack, Desired, Keys, NodeInfo, NodeReport};
-use crate::content::{self, RulesetInput};
+use crate::content::RulesetInput;
 use crate::convert;
 use crate::error::{Error, Result};
 use crate::hooks;
@@ -47,24 +47,10 @@ impl FleetApi {
             .as_ref()
             .ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
         let input = RulesetInput::try_from(source)?;
-        let sets = self.state.pipeline.sets().clone();
-        let limits = self.state.pipeline.limits().clone();
-        let (n, priority) = (name.clone(), r.priority);
         // The same check as Apply's: limits first, then parse, validate, the empty refusal.
-        let checked = tokio::task::spawn_blocking(move || {
-            content::check_with(
-                &n,
-                priority,
-                &input,
-                &*sets,
-                None,
-                &content::Restoring::default(),
-                Some(&limits),
-            )
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("check task: {e}")))??
-        .refuse_empty(r.allow_empty)?;
+        let checked = super::check(&self.state.pipeline, &name, r.priority, input)
+            .await?
+            .refuse_empty(r.allow_empty)?;
         let warnings: Vec<pb::Violation> =
             checked.warnings().iter().map(convert::violation).collect();
         let checked = checked.into_valid()?;
