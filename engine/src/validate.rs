@@ -538,13 +538,8 @@ impl TableCheck<'_> {
             if names.insert(&c.name, i).is_some() {
                 self.at_chain(c, ViolationKind::DuplicateChain(c.name.clone()));
             }
-            if c.name.is_empty()
-                || c.name.len() > 28
-                || c.name.starts_with(['-', '!'])
-                || c.name
-                    .chars()
-                    .any(|ch| ch.is_whitespace() || ch.is_control() || ch == '"' || ch == '\\')
-            {
+            // The parser's grammar (as iptables-restore), for structured input too.
+            if crate::restore::check_chain_name(&c.name).is_err() {
                 self.at_chain(c, ViolationKind::BadChainName(c.name.clone()));
             }
             let builtin = Hook::from_chain_name(&c.name).is_some_and(|h| hooks.contains(&h));
