@@ -89,6 +89,17 @@ fn hex_pair(v: u32, m: u32) -> String {
     format!("{v:#x}/{m:#x}")
 }
 
+/// The error of extension `name`'s option at `token`: `name: reason`.
+fn option_error(ctx: &Ctx<'_>, token: &Tok<'_>, name: &str, reason: String) -> ParseError {
+    ctx.err(
+        token,
+        K::InvalidValue {
+            what: "extension option",
+            reason: format!("{name}: {reason}"),
+        },
+    )
+}
+
 /// Rewrites an opaque match's options into iptables-save's form (see the module docs).
 pub(crate) fn canonical_match(
     name: &str,
@@ -96,15 +107,7 @@ pub(crate) fn canonical_match(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<(), ParseError> {
-    let bad = |reason: String| {
-        ctx.err(
-            token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("{name}: {reason}"),
-            },
-        )
-    };
+    let bad = |reason: String| option_error(ctx, token, name, reason);
     match name {
         "statistic" => statistic(options, &bad),
         "connmark" => {
@@ -155,15 +158,7 @@ pub(crate) fn canonical_target(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<(), ParseError> {
-    let bad = |reason: String| {
-        ctx.err(
-            token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("{name}: {reason}"),
-            },
-        )
-    };
+    let bad = |reason: String| option_error(ctx, token, name, reason);
     match name {
         "MARK" => mark(options, &bad),
         "CONNMARK" => connmark(options, &bad),
