@@ -9,22 +9,12 @@ use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
-use vallum_engine::restore::{ParseOptions, parse, parse_ruleset, print_rule_spec};
+use vallum_engine::restore::parse_ruleset;
 use vallum_engine::sets::NoSets;
 
-fn opts(family: Family) -> ParseOptions<'static> {
-    ParseOptions {
-        family,
-        ..ParseOptions::default()
-    }
-}
-
-fn printed(family: Family, rule: &str) -> Result<String, String> {
-    let text = format!("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT {rule}\nCOMMIT\n");
-    let r = parse(&text, &opts(family)).map_err(|e| e.0[0].to_string())?;
-    let c = r.tables[0].chain("INPUT").expect("INPUT");
-    Ok(print_rule_spec(&c.rules[0], family))
-}
+#[path = "support/one_rule.rs"]
+mod one_rule;
+use one_rule::{opts, printed};
 
 /// (family, as written, as iptables-legacy-save 1.8.9 prints it).
 const SAVE_FORMS: &[(Family, &str, &str)] = &[
