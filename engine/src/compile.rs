@@ -101,10 +101,12 @@ mod chunks;
 mod counters;
 mod eval;
 mod rfc;
+mod stateful;
 mod tuple_merge;
 
 use chunks::{Chunks, RuleChunks};
 use counters::CounterCells;
+use stateful::{CRecent, NamedState};
 
 use eval::Observer;
 pub use eval::{CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
@@ -488,6 +490,8 @@ enum CMatch {
     Ipv6Header(Ipv6HeaderMatch),
     /// `-m addrtype` (boxed: it holds a handle).
     AddrType(Box<CAddrType>),
+    /// `-m recent` (boxed: it holds its list).
+    Recent(Box<CRecent>),
 }
 
 /// A compiled `-m addrtype`: `(negated, type bits)` per direction, and the node's addresses
@@ -670,6 +674,9 @@ pub struct Snapshot {
     /// What was taken over from the previous snapshot, when built by
     /// [`Snapshot::compile_after`] into its cells.
     origin: Option<Origin>,
+    /// The named tables of stateful matches (`-m recent`), by ruleset; the next build starts
+    /// from them (`compile/stateful.rs`).
+    named: NamedState,
 }
 
 impl std::fmt::Debug for Snapshot {

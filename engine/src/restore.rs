@@ -22,6 +22,7 @@ mod header_matches;
 mod lexer;
 mod opaque;
 mod print;
+mod recent;
 mod rule;
 mod support;
 mod tables;

@@ -980,6 +980,18 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::NodeAddrsUnknown(addr_type::names(all)));
                     }
                 }
+                Match::Recent(r) => {
+                    if let Some(reason) = r.kernel_refusal() {
+                        errs.push(ViolationKind::BadValue {
+                            what: "recent",
+                            value: r.name.clone(),
+                            reason,
+                        });
+                    }
+                    if r.mask.is_ipv4() != (family == Family::Ipv4) {
+                        errs.push(ViolationKind::WrongFamily("-m recent --mask".into()));
+                    }
+                }
                 Match::Opaque(o) => {
                     if enforced {
                         errs.push(ViolationKind::Unsupported {

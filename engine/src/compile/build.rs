@@ -99,6 +99,8 @@ fn has_set(r: &CRule) -> bool {
 struct BodyContext<'a> {
     chains: &'a HashMap<&'a str, u32>,
     sets: &'a dyn SetRegistry,
+    /// The build's named tables and this ruleset's name in them.
+    named: (&'a RefCell<NamedState>, &'a Arc<str>),
     classifier: Classifier,
     width: u32,
     ruleset: &'a str,
@@ -113,9 +115,11 @@ impl BodyContext<'_> {
     ) -> Result<Vec<CRule>, CompileError> {
         rules
             .map(|rule| {
-                compile_rule(rule, self.chains, self.sets, self.width == 128).map_err(|e| {
-                    e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
-                })
+                compile_rule(rule, self.chains, self.sets, self.named, self.width == 128).map_err(
+                    |e| {
+                        e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
+                    },
+                )
             })
             .collect()
     }
@@ -228,6 +232,7 @@ impl Snapshot {
             slots_taken: (0, 0),
             moved: Box::default(),
             origin: None,
+            named: NamedState::default(),
         }
     }
 
@@ -394,6 +399,9 @@ impl Snapshot {
                 .collect()
         });
         let old_chains = prev.map_or_else(HashMap::default, Snapshot::chain_map);
+        let named = RefCell::new(
+            prev.map_or_else(NamedState::default, |p| NamedState::kept(&p.named, &names)),
+        );
         let fresh = || cells.alloc().ok_or(Stop::NoRoom);
         // The slot a rule or policy that continues one of `prev` (in `old`) counts in.
         let keep = |old: u32| -> Result<u32, Stop> {
@@ -454,6 +462,7 @@ impl Snapshot {
                     let cx = BodyContext {
                         chains: &local,
                         sets,
+                        named: (&named, &names[ri]),
                         classifier,
                         width,
                         ruleset: &rs.name,
@@ -603,6 +612,7 @@ impl Snapshot {
                 prev: p.id,
                 chains: origins.into_boxed_slice(),
             }),
+            named: named.into_inner(),
         })
     }
 
@@ -803,6 +813,7 @@ fn compile_rule(
     rule: &Rule,
     chains: &HashMap<&str, u32>,
     sets: &dyn SetRegistry,
+    (named, ruleset): (&RefCell<NamedState>, &Arc<str>),
     v6: bool,
 ) -> Result<CRule, RuleError> {
     let mut matches = Vec::with_capacity(rule.matches.len());
@@ -946,6 +957,7 @@ fn compile_rule(
                     addrs,
                 }))
             }
+            Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
         matches.push(c);

@@ -30,6 +30,8 @@ pub(super) trait Observer {
     fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta);
     fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
+    /// A `-m recent` match: the packet path changes the list, a trace only reads it.
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool;
     fn log(
         &mut self,
         chain: &CChain,
@@ -60,6 +62,9 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     }
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         self.inner.limit(bucket, now)
+    }
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
+        self.inner.recent(r, pkt, now)
     }
     fn log(
         &mut self,
@@ -118,6 +123,10 @@ impl Observer for Counting<'_> {
     #[inline]
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         bucket.conforms(now)
+    }
+    #[inline]
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
+        r.matches(pkt, now, true)
     }
     fn log(
         &mut self,
@@ -188,9 +197,10 @@ pub struct Trace {
     /// The packet was dropped by a match that reads transport-header bytes it lacks
     /// ([`PacketMeta::l4_cut`], the kernel's hotdrop); that rule is not among the steps.
     pub hotdropped: bool,
-    /// How many `-m limit` matches the packet's path asked. A trace is a dry run for them:
-    /// each answers whether a token is there now without taking it, so a burst of real
-    /// packets can be limited where a trace of each of them matched.
+    /// How many `-m limit` and `-m recent` matches the packet's path asked. A trace is a dry
+    /// run for them: each answers whether a token is there now without taking it (a recent
+    /// list is read, not changed), so a burst of real packets can be limited where a trace
+    /// of each of them matched.
     pub limits_asked: u32,
 }
 
@@ -227,6 +237,11 @@ impl Observer for Tracing<'_> {
         // A trace must not consume tokens that real traffic would get.
         self.limits_asked += 1;
         bucket.would_conform(now)
+    }
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
+        // Nor change a recent list.
+        self.limits_asked += 1;
+        r.matches(pkt, now, false)
     }
     fn log(
         &mut self,
@@ -469,6 +484,7 @@ impl Snapshot {
                         .is_none_or(|t| (t.value == h.rt_type) != t.negated)
             }),
             CMatch::AddrType(a) => addrtype_matches(a, p),
+            CMatch::Recent(r) => obs.recent(r, p, now),
             CMatch::Ipv6Header(h) => {
                 let have = p.ipv6_ext.mask;
                 if h.soft {

@@ -320,7 +320,9 @@ fn rule_key(r: &CRule, width: u32) -> RuleKey {
 }
 
 fn has_side_effects(r: &CRule) -> bool {
-    r.matches.iter().any(|m| matches!(m, CMatch::Limit(_)))
+    r.matches
+        .iter()
+        .any(|m| matches!(m, CMatch::Limit(_) | CMatch::Recent(_)))
 }
 
 /// The header fields of a packet that [`HeaderFilter`]s look at, computed once per lookup.
@@ -1323,13 +1325,16 @@ struct ProbeKey {
 }
 
 /// An observer for side-effect-free rules, which never report anything: such rules have no
-/// `-m limit` (those sit in `effects`), and only the evaluator reports matches.
+/// `-m limit` or `-m recent` (those sit in `effects`), and only the evaluator reports matches.
 struct Silent;
 
 impl Observer for Silent {
     fn rule(&mut self, _: usize, _: &super::CChain, _: u32, _: &PacketMeta) {}
     fn policy(&mut self, _: usize, _: &super::CChain, _: &PacketMeta) {}
     fn limit(&mut self, _: &super::TokenBucket, _: u64) -> bool {
+        false
+    }
+    fn recent(&mut self, _: &super::CRecent, _: &PacketMeta, _: u64) -> bool {
         false
     }
     fn log(

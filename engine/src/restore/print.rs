@@ -643,6 +643,29 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 AddrTypeLimit::Out => o.push("--limit-iface-out"),
             }
         }
+        Match::Recent(r) => {
+            // As libxt_recent's recent_save.
+            o.opt(r.negated, r.op.option());
+            if r.seconds != 0 {
+                o.push("--seconds ");
+                write_uint(o.out, r.seconds);
+            }
+            if r.reap {
+                o.push("--reap");
+            }
+            if r.hitcount != 0 {
+                o.push("--hitcount ");
+                write_uint(o.out, r.hitcount);
+            }
+            if r.rttl {
+                o.push("--rttl");
+            }
+            o.push("--name ");
+            o.out.push_str(&r.name);
+            o.push("--mask ");
+            write_addr(o.out, &r.mask);
+            o.push(if r.dest { "--rdest" } else { "--rsource" });
+        }
         Match::Ipv6Header(h) => {
             o.opt(h.negated, "--header ");
             write_names(o.out, &IPV6_HEADER_NAMES, h.headers);

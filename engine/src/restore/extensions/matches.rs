@@ -318,7 +318,8 @@ pub(crate) fn match_option(
         | Match::Frag(_)
         | Match::Rt(_)
         | Match::Ipv6Header(_)
-        | Match::AddrType(_) => return None,
+        | Match::AddrType(_)
+        | Match::Recent(_) => return None,
     };
     Some(r)
 }
@@ -655,6 +656,10 @@ pub(crate) fn finish_match(
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "recent" {
+                *m = super::super::recent::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if let Some(t) =
                 super::super::header_matches::typed(&o.name, &o.options, proto, &token, ctx)?
             {
@@ -685,7 +690,8 @@ pub(crate) fn finish_match(
         | Match::Frag(_)
         | Match::Rt(_)
         | Match::Ipv6Header(_)
-        | Match::AddrType(_) => {}
+        | Match::AddrType(_)
+        | Match::Recent(_) => {}
     }
     Ok(())
 }
