@@ -322,7 +322,10 @@ mod tests {
         assert!(!update.matches(&packet("10.0.0.3"), 11 * s, true));
         assert_eq!(named.recent_len("r", "DEFAULT"), Some(2));
         assert!(set.matches(&packet("10.0.0.3"), 12 * s, true));
-        assert!(update.matches(&packet("10.0.0.3"), 13 * s, true), "3 stamps");
+        assert!(
+            update.matches(&packet("10.0.0.3"), 13 * s, true),
+            "3 stamps"
+        );
         // 10.0.0.2 kept its single stamp: a dry run says no, and changes nothing.
         assert!(!update.matches(&packet("10.0.0.2"), 13 * s, false));
         assert_eq!(named.recent_len("r", "DEFAULT"), Some(2));
