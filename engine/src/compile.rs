@@ -106,7 +106,7 @@ mod tuple_merge;
 
 use chunks::{Chunks, RuleChunks};
 use counters::CounterCells;
-use stateful::{CRecent, NamedState};
+use stateful::{CHashlimit, CRecent, NamedState};
 
 use eval::Observer;
 pub use eval::{CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
@@ -320,6 +320,10 @@ struct ChainBody {
     /// never shared, because the registry may hold a new set object under the same name (or
     /// another address handle).
     has_sets: bool,
+    /// Some rule may hold a named table (`-m recent`, `-m hashlimit`); conservative (a splice
+    /// keeps the old body's flag): the build collects the tables of such bodies
+    /// (`compile/stateful.rs`).
+    stateful: bool,
 }
 
 /// `-s` or `-d` as (address & mask, mask); an absent field has mask 0, which every address
@@ -492,6 +496,8 @@ enum CMatch {
     AddrType(Box<CAddrType>),
     /// `-m recent` (boxed: it holds its list).
     Recent(Box<CRecent>),
+    /// `-m hashlimit` with a packet rate (boxed: it holds its table).
+    Hashlimit(Box<CHashlimit>),
 }
 
 /// A compiled `-m addrtype`: `(negated, type bits)` per direction, and the node's addresses

@@ -22,7 +22,8 @@ mod stateful;
 pub use edit::{EditError, EditOp, RuleEdit};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 pub use stateful::{
-    RECENT_LIST_TOT, RECENT_MAX_STAMPS, RECENT_NAME_MAX, RecentMatch, RecentOp, full_mask,
+    HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,
+    RECENT_MAX_STAMPS, RECENT_NAME_MAX, RecentMatch, RecentOp, full_mask, hashlimit_mode,
 };
 
 /// Address family of a table: `iptables` (IPv4) or `ip6tables` (IPv6).
@@ -509,6 +510,8 @@ pub enum Match {
     AddrType(AddrTypeMatch),
     /// `-m recent`: a named list of recently seen addresses ([`RecentMatch`]).
     Recent(RecentMatch),
+    /// `-m hashlimit` with a packet rate: a token bucket per hash key ([`HashlimitMatch`]).
+    Hashlimit(HashlimitMatch),
     /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
     /// tables and round trips); rejected by validation in enforced tables.
     Opaque(Opaque),
@@ -543,6 +546,7 @@ impl Match {
             Match::Ipv6Header(_) => "ipv6header",
             Match::AddrType(_) => "addrtype",
             Match::Recent(_) => "recent",
+            Match::Hashlimit(_) => "hashlimit",
             Match::Opaque(o) => &o.name,
         }
     }

@@ -18,6 +18,7 @@
 
 mod addrtype;
 mod extensions;
+mod hashlimit;
 mod header_matches;
 mod lexer;
 mod opaque;

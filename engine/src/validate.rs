@@ -992,11 +992,25 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::WrongFamily("-m recent --mask".into()));
                     }
                 }
+                Match::Hashlimit(h) => {
+                    if let Some(reason) = h.kernel_refusal(family) {
+                        errs.push(ViolationKind::BadValue {
+                            what: "hashlimit",
+                            value: h.name.clone(),
+                            reason,
+                        });
+                    }
+                }
                 Match::Opaque(o) => {
                     if enforced {
                         errs.push(ViolationKind::Unsupported {
                             what: "match",
-                            name: o.name.clone(),
+                            name: match o.name.as_str() {
+                                "hashlimit" => {
+                                    "hashlimit with a byte rate or --hashlimit-rate-match".into()
+                                }
+                                _ => o.name.clone(),
+                            },
                             table: table.kind,
                         });
                     }

@@ -1,4 +1,4 @@
-//! Stateful matches against the Linux kernel: each case loads one ruleset into the oracle's
+//! Stateful matches (`-m recent`, `-m hashlimit`) against the Linux kernel: each case loads one ruleset into the oracle's
 //! namespace (`oracle/kernel.rs`) and sends its packets in order, so that the kernel's lists
 //! fill as they go; the engine runs the same packets in the same order through one compiled
 //! snapshot (the packet path, which changes the lists), and for every packet the rules whose
@@ -100,7 +100,24 @@ fn cases() -> Vec<Case> {
         tcp("2001:db8:1:2:ff::", "2001:db8:ffff::1", 2, 64),
         tcp("2001:db8:1:3::1", "2001:db8:ffff::1", 2, 64),
     ];
+    let mut hl = Vec::new();
+    for i in 0..4 {
+        hl.push(tcp("198.51.100.7", d, 22, 64));
+        hl.push(tcp("198.51.100.200", d, 22, 64));
+        hl.push(tcp("198.51.101.7", d, 22 + i, 64));
+        hl.push(tcp("198.51.101.7", d, 80, 64));
+    }
     vec![
+        Case {
+            name: "hashlimit",
+            family: Family::Ipv4,
+            rules: filter(&[
+                "-p tcp -m tcp --dport 22 -m hashlimit --hashlimit-above 1/min --hashlimit-burst 3 --hashlimit-mode srcip --hashlimit-name vhl1 --hashlimit-srcmask 24 -j DROP",
+                "-p tcp -m hashlimit --hashlimit-upto 1/min --hashlimit-burst 2 --hashlimit-mode srcip,dstport --hashlimit-name vhl2 -j ACCEPT",
+                "-p tcp -j DROP",
+            ]),
+            packets: hl,
+        },
         Case {
             name: "recent-ufw-limit",
             family: Family::Ipv4,
@@ -175,7 +192,7 @@ fn engine_hits(case: &Case) -> Vec<KernelHits> {
 }
 
 #[test]
-fn recent_lists_fill_as_the_kernels_do() {
+fn stateful_matches_decide_as_the_kernel() {
     let oracle = match KernelOracle::setup() {
         Ok(Setup::Ready(o)) => o,
         Ok(Setup::Skip(reason)) => {

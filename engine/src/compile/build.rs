@@ -86,6 +86,12 @@ fn jump_targets<'a>(rules: impl Iterator<Item = &'a CRule>) -> Box<[u32]> {
 }
 
 /// Some match holds an object resolved through the registry (a set, the node's addresses).
+fn has_state(r: &CRule) -> bool {
+    r.matches
+        .iter()
+        .any(|m| matches!(m, CMatch::Recent(_) | CMatch::Hashlimit(_)))
+}
+
 fn has_set(r: &CRule) -> bool {
     r.matches.iter().any(|m| match m {
         CMatch::Set { .. } => true,
@@ -147,17 +153,23 @@ impl BodyContext<'_> {
         rules: RuleChunks,
         slots: Chunks<u32>,
         index: Option<ChainIndex>,
-        known: Option<(Box<[u32]>, bool)>,
+        known: Option<(Box<[u32]>, bool, bool)>,
     ) -> ChainBody {
         let index = index.or_else(|| {
             self.wants_index(rules.len())
                 .then(|| ChainIndex::build(&rules, self.width, self.rfc_rules()))
         });
-        let (targets, has_sets) =
-            known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
+        let (targets, has_sets, stateful) = known.unwrap_or_else(|| {
+            (
+                jump_targets(rules.iter()),
+                rules.iter().any(has_set),
+                rules.iter().any(has_state),
+            )
+        });
         ChainBody {
             targets,
             has_sets,
+            stateful,
             rules,
             slots,
             index,
@@ -193,6 +205,7 @@ impl ChainBody {
         // Only set-free bodies are spliced, so only the new rules can bring a set; the
         // targets need a scan of the whole chain only when the old or the new rules jump.
         let has_sets = new.iter().any(has_set);
+        let stateful = self.stateful || new.iter().any(has_state);
         let new_jumps = !jump_targets(new.iter()).is_empty();
         let compiled = self.rules.splice(p, om, new);
         let index = match &self.index {
@@ -211,7 +224,7 @@ impl ChainBody {
             jump_targets(compiled.iter())
         };
         let slots = self.slots.splice(p, om, mid_slots.to_vec());
-        Ok(cx.finish(compiled, slots, index, Some((targets, has_sets))))
+        Ok(cx.finish(compiled, slots, index, Some((targets, has_sets, stateful))))
     }
 }
 
@@ -585,6 +598,15 @@ impl Snapshot {
             }
             .into());
         }
+        // The named tables the new snapshot's rules hold (and no other: a table no rule
+        // names any more goes, as in the kernel).
+        let named = NamedState::held(chains.iter().filter(|c| c.body.stateful).flat_map(|c| {
+            let rs = &names[c.ruleset as usize];
+            c.body
+                .rules
+                .iter()
+                .flat_map(move |r| r.matches.iter().map(move |m| (rs, m)))
+        }));
         // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
         base.sort_by_key(|&(_, _, kind, _)| kind);
         let mut raw_chains = [[0u32; 5]; 2];
@@ -612,7 +634,7 @@ impl Snapshot {
                 prev: p.id,
                 chains: origins.into_boxed_slice(),
             }),
-            named: named.into_inner(),
+            named,
         })
     }
 
@@ -958,6 +980,10 @@ fn compile_rule(
                 }))
             }
             Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
+            Match::Hashlimit(h) => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                CMatch::Hashlimit(Box::new(named.borrow_mut().hashlimit(ruleset, family, h)))
+            }
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
         matches.push(c);

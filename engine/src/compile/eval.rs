@@ -32,6 +32,8 @@ pub(super) trait Observer {
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
     /// A `-m recent` match: the packet path changes the list, a trace only reads it.
     fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool;
+    /// A `-m hashlimit` match: the packet path takes a token, a trace only looks.
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool;
     fn log(
         &mut self,
         chain: &CChain,
@@ -65,6 +67,9 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     }
     fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
         self.inner.recent(r, pkt, now)
+    }
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
+        self.inner.hashlimit(h, pkt, now)
     }
     fn log(
         &mut self,
@@ -127,6 +132,10 @@ impl Observer for Counting<'_> {
     #[inline]
     fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
         r.matches(pkt, now, true)
+    }
+    #[inline]
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
+        h.matches(pkt, now, true)
     }
     fn log(
         &mut self,
@@ -197,7 +206,7 @@ pub struct Trace {
     /// The packet was dropped by a match that reads transport-header bytes it lacks
     /// ([`PacketMeta::l4_cut`], the kernel's hotdrop); that rule is not among the steps.
     pub hotdropped: bool,
-    /// How many `-m limit` and `-m recent` matches the packet's path asked. A trace is a dry
+    /// How many `-m limit`, `-m recent` and `-m hashlimit` matches the packet's path asked. A trace is a dry
     /// run for them: each answers whether a token is there now without taking it (a recent
     /// list is read, not changed), so a burst of real packets can be limited where a trace
     /// of each of them matched.
@@ -242,6 +251,10 @@ impl Observer for Tracing<'_> {
         // Nor change a recent list.
         self.limits_asked += 1;
         r.matches(pkt, now, false)
+    }
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
+        self.limits_asked += 1;
+        h.matches(pkt, now, false)
     }
     fn log(
         &mut self,
@@ -485,6 +498,14 @@ impl Snapshot {
             }),
             CMatch::AddrType(a) => addrtype_matches(a, p),
             CMatch::Recent(r) => obs.recent(r, p, now),
+            CMatch::Hashlimit(h) => {
+                // As hashlimit_init_dst: the ports must be there when the key has them.
+                if p.l4_cut.is_some_and(|n| n < 4) && h.reads_ports(p) {
+                    obs.hotdrop();
+                    return false;
+                }
+                obs.hashlimit(h, p, now)
+            }
             CMatch::Ipv6Header(h) => {
                 let have = p.ipv6_ext.mask;
                 if h.soft {

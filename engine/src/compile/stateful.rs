@@ -1,14 +1,19 @@
 //! Named state of stateful matches: the lists of `-m recent` (xt_recent), one per (ruleset,
 //! name), shared by every rule that names it, IPv4 and IPv6 alike, as the kernel's tables
-//! are shared by the rules of one network namespace.
+//! are shared by the rules of one network namespace; and the hash tables of `-m hashlimit`
+//! (xt_hashlimit), one per (ruleset, family, name), which keep the configuration of the rule
+//! that created them (mode, masks, rate, burst, expiry, size), as `htable_find_get` does: a
+//! later rule of the same name, also after a commit, uses the table's configuration and only
+//! its own `--hashlimit-upto` / `-above`. A table no rule names after a commit is dropped
+//! (the kernel frees it with its last rule), so a renamed or changed rate takes effect once
+//! no rule holds the old table.
 //!
 //! The state lives outside the chain bodies, behind an `Arc` that compiled rules hold, and a
 //! snapshot keeps the map of its rulesets' tables ([`NamedState`]): a build starts from the
 //! previous snapshot's map (the tables of the rulesets it still has), so a list keeps its
 //! entries across commits, as conntrack does, and a shared or spliced chain body holds the
-//! same tables as the rules compiled afresh. A ruleset that is removed drops its lists. A
-//! list no rule names any more is kept while its ruleset is (the kernel frees it with its last
-//! rule; a rule that names it again then finds its old entries here).
+//! same tables as the rules compiled afresh. A ruleset that is removed drops its tables, and
+//! a build keeps only the tables some rule of the new snapshot holds ([`NamedState::held`]).
 //!
 //! Packet path: one mutex per list (the kernel takes one spinlock, `recent_lock`, for all of
 //! them); a list holds at most [`RECENT_LIST_TOT`] entries of at most [`RECENT_MAX_STAMPS`]
@@ -19,16 +24,20 @@
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::model::{RECENT_LIST_TOT, RECENT_MAX_STAMPS, RecentMatch, RecentOp};
+use crate::model::{
+    Family, HashlimitMatch, Hook, RECENT_LIST_TOT, RECENT_MAX_STAMPS, RecentMatch, RecentOp,
+    hashlimit_mode,
+};
 use crate::packet::PacketMeta;
 
-use super::HashMap;
-use crate::model::Hook;
+use super::{CMatch, HashMap};
 
 /// One `-m recent` list: the mask of the rule that created it (as `recent_mt_check`: a list
 /// keeps its first rule's mask) and its entries.
 #[derive(Debug)]
 pub(super) struct RecentTable {
+    /// The list's name (its key with the ruleset).
+    name: String,
     /// As the kernel's `union nf_inet_addr`: an IPv4 mask in the first 4 bytes.
     mask: [u8; 16],
     list: Mutex<RecentList>,
@@ -68,8 +77,9 @@ fn inet_bytes(a: IpAddr) -> [u8; 16] {
 }
 
 impl RecentTable {
-    fn new(mask: IpAddr) -> RecentTable {
+    fn new(name: &str, mask: IpAddr) -> RecentTable {
         RecentTable {
+            name: name.to_string(),
             mask: inet_bytes(mask),
             list: Mutex::new(RecentList::default()),
         }
@@ -238,10 +248,175 @@ impl RecentList {
     }
 }
 
-/// The named tables of one snapshot's rulesets, by (ruleset, name). Commit path only.
+/// The kernel's default `--hashlimit-htable-max` when none is given: 8 times the default
+/// size, which is 8192 buckets on a host with more than 1 GiB of memory.
+const HASHLIMIT_DEFAULT_MAX: usize = 8 * 8192;
+
+/// One `-m hashlimit` table: the configuration of the rule that created it and a token
+/// bucket per key.
+#[derive(Debug)]
+pub(super) struct HashTable {
+    name: String,
+    family: Family,
+    mode: u8,
+    /// Address masks of the key, as `u128` (IPv4 in the low 32 bits).
+    srcmask: u128,
+    dstmask: u128,
+    /// ns between two packets at the average rate.
+    interval_ns: u64,
+    /// `(burst - 1) * interval_ns`.
+    burst_ns: u64,
+    expire_ns: u64,
+    max: usize,
+    entries: Mutex<HashMap<HashKey, Bucket>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct HashKey {
+    src: u128,
+    dst: u128,
+    sport: u16,
+    dport: u16,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// Theoretical arrival time of the next conforming packet (the GCRA form of the token
+    /// bucket, as `-m limit`'s `TokenBucket`): the bucket is full at 0.
+    tat: u64,
+    /// Dropped when `now` passes this (xt_hashlimit's `expires`, refreshed by every packet).
+    expires: u64,
+}
+
+/// The prefix mask of `len` bits of a `width`-bit address, as a `u128` in the low bits.
+fn prefix(len: u8, width: u8) -> u128 {
+    let all = if width == 32 {
+        u128::from(u32::MAX)
+    } else {
+        u128::MAX
+    };
+    match len {
+        0 => 0,
+        l if l >= width => all,
+        l => all & !(all >> l),
+    }
+}
+
+fn addr_u128(a: IpAddr) -> u128 {
+    match a {
+        IpAddr::V4(v) => u128::from(u32::from(v)),
+        IpAddr::V6(v) => u128::from(v),
+    }
+}
+
+/// The protocols whose first 4 transport bytes are ports (xt_hashlimit's
+/// `proto_ports_offset` 0: TCP, UDP, DCCP, SCTP, UDP-Lite).
+fn has_ports(p: &PacketMeta) -> bool {
+    matches!(p.protocol, 6 | 17 | 33 | 132 | 136) && !p.fragment
+}
+
+impl HashTable {
+    fn new(m: &HashlimitMatch, family: Family) -> HashTable {
+        let width = if family == Family::Ipv4 { 32 } else { 128 };
+        let interval_ns = m.avg.saturating_mul(1000);
+        HashTable {
+            name: m.name.clone(),
+            family,
+            mode: m.mode,
+            srcmask: prefix(m.srcmask.unwrap_or(width), width),
+            dstmask: prefix(m.dstmask.unwrap_or(width), width),
+            interval_ns,
+            burst_ns: interval_ns.saturating_mul(u64::from(m.burst.max(1) - 1)),
+            expire_ns: u64::from(m.expire) * 1_000_000,
+            max: match m.max {
+                0 => HASHLIMIT_DEFAULT_MAX,
+                n => n as usize,
+            },
+            entries: Mutex::new(HashMap::default()),
+        }
+    }
+
+    /// `hashlimit_init_dst`: the fields of the table's mode; ports of a protocol without
+    /// ports are 0.
+    fn key(&self, p: &PacketMeta) -> HashKey {
+        let m = self.mode;
+        let ports = has_ports(p);
+        let pick = |bit: u8, v: u128| if m & bit != 0 { v } else { 0 };
+        let port = |bit: u8, v: u16| if m & bit != 0 && ports { v } else { 0 };
+        HashKey {
+            src: pick(hashlimit_mode::SRC_IP, addr_u128(p.src) & self.srcmask),
+            dst: pick(hashlimit_mode::DST_IP, addr_u128(p.dst) & self.dstmask),
+            sport: port(hashlimit_mode::SRC_PORT, p.sport),
+            dport: port(hashlimit_mode::DST_PORT, p.dport),
+        }
+    }
+
+    /// Whether a packet of `key` conforms to the rate at `now` (taking its token when
+    /// `apply`).
+    fn conforms(&self, key: HashKey, now: u64, apply: bool) -> bool {
+        let mut map = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = map.get(&key).copied().filter(|b| b.expires >= now);
+        let tat = live.map_or(0, |b| b.tat);
+        let ok = tat.saturating_sub(self.burst_ns) <= now;
+        if !apply {
+            return ok;
+        }
+        if !map.contains_key(&key) && map.len() >= self.max {
+            // The kernel's garbage collector would have dropped the expired entries; when
+            // none has expired, the kernel refuses a new entry and drops the packet (a
+            // hotdrop), where the engine drops the entry that expires first instead
+            // (docs/extensions.md).
+            map.retain(|_, b| b.expires >= now);
+            if map.len() >= self.max {
+                if let Some(k) = map.iter().min_by_key(|(_, b)| b.expires).map(|(k, _)| *k) {
+                    map.remove(&k);
+                }
+            }
+        }
+        let tat = if ok {
+            tat.max(now).saturating_add(self.interval_ns)
+        } else {
+            tat
+        };
+        map.insert(
+            key,
+            Bucket {
+                tat,
+                expires: now.saturating_add(self.expire_ns),
+            },
+        );
+        ok
+    }
+}
+
+/// A compiled `-m hashlimit`: the table and the rule's own direction.
+#[derive(Debug, Clone)]
+pub(super) struct CHashlimit {
+    table: Arc<HashTable>,
+    above: bool,
+}
+
+impl CHashlimit {
+    /// As `hashlimit_mt_common` for a packet rate: under the rate matches `--hashlimit-upto`,
+    /// over it `--hashlimit-above`. With `apply` false (a trace) no token is taken.
+    pub(super) fn matches(&self, p: &PacketMeta, now: u64, apply: bool) -> bool {
+        let key = self.table.key(p);
+        self.table.conforms(key, now, apply) != self.above
+    }
+
+    /// Whether the key reads the port bytes (a cut transport header then hotdrops).
+    pub(super) fn reads_ports(&self, p: &PacketMeta) -> bool {
+        self.table.mode & (hashlimit_mode::SRC_PORT | hashlimit_mode::DST_PORT) != 0 && has_ports(p)
+    }
+}
+
+/// The named tables of one snapshot's rulesets. Commit path only.
 #[derive(Debug, Default, Clone)]
 pub(super) struct NamedState {
+    /// By (ruleset, name).
     recent: HashMap<(Arc<str>, String), Arc<RecentTable>>,
+    /// By (ruleset, family, name).
+    hashlimit: HashMap<(Arc<str>, Family, String), Arc<HashTable>>,
 }
 
 impl NamedState {
@@ -254,6 +429,56 @@ impl NamedState {
                 .filter(|((rs, _), _)| rulesets.contains(rs))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            hashlimit: prev
+                .hashlimit
+                .iter()
+                .filter(|((rs, _, _), _)| rulesets.contains(rs))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// The tables the given compiled matches hold, each with the name of its ruleset: what a
+    /// snapshot keeps for the next build.
+    pub(super) fn held<'a>(
+        matches: impl Iterator<Item = (&'a Arc<str>, &'a CMatch)>,
+    ) -> NamedState {
+        let mut s = NamedState::default();
+        for (rs, m) in matches {
+            match m {
+                CMatch::Recent(r) => {
+                    s.recent
+                        .entry((rs.clone(), r.table.name.clone()))
+                        .or_insert_with(|| r.table.clone());
+                }
+                CMatch::Hashlimit(h) => {
+                    let t = &h.table;
+                    s.hashlimit
+                        .entry((rs.clone(), t.family, t.name.clone()))
+                        .or_insert_with(|| t.clone());
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// The compiled form of `m` in ruleset `ruleset` and `family`, with its table (found, or
+    /// created with this rule's configuration).
+    pub(super) fn hashlimit(
+        &mut self,
+        ruleset: &Arc<str>,
+        family: Family,
+        m: &HashlimitMatch,
+    ) -> CHashlimit {
+        let table = self
+            .hashlimit
+            .entry((ruleset.clone(), family, m.name.clone()))
+            .or_insert_with(|| Arc::new(HashTable::new(m, family)))
+            .clone();
+        CHashlimit {
+            table,
+            above: m.above,
         }
     }
 
@@ -263,7 +488,7 @@ impl NamedState {
         let table = self
             .recent
             .entry((ruleset.clone(), m.name.clone()))
-            .or_insert_with(|| Arc::new(RecentTable::new(m.mask)))
+            .or_insert_with(|| Arc::new(RecentTable::new(&m.name, m.mask)))
             .clone();
         CRecent {
             table,

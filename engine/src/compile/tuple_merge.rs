@@ -320,9 +320,12 @@ fn rule_key(r: &CRule, width: u32) -> RuleKey {
 }
 
 fn has_side_effects(r: &CRule) -> bool {
-    r.matches
-        .iter()
-        .any(|m| matches!(m, CMatch::Limit(_) | CMatch::Recent(_)))
+    r.matches.iter().any(|m| {
+        matches!(
+            m,
+            CMatch::Limit(_) | CMatch::Recent(_) | CMatch::Hashlimit(_)
+        )
+    })
 }
 
 /// The header fields of a packet that [`HeaderFilter`]s look at, computed once per lookup.
@@ -1335,6 +1338,9 @@ impl Observer for Silent {
         false
     }
     fn recent(&mut self, _: &super::CRecent, _: &PacketMeta, _: u64) -> bool {
+        false
+    }
+    fn hashlimit(&mut self, _: &super::CHashlimit, _: &PacketMeta, _: u64) -> bool {
         false
     }
     fn log(

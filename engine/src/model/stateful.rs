@@ -126,3 +126,105 @@ pub fn full_mask(family: Family) -> IpAddr {
         Family::Ipv6 => IpAddr::V6(Ipv6Addr::from(u128::MAX)),
     }
 }
+
+/// Time units of `--hashlimit-upto/-above` periods: microseconds (xt_hashlimit's
+/// `XT_HASHLIMIT_SCALE_v2`, revisions 2 and 3).
+pub const HASHLIMIT_SCALE: u64 = 1_000_000;
+
+/// Longest `--hashlimit-name`, in bytes (`XT_HASHLIMIT_NAME_LEN` is 32 with the NUL).
+pub const HASHLIMIT_NAME_MAX: usize = 31;
+
+/// The largest `--hashlimit-burst` of a packet rate (libxt_hashlimit's
+/// `XT_HASHLIMIT_BURST_MAX`).
+pub const HASHLIMIT_BURST_MAX: u32 = 10_000;
+
+/// `--hashlimit-mode` bits (our own numbering; printed in xt_hashlimit's order srcip,
+/// srcport, dstip, dstport).
+pub mod hashlimit_mode {
+    /// `srcip`.
+    pub const SRC_IP: u8 = 1;
+    /// `srcport`.
+    pub const SRC_PORT: u8 = 2;
+    /// `dstip`.
+    pub const DST_IP: u8 = 4;
+    /// `dstport`.
+    pub const DST_PORT: u8 = 8;
+    /// The names, in print order, with their bits.
+    pub const NAMES: [(&str, u8); 4] = [
+        ("srcip", SRC_IP),
+        ("srcport", SRC_PORT),
+        ("dstip", DST_IP),
+        ("dstport", DST_PORT),
+    ];
+}
+
+/// `-m hashlimit` with a packet rate (xt_hashlimit revision 3, as libxt_hashlimit 1.8.9
+/// writes it): a token bucket per hash key (the fields of `mode`, addresses masked), in a
+/// named table. Byte rates (`--hashlimit-upto 4kb/s`) and `--hashlimit-rate-match` are kept
+/// as an opaque match (stored only).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HashlimitMatch {
+    /// `--hashlimit-above` (or `! --hashlimit-upto`): matches when the key is over its rate.
+    pub above: bool,
+    /// The period between two packets at the average rate, in microseconds
+    /// ([`HASHLIMIT_SCALE`] per second divided by the rate, rounded down).
+    pub avg: u64,
+    /// `--hashlimit-burst` (default 5), 1 to [`HASHLIMIT_BURST_MAX`].
+    pub burst: u32,
+    /// `--hashlimit-mode` ([`hashlimit_mode`] bits; 0: one bucket for every packet).
+    pub mode: u8,
+    /// `--hashlimit-name` (mandatory): the table; one per (ruleset, family, name).
+    pub name: String,
+    /// `--hashlimit-htable-size` (0: the kernel's default).
+    pub size: u32,
+    /// `--hashlimit-htable-max`: most entries (0: the kernel's default, 8 times the size).
+    pub max: u32,
+    /// `--hashlimit-htable-gcinterval` in ms (default 1000).
+    pub gc_interval: u32,
+    /// `--hashlimit-htable-expire` in ms: an entry idle that long is dropped (default: the
+    /// rate's unit, as written, in ms).
+    pub expire: u32,
+    /// `--hashlimit-srcmask`: prefix length of the source address in the key; `None` is the
+    /// family's width (the default, which iptables-save does not print; the parser stores a
+    /// written width as `None`).
+    pub srcmask: Option<u8>,
+    /// `--hashlimit-dstmask`, as `srcmask`.
+    pub dstmask: Option<u8>,
+}
+
+impl HashlimitMatch {
+    /// What xt_hashlimit's `hashlimit_mt_check_common` refuses, as a reason.
+    pub fn kernel_refusal(&self, family: Family) -> Option<&'static str> {
+        let width = if family == Family::Ipv4 { 32 } else { 128 };
+        if self.gc_interval == 0 || self.expire == 0 {
+            return Some("--hashlimit-htable-gcinterval and -expire must not be 0");
+        }
+        if self.srcmask.unwrap_or(0) > width || self.dstmask.unwrap_or(0) > width {
+            return Some("a mask is longer than the family's addresses");
+        }
+        if self.burst == 0 || self.burst > HASHLIMIT_BURST_MAX {
+            return Some("--hashlimit-burst is 1 to 10000");
+        }
+        if self.avg == 0 || self.avg > HASHLIMIT_SCALE * 86_400 {
+            return Some("the rate is 1/day to 1000000/sec");
+        }
+        if self.mode & !0x0f != 0 {
+            return Some("--hashlimit-mode holds unknown bits");
+        }
+        let n = &self.name;
+        if n.is_empty() || n.len() > HASHLIMIT_NAME_MAX {
+            return Some("--hashlimit-name must be 1 to 31 bytes");
+        }
+        if n == "." || n == ".." || n.contains('/') {
+            return Some(
+                "--hashlimit-name may not be \".\", \"..\" or contain \"/\" (it names a /proc file)",
+            );
+        }
+        if n.chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '\'')
+        {
+            return Some("--hashlimit-name may not contain blanks, quotes or control characters");
+        }
+        None
+    }
+}

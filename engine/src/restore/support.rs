@@ -56,6 +56,9 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "recent") => {
             "lists per ruleset kept across commits; 100 entries a list, 256 time stamps an entry (the kernel's defaults)"
         }
+        (false, "hashlimit") => {
+            "packet rates; byte rates (`b/s`) and `--hashlimit-rate-match` are stored only; tables per ruleset kept across commits"
+        }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
         (true, "CT") => "raw table; only `--notrack` is enforced, other options are stored only",
         (true, "REJECT") => "filter table only",
@@ -67,7 +70,7 @@ fn note(target: bool, name: &str) -> &'static str {
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    matches!(name, "addrtype" | "recent") || header_matches::is_typed(name, family)
+    matches!(name, "addrtype" | "recent" | "hashlimit") || header_matches::is_typed(name, family)
 }
 
 fn classify_match(name: &'static str, family: Family) -> Support {

@@ -319,7 +319,8 @@ pub(crate) fn match_option(
         | Match::Rt(_)
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
-        | Match::Recent(_) => return None,
+        | Match::Recent(_)
+        | Match::Hashlimit(_) => return None,
     };
     Some(r)
 }
@@ -656,6 +657,12 @@ pub(crate) fn finish_match(
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "hashlimit" {
+                if let Some(t) = super::super::hashlimit::typed(&o.options, &token, ctx)? {
+                    *m = t;
+                    return Ok(());
+                }
+            }
             if o.name == "recent" {
                 *m = super::super::recent::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -691,7 +698,8 @@ pub(crate) fn finish_match(
         | Match::Rt(_)
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
-        | Match::Recent(_) => {}
+        | Match::Recent(_)
+        | Match::Hashlimit(_) => {}
     }
     Ok(())
 }
