@@ -17,6 +17,7 @@
 //! PREROUTING/INPUT/FORWARD), opaque extensions in enforced tables.
 
 mod addrtype;
+mod connlimit;
 mod extensions;
 mod hashlimit;
 mod header_matches;
@@ -34,6 +35,7 @@ use crate::echo::clipped;
 use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
+pub(crate) use support::why_not_enforced;
 pub use support::{Support, SupportRow, support_markdown, support_table};
 
 /// How to read the text: which tool is emulated and with which flags.

@@ -1005,12 +1005,7 @@ impl TableCheck<'_> {
                     if enforced {
                         errs.push(ViolationKind::Unsupported {
                             what: "match",
-                            name: match o.name.as_str() {
-                                "hashlimit" => {
-                                    "hashlimit with a byte rate or --hashlimit-rate-match".into()
-                                }
-                                _ => o.name.clone(),
-                            },
+                            name: with_why(false, &o.name, &o.name),
                             table: table.kind,
                         });
                     }
@@ -1076,7 +1071,7 @@ impl TableCheck<'_> {
                             .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
                         errs.push(ViolationKind::Unsupported {
                             what: "target",
-                            name,
+                            name: with_why(true, &name, &name),
                             table: table.kind,
                         });
                     }
@@ -1121,6 +1116,15 @@ impl TableCheck<'_> {
         for e in errs {
             self.at_rule(c, ri, r, e);
         }
+    }
+}
+
+/// `shown` with the reason the support table gives for not enforcing `key`, when it gives one
+/// ("connlimit (counts a source's connections ...)").
+fn with_why(target: bool, key: &str, shown: &str) -> String {
+    match crate::restore::why_not_enforced(target, key) {
+        Some(why) => format!("{shown} ({why})"),
+        None => shown.to_string(),
     }
 }
 

@@ -159,8 +159,7 @@ fn byte_rates_are_refused_where_enforced() {
         .map(|v| v.to_string())
         .collect();
     assert!(
-        errs.iter()
-            .any(|e| e.contains("hashlimit with a byte rate")),
+        errs.iter().any(|e| e.contains("hashlimit (byte rates")),
         "{errs:?}"
     );
 }

@@ -60,11 +60,35 @@ fn note(target: bool, name: &str) -> &'static str {
             "packet rates; byte rates (`b/s`) and `--hashlimit-rate-match` are stored only; tables per ruleset kept across commits"
         }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
-        (true, "CT") => "raw table; only `--notrack` is enforced, other options are stored only",
+        (true, "CT") => {
+            "raw table; only `--notrack` is enforced, other options are stored only (`--zone`: zones are not part of the conntrack key yet; `--helper`: no ALGs)"
+        }
         (true, "REJECT") => "filter table only",
         (true, "NOTRACK") => "raw table only",
         _ => "",
     }
+}
+
+/// Why an extension (or a target's option) that real rulesets use is stored only, not
+/// enforced: validation names it in its refusal and the support table prints it.
+pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str> {
+    Some(match (target, name) {
+        (false, "connlimit") => {
+            "counts a source's connections in the conntrack table, which rule evaluation does not read yet"
+        }
+        (false, "rpfilter") => {
+            "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
+        }
+        (false, "physdev") => {
+            "needs the bridge ports of a bridged packet (NFQA_PHYSINDEV/PHYSOUTDEV), which the packet sources do not read yet"
+        }
+        (false, "hashlimit") => "byte rates and --hashlimit-rate-match are not enforced",
+        (true, "CT --zone") | (true, "CT --zone-orig") | (true, "CT --zone-reply") => {
+            "conntrack zones are not part of the engine's conntrack key yet"
+        }
+        (true, "CT --helper") => "the engine runs no connection-tracking helpers (ALGs)",
+        _ => return None,
+    })
 }
 
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
@@ -190,7 +214,7 @@ pub fn support_markdown() -> String {
         for r in support_table().iter().filter(|r| r.target == target) {
             let note = match (r.ipv4, r.ipv6) {
                 (Support::Enforced { note }, _) | (_, Support::Enforced { note }) => note,
-                _ => "",
+                _ => why_not_enforced(r.target, r.name).unwrap_or(""),
             };
             out.push_str(&format!(
                 "| `{}` | {} | {} | {} |\n",

@@ -657,6 +657,9 @@ pub(crate) fn finish_match(
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "connlimit" {
+                return super::super::connlimit::canonical(&mut o.options, &token, ctx);
+            }
             if o.name == "hashlimit" {
                 if let Some(t) = super::super::hashlimit::typed(&o.options, &token, ctx)? {
                     *m = t;
