@@ -73,6 +73,7 @@ impl Observer for Silent {
         &mut self,
         _: &super::super::CChain,
         _: u32,
+        _: u32,
         _: &Option<std::sync::Arc<str>>,
         _: u8,
         _: &PacketMeta,
