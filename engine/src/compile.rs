@@ -79,7 +79,9 @@
 //!   [`Snapshot::compile_after`], reuse), the index's build and online update
 //!   (`compile/tuple_merge/build.rs`), `compile/chunks.rs`, and `compile/carry.rs` (counters
 //!   and token buckets carried from the previous snapshot);
-//! - counters: `compile/counters.rs` (per-core cells, reading and zeroing them).
+//! - counters: `compile/counters.rs` (per-core cells, reading and zeroing them);
+//! - LOG hits: `compile/log_ring.rs` ([`LogSink`], the per-core [`LogRing`] of
+//!   [`LogRecord`]s, and resolving a record into a [`LogEvent`]).
 
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -100,6 +102,7 @@ mod carry;
 mod chunks;
 mod counters;
 mod eval;
+mod log_ring;
 mod rfc;
 mod stateful;
 mod tuple_merge;
@@ -110,6 +113,7 @@ use stateful::{CHashlimit, CRecent, NamedState};
 
 use eval::Observer;
 pub use eval::{CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
+pub use log_ring::{LogHit, LogRecord, LogRing, LogSink};
 pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 use tuple_merge::ChainIndex;
 pub use tuple_merge::PROBE_MIN_BYTES;
@@ -200,7 +204,8 @@ impl Verdict {
     }
 }
 
-/// A `-j LOG` hit, handed to the caller of [`Snapshot::classify`].
+/// A `-j LOG` hit with its rule named: what a `Vec<LogEvent>` sink of [`Snapshot::classify`]
+/// collects, and what [`Snapshot::log_event`] makes of a [`LogRecord`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEvent {
     /// Ruleset name.
