@@ -1,6 +1,6 @@
 //! `-m connlimit`, stored only (the engine does not enforce it: `support::why_not_enforced`):
-//! [`canonical`] checks the options with libxt_connlimit's grammar (iptables 1.8.9, revision
-//! 1) and rewrites them into `connlimit_save`'s form, so that nat and mangle tables round-trip
+//! [`canonical`] checks the options with libxt_connlimit's grammar (iptables 1.8.9,
+//! revision 1) and rewrites them into `connlimit_save`'s form, so that nat and mangle tables round-trip
 //! as iptables-save prints them and what iptables refuses is refused here too.
 //!
 //! Grammar: `[!] --connlimit-upto N` or `[!] --connlimit-above N` (one of them; `!` swaps

@@ -205,7 +205,17 @@ pub fn support_markdown() -> String {
          reads the host's addresses (or takes `--local-addresses`) and the packet path reads\n\
          them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
          need routes it does not have: validation refuses them in filter and raw, naming them;\n\
-         nat and mangle store them.\n\n",
+         nat and mangle store them.\n\n\
+         `recent` and `hashlimit` keep their tables per ruleset in the engine (not in the\n\
+         kernel), across commits as conntrack does, while some rule names them; a ruleset that is\n\
+         removed drops them. As in the kernel, a recent list keeps the mask of the rule that\n\
+         created it and a hashlimit table the whole configuration of its first rule (rename it to\n\
+         change a rate). Where the engine differs: a hashlimit entry expires exactly `expire` ms\n\
+         after its last packet (the kernel's collector runs every `gcinterval` ms); a full\n\
+         hashlimit table drops the entry that expires first where the kernel drops the packet;\n\
+         ports of ESP/AH packets in a port mode are 0 (the kernel hashes their SPI); a trace is a\n\
+         dry run for both: it reads the tables and changes nothing, so a rule after a `--set` of\n\
+         the same packet does not see that time stamp.\n\n",
     );
     for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
         out.push_str(&format!(
