@@ -189,7 +189,7 @@ impl Both {
             rfc_max_rules: 1000,
         };
         Both(
-            [Classifier::Linear, index]
+            [Classifier::Linear, index, index]
                 .into_iter()
                 .map(|c| Snapshot::compile_with(rs, &NoSets, 1, c).expect("compiles"))
                 .collect(),
@@ -197,12 +197,17 @@ impl Both {
     }
 
     fn send(&self, p: &PacketMeta, now: u64) -> Verdict {
-        let v: Vec<Verdict> = self
-            .0
+        // The linear walk, the index packet by packet, and the index through a batch (the
+        // probe path the engine's workers take), each with its own tables.
+        let mut v: Vec<Verdict> = self.0[..2]
             .iter()
             .map(|s| s.classify(0, &mut p.clone(), now, &mut Vec::new()))
             .collect();
+        let mut batch = [Verdict::Accept];
+        self.0[2].classify_batch(0, &mut [*p], &mut batch, now, &mut Vec::new());
+        v.push(batch[0]);
         assert_eq!(v[0], v[1], "linear and index agree on {p:?} at {now}");
+        assert_eq!(v[0], v[2], "linear and batch agree on {p:?} at {now}");
         v[0]
     }
 

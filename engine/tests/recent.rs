@@ -150,13 +150,13 @@ fn pkt(src: &str, dst: &str, dport: u16) -> PacketMeta {
     }
 }
 
-/// The linear walk and the index, each with its own lists.
+/// The linear walk, the index and the index in batches, each with its own tables.
 struct Both(Vec<Snapshot>);
 
 impl Both {
     fn new(rs: &[Arc<Ruleset>]) -> Both {
         Both(
-            [Classifier::Linear, index()]
+            [Classifier::Linear, index(), index()]
                 .into_iter()
                 .map(|c| Snapshot::compile_with(rs, &NoSets, 1, c).expect("compiles"))
                 .collect(),
@@ -165,12 +165,17 @@ impl Both {
 
     /// Both verdicts, which must agree.
     fn send(&self, p: &PacketMeta, now: u64) -> Verdict {
-        let v: Vec<Verdict> = self
-            .0
+        // The linear walk, the index packet by packet, and the index through a batch (the
+        // probe path the engine's workers take), each with its own tables.
+        let mut v: Vec<Verdict> = self.0[..2]
             .iter()
             .map(|s| s.classify(0, &mut p.clone(), now, &mut Vec::new()))
             .collect();
+        let mut batch = [Verdict::Accept];
+        self.0[2].classify_batch(0, &mut [*p], &mut batch, now, &mut Vec::new());
+        v.push(batch[0]);
         assert_eq!(v[0], v[1], "linear and index agree on {p:?} at {now}");
+        assert_eq!(v[0], v[2], "linear and batch agree on {p:?} at {now}");
         v[0]
     }
 
@@ -447,4 +452,31 @@ fn ipv6_lists_mask_the_address() {
         Verdict::Accept,
         "other /64"
     );
+}
+
+/// A burst in one batch (the probes of all its packets first, then the walks in order) is
+/// decided as the packets one by one.
+#[test]
+fn a_burst_in_one_batch_is_decided_in_order() {
+    let rs = [ruleset("ufw", Family::Ipv4, UFW_LIMIT)];
+    let one_by_one = Both::new(&rs);
+    let batched = Snapshot::compile_with(&rs, &NoSets, 1, index()).expect("compiles");
+    let mut burst: Vec<PacketMeta> = (0..8)
+        .map(|i| {
+            pkt(
+                if i % 4 == 3 {
+                    "198.51.100.8"
+                } else {
+                    "198.51.100.7"
+                },
+                "203.0.113.1",
+                22,
+            )
+        })
+        .collect();
+    let want: Vec<Verdict> = burst.iter().map(|p| one_by_one.send(p, 0)).collect();
+    let mut got = vec![Verdict::Accept; burst.len()];
+    batched.classify_batch(0, &mut burst, &mut got, 0, &mut Vec::new());
+    assert_eq!(got, want);
+    assert!(want.contains(&Verdict::Drop));
 }

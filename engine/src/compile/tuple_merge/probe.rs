@@ -60,7 +60,8 @@ pub(super) struct ProbeKey {
 }
 
 /// An observer for side-effect-free rules, which never report anything: such rules have no
-/// `-m limit`, `-m recent` or `-m hashlimit` (those sit in `effects`), and only the evaluator reports matches.
+/// `-m limit`, `-m recent` or `-m hashlimit` (those sit in `effects`), and only the evaluator
+/// reports matches.
 pub(super) struct Silent;
 
 impl Observer for Silent {
