@@ -480,3 +480,84 @@ fn a_burst_in_one_batch_is_decided_in_order() {
     assert_eq!(got, want);
     assert!(want.contains(&Verdict::Drop));
 }
+
+mod through_the_engine {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use vallum_engine::Clock;
+    use vallum_engine::compile::Verdict;
+    use vallum_engine::conntrack::ConntrackConfig;
+    use vallum_engine::dataplane::BarrierStrategy;
+    use vallum_engine::engine::{Change, Engine, EngineConfig};
+    use vallum_engine::model::tcp_flags::SYN;
+    use vallum_engine::restore::{ParseOptions, parse_ruleset};
+    use vallum_engine::sets::NoSets;
+
+    struct Frozen(AtomicU64);
+
+    impl Clock for Frozen {
+        fn now_ns(&self) -> u64 {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    fn ufw(extra: &str) -> vallum_engine::model::Ruleset {
+        let text = format!(
+            "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n{extra}\
+             -A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n{}\nCOMMIT\n",
+            super::UFW_LIMIT[2..5]
+                .iter()
+                .map(|r| r.replace(
+                    "-p tcp -m tcp --dport 22",
+                    "-p tcp -m tcp --dport 22 -m conntrack --ctstate NEW"
+                ))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        parse_ruleset("ufw", &text, &ParseOptions::default()).expect("parses")
+    }
+
+    /// `ufw limit` through Engine::commit and the workers' batches with conntrack on: each
+    /// attempt a new connection; the list survives a commit of the ruleset that changes
+    /// another rule, and a Remove drops it.
+    #[test]
+    fn ufw_limit_survives_engine_commits() {
+        let e = Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: Some(ConntrackConfig::default()),
+            },
+            Arc::new(Frozen(AtomicU64::new(0))),
+        );
+        e.commit(Change::Put(ufw("")), &NoSets).expect("commits");
+        let attempt = |sport: u16, now: u64| {
+            let mut p = super::pkt("198.51.100.7", "203.0.113.1", 22);
+            p.sport = sport;
+            p.tcp_flags = SYN;
+            let mut w = e.worker(0).expect("worker");
+            let (mut ps, mut vs) = ([p], [Verdict::Accept]);
+            w.process_batch(&mut ps, &mut vs, now);
+            vs[0]
+        };
+        for i in 0..5 {
+            assert_eq!(
+                attempt(1000 + i, u64::from(i)),
+                Verdict::Accept,
+                "attempt {i}"
+            );
+        }
+        e.commit(Change::Put(ufw("-A INPUT -s 192.0.2.9 -j DROP\n")), &NoSets)
+            .expect("commits");
+        assert_eq!(
+            attempt(1005, 5),
+            Verdict::Drop,
+            "sixth attempt after the commit"
+        );
+        e.commit(Change::Remove("ufw".into()), &NoSets)
+            .expect("commits");
+        e.commit(Change::Put(ufw("")), &NoSets).expect("commits");
+        assert_eq!(attempt(1006, 6), Verdict::Accept, "a fresh list");
+    }
+}
