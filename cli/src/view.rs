@@ -136,6 +136,55 @@ pub fn revision_text(r: &Revision) -> String {
     s
 }
 
+/// Revisions as a table: revision, state, rules, create time (RFC 3339, UTC), author, digest
+/// and message, one line each under a header; `-` for a missing time or author.
+pub fn revisions_text(rs: &[Revision]) -> String {
+    let rows: Vec<[String; 7]> = rs
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                state(r.state).to_owned(),
+                r.rule_count.to_string(),
+                r.create_time
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), rfc3339),
+                if r.author.is_empty() {
+                    "-".to_owned()
+                } else {
+                    r.author.clone()
+                },
+                short(&r.digest).to_owned(),
+                r.message.clone(),
+            ]
+        })
+        .collect();
+    let header = [
+        "REVISION", "STATE", "RULES", "CREATED", "AUTHOR", "DIGEST", "MESSAGE",
+    ]
+    .map(String::from);
+    let mut widths = [0usize; 7];
+    for row in std::iter::once(&header).chain(&rows) {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut s = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i == 2 {
+                let _ = write!(line, "{cell:>w$}  ");
+            } else {
+                let _ = write!(line, "{cell:<w$}  ");
+            }
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
+    s
+}
+
 /// A revision's warnings, one `  LOCATION: warning: MESSAGE` line each.
 pub fn warnings_text(r: &Revision) -> String {
     let mut s = String::new();
@@ -400,8 +449,14 @@ fn columns(text: &str, fam: &str) -> Columns {
     c
 }
 
-fn row(pkts: &str, bytes: &str, c: &Columns) -> String {
-    let mut line = format!(
+/// One row of `counters`; `num` is the `--line-numbers` column (`%-4s ` as iptables prints it).
+fn row(num: Option<&str>, pkts: &str, bytes: &str, c: &Columns) -> String {
+    let mut line = match num {
+        Some(n) => format!("{n:<4} "),
+        None => String::new(),
+    };
+    let _ = write!(
+        line,
         "{:>8} {:>10} {:<10} {:<4} {:<3} {:<6} {:<6} {:<19} {:<19}",
         pkts, bytes, c.target, c.prot, c.opt, c.inp, c.out, c.source, c.destination
     );
@@ -415,8 +470,9 @@ fn row(pkts: &str, bytes: &str, c: &Columns) -> String {
 /// Counters as `iptables -L -v -x -n` prints them: per ruleset and table a heading, per chain
 /// `Chain NAME (policy P N packets, M bytes)` (builtin) or `Chain NAME (N references)` (user
 /// chain), then one row per rule: pkts bytes target prot opt in out source destination and the
-/// remaining options of the rule text.
-pub fn counters_text(cs: &[RuleCounter]) -> String {
+/// remaining options of the rule text. With `line_numbers`, each row starts with the rule's
+/// number in its chain (a `num` column, as `iptables -L --line-numbers`).
+pub fn counters_text(cs: &[RuleCounter], line_numbers: bool) -> String {
     // (ruleset, family, table) -> chain -> (policy, rules), in first-seen order of chains.
     type Chains<'a> = Vec<(&'a str, Option<&'a RuleCounter>, Vec<&'a RuleCounter>)>;
     let mut tables: BTreeMap<(&str, &str, &str), Chains<'_>> = BTreeMap::new();
@@ -468,11 +524,18 @@ pub fn counters_text(cs: &[RuleCounter]) -> String {
                 destination: "destination".into(),
                 rest: Vec::new(),
             };
-            s.push_str(&row("pkts", "bytes", &header));
+            s.push_str(&row(
+                line_numbers.then_some("num"),
+                "pkts",
+                "bytes",
+                &header,
+            ));
             let mut rules = rules.clone();
             rules.sort_by_key(|r| r.rule);
             for r in rules {
+                let num = r.rule.to_string();
                 s.push_str(&row(
+                    line_numbers.then_some(num.as_str()),
                     &r.packets.to_string(),
                     &r.bytes.to_string(),
                     &columns(&r.text, fam),
