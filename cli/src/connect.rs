@@ -245,9 +245,8 @@ mod tests {
     }
 
     fn with_token_file(content: &str) -> Result<Option<String>, CliError> {
-        let dir = std::env::temp_dir().join(format!("vallumctl-token-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| CliError::Output(e.to_string()))?;
-        let path = dir.join(format!("t{}", content.len()));
+        let dir = tempfile::tempdir().map_err(|e| CliError::Output(e.to_string()))?;
+        let path = dir.path().join("token");
         std::fs::write(&path, content).map_err(|e| CliError::Output(e.to_string()))?;
         let c = Connection {
             server: String::new(),
