@@ -275,14 +275,18 @@ pub fn ruleset_json(r: &Ruleset) -> Value {
 /// Rulesets as an aligned text table.
 pub fn rulesets_text(rs: &[Ruleset]) -> String {
     let mut s = format!(
-        "{:<24} {:>8} {:>7} {:>7}\n",
-        "NAME", "PRIORITY", "ACTIVE", "LATEST"
+        "{:<24} {:>8} {:>7} {:>7}  {}\n",
+        "NAME", "PRIORITY", "ACTIVE", "LATEST", "UPDATED"
     );
     for r in rs {
         let name = r.name.strip_prefix("rulesets/").unwrap_or(&r.name);
+        let updated = r
+            .update_time
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), rfc3339);
         let _ = writeln!(
             s,
-            "{:<24} {:>8} {:>7} {:>7}",
+            "{:<24} {:>8} {:>7} {:>7}  {updated}",
             name, r.priority, r.active_revision, r.latest_revision
         );
     }
@@ -685,9 +689,10 @@ pub fn status_text(st: &GetStatusResponse) -> String {
     if !st.not_loaded.is_empty() {
         let _ = writeln!(s, "NOT LOADED (stored as active, not enforced):");
         for n in &st.not_loaded {
+            let since = n.time.as_ref().map_or_else(|| "-".to_owned(), rfc3339);
             let _ = writeln!(
                 s,
-                "  {:<24} revision {:<6} {}",
+                "  {:<24} revision {:<6} since {since}  {}",
                 n.ruleset, n.revision, n.error
             );
         }
@@ -709,7 +714,8 @@ pub fn event_json(e: &CommitEvent) -> Value {
 
 /// A commit event as one line.
 pub fn event_text(e: &CommitEvent) -> String {
-    let mut s = format!("{} {}", outcome(e.outcome), e.revision);
+    let at = e.time.as_ref().map_or_else(|| "-".to_owned(), rfc3339);
+    let mut s = format!("{at} {} {}", outcome(e.outcome), e.revision);
     if let Some(p) = &e.phases {
         let _ = write!(s, "  {}", phases_text(p));
     }
@@ -751,6 +757,32 @@ mod tests {
             deadline_text(&far, now(0, 0)),
             format!("by unix time {}", i64::MAX)
         );
+    }
+
+    #[test]
+    fn events_and_rulesets_carry_rfc3339_times() {
+        let t = prost_types::Timestamp {
+            seconds: 1_900_000_000,
+            nanos: 5,
+        };
+        let e = CommitEvent {
+            revision: "rulesets/web/revisions/2".into(),
+            outcome: CommitOutcome::Committed as i32,
+            time: Some(t),
+            ..Default::default()
+        };
+        assert_eq!(
+            event_text(&e),
+            "2030-03-17T17:46:40Z committed rulesets/web/revisions/2"
+        );
+        let r = Ruleset {
+            name: "rulesets/web".into(),
+            update_time: Some(t),
+            ..Default::default()
+        };
+        let text = rulesets_text(&[r]);
+        assert!(text.lines().next().unwrap().ends_with("UPDATED"), "{text}");
+        assert!(text.contains("2030-03-17T17:46:40Z"), "{text}");
     }
 
     #[test]

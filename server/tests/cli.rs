@@ -854,7 +854,10 @@ async fn exit_codes_of_failures_in_the_client() {
         }
     }
     let printed = printed.expect("watch printed a commit");
-    assert!(printed.starts_with("committed"), "{printed}");
+    // `TIME committed rulesets/web/revisions/N ...`, the time in RFC 3339.
+    let (at, rest) = printed.split_once(' ').expect("a time first");
+    let _: jiff::Timestamp = at.parse().unwrap_or_else(|e| panic!("{printed}: {e}"));
+    assert!(rest.starts_with("committed"), "{printed}");
     d.kill9();
     let out = watch.wait_with_output().await.unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
