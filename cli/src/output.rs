@@ -1,4 +1,4 @@
-//! Writing results: `-o text|json` ([`Output`]), [`print`] and [`write_stdout`].
+//! Writing results: `-o text|json` ([`Output`]), [`print()`] and [`write_stdout`].
 
 use clap::ValueEnum;
 use serde_json::Value;
