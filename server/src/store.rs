@@ -82,7 +82,9 @@ impl FromStr for RevisionState {
     }
 }
 
-/// Phase durations of a commit, nanoseconds.
+/// Phase durations of a commit, nanoseconds: the one type for them, stored in the commit
+/// rows, sent as the API's `CommitPhases` ([`crate::convert::phases`]) and recorded as
+/// `vallum_commit_duration_seconds{phase}` ([`crate::metrics::Metrics::record_commit`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Phases {
     /// Validation.
@@ -101,6 +103,20 @@ pub struct Phases {
     pub total_ns: u64,
     /// Cores waited for.
     pub cores_waited: u32,
+}
+
+impl Phases {
+    /// Every phase but `total` with its `phase` label value.
+    pub fn labelled(&self) -> [(&'static str, u64); 6] {
+        [
+            ("validate", self.validate_ns),
+            ("compile", self.compile_ns),
+            ("persist", self.persist_ns),
+            ("publish", self.publish_ns),
+            ("quiesce", self.quiesce_ns),
+            ("carry", self.carry_ns),
+        ]
+    }
 }
 
 /// A ruleset row.
