@@ -70,7 +70,8 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!(reason = e.reason().info().name, error = %e, "vallumd stopped");
+            // The error text ends with its reason code, e.g. `(TOKEN_FILE_EMPTY)`.
+            tracing::error!(error = %e, "vallumd stopped");
             std::process::ExitCode::FAILURE
         }
     }
