@@ -229,6 +229,18 @@ pub struct Config {
     #[arg(long, env = "VALLUM_SOURCE", default_value = "none")]
     pub source: Source,
 
+    /// With `--source nfqueue`: the filter chains `vallumctl dataplane install --chains`
+    /// steers (comma-separated INPUT, FORWARD, OUTPUT; the installer's default is all
+    /// three). Rules reached only from other hooks get a validation warning (see `steering`).
+    #[arg(
+        long,
+        env = "VALLUM_STEERED_CHAINS",
+        value_delimiter = ',',
+        default_value = "INPUT,FORWARD,OUTPUT",
+        value_parser = crate::steering::parse_steered_chain
+    )]
+    pub steered_chains: Vec<vallum_engine::model::Hook>,
+
     /// Packets per second over all workers; 0 means as fast as possible.
     #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]
     pub rate: u64,

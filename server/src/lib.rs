@@ -38,6 +38,7 @@ pub mod pipeline;
 pub mod server;
 pub mod service;
 pub mod sources;
+pub mod steering;
 pub mod store;
 pub mod tls;
 
