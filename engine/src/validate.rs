@@ -757,7 +757,8 @@ impl TableCheck<'_> {
             if hooks.is_empty() || hooks.iter().any(|&h| live.reaches(table.family, h)) {
                 continue;
             }
-            let (Some(first), Some(last)) = (c.rules.iter().next(), c.rules.iter().last()) else {
+            let (Some(first), Some(last)) = (c.rules.iter().next(), c.rules.iter().next_back())
+            else {
                 continue;
             };
             let kind = ViolationKind::HookNotReached {

@@ -171,6 +171,12 @@ pub struct ConntrackArgs {
           action = clap::ArgAction::Set, value_name = "BOOL",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub conntrack_tcp_loose: bool,
+
+    /// The connection table is written to the database's path plus `.conntrack` on a graceful
+    /// stop and restored at the next start when it was saved at most this many seconds before
+    /// (see `conntrack_state`); 0 turns saving and restoring off.
+    #[arg(long, env = "VALLUM_CONNTRACK_STATE_MAX_AGE", default_value = "600", value_parser = parse_seconds)]
+    pub conntrack_state_max_age: Duration,
 }
 
 impl ConntrackArgs {

@@ -24,6 +24,7 @@
 pub mod allocator;
 pub mod auth;
 pub mod config;
+pub mod conntrack_state;
 pub mod content;
 pub mod convert;
 pub mod error;
