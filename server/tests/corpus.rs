@@ -910,16 +910,8 @@ fn corpus_packets_through_nfqueue() {
             return;
         }
     };
-    if let Err(why) = nsx(
-        &lab.v,
-        &[
-            env!("CARGO_BIN_EXE_vallumctl"),
-            "dataplane",
-            "install",
-            "--queues",
-            "2",
-        ],
-    ) {
+    let ctl = support::vallumctl().to_string_lossy().into_owned();
+    if let Err(why) = nsx(&lab.v, &[&ctl, "dataplane", "install", "--queues", "2"]) {
         println!("SKIP corpus_packets_through_nfqueue: steering cannot be installed: {why}");
         return;
     }
