@@ -1094,11 +1094,32 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::NodeAddrsUnknown(addr_type::names(all)));
                     }
                 }
+                Match::Recent(r) => {
+                    if let Some(reason) = r.kernel_refusal() {
+                        errs.push(ViolationKind::BadValue {
+                            what: "recent",
+                            value: r.name.clone(),
+                            reason,
+                        });
+                    }
+                    if r.mask.is_ipv4() != (family == Family::Ipv4) {
+                        errs.push(ViolationKind::WrongFamily("-m recent --mask".into()));
+                    }
+                }
+                Match::Hashlimit(h) => {
+                    if let Some(reason) = h.kernel_refusal(family) {
+                        errs.push(ViolationKind::BadValue {
+                            what: "hashlimit",
+                            value: h.name.clone(),
+                            reason,
+                        });
+                    }
+                }
                 Match::Opaque(o) => {
                     if enforced {
                         errs.push(ViolationKind::Unsupported {
                             what: "match",
-                            name: o.name.clone(),
+                            name: with_why(false, &o.name, &o.name),
                             table: table.kind,
                         });
                     }
@@ -1164,7 +1185,7 @@ impl TableCheck<'_> {
                             .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
                         errs.push(ViolationKind::Unsupported {
                             what: "target",
-                            name,
+                            name: with_why(true, &name, &name),
                             table: table.kind,
                         });
                     }
@@ -1209,6 +1230,15 @@ impl TableCheck<'_> {
         for e in errs {
             self.at_rule(c, ri, r, e);
         }
+    }
+}
+
+/// `shown` with the reason the support table gives for not enforcing `key`, when it gives one
+/// ("connlimit (counts a source's connections ...)").
+fn with_why(target: bool, key: &str, shown: &str) -> String {
+    match crate::restore::why_not_enforced(target, key) {
+        Some(why) => format!("{shown} ({why})"),
+        None => shown.to_string(),
     }
 }
 
