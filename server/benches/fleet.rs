@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vallum_server::error::Error;
-use vallum_server::fleet::agent::{Agent, FleetStats, Local};
+use vallum_server::fleet::agent::{Agent, Applied, FleetStats, Local};
 use vallum_server::fleet::etcd::Etcd;
 use vallum_server::fleet::service::rollout_status;
 use vallum_server::fleet::{Desired, Keys, Labels, Owners};
@@ -38,13 +38,22 @@ impl Local for SimLocal {
         self.active.lock().unwrap().get(name).copied()
     }
 
-    async fn apply(&self, name: &str, _rev: i64, d: &Desired, _value: &[u8]) -> Result<u64, Error> {
+    async fn apply(
+        &self,
+        name: &str,
+        _rev: i64,
+        d: &Desired,
+        _value: &[u8],
+    ) -> Result<Applied, Error> {
         let now = vallum_server::store::now_ns();
         self.published.lock().unwrap().push(now - d.write_time_ns);
         let mut a = self.active.lock().unwrap();
         let n = a.get(name).map_or(1, |n| n + 1);
         a.insert(name.to_string(), n);
-        Ok(n)
+        Ok(Applied {
+            local_revision: n,
+            ..Default::default()
+        })
     }
 
     async fn remove(&self, name: &str) -> Result<(), Error> {

@@ -548,7 +548,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         cli.command,
         Command::Watch { .. }
             | Command::Fleet {
-                command: fleet::FleetCommand::Wait { .. }
+                command: fleet::FleetCommand::Wait { .. } | fleet::FleetCommand::Rollout { .. }
             }
     );
     let mut c = connect(cli, !is_watch).await?;
@@ -894,7 +894,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Dataplane { .. } => {}
         Command::Conntrack { cmd } => conntrack::run(&mut c.conntrack, cmd, out).await?,
         Command::Set { command } => sets::run(&mut c.sets, out, command).await?,
-        Command::Fleet { command } => fleet::run(&mut c.fleet, out, command).await?,
+        Command::Fleet { command } => fleet::run(&mut c.fleet, out, command, cli.timeout).await?,
     }
     Ok(())
 }
