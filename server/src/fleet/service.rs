@@ -402,6 +402,91 @@ fn phase(s: &pb::RolloutStatus, revision: i64) -> pb::RolloutPhase {
     }
 }
 
+/// How long [`follow`] gathers watch events after the first of a batch before it looks at
+/// the status again: at thousands of nodes the reports arrive one by one, and each look
+/// walks every node.
+pub const FOLLOW_WINDOW: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Follows the rollout `rollout` (as read by [`Rollout::read`]) of fleet revision `revision`
+/// (0: the one read) until it ends or `deadline` passes: an etcd watch of the fleet prefix
+/// from the revision read, events gathered for [`FOLLOW_WINDOW`] at a time; `send` gets the
+/// phase and the status each time the status changed and a last time with the end phase
+/// (DONE, FAILED, SUPERSEDED or TIMED_OUT), and stops the follow by returning false. A
+/// watch behind a compaction reads the rollout again.
+///
+/// Errors: as [`Rollout::read`], and an etcd watch that fails.
+pub async fn follow<F, Fut>(
+    etcd: &Etcd,
+    mut rollout: Rollout,
+    revision: i64,
+    deadline: tokio::time::Instant,
+    mut send: F,
+) -> Result<()>
+where
+    F: FnMut(pb::RolloutPhase, &pb::RolloutStatus) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let revision = if revision > 0 {
+        revision
+    } else {
+        rollout.desired.as_ref().map_or(0, |(_, rev)| *rev)
+    };
+    let mut sent: Option<pb::RolloutStatus> = None;
+    let mut watch = None;
+    loop {
+        let status = rollout.status();
+        let mut p = phase(&status, revision);
+        if p == pb::RolloutPhase::Progressing && tokio::time::Instant::now() >= deadline {
+            p = pb::RolloutPhase::TimedOut;
+        }
+        let end = p != pb::RolloutPhase::Progressing;
+        if end || sent.as_ref() != Some(&status) {
+            if !send(p, &status).await || end {
+                return Ok(());
+            }
+            sent = Some(status);
+        }
+        let w = match watch.as_mut() {
+            Some(w) => w,
+            None => watch.insert(
+                etcd.watch_prefix(rollout.keys.prefix(), rollout.revision + 1)
+                    .await?,
+            ),
+        };
+        // The first batch, then whatever else comes within the window.
+        let mut until = deadline;
+        loop {
+            let batch = match tokio::time::timeout_at(until, w.next()).await {
+                Err(_) => break,
+                Ok(Ok(batch)) => batch,
+                Ok(Err(EtcdError::Compacted(_))) => {
+                    watch = None;
+                    match Rollout::read(etcd, &rollout.keys, &rollout.name).await {
+                        Ok(fresh) => rollout = fresh,
+                        Err(Error::NotFound { .. }) => rollout.desired = None,
+                        Err(e) => return Err(e),
+                    }
+                    break;
+                }
+                Ok(Err(e)) => return Err(e.into()),
+            };
+            if batch.events.is_empty() {
+                if let Some(h) = &batch.header {
+                    rollout.revision = rollout.revision.max(h.revision);
+                }
+            }
+            for ev in batch.events {
+                if let Some(kv) = ev.kv {
+                    let put =
+                        ev.r#type != vallum_proto::etcdserverpb::event::EventType::Delete as i32;
+                    rollout.event(&kv, put);
+                }
+            }
+            until = deadline.min(tokio::time::Instant::now() + FOLLOW_WINDOW);
+        }
+    }
+}
+
 type ProgressStream =
     std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::RolloutProgress, Status>> + Send>>;
 
@@ -409,9 +494,7 @@ type ProgressStream =
 impl FleetService for FleetApi {
     type WaitRolloutStream = ProgressStream;
 
-    /// Reads the rollout once, then follows a watch of the fleet prefix from the next
-    /// revision; sends the status whenever a batch of events changed it. A watch that
-    /// fails (etcd down, compacted) is re-read and watched again.
+    /// Reads the rollout once, then follows a watch of the fleet prefix ([`follow`]).
     async fn wait_rollout(
         &self,
         request: Request<pb::WaitRolloutRequest>,
@@ -420,84 +503,28 @@ impl FleetService for FleetApi {
         let timeout = convert::duration("timeout", r.timeout.as_ref())?
             .unwrap_or(std::time::Duration::from_secs(60));
         let first = Rollout::read(&self.etcd, &self.keys, &r.name).await?;
-        let revision = if r.fleet_revision > 0 {
-            r.fleet_revision
-        } else {
-            first.status().fleet_revision
-        };
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let this = self.clone();
         tokio::spawn(async move {
             let deadline = tokio::time::Instant::now() + timeout;
-            let mut rollout = first;
-            let mut sent: Option<pb::RolloutStatus> = None;
-            let mut watch = None;
-            loop {
-                let status = rollout.status();
-                let mut p = phase(&status, revision);
-                let timed_out = tokio::time::Instant::now() >= deadline;
-                if p == pb::RolloutPhase::Progressing && timed_out {
-                    p = pb::RolloutPhase::TimedOut;
-                }
-                let end = p != pb::RolloutPhase::Progressing;
-                if end || sent.as_ref() != Some(&status) {
+            let sent = follow(
+                &this.etcd,
+                first,
+                r.fleet_revision,
+                deadline,
+                |phase, status| {
                     let msg = pb::RolloutProgress {
-                        phase: p as i32,
+                        phase: phase as i32,
                         status: Some(status.clone()),
                     };
-                    if tx.send(Ok(msg)).await.is_err() || end {
-                        return;
-                    }
-                    sent = Some(status);
-                }
-                let w = match watch.as_mut() {
-                    Some(w) => w,
-                    None => {
-                        let from = rollout.revision + 1;
-                        match this.etcd.watch_prefix(this.keys.prefix(), from).await {
-                            Ok(w) => watch.insert(w),
-                            Err(e) => {
-                                let _ = tx.send(Err(Error::from(e).into())).await;
-                                return;
-                            }
-                        }
-                    }
-                };
-                let next = tokio::time::timeout_at(deadline, w.next()).await;
-                let batch = match next {
-                    // The deadline: the loop sends TIMED_OUT.
-                    Err(_) => continue,
-                    Ok(Ok(batch)) => batch,
-                    Ok(Err(EtcdError::Compacted(_))) => {
-                        // Behind a compaction: read again.
-                        watch = None;
-                        match Rollout::read(&this.etcd, &this.keys, &r.name).await {
-                            Ok(fresh) => rollout = fresh,
-                            Err(Error::NotFound { .. }) => rollout.desired = None,
-                            Err(e) => {
-                                let _ = tx.send(Err(e.into())).await;
-                                return;
-                            }
-                        }
-                        continue;
-                    }
-                    Ok(Err(e)) => {
-                        let _ = tx.send(Err(Error::from(e).into())).await;
-                        return;
-                    }
-                };
-                if batch.events.is_empty() {
-                    if let Some(h) = &batch.header {
-                        rollout.revision = rollout.revision.max(h.revision);
-                    }
-                }
-                for ev in batch.events {
-                    if let Some(kv) = ev.kv {
-                        let put = ev.r#type
-                            != vallum_proto::etcdserverpb::event::EventType::Delete as i32;
-                        rollout.event(&kv, put);
-                    }
-                }
+                    // A full channel waits (the client reads slowly); a closed one ends.
+                    let tx = tx.clone();
+                    async move { tx.send(Ok(msg)).await.is_ok() }
+                },
+            )
+            .await;
+            if let Err(e) = sent {
+                let _ = tx.send(Err(e.into())).await;
             }
         });
         Ok(Response::new(Box::pin(
