@@ -5,8 +5,9 @@
 //!
 //! Cases: N = 100, 1,000, 5,000 (`VALLUM_FLEET_BENCH_NODES=100,1000` picks others). For each:
 //! one ruleset write selecting every node; programming latency write -> each node's publish
-//! (p50, p99, max); the time until `rollout_status` (GetRolloutStatus) shows every ACK; etcd's
-//! CPU time and RSS over the rollout. A scenario with its own report, not a criterion bench.
+//! (p50, p99, max); the time until WaitRollout's code ([`follow`]: one read, then an etcd
+//! watch) shows every ACK; etcd's and this process's (the agents') CPU time over the
+//! rollout, etcd's RSS. A scenario with its own report, not a criterion bench.
 //!
 //! Run: `cargo bench -p vallum-server --bench fleet` (prints `SKIP etcd not installed` without
 //! etcd).
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use vallum_server::error::Error;
 use vallum_server::fleet::agent::{Agent, Applied, FleetStats, Local};
 use vallum_server::fleet::etcd::Etcd;
-use vallum_server::fleet::service::rollout_status;
+use vallum_server::fleet::service::{Rollout, follow};
 use vallum_server::fleet::{Desired, Keys, Labels, Owners};
 use vallum_server::metrics::{Metrics, MetricsConfig};
 
@@ -135,6 +136,7 @@ async fn case(n: usize, metrics: &Metrics) {
     }
     let registered = started.elapsed();
     let (cpu0, _) = usage(pid);
+    let (self0, _) = usage(std::process::id());
     let desired = Desired {
         content: "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n"
             .into(),
@@ -157,21 +159,27 @@ async fn case(n: usize, metrics: &Metrics) {
     {
         eprintln!("bench: write: {e}; retrying");
     }
-    let all_acked = loop {
-        let Ok(s) = rollout_status(&writer, &keys, "web").await else {
-            continue;
-        };
-        if s.applied.len() == n {
-            break write.elapsed();
+    // As WaitRollout: read once, then follow the watch until every node ACKed.
+    let mut acked = None;
+    let rollout = loop {
+        match Rollout::read(&writer, &keys, "web").await {
+            Ok(r) => break r,
+            Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
         }
-        assert!(
-            write.elapsed() < Duration::from_secs(300),
-            "rollout stuck: {} of {n}",
-            s.applied.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    follow(&writer, rollout, 0, deadline, |_, s| {
+        let done = s.applied.len() == n;
+        if done {
+            acked = Some(write.elapsed());
+        }
+        async move { !done }
+    })
+    .await
+    .expect("follow the rollout");
+    let all_acked = acked.expect("rollout stuck: not every node ACKed within 300 s");
     let (cpu1, rss) = usage(pid);
+    let (self1, _) = usage(std::process::id());
     let mut lat: Vec<f64> = published
         .lock()
         .unwrap()
@@ -180,14 +188,15 @@ async fn case(n: usize, metrics: &Metrics) {
         .collect();
     lat.sort_by(f64::total_cmp);
     println!(
-        "fleet N={n:>5}: registered in {:.2}s; write->publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; all ACKs visible {:.0} ms; etcd CPU {:.2} s, RSS {:.0} MiB",
+        "fleet N={n:>5}: registered in {:.2}s; write->publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; all ACKs visible {:.0} ms; etcd CPU {:.2} s, RSS {:.0} MiB; agents CPU {:.2} s",
         registered.as_secs_f64(),
         percentile(&lat, 0.5),
         percentile(&lat, 0.99),
         lat.last().copied().unwrap_or(f64::NAN),
         all_acked.as_secs_f64() * 1e3,
         cpu1 - cpu0,
-        rss
+        rss,
+        self1 - self0
     );
     for a in agents {
         a.abort();
