@@ -473,7 +473,6 @@ pub fn fleet_revision_of(message: &str) -> Option<i64> {
     rest[..end].parse().ok()
 }
 
-/// Unix ns now.
 /// Checks a fleet ruleset exactly as Apply does on this vallumd (limits first, then parse and
 /// validation against this node's sets), off the async workers: the writer's check before a
 /// Put and each node's before it commits (a node over its own limits NACKs).
@@ -503,6 +502,7 @@ pub(crate) async fn check(
     .map_err(|e| Error::Internal(format!("check task: {e}")))?
 }
 
+/// Unix ns now.
 pub(crate) fn now_ns() -> i64 {
     crate::store::now_ns()
 }
