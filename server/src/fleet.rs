@@ -528,6 +528,45 @@ mod tests {
     }
 
     #[test]
+    fn a_canary_phase_targets_the_canary_and_keeps_the_previous_elsewhere() {
+        let labels = |s: &str| selector::parse_labels(s).unwrap();
+        let before = Desired {
+            content: "old".into(),
+            selector: "role=web".into(),
+            ..Default::default()
+        };
+        let canary = Desired {
+            content: "new".into(),
+            selector: "role=web".into(),
+            canary: "zone=a".into(),
+            previous: Some(Box::new(Previous {
+                fleet_revision: 5,
+                desired: before.clone(),
+            })),
+            ..Default::default()
+        };
+        let target = |d: &Desired, l: &str| {
+            d.target(9, &labels(l))
+                .unwrap()
+                .map(|(rev, d)| (rev, d.content.clone()))
+        };
+        assert_eq!(target(&canary, "role=web,zone=a"), Some((9, "new".into())));
+        assert_eq!(target(&canary, "role=web,zone=b"), Some((5, "old".into())));
+        assert_eq!(target(&canary, "role=db,zone=a"), None);
+        let new_ruleset = Desired {
+            previous: None,
+            ..canary.clone()
+        };
+        assert_eq!(target(&new_ruleset, "role=web,zone=b"), None);
+        assert_eq!(target(&before, "role=web"), Some((9, "old".into())));
+        let bad = Desired {
+            canary: "zone in a".into(),
+            ..canary
+        };
+        assert!(bad.target(9, &labels("role=web")).is_err());
+    }
+
+    #[test]
     fn owners_refuse_only_in_fleet_mode() {
         let o = Owners::default();
         o.set("web", 5);
