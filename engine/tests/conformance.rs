@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use vallum_engine::model::{Family, Table, TableKind};
 use vallum_engine::restore::{
-    self, ParseErrorKind, ParseErrors, ParseOptions, PrintOptions, clear_locations, parse, print,
-    print_rule_spec, print_s,
+    self, ParseErrorKind, ParseErrors, ParseOptions, PrintOptions, Support, clear_locations, parse,
+    print, print_rule_spec, print_s, support_table,
 };
 
 /// `<repo>/../shared/data` (CI clones the repo beside `shared/`), else `$VALLUM_SHARED_DATA`.
@@ -80,6 +80,36 @@ fn families(file: &str) -> Vec<Family> {
         vec![Family::Ipv4]
     } else {
         vec![Family::Ipv4, Family::Ipv6]
+    }
+}
+
+/// The claimed `.t` files and the extension table (`restore::support_table`, which
+/// `docs/extensions.md` is generated from) agree: each file's extension is enforced in every
+/// family the file runs in. Needs no data: it reads the two lists.
+#[test]
+fn claimed_t_files_are_enforced_extensions() {
+    let table = support_table();
+    for file in T_FILES {
+        let Some((_, name)) = file.trim_end_matches(".t").split_once('_') else {
+            continue; // iptables.t: no extension
+        };
+        if name == "standard" {
+            continue;
+        }
+        let row = table
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("{file}: '{name}' is not in the extension table"));
+        for family in families(file) {
+            let support = match family {
+                Family::Ipv4 => row.ipv4,
+                Family::Ipv6 => row.ipv6,
+            };
+            assert!(
+                matches!(support, Support::Enforced { .. }),
+                "{file}: '{name}' is {support:?} in {family:?}"
+            );
+        }
     }
 }
 

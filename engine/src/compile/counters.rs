@@ -177,6 +177,99 @@ impl CounterCells {
     }
 }
 
+// === impl Snapshot: reading and setting counters ===
+
+use super::{CChain, SlotCounters, Snapshot};
+
+impl Snapshot {
+    pub(super) fn slot_total(&self, slot: usize) -> (u64, u64) {
+        self.cells.total(slot)
+    }
+
+    /// Every rule's and every base chain's policy counters: base plus the sum over cores.
+    /// Rules come in (ruleset, table, chain, number) evaluation order, policies after them.
+    pub fn counters(&self) -> Vec<SlotCounters> {
+        let row = |c: &CChain, slot: usize, rule: Option<u32>| {
+            let (packets, bytes) = self.slot_total(slot);
+            SlotCounters {
+                ruleset: self.names[c.ruleset as usize].clone(),
+                family: c.family,
+                table: c.table,
+                chain: c.name.clone(),
+                rule,
+                packets,
+                bytes,
+            }
+        };
+        let mut out = Vec::with_capacity(self.n_rules + self.chains.len());
+        for c in self.chains.iter() {
+            for (i, &slot) in c.body.slots.iter().enumerate() {
+                out.push(row(c, slot as usize, Some(i as u32 + 1)));
+            }
+        }
+        for c in self.chains.iter() {
+            if c.policy.is_some() {
+                out.push(row(c, c.policy_slot as usize, None));
+            }
+        }
+        out
+    }
+
+    /// Sets every counter (of `ruleset`, or all when `None`) to zero, as `iptables -Z`, without
+    /// touching the cores' blocks: the current totals are subtracted from the slots' base.
+    pub fn zero_counters(&self, ruleset: Option<&str>) {
+        let zero = |slot: u32| {
+            let (p, b) = self.slot_total(slot as usize);
+            self.cells
+                .add_base(slot as usize, (p.wrapping_neg(), b.wrapping_neg()));
+        };
+        for c in self.chains.iter() {
+            if ruleset.is_some_and(|r| &*self.names[c.ruleset as usize] != r) {
+                continue;
+            }
+            c.body.slots.iter().for_each(|&s| zero(s));
+            zero(c.policy_slot);
+        }
+    }
+
+    /// Sets the counters of the rulesets named to what their model says, as
+    /// `iptables-restore --counters` loads them: every rule with [`crate::model::Rule::counters`]
+    /// and every policy with non-zero [`crate::model::Chain::counters`] (a policy's `[0:0]`
+    /// keeps what was carried: a `--noflush` merge declares untouched builtin chains so).
+    /// Other counters keep what [`Snapshot::carry_from`] gave them. Packets counted meanwhile
+    /// are kept on top (the base is moved by the difference).
+    pub fn start_counters(&self, rulesets: &[String]) {
+        if rulesets.is_empty() {
+            return;
+        }
+        let set = |slot: u32, c: &crate::model::Counters| {
+            let (p, b) = self.slot_total(slot as usize);
+            self.cells.add_base(
+                slot as usize,
+                (c.packets.wrapping_sub(p), c.bytes.wrapping_sub(b)),
+            );
+        };
+        for c in self.chains.iter() {
+            if !rulesets
+                .iter()
+                .any(|r| **r == *self.names[c.ruleset as usize])
+            {
+                continue;
+            }
+            let model = &self.rulesets[c.ruleset as usize].tables[c.table_at as usize].chains
+                [c.chain_at as usize];
+            for (rule, &slot) in model.rules.iter().zip(c.body.slots.iter()) {
+                if let Some(counters) = &rule.counters {
+                    set(slot, counters);
+                }
+            }
+            if c.policy.is_some() && model.counters != crate::model::Counters::default() {
+                set(c.policy_slot, &model.counters);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1796,7 +1796,7 @@ mod tests {
     /// Every first match from every start position, over a grid of packets.
     fn answers(snap: &Snapshot, idx: &ChainIndex) -> Vec<Option<u32>> {
         let rules = &snap.chains[0].body.rules;
-        let mut obs = super::super::Tracing {
+        let mut obs = super::super::eval::Tracing {
             names: &[],
             steps: Vec::new(),
             logs: Vec::new(),

@@ -1,0 +1,920 @@
+//! The packet path: [`Snapshot::classify`] and [`Snapshot::classify_batch`] (and their
+//! `_split` forms), the hooks' base chains in order, the chain walk with its jump stack,
+//! every match, the targets, and [`Snapshot::trace`] (the same walk with a recording
+//! observer). A chain's first matching rule comes from the walk itself, from the TupleMerge
+//! index (`tuple_merge.rs`) or from its RFC tables (`rfc.rs`).
+//!
+//! Runs on the packet cores against a published, immutable snapshot. It takes no lock and
+//! reads no clock (`now` is passed in); per packet it writes only this core's counter block
+//! and the `-m limit` buckets of rules the packet reaches. It allocates nothing, except the
+//! [`LogEvent`] of a `-j LOG` hit and [`Snapshot::trace`]'s steps.
+
+use std::mem::MaybeUninit;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::model::{
+    EcnMatch, Family, FragMatch, Hook, MultiportDir, Policy, PortRange, TableKind, TtlOp, ct_state,
+};
+use crate::packet::PacketMeta;
+
+use super::counters::CoreCounters;
+use super::tuple_merge::{PROBE_BATCH, PROBE_UNKNOWN};
+use super::*;
+
+// === impl Snapshot: evaluation ===
+
+/// What the evaluator reports on its way; the hot path counts, the trace records.
+pub(super) trait Observer {
+    /// Rule `number` (1-based) of `chain` matched; it counts in `slot`.
+    fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta);
+    fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
+    fn log(
+        &mut self,
+        chain: &CChain,
+        number: u32,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    );
+    fn outcome(&mut self, _what: StepOutcome) {}
+    /// A match found the transport-header bytes it reads missing ([`PacketMeta::l4_cut`]):
+    /// the packet is dropped on the spot (the kernel's `par->hotdrop`).
+    fn hotdrop(&mut self) {}
+}
+
+/// Wraps the observer of a packet with a cut transport header on the linear path, to see
+/// whether a rule's match hotdropped it ([`Observer::hotdrop`]).
+struct HotdropWatch<'o, O> {
+    inner: &'o mut O,
+    dropped: bool,
+}
+
+impl<O: Observer> Observer for HotdropWatch<'_, O> {
+    fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta) {
+        self.inner.rule(slot, chain, number, pkt);
+    }
+    fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta) {
+        self.inner.policy(slot, chain, pkt);
+    }
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
+        self.inner.limit(bucket, now)
+    }
+    fn log(
+        &mut self,
+        chain: &CChain,
+        number: u32,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    ) {
+        self.inner.log(chain, number, prefix, level, pkt);
+    }
+    fn outcome(&mut self, what: StepOutcome) {
+        self.inner.outcome(what);
+    }
+    fn hotdrop(&mut self) {
+        self.dropped = true;
+        self.inner.hotdrop();
+    }
+}
+
+fn log_event(
+    names: &[Arc<str>],
+    chain: &CChain,
+    number: u32,
+    prefix: &Option<Arc<str>>,
+    level: u8,
+    pkt: &PacketMeta,
+) -> LogEvent {
+    LogEvent {
+        ruleset: names[chain.ruleset as usize].clone(),
+        table: chain.table,
+        chain: chain.name.clone(),
+        rule: number,
+        prefix: prefix.clone(),
+        level,
+        packet: *pkt,
+    }
+}
+
+/// The hot-path observer: bumps this core's counters and collects LOG events.
+struct Counting<'a> {
+    counters: &'a CoreCounters,
+    names: &'a [Arc<str>],
+    logs: &'a mut Vec<LogEvent>,
+}
+
+impl Observer for Counting<'_> {
+    #[inline]
+    fn rule(&mut self, slot: usize, _: &CChain, _: u32, pkt: &PacketMeta) {
+        self.counters.bump(slot, u64::from(pkt.len));
+    }
+    #[inline]
+    fn policy(&mut self, slot: usize, _: &CChain, pkt: &PacketMeta) {
+        self.counters.bump(slot, u64::from(pkt.len));
+    }
+    #[inline]
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
+        bucket.conforms(now)
+    }
+    fn log(
+        &mut self,
+        chain: &CChain,
+        number: u32,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    ) {
+        self.logs
+            .push(log_event(self.names, chain, number, prefix, level, pkt));
+    }
+}
+
+/// What happened at one step of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepOutcome {
+    /// The rule matched and its target does not decide (no target, LOG, NOTRACK).
+    Continue,
+    /// `-j CHAIN`.
+    Jump,
+    /// `-g CHAIN`.
+    Goto,
+    /// RETURN (explicit).
+    Return,
+    /// ACCEPT by a rule: the packet goes on to the next base chain.
+    Accept,
+    /// DROP by a rule.
+    Drop,
+    /// REJECT by a rule.
+    Reject,
+    /// The chain's policy applied.
+    Policy(Policy),
+}
+
+/// One step of a [`Trace`]: a rule that matched, or a policy that applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceStep {
+    /// Ruleset name.
+    pub ruleset: Arc<str>,
+    /// Family of the table.
+    pub family: Family,
+    /// Table.
+    pub table: TableKind,
+    /// Chain.
+    pub chain: Arc<str>,
+    /// 1-based rule number; `None` when the step is the chain's policy.
+    pub rule: Option<u32>,
+    /// What the step did.
+    pub outcome: StepOutcome,
+}
+
+/// The result of [`Snapshot::trace`]: the verdict and every rule that matched on the way, in
+/// order (the rules whose counters would go up), like `nft monitor trace`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    /// The hook's verdict.
+    pub verdict: Verdict,
+    /// Matched rules and applied policies in evaluation order.
+    pub steps: Vec<TraceStep>,
+    /// LOG events the packet would have produced.
+    pub logs: Vec<LogEvent>,
+    /// The packet's [`ct_state`] bit at the end of the evaluation: after raw-table NOTRACK
+    /// and, in [`Snapshot::trace_split`], after the step between the raw and the other chains
+    /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
+    /// non-raw chains saw.
+    pub ct_state: u8,
+    /// The packet was dropped by a match that reads transport-header bytes it lacks
+    /// ([`PacketMeta::l4_cut`], the kernel's hotdrop); that rule is not among the steps.
+    pub hotdropped: bool,
+    /// How many `-m limit` matches the packet's path asked. A trace is a dry run for them:
+    /// each answers whether a token is there now without taking it, so a burst of real
+    /// packets can be limited where a trace of each of them matched.
+    pub limits_asked: u32,
+}
+
+pub(super) struct Tracing<'a> {
+    pub(super) names: &'a [Arc<str>],
+    pub(super) steps: Vec<TraceStep>,
+    pub(super) logs: Vec<LogEvent>,
+    pub(super) limits_asked: u32,
+    pub(super) hotdropped: bool,
+}
+
+impl Observer for Tracing<'_> {
+    fn rule(&mut self, _: usize, chain: &CChain, number: u32, _: &PacketMeta) {
+        self.steps.push(TraceStep {
+            ruleset: self.names[chain.ruleset as usize].clone(),
+            family: chain.family,
+            table: chain.table,
+            chain: chain.name.clone(),
+            rule: Some(number),
+            outcome: StepOutcome::Continue,
+        });
+    }
+    fn policy(&mut self, _: usize, chain: &CChain, _: &PacketMeta) {
+        self.steps.push(TraceStep {
+            ruleset: self.names[chain.ruleset as usize].clone(),
+            family: chain.family,
+            table: chain.table,
+            chain: chain.name.clone(),
+            rule: None,
+            outcome: StepOutcome::Policy(chain.policy.unwrap_or(Policy::Accept)),
+        });
+    }
+    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
+        // A trace must not consume tokens that real traffic would get.
+        self.limits_asked += 1;
+        bucket.would_conform(now)
+    }
+    fn log(
+        &mut self,
+        chain: &CChain,
+        number: u32,
+        prefix: &Option<Arc<str>>,
+        level: u8,
+        pkt: &PacketMeta,
+    ) {
+        self.logs
+            .push(log_event(self.names, chain, number, prefix, level, pkt));
+    }
+    fn outcome(&mut self, what: StepOutcome) {
+        if let Some(last) = self.steps.last_mut() {
+            if last.rule.is_some() {
+                last.outcome = what;
+            }
+        }
+    }
+    fn hotdrop(&mut self) {
+        self.hotdropped = true;
+    }
+}
+
+/// `-m ecn`, as ecn_mt4/ecn_mt6: the IP ECN field, then the TCP ECE/CWR flags of a TCP packet
+/// (for IPv6 also behind extension headers: the kernel oracle's `header-v6/cwr-ect2-dst`
+/// matches). A non-first fragment has no TCP header here: a TCP-flag test is false on it (the
+/// kernel would read the fragment's payload bytes as flags).
+fn ecn_matches(e: &EcnMatch, p: &PacketMeta) -> bool {
+    if let Some(ect) = e.ect {
+        if (p.tos & 3 == ect.value) == ect.negated {
+            return false;
+        }
+    }
+    if e.ece.is_none() && e.cwr.is_none() {
+        return true;
+    }
+    if p.protocol != 6 || p.fragment {
+        return false;
+    }
+    let flag = |want: Option<bool>, bit: u8| {
+        want.is_none_or(|negated| (p.tcp_flags & bit != 0) != negated)
+    };
+    flag(e.ece, 0x40) && flag(e.cwr, 0x80)
+}
+
+/// `-m frag`, as frag_mt6 (`--fraglen` is not compared, as there).
+fn frag_matches(f: &FragMatch, h: &crate::packet::FragmentHeader) -> bool {
+    let off = h.offset_flags;
+    f.id.value.contains(h.id) != f.id.negated
+        && !(f.res && (h.reserved != 0 || off & 0x6 != 0))
+        && !(f.first && off & !0x7 != 0)
+        && !(f.more && off & 1 == 0)
+        && !(f.last && off & 1 != 0)
+}
+
+#[inline]
+fn port_in(r: &Option<(bool, PortRange)>, port: u16) -> bool {
+    match r {
+        None => true,
+        Some((neg, range)) => range.contains(port) != *neg,
+    }
+}
+
+#[inline]
+fn has_ports(proto: u8) -> bool {
+    // TCP, UDP, DCCP, SCTP, UDP-Lite: the protocols multiport accepts.
+    matches!(proto, 6 | 17 | 33 | 132 | 136)
+}
+
+impl Snapshot {
+    #[inline]
+    fn header_matches(r: &CRule, p: &PacketMeta) -> bool {
+        if r.src.matches(addr_bits(p.src)) == r.src_negated
+            || r.dst.matches(addr_bits(p.dst)) == r.dst_negated
+        {
+            return false;
+        }
+        if let Some((neg, pat)) = &r.in_iface {
+            if pat.matches(&p.in_iface) == *neg {
+                return false;
+            }
+        }
+        if let Some((neg, pat)) = &r.out_iface {
+            if pat.matches(&p.out_iface) == *neg {
+                return false;
+            }
+        }
+        if let Some((neg, proto)) = r.protocol {
+            if (p.protocol == proto) == neg {
+                return false;
+            }
+        }
+        if let Some(frag) = r.fragment {
+            if p.fragment != frag {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether `r` matches `p`: header fields, then every match in written order (a `-m limit`
+    /// is only asked when everything before it matched, as in the kernel).
+    #[inline]
+    pub(super) fn rule_matches<O: Observer>(
+        r: &CRule,
+        p: &PacketMeta,
+        now: u64,
+        obs: &mut O,
+    ) -> bool {
+        Self::header_matches(r, p) && r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
+    }
+
+    #[inline]
+    fn match_one<O: Observer>(m: &CMatch, p: &PacketMeta, now: u64, obs: &mut O) -> bool {
+        match m {
+            CMatch::Tcp {
+                sport,
+                dport,
+                flags,
+                option,
+            } => {
+                // As tcp_mt: a non-first fragment has no TCP header to look at; the 20-byte
+                // header (and the options, for --tcp-option) must be there, else hotdrop.
+                if p.fragment {
+                    return false;
+                }
+                if let Some(n) = p.l4_cut {
+                    if n < 20 || option.is_some() {
+                        obs.hotdrop();
+                        return false;
+                    }
+                }
+                port_in(sport, p.sport)
+                    && port_in(dport, p.dport)
+                    && flags.is_none_or(|(neg, mask, comp)| (p.tcp_flags & mask == comp) != neg)
+                    && option.is_none_or(|(neg, kind)| p.has_tcp_option(kind) != neg)
+            }
+            CMatch::Udp { sport, dport } => {
+                if p.fragment {
+                    return false;
+                }
+                // As udp_mt: the 8-byte header must be there (a cut one is shorter).
+                if p.l4_cut.is_some() {
+                    obs.hotdrop();
+                    return false;
+                }
+                port_in(sport, p.sport) && port_in(dport, p.dport)
+            }
+            CMatch::Multiport {
+                dir,
+                negated,
+                ports,
+            } => {
+                if p.fragment || !has_ports(p.protocol) {
+                    return false;
+                }
+                // As multiport_mt: the 4 port bytes.
+                if p.l4_cut.is_some_and(|n| n < 4) {
+                    obs.hotdrop();
+                    return false;
+                }
+                let hit = ports.iter().any(|r| match dir {
+                    MultiportDir::Source => r.contains(p.sport),
+                    MultiportDir::Destination => r.contains(p.dport),
+                    MultiportDir::Either => r.contains(p.sport) || r.contains(p.dport),
+                });
+                hit != *negated
+            }
+            CMatch::Icmp {
+                negated,
+                icmp_type,
+                code,
+            } => {
+                if p.fragment {
+                    return false;
+                }
+                // As icmp_match / icmp6_match: the 8-byte header.
+                if p.l4_cut.is_some() {
+                    obs.hotdrop();
+                    return false;
+                }
+                let hit = match icmp_type {
+                    None => true,
+                    Some(t) => p.icmp_type == *t && code.0 <= p.icmp_code && p.icmp_code <= code.1,
+                };
+                hit != *negated
+            }
+            CMatch::CtState { negated, bits } => {
+                // As conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
+                // INVALID (no entry) or UNTRACKED packet has no status bits to read.
+                let nat = if p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0 {
+                    p.ct_nat
+                } else {
+                    0
+                };
+                ((p.ct_state | nat) & bits != 0) != *negated
+            }
+            CMatch::Iprange(r) => {
+                let IprangeMatch { src, dst } = &**r;
+                let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
+                    addr_bits(lo) <= addr_bits(ip) && addr_bits(ip) <= addr_bits(hi)
+                };
+                src.is_none_or(|(neg, lo, hi)| within(p.src, lo, hi) != neg)
+                    && dst.is_none_or(|(neg, lo, hi)| within(p.dst, lo, hi) != neg)
+            }
+            CMatch::Set { negated, set, dirs } => set.contains(p, dirs, now) != *negated,
+            CMatch::Mark {
+                negated,
+                value,
+                mask,
+            } => (p.mark & mask == *value) != *negated,
+            CMatch::Length { negated, range } => {
+                (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
+                    != *negated
+            }
+            CMatch::Limit(bucket) => obs.limit(bucket, now),
+            // As mac_mt: no link-layer source, no match (even when negated).
+            CMatch::Mac { negated, mac } => p.src_mac.is_some_and(|m| (m == *mac) != *negated),
+            CMatch::Ttl(t) => match t.op {
+                TtlOp::Eq => p.ttl == t.value,
+                TtlOp::Ne => p.ttl != t.value,
+                TtlOp::Lt => p.ttl < t.value,
+                TtlOp::Gt => p.ttl > t.value,
+            },
+            CMatch::Tos {
+                negated,
+                value,
+                mask,
+            } => (p.tos & mask == *value) != *negated,
+            CMatch::Ecn(e) => ecn_matches(e, p),
+            // As ah_mt: a non-first fragment has no AH header.
+            CMatch::Ah { negated, spi } => !p.fragment && spi.contains(p.ah_spi) != *negated,
+            CMatch::Frag(f) => p.ipv6_ext.fragment.is_some_and(|h| frag_matches(f, &h)),
+            CMatch::Rt(r) => p.ipv6_ext.routing.is_some_and(|h| {
+                r.segsleft.value.contains(u32::from(h.segments_left)) != r.segsleft.negated
+                    && r.len
+                        .is_none_or(|l| (l.value == u32::from(h.len)) != l.negated)
+                    && r.rt_type
+                        .is_none_or(|t| (t.value == h.rt_type) != t.negated)
+            }),
+            CMatch::AddrType(a) => addrtype_matches(a, p),
+            CMatch::Ipv6Header(h) => {
+                let have = p.ipv6_ext.mask;
+                if h.soft {
+                    // ip6t_ipv6header: `!((temp ^ matchflags ^ invflags) & matchflags)`, with
+                    // invflags 0xff when negated: each listed header present (absent).
+                    let inv = if h.negated { 0xff } else { 0 };
+                    (have ^ h.headers ^ inv) & h.headers == 0
+                } else {
+                    (have == h.headers) != h.negated
+                }
+            }
+        }
+    }
+
+    /// Runs one base chain; `None` means ACCEPT-and-continue with the next base chain.
+    fn run_chain<O: Observer>(
+        &self,
+        base: u32,
+        p: &mut PacketMeta,
+        now: u64,
+        obs: &mut O,
+        hint: Hint,
+    ) -> Option<Verdict> {
+        // Return points of `-j`: (chain, next rule). Left uninitialised: zeroing 512 bytes for
+        // every packet and base chain cost ~6% of a 1k-rule lookup, and most packets never jump.
+        let mut stack = [MaybeUninit::<(u32, u32)>::uninit(); MAX_CALL_DEPTH];
+        let mut depth = 0usize;
+        let mut chain = base;
+        let mut next = 0u32;
+        loop {
+            let c = &self.chains[chain as usize];
+            let body = &*c.body;
+            let n = body.rules.len() as u32;
+            if next >= n {
+                if depth == 0 {
+                    return self.apply_policy(base, p, obs);
+                }
+                depth -= 1;
+                // SAFETY: every slot below the old `depth` was written by the push below (the
+                // only place `depth` grows), so `stack[depth]` is initialised.
+                (chain, next) = unsafe { stack[depth].assume_init() };
+                continue;
+            }
+            let rules = &body.rules;
+            let found = match &body.index {
+                // A cut transport header takes the linear walk: the kernel evaluates rules in
+                // order, and the first match that reads a missing byte drops the packet, which
+                // an index (which skips rules by their ports) cannot see.
+                _ if p.l4_cut.is_some() => {
+                    let mut watch = HotdropWatch {
+                        inner: &mut *obs,
+                        dropped: false,
+                    };
+                    let at = rules.find_from(next, |r| {
+                        Self::rule_matches(r, p, now, &mut watch) || watch.dropped
+                    });
+                    if watch.dropped {
+                        return Some(Verdict::Drop);
+                    }
+                    at
+                }
+                Some(idx) if next == 0 && chain == hint.chain && hint.best != PROBE_UNKNOWN => {
+                    if idx.has_rfc() {
+                        // The RFC probe's answer is the first match itself.
+                        (hint.best != u32::MAX).then_some(hint.best)
+                    } else {
+                        self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                    }
+                }
+                Some(idx) => self.indexed_next(idx, rules, next, p, now, obs),
+                None => rules.find_from(next, |r| Self::rule_matches(r, p, now, obs)),
+            };
+            let Some(at) = found else {
+                next = n;
+                continue;
+            };
+            next = at + 1;
+            let r = &rules[at as usize];
+            obs.rule(c.body.slots[at as usize] as usize, c, next, p);
+            match &r.target {
+                CTarget::Continue => {}
+                CTarget::Accept => {
+                    obs.outcome(StepOutcome::Accept);
+                    return None;
+                }
+                CTarget::Drop => {
+                    obs.outcome(StepOutcome::Drop);
+                    return Some(Verdict::Drop);
+                }
+                CTarget::Reject(w) => {
+                    obs.outcome(StepOutcome::Reject);
+                    return Some(Verdict::Reject(*w));
+                }
+                CTarget::Return => {
+                    obs.outcome(StepOutcome::Return);
+                    if depth == 0 {
+                        return self.apply_policy(base, p, obs);
+                    }
+                    depth -= 1;
+                    // SAFETY: every slot below the old `depth` was written by the push below (the
+                    // only place `depth` grows), so `stack[depth]` is initialised.
+                    (chain, next) = unsafe { stack[depth].assume_init() };
+                }
+                CTarget::Jump(t) => {
+                    obs.outcome(StepOutcome::Jump);
+                    if depth == MAX_CALL_DEPTH {
+                        return Some(Verdict::Drop);
+                    }
+                    stack[depth] = MaybeUninit::new((chain, next));
+                    depth += 1;
+                    chain = c.table_base + *t;
+                    next = 0;
+                }
+                CTarget::Goto(t) => {
+                    obs.outcome(StepOutcome::Goto);
+                    chain = c.table_base + *t;
+                    next = 0;
+                }
+                CTarget::Log(log) => obs.log(c, next, &log.0, log.1, p),
+                CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
+            }
+        }
+    }
+
+    fn apply_policy<O: Observer>(&self, base: u32, p: &PacketMeta, obs: &mut O) -> Option<Verdict> {
+        let c = &self.chains[base as usize];
+        obs.policy(c.policy_slot as usize, c, p);
+        match c.policy {
+            Some(Policy::Drop) => Some(Verdict::Drop),
+            Some(Policy::Accept) | None => None,
+        }
+    }
+
+    /// Runs the base chains a packet handed over at `p.hook` has passed in the kernel, in
+    /// the kernel's order, and returns the verdict:
+    /// - at INPUT and FORWARD, first the PREROUTING chains (a packet the kernel queues there
+    ///   has passed PREROUTING): raw PREROUTING, then `after_raw` (conntrack, priority -200),
+    ///   then the other PREROUTING chains; with the packet's hook set to PREROUTING and no
+    ///   output interface while they run, as the kernel sees it there;
+    /// - then the hook's own chains: raw, `after_raw` if it has not run yet (OUTPUT: raw
+    ///   OUTPUT, conntrack, filter OUTPUT; PREROUTING alone), then the others.
+    ///
+    /// A `Some` verdict of `after_raw` is final, as is a DROP or REJECT of any chain (the
+    /// later hooks never see the packet). With `after_raw = |_| None` this is the plain walk:
+    /// the closure is inlined away, so the path without conntrack pays nothing for the split.
+    #[inline]
+    fn evaluate<O: Observer>(
+        &self,
+        p: &mut PacketMeta,
+        now: u64,
+        obs: &mut O,
+        hint: Hint,
+        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+    ) -> Verdict {
+        let f = family_index(p.family);
+        let hook = p.hook;
+        let mut after_raw = Some(after_raw);
+        if matches!(hook, Hook::Input | Hook::Forward)
+            && !self.hooks[f][Hook::Prerouting.index()].is_empty()
+        {
+            let out_iface = std::mem::take(&mut p.out_iface);
+            p.hook = Hook::Prerouting;
+            let v = self.run_hook(f, Hook::Prerouting, p, now, obs, hint, &mut after_raw);
+            p.hook = hook;
+            p.out_iface = out_iface;
+            if let Some(v) = v {
+                return v;
+            }
+        }
+        self.run_hook(f, hook, p, now, obs, hint, &mut after_raw)
+            .unwrap_or(Verdict::Accept)
+    }
+
+    /// One hook's base chains: raw, then `after_raw` (taken: it runs once per packet), then
+    /// the rest. `Some` is a final verdict; `None` means the packet passed the hook.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn run_hook<O: Observer>(
+        &self,
+        f: usize,
+        hook: Hook,
+        p: &mut PacketMeta,
+        now: u64,
+        obs: &mut O,
+        hint: Hint,
+        after_raw: &mut Option<impl FnOnce(&mut PacketMeta) -> Option<Verdict>>,
+    ) -> Option<Verdict> {
+        let h = hook.index();
+        let chains = &self.hooks[f][h];
+        let (raw, rest) = chains.split_at((self.raw_chains[f][h] as usize).min(chains.len()));
+        for &base in raw {
+            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
+                return Some(v);
+            }
+        }
+        if let Some(v) = after_raw.take().and_then(|a| a(p)) {
+            return Some(v);
+        }
+        for &base in rest {
+            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by
+    /// `-m limit`), counting every matched rule and applied policy in that core's counters and
+    /// appending LOG events to `logs`. `packet.ct_state` becomes UNTRACKED when a raw-table
+    /// NOTRACK rule matched. Never allocates unless a LOG rule matched.
+    ///
+    /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
+    #[inline]
+    pub fn classify(
+        &self,
+        core: usize,
+        packet: &mut PacketMeta,
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+    ) -> Verdict {
+        self.classify_split(core, packet, now, logs, |_| None)
+    }
+
+    /// As [`Snapshot::classify`], calling `after_raw` between the hook's raw-table chains
+    /// (priority -300) and the others, where netfilter runs conntrack (-200): it may set
+    /// `packet.ct_state` (the other chains' `--ctstate` sees it) or return a final verdict
+    /// (e.g. DROP when the conntrack table is full). A DROP or REJECT of a raw chain ends the
+    /// packet before `after_raw` runs.
+    #[inline]
+    pub fn classify_split(
+        &self,
+        core: usize,
+        packet: &mut PacketMeta,
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+    ) -> Verdict {
+        let counters = self.cells.core(core);
+        let mut obs = Counting {
+            counters,
+            names: &self.names,
+            logs,
+        };
+        self.evaluate(packet, now, &mut obs, Hint::NONE, after_raw)
+    }
+
+    /// Evaluates one packet without counting or consuming `-m limit` tokens (a dry run for
+    /// them: [`Trace::limits_asked`] says how many were asked), and returns the
+    /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
+    /// and every applied policy, in order.
+    pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
+        self.trace_split(packet, now, |_| None)
+    }
+
+    /// As [`Snapshot::trace`], with `after_raw` run between the raw and the other chains as
+    /// in [`Snapshot::classify_split`]; [`Trace::ct_state`] is the state the packet had after
+    /// it.
+    pub fn trace_split(
+        &self,
+        packet: &PacketMeta,
+        now: u64,
+        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+    ) -> Trace {
+        let mut p = *packet;
+        let mut obs = Tracing {
+            names: &self.names,
+            steps: Vec::new(),
+            logs: Vec::new(),
+            limits_asked: 0,
+            hotdropped: false,
+        };
+        let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, after_raw);
+        Trace {
+            verdict,
+            steps: obs.steps,
+            logs: obs.logs,
+            ct_state: p.ct_state,
+            limits_asked: obs.limits_asked,
+            hotdropped: obs.hotdropped,
+        }
+    }
+}
+
+/// The batch probe's answer for one packet ([`Snapshot::classify_batch`]): the tables' part
+/// of the first index query of base chain `chain` from rule 0 (`best`: a rule position,
+/// `u32::MAX` for none, or [`PROBE_UNKNOWN`]).
+#[derive(Clone, Copy, Debug)]
+struct Hint {
+    chain: u32,
+    best: u32,
+}
+
+impl Hint {
+    /// No probe was made: every query goes to the index.
+    const NONE: Hint = Hint {
+        chain: u32::MAX,
+        best: PROBE_UNKNOWN,
+    };
+}
+
+/// Packets [`Snapshot::classify_batch`] probes together; a longer slice is taken in chunks of
+/// this many.
+pub const CLASSIFY_BATCH: usize = PROBE_BATCH;
+
+impl Snapshot {
+    /// Classifies `packets` on `core` at `now` as [`Snapshot::classify`] classifies each of
+    /// them in order, and writes each verdict into `verdicts` (same index); processes
+    /// `min(packets.len(), verdicts.len())` packets and returns that number. Counters, LOG
+    /// events, `-m limit` tokens and `ct_state` come out exactly as from the per-packet calls.
+    ///
+    /// Faster on large chains: before the packets are evaluated one by one, the hash tables
+    /// of each packet's first indexed base chain are probed for [`CLASSIFY_BATCH`] packets at
+    /// a time with their memory accesses interleaved (`compile/tuple_merge.rs`,
+    /// `ChainIndex::probe_batch`, after Open vSwitch's `dpcls_lookup`); the evaluation then
+    /// starts that chain from the probe's answer. Later queries (after a jump, a LOG rule, or
+    /// in other chains) use the per-packet lookup.
+    pub fn classify_batch(
+        &self,
+        core: usize,
+        packets: &mut [PacketMeta],
+        verdicts: &mut [Verdict],
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+    ) -> usize {
+        self.classify_batch_split(core, packets, verdicts, now, logs, |_| None, |_, v| v)
+    }
+
+    /// As [`Snapshot::classify_batch`], with [`Snapshot::classify_split`]'s `after_raw` called
+    /// for each packet between its raw-table chains and the others, and `decided` called with
+    /// each packet and its verdict right after its evaluation, before the next packet is
+    /// evaluated; what `decided` returns is written to `verdicts`. (The engine tracks
+    /// connections in `after_raw` and confirms a new one in `decided` when it was accepted,
+    /// so a packet sees the connection state every earlier packet of the batch left.)
+    #[allow(clippy::too_many_arguments)]
+    pub fn classify_batch_split(
+        &self,
+        core: usize,
+        packets: &mut [PacketMeta],
+        verdicts: &mut [Verdict],
+        now: u64,
+        logs: &mut Vec<LogEvent>,
+        mut after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
+        mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
+    ) -> usize {
+        let n = packets.len().min(verdicts.len());
+        let counters: &CoreCounters = self.cells.core(core);
+        let mut obs = Counting {
+            counters,
+            names: &self.names,
+            logs,
+        };
+        let mut chains = [u32::MAX; PROBE_BATCH];
+        let mut best = [PROBE_UNKNOWN; PROBE_BATCH];
+        let mut lo = 0;
+        while lo < n {
+            let hi = (lo + PROBE_BATCH).min(n);
+            self.probe(&packets[lo..hi], now, &mut chains, &mut best);
+            // What each evaluation reads first, requested for all packets before the first
+            // one runs: the probed rule (its target) and its counter line.
+            for (&c, &b) in chains.iter().zip(best.iter()).take(hi - lo) {
+                if c == u32::MAX || b >= PROBE_UNKNOWN {
+                    continue;
+                }
+                let body = &self.chains[c as usize].body;
+                if let Some(r) = body.rules.get(b as usize) {
+                    tuple_merge::prefetch(&r.target);
+                }
+                if let Some(&slot) = body.slots.get(b as usize) {
+                    if let Some(line) = counters.lines.get(slot as usize / 4) {
+                        tuple_merge::prefetch(line);
+                    }
+                }
+            }
+            for i in lo..hi {
+                let hint = Hint {
+                    chain: chains[i - lo],
+                    best: best[i - lo],
+                };
+                let p = &mut packets[i];
+                let v = self.evaluate(p, now, &mut obs, hint, &mut after_raw);
+                verdicts[i] = decided(p, v);
+            }
+            lo = hi;
+        }
+        n
+    }
+
+    /// Picks each packet's first base chain with an index worth probing in batches
+    /// (`chains[i]`, `u32::MAX` if its hook has none) and probes that chain's tables for all its packets at once (`best[i]`).
+    fn probe(
+        &self,
+        packets: &[PacketMeta],
+        now: u64,
+        chains: &mut [u32; PROBE_BATCH],
+        best: &mut [u32; PROBE_BATCH],
+    ) {
+        let min_bytes = match self.classifier {
+            Classifier::TupleMerge {
+                batch_min_bytes, ..
+            } => batch_min_bytes,
+            Classifier::Linear => usize::MAX,
+        };
+        let mut memo: Option<((usize, usize), u32)> = None;
+        let mut pending = 0u64;
+        for (i, p) in packets.iter().enumerate().take(PROBE_BATCH) {
+            let fh = (family_index(p.family), p.hook.index());
+            let c = match memo {
+                Some((k, c)) if k == fh => c,
+                _ => {
+                    let c = self.hooks[fh.0][fh.1]
+                        .iter()
+                        .copied()
+                        .find(|&c| {
+                            let body = &self.chains[c as usize].body;
+                            body.index
+                                .as_ref()
+                                .is_some_and(|i| i.bytes() >= min_bytes || i.has_rfc())
+                        })
+                        .unwrap_or(u32::MAX);
+                    memo = Some((fh, c));
+                    c
+                }
+            };
+            chains[i] = c;
+            if c != u32::MAX {
+                pending |= 1 << i;
+            }
+        }
+        let mut which = [0u8; PROBE_BATCH];
+        while pending != 0 {
+            let c = chains[pending.trailing_zeros() as usize];
+            let mut m = 0;
+            let mut rest = pending;
+            while rest != 0 {
+                let j = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                if chains[j] == c {
+                    which[m] = j as u8;
+                    m += 1;
+                    pending &= !(1 << j);
+                }
+            }
+            let body = &*self.chains[c as usize].body;
+            if let Some(idx) = &body.index {
+                idx.probe_batch(&body.rules, packets, &which[..m], now, best);
+            }
+        }
+    }
+}
