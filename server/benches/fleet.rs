@@ -131,9 +131,11 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
     let writer = Etcd::connect(&[etcd.url()]).unwrap();
     // Every node registered (its lease and node key), before the write.
     loop {
-        let (_, kvs) = writer.range_prefix(&keys.nodes(), 0).await.unwrap();
-        if kvs.len() == n {
-            break;
+        // etcd may answer "request timed out" while thousands register on a loaded VM.
+        match writer.range_prefix(&keys.nodes(), 0).await {
+            Ok((_, kvs)) if kvs.len() == n => break,
+            Ok(_) => {}
+            Err(e) => eprintln!("bench: list nodes: {e}; retrying"),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
