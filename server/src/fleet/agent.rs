@@ -506,7 +506,13 @@ impl Agent {
                 self.report(name, r).await
             }
             Err(error) => {
-                self.stats.applies.add(1, &[Attr::new("outcome", "nack")]);
+                // Counted once per fleet revision: a retry that NACKs again is the same NACK.
+                let again = lock(&self.reported)
+                    .get(name)
+                    .is_some_and(|r| r.fleet_revision == rev && r.result == Ack::Nack);
+                if !again {
+                    self.stats.applies.add(1, &[Attr::new("outcome", "nack")]);
+                }
                 lock(&self.nacked).insert(name.to_string(), (kv.clone(), generation));
                 self.report(name, nack(rev, error)).await
             }
