@@ -398,7 +398,7 @@ async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
 
     // vallumctl shows the same, in text and JSON.
     let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+        std::process::Command::new(vallumd::vallumctl())
             .args(["--server", &n2.url()])
             .args(args)
             .env_remove("VALLUM_OUTPUT")
@@ -805,7 +805,7 @@ async fn canary_nack_stops_the_rollout_others_untouched_canary_ack_proceeds() {
         file
     };
     let rollout = |file: &Path, json: bool| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"));
+        let mut cmd = std::process::Command::new(vallumd::vallumctl());
         cmd.args(["--server", &n2.url(), "--timeout", "20s"])
             .args(["fleet", "rollout", "web"])
             .arg(file)

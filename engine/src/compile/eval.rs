@@ -6,8 +6,10 @@
 //!
 //! Runs on the packet cores against a published, immutable snapshot. It takes no lock and
 //! reads no clock (`now` is passed in); per packet it writes only this core's counter block
-//! and the `-m limit` buckets of rules the packet reaches. It allocates nothing, except the
-//! [`LogEvent`] of a `-j LOG` hit and [`Snapshot::trace`]'s steps.
+//! and the `-m limit` buckets of rules the packet reaches. A `-j LOG` hit goes to the caller's
+//! [`LogSink`] (a worker's [`LogRing`](super::LogRing) copies it into a fixed slot; a
+//! `Vec<LogEvent>` allocates an event). Nothing else allocates, except [`Snapshot::trace`]'s
+//! steps.
 
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
@@ -19,6 +21,7 @@ use crate::model::{
 use crate::packet::PacketMeta;
 
 use super::counters::CoreCounters;
+use super::log_ring::{LogHit, LogSink};
 use super::tuple_merge::{PROBE_BATCH, PROBE_UNKNOWN};
 use super::*;
 
@@ -30,9 +33,13 @@ pub(super) trait Observer {
     fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta);
     fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
+    /// Rule `number` of `chain` (index `chain_index` in the snapshot's chains) is a `-j LOG`
+    /// that matched.
+    #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
     fn log(
         &mut self,
         chain: &CChain,
+        chain_index: u32,
         number: u32,
         prefix: &Option<Arc<str>>,
         level: u8,
@@ -64,12 +71,14 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     fn log(
         &mut self,
         chain: &CChain,
+        chain_index: u32,
         number: u32,
         prefix: &Option<Arc<str>>,
         level: u8,
         pkt: &PacketMeta,
     ) {
-        self.inner.log(chain, number, prefix, level, pkt);
+        self.inner
+            .log(chain, chain_index, number, prefix, level, pkt);
     }
     fn outcome(&mut self, what: StepOutcome) {
         self.inner.outcome(what);
@@ -80,33 +89,15 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     }
 }
 
-fn log_event(
-    names: &[Arc<str>],
-    chain: &CChain,
-    number: u32,
-    prefix: &Option<Arc<str>>,
-    level: u8,
-    pkt: &PacketMeta,
-) -> LogEvent {
-    LogEvent {
-        ruleset: names[chain.ruleset as usize].clone(),
-        table: chain.table,
-        chain: chain.name.clone(),
-        rule: number,
-        prefix: prefix.clone(),
-        level,
-        packet: *pkt,
-    }
-}
-
-/// The hot-path observer: bumps this core's counters and collects LOG events.
-struct Counting<'a> {
+/// The hot-path observer: bumps this core's counters and hands LOG hits to `logs`.
+struct Counting<'a, L: ?Sized> {
     counters: &'a CoreCounters,
+    snapshot: u64,
     names: &'a [Arc<str>],
-    logs: &'a mut Vec<LogEvent>,
+    logs: &'a mut L,
 }
 
-impl Observer for Counting<'_> {
+impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
     #[inline]
     fn rule(&mut self, slot: usize, _: &CChain, _: u32, pkt: &PacketMeta) {
         self.counters.bump(slot, u64::from(pkt.len));
@@ -122,13 +113,22 @@ impl Observer for Counting<'_> {
     fn log(
         &mut self,
         chain: &CChain,
+        chain_index: u32,
         number: u32,
         prefix: &Option<Arc<str>>,
         level: u8,
         pkt: &PacketMeta,
     ) {
-        self.logs
-            .push(log_event(self.names, chain, number, prefix, level, pkt));
+        self.logs.log(&LogHit {
+            snapshot: self.snapshot,
+            names: self.names,
+            chain,
+            chain_index,
+            rule: number,
+            prefix,
+            level,
+            packet: pkt,
+        });
     }
 }
 
@@ -195,6 +195,7 @@ pub struct Trace {
 }
 
 pub(super) struct Tracing<'a> {
+    pub(super) snapshot: u64,
     pub(super) names: &'a [Arc<str>],
     pub(super) steps: Vec<TraceStep>,
     pub(super) logs: Vec<LogEvent>,
@@ -231,13 +232,22 @@ impl Observer for Tracing<'_> {
     fn log(
         &mut self,
         chain: &CChain,
+        chain_index: u32,
         number: u32,
         prefix: &Option<Arc<str>>,
         level: u8,
         pkt: &PacketMeta,
     ) {
-        self.logs
-            .push(log_event(self.names, chain, number, prefix, level, pkt));
+        self.logs.log(&LogHit {
+            snapshot: self.snapshot,
+            names: self.names,
+            chain,
+            chain_index,
+            rule: number,
+            prefix,
+            level,
+            packet: pkt,
+        });
     }
     fn outcome(&mut self, what: StepOutcome) {
         if let Some(last) = self.steps.last_mut() {
@@ -587,7 +597,7 @@ impl Snapshot {
                     chain = c.table_base + *t;
                     next = 0;
                 }
-                CTarget::Log(log) => obs.log(c, next, &log.0, log.1, p),
+                CTarget::Log(log) => obs.log(c, chain, next, &log.0, log.1, p),
                 CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
             }
         }
@@ -677,8 +687,9 @@ impl Snapshot {
 
     /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by
     /// `-m limit`), counting every matched rule and applied policy in that core's counters and
-    /// appending LOG events to `logs`. `packet.ct_state` becomes UNTRACKED when a raw-table
-    /// NOTRACK rule matched. Never allocates unless a LOG rule matched.
+    /// handing `-j LOG` hits to `logs` ([`LogSink`]). `packet.ct_state` becomes UNTRACKED when
+    /// a raw-table NOTRACK rule matched. Allocates nothing, unless the sink does
+    /// (`Vec<LogEvent>` does; [`LogRing`](super::LogRing) does not).
     ///
     /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
     #[inline]
@@ -687,7 +698,7 @@ impl Snapshot {
         core: usize,
         packet: &mut PacketMeta,
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
     ) -> Verdict {
         self.classify_split(core, packet, now, logs, |_| None)
     }
@@ -703,12 +714,13 @@ impl Snapshot {
         core: usize,
         packet: &mut PacketMeta,
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Verdict {
         let counters = self.cells.core(core);
         let mut obs = Counting {
             counters,
+            snapshot: self.id,
             names: &self.names,
             logs,
         };
@@ -734,6 +746,7 @@ impl Snapshot {
     ) -> Trace {
         let mut p = *packet;
         let mut obs = Tracing {
+            snapshot: self.id,
             names: &self.names,
             steps: Vec::new(),
             logs: Vec::new(),
@@ -791,7 +804,7 @@ impl Snapshot {
         packets: &mut [PacketMeta],
         verdicts: &mut [Verdict],
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
     ) -> usize {
         self.classify_batch_split(core, packets, verdicts, now, logs, |_| None, |_, v| v)
     }
@@ -809,7 +822,7 @@ impl Snapshot {
         packets: &mut [PacketMeta],
         verdicts: &mut [Verdict],
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
         mut after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
         mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
     ) -> usize {
@@ -817,6 +830,7 @@ impl Snapshot {
         let counters: &CoreCounters = self.cells.core(core);
         let mut obs = Counting {
             counters,
+            snapshot: self.id,
             names: &self.names,
             logs,
         };
