@@ -701,7 +701,9 @@ fn dockerfile_build_commands_build() {
     let meta = String::from_utf8_lossy(&meta.stdout);
     for b in &bins {
         assert!(
-            meta.contains(&format!("\"kind\":[\"bin\"],\"crate_types\":[\"bin\"],\"name\":\"{b}\"")),
+            meta.contains(&format!(
+                "\"kind\":[\"bin\"],\"crate_types\":[\"bin\"],\"name\":\"{b}\""
+            )),
             "no binary target {b} in the workspace"
         );
     }

@@ -345,6 +345,9 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
+    // Built (once per test binary) before any node starts: a build of minutes on a loaded
+    // machine would outlast the nodes' 3 s leases.
+    vallumd::vallumctl();
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
@@ -781,6 +784,9 @@ async fn a_watch_behind_a_compaction_lists_again_and_converges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canary_nack_stops_the_rollout_others_untouched_canary_ack_proceeds() {
+    // Built (once per test binary) before any node starts: a build of minutes on a loaded
+    // machine would outlast the nodes' 3 s leases.
+    vallumd::vallumctl();
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
