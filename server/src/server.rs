@@ -179,18 +179,10 @@ pub async fn run_with(
     };
     let state = State::new(pipeline.clone(), config.source.to_string());
     // Fleet mode: the etcd client connects lazily, so an unreachable etcd never delays start.
-    let fleet =
-        match config.fleet.enabled() {
-            true => {
-                let etcd = crate::fleet::etcd::Etcd::connect(&config.fleet.fleet_endpoints)
-                    .map_err(|e| Error::Startup {
-                        code: "FLEET_ENDPOINT_INVALID",
-                        message: e.to_string(),
-                    })?;
-                Some((etcd, config.fleet.node()?))
-            }
-            false => None,
-        };
+    let fleet = match config.fleet.enabled() {
+        true => Some((config.fleet.etcd()?, config.fleet.node()?)),
+        false => None,
+    };
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter

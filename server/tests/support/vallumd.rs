@@ -24,6 +24,11 @@ impl Vallumd {
     /// Starts vallumd with `--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db DB` and
     /// `extra` flags; waits for the `metrics on ADDR` and `listening on ADDR` lines.
     pub fn start(db: &Path, extra: &[&str]) -> Vallumd {
+        Vallumd::start_env(db, extra, &[])
+    }
+
+    /// As [`Vallumd::start`], with `env` set in vallumd's environment.
+    pub fn start_env(db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vallumd {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vallumd"))
             .args(["--listen", "127.0.0.1:0", "--db"])
             .arg(db)
@@ -31,6 +36,7 @@ impl Vallumd {
             .args(["--metrics-listen", "127.0.0.1:0"])
             .args(extra)
             .env_remove("VALLUM_DB")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
