@@ -63,7 +63,9 @@ fn main() -> ExitCode {
         prog = args.remove(0);
     }
     let v6 = prog.starts_with("ip6tables");
-    let applet = prog.trim_start_matches("ip6tables").trim_start_matches("iptables");
+    let applet = prog
+        .trim_start_matches("ip6tables")
+        .trim_start_matches("iptables");
     let run = match applet {
         "" => command(&prog, v6, args),
         "-save" => save(&prog, v6, args),
@@ -110,9 +112,7 @@ fn ruleset() -> String {
 }
 
 /// Runs `f` with a client on a single-threaded runtime.
-fn with_client<T>(
-    f: impl AsyncFnOnce(&mut Client) -> Result<T, Fail>,
-) -> Result<T, Fail> {
+fn with_client<T>(f: impl AsyncFnOnce(&mut Client) -> Result<T, Fail>) -> Result<T, Fail> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -293,10 +293,18 @@ fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> 
         )),
         _ => {
             let check = short == "-C";
-            let mut words = vec![if check { "-D".to_owned() } else { short.to_owned() }];
+            let mut words = vec![if check {
+                "-D".to_owned()
+            } else {
+                short.to_owned()
+            }];
             words.extend(rest);
             let edit = pb::RuleCommand {
-                family: if v6 { pb::Family::Ipv6 } else { pb::Family::Ipv4 } as i32,
+                family: if v6 {
+                    pb::Family::Ipv6
+                } else {
+                    pb::Family::Ipv4
+                } as i32,
                 table,
                 args: words,
             };
@@ -328,7 +336,10 @@ fn list_rules(table: &str, v6: bool, chain: Option<&str>) -> Result<String, Fail
             "raw" => &["PREROUTING", "OUTPUT"],
             _ => &["INPUT", "FORWARD", "OUTPUT"],
         };
-        builtin.iter().map(|c| format!(":{c} ACCEPT [0:0]")).collect()
+        builtin
+            .iter()
+            .map(|c| format!(":{c} ACCEPT [0:0]"))
+            .collect()
     });
     for l in &lines {
         if let Some(decl) = l.strip_prefix(':') {
@@ -399,8 +410,7 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             "-n" | "--noflush" => noflush = true,
             "-c" | "--counters" => counters = true,
             "-t" | "--test" => test = true,
-            "-w" | "--wait" | "-W" | "--wait-interval" | "-M" | "--modprobe" | "-T"
-            | "--table" => {
+            "-w" | "--wait" | "-W" | "--wait-interval" | "-M" | "--modprobe" | "-T" | "--table" => {
                 it.next();
             }
             "-v" | "--verbose" | "-4" | "-6" => {}
@@ -435,7 +445,11 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
     let source = pb::RulesetSource {
         source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
             content: text,
-            family: if v6 { pb::Family::Ipv6 } else { pb::Family::Ipv4 } as i32,
+            family: if v6 {
+                pb::Family::Ipv6
+            } else {
+                pb::Family::Ipv4
+            } as i32,
             filename: file.unwrap_or_else(|| "<stdin>".to_owned()),
             noflush: true,
             counters,

@@ -120,7 +120,11 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
         1,
         "iptables: Bad rule (does a matching rule exist in that chain?).",
     );
-    fails("-A NOPE -j ACCEPT", 1, "No chain/target/match by that name.");
+    fails(
+        "-A NOPE -j ACCEPT",
+        1,
+        "No chain/target/match by that name.",
+    );
     fails("--bogus-command", 2, "Try `iptables -h'");
     ok("-P FORWARD DROP");
     ok("-R INPUT 2 -p udp --dport 53 -j ACCEPT");
@@ -137,10 +141,18 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
     ok("-F DOCKER");
     ok("-X DOCKER");
     let (_, s, _) = run(&v, "iptables", &["-S", "INPUT"], "");
-    assert_eq!(s, "-P INPUT ACCEPT\n-A INPUT -p udp -m udp --dport 53 -j ACCEPT\n");
+    assert_eq!(
+        s,
+        "-P INPUT ACCEPT\n-A INPUT -p udp -m udp --dport 53 -j ACCEPT\n"
+    );
     // restore --test changes nothing; --noflush adds; a plain restore replaces the filter
     // table only (nat stays).
-    let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\n-A INPUT -j DROP\nCOMMIT\n");
+    let (rc, _, err) = run(
+        &v,
+        "iptables-restore",
+        &["--test"],
+        "*filter\n-A INPUT -j DROP\nCOMMIT\n",
+    );
     assert_eq!(rc, 0, "{err}");
     let (rc, _, err) = run(
         &v,
@@ -174,9 +186,17 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
         ]
     );
     let (_, s, _) = run(&v, "iptables-save", &["-t", "nat"], "");
-    assert!(s.contains("-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"), "{s}");
+    assert!(
+        s.contains("-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"),
+        "{s}"
+    );
     // ip6tables writes the IPv6 side of the same ruleset.
-    let (rc, _, err) = run(&v, "ip6tables", &["-A", "INPUT", "-s", "::1", "-j", "ACCEPT"], "");
+    let (rc, _, err) = run(
+        &v,
+        "ip6tables",
+        &["-A", "INPUT", "-s", "::1", "-j", "ACCEPT"],
+        "",
+    );
     assert_eq!(rc, 0, "{err}");
     let (_, s, _) = run(&v, "ip6tables-save", &[], "");
     assert!(s.contains("-A INPUT -s ::1/128 -j ACCEPT"), "{s}");

@@ -56,7 +56,11 @@ fn edits_source(edits: &[pb::RuleCommand]) -> Result<pb::RulesetSource> {
     for (i, e) in edits.iter().enumerate() {
         let v6 = e.family == pb::Family::Ipv6 as i32;
         let k = usize::from(v6);
-        let table = if e.table.is_empty() { "filter" } else { e.table.as_str() };
+        let table = if e.table.is_empty() {
+            "filter"
+        } else {
+            e.table.as_str()
+        };
         if !TABLES.contains(&table) {
             return Err(Error::invalid(
                 format!("edits[{i}].table"),
