@@ -329,6 +329,7 @@ impl Table {
     /// `probe` with positions remapped when nothing left or joined; `probe` patched
     /// ([`Table::patched`]) when rules left or joined but no position moved.
     #[allow(clippy::too_many_arguments)] // the update's state, passed as it is
+    #[inline] // one caller, `ChainIndex::update`: called, an edit's compile was ~10 us slower
     pub(super) fn updated(
         &self,
         probe: &Probes,
