@@ -56,11 +56,21 @@ fn vallumd(tag: &str) -> Option<Vallumd> {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    Some(Vallumd {
+    let v = Vallumd {
         child,
         url: url.expect("vallumd printed its address"),
         dir,
-    })
+    };
+    // Ready once it stops answering NOT_READY ("still loading its stored state").
+    for _ in 0..600 {
+        let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
+        if rc == 0 {
+            return Some(v);
+        }
+        assert!(err.contains("still loading"), "vallumd not ready: {err}");
+        std::thread::yield_now();
+    }
+    panic!("vallumd never became ready");
 }
 
 /// Runs `vallum-iptables` as `prog` (argv[0]) with `args`, `stdin`; (exit code, stdout, stderr).
@@ -292,4 +302,69 @@ fn same_save_output_as_iptables_legacy() {
         let (_, ours, _) = run(&v, "iptables-save", &["-t", t], "");
         assert_eq!(strip(&ours), strip(want), "table {t}");
     }
+}
+
+/// `EditRuleset` applies its edits as one revision, or none when one fails.
+#[test]
+fn edit_ruleset_is_atomic_and_one_revision() {
+    use vallum_proto::v1 as pb;
+    let Some(v) = vallumd("atomic") else { return };
+    let edit = |args: &str| pb::RuleCommand {
+        family: pb::Family::Ipv4 as i32,
+        table: "filter".into(),
+        args: words(args).into_iter().map(String::from).collect(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut c = pb::ruleset_service_client::RulesetServiceClient::connect(v.url.clone())
+            .await
+            .expect("connect");
+        let req = |edits| pb::EditRulesetRequest {
+            ruleset: "iptables".into(),
+            edits,
+            ..Default::default()
+        };
+        c.edit_ruleset(req(vec![
+            edit("-N A"),
+            edit("-A A -j ACCEPT"),
+            edit("-A INPUT -j A"),
+        ]))
+        .await
+        .expect("three edits");
+        let rs = c
+            .get_ruleset(pb::GetRulesetRequest {
+                name: "rulesets/iptables".into(),
+            })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(rs.latest_revision, 1);
+        // The second edit fails: the first is not applied either.
+        let e = c
+            .edit_ruleset(req(vec![edit("-A INPUT -j DROP"), edit("-D A 5")]))
+            .await
+            .expect_err("rule 5 does not exist");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        let e = c
+            .edit_ruleset(req(vec![edit("-L INPUT")]))
+            .await
+            .expect_err("-L is no edit");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        let rs2 = c
+            .get_ruleset(pb::GetRulesetRequest {
+                name: "rulesets/iptables".into(),
+            })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(rs2.latest_revision, 1);
+    });
+    let (_, s, _) = run(&v, "iptables", &["-S"], "");
+    assert_eq!(
+        s,
+        "-P INPUT ACCEPT\n-P FORWARD ACCEPT\n-P OUTPUT ACCEPT\n-N A\n-A INPUT -j A\n-A A -j ACCEPT\n"
+    );
 }
