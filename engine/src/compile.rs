@@ -87,8 +87,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{
-    AddrTypeLimit, EcnMatch, Family, FragMatch, IdRange, IpNet, Ipv6HeaderMatch, MultiportDir, Neg,
-    Policy, PortRange, RejectWith, RtMatch, Rule, Ruleset, SetDir, TableKind, TtlMatch,
+    AddrTypeLimit, ConnmarkTarget, EcnMatch, Family, FragMatch, IdRange, IpNet, Ipv6HeaderMatch,
+    MarkValue, MultiportDir, Neg, Policy, PortRange, RejectWith, RtMatch, Rule, Ruleset, SetDir,
+    TableKind, TtlMatch,
 };
 use crate::node_addrs::{AddrFacts, NodeAddrs};
 use crate::packet::{IfName, PacketMeta};
@@ -459,6 +460,15 @@ enum CMatch {
         value: u32,
         mask: u32,
     },
+    /// `-m connmark` outside the raw table.
+    Connmark {
+        negated: bool,
+        value: u32,
+        mask: u32,
+    },
+    /// A match that never holds: `-m connmark` in the raw table, where the packet has no
+    /// conntrack entry yet (connmark_mt returns false without one, negated or not).
+    Never,
     Length {
         negated: bool,
         range: PortRange,
@@ -587,6 +597,10 @@ enum CTarget {
     /// `(prefix, level)`, boxed to keep the target (and so every rule) 8 bytes smaller.
     Log(Box<(Option<Arc<str>>, u8)>),
     Notrack,
+    /// `-j MARK`: `mark = (mark & !mask) ^ value`.
+    Mark(MarkValue),
+    /// `-j CONNMARK` outside the raw table (in raw it compiles to `Continue`: no entry yet).
+    Connmark(ConnmarkTarget),
 }
 
 /// Where a chain of a new snapshot came from in its predecessor, for [`Snapshot::reuse`]:

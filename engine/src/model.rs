@@ -473,6 +473,11 @@ pub enum Match {
     Comment(String),
     /// `-m mark --mark VALUE[/MASK]`: `(mark & mask) == value`.
     Mark(Neg<MarkValue>),
+    /// `-m connmark [!] --mark VALUE[/MASK]`: `(ctmark & mask) == value` on the mark of the
+    /// packet's conntrack entry. As connmark_mt, a packet without an entry (INVALID,
+    /// UNTRACKED, or in the raw table, which runs before conntrack) never matches, negated
+    /// or not.
+    Connmark(Neg<MarkValue>),
     /// `-m length --length LO[:HI]`: layer-3 length in bytes.
     Length(Neg<PortRange>),
     /// `-m limit`: token bucket.
@@ -523,6 +528,7 @@ impl Match {
             Match::Set(_) => "set",
             Match::Comment(_) => "comment",
             Match::Mark(_) => "mark",
+            Match::Connmark(_) => "connmark",
             Match::Length(_) => "length",
             Match::Limit(_) => "limit",
             Match::Mac(_) => "mac",
@@ -951,6 +957,15 @@ pub enum Target {
     Notrack,
     /// `-j CT --notrack` (raw table): as NOTRACK. Other CT options are kept in `other`.
     Ct(CtTarget),
+    /// `-j MARK --set-xmark VALUE/MASK` (xt_MARK revision 2): the packet mark becomes
+    /// `(mark & !mask) ^ value`, and the next rule runs. `--set-mark V[/M]` is `V/(V|M)`,
+    /// `--and-mark V` is `0/!V`, `--or-mark V` is `V/V`, `--xor-mark V` is `V/0`, as
+    /// libxt_MARK reads them; iptables-save prints `--set-xmark`.
+    Mark(MarkValue),
+    /// `-j CONNMARK` (xt_CONNMARK revision 1): changes the conntrack entry's mark or the packet
+    /// mark, and the next rule runs. A packet without an entry (INVALID, UNTRACKED, or in the
+    /// raw table) is left as it is, as connmark_tg.
+    Connmark(ConnmarkTarget),
     /// A target extension the engine does not implement, kept verbatim.
     Opaque(Opaque),
 }
@@ -990,6 +1005,35 @@ pub struct LogTarget {
     /// `--log-tcp-sequence`, `--log-tcp-options`, `--log-ip-options`, `--log-uid`,
     /// `--log-macdecode` as written, in iptables' print order.
     pub flags: Vec<String>,
+}
+
+/// What `-j CONNMARK` does (xt_connmark's `XT_CONNMARK_SET`, `_SAVE`, `_RESTORE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConnmarkTarget {
+    /// `--set-xmark VALUE/MASK` (also `--set-mark`, `--and-mark`, `--or-mark`, `--xor-mark`
+    /// as for MARK): `ctmark = (ctmark & !mask) ^ value`.
+    Set(MarkValue),
+    /// `--save-mark --nfmask N --ctmask C`: `ctmark = (ctmark & !C) ^ (mark & N)`.
+    Save {
+        /// Bits of the packet mark copied.
+        nfmask: u32,
+        /// Bits of the connection mark replaced.
+        ctmask: u32,
+    },
+    /// `--restore-mark --nfmask N --ctmask C`: `mark = (mark & !N) ^ (ctmark & C)`.
+    Restore {
+        /// Bits of the packet mark replaced.
+        nfmask: u32,
+        /// Bits of the connection mark copied.
+        ctmask: u32,
+    },
+}
+
+impl MarkValue {
+    /// `(old & !mask) ^ value`: what `--set-xmark VALUE/MASK` makes of `old`.
+    pub fn apply(self, old: u32) -> u32 {
+        (old & !self.mask) ^ self.value
+    }
 }
 
 /// `-j CT` options.

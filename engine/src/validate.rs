@@ -232,6 +232,13 @@ pub enum ViolationKind {
         "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
     )]
     NodeAddrsUnknown(String),
+    /// `-m connmark` or `-j CONNMARK` in the raw table (warning): raw runs before conntrack
+    /// (priority -300 against -200), so the packet has no entry there yet and, as in the
+    /// kernel, the match never matches and the target changes nothing.
+    #[error(
+        "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
+    )]
+    NoConntrackInRaw(&'static str),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]
@@ -672,6 +679,7 @@ impl TableCheck<'_> {
         let enforced = table.kind.is_enforced();
         let reached = |h: Hook| reach & (1 << h.index()) != 0;
         let mut errs: Vec<ViolationKind> = Vec::new();
+        let mut warns: Vec<ViolationKind> = Vec::new();
 
         for i in [&r.in_iface, &r.out_iface].into_iter().flatten() {
             // As the parser: no whitespace, control characters, '/', quotes or backslashes
@@ -784,6 +792,11 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::State(_) | Match::Mark(_) => {}
+                Match::Connmark(_) => {
+                    if table.kind == TableKind::Raw {
+                        warns.push(ViolationKind::NoConntrackInRaw("-m connmark"));
+                    }
+                }
                 Match::Iprange(ir) => {
                     for rg in [ir.src, ir.dst].into_iter().flatten() {
                         let fam_ok = rg.value.lo.is_ipv6() == (family == Family::Ipv6)
@@ -1085,15 +1098,30 @@ impl TableCheck<'_> {
                     });
                 }
             }
+            Target::Connmark(_) => {
+                if table.kind == TableKind::Raw {
+                    warns.push(ViolationKind::NoConntrackInRaw("-j CONNMARK"));
+                }
+            }
             Target::None
             | Target::Accept
             | Target::Drop
             | Target::Return
+            | Target::Mark(_)
             | Target::Jump(_)
             | Target::Goto(_) => {}
         }
         for e in errs {
             self.at_rule(c, ri, r, e);
+        }
+        for w in warns {
+            self.push(
+                Severity::Warning,
+                Some(c),
+                Some(ri as u32 + 1),
+                r.location,
+                w,
+            );
         }
     }
 }

@@ -113,7 +113,14 @@ impl BodyContext<'_> {
     ) -> Result<Vec<CRule>, CompileError> {
         rules
             .map(|rule| {
-                compile_rule(rule, self.chains, self.sets, self.width == 128).map_err(|e| {
+                compile_rule(
+                    rule,
+                    self.chains,
+                    self.sets,
+                    self.width == 128,
+                    self.table == TableKind::Raw,
+                )
+                .map_err(|e| {
                     e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
                 })
             })
@@ -804,6 +811,7 @@ fn compile_rule(
     chains: &HashMap<&str, u32>,
     sets: &dyn SetRegistry,
     v6: bool,
+    raw: bool,
 ) -> Result<CRule, RuleError> {
     let mut matches = Vec::with_capacity(rule.matches.len());
     for m in &rule.matches {
@@ -873,6 +881,13 @@ fn compile_rule(
             }
             Match::Comment(_) => continue,
             Match::Mark(mk) => CMatch::Mark {
+                negated: mk.negated,
+                value: mk.value.value,
+                mask: mk.value.mask,
+            },
+            // The raw table runs before conntrack: no entry to read (validation warns).
+            Match::Connmark(_) if raw => CMatch::Never,
+            Match::Connmark(mk) => CMatch::Connmark {
                 negated: mk.negated,
                 value: mk.value.value,
                 mask: mk.value.mask,
@@ -969,6 +984,10 @@ fn compile_rule(
             l.level.unwrap_or(4),
         ))),
         Target::Notrack => CTarget::Notrack,
+        Target::Mark(m) => CTarget::Mark(*m),
+        // As above: no conntrack entry in the raw table, CONNMARK does nothing there.
+        Target::Connmark(_) if raw => CTarget::Continue,
+        Target::Connmark(c) => CTarget::Connmark(*c),
         Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
         Target::Ct(ct) => {
             let what = ct

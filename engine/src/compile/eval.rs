@@ -180,6 +180,11 @@ pub struct Trace {
     pub steps: Vec<TraceStep>,
     /// LOG events the packet would have produced.
     pub logs: Vec<LogEvent>,
+    /// The packet mark at the end of the evaluation (after `-j MARK`, `-j CONNMARK
+    /// --restore-mark`): what NFQUEUE mode would send back with the verdict.
+    pub mark: u32,
+    /// The conntrack entry's mark at the end (after `-j CONNMARK`); a trace changes no entry.
+    pub ct_mark: u32,
     /// The packet's [`ct_state`] bit at the end of the evaluation: after raw-table NOTRACK
     /// and, in [`Snapshot::trace_split`], after the step between the raw and the other chains
     /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
@@ -281,6 +286,30 @@ fn frag_matches(f: &FragMatch, h: &crate::packet::FragmentHeader) -> bool {
         && !(f.first && off & !0x7 != 0)
         && !(f.more && off & 1 == 0)
         && !(f.last && off & 1 != 0)
+}
+
+/// Whether the packet has a conntrack entry to read or change: not INVALID (none found)
+/// nor UNTRACKED (NOTRACK), as `nf_ct_get` returns NULL for both. With no tracker the
+/// packet's own `ct_state` (NEW by default) says so.
+#[inline]
+fn has_entry(p: &PacketMeta) -> bool {
+    p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0
+}
+
+/// `-j CONNMARK`, as connmark_tg (xt_connmark revision 1): nothing without an entry.
+fn connmark(c: &ConnmarkTarget, p: &mut PacketMeta) {
+    if !has_entry(p) {
+        return;
+    }
+    match *c {
+        ConnmarkTarget::Set(m) => p.ct_mark = m.apply(p.ct_mark),
+        ConnmarkTarget::Save { nfmask, ctmask } => {
+            p.ct_mark = (p.ct_mark & !ctmask) ^ (p.mark & nfmask);
+        }
+        ConnmarkTarget::Restore { nfmask, ctmask } => {
+            p.mark = (p.mark & !nfmask) ^ (p.ct_mark & ctmask);
+        }
+    }
 }
 
 #[inline]
@@ -439,6 +468,12 @@ impl Snapshot {
                 value,
                 mask,
             } => (p.mark & mask == *value) != *negated,
+            CMatch::Connmark {
+                negated,
+                value,
+                mask,
+            } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
+            CMatch::Never => false,
             CMatch::Length { negated, range } => {
                 (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
                     != *negated
@@ -589,6 +624,8 @@ impl Snapshot {
                 }
                 CTarget::Log(log) => obs.log(c, next, &log.0, log.1, p),
                 CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
+                CTarget::Mark(m) => p.mark = m.apply(p.mark),
+                CTarget::Connmark(cm) => connmark(cm, p),
             }
         }
     }
@@ -745,6 +782,8 @@ impl Snapshot {
             verdict,
             steps: obs.steps,
             logs: obs.logs,
+            mark: p.mark,
+            ct_mark: p.ct_mark,
             ct_state: p.ct_state,
             limits_asked: obs.limits_asked,
             hotdropped: obs.hotdropped,

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::model::{
-    AddrTypeLimit, Chain, Counters, Family, IcmpMatch, IdRange, IpNet, Match, MultiportDir, Neg,
-    OpaqueOption, Policy, PortRange, Rule, SetDir, Table, Target, TtlOp,
+    AddrTypeLimit, Chain, ConnmarkTarget, Counters, Family, IcmpMatch, IdRange, IpNet, Match,
+    MultiportDir, Neg, OpaqueOption, Policy, PortRange, Rule, SetDir, Table, Target, TtlOp,
 };
 
 use super::header_matches::IPV6_HEADER_NAMES;
@@ -523,7 +523,7 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             o.push("--comment ");
             write_save_string(o.out, c);
         }
-        Match::Mark(m) => {
+        Match::Mark(m) | Match::Connmark(m) => {
             let v = &m.value;
             if v.mask == u32::MAX {
                 o.push_fmt(format_args!("{}--mark {:#x}", neg(m), v.value));
@@ -706,6 +706,24 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
             }
             opaque_opts(o, &c.other);
         }
+        Target::Mark(m) => {
+            o.push_fmt(format_args!(
+                "-j MARK --set-xmark {:#x}/{:#x}",
+                m.value, m.mask
+            ));
+        }
+        Target::Connmark(c) => match *c {
+            ConnmarkTarget::Set(m) => o.push_fmt(format_args!(
+                "-j CONNMARK --set-xmark {:#x}/{:#x}",
+                m.value, m.mask
+            )),
+            ConnmarkTarget::Save { nfmask, ctmask } => o.push_fmt(format_args!(
+                "-j CONNMARK --save-mark --nfmask {nfmask:#x} --ctmask {ctmask:#x}"
+            )),
+            ConnmarkTarget::Restore { nfmask, ctmask } => o.push_fmt(format_args!(
+                "-j CONNMARK --restore-mark --nfmask {nfmask:#x} --ctmask {ctmask:#x}"
+            )),
+        },
         Target::Opaque(op) => {
             o.push("-j ");
             o.out.push_str(&op.name);

@@ -54,6 +54,11 @@ fn note(target: bool, name: &str) -> &'static str {
             "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
         }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
+        (false, "connmark") => "never matches in raw (no conntrack entry before conntrack runs)",
+        (true, "CONNMARK") => {
+            "`--left-shift-mark`/`--right-shift-mark` are stored only; does nothing in raw (no conntrack entry yet)"
+        }
+        (true, "MARK") => "the mark goes back to the kernel with the NFQUEUE verdict",
         (true, "CT") => "raw table; only `--notrack` is enforced, other options are stored only",
         (true, "REJECT") => "filter table only",
         (true, "NOTRACK") => "raw table only",
@@ -64,7 +69,9 @@ fn note(target: bool, name: &str) -> &'static str {
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    name == "addrtype" || header_matches::is_typed(name, family)
+    name == "addrtype"
+        || header_matches::is_typed(name, family)
+        || super::opaque::TYPED_MATCHES.contains(&name)
 }
 
 fn classify_match(name: &'static str, family: Family) -> Support {
@@ -107,7 +114,9 @@ fn classify_target(name: &'static str, family: Family) -> Support {
     };
     match load(TableKind::Filter).or_else(|| load(TableKind::Raw)) {
         None => Support::Refused,
-        Some(Target::Opaque(_)) => Support::StoredOnly,
+        Some(Target::Opaque(_)) if !super::opaque::TYPED_TARGETS.contains(&name) => {
+            Support::StoredOnly
+        }
         Some(_) => Support::Enforced {
             note: note(true, name),
         },

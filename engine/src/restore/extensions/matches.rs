@@ -253,6 +253,7 @@ pub(crate) fn match_option(
             }),
             _ => return None,
         },
+        Match::Connmark(_) => return None,
         Match::Mark(mk) => match name {
             "--mark" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
@@ -672,10 +673,14 @@ pub(crate) fn finish_match(
             if let Some((n, p)) = wants {
                 needs_proto(proto == Some(n), p)?;
             }
-            super::super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?
+            super::super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?;
+            if let Some(t) = super::super::opaque::typed_match(&o.name, &o.options) {
+                *m = t;
+            }
         }
         // Built from opaque options by `header_matches` (above), checked there.
         Match::Limit(_)
+        | Match::Connmark(_)
         | Match::Ttl(_)
         | Match::Hl(_)
         | Match::Tos(_)

@@ -385,6 +385,9 @@ pub(crate) fn finish_target(
             ));
         }
         super::super::opaque::canonical_target(&o.name, &mut o.options, tok, ctx)?;
+        if let Some(t) = super::super::opaque::typed_target(&o.name, &o.options) {
+            return Ok(t);
+        }
     }
     if let Target::Ct(c) = &mut { pt.t.clone() } {
         // `--zone 0` is the default and iptables-save omits it.
