@@ -14,7 +14,10 @@
 //! (NFQA_HWADDR), its negation and another address do not; (i) raw PREROUTING runs for
 //! INPUT- and FORWARD-queued packets (a Docker-style `-d A ! -i docker0 -j DROP` guard drops ICMP,
 //! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); (j) a ufw-style
-//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up); and `vallumctl dataplane uninstall` leaves no VALLUM
+//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up);
+//! (k) the mark `-j MARK` sets reaches the kernel with the verdict (NFQA_MARK: a rule of
+//! the kernel's security table, after filter INPUT, counts the packet with it); and
+//! `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
@@ -746,6 +749,43 @@ async fn scenario(d: &Vallumd, b: &str) {
         "(j) the established flow carries on after the flush (picked up mid-stream)"
     );
     keeper.join().expect("keeper");
+
+    // (k) the mark the rules leave goes back to the kernel with the verdict (NFQA_MARK): the
+    // kernel's own security table, whose INPUT runs after filter INPUT (where the steering
+    // queued the packet), counts the UDP query only when its skb->mark is 0x5a.
+    apply(d, &mark_rules()).await;
+    let port = UDP_PORT.to_string();
+    let rule = [
+        "-p", "udp", "-m", "udp", "--dport", &port, "-m", "mark", "--mark", "0x5a",
+    ];
+    run(Command::new("iptables")
+        .args(["-w", "-t", "security", "-A", "INPUT"])
+        .args(rule));
+    assert!(
+        in_netns(b, move || (0..3).any(|_| udp_probe(pass))),
+        "(k) the marked udp query is accepted"
+    );
+    let save = run(Command::new("iptables-save").args(["-c", "-t", "security"]));
+    let counted = save
+        .lines()
+        .find(|l| l.contains("--mark 0x5a"))
+        .and_then(|l| l.strip_prefix('['))
+        .and_then(|l| l.split(':').next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(
+        counted.is_some_and(|n| n >= 1),
+        "(k) the kernel saw the mark set by -j MARK:\n{save}"
+    );
+    run(Command::new("iptables").args(["-w", "-t", "security", "-F", "INPUT"]));
+}
+
+/// (k): MARK on the UDP service, and the mark read back by a later rule of the same packet.
+fn mark_rules() -> String {
+    format!(
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p udp -m udp --dport {UDP_PORT} -j MARK --set-mark 0x5a\n\
+         -A INPUT -p udp -m udp --dport {UDP_PORT} -m mark --mark 0x5a -j ACCEPT\nCOMMIT\n"
+    )
 }
 
 /// (j): ufw's shape: established accepted, INVALID dropped, the service port open with no

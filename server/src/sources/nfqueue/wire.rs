@@ -344,6 +344,21 @@ pub fn config_bind(
 /// still waiting whose id is not after `id` (wrap-around aware, `find_dequeue_entries`);
 /// otherwise `NFQNL_MSG_VERDICT` for `id` alone.
 pub fn verdict(out: &mut Vec<u8>, seq: u32, queue: u16, id: u32, verdict: u32, batch: bool) {
+    verdict_mark(out, seq, queue, id, verdict, batch, None);
+}
+
+/// [`verdict`] with `NFQA_MARK` (be32) when `mark` is given: the kernel sets `skb->mark` of
+/// the packet (of every packet the batch covers) to it before it applies the verdict
+/// (`nfqnl_recv_verdict`, `nfqnl_recv_verdict_batch`).
+pub fn verdict_mark(
+    out: &mut Vec<u8>,
+    seq: u32,
+    queue: u16,
+    id: u32,
+    verdict: u32,
+    batch: bool,
+    mark: Option<u32>,
+) {
     let ty = if batch {
         msg::VERDICT_BATCH
     } else {
@@ -355,6 +370,9 @@ pub fn verdict(out: &mut Vec<u8>, seq: u32, queue: u16, id: u32, verdict: u32, b
     h[..4].copy_from_slice(&verdict.to_be_bytes());
     h[4..].copy_from_slice(&id.to_be_bytes());
     put_attr(out, attr::VERDICT_HDR, &h);
+    if let Some(m) = mark {
+        put_attr(out, attr::MARK, &m.to_be_bytes());
+    }
     finish(out, start);
 }
 
@@ -568,6 +586,20 @@ mod tests {
         out.clear();
         verdict(&mut out, 5, 7, 3, NF_DROP, true);
         assert_eq!(out, hex(SENT_BATCH_DROP_ID3_SEQ5));
+        // With a mark: the same message plus NFQA_MARK {len 8, type 3, be32 mark}, the
+        // header's length 8 bytes longer (as libnetfilter_queue's nfq_set_verdict2 builds it).
+        out.clear();
+        verdict_mark(&mut out, 4, 7, 1, NF_ACCEPT, false, Some(0x0084_0001));
+        let plain = hex(SENT_VERDICT_ACCEPT_ID1_SEQ4);
+        assert_eq!(out.len(), plain.len() + 8);
+        assert_eq!(
+            u32::from_ne_bytes(out[..4].try_into().unwrap()) as usize,
+            out.len()
+        );
+        assert_eq!(&out[4..plain.len()], &plain[4..]);
+        assert_eq!(&out[plain.len()..], &[8, 0, 3, 0, 0x00, 0x84, 0x00, 0x01]);
+        out.clear();
+        verdict(&mut out, 5, 7, 3, NF_DROP, true);
         // Appending keeps earlier messages: one datagram, several verdicts.
         verdict(&mut out, 6, 7, 4, NF_ACCEPT, true);
         assert_eq!(out.len(), 64);
