@@ -448,6 +448,8 @@ enum CMatch {
         negated: bool,
         bits: u8,
     },
+    /// `-m conntrack` with tuple or direction options (boxed: bigger than the others).
+    Conntrack(Box<CConntrack>),
     /// Boxed: two address ranges would double the size of every `CMatch`.
     Iprange(Box<IprangeMatch>),
     Set {
@@ -498,6 +500,19 @@ enum CMatch {
     Ipv6Header(Ipv6HeaderMatch),
     /// `-m addrtype` (boxed: it holds a handle).
     AddrType(Box<CAddrType>),
+}
+
+/// A compiled `-m conntrack` with options beyond `--ctstate`, as conntrack_mt (revision 3):
+/// the state test, then (only for a packet with an entry) direction, protocol, the four
+/// addresses and the four ports of the entry's tuples.
+#[derive(Debug, Clone)]
+struct CConntrack {
+    state: Option<(bool, u8)>,
+    reply: Option<bool>,
+    proto: Option<(bool, u8)>,
+    /// Original source, original destination, reply source, reply destination.
+    addrs: [Option<(bool, AddrMatch)>; 4],
+    ports: [Option<(bool, PortRange)>; 4],
 }
 
 /// A compiled `-m addrtype`: `(negated, type bits)` per direction, and the node's addresses

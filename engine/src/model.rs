@@ -828,14 +828,118 @@ pub struct IcmpMatch {
     pub code: (u8, u8),
 }
 
-/// `-m conntrack` options. Only `--ctstate` is enforced by the engine's packet path in issue
-/// #2; the others are parsed and printed, and validation names them when not enforced.
+/// `-m conntrack` options. `--ctstate` is typed; the others are kept in their canonical
+/// text (as iptables-save prints them) in `other`, and [`ConntrackMatch::tuple_conditions`]
+/// reads those the engine enforces ([`CONNTRACK_ENFORCED`]); validation names the rest.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ConntrackMatch {
     /// `--ctstate`: [`ct_state`] bits.
     pub ctstate: Option<Neg<u8>>,
-    /// Every other option, verbatim in written order (name without `--`, negation, value).
+    /// Every other option, in libxt_conntrack's print order (name with `--`, negation, the
+    /// canonical value).
     pub other: Vec<OpaqueOption>,
+}
+
+/// The `-m conntrack` options besides `--ctstate` that the engine enforces: the protocol, the
+/// addresses and ports of the entry's original and reply tuples, and the packet's direction.
+/// `--ctstatus` and `--ctexpire` are stored only.
+pub const CONNTRACK_ENFORCED: [&str; 10] = [
+    "--ctproto",
+    "--ctorigsrc",
+    "--ctorigdst",
+    "--ctreplsrc",
+    "--ctrepldst",
+    "--ctorigsrcport",
+    "--ctorigdstport",
+    "--ctreplsrcport",
+    "--ctrepldstport",
+    "--ctdir",
+];
+
+/// What [`ConntrackMatch::tuple_conditions`] reads: each `Some((negated, value))` when given.
+/// Tuple fields are indexed original source, original destination, reply source, reply
+/// destination.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtTupleConditions {
+    /// `--ctproto N`.
+    pub proto: Option<(bool, u8)>,
+    /// `--ctorigsrc`, `--ctorigdst`, `--ctreplsrc`, `--ctrepldst` (address and mask).
+    pub addrs: [Option<(bool, IpNet)>; 4],
+    /// `--ctorigsrcport`, `--ctorigdstport`, `--ctreplsrcport`, `--ctrepldstport`.
+    pub ports: [Option<(bool, PortRange)>; 4],
+    /// `--ctdir ORIGINAL` (`Some(false)`) or `REPLY` (`Some(true)`).
+    pub reply: Option<bool>,
+}
+
+impl ConntrackMatch {
+    /// The enforced options of `other` read into conditions; `Err(name)` for the first
+    /// option that is not enforced or whose value is not in the canonical form the parser
+    /// writes (structured input), naming it.
+    pub fn tuple_conditions(&self, family: Family) -> Result<CtTupleConditions, String> {
+        let mut c = CtTupleConditions::default();
+        for o in &self.other {
+            let bad = || format!("conntrack {}", o.name);
+            let [arg] = o.args.as_slice() else {
+                return Err(bad());
+            };
+            let i = CONNTRACK_ENFORCED
+                .iter()
+                .position(|n| *n == o.name)
+                .ok_or_else(bad)?;
+            match i {
+                0 => c.proto = Some((o.negated, arg.parse().map_err(|_| bad())?)),
+                1..=4 => {
+                    let net = read_net(arg, family).ok_or_else(bad)?;
+                    c.addrs[i - 1] = Some((o.negated, net));
+                }
+                5..=8 => {
+                    let (lo, hi) = arg.split_once(':').unwrap_or((arg, arg));
+                    let (lo, hi) = (
+                        lo.parse().map_err(|_| bad())?,
+                        hi.parse().map_err(|_| bad())?,
+                    );
+                    if lo > hi {
+                        return Err(bad());
+                    }
+                    c.ports[i - 5] = Some((o.negated, PortRange { lo, hi }));
+                }
+                _ => {
+                    c.reply = Some(match arg.as_str() {
+                        "ORIGINAL" if !o.negated => false,
+                        "REPLY" if !o.negated => true,
+                        _ => return Err(bad()),
+                    });
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// `ADDR`, `ADDR/LEN` or `ADDR/MASK` of `family`, with no bits outside the mask.
+fn read_net(s: &str, family: Family) -> Option<IpNet> {
+    let (a, m) = s.split_once('/').unwrap_or((s, ""));
+    let addr: IpAddr = a.parse().ok()?;
+    if addr.is_ipv6() != (family == Family::Ipv6) {
+        return None;
+    }
+    let full = if addr.is_ipv6() { 128 } else { 32 };
+    let net = if m.is_empty() {
+        IpNet::new(addr, full)?
+    } else if let Ok(len) = m.parse::<u8>() {
+        IpNet::new(addr, len)?
+    } else {
+        let mask: IpAddr = m.parse().ok()?;
+        if mask.is_ipv6() != addr.is_ipv6() {
+            return None;
+        }
+        IpNet { addr, mask }
+    };
+    let bits = |ip: IpAddr| match ip {
+        IpAddr::V4(x) => u128::from(u32::from(x)),
+        IpAddr::V6(x) => u128::from(x),
+    };
+    (bits(net.addr) & !bits(net.mask) == 0).then_some(net)
 }
 
 /// `-m iprange`.

@@ -783,11 +783,17 @@ impl TableCheck<'_> {
                 Match::Conntrack(ct) => {
                     if enforced {
                         for o in &ct.other {
-                            errs.push(ViolationKind::Unsupported {
-                                what: "match",
-                                name: format!("conntrack {}", o.name),
-                                table: table.kind,
-                            });
+                            let one = crate::model::ConntrackMatch {
+                                ctstate: None,
+                                other: vec![o.clone()],
+                            };
+                            if let Err(name) = one.tuple_conditions(family) {
+                                errs.push(ViolationKind::Unsupported {
+                                    what: "match",
+                                    name,
+                                    table: table.kind,
+                                });
+                            }
                         }
                     }
                 }

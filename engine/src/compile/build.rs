@@ -846,18 +846,28 @@ fn compile_rule(
                 icmp_type: i.icmp_type,
                 code: i.code,
             },
-            Match::Conntrack(ct) => {
-                if let Some(o) = ct.other.first() {
-                    return Err(RuleError::Unsupported(format!("conntrack {}", o.name)));
-                }
-                match ct.ctstate {
-                    Some(s) => CMatch::CtState {
-                        negated: s.negated,
-                        bits: s.value,
-                    },
-                    None => continue,
-                }
+            Match::Conntrack(ct) if !ct.other.is_empty() => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                let c = ct
+                    .tuple_conditions(family)
+                    .map_err(RuleError::Unsupported)?;
+                let net =
+                    |n: &crate::model::IpNet| AddrMatch::new(addr_bits(n.addr), addr_bits(n.mask));
+                CMatch::Conntrack(Box::new(CConntrack {
+                    state: ct.ctstate.map(|s| (s.negated, s.value)),
+                    reply: c.reply,
+                    proto: c.proto,
+                    addrs: c.addrs.map(|a| a.map(|(neg, n)| (neg, net(&n)))),
+                    ports: c.ports,
+                }))
             }
+            Match::Conntrack(ct) => match ct.ctstate {
+                Some(s) => CMatch::CtState {
+                    negated: s.negated,
+                    bits: s.value,
+                },
+                None => continue,
+            },
             Match::State(s) => CMatch::CtState {
                 negated: s.negated,
                 bits: s.value,

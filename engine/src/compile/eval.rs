@@ -296,6 +296,52 @@ fn has_entry(p: &PacketMeta) -> bool {
     p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0
 }
 
+/// `--ctstate`, as conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
+/// INVALID (no entry) or UNTRACKED packet has no status bits to read.
+#[inline]
+fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta) -> bool {
+    let nat = if has_entry(p) { p.ct_nat } else { 0 };
+    ((p.ct_state | nat) & bits != 0) != negated
+}
+
+/// `-m conntrack` with tuple options, as conntrack_mt: the state first; without an entry the
+/// match holds only if a state was asked (and held); then the direction, the protocol, and
+/// the tuples of the entry. The engine's tracker sees packets as the kernel hands them over
+/// (after the kernel's NAT, if any), so its original tuple is the packet's own addresses and
+/// ports in the original direction and their swap in the reply direction, and the reply tuple
+/// the swap of the original.
+fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
+    if let Some((neg, bits)) = c.state {
+        if !ct_state_matches(neg, bits, p) {
+            return false;
+        }
+    }
+    if !has_entry(p) {
+        return c.state.is_some();
+    }
+    if c.reply.is_some_and(|r| r != p.ct_reply) {
+        return false;
+    }
+    if c.proto.is_some_and(|(neg, n)| (p.protocol == n) == neg) {
+        return false;
+    }
+    let (os, od, osp, odp) = if p.ct_reply {
+        (p.dst, p.src, p.dport, p.sport)
+    } else {
+        (p.src, p.dst, p.sport, p.dport)
+    };
+    let addrs = [os, od, od, os];
+    let ports = [osp, odp, odp, osp];
+    c.addrs
+        .iter()
+        .zip(addrs)
+        .all(|(m, a)| m.is_none_or(|(neg, net)| net.matches(addr_bits(a)) != neg))
+        && c.ports
+            .iter()
+            .zip(ports)
+            .all(|(m, port)| m.is_none_or(|(neg, r)| r.contains(port) != neg))
+}
+
 /// `-j CONNMARK`, as connmark_tg (xt_connmark revision 1): nothing without an entry.
 fn connmark(c: &ConnmarkTarget, p: &mut PacketMeta) {
     if !has_entry(p) {
@@ -444,16 +490,8 @@ impl Snapshot {
                 };
                 hit != *negated
             }
-            CMatch::CtState { negated, bits } => {
-                // As conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
-                // INVALID (no entry) or UNTRACKED packet has no status bits to read.
-                let nat = if p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0 {
-                    p.ct_nat
-                } else {
-                    0
-                };
-                ((p.ct_state | nat) & bits != 0) != *negated
-            }
+            CMatch::CtState { negated, bits } => ct_state_matches(*negated, *bits, p),
+            CMatch::Conntrack(c) => conntrack_matches(c, p),
             CMatch::Iprange(r) => {
                 let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {

@@ -47,7 +47,9 @@ pub struct SupportRow {
 /// raw): the conntrack, set, rt and CT options the engine does not run.
 fn note(target: bool, name: &str) -> &'static str {
     match (target, name) {
-        (false, "conntrack") => "only `--ctstate` is enforced; other options are stored only",
+        (false, "conntrack") => {
+            "`--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT (a DNATed packet's `--ctorigdst` is the translated address)"
+        }
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
         (false, "addrtype") => {
