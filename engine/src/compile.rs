@@ -199,7 +199,15 @@ impl Verdict {
     }
 }
 
-/// A `-j LOG` hit, handed to the caller of [`Snapshot::classify`].
+/// What a `-j LOG` / `-j NFLOG` rule reports.
+#[derive(Debug, Clone)]
+struct LogSpec {
+    prefix: Option<Arc<str>>,
+    level: u8,
+    nflog_group: Option<u16>,
+}
+
+/// A `-j LOG` or `-j NFLOG` hit, handed to the caller of [`Snapshot::classify`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEvent {
     /// Ruleset name.
@@ -212,8 +220,11 @@ pub struct LogEvent {
     pub rule: u32,
     /// `--log-prefix`, if set.
     pub prefix: Option<Arc<str>>,
-    /// `--log-level` (syslog 0..=7, default 4 = warning as xt_LOG).
+    /// `--log-level` (syslog 0..=7, default 4 = warning as xt_LOG; 4 for NFLOG).
     pub level: u8,
+    /// `Some(--nflog-group)` (0 when not written, as xt_NFLOG) for an NFLOG hit, `None` for
+    /// LOG.
+    pub nflog_group: Option<u16>,
     /// The packet as it was when the rule matched.
     pub packet: PacketMeta,
 }
@@ -609,8 +620,8 @@ enum CTarget {
     Return,
     Jump(u32),
     Goto(u32),
-    /// `(prefix, level)`, boxed to keep the target (and so every rule) 8 bytes smaller.
-    Log(Box<(Option<Arc<str>>, u8)>),
+    /// `-j LOG` and `-j NFLOG`, boxed to keep the target (and so every rule) 8 bytes smaller.
+    Log(Box<LogSpec>),
     Notrack,
     /// `-j MARK`: `mark = (mark & !mask) ^ value`.
     Mark(MarkValue),

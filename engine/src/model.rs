@@ -1057,6 +1057,10 @@ pub enum Target {
     Goto(String),
     /// `-j LOG`: emit a log event and continue with the next rule.
     Log(LogTarget),
+    /// `-j NFLOG`: emit a log event for netlink log group `group` (xt_NFLOG) and continue;
+    /// the engine hands it to its caller as it hands LOG events ([`crate::compile::LogEvent`]
+    /// with `nflog_group`).
+    Nflog(NflogTarget),
     /// `-j NOTRACK` (raw table): mark the packet untracked and continue.
     Notrack,
     /// `-j CT --notrack` (raw table): as NOTRACK. Other CT options are kept in `other`.
@@ -1138,6 +1142,22 @@ impl MarkValue {
     pub fn apply(self, old: u32) -> u32 {
         (old & !self.mask) ^ self.value
     }
+}
+
+/// `-j NFLOG` options (xt_nflog_info), as iptables-save prints them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NflogTarget {
+    /// `--nflog-group` (0-65535; 0, the default, is not printed).
+    pub group: u16,
+    /// `--nflog-prefix` (at most 63 bytes).
+    pub prefix: Option<String>,
+    /// `--nflog-range N` (0, the default, is not printed; superseded by `--nflog-size`).
+    pub range: u32,
+    /// `--nflog-size N`: bytes of the packet copied to the log (XT_NFLOG_F_COPY_LEN).
+    pub size: Option<u32>,
+    /// `--nflog-threshold` (packets queued in the kernel before a send; 0, the default, is
+    /// not printed).
+    pub threshold: u16,
 }
 
 /// `-j CT` options.

@@ -116,6 +116,15 @@ pub enum ParseWarningKind {
         /// What is kept.
         kept: String,
     },
+    /// `--nflog-prefix` longer than the kernel's 63 bytes (`xt_nflog_info.prefix[64]`): as
+    /// iptables-legacy, the first 63 bytes are kept (cut back to a character boundary).
+    #[error("--nflog-prefix is {len} bytes; the kernel keeps the first 63: {kept:?}")]
+    NflogPrefixTruncated {
+        /// The prefix's length as written, in bytes.
+        len: usize,
+        /// What is kept.
+        kept: String,
+    },
 }
 
 /// A parsed ruleset with the warnings of its text ([`parse_ruleset_warned`]).

@@ -232,6 +232,13 @@ pub enum ViolationKind {
         "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
     )]
     NodeAddrsUnknown(String),
+    /// `-j NFLOG` (warning): its events are counted and handed to the engine's caller like
+    /// LOG events, and vallumd has no consumer for either yet: nothing reaches the nflog
+    /// group.
+    #[error(
+        "-j NFLOG --nflog-group {0}: the rule counts and its events are kept like LOG events, but vallumd has no consumer for them yet: nothing is sent to nflog group {0}"
+    )]
+    NflogNoConsumer(u16),
     /// `-m connmark` or `-j CONNMARK` in the raw table (warning): raw runs before conntrack
     /// (priority -300 against -200), so the packet has no entry there yet and, as in the
     /// kernel, the match never matches and the target changes nothing.
@@ -1102,6 +1109,21 @@ impl TableCheck<'_> {
                         value: level.to_string(),
                         reason: "syslog levels are 0 to 7",
                     });
+                }
+            }
+            Target::Nflog(n) => {
+                if n.prefix
+                    .as_ref()
+                    .is_some_and(|p| p.len() > 63 || p.chars().any(char::is_control))
+                {
+                    errs.push(ViolationKind::TooLong {
+                        what: "nflog prefix",
+                        value: n.prefix.clone().unwrap_or_default(),
+                        max: 63,
+                    });
+                }
+                if enforced {
+                    warns.push(ViolationKind::NflogNoConsumer(n.group));
                 }
             }
             Target::Connmark(_) => {

@@ -989,10 +989,16 @@ fn compile_rule(
         Target::Reject(w) => CTarget::Reject(*w),
         Target::Jump(c) => CTarget::Jump(resolve(c)?),
         Target::Goto(c) => CTarget::Goto(resolve(c)?),
-        Target::Log(l) => CTarget::Log(Box::new((
-            l.prefix.as_deref().map(Arc::from),
-            l.level.unwrap_or(4),
-        ))),
+        Target::Log(l) => CTarget::Log(Box::new(LogSpec {
+            prefix: l.prefix.as_deref().map(Arc::from),
+            level: l.level.unwrap_or(4),
+            nflog_group: None,
+        })),
+        Target::Nflog(n) => CTarget::Log(Box::new(LogSpec {
+            prefix: n.prefix.as_deref().map(Arc::from),
+            level: 4,
+            nflog_group: Some(n.group),
+        })),
         Target::Notrack => CTarget::Notrack,
         Target::Mark(m) => CTarget::Mark(*m),
         // As above: no conntrack entry in the raw table, CONNMARK does nothing there.

@@ -30,14 +30,7 @@ pub(super) trait Observer {
     fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta);
     fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
-    fn log(
-        &mut self,
-        chain: &CChain,
-        number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
-        pkt: &PacketMeta,
-    );
+    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta);
     fn outcome(&mut self, _what: StepOutcome) {}
     /// A match found the transport-header bytes it reads missing ([`PacketMeta::l4_cut`]):
     /// the packet is dropped on the spot (the kernel's `par->hotdrop`).
@@ -61,15 +54,8 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         self.inner.limit(bucket, now)
     }
-    fn log(
-        &mut self,
-        chain: &CChain,
-        number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
-        pkt: &PacketMeta,
-    ) {
-        self.inner.log(chain, number, prefix, level, pkt);
+    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta) {
+        self.inner.log(chain, number, log, pkt);
     }
     fn outcome(&mut self, what: StepOutcome) {
         self.inner.outcome(what);
@@ -84,8 +70,7 @@ fn log_event(
     names: &[Arc<str>],
     chain: &CChain,
     number: u32,
-    prefix: &Option<Arc<str>>,
-    level: u8,
+    log: &LogSpec,
     pkt: &PacketMeta,
 ) -> LogEvent {
     LogEvent {
@@ -93,8 +78,9 @@ fn log_event(
         table: chain.table,
         chain: chain.name.clone(),
         rule: number,
-        prefix: prefix.clone(),
-        level,
+        prefix: log.prefix.clone(),
+        level: log.level,
+        nflog_group: log.nflog_group,
         packet: *pkt,
     }
 }
@@ -119,16 +105,9 @@ impl Observer for Counting<'_> {
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         bucket.conforms(now)
     }
-    fn log(
-        &mut self,
-        chain: &CChain,
-        number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
-        pkt: &PacketMeta,
-    ) {
+    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta) {
         self.logs
-            .push(log_event(self.names, chain, number, prefix, level, pkt));
+            .push(log_event(self.names, chain, number, log, pkt));
     }
 }
 
@@ -233,16 +212,9 @@ impl Observer for Tracing<'_> {
         self.limits_asked += 1;
         bucket.would_conform(now)
     }
-    fn log(
-        &mut self,
-        chain: &CChain,
-        number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
-        pkt: &PacketMeta,
-    ) {
+    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta) {
         self.logs
-            .push(log_event(self.names, chain, number, prefix, level, pkt));
+            .push(log_event(self.names, chain, number, log, pkt));
     }
     fn outcome(&mut self, what: StepOutcome) {
         if let Some(last) = self.steps.last_mut() {
@@ -660,7 +632,7 @@ impl Snapshot {
                     chain = c.table_base + *t;
                     next = 0;
                 }
-                CTarget::Log(log) => obs.log(c, next, &log.0, log.1, p),
+                CTarget::Log(log) => obs.log(c, next, log, p),
                 CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
                 CTarget::Mark(m) => p.mark = m.apply(p.mark),
                 CTarget::Connmark(cm) => connmark(cm, p),

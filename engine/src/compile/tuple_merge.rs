@@ -1337,15 +1337,7 @@ impl Observer for Silent {
     fn limit(&mut self, _: &super::TokenBucket, _: u64) -> bool {
         false
     }
-    fn log(
-        &mut self,
-        _: &super::CChain,
-        _: u32,
-        _: &Option<std::sync::Arc<str>>,
-        _: u8,
-        _: &PacketMeta,
-    ) {
-    }
+    fn log(&mut self, _: &super::CChain, _: u32, _: &super::LogSpec, _: &PacketMeta) {}
 }
 
 impl ChainIndex {

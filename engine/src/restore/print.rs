@@ -698,6 +698,29 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
                 o.push(f);
             }
         }
+        Target::Nflog(n) => {
+            // libxt_NFLOG's nflog_print order.
+            o.push("-j NFLOG");
+            if let Some(p) = &n.prefix {
+                o.push("--nflog-prefix ");
+                write_save_string(o.out, p);
+            }
+            if n.group != 0 {
+                o.push("--nflog-group ");
+                write_uint(o.out, n.group);
+            }
+            if let Some(size) = n.size {
+                o.push("--nflog-size ");
+                write_uint(o.out, size);
+            } else if n.range != 0 {
+                o.push("--nflog-range ");
+                write_uint(o.out, n.range);
+            }
+            if n.threshold != 0 {
+                o.push("--nflog-threshold ");
+                write_uint(o.out, n.threshold);
+            }
+        }
         Target::Notrack => o.push("-j NOTRACK"),
         Target::Ct(c) => {
             o.push("-j CT");

@@ -60,6 +60,9 @@ fn note(target: bool, name: &str) -> &'static str {
         (true, "CONNMARK") => {
             "`--left-shift-mark`/`--right-shift-mark` are stored only; does nothing in raw (no conntrack entry yet)"
         }
+        (true, "NFLOG") => {
+            "counted, events handed to the caller like LOG events (vallumd has no consumer yet: validation warns)"
+        }
         (true, "MARK") => "the mark goes back to the kernel with the NFQUEUE verdict",
         (true, "CT") => "raw table; only `--notrack` is enforced, other options are stored only",
         (true, "REJECT") => "filter table only",
