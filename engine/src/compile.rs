@@ -86,6 +86,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::model::OwnerMatch;
 use crate::model::{
     AddrTypeLimit, ConnmarkTarget, EcnMatch, Family, FragMatch, IdRange, IpNet, Ipv6HeaderMatch,
     MarkValue, MultiportDir, Neg, Policy, PortRange, RejectWith, RtMatch, Rule, Ruleset, SetDir,
@@ -479,6 +480,8 @@ enum CMatch {
         value: u32,
         mask: u32,
     },
+    /// `-m owner`.
+    Owner(OwnerMatch),
     /// A match that never holds: `-m connmark` in the raw table, where the packet has no
     /// conntrack entry yet (connmark_mt returns false without one, negated or not).
     Never,

@@ -473,6 +473,8 @@ pub enum Match {
     Comment(String),
     /// `-m mark --mark VALUE[/MASK]`: `(mark & mask) == value`.
     Mark(Neg<MarkValue>),
+    /// `-m owner` (OUTPUT and POSTROUTING): the local socket that sent the packet.
+    Owner(OwnerMatch),
     /// `-m connmark [!] --mark VALUE[/MASK]`: `(ctmark & mask) == value` on the mark of the
     /// packet's conntrack entry. As connmark_mt, a packet without an entry (INVALID,
     /// UNTRACKED, or in the raw table, which runs before conntrack) never matches, negated
@@ -529,6 +531,7 @@ impl Match {
             Match::Comment(_) => "comment",
             Match::Mark(_) => "mark",
             Match::Connmark(_) => "connmark",
+            Match::Owner(_) => "owner",
             Match::Length(_) => "length",
             Match::Limit(_) => "limit",
             Match::Mac(_) => "mac",
@@ -656,6 +659,23 @@ pub struct Ipv6HeaderMatch {
     /// `--soft`: the listed headers are present (or, negated, absent), others may be too;
     /// without it the packet's set of headers equals the list (or, negated, differs).
     pub soft: bool,
+}
+
+/// `-m owner` (xt_owner revision 1), as owner_mt: a packet without a socket (forwarded, or
+/// sent by the kernel itself) matches only when every given option is negated; with one,
+/// `! --socket-exists` fails and the uid / gid (the socket's file's fsuid / fsgid, as
+/// NFQUEUE's NFQA_UID / NFQA_GID give them) must be in (or, negated, out of) the ranges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OwnerMatch {
+    /// `[!] --socket-exists`: `Some(negated)`.
+    pub socket: Option<bool>,
+    /// `[!] --uid-owner LO[-HI]`.
+    pub uid: Option<Neg<IdRange>>,
+    /// `[!] --gid-owner LO[-HI]`.
+    pub gid: Option<Neg<IdRange>>,
+    /// `--suppl-groups`: the gid test also looks at the supplementary groups (stored only:
+    /// NFQUEUE does not send them).
+    pub suppl_groups: bool,
 }
 
 /// `-m addrtype` (xt_addrtype revision 1).

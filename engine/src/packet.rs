@@ -103,6 +103,10 @@ pub struct PacketMeta {
     /// `-j MARK` and `-j CONNMARK --restore-mark` as the rules run; what it is after the
     /// evaluation goes back to the kernel with the verdict (NFQUEUE mode).
     pub mark: u32,
+    /// The uid and gid of the local socket that sent the packet (its file's fsuid / fsgid),
+    /// `None` when it has none (forwarded, sent by the kernel): NFQUEUE's NFQA_UID / NFQA_GID,
+    /// which the kernel sends only for a full socket with a file. `-m owner` reads it.
+    pub owner: Option<(u32, u32)>,
     /// The mark of the packet's conntrack entry (ct->mark, `-m connmark`), as the engine's
     /// tracker holds it: set when the tracker finds the entry (0 for a new one), changed by
     /// `-j CONNMARK --set-xmark/--save-mark`, and written back to the entry after the verdict
@@ -164,6 +168,7 @@ impl Default for PacketMeta {
             mark: 0,
             ct_mark: 0,
             ct_reply: false,
+            owner: None,
             ct_state: ct_state::NEW,
             ct_nat: 0,
             l4_cut: None,

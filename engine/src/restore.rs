@@ -21,6 +21,7 @@ mod extensions;
 mod header_matches;
 mod lexer;
 mod opaque;
+mod owner;
 mod print;
 mod rule;
 mod support;

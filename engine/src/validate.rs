@@ -737,6 +737,7 @@ impl TableCheck<'_> {
         }
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
         let mut mac_used = false;
+        let mut owner_used = false;
         for m in &r.matches {
             let needs = |ext: &'static str, protos: &[u8], pname: &'static str| {
                 (!proto.is_some_and(|p| protos.contains(&p)))
@@ -805,6 +806,17 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::State(_) | Match::Mark(_) => {}
+                Match::Owner(w) => {
+                    owner_used = true;
+                    if enforced && w.suppl_groups {
+                        errs.push(ViolationKind::Unsupported {
+                            what: "match",
+                            name: "owner --suppl-groups (NFQUEUE sends no supplementary groups)"
+                                .into(),
+                            table: table.kind,
+                        });
+                    }
+                }
                 Match::Connmark(_) => {
                     if table.kind == TableKind::Raw {
                         warns.push(ViolationKind::NoConntrackInRaw("-m connmark"));
@@ -1014,6 +1026,17 @@ impl TableCheck<'_> {
                             table: table.kind,
                         });
                     }
+                }
+            }
+        }
+        if owner_used {
+            // As xt_owner's hooks: only locally generated packets have a socket.
+            for h in [Hook::Prerouting, Hook::Input, Hook::Forward] {
+                if reached(h) {
+                    errs.push(ViolationKind::WrongHook {
+                        what: "-m owner",
+                        hook: h,
+                    });
                 }
             }
         }

@@ -16,7 +16,8 @@
 //! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); (j) a ufw-style
 //! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up);
 //! (k) the mark `-j MARK` sets reaches the kernel with the verdict (NFQA_MARK: a rule of
-//! the kernel's security table, after filter INPUT, counts the packet with it); and
+//! the kernel's security table, after filter INPUT, counts the packet with it); (l) `-m
+//! owner --uid-owner` in OUTPUT sees the uid of the socket that answers (NFQA_UID); and
 //! `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
@@ -777,6 +778,29 @@ async fn scenario(d: &Vallumd, b: &str) {
         "(k) the kernel saw the mark set by -j MARK:\n{save}"
     );
     run(Command::new("iptables").args(["-w", "-t", "security", "-F", "INPUT"]));
+
+    // (l) `-m owner` in OUTPUT reads the sending socket's uid (NFQA_UID, asked for with
+    // NFQA_CFG_F_UID_GID): the echo server runs as root, so its answer passes an allow-list
+    // of uid 0 and is dropped by one of another uid.
+    apply(d, &owner_rules(0)).await;
+    assert!(
+        in_netns(b, move || (0..3).any(|_| udp_probe(pass))),
+        "(l) the answer of root's socket passes --uid-owner 0"
+    );
+    apply(d, &owner_rules(4242)).await;
+    assert!(
+        !in_netns(b, move || udp_probe(block)),
+        "(l) the answer of root's socket is dropped by an allow-list of uid 4242"
+    );
+}
+
+/// (l): only `uid`'s sockets may answer from the UDP service.
+fn owner_rules(uid: u32) -> String {
+    format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A OUTPUT -p udp -m udp --sport {UDP_PORT} -m owner --uid-owner {uid} -j ACCEPT\n\
+         -A OUTPUT -p udp -m udp --sport {UDP_PORT} -j DROP\nCOMMIT\n"
+    )
 }
 
 /// (k): MARK on the UDP service, and the mark read back by a later rule of the same packet.

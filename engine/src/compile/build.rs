@@ -895,6 +895,10 @@ fn compile_rule(
                 value: mk.value.value,
                 mask: mk.value.mask,
             },
+            Match::Owner(w) if w.suppl_groups => {
+                return Err(RuleError::Unsupported("owner --suppl-groups".into()));
+            }
+            Match::Owner(w) => CMatch::Owner(*w),
             // The raw table runs before conntrack: no entry to read (validation warns).
             Match::Connmark(_) if raw => CMatch::Never,
             Match::Connmark(mk) => CMatch::Connmark {

@@ -314,6 +314,21 @@ fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
             .all(|(m, port)| m.is_none_or(|(neg, r)| r.contains(port) != neg))
 }
 
+/// `-m owner`, as owner_mt (see [`crate::model::OwnerMatch`]).
+fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
+    let Some((uid, gid)) = p.owner else {
+        // No socket: true only when every given option is negated.
+        return w.socket.is_none_or(|n| n)
+            && w.uid.is_none_or(|v| v.negated)
+            && w.gid.is_none_or(|v| v.negated);
+    };
+    if w.socket == Some(true) {
+        return false;
+    }
+    w.uid.is_none_or(|v| v.value.contains(uid) != v.negated)
+        && w.gid.is_none_or(|v| v.value.contains(gid) != v.negated)
+}
+
 /// `-j CONNMARK`, as connmark_tg (xt_connmark revision 1): nothing without an entry.
 fn connmark(c: &ConnmarkTarget, p: &mut PacketMeta) {
     if !has_entry(p) {
@@ -484,6 +499,7 @@ impl Snapshot {
                 mask,
             } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
             CMatch::Never => false,
+            CMatch::Owner(w) => owner_matches(w, p),
             CMatch::Length { negated, range } => {
                 (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
                     != *negated

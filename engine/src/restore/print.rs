@@ -564,6 +564,25 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             ));
         }
         Match::Opaque(op) => opaque_opts(o, &op.options),
+        Match::Owner(w) => {
+            // owner_mt_save's order.
+            if let Some(neg) = w.socket {
+                o.opt(neg, "--socket-exists");
+            }
+            for (v, name) in [(w.uid, "--uid-owner "), (w.gid, "--gid-owner ")] {
+                if let Some(v) = v {
+                    o.opt(v.negated, name);
+                    write_uint(o.out, v.value.lo);
+                    if v.value.hi != v.value.lo {
+                        o.out.push('-');
+                        write_uint(o.out, v.value.hi);
+                    }
+                }
+            }
+            if w.suppl_groups {
+                o.push("--suppl-groups");
+            }
+        }
         Match::Ttl(t) | Match::Hl(t) => {
             let ext = m.extension();
             let (neg, k) = match t.op {

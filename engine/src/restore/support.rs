@@ -60,6 +60,9 @@ fn note(target: bool, name: &str) -> &'static str {
         (true, "CONNMARK") => {
             "`--left-shift-mark`/`--right-shift-mark` are stored only; does nothing in raw (no conntrack entry yet)"
         }
+        (false, "owner") => {
+            "OUTPUT/POSTROUTING; uid/gid from NFQUEUE's NFQA_UID/NFQA_GID; numeric ids only; `--suppl-groups` stored only"
+        }
         (true, "NFLOG") => {
             "counted, events handed to the caller like LOG events (vallumd has no consumer yet: validation warns)"
         }
@@ -75,6 +78,7 @@ fn note(target: bool, name: &str) -> &'static str {
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
     name == "addrtype"
+        || name == "owner"
         || header_matches::is_typed(name, family)
         || super::opaque::TYPED_MATCHES.contains(&name)
 }

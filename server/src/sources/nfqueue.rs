@@ -541,6 +541,7 @@ mod linux {
             mark: p.mark,
             src_mac: p.hw_addr.filter(|_| in_ether),
             ct_nat: ct_nat(p.ct_status),
+            owner: p.uid.zip(p.gid),
             ..PacketMeta::default()
         };
         parse_ip(p.payload, base).ok()

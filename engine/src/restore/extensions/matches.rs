@@ -253,7 +253,7 @@ pub(crate) fn match_option(
             }),
             _ => return None,
         },
-        Match::Connmark(_) => return None,
+        Match::Connmark(_) | Match::Owner(_) => return None,
         Match::Mark(mk) => match name {
             "--mark" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
@@ -652,6 +652,10 @@ pub(crate) fn finish_match(
             if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
                 return needs("at least one option");
             }
+            if o.name == "owner" {
+                *m = super::super::owner::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "addrtype" {
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -681,6 +685,7 @@ pub(crate) fn finish_match(
         // Built from opaque options by `header_matches` (above), checked there.
         Match::Limit(_)
         | Match::Connmark(_)
+        | Match::Owner(_)
         | Match::Ttl(_)
         | Match::Hl(_)
         | Match::Tos(_)
