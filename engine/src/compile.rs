@@ -69,8 +69,9 @@
 //!
 //! ## Files
 //! This file holds the compiled form, the types both paths share ([`Snapshot`], `CChain`,
-//! `ChainBody`, `CRule`, `CMatch`, `CTarget`) and the public result types. The two paths
-//! each read in their own files:
+//! `ChainBody`, `CRule`, `CMatch`, `CTarget`), the public result types and the snapshot's
+//! inspection ([`Snapshot::memory_bytes`], [`Snapshot::rule_count`]). The two paths each read
+//! in their own files:
 //!
 //! - the packet path: `compile/eval.rs` (classify, classify_batch, the chain walk, every
 //!   match, trace) and the index's probe (`compile/tuple_merge/probe.rs`, `compile/rfc.rs`'s
@@ -79,7 +80,9 @@
 //!   [`Snapshot::compile_after`], reuse), the index's build and online update
 //!   (`compile/tuple_merge/build.rs`), `compile/chunks.rs`, and `compile/carry.rs` (counters
 //!   and token buckets carried from the previous snapshot);
-//! - counters: `compile/counters.rs` (per-core cells, reading and zeroing them).
+//! - counters: `compile/counters.rs` (per-core cells, reading and zeroing them);
+//! - LOG hits: `compile/log_ring.rs` ([`LogSink`], the per-core [`LogRing`] of
+//!   [`LogRecord`]s, and resolving a record into a [`LogEvent`]).
 
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -102,6 +105,7 @@ mod carry;
 mod chunks;
 mod counters;
 mod eval;
+mod log_ring;
 mod rfc;
 mod tuple_merge;
 
@@ -110,6 +114,7 @@ use counters::CounterCells;
 
 use eval::Observer;
 pub use eval::{CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
+pub use log_ring::{LogHit, LogRecord, LogRing, LogSink};
 pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 use tuple_merge::ChainIndex;
 pub use tuple_merge::PROBE_MIN_BYTES;
@@ -202,13 +207,14 @@ impl Verdict {
 
 /// What a `-j LOG` / `-j NFLOG` rule reports.
 #[derive(Debug, Clone)]
-struct LogSpec {
-    prefix: Option<Arc<str>>,
-    level: u8,
-    nflog_group: Option<u16>,
+pub(crate) struct LogSpec {
+    pub(crate) prefix: Option<Arc<str>>,
+    pub(crate) level: u8,
+    pub(crate) nflog_group: Option<u16>,
 }
 
-/// A `-j LOG` or `-j NFLOG` hit, handed to the caller of [`Snapshot::classify`].
+/// A `-j LOG` (or `-j NFLOG`) hit with its rule named: what a `Vec<LogEvent>` sink of [`Snapshot::classify`]
+/// collects, and what [`Snapshot::log_event`] makes of a [`LogRecord`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEvent {
     /// Ruleset name.
@@ -764,6 +770,60 @@ fn content_hash(rule: &Rule) -> u64 {
     rule.matches.hash(&mut h);
     rule.target.hash(&mut h);
     h.finish()
+}
+
+// === impl Snapshot: inspection ===
+
+impl Snapshot {
+    /// Bytes taken by the compiled rules and by the classification index (a body shared with
+    /// another snapshot is counted in full).
+    pub fn memory_bytes(&self) -> MemoryUsage {
+        let bodies = self.chains.iter().map(|c| &*c.body);
+        let rules = bodies
+            .clone()
+            .flat_map(|b| b.rules.iter())
+            .map(|r| {
+                // An inline match lives in the rule; shared ones in an `Arc` (two counters).
+                let shared = match &r.matches {
+                    Matches::Inline(_) => 0,
+                    Matches::Shared(a) => 16 + size_of_val::<[CMatch]>(a),
+                };
+                size_of::<CRule>()
+                    + shared
+                    + r.matches
+                        .iter()
+                        .map(|m| match m {
+                            CMatch::Multiport { ports, .. } => size_of_val::<[PortRange]>(ports),
+                            CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
+                            CMatch::Iprange(_) => size_of::<IprangeMatch>(),
+                            _ => 0,
+                        })
+                        .sum::<usize>()
+            })
+            .sum();
+        let indexes = bodies.filter_map(|b| b.index.as_ref());
+        MemoryUsage {
+            rules,
+            index: indexes.clone().map(ChainIndex::memory_bytes).sum::<usize>(),
+            tables: indexes.clone().map(ChainIndex::tables).sum(),
+            rfc_chains: indexes.filter(|i| i.has_rfc()).count(),
+        }
+    }
+
+    /// The rulesets this snapshot was compiled from, in evaluation (priority) order.
+    pub fn rulesets(&self) -> &[Arc<Ruleset>] {
+        &self.rulesets
+    }
+
+    /// Number of compiled rules (enforced tables only).
+    pub fn rule_count(&self) -> usize {
+        self.n_rules
+    }
+
+    /// Number of cores this snapshot has counter blocks for.
+    pub fn cores(&self) -> usize {
+        self.cells.cores()
+    }
 }
 
 #[cfg(test)]

@@ -63,7 +63,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::Clock;
-use crate::compile::{CompileError, DiffHint, LogEvent, SlotCounters, Snapshot, Trace, Verdict};
+use crate::compile::{
+    CompileError, DiffHint, LogEvent, LogRecord, LogRing, SlotCounters, Snapshot, Trace, Verdict,
+};
 use crate::conntrack::{Conntrack, ConntrackConfig, CtVerdict};
 use crate::dataplane::{
     BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Worker,
@@ -512,10 +514,19 @@ impl Engine {
     pub fn worker(&self, core: usize) -> Result<EngineWorker<'_>, DataplaneError> {
         Ok(EngineWorker {
             inner: self.dataplane.worker(core)?,
+            dataplane: &self.dataplane,
             verdicts: &self.verdicts[core],
-            logs: Vec::new(),
+            logs: LogRing::with_capacity(LOG_RING_CAPACITY),
+            logs_stale: 0,
             conntrack: self.conntrack.as_ref(),
         })
+    }
+
+    /// The event a worker's [`LogRecord`] stands for ([`EngineWorker::drain_log_records`]),
+    /// named on the active snapshot; `None` when a commit replaced the snapshot the hit
+    /// happened in. Takes the commit lock briefly ([`Dataplane::with_active`]).
+    pub fn log_event(&self, record: &LogRecord) -> Option<LogEvent> {
+        self.dataplane.with_active(|s| s.log_event(record))
     }
 
     /// Evaluates one packet against the active snapshot without counting, returning the
@@ -622,11 +633,28 @@ impl Engine {
     }
 }
 
+/// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains
+/// ([`EngineWorker::drain_logs`]); further hits are counted in [`LogDrops::full`].
+pub const LOG_RING_CAPACITY: usize = 1024;
+
+/// `-j LOG` hits an [`EngineWorker`] did not hand out, since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogDrops {
+    /// The worker's ring was full ([`LOG_RING_CAPACITY`] hits since the last drain).
+    pub full: u64,
+    /// A commit replaced the snapshot the hit happened in before [`EngineWorker::drain_logs`]
+    /// could name its rule.
+    pub stale: u64,
+}
+
 /// A worker's handle on one core: classifies batches of packets against the active snapshot.
 pub struct EngineWorker<'a> {
     inner: Worker<'a, Snapshot>,
+    dataplane: &'a Dataplane<Snapshot>,
     verdicts: &'a VerdictCounts,
-    logs: Vec<LogEvent>,
+    /// This core's `-j LOG` hits (fixed capacity, allocated once).
+    logs: LogRing,
+    logs_stale: u64,
     conntrack: Option<&'a Conntrack>,
 }
 
@@ -651,7 +679,9 @@ impl EngineWorker<'_> {
     /// `min(packets.len(), verdicts.len())` packets and returns that number. Each packet comes
     /// back with the `ct_state` the non-raw chains saw: UNTRACKED when raw-table rules said
     /// NOTRACK, else the tracker's (module docs, "Conntrack"; unchanged when conntrack is off).
-    /// LOG events are kept until [`EngineWorker::take_logs`].
+    /// `-j LOG` hits are kept in the worker's fixed-capacity ring until
+    /// [`EngineWorker::drain_logs`] or [`EngineWorker::drain_log_records`] (no allocation per
+    /// hit; hits beyond [`LOG_RING_CAPACITY`] are counted in [`EngineWorker::log_drops`]).
     pub fn process_batch(
         &mut self,
         packets: &mut [PacketMeta],
@@ -729,8 +759,39 @@ impl EngineWorker<'_> {
         n
     }
 
-    /// The LOG events produced since the last call.
-    pub fn take_logs(&mut self) -> Vec<LogEvent> {
-        std::mem::take(&mut self.logs)
+    /// The `-j LOG` hits since the last drain, as events naming their rule (ruleset, table,
+    /// chain, number, prefix), oldest first; empties the ring. Off the packet path: it
+    /// allocates the events and resolves them on the active snapshot under the commit lock
+    /// ([`Dataplane::with_active`]; nothing when the ring is empty). A hit whose snapshot a
+    /// commit replaced meanwhile cannot be named and is counted in [`LogDrops::stale`].
+    pub fn drain_logs(&mut self) -> Vec<LogEvent> {
+        if self.logs.is_empty() {
+            return Vec::new();
+        }
+        let logs = &mut self.logs;
+        let (events, stale) = self.dataplane.with_active(|snap| {
+            let records = logs.drain();
+            let n = records.len();
+            let events: Vec<LogEvent> = records.filter_map(|r| snap.log_event(&r)).collect();
+            let stale = (n - events.len()) as u64;
+            (events, stale)
+        });
+        self.logs_stale += stale;
+        events
+    }
+
+    /// The `-j LOG` hits since the last drain as records (indices into their snapshot and
+    /// the packet; [`Engine::log_event`] names them), oldest first, without allocating;
+    /// empties the ring.
+    pub fn drain_log_records(&mut self) -> impl ExactSizeIterator<Item = LogRecord> + '_ {
+        self.logs.drain()
+    }
+
+    /// The `-j LOG` hits this worker did not hand out.
+    pub fn log_drops(&self) -> LogDrops {
+        LogDrops {
+            full: self.logs.dropped(),
+            stale: self.logs_stale,
+        }
     }
 }

@@ -32,6 +32,7 @@ use std::fmt;
 use crate::echo::clipped;
 use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
+pub use lexer::{Token, UnterminatedQuote, tokenize};
 pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
 pub use support::{Support, SupportRow, support_markdown, support_table};
 

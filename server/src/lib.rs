@@ -8,7 +8,7 @@
 //! - [`pipeline`]: the commit pipeline (validate, persist, publish, quiesce, carry) and
 //!   commit-confirmed timers; [`outcome`]: how a commit ended, one vocabulary for the store,
 //!   the metrics, the watch stream and the alerts;
-//! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: the error table;
+//! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: errors and their gRPC statuses;
 //! - [`fleet`]: fleet mode (desired rulesets in etcd, the node agent, FleetService);
 //! - [`sources`]: packet sources feeding one worker thread per core;
 //! - [`hooks`]: the seams for metrics, auth and limits, and the [`hooks::MetricsObserver`]
@@ -18,8 +18,9 @@
 //!   rulesets, revisions kept);
 //! - [`server`]: wiring, [`run`].
 //!
-//! Binaries: `vallumd` (the daemon) and `vallumctl` (the command-line client, in
-//! `src/bin/vallumctl/main.rs` with its modules beside it).
+//! Binary: `vallumd` (the daemon). The command-line client `vallumctl` is its own package,
+//! `vallum-cli` (`cli/`), which shares only `vallum-proto` and `vallum-api` (the error table,
+//! re-exported by [`error`], and the TLS client config, by [`tls`]) with this crate.
 
 pub mod allocator;
 pub mod auth;

@@ -247,6 +247,8 @@ struct Inner {
     reader: PullReader,
     /// The engine whose barrier histogram `/metrics` adds ([`Metrics::observe_engine`]).
     engine: OnceLock<Arc<Engine>>,
+    /// What `/readyz` asks ([`Metrics::observe_health`]).
+    health: OnceLock<Arc<tonic_health::server::HealthService>>,
     meter: Meter,
     rule_counters: bool,
     commit_duration: Histogram<f64>,
@@ -335,6 +337,7 @@ impl Metrics {
                 provider,
                 reader,
                 engine: OnceLock::new(),
+                health: OnceLock::new(),
                 meter,
                 rule_counters: config.metrics_rule_counters,
                 commit_duration,
@@ -618,8 +621,40 @@ impl Metrics {
         Ok(exposition::render(families))
     }
 
+    /// Makes `/readyz` answer from `reporter`'s overall status (service `""`), the one
+    /// `grpc.health.v1` serves. Only the first call takes effect.
+    pub fn observe_health(&self, reporter: tonic_health::server::HealthReporter) {
+        let _ = self.inner.health.set(Arc::new(
+            tonic_health::server::HealthService::from_health_reporter(reporter),
+        ));
+    }
+
+    /// Whether the overall gRPC health (service `""`) is SERVING, with its status name; false
+    /// ("UNKNOWN") before [`Metrics::observe_health`].
+    pub async fn serving(&self) -> (bool, &'static str) {
+        use tonic_health::pb::health_check_response::ServingStatus as S;
+        use tonic_health::pb::health_server::Health;
+        let Some(h) = self.inner.health.get() else {
+            return (false, "UNKNOWN");
+        };
+        let req = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        });
+        match h.check(req).await.map(|r| r.into_inner().status()) {
+            Ok(S::Serving) => (true, "SERVING"),
+            Ok(S::NotServing) => (false, "NOT_SERVING"),
+            Ok(S::ServiceUnknown) => (false, "SERVICE_UNKNOWN"),
+            Ok(S::Unknown) | Err(_) => (false, "UNKNOWN"),
+        }
+    }
+
     /// Binds `addr` and serves `GET /metrics` until `shutdown` resolves. Returns once bound;
     /// the server runs on a spawned task (needs a tokio runtime).
+    ///
+    /// Also the plaintext health endpoints for probes that cannot speak TLS gRPC (Kubernetes'
+    /// `grpc` probes are plaintext only): `GET /readyz` is 200 `SERVING` while the overall
+    /// `grpc.health.v1` status is SERVING, else 503 with the status name; `GET /livez` is 200
+    /// `ok` while the process answers.
     pub async fn serve<F>(
         &self,
         addr: SocketAddr,
@@ -635,26 +670,44 @@ impl Metrics {
             .local_addr()
             .map_err(|source| MetricsError::Bind { addr, source })?;
         let this = self.clone();
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let this = this.clone();
-                async move {
-                    match this.render() {
-                        Ok(body) => (
-                            http::StatusCode::OK,
-                            [(http::header::CONTENT_TYPE, exposition::CONTENT_TYPE)],
-                            body,
-                        ),
-                        Err(e) => (
-                            http::StatusCode::INTERNAL_SERVER_ERROR,
-                            [(http::header::CONTENT_TYPE, "text/plain")],
-                            e.to_string(),
-                        ),
+        let health = self.clone();
+        let app = axum::Router::new()
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let health = health.clone();
+                    async move {
+                        let (ok, name) = health.serving().await;
+                        let code = if ok {
+                            http::StatusCode::OK
+                        } else {
+                            http::StatusCode::SERVICE_UNAVAILABLE
+                        };
+                        (code, [(http::header::CONTENT_TYPE, "text/plain")], name)
                     }
-                }
-            }),
-        );
+                }),
+            )
+            .route("/livez", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let this = this.clone();
+                    async move {
+                        match this.render() {
+                            Ok(body) => (
+                                http::StatusCode::OK,
+                                [(http::header::CONTENT_TYPE, exposition::CONTENT_TYPE)],
+                                body,
+                            ),
+                            Err(e) => (
+                                http::StatusCode::INTERNAL_SERVER_ERROR,
+                                [(http::header::CONTENT_TYPE, "text/plain")],
+                                e.to_string(),
+                            ),
+                        }
+                    }
+                }),
+            );
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)

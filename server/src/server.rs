@@ -190,6 +190,7 @@ pub async fn run_with(
     reporter
         .set_service_status("", ServingStatus::NotServing)
         .await;
+    metrics.observe_health(reporter.clone());
     for s in SERVICES {
         reporter
             .set_service_status(s, ServingStatus::NotServing)

@@ -135,7 +135,7 @@ impl Sources {
                     feed.fill(&mut packets);
                     worker.process_batch(&mut packets, &mut verdicts, clock.now_ns());
                     // LOG events have no consumer yet (issue: log sink); drop them.
-                    drop(worker.take_logs());
+                    worker.drain_log_records().for_each(drop);
                     sent += BATCH as u64;
                     if per_core > 0 {
                         let due = Duration::from_secs_f64(sent as f64 / per_core as f64);

@@ -437,7 +437,7 @@ struct Run {
 }
 
 async fn vallumctl(addr: SocketAddr, token: Option<&str>, args: &[&str]) -> Run {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"));
+    let mut cmd = tokio::process::Command::new(support::vallumctl());
     cmd.args(args)
         .env_clear()
         .env("VALLUM_SERVER", format!("http://{addr}"));
@@ -717,7 +717,7 @@ Chain LOG_DROP (1 references)
 // === against a real vallumd ===
 
 async fn run_at(url: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"));
+    let mut cmd = tokio::process::Command::new(support::vallumctl());
     cmd.args(args).env_clear().env("VALLUM_SERVER", url);
     for (k, v) in env {
         cmd.env(k, v);
@@ -811,7 +811,7 @@ async fn exit_codes_of_failures_in_the_client() {
     assert!(!r.stderr.contains("InvalidContentType"), "{}", r.stderr);
 
     // The server killed during a call (a watch stream): unavailable, not UNKNOWN/1.
-    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+    let mut watch = tokio::process::Command::new(support::vallumctl())
         .args(["watch"])
         .env_clear()
         .env("VALLUM_SERVER", &url)

@@ -149,7 +149,7 @@ async fn steady(
 }
 
 fn vallumctl(addr: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+    let out = Command::new(support::vallumctl())
         .args(["--server", &format!("http://{addr}")])
         .args(args)
         .env_remove("VALLUM_SERVER")

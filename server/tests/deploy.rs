@@ -1,26 +1,31 @@
-//! Keeps `deploy/`, `helm/vallum/` and the Grafana dashboard honest (issue #6):
+//! Keeps `deploy/`, `helm/vallum/` and the Grafana dashboard honest (issues #6, #16, #21):
 //!
 //! - the Kubernetes manifests and the rendered chart parse into typed k8s-openapi objects, with
 //!   nothing dropped on the way (a misspelt field fails), and follow the security rules (non-root
-//!   unless NFQUEUE, then only `NET_ADMIN`; gRPC health probes);
+//!   unless NFQUEUE, then only `NET_ADMIN`; health probes that work with TLS on, never
+//!   `tcpSocket`);
 //! - every `VALLUM_*` variable given to vallumd is one of its flags' env twins, and the values
 //!   parse with vallumd's own flag parser;
+//! - the Dockerfile's `cargo build` line is run (outside a container) so a wrong package, binary
+//!   or feature fails here;
 //! - the alert rules pass `promtool check rules` (skipped with a printed reason when promtool is
-//!   missing) and the PrometheusRule carries exactly the same groups;
+//!   missing), the PrometheusRule and the chart carry exactly the same groups, and every alert
+//!   follows the conventions (a `for:`, an absolute `runbook_url` with a runbook entry, no
+//!   hard-coded job);
 //! - commit outcomes are one vocabulary: the alert rules, the runbook's table, the dashboard and
 //!   the proto name exactly the outcomes of `vallum_server::outcome::Outcome`;
-//! - the dashboard is Grafana JSON with a schemaVersion, and every panel has a datasource and a
-//!   query that parses as PromQL and names a metric;
+//! - the dashboard is Grafana JSON with a schemaVersion; every panel has a datasource, a
+//!   description for operators and a query that parses as PromQL and names a metric; latency
+//!   and error panels have thresholds; `rate`/`increase` read counters only;
 //! - every metric named by the dashboard and the alerts is in DESIGN.md's list. That each of
 //!   them exists, and that every query returns series, is checked against a real Prometheus
 //!   scraping a real vallumd by `server/tests/prometheus_server.rs`.
 //!
-//! Helm: `helm` is not packaged in Debian and is not installed here, so the chart is rendered by
-//! [`render`], a tiny renderer for the subset of Go templates the chart uses (value paths, `if` /
-//! `else` / `end` with `eq` / `ne` / `and` / `or` / `not`, `quote`, `toYaml`, `nindent`, `indent`,
-//! `-` trim markers). Anything outside the subset is an error here, so the templates cannot drift
-//! out of it unnoticed. When `helm` is on PATH, `helm template` renders the same values too and the
-//! two outputs must be the same objects.
+//! Helm: rendered by Helm itself, never by code of ours: the `helm` binary when it is on PATH
+//! (`helm lint --strict`, `helm template`), else Helm's own engine through the PyPI package
+//! `helm-python-sdk`, which ships Helm's Go SDK (v4) as a C library (Debian has no helm package,
+//! and building helm needs a newer Go than Debian's; .ci/run installs the package). Both check
+//! values.schema.json. Without either, the chart tests print `SKIP` with the reason.
 
 #[path = "support/promql.rs"]
 mod promql;
@@ -30,7 +35,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, PersistentVolumeClaim, PodSpec, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolumeClaim, PodSpec, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -173,6 +179,14 @@ fn parse_objects(docs: &[Value], what: &str) -> Objects {
             "DaemonSet" => o.daemonsets.push(typed(doc, &w)),
             "Service" => o.services.push(typed(doc, &w)),
             "PersistentVolumeClaim" => o.pvcs.push(typed(doc, &w)),
+            "PodDisruptionBudget" => {
+                let _: PodDisruptionBudget = typed(doc, &w);
+                o.custom.push(doc.clone());
+            }
+            "ConfigMap" => {
+                let _: ConfigMap = typed(doc, &w);
+                o.custom.push(doc.clone());
+            }
             "ServiceMonitor" => {
                 check_service_monitor(doc, &w);
                 o.custom.push(doc.clone());
@@ -239,9 +253,10 @@ fn caps_added(c: &Container) -> Vec<String> {
 
 /// Security and probe rules for every pod: a container that adds capabilities adds exactly
 /// NET_ADMIN and drops ALL; vallumd without NET_ADMIN runs as non-root; vallumd has startup,
-/// readiness and liveness probes (gRPC health unless `tcp_probes`) on its gRPC port; no
-/// container is privileged.
-fn check_pod(what: &str, spec: &PodSpec, tcp_probes: bool) {
+/// readiness and liveness probes that ask its health: gRPC health on its gRPC port, or (with
+/// TLS on, which Kubernetes' gRPC probes cannot speak) `/readyz` / `/livez` on its plaintext
+/// metrics port; never `tcpSocket`; no container is privileged.
+fn check_pod(what: &str, spec: &PodSpec) {
     for c in containers(spec) {
         let sc = c
             .security_context
@@ -329,15 +344,32 @@ fn check_pod(what: &str, spec: &PodSpec, tcp_probes: bool) {
         let p = probe
             .as_ref()
             .unwrap_or_else(|| panic!("{what}: vallumd has no {kind} probe"));
-        if tcp_probes {
-            assert!(p.tcp_socket.is_some(), "{what}: {kind} probe with TLS");
-        } else {
-            let g = p
-                .grpc
-                .as_ref()
-                .unwrap_or_else(|| panic!("{what}: {kind} probe is not grpc.health.v1"));
+        assert!(p.tcp_socket.is_none(), "{what}: {kind} probe on tcpSocket");
+        assert!(p.exec.is_none(), "{what}: {kind} probe by exec");
+        if let Some(g) = &p.grpc {
             assert_eq!(g.port, grpc_port, "{what}: {kind} probe port");
             assert!(g.service.as_deref().unwrap_or("").is_empty(), "{what}");
+            assert!(
+                env_of(v, "VALLUM_TLS_CERT").is_none(),
+                "{what}: {kind}: gRPC probes are plaintext, vallumd has TLS on"
+            );
+        } else {
+            let h = p
+                .http_get
+                .as_ref()
+                .unwrap_or_else(|| panic!("{what}: {kind} probe neither grpc nor httpGet"));
+            let want = if kind == "liveness" {
+                "/livez"
+            } else {
+                "/readyz"
+            };
+            assert_eq!(h.path.as_deref(), Some(want), "{what}: {kind} probe path");
+            assert_eq!(
+                h.port,
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("metrics".into()),
+                "{what}: {kind} probe on the metrics port"
+            );
+            assert_ne!(h.scheme.as_deref(), Some("HTTPS"), "{what}: plaintext");
         }
     }
     let mounts: Vec<&str> = v
@@ -465,7 +497,7 @@ fn manifests_parse_into_typed_objects() {
         ])
     );
     for (what, spec) in all.pod_specs() {
-        check_pod(&what, &spec, false);
+        check_pod(&what, &spec);
         check_vallumd_env(&what, vallumd_container(&spec));
     }
     // The sidecar runs vallumd as a native sidecar, after the steering init container.
@@ -565,353 +597,413 @@ fn dockerfile_is_multi_stage_and_non_root() {
     assert!(root().join("deploy/nfqueue-steering.sh").exists());
 }
 
+/// The `cargo` commands of the Dockerfile's RUN lines (continuations joined, split at `&&`),
+/// each as its words.
+fn dockerfile_cargo_commands(dockerfile: &str) -> Vec<Vec<String>> {
+    let joined = dockerfile.replace("\\\n", " ");
+    let mut out = Vec::new();
+    for line in joined.lines() {
+        let Some(run) = line.trim_start().strip_prefix("RUN ") else {
+            continue;
+        };
+        for cmd in run.split("&&") {
+            let words: Vec<String> = cmd
+                .split_whitespace()
+                .filter(|w| !w.starts_with("--mount="))
+                .map(str::to_owned)
+                .collect();
+            if words.first().is_some_and(|w| w == "cargo") {
+                out.push(words);
+            }
+        }
+    }
+    out
+}
+
+/// The image's build line selects what exists: its `-p`/`--features` resolve (`cargo tree`, no
+/// build) and each `--bin` is a binary target, so a package, binary or feature that does not
+/// exist fails here; `.ci/run` then runs the line itself (without `--release`, on the shared
+/// target) so a build failure with the image's features fails CI too.
+#[test]
+fn dockerfile_build_commands_build() {
+    let d = read("deploy/Dockerfile");
+    let cmds = dockerfile_cargo_commands(&d);
+    assert_eq!(
+        cmds.len(),
+        1,
+        "one cargo command in the Dockerfile: {cmds:?}"
+    );
+    let cmd = &cmds[0];
+    assert_eq!(cmd[1], "build", "{cmd:?}");
+    for w in ["--release", "--locked"] {
+        assert!(
+            cmd.iter().any(|c| c == w),
+            "the image builds with {w}: {cmd:?}"
+        );
+    }
+    // The docs promise OTLP push in the image (docs/operations.md, "Images").
+    let features: Vec<&str> = cmd
+        .windows(2)
+        .filter(|w| w[0] == "--features")
+        .flat_map(|w| w[1].split(','))
+        .collect();
+    assert!(
+        features.contains(&"vallum-server/otlp"),
+        "the image is built with the otlp feature: {cmd:?}"
+    );
+    // What the later lines copy out of target/release is what this line builds.
+    let bins: BTreeSet<&str> = cmd
+        .windows(2)
+        .filter(|w| w[0] == "--bin")
+        .map(|w| w[1].as_str())
+        .collect();
+    assert_eq!(bins, BTreeSet::from(["vallumctl", "vallumd"]), "{cmd:?}");
+    for b in &bins {
+        assert!(
+            d.contains(&format!("target/release/{b} /out/{b}")),
+            "the Dockerfile installs {b} from target/release"
+        );
+    }
+    // The packages and features must exist: `cargo tree` resolves the same `-p`/`--features`
+    // selection without building (a full second build here would double CI's time; `.ci/run`
+    // runs the Dockerfile's build line itself after the tests, on the shared target).
+    let mut args: Vec<&str> = vec!["tree", "-e", "normal", "--depth", "0"];
+    let mut it = cmd[2..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-p" | "--package" | "--features" | "-F" => {
+                args.push(a);
+                args.push(it.next().expect("a value after the flag"));
+            }
+            "--locked" | "--all-features" | "--no-default-features" => args.push(a),
+            _ => {}
+        }
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(&args)
+        .current_dir(root())
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "the Dockerfile's `cargo {}` selects what does not exist (`cargo {}`):\n{}",
+        cmd[1..].join(" "),
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each --bin is a binary target of a selected package.
+    let meta = Command::new(&cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root())
+        .output()
+        .expect("run cargo metadata");
+    let meta = String::from_utf8_lossy(&meta.stdout);
+    for b in &bins {
+        assert!(
+            meta.contains(&format!(
+                "\"kind\":[\"bin\"],\"crate_types\":[\"bin\"],\"name\":\"{b}\""
+            )),
+            "no binary target {b} in the workspace"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The Helm chart
 
-/// A node of a parsed template.
-#[derive(Debug)]
-enum Node {
-    Text(String),
-    Action(String),
-    If(String, Vec<Node>, Vec<Node>),
-}
-
-/// Splits `src` into text and `{{ ... }}` actions, applying the `{{-` / `-}}` trim markers.
-fn lex(src: &str) -> Vec<(bool, String)> {
-    let mut out: Vec<(bool, String)> = Vec::new();
-    let mut rest = src;
-    let mut trim_next = false;
-    while let Some(start) = rest.find("{{") {
-        let mut text = rest[..start].to_owned();
-        if trim_next {
-            text = text.trim_start().to_owned();
-        }
-        let after = &rest[start + 2..];
-        let end = after.find("}}").expect("unclosed {{");
-        let mut action = &after[..end];
-        if let Some(a) = action.strip_prefix('-') {
-            text = text.trim_end().to_owned();
-            action = a;
-        }
-        trim_next = false;
-        if let Some(a) = action.strip_suffix('-') {
-            trim_next = true;
-            action = a;
-        }
-        out.push((false, text));
-        out.push((true, action.trim().to_owned()));
-        rest = &after[end + 2..];
-    }
-    let mut text = rest.to_owned();
-    if trim_next {
-        text = text.trim_start().to_owned();
-    }
-    out.push((false, text));
-    out
-}
-
-fn parse_nodes(
-    tokens: &mut std::iter::Peekable<std::vec::IntoIter<(bool, String)>>,
-) -> (Vec<Node>, Option<String>) {
-    let mut nodes = Vec::new();
-    while let Some((is_action, s)) = tokens.next() {
-        if !is_action {
-            nodes.push(Node::Text(s));
-        } else if let Some(cond) = s.strip_prefix("if ") {
-            let (then, end) = parse_nodes(tokens);
-            let els = match end.as_deref() {
-                Some("else") => {
-                    let (els, end) = parse_nodes(tokens);
-                    assert_eq!(end.as_deref(), Some("end"), "if without end");
-                    els
-                }
-                Some("end") => Vec::new(),
-                other => panic!("if {cond}: unterminated ({other:?})"),
-            };
-            nodes.push(Node::If(cond.to_owned(), then, els));
-        } else if s == "else" || s == "end" {
-            return (nodes, Some(s));
-        } else if s.starts_with("/*") {
-            // comment
-        } else {
-            nodes.push(Node::Action(s));
-        }
-    }
-    (nodes, None)
-}
-
-fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-    }
-}
-
-fn to_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => panic!("a value used in a template is null or missing"),
-        v => v.to_string(),
-    }
-}
-
-/// Splits a command into words, keeping `"..."` literals whole.
-fn words(s: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut in_str = false;
-    for ch in s.chars() {
-        match ch {
-            '"' => {
-                cur.push(ch);
-                in_str = !in_str;
-            }
-            ' ' if !in_str => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            _ => cur.push(ch),
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
-}
-
-fn operand(w: &str, ctx: &Value) -> Value {
-    if let Some(lit) = w.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
-        return Value::String(lit.to_owned());
-    }
-    if let Ok(n) = w.parse::<i64>() {
-        return json!(n);
-    }
-    let path = w
-        .strip_prefix('.')
-        .unwrap_or_else(|| panic!("unsupported operand {w:?} (not in the renderer's subset)"));
-    let mut v = ctx;
-    for part in path.split('.') {
-        v = v
-            .get(part)
-            .unwrap_or_else(|| panic!("template refers to a missing value {w}"));
-    }
-    v.clone()
-}
-
-fn eval(expr: &str, ctx: &Value) -> Value {
-    let mut stages = expr.split('|').map(str::trim);
-    let first = words(stages.next().expect("empty action"));
-    let mut v = match first[0].as_str() {
-        "eq" | "ne" => {
-            assert_eq!(first.len(), 3, "{expr}");
-            let eq = operand(&first[1], ctx) == operand(&first[2], ctx);
-            Value::Bool(if first[0] == "eq" { eq } else { !eq })
-        }
-        "and" => Value::Bool(first[1..].iter().all(|w| truthy(&operand(w, ctx)))),
-        "or" => Value::Bool(first[1..].iter().any(|w| truthy(&operand(w, ctx)))),
-        "not" => Value::Bool(!truthy(&operand(&first[1], ctx))),
-        // `f X`, a function applied to one operand, is `X | f`.
-        "quote" | "toYaml" => {
-            assert_eq!(first.len(), 2, "{expr}");
-            apply(&first[..1], operand(&first[1], ctx))
-        }
-        w => {
-            assert_eq!(first.len(), 1, "unsupported command {expr:?}");
-            operand(w, ctx)
-        }
-    };
-    for stage in stages {
-        v = apply(&words(stage), v);
-    }
-    v
-}
-
-/// Applies the pipeline function `w[0]` (arguments `w[1..]`) to `v`.
-fn apply(w: &[String], v: Value) -> Value {
-    {
-        match w[0].as_str() {
-            "quote" => Value::String(format!("{:?}", to_text(&v))),
-            "toYaml" => {
-                let y = serde_norway::to_string(&v).expect("toYaml");
-                Value::String(y.trim_end().to_owned())
-            }
-            "nindent" | "indent" => {
-                let n: usize = w[1].parse().expect("indent width");
-                let pad = " ".repeat(n);
-                let body = to_text(&v)
-                    .lines()
-                    .map(|l| format!("{pad}{l}"))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                Value::String(if w[0] == "nindent" {
-                    format!("\n{body}")
-                } else {
-                    body
-                })
-            }
-            f => panic!("unsupported function {f:?} (not in the renderer's subset)"),
-        }
-    }
-}
-
-fn exec(nodes: &[Node], ctx: &Value, out: &mut String) {
-    for n in nodes {
-        match n {
-            Node::Text(t) => out.push_str(t),
-            Node::Action(a) => out.push_str(&to_text(&eval(a, ctx))),
-            Node::If(c, then, els) => {
-                exec(if truthy(&eval(c, ctx)) { then } else { els }, ctx, out)
-            }
-        }
-    }
-}
-
-/// Renders one template with the chart's context (`.Values`, `.Release`, `.Chart`).
-fn render(src: &str, ctx: &Value) -> String {
-    let mut tokens = lex(src).into_iter().peekable();
-    let (nodes, end) = parse_nodes(&mut tokens);
-    assert!(end.is_none(), "stray {end:?}");
-    let mut out = String::new();
-    exec(&nodes, ctx, &mut out);
-    out
-}
-
-/// Deep-merges `over` into `base` (maps merge, anything else replaces), like `helm -f`.
-fn merge(base: &mut Value, over: &Value) {
-    match (base, over) {
-        (Value::Object(b), Value::Object(o)) => {
-            for (k, v) in o {
-                merge(b.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (b, o) => *b = o.clone(),
-    }
-}
-
 const RELEASE: &str = "fw";
 const NAMESPACE: &str = "vallum-system";
+/// `vallum.fullname` of [`RELEASE`]: RELEASE-CHART.
+const FULLNAME: &str = "fw-vallum";
 
-/// Renders every template of the chart with `overrides`; returns the manifests' documents and
-/// NOTES.txt.
-fn render_chart(overrides: &Value) -> (Vec<Value>, String) {
+/// Renders the chart with Helm's engine as a JSON map of template path -> output (NOTES.txt
+/// included), after checking the values against values.schema.json; errors on stderr, exit 1.
+/// argv: chart dir, release, namespace, values as JSON.
+const HELM_PYTHON: &str = r#"
+import json, sys
+import helm_python as helm
+chart_dir, release, namespace, values = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+try:
+    with helm.Chart.load(chart_dir) as c:
+        c.validate_schema(values)
+        out = c.render(values, name=release, namespace=namespace)
+    lint = helm.lint(chart_dir)
+except Exception as e:
+    sys.stderr.write(f"{type(e).__name__}: {e}\n")
+    sys.exit(1)
+json.dump({"manifests": out, "lint_errors": [str(x) for x in lint.get("errors") or []]}, sys.stdout)
+"#;
+
+/// How the chart is rendered: the `helm` binary when on PATH, else Helm's engine through the
+/// Python package helm-python-sdk (Helm's Go SDK built as a C library, on PyPI; .ci/run
+/// installs it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Helm {
+    Binary,
+    PythonSdk,
+}
+
+fn helm() -> Option<Helm> {
+    if on_path("helm") {
+        return Some(Helm::Binary);
+    }
+    let sdk = Command::new("python3")
+        .args(["-c", "import helm_python"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    sdk.then_some(Helm::PythonSdk)
+}
+
+/// A rendered chart: every manifest document, and NOTES.txt where the renderer gives it.
+struct Render {
+    docs: Vec<Value>,
+    notes: Option<String>,
+}
+
+/// Renders the chart with `values` (merged over values.yaml as `helm -f` does); `Err` with
+/// Helm's message when Helm refuses (schema, `fail`, template error) or lint finds errors.
+fn try_render(h: Helm, values: &Value) -> Result<Render, String> {
     let dir = root().join("helm/vallum");
-    let mut values: Value =
-        serde_norway::from_str(&read("helm/vallum/values.yaml")).expect("values.yaml");
-    merge(&mut values, overrides);
-    let chart: Value = serde_norway::from_str(&read("helm/vallum/Chart.yaml")).expect("Chart.yaml");
-    let ctx = json!({
-        "Values": values,
-        "Release": { "Name": RELEASE, "Namespace": NAMESPACE, "Service": "Helm" },
-        "Chart": { "Name": chart["name"], "Version": chart["version"], "AppVersion": chart["appVersion"] },
-    });
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("templates"))
-        .expect("templates/")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    files.sort();
-    let mut docs = Vec::new();
-    let mut notes = String::new();
-    for f in files {
-        let name = f.file_name().unwrap().to_string_lossy().into_owned();
-        let src = std::fs::read_to_string(&f).expect("template");
-        if name == "NOTES.txt" {
-            notes = render(&src, &ctx);
-        } else if name.ends_with(".yaml") && !name.starts_with('_') {
-            let out = render(&src, &ctx);
-            docs.extend(yaml_docs(&out, &format!("rendered {name} ({overrides})")));
+    match h {
+        Helm::Binary => {
+            let vf = tempfile::NamedTempFile::new().expect("tmp");
+            std::fs::write(vf.path(), values.to_string()).expect("values file");
+            let run = |args: &[&str]| {
+                let out = Command::new("helm")
+                    .args(args)
+                    .arg(&dir)
+                    .arg("-f")
+                    .arg(vf.path())
+                    .output()
+                    .expect("run helm");
+                if out.status.success() {
+                    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+                } else {
+                    Err(String::from_utf8_lossy(&out.stderr).into_owned())
+                }
+            };
+            run(&["lint", "--strict"]).map_err(|e| format!("helm lint: {e}"))?;
+            let text = run(&["template", RELEASE, "--namespace", NAMESPACE])?;
+            Ok(Render {
+                docs: yaml_docs(&text, &format!("helm template ({values})")),
+                notes: None,
+            })
+        }
+        Helm::PythonSdk => {
+            let out = Command::new("python3")
+                .args(["-c", HELM_PYTHON])
+                .arg(&dir)
+                .args([RELEASE, NAMESPACE])
+                .arg(values.to_string())
+                .output()
+                .expect("run python3");
+            if !out.status.success() {
+                return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+            let v: Value = serde_json::from_slice(&out.stdout).expect("renderer output");
+            let lint = v["lint_errors"].as_array().cloned().unwrap_or_default();
+            if !lint.is_empty() {
+                return Err(format!("helm lint: {lint:?}"));
+            }
+            let mut docs = Vec::new();
+            let mut notes = None;
+            let manifests = v["manifests"].as_object().expect("manifests");
+            for (path, text) in manifests {
+                let text = text.as_str().unwrap_or_default();
+                if path.ends_with("NOTES.txt") {
+                    notes = Some(text.to_owned());
+                } else {
+                    docs.extend(yaml_docs(text, &format!("{path} ({values})")));
+                }
+            }
+            Ok(Render { docs, notes })
         }
     }
-    if on_path("helm") {
-        let vf = tempfile::NamedTempFile::new().expect("tmp");
-        std::fs::write(vf.path(), serde_json::to_string(overrides).unwrap()).unwrap();
-        let out = Command::new("helm")
-            .args(["template", RELEASE])
-            .arg(&dir)
-            .args(["--namespace", NAMESPACE, "-f"])
-            .arg(vf.path())
-            .output()
-            .expect("helm template");
-        assert!(
-            out.status.success(),
-            "helm template: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let helm_docs = yaml_docs(&String::from_utf8_lossy(&out.stdout), "helm template");
-        let key = |d: &Value| format!("{}/{}", d["kind"], d["metadata"]["name"]);
-        let mut a: Vec<_> = docs.iter().map(|d| (key(d), prune(d.clone()))).collect();
-        let mut b: Vec<_> = helm_docs
-            .iter()
-            .map(|d| (key(d), prune(d.clone())))
-            .collect();
-        a.sort_by(|x, y| x.0.cmp(&y.0));
-        b.sort_by(|x, y| x.0.cmp(&y.0));
-        assert_eq!(a, b, "the test renderer and helm template disagree");
-    } else {
-        println!(
-            "NOTE helm not installed: chart rendered by the test's Go-template subset renderer"
-        );
+}
+
+fn render(h: Helm, values: &Value) -> Render {
+    try_render(h, values).unwrap_or_else(|e| panic!("the chart with {values}: {e}"))
+}
+
+/// The standard labels (Helm's and Kubernetes' recommended ones) on `labels` of `what`.
+fn check_standard_labels(what: &str, labels: &Value) {
+    for (k, want) in [
+        ("helm.sh/chart", Some("vallum-0.1.0")),
+        ("app.kubernetes.io/name", Some("vallum")),
+        ("app.kubernetes.io/instance", Some(RELEASE)),
+        ("app.kubernetes.io/version", Some("0.1.0")),
+        ("app.kubernetes.io/managed-by", Some("Helm")),
+        ("app.kubernetes.io/part-of", Some("vallum")),
+        ("app.kubernetes.io/component", None),
+    ] {
+        let got = labels[k].as_str();
+        assert!(got.is_some(), "{what}: label {k} missing: {labels}");
+        if let Some(want) = want {
+            assert_eq!(got, Some(want), "{what}: label {k}");
+        }
     }
-    (docs, notes)
+}
+
+/// The containers' probes, in one list.
+fn probes(c: &Container) -> Vec<&k8s_openapi::api::core::v1::Probe> {
+    [&c.startup_probe, &c.readiness_probe, &c.liveness_probe]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 #[test]
 fn chart_renders_into_typed_objects() {
-    // Defaults: sidecar with NFQUEUE, emptyDir, ServiceMonitor.
-    let (docs, notes) = render_chart(&json!({}));
-    let o = parse_objects(&docs, "chart defaults");
+    let Some(h) = helm() else {
+        println!(
+            "SKIP chart render: neither `helm` nor the Python package helm-python-sdk is installed \
+             (pip install helm-python-sdk)"
+        );
+        return;
+    };
+    println!("NOTE chart rendered by {h:?}");
+
+    // Defaults: node agent with NFQUEUE on FORWARD, emptyDir, ServiceMonitor, PodDisruptionBudget,
+    // PrometheusRule, dashboard ConfigMap.
+    let r = render(h, &json!({}));
+    let o = parse_objects(&r.docs, "chart defaults");
     assert_eq!(
         o.kinds(),
-        BTreeSet::from(["Deployment", "Service", "ServiceMonitor"])
+        BTreeSet::from([
+            "ConfigMap",
+            "DaemonSet",
+            "PodDisruptionBudget",
+            "PrometheusRule",
+            "Service",
+            "ServiceMonitor"
+        ])
     );
+    for d in &r.docs {
+        let w = format!("chart defaults: {} {}", d["kind"], d["metadata"]["name"]);
+        check_standard_labels(&w, &d["metadata"]["labels"]);
+        assert_eq!(d["metadata"]["namespace"], NAMESPACE, "{w}");
+        assert!(
+            d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(FULLNAME)),
+            "{w}: named after the release"
+        );
+    }
     let (_, spec) = &o.pod_specs()[0];
-    check_pod("chart defaults", spec, false);
+    check_pod("chart defaults", spec);
     let v = vallumd_container(spec);
     check_vallumd_env("chart defaults", v);
+    assert_eq!(spec.host_network, Some(true));
+    assert_eq!(spec.containers.len(), 1, "vallumd alone");
     assert_eq!(env_of(v, "VALLUM_CORES").as_deref(), Some("2"));
-    assert_eq!(env_of(v, "VALLUM_BARRIER").as_deref(), Some("membarrier"));
-    assert_eq!(v.image.as_deref(), Some("vallum:0.1.0"));
-    assert!(
-        spec.containers.iter().any(|c| c.name == "app"),
-        "sidecar's app"
-    );
-    assert_eq!(o.deployments[0].metadata.name.as_deref(), Some(RELEASE));
-    assert!(
-        notes.contains("mode: sidecar") && notes.contains("NFQUEUE steering"),
-        "{notes}"
-    );
-    assert!(!notes.contains("{{"), "{notes}");
-
-    // Node agent: DaemonSet in the host network, hostPath store, seqcst, 8 workers.
-    let (docs, notes) = render_chart(&json!({
-        "mode": "daemonset",
-        "vallumd": { "workers": 8, "barrier": "seqcst" },
-        "nfqueue": { "hooks": "FORWARD" },
-        "persistence": { "type": "hostPath", "hostPath": "/var/lib/vallum-test" },
-        "image": { "repository": "registry.example/vallum", "tag": "1.2.3" },
-    }));
-    let o = parse_objects(&docs, "chart daemonset");
+    assert_eq!(v.image.as_deref(), Some("vallum:0.1.0"), "tag = appVersion");
+    let steer = containers(spec)
+        .into_iter()
+        .find(|c| c.name == "nfqueue-steering")
+        .expect("steering");
     assert_eq!(
-        o.kinds(),
-        BTreeSet::from(["DaemonSet", "Service", "ServiceMonitor"])
+        env_of(steer, "VALLUM_STEER_HOOKS").as_deref(),
+        Some("FORWARD")
     );
+    let ds = &o.daemonsets[0];
+    let pod_labels = ds
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap();
+    check_standard_labels(
+        "chart defaults: pod template",
+        &serde_json::to_value(&pod_labels.labels).unwrap(),
+    );
+    // The PodDisruptionBudget and the Service select exactly the pods.
+    let pdb = docs_of(&r.docs, "PodDisruptionBudget");
+    let pdb: PodDisruptionBudget = typed(pdb[0], "PodDisruptionBudget");
+    let pdb_sel = pdb.spec.unwrap().selector.unwrap().match_labels.unwrap();
+    let ds_sel = ds
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .match_labels
+        .clone()
+        .unwrap();
+    assert_eq!(pdb_sel, ds_sel, "PodDisruptionBudget selector");
+    let svc_sel = o.services[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .clone()
+        .unwrap();
+    assert_eq!(svc_sel, ds_sel, "Service selector");
+    // The packaged alert rules and dashboard are the files of deploy/.
+    let rule = &docs_of(&r.docs, "PrometheusRule")[0];
+    let plain: Value =
+        serde_norway::from_str(&read("deploy/prometheus/vallum-rules.yaml")).unwrap();
+    assert_eq!(
+        rule["spec"]["groups"], plain["groups"],
+        "chart PrometheusRule"
+    );
+    let cm = &docs_of(&r.docs, "ConfigMap")[0];
+    assert_eq!(
+        cm["metadata"]["labels"]["grafana_dashboard"], "1",
+        "Grafana's dashboard sidecar label"
+    );
+    let packaged: Value =
+        serde_json::from_str(cm["data"]["vallum.json"].as_str().expect("vallum.json")).unwrap();
+    assert_eq!(packaged, dashboard(), "chart dashboard ConfigMap");
+    if let Some(notes) = &r.notes {
+        assert!(notes.contains("mode: daemonset"), "{notes}");
+        assert!(notes.contains("emptyDir"), "{notes}");
+    }
+
+    // Node agent with scheduling, extra env, a hostPath store, seqcst, 8 workers, an image tag.
+    let r = render(
+        h,
+        &json!({
+            "vallumd": {
+                "workers": 8,
+                "barrier": "seqcst",
+                "extraEnv": [{ "name": "VALLUM_CONNTRACK_MAX", "value": "1048576" }],
+            },
+            "tolerations": [{ "operator": "Exists" }],
+            "affinity": { "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{ "matchExpressions": [
+                    { "key": "kubernetes.io/os", "operator": "In", "values": ["linux"] }
+                ] }]
+            } } },
+            "persistence": { "type": "hostPath", "hostPath": "/var/lib/vallum-test" },
+            "image": { "repository": "registry.example/vallum", "tag": "1.2.3" },
+        }),
+    );
+    let o = parse_objects(&r.docs, "chart daemonset");
     let (_, spec) = &o.pod_specs()[0];
-    check_pod("chart daemonset", spec, false);
+    check_pod("chart daemonset", spec);
     let v = vallumd_container(spec);
     check_vallumd_env("chart daemonset", v);
-    assert_eq!(spec.host_network, Some(true));
-    assert_eq!(
-        spec.containers.len(),
-        1,
-        "no app container in daemonset mode"
-    );
     assert_eq!(env_of(v, "VALLUM_CORES").as_deref(), Some("8"));
     assert_eq!(env_of(v, "VALLUM_BARRIER").as_deref(), Some("seqcst"));
+    assert_eq!(
+        env_of(v, "VALLUM_CONNTRACK_MAX").as_deref(),
+        Some("1048576")
+    );
     assert_eq!(v.image.as_deref(), Some("registry.example/vallum:1.2.3"));
+    assert_eq!(
+        spec.tolerations.as_ref().map(Vec::len),
+        Some(1),
+        "tolerations"
+    );
+    assert!(
+        spec.affinity
+            .as_ref()
+            .is_some_and(|a| a.node_affinity.is_some())
+    );
     let db = spec
         .volumes
         .iter()
@@ -919,93 +1011,169 @@ fn chart_renders_into_typed_objects() {
         .find(|v| v.name == "vallum-db")
         .unwrap();
     assert_eq!(db.host_path.as_ref().unwrap().path, "/var/lib/vallum-test");
-    assert!(
-        notes.contains("mode: daemonset") && !notes.contains("emptyDir"),
-        "{notes}"
+
+    // Sidecar: the user's containers and vallumd as a native sidecar after the steering.
+    let app = json!({
+        "name": "web",
+        "image": "registry.example/web:1",
+        "ports": [{ "containerPort": 8080 }],
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 101,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": { "drop": ["ALL"] },
+        },
+    });
+    let r = render(
+        h,
+        &json!({ "mode": "sidecar", "sidecar": { "containers": [app] } }),
+    );
+    let o = parse_objects(&r.docs, "chart sidecar");
+    assert!(o.kinds().contains("Deployment"));
+    let (_, spec) = &o.pod_specs()[0];
+    check_pod("chart sidecar", spec);
+    check_vallumd_env("chart sidecar", vallumd_container(spec));
+    let inits: Vec<_> = spec.init_containers.iter().flatten().collect();
+    assert_eq!(inits.len(), 2, "steering, then vallumd");
+    assert_eq!(inits[0].name, "nfqueue-steering");
+    assert_eq!(inits[1].name, "vallumd");
+    assert_eq!(
+        inits[1].restart_policy.as_deref(),
+        Some("Always"),
+        "vallumd is a native sidecar"
+    );
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["web"], "only the user's containers");
+    let text = r.docs.iter().map(Value::to_string).collect::<String>();
+    assert!(!text.contains("nginx"), "no hard-coded application");
+    assert_eq!(
+        env_of(inits[0], "VALLUM_STEER_HOOKS").as_deref(),
+        Some("INPUT OUTPUT")
     );
 
-    // No NFQUEUE: non-root, no capabilities; TLS with client CA; PVC; rule counters; no
-    // ServiceMonitor.
-    let (docs, notes) = render_chart(&json!({
-        "nfqueue": { "enabled": false },
-        "tls": { "enabled": true, "clientCA": true, "secretName": "my-tls" },
-        "persistence": { "type": "pvc", "size": "5Gi", "storageClass": "fast" },
-        "metrics": { "ruleCounters": true, "serviceMonitor": { "enabled": false } },
-        "sidecar": { "replicas": 1 },
-    }));
-    let o = parse_objects(&docs, "chart tls");
+    // No NFQUEUE: non-root, no capabilities; TLS with client CA (health probes on the metrics
+    // port); PVC; rule counters; no ServiceMonitor, PrometheusRule, dashboard or PDB.
+    let r = render(
+        h,
+        &json!({
+            "nfqueue": { "enabled": false },
+            "tls": { "enabled": true, "clientCA": true, "secretName": "my-tls" },
+            "persistence": { "type": "pvc", "size": "5Gi", "storageClass": "fast" },
+            "metrics": {
+                "ruleCounters": true,
+                "serviceMonitor": { "enabled": false },
+                "prometheusRule": { "enabled": false },
+                "dashboard": { "enabled": false },
+            },
+            "podDisruptionBudget": { "enabled": false },
+        }),
+    );
+    let o = parse_objects(&r.docs, "chart tls");
     assert_eq!(
         o.kinds(),
-        BTreeSet::from(["Deployment", "PersistentVolumeClaim", "Service"])
+        BTreeSet::from(["DaemonSet", "PersistentVolumeClaim", "Service"])
     );
     let (_, spec) = &o.pod_specs()[0];
-    check_pod("chart tls", spec, true);
+    check_pod("chart tls", spec);
     let v = vallumd_container(spec);
     check_vallumd_env("chart tls", v);
     assert!(
         spec.init_containers.is_none(),
         "no steering without NFQUEUE"
     );
+    for p in probes(v) {
+        let g = p.http_get.as_ref().expect("TLS on: HTTP health probes");
+        assert!(
+            matches!(g.path.as_deref(), Some("/readyz" | "/livez")),
+            "{g:?}"
+        );
+    }
     let sc = v.security_context.as_ref().unwrap();
     assert_eq!(sc.run_as_user, Some(65532));
     for e in ["VALLUM_TLS_CERT", "VALLUM_TLS_KEY", "VALLUM_TLS_CLIENT_CA"] {
         assert!(env_of(v, e).is_some(), "{e}");
     }
-    assert_eq!(
-        env_of(v, "VALLUM_METRICS_RULE_COUNTERS").as_deref(),
-        Some("true")
-    );
     let pvc = &o.pvcs[0];
     assert_eq!(
         pvc.spec.as_ref().unwrap().storage_class_name.as_deref(),
         Some("fast")
     );
-    let tls = spec
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.name == "tls")
-        .unwrap();
-    assert_eq!(
-        tls.secret.as_ref().unwrap().secret_name.as_deref(),
-        Some("my-tls")
-    );
-    assert!(notes.contains("TLS, secret my-tls"), "{notes}");
+    if let Some(notes) = &r.notes {
+        assert!(notes.contains("TLS, secret my-tls"), "{notes}");
+    }
 
     // ServiceMonitor extra labels.
-    let (docs, _) = render_chart(&json!({
-        "metrics": { "serviceMonitor": { "labels": { "release": "kube-prometheus" } } }
-    }));
-    let sm = docs.iter().find(|d| d["kind"] == "ServiceMonitor").unwrap();
+    let r = render(
+        h,
+        &json!({ "metrics": { "serviceMonitor": { "labels": { "release": "kube-prometheus" } } } }),
+    );
+    let sm = &docs_of(&r.docs, "ServiceMonitor")[0];
     assert_eq!(sm["metadata"]["labels"]["release"], "kube-prometheus");
 }
 
+/// values.schema.json refuses what the templates cannot use, and sidecar mode without the
+/// application's containers is refused with a message that says what to set.
 #[test]
-fn renderer_subset_behaves_like_go_templates() {
-    let ctx = json!({ "Values": { "a": { "b": "x", "n": 3, "on": false, "m": { "k": "v" } } } });
-    assert_eq!(render("a: {{ .Values.a.b }}", &ctx), "a: x");
-    assert_eq!(
-        render(
-            "a:\n  {{- if .Values.a.on }}\n  y\n  {{- else }}\n  z\n  {{- end }}\n",
-            &ctx
+fn chart_refuses_bad_values() {
+    let Some(h) = helm() else {
+        println!("SKIP chart values: neither `helm` nor helm-python-sdk is installed");
+        return;
+    };
+    for (values, expect) in [
+        (json!({ "mode": "gateway" }), "mode"),
+        (json!({ "vallumd": { "workers": 0 } }), "workers"),
+        (json!({ "vallumd": { "barrier": "rcu" } }), "barrier"),
+        (json!({ "persistence": { "type": "nfs" } }), "type"),
+        (json!({ "tollerations": [] }), "tollerations"),
+        (json!({ "nfqueue": { "hooks": "PREROUTING" } }), "hooks"),
+        (json!({ "mode": "sidecar" }), "sidecar.containers"),
+    ] {
+        match try_render(h, &values) {
+            Ok(_) => panic!("the chart accepted {values}"),
+            Err(e) => assert!(e.contains(expect), "{values}: {e}"),
+        }
+    }
+}
+
+/// The chart's copies of the alert rules and the dashboard (Helm reads files inside the chart
+/// only) are the files of deploy/.
+#[test]
+fn chart_files_are_the_deploy_files() {
+    for (chart, deploy) in [
+        (
+            "helm/vallum/files/vallum-rules.yaml",
+            "deploy/prometheus/vallum-rules.yaml",
         ),
-        "a:\n  z\n"
-    );
-    assert_eq!(render("{{ .Values.a.n | quote }}", &ctx), "\"3\"");
-    assert_eq!(
-        render("m:\n  {{- toYaml .Values.a.m | nindent 2 }}", &ctx),
-        "m:\n  k: v"
-    );
-    assert_eq!(
-        render("{{ if eq .Values.a.b \"x\" }}yes{{ end }}", &ctx),
-        "yes"
-    );
-    let missing = std::panic::catch_unwind(|| render("{{ .Values.nope }}", &ctx));
-    assert!(missing.is_err(), "a missing value must be an error");
+        (
+            "helm/vallum/files/vallum.json",
+            "deploy/grafana/vallum.json",
+        ),
+    ] {
+        assert!(
+            read(chart) == read(deploy),
+            "{chart} differs from {deploy}: cp {deploy} {chart}"
+        );
+    }
+}
+
+fn docs_of<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
 // Alerts and dashboard
+
+/// Where the runbook is published: the workspace's `repository` (Cargo.toml) + the docs path.
+fn runbook_base() -> String {
+    let cargo = read("Cargo.toml");
+    let repo = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("repository = "))
+        .expect("[workspace.package] repository in Cargo.toml")
+        .trim_matches('"');
+    format!("{repo}/blob/main/docs/operations.md")
+}
 
 fn alert_rules() -> Vec<Value> {
     let rules: Value =
@@ -1039,6 +1207,10 @@ fn alert_rules_are_valid_and_documented() {
         "VallumBarrierCostRegression",
         "VallumConntrackNearFull",
         "VallumNotServing",
+        "VallumMetricsDown",
+        "VallumFleetNack",
+        "VallumFleetDisconnected",
+        "VallumFleetRolloutStuck",
     ] {
         assert!(names.contains(required), "missing alert {required}");
     }
@@ -1048,11 +1220,26 @@ fn alert_rules_are_valid_and_documented() {
         let sev = r["labels"]["severity"].as_str().unwrap_or_default();
         assert!(["warning", "critical"].contains(&sev), "{name}: severity");
         assert!(r["annotations"]["summary"].is_string(), "{name}: summary");
-        let anchor = format!("docs/operations.md#{}", name.to_lowercase());
+        let url = format!("{}#{}", runbook_base(), name.to_lowercase());
         assert_eq!(
             r["annotations"]["runbook_url"],
-            anchor.as_str(),
-            "{name}: runbook_url"
+            url.as_str(),
+            "{name}: runbook_url (absolute: the repository's docs/operations.md)"
+        );
+        assert!(
+            r["for"]
+                .as_str()
+                .is_some_and(|f| !f.is_empty() && f != "0s" && f != "0m"),
+            "{name}: every alert needs a `for:` (a single bad scrape must not page)"
+        );
+        let expr = r["expr"].as_str().unwrap_or_default();
+        assert!(
+            !expr.contains("job="),
+            "{name}: selects a job by name (the chart's job is the release's Service)"
+        );
+        assert!(
+            r["annotations"]["description"].is_string(),
+            "{name}: description"
         );
         assert!(
             docs.contains(&format!("\n### {name}\n")),
@@ -1099,10 +1286,23 @@ fn commit_outcomes_are_one_vocabulary() {
         .filter(|o| o.is_failure())
         .map(|o| o.label())
         .collect();
-    // Every `outcome` matcher in the rules names outcomes that exist.
+    // Every `outcome` matcher on commit metrics in the rules names outcomes that exist (the
+    // fleet's applies have their own: ack, nack, removed).
     for r in alert_rules() {
         let expr = r["expr"].as_str().unwrap_or_default();
         let name = r["alert"].as_str().unwrap_or_default();
+        if !expr.contains("vallum_commits_total") {
+            for s in promql::selectors(expr).expect("parses") {
+                for m in s.matchers.matchers.iter().filter(|m| m.name == "outcome") {
+                    assert!(
+                        ["ack", "nack", "removed"].contains(&m.value.as_str()),
+                        "{name}: unknown fleet outcome {:?}",
+                        m.value
+                    );
+                }
+            }
+            continue;
+        }
         for (i, _) in expr.match_indices("outcome") {
             let rest = expr[i + "outcome".len()..].trim_start_matches(['=', '~', '!']);
             let value = rest
@@ -1200,13 +1400,22 @@ fn dashboard_is_valid_grafana_json() {
             && v["query"] == "prometheus"),
         "a Prometheus datasource variable"
     );
+    for want in ["cluster", "namespace", "node"] {
+        let v = vars
+            .iter()
+            .find(|v| v["name"] == want)
+            .unwrap_or_else(|| panic!("no dashboard variable ${want}"));
+        assert_eq!(v["includeAll"], true, "${want}: All");
+        assert_eq!(
+            v["allValue"], ".*",
+            "${want}: All matches series without the label"
+        );
+    }
     let panels = d["panels"].as_array().expect("panels");
     let mut ids = BTreeSet::new();
     let mut titles = String::new();
     for p in panels {
         let title = p["title"].as_str().expect("panel title");
-        titles += title;
-        titles.push('\n');
         assert!(
             ids.insert(p["id"].as_u64().expect("panel id")),
             "{title}: duplicate id"
@@ -1214,6 +1423,58 @@ fn dashboard_is_valid_grafana_json() {
         assert!(p["type"].is_string(), "{title}: type");
         for k in ["h", "w", "x", "y"] {
             assert!(p["gridPos"][k].is_u64(), "{title}: gridPos.{k}");
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        titles += title;
+        titles.push('\n');
+        // Written for operators: what the panel shows, in their words.
+        let desc = p["description"].as_str().unwrap_or_default();
+        assert!(desc.len() >= 20, "{title}: no description");
+        for internal in [
+            "issue #",
+            "DESIGN",
+            "helper",
+            "TODO",
+            "branch",
+            "odd generation",
+            "(bench",
+        ] {
+            assert!(
+                !desc.contains(internal),
+                "{title}: internal wording {internal:?} in the description: {desc}"
+            );
+        }
+        // Latency and error panels show where bad starts.
+        let lower = title.to_lowercase();
+        // (A heatmap shows a distribution: it has no threshold line.)
+        if (lower.contains("latency") || lower.contains("error")) && p["type"] != "heatmap" {
+            let steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+                .as_array()
+                .map(Vec::len)
+                .unwrap_or(0);
+            assert!(
+                steps >= 2,
+                "{title}: a latency/error panel without a threshold"
+            );
+            assert_ne!(
+                p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"], "off",
+                "{title}: threshold not shown"
+            );
+            assert!(
+                p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"].is_string(),
+                "{title}: threshold not shown"
+            );
+        }
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let e = t["expr"].as_str().unwrap_or_default();
+            for label in ["cluster", "namespace", "node"] {
+                assert!(
+                    e.contains(&format!("{label}=~\"${label}\"")),
+                    "{title}: query ignores ${label}: {e}"
+                );
+            }
         }
         let ds = &p["datasource"];
         assert_eq!(ds["type"], "prometheus", "{title}: datasource");
@@ -1235,6 +1496,18 @@ fn dashboard_is_valid_grafana_json() {
             q.expr
         );
     }
+    // rate/irate/increase read counters (and histogram buckets) only, in panels and alerts.
+    for q in dashboard_queries(&d).iter().chain(&promql::alert_queries()) {
+        let reads = promql::counter_function_reads(&q.expr).expect("parses");
+        for (f, m) in reads {
+            let kind = metric_kind(&m);
+            assert!(
+                matches!(kind, Some("counter" | "histogram")),
+                "{}: {f}() over {m}, a {kind:?}: use deriv() or delta() for gauges",
+                q.place
+            );
+        }
+    }
     for want in [
         "heatmap",
         "p50 / p99",
@@ -1247,6 +1520,11 @@ fn dashboard_is_valid_grafana_json() {
         "new flows/s",
         "Set sizes",
         "gRPC error",
+        "Fleet: etcd connection",
+        "Fleet: programming latency",
+        "Fleet: applies by outcome",
+        "Fleet: watch restarts",
+        "Fleet: revisions behind",
     ] {
         assert!(titles.contains(want), "no panel about {want:?}:\n{titles}");
     }
@@ -1283,7 +1561,24 @@ const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_conntrack_insert_failed_total", "counter"),
     // Issue #13: stored active revisions that did not load at start.
     ("vallum_rulesets_not_loaded", "gauge"),
+    // Fleet mode (issue #17, server/src/fleet/agent.rs).
+    ("vallum_fleet_connected", "gauge"),
+    ("vallum_fleet_revision", "gauge"),
+    ("vallum_fleet_applies_total", "counter"),
+    ("vallum_fleet_watch_restarts_total", "counter"),
+    ("vallum_fleet_programming_latency_seconds", "histogram"),
 ];
+
+/// The kind of a scraped series name (`histogram` for a histogram's `_bucket`, `_sum`,
+/// `_count`), from the lists above.
+fn metric_kind(name: &str) -> Option<&'static str> {
+    let base = base_name(name);
+    DESIGN_METRICS
+        .iter()
+        .chain(BEYOND_DESIGN)
+        .find(|(n, _)| *n == base)
+        .map(|(_, k)| *k)
+}
 
 /// Not vallumd's: Prometheus' own `up`, and kube-state-metrics' container readiness (the
 /// readiness probe is grpc.health.v1, so "not ready" is health NOT_SERVING).
@@ -1295,6 +1590,7 @@ fn base_name(name: &str) -> &str {
         if let Some(b) = name.strip_suffix(suffix) {
             if DESIGN_METRICS
                 .iter()
+                .chain(BEYOND_DESIGN)
                 .any(|(n, t)| *n == b && *t == "histogram")
             {
                 return b;

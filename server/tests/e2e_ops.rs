@@ -436,7 +436,7 @@ struct Run {
 }
 
 fn vallumctl(server: &str, args: &[&str]) -> Run {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+    let out = std::process::Command::new(support::vallumctl())
         .args(["--server", server, "--timeout", "10s"])
         .args(args)
         .env_clear()

@@ -705,7 +705,7 @@ fn vallumctl(server: &str, args: &[&str]) -> Run {
 
 fn vallumctl_stdin(server: &str, args: &[&str], stdin: &str) -> Run {
     use std::io::Write as _;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+    let mut child = std::process::Command::new(support::vallumctl())
         .args(["--server", server, "--timeout", "10s"])
         .args(args)
         .env_clear()

@@ -384,7 +384,7 @@ async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
 
     // vallumctl shows the same, in text and JSON.
     let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+        std::process::Command::new(vallumd::vallumctl())
             .args(["--server", &n2.url()])
             .args(args)
             .env_remove("VALLUM_OUTPUT")

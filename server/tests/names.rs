@@ -258,7 +258,7 @@ async fn an_empty_ruleset_needs_allow_empty() {
     let empty = dir.path().join("empty.rules");
     std::fs::write(&empty, "").unwrap();
     let ctl = |extra: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+        std::process::Command::new(support::vallumctl())
             .env_clear()
             .env("VALLUM_SERVER", d.url())
             .args(["apply", "web"])

@@ -450,13 +450,9 @@ fn vallumctl(ns: &str, args: &[&str]) -> String {
 /// `vallumctl dataplane` in namespace `ns`.
 fn vallumctl_cmd(ns: &str) -> Command {
     let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        ns,
-        env!("CARGO_BIN_EXE_vallumctl"),
-        "dataplane",
-    ]);
+    c.args(["netns", "exec", ns])
+        .arg(support::vallumctl())
+        .arg("dataplane");
     c
 }
 

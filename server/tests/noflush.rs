@@ -314,7 +314,7 @@ async fn parser_warnings_reach_validate_apply_and_vallumctl() {
 
 /// `(exit code, stdout, stderr)` of `vallumctl --server URL ARGS`.
 fn vallumctl(server: &str, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vallumctl"))
+    let out = std::process::Command::new(support::vallumctl())
         .args(["--server", server, "--timeout", "10s"])
         .args(args)
         .env_clear()

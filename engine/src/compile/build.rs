@@ -2,8 +2,7 @@
 //! [`Snapshot::compile_with`]), and the incremental [`Snapshot::compile_after`], which shares
 //! the bodies of unchanged chains with the active snapshot, splices a body where one run of
 //! rules changed (the index updated online, `tuple_merge/build.rs`) and takes counter slots
-//! over from the rules a new one continues. Also [`Snapshot::reuse`] and
-//! [`Snapshot::memory_bytes`].
+//! over from the rules a new one continues. Also [`Snapshot::reuse`].
 //!
 //! Runs on the committing thread, never on a packet core: it allocates freely, but it must
 //! not write anything the published snapshot's readers see (the active snapshot is shared,
@@ -14,8 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{
-    Family, Hook, Match, Neg, PortRange, Rule, RuleList, Ruleset, SetDir, TableKind, Target,
-    diff_rules,
+    Family, Hook, Match, Neg, PortRange, Rule, RuleList, Ruleset, TableKind, Target, diff_rules,
 };
 use crate::packet::IfName;
 use crate::sets::SetRegistry;
@@ -636,56 +634,6 @@ impl Snapshot {
                 )
             })
             .collect()
-    }
-
-    /// Bytes taken by the compiled rules and by the classification index (a body shared with
-    /// another snapshot is counted in full).
-    pub fn memory_bytes(&self) -> MemoryUsage {
-        let bodies = self.chains.iter().map(|c| &*c.body);
-        let rules = bodies
-            .clone()
-            .flat_map(|b| b.rules.iter())
-            .map(|r| {
-                // An inline match lives in the rule; shared ones in an `Arc` (two counters).
-                let shared = match &r.matches {
-                    Matches::Inline(_) => 0,
-                    Matches::Shared(a) => 16 + size_of_val::<[CMatch]>(a),
-                };
-                size_of::<CRule>()
-                    + shared
-                    + r.matches
-                        .iter()
-                        .map(|m| match m {
-                            CMatch::Multiport { ports, .. } => size_of_val::<[PortRange]>(ports),
-                            CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
-                            CMatch::Iprange(_) => size_of::<IprangeMatch>(),
-                            _ => 0,
-                        })
-                        .sum::<usize>()
-            })
-            .sum();
-        let indexes = bodies.filter_map(|b| b.index.as_ref());
-        MemoryUsage {
-            rules,
-            index: indexes.clone().map(ChainIndex::memory_bytes).sum::<usize>(),
-            tables: indexes.clone().map(ChainIndex::tables).sum(),
-            rfc_chains: indexes.filter(|i| i.has_rfc()).count(),
-        }
-    }
-
-    /// The rulesets this snapshot was compiled from, in evaluation (priority) order.
-    pub fn rulesets(&self) -> &[Arc<Ruleset>] {
-        &self.rulesets
-    }
-
-    /// Number of compiled rules (enforced tables only).
-    pub fn rule_count(&self) -> usize {
-        self.n_rules
-    }
-
-    /// Number of cores this snapshot has counter blocks for.
-    pub fn cores(&self) -> usize {
-        self.cells.cores()
     }
 
     /// How this snapshot reused `prev`, when it was built from it by

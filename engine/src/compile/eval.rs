@@ -6,8 +6,10 @@
 //!
 //! Runs on the packet cores against a published, immutable snapshot. It takes no lock and
 //! reads no clock (`now` is passed in); per packet it writes only this core's counter block
-//! and the `-m limit` buckets of rules the packet reaches. It allocates nothing, except the
-//! [`LogEvent`] of a `-j LOG` hit and [`Snapshot::trace`]'s steps.
+//! and the `-m limit` buckets of rules the packet reaches. A `-j LOG` hit goes to the caller's
+//! [`LogSink`] (a worker's [`LogRing`](super::LogRing) copies it into a fixed slot; a
+//! `Vec<LogEvent>` allocates an event). Nothing else allocates, except [`Snapshot::trace`]'s
+//! steps.
 
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
@@ -19,6 +21,7 @@ use crate::model::{
 use crate::packet::PacketMeta;
 
 use super::counters::CoreCounters;
+use super::log_ring::{LogHit, LogSink};
 use super::tuple_merge::{PROBE_BATCH, PROBE_UNKNOWN};
 use super::*;
 
@@ -30,7 +33,17 @@ pub(super) trait Observer {
     fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta);
     fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
-    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta);
+    /// Rule `number` of `chain` (index `chain_index` in the snapshot's chains) is a `-j LOG`
+    /// that matched.
+    #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
+    fn log(
+        &mut self,
+        chain: &CChain,
+        chain_index: u32,
+        number: u32,
+        log: &LogSpec,
+        pkt: &PacketMeta,
+    );
     fn outcome(&mut self, _what: StepOutcome) {}
     /// A match found the transport-header bytes it reads missing ([`PacketMeta::l4_cut`]):
     /// the packet is dropped on the spot (the kernel's `par->hotdrop`).
@@ -54,8 +67,15 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         self.inner.limit(bucket, now)
     }
-    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta) {
-        self.inner.log(chain, number, log, pkt);
+    fn log(
+        &mut self,
+        chain: &CChain,
+        chain_index: u32,
+        number: u32,
+        log: &LogSpec,
+        pkt: &PacketMeta,
+    ) {
+        self.inner.log(chain, chain_index, number, log, pkt);
     }
     fn outcome(&mut self, what: StepOutcome) {
         self.inner.outcome(what);
@@ -66,33 +86,15 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     }
 }
 
-fn log_event(
-    names: &[Arc<str>],
-    chain: &CChain,
-    number: u32,
-    log: &LogSpec,
-    pkt: &PacketMeta,
-) -> LogEvent {
-    LogEvent {
-        ruleset: names[chain.ruleset as usize].clone(),
-        table: chain.table,
-        chain: chain.name.clone(),
-        rule: number,
-        prefix: log.prefix.clone(),
-        level: log.level,
-        nflog_group: log.nflog_group,
-        packet: *pkt,
-    }
-}
-
-/// The hot-path observer: bumps this core's counters and collects LOG events.
-struct Counting<'a> {
+/// The hot-path observer: bumps this core's counters and hands LOG hits to `logs`.
+struct Counting<'a, L: ?Sized> {
     counters: &'a CoreCounters,
+    snapshot: u64,
     names: &'a [Arc<str>],
-    logs: &'a mut Vec<LogEvent>,
+    logs: &'a mut L,
 }
 
-impl Observer for Counting<'_> {
+impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
     #[inline]
     fn rule(&mut self, slot: usize, _: &CChain, _: u32, pkt: &PacketMeta) {
         self.counters.bump(slot, u64::from(pkt.len));
@@ -105,9 +107,25 @@ impl Observer for Counting<'_> {
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         bucket.conforms(now)
     }
-    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta) {
-        self.logs
-            .push(log_event(self.names, chain, number, log, pkt));
+    fn log(
+        &mut self,
+        chain: &CChain,
+        chain_index: u32,
+        number: u32,
+        log: &LogSpec,
+        pkt: &PacketMeta,
+    ) {
+        self.logs.log(&LogHit {
+            snapshot: self.snapshot,
+            names: self.names,
+            chain,
+            chain_index,
+            rule: number,
+            prefix: &log.prefix,
+            level: log.level,
+            nflog_group: log.nflog_group,
+            packet: pkt,
+        });
     }
 }
 
@@ -179,6 +197,7 @@ pub struct Trace {
 }
 
 pub(super) struct Tracing<'a> {
+    pub(super) snapshot: u64,
     pub(super) names: &'a [Arc<str>],
     pub(super) steps: Vec<TraceStep>,
     pub(super) logs: Vec<LogEvent>,
@@ -212,9 +231,25 @@ impl Observer for Tracing<'_> {
         self.limits_asked += 1;
         bucket.would_conform(now)
     }
-    fn log(&mut self, chain: &CChain, number: u32, log: &LogSpec, pkt: &PacketMeta) {
-        self.logs
-            .push(log_event(self.names, chain, number, log, pkt));
+    fn log(
+        &mut self,
+        chain: &CChain,
+        chain_index: u32,
+        number: u32,
+        log: &LogSpec,
+        pkt: &PacketMeta,
+    ) {
+        self.logs.log(&LogHit {
+            snapshot: self.snapshot,
+            names: self.names,
+            chain,
+            chain_index,
+            rule: number,
+            prefix: &log.prefix,
+            level: log.level,
+            nflog_group: log.nflog_group,
+            packet: pkt,
+        });
     }
     fn outcome(&mut self, what: StepOutcome) {
         if let Some(last) = self.steps.last_mut() {
@@ -648,7 +683,7 @@ impl Snapshot {
                     chain = c.table_base + *t;
                     next = 0;
                 }
-                CTarget::Log(log) => obs.log(c, next, log, p),
+                CTarget::Log(log) => obs.log(c, chain, next, log, p),
                 CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
                 CTarget::Mark(m) => p.mark = m.apply(p.mark),
                 CTarget::Connmark(cm) => connmark(cm, p),
@@ -740,8 +775,9 @@ impl Snapshot {
 
     /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by
     /// `-m limit`), counting every matched rule and applied policy in that core's counters and
-    /// appending LOG events to `logs`. `packet.ct_state` becomes UNTRACKED when a raw-table
-    /// NOTRACK rule matched. Never allocates unless a LOG rule matched.
+    /// handing `-j LOG` hits to `logs` ([`LogSink`]). `packet.ct_state` becomes UNTRACKED when
+    /// a raw-table NOTRACK rule matched. Allocates nothing, unless the sink does
+    /// (`Vec<LogEvent>` does; [`LogRing`](super::LogRing) does not).
     ///
     /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
     #[inline]
@@ -750,7 +786,7 @@ impl Snapshot {
         core: usize,
         packet: &mut PacketMeta,
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
     ) -> Verdict {
         self.classify_split(core, packet, now, logs, |_| None)
     }
@@ -766,12 +802,13 @@ impl Snapshot {
         core: usize,
         packet: &mut PacketMeta,
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Verdict {
         let counters = self.cells.core(core);
         let mut obs = Counting {
             counters,
+            snapshot: self.id,
             names: &self.names,
             logs,
         };
@@ -797,6 +834,7 @@ impl Snapshot {
     ) -> Trace {
         let mut p = *packet;
         let mut obs = Tracing {
+            snapshot: self.id,
             names: &self.names,
             steps: Vec::new(),
             logs: Vec::new(),
@@ -856,7 +894,7 @@ impl Snapshot {
         packets: &mut [PacketMeta],
         verdicts: &mut [Verdict],
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
     ) -> usize {
         self.classify_batch_split(core, packets, verdicts, now, logs, |_| None, |_, v| v)
     }
@@ -874,7 +912,7 @@ impl Snapshot {
         packets: &mut [PacketMeta],
         verdicts: &mut [Verdict],
         now: u64,
-        logs: &mut Vec<LogEvent>,
+        logs: &mut (impl LogSink + ?Sized),
         mut after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
         mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
     ) -> usize {
@@ -882,6 +920,7 @@ impl Snapshot {
         let counters: &CoreCounters = self.cells.core(core);
         let mut obs = Counting {
             counters,
+            snapshot: self.id,
             names: &self.names,
             logs,
         };

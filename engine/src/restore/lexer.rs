@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 /// One token of a line with the 1-based byte column where it starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Token<'a> {
+pub struct Token<'a> {
     /// The token text with quotes and escapes removed: a slice of the line unless the token
     /// had a quoted part.
     pub text: Cow<'a, str>,
@@ -49,7 +49,7 @@ impl<'t> Tok<'t> {
 
 /// A line ended inside a double-quoted part; carries the 1-based column of the opening quote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct UnterminatedQuote {
+pub struct UnterminatedQuote {
     /// Column of the `"` that was never closed.
     pub column: u32,
 }
@@ -80,9 +80,9 @@ pub(crate) fn split_byte(s: &str, b: u8) -> Option<(&str, &str)> {
 }
 
 /// Tokenizes one line (without its newline). Tokens without quotes borrow from `line`; only
-/// a token with a quoted part allocates.
-#[cfg(test)]
-pub(crate) fn tokenize(line: &str) -> Result<Vec<Token<'_>>, UnterminatedQuote> {
+/// a token with a quoted part allocates. The one tokenizer of iptables words: the parser uses
+/// it (through `tokenize_into`), and so does vallumctl to lay out rule text in columns.
+pub fn tokenize(line: &str) -> Result<Vec<Token<'_>>, UnterminatedQuote> {
     let mut out = Vec::new();
     tokenize_into(line, &mut out).map(|()| out)
 }

@@ -650,7 +650,7 @@ mod linux {
         }
         worker.process_batch(&mut packets[..k], &mut verdicts[..k], now);
         // LOG events have no consumer yet (issue: log sink); drop them.
-        drop(worker.take_logs());
+        worker.drain_log_records().for_each(drop);
         for (a, &(id, idx, queued)) in answers.iter_mut().zip(&order[..m]) {
             let v = verdicts.get(idx).map_or(wire::NF_DROP, |&v| nf_verdict(v));
             // The mark the rules left, sent back when it differs from the queued one (only

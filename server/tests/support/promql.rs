@@ -181,3 +181,29 @@ pub fn substitute(q: &Query, rate_interval: &str, vars: &[(String, String)]) -> 
     assert!(!e.contains('$'), "{}: unknown variable in {e}", q.place);
     e
 }
+
+/// (function, metric) for every metric read by `rate`, `irate` or `increase` in `expr`: those
+/// functions are for counters (and histogram buckets, which are counters).
+pub fn counter_function_reads(expr: &str) -> Result<Vec<(String, String)>, String> {
+    struct Collect(Vec<(String, String)>);
+    impl ExprVisitor for Collect {
+        type Error = String;
+        fn pre_visit(&mut self, e: &Expr) -> Result<bool, String> {
+            if let Expr::Call(c) = e {
+                if ["rate", "irate", "increase"].contains(&c.func.name) {
+                    for a in &c.args.args {
+                        for s in selectors(&a.to_string())? {
+                            self.0
+                                .push((c.func.name.to_owned(), s.name.unwrap_or_default()));
+                        }
+                    }
+                }
+            }
+            Ok(true)
+        }
+    }
+    let ast = parser::parse(expr)?;
+    let mut c = Collect(Vec::new());
+    walk_expr(&mut c, &ast)?;
+    Ok(c.0)
+}

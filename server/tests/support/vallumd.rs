@@ -256,3 +256,39 @@ where
     }
     panic!("{what}: not reached after {attempts} polls");
 }
+
+/// The `vallumctl` binary, for tests that run it. It belongs to another package (vallum-cli),
+/// and cargo builds only this package's binaries for its tests, so the first call builds it
+/// with the cargo that runs the tests (`$CARGO`), into the target directory and profile of the
+/// running test binary (`target/PROFILE/deps/TEST-HASH`), and later calls reuse that path.
+/// `VALLUMCTL=PATH` runs a prebuilt binary instead. Panics when the build fails (a test that
+/// runs vallumctl cannot go on without it).
+pub fn vallumctl() -> &'static Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(p) = std::env::var_os("VALLUMCTL") {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary lies in target/PROFILE/deps");
+        let target_dir = profile_dir.parent().expect("target/PROFILE has a parent");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(other) => other,
+            None => panic!("no profile in {}", profile_dir.display()),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "vallum-cli", "--bin", "vallumctl"])
+            .args(["--profile", profile, "--target-dir"])
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build -p vallum-cli");
+        assert!(status.success(), "cargo build -p vallum-cli: {status}");
+        profile_dir.join("vallumctl")
+    })
+}

@@ -312,36 +312,30 @@ struct Columns {
     rest: Vec<String>,
 }
 
-/// Splits rule text into words, keeping `"quoted strings"` (with `\"` escapes) together.
-fn words(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut chars = text.chars();
-    while let Some(ch) = chars.next() {
-        match ch {
-            '\\' if quoted => {
-                cur.push(ch);
-                if let Some(n) = chars.next() {
-                    cur.push(n);
-                }
-            }
-            '"' => {
-                quoted = !quoted;
-                cur.push(ch);
-            }
-            c if c.is_whitespace() && !quoted => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            c => cur.push(c),
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
+/// The words of rule text as the engine's tokenizer splits them
+/// (`vallum_engine::restore::tokenize`, iptables-restore's rules): each word's unquoted text,
+/// to compare with flags, and its source text (quotes kept), to print. A text with an
+/// unterminated quote (never sent by vallumd, whose rule text is canonical) is one word.
+fn words(text: &str) -> Vec<(String, String)> {
+    let Ok(tokens) = vallum_engine::restore::tokenize(text) else {
+        return vec![(text.to_owned(), text.to_owned())];
+    };
+    let starts: Vec<usize> = tokens
+        .iter()
+        .map(|t| t.column.saturating_sub(1) as usize)
+        .collect();
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let end = starts.get(i + 1).copied().unwrap_or(text.len());
+            let source = text
+                .get(starts[i]..end)
+                .unwrap_or_default()
+                .trim_end_matches([' ', '\t', '\r', '\n']);
+            (t.text.to_string(), source.to_owned())
+        })
+        .collect()
 }
 
 fn columns(text: &str, fam: &str) -> Columns {
@@ -364,9 +358,9 @@ fn columns(text: &str, fam: &str) -> Columns {
     let mut i = 0;
     let mut neg = false;
     while i < w.len() {
-        let word = w[i].as_str();
+        let word = w[i].0.as_str();
         let bang = if neg { "!" } else { "" };
-        let next = w.get(i + 1).cloned();
+        let next = w.get(i + 1).map(|(_, source)| source.clone());
         let slot = match word {
             "!" => {
                 neg = true;
@@ -397,7 +391,7 @@ fn columns(text: &str, fam: &str) -> Columns {
                 if neg {
                     c.rest.push("!".into());
                 }
-                c.rest.push(w[i].clone());
+                c.rest.push(w[i].1.clone());
                 i += 1;
             }
         }
@@ -724,5 +718,16 @@ mod tests {
         assert_eq!(c.rest, ["--reject-with", "icmp-port-unreachable"]);
         let c = columns("! -f -j DROP", "ipv4");
         assert_eq!(c.opt, "!f");
+        // The engine's tokenizer: a quoted `"!"` negates (as iptables), a word keeps its
+        // quotes and escapes when printed, tabs separate.
+        let c = columns(
+            "\"!\" -s 10.0.0.1\t-m comment --comment \"say \\\"hi\\\"\" -j ACCEPT",
+            "ipv4",
+        );
+        assert_eq!(c.source, "!10.0.0.1");
+        assert_eq!(c.rest, ["-m", "comment", "--comment", "\"say \\\"hi\\\"\""]);
+        // An unterminated quote (not canonical text) is kept whole, not dropped.
+        let c = columns("-m comment --comment \"open", "ipv4");
+        assert_eq!(c.rest, ["-m comment --comment \"open"]);
     }
 }

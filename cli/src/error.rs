@@ -1,12 +1,12 @@
 //! vallumctl's errors, exit codes and error reports.
 //!
 //! The exit codes are classes (0 ok, 1 rejected, 2 usage, 3 unavailable) and the whole mapping
-//! is the server's error table in `vallum_server::error`: a status whose `ErrorInfo.reason` is a
-//! row of [`vallum_server::Reason`] exits with that row's code (so `NOT_READY` and
+//! is the error table both sides read, `vallum_api::reason`: a status whose `ErrorInfo.reason` is a
+//! row of [`Reason`] exits with that row's code (so `NOT_READY` and
 //! `SHUTTING_DOWN` exit 3 whatever the gRPC code); a failure vallumctl finds itself is a row of
 //! [`ClientReason`] (usage 2, local 1, unreachable, deadline and lost connection 3); a status
 //! without a known reason (another server, a proxy) goes by its gRPC code
-//! ([`vallum_server::error::status_exit_code`]).
+//! ([`status_exit_code`]).
 //!
 //! A status made by tonic in the client (a deadline, a broken connection) carries the error it
 //! came from as its `source`; a status the server sent carries none. [`made_in_client`] reads that
@@ -23,9 +23,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tonic::Code;
 use tonic_types::StatusExt;
-use vallum_server::Reason;
-pub use vallum_server::error::{ClientReason, EXIT_OK, status_exit_code};
-use vallum_server::tls::TlsError;
+use vallum_api::Reason;
+pub use vallum_api::reason::{ClientReason, EXIT_OK, status_exit_code};
+use vallum_api::tls::TlsError;
 
 /// What went wrong in a vallumctl run.
 #[derive(Debug, thiserror::Error)]
@@ -500,7 +500,7 @@ fn starts_with_line_col(s: &str) -> bool {
 mod tests {
     use super::*;
     use tonic_types::ErrorDetails;
-    use vallum_server::error::{EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE};
+    use vallum_api::reason::{EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE};
 
     #[test]
     fn localizes() {

@@ -440,7 +440,7 @@ async fn connect(cli: &Cli, with_timeout: bool) -> Result<Clients, CliError> {
     }
     let tls = cli.server.starts_with("https://") || cli.ca.is_some() || cli.cert.is_some();
     if tls {
-        let cfg = vallum_server::tls::client_config(
+        let cfg = vallum_api::tls::client_config(
             cli.ca.as_deref(),
             cli.cert.as_deref(),
             cli.key.as_deref(),
@@ -929,7 +929,7 @@ async fn speaks_tls(cli: &Cli) -> bool {
     let Some(rest) = cli.server.strip_prefix("http://") else {
         return false;
     };
-    let Ok(cfg) = vallum_server::tls::client_config(None, None, None, cli.tls_domain.as_deref())
+    let Ok(cfg) = vallum_api::tls::client_config(None, None, None, cli.tls_domain.as_deref())
     else {
         return false;
     };
