@@ -232,9 +232,11 @@ mod tests {
             };
             let enforced_somewhere = matches!(r.ipv4, Support::Enforced { .. })
                 || matches!(r.ipv6, Support::Enforced { .. });
-            let typed = !r.target
-                && (typed_from_opaque(r.name, Family::Ipv4)
-                    || typed_from_opaque(r.name, Family::Ipv6));
+            let typed = if r.target {
+                super::super::opaque::TYPED_TARGETS.contains(&r.name)
+            } else {
+                typed_from_opaque(r.name, Family::Ipv4) || typed_from_opaque(r.name, Family::Ipv6)
+            };
             assert_eq!(enforced_somewhere, known || typed, "{}", r.name);
         }
     }
