@@ -546,7 +546,8 @@ mod tests {
             panic!("not a packet")
         };
         assert_eq!((p.uid, p.gid), (Some(1000), Some(100)));
-        let Message::Packet(q) = one(&hex(V4_INPUT_PACKET)) else {
+        let plain = hex(V4_INPUT_PACKET);
+        let Message::Packet(q) = one(&plain) else {
             panic!("not a packet")
         };
         assert_eq!((q.uid, q.gid), (None, None));
