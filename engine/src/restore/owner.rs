@@ -78,16 +78,16 @@ pub(crate) fn typed(
                 if lo > hi {
                     return Err(bad(format!("empty range '{a}'")));
                 }
-                let v = Some(Neg {
+                let v = Neg {
                     negated: o.negated,
                     value: IdRange { lo, hi },
-                });
+                };
                 let slot = if o.name == "--uid-owner" {
                     &mut m.uid
                 } else {
                     &mut m.gid
                 };
-                if slot.replace(v.expect("some")).is_some() {
+                if slot.replace(v).is_some() {
                     return Err(twice());
                 }
             }
