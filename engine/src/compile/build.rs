@@ -84,6 +84,12 @@ fn jump_targets<'a>(rules: impl Iterator<Item = &'a CRule>) -> Box<[u32]> {
 }
 
 /// Some match holds an object resolved through the registry (a set, the node's addresses).
+fn has_state(r: &CRule) -> bool {
+    r.matches
+        .iter()
+        .any(|m| matches!(m, CMatch::Recent(_) | CMatch::Hashlimit(_)))
+}
+
 fn has_set(r: &CRule) -> bool {
     r.matches.iter().any(|m| match m {
         CMatch::Set { .. } => true,
@@ -97,6 +103,8 @@ fn has_set(r: &CRule) -> bool {
 struct BodyContext<'a> {
     chains: &'a HashMap<&'a str, u32>,
     sets: &'a dyn SetRegistry,
+    /// The build's named tables and this ruleset's name in them.
+    named: (&'a RefCell<NamedState>, &'a Arc<str>),
     classifier: Classifier,
     width: u32,
     ruleset: &'a str,
@@ -115,6 +123,7 @@ impl BodyContext<'_> {
                     rule,
                     self.chains,
                     self.sets,
+                    self.named,
                     self.width == 128,
                     self.table == TableKind::Raw,
                 )
@@ -148,17 +157,23 @@ impl BodyContext<'_> {
         rules: RuleChunks,
         slots: Chunks<u32>,
         index: Option<ChainIndex>,
-        known: Option<(Box<[u32]>, bool)>,
+        known: Option<(Box<[u32]>, bool, bool)>,
     ) -> ChainBody {
         let index = index.or_else(|| {
             self.wants_index(rules.len())
                 .then(|| ChainIndex::build(&rules, self.width, self.rfc_rules()))
         });
-        let (targets, has_sets) =
-            known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
+        let (targets, has_sets, stateful) = known.unwrap_or_else(|| {
+            (
+                jump_targets(rules.iter()),
+                rules.iter().any(has_set),
+                rules.iter().any(has_state),
+            )
+        });
         ChainBody {
             targets,
             has_sets,
+            stateful,
             rules,
             slots,
             index,
@@ -194,6 +209,7 @@ impl ChainBody {
         // Only set-free bodies are spliced, so only the new rules can bring a set; the
         // targets need a scan of the whole chain only when the old or the new rules jump.
         let has_sets = new.iter().any(has_set);
+        let stateful = self.stateful || new.iter().any(has_state);
         let new_jumps = !jump_targets(new.iter()).is_empty();
         let compiled = self.rules.splice(p, om, new);
         let index = match &self.index {
@@ -212,7 +228,7 @@ impl ChainBody {
             jump_targets(compiled.iter())
         };
         let slots = self.slots.splice(p, om, mid_slots.to_vec());
-        Ok(cx.finish(compiled, slots, index, Some((targets, has_sets))))
+        Ok(cx.finish(compiled, slots, index, Some((targets, has_sets, stateful))))
     }
 }
 
@@ -233,6 +249,7 @@ impl Snapshot {
             slots_taken: (0, 0),
             moved: Box::default(),
             origin: None,
+            named: NamedState::default(),
         }
     }
 
@@ -399,6 +416,9 @@ impl Snapshot {
                 .collect()
         });
         let old_chains = prev.map_or_else(HashMap::default, Snapshot::chain_map);
+        let named = RefCell::new(
+            prev.map_or_else(NamedState::default, |p| NamedState::kept(&p.named, &names)),
+        );
         let fresh = || cells.alloc().ok_or(Stop::NoRoom);
         // The slot a rule or policy that continues one of `prev` (in `old`) counts in.
         let keep = |old: u32| -> Result<u32, Stop> {
@@ -459,6 +479,7 @@ impl Snapshot {
                     let cx = BodyContext {
                         chains: &local,
                         sets,
+                        named: (&named, &names[ri]),
                         classifier,
                         width,
                         ruleset: &rs.name,
@@ -581,6 +602,15 @@ impl Snapshot {
             }
             .into());
         }
+        // The named tables the new snapshot's rules hold (and no other: a table no rule
+        // names any more goes, as in the kernel).
+        let named = NamedState::held(chains.iter().filter(|c| c.body.stateful).flat_map(|c| {
+            let rs = &names[c.ruleset as usize];
+            c.body
+                .rules
+                .iter()
+                .flat_map(move |r| r.matches.iter().map(move |m| (rs, m)))
+        }));
         // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
         base.sort_by_key(|&(_, _, kind, _)| kind);
         let mut raw_chains = [[0u32; 5]; 2];
@@ -608,6 +638,7 @@ impl Snapshot {
                 prev: p.id,
                 chains: origins.into_boxed_slice(),
             }),
+            named,
         })
     }
 
@@ -758,6 +789,7 @@ fn compile_rule(
     rule: &Rule,
     chains: &HashMap<&str, u32>,
     sets: &dyn SetRegistry,
+    (named, ruleset): (&RefCell<NamedState>, &Arc<str>),
     v6: bool,
     raw: bool,
 ) -> Result<CRule, RuleError> {
@@ -922,6 +954,11 @@ fn compile_rule(
                     limit: a.limit,
                     addrs,
                 }))
+            }
+            Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
+            Match::Hashlimit(h) => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                CMatch::Hashlimit(Box::new(named.borrow_mut().hashlimit(ruleset, family, h)))
             }
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
