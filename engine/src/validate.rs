@@ -310,6 +310,20 @@ pub enum ViolationKind {
         "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
     )]
     NodeAddrsUnknown(String),
+    /// `-j NFLOG` (warning): its events are counted and handed to the engine's caller like
+    /// LOG events, and vallumd has no consumer for either yet: nothing reaches the nflog
+    /// group.
+    #[error(
+        "-j NFLOG --nflog-group {0}: the rule counts and its events are kept like LOG events, but vallumd has no consumer for them yet: nothing is sent to nflog group {0}"
+    )]
+    NflogNoConsumer(u16),
+    /// `-m connmark` or `-j CONNMARK` in the raw table (warning): raw runs before conntrack
+    /// (priority -300 against -200), so the packet has no entry there yet and, as in the
+    /// kernel, the match never matches and the target changes nothing.
+    #[error(
+        "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
+    )]
+    NoConntrackInRaw(&'static str),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]
@@ -786,6 +800,7 @@ impl TableCheck<'_> {
         let enforced = table.kind.is_enforced();
         let reached = |h: Hook| reach & (1 << h.index()) != 0;
         let mut errs: Vec<ViolationKind> = Vec::new();
+        let mut warns: Vec<ViolationKind> = Vec::new();
 
         for i in [&r.in_iface, &r.out_iface].into_iter().flatten() {
             // As the parser: no whitespace, control characters, '/', quotes or backslashes
@@ -836,6 +851,7 @@ impl TableCheck<'_> {
         }
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
         let mut mac_used = false;
+        let mut owner_used = false;
         for m in &r.matches {
             let needs = |ext: &'static str, protos: &[u8], pname: &'static str| {
                 (!proto.is_some_and(|p| protos.contains(&p)))
@@ -889,15 +905,37 @@ impl TableCheck<'_> {
                 Match::Conntrack(ct) => {
                     if enforced {
                         for o in &ct.other {
-                            errs.push(ViolationKind::Unsupported {
-                                what: "match",
-                                name: format!("conntrack {}", o.name),
-                                table: table.kind,
-                            });
+                            let one = crate::model::ConntrackMatch {
+                                ctstate: None,
+                                other: vec![o.clone()],
+                            };
+                            if let Err(name) = one.tuple_conditions(family) {
+                                errs.push(ViolationKind::Unsupported {
+                                    what: "match",
+                                    name,
+                                    table: table.kind,
+                                });
+                            }
                         }
                     }
                 }
                 Match::State(_) | Match::Mark(_) => {}
+                Match::Owner(w) => {
+                    owner_used = true;
+                    if enforced && w.suppl_groups {
+                        errs.push(ViolationKind::Unsupported {
+                            what: "match",
+                            name: "owner --suppl-groups (NFQUEUE sends no supplementary groups)"
+                                .into(),
+                            table: table.kind,
+                        });
+                    }
+                }
+                Match::Connmark(_) => {
+                    if table.kind == TableKind::Raw {
+                        warns.push(ViolationKind::NoConntrackInRaw("-m connmark"));
+                    }
+                }
                 Match::Iprange(ir) => {
                     for rg in [ir.src, ir.dst].into_iter().flatten() {
                         let fam_ok = rg.value.lo.is_ipv6() == (family == Family::Ipv6)
@@ -1126,6 +1164,17 @@ impl TableCheck<'_> {
                 }
             }
         }
+        if owner_used {
+            // As xt_owner's hooks: only locally generated packets have a socket.
+            for h in [Hook::Prerouting, Hook::Input, Hook::Forward] {
+                if reached(h) {
+                    errs.push(ViolationKind::WrongHook {
+                        what: "-m owner",
+                        hook: h,
+                    });
+                }
+            }
+        }
         if mac_used {
             for h in [Hook::Output, Hook::Postrouting] {
                 if reached(h) {
@@ -1220,15 +1269,45 @@ impl TableCheck<'_> {
                     });
                 }
             }
+            Target::Nflog(n) => {
+                if n.prefix
+                    .as_ref()
+                    .is_some_and(|p| p.len() > 63 || p.chars().any(char::is_control))
+                {
+                    errs.push(ViolationKind::TooLong {
+                        what: "nflog prefix",
+                        value: n.prefix.clone().unwrap_or_default(),
+                        max: 63,
+                    });
+                }
+                if enforced {
+                    warns.push(ViolationKind::NflogNoConsumer(n.group));
+                }
+            }
+            Target::Connmark(_) => {
+                if table.kind == TableKind::Raw {
+                    warns.push(ViolationKind::NoConntrackInRaw("-j CONNMARK"));
+                }
+            }
             Target::None
             | Target::Accept
             | Target::Drop
             | Target::Return
+            | Target::Mark(_)
             | Target::Jump(_)
             | Target::Goto(_) => {}
         }
         for e in errs {
             self.at_rule(c, ri, r, e);
+        }
+        for w in warns {
+            self.push(
+                Severity::Warning,
+                Some(c),
+                Some(ri as u32 + 1),
+                r.location,
+                w,
+            );
         }
     }
 }

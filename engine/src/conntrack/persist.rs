@@ -138,6 +138,9 @@ impl Conntrack {
                 status: AtomicU64::new(e.status),
                 timeout: AtomicU64::new(now.saturating_add(left.min(cap))),
                 dying: AtomicBool::new(false),
+                // The connection mark is not in the saved form (yet): restored entries start
+                // at 0.
+                mark: AtomicU64::new(0),
             });
             match self.insert(conn, [e.tuple.hash(), reply.hash()], now, &guard) {
                 Insert::Done => r.restored += 1,
