@@ -2,7 +2,8 @@
 //!
 //! [`Reason`] is the table: each row gives the UPPER_SNAKE `ErrorInfo.reason`, the gRPC code
 //! and the exit code `vallumctl` uses. It holds the reasons of vallumd's services and pipeline
-//! and those of the tower layers in front of them (auth: `TOKEN_*`, `ADMIN_REQUIRED`; limits:
+//! and those of the tower layers in front of them (auth: `TOKEN_*`, `ADMIN_REQUIRED`,
+//! `SCOPE_DENIED`; limits:
 //! `REQUEST_TOO_LARGE`, `TOO_MANY_*`), so `vallumctl` maps every reason it can receive through
 //! this one table. vallum-server's `error` module builds gRPC statuses from these rows (with
 //! `ErrorInfo` domain [`ERROR_DOMAIN`]); vallumctl reads them back.
@@ -113,6 +114,10 @@ reasons! {
     TokenInvalid => ("TOKEN_INVALID", Unauthenticated, EXIT_REJECTED),
     /// A read-only token called a method that needs an admin token (auth layer).
     AdminRequired => ("ADMIN_REQUIRED", PermissionDenied, EXIT_REJECTED),
+    /// A scoped token called outside its scope (a ruleset or set name, an operation or a
+    /// priority it does not hold); `ErrorInfo.metadata["scope"]` is the missing scope word,
+    /// e.g. `rulesets=team-b`, `ops=conntrack` or `min-priority<=10`.
+    ScopeDenied => ("SCOPE_DENIED", PermissionDenied, EXIT_REJECTED),
     /// The request message is larger than `--max-request-bytes` (limits layer).
     RequestTooLarge => ("REQUEST_TOO_LARGE", ResourceExhausted, EXIT_REJECTED),
     /// The ruleset has more rules than `--max-rules`.

@@ -8,6 +8,13 @@
 //! - `--admin-token-file FILE` (`VALLUM_ADMIN_TOKEN_FILE`) and `--reader-token-file FILE`
 //!   (`VALLUM_READER_TOKEN_FILE`): one token a line, `TOKEN [NAME]`, all of that role.
 //!
+//! A line may end in scope words (`admin TOKEN ci-team-a rulesets=team-a-* ops=apply,sets
+//! min-priority=100`): such a token may change only the rulesets and sets its names cover,
+//! only by the operations it lists, and only at priorities at or above its floor (see
+//! [`Scope`]; as Kubernetes RBAC `resourceNames` and Calico tiers). A line without scope words
+//! means what it always meant: everything the role allows. NAME is optional before them
+//! (a third word starting `rulesets=`, `ops=` or `min-priority=` is a scope word).
+//!
 //! Blank lines and lines starting with `#` are skipped. NAME is what the audit log records (the
 //! token itself is never logged); it defaults to `ROLE@FILE:LINE`. An error in a token file
 //! names the file, the line and the field (`f:3: field 1 (ROLE) is not ...`) but never a
@@ -35,6 +42,7 @@
 //! | no `authorization` header, or not `Bearer` | UNAUTHENTICATED | `TOKEN_MISSING` |
 //! | unknown token | UNAUTHENTICATED | `TOKEN_INVALID` |
 //! | read-only token on an admin method | PERMISSION_DENIED | `ADMIN_REQUIRED` |
+//! | scoped token outside its scope (checked by the handler, [`Grant::check`]) | PERMISSION_DENIED | `SCOPE_DENIED`, `metadata["scope"]` the missing word |
 //!
 //! # The caller in handlers
 //! Every request that passes gets a [`Caller`] in its extensions (tonic copies http extensions into
@@ -61,7 +69,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::error::{ERROR_DOMAIN, Reason};
+use crate::error::{ERROR_DOMAIN, Error, Reason};
 
 /// Shortest accepted token, in characters.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -115,6 +123,9 @@ pub struct Caller {
     pub name: Arc<str>,
     /// The token's role.
     pub role: Role,
+    /// What the token may touch; `None`: everything its role allows (a line without scope
+    /// words, as before scopes existed).
+    pub scope: Option<Arc<Scope>>,
 }
 
 impl Caller {
@@ -123,6 +134,208 @@ impl Caller {
         Caller {
             name: Arc::from("anonymous"),
             role: Role::Admin,
+            scope: None,
+        }
+    }
+
+    /// The name the audit log records: the token's name, and for a scoped token its scope in
+    /// brackets (`ci-team-a [rulesets=team-a-* ops=apply,sets]`).
+    pub fn audit_name(&self) -> String {
+        match &self.scope {
+            Some(s) => format!("{} [{s}]", self.name),
+            None => self.name.to_string(),
+        }
+    }
+}
+
+/// An operation a scoped token may be granted (`ops=` in a token file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// `apply`: StageRevision, CommitRevision, ConfirmCommit, Apply, Rollback and
+    /// DeleteRuleset of the rulesets the token's names match.
+    Apply,
+    /// `sets`: every SetService change (create, destroy, add, delete, flush, swap, import)
+    /// of the sets the token's names match.
+    Sets,
+    /// `conntrack`: ConntrackService Delete and Flush. The conntrack table is the host's,
+    /// not a ruleset's, so this is never implied: it must be named in `ops=`.
+    Conntrack,
+    /// `counters`: ZeroCounters of the rulesets the token's names match.
+    Counters,
+}
+
+impl Op {
+    /// `apply`, `sets`, `conntrack` or `counters`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Apply => "apply",
+            Op::Sets => "sets",
+            Op::Conntrack => "conntrack",
+            Op::Counters => "counters",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Op> {
+        match s {
+            "apply" => Some(Op::Apply),
+            "sets" => Some(Op::Sets),
+            "conntrack" => Some(Op::Conntrack),
+            "counters" => Some(Op::Counters),
+            _ => None,
+        }
+    }
+}
+
+/// What a scoped token may touch, from the `KEY=VALUE` words after a token line's NAME (as
+/// Kubernetes RBAC `resourceNames` and Calico tiers scope policy):
+/// - `rulesets=a,team-b-*`: the rulesets (and sets) it may change, by exact name or by prefix
+///   (a trailing `*`); without it, any name;
+/// - `ops=apply,sets,conntrack,counters`: the operations ([`Op`]); without it `apply,sets,counters`
+///   (conntrack is host-wide and never implied);
+/// - `min-priority=N`: the lowest priority number it may apply or stage with (lower runs
+///   first, so it cannot outrank rulesets below N); without it, any.
+///
+/// A read-only token's scope changes nothing (it changes nothing anyway).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Names or prefixes (ending in `*`); empty: any name.
+    pub names: Vec<String>,
+    /// Granted operations, sorted.
+    pub ops: Vec<Op>,
+    /// The lowest priority number allowed.
+    pub min_priority: Option<i32>,
+}
+
+impl Scope {
+    /// Whether `name` is one of the names or prefixes (any name when none is given).
+    pub fn covers(&self, name: &str) -> bool {
+        self.names.is_empty()
+            || self.names.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => p == name,
+            })
+    }
+
+    /// Parses the scope words of a token line; the error names the word's key, never its value.
+    fn parse<'a>(words: impl Iterator<Item = &'a str>) -> Result<Option<Scope>, String> {
+        let mut scope = Scope::default();
+        let mut any = false;
+        let mut ops = None;
+        for w in words {
+            let Some((key, value)) = w.split_once('=') else {
+                return Err("a word after NAME is not KEY=VALUE (values not shown)".to_owned());
+            };
+            any = true;
+            match key {
+                "rulesets" => {
+                    for n in value.split(',') {
+                        let bare = n.strip_suffix('*').unwrap_or(n);
+                        if n.is_empty() || bare.contains('*') {
+                            return Err(format!(
+                                "rulesets={n:?}: a name, or a prefix ending in `*`"
+                            ));
+                        }
+                        scope.names.push(n.to_owned());
+                    }
+                }
+                "ops" => {
+                    let mut v = Vec::new();
+                    for o in value.split(',') {
+                        v.push(Op::parse(o).ok_or_else(|| {
+                            format!("ops={o:?}: not one of apply, sets, conntrack, counters")
+                        })?);
+                    }
+                    v.sort();
+                    v.dedup();
+                    ops = Some(v);
+                }
+                "min-priority" => {
+                    scope.min_priority =
+                        Some(value.parse().map_err(|_| {
+                            format!("min-priority={value:?}: not a 32-bit integer")
+                        })?);
+                }
+                _ => {
+                    return Err(
+                        "unknown scope key (expected rulesets=, ops= or min-priority=; \
+                         value not shown)"
+                            .to_owned(),
+                    );
+                }
+            }
+        }
+        scope.ops = ops.unwrap_or_else(|| vec![Op::Apply, Op::Sets, Op::Counters]);
+        Ok(any.then_some(scope))
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = "";
+        if !self.names.is_empty() {
+            write!(f, "rulesets={}", self.names.join(","))?;
+            sep = " ";
+        }
+        let ops: Vec<&str> = self.ops.iter().map(|o| o.as_str()).collect();
+        write!(f, "{sep}ops={}", ops.join(","))?;
+        if let Some(p) = self.min_priority {
+            write!(f, " min-priority={p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The scope of one request's caller, taken from its extensions before the handler consumes
+/// the request; [`Grant::check`] then refuses what the scope does not hold. A request that
+/// did not pass the auth layer (or an unscoped token) is granted everything.
+#[derive(Clone, Debug, Default)]
+pub struct Grant {
+    caller: Option<(Arc<str>, Arc<Scope>)>,
+}
+
+impl Grant {
+    /// The grant of a request.
+    pub fn of<T>(request: &tonic::Request<T>) -> Grant {
+        Grant {
+            caller: request
+                .extensions()
+                .get::<Caller>()
+                .and_then(|c| Some((c.name.clone(), c.scope.clone()?))),
+        }
+    }
+
+    /// Refuses with [`Error::ScopeDenied`] (reason `SCOPE_DENIED`, naming the missing scope
+    /// word) unless the scope holds `op`, covers `name` (when one is named; `None` means
+    /// "every ruleset", which only an unrestricted name list covers) and allows `priority`.
+    /// `what` describes the call for the message, e.g. `DeleteRuleset rulesets/team-b`.
+    pub fn check(
+        &self,
+        what: &str,
+        op: Op,
+        name: Option<&str>,
+        priority: Option<i32>,
+    ) -> Result<(), Error> {
+        let Some((caller, scope)) = &self.caller else {
+            return Ok(());
+        };
+        let missing = if !scope.ops.contains(&op) {
+            Some(format!("ops={}", op.as_str()))
+        } else if !name.map_or(scope.names.is_empty(), |n| scope.covers(n)) {
+            Some(format!("rulesets={}", name.unwrap_or("*")))
+        } else {
+            match (scope.min_priority, priority) {
+                (Some(min), Some(p)) if p < min => Some(format!("min-priority<={p}")),
+                _ => None,
+            }
+        };
+        match missing {
+            None => Ok(()),
+            Some(missing) => Err(Error::ScopeDenied {
+                caller: caller.to_string(),
+                what: what.to_owned(),
+                held: scope.to_string(),
+                missing,
+            }),
         }
     }
 }
@@ -315,6 +528,14 @@ impl AuthError {
     }
 }
 
+/// Whether a word of a token line is a scope word (`rulesets=`, `ops=`, `min-priority=`)
+/// rather than a NAME.
+fn is_scope_word(w: &str) -> bool {
+    ["rulesets=", "ops=", "min-priority="]
+        .iter()
+        .any(|k| w.starts_with(k))
+}
+
 // === impl TokenSet ===
 
 struct Entry {
@@ -436,21 +657,27 @@ impl TokenSet {
                 .next()
                 .ok_or_else(|| syntax(format!("field {token_field} (TOKEN) is missing")))?;
             check_token(token).map_err(|m| syntax(format!("field {token_field} (TOKEN): {m}")))?;
-            let name = match words.next() {
+            let mut rest = words.peekable();
+            let name = match rest.next_if(|w| !is_scope_word(w)) {
                 Some(n) => n.to_owned(),
                 None => format!("{role}@{source_name}:{line}"),
             };
-            if words.next().is_some() {
-                return Err(syntax(format!(
-                    "trailing words after field {} (NAME) (values not shown)",
-                    token_field + 1
-                )));
-            }
+            let scope = Scope::parse(rest).map_err(|m| {
+                syntax(if m.starts_with("a word after NAME") {
+                    format!(
+                        "trailing words after field {} (NAME) (values not shown)",
+                        token_field + 1
+                    )
+                } else {
+                    m
+                })
+            })?;
             self.insert(
                 token,
                 Caller {
                     name: Arc::from(name),
                     role,
+                    scope: scope.map(Arc::new),
                 },
                 source_name,
                 line,
@@ -560,6 +787,7 @@ impl AuthLayer {
             return Ok(Caller {
                 name: Arc::from("health-probe"),
                 role: Role::ReadOnly,
+                scope: None,
             });
         }
         let token = authorization.and_then(bearer_token).ok_or_else(|| {
@@ -797,6 +1025,135 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.to_string(), "f:2: duplicate token (also named admin@f:1)");
         assert_eq!(e.reason(), "TOKEN_DUPLICATE");
+    }
+
+    /// Scope words after NAME (or in its place); a line without them is unscoped, as before.
+    #[test]
+    fn token_lines_with_scopes() {
+        let mut s = TokenSet::new();
+        s.add_text(
+            &format!(
+                "admin {ADMIN} alice\nadmin admin-token-scoped-0001 ci rulesets=a,team-b-* \
+                 ops=sets,apply min-priority=-5\nadmin admin-token-scoped-0002 ops=conntrack\n\
+                 admin admin-token-named-eq-0003 a=b\n"
+            ),
+            None,
+            "f",
+        )
+        .unwrap();
+        let alice = s.authenticate(ADMIN.as_bytes()).unwrap();
+        assert_eq!((&*alice.name, &alice.scope), ("alice", &None));
+        assert_eq!(alice.audit_name(), "alice");
+        let ci = s.authenticate(b"admin-token-scoped-0001").unwrap();
+        let scope = ci.scope.as_deref().unwrap();
+        assert_eq!(scope.names, ["a", "team-b-*"]);
+        assert_eq!(scope.ops, [Op::Apply, Op::Sets]);
+        assert_eq!(scope.min_priority, Some(-5));
+        assert_eq!(
+            ci.audit_name(),
+            "ci [rulesets=a,team-b-* ops=apply,sets min-priority=-5]"
+        );
+        assert!(scope.covers("a") && scope.covers("team-b-web") && !scope.covers("ab"));
+        // No NAME: the default name; no rulesets=: any name.
+        let ct = s.authenticate(b"admin-token-scoped-0002").unwrap();
+        assert_eq!(&*ct.name, "admin@f:3");
+        assert_eq!(ct.audit_name(), "admin@f:3 [ops=conntrack]");
+        // A NAME with `=` that is no scope key stays a name.
+        let named = s.authenticate(b"admin-token-named-eq-0003").unwrap();
+        assert_eq!((&*named.name, &named.scope), ("a=b", &None));
+
+        for (line, expect) in [
+            (
+                "admin admin-token-bad-00001 n ops=flush",
+                "f:1: ops=\"flush\": not one of",
+            ),
+            (
+                "admin admin-token-bad-00001 n rulesets=a*b",
+                "f:1: rulesets=\"a*b\"",
+            ),
+            (
+                "admin admin-token-bad-00001 n rulesets=",
+                "f:1: rulesets=\"\"",
+            ),
+            (
+                "admin admin-token-bad-00001 n min-priority=x",
+                "f:1: min-priority=\"x\"",
+            ),
+            (
+                "admin admin-token-bad-00001 n ops=apply secret=x",
+                "f:1: unknown scope key",
+            ),
+            (
+                "admin admin-token-bad-00001 n ops=apply word",
+                "f:1: trailing words",
+            ),
+        ] {
+            let e = TokenSet::new().add_text(line, None, "f").unwrap_err();
+            assert!(e.to_string().starts_with(expect), "{line}: {e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+    }
+
+    #[test]
+    fn grants_check_op_name_and_priority() {
+        let grant = |scope: Option<Scope>| Grant {
+            caller: scope.map(|s| (Arc::from("ci"), Arc::new(s))),
+        };
+        let scoped = grant(Some(Scope {
+            names: vec!["team-a-*".into()],
+            ops: vec![Op::Apply],
+            min_priority: Some(100),
+        }));
+        let missing = |r: Result<(), Error>| match r {
+            Ok(()) => String::new(),
+            Err(Error::ScopeDenied { missing, .. }) => missing,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(
+            missing(scoped.check("x", Op::Apply, Some("team-a-1"), Some(100))),
+            ""
+        );
+        assert_eq!(
+            missing(scoped.check("x", Op::Apply, Some("team-a-1"), Some(99))),
+            "min-priority<=99"
+        );
+        assert_eq!(
+            missing(scoped.check("x", Op::Apply, Some("team-b"), None)),
+            "rulesets=team-b"
+        );
+        assert_eq!(
+            missing(scoped.check("x", Op::Apply, None, None)),
+            "rulesets=*"
+        );
+        assert_eq!(
+            missing(scoped.check("x", Op::Sets, Some("team-a-1"), None)),
+            "ops=sets"
+        );
+        let e = scoped
+            .check(
+                "DeleteRuleset rulesets/team-b",
+                Op::Apply,
+                Some("team-b"),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(e.reason(), Reason::ScopeDenied);
+        assert_eq!(
+            e.to_string(),
+            "ci may not DeleteRuleset rulesets/team-b: its scope (rulesets=team-a-* \
+             ops=apply min-priority=100) lacks rulesets=team-b"
+        );
+        let status = Status::from(e);
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        let info = status.get_details_error_info().unwrap();
+        assert_eq!(info.reason, "SCOPE_DENIED");
+        assert_eq!(info.metadata["scope"], "rulesets=team-b");
+        // Unscoped (or no auth layer): everything.
+        assert!(
+            grant(None)
+                .check("x", Op::Conntrack, None, Some(-1))
+                .is_ok()
+        );
     }
 
     /// A line in the wrong format never shows its words: not a token written where the role

@@ -136,6 +136,18 @@ pub enum Error {
         /// The owner, e.g. `fleet /vallum/v1/ (fleet revision 42)`.
         owner: String,
     },
+    /// A scoped token (see [`crate::auth::Scope`]) asked for something outside its scope.
+    #[error("{caller} may not {what}: its scope ({held}) lacks {missing}")]
+    ScopeDenied {
+        /// The token's name.
+        caller: String,
+        /// What was asked, e.g. `DeleteRuleset rulesets/team-b`.
+        what: String,
+        /// The scope it holds, as in the token file.
+        held: String,
+        /// The missing scope word, e.g. `rulesets=team-b` (also `ErrorInfo.metadata["scope"]`).
+        missing: String,
+    },
 }
 
 fn first(v: &[FieldViolation]) -> String {
@@ -173,6 +185,7 @@ impl Error {
             Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
             Error::Fleet(_) => Reason::FleetUnavailable,
             Error::FleetOwned { .. } => Reason::FleetOwned,
+            Error::ScopeDenied { .. } => Reason::ScopeDenied,
         }
     }
 }
@@ -260,6 +273,9 @@ impl From<Error> for tonic::Status {
                     format!("rulesets/{ruleset}"),
                     message.clone(),
                 );
+            }
+            Error::ScopeDenied { missing, .. } => {
+                metadata.insert("scope".to_string(), missing.clone());
             }
             Error::NotFound { .. }
             | Error::Fleet(_)

@@ -175,12 +175,12 @@ pub fn rpc_layer(config: &Config, metrics: &Metrics, tokens: TokenSet) -> RpcLay
         .into_inner()
 }
 
-/// The caller of a request, for the audit table: the name of the auth layer's [`Caller`]; when
+/// The caller of a request, for the audit table: [`Caller::audit_name`] (with a scoped token's scope); when
 /// auth is off (the `anonymous` caller) or the request did not pass the layer, the peer
 /// address (`peer:ADDR`) or `anonymous`.
 pub fn caller<T>(request: &tonic::Request<T>) -> String {
     match request.extensions().get::<Caller>() {
-        Some(c) if *c != Caller::anonymous() => c.name.to_string(),
+        Some(c) if *c != Caller::anonymous() => c.audit_name(),
         _ => request
             .remote_addr()
             .map_or_else(|| "anonymous".to_string(), |a| format!("peer:{a}")),

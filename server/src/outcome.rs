@@ -108,6 +108,7 @@ impl Outcome {
             | Error::Startup { .. }
             | Error::Fleet(_)
             | Error::FleetOwned { .. }
+            | Error::ScopeDenied { .. }
             | Error::Internal(_) => None,
         }
     }

@@ -12,6 +12,7 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::conntrack_service_server::ConntrackService;
 
 use super::State;
+use crate::auth::{Grant, Op};
 use crate::error::{Error, Result};
 use crate::{convert, hooks};
 
@@ -100,8 +101,11 @@ impl ConntrackService for ConntrackApi {
         request: Request<pb::DeleteConntrackRequest>,
     ) -> Result<Response<pb::DeleteConntrackResponse>, Status> {
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
-        let result = ConntrackApi::delete(self, &r);
+        let result = grant
+            .check("ConntrackService/Delete", Op::Conntrack, None, None)
+            .and_then(|()| ConntrackApi::delete(self, &r));
         self.state
             .audit(caller, "ConntrackService/Delete", &r, &result)
             .await;
@@ -113,10 +117,14 @@ impl ConntrackService for ConntrackApi {
         request: Request<pb::FlushConntrackRequest>,
     ) -> Result<Response<pb::FlushConntrackResponse>, Status> {
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
-        let result = self.table().map(|t| pb::FlushConntrackResponse {
-            deleted: t.flush() as u64,
-        });
+        let result = grant
+            .check("ConntrackService/Flush", Op::Conntrack, None, None)
+            .and_then(|()| self.table())
+            .map(|t| pb::FlushConntrackResponse {
+                deleted: t.flush() as u64,
+            });
         self.state
             .audit(caller, "ConntrackService/Flush", &r, &result)
             .await;

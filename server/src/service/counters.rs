@@ -13,6 +13,7 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::counter_service_server::CounterService;
 
 use super::State;
+use crate::auth::{Grant, Op};
 use crate::error::{Error, Result};
 use crate::{convert, hooks};
 
@@ -100,8 +101,23 @@ impl CounterService for CountersApi {
     ) -> Result<Response<pb::ZeroCountersResponse>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
-        let result = self.filter(&r.ruleset).await.map(|filter| {
+        let named = (!r.ruleset.is_empty())
+            .then(|| convert::ruleset_id("ruleset", &r.ruleset))
+            .transpose();
+        let result = match named.and_then(|named| {
+            grant.check(
+                &format!("ZeroCounters rulesets/{}", named.as_deref().unwrap_or("*")),
+                Op::Counters,
+                named.as_deref(),
+                None,
+            )
+        }) {
+            Ok(()) => self.filter(&r.ruleset).await,
+            Err(e) => Err(e),
+        };
+        let result = result.map(|filter| {
             self.state
                 .pipeline
                 .engine()

@@ -14,6 +14,7 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::ruleset_service_server::RulesetService;
 
 use super::{State, audit_entry, to_completion};
+use crate::auth::{Grant, Op};
 use crate::content::{self, Content, RulesetInput};
 use crate::convert;
 use crate::error::{Error, Result};
@@ -228,6 +229,7 @@ impl RulesetApi {
     ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = Arc::new(request.into_inner());
         // The audit record (a sha256 of the ~0.5 MB encoded request for a 10k-rule ruleset) is
         // made on a second blocking thread while the text is parsed; no record for a dry run.
@@ -238,6 +240,12 @@ impl RulesetApi {
         let mut audit = None;
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            grant.check(
+                &format!("Apply rulesets/{name} priority {}", r.priority),
+                Op::Apply,
+                Some(&name),
+                Some(r.priority),
+            )?;
             self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             let checked = self
@@ -300,12 +308,19 @@ impl RulesetApi {
     ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
         // No record for a dry run.
         let mut audit =
             (!r.validate_only).then(|| audit_entry(caller.clone(), "CommitRevision", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            grant.check(
+                &format!("CommitRevision rulesets/{name}"),
+                Op::Apply,
+                Some(&name),
+                None,
+            )?;
             self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             if r.validate_only {
@@ -363,10 +378,17 @@ impl RulesetApi {
     ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
         let mut audit = Some(audit_entry(caller.clone(), "Rollback", &r));
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            grant.check(
+                &format!("Rollback rulesets/{name}"),
+                Op::Apply,
+                Some(&name),
+                None,
+            )?;
             self.state.owners.check(&name)?;
             self.state
                 .idempotent("Rollback", &r.request_id, async {
@@ -396,9 +418,16 @@ impl RulesetApi {
     ) -> Result<Response<pb::DeleteRulesetResponse>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("name", &r.name)?;
+            grant.check(
+                &format!("DeleteRuleset rulesets/{name}"),
+                Op::Apply,
+                Some(&name),
+                None,
+            )?;
             self.state.owners.check(&name)?;
             self.state.pipeline.delete(&name, etag(&r.etag)).await
         }
@@ -442,9 +471,16 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::Revision>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+            grant.check(
+                &format!("StageRevision rulesets/{name} priority {}", r.priority),
+                Op::Apply,
+                Some(&name),
+                Some(r.priority),
+            )?;
             self.state.owners.check(&name)?;
             let (checked, base_etag) = self
                 .check(&name, r.priority, r.source.as_ref(), &r.etag)
@@ -489,9 +525,16 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::ConfirmCommitResponse>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = request.into_inner();
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
+            grant.check(
+                &format!("ConfirmCommit rulesets/{name}"),
+                Op::Apply,
+                Some(&name),
+                None,
+            )?;
             self.state.owners.check(&name)?;
             let rev = self.state.pipeline.confirm(&name, n).await?;
             Ok(pb::ConfirmCommitResponse {

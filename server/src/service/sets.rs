@@ -12,6 +12,7 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::set_service_server::SetService;
 
 use super::{State, to_completion};
+use crate::auth::{Grant, Op};
 use crate::convert::sets::{create_spec, element_inputs, element_pb, set_pb};
 use crate::error::{Error, Result};
 use crate::hooks;
@@ -48,21 +49,65 @@ impl SetApi {
         f: F,
     ) -> Result<M, Status>
     where
-        R: prost::Message + Send + Sync + 'static,
+        R: prost::Message + SetNames + Send + Sync + 'static,
         M: Send + Sync + 'static,
         F: FnOnce(SetApi, Arc<R>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<M>> + Send,
     {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
         let r = Arc::new(request.into_inner());
         let api = self.clone();
         to_completion(async move {
-            let result = f(api.clone(), r.clone()).await;
+            let result = match set_names(method, &*r, &grant) {
+                Ok(()) => f(api.clone(), r.clone()).await,
+                Err(e) => Err(e),
+            };
             api.state.audit(caller, method, &*r, &result).await;
             Ok(result?)
         })
         .await
+    }
+}
+
+/// The set names a mutating request names, for the caller's [`Grant`] (scope `ops=sets` and
+/// `rulesets=` names). ImportIpsetSave names its sets inside the text: it needs a scope
+/// that covers every name (`None`).
+pub trait SetNames {
+    /// The named sets (raw request fields), or `None` when the request may touch any set.
+    fn set_names(&self) -> Option<Vec<&str>>;
+}
+
+macro_rules! set_names {
+    ($($t:ty => |$r:ident| $e:expr;)*) => {$(
+        impl SetNames for $t {
+            fn set_names(&self) -> Option<Vec<&str>> {
+                let $r = self;
+                $e
+            }
+        }
+    )*};
+}
+
+set_names! {
+    pb::CreateSetRequest => |r| Some(vec![r.name.as_str()]);
+    pb::DestroySetRequest => |r| Some(vec![r.name.as_str()]);
+    pb::AddElementsRequest => |r| Some(vec![r.set.as_str()]);
+    pb::DeleteElementsRequest => |r| Some(vec![r.set.as_str()]);
+    pb::FlushSetRequest => |r| Some(vec![r.name.as_str()]);
+    pb::SwapSetsRequest => |r| Some(vec![r.from.as_str(), r.to.as_str()]);
+    pb::ImportIpsetSaveRequest => |_r| None;
+}
+
+/// Refuses a set change outside the caller's scope (see [`SetNames`]).
+fn set_names<R: SetNames>(method: &str, r: &R, grant: &Grant) -> Result<()> {
+    match r.set_names() {
+        None => grant.check(&format!("{method} sets/*"), Op::Sets, None, None),
+        Some(names) => names.into_iter().try_for_each(|n| {
+            let n = n.strip_prefix("sets/").unwrap_or(n);
+            grant.check(&format!("{method} sets/{n}"), Op::Sets, Some(n), None)
+        }),
     }
 }
 
