@@ -28,6 +28,7 @@ pub mod config;
 pub mod content;
 pub mod convert;
 pub mod error;
+pub mod events;
 pub mod example;
 pub mod fleet;
 pub mod hooks;
