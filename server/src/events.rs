@@ -800,3 +800,238 @@ fn from_meta(s: &mut String, p: &PacketMeta) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vallum_engine::packet::IfName;
+    use vallum_engine::packet::parse::parse_ip;
+
+    /// A SYN from 192.0.2.10:55478 to 198.51.100.5:22, TTL 52, ID 41830, DF, window 29200,
+    /// 20 bytes of TCP options (IP length 60).
+    fn syn() -> Vec<u8> {
+        let mut b = vec![
+            0x45, 0x00, 0x00, 0x3c, 0xa3, 0x66, 0x40, 0x00, 52, 6, 0, 0, 192, 0, 2, 10, 198, 51,
+            100, 5,
+        ];
+        b.extend_from_slice(&[
+            0xd8, 0xb6, 0x00, 0x16, 0, 0, 0, 1, 0, 0, 0, 0, 0xa0, 0x02, 0x72, 0x10, 0, 0, 0, 0,
+        ]);
+        b.extend_from_slice(&[1; 20]);
+        b
+    }
+
+    fn event(bytes: &[u8], prefix: Option<&str>) -> LogEvent {
+        let base = PacketMeta {
+            in_iface: IfName::new("lo").unwrap_or_default(),
+            ..PacketMeta::default()
+        };
+        LogEvent {
+            ruleset: Arc::from("r"),
+            table: TableKind::Filter,
+            chain: Arc::from("INPUT"),
+            rule: 1,
+            prefix: prefix.map(Arc::from),
+            level: 4,
+            packet: parse_ip(bytes, base).expect("parses"),
+        }
+    }
+
+    /// Compares field by field, so a failure names the field.
+    fn same_fields(ours: &str, kernel: &str) {
+        let (a, b): (Vec<_>, Vec<_>) = (
+            ours.split(' ').collect(),
+            kernel.split(' ').collect(),
+        );
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(x, y, "field {i}\nours:   {ours}\nkernel: {kernel}");
+        }
+        assert_eq!(a.len(), b.len(), "\nours:   {ours}\nkernel: {kernel}");
+    }
+
+    /// The line the kernel's `-j LOG --log-prefix "[UFW BLOCK] "` writes for this SYN on
+    /// loopback (nf_log_syslog.c: dump_ipv4_packet and nf_log_dump_tcp_header; the
+    /// trailing space is the kernel's too).
+    #[test]
+    fn ipv4_tcp_syn_as_the_kernel_writes_it() {
+        let b = syn();
+        let line = kernel_line(&event(&b, Some("[UFW BLOCK] ")), Some(&b));
+        same_fields(
+            &line,
+            "[UFW BLOCK] IN=lo OUT= MAC=00:00:00:00:00:00:00:00:00:00:00:00:08:00 \
+             SRC=192.0.2.10 DST=198.51.100.5 LEN=60 TOS=0x00 PREC=0x00 TTL=52 ID=41830 DF \
+             PROTO=TCP SPT=55478 DPT=22 WINDOW=29200 RES=0x00 SYN URGP=0 ",
+        );
+        // fail2ban's ufw filter: `\[UFW BLOCK\].+SRC=<ADDR> DST`.
+        let after = line.split_once("[UFW BLOCK] ").expect("prefix").1;
+        let src = after.split_once(" SRC=").expect("SRC").1;
+        assert!(src.starts_with("192.0.2.10 DST="), "{line}");
+    }
+
+    /// Without the header bytes (pcap, synthetic sources) the fields the engine keeps are
+    /// the same; ID, WINDOW are 0 and DF is not known.
+    #[test]
+    fn from_metadata_only() {
+        let b = syn();
+        let line = kernel_line(&event(&b, None), None);
+        same_fields(
+            &line,
+            "IN=lo OUT= MAC=00:00:00:00:00:00:00:00:00:00:00:00:08:00 \
+             SRC=192.0.2.10 DST=198.51.100.5 LEN=60 TOS=0x00 PREC=0x00 TTL=52 ID=0 \
+             PROTO=TCP SPT=55478 DPT=22 WINDOW=0 RES=0x00 SYN URGP=0 ",
+        );
+    }
+
+    /// IPv6 UDP: uncompressed addresses (`%pI6`), TC, HOPLIMIT, FLOWLBL, UDP's LEN; no MAC
+    /// for a packet without an input interface (OUTPUT); MARK when set.
+    #[test]
+    fn ipv6_udp_at_output_with_a_mark() {
+        let mut b = vec![0x60, 0x00, 0x30, 0x39, 0x00, 0x10, 17, 64];
+        b.extend_from_slice(&"2001:db8::1".parse::<Ipv6Addr>().unwrap().octets());
+        b.extend_from_slice(&"2001:db8::2".parse::<Ipv6Addr>().unwrap().octets());
+        b.extend_from_slice(&[0x13, 0x88, 0x00, 0x35, 0x00, 0x10, 0, 0]);
+        b.extend_from_slice(&[0; 8]);
+        let mut e = event(&b, Some("v6: "));
+        e.packet.in_iface = IfName::default();
+        e.packet.out_iface = IfName::new("eth1").unwrap();
+        e.packet.mark = 0x2a;
+        same_fields(
+            &kernel_line(&e, Some(&b)),
+            "v6: IN= OUT=eth1 SRC=2001:0db8:0000:0000:0000:0000:0000:0001 \
+             DST=2001:0db8:0000:0000:0000:0000:0000:0002 LEN=56 TC=0 HOPLIMIT=64 \
+             FLOWLBL=12345 PROTO=UDP SPT=5000 DPT=53 LEN=16 MARK=0x2a ",
+        );
+    }
+
+    /// ICMP echo: TYPE, CODE, ID, SEQ; a port unreachable quotes the packet it is about.
+    #[test]
+    fn icmp_echo_and_an_error_quoting_its_packet() {
+        let mut echo = vec![
+            0x45, 0, 0, 36, 0, 7, 0, 0, 64, 1, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
+        echo.extend_from_slice(&[8, 0, 0, 0, 0x12, 0x34, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let line = kernel_line(&event(&echo, None), Some(&echo));
+        assert!(
+            line.ends_with("ID=7 PROTO=ICMP TYPE=8 CODE=0 ID=4660 SEQ=3 "),
+            "{line}"
+        );
+        let mut unreach = vec![
+            0x45, 0, 0, 56, 0, 9, 0, 0, 64, 1, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1,
+        ];
+        unreach.extend_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
+        unreach.extend_from_slice(&[
+            0x45, 0, 0, 28, 0, 5, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ]);
+        unreach.extend_from_slice(&[0x30, 0x39, 0x00, 0x35, 0, 8, 0, 0]);
+        let line = kernel_line(&event(&unreach, None), Some(&unreach));
+        assert!(
+            line.ends_with(
+                "PROTO=ICMP TYPE=3 CODE=3 [SRC=10.0.0.1 DST=10.0.0.2 LEN=28 TOS=0x00 \
+                 PREC=0x00 TTL=64 ID=5 PROTO=UDP SPT=12345 DPT=53 LEN=8 ] "
+            ),
+            "{line}"
+        );
+    }
+
+    fn drop_event(src: &str) -> PacketEvent {
+        let packet = PacketMeta {
+            src: src.parse().unwrap(),
+            ..PacketMeta::default()
+        };
+        PacketEvent::dropped(packet, None)
+    }
+
+    #[test]
+    fn filters() {
+        let b = syn();
+        let log = PacketEvent::log(event(&b, None), Some(&b));
+        let all = Filter::default();
+        assert!(all.admits(&log));
+        assert!(!all.admits(&drop_event("10.0.0.1")), "samples only when asked");
+        let sampled = Filter {
+            sample_one_in: Some(100),
+            ..Filter::default()
+        };
+        assert!(sampled.admits(&drop_event("10.0.0.1")));
+        let by_ruleset = |r: &str| Filter {
+            ruleset: Some(r.into()),
+            ..Filter::default()
+        };
+        assert!(by_ruleset("r").admits(&log));
+        assert!(!by_ruleset("other").admits(&log));
+        let by_chain = Filter {
+            chain: Some("FORWARD".into()),
+            ..Filter::default()
+        };
+        assert!(!by_chain.admits(&log));
+        let by_addr = |a: &str, len| Filter {
+            address: IpNet::new(a.parse().unwrap(), len),
+            ..Filter::default()
+        };
+        assert!(by_addr("198.51.100.0", 24).admits(&log), "destination");
+        assert!(by_addr("192.0.2.10", 32).admits(&log), "source");
+        assert!(!by_addr("203.0.113.0", 24).admits(&log));
+        let only_drops = Filter {
+            kind: Some(Kind::Drop),
+            ..Filter::default()
+        };
+        assert!(!only_drops.admits(&log));
+    }
+
+    async fn recv(sub: &mut Subscription) -> Delivered {
+        tokio::time::timeout(std::time::Duration::from_secs(10), sub.rx.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("open")
+    }
+
+    /// A subscriber that does not read loses the events beyond its channel (counted, and
+    /// told with its next event); another subscriber gets every event; the offering side
+    /// never waits.
+    #[tokio::test]
+    async fn a_slow_subscriber_loses_events_and_is_told() {
+        let events = Events::start().unwrap();
+        let mut slow = events.subscribe(Filter::default());
+        let mut fast = events.subscribe(Filter::default());
+        let b = syn();
+        let total = SUBSCRIBER_EVENTS + 10;
+        let mut got = 0;
+        for _ in 0..total {
+            events.offer(vec![PacketEvent::log(event(&b, None), Some(&b))]);
+            recv(&mut fast).await;
+            got += 1;
+        }
+        assert_eq!(got, total);
+        assert_eq!(events.drops().queue_full.load(Ordering::Relaxed), 0);
+        assert_eq!(events.drops().slow_subscriber.load(Ordering::Relaxed), 10);
+        for _ in 0..SUBSCRIBER_EVENTS {
+            assert_eq!(recv(&mut slow).await.lost_before, 0);
+        }
+        events.offer(vec![PacketEvent::log(event(&b, None), Some(&b))]);
+        assert_eq!(recv(&mut slow).await.lost_before, 10);
+    }
+
+    /// Sampling is on while a subscriber asks for it, at the smallest N asked.
+    #[test]
+    fn sampling_follows_the_subscribers() {
+        let events = Events::start().unwrap();
+        assert_eq!(events.sample_one_in(), 0);
+        let a = events.subscribe(Filter {
+            sample_one_in: Some(500),
+            ..Filter::default()
+        });
+        let b = events.subscribe(Filter {
+            sample_one_in: Some(200),
+            ..Filter::default()
+        });
+        assert_eq!(events.sample_one_in(), 200);
+        drop(b);
+        assert_eq!(events.sample_one_in(), 500);
+        drop(a);
+        assert_eq!(events.sample_one_in(), 0);
+        let taken = (0..SAMPLE_RATE * 3)
+            .filter(|_| events.take_sample_token())
+            .count() as u64;
+        assert!(taken >= SAMPLE_RATE && taken < SAMPLE_RATE * 2, "{taken}");
+    }
+}
