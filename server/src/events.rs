@@ -839,10 +839,7 @@ mod tests {
 
     /// Compares field by field, so a failure names the field.
     fn same_fields(ours: &str, kernel: &str) {
-        let (a, b): (Vec<_>, Vec<_>) = (
-            ours.split(' ').collect(),
-            kernel.split(' ').collect(),
-        );
+        let (a, b): (Vec<_>, Vec<_>) = (ours.split(' ').collect(), kernel.split(' ').collect());
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             assert_eq!(x, y, "field {i}\nours:   {ours}\nkernel: {kernel}");
         }
@@ -947,7 +944,10 @@ mod tests {
         let log = PacketEvent::log(event(&b, None), Some(&b));
         let all = Filter::default();
         assert!(all.admits(&log));
-        assert!(!all.admits(&drop_event("10.0.0.1")), "samples only when asked");
+        assert!(
+            !all.admits(&drop_event("10.0.0.1")),
+            "samples only when asked"
+        );
         let sampled = Filter {
             sample_one_in: Some(100),
             ..Filter::default()
