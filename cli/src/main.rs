@@ -34,7 +34,7 @@ use vallum_proto::v1::{
     DiffRevisionsRequest, ExportFormat, ExportRevisionRequest, GetCountersRequest,
     GetStatusRequest, ListRevisionsRequest, ListRulesetsRequest, PacketSpec, ReplayCaptureRequest,
     RestoreText, RollbackRequest, RulesetSource, StageRevisionRequest, TracePacketRequest,
-    ValidateRulesetRequest, WatchCommitsRequest, ZeroCountersRequest,
+    ValidateRulesetRequest, WatchCommitsRequest, WatchPacketEventsRequest, ZeroCountersRequest,
 };
 
 use crate::error::{CliError, ClientReason, EXIT_OK};
@@ -262,6 +262,27 @@ enum Command {
     Watch {
         /// Only this ruleset.
         ruleset: Option<String>,
+    },
+    /// Stream packet events as they happen: `-j LOG` hits (text: the kernel's LOG line,
+    /// as `dmesg` shows it, after the rule) and, with `--sample-drops N`, one in N dropped
+    /// packets (the server raises N to at least 100 and caps samples at 100 a second), like
+    /// `cilium monitor -t drop`. Ends on Ctrl-C.
+    Monitor {
+        /// Only this ruleset's LOG hits.
+        #[arg(long)]
+        ruleset: Option<String>,
+        /// Only LOG hits of rules in this chain.
+        #[arg(long)]
+        chain: Option<String>,
+        /// Only this kind: `log` or `drop`.
+        #[arg(long, value_name = "KIND")]
+        verdict: Option<String>,
+        /// Only packets from or to this address or prefix (ADDR[/LEN]).
+        #[arg(long, value_name = "ADDR[/LEN]")]
+        address: Option<String>,
+        /// Also sample one in N dropped packets (no LOG rule needed).
+        #[arg(long, value_name = "N")]
+        sample_drops: Option<u32>,
     },
     /// List rulesets.
     Rulesets,
@@ -547,6 +568,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
     let is_watch = matches!(
         cli.command,
         Command::Watch { .. }
+            | Command::Monitor { .. }
             | Command::Fleet {
                 command: fleet::FleetCommand::Wait { .. }
             }
@@ -867,6 +889,32 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
                 }
             }
         }
+        Command::Monitor {
+            ruleset,
+            chain,
+            verdict,
+            address,
+            sample_drops,
+        } => {
+            let mut stream = c
+                .trace
+                .watch_packet_events(WatchPacketEventsRequest {
+                    ruleset: ruleset.clone().unwrap_or_default(),
+                    chain: chain.clone().unwrap_or_default(),
+                    verdict: verdict.clone().unwrap_or_default(),
+                    address: address.clone().unwrap_or_default(),
+                    sample_drops_one_in: sample_drops.unwrap_or(0),
+                })
+                .await?
+                .into_inner();
+            while let Some(ev) = stream.next().await {
+                let ev = ev?;
+                match out {
+                    Output::Json => write_stdout(&format!("{}\n", view::packet_event_json(&ev))),
+                    Output::Text => write_stdout(&format!("{}\n", view::packet_event_text(&ev))),
+                }
+            }
+        }
         Command::Rulesets => {
             let r = c
                 .rulesets
@@ -903,7 +951,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
 /// `FILE:LINE:COL: message` when the error is about a local file), then `vallumctl: HEADLINE`;
 /// with `-o json` one JSON object ([`error::Report::json`]).
 fn report(e: &CliError, cli: &Cli) {
-    let is_watch = matches!(cli.command, Command::Watch { .. });
+    let is_watch = matches!(cli.command, Command::Watch { .. } | Command::Monitor { .. });
     let r = e.report(error::Context {
         server: &cli.server,
         timeout: (!is_watch).then_some(cli.timeout),
@@ -966,6 +1014,7 @@ fn changes(c: &Command) -> bool {
         | Command::Replay { .. }
         | Command::Status
         | Command::Watch { .. }
+        | Command::Monitor { .. }
         | Command::Rulesets
         | Command::Dataplane { .. } => false,
     }

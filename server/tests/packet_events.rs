@@ -190,6 +190,45 @@ async fn log_hits_reach_the_stream_and_the_process_log() {
     assert_eq!((s.kind.as_str(), s.protocol), ("DROP", 17), "{s:?}");
     assert!(s.line.contains(" PROTO=UDP "), "{}", s.line);
 
+    // vallumctl monitor -o json: one JSON object a line.
+    let mut monitor = tokio::process::Command::new(support::vallumctl())
+        .args([
+            "-o",
+            "json",
+            "monitor",
+            "--verdict",
+            "drop",
+            "--sample-drops",
+            "1",
+        ])
+        .env_clear()
+        .env("VALLUM_SERVER", format!("http://{}", d.addr))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vallumctl");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        monitor.stdout.take().expect("stdout"),
+    ));
+    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("vallumctl monitor printed within 60 s")
+        .expect("read")
+        .expect("a line");
+    let v: serde_json::Value = serde_json::from_str(&first).expect("JSON");
+    assert_eq!(v["kind"], "DROP", "{first}");
+    assert_eq!(v["protocol"], 17, "{first}");
+    assert!(
+        v["line"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(" PROTO=UDP "),
+        "{first}"
+    );
+    assert!(v["time"]["rfc3339"].is_string(), "{first}");
+    let _ = monitor.kill().await;
+
     // The "other" subscriber got nothing: poll it once, briefly, after everything above.
     let nothing = tokio::time::timeout(Duration::from_millis(200), other_ruleset.message()).await;
     assert!(nothing.is_err(), "{nothing:?}");
