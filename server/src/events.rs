@@ -397,8 +397,8 @@ fn ipv6_full(a: &Ipv6Addr) -> String {
 /// without the options `--log-tcp-sequence`, `--log-tcp-options`, `--log-ip-options`,
 /// `--log-uid`, `--log-macdecode`): the prefix, `IN= OUT=`, `MAC=` (for a packet with an
 /// input interface: destination, source, EtherType; the destination is not known to
-/// Vallum and is written as the input interface's own address when it is known, zeros
-/// otherwise; loopback: all zeros, as the kernel), then for IPv4 `SRC= DST= LEN= TOS= PREC=
+/// Vallum and is written as the input interface's own address (SIOCGIFHWADDR, one call per
+/// line), zeros when it is not known; loopback: all zeros, as the kernel), then for IPv4 `SRC= DST= LEN= TOS= PREC=
 /// TTL= ID=` and `CE DF MF FRAG:`, for IPv6 `SRC= DST=` (uncompressed) `LEN= TC= HOPLIMIT=
 /// FLOWLBL=` and `FRAG:`, then the transport (`PROTO=TCP SPT= DPT= WINDOW= RES= flags URGP=`,
 /// `PROTO=UDP SPT= DPT= LEN=`, `PROTO=ICMP TYPE= CODE=` with `ID= SEQ=` / the quoted header
@@ -462,19 +462,49 @@ fn mac(s: &mut String, p: &PacketMeta) {
     s.push(' ');
 }
 
-/// The interface's own link-layer address (`/sys/class/net/IF/address`), the destination
-/// MAC of a unicast packet it received.
+/// The interface's own link-layer address (SIOCGIFHWADDR in this process's network
+/// namespace, as the kernel's device), the destination MAC of a unicast packet it received.
+#[cfg(target_os = "linux")]
 fn own_mac(iface: &str) -> Option<[u8; 6]> {
-    if iface.contains('/') || iface.starts_with('.') {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let name = iface.as_bytes();
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
         return None;
     }
-    let text = std::fs::read_to_string(format!("/sys/class/net/{iface}/address")).ok()?;
-    let mut out = [0u8; 6];
-    let mut parts = text.trim().split(':');
-    for b in &mut out {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    // SAFETY: socket(2) has no memory preconditions; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
     }
-    parts.next().is_none().then_some(out)
+    // SAFETY: `fd` is a socket this function just opened and owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, &b) in req.ifr_name.iter_mut().zip(name) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq with a NUL-terminated name (zeroed, name shorter than
+    // IFNAMSIZ); SIOCGIFHWADDR writes only into it.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: after a successful SIOCGIFHWADDR the union holds `ifru_hwaddr`.
+    let addr = unsafe { req.ifr_ifru.ifru_hwaddr };
+    if addr.sa_family != libc::ARPHRD_ETHER {
+        return None;
+    }
+    let mut out = [0u8; 6];
+    for (o, &b) in out.iter_mut().zip(&addr.sa_data) {
+        *o = b as u8;
+    }
+    Some(out)
+}
+
+/// Not known off Linux.
+#[cfg(not(target_os = "linux"))]
+fn own_mac(_iface: &str) -> Option<[u8; 6]> {
+    None
 }
 
 fn ipv4(s: &mut String, h: &[u8], inner: bool) {

@@ -14,7 +14,9 @@
 //! (NFQA_HWADDR), its negation and another address do not; (i) raw PREROUTING runs for
 //! INPUT- and FORWARD-queued packets (a Docker-style `-d A ! -i docker0 -j DROP` guard drops ICMP,
 //! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); (j) a ufw-style
-//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up); and `vallumctl dataplane uninstall` leaves no VALLUM
+//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up); (k) a
+//! `-j LOG` rule's hits reach WatchPacketEvents in the kernel's LOG format, field by field the
+//! kernel's own line for the same packet (dmesg); and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
@@ -742,6 +744,94 @@ async fn scenario(d: &Vallumd, b: &str) {
         "(j) the established flow carries on after the flush (picked up mid-stream)"
     );
     keeper.join().expect("keeper");
+
+    log_hits(d, b).await;
+}
+
+/// (k) a `-j LOG` rule's hits for real packets arrive on WatchPacketEvents in the kernel's
+/// format, compared field by field with the line the kernel's own LOG target writes for the
+/// same packet (a kernel rule before the steering jump; `dmesg`; needs
+/// net.netfilter.nf_log_all_netns=1, set for the check and restored after). Where the kernel
+/// line cannot be had (no dmesg access, sysctl not writable), only the stream is checked.
+async fn log_hits(d: &Vallumd, b: &str) {
+    use vallum_proto::v1::trace_service_client::TraceServiceClient;
+    let rules = format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_BLOCK} -j LOG --log-prefix \"VALLUM-K \"\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_BLOCK} -j DROP\nCOMMIT\n"
+    );
+    apply(d, &rules).await;
+    let mut stream = TraceServiceClient::new(d.channel().await)
+        .watch_packet_events(pb::WatchPacketEventsRequest {
+            ruleset: "nfq".into(),
+            verdict: "LOG".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    const SYSCTL: &str = "/proc/sys/net/netfilter/nf_log_all_netns";
+    let before = std::fs::read_to_string(SYSCTL).ok();
+    let kernel_logs = std::fs::write(SYSCTL, "1").is_ok()
+        && try_run(Command::new("iptables").args([
+            "-I",
+            "INPUT",
+            "1",
+            "-p",
+            "tcp",
+            "--dport",
+            &TCP_BLOCK.to_string(),
+            "-j",
+            "LOG",
+            "--log-prefix",
+            "VALLUM-KERNEL ",
+        ]))
+        .is_ok();
+    let b1 = b.to_owned();
+    let blocked = in_netns(&b1, || tcp_probe(TCP_BLOCK, Duration::from_millis(500)));
+    assert!(!blocked, "(k) the LOG-then-DROP port is closed");
+    let e = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("(k) a LOG event within 10 s")
+        .expect("stream")
+        .expect("open");
+    if let Some(v) = before {
+        let _ = std::fs::write(SYSCTL, v.trim());
+    }
+    assert_eq!(e.chain, "INPUT", "{e:?}");
+    assert_eq!(e.destination_port, u32::from(TCP_BLOCK), "{e:?}");
+    let ours = e.line.strip_prefix("VALLUM-K ").expect("our prefix");
+    assert!(
+        ours.contains(&format!("SRC={B_ADDR} DST={A_ADDR} ")) && ours.contains(" SYN URGP=0 "),
+        "(k) {ours}"
+    );
+    if !kernel_logs {
+        println!("SKIP (k) kernel line comparison: nf_log_all_netns not writable");
+        return;
+    }
+    // The kernel's line for the same SYN (same IP ID).
+    let id = ours
+        .split(' ')
+        .find(|f| f.starts_with("ID="))
+        .expect("ID field")
+        .to_owned();
+    let dmesg = match try_run(&mut Command::new("dmesg")) {
+        Ok(t) => t,
+        Err(why) => {
+            println!("SKIP (k) kernel line comparison: {why}");
+            return;
+        }
+    };
+    let kernel = dmesg
+        .lines()
+        .filter_map(|l| l.split_once("VALLUM-KERNEL ").map(|(_, k)| k))
+        .find(|k| k.contains(&format!(" {id} ")) && k.contains(&format!("DPT={TCP_BLOCK} ")))
+        .unwrap_or_else(|| panic!("(k) no kernel LOG line with {id} in dmesg"));
+    let (a, k): (Vec<&str>, Vec<&str>) = (
+        ours.trim_end().split(' ').collect(),
+        kernel.trim_end().split(' ').collect(),
+    );
+    assert_eq!(a, k, "(k) ours vs the kernel's LOG line, field by field");
 }
 
 /// (j): ufw's shape: established accepted, INVALID dropped, the service port open with no
