@@ -483,6 +483,11 @@ fn nfqueue_two_namespaces() {
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
+    // (k) compares with the kernel's LOG lines, written from namespace A only with this set
+    // (in the initial namespace); restored below.
+    let log_all_before = std::fs::read_to_string(LOG_ALL_NETNS).ok();
+    let set = std::fs::write(LOG_ALL_NETNS, "1").is_ok();
+    KERNEL_LOGS.store(set, std::sync::atomic::Ordering::Relaxed);
     // vallumd, the echo servers and the gRPC client all live in A.
     let b2 = b.clone();
     in_netns(&a, move || {
@@ -496,6 +501,9 @@ fn nfqueue_two_namespaces() {
             .expect("runtime");
         rt.block_on(scenario(&d, &b2));
     });
+    if let Some(v) = log_all_before {
+        let _ = std::fs::write(LOG_ALL_NETNS, v.trim());
+    }
     // Steering out: no VALLUM chain left in either family.
     vallumctl(&a, &["uninstall"]);
     for save in ["iptables-save", "ip6tables-save"] {
@@ -748,6 +756,11 @@ async fn scenario(d: &Vallumd, b: &str) {
     log_hits(d, b).await;
 }
 
+/// The kernel's switch for LOG lines from namespaces other than the initial one.
+const LOG_ALL_NETNS: &str = "/proc/sys/net/netfilter/nf_log_all_netns";
+/// Whether [`LOG_ALL_NETNS`] could be set for (k).
+static KERNEL_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// (k) a `-j LOG` rule's hits for real packets arrive on WatchPacketEvents in the kernel's
 /// format, compared field by field with the line the kernel's own LOG target writes for the
 /// same packet (a kernel rule before the steering jump; `dmesg`; needs
@@ -770,23 +783,21 @@ async fn log_hits(d: &Vallumd, b: &str) {
         .await
         .expect("watch")
         .into_inner();
-    const SYSCTL: &str = "/proc/sys/net/netfilter/nf_log_all_netns";
-    let before = std::fs::read_to_string(SYSCTL).ok();
-    let kernel_logs = std::fs::write(SYSCTL, "1").is_ok()
-        && try_run(Command::new("iptables").args([
-            "-I",
-            "INPUT",
-            "1",
-            "-p",
-            "tcp",
-            "--dport",
-            &TCP_BLOCK.to_string(),
-            "-j",
-            "LOG",
-            "--log-prefix",
-            "VALLUM-KERNEL ",
-        ]))
-        .is_ok();
+    // nf_log_all_netns lives in the initial namespace only: the test thread set it.
+    let dport = TCP_BLOCK.to_string();
+    let kernel_rule = [
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        &dport,
+        "-j",
+        "LOG",
+        "--log-prefix",
+        "KERNEL-K ",
+    ];
+    let kernel_logs = KERNEL_LOGS.load(std::sync::atomic::Ordering::Relaxed)
+        && try_run(Command::new("iptables").args(["-I"]).args(kernel_rule)).is_ok();
     let b1 = b.to_owned();
     let blocked = in_netns(&b1, || tcp_probe(TCP_BLOCK, Duration::from_millis(500)));
     assert!(!blocked, "(k) the LOG-then-DROP port is closed");
@@ -795,8 +806,8 @@ async fn log_hits(d: &Vallumd, b: &str) {
         .expect("(k) a LOG event within 10 s")
         .expect("stream")
         .expect("open");
-    if let Some(v) = before {
-        let _ = std::fs::write(SYSCTL, v.trim());
+    if kernel_logs {
+        run(Command::new("iptables").args(["-D"]).args(kernel_rule));
     }
     assert_eq!(e.chain, "INPUT", "{e:?}");
     assert_eq!(e.destination_port, u32::from(TCP_BLOCK), "{e:?}");
@@ -806,7 +817,7 @@ async fn log_hits(d: &Vallumd, b: &str) {
         "(k) {ours}"
     );
     if !kernel_logs {
-        println!("SKIP (k) kernel line comparison: nf_log_all_netns not writable");
+        println!("SKIP (k) kernel line comparison: nf_log_all_netns could not be set");
         return;
     }
     // The kernel's line for the same SYN (same IP ID).
@@ -824,7 +835,7 @@ async fn log_hits(d: &Vallumd, b: &str) {
     };
     let kernel = dmesg
         .lines()
-        .filter_map(|l| l.split_once("VALLUM-KERNEL ").map(|(_, k)| k))
+        .filter_map(|l| l.split_once("KERNEL-K ").map(|(_, k)| k))
         .find(|k| k.contains(&format!(" {id} ")) && k.contains(&format!("DPT={TCP_BLOCK} ")))
         .unwrap_or_else(|| panic!("(k) no kernel LOG line with {id} in dmesg"));
     let (a, k): (Vec<&str>, Vec<&str>) = (
