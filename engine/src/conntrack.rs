@@ -70,6 +70,7 @@ use crate::packet::PacketMeta;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, spin_loop};
 
 pub mod filter;
+pub mod persist;
 mod reclaim;
 pub mod tcp;
 pub mod tuple;
@@ -80,6 +81,7 @@ mod loom_model;
 mod tests;
 
 pub use filter::ConnFilter;
+pub use persist::{PersistError, Restored};
 pub use tcp::TcpState;
 pub use tuple::Tuple;
 use tuple::{IcmpKind, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};

@@ -17,9 +17,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 mod edit;
 mod rules;
+mod stateful;
 
 pub use edit::{EditError, EditOp, RuleEdit};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
+pub use stateful::{
+    HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,
+    RECENT_MAX_STAMPS, RECENT_NAME_MAX, RecentMatch, RecentOp, full_mask, hashlimit_mode,
+};
 
 /// Address family of a table: `iptables` (IPv4) or `ip6tables` (IPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -503,6 +508,10 @@ pub enum Match {
     /// `-m addrtype`: the kernel's route type of the source and/or destination address
     /// ([`crate::node_addrs`] decides it from the node's address facts).
     AddrType(AddrTypeMatch),
+    /// `-m recent`: a named list of recently seen addresses ([`RecentMatch`]).
+    Recent(RecentMatch),
+    /// `-m hashlimit` with a packet rate: a token bucket per hash key ([`HashlimitMatch`]).
+    Hashlimit(HashlimitMatch),
     /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
     /// tables and round trips); rejected by validation in enforced tables.
     Opaque(Opaque),
@@ -536,6 +545,8 @@ impl Match {
             Match::Rt(_) => "rt",
             Match::Ipv6Header(_) => "ipv6header",
             Match::AddrType(_) => "addrtype",
+            Match::Recent(_) => "recent",
+            Match::Hashlimit(_) => "hashlimit",
             Match::Opaque(o) => &o.name,
         }
     }

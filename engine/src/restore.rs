@@ -17,11 +17,14 @@
 //! PREROUTING/INPUT/FORWARD), opaque extensions in enforced tables.
 
 mod addrtype;
+mod connlimit;
 mod extensions;
+mod hashlimit;
 mod header_matches;
 mod lexer;
 mod opaque;
 mod print;
+mod recent;
 mod rule;
 mod support;
 mod tables;
@@ -33,6 +36,7 @@ use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use lexer::{Token, UnterminatedQuote, tokenize};
 pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
+pub(crate) use support::why_not_enforced;
 pub use support::{Support, SupportRow, support_markdown, support_table};
 
 /// How to read the text: which tool is emulated and with which flags.

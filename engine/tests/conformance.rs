@@ -65,6 +65,10 @@ const T_FILES: &[&str] = &[
     "libip6t_LOG.t",
     "libxt_NOTRACK.t",
     "libxt_CT.t",
+    "libxt_recent.t",
+    "libipt_recent.t",
+    "libip6t_recent.t",
+    "libxt_hashlimit.t",
 ];
 
 /// Files allowed below 100%, with the reason. Empty: every claimed file passes fully.
@@ -734,7 +738,7 @@ fn round_trips() {
 /// How many `.t` rule runs of ALL extension files (claimed or not: opaque extensions too)
 /// import and print as iptables-save does; raised by each parser/printer gap closed, so it
 /// may only go up.
-const ALL_VECTORS_FLOOR: usize = 2893;
+const ALL_VECTORS_FLOOR: usize = 2947;
 
 /// How many real dumps (`iptables-save/`, `iptables-tests/shell-dumps/`) import and export
 /// byte-equal (comments and blank lines aside); may only go up.

@@ -905,6 +905,7 @@ fn finding(v: &Violation, input: &RulesetInput, base_label: &str) -> Finding {
     };
     let reason = match v.kind {
         ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
+        ViolationKind::HookNotReached { .. } => Reason::HookNotReached,
         _ => Reason::InvalidRuleset,
     };
     Finding {
@@ -1434,14 +1435,14 @@ COMMIT
 
     #[test]
     fn unsupported_extension_is_named() {
-        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m recent --rcheck -j DROP\nCOMMIT\n";
+        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m connlimit --connlimit-above 2 -j DROP\nCOMMIT\n";
         let c = check("a", 0, &text(t, Family::Ipv4), &NoSets).unwrap();
         let Err(Error::BadRequest { reason, violations }) = c.into_valid() else {
             panic!("expected invalid")
         };
         assert_eq!(reason, Reason::UnsupportedExtension);
         assert!(
-            violations[0].description.contains("recent"),
+            violations[0].description.contains("connlimit"),
             "{violations:?}"
         );
     }

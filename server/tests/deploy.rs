@@ -620,11 +620,10 @@ fn dockerfile_cargo_commands(dockerfile: &str) -> Vec<Vec<String>> {
     out
 }
 
-/// The image's build line is run for real, outside a container: the same `cargo build`
-/// arguments from the repository root, so a package, binary or feature that does not exist
-/// fails here. Without `--release` (the release profile changes code generation, not which
-/// packages, binaries and features resolve) unless VALLUM_DOCKER_RELEASE=1, and in its own
-/// target directory (the test's own cargo holds the lock of the default one).
+/// The image's build line selects what exists: its `-p`/`--features` resolve (`cargo tree`, no
+/// build) and each `--bin` is a binary target, so a package, binary or feature that does not
+/// exist fails here; `.ci/run` then runs the line itself (without `--release`, on the shared
+/// target) so a build failure with the image's features fails CI too.
 #[test]
 fn dockerfile_build_commands_build() {
     let d = read("deploy/Dockerfile");
@@ -665,24 +664,49 @@ fn dockerfile_build_commands_build() {
             "the Dockerfile installs {b} from target/release"
         );
     }
-    let release = std::env::var("VALLUM_DOCKER_RELEASE").is_ok_and(|v| v == "1");
-    let args: Vec<&String> = cmd[1..]
-        .iter()
-        .filter(|a| release || *a != "--release")
-        .collect();
+    // The packages and features must exist: `cargo tree` resolves the same `-p`/`--features`
+    // selection without building (a full second build here would double CI's time; `.ci/run`
+    // runs the Dockerfile's build line itself after the tests, on the shared target).
+    let mut args: Vec<&str> = vec!["tree", "-e", "normal", "--depth", "0"];
+    let mut it = cmd[2..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-p" | "--package" | "--features" | "-F" => {
+                args.push(a);
+                args.push(it.next().expect("a value after the flag"));
+            }
+            "--locked" | "--all-features" | "--no-default-features" => args.push(a),
+            _ => {}
+        }
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(&cargo)
         .args(&args)
         .current_dir(root())
-        .env("CARGO_TARGET_DIR", root().join("target/dockerfile"))
         .output()
         .expect("run cargo");
     assert!(
         out.status.success(),
-        "the Dockerfile's `cargo {}` fails:\n{}",
+        "the Dockerfile's `cargo {}` selects what does not exist (`cargo {}`):\n{}",
         cmd[1..].join(" "),
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
+    // Each --bin is a binary target of a selected package.
+    let meta = Command::new(&cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root())
+        .output()
+        .expect("run cargo metadata");
+    let meta = String::from_utf8_lossy(&meta.stdout);
+    for b in &bins {
+        assert!(
+            meta.contains(&format!(
+                "\"kind\":[\"bin\"],\"crate_types\":[\"bin\"],\"name\":\"{b}\""
+            )),
+            "no binary target {b} in the workspace"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,8 +2,7 @@
 //! [`Snapshot::compile_with`]), and the incremental [`Snapshot::compile_after`], which shares
 //! the bodies of unchanged chains with the active snapshot, splices a body where one run of
 //! rules changed (the index updated online, `tuple_merge/build.rs`) and takes counter slots
-//! over from the rules a new one continues. Also [`Snapshot::reuse`] and
-//! [`Snapshot::memory_bytes`].
+//! over from the rules a new one continues. Also [`Snapshot::reuse`].
 //!
 //! Runs on the committing thread, never on a packet core: it allocates freely, but it must
 //! not write anything the published snapshot's readers see (the active snapshot is shared,
@@ -14,8 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::{
-    Family, Hook, Match, Neg, PortRange, Rule, RuleList, Ruleset, SetDir, TableKind, Target,
-    diff_rules,
+    Family, Hook, Match, Neg, PortRange, Rule, RuleList, Ruleset, TableKind, Target, diff_rules,
 };
 use crate::packet::IfName;
 use crate::sets::SetRegistry;
@@ -86,6 +84,12 @@ fn jump_targets<'a>(rules: impl Iterator<Item = &'a CRule>) -> Box<[u32]> {
 }
 
 /// Some match holds an object resolved through the registry (a set, the node's addresses).
+fn has_state(r: &CRule) -> bool {
+    r.matches
+        .iter()
+        .any(|m| matches!(m, CMatch::Recent(_) | CMatch::Hashlimit(_)))
+}
+
 fn has_set(r: &CRule) -> bool {
     r.matches.iter().any(|m| match m {
         CMatch::Set { .. } => true,
@@ -99,6 +103,8 @@ fn has_set(r: &CRule) -> bool {
 struct BodyContext<'a> {
     chains: &'a HashMap<&'a str, u32>,
     sets: &'a dyn SetRegistry,
+    /// The build's named tables and this ruleset's name in them.
+    named: (&'a RefCell<NamedState>, &'a Arc<str>),
     classifier: Classifier,
     width: u32,
     ruleset: &'a str,
@@ -113,9 +119,11 @@ impl BodyContext<'_> {
     ) -> Result<Vec<CRule>, CompileError> {
         rules
             .map(|rule| {
-                compile_rule(rule, self.chains, self.sets, self.width == 128).map_err(|e| {
-                    e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
-                })
+                compile_rule(rule, self.chains, self.sets, self.named, self.width == 128).map_err(
+                    |e| {
+                        e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
+                    },
+                )
             })
             .collect()
     }
@@ -143,17 +151,23 @@ impl BodyContext<'_> {
         rules: RuleChunks,
         slots: Chunks<u32>,
         index: Option<ChainIndex>,
-        known: Option<(Box<[u32]>, bool)>,
+        known: Option<(Box<[u32]>, bool, bool)>,
     ) -> ChainBody {
         let index = index.or_else(|| {
             self.wants_index(rules.len())
                 .then(|| ChainIndex::build(&rules, self.width, self.rfc_rules()))
         });
-        let (targets, has_sets) =
-            known.unwrap_or_else(|| (jump_targets(rules.iter()), rules.iter().any(has_set)));
+        let (targets, has_sets, stateful) = known.unwrap_or_else(|| {
+            (
+                jump_targets(rules.iter()),
+                rules.iter().any(has_set),
+                rules.iter().any(has_state),
+            )
+        });
         ChainBody {
             targets,
             has_sets,
+            stateful,
             rules,
             slots,
             index,
@@ -189,6 +203,7 @@ impl ChainBody {
         // Only set-free bodies are spliced, so only the new rules can bring a set; the
         // targets need a scan of the whole chain only when the old or the new rules jump.
         let has_sets = new.iter().any(has_set);
+        let stateful = self.stateful || new.iter().any(has_state);
         let new_jumps = !jump_targets(new.iter()).is_empty();
         let compiled = self.rules.splice(p, om, new);
         let index = match &self.index {
@@ -207,7 +222,7 @@ impl ChainBody {
             jump_targets(compiled.iter())
         };
         let slots = self.slots.splice(p, om, mid_slots.to_vec());
-        Ok(cx.finish(compiled, slots, index, Some((targets, has_sets))))
+        Ok(cx.finish(compiled, slots, index, Some((targets, has_sets, stateful))))
     }
 }
 
@@ -228,6 +243,7 @@ impl Snapshot {
             slots_taken: (0, 0),
             moved: Box::default(),
             origin: None,
+            named: NamedState::default(),
         }
     }
 
@@ -394,6 +410,9 @@ impl Snapshot {
                 .collect()
         });
         let old_chains = prev.map_or_else(HashMap::default, Snapshot::chain_map);
+        let named = RefCell::new(
+            prev.map_or_else(NamedState::default, |p| NamedState::kept(&p.named, &names)),
+        );
         let fresh = || cells.alloc().ok_or(Stop::NoRoom);
         // The slot a rule or policy that continues one of `prev` (in `old`) counts in.
         let keep = |old: u32| -> Result<u32, Stop> {
@@ -454,6 +473,7 @@ impl Snapshot {
                     let cx = BodyContext {
                         chains: &local,
                         sets,
+                        named: (&named, &names[ri]),
                         classifier,
                         width,
                         ruleset: &rs.name,
@@ -576,6 +596,15 @@ impl Snapshot {
             }
             .into());
         }
+        // The named tables the new snapshot's rules hold (and no other: a table no rule
+        // names any more goes, as in the kernel).
+        let named = NamedState::held(chains.iter().filter(|c| c.body.stateful).flat_map(|c| {
+            let rs = &names[c.ruleset as usize];
+            c.body
+                .rules
+                .iter()
+                .flat_map(move |r| r.matches.iter().map(move |m| (rs, m)))
+        }));
         // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
         base.sort_by_key(|&(_, _, kind, _)| kind);
         let mut raw_chains = [[0u32; 5]; 2];
@@ -603,6 +632,7 @@ impl Snapshot {
                 prev: p.id,
                 chains: origins.into_boxed_slice(),
             }),
+            named,
         })
     }
 
@@ -629,56 +659,6 @@ impl Snapshot {
                 )
             })
             .collect()
-    }
-
-    /// Bytes taken by the compiled rules and by the classification index (a body shared with
-    /// another snapshot is counted in full).
-    pub fn memory_bytes(&self) -> MemoryUsage {
-        let bodies = self.chains.iter().map(|c| &*c.body);
-        let rules = bodies
-            .clone()
-            .flat_map(|b| b.rules.iter())
-            .map(|r| {
-                // An inline match lives in the rule; shared ones in an `Arc` (two counters).
-                let shared = match &r.matches {
-                    Matches::Inline(_) => 0,
-                    Matches::Shared(a) => 16 + size_of_val::<[CMatch]>(a),
-                };
-                size_of::<CRule>()
-                    + shared
-                    + r.matches
-                        .iter()
-                        .map(|m| match m {
-                            CMatch::Multiport { ports, .. } => size_of_val::<[PortRange]>(ports),
-                            CMatch::Set { dirs, .. } => size_of_val::<[SetDir]>(dirs),
-                            CMatch::Iprange(_) => size_of::<IprangeMatch>(),
-                            _ => 0,
-                        })
-                        .sum::<usize>()
-            })
-            .sum();
-        let indexes = bodies.filter_map(|b| b.index.as_ref());
-        MemoryUsage {
-            rules,
-            index: indexes.clone().map(ChainIndex::memory_bytes).sum::<usize>(),
-            tables: indexes.clone().map(ChainIndex::tables).sum(),
-            rfc_chains: indexes.filter(|i| i.has_rfc()).count(),
-        }
-    }
-
-    /// The rulesets this snapshot was compiled from, in evaluation (priority) order.
-    pub fn rulesets(&self) -> &[Arc<Ruleset>] {
-        &self.rulesets
-    }
-
-    /// Number of compiled rules (enforced tables only).
-    pub fn rule_count(&self) -> usize {
-        self.n_rules
-    }
-
-    /// Number of cores this snapshot has counter blocks for.
-    pub fn cores(&self) -> usize {
-        self.cells.cores()
     }
 
     /// How this snapshot reused `prev`, when it was built from it by
@@ -803,6 +783,7 @@ fn compile_rule(
     rule: &Rule,
     chains: &HashMap<&str, u32>,
     sets: &dyn SetRegistry,
+    (named, ruleset): (&RefCell<NamedState>, &Arc<str>),
     v6: bool,
 ) -> Result<CRule, RuleError> {
     let mut matches = Vec::with_capacity(rule.matches.len());
@@ -945,6 +926,11 @@ fn compile_rule(
                     limit: a.limit,
                     addrs,
                 }))
+            }
+            Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
+            Match::Hashlimit(h) => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                CMatch::Hashlimit(Box::new(named.borrow_mut().hashlimit(ruleset, family, h)))
             }
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };

@@ -33,6 +33,10 @@ pub(super) trait Observer {
     fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta);
     fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool;
+    /// A `-m recent` match: the packet path changes the list, a trace only reads it.
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool;
+    /// A `-m hashlimit` match: the packet path takes a token, a trace only looks.
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool;
     /// Rule `number` of `chain` (index `chain_index` in the snapshot's chains) is a `-j LOG`
     /// that matched.
     #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
@@ -67,6 +71,12 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     }
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         self.inner.limit(bucket, now)
+    }
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
+        self.inner.recent(r, pkt, now)
+    }
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
+        self.inner.hashlimit(h, pkt, now)
     }
     fn log(
         &mut self,
@@ -109,6 +119,14 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
     #[inline]
     fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
         bucket.conforms(now)
+    }
+    #[inline]
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
+        r.matches(pkt, now, true)
+    }
+    #[inline]
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
+        h.matches(pkt, now, true)
     }
     fn log(
         &mut self,
@@ -188,9 +206,10 @@ pub struct Trace {
     /// The packet was dropped by a match that reads transport-header bytes it lacks
     /// ([`PacketMeta::l4_cut`], the kernel's hotdrop); that rule is not among the steps.
     pub hotdropped: bool,
-    /// How many `-m limit` matches the packet's path asked. A trace is a dry run for them:
-    /// each answers whether a token is there now without taking it, so a burst of real
-    /// packets can be limited where a trace of each of them matched.
+    /// How many `-m limit`, `-m recent` and `-m hashlimit` matches the packet's path asked. A trace is a dry
+    /// run for them: each answers whether a token is there now without taking it (a recent
+    /// list is read, not changed), so a burst of real packets can be limited where a trace
+    /// of each of them matched.
     pub limits_asked: u32,
 }
 
@@ -228,6 +247,15 @@ impl Observer for Tracing<'_> {
         // A trace must not consume tokens that real traffic would get.
         self.limits_asked += 1;
         bucket.would_conform(now)
+    }
+    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
+        // Nor change a recent list.
+        self.limits_asked += 1;
+        r.matches(pkt, now, false)
+    }
+    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
+        self.limits_asked += 1;
+        h.matches(pkt, now, false)
     }
     fn log(
         &mut self,
@@ -479,6 +507,15 @@ impl Snapshot {
                         .is_none_or(|t| (t.value == h.rt_type) != t.negated)
             }),
             CMatch::AddrType(a) => addrtype_matches(a, p),
+            CMatch::Recent(r) => obs.recent(r, p, now),
+            CMatch::Hashlimit(h) => {
+                // As hashlimit_init_dst: the ports must be there when the key has them.
+                if p.l4_cut.is_some_and(|n| n < 4) && h.reads_ports(p) {
+                    obs.hotdrop();
+                    return false;
+                }
+                obs.hashlimit(h, p, now)
+            }
             CMatch::Ipv6Header(h) => {
                 let have = p.ipv6_ext.mask;
                 if h.soft {

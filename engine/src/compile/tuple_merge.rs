@@ -90,9 +90,10 @@
 //! A query asks for the lowest-numbered matching rule at or after a start position, because a
 //! matching rule whose target does not decide (no target, LOG, NOTRACK, or the return point of
 //! a jump) continues the walk right after itself. Rules with a side effect on evaluation
-//! (`-m limit` takes a token) must be evaluated exactly when the linear walk would reach them:
-//! they sit in an `effects` list that is checked, in order, only below the best side-effect-free
-//! match, so a bucket is only ever taken from when every rule before it failed.
+//! (`-m limit` takes a token, `-m recent` and `-m hashlimit` change their tables) must be
+//! evaluated exactly when the linear walk would reach them: they sit in an `effects` list that
+//! is checked, in order, only below the best side-effect-free match, so a bucket is only ever
+//! taken from when every rule before it failed.
 
 use std::sync::Arc;
 
@@ -385,7 +386,7 @@ pub(super) struct ChainIndex {
     probes: Box<[Probes]>,
     /// Side-effect-free rules with nothing to index, ascending.
     fallback: Box<[u32]>,
-    /// Rules whose matches have side effects (`-m limit`), ascending.
+    /// Rules whose matches have side effects (`-m limit`, `-m recent`, `-m hashlimit`), ascending.
     effects: Box<[u32]>,
     /// One [`HeaderFilter`] per rule of the chain, by position, in chunks shared with the
     /// previous index where an update left them as they were (a replace copies only the

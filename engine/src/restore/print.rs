@@ -643,6 +643,79 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 AddrTypeLimit::Out => o.push("--limit-iface-out"),
             }
         }
+        Match::Recent(r) => {
+            // As libxt_recent's recent_save.
+            o.opt(r.negated, r.op.option());
+            if r.seconds != 0 {
+                o.push("--seconds ");
+                write_uint(o.out, r.seconds);
+            }
+            if r.reap {
+                o.push("--reap");
+            }
+            if r.hitcount != 0 {
+                o.push("--hitcount ");
+                write_uint(o.out, r.hitcount);
+            }
+            if r.rttl {
+                o.push("--rttl");
+            }
+            o.push("--name ");
+            o.out.push_str(&r.name);
+            o.push("--mask ");
+            write_addr(o.out, &r.mask);
+            o.push(if r.dest { "--rdest" } else { "--rsource" });
+        }
+        Match::Hashlimit(h) => {
+            // As libxt_hashlimit's hashlimit_mt_print, revision 3.
+            o.push(if h.above {
+                "--hashlimit-above "
+            } else {
+                "--hashlimit-upto "
+            });
+            let (n, unit, quantum) = super::hashlimit::rate_parts(h.avg);
+            write_uint(o.out, n);
+            o.out.push('/');
+            o.out.push_str(unit);
+            // A packet rate's burst is always printed, the default 5 too.
+            o.push("--hashlimit-burst ");
+            write_uint(o.out, h.burst);
+            if h.mode != 0 {
+                o.push("--hashlimit-mode ");
+                let names = crate::model::hashlimit_mode::NAMES.iter();
+                for (i, (name, _)) in names.filter(|(_, b)| h.mode & b != 0).enumerate() {
+                    if i > 0 {
+                        o.out.push(',');
+                    }
+                    o.out.push_str(name);
+                }
+            }
+            o.push("--hashlimit-name ");
+            o.out.push_str(&h.name);
+            for (v, default, opt) in [
+                (h.size, 0, "--hashlimit-htable-size "),
+                (h.max, 0, "--hashlimit-htable-max "),
+                (h.gc_interval, 1000, "--hashlimit-htable-gcinterval "),
+            ] {
+                if v != default {
+                    o.push(opt);
+                    write_uint(o.out, v);
+                }
+            }
+            if u64::from(h.expire) != quantum {
+                o.push("--hashlimit-htable-expire ");
+                write_uint(o.out, h.expire);
+            }
+            for (v, opt) in [
+                (h.srcmask, "--hashlimit-srcmask "),
+                (h.dstmask, "--hashlimit-dstmask "),
+            ] {
+                if let Some(len) = v {
+                    o.push(opt);
+                    write_uint(o.out, len);
+                }
+            }
+        }
         Match::Ipv6Header(h) => {
             o.opt(h.negated, "--header ");
             write_names(o.out, &IPV6_HEADER_NAMES, h.headers);

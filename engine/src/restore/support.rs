@@ -53,18 +53,48 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "addrtype") => {
             "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
         }
+        (false, "recent") => {
+            "lists per ruleset kept across commits; 100 entries a list, 256 time stamps an entry (the kernel's defaults)"
+        }
+        (false, "hashlimit") => {
+            "packet rates; byte rates (`b/s`) and `--hashlimit-rate-match` are stored only; tables per ruleset kept across commits"
+        }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
-        (true, "CT") => "raw table; only `--notrack` is enforced, other options are stored only",
+        (true, "CT") => {
+            "raw table; only `--notrack` is enforced, other options are stored only (`--zone`: zones are not part of the conntrack key yet; `--helper`: no ALGs)"
+        }
         (true, "REJECT") => "filter table only",
         (true, "NOTRACK") => "raw table only",
         _ => "",
     }
 }
 
+/// Why an extension (or a target's option) that real rulesets use is stored only, not
+/// enforced: validation names it in its refusal and the support table prints it.
+pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str> {
+    Some(match (target, name) {
+        (false, "connlimit") => {
+            "counts a source's connections in the conntrack table, which rule evaluation does not read yet"
+        }
+        (false, "rpfilter") => {
+            "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
+        }
+        (false, "physdev") => {
+            "needs the bridge ports of a bridged packet (NFQA_PHYSINDEV/PHYSOUTDEV), which the packet sources do not read yet"
+        }
+        (false, "hashlimit") => "byte rates and --hashlimit-rate-match are not enforced",
+        (true, "CT --zone") | (true, "CT --zone-orig") | (true, "CT --zone-reply") => {
+            "conntrack zones are not part of the engine's conntrack key yet"
+        }
+        (true, "CT --helper") => "the engine runs no connection-tracking helpers (ALGs)",
+        _ => return None,
+    })
+}
+
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    name == "addrtype" || header_matches::is_typed(name, family)
+    matches!(name, "addrtype" | "recent" | "hashlimit") || header_matches::is_typed(name, family)
 }
 
 fn classify_match(name: &'static str, family: Family) -> Support {
@@ -175,7 +205,17 @@ pub fn support_markdown() -> String {
          reads the host's addresses (or takes `--local-addresses`) and the packet path reads\n\
          them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
          need routes it does not have: validation refuses them in filter and raw, naming them;\n\
-         nat and mangle store them.\n\n",
+         nat and mangle store them.\n\n\
+         `recent` and `hashlimit` keep their tables per ruleset in the engine (not in the\n\
+         kernel), across commits as conntrack does, while some rule names them; a ruleset that is\n\
+         removed drops them. As in the kernel, a recent list keeps the mask of the rule that\n\
+         created it and a hashlimit table the whole configuration of its first rule (rename it to\n\
+         change a rate). Where the engine differs: a hashlimit entry expires exactly `expire` ms\n\
+         after its last packet (the kernel's collector runs every `gcinterval` ms); a full\n\
+         hashlimit table drops the entry that expires first where the kernel drops the packet;\n\
+         ports of ESP/AH packets in a port mode are 0 (the kernel hashes their SPI); a trace is a\n\
+         dry run for both: it reads the tables and changes nothing, so a rule after a `--set` of\n\
+         the same packet does not see that time stamp.\n\n",
     );
     for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
         out.push_str(&format!(
@@ -184,7 +224,7 @@ pub fn support_markdown() -> String {
         for r in support_table().iter().filter(|r| r.target == target) {
             let note = match (r.ipv4, r.ipv6) {
                 (Support::Enforced { note }, _) | (_, Support::Enforced { note }) => note,
-                _ => "",
+                _ => why_not_enforced(r.target, r.name).unwrap_or(""),
             };
             out.push_str(&format!(
                 "| `{}` | {} | {} | {} |\n",

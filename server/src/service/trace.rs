@@ -154,9 +154,9 @@ fn trace_notes(trace: &Trace) -> Vec<String> {
     }
     if trace.limits_asked > 0 {
         notes.push(format!(
-            "dry run for -m limit: {} limit match(es) on this path were asked without taking \
-             a token; real packets take one each, so a burst can be limited where every traced \
-             packet matched",
+            "dry run for -m limit, recent and hashlimit: {} such match(es) on this path were \
+             asked without taking a token or changing a list; real packets do, so a burst can \
+             be limited where every traced packet matched",
             trace.limits_asked
         ));
     }

@@ -570,7 +570,7 @@ mod linux {
             let n = match queue.recv_batch() {
                 Ok(n) => n,
                 Err(e) => {
-                    eprintln!("vallumd: NFQUEUE {}: receive: {e}", queue.num());
+                    tracing::warn!(queue = queue.num(), error = %e, "NFQUEUE receive failed");
                     std::thread::sleep(RECV_TIMEOUT);
                     continue;
                 }
@@ -658,7 +658,7 @@ mod linux {
             );
         }
         if let Err(e) = link.send_verdicts(&answers[..m]) {
-            eprintln!("vallumd: NFQUEUE {}: verdicts: {e}", link.num);
+            tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");
         }
         drain.after_batch(worker, events, &packets[..k], &verdicts[..k], &headers[..k]);
     }

@@ -73,6 +73,15 @@ impl Vallumd {
         assert!(serving(&self.addr).await, "vallumd never became SERVING");
     }
 
+    /// SIGTERM (a graceful stop) and waits for the exit; true when it exited 0.
+    pub fn terminate(&mut self) -> bool {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child's pid; it has not been waited for, so the pid is
+        // still ours.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        self.child.wait().is_ok_and(|s| s.success())
+    }
+
     /// kill -9.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -206,6 +215,11 @@ pub fn shared_data() -> Option<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
     p.is_dir().then_some(p)
+}
+
+/// Where vallumd keeps its connection table across a graceful restart (`conntrack_state`).
+pub fn conntrack_state_file(db: &Path) -> PathBuf {
+    vallum_server::conntrack_state::path(db)
 }
 
 /// A restore-text source.

@@ -60,13 +60,20 @@ pub(super) struct ProbeKey {
 }
 
 /// An observer for side-effect-free rules, which never report anything: such rules have no
-/// `-m limit` (those sit in `effects`), and only the evaluator reports matches.
+/// `-m limit`, `-m recent` or `-m hashlimit` (those sit in `effects`), and only the evaluator
+/// reports matches.
 pub(super) struct Silent;
 
 impl Observer for Silent {
     fn rule(&mut self, _: usize, _: &super::super::CChain, _: u32, _: &PacketMeta) {}
     fn policy(&mut self, _: usize, _: &super::super::CChain, _: &PacketMeta) {}
     fn limit(&mut self, _: &super::super::TokenBucket, _: u64) -> bool {
+        false
+    }
+    fn recent(&mut self, _: &super::super::CRecent, _: &PacketMeta, _: u64) -> bool {
+        false
+    }
+    fn hashlimit(&mut self, _: &super::super::CHashlimit, _: &PacketMeta, _: u64) -> bool {
         false
     }
     fn log(

@@ -318,7 +318,9 @@ pub(crate) fn match_option(
         | Match::Frag(_)
         | Match::Rt(_)
         | Match::Ipv6Header(_)
-        | Match::AddrType(_) => return None,
+        | Match::AddrType(_)
+        | Match::Recent(_)
+        | Match::Hashlimit(_) => return None,
     };
     Some(r)
 }
@@ -655,6 +657,19 @@ pub(crate) fn finish_match(
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "connlimit" {
+                return super::super::connlimit::canonical(&mut o.options, &token, ctx);
+            }
+            if o.name == "hashlimit" {
+                if let Some(t) = super::super::hashlimit::typed(&o.options, &token, ctx)? {
+                    *m = t;
+                    return Ok(());
+                }
+            }
+            if o.name == "recent" {
+                *m = super::super::recent::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if let Some(t) =
                 super::super::header_matches::typed(&o.name, &o.options, proto, &token, ctx)?
             {
@@ -685,7 +700,9 @@ pub(crate) fn finish_match(
         | Match::Frag(_)
         | Match::Rt(_)
         | Match::Ipv6Header(_)
-        | Match::AddrType(_) => {}
+        | Match::AddrType(_)
+        | Match::Recent(_)
+        | Match::Hashlimit(_) => {}
     }
     Ok(())
 }

@@ -172,7 +172,7 @@ pub(super) fn numeric_ipv4(s: &str, is_mask: bool) -> Option<Ipv4Addr> {
     (!is_mask || n == 4).then(|| Ipv4Addr::from(octets))
 }
 
-pub(super) fn parse_addr(
+pub(crate) fn parse_addr(
     t: &Tok,
     s: &str,
     family: Family,
