@@ -10,7 +10,7 @@
 //! |---|---|
 //! | [`rulesets`] | `validate`, `stage`, `commit`, `confirm`, `apply`, `rollback`, `revisions`, `diff`, `export`, `watch`, `rulesets`, `delete` |
 //! | [`counters`] | `counters` |
-//! | [`trace`] | `trace`, `replay` |
+//! | [`trace`] | `trace`, `replay`, `monitor` |
 //! | [`conntrack`] | `conntrack list/delete/flush/stats` |
 //! | [`sets`] | `set ...` (ipset's words) |
 //! | [`fleet`] | `fleet ...` |
@@ -72,6 +72,11 @@ enum Command {
     Trace(trace::TraceArgs),
     /// Replay a pcap/pcapng file against the active rulesets (and a staged revision).
     Replay(trace::ReplayArgs),
+    /// Stream packet events as they happen: `-j LOG` hits (text: the kernel's LOG line, as
+    /// `dmesg` shows it, after the rule) and, with `--sample-drops N`, one in N dropped
+    /// packets (the server raises N to at least 100 and caps samples at 100 a second), like
+    /// `cilium monitor -t drop`. Ends on Ctrl-C.
+    Monitor(trace::MonitorArgs),
     /// Engine status: cores, active revisions, barrier strategy.
     Status,
     /// The connection table: list, delete, flush, stats (as conntrack-tools' `conntrack`).
@@ -124,6 +129,7 @@ impl Command {
             Command::Conntrack { .. } | Command::Set { .. } => true,
             Command::Trace(_)
             | Command::Replay(_)
+            | Command::Monitor(_)
             | Command::Status
             | Command::Dataplane { .. }
             | Command::Completions(_)
@@ -138,6 +144,7 @@ impl Command {
             Command::Fleet {
                 command: fleet::FleetCommand::Wait { .. } | fleet::FleetCommand::Rollout { .. },
             } => true,
+            Command::Monitor(_) => true,
             _ => false,
         }
     }
@@ -216,6 +223,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         Command::Counters(a) => counters::run(&mut c.counters, out, a).await?,
         Command::Trace(t) => trace::trace(&mut c.trace, out, t).await?,
         Command::Replay(a) => trace::replay(&mut c.trace, out, a).await?,
+        Command::Monitor(a) => trace::monitor(&mut c.trace, out, a).await?,
         Command::Status => {
             let r = c.engine.get_status(GetStatusRequest {}).await?.into_inner();
             print(out, view::status_json(&r), || view::status_text(&r))?;

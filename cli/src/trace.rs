@@ -1,15 +1,19 @@
-//! TraceService: `trace` (the verdict and rule path of one packet) and `replay` (a capture
-//! against the active rulesets and, optionally, a staged revision).
+//! TraceService: `trace` (the verdict and rule path of one packet), `replay` (a capture
+//! against the active rulesets and, optionally, a staged revision) and `monitor` (packet
+//! events as they happen).
 
 use std::path::PathBuf;
 
+use tokio_stream::StreamExt;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
-use vallum_proto::v1::{self as pb, PacketSpec, ReplayCaptureRequest, TracePacketRequest};
+use vallum_proto::v1::{
+    self as pb, PacketSpec, ReplayCaptureRequest, TracePacketRequest, WatchPacketEventsRequest,
+};
 
 use crate::args::revision_name;
 use crate::connect::Svc;
 use crate::error::CliError;
-use crate::output::{Output, print};
+use crate::output::{Output, print, write_stdout};
 use crate::view;
 
 /// The client type.
@@ -149,4 +153,46 @@ pub async fn replay(c: &mut Client, out: Output, a: &ReplayArgs) -> Result<(), C
         .await?
         .into_inner();
     print(out, view::replay_json(&r), || view::replay_text(&r))
+}
+
+/// Flags of `monitor`: the filters.
+#[derive(Debug, clap::Args)]
+pub struct MonitorArgs {
+    /// Only this ruleset's LOG hits.
+    #[arg(long)]
+    pub ruleset: Option<String>,
+    /// Only LOG hits of rules in this chain.
+    #[arg(long)]
+    pub chain: Option<String>,
+    /// Only this kind: `log` or `drop`.
+    #[arg(long, value_name = "KIND")]
+    pub verdict: Option<String>,
+    /// Only packets from or to this address or prefix (ADDR[/LEN]).
+    #[arg(long, value_name = "ADDR[/LEN]")]
+    pub address: Option<String>,
+    /// Also sample one in N dropped packets (no LOG rule needed).
+    #[arg(long, value_name = "N")]
+    pub sample_drops: Option<u32>,
+}
+
+/// `monitor`: prints each packet event, one line (text) or one JSON object a line.
+pub async fn monitor(c: &mut Client, out: Output, a: &MonitorArgs) -> Result<(), CliError> {
+    let mut stream = c
+        .watch_packet_events(WatchPacketEventsRequest {
+            ruleset: a.ruleset.clone().unwrap_or_default(),
+            chain: a.chain.clone().unwrap_or_default(),
+            verdict: a.verdict.clone().unwrap_or_default(),
+            address: a.address.clone().unwrap_or_default(),
+            sample_drops_one_in: a.sample_drops.unwrap_or(0),
+        })
+        .await?
+        .into_inner();
+    while let Some(ev) = stream.next().await {
+        let ev = ev?;
+        match out {
+            Output::Json => write_stdout(&format!("{}\n", view::packet_event_json(&ev))),
+            Output::Text => write_stdout(&format!("{}\n", view::packet_event_text(&ev))),
+        }
+    }
+    Ok(())
 }

@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 use vallum_proto::v1::{
     CommitEvent, CommitOutcome, CommitPhases, CommitResult, DiffRevisionsResponse, Family,
-    GetStatusResponse, ReplayCaptureResponse, Revision, RevisionState, RuleCounter, Ruleset,
-    Severity, TracePacketResponse, VerdictTotals, Violation,
+    GetStatusResponse, PacketEvent, ReplayCaptureResponse, Revision, RevisionState, RuleCounter,
+    Ruleset, Severity, TracePacketResponse, VerdictTotals, Violation,
 };
 
 /// A timestamp as `{"seconds", "nanos", "rfc3339"}` (RFC 3339 in UTC, e.g.
@@ -722,6 +722,39 @@ pub fn event_text(e: &CommitEvent) -> String {
     if !e.error.is_empty() {
         let _ = write!(s, "  error: {}", e.error);
     }
+    s
+}
+
+/// A packet event (`vallumctl monitor -o json`): one object a line with every field of
+/// `PacketEvent`, `family` as `ipv4`/`ipv6` and `time` as [`ts`].
+pub fn packet_event_json(e: &PacketEvent) -> Value {
+    let family = match Family::try_from(e.family) {
+        Ok(Family::Ipv6) => "ipv6",
+        _ => "ipv4",
+    };
+    json!({
+        "kind": e.kind, "time": ts(e.time.as_ref()), "ruleset": e.ruleset, "table": e.table,
+        "chain": e.chain, "rule": e.rule, "log_prefix": e.log_prefix, "log_level": e.log_level,
+        "line": e.line, "family": family, "hook": e.hook, "source": e.source,
+        "destination": e.destination, "protocol": e.protocol, "source_port": e.source_port,
+        "destination_port": e.destination_port, "in_interface": e.in_interface,
+        "out_interface": e.out_interface, "length": e.length, "lost_before": e.lost_before,
+    })
+}
+
+/// A packet event as one line: time, kind, the rule (`ruleset/table/chain#n`, LOG only),
+/// then the kernel-format line; a note first when events were lost before it.
+pub fn packet_event_text(e: &PacketEvent) -> String {
+    let mut s = String::new();
+    if e.lost_before > 0 {
+        let _ = writeln!(s, "... {} events lost (reading too slowly)", e.lost_before);
+    }
+    let time = e.time.as_ref().map(rfc3339).unwrap_or_default();
+    let _ = write!(s, "{time} {}", e.kind);
+    if e.kind == "LOG" {
+        let _ = write!(s, " {}/{}/{}#{}", e.ruleset, e.table, e.chain, e.rule);
+    }
+    let _ = write!(s, "  {}", e.line.trim_end());
     s
 }
 

@@ -365,6 +365,7 @@ const READ_METHODS: &[&str] = &[
     "CounterService/GetCounters",
     "TraceService/TracePacket",
     "TraceService/ReplayCapture",
+    "TraceService/WatchPacketEvents",
     "EngineService/GetStatus",
     "ConntrackService/List",
     "ConntrackService/GetStats",

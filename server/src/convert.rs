@@ -776,7 +776,7 @@ pub fn ct_state_name(bit: u8) -> &'static str {
 }
 
 /// An address or prefix (`10.0.0.0/8`) of a conntrack filter; `None` when empty.
-fn prefix(field: &str, s: &str) -> Result<Option<IpNet>> {
+pub fn prefix(field: &str, s: &str) -> Result<Option<IpNet>> {
     if s.is_empty() {
         return Ok(None);
     }

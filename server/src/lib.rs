@@ -29,6 +29,7 @@ pub mod conntrack_state;
 pub mod content;
 pub mod convert;
 pub mod error;
+pub mod events;
 pub mod example;
 pub mod fleet;
 pub mod hooks;

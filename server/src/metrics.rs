@@ -528,6 +528,34 @@ impl Metrics {
             .extend(keep);
     }
 
+    /// Registers `vallum_packet_events_dropped_total{reason}`, read at scrape time from
+    /// `events`: packet events (LOG hits, sampled drops) lost because the events thread's
+    /// queue was full (`queue_full`) or a `WatchPacketEvents` subscriber read too slowly
+    /// (`slow_subscriber`, once per subscriber that missed it). Call once.
+    pub fn observe_events(&self, events: crate::events::Events) {
+        let counter = self
+            .inner
+            .meter
+            .u64_observable_counter("vallum_packet_events_dropped")
+            .with_description(
+                "Packet events (LOG hits, sampled drops) lost: the events queue was full, or a \
+                 WatchPacketEvents subscriber read too slowly.",
+            )
+            .with_callback(move |obs| {
+                let d = events.drops();
+                obs.observe(
+                    d.queue_full.load(std::sync::atomic::Ordering::Relaxed),
+                    &[KeyValue::new("reason", "queue_full")],
+                );
+                obs.observe(
+                    d.slow_subscriber.load(std::sync::atomic::Ordering::Relaxed),
+                    &[KeyValue::new("reason", "slow_subscriber")],
+                );
+            })
+            .build();
+        self.keep(Box::new(counter));
+    }
+
     /// Registers `vallum_set_elements{set}`, read at scrape time from `sets`: the elements each
     /// set holds (expired ones count until garbage-collected, as ipset's "Number of entries").
     /// A set appears once created and disappears when destroyed. Call once.

@@ -177,7 +177,10 @@ pub async fn run_with(
             });
         }
     };
-    let state = State::new(pipeline.clone(), config.source.to_string());
+    let events = crate::events::Events::start()
+        .map_err(|e| Error::Internal(format!("spawn the events thread: {e}")))?;
+    metrics.observe_events(events.clone());
+    let state = State::new(pipeline.clone(), config.source.to_string(), events.clone());
     // Fleet mode: the etcd client connects lazily, so an unreachable etcd never delays start.
     let fleet = match config.fleet.enabled() {
         true => Some((config.fleet.etcd()?, config.fleet.node()?)),
@@ -359,7 +362,13 @@ pub async fn run_with(
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
     let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
-    let sources = Sources::start(engine.clone(), &config.source, config.rate, clock.clone())?;
+    let sources = Sources::start(
+        engine.clone(),
+        &config.source,
+        config.rate,
+        clock.clone(),
+        events,
+    )?;
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
     let agent = fleet.map(|(etcd, node)| {
         Agent::new(

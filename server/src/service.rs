@@ -27,6 +27,8 @@ pub struct State {
     pub source: String,
     /// The rulesets fleet mode owns: RulesetService refuses to change them.
     pub owners: Arc<crate::fleet::Owners>,
+    /// Packet events from the cores (`WatchPacketEvents`).
+    pub events: crate::events::Events,
     /// Serialises calls that carry a request_id, so a retry racing the first call waits for
     /// its stored response.
     idempotency: tokio::sync::Mutex<()>,
@@ -34,12 +36,17 @@ pub struct State {
 
 impl State {
     /// Shared state for the services.
-    pub fn new(pipeline: Arc<Pipeline>, source: String) -> Arc<State> {
+    pub fn new(
+        pipeline: Arc<Pipeline>,
+        source: String,
+        events: crate::events::Events,
+    ) -> Arc<State> {
         Arc::new(State {
             pipeline,
             ready: AtomicBool::new(false),
             source,
             owners: Arc::default(),
+            events,
             idempotency: tokio::sync::Mutex::new(()),
         })
     }

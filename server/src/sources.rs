@@ -11,6 +11,10 @@
 //!
 //! `--rate` paces the total over all cores (each core gets `rate / cores`); 0 is full speed.
 //! [`Sources::stop`] asks every thread to finish its batch and joins them.
+//!
+//! After each batch a core drains its `-j LOG` ring and, when a subscriber asks for them,
+//! samples its dropped packets ([`Drain::after_batch`]), and hands the events to
+//! [`Events::offer`] without waiting (crate::events).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +30,7 @@ use vallum_engine::packet::{IfName, PacketMeta};
 
 use crate::config::{NfqueueSource, Source};
 use crate::error::{Error, Result};
+use crate::events::{Events, PacketEvent};
 
 pub mod nfqueue;
 
@@ -80,6 +85,7 @@ impl Sources {
         source: &Source,
         rate: u64,
         clock: Arc<dyn Clock>,
+        events: Events,
     ) -> Result<Sources> {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = engine.cores();
@@ -91,7 +97,7 @@ impl Sources {
                 });
             }
             Source::Synthetic => None,
-            Source::Nfqueue(q) => return start_nfqueue(engine, *q, clock, stop),
+            Source::Nfqueue(q) => return start_nfqueue(engine, *q, clock, stop, events),
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::Internal(format!("read {}: {e}", path.display())))?;
@@ -125,7 +131,9 @@ impl Sources {
             };
             let stop = stop.clone();
             let clock = clock.clone();
+            let events = events.clone();
             let t = spawn_worker(&engine, core, "vallum-core", move |worker| {
+                let mut drain = Drain::default();
                 let mut packets = [PacketMeta::default(); BATCH];
                 let mut verdicts = [Verdict::Accept; BATCH];
                 let start = Instant::now();
@@ -134,8 +142,7 @@ impl Sources {
                 while !stop.load(Ordering::Relaxed) {
                     feed.fill(&mut packets);
                     worker.process_batch(&mut packets, &mut verdicts, clock.now_ns());
-                    // LOG events have no consumer yet (issue: log sink); drop them.
-                    worker.drain_log_records().for_each(drop);
+                    drain.after_batch(worker, &events, &packets, &verdicts, &[]);
                     sent += BATCH as u64;
                     if per_core > 0 {
                         let due = Duration::from_secs_f64(sent as f64 / per_core as f64);
@@ -186,6 +193,7 @@ fn start_nfqueue(
     q: NfqueueSource,
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
+    events: Events,
 ) -> Result<Sources> {
     let cores = engine.cores();
     let first = usize::from(q.first);
@@ -218,8 +226,9 @@ fn start_nfqueue(
     for (core, mut queue) in queues.into_iter().enumerate() {
         let stop = stop.clone();
         let clock = clock.clone();
+        let events = events.clone();
         threads.push(spawn_worker(&engine, core, "vallum-nfq", move |worker| {
-            nfqueue::run_worker(&mut queue, worker, &stop, &*clock);
+            nfqueue::run_worker(&mut queue, worker, &stop, &*clock, &events);
         })?);
     }
     Ok(Sources { stop, threads })
@@ -232,9 +241,77 @@ fn start_nfqueue(
     _q: NfqueueSource,
     _clock: Arc<dyn Clock>,
     _stop: Arc<AtomicBool>,
+    _events: Events,
 ) -> Result<Sources> {
     Err(Error::Startup {
         code: "NFQUEUE_UNSUPPORTED",
         message: "--source nfqueue needs Linux (nfnetlink_queue)".to_owned(),
     })
+}
+
+/// One core's side of the packet events: after each batch, its `-j LOG` hits and (when a
+/// subscriber asks, [`Events::sample_one_in`]) one in N of its dropped packets, rate-limited
+/// by [`Events::take_sample_token`].
+#[derive(Debug, Default)]
+pub struct Drain {
+    /// Dropped packets seen while sampling was on.
+    drops_seen: u64,
+}
+
+impl Drain {
+    /// Drains `worker`'s LOG ring, samples the drops of the batch just classified
+    /// (`packets[i]` got `verdicts[i]`) and offers the events to `events` (never waits).
+    /// `headers[i]`, when the source has it, is `packets[i]` from its IP header on, for the
+    /// kernel-format line; a LOG hit is paired with the first packet of the batch, from the
+    /// previous hit's on, with its addresses, ports, protocol and length. Allocates only when
+    /// there is an event.
+    pub fn after_batch(
+        &mut self,
+        worker: &mut EngineWorker<'_>,
+        events: &Events,
+        packets: &[PacketMeta],
+        verdicts: &[Verdict],
+        headers: &[&[u8]],
+    ) {
+        let logs = worker.drain_logs();
+        let one_in = u64::from(events.sample_one_in());
+        if logs.is_empty() && one_in == 0 {
+            return;
+        }
+        let mut out = Vec::with_capacity(logs.len());
+        let mut cursor = 0;
+        for log in logs {
+            let found = packets[cursor.min(packets.len())..]
+                .iter()
+                .position(|p| same_packet(p, &log.packet))
+                .map(|i| cursor + i);
+            let header = found.and_then(|i| headers.get(i).copied());
+            if let Some(i) = found {
+                cursor = i;
+            }
+            out.push(PacketEvent::log(log, header));
+        }
+        if one_in != 0 {
+            for (i, (p, v)) in packets.iter().zip(verdicts).enumerate() {
+                if matches!(v, Verdict::Accept) {
+                    continue;
+                }
+                self.drops_seen += 1;
+                if self.drops_seen % one_in == 0 && events.take_sample_token() {
+                    out.push(PacketEvent::dropped(*p, headers.get(i).copied()));
+                }
+            }
+        }
+        events.offer(out);
+    }
+}
+
+/// Whether a LOG hit's packet copy is `p` (the fields a rule cannot change).
+fn same_packet(p: &PacketMeta, q: &PacketMeta) -> bool {
+    p.src == q.src
+        && p.dst == q.dst
+        && p.protocol == q.protocol
+        && p.sport == q.sport
+        && p.dport == q.dport
+        && p.len == q.len
 }

@@ -17,8 +17,10 @@
 //! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up);
 //! (k) the mark `-j MARK` sets reaches the kernel with the verdict (NFQA_MARK: a rule of
 //! the kernel's security table, after filter INPUT, counts the packet with it); (l) `-m
-//! owner --uid-owner` in OUTPUT sees the uid of the socket that answers (NFQA_UID); and
-//! `vallumctl dataplane uninstall` leaves no VALLUM
+//! owner --uid-owner` in OUTPUT sees the uid of the socket that answers (NFQA_UID);
+//! (m) a `-j LOG` rule's hits reach
+//! WatchPacketEvents in the kernel's LOG format, field by field the kernel's own line for the
+//! same packet (dmesg); and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
@@ -485,6 +487,11 @@ fn nfqueue_two_namespaces() {
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
+    // (m) compares with the kernel's LOG lines, written from namespace A only with this set
+    // (in the initial namespace); restored below.
+    let log_all_before = std::fs::read_to_string(LOG_ALL_NETNS).ok();
+    let set = std::fs::write(LOG_ALL_NETNS, "1").is_ok();
+    KERNEL_LOGS.store(set, std::sync::atomic::Ordering::Relaxed);
     // vallumd, the echo servers and the gRPC client all live in A.
     let b2 = b.clone();
     in_netns(&a, move || {
@@ -498,6 +505,9 @@ fn nfqueue_two_namespaces() {
             .expect("runtime");
         rt.block_on(scenario(&d, &b2));
     });
+    if let Some(v) = log_all_before {
+        let _ = std::fs::write(LOG_ALL_NETNS, v.trim());
+    }
     // Steering out: no VALLUM chain left in either family.
     vallumctl(&a, &["uninstall"]);
     for save in ["iptables-save", "ip6tables-save"] {
@@ -788,6 +798,9 @@ async fn scenario(d: &Vallumd, b: &str) {
         !in_netns(b, move || udp_probe(block)),
         "(l) the answer of root's socket is dropped by an allow-list of uid 4242"
     );
+
+    // (m) LOG hits on the stream and as the kernel writes them.
+    log_hits(d, b).await;
 }
 
 /// (l): only `uid`'s sockets may answer from the UDP service.
@@ -806,6 +819,95 @@ fn mark_rules() -> String {
          -A INPUT -p udp -m udp --dport {UDP_PORT} -j MARK --set-mark 0x5a\n\
          -A INPUT -p udp -m udp --dport {UDP_PORT} -m mark --mark 0x5a -j ACCEPT\nCOMMIT\n"
     )
+}
+
+/// The kernel's switch for LOG lines from namespaces other than the initial one.
+const LOG_ALL_NETNS: &str = "/proc/sys/net/netfilter/nf_log_all_netns";
+/// Whether [`LOG_ALL_NETNS`] could be set for (m).
+static KERNEL_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// (m) a `-j LOG` rule's hits for real packets arrive on WatchPacketEvents in the kernel's
+/// format, compared field by field with the line the kernel's own LOG target writes for the
+/// same packet (a kernel rule before the steering jump; `dmesg`; needs
+/// net.netfilter.nf_log_all_netns=1, set for the check and restored after). Where the kernel
+/// line cannot be had (no dmesg access, sysctl not writable), only the stream is checked.
+async fn log_hits(d: &Vallumd, b: &str) {
+    use vallum_proto::v1::trace_service_client::TraceServiceClient;
+    let rules = format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_BLOCK} -j LOG --log-prefix \"VALLUM-K \"\n\
+         -A INPUT -p tcp -m tcp --dport {TCP_BLOCK} -j DROP\nCOMMIT\n"
+    );
+    apply(d, &rules).await;
+    let mut stream = TraceServiceClient::new(d.channel().await)
+        .watch_packet_events(pb::WatchPacketEventsRequest {
+            ruleset: "nfq".into(),
+            verdict: "LOG".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    // nf_log_all_netns lives in the initial namespace only: the test thread set it.
+    let dport = TCP_BLOCK.to_string();
+    let kernel_rule = [
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        &dport,
+        "-j",
+        "LOG",
+        "--log-prefix",
+        "KERNEL-K ",
+    ];
+    let kernel_logs = KERNEL_LOGS.load(std::sync::atomic::Ordering::Relaxed)
+        && try_run(Command::new("iptables").args(["-I"]).args(kernel_rule)).is_ok();
+    let b1 = b.to_owned();
+    let blocked = in_netns(&b1, || tcp_probe(TCP_BLOCK, Duration::from_millis(500)));
+    assert!(!blocked, "(m) the LOG-then-DROP port is closed");
+    let e = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("(m) a LOG event within 10 s")
+        .expect("stream")
+        .expect("open");
+    if kernel_logs {
+        run(Command::new("iptables").args(["-D"]).args(kernel_rule));
+    }
+    assert_eq!(e.chain, "INPUT", "{e:?}");
+    assert_eq!(e.destination_port, u32::from(TCP_BLOCK), "{e:?}");
+    let ours = e.line.strip_prefix("VALLUM-K ").expect("our prefix");
+    assert!(
+        ours.contains(&format!("SRC={B_ADDR} DST={A_ADDR} ")) && ours.contains(" SYN URGP=0 "),
+        "(m) {ours}"
+    );
+    if !kernel_logs {
+        println!("SKIP (m) kernel line comparison: nf_log_all_netns could not be set");
+        return;
+    }
+    // The kernel's line for the same SYN (same IP ID).
+    let id = ours
+        .split(' ')
+        .find(|f| f.starts_with("ID="))
+        .expect("ID field")
+        .to_owned();
+    let dmesg = match try_run(&mut Command::new("dmesg")) {
+        Ok(t) => t,
+        Err(why) => {
+            println!("SKIP (m) kernel line comparison: {why}");
+            return;
+        }
+    };
+    let kernel = dmesg
+        .lines()
+        .filter_map(|l| l.split_once("KERNEL-K ").map(|(_, k)| k))
+        .find(|k| k.contains(&format!(" {id} ")) && k.contains(&format!("DPT={TCP_BLOCK} ")))
+        .unwrap_or_else(|| panic!("(m) no kernel LOG line with {id} in dmesg"));
+    let (a, k): (Vec<&str>, Vec<&str>) = (
+        ours.trim_end().split(' ').collect(),
+        kernel.trim_end().split(' ').collect(),
+    );
+    assert_eq!(a, k, "(m) ours vs the kernel's LOG line, field by field");
 }
 
 /// (j): ufw's shape: established accepted, INVALID dropped, the service port open with no

@@ -17,6 +17,7 @@ use vallum_proto::v1::trace_service_server::TraceService;
 use super::State;
 use crate::convert;
 use crate::error::{Error, Reason, Result};
+use crate::events;
 
 /// The TraceService implementation.
 #[derive(Debug, Clone)]
@@ -69,6 +70,78 @@ impl TraceApi {
     }
 }
 
+/// The stream of `WatchPacketEvents`.
+pub type PacketEventStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::PacketEvent, Status>> + Send>>;
+
+/// The subscriber filter a `WatchPacketEvents` request asks for; a sample rate below
+/// [`events::SAMPLE_FLOOR`] is raised to it.
+///
+/// Errors: INVALID_ARGUMENT naming the field: `ruleset` not a ruleset name, `verdict` not
+/// LOG or DROP, `address` not an address or prefix.
+pub fn packet_events_filter(r: &pb::WatchPacketEventsRequest) -> Result<events::Filter> {
+    let ruleset = match r.ruleset.as_str() {
+        "" => None,
+        s => Some(convert::ruleset_id("ruleset", s)?),
+    };
+    let kind = match r.verdict.to_ascii_uppercase().as_str() {
+        "" => None,
+        "LOG" => Some(events::Kind::Log),
+        "DROP" => Some(events::Kind::Drop),
+        other => {
+            return Err(Error::invalid(
+                "verdict",
+                format!("{other:?} is not a packet event kind (LOG or DROP)"),
+            ));
+        }
+    };
+    Ok(events::Filter {
+        ruleset,
+        chain: (!r.chain.is_empty()).then(|| r.chain.clone()),
+        kind,
+        address: convert::prefix("address", &r.address)?,
+        sample_one_in: (r.sample_drops_one_in > 0)
+            .then(|| r.sample_drops_one_in.max(events::SAMPLE_FLOOR)),
+    })
+}
+
+/// A delivered packet event as the API sends it.
+pub fn packet_event_pb(d: &events::Delivered) -> pb::PacketEvent {
+    let e = &d.event;
+    let p = &e.log.packet;
+    let ns = e
+        .time
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_nanos() as i64);
+    let is_log = e.kind == events::Kind::Log;
+    pb::PacketEvent {
+        kind: e.kind.name().to_owned(),
+        time: Some(convert::timestamp(ns)),
+        ruleset: e.log.ruleset.to_string(),
+        table: if is_log {
+            e.log.table.to_string()
+        } else {
+            String::new()
+        },
+        chain: e.log.chain.to_string(),
+        rule: e.log.rule,
+        log_prefix: e.log.prefix.as_deref().unwrap_or_default().to_owned(),
+        log_level: u32::from(e.log.level),
+        line: e.line(),
+        family: convert::family_pb(p.family).into(),
+        hook: p.hook.to_string(),
+        source: p.src.to_string(),
+        destination: p.dst.to_string(),
+        protocol: u32::from(p.protocol),
+        source_port: u32::from(p.sport),
+        destination_port: u32::from(p.dport),
+        in_interface: p.in_iface.as_str().to_owned(),
+        out_interface: p.out_iface.as_str().to_owned(),
+        length: p.len,
+        lost_before: d.lost_before,
+    }
+}
+
 /// [`pb::TracePacketResponse::notes`]: where `trace` did not do what the packet path does.
 fn trace_notes(trace: &Trace) -> Vec<String> {
     let mut notes = Vec::new();
@@ -100,6 +173,21 @@ fn totals(t: &mut pb::VerdictTotals, v: Verdict) {
 
 #[tonic::async_trait]
 impl TraceService for TraceApi {
+    type WatchPacketEventsStream = PacketEventStream;
+
+    async fn watch_packet_events(
+        &self,
+        request: Request<pb::WatchPacketEventsRequest>,
+    ) -> Result<Response<Self::WatchPacketEventsStream>, Status> {
+        let filter = packet_events_filter(&request.into_inner())?;
+        let sub = self.state.events.subscribe(filter);
+        let stream = futures_util::stream::unfold(sub, |mut sub| async move {
+            let d = sub.rx.recv().await?;
+            Some((Ok(packet_event_pb(&d)), sub))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn trace_packet(
         &self,
         request: Request<pb::TracePacketRequest>,

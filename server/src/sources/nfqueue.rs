@@ -105,7 +105,8 @@ mod linux {
 
     use super::wire::{self, Message, PacketMsg};
     use super::{QueueError, ct_nat, hook_from_netfilter};
-    use crate::sources::BATCH;
+    use crate::events::Events;
+    use crate::sources::{BATCH, Drain};
 
     /// Bytes copied of each packet (the kernel's maximum, `NFQNL_MAX_COPY_RANGE`), so any
     /// header chain is complete.
@@ -562,7 +563,9 @@ mod linux {
         worker: &mut EngineWorker<'_>,
         stop: &AtomicBool,
         clock: &dyn Clock,
+        events: &Events,
     ) {
+        let mut drain = Drain::default();
         let mut names = IfNames::default();
         let mut packets = [PacketMeta::default(); BATCH];
         let mut verdicts = [Verdict::Accept; BATCH];
@@ -584,6 +587,8 @@ mod linux {
                 continue;
             }
             let now = clock.now_ns();
+            // Each parsed packet from its IP header (in `queue.rx`), for the LOG lines.
+            let mut headers: [&[u8]; BATCH] = [&[]; BATCH];
             let (mut m, mut k) = (0, 0);
             for i in 0..n {
                 // The kernel sends one packet per datagram; a longer datagram is read whole,
@@ -597,6 +602,7 @@ mod linux {
                         flush(
                             &mut queue.link,
                             worker,
+                            (&mut drain, events, &headers),
                             &mut packets,
                             &mut verdicts,
                             &order,
@@ -610,6 +616,7 @@ mod linux {
                     order[m] = match meta(&p, &mut names, now) {
                         Some(pm) => {
                             packets[k] = pm;
+                            headers[k] = p.payload;
                             k += 1;
                             (p.id, k - 1, p.mark)
                         }
@@ -621,6 +628,7 @@ mod linux {
             flush(
                 &mut queue.link,
                 worker,
+                (&mut drain, events, &headers),
                 &mut packets,
                 &mut verdicts,
                 &order,
@@ -632,11 +640,13 @@ mod linux {
         }
     }
 
-    /// Classifies `packets[..k]` and answers the `m` packets of `order`.
+    /// Classifies `packets[..k]`, answers the `m` packets of `order`, then hands the batch's
+    /// events over ([`Drain::after_batch`], after the verdicts: the kernel waits for those).
     #[allow(clippy::too_many_arguments)] // The worker loop's arrays, passed to avoid copies.
     fn flush(
         link: &mut Link,
         worker: &mut EngineWorker<'_>,
+        (drain, events, headers): (&mut Drain, &Events, &[&[u8]; BATCH]),
         packets: &mut [PacketMeta; BATCH],
         verdicts: &mut [Verdict; BATCH],
         order: &[(u32, usize, u32); BATCH],
@@ -649,8 +659,6 @@ mod linux {
             return;
         }
         worker.process_batch(&mut packets[..k], &mut verdicts[..k], now);
-        // LOG events have no consumer yet (issue: log sink); drop them.
-        worker.drain_log_records().for_each(drop);
         for (a, &(id, idx, queued)) in answers.iter_mut().zip(&order[..m]) {
             let v = verdicts.get(idx).map_or(wire::NF_DROP, |&v| nf_verdict(v));
             // The mark the rules left, sent back when it differs from the queued one (only
@@ -664,6 +672,7 @@ mod linux {
         if let Err(e) = link.send_verdicts(&answers[..m]) {
             tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");
         }
+        drain.after_batch(worker, events, &packets[..k], &verdicts[..k], &headers[..k]);
     }
 }
 
