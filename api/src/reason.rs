@@ -182,29 +182,6 @@ pub fn status_exit_code(code: tonic::Code, reason: Option<&str>) -> u8 {
 
 // === impl ClientReason ===
 
-/// The client-side rows of the table: failures that `vallumctl` finds itself, with no answer
-/// from the server. vallumd never sends these names; `vallumctl -o json` prints them as
-/// `reason`, and each row gives the exit code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ClientReason {
-    /// The command line is wrong and no call was made: clap's usage errors (unknown command or
-    /// flag, a value that does not parse), a malformed revision name or `--server` URL, a
-    /// `--token` that is not printable ASCII, `--cert` without `--key`.
-    Usage,
-    /// A local step failed: a ruleset, capture or TLS file cannot be read or is not PEM,
-    /// stdout cannot be written, an iptables program (`dataplane`) failed.
-    Local,
-    /// The server cannot be reached: connection refused, no route, a TLS handshake that failed
-    /// (`https://` against a plaintext server included).
-    Unreachable,
-    /// The call's deadline (`--timeout`) passed before the answer came (tonic reports this as
-    /// CANCELLED `Timeout expired`; gRPC's name for it is DEADLINE_EXCEEDED).
-    DeadlineExceeded,
-    /// The connection broke during the call (the server was killed, the peer reset it); a
-    /// change may or may not have been made.
-    ConnectionLost,
-}
-
 /// One client-side row.
 #[derive(Clone, Copy, Debug)]
 pub struct ClientReasonInfo {
@@ -216,38 +193,60 @@ pub struct ClientReasonInfo {
     pub exit_code: u8,
 }
 
-impl ClientReason {
-    /// Every client-side reason, in table order.
-    pub const ALL: [ClientReason; 5] = [
-        ClientReason::Usage,
-        ClientReason::Local,
-        ClientReason::Unreachable,
-        ClientReason::DeadlineExceeded,
-        ClientReason::ConnectionLost,
-    ];
-
-    /// This reason's row.
-    pub const fn info(self) -> ClientReasonInfo {
-        use tonic::Code;
-        let (name, code, exit_code) = match self {
-            ClientReason::Usage => ("USAGE", None, EXIT_USAGE),
-            ClientReason::Local => ("LOCAL_ERROR", None, EXIT_REJECTED),
-            ClientReason::Unreachable => ("UNREACHABLE", Some(Code::Unavailable), EXIT_UNAVAILABLE),
-            ClientReason::DeadlineExceeded => (
-                "DEADLINE_EXCEEDED",
-                Some(Code::DeadlineExceeded),
-                EXIT_UNAVAILABLE,
-            ),
-            ClientReason::ConnectionLost => {
-                ("CONNECTION_LOST", Some(Code::Unavailable), EXIT_UNAVAILABLE)
-            }
-        };
-        ClientReasonInfo {
-            name,
-            code,
-            exit_code,
+/// Declares [`ClientReason`], [`ClientReason::ALL`] and [`ClientReason::info`] from one list,
+/// as `reasons!` does for [`Reason`]: `/// doc` then `Variant => ("NAME", Some(Code) or None,
+/// exit code),`.
+macro_rules! client_reasons {
+    ($(
+        $(#[doc = $doc:literal])+
+        $variant:ident => ($name:literal, $code:expr, $exit:expr),
+    )+) => {
+        /// The client-side rows of the table: failures that `vallumctl` finds itself, with no
+        /// answer from the server. vallumd never sends these names; `vallumctl -o json` prints
+        /// them as `reason`, and each row gives the exit code.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ClientReason {
+            $($(#[doc = $doc])+ $variant,)+
         }
-    }
+
+        impl ClientReason {
+            /// Every client-side reason, in table order.
+            pub const ALL: [ClientReason; [$(stringify!($variant)),+].len()] =
+                [$(ClientReason::$variant),+];
+
+            /// This reason's row.
+            pub const fn info(self) -> ClientReasonInfo {
+                #[allow(unused_imports)] // Used by the rows' codes.
+                use tonic::Code;
+                match self {
+                    $(ClientReason::$variant => ClientReasonInfo {
+                        name: $name,
+                        code: $code,
+                        exit_code: $exit,
+                    },)+
+                }
+            }
+        }
+    };
+}
+
+client_reasons! {
+    /// The command line is wrong and no call was made: clap's usage errors (unknown command or
+    /// flag, a value that does not parse), a malformed revision name or `--server` URL, a
+    /// token that is not printable ASCII or an empty `--token-file`, `--cert` without `--key`.
+    Usage => ("USAGE", None, EXIT_USAGE),
+    /// A local step failed: a ruleset, capture, token or TLS file cannot be read or is not PEM,
+    /// stdout cannot be written, an iptables program (`dataplane`) failed.
+    Local => ("LOCAL_ERROR", None, EXIT_REJECTED),
+    /// The server cannot be reached: connection refused, no route, a TLS handshake that failed
+    /// (`https://` against a plaintext server included).
+    Unreachable => ("UNREACHABLE", Some(Code::Unavailable), EXIT_UNAVAILABLE),
+    /// The call's deadline (`--timeout`) passed before the answer came (tonic reports this as
+    /// CANCELLED `Timeout expired`; gRPC's name for it is DEADLINE_EXCEEDED).
+    DeadlineExceeded => ("DEADLINE_EXCEEDED", Some(Code::DeadlineExceeded), EXIT_UNAVAILABLE),
+    /// The connection broke during the call (the server was killed, the peer reset it); a
+    /// change may or may not have been made.
+    ConnectionLost => ("CONNECTION_LOST", Some(Code::Unavailable), EXIT_UNAVAILABLE),
 }
 
 impl std::fmt::Display for ClientReason {

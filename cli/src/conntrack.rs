@@ -21,8 +21,10 @@ use vallum_proto::v1::{
     GetConntrackStatsRequest, ListConntrackRequest,
 };
 
+use crate::args::FamilyArg;
+use crate::connect::Svc;
 use crate::error::CliError;
-use crate::{FamilyArg, Output, Svc, print};
+use crate::output::{Output, print};
 
 /// `vallumctl conntrack ...`.
 #[derive(Debug, clap::Subcommand)]

@@ -19,8 +19,11 @@ use tonic::transport::Channel;
 use vallum_proto::v1::fleet_service_client::FleetServiceClient;
 use vallum_proto::v1::{self as pb};
 
+use crate::connect::Auth;
 use crate::error::CliError;
-use crate::{Auth, Output, SourceArgs, print, source, with_file};
+use crate::input::with_file;
+use crate::output::{Output, print};
+use crate::rulesets::{SourceArgs, source};
 
 /// The client type.
 pub type Client = FleetServiceClient<InterceptedService<Channel, Auth>>;
@@ -74,7 +77,7 @@ pub enum FleetCommand {
         #[arg(long, default_value_t = 0)]
         revision: i64,
         /// How long to wait, e.g. `60s`, `5m`.
-        #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = crate::args::parse_duration)]
         wait_timeout: std::time::Duration,
     },
     /// The fleet rulesets.

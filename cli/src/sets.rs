@@ -14,7 +14,6 @@
 //! line (`ELEM [timeout N]`, `#` comments), `-` for stdin.
 
 use std::fmt::Write as _;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
@@ -24,8 +23,10 @@ use tonic::transport::Channel;
 use vallum_proto::v1::set_service_client::SetServiceClient;
 use vallum_proto::v1::{self as pb, Family};
 
+use crate::connect::Auth;
 use crate::error::CliError;
-use crate::{Auth, Output, print, with_file, write_stdout};
+use crate::input::{display_name, read_text, with_file};
+use crate::output::{Output, print, write_stdout};
 
 /// The client type.
 pub type Client = SetServiceClient<InterceptedService<Channel, Auth>>;
@@ -118,20 +119,6 @@ pub enum SetCommand {
     },
 }
 
-fn read_input(path: &Path) -> Result<String, CliError> {
-    let read_err = |source| CliError::Read {
-        path: path.to_owned(),
-        source,
-    };
-    if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).map_err(read_err)?;
-        Ok(s)
-    } else {
-        std::fs::read_to_string(path).map_err(read_err)
-    }
-}
-
 /// Elements from words: `ELEM [timeout N] ELEM ...`.
 fn parse_elements(words: &[&str], with_timeout: bool) -> Result<Vec<pb::SetElement>, CliError> {
     let mut out: Vec<pb::SetElement> = Vec::new();
@@ -168,7 +155,7 @@ fn elements(
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut out = parse_elements(&words, with_timeout)?;
     if let Some(f) = file {
-        let text = read_input(f)?;
+        let text = read_text(f)?;
         for line in text.lines() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -459,12 +446,8 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
             })?;
         }
         SetCommand::Import { file } => {
-            let text = read_input(file)?;
-            let filename = if file == Path::new("-") {
-                "<stdin>".to_string()
-            } else {
-                file.display().to_string()
-            };
+            let text = read_text(file)?;
+            let filename = display_name(file);
             let r = c
                 .import_ipset_save(pb::ImportIpsetSaveRequest { text, filename })
                 .await

@@ -136,6 +136,55 @@ pub fn revision_text(r: &Revision) -> String {
     s
 }
 
+/// Revisions as a table: revision, state, rules, create time (RFC 3339, UTC), author, digest
+/// and message, one line each under a header; `-` for a missing time or author.
+pub fn revisions_text(rs: &[Revision]) -> String {
+    let rows: Vec<[String; 7]> = rs
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                state(r.state).to_owned(),
+                r.rule_count.to_string(),
+                r.create_time
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), rfc3339),
+                if r.author.is_empty() {
+                    "-".to_owned()
+                } else {
+                    r.author.clone()
+                },
+                short(&r.digest).to_owned(),
+                r.message.clone(),
+            ]
+        })
+        .collect();
+    let header = [
+        "REVISION", "STATE", "RULES", "CREATED", "AUTHOR", "DIGEST", "MESSAGE",
+    ]
+    .map(String::from);
+    let mut widths = [0usize; 7];
+    for row in std::iter::once(&header).chain(&rows) {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut s = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i == 2 {
+                let _ = write!(line, "{cell:>w$}  ");
+            } else {
+                let _ = write!(line, "{cell:<w$}  ");
+            }
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
+    s
+}
+
 /// A revision's warnings, one `  LOCATION: warning: MESSAGE` line each.
 pub fn warnings_text(r: &Revision) -> String {
     let mut s = String::new();
@@ -226,14 +275,18 @@ pub fn ruleset_json(r: &Ruleset) -> Value {
 /// Rulesets as an aligned text table.
 pub fn rulesets_text(rs: &[Ruleset]) -> String {
     let mut s = format!(
-        "{:<24} {:>8} {:>7} {:>7}\n",
-        "NAME", "PRIORITY", "ACTIVE", "LATEST"
+        "{:<24} {:>8} {:>7} {:>7}  {}\n",
+        "NAME", "PRIORITY", "ACTIVE", "LATEST", "UPDATED"
     );
     for r in rs {
         let name = r.name.strip_prefix("rulesets/").unwrap_or(&r.name);
+        let updated = r
+            .update_time
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), rfc3339);
         let _ = writeln!(
             s,
-            "{:<24} {:>8} {:>7} {:>7}",
+            "{:<24} {:>8} {:>7} {:>7}  {updated}",
             name, r.priority, r.active_revision, r.latest_revision
         );
     }
@@ -400,8 +453,14 @@ fn columns(text: &str, fam: &str) -> Columns {
     c
 }
 
-fn row(pkts: &str, bytes: &str, c: &Columns) -> String {
-    let mut line = format!(
+/// One row of `counters`; `num` is the `--line-numbers` column (`%-4s ` as iptables prints it).
+fn row(num: Option<&str>, pkts: &str, bytes: &str, c: &Columns) -> String {
+    let mut line = match num {
+        Some(n) => format!("{n:<4} "),
+        None => String::new(),
+    };
+    let _ = write!(
+        line,
         "{:>8} {:>10} {:<10} {:<4} {:<3} {:<6} {:<6} {:<19} {:<19}",
         pkts, bytes, c.target, c.prot, c.opt, c.inp, c.out, c.source, c.destination
     );
@@ -415,8 +474,9 @@ fn row(pkts: &str, bytes: &str, c: &Columns) -> String {
 /// Counters as `iptables -L -v -x -n` prints them: per ruleset and table a heading, per chain
 /// `Chain NAME (policy P N packets, M bytes)` (builtin) or `Chain NAME (N references)` (user
 /// chain), then one row per rule: pkts bytes target prot opt in out source destination and the
-/// remaining options of the rule text.
-pub fn counters_text(cs: &[RuleCounter]) -> String {
+/// remaining options of the rule text. With `line_numbers`, each row starts with the rule's
+/// number in its chain (a `num` column, as `iptables -L --line-numbers`).
+pub fn counters_text(cs: &[RuleCounter], line_numbers: bool) -> String {
     // (ruleset, family, table) -> chain -> (policy, rules), in first-seen order of chains.
     type Chains<'a> = Vec<(&'a str, Option<&'a RuleCounter>, Vec<&'a RuleCounter>)>;
     let mut tables: BTreeMap<(&str, &str, &str), Chains<'_>> = BTreeMap::new();
@@ -468,11 +528,18 @@ pub fn counters_text(cs: &[RuleCounter]) -> String {
                 destination: "destination".into(),
                 rest: Vec::new(),
             };
-            s.push_str(&row("pkts", "bytes", &header));
+            s.push_str(&row(
+                line_numbers.then_some("num"),
+                "pkts",
+                "bytes",
+                &header,
+            ));
             let mut rules = rules.clone();
             rules.sort_by_key(|r| r.rule);
             for r in rules {
+                let num = r.rule.to_string();
                 s.push_str(&row(
+                    line_numbers.then_some(num.as_str()),
                     &r.packets.to_string(),
                     &r.bytes.to_string(),
                     &columns(&r.text, fam),
@@ -622,9 +689,10 @@ pub fn status_text(st: &GetStatusResponse) -> String {
     if !st.not_loaded.is_empty() {
         let _ = writeln!(s, "NOT LOADED (stored as active, not enforced):");
         for n in &st.not_loaded {
+            let since = n.time.as_ref().map_or_else(|| "-".to_owned(), rfc3339);
             let _ = writeln!(
                 s,
-                "  {:<24} revision {:<6} {}",
+                "  {:<24} revision {:<6} since {since}  {}",
                 n.ruleset, n.revision, n.error
             );
         }
@@ -646,7 +714,8 @@ pub fn event_json(e: &CommitEvent) -> Value {
 
 /// A commit event as one line.
 pub fn event_text(e: &CommitEvent) -> String {
-    let mut s = format!("{} {}", outcome(e.outcome), e.revision);
+    let at = e.time.as_ref().map_or_else(|| "-".to_owned(), rfc3339);
+    let mut s = format!("{at} {} {}", outcome(e.outcome), e.revision);
     if let Some(p) = &e.phases {
         let _ = write!(s, "  {}", phases_text(p));
     }
@@ -688,6 +757,32 @@ mod tests {
             deadline_text(&far, now(0, 0)),
             format!("by unix time {}", i64::MAX)
         );
+    }
+
+    #[test]
+    fn events_and_rulesets_carry_rfc3339_times() {
+        let t = prost_types::Timestamp {
+            seconds: 1_900_000_000,
+            nanos: 5,
+        };
+        let e = CommitEvent {
+            revision: "rulesets/web/revisions/2".into(),
+            outcome: CommitOutcome::Committed as i32,
+            time: Some(t),
+            ..Default::default()
+        };
+        assert_eq!(
+            event_text(&e),
+            "2030-03-17T17:46:40Z committed rulesets/web/revisions/2"
+        );
+        let r = Ruleset {
+            name: "rulesets/web".into(),
+            update_time: Some(t),
+            ..Default::default()
+        };
+        let text = rulesets_text(&[r]);
+        assert!(text.lines().next().unwrap().ends_with("UPDATED"), "{text}");
+        assert!(text.contains("2030-03-17T17:46:40Z"), "{text}");
     }
 
     #[test]

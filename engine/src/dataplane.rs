@@ -190,6 +190,10 @@ pub struct Dataplane<S> {
     fallback: Option<(BarrierError, String)>,
     /// One committer at a time; also keeps the active snapshot alive for `with_active`.
     commit_lock: Mutex<()>,
+    /// Keeps the active snapshot alive for [`Dataplane::with_base`] (long reads: a commit's
+    /// compile) without holding `commit_lock`, which the short reads take. A commit takes it
+    /// before `commit_lock` (the one lock order).
+    base_lock: Mutex<()>,
     /// How commits wait for busy cores.
     backoff: Backoff,
     clock: Arc<dyn Clock>,
@@ -267,6 +271,7 @@ impl<S> Dataplane<S> {
             requested,
             fallback,
             commit_lock: Mutex::new(()),
+            base_lock: Mutex::new(()),
             backoff: Backoff::default(),
             clock,
             _owns: PhantomData,
@@ -330,7 +335,9 @@ impl<S> Dataplane<S> {
     /// registration succeeded (not documented to happen). The old snapshot is then leaked, never
     /// freed, and `new` stays published.
     pub fn commit(&self, new: Box<S>) -> (Retired<S>, QuiesceReport) {
-        // The mutex guards no data, so a poisoned lock (a panicking committer) is still usable.
+        // The mutexes guard no data, so a poisoned lock (a panicking committer) is still usable.
+        // `base_lock` first: no `with_base` reader holds the snapshot this unpublishes.
+        let _no_base_reader = self.base_lock.lock().unwrap_or_else(|e| e.into_inner());
         let _one_committer = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
         let t0 = self.clock.now_ns();
         // AcqRel: Release so that workers whose Acquire load returns `new` see it fully built;
@@ -365,6 +372,18 @@ impl<S> Dataplane<S> {
         let p = self.active.load(Ordering::Acquire);
         // SAFETY: `active` is never null and only `commit` (which needs the lock we hold)
         // unpublishes and frees a snapshot; so `*p` lives until we release the lock after `f`.
+        f(unsafe { &*p })
+    }
+
+    /// Runs `f` on the active snapshot for as long as it takes (a commit compiling the next
+    /// snapshot from it): commits wait for `f` to return, [`Dataplane::with_active`] callers
+    /// (counter reads, traces, scrapes) and workers do not. One `with_base` at a time.
+    pub fn with_base<R>(&self, f: impl FnOnce(&S) -> R) -> R {
+        let _no_commit = self.base_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Acquire: pairs with the Release half of the commit's swap (the lock orders it as well).
+        let p = self.active.load(Ordering::Acquire);
+        // SAFETY: `active` is never null and only `commit` unpublishes and frees a snapshot; it
+        // takes `base_lock` first, which we hold, so `*p` lives until we release it after `f`.
         f(unsafe { &*p })
     }
 

@@ -434,10 +434,13 @@ impl Engine {
         // Incremental: unchanged chains share the active snapshot's compiled rules and index,
         // changed ones are spliced from them where that pays (`Snapshot::compile_after`). The
         // snapshot compiled against must still be the active one at publish: `base` checks.
+        // `with_base`: counter reads, traces and scrapes do not wait for the compile.
         let cores = self.dataplane.cores();
-        let snapshot = self
-            .dataplane
-            .with_active(|prev| Snapshot::compile_after_hinted(prev, &list, sets, cores, &hints))?;
+        let snapshot = self.dataplane.with_base(|prev| {
+            #[cfg(test)]
+            tests::compile_hook();
+            Snapshot::compile_after_hinted(prev, &list, sets, cores, &hints)
+        })?;
         let t2 = self.clock.now_ns();
         Ok(Prepared {
             base,
@@ -770,5 +773,92 @@ impl EngineWorker<'_> {
             full: self.logs.dropped(),
             stale: self.logs_stale,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::restore::{ParseOptions, parse};
+    use crate::sets::NoSets;
+
+    thread_local! {
+        /// Run (once) by a compile on this thread, inside [`Dataplane::with_base`].
+        static COMPILE_HOOK: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
+    }
+
+    /// Called by [`Engine::prepare`] just before it compiles.
+    pub(super) fn compile_hook() {
+        if let Some(hook) = COMPILE_HOOK.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
+
+    struct Zero;
+
+    impl Clock for Zero {
+        fn now_ns(&self) -> u64 {
+            0
+        }
+    }
+
+    /// A counter read and a trace while a 100k-rule commit compiles return without waiting
+    /// for the compile: the compile is held (by the hook, inside `with_base`) until they have
+    /// returned. Were they behind the compile's lock, the hook would wait in vain and fail the
+    /// commit (after 300 s, only so that the test fails instead of hanging).
+    #[test]
+    fn a_counter_read_during_a_compile_does_not_wait_for_it() {
+        let engine = Arc::new(Engine::new(
+            EngineConfig {
+                cores: 2,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            Arc::new(Zero),
+        ));
+        let mut text = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+        for i in 0..100_000u32 {
+            let [_, a, b, c] = i.to_be_bytes();
+            text.push_str(&format!("-A INPUT -s 10.{a}.{b}.{c}/32 -j DROP\n"));
+        }
+        text.push_str("COMMIT\n");
+        let tables = parse(&text, &ParseOptions::default()).unwrap().tables;
+        let ruleset = Ruleset {
+            name: "big".into(),
+            priority: 0,
+            tables,
+        };
+        let (in_compile, compiling) = mpsc::channel();
+        let (read_done, read_returned) = mpsc::channel::<()>();
+        let committer = std::thread::spawn({
+            let engine = engine.clone();
+            move || {
+                COMPILE_HOOK.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move || {
+                        in_compile.send(()).unwrap();
+                        assert!(
+                            read_returned.recv_timeout(Duration::from_secs(300)).is_ok(),
+                            "the counter read waited for the compile"
+                        );
+                    }))
+                });
+                engine.commit(Change::Put(ruleset), &NoSets)
+            }
+        });
+        compiling.recv().unwrap();
+        // Before the commit: the empty snapshot.
+        assert!(engine.counters().iter().all(|c| c.packets == 0));
+        let packet = PacketMeta::default();
+        assert_eq!(engine.trace(&packet, 0).verdict, Verdict::Accept);
+        read_done.send(()).unwrap();
+        let committed = match committer.join() {
+            Ok(r) => r.unwrap(),
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        assert_eq!(committed.report.rules, 100_000);
     }
 }

@@ -21,7 +21,7 @@ use vallum_engine::engine::Engine;
 use crate::auth::{AuthLayer, Caller, TokenSet};
 use crate::config::Config;
 use crate::limits::{LimitsConfig, RequestLimitLayer};
-use crate::metrics::{CommitPhases, GrpcMetricsLayer, Metrics};
+use crate::metrics::{GrpcMetricsLayer, Metrics};
 use crate::outcome::Outcome;
 use crate::pipeline::confirm_clock::{SystemWallClock, WallClock};
 use crate::store::Phases;
@@ -109,28 +109,10 @@ impl MetricsObserver {
     }
 }
 
-impl From<&Phases> for CommitPhases {
-    fn from(p: &Phases) -> CommitPhases {
-        CommitPhases {
-            validate_ns: p.validate_ns,
-            compile_ns: p.compile_ns,
-            persist_ns: p.persist_ns,
-            publish_ns: p.publish_ns,
-            quiesce_ns: p.quiesce_ns,
-            carry_ns: p.carry_ns,
-            total_ns: p.total_ns,
-            cores_waited: p.cores_waited,
-        }
-    }
-}
-
 impl Observer for MetricsObserver {
     fn on_commit(&self, record: &CommitRecord) {
-        self.metrics.record_commit(
-            &record.ruleset,
-            record.outcome,
-            &CommitPhases::from(&record.phases),
-        );
+        self.metrics
+            .record_commit(&record.ruleset, record.outcome, &record.phases);
     }
 
     fn on_active(&self, ruleset: &str, revision: Option<u64>) {

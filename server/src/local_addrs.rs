@@ -121,8 +121,8 @@ pub fn start(
                 Ok(Ok(facts)) => {
                     addrs.replace(facts);
                 }
-                Ok(Err(e)) => eprintln!("vallumd: keeping the last local addresses: {e}"),
-                Err(e) => eprintln!("vallumd: local address refresh failed: {e}"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "keeping the last local addresses"),
+                Err(e) => tracing::warn!(error = %e, "local address refresh failed"),
             }
         }
     })))

@@ -94,11 +94,12 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 use vallum_engine::dataplane::Histogram as EngineHistogram;
-use vallum_engine::engine::{CommitReport, Engine};
+use vallum_engine::engine::Engine;
 use vallum_engine::sets::SetManager;
 
 use crate::auth;
 use crate::outcome::Outcome;
+use crate::store::Phases;
 use exposition::{Family, Kind, Number, Series, Value};
 
 /// Default address of the `/metrics` HTTP listener.
@@ -178,54 +179,6 @@ impl MetricsError {
             MetricsError::AlreadyRegistered => "METRICS_REGISTRY",
             MetricsError::Bind { .. } => "METRICS_BIND",
         }
-    }
-}
-
-/// Phase durations of one commit, in nanoseconds, as in the API's `CommitPhases`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CommitPhases {
-    /// Validation, ns.
-    pub validate_ns: u64,
-    /// Compilation, ns.
-    pub compile_ns: u64,
-    /// Writing the revision to the store (WAL commit), ns.
-    pub persist_ns: u64,
-    /// Pointer swap and writer barrier, ns.
-    pub publish_ns: u64,
-    /// Waiting for mid-batch cores, ns.
-    pub quiesce_ns: u64,
-    /// Carrying counters, ns.
-    pub carry_ns: u64,
-    /// The whole commit as the caller saw it, ns.
-    pub total_ns: u64,
-    /// Cores that were mid-batch at publish time.
-    pub cores_waited: u32,
-}
-
-impl CommitPhases {
-    /// The phases of an engine commit plus the store's `persist_ns`; total = their sum.
-    pub fn from_report(report: &CommitReport, persist_ns: u64) -> CommitPhases {
-        CommitPhases {
-            validate_ns: report.validate_ns,
-            compile_ns: report.compile_ns,
-            persist_ns,
-            publish_ns: report.publish_ns,
-            quiesce_ns: report.quiesce_ns,
-            carry_ns: report.carry_ns,
-            total_ns: report.total_ns() + persist_ns,
-            cores_waited: u32::try_from(report.cores_waited).unwrap_or(u32::MAX),
-        }
-    }
-
-    fn phases(&self) -> [(&'static str, u64); 6] {
-        [
-            ("validate", self.validate_ns),
-            ("compile", self.compile_ns),
-            ("persist", self.persist_ns),
-            ("publish", self.publish_ns),
-            ("quiesce", self.quiesce_ns),
-            ("carry", self.carry_ns),
-        ]
     }
 }
 
@@ -370,11 +323,11 @@ impl Metrics {
     /// [`Outcome::label`]). For other outcomes than `committed` only the phases that ran
     /// (non-zero) are recorded, `total` included: a refusal or a confirmation has no phases
     /// and must not pull the latency quantiles down with zeros.
-    pub fn record_commit(&self, ruleset: &str, outcome: Outcome, phases: &CommitPhases) {
+    pub fn record_commit(&self, ruleset: &str, outcome: Outcome, phases: &Phases) {
         let i = &self.inner;
         let outcome_kv = KeyValue::new("outcome", outcome.label());
         let total = ("total", phases.total_ns);
-        for (phase, ns) in phases.phases().into_iter().chain([total]) {
+        for (phase, ns) in phases.labelled().into_iter().chain([total]) {
             if ns == 0 && outcome != Outcome::Committed {
                 continue;
             }
@@ -1036,23 +989,8 @@ mod tests {
             ..MetricsConfig::default()
         })
         .unwrap();
-        m.record_commit("web", Outcome::Committed, &CommitPhases::default());
+        m.record_commit("web", Outcome::Committed, &Phases::default());
         assert!(m.render().unwrap().contains("vallum_commits_total"));
-    }
-
-    #[test]
-    fn phases_from_engine_report() {
-        let r = CommitReport {
-            validate_ns: 1,
-            compile_ns: 2,
-            publish_ns: 3,
-            quiesce_ns: 4,
-            carry_ns: 5,
-            cores_waited: 2,
-            ..CommitReport::default()
-        };
-        let p = CommitPhases::from_report(&r, 10);
-        assert_eq!((p.persist_ns, p.total_ns, p.cores_waited), (10, 25, 2));
     }
 
     #[test]

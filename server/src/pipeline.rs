@@ -260,10 +260,12 @@ impl Pipeline {
         }
         let mut marks = BTreeMap::new();
         for (f, digest) in failed {
-            eprintln!(
-                "vallumd: ACTIVE REVISION NOT LOADED: rulesets/{}/revisions/{}: {}; the engine \
-                 does not run it",
-                f.ruleset, f.revision, f.error
+            tracing::error!(
+                reason = "ACTIVE_REVISION_NOT_LOADED",
+                ruleset = %f.ruleset,
+                revision = f.revision,
+                error = %f.error,
+                "active revision not loaded: the engine does not run it"
             );
             let audit = AuditEntry {
                 at: f.at,
@@ -321,7 +323,7 @@ impl Pipeline {
             return;
         }
         if let Err(e) = self.store.clear_load_failure(ruleset).await {
-            eprintln!("vallumd: clearing the load failure of {ruleset}: {e}");
+            tracing::warn!(ruleset, error = %e, "clearing the load failure failed");
         }
         let mut left = 0;
         self.not_loaded.send_modify(|m| {
@@ -633,7 +635,7 @@ impl Pipeline {
             loop {
                 tick.tick().await;
                 if let Err(e) = me.expire_confirms().await {
-                    eprintln!("vallumd: commit-confirmed check failed: {e}");
+                    tracing::warn!(error = %e, "commit-confirmed check failed");
                 }
             }
         })
@@ -941,7 +943,7 @@ impl Pipeline {
         let commit_id = persisted.commit_id;
         tokio::spawn(async move {
             if let Err(e) = store.finish_commit(commit_id, &phases).await {
-                eprintln!("vallumd: recording commit phases failed: {e}");
+                tracing::warn!(commit = commit_id, error = %e, "recording commit phases failed");
             }
         });
         self.emit(

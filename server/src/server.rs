@@ -217,6 +217,7 @@ pub async fn run_with(
         })
         .await?;
     println!("metrics on {}", metrics_server.local_addr);
+    tracing::info!(addr = %metrics_server.local_addr, "metrics on");
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -225,6 +226,7 @@ pub async fn run_with(
         .local_addr()
         .map_err(|e| Error::Internal(format!("local address: {e}")))?;
     println!("listening on {addr}");
+    tracing::info!(%addr, "listening");
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
 
@@ -390,7 +392,7 @@ pub async fn run_with(
     let _ = metrics_stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), metrics_server.task).await;
     if let Err(e) = metrics.shutdown() {
-        eprintln!("vallumd: {e}");
+        tracing::warn!(error = %e, "metrics shutdown failed");
     }
     let summary = Summary {
         listen: addr.to_string(),

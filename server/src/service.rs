@@ -103,7 +103,7 @@ impl State {
             entry.outcome = e.reason().info().name.to_string();
         }
         if let Err(e) = self.pipeline.store().audit(entry).await {
-            eprintln!("vallumd: audit write failed: {e}");
+            tracing::error!(error = %e, "audit write failed");
         }
     }
 }

@@ -174,7 +174,7 @@ fn spawn_worker(
         .name(format!("{name}-{core}"))
         .spawn(move || match engine.worker(core) {
             Ok(mut w) => body(&mut w),
-            Err(e) => eprintln!("vallumd: core {core}: {e}"),
+            Err(e) => tracing::error!(core, error = %e, "cannot claim the core"),
         })
         .map_err(|e| Error::Internal(format!("spawn core {core}: {e}")))
 }
@@ -206,10 +206,10 @@ fn start_nfqueue(
             message: e.to_string(),
         })?;
         if k == 0 && !queue.kernel_conntrack() {
-            eprintln!(
-                "vallumd: NFQUEUE {num}: the kernel does not hand over its conntrack entries \
-                 (NFQA_CFG_F_CONNTRACK refused: no nf_conntrack_netlink), so --ctstate SNAT \
-                 and DNAT never match"
+            tracing::warn!(
+                queue = num,
+                "the kernel does not hand over its conntrack entries (NFQA_CFG_F_CONNTRACK \
+                 refused: no nf_conntrack_netlink), so --ctstate SNAT and DNAT never match"
             );
         }
         queues.push(queue);

@@ -82,7 +82,9 @@ impl FromStr for RevisionState {
     }
 }
 
-/// Phase durations of a commit, nanoseconds.
+/// Phase durations of a commit, nanoseconds: the one type for them, stored in the commit
+/// rows, sent as the API's `CommitPhases` ([`crate::convert::phases`]) and recorded as
+/// `vallum_commit_duration_seconds{phase}` ([`crate::metrics::Metrics::record_commit`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Phases {
     /// Validation.
@@ -101,6 +103,20 @@ pub struct Phases {
     pub total_ns: u64,
     /// Cores waited for.
     pub cores_waited: u32,
+}
+
+impl Phases {
+    /// Every phase but `total` with its `phase` label value.
+    pub fn labelled(&self) -> [(&'static str, u64); 6] {
+        [
+            ("validate", self.validate_ns),
+            ("compile", self.compile_ns),
+            ("persist", self.persist_ns),
+            ("publish", self.publish_ns),
+            ("quiesce", self.quiesce_ns),
+            ("carry", self.carry_ns),
+        ]
+    }
 }
 
 /// A ruleset row.
@@ -1296,7 +1312,8 @@ mod tests {
         )
     }
 
-    /// Every stored chunk is named by some list and has its text, every list's positions
+    /// Every stored chunk is named by some list, its count is the number of list rows naming
+    /// it, and it has its text; every list row names a stored chunk; every list's positions
     /// run 0.. without a gap, and SQLite finds no foreign key violation.
     async fn assert_refs_exact(store: &Store) {
         let unnamed = count(
@@ -1306,6 +1323,20 @@ mod tests {
         )
         .await;
         assert_eq!(unnamed, 0, "chunks no list names");
+        let miscounted = count(
+            store,
+            "SELECT COUNT(*) FROM chunks c WHERE c.refs <> \
+             (SELECT COUNT(*) FROM revision_chunk_list l WHERE l.chunk = c.id)",
+        )
+        .await;
+        assert_eq!(miscounted, 0, "chunks whose count is not their list rows");
+        let dangling = count(
+            store,
+            "SELECT COUNT(*) FROM revision_chunk_list l WHERE NOT EXISTS \
+             (SELECT 1 FROM chunks c WHERE c.id = l.chunk)",
+        )
+        .await;
+        assert_eq!(dangling, 0, "list rows naming no chunk");
         let gaps = count(
             store,
             "SELECT COUNT(*) FROM (SELECT ruleset, number, family FROM revision_chunk_list \
@@ -1787,6 +1818,90 @@ mod tests {
             })
             .await
             .unwrap();
+        assert_refs_exact(&store).await;
+    }
+
+    /// A store written with the chunk index (before the counts) opens with exact counts and
+    /// every text intact, and keeps them exact through the next commits.
+    #[tokio::test]
+    async fn chunk_lists_get_their_counts_in_the_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.db");
+        {
+            let conn = old_db(&path, 20261216090000);
+            conn.execute_batch(
+                "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+                 VALUES ('a', 0, 'e', 2, 2, 1, 1);
+                 INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
+                 VALUES ('a', 1, NULL, 'd1', 1, 't', 'm', 'SUPERSEDED', 1), \
+                        ('a', 2, 1, 'd2', 1, 't', 'm', 'ACTIVE', 1);
+                 INSERT INTO chunks (id, digest) VALUES (1, x'01'), (2, x'02'), (3, x'03');
+                 INSERT INTO chunk_texts (id, text) VALUES (1, 'one\n'), (2, 'two\n'), (3, 'three\n');
+                 INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) \
+                 VALUES ('a', 1, 4, 0, 1), ('a', 1, 4, 1, 2), ('a', 1, 4, 2, 1), \
+                        ('a', 2, 4, 0, 1), ('a', 2, 4, 1, 3), ('a', 2, 6, 0, 3);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).await.unwrap().with_revisions_kept(2);
+        assert_refs_exact(&store).await;
+        let refs: String = store
+            .readers
+            .run(|tx| {
+                Ok(tx.query_row(
+                    "SELECT group_concat(refs, ',') FROM (SELECT refs FROM chunks ORDER BY id)",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(refs, "3,1,2");
+        let r1 = store.get_revision("a", 1).await.unwrap().unwrap();
+        assert_eq!(r1.content.v4, "one\ntwo\none\n");
+        let r2 = store.get_revision("a", 2).await.unwrap().unwrap();
+        assert_eq!(
+            (r2.content.v4.as_str(), r2.content.v6.as_str()),
+            ("one\nthree\n", "three\n")
+        );
+        // The next commit (a new chunk: the old digests are not sha256) prunes revision 1:
+        // chunk 2 goes, 1 and 3 stay.
+        store
+            .persist_commit(commit("a", CommitTarget::New(new_rev("a", "one\n"))))
+            .await
+            .unwrap();
+        assert_refs_exact(&store).await;
+        assert_eq!(chunk_count(&store).await.0, 3);
+        assert_eq!(
+            count(&store, "SELECT COUNT(*) FROM chunks WHERE id = 2").await,
+            0
+        );
+    }
+
+    /// SQLite itself refuses a list row naming no stored chunk, deleting a chunk a list
+    /// names, and changing a list row (which would bypass the counts).
+    #[tokio::test]
+    async fn sqlite_enforces_the_chunk_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+        let p = store
+            .persist_commit(commit(
+                "a",
+                CommitTarget::New(new_rev("a", "*filter\n-A INPUT -j DROP\nCOMMIT\n")),
+            ))
+            .await
+            .unwrap();
+        let n = i64_of(p.revision.number);
+        for sql in [
+            "INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) \
+             VALUES ('a', ?1, 6, 0, 999999)",
+            "DELETE FROM chunks WHERE id = (SELECT chunk FROM revision_chunk_list WHERE number = ?1)",
+            "UPDATE revision_chunk_list SET chunk = chunk WHERE number = ?1",
+            "UPDATE chunks SET refs = -1 WHERE id = (SELECT chunk FROM revision_chunk_list WHERE number = ?1)",
+        ] {
+            let r = store.writer.run(move |tx| Ok(tx.execute(sql, [n])?)).await;
+            assert!(r.is_err(), "{sql} was allowed");
+        }
         assert_refs_exact(&store).await;
     }
 }

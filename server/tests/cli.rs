@@ -710,6 +710,25 @@ Chain LOG_DROP (1 references)
 
 ";
     assert_eq!(out, expected, "got:\n{out}");
+    // --line-numbers: a `num` column first, as `iptables -L --line-numbers`.
+    let out = ok(addr, &["counters", "--line-numbers"]).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[2],
+        "num      pkts      bytes target     prot opt in     out    source              destination"
+    );
+    assert_eq!(
+        lines[3],
+        "1         100       6000 ACCEPT     tcp  --  *      *      10.0.0.0/8          0.0.0.0/0           -m tcp --dport 22"
+    );
+    assert!(
+        lines[4].starts_with("2           7        420 LOG_DROP"),
+        "{out}"
+    );
+    assert!(
+        lines[12].starts_with("2           7        420 DROP"),
+        "{out}"
+    );
     let r = vallumctl(addr, Some(TOKEN), &["counters", "other"]).await;
     assert_eq!(r.code, 1);
 }
@@ -835,7 +854,10 @@ async fn exit_codes_of_failures_in_the_client() {
         }
     }
     let printed = printed.expect("watch printed a commit");
-    assert!(printed.starts_with("committed"), "{printed}");
+    // `TIME committed rulesets/web/revisions/N ...`, the time in RFC 3339.
+    let (at, rest) = printed.split_once(' ').expect("a time first");
+    let _: jiff::Timestamp = at.parse().unwrap_or_else(|e| panic!("{printed}: {e}"));
+    assert!(rest.starts_with("committed"), "{printed}");
     d.kill9();
     let out = watch.wait_with_output().await.unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
@@ -957,6 +979,204 @@ async fn confirm_deadline_is_rfc3339_with_time_left() {
     let parsed: jiff::Timestamp = d["rfc3339"].as_str().unwrap().parse().unwrap();
     assert_eq!(Some(parsed.as_second()), d["seconds"].as_i64());
     assert!(parsed >= at, "{parsed} {at}");
+}
+
+/// As [`run_at`], with `stdin` written to the program's standard input.
+async fn run_stdin(url: &str, env: &[(&str, &str)], args: &[&str], stdin: &str) -> Run {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(support::vallumctl());
+    cmd.args(args).env_clear().env("VALLUM_SERVER", url);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = child.wait_with_output().await.unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// The revision numbers of `ruleset` (`vallumctl -o json revisions`); none when it does not
+/// exist.
+async fn revision_numbers(url: &str, env: &[(&str, &str)], ruleset: &str) -> Vec<u64> {
+    let r = run_at(url, env, &["-o", "json", "revisions", ruleset]).await;
+    if r.code != 0 {
+        return Vec::new();
+    }
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["number"].as_u64().unwrap())
+        .collect()
+}
+
+/// `apply NAME -` reads the ruleset from standard input (`iptables-save | vallumctl apply host
+/// -`), with errors located at `<stdin>:LINE:COL`; `--dry-run` runs Apply's checks and stores
+/// nothing (exit 0 for a good file, 1 for a bad one), as does `stage --dry-run`, and `commit
+/// --dry-run` commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_reads_stdin_and_dry_run_changes_nothing() {
+    let (d, dir) = real().await;
+    let url = d.url();
+    let r = run_stdin(&url, &[], &["apply", "web", "-"], GOOD).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with("committed rulesets/web/revisions/1"),
+        "{}",
+        r.stdout
+    );
+    let export = run_at(&url, &[], &["export", "web/1"]).await;
+    assert!(
+        export.stdout.contains("--dport 22 -j ACCEPT"),
+        "{}",
+        export.stdout
+    );
+    // A bad line from stdin is located in `<stdin>`.
+    let bad = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport x -j ACCEPT\nCOMMIT\n";
+    let r = run_stdin(&url, &[], &["apply", "web", "-"], bad).await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.starts_with("<stdin>:3:"), "{}", r.stderr);
+    // validate reads stdin too.
+    let r = run_stdin(&url, &[], &["validate", "-"], GOOD).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("<stdin>: valid, 2 rules"), "{}", r.stdout);
+
+    // --dry-run: checked, nothing stored or committed.
+    let v2 = write(dir.path(), "v2.rules", &GOOD.replace("22", "2222"));
+    let r = run_at(&url, &[], &["apply", "web", &v2, "--dry-run"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.starts_with("dry run: "), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("nothing was stored or committed"),
+        "{}",
+        r.stdout
+    );
+    let r = run_at(&url, &[], &["-o", "json", "apply", "web", &v2, "--dry-run"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(j["dry_run"], true, "{j}");
+    let r = run_at(&url, &[], &["apply", "new", &v2, "--dry-run"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run_at(&url, &[], &["stage", "web", &v2, "--dry-run"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.starts_with("dry run: "), "{}", r.stdout);
+    assert_eq!(revision_numbers(&url, &[], "web").await, [1]);
+    assert_eq!(revision_numbers(&url, &[], "new").await, Vec::<u64>::new());
+    let export = run_at(&url, &[], &["export", "web/1"]).await;
+    assert!(!export.stdout.contains("2222"), "{}", export.stdout);
+    // A dry run of a bad ruleset fails as the real Apply would, with the same locations.
+    let bad_file = write(dir.path(), "bad.rules", bad);
+    let r = run_at(&url, &[], &["apply", "web", &bad_file, "--dry-run"]).await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("bad.rules:3:"), "{}", r.stderr);
+    // commit --dry-run of a staged revision leaves it staged.
+    let r = run_at(&url, &[], &["stage", "web", &v2]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run_at(&url, &[], &["commit", "web/2", "--dry-run"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("would be committed"), "{}", r.stdout);
+    let r = run_at(&url, &[], &["-o", "json", "revisions", "web"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v[1]["state"], "staged", "{v}");
+}
+
+/// `--token-file` sends the file's token (nothing on the command line for `ps` to show);
+/// `revisions` lists each revision's RFC 3339 create time and author (the token's name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_file_and_revisions_with_time_and_author() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = write(
+        dir.path(),
+        "tokens",
+        "admin s3cret-admin-token-0123456789 alice\n",
+    );
+    let d = support::Vallumd::start(&dir.path().join("v.db"), &["--token-file", &tokens]);
+    d.wait_serving().await;
+    let url = d.url();
+    let good = write(dir.path(), "good.rules", GOOD);
+    let mine = write(dir.path(), "my-token", "s3cret-admin-token-0123456789\n");
+    // Without a token: refused.
+    let r = run_at(&url, &[], &["apply", "web", &good]).await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("TOKEN_MISSING"), "{}", r.stderr);
+    let r = run_at(
+        &url,
+        &[],
+        &["--token-file", &mine, "apply", "web", &good, "-m", "first"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run_at(
+        &url,
+        &[("VALLUM_TOKEN_FILE", &mine)],
+        &["apply", "web", &good],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // A missing or empty token file is the client's error; no call is made.
+    let r = run_at(&url, &[], &["--token-file", "/nonexistent/token", "status"]).await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("/nonexistent/token"), "{}", r.stderr);
+    let empty = write(dir.path(), "empty-token", "\n");
+    let r = run_at(&url, &[], &["--token-file", &empty, "status"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    // --token and --token-file together: a usage error.
+    let r = run_at(
+        &url,
+        &[],
+        &["--token", "x", "--token-file", &mine, "status"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+
+    let r = run_at(&url, &[], &["--token-file", &mine, "revisions", "web"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and two revisions: {}", r.stdout);
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "REVISION", "STATE", "RULES", "CREATED", "AUTHOR", "DIGEST", "MESSAGE"
+        ],
+        "{}",
+        r.stdout
+    );
+    let first: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(first[0], "rulesets/web/revisions/1", "{}", r.stdout);
+    assert_eq!(first[2], "2", "rules: {}", r.stdout);
+    let created: jiff::Timestamp = first[3]
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", first[3]));
+    assert!(first[3].ends_with('Z'), "UTC: {}", r.stdout);
+    let age = jiff::Timestamp::now().duration_since(created);
+    assert!(
+        age.abs() < jiff::SignedDuration::from_secs(3600),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(first[4], "alice", "{}", r.stdout);
+    assert_eq!(first.last(), Some(&"first"), "{}", r.stdout);
+    let r = run_at(
+        &url,
+        &[],
+        &["--token-file", &mine, "-o", "json", "revisions", "web"],
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v[0]["author"], "alice", "{v}");
+    assert_eq!(v[0]["create_time"]["rfc3339"], first[3], "{v}");
 }
 
 /// The names of the exit-code table rows in `doc` (README.md or docs/operations.md): for each

@@ -19,8 +19,9 @@ use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{NoSets, SetManager, SetSpec, SetType};
 use vallum_server::auth::{AuthLayer, Role, TokenSet};
-use vallum_server::metrics::{CommitPhases, Metrics, MetricsConfig};
+use vallum_server::metrics::{Metrics, MetricsConfig};
 use vallum_server::outcome::Outcome;
+use vallum_server::store::Phases;
 
 /// A clock whose k-th reading is 10·k² ns: steps grow, so the engine's sampled barrier cost
 /// (two timed steps minus twice the cost of one reading) is positive (80 ns per batch).
@@ -114,7 +115,7 @@ async fn scrape_has_every_design_metric() {
         "second registration"
     );
 
-    let phases = CommitPhases {
+    let phases = Phases {
         validate_ns: 1_000,
         compile_ns: 20_000,
         persist_ns: 300_000,
@@ -128,10 +129,10 @@ async fn scrape_has_every_design_metric() {
     metrics.record_commit(
         "web",
         Outcome::Failed,
-        &CommitPhases {
+        &Phases {
             validate_ns: 5_000,
             total_ns: 5_000,
-            ..CommitPhases::default()
+            ..Phases::default()
         },
     );
     metrics.set_active_revision("web", Some(7));

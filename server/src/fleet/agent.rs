@@ -191,7 +191,7 @@ impl Local for PipelineLocal {
                 entry.outcome = e.reason().info().name.to_string();
             }
             if let Err(e) = self.0.store().audit(entry).await {
-                eprintln!("vallumd: fleet: audit write failed: {e}");
+                tracing::error!(error = %e, "fleet: audit write failed");
             }
         }
         Ok(result?.revision.number)
@@ -269,7 +269,7 @@ impl Agent {
                     }
                     Err(e) => {
                         self.stats.set_connected(false);
-                        eprintln!("vallumd: fleet: list: {e}; retrying in {backoff:?}");
+                        tracing::warn!(error = %e, retry_in = ?backoff, "fleet: list failed");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                         continue;
@@ -284,9 +284,11 @@ impl Agent {
                 }
                 _ => {
                     self.stats.set_connected(false);
-                    eprintln!(
-                        "vallumd: fleet: watch: {err}; resuming from {} in {backoff:?}",
-                        last + 1
+                    tracing::warn!(
+                        error = %err,
+                        resume_from = last + 1,
+                        retry_in = ?backoff,
+                        "fleet: watch failed"
                     );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -438,7 +440,7 @@ impl Agent {
                         .applies
                         .add(1, &[Attr::new("outcome", "removed")]);
                 }
-                Err(e) => eprintln!("vallumd: fleet: removing {name}: {e}"),
+                Err(e) => tracing::error!(ruleset = %name, error = %e, "fleet: removing failed"),
             }
         }
         if lock(&self.reported).contains_key(name) {
@@ -489,7 +491,7 @@ impl Agent {
             match round.await {
                 Ok(()) => backoff = BACKOFF_MIN,
                 Err(e) => {
-                    eprintln!("vallumd: fleet: heartbeat: {e}; retrying in {backoff:?}");
+                    tracing::warn!(error = %e, retry_in = ?backoff, "fleet: heartbeat failed");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(max);
                 }

@@ -152,7 +152,7 @@ impl Pipeline {
         let n = stored.len();
         for s in stored {
             if let Err(e) = self.sets.create(&s.name, s.spec) {
-                eprintln!("vallumd: stored set {}: {e}; not loaded", s.name);
+                tracing::error!(set = %s.name, error = %e, "stored set not loaded");
                 continue;
             }
             let mut elements = Vec::with_capacity(s.elements.len());
@@ -162,16 +162,19 @@ impl Pipeline {
                 };
                 match Element::parse(&s.spec, &e.text) {
                     Ok(parsed) => elements.extend(parsed.into_iter().map(|p| (p, expires))),
-                    Err(why) => eprintln!(
-                        "vallumd: stored element {:?} of set {}: {why}; not loaded",
-                        e.text, s.name
+                    Err(why) => tracing::error!(
+                        set = %s.name,
+                        element = ?e.text,
+                        error = %why,
+                        "stored element not loaded"
                     ),
                 }
             }
             if let Err(e) = self.sets.load(&s.name, elements) {
-                eprintln!(
-                    "vallumd: stored set {}: {e}; its elements are not loaded",
-                    s.name
+                tracing::error!(
+                    set = %s.name,
+                    error = %e,
+                    "the stored set's elements are not loaded"
                 );
             }
         }
@@ -540,7 +543,7 @@ impl Pipeline {
             loop {
                 tick.tick().await;
                 if let Err(e) = me.gc_sets().await {
-                    eprintln!("vallumd: set garbage collection failed: {e}");
+                    tracing::warn!(error = %e, "set garbage collection failed");
                 }
             }
         })

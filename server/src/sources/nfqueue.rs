@@ -567,7 +567,7 @@ mod linux {
             let n = match queue.recv_batch() {
                 Ok(n) => n,
                 Err(e) => {
-                    eprintln!("vallumd: NFQUEUE {}: receive: {e}", queue.num());
+                    tracing::warn!(queue = queue.num(), error = %e, "NFQUEUE receive failed");
                     std::thread::sleep(RECV_TIMEOUT);
                     continue;
                 }
@@ -650,7 +650,7 @@ mod linux {
             );
         }
         if let Err(e) = link.send_verdicts(&answers[..m]) {
-            eprintln!("vallumd: NFQUEUE {}: verdicts: {e}", link.num);
+            tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");
         }
     }
 }

@@ -16,22 +16,26 @@
 //! inserting or deleting a rule changes the chunk around it and no other. Chunks are joined
 //! back byte for byte: the concatenation of a text's chunks is the text.
 //!
-//! Integrity: SQLite enforces it (`PRAGMA foreign_keys = ON`): a list row names a stored
-//! chunk (a chunk a list names cannot be deleted), belongs to a stored revision (deleted with
-//! it), and a text belongs to its chunk (deleted with it). What the store does by hand is
-//! deleting the chunks no list names any more: [`put`] and [`release`] note, per chunk, how
-//! many lists of the writer's transaction ([`super::writer::Tx`]) started or stopped naming
-//! it, and [`delete_unused`] looks only at the chunks whose net change is negative (or that
-//! the transaction stored), just before it commits. A commit that adds a revision and prunes
-//! the oldest one names ~150 chunks twice over, almost all with a net change of zero: they are
-//! not looked at.
+//! Integrity: SQLite enforces it (migration `20261217090000_chunk_refs_by_trigger.sql`): a
+//! list row names a stored chunk, belongs to a stored revision (foreign key, deleted with
+//! it), and a text belongs to its chunk (deleted with it); `chunks.refs`, the number of list
+//! rows naming a chunk, is kept by triggers on the list rows (the server never writes it),
+//! and a chunk whose count is not zero cannot be deleted. What the store does is deleting the
+//! chunks whose count fell to zero, once at the end of every write transaction
+//! ([`delete_unused`], one statement on a partial index of those chunks).
+//!
+//! Why a count and not an index of the list rows by chunk: that index held an entry per list
+//! row (one 10k-rule ruleset with 100 kept revisions: ~15,000) ordered by chunk, so the ~150
+//! rows a commit adds and the ~150 its prune deletes landed on almost every page of it. A
+//! commit of the Apply bench wrote ~80 WAL pages with the index and ~13 with the count (a
+//! model of the transaction in Python's sqlite3, same schema, 400 commits); the count costs a
+//! trigger step per list row instead (CPU, on the ~4 pages of `chunks`).
 
 use std::collections::HashMap;
 
 use rusqlite::{Connection, Transaction, params};
 use sha2::{Digest, Sha256};
 
-use super::writer::Tx;
 use crate::content::Content;
 use crate::error::{Error, Result};
 
@@ -92,24 +96,23 @@ fn placeholders(n: usize) -> String {
     s
 }
 
-/// The distinct ids of `list`, in first-seen order.
-fn distinct(list: &[i64]) -> Vec<i64> {
-    let mut seen = std::collections::HashSet::with_capacity(list.len());
-    list.iter().copied().filter(|id| seen.insert(*id)).collect()
-}
-
 /// The `family` column of `revision_chunk_list`: 4 for the IPv4 text, 6 for the IPv6 text.
 const FAMILIES: [i64; 2] = [4, 6];
 
 /// Stores the chunks of `content` that are not stored yet and the chunk lists of revision
-/// `number` of `ruleset` (which must be stored) as rows of `revision_chunk_list`, noting the
-/// lists' chunks in `tx`'s pending changes (see [`delete_unused`]). The stored chunks are
+/// `number` of `ruleset` (which must be stored) as rows of `revision_chunk_list` (SQLite
+/// counts them into `chunks.refs`). The stored chunks are
 /// found with a few batched lookups (one statement per [`LOOKUP_BATCH`] digests) and the list
 /// rows written [`LOOKUP_BATCH`] to a statement, instead of one statement per chunk. Runs in
 /// the writer's transaction (statements prepared once per connection: see [`super::writer`]).
 ///
 /// Errors: [`Error::Store`].
-pub(crate) fn put(tx: &Tx<'_>, ruleset: &str, number: i64, content: &Content) -> Result<()> {
+pub(crate) fn put(
+    tx: &Transaction<'_>,
+    ruleset: &str,
+    number: i64,
+    content: &Content,
+) -> Result<()> {
     let parts: Vec<Vec<(&str, [u8; 32])>> = [&content.v4, &content.v6]
         .iter()
         .map(|text| {
@@ -144,26 +147,19 @@ pub(crate) fn put(tx: &Tx<'_>, ruleset: &str, number: i64, content: &Content) ->
         tx.prepare_cached("INSERT INTO chunk_texts (id, text) VALUES (?1, ?2)")?;
     // (family, position, chunk) of every list row.
     let mut rows: Vec<(i64, i64, i64)> = Vec::with_capacity(parts.iter().map(Vec::len).sum());
-    let mut refs = tx.refs.borrow_mut();
     for (family, chunks) in FAMILIES.into_iter().zip(&parts) {
-        let mut list = Vec::with_capacity(chunks.len());
-        for (c, d) in chunks {
+        for (position, (c, d)) in (0i64..).zip(chunks) {
             let id = match ids.get(d) {
                 Some(id) => *id,
                 None => {
                     insert.execute([d.as_slice()])?;
                     let id = tx.last_insert_rowid();
-                    tx.created.borrow_mut().push(id);
                     insert_text.execute(params![id, c])?;
                     ids.insert(*d, id);
                     id
                 }
             };
-            rows.push((family, i64::try_from(list.len()).unwrap_or(i64::MAX), id));
-            list.push(id);
-        }
-        for id in distinct(&list) {
-            *refs.entry(id).or_default() += 1;
+            rows.push((family, position, id));
         }
     }
     let mut many = tx.prepare_cached(&format!(
@@ -198,58 +194,15 @@ pub(crate) fn put(tx: &Tx<'_>, ruleset: &str, number: i64, content: &Content) ->
 /// Digests per lookup statement in [`put`] (and list rows per INSERT).
 const LOOKUP_BATCH: usize = 64;
 
-/// Pending changes in one transaction: chunk id -> how many more lists name it (negative:
-/// fewer).
-pub(crate) type RefChanges = HashMap<i64, i64>;
-
-/// Notes that the chunk lists of revisions of `ruleset` (`number` = `Some(n)`: that one
-/// only; `None`: all) are about to be deleted, in `tx`'s pending changes: the chunks no list
-/// names afterwards are deleted by [`delete_unused`] at the end of the transaction. The
-/// lists themselves go with their revisions (`ON DELETE CASCADE`).
+/// Deletes the chunks (their texts go with them) that no list names any more: those whose
+/// count fell to zero in this transaction (a pruned or deleted revision was the last to name
+/// them, or a chunk was stored and released again). Called by the writer just before it
+/// commits.
 ///
 /// Errors: [`Error::Store`].
-pub(crate) fn release(tx: &Tx<'_>, ruleset: &str, number: Option<i64>) -> Result<()> {
-    let mut stmt = tx.prepare_cached(
-        "SELECT DISTINCT number, family, chunk FROM revision_chunk_list \
-         WHERE ruleset = ?1 AND (?2 IS NULL OR number = ?2)",
-    )?;
-    let mut rows = stmt.query(params![ruleset, number])?;
-    let mut refs = tx.refs.borrow_mut();
-    while let Some(row) = rows.next()? {
-        *refs.entry(row.get(2)?).or_default() -= 1;
-    }
-    Ok(())
-}
-
-/// Deletes the chunks (their texts go with them) that may have lost their last list in this
-/// transaction, when no list names them: those whose net change is negative and those
-/// `created` by the transaction whose net change is not positive. Chunks whose net change is
-/// zero or more are named by as many lists as before (at least one) and are not looked at.
-/// Called by the writer just before it commits.
-///
-/// Errors: [`Error::Store`].
-pub(crate) fn delete_unused(
-    tx: &Transaction<'_>,
-    changes: RefChanges,
-    created: Vec<i64>,
-) -> Result<()> {
-    let mut candidates: Vec<i64> = created
-        .into_iter()
-        .filter(|id| changes.get(id).is_none_or(|d| *d <= 0))
-        .collect();
-    candidates.extend(
-        changes
-            .into_iter()
-            .filter(|(_, d)| *d < 0)
-            .map(|(id, _)| id),
-    );
-    let mut unused = tx.prepare_cached(
-        "DELETE FROM chunks WHERE id = ?1 \
-         AND NOT EXISTS (SELECT 1 FROM revision_chunk_list WHERE chunk = ?1)",
-    )?;
-    for id in candidates {
-        unused.execute([id])?;
-    }
+pub(crate) fn delete_unused(tx: &Transaction<'_>) -> Result<()> {
+    tx.prepare_cached("DELETE FROM chunks WHERE refs = 0")?
+        .execute([])?;
     Ok(())
 }
 

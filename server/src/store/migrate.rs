@@ -52,6 +52,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(20261215090000, "commit_outcomes"),
     migration!(20261215100000, "load_failures"),
     migration!(20261216090000, "chunk_list_rows"),
+    migration!(20261217090000, "chunk_refs_by_trigger"),
 ];
 
 /// SHA-384 of a migration's text (what sqlx stored as its checksum).

@@ -18,7 +18,6 @@
 //! keys on and a 10 s busy timeout; the database is in WAL mode. The writer runs the
 //! migrations ([`super::migrate`]) before the readers open; readers are `query_only`.
 
-use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -147,38 +146,18 @@ impl Writer {
         F: FnOnce(&Tx<'_>) -> Result<T> + Send + 'static,
     {
         on_blocking(self.conn.clone(), 0, move |conn| {
-            let tx = Tx {
-                tx: conn.transaction_with_behavior(TransactionBehavior::Immediate)?,
-                refs: RefCell::default(),
-                created: RefCell::default(),
-            };
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = f(&tx)?;
-            chunks::delete_unused(&tx.tx, tx.refs.take(), tx.created.take())?;
-            tx.tx.commit()?;
+            chunks::delete_unused(&tx)?;
+            tx.commit()?;
             Ok(out)
         })
         .await
     }
 }
 
-/// One write transaction of [`Writer::run`] (derefs to the rusqlite transaction), with the
-/// changes of how many chunk lists name each chunk: [`chunks::put`] and [`chunks::release`]
-/// add to them and [`chunks::delete_unused`] reads them just before the commit.
-pub(crate) struct Tx<'c> {
-    tx: Transaction<'c>,
-    /// Chunk id -> change of the number of lists that name it.
-    pub(crate) refs: RefCell<chunks::RefChanges>,
-    /// The chunks [`chunks::put`] stored in this transaction.
-    pub(crate) created: RefCell<Vec<i64>>,
-}
-
-impl<'c> std::ops::Deref for Tx<'c> {
-    type Target = Transaction<'c>;
-
-    fn deref(&self) -> &Transaction<'c> {
-        &self.tx
-    }
-}
+/// One write transaction of [`Writer::run`]; [`chunks::delete_unused`] runs at its end.
+pub(crate) type Tx<'c> = Transaction<'c>;
 
 /// The ruleset row of `name`, if any.
 pub(crate) fn ruleset(tx: &Tx<'_>, name: &str) -> Result<Option<RulesetRow>> {
@@ -336,10 +315,10 @@ pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry) -> Result<i64> {
 }
 
 /// Deletes revisions of `ruleset` (`number` = `Some(n)`: that one only; `None`: all) with
-/// their chunk lists (`ON DELETE CASCADE`), releasing the chunks no other revision names.
+/// their chunk lists (`ON DELETE CASCADE`; the chunks no other list names are deleted at the
+/// end of the transaction).
 pub(crate) fn delete_revisions(tx: &Tx<'_>, ruleset: &str, number: Option<u64>) -> Result<()> {
     let n = number.map(i64_of);
-    chunks::release(tx, ruleset, n)?;
     tx.prepare_cached("DELETE FROM revisions WHERE ruleset = ?1 AND (?2 IS NULL OR number = ?2)")?
         .execute(params![ruleset, n])?;
     Ok(())

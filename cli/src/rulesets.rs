@@ -1,0 +1,557 @@
+//! The RulesetService commands: `validate`, `stage`, `commit`, `confirm`, `apply`, `rollback`,
+//! `revisions`, `diff`, `export`, `rulesets`, `delete` and `watch`.
+//!
+//! A ruleset FILE may be `-` (standard input: `iptables-save | vallumctl apply host -`); errors
+//! in it print as `FILE:LINE:COL` (`<stdin>:LINE:COL`). `--dry-run` on `apply`, `stage` and
+//! `commit` asks the server to run every check and change nothing (the requests'
+//! `validate_only`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use tokio_stream::StreamExt;
+use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
+use vallum_proto::v1::{
+    self as pb, ApplyRequest, CommitRevisionRequest, ConfirmCommitRequest, DeleteRulesetRequest,
+    DiffRevisionsRequest, ExportFormat, ExportRevisionRequest, ListRevisionsRequest,
+    ListRulesetsRequest, RestoreText, RollbackRequest, RulesetSource, StageRevisionRequest,
+    ValidateRulesetRequest, WatchCommitsRequest,
+};
+
+use crate::args::{FamilyArg, parse_duration, proto_duration, revision_name};
+use crate::connect::Svc;
+use crate::error::{self, CliError};
+use crate::input::{display_name, is_stdin, read_text, with_file};
+use crate::output::{Output, print, write_stdout};
+use crate::view;
+
+/// The client type.
+pub type Client = RulesetServiceClient<Svc>;
+
+/// `--format` of `export`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    /// iptables-save text.
+    Save,
+    /// The ruleset as JSON.
+    Json,
+}
+
+/// Flags of commands that upload a ruleset file.
+#[derive(Debug, clap::Args)]
+pub struct SourceArgs {
+    /// Family of lines without -4/-6.
+    #[arg(long, value_enum, default_value_t = FamilyArg::Ipv4)]
+    pub family: FamilyArg,
+    /// An ip6tables-restore file stored in the same ruleset (`-`: standard input).
+    #[arg(long, value_name = "FILE")]
+    pub v6: Option<PathBuf>,
+    /// As `iptables-restore --noflush`: the file changes the ruleset's active revision
+    /// (tables it names are not flushed; `:CHAIN` lines flush or create chains) and the
+    /// merged result is checked and stored.
+    #[arg(long, short = 'n')]
+    pub noflush: bool,
+    /// As `iptables-restore --counters`: rules start with the file's `[p:b]` counters.
+    #[arg(long, short = 'c')]
+    pub counters: bool,
+}
+
+/// Flags of commands that change a ruleset.
+#[derive(Debug, clap::Args)]
+pub struct ChangeArgs {
+    /// Commit message.
+    #[arg(long, short = 'm', default_value = "")]
+    pub message: String,
+    /// Only apply if the ruleset's etag still matches.
+    #[arg(long)]
+    pub etag: Option<String>,
+    /// Idempotency key: a retry with the same id returns the first result.
+    #[arg(long)]
+    pub request_id: Option<String>,
+}
+
+/// The ruleset subcommands (flattened into the top level: `vallumctl apply ...`).
+#[derive(Debug, Subcommand)]
+pub enum RulesetCommand {
+    /// Check a ruleset file without storing it.
+    Validate {
+        /// iptables-restore file (`-`: standard input).
+        file: PathBuf,
+        /// Ruleset name (for set lookups and messages).
+        #[arg(long, default_value = "validate")]
+        ruleset: String,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+    /// Store a ruleset file as a new staged revision.
+    Stage {
+        /// Ruleset name.
+        ruleset: String,
+        /// iptables-restore file (`-`: standard input).
+        file: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
+        #[command(flatten)]
+        change: ChangeArgs,
+        /// Priority among rulesets (lower runs first); stored on first stage.
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Run every check, store nothing.
+        #[arg(long, visible_alias = "dry-run")]
+        validate_only: bool,
+        /// Stage an empty ruleset (no rule, no DROP policy), refused otherwise.
+        #[arg(long)]
+        allow_empty: bool,
+    },
+    /// Make a staged revision active (RULESET/N or rulesets/RULESET/revisions/N).
+    Commit {
+        /// The revision.
+        revision: String,
+        /// Roll back automatically unless confirmed within this time (e.g. 30s).
+        #[arg(long, value_parser = parse_duration)]
+        confirm_within: Option<Duration>,
+        #[command(flatten)]
+        change: ChangeArgs,
+        /// Check that the revision could be committed (it exists and still validates);
+        /// commit nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Confirm a commit made with --confirm-within.
+    Confirm {
+        /// The revision.
+        revision: String,
+    },
+    /// Stage and commit a ruleset file in one call.
+    Apply {
+        /// Ruleset name.
+        ruleset: String,
+        /// iptables-restore file (`-`: standard input, e.g. `iptables-save | vallumctl
+        /// apply host -`).
+        file: PathBuf,
+        #[command(flatten)]
+        source: SourceArgs,
+        #[command(flatten)]
+        change: ChangeArgs,
+        /// Priority among rulesets (lower runs first).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Roll back automatically unless confirmed within this time.
+        #[arg(long, value_parser = parse_duration)]
+        confirm_within: Option<Duration>,
+        /// Apply an empty ruleset (no rule, no DROP policy: every rule gone), refused
+        /// otherwise.
+        #[arg(long)]
+        allow_empty: bool,
+        /// Run every check Apply runs (parse, validate, limits, etag, empty ruleset); store
+        /// and commit nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Commit the content of an earlier revision again.
+    Rollback {
+        /// The revision whose content becomes active.
+        revision: String,
+        #[command(flatten)]
+        change: ChangeArgs,
+    },
+    /// List the revisions of a ruleset: state, rules, time, author, digest, message.
+    Revisions {
+        /// Ruleset name.
+        ruleset: String,
+    },
+    /// Rules added, removed and moved between two revisions.
+    Diff {
+        /// Older revision.
+        from: String,
+        /// Newer revision.
+        to: String,
+    },
+    /// Print a revision as iptables-save text or JSON.
+    Export {
+        /// The revision.
+        revision: String,
+        /// Output format of the content.
+        #[arg(long, value_enum, default_value_t = FormatArg::Save)]
+        format: FormatArg,
+        /// Include live counters ([packets:bytes]) if the revision is active.
+        #[arg(long)]
+        counters: bool,
+    },
+    /// Stream commit events as they happen.
+    Watch {
+        /// Only this ruleset.
+        ruleset: Option<String>,
+    },
+    /// List rulesets.
+    Rulesets,
+    /// Deactivate and delete a ruleset with its revisions.
+    Delete {
+        /// Ruleset name.
+        ruleset: String,
+        /// Only delete if the etag still matches.
+        #[arg(long)]
+        etag: Option<String>,
+    },
+}
+
+impl RulesetCommand {
+    /// Whether the command may change state on the server.
+    pub fn changes(&self) -> bool {
+        match self {
+            RulesetCommand::Stage { validate_only, .. } => !validate_only,
+            RulesetCommand::Commit { dry_run, .. } | RulesetCommand::Apply { dry_run, .. } => {
+                !dry_run
+            }
+            RulesetCommand::Confirm { .. }
+            | RulesetCommand::Rollback { .. }
+            | RulesetCommand::Delete { .. } => true,
+            RulesetCommand::Validate { .. }
+            | RulesetCommand::Revisions { .. }
+            | RulesetCommand::Diff { .. }
+            | RulesetCommand::Export { .. }
+            | RulesetCommand::Watch { .. }
+            | RulesetCommand::Rulesets => false,
+        }
+    }
+
+    /// Whether the command streams without end (no `--timeout`).
+    pub fn streams(&self) -> bool {
+        matches!(self, RulesetCommand::Watch { .. })
+    }
+}
+
+/// The `source` of a request from FILE (and `--v6 FILE`); at most one of them may be `-`.
+pub fn source(file: &Path, args: &SourceArgs) -> Result<RulesetSource, CliError> {
+    if let Some(v6) = &args.v6 {
+        if is_stdin(file) && is_stdin(v6) {
+            return Err(CliError::Argument(
+                "FILE and --v6 cannot both be `-` (standard input)".to_owned(),
+            ));
+        }
+    }
+    let content = read_text(file)?;
+    let content_v6 = match &args.v6 {
+        Some(p) => read_text(p)?,
+        None => String::new(),
+    };
+    let family = match args.family {
+        FamilyArg::Ipv4 => pb::Family::Ipv4,
+        FamilyArg::Ipv6 => pb::Family::Ipv6,
+    };
+    Ok(RulesetSource {
+        source: Some(pb::ruleset_source::Source::Text(RestoreText {
+            content,
+            family: family as i32,
+            content_v6,
+            filename: display_name(file),
+            noflush: args.noflush,
+            counters: args.counters,
+        })),
+    })
+}
+
+/// What a dry run prints: what was checked, the warnings, and that nothing changed.
+fn dry_run_text(what: &str, r: Option<&pb::Revision>) -> String {
+    let mut s = format!("dry run: {what}; nothing was stored or committed\n");
+    if let Some(r) = r {
+        s.push_str(&view::warnings_text(r));
+    }
+    s
+}
+
+/// A dry run's result as JSON: the commit JSON with `"dry_run": true`.
+fn dry_run_json(r: &pb::CommitResult) -> Value {
+    let mut j = view::commit_json(r);
+    j["dry_run"] = json!(true);
+    j
+}
+
+/// Runs one ruleset subcommand.
+pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<(), CliError> {
+    match cmd {
+        RulesetCommand::Validate {
+            file,
+            ruleset,
+            source: src,
+        } => {
+            let resp = c
+                .validate_ruleset(ValidateRulesetRequest {
+                    ruleset: ruleset.clone(),
+                    source: Some(source(file, src)?),
+                })
+                .await
+                .map_err(with_file(file))?
+                .into_inner();
+            let path = display_name(file);
+            let loc = |v: &pb::Violation| {
+                let l = error::localize(&format!("{}: ", v.location), &path);
+                l.trim_end_matches(": ").trim_end_matches(':').to_owned()
+            };
+            print(
+                out,
+                json!({
+                    "valid": resp.valid,
+                    "rule_count": resp.rule_count,
+                    "violations": resp.violations.iter().map(|v| view::violation_json(v, &loc(v))).collect::<Vec<_>>(),
+                }),
+                || {
+                    let mut s = String::new();
+                    for v in &resp.violations {
+                        s.push_str(&view::violation_text(v, &loc(v)));
+                        s.push('\n');
+                    }
+                    if resp.valid {
+                        s.push_str(&format!("{path}: valid, {} rules\n", resp.rule_count));
+                    }
+                    s
+                },
+            )?;
+            if !resp.valid {
+                return Err(CliError::Invalid);
+            }
+        }
+        RulesetCommand::Stage {
+            ruleset,
+            file,
+            source: src,
+            change,
+            priority,
+            validate_only,
+            allow_empty,
+        } => {
+            let r = c
+                .stage_revision(StageRevisionRequest {
+                    ruleset: ruleset.clone(),
+                    source: Some(source(file, src)?),
+                    message: change.message.clone(),
+                    priority: *priority,
+                    etag: change.etag.clone().unwrap_or_default(),
+                    request_id: change.request_id.clone().unwrap_or_default(),
+                    validate_only: *validate_only,
+                    allow_empty: *allow_empty,
+                })
+                .await
+                .map_err(with_file(file))?
+                .into_inner();
+            if *validate_only {
+                let mut j = view::revision_json(&r);
+                j["dry_run"] = json!(true);
+                print(out, j, || {
+                    dry_run_text(
+                        &format!("{} would be staged from {}", r.ruleset, display_name(file)),
+                        Some(&r),
+                    )
+                })?;
+            } else {
+                print(out, view::revision_json(&r), || {
+                    format!(
+                        "staged {}\n{}",
+                        view::revision_text(&r),
+                        view::warnings_text(&r)
+                    )
+                })?;
+            }
+        }
+        RulesetCommand::Commit {
+            revision,
+            confirm_within,
+            change,
+            dry_run,
+        } => {
+            let r = c
+                .commit_revision(CommitRevisionRequest {
+                    name: revision_name(revision)?,
+                    confirm_within: proto_duration(*confirm_within),
+                    etag: change.etag.clone().unwrap_or_default(),
+                    request_id: change.request_id.clone().unwrap_or_default(),
+                    validate_only: *dry_run,
+                })
+                .await?
+                .into_inner();
+            if *dry_run {
+                print(out, dry_run_json(&r), || {
+                    let name = r.revision.as_ref().map_or(revision.as_str(), |r| &r.name);
+                    dry_run_text(&format!("{name} would be committed"), None)
+                })?;
+            } else {
+                print(out, view::commit_json(&r), || view::commit_text(&r))?;
+            }
+        }
+        RulesetCommand::Confirm { revision } => {
+            let r = c
+                .confirm_commit(ConfirmCommitRequest {
+                    name: revision_name(revision)?,
+                })
+                .await?
+                .into_inner();
+            let rev = r.revision.unwrap_or_default();
+            print(out, view::revision_json(&rev), || {
+                format!("confirmed {}\n", view::revision_text(&rev))
+            })?;
+        }
+        RulesetCommand::Apply {
+            ruleset,
+            file,
+            source: src,
+            change,
+            priority,
+            confirm_within,
+            allow_empty,
+            dry_run,
+        } => {
+            let r = c
+                .apply(ApplyRequest {
+                    ruleset: ruleset.clone(),
+                    source: Some(source(file, src)?),
+                    message: change.message.clone(),
+                    priority: *priority,
+                    confirm_within: proto_duration(*confirm_within),
+                    etag: change.etag.clone().unwrap_or_default(),
+                    request_id: change.request_id.clone().unwrap_or_default(),
+                    validate_only: *dry_run,
+                    allow_empty: *allow_empty,
+                })
+                .await
+                .map_err(with_file(file))?
+                .into_inner();
+            if *dry_run {
+                print(out, dry_run_json(&r), || {
+                    dry_run_text(
+                        &format!(
+                            "rulesets/{ruleset} would be applied from {}",
+                            display_name(file)
+                        ),
+                        r.revision.as_ref(),
+                    )
+                })?;
+            } else {
+                print(out, view::commit_json(&r), || view::commit_text(&r))?;
+            }
+        }
+        RulesetCommand::Rollback { revision, change } => {
+            let r = c
+                .rollback(RollbackRequest {
+                    name: revision_name(revision)?,
+                    message: change.message.clone(),
+                    etag: change.etag.clone().unwrap_or_default(),
+                    request_id: change.request_id.clone().unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            print(out, view::commit_json(&r), || view::commit_text(&r))?;
+        }
+        RulesetCommand::Revisions { ruleset } => {
+            let mut all = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let r = c
+                    .list_revisions(ListRevisionsRequest {
+                        ruleset: ruleset.clone(),
+                        page_size: 100,
+                        page_token: page_token.clone(),
+                    })
+                    .await?
+                    .into_inner();
+                all.extend(r.revisions);
+                if r.next_page_token.is_empty() || r.next_page_token == page_token {
+                    break;
+                }
+                page_token = r.next_page_token;
+            }
+            print(
+                out,
+                Value::Array(all.iter().map(view::revision_json).collect()),
+                || view::revisions_text(&all),
+            )?;
+        }
+        RulesetCommand::Diff { from, to } => {
+            let r = c
+                .diff_revisions(DiffRevisionsRequest {
+                    from: revision_name(from)?,
+                    to: revision_name(to)?,
+                })
+                .await?
+                .into_inner();
+            print(out, view::diff_json(&r), || view::diff_text(&r))?;
+        }
+        RulesetCommand::Export {
+            revision,
+            format,
+            counters,
+        } => {
+            let r = c
+                .export_revision(ExportRevisionRequest {
+                    name: revision_name(revision)?,
+                    format: match format {
+                        FormatArg::Save => ExportFormat::IptablesSave,
+                        FormatArg::Json => ExportFormat::Json,
+                    } as i32,
+                    counters: *counters,
+                })
+                .await?
+                .into_inner();
+            // The content is already in the asked format; --output json wraps it.
+            print(
+                out,
+                json!({"content": r.content, "content_type": r.content_type}),
+                || r.content.clone(),
+            )?;
+        }
+        RulesetCommand::Watch { ruleset } => {
+            let mut stream = c
+                .watch_commits(WatchCommitsRequest {
+                    ruleset: ruleset.clone().unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            while let Some(ev) = stream.next().await {
+                let ev = ev?;
+                match out {
+                    Output::Json => write_stdout(&format!("{}\n", view::event_json(&ev))),
+                    Output::Text => write_stdout(&format!("{}\n", view::event_text(&ev))),
+                }
+            }
+        }
+        RulesetCommand::Rulesets => {
+            let r = c.list_rulesets(ListRulesetsRequest {}).await?.into_inner();
+            print(
+                out,
+                Value::Array(r.rulesets.iter().map(view::ruleset_json).collect()),
+                || view::rulesets_text(&r.rulesets),
+            )?;
+        }
+        RulesetCommand::Delete { ruleset, etag } => {
+            c.delete_ruleset(DeleteRulesetRequest {
+                name: format!("rulesets/{ruleset}"),
+                etag: etag.clone().unwrap_or_default(),
+            })
+            .await?;
+            print(out, json!({"deleted": ruleset}), || {
+                format!("deleted ruleset {ruleset}\n")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_one_input_is_stdin() {
+        let args = SourceArgs {
+            family: FamilyArg::Ipv4,
+            v6: Some(PathBuf::from(crate::input::STDIN)),
+            noflush: false,
+            counters: false,
+        };
+        assert!(matches!(
+            source(Path::new("-"), &args),
+            Err(CliError::Argument(m)) if m.contains("both")
+        ));
+    }
+}

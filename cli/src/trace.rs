@@ -1,0 +1,152 @@
+//! TraceService: `trace` (the verdict and rule path of one packet) and `replay` (a capture
+//! against the active rulesets and, optionally, a staged revision).
+
+use std::path::PathBuf;
+
+use vallum_proto::v1::trace_service_client::TraceServiceClient;
+use vallum_proto::v1::{self as pb, PacketSpec, ReplayCaptureRequest, TracePacketRequest};
+
+use crate::args::revision_name;
+use crate::connect::Svc;
+use crate::error::CliError;
+use crate::output::{Output, print};
+use crate::view;
+
+/// The client type.
+pub type Client = TraceServiceClient<Svc>;
+
+/// Flags of `trace`: the packet.
+#[derive(Debug, clap::Args)]
+pub struct TraceArgs {
+    /// Source address.
+    #[arg(long)]
+    pub src: String,
+    /// Destination address.
+    #[arg(long)]
+    pub dst: String,
+    /// Protocol name or number.
+    #[arg(long, default_value = "tcp")]
+    pub proto: String,
+    /// Source port.
+    #[arg(long, default_value_t = 0)]
+    pub sport: u16,
+    /// Destination port.
+    #[arg(long, default_value_t = 0)]
+    pub dport: u16,
+    /// TCP flags, letters of FSRPAU (e.g. S for a SYN).
+    #[arg(long, default_value = "")]
+    pub flags: String,
+    /// Hook: PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING.
+    #[arg(long, default_value = "INPUT")]
+    pub hook: String,
+    /// Input interface.
+    #[arg(long = "in", default_value = "")]
+    pub in_interface: String,
+    /// Output interface.
+    #[arg(long = "out", default_value = "")]
+    pub out_interface: String,
+    /// Layer-3 length, bytes.
+    #[arg(long, default_value_t = 60)]
+    pub length: u32,
+    /// Conntrack state: NEW, ESTABLISHED, RELATED, INVALID, UNTRACKED; an empty value
+    /// (`--ct-state ''`) looks the packet up in the connection table instead.
+    #[arg(long, default_value = "NEW")]
+    pub ct_state: String,
+    /// Packet mark.
+    #[arg(long, default_value_t = 0)]
+    pub mark: u32,
+    /// Ethernet source address (aa:bb:cc:dd:ee:ff), what `-m mac --mac-source` compares;
+    /// without it the packet has no link-layer source and no `-m mac` rule matches.
+    #[arg(long, default_value = "")]
+    pub mac_source: String,
+    /// ICMP type.
+    #[arg(long, default_value_t = 0)]
+    pub icmp_type: u32,
+    /// ICMP code.
+    #[arg(long, default_value_t = 0)]
+    pub icmp_code: u32,
+    /// Evaluate against this staged revision instead of the active rulesets.
+    #[arg(long)]
+    pub revision: Option<String>,
+}
+
+/// Flags of `replay`.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Capture file (pcap or pcapng).
+    pub pcap: PathBuf,
+    /// Staged revision to compare with the active rulesets.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Hook to classify at (default INPUT).
+    #[arg(long)]
+    pub hook: Option<String>,
+    /// Input interface name.
+    #[arg(long = "in")]
+    pub in_interface: Option<String>,
+    /// Most changed flows to list.
+    #[arg(long, default_value_t = 100)]
+    pub max_flows: u32,
+}
+
+/// Runs `trace`.
+pub async fn trace(c: &mut Client, out: Output, t: &TraceArgs) -> Result<(), CliError> {
+    let revision = match &t.revision {
+        Some(r) => revision_name(r)?,
+        None => String::new(),
+    };
+    let family = if t.src.contains(':') || t.dst.contains(':') {
+        pb::Family::Ipv6
+    } else {
+        pb::Family::Ipv4
+    };
+    let r = c
+        .trace_packet(TracePacketRequest {
+            packet: Some(PacketSpec {
+                family: family as i32,
+                hook: t.hook.to_ascii_uppercase(),
+                source: t.src.clone(),
+                destination: t.dst.clone(),
+                protocol: t.proto.clone(),
+                source_port: u32::from(t.sport),
+                destination_port: u32::from(t.dport),
+                tcp_flags: t.flags.clone(),
+                icmp_type: t.icmp_type,
+                icmp_code: t.icmp_code,
+                length: t.length,
+                in_interface: t.in_interface.clone(),
+                out_interface: t.out_interface.clone(),
+                mark: t.mark,
+                ct_state: t.ct_state.to_ascii_uppercase(),
+                source_mac: t.mac_source.clone(),
+            }),
+            revision,
+            frame: Vec::new(),
+            raw_ip: false,
+        })
+        .await?
+        .into_inner();
+    print(out, view::trace_json(&r), || view::trace_text(&r))
+}
+
+/// Runs `replay`.
+pub async fn replay(c: &mut Client, out: Output, a: &ReplayArgs) -> Result<(), CliError> {
+    let capture = std::fs::read(&a.pcap).map_err(|source| CliError::Read {
+        path: a.pcap.clone(),
+        source,
+    })?;
+    let r = c
+        .replay_capture(ReplayCaptureRequest {
+            capture,
+            revision: match &a.revision {
+                Some(r) => revision_name(r)?,
+                None => String::new(),
+            },
+            hook: a.hook.clone().unwrap_or_default(),
+            in_interface: a.in_interface.clone().unwrap_or_default(),
+            max_flows: a.max_flows,
+        })
+        .await?
+        .into_inner();
+    print(out, view::replay_json(&r), || view::replay_text(&r))
+}
