@@ -85,6 +85,9 @@ reasons! {
     InvalidRuleset => ("INVALID_RULESET", InvalidArgument, EXIT_REJECTED),
     /// The ruleset uses an extension the engine does not enforce in filter/raw.
     UnsupportedExtension => ("UNSUPPORTED_EXTENSION", InvalidArgument, EXIT_REJECTED),
+    /// A warning: rules of a chain that only hooks this node's packet path never evaluates
+    /// reach (see vallumd's `steering`); the ruleset is accepted.
+    HookNotReached => ("HOOK_NOT_REACHED", InvalidArgument, EXIT_REJECTED),
     /// The ruleset relies on state outside the text (iptables-restore `--noflush` input).
     NoflushUnsupported => ("NOFLUSH_UNSUPPORTED", InvalidArgument, EXIT_REJECTED),
     /// A capture that cannot be read.

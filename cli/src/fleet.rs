@@ -5,12 +5,14 @@
 //! | `fleet apply NAME FILE [--selector S] [--priority N] [-m MSG] [--etag E] [--validate-only]` | validate as Apply, write to etcd |
 //! | `fleet status NAME` | selected / applied / failed (with errors) / pending / stale nodes |
 //! | `fleet wait NAME [--revision R] [--wait-timeout D]` | until every selected node ACKed (exit 0), one NACKed or the time is up (exit 1) |
+//! | `fleet rollout NAME FILE --canary S [--selector S] [--timeout D]` | canary nodes first, wait for their ACKs, stop on a NACK; then every selected node |
 //! | `fleet list` | the fleet rulesets |
 //! | `fleet delete NAME [--etag E]` | delete from etcd; every node removes it |
 //! | `fleet nodes` | live nodes, their labels and version |
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Subcommand;
 use serde_json::{Value, json};
@@ -92,6 +94,39 @@ pub enum FleetCommand {
     },
     /// The live nodes.
     Nodes,
+    /// Roll FILE out as fleet ruleset NAME in two steps: first only to the selected nodes
+    /// that the canary selector also matches (the others keep the content they enforce),
+    /// waiting for every one of them to ACK; then to every selected node, waiting again.
+    /// Stops at the canary step on a NACK (exit 1, the NACKs reported; the non-canary nodes
+    /// untouched) and when a step's wait passes `--timeout` (exit 3). `--timeout` bounds
+    /// each step's wait (and each call).
+    Rollout {
+        /// Ruleset name.
+        name: String,
+        /// iptables-restore file.
+        file: PathBuf,
+        /// The canary selector (same syntax as --selector); must match at least one live
+        /// selected node.
+        #[arg(long)]
+        canary: String,
+        /// Node selector of the full rollout; empty selects every node.
+        #[arg(long, default_value = "")]
+        selector: String,
+        /// Priority among active rulesets (lower runs first).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Message.
+        #[arg(long, short = 'm', default_value = "")]
+        message: String,
+        /// Only start if the fleet ruleset's etag still matches (`0`: only if new).
+        #[arg(long)]
+        etag: Option<String>,
+        /// Write a ruleset with no rule and no DROP policy (refused otherwise, as `apply`).
+        #[arg(long)]
+        allow_empty: bool,
+        #[command(flatten)]
+        source: SourceArgs,
+    },
 }
 
 impl FleetCommand {
@@ -99,7 +134,7 @@ impl FleetCommand {
     pub fn changes(&self) -> bool {
         match self {
             FleetCommand::Apply { validate_only, .. } => !validate_only,
-            FleetCommand::Delete { .. } => true,
+            FleetCommand::Delete { .. } | FleetCommand::Rollout { .. } => true,
             FleetCommand::Status { .. }
             | FleetCommand::Wait { .. }
             | FleetCommand::List
@@ -129,13 +164,26 @@ fn status_json(s: &pb::NodeStatus) -> Value {
         "error": s.error,
         "local_revision": s.local_revision,
         "latency_seconds": s.latency_seconds,
+        "phases_ns": s.phases.as_ref().map(|p| json!({
+            "validate": p.validate_ns,
+            "compile": p.compile_ns,
+            "persist": p.persist_ns,
+            "publish": p.publish_ns,
+            "quiesce": p.quiesce_ns,
+            "total": p.total_ns,
+        })),
     })
 }
 
-/// Runs one `fleet` subcommand.
+/// Runs one `fleet` subcommand; `timeout` is `--timeout` (for `rollout`, each step's wait).
 ///
 /// Errors: the call's status, or a file that cannot be read.
-pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), CliError> {
+pub async fn run(
+    c: &mut Client,
+    out: Output,
+    cmd: &FleetCommand,
+    timeout: Duration,
+) -> Result<(), CliError> {
     match cmd {
         FleetCommand::Apply {
             name,
@@ -160,6 +208,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
                     validate_only: *validate_only,
                     request_id: request_id.clone().unwrap_or_default(),
                     allow_empty: *allow_empty,
+                    canary: String::new(),
                 })
                 .await
                 .map_err(with_file(file))?
@@ -183,6 +232,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
             let json = json!({
                 "name": s.name,
                 "fleet_revision": s.fleet_revision,
+                "canary": s.canary,
                 "selected": s.selected,
                 "applied": s.applied.iter().map(status_json).collect::<Vec<_>>(),
                 "failed": s.failed.iter().map(status_json).collect::<Vec<_>>(),
@@ -200,6 +250,9 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
                     s.pending.len(),
                     s.stale.len()
                 );
+                if !s.canary.is_empty() {
+                    let _ = writeln!(t, "  canary phase: only nodes matching {:?}", s.canary);
+                }
                 for a in &s.applied {
                     let _ = writeln!(
                         t,
@@ -228,80 +281,106 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
             revision,
             wait_timeout,
         } => {
-            let mut stream = c
-                .wait_rollout(pb::WaitRolloutRequest {
-                    name: name.clone(),
-                    fleet_revision: *revision,
-                    timeout: Some(prost_types::Duration {
-                        seconds: i64::try_from(wait_timeout.as_secs()).unwrap_or(i64::MAX),
-                        nanos: i32::try_from(wait_timeout.subsec_nanos()).unwrap_or(0),
-                    }),
-                })
-                .await?
-                .into_inner();
-            let mut last = None;
-            while let Some(p) = stream.message().await? {
-                let s = p.status.clone().unwrap_or_default();
-                if out == Output::Text {
-                    crate::write_stdout(&format!(
-                        "{} fleet revision {}: {}/{} applied, {} failed, {} pending\n",
-                        phase_name(p.phase),
-                        s.fleet_revision,
-                        s.applied.len(),
-                        s.selected.len(),
-                        s.failed.len(),
-                        s.pending.len()
-                    ));
-                    for f in &s.failed {
-                        crate::write_stdout(&format!("  {}  NACK  {}\n", f.node, f.error));
-                    }
-                }
-                last = Some(p);
+            let last = wait(c, out, name, *revision, *wait_timeout).await?;
+            if out == Output::Json {
+                print(out, progress_json(&last), String::new)?;
             }
-            let last = last.unwrap_or_default();
-            let s = last.status.clone().unwrap_or_default();
+            outcome(name, &last, *wait_timeout, "")
+        }
+        FleetCommand::Rollout {
+            name,
+            file,
+            canary,
+            selector,
+            priority,
+            message,
+            etag,
+            allow_empty,
+            source: args,
+        } => {
+            let put = |canary: &str, etag: String| -> Result<_, CliError> {
+                let mut r = tonic::Request::new(pb::PutFleetRulesetRequest {
+                    name: name.clone(),
+                    source: Some(source(file, args)?),
+                    priority: *priority,
+                    selector: selector.clone(),
+                    message: message.clone(),
+                    etag,
+                    allow_empty: *allow_empty,
+                    canary: canary.to_string(),
+                    ..Default::default()
+                });
+                r.set_timeout(timeout);
+                Ok(r)
+            };
+            // Step 1: the canary.
+            let first = c
+                .put_ruleset(put(canary, etag.clone().unwrap_or_default())?)
+                .await
+                .map_err(with_file(file))?
+                .into_inner();
+            if out == Output::Text {
+                crate::write_stdout(&format!(
+                    "canary {canary:?}: fleet revision {} (the other nodes keep {})\n",
+                    first.fleet_revision,
+                    keep(first.previous_revision)
+                ));
+            }
+            let step1 = wait(c, out, name, first.fleet_revision, timeout).await?;
+            let s1 = step1.status.clone().unwrap_or_default();
+            let done1 = step1.phase == pb::RolloutPhase::Done as i32;
+            let stopped = if done1 && s1.selected.is_empty() {
+                Some(Err(tonic::Status::failed_precondition(format!(
+                    "fleet ruleset {name}: the canary selector {canary:?} selects no live node among {selector:?}; rollout stopped (the other nodes keep {})",
+                    keep(first.previous_revision)
+                ))
+                .into()))
+            } else if !done1 {
+                let note = format!(
+                    " at the canary step; rollout stopped (the other nodes keep {})",
+                    keep(first.previous_revision)
+                );
+                Some(outcome(name, &step1, timeout, &note))
+            } else {
+                None
+            };
+            if let Some(result) = stopped {
+                if out == Output::Json {
+                    print(
+                        out,
+                        json!({"name": name, "step": "canary", "canary": progress_json(&step1)}),
+                        String::new,
+                    )?;
+                }
+                return result;
+            }
+            // Step 2: every selected node, only if nobody wrote meanwhile.
+            let full = c
+                .put_ruleset(put("", first.etag.clone())?)
+                .await
+                .map_err(with_file(file))?
+                .into_inner();
+            if out == Output::Text {
+                crate::write_stdout(&format!(
+                    "canary ACKed by {} node(s); every selected node: fleet revision {}\n",
+                    s1.applied.len(),
+                    full.fleet_revision
+                ));
+            }
+            let step2 = wait(c, out, name, full.fleet_revision, timeout).await?;
             if out == Output::Json {
                 print(
                     out,
                     json!({
-                        "name": s.name,
-                        "phase": phase_name(last.phase),
-                        "fleet_revision": s.fleet_revision,
-                        "selected": s.selected,
-                        "applied": s.applied.iter().map(status_json).collect::<Vec<_>>(),
-                        "failed": s.failed.iter().map(status_json).collect::<Vec<_>>(),
-                        "pending": s.pending,
+                        "name": name,
+                        "step": "full",
+                        "canary": progress_json(&step1),
+                        "full": progress_json(&step2),
                     }),
                     String::new,
                 )?;
             }
-            // The outcome as a status, for the exit code and the headline: a timeout exits 3
-            // (DEADLINE_EXCEEDED), a NACK or a newer write 1.
-            let what = format!(
-                "fleet ruleset {name} at fleet revision {}",
-                s.fleet_revision
-            );
-            match pb::RolloutPhase::try_from(last.phase) {
-                Ok(pb::RolloutPhase::Done) => Ok(()),
-                Ok(pb::RolloutPhase::TimedOut) => Err(tonic::Status::deadline_exceeded(format!(
-                    "{what}: {} node(s) still pending after {wait_timeout:?}",
-                    s.pending.len()
-                ))
-                .into()),
-                Ok(pb::RolloutPhase::Failed) => Err(tonic::Status::failed_precondition(format!(
-                    "{what}: NACKed by {}",
-                    s.failed
-                        .iter()
-                        .map(|f| f.node.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-                .into()),
-                _ => Err(tonic::Status::failed_precondition(format!(
-                    "{what}: replaced by a later write before it was applied"
-                ))
-                .into()),
-            }
+            outcome(name, &step2, timeout, "")
         }
         FleetCommand::List => {
             let r = c
@@ -366,6 +445,107 @@ pub async fn run(c: &mut Client, out: Output, cmd: &FleetCommand) -> Result<(), 
                 t
             })
         }
+    }
+}
+
+/// "fleet revision N" or, for 0, "nothing" (the ruleset was new to them).
+fn keep(previous: i64) -> String {
+    if previous > 0 {
+        format!("fleet revision {previous}")
+    } else {
+        "nothing (the ruleset is new to them)".into()
+    }
+}
+
+/// Follows WaitRollout of `name` at `revision` (0: the current one) for at most `timeout`,
+/// printing each progress line in text mode; returns the last message.
+async fn wait(
+    c: &mut Client,
+    out: Output,
+    name: &str,
+    revision: i64,
+    timeout: Duration,
+) -> Result<pb::RolloutProgress, CliError> {
+    let mut stream = c
+        .wait_rollout(pb::WaitRolloutRequest {
+            name: name.to_string(),
+            fleet_revision: revision,
+            timeout: Some(prost_types::Duration {
+                seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+                nanos: i32::try_from(timeout.subsec_nanos()).unwrap_or(0),
+            }),
+        })
+        .await?
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = stream.message().await? {
+        let s = p.status.clone().unwrap_or_default();
+        if out == Output::Text {
+            crate::write_stdout(&format!(
+                "{} fleet revision {}: {}/{} applied, {} failed, {} pending\n",
+                phase_name(p.phase),
+                s.fleet_revision,
+                s.applied.len(),
+                s.selected.len(),
+                s.failed.len(),
+                s.pending.len()
+            ));
+            for f in &s.failed {
+                crate::write_stdout(&format!("  {}  NACK  {}\n", f.node, f.error));
+            }
+        }
+        last = Some(p);
+    }
+    Ok(last.unwrap_or_default())
+}
+
+fn progress_json(p: &pb::RolloutProgress) -> Value {
+    let s = p.status.clone().unwrap_or_default();
+    json!({
+        "name": s.name,
+        "phase": phase_name(p.phase),
+        "fleet_revision": s.fleet_revision,
+        "canary": s.canary,
+        "selected": s.selected,
+        "applied": s.applied.iter().map(status_json).collect::<Vec<_>>(),
+        "failed": s.failed.iter().map(status_json).collect::<Vec<_>>(),
+        "pending": s.pending,
+    })
+}
+
+/// The outcome of a wait as a status, for the exit code and the headline (`note` appended):
+/// DONE is success, a timeout exits 3 (DEADLINE_EXCEEDED), a NACK or a newer write 1.
+fn outcome(
+    name: &str,
+    last: &pb::RolloutProgress,
+    timeout: Duration,
+    note: &str,
+) -> Result<(), CliError> {
+    let s = last.status.clone().unwrap_or_default();
+    let what = format!(
+        "fleet ruleset {name} at fleet revision {}",
+        s.fleet_revision
+    );
+    match pb::RolloutPhase::try_from(last.phase) {
+        Ok(pb::RolloutPhase::Done) => Ok(()),
+        Ok(pb::RolloutPhase::TimedOut) => Err(tonic::Status::deadline_exceeded(format!(
+            "{what}: {} node(s) still pending after {timeout:?}{note}",
+            s.pending.len()
+        ))
+        .into()),
+        Ok(pb::RolloutPhase::Failed) => Err(tonic::Status::failed_precondition(format!(
+            "{what}: NACKed by {}{note}",
+            s.failed
+                .iter()
+                .map(|f| f.node.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .into()),
+        _ => Err(tonic::Status::failed_precondition(format!(
+            "{what}: replaced by a later write before it was applied{note}"
+        ))
+        .into()),
     }
 }
 

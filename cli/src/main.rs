@@ -136,7 +136,7 @@ impl Command {
         match self {
             Command::Rulesets(r) => r.streams(),
             Command::Fleet {
-                command: fleet::FleetCommand::Wait { .. },
+                command: fleet::FleetCommand::Wait { .. } | fleet::FleetCommand::Rollout { .. },
             } => true,
             _ => false,
         }
@@ -222,7 +222,9 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
         }
         Command::Conntrack { cmd } => conntrack::run(&mut c.conntrack, cmd, out).await?,
         Command::Set { command } => sets::run(&mut c.sets, out, command).await?,
-        Command::Fleet { command } => fleet::run(&mut c.fleet, out, command).await?,
+        Command::Fleet { command } => {
+            fleet::run(&mut c.fleet, out, command, cli.connection.timeout).await?
+        }
         // Handled above, before connecting.
         Command::Dataplane { .. } | Command::Completions(_) | Command::Man(_) => {}
     }

@@ -89,9 +89,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::model::OwnerMatch;
 use crate::model::{
-    AddrTypeLimit, EcnMatch, Family, FragMatch, IdRange, IpNet, Ipv6HeaderMatch, MultiportDir, Neg,
-    Policy, PortRange, RejectWith, RtMatch, Rule, Ruleset, SetDir, TableKind, TtlMatch,
+    AddrTypeLimit, ConnmarkTarget, EcnMatch, Family, FragMatch, IdRange, IpNet, Ipv6HeaderMatch,
+    MarkValue, MultiportDir, Neg, Policy, PortRange, RejectWith, RtMatch, Rule, Ruleset, SetDir,
+    TableKind, TtlMatch,
 };
 use crate::node_addrs::{AddrFacts, NodeAddrs};
 use crate::packet::{IfName, PacketMeta};
@@ -205,7 +207,15 @@ impl Verdict {
     }
 }
 
-/// A `-j LOG` hit with its rule named: what a `Vec<LogEvent>` sink of [`Snapshot::classify`]
+/// What a `-j LOG` / `-j NFLOG` rule reports.
+#[derive(Debug, Clone)]
+pub(crate) struct LogSpec {
+    pub(crate) prefix: Option<Arc<str>>,
+    pub(crate) level: u8,
+    pub(crate) nflog_group: Option<u16>,
+}
+
+/// A `-j LOG` (or `-j NFLOG`) hit with its rule named: what a `Vec<LogEvent>` sink of [`Snapshot::classify`]
 /// collects, and what [`Snapshot::log_event`] makes of a [`LogRecord`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEvent {
@@ -219,8 +229,11 @@ pub struct LogEvent {
     pub rule: u32,
     /// `--log-prefix`, if set.
     pub prefix: Option<Arc<str>>,
-    /// `--log-level` (syslog 0..=7, default 4 = warning as xt_LOG).
+    /// `--log-level` (syslog 0..=7, default 4 = warning as xt_LOG; 4 for NFLOG).
     pub level: u8,
+    /// `Some(--nflog-group)` (0 when not written, as xt_NFLOG) for an NFLOG hit, `None` for
+    /// LOG.
+    pub nflog_group: Option<u16>,
     /// The packet as it was when the rule matched.
     pub packet: PacketMeta,
 }
@@ -481,6 +494,8 @@ enum CMatch {
         negated: bool,
         bits: u8,
     },
+    /// `-m conntrack` with tuple or direction options (boxed: bigger than the others).
+    Conntrack(Box<CConntrack>),
     /// Boxed: two address ranges would double the size of every `CMatch`.
     Iprange(Box<IprangeMatch>),
     Set {
@@ -493,6 +508,17 @@ enum CMatch {
         value: u32,
         mask: u32,
     },
+    /// `-m connmark` outside the raw table.
+    Connmark {
+        negated: bool,
+        value: u32,
+        mask: u32,
+    },
+    /// `-m owner`.
+    Owner(OwnerMatch),
+    /// A match that never holds: `-m connmark` in the raw table, where the packet has no
+    /// conntrack entry yet (connmark_mt returns false without one, negated or not).
+    Never,
     Length {
         negated: bool,
         range: PortRange,
@@ -526,6 +552,19 @@ enum CMatch {
     Recent(Box<CRecent>),
     /// `-m hashlimit` with a packet rate (boxed: it holds its table).
     Hashlimit(Box<CHashlimit>),
+}
+
+/// A compiled `-m conntrack` with options beyond `--ctstate`, as conntrack_mt (revision 3):
+/// the state test, then (only for a packet with an entry) direction, protocol, the four
+/// addresses and the four ports of the entry's tuples.
+#[derive(Debug, Clone)]
+struct CConntrack {
+    state: Option<(bool, u8)>,
+    reply: Option<bool>,
+    proto: Option<(bool, u8)>,
+    /// Original source, original destination, reply source, reply destination.
+    addrs: [Option<(bool, AddrMatch)>; 4],
+    ports: [Option<(bool, PortRange)>; 4],
 }
 
 /// A compiled `-m addrtype`: `(negated, type bits)` per direction, and the node's addresses
@@ -622,9 +661,13 @@ enum CTarget {
     Return,
     Jump(u32),
     Goto(u32),
-    /// `(prefix, level)`, boxed to keep the target (and so every rule) 8 bytes smaller.
-    Log(Box<(Option<Arc<str>>, u8)>),
+    /// `-j LOG` and `-j NFLOG`, boxed to keep the target (and so every rule) 8 bytes smaller.
+    Log(Box<LogSpec>),
     Notrack,
+    /// `-j MARK`: `mark = (mark & !mask) ^ value`.
+    Mark(MarkValue),
+    /// `-j CONNMARK` outside the raw table (in raw it compiles to `Continue`: no entry yet).
+    Connmark(ConnmarkTarget),
 }
 
 /// Where a chain of a new snapshot came from in its predecessor, for [`Snapshot::reuse`]:

@@ -70,6 +70,7 @@ use crate::packet::PacketMeta;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, spin_loop};
 
 pub mod filter;
+pub mod persist;
 mod reclaim;
 pub mod tcp;
 pub mod tuple;
@@ -80,6 +81,7 @@ mod loom_model;
 mod tests;
 
 pub use filter::ConnFilter;
+pub use persist::{PersistError, Restored};
 pub use tcp::TcpState;
 pub use tuple::Tuple;
 use tuple::{IcmpKind, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
@@ -212,6 +214,8 @@ pub struct ConnView {
     pub tcp_state: Option<TcpState>,
     /// Whether a reply-direction packet was seen.
     pub seen_reply: bool,
+    /// The connection mark (`-j CONNMARK`, `-m connmark`).
+    pub mark: u32,
     /// When the entry expires, in the caller's `now` nanoseconds.
     pub expires_ns: u64,
 }
@@ -241,6 +245,10 @@ struct Conn {
     timeout: AtomicU64,
     /// Set (under the bucket locks) when the entry is being deleted.
     dying: AtomicBool,
+    /// The connection mark (ct->mark, low 32 bits; `-m connmark`, `-j CONNMARK`). Relaxed
+    /// loads and stores, as the kernel's READ_ONCE/WRITE_ONCE of ct->mark: a value of its
+    /// own that orders no other memory.
+    mark: AtomicU64,
 }
 
 /// A link to node `dir` of `conn`: the pointer with `dir` in its low bit (`Conn` is 8-aligned).
@@ -496,6 +504,11 @@ impl Conntrack {
     /// directions at once), `pkt` updates that entry instead. [`CtVerdict::TableFull`] when
     /// the table is full and no entry could be dropped early: drop the packet.
     pub fn confirm(&self, unconfirmed: Unconfirmed, pkt: &PacketMeta, now: u64) -> CtVerdict {
+        // The rules may have set the new connection's mark (`-j CONNMARK`).
+        unconfirmed
+            .conn
+            .mark
+            .store(u64::from(pkt.ct_mark), Ordering::Relaxed);
         let guard = reclaim::pin();
         match self.insert(unconfirmed.conn, unconfirmed.hashes, now, &guard) {
             Insert::Done => CtVerdict::New,
@@ -555,6 +568,22 @@ impl Conntrack {
     /// entry is NEW (even when the table is full: whether an early drop would make room is
     /// only known by trying); an expired entry counts as absent.
     pub fn peek(&self, pkt: &PacketMeta, now: u64) -> CtVerdict {
+        let mut p = *pkt;
+        self.peek_into(&mut p, now)
+    }
+
+    /// [`Conntrack::peek`], writing what [`Conntrack::track`] would write into the packet:
+    /// its `ct_state`, and the entry's mark and the packet's direction (`ct_mark`,
+    /// `ct_reply`).
+    pub fn peek_into(&self, pkt: &mut PacketMeta, now: u64) -> CtVerdict {
+        pkt.ct_mark = 0;
+        pkt.ct_reply = false;
+        let v = self.peek_entry(pkt, now);
+        pkt.ct_state = v.ct_state();
+        v
+    }
+
+    fn peek_entry(&self, pkt: &mut PacketMeta, now: u64) -> CtVerdict {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return CtVerdict::Untracked;
         }
@@ -564,7 +593,11 @@ impl Conntrack {
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {
             Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
-            Some(IcmpKind::Error) => return self.related(pkt.embedded.as_ref(), now),
+            Some(IcmpKind::Error) => {
+                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), now);
+                pkt.ct_mark = mark;
+                return v;
+            }
             Some(IcmpKind::Other) => return CtVerdict::Invalid,
             _ => {}
         }
@@ -572,7 +605,11 @@ impl Conntrack {
         match self.find(&t, t.hash(), &guard) {
             Some((conn, dir)) if conn.timeout.load(Ordering::Relaxed) > now => {
                 match transition(conn.status.load(Ordering::Relaxed), dir, pkt) {
-                    Some((new, reopened)) => verdict_of(new, reopened),
+                    Some((new, reopened)) => {
+                        pkt.ct_mark = conn.mark.load(Ordering::Relaxed) as u32;
+                        pkt.ct_reply = dir == 1;
+                        verdict_of(new, reopened)
+                    }
                     None => CtVerdict::Invalid,
                 }
             }
@@ -584,17 +621,46 @@ impl Conntrack {
     /// RELATED when `inner` (an ICMP error's embedded header) is either tuple of an entry live
     /// at `now`, INVALID otherwise (also when there is no embedded header).
     fn related(&self, inner: Option<&Tuple>, now: u64) -> CtVerdict {
+        self.related_mark(inner, now).0
+    }
+
+    /// [`Conntrack::related`] and the mark of the entry the error belongs to (0 when none).
+    fn related_mark(&self, inner: Option<&Tuple>, now: u64) -> (CtVerdict, u32) {
         let Some(inner) = inner else {
-            return CtVerdict::Invalid;
+            return (CtVerdict::Invalid, 0);
         };
         let guard = reclaim::pin();
         match self.find(inner, inner.hash(), &guard) {
-            Some((conn, _)) if conn.timeout.load(Ordering::Relaxed) > now => CtVerdict::Related,
-            _ => CtVerdict::Invalid,
+            Some((conn, _)) if conn.timeout.load(Ordering::Relaxed) > now => {
+                (CtVerdict::Related, conn.mark.load(Ordering::Relaxed) as u32)
+            }
+            _ => (CtVerdict::Invalid, 0),
         }
     }
 
-    fn classify(&self, pkt: &PacketMeta, now: u64) -> (CtVerdict, Option<Unconfirmed>) {
+    /// Sets the mark of `pkt`'s entry (the one [`Conntrack::track`] found for it: by its
+    /// tuple, or for an ICMP error the embedded one) to `mark`, as `-j CONNMARK` does to
+    /// ct->mark; whether an entry was there. The packet path calls it after the verdict of a
+    /// packet whose rules changed [`PacketMeta::ct_mark`] (a lookup only for those packets).
+    pub fn set_mark(&self, pkt: &PacketMeta, mark: u32) -> bool {
+        let (t, icmp) = Tuple::from_packet(pkt);
+        let t = match (icmp, pkt.embedded) {
+            (Some(IcmpKind::Error), Some(inner)) => inner,
+            _ => t,
+        };
+        let guard = reclaim::pin();
+        match self.find(&t, t.hash(), &guard) {
+            Some((conn, _)) => {
+                conn.mark.store(u64::from(mark), Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn classify(&self, pkt: &mut PacketMeta, now: u64) -> (CtVerdict, Option<Unconfirmed>) {
+        pkt.ct_mark = 0;
+        pkt.ct_reply = false;
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return (CtVerdict::Untracked, None);
         }
@@ -606,7 +672,11 @@ impl Conntrack {
         let (t, icmp) = Tuple::from_packet(pkt);
         match icmp {
             Some(IcmpKind::Untracked) => return (CtVerdict::Untracked, None),
-            Some(IcmpKind::Error) => return (self.related(pkt.embedded.as_ref(), now), None),
+            Some(IcmpKind::Error) => {
+                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), now);
+                pkt.ct_mark = mark;
+                return (v, None);
+            }
             Some(IcmpKind::Other) => return (CtVerdict::Invalid, None),
             _ => {}
         }
@@ -621,7 +691,12 @@ impl Conntrack {
                     self.delete_conn(conn, &guard);
                     continue;
                 }
-                return (update(conn, dir, pkt, now), None);
+                let v = update(conn, dir, pkt, now);
+                if v != CtVerdict::Invalid {
+                    pkt.ct_mark = conn.mark.load(Ordering::Relaxed) as u32;
+                    pkt.ct_reply = dir == 1;
+                }
+                return (v, None);
             }
             if !opens(pkt, icmp, self.tcp_loose) {
                 return (CtVerdict::Invalid, None);
@@ -644,6 +719,7 @@ impl Conntrack {
                 status: AtomicU64::new(status),
                 timeout: AtomicU64::new(now.saturating_add(timeout_of(t.protocol, status))),
                 dying: AtomicBool::new(false),
+                mark: AtomicU64::new(0),
             });
             return (CtVerdict::New, Some(Unconfirmed { conn: new, hashes }));
         }
@@ -1033,6 +1109,7 @@ fn view(c: &Conn) -> ConnView {
         tcp_state: tcp::state_of(status),
         seen_reply: status & tcp::SEEN_REPLY != 0,
         expires_ns: c.timeout.load(Ordering::Relaxed),
+        mark: c.mark.load(Ordering::Relaxed) as u32,
     }
 }
 

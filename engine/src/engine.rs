@@ -288,6 +288,13 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// Whether a packet with this [`ct_state`](crate::model::ct_state) has a conntrack entry
+/// (not INVALID, not UNTRACKED).
+fn ct_state_has_entry(state: u8) -> bool {
+    use crate::model::ct_state::{INVALID, UNTRACKED};
+    state & (INVALID | UNTRACKED) == 0
+}
+
 fn verdict_index(v: Verdict) -> usize {
     match v {
         Verdict::Accept => 0,
@@ -535,7 +542,7 @@ impl Engine {
             None => self.dataplane.with_active(|s| s.trace(packet, now_ns)),
             Some(ct) => self.dataplane.with_active(|s| {
                 s.trace_split(packet, now_ns, |p| {
-                    p.ct_state = ct.peek(p, now_ns).ct_state();
+                    ct.peek_into(p, now_ns);
                     None
                 })
             }),
@@ -700,7 +707,12 @@ impl EngineWorker<'_> {
                     // A new connection's entry joins the table only if its first packet is
                     // accepted (nf_conntrack confirms at the last hook); `decided` runs right
                     // after each packet, before the next one is tracked.
+                    // The entry's mark as the tracker found it: a packet whose rules changed
+                    // it (`-j CONNMARK`) writes it back after its verdict, as the kernel's
+                    // target writes ct->mark (a confirmed entry at once; a new one carries it
+                    // into `confirm`).
                     let unconfirmed = std::cell::Cell::new(None);
+                    let found_mark = std::cell::Cell::new(None);
                     snap.classify_batch_split(
                         batch.core(),
                         packets,
@@ -709,18 +721,29 @@ impl EngineWorker<'_> {
                         logs,
                         |p| {
                             let (v, u) = ct.track_unconfirmed(p, now_ns);
+                            found_mark.set(
+                                (u.is_none() && ct_state_has_entry(p.ct_state))
+                                    .then_some(p.ct_mark),
+                            );
                             unconfirmed.set(u);
                             (v == CtVerdict::TableFull).then_some(Verdict::Drop)
                         },
-                        |p, v| match (unconfirmed.take(), v) {
-                            (Some(u), Verdict::Accept) => match ct.confirm(u, p, now_ns) {
-                                CtVerdict::TableFull => {
-                                    p.ct_state = CtVerdict::TableFull.ct_state();
-                                    Verdict::Drop
+                        |p, v| {
+                            if let Some(m) = found_mark.take() {
+                                if m != p.ct_mark {
+                                    ct.set_mark(p, p.ct_mark);
                                 }
+                            }
+                            match (unconfirmed.take(), v) {
+                                (Some(u), Verdict::Accept) => match ct.confirm(u, p, now_ns) {
+                                    CtVerdict::TableFull => {
+                                        p.ct_state = CtVerdict::TableFull.ct_state();
+                                        Verdict::Drop
+                                    }
+                                    _ => v,
+                                },
                                 _ => v,
-                            },
-                            _ => v,
+                            }
                         },
                     );
                 }

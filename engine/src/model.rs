@@ -478,6 +478,13 @@ pub enum Match {
     Comment(String),
     /// `-m mark --mark VALUE[/MASK]`: `(mark & mask) == value`.
     Mark(Neg<MarkValue>),
+    /// `-m owner` (OUTPUT and POSTROUTING): the local socket that sent the packet.
+    Owner(OwnerMatch),
+    /// `-m connmark [!] --mark VALUE[/MASK]`: `(ctmark & mask) == value` on the mark of the
+    /// packet's conntrack entry. As connmark_mt, a packet without an entry (INVALID,
+    /// UNTRACKED, or in the raw table, which runs before conntrack) never matches, negated
+    /// or not.
+    Connmark(Neg<MarkValue>),
     /// `-m length --length LO[:HI]`: layer-3 length in bytes.
     Length(Neg<PortRange>),
     /// `-m limit`: token bucket.
@@ -532,6 +539,8 @@ impl Match {
             Match::Set(_) => "set",
             Match::Comment(_) => "comment",
             Match::Mark(_) => "mark",
+            Match::Connmark(_) => "connmark",
+            Match::Owner(_) => "owner",
             Match::Length(_) => "length",
             Match::Limit(_) => "limit",
             Match::Mac(_) => "mac",
@@ -661,6 +670,23 @@ pub struct Ipv6HeaderMatch {
     /// `--soft`: the listed headers are present (or, negated, absent), others may be too;
     /// without it the packet's set of headers equals the list (or, negated, differs).
     pub soft: bool,
+}
+
+/// `-m owner` (xt_owner revision 1), as owner_mt: a packet without a socket (forwarded, or
+/// sent by the kernel itself) matches only when every given option is negated; with one,
+/// `! --socket-exists` fails and the uid / gid (the socket's file's fsuid / fsgid, as
+/// NFQUEUE's NFQA_UID / NFQA_GID give them) must be in (or, negated, out of) the ranges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OwnerMatch {
+    /// `[!] --socket-exists`: `Some(negated)`.
+    pub socket: Option<bool>,
+    /// `[!] --uid-owner LO[-HI]`.
+    pub uid: Option<Neg<IdRange>>,
+    /// `[!] --gid-owner LO[-HI]`.
+    pub gid: Option<Neg<IdRange>>,
+    /// `--suppl-groups`: the gid test also looks at the supplementary groups (stored only:
+    /// NFQUEUE does not send them).
+    pub suppl_groups: bool,
 }
 
 /// `-m addrtype` (xt_addrtype revision 1).
@@ -833,14 +859,118 @@ pub struct IcmpMatch {
     pub code: (u8, u8),
 }
 
-/// `-m conntrack` options. Only `--ctstate` is enforced by the engine's packet path in issue
-/// #2; the others are parsed and printed, and validation names them when not enforced.
+/// `-m conntrack` options. `--ctstate` is typed; the others are kept in their canonical
+/// text (as iptables-save prints them) in `other`, and [`ConntrackMatch::tuple_conditions`]
+/// reads those the engine enforces ([`CONNTRACK_ENFORCED`]); validation names the rest.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ConntrackMatch {
     /// `--ctstate`: [`ct_state`] bits.
     pub ctstate: Option<Neg<u8>>,
-    /// Every other option, verbatim in written order (name without `--`, negation, value).
+    /// Every other option, in libxt_conntrack's print order (name with `--`, negation, the
+    /// canonical value).
     pub other: Vec<OpaqueOption>,
+}
+
+/// The `-m conntrack` options besides `--ctstate` that the engine enforces: the protocol, the
+/// addresses and ports of the entry's original and reply tuples, and the packet's direction.
+/// `--ctstatus` and `--ctexpire` are stored only.
+pub const CONNTRACK_ENFORCED: [&str; 10] = [
+    "--ctproto",
+    "--ctorigsrc",
+    "--ctorigdst",
+    "--ctreplsrc",
+    "--ctrepldst",
+    "--ctorigsrcport",
+    "--ctorigdstport",
+    "--ctreplsrcport",
+    "--ctrepldstport",
+    "--ctdir",
+];
+
+/// What [`ConntrackMatch::tuple_conditions`] reads: each `Some((negated, value))` when given.
+/// Tuple fields are indexed original source, original destination, reply source, reply
+/// destination.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtTupleConditions {
+    /// `--ctproto N`.
+    pub proto: Option<(bool, u8)>,
+    /// `--ctorigsrc`, `--ctorigdst`, `--ctreplsrc`, `--ctrepldst` (address and mask).
+    pub addrs: [Option<(bool, IpNet)>; 4],
+    /// `--ctorigsrcport`, `--ctorigdstport`, `--ctreplsrcport`, `--ctrepldstport`.
+    pub ports: [Option<(bool, PortRange)>; 4],
+    /// `--ctdir ORIGINAL` (`Some(false)`) or `REPLY` (`Some(true)`).
+    pub reply: Option<bool>,
+}
+
+impl ConntrackMatch {
+    /// The enforced options of `other` read into conditions; `Err(name)` for the first
+    /// option that is not enforced or whose value is not in the canonical form the parser
+    /// writes (structured input), naming it.
+    pub fn tuple_conditions(&self, family: Family) -> Result<CtTupleConditions, String> {
+        let mut c = CtTupleConditions::default();
+        for o in &self.other {
+            let bad = || format!("conntrack {}", o.name);
+            let [arg] = o.args.as_slice() else {
+                return Err(bad());
+            };
+            let i = CONNTRACK_ENFORCED
+                .iter()
+                .position(|n| *n == o.name)
+                .ok_or_else(bad)?;
+            match i {
+                0 => c.proto = Some((o.negated, arg.parse().map_err(|_| bad())?)),
+                1..=4 => {
+                    let net = read_net(arg, family).ok_or_else(bad)?;
+                    c.addrs[i - 1] = Some((o.negated, net));
+                }
+                5..=8 => {
+                    let (lo, hi) = arg.split_once(':').unwrap_or((arg, arg));
+                    let (lo, hi) = (
+                        lo.parse().map_err(|_| bad())?,
+                        hi.parse().map_err(|_| bad())?,
+                    );
+                    if lo > hi {
+                        return Err(bad());
+                    }
+                    c.ports[i - 5] = Some((o.negated, PortRange { lo, hi }));
+                }
+                _ => {
+                    c.reply = Some(match arg.as_str() {
+                        "ORIGINAL" if !o.negated => false,
+                        "REPLY" if !o.negated => true,
+                        _ => return Err(bad()),
+                    });
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// `ADDR`, `ADDR/LEN` or `ADDR/MASK` of `family`, with no bits outside the mask.
+fn read_net(s: &str, family: Family) -> Option<IpNet> {
+    let (a, m) = s.split_once('/').unwrap_or((s, ""));
+    let addr: IpAddr = a.parse().ok()?;
+    if addr.is_ipv6() != (family == Family::Ipv6) {
+        return None;
+    }
+    let full = if addr.is_ipv6() { 128 } else { 32 };
+    let net = if m.is_empty() {
+        IpNet::new(addr, full)?
+    } else if let Ok(len) = m.parse::<u8>() {
+        IpNet::new(addr, len)?
+    } else {
+        let mask: IpAddr = m.parse().ok()?;
+        if mask.is_ipv6() != addr.is_ipv6() {
+            return None;
+        }
+        IpNet { addr, mask }
+    };
+    let bits = |ip: IpAddr| match ip {
+        IpAddr::V4(x) => u128::from(u32::from(x)),
+        IpAddr::V6(x) => u128::from(x),
+    };
+    (bits(net.addr) & !bits(net.mask) == 0).then_some(net)
 }
 
 /// `-m iprange`.
@@ -958,10 +1088,23 @@ pub enum Target {
     Goto(String),
     /// `-j LOG`: emit a log event and continue with the next rule.
     Log(LogTarget),
+    /// `-j NFLOG`: emit a log event for netlink log group `group` (xt_NFLOG) and continue;
+    /// the engine hands it to its caller as it hands LOG events ([`crate::compile::LogEvent`]
+    /// with `nflog_group`).
+    Nflog(NflogTarget),
     /// `-j NOTRACK` (raw table): mark the packet untracked and continue.
     Notrack,
     /// `-j CT --notrack` (raw table): as NOTRACK. Other CT options are kept in `other`.
     Ct(CtTarget),
+    /// `-j MARK --set-xmark VALUE/MASK` (xt_MARK revision 2): the packet mark becomes
+    /// `(mark & !mask) ^ value`, and the next rule runs. `--set-mark V[/M]` is `V/(V|M)`,
+    /// `--and-mark V` is `0/!V`, `--or-mark V` is `V/V`, `--xor-mark V` is `V/0`, as
+    /// libxt_MARK reads them; iptables-save prints `--set-xmark`.
+    Mark(MarkValue),
+    /// `-j CONNMARK` (xt_CONNMARK revision 1): changes the conntrack entry's mark or the packet
+    /// mark, and the next rule runs. A packet without an entry (INVALID, UNTRACKED, or in the
+    /// raw table) is left as it is, as connmark_tg.
+    Connmark(ConnmarkTarget),
     /// A target extension the engine does not implement, kept verbatim.
     Opaque(Opaque),
 }
@@ -1001,6 +1144,51 @@ pub struct LogTarget {
     /// `--log-tcp-sequence`, `--log-tcp-options`, `--log-ip-options`, `--log-uid`,
     /// `--log-macdecode` as written, in iptables' print order.
     pub flags: Vec<String>,
+}
+
+/// What `-j CONNMARK` does (xt_connmark's `XT_CONNMARK_SET`, `_SAVE`, `_RESTORE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConnmarkTarget {
+    /// `--set-xmark VALUE/MASK` (also `--set-mark`, `--and-mark`, `--or-mark`, `--xor-mark`
+    /// as for MARK): `ctmark = (ctmark & !mask) ^ value`.
+    Set(MarkValue),
+    /// `--save-mark --nfmask N --ctmask C`: `ctmark = (ctmark & !C) ^ (mark & N)`.
+    Save {
+        /// Bits of the packet mark copied.
+        nfmask: u32,
+        /// Bits of the connection mark replaced.
+        ctmask: u32,
+    },
+    /// `--restore-mark --nfmask N --ctmask C`: `mark = (mark & !N) ^ (ctmark & C)`.
+    Restore {
+        /// Bits of the packet mark replaced.
+        nfmask: u32,
+        /// Bits of the connection mark copied.
+        ctmask: u32,
+    },
+}
+
+impl MarkValue {
+    /// `(old & !mask) ^ value`: what `--set-xmark VALUE/MASK` makes of `old`.
+    pub fn apply(self, old: u32) -> u32 {
+        (old & !self.mask) ^ self.value
+    }
+}
+
+/// `-j NFLOG` options (xt_nflog_info), as iptables-save prints them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NflogTarget {
+    /// `--nflog-group` (0-65535; 0, the default, is not printed).
+    pub group: u16,
+    /// `--nflog-prefix` (at most 63 bytes).
+    pub prefix: Option<String>,
+    /// `--nflog-range N` (0, the default, is not printed; superseded by `--nflog-size`).
+    pub range: u32,
+    /// `--nflog-size N`: bytes of the packet copied to the log (XT_NFLOG_F_COPY_LEN).
+    pub size: Option<u32>,
+    /// `--nflog-threshold` (packets queued in the kernel before a send; 0, the default, is
+    /// not printed).
+    pub threshold: u16,
 }
 
 /// `-j CT` options.

@@ -99,8 +99,23 @@ pub struct PacketMeta {
     pub out_iface: IfName,
     /// Ethernet source address, when the packet came with a link-layer header.
     pub src_mac: Option<[u8; 6]>,
-    /// The packet mark (skb->mark).
+    /// The packet mark (skb->mark): what the kernel queued the packet with, changed by
+    /// `-j MARK` and `-j CONNMARK --restore-mark` as the rules run; what it is after the
+    /// evaluation goes back to the kernel with the verdict (NFQUEUE mode).
     pub mark: u32,
+    /// The uid and gid of the local socket that sent the packet (its file's fsuid / fsgid),
+    /// `None` when it has none (forwarded, sent by the kernel): NFQUEUE's NFQA_UID / NFQA_GID,
+    /// which the kernel sends only for a full socket with a file. `-m owner` reads it.
+    pub owner: Option<(u32, u32)>,
+    /// The mark of the packet's conntrack entry (ct->mark, `-m connmark`), as the engine's
+    /// tracker holds it: set when the tracker finds the entry (0 for a new one), changed by
+    /// `-j CONNMARK --set-xmark/--save-mark`, and written back to the entry after the verdict
+    /// ([`crate::conntrack::Conntrack::set_mark`]). Meaningful only when the packet has an
+    /// entry ([`PacketMeta::ct_state`] neither INVALID nor UNTRACKED).
+    pub ct_mark: u32,
+    /// The packet is in the reply direction of its conntrack entry (`--ctdir REPLY`): it
+    /// matched the entry's reply tuple. Set by the tracker; false for the first packet.
+    pub ct_reply: bool,
     /// Conntrack state as one [`ct_state`] bit (NEW when no tracker ran).
     pub ct_state: u8,
     /// The NAT bits of the kernel's conntrack entry for this packet: [`ct_state::SNAT`] when
@@ -151,6 +166,9 @@ impl Default for PacketMeta {
             out_iface: IfName::default(),
             src_mac: None,
             mark: 0,
+            ct_mark: 0,
+            ct_reply: false,
+            owner: None,
             ct_state: ct_state::NEW,
             ct_nat: 0,
             l4_cut: None,

@@ -23,6 +23,7 @@ mod hashlimit;
 mod header_matches;
 mod lexer;
 mod opaque;
+mod owner;
 mod print;
 mod recent;
 mod rule;
@@ -116,6 +117,15 @@ pub enum ParseWarningKind {
     /// (here cut back to a character boundary, so that the model stays UTF-8).
     #[error("--log-prefix is {len} bytes; the kernel keeps the first 29: {kept:?}")]
     LogPrefixTruncated {
+        /// The prefix's length as written, in bytes.
+        len: usize,
+        /// What is kept.
+        kept: String,
+    },
+    /// `--nflog-prefix` longer than the kernel's 63 bytes (`xt_nflog_info.prefix[64]`): as
+    /// iptables-legacy, the first 63 bytes are kept (cut back to a character boundary).
+    #[error("--nflog-prefix is {len} bytes; the kernel keeps the first 63: {kept:?}")]
+    NflogPrefixTruncated {
         /// The prefix's length as written, in bytes.
         len: usize,
         /// What is kept.

@@ -50,6 +50,12 @@ pub trait SetRegistry {
     fn node_addrs(&self) -> Option<Arc<crate::node_addrs::NodeAddrs>> {
         None
     }
+
+    /// The hooks the node's packet path evaluates ([`crate::validate::ReachedHooks`]);
+    /// `None` (the default) when unknown: validation then warns about no chain's reach.
+    fn reached_hooks(&self) -> Option<Arc<crate::validate::ReachedHooks>> {
+        None
+    }
 }
 
 /// A registry that knows no set: `--match-set` fails validation with "set does not exist".

@@ -23,6 +23,10 @@
 //!   ranges ordered; limit rate and burst positive;
 //! - sets: every `--match-set` names a set that exists, when a registry is given, with enough
 //!   `src`/`dst` flags for its dimensions;
+//! - reach: with the node's [`ReachedHooks`] (from [`SetRegistry::reached_hooks`]), a chain of
+//!   an enforced table reached only from hooks the node's packet path never evaluates (raw
+//!   OUTPUT while only INPUT is steered, FORWARD with forwarding off) gets a warning at its
+//!   first rule naming its rules and why ([`ViolationKind::HookNotReached`]);
 //! - enforcement: extensions the engine does not run ([`crate::model::Match::Opaque`], CT
 //!   options other than `--notrack`, conntrack options other than `--ctstate`) are errors in
 //!   filter and raw, naming the extension; nat, mangle and security tables get a warning.
@@ -106,12 +110,86 @@ impl fmt::Display for Violation {
     }
 }
 
+/// Which hooks the node's packet path evaluates, per family, and why not the others (for
+/// messages): what a packet source and its steering deliver. A packet queued at INPUT or
+/// FORWARD has passed PREROUTING (the engine runs raw PREROUTING for it first), so steering
+/// either of them reaches PREROUTING too; POSTROUTING is never evaluated (no enforced table
+/// has it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReachedHooks {
+    /// Bit `1 << Hook::index()` per evaluated hook; `[IPv4, IPv6]`.
+    bits: [u8; 2],
+    /// Why the other hooks are not evaluated, e.g. "the packet source pcap delivers every
+    /// packet at INPUT".
+    why: String,
+}
+
+impl ReachedHooks {
+    /// The hooks a source delivering packets at `v4` / `v6` evaluates (each family's steered
+    /// hooks, with PREROUTING added where INPUT or FORWARD is among them); `why` says what
+    /// limits them, for the warning's message.
+    pub fn delivered(v4: &[Hook], v6: &[Hook], why: impl Into<String>) -> ReachedHooks {
+        let bits = |hooks: &[Hook]| {
+            hooks.iter().fold(0u8, |b, h| {
+                let pre = matches!(h, Hook::Input | Hook::Forward);
+                b | 1 << h.index()
+                    | if pre {
+                        1 << Hook::Prerouting.index()
+                    } else {
+                        0
+                    }
+            })
+        };
+        ReachedHooks {
+            bits: [bits(v4), bits(v6)],
+            why: why.into(),
+        }
+    }
+
+    /// Whether packets of `family` are evaluated at `hook`.
+    pub fn reaches(&self, family: Family, hook: Hook) -> bool {
+        self.bits[family_index(family)] & 1 << hook.index() != 0
+    }
+
+    /// Why the other hooks are not evaluated.
+    pub fn why(&self) -> &str {
+        &self.why
+    }
+}
+
+fn family_index(f: Family) -> usize {
+    match f {
+        Family::Ipv4 => 0,
+        Family::Ipv6 => 1,
+    }
+}
+
 /// What is wrong. Each variant's message names the offending item.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ViolationKind {
     /// A nat, mangle or security table: stored and printed, not evaluated (warning).
     #[error("table {0} is stored but not enforced by the engine")]
     TableNotEnforced(TableKind),
+    /// A chain of an enforced table that only hooks the node never evaluates reach (warning,
+    /// at the chain's first rule): its rules never see a packet here.
+    #[error(
+        "rules {first}-{last} of this chain (lines {first_line}-{last_line}) are never evaluated on this node: the chain is reached only from {}, and {why}",
+        hooks.iter().map(|h| h.chain_name()).collect::<Vec<_>>().join(", ")
+    )]
+    HookNotReached {
+        /// The hooks that reach the chain.
+        hooks: Vec<Hook>,
+        /// First and last rule number (1-based).
+        first: u32,
+        /// Last rule number.
+        last: u32,
+        /// Source lines of the first and last rule (0 for structured input).
+        first_line: u32,
+        /// Source line of the last rule.
+        last_line: u32,
+        /// Why those hooks are not evaluated ([`ReachedHooks::why`]).
+        why: String,
+    },
     /// Two tables of the same family and kind.
     #[error("table {0} appears twice")]
     DuplicateTable(TableKind),
@@ -232,6 +310,20 @@ pub enum ViolationKind {
         "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
     )]
     NodeAddrsUnknown(String),
+    /// `-j NFLOG` (warning): its events are counted and handed to the engine's caller like
+    /// LOG events, and vallumd has no consumer for either yet: nothing reaches the nflog
+    /// group.
+    #[error(
+        "-j NFLOG --nflog-group {0}: the rule counts and its events are kept like LOG events, but vallumd has no consumer for them yet: nothing is sent to nflog group {0}"
+    )]
+    NflogNoConsumer(u16),
+    /// `-m connmark` or `-j CONNMARK` in the raw table (warning): raw runs before conntrack
+    /// (priority -300 against -200), so the packet has no entry there yet and, as in the
+    /// kernel, the match never matches and the target changes nothing.
+    #[error(
+        "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
+    )]
+    NoConntrackInRaw(&'static str),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]
@@ -641,6 +733,10 @@ impl TableCheck<'_> {
             }
         }
 
+        if let Some(live) = sets.and_then(|s| s.reached_hooks()) {
+            self.unreached_chains(&reach, &live);
+        }
+
         if jumps_changed {
             for (ci, c) in table.chains.iter().enumerate() {
                 for (ri, r) in c.rules.iter().enumerate() {
@@ -659,6 +755,38 @@ impl TableCheck<'_> {
         diffs
     }
 
+    /// A [`ViolationKind::HookNotReached`] warning for every chain with rules that some hook
+    /// reaches (`reach`, per chain) but none that `live` evaluates. Every chain, every time
+    /// (also in [`validate_after`]: an unchanged rule keeps its warning).
+    fn unreached_chains(&mut self, reach: &[u8], live: &ReachedHooks) {
+        let table = self.table;
+        if !table.kind.is_enforced() {
+            return;
+        }
+        for (c, &bits) in table.chains.iter().zip(reach) {
+            let hooks: Vec<Hook> = Hook::ALL
+                .into_iter()
+                .filter(|h| bits & 1 << h.index() != 0)
+                .collect();
+            if hooks.is_empty() || hooks.iter().any(|&h| live.reaches(table.family, h)) {
+                continue;
+            }
+            let (Some(first), Some(last)) = (c.rules.iter().next(), c.rules.iter().next_back())
+            else {
+                continue;
+            };
+            let kind = ViolationKind::HookNotReached {
+                hooks,
+                first: 1,
+                last: c.rules.len() as u32,
+                first_line: first.location.line,
+                last_line: last.location.line,
+                why: live.why().to_owned(),
+            };
+            self.push(Severity::Warning, Some(c), Some(1), first.location, kind);
+        }
+    }
+
     fn check_rule(
         &mut self,
         c: &Chain,
@@ -672,6 +800,7 @@ impl TableCheck<'_> {
         let enforced = table.kind.is_enforced();
         let reached = |h: Hook| reach & (1 << h.index()) != 0;
         let mut errs: Vec<ViolationKind> = Vec::new();
+        let mut warns: Vec<ViolationKind> = Vec::new();
 
         for i in [&r.in_iface, &r.out_iface].into_iter().flatten() {
             // As the parser: no whitespace, control characters, '/', quotes or backslashes
@@ -722,6 +851,7 @@ impl TableCheck<'_> {
         }
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
         let mut mac_used = false;
+        let mut owner_used = false;
         for m in &r.matches {
             let needs = |ext: &'static str, protos: &[u8], pname: &'static str| {
                 (!proto.is_some_and(|p| protos.contains(&p)))
@@ -775,15 +905,37 @@ impl TableCheck<'_> {
                 Match::Conntrack(ct) => {
                     if enforced {
                         for o in &ct.other {
-                            errs.push(ViolationKind::Unsupported {
-                                what: "match",
-                                name: format!("conntrack {}", o.name),
-                                table: table.kind,
-                            });
+                            let one = crate::model::ConntrackMatch {
+                                ctstate: None,
+                                other: vec![o.clone()],
+                            };
+                            if let Err(name) = one.tuple_conditions(family) {
+                                errs.push(ViolationKind::Unsupported {
+                                    what: "match",
+                                    name,
+                                    table: table.kind,
+                                });
+                            }
                         }
                     }
                 }
                 Match::State(_) | Match::Mark(_) => {}
+                Match::Owner(w) => {
+                    owner_used = true;
+                    if enforced && w.suppl_groups {
+                        errs.push(ViolationKind::Unsupported {
+                            what: "match",
+                            name: "owner --suppl-groups (NFQUEUE sends no supplementary groups)"
+                                .into(),
+                            table: table.kind,
+                        });
+                    }
+                }
+                Match::Connmark(_) => {
+                    if table.kind == TableKind::Raw {
+                        warns.push(ViolationKind::NoConntrackInRaw("-m connmark"));
+                    }
+                }
                 Match::Iprange(ir) => {
                     for rg in [ir.src, ir.dst].into_iter().flatten() {
                         let fam_ok = rg.value.lo.is_ipv6() == (family == Family::Ipv6)
@@ -1012,6 +1164,17 @@ impl TableCheck<'_> {
                 }
             }
         }
+        if owner_used {
+            // As xt_owner's hooks: only locally generated packets have a socket.
+            for h in [Hook::Prerouting, Hook::Input, Hook::Forward] {
+                if reached(h) {
+                    errs.push(ViolationKind::WrongHook {
+                        what: "-m owner",
+                        hook: h,
+                    });
+                }
+            }
+        }
         if mac_used {
             for h in [Hook::Output, Hook::Postrouting] {
                 if reached(h) {
@@ -1106,15 +1269,45 @@ impl TableCheck<'_> {
                     });
                 }
             }
+            Target::Nflog(n) => {
+                if n.prefix
+                    .as_ref()
+                    .is_some_and(|p| p.len() > 63 || p.chars().any(char::is_control))
+                {
+                    errs.push(ViolationKind::TooLong {
+                        what: "nflog prefix",
+                        value: n.prefix.clone().unwrap_or_default(),
+                        max: 63,
+                    });
+                }
+                if enforced {
+                    warns.push(ViolationKind::NflogNoConsumer(n.group));
+                }
+            }
+            Target::Connmark(_) => {
+                if table.kind == TableKind::Raw {
+                    warns.push(ViolationKind::NoConntrackInRaw("-j CONNMARK"));
+                }
+            }
             Target::None
             | Target::Accept
             | Target::Drop
             | Target::Return
+            | Target::Mark(_)
             | Target::Jump(_)
             | Target::Goto(_) => {}
         }
         for e in errs {
             self.at_rule(c, ri, r, e);
+        }
+        for w in warns {
+            self.push(
+                Severity::Warning,
+                Some(c),
+                Some(ri as u32 + 1),
+                r.location,
+                w,
+            );
         }
     }
 }
@@ -1427,5 +1620,96 @@ mod tests {
             "{v:?}"
         );
         assert_eq!(v, validate(&next, None));
+    }
+}
+
+#[cfg(test)]
+mod reach_tests {
+    //! [`ViolationKind::HookNotReached`]: a chain reached only from hooks the node never
+    //! evaluates is a warning at its first rule, through [`validate`] and [`validate_after`].
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::restore::{ParseOptions, parse_ruleset};
+    use crate::sets::{IpSet, SetRegistry};
+
+    /// A registry with no set that says which hooks are evaluated.
+    struct Reach(Arc<ReachedHooks>);
+
+    impl SetRegistry for Reach {
+        fn lookup(&self, _name: &str) -> Option<Arc<dyn IpSet>> {
+            None
+        }
+        fn reached_hooks(&self) -> Option<Arc<ReachedHooks>> {
+            Some(self.0.clone())
+        }
+    }
+
+    const TEXT: &str = "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+        -A PREROUTING -p udp --dport 53 -j CT --notrack\n\
+        -A OUTPUT -p udp --sport 53 -j CT --notrack\nCOMMIT\n\
+        *filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n:FWD - [0:0]\n\
+        :UNUSED - [0:0]\n\
+        -A INPUT -p tcp --dport 22 -j ACCEPT\n-A FORWARD -j FWD\n\
+        -A FWD -d 10.0.0.2/32 -j ACCEPT\n-A FWD -d 10.0.0.3/32 -j ACCEPT\n\
+        -A UNUSED -j ACCEPT\nCOMMIT\n";
+
+    fn unreached(v: &[Violation]) -> Vec<String> {
+        v.iter()
+            .filter(|v| matches!(v.kind, ViolationKind::HookNotReached { .. }))
+            .map(|v| {
+                assert_eq!(v.severity, Severity::Warning, "{v}");
+                v.to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chains_only_unsteered_hooks_reach_are_warned_at_their_first_rule() {
+        let rs = parse_ruleset("host", TEXT, &ParseOptions::default()).unwrap();
+        let only_input = Reach(Arc::new(ReachedHooks::delivered(
+            &[Hook::Input],
+            &[Hook::Input],
+            "the packet source delivers every packet at INPUT",
+        )));
+        let got = unreached(&validate(&rs, Some(&only_input)));
+        assert_eq!(
+            got,
+            [
+                "5:1: warning: raw/OUTPUT#1: rules 1-1 of this chain (lines 5-5) are never \
+                 evaluated on this node: the chain is reached only from OUTPUT, and the packet \
+                 source delivers every packet at INPUT",
+                "14:1: warning: filter/FORWARD#1: rules 1-1 of this chain (lines 14-14) are \
+                 never evaluated on this node: the chain is reached only from FORWARD, and the \
+                 packet source delivers every packet at INPUT",
+                "15:1: warning: filter/FWD#1: rules 1-2 of this chain (lines 15-16) are never \
+                 evaluated on this node: the chain is reached only from FORWARD, and the packet \
+                 source delivers every packet at INPUT",
+            ],
+            "raw PREROUTING (run for INPUT-queued packets) and the unused chain are not warned"
+        );
+        // Incremental validation keeps the warnings of unchanged rules.
+        let next = TEXT.replace("--dport 22", "--dport 2222");
+        let rs2 = parse_ruleset("host", &next, &ParseOptions::default()).unwrap();
+        let (after, _) = validate_after(&rs2, &rs, Some(&only_input));
+        assert_eq!(unreached(&after), got);
+        assert_eq!(after, validate(&rs2, Some(&only_input)));
+    }
+
+    #[test]
+    fn every_hook_steered_or_unknown_warns_nothing() {
+        let rs = parse_ruleset("host", TEXT, &ParseOptions::default()).unwrap();
+        let all = [Hook::Input, Hook::Forward, Hook::Output];
+        let steered = Reach(Arc::new(ReachedHooks::delivered(&all, &all, "")));
+        assert!(unreached(&validate(&rs, Some(&steered))).is_empty());
+        assert!(unreached(&validate(&rs, None)).is_empty());
+        // Forwarding off for IPv4 only: the IPv4 FORWARD chains are warned.
+        let no_fwd = Reach(Arc::new(ReachedHooks::delivered(
+            &[Hook::Input, Hook::Output],
+            &all,
+            "IPv4 forwarding is off",
+        )));
+        assert_eq!(unreached(&validate(&rs, Some(&no_fwd))).len(), 2);
     }
 }

@@ -72,9 +72,13 @@ struct RuleSpec {
     dport: Option<(bool, usize, bool)>,
     iface: u8,
     ctstate: u8,
-    mark: bool,
+    /// 0: none, 1: `-m mark`, 2: `-m connmark`, 3: `! -m connmark`.
+    mark: u8,
     limit: bool,
-    /// 0 ACCEPT, 1 DROP, 2 RETURN, 3 none, 4 LOG, 5 jump, 6 goto.
+    /// 0 ACCEPT, 1 DROP, 2 RETURN, 3 none, 4 LOG, 5 jump, 6 goto, 7 MARK --set-xmark,
+    /// 8 MARK --xor-mark, 9 CONNMARK --save-mark, 10 CONNMARK --restore-mark, 11 CONNMARK
+    /// --set-xmark (the mark-changing targets make later `-m mark` rules of the same packet
+    /// see another mark than the index's batch probe saw).
     target: u8,
     /// Which later chain a jump/goto goes to (modulo the chains after this one).
     to: usize,
@@ -144,9 +148,9 @@ fn rule_spec() -> impl Strategy<Value = RuleSpec> {
         port,
         0u8..6,
         0u8..5,
-        prop::bool::weighted(0.1),
+        prop::sample::select(vec![0u8, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3]),
         prop::bool::weighted(0.08),
-        0u8..7,
+        0u8..12,
         0usize..3,
         0usize..(2 * HEADER_MATCHES.len() + 1),
     )
@@ -238,8 +242,11 @@ fn render(rules: &[Vec<RuleSpec>], policy_drop: bool, v6: bool) -> String {
                 3 => l += " -m conntrack ! --ctstate NEW",
                 _ => {}
             }
-            if r.mark {
-                l += " -m mark --mark 0x1/0x1";
+            match r.mark {
+                1 => l += " -m mark --mark 0x1/0x1",
+                2 => l += " -m connmark --mark 0x2/0x2",
+                3 => l += " -m connmark ! --mark 0x1/0x3",
+                _ => {}
             }
             if let Some(h) = r.header.checked_sub(1).and_then(|i| HEADER_MATCHES.get(i)) {
                 l.push(' ');
@@ -260,6 +267,11 @@ fn render(rules: &[Vec<RuleSpec>], policy_drop: bool, v6: bool) -> String {
                     let flag = if r.target == 5 { "-j" } else { "-g" };
                     format!(" {flag} {}", later[r.to % later.len()])
                 }
+                7 => " -j MARK --set-xmark 0x1/0x1".to_string(),
+                8 => " -j MARK --xor-mark 0x3".to_string(),
+                9 => " -j CONNMARK --save-mark --mask 0x3".to_string(),
+                10 => " -j CONNMARK --restore-mark --nfmask 0x1 --ctmask 0x3".to_string(),
+                11 => " -j CONNMARK --set-xmark 0x2/0x2".to_string(),
                 _ => " -j ACCEPT".to_string(),
             };
             l += &target;
@@ -336,6 +348,7 @@ fn packet(s: &PacketSpec, v6: bool) -> PacketMeta {
         len: 100,
         in_iface: IfName::new(["eth0", "eth1", "wlan0", "lo"][s.iface]).expect("short name"),
         ct_state: s.ct,
+        ct_mark: (s.mark + u32::from(s.sport)) % 4,
         mark: s.mark,
         ttl: [64, 1, 200][s.header.0],
         tos: [0, 0x10, 0xb8, 0x01][s.header.1],
@@ -405,6 +418,7 @@ proptest! {
                 let vl = linear.classify(0, &mut a, now, &mut logs_l);
                 let vi = indexed.classify(0, &mut b, now, &mut logs_i);
                 prop_assert_eq!(vi, vl, "rfc {} packet {:?}\n{}", rfc_max_rules, a, text);
+                prop_assert_eq!((b.mark, b.ct_mark), (a.mark, a.ct_mark));
             }
             prop_assert_eq!(logs_i, logs_l);
             prop_assert_eq!(indexed.counters(), linear.counters());
@@ -478,6 +492,7 @@ proptest! {
             .collect();
         let split = |p: &mut PacketMeta| {
             p.ct_state = tracked_state(p);
+            p.ct_mark = u32::from(p.sport % 4);
             None
         };
         let (mut logs_l, mut logs_s, mut logs_b) = (Vec::new(), Vec::new(), Vec::new());
@@ -502,6 +517,8 @@ proptest! {
                 prop_assert_eq!(verdicts[i], vl, "packet {:?}", p);
                 prop_assert_eq!(b.ct_state, a.ct_state);
                 prop_assert_eq!(buf[i].ct_state, a.ct_state);
+                prop_assert_eq!((b.mark, b.ct_mark), (a.mark, a.ct_mark));
+                prop_assert_eq!((buf[i].mark, buf[i].ct_mark), (a.mark, a.ct_mark));
             }
         }
         prop_assert_eq!(&logs_s, &logs_l);

@@ -47,5 +47,9 @@ fn the_issue_14_extensions_have_the_status_the_docs_claim() {
             "{name}"
         );
     }
-    assert_eq!(row(true, "MARK").ipv4, Support::StoredOnly);
+    for (target, name) in [(true, "MARK"), (true, "CONNMARK"), (false, "connmark")] {
+        let r = row(target, name);
+        assert!(enforced(r.ipv4) && enforced(r.ipv6), "{name}");
+    }
+    assert_eq!(row(true, "NFQUEUE").ipv4, Support::StoredOnly);
 }

@@ -5,8 +5,12 @@
 //!
 //! Cases: N = 100, 1,000, 5,000 (`VALLUM_FLEET_BENCH_NODES=100,1000` picks others). For each:
 //! one ruleset write selecting every node; programming latency write -> each node's publish
-//! (p50, p99, max); the time until `rollout_status` (GetRolloutStatus) shows every ACK; etcd's
-//! CPU time and RSS over the rollout. A scenario with its own report, not a criterion bench.
+//! (p50, p99, max); the time until WaitRollout's code ([`follow`]: one read, then an etcd
+//! watch) shows every ACK; etcd's and this process's (the agents') CPU time over the
+//! rollout, etcd's RSS. `VALLUM_FLEET_BENCH_WAIT=watch,poll` runs each N twice: waiting as
+//! WaitRollout does (`watch`, the default) and by reading the whole status every 20 ms
+//! (`poll`, as WaitRollout did before it watched) — the A/B of what a waiting caller costs
+//! the rollout. A scenario with its own report, not a criterion bench.
 //!
 //! Run: `cargo bench -p vallum-server --bench fleet` (prints `SKIP etcd not installed` without
 //! etcd).
@@ -19,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vallum_server::error::Error;
-use vallum_server::fleet::agent::{Agent, FleetStats, Local};
+use vallum_server::fleet::agent::{Agent, Applied, FleetStats, Local};
 use vallum_server::fleet::etcd::Etcd;
-use vallum_server::fleet::service::rollout_status;
+use vallum_server::fleet::service::{Rollout, follow, rollout_status};
 use vallum_server::fleet::{Desired, Keys, Labels, Owners};
 use vallum_server::metrics::{Metrics, MetricsConfig};
 
@@ -38,13 +42,22 @@ impl Local for SimLocal {
         self.active.lock().unwrap().get(name).copied()
     }
 
-    async fn apply(&self, name: &str, _rev: i64, d: &Desired, _value: &[u8]) -> Result<u64, Error> {
+    async fn apply(
+        &self,
+        name: &str,
+        _rev: i64,
+        d: &Desired,
+        _value: &[u8],
+    ) -> Result<Applied, Error> {
         let now = vallum_server::store::now_ns();
         self.published.lock().unwrap().push(now - d.write_time_ns);
         let mut a = self.active.lock().unwrap();
         let n = a.get(name).map_or(1, |n| n + 1);
         a.insert(name.to_string(), n);
-        Ok(n)
+        Ok(Applied {
+            local_revision: n,
+            ..Default::default()
+        })
     }
 
     async fn remove(&self, name: &str) -> Result<(), Error> {
@@ -83,7 +96,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn case(n: usize, metrics: &Metrics) {
+async fn case(n: usize, poll: bool, metrics: &Metrics) {
     let Some(etcd) = etcd_server::EtcdServer::start() else {
         return;
     };
@@ -118,14 +131,17 @@ async fn case(n: usize, metrics: &Metrics) {
     let writer = Etcd::connect(&[etcd.url()]).unwrap();
     // Every node registered (its lease and node key), before the write.
     loop {
-        let (_, kvs) = writer.range_prefix(&keys.nodes(), 0).await.unwrap();
-        if kvs.len() == n {
-            break;
+        // etcd may answer "request timed out" while thousands register on a loaded VM.
+        match writer.range_prefix(&keys.nodes(), 0).await {
+            Ok((_, kvs)) if kvs.len() == n => break,
+            Ok(_) => {}
+            Err(e) => eprintln!("bench: list nodes: {e}; retrying"),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let registered = started.elapsed();
     let (cpu0, _) = usage(pid);
+    let (self0, _) = usage(std::process::id());
     let desired = Desired {
         content: "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n"
             .into(),
@@ -148,21 +164,44 @@ async fn case(n: usize, metrics: &Metrics) {
     {
         eprintln!("bench: write: {e}; retrying");
     }
-    let all_acked = loop {
-        let Ok(s) = rollout_status(&writer, &keys, "web").await else {
-            continue;
-        };
-        if s.applied.len() == n {
-            break write.elapsed();
+    let all_acked = if poll {
+        loop {
+            let Ok(s) = rollout_status(&writer, &keys, "web").await else {
+                continue;
+            };
+            if s.applied.len() == n {
+                break write.elapsed();
+            }
+            assert!(
+                write.elapsed() < Duration::from_secs(300),
+                "rollout stuck: {} of {n}",
+                s.applied.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            write.elapsed() < Duration::from_secs(300),
-            "rollout stuck: {} of {n}",
-            s.applied.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    } else {
+        // As WaitRollout: read once, then follow the watch until every node ACKed.
+        let mut acked = None;
+        let rollout = loop {
+            match Rollout::read(&writer, &keys, "web").await {
+                Ok(r) => break r,
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        follow(&writer, rollout, 0, deadline, |_, s| {
+            let done = s.applied.len() == n;
+            if done {
+                acked = Some(write.elapsed());
+            }
+            async move { !done }
+        })
+        .await
+        .expect("follow the rollout");
+        acked.expect("rollout stuck: not every node ACKed within 300 s")
     };
     let (cpu1, rss) = usage(pid);
+    let (self1, _) = usage(std::process::id());
     let mut lat: Vec<f64> = published
         .lock()
         .unwrap()
@@ -171,14 +210,16 @@ async fn case(n: usize, metrics: &Metrics) {
         .collect();
     lat.sort_by(f64::total_cmp);
     println!(
-        "fleet N={n:>5}: registered in {:.2}s; write->publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; all ACKs visible {:.0} ms; etcd CPU {:.2} s, RSS {:.0} MiB",
+        "fleet N={n:>5} wait={}: registered in {:.2}s; write->publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; all ACKs visible {:.0} ms; etcd CPU {:.2} s, RSS {:.0} MiB; agents CPU {:.2} s",
+        if poll { "poll" } else { "watch" },
         registered.as_secs_f64(),
         percentile(&lat, 0.5),
         percentile(&lat, 0.99),
         lat.last().copied().unwrap_or(f64::NAN),
         all_acked.as_secs_f64() * 1e3,
         cpu1 - cpu0,
-        rss
+        rss,
+        self1 - self0
     );
     for a in agents {
         a.abort();
@@ -198,9 +239,16 @@ fn main() {
         .build()
         .expect("runtime");
     let metrics = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    let waits: Vec<bool> = std::env::var("VALLUM_FLEET_BENCH_WAIT")
+        .unwrap_or_else(|_| "watch".into())
+        .split(',')
+        .map(|w| w.trim() == "poll")
+        .collect();
     rt.block_on(async {
         for n in nodes {
-            case(n, &metrics).await;
+            for poll in &waits {
+                case(n, *poll, &metrics).await;
+            }
         }
     });
 }

@@ -171,6 +171,12 @@ pub struct ConntrackArgs {
           action = clap::ArgAction::Set, value_name = "BOOL",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub conntrack_tcp_loose: bool,
+
+    /// The connection table is written to the database's path plus `.conntrack` on a graceful
+    /// stop and restored at the next start when it was saved at most this many seconds before
+    /// (see `conntrack_state`); 0 turns saving and restoring off.
+    #[arg(long, env = "VALLUM_CONNTRACK_STATE_MAX_AGE", default_value = "600", value_parser = parse_seconds)]
+    pub conntrack_state_max_age: Duration,
 }
 
 impl ConntrackArgs {
@@ -228,6 +234,18 @@ pub struct Config {
     /// docs/operations.md).
     #[arg(long, env = "VALLUM_SOURCE", default_value = "none")]
     pub source: Source,
+
+    /// With `--source nfqueue`: the filter chains `vallumctl dataplane install --chains`
+    /// steers (comma-separated INPUT, FORWARD, OUTPUT; the installer's default is all
+    /// three). Rules reached only from other hooks get a validation warning (see `steering`).
+    #[arg(
+        long,
+        env = "VALLUM_STEERED_CHAINS",
+        value_delimiter = ',',
+        default_value = "INPUT,FORWARD,OUTPUT",
+        value_parser = crate::steering::parse_steered_chain
+    )]
+    pub steered_chains: Vec<vallum_engine::model::Hook>,
 
     /// Packets per second over all workers; 0 means as fast as possible.
     #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]

@@ -905,6 +905,7 @@ fn finding(v: &Violation, input: &RulesetInput, base_label: &str) -> Finding {
     };
     let reason = match v.kind {
         ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
+        ViolationKind::HookNotReached { .. } => Reason::HookNotReached,
         _ => Reason::InvalidRuleset,
     };
     Finding {

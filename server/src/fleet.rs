@@ -63,6 +63,20 @@ pub struct FleetArgs {
     /// third of it).
     #[arg(long, env = "VALLUM_FLEET_LEASE_TTL", default_value_t = 10)]
     pub fleet_lease_ttl: u32,
+
+    /// PEM CA that signed etcd's server certificate (etcd's `--trusted-ca-file` side for
+    /// clients); use `https://` endpoints with it.
+    #[arg(long, env = "VALLUM_FLEET_CA")]
+    pub fleet_ca: Option<std::path::PathBuf>,
+
+    /// PEM client certificate presented to etcd (etcd `--client-cert-auth`), with
+    /// `--fleet-key`.
+    #[arg(long, env = "VALLUM_FLEET_CERT", requires = "fleet_key")]
+    pub fleet_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of `--fleet-cert`.
+    #[arg(long, env = "VALLUM_FLEET_KEY", requires = "fleet_cert")]
+    pub fleet_key: Option<std::path::PathBuf>,
 }
 
 /// Node labels: name -> value.
@@ -104,6 +118,35 @@ impl FleetArgs {
     /// The key layout under `--fleet-prefix`.
     pub fn keys(&self) -> Keys {
         Keys::new(&self.fleet_prefix)
+    }
+
+    /// The etcd client of `--fleet-endpoints`, over TLS when `--fleet-ca` or `--fleet-cert`
+    /// is given (then every endpoint must be `https://`).
+    ///
+    /// Errors: [`Error::Startup`] (`FLEET_ENDPOINT_INVALID`, `FLEET_TLS_INVALID`) for an
+    /// endpoint that is not a URL, a TLS file that cannot be read, or a scheme that does not
+    /// match the TLS flags.
+    pub fn etcd(&self) -> Result<etcd::Etcd> {
+        let tls = if self.fleet_ca.is_some() || self.fleet_cert.is_some() {
+            Some(
+                crate::tls::client_config(
+                    self.fleet_ca.as_deref(),
+                    self.fleet_cert.as_deref(),
+                    self.fleet_key.as_deref(),
+                    None,
+                )
+                .map_err(|e| Error::Startup {
+                    code: "FLEET_TLS_INVALID",
+                    message: format!("fleet TLS: {e}"),
+                })?,
+            )
+        } else {
+            None
+        };
+        etcd::Etcd::connect_with(&self.fleet_endpoints, tls).map_err(|e| Error::Startup {
+            code: "FLEET_ENDPOINT_INVALID",
+            message: e.to_string(),
+        })
     }
 
     /// The lease TTL (at least 2 s).
@@ -206,6 +249,55 @@ pub struct Desired {
     /// Write time, Unix ns (the start of programming latency).
     #[serde(default)]
     pub write_time_ns: i64,
+    /// A canary phase: only the selected nodes that also match this selector take this
+    /// content; the other selected nodes keep enforcing [`Desired::previous`] (or nothing,
+    /// when the ruleset is new). Empty: no canary, every selected node takes this content.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub canary: String,
+    /// During a canary phase, the content the non-canary nodes keep: the ruleset as it was
+    /// before the canary write (never itself a canary), with its fleet revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Box<Previous>>,
+}
+
+/// The content the non-canary nodes keep during a canary phase ([`Desired::previous`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Previous {
+    /// The fleet revision of that content (the mod revision of its write).
+    pub fleet_revision: i64,
+    /// The ruleset at that revision (`canary` empty, `previous` none).
+    pub desired: Desired,
+}
+
+impl Desired {
+    /// What a node with `labels` must enforce: `(fleet revision, content)` for the key at
+    /// `mod_revision`, or `None` when the node is not selected (or, in a canary phase, is
+    /// outside the canary and the ruleset had no previous content).
+    ///
+    /// Errors: a selector that does not parse (the writer checked it; a hand-edited key).
+    pub fn target(
+        &self,
+        mod_revision: i64,
+        labels: &Labels,
+    ) -> std::result::Result<Option<(i64, &Desired)>, String> {
+        let selector =
+            selector::Selector::parse(&self.selector).map_err(|e| format!("selector: {e}"))?;
+        if !selector.matches(labels) {
+            return Ok(None);
+        }
+        if self.canary.is_empty() {
+            return Ok(Some((mod_revision, self)));
+        }
+        let canary =
+            selector::Selector::parse(&self.canary).map_err(|e| format!("canary selector: {e}"))?;
+        if canary.matches(labels) {
+            return Ok(Some((mod_revision, self)));
+        }
+        Ok(self
+            .previous
+            .as_ref()
+            .map(|p| (p.fleet_revision, &p.desired)))
+    }
 }
 
 /// ACK or NACK.
@@ -236,6 +328,49 @@ pub struct NodeReport {
     /// Fleet write time -> local publish, seconds (0 for a NACK).
     #[serde(default)]
     pub latency_seconds: f64,
+    /// The local commit's phases, seconds (absent for a NACK and for an ACK of a revision
+    /// the node enforced already, e.g. after a restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<ReportPhases>,
+}
+
+/// The phases of a node's local commit of a fleet ruleset, ns: the pipeline's commit phases
+/// ([`crate::store::Phases`], as CommitResult's), `validate_ns` including the agent's check as
+/// Apply's before the commit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportPhases {
+    /// Parse, limits and validation.
+    pub validate_ns: u64,
+    /// Compiling the classifier.
+    pub compile_ns: u64,
+    /// The durable SQLite transaction.
+    pub persist_ns: u64,
+    /// Pointer swap and writer barrier.
+    pub publish_ns: u64,
+    /// Waiting for mid-batch cores to pass a quiescent point.
+    pub quiesce_ns: u64,
+    /// Counter carry.
+    pub carry_ns: u64,
+    /// The local commit, wall clock (the check before it included).
+    pub total_ns: u64,
+    /// Packet cores waited for.
+    pub cores_waited: u32,
+}
+
+impl ReportPhases {
+    /// A commit's phases, with `check_ns` of checking before it.
+    pub fn new(p: &crate::store::Phases, check_ns: u64) -> ReportPhases {
+        ReportPhases {
+            validate_ns: p.validate_ns.saturating_add(check_ns),
+            compile_ns: p.compile_ns,
+            persist_ns: p.persist_ns,
+            publish_ns: p.publish_ns,
+            quiesce_ns: p.quiesce_ns,
+            carry_ns: p.carry_ns,
+            total_ns: p.total_ns.saturating_add(check_ns),
+            cores_waited: p.cores_waited,
+        }
+    }
 }
 
 /// The value of `{prefix}nodes/{node}` (JSON), on the node's lease.
@@ -338,7 +473,6 @@ pub fn fleet_revision_of(message: &str) -> Option<i64> {
     rest[..end].parse().ok()
 }
 
-/// Unix ns now.
 /// Checks a fleet ruleset exactly as Apply does on this vallumd (limits first, then parse and
 /// validation against this node's sets), off the async workers: the writer's check before a
 /// Put and each node's before it commits (a node over its own limits NACKs).
@@ -368,6 +502,7 @@ pub(crate) async fn check(
     .map_err(|e| Error::Internal(format!("check task: {e}")))?
 }
 
+/// Unix ns now.
 pub(crate) fn now_ns() -> i64 {
     crate::store::now_ns()
 }
@@ -390,6 +525,45 @@ mod tests {
         assert_eq!(fleet_revision_of(&revision_message(42, "hello")), Some(42));
         assert_eq!(fleet_revision_of(&revision_message(7, "")), Some(7));
         assert_eq!(fleet_revision_of("rollback to revision 3"), None);
+    }
+
+    #[test]
+    fn a_canary_phase_targets_the_canary_and_keeps_the_previous_elsewhere() {
+        let labels = |s: &str| selector::parse_labels(s).unwrap();
+        let before = Desired {
+            content: "old".into(),
+            selector: "role=web".into(),
+            ..Default::default()
+        };
+        let canary = Desired {
+            content: "new".into(),
+            selector: "role=web".into(),
+            canary: "zone=a".into(),
+            previous: Some(Box::new(Previous {
+                fleet_revision: 5,
+                desired: before.clone(),
+            })),
+            ..Default::default()
+        };
+        let target = |d: &Desired, l: &str| {
+            d.target(9, &labels(l))
+                .unwrap()
+                .map(|(rev, d)| (rev, d.content.clone()))
+        };
+        assert_eq!(target(&canary, "role=web,zone=a"), Some((9, "new".into())));
+        assert_eq!(target(&canary, "role=web,zone=b"), Some((5, "old".into())));
+        assert_eq!(target(&canary, "role=db,zone=a"), None);
+        let new_ruleset = Desired {
+            previous: None,
+            ..canary.clone()
+        };
+        assert_eq!(target(&new_ruleset, "role=web,zone=b"), None);
+        assert_eq!(target(&before, "role=web"), Some((9, "old".into())));
+        let bad = Desired {
+            canary: "zone in a".into(),
+            ..canary
+        };
+        assert!(bad.target(9, &labels("role=web")).is_err());
     }
 
     #[test]

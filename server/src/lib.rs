@@ -25,6 +25,7 @@
 pub mod allocator;
 pub mod auth;
 pub mod config;
+pub mod conntrack_state;
 pub mod content;
 pub mod convert;
 pub mod error;
@@ -39,6 +40,7 @@ pub mod pipeline;
 pub mod server;
 pub mod service;
 pub mod sources;
+pub mod steering;
 pub mod store;
 pub mod tls;
 

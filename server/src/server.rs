@@ -156,6 +156,12 @@ pub async fn run_with(
         hooks.clone(),
     ));
     metrics.observe_sets(pipeline.sets().clone())?;
+    // Before any ruleset is validated: which hooks the packet path evaluates here.
+    pipeline.sets().set_reached_hooks(crate::steering::reached(
+        &config.source,
+        &config.steered_chains,
+        crate::steering::forwarding(std::path::Path::new("/proc")),
+    ));
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
     let local_addrs = match crate::local_addrs::start(
         pipeline.sets().node_addrs().clone(),
@@ -173,18 +179,10 @@ pub async fn run_with(
     };
     let state = State::new(pipeline.clone(), config.source.to_string());
     // Fleet mode: the etcd client connects lazily, so an unreachable etcd never delays start.
-    let fleet =
-        match config.fleet.enabled() {
-            true => {
-                let etcd = crate::fleet::etcd::Etcd::connect(&config.fleet.fleet_endpoints)
-                    .map_err(|e| Error::Startup {
-                        code: "FLEET_ENDPOINT_INVALID",
-                        message: e.to_string(),
-                    })?;
-                Some((etcd, config.fleet.node()?))
-            }
-            false => None,
-        };
+    let fleet = match config.fleet.enabled() {
+        true => Some((config.fleet.etcd()?, config.fleet.node()?)),
+        false => None,
+    };
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -338,6 +336,17 @@ pub async fn run_with(
             )
             .await?;
     }
+    // The table saved by the last graceful stop, before SERVING and before any packet.
+    let ct_state = crate::conntrack_state::path(&config.db);
+    let persist_ct = !config.conntrack.conntrack_state_max_age.is_zero();
+    if let (Some(ct), true) = (engine.conntrack(), persist_ct) {
+        restore_conntrack(
+            ct,
+            clock.now_ns(),
+            config.conntrack.conntrack_state_max_age,
+            &ct_state,
+        );
+    }
     state.ready.store(true, Ordering::Release);
     reporter
         .set_service_status("", ServingStatus::Serving)
@@ -350,7 +359,7 @@ pub async fn run_with(
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
     let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
-    let sources = Sources::start(engine.clone(), &config.source, config.rate, clock)?;
+    let sources = Sources::start(engine.clone(), &config.source, config.rate, clock.clone())?;
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
     let agent = fleet.map(|(etcd, node)| {
         Agent::new(
@@ -377,6 +386,20 @@ pub async fn run_with(
     }
 
     sources.stop();
+    if let (Some(ct), true) = (engine.conntrack(), persist_ct) {
+        match crate::conntrack_state::save(
+            ct,
+            clock.now_ns(),
+            std::time::SystemTime::now(),
+            &ct_state,
+        ) {
+            Ok(n) => eprintln!(
+                "vallumd: conntrack: saved {n} entries to {}",
+                ct_state.display()
+            ),
+            Err(e) => eprintln!("vallumd: conntrack: not saved: {e}"),
+        }
+    }
     load_health.abort();
     if let Some(a) = agent {
         a.abort();
@@ -415,6 +438,37 @@ pub async fn run_with(
     };
     store.close().await;
     Ok(summary)
+}
+
+/// Restores the connection table saved by the last graceful stop (`conntrack_state`) and
+/// says what it did on stderr; a bad file is reported and the table starts empty.
+fn restore_conntrack(
+    ct: &vallum_engine::conntrack::Conntrack,
+    now_ns: u64,
+    max_age: Duration,
+    file: &std::path::Path,
+) {
+    use crate::conntrack_state::{Outcome, restore};
+    match restore(ct, now_ns, std::time::SystemTime::now(), max_age, file) {
+        Ok(Outcome::Absent) => {}
+        Ok(Outcome::Restored(r, age)) => eprintln!(
+            "vallumd: conntrack: restored {} entries from {} (saved {:.1} s ago; {} expired \
+             meanwhile, {} over --conntrack-max)",
+            r.restored,
+            file.display(),
+            age.as_secs_f64(),
+            r.expired,
+            r.full
+        ),
+        Ok(Outcome::TooOld(age)) => eprintln!(
+            "vallumd: conntrack: {} not restored: saved {:.0} s ago, more than \
+             --conntrack-state-max-age {:.0} s",
+            file.display(),
+            age.as_secs_f64(),
+            max_age.as_secs_f64()
+        ),
+        Err(e) => eprintln!("vallumd: conntrack: not restored, starting empty: {e}"),
+    }
 }
 
 /// The health name of a ruleset whose active revision did not load (NOT_SERVING while it is

@@ -185,6 +185,13 @@ impl RulesetService for Fake {
         commit_result(&r.ruleset, 2, r.confirm_within).map(Response::new)
     }
 
+    async fn edit_ruleset(
+        &self,
+        _req: Request<vallum_proto::v1::EditRulesetRequest>,
+    ) -> Result<Response<CommitResult>, Status> {
+        Err(Status::unimplemented("not faked"))
+    }
+
     async fn rollback(
         &self,
         req: Request<RollbackRequest>,

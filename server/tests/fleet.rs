@@ -1,6 +1,8 @@
 //! Fleet mode against real etcd and real vallumd processes: selection by labels, the writer's
 //! validation, per-node ACK/NACK, etags, delete, fail-static across an etcd outage and a
-//! restart, re-listing after compaction, a 3-member cluster with one member down.
+//! restart, re-listing after compaction, a 3-member cluster with one member down and then all
+//! of them, kill -9 mid-rollout, a NACK retried when its local cause is fixed, canary
+//! rollouts, TLS to etcd, status read page by page.
 //!
 //! Every test prints `SKIP etcd not installed` and passes when etcd is absent.
 
@@ -232,6 +234,18 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
     assert_eq!(s.selected, ["n1", "n2"]);
     assert!(s.failed.is_empty() && s.stale.is_empty(), "{s:?}");
     assert!(s.applied.iter().all(|a| a.local_revision == 1), "{s:?}");
+    // Each ACK carries its local commit's phases.
+    for a in &s.applied {
+        let p = a
+            .phases
+            .as_ref()
+            .unwrap_or_else(|| panic!("no phases: {a:?}"));
+        assert!(
+            p.validate_ns > 0 && p.persist_ns > 0 && p.total_ns > 0,
+            "{p:?}"
+        );
+        assert!(p.total_ns >= p.validate_ns, "{p:?}");
+    }
     assert_eq!(local_rulesets(&n3).await, Vec::<String>::new());
     assert_eq!(verdict(&n1, 23).await, "DROP");
     assert_eq!(verdict(&n3, 23).await, "ACCEPT");
@@ -331,6 +345,9 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
+    // Built (once per test binary) before any node starts: a build of minutes on a loaded
+    // machine would outlast the nodes' 3 s leases.
+    vallumd::vallumctl();
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
@@ -447,6 +464,20 @@ async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
         local_rulesets(&n3).await.is_empty().then_some(())
     })
     .await;
+
+    // The NACK's cause goes away on n3 (the set is created there): n3 retries and ACKs the
+    // same fleet revision, with no new write.
+    SetServiceClient::new(n3.channel().await)
+        .create_set(pb::CreateSetRequest {
+            name: "trusted".into(),
+            r#type: "hash:net".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let s = wait_applied(&mut f, "trust", &["n1", "n2", "n3"], w.fleet_revision).await;
+    assert!(s.failed.is_empty(), "{s:?}");
+    assert_eq!(local_rulesets(&n3).await, ["trust"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -596,6 +627,50 @@ async fn three_member_cluster_one_member_down_progress_goes_on() {
     .await;
     wait_applied(&mut f, "web", &["n1", "n2"], w2.fleet_revision).await;
     assert_eq!(verdict(&n2, 24).await, "DROP");
+
+    // Every member down: the agents keep enforcing (same trace verdicts), health SERVING.
+    for m in &mut cluster.members {
+        m.stop();
+    }
+    for n in [&n1, &n2] {
+        wait_for("vallum_fleet_connected 0", || async {
+            (metric(n, "vallum_fleet_connected") == Some(0.0)).then_some(())
+        })
+        .await;
+        assert_eq!(verdict(n, 24).await, "DROP");
+        assert_eq!(verdict(n, 23).await, "ACCEPT");
+        n.wait_serving().await;
+    }
+    // etcd returns: both catch up with a write made then.
+    cluster.restart_stopped();
+    let w3 = wait_for("a write after the outage", || {
+        let mut f = f.clone();
+        let etag = w2.etag.clone();
+        async move {
+            f.put_ruleset(put("web", DROP_23, "", &etag))
+                .await
+                .ok()
+                .map(|r| r.into_inner())
+        }
+    })
+    .await;
+    wait_applied(&mut f, "web", &["n1", "n2"], w3.fleet_revision).await;
+    assert_eq!(verdict(&n1, 23).await, "DROP");
+
+    // kill -9 of an agent mid-rollout (right after the write, before its ACK can be
+    // awaited), restarted on its database: it converges.
+    let mut n2 = n2;
+    let w4 = f
+        .put_ruleset(put("web", DROP_24, "", &w3.etag))
+        .await
+        .unwrap()
+        .into_inner();
+    n2.kill9();
+    let n2 = node(dir.path(), &endpoints, "n2", "role=web");
+    n2.wait_serving().await;
+    wait_applied(&mut f, "web", &["n1", "n2"], w4.fleet_revision).await;
+    assert_eq!(verdict(&n2, 24).await, "DROP");
+    assert_eq!(verdict(&n2, 23).await, "ACCEPT");
 }
 
 /// A TCP proxy in front of etcd that the test can cut (every connection dropped, new ones
@@ -705,4 +780,328 @@ async fn a_watch_behind_a_compaction_lists_again_and_converges() {
     );
     assert!(restarts >= Some(1.0), "{restarts:?}");
     assert_eq!(verdict(&n1, 24).await, "DROP");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_nack_stops_the_rollout_others_untouched_canary_ack_proceeds() {
+    // Built (once per test binary) before any node starts: a build of minutes on a loaded
+    // machine would outlast the nodes' 3 s leases.
+    vallumd::vallumctl();
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node(dir.path(), &url, "n1", "role=web,canary=yes");
+    let n2 = node(dir.path(), &url, "n2", "role=web");
+    let n3 = node(dir.path(), &url, "n3", "role=web");
+    for n in [&n1, &n2, &n3] {
+        n.wait_serving().await;
+    }
+    let mut f = fleet(&n1).await;
+    let w = f
+        .put_ruleset(put("web", DROP_23, "role=web", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "web", &["n1", "n2", "n3"], w.fleet_revision).await;
+    let write = |name: &str, text: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        file
+    };
+    let rollout = |file: &Path, json: bool| {
+        let mut cmd = std::process::Command::new(vallumd::vallumctl());
+        cmd.args(["--server", &n2.url(), "--timeout", "20s"])
+            .args(["fleet", "rollout", "web"])
+            .arg(file)
+            .args(["--canary", "canary=yes", "--selector", "role=web"])
+            .env_remove("VALLUM_OUTPUT");
+        if json {
+            cmd.args(["-o", "json"]);
+        }
+        cmd.output().expect("run vallumctl")
+    };
+    let revisions = || async {
+        let mut out = Vec::new();
+        for n in [&n2, &n3] {
+            let r = n
+                .rulesets()
+                .await
+                .list_revisions(pb::ListRevisionsRequest {
+                    ruleset: "web".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            out.push(r.revisions.len());
+        }
+        out
+    };
+    let before = revisions().await;
+
+    // The canary (n1) has no set `trusted` (n2, the writer, and n3 have it): n1 NACKs, the
+    // rollout stops there, n2 and n3 keep fleet revision w untouched (no new local
+    // revision, same verdicts).
+    for n in [&n2, &n3] {
+        SetServiceClient::new(n.channel().await)
+            .create_set(pb::CreateSetRequest {
+                name: "trusted".into(),
+                r#type: "hash:net".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let o = rollout(&write("uses-set.rules", USES_SET), false);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stdout.contains("n1  NACK") && stdout.contains("trusted"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("NACKed by n1") && stderr.contains("canary step"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("keep fleet revision {}", w.fleet_revision)),
+        "{stderr}"
+    );
+    let s = f
+        .get_rollout_status(pb::GetRolloutStatusRequest { name: "web".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.canary, "canary=yes");
+    assert_eq!(s.selected, ["n1"]);
+    assert_eq!(revisions().await, before, "non-canary nodes untouched");
+    for n in [&n2, &n3] {
+        assert_eq!(verdict(n, 23).await, "DROP");
+    }
+    assert_eq!(
+        verdict(&n1, 23).await,
+        "DROP",
+        "the NACKing canary keeps its old"
+    );
+
+    // The canary ACKs: the rollout goes on to every selected node.
+    let o = rollout(&write("drop24.rules", DROP_24), true);
+    assert!(o.status.success(), "{o:?}");
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["canary"]["phase"], "DONE", "{json}");
+    assert_eq!(
+        json["canary"]["selected"],
+        serde_json::json!(["n1"]),
+        "{json}"
+    );
+    assert_eq!(json["full"]["phase"], "DONE", "{json}");
+    assert_eq!(
+        json["full"]["applied"].as_array().unwrap().len(),
+        3,
+        "{json}"
+    );
+    let s = f
+        .get_rollout_status(pb::GetRolloutStatusRequest { name: "web".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.canary, "");
+    assert_eq!(s.applied.len(), 3, "{s:?}");
+    for n in [&n1, &n2, &n3] {
+        assert_eq!(verdict(n, 24).await, "DROP");
+        assert_eq!(verdict(n, 23).await, "ACCEPT");
+    }
+}
+
+/// A CA, an etcd server certificate for 127.0.0.1 and a client certificate (PEM files).
+fn pki(dir: &Path) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "vallum fleet test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    for (name, sans, eku) in [
+        (
+            "etcd",
+            vec!["127.0.0.1".to_string(), "localhost".to_string()],
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        ),
+        (
+            "node",
+            vec!["node".to_string()],
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+        ),
+    ] {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(sans).unwrap();
+        params.extended_key_usages = eku;
+        let cert = params.signed_by(&key, &ca).unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_etcd_with_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path());
+    let p = |f: &str| dir.path().join(f);
+    let Some(etcd) = EtcdServer::start_tls(&p("ca.pem"), &p("etcd.pem"), &p("etcd.key")) else {
+        return;
+    };
+    let url = etcd.url();
+    assert!(url.starts_with("https://"), "{url}");
+    let (ca, cert, key) = (
+        p("ca.pem").display().to_string(),
+        p("node.pem").display().to_string(),
+        p("node.key").display().to_string(),
+    );
+    let n1 = Vallumd::start(
+        &p("n1.db"),
+        &[
+            "--fleet-endpoints",
+            &url,
+            "--node-name",
+            "n1",
+            "--fleet-ca",
+            &ca,
+            "--fleet-cert",
+            &cert,
+            "--fleet-key",
+            &key,
+        ],
+    );
+    n1.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    let w = f
+        .put_ruleset(put("web", DROP_23, "", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "web", &["n1"], w.fleet_revision).await;
+    assert_eq!(verdict(&n1, 23).await, "DROP");
+    assert_eq!(metric(&n1, "vallum_fleet_connected"), Some(1.0));
+
+    // The env twins give the same; an https endpoint without a CA, or the TLS flags with
+    // an http endpoint, refuse to start, naming the flag.
+    let refused = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vallumd"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .arg("--db")
+            .arg(p("refused.db"))
+            .args(["--node-name", "n9"])
+            .args(args)
+            .env_remove("VALLUM_DB")
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let e = refused(&["--fleet-endpoints", &url]);
+    assert!(e.contains("--fleet-ca"), "{e}");
+    let e = refused(&["--fleet-endpoints", "http://127.0.0.1:1", "--fleet-ca", &ca]);
+    assert!(e.contains("https://"), "{e}");
+    let e = refused(&[
+        "--fleet-endpoints",
+        &url,
+        "--fleet-ca",
+        "/nonexistent/ca.pem",
+    ]);
+    assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+    let n2 = Vallumd::start_env(
+        &p("n2.db"),
+        &["--node-name", "n2"],
+        &[
+            ("VALLUM_FLEET_ENDPOINTS", url.as_str()),
+            ("VALLUM_FLEET_CA", ca.as_str()),
+            ("VALLUM_FLEET_CERT", cert.as_str()),
+            ("VALLUM_FLEET_KEY", key.as_str()),
+        ],
+    );
+    n2.wait_serving().await;
+    wait_applied(&mut f, "web", &["n1", "n2"], w.fleet_revision).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_status_pages_through_thousands_of_reports() {
+    use vallum_server::fleet::etcd::Etcd;
+    use vallum_server::fleet::service::{REPORT_PAGE, rollout_status};
+    use vallum_server::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport};
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let client = Etcd::connect(&[etcd.url()]).unwrap();
+    let keys = Keys::new("/vallum/v1/");
+    let d = Desired {
+        content: DROP_23.into(),
+        ..Default::default()
+    };
+    let rev = client
+        .put(&keys.ruleset("web"), serde_json::to_vec(&d).unwrap(), 0)
+        .await
+        .unwrap();
+    // 2.5 pages of nodes, each with a report (one NACK), plus reports of another ruleset.
+    let n = REPORT_PAGE * 5 / 2;
+    let writes = (0..n).map(|i| {
+        let client = client.clone();
+        let keys = keys.clone();
+        async move {
+            let node = format!("node-{i:05}");
+            let info = serde_json::to_vec(&NodeInfo::default()).unwrap();
+            client.put(&keys.node(&node), info, 0).await.unwrap();
+            let report = NodeReport {
+                fleet_revision: rev,
+                result: if i == 7 { Ack::Nack } else { Ack::Ack },
+                error: if i == 7 {
+                    "x".repeat(200)
+                } else {
+                    String::new()
+                },
+                local_revision: 1,
+                time_ns: 1,
+                latency_seconds: 0.01,
+                phases: None,
+            };
+            let value = serde_json::to_vec(&report).unwrap();
+            client
+                .put(&keys.status(&node, "web"), value.clone(), 0)
+                .await
+                .unwrap();
+            client
+                .put(&keys.status(&node, "other"), value, 0)
+                .await
+                .unwrap();
+        }
+    });
+    futures_util::future::join_all(writes).await;
+    let mut pages = 0;
+    let mut count = 0;
+    client
+        .range_prefix_paged(&keys.statuses(), 0, REPORT_PAGE, |_| {
+            count += 1;
+            if count % REPORT_PAGE == 1 {
+                pages += 1;
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!((count, pages), (2 * n, 5));
+    let s = rollout_status(&client, &keys, "web").await.unwrap();
+    assert_eq!(s.selected.len(), n);
+    assert_eq!(s.applied.len(), n - 1);
+    assert_eq!(s.failed.len(), 1);
+    assert_eq!(s.failed[0].node, "node-00007");
+    assert!(s.pending.is_empty() && s.stale.is_empty());
 }

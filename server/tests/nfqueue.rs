@@ -14,7 +14,11 @@
 //! (NFQA_HWADDR), its negation and another address do not; (i) raw PREROUTING runs for
 //! INPUT- and FORWARD-queued packets (a Docker-style `-d A ! -i docker0 -j DROP` guard drops ICMP,
 //! `CT --notrack` makes UDP UNTRACKED for `--ctstate UNTRACKED -j ACCEPT`); (j) a ufw-style
-//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up); and `vallumctl dataplane uninstall` leaves no VALLUM
+//! ruleset keeps an established TCP connection after a conntrack flush (mid-stream pick-up);
+//! (k) the mark `-j MARK` sets reaches the kernel with the verdict (NFQA_MARK: a rule of
+//! the kernel's security table, after filter INPUT, counts the packet with it); (l) `-m
+//! owner --uid-owner` in OUTPUT sees the uid of the socket that answers (NFQA_UID); and
+//! `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
 //!
 //! The test thread never changes namespace: every piece that must live in A or B runs on a
@@ -742,6 +746,66 @@ async fn scenario(d: &Vallumd, b: &str) {
         "(j) the established flow carries on after the flush (picked up mid-stream)"
     );
     keeper.join().expect("keeper");
+
+    // (k) the mark the rules leave goes back to the kernel with the verdict (NFQA_MARK): the
+    // kernel's own security table, whose INPUT runs after filter INPUT (where the steering
+    // queued the packet), counts the UDP query only when its skb->mark is 0x5a.
+    apply(d, &mark_rules()).await;
+    let port = UDP_PORT.to_string();
+    let rule = [
+        "-p", "udp", "-m", "udp", "--dport", &port, "-m", "mark", "--mark", "0x5a",
+    ];
+    run(Command::new("iptables")
+        .args(["-w", "-t", "security", "-A", "INPUT"])
+        .args(rule));
+    assert!(
+        in_netns(b, move || (0..3).any(|_| udp_probe(pass))),
+        "(k) the marked udp query is accepted"
+    );
+    let save = run(Command::new("iptables-save").args(["-c", "-t", "security"]));
+    let counted = save
+        .lines()
+        .find(|l| l.contains("--mark 0x5a"))
+        .and_then(|l| l.strip_prefix('['))
+        .and_then(|l| l.split(':').next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(
+        counted.is_some_and(|n| n >= 1),
+        "(k) the kernel saw the mark set by -j MARK:\n{save}"
+    );
+    run(Command::new("iptables").args(["-w", "-t", "security", "-F", "INPUT"]));
+
+    // (l) `-m owner` in OUTPUT reads the sending socket's uid (NFQA_UID, asked for with
+    // NFQA_CFG_F_UID_GID): the echo server runs as root, so its answer passes an allow-list
+    // of uid 0 and is dropped by one of another uid.
+    apply(d, &owner_rules(0)).await;
+    assert!(
+        in_netns(b, move || (0..3).any(|_| udp_probe(pass))),
+        "(l) the answer of root's socket passes --uid-owner 0"
+    );
+    apply(d, &owner_rules(4242)).await;
+    assert!(
+        !in_netns(b, move || udp_probe(block)),
+        "(l) the answer of root's socket is dropped by an allow-list of uid 4242"
+    );
+}
+
+/// (l): only `uid`'s sockets may answer from the UDP service.
+fn owner_rules(uid: u32) -> String {
+    format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A OUTPUT -p udp -m udp --sport {UDP_PORT} -m owner --uid-owner {uid} -j ACCEPT\n\
+         -A OUTPUT -p udp -m udp --sport {UDP_PORT} -j DROP\nCOMMIT\n"
+    )
+}
+
+/// (k): MARK on the UDP service, and the mark read back by a later rule of the same packet.
+fn mark_rules() -> String {
+    format!(
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p udp -m udp --dport {UDP_PORT} -j MARK --set-mark 0x5a\n\
+         -A INPUT -p udp -m udp --dport {UDP_PORT} -m mark --mark 0x5a -j ACCEPT\nCOMMIT\n"
+    )
 }
 
 /// (j): ufw's shape: established accepted, INVALID dropped, the service port open with no

@@ -119,11 +119,17 @@ impl BodyContext<'_> {
     ) -> Result<Vec<CRule>, CompileError> {
         rules
             .map(|rule| {
-                compile_rule(rule, self.chains, self.sets, self.named, self.width == 128).map_err(
-                    |e| {
-                        e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
-                    },
+                compile_rule(
+                    rule,
+                    self.chains,
+                    self.sets,
+                    self.named,
+                    self.width == 128,
+                    self.table == TableKind::Raw,
                 )
+                .map_err(|e| {
+                    e.in_context((self.ruleset.to_string(), self.table, self.chain.to_string()))
+                })
             })
             .collect()
     }
@@ -785,6 +791,7 @@ fn compile_rule(
     sets: &dyn SetRegistry,
     (named, ruleset): (&RefCell<NamedState>, &Arc<str>),
     v6: bool,
+    raw: bool,
 ) -> Result<CRule, RuleError> {
     let mut matches = Vec::with_capacity(rule.matches.len());
     for m in &rule.matches {
@@ -819,18 +826,28 @@ fn compile_rule(
                 icmp_type: i.icmp_type,
                 code: i.code,
             },
-            Match::Conntrack(ct) => {
-                if let Some(o) = ct.other.first() {
-                    return Err(RuleError::Unsupported(format!("conntrack {}", o.name)));
-                }
-                match ct.ctstate {
-                    Some(s) => CMatch::CtState {
-                        negated: s.negated,
-                        bits: s.value,
-                    },
-                    None => continue,
-                }
+            Match::Conntrack(ct) if !ct.other.is_empty() => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                let c = ct
+                    .tuple_conditions(family)
+                    .map_err(RuleError::Unsupported)?;
+                let net =
+                    |n: &crate::model::IpNet| AddrMatch::new(addr_bits(n.addr), addr_bits(n.mask));
+                CMatch::Conntrack(Box::new(CConntrack {
+                    state: ct.ctstate.map(|s| (s.negated, s.value)),
+                    reply: c.reply,
+                    proto: c.proto,
+                    addrs: c.addrs.map(|a| a.map(|(neg, n)| (neg, net(&n)))),
+                    ports: c.ports,
+                }))
             }
+            Match::Conntrack(ct) => match ct.ctstate {
+                Some(s) => CMatch::CtState {
+                    negated: s.negated,
+                    bits: s.value,
+                },
+                None => continue,
+            },
             Match::State(s) => CMatch::CtState {
                 negated: s.negated,
                 bits: s.value,
@@ -854,6 +871,17 @@ fn compile_rule(
             }
             Match::Comment(_) => continue,
             Match::Mark(mk) => CMatch::Mark {
+                negated: mk.negated,
+                value: mk.value.value,
+                mask: mk.value.mask,
+            },
+            Match::Owner(w) if w.suppl_groups => {
+                return Err(RuleError::Unsupported("owner --suppl-groups".into()));
+            }
+            Match::Owner(w) => CMatch::Owner(*w),
+            // The raw table runs before conntrack: no entry to read (validation warns).
+            Match::Connmark(_) if raw => CMatch::Never,
+            Match::Connmark(mk) => CMatch::Connmark {
                 negated: mk.negated,
                 value: mk.value.value,
                 mask: mk.value.mask,
@@ -950,11 +978,21 @@ fn compile_rule(
         Target::Reject(w) => CTarget::Reject(*w),
         Target::Jump(c) => CTarget::Jump(resolve(c)?),
         Target::Goto(c) => CTarget::Goto(resolve(c)?),
-        Target::Log(l) => CTarget::Log(Box::new((
-            l.prefix.as_deref().map(Arc::from),
-            l.level.unwrap_or(4),
-        ))),
+        Target::Log(l) => CTarget::Log(Box::new(LogSpec {
+            prefix: l.prefix.as_deref().map(Arc::from),
+            level: l.level.unwrap_or(4),
+            nflog_group: None,
+        })),
+        Target::Nflog(n) => CTarget::Log(Box::new(LogSpec {
+            prefix: n.prefix.as_deref().map(Arc::from),
+            level: 4,
+            nflog_group: Some(n.group),
+        })),
         Target::Notrack => CTarget::Notrack,
+        Target::Mark(m) => CTarget::Mark(*m),
+        // As above: no conntrack entry in the raw table, CONNMARK does nothing there.
+        Target::Connmark(_) if raw => CTarget::Continue,
+        Target::Connmark(c) => CTarget::Connmark(*c),
         Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
         Target::Ct(ct) => {
             let what = ct

@@ -45,8 +45,7 @@ pub(super) trait Observer {
         chain: &CChain,
         chain_index: u32,
         number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
+        log: &LogSpec,
         pkt: &PacketMeta,
     );
     fn outcome(&mut self, _what: StepOutcome) {}
@@ -83,12 +82,10 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
         chain: &CChain,
         chain_index: u32,
         number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
+        log: &LogSpec,
         pkt: &PacketMeta,
     ) {
-        self.inner
-            .log(chain, chain_index, number, prefix, level, pkt);
+        self.inner.log(chain, chain_index, number, log, pkt);
     }
     fn outcome(&mut self, what: StepOutcome) {
         self.inner.outcome(what);
@@ -133,8 +130,7 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
         chain: &CChain,
         chain_index: u32,
         number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
+        log: &LogSpec,
         pkt: &PacketMeta,
     ) {
         self.logs.log(&LogHit {
@@ -143,8 +139,9 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
             chain,
             chain_index,
             rule: number,
-            prefix,
-            level,
+            prefix: &log.prefix,
+            level: log.level,
+            nflog_group: log.nflog_group,
             packet: pkt,
         });
     }
@@ -198,6 +195,11 @@ pub struct Trace {
     pub steps: Vec<TraceStep>,
     /// LOG events the packet would have produced.
     pub logs: Vec<LogEvent>,
+    /// The packet mark at the end of the evaluation (after `-j MARK`, `-j CONNMARK
+    /// --restore-mark`): what NFQUEUE mode would send back with the verdict.
+    pub mark: u32,
+    /// The conntrack entry's mark at the end (after `-j CONNMARK`); a trace changes no entry.
+    pub ct_mark: u32,
     /// The packet's [`ct_state`] bit at the end of the evaluation: after raw-table NOTRACK
     /// and, in [`Snapshot::trace_split`], after the step between the raw and the other chains
     /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
@@ -262,8 +264,7 @@ impl Observer for Tracing<'_> {
         chain: &CChain,
         chain_index: u32,
         number: u32,
-        prefix: &Option<Arc<str>>,
-        level: u8,
+        log: &LogSpec,
         pkt: &PacketMeta,
     ) {
         self.logs.log(&LogHit {
@@ -272,8 +273,9 @@ impl Observer for Tracing<'_> {
             chain,
             chain_index,
             rule: number,
-            prefix,
-            level,
+            prefix: &log.prefix,
+            level: log.level,
+            nflog_group: log.nflog_group,
             packet: pkt,
         });
     }
@@ -319,6 +321,91 @@ fn frag_matches(f: &FragMatch, h: &crate::packet::FragmentHeader) -> bool {
         && !(f.first && off & !0x7 != 0)
         && !(f.more && off & 1 == 0)
         && !(f.last && off & 1 != 0)
+}
+
+/// Whether the packet has a conntrack entry to read or change: not INVALID (none found)
+/// nor UNTRACKED (NOTRACK), as `nf_ct_get` returns NULL for both. With no tracker the
+/// packet's own `ct_state` (NEW by default) says so.
+#[inline]
+fn has_entry(p: &PacketMeta) -> bool {
+    p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0
+}
+
+/// `--ctstate`, as conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
+/// INVALID (no entry) or UNTRACKED packet has no status bits to read.
+#[inline]
+fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta) -> bool {
+    let nat = if has_entry(p) { p.ct_nat } else { 0 };
+    ((p.ct_state | nat) & bits != 0) != negated
+}
+
+/// `-m conntrack` with tuple options, as conntrack_mt: the state first; without an entry the
+/// match holds only if a state was asked (and held); then the direction, the protocol, and
+/// the tuples of the entry. The engine's tracker sees packets as the kernel hands them over
+/// (after the kernel's NAT, if any), so its original tuple is the packet's own addresses and
+/// ports in the original direction and their swap in the reply direction, and the reply tuple
+/// the swap of the original.
+fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
+    if let Some((neg, bits)) = c.state {
+        if !ct_state_matches(neg, bits, p) {
+            return false;
+        }
+    }
+    if !has_entry(p) {
+        return c.state.is_some();
+    }
+    if c.reply.is_some_and(|r| r != p.ct_reply) {
+        return false;
+    }
+    if c.proto.is_some_and(|(neg, n)| (p.protocol == n) == neg) {
+        return false;
+    }
+    let (os, od, osp, odp) = if p.ct_reply {
+        (p.dst, p.src, p.dport, p.sport)
+    } else {
+        (p.src, p.dst, p.sport, p.dport)
+    };
+    let addrs = [os, od, od, os];
+    let ports = [osp, odp, odp, osp];
+    c.addrs
+        .iter()
+        .zip(addrs)
+        .all(|(m, a)| m.is_none_or(|(neg, net)| net.matches(addr_bits(a)) != neg))
+        && c.ports
+            .iter()
+            .zip(ports)
+            .all(|(m, port)| m.is_none_or(|(neg, r)| r.contains(port) != neg))
+}
+
+/// `-m owner`, as owner_mt (see [`crate::model::OwnerMatch`]).
+fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
+    let Some((uid, gid)) = p.owner else {
+        // No socket: true only when every given option is negated.
+        return w.socket.is_none_or(|n| n)
+            && w.uid.is_none_or(|v| v.negated)
+            && w.gid.is_none_or(|v| v.negated);
+    };
+    if w.socket == Some(true) {
+        return false;
+    }
+    w.uid.is_none_or(|v| v.value.contains(uid) != v.negated)
+        && w.gid.is_none_or(|v| v.value.contains(gid) != v.negated)
+}
+
+/// `-j CONNMARK`, as connmark_tg (xt_connmark revision 1): nothing without an entry.
+fn connmark(c: &ConnmarkTarget, p: &mut PacketMeta) {
+    if !has_entry(p) {
+        return;
+    }
+    match *c {
+        ConnmarkTarget::Set(m) => p.ct_mark = m.apply(p.ct_mark),
+        ConnmarkTarget::Save { nfmask, ctmask } => {
+            p.ct_mark = (p.ct_mark & !ctmask) ^ (p.mark & nfmask);
+        }
+        ConnmarkTarget::Restore { nfmask, ctmask } => {
+            p.mark = (p.mark & !nfmask) ^ (p.ct_mark & ctmask);
+        }
+    }
 }
 
 #[inline]
@@ -453,16 +540,8 @@ impl Snapshot {
                 };
                 hit != *negated
             }
-            CMatch::CtState { negated, bits } => {
-                // As conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
-                // INVALID (no entry) or UNTRACKED packet has no status bits to read.
-                let nat = if p.ct_state & (ct_state::INVALID | ct_state::UNTRACKED) == 0 {
-                    p.ct_nat
-                } else {
-                    0
-                };
-                ((p.ct_state | nat) & bits != 0) != *negated
-            }
+            CMatch::CtState { negated, bits } => ct_state_matches(*negated, *bits, p),
+            CMatch::Conntrack(c) => conntrack_matches(c, p),
             CMatch::Iprange(r) => {
                 let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
@@ -477,6 +556,13 @@ impl Snapshot {
                 value,
                 mask,
             } => (p.mark & mask == *value) != *negated,
+            CMatch::Connmark {
+                negated,
+                value,
+                mask,
+            } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
+            CMatch::Never => false,
+            CMatch::Owner(w) => owner_matches(w, p),
             CMatch::Length { negated, range } => {
                 (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
                     != *negated
@@ -634,8 +720,10 @@ impl Snapshot {
                     chain = c.table_base + *t;
                     next = 0;
                 }
-                CTarget::Log(log) => obs.log(c, chain, next, &log.0, log.1, p),
+                CTarget::Log(log) => obs.log(c, chain, next, log, p),
                 CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
+                CTarget::Mark(m) => p.mark = m.apply(p.mark),
+                CTarget::Connmark(cm) => connmark(cm, p),
             }
         }
     }
@@ -795,6 +883,8 @@ impl Snapshot {
             verdict,
             steps: obs.steps,
             logs: obs.logs,
+            mark: p.mark,
+            ct_mark: p.ct_mark,
             ct_state: p.ct_state,
             limits_asked: obs.limits_asked,
             hotdropped: obs.hotdropped,

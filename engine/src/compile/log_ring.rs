@@ -35,6 +35,8 @@ pub struct LogHit<'a> {
     pub(super) rule: u32,
     pub(super) prefix: &'a Option<Arc<str>>,
     pub(super) level: u8,
+    /// `Some(--nflog-group)` for a `-j NFLOG` hit.
+    pub(super) nflog_group: Option<u16>,
     pub(super) packet: &'a PacketMeta,
 }
 
@@ -48,6 +50,7 @@ impl LogHit<'_> {
             rule: self.rule,
             prefix: self.prefix.clone(),
             level: self.level,
+            nflog_group: self.nflog_group,
             packet: *self.packet,
         }
     }
@@ -185,8 +188,9 @@ impl Snapshot {
             table: chain.table,
             chain: chain.name.clone(),
             rule: record.rule,
-            prefix: log.0.clone(),
+            prefix: log.prefix.clone(),
             level: record.level,
+            nflog_group: log.nflog_group,
             packet: record.packet,
         })
     }

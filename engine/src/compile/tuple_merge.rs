@@ -258,9 +258,11 @@ pub(super) const FILTER_EXACT: u8 = 1;
 /// [`HeaderFilter::flags`]: the rule has a port match, which fails on non-first fragments
 /// (as tcp_mt / udp_mt).
 pub(super) const FILTER_PORTS: u8 = 2;
-/// [`HeaderFilter::flags`]: the rule reads `ct_state` (`-m conntrack --ctstate`, `-m state`),
-/// the one packet field that changes during an evaluation (raw-table NOTRACK, conntrack after
-/// the raw chains). [`ChainIndex::probe_batch`] cannot decide such a rule ahead of time.
+/// [`HeaderFilter::flags`]: the rule reads a packet field that changes during an evaluation:
+/// `ct_state` (`-m conntrack --ctstate`, `-m state`: raw-table NOTRACK, conntrack after the
+/// raw chains), the packet mark (`-m mark`: `-j MARK`, `-j CONNMARK --restore-mark` in an
+/// earlier rule or hook) or the conntrack entry's fields (`-m connmark`, `-m conntrack`
+/// tuples). [`ChainIndex::probe_batch`] cannot decide such a rule ahead of time.
 const FILTER_CTSTATE: u8 = 4;
 
 impl HeaderFilter {

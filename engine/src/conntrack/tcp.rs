@@ -90,6 +90,8 @@ impl TcpState {
 pub(crate) const SEEN_REPLY: u64 = 1 << 8;
 /// Bits of the status word: the original / reply side sent a FIN.
 const FIN_SEEN: [u64; 2] = [1 << 9, 1 << 10];
+/// Every bit of the status word above the state byte.
+pub(crate) const STATUS_BITS: u64 = SEEN_REPLY | FIN_SEEN[0] | FIN_SEEN[1];
 
 /// The TCP state in a status word (`None` for other protocols).
 pub(crate) fn state_of(word: u64) -> Option<TcpState> {

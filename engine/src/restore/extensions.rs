@@ -68,8 +68,9 @@ pub(crate) const KNOWN_MATCHES: &[&str] = &[
 ];
 
 /// Target extensions with their own [`Target`] variant (`new_target`).
-pub(crate) const KNOWN_TARGETS: &[&str] =
-    &["ACCEPT", "DROP", "RETURN", "REJECT", "LOG", "NOTRACK", "CT"];
+pub(crate) const KNOWN_TARGETS: &[&str] = &[
+    "ACCEPT", "DROP", "RETURN", "REJECT", "LOG", "NFLOG", "NOTRACK", "CT",
+];
 
 /// Match extensions iptables 1.8.11 ships that the engine keeps as [`Match::Opaque`] (or
 /// reads into a typed match in `header_matches`).
@@ -143,7 +144,6 @@ pub(crate) const OPAQUE_TARGETS: &[&str] = &[
     "MARK",
     "MASQUERADE",
     "NETMAP",
-    "NFLOG",
     "NFQUEUE",
     "QUEUE",
     "RATEEST",

@@ -21,7 +21,7 @@
 //! extension's name (the option tokens are not kept); an option not listed here is kept as
 //! written.
 
-use crate::model::OpaqueOption;
+use crate::model::{ConnmarkTarget, MarkValue, Match, Neg, OpaqueOption, Target};
 
 use super::extensions::parse_uint;
 use super::lexer::Tok;
@@ -219,6 +219,74 @@ pub(crate) fn canonical_target(
             Ok(())
         }
         _ => Ok(()),
+    }
+}
+
+/// `V` or `V/M` as the canonical forms above print them (mask all ones when absent).
+fn read_mark(s: &str) -> Option<MarkValue> {
+    let num = |x: &str| parse_uint(x, u64::from(u32::MAX)).map(|v| v as u32);
+    Some(match s.split_once('/') {
+        Some((v, m)) => MarkValue {
+            value: num(v)?,
+            mask: num(m)?,
+        },
+        None => MarkValue {
+            value: num(s)?,
+            mask: u32::MAX,
+        },
+    })
+}
+
+/// Opaque matches [`typed_match`] reads into a typed match (the support table lists them as
+/// enforced).
+pub(crate) const TYPED_MATCHES: &[&str] = &["connmark"];
+
+/// Opaque targets [`typed_target`] reads into a typed target.
+pub(crate) const TYPED_TARGETS: &[&str] = &["MARK", "CONNMARK"];
+
+/// The typed form of a canonical `-m connmark` ([`canonical_match`] ran): `None` when its
+/// options are not exactly one `--mark` (the match then stays opaque and validation refuses
+/// it where it would be enforced).
+pub(crate) fn typed_match(name: &str, options: &[OpaqueOption]) -> Option<Match> {
+    match (name, options) {
+        ("connmark", [o]) if o.name == "--mark" => {
+            let [a] = o.args.as_slice() else { return None };
+            Some(Match::Connmark(Neg {
+                negated: o.negated,
+                value: read_mark(a)?,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The typed form of a canonical `-j MARK` or `-j CONNMARK` ([`canonical_target`] ran):
+/// `None` for any other option list (shifts of CONNMARK revision 2, options it does not
+/// know), which stays opaque.
+pub(crate) fn typed_target(name: &str, options: &[OpaqueOption]) -> Option<Target> {
+    if options.iter().any(|o| o.negated) {
+        return None;
+    }
+    let arg = |o: &OpaqueOption| match o.args.as_slice() {
+        [a] => read_mark(a),
+        _ => None,
+    };
+    match (name, options) {
+        ("MARK", [o]) if o.name == "--set-xmark" => Some(Target::Mark(arg(o)?)),
+        ("CONNMARK", [o]) if o.name == "--set-xmark" => {
+            Some(Target::Connmark(ConnmarkTarget::Set(arg(o)?)))
+        }
+        ("CONNMARK", [mode, nf, ct]) if nf.name == "--nfmask" && ct.name == "--ctmask" => {
+            let (nfmask, ctmask) = (arg(nf)?.value, arg(ct)?.value);
+            match mode.name.as_str() {
+                "--save-mark" => Some(Target::Connmark(ConnmarkTarget::Save { nfmask, ctmask })),
+                "--restore-mark" => {
+                    Some(Target::Connmark(ConnmarkTarget::Restore { nfmask, ctmask }))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::model::{
-    AddrTypeLimit, Chain, Counters, Family, IcmpMatch, IdRange, IpNet, Match, MultiportDir, Neg,
-    OpaqueOption, Policy, PortRange, Rule, SetDir, Table, Target, TtlOp,
+    AddrTypeLimit, Chain, ConnmarkTarget, Counters, Family, IcmpMatch, IdRange, IpNet, Match,
+    MultiportDir, Neg, OpaqueOption, Policy, PortRange, Rule, SetDir, Table, Target, TtlOp,
 };
 
 use super::header_matches::IPV6_HEADER_NAMES;
@@ -523,7 +523,7 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             o.push("--comment ");
             write_save_string(o.out, c);
         }
-        Match::Mark(m) => {
+        Match::Mark(m) | Match::Connmark(m) => {
             let v = &m.value;
             if v.mask == u32::MAX {
                 o.push_fmt(format_args!("{}--mark {:#x}", neg(m), v.value));
@@ -564,6 +564,25 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             ));
         }
         Match::Opaque(op) => opaque_opts(o, &op.options),
+        Match::Owner(w) => {
+            // owner_mt_save's order.
+            if let Some(neg) = w.socket {
+                o.opt(neg, "--socket-exists");
+            }
+            for (v, name) in [(w.uid, "--uid-owner "), (w.gid, "--gid-owner ")] {
+                if let Some(v) = v {
+                    o.opt(v.negated, name);
+                    write_uint(o.out, v.value.lo);
+                    if v.value.hi != v.value.lo {
+                        o.out.push('-');
+                        write_uint(o.out, v.value.hi);
+                    }
+                }
+            }
+            if w.suppl_groups {
+                o.push("--suppl-groups");
+            }
+        }
         Match::Ttl(t) | Match::Hl(t) => {
             let ext = m.extension();
             let (neg, k) = match t.op {
@@ -771,6 +790,29 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
                 o.push(f);
             }
         }
+        Target::Nflog(n) => {
+            // libxt_NFLOG's nflog_print order.
+            o.push("-j NFLOG");
+            if let Some(p) = &n.prefix {
+                o.push("--nflog-prefix ");
+                write_save_string(o.out, p);
+            }
+            if n.group != 0 {
+                o.push("--nflog-group ");
+                write_uint(o.out, n.group);
+            }
+            if let Some(size) = n.size {
+                o.push("--nflog-size ");
+                write_uint(o.out, size);
+            } else if n.range != 0 {
+                o.push("--nflog-range ");
+                write_uint(o.out, n.range);
+            }
+            if n.threshold != 0 {
+                o.push("--nflog-threshold ");
+                write_uint(o.out, n.threshold);
+            }
+        }
         Target::Notrack => o.push("-j NOTRACK"),
         Target::Ct(c) => {
             o.push("-j CT");
@@ -779,6 +821,24 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
             }
             opaque_opts(o, &c.other);
         }
+        Target::Mark(m) => {
+            o.push_fmt(format_args!(
+                "-j MARK --set-xmark {:#x}/{:#x}",
+                m.value, m.mask
+            ));
+        }
+        Target::Connmark(c) => match *c {
+            ConnmarkTarget::Set(m) => o.push_fmt(format_args!(
+                "-j CONNMARK --set-xmark {:#x}/{:#x}",
+                m.value, m.mask
+            )),
+            ConnmarkTarget::Save { nfmask, ctmask } => o.push_fmt(format_args!(
+                "-j CONNMARK --save-mark --nfmask {nfmask:#x} --ctmask {ctmask:#x}"
+            )),
+            ConnmarkTarget::Restore { nfmask, ctmask } => o.push_fmt(format_args!(
+                "-j CONNMARK --restore-mark --nfmask {nfmask:#x} --ctmask {ctmask:#x}"
+            )),
+        },
         Target::Opaque(op) => {
             o.push("-j ");
             o.out.push_str(&op.name);

@@ -47,7 +47,9 @@ pub struct SupportRow {
 /// raw): the conntrack, set, rt and CT options the engine does not run.
 fn note(target: bool, name: &str) -> &'static str {
     match (target, name) {
-        (false, "conntrack") => "only `--ctstate` is enforced; other options are stored only",
+        (false, "conntrack") => {
+            "`--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT (a DNATed packet's `--ctorigdst` is the translated address)"
+        }
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
         (false, "addrtype") => {
@@ -60,6 +62,17 @@ fn note(target: bool, name: &str) -> &'static str {
             "packet rates; byte rates (`b/s`) and `--hashlimit-rate-match` are stored only; tables per ruleset kept across commits"
         }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
+        (false, "connmark") => "never matches in raw (no conntrack entry before conntrack runs)",
+        (true, "CONNMARK") => {
+            "`--left-shift-mark`/`--right-shift-mark` are stored only; does nothing in raw (no conntrack entry yet)"
+        }
+        (false, "owner") => {
+            "OUTPUT/POSTROUTING; uid/gid from NFQUEUE's NFQA_UID/NFQA_GID; numeric ids only; `--suppl-groups` stored only"
+        }
+        (true, "NFLOG") => {
+            "counted, events handed to the caller like LOG events (vallumd has no consumer yet: validation warns)"
+        }
+        (true, "MARK") => "the mark goes back to the kernel with the NFQUEUE verdict",
         (true, "CT") => {
             "raw table; only `--notrack` is enforced, other options are stored only (`--zone`: zones are not part of the conntrack key yet; `--helper`: no ALGs)"
         }
@@ -94,7 +107,9 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    matches!(name, "addrtype" | "recent" | "hashlimit") || header_matches::is_typed(name, family)
+    matches!(name, "addrtype" | "recent" | "hashlimit" | "owner")
+        || header_matches::is_typed(name, family)
+        || super::opaque::TYPED_MATCHES.contains(&name)
 }
 
 fn classify_match(name: &'static str, family: Family) -> Support {
@@ -137,7 +152,9 @@ fn classify_target(name: &'static str, family: Family) -> Support {
     };
     match load(TableKind::Filter).or_else(|| load(TableKind::Raw)) {
         None => Support::Refused,
-        Some(Target::Opaque(_)) => Support::StoredOnly,
+        Some(Target::Opaque(_)) if !super::opaque::TYPED_TARGETS.contains(&name) => {
+            Support::StoredOnly
+        }
         Some(_) => Support::Enforced {
             note: note(true, name),
         },
@@ -254,9 +271,11 @@ mod tests {
             };
             let enforced_somewhere = matches!(r.ipv4, Support::Enforced { .. })
                 || matches!(r.ipv6, Support::Enforced { .. });
-            let typed = !r.target
-                && (typed_from_opaque(r.name, Family::Ipv4)
-                    || typed_from_opaque(r.name, Family::Ipv6));
+            let typed = if r.target {
+                super::super::opaque::TYPED_TARGETS.contains(&r.name)
+            } else {
+                typed_from_opaque(r.name, Family::Ipv4) || typed_from_opaque(r.name, Family::Ipv6)
+            };
             assert_eq!(enforced_somewhere, known || typed, "{}", r.name);
         }
     }

@@ -34,8 +34,7 @@ use vallum_proto::etcdserverpb::event::EventType;
 use vallum_proto::v1 as pb;
 
 use super::etcd::{Etcd, EtcdError, EtcdResult, KeyValue};
-use super::selector::Selector;
-use super::{Ack, Desired, FLEET_AUTHOR, Keys, Labels, NodeInfo, NodeReport, Owners};
+use super::{Ack, Desired, FLEET_AUTHOR, Keys, Labels, NodeInfo, NodeReport, Owners, ReportPhases};
 use crate::content::RulesetInput;
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -122,6 +121,15 @@ impl FleetStats {
 
 // === Local ===
 
+/// A local commit of a fleet ruleset.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Applied {
+    /// The local revision made active.
+    pub local_revision: u64,
+    /// Its phases.
+    pub phases: ReportPhases,
+}
+
 /// The node-local side of the agent: in vallumd, the commit pipeline ([`PipelineLocal`]); the
 /// fleet scale bench (`benches/fleet.rs`) runs the same agent over a lighter one.
 #[tonic::async_trait]
@@ -129,11 +137,24 @@ pub trait Local: Send + Sync + std::fmt::Debug + 'static {
     /// Whether a ruleset of this name is active locally, and its local revision.
     fn active(&self, name: &str) -> Option<u64>;
 
+    /// A number that changes when something local that a NACK may depend on changes (the
+    /// set names, the active rulesets); the agent retries its NACKed rulesets
+    /// when it does.
+    fn generation(&self) -> u64 {
+        0
+    }
+
     /// Checks and commits `d` as ruleset `name` at fleet revision `rev` (`value`: the etcd
-    /// value, for the audit record); returns the local revision.
+    /// value, for the audit record).
     ///
     /// Errors: as Apply's.
-    async fn apply(&self, name: &str, rev: i64, d: &Desired, value: &[u8]) -> Result<u64, Error>;
+    async fn apply(
+        &self,
+        name: &str,
+        rev: i64,
+        d: &Desired,
+        value: &[u8],
+    ) -> Result<Applied, Error>;
 
     /// Deactivates and deletes ruleset `name`.
     ///
@@ -151,7 +172,25 @@ impl Local for PipelineLocal {
         self.0.active().get(name).map(|a| a.0)
     }
 
-    async fn apply(&self, name: &str, rev: i64, d: &Desired, value: &[u8]) -> Result<u64, Error> {
+    fn generation(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // A NACK's local causes: a set missing (or present), a local ruleset of the same
+        // name. Not a set's type (a type change is a destroy and a create, seen here only
+        // when the name comes and goes between two looks).
+        self.0.sets().names().hash(&mut h);
+        self.0.active().hash(&mut h);
+        h.finish()
+    }
+
+    async fn apply(
+        &self,
+        name: &str,
+        rev: i64,
+        d: &Desired,
+        value: &[u8],
+    ) -> Result<Applied, Error> {
+        let started = std::time::Instant::now();
         let source = pb::RulesetSource {
             source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
                 content: d.content.clone(),
@@ -163,6 +202,7 @@ impl Local for PipelineLocal {
         };
         let input = RulesetInput::try_from(&source)?;
         let checked = super::check(&self.0, name, d.priority, input).await?;
+        let checking = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let digest: String = Sha256::digest(value)
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -194,7 +234,11 @@ impl Local for PipelineLocal {
                 tracing::error!(error = %e, "fleet: audit write failed");
             }
         }
-        Ok(result?.revision.number)
+        let r = result?;
+        Ok(Applied {
+            local_revision: r.revision.number,
+            phases: ReportPhases::new(&r.phases, checking),
+        })
     }
 
     async fn remove(&self, name: &str) -> Result<(), Error> {
@@ -217,7 +261,12 @@ pub struct Agent {
     stats: Arc<FleetStats>,
     /// The rulesets this node has a report key for.
     reported: Mutex<BTreeMap<String, NodeReport>>,
+    /// The NACKed rulesets: their fleet key and the [`Local::generation`] at the NACK.
+    nacked: Mutex<BTreeMap<String, (KeyValue, u64)>>,
 }
+
+/// How often the agent compares [`Local::generation`] with the one of its NACKs.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 impl Agent {
     /// An agent for `node` with `labels`, committing through `local`.
@@ -242,6 +291,7 @@ impl Agent {
             lease_ttl,
             stats,
             reported: Mutex::new(BTreeMap::new()),
+            nacked: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -350,8 +400,21 @@ impl Agent {
         };
         self.stats.set_connected(true);
         *backoff = BACKOFF_MIN;
+        let mut retry = tokio::time::interval(RETRY_EVERY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let r = match w.next().await {
+            let nacks = !lock(&self.nacked).is_empty();
+            let r = tokio::select! {
+                // `Watcher::next` is cancel-safe: its state lives in the stream.
+                r = w.next() => r,
+                _ = retry.tick(), if nacks => {
+                    if let Err(e) = self.retry_nacks().await {
+                        return e;
+                    }
+                    continue;
+                }
+            };
+            let r = match r {
                 Ok(r) => r,
                 Err(e) => return e,
             };
@@ -381,57 +444,86 @@ impl Agent {
         }
     }
 
+    /// Retries the NACKed rulesets whose local cause may have changed (the
+    /// [`Local::generation`] moved since their NACK).
+    async fn retry_nacks(&self) -> EtcdResult<()> {
+        let now = self.local.generation();
+        let due: Vec<(String, KeyValue)> = lock(&self.nacked)
+            .iter()
+            .filter(|(_, (_, g))| *g != now)
+            .map(|(n, (kv, _))| (n.clone(), kv.clone()))
+            .collect();
+        for (name, kv) in due {
+            self.desired(&name, &kv).await?;
+        }
+        Ok(())
+    }
+
     /// Reconciles ruleset `name` with its fleet key `kv`.
     async fn desired(&self, name: &str, kv: &KeyValue) -> EtcdResult<()> {
-        let rev = kv.mod_revision;
+        lock(&self.nacked).remove(name);
+        let generation = self.local.generation();
+        let key_rev = kv.mod_revision;
         let d: Desired = match serde_json::from_slice(&kv.value) {
             Ok(d) => d,
             Err(e) => {
                 return self
-                    .report(name, nack(rev, format!("not a fleet ruleset value: {e}")))
+                    .report(
+                        name,
+                        nack(key_rev, format!("not a fleet ruleset value: {e}")),
+                    )
                     .await;
             }
         };
-        let selector = match Selector::parse(&d.selector) {
-            Ok(s) => s,
-            Err(e) => return self.report(name, nack(rev, format!("selector: {e}"))).await,
+        let (rev, d) = match d.target(key_rev, &self.labels) {
+            Ok(Some(t)) => t,
+            Ok(None) => return self.removed(name).await,
+            Err(e) => return self.report(name, nack(key_rev, e)).await,
         };
-        if !selector.matches(&self.labels) {
-            return self.removed(name).await;
-        }
         let active = self.local.active(name);
         if self.owners.get(name) == Some(rev) {
-            // Enforced already (e.g. before a restart, or an event re-delivered).
-            return self.report(name, ack(rev, active.unwrap_or(0), 0.0)).await;
-        }
-        if self.owners.get(name).is_none() && active.is_some() {
+            // Enforced already (e.g. before a restart, an event re-delivered, or a canary
+            // phase this node is outside of).
             return self
-                .report(
-                    name,
-                    nack(
-                        rev,
-                        format!("a local ruleset {name} exists that the fleet does not own; delete it on this node first"),
-                    ),
-                )
+                .report(name, ack(rev, active.unwrap_or(0), 0.0, None))
                 .await;
         }
-        match self.local.apply(name, rev, &d, &kv.value).await {
-            Ok(local) => {
+        let outcome = if self.owners.get(name).is_none() && active.is_some() {
+            Err(format!(
+                "a local ruleset {name} exists that the fleet does not own; delete it on this node first"
+            ))
+        } else {
+            self.local
+                .apply(name, rev, d, &kv.value)
+                .await
+                .map_err(|e| describe(&e))
+        };
+        match outcome {
+            Ok(applied) => {
                 self.owners.set(name, rev);
                 let latency = ((super::now_ns() - d.write_time_ns).max(0) as f64) / 1e9;
                 self.stats.latency.record(latency, &[]);
                 self.stats.applies.add(1, &[Attr::new("outcome", "ack")]);
-                self.report(name, ack(rev, local, latency)).await
+                let r = ack(rev, applied.local_revision, latency, Some(applied.phases));
+                self.report(name, r).await
             }
-            Err(e) => {
-                self.stats.applies.add(1, &[Attr::new("outcome", "nack")]);
-                self.report(name, nack(rev, describe(&e))).await
+            Err(error) => {
+                // Counted once per fleet revision: a retry that NACKs again is the same NACK.
+                let again = lock(&self.reported)
+                    .get(name)
+                    .is_some_and(|r| r.fleet_revision == rev && r.result == Ack::Nack);
+                if !again {
+                    self.stats.applies.add(1, &[Attr::new("outcome", "nack")]);
+                }
+                lock(&self.nacked).insert(name.to_string(), (kv.clone(), generation));
+                self.report(name, nack(rev, error)).await
             }
         }
     }
 
     /// Removes ruleset `name` from this node (when the fleet owns it) and its report.
     async fn removed(&self, name: &str) -> EtcdResult<()> {
+        lock(&self.nacked).remove(name);
         if self.owners.get(name).is_some() {
             match self.local.remove(name).await {
                 Ok(()) | Err(Error::NotFound { .. }) => {
@@ -504,7 +596,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn ack(rev: i64, local: u64, latency: f64) -> NodeReport {
+fn ack(rev: i64, local: u64, latency: f64, phases: Option<ReportPhases>) -> NodeReport {
     NodeReport {
         fleet_revision: rev,
         result: Ack::Ack,
@@ -512,6 +604,7 @@ fn ack(rev: i64, local: u64, latency: f64) -> NodeReport {
         local_revision: local,
         time_ns: super::now_ns(),
         latency_seconds: latency,
+        phases,
     }
 }
 
@@ -523,6 +616,7 @@ fn nack(rev: i64, error: String) -> NodeReport {
         local_revision: 0,
         time_ns: super::now_ns(),
         latency_seconds: 0.0,
+        phases: None,
     }
 }
 

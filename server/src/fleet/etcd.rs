@@ -9,7 +9,13 @@
 //! fail-static start); calls go to the current endpoint, and a call failing with UNAVAILABLE
 //! (connection refused, member down) moves the client to the next one, so with one member
 //! of three down at most one call per client fails. (tonic's `balance_list` kept sending a
-//! share of the calls to the dead member.) Plain `http://` only for now.
+//! share of the calls to the dead member.) `http://` endpoints are plaintext; `https://` ones
+//! need a TLS config ([`Etcd::connect_with`], from `--fleet-ca`/`--fleet-cert`/`--fleet-key`):
+//! rustls (tonic's `tls-ring`), the server name checked against the endpoint's host.
+//!
+//! Reads of a prefix that may hold thousands of keys (the nodes' reports) go page by page
+//! ([`Etcd::range_prefix_paged`]): etcd caps one request at 1.5 MiB by default and a large
+//! response costs it memory in one piece.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +23,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use vallum_proto::etcdserverpb as pb;
 use vallum_proto::etcdserverpb::kv_client::KvClient;
 use vallum_proto::etcdserverpb::lease_client::LeaseClient;
@@ -88,17 +94,47 @@ pub struct Etcd {
 const MAX_MESSAGE: usize = 64 << 20;
 
 impl Etcd {
-    /// A client over `endpoints` (`http://host:port`), connecting lazily.
+    /// A plaintext client over `endpoints` (`http://host:port`), connecting lazily.
     ///
     /// Errors: [`EtcdError::Endpoint`].
     pub fn connect(endpoints: &[String]) -> EtcdResult<Etcd> {
+        Etcd::connect_with(endpoints, None)
+    }
+
+    /// A client over `endpoints`, connecting lazily: over TLS with `tls` (every endpoint
+    /// `https://`), else plaintext (every endpoint `http://`).
+    ///
+    /// Errors: [`EtcdError::Endpoint`] for a URL that does not parse or whose scheme does
+    /// not match `tls`.
+    pub fn connect_with(endpoints: &[String], tls: Option<ClientTlsConfig>) -> EtcdResult<Etcd> {
         let mut list = Vec::new();
         for e in endpoints {
-            let ep = Endpoint::from_shared(e.clone())
-                .map_err(|err| EtcdError::Endpoint {
-                    endpoint: e.clone(),
-                    message: err.to_string(),
-                })?
+            let bad = |message: String| EtcdError::Endpoint {
+                endpoint: e.clone(),
+                message,
+            };
+            let https = e.starts_with("https://");
+            match (&tls, https) {
+                (Some(_), false) => {
+                    return Err(bad(
+                        "--fleet-ca/--fleet-cert are given: the endpoint must be https://".into(),
+                    ));
+                }
+                (None, true) => {
+                    return Err(bad(
+                        "an https:// endpoint needs --fleet-ca (the CA of etcd's certificate)"
+                            .into(),
+                    ));
+                }
+                _ => {}
+            }
+            let mut ep = Endpoint::from_shared(e.clone()).map_err(|err| bad(err.to_string()))?;
+            if let Some(tls) = &tls {
+                ep = ep
+                    .tls_config(tls.clone())
+                    .map_err(|err| bad(format!("TLS: {err}")))?;
+            }
+            let ep = ep
                 .connect_timeout(Duration::from_secs(2))
                 .tcp_nodelay(true)
                 // Above etcd's --grpc-keepalive-min-time (5 s): pinging at it gets GOAWAY
@@ -172,18 +208,77 @@ impl Etcd {
         Ok((r.header.map_or(0, |h| h.revision), r.kvs))
     }
 
+    /// Every key under `prefix` at `revision` (0: the newest), `page` keys per request
+    /// (etcd Range with `limit`, continuing after the last key read, every page at the
+    /// revision of the first), handed to `each`; returns the store revision read.
+    ///
+    /// Errors: as [`Etcd::range_prefix`].
+    pub async fn range_prefix_paged(
+        &self,
+        prefix: &str,
+        revision: i64,
+        page: usize,
+        mut each: impl FnMut(KeyValue),
+    ) -> EtcdResult<i64> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut from = prefix.as_bytes().to_vec();
+        let mut at = revision;
+        loop {
+            let r = self
+                .kv()
+                .range(pb::RangeRequest {
+                    key: from.clone(),
+                    range_end: end.clone(),
+                    revision: at,
+                    limit: i64::try_from(page).unwrap_or(i64::MAX),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| match compacted(s, at) {
+                    EtcdError::Status(s) => self.failed(s),
+                    other => other,
+                })?
+                .into_inner();
+            if at == 0 {
+                at = r.header.map_or(0, |h| h.revision);
+            }
+            let more = r.more;
+            let Some(last) = r.kvs.last().map(|kv| kv.key.clone()) else {
+                return Ok(at);
+            };
+            r.kvs.into_iter().for_each(&mut each);
+            if !more {
+                return Ok(at);
+            }
+            // The smallest key after `last`.
+            from = last;
+            from.push(0);
+        }
+    }
+
     /// The key `key`, if present.
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn get(&self, key: &str) -> EtcdResult<Option<KeyValue>> {
+        self.get_at(key, 0).await
+    }
+
+    /// The key `key` at `revision` (0: the newest), if present then.
+    ///
+    /// Errors: [`EtcdError::Status`]; [`EtcdError::Compacted`] for a compacted `revision`.
+    pub async fn get_at(&self, key: &str, revision: i64) -> EtcdResult<Option<KeyValue>> {
         let r = self
             .kv()
             .range(pb::RangeRequest {
                 key: key.as_bytes().to_vec(),
+                revision,
                 ..Default::default()
             })
             .await
-            .map_err(|e| self.failed(e))?
+            .map_err(|s| match compacted(s, revision) {
+                EtcdError::Status(s) => self.failed(s),
+                other => other,
+            })?
             .into_inner();
         Ok(r.kvs.into_iter().next())
     }

@@ -19,6 +19,115 @@ use crate::convert;
 use crate::error::{Error, Result};
 use crate::hooks;
 
+/// The `iptables-restore --noflush` text of `EditRuleset`'s edits: each command is one line
+/// of its family's text (`IPv4` first, `content_v6` after), in order, inside `*table` /
+/// `COMMIT` blocks; a word with a space, a quote or a backslash is quoted as
+/// iptables-restore reads it. The server applies it as Apply applies noflush text, so every
+/// edit is checked against the active revision and all of them make one revision.
+///
+/// Errors: INVALID_ARGUMENT at `edits[i].args[0]` for a command other than
+/// -A/-I/-D/-R/-N/-X/-F/-P (their long forms too), at `edits[i].table` for an unknown
+/// table, at `edits` when there is none.
+fn edits_source(edits: &[pb::RuleCommand]) -> Result<pb::RulesetSource> {
+    const TABLES: [&str; 5] = ["filter", "nat", "mangle", "raw", "security"];
+    const COMMANDS: [&str; 16] = [
+        "-A",
+        "--append",
+        "-I",
+        "--insert",
+        "-D",
+        "--delete",
+        "-R",
+        "--replace",
+        "-N",
+        "--new-chain",
+        "-X",
+        "--delete-chain",
+        "-F",
+        "--flush",
+        "-P",
+        "--policy",
+    ];
+    if edits.is_empty() {
+        return Err(Error::invalid("edits", "at least one edit is required"));
+    }
+    let mut texts = [String::new(), String::new()];
+    let mut open: [Option<&str>; 2] = [None, None];
+    for (i, e) in edits.iter().enumerate() {
+        let v6 = e.family == pb::Family::Ipv6 as i32;
+        let k = usize::from(v6);
+        let table = if e.table.is_empty() {
+            "filter"
+        } else {
+            e.table.as_str()
+        };
+        if !TABLES.contains(&table) {
+            return Err(Error::invalid(
+                format!("edits[{i}].table"),
+                format!("can't initialize iptables table `{table}': Table does not exist"),
+            ));
+        }
+        let cmd = e.args.first().map(String::as_str).unwrap_or("");
+        if !COMMANDS.contains(&cmd) {
+            return Err(Error::invalid(
+                format!("edits[{i}].args[0]"),
+                format!(
+                    "'{cmd}' is not an edit (one of -A -I -D -R -N -X -F -P; -C is a -D with validate_only)"
+                ),
+            ));
+        }
+        let text = &mut texts[k];
+        if open[k] != Some(table) {
+            if open[k].is_some() {
+                text.push_str("COMMIT\n");
+            }
+            text.push('*');
+            text.push_str(table);
+            text.push('\n');
+            open[k] = Some(table);
+        }
+        for (j, a) in e.args.iter().enumerate() {
+            if j > 0 {
+                text.push(' ');
+            }
+            if a.is_empty() || a.contains([' ', '\t', '"', '\\', '\'']) {
+                text.push('"');
+                for ch in a.chars() {
+                    if ch == '"' || ch == '\\' {
+                        text.push('\\');
+                    }
+                    text.push(ch);
+                }
+                text.push('"');
+            } else {
+                text.push_str(a);
+            }
+        }
+        text.push('\n');
+    }
+    for (k, t) in texts.iter_mut().enumerate() {
+        if open[k].is_some() {
+            t.push_str("COMMIT\n");
+        }
+    }
+    let [v4, v6] = texts;
+    let (content, family, content_v6) = if v4.is_empty() {
+        (v6, pb::Family::Ipv6, String::new())
+    } else {
+        (v4, pb::Family::Ipv4, v6)
+    };
+    Ok(pb::RulesetSource {
+        source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
+            content,
+            family: family as i32,
+            content_v6,
+            filename: "edits".into(),
+            noflush: true,
+            counters: false,
+        })),
+    })
+}
+
 /// The RulesetService implementation.
 #[derive(Debug, Clone)]
 pub struct RulesetApi {
@@ -400,6 +509,35 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::CommitResult>, Status> {
         // On a task of its own: a client that gives up cannot stop it half done.
         let api = self.clone();
+        to_completion(async move { api.apply_call(request).await }).await
+    }
+
+    async fn edit_ruleset(
+        &self,
+        request: Request<pb::EditRulesetRequest>,
+    ) -> Result<Response<pb::CommitResult>, Status> {
+        let (metadata, extensions, r) = request.into_parts();
+        let name = convert::ruleset_id("ruleset", &r.ruleset)?;
+        let priority = match self.state.pipeline.store().get_ruleset(&name).await {
+            Ok(Some(row)) => row.priority,
+            Ok(None) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        let source = edits_source(&r.edits)?;
+        let apply = pb::ApplyRequest {
+            ruleset: r.ruleset,
+            source: Some(source),
+            message: r.message,
+            priority,
+            confirm_within: None,
+            etag: r.etag,
+            request_id: r.request_id,
+            validate_only: r.validate_only,
+            // As iptables: deleting the last rule leaves empty tables, not an error.
+            allow_empty: true,
+        };
+        let api = self.clone();
+        let request = Request::from_parts(metadata, extensions, apply);
         to_completion(async move { api.apply_call(request).await }).await
     }
 

@@ -88,7 +88,7 @@ pub fn ct_nat(status: Option<u32>) -> u8 {
 }
 
 #[cfg(target_os = "linux")]
-pub use linux::{IfNames, Queue, run_worker};
+pub use linux::{Answer, IfNames, Queue, run_worker};
 
 #[cfg(target_os = "linux")]
 mod linux {
@@ -123,6 +123,10 @@ mod linux {
     /// How long an interface name is trusted before `if_indextoname` is asked again (names
     /// can change under the same index: `ip link set X name Y`).
     const IFNAME_TTL_NS: u64 = 1_000_000_000;
+
+    /// One answer: packet id, `NF_ACCEPT` / `NF_DROP`, and the mark to set with it (`Some`
+    /// when the rules changed the packet's mark: `-j MARK`, `-j CONNMARK --restore-mark`).
+    pub type Answer = (u32, u32, Option<u32>);
 
     /// A bound queue: the netlink socket with its send side, and the receive slots (apart,
     /// so the worker reads a datagram while it sends verdicts).
@@ -385,10 +389,10 @@ mod linux {
             datagram(&self.rx, &self.lens, i)
         }
 
-        /// Sends one verdict per `(id, verdict)`; see [`Link::send_verdicts`].
+        /// Sends one verdict per `(id, verdict, mark)`; see [`Link::send_verdicts`].
         ///
         /// Errors: the OS error of `sendto`.
-        pub fn send_verdicts(&mut self, answers: &[(u32, u32)]) -> io::Result<()> {
+        pub fn send_verdicts(&mut self, answers: &[Answer]) -> io::Result<()> {
             self.link.send_verdicts(answers)
         }
     }
@@ -416,21 +420,23 @@ mod linux {
         }
 
         /// Sends one verdict per id, in order: `NFQNL_MSG_VERDICT_BATCH` with the last id of
-        /// each run of equal verdicts (ids of one queue increase, and every earlier id was
-        /// answered before, so a run's batch verdict covers exactly that run).
+        /// each run of equal verdicts and marks (ids of one queue increase, and every earlier
+        /// id was answered before, so a run's batch verdict covers exactly that run). A mark
+        /// goes with its verdict as `NFQA_MARK` (the kernel sets skb->mark to it).
         ///
         /// Errors: the OS error of `sendto`.
-        pub fn send_verdicts(&mut self, answers: &[(u32, u32)]) -> io::Result<()> {
+        pub fn send_verdicts(&mut self, answers: &[Answer]) -> io::Result<()> {
             self.tx.clear();
             let mut i = 0;
             while i < answers.len() {
-                let v = answers[i].1;
+                let (v, mark) = (answers[i].1, answers[i].2);
                 let mut j = i;
-                while j + 1 < answers.len() && answers[j + 1].1 == v {
+                while j + 1 < answers.len() && (answers[j + 1].1, answers[j + 1].2) == (v, mark) {
                     j += 1;
                 }
                 self.seq = self.seq.wrapping_add(1);
-                wire::verdict(&mut self.tx, self.seq, self.num, answers[j].0, v, j > i);
+                let (seq, num, id) = (self.seq, self.num, answers[j].0);
+                wire::verdict_mark(&mut self.tx, seq, num, id, v, j > i, mark);
                 i = j + 1;
             }
             if self.tx.is_empty() {
@@ -535,6 +541,7 @@ mod linux {
             mark: p.mark,
             src_mac: p.hw_addr.filter(|_| in_ether),
             ct_nat: ct_nat(p.ct_status),
+            owner: p.uid.zip(p.gid),
             ..PacketMeta::default()
         };
         parse_ip(p.payload, base).ok()
@@ -559,9 +566,10 @@ mod linux {
         let mut names = IfNames::default();
         let mut packets = [PacketMeta::default(); BATCH];
         let mut verdicts = [Verdict::Accept; BATCH];
-        // (packet id, index into `packets` or BATCH for "did not parse"), in arrival order.
-        let mut order = [(0u32, 0usize); BATCH];
-        let mut answers = [(0u32, 0u32); BATCH];
+        // (packet id, index into `packets` or BATCH for "did not parse", the mark it was
+        // queued with), in arrival order.
+        let mut order = [(0u32, 0usize, 0u32); BATCH];
+        let mut answers: [Answer; BATCH] = [(0, 0, None); BATCH];
         // Relaxed: the flag only asks the loop to end; nothing is published with it.
         while !stop.load(Ordering::Relaxed) {
             let n = match queue.recv_batch() {
@@ -603,9 +611,9 @@ mod linux {
                         Some(pm) => {
                             packets[k] = pm;
                             k += 1;
-                            (p.id, k - 1)
+                            (p.id, k - 1, p.mark)
                         }
-                        None => (p.id, BATCH),
+                        None => (p.id, BATCH, p.mark),
                     };
                     m += 1;
                 }
@@ -631,8 +639,8 @@ mod linux {
         worker: &mut EngineWorker<'_>,
         packets: &mut [PacketMeta; BATCH],
         verdicts: &mut [Verdict; BATCH],
-        order: &[(u32, usize); BATCH],
-        answers: &mut [(u32, u32); BATCH],
+        order: &[(u32, usize, u32); BATCH],
+        answers: &mut [Answer; BATCH],
         m: usize,
         k: usize,
         now: u64,
@@ -643,11 +651,15 @@ mod linux {
         worker.process_batch(&mut packets[..k], &mut verdicts[..k], now);
         // LOG events have no consumer yet (issue: log sink); drop them.
         worker.drain_log_records().for_each(drop);
-        for (a, &(id, idx)) in answers.iter_mut().zip(&order[..m]) {
-            *a = (
-                id,
-                verdicts.get(idx).map_or(wire::NF_DROP, |&v| nf_verdict(v)),
-            );
+        for (a, &(id, idx, queued)) in answers.iter_mut().zip(&order[..m]) {
+            let v = verdicts.get(idx).map_or(wire::NF_DROP, |&v| nf_verdict(v));
+            // The mark the rules left, sent back when it differs from the queued one (only
+            // an accepted packet goes on to use it).
+            let mark = packets
+                .get(idx)
+                .map(|p| p.mark)
+                .filter(|&mk| mk != queued && v == wire::NF_ACCEPT);
+            *a = (id, v, mark);
         }
         if let Err(e) = link.send_verdicts(&answers[..m]) {
             tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");

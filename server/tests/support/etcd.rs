@@ -46,6 +46,10 @@ pub struct EtcdServer {
     pub peer_port: u16,
     cluster: String,
     dir: tempfile::TempDir,
+    /// TLS for clients: (CA, certificate, key) PEM files; /health is then read from a
+    /// plaintext metrics listener on `health_port`.
+    tls: Option<[PathBuf; 3]>,
+    health_port: u16,
 }
 
 impl EtcdServer {
@@ -68,6 +72,32 @@ impl EtcdServer {
         Some(m)
     }
 
+    /// A single-member etcd serving clients over TLS only, with `cert`/`key` and requiring
+    /// client certificates signed by `ca` (`--client-cert-auth`).
+    pub fn start_tls(
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Option<EtcdServer> {
+        let Some(bin) = etcd_bin() else {
+            println!("SKIP etcd not installed (Debian package etcd-server)");
+            return None;
+        };
+        let peer = free_port();
+        let mut m = EtcdServer::member(
+            bin,
+            "m0",
+            free_port(),
+            peer,
+            format!("m0=http://127.0.0.1:{peer}"),
+        );
+        m.tls = Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]);
+        m.health_port = free_port();
+        m.spawn();
+        m.wait_healthy();
+        Some(m)
+    }
+
     fn member(
         bin: PathBuf,
         name: &str,
@@ -83,19 +113,34 @@ impl EtcdServer {
             peer_port,
             cluster,
             dir: tempfile::tempdir().expect("tempdir"),
+            tls: None,
+            health_port: client_port,
         }
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn spawn(&mut self) {
         let client = self.url();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file");
-        let child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some([ca, cert, key]) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(cert)
+                .arg("--key-file")
+                .arg(key)
+                .arg("--trusted-ca-file")
+                .arg(ca)
+                .arg("--client-cert-auth")
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{}", self.health_port));
+        }
+        let child = cmd
             .arg("--name")
             .arg(&self.name)
             .arg("--data-dir")
@@ -148,7 +193,7 @@ impl EtcdServer {
     }
 
     fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.health_port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
@@ -221,6 +266,20 @@ impl EtcdCluster {
             m.wait_healthy();
         }
         Some(EtcdCluster { members })
+    }
+
+    /// Starts every stopped member again (all at once: a member alone has no quorum and
+    /// never says healthy) and waits until each is healthy.
+    pub fn restart_stopped(&mut self) {
+        let stopped: Vec<usize> = (0..self.members.len())
+            .filter(|i| self.members[*i].child.is_none())
+            .collect();
+        for i in &stopped {
+            self.members[*i].spawn();
+        }
+        for i in stopped {
+            self.members[i].wait_healthy();
+        }
     }
 
     /// Every member's URL, comma-separated (for `--fleet-endpoints`).

@@ -24,6 +24,11 @@ impl Vallumd {
     /// Starts vallumd with `--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db DB` and
     /// `extra` flags; waits for the `metrics on ADDR` and `listening on ADDR` lines.
     pub fn start(db: &Path, extra: &[&str]) -> Vallumd {
+        Vallumd::start_env(db, extra, &[])
+    }
+
+    /// As [`Vallumd::start`], with `env` set in vallumd's environment.
+    pub fn start_env(db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vallumd {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vallumd"))
             .args(["--listen", "127.0.0.1:0", "--db"])
             .arg(db)
@@ -31,6 +36,7 @@ impl Vallumd {
             .args(["--metrics-listen", "127.0.0.1:0"])
             .args(extra)
             .env_remove("VALLUM_DB")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -71,6 +77,15 @@ impl Vallumd {
     /// Waits until health says SERVING for "".
     pub async fn wait_serving(&self) {
         assert!(serving(&self.addr).await, "vallumd never became SERVING");
+    }
+
+    /// SIGTERM (a graceful stop) and waits for the exit; true when it exited 0.
+    pub fn terminate(&mut self) -> bool {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child's pid; it has not been waited for, so the pid is
+        // still ours.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        self.child.wait().is_ok_and(|s| s.success())
     }
 
     /// kill -9.
@@ -206,6 +221,11 @@ pub fn shared_data() -> Option<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"));
     p.is_dir().then_some(p)
+}
+
+/// Where vallumd keeps its connection table across a graceful restart (`conntrack_state`).
+pub fn conntrack_state_file(db: &Path) -> PathBuf {
+    vallum_server::conntrack_state::path(db)
 }
 
 /// A restore-text source.

@@ -182,7 +182,10 @@ impl HeaderFilter {
                     (sport, dport)
                 }
                 CMatch::Udp { sport, dport } => (sport, dport),
-                CMatch::CtState { .. } => {
+                CMatch::CtState { .. }
+                | CMatch::Conntrack(_)
+                | CMatch::Mark { .. }
+                | CMatch::Connmark { .. } => {
                     exact = false;
                     f.flags |= FILTER_CTSTATE;
                     continue;

@@ -81,8 +81,7 @@ impl Observer for Silent {
         _: &super::super::CChain,
         _: u32,
         _: u32,
-        _: &Option<std::sync::Arc<str>>,
-        _: u8,
+        _: &super::super::LogSpec,
         _: &PacketMeta,
     ) {
     }

@@ -253,6 +253,7 @@ pub(crate) fn match_option(
             }),
             _ => return None,
         },
+        Match::Connmark(_) | Match::Owner(_) => return None,
         Match::Mark(mk) => match name {
             "--mark" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
@@ -653,6 +654,10 @@ pub(crate) fn finish_match(
             if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
                 return needs("at least one option");
             }
+            if o.name == "owner" {
+                *m = super::super::owner::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "addrtype" {
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -687,10 +692,15 @@ pub(crate) fn finish_match(
             if let Some((n, p)) = wants {
                 needs_proto(proto == Some(n), p)?;
             }
-            super::super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?
+            super::super::opaque::canonical_match(&o.name, &mut o.options, &token, ctx)?;
+            if let Some(t) = super::super::opaque::typed_match(&o.name, &o.options) {
+                *m = t;
+            }
         }
         // Built from opaque options by `header_matches` (above), checked there.
         Match::Limit(_)
+        | Match::Connmark(_)
+        | Match::Owner(_)
         | Match::Ttl(_)
         | Match::Hl(_)
         | Match::Tos(_)

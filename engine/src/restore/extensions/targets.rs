@@ -6,7 +6,8 @@
 //! Parse time only (not on the packet path); every error names the token (line, column).
 
 use crate::model::{
-    CtTarget, Family, LogTarget, Neg, Opaque, OpaqueOption, RejectWith, TableKind, Target,
+    CtTarget, Family, LogTarget, Neg, NflogTarget, Opaque, OpaqueOption, RejectWith, TableKind,
+    Target,
 };
 
 use super::super::lexer::Tok;
@@ -74,6 +75,7 @@ pub(crate) fn new_target<'t>(
         "RETURN" => Target::Return,
         "REJECT" => Target::Reject(RejectWith::PortUnreachable),
         "LOG" => Target::Log(LogTarget::default()),
+        "NFLOG" => Target::Nflog(NflogTarget::default()),
         "NOTRACK" => Target::Notrack,
         "CT" => Target::Ct(CtTarget::default()),
         n if OPAQUE_TARGETS.contains(&n) => Target::Opaque(Opaque {
@@ -171,6 +173,46 @@ const LOG_LEVELS: [(&str, u8); 10] = [
 /// included).
 pub(crate) const LOG_PREFIX_MAX: usize = 29;
 
+/// The longest `--nflog-prefix` the kernel keeps, in bytes (`xt_nflog_info.prefix[64]`).
+pub(crate) const NFLOG_PREFIX_MAX: usize = 63;
+
+/// A prefix option's value: no newline, at least one byte (libxt_LOG / libxt_NFLOG's option
+/// tables), cut to `max` bytes at a character boundary with a warning made by `warn`.
+fn prefix_value(
+    a: &Tok<'_>,
+    max: usize,
+    ctx: &Ctx<'_>,
+    warning: &mut Option<ParseWarning>,
+    warn: impl FnOnce(usize, String) -> ParseWarningKind,
+) -> Result<String, ParseError> {
+    if a.text.contains('\n') {
+        return Err(invalid(ctx, a, "log prefix", "no newline allowed"));
+    }
+    if a.text.is_empty() {
+        return Err(invalid(
+            ctx,
+            a,
+            "log prefix",
+            "Argument must have a minimum length of 1 characters",
+        ));
+    }
+    let mut kept = a.text;
+    if kept.len() > max {
+        let mut end = max;
+        while !kept.is_char_boundary(end) {
+            end -= 1;
+        }
+        kept = &kept[..end];
+        *warning = Some(ParseWarning::new(
+            ctx.line,
+            a.column,
+            a.text,
+            warn(a.text.len(), kept.to_string()),
+        ));
+    }
+    Ok(kept.to_string())
+}
+
 /// LOG flags in libipt_LOG's print order.
 pub(crate) const LOG_FLAGS: [&str; 5] = [
     "--log-tcp-sequence",
@@ -234,36 +276,11 @@ pub(crate) fn target_option(
         Target::Log(l) => match name {
             "--log-prefix" => once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
-                if a.text.contains('\n') {
-                    return Err(invalid(ctx, &a, "log prefix", "no newline allowed"));
-                }
                 // As libxt_LOG's option table (`.min = 1`).
-                if a.text.is_empty() {
-                    return Err(invalid(
-                        ctx,
-                        &a,
-                        "log prefix",
-                        "Argument must have a minimum length of 1 characters",
-                    ));
-                }
-                let mut kept = a.text;
-                if kept.len() > LOG_PREFIX_MAX {
-                    let mut end = LOG_PREFIX_MAX;
-                    while !kept.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    kept = &kept[..end];
-                    *warning = Some(ParseWarning::new(
-                        ctx.line,
-                        a.column,
-                        a.text,
-                        ParseWarningKind::LogPrefixTruncated {
-                            len: a.text.len(),
-                            kept: kept.to_string(),
-                        },
-                    ));
-                }
-                l.prefix = Some(kept.to_string());
+                let kept = prefix_value(&a, LOG_PREFIX_MAX, ctx, warning, |len, kept| {
+                    ParseWarningKind::LogPrefixTruncated { len, kept }
+                })?;
+                l.prefix = Some(kept);
                 Ok(())
             }),
             "--log-level" => once(seen, 1, negated, false, args, ctx, name).and_then(|()| {
@@ -293,6 +310,46 @@ pub(crate) fn target_option(
                         .sort_by_key(|x| LOG_FLAGS.iter().position(|k| k == x));
                 })
             }
+        },
+        Target::Nflog(n) => match name {
+            "--nflog-group" => once(seen, 0, negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                n.group = parse_uint(a.text, 65535)
+                    .ok_or_else(|| invalid(ctx, &a, "nflog group", "not a number 0-65535"))?
+                    as u16;
+                Ok(())
+            }),
+            "--nflog-prefix" => once(seen, 1, negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                let kept = prefix_value(&a, NFLOG_PREFIX_MAX, ctx, warning, |len, kept| {
+                    ParseWarningKind::NflogPrefixTruncated { len, kept }
+                })?;
+                n.prefix = Some(kept);
+                Ok(())
+            }),
+            "--nflog-range" | "--nflog-size" => {
+                let key = if name == "--nflog-range" { 2 } else { 3 };
+                once(seen, key, negated, false, args, ctx, name).and_then(|()| {
+                    let a = args.next()?;
+                    let v = parse_uint(a.text, u64::from(u32::MAX)).ok_or_else(|| {
+                        invalid(ctx, &a, "nflog length", "not a number 0-4294967295")
+                    })? as u32;
+                    if key == 2 {
+                        n.range = v;
+                    } else {
+                        n.size = Some(v);
+                    }
+                    Ok(())
+                })
+            }
+            "--nflog-threshold" => once(seen, 4, negated, false, args, ctx, name).and_then(|()| {
+                let a = args.next()?;
+                n.threshold = parse_uint(a.text, 65535)
+                    .ok_or_else(|| invalid(ctx, &a, "nflog threshold", "not a number 0-65535"))?
+                    as u16;
+                Ok(())
+            }),
+            _ => return None,
         },
         Target::Ct(c) => {
             if name == "--notrack" {
@@ -385,6 +442,9 @@ pub(crate) fn finish_target(
             ));
         }
         super::super::opaque::canonical_target(&o.name, &mut o.options, tok, ctx)?;
+        if let Some(t) = super::super::opaque::typed_target(&o.name, &o.options) {
+            return Ok(t);
+        }
     }
     if let Target::Ct(c) = &mut { pt.t.clone() } {
         // `--zone 0` is the default and iptables-save omits it.

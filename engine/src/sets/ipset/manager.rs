@@ -46,6 +46,10 @@ pub struct SetManager {
     pub(in crate::sets) sets: Mutex<BTreeMap<String, Arc<SetHandle>>>,
     /// The node's address facts that `-m addrtype` reads (empty until its owner fills them).
     pub(in crate::sets) node_addrs: Arc<crate::node_addrs::NodeAddrs>,
+    /// The hooks the node's packet path evaluates, once its owner has said
+    /// ([`SetManager::set_reached_hooks`]).
+    pub(in crate::sets) reached_hooks:
+        std::sync::RwLock<Option<Arc<crate::validate::ReachedHooks>>>,
 }
 
 impl crate::sets::SetRegistry for SetManager {
@@ -55,6 +59,13 @@ impl crate::sets::SetRegistry for SetManager {
 
     fn node_addrs(&self) -> Option<Arc<crate::node_addrs::NodeAddrs>> {
         Some(self.node_addrs.clone())
+    }
+
+    fn reached_hooks(&self) -> Option<Arc<crate::validate::ReachedHooks>> {
+        self.reached_hooks
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -77,6 +88,16 @@ impl SetManager {
     /// addresses change.
     pub fn node_addrs(&self) -> &Arc<crate::node_addrs::NodeAddrs> {
         &self.node_addrs
+    }
+
+    /// Says which hooks the node's packet path evaluates, for validation's
+    /// [`crate::validate::ViolationKind::HookNotReached`] warnings (`None`: unknown, no
+    /// warning).
+    pub fn set_reached_hooks(&self, hooks: Option<crate::validate::ReachedHooks>) {
+        *self
+            .reached_hooks
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = hooks.map(Arc::new);
     }
 
     pub(in crate::sets) fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Arc<SetHandle>>> {

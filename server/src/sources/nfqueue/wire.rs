@@ -49,6 +49,10 @@ mod attr {
     /// Nested: the kernel's conntrack entry as ctnetlink attributes (`CTA_*`).
     pub const CT: u16 = 11;
     pub const CT_INFO: u16 = 12;
+    /// The sending socket's file's fsuid (be32), with `NFQA_CFG_F_UID_GID`.
+    pub const UID: u16 = 16;
+    /// Its fsgid (be32).
+    pub const GID: u16 = 17;
 }
 
 /// `CTA_STATUS` inside `NFQA_CT`: the entry's `IPS_*` status bits, big-endian u32.
@@ -76,6 +80,9 @@ const CFG_F_FAIL_OPEN: u32 = 1;
 /// (`NFQA_CT`) and its ctinfo (`NFQA_CT_INFO`), when it has one. The kernel refuses it with
 /// `EOPNOTSUPP` when ctnetlink (`nf_conntrack_netlink`) is not available.
 const CFG_F_CONNTRACK: u32 = 2;
+/// `NFQA_CFG_F_UID_GID` (Linux 3.14): each packet sent by a local socket carries its uid and
+/// gid (`NFQA_UID`, `NFQA_GID`), for `-m owner`.
+const CFG_F_UID_GID: u32 = 8;
 
 /// Netfilter verdict `NF_DROP`.
 pub const NF_DROP: u32 = 0;
@@ -116,6 +123,12 @@ pub struct PacketMsg<'a> {
     /// `NFQA_CT_INFO`: the kernel's `enum ip_conntrack_info` for the packet (ESTABLISHED 0,
     /// RELATED 1, NEW 2, ESTABLISHED_REPLY 3, RELATED_REPLY 4), with `ct_status`.
     pub ct_info: Option<u32>,
+    /// `NFQA_UID` / `NFQA_GID`: the uid and gid of the local socket that sent the packet,
+    /// sent when the queue was bound with `NFQA_CFG_F_UID_GID` and the packet has a full
+    /// socket with a file (`nfqnl_put_sk_uidgid`); `-m owner` reads them.
+    pub uid: Option<u32>,
+    /// See `uid`.
+    pub gid: Option<u32>,
 }
 
 /// One message the kernel sent.
@@ -222,6 +235,8 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
         payload: &[],
         ct_status: None,
         ct_info: None,
+        uid: None,
+        gid: None,
     };
     let mut have_hdr = false;
     let mut rest = m.get(NFNL_HDRLEN..).ok_or(WireError::Truncated)?;
@@ -249,6 +264,8 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
             attr::PAYLOAD => p.payload = data,
             attr::CT => p.ct_status = ct_status(data)?,
             attr::CT_INFO => p.ct_info = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
+            attr::UID => p.uid = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
+            attr::GID => p.gid = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
             _ => {}
         }
         rest = rest.get(align4(alen)..).unwrap_or(&[]);
@@ -331,8 +348,8 @@ pub fn config_bind(
     p[4] = cfg::COPY_PACKET;
     put_attr(out, cfg::PARAMS, &p);
     let on = |yes: bool, flag: u32| if yes { flag } else { 0 };
-    let flags = on(fail_open, CFG_F_FAIL_OPEN) | on(conntrack, CFG_F_CONNTRACK);
-    let mask = CFG_F_FAIL_OPEN | on(conntrack, CFG_F_CONNTRACK);
+    let flags = on(fail_open, CFG_F_FAIL_OPEN) | on(conntrack, CFG_F_CONNTRACK) | CFG_F_UID_GID;
+    let mask = CFG_F_FAIL_OPEN | on(conntrack, CFG_F_CONNTRACK) | CFG_F_UID_GID;
     put_attr(out, cfg::FLAGS, &flags.to_be_bytes());
     put_attr(out, cfg::MASK, &mask.to_be_bytes());
     finish(out, start);
@@ -344,6 +361,21 @@ pub fn config_bind(
 /// still waiting whose id is not after `id` (wrap-around aware, `find_dequeue_entries`);
 /// otherwise `NFQNL_MSG_VERDICT` for `id` alone.
 pub fn verdict(out: &mut Vec<u8>, seq: u32, queue: u16, id: u32, verdict: u32, batch: bool) {
+    verdict_mark(out, seq, queue, id, verdict, batch, None);
+}
+
+/// [`verdict`] with `NFQA_MARK` (be32) when `mark` is given: the kernel sets `skb->mark` of
+/// the packet (of every packet the batch covers) to it before it applies the verdict
+/// (`nfqnl_recv_verdict`, `nfqnl_recv_verdict_batch`).
+pub fn verdict_mark(
+    out: &mut Vec<u8>,
+    seq: u32,
+    queue: u16,
+    id: u32,
+    verdict: u32,
+    batch: bool,
+    mark: Option<u32>,
+) {
     let ty = if batch {
         msg::VERDICT_BATCH
     } else {
@@ -355,6 +387,9 @@ pub fn verdict(out: &mut Vec<u8>, seq: u32, queue: u16, id: u32, verdict: u32, b
     h[..4].copy_from_slice(&verdict.to_be_bytes());
     h[4..].copy_from_slice(&id.to_be_bytes());
     put_attr(out, attr::VERDICT_HDR, &h);
+    if let Some(m) = mark {
+        put_attr(out, attr::MARK, &m.to_be_bytes());
+    }
     finish(out, start);
 }
 
@@ -497,6 +532,27 @@ mod tests {
         b
     }
 
+    /// `V4_INPUT_PACKET` with NFQA_UID and NFQA_GID (be32 each) appended, as
+    /// `nfqnl_put_sk_uidgid` adds them for a packet with a socket.
+    #[test]
+    fn reads_the_socket_uid_and_gid() {
+        let mut b = hex(V4_INPUT_PACKET);
+        b.resize(align4(b.len()), 0);
+        put_attr(&mut b, attr::UID, &1000u32.to_be_bytes());
+        put_attr(&mut b, attr::GID, &100u32.to_be_bytes());
+        let n = b.len() as u32;
+        b[..4].copy_from_slice(&n.to_ne_bytes());
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!((p.uid, p.gid), (Some(1000), Some(100)));
+        let plain = hex(V4_INPUT_PACKET);
+        let Message::Packet(q) = one(&plain) else {
+            panic!("not a packet")
+        };
+        assert_eq!((q.uid, q.gid), (None, None));
+    }
+
     #[test]
     fn reads_the_kernel_conntrack_status() {
         // IPS_SEEN_REPLY | IPS_CONFIRMED | IPS_DST_NAT | IPS_DST_NAT_DONE, ctinfo NEW.
@@ -553,21 +609,45 @@ mod tests {
 
     #[test]
     fn builds_the_bytes_the_kernel_accepted() {
+        // The captured binds with NFQA_CFG_F_UID_GID (8) added to the flags and the mask
+        // (the last bytes of NFQA_CFG_FLAGS and NFQA_CFG_MASK), as vallumd binds now; the
+        // kernel accepts it (server/tests/nfqueue.rs binds so, step (l) reads the uid).
+        let uid_gid = |s: &str| {
+            let mut v = hex(s);
+            let n = v.len();
+            v[n - 9] |= 8;
+            v[n - 1] |= 8;
+            v
+        };
         let mut out = Vec::new();
         config_bind(&mut out, 1, 7, 0xffff, true, false);
-        assert_eq!(out, hex(SENT_BIND_Q7_FAIL_OPEN));
+        assert_eq!(out, uid_gid(SENT_BIND_Q7_FAIL_OPEN));
         out.clear();
         config_bind(&mut out, 1, 8, 0xffff, false, false);
-        assert_eq!(out, hex(SENT_BIND_Q8));
+        assert_eq!(out, uid_gid(SENT_BIND_Q8));
         out.clear();
         config_bind(&mut out, 1, 7, 0xffff, true, true);
-        assert_eq!(out, hex(SENT_BIND_Q7_FAIL_OPEN_CT));
+        assert_eq!(out, uid_gid(SENT_BIND_Q7_FAIL_OPEN_CT));
         out.clear();
         verdict(&mut out, 4, 7, 1, NF_ACCEPT, false);
         assert_eq!(out, hex(SENT_VERDICT_ACCEPT_ID1_SEQ4));
         out.clear();
         verdict(&mut out, 5, 7, 3, NF_DROP, true);
         assert_eq!(out, hex(SENT_BATCH_DROP_ID3_SEQ5));
+        // With a mark: the same message plus NFQA_MARK {len 8, type 3, be32 mark}, the
+        // header's length 8 bytes longer (as libnetfilter_queue's nfq_set_verdict2 builds it).
+        out.clear();
+        verdict_mark(&mut out, 4, 7, 1, NF_ACCEPT, false, Some(0x0084_0001));
+        let plain = hex(SENT_VERDICT_ACCEPT_ID1_SEQ4);
+        assert_eq!(out.len(), plain.len() + 8);
+        assert_eq!(
+            u32::from_ne_bytes(out[..4].try_into().unwrap()) as usize,
+            out.len()
+        );
+        assert_eq!(&out[4..plain.len()], &plain[4..]);
+        assert_eq!(&out[plain.len()..], &[8, 0, 3, 0, 0x00, 0x84, 0x00, 0x01]);
+        out.clear();
+        verdict(&mut out, 5, 7, 3, NF_DROP, true);
         // Appending keeps earlier messages: one datagram, several verdicts.
         verdict(&mut out, 6, 7, 4, NF_ACCEPT, true);
         assert_eq!(out.len(), 64);

@@ -1,0 +1,370 @@
+//! `vallum-iptables` against a real vallumd: every edit kind (-A/-I/-D by number and by
+//! rule/-R/-C/-N/-X/-F/-P), iptables' messages and exit codes, -S, save and restore; and
+//! the same command sequence run by iptables-legacy in a private network namespace gives the
+//! same `iptables-save` text (root and iptables-legacy; SKIP otherwise).
+//!
+//! vallumd is the binary next to vallum-iptables in the target directory (build it with
+//! `cargo build -p vallum-server --bin vallumd`); SKIP when it is not there.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vallum-iptables");
+
+/// A running vallumd on an ephemeral port with its own database; killed on drop.
+struct Vallumd {
+    child: Child,
+    url: String,
+    dir: PathBuf,
+}
+
+impl Drop for Vallumd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn vallumd(tag: &str) -> Option<Vallumd> {
+    let exe = PathBuf::from(BIN).with_file_name("vallumd");
+    if !exe.exists() {
+        println!("SKIP {} not built", exe.display());
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut child = Command::new(exe)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--cores", "1", "--db"])
+        .arg(dir.join("v.db"))
+        .env_remove("VALLUM_DB")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn vallumd");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut url = None;
+    for line in lines.by_ref() {
+        let line = line.expect("read stdout");
+        if let Some(a) = line.strip_prefix("listening on ") {
+            url = Some(format!("http://{a}"));
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let v = Vallumd {
+        child,
+        url: url.expect("vallumd printed its address"),
+        dir,
+    };
+    // Ready once it stops answering NOT_READY ("still loading its stored state").
+    for _ in 0..600 {
+        let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
+        if rc == 0 {
+            return Some(v);
+        }
+        assert!(err.contains("still loading"), "vallumd not ready: {err}");
+        std::thread::yield_now();
+    }
+    panic!("vallumd never became ready");
+}
+
+/// Runs `vallum-iptables` as `prog` (argv[0]) with `args`, `stdin`; (exit code, stdout, stderr).
+fn run(v: &Vallumd, prog: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut child = Command::new(BIN)
+        .arg0(prog)
+        .args(args)
+        .env("VALLUM_SERVER", &v.url)
+        .env("VALLUM_RULESET", "iptables")
+        .env_remove("VALLUM_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn vallum-iptables");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn words(s: &str) -> Vec<&str> {
+    s.split_whitespace().collect()
+}
+
+#[test]
+fn every_edit_kind_with_iptables_words_and_exit_codes() {
+    let Some(v) = vallumd("edits") else { return };
+    let ok = |cmd: &str| {
+        let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
+        assert_eq!(rc, 0, "iptables {cmd}: {err}");
+    };
+    let fails = |cmd: &str, code: i32, words_: &str| {
+        let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
+        assert_eq!(rc, code, "iptables {cmd}: {err}");
+        assert!(err.contains(words_), "iptables {cmd}: {err}");
+    };
+    ok("-w -A INPUT -p tcp --dport 22 -j ACCEPT");
+    ok("-I INPUT 1 -i lo -j ACCEPT");
+    ok("-N DOCKER");
+    fails("-N DOCKER", 1, "iptables: Chain already exists.");
+    ok("-A DOCKER -s 10.0.0.0/8 -j DROP");
+    ok("-A INPUT -j DOCKER");
+    // -C and -D by rule compare canonical forms: `-m tcp` is implied by -p tcp --dport.
+    ok("-C INPUT -p tcp -m tcp --dport 22 -j ACCEPT");
+    ok("-C INPUT -p tcp --dport 22 -j ACCEPT");
+    fails(
+        "-C INPUT -p tcp --dport 23 -j ACCEPT",
+        1,
+        "iptables: Bad rule (does a matching rule exist in that chain?).",
+    );
+    fails(
+        "-A NOPE -j ACCEPT",
+        1,
+        "No chain/target/match by that name.",
+    );
+    fails("--bogus-command", 2, "Try `iptables -h'");
+    ok("-P FORWARD DROP");
+    ok("-R INPUT 2 -p udp --dport 53 -j ACCEPT");
+    ok("-t nat -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE");
+    let (_, s, _) = run(&v, "iptables", &["-S"], "");
+    assert_eq!(
+        s,
+        "-P INPUT ACCEPT\n-P FORWARD DROP\n-P OUTPUT ACCEPT\n-N DOCKER\n\
+         -A INPUT -i lo -j ACCEPT\n-A INPUT -p udp -m udp --dport 53 -j ACCEPT\n-A INPUT -j DOCKER\n\
+         -A DOCKER -s 10.0.0.0/8 -j DROP\n"
+    );
+    ok("-D INPUT -j DOCKER");
+    ok("-D INPUT 1");
+    ok("-F DOCKER");
+    ok("-X DOCKER");
+    let (_, s, _) = run(&v, "iptables", &["-S", "INPUT"], "");
+    assert_eq!(
+        s,
+        "-P INPUT ACCEPT\n-A INPUT -p udp -m udp --dport 53 -j ACCEPT\n"
+    );
+    // restore --test changes nothing; --noflush adds; a plain restore replaces the filter
+    // table only (nat stays).
+    let (rc, _, err) = run(
+        &v,
+        "iptables-restore",
+        &["--test"],
+        "*filter\n-A INPUT -j DROP\nCOMMIT\n",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let (rc, _, err) = run(
+        &v,
+        "iptables-restore",
+        &["--noflush"],
+        "*filter\n-A INPUT -s 1.2.3.4 -j DROP\nCOMMIT\n",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let (_, s, _) = run(&v, "iptables", &["-S", "INPUT"], "");
+    assert!(s.contains("-A INPUT -s 1.2.3.4/32 -j DROP"), "{s}");
+    assert!(!s.contains("-A INPUT -j DROP"), "{s}");
+    let (rc, _, err) = run(
+        &v,
+        "iptables-restore",
+        &[],
+        "*filter\n:INPUT ACCEPT [0:0]\n:X - [0:0]\n-A INPUT -j X\nCOMMIT\n",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let (_, s, _) = run(&v, "iptables-save", &["-t", "filter"], "");
+    let body: Vec<&str> = s.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(
+        body,
+        [
+            "*filter",
+            ":INPUT ACCEPT [0:0]",
+            ":FORWARD DROP [0:0]",
+            ":OUTPUT ACCEPT [0:0]",
+            ":X - [0:0]",
+            "-A INPUT -j X",
+            "COMMIT"
+        ]
+    );
+    let (_, s, _) = run(&v, "iptables-save", &["-t", "nat"], "");
+    assert!(
+        s.contains("-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"),
+        "{s}"
+    );
+    // ip6tables writes the IPv6 side of the same ruleset.
+    let (rc, _, err) = run(
+        &v,
+        "ip6tables",
+        &["-A", "INPUT", "-s", "::1", "-j", "ACCEPT"],
+        "",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let (_, s, _) = run(&v, "ip6tables-save", &[], "");
+    assert!(s.contains("-A INPUT -s ::1/128 -j ACCEPT"), "{s}");
+    let (_, s, _) = run(&v, "iptables-save", &[], "");
+    assert!(!s.contains("::1"), "{s}");
+}
+
+/// A Docker-like sequence (bridge network, a published port) and ufw-like chains.
+const SCRIPT: &[&str] = &[
+    "-t nat -N DOCKER",
+    "-t nat -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER",
+    "-t nat -A OUTPUT ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j DOCKER",
+    "-t nat -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE",
+    "-t nat -A DOCKER -i docker0 -j RETURN",
+    "-t nat -A DOCKER ! -i docker0 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.17.0.2:80",
+    "-N DOCKER",
+    "-N DOCKER-USER",
+    "-A FORWARD -j DOCKER-USER",
+    "-A DOCKER-USER -j RETURN",
+    "-A FORWARD -o docker0 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    "-A FORWARD -o docker0 -j DOCKER",
+    "-A FORWARD -i docker0 ! -o docker0 -j ACCEPT",
+    "-A DOCKER -d 172.17.0.2/32 ! -i docker0 -o docker0 -p tcp -m tcp --dport 80 -j ACCEPT",
+    "-N ufw-user-input",
+    "-A INPUT -j ufw-user-input",
+    "-A ufw-user-input -p tcp --dport 22 -j ACCEPT",
+    "-I ufw-user-input 1 -p tcp --dport 443 -j ACCEPT",
+    "-R ufw-user-input 2 -p tcp --dport 2222 -j ACCEPT",
+    "-D ufw-user-input -p tcp --dport 443 -j ACCEPT",
+    "-P INPUT DROP",
+    "-A INPUT -m state --state ESTABLISHED -j ACCEPT",
+    "-D INPUT 2",
+];
+
+#[test]
+fn same_save_output_as_iptables_legacy() {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root {
+        println!("SKIP not root");
+        return;
+    }
+    let legacy = Command::new("sh")
+        .args(["-c", "command -v iptables-legacy && command -v unshare"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !legacy {
+        println!("SKIP iptables-legacy or unshare not installed");
+        return;
+    }
+    let Some(v) = vallumd("legacy") else { return };
+    for cmd in SCRIPT {
+        let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
+        assert_eq!(rc, 0, "iptables {cmd}: {err}");
+    }
+    let mut script = String::from("set -e\n");
+    for cmd in SCRIPT {
+        script.push_str(&format!("iptables-legacy {cmd}\n"));
+    }
+    for t in ["filter", "nat"] {
+        script.push_str(&format!("echo '@@{t}'\niptables-legacy-save -t {t}\n"));
+    }
+    let out = Command::new("unshare")
+        .args(["--net", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    if !out.status.success() {
+        println!(
+            "SKIP iptables-legacy in a netns failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let kernel = String::from_utf8_lossy(&out.stdout).into_owned();
+    let strip = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.starts_with('#'))
+            // Chain counters differ (the kernel's count packets).
+            .map(|l| match l.find(" [") {
+                Some(i) if l.starts_with(':') => l[..i].to_owned(),
+                _ => l.to_owned(),
+            })
+            .collect()
+    };
+    for t in ["filter", "nat"] {
+        let want = kernel
+            .split(&format!("@@{t}\n"))
+            .nth(1)
+            .map(|s| s.split("@@").next().unwrap_or(""))
+            .unwrap_or("");
+        let (_, ours, _) = run(&v, "iptables-save", &["-t", t], "");
+        assert_eq!(strip(&ours), strip(want), "table {t}");
+    }
+}
+
+/// `EditRuleset` applies its edits as one revision, or none when one fails.
+#[test]
+fn edit_ruleset_is_atomic_and_one_revision() {
+    use vallum_proto::v1 as pb;
+    let Some(v) = vallumd("atomic") else { return };
+    let edit = |args: &str| pb::RuleCommand {
+        family: pb::Family::Ipv4 as i32,
+        table: "filter".into(),
+        args: words(args).into_iter().map(String::from).collect(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut c = pb::ruleset_service_client::RulesetServiceClient::connect(v.url.clone())
+            .await
+            .expect("connect");
+        let req = |edits| pb::EditRulesetRequest {
+            ruleset: "iptables".into(),
+            edits,
+            ..Default::default()
+        };
+        c.edit_ruleset(req(vec![
+            edit("-N A"),
+            edit("-A A -j ACCEPT"),
+            edit("-A INPUT -j A"),
+        ]))
+        .await
+        .expect("three edits");
+        let rs = c
+            .get_ruleset(pb::GetRulesetRequest {
+                name: "rulesets/iptables".into(),
+            })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(rs.latest_revision, 1);
+        // The second edit fails: the first is not applied either.
+        let e = c
+            .edit_ruleset(req(vec![edit("-A INPUT -j DROP"), edit("-D A 5")]))
+            .await
+            .expect_err("rule 5 does not exist");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        let e = c
+            .edit_ruleset(req(vec![edit("-L INPUT")]))
+            .await
+            .expect_err("-L is no edit");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        let rs2 = c
+            .get_ruleset(pb::GetRulesetRequest {
+                name: "rulesets/iptables".into(),
+            })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(rs2.latest_revision, 1);
+    });
+    let (_, s, _) = run(&v, "iptables", &["-S"], "");
+    assert_eq!(
+        s,
+        "-P INPUT ACCEPT\n-P FORWARD ACCEPT\n-P OUTPUT ACCEPT\n-N A\n-A INPUT -j A\n-A A -j ACCEPT\n"
+    );
+}

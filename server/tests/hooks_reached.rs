@@ -1,0 +1,107 @@
+//! Validation says when a rule sits on a hook this node's packet path never evaluates
+//! (`steering`): with `--source synthetic` (every packet at INPUT) the FORWARD chain, a user
+//! chain only FORWARD jumps to and raw OUTPUT are HOOK_NOT_REACHED warnings at
+//! FILE:LINE:COL naming their rules; the ruleset stays valid and applies. With `--source none`
+//! (nothing classified here) no such warning.
+
+#[path = "support/vallumd.rs"]
+mod support;
+
+use support::{Vallumd, text_source};
+use vallum_proto::v1 as pb;
+
+const TEXT: &str = "*raw
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A PREROUTING -p udp -m udp --dport 53 -j CT --notrack
+-A OUTPUT -p udp -m udp --sport 53 -j CT --notrack
+COMMIT
+*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT ACCEPT [0:0]
+:DOCKER - [0:0]
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+-A FORWARD -o docker0 -j DOCKER
+-A DOCKER -d 172.17.0.2/32 -p tcp -m tcp --dport 80 -j ACCEPT
+-A DOCKER -d 172.17.0.3/32 -p tcp -m tcp --dport 443 -j ACCEPT
+COMMIT
+";
+
+/// The HOOK_NOT_REACHED violations of a Validate of TEXT, as `LOCATION PATH: MESSAGE`.
+async fn unreached(d: &Vallumd) -> Vec<String> {
+    let r = d
+        .rulesets()
+        .await
+        .validate_ruleset(pb::ValidateRulesetRequest {
+            ruleset: "host".into(),
+            source: Some(text_source(TEXT, false, "host.rules")),
+        })
+        .await
+        .expect("validate")
+        .into_inner();
+    assert!(r.valid, "warnings only: {:?}", r.violations);
+    r.violations
+        .iter()
+        .filter(|v| v.reason == "HOOK_NOT_REACHED")
+        .map(|v| {
+            assert_eq!(v.severity, pb::Severity::Warning as i32, "{v:?}");
+            format!("{} {}: {}", v.location, v.path, v.message)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_on_hooks_the_source_never_delivers_are_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(
+        &dir.path().join("v.db"),
+        &["--source", "synthetic", "--rate", "10"],
+    );
+    d.wait_serving().await;
+    let why = "the packet source `synthetic` delivers every packet at INPUT";
+    assert_eq!(
+        unreached(&d).await,
+        [
+            format!(
+                "host.rules:5:1 raw/OUTPUT#1: rules 1-1 of this chain (lines 5-5) are never \
+                 evaluated on this node: the chain is reached only from OUTPUT, and {why}"
+            ),
+            format!(
+                "host.rules:13:1 filter/FORWARD#1: rules 1-1 of this chain (lines 13-13) are \
+                 never evaluated on this node: the chain is reached only from FORWARD, and {why}"
+            ),
+            format!(
+                "host.rules:14:1 filter/DOCKER#1: rules 1-2 of this chain (lines 14-15) are \
+                 never evaluated on this node: the chain is reached only from FORWARD, and {why}"
+            ),
+        ]
+    );
+    // A warning does not block the commit.
+    let applied = d
+        .rulesets()
+        .await
+        .apply(pb::ApplyRequest {
+            ruleset: "host".into(),
+            source: Some(text_source(TEXT, false, "host.rules")),
+            ..Default::default()
+        })
+        .await
+        .expect("apply")
+        .into_inner();
+    let revision = applied.revision.expect("revision");
+    let warned = revision
+        .warnings
+        .iter()
+        .filter(|v| v.reason == "HOOK_NOT_REACHED")
+        .count();
+    assert_eq!(warned, 3, "{:?}", revision.warnings);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_packet_source_says_nothing_about_hooks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    assert_eq!(unreached(&d).await, Vec::<String>::new());
+}
