@@ -12,24 +12,37 @@
 //!   - `rwlock_hashset/no_writer` and `rwlock_hashset/writer_10k_per_s`: a
 //!     `RwLock<FxHashSet<IpAddr>>` read-locked per lookup, with the same writer pattern.
 //!
-//! Run: `cargo bench -p vallum-engine --bench sets`
+//! - `readers/<type>/<size>/<variant>/<writer>/<N>r` (issue #19 item 1, what the ipset seed
+//!   measured): N reader threads at once (`VALLUM_SET_READERS`, a comma list, default `1,2`;
+//!   up to 16 on a bigger machine), each classifying 1,024 packets (half hits) through
+//!   `-A FORWARD -m set --match-set s ... -j DROP` with `Snapshot::classify` on its own core.
+//!   Types: `hash_ip` (src), `hash_net` (src; /24 and /16 networks), `hash_ip_port`
+//!   (src,dst; tcp). Sizes 10k and 1M elements. Variants: `sethandle` (the `SetManager`'s
+//!   handle) and, for `hash_ip`, `rwlock` (an `IpSet` that read-locks a
+//!   `RwLock<FxHashSet<IpAddr>>` per lookup), with no writer and with the 10k changes/s
+//!   writer above. Throughput counts packets of all readers (elements/s); per-packet ns =
+//!   N / throughput.
+//!
+//! Run: `cargo bench -p vallum-engine --bench sets` (`-- readers` for the multi-reader cases)
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Barrier, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use rustc_hash::FxBuildHasher;
-use vallum_engine::model::{Family, SetDir};
+use vallum_engine::compile::{LogEvent, Snapshot, Verdict};
+use vallum_engine::model::{Family, Hook, SetDir};
 use vallum_engine::packet::PacketMeta;
-use vallum_engine::sets::{AddOptions, Element, IpSet, SetManager, SetSpec, SetType};
+use vallum_engine::restore::{ParseOptions, parse_ruleset};
+use vallum_engine::sets::{AddOptions, Element, IpSet, SetManager, SetRegistry, SetSpec, SetType};
 
 const SET_SIZE: u32 = 10_000;
 const BASE: u32 = 0x0a00_0000; // 10.0.0.0
@@ -176,5 +189,256 @@ fn lookup(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bulk_add, lookup);
+/// A `hash:ip` set read-locked per lookup (the seed's "before"), compiled into the same rule.
+#[derive(Debug)]
+struct RwSet(Arc<RwLock<HashSet<IpAddr, FxBuildHasher>>>);
+
+impl IpSet for RwSet {
+    fn contains(&self, packet: &PacketMeta, dirs: &[SetDir], _now: u64) -> bool {
+        let ip = match dirs.first() {
+            Some(SetDir::Src) => packet.src,
+            _ => packet.dst,
+        };
+        self.0.read().unwrap().contains(&ip)
+    }
+
+    fn dimensions(&self) -> usize {
+        1
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Ip,
+    Net,
+    IpPort,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Ip => "hash_ip",
+            Kind::Net => "hash_net",
+            Kind::IpPort => "hash_ip_port",
+        }
+    }
+
+    fn set_type(self) -> SetType {
+        match self {
+            Kind::Ip => SetType::HashIp,
+            Kind::Net => SetType::HashNet,
+            Kind::IpPort => SetType::HashIpPort,
+        }
+    }
+
+    fn flags(self) -> &'static str {
+        if self == Kind::IpPort {
+            "src,dst"
+        } else {
+            "src"
+        }
+    }
+
+    /// Element `i` (i < 2^24): a host; a /24 network (every 1,000th element a /16 in a block
+    /// of its own, so a lookup probes two prefix lengths); or a host with a tcp port.
+    fn element(self, i: u32) -> Element {
+        match self {
+            Kind::Ip => Element::new(host(i), 32, None),
+            Kind::Net if i % 1000 == 999 => Element::new(
+                IpAddr::V4(Ipv4Addr::from(0xc000_0000 + ((i / 1000) << 16))),
+                16,
+                None,
+            ),
+            Kind::Net => Element::new(IpAddr::V4(Ipv4Addr::from(0x1000_0000 + (i << 8))), 24, None),
+            Kind::IpPort => Element::new(host(i), 32, Some((6, 80 + (i % 100) as u16))),
+        }
+    }
+
+    /// A packet that hits element `i`, or misses every element (`hit` false).
+    fn packet(self, i: u32, hit: bool, size: u32) -> PacketMeta {
+        let src = match (self, hit) {
+            (Kind::Net, true) if i % 1000 == 999 => {
+                IpAddr::V4(Ipv4Addr::from(0xc000_0000 + ((i / 1000) << 16) + 0x0107))
+            }
+            (Kind::Net, true) => IpAddr::V4(Ipv4Addr::from(0x1000_0000 + (i << 8) + 7)),
+            (Kind::Net, false) => IpAddr::V4(Ipv4Addr::from(0x0b00_0000 + i)),
+            (_, true) => host(i),
+            (_, false) => host(size + 100_000 + i),
+        };
+        PacketMeta {
+            hook: Hook::Forward,
+            family: Family::Ipv4,
+            src,
+            dst: host(0),
+            protocol: 6,
+            sport: 40_000,
+            dport: if self == Kind::IpPort {
+                80 + (i % 100) as u16
+            } else {
+                80
+            },
+            len: 100,
+            ..PacketMeta::default()
+        }
+    }
+}
+
+fn readers_list() -> Vec<usize> {
+    std::env::var("VALLUM_SET_READERS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2])
+}
+
+fn snapshot(registry: &dyn SetRegistry, kind: Kind, cores: usize) -> Snapshot {
+    let text = format!(
+        "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -m set --match-set s {} -j DROP\nCOMMIT\n",
+        kind.flags()
+    );
+    let rs = parse_ruleset("bench", &text, &ParseOptions::default()).unwrap();
+    Snapshot::compile(&[Arc::new(rs)], registry, cores).unwrap()
+}
+
+/// Runs `iters` batches on each of `n` threads at once; the wall time from a common start.
+fn run_readers(snap: &Snapshot, pkts: &[PacketMeta], n: usize, iters: u64) -> Duration {
+    let barrier = Barrier::new(n + 1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|core| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut logs: Vec<LogEvent> = Vec::new();
+                    barrier.wait();
+                    for _ in 0..iters {
+                        let mut drops = 0u32;
+                        for p in pkts {
+                            let mut p = *black_box(p);
+                            drops += u32::from(
+                                snap.classify(core, &mut p, 0, &mut logs) == Verdict::Drop,
+                            );
+                        }
+                        assert_eq!(drops as usize, pkts.len() / 2);
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        for h in hs {
+            h.join().unwrap();
+        }
+        start.elapsed()
+    })
+}
+
+fn readers(c: &mut Criterion) {
+    let ns = readers_list();
+    let cores = ns.iter().copied().max().unwrap_or(1);
+    let mut g = c.benchmark_group("readers");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(2));
+    g.warm_up_time(Duration::from_millis(500));
+    for kind in [Kind::Ip, Kind::Net, Kind::IpPort] {
+        for size in [10_000u32, 1_000_000] {
+            let pkts: Vec<PacketMeta> = (0..1024u32)
+                .map(|i| kind.packet((i * 7919) % size, i % 2 == 0, size))
+                .collect();
+            let m = Arc::new(SetManager::new());
+            let sspec = SetSpec {
+                maxelem: 4_000_000,
+                ..SetSpec::new(kind.set_type(), Family::Ipv4)
+            };
+            m.create("s", sspec).unwrap();
+            m.add(
+                "s",
+                (0..size).map(|i| (kind.element(i), AddOptions::default())),
+                0,
+            )
+            .unwrap();
+            let snap = snapshot(&*m, kind, cores);
+            let rw = (kind == Kind::Ip).then(|| {
+                let set: Arc<RwLock<HashSet<IpAddr, FxBuildHasher>>> =
+                    Arc::new(RwLock::new((0..size).map(host).collect()));
+                let mut reg: BTreeMap<String, Arc<dyn IpSet>> = BTreeMap::new();
+                reg.insert("s".into(), Arc::new(RwSet(Arc::clone(&set))));
+                (set, snapshot(&reg, kind, cores))
+            });
+            for with_writer in [false, true] {
+                let wname = if with_writer {
+                    "writer_10k_per_s"
+                } else {
+                    "no_writer"
+                };
+                let stop = Arc::new(AtomicBool::new(false));
+                let writers = with_writer.then(|| {
+                    let wm = Arc::clone(&m);
+                    let w1 = writer(Arc::clone(&stop), move |add, del| {
+                        let el = |a: &IpAddr| match (kind, a) {
+                            (Kind::Net, IpAddr::V4(v)) => Element::new(
+                                IpAddr::V4(Ipv4Addr::from(u32::from(*v) & !0xff)),
+                                24,
+                                None,
+                            ),
+                            (Kind::IpPort, a) => Element::new(*a, 32, Some((6, 80))),
+                            (_, a) => Element::new(*a, 32, None),
+                        };
+                        // Writer elements lie above every packet's address: no verdict changes.
+                        let shift = |a: &IpAddr| match a {
+                            IpAddr::V4(v) => {
+                                IpAddr::V4(Ipv4Addr::from(u32::from(*v) | 0xe000_0000))
+                            }
+                            a => *a,
+                        };
+                        let add = add.iter().map(|a| (el(&shift(a)), AddOptions::default()));
+                        let del = del.iter().map(|a| el(&shift(a)));
+                        wm.update("s", add, del, 0).unwrap();
+                    });
+                    let w2 = rw.as_ref().map(|(set, _)| {
+                        let set = Arc::clone(set);
+                        writer(Arc::clone(&stop), move |add, del| {
+                            let mut s = set.write().unwrap();
+                            for a in add {
+                                if let IpAddr::V4(v) = a {
+                                    s.insert(IpAddr::V4(Ipv4Addr::from(
+                                        u32::from(*v) | 0xe000_0000,
+                                    )));
+                                }
+                            }
+                            for d in del {
+                                if let IpAddr::V4(v) = d {
+                                    s.remove(&IpAddr::V4(Ipv4Addr::from(
+                                        u32::from(*v) | 0xe000_0000,
+                                    )));
+                                }
+                            }
+                        })
+                    });
+                    (w1, w2)
+                });
+                for &n in &ns {
+                    g.throughput(Throughput::Elements((pkts.len() * n) as u64));
+                    let id = |v: &str| format!("{}/{}/{v}/{wname}/{n}r", kind.name(), size);
+                    g.bench_function(id("sethandle"), |b| {
+                        b.iter_custom(|iters| run_readers(&snap, &pkts, n, iters))
+                    });
+                    if let Some((_, rsnap)) = &rw {
+                        g.bench_function(id("rwlock"), |b| {
+                            b.iter_custom(|iters| run_readers(rsnap, &pkts, n, iters))
+                        });
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+                if let Some((w1, w2)) = writers {
+                    w1.join().unwrap();
+                    if let Some(w2) = w2 {
+                        w2.join().unwrap();
+                    }
+                }
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bulk_add, lookup, readers);
 criterion_main!(benches);

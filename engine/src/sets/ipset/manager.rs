@@ -1,0 +1,559 @@
+//! The [`SetManager`]: the registry of sets by name and every writer (create, add, delete,
+//! swap, gc, list), staged changes ([`Prepared`]). Commit/API path; readers never take its lock.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+
+use crate::sets::IpSet;
+
+use super::content::{Content, Counters, Entry, SetHandle};
+use super::element::*;
+
+// === SetManager ===
+
+/// One element as listed: element, seconds left (with timeouts), counters (with counters).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedElement {
+    /// The element.
+    pub element: Element,
+    /// Its text (`ipset save` syntax).
+    pub text: String,
+    /// Seconds until expiry (rounded up; 0 = never), when the set has timeouts.
+    pub timeout: Option<u64>,
+    /// `(packets, bytes)`, when the set has counters.
+    pub counters: Option<(u64, u64)>,
+}
+
+/// A set as `ipset list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetInfo {
+    /// Name.
+    pub name: String,
+    /// Type, family and options.
+    pub spec: SetSpec,
+    /// Live elements, sorted.
+    pub elements: Vec<ListedElement>,
+}
+
+/// The registry of ipset-style sets. Writers are serialized by one mutex; readers (the packet
+/// path, through handles) never take it. Implements [`SetRegistry`](super::SetRegistry).
+#[derive(Debug, Default)]
+pub struct SetManager {
+    pub(in crate::sets) sets: Mutex<BTreeMap<String, Arc<SetHandle>>>,
+    /// The node's address facts that `-m addrtype` reads (empty until its owner fills them).
+    pub(in crate::sets) node_addrs: Arc<crate::node_addrs::NodeAddrs>,
+    /// The hooks the node's packet path evaluates, once its owner has said
+    /// ([`SetManager::set_reached_hooks`]).
+    pub(in crate::sets) reached_hooks:
+        std::sync::RwLock<Option<Arc<crate::validate::ReachedHooks>>>,
+}
+
+impl crate::sets::SetRegistry for SetManager {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn IpSet>> {
+        self.handle(name).map(|h| h as Arc<dyn IpSet>)
+    }
+
+    fn node_addrs(&self) -> Option<Arc<crate::node_addrs::NodeAddrs>> {
+        Some(self.node_addrs.clone())
+    }
+
+    fn reached_hooks(&self) -> Option<Arc<crate::validate::ReachedHooks>> {
+        self.reached_hooks
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// A staged change of one set, published by [`Staged::publish`].
+pub(in crate::sets) struct Staged {
+    pub(in crate::sets) handle: Arc<SetHandle>,
+    pub(in crate::sets) content: Content,
+    /// With [`Staged::logged`]: every element added, with its expiry.
+    pub(in crate::sets) log: Option<Vec<(Element, u64)>>,
+}
+
+impl SetManager {
+    /// An empty manager.
+    pub fn new() -> SetManager {
+        SetManager::default()
+    }
+
+    /// The node's address facts compiled `-m addrtype` matches read; replace them with
+    /// [`NodeAddrs::replace`](crate::node_addrs::NodeAddrs::replace) when the host's
+    /// addresses change.
+    pub fn node_addrs(&self) -> &Arc<crate::node_addrs::NodeAddrs> {
+        &self.node_addrs
+    }
+
+    /// Says which hooks the node's packet path evaluates, for validation's
+    /// [`crate::validate::ViolationKind::HookNotReached`] warnings (`None`: unknown, no
+    /// warning).
+    pub fn set_reached_hooks(&self, hooks: Option<crate::validate::ReachedHooks>) {
+        *self
+            .reached_hooks
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = hooks.map(Arc::new);
+    }
+
+    pub(in crate::sets) fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Arc<SetHandle>>> {
+        // A writer that panicked left the map itself consistent (contents are published whole).
+        self.sets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The handle of `name` (what a compiled snapshot keeps).
+    pub fn handle(&self, name: &str) -> Option<Arc<SetHandle>> {
+        self.lock().get(name).cloned()
+    }
+
+    /// How many handles of `name` exist besides the manager's own (compiled snapshots, ...);
+    /// `None` when the set does not exist.
+    pub fn handle_count(&self, name: &str) -> Option<usize> {
+        self.lock().get(name).map(|h| Arc::strong_count(h) - 1)
+    }
+
+    /// Set names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Creates an empty set.
+    pub fn create(&self, name: &str, spec: SetSpec) -> Result<(), SetError> {
+        let mut sets = self.lock();
+        Self::create_locked(&mut sets, name, spec)
+    }
+
+    pub(in crate::sets) fn create_locked(
+        sets: &mut BTreeMap<String, Arc<SetHandle>>,
+        name: &str,
+        spec: SetSpec,
+    ) -> Result<(), SetError> {
+        check_name(name).map_err(|why| SetError::BadName(name.into(), why))?;
+        if sets.contains_key(name) {
+            return Err(SetError::Exists(name.into()));
+        }
+        let handle = SetHandle {
+            kind: spec.kind,
+            family: spec.family,
+            content: ArcSwap::new(Content::new(&spec).seal()),
+        };
+        sets.insert(name.into(), Arc::new(handle));
+        Ok(())
+    }
+
+    /// Removes the set's name. Handles still held keep its last content (see module docs).
+    pub fn destroy(&self, name: &str) -> Result<(), SetError> {
+        self.lock()
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| SetError::NotFound(name.into()))
+    }
+
+    /// Parses element texts for set `name` (see [`Element::parse`]).
+    pub fn parse_elements(&self, name: &str, texts: &[&str]) -> Result<Vec<Element>, SetError> {
+        let h = self
+            .handle(name)
+            .ok_or_else(|| SetError::NotFound(name.into()))?;
+        let spec = h.spec(&h.content.load());
+        let mut out = Vec::new();
+        for t in texts {
+            out.extend(
+                Element::parse(&spec, t).map_err(|reason| SetError::BadElement {
+                    set: name.into(),
+                    element: (*t).into(),
+                    reason,
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Adds elements in one publication (all or none). An element already present gets its
+    /// timeout renewed and keeps its counters (as `ipset add -exist`).
+    pub fn add(
+        &self,
+        name: &str,
+        elements: impl IntoIterator<Item = (Element, AddOptions)>,
+        now: u64,
+    ) -> Result<(), SetError> {
+        let sets = self.lock();
+        let mut st = Self::stage(&sets, name)?;
+        st.add(name, elements, now)?;
+        st.publish();
+        Ok(())
+    }
+
+    /// Adds element texts with default options (convenience over [`SetManager::add`]).
+    pub fn add_str(&self, name: &str, texts: &[&str], now: u64) -> Result<(), SetError> {
+        let elements = self.parse_elements(name, texts)?;
+        self.add(
+            name,
+            elements.into_iter().map(|e| (e, AddOptions::default())),
+            now,
+        )
+    }
+
+    /// Adds `add` and deletes `delete` in one publication (readers see both or neither);
+    /// returns how many deleted elements were present. Deletions apply after additions.
+    pub fn update(
+        &self,
+        name: &str,
+        add: impl IntoIterator<Item = (Element, AddOptions)>,
+        delete: impl IntoIterator<Item = Element>,
+        now: u64,
+    ) -> Result<usize, SetError> {
+        let sets = self.lock();
+        let p = Self::prepare_locked(&sets, name, add, delete, now)?;
+        let n = p.deleted;
+        p.publish();
+        Ok(n)
+    }
+
+    /// As [`SetManager::update`], but returns the change unpublished (see [`Prepared`] for
+    /// the caller's part). Errors as `update`; on error nothing is staged.
+    pub fn prepare_update(
+        &self,
+        name: &str,
+        add: impl IntoIterator<Item = (Element, AddOptions)>,
+        delete: impl IntoIterator<Item = Element>,
+        now: u64,
+    ) -> Result<Prepared, SetError> {
+        let sets = self.lock();
+        Self::prepare_locked(&sets, name, add, delete, now)
+    }
+
+    pub(in crate::sets) fn prepare_locked(
+        sets: &BTreeMap<String, Arc<SetHandle>>,
+        name: &str,
+        add: impl IntoIterator<Item = (Element, AddOptions)>,
+        delete: impl IntoIterator<Item = Element>,
+        now: u64,
+    ) -> Result<Prepared, SetError> {
+        let mut st = Self::stage(sets, name)?;
+        st.add(name, add, now)?;
+        let deleted = delete.into_iter().filter(|e| st.content.remove(e)).count();
+        Ok(Prepared {
+            staged: st,
+            deleted,
+        })
+    }
+
+    /// Adds elements with absolute expiries (ns on the caller's clock, `u64::MAX` never) and
+    /// fresh counters, in one publication (all or none): how a persisted set is loaded back.
+    ///
+    /// Errors: [`SetError::NotFound`], [`SetError::Full`].
+    pub fn load(
+        &self,
+        name: &str,
+        elements: impl IntoIterator<Item = (Element, u64)>,
+    ) -> Result<(), SetError> {
+        let sets = self.lock();
+        let mut st = Self::stage(&sets, name)?;
+        st.insert_until(name, elements)?;
+        st.publish();
+        Ok(())
+    }
+
+    /// The header of `name`.
+    pub fn summary(&self, name: &str) -> Option<SetSummary> {
+        let sets = self.lock();
+        sets.get(name).map(|h| Self::summary_of(name, h))
+    }
+
+    /// The headers of every set, by name.
+    pub fn summaries(&self) -> Vec<SetSummary> {
+        let sets = self.lock();
+        sets.iter().map(|(n, h)| Self::summary_of(n, h)).collect()
+    }
+
+    pub(in crate::sets) fn summary_of(name: &str, h: &SetHandle) -> SetSummary {
+        let c = h.content.load();
+        SetSummary {
+            name: name.into(),
+            spec: h.spec(&c),
+            entries: c.map.len(),
+        }
+    }
+
+    /// Deletes elements in one publication; returns how many were present.
+    pub fn delete(
+        &self,
+        name: &str,
+        elements: impl IntoIterator<Item = Element>,
+    ) -> Result<usize, SetError> {
+        let sets = self.lock();
+        let mut st = Self::stage(&sets, name)?;
+        let n = elements
+            .into_iter()
+            .filter(|e| st.content.remove(e))
+            .count();
+        st.publish();
+        Ok(n)
+    }
+
+    /// Deletes element texts (convenience over [`SetManager::delete`]).
+    pub fn delete_str(&self, name: &str, texts: &[&str]) -> Result<usize, SetError> {
+        let elements = self.parse_elements(name, texts)?;
+        self.delete(name, elements)
+    }
+
+    /// Removes every element.
+    pub fn flush(&self, name: &str) -> Result<(), SetError> {
+        let sets = self.lock();
+        let h = sets
+            .get(name)
+            .ok_or_else(|| SetError::NotFound(name.into()))?;
+        let spec = h.spec(&h.content.load());
+        h.content.store(Content::new(&spec).seal());
+        Ok(())
+    }
+
+    /// Exchanges the contents (elements and options) of two sets of the same type and family;
+    /// existing handles see the exchanged contents (see module docs).
+    pub fn swap(&self, a: &str, b: &str) -> Result<(), SetError> {
+        let sets = self.lock();
+        let ha = sets.get(a).ok_or_else(|| SetError::NotFound(a.into()))?;
+        let hb = sets.get(b).ok_or_else(|| SetError::NotFound(b.into()))?;
+        if ha.kind != hb.kind || ha.family != hb.family {
+            return Err(SetError::Incompatible(a.into(), b.into()));
+        }
+        let ca = ha.content.load_full();
+        let cb = hb.content.swap(ca);
+        ha.content.store(cb);
+        Ok(())
+    }
+
+    /// Frees expired elements (matching already ignores them); returns how many.
+    pub fn gc(&self, now: u64) -> usize {
+        let sets = self.lock();
+        let mut freed = 0;
+        for h in sets.values() {
+            let cur = h.content.load();
+            if cur.map.values().all(|e| now < e.expires) {
+                continue;
+            }
+            let mut c = Content::clone(&cur);
+            let dead: Vec<Element> = c
+                .map
+                .iter()
+                .filter(|(_, e)| now >= e.expires)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in &dead {
+                c.remove(k);
+            }
+            freed += dead.len();
+            h.content.store(c.seal());
+        }
+        freed
+    }
+
+    /// The set as `ipset list` shows it at `now` (live elements only, sorted).
+    pub fn list(&self, name: &str, now: u64) -> Result<SetInfo, SetError> {
+        let sets = self.lock();
+        Self::list_locked(&sets, name, now)
+    }
+
+    pub(in crate::sets) fn list_locked(
+        sets: &BTreeMap<String, Arc<SetHandle>>,
+        name: &str,
+        now: u64,
+    ) -> Result<SetInfo, SetError> {
+        let h = sets
+            .get(name)
+            .ok_or_else(|| SetError::NotFound(name.into()))?;
+        let c = h.content.load();
+        let spec = h.spec(&c);
+        let mut elements: Vec<ListedElement> = c
+            .map
+            .iter()
+            .filter(|(_, e)| now < e.expires)
+            .map(|(k, e)| ListedElement {
+                element: *k,
+                text: k.display(&spec),
+                timeout: spec.timeout.map(|_| {
+                    if e.expires == u64::MAX {
+                        0
+                    } else {
+                        (e.expires - now).div_ceil(NS_PER_S)
+                    }
+                }),
+                counters: e.counters.as_ref().map(|c| {
+                    (
+                        c.packets.load(Ordering::Relaxed),
+                        c.bytes.load(Ordering::Relaxed),
+                    )
+                }),
+            })
+            .collect();
+        elements.sort_by_key(|e| e.element);
+        Ok(SetInfo {
+            name: name.into(),
+            spec,
+            elements,
+        })
+    }
+
+    /// A copy of `name`'s content to change and publish later.
+    pub(in crate::sets) fn stage(
+        sets: &BTreeMap<String, Arc<SetHandle>>,
+        name: &str,
+    ) -> Result<Staged, SetError> {
+        let h = sets
+            .get(name)
+            .ok_or_else(|| SetError::NotFound(name.into()))?;
+        Ok(Staged {
+            handle: Arc::clone(h),
+            content: Content::clone(&h.content.load()),
+            log: None,
+        })
+    }
+}
+
+impl Staged {
+    pub(in crate::sets) fn spec(&self) -> SetSpec {
+        self.handle.spec(&self.content)
+    }
+
+    pub(in crate::sets) fn add(
+        &mut self,
+        name: &str,
+        elements: impl IntoIterator<Item = (Element, AddOptions)>,
+        now: u64,
+    ) -> Result<(), SetError> {
+        let opts = self.content.opts;
+        for (e, add) in elements {
+            // As ipset: per-element options need the set to have been created with them.
+            let unsupported = if add.timeout.is_some() && opts.timeout.is_none() {
+                Some("the set was created without timeout")
+            } else if add.counters.is_some() && !opts.counters {
+                Some("the set was created without counters")
+            } else {
+                None
+            };
+            if let Some(reason) = unsupported {
+                return Err(SetError::BadElement {
+                    set: name.into(),
+                    element: e.display(&self.spec()),
+                    reason: reason.into(),
+                });
+            }
+            let expires = expiry(opts.timeout, &add, now);
+            // Explicit counters go into fresh ones: the old `Arc` is shared with the published
+            // content, and writing it now would change the live set before (or without) a
+            // publish. Otherwise the element keeps its counters.
+            let old = self.content.map.get(&e).and_then(|o| o.counters.clone());
+            let counters = opts.counters.then(|| match add.counters {
+                Some((p, b)) => Arc::new(Counters {
+                    packets: AtomicU64::new(p),
+                    bytes: AtomicU64::new(b),
+                }),
+                None => old.unwrap_or_default(),
+            });
+            let present = self.content.map.contains_key(&e);
+            if !present && self.content.map.len() >= opts.maxelem as usize {
+                return Err(SetError::Full {
+                    set: name.into(),
+                    maxelem: opts.maxelem,
+                });
+            }
+            self.content.insert(e, Entry { expires, counters });
+            if let Some(log) = &mut self.log {
+                log.push((e, expires));
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts elements with absolute expiries (ns; `u64::MAX` never), fresh counters.
+    pub(in crate::sets) fn insert_until(
+        &mut self,
+        name: &str,
+        elements: impl IntoIterator<Item = (Element, u64)>,
+    ) -> Result<(), SetError> {
+        let opts = self.content.opts;
+        for (e, expires) in elements {
+            if !self.content.map.contains_key(&e) && self.content.map.len() >= opts.maxelem as usize
+            {
+                return Err(SetError::Full {
+                    set: name.into(),
+                    maxelem: opts.maxelem,
+                });
+            }
+            let counters = opts.counters.then(Arc::default);
+            self.content.insert(e, Entry { expires, counters });
+        }
+        Ok(())
+    }
+
+    /// Keeps a log of every element [`Staged::add`] inserts, with its expiry.
+    pub(in crate::sets) fn logged(mut self) -> Staged {
+        self.log = Some(Vec::new());
+        self
+    }
+
+    /// The logged additions (empty unless [`Staged::logged`]).
+    pub(in crate::sets) fn log(&self) -> &[(Element, u64)] {
+        self.log.as_deref().unwrap_or(&[])
+    }
+
+    pub(in crate::sets) fn publish(self) {
+        self.handle.content.store(self.content.seal());
+    }
+}
+
+// === Prepared ===
+
+/// A change of one set, checked against its content and built on a private copy, not yet
+/// visible to readers: [`SetManager::prepare_update`] makes it, [`Prepared::publish`] makes
+/// it visible in one store; dropping it discards it. This lets a caller make the change
+/// durable elsewhere (the server's SQLite store) between the check and the publication.
+///
+/// Contract: between prepare and publish the caller keeps every other writer of this set
+/// out (the server holds its write lock); a publish overwrites changes made in between.
+pub struct Prepared {
+    pub(in crate::sets) staged: Staged,
+    pub(in crate::sets) deleted: usize,
+}
+
+impl fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("len", &self.staged.content.map.len())
+            .field("deleted", &self.deleted)
+            .finish()
+    }
+}
+
+impl Prepared {
+    /// How many of the elements to delete were present.
+    pub fn deleted(&self) -> usize {
+        self.deleted
+    }
+
+    /// The set's spec.
+    pub fn spec(&self) -> SetSpec {
+        self.staged.spec()
+    }
+
+    /// Makes the change visible (one atomic store; readers see all of it or none).
+    pub fn publish(self) {
+        self.staged.publish();
+    }
+}
+
+/// A set's header as `ipset list -terse` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetSummary {
+    /// Name.
+    pub name: String,
+    /// Type, family and options.
+    pub spec: SetSpec,
+    /// Elements held, including expired ones not yet freed by [`SetManager::gc`] (as ipset's
+    /// "Number of entries").
+    pub entries: usize,
+}
