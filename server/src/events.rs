@@ -93,6 +93,7 @@ impl PacketEvent {
             rule: 0,
             prefix: None,
             level: 4,
+            nflog_group: None,
             packet,
         };
         PacketEvent {
@@ -331,7 +332,9 @@ impl Inner {
 
     fn dispatch(&self, batch: Vec<PacketEvent>) {
         for e in batch {
-            if e.kind == Kind::Log {
+            // As the kernel: LOG writes the line to the log, NFLOG only to its group (here:
+            // the stream).
+            if e.kind == Kind::Log && e.log.nflog_group.is_none() {
                 log_line(e.log.level, &e.line());
             }
             let e = Arc::new(e);
@@ -863,6 +866,7 @@ mod tests {
             rule: 1,
             prefix: prefix.map(Arc::from),
             level: 4,
+            nflog_group: None,
             packet: parse_ip(bytes, base).expect("parses"),
         }
     }
