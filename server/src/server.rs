@@ -402,11 +402,13 @@ pub async fn run_with(
             std::time::SystemTime::now(),
             &ct_state,
         ) {
-            Ok(n) => eprintln!(
-                "vallumd: conntrack: saved {n} entries to {}",
+            Ok(n) => tracing::info!(
+                entries = n,
+                file = %ct_state.display(),
+                "conntrack: saved {n} entries to {}",
                 ct_state.display()
             ),
-            Err(e) => eprintln!("vallumd: conntrack: not saved: {e}"),
+            Err(e) => tracing::warn!(error = %e, "conntrack: not saved: {e}"),
         }
     }
     load_health.abort();
@@ -450,7 +452,7 @@ pub async fn run_with(
 }
 
 /// Restores the connection table saved by the last graceful stop (`conntrack_state`) and
-/// says what it did on stderr; a bad file is reported and the table starts empty.
+/// says what it did in the log; a bad file is reported and the table starts empty.
 fn restore_conntrack(
     ct: &vallum_engine::conntrack::Conntrack,
     now_ns: u64,
@@ -460,8 +462,10 @@ fn restore_conntrack(
     use crate::conntrack_state::{Outcome, restore};
     match restore(ct, now_ns, std::time::SystemTime::now(), max_age, file) {
         Ok(Outcome::Absent) => {}
-        Ok(Outcome::Restored(r, age)) => eprintln!(
-            "vallumd: conntrack: restored {} entries from {} (saved {:.1} s ago; {} expired \
+        Ok(Outcome::Restored(r, age)) => tracing::info!(
+            entries = r.restored,
+            file = %file.display(),
+            "conntrack: restored {} entries from {} (saved {:.1} s ago; {} expired \
              meanwhile, {} over --conntrack-max)",
             r.restored,
             file.display(),
@@ -469,14 +473,15 @@ fn restore_conntrack(
             r.expired,
             r.full
         ),
-        Ok(Outcome::TooOld(age)) => eprintln!(
-            "vallumd: conntrack: {} not restored: saved {:.0} s ago, more than \
+        Ok(Outcome::TooOld(age)) => tracing::warn!(
+            file = %file.display(),
+            "conntrack: {} not restored: saved {:.0} s ago, more than \
              --conntrack-state-max-age {:.0} s",
             file.display(),
             age.as_secs_f64(),
             max_age.as_secs_f64()
         ),
-        Err(e) => eprintln!("vallumd: conntrack: not restored, starting empty: {e}"),
+        Err(e) => tracing::warn!(error = %e, "conntrack: not restored, starting empty: {e}"),
     }
 }
 
