@@ -304,6 +304,14 @@ impl Grant {
         }
     }
 
+    /// Whether the scope caps priorities (`min-priority=`): only then must a caller look up a
+    /// ruleset's stored priority for [`Grant::check`].
+    pub fn limits_priority(&self) -> bool {
+        self.caller
+            .as_ref()
+            .is_some_and(|(_, s)| s.min_priority.is_some())
+    }
+
     /// Refuses with [`Error::ScopeDenied`] (reason `SCOPE_DENIED`, naming the missing scope
     /// word) unless the scope holds `op`, covers `name` (when one is named; `None` means
     /// "every ruleset", which only an unrestricted name list covers) and allows `priority`.

@@ -109,6 +109,29 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
     assert_eq!(denied(&e), scope_denied("min-priority<=50"), "{e:?}");
     assert!(e.message().contains("team-a may not Apply"), "{e:?}");
 
+    // A ruleset of its own names that root created below its floor: the stored priority
+    // counts (a ruleset keeps its first stage's priority), so neither an Apply at 100 nor a
+    // commit of its revision gets past the floor.
+    c.apply(with_token(apply_req("team-a-low", 10), ROOT))
+        .await
+        .expect("root applies team-a-low at 10");
+    let e = c
+        .apply(with_token(apply_req("team-a-low", 100), TEAM_A))
+        .await
+        .unwrap_err();
+    assert_eq!(denied(&e), scope_denied("min-priority<=10"), "{e:?}");
+    let e = c
+        .commit_revision(with_token(
+            pb::CommitRevisionRequest {
+                name: "rulesets/team-a-low/revisions/1".into(),
+                ..Default::default()
+            },
+            TEAM_A,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(denied(&e), scope_denied("min-priority<=10"), "{e:?}");
+
     // Another owner's ruleset: no apply, delete, rollback, confirm, stage or commit.
     let missing = scope_denied("rulesets=team-b-web");
     let e = c

@@ -140,6 +140,31 @@ impl RulesetApi {
     pub fn new(state: Arc<State>) -> Self {
         RulesetApi { state }
     }
+    /// The priority a scoped token's `min-priority` is checked against for `name`: the lower
+    /// of the requested one and, when the ruleset exists, its stored one (a ruleset keeps the
+    /// priority of its first stage, so committing to one created below the floor would put
+    /// the caller's rules ahead of it). Reads the store only for a token with a floor.
+    async fn scoped_priority(
+        &self,
+        grant: &Grant,
+        name: &str,
+        requested: Option<i32>,
+    ) -> Result<Option<i32>> {
+        if !grant.limits_priority() {
+            return Ok(requested);
+        }
+        let stored = self
+            .state
+            .pipeline
+            .store()
+            .get_ruleset(name)
+            .await?
+            .map(|r| r.priority);
+        Ok(match (requested, stored) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
 
     /// Parses and validates a request's source for ruleset `name`. With `noflush` the text is
     /// applied to the ruleset's active revision (empty tables when it has none), as
@@ -244,7 +269,8 @@ impl RulesetApi {
                 &format!("Apply rulesets/{name} priority {}", r.priority),
                 Op::Apply,
                 Some(&name),
-                Some(r.priority),
+                self.scoped_priority(&grant, &name, Some(r.priority))
+                    .await?,
             )?;
             self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
@@ -319,7 +345,7 @@ impl RulesetApi {
                 &format!("CommitRevision rulesets/{name}"),
                 Op::Apply,
                 Some(&name),
-                None,
+                self.scoped_priority(&grant, &name, None).await?,
             )?;
             self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
@@ -387,7 +413,7 @@ impl RulesetApi {
                 &format!("Rollback rulesets/{name}"),
                 Op::Apply,
                 Some(&name),
-                None,
+                self.scoped_priority(&grant, &name, None).await?,
             )?;
             self.state.owners.check(&name)?;
             self.state
@@ -479,7 +505,8 @@ impl RulesetService for RulesetApi {
                 &format!("StageRevision rulesets/{name} priority {}", r.priority),
                 Op::Apply,
                 Some(&name),
-                Some(r.priority),
+                self.scoped_priority(&grant, &name, Some(r.priority))
+                    .await?,
             )?;
             self.state.owners.check(&name)?;
             let (checked, base_etag) = self
@@ -533,7 +560,7 @@ impl RulesetService for RulesetApi {
                 &format!("ConfirmCommit rulesets/{name}"),
                 Op::Apply,
                 Some(&name),
-                None,
+                self.scoped_priority(&grant, &name, None).await?,
             )?;
             self.state.owners.check(&name)?;
             let rev = self.state.pipeline.confirm(&name, n).await?;
