@@ -276,6 +276,28 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
         .unwrap_err();
     assert_eq!(denied(&e), scope_denied("ops=counters"), "{e:?}");
 
+    // EditRuleset is an Apply of its edits: its own ruleset yes, another owner's no; the
+    // audit names the method.
+    let edit = |ruleset: &str| pb::EditRulesetRequest {
+        ruleset: ruleset.into(),
+        edits: vec![pb::RuleCommand {
+            family: pb::Family::Ipv4 as i32,
+            table: "filter".into(),
+            args: ["-A", "INPUT", "-p", "tcp", "--dport", "24", "-j", "DROP"]
+                .map(String::from)
+                .to_vec(),
+        }],
+        ..Default::default()
+    };
+    c.edit_ruleset(with_token(edit("team-a-web"), TEAM_A))
+        .await
+        .expect("team-a edits its own ruleset");
+    let e = c
+        .edit_ruleset(with_token(edit("team-b-web"), TEAM_A))
+        .await
+        .unwrap_err();
+    assert_eq!(denied(&e), scope_denied("rulesets=team-b-web"), "{e:?}");
+
     // The audit log records the caller with its scope, refusals included.
     let db = rusqlite::Connection::open(dir.path().join("v.db")).unwrap();
     let rows: Vec<(String, String, String)> = db
@@ -294,6 +316,13 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
     assert!(delete.2.contains("SCOPE_DENIED"), "{rows:?}");
     assert!(
         rows.iter().any(|r| r.0 == "root" && r.1 == "Apply"),
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.0 == scoped && r.1 == "EditRuleset")
+            .count(),
+        2,
         "{rows:?}"
     );
     d.stop().await;

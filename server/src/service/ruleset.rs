@@ -247,10 +247,12 @@ impl RulesetApi {
         .await
         .map_err(|e| Error::Internal(format!("check task: {e}")))?
     }
-    /// The body of `apply`, run by [`to_completion`].
+    /// The body of `apply` (and of `edit_ruleset`, whose edits become a noflush Apply),
+    /// run by [`to_completion`]; `method` names the call in the audit log.
     async fn apply_call(
         &self,
         request: Request<pb::ApplyRequest>,
+        method: &'static str,
     ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
@@ -260,7 +262,7 @@ impl RulesetApi {
         // made on a second blocking thread while the text is parsed; no record for a dry run.
         let mut digesting = (!r.validate_only).then(|| {
             let (r, caller) = (r.clone(), caller.clone());
-            tokio::task::spawn_blocking(move || audit_entry(caller, "Apply", &*r))
+            tokio::task::spawn_blocking(move || audit_entry(caller, method, &*r))
         });
         let mut audit = None;
         let result = async {
@@ -295,7 +297,7 @@ impl RulesetApi {
                 });
             }
             self.state
-                .idempotent("Apply", &r.request_id, async {
+                .idempotent(method, &r.request_id, async {
                     let c = self
                         .state
                         .pipeline
@@ -579,7 +581,7 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::CommitResult>, Status> {
         // On a task of its own: a client that gives up cannot stop it half done.
         let api = self.clone();
-        to_completion(async move { api.apply_call(request).await }).await
+        to_completion(async move { api.apply_call(request, "Apply").await }).await
     }
 
     async fn edit_ruleset(
@@ -608,7 +610,7 @@ impl RulesetService for RulesetApi {
         };
         let api = self.clone();
         let request = Request::from_parts(metadata, extensions, apply);
-        to_completion(async move { api.apply_call(request).await }).await
+        to_completion(async move { api.apply_call(request, "EditRuleset").await }).await
     }
 
     async fn rollback(
