@@ -103,6 +103,7 @@ use crate::validate::RuleDiffs;
 mod build;
 mod carry;
 mod chunks;
+mod connlimit;
 mod counters;
 mod eval;
 mod log_ring;
@@ -111,6 +112,7 @@ mod stateful;
 mod tuple_merge;
 
 use chunks::{Chunks, RuleChunks};
+use connlimit::CConnlimit;
 use counters::CounterCells;
 use stateful::{CHashlimit, CRecent, NamedState};
 
@@ -552,6 +554,8 @@ enum CMatch {
     Recent(Box<CRecent>),
     /// `-m hashlimit` with a packet rate (boxed: it holds its table).
     Hashlimit(Box<CHashlimit>),
+    /// `-m connlimit` (boxed: it holds its lists).
+    Connlimit(Box<CConnlimit>),
 }
 
 /// A compiled `-m conntrack` with options beyond `--ctstate`, as conntrack_mt (revision 3):

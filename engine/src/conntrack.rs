@@ -69,6 +69,7 @@ use crate::model::ct_state;
 use crate::packet::PacketMeta;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, spin_loop};
 
+mod count;
 pub mod filter;
 pub mod persist;
 mod reclaim;
@@ -80,6 +81,7 @@ mod loom_model;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+pub use count::Liveness;
 pub use filter::ConnFilter;
 pub use persist::{PersistError, Restored};
 pub use tcp::TcpState;

@@ -541,7 +541,7 @@ impl Engine {
         match &self.conntrack {
             None => self.dataplane.with_active(|s| s.trace(packet, now_ns)),
             Some(ct) => self.dataplane.with_active(|s| {
-                s.trace_split(packet, now_ns, |p| {
+                s.trace_tracked(packet, now_ns, Some(ct), |p| {
                     ct.peek_into(p, now_ns);
                     None
                 })
@@ -550,9 +550,12 @@ impl Engine {
     }
 
     /// As [`Engine::trace`] but with the packet's `ct_state` taken as given (no conntrack
-    /// lookup), to ask how the rules treat e.g. an ESTABLISHED packet.
+    /// lookup), to ask how the rules treat e.g. an ESTABLISHED packet (`-m connlimit` still
+    /// counts the table's connections).
     pub fn trace_with_state(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
-        self.dataplane.with_active(|s| s.trace(packet, now_ns))
+        let ct = self.conntrack.as_ref();
+        self.dataplane
+            .with_active(|s| s.trace_tracked(packet, now_ns, ct, |_| None))
     }
 
     /// The connection table, `None` when conntrack is off: stats, list, delete by filter,
@@ -713,12 +716,13 @@ impl EngineWorker<'_> {
                     // into `confirm`).
                     let unconfirmed = std::cell::Cell::new(None);
                     let found_mark = std::cell::Cell::new(None);
-                    snap.classify_batch_split(
+                    snap.classify_batch_tracked(
                         batch.core(),
                         packets,
                         verdicts,
                         now_ns,
                         logs,
+                        Some(ct),
                         |p| {
                             let (v, u) = ct.track_unconfirmed(p, now_ns);
                             found_mark.set(

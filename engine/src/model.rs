@@ -15,10 +15,12 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+mod connlimit;
 mod edit;
 mod rules;
 mod stateful;
 
+pub use connlimit::ConnlimitMatch;
 pub use edit::{EditError, EditOp, RuleEdit};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 pub use stateful::{
@@ -519,6 +521,9 @@ pub enum Match {
     Recent(RecentMatch),
     /// `-m hashlimit` with a packet rate: a token bucket per hash key ([`HashlimitMatch`]).
     Hashlimit(HashlimitMatch),
+    /// `-m connlimit`: how many connections share the packet's masked address
+    /// ([`ConnlimitMatch`]).
+    Connlimit(ConnlimitMatch),
     /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
     /// tables and round trips); rejected by validation in enforced tables.
     Opaque(Opaque),
@@ -556,6 +561,7 @@ impl Match {
             Match::AddrType(_) => "addrtype",
             Match::Recent(_) => "recent",
             Match::Hashlimit(_) => "hashlimit",
+            Match::Connlimit(_) => "connlimit",
             Match::Opaque(o) => &o.name,
         }
     }

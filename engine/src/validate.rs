@@ -1144,6 +1144,16 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::WrongFamily("-m recent --mask".into()));
                     }
                 }
+                Match::Connlimit(c) => {
+                    let width = if family == Family::Ipv4 { 32 } else { 128 };
+                    if c.prefix > width {
+                        errs.push(ViolationKind::BadValue {
+                            what: "connlimit",
+                            value: c.prefix.to_string(),
+                            reason: "--connlimit-mask is longer than the family's addresses",
+                        });
+                    }
+                }
                 Match::Hashlimit(h) => {
                     if let Some(reason) = h.kernel_refusal(family) {
                         errs.push(ViolationKind::BadValue {

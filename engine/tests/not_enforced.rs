@@ -1,8 +1,7 @@
-//! Extensions real rulesets use that the engine does not enforce yet (connlimit, rpfilter,
-//! physdev, CT zones and helpers, hashlimit byte rates): they import and print as
-//! iptables-save prints them (connlimit canonically), and in filter or raw validation refuses
-//! them with an error that names the extension and says why (the reason the support table
-//! prints).
+//! Extensions real rulesets use that the engine does not enforce yet (rpfilter, physdev, CT
+//! zones and helpers, hashlimit byte rates): they import and print as iptables-save prints
+//! them, and in filter or raw validation refuses them with an error that names the extension
+//! and says why (the reason the support table prints).
 
 use vallum_engine::model::Family;
 use vallum_engine::restore::{parse_ruleset, support_markdown};
@@ -11,52 +10,7 @@ use vallum_engine::validate::{Severity, validate};
 
 #[path = "support/one_rule.rs"]
 mod one_rule;
-use one_rule::{opts, printed};
-
-#[test]
-fn connlimit_prints_as_iptables_save() {
-    for (rule, want) in [
-        (
-            "-m connlimit --connlimit-above 10",
-            "-m connlimit --connlimit-above 10 --connlimit-mask 32 --connlimit-saddr",
-        ),
-        (
-            "-m connlimit ! --connlimit-above 2 --connlimit-daddr --connlimit-mask 24",
-            "-m connlimit --connlimit-upto 2 --connlimit-mask 24 --connlimit-daddr",
-        ),
-    ] {
-        assert_eq!(printed(Family::Ipv4, rule).as_deref(), Ok(want), "{rule}");
-    }
-    assert_eq!(
-        printed(Family::Ipv6, "-m connlimit --connlimit-upto 1").as_deref(),
-        Ok("-m connlimit --connlimit-upto 1 --connlimit-mask 128 --connlimit-saddr")
-    );
-    for (rule, says) in [
-        ("-m connlimit --connlimit-upto -1", "unknown option '-1'"),
-        ("-m connlimit --connlimit-upto x", "bad value"),
-        (
-            "-m connlimit --connlimit-upto 1 --conlimit-above 1",
-            "no option",
-        ),
-        (
-            "-m connlimit --connlimit-above 10 --connlimit-saddr --connlimit-daddr",
-            "cannot be used together",
-        ),
-        (
-            "-m connlimit --connlimit-mask 24",
-            "--connlimit-above or --connlimit-upto",
-        ),
-        (
-            "-m connlimit --connlimit-above 1 --connlimit-mask 33",
-            "bad value",
-        ),
-    ] {
-        match printed(Family::Ipv4, rule) {
-            Ok(p) => panic!("{rule}: accepted as {p}"),
-            Err(e) => assert!(e.contains(says), "{rule}: {e}"),
-        }
-    }
-}
+use one_rule::opts;
 
 fn errors(table: &str, chain: &str, rule: &str) -> Vec<String> {
     let text = format!("*{table}\n:{chain} ACCEPT [0:0]\n-A {chain} {rule}\nCOMMIT\n");
@@ -71,12 +25,6 @@ fn errors(table: &str, chain: &str, rule: &str) -> Vec<String> {
 #[test]
 fn refused_where_enforced_saying_why() {
     for (table, chain, rule, says) in [
-        (
-            "filter",
-            "INPUT",
-            "-p tcp --syn -m connlimit --connlimit-above 10 -j REJECT",
-            "connlimit (counts a source's connections",
-        ),
         (
             "raw",
             "PREROUTING",
@@ -114,7 +62,7 @@ fn refused_where_enforced_saying_why() {
     // Stored in the tables the engine does not enforce.
     assert!(errors("mangle", "PREROUTING", "-m rpfilter -j DROP").is_empty());
     let md = support_markdown();
-    for name in ["connlimit", "rpfilter", "physdev"] {
+    for name in ["rpfilter", "physdev"] {
         let row = md
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}` |")))

@@ -960,6 +960,7 @@ fn compile_rule(
                 let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
                 CMatch::Hashlimit(Box::new(named.borrow_mut().hashlimit(ruleset, family, h)))
             }
+            Match::Connlimit(c) => CMatch::Connlimit(Box::new(CConnlimit::new(c, v6))),
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
         matches.push(c);

@@ -15,6 +15,7 @@ use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::conntrack::Conntrack;
 use crate::model::{
     EcnMatch, Family, FragMatch, Hook, MultiportDir, Policy, PortRange, TableKind, TtlOp, ct_state,
 };
@@ -37,6 +38,9 @@ pub(super) trait Observer {
     fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool;
     /// A `-m hashlimit` match: the packet path takes a token, a trace only looks.
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool;
+    /// A `-m connlimit` match: the packet path adds the packet's connection to the rule's
+    /// list, a trace only counts.
+    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool;
     /// Rule `number` of `chain` (index `chain_index` in the snapshot's chains) is a `-j LOG`
     /// that matched.
     #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
@@ -77,6 +81,9 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
         self.inner.hashlimit(h, pkt, now)
     }
+    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
+        self.inner.connlimit(c, pkt, now)
+    }
     fn log(
         &mut self,
         chain: &CChain,
@@ -99,6 +106,8 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
 /// The hot-path observer: bumps this core's counters and hands LOG hits to `logs`.
 struct Counting<'a, L: ?Sized> {
     counters: &'a CoreCounters,
+    /// The connection table `-m connlimit` asks (`None`: no tracker).
+    ct: Option<&'a Conntrack>,
     snapshot: u64,
     names: &'a [Arc<str>],
     logs: &'a mut L,
@@ -124,6 +133,10 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
     #[inline]
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
         h.matches(pkt, now, true)
+    }
+    #[inline]
+    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
+        c.matches(pkt, now, self.ct, true)
     }
     fn log(
         &mut self,
@@ -217,6 +230,8 @@ pub struct Trace {
 
 pub(super) struct Tracing<'a> {
     pub(super) snapshot: u64,
+    /// The connection table `-m connlimit` asks (`None`: no tracker).
+    pub(super) ct: Option<&'a Conntrack>,
     pub(super) names: &'a [Arc<str>],
     pub(super) steps: Vec<TraceStep>,
     pub(super) logs: Vec<LogEvent>,
@@ -258,6 +273,10 @@ impl Observer for Tracing<'_> {
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
         self.limits_asked += 1;
         h.matches(pkt, now, false)
+    }
+    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
+        self.limits_asked += 1;
+        c.matches(pkt, now, self.ct, false)
     }
     fn log(
         &mut self,
@@ -602,6 +621,7 @@ impl Snapshot {
                 }
                 obs.hashlimit(h, p, now)
             }
+            CMatch::Connlimit(c) => obs.connlimit(c, p, now),
             CMatch::Ipv6Header(h) => {
                 let have = p.ipv6_ext.mask;
                 if h.soft {
@@ -845,6 +865,7 @@ impl Snapshot {
         let counters = self.cells.core(core);
         let mut obs = Counting {
             counters,
+            ct: None,
             snapshot: self.id,
             names: &self.names,
             logs,
@@ -869,9 +890,23 @@ impl Snapshot {
         now: u64,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Trace {
+        self.trace_tracked(packet, now, None, after_raw)
+    }
+
+    /// As [`Snapshot::trace_split`], with `-m connlimit` counting the connections of `ct`
+    /// (a dry run: no list changes). Without a table (`None`) a connlimit rule counts only the
+    /// packet's own connection.
+    pub fn trace_tracked(
+        &self,
+        packet: &PacketMeta,
+        now: u64,
+        ct: Option<&Conntrack>,
+        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+    ) -> Trace {
         let mut p = *packet;
         let mut obs = Tracing {
             snapshot: self.id,
+            ct,
             names: &self.names,
             steps: Vec::new(),
             logs: Vec::new(),
@@ -950,6 +985,25 @@ impl Snapshot {
         verdicts: &mut [Verdict],
         now: u64,
         logs: &mut (impl LogSink + ?Sized),
+        after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
+        decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
+    ) -> usize {
+        self.classify_batch_tracked(core, packets, verdicts, now, logs, None, after_raw, decided)
+    }
+
+    /// As [`Snapshot::classify_batch_split`], with `-m connlimit` counting (and remembering)
+    /// connections against the table `ct`, the one `after_raw` tracks the packets in (the
+    /// engine's worker passes its conntrack table). Without a table a connlimit rule counts
+    /// only the packet's own connection.
+    #[allow(clippy::too_many_arguments)]
+    pub fn classify_batch_tracked(
+        &self,
+        core: usize,
+        packets: &mut [PacketMeta],
+        verdicts: &mut [Verdict],
+        now: u64,
+        logs: &mut (impl LogSink + ?Sized),
+        ct: Option<&Conntrack>,
         mut after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
         mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
     ) -> usize {
@@ -957,6 +1011,7 @@ impl Snapshot {
         let counters: &CoreCounters = self.cells.core(core);
         let mut obs = Counting {
             counters,
+            ct,
             snapshot: self.id,
             names: &self.names,
             logs,

@@ -1,25 +1,26 @@
-//! `-m connlimit`, stored only (the engine does not enforce it: `support::why_not_enforced`):
-//! [`canonical`] checks the options with libxt_connlimit's grammar (iptables 1.8.9,
-//! revision 1) and rewrites them into `connlimit_save`'s form, so that nat and mangle tables round-trip
-//! as iptables-save prints them and what iptables refuses is refused here too.
+//! `-m connlimit`: the line parser collects its options as for an opaque extension;
+//! [`typed`] reads them with libxt_connlimit's grammar (iptables 1.8.9, revision 1) into
+//! [`Match::Connlimit`], refusing what iptables refuses. An error is located at the
+//! extension's name.
 //!
 //! Grammar: `[!] --connlimit-upto N` or `[!] --connlimit-above N` (one of them; `!` swaps
 //! them), `--connlimit-mask LEN`, `--connlimit-saddr` or `--connlimit-daddr`. Printed as
-//! `--connlimit-upto|-above N --connlimit-mask LEN --connlimit-saddr|-daddr`.
+//! `connlimit_save` does: `--connlimit-upto|-above N --connlimit-mask LEN
+//! --connlimit-saddr|-daddr`.
 
-use crate::model::{Family, OpaqueOption};
+use crate::model::{ConnlimitMatch, Family, Match, OpaqueOption};
 
 use super::extensions::parse_uint;
 use super::lexer::Tok;
 use super::rule::Ctx;
 use super::{ParseError, ParseErrorKind as K};
 
-/// Checks `-m connlimit`'s options and puts them in iptables-save's form.
-pub(crate) fn canonical(
-    options: &mut Vec<OpaqueOption>,
+/// Reads `-m connlimit`'s options (collected opaque) into [`Match::Connlimit`].
+pub(crate) fn typed(
+    options: &[OpaqueOption],
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
-) -> Result<(), ParseError> {
+) -> Result<Match, ParseError> {
     let bad = |reason: String| {
         ctx.err(
             token,
@@ -98,29 +99,10 @@ pub(crate) fn canonical(
             },
         ));
     };
-    let opt = |name: &str, args: Vec<String>| OpaqueOption {
-        negated: false,
-        name: name.into(),
-        args,
-    };
-    *options = vec![
-        opt(
-            if upto {
-                "--connlimit-upto"
-            } else {
-                "--connlimit-above"
-            },
-            vec![limit.to_string()],
-        ),
-        opt("--connlimit-mask", vec![mask.to_string()]),
-        opt(
-            if daddr == Some(true) {
-                "--connlimit-daddr"
-            } else {
-                "--connlimit-saddr"
-            },
-            Vec::new(),
-        ),
-    ];
-    Ok(())
+    Ok(Match::Connlimit(ConnlimitMatch {
+        limit: limit as u32,
+        upto,
+        prefix: mask as u8,
+        daddr: daddr == Some(true),
+    }))
 }

@@ -735,6 +735,22 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 }
             }
         }
+        Match::Connlimit(c) => {
+            // As libxt_connlimit's connlimit_save (revision 1).
+            o.push(if c.upto {
+                "--connlimit-upto "
+            } else {
+                "--connlimit-above "
+            });
+            write_uint(o.out, c.limit);
+            o.push("--connlimit-mask ");
+            write_uint(o.out, c.prefix);
+            o.push(if c.daddr {
+                "--connlimit-daddr"
+            } else {
+                "--connlimit-saddr"
+            });
+        }
         Match::Ipv6Header(h) => {
             o.opt(h.negated, "--header ");
             write_names(o.out, &IPV6_HEADER_NAMES, h.headers);

@@ -61,6 +61,9 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "hashlimit") => {
             "packet rates; byte rates (`b/s`) and `--hashlimit-rate-match` are stored only; tables per ruleset kept across commits"
         }
+        (false, "connlimit") => {
+            "the engine's conntrack entries, per rule as nf_conncount; NFQUEUE mode counts what vallumd tracked, not the kernel's table"
+        }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
         (false, "connmark") => "never matches in raw (no conntrack entry before conntrack runs)",
         (true, "CONNMARK") => {
@@ -86,9 +89,6 @@ fn note(target: bool, name: &str) -> &'static str {
 /// enforced: validation names it in its refusal and the support table prints it.
 pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str> {
     Some(match (target, name) {
-        (false, "connlimit") => {
-            "counts a source's connections in the conntrack table, which rule evaluation does not read yet"
-        }
         (false, "rpfilter") => {
             "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
         }
@@ -107,8 +107,10 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    matches!(name, "addrtype" | "recent" | "hashlimit" | "owner")
-        || header_matches::is_typed(name, family)
+    matches!(
+        name,
+        "addrtype" | "recent" | "hashlimit" | "owner" | "connlimit"
+    ) || header_matches::is_typed(name, family)
         || super::opaque::TYPED_MATCHES.contains(&name)
 }
 
@@ -232,7 +234,12 @@ pub fn support_markdown() -> String {
          hashlimit table drops the entry that expires first where the kernel drops the packet;\n\
          ports of ESP/AH packets in a port mode are 0 (the kernel hashes their SPI); a trace is a\n\
          dry run for both: it reads the tables and changes nothing, so a rule after a `--set` of\n\
-         the same packet does not see that time stamp.\n\n",
+         the same packet does not see that time stamp.\n\n\
+         `connlimit` counts, per rule and masked address, the connections whose packets reached\n\
+         the rule (nf_conncount's lists) while the engine's conntrack table holds them and, for\n\
+         TCP, not in TIME_WAIT or CLOSE; the packet's own connection counts. NFQUEUE mode asks\n\
+         vallumd's own table, not the kernel's; a recompiled rule starts with empty lists (as an\n\
+         `iptables-restore` does); see `vallum_engine::compile` (`compile/connlimit.rs`).\n\n",
     );
     for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
         out.push_str(&format!(

@@ -140,7 +140,7 @@ pub(super) fn has_side_effects(r: &CRule) -> bool {
     r.matches.iter().any(|m| {
         matches!(
             m,
-            CMatch::Limit(_) | CMatch::Recent(_) | CMatch::Hashlimit(_)
+            CMatch::Limit(_) | CMatch::Recent(_) | CMatch::Hashlimit(_) | CMatch::Connlimit(_)
         )
     })
 }

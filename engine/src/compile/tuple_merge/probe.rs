@@ -60,7 +60,7 @@ pub(super) struct ProbeKey {
 }
 
 /// An observer for side-effect-free rules, which never report anything: such rules have no
-/// `-m limit`, `-m recent` or `-m hashlimit` (those sit in `effects`), and only the evaluator
+/// `-m limit`, `-m recent`, `-m hashlimit` or `-m connlimit` (those sit in `effects`), and only the evaluator
 /// reports matches.
 pub(super) struct Silent;
 
@@ -74,6 +74,9 @@ impl Observer for Silent {
         false
     }
     fn hashlimit(&mut self, _: &super::super::CHashlimit, _: &PacketMeta, _: u64) -> bool {
+        false
+    }
+    fn connlimit(&mut self, _: &super::super::CConnlimit, _: &PacketMeta, _: u64) -> bool {
         false
     }
     fn log(

@@ -147,6 +147,7 @@ fn compiled(lines: &[String]) -> Snapshot {
 fn answers(snap: &Snapshot, idx: &ChainIndex) -> Vec<Option<u32>> {
     let rules = &snap.chains[0].body.rules;
     let mut obs = super::super::eval::Tracing {
+        ct: None,
         snapshot: snap.id(),
         names: &[],
         steps: Vec::new(),

@@ -321,7 +321,8 @@ pub(crate) fn match_option(
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
         | Match::Recent(_)
-        | Match::Hashlimit(_) => return None,
+        | Match::Hashlimit(_)
+        | Match::Connlimit(_) => return None,
     };
     Some(r)
 }
@@ -663,7 +664,8 @@ pub(crate) fn finish_match(
                 return Ok(());
             }
             if o.name == "connlimit" {
-                return super::super::connlimit::canonical(&mut o.options, &token, ctx);
+                *m = super::super::connlimit::typed(&o.options, &token, ctx)?;
+                return Ok(());
             }
             if o.name == "hashlimit" {
                 if let Some(t) = super::super::hashlimit::typed(&o.options, &token, ctx)? {
@@ -712,7 +714,8 @@ pub(crate) fn finish_match(
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
         | Match::Recent(_)
-        | Match::Hashlimit(_) => {}
+        | Match::Hashlimit(_)
+        | Match::Connlimit(_) => {}
     }
     Ok(())
 }
