@@ -109,15 +109,17 @@ mod eval;
 mod log_ring;
 mod rfc;
 mod stateful;
+mod string;
 mod tuple_merge;
 
 use chunks::{Chunks, RuleChunks};
 use connlimit::CConnlimit;
 use counters::CounterCells;
 use stateful::{CHashlimit, CRecent, NamedState};
+use string::CString;
 
 use eval::Observer;
-pub use eval::{CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
+pub use eval::{BatchWith, CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
 pub use log_ring::{LogHit, LogRecord, LogRing, LogSink};
 pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 use tuple_merge::ChainIndex;
@@ -556,6 +558,8 @@ enum CMatch {
     Hashlimit(Box<CHashlimit>),
     /// `-m connlimit` (boxed: it holds its lists).
     Connlimit(Box<CConnlimit>),
+    /// `-m string` (boxed: it holds its searcher).
+    String(Box<CString>),
 }
 
 /// A compiled `-m conntrack` with options beyond `--ctstate`, as conntrack_mt (revision 3):

@@ -64,7 +64,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::Clock;
 use crate::compile::{
-    CompileError, DiffHint, LogEvent, LogRecord, LogRing, SlotCounters, Snapshot, Trace, Verdict,
+    BatchWith, CompileError, DiffHint, LogEvent, LogRecord, LogRing, SlotCounters, Snapshot, Trace,
+    Verdict,
 };
 use crate::conntrack::{Conntrack, ConntrackConfig, CtVerdict};
 use crate::dataplane::{
@@ -541,7 +542,7 @@ impl Engine {
         match &self.conntrack {
             None => self.dataplane.with_active(|s| s.trace(packet, now_ns)),
             Some(ct) => self.dataplane.with_active(|s| {
-                s.trace_tracked(packet, now_ns, Some(ct), |p| {
+                s.trace_tracked(packet, &[], now_ns, Some(ct), |p| {
                     ct.peek_into(p, now_ns);
                     None
                 })
@@ -555,7 +556,7 @@ impl Engine {
     pub fn trace_with_state(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
         let ct = self.conntrack.as_ref();
         self.dataplane
-            .with_active(|s| s.trace_tracked(packet, now_ns, ct, |_| None))
+            .with_active(|s| s.trace_tracked(packet, &[], now_ns, ct, |_| None))
     }
 
     /// The connection table, `None` when conntrack is off: stats, list, delete by filter,
@@ -694,6 +695,20 @@ impl EngineWorker<'_> {
         verdicts: &mut [Verdict],
         now_ns: u64,
     ) -> usize {
+        self.process_batch_bytes(packets, &[], verdicts, now_ns)
+    }
+
+    /// [`EngineWorker::process_batch`] with each packet's bytes: `bytes[i]` is packet `i`
+    /// from its network (IP) header on, which `-m string` searches (a packet without bytes,
+    /// as in `process_batch`, has none: `--string` is false for it). NFQUEUE's payload is
+    /// that slice.
+    pub fn process_batch_bytes(
+        &mut self,
+        packets: &mut [PacketMeta],
+        bytes: &[&[u8]],
+        verdicts: &mut [Verdict],
+        now_ns: u64,
+    ) -> usize {
         let n = packets.len().min(verdicts.len());
         let logs = &mut self.logs;
         let counts = self.verdicts;
@@ -704,7 +719,20 @@ impl EngineWorker<'_> {
             let (packets, verdicts) = (&mut packets[..n], &mut verdicts[..n]);
             match ct {
                 None => {
-                    snap.classify_batch(batch.core(), packets, verdicts, now_ns, logs);
+                    let with = BatchWith {
+                        bytes,
+                        conntrack: None,
+                    };
+                    snap.classify_batch_tracked(
+                        batch.core(),
+                        packets,
+                        verdicts,
+                        now_ns,
+                        logs,
+                        with,
+                        |_| None,
+                        |_, v| v,
+                    );
                 }
                 Some(ct) => {
                     // A new connection's entry joins the table only if its first packet is
@@ -722,7 +750,10 @@ impl EngineWorker<'_> {
                         verdicts,
                         now_ns,
                         logs,
-                        Some(ct),
+                        BatchWith {
+                            bytes,
+                            conntrack: Some(ct),
+                        },
                         |p| {
                             let (v, u) = ct.track_unconfirmed(p, now_ns);
                             found_mark.set(

@@ -19,6 +19,7 @@ mod connlimit;
 mod edit;
 mod rules;
 mod stateful;
+mod string;
 
 pub use connlimit::ConnlimitMatch;
 pub use edit::{EditError, EditOp, RuleEdit};
@@ -27,6 +28,7 @@ pub use stateful::{
     HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,
     RECENT_MAX_STAMPS, RECENT_NAME_MAX, RecentMatch, RecentOp, full_mask, hashlimit_mode,
 };
+pub use string::{STRING_MAX_PATTERN, StringAlgo, StringMatch};
 
 /// Address family of a table: `iptables` (IPv4) or `ip6tables` (IPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -524,6 +526,9 @@ pub enum Match {
     /// `-m connlimit`: how many connections share the packet's masked address
     /// ([`ConnlimitMatch`]).
     Connlimit(ConnlimitMatch),
+    /// `-m string`: a byte pattern in the packet ([`StringMatch`]; boxed, it holds up to 128
+    /// bytes).
+    String(Box<StringMatch>),
     /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
     /// tables and round trips); rejected by validation in enforced tables.
     Opaque(Opaque),
@@ -562,6 +567,7 @@ impl Match {
             Match::Recent(_) => "recent",
             Match::Hashlimit(_) => "hashlimit",
             Match::Connlimit(_) => "connlimit",
+            Match::String(_) => "string",
             Match::Opaque(o) => &o.name,
         }
     }

@@ -27,6 +27,7 @@ mod owner;
 mod print;
 mod recent;
 mod rule;
+mod string;
 mod support;
 mod tables;
 

@@ -1144,6 +1144,15 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::WrongFamily("-m recent --mask".into()));
                     }
                 }
+                Match::String(s) => {
+                    if let Some(reason) = s.kernel_refusal() {
+                        errs.push(ViolationKind::BadValue {
+                            what: "string",
+                            value: format!("{:?}", String::from_utf8_lossy(&s.pattern)),
+                            reason,
+                        });
+                    }
+                }
                 Match::Connlimit(c) => {
                     let width = if family == Family::Ipv4 { 32 } else { 128 };
                     if c.prefix > width {

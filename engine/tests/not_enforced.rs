@@ -8,6 +8,8 @@ use vallum_engine::restore::{parse_ruleset, support_markdown};
 use vallum_engine::sets::NoSets;
 use vallum_engine::validate::{Severity, validate};
 
+// Shared with the other extension tests, which use the parts this one does not.
+#[allow(dead_code)]
 #[path = "support/one_rule.rs"]
 mod one_rule;
 use one_rule::opts;

@@ -961,6 +961,7 @@ fn compile_rule(
                 CMatch::Hashlimit(Box::new(named.borrow_mut().hashlimit(ruleset, family, h)))
             }
             Match::Connlimit(c) => CMatch::Connlimit(Box::new(CConnlimit::new(c, v6))),
+            Match::String(s) => CMatch::String(Box::new(CString::new(s))),
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
         matches.push(c);

@@ -41,6 +41,9 @@ pub(super) trait Observer {
     /// A `-m connlimit` match: the packet path adds the packet's connection to the rule's
     /// list, a trace only counts.
     fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool;
+    /// The packet's bytes from its network header on, for `-m string` (empty when the caller
+    /// gave none).
+    fn payload(&self) -> &[u8];
     /// Rule `number` of `chain` (index `chain_index` in the snapshot's chains) is a `-j LOG`
     /// that matched.
     #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
@@ -84,6 +87,9 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
         self.inner.connlimit(c, pkt, now)
     }
+    fn payload(&self) -> &[u8] {
+        self.inner.payload()
+    }
     fn log(
         &mut self,
         chain: &CChain,
@@ -108,6 +114,8 @@ struct Counting<'a, L: ?Sized> {
     counters: &'a CoreCounters,
     /// The connection table `-m connlimit` asks (`None`: no tracker).
     ct: Option<&'a Conntrack>,
+    /// The bytes of the packet being evaluated, for `-m string`.
+    payload: &'a [u8],
     snapshot: u64,
     names: &'a [Arc<str>],
     logs: &'a mut L,
@@ -137,6 +145,10 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
     #[inline]
     fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
         c.matches(pkt, now, self.ct, true)
+    }
+    #[inline]
+    fn payload(&self) -> &[u8] {
+        self.payload
     }
     fn log(
         &mut self,
@@ -232,6 +244,8 @@ pub(super) struct Tracing<'a> {
     pub(super) snapshot: u64,
     /// The connection table `-m connlimit` asks (`None`: no tracker).
     pub(super) ct: Option<&'a Conntrack>,
+    /// The packet's bytes, for `-m string`.
+    pub(super) payload: &'a [u8],
     pub(super) names: &'a [Arc<str>],
     pub(super) steps: Vec<TraceStep>,
     pub(super) logs: Vec<LogEvent>,
@@ -277,6 +291,9 @@ impl Observer for Tracing<'_> {
     fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
         self.limits_asked += 1;
         c.matches(pkt, now, self.ct, false)
+    }
+    fn payload(&self) -> &[u8] {
+        self.payload
     }
     fn log(
         &mut self,
@@ -622,6 +639,7 @@ impl Snapshot {
                 obs.hashlimit(h, p, now)
             }
             CMatch::Connlimit(c) => obs.connlimit(c, p, now),
+            CMatch::String(s) => s.matches(obs.payload()),
             CMatch::Ipv6Header(h) => {
                 let have = p.ipv6_ext.mask;
                 if h.soft {
@@ -866,6 +884,7 @@ impl Snapshot {
         let mut obs = Counting {
             counters,
             ct: None,
+            payload: &[],
             snapshot: self.id,
             names: &self.names,
             logs,
@@ -890,15 +909,17 @@ impl Snapshot {
         now: u64,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Trace {
-        self.trace_tracked(packet, now, None, after_raw)
+        self.trace_tracked(packet, &[], now, None, after_raw)
     }
 
-    /// As [`Snapshot::trace_split`], with `-m connlimit` counting the connections of `ct`
-    /// (a dry run: no list changes). Without a table (`None`) a connlimit rule counts only the
-    /// packet's own connection.
+    /// As [`Snapshot::trace_split`], with `-m string` searching `bytes` (the packet from its
+    /// network header on; empty: `--string` is false) and `-m connlimit` counting the
+    /// connections of `ct` (a dry run: no list changes; without a table a connlimit rule
+    /// counts only the packet's own connection).
     pub fn trace_tracked(
         &self,
         packet: &PacketMeta,
+        bytes: &[u8],
         now: u64,
         ct: Option<&Conntrack>,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
@@ -907,6 +928,7 @@ impl Snapshot {
         let mut obs = Tracing {
             snapshot: self.id,
             ct,
+            payload: bytes,
             names: &self.names,
             steps: Vec::new(),
             logs: Vec::new(),
@@ -942,6 +964,27 @@ impl Hint {
         chain: u32::MAX,
         best: PROBE_UNKNOWN,
     };
+}
+
+/// What [`Snapshot::classify_batch_tracked`] hands the matches that read more than a
+/// packet's [`PacketMeta`].
+#[derive(Clone, Copy, Default)]
+pub struct BatchWith<'a> {
+    /// Packet `i`'s bytes from its network header on (`-m string`); a packet beyond the
+    /// slice has none (`--string` is false for it).
+    pub bytes: &'a [&'a [u8]],
+    /// The connection table `-m connlimit` counts in (`None`: no tracker; a connlimit rule
+    /// counts only the packet's own connection).
+    pub conntrack: Option<&'a Conntrack>,
+}
+
+impl std::fmt::Debug for BatchWith<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchWith")
+            .field("bytes", &self.bytes.len())
+            .field("conntrack", &self.conntrack.is_some())
+            .finish()
+    }
 }
 
 /// Packets [`Snapshot::classify_batch`] probes together; a longer slice is taken in chunks of
@@ -988,13 +1031,17 @@ impl Snapshot {
         after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
         decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
     ) -> usize {
-        self.classify_batch_tracked(core, packets, verdicts, now, logs, None, after_raw, decided)
+        let with = BatchWith {
+            bytes: &[],
+            conntrack: None,
+        };
+        self.classify_batch_tracked(core, packets, verdicts, now, logs, with, after_raw, decided)
     }
 
-    /// As [`Snapshot::classify_batch_split`], with `-m connlimit` counting (and remembering)
-    /// connections against the table `ct`, the one `after_raw` tracks the packets in (the
-    /// engine's worker passes its conntrack table). Without a table a connlimit rule counts
-    /// only the packet's own connection.
+    /// As [`Snapshot::classify_batch_split`], with what some matches read beyond the packets'
+    /// [`PacketMeta`] ([`BatchWith`]): `-m string` searches `with.bytes[i]` for packet `i`,
+    /// `-m connlimit` counts (and remembers) connections against `with.conntrack`, the table
+    /// `after_raw` tracks the packets in (the engine's worker passes its own).
     #[allow(clippy::too_many_arguments)]
     pub fn classify_batch_tracked(
         &self,
@@ -1003,7 +1050,7 @@ impl Snapshot {
         verdicts: &mut [Verdict],
         now: u64,
         logs: &mut (impl LogSink + ?Sized),
-        ct: Option<&Conntrack>,
+        with: BatchWith<'_>,
         mut after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
         mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
     ) -> usize {
@@ -1011,7 +1058,8 @@ impl Snapshot {
         let counters: &CoreCounters = self.cells.core(core);
         let mut obs = Counting {
             counters,
-            ct,
+            ct: with.conntrack,
+            payload: &[],
             snapshot: self.id,
             names: &self.names,
             logs,
@@ -1044,6 +1092,7 @@ impl Snapshot {
                     best: best[i - lo],
                 };
                 let p = &mut packets[i];
+                obs.payload = with.bytes.get(i).copied().unwrap_or(&[]);
                 let v = self.evaluate(p, now, &mut obs, hint, &mut after_raw);
                 verdicts[i] = decided(p, v);
             }

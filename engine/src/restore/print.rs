@@ -735,6 +735,44 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 }
             }
         }
+        Match::String(s) => {
+            // As libxt_string's string_save.
+            let hex = s.prints_as_hex();
+            o.opt(
+                s.negated,
+                if hex {
+                    "--hex-string \"|"
+                } else {
+                    "--string \""
+                },
+            );
+            for &b in &s.pattern {
+                if hex {
+                    const HEX: &[u8; 16] = b"0123456789abcdef";
+                    o.out.push(char::from(HEX[usize::from(b >> 4)]));
+                    o.out.push(char::from(HEX[usize::from(b & 15)]));
+                } else {
+                    if b == b'"' || b == b'\\' {
+                        o.out.push('\\');
+                    }
+                    o.out.push(char::from(b));
+                }
+            }
+            o.out.push_str(if hex { "|\"" } else { "\"" });
+            o.push("--algo ");
+            o.out.push_str(s.algo.name());
+            if s.from != 0 {
+                o.push("--from ");
+                write_uint(o.out, s.from);
+            }
+            if s.to != u16::MAX {
+                o.push("--to ");
+                write_uint(o.out, s.to);
+            }
+            if s.icase {
+                o.push("--icase");
+            }
+        }
         Match::Connlimit(c) => {
             // As libxt_connlimit's connlimit_save (revision 1).
             o.push(if c.upto {

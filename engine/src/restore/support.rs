@@ -61,6 +61,9 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "hashlimit") => {
             "packet rates; byte rates (`b/s`) and `--hashlimit-rate-match` are stored only; tables per ruleset kept across commits"
         }
+        (false, "string") => {
+            "`--algo bm` and `kmp` (one searcher, the same answers); the bytes NFQUEUE hands (other sources and traces have none: `--string` is false)"
+        }
         (false, "connlimit") => {
             "the engine's conntrack entries, per rule as nf_conncount; NFQUEUE mode counts what vallumd tracked, not the kernel's table"
         }
@@ -109,7 +112,7 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
 fn typed_from_opaque(name: &str, family: Family) -> bool {
     matches!(
         name,
-        "addrtype" | "recent" | "hashlimit" | "owner" | "connlimit"
+        "addrtype" | "recent" | "hashlimit" | "owner" | "connlimit" | "string"
     ) || header_matches::is_typed(name, family)
         || super::opaque::TYPED_MATCHES.contains(&name)
 }
@@ -214,9 +217,9 @@ pub fn support_markdown() -> String {
          - **stored only**: parsed and printed (in iptables-save's canonical form where the\n  \
          engine knows it, otherwise verbatim) so that nat, mangle and security tables import and\n  \
          export faithfully; in filter or raw, validation refuses the rule with an error naming the\n  \
-         extension (`UNSUPPORTED`), so nothing is accepted that would not be enforced. `string`\n  \
-         and `u32` are among these: matching payload bytes (`string`'s Boyer-Moore/KMP over\n  \
-         the skb, `u32`'s small interpreter) is not worth its cost on the packet path yet.\n\
+         extension (`UNSUPPORTED`), so nothing is accepted that would not be enforced. `u32` is\n  \
+         among these: its small interpreter over the packet's bytes is not worth its cost on\n  \
+         the packet path yet.\n\
          - **-**: that family's iptables has no such extension; the parser refuses it\n  \
          (\"Couldn't load match\").\n\n\
          `addrtype` decides the types the node's local routing table and the address bits tell\n\
@@ -239,7 +242,12 @@ pub fn support_markdown() -> String {
          the rule (nf_conncount's lists) while the engine's conntrack table holds them and, for\n\
          TCP, not in TIME_WAIT or CLOSE; the packet's own connection counts. NFQUEUE mode asks\n\
          vallumd's own table, not the kernel's; a recompiled rule starts with empty lists (as an\n\
-         `iptables-restore` does); see `vallum_engine::compile` (`compile/connlimit.rs`).\n\n",
+         `iptables-restore` does); see `vallum_engine::compile` (`compile/connlimit.rs`).\n\n\
+         `string` searches the packet from its network header, as the kernel's\n\
+         `skb_find_text`: a pattern matches when it lies wholly between `--from` and `--to` (one\n\
+         that straddles `--to` does not). The bytes are the whole packet NFQUEUE hands vallumd;\n\
+         the pcap replay and synthetic sources and a trace carry none, so there `--string` is\n\
+         false and `! --string` true (`compile/string.rs`).\n\n",
     );
     for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
         out.push_str(&format!(

@@ -587,7 +587,8 @@ mod linux {
                 continue;
             }
             let now = clock.now_ns();
-            // Each parsed packet from its IP header (in `queue.rx`), for the LOG lines.
+            // Each parsed packet from its IP header (in `queue.rx`), for `-m string` and the
+            // LOG lines.
             let mut headers: [&[u8]; BATCH] = [&[]; BATCH];
             let (mut m, mut k) = (0, 0);
             for i in 0..n {
@@ -658,7 +659,8 @@ mod linux {
         if m == 0 {
             return;
         }
-        worker.process_batch(&mut packets[..k], &mut verdicts[..k], now);
+        // The IP packets themselves go along for `-m string`.
+        worker.process_batch_bytes(&mut packets[..k], &headers[..k], &mut verdicts[..k], now);
         for (a, &(id, idx, queued)) in answers.iter_mut().zip(&order[..m]) {
             let v = verdicts.get(idx).map_or(wire::NF_DROP, |&v| nf_verdict(v));
             // The mark the rules left, sent back when it differs from the queued one (only

@@ -136,11 +136,18 @@ pub(super) fn rule_key(r: &CRule, width: u32) -> RuleKey {
     }
 }
 
+/// Whether `r` must be decided by the evaluator's own observer, not the probe's `Silent`: it
+/// changes state (`-m limit`, `recent`, `hashlimit`, `connlimit`) or reads what only the
+/// evaluator has (`-m string`: the packet's bytes).
 pub(super) fn has_side_effects(r: &CRule) -> bool {
     r.matches.iter().any(|m| {
         matches!(
             m,
-            CMatch::Limit(_) | CMatch::Recent(_) | CMatch::Hashlimit(_) | CMatch::Connlimit(_)
+            CMatch::Limit(_)
+                | CMatch::Recent(_)
+                | CMatch::Hashlimit(_)
+                | CMatch::Connlimit(_)
+                | CMatch::String(_)
         )
     })
 }

@@ -79,6 +79,9 @@ impl Observer for Silent {
     fn connlimit(&mut self, _: &super::super::CConnlimit, _: &PacketMeta, _: u64) -> bool {
         false
     }
+    fn payload(&self) -> &[u8] {
+        &[]
+    }
     fn log(
         &mut self,
         _: &super::super::CChain,

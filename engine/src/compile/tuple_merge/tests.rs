@@ -148,6 +148,7 @@ fn answers(snap: &Snapshot, idx: &ChainIndex) -> Vec<Option<u32>> {
     let rules = &snap.chains[0].body.rules;
     let mut obs = super::super::eval::Tracing {
         ct: None,
+        payload: &[],
         snapshot: snap.id(),
         names: &[],
         steps: Vec::new(),

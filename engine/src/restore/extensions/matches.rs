@@ -322,7 +322,8 @@ pub(crate) fn match_option(
         | Match::AddrType(_)
         | Match::Recent(_)
         | Match::Hashlimit(_)
-        | Match::Connlimit(_) => return None,
+        | Match::Connlimit(_)
+        | Match::String(_) => return None,
     };
     Some(r)
 }
@@ -663,6 +664,10 @@ pub(crate) fn finish_match(
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "string" {
+                *m = super::super::string::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "connlimit" {
                 *m = super::super::connlimit::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -715,7 +720,8 @@ pub(crate) fn finish_match(
         | Match::AddrType(_)
         | Match::Recent(_)
         | Match::Hashlimit(_)
-        | Match::Connlimit(_) => {}
+        | Match::Connlimit(_)
+        | Match::String(_) => {}
     }
     Ok(())
 }
