@@ -539,24 +539,35 @@ impl Engine {
     /// ([`Conntrack::peek`]) that changes nothing in the table; with it off, the packet's own
     /// `ct_state`. Raw-table NOTRACK still makes it UNTRACKED.
     pub fn trace(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
-        match &self.conntrack {
-            None => self.dataplane.with_active(|s| s.trace(packet, now_ns)),
-            Some(ct) => self.dataplane.with_active(|s| {
-                s.trace_tracked(packet, &[], now_ns, Some(ct), |p| {
-                    ct.peek_into(p, now_ns);
-                    None
-                })
-            }),
-        }
+        self.trace_bytes(packet, &[], now_ns, true)
     }
 
     /// As [`Engine::trace`] but with the packet's `ct_state` taken as given (no conntrack
     /// lookup), to ask how the rules treat e.g. an ESTABLISHED packet (`-m connlimit` still
     /// counts the table's connections).
     pub fn trace_with_state(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
+        self.trace_bytes(packet, &[], now_ns, false)
+    }
+
+    /// [`Engine::trace`] (`lookup`) or [`Engine::trace_with_state`] (not), with the packet's
+    /// bytes from its network header on, which `-m string` searches (empty: none, and
+    /// `--string` is false).
+    pub fn trace_bytes(
+        &self,
+        packet: &PacketMeta,
+        bytes: &[u8],
+        now_ns: u64,
+        lookup: bool,
+    ) -> Trace {
         let ct = self.conntrack.as_ref();
-        self.dataplane
-            .with_active(|s| s.trace_tracked(packet, &[], now_ns, ct, |_| None))
+        self.dataplane.with_active(|s| {
+            s.trace_tracked(packet, bytes, now_ns, ct, |p| {
+                if let (Some(ct), true) = (ct, lookup) {
+                    ct.peek_into(p, now_ns);
+                }
+                None
+            })
+        })
     }
 
     /// The connection table, `None` when conntrack is off: stats, list, delete by filter,

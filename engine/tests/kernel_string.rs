@@ -220,3 +220,28 @@ fn string_decides_as_the_kernel() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A trace searches the bytes it is given, and without them `--string` is false.
+#[test]
+fn a_trace_searches_the_frames_bytes() {
+    let rs = parse_ruleset("t", RULES, &ParseOptions::default()).expect("parses");
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(Zero),
+    );
+    e.commit(Change::Put(rs), &NoSets).expect("commits");
+    let frame = build_frame(&pkt(Proto::Tcp, 80, b"GET /wp-login.php"), FW_MAC);
+    let base = PacketMeta {
+        hook: Hook::Input,
+        ..PacketMeta::default()
+    };
+    let meta = parse_ethernet(&frame, base).expect("parses");
+    let bytes = vallum_engine::packet::parse::network_packet(&frame).expect("IP packet");
+    assert_eq!(bytes, &frame[ETH..]);
+    assert_eq!(e.trace_bytes(&meta, bytes, 0, true).verdict, Verdict::Drop);
+    assert_eq!(e.trace(&meta, 0).verdict, Verdict::Accept);
+}

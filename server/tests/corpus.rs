@@ -304,7 +304,7 @@ async fn corpus_imports_and_exports_as_the_kernel() {
 //
 // Frames are generated from the rules of each accepted file (chains other than OUTPUT): for
 // every rule one frame built to hit it (its protocol, addresses, ports, ICMP type, TCP flags,
-// TTL / hop limit, iprange start) and one that just misses (the next port, another source,
+// TTL / hop limit, iprange start, `--string` pattern as payload) and one that just misses (the next port, another source,
 // or the other protocol); every frame is a new flow (its own source port and ICMP id). After
 // a file's frames are sent, the packet counters of every rule in filter and raw (OUTPUT
 // chains excepted) must be equal in K (`iptables-legacy-save -c`) and V (GetCounters).
@@ -527,6 +527,9 @@ struct Pkt {
     ttl: u8,
     /// ICMP id (each frame its own flow).
     id: u16,
+    /// Bytes after the TCP or UDP header (a rule's `--string`, so that its hit frame holds
+    /// it).
+    payload: Vec<u8>,
 }
 
 fn csum(data: &[u8], init: u32) -> u16 {
@@ -549,13 +552,16 @@ fn frame(p: &Pkt) -> Vec<u8> {
             t.extend_from_slice(&p.dport.to_be_bytes());
             t.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, if p.flags & 0x10 != 0 { 1 } else { 0 }]);
             t.extend_from_slice(&[0x50, p.flags, 0xff, 0xff, 0, 0, 0, 0]);
+            t.extend_from_slice(&p.payload);
             t
         }
         17 => {
             let mut u = Vec::new();
             u.extend_from_slice(&p.sport.to_be_bytes());
             u.extend_from_slice(&p.dport.to_be_bytes());
-            u.extend_from_slice(&[0, 12, 0, 0, b'v', b'a', b'l', b'm']);
+            u.extend_from_slice(&(12 + p.payload.len() as u16).to_be_bytes());
+            u.extend_from_slice(&[0, 0, b'v', b'a', b'l', b'm']);
+            u.extend_from_slice(&p.payload);
             u
         }
         1 | 58 => {
@@ -684,6 +690,12 @@ fn forwarding_chain(chain: &str) -> bool {
         && !chain.contains("INPUT")
 }
 
+/// The pattern of a rule's `-m string --string "TEXT"` (quoted, no escapes in the corpus).
+fn string_arg(line: &str) -> Option<Vec<u8>> {
+    let rest = &line[line.find("--string \"")? + 10..];
+    Some(rest.as_bytes()[..rest.find('"')?].to_vec())
+}
+
 /// The hit and miss frames of one `-A` line of a filter or raw table.
 fn frames_for(line: &str, v6: bool, next: &mut u16) -> Vec<Pkt> {
     let w: Vec<&str> = line.split_whitespace().collect();
@@ -712,6 +724,7 @@ fn frames_for(line: &str, v6: bool, next: &mut u16) -> Vec<Pkt> {
         code: 0,
         ttl: 64,
         id: 0,
+        payload: string_arg(line).unwrap_or_default(),
     };
     let (mut has_dport, mut has_src, mut proto_negated) = (false, false, false);
     let mut i = 0;

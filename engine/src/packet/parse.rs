@@ -137,6 +137,37 @@ pub fn parse_ethernet(frame: &[u8], base: PacketMeta) -> Result<PacketMeta, Pack
     })
 }
 
+/// The network (IP) packet an Ethernet frame carries, past any VLAN tags and cut to the IP
+/// length (Ethernet padding dropped), as the kernel's skb holds it at the netfilter hooks and
+/// `-m string` searches it; `None` when the frame holds no complete IP header.
+pub fn network_packet(frame: &[u8]) -> Option<&[u8]> {
+    let eth = Ethernet2Slice::from_slice_without_fcs(frame).ok()?;
+    let mut ether_type = eth.ether_type();
+    let mut rest = eth.payload_slice();
+    while matches!(
+        ether_type,
+        EtherType::VLAN_TAGGED_FRAME
+            | EtherType::PROVIDER_BRIDGING
+            | EtherType::VLAN_DOUBLE_TAGGED_FRAME
+    ) {
+        let vlan = SingleVlanSlice::from_slice(rest).ok()?;
+        ether_type = vlan.ether_type();
+        rest = vlan.payload_slice();
+    }
+    ip_packet(rest)
+}
+
+/// A raw IP packet cut to its IP length (IPv4 total length, IPv6 payload length + 40);
+/// `None` when the header is incomplete.
+pub fn ip_packet(bytes: &[u8]) -> Option<&[u8]> {
+    let len = match bytes.first()? >> 4 {
+        4 => usize::from(u16::from_be_bytes([*bytes.get(2)?, *bytes.get(3)?])),
+        6 => 40 + usize::from(u16::from_be_bytes([*bytes.get(4)?, *bytes.get(5)?])),
+        _ => return None,
+    };
+    Some(&bytes[..len.min(bytes.len())])
+}
+
 /// Parses a Linux "cooked" capture (SLL, pcap linktype 113) packet. `src_mac` is the SLL
 /// sender address when it is a 6-byte (Ethernet) address, else `base.src_mac`.
 pub fn parse_linux_sll(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use vallum_engine::compile::{Snapshot, Trace, Verdict};
 use vallum_engine::model::{Family, Ruleset};
 use vallum_engine::packet::PacketMeta;
-use vallum_engine::packet::parse::{parse_ethernet, parse_ip};
+use vallum_engine::packet::parse::{ip_packet, network_packet, parse_ethernet, parse_ip};
 use vallum_engine::packet::pcap::read_capture;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::trace_service_server::TraceService;
@@ -199,22 +199,27 @@ impl TraceService for TraceApi {
         let lookup = r.packet.as_ref().is_none_or(|p| p.ct_state.is_empty());
         let engine = self.state.pipeline.engine();
         let now = self.now();
+        // The frame's IP packet, for `-m string` (none without a frame).
+        let bytes = match (r.frame.is_empty(), r.raw_ip) {
+            (true, _) => None,
+            (false, true) => ip_packet(&r.frame),
+            (false, false) => network_packet(&r.frame),
+        }
+        .unwrap_or_default();
         let (trace, rulesets): (Trace, Vec<Arc<Ruleset>>) = if r.revision.is_empty() {
-            let trace = if lookup {
-                engine.trace(&packet, now)
-            } else {
-                engine.trace_with_state(&packet, now)
-            };
+            let trace = engine.trace_bytes(&packet, bytes, now, lookup);
             (trace, engine.rulesets().into_values().collect())
         } else {
             let (list, snap) = self.staged("revision", &r.revision).await?;
-            let trace = match engine.conntrack() {
-                Some(ct) if lookup => snap.trace_split(&packet, now, |p| {
+            // A staged snapshot shares the active one's unchanged chains, and with them their
+            // `-m connlimit` lists: count against the live table too.
+            let ct = engine.conntrack();
+            let trace = snap.trace_tracked(&packet, bytes, now, ct, |p| {
+                if let (Some(ct), true) = (ct, lookup) {
                     p.ct_state = ct.peek(p, now).ct_state();
-                    None
-                }),
-                _ => snap.trace(&packet, now),
-            };
+                }
+                None
+            });
             (trace, list)
         };
         Ok(Response::new(pb::TracePacketResponse {
