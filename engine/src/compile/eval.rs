@@ -133,17 +133,16 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
         log: &LogSpec,
         pkt: &PacketMeta,
     ) {
-        self.logs.log(&LogHit {
-            snapshot: self.snapshot,
-            names: self.names,
+        let hit = LogHit::new(
+            self.snapshot,
+            self.names,
             chain,
             chain_index,
-            rule: number,
-            prefix: &log.prefix,
-            level: log.level,
-            nflog_group: log.nflog_group,
-            packet: pkt,
-        });
+            number,
+            log,
+            pkt,
+        );
+        self.logs.log(&hit);
     }
 }
 
@@ -267,17 +266,16 @@ impl Observer for Tracing<'_> {
         log: &LogSpec,
         pkt: &PacketMeta,
     ) {
-        self.logs.log(&LogHit {
-            snapshot: self.snapshot,
-            names: self.names,
+        let hit = LogHit::new(
+            self.snapshot,
+            self.names,
             chain,
             chain_index,
-            rule: number,
-            prefix: &log.prefix,
-            level: log.level,
-            nflog_group: log.nflog_group,
-            packet: pkt,
-        });
+            number,
+            log,
+            pkt,
+        );
+        self.logs.log(&hit);
     }
     fn outcome(&mut self, what: StepOutcome) {
         if let Some(last) = self.steps.last_mut() {
