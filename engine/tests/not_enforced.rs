@@ -1,5 +1,5 @@
 //! Extensions real rulesets use that the engine does not enforce yet (rpfilter, physdev, CT
-//! zones and helpers, hashlimit byte rates): they import and print as iptables-save prints
+//! zones and helpers, hashlimit byte rates, u32): they import and print as iptables-save prints
 //! them, and in filter or raw validation refuses them with an error that names the extension
 //! and says why (the reason the support table prints).
 
@@ -57,6 +57,12 @@ fn refused_where_enforced_saying_why() {
             "-m hashlimit --hashlimit-upto 10mb/s --hashlimit-name b -j ACCEPT",
             "hashlimit (byte rates",
         ),
+        (
+            "filter",
+            "INPUT",
+            "-m u32 --u32 \"0>>22&0x3C@12>>26&0x3F=0x10\" -j DROP",
+            "u32 (its small interpreter",
+        ),
     ] {
         let e = errors(table, chain, rule);
         assert!(e.iter().any(|e| e.contains(says)), "{rule}: {e:?}");
@@ -64,7 +70,7 @@ fn refused_where_enforced_saying_why() {
     // Stored in the tables the engine does not enforce.
     assert!(errors("mangle", "PREROUTING", "-m rpfilter -j DROP").is_empty());
     let md = support_markdown();
-    for name in ["rpfilter", "physdev"] {
+    for name in ["rpfilter", "physdev", "u32"] {
         let row = md
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}` |")))

@@ -102,6 +102,9 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
         (true, "CT --zone") | (true, "CT --zone-orig") | (true, "CT --zone-reply") => {
             "conntrack zones are not part of the engine's conntrack key yet"
         }
+        (false, "u32") => {
+            "its small interpreter over the packet's bytes (jumps into the transport header) is not implemented yet"
+        }
         (true, "CT --helper") => "the engine runs no connection-tracking helpers (ALGs)",
         _ => return None,
     })
