@@ -89,6 +89,9 @@ reasons! {
     /// A warning: rules of a chain that only hooks this node's packet path never evaluates
     /// reach (see vallumd's `steering`); the ruleset is accepted.
     HookNotReached => ("HOOK_NOT_REACHED", InvalidArgument, EXIT_REJECTED),
+    /// A warning: `-m string` rules on a node whose packet source keeps no packet bytes
+    /// (pcap replay, synthetic), where they never see a payload; the ruleset is accepted.
+    NoPacketBytes => ("NO_PACKET_BYTES", InvalidArgument, EXIT_REJECTED),
     /// The ruleset relies on state outside the text (iptables-restore `--noflush` input).
     NoflushUnsupported => ("NOFLUSH_UNSUPPORTED", InvalidArgument, EXIT_REJECTED),
     /// A capture that cannot be read.

@@ -54,7 +54,7 @@ pub use findings::{Severity, Violation, ViolationKind};
 /// messages): what a packet source and its steering deliver. A packet queued at INPUT or
 /// FORWARD has passed PREROUTING (the engine runs raw PREROUTING for it first), so steering
 /// either of them reaches PREROUTING too; POSTROUTING is never evaluated (no enforced table
-/// has it).
+/// has it). Also whether the source keeps each packet's bytes, which `-m string` searches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReachedHooks {
     /// Bit `1 << Hook::index()` per evaluated hook; `[IPv4, IPv6]`.
@@ -62,6 +62,8 @@ pub struct ReachedHooks {
     /// Why the other hooks are not evaluated, e.g. "the packet source pcap delivers every
     /// packet at INPUT".
     why: String,
+    /// Why the packets come without their bytes (`None`: they come with them).
+    no_bytes: Option<String>,
 }
 
 impl ReachedHooks {
@@ -83,7 +85,22 @@ impl ReachedHooks {
         ReachedHooks {
             bits: [bits(v4), bits(v6)],
             why: why.into(),
+            no_bytes: None,
         }
+    }
+
+    /// The same, for a source that hands the packet path no packet bytes; `why` completes
+    /// "the packet's bytes, which ..." (e.g. "the packet source `pcap:x` does not keep").
+    pub fn without_bytes(self, why: impl Into<String>) -> ReachedHooks {
+        ReachedHooks {
+            no_bytes: Some(why.into()),
+            ..self
+        }
+    }
+
+    /// Why the packets come without their bytes, `None` when they come with them.
+    pub fn no_bytes(&self) -> Option<&str> {
+        self.no_bytes.as_deref()
     }
 
     /// Whether packets of `family` are evaluated at `hook`.

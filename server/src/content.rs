@@ -906,6 +906,7 @@ fn finding(v: &Violation, input: &RulesetInput, base_label: &str) -> Finding {
     let reason = match v.kind {
         ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
         ViolationKind::HookNotReached { .. } => Reason::HookNotReached,
+        ViolationKind::NoPacketBytes(_) => Reason::NoPacketBytes,
         _ => Reason::InvalidRuleset,
     };
     Finding {

@@ -47,11 +47,14 @@ pub fn forwarding(proc: &std::path::Path) -> [bool; 2] {
 pub fn reached(source: &Source, steered: &[Hook], forwarding: [bool; 2]) -> Option<ReachedHooks> {
     match source {
         Source::None => None,
-        Source::Pcap(_) | Source::Synthetic => Some(ReachedHooks::delivered(
-            &[Hook::Input],
-            &[Hook::Input],
-            format!("the packet source `{source}` delivers every packet at INPUT"),
-        )),
+        Source::Pcap(_) | Source::Synthetic => Some(
+            ReachedHooks::delivered(
+                &[Hook::Input],
+                &[Hook::Input],
+                format!("the packet source `{source}` delivers every packet at INPUT"),
+            )
+            .without_bytes(format!("the packet source `{source}` does not keep")),
+        ),
         Source::Nfqueue(_) => {
             let names = |hs: &[Hook]| {
                 hs.iter()

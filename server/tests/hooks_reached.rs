@@ -2,7 +2,8 @@
 //! (`steering`): with `--source synthetic` (every packet at INPUT) the FORWARD chain, a user
 //! chain only FORWARD jumps to and raw OUTPUT are HOOK_NOT_REACHED warnings at
 //! FILE:LINE:COL naming their rules; the ruleset stays valid and applies. With `--source none`
-//! (nothing classified here) no such warning.
+//! (nothing classified here) no such warning. A `-m string` rule where the source keeps no
+//! packet bytes (synthetic, pcap) is a NO_PACKET_BYTES warning.
 
 #[path = "support/vallumd.rs"]
 mod support;
@@ -104,4 +105,57 @@ async fn no_packet_source_says_nothing_about_hooks() {
     let d = Vallumd::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     assert_eq!(unreached(&d).await, Vec::<String>::new());
+}
+
+/// `-m string` with a source that keeps no packet bytes: a NO_PACKET_BYTES warning at the
+/// rule, the ruleset still valid; without a packet source, nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_rules_without_packet_bytes_are_warned() {
+    const STRING: &str = "*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -p tcp -m tcp --dport 80 -m string --string \"GET /wp-login.php\" --algo kmp -j DROP
+COMMIT
+";
+    async fn warned(d: &Vallumd) -> Vec<String> {
+        let r = d
+            .rulesets()
+            .await
+            .validate_ruleset(pb::ValidateRulesetRequest {
+                ruleset: "web".into(),
+                source: Some(text_source(STRING, false, "web.rules")),
+            })
+            .await
+            .expect("validate")
+            .into_inner();
+        assert!(r.valid, "warnings only: {:?}", r.violations);
+        r.violations
+            .iter()
+            .filter(|v| v.reason == "NO_PACKET_BYTES")
+            .map(|v| {
+                assert_eq!(v.severity, pb::Severity::Warning as i32, "{v:?}");
+                format!("{} {}: {}", v.location, v.path, v.message)
+            })
+            .collect()
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(
+        &dir.path().join("v.db"),
+        &["--source", "synthetic", "--rate", "10"],
+    );
+    d.wait_serving().await;
+    assert_eq!(
+        warned(&d).await,
+        [
+            "web.rules:5:1 filter/INPUT#1: -m string searches the packet's bytes, which the \
+          packet source `synthetic` does not keep: here --string never matches and ! --string \
+          always does"
+        ]
+    );
+    drop(d);
+    let dir = tempfile::tempdir().unwrap();
+    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    assert_eq!(warned(&d).await, Vec::<String>::new());
 }

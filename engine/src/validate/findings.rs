@@ -235,6 +235,12 @@ pub enum ViolationKind {
         "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
     )]
     NoConntrackInRaw(&'static str),
+    /// `-m string` on a node whose packet source keeps no packet bytes (warning): the rule
+    /// never sees a payload there, so `--string` is false and `! --string` true.
+    #[error(
+        "-m string searches the packet's bytes, which {0}: here --string never matches and ! --string always does"
+    )]
+    NoPacketBytes(String),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]

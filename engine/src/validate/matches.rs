@@ -403,6 +403,12 @@ impl TableCheck<'_> {
                             reason,
                         });
                     }
+                    let live = sets.and_then(|r| r.reached_hooks());
+                    if let Some(why) = live.as_ref().and_then(|h| h.no_bytes()) {
+                        if enforced {
+                            warns.push(ViolationKind::NoPacketBytes(why.to_owned()));
+                        }
+                    }
                 }
                 Match::Connlimit(c) => {
                     let width = if family == Family::Ipv4 { 32 } else { 128 };
