@@ -1,7 +1,8 @@
 //! `-m connlimit` against the Linux kernel: TCP connections opened one after the other from
 //! one source, with a limit of N, so that the (N+1)th SYN is refused by both, a refused
 //! connection stops counting, a client's RST (CLOSE) frees its slot, a retransmitted SYN of a
-//! confirmed connection gets the list as it stands, and `--connlimit-daddr` with a /24 mask groups by server network.
+//! confirmed connection gets the list as it stands, `--connlimit-daddr` with a /24 mask groups
+//! by server network, and an IPv6 /64 mask groups clients.
 //!
 //! The kernel's side is the oracle's namespace (`oracle/kernel.rs`): its conntrack confirms
 //! every SYN the rules accept; its own RSTs and SYN-ACKs are dropped in raw OUTPUT (before
@@ -72,6 +73,25 @@ const RULES: &str = "\
 COMMIT
 ";
 
+/// IPv6: at most 1 connection per client /64.
+const RULES6: &str = "\
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -p tcp -m tcp --dport 22 -m connlimit --connlimit-above 1 --connlimit-mask 64 --connlimit-saddr -j DROP
+COMMIT
+";
+
+fn packets6() -> Vec<PacketSpec> {
+    let d = "2001:db8:ffff::1";
+    vec![
+        tcp("2001:db8:1:2::1", d, 41001, 22, SYN),
+        tcp("2001:db8:1:2::99", d, 41002, 22, SYN),
+        tcp("2001:db8:1:3::1", d, 41003, 22, SYN),
+    ]
+}
+
 fn packets() -> Vec<PacketSpec> {
     let (a, b, d) = ("198.51.100.7", "198.51.100.8", "203.0.113.1");
     vec![
@@ -106,8 +126,18 @@ impl Clock for Fixed {
 
 /// The filter rules and policy each packet moved in the engine's packet path, with its
 /// verdict.
-fn engine_hits(packets: &[PacketSpec]) -> Vec<(KernelHits, Verdict)> {
-    let rs = parse_ruleset("oracle", RULES, &ParseOptions::default()).expect("parses");
+fn engine_hits(family: Family, packets: &[PacketSpec]) -> Vec<(KernelHits, Verdict)> {
+    let (rules, opts) = match family {
+        Family::Ipv4 => (RULES, ParseOptions::default()),
+        Family::Ipv6 => (
+            RULES6,
+            ParseOptions {
+                family,
+                ..ParseOptions::default()
+            },
+        ),
+    };
+    let rs = parse_ruleset("oracle", rules, &opts).expect("parses");
     let e = Engine::new(
         EngineConfig {
             cores: 1,
@@ -123,7 +153,7 @@ fn engine_hits(packets: &[PacketSpec]) -> Vec<(KernelHits, Verdict)> {
         let base = PacketMeta {
             hook: Hook::Input,
             in_iface: IfName::new(FW_IFACE).expect("short name"),
-            family: Family::Ipv4,
+            family,
             ..PacketMeta::default()
         };
         let meta = parse_ethernet(&build_frame(p, FW_MAC), base).expect("parses");
@@ -150,7 +180,7 @@ fn engine_hits(packets: &[PacketSpec]) -> Vec<(KernelHits, Verdict)> {
 /// Without the kernel: the engine refuses the third SSH connection of one client.
 #[test]
 fn the_third_connection_of_a_client_is_refused() {
-    let hits = engine_hits(&packets());
+    let hits = engine_hits(Family::Ipv4, &packets());
     let rules: Vec<Vec<usize>> = hits
         .iter()
         .map(|(h, _)| h.rules.iter().map(|(_, n)| *n).collect())
@@ -173,6 +203,12 @@ fn the_third_connection_of_a_client_is_refused() {
         ]
     );
     assert!(matches!(hits[2].1, Verdict::Reject(_)), "{:?}", hits[2].1);
+    // IPv6 /64: the second client of 2001:db8:1:2::/64 is over 1, another /64 is not.
+    let v6: Vec<Verdict> = engine_hits(Family::Ipv6, &packets6())
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(v6, [Verdict::Accept, Verdict::Drop, Verdict::Accept]);
 }
 
 #[test]
@@ -185,22 +221,27 @@ fn connlimit_decides_as_the_kernel() {
         }
         Err(e) => panic!("kernel oracle setup failed: {e}"),
     };
-    oracle.load(Family::Ipv4, RULES).expect("kernel loads");
-    let packets = packets();
-    let engine = engine_hits(&packets);
     let mut failures = Vec::new();
-    for (p, (want, _)) in packets.iter().zip(&engine) {
-        let mut got = oracle
-            .hits(Family::Ipv4, &build_frame(p, FW_MAC))
-            .unwrap_or_else(|e| panic!("{}: kernel: {e}", p.id));
-        got.rules.sort();
-        if &got != want {
-            failures.push(format!("{}: kernel {got:?}, engine {want:?}", p.id));
+    let mut sent = 0;
+    for (family, rules, packets) in [
+        (Family::Ipv4, RULES, packets()),
+        (Family::Ipv6, RULES6, packets6()),
+    ] {
+        oracle.load(family, rules).expect("kernel loads");
+        let engine = engine_hits(family, &packets);
+        for (p, (want, _)) in packets.iter().zip(&engine) {
+            let mut got = oracle
+                .hits(family, &build_frame(p, FW_MAC))
+                .unwrap_or_else(|e| panic!("{}: kernel: {e}", p.id));
+            got.rules.sort();
+            if &got != want {
+                failures.push(format!("{}: kernel {got:?}, engine {want:?}", p.id));
+            }
+            sent += 1;
         }
     }
     println!(
-        "connlimit kernel oracle: {} packets, {} differences",
-        packets.len(),
+        "connlimit kernel oracle: {sent} packets, {} differences",
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
