@@ -122,8 +122,8 @@ fn run(snap: &Snapshot, bytes: &[Vec<u8>], batched: bool) -> Vec<Verdict> {
 fn string_and_connlimit_decide_alike_in_every_classifier() {
     let rs = Arc::new(parse_ruleset("x", &rules(), &ParseOptions::default()).expect("parses"));
     let bytes = packets();
-    let linear =
-        Snapshot::compile_with(&[rs.clone()], &NoSets, 1, Classifier::Linear).expect("linear");
+    let linear = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, Classifier::Linear)
+        .expect("linear");
     let want = run(&linear, &bytes, false);
     // The string rule dropped the evil requests, connlimit refused the third /24 SYN on.
     let drops = want.iter().filter(|v| **v == Verdict::Drop).count();
@@ -141,7 +141,8 @@ fn string_and_connlimit_decide_alike_in_every_classifier() {
         };
         for batched in [false, true] {
             // A fresh snapshot each time: its connlimit lists live as long as it does.
-            let indexed = Snapshot::compile_with(&[rs.clone()], &NoSets, 1, c).expect("indexed");
+            let indexed =
+                Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, c).expect("indexed");
             if rfc_max_rules > 0 {
                 assert!(indexed.memory_bytes().rfc_chains > 0, "no RFC tables built");
             }
