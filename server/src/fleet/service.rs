@@ -11,9 +11,16 @@
 //! A canary write (`canary` set) keeps, inside the same key, the content the other selected
 //! nodes keep enforcing ([`super::Previous`]): the ruleset as it was before (or before the
 //! canary phase that is still running). The next write without canary ends the phase.
+//! Every write lists the earlier revisions of the key with the same content
+//! ([`Desired::same_content_as`]), so the full write of a canary rollout commits nothing on
+//! the canary nodes (they ACK it from the canary commit), and neither does a text written
+//! again unchanged.
 //!
-//! GetRolloutStatus reads the ruleset key, the node keys and the reports at one etcd
-//! revision, the reports page by page ([`REPORT_PAGE`] keys per request) so that thousands
+//! DeleteRuleset removes the ruleset key and its reports (`reports/{name}/`) in one Txn.
+//!
+//! GetRolloutStatus reads the ruleset key, the node keys and the ruleset's reports (one
+//! range, `reports/{name}/`; during the migration from `status/{node}/{name}` also those,
+//! see [`super`]) at one etcd revision, page by page ([`REPORT_PAGE`] keys per request) so that thousands
 //! of nodes never make one response larger than etcd's limits. WaitRollout reads the same
 //! once, then follows an etcd watch of the fleet prefix from the next revision (no polling)
 //! and sends the status whenever it changed.
@@ -75,16 +82,17 @@ impl FleetApi {
             write_time_ns: super::now_ns(),
             canary: r.canary.clone(),
             previous: None,
+            same_content_as: Vec::new(),
         };
         if r.validate_only {
             return Ok(fleet_ruleset(&name, &desired, 0, warnings));
         }
         let key = self.keys.ruleset(&name);
+        let current = self.etcd.get(&key).await?;
         if !desired.canary.is_empty() {
             // The non-canary nodes keep what they enforce now: the current key's content,
             // or its own previous one while a canary phase runs. The write then swaps on
             // the key as read, so the previous content is the one replaced.
-            let current = self.etcd.get(&key).await?;
             if let (Some(want), Some(kv)) = (expect, &current) {
                 if want != kv.mod_revision {
                     return Err(Error::EtagMismatch {
@@ -95,8 +103,8 @@ impl FleetApi {
                 }
             }
             expect = Some(current.as_ref().map_or(0, |kv| kv.mod_revision));
-            if let Some(kv) = current {
-                let now = decode(&kv)?;
+            if let Some(kv) = &current {
+                let now = decode(kv)?;
                 desired.previous = match now.previous {
                     Some(p) if !now.canary.is_empty() => Some(p),
                     _ if !now.canary.is_empty() => None,
@@ -105,6 +113,14 @@ impl FleetApi {
                         desired: now,
                     })),
                 };
+            }
+        }
+        // The revisions whose content this write repeats (their nodes commit nothing): a
+        // fact about those revisions, true whatever is written in between, so it needs no
+        // swap of its own. A value that does not decode (a hand-edited key) repeats nothing.
+        if let Some(kv) = &current {
+            if let Ok(now) = decode(kv) {
+                desired.follow_content_of(&now, kv.mod_revision);
             }
         }
         let value = serde_json::to_vec(&desired)
@@ -192,6 +208,10 @@ pub struct Rollout {
     nodes: BTreeMap<String, NodeInfo>,
     /// This ruleset's reports, by node.
     reports: BTreeMap<String, NodeReport>,
+    /// This ruleset's reports of the first layout (`status/{node}/{name}`), by node: read
+    /// only while any such key exists (the migration, see [`super`]); a node's
+    /// `reports/` key wins over its legacy one.
+    legacy: BTreeMap<String, NodeReport>,
     /// The etcd revision every event up to which is in here.
     revision: i64,
 }
@@ -210,6 +230,7 @@ impl Rollout {
             desired: Some((desired, kv.mod_revision)),
             nodes: BTreeMap::new(),
             reports: BTreeMap::new(),
+            legacy: BTreeMap::new(),
             revision: 0,
         };
         // The ruleset read's revision is unknown here (a plain get): read the nodes at the
@@ -219,10 +240,25 @@ impl Rollout {
             .range_prefix_paged(&keys.nodes(), 0, REPORT_PAGE, |kv| nodes.push(kv))
             .await?;
         let mut reports = Vec::new();
-        etcd.range_prefix_paged(&keys.statuses(), at, REPORT_PAGE, |kv| {
+        etcd.range_prefix_paged(&keys.reports(&out.name), at, REPORT_PAGE, |kv| {
             reports.push(kv);
         })
         .await?;
+        // The first layout, while a node has not moved its reports yet: every ruleset's are
+        // under `status/`, so this scan reads them all (the cost the new layout removes).
+        if etcd.any_under(&keys.legacy_statuses(), at).await? {
+            let name = out.name.clone();
+            etcd.range_prefix_paged(&keys.legacy_statuses(), at, REPORT_PAGE, |kv| {
+                let key = String::from_utf8_lossy(&kv.key);
+                if keys
+                    .legacy_status_parts(&key)
+                    .is_some_and(|(_, rs)| rs == name)
+                {
+                    reports.push(kv);
+                }
+            })
+            .await?;
+        }
         out.desired = match etcd.get_at(&keys.ruleset(&out.name), at).await? {
             Some(kv) => Some((decode(&kv)?, kv.mod_revision)),
             None => None,
@@ -242,9 +278,13 @@ impl Rollout {
             let key = String::from_utf8_lossy(&kv.key).into_owned();
             if let Some(node) = key.strip_prefix(self.keys.nodes().as_str()) {
                 self.nodes.remove(node);
-            } else if let Some((node, rs)) = self.keys.status_parts(&key) {
+            } else if let Some((rs, node)) = self.keys.report_parts(&key) {
                 if rs == self.name {
                     self.reports.remove(node);
+                }
+            } else if let Some((node, rs)) = self.keys.legacy_status_parts(&key) {
+                if rs == self.name {
+                    self.legacy.remove(node);
                 }
             } else if self.keys.ruleset_name(&key) == Some(self.name.as_str()) {
                 self.desired = None;
@@ -259,10 +299,16 @@ impl Rollout {
             if let Ok(info) = serde_json::from_slice::<NodeInfo>(&kv.value) {
                 self.nodes.insert(node.to_string(), info);
             }
-        } else if let Some((node, rs)) = self.keys.status_parts(&key) {
+        } else if let Some((rs, node)) = self.keys.report_parts(&key) {
             if rs == self.name {
                 if let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) {
                     self.reports.insert(node.to_string(), r);
+                }
+            }
+        } else if let Some((node, rs)) = self.keys.legacy_status_parts(&key) {
+            if rs == self.name {
+                if let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) {
+                    self.legacy.insert(node.to_string(), r);
                 }
             }
         } else if self.keys.ruleset_name(&key) == Some(self.name.as_str()) {
@@ -291,7 +337,7 @@ impl Rollout {
                     continue;
                 }
                 out.selected.push(node.clone());
-                match self.reports.get(node) {
+                match self.report(node) {
                     Some(r) if r.fleet_revision == *rev && r.result == Ack::Ack => {
                         out.applied.push(node_status(node, r));
                     }
@@ -300,12 +346,24 @@ impl Rollout {
                 }
             }
         }
-        for (node, r) in &self.reports {
-            if !self.nodes.contains_key(node) {
+        let gone = |node: &&String| !self.nodes.contains_key(*node);
+        let reported: std::collections::BTreeSet<&String> = self
+            .reports
+            .keys()
+            .chain(self.legacy.keys())
+            .filter(gone)
+            .collect();
+        for node in reported {
+            if let Some(r) = self.report(node) {
                 out.stale.push(node_status(node, r));
             }
         }
         out
+    }
+
+    /// `node`'s report: its `reports/` key, else its first-layout one.
+    fn report(&self, node: &str) -> Option<&NodeReport> {
+        self.reports.get(node).or_else(|| self.legacy.get(node))
     }
 }
 
@@ -608,7 +666,11 @@ impl FleetService for FleetApi {
             let expect = etag("etag", &r.etag)?;
             match self
                 .etcd
-                .delete_if(&self.keys.ruleset(&name), expect)
+                .delete_if(
+                    &self.keys.ruleset(&name),
+                    expect,
+                    Some(&self.keys.reports(&name)),
+                )
                 .await?
             {
                 Swap::Done(rev) => Ok(rev),
