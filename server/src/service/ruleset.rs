@@ -206,14 +206,24 @@ impl RulesetApi {
                     let rev = store.get_revision(name, n).await?.ok_or_else(|| {
                         Error::Internal(format!("active revision {n} of {name} is not stored"))
                     })?;
+                    // The engine's model of that revision, when it runs it: the text is then
+                    // applied to it (a one-rule edit costs one rule, not a parse of the base).
+                    let model = self
+                        .state
+                        .pipeline
+                        .active_model(name)
+                        .filter(|(m, _)| *m == n)
+                        .map(|(_, model)| model);
                     content::Base {
                         content: rev.content,
                         label: format!("rulesets/{name}/revisions/{n}"),
+                        model,
                     }
                 }
                 None => content::Base {
                     content: Content::default(),
                     label: format!("rulesets/{name} (no active revision)"),
+                    model: None,
                 },
             })
         } else {
