@@ -941,6 +941,36 @@ mod tests {
     }
 
     #[test]
+    fn rename_chain_moves_its_references() {
+        let base = parse(ONTO_BASE, &v4()).expect("base parses").tables;
+        let r = parse_onto(&base, "*filter\n-E X Y\nCOMMIT\n", &v4()).expect("renames");
+        let text = print(&r.tables[..1], &PrintOptions::default());
+        assert!(text.contains(":Y - [0:0]\n"), "{text}");
+        assert!(
+            text.contains("-A INPUT -j Y\n-A Y -s 10.0.0.0/8 -j DROP\n"),
+            "{text}"
+        );
+        assert!(!text.contains(" X"), "{text}");
+        // The renamed chain is in use under its new name, and the old one is gone.
+        let r = parse_onto(&r.tables, "*filter\n-X Y\nCOMMIT\n", &v4());
+        assert!(r.is_err());
+        for (text, want) in [
+            ("-E INPUT Z", "builtin"),
+            ("-E NOPE Z", "nope"),
+            ("-E X INPUT", "exists"),
+            ("-E X ACCEPT", "exists"),
+            ("-E X", "option"),
+        ] {
+            let full = format!("*filter\n{text}\nCOMMIT\n");
+            let e = match parse_onto(&base, &full, &v4()) {
+                Ok(_) => panic!("{text}: applied"),
+                Err(e) => e.to_string().to_lowercase(),
+            };
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn print_after_prints_as_print() {
         let mut text = String::from(
             "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n",

@@ -172,6 +172,36 @@ impl Block {
         }
     }
 
+    /// Renames chain `i` to `new` (a name no chain has), with every rule of the table that
+    /// jumps or goes to it: as libiptc's `iptc_rename_chain`, references follow. Only the
+    /// rule chunks holding such a rule are copied.
+    fn rename_chain(&mut self, i: usize, new: &str) {
+        let old = std::mem::replace(&mut self.table.chains[i].name, new.to_string());
+        self.index.remove(&old);
+        self.index.insert(new.to_string(), i);
+        if self.external_content.remove(&old) {
+            self.external_content.insert(new.to_string());
+        }
+        let Some(n) = self.targeted.remove(&old) else {
+            return;
+        };
+        self.targeted.insert(new.to_string(), n);
+        for c in &mut self.table.chains {
+            let at: Vec<usize> = (c.rules.iter().enumerate())
+                .filter(|(_, r)| target_chain(r) == Some(old.as_str()))
+                .map(|(k, _)| k)
+                .collect();
+            for k in at {
+                if let Some(r) = c.rules.get_mut(k) {
+                    match &mut r.target {
+                        Target::Jump(t) | Target::Goto(t) => *t = new.to_string(),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
     fn is_builtin(&self, name: &str) -> bool {
         Hook::from_chain_name(name).is_some_and(|h| self.table.kind.builtin_hooks().contains(&h))
     }
@@ -982,6 +1012,24 @@ fn apply_line(
                 b.external_content.clear();
             }
         },
+        Command::Rename(new) => {
+            let Some(ch) = chain_tok else {
+                return Err(ctx.err(&command_token, K::NoCommand));
+            };
+            let Some(i) = b.chain_index(ch.text) else {
+                return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
+            };
+            if b.table.chains[i].policy.is_some() {
+                return Err(ctx.err(&ch, K::UnexpectedLine("a builtin chain cannot be renamed")));
+            }
+            if b.chain_index(new.text).is_some()
+                || is_target_name(new.text)
+                || Hook::from_chain_name(new.text).is_some()
+            {
+                return Err(ctx.err(&new, K::ChainExists(new.text.to_string())));
+            }
+            b.rename_chain(i, new.text);
+        }
         Command::Policy(p) => {
             let Some(ch) = chain_tok else {
                 return Err(ctx.err(&command_token, K::NoCommand));
