@@ -29,14 +29,30 @@ impl Drop for Vallumd {
 }
 
 fn vallumd(tag: &str) -> Option<Vallumd> {
+    let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let v = spawn_vallumd(dir)?;
+    // Ready once it stops answering NOT_READY ("still loading its stored state").
+    for _ in 0..600 {
+        let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
+        if rc == 0 {
+            return Some(v);
+        }
+        assert!(err.contains("still loading"), "vallumd not ready: {err}");
+        std::thread::yield_now();
+    }
+    panic!("vallumd never became ready");
+}
+
+/// vallumd on the database in `dir` (kept), returned as soon as it printed its address
+/// (it may still be loading).
+fn spawn_vallumd(dir: PathBuf) -> Option<Vallumd> {
     let exe = PathBuf::from(BIN).with_file_name("vallumd");
     if !exe.exists() {
         println!("SKIP {} not built", exe.display());
         return None;
     }
-    let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
     let mut child = Command::new(exe)
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--cores", "1", "--db"])
@@ -56,21 +72,44 @@ fn vallumd(tag: &str) -> Option<Vallumd> {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    let v = Vallumd {
+    Some(Vallumd {
         child,
         url: url.expect("vallumd printed its address"),
         dir,
-    };
-    // Ready once it stops answering NOT_READY ("still loading its stored state").
-    for _ in 0..600 {
-        let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
-        if rc == 0 {
-            return Some(v);
-        }
-        assert!(err.contains("still loading"), "vallumd not ready: {err}");
-        std::thread::yield_now();
+    })
+}
+
+/// Whether the kernel comparisons can run (root, iptables-legacy, unshare); prints SKIP.
+fn legacy_available() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root {
+        println!("SKIP not root");
+        return false;
     }
-    panic!("vallumd never became ready");
+    let legacy = Command::new("sh")
+        .args(["-c", "command -v iptables-legacy && command -v unshare"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !legacy {
+        println!("SKIP iptables-legacy or unshare not installed");
+    }
+    legacy
+}
+
+/// Runs `script` (sh) in a private network namespace: (exit code, stdout, stderr).
+fn in_netns(script: &str) -> (i32, String, String) {
+    let out = Command::new("unshare")
+        .args(["--net", "sh", "-c", script])
+        .output()
+        .expect("unshare");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Runs `vallum-iptables` as `prog` (argv[0]) with `args`, `stdin`; (exit code, stdout, stderr).
@@ -243,20 +282,7 @@ const SCRIPT: &[&str] = &[
 
 #[test]
 fn same_save_output_as_iptables_legacy() {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if !root {
-        println!("SKIP not root");
-        return;
-    }
-    let legacy = Command::new("sh")
-        .args(["-c", "command -v iptables-legacy && command -v unshare"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !legacy {
-        println!("SKIP iptables-legacy or unshare not installed");
+    if !legacy_available() {
         return;
     }
     let Some(v) = vallumd("legacy") else { return };
@@ -367,4 +393,141 @@ fn edit_ruleset_is_atomic_and_one_revision() {
         s,
         "-P INPUT ACCEPT\n-P FORWARD ACCEPT\n-P OUTPUT ACCEPT\n-N A\n-A INPUT -j A\n-A A -j ACCEPT\n"
     );
+}
+
+/// Rules with the extensions `-L` prints, as a script's `iptables-restore` input.
+const LISTED: &str = "*filter
+:INPUT DROP [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:DOCKER - [0:0]
+:EMPTY - [0:0]
+-A INPUT -i lo -j ACCEPT
+-A INPUT -s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT
+-A INPUT -s 1.2.3.4/32 ! -d 5.6.7.0/24 -p udp -m udp --sport 53 --dport 1000:2000 -j DROP
+-A INPUT -m state --state RELATED,ESTABLISHED -j ACCEPT
+-A INPUT -m conntrack --ctstate NEW -m comment --comment \"hello world\" -j ACCEPT
+-A INPUT -p icmp -m icmp --icmp-type 8 -j ACCEPT
+-A INPUT -p tcp -m multiport --dports 80,443 -j REJECT --reject-with tcp-reset
+-A INPUT -m limit --limit 3/min --limit-burst 5 -j LOG --log-prefix \"x: \"
+-A INPUT -m mark --mark 0x1/0xff -j DOCKER
+-A INPUT -m addrtype --dst-type LOCAL -j ACCEPT
+-A INPUT -j MARK --set-xmark 0x2/0xffffffff
+-A INPUT -p icmp -m icmp --icmp-type 3/3 -j ACCEPT
+-A INPUT -g DOCKER
+-A INPUT
+-A FORWARD ! -i eth0 -o eth1 -p tcp -m tcp --tcp-flags SYN,RST,ACK SYN -j RETURN
+-A DOCKER -d 172.17.0.2/32 ! -i docker0 -o docker0 -p tcp -m tcp --dport 80 -j ACCEPT
+COMMIT
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:DOCKER - [0:0]
+-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER
+-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE
+-A DOCKER ! -i docker0 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.17.0.2:80
+COMMIT
+";
+
+/// `-L` (with `-n`, `-v`, `-x`, `--line-numbers`), `-E` and `-Z` print, fail and exit as
+/// iptables-legacy does in a private network namespace for the same calls.
+#[test]
+fn list_rename_zero_as_iptables_legacy() {
+    if !legacy_available() {
+        return;
+    }
+    let Some(v) = vallumd("list") else { return };
+    let calls: &[&str] = &[
+        "-E DOCKER DOCKER2",
+        "-E NOPE X",
+        "-E INPUT X",
+        "-E DOCKER2 EMPTY",
+        "-E EMPTY",
+        "-L -n",
+        "-L -n -v",
+        "-L INPUT -n -v -x --line-numbers",
+        "-nvL FORWARD",
+        "-L NOPE -n",
+        "-t nat -L -n",
+        "-t nat -L DOCKER -n -v",
+        "-Z",
+        "-Z INPUT 1",
+        "-Z INPUT 99",
+        "-Z NOPE",
+        "-t nat -Z",
+    ];
+    let (rc, _, err) = run(&v, "iptables-restore", &[], LISTED);
+    assert_eq!(rc, 0, "{err}");
+    let mut script = format!("iptables-legacy-restore <<'EOF'\n{LISTED}EOF\n");
+    for (i, c) in calls.iter().enumerate() {
+        script.push_str(&format!(
+            "echo '@@{i}'; iptables-legacy {c} 2>&1; echo \"rc=$?\"\n"
+        ));
+    }
+    let (rc, kernel, err) = in_netns(&script);
+    assert_eq!(rc, 0, "{err}");
+    for (i, c) in calls.iter().enumerate() {
+        let want = kernel
+            .split(&format!("@@{i}\n"))
+            .nth(1)
+            .and_then(|s| s.split("@@").next())
+            .unwrap_or("");
+        let (code, out, err) = run(&v, "iptables", &words(c), "");
+        let (want_out, want_rc) = want.rsplit_once("rc=").unwrap_or((want, ""));
+        assert_eq!(code.to_string(), want_rc.trim(), "iptables {c}: {err}");
+        if code == 0 {
+            let want_out = want_out.replace("iptables-legacy", "iptables");
+            assert_eq!(out, want_out, "iptables {c}");
+        } else {
+            // The kernel tool's first line (ours may add the server's reason after it).
+            let first = want_out
+                .lines()
+                .next()
+                .unwrap_or("")
+                .replace("(legacy)", "(vallum)");
+            assert!(
+                err.starts_with(&first),
+                "iptables {c}: {err:?}, want {first:?}"
+            );
+        }
+    }
+}
+
+/// A call made right after vallumd printed its address waits while it loads its stored
+/// rulesets (NOT_READY), as `-w` asks, instead of failing.
+#[test]
+fn calls_wait_while_vallumd_loads() {
+    let dir = std::env::temp_dir().join(format!("vallum-dropin-wait-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let Some(v) = spawn_vallumd(dir.clone()) else {
+        return;
+    };
+    // A large stored ruleset makes the next start's load take a while.
+    let mut text = String::from("*filter\n");
+    for i in 0..20000 {
+        text.push_str(&format!(
+            "-A INPUT -s 10.{}.{}.0/24 -p tcp --dport {} -j ACCEPT\n",
+            i / 256 % 256,
+            i % 256,
+            i % 1000 + 1
+        ));
+    }
+    text.push_str("COMMIT\n");
+    let (rc, _, err) = run(&v, "iptables-restore", &["-w", "60"], &text);
+    assert_eq!(rc, 0, "{err}");
+    let mut v = v;
+    let _ = v.child.kill();
+    let _ = v.child.wait();
+    std::mem::forget(v);
+    let Some(v) = spawn_vallumd(dir) else { return };
+    for cmd in ["-w 60 -A INPUT -j DROP", "-C INPUT -j DROP", "-w -S INPUT"] {
+        let (rc, out, err) = run(&v, "iptables", &words(cmd), "");
+        assert_eq!(rc, 0, "iptables {cmd}: {err}");
+        if cmd.contains("-S") {
+            assert!(out.ends_with("-A INPUT -j DROP\n"), "{out}");
+        }
+    }
 }

@@ -588,6 +588,20 @@ impl Engine {
         self.dataplane.with_active(|s| s.zero_counters(ruleset));
     }
 
+    /// Zeroes counters of one ruleset as `iptables [-t TABLE] -Z [CHAIN [N]]` (see
+    /// [`Snapshot::zero_counters_in`]).
+    pub fn zero_counters_in(
+        &self,
+        ruleset: &str,
+        family: Family,
+        table: Option<crate::model::TableKind>,
+        chain: Option<&str>,
+        rule: Option<u32>,
+    ) {
+        self.dataplane
+            .with_active(|s| s.zero_counters_in(ruleset, family, table, chain, rule));
+    }
+
     /// Packets counted per (family, hook, verdict), summed over cores; zero rows omitted.
     pub fn verdict_counts(&self) -> Vec<VerdictCount> {
         let mut out = Vec::new();
