@@ -522,7 +522,15 @@ fn zero(wait: Wait, prog: &str, table: &str, v6: bool, rest: &[String]) -> Resul
             match counters.clone().zero_counters(request.clone()).await {
                 Ok(_) => return Ok(String::new()),
                 Err(s) if not_ready(&s) && pause_before_retry(c.until, &mut pause).await => {}
-                Err(s) if s.code() == tonic::Code::NotFound && chain.is_empty() => {
+                // No such ruleset yet: its tables are empty, with their builtin chains.
+                Err(s)
+                    if s.code() == tonic::Code::NotFound
+                        && !status_text(&s).contains("/chains/")
+                        && (chain.is_empty() || builtin(table, &chain)) =>
+                {
+                    if rule != 0 {
+                        return Err(failed(format!("{prog}: Index of counter too big.")));
+                    }
                     return Ok(String::new());
                 }
                 Err(s) if s.code() == tonic::Code::NotFound => {
@@ -539,19 +547,28 @@ fn zero(wait: Wait, prog: &str, table: &str, v6: bool, rest: &[String]) -> Resul
     })
 }
 
+/// Whether `chain` is a builtin chain of `table`.
+fn builtin(table: &str, chain: &str) -> bool {
+    builtin_chains(table).contains(&chain)
+}
+
+/// The builtin chains of `table`, in hook order.
+fn builtin_chains(table: &str) -> &'static [&'static str] {
+    match table {
+        "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
+        "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
+        "raw" => &["PREROUTING", "OUTPUT"],
+        _ => &["INPUT", "FORWARD", "OUTPUT"],
+    }
+}
+
 /// `-S [CHAIN]`: `-P` for builtin chains, `-N` for user chains, then the rules, as iptables -S.
 fn list_rules(wait: Wait, table: &str, v6: bool, chain: Option<&str>) -> Result<String, Fail> {
     let text = with_client(wait, async |c| active_text(c, v6, false).await)?;
     let mut out = String::new();
     let blocks = table_blocks(&text, Some(table));
     let lines = blocks.first().map(|(_, l)| l.clone()).unwrap_or_else(|| {
-        let builtin: &[&str] = match table {
-            "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
-            "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
-            "raw" => &["PREROUTING", "OUTPUT"],
-            _ => &["INPUT", "FORWARD", "OUTPUT"],
-        };
-        builtin
+        builtin_chains(table)
             .iter()
             .map(|c| format!(":{c} ACCEPT [0:0]"))
             .collect()

@@ -155,6 +155,15 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
         assert_eq!(rc, code, "iptables {cmd}: {err}");
         assert!(err.contains(words_), "iptables {cmd}: {err}");
     };
+    // Before the ruleset exists its tables are empty, with their builtin chains.
+    ok("-Z");
+    ok("-Z INPUT");
+    fails(
+        "-Z NOPE",
+        1,
+        "iptables: No chain/target/match by that name.",
+    );
+    fails("-Z INPUT 1", 1, "iptables: Index of counter too big.");
     ok("-w -A INPUT -p tcp --dport 22 -j ACCEPT");
     ok("-I INPUT 1 -i lo -j ACCEPT");
     ok("-N DOCKER");

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::counter_service_server::CounterService;
 
-use vallum_engine::model::{Family, TableKind};
+use vallum_engine::model::{Family, Hook, TableKind};
 
 use super::State;
 use crate::auth::{Grant, Op};
@@ -107,19 +107,27 @@ fn check_scope(
             .filter(|t| t.family == family && table.is_none_or(|k| k == t.kind))
             .find_map(|t| t.chain(chain))
     });
-    let Some(c) = found else {
-        return Err(Error::NotFound {
-            kind: "chain",
-            name: format!("rulesets/{ruleset}/chains/{chain}"),
-        });
+    // A builtin chain of a table the revision lacks exists, empty, as in the kernel.
+    let builtin = Hook::from_chain_name(chain).is_some_and(|h| {
+        table
+            .unwrap_or(TableKind::Filter)
+            .builtin_hooks()
+            .contains(&h)
+    });
+    let rules = match found {
+        Some(c) => c.rules.len(),
+        None if builtin => 0,
+        None => {
+            return Err(Error::NotFound {
+                kind: "chain",
+                name: format!("rulesets/{ruleset}/chains/{chain}"),
+            });
+        }
     };
-    if rule as usize > c.rules.len() {
+    if rule as usize > rules {
         return Err(Error::invalid(
             "rule",
-            format!(
-                "Index of counter too big: chain {chain} has {} rule(s)",
-                c.rules.len()
-            ),
+            format!("Index of counter too big: chain {chain} has {rules} rule(s)"),
         ));
     }
     Ok(())

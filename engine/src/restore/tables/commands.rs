@@ -318,10 +318,7 @@ pub(super) fn apply_line(
                 return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
             };
             if b.table.chains[i].policy.is_some() {
-                return Err(ctx.err(
-                    &ch,
-                    K::UnexpectedLine("a builtin chain cannot be renamed"),
-                ));
+                return Err(ctx.err(&ch, K::UnexpectedLine("a builtin chain cannot be renamed")));
             }
             if b.chain_index(new.text).is_some()
                 || is_target_name(new.text)
