@@ -114,11 +114,22 @@ fn in_netns(script: &str) -> (i32, String, String) {
 
 /// Runs `vallum-iptables` as `prog` (argv[0]) with `args`, `stdin`; (exit code, stdout, stderr).
 fn run(v: &Vallumd, prog: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
+    run_on(v, "iptables", prog, args, stdin)
+}
+
+/// As [`run`], on the ruleset `ruleset`.
+fn run_on(
+    v: &Vallumd,
+    ruleset: &str,
+    prog: &str,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
     let mut child = Command::new(BIN)
         .arg0(prog)
         .args(args)
         .env("VALLUM_SERVER", &v.url)
-        .env("VALLUM_RULESET", "iptables")
+        .env("VALLUM_RULESET", ruleset)
         .env_remove("VALLUM_TOKEN")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -538,5 +549,166 @@ fn calls_wait_while_vallumd_loads() {
         if cmd.contains("-S") {
             assert!(out.ends_with("-A INPUT -j DROP\n"), "{out}");
         }
+    }
+}
+
+/// iptables-save's text without comments and chain counters (the kernel's count packets).
+fn save_body(s: &str) -> Vec<String> {
+    s.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| match l.find(" [") {
+            Some(i) if l.starts_with(':') => l[..i].to_owned(),
+            _ => l.to_owned(),
+        })
+        .collect()
+}
+
+/// The restore cases of iptables' own shell tests (`../shared/data/iptables-tests/
+/// restore-cases`, from tests/shell of iptables 1.8.11) that our extensions cover, each on a
+/// ruleset of its own: the same `iptables-restore` calls give the same `iptables-save` text as
+/// iptables-legacy's in a private network namespace.
+#[test]
+fn iptables_shell_restore_cases_as_iptables_legacy() {
+    let dir = std::env::var("VALLUM_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+        .join("iptables-tests/restore-cases");
+    if !dir.exists() {
+        println!("SKIP {} not found", dir.display());
+        return;
+    }
+    if !legacy_available() {
+        return;
+    }
+    let Some(v) = vallumd("cases") else { return };
+    // (case, [(restore flags, file)], applied in order on an empty ruleset).
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("01", &[("", "01-insert-index.rules")]),
+        ("02", &[("", "02-insert-index-interleaved.rules")]),
+        ("03", &[("", "03-family-prefix.rules")]),
+        (
+            "07",
+            &[("--noflush", "07-comment-and-empty-line-noflush.rules")],
+        ),
+        ("08", &[("", "08-dash-F-in-restore.rules")]),
+        ("08n", &[("-n", "08-dash-F-in-restore.rules")]),
+        ("09", &[("--test", "09-empty-tables.rules")]),
+        ("10", &[("", "10-multi-table-user-chains.rules")]),
+        (
+            "11",
+            &[
+                ("", "10-multi-table-user-chains.rules"),
+                ("--noflush", "11-noflush-F-X-lines.rules"),
+            ],
+        ),
+    ];
+    for (case, steps) in cases {
+        let ruleset = format!("case{case}");
+        let mut script = String::from("set -e\n");
+        for (flags, file) in steps.iter() {
+            let text = std::fs::read_to_string(dir.join(file)).expect("case file");
+            let args: Vec<&str> = flags.split_whitespace().collect();
+            let (rc, _, err) = run_on(&v, &ruleset, "iptables-restore", &args, &text);
+            assert_eq!(rc, 0, "case {case} {file}: {err}");
+            script.push_str(&format!(
+                "iptables-legacy-restore {flags} < '{}'\n",
+                dir.join(file).display()
+            ));
+        }
+        for t in ["filter", "nat", "raw"] {
+            script.push_str(&format!("echo '@@{t}'\niptables-legacy-save -t {t}\n"));
+        }
+        let (rc, kernel, err) = in_netns(&script);
+        assert_eq!(rc, 0, "case {case}: {err}");
+        for t in ["filter", "nat", "raw"] {
+            let want = kernel
+                .split(&format!("@@{t}\n"))
+                .nth(1)
+                .and_then(|s| s.split("@@").next())
+                .unwrap_or("");
+            let (_, ours, _) = run_on(&v, &ruleset, "iptables-save", &["-t", t], "");
+            // A table the calls never wrote is listed by the kernel once its module is
+            // loaded; ours has none: compare the tables both have.
+            if ours.is_empty() {
+                continue;
+            }
+            assert_eq!(save_body(&ours), save_body(want), "case {case} table {t}");
+        }
+    }
+}
+
+/// fail2ban's iptables-multiport action (start, ban, check, unban, stop: the commands of
+/// action.d/iptables-multiport.conf with `-w`, and its `-n -L` actioncheck), run by `sh` with
+/// `iptables` on PATH: vallum-iptables against vallumd, iptables-legacy in a private netns;
+/// the same `iptables-save` after every phase.
+#[test]
+fn fail2ban_action_as_iptables_legacy() {
+    if !legacy_available() {
+        return;
+    }
+    let Some(v) = vallumd("f2b") else { return };
+    let phases: &[&str] = &[
+        "iptables -w -N f2b-sshd\n\
+         iptables -w -A f2b-sshd -j RETURN\n\
+         iptables -w -I INPUT -p tcp -m multiport --dports 22 -j f2b-sshd",
+        "iptables -w -n -L INPUT | grep -q 'f2b-sshd[ \t]'\n\
+         iptables -w -C f2b-sshd -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable || \
+         iptables -w -I f2b-sshd 1 -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable\n\
+         iptables -w -C f2b-sshd -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable || \
+         iptables -w -I f2b-sshd 1 -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable\n\
+         iptables -w -I f2b-sshd 1 -s 198.51.100.9 -j REJECT --reject-with icmp-port-unreachable",
+        "iptables -w -D f2b-sshd -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable",
+        "iptables -w -D INPUT -p tcp -m multiport --dports 22 -j f2b-sshd\n\
+         iptables -w -F f2b-sshd\n\
+         iptables -w -X f2b-sshd",
+    ];
+    let bin = v.dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    for n in ["iptables", "iptables-save"] {
+        let _ = std::fs::remove_file(bin.join(n));
+        std::os::unix::fs::symlink(BIN, bin.join(n)).expect("symlink");
+    }
+    let kbin = v.dir.join("kbin");
+    std::fs::create_dir_all(&kbin).expect("kbin dir");
+    for (n, k) in [
+        ("iptables", "iptables-legacy"),
+        ("iptables-save", "iptables-legacy-save"),
+    ] {
+        let _ = std::fs::remove_file(kbin.join(n));
+        let path = Command::new("sh")
+            .args(["-c", &format!("command -v {k}")])
+            .output()
+            .expect("which");
+        let path = String::from_utf8_lossy(&path.stdout).trim().to_owned();
+        std::os::unix::fs::symlink(path, kbin.join(n)).expect("symlink");
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut kscript = format!("set -e\nexport PATH={}:{path}\n", kbin.display());
+    let mut ours = Vec::new();
+    for (i, p) in phases.iter().enumerate() {
+        let out = Command::new("sh")
+            .args(["-ec", &format!("{p}\niptables-save -t filter")])
+            .env("PATH", format!("{}:{path}", bin.display()))
+            .env("VALLUM_SERVER", &v.url)
+            .env("VALLUM_RULESET", "f2b")
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "phase {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ours.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        kscript.push_str(&format!("{p}\necho '@@{i}'\niptables-save -t filter\n"));
+    }
+    let (rc, kernel, err) = in_netns(&kscript);
+    assert_eq!(rc, 0, "{err}");
+    for (i, o) in ours.iter().enumerate() {
+        let want = kernel
+            .split(&format!("@@{i}\n"))
+            .nth(1)
+            .and_then(|s| s.split("@@").next())
+            .unwrap_or("");
+        assert_eq!(save_body(o), save_body(want), "phase {i}");
     }
 }
