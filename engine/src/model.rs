@@ -16,10 +16,12 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 mod edit;
+mod rpfilter;
 mod rules;
 mod stateful;
 
 pub use edit::{EditError, EditOp, RuleEdit};
+pub use rpfilter::{PktType, RpfilterMatch};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 pub use stateful::{
     HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,
@@ -515,6 +517,12 @@ pub enum Match {
     /// `-m addrtype`: the kernel's route type of the source and/or destination address
     /// ([`crate::node_addrs`] decides it from the node's address facts).
     AddrType(AddrTypeMatch),
+    /// `-m rpfilter`: a reverse-path route lookup of the source ([`crate::fib`] decides it
+    /// from the node's routing view).
+    Rpfilter(RpfilterMatch),
+    /// `-m pkttype [!] --pkt-type TYPE`: the packet's link-layer class
+    /// ([`crate::node_addrs::AddrFacts::pkt_class`] derives it).
+    PktType(Neg<PktType>),
     /// `-m recent`: a named list of recently seen addresses ([`RecentMatch`]).
     Recent(RecentMatch),
     /// `-m hashlimit` with a packet rate: a token bucket per hash key ([`HashlimitMatch`]).
@@ -554,6 +562,8 @@ impl Match {
             Match::Rt(_) => "rt",
             Match::Ipv6Header(_) => "ipv6header",
             Match::AddrType(_) => "addrtype",
+            Match::Rpfilter(_) => "rpfilter",
+            Match::PktType(_) => "pkttype",
             Match::Recent(_) => "recent",
             Match::Hashlimit(_) => "hashlimit",
             Match::Opaque(o) => &o.name,

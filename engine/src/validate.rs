@@ -310,6 +310,28 @@ pub enum ViolationKind {
         "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
     )]
     NodeAddrsUnknown(String),
+    /// `-m rpfilter` in an enforced table, validated against a registry whose node handle has
+    /// no routing view ([`crate::node_addrs::NodeAddrs::load_routes`] is `None`).
+    #[error(
+        "-m rpfilter needs the node's routing rules and tables, which this engine was not given (vallumd reads the host's over rtnetlink, or takes --routes)"
+    )]
+    NodeRoutesUnknown,
+    /// `-m rpfilter` outside the raw and mangle tables (the kernel's `rpfilter_check`
+    /// refuses it).
+    #[error("-m rpfilter is only valid in tables raw and mangle, not {0} (as the kernel)")]
+    RpfilterTable(TableKind),
+    /// `-m pkttype` in an enforced chain reached at PREROUTING or INPUT (warning): the
+    /// class is derived from the destination address, not read from the frame.
+    #[error(
+        "-m pkttype --pkt-type {0}: the class is derived from the IP destination (multicast, broadcast, else unicast) because NFQUEUE does not give the frame's destination MAC; a frame whose link-layer destination disagrees (an L2 broadcast or multicast carrying a unicast IP) is classed differently from the kernel"
+    )]
+    PktTypeDerived(&'static str),
+    /// `-m pkttype` in an enforced table, validated against a registry that has no node
+    /// addresses: the subnet broadcast addresses are unknown.
+    #[error(
+        "-m pkttype needs the node's local table (its broadcast addresses), which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
+    )]
+    PktTypeNoAddrs,
     /// `-j NFLOG` (warning): its events are counted and handed to the engine's caller like
     /// LOG events, and vallumd has no consumer for either yet: nothing reaches the nflog
     /// group.
@@ -1130,6 +1152,41 @@ impl TableCheck<'_> {
                         .any(|v| crate::node_addrs::needs_facts(family, v.value));
                     if enforced && needs && sets.is_some_and(|r| r.node_addrs().is_none()) {
                         errs.push(ViolationKind::NodeAddrsUnknown(addr_type::names(all)));
+                    }
+                }
+                Match::Rpfilter(rp) => {
+                    if rp.flags & !crate::fib::rpfilter_flags::ALL != 0 {
+                        errs.push(ViolationKind::BadValue {
+                            what: "rpfilter",
+                            value: format!("{:#x}", rp.flags),
+                            reason: "holds bits that name no rpfilter option",
+                        });
+                    }
+                    if !matches!(table.kind, TableKind::Raw | TableKind::Mangle) {
+                        errs.push(ViolationKind::RpfilterTable(table.kind));
+                    }
+                    // As xt_rpfilter's hook mask: PREROUTING only.
+                    for h in [Hook::Input, Hook::Forward, Hook::Output, Hook::Postrouting] {
+                        if reached(h) {
+                            errs.push(ViolationKind::WrongHook {
+                                what: "-m rpfilter",
+                                hook: h,
+                            });
+                        }
+                    }
+                    let no_routes = |r: &dyn SetRegistry| {
+                        r.node_addrs().is_none_or(|n| n.load_routes().is_none())
+                    };
+                    if enforced && sets.is_some_and(no_routes) {
+                        errs.push(ViolationKind::NodeRoutesUnknown);
+                    }
+                }
+                Match::PktType(t) => {
+                    if enforced && (reached(Hook::Prerouting) || reached(Hook::Input)) {
+                        warns.push(ViolationKind::PktTypeDerived(t.value.name()));
+                    }
+                    if enforced && sets.is_some_and(|r| r.node_addrs().is_none()) {
+                        errs.push(ViolationKind::PktTypeNoAddrs);
                     }
                 }
                 Match::Recent(r) => {

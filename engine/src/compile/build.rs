@@ -94,6 +94,8 @@ fn has_set(r: &CRule) -> bool {
     r.matches.iter().any(|m| match m {
         CMatch::Set { .. } => true,
         CMatch::AddrType(a) => a.addrs.is_some(),
+        CMatch::Rpfilter { .. } => true,
+        CMatch::PktType { addrs, .. } => addrs.is_some(),
         _ => false,
     })
 }
@@ -955,6 +957,17 @@ fn compile_rule(
                     addrs,
                 }))
             }
+            Match::Rpfilter(rp) => CMatch::Rpfilter {
+                flags: rp.flags,
+                addrs: sets.node_addrs().ok_or_else(|| {
+                    RuleError::Unsupported("rpfilter without the node's routes".into())
+                })?,
+            },
+            Match::PktType(t) => CMatch::PktType {
+                negated: t.negated,
+                kind: t.value,
+                addrs: sets.node_addrs(),
+            },
             Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
             Match::Hashlimit(h) => {
                 let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };

@@ -55,6 +55,12 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "addrtype") => {
             "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
         }
+        (false, "rpfilter") => {
+            "raw PREROUTING (mangle: stored only); decided against the node's routing rules and tables (`vallum_engine::fib`), read from the host over rtnetlink or given with `--routes`"
+        }
+        (false, "pkttype") => {
+            "the class is derived from the destination address (multicast, limited or local-table broadcast, else unicast; sent and forwarded packets unicast), not from the frame's MAC: NFQUEUE does not give the destination MAC (validation warns)"
+        }
         (false, "recent") => {
             "lists per ruleset kept across commits; 100 entries a list, 256 time stamps an entry (the kernel's defaults)"
         }
@@ -89,9 +95,6 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
         (false, "connlimit") => {
             "counts a source's connections in the conntrack table, which rule evaluation does not read yet"
         }
-        (false, "rpfilter") => {
-            "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
-        }
         (false, "physdev") => {
             "needs the bridge ports of a bridged packet (NFQA_PHYSINDEV/PHYSOUTDEV), which the packet sources do not read yet"
         }
@@ -107,8 +110,10 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    matches!(name, "addrtype" | "recent" | "hashlimit" | "owner")
-        || header_matches::is_typed(name, family)
+    matches!(
+        name,
+        "addrtype" | "recent" | "hashlimit" | "owner" | "rpfilter" | "pkttype"
+    ) || header_matches::is_typed(name, family)
         || super::opaque::TYPED_MATCHES.contains(&name)
 }
 
