@@ -228,6 +228,27 @@ pub fn support_markdown() -> String {
          them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
          need routes it does not have: validation refuses them in filter and raw, naming them;\n\
          nat and mangle store them.\n\n\
+         `rpfilter` (raw PREROUTING; mangle stores it) decides as the kernel's `ipt_rpfilter` /\n\
+         `ip6t_rpfilter` against the node's routing rules and tables (`vallum_engine::fib`):\n\
+         vallumd reads them from the host over rtnetlink with the addresses (every packet\n\
+         source; in NFQUEUE mode they are the tables the kernel routes the packet with), or\n\
+         takes `--routes`; with `--local-addresses` and no `--routes` it has none and\n\
+         validation refuses rpfilter in raw. Honoured: loopback input, the DHCP/IGMP `0.0.0.0`\n\
+         exceptions, local sources only with `--accept-local`, `--loose` (any device), the mark\n\
+         with `--validmark` (for `fwmark` rules), IPv6 link-local sources (the input device's\n\
+         routes only), policy rules (`from`, `to`, `fwmark`, `iif`, `oif`, `tos`, `not`,\n\
+         `suppress_prefixlength`, `blackhole`/`unreachable`/`prohibit`, `throw` routes). Not\n\
+         modelled (such a rule never matches, such a route is left out): VRFs (`l3mdev`),\n\
+         `goto` rules, `ipproto`/port rules (the kernel's IPv6 flow carries the next header),\n\
+         IPv4 routes with a TOS, IPv6 source-specific routes, nexthop objects (`nhid`).\n\n\
+         `pkttype` reads the packet's class from its destination address, because no packet\n\
+         source gives the engine the frame's destination MAC (NFQUEUE sends only the source):\n\
+         received packets (PREROUTING, INPUT) are multicast for a multicast destination,\n\
+         broadcast for `255.255.255.255` or a `broadcast` address of the local table, else\n\
+         unicast; sent and forwarded packets are unicast (the kernel's `PACKET_HOST`). This is\n\
+         where it can differ from the kernel: a frame whose MAC and IP destinations disagree\n\
+         (an L2 broadcast or multicast carrying a unicast IP, a unicast MAC carrying a\n\
+         broadcast IP); validation warns on every pkttype rule that receives packets.\n\n\
          `recent` and `hashlimit` keep their tables per ruleset in the engine (not in the\n\
          kernel), across commits as conntrack does, while some rule names them; a ruleset that is\n\
          removed drops them. As in the kernel, a recent list keeps the mask of the rule that\n\
