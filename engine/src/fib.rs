@@ -417,7 +417,7 @@ impl Fib {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let zeronet = |a: std::net::Ipv4Addr| a.octets()[0] == 0;
                 let lbcast = d == std::net::Ipv4Addr::BROADCAST;
-                if zeronet(s) && (lbcast || u32::from(d) >> 8 == 0xe000_00) {
+                if zeronet(s) && (lbcast || u32::from(d) >> 8 == 0x00e0_0000) {
                     return true;
                 }
                 let flow = Flow {

@@ -334,4 +334,29 @@ mod tests {
             vallum_engine::model::addr_type::LOCAL
         );
     }
+
+    /// The same dumps give the routing view: the host's rules and its loopback routes, so
+    /// strict rpfilter passes 127.0.0.1 on lo and refuses it on another device.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reads_the_hosts_rules_and_routes() {
+        let (_, fib) = match read_host_view() {
+            Ok(v) => v,
+            Err(e) => {
+                println!("SKIP rtnetlink: {e}");
+                return;
+            }
+        };
+        assert!(!fib.is_empty());
+        let p = |dev: &str| vallum_engine::packet::PacketMeta {
+            src: IpAddr::from([127, 0, 0, 1]),
+            dst: IpAddr::from([127, 0, 0, 1]),
+            in_iface: IfName::new(dev).unwrap(),
+            ..Default::default()
+        };
+        assert!(fib.rpfilter(&p("lo"), 0));
+        // 127.0.0.1 is local (table local): from another device only with --accept-local
+        // and --loose.
+        assert!(!fib.rpfilter(&p("vallum-none0"), 0));
+    }
 }
