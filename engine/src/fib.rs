@@ -32,7 +32,8 @@
 //! ## Rules
 //! A rule's selectors are compared with that flow as `fib_rule_match` does: `from` (IPv6:
 //! only when the flow has a source), `to`, `fwmark/mask`, `iif` (the flow's is `lo`), `oif`,
-//! IPv4 `tos`, then `not` inverts the result. Actions: `lookup TABLE` (a `throw` route, no
+//! `tos` (IPv4: `tos & 0x1c`; IPv6: the traffic class's DSCP bits), then `not` inverts the
+//! result. Actions: `lookup TABLE` (a `throw` route, no
 //! route, or a route whose prefix is not longer than `suppress_prefixlength` goes on with the
 //! next rule), `blackhole` / `unreachable` / `prohibit` (no match), `nop` (next rule). A rule
 //! with a selector this view does not model ([`FibRule::unmodelled`]: `l3mdev`, `ipproto`,
@@ -452,7 +453,7 @@ impl Fib {
                     daddr: sb,
                     saddr: d_unicast.then_some(db),
                     mark,
-                    tos: 0,
+                    tos: p.tos & 0xfc,
                     oif: (link_local || !loose).then_some(dev),
                     iface_strict: link_local,
                 };
