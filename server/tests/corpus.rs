@@ -300,7 +300,8 @@ async fn corpus_imports_and_exports_as_the_kernel() {
 // so what leaves them is dropped), so a
 // frame to them goes through FORWARD, and 100.64.0.0/24 and 2001:db8:64::/48, routed back out of
 // eth0: for `-m rpfilter` these are the valid sources, the routed ones spoofed (they arrive on
-// eth0 but route elsewhere) and every other source a local address (AnyIP). What either namespace sends itself (RSTs, ICMP errors,
+// eth0 but route elsewhere) and every other source a local address (AnyIP); packets with mark
+// 0x100000 find 172.16.0.0/12 out of eth0 (table 100, for `--validmark`). What either namespace sends itself (RSTs, ICMP errors,
 // echo replies) is dropped in mangle OUTPUT, before it can be queued or loop back (only
 // loopback traffic to 127.0.0.0/8, the test's gRPC to vallumd, passes).
 //
@@ -422,6 +423,8 @@ impl Lab {
                 ip route add 192.168.122.0/24 dev virbr0
                 ip route add 192.168.0.0/16 dev eth1
                 ip route add 100.64.0.0/24 dev eth0
+                ip route add 172.16.0.0/12 dev eth0 table 100
+                ip rule add pref 5 fwmark 0x100000/0x100000 lookup 100
                 ip -6 route add 2001:db8:64::/48 dev eth0
                 ip -6 route add fd00:dead:beef::/48 dev docker0
                 ip rule add pref 10 to 172.16.0.0/12 lookup main
@@ -918,6 +921,14 @@ const RPFILTER_EXPECT: &[(&str, &str, &str, u32, bool)] = &[
     ("rpfilter6-antispoof.rules6", "raw", "PREROUTING", 1, true),
     ("rpfilter6-antispoof.rules6", "filter", "INPUT", 2, true),
     ("rpfilter6-antispoof.rules6", "filter", "INPUT", 3, false),
+    // --loose passes a source routed out of another device; --validmark looks the mark up
+    // (fwmark 0x100000 routes 172.16.0.0/12 back out of eth0); a local source passes only
+    // with --accept-local, and strictly only on the device of its local route (lo).
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 1, true),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 3, true),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 4, false),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 5, false),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 6, false),
     ("pkttype-broadcast.rules", "filter", "INPUT", 1, true),
 ];
 
