@@ -27,6 +27,7 @@ mod addresses;
 mod edit;
 mod match_list;
 mod matches;
+mod rpfilter;
 mod rules;
 mod stateful;
 mod targets;
@@ -37,6 +38,7 @@ pub use addresses::*;
 pub use edit::{EditError, EditOp, RuleEdit};
 pub use match_list::*;
 pub use matches::*;
+pub use rpfilter::{PktType, RpfilterMatch};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 pub use stateful::{
     HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,

@@ -26,6 +26,7 @@ mod opaque;
 mod owner;
 mod print;
 mod recent;
+mod rpfilter;
 mod rule;
 mod support;
 mod tables;

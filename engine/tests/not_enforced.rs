@@ -1,4 +1,4 @@
-//! Extensions real rulesets use that the engine does not enforce yet (connlimit, rpfilter,
+//! Extensions real rulesets use that the engine does not enforce yet (connlimit,
 //! physdev, CT zones and helpers, hashlimit byte rates): they import and print as
 //! iptables-save prints them (connlimit canonically), and in filter or raw validation refuses
 //! them with an error that names the extension and says why (the reason the support table
@@ -78,12 +78,6 @@ fn refused_where_enforced_saying_why() {
             "connlimit (counts a source's connections",
         ),
         (
-            "raw",
-            "PREROUTING",
-            "-m rpfilter --invert -j DROP",
-            "rpfilter (needs a reverse-path route lookup",
-        ),
-        (
             "filter",
             "FORWARD",
             "-m physdev --physdev-is-bridged -j ACCEPT",
@@ -114,7 +108,7 @@ fn refused_where_enforced_saying_why() {
     // Stored in the tables the engine does not enforce.
     assert!(errors("mangle", "PREROUTING", "-m rpfilter -j DROP").is_empty());
     let md = support_markdown();
-    for name in ["connlimit", "rpfilter", "physdev"] {
+    for name in ["connlimit", "physdev"] {
         let row = md
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}` |")))

@@ -452,6 +452,12 @@ impl Snapshot {
                         .is_none_or(|t| (t.value == h.rt_type) != t.negated)
             }),
             CMatch::AddrType(a) => addrtype_matches(a, p),
+            CMatch::Rpfilter { flags, addrs } => rpfilter_matches(*flags, addrs, p),
+            CMatch::PktType {
+                negated,
+                kind,
+                addrs,
+            } => pkttype_matches(*negated, *kind, addrs.as_deref(), p),
             CMatch::Recent(r) => obs.recent(r, p, now),
             CMatch::Hashlimit(h) => {
                 // As hashlimit_init_dst: the ports must be there when the key has them.

@@ -750,6 +750,19 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 AddrTypeLimit::Out => o.push("--limit-iface-out"),
             }
         }
+        Match::Rpfilter(r) => {
+            // As libxt_rpfilter's rpfilter_print_prefix with "--".
+            for (name, bit) in super::rpfilter::RPFILTER_OPTIONS {
+                if r.flags & bit != 0 {
+                    o.push(name);
+                }
+            }
+        }
+        Match::PktType(t) => {
+            // As libxt_pkttype's pkttype_save.
+            o.opt(t.negated, "--pkt-type ");
+            o.out.push_str(t.value.name());
+        }
         Match::Recent(r) => {
             // As libxt_recent's recent_save.
             o.opt(r.negated, r.op.option());

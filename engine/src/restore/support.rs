@@ -55,6 +55,12 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "addrtype") => {
             "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
         }
+        (false, "rpfilter") => {
+            "raw PREROUTING (mangle: stored only); decided against the node's routing rules and tables (`vallum_engine::fib`), read from the host over rtnetlink or given with `--routes`"
+        }
+        (false, "pkttype") => {
+            "the class is derived from the destination address (multicast, limited or local-table broadcast, else unicast; sent and forwarded packets unicast), not from the frame's MAC: NFQUEUE does not give the destination MAC (validation warns)"
+        }
         (false, "recent") => {
             "lists per ruleset kept across commits; 100 entries a list, 256 time stamps an entry (the kernel's defaults)"
         }
@@ -89,9 +95,6 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
         (false, "connlimit") => {
             "counts a source's connections in the conntrack table, which rule evaluation does not read yet"
         }
-        (false, "rpfilter") => {
-            "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
-        }
         (false, "physdev") => {
             "needs the bridge ports of a bridged packet (NFQA_PHYSINDEV/PHYSOUTDEV), which the packet sources do not read yet"
         }
@@ -107,8 +110,10 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    matches!(name, "addrtype" | "recent" | "hashlimit" | "owner")
-        || header_matches::is_typed(name, family)
+    matches!(
+        name,
+        "addrtype" | "recent" | "hashlimit" | "owner" | "rpfilter" | "pkttype"
+    ) || header_matches::is_typed(name, family)
         || super::opaque::TYPED_MATCHES.contains(&name)
 }
 
@@ -223,6 +228,27 @@ pub fn support_markdown() -> String {
          them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
          need routes it does not have: validation refuses them in filter and raw, naming them;\n\
          nat and mangle store them.\n\n\
+         `rpfilter` (raw PREROUTING; mangle stores it) decides as the kernel's `ipt_rpfilter` /\n\
+         `ip6t_rpfilter` against the node's routing rules and tables (`vallum_engine::fib`):\n\
+         vallumd reads them from the host over rtnetlink with the addresses (every packet\n\
+         source; in NFQUEUE mode they are the tables the kernel routes the packet with), or\n\
+         takes `--routes`; with `--local-addresses` and no `--routes` it has none and\n\
+         validation refuses rpfilter in raw. Honoured: loopback input, the DHCP/IGMP `0.0.0.0`\n\
+         exceptions, local sources only with `--accept-local`, `--loose` (any device), the mark\n\
+         with `--validmark` (for `fwmark` rules), IPv6 link-local sources (the input device's\n\
+         routes only), policy rules (`from`, `to`, `fwmark`, `iif`, `oif`, `tos`, `not`,\n\
+         `suppress_prefixlength`, `blackhole`/`unreachable`/`prohibit`, `throw` routes). Not\n\
+         modelled (such a rule never matches, such a route is left out): VRFs (`l3mdev`),\n\
+         `goto` rules, `ipproto`/port rules (the kernel's IPv6 flow carries the next header),\n\
+         IPv4 routes with a TOS, IPv6 source-specific routes, nexthop objects (`nhid`).\n\n\
+         `pkttype` reads the packet's class from its destination address, because no packet\n\
+         source gives the engine the frame's destination MAC (NFQUEUE sends only the source):\n\
+         received packets (PREROUTING, INPUT) are multicast for a multicast destination,\n\
+         broadcast for `255.255.255.255` or a `broadcast` address of the local table, else\n\
+         unicast; sent and forwarded packets are unicast (the kernel's `PACKET_HOST`). This is\n\
+         where it can differ from the kernel: a frame whose MAC and IP destinations disagree\n\
+         (an L2 broadcast or multicast carrying a unicast IP, a unicast MAC carrying a\n\
+         broadcast IP); validation warns on every pkttype rule that receives packets.\n\n\
          `recent` and `hashlimit` keep their tables per ruleset in the engine (not in the\n\
          kernel), across commits as conntrack does, while some rule names them; a ruleset that is\n\
          removed drops them. As in the kernel, a recent list keeps the mask of the rule that\n\

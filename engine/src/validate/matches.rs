@@ -383,6 +383,41 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::NodeAddrsUnknown(addr_type::names(all)));
                     }
                 }
+                Match::Rpfilter(rp) => {
+                    if rp.flags & !crate::fib::rpfilter_flags::ALL != 0 {
+                        errs.push(ViolationKind::BadValue {
+                            what: "rpfilter",
+                            value: format!("{:#x}", rp.flags),
+                            reason: "holds bits that name no rpfilter option",
+                        });
+                    }
+                    if !matches!(table.kind, TableKind::Raw | TableKind::Mangle) {
+                        errs.push(ViolationKind::RpfilterTable(table.kind));
+                    }
+                    // As xt_rpfilter's hook mask: PREROUTING only.
+                    for h in [Hook::Input, Hook::Forward, Hook::Output, Hook::Postrouting] {
+                        if reached(h) {
+                            errs.push(ViolationKind::WrongHook {
+                                what: "-m rpfilter",
+                                hook: h,
+                            });
+                        }
+                    }
+                    let no_routes = |r: &dyn SetRegistry| {
+                        r.node_addrs().is_none_or(|n| n.load_routes().is_none())
+                    };
+                    if enforced && sets.is_some_and(no_routes) {
+                        errs.push(ViolationKind::NodeRoutesUnknown);
+                    }
+                }
+                Match::PktType(t) => {
+                    if enforced && (reached(Hook::Prerouting) || reached(Hook::Input)) {
+                        warns.push(ViolationKind::PktTypeDerived(t.value.name()));
+                    }
+                    if enforced && sets.is_some_and(|r| r.node_addrs().is_none()) {
+                        errs.push(ViolationKind::PktTypeNoAddrs);
+                    }
+                }
                 Match::Recent(r) => {
                     if let Some(reason) = r.kernel_refusal() {
                         errs.push(ViolationKind::BadValue {

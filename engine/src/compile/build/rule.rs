@@ -227,6 +227,17 @@ pub(super) fn compile_rule(
                     addrs,
                 }))
             }
+            Match::Rpfilter(rp) => CMatch::Rpfilter {
+                flags: rp.flags,
+                addrs: sets.node_addrs().ok_or_else(|| {
+                    RuleError::Unsupported("rpfilter without the node's routes".into())
+                })?,
+            },
+            Match::PktType(t) => CMatch::PktType {
+                negated: t.negated,
+                kind: t.value,
+                addrs: sets.node_addrs(),
+            },
             Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
             Match::Hashlimit(h) => {
                 let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };

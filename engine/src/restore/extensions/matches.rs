@@ -320,6 +320,8 @@ pub(crate) fn match_option(
         | Match::Rt(_)
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
+        | Match::Rpfilter(_)
+        | Match::PktType(_)
         | Match::Recent(_)
         | Match::Hashlimit(_) => return None,
     };
@@ -671,6 +673,14 @@ pub(crate) fn finish_match(
                     return Ok(());
                 }
             }
+            if o.name == "rpfilter" {
+                *m = super::super::rpfilter::typed_rpfilter(&o.options, &token, ctx)?;
+                return Ok(());
+            }
+            if o.name == "pkttype" {
+                *m = super::super::rpfilter::typed_pkttype(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "recent" {
                 *m = super::super::recent::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -711,6 +721,8 @@ pub(crate) fn finish_match(
         | Match::Rt(_)
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
+        | Match::Rpfilter(_)
+        | Match::PktType(_)
         | Match::Recent(_)
         | Match::Hashlimit(_) => {}
     }
