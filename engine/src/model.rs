@@ -16,10 +16,12 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 mod edit;
+mod physdev;
 mod rules;
 mod stateful;
 
 pub use edit::{EditError, EditOp, RuleEdit};
+pub use physdev::PhysdevMatch;
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 pub use stateful::{
     HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,
@@ -480,6 +482,8 @@ pub enum Match {
     Mark(Neg<MarkValue>),
     /// `-m owner` (OUTPUT and POSTROUTING): the local socket that sent the packet.
     Owner(OwnerMatch),
+    /// `-m physdev`: the bridge ports of a bridged packet ([`PhysdevMatch`]).
+    Physdev(PhysdevMatch),
     /// `-m connmark [!] --mark VALUE[/MASK]`: `(ctmark & mask) == value` on the mark of the
     /// packet's conntrack entry. As connmark_mt, a packet without an entry (INVALID,
     /// UNTRACKED, or in the raw table, which runs before conntrack) never matches, negated
@@ -541,6 +545,7 @@ impl Match {
             Match::Mark(_) => "mark",
             Match::Connmark(_) => "connmark",
             Match::Owner(_) => "owner",
+            Match::Physdev(_) => "physdev",
             Match::Length(_) => "length",
             Match::Limit(_) => "limit",
             Match::Mac(_) => "mac",

@@ -37,6 +37,11 @@ impl IfName {
         })
     }
 
+    /// Whether this is the empty name ("no interface").
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The name as a string slice.
     pub fn as_str(&self) -> &str {
         // Only ever built from a &str in `new`, so the bytes are valid UTF-8.
@@ -99,6 +104,14 @@ pub struct PacketMeta {
     pub out_iface: IfName,
     /// Ethernet source address, when the packet came with a link-layer header.
     pub src_mac: Option<[u8; 6]>,
+    /// The bridge port a bridged packet came in on (its `in_iface` is then the bridge), empty
+    /// when it did not cross a bridge: NFQUEUE's NFQA_IFINDEX_PHYSINDEV, which the kernel sends
+    /// for packets br_netfilter hands to iptables. `-m physdev --physdev-in` reads it.
+    pub phys_in: IfName,
+    /// The bridge port a bridged packet goes out of, empty when it has none (it is delivered
+    /// to the host, or not bridged): NFQA_IFINDEX_PHYSOUTDEV. A packet with either port set
+    /// is a bridged one to `-m physdev`.
+    pub phys_out: IfName,
     /// The packet mark (skb->mark): what the kernel queued the packet with, changed by
     /// `-j MARK` and `-j CONNMARK --restore-mark` as the rules run; what it is after the
     /// evaluation goes back to the kernel with the verdict (NFQUEUE mode).
@@ -165,6 +178,8 @@ impl Default for PacketMeta {
             in_iface: IfName::default(),
             out_iface: IfName::default(),
             src_mac: None,
+            phys_in: IfName::default(),
+            phys_out: IfName::default(),
             mark: 0,
             ct_mark: 0,
             ct_reply: false,

@@ -879,6 +879,21 @@ fn compile_rule(
                 return Err(RuleError::Unsupported("owner --suppl-groups".into()));
             }
             Match::Owner(w) => CMatch::Owner(*w),
+            Match::Physdev(d) => {
+                let pattern = |i: &Option<Neg<crate::model::Iface>>| match i {
+                    None => Ok(None),
+                    Some(n) => iface_pattern(n).map(Some).ok_or_else(|| {
+                        RuleError::Unsupported(format!("physdev interface {}", n.value.name))
+                    }),
+                };
+                CMatch::Physdev(Box::new(super::CPhysdev {
+                    physdev_in: pattern(&d.physdev_in)?,
+                    physdev_out: pattern(&d.physdev_out)?,
+                    is_in: d.is_in,
+                    is_out: d.is_out,
+                    is_bridged: d.is_bridged,
+                }))
+            }
             // The raw table runs before conntrack: no entry to read (validation warns).
             Match::Connmark(_) if raw => CMatch::Never,
             Match::Connmark(mk) => CMatch::Connmark {

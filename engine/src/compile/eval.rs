@@ -392,6 +392,25 @@ fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
         && w.gid.is_none_or(|v| v.value.contains(gid) != v.negated)
 }
 
+/// `-m physdev`, as physdev_mt (see [`crate::model::PhysdevMatch`]).
+fn physdev_matches(d: &super::CPhysdev, p: &PacketMeta) -> bool {
+    let (indev, outdev) = (!p.phys_in.is_empty(), !p.phys_out.is_empty());
+    if !indev && !outdev {
+        // No bridge information: only when every given option is negated.
+        return d.is_bridged.is_none_or(|n| n)
+            && d.is_in.is_none_or(|n| n)
+            && d.physdev_in.is_none_or(|(n, _)| n)
+            && d.is_out.is_none_or(|n| n)
+            && d.physdev_out.is_none_or(|(n, _)| n);
+    }
+    d.is_bridged.is_none_or(|n| outdev != n)
+        && d.is_in.is_none_or(|n| indev != n)
+        && d.is_out.is_none_or(|n| outdev != n)
+        // A name test whose port is absent is skipped, negated or not.
+        && d.physdev_in.is_none_or(|(n, pat)| !indev || pat.matches(&p.phys_in) != n)
+        && d.physdev_out.is_none_or(|(n, pat)| !outdev || pat.matches(&p.phys_out) != n)
+}
+
 /// `-j CONNMARK`, as connmark_tg (xt_connmark revision 1): nothing without an entry.
 fn connmark(c: &ConnmarkTarget, p: &mut PacketMeta) {
     if !has_entry(p) {
@@ -563,6 +582,7 @@ impl Snapshot {
             } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
             CMatch::Never => false,
             CMatch::Owner(w) => owner_matches(w, p),
+            CMatch::Physdev(d) => physdev_matches(d, p),
             CMatch::Length { negated, range } => {
                 (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
                     != *negated

@@ -564,6 +564,26 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             ));
         }
         Match::Opaque(op) => opaque_opts(o, &op.options),
+        Match::Physdev(d) => {
+            // physdev_save's order.
+            if let Some(neg) = d.is_in {
+                o.opt(neg, "--physdev-is-in");
+            }
+            if let Some(i) = &d.physdev_in {
+                o.opt(i.negated, "--physdev-in ");
+                o.out.push_str(&i.value.name);
+            }
+            if let Some(neg) = d.is_out {
+                o.opt(neg, "--physdev-is-out");
+            }
+            if let Some(i) = &d.physdev_out {
+                o.opt(i.negated, "--physdev-out ");
+                o.out.push_str(&i.value.name);
+            }
+            if let Some(neg) = d.is_bridged {
+                o.opt(neg, "--physdev-is-bridged");
+            }
+        }
         Match::Owner(w) => {
             // owner_mt_save's order.
             if let Some(neg) = w.socket {

@@ -69,6 +69,9 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "owner") => {
             "OUTPUT/POSTROUTING; uid/gid from NFQUEUE's NFQA_UID/NFQA_GID; numeric ids only; `--suppl-groups` stored only"
         }
+        (false, "physdev") => {
+            "bridge ports from NFQUEUE's NFQA_PHYSINDEV/NFQA_PHYSOUTDEV (bridged traffic with br_netfilter); pcap and synthetic packets carry none, so they are not bridged"
+        }
         (true, "NFLOG") => {
             "counted, events handed to the caller like LOG events (vallumd has no consumer yet: validation warns)"
         }
@@ -92,9 +95,6 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
         (false, "rpfilter") => {
             "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
         }
-        (false, "physdev") => {
-            "needs the bridge ports of a bridged packet (NFQA_PHYSINDEV/PHYSOUTDEV), which the packet sources do not read yet"
-        }
         (false, "hashlimit") => "byte rates and --hashlimit-rate-match are not enforced",
         (true, "CT --zone") | (true, "CT --zone-orig") | (true, "CT --zone-reply") => {
             "conntrack zones are not part of the engine's conntrack key yet"
@@ -107,8 +107,10 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    matches!(name, "addrtype" | "recent" | "hashlimit" | "owner")
-        || header_matches::is_typed(name, family)
+    matches!(
+        name,
+        "addrtype" | "recent" | "hashlimit" | "owner" | "physdev"
+    ) || header_matches::is_typed(name, family)
         || super::opaque::TYPED_MATCHES.contains(&name)
 }
 

@@ -44,6 +44,10 @@ mod attr {
     pub const MARK: u16 = 3;
     pub const IFINDEX_INDEV: u16 = 5;
     pub const IFINDEX_OUTDEV: u16 = 6;
+    /// The bridge port a bridged packet came in on (be32 ifindex; br_netfilter).
+    pub const IFINDEX_PHYSINDEV: u16 = 7;
+    /// The bridge port it goes out of.
+    pub const IFINDEX_PHYSOUTDEV: u16 = 8;
     pub const HWADDR: u16 = 9;
     pub const PAYLOAD: u16 = 10;
     /// Nested: the kernel's conntrack entry as ctnetlink attributes (`CTA_*`).
@@ -109,6 +113,13 @@ pub struct PacketMsg<'a> {
     pub indev: u32,
     /// Output interface index (0: none, e.g. at INPUT).
     pub outdev: u32,
+    /// `NFQA_IFINDEX_PHYSINDEV`: for a packet that crossed a bridge with br_netfilter
+    /// (`indev` is then the bridge), the index of the bridge port it came in on
+    /// (`nf_bridge_get_physinif`); 0 when absent (not bridged).
+    pub physindev: u32,
+    /// `NFQA_IFINDEX_PHYSOUTDEV`: the bridge port it goes out of (only while it is being
+    /// bridged: FORWARD, POSTROUTING); 0 when absent.
+    pub physoutdev: u32,
     /// The link-layer source address (`NFQA_HWADDR`, what the input device's `header_ops->parse`
     /// read from the frame) when it is 6 bytes long; the kernel sends it for packets with an
     /// input device and a link-layer header (PREROUTING, INPUT, FORWARD), loopback included
@@ -231,6 +242,8 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
         mark: 0,
         indev: 0,
         outdev: 0,
+        physindev: 0,
+        physoutdev: 0,
         hw_addr: None,
         payload: &[],
         ct_status: None,
@@ -255,6 +268,12 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
             attr::MARK => p.mark = u32_be(data, 0).ok_or(WireError::Truncated)?,
             attr::IFINDEX_INDEV => p.indev = u32_be(data, 0).ok_or(WireError::Truncated)?,
             attr::IFINDEX_OUTDEV => p.outdev = u32_be(data, 0).ok_or(WireError::Truncated)?,
+            attr::IFINDEX_PHYSINDEV => {
+                p.physindev = u32_be(data, 0).ok_or(WireError::Truncated)?;
+            }
+            attr::IFINDEX_PHYSOUTDEV => {
+                p.physoutdev = u32_be(data, 0).ok_or(WireError::Truncated)?;
+            }
             attr::HWADDR => {
                 // struct nfqnl_msg_packet_hw { __be16 hw_addrlen; __u16 _pad; __u8 hw_addr[8]; }
                 let len = u16_be(data, 0).ok_or(WireError::Truncated)?;
@@ -551,6 +570,27 @@ mod tests {
             panic!("not a packet")
         };
         assert_eq!((q.uid, q.gid), (None, None));
+    }
+
+    /// `V4_INPUT_PACKET` with NFQA_IFINDEX_PHYSINDEV and NFQA_IFINDEX_PHYSOUTDEV (be32 each)
+    /// appended, as `nfqnl_build_packet_message` adds them for a bridged packet.
+    #[test]
+    fn reads_the_bridge_ports() {
+        let mut b = hex(V4_INPUT_PACKET);
+        b.resize(align4(b.len()), 0);
+        put_attr(&mut b, attr::IFINDEX_PHYSINDEV, &7u32.to_be_bytes());
+        put_attr(&mut b, attr::IFINDEX_PHYSOUTDEV, &9u32.to_be_bytes());
+        let n = b.len() as u32;
+        b[..4].copy_from_slice(&n.to_ne_bytes());
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!((p.physindev, p.physoutdev), (7, 9));
+        let plain = hex(V4_INPUT_PACKET);
+        let Message::Packet(q) = one(&plain) else {
+            panic!("not a packet")
+        };
+        assert_eq!((q.physindev, q.physoutdev), (0, 0));
     }
 
     #[test]
