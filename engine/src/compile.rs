@@ -675,7 +675,11 @@ enum CTarget {
     Goto(u32),
     /// `-j LOG` and `-j NFLOG`, boxed to keep the target (and so every rule) 8 bytes smaller.
     Log(Box<LogSpec>),
+    /// `-j NOTRACK`, `-j CT --notrack`: UNTRACKED, unless a CT template came first.
     Notrack,
+    /// `-j CT` without `--notrack`: the packet's conntrack zone, unless a CT or NOTRACK
+    /// rule came first (xt_ct_target).
+    Ct(crate::model::CtZoneSpec),
     /// `-j MARK`: `mark = (mark & !mask) ^ value`.
     Mark(MarkValue),
     /// `-j CONNMARK` outside the raw table (in raw it compiles to `Continue`: no entry yet).

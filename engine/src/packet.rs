@@ -129,6 +129,10 @@ pub struct PacketMeta {
     /// The packet is in the reply direction of its conntrack entry (`--ctdir REPLY`): it
     /// matched the entry's reply tuple. Set by the tracker; false for the first packet.
     pub ct_reply: bool,
+    /// The conntrack zone a raw-table `-j CT` rule gave the packet (`Some` once a CT
+    /// template is attached, even for zone 0), which the tracker keys its entry with
+    /// ([`crate::model::CtZone`]); `None`: the default zone 0.
+    pub ct_zone: Option<crate::model::CtZone>,
     /// Conntrack state as one [`ct_state`] bit (NEW when no tracker ran).
     pub ct_state: u8,
     /// The NAT bits of the kernel's conntrack entry for this packet: [`ct_state::SNAT`] when
@@ -184,6 +188,7 @@ impl Default for PacketMeta {
             ct_mark: 0,
             ct_reply: false,
             owner: None,
+            ct_zone: None,
             ct_state: ct_state::NEW,
             ct_nat: 0,
             l4_cut: None,

@@ -324,6 +324,15 @@ pub enum ViolationKind {
         "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
     )]
     NoConntrackInRaw(&'static str),
+    /// `-j CT --helper NAME` (warning): the template (and its zone) is enforced, but no
+    /// connection-tracking helper runs for the connection: the engine has no ALGs, and the
+    /// kernel's conntrack (NFQUEUE mode) attaches a helper only where the kernel's own
+    /// ruleset says `-j CT --helper`, which vallumd's steering does not. So the connections
+    /// the helper would expect (FTP data, TFTP, SIP media, ...) are NEW, not RELATED.
+    #[error(
+        "-j CT --helper {0}: no conntrack helper runs for these connections (the engine has no ALGs and does not attach the kernel's): the connections it would expect (e.g. FTP data) are NEW, not RELATED; allow them by port, or keep `{0}` in the kernel's own ruleset"
+    )]
+    CtHelperNotRun(String),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]
@@ -1236,17 +1245,21 @@ impl TableCheck<'_> {
                         allowed: TableKind::Raw,
                     });
                 }
+                // With --notrack the kernel uses no other option (xt_ct_tg_check); without,
+                // the zone is enforced (the tracker's key), --helper warns.
                 if let Target::Ct(ct) = &r.target {
-                    if enforced && (!ct.notrack || !ct.other.is_empty()) {
-                        let name = ct
-                            .other
-                            .first()
-                            .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
-                        errs.push(ViolationKind::Unsupported {
-                            what: "target",
-                            name: with_why(true, &name, &name),
-                            table: table.kind,
-                        });
+                    for o in ct.other.iter().filter(|_| enforced && !ct.notrack) {
+                        if o.name == "--helper" {
+                            let helper = o.args.first().cloned().unwrap_or_default();
+                            warns.push(ViolationKind::CtHelperNotRun(helper));
+                        } else {
+                            let name = format!("CT {}", o.name);
+                            errs.push(ViolationKind::Unsupported {
+                                what: "target",
+                                name: with_why(true, &name, &name),
+                                table: table.kind,
+                            });
+                        }
                     }
                 }
             }

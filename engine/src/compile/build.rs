@@ -1008,13 +1008,19 @@ fn compile_rule(
         // As above: no conntrack entry in the raw table, CONNMARK does nothing there.
         Target::Connmark(_) if raw => CTarget::Continue,
         Target::Connmark(c) => CTarget::Connmark(*c),
-        Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
+        // As xt_ct_tg_check: with --notrack the other options are not used.
+        Target::Ct(ct) if ct.notrack => CTarget::Notrack,
         Target::Ct(ct) => {
-            let what = ct
-                .other
-                .first()
-                .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
-            return Err(RuleError::Unsupported(what));
+            // --helper runs no ALG here (validation warns); --timeout and the event masks
+            // are not enforced.
+            if let Some(o) = ct.other.iter().find(|o| o.name != "--helper") {
+                return Err(RuleError::Unsupported(format!("CT {}", o.name)));
+            }
+            CTarget::Ct(ct.zone.unwrap_or(crate::model::CtZoneSpec {
+                id: 0,
+                from_mark: false,
+                dirs: crate::model::CtZone::ORIG | crate::model::CtZone::REPLY,
+            }))
         }
         Target::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
     };

@@ -741,7 +741,17 @@ impl Snapshot {
                     next = 0;
                 }
                 CTarget::Log(log) => obs.log(c, chain, next, log, p),
-                CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
+                // xt_ct_target / notrack_tg: only the first of them a packet meets acts.
+                CTarget::Notrack => {
+                    if p.ct_zone.is_none() {
+                        p.ct_state = ct_state::UNTRACKED;
+                    }
+                }
+                CTarget::Ct(z) => {
+                    if p.ct_zone.is_none() && p.ct_state != ct_state::UNTRACKED {
+                        p.ct_zone = Some(z.resolve(p.mark));
+                    }
+                }
                 CTarget::Mark(m) => p.mark = m.apply(p.mark),
                 CTarget::Connmark(cm) => connmark(cm, p),
             }

@@ -840,6 +840,19 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
                 o.push("--notrack");
             }
             opaque_opts(o, &c.other);
+            if let Some(z) = c.zone {
+                // libxt_CT's ct_print_zone: one direction named, else --zone.
+                o.push(match z.dirs {
+                    crate::model::CtZone::ORIG => "--zone-orig ",
+                    crate::model::CtZone::REPLY => "--zone-reply ",
+                    _ => "--zone ",
+                });
+                if z.from_mark {
+                    o.out.push_str("mark");
+                } else {
+                    write_uint(o.out, z.id);
+                }
+            }
         }
         Target::Mark(m) => {
             o.push_fmt(format_args!(

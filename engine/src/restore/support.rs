@@ -77,7 +77,7 @@ fn note(target: bool, name: &str) -> &'static str {
         }
         (true, "MARK") => "the mark goes back to the kernel with the NFQUEUE verdict",
         (true, "CT") => {
-            "raw table; only `--notrack` is enforced, other options are stored only (`--zone`: zones are not part of the conntrack key yet; `--helper`: no ALGs)"
+            "raw table; `--notrack` and `--zone`/`--zone-orig`/`--zone-reply` (the zone is part of the engine's conntrack key) are enforced; `--helper` is accepted with a warning (no ALG runs: expected connections are NEW, not RELATED); `--timeout`, `--ctevents`, `--expevents` are stored only"
         }
         (true, "REJECT") => "filter table only",
         (true, "NOTRACK") => "raw table only",
@@ -96,10 +96,10 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
             "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
         }
         (false, "hashlimit") => "byte rates and --hashlimit-rate-match are not enforced",
-        (true, "CT --zone") | (true, "CT --zone-orig") | (true, "CT --zone-reply") => {
-            "conntrack zones are not part of the engine's conntrack key yet"
+        (true, "CT --timeout") => "the engine's tracker has no timeout policies",
+        (true, "CT --ctevents") | (true, "CT --expevents") => {
+            "the engine's tracker sends no conntrack events"
         }
-        (true, "CT --helper") => "the engine runs no connection-tracking helpers (ALGs)",
         _ => return None,
     })
 }
