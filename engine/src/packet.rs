@@ -142,6 +142,13 @@ pub struct PacketMeta {
     /// `--ctstate SNAT` / `DNAT` read them, as xt_conntrack reads the status bits, for a
     /// tracked packet only (not when [`PacketMeta::ct_state`] is INVALID or UNTRACKED).
     pub ct_nat: u8,
+    /// The original destination address and port (`None` for protocols without ports) of
+    /// the kernel's own conntrack entry when the kernel DNATed the connection (NFQUEUE mode,
+    /// `CTA_TUPLE_ORIG` in `NFQA_CT`; set only with [`ct_state::DNAT`] in `ct_nat`): the
+    /// packet the engine sees is already translated, so its tracker's original destination
+    /// is the translated one; `--ctorigdst` / `--ctorigdstport` read this one instead, as
+    /// xt_conntrack reads the kernel's tuple. `None`: the engine's tuple decides.
+    pub ct_orig_dst: Option<(IpAddr, Option<u16>)>,
     /// `Some(n)` when the transport header is cut after `n` bytes, short of what the
     /// protocol's header holds (TCP: 20 bytes and its options; UDP, UDP-Lite, ICMP, ICMPv6:
     /// 8; SCTP, DCCP: the 4 port bytes). The fields that lie within the `n` bytes are set
@@ -191,6 +198,7 @@ impl Default for PacketMeta {
             ct_zone: None,
             ct_state: ct_state::NEW,
             ct_nat: 0,
+            ct_orig_dst: None,
             l4_cut: None,
             embedded: None,
         }

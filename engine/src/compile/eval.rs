@@ -224,8 +224,14 @@ fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
     } else {
         (p.src, p.dst, p.sport, p.dport)
     };
-    let addrs = [os, od, od, os];
-    let ports = [osp, odp, odp, osp];
+    // Under the kernel's DNAT its original destination is not the packet's (translated)
+    // one; the reply tuple's source is the translated address either way.
+    let (kd, kdp) = match p.ct_orig_dst {
+        Some((a, port)) => (a, port.unwrap_or(odp)),
+        None => (od, odp),
+    };
+    let addrs = [os, kd, od, os];
+    let ports = [osp, kdp, odp, osp];
     c.addrs
         .iter()
         .zip(addrs)

@@ -48,7 +48,7 @@ pub struct SupportRow {
 fn note(target: bool, name: &str) -> &'static str {
     match (target, name) {
         (false, "conntrack") => {
-            "`--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT (a DNATed packet's `--ctorigdst` is the translated address)"
+            "`--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT, except `--ctorigdst`/`--ctorigdstport` of a connection the kernel DNATed, read from the kernel's entry (NFQUEUE's NFQA_CT; needs nf_conntrack_netlink, else they are the translated ones); `--ctrepl*` of an SNATed connection are the engine's"
         }
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",

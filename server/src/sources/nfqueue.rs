@@ -545,6 +545,10 @@ mod linux {
             mark: p.mark,
             src_mac: p.hw_addr.filter(|_| in_ether),
             ct_nat: ct_nat(p.ct_status),
+            // Only the kernel knows the destination before its DNAT (--ctorigdst).
+            ct_orig_dst: p
+                .ct_orig_dst
+                .filter(|_| ct_nat(p.ct_status) & vallum_engine::model::ct_state::DNAT != 0),
             owner: p.uid.zip(p.gid),
             ..PacketMeta::default()
         };
