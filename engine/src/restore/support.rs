@@ -234,7 +234,20 @@ pub fn support_markdown() -> String {
          hashlimit table drops the entry that expires first where the kernel drops the packet;\n\
          ports of ESP/AH packets in a port mode are 0 (the kernel hashes their SPI); a trace is a\n\
          dry run for both: it reads the tables and changes nothing, so a rule after a `--set` of\n\
-         the same packet does not see that time stamp.\n\n",
+         the same packet does not see that time stamp.\n\n\
+         `physdev` reads the bridge ports NFQUEUE hands over for bridged IPv4/IPv6 (with\n\
+         br_netfilter's `bridge-nf-call-iptables`): `NFQA_IFINDEX_PHYSINDEV` and\n\
+         `PHYSOUTDEV`, names as for `-i`/`-o`; `vallumctl trace --physdev-in/--physdev-out`\n\
+         sets them. Packets from pcap or the synthetic source carry none and are not bridged\n\
+         (a rule whose every option is negated matches them, as in the kernel).\n\n\
+         `-j CT --zone` puts the packet's connection in a conntrack zone of the engine's own\n\
+         tracker: the zone id is part of the connection key in each direction, so the same\n\
+         addresses and ports in two zones are two connections (Neutron's per-port zones).\n\
+         The first `CT` or `NOTRACK` rule a packet meets decides, as xt_ct_target.\n\
+         `-j CT --helper` is accepted with a warning: the engine runs no helper (ALG), and\n\
+         vallumd does not attach the kernel's either, so the connections a helper would\n\
+         expect (FTP data, TFTP, SIP media) are NEW, not RELATED: allow them by port, or keep\n\
+         the helper in the kernel's own ruleset.\n\n",
     );
     for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
         out.push_str(&format!(
