@@ -417,6 +417,16 @@ impl Clone for CRule {
     }
 }
 
+/// `-m physdev` with its name patterns compiled (see [`crate::model::PhysdevMatch`]).
+#[derive(Debug, Clone, Copy)]
+struct CPhysdev {
+    physdev_in: Option<(bool, IfacePattern)>,
+    physdev_out: Option<(bool, IfacePattern)>,
+    is_in: Option<bool>,
+    is_out: Option<bool>,
+    is_bridged: Option<bool>,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct IfacePattern {
     name: IfName,
@@ -516,6 +526,8 @@ enum CMatch {
     },
     /// `-m owner`.
     Owner(OwnerMatch),
+    /// `-m physdev`.
+    Physdev(Box<CPhysdev>),
     /// A match that never holds: `-m connmark` in the raw table, where the packet has no
     /// conntrack entry yet (connmark_mt returns false without one, negated or not).
     Never,
@@ -698,7 +710,11 @@ enum CTarget {
     Goto(u32),
     /// `-j LOG` and `-j NFLOG`, boxed to keep the target (and so every rule) 8 bytes smaller.
     Log(Box<LogSpec>),
+    /// `-j NOTRACK`, `-j CT --notrack`: UNTRACKED, unless a CT template came first.
     Notrack,
+    /// `-j CT` without `--notrack`: the packet's conntrack zone, unless a CT or NOTRACK
+    /// rule came first (xt_ct_target).
+    Ct(crate::model::CtZoneSpec),
     /// `-j MARK`: `mark = (mark & !mask) ^ value`.
     Mark(MarkValue),
     /// `-j CONNMARK` outside the raw table (in raw it compiles to `Continue`: no entry yet).

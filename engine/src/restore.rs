@@ -24,6 +24,7 @@ mod header_matches;
 mod lexer;
 mod opaque;
 mod owner;
+mod physdev;
 mod print;
 mod recent;
 mod rpfilter;

@@ -80,6 +80,8 @@ pub enum Match {
     Mark(Neg<MarkValue>),
     /// `-m owner` (OUTPUT and POSTROUTING): the local socket that sent the packet.
     Owner(OwnerMatch),
+    /// `-m physdev`: the bridge ports of a bridged packet ([`super::PhysdevMatch`]).
+    Physdev(super::PhysdevMatch),
     /// `-m connmark [!] --mark VALUE[/MASK]`: `(ctmark & mask) == value` on the mark of the
     /// packet's conntrack entry. As connmark_mt, a packet without an entry (INVALID,
     /// UNTRACKED, or in the raw table, which runs before conntrack) never matches, negated
@@ -147,6 +149,7 @@ impl Match {
             Match::Mark(_) => "mark",
             Match::Connmark(_) => "connmark",
             Match::Owner(_) => "owner",
+            Match::Physdev(_) => "physdev",
             Match::Length(_) => "length",
             Match::Limit(_) => "limit",
             Match::Mac(_) => "mac",

@@ -257,6 +257,15 @@ pub enum ViolationKind {
         "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
     )]
     NoConntrackInRaw(&'static str),
+    /// `-j CT --helper NAME` (warning): the template (and its zone) is enforced, but no
+    /// connection-tracking helper runs for the connection: the engine has no ALGs, and the
+    /// kernel's conntrack (NFQUEUE mode) attaches a helper only where the kernel's own
+    /// ruleset says `-j CT --helper`, which vallumd's steering does not. So the connections
+    /// the helper would expect (FTP data, TFTP, SIP media, ...) are NEW, not RELATED.
+    #[error(
+        "-j CT --helper {0}: no conntrack helper runs for these connections (the engine has no ALGs and does not attach the kernel's): the connections it would expect (e.g. FTP data) are NEW, not RELATED; allow them by port, or keep `{0}` in the kernel's own ruleset"
+    )]
+    CtHelperNotRun(String),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]

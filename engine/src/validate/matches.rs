@@ -103,6 +103,7 @@ impl TableCheck<'_> {
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
         let mut mac_used = false;
         let mut owner_used = false;
+        let mut physdev_out_used = false;
         for m in &r.matches {
             let needs = |ext: &'static str, protos: &[u8], pname: &'static str| {
                 (!proto.is_some_and(|p| protos.contains(&p)))
@@ -171,6 +172,7 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::State(_) | Match::Mark(_) => {}
+                Match::Physdev(d) => physdev_out_used |= d.needs_bridged_output(),
                 Match::Owner(w) => {
                     owner_used = true;
                     if enforced && w.suppl_groups {
@@ -449,6 +451,14 @@ impl TableCheck<'_> {
                     }
                 }
             }
+        }
+        if physdev_out_used && reached(Hook::Output) {
+            // As physdev_mt_check: the output port of a locally sent packet is not known
+            // at OUTPUT unless the rule asks for bridged traffic.
+            errs.push(ViolationKind::WrongHook {
+                what: "-m physdev --physdev-out/--physdev-is-out without --physdev-is-bridged",
+                hook: Hook::Output,
+            });
         }
         if owner_used {
             // As xt_owner's hooks: only locally generated packets have a socket.

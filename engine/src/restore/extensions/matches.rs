@@ -253,7 +253,7 @@ pub(crate) fn match_option(
             }),
             _ => return None,
         },
-        Match::Connmark(_) | Match::Owner(_) => return None,
+        Match::Connmark(_) | Match::Owner(_) | Match::Physdev(_) => return None,
         Match::Mark(mk) => match name {
             "--mark" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
@@ -660,6 +660,10 @@ pub(crate) fn finish_match(
                 *m = super::super::owner::typed(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "physdev" {
+                *m = super::super::physdev::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "addrtype" {
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -711,6 +715,7 @@ pub(crate) fn finish_match(
         Match::Limit(_)
         | Match::Connmark(_)
         | Match::Owner(_)
+        | Match::Physdev(_)
         | Match::Ttl(_)
         | Match::Hl(_)
         | Match::Tos(_)
