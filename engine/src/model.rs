@@ -16,8 +16,9 @@
 //! [`Rule`], hooks); `addresses` the values of a rule's own fields ([`IpNet`], [`Iface`],
 //! [`PortRange`], [`AddrRange`]); `matches` the `-m` matches ([`Match`] and its values);
 //! `match_list` a rule's list of them ([`MatchList`]); `targets` the `-j` targets
-//! ([`Target`]); `stateful` the matches that keep state (recent, hashlimit); `connlimit` and `string` those
-//! two matches' values; `rules` a
+//! ([`Target`]); `stateful` the matches that keep state (recent, hashlimit); `connlimit` and
+//! `string` those two matches' values; `physdev` the bridge-port match; `ct_zone` conntrack
+//! zones; `rules` a
 //! chain's list of rules ([`RuleList`]); `edit` the edits of a stored ruleset. Plain data on
 //! both paths: built on the commit path, read by the compiler; nothing here allocates on the
 //! packet path, locks or reads a clock.
@@ -26,9 +27,12 @@ use std::fmt;
 
 mod addresses;
 mod connlimit;
+mod ct_zone;
 mod edit;
 mod match_list;
 mod matches;
+mod physdev;
+mod rpfilter;
 mod rules;
 mod stateful;
 mod string;
@@ -38,9 +42,12 @@ mod targets;
 // were one file.
 pub use addresses::*;
 pub use connlimit::ConnlimitMatch;
+pub use ct_zone::{CtZone, CtZoneSpec};
 pub use edit::{EditError, EditOp, RuleEdit};
 pub use match_list::*;
 pub use matches::*;
+pub use physdev::PhysdevMatch;
+pub use rpfilter::{PktType, RpfilterMatch};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 pub use stateful::{
     HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,

@@ -45,7 +45,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::conntrack::{Conntrack, Liveness, Tuple};
-use crate::model::ConnlimitMatch;
+use crate::model::{ConnlimitMatch, CtZone};
 use crate::packet::PacketMeta;
 
 use super::HashMap;
@@ -79,6 +79,8 @@ struct Shard {
 #[derive(Debug, Clone, Copy)]
 struct Remembered {
     tuple: Tuple,
+    /// The conntrack zone of its entry (nf_conncount keeps the zone with the tuple).
+    zone: CtZone,
     /// When it was (last) added, in the caller's `now` ns.
     added: u64,
 }
@@ -102,7 +104,7 @@ impl ConnCounts {
 
 /// Whether a remembered tuple (not the packet's own) still counts at `now`.
 fn counts(r: &Remembered, now: u64, ct: Option<&Conntrack>) -> bool {
-    match ct.map_or(Liveness::Absent, |ct| ct.liveness(&r.tuple, now)) {
+    match ct.map_or(Liveness::Absent, |ct| ct.liveness(&r.tuple, r.zone, now)) {
         Liveness::Live => true,
         Liveness::Closed => false,
         Liveness::Absent => now.saturating_sub(r.added) < UNCONFIRMED_GRACE_NS,
@@ -163,6 +165,7 @@ impl CConnlimit {
         let (t, _) = Tuple::from_packet(p);
         // The entry's original tuple: a reply-direction packet carries the reply tuple.
         let own = if p.ct_reply { t.reply() } else { t };
+        let zone = p.ct_zone.unwrap_or_default();
         let addr = if self.rule.daddr { p.dst } else { p.src };
         let key = addr_bits(addr) & self.mask;
         let mut shard = self.counts.shard(key);
@@ -171,14 +174,14 @@ impl CConnlimit {
         // (`__nf_conncount_add` returns -EEXIST for `nf_ct_is_confirmed`, and `count_tree`
         // answers `list.count`; checked against Linux 6.18 in tests/kernel_connlimit.rs).
         if let Some(list) = shard.lists.get(&key) {
-            if ct.is_some_and(|ct| ct.liveness(&own, now) != Liveness::Absent) {
+            if ct.is_some_and(|ct| ct.liveness(&own, zone, now) != Liveness::Absent) {
                 return list.len() as u64;
             }
         }
         if !apply {
             let others = shard.lists.get(&key).map_or(0, |l| {
                 l.iter()
-                    .filter(|r| r.tuple != own && counts(r, now, ct))
+                    .filter(|r| (r.tuple, r.zone) != (own, zone) && counts(r, now, ct))
                     .count()
             });
             return others as u64 + 1;
@@ -187,16 +190,18 @@ impl CConnlimit {
         let before = list.len();
         let mut seen_own = false;
         list.retain_mut(|r| {
-            if r.tuple == own && !seen_own {
+            let is_own = (r.tuple, r.zone) == (own, zone);
+            if is_own && !seen_own {
                 seen_own = true;
                 r.added = now;
                 return true;
             }
-            r.tuple != own && counts(r, now, ct)
+            !is_own && counts(r, now, ct)
         });
         if !seen_own {
             list.push(Remembered {
                 tuple: own,
+                zone,
                 added: now,
             });
         }

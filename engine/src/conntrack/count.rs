@@ -4,6 +4,7 @@
 //! lock-free, as [`Conntrack::peek`].
 
 use super::{Conntrack, Ordering, PROTO_TCP, TcpState, Tuple, reclaim, tcp};
+use crate::model::CtZone;
 
 /// The state of a remembered connection, as nf_conncount sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,11 +19,11 @@ pub enum Liveness {
 }
 
 impl Conntrack {
-    /// Whether a live entry holds `t` (as either of its tuples) at `now` (ns), and whether it
-    /// still counts for `-m connlimit`. A lookup only; an expired entry is absent.
-    pub fn liveness(&self, t: &Tuple, now: u64) -> Liveness {
+    /// Whether a live entry of `zone` holds `t` (as either of its tuples) at `now` (ns), and
+    /// whether it still counts for `-m connlimit`. A lookup only; an expired entry is absent.
+    pub fn liveness(&self, t: &Tuple, zone: CtZone, now: u64) -> Liveness {
         let guard = reclaim::pin();
-        match self.find(t, t.hash(), &guard) {
+        match self.lookup(t, zone, &guard) {
             // Relaxed: both words are self-contained values (as in `peek_entry`).
             Some((conn, _)) if conn.timeout.load(Ordering::Relaxed) > now => {
                 let status = conn.status.load(Ordering::Relaxed);
