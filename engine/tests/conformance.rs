@@ -743,7 +743,7 @@ fn round_trips() {
 /// How many `.t` rule runs of ALL extension files (claimed or not: opaque extensions too)
 /// import and print as iptables-save does; raised by each parser/printer gap closed, so it
 /// may only go up.
-const ALL_VECTORS_FLOOR: usize = 3041;
+const ALL_VECTORS_FLOOR: usize = 3047;
 
 /// How many real dumps (`iptables-save/`, `iptables-tests/shell-dumps/`) import and export
 /// byte-equal (comments and blank lines aside); may only go up.
