@@ -865,7 +865,7 @@ fn compile_rule(
                     .ok_or_else(|| RuleError::UnknownSet(s.name.clone()))?;
                 CMatch::Set {
                     negated: s.negated,
-                    set,
+                    set: crate::sets::SetRef::new(set),
                     dirs: s.dirs.clone().into_boxed_slice(),
                 }
             }
