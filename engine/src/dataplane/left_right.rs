@@ -178,6 +178,12 @@ impl<T: Absorb<Op>, Op> LeftRight<T, Op> {
         self.read_slow(f)
     }
 
+    /// The address of the live copy (tests: which copies a cell uses).
+    #[cfg(test)]
+    pub(crate) fn live_addr(&self) -> usize {
+        self.live.load(Ordering::Relaxed) as usize
+    }
+
     #[cold]
     #[inline(never)]
     fn read_slow<R>(&self, f: impl FnOnce(&T) -> R) -> R {
