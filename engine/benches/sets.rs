@@ -158,10 +158,10 @@ fn lookup(c: &mut Criterion) {
     .unwrap();
     let set = m.handle("s").unwrap();
     let dirs = [SetDir::Src];
-    let w = std::cell::RefCell::new(dp.worker(0).unwrap());
+    let core0 = std::cell::RefCell::new(dp.worker(0).unwrap());
     let run_handle = |b: &mut criterion::Bencher<'_>| {
         b.iter(|| {
-            w.borrow_mut().batch(|_, _| {
+            core0.borrow_mut().batch(|_, _| {
                 let mut hits = 0u32;
                 for p in &pkts {
                     hits += u32::from(set.lookup(black_box(p), &dirs, 0));
@@ -189,7 +189,7 @@ fn lookup(c: &mut Criterion) {
         Arc::new(RwLock::new((0..SET_SIZE).map(host).collect()));
     let run_rw = |b: &mut criterion::Bencher<'_>| {
         b.iter(|| {
-            w.borrow_mut().batch(|_, _| {
+            core0.borrow_mut().batch(|_, _| {
                 let mut hits = 0u32;
                 for p in &pkts {
                     let p = black_box(p);

@@ -130,6 +130,8 @@ struct Writer<T, Op> {
 pub(crate) struct LeftRight<T, Op> {
     /// One of `writer`'s two copies; never null.
     live: AtomicPtr<T>,
+    /// `readers.id`, kept here so that a read checks its thread's mark without another load.
+    id: usize,
     writer: Mutex<Writer<T, Op>>,
     readers: Arc<Readers>,
 }
@@ -150,6 +152,7 @@ impl<T: Absorb<Op>, Op> LeftRight<T, Op> {
         let standby = NonNull::from(Box::leak(Box::new(b)));
         LeftRight {
             live: AtomicPtr::new(live.as_ptr()),
+            id: readers.id,
             writer: Mutex::new(Writer {
                 live,
                 standby,
@@ -164,7 +167,7 @@ impl<T: Absorb<Op>, Op> LeftRight<T, Op> {
     /// dataplane: one Acquire load, nothing else; elsewhere under the slow read lock.
     #[inline]
     pub(crate) fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
-        if in_batch_of(self.readers.id) {
+        if in_batch_of(self.id) {
             // Acquire: pairs with the Release flip in `publish`/`exchange` (the copy is fully
             // changed before it is published).
             let p = self.live.load(Ordering::Acquire);
