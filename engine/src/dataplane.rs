@@ -195,12 +195,19 @@ pub struct Quiescence {
     strategy: BarrierStrategy,
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// The [`Quiescence`] (its address) whose batch the calling thread is inside, 0 outside
     /// every batch. Set by [`Worker::batch`] around the closure, restored after it (nested
     /// batches of another dataplane keep the outer one's value for after they end). Only this
     /// thread reads it: no ordering.
     static IN_BATCH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+// Loom's `thread_local!` (one per model thread) takes no `const` initializer.
+#[cfg(loom)]
+thread_local! {
+    static IN_BATCH: std::cell::Cell<usize> = std::cell::Cell::new(0);
 }
 
 impl Quiescence {

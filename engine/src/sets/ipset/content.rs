@@ -143,6 +143,13 @@ impl<K: std::hash::Hash + Eq + Copy> Table<K> {
         *self = Table::new();
     }
 
+    fn reserve(&mut self, n: usize) {
+        match self {
+            Table::Keys(t) => t.reserve(n),
+            Table::Entries(t) => t.reserve(n),
+        }
+    }
+
     fn iter(&self) -> Box<dyn Iterator<Item = (K, &Entry)> + '_> {
         match self {
             Table::Keys(t) => Box::new(t.iter().map(|&k| (k, &NO_TIMEOUT_NO_COUNTERS))),
@@ -274,6 +281,11 @@ impl Absorb<Delta> for Content {
             self.v4.clear();
             self.v6.clear();
             self.prefix_counts.fill(0);
+        }
+        let adds = op.changes.values().filter(|v| v.is_some()).count();
+        match self.family {
+            Family::Ipv4 => self.v4.reserve(adds),
+            Family::Ipv6 => self.v6.reserve(adds),
         }
         for (e, v) in &op.changes {
             match v {

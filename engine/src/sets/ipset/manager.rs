@@ -501,6 +501,8 @@ impl Staged {
         let opts = self.opts;
         let handle = Arc::clone(&self.handle);
         let w = handle.content.lock();
+        let elements = elements.into_iter();
+        self.delta.changes.reserve(elements.size_hint().0);
         for (e, add) in elements {
             // As ipset: per-element options need the set to have been created with them.
             let unsupported = if add.timeout.is_some() && opts.timeout.is_none() {
