@@ -163,8 +163,11 @@ mod tests {
     #[test]
     fn set_ref_takes_handles_directly_and_others_as_objects() {
         let m = SetManager::new();
-        m.create("a", SetSpec::new(SetType::HashIp, crate::model::Family::Ipv4))
-            .unwrap();
+        m.create(
+            "a",
+            SetSpec::new(SetType::HashIp, crate::model::Family::Ipv4),
+        )
+        .unwrap();
         m.add_str("a", &["192.0.2.1"], 0).unwrap();
         let h = SetRef::new(m.lookup("a").unwrap());
         assert!(matches!(h, SetRef::Handle(_)));

@@ -16,11 +16,11 @@
 #[cfg(loom)]
 pub use loom::hint::spin_loop;
 #[cfg(loom)]
+pub use loom::sync::RwLock;
+#[cfg(loom)]
 pub use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering, fence};
 #[cfg(loom)]
 pub use loom::sync::{Mutex, MutexGuard};
-#[cfg(loom)]
-pub use loom::sync::RwLock;
 #[cfg(loom)]
 pub use loom::thread::yield_now;
 #[cfg(loom)]
@@ -29,11 +29,11 @@ pub use loom::thread_local;
 #[cfg(not(loom))]
 pub use std::hint::spin_loop;
 #[cfg(not(loom))]
+pub use std::sync::RwLock;
+#[cfg(not(loom))]
 pub use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
 pub use std::sync::{Mutex, MutexGuard};
-#[cfg(not(loom))]
-pub use std::sync::RwLock;
 #[cfg(not(loom))]
 pub use std::thread::yield_now;
 #[cfg(not(loom))]

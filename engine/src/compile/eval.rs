@@ -25,9 +25,9 @@ use super::*;
 
 mod trace;
 
-pub use trace::{StepOutcome, Trace, TraceStep};
 #[cfg(test)]
 pub(super) use trace::Tracing;
+pub use trace::{StepOutcome, Trace, TraceStep};
 
 // === impl Snapshot: evaluation ===
 

@@ -28,9 +28,10 @@
 //!    `Grace`; `op` is kept as the pending op of the copy just unpublished.
 //!
 //! So an update returns without waiting for readers, costs its own size twice (applied to
-//! each copy once) and never copies the whole content. A large op (more than
-//! [`EAGER_REPLAY`] changes) is replayed at once after one grace period instead, so it is
-//! not kept in memory until the next update.
+//! each copy once) and never copies the whole content, except when the op is at least half
+//! the content's size (a bulk load), where copying the live copy is the cheaper replay. A
+//! large op (more than [`EAGER_REPLAY`] changes) is replayed at once after one grace period
+//! instead, so it is not kept in memory until the next update.
 //!
 //! # Memory-ordering argument
 //!
@@ -72,6 +73,13 @@ pub(crate) trait Absorb<Op> {
 
     /// How many changes `op` makes (for [`EAGER_REPLAY`]).
     fn op_size(op: &Op) -> usize;
+
+    /// How many items `self` holds, in the unit of [`Absorb::op_size`].
+    fn size(&self) -> usize;
+
+    /// Makes `self` equal to `live` by copying it: what bringing a standby up to date costs
+    /// instead of replaying an op that is at least half as large as the content (a bulk load).
+    fn copy_from(&mut self, live: &Self);
 }
 
 /// What the readers of a group of cells are protected by: a dataplane's [`Quiescence`] for
@@ -104,7 +112,10 @@ impl Readers {
     }
 
     fn start(&self) -> Grace {
-        self.quiescence.as_ref().map(|q| q.start()).unwrap_or_default()
+        self.quiescence
+            .as_ref()
+            .map(|q| q.start())
+            .unwrap_or_default()
     }
 
     fn wait(&self, grace: &Grace) {
@@ -250,9 +261,17 @@ impl<T: Absorb<Op>, Op> LeftRight<T, Op> {
         self.readers.wait(&w.grace);
         w.grace = Grace::default();
         let _no_slow_reader = self.readers.slow.write().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `live` is one of our boxes, distinct from `standby`, and only writers (we hold
+        // the mutex) change a copy, never the live one: a shared reference is sound.
+        let live = unsafe { w.live.as_ref() };
         // SAFETY: as in `publish_locked`: the standby's batch readers left it (the wait above),
         // slow readers are locked out, other writers wait on the mutex.
-        unsafe { w.standby.as_mut() }.absorb(&op);
+        let standby = unsafe { w.standby.as_mut() };
+        if T::op_size(&op).saturating_mul(2) >= live.size() {
+            standby.copy_from(live);
+        } else {
+            standby.absorb(&op);
+        }
     }
 
     /// Exchanges the contents of two cells (both copies, the pending op and the grace), so

@@ -211,6 +211,16 @@ impl Absorb<u64> for Copy {
     fn op_size(_op: &u64) -> usize {
         1
     }
+
+    fn size(&self) -> usize {
+        // Never copy: the model checks the replay (the copy takes the same path).
+        usize::MAX
+    }
+
+    fn copy_from(&mut self, live: &Copy) {
+        let v = live.read();
+        self.absorb(&v);
+    }
 }
 
 impl Copy {
@@ -238,9 +248,8 @@ fn check_set(batch_readers: usize, slow_reader: bool, publishes: u64) {
             BarrierStrategy::SeqCst,
             std::sync::Arc::new(ZeroClock),
         ));
-        let readers = std::sync::Arc::new(Readers::new(Some(std::sync::Arc::clone(
-            dp.quiescence(),
-        ))));
+        let readers =
+            std::sync::Arc::new(Readers::new(Some(std::sync::Arc::clone(dp.quiescence()))));
         let cell = Arc::new(LeftRight::new(Copy::new(), Copy::new(), readers));
 
         let mut handles: Vec<_> = (0..batch_readers)

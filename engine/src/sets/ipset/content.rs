@@ -194,7 +194,9 @@ impl Content {
 
     pub(in crate::sets) fn get(&self, e: &Element) -> Option<&Entry> {
         match self.family {
-            Family::Ipv4 => self.v4.get(&key_v4(e.addr as u32, e.prefix, e.proto, e.port)),
+            Family::Ipv4 => self
+                .v4
+                .get(&key_v4(e.addr as u32, e.prefix, e.proto, e.port)),
             Family::Ipv6 => self.v6.get(e),
         }
     }
@@ -206,8 +208,9 @@ impl Content {
 
     fn insert(&mut self, e: Element, entry: Entry) {
         let new = match self.family {
-            Family::Ipv4 => (self.v4)
-                .insert(key_v4(e.addr as u32, e.prefix, e.proto, e.port), entry),
+            Family::Ipv4 => {
+                (self.v4).insert(key_v4(e.addr as u32, e.prefix, e.proto, e.port), entry)
+            }
             Family::Ipv6 => self.v6.insert(e, entry),
         };
         if new {
@@ -217,8 +220,7 @@ impl Content {
 
     fn remove(&mut self, e: &Element) {
         let had = match self.family {
-            Family::Ipv4 => (self.v4)
-                .remove(&key_v4(e.addr as u32, e.prefix, e.proto, e.port)),
+            Family::Ipv4 => (self.v4).remove(&key_v4(e.addr as u32, e.prefix, e.proto, e.port)),
             Family::Ipv6 => self.v6.remove(e),
         };
         if had {
@@ -298,6 +300,14 @@ impl Absorb<Delta> for Content {
 
     fn op_size(op: &Delta) -> usize {
         op.changes.len()
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn copy_from(&mut self, live: &Content) {
+        self.clone_from(live);
     }
 }
 

@@ -462,23 +462,51 @@ impl Staged {
         }
     }
 
-    /// Sets `e` to `entry` in the change, unless that would exceed `maxelem`.
-    fn put(&mut self, live: &Content, name: &str, e: Element, entry: Entry) -> Result<(), SetError> {
-        if self.get(live, &e).is_none() {
-            if self.len >= self.opts.maxelem as usize {
+    /// Sets `e` to `make(its entry as it is with this change so far)`, unless adding it would
+    /// exceed `maxelem`. One probe of the change and at most one of the live copy.
+    fn put_with(
+        &mut self,
+        live: &Content,
+        name: &str,
+        e: Element,
+        make: impl FnOnce(Option<&Entry>) -> Entry,
+    ) -> Result<(), SetError> {
+        use std::collections::hash_map::Entry as Slot;
+        let (len, maxelem) = (&mut self.len, self.opts.maxelem);
+        let mut count_new = || {
+            if *len >= maxelem as usize {
                 return Err(SetError::Full {
                     set: name.into(),
-                    maxelem: self.opts.maxelem,
+                    maxelem,
                 });
             }
-            self.len += 1;
+            *len += 1;
+            Ok(())
+        };
+        match self.delta.changes.entry(e) {
+            Slot::Occupied(mut o) => {
+                if o.get().is_none() {
+                    count_new()?;
+                }
+                let new = make(o.get().as_ref());
+                o.insert(Some(new));
+            }
+            Slot::Vacant(v) => {
+                let old = if self.delta.clear { None } else { live.get(&e) };
+                if old.is_none() {
+                    count_new()?;
+                }
+                v.insert(Some(make(old)));
+            }
         }
-        self.delta.changes.insert(e, Some(entry));
         Ok(())
     }
 
     /// Removes each element from the change; returns how many were present.
-    pub(in crate::sets) fn remove_all(&mut self, elements: impl IntoIterator<Item = Element>) -> usize {
+    pub(in crate::sets) fn remove_all(
+        &mut self,
+        elements: impl IntoIterator<Item = Element>,
+    ) -> usize {
         let handle = Arc::clone(&self.handle);
         let w = handle.content.lock();
         let mut n = 0;
@@ -523,15 +551,17 @@ impl Staged {
             // Explicit counters go into fresh ones: the old `Arc` is shared with the published
             // content, and writing it now would change the live set before (or without) a
             // publish. Otherwise the element keeps its counters.
-            let old = self.get(w.live(), &e).and_then(|o| o.counters.clone());
-            let counters = opts.counters.then(|| match add.counters {
-                Some((p, b)) => Arc::new(Counters {
-                    packets: AtomicU64::new(p),
-                    bytes: AtomicU64::new(b),
-                }),
-                None => old.unwrap_or_default(),
-            });
-            self.put(w.live(), name, e, Entry { expires, counters })?;
+            let make = |old: Option<&Entry>| {
+                let counters = opts.counters.then(|| match add.counters {
+                    Some((p, b)) => Arc::new(Counters {
+                        packets: AtomicU64::new(p),
+                        bytes: AtomicU64::new(b),
+                    }),
+                    None => old.and_then(|o| o.counters.clone()).unwrap_or_default(),
+                });
+                Entry { expires, counters }
+            };
+            self.put_with(w.live(), name, e, make)?;
             if let Some(log) = &mut self.log {
                 log.push((e, expires));
             }
@@ -550,7 +580,7 @@ impl Staged {
         let w = handle.content.lock();
         for (e, expires) in elements {
             let counters = counters.then(Arc::default);
-            self.put(w.live(), name, e, Entry { expires, counters })?;
+            self.put_with(w.live(), name, e, |_| Entry { expires, counters })?;
         }
         Ok(())
     }
