@@ -59,6 +59,13 @@ pub struct SetManager {
         std::sync::RwLock<Option<Arc<crate::validate::ReachedHooks>>>,
 }
 
+impl Default for SetManager {
+    /// As [`SetManager::new`].
+    fn default() -> SetManager {
+        SetManager::new()
+    }
+}
+
 impl crate::sets::SetRegistry for SetManager {
     fn lookup(&self, name: &str) -> Option<Arc<dyn IpSet>> {
         self.handle(name).map(|h| h as Arc<dyn IpSet>)
