@@ -16,7 +16,7 @@ pub(super) struct Conn {
     pub(super) tuple: [Tuple; 2],
     /// The next node in the chain of `tuple[d]`'s bucket (a tagged pointer, see [`tag`]).
     pub(super) next: [AtomicPtr<Conn>; 2],
-    /// TCP state (low byte) and status bits ([`tcp::SEEN_REPLY`], FIN bits).
+    /// TCP state (low byte) and status bits ([`tcp::SEEN_REPLY`](super::tcp::SEEN_REPLY), FIN bits).
     pub(super) status: AtomicU64,
     /// Expiry time, in the caller's `now` nanoseconds.
     pub(super) timeout: AtomicU64,
@@ -44,7 +44,7 @@ pub(super) fn untag(link: *mut Conn) -> (*mut Conn, usize) {
 pub(super) struct Stripe {
     pub(super) lock: Mutex<()>,
     /// Entries inserted under this stripe's lock (the lower of an entry's two); written only
-    /// by holders of `lock`. A statistic, summed by [`Conntrack::stats`]; `Relaxed`, it orders
+    /// by holders of `lock`. A statistic, summed by [`Conntrack::stats`](super::Conntrack::stats); `Relaxed`, it orders
     /// nothing.
     pub(super) new_total: AtomicU64,
 }

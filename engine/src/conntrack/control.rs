@@ -41,7 +41,7 @@ impl Conntrack {
         n
     }
 
-    /// The most entries the table admits (`max_entries` of its [`ConntrackConfig`]).
+    /// The most entries the table admits (`max_entries` of its [`ConntrackConfig`](super::ConntrackConfig)).
     pub fn max_entries(&self) -> u64 {
         self.max_entries
     }

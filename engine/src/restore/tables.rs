@@ -259,7 +259,7 @@ pub(crate) fn parse(text: &str, opts: &ParseOptions<'_>) -> Result<Restore, Pars
 const READ_AHEAD_MIN_LINES: usize = 2048;
 
 /// As [`parse`], reading the rule lines ahead on up to `threads` threads first (see
-/// [`read_ahead`]); the result is the same as [`parse`]'s, errors included.
+/// [`read_ahead`](fn@read_ahead)); the result is the same as [`parse`]'s, errors included.
 pub(crate) fn parse_with(
     text: &str,
     opts: &ParseOptions<'_>,

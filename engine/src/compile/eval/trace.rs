@@ -65,7 +65,7 @@ pub struct Trace {
     pub mark: u32,
     /// The conntrack entry's mark at the end (after `-j CONNMARK`); a trace changes no entry.
     pub ct_mark: u32,
-    /// The packet's [`ct_state`] bit at the end of the evaluation: after raw-table NOTRACK
+    /// The packet's [`ct_state`](crate::model::ct_state) bit at the end of the evaluation: after raw-table NOTRACK
     /// and, in [`Snapshot::trace_split`], after the step between the raw and the other chains
     /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
     /// non-raw chains saw.

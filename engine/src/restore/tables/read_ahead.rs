@@ -10,7 +10,7 @@ use super::parse_counters;
 use crate::model::{Family, Location, Rule, TableKind};
 
 /// The part of a command line that depends only on the line and `ctx` (shared by
-/// [`command_line`] and [`read_line`]): tokens, a `[p:b]` prefix, `parse_line`.
+/// [`command_line`](super::commands::command_line) and [`read_line`]): tokens, a `[p:b]` prefix, `parse_line`.
 pub(super) fn read_command<'t, 'a: 't>(
     line: &'a str,
     ctx: &Ctx<'_>,
@@ -73,7 +73,7 @@ pub(super) fn line_tables(lines: &[&str]) -> Vec<Option<TableKind>> {
 /// Reads the rule lines `from..to` of `lines` ahead of the sequential pass (on another
 /// thread): tokenizing and `parse_line` depend only on the line, the family and the table of
 /// the block it is in, not on what came before, so they can run out of order; the sequential
-/// pass then only carries the commands out ([`apply_line`]), in order, as iptables-restore
+/// pass then only carries the commands out ([`apply_line`](super::commands::apply_line)), in order, as iptables-restore
 /// does. A line gets `Some` when it is an `-A` command whose tokens are slices of the line
 /// (not rebuilt from quotes), or when it has an error; every other line is parsed by the
 /// sequential pass as usual, which also uses a result only when its block has the table the
