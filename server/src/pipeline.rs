@@ -130,6 +130,9 @@ struct Job {
     /// [`crate::content::check`]): `run` does not validate it again (the engine's prepare
     /// still does, under its own lock, so a set removed in between is still caught).
     validated: bool,
+    /// `model` was made from the active one by edits ([`Checked::edited`]): committed as
+    /// `Change::PutEdited`, which keeps the live counters of the rules it did not touch.
+    edited: bool,
 }
 
 impl Pipeline {
@@ -384,6 +387,7 @@ impl Pipeline {
                 etag: etag.map(str::to_string),
                 validated: false,
                 sources: Vec::new(),
+                edited: false,
             },
             audit,
         )
@@ -408,6 +412,7 @@ impl Pipeline {
         let (state, deadline) = self.confirm_state(confirm_within);
         let _w = self.write.lock().await;
         let sources = checked.sources;
+        let edited = checked.edited;
         let mut model = checked.ruleset;
         // A ruleset's priority is fixed when it is created: an active one's is in memory.
         match self.active_priority(&new.ruleset) {
@@ -429,6 +434,7 @@ impl Pipeline {
                 etag: etag.map(str::to_string),
                 validated: true,
                 sources,
+                edited,
             },
             audit,
         )
@@ -476,6 +482,7 @@ impl Pipeline {
                 etag: etag.map(str::to_string),
                 validated: false,
                 sources: Vec::new(),
+                edited: false,
             },
             audit,
         )
@@ -577,6 +584,7 @@ impl Pipeline {
                             etag: None,
                             validated: false,
                             sources: Vec::new(),
+                            edited: false,
                         },
                         &mut None,
                     )
@@ -686,6 +694,22 @@ impl Pipeline {
                 .remove(ruleset);
         }
         self.hooks.observer.on_active(ruleset, head.map(|h| h.0));
+    }
+
+    /// The model the engine runs for `ruleset` and the number of its revision, read so that
+    /// the two belong together: the revision the pipeline marked active before and after the
+    /// engine was asked is the same (a commit publishes before it marks), so the model is
+    /// that revision's or a later one's; a caller that pairs it with the store's active
+    /// revision and commits with that revision's etag is refused (ETAG_MISMATCH) in the
+    /// second case. `None` when the ruleset is not active.
+    pub fn active_model(&self, ruleset: &str) -> Option<(u64, Arc<Ruleset>)> {
+        let revision = |p: &Pipeline| {
+            let active = p.active.lock().unwrap_or_else(|e| e.into_inner());
+            active.get(ruleset).map(|h| h.0)
+        };
+        let before = revision(self)?;
+        let model = self.engine.rulesets().remove(ruleset)?;
+        (revision(self)? == before).then_some((before, model))
     }
 
     /// The texts the last Apply of `ruleset` was parsed from and the model it gave, for
@@ -808,8 +832,12 @@ impl Pipeline {
         let priority = job.model.priority;
         let engine = self.engine.clone();
         let sets = self.sets.clone();
-        let prepare =
-            tokio::task::spawn_blocking(move || engine.prepare(Change::Put(job.model), &*sets));
+        let change = if job.edited {
+            Change::PutEdited(job.model)
+        } else {
+            Change::Put(job.model)
+        };
+        let prepare = tokio::task::spawn_blocking(move || engine.prepare(change, &*sets));
         // persist: durable before publish
         let persisted = self
             .store
