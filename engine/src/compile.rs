@@ -97,7 +97,7 @@ use crate::model::{
 };
 use crate::node_addrs::{AddrFacts, NodeAddrs};
 use crate::packet::{IfName, PacketMeta};
-use crate::sets::IpSet;
+use crate::sets::SetRef;
 use crate::validate::RuleDiffs;
 
 mod build;
@@ -514,7 +514,7 @@ enum CMatch {
     Iprange(Box<IprangeMatch>),
     Set {
         negated: bool,
-        set: Arc<dyn IpSet>,
+        set: SetRef,
         dirs: Box<[SetDir]>,
     },
     Mark {

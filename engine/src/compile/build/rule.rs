@@ -137,7 +137,7 @@ pub(super) fn compile_rule(
                     .ok_or_else(|| RuleError::UnknownSet(s.name.clone()))?;
                 CMatch::Set {
                     negated: s.negated,
-                    set,
+                    set: crate::sets::SetRef::new(set),
                     dirs: s.dirs.clone().into_boxed_slice(),
                 }
             }
