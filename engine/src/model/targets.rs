@@ -1,0 +1,128 @@
+//! The `-j`/`-g` targets: [`Target`] and the options of LOG, NFLOG, REJECT, CONNMARK and CT.
+//! Plain data, on both paths.
+
+use super::{MarkValue, Opaque, OpaqueOption};
+
+/// What a rule does when all its matches hold.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// No `-j`: the rule only counts.
+    None,
+    /// `-j ACCEPT`.
+    Accept,
+    /// `-j DROP`.
+    Drop,
+    /// `-j RETURN`.
+    Return,
+    /// `-j REJECT [--reject-with TYPE]`: a final drop that answers with an ICMP error or TCP RST.
+    Reject(RejectWith),
+    /// `-j CHAIN`: call a user chain; RETURN or its end comes back here.
+    Jump(String),
+    /// `-g CHAIN`: continue in a user chain; its end returns to this chain's caller.
+    Goto(String),
+    /// `-j LOG`: emit a log event and continue with the next rule.
+    Log(LogTarget),
+    /// `-j NFLOG`: emit a log event for netlink log group `group` (xt_NFLOG) and continue;
+    /// the engine hands it to its caller as it hands LOG events ([`crate::compile::LogEvent`]
+    /// with `nflog_group`).
+    Nflog(NflogTarget),
+    /// `-j NOTRACK` (raw table): mark the packet untracked and continue.
+    Notrack,
+    /// `-j CT --notrack` (raw table): as NOTRACK. Other CT options are kept in `other`.
+    Ct(CtTarget),
+    /// `-j MARK --set-xmark VALUE/MASK` (xt_MARK revision 2): the packet mark becomes
+    /// `(mark & !mask) ^ value`, and the next rule runs. `--set-mark V[/M]` is `V/(V|M)`,
+    /// `--and-mark V` is `0/!V`, `--or-mark V` is `V/V`, `--xor-mark V` is `V/0`, as
+    /// libxt_MARK reads them; iptables-save prints `--set-xmark`.
+    Mark(MarkValue),
+    /// `-j CONNMARK` (xt_CONNMARK revision 1): changes the conntrack entry's mark or the packet
+    /// mark, and the next rule runs. A packet without an entry (INVALID, UNTRACKED, or in the
+    /// raw table) is left as it is, as connmark_tg.
+    Connmark(ConnmarkTarget),
+    /// A target extension the engine does not implement, kept verbatim.
+    Opaque(Opaque),
+}
+
+/// The answer of `-j REJECT`. IPv4 names are `icmp-*`, IPv6 names `icmp6-*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectWith {
+    /// icmp-net-unreachable / icmp6-no-route.
+    NetUnreachable,
+    /// icmp-host-unreachable / icmp6-addr-unreachable.
+    HostUnreachable,
+    /// icmp-port-unreachable / icmp6-port-unreachable (the default).
+    PortUnreachable,
+    /// icmp-proto-unreachable (IPv4 only).
+    ProtoUnreachable,
+    /// icmp-net-prohibited (IPv4 only).
+    NetProhibited,
+    /// icmp-host-prohibited (IPv4 only).
+    HostProhibited,
+    /// icmp-admin-prohibited / icmp6-adm-prohibited.
+    AdminProhibited,
+    /// tcp-reset.
+    TcpReset,
+    /// icmp6-policy-fail (IPv6 only).
+    PolicyFail,
+    /// icmp6-reject-route (IPv6 only).
+    RejectRoute,
+}
+
+/// `-j LOG` options.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LogTarget {
+    /// `--log-prefix` (at most 29 bytes).
+    pub prefix: Option<String>,
+    /// `--log-level` as a syslog number 0..=7 (printed as a number, as iptables-save does).
+    pub level: Option<u8>,
+    /// `--log-tcp-sequence`, `--log-tcp-options`, `--log-ip-options`, `--log-uid`,
+    /// `--log-macdecode` as written, in iptables' print order.
+    pub flags: Vec<String>,
+}
+
+/// What `-j CONNMARK` does (xt_connmark's `XT_CONNMARK_SET`, `_SAVE`, `_RESTORE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConnmarkTarget {
+    /// `--set-xmark VALUE/MASK` (also `--set-mark`, `--and-mark`, `--or-mark`, `--xor-mark`
+    /// as for MARK): `ctmark = (ctmark & !mask) ^ value`.
+    Set(MarkValue),
+    /// `--save-mark --nfmask N --ctmask C`: `ctmark = (ctmark & !C) ^ (mark & N)`.
+    Save {
+        /// Bits of the packet mark copied.
+        nfmask: u32,
+        /// Bits of the connection mark replaced.
+        ctmask: u32,
+    },
+    /// `--restore-mark --nfmask N --ctmask C`: `mark = (mark & !N) ^ (ctmark & C)`.
+    Restore {
+        /// Bits of the packet mark replaced.
+        nfmask: u32,
+        /// Bits of the connection mark copied.
+        ctmask: u32,
+    },
+}
+
+/// `-j NFLOG` options (xt_nflog_info), as iptables-save prints them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NflogTarget {
+    /// `--nflog-group` (0-65535; 0, the default, is not printed).
+    pub group: u16,
+    /// `--nflog-prefix` (at most 63 bytes).
+    pub prefix: Option<String>,
+    /// `--nflog-range N` (0, the default, is not printed; superseded by `--nflog-size`).
+    pub range: u32,
+    /// `--nflog-size N`: bytes of the packet copied to the log (XT_NFLOG_F_COPY_LEN).
+    pub size: Option<u32>,
+    /// `--nflog-threshold` (packets queued in the kernel before a send; 0, the default, is
+    /// not printed).
+    pub threshold: u16,
+}
+
+/// `-j CT` options.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtTarget {
+    /// `--notrack`.
+    pub notrack: bool,
+    /// Every other option, verbatim.
+    pub other: Vec<OpaqueOption>,
+}

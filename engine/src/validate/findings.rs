@@ -1,0 +1,249 @@
+//! What validation reports: a [`Violation`] (where, how serious) and its [`ViolationKind`]
+//! (what is wrong; its `Display` is the message). Commit path; plain data, no checks here.
+
+use std::fmt;
+
+use crate::compile::MAX_CALL_DEPTH;
+
+use crate::model::{Family, Hook, Location, TableKind};
+
+/// How serious a [`Violation`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Severity {
+    /// The ruleset is accepted; the caller should show the message.
+    Warning,
+    /// The ruleset cannot be committed.
+    Error,
+}
+
+/// Where a violation is: ruleset, table, chain and rule, plus the source location.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Error or warning.
+    pub severity: Severity,
+    /// Ruleset name.
+    pub ruleset: String,
+    /// Table family, when the violation is inside a table.
+    pub family: Option<Family>,
+    /// Table kind, when inside a table.
+    pub table: Option<TableKind>,
+    /// Chain name, when inside a chain.
+    pub chain: Option<String>,
+    /// 1-based rule number, when about a rule.
+    pub rule: Option<u32>,
+    /// LINE:COLUMN in the source text (0:0 for structured input).
+    pub location: Location,
+    /// What is wrong.
+    pub kind: ViolationKind,
+}
+
+impl Violation {
+    /// A field path for structured input, e.g. `tables[1].chains[3].rules[2]`-style callers
+    /// build their own from the indices; this gives the readable form
+    /// `filter/INPUT#3` used in messages.
+    pub fn path(&self) -> String {
+        let mut s = String::new();
+        if let Some(t) = self.table {
+            s.push_str(t.name());
+            if self.family == Some(Family::Ipv6) {
+                s.push('6');
+            }
+        }
+        if let Some(c) = &self.chain {
+            s.push('/');
+            s.push_str(c);
+        }
+        if let Some(r) = self.rule {
+            s.push_str(&format!("#{r}"));
+        }
+        s
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sev = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(f, "{}: {sev}: ", self.location)?;
+        let path = self.path();
+        if !path.is_empty() {
+            write!(f, "{path}: ")?;
+        }
+        write!(f, "{}", self.kind)
+    }
+}
+
+/// What is wrong. Each variant's message names the offending item.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ViolationKind {
+    /// A nat, mangle or security table: stored and printed, not evaluated (warning).
+    #[error("table {0} is stored but not enforced by the engine")]
+    TableNotEnforced(TableKind),
+    /// A chain of an enforced table that only hooks the node never evaluates reach (warning,
+    /// at the chain's first rule): its rules never see a packet here.
+    #[error(
+        "rules {first}-{last} of this chain (lines {first_line}-{last_line}) are never evaluated on this node: the chain is reached only from {}, and {why}",
+        hooks.iter().map(|h| h.chain_name()).collect::<Vec<_>>().join(", ")
+    )]
+    HookNotReached {
+        /// The hooks that reach the chain.
+        hooks: Vec<Hook>,
+        /// First and last rule number (1-based).
+        first: u32,
+        /// Last rule number.
+        last: u32,
+        /// Source lines of the first and last rule (0 for structured input).
+        first_line: u32,
+        /// Source line of the last rule.
+        last_line: u32,
+        /// Why those hooks are not evaluated ([`ReachedHooks::why`]).
+        why: String,
+    },
+    /// Two tables of the same family and kind.
+    #[error("table {0} appears twice")]
+    DuplicateTable(TableKind),
+    /// Two chains with one name in a table.
+    #[error("chain {0} is declared twice")]
+    DuplicateChain(String),
+    /// Chain name empty, longer than 28 bytes, or not writable in iptables-restore text
+    /// (starts with `-` or `!`, holds whitespace, control characters, quotes or backslashes).
+    #[error(
+        "chain name {0:?} must be 1 to 28 bytes, not start with - or !, and hold no whitespace, control characters, quotes or backslashes"
+    )]
+    BadChainName(String),
+    /// A chain with a policy whose name is not a hook of the table.
+    #[error(
+        "chain {chain} is not a builtin chain of table {table}; only builtin chains have a policy"
+    )]
+    PolicyOnUserChain {
+        /// Chain name.
+        chain: String,
+        /// Table.
+        table: TableKind,
+    },
+    /// A builtin chain name declared without a policy.
+    #[error("builtin chain {0} needs a policy")]
+    BuiltinWithoutPolicy(String),
+    /// A jump or goto to a chain missing from the table.
+    #[error(
+        "target chain {0} does not exist in this table (as iptables-restore: chains must be declared before use)"
+    )]
+    UnknownChain(String),
+    /// A jump or goto to a builtin chain.
+    #[error("cannot jump to builtin chain {0}")]
+    JumpToBuiltin(String),
+    /// The jump graph has a cycle through these chains (a long one names its first and last
+    /// 8 chains around `... (N more)`).
+    #[error("loop: {}", .0.join(" -> "))]
+    Loop(Vec<String>),
+    /// Calls nest deeper than [`MAX_CALL_DEPTH`].
+    #[error("chain calls nest {0} deep, more than the limit of {MAX_CALL_DEPTH}")]
+    TooDeep(usize),
+    /// A match or target the engine does not run, in an enforced table.
+    #[error("{what} extension {name} is not supported in enforced table {table}")]
+    Unsupported {
+        /// "match" or "target".
+        what: &'static str,
+        /// Extension (and option) name.
+        name: String,
+        /// Table.
+        table: TableKind,
+    },
+    /// A target only allowed in some tables.
+    #[error("target {target} is only valid in table {allowed}")]
+    TargetTable {
+        /// Target name.
+        target: &'static str,
+        /// The table it belongs to.
+        allowed: TableKind,
+    },
+    /// A target or match used in a chain reachable from a hook it does not support.
+    #[error("{what} is not valid in a chain reachable from {hook}")]
+    WrongHook {
+        /// The target or match.
+        what: &'static str,
+        /// The hook.
+        hook: Hook,
+    },
+    /// A protocol match without the matching `-p`.
+    #[error("-m {ext} needs `-p {proto}` (not negated)")]
+    NeedsProtocol {
+        /// Match name.
+        ext: &'static str,
+        /// Protocol name.
+        proto: &'static str,
+    },
+    /// Something of the other family (icmp in ip6tables, `-f` in IPv6, ...).
+    #[error("{0} is not valid for this family")]
+    WrongFamily(String),
+    /// A name or text too long, empty, or with characters its text form cannot carry.
+    #[error(
+        "{what} {value:?} is empty, longer than {max} bytes or holds characters iptables text cannot carry"
+    )]
+    TooLong {
+        /// What it is.
+        what: &'static str,
+        /// The value.
+        value: String,
+        /// The limit.
+        max: usize,
+    },
+    /// An inverted or otherwise empty range.
+    #[error("range {0} is empty")]
+    BadRange(String),
+    /// multiport with more than 15 slots.
+    #[error("multiport takes at most 15 ports, a range counting 2 (got {0})")]
+    TooManyPorts(usize),
+    /// limit with a zero rate or burst, a rate above 10000/second or a burst above 10000.
+    #[error("limit needs a rate of 1 to 10000/second and a burst of 1 to 10000")]
+    BadLimit,
+    /// A set that does not exist.
+    #[error("set {0} does not exist")]
+    UnknownSet(String),
+    /// Fewer `src`/`dst` flags than the set has dimensions.
+    #[error("set {set} needs {needed} src/dst flags, got {given}")]
+    SetDimensions {
+        /// Set name.
+        set: String,
+        /// Required flags.
+        needed: usize,
+        /// Given flags.
+        given: usize,
+    },
+    /// No flag at all given to --match-set.
+    #[error("--match-set {0} needs src or dst flags")]
+    SetNoFlags(String),
+    /// `-m addrtype` with types that depend on the node's addresses, validated against a
+    /// registry that has none ([`SetRegistry::node_addrs`]).
+    #[error(
+        "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
+    )]
+    NodeAddrsUnknown(String),
+    /// `-j NFLOG` (warning): its events are counted and handed to the engine's caller like
+    /// LOG events, and vallumd has no consumer for either yet: nothing reaches the nflog
+    /// group.
+    #[error(
+        "-j NFLOG --nflog-group {0}: the rule counts and its events are kept like LOG events, but vallumd has no consumer for them yet: nothing is sent to nflog group {0}"
+    )]
+    NflogNoConsumer(u16),
+    /// `-m connmark` or `-j CONNMARK` in the raw table (warning): raw runs before conntrack
+    /// (priority -300 against -200), so the packet has no entry there yet and, as in the
+    /// kernel, the match never matches and the target changes nothing.
+    #[error(
+        "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
+    )]
+    NoConntrackInRaw(&'static str),
+    /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
+    /// from what its text form means (structured input only; the parser never builds these).
+    #[error("{what} {value}: {reason}")]
+    BadValue {
+        /// What it is (`address`, `protocol`, ...).
+        what: &'static str,
+        /// The value as written.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+}
