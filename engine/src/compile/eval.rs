@@ -1,8 +1,8 @@
 //! The packet path: [`Snapshot::classify`] and [`Snapshot::classify_batch`] (and their
 //! `_split` forms), the hooks' base chains in order, the chain walk with its jump stack,
 //! every match, the targets, and [`Snapshot::trace`] (the same walk with a recording
-//! observer). A chain's first matching rule comes from the walk itself, from the TupleMerge
-//! index (`tuple_merge.rs`) or from its RFC tables (`rfc.rs`).
+//! observer, in `eval/trace.rs`). A chain's first matching rule comes from the walk itself,
+//! from the TupleMerge index (`tuple_merge.rs`) or from its RFC tables (`rfc.rs`).
 //!
 //! Runs on the packet cores against a published, immutable snapshot. It takes no lock and
 //! reads no clock (`now` is passed in); per packet it writes only this core's counter block
@@ -15,15 +15,19 @@ use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{
-    EcnMatch, Family, FragMatch, Hook, MultiportDir, Policy, PortRange, TableKind, TtlOp, ct_state,
-};
+use crate::model::{EcnMatch, FragMatch, Hook, MultiportDir, Policy, PortRange, TtlOp, ct_state};
 use crate::packet::PacketMeta;
 
 use super::counters::CoreCounters;
 use super::log_ring::{LogHit, LogSink};
 use super::tuple_merge::{PROBE_BATCH, PROBE_UNKNOWN};
 use super::*;
+
+mod trace;
+
+#[cfg(test)]
+pub(super) use trace::Tracing;
+pub use trace::{StepOutcome, Trace, TraceStep};
 
 // === impl Snapshot: evaluation ===
 
@@ -133,161 +137,16 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
         log: &LogSpec,
         pkt: &PacketMeta,
     ) {
-        self.logs.log(&LogHit {
-            snapshot: self.snapshot,
-            names: self.names,
+        let hit = LogHit::new(
+            self.snapshot,
+            self.names,
             chain,
             chain_index,
-            rule: number,
-            prefix: &log.prefix,
-            level: log.level,
-            nflog_group: log.nflog_group,
-            packet: pkt,
-        });
-    }
-}
-
-/// What happened at one step of a trace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StepOutcome {
-    /// The rule matched and its target does not decide (no target, LOG, NOTRACK).
-    Continue,
-    /// `-j CHAIN`.
-    Jump,
-    /// `-g CHAIN`.
-    Goto,
-    /// RETURN (explicit).
-    Return,
-    /// ACCEPT by a rule: the packet goes on to the next base chain.
-    Accept,
-    /// DROP by a rule.
-    Drop,
-    /// REJECT by a rule.
-    Reject,
-    /// The chain's policy applied.
-    Policy(Policy),
-}
-
-/// One step of a [`Trace`]: a rule that matched, or a policy that applied.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TraceStep {
-    /// Ruleset name.
-    pub ruleset: Arc<str>,
-    /// Family of the table.
-    pub family: Family,
-    /// Table.
-    pub table: TableKind,
-    /// Chain.
-    pub chain: Arc<str>,
-    /// 1-based rule number; `None` when the step is the chain's policy.
-    pub rule: Option<u32>,
-    /// What the step did.
-    pub outcome: StepOutcome,
-}
-
-/// The result of [`Snapshot::trace`]: the verdict and every rule that matched on the way, in
-/// order (the rules whose counters would go up), like `nft monitor trace`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Trace {
-    /// The hook's verdict.
-    pub verdict: Verdict,
-    /// Matched rules and applied policies in evaluation order.
-    pub steps: Vec<TraceStep>,
-    /// LOG events the packet would have produced.
-    pub logs: Vec<LogEvent>,
-    /// The packet mark at the end of the evaluation (after `-j MARK`, `-j CONNMARK
-    /// --restore-mark`): what NFQUEUE mode would send back with the verdict.
-    pub mark: u32,
-    /// The conntrack entry's mark at the end (after `-j CONNMARK`); a trace changes no entry.
-    pub ct_mark: u32,
-    /// The packet's [`ct_state`] bit at the end of the evaluation: after raw-table NOTRACK
-    /// and, in [`Snapshot::trace_split`], after the step between the raw and the other chains
-    /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
-    /// non-raw chains saw.
-    pub ct_state: u8,
-    /// The packet was dropped by a match that reads transport-header bytes it lacks
-    /// ([`PacketMeta::l4_cut`], the kernel's hotdrop); that rule is not among the steps.
-    pub hotdropped: bool,
-    /// How many `-m limit`, `-m recent` and `-m hashlimit` matches the packet's path asked. A trace is a dry
-    /// run for them: each answers whether a token is there now without taking it (a recent
-    /// list is read, not changed), so a burst of real packets can be limited where a trace
-    /// of each of them matched.
-    pub limits_asked: u32,
-}
-
-pub(super) struct Tracing<'a> {
-    pub(super) snapshot: u64,
-    pub(super) names: &'a [Arc<str>],
-    pub(super) steps: Vec<TraceStep>,
-    pub(super) logs: Vec<LogEvent>,
-    pub(super) limits_asked: u32,
-    pub(super) hotdropped: bool,
-}
-
-impl Observer for Tracing<'_> {
-    fn rule(&mut self, _: usize, chain: &CChain, number: u32, _: &PacketMeta) {
-        self.steps.push(TraceStep {
-            ruleset: self.names[chain.ruleset as usize].clone(),
-            family: chain.family,
-            table: chain.table,
-            chain: chain.name.clone(),
-            rule: Some(number),
-            outcome: StepOutcome::Continue,
-        });
-    }
-    fn policy(&mut self, _: usize, chain: &CChain, _: &PacketMeta) {
-        self.steps.push(TraceStep {
-            ruleset: self.names[chain.ruleset as usize].clone(),
-            family: chain.family,
-            table: chain.table,
-            chain: chain.name.clone(),
-            rule: None,
-            outcome: StepOutcome::Policy(chain.policy.unwrap_or(Policy::Accept)),
-        });
-    }
-    fn limit(&mut self, bucket: &TokenBucket, now: u64) -> bool {
-        // A trace must not consume tokens that real traffic would get.
-        self.limits_asked += 1;
-        bucket.would_conform(now)
-    }
-    fn recent(&mut self, r: &CRecent, pkt: &PacketMeta, now: u64) -> bool {
-        // Nor change a recent list.
-        self.limits_asked += 1;
-        r.matches(pkt, now, false)
-    }
-    fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
-        self.limits_asked += 1;
-        h.matches(pkt, now, false)
-    }
-    fn log(
-        &mut self,
-        chain: &CChain,
-        chain_index: u32,
-        number: u32,
-        log: &LogSpec,
-        pkt: &PacketMeta,
-    ) {
-        self.logs.log(&LogHit {
-            snapshot: self.snapshot,
-            names: self.names,
-            chain,
-            chain_index,
-            rule: number,
-            prefix: &log.prefix,
-            level: log.level,
-            nflog_group: log.nflog_group,
-            packet: pkt,
-        });
-    }
-    fn outcome(&mut self, what: StepOutcome) {
-        if let Some(last) = self.steps.last_mut() {
-            if last.rule.is_some() {
-                last.outcome = what;
-            }
-        }
-    }
-    fn hotdrop(&mut self) {
-        self.hotdropped = true;
+            number,
+            log,
+            pkt,
+        );
+        self.logs.log(&hit);
     }
 }
 
@@ -850,45 +709,6 @@ impl Snapshot {
             logs,
         };
         self.evaluate(packet, now, &mut obs, Hint::NONE, after_raw)
-    }
-
-    /// Evaluates one packet without counting or consuming `-m limit` tokens (a dry run for
-    /// them: [`Trace::limits_asked`] says how many were asked), and returns the
-    /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
-    /// and every applied policy, in order.
-    pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
-        self.trace_split(packet, now, |_| None)
-    }
-
-    /// As [`Snapshot::trace`], with `after_raw` run between the raw and the other chains as
-    /// in [`Snapshot::classify_split`]; [`Trace::ct_state`] is the state the packet had after
-    /// it.
-    pub fn trace_split(
-        &self,
-        packet: &PacketMeta,
-        now: u64,
-        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
-    ) -> Trace {
-        let mut p = *packet;
-        let mut obs = Tracing {
-            snapshot: self.id,
-            names: &self.names,
-            steps: Vec::new(),
-            logs: Vec::new(),
-            limits_asked: 0,
-            hotdropped: false,
-        };
-        let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, after_raw);
-        Trace {
-            verdict,
-            steps: obs.steps,
-            logs: obs.logs,
-            mark: p.mark,
-            ct_mark: p.ct_mark,
-            ct_state: p.ct_state,
-            limits_asked: obs.limits_asked,
-            hotdropped: obs.hotdropped,
-        }
     }
 }
 

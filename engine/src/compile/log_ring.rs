@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::{CChain, CTarget, LogEvent, Snapshot};
+use super::{CChain, CTarget, LogEvent, LogSpec, Snapshot};
 use crate::packet::PacketMeta;
 
 /// Receives the `-j LOG` hits of [`Snapshot::classify`] and the other classify calls, in
@@ -40,7 +40,34 @@ pub struct LogHit<'a> {
     pub(super) packet: &'a PacketMeta,
 }
 
-impl LogHit<'_> {
+impl<'a> LogHit<'a> {
+    /// The hit of `rule` (1-based) of `chain`, index `chain_index` in the snapshot (number
+    /// `snapshot`, its ruleset names `names`), a `-j LOG`/`-j NFLOG` with `log`'s options, on
+    /// `packet`: what both observers of the chain walk (the counting one and the trace) hand
+    /// their sink. Borrows only; no allocation, no `Arc` clone.
+    #[inline]
+    pub(super) fn new(
+        snapshot: u64,
+        names: &'a [Arc<str>],
+        chain: &'a CChain,
+        chain_index: u32,
+        rule: u32,
+        log: &'a LogSpec,
+        packet: &'a PacketMeta,
+    ) -> LogHit<'a> {
+        LogHit {
+            snapshot,
+            names,
+            chain,
+            chain_index,
+            rule,
+            prefix: &log.prefix,
+            level: log.level,
+            nflog_group: log.nflog_group,
+            packet,
+        }
+    }
+
     /// The hit as a self-contained event (clones the names and the prefix).
     pub fn event(&self) -> LogEvent {
         LogEvent {

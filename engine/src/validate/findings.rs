@@ -98,7 +98,7 @@ pub enum ViolationKind {
         first_line: u32,
         /// Source line of the last rule.
         last_line: u32,
-        /// Why those hooks are not evaluated ([`ReachedHooks::why`]).
+        /// Why those hooks are not evaluated ([`ReachedHooks::why`](super::ReachedHooks::why)).
         why: String,
     },
     /// Two tables of the same family and kind.
@@ -216,7 +216,7 @@ pub enum ViolationKind {
     #[error("--match-set {0} needs src or dst flags")]
     SetNoFlags(String),
     /// `-m addrtype` with types that depend on the node's addresses, validated against a
-    /// registry that has none ([`SetRegistry::node_addrs`]).
+    /// registry that has none ([`SetRegistry::node_addrs`](crate::sets::SetRegistry::node_addrs)).
     #[error(
         "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
     )]

@@ -137,7 +137,7 @@ impl TableCheck<'_> {
     }
 
     /// [`TableCheck::check`], knowing the table `old` of the active ruleset (valid): see
-    /// [`validate_after`]. Returns the per-chain diffs against `old` (empty when its chains
+    /// [`validate_after`](super::validate_after). Returns the per-chain diffs against `old` (empty when its chains
     /// differ).
     pub(super) fn check_after(
         &mut self,
@@ -278,7 +278,7 @@ impl TableCheck<'_> {
 
     /// A [`ViolationKind::HookNotReached`] warning for every chain with rules that some hook
     /// reaches (`reach`, per chain) but none that `live` evaluates. Every chain, every time
-    /// (also in [`validate_after`]: an unchanged rule keeps its warning).
+    /// (also in [`validate_after`](super::validate_after): an unchanged rule keeps its warning).
     fn unreached_chains(&mut self, reach: &[u8], live: &ReachedHooks) {
         let table = self.table;
         if !table.kind.is_enforced() {

@@ -1,0 +1,300 @@
+//! Compiling one rule: a model [`Rule`] (its fields, `-m` matches and target) into the
+//! [`CRule`] the evaluator runs, with chain names resolved to indices, sets looked up in the
+//! registry and the named state of `-m recent`/`-m hashlimit` found or made. Commit path:
+//! allocates the compiled rule, takes no lock, reads no clock; an extension it cannot
+//! compile is a [`RuleError`], never a dropped match.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::model::{Match, Neg, PortRange, Rule, Target};
+use crate::packet::IfName;
+use crate::sets::SetRegistry;
+
+use super::super::*;
+
+/// A compile error before the chain context is known.
+pub(super) enum RuleError {
+    UnknownChain(String),
+    Unsupported(String),
+    UnknownSet(String),
+}
+
+impl RuleError {
+    pub(super) fn in_context(
+        self,
+        (ruleset, table, chain): (String, TableKind, String),
+    ) -> CompileError {
+        match self {
+            RuleError::UnknownChain(target) => CompileError::UnknownChain {
+                ruleset,
+                table,
+                chain,
+                target,
+            },
+            RuleError::Unsupported(extension) => CompileError::Unsupported {
+                ruleset,
+                table,
+                chain,
+                extension,
+            },
+            RuleError::UnknownSet(set) => CompileError::UnknownSet { ruleset, set },
+        }
+    }
+}
+
+fn iface_pattern(i: &Neg<crate::model::Iface>) -> Option<(bool, IfacePattern)> {
+    let (name, wildcard) = match i.value.name.strip_suffix('+') {
+        Some(p) => (p, true),
+        None => (i.value.name.as_str(), false),
+    };
+    Some((
+        i.negated,
+        IfacePattern {
+            name: IfName::new(name)?,
+            wildcard,
+        },
+    ))
+}
+
+pub(super) fn compile_rule(
+    rule: &Rule,
+    chains: &HashMap<&str, u32>,
+    sets: &dyn SetRegistry,
+    (named, ruleset): (&RefCell<NamedState>, &Arc<str>),
+    v6: bool,
+    raw: bool,
+) -> Result<CRule, RuleError> {
+    let mut matches = Vec::with_capacity(rule.matches.len());
+    for m in &rule.matches {
+        let neg = |n: &Option<Neg<PortRange>>| n.map(|p| (p.negated, p.value));
+        let c = match m {
+            Match::Tcp(t) => CMatch::Tcp {
+                sport: neg(&t.sport),
+                dport: neg(&t.dport),
+                flags: t.flags.map(|f| (f.negated, f.value.mask, f.value.comp)),
+                option: t.option.map(|o| (o.negated, o.value)),
+            },
+            Match::Udp(u) => CMatch::Udp {
+                sport: neg(&u.sport),
+                dport: neg(&u.dport),
+            },
+            Match::Multiport(mp) => CMatch::Multiport {
+                dir: mp.dir,
+                negated: mp.negated,
+                ports: mp.ports.clone().into_boxed_slice(),
+            },
+            // IPv4 type 255 matches every ICMP packet whatever the code range (the kernel's
+            // icmp_type_code_match tests `test_type == 0xFF` first). The parser keeps
+            // `--icmp-type 255/0` as `Some(255)` so that it prints back as written (as newer
+            // iptables-save does), and a structured model may carry it too.
+            Match::Icmp(i) => CMatch::Icmp {
+                negated: i.negated,
+                icmp_type: i.icmp_type.filter(|&t| t != 255),
+                code: i.code,
+            },
+            Match::Icmpv6(i) => CMatch::Icmp {
+                negated: i.negated,
+                icmp_type: i.icmp_type,
+                code: i.code,
+            },
+            Match::Conntrack(ct) if !ct.other.is_empty() => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                let c = ct
+                    .tuple_conditions(family)
+                    .map_err(RuleError::Unsupported)?;
+                let net =
+                    |n: &crate::model::IpNet| AddrMatch::new(addr_bits(n.addr), addr_bits(n.mask));
+                CMatch::Conntrack(Box::new(CConntrack {
+                    state: ct.ctstate.map(|s| (s.negated, s.value)),
+                    reply: c.reply,
+                    proto: c.proto,
+                    addrs: c.addrs.map(|a| a.map(|(neg, n)| (neg, net(&n)))),
+                    ports: c.ports,
+                }))
+            }
+            Match::Conntrack(ct) => match ct.ctstate {
+                Some(s) => CMatch::CtState {
+                    negated: s.negated,
+                    bits: s.value,
+                },
+                None => continue,
+            },
+            Match::State(s) => CMatch::CtState {
+                negated: s.negated,
+                bits: s.value,
+            },
+            Match::Iprange(r) => CMatch::Iprange(Box::new(IprangeMatch {
+                src: r.src.map(|n| (n.negated, n.value.lo, n.value.hi)),
+                dst: r.dst.map(|n| (n.negated, n.value.lo, n.value.hi)),
+            })),
+            Match::Set(s) => {
+                if let Some(o) = s.other.first() {
+                    return Err(RuleError::Unsupported(format!("set {}", o.name)));
+                }
+                let set = sets
+                    .lookup(&s.name)
+                    .ok_or_else(|| RuleError::UnknownSet(s.name.clone()))?;
+                CMatch::Set {
+                    negated: s.negated,
+                    set,
+                    dirs: s.dirs.clone().into_boxed_slice(),
+                }
+            }
+            Match::Comment(_) => continue,
+            Match::Mark(mk) => CMatch::Mark {
+                negated: mk.negated,
+                value: mk.value.value,
+                mask: mk.value.mask,
+            },
+            Match::Owner(w) if w.suppl_groups => {
+                return Err(RuleError::Unsupported("owner --suppl-groups".into()));
+            }
+            Match::Owner(w) => CMatch::Owner(*w),
+            // The raw table runs before conntrack: no entry to read (validation warns).
+            Match::Connmark(_) if raw => CMatch::Never,
+            Match::Connmark(mk) => CMatch::Connmark {
+                negated: mk.negated,
+                value: mk.value.value,
+                mask: mk.value.mask,
+            },
+            Match::Length(l) => CMatch::Length {
+                negated: l.negated,
+                range: l.value,
+            },
+            Match::Limit(l) => {
+                let interval_ns = l.interval_ns();
+                CMatch::Limit(TokenBucket {
+                    interval_ns,
+                    burst_ns: interval_ns.saturating_mul(u64::from(l.burst.max(1) - 1)),
+                    tat: AtomicU64::new(0),
+                })
+            }
+            Match::Mac(mac) => CMatch::Mac {
+                negated: mac.negated,
+                mac: mac.value,
+            },
+            Match::Ttl(t) | Match::Hl(t) => CMatch::Ttl(*t),
+            Match::Tos(t) => CMatch::Tos {
+                negated: t.negated,
+                value: t.value.value,
+                mask: t.value.mask,
+            },
+            // xt_dscp: `(dsfield >> 2) == dscp`.
+            Match::Dscp(d) => CMatch::Tos {
+                negated: d.negated,
+                value: d.value << 2,
+                mask: 0xfc,
+            },
+            Match::Ecn(e) => CMatch::Ecn(*e),
+            Match::Ah(a) => CMatch::Ah {
+                negated: a.negated,
+                spi: a.value,
+            },
+            Match::Frag(f) => CMatch::Frag(Box::new(*f)),
+            Match::Rt(r) => {
+                if let Some(o) = r.other.first() {
+                    return Err(RuleError::Unsupported(format!("rt {}", o.name)));
+                }
+                CMatch::Rt(Box::new(r.clone()))
+            }
+            Match::Ipv6Header(h) => CMatch::Ipv6Header(*h),
+            Match::AddrType(a) => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                let masks = a.src.iter().chain(a.dst.iter());
+                let undecided = masks.clone().map(|v| v.value).fold(0, |x, y| x | y)
+                    & !crate::model::addr_type::DECIDED;
+                if undecided != 0 {
+                    return Err(RuleError::Unsupported(format!(
+                        "addrtype {}",
+                        crate::model::addr_type::names(undecided)
+                    )));
+                }
+                let addrs = if masks
+                    .clone()
+                    .any(|v| crate::node_addrs::needs_facts(family, v.value))
+                {
+                    Some(sets.node_addrs().ok_or_else(|| {
+                        RuleError::Unsupported("addrtype without the node's addresses".into())
+                    })?)
+                } else {
+                    None
+                };
+                CMatch::AddrType(Box::new(CAddrType {
+                    src: a.src.map(|v| (v.negated, v.value)),
+                    dst: a.dst.map(|v| (v.negated, v.value)),
+                    limit: a.limit,
+                    addrs,
+                }))
+            }
+            Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
+            Match::Hashlimit(h) => {
+                let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
+                CMatch::Hashlimit(Box::new(named.borrow_mut().hashlimit(ruleset, family, h)))
+            }
+            Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
+        };
+        matches.push(c);
+    }
+    let resolve = |name: &str| {
+        chains
+            .get(name)
+            .copied()
+            .ok_or_else(|| RuleError::UnknownChain(name.to_string()))
+    };
+    let target = match &rule.target {
+        Target::None => CTarget::Continue,
+        Target::Accept => CTarget::Accept,
+        Target::Drop => CTarget::Drop,
+        Target::Return => CTarget::Return,
+        Target::Reject(w) => CTarget::Reject(*w),
+        Target::Jump(c) => CTarget::Jump(resolve(c)?),
+        Target::Goto(c) => CTarget::Goto(resolve(c)?),
+        Target::Log(l) => CTarget::Log(Box::new(LogSpec {
+            prefix: l.prefix.as_deref().map(Arc::from),
+            level: l.level.unwrap_or(4),
+            nflog_group: None,
+        })),
+        Target::Nflog(n) => CTarget::Log(Box::new(LogSpec {
+            prefix: n.prefix.as_deref().map(Arc::from),
+            level: 4,
+            nflog_group: Some(n.group),
+        })),
+        Target::Notrack => CTarget::Notrack,
+        Target::Mark(m) => CTarget::Mark(*m),
+        // As above: no conntrack entry in the raw table, CONNMARK does nothing there.
+        Target::Connmark(_) if raw => CTarget::Continue,
+        Target::Connmark(c) => CTarget::Connmark(*c),
+        Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
+        Target::Ct(ct) => {
+            let what = ct
+                .other
+                .first()
+                .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
+            return Err(RuleError::Unsupported(what));
+        }
+        Target::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
+    };
+    let iface = |i: &Option<Neg<crate::model::Iface>>| -> Result<_, RuleError> {
+        match i {
+            None => Ok(None),
+            Some(n) => iface_pattern(n)
+                .map(Some)
+                .ok_or_else(|| RuleError::Unsupported(format!("interface {}", n.value.name))),
+        }
+    };
+    let (src, src_negated) = addr_match(&rule.src);
+    let (dst, dst_negated) = addr_match(&rule.dst);
+    Ok(CRule {
+        src,
+        dst,
+        src_negated,
+        dst_negated,
+        in_iface: iface(&rule.in_iface)?,
+        out_iface: iface(&rule.out_iface)?,
+        protocol: rule.protocol.map(|p| (p.negated, p.value)),
+        fragment: rule.fragment,
+        matches: Matches::new(matches),
+        target,
+    })
+}
