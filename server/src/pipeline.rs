@@ -1316,6 +1316,38 @@ mod tests {
         assert_eq!(engine.validations(), 1, "load");
     }
 
+    /// A text checked while its set existed, whose set is destroyed before the commit, is
+    /// refused by the commit's validation at its `FILE:LINE:COL`, before anything is stored
+    /// (no revision, no FAILED commit). Before, the check's validation passed, the revision
+    /// was stored, the engine's second validation refused it and the store was reverted: a
+    /// REJECTED revision 1 and a FAILED outcome.
+    #[tokio::test]
+    async fn a_set_destroyed_after_the_check_is_refused_before_the_store() {
+        use vallum_engine::sets::{SetSpec, SetType};
+        let (p, _engine, store, _dir) = pipeline(Hooks::default()).await;
+        p.create_set(
+            "blocked",
+            SetSpec::new(SetType::HashIp, Family::Ipv4),
+            false,
+        )
+        .await
+        .expect("creates");
+        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m set --match-set blocked src -j DROP\nCOMMIT\n";
+        let c = crate::content::check("web", 0, &input(t.into())).expect("parses");
+        assert!(p.validate(c.clone()).await.expect("validates").valid());
+        p.destroy_set("blocked").await.expect("destroys");
+        let mut events = p.subscribe();
+        let e = p.apply(c, "me", "m", None, None, &mut None).await;
+        let (reason, v) = bad_request(e.expect_err("refused"));
+        assert_eq!(reason, Reason::InvalidRuleset);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].field, "source.text.content");
+        assert!(v[0].description.starts_with("t.rules:3:"), "{v:?}");
+        assert!(v[0].description.contains("blocked"), "{v:?}");
+        assert!(store.get_ruleset("web").await.expect("reads").is_none());
+        assert!(events.try_recv().is_err(), "no FAILED commit");
+    }
+
     /// Records the last `on_active` per ruleset (what `vallum_active_revision` shows).
     #[derive(Default)]
     struct ActiveSeen(Mutex<BTreeMap<String, Option<u64>>>);
