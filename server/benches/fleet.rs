@@ -1,7 +1,7 @@
 //! Fleet mode at scale, by simulation: N node agents in one process against a real etcd on
 //! loopback. Each runs the same [`Agent`] code as vallumd (list, watch, reconcile, report,
-//! lease heartbeat); only the node-local side is lighter ([`SimLocal`]: no engine and no SQLite,
-//! it records the publish time). Agents share one etcd client (one HTTP/2 connection) per 50.
+//! lease heartbeat) with vallumd's allocator (mimalloc); only the node-local side is lighter
+//! ([`SimLocal`]: no engine and no SQLite, it records the publish time). Agents share one etcd client (one HTTP/2 connection) per 50.
 //!
 //! Cases: N = 100, 1,000, 5,000 (`VALLUM_FLEET_BENCH_NODES=100,1000` picks others). For each:
 //! one ruleset write selecting every node; programming latency write -> each node's publish
@@ -13,10 +13,15 @@
 //! the rollout. A scenario with its own report, not a criterion bench.
 //!
 //! Run: `cargo bench -p vallum-server --bench fleet` (prints `SKIP etcd not installed` without
-//! etcd).
+//! etcd). `VALLUM_FLEET_BENCH_PERF=DIR` records a `perf record -g` profile of etcd and the
+//! agents over each rollout alone (`DIR/fleet-N.perf`).
 
 #[path = "../tests/support/etcd.rs"]
 mod etcd_server;
+
+// vallumd's allocator, so the agents allocate as they do there.
+#[global_allocator]
+static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -140,6 +145,22 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let registered = started.elapsed();
+    // `VALLUM_FLEET_BENCH_PERF=DIR`: `perf record` of etcd and this process over the
+    // rollout alone (write -> all ACKs), to DIR/fleet-N.perf.
+    let perf = std::env::var_os("VALLUM_FLEET_BENCH_PERF").map(|dir| {
+        let out = std::path::Path::new(&dir).join(format!("fleet-{n}.perf"));
+        std::process::Command::new("perf")
+            .args(["record", "-F", "1999", "-g", "-o"])
+            .arg(&out)
+            .args(["-p", &format!("{pid},{}", std::process::id())])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run perf")
+    });
+    if perf.is_some() {
+        // perf needs a moment to attach.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let (cpu0, _) = usage(pid);
     let (self0, _) = usage(std::process::id());
     let desired = Desired {
@@ -202,6 +223,11 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
     };
     let (cpu1, rss) = usage(pid);
     let (self1, _) = usage(std::process::id());
+    if let Some(mut child) = perf {
+        // SAFETY: kill(2) with a pid this process spawned and still holds; no memory access.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let _ = child.wait();
+    }
     let mut lat: Vec<f64> = published
         .lock()
         .unwrap()
@@ -227,6 +253,7 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
 }
 
 fn main() {
+    vallum_server::allocator::keep_freed_memory();
     let nodes: Vec<usize> = std::env::var("VALLUM_FLEET_BENCH_NODES")
         .unwrap_or_else(|_| "100,1000,5000".into())
         .split(',')

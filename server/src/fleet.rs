@@ -8,11 +8,25 @@
 //!   text, priority, node selector, message, author, write time), written only by
 //!   FleetService after it validated the text exactly as Apply does. The etcd revision of the
 //!   write (the key's mod revision) is the **fleet revision**, and its etag.
-//! - `{prefix}status/{node}/{name}`: a [`NodeReport`], one small key per (node, ruleset),
-//!   never a list inside the ruleset key (writes stay one per node and change).
+//! - `{prefix}reports/{name}/{node}`: a [`NodeReport`], one small key per (ruleset, node),
+//!   never a list inside the ruleset key (writes stay one per node and change). Grouped by
+//!   ruleset, so a rollout's status is one range read of `reports/{name}/` whatever the
+//!   number of other rulesets, and FleetService's delete of a ruleset removes its reports in
+//!   the same Txn.
 //! - `{prefix}nodes/{node}`: a [`NodeInfo`] (labels, version, heartbeat), bound to an etcd
 //!   lease of `--fleet-lease-ttl` seconds kept alive by the agent: when a node dies its node
 //!   key expires, and its reports show as stale in GetRolloutStatus rather than as applied.
+//!
+//! **Migration from the first report layout**, `{prefix}status/{node}/{name}` (vallumd before
+//! the `reports/` keys; a rolling upgrade needs no stop): a new agent, each time it lists
+//! (start, reconnect after a compaction), copies its own `status/{node}/*` reports that have
+//! no `reports/` twin to `reports/{name}/{node}` and then deletes `status/{node}/` (one range
+//! delete). Readers (GetRolloutStatus, WaitRollout) accept both while any `status/` key
+//! exists, checked with one keys-only read of limit 1: then they also scan `status/` (the
+//! old cost) and take a node's legacy report only where it has no `reports/` one. That lasts
+//! until the last node has run the new agent once; a node that never returns leaves its
+//! `status/{node}/` keys, which `etcdctl del --prefix {prefix}status/{node}/` removes (docs/
+//! fleet.md). Old readers do not read `reports/`: during the upgrade ask a new vallumd.
 //!
 //! The etcd client ([`etcd`]) is generated from the subset of etcd's API in
 //! `proto/etcd/rpc.proto` (see there, and [`etcd`], for why not the `etcd-client` crate).
@@ -188,13 +202,29 @@ impl Keys {
         format!("{}rulesets/{name}", self.prefix)
     }
 
-    /// `{prefix}status/`.
-    pub fn statuses(&self) -> String {
+    /// `{prefix}reports/{ruleset}/`: every node's report on `ruleset` (one range read).
+    pub fn reports(&self, ruleset: &str) -> String {
+        format!("{}reports/{ruleset}/", self.prefix)
+    }
+
+    /// `{prefix}reports/{ruleset}/{node}`: `node`'s report on `ruleset`.
+    pub fn report(&self, ruleset: &str, node: &str) -> String {
+        format!("{}reports/{ruleset}/{node}", self.prefix)
+    }
+
+    /// `{prefix}status/`: the reports of the first layout, `status/{node}/{ruleset}`, read
+    /// during the migration to [`Keys::report`] only (see the module docs).
+    pub fn legacy_statuses(&self) -> String {
         format!("{}status/", self.prefix)
     }
 
-    /// `{prefix}status/{node}/{ruleset}`.
-    pub fn status(&self, node: &str, ruleset: &str) -> String {
+    /// `{prefix}status/{node}/`: `node`'s reports of the first layout.
+    pub fn legacy_statuses_of(&self, node: &str) -> String {
+        format!("{}status/{node}/", self.prefix)
+    }
+
+    /// `{prefix}status/{node}/{ruleset}`: a report of the first layout.
+    pub fn legacy_status(&self, node: &str, ruleset: &str) -> String {
         format!("{}status/{node}/{ruleset}", self.prefix)
     }
 
@@ -215,8 +245,15 @@ impl Keys {
             .filter(|n| !n.is_empty() && !n.contains('/'))
     }
 
-    /// (node, ruleset) of a `{prefix}status/{node}/{ruleset}` key.
-    pub fn status_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+    /// (ruleset, node) of a `{prefix}reports/{ruleset}/{node}` key.
+    pub fn report_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+        key.strip_prefix(self.prefix.as_str())?
+            .strip_prefix("reports/")?
+            .split_once('/')
+    }
+
+    /// (node, ruleset) of a `{prefix}status/{node}/{ruleset}` key (the first layout).
+    pub fn legacy_status_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
         key.strip_prefix(self.prefix.as_str())?
             .strip_prefix("status/")?
             .split_once('/')
@@ -258,7 +295,18 @@ pub struct Desired {
     /// before the canary write (never itself a canary), with its fleet revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<Box<Previous>>,
+    /// Earlier fleet revisions of this key whose content, content_v6 and priority equal
+    /// this one's (oldest first, at most [`SAME_CONTENT_KEPT`]): a node that committed one
+    /// of them enforces this content already and ACKs without a local commit. Set by the
+    /// writer; e.g. the full write of a canary rollout lists the canary write, so the
+    /// canary nodes do not commit the same content twice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_content_as: Vec<i64>,
 }
+
+/// How many revisions [`Desired::same_content_as`] keeps (an unchanged text written again
+/// and again stays a bounded key).
+pub const SAME_CONTENT_KEPT: usize = 16;
 
 /// The content the non-canary nodes keep during a canary phase ([`Desired::previous`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,6 +318,33 @@ pub struct Previous {
 }
 
 impl Desired {
+    /// Whether `self` and `other` make the same local ruleset (content, content_v6 and
+    /// priority; not the message, author or selectors).
+    pub fn same_content(&self, other: &Desired) -> bool {
+        self.content == other.content
+            && self.content_v6 == other.content_v6
+            && self.priority == other.priority
+    }
+
+    /// Sets [`Desired::same_content_as`] for a write replacing `current` (the key's value
+    /// at `mod_revision`): `current`'s own list and `mod_revision` when the content is the
+    /// same, else nothing.
+    pub fn follow_content_of(&mut self, current: &Desired, mod_revision: i64) {
+        self.same_content_as.clear();
+        if self.same_content(current) {
+            self.same_content_as.extend(&current.same_content_as);
+            self.same_content_as.push(mod_revision);
+            let extra = self.same_content_as.len().saturating_sub(SAME_CONTENT_KEPT);
+            self.same_content_as.drain(..extra);
+        }
+    }
+
+    /// Whether a node that committed fleet revision `enforced` of this key enforces the
+    /// content of this value (`mod_revision`: this value's own fleet revision).
+    pub fn enforced_by(&self, enforced: i64, mod_revision: i64) -> bool {
+        enforced == mod_revision || self.same_content_as.contains(&enforced)
+    }
+
     /// What a node with `labels` must enforce: `(fleet revision, content)` for the key at
     /// `mod_revision`, or `None` when the node is not selected (or, in a canary phase, is
     /// outside the canary and the ruleset had no previous content).
@@ -310,7 +385,8 @@ pub enum Ack {
     Nack,
 }
 
-/// The value of `{prefix}status/{node}/{ruleset}` (JSON).
+/// The value of `{prefix}reports/{ruleset}/{node}` (JSON; the same at the first layout's
+/// `{prefix}status/{node}/{ruleset}`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeReport {
     /// The fleet revision this report is about.
@@ -516,7 +592,14 @@ mod tests {
         assert_eq!(k.ruleset("web"), "/vallum/v1/rulesets/web");
         assert_eq!(k.ruleset_name("/vallum/v1/rulesets/web"), Some("web"));
         assert_eq!(k.ruleset_name("/vallum/v1/rulesets/"), None);
-        assert_eq!(k.status_parts(&k.status("n1", "web")), Some(("n1", "web")));
+        assert_eq!(k.report_parts(&k.report("web", "n1")), Some(("web", "n1")));
+        assert!(k.report("web", "n1").starts_with(&k.reports("web")));
+        assert!(!k.report("web2", "n1").starts_with(&k.reports("web")));
+        assert_eq!(
+            k.legacy_status_parts(&k.legacy_status("n1", "web")),
+            Some(("n1", "web"))
+        );
+        assert_eq!(k.report_parts(&k.legacy_status("n1", "web")), None);
     }
 
     #[test]
@@ -563,6 +646,47 @@ mod tests {
             ..canary
         };
         assert!(bad.target(9, &labels("role=web")).is_err());
+    }
+
+    #[test]
+    fn a_write_lists_the_earlier_revisions_of_the_same_content() {
+        let text = |content: &str| Desired {
+            content: content.into(),
+            ..Default::default()
+        };
+        // A canary write at 9 of "new", then the full write of "new": the canary nodes
+        // (committed at 9) enforce it already; a node at 5 ("old") does not.
+        let canary = Desired {
+            canary: "zone=a".into(),
+            ..text("new")
+        };
+        let mut full = text("new");
+        full.follow_content_of(&canary, 9);
+        assert_eq!(full.same_content_as, [9]);
+        assert!(full.enforced_by(9, 12) && full.enforced_by(12, 12));
+        assert!(!full.enforced_by(5, 12));
+        // Written again unchanged: the list grows, bounded.
+        let mut again = text("new");
+        again.follow_content_of(&full, 12);
+        assert_eq!(again.same_content_as, [9, 12]);
+        let mut last = again.clone();
+        for rev in 13..40 {
+            let mut next = text("new");
+            next.follow_content_of(&last, rev);
+            last = next;
+        }
+        assert_eq!(last.same_content_as.len(), SAME_CONTENT_KEPT);
+        assert_eq!(last.same_content_as.last(), Some(&39));
+        // Another text, or the same text at another priority, repeats nothing.
+        let mut other = text("other");
+        other.follow_content_of(&again, 13);
+        assert!(other.same_content_as.is_empty());
+        let mut moved = Desired {
+            priority: 5,
+            ..text("new")
+        };
+        moved.follow_content_of(&again, 13);
+        assert!(moved.same_content_as.is_empty());
     }
 
     #[test]

@@ -310,7 +310,12 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
     assert_eq!(verdict(&n1, 24).await, "DROP");
     assert_eq!(verdict(&n1, 23).await, "ACCEPT");
 
-    // Delete -> removed from every node; its reports go too.
+    // Delete -> removed from every node; its reports go too, a dead node's included (in
+    // the delete's own Txn).
+    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    let keys = vallum_server::fleet::Keys::new("/vallum/v1/");
+    let orphan = keys.report("web", "gone-node");
+    client.put(&orphan, b"{}".to_vec(), 0).await.unwrap();
     let stale = f
         .delete_ruleset(pb::DeleteFleetRulesetRequest {
             name: "web".into(),
@@ -325,6 +330,7 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
     })
     .await
     .unwrap();
+    assert_eq!(client.get(&orphan).await.unwrap(), None, "reports deleted");
     for n in [&n1, &n2] {
         wait_for("web removed everywhere", || async {
             local_rulesets(n).await.is_empty().then_some(())
@@ -822,9 +828,10 @@ async fn canary_nack_stops_the_rollout_others_untouched_canary_ack_proceeds() {
         }
         cmd.output().expect("run vallumctl")
     };
+    // Local revisions of `web` on n1, n2, n3: one per local commit.
     let revisions = || async {
         let mut out = Vec::new();
-        for n in [&n2, &n3] {
+        for n in [&n1, &n2, &n3] {
             let r = n
                 .rulesets()
                 .await
@@ -877,7 +884,12 @@ async fn canary_nack_stops_the_rollout_others_untouched_canary_ack_proceeds() {
         .into_inner();
     assert_eq!(s.canary, "canary=yes");
     assert_eq!(s.selected, ["n1"]);
-    assert_eq!(revisions().await, before, "non-canary nodes untouched");
+    let after_nack = revisions().await;
+    assert_eq!(after_nack[1..], before[1..], "non-canary nodes untouched");
+    assert_eq!(
+        after_nack[0], before[0],
+        "the NACKing canary committed nothing"
+    );
     for n in [&n2, &n3] {
         assert_eq!(verdict(n, 23).await, "DROP");
     }
@@ -910,6 +922,13 @@ async fn canary_nack_stops_the_rollout_others_untouched_canary_ack_proceeds() {
         .into_inner();
     assert_eq!(s.canary, "");
     assert_eq!(s.applied.len(), 3, "{s:?}");
+    // One local commit each: the canary's at the canary write (the full write repeats its
+    // content, so n1 ACKs it without committing again), the others' at the full write.
+    let after = revisions().await;
+    let commits: Vec<usize> = after.iter().zip(&after_nack).map(|(a, b)| a - b).collect();
+    assert_eq!(commits, [1, 1, 1], "local commits on n1, n2, n3");
+    let n1_ack = s.applied.iter().find(|a| a.node == "n1").unwrap();
+    assert_eq!(n1_ack.fleet_revision, s.fleet_revision, "{n1_ack:?}");
     for n in [&n1, &n2, &n3] {
         assert_eq!(verdict(n, 24).await, "DROP");
         assert_eq!(verdict(n, 23).await, "ACCEPT");
@@ -1076,11 +1095,11 @@ async fn rollout_status_pages_through_thousands_of_reports() {
             };
             let value = serde_json::to_vec(&report).unwrap();
             client
-                .put(&keys.status(&node, "web"), value.clone(), 0)
+                .put(&keys.report("web", &node), value.clone(), 0)
                 .await
                 .unwrap();
             client
-                .put(&keys.status(&node, "other"), value, 0)
+                .put(&keys.report("other", &node), value, 0)
                 .await
                 .unwrap();
         }
@@ -1089,7 +1108,7 @@ async fn rollout_status_pages_through_thousands_of_reports() {
     let mut pages = 0;
     let mut count = 0;
     client
-        .range_prefix_paged(&keys.statuses(), 0, REPORT_PAGE, |_| {
+        .range_prefix_paged(&keys.reports("web"), 0, REPORT_PAGE, |_| {
             count += 1;
             if count % REPORT_PAGE == 1 {
                 pages += 1;
@@ -1097,11 +1116,180 @@ async fn rollout_status_pages_through_thousands_of_reports() {
         })
         .await
         .unwrap();
-    assert_eq!((count, pages), (2 * n, 5));
+    // `web`'s reports alone: the other ruleset's are not read.
+    assert_eq!((count, pages), (n, 3));
     let s = rollout_status(&client, &keys, "web").await.unwrap();
     assert_eq!(s.selected.len(), n);
     assert_eq!(s.applied.len(), n - 1);
     assert_eq!(s.failed.len(), 1);
     assert_eq!(s.failed[0].node, "node-00007");
     assert!(s.pending.is_empty() && s.stale.is_empty());
+}
+
+/// A node-local side that counts commits (the agent's [`Local`] seam, as the scale bench's).
+#[derive(Debug, Default)]
+struct CountingLocal {
+    active: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    commits: std::sync::atomic::AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl vallum_server::fleet::agent::Local for CountingLocal {
+    fn active(&self, name: &str) -> Option<u64> {
+        self.active.lock().unwrap().get(name).copied()
+    }
+
+    async fn apply(
+        &self,
+        name: &str,
+        _rev: i64,
+        _d: &vallum_server::fleet::Desired,
+        _value: &[u8],
+    ) -> Result<vallum_server::fleet::agent::Applied, vallum_server::error::Error> {
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut a = self.active.lock().unwrap();
+        let n = a.get(name).map_or(1, |n| n + 1);
+        a.insert(name.to_string(), n);
+        Ok(vallum_server::fleet::agent::Applied {
+            local_revision: n,
+            ..Default::default()
+        })
+    }
+
+    async fn remove(&self, name: &str) -> Result<(), vallum_server::error::Error> {
+        self.active.lock().unwrap().remove(name);
+        Ok(())
+    }
+}
+
+/// A running fleet of the first report layout (`status/{node}/{ruleset}`): readers accept
+/// those reports, a new agent moves its own to `reports/{ruleset}/{node}` (the same value:
+/// no re-apply, latency and local revision kept) and deletes the old keys; once no
+/// `status/` key is left, status reads `reports/web/` alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
+    use std::sync::Arc;
+    use vallum_server::fleet::agent::{Agent, FleetStats};
+    use vallum_server::fleet::etcd::Etcd;
+    use vallum_server::fleet::service::rollout_status;
+    use vallum_server::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport, Owners};
+    use vallum_server::metrics::{Metrics, MetricsConfig};
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let client = Etcd::connect(&[etcd.url()]).unwrap();
+    let keys = Keys::new("/vallum/v1/");
+    let d = Desired {
+        content: DROP_23.into(),
+        ..Default::default()
+    };
+    let rev = client
+        .put(&keys.ruleset("web"), serde_json::to_vec(&d).unwrap(), 0)
+        .await
+        .unwrap();
+    let report = |local_revision: u64, latency_seconds: f64| NodeReport {
+        fleet_revision: rev,
+        result: Ack::Ack,
+        error: String::new(),
+        local_revision,
+        time_ns: 1,
+        latency_seconds,
+        phases: None,
+    };
+    // Two nodes of the old version: their node keys and reports, also on a ruleset that
+    // no longer exists.
+    for (node, local, latency) in [("n1", 7, 0.5), ("old-1", 3, 0.25)] {
+        let info = serde_json::to_vec(&NodeInfo::default()).unwrap();
+        client.put(&keys.node(node), info, 0).await.unwrap();
+        let value = serde_json::to_vec(&report(local, latency)).unwrap();
+        for rs in ["web", "gone"] {
+            client
+                .put(&keys.legacy_status(node, rs), value.clone(), 0)
+                .await
+                .unwrap();
+        }
+    }
+    let applied = |s: &pb::RolloutStatus| -> Vec<(String, u64)> {
+        s.applied
+            .iter()
+            .map(|a| (a.node.clone(), a.local_revision))
+            .collect()
+    };
+    let s = rollout_status(&client, &keys, "web").await.unwrap();
+    assert_eq!(
+        applied(&s),
+        [("n1".to_string(), 7), ("old-1".to_string(), 3)],
+        "{s:?}"
+    );
+
+    // n1 upgrades: it enforced `web` at `rev` already (its store says so).
+    let local = Arc::new(CountingLocal::default());
+    local.active.lock().unwrap().insert("web".into(), 7);
+    let owners = Arc::new(Owners::default());
+    owners.set("web", rev);
+    let metrics = Metrics::new(&MetricsConfig::default()).unwrap();
+    let mut labels = vallum_server::fleet::Labels::new();
+    labels.insert("role".into(), "web".into());
+    let agent = Agent::new(
+        client.clone(),
+        local.clone(),
+        owners,
+        keys.clone(),
+        "n1".into(),
+        labels,
+        Duration::from_secs(10),
+        FleetStats::new(&metrics),
+    )
+    .spawn();
+    let moved = wait_for("n1's report moved", || async {
+        let legacy = client
+            .any_under(&keys.legacy_statuses_of("n1"), 0)
+            .await
+            .unwrap();
+        let kv = client.get(&keys.report("web", "n1")).await.unwrap()?;
+        (!legacy).then_some(kv)
+    })
+    .await;
+    let moved: NodeReport = serde_json::from_slice(&moved.value).unwrap();
+    assert_eq!(moved, report(7, 0.5), "the same report, not a re-apply");
+    assert_eq!(
+        local.commits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no local commit"
+    );
+    assert_eq!(client.get(&keys.report("gone", "n1")).await.unwrap(), None);
+    // Both layouts at once: n1 by ruleset, old-1 still by node.
+    let s = rollout_status(&client, &keys, "web").await.unwrap();
+    assert_eq!(
+        applied(&s),
+        [("n1".to_string(), 7), ("old-1".to_string(), 3)],
+        "{s:?}"
+    );
+
+    // old-1 moves too (here by hand): no `status/` key is left, and the readers read
+    // `reports/web/` alone.
+    let value = client
+        .get(&keys.legacy_status("old-1", "web"))
+        .await
+        .unwrap()
+        .unwrap()
+        .value;
+    client
+        .put(&keys.report("web", "old-1"), value, 0)
+        .await
+        .unwrap();
+    client
+        .delete_prefix(&keys.legacy_statuses_of("old-1"))
+        .await
+        .unwrap();
+    assert!(!client.any_under(&keys.legacy_statuses(), 0).await.unwrap());
+    let s = rollout_status(&client, &keys, "web").await.unwrap();
+    assert_eq!(
+        applied(&s),
+        [("n1".to_string(), 7), ("old-1".to_string(), 3)],
+        "{s:?}"
+    );
+    agent.abort();
+    assert!(agent.await.unwrap_err().is_cancelled());
 }

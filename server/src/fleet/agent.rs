@@ -10,7 +10,8 @@
 //! _total{reason="compacted"}`).
 //!
 //! Reconcile of one ruleset: a selected ruleset whose fleet revision this node does not
-//! enforce yet is checked and committed through the same local pipeline as Apply
+//! enforce yet (neither that revision nor one the value lists as the same content,
+//! [`Desired::same_content_as`]) is checked and committed through the same local pipeline as Apply
 //! ([`super::check`], as Apply checks, then [`Pipeline::apply`], author [`FLEET_AUTHOR`], message
 //! `fleet revision N: ...`, an audit row `FleetApply`), then reported ACK with the local
 //! revision and the latency write -> publish, or NACK with the error (the node keeps what it
@@ -22,7 +23,7 @@
 //! with a backoff of 0.1 s doubling to 5 s. Latency uses the writer's and the node's wall
 //! clocks (keep them in sync, e.g. NTP).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,7 +53,7 @@ const LATENCY_BOUNDS: [f64; 14] = [
 // === impl FleetStats ===
 
 /// The agent's metrics: `vallum_fleet_connected`, `vallum_fleet_revision`,
-/// `vallum_fleet_applies_total{outcome}`, `vallum_fleet_watch_restarts_total{reason}`,
+/// `vallum_fleet_applies_total{outcome, ruleset}`, `vallum_fleet_watch_restarts_total{reason}`,
 /// `vallum_fleet_programming_latency_seconds`.
 #[derive(Debug)]
 pub struct FleetStats {
@@ -90,8 +91,10 @@ impl FleetStats {
             revision,
             applies: meter
                 .u64_counter("vallum_fleet_applies")
+                // `ruleset` is bounded: fleet rulesets are few (each is an etcd key that
+                // every selected node enforces), unlike nodes or revisions.
                 .with_description(
-                    "Fleet rulesets handled by this node, by outcome (ack, nack, removed).",
+                    "Fleet rulesets handled by this node, by outcome (ack, nack, removed) and ruleset.",
                 )
                 .build(),
             restarts: meter
@@ -349,43 +352,79 @@ impl Agent {
         }
     }
 
-    /// Lists the rulesets and this node's reports, reconciles; returns the revision read.
+    /// Lists the rulesets and this node's reports on them, reconciles; returns the revision
+    /// read.
     async fn list_and_reconcile(&self) -> EtcdResult<i64> {
         let (rev, kvs) = self.etcd.range_prefix(&self.keys.rulesets(), 0).await?;
-        let mine = format!("{}{}/", self.keys.statuses(), self.node);
-        let (_, reports) = self.etcd.range_prefix(&mine, rev).await?;
-        {
-            let mut reported = lock(&self.reported);
-            reported.clear();
-            for kv in reports {
+        let named: Vec<(String, &KeyValue)> = kvs
+            .iter()
+            .filter_map(|kv| {
                 let key = String::from_utf8_lossy(&kv.key);
-                if let (Some((_, name)), Ok(r)) = (
-                    self.keys.status_parts(&key),
-                    serde_json::from_slice::<NodeReport>(&kv.value),
-                ) {
-                    reported.insert(name.to_string(), r);
-                }
-            }
-        }
-        let mut seen = BTreeSet::new();
-        for kv in &kvs {
-            let key = String::from_utf8_lossy(&kv.key).into_owned();
-            if let Some(name) = self.keys.ruleset_name(&key) {
-                seen.insert(name.to_string());
-                self.desired(name, kv).await?;
-            }
+                Some((self.keys.ruleset_name(&key)?.to_string(), kv))
+            })
+            .collect();
+        let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+        self.load_reports(&names).await?;
+        for (name, kv) in &named {
+            self.desired(name, kv).await?;
         }
         let stale: Vec<String> = self
             .owners
             .all()
             .into_keys()
             .chain(lock(&self.reported).keys().cloned())
-            .filter(|n| !seen.contains(n))
+            .filter(|n| !names.contains(n))
             .collect();
         for name in stale {
             self.removed(&name).await?;
         }
         Ok(rev)
+    }
+
+    /// Reads this node's reports on the rulesets `names` (one Txn of point reads per
+    /// [`super::etcd::TXN_OPS`]) into `reported`. Reports of the first layout
+    /// (`status/{node}/{name}`) are moved first: copied to `reports/{name}/{node}` where that
+    /// key is absent (for listed rulesets), then `status/{node}/` is deleted.
+    async fn load_reports(&self, names: &[String]) -> EtcdResult<()> {
+        let keys: Vec<String> = names
+            .iter()
+            .map(|n| self.keys.report(n, &self.node))
+            .collect();
+        let found = self.etcd.get_many(&keys).await?;
+        let mut reported = BTreeMap::new();
+        for (name, kv) in names.iter().zip(found) {
+            if let Some(r) = kv.and_then(|kv| serde_json::from_slice::<NodeReport>(&kv.value).ok())
+            {
+                reported.insert(name.clone(), r);
+            }
+        }
+        let legacy_prefix = self.keys.legacy_statuses_of(&self.node);
+        let (_, legacy) = self.etcd.range_prefix(&legacy_prefix, 0).await?;
+        if !legacy.is_empty() {
+            for kv in &legacy {
+                let key = String::from_utf8_lossy(&kv.key);
+                let Some((_, name)) = self.keys.legacy_status_parts(&key) else {
+                    continue;
+                };
+                if reported.contains_key(name) || !names.iter().any(|n| n == name) {
+                    continue;
+                }
+                let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) else {
+                    continue;
+                };
+                self.etcd
+                    .put(&self.keys.report(name, &self.node), kv.value.clone(), 0)
+                    .await?;
+                reported.insert(name.to_string(), r);
+            }
+            self.etcd.delete_prefix(&legacy_prefix).await?;
+            tracing::info!(
+                reports = legacy.len(),
+                "fleet: moved this node's reports to the reports/{{ruleset}}/{{node}} keys"
+            );
+        }
+        *lock(&self.reported) = reported;
+        Ok(())
     }
 
     /// Watches from `last + 1`, handling events, until an error (which it returns).
@@ -481,9 +520,14 @@ impl Agent {
             Err(e) => return self.report(name, nack(key_rev, e)).await,
         };
         let active = self.local.active(name);
-        if self.owners.get(name) == Some(rev) {
-            // Enforced already (e.g. before a restart, an event re-delivered, or a canary
-            // phase this node is outside of).
+        if self
+            .owners
+            .get(name)
+            .is_some_and(|enforced| d.enforced_by(enforced, rev))
+        {
+            // Enforced already (e.g. before a restart, an event re-delivered, a canary
+            // phase this node is outside of, or the full write after a canary phase this
+            // node was in: the same content at a later revision).
             return self
                 .report(name, ack(rev, active.unwrap_or(0), 0.0, None))
                 .await;
@@ -503,7 +547,7 @@ impl Agent {
                 self.owners.set(name, rev);
                 let latency = ((super::now_ns() - d.write_time_ns).max(0) as f64) / 1e9;
                 self.stats.latency.record(latency, &[]);
-                self.stats.applies.add(1, &[Attr::new("outcome", "ack")]);
+                self.stats.applies.add(1, &applied_attrs("ack", name));
                 let r = ack(rev, applied.local_revision, latency, Some(applied.phases));
                 self.report(name, r).await
             }
@@ -513,7 +557,7 @@ impl Agent {
                     .get(name)
                     .is_some_and(|r| r.fleet_revision == rev && r.result == Ack::Nack);
                 if !again {
-                    self.stats.applies.add(1, &[Attr::new("outcome", "nack")]);
+                    self.stats.applies.add(1, &applied_attrs("nack", name));
                 }
                 lock(&self.nacked).insert(name.to_string(), (kv.clone(), generation));
                 self.report(name, nack(rev, error)).await
@@ -528,16 +572,14 @@ impl Agent {
             match self.local.remove(name).await {
                 Ok(()) | Err(Error::NotFound { .. }) => {
                     self.owners.remove(name);
-                    self.stats
-                        .applies
-                        .add(1, &[Attr::new("outcome", "removed")]);
+                    self.stats.applies.add(1, &applied_attrs("removed", name));
                 }
                 Err(e) => tracing::error!(ruleset = %name, error = %e, "fleet: removing failed"),
             }
         }
         if lock(&self.reported).contains_key(name) {
             self.etcd
-                .delete(&self.keys.status(&self.node, name))
+                .delete(&self.keys.report(name, &self.node))
                 .await?;
             lock(&self.reported).remove(name);
         }
@@ -553,7 +595,7 @@ impl Agent {
         }
         let value = serde_json::to_vec(&r).unwrap_or_default();
         self.etcd
-            .put(&self.keys.status(&self.node, name), value, 0)
+            .put(&self.keys.report(name, &self.node), value, 0)
             .await?;
         lock(&self.reported).insert(name.to_string(), r);
         Ok(())
@@ -594,6 +636,14 @@ impl Agent {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The attributes of `vallum_fleet_applies_total`.
+fn applied_attrs(outcome: &'static str, ruleset: &str) -> [Attr; 2] {
+    [
+        Attr::new("outcome", outcome),
+        Attr::new("ruleset", ruleset.to_string()),
+    ]
 }
 
 fn ack(rev: i64, local: u64, latency: f64, phases: Option<ReportPhases>) -> NodeReport {

@@ -93,6 +93,9 @@ pub struct Etcd {
 
 const MAX_MESSAGE: usize = 64 << 20;
 
+/// Operations per Txn of [`Etcd::get_many`]: etcd's default `--max-txn-ops`.
+pub const TXN_OPS: usize = 128;
+
 impl Etcd {
     /// A plaintext client over `endpoints` (`http://host:port`), connecting lazily.
     ///
@@ -315,17 +318,112 @@ impl Etcd {
     }
 
     /// Deletes `key` in one Txn, if its mod revision is `expect` (or unconditionally for
-    /// `None`); `Moved(0)` when the key does not exist.
+    /// `None`), and with it every key under `with_prefix` (when given); `Moved(0)` when the
+    /// key does not exist.
     ///
     /// Errors: [`EtcdError::Status`].
-    pub async fn delete_if(&self, key: &str, expect: Option<i64>) -> EtcdResult<Swap> {
+    pub async fn delete_if(
+        &self,
+        key: &str,
+        expect: Option<i64>,
+        with_prefix: Option<&str>,
+    ) -> EtcdResult<Swap> {
         // "Exists" is mod revision > 0; with an expected revision, equality implies it.
         let expect = Some(expect.unwrap_or(-1));
-        let del = pb::request_op::Request::RequestDeleteRange(pb::DeleteRangeRequest {
-            key: key.as_bytes().to_vec(),
-            ..Default::default()
-        });
-        self.swap(key, expect, del).await
+        let mut ops = vec![pb::request_op::Request::RequestDeleteRange(
+            pb::DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            },
+        )];
+        if let Some(prefix) = with_prefix {
+            ops.push(pb::request_op::Request::RequestDeleteRange(
+                pb::DeleteRangeRequest {
+                    key: prefix.as_bytes().to_vec(),
+                    range_end: prefix_end(prefix.as_bytes()),
+                    ..Default::default()
+                },
+            ));
+        }
+        self.swap_ops(key, expect, ops).await
+    }
+
+    /// Deletes every key under `prefix`; returns the etcd revision.
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn delete_prefix(&self, prefix: &str) -> EtcdResult<i64> {
+        let r = self
+            .kv()
+            .delete_range(pb::DeleteRangeRequest {
+                key: prefix.as_bytes().to_vec(),
+                range_end: prefix_end(prefix.as_bytes()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        Ok(r.header.map_or(0, |h| h.revision))
+    }
+
+    /// Whether any key exists under `prefix` at `revision` (0: the newest): one Range of
+    /// limit 1, keys only.
+    ///
+    /// Errors: as [`Etcd::range_prefix`].
+    pub async fn any_under(&self, prefix: &str, revision: i64) -> EtcdResult<bool> {
+        let r = self
+            .kv()
+            .range(pb::RangeRequest {
+                key: prefix.as_bytes().to_vec(),
+                range_end: prefix_end(prefix.as_bytes()),
+                revision,
+                limit: 1,
+                keys_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| match compacted(s, revision) {
+                EtcdError::Status(s) => self.failed(s),
+                other => other,
+            })?
+            .into_inner();
+        Ok(!r.kvs.is_empty())
+    }
+
+    /// The keys `keys` (each `None` when absent), read [`TXN_OPS`] at a time in one Txn of
+    /// Range operations each (one revision per Txn).
+    ///
+    /// Errors: [`EtcdError::Status`].
+    pub async fn get_many(&self, keys: &[String]) -> EtcdResult<Vec<Option<KeyValue>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(TXN_OPS) {
+            let r = self
+                .kv()
+                .txn(pb::TxnRequest {
+                    compare: Vec::new(),
+                    success: chunk
+                        .iter()
+                        .map(|k| pb::RequestOp {
+                            request: Some(pb::request_op::Request::RequestRange(
+                                pb::RangeRequest {
+                                    key: k.as_bytes().to_vec(),
+                                    ..Default::default()
+                                },
+                            )),
+                        })
+                        .collect(),
+                    failure: Vec::new(),
+                })
+                .await
+                .map_err(|e| self.failed(e))?
+                .into_inner();
+            for op in r.responses {
+                out.push(match op.response {
+                    Some(pb::response_op::Response::ResponseRange(rr)) => rr.kvs.into_iter().next(),
+                    _ => None,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// `op` if the key's mod revision is `expect` (-1: any existing key).
@@ -334,6 +432,16 @@ impl Etcd {
         key: &str,
         expect: Option<i64>,
         op: pb::request_op::Request,
+    ) -> EtcdResult<Swap> {
+        self.swap_ops(key, expect, vec![op]).await
+    }
+
+    /// `ops`, in one Txn, if the key's mod revision is `expect` (-1: any existing key).
+    async fn swap_ops(
+        &self,
+        key: &str,
+        expect: Option<i64>,
+        ops: Vec<pb::request_op::Request>,
     ) -> EtcdResult<Swap> {
         use pb::compare::{CompareResult, CompareTarget, TargetUnion};
         let compare = expect.map(|rev| {
@@ -358,7 +466,10 @@ impl Etcd {
             .kv()
             .txn(pb::TxnRequest {
                 compare: compare.into_iter().collect(),
-                success: vec![pb::RequestOp { request: Some(op) }],
+                success: ops
+                    .into_iter()
+                    .map(|op| pb::RequestOp { request: Some(op) })
+                    .collect(),
                 failure: vec![pb::RequestOp {
                     request: Some(read),
                 }],

@@ -11,12 +11,20 @@
 //! A canary write (`canary` set) keeps, inside the same key, the content the other selected
 //! nodes keep enforcing ([`super::Previous`]): the ruleset as it was before (or before the
 //! canary phase that is still running). The next write without canary ends the phase.
+//! Every write lists the earlier revisions of the key with the same content
+//! ([`Desired::same_content_as`]), so the full write of a canary rollout commits nothing on
+//! the canary nodes (they ACK it from the canary commit), and neither does a text written
+//! again unchanged.
 //!
-//! GetRolloutStatus reads the ruleset key, the node keys and the reports at one etcd
-//! revision, the reports page by page ([`REPORT_PAGE`] keys per request) so that thousands
+//! DeleteRuleset removes the ruleset key and its reports (`reports/{name}/`) in one Txn.
+//!
+//! GetRolloutStatus reads the ruleset key, the node keys and the ruleset's reports (one
+//! range, `reports/{name}/`; during the migration from `status/{node}/{name}` also those,
+//! see [`super`]) at one etcd revision, page by page ([`REPORT_PAGE`] keys per request) so that thousands
 //! of nodes never make one response larger than etcd's limits. WaitRollout reads the same
-//! once, then follows an etcd watch of the fleet prefix from the next revision (no polling)
-//! and sends the status whenever it changed.
+//! once, then follows an etcd watch of the fleet prefix from the next revision (no polling),
+//! keeps a tally of the nodes by state from each event, and sends the status when it changed
+//! (at most every [`PROGRESS_EVERY`] while progressing; the end at once).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -76,16 +84,17 @@ impl FleetApi {
             write_time_ns: super::now_ns(),
             canary: r.canary.clone(),
             previous: None,
+            same_content_as: Vec::new(),
         };
         if r.validate_only {
             return Ok(fleet_ruleset(&name, &desired, 0, warnings));
         }
         let key = self.keys.ruleset(&name);
+        let current = self.etcd.get(&key).await?;
         if !desired.canary.is_empty() {
             // The non-canary nodes keep what they enforce now: the current key's content,
             // or its own previous one while a canary phase runs. The write then swaps on
             // the key as read, so the previous content is the one replaced.
-            let current = self.etcd.get(&key).await?;
             if let (Some(want), Some(kv)) = (expect, &current) {
                 if want != kv.mod_revision {
                     return Err(Error::EtagMismatch {
@@ -96,8 +105,8 @@ impl FleetApi {
                 }
             }
             expect = Some(current.as_ref().map_or(0, |kv| kv.mod_revision));
-            if let Some(kv) = current {
-                let now = decode(&kv)?;
+            if let Some(kv) = &current {
+                let now = decode(kv)?;
                 desired.previous = match now.previous {
                     Some(p) if !now.canary.is_empty() => Some(p),
                     _ if !now.canary.is_empty() => None,
@@ -106,6 +115,14 @@ impl FleetApi {
                         desired: now,
                     })),
                 };
+            }
+        }
+        // The revisions whose content this write repeats (their nodes commit nothing): a
+        // fact about those revisions, true whatever is written in between, so it needs no
+        // swap of its own. A value that does not decode (a hand-edited key) repeats nothing.
+        if let Some(kv) = &current {
+            if let Ok(now) = decode(kv) {
+                desired.follow_content_of(&now, kv.mod_revision);
             }
         }
         let value = serde_json::to_vec(&desired)
@@ -193,8 +210,51 @@ pub struct Rollout {
     nodes: BTreeMap<String, NodeInfo>,
     /// This ruleset's reports, by node.
     reports: BTreeMap<String, NodeReport>,
+    /// This ruleset's reports of the first layout (`status/{node}/{name}`), by node: read
+    /// only while any such key exists (the migration, see [`super`]); a node's
+    /// `reports/` key wins over its legacy one.
+    legacy: BTreeMap<String, NodeReport>,
     /// The etcd revision every event up to which is in here.
     revision: i64,
+    /// The parsed selector and canary selector of `desired` (None: one does not parse, so
+    /// nothing is selected; the writer checks them).
+    selectors: Option<(Selector, Selector)>,
+    /// The selected live nodes by state, kept by every change ([`Rollout::event`]) so that
+    /// [`Rollout::phase`] is O(1): a follower sees the end of a rollout of thousands of
+    /// nodes at the event that ends it without walking every node per event.
+    tally: Tally,
+}
+
+/// How many selected live nodes are in each state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Tally {
+    applied: usize,
+    failed: usize,
+    pending: usize,
+}
+
+/// A selected live node's state in a rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeState {
+    Applied,
+    Failed,
+    Pending,
+}
+
+impl Tally {
+    fn count(&mut self, state: Option<NodeState>, add: bool) {
+        let slot = match state {
+            None => return,
+            Some(NodeState::Applied) => &mut self.applied,
+            Some(NodeState::Failed) => &mut self.failed,
+            Some(NodeState::Pending) => &mut self.pending,
+        };
+        if add {
+            *slot += 1;
+        } else {
+            *slot = slot.saturating_sub(1);
+        }
+    }
 }
 
 impl Rollout {
@@ -211,7 +271,10 @@ impl Rollout {
             desired: Some((desired, kv.mod_revision)),
             nodes: BTreeMap::new(),
             reports: BTreeMap::new(),
+            legacy: BTreeMap::new(),
             revision: 0,
+            selectors: None,
+            tally: Tally::default(),
         };
         // The ruleset read's revision is unknown here (a plain get): read the nodes at the
         // newest revision, then the reports and the ruleset again at that one.
@@ -220,56 +283,133 @@ impl Rollout {
             .range_prefix_paged(&keys.nodes(), 0, REPORT_PAGE, |kv| nodes.push(kv))
             .await?;
         let mut reports = Vec::new();
-        etcd.range_prefix_paged(&keys.statuses(), at, REPORT_PAGE, |kv| {
+        etcd.range_prefix_paged(&keys.reports(&out.name), at, REPORT_PAGE, |kv| {
             reports.push(kv);
         })
         .await?;
-        out.desired = match etcd.get_at(&keys.ruleset(&out.name), at).await? {
+        // The first layout, while a node has not moved its reports yet: every ruleset's are
+        // under `status/`, so this scan reads them all (the cost the new layout removes).
+        if etcd.any_under(&keys.legacy_statuses(), at).await? {
+            let name = out.name.clone();
+            etcd.range_prefix_paged(&keys.legacy_statuses(), at, REPORT_PAGE, |kv| {
+                let key = String::from_utf8_lossy(&kv.key);
+                if keys
+                    .legacy_status_parts(&key)
+                    .is_some_and(|(_, rs)| rs == name)
+                {
+                    reports.push(kv);
+                }
+            })
+            .await?;
+        }
+        let desired = match etcd.get_at(&keys.ruleset(&out.name), at).await? {
             Some(kv) => Some((decode(&kv)?, kv.mod_revision)),
             None => None,
         };
+        out.set_desired(desired);
         for kv in nodes.into_iter().chain(reports) {
-            out.put(&kv);
+            out.event(&kv, true);
         }
         out.revision = at;
         Ok(out)
     }
 
-    /// Applies one watch event of the fleet prefix (`put` false: a delete).
-    pub fn event(&mut self, kv: &KeyValue, put: bool) {
-        if put {
-            self.put(kv);
+    /// Replaces the ruleset value and recounts every node (a ruleset write: rare).
+    fn set_desired(&mut self, desired: Option<(Desired, i64)>) {
+        self.selectors = desired.as_ref().and_then(|(d, _)| {
+            Some((
+                Selector::parse(&d.selector).ok()?,
+                Selector::parse(&d.canary).ok()?,
+            ))
+        });
+        self.desired = desired;
+        let mut tally = Tally::default();
+        for node in self.nodes.keys() {
+            tally.count(self.state(node), true);
+        }
+        self.tally = tally;
+    }
+
+    /// `node`'s state, `None` when it is not live or not selected (or no ruleset).
+    fn state(&self, node: &str) -> Option<NodeState> {
+        let (_, rev) = self.desired.as_ref()?;
+        let info = self.nodes.get(node)?;
+        let (selector, canary) = self.selectors.as_ref()?;
+        if !(selector.matches(&info.labels) && canary.matches(&info.labels)) {
+            return None;
+        }
+        Some(match self.report(node) {
+            Some(r) if r.fleet_revision == *rev && r.result == Ack::Ack => NodeState::Applied,
+            Some(r) if r.fleet_revision == *rev => NodeState::Failed,
+            _ => NodeState::Pending,
+        })
+    }
+
+    /// The phase of the rollout of fleet revision `revision`, from the tally: SUPERSEDED
+    /// when the key moved on (or was deleted), else FAILED on any NACK, DONE when no
+    /// selected node is pending, else PROGRESSING.
+    pub fn phase(&self, revision: i64) -> pb::RolloutPhase {
+        let current = self.desired.as_ref().map_or(0, |(_, rev)| *rev);
+        if current != revision {
+            pb::RolloutPhase::Superseded
+        } else if self.tally.failed > 0 {
+            pb::RolloutPhase::Failed
+        } else if self.tally.pending == 0 {
+            pb::RolloutPhase::Done
         } else {
-            let key = String::from_utf8_lossy(&kv.key).into_owned();
-            if let Some(node) = key.strip_prefix(self.keys.nodes().as_str()) {
+            pb::RolloutPhase::Progressing
+        }
+    }
+
+    /// Applies one watch event of the fleet prefix (`put` false: a delete): O(1) but for a
+    /// write of this ruleset's key, which recounts the nodes.
+    pub fn event(&mut self, kv: &KeyValue, put: bool) {
+        let key = String::from_utf8_lossy(&kv.key);
+        let nodes = self.keys.nodes();
+        if let Some(node) = key.strip_prefix(nodes.as_str()) {
+            let before = self.state(node);
+            if !put {
                 self.nodes.remove(node);
-            } else if let Some((node, rs)) = self.keys.status_parts(&key) {
-                if rs == self.name {
+            } else if let Ok(info) = serde_json::from_slice::<NodeInfo>(&kv.value) {
+                self.nodes.insert(node.to_string(), info);
+            }
+            self.recount(node, before);
+        } else if let Some((rs, node)) = self.keys.report_parts(&key) {
+            if rs == self.name {
+                let before = self.state(node);
+                if !put {
                     self.reports.remove(node);
+                } else if let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) {
+                    self.reports.insert(node.to_string(), r);
                 }
-            } else if self.keys.ruleset_name(&key) == Some(self.name.as_str()) {
-                self.desired = None;
+                self.recount(node, before);
+            }
+        } else if let Some((node, rs)) = self.keys.legacy_status_parts(&key) {
+            if rs == self.name {
+                let before = self.state(node);
+                if !put {
+                    self.legacy.remove(node);
+                } else if let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) {
+                    self.legacy.insert(node.to_string(), r);
+                }
+                self.recount(node, before);
+            }
+        } else if self.keys.ruleset_name(&key) == Some(self.name.as_str()) {
+            if !put {
+                self.set_desired(None);
+            } else if let Ok(d) = serde_json::from_slice::<Desired>(&kv.value) {
+                self.set_desired(Some((d, kv.mod_revision)));
             }
         }
         self.revision = self.revision.max(kv.mod_revision);
     }
 
-    fn put(&mut self, kv: &KeyValue) {
-        let key = String::from_utf8_lossy(&kv.key).into_owned();
-        if let Some(node) = key.strip_prefix(self.keys.nodes().as_str()) {
-            if let Ok(info) = serde_json::from_slice::<NodeInfo>(&kv.value) {
-                self.nodes.insert(node.to_string(), info);
-            }
-        } else if let Some((node, rs)) = self.keys.status_parts(&key) {
-            if rs == self.name {
-                if let Ok(r) = serde_json::from_slice::<NodeReport>(&kv.value) {
-                    self.reports.insert(node.to_string(), r);
-                }
-            }
-        } else if self.keys.ruleset_name(&key) == Some(self.name.as_str()) {
-            if let Ok(d) = serde_json::from_slice::<Desired>(&kv.value) {
-                self.desired = Some((d, kv.mod_revision));
-            }
+    /// Moves `node` in the tally from `before` to its state now.
+    fn recount(&mut self, node: &str, before: Option<NodeState>) {
+        let now = self.state(node);
+        if now != before {
+            self.tally.count(before, false);
+            self.tally.count(now, true);
         }
     }
 
@@ -283,30 +423,36 @@ impl Rollout {
             out.fleet_revision = *rev;
             out.canary = desired.canary.clone();
             // Unparsable selectors (the writer checks them) select nothing.
-            let selector = Selector::parse(&desired.selector).ok();
-            let canary = Selector::parse(&desired.canary).ok();
-            for (node, info) in &self.nodes {
-                let selected = selector.as_ref().is_some_and(|s| s.matches(&info.labels))
-                    && canary.as_ref().is_some_and(|c| c.matches(&info.labels));
-                if !selected {
+            for node in self.nodes.keys() {
+                let Some(state) = self.state(node) else {
                     continue;
-                }
+                };
                 out.selected.push(node.clone());
-                match self.reports.get(node) {
-                    Some(r) if r.fleet_revision == *rev && r.result == Ack::Ack => {
-                        out.applied.push(node_status(node, r));
-                    }
-                    Some(r) if r.fleet_revision == *rev => out.failed.push(node_status(node, r)),
+                match (state, self.report(node)) {
+                    (NodeState::Applied, Some(r)) => out.applied.push(node_status(node, r)),
+                    (NodeState::Failed, Some(r)) => out.failed.push(node_status(node, r)),
                     _ => out.pending.push(node.clone()),
                 }
             }
         }
-        for (node, r) in &self.reports {
-            if !self.nodes.contains_key(node) {
+        let gone = |node: &&String| !self.nodes.contains_key(*node);
+        let reported: std::collections::BTreeSet<&String> = self
+            .reports
+            .keys()
+            .chain(self.legacy.keys())
+            .filter(gone)
+            .collect();
+        for node in reported {
+            if let Some(r) = self.report(node) {
                 out.stale.push(node_status(node, r));
             }
         }
         out
+    }
+
+    /// `node`'s report: its `reports/` key, else its first-layout one.
+    fn report(&self, node: &str) -> Option<&NodeReport> {
+        self.reports.get(node).or_else(|| self.legacy.get(node))
     }
 }
 
@@ -390,30 +536,18 @@ fn node_status(node: &str, r: &NodeReport) -> pb::NodeStatus {
     }
 }
 
-/// The phase of a rollout of `revision` given its status.
-fn phase(s: &pb::RolloutStatus, revision: i64) -> pb::RolloutPhase {
-    if s.fleet_revision != revision {
-        pb::RolloutPhase::Superseded
-    } else if !s.failed.is_empty() {
-        pb::RolloutPhase::Failed
-    } else if s.pending.is_empty() {
-        pb::RolloutPhase::Done
-    } else {
-        pb::RolloutPhase::Progressing
-    }
-}
-
-/// How long [`follow`] gathers watch events after the first of a batch before it looks at
-/// the status again: at thousands of nodes the reports arrive one by one, and each look
-/// walks every node.
-pub const FOLLOW_WINDOW: std::time::Duration = std::time::Duration::from_millis(25);
+/// The least time between two progress statuses [`follow`] sends while a rollout runs: each
+/// is built from every selected node (thousands), and a human reads a few a second. The end
+/// of the rollout is sent at the event that ends it, not held back.
+pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Follows the rollout `rollout` (as read by [`Rollout::read`]) of fleet revision `revision`
 /// (0: the one read) until it ends or `deadline` passes: an etcd watch of the fleet prefix
-/// from the revision read, events gathered for [`FOLLOW_WINDOW`] at a time; `send` gets the
-/// phase and the status each time the status changed and a last time with the end phase
-/// (DONE, FAILED, SUPERSEDED or TIMED_OUT), and stops the follow by returning false. A
-/// watch behind a compaction reads the rollout again.
+/// from the revision read, each event applied to the rollout's tally (O(1), see
+/// [`Rollout::phase`]); `send` gets the phase and the status when the status changed, at most
+/// once per [`PROGRESS_EVERY`] while PROGRESSING, and at once with the end phase (DONE,
+/// FAILED, SUPERSEDED or TIMED_OUT); it stops the follow by returning false. A watch behind
+/// a compaction reads the rollout again.
 ///
 /// Errors: as [`Rollout::read`], and an etcd watch that fails.
 pub async fn follow<F, Fut>(
@@ -433,19 +567,27 @@ where
         rollout.desired.as_ref().map_or(0, |(_, rev)| *rev)
     };
     let mut sent: Option<pb::RolloutStatus> = None;
+    // When the next progress status may go, and whether anything changed since the last.
+    let mut next_send = tokio::time::Instant::now();
+    let mut changed = true;
     let mut watch = None;
     loop {
-        let status = rollout.status();
-        let mut p = phase(&status, revision);
-        if p == pb::RolloutPhase::Progressing && tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        let mut p = rollout.phase(revision);
+        if p == pb::RolloutPhase::Progressing && now >= deadline {
             p = pb::RolloutPhase::TimedOut;
         }
         let end = p != pb::RolloutPhase::Progressing;
-        if end || sent.as_ref() != Some(&status) {
-            if !send(p, &status).await || end {
-                return Ok(());
+        if end || (changed && now >= next_send) {
+            let status = rollout.status();
+            if end || sent.as_ref() != Some(&status) {
+                if !send(p, &status).await || end {
+                    return Ok(());
+                }
+                sent = Some(status);
+                next_send = now + PROGRESS_EVERY;
             }
-            sent = Some(status);
+            changed = false;
         }
         let w = match watch.as_mut() {
             Some(w) => w,
@@ -454,36 +596,40 @@ where
                     .await?,
             ),
         };
-        // The first batch, then whatever else comes within the window.
-        let mut until = deadline;
-        loop {
-            let batch = match tokio::time::timeout_at(until, w.next()).await {
-                Err(_) => break,
-                Ok(Ok(batch)) => batch,
-                Ok(Err(EtcdError::Compacted(_))) => {
-                    watch = None;
-                    match Rollout::read(etcd, &rollout.keys, &rollout.name).await {
-                        Ok(fresh) => rollout = fresh,
-                        Err(Error::NotFound { .. }) => rollout.desired = None,
-                        Err(e) => return Err(e),
+        // Wake for the next batch, the deadline, or (with a change not sent yet) the time
+        // the next progress status may go.
+        let until = if changed {
+            deadline.min(next_send)
+        } else {
+            deadline
+        };
+        match tokio::time::timeout_at(until, w.next()).await {
+            Err(_) => {}
+            Ok(Ok(batch)) => {
+                if batch.events.is_empty() {
+                    if let Some(h) = &batch.header {
+                        rollout.revision = rollout.revision.max(h.revision);
                     }
-                    break;
                 }
-                Ok(Err(e)) => return Err(e.into()),
-            };
-            if batch.events.is_empty() {
-                if let Some(h) = &batch.header {
-                    rollout.revision = rollout.revision.max(h.revision);
-                }
-            }
-            for ev in batch.events {
-                if let Some(kv) = ev.kv {
-                    let put =
-                        ev.r#type != vallum_proto::etcdserverpb::event::EventType::Delete as i32;
-                    rollout.event(&kv, put);
+                for ev in batch.events {
+                    if let Some(kv) = ev.kv {
+                        let put = ev.r#type
+                            != vallum_proto::etcdserverpb::event::EventType::Delete as i32;
+                        rollout.event(&kv, put);
+                        changed = true;
+                    }
                 }
             }
-            until = deadline.min(tokio::time::Instant::now() + FOLLOW_WINDOW);
+            Ok(Err(EtcdError::Compacted(_))) => {
+                watch = None;
+                match Rollout::read(etcd, &rollout.keys, &rollout.name).await {
+                    Ok(fresh) => rollout = fresh,
+                    Err(Error::NotFound { .. }) => rollout.set_desired(None),
+                    Err(e) => return Err(e),
+                }
+                changed = true;
+            }
+            Ok(Err(e)) => return Err(e.into()),
         }
     }
 }
@@ -609,7 +755,11 @@ impl FleetService for FleetApi {
             let expect = etag("etag", &r.etag)?;
             match self
                 .etcd
-                .delete_if(&self.keys.ruleset(&name), expect)
+                .delete_if(
+                    &self.keys.ruleset(&name),
+                    expect,
+                    Some(&self.keys.reports(&name)),
+                )
                 .await?
             {
                 Swap::Done(rev) => Ok(rev),
@@ -658,5 +808,138 @@ impl FleetService for FleetApi {
             })
             .collect();
         Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The phase as the full status shows it (what [`Rollout::phase`]'s tally must equal).
+    fn status_phase(s: &pb::RolloutStatus, revision: i64) -> pb::RolloutPhase {
+        if s.fleet_revision != revision {
+            pb::RolloutPhase::Superseded
+        } else if !s.failed.is_empty() {
+            pb::RolloutPhase::Failed
+        } else if s.pending.is_empty() {
+            pb::RolloutPhase::Done
+        } else {
+            pb::RolloutPhase::Progressing
+        }
+    }
+
+    fn kv(key: String, value: Vec<u8>, mod_revision: i64) -> KeyValue {
+        KeyValue {
+            key: key.into_bytes(),
+            value,
+            mod_revision,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_tally_agrees_with_the_status_after_every_event() {
+        let keys = Keys::new("/vallum/v1/");
+        let mut r = Rollout {
+            keys: keys.clone(),
+            name: "web".into(),
+            desired: None,
+            nodes: BTreeMap::new(),
+            reports: BTreeMap::new(),
+            legacy: BTreeMap::new(),
+            revision: 0,
+            selectors: None,
+            tally: Tally::default(),
+        };
+        let ruleset = |selector: &str, canary: &str, rev: i64| {
+            let d = Desired {
+                selector: selector.into(),
+                canary: canary.into(),
+                ..Default::default()
+            };
+            kv(keys.ruleset("web"), serde_json::to_vec(&d).unwrap(), rev)
+        };
+        let node = |name: &str, labels: &str| {
+            let info = NodeInfo {
+                labels: super::super::selector::parse_labels(labels).unwrap(),
+                ..Default::default()
+            };
+            kv(keys.node(name), serde_json::to_vec(&info).unwrap(), 1)
+        };
+        let report = |key: String, rev: i64, ack: bool| {
+            let r = NodeReport {
+                fleet_revision: rev,
+                result: if ack { Ack::Ack } else { Ack::Nack },
+                error: String::new(),
+                local_revision: 1,
+                time_ns: 1,
+                latency_seconds: 0.0,
+                phases: None,
+            };
+            kv(key, serde_json::to_vec(&r).unwrap(), rev)
+        };
+        let events: Vec<(KeyValue, bool)> = vec![
+            (node("n1", "role=web,zone=a"), true),
+            (ruleset("role=web", "", 10), true),
+            (node("n2", "role=db"), true),
+            (node("n3", "role=web,zone=b"), true),
+            (report(keys.report("web", "n1"), 10, true), true),
+            (report(keys.report("other", "n3"), 10, false), true),
+            (report(keys.legacy_status("n3", "web"), 10, false), true),
+            (report(keys.report("web", "n3"), 10, true), true),
+            (report(keys.legacy_status("n3", "web"), 10, false), false),
+            (report(keys.report("web", "n2"), 10, false), true),
+            (node("n2", "role=web"), true),
+            (node("n2", "role=db"), true),
+            (ruleset("role=web", "zone=a", 12), true),
+            (report(keys.report("web", "n1"), 12, true), true),
+            (node("n1", ""), false),
+            (node("n1", "role=web,zone=a"), true),
+            (ruleset("role in web", "", 13), true),
+            (ruleset("role=web", "", 14), true),
+            (report(keys.report("web", "n3"), 14, true), false),
+            (ruleset("", "", 15), false),
+        ];
+        let mut phases = Vec::new();
+        for (i, (kv, put)) in events.iter().enumerate() {
+            r.event(kv, *put);
+            let s = r.status();
+            let current = r.desired.as_ref().map_or(0, |(_, rev)| *rev);
+            for rev in [current, 10] {
+                assert_eq!(r.phase(rev), status_phase(&s, rev), "event {i}: {s:?}");
+            }
+            assert_eq!(
+                (r.tally.applied, r.tally.failed, r.tally.pending),
+                (s.applied.len(), s.failed.len(), s.pending.len()),
+                "event {i}"
+            );
+            phases.push(r.phase(current));
+        }
+        use pb::RolloutPhase::*;
+        assert_eq!(
+            phases,
+            [
+                Done,
+                Progressing,
+                Progressing,
+                Progressing,
+                Progressing,
+                Progressing,
+                Failed,
+                Done,
+                Done,
+                Done,
+                Failed,
+                Done,
+                Progressing,
+                Done,
+                Done,
+                Done,
+                Done,
+                Progressing,
+                Progressing,
+                Done
+            ]
+        );
     }
 }
