@@ -33,6 +33,7 @@ pub async fn run(
     if args.zero {
         c.zero_counters(ZeroCountersRequest {
             ruleset: ruleset.clone(),
+            ..Default::default()
         })
         .await?;
         return print(out, json!({"zeroed": ruleset}), || {

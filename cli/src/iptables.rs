@@ -7,13 +7,25 @@
 //! (no TLS set-up unless one of them or an `https://` server asks); it writes the ruleset
 //! `VALLUM_RULESET` (default `iptables`).
 //!
-//! Commands: `-A -I -D -R -N -X -F -P` go to `EditRuleset` as one edit; `-C` is a `-D` with
-//! `validate_only`; `-S` prints the active revision as iptables -S does. `-L`, `-E` and `-Z`
-//! are refused (exit 2). `-t`, `-w`/`-W`, `-4`/`-6`, `-n`, `-v`, `-x`, `--line-numbers` are
-//! accepted. Exit codes as iptables 1.8: 0 done, 1 the command failed, 2 usage.
+//! Commands: `-A -I -D -R -N -X -F -P -E` go to `EditRuleset` as one edit; `-C` is a `-D`
+//! with `validate_only`; `-S` prints the active revision as iptables -S does, `-L` (with
+//! `-n -v -x --line-numbers`) as iptables 1.8 lists it (see [`list`]), `-Z [CHAIN [N]]`
+//! zeroes counters (`CounterService.ZeroCounters`). `-t`, `-w`/`-W`, `-4`/`-6` are accepted.
+//! Exit codes as iptables 1.8: 0 done, 1 the command failed, 2 usage.
+//!
+//! Every call waits while vallumd answers NOT_READY (it is still loading its stored state,
+//! e.g. right after it printed "listening on"): up to the `-w` seconds (for ever with a bare
+//! `-w`, as iptables waits for the xtables lock), else [`DEFAULT_WAIT`]. With `-w` a server
+//! that does not accept connections yet is waited for too.
+
+// The crate root is this file: its modules would be looked up beside it, not under
+// `iptables/`.
+#[path = "iptables/list.rs"]
+mod list;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataValue;
 use tonic::transport::Endpoint;
@@ -111,8 +123,101 @@ fn ruleset() -> String {
     env("VALLUM_RULESET").unwrap_or_else(|| "iptables".to_owned())
 }
 
+/// How long a call waits while vallumd is not ready without `-w`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+
+/// How long to wait for vallumd: `-w N` (`Some(N s)`), a bare `-w` (`None`: for ever), or
+/// [`DEFAULT_WAIT`] without `-w` (then a refused connection fails at once).
+#[derive(Clone, Copy, Debug)]
+struct Wait {
+    limit: Option<Duration>,
+    /// `-w` was given.
+    asked: bool,
+}
+
+impl Default for Wait {
+    fn default() -> Self {
+        Wait {
+            limit: Some(DEFAULT_WAIT),
+            asked: false,
+        }
+    }
+}
+
+/// `-w [SECONDS]` with the argument iterator after it: a bare `-w` waits for ever.
+fn wait_option(it: &mut std::iter::Peekable<std::vec::IntoIter<String>>) -> Wait {
+    let secs = it.peek().and_then(|n| n.parse::<u64>().ok());
+    if secs.is_some() {
+        it.next();
+    }
+    Wait {
+        limit: secs.map(Duration::from_secs),
+        asked: true,
+    }
+}
+
+/// A client and the time it may wait for vallumd until.
+struct Conn {
+    client: Client,
+    /// The channel and credentials of `client`, for the other services.
+    channel: tonic::transport::Channel,
+    auth: Auth,
+    until: Option<Instant>,
+}
+
+/// Whether vallumd refused the call because it is still loading (NOT_READY).
+fn not_ready(s: &tonic::Status) -> bool {
+    use tonic_types::StatusExt;
+    s.code() == tonic::Code::Unavailable
+        && (s
+            .get_error_details()
+            .error_info()
+            .is_some_and(|i| i.reason == "NOT_READY")
+            || s.message().contains("still loading"))
+}
+
+/// The time left before `until` (`None`: no limit); zero once it passed.
+fn left(until: Option<Instant>) -> Option<Duration> {
+    until.map(|u| u.saturating_duration_since(Instant::now()))
+}
+
+/// Sleeps `pause` (no longer than what is left) and doubles it up to 100 ms; `false` when
+/// no time is left.
+async fn pause_before_retry(until: Option<Instant>, pause: &mut Duration) -> bool {
+    let nap = match left(until) {
+        Some(l) if l.is_zero() => return false,
+        Some(l) => (*pause).min(l),
+        None => *pause,
+    };
+    tokio::time::sleep(nap).await;
+    *pause = (*pause * 2).min(Duration::from_millis(100));
+    true
+}
+
+impl Conn {
+    /// Runs `f` on a clone of the client, again after a short pause while vallumd answers
+    /// NOT_READY and the wait allows.
+    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, tonic::Status>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match f(self.client.clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if not_ready(&s) && pause_before_retry(self.until, &mut pause).await => {}
+                Err(s) => return Err(s),
+            }
+        }
+    }
+}
+
 /// Runs `f` with a client on a single-threaded runtime.
-fn with_client<T>(f: impl AsyncFnOnce(&mut Client) -> Result<T, Fail>) -> Result<T, Fail> {
+fn with_client<T>(
+    wait: Wait,
+    f: impl AsyncFnOnce(&mut Conn) -> Result<T, Fail>,
+) -> Result<T, Fail> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -136,10 +241,15 @@ fn with_client<T>(f: impl AsyncFnOnce(&mut Client) -> Result<T, Fail>) -> Result
                 .tls_config(cfg)
                 .map_err(|e| failed(format!("TLS: {e}")))?;
         }
-        let channel = ep
-            .connect()
-            .await
-            .map_err(|e| failed(format!("can't reach vallumd at {server}: {e}")))?;
+        let until = wait.limit.map(|d| Instant::now() + d);
+        let mut pause = Duration::from_millis(2);
+        let channel = loop {
+            match ep.connect().await {
+                Ok(c) => break c,
+                Err(_) if wait.asked && pause_before_retry(until, &mut pause).await => {}
+                Err(e) => return Err(failed(format!("can't reach vallumd at {server}: {e}"))),
+            }
+        };
         let token = match env("VALLUM_TOKEN") {
             Some(t) => Some(
                 format!("Bearer {t}")
@@ -148,9 +258,16 @@ fn with_client<T>(f: impl AsyncFnOnce(&mut Client) -> Result<T, Fail>) -> Result
             ),
             None => None,
         };
-        let mut c = RulesetServiceClient::with_interceptor(channel, Auth(token))
+        let auth = Auth(token);
+        let client = RulesetServiceClient::with_interceptor(channel.clone(), auth.clone())
             .max_decoding_message_size(256 << 20);
-        f(&mut c).await
+        f(&mut Conn {
+            client,
+            channel,
+            auth,
+            until,
+        })
+        .await
     })
 }
 
@@ -165,10 +282,14 @@ fn status_text(s: &tonic::Status) -> String {
     s.message().to_owned()
 }
 
-/// iptables' words for why an edit failed.
-fn iptables_words(prog: &str, s: &tonic::Status) -> Fail {
+/// iptables' words for why an edit (`command`, short form) failed.
+fn iptables_words(prog: &str, command: &str, s: &tonic::Status) -> Fail {
     let text = status_text(s);
-    let words = if text.contains("does a matching rule exist") {
+    let words = if command == "-E" && text.contains("builtin chain cannot be renamed") {
+        "No chain/target/match by that name.".to_owned()
+    } else if command == "-E" && text.contains("already exists") {
+        "File exists.".to_owned()
+    } else if text.contains("does a matching rule exist") {
         "Bad rule (does a matching rule exist in that chain?).".to_owned()
     } else if text.contains("already exists") || text.contains("declared twice") {
         "Chain already exists.".to_owned()
@@ -181,30 +302,37 @@ fn iptables_words(prog: &str, s: &tonic::Status) -> Fail {
 }
 
 /// The active revision's iptables-save text of one family ("" when there is none).
-async fn active_text(c: &mut Client, v6: bool, counters: bool) -> Result<String, Fail> {
+async fn active_text(c: &mut Conn, v6: bool, counters: bool) -> Result<String, Fail> {
     let name = ruleset();
+    let get = pb::GetRulesetRequest {
+        name: format!("rulesets/{name}"),
+    };
     let rs = match c
-        .get_ruleset(pb::GetRulesetRequest {
-            name: format!("rulesets/{name}"),
+        .call(|mut c| {
+            let get = get.clone();
+            async move { c.get_ruleset(get).await }
         })
         .await
     {
-        Ok(r) => r.into_inner(),
+        Ok(r) => r,
         Err(s) if s.code() == tonic::Code::NotFound => return Ok(String::new()),
         Err(s) => return Err(failed(status_text(&s))),
     };
     if rs.active_revision == 0 {
         return Ok(String::new());
     }
+    let export = pb::ExportRevisionRequest {
+        name: format!("rulesets/{name}/revisions/{}", rs.active_revision),
+        format: pb::ExportFormat::IptablesSave as i32,
+        counters,
+    };
     let out = c
-        .export_revision(pb::ExportRevisionRequest {
-            name: format!("rulesets/{name}/revisions/{}", rs.active_revision),
-            format: pb::ExportFormat::IptablesSave as i32,
-            counters,
+        .call(|mut c| {
+            let export = export.clone();
+            async move { c.export_revision(export).await }
         })
         .await
         .map_err(|s| failed(status_text(&s)))?
-        .into_inner()
         .content;
     let (a, b) = match out.split_once(V6_SEPARATOR) {
         Some((a, b)) => (a.to_owned(), b.to_owned()),
@@ -233,6 +361,8 @@ fn table_blocks(text: &str, table: Option<&str>) -> Vec<(String, Vec<String>)> {
 
 fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> {
     let mut table = "filter".to_owned();
+    let mut wait = Wait::default();
+    let mut listing = list::Format::default();
     let mut cmd: Option<String> = None;
     let mut rest: Vec<String> = Vec::new();
     let mut it = args.into_iter().peekable();
@@ -243,17 +373,36 @@ fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> 
                     .next()
                     .ok_or_else(|| usage(prog, "option \"-t\" requires an argument"))?;
             }
-            "-w" | "--wait" => {
-                if it.peek().is_some_and(|n| n.parse::<u32>().is_ok()) {
-                    it.next();
-                }
-            }
+            "-w" | "--wait" => wait = wait_option(&mut it),
             "-W" | "--wait-interval" => {
                 it.next();
             }
             "-4" | "--ipv4" => v6 = false,
             "-6" | "--ipv6" => v6 = true,
-            "-n" | "--numeric" | "-v" | "--verbose" | "-x" | "--exact" | "--line-numbers" => {}
+            "-n" | "--numeric" => listing.numeric = true,
+            "-v" | "--verbose" => listing.verbose = true,
+            "-x" | "--exact" => listing.exact = true,
+            "--line-numbers" => listing.line_numbers = true,
+            // Combined short flags as scripts write them (`-nvL`, `-vnxL`).
+            s if s.len() > 2
+                && s.starts_with('-')
+                && !s.starts_with("--")
+                && s[1..].chars().all(|c| "nvxL".contains(c))
+                && s.contains('L') =>
+            {
+                for c in s[1..].chars() {
+                    match c {
+                        'n' => listing.numeric = true,
+                        'v' => listing.verbose = true,
+                        'x' => listing.exact = true,
+                        _ => {}
+                    }
+                }
+                if cmd.is_some() {
+                    return Err(usage(prog, "Cannot use more than one command"));
+                }
+                cmd = Some("-L".to_owned());
+            }
             "-A" | "--append" | "-I" | "--insert" | "-D" | "--delete" | "-R" | "--replace"
             | "-C" | "--check" | "-N" | "--new-chain" | "-X" | "--delete-chain" | "-F"
             | "--flush" | "-P" | "--policy" | "-S" | "--list-rules" | "-L" | "--list" | "-Z"
@@ -286,11 +435,19 @@ fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> 
         s => s,
     };
     match short {
-        "-S" => list_rules(&table, v6, rest.first().map(String::as_str)),
-        "-L" | "-Z" | "-E" => Err(usage(
+        "-S" => list_rules(wait, &table, v6, rest.first().map(String::as_str)),
+        "-L" => list::run(
+            wait,
             prog,
-            format!("{short} is not supported by vallum-iptables (use -S, vallumctl counters)"),
-        )),
+            &table,
+            v6,
+            rest.first().map(String::as_str),
+            listing,
+        ),
+        "-Z" => zero(wait, prog, &table, v6, &rest),
+        "-E" if rest.len() != 2 => {
+            Err(usage(prog, "-E requires old-chain-name and new-chain-name"))
+        }
         _ => {
             let check = short == "-C";
             let mut words = vec![if check {
@@ -308,35 +465,110 @@ fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> 
                 table,
                 args: words,
             };
-            with_client(async |c| {
-                c.edit_ruleset(pb::EditRulesetRequest {
-                    ruleset: ruleset(),
-                    edits: vec![edit],
-                    validate_only: check,
-                    message: format!("{prog} {short}"),
-                    ..Default::default()
+            let request = pb::EditRulesetRequest {
+                ruleset: ruleset(),
+                edits: vec![edit],
+                validate_only: check,
+                message: format!("{prog} {short}"),
+                ..Default::default()
+            };
+            with_client(wait, async |c| {
+                c.call(|mut c| {
+                    let request = request.clone();
+                    async move { c.edit_ruleset(request).await }
                 })
                 .await
-                .map_err(|s| iptables_words(prog, &s))?;
+                .map_err(|s| iptables_words(prog, short, &s))?;
                 Ok(String::new())
             })
         }
     }
 }
 
+/// `-Z [CHAIN [N]]`: zeroes the counters of the table (a chain, a rule) in vallumd, as
+/// iptables -Z: "No chain/target/match by that name." for a missing chain, "Index of counter
+/// too big." past the chain's end. A ruleset that does not exist yet has nothing to zero.
+fn zero(wait: Wait, prog: &str, table: &str, v6: bool, rest: &[String]) -> Result<String, Fail> {
+    let chain = rest.first().cloned().unwrap_or_default();
+    let rule = match rest.get(1) {
+        Some(n) => n
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| usage(prog, format!("Invalid rule number `{n}'")))?,
+        None => 0,
+    };
+    if rest.len() > 2 {
+        return Err(usage(prog, format!("Bad argument `{}'", rest[2])));
+    }
+    let request = pb::ZeroCountersRequest {
+        ruleset: ruleset(),
+        family: if v6 {
+            pb::Family::Ipv6
+        } else {
+            pb::Family::Ipv4
+        } as i32,
+        table: table.to_owned(),
+        chain: chain.clone(),
+        rule,
+    };
+    with_client(wait, async |c| {
+        let counters = pb::counter_service_client::CounterServiceClient::with_interceptor(
+            c.channel.clone(),
+            c.auth.clone(),
+        );
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match counters.clone().zero_counters(request.clone()).await {
+                Ok(_) => return Ok(String::new()),
+                Err(s) if not_ready(&s) && pause_before_retry(c.until, &mut pause).await => {}
+                // No such ruleset yet: its tables are empty, with their builtin chains.
+                Err(s)
+                    if s.code() == tonic::Code::NotFound
+                        && !status_text(&s).contains("/chains/")
+                        && (chain.is_empty() || builtin(table, &chain)) =>
+                {
+                    if rule != 0 {
+                        return Err(failed(format!("{prog}: Index of counter too big.")));
+                    }
+                    return Ok(String::new());
+                }
+                Err(s) if s.code() == tonic::Code::NotFound => {
+                    return Err(failed(format!(
+                        "{prog}: No chain/target/match by that name."
+                    )));
+                }
+                Err(s) if status_text(&s).contains("Index of counter too big") => {
+                    return Err(failed(format!("{prog}: Index of counter too big.")));
+                }
+                Err(s) => return Err(failed(format!("{prog}: {}", status_text(&s)))),
+            }
+        }
+    })
+}
+
+/// Whether `chain` is a builtin chain of `table`.
+fn builtin(table: &str, chain: &str) -> bool {
+    builtin_chains(table).contains(&chain)
+}
+
+/// The builtin chains of `table`, in hook order.
+fn builtin_chains(table: &str) -> &'static [&'static str] {
+    match table {
+        "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
+        "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
+        "raw" => &["PREROUTING", "OUTPUT"],
+        _ => &["INPUT", "FORWARD", "OUTPUT"],
+    }
+}
+
 /// `-S [CHAIN]`: `-P` for builtin chains, `-N` for user chains, then the rules, as iptables -S.
-fn list_rules(table: &str, v6: bool, chain: Option<&str>) -> Result<String, Fail> {
-    let text = with_client(async |c| active_text(c, v6, false).await)?;
+fn list_rules(wait: Wait, table: &str, v6: bool, chain: Option<&str>) -> Result<String, Fail> {
+    let text = with_client(wait, async |c| active_text(c, v6, false).await)?;
     let mut out = String::new();
     let blocks = table_blocks(&text, Some(table));
     let lines = blocks.first().map(|(_, l)| l.clone()).unwrap_or_else(|| {
-        let builtin: &[&str] = match table {
-            "nat" => &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
-            "mangle" => &["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
-            "raw" => &["PREROUTING", "OUTPUT"],
-            _ => &["INPUT", "FORWARD", "OUTPUT"],
-        };
-        builtin
+        builtin_chains(table)
             .iter()
             .map(|c| format!(":{c} ACCEPT [0:0]"))
             .collect()
@@ -386,7 +618,9 @@ fn save(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             o => return Err(usage(prog, format!("unknown argument '{o}'"))),
         }
     }
-    let text = with_client(async |c| active_text(c, v6, counters).await)?;
+    let text = with_client(Wait::default(), async |c| {
+        active_text(c, v6, counters).await
+    })?;
     let mut out = String::new();
     for (t, lines) in table_blocks(&text, table.as_deref()) {
         out.push_str(&format!("# Generated by {prog} v1.8.9 (vallum)\n*{t}\n"));
@@ -404,13 +638,15 @@ fn save(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
 fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
     let (mut noflush, mut counters, mut test) = (false, false, false);
     let mut file = None;
-    let mut it = args.into_iter();
+    let mut wait = Wait::default();
+    let mut it = args.into_iter().peekable();
     while let Some(a) = it.next() {
         match a.as_str() {
             "-n" | "--noflush" => noflush = true,
             "-c" | "--counters" => counters = true,
             "-t" | "--test" => test = true,
-            "-w" | "--wait" | "-W" | "--wait-interval" | "-M" | "--modprobe" | "-T" | "--table" => {
+            "-w" | "--wait" => wait = wait_option(&mut it),
+            "-W" | "--wait-interval" | "-M" | "--modprobe" | "-T" | "--table" => {
                 it.next();
             }
             "-v" | "--verbose" | "-4" | "-6" => {}
@@ -456,17 +692,21 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             ..Default::default()
         })),
     };
-    with_client(async |c| {
+    with_client(wait, async |c| {
+        let get = pb::GetRulesetRequest {
+            name: format!("rulesets/{}", ruleset()),
+        };
         let priority = match c
-            .get_ruleset(pb::GetRulesetRequest {
-                name: format!("rulesets/{}", ruleset()),
+            .call(|mut c| {
+                let get = get.clone();
+                async move { c.get_ruleset(get).await }
             })
             .await
         {
-            Ok(r) => r.into_inner().priority,
+            Ok(r) => r.priority,
             Err(_) => 0,
         };
-        c.apply(pb::ApplyRequest {
+        let apply = pb::ApplyRequest {
             ruleset: ruleset(),
             source: Some(source),
             message: prog.to_owned(),
@@ -474,6 +714,10 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             validate_only: test,
             allow_empty: true,
             ..Default::default()
+        };
+        c.call(|mut c| {
+            let apply = apply.clone();
+            async move { c.apply(apply).await }
         })
         .await
         .map_err(|s| failed(format!("{prog}: {}", status_text(&s))))?;

@@ -29,14 +29,30 @@ impl Drop for Vallumd {
 }
 
 fn vallumd(tag: &str) -> Option<Vallumd> {
+    let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let v = spawn_vallumd(dir)?;
+    // Ready once it stops answering NOT_READY ("still loading its stored state").
+    for _ in 0..600 {
+        let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
+        if rc == 0 {
+            return Some(v);
+        }
+        assert!(err.contains("still loading"), "vallumd not ready: {err}");
+        std::thread::yield_now();
+    }
+    panic!("vallumd never became ready");
+}
+
+/// vallumd on the database in `dir` (kept), returned as soon as it printed its address
+/// (it may still be loading).
+fn spawn_vallumd(dir: PathBuf) -> Option<Vallumd> {
     let exe = PathBuf::from(BIN).with_file_name("vallumd");
     if !exe.exists() {
         println!("SKIP {} not built", exe.display());
         return None;
     }
-    let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
     let mut child = Command::new(exe)
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--cores", "1", "--db"])
@@ -56,30 +72,64 @@ fn vallumd(tag: &str) -> Option<Vallumd> {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    let v = Vallumd {
+    Some(Vallumd {
         child,
         url: url.expect("vallumd printed its address"),
         dir,
-    };
-    // Ready once it stops answering NOT_READY ("still loading its stored state").
-    for _ in 0..600 {
-        let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
-        if rc == 0 {
-            return Some(v);
-        }
-        assert!(err.contains("still loading"), "vallumd not ready: {err}");
-        std::thread::yield_now();
+    })
+}
+
+/// Whether the kernel comparisons can run (root, iptables-legacy, unshare); prints SKIP.
+fn legacy_available() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root {
+        println!("SKIP not root");
+        return false;
     }
-    panic!("vallumd never became ready");
+    let legacy = Command::new("sh")
+        .args(["-c", "command -v iptables-legacy && command -v unshare"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !legacy {
+        println!("SKIP iptables-legacy or unshare not installed");
+    }
+    legacy
+}
+
+/// Runs `script` (sh) in a private network namespace: (exit code, stdout, stderr).
+fn in_netns(script: &str) -> (i32, String, String) {
+    let out = Command::new("unshare")
+        .args(["--net", "sh", "-c", script])
+        .output()
+        .expect("unshare");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Runs `vallum-iptables` as `prog` (argv[0]) with `args`, `stdin`; (exit code, stdout, stderr).
 fn run(v: &Vallumd, prog: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
+    run_on(v, "iptables", prog, args, stdin)
+}
+
+/// As [`run`], on the ruleset `ruleset`.
+fn run_on(
+    v: &Vallumd,
+    ruleset: &str,
+    prog: &str,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
     let mut child = Command::new(BIN)
         .arg0(prog)
         .args(args)
         .env("VALLUM_SERVER", &v.url)
-        .env("VALLUM_RULESET", "iptables")
+        .env("VALLUM_RULESET", ruleset)
         .env_remove("VALLUM_TOKEN")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -116,6 +166,15 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
         assert_eq!(rc, code, "iptables {cmd}: {err}");
         assert!(err.contains(words_), "iptables {cmd}: {err}");
     };
+    // Before the ruleset exists its tables are empty, with their builtin chains.
+    ok("-Z");
+    ok("-Z INPUT");
+    fails(
+        "-Z NOPE",
+        1,
+        "iptables: No chain/target/match by that name.",
+    );
+    fails("-Z INPUT 1", 1, "iptables: Index of counter too big.");
     ok("-w -A INPUT -p tcp --dport 22 -j ACCEPT");
     ok("-I INPUT 1 -i lo -j ACCEPT");
     ok("-N DOCKER");
@@ -243,20 +302,7 @@ const SCRIPT: &[&str] = &[
 
 #[test]
 fn same_save_output_as_iptables_legacy() {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if !root {
-        println!("SKIP not root");
-        return;
-    }
-    let legacy = Command::new("sh")
-        .args(["-c", "command -v iptables-legacy && command -v unshare"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !legacy {
-        println!("SKIP iptables-legacy or unshare not installed");
+    if !legacy_available() {
         return;
     }
     let Some(v) = vallumd("legacy") else { return };
@@ -367,4 +413,302 @@ fn edit_ruleset_is_atomic_and_one_revision() {
         s,
         "-P INPUT ACCEPT\n-P FORWARD ACCEPT\n-P OUTPUT ACCEPT\n-N A\n-A INPUT -j A\n-A A -j ACCEPT\n"
     );
+}
+
+/// Rules with the extensions `-L` prints, as a script's `iptables-restore` input.
+const LISTED: &str = "*filter
+:INPUT DROP [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:DOCKER - [0:0]
+:EMPTY - [0:0]
+-A INPUT -i lo -j ACCEPT
+-A INPUT -s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT
+-A INPUT -s 1.2.3.4/32 ! -d 5.6.7.0/24 -p udp -m udp --sport 53 --dport 1000:2000 -j DROP
+-A INPUT -m state --state RELATED,ESTABLISHED -j ACCEPT
+-A INPUT -m conntrack --ctstate NEW -m comment --comment \"hello world\" -j ACCEPT
+-A INPUT -p icmp -m icmp --icmp-type 8 -j ACCEPT
+-A INPUT -p tcp -m multiport --dports 80,443 -j REJECT --reject-with tcp-reset
+-A INPUT -m limit --limit 3/min --limit-burst 5 -j LOG --log-prefix \"x: \"
+-A INPUT -m mark --mark 0x1/0xff -j DOCKER
+-A INPUT -m addrtype --dst-type LOCAL -j ACCEPT
+-A INPUT -j MARK --set-xmark 0x2/0xffffffff
+-A INPUT -p icmp -m icmp --icmp-type 3/3 -j ACCEPT
+-A INPUT -g DOCKER
+-A INPUT
+-A FORWARD ! -i eth0 -o eth1 -p tcp -m tcp --tcp-flags SYN,RST,ACK SYN -j RETURN
+-A DOCKER -d 172.17.0.2/32 ! -i docker0 -o docker0 -p tcp -m tcp --dport 80 -j ACCEPT
+COMMIT
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:DOCKER - [0:0]
+-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER
+-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE
+-A DOCKER ! -i docker0 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.17.0.2:80
+COMMIT
+";
+
+/// `-L` (with `-n`, `-v`, `-x`, `--line-numbers`), `-E` and `-Z` print, fail and exit as
+/// iptables-legacy does in a private network namespace for the same calls.
+#[test]
+fn list_rename_zero_as_iptables_legacy() {
+    if !legacy_available() {
+        return;
+    }
+    let Some(v) = vallumd("list") else { return };
+    let calls: &[&str] = &[
+        "-E DOCKER DOCKER2",
+        "-E NOPE X",
+        "-E INPUT X",
+        "-E DOCKER2 EMPTY",
+        "-E EMPTY",
+        "-L -n",
+        "-L -n -v",
+        "-L INPUT -n -v -x --line-numbers",
+        "-nvL FORWARD",
+        "-L NOPE -n",
+        "-t nat -L -n",
+        "-t nat -L DOCKER -n -v",
+        "-Z",
+        "-Z INPUT 1",
+        "-Z INPUT 99",
+        "-Z NOPE",
+        "-t nat -Z",
+    ];
+    let (rc, _, err) = run(&v, "iptables-restore", &[], LISTED);
+    assert_eq!(rc, 0, "{err}");
+    let mut script = format!("iptables-legacy-restore <<'EOF'\n{LISTED}EOF\n");
+    for (i, c) in calls.iter().enumerate() {
+        script.push_str(&format!(
+            "echo '@@{i}'; iptables-legacy {c} 2>&1; echo \"rc=$?\"\n"
+        ));
+    }
+    let (rc, kernel, err) = in_netns(&script);
+    assert_eq!(rc, 0, "{err}");
+    for (i, c) in calls.iter().enumerate() {
+        let want = kernel
+            .split(&format!("@@{i}\n"))
+            .nth(1)
+            .and_then(|s| s.split("@@").next())
+            .unwrap_or("");
+        let (code, out, err) = run(&v, "iptables", &words(c), "");
+        let (want_out, want_rc) = want.rsplit_once("rc=").unwrap_or((want, ""));
+        assert_eq!(code.to_string(), want_rc.trim(), "iptables {c}: {err}");
+        if code == 0 {
+            let want_out = want_out.replace("iptables-legacy", "iptables");
+            assert_eq!(out, want_out, "iptables {c}");
+        } else {
+            // The kernel tool's first line (ours may add the server's reason after it).
+            let first = want_out
+                .lines()
+                .next()
+                .unwrap_or("")
+                .replace("(legacy)", "(vallum)");
+            assert!(
+                err.starts_with(&first),
+                "iptables {c}: {err:?}, want {first:?}"
+            );
+        }
+    }
+}
+
+/// A call made right after vallumd printed its address waits while it loads its stored
+/// rulesets (NOT_READY), as `-w` asks, instead of failing.
+#[test]
+fn calls_wait_while_vallumd_loads() {
+    let dir = std::env::temp_dir().join(format!("vallum-dropin-wait-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let Some(v) = spawn_vallumd(dir.clone()) else {
+        return;
+    };
+    // A large stored ruleset makes the next start's load take a while.
+    let mut text = String::from("*filter\n");
+    for i in 0..20000 {
+        text.push_str(&format!(
+            "-A INPUT -s 10.{}.{}.0/24 -p tcp --dport {} -j ACCEPT\n",
+            i / 256 % 256,
+            i % 256,
+            i % 1000 + 1
+        ));
+    }
+    text.push_str("COMMIT\n");
+    let (rc, _, err) = run(&v, "iptables-restore", &["-w", "60"], &text);
+    assert_eq!(rc, 0, "{err}");
+    let mut v = v;
+    let _ = v.child.kill();
+    let _ = v.child.wait();
+    std::mem::forget(v);
+    let Some(v) = spawn_vallumd(dir) else { return };
+    for cmd in ["-w 60 -A INPUT -j DROP", "-C INPUT -j DROP", "-w -S INPUT"] {
+        let (rc, out, err) = run(&v, "iptables", &words(cmd), "");
+        assert_eq!(rc, 0, "iptables {cmd}: {err}");
+        if cmd.contains("-S") {
+            assert!(out.ends_with("-A INPUT -j DROP\n"), "{out}");
+        }
+    }
+}
+
+/// iptables-save's text without comments and chain counters (the kernel's count packets).
+fn save_body(s: &str) -> Vec<String> {
+    s.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| match l.find(" [") {
+            Some(i) if l.starts_with(':') => l[..i].to_owned(),
+            _ => l.to_owned(),
+        })
+        .collect()
+}
+
+/// The restore cases of iptables' own shell tests (`../shared/data/iptables-tests/
+/// restore-cases`, from tests/shell of iptables 1.8.11) that our extensions cover, each on a
+/// ruleset of its own: the same `iptables-restore` calls give the same `iptables-save` text as
+/// iptables-legacy's in a private network namespace.
+#[test]
+fn iptables_shell_restore_cases_as_iptables_legacy() {
+    let dir = std::env::var("VALLUM_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
+        .join("iptables-tests/restore-cases");
+    if !dir.exists() {
+        println!("SKIP {} not found", dir.display());
+        return;
+    }
+    if !legacy_available() {
+        return;
+    }
+    let Some(v) = vallumd("cases") else { return };
+    // (case, [(restore flags, file)], applied in order on an empty ruleset).
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("01", &[("", "01-insert-index.rules")]),
+        ("02", &[("", "02-insert-index-interleaved.rules")]),
+        ("03", &[("", "03-family-prefix.rules")]),
+        (
+            "07",
+            &[("--noflush", "07-comment-and-empty-line-noflush.rules")],
+        ),
+        ("08", &[("", "08-dash-F-in-restore.rules")]),
+        ("08n", &[("-n", "08-dash-F-in-restore.rules")]),
+        ("09", &[("--test", "09-empty-tables.rules")]),
+        ("10", &[("", "10-multi-table-user-chains.rules")]),
+        (
+            "11",
+            &[
+                ("", "10-multi-table-user-chains.rules"),
+                ("--noflush", "11-noflush-F-X-lines.rules"),
+            ],
+        ),
+    ];
+    for (case, steps) in cases {
+        let ruleset = format!("case{case}");
+        let mut script = String::from("set -e\n");
+        for (flags, file) in steps.iter() {
+            let text = std::fs::read_to_string(dir.join(file)).expect("case file");
+            let args: Vec<&str> = flags.split_whitespace().collect();
+            let (rc, _, err) = run_on(&v, &ruleset, "iptables-restore", &args, &text);
+            assert_eq!(rc, 0, "case {case} {file}: {err}");
+            script.push_str(&format!(
+                "iptables-legacy-restore {flags} < '{}'\n",
+                dir.join(file).display()
+            ));
+        }
+        for t in ["filter", "nat", "raw"] {
+            script.push_str(&format!("echo '@@{t}'\niptables-legacy-save -t {t}\n"));
+        }
+        let (rc, kernel, err) = in_netns(&script);
+        assert_eq!(rc, 0, "case {case}: {err}");
+        for t in ["filter", "nat", "raw"] {
+            let want = kernel
+                .split(&format!("@@{t}\n"))
+                .nth(1)
+                .and_then(|s| s.split("@@").next())
+                .unwrap_or("");
+            let (_, ours, _) = run_on(&v, &ruleset, "iptables-save", &["-t", t], "");
+            // A table the calls never wrote is listed by the kernel once its module is
+            // loaded; ours has none: compare the tables both have.
+            if ours.is_empty() {
+                continue;
+            }
+            assert_eq!(save_body(&ours), save_body(want), "case {case} table {t}");
+        }
+    }
+}
+
+/// fail2ban's iptables-multiport action (start, ban, check, unban, stop: the commands of
+/// action.d/iptables-multiport.conf with `-w`, and its `-n -L` actioncheck), run by `sh` with
+/// `iptables` on PATH: vallum-iptables against vallumd, iptables-legacy in a private netns;
+/// the same `iptables-save` after every phase.
+#[test]
+fn fail2ban_action_as_iptables_legacy() {
+    if !legacy_available() {
+        return;
+    }
+    let Some(v) = vallumd("f2b") else { return };
+    let phases: &[&str] = &[
+        "iptables -w -N f2b-sshd\n\
+         iptables -w -A f2b-sshd -j RETURN\n\
+         iptables -w -I INPUT -p tcp -m multiport --dports 22 -j f2b-sshd",
+        "iptables -w -n -L INPUT | grep -q 'f2b-sshd[ \t]'\n\
+         iptables -w -C f2b-sshd -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable || \
+         iptables -w -I f2b-sshd 1 -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable\n\
+         iptables -w -C f2b-sshd -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable || \
+         iptables -w -I f2b-sshd 1 -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable\n\
+         iptables -w -I f2b-sshd 1 -s 198.51.100.9 -j REJECT --reject-with icmp-port-unreachable",
+        "iptables -w -D f2b-sshd -s 192.0.2.7 -j REJECT --reject-with icmp-port-unreachable",
+        "iptables -w -D INPUT -p tcp -m multiport --dports 22 -j f2b-sshd\n\
+         iptables -w -F f2b-sshd\n\
+         iptables -w -X f2b-sshd",
+    ];
+    let bin = v.dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    for n in ["iptables", "iptables-save"] {
+        let _ = std::fs::remove_file(bin.join(n));
+        std::os::unix::fs::symlink(BIN, bin.join(n)).expect("symlink");
+    }
+    let kbin = v.dir.join("kbin");
+    std::fs::create_dir_all(&kbin).expect("kbin dir");
+    for (n, k) in [
+        ("iptables", "iptables-legacy"),
+        ("iptables-save", "iptables-legacy-save"),
+    ] {
+        let _ = std::fs::remove_file(kbin.join(n));
+        let path = Command::new("sh")
+            .args(["-c", &format!("command -v {k}")])
+            .output()
+            .expect("which");
+        let path = String::from_utf8_lossy(&path.stdout).trim().to_owned();
+        std::os::unix::fs::symlink(path, kbin.join(n)).expect("symlink");
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut kscript = format!("set -e\nexport PATH={}:{path}\n", kbin.display());
+    let mut ours = Vec::new();
+    for (i, p) in phases.iter().enumerate() {
+        let out = Command::new("sh")
+            .args(["-ec", &format!("{p}\niptables-save -t filter")])
+            .env("PATH", format!("{}:{path}", bin.display()))
+            .env("VALLUM_SERVER", &v.url)
+            .env("VALLUM_RULESET", "f2b")
+            .output()
+            .expect("sh");
+        assert!(
+            out.status.success(),
+            "phase {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ours.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        kscript.push_str(&format!("{p}\necho '@@{i}'\niptables-save -t filter\n"));
+    }
+    let (rc, kernel, err) = in_netns(&kscript);
+    assert_eq!(rc, 0, "{err}");
+    for (i, o) in ours.iter().enumerate() {
+        let want = kernel
+            .split(&format!("@@{i}\n"))
+            .nth(1)
+            .and_then(|s| s.split("@@").next())
+            .unwrap_or("");
+        assert_eq!(save_body(o), save_body(want), "phase {i}");
+    }
 }

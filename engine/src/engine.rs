@@ -107,6 +107,14 @@ pub enum Change {
     Remove(String),
     /// Replace every active ruleset.
     ReplaceAll(Vec<Ruleset>),
+    /// Replace the active ruleset of the same name with one made from it by edits (iptables
+    /// commands, `iptables-restore --noflush` text: see [`crate::restore::parse_onto`]), whose
+    /// tables share the rule chunks the edits left alone. As [`Change::Put`], except that the
+    /// model's counters (`Rule::counters`, a chain's policy counters) are not started: the
+    /// rules it kept go on counting where they are, as with [`Change::Edit`], and the new ones
+    /// start at zero. Without an active ruleset of the name it is a [`Change::Put`] with no
+    /// counters started.
+    PutEdited(Ruleset),
     /// Edit single rules of the active ruleset `ruleset`: insert, delete or replace rules at
     /// a chain and rule number, as `iptables -I` / `-D N` / `-R` ([`RuleEdit`], applied in
     /// order by [`Ruleset::with_edits`]). The caller neither copies nor parses the whole
@@ -484,9 +492,9 @@ impl Engine {
         let mut changed: Vec<(Arc<Ruleset>, Option<Arc<Ruleset>>)> = Vec::new();
         // Only what is put now starts counters from the model: an edit keeps the active
         // model's other rules, whose counters (if any) were started when it was put.
-        let put = !matches!(change, Change::Edit { .. });
+        let put = !matches!(change, Change::Edit { .. } | Change::PutEdited(_));
         match change {
-            Change::Put(rs) => {
+            Change::Put(rs) | Change::PutEdited(rs) => {
                 let rs = Arc::new(rs);
                 let old = next.insert(rs.name.clone(), rs.clone());
                 changed.push((rs, old));
@@ -677,6 +685,15 @@ impl Engine {
         Some(ActiveRevision { revision, priority })
     }
 
+    /// The model of active ruleset `ruleset` with its number ([`Engine::revisions`]), read
+    /// together (one lock): the model is that revision's. `None` when it is not active or not
+    /// numbered.
+    pub fn revision_model(&self, ruleset: &str) -> Option<(u64, Arc<Ruleset>)> {
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let revision = *active.revisions.get(ruleset)?;
+        Some((revision, active.rulesets.get(ruleset)?.clone()))
+    }
+
     /// The priority of active ruleset `ruleset` (numbered or not); `None` when it is not
     /// active.
     pub fn priority(&self, ruleset: &str) -> Option<i32> {
@@ -751,6 +768,20 @@ impl Engine {
     /// Zeroes the counters of one ruleset, or of all.
     pub fn zero_counters(&self, ruleset: Option<&str>) {
         self.dataplane.with_active(|s| s.zero_counters(ruleset));
+    }
+
+    /// Zeroes counters of one ruleset as `iptables [-t TABLE] -Z [CHAIN [N]]` (see
+    /// [`Snapshot::zero_counters_in`]).
+    pub fn zero_counters_in(
+        &self,
+        ruleset: &str,
+        family: Family,
+        table: Option<crate::model::TableKind>,
+        chain: Option<&str>,
+        rule: Option<u32>,
+    ) {
+        self.dataplane
+            .with_active(|s| s.zero_counters_in(ruleset, family, table, chain, rule));
     }
 
     /// Packets counted per (family, hook, verdict), summed over cores; zero rows omitted.

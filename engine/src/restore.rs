@@ -36,7 +36,7 @@ use crate::echo::clipped;
 use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use lexer::{Token, UnterminatedQuote, tokenize};
-pub use print::{PrintOptions, print, print_rule_spec, print_s, print_table};
+pub use print::{PrintOptions, print, print_after, print_rule_spec, print_s, print_table};
 pub(crate) use support::why_not_enforced;
 pub use support::{Support, SupportRow, support_markdown, support_table};
 
@@ -514,6 +514,29 @@ pub fn parse_after_canonical(
     tables::reparse(previous_text, previous, text, opts, true)
 }
 
+/// Parses `text` as `iptables-restore --noflush` input applied to `base`: the complete tables
+/// of `opts.family` as they are now (tables of the other family are ignored), e.g. the active
+/// ruleset's model, as iptables-restore --noflush applies a text to the kernel's tables. Every
+/// command sees the base's chains and rules (`-D`/`-R`/`-I N` by number or rule, `-X` of a
+/// chain in use, `-N` of one that exists are checked against them), and the result holds
+/// every table: the base's in their order, changed or not, then new ones. The base is not
+/// parsed or copied: its tables are cloned ([`crate::model::RuleList`] shares its chunks), so
+/// the cost is the text's plus one pass over the rules of each table the text names (to count
+/// jumps for `-X`), not a parse of the base. Base rules keep their locations; the text's rules
+/// have the text's. [`Restore::external`] lists what the text names but neither it nor the
+/// base has (a jump to a missing chain, `-X`/`-F` of one, a chain only appended to), for the
+/// caller to refuse as iptables-restore --noflush would.
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_onto(
+    base: &[Table],
+    text: &str,
+    opts: &ParseOptions<'_>,
+) -> Result<Restore, ParseErrors> {
+    tables::parse_onto(base, text, opts)
+}
+
 /// Sets every [`Location`] in the tables to the default, so that models parsed from different
 /// texts (say, an input and its canonical print) compare equal when they mean the same.
 pub fn clear_locations(tables: &mut [Table]) {
@@ -846,5 +869,156 @@ mod tests {
             ..v4()
         };
         assert_eq!(rules(text, &v6, "INPUT"), ["-s ::1/128 -j ACCEPT"]);
+    }
+
+    const ONTO_BASE: &str = "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:X - [0:0]\n\
+        -A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n-A INPUT -j X\n-A X -s 10.0.0.0/8 -j DROP\nCOMMIT\n\
+        *nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+        -A POSTROUTING -s 172.17.0.0/16 -j MASQUERADE\nCOMMIT\n";
+
+    #[test]
+    fn parse_onto_applies_commands_to_known_tables() {
+        let base = parse(ONTO_BASE, &v4()).expect("base parses").tables;
+        let text = "*filter\n-I INPUT 2 -p tcp --dport 80 -j ACCEPT\n-D INPUT -p tcp --dport 22 -j ACCEPT\n\
+                    -N Y\n-A Y -j RETURN\n-R X 1 -s 10.0.0.0/8 -j REJECT\n-P FORWARD DROP\nCOMMIT\n";
+        let r = parse_onto(&base, text, &v4()).expect("applies");
+        assert!(r.external.is_empty(), "{:?}", r.external);
+        let want = "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n:X - [0:0]\n:Y - [0:0]\n\
+                    -A INPUT -p tcp -m tcp --dport 80 -j ACCEPT\n-A INPUT -j X\n\
+                    -A X -s 10.0.0.0/8 -j REJECT --reject-with icmp-port-unreachable\n-A Y -j RETURN\nCOMMIT\n\
+                    *nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+                    -A POSTROUTING -s 172.17.0.0/16 -j MASQUERADE\nCOMMIT\n";
+        assert_eq!(print(&r.tables, &PrintOptions::default()), want);
+        // The new rule has the text's location; the untouched nat table is the base's.
+        assert_eq!(r.tables[0].chains[0].rules[0].location.line, 2);
+        assert_eq!(r.tables[1], base[1]);
+        // A table the base lacks starts empty, its builtin chains known.
+        let r = parse_onto(&base, "*raw\n-A PREROUTING -j NOTRACK\nCOMMIT\n", &v4()).expect("raw");
+        assert!(r.external.is_empty(), "{:?}", r.external);
+        assert_eq!(r.tables.len(), 3);
+        assert_eq!(r.tables[2].kind, TableKind::Raw);
+    }
+
+    #[test]
+    fn parse_onto_checks_commands_against_the_base() {
+        let base = parse(ONTO_BASE, &v4()).expect("base parses").tables;
+        for (text, want) in [
+            ("-D INPUT 3", "out of range"),
+            ("-I INPUT 4 -j DROP", "out of range"),
+            ("-R INPUT 3 -j DROP", "out of range"),
+            ("-D INPUT -p udp -j ACCEPT", "matching rule"),
+            ("-X X", "still referenced"),
+            ("-N X", "exists"),
+            ("-I OUTPUT 2 -j DROP", "out of range"),
+        ] {
+            let full = format!("*filter\n{text}\nCOMMIT\n");
+            let e = match parse_onto(&base, &full, &v4()) {
+                Ok(r) => panic!("{text}: applied: {:?}", r.external),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.to_lowercase().contains(want), "{text}: {e}");
+        }
+        // What neither the text nor the base has is left to the caller, as with --noflush.
+        let r = parse_onto(
+            &base,
+            "*filter\n-A NOPE -j ACCEPT\n-A INPUT -j GONE\n-X ALSO\nCOMMIT\n",
+            &v4(),
+        )
+        .expect("parses");
+        let kinds: Vec<(&str, ExternalRefKind)> = r
+            .external
+            .iter()
+            .map(|e| (e.chain.as_str(), e.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("NOPE", ExternalRefKind::AddRules),
+                ("GONE", ExternalRefKind::Jump),
+                ("ALSO", ExternalRefKind::Delete)
+            ]
+        );
+    }
+
+    #[test]
+    fn rename_chain_moves_its_references() {
+        let base = parse(ONTO_BASE, &v4()).expect("base parses").tables;
+        let r = parse_onto(&base, "*filter\n-E X Y\nCOMMIT\n", &v4()).expect("renames");
+        let text = print(&r.tables[..1], &PrintOptions::default());
+        assert!(text.contains(":Y - [0:0]\n"), "{text}");
+        assert!(
+            text.contains("-A INPUT -j Y\n-A Y -s 10.0.0.0/8 -j DROP\n"),
+            "{text}"
+        );
+        assert!(!text.contains(" X"), "{text}");
+        // The renamed chain is in use under its new name, and the old one is gone.
+        let r = parse_onto(&r.tables, "*filter\n-X Y\nCOMMIT\n", &v4());
+        assert!(r.is_err());
+        for (text, want) in [
+            ("-E INPUT Z", "builtin"),
+            ("-E NOPE Z", "nope"),
+            ("-E X INPUT", "exists"),
+            ("-E X ACCEPT", "exists"),
+            ("-E X", "option"),
+        ] {
+            let full = format!("*filter\n{text}\nCOMMIT\n");
+            let e = match parse_onto(&base, &full, &v4()) {
+                Ok(_) => panic!("{text}: applied"),
+                Err(e) => e.to_string().to_lowercase(),
+            };
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn print_after_prints_as_print() {
+        let mut text = String::from(
+            "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n",
+        );
+        for i in 0..1500 {
+            let chain = ["INPUT", "A", "B", "OUTPUT"][i % 7 % 4];
+            text.push_str(&format!(
+                "-A {chain} -s 10.{}.{}.0/24 -p tcp -m tcp --dport {} -j ACCEPT\n",
+                i / 256,
+                i % 256,
+                i % 1000 + 1
+            ));
+        }
+        text.push_str("COMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -j NOTRACK\nCOMMIT\n");
+        let mut old = parse(&text, &v4()).expect("parses").tables;
+        let mut old_text = print(&old, &PrintOptions::default());
+        let edits = [
+            "-I INPUT 1 -j DROP",
+            "-A B -j RETURN",
+            "-D A 7",
+            "-R INPUT 100 -s 1.2.3.4 -j DROP",
+            "-F B",
+            "-N C\n-A C -j ACCEPT\n-A INPUT -j C",
+            "-D INPUT -j C\n-F C\n-X C",
+            "-P INPUT ACCEPT",
+            "-I OUTPUT 200 -p udp -j ACCEPT",
+            "-D OUTPUT 1\n-D OUTPUT 1\n-A OUTPUT -j DROP",
+        ];
+        for (k, e) in edits.iter().enumerate() {
+            let t = if k % 3 == 2 {
+                "*raw\n-A OUTPUT -j NOTRACK\nCOMMIT\n*filter"
+            } else {
+                "*filter"
+            };
+            let t = format!("{t}\n{e}\nCOMMIT\n");
+            let new = parse_onto(&old, &t, &v4())
+                .unwrap_or_else(|x| panic!("{e}: {x}"))
+                .tables;
+            let want = print(&new, &PrintOptions::default());
+            assert_eq!(
+                print_after(&old_text, &old, &new).as_deref(),
+                Some(want.as_str()),
+                "{e}"
+            );
+            old = new;
+            old_text = want;
+        }
+        // A text that is not the old tables' print is refused, not spliced.
+        assert_eq!(print_after("*filter\nCOMMIT\n", &old, &old), None);
     }
 }

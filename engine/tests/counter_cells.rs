@@ -786,3 +786,97 @@ fn counters_parsed_with_counters_start_there() {
     put("a", &with, &text.replace("[5:300]", "[1:60]"));
     assert_eq!(of("a"), [(Some(1), 1, 60), (Some(2), 0, 0), (None, 7, 700)]);
 }
+
+/// `Change::PutEdited` keeps the counts of the rules it kept (a model edited from one parsed
+/// with `--counters` carries the text's counters; `Change::Put` of it starts them there
+/// again, losing what was counted since), and `zero_counters_in` zeroes one rule, one chain
+/// or one table as `iptables [-t T] -Z [CHAIN [N]]`, nothing else.
+#[test]
+fn put_edited_keeps_counts_and_zero_counters_in_scopes() {
+    let sets = sets();
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(ZeroClock),
+    );
+    let text = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+                [5:300] -A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n\
+                [0:0] -A OUTPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n";
+    let opts = ParseOptions {
+        counters: true,
+        ..ParseOptions::default()
+    };
+    e.commit(Change::Put(parse_ruleset("t", text, &opts).unwrap()), &sets)
+        .unwrap();
+    let mut w = e.worker(0).unwrap();
+    let packet = |hook| PacketMeta {
+        family: Family::Ipv4,
+        hook,
+        src: "10.0.0.1".parse().unwrap(),
+        dst: "10.0.0.2".parse().unwrap(),
+        protocol: 6,
+        sport: 40000,
+        dport: 22,
+        len: 60,
+        ..PacketMeta::default()
+    };
+    let mut p = [packet(Hook::Input), packet(Hook::Output)];
+    w.process_batch(&mut p, &mut [Verdict::Drop, Verdict::Drop], 0);
+    let count = |e: &Engine, chain: &str| {
+        e.counters()
+            .iter()
+            .find(|c| &*c.chain == chain && c.rule == Some(1))
+            .map(|c| c.packets)
+    };
+    assert_eq!(count(&e, "INPUT"), Some(6));
+    let active = e.rulesets()["t"].clone();
+    let edited = vallum_engine::restore::parse_onto(
+        &active.tables,
+        "*filter\n-A INPUT -j DROP\nCOMMIT\n",
+        &ParseOptions::default(),
+    )
+    .unwrap();
+    let edited = Ruleset {
+        tables: edited.tables,
+        ..(*active).clone()
+    };
+    e.commit(Change::PutEdited(edited.clone()), &sets).unwrap();
+    assert_eq!(
+        (count(&e, "INPUT"), count(&e, "OUTPUT")),
+        (Some(6), Some(1)),
+        "PutEdited keeps the counts"
+    );
+    e.commit(Change::Put(edited), &sets).unwrap();
+    assert_eq!(
+        (count(&e, "INPUT"), count(&e, "OUTPUT")),
+        (Some(5), Some(0)),
+        "Put starts the model's counters"
+    );
+    let mut p = [packet(Hook::Output)];
+    w.process_batch(&mut p, &mut [Verdict::Drop], 0);
+    e.zero_counters_in(
+        "t",
+        Family::Ipv4,
+        Some(TableKind::Filter),
+        Some("INPUT"),
+        Some(1),
+    );
+    assert_eq!(
+        (count(&e, "INPUT"), count(&e, "OUTPUT")),
+        (Some(0), Some(1))
+    );
+    e.zero_counters_in("t", Family::Ipv6, None, None, None);
+    e.zero_counters_in("other", Family::Ipv4, None, None, None);
+    assert_eq!(count(&e, "OUTPUT"), Some(1), "another family or ruleset");
+    e.zero_counters_in(
+        "t",
+        Family::Ipv4,
+        Some(TableKind::Filter),
+        Some("OUTPUT"),
+        None,
+    );
+    assert_eq!(count(&e, "OUTPUT"), Some(0));
+}

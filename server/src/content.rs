@@ -78,6 +78,14 @@ impl Content {
         }
     }
 
+    /// The text of `family`.
+    pub fn family_mut(&mut self, family: Family) -> &mut String {
+        match family {
+            Family::Ipv4 => &mut self.v4,
+            Family::Ipv6 => &mut self.v6,
+        }
+    }
+
     /// sha256 of [`Content::combined`], lower-case hex (64 characters).
     pub fn digest(&self) -> String {
         // As `Sha256::digest(self.combined())`, without copying the text.
@@ -303,6 +311,10 @@ pub struct Checked {
     /// check must parse in full to report them again), or the text was `--noflush` input
     /// (the model is not the parse of the text alone).
     pub not_reusable: Vec<Family>,
+    /// The model was made from the active one by the request's commands
+    /// ([`Base::model`]): commit it as an edit (`Change::PutEdited`), which keeps the
+    /// counters of the rules it did not touch.
+    pub edited: bool,
 }
 
 /// One text a model was parsed from (see [`PreviousParse`]).
@@ -517,6 +529,11 @@ pub struct Base {
     /// What findings on its rules name as their place, e.g. `rulesets/web/revisions/3`
     /// (they have no line in the request's text).
     pub label: String,
+    /// The model the engine runs for this content (its canonical print is `content`), when
+    /// the caller has it: the text is then applied to it (`restore::parse_onto`), not to a
+    /// parse of `content`, only what changed is validated and the content is spliced from
+    /// `content` (see [`check_with`]).
+    pub model: Option<Arc<Ruleset>>,
 }
 
 /// As [`check_after`], with [`Restoring`] options. With `noflush`, each text is parsed as
@@ -551,6 +568,9 @@ pub fn check_with(
         return Err(Error::invalid("source", "a ruleset source is required"));
     }
     if let Some(base) = &how.noflush {
+        if let (Some(model), false) = (&base.model, how.counters) {
+            return check_onto(name, priority, input, model, base, limits);
+        }
         return check_noflush(name, priority, input, base, how.counters, limits);
     }
     let previous = previous.filter(|_| !how.counters);
@@ -698,6 +718,123 @@ fn finish(
         validated: false,
         sources: Vec::new(),
         not_reusable,
+        edited: false,
+    }
+}
+
+/// [`check_with`] for `--noflush` input without `counters` when the base's model is known
+/// ([`Base::model`]): each family's text is applied to the model's tables of the family
+/// (`restore::parse_onto`: the base is neither printed nor parsed again, its rule chunks are
+/// shared) and its content is the base's with only the changed rules printed
+/// (`restore::print_after`); the commit validates it against the model, which is the active
+/// one (only what changed is checked rule by rule). The same result as [`check_noflush`] up to the
+/// locations of findings on base rules, at a cost in proportion to the text, not the
+/// ruleset (apart from a newline scan and a digest of the content).
+///
+/// Errors: as [`check_noflush`].
+fn check_onto(
+    name: &str,
+    priority: i32,
+    input: &RulesetInput,
+    model: &Ruleset,
+    base: &Base,
+    limits: Option<&LimitsConfig>,
+) -> Result<Checked, Error> {
+    let mut tables = Vec::with_capacity(model.tables.len() + 1);
+    let mut violations = Vec::new();
+    let mut parse_warnings = Vec::new();
+    let mut content = Content::default();
+    for family in [Family::Ipv4, Family::Ipv6] {
+        let old: Vec<Table> = model
+            .tables
+            .iter()
+            .filter(|t| t.family == family)
+            .cloned()
+            .collect();
+        let base_text = match family {
+            Family::Ipv4 => &base.content.v4,
+            Family::Ipv6 => &base.content.v6,
+        };
+        let Some(part) = input.parts.iter().find(|p| p.family == family) else {
+            tables.extend(old);
+            *content.family_mut(family) = base_text.clone();
+            continue;
+        };
+        let opts = ParseOptions {
+            family,
+            ..ParseOptions::default()
+        };
+        let at = |line: u32, column: u32| split_field(&part_position(part, line, column));
+        let r = match restore::parse_onto(&old, &part.text, &opts) {
+            Ok(r) => r,
+            Err(errs) => {
+                for e in &errs.0 {
+                    let (field, prefix) = at(e.location.line, e.location.column);
+                    violations.push(FieldViolation::new(
+                        field,
+                        format!("{prefix}{} near '{}'", e.kind, clipped(&e.token)),
+                    ));
+                }
+                continue;
+            }
+        };
+        for e in &r.external {
+            if let Some(p) = external_problem(e) {
+                let (field, prefix) = at(e.location.line, e.location.column);
+                violations.push(FieldViolation::new(field, format!("{prefix}{p}")));
+            }
+        }
+        parse_warnings.extend(r.warnings.iter().map(|w| parse_warning(part, w)));
+        *content.family_mut(family) = restore::print_after(base_text, &old, &r.tables)
+            .unwrap_or_else(|| restore::print(&r.tables, &PrintOptions::default()));
+        tables.extend(r.tables);
+    }
+    if !violations.is_empty() {
+        return Err(Error::BadRequest {
+            reason: Reason::InvalidRuleset,
+            violations,
+        });
+    }
+    if let Some(limits) = limits {
+        limits.check_tables(&tables)?;
+    }
+    let ruleset = Ruleset {
+        name: name.to_string(),
+        priority,
+        tables,
+    };
+    Ok(Checked {
+        ruleset,
+        content,
+        findings: parse_warnings,
+        places: Places::of(input, &base.label),
+        validated: false,
+        sources: Vec::new(),
+        not_reusable: vec![Family::Ipv4, Family::Ipv6],
+        edited: true,
+    })
+}
+
+/// Why iptables-restore --noflush would refuse what a text names but neither it nor the
+/// base has ([`restore::Restore::external`]); `None` for what it accepts (keeping a policy,
+/// `-X` of a missing chain, changing a builtin chain of a table the base lacks).
+fn external_problem(e: &restore::ExternalRef) -> Option<String> {
+    let builtin =
+        Hook::from_chain_name(&e.chain).is_some_and(|h| e.table.builtin_hooks().contains(&h));
+    match e.kind {
+        ExternalRefKind::KeepPolicy | ExternalRefKind::Delete => None,
+        ExternalRefKind::AddRules | ExternalRefKind::Flush if builtin => None,
+        ExternalRefKind::AddRules | ExternalRefKind::Flush => {
+            Some(format!("chain '{}' does not exist", clipped(&e.chain)))
+        }
+        ExternalRefKind::Jump | ExternalRefKind::Goto => Some(format!(
+            "chain '{}' does not exist (in the text or the active revision)",
+            clipped(&e.chain)
+        )),
+        ExternalRefKind::ChangeRule => Some(format!(
+            "no such rule in chain '{}' (does a matching rule exist?)",
+            clipped(&e.chain)
+        )),
     }
 }
 
@@ -898,24 +1035,7 @@ fn merge_noflush(
             // The `-F` of a refill.
             continue;
         };
-        let builtin =
-            Hook::from_chain_name(&e.chain).is_some_and(|h| e.table.builtin_hooks().contains(&h));
-        let problem = match e.kind {
-            ExternalRefKind::KeepPolicy | ExternalRefKind::Delete => None,
-            ExternalRefKind::AddRules | ExternalRefKind::Flush if builtin => None,
-            ExternalRefKind::AddRules | ExternalRefKind::Flush => {
-                Some(format!("chain '{}' does not exist", clipped(&e.chain)))
-            }
-            ExternalRefKind::Jump | ExternalRefKind::Goto => Some(format!(
-                "chain '{}' does not exist (in the text or the active revision)",
-                clipped(&e.chain)
-            )),
-            ExternalRefKind::ChangeRule => Some(format!(
-                "no such rule in chain '{}' (does a matching rule exist?)",
-                clipped(&e.chain)
-            )),
-        };
-        if let Some(p) = problem {
+        if let Some(p) = external_problem(e) {
             let (field, prefix) = at(line, &e.location);
             violations.push(FieldViolation::new(field, format!("{prefix}{p}")));
         }
@@ -1312,18 +1432,42 @@ mod tests {
     /// The kube-proxy shape of base (KUBE-SERVICES jumping to per-service chains).
     const KUBE: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n:KUBE-SVC-B - [0:0]\n-A INPUT -j KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m udp --dport 53 -j KUBE-SVC-A\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\n-A KUBE-SVC-A -s 10.244.1.5/32 -j ACCEPT\n-A KUBE-SVC-B -s 10.244.2.7/32 -j ACCEPT\nCOMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -p udp -m udp --dport 123 -j NOTRACK\nCOMMIT\n";
 
+    /// `t` as noflush input on `base`, both ways: merged with the base's text
+    /// (`check_noflush`) and applied to the base's model (`check_onto`, as vallumd does when
+    /// the base is active), which must give the same result, locations included (the
+    /// model's are cleared, as the merge clears the base's).
     fn noflush(base: &str, t: &str) -> Result<Checked, Error> {
+        let checked = check("a", 0, &text(base, Family::Ipv4), &NoSets).unwrap();
+        let mut model = checked.ruleset;
+        restore::clear_locations(&mut model.tables);
         let base = Base {
-            content: check("a", 0, &text(base, Family::Ipv4), &NoSets)
-                .unwrap()
-                .content,
+            content: checked.content,
             label: "rulesets/a/revisions/1".into(),
+            model: None,
         };
-        let how = Restoring {
-            counters: false,
-            noflush: Some(base),
+        let run = |base: Base| {
+            let how = Restoring {
+                counters: false,
+                noflush: Some(base),
+            };
+            check_with("a", 0, &text(t, Family::Ipv4), &NoSets, None, &how, None)
         };
-        check_with("a", 0, &text(t, Family::Ipv4), &NoSets, None, &how, None)
+        let merged = run(base.clone());
+        let onto = run(Base {
+            model: Some(Arc::new(model)),
+            ..base
+        });
+        match (&merged, &onto) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(a.ruleset, b.ruleset, "{t}");
+                assert_eq!(a.content, b.content, "{t}");
+                assert_eq!(a.findings.len(), b.findings.len(), "{t}");
+                assert!(b.edited && !a.edited);
+            }
+            (Err(a), Err(b)) => assert_eq!(a.reason(), b.reason(), "{t}: {a} / {b}"),
+            (a, b) => panic!("{t}: merged {:?}, onto {:?}", a.is_ok(), b.is_ok()),
+        }
+        merged
     }
 
     /// A kube-proxy-style partial update (one service chain replaced, one rule appended to a
@@ -1392,6 +1536,7 @@ mod tests {
                 noflush: Some(Base {
                     content: base.clone(),
                     label: "b".into(),
+                    model: None,
                 }),
             };
             let c = check_with("a", 0, &text(t, family), &NoSets, None, &how, None).unwrap();

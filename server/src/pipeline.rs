@@ -144,6 +144,9 @@ struct Job {
     from: Origin,
     /// The ruleset does not exist yet: `--max-rulesets` is checked (after validation).
     creates: bool,
+    /// `model` was made from the active one by edits ([`Checked::edited`]): committed as
+    /// `Change::PutEdited`, which keeps the live counters of the rules it did not touch.
+    edited: bool,
 }
 
 /// Where a commit's model came from.
@@ -494,6 +497,7 @@ impl Pipeline {
                 etag: etag.map(str::to_string),
                 from: Origin::Stored,
                 creates: false,
+                edited: false,
             },
             audit,
         )
@@ -518,6 +522,7 @@ impl Pipeline {
         let new = new_revision(&checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
         let _w = self.write.lock().await;
+        let edited = checked.edited;
         let from = Origin::Request {
             findings: checked.findings,
             places: checked.places,
@@ -545,6 +550,7 @@ impl Pipeline {
                 etag: etag.map(str::to_string),
                 from,
                 creates,
+                edited,
             },
             audit,
         )
@@ -592,6 +598,7 @@ impl Pipeline {
                 etag: etag.map(str::to_string),
                 from: Origin::Stored,
                 creates: false,
+                edited: false,
             },
             audit,
         )
@@ -693,6 +700,7 @@ impl Pipeline {
                             etag: None,
                             from: Origin::Stored,
                             creates: false,
+                            edited: false,
                         },
                         &mut None,
                     )
@@ -789,6 +797,13 @@ impl Pipeline {
                 .remove(ruleset);
         }
         self.hooks.observer.on_active(ruleset, revision);
+    }
+
+    /// The model the engine runs for `ruleset` and the number of its revision, read together
+    /// from the one owner ([`Engine::revision_model`]): that revision's model. `None` when the
+    /// ruleset is not active.
+    pub fn active_model(&self, ruleset: &str) -> Option<(u64, Arc<Ruleset>)> {
+        self.engine.revision_model(ruleset)
     }
 
     /// The texts the last Apply of `ruleset` was parsed from and the model it gave, for
@@ -901,6 +916,7 @@ impl Pipeline {
             etag,
             mut from,
             creates,
+            edited,
         } = job;
         let priority = model.priority;
         // `--max-rulesets` for a new ruleset, refused after validation (a refusal of the text
@@ -917,9 +933,16 @@ impl Pipeline {
         // disk). Under the write lock, no set or other commit changes in between.
         let engine = self.engine.clone();
         let sets = self.sets.clone();
+        // Made from the active model by edits: untouched rules keep counting where they
+        // are (`Change::PutEdited`).
+        let change = if edited {
+            Change::PutEdited(model)
+        } else {
+            Change::Put(model)
+        };
         let (verdict, validated) = tokio::sync::oneshot::channel();
         let compiling = tokio::task::spawn_blocking(move || {
-            let v = match engine.validate_change(Change::Put(model), &*sets) {
+            let v = match engine.validate_change(change, &*sets) {
                 Ok(v) => v,
                 Err(e) => {
                     let _ = verdict.send(Err(e));

@@ -269,6 +269,7 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
         .zero_counters(with_token(
             pb::ZeroCountersRequest {
                 ruleset: "team-a-web".into(),
+                ..Default::default()
             },
             TEAM_A,
         ))

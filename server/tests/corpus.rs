@@ -955,6 +955,7 @@ fn corpus_packets_through_nfqueue() {
                 counters
                     .zero_counters(pb::ZeroCountersRequest {
                         ruleset: "corpus".into(),
+                        ..Default::default()
                     })
                     .await
                     .expect("zero");

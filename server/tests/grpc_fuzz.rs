@@ -518,6 +518,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 ruleset_name(r)
             },
+            ..Default::default()
         }),
         "TracePacket" => {
             let (frame, raw_ip) = if r.chance(400) {

@@ -586,6 +586,7 @@ async fn scenario(d: &Vallumd, b: &str) {
     counters
         .zero_counters(pb::ZeroCountersRequest {
             ruleset: "nfq".into(),
+            ..Default::default()
         })
         .await
         .expect("zero");
@@ -686,6 +687,7 @@ async fn scenario(d: &Vallumd, b: &str) {
     counters
         .zero_counters(pb::ZeroCountersRequest {
             ruleset: "nfq".into(),
+            ..Default::default()
         })
         .await
         .expect("zero");

@@ -232,6 +232,48 @@ impl Snapshot {
         }
     }
 
+    /// As [`Snapshot::zero_counters`] for ruleset `ruleset`, limited as `iptables [-t TABLE]
+    /// -Z [CHAIN [N]]`: the chains of `family`'s table `table` (every table when `None`), of
+    /// them chain `chain` only when given, and of it rule `rule` only (1-based; its policy
+    /// is kept then) when given. Chains of tables that are not enforced have no counters.
+    pub fn zero_counters_in(
+        &self,
+        ruleset: &str,
+        family: crate::model::Family,
+        table: Option<crate::model::TableKind>,
+        chain: Option<&str>,
+        rule: Option<u32>,
+    ) {
+        let zero = |slot: u32| {
+            let (p, b) = self.slot_total(slot as usize);
+            self.cells
+                .add_base(slot as usize, (p.wrapping_neg(), b.wrapping_neg()));
+        };
+        for c in self.chains.iter() {
+            if &*self.names[c.ruleset as usize] != ruleset
+                || c.family != family
+                || table.is_some_and(|t| t != c.table)
+                || chain.is_some_and(|n| *c.name != *n)
+            {
+                continue;
+            }
+            match rule {
+                Some(n) => {
+                    if let Some(&s) = (n as usize)
+                        .checked_sub(1)
+                        .and_then(|i| c.body.slots.get(i))
+                    {
+                        zero(s);
+                    }
+                }
+                None => {
+                    c.body.slots.iter().for_each(|&s| zero(s));
+                    zero(c.policy_slot);
+                }
+            }
+        }
+    }
+
     /// Sets the counters of the rulesets named to what their model says, as
     /// `iptables-restore --counters` loads them: every rule with [`crate::model::Rule::counters`]
     /// and every policy with non-zero [`crate::model::Chain::counters`] (a policy's `[0:0]`

@@ -45,6 +45,8 @@ pub(crate) enum Command<'t> {
     Flush,
     /// `-P CHAIN POLICY`.
     Policy(Tok<'t>),
+    /// `-E CHAIN NEW-NAME`: rename a user chain; the rules that jump or go to it follow.
+    Rename(Tok<'t>),
 }
 
 /// One parsed command line; its rule went into the caller's [`Rule`].
@@ -298,8 +300,9 @@ fn main_option(name: &str) -> Option<Main> {
         "-X" | "--delete-chain" => Main::Cmd('X'),
         "-F" | "--flush" => Main::Cmd('F'),
         "-P" | "--policy" => Main::Cmd('P'),
-        "-L" | "--list" | "-S" | "--list-rules" | "-Z" | "--zero" | "-E" | "--rename-chain"
-        | "-C" | "--check" | "-h" | "--help" | "-V" | "--version" => Main::Cmd('?'),
+        "-E" | "--rename-chain" => Main::Cmd('E'),
+        "-L" | "--list" | "-S" | "--list-rules" | "-Z" | "--zero" | "-C" | "--check" | "-h"
+        | "--help" | "-V" | "--version" => Main::Cmd('?'),
         "-t" | "--table" => Main::Table,
         "-s" | "--source" | "--src" => Main::Src,
         "-d" | "--destination" | "--dst" => Main::Dst,
@@ -736,7 +739,7 @@ fn parse_command<'t>(
     };
     let optional_chain = |args: &mut Args<'_, 't>| -> Option<Tok<'t>> { args.next_plain().ok() };
     let cmd = match c {
-        'A' | 'I' | 'D' | 'R' | 'N' | 'P' => {
+        'A' | 'I' | 'D' | 'R' | 'N' | 'P' | 'E' => {
             let ch = args.next()?;
             check_chain_name(&ch, ctx)?;
             *chain = Some(ch);
@@ -752,6 +755,11 @@ fn parse_command<'t>(
                     Err(_) => Command::Delete(None),
                 },
                 'R' => Command::Replace(number(&args.next_plain()?)?),
+                'E' => {
+                    let new = args.next_plain()?;
+                    check_chain_name(&new, ctx)?;
+                    Command::Rename(new)
+                }
                 _ => Command::Policy(args.next_plain()?),
             }
         }

@@ -175,6 +175,36 @@ impl Block {
         }
     }
 
+    /// Renames chain `i` to `new` (a name no chain has), with every rule of the table that
+    /// jumps or goes to it: as libiptc's `iptc_rename_chain`, references follow. Only the
+    /// rule chunks holding such a rule are copied.
+    fn rename_chain(&mut self, i: usize, new: &str) {
+        let old = std::mem::replace(&mut self.table.chains[i].name, new.to_string());
+        self.index.remove(&old);
+        self.index.insert(new.to_string(), i);
+        if self.external_content.remove(&old) {
+            self.external_content.insert(new.to_string());
+        }
+        let Some(n) = self.targeted.remove(&old) else {
+            return;
+        };
+        self.targeted.insert(new.to_string(), n);
+        for c in &mut self.table.chains {
+            let at: Vec<usize> = (c.rules.iter().enumerate())
+                .filter(|(_, r)| target_chain(r) == Some(old.as_str()))
+                .map(|(k, _)| k)
+                .collect();
+            for k in at {
+                if let Some(r) = c.rules.get_mut(k) {
+                    match &mut r.target {
+                        Target::Jump(t) | Target::Goto(t) => *t = new.to_string(),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
     fn is_builtin(&self, name: &str) -> bool {
         Hook::from_chain_name(name).is_some_and(|h| self.table.kind.builtin_hooks().contains(&h))
     }
@@ -268,7 +298,7 @@ pub(crate) fn parse_with(
     let lines: Vec<&str> = text.split('\n').collect();
     let n = lines.len();
     if threads <= 1 || n < READ_AHEAD_MIN_LINES || opts.set_exists.is_some() {
-        return parse_lines(&lines, opts, usize::MAX, Vec::new);
+        return parse_lines(&lines, opts, None, usize::MAX, Vec::new);
     }
     // The calling thread parses and carries out lines [0, m) itself while `threads - 1`
     // others read [m, n) ahead; it then carries those out. Carrying a line out costs about a
@@ -299,28 +329,64 @@ pub(crate) fn parse_with(
                 })
                 .collect()
         };
-        parse_lines(lines, opts, m, fetch)
+        parse_lines(lines, opts, None, m, fetch)
     })
+}
+
+/// `--noflush` input applied to `base`, the complete tables of the family as they are (see
+/// [`super::parse_onto`]).
+pub(crate) fn parse_onto(
+    base: &[Table],
+    text: &str,
+    opts: &ParseOptions<'_>,
+) -> Result<Restore, ParseErrors> {
+    let opts = ParseOptions {
+        noflush: true,
+        ..*opts
+    };
+    let base: Vec<Table> = base
+        .iter()
+        .filter(|t| t.family == opts.family)
+        .cloned()
+        .collect();
+    let order: Vec<TableKind> = base.iter().map(|t| t.kind).collect();
+    let lines: Vec<&str> = text.split('\n').collect();
+    let mut r = parse_lines(&lines, &opts, Some(base), usize::MAX, Vec::new)?;
+    // A table continued by a block moves to the end of `done`: back to the base's order, new
+    // tables after it in the order of their first block.
+    r.tables.sort_by_key(|t| {
+        order
+            .iter()
+            .position(|k| *k == t.kind)
+            .unwrap_or(usize::MAX)
+    });
+    Ok(r)
 }
 
 /// The sequential pass of [`parse_with`] over `lines` (the lines of the text); from line index
 /// `ahead_from` on, the lines read ahead by `fetch` (one entry per line, in parts) are carried out
 /// instead of parsed again.
+///
+/// With `base` (only with `opts.noflush`), the text continues those tables, whose content is
+/// known: a block of a base table starts from it with nothing external, and a table the base
+/// lacks starts empty with known (empty) builtin chains.
 fn parse_lines<'a>(
     lines: &[&'a str],
     opts: &ParseOptions<'_>,
+    base: Option<Vec<Table>>,
     ahead_from: usize,
     fetch: impl FnOnce() -> Vec<Vec<Ahead<'a>>>,
 ) -> Result<Restore, ParseErrors> {
     let mut fetch = Some(fetch);
     // One entry per line from `ahead_from` on, taken in line order.
     let mut ahead = Vec::new().into_iter().flatten();
+    let known = base.is_some();
     let mut st = State {
         opts,
         errors: Vec::new(),
         external: Vec::new(),
         warnings: Vec::new(),
-        done: Vec::new(),
+        done: base.unwrap_or_default(),
     };
     let mut cur: Option<Block> = None;
     // Inside a block whose `*table` line was bad: skip until COMMIT.
@@ -417,10 +483,14 @@ fn parse_lines<'a>(
             cur = Some(match prev {
                 Some(i) if opts.noflush => {
                     let table = st.done.remove(i);
-                    let external = Block::new(opts.family, kind, location, true).external_content;
+                    let external = if known {
+                        HashSet::new()
+                    } else {
+                        Block::new(opts.family, kind, location, true).external_content
+                    };
                     Block::with_table(table, external)
                 }
-                _ => Block::new(opts.family, kind, location, opts.noflush),
+                _ => Block::new(opts.family, kind, location, opts.noflush && !known),
             });
             continue;
         }

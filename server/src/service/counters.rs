@@ -12,6 +12,8 @@ use tonic::{Request, Response, Status};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::counter_service_server::CounterService;
 
+use vallum_engine::model::{Family, Hook, TableKind};
+
 use super::State;
 use crate::auth::{Grant, Op};
 use crate::error::{Error, Result};
@@ -49,6 +51,86 @@ impl CountersApi {
         }
         Ok(Some(name))
     }
+}
+
+/// What part of a ruleset a ZeroCounters request names: `None` for all of it (no table,
+/// chain or rule given), else the family, the table (`None`: every table of the family) and
+/// the chain.
+///
+/// Errors: INVALID_ARGUMENT at `table` for an unknown table name, at `rule` for a rule
+/// without a chain.
+type Scope = (Family, Option<TableKind>, Option<String>);
+
+fn scope(r: &pb::ZeroCountersRequest) -> Result<Option<Scope>> {
+    if r.table.is_empty() && r.chain.is_empty() && r.rule == 0 {
+        return Ok(None);
+    }
+    let family = if r.family == pb::Family::Ipv6 as i32 {
+        Family::Ipv6
+    } else {
+        Family::Ipv4
+    };
+    let table = match r.table.as_str() {
+        "" => None,
+        t => Some(TableKind::from_name(t).ok_or_else(|| {
+            Error::invalid(
+                "table",
+                format!("can't initialize iptables table `{t}': Table does not exist"),
+            )
+        })?),
+    };
+    if r.rule != 0 && r.chain.is_empty() {
+        return Err(Error::invalid("rule", "a rule number needs a chain"));
+    }
+    let chain = (!r.chain.is_empty()).then(|| r.chain.clone());
+    Ok(Some((family, table, chain)))
+}
+
+/// The chain (and rule) a scoped ZeroCounters names must exist in the active model of
+/// `ruleset`.
+///
+/// Errors: NOT_FOUND for a missing chain (iptables: "No chain/target/match by that name"),
+/// INVALID_ARGUMENT at `rule` past its end ("Index of counter too big").
+fn check_scope(
+    engine: &vallum_engine::engine::Engine,
+    ruleset: &str,
+    family: Family,
+    table: Option<TableKind>,
+    chain: Option<&str>,
+    rule: u32,
+) -> Result<()> {
+    let Some(chain) = chain else { return Ok(()) };
+    let model = engine.rulesets().remove(ruleset);
+    let found = model.as_ref().and_then(|m| {
+        m.tables
+            .iter()
+            .filter(|t| t.family == family && table.is_none_or(|k| k == t.kind))
+            .find_map(|t| t.chain(chain))
+    });
+    // A builtin chain of a table the revision lacks exists, empty, as in the kernel.
+    let builtin = Hook::from_chain_name(chain).is_some_and(|h| {
+        table
+            .unwrap_or(TableKind::Filter)
+            .builtin_hooks()
+            .contains(&h)
+    });
+    let rules = match found {
+        Some(c) => c.rules.len(),
+        None if builtin => 0,
+        None => {
+            return Err(Error::NotFound {
+                kind: "chain",
+                name: format!("rulesets/{ruleset}/chains/{chain}"),
+            });
+        }
+    };
+    if rule as usize > rules {
+        return Err(Error::invalid(
+            "rule",
+            format!("Index of counter too big: chain {chain} has {rules} rule(s)"),
+        ));
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -117,11 +199,17 @@ impl CounterService for CountersApi {
             Ok(()) => self.filter(&r.ruleset).await,
             Err(e) => Err(e),
         };
-        let result = result.map(|filter| {
-            self.state
-                .pipeline
-                .engine()
-                .zero_counters(filter.as_deref());
+        let result = result.and_then(|filter| {
+            let engine = self.state.pipeline.engine();
+            match (&filter, scope(&r)?) {
+                (Some(name), Some((family, table, chain))) => {
+                    check_scope(engine, name, family, table, chain.as_deref(), r.rule)?;
+                    let rule = (r.rule != 0).then_some(r.rule);
+                    engine.zero_counters_in(name, family, table, chain.as_deref(), rule);
+                }
+                _ => engine.zero_counters(filter.as_deref()),
+            }
+            Ok(())
         });
         self.state
             .audit(caller, "CounterService/ZeroCounters", &r, &result)

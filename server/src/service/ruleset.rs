@@ -27,11 +27,11 @@ use crate::hooks;
 /// edit is checked against the active revision and all of them make one revision.
 ///
 /// Errors: INVALID_ARGUMENT at `edits[i].args[0]` for a command other than
-/// -A/-I/-D/-R/-N/-X/-F/-P (their long forms too), at `edits[i].table` for an unknown
+/// -A/-I/-D/-R/-N/-X/-F/-P/-E (their long forms too), at `edits[i].table` for an unknown
 /// table, at `edits` when there is none.
 fn edits_source(edits: &[pb::RuleCommand]) -> Result<pb::RulesetSource> {
     const TABLES: [&str; 5] = ["filter", "nat", "mangle", "raw", "security"];
-    const COMMANDS: [&str; 16] = [
+    const COMMANDS: [&str; 18] = [
         "-A",
         "--append",
         "-I",
@@ -48,6 +48,8 @@ fn edits_source(edits: &[pb::RuleCommand]) -> Result<pb::RulesetSource> {
         "--flush",
         "-P",
         "--policy",
+        "-E",
+        "--rename-chain",
     ];
     if edits.is_empty() {
         return Err(Error::invalid("edits", "at least one edit is required"));
@@ -73,7 +75,7 @@ fn edits_source(edits: &[pb::RuleCommand]) -> Result<pb::RulesetSource> {
             return Err(Error::invalid(
                 format!("edits[{i}].args[0]"),
                 format!(
-                    "'{cmd}' is not an edit (one of -A -I -D -R -N -X -F -P; -C is a -D with validate_only)"
+                    "'{cmd}' is not an edit (one of -A -I -D -R -N -X -F -P -E; -C is a -D with validate_only)"
                 ),
             ));
         }
@@ -207,14 +209,24 @@ impl RulesetApi {
                     let rev = store.get_revision(name, n).await?.ok_or_else(|| {
                         Error::Internal(format!("active revision {n} of {name} is not stored"))
                     })?;
+                    // The engine's model of that revision, when it runs it: the text is then
+                    // applied to it (a one-rule edit costs one rule, not a parse of the base).
+                    let model = self
+                        .state
+                        .pipeline
+                        .active_model(name)
+                        .filter(|(m, _)| *m == n)
+                        .map(|(_, model)| model);
                     content::Base {
                         content: rev.content,
                         label: format!("rulesets/{name}/revisions/{n}"),
+                        model,
                     }
                 }
                 None => content::Base {
                     content: Content::default(),
                     label: format!("rulesets/{name} (no active revision)"),
+                    model: None,
                 },
             })
         } else {

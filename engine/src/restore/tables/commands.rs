@@ -1,5 +1,5 @@
 //! Carrying a command out on the table block being read, in order, as iptables-restore does:
-//! chain declarations (`:NAME POLICY [p:b]`), and `-A`/`-I`/`-R`/`-D`/`-F`/`-N`/`-X`/`-P`
+//! chain declarations (`:NAME POLICY [p:b]`), and `-A`/`-I`/`-R`/`-D`/`-F`/`-N`/`-X`/`-P`/`-E`
 //! with what depends on the table's state (chain existence, positions, `-D` matching, jump
 //! targets). Commit path (parsing); each command costs O(its own size), takes no lock and reads
 //! no clock.
@@ -310,6 +310,24 @@ pub(super) fn apply_line(
                 b.external_content.clear();
             }
         },
+        Command::Rename(new) => {
+            let Some(ch) = chain_tok else {
+                return Err(ctx.err(&command_token, K::NoCommand));
+            };
+            let Some(i) = b.chain_index(ch.text) else {
+                return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string())));
+            };
+            if b.table.chains[i].policy.is_some() {
+                return Err(ctx.err(&ch, K::UnexpectedLine("a builtin chain cannot be renamed")));
+            }
+            if b.chain_index(new.text).is_some()
+                || is_target_name(new.text)
+                || Hook::from_chain_name(new.text).is_some()
+            {
+                return Err(ctx.err(&new, K::ChainExists(new.text.to_string())));
+            }
+            b.rename_chain(i, new.text);
+        }
         Command::Policy(p) => {
             let Some(ch) = chain_tok else {
                 return Err(ctx.err(&command_token, K::NoCommand));
