@@ -63,6 +63,14 @@ pub struct TraceArgs {
     /// without it the packet has no link-layer source and no `-m mac` rule matches.
     #[arg(long, default_value = "")]
     pub mac_source: String,
+    /// For a bridged packet: the bridge port it came in on (`-m physdev --physdev-in`; `--in`
+    /// is then the bridge). Without it and `--physdev-out` the packet is not bridged.
+    #[arg(long, default_value = "")]
+    pub physdev_in: String,
+    /// For a bridged packet: the bridge port it goes out of (`--physdev-out`,
+    /// `--physdev-is-bridged`).
+    #[arg(long, default_value = "")]
+    pub physdev_out: String,
     /// ICMP type.
     #[arg(long, default_value_t = 0)]
     pub icmp_type: u32,
@@ -123,6 +131,8 @@ pub async fn trace(c: &mut Client, out: Output, t: &TraceArgs) -> Result<(), Cli
                 mark: t.mark,
                 ct_state: t.ct_state.to_ascii_uppercase(),
                 source_mac: t.mac_source.clone(),
+                physdev_in: t.physdev_in.clone(),
+                physdev_out: t.physdev_out.clone(),
             }),
             revision,
             frame: Vec::new(),

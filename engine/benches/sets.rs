@@ -2,10 +2,12 @@
 //!
 //! Cases:
 //! - `bulk_add/hash_ip/1M`: one `SetManager::add` of 1,000,000 distinct IPv4 hosts into an
-//!   empty `hash:ip` set (elements built beforehand; one copy-on-write publication).
+//!   empty `hash:ip` set (elements built beforehand; one publication: staged, applied to the
+//!   standby copy, flipped, replayed on the other copy).
 //! - `lookup/<variant>`: one thread tests 1,024 packets (half hits) against a 10,000-element
-//!   `hash:ip` set; throughput in lookups/s. Variants, in the same run:
-//!   - `sethandle/no_writer`: `IpSet::contains` on a `SetHandle` (arc-swap load + Fx probe);
+//!   `hash:ip` set, in one dataplane batch; throughput in lookups/s. Variants, same run:
+//!   - `sethandle/no_writer`: `SetHandle::lookup` inside a batch of the dataplane the manager
+//!     was built for (one pointer load + packed Fx probe);
 //!   - `sethandle/writer_10k_per_s`: the same while another thread adds 50 and deletes 50
 //!     elements every 10 ms (10k element changes/s, one `SetManager::update` publication
 //!     per batch);
@@ -15,7 +17,8 @@
 //! - `readers/<type>/<size>/<variant>/<writer>/<N>r` (issue #19 item 1, what the ipset seed
 //!   measured): N reader threads at once (`VALLUM_SET_READERS`, a comma list, default `1,2`;
 //!   up to 16 on a bigger machine), each classifying 1,024 packets (half hits) through
-//!   `-A FORWARD -m set --match-set s ... -j DROP` with `Snapshot::classify` on its own core.
+//!   `-A FORWARD -m set --match-set s ... -j DROP` with `Snapshot::classify`, in one
+//!   `Dataplane` batch on its own core (the manager built for that dataplane).
 //!   Types: `hash_ip` (src), `hash_net` (src; /24 and /16 networks), `hash_ip_port`
 //!   (src,dst; tcp). Sizes 10k and 1M elements. Variants: `sethandle` (the `SetManager`'s
 //!   handle) and, for `hash_ip`, `rwlock` (an `IpSet` that read-locks a
@@ -39,6 +42,7 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use rustc_hash::FxBuildHasher;
 use vallum_engine::compile::{LogEvent, Snapshot, Verdict};
+use vallum_engine::dataplane::{BarrierStrategy, Dataplane};
 use vallum_engine::model::{Family, Hook, SetDir};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
@@ -121,12 +125,30 @@ fn writer(
     })
 }
 
+struct WallClock(Instant);
+
+impl vallum_engine::Clock for WallClock {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+fn dataplane<S>(initial: S, cores: usize) -> Dataplane<S> {
+    Dataplane::new(
+        initial,
+        cores,
+        BarrierStrategy::SeqCst,
+        Arc::new(WallClock(Instant::now())),
+    )
+}
+
 fn lookup(c: &mut Criterion) {
     let pkts = packets();
     let mut g = c.benchmark_group("lookup");
     g.throughput(Throughput::Elements(pkts.len() as u64));
 
-    let m = Arc::new(SetManager::new());
+    let dp = dataplane((), 1);
+    let m = Arc::new(SetManager::for_dataplane(Arc::clone(dp.quiescence())));
     m.create("s", spec(1_000_000)).unwrap();
     m.add(
         "s",
@@ -136,14 +158,17 @@ fn lookup(c: &mut Criterion) {
     .unwrap();
     let set = m.handle("s").unwrap();
     let dirs = [SetDir::Src];
+    let core0 = std::cell::RefCell::new(dp.worker(0).unwrap());
     let run_handle = |b: &mut criterion::Bencher<'_>| {
         b.iter(|| {
-            let mut hits = 0u32;
-            for p in &pkts {
-                hits += u32::from(set.contains(black_box(p), &dirs, 0));
-            }
-            assert_eq!(hits, 512);
-            hits
+            core0.borrow_mut().batch(|_, _| {
+                let mut hits = 0u32;
+                for p in &pkts {
+                    hits += u32::from(set.lookup(black_box(p), &dirs, 0));
+                }
+                assert_eq!(hits, 512);
+                hits
+            })
         })
     };
     g.bench_function("sethandle/no_writer", run_handle);
@@ -164,13 +189,15 @@ fn lookup(c: &mut Criterion) {
         Arc::new(RwLock::new((0..SET_SIZE).map(host).collect()));
     let run_rw = |b: &mut criterion::Bencher<'_>| {
         b.iter(|| {
-            let mut hits = 0u32;
-            for p in &pkts {
-                let p = black_box(p);
-                hits += u32::from(rw.read().unwrap().contains(&p.src));
-            }
-            assert_eq!(hits, 512);
-            hits
+            core0.borrow_mut().batch(|_, _| {
+                let mut hits = 0u32;
+                for p in &pkts {
+                    let p = black_box(p);
+                    hits += u32::from(rw.read().unwrap().contains(&p.src));
+                }
+                assert_eq!(hits, 512);
+                hits
+            })
         })
     };
     g.bench_function("rwlock_hashset/no_writer", run_rw);
@@ -290,34 +317,40 @@ fn readers_list() -> Vec<usize> {
         .unwrap_or_else(|| vec![1, 2])
 }
 
-fn snapshot(registry: &dyn SetRegistry, kind: Kind, cores: usize) -> Snapshot {
+/// A dataplane running the one-rule ruleset compiled against `registry`.
+fn snapshot(registry: &dyn SetRegistry, kind: Kind, dp: &Dataplane<Snapshot>) {
     let text = format!(
         "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -m set --match-set s {} -j DROP\nCOMMIT\n",
         kind.flags()
     );
     let rs = parse_ruleset("bench", &text, &ParseOptions::default()).unwrap();
-    Snapshot::compile(&[Arc::new(rs)], registry, cores).unwrap()
+    let snap = Snapshot::compile(&[Arc::new(rs)], registry, dp.cores()).unwrap();
+    drop(dp.commit(Box::new(snap)));
 }
 
-/// Runs `iters` batches on each of `n` threads at once; the wall time from a common start.
-fn run_readers(snap: &Snapshot, pkts: &[PacketMeta], n: usize, iters: u64) -> Duration {
+/// Runs `iters` batches on each of `n` threads (cores) at once; the wall time from a common
+/// start.
+fn run_readers(dp: &Dataplane<Snapshot>, pkts: &[PacketMeta], n: usize, iters: u64) -> Duration {
     let barrier = Barrier::new(n + 1);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|core| {
                 let barrier = &barrier;
                 s.spawn(move || {
+                    let mut w = dp.worker(core).unwrap();
                     let mut logs: Vec<LogEvent> = Vec::new();
                     barrier.wait();
                     for _ in 0..iters {
-                        let mut drops = 0u32;
-                        for p in pkts {
-                            let mut p = *black_box(p);
-                            drops += u32::from(
-                                snap.classify(core, &mut p, 0, &mut logs) == Verdict::Drop,
-                            );
-                        }
-                        assert_eq!(drops as usize, pkts.len() / 2);
+                        w.batch(|snap, _| {
+                            let mut drops = 0u32;
+                            for p in pkts {
+                                let mut p = *black_box(p);
+                                drops += u32::from(
+                                    snap.classify(core, &mut p, 0, &mut logs) == Verdict::Drop,
+                                );
+                            }
+                            assert_eq!(drops as usize, pkts.len() / 2);
+                        });
                     }
                 })
             })
@@ -343,7 +376,8 @@ fn readers(c: &mut Criterion) {
             let pkts: Vec<PacketMeta> = (0..1024u32)
                 .map(|i| kind.packet((i * 7919) % size, i % 2 == 0, size))
                 .collect();
-            let m = Arc::new(SetManager::new());
+            let dp = dataplane(Snapshot::empty(cores), cores);
+            let m = Arc::new(SetManager::for_dataplane(Arc::clone(dp.quiescence())));
             let sspec = SetSpec {
                 maxelem: 4_000_000,
                 ..SetSpec::new(kind.set_type(), Family::Ipv4)
@@ -355,13 +389,15 @@ fn readers(c: &mut Criterion) {
                 0,
             )
             .unwrap();
-            let snap = snapshot(&*m, kind, cores);
+            snapshot(&*m, kind, &dp);
             let rw = (kind == Kind::Ip).then(|| {
                 let set: Arc<RwLock<HashSet<IpAddr, FxBuildHasher>>> =
                     Arc::new(RwLock::new((0..size).map(host).collect()));
                 let mut reg: BTreeMap<String, Arc<dyn IpSet>> = BTreeMap::new();
                 reg.insert("s".into(), Arc::new(RwSet(Arc::clone(&set))));
-                (set, snapshot(&reg, kind, cores))
+                let rdp = dataplane(Snapshot::empty(cores), cores);
+                snapshot(&reg, kind, &rdp);
+                (set, rdp)
             });
             for with_writer in [false, true] {
                 let wname = if with_writer {
@@ -419,11 +455,11 @@ fn readers(c: &mut Criterion) {
                     g.throughput(Throughput::Elements((pkts.len() * n) as u64));
                     let id = |v: &str| format!("{}/{}/{v}/{wname}/{n}r", kind.name(), size);
                     g.bench_function(id("sethandle"), |b| {
-                        b.iter_custom(|iters| run_readers(&snap, &pkts, n, iters))
+                        b.iter_custom(|iters| run_readers(&dp, &pkts, n, iters))
                     });
-                    if let Some((_, rsnap)) = &rw {
+                    if let Some((_, rdp)) = &rw {
                         g.bench_function(id("rwlock"), |b| {
-                            b.iter_custom(|iters| run_readers(rsnap, &pkts, n, iters))
+                            b.iter_custom(|iters| run_readers(rdp, &pkts, n, iters))
                         });
                     }
                 }

@@ -97,7 +97,7 @@ use crate::model::{
 };
 use crate::node_addrs::{AddrFacts, NodeAddrs};
 use crate::packet::{IfName, PacketMeta};
-use crate::sets::IpSet;
+use crate::sets::SetRef;
 use crate::validate::RuleDiffs;
 
 mod build;
@@ -417,6 +417,16 @@ impl Clone for CRule {
     }
 }
 
+/// `-m physdev` with its name patterns compiled (see [`crate::model::PhysdevMatch`]).
+#[derive(Debug, Clone, Copy)]
+struct CPhysdev {
+    physdev_in: Option<(bool, IfacePattern)>,
+    physdev_out: Option<(bool, IfacePattern)>,
+    is_in: Option<bool>,
+    is_out: Option<bool>,
+    is_bridged: Option<bool>,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct IfacePattern {
     name: IfName,
@@ -500,7 +510,7 @@ enum CMatch {
     Iprange(Box<IprangeMatch>),
     Set {
         negated: bool,
-        set: Arc<dyn IpSet>,
+        set: SetRef,
         dirs: Box<[SetDir]>,
     },
     Mark {
@@ -516,6 +526,8 @@ enum CMatch {
     },
     /// `-m owner`.
     Owner(OwnerMatch),
+    /// `-m physdev`.
+    Physdev(Box<CPhysdev>),
     /// A match that never holds: `-m connmark` in the raw table, where the packet has no
     /// conntrack entry yet (connmark_mt returns false without one, negated or not).
     Never,
@@ -548,6 +560,19 @@ enum CMatch {
     Ipv6Header(Ipv6HeaderMatch),
     /// `-m addrtype` (boxed: it holds a handle).
     AddrType(Box<CAddrType>),
+    /// `-m rpfilter`: [`crate::fib::rpfilter_flags`] and the node's handle, whose routing
+    /// view it reads.
+    Rpfilter {
+        flags: u8,
+        addrs: Arc<NodeAddrs>,
+    },
+    /// `-m pkttype`, with the node's addresses (for the local table's broadcast entries;
+    /// `None`: only `255.255.255.255` is a broadcast).
+    PktType {
+        negated: bool,
+        kind: crate::model::PktType,
+        addrs: Option<Arc<NodeAddrs>>,
+    },
     /// `-m recent` (boxed: it holds its list).
     Recent(Box<CRecent>),
     /// `-m hashlimit` with a packet rate (boxed: it holds its table).
@@ -594,6 +619,28 @@ fn addrtype_matches(a: &CAddrType, p: &PacketMeta) -> bool {
         .is_none_or(|(neg, mask)| facts.matches(p.src, dev, mask) != neg)
         && a.dst
             .is_none_or(|(neg, mask)| facts.matches(p.dst, dev, mask) != neg)
+}
+
+/// `-m rpfilter` as rpfilter_mt: the node's routing view decides; with none (never after
+/// validation) no route is found, so only `--invert` matches.
+fn rpfilter_matches(flags: u8, addrs: &NodeAddrs, p: &PacketMeta) -> bool {
+    match addrs.load_routes().as_deref() {
+        Some(fib) => fib.rpfilter(p, flags),
+        None => flags & crate::fib::rpfilter_flags::INVERT != 0,
+    }
+}
+
+/// `-m pkttype` as pkttype_mt, with the class derived from the packet's addresses
+/// ([`AddrFacts::pkt_class`]).
+fn pkttype_matches(
+    negated: bool,
+    kind: crate::model::PktType,
+    addrs: Option<&NodeAddrs>,
+    p: &PacketMeta,
+) -> bool {
+    let guard = addrs.map(|n| n.load());
+    let facts: &AddrFacts = guard.as_deref().map_or(&NO_ADDRS, |f| f);
+    (facts.pkt_class(p) == kind) != negated
 }
 
 /// `-m limit` as a generic cell rate algorithm over one atomic: `tat` is the theoretical
@@ -663,7 +710,11 @@ enum CTarget {
     Goto(u32),
     /// `-j LOG` and `-j NFLOG`, boxed to keep the target (and so every rule) 8 bytes smaller.
     Log(Box<LogSpec>),
+    /// `-j NOTRACK`, `-j CT --notrack`: UNTRACKED, unless a CT template came first.
     Notrack,
+    /// `-j CT` without `--notrack`: the packet's conntrack zone, unless a CT or NOTRACK
+    /// rule came first (xt_ct_target).
+    Ct(crate::model::CtZoneSpec),
     /// `-j MARK`: `mark = (mark & !mask) ^ value`.
     Mark(MarkValue),
     /// `-j CONNMARK` outside the raw table (in raw it compiles to `Continue`: no entry yet).

@@ -65,7 +65,7 @@
 
 use std::ptr;
 
-use crate::model::ct_state;
+use crate::model::{CtZone, ct_state};
 use crate::packet::PacketMeta;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, Ordering, spin_loop};
 
@@ -213,6 +213,8 @@ pub struct ConnView {
     pub original: Tuple,
     /// The tuple replies carry.
     pub reply: Tuple,
+    /// The zone (`-j CT --zone`; the default zone 0 when none).
+    pub zone: CtZone,
     /// The TCP state (`None` for other protocols).
     pub tcp_state: Option<TcpState>,
     /// Whether a reply-direction packet was seen.
@@ -392,7 +394,7 @@ impl Conntrack {
         } else if pkt.fragment || !matches!(Tuple::from_packet(pkt).1, Some(IcmpKind::Error)) {
             CtVerdict::Invalid
         } else {
-            self.related(Some(inner), now)
+            self.related(Some(inner), zone_of(pkt), now)
         };
         pkt.ct_state = match v {
             CtVerdict::Related => ct_state::RELATED,
@@ -433,7 +435,7 @@ impl Conntrack {
         match icmp {
             Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
             Some(IcmpKind::Error) => {
-                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), now);
+                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), zone_of(pkt), now);
                 pkt.ct_mark = mark;
                 return v;
             }
@@ -441,7 +443,7 @@ impl Conntrack {
             _ => {}
         }
         let guard = reclaim::pin();
-        match self.find(&t, t.hash(), &guard) {
+        match self.lookup(&t, zone_of(pkt), &guard) {
             Some((conn, dir)) if conn.timeout.load(Ordering::Relaxed) > now => {
                 match transition(conn.status.load(Ordering::Relaxed), dir, pkt) {
                     Some((new, reopened)) => {
@@ -459,17 +461,17 @@ impl Conntrack {
 
     /// RELATED when `inner` (an ICMP error's embedded header) is either tuple of an entry live
     /// at `now`, INVALID otherwise (also when there is no embedded header).
-    fn related(&self, inner: Option<&Tuple>, now: u64) -> CtVerdict {
-        self.related_mark(inner, now).0
+    fn related(&self, inner: Option<&Tuple>, zone: CtZone, now: u64) -> CtVerdict {
+        self.related_mark(inner, zone, now).0
     }
 
     /// [`Conntrack::related`] and the mark of the entry the error belongs to (0 when none).
-    fn related_mark(&self, inner: Option<&Tuple>, now: u64) -> (CtVerdict, u32) {
+    fn related_mark(&self, inner: Option<&Tuple>, zone: CtZone, now: u64) -> (CtVerdict, u32) {
         let Some(inner) = inner else {
             return (CtVerdict::Invalid, 0);
         };
         let guard = reclaim::pin();
-        match self.find(inner, inner.hash(), &guard) {
+        match self.lookup(inner, zone, &guard) {
             Some((conn, _)) if conn.timeout.load(Ordering::Relaxed) > now => {
                 (CtVerdict::Related, conn.mark.load(Ordering::Relaxed) as u32)
             }
@@ -488,7 +490,7 @@ impl Conntrack {
             _ => t,
         };
         let guard = reclaim::pin();
-        match self.find(&t, t.hash(), &guard) {
+        match self.lookup(&t, zone_of(pkt), &guard) {
             Some((conn, _)) => {
                 conn.mark.store(u64::from(mark), Ordering::Relaxed);
                 true
@@ -512,7 +514,7 @@ impl Conntrack {
         match icmp {
             Some(IcmpKind::Untracked) => return (CtVerdict::Untracked, None),
             Some(IcmpKind::Error) => {
-                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), now);
+                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), zone_of(pkt), now);
                 pkt.ct_mark = mark;
                 return (v, None);
             }
@@ -523,9 +525,9 @@ impl Conntrack {
         // Rounds: an expired entry found is deleted and the lookup repeats; otherwise the
         // packet opens an unconfirmed entry. A fourth round needs other threads to keep
         // re-creating and expiring this very tuple; it counts INVALID.
-        let hash = t.hash();
+        let zone = zone_of(pkt);
         for _ in 0..4 {
-            if let Some((conn, dir)) = self.find(&t, hash, &guard) {
+            if let Some((conn, dir)) = self.lookup(&t, zone, &guard) {
                 if conn.timeout.load(Ordering::Relaxed) <= now {
                     self.delete_conn(conn, &guard);
                     continue;
@@ -548,9 +550,10 @@ impl Conntrack {
                 _ => 0,
             };
             let reply = t.reply();
-            let hashes = [hash, reply.hash()];
+            let hashes = [t.hash_in(zone.id(0)), reply.hash_in(zone.id(1))];
             let new = Box::new(Conn {
                 tuple: [t, reply],
+                zone,
                 next: [
                     AtomicPtr::new(ptr::null_mut()),
                     AtomicPtr::new(ptr::null_mut()),
@@ -596,16 +599,35 @@ impl Conntrack {
         self.generation.load(Ordering::Relaxed) != generation
     }
 
-    /// The live entry holding `t` (whose hash is `hash`), and which of its tuples matched.
+    /// The live entry holding `t` in `zone`, and which of its tuples matched, as
+    /// `nf_conntrack_find_get`: looked up with the zone's original-direction id, then, when
+    /// it differs, with its reply-direction id.
+    fn lookup<'g>(
+        &self,
+        t: &Tuple,
+        zone: CtZone,
+        guard: &'g reclaim::Guard,
+    ) -> Option<(&'g Conn, usize)> {
+        let (orig, reply) = (zone.id(0), zone.id(1));
+        self.find(t, zone, t.hash_in(orig), guard).or_else(|| {
+            (reply != orig)
+                .then(|| self.find(t, zone, t.hash_in(reply), guard))
+                .flatten()
+        })
+    }
+
+    /// The live entry holding `t` in `zone` in the chain of `hash`, and which of its tuples
+    /// matched.
     fn find<'g>(
         &self,
         t: &Tuple,
+        zone: CtZone,
         hash: u64,
         guard: &'g reclaim::Guard,
     ) -> Option<(&'g Conn, usize)> {
         loop {
             let (generation, table) = self.begin(guard);
-            if let Some(hit) = table.find(t, hash, guard) {
+            if let Some(hit) = table.find(t, zone, hash, guard) {
                 return Some(hit);
             }
             if !self.resized_since(generation) {
@@ -675,7 +697,7 @@ impl Conntrack {
         // Clash: another thread inserted either tuple since our lookup (both directions:
         // a simultaneous packet of the other direction may have opened the same flow).
         for (d, (t, &h)) in new.tuple.iter().zip(&hashes).enumerate() {
-            if let Some((conn, dir)) = table.find(t, h, guard) {
+            if let Some((conn, dir)) = table.find(t, new.zone, h, guard) {
                 self.entries.0.fetch_sub(1, Ordering::Relaxed);
                 return Insert::Clash(conn, dir ^ d);
             }
@@ -718,8 +740,7 @@ impl Conntrack {
 
     /// Deletes `conn` unless another thread already did; whether this call deleted it.
     fn delete_conn(&self, conn: &Conn, guard: &reclaim::Guard) -> bool {
-        let (_locks, table, b) =
-            self.lock_buckets([conn.tuple[0].hash(), conn.tuple[1].hash()], guard);
+        let (_locks, table, b) = self.lock_buckets([conn.hash(0), conn.hash(1)], guard);
         // Relaxed load: `dying` is only written under these locks, which we hold.
         if conn.dying.load(Ordering::Relaxed) {
             return false;
@@ -741,6 +762,11 @@ enum Insert<'g> {
     Done,
     Clash(&'g Conn, usize),
     Full,
+}
+
+/// The zone a packet is tracked in: its CT template's, else the default zone.
+fn zone_of(pkt: &PacketMeta) -> CtZone {
+    pkt.ct_zone.unwrap_or_default()
 }
 
 /// The timeout (ns) of an entry of `protocol` with status word `status`.

@@ -86,6 +86,7 @@
 
 mod barrier;
 mod histogram;
+pub(crate) mod left_right;
 mod quiesce;
 
 use std::cell::Cell;
@@ -94,10 +95,10 @@ use std::sync::Arc;
 
 pub use barrier::{BarrierError, BarrierStrategy};
 pub use histogram::Histogram;
-pub use quiesce::Backoff;
+pub use quiesce::{Backoff, Grace};
 
 use crate::Clock;
-use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, Ordering, stat};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, Ordering, stat, thread_local};
 use histogram::CoreHistogram;
 
 /// One batch in this many (per core) is timed for the barrier-cost histogram (a power of two).
@@ -174,6 +175,98 @@ struct Core {
     barrier_cost: CoreHistogram,
 }
 
+/// The per-core generation counters of a [`Dataplane`] and its barrier strategy, shared (in an
+/// `Arc`) with whoever else publishes data that batches read and must retire it only when no
+/// batch can still hold it: the contents of sets ([`crate::sets`], through
+/// [`left_right::LeftRight`]). Such a publisher runs the committer's half of the protocol (module
+/// docs) on its own pointer: store the new pointer, then [`Quiescence::start`] (writer barrier and
+/// one look at every core), and free or reuse the old data only after [`Quiescence::wait`] on
+/// that [`Grace`]. Readers need nothing but the batch they already run: a load of such a pointer
+/// anywhere inside [`Worker::batch`] is ordered after the batch's odd generation store and
+/// barrier exactly as the load of the snapshot is (Claim A holds for any load after the
+/// barrier), and the batch's even store releases it (Claim B).
+///
+/// [`Quiescence::in_batch`] tells a reader whether the calling thread is inside a batch of this
+/// dataplane; a reader outside one (a trace, a test calling a set directly) must protect itself
+/// another way.
+pub struct Quiescence {
+    cores: Box<[Core]>,
+    /// The effective strategy (after a possible fallback).
+    strategy: BarrierStrategy,
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    /// The [`Quiescence`] (its address) whose batch the calling thread is inside, 0 outside
+    /// every batch. Set by [`Worker::batch`] around the closure, restored after it (nested
+    /// batches of another dataplane keep the outer one's value for after they end). Only this
+    /// thread reads it: no ordering.
+    static IN_BATCH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+// Loom's `thread_local!` (one per model thread) takes no `const` initializer.
+#[cfg(loom)]
+thread_local! {
+    static IN_BATCH: std::cell::Cell<usize> = std::cell::Cell::new(0);
+}
+
+impl Quiescence {
+    /// An identifier of this quiescence domain, never 0 (its address).
+    pub(crate) fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
+    /// Whether the calling thread is inside a [`Worker::batch`] of the dataplane these
+    /// generations belong to (so its core's generation is odd and the reader barrier ran).
+    #[inline]
+    pub fn in_batch(&self) -> bool {
+        in_batch_of(self.id())
+    }
+
+    /// The writer's half after publishing a new pointer: the writer barrier (a `fence(SeqCst)`,
+    /// with membarrier first for that strategy), then one Acquire read of every core's
+    /// generation. The returned [`Grace`] lists the cores that were inside a batch; such a core
+    /// may still hold the old pointer until it moves on. Cost: the barrier plus one load per core.
+    pub fn start(&self) -> Grace {
+        // Claim A (module docs): the barrier orders our pointer store before the loads below.
+        barrier::writer_barrier(self.strategy);
+        Grace::look(self.cores.iter().map(|c| &c.generation))
+    }
+
+    /// Waits until every core `grace` lists has moved past the batch it was in (at most the
+    /// rest of one batch per core; returns at once when they already have). After this, no
+    /// batch can hold the pointer that was replaced before [`Quiescence::start`], and its
+    /// readers' accesses happen-before our return (Claim B).
+    pub fn wait(&self, grace: &Grace, backoff: &Backoff) {
+        for &(core, seen) in grace.busy() {
+            if let Some(c) = self.cores.get(core) {
+                quiesce::wait_moved(&c.generation, seen, backoff);
+            }
+        }
+    }
+
+    /// The number of cores.
+    pub fn cores(&self) -> usize {
+        self.cores.len()
+    }
+}
+
+impl std::fmt::Debug for Quiescence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Quiescence")
+            .field("cores", &self.cores.len())
+            .field("barrier", &self.strategy)
+            .finish()
+    }
+}
+
+/// Whether the calling thread is inside a batch of the quiescence domain `id`
+/// ([`Quiescence::id`]); `false` for any id when outside every batch.
+#[inline]
+pub(crate) fn in_batch_of(id: usize) -> bool {
+    IN_BATCH.with(|c| c.get()) == id
+}
+
 /// The published snapshot and the per-core generation counters of the commit protocol (see the
 /// [module docs](self)).
 ///
@@ -183,8 +276,10 @@ struct Core {
 pub struct Dataplane<S> {
     /// The active snapshot, from `Box::into_raw`; never null while the dataplane lives.
     active: AtomicPtr<S>,
-    cores: Box<[Core]>,
-    /// The effective strategy (after a possible fallback).
+    /// The cores and the effective barrier strategy (after a possible fallback), shared with
+    /// other publishers that retire what batches read ([`Quiescence`]).
+    quiescence: Arc<Quiescence>,
+    /// The effective strategy (a copy of the quiescence's, read by every worker).
     strategy: BarrierStrategy,
     requested: BarrierStrategy,
     fallback: Option<(BarrierError, String)>,
@@ -266,7 +361,7 @@ impl<S> Dataplane<S> {
             .collect();
         Dataplane {
             active: AtomicPtr::new(Box::into_raw(Box::new(initial))),
-            cores,
+            quiescence: Arc::new(Quiescence { cores, strategy }),
             strategy,
             requested,
             fallback,
@@ -295,9 +390,9 @@ impl<S> Dataplane<S> {
     /// [`DataplaneError::CoreOutOfRange`] when `core >= self.cores()`;
     /// [`DataplaneError::CoreClaimed`] when another `Worker` holds it.
     pub fn worker(&self, core: usize) -> Result<Worker<'_, S>, DataplaneError> {
-        let slot = self.cores.get(core).ok_or(DataplaneError::CoreOutOfRange {
+        let slot = (self.quiescence.cores.get(core)).ok_or(DataplaneError::CoreOutOfRange {
             core,
-            cores: self.cores.len(),
+            cores: self.cores(),
         })?;
         // Acquire pairs with the Release in `Worker::drop`: a new worker of this core sees the
         // previous worker's last counter stores, so its shadow copies below are current.
@@ -317,6 +412,7 @@ impl<S> Dataplane<S> {
             generation: slot.generation.load(Ordering::Relaxed),
             batches: slot.batches.load(stat::Ordering::Relaxed),
             packets: slot.packets.load(stat::Ordering::Relaxed),
+            outer: 0,
         })
     }
 
@@ -345,7 +441,7 @@ impl<S> Dataplane<S> {
         let old = self.active.swap(Box::into_raw(new), Ordering::AcqRel);
         // Full barrier between the swap and the generation loads (Claim A in the module docs).
         barrier::writer_barrier(self.strategy);
-        let busy = quiesce::look(self.cores.iter().map(|c| &c.generation));
+        let busy = quiesce::look(self.quiescence.cores.iter().map(|c| &c.generation));
         let t1 = self.clock.now_ns();
         quiesce::wait_all(&busy, &self.backoff);
         let t2 = self.clock.now_ns();
@@ -389,7 +485,13 @@ impl<S> Dataplane<S> {
 
     /// The number of cores.
     pub fn cores(&self) -> usize {
-        self.cores.len()
+        self.quiescence.cores.len()
+    }
+
+    /// The cores' generations, shared: publishers of other data that batches read (the
+    /// contents of sets, [`crate::sets`]) retire it through them, as commits retire snapshots.
+    pub fn quiescence(&self) -> &Arc<Quiescence> {
+        &self.quiescence
     }
 
     /// The barrier strategy in effect (differs from the requested one after a fallback).
@@ -415,24 +517,21 @@ impl<S> Dataplane<S> {
     /// Each core's generation (odd: inside a batch), for the `vallum_core_generation` gauge.
     pub fn generations(&self) -> Vec<u64> {
         // Relaxed: a gauge reading; orders nothing.
-        self.cores
-            .iter()
+        (self.quiescence.cores.iter())
             .map(|c| c.generation.load(Ordering::Relaxed))
             .collect()
     }
 
     /// Each core's packet count (as reported with [`CoreBatch::add_packets`]).
     pub fn packets(&self) -> Vec<u64> {
-        self.cores
-            .iter()
+        (self.quiescence.cores.iter())
             .map(|c| c.packets.load(stat::Ordering::Relaxed))
             .collect()
     }
 
     /// Each core's number of completed batches.
     pub fn batches(&self) -> Vec<u64> {
-        self.cores
-            .iter()
+        (self.quiescence.cores.iter())
             .map(|c| c.batches.load(stat::Ordering::Relaxed))
             .collect()
     }
@@ -447,7 +546,7 @@ impl<S> Dataplane<S> {
     /// precise figure.
     pub fn barrier_histogram(&self) -> Histogram {
         let mut h = Histogram::new();
-        for c in self.cores.iter() {
+        for c in self.quiescence.cores.iter() {
             c.barrier_cost.add_to(&mut h);
         }
         h
@@ -469,7 +568,7 @@ impl<S> Drop for Dataplane<S> {
 impl<S> std::fmt::Debug for Dataplane<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dataplane")
-            .field("cores", &self.cores.len())
+            .field("cores", &self.cores())
             .field("barrier", &self.strategy)
             .field("fallback_reason", &self.fallback_reason())
             .field("generations", &self.generations())
@@ -493,6 +592,8 @@ pub struct Worker<'a, S> {
     generation: u64,
     batches: u64,
     packets: u64,
+    /// The thread's [`IN_BATCH`] value before the current batch (restored at its end).
+    outer: usize,
 }
 
 impl<S> Worker<'_, S> {
@@ -570,6 +671,10 @@ impl<S> Worker<'_, S> {
             .store(self.generation, Ordering::Release);
         // Orders the store above before the load below (Claim A).
         barrier::reader_barrier(self.strategy);
+        // Thread-local, read by this thread only: set readers inside the batch know they are
+        // covered by our odd generation (see `Quiescence`).
+        let id = self.dp.quiescence.id();
+        self.outer = IN_BATCH.with(|c| c.replace(id));
         // Acquire: pairs with the Release half of the commit's swap, so the snapshot's contents
         // are visible.
         self.dp.active.load(Ordering::Acquire)
@@ -578,6 +683,7 @@ impl<S> Worker<'_, S> {
     /// Step 4: even generation; publishes the batch's counts.
     #[inline(always)]
     fn end(&mut self, packets: u64) {
+        IN_BATCH.with(|c| c.set(self.outer));
         self.generation = self.generation.wrapping_add(1);
         // Release: our reads of the snapshot happen-before a committer's Acquire load of this (or
         // any later) value (Claim B). No fence needed: no store->load pair here.

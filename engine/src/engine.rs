@@ -838,6 +838,12 @@ impl Engine {
     pub fn cores(&self) -> usize {
         self.dataplane.cores()
     }
+
+    /// The workers' generation counters, for sets whose lookups should run lock-free inside
+    /// this engine's batches ([`crate::sets::SetManager::for_dataplane`]).
+    pub fn quiescence(&self) -> &Arc<crate::dataplane::Quiescence> {
+        self.dataplane.quiescence()
+    }
 }
 
 /// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains

@@ -9,6 +9,7 @@ pub mod conntrack;
 pub mod dataplane;
 pub mod echo;
 pub mod engine;
+pub mod fib;
 pub mod model;
 pub mod node_addrs;
 pub mod packet;

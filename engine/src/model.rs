@@ -16,7 +16,7 @@
 //! [`Rule`], hooks); `addresses` the values of a rule's own fields ([`IpNet`], [`Iface`],
 //! [`PortRange`], [`AddrRange`]); `matches` the `-m` matches ([`Match`] and its values);
 //! `match_list` a rule's list of them ([`MatchList`]); `targets` the `-j` targets
-//! ([`Target`]); `stateful` the matches that keep state (recent, hashlimit); `rules` a
+//! ([`Target`]); `stateful` the matches that keep state (recent, hashlimit); `physdev` the bridge-port match; `ct_zone` conntrack zones; `rules` a
 //! chain's list of rules ([`RuleList`]); `edit` the edits of a stored ruleset. Plain data on
 //! both paths: built on the commit path, read by the compiler; nothing here allocates on the
 //! packet path, locks or reads a clock.
@@ -24,9 +24,12 @@
 use std::fmt;
 
 mod addresses;
+mod ct_zone;
 mod edit;
 mod match_list;
 mod matches;
+mod rpfilter;
+mod physdev;
 mod rules;
 mod stateful;
 mod targets;
@@ -34,9 +37,12 @@ mod targets;
 // Globs: every public item of these files is a `crate::model::` item, as it was when they
 // were one file.
 pub use addresses::*;
+pub use ct_zone::{CtZone, CtZoneSpec};
 pub use edit::{EditError, EditOp, RuleEdit};
 pub use match_list::*;
 pub use matches::*;
+pub use rpfilter::{PktType, RpfilterMatch};
+pub use physdev::PhysdevMatch;
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
 pub use stateful::{
     HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,

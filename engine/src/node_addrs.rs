@@ -38,10 +38,11 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
-use crate::model::{Family, IpNet, addr_type};
-use crate::packet::IfName;
+use crate::fib::Fib;
+use crate::model::{Family, Hook, IpNet, PktType, addr_type};
+use crate::packet::{IfName, PacketMeta};
 
 /// What a local-table entry makes of the addresses it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -206,12 +207,46 @@ pub fn needs_facts(family: Family, mask: u16) -> bool {
     }
 }
 
-/// The node's addresses as the packet path reads them: the current [`AddrFacts`], replaced
-/// whole by [`NodeAddrs::replace`]. Shared (`Arc`) by whoever refreshes it and every compiled
-/// snapshot with an addrtype match.
+impl AddrFacts {
+    /// The packet's link-layer class as `-m pkttype` sees it, derived from its addresses
+    /// because no packet source gives the engine the frame's destination MAC (NFQUEUE sends
+    /// only the source, NFQA_HWADDR):
+    /// - a packet the node sends or forwards (no input device, or any hook but PREROUTING and
+    ///   INPUT) is UNICAST: the kernel's `skb->pkt_type` is `PACKET_HOST` for a locally made
+    ///   packet, and only `PACKET_HOST` packets are forwarded;
+    /// - a received one is MULTICAST for a multicast destination (IPv4 `224.0.0.0/4`, IPv6
+    ///   `ff00::/8`), BROADCAST for `255.255.255.255` or an address of a `broadcast` entry
+    ///   of the local table, else UNICAST. This is what the sender's neighbour resolution
+    ///   puts in the frame, and what xt_pkttype derives for looped-back packets
+    ///   (`PACKET_LOOPBACK`); it differs from the kernel for a frame whose destination MAC
+    ///   disagrees with its IP destination (an L2 broadcast carrying a unicast IP, a
+    ///   unicast MAC carrying a broadcast IP): validation warns about it.
+    pub fn pkt_class(&self, p: &PacketMeta) -> PktType {
+        if !matches!(p.hook, Hook::Prerouting | Hook::Input) || p.in_iface.as_str().is_empty() {
+            return PktType::Unicast;
+        }
+        match p.dst {
+            IpAddr::V4(a) if a.is_multicast() => PktType::Multicast,
+            IpAddr::V4(a) if a == Ipv4Addr::BROADCAST => PktType::Broadcast,
+            IpAddr::V4(a) => match self.lookup4(a) {
+                Some(r) if r.kind == RouteType::Broadcast => PktType::Broadcast,
+                _ => PktType::Unicast,
+            },
+            IpAddr::V6(a) if a.is_multicast() => PktType::Multicast,
+            IpAddr::V6(_) => PktType::Unicast,
+        }
+    }
+}
+
+/// The node's addresses (and routes, for `-m rpfilter`) as the packet path reads them: the
+/// current [`AddrFacts`], replaced whole by [`NodeAddrs::replace`], and the current
+/// [`Fib`], replaced whole by [`NodeAddrs::replace_routes`] (`None` until someone gives
+/// it). Shared (`Arc`) by whoever refreshes it and every compiled snapshot with an addrtype,
+/// pkttype or rpfilter match.
 #[derive(Debug, Default)]
 pub struct NodeAddrs {
     facts: ArcSwap<AddrFacts>,
+    routes: ArcSwapOption<Fib>,
 }
 
 impl NodeAddrs {
@@ -219,7 +254,22 @@ impl NodeAddrs {
     pub fn new(facts: AddrFacts) -> NodeAddrs {
         NodeAddrs {
             facts: ArcSwap::from_pointee(facts),
+            routes: ArcSwapOption::empty(),
         }
+    }
+
+    /// Publishes the node's routing view (`None`: unknown, and validation refuses rpfilter
+    /// rules); packets classified after this returns see it. Returns whether it differs from
+    /// the previous one.
+    pub fn replace_routes(&self, routes: Option<Fib>) -> bool {
+        let old = self.routes.swap(routes.map(Arc::new));
+        old.as_deref() != self.routes.load().as_deref()
+    }
+
+    /// The current routing view (a lock-free load); `None` when none was given.
+    #[inline]
+    pub fn load_routes(&self) -> arc_swap::Guard<Option<Arc<Fib>>> {
+        self.routes.load()
     }
 
     /// Publishes `facts`; packets classified after this returns see them. Returns whether they
@@ -325,6 +375,30 @@ mod tests {
         assert!(m("2001:db8::5", addr_type::UNICAST | addr_type::LOCAL));
         assert!(!m("2001:db8::6", addr_type::UNICAST | addr_type::LOCAL));
         assert!(!m("ff02::1", addr_type::UNICAST | addr_type::MULTICAST));
+    }
+
+    #[test]
+    fn pkt_class_from_the_destination_and_hook() {
+        let f = host();
+        let p = |dst: &str, hook: Hook, inif: &str| PacketMeta {
+            hook,
+            dst: dst.parse().unwrap(),
+            in_iface: IfName::new(inif).unwrap(),
+            ..PacketMeta::default()
+        };
+        let c = |dst, hook| f.pkt_class(&p(dst, hook, "eth0"));
+        assert_eq!(c("10.0.0.5", Hook::Input), PktType::Unicast);
+        assert_eq!(c("10.0.0.255", Hook::Input), PktType::Broadcast);
+        assert_eq!(c("255.255.255.255", Hook::Prerouting), PktType::Broadcast);
+        assert_eq!(c("224.0.0.251", Hook::Input), PktType::Multicast);
+        assert_eq!(c("ff02::1", Hook::Input), PktType::Multicast);
+        assert_eq!(c("2001:db8::5", Hook::Input), PktType::Unicast);
+        // Sent or forwarded: PACKET_HOST.
+        assert_eq!(c("10.0.0.255", Hook::Forward), PktType::Unicast);
+        assert_eq!(
+            f.pkt_class(&p("255.255.255.255", Hook::Output, "")),
+            PktType::Unicast
+        );
     }
 
     #[test]

@@ -37,6 +37,11 @@ impl IfName {
         })
     }
 
+    /// Whether this is the empty name ("no interface").
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The name as a string slice.
     pub fn as_str(&self) -> &str {
         // Only ever built from a &str in `new`, so the bytes are valid UTF-8.
@@ -99,6 +104,14 @@ pub struct PacketMeta {
     pub out_iface: IfName,
     /// Ethernet source address, when the packet came with a link-layer header.
     pub src_mac: Option<[u8; 6]>,
+    /// The bridge port a bridged packet came in on (its `in_iface` is then the bridge), empty
+    /// when it did not cross a bridge: NFQUEUE's NFQA_IFINDEX_PHYSINDEV, which the kernel sends
+    /// for packets br_netfilter hands to iptables. `-m physdev --physdev-in` reads it.
+    pub phys_in: IfName,
+    /// The bridge port a bridged packet goes out of, empty when it has none (it is delivered
+    /// to the host, or not bridged): NFQA_IFINDEX_PHYSOUTDEV. A packet with either port set
+    /// is a bridged one to `-m physdev`.
+    pub phys_out: IfName,
     /// The packet mark (skb->mark): what the kernel queued the packet with, changed by
     /// `-j MARK` and `-j CONNMARK --restore-mark` as the rules run; what it is after the
     /// evaluation goes back to the kernel with the verdict (NFQUEUE mode).
@@ -116,6 +129,10 @@ pub struct PacketMeta {
     /// The packet is in the reply direction of its conntrack entry (`--ctdir REPLY`): it
     /// matched the entry's reply tuple. Set by the tracker; false for the first packet.
     pub ct_reply: bool,
+    /// The conntrack zone a raw-table `-j CT` rule gave the packet (`Some` once a CT
+    /// template is attached, even for zone 0), which the tracker keys its entry with
+    /// ([`crate::model::CtZone`]); `None`: the default zone 0.
+    pub ct_zone: Option<crate::model::CtZone>,
     /// Conntrack state as one [`ct_state`] bit (NEW when no tracker ran).
     pub ct_state: u8,
     /// The NAT bits of the kernel's conntrack entry for this packet: [`ct_state::SNAT`] when
@@ -125,6 +142,13 @@ pub struct PacketMeta {
     /// `--ctstate SNAT` / `DNAT` read them, as xt_conntrack reads the status bits, for a
     /// tracked packet only (not when [`PacketMeta::ct_state`] is INVALID or UNTRACKED).
     pub ct_nat: u8,
+    /// The original destination address and port (`None` for protocols without ports) of
+    /// the kernel's own conntrack entry when the kernel DNATed the connection (NFQUEUE mode,
+    /// `CTA_TUPLE_ORIG` in `NFQA_CT`; set only with [`ct_state::DNAT`] in `ct_nat`): the
+    /// packet the engine sees is already translated, so its tracker's original destination
+    /// is the translated one; `--ctorigdst` / `--ctorigdstport` read this one instead, as
+    /// xt_conntrack reads the kernel's tuple. `None`: the engine's tuple decides.
+    pub ct_orig_dst: Option<(IpAddr, Option<u16>)>,
     /// `Some(n)` when the transport header is cut after `n` bytes, short of what the
     /// protocol's header holds (TCP: 20 bytes and its options; UDP, UDP-Lite, ICMP, ICMPv6:
     /// 8; SCTP, DCCP: the 4 port bytes). The fields that lie within the `n` bytes are set
@@ -165,12 +189,16 @@ impl Default for PacketMeta {
             in_iface: IfName::default(),
             out_iface: IfName::default(),
             src_mac: None,
+            phys_in: IfName::default(),
+            phys_out: IfName::default(),
             mark: 0,
             ct_mark: 0,
             ct_reply: false,
             owner: None,
+            ct_zone: None,
             ct_state: ct_state::NEW,
             ct_nat: 0,
+            ct_orig_dst: None,
             l4_cut: None,
             embedded: None,
         }

@@ -16,20 +16,28 @@
 #[cfg(loom)]
 pub use loom::hint::spin_loop;
 #[cfg(loom)]
+pub use loom::sync::RwLock;
+#[cfg(loom)]
 pub use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering, fence};
 #[cfg(loom)]
 pub use loom::sync::{Mutex, MutexGuard};
 #[cfg(loom)]
 pub use loom::thread::yield_now;
+#[cfg(loom)]
+pub use loom::thread_local;
 
 #[cfg(not(loom))]
 pub use std::hint::spin_loop;
+#[cfg(not(loom))]
+pub use std::sync::RwLock;
 #[cfg(not(loom))]
 pub use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
 pub use std::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub use std::thread::yield_now;
+#[cfg(not(loom))]
+pub use std::thread_local;
 
 /// The reader half of the asymmetric barrier: orders the preceding generation store before the
 /// following pointer load in the instruction stream only (no CPU fence).

@@ -69,6 +69,9 @@ const T_FILES: &[&str] = &[
     "libipt_recent.t",
     "libip6t_recent.t",
     "libxt_hashlimit.t",
+    "libxt_rpfilter.t",
+    "libxt_pkttype.t",
+    "libxt_physdev.t",
 ];
 
 /// Files allowed below 100%, with the reason. Empty: every claimed file passes fully.
@@ -738,7 +741,7 @@ fn round_trips() {
 /// How many `.t` rule runs of ALL extension files (claimed or not: opaque extensions too)
 /// import and print as iptables-save does; raised by each parser/printer gap closed, so it
 /// may only go up.
-const ALL_VECTORS_FLOOR: usize = 2987;
+const ALL_VECTORS_FLOOR: usize = 2993;
 
 /// How many real dumps (`iptables-save/`, `iptables-tests/shell-dumps/`) import and export
 /// byte-equal (comments and blank lines aside); may only go up.

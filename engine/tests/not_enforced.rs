@@ -1,5 +1,5 @@
-//! Extensions real rulesets use that the engine does not enforce yet (connlimit, rpfilter,
-//! physdev, CT zones and helpers, hashlimit byte rates): they import and print as
+//! Extensions real rulesets use that the engine does not enforce yet (connlimit, CT
+//! timeouts, hashlimit byte rates): they import and print as
 //! iptables-save prints them (connlimit canonically), and in filter or raw validation refuses
 //! them with an error that names the extension and says why (the reason the support table
 //! prints).
@@ -80,26 +80,8 @@ fn refused_where_enforced_saying_why() {
         (
             "raw",
             "PREROUTING",
-            "-m rpfilter --invert -j DROP",
-            "rpfilter (needs a reverse-path route lookup",
-        ),
-        (
-            "filter",
-            "FORWARD",
-            "-m physdev --physdev-is-bridged -j ACCEPT",
-            "physdev (needs the bridge ports",
-        ),
-        (
-            "raw",
-            "PREROUTING",
-            "-p udp --dport 69 -j CT --helper tftp",
-            "CT --helper (the engine runs no connection-tracking helpers",
-        ),
-        (
-            "raw",
-            "PREROUTING",
-            "-i tap0 -j CT --zone 3",
-            "CT --zone (conntrack zones are not part of",
+            "-p udp --dport 69 -j CT --timeout udp-long",
+            "CT --timeout (the engine's tracker has no timeout policies",
         ),
         (
             "filter",
@@ -114,7 +96,7 @@ fn refused_where_enforced_saying_why() {
     // Stored in the tables the engine does not enforce.
     assert!(errors("mangle", "PREROUTING", "-m rpfilter -j DROP").is_empty());
     let md = support_markdown();
-    for name in ["connlimit", "rpfilter", "physdev"] {
+    for name in ["connlimit"] {
         let row = md
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}` |")))

@@ -39,6 +39,10 @@ fn the_issue_14_extensions_have_the_status_the_docs_claim() {
     assert_eq!(row(false, "hl").ipv4, Support::Refused);
     assert!(enforced(row(false, "addrtype").ipv4));
     assert!(enforced(row(false, "addrtype").ipv6));
+    for name in ["rpfilter", "pkttype"] {
+        let r = row(false, name);
+        assert!(enforced(r.ipv4) && enforced(r.ipv6), "{name}");
+    }
     for name in ["string", "u32"] {
         let r = row(false, name);
         assert_eq!(

@@ -298,6 +298,13 @@ pub struct Config {
     #[arg(long, env = "VALLUM_LOCAL_ADDRESSES")]
     pub local_addresses: Option<crate::local_addrs::LocalAddresses>,
 
+    /// The node's routes for `-m rpfilter`, as `[TYPE:]PREFIX[@DEV[+DEV...]],...` under the
+    /// kernel's default rules (see `routes`); without it vallumd reads the host's rules and
+    /// routes over rtnetlink with its addresses (host mode), or has none when
+    /// `--local-addresses` is given (rpfilter rules are then refused).
+    #[arg(long, env = "VALLUM_ROUTES")]
+    pub routes: Option<crate::routes::Routes>,
+
     /// How often the host's addresses are read again (seconds; host mode only).
     #[arg(long, env = "VALLUM_LOCAL_ADDRESSES_REFRESH", default_value = "1", value_parser = parse_seconds)]
     pub local_addresses_refresh: Duration,

@@ -689,6 +689,8 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
             in_iface: iface("packet.in_interface", &p.in_interface)?,
             out_iface: iface("packet.out_interface", &p.out_interface)?,
             src_mac,
+            phys_in: iface("packet.physdev_in", &p.physdev_in)?,
+            phys_out: iface("packet.physdev_out", &p.physdev_out)?,
             mark: p.mark,
             ct_state: ct,
             ..PacketMeta::default()

@@ -38,6 +38,7 @@ pub mod local_addrs;
 pub mod metrics;
 pub mod outcome;
 pub mod pipeline;
+pub mod routes;
 pub mod server;
 pub mod service;
 pub mod sources;

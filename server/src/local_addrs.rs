@@ -16,12 +16,15 @@
 //! broadcast) route of the local table. An entry without `@DEV` belongs to no device
 //! (`--limit-iface-*` never counts it). The empty string is an empty table (nothing is LOCAL).
 //! The facts never change while vallumd runs (pcap and synthetic sources, tests).
+//!
+//! The same dumps give the routing view `-m rpfilter` reads (`crate::routes`).
 
 use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vallum_engine::fib::Fib;
 use vallum_engine::model::IpNet;
 use vallum_engine::node_addrs::{AddrFacts, LocalRoute, NodeAddrs, RouteType};
 use vallum_engine::packet::IfName;
@@ -100,28 +103,42 @@ impl std::fmt::Display for LocalAddresses {
 #[error("reading the host's local routing table (rtnetlink): {0}")]
 pub struct ReadError(String);
 
-/// Fills `addrs` from `given`, or from the host; in host mode, keeps it fresh every `refresh`
-/// until the returned task is aborted. Errors: the first host dump failed.
+/// Fills `addrs` from `given`, or from the host, and its routing view (`-m rpfilter`,
+/// `crate::routes`) from `routes`, or from the host when the addresses come from the host
+/// too (with `given` and no `routes` it stays unknown). In host mode, keeps what came from
+/// the host fresh every `refresh` until the returned task is aborted. Errors: the first host
+/// dump failed.
 pub fn start(
     addrs: Arc<NodeAddrs>,
     given: Option<&LocalAddresses>,
+    routes: Option<&crate::routes::Routes>,
     refresh: Duration,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, ReadError> {
+    if let Some(r) = routes {
+        addrs.replace_routes(Some(r.fib()));
+    }
     if let Some(g) = given {
         addrs.replace(AddrFacts::new(g.0.iter().copied()));
         return Ok(None);
     }
-    addrs.replace(read_host()?);
+    let host_routes = routes.is_none();
+    let publish = move |addrs: &NodeAddrs, (facts, fib): (AddrFacts, Fib)| {
+        addrs.replace(facts);
+        if host_routes {
+            addrs.replace_routes(Some(fib));
+        }
+    };
+    publish(&addrs, read_host_view()?);
     Ok(Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(refresh.max(Duration::from_millis(100)));
         tick.tick().await;
         loop {
             tick.tick().await;
-            match tokio::task::spawn_blocking(read_host).await {
-                Ok(Ok(facts)) => {
-                    addrs.replace(facts);
+            match tokio::task::spawn_blocking(read_host_view).await {
+                Ok(Ok(view)) => publish(&addrs, view),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "keeping the last local addresses and routes")
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "keeping the last local addresses"),
                 Err(e) => tracing::warn!(error = %e, "local address refresh failed"),
             }
         }
@@ -129,8 +146,14 @@ pub fn start(
 }
 
 /// The host's local routing table (both families), read over rtnetlink.
-#[cfg(target_os = "linux")]
 pub fn read_host() -> Result<AddrFacts, ReadError> {
+    read_host_view().map(|(facts, _)| facts)
+}
+
+/// The host's local routing table and its whole routing view (rules and every table, both
+/// families), read over rtnetlink from one dump of each.
+#[cfg(target_os = "linux")]
+pub fn read_host_view() -> Result<(AddrFacts, Fib), ReadError> {
     use netlink_packet_route::link::{LinkAttribute, LinkMessage};
     use netlink_packet_route::route::{
         RouteAddress, RouteAttribute, RouteMessage, RouteType as NlRouteType,
@@ -151,6 +174,10 @@ pub fn read_host() -> Result<AddrFacts, ReadError> {
         }
     }
     let routes = dump(RouteNetlinkMessage::GetRoute(RouteMessage::default()))?;
+    let rules = dump(RouteNetlinkMessage::GetRule(
+        netlink_packet_route::rule::RuleMessage::default(),
+    ))?;
+    let fib = crate::routes::fib_from_netlink(&links, &rules, &routes);
     let mut out = Vec::new();
     for m in &routes {
         let RouteNetlinkMessage::NewRoute(r) = m else {
@@ -195,7 +222,7 @@ pub fn read_host() -> Result<AddrFacts, ReadError> {
             .unwrap_or_default();
         out.push(LocalRoute { net, kind, iface });
     }
-    Ok(AddrFacts::new(out))
+    Ok((AddrFacts::new(out), fib))
 }
 
 /// One `NLM_F_DUMP` request and all its answers.
@@ -251,7 +278,7 @@ fn dump(
 
 /// Not Linux: there is no rtnetlink; `--local-addresses` is required for addrtype rules.
 #[cfg(not(target_os = "linux"))]
-pub fn read_host() -> Result<AddrFacts, ReadError> {
+pub fn read_host_view() -> Result<(AddrFacts, Fib), ReadError> {
     Err(ReadError("not Linux; give --local-addresses".to_owned()))
 }
 
@@ -306,5 +333,30 @@ mod tests {
             f.type_v4([127, 0, 0, 1].into(), None),
             vallum_engine::model::addr_type::LOCAL
         );
+    }
+
+    /// The same dumps give the routing view: the host's rules and its loopback routes, so
+    /// strict rpfilter passes 127.0.0.1 on lo and refuses it on another device.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reads_the_hosts_rules_and_routes() {
+        let (_, fib) = match read_host_view() {
+            Ok(v) => v,
+            Err(e) => {
+                println!("SKIP rtnetlink: {e}");
+                return;
+            }
+        };
+        assert!(!fib.is_empty());
+        let p = |dev: &str| vallum_engine::packet::PacketMeta {
+            src: IpAddr::from([127, 0, 0, 1]),
+            dst: IpAddr::from([127, 0, 0, 1]),
+            in_iface: IfName::new(dev).unwrap(),
+            ..Default::default()
+        };
+        assert!(fib.rpfilter(&p("lo"), 0));
+        // 127.0.0.1 is local (table local): from another device only with --accept-local
+        // and --loose.
+        assert!(!fib.rpfilter(&p("vallum-none0"), 0));
     }
 }

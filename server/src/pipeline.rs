@@ -206,10 +206,12 @@ impl Pipeline {
     /// A pipeline around `engine` and `store`.
     pub fn new(engine: Arc<Engine>, store: Store, clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
         let (events, _) = broadcast::channel(1024);
+        // Set lookups in the engine's batches read through its generations (no lock).
+        let sets = Arc::new(SetManager::for_dataplane(Arc::clone(engine.quiescence())));
         Pipeline {
             engine,
             store,
-            sets: Arc::new(SetManager::new()),
+            sets,
             clock,
             write: tokio::sync::Mutex::new(()),
             events,

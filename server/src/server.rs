@@ -166,6 +166,7 @@ pub async fn run_with(
     let local_addrs = match crate::local_addrs::start(
         pipeline.sets().node_addrs().clone(),
         config.local_addresses.as_ref(),
+        config.routes.as_ref(),
         config.local_addresses_refresh,
     ) {
         Ok(task) => task,

@@ -298,7 +298,10 @@ async fn corpus_imports_and_exports_as_the_kernel() {
 // set up alike: every address is local (AnyIP), except 172.16.0.0/12, 192.168.0.0/16 and
 // fd00:dead:beef::/48, which are routed out of interfaces docker0, virbr0 and eth1 (veths whose peers are down,
 // so what leaves them is dropped), so a
-// frame to them goes through FORWARD. What either namespace sends itself (RSTs, ICMP errors,
+// frame to them goes through FORWARD, and 100.64.0.0/24 and 2001:db8:64::/48, routed back out of
+// eth0: for `-m rpfilter` these are the valid sources, the routed ones spoofed (they arrive on
+// eth0 but route elsewhere) and every other source a local address (AnyIP); packets with mark
+// 0x100000 find 172.16.0.0/12 out of eth0 (table 100, for `--validmark`). What either namespace sends itself (RSTs, ICMP errors,
 // echo replies) is dropped in mangle OUTPUT, before it can be queued or loop back (only
 // loopback traffic to 127.0.0.0/8, the test's gRPC to vallumd, passes).
 //
@@ -419,11 +422,17 @@ impl Lab {
                 ip route add 172.16.0.0/12 dev docker0
                 ip route add 192.168.122.0/24 dev virbr0
                 ip route add 192.168.0.0/16 dev eth1
+                ip route add 100.64.0.0/24 dev eth0
+                ip route add 172.16.0.0/12 dev eth0 table 100
+                ip rule add pref 5 fwmark 0x100000/0x100000 lookup 100
+                ip -6 route add 2001:db8:64::/48 dev eth0
                 ip -6 route add fd00:dead:beef::/48 dev docker0
                 ip rule add pref 10 to 172.16.0.0/12 lookup main
                 ip rule add pref 10 to 192.168.0.0/16 lookup main
+                ip rule add pref 10 to 100.64.0.0/24 lookup main
                 ip rule add pref 100 lookup local; ip rule del pref 0 lookup local
                 ip -6 rule add pref 10 to fd00:dead:beef::/48 lookup main
+                ip -6 rule add pref 10 to 2001:db8:64::/48 lookup main
                 ip -6 rule add pref 100 lookup local; ip -6 rule del pref 0 lookup local
                 iptables-legacy -t mangle -A OUTPUT -d 127.0.0.0/8 -o lo -j ACCEPT
                 iptables-legacy -t mangle -A OUTPUT -j DROP
@@ -603,7 +612,12 @@ fn frame(p: &Pkt) -> Vec<u8> {
         l4[at..at + 2].copy_from_slice(&c.to_be_bytes());
     }
     let mut f: Vec<u8> = Vec::new();
-    f.extend_from_slice(&[0x02, 0x76, 0x61, 0x6c, 0x00, 0x02]);
+    // A broadcast destination goes to the broadcast MAC (what the kernel's pkttype reads).
+    if p.dst == std::net::IpAddr::from([10, 99, 0, 255]) {
+        f.extend_from_slice(&[0xff; 6]);
+    } else {
+        f.extend_from_slice(&[0x02, 0x76, 0x61, 0x6c, 0x00, 0x02]);
+    }
     f.extend_from_slice(&SRC_MAC);
     match (p.src, p.dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -770,6 +784,10 @@ fn frames_for(line: &str, v6: bool, next: &mut u16) -> Vec<Pkt> {
                 let comp = w.get(i + 2).copied().unwrap_or("");
                 p.flags = if neg { 16 } else { tcp_flags(comp) };
             }
+            // The subnet broadcast of eth0, sent to the broadcast MAC by `frame`.
+            "--pkt-type" if !neg && arg == "broadcast" && !v6 => {
+                p.dst = "10.99.0.255".parse().unwrap();
+            }
             "--ttl-lt" => p.ttl = arg.parse::<u8>().map_or(64, |t| t.saturating_sub(1)),
             "--ttl-eq" | "--hl-eq" => p.ttl = arg.parse().unwrap_or(64),
             _ => {}
@@ -893,6 +911,27 @@ async fn vallumd_counts(
     .collect()
 }
 
+/// Rules of the rpfilter files the kernel must (`true`) or must not count: the valid source
+/// (routed back out of eth0) passes, the spoofed one (routed out of docker0) and the local
+/// ones are dropped in raw PREROUTING.
+const RPFILTER_EXPECT: &[(&str, &str, &str, u32, bool)] = &[
+    ("rpfilter-antispoof.rules", "raw", "PREROUTING", 1, true),
+    ("rpfilter-antispoof.rules", "filter", "INPUT", 2, true),
+    ("rpfilter-antispoof.rules", "filter", "INPUT", 3, false),
+    ("rpfilter6-antispoof.rules6", "raw", "PREROUTING", 1, true),
+    ("rpfilter6-antispoof.rules6", "filter", "INPUT", 2, true),
+    ("rpfilter6-antispoof.rules6", "filter", "INPUT", 3, false),
+    // --loose passes a source routed out of another device; --validmark looks the mark up
+    // (fwmark 0x100000 routes 172.16.0.0/12 back out of eth0); a local source passes only
+    // with --accept-local, and strictly only on the device of its local route (lo).
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 1, true),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 3, true),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 4, false),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 5, false),
+    ("rpfilter-modes.rules", "raw", "PREROUTING", 6, false),
+    ("pkttype-broadcast.rules", "filter", "INPUT", 1, true),
+];
+
 #[test]
 fn corpus_packets_through_nfqueue() {
     if let Some(why) = kernel_unavailable() {
@@ -986,6 +1025,19 @@ fn corpus_packets_through_nfqueue() {
                     (kc, vc) = (k2, v2);
                     if steady >= 3 {
                         break;
+                    }
+                }
+                // The anti-spoofing files must show the kernel dropping the spoofed sources
+                // and passing the valid ones, or their comparison proves nothing.
+                for (file, table, chain, rule, hit) in RPFILTER_EXPECT {
+                    if e.file == *file {
+                        let n = kc.get(&(table.to_string(), chain.to_string(), *rule));
+                        if n.is_none_or(|n| (*n > 0) != *hit) {
+                            mismatches.push(format!(
+                                "{file}: the kernel counts {n:?} packets at {table}/{chain}#{rule};                                  expected {}",
+                                if *hit { "some" } else { "none" }
+                            ));
+                        }
                     }
                 }
                 for (key, kn) in &kc {

@@ -96,6 +96,8 @@ fn has_set(r: &CRule) -> bool {
     r.matches.iter().any(|m| match m {
         CMatch::Set { .. } => true,
         CMatch::AddrType(a) => a.addrs.is_some(),
+        CMatch::Rpfilter { .. } => true,
+        CMatch::PktType { addrs, .. } => addrs.is_some(),
         _ => false,
     })
 }

@@ -224,8 +224,14 @@ fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
     } else {
         (p.src, p.dst, p.sport, p.dport)
     };
-    let addrs = [os, od, od, os];
-    let ports = [osp, odp, odp, osp];
+    // Under the kernel's DNAT its original destination is not the packet's (translated)
+    // one; the reply tuple's source is the translated address either way.
+    let (kd, kdp) = match p.ct_orig_dst {
+        Some((a, port)) => (a, port.unwrap_or(odp)),
+        None => (od, odp),
+    };
+    let addrs = [os, kd, od, os];
+    let ports = [osp, kdp, odp, osp];
     c.addrs
         .iter()
         .zip(addrs)
@@ -249,6 +255,25 @@ fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
     }
     w.uid.is_none_or(|v| v.value.contains(uid) != v.negated)
         && w.gid.is_none_or(|v| v.value.contains(gid) != v.negated)
+}
+
+/// `-m physdev`, as physdev_mt (see [`crate::model::PhysdevMatch`]).
+fn physdev_matches(d: &super::CPhysdev, p: &PacketMeta) -> bool {
+    let (indev, outdev) = (!p.phys_in.is_empty(), !p.phys_out.is_empty());
+    if !indev && !outdev {
+        // No bridge information: only when every given option is negated.
+        return d.is_bridged.is_none_or(|n| n)
+            && d.is_in.is_none_or(|n| n)
+            && d.physdev_in.is_none_or(|(n, _)| n)
+            && d.is_out.is_none_or(|n| n)
+            && d.physdev_out.is_none_or(|(n, _)| n);
+    }
+    d.is_bridged.is_none_or(|n| outdev != n)
+        && d.is_in.is_none_or(|n| indev != n)
+        && d.is_out.is_none_or(|n| outdev != n)
+        // A name test whose port is absent is skipped, negated or not.
+        && d.physdev_in.is_none_or(|(n, pat)| !indev || pat.matches(&p.phys_in) != n)
+        && d.physdev_out.is_none_or(|(n, pat)| !outdev || pat.matches(&p.phys_out) != n)
 }
 
 /// `-j CONNMARK`, as connmark_tg (xt_connmark revision 1): nothing without an entry.
@@ -422,6 +447,7 @@ impl Snapshot {
             } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
             CMatch::Never => false,
             CMatch::Owner(w) => owner_matches(w, p),
+            CMatch::Physdev(d) => physdev_matches(d, p),
             CMatch::Length { negated, range } => {
                 (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
                     != *negated
@@ -452,6 +478,12 @@ impl Snapshot {
                         .is_none_or(|t| (t.value == h.rt_type) != t.negated)
             }),
             CMatch::AddrType(a) => addrtype_matches(a, p),
+            CMatch::Rpfilter { flags, addrs } => rpfilter_matches(*flags, addrs, p),
+            CMatch::PktType {
+                negated,
+                kind,
+                addrs,
+            } => pkttype_matches(*negated, *kind, addrs.as_deref(), p),
             CMatch::Recent(r) => obs.recent(r, p, now),
             CMatch::Hashlimit(h) => {
                 // As hashlimit_init_dst: the ports must be there when the key has them.
@@ -580,7 +612,17 @@ impl Snapshot {
                     next = 0;
                 }
                 CTarget::Log(log) => obs.log(c, chain, next, log, p),
-                CTarget::Notrack => p.ct_state = ct_state::UNTRACKED,
+                // xt_ct_target / notrack_tg: only the first of them a packet meets acts.
+                CTarget::Notrack => {
+                    if p.ct_zone.is_none() {
+                        p.ct_state = ct_state::UNTRACKED;
+                    }
+                }
+                CTarget::Ct(z) => {
+                    if p.ct_zone.is_none() && p.ct_state != ct_state::UNTRACKED {
+                        p.ct_zone = Some(z.resolve(p.mark));
+                    }
+                }
                 CTarget::Mark(m) => p.mark = m.apply(p.mark),
                 CTarget::Connmark(cm) => connmark(cm, p),
             }

@@ -262,7 +262,9 @@ pub(super) const FILTER_PORTS: u8 = 2;
 /// `ct_state` (`-m conntrack --ctstate`, `-m state`: raw-table NOTRACK, conntrack after the
 /// raw chains), the packet mark (`-m mark`: `-j MARK`, `-j CONNMARK --restore-mark` in an
 /// earlier rule or hook) or the conntrack entry's fields (`-m connmark`, `-m conntrack`
-/// tuples). [`ChainIndex::probe_batch`] cannot decide such a rule ahead of time.
+/// tuples), and the matches that read the node's view with the packet's mark and hook
+/// (`-m rpfilter --validmark`, `-m pkttype`). [`ChainIndex::probe_batch`] cannot decide such
+/// a rule ahead of time.
 const FILTER_CTSTATE: u8 = 4;
 
 impl HeaderFilter {

@@ -8,12 +8,15 @@ use std::ptr;
 
 use super::reclaim;
 use super::tuple::Tuple;
+use crate::model::CtZone;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// One connection: both tuples, both chain links, its state.
 pub(super) struct Conn {
     /// `tuple[0]` original, `tuple[1]` reply. Immutable.
     pub(super) tuple: [Tuple; 2],
+    /// The zone (`-j CT --zone`): `zone.id(d)` is part of `tuple[d]`'s key. Immutable.
+    pub(super) zone: CtZone,
     /// The next node in the chain of `tuple[d]`'s bucket (a tagged pointer, see [`tag`]).
     pub(super) next: [AtomicPtr<Conn>; 2],
     /// TCP state (low byte) and status bits ([`tcp::SEEN_REPLY`](super::tcp::SEEN_REPLY), FIN bits).
@@ -26,6 +29,13 @@ pub(super) struct Conn {
     /// loads and stores, as the kernel's READ_ONCE/WRITE_ONCE of ct->mark: a value of its
     /// own that orders no other memory.
     pub(super) mark: AtomicU64,
+}
+
+impl Conn {
+    /// The hash of node `dir`: its tuple in its zone.
+    pub(super) fn hash(&self, dir: usize) -> u64 {
+        self.tuple[dir].hash_in(self.zone.id(dir))
+    }
 }
 
 /// A link to node `dir` of `conn`: the pointer with `dir` in its low bit (`Conn` is 8-aligned).
@@ -80,10 +90,13 @@ impl Buckets {
         hash as usize & self.mask
     }
 
-    /// The live entry holding `t` in the chain of `hash`, and which of its tuples matched.
+    /// The live entry holding `t` in the chain of `hash`, and which of its tuples matched:
+    /// the tuple and, in that direction, the zone id (`nf_ct_key_equal`'s
+    /// `nf_ct_zone_equal`).
     pub(super) fn find<'g>(
         &self,
         t: &Tuple,
+        zone: CtZone,
         hash: u64,
         _guard: &'g reclaim::Guard,
     ) -> Option<(&'g Conn, usize)> {
@@ -97,7 +110,10 @@ impl Buckets {
             // guard drops; its construction happens-before this read (Acquire above).
             let conn: &'g Conn = unsafe { &*p };
             // Acquire on `dying`: pairs with the deleter's Release (module docs, "re-check").
-            if conn.tuple[dir] == *t && !conn.dying.load(Ordering::Acquire) {
+            if conn.tuple[dir] == *t
+                && conn.zone.id(dir) == zone.id(dir)
+                && !conn.dying.load(Ordering::Acquire)
+            {
                 return Some((conn, dir));
             }
             link = conn.next[dir].load(Ordering::Acquire);

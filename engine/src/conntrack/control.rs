@@ -101,7 +101,7 @@ impl Conntrack {
                 // from the old head first, then point the node into the new array only: a
                 // walk that follows it stays in the new array, whose chains end.
                 head.store(conn.next[dir].load(Ordering::Relaxed), Ordering::Release);
-                let to = &new.heads[new.index(conn.tuple[dir].hash())];
+                let to = &new.heads[new.index(conn.hash(dir))];
                 conn.next[dir].store(to.load(Ordering::Relaxed), Ordering::Release);
                 to.store(link, Ordering::Release);
             }
@@ -212,6 +212,7 @@ fn view(c: &Conn) -> ConnView {
     ConnView {
         original: c.tuple[0],
         reply: c.tuple[1],
+        zone: c.zone,
         tcp_state: tcp::state_of(status),
         seen_reply: status & tcp::SEEN_REPLY != 0,
         expires_ns: c.timeout.load(Ordering::Relaxed),

@@ -12,6 +12,8 @@
 //! the original tuple (protocol number, addresses, ports or ICMP `type << 8 | code` in DPORT),
 //! the status word in hex (TCP state in the low byte, bit 8 a reply was seen, bits 9-10 the
 //! FINs) and the milliseconds left before the entry expires. The reply tuple is derived again.
+//! An entry in a conntrack zone other than 0 (`-j CT --zone`) has an eighth field,
+//! `zone=ID`, `zone-orig=ID` or `zone-reply=ID` (as `-j CT` names the directions).
 //!
 //! [`Conntrack::restore`] parses the whole text before it inserts anything (a bad line is an
 //! error at its `LINE:COL` and changes nothing), then inserts each entry with its time left
@@ -27,6 +29,7 @@ use std::ptr;
 
 use super::tuple::{PROTO_TCP, Tuple};
 use super::{Conn, Conntrack, Insert, reclaim, tcp, timeout_of};
+use crate::model::CtZone;
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 /// The first line of a saved table (its version).
@@ -66,6 +69,7 @@ pub struct Restored {
 /// One parsed entry.
 struct Saved {
     tuple: Tuple,
+    zone: CtZone,
     status: u64,
     left_ns: u64,
 }
@@ -76,24 +80,33 @@ impl Conntrack {
         let mut out = String::with_capacity(64 * (self.stats().entries as usize + 1));
         out.push_str(HEADER);
         out.push('\n');
-        for (t, status, expires) in self.words() {
+        for (t, zone, status, expires) in self.words() {
             if expires <= now {
                 continue;
             }
             // Rounded up: an entry saved with 0.4 ms left is not lost to the rounding.
             let left_ms = (expires - now).div_ceil(MS);
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{} {} {} {} {} {status:#x} {left_ms}",
                 t.protocol, t.src, t.dst, t.sport, t.dport
             );
+            if zone.id != 0 {
+                let name = match zone.dirs {
+                    CtZone::ORIG => "zone-orig",
+                    CtZone::REPLY => "zone-reply",
+                    _ => "zone",
+                };
+                let _ = write!(out, " {name}={}", zone.id);
+            }
+            out.push('\n');
         }
         out
     }
 
     /// Every live entry's original tuple, status word and expiry, each once (as
     /// [`Conntrack::list`]).
-    fn words(&self) -> Vec<(Tuple, u64, u64)> {
+    fn words(&self) -> Vec<(Tuple, CtZone, u64, u64)> {
         let guard = reclaim::pin();
         loop {
             let (generation, table) = self.begin(&guard);
@@ -102,6 +115,7 @@ impl Conntrack {
                 table.walk_originals(bucket, &guard, |c| {
                     out.push((
                         c.tuple[0],
+                        c.zone,
                         c.status.load(Ordering::Relaxed),
                         c.timeout.load(Ordering::Relaxed),
                     ))
@@ -131,6 +145,7 @@ impl Conntrack {
             let reply = e.tuple.reply();
             let conn = Box::new(Conn {
                 tuple: [e.tuple, reply],
+                zone: e.zone,
                 next: [
                     AtomicPtr::new(ptr::null_mut()),
                     AtomicPtr::new(ptr::null_mut()),
@@ -142,7 +157,8 @@ impl Conntrack {
                 // at 0.
                 mark: AtomicU64::new(0),
             });
-            match self.insert(conn, [e.tuple.hash(), reply.hash()], now, &guard) {
+            let hashes = [e.tuple.hash_in(e.zone.id(0)), reply.hash_in(e.zone.id(1))];
+            match self.insert(conn, hashes, now, &guard) {
                 Insert::Done => r.restored += 1,
                 Insert::Clash(..) => r.present += 1,
                 Insert::Full => r.full += 1,
@@ -181,12 +197,12 @@ fn parse(text: &str) -> Result<Vec<Saved>, PersistError> {
             fields.push((col, f));
             col += f.len() + 1;
         }
-        if fields.len() != 7 {
+        if !(7..=8).contains(&fields.len()) {
             return Err(err(
                 i,
                 1,
                 format!(
-                    "expected 7 fields (PROTO SRC DST SPORT DPORT STATUS LEFT_MS), found {}",
+                    "expected 7 or 8 fields (PROTO SRC DST SPORT DPORT STATUS LEFT_MS [ZONE]), found {}",
                     fields.len()
                 ),
             ));
@@ -230,7 +246,33 @@ fn parse(text: &str) -> Result<Vec<Saved>, PersistError> {
             .filter(|&s| known_status(protocol, s));
         let status = field(5, "status", status)?;
         let left_ns = field(6, "time left (ms)", num(6).and_then(|m| m.checked_mul(MS)))?;
+        let zone = match fields.get(7) {
+            None => CtZone::default(),
+            Some(&(c, f)) => {
+                let parsed = f.split_once('=').and_then(|(name, id)| {
+                    let dirs = match name {
+                        "zone" => CtZone::ORIG | CtZone::REPLY,
+                        "zone-orig" => CtZone::ORIG,
+                        "zone-reply" => CtZone::REPLY,
+                        _ => return None,
+                    };
+                    let id = id.parse::<u16>().ok()?;
+                    Some(CtZone { id, dirs })
+                });
+                parsed.ok_or_else(|| {
+                    err(
+                        i,
+                        c,
+                        format!(
+                            "zone {} is not zone=ID, zone-orig=ID or zone-reply=ID",
+                            crate::echo::quoted(f)
+                        ),
+                    )
+                })?
+            }
+        };
         out.push(Saved {
+            zone,
             tuple: Tuple {
                 src,
                 dst,
@@ -375,7 +417,15 @@ mod tests {
             ("6 1.2.3.4 1.2.3.5 1 2 0x103 5\n", "1:1: expected"),
             (
                 "HEADER\n6 1.2.3.4 1.2.3.5 1 2 0x103\n",
-                "2:1: expected 7 fields",
+                "2:1: expected 7 or 8 fields",
+            ),
+            (
+                "HEADER\n6 1.2.3.4 1.2.3.5 1 2 0x103 5 zone=70000\n",
+                "2:31: zone \"zone=70000\"",
+            ),
+            (
+                "HEADER\n6 1.2.3.4 1.2.3.5 1 2 0x103 5 zone-in=3\n",
+                "2:31: zone",
             ),
             (
                 "HEADER\n6 1.2.3.4 ::1 1 2 0x103 5\n",

@@ -922,3 +922,101 @@ fn huge_max_entries_do_not_overflow() {
         assert_eq!(ct.list().len(), 8);
     }
 }
+
+fn in_zone(mut p: PacketMeta, id: u16, dirs: u8) -> PacketMeta {
+    p.ct_zone = Some(CtZone { id, dirs });
+    p
+}
+
+#[test]
+fn two_zones_keep_separate_entries_for_the_same_tuple() {
+    let ct = table(64, 100);
+    let query = pkt(PROTO_UDP, ip(1), 5000, ip(2), 53, 0);
+    let answer = pkt(PROTO_UDP, ip(2), 53, ip(1), 5000, 0);
+    let both = CtZone::ORIG | CtZone::REPLY;
+    for zone in [1, 2] {
+        let mut p = in_zone(query, zone, both);
+        assert_eq!(ct.track(&mut p, 0), CtVerdict::New, "zone {zone}");
+    }
+    let mut p = query;
+    assert_eq!(ct.track(&mut p, 0), CtVerdict::New, "the default zone");
+    assert_eq!(ct.stats().entries, 3);
+    let mut zones: Vec<u16> = ct.list().iter().map(|c| c.zone.id).collect();
+    zones.sort_unstable();
+    assert_eq!(zones, [0, 1, 2]);
+    // The answer in zone 1 belongs to zone 1's entry only.
+    let mut a = in_zone(answer, 1, both);
+    assert_eq!(ct.track(&mut a, S), CtVerdict::Established);
+    let mut again = in_zone(query, 2, both);
+    assert_eq!(
+        ct.track(&mut again, S),
+        CtVerdict::New,
+        "zone 2 saw no reply"
+    );
+    let mut again = in_zone(query, 1, both);
+    assert_eq!(ct.track(&mut again, S), CtVerdict::Established);
+    // A lookup only (trace) keys by the zone too.
+    assert_eq!(ct.peek(&in_zone(query, 7, both), S), CtVerdict::New);
+    assert_eq!(
+        ct.peek(&in_zone(answer, 1, both), S),
+        CtVerdict::Established
+    );
+    assert_eq!(ct.stats().entries, 3);
+}
+
+#[test]
+fn a_one_direction_zone_keys_that_direction_only() {
+    // `--zone-orig 5`: the entry is in zone 5 for its original tuple and in zone 0 for its
+    // reply tuple, so an answer that no CT rule put in a zone finds it (nf_ct_zone_equal by
+    // the direction that matched); an answer in zone 5 both ways does not.
+    let ct = table(64, 100);
+    let query = pkt(PROTO_UDP, ip(1), 5000, ip(2), 53, 0);
+    let answer = pkt(PROTO_UDP, ip(2), 53, ip(1), 5000, 0);
+    let mut q = in_zone(query, 5, CtZone::ORIG);
+    assert_eq!(ct.track(&mut q, 0), CtVerdict::New);
+    assert_eq!(
+        ct.peek(&in_zone(answer, 5, CtZone::ORIG | CtZone::REPLY), S),
+        CtVerdict::New
+    );
+    let mut plain = answer;
+    assert_eq!(ct.track(&mut plain, S), CtVerdict::Established);
+    assert_eq!(ct.stats().entries, 1);
+    // The original direction without the zone is another connection.
+    assert_eq!(ct.peek(&query, S), CtVerdict::New);
+}
+
+#[test]
+fn zones_survive_save_and_restore() {
+    let ct = table(64, 100);
+    let query = pkt(PROTO_UDP, ip(1), 5000, ip(2), 53, 0);
+    // (A `--zone-reply 9` entry of `query` itself would be found by the default zone's
+    // lookup: its original tuple is in zone 0. So it gets its own port.)
+    let other = pkt(PROTO_UDP, ip(1), 5001, ip(2), 53, 0);
+    for (p, id, dirs) in [
+        (query, 1, CtZone::ORIG | CtZone::REPLY),
+        (other, 9, CtZone::REPLY),
+        (query, 0, 3),
+    ] {
+        assert_eq!(ct.track(&mut in_zone(p, id, dirs), 0), CtVerdict::New);
+    }
+    let text = ct.save(0);
+    assert!(
+        text.contains(" zone=1\n") && text.contains(" zone-reply=9\n"),
+        "{text}"
+    );
+    let again = table(64, 100);
+    assert_eq!(again.restore(&text, 0, 0).unwrap().restored, 3);
+    let key = |c: &ConnView| (c.zone.id, c.zone.dirs);
+    let mut a: Vec<_> = ct.list().iter().map(key).collect();
+    let mut b: Vec<_> = again.list().iter().map(key).collect();
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
+    // Restored entries are found in their zone.
+    let answer = pkt(PROTO_UDP, ip(2), 53, ip(1), 5000, 0);
+    let both = CtZone::ORIG | CtZone::REPLY;
+    assert_eq!(
+        again.peek(&in_zone(answer, 1, both), S),
+        CtVerdict::Established
+    );
+}

@@ -121,6 +121,20 @@ impl Tuple {
         }
     }
 
+    /// [`Tuple::hash`] of the tuple in conntrack zone id `zone` (the zone is part of the
+    /// key, as in `hash_conntrack_raw`); zone 0 hashes as the tuple alone.
+    pub(crate) fn hash_in(&self, zone: u16) -> u64 {
+        let h = self.hash();
+        if zone == 0 {
+            return h;
+        }
+        // Mixed once more so that the zone moves every bit (the finaliser of `hash`).
+        let mut x = h ^ u64::from(zone).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^ (x >> 33)
+    }
+
     /// A 64-bit hash whose every bit is usable as a bucket index (FxHash, then the murmur3
     /// finaliser, since FxHash's low bits mix poorly).
     ///

@@ -61,6 +61,40 @@ pub(crate) fn look<'a>(
         .collect()
 }
 
+/// The cores a publisher must wait for before it may free (or reuse) what it unpublished: those
+/// that were inside a batch when it looked ([`crate::dataplane::Quiescence::start`]), with the
+/// generation seen. Waiting is deferred to [`crate::dataplane::Quiescence::wait`], so a publisher
+/// can return at once and wait only before it next touches the old data, by which time the
+/// cores have usually moved on (DPDK's `rte_rcu_qsbr_start` / `_check` split).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grace {
+    /// (core index, odd generation seen).
+    busy: Vec<(usize, u64)>,
+}
+
+impl Grace {
+    /// Reads every generation once (as [`look`], same orderings) and keeps the busy ones by index.
+    pub(crate) fn look<'a>(generations: impl IntoIterator<Item = &'a AtomicU64>) -> Grace {
+        Grace {
+            busy: (generations.into_iter().enumerate())
+                // Acquire: as in `look`.
+                .map(|(i, g)| (i, g.load(Ordering::Acquire)))
+                .filter(|(_, v)| v % 2 == 1)
+                .collect(),
+        }
+    }
+
+    /// The cores that were inside a batch, with the generation seen.
+    pub(crate) fn busy(&self) -> &[(usize, u64)] {
+        &self.busy
+    }
+
+    /// How many cores were inside a batch.
+    pub fn cores_waited(&self) -> usize {
+        self.busy.len()
+    }
+}
+
 /// Waits for each core [`look`] found busy to move on. Idle cores were never in the list, so
 /// they never delay a commit.
 pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)], backoff: &Backoff) {

@@ -5,7 +5,9 @@
 
 use std::net::IpAddr;
 
-use super::{AddrRange, Family, HashlimitMatch, IpNet, Neg, PortRange, RecentMatch};
+use super::{
+    AddrRange, Family, HashlimitMatch, IpNet, Neg, PktType, PortRange, RecentMatch, RpfilterMatch,
+};
 
 /// TCP flag bits, as in the TCP header's 13th byte (FIN = 0x01 ... URG = 0x20).
 pub mod tcp_flags {
@@ -78,6 +80,8 @@ pub enum Match {
     Mark(Neg<MarkValue>),
     /// `-m owner` (OUTPUT and POSTROUTING): the local socket that sent the packet.
     Owner(OwnerMatch),
+    /// `-m physdev`: the bridge ports of a bridged packet ([`super::PhysdevMatch`]).
+    Physdev(super::PhysdevMatch),
     /// `-m connmark [!] --mark VALUE[/MASK]`: `(ctmark & mask) == value` on the mark of the
     /// packet's conntrack entry. As connmark_mt, a packet without an entry (INVALID,
     /// UNTRACKED, or in the raw table, which runs before conntrack) never matches, negated
@@ -113,6 +117,12 @@ pub enum Match {
     /// `-m addrtype`: the kernel's route type of the source and/or destination address
     /// ([`crate::node_addrs`] decides it from the node's address facts).
     AddrType(AddrTypeMatch),
+    /// `-m rpfilter`: a reverse-path route lookup of the source ([`crate::fib`] decides it
+    /// from the node's routing view).
+    Rpfilter(RpfilterMatch),
+    /// `-m pkttype [!] --pkt-type TYPE`: the packet's link-layer class
+    /// ([`crate::node_addrs::AddrFacts::pkt_class`] derives it).
+    PktType(Neg<PktType>),
     /// `-m recent`: a named list of recently seen addresses ([`RecentMatch`]).
     Recent(RecentMatch),
     /// `-m hashlimit` with a packet rate: a token bucket per hash key ([`HashlimitMatch`]).
@@ -139,6 +149,7 @@ impl Match {
             Match::Mark(_) => "mark",
             Match::Connmark(_) => "connmark",
             Match::Owner(_) => "owner",
+            Match::Physdev(_) => "physdev",
             Match::Length(_) => "length",
             Match::Limit(_) => "limit",
             Match::Mac(_) => "mac",
@@ -152,6 +163,8 @@ impl Match {
             Match::Rt(_) => "rt",
             Match::Ipv6Header(_) => "ipv6header",
             Match::AddrType(_) => "addrtype",
+            Match::Rpfilter(_) => "rpfilter",
+            Match::PktType(_) => "pkttype",
             Match::Recent(_) => "recent",
             Match::Hashlimit(_) => "hashlimit",
             Match::Opaque(o) => &o.name,

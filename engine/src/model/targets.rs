@@ -1,7 +1,7 @@
 //! The `-j`/`-g` targets: [`Target`] and the options of LOG, NFLOG, REJECT, CONNMARK and CT.
 //! Plain data, on both paths.
 
-use super::{MarkValue, Opaque, OpaqueOption};
+use super::{CtZoneSpec, MarkValue, Opaque, OpaqueOption};
 
 /// What a rule does when all its matches hold.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -28,7 +28,8 @@ pub enum Target {
     Nflog(NflogTarget),
     /// `-j NOTRACK` (raw table): mark the packet untracked and continue.
     Notrack,
-    /// `-j CT --notrack` (raw table): as NOTRACK. Other CT options are kept in `other`.
+    /// `-j CT` (raw table): `--notrack` as NOTRACK; otherwise a conntrack template (its
+    /// zone) for the tracker.
     Ct(CtTarget),
     /// `-j MARK --set-xmark VALUE/MASK` (xt_MARK revision 2): the packet mark becomes
     /// `(mark & !mask) ^ value`, and the next rule runs. `--set-mark V[/M]` is `V/(V|M)`,
@@ -118,11 +119,16 @@ pub struct NflogTarget {
     pub threshold: u16,
 }
 
-/// `-j CT` options.
+/// `-j CT` options. Without `--notrack` the rule attaches a conntrack template to the
+/// packet, as xt_ct_target: the first CT or NOTRACK rule a packet meets decides (a later one
+/// finds the template and does nothing).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtTarget {
     /// `--notrack`.
     pub notrack: bool,
-    /// Every other option, verbatim.
+    /// `--zone`, `--zone-orig`, `--zone-reply` (`None`: zone 0, which iptables-save omits).
+    pub zone: Option<CtZoneSpec>,
+    /// Every other option (`--helper`, `--timeout`, `--ctevents`, `--expevents`) in
+    /// libxt_CT's print order, its value canonical.
     pub other: Vec<OpaqueOption>,
 }

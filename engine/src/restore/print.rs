@@ -652,6 +652,26 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             ));
         }
         Match::Opaque(op) => opaque_opts(o, &op.options),
+        Match::Physdev(d) => {
+            // physdev_save's order.
+            if let Some(neg) = d.is_in {
+                o.opt(neg, "--physdev-is-in");
+            }
+            if let Some(i) = &d.physdev_in {
+                o.opt(i.negated, "--physdev-in ");
+                o.out.push_str(&i.value.name);
+            }
+            if let Some(neg) = d.is_out {
+                o.opt(neg, "--physdev-is-out");
+            }
+            if let Some(i) = &d.physdev_out {
+                o.opt(i.negated, "--physdev-out ");
+                o.out.push_str(&i.value.name);
+            }
+            if let Some(neg) = d.is_bridged {
+                o.opt(neg, "--physdev-is-bridged");
+            }
+        }
         Match::Owner(w) => {
             // owner_mt_save's order.
             if let Some(neg) = w.socket {
@@ -749,6 +769,19 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 AddrTypeLimit::In => o.push("--limit-iface-in"),
                 AddrTypeLimit::Out => o.push("--limit-iface-out"),
             }
+        }
+        Match::Rpfilter(r) => {
+            // As libxt_rpfilter's rpfilter_print_prefix with "--".
+            for (name, bit) in super::rpfilter::RPFILTER_OPTIONS {
+                if r.flags & bit != 0 {
+                    o.push(name);
+                }
+            }
+        }
+        Match::PktType(t) => {
+            // As libxt_pkttype's pkttype_save.
+            o.opt(t.negated, "--pkt-type ");
+            o.out.push_str(t.value.name());
         }
         Match::Recent(r) => {
             // As libxt_recent's recent_save.
@@ -908,6 +941,19 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
                 o.push("--notrack");
             }
             opaque_opts(o, &c.other);
+            if let Some(z) = c.zone {
+                // libxt_CT's ct_print_zone: one direction named, else --zone.
+                o.push(match z.dirs {
+                    crate::model::CtZone::ORIG => "--zone-orig ",
+                    crate::model::CtZone::REPLY => "--zone-reply ",
+                    _ => "--zone ",
+                });
+                if z.from_mark {
+                    o.out.push_str("mark");
+                } else {
+                    write_uint(o.out, z.id);
+                }
+            }
         }
         Target::Mark(m) => {
             o.push_fmt(format_args!(

@@ -796,7 +796,7 @@ pub(crate) fn check_chain_name(t: &Tok, ctx: &Ctx<'_>) -> Result<(), ParseError>
 
 /// `-i`/`-o`: at most 15 bytes (IFNAMSIZ - 1), as iptables: "interface name must be shorter
 /// than 16 characters"; a trailing `+` is a prefix wildcard.
-fn parse_iface(t: &Tok, ctx: &Ctx<'_>) -> Result<Iface, ParseError> {
+pub(super) fn parse_iface(t: &Tok, ctx: &Ctx<'_>) -> Result<Iface, ParseError> {
     if t.text.len() > 15 {
         return Err(ctx.err(
             t,

@@ -48,12 +48,18 @@ pub struct SupportRow {
 fn note(target: bool, name: &str) -> &'static str {
     match (target, name) {
         (false, "conntrack") => {
-            "`--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT (a DNATed packet's `--ctorigdst` is the translated address)"
+            "`--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT, except `--ctorigdst`/`--ctorigdstport` of a connection the kernel DNATed, read from the kernel's entry (NFQUEUE's NFQA_CT; needs nf_conntrack_netlink, else they are the translated ones); `--ctrepl*` of an SNATed connection are the engine's"
         }
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
         (false, "addrtype") => {
             "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
+        }
+        (false, "rpfilter") => {
+            "raw PREROUTING (mangle: stored only); decided against the node's routing rules and tables (`vallum_engine::fib`), read from the host over rtnetlink or given with `--routes`"
+        }
+        (false, "pkttype") => {
+            "the class is derived from the destination address (multicast, limited or local-table broadcast, else unicast; sent and forwarded packets unicast), not from the frame's MAC: NFQUEUE does not give the destination MAC (validation warns)"
         }
         (false, "recent") => {
             "lists per ruleset kept across commits; 100 entries a list, 256 time stamps an entry (the kernel's defaults)"
@@ -69,12 +75,15 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "owner") => {
             "OUTPUT/POSTROUTING; uid/gid from NFQUEUE's NFQA_UID/NFQA_GID; numeric ids only; `--suppl-groups` stored only"
         }
+        (false, "physdev") => {
+            "bridge ports from NFQUEUE's NFQA_PHYSINDEV/NFQA_PHYSOUTDEV (bridged traffic with br_netfilter); pcap and synthetic packets carry none, so they are not bridged"
+        }
         (true, "NFLOG") => {
             "counted, events handed to the caller like LOG events (vallumd has no consumer yet: validation warns)"
         }
         (true, "MARK") => "the mark goes back to the kernel with the NFQUEUE verdict",
         (true, "CT") => {
-            "raw table; only `--notrack` is enforced, other options are stored only (`--zone`: zones are not part of the conntrack key yet; `--helper`: no ALGs)"
+            "raw table; `--notrack` and `--zone`/`--zone-orig`/`--zone-reply` (the zone is part of the engine's conntrack key) are enforced; `--helper` is accepted with a warning (no ALG runs: expected connections are NEW, not RELATED); `--timeout`, `--ctevents`, `--expevents` are stored only"
         }
         (true, "REJECT") => "filter table only",
         (true, "NOTRACK") => "raw table only",
@@ -89,17 +98,11 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
         (false, "connlimit") => {
             "counts a source's connections in the conntrack table, which rule evaluation does not read yet"
         }
-        (false, "rpfilter") => {
-            "needs a reverse-path route lookup (the kernel's FIB with the input device and mark); the engine knows only the node's local addresses"
-        }
-        (false, "physdev") => {
-            "needs the bridge ports of a bridged packet (NFQA_PHYSINDEV/PHYSOUTDEV), which the packet sources do not read yet"
-        }
         (false, "hashlimit") => "byte rates and --hashlimit-rate-match are not enforced",
-        (true, "CT --zone") | (true, "CT --zone-orig") | (true, "CT --zone-reply") => {
-            "conntrack zones are not part of the engine's conntrack key yet"
+        (true, "CT --timeout") => "the engine's tracker has no timeout policies",
+        (true, "CT --ctevents") | (true, "CT --expevents") => {
+            "the engine's tracker sends no conntrack events"
         }
-        (true, "CT --helper") => "the engine runs no connection-tracking helpers (ALGs)",
         _ => return None,
     })
 }
@@ -107,8 +110,10 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
 /// Extensions collected as opaque options and then read into a typed match (`header_matches`,
 /// `addrtype`).
 fn typed_from_opaque(name: &str, family: Family) -> bool {
-    matches!(name, "addrtype" | "recent" | "hashlimit" | "owner")
-        || header_matches::is_typed(name, family)
+    matches!(
+        name,
+        "addrtype" | "recent" | "hashlimit" | "owner" | "rpfilter" | "pkttype" | "physdev"
+    ) || header_matches::is_typed(name, family)
         || super::opaque::TYPED_MATCHES.contains(&name)
 }
 
@@ -223,6 +228,27 @@ pub fn support_markdown() -> String {
          them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
          need routes it does not have: validation refuses them in filter and raw, naming them;\n\
          nat and mangle store them.\n\n\
+         `rpfilter` (raw PREROUTING; mangle stores it) decides as the kernel's `ipt_rpfilter` /\n\
+         `ip6t_rpfilter` against the node's routing rules and tables (`vallum_engine::fib`):\n\
+         vallumd reads them from the host over rtnetlink with the addresses (every packet\n\
+         source; in NFQUEUE mode they are the tables the kernel routes the packet with), or\n\
+         takes `--routes`; with `--local-addresses` and no `--routes` it has none and\n\
+         validation refuses rpfilter in raw. Honoured: loopback input, the DHCP/IGMP `0.0.0.0`\n\
+         exceptions, local sources only with `--accept-local`, `--loose` (any device), the mark\n\
+         with `--validmark` (for `fwmark` rules), IPv6 link-local sources (the input device's\n\
+         routes only), policy rules (`from`, `to`, `fwmark`, `iif`, `oif`, `tos`, `not`,\n\
+         `suppress_prefixlength`, `blackhole`/`unreachable`/`prohibit`, `throw` routes). Not\n\
+         modelled (such a rule never matches, such a route is left out): VRFs (`l3mdev`),\n\
+         `goto` rules, `ipproto`/port rules (the kernel's IPv6 flow carries the next header),\n\
+         IPv4 routes with a TOS, IPv6 source-specific routes, nexthop objects (`nhid`).\n\n\
+         `pkttype` reads the packet's class from its destination address, because no packet\n\
+         source gives the engine the frame's destination MAC (NFQUEUE sends only the source):\n\
+         received packets (PREROUTING, INPUT) are multicast for a multicast destination,\n\
+         broadcast for `255.255.255.255` or a `broadcast` address of the local table, else\n\
+         unicast; sent and forwarded packets are unicast (the kernel's `PACKET_HOST`). This is\n\
+         where it can differ from the kernel: a frame whose MAC and IP destinations disagree\n\
+         (an L2 broadcast or multicast carrying a unicast IP, a unicast MAC carrying a\n\
+         broadcast IP); validation warns on every pkttype rule that receives packets.\n\n\
          `recent` and `hashlimit` keep their tables per ruleset in the engine (not in the\n\
          kernel), across commits as conntrack does, while some rule names them; a ruleset that is\n\
          removed drops them. As in the kernel, a recent list keeps the mask of the rule that\n\
@@ -232,7 +258,20 @@ pub fn support_markdown() -> String {
          hashlimit table drops the entry that expires first where the kernel drops the packet;\n\
          ports of ESP/AH packets in a port mode are 0 (the kernel hashes their SPI); a trace is a\n\
          dry run for both: it reads the tables and changes nothing, so a rule after a `--set` of\n\
-         the same packet does not see that time stamp.\n\n",
+         the same packet does not see that time stamp.\n\n\
+         `physdev` reads the bridge ports NFQUEUE hands over for bridged IPv4/IPv6 (with\n\
+         br_netfilter's `bridge-nf-call-iptables`): `NFQA_IFINDEX_PHYSINDEV` and\n\
+         `PHYSOUTDEV`, names as for `-i`/`-o`; `vallumctl trace --physdev-in/--physdev-out`\n\
+         sets them. Packets from pcap or the synthetic source carry none and are not bridged\n\
+         (a rule whose every option is negated matches them, as in the kernel).\n\n\
+         `-j CT --zone` puts the packet's connection in a conntrack zone of the engine's own\n\
+         tracker: the zone id is part of the connection key in each direction, so the same\n\
+         addresses and ports in two zones are two connections (Neutron's per-port zones).\n\
+         The first `CT` or `NOTRACK` rule a packet meets decides, as xt_ct_target.\n\
+         `-j CT --helper` is accepted with a warning: the engine runs no helper (ALG), and\n\
+         vallumd does not attach the kernel's either, so the connections a helper would\n\
+         expect (FTP data, TFTP, SIP media) are NEW, not RELATED: allow them by port, or keep\n\
+         the helper in the kernel's own ruleset.\n\n",
     );
     for (target, title, flag) in [(false, "Matches", "-m"), (true, "Targets", "-j")] {
         out.push_str(&format!(

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! `bucketsize` and `initval` (kernel hash tuning) are accepted and dropped. A restore is all
-//! or nothing: the text is applied to staged copies under the manager's lock and published
-//! only when every line succeeded; an error names its line, column and token.
+//! or nothing: the text is checked and staged as changes under the manager's lock and
+//! published only when every line succeeded; an error names its line, column and token.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -19,6 +19,7 @@ use std::sync::Arc;
 use super::ipset::{
     AddOptions, Element, SetError, SetHandle, SetManager, SetSpec, SetType, Staged,
 };
+use crate::dataplane::left_right::Readers;
 use crate::model::Family;
 
 /// An error in `ipset save` text, at a 1-based line and column (bytes).
@@ -120,7 +121,7 @@ impl<'a> Line<'a> {
     }
 }
 
-/// `ipset save` text checked and applied to private copies, not yet visible:
+/// `ipset save` text checked and staged as changes, not yet visible:
 /// [`SetManager::prepare_restore`] makes it, [`PreparedRestore::publish`] creates the new
 /// sets and publishes every changed set; dropping it discards everything. Same contract as
 /// [`super::Prepared`]: the caller keeps other set writers out until it publishes.
@@ -189,7 +190,7 @@ impl SetManager {
     /// Returns how many lines were applied.
     pub fn restore(&self, text: &str, now: u64) -> Result<usize, SaveError> {
         let mut sets = self.lock();
-        let p = Self::restore_locked(&sets, text, now)?;
+        let p = Self::restore_locked(&sets, &self.readers, text, now)?;
         let n = p.applied;
         p.publish_locked(&mut sets);
         Ok(n)
@@ -199,11 +200,12 @@ impl SetManager {
     /// adds (see [`PreparedRestore`]). Errors as `restore`; on error nothing is staged.
     pub fn prepare_restore(&self, text: &str, now: u64) -> Result<PreparedRestore, SaveError> {
         let sets = self.lock();
-        Self::restore_locked(&sets, text, now)
+        Self::restore_locked(&sets, &self.readers, text, now)
     }
 
     fn restore_locked(
         sets: &BTreeMap<String, Arc<SetHandle>>,
+        readers: &Arc<Readers>,
         text: &str,
         now: u64,
     ) -> Result<PreparedRestore, SaveError> {
@@ -259,7 +261,7 @@ impl SetManager {
                     if sets.contains_key(name) {
                         return Err(l.err_at(name_at, SetError::Exists(name.into()).into()));
                     }
-                    SetManager::create_locked(&mut created, name, spec)
+                    SetManager::create_locked(&mut created, readers, name, spec)
                         .map_err(|e| l.err_at(name_at, e.into()))?;
                     let st = SetManager::stage(&created, name)
                         .map_err(|e| l.err_at(name_at, e.into()))?;

@@ -221,6 +221,28 @@ pub enum ViolationKind {
         "-m addrtype {0} needs the node's addresses, which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
     )]
     NodeAddrsUnknown(String),
+    /// `-m rpfilter` in an enforced table, validated against a registry whose node handle has
+    /// no routing view ([`crate::node_addrs::NodeAddrs::load_routes`] is `None`).
+    #[error(
+        "-m rpfilter needs the node's routing rules and tables, which this engine was not given (vallumd reads the host's over rtnetlink, or takes --routes)"
+    )]
+    NodeRoutesUnknown,
+    /// `-m rpfilter` outside the raw and mangle tables (the kernel's `rpfilter_check`
+    /// refuses it).
+    #[error("-m rpfilter is only valid in tables raw and mangle, not {0} (as the kernel)")]
+    RpfilterTable(TableKind),
+    /// `-m pkttype` in an enforced chain reached at PREROUTING or INPUT (warning): the
+    /// class is derived from the destination address, not read from the frame.
+    #[error(
+        "-m pkttype --pkt-type {0}: the class is derived from the IP destination (multicast, broadcast, else unicast) because NFQUEUE does not give the frame's destination MAC; a frame whose link-layer destination disagrees (an L2 broadcast or multicast carrying a unicast IP) is classed differently from the kernel"
+    )]
+    PktTypeDerived(&'static str),
+    /// `-m pkttype` in an enforced table, validated against a registry that has no node
+    /// addresses: the subnet broadcast addresses are unknown.
+    #[error(
+        "-m pkttype needs the node's local table (its broadcast addresses), which this engine was not given (vallumd reads the host's, or takes --local-addresses)"
+    )]
+    PktTypeNoAddrs,
     /// `-j NFLOG` (warning): its events are counted and handed to the engine's caller like
     /// LOG events, and vallumd has no consumer for either yet: nothing reaches the nflog
     /// group.
@@ -235,6 +257,15 @@ pub enum ViolationKind {
         "{0} in table raw sees no conntrack entry (raw runs before conntrack): it never matches / changes nothing, as in the kernel"
     )]
     NoConntrackInRaw(&'static str),
+    /// `-j CT --helper NAME` (warning): the template (and its zone) is enforced, but no
+    /// connection-tracking helper runs for the connection: the engine has no ALGs, and the
+    /// kernel's conntrack (NFQUEUE mode) attaches a helper only where the kernel's own
+    /// ruleset says `-j CT --helper`, which vallumd's steering does not. So the connections
+    /// the helper would expect (FTP data, TFTP, SIP media, ...) are NEW, not RELATED.
+    #[error(
+        "-j CT --helper {0}: no conntrack helper runs for these connections (the engine has no ALGs and does not attach the kernel's): the connections it would expect (e.g. FTP data) are NEW, not RELATED; allow them by port, or keep `{0}` in the kernel's own ruleset"
+    )]
+    CtHelperNotRun(String),
     /// A value the kernel (or iptables) refuses, or one the engine would evaluate differently
     /// from what its text form means (structured input only; the parser never builds these).
     #[error("{what} {value}: {reason}")]

@@ -103,6 +103,7 @@ impl TableCheck<'_> {
         let proto = r.protocol.filter(|p| !p.negated).map(|p| p.value);
         let mut mac_used = false;
         let mut owner_used = false;
+        let mut physdev_out_used = false;
         for m in &r.matches {
             let needs = |ext: &'static str, protos: &[u8], pname: &'static str| {
                 (!proto.is_some_and(|p| protos.contains(&p)))
@@ -171,6 +172,7 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::State(_) | Match::Mark(_) => {}
+                Match::Physdev(d) => physdev_out_used |= d.needs_bridged_output(),
                 Match::Owner(w) => {
                     owner_used = true;
                     if enforced && w.suppl_groups {
@@ -383,6 +385,41 @@ impl TableCheck<'_> {
                         errs.push(ViolationKind::NodeAddrsUnknown(addr_type::names(all)));
                     }
                 }
+                Match::Rpfilter(rp) => {
+                    if rp.flags & !crate::fib::rpfilter_flags::ALL != 0 {
+                        errs.push(ViolationKind::BadValue {
+                            what: "rpfilter",
+                            value: format!("{:#x}", rp.flags),
+                            reason: "holds bits that name no rpfilter option",
+                        });
+                    }
+                    if !matches!(table.kind, TableKind::Raw | TableKind::Mangle) {
+                        errs.push(ViolationKind::RpfilterTable(table.kind));
+                    }
+                    // As xt_rpfilter's hook mask: PREROUTING only.
+                    for h in [Hook::Input, Hook::Forward, Hook::Output, Hook::Postrouting] {
+                        if reached(h) {
+                            errs.push(ViolationKind::WrongHook {
+                                what: "-m rpfilter",
+                                hook: h,
+                            });
+                        }
+                    }
+                    let no_routes = |r: &dyn SetRegistry| {
+                        r.node_addrs().is_none_or(|n| n.load_routes().is_none())
+                    };
+                    if enforced && sets.is_some_and(no_routes) {
+                        errs.push(ViolationKind::NodeRoutesUnknown);
+                    }
+                }
+                Match::PktType(t) => {
+                    if enforced && (reached(Hook::Prerouting) || reached(Hook::Input)) {
+                        warns.push(ViolationKind::PktTypeDerived(t.value.name()));
+                    }
+                    if enforced && sets.is_some_and(|r| r.node_addrs().is_none()) {
+                        errs.push(ViolationKind::PktTypeNoAddrs);
+                    }
+                }
                 Match::Recent(r) => {
                     if let Some(reason) = r.kernel_refusal() {
                         errs.push(ViolationKind::BadValue {
@@ -414,6 +451,14 @@ impl TableCheck<'_> {
                     }
                 }
             }
+        }
+        if physdev_out_used && reached(Hook::Output) {
+            // As physdev_mt_check: the output port of a locally sent packet is not known
+            // at OUTPUT unless the rule asks for bridged traffic.
+            errs.push(ViolationKind::WrongHook {
+                what: "-m physdev --physdev-out/--physdev-is-out without --physdev-is-bridged",
+                hook: Hook::Output,
+            });
         }
         if owner_used {
             // As xt_owner's hooks: only locally generated packets have a socket.

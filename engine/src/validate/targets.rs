@@ -70,17 +70,21 @@ impl TableCheck<'_> {
                         allowed: TableKind::Raw,
                     });
                 }
+                // With --notrack the kernel uses no other option (xt_ct_tg_check); without,
+                // the zone is enforced (the tracker's key), --helper warns.
                 if let Target::Ct(ct) = &r.target {
-                    if enforced && (!ct.notrack || !ct.other.is_empty()) {
-                        let name = ct
-                            .other
-                            .first()
-                            .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
-                        errs.push(ViolationKind::Unsupported {
-                            what: "target",
-                            name: with_why(true, &name, &name),
-                            table: table.kind,
-                        });
+                    for o in ct.other.iter().filter(|_| enforced && !ct.notrack) {
+                        if o.name == "--helper" {
+                            let helper = o.args.first().cloned().unwrap_or_default();
+                            warns.push(ViolationKind::CtHelperNotRun(helper));
+                        } else {
+                            let name = format!("CT {}", o.name);
+                            errs.push(ViolationKind::Unsupported {
+                                what: "target",
+                                name: with_why(true, &name, &name),
+                                table: table.kind,
+                            });
+                        }
                     }
                 }
             }

@@ -5,7 +5,8 @@
 //!
 //! What the kernel tells us becomes the [`PacketMeta`]: the IP packet (NFQUEUE hands it from
 //! the IP header on; [`parse_ip`]), the hook (`NF_INET_*` numbers, [`hook_from_netfilter`]),
-//! the input/output interface indexes (names from [`IfNames`]), the mark, the link-layer
+//! the input/output interface indexes (names from [`IfNames`]), for a bridged packet the
+//! bridge ports (`NFQA_IFINDEX_PHYSINDEV`/`PHYSOUTDEV`, for `-m physdev`), the mark, the link-layer
 //! source address (`NFQA_HWADDR`, for `-m mac`; only from an Ethernet input device, as
 //! `mac_mt` checks `skb->dev->type == ARPHRD_ETHER`), and the NAT bits of the kernel's own
 //! conntrack entry (`NFQA_CT`'s `CTA_STATUS`, asked for with `NFQA_CFG_F_CONNTRACK`;
@@ -539,9 +540,15 @@ mod linux {
             hook: hook_from_netfilter(p.hook)?,
             in_iface,
             out_iface: names.get(p.outdev, now_ns),
+            phys_in: names.get(p.physindev, now_ns),
+            phys_out: names.get(p.physoutdev, now_ns),
             mark: p.mark,
             src_mac: p.hw_addr.filter(|_| in_ether),
             ct_nat: ct_nat(p.ct_status),
+            // Only the kernel knows the destination before its DNAT (--ctorigdst).
+            ct_orig_dst: p
+                .ct_orig_dst
+                .filter(|_| ct_nat(p.ct_status) & vallum_engine::model::ct_state::DNAT != 0),
             owner: p.uid.zip(p.gid),
             ..PacketMeta::default()
         };

@@ -1428,6 +1428,10 @@ pub fn packet_spec(r: &mut Rng) -> pb::PacketSpec {
         source_mac: r
             .pick(&["", "02:00:00:AA:bb:01", "zz", "02:00:00:00:00:00:00"])
             .to_string(),
+        physdev_in: r
+            .pick(&["", "", "tap1", "xxxxxxxxxxxxxxxxxxxx"])
+            .to_string(),
+        physdev_out: r.pick(&["", "", "tap2", "eth0"]).to_string(),
     }
 }
 

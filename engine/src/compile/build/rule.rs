@@ -137,7 +137,7 @@ pub(super) fn compile_rule(
                     .ok_or_else(|| RuleError::UnknownSet(s.name.clone()))?;
                 CMatch::Set {
                     negated: s.negated,
-                    set,
+                    set: crate::sets::SetRef::new(set),
                     dirs: s.dirs.clone().into_boxed_slice(),
                 }
             }
@@ -151,6 +151,21 @@ pub(super) fn compile_rule(
                 return Err(RuleError::Unsupported("owner --suppl-groups".into()));
             }
             Match::Owner(w) => CMatch::Owner(*w),
+            Match::Physdev(d) => {
+                let pattern = |i: &Option<Neg<crate::model::Iface>>| match i {
+                    None => Ok(None),
+                    Some(n) => iface_pattern(n).map(Some).ok_or_else(|| {
+                        RuleError::Unsupported(format!("physdev interface {}", n.value.name))
+                    }),
+                };
+                CMatch::Physdev(Box::new(super::super::CPhysdev {
+                    physdev_in: pattern(&d.physdev_in)?,
+                    physdev_out: pattern(&d.physdev_out)?,
+                    is_in: d.is_in,
+                    is_out: d.is_out,
+                    is_bridged: d.is_bridged,
+                }))
+            }
             // The raw table runs before conntrack: no entry to read (validation warns).
             Match::Connmark(_) if raw => CMatch::Never,
             Match::Connmark(mk) => CMatch::Connmark {
@@ -227,6 +242,17 @@ pub(super) fn compile_rule(
                     addrs,
                 }))
             }
+            Match::Rpfilter(rp) => CMatch::Rpfilter {
+                flags: rp.flags,
+                addrs: sets.node_addrs().ok_or_else(|| {
+                    RuleError::Unsupported("rpfilter without the node's routes".into())
+                })?,
+            },
+            Match::PktType(t) => CMatch::PktType {
+                negated: t.negated,
+                kind: t.value,
+                addrs: sets.node_addrs(),
+            },
             Match::Recent(r) => CMatch::Recent(Box::new(named.borrow_mut().recent(ruleset, r))),
             Match::Hashlimit(h) => {
                 let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
@@ -265,13 +291,19 @@ pub(super) fn compile_rule(
         // As above: no conntrack entry in the raw table, CONNMARK does nothing there.
         Target::Connmark(_) if raw => CTarget::Continue,
         Target::Connmark(c) => CTarget::Connmark(*c),
-        Target::Ct(ct) if ct.notrack && ct.other.is_empty() => CTarget::Notrack,
+        // As xt_ct_tg_check: with --notrack the other options are not used.
+        Target::Ct(ct) if ct.notrack => CTarget::Notrack,
         Target::Ct(ct) => {
-            let what = ct
-                .other
-                .first()
-                .map_or_else(|| "CT".to_string(), |o| format!("CT {}", o.name));
-            return Err(RuleError::Unsupported(what));
+            // --helper runs no ALG here (validation warns); --timeout and the event masks
+            // are not enforced.
+            if let Some(o) = ct.other.iter().find(|o| o.name != "--helper") {
+                return Err(RuleError::Unsupported(format!("CT {}", o.name)));
+            }
+            CTarget::Ct(ct.zone.unwrap_or(crate::model::CtZoneSpec {
+                id: 0,
+                from_mark: false,
+                dirs: crate::model::CtZone::ORIG | crate::model::CtZone::REPLY,
+            }))
         }
         Target::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
     };

@@ -185,7 +185,9 @@ impl HeaderFilter {
                 CMatch::CtState { .. }
                 | CMatch::Conntrack(_)
                 | CMatch::Mark { .. }
-                | CMatch::Connmark { .. } => {
+                | CMatch::Connmark { .. }
+                | CMatch::Rpfilter { .. }
+                | CMatch::PktType { .. } => {
                     exact = false;
                     f.flags |= FILTER_CTSTATE;
                     continue;

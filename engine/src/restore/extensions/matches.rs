@@ -253,7 +253,7 @@ pub(crate) fn match_option(
             }),
             _ => return None,
         },
-        Match::Connmark(_) | Match::Owner(_) => return None,
+        Match::Connmark(_) | Match::Owner(_) | Match::Physdev(_) => return None,
         Match::Mark(mk) => match name {
             "--mark" => once(seen, 0, negated, true, args, ctx, name).and_then(|()| {
                 let a = args.next()?;
@@ -320,6 +320,8 @@ pub(crate) fn match_option(
         | Match::Rt(_)
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
+        | Match::Rpfilter(_)
+        | Match::PktType(_)
         | Match::Recent(_)
         | Match::Hashlimit(_) => return None,
     };
@@ -658,6 +660,10 @@ pub(crate) fn finish_match(
                 *m = super::super::owner::typed(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "physdev" {
+                *m = super::super::physdev::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "addrtype" {
                 *m = super::super::addrtype::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -670,6 +676,14 @@ pub(crate) fn finish_match(
                     *m = t;
                     return Ok(());
                 }
+            }
+            if o.name == "rpfilter" {
+                *m = super::super::rpfilter::typed_rpfilter(&o.options, &token, ctx)?;
+                return Ok(());
+            }
+            if o.name == "pkttype" {
+                *m = super::super::rpfilter::typed_pkttype(&o.options, &token, ctx)?;
+                return Ok(());
             }
             if o.name == "recent" {
                 *m = super::super::recent::typed(&o.options, &token, ctx)?;
@@ -701,6 +715,7 @@ pub(crate) fn finish_match(
         Match::Limit(_)
         | Match::Connmark(_)
         | Match::Owner(_)
+        | Match::Physdev(_)
         | Match::Ttl(_)
         | Match::Hl(_)
         | Match::Tos(_)
@@ -711,6 +726,8 @@ pub(crate) fn finish_match(
         | Match::Rt(_)
         | Match::Ipv6Header(_)
         | Match::AddrType(_)
+        | Match::Rpfilter(_)
+        | Match::PktType(_)
         | Match::Recent(_)
         | Match::Hashlimit(_) => {}
     }

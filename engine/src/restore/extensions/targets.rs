@@ -6,8 +6,8 @@
 //! Parse time only (not on the packet path); every error names the token (line, column).
 
 use crate::model::{
-    CtTarget, Family, LogTarget, Neg, NflogTarget, Opaque, OpaqueOption, RejectWith, TableKind,
-    Target,
+    CtTarget, CtZone, CtZoneSpec, Family, LogTarget, Neg, NflogTarget, Opaque, OpaqueOption,
+    RejectWith, TableKind, Target,
 };
 
 use super::super::lexer::Tok;
@@ -362,6 +362,30 @@ pub(crate) fn target_option(
             (|| {
                 once(seen, i + 1, negated, false, args, ctx, name)?;
                 let a = args.next()?;
+                if let Some(dir) = match key {
+                    "--zone-orig" => Some(CtZone::ORIG),
+                    "--zone-reply" => Some(CtZone::REPLY),
+                    "--zone" => Some(0),
+                    _ => None,
+                } {
+                    // As libxt_CT: each option sets the one id (`mark` or 0-65535) and
+                    // adds its direction; none or both mean both.
+                    let (id, from_mark) = if a.text == "mark" {
+                        (0, true)
+                    } else {
+                        let id = parse_uint(a.text, 65535).ok_or_else(|| {
+                            invalid(ctx, &a, "zone", "not a number 0-65535 or `mark`")
+                        })?;
+                        (id as u16, false)
+                    };
+                    let dirs = c.zone.map_or(0, |z| z.dirs) | dir;
+                    c.zone = Some(CtZoneSpec {
+                        id,
+                        from_mark,
+                        dirs,
+                    });
+                    return Ok(());
+                }
                 let value = match key {
                     "--ctevents" | "--expevents" => {
                         let mut bits = 0u32;
@@ -383,9 +407,6 @@ pub(crate) fn target_option(
                             .collect::<Vec<_>>()
                             .join(",")
                     }
-                    "--zone" | "--zone-orig" | "--zone-reply" => parse_uint(a.text, 65535)
-                        .ok_or_else(|| invalid(ctx, &a, "zone", "not a number 0-65535"))?
-                        .to_string(),
                     _ => {
                         if a.text.is_empty() || a.text.len() > 15 {
                             return Err(invalid(ctx, &a, "name", "1 to 15 bytes"));
@@ -446,10 +467,16 @@ pub(crate) fn finish_target(
             return Ok(t);
         }
     }
-    if let Target::Ct(c) = &mut { pt.t.clone() } {
-        // `--zone 0` is the default and iptables-save omits it.
-        c.other.retain(|o| !(o.name == "--zone" && o.args == ["0"]));
-        return Ok(Target::Ct(c.clone()));
+    if let Target::Ct(c) = &mut pt.t {
+        if let Some(z) = &mut c.zone {
+            if z.dirs == 0 {
+                z.dirs = CtZone::ORIG | CtZone::REPLY;
+            }
+        }
+        // Zone 0 (not `mark`) is the default zone and iptables-save omits it.
+        if c.zone.is_some_and(|z| z.id == 0 && !z.from_mark) {
+            c.zone = None;
+        }
     }
     Ok(pt.t)
 }

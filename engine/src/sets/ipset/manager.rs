@@ -6,11 +6,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use arc_swap::ArcSwap;
-
+use crate::dataplane::Quiescence;
+use crate::dataplane::left_right::{LeftRight, Readers};
 use crate::sets::IpSet;
 
-use super::content::{Content, Counters, Entry, SetHandle};
+use super::content::{Content, Counters, Delta, Entry, SetHandle};
 use super::element::*;
 
 // === SetManager ===
@@ -41,15 +41,29 @@ pub struct SetInfo {
 
 /// The registry of ipset-style sets. Writers are serialized by one mutex; readers (the packet
 /// path, through handles) never take it. Implements [`SetRegistry`](super::SetRegistry).
-#[derive(Debug, Default)]
+///
+/// Built for a dataplane ([`SetManager::for_dataplane`], with the engine's
+/// [`Quiescence`](crate::Engine::quiescence)), lookups inside that dataplane's batches read a
+/// set through one pointer load; built without one ([`SetManager::new`]), or outside a batch,
+/// each lookup takes a read lock (module docs of [`crate::sets::ipset`]).
+#[derive(Debug)]
 pub struct SetManager {
     pub(in crate::sets) sets: Mutex<BTreeMap<String, Arc<SetHandle>>>,
+    /// What protects every set's readers (shared by all handles: `swap` moves copies).
+    pub(in crate::sets) readers: Arc<Readers>,
     /// The node's address facts that `-m addrtype` reads (empty until its owner fills them).
     pub(in crate::sets) node_addrs: Arc<crate::node_addrs::NodeAddrs>,
     /// The hooks the node's packet path evaluates, once its owner has said
     /// ([`SetManager::set_reached_hooks`]).
     pub(in crate::sets) reached_hooks:
         std::sync::RwLock<Option<Arc<crate::validate::ReachedHooks>>>,
+}
+
+impl Default for SetManager {
+    /// As [`SetManager::new`].
+    fn default() -> SetManager {
+        SetManager::new()
+    }
 }
 
 impl crate::sets::SetRegistry for SetManager {
@@ -69,18 +83,46 @@ impl crate::sets::SetRegistry for SetManager {
     }
 }
 
-/// A staged change of one set, published by [`Staged::publish`].
+/// A staged change of one set, published by [`Staged::publish`]: the elements it sets or
+/// removes, checked against the live copy (read under the handle's writer lock).
 pub(in crate::sets) struct Staged {
     pub(in crate::sets) handle: Arc<SetHandle>,
-    pub(in crate::sets) content: Content,
+    /// The set's options (as staged).
+    pub(in crate::sets) opts: super::content::Options,
+    /// How many elements the set has with this change.
+    pub(in crate::sets) len: usize,
+    pub(in crate::sets) delta: Delta,
     /// With [`Staged::logged`]: every element added, with its expiry.
     pub(in crate::sets) log: Option<Vec<(Element, u64)>>,
 }
 
 impl SetManager {
-    /// An empty manager.
+    /// An empty manager whose sets are read under a lock (no dataplane): for tests and tools
+    /// that call sets directly. A server uses [`SetManager::for_dataplane`].
     pub fn new() -> SetManager {
-        SetManager::default()
+        SetManager::with_readers(None)
+    }
+
+    /// An empty manager whose sets are read without a lock or reference count inside the
+    /// batches of the dataplane `quiescence` belongs to ([`crate::Engine::quiescence`]); set
+    /// updates retire old contents through its generations (never waiting for more than the
+    /// rest of one batch per core) and lookups elsewhere take a read lock.
+    pub fn for_dataplane(quiescence: Arc<Quiescence>) -> SetManager {
+        SetManager::with_readers(Some(quiescence))
+    }
+
+    fn with_readers(quiescence: Option<Arc<Quiescence>>) -> SetManager {
+        SetManager {
+            sets: Mutex::default(),
+            readers: Arc::new(Readers::new(quiescence)),
+            node_addrs: Arc::default(),
+            reached_hooks: std::sync::RwLock::default(),
+        }
+    }
+
+    /// The dataplane generations lookups are protected by (`None`: every lookup locks).
+    pub fn quiescence(&self) -> Option<&Arc<Quiescence>> {
+        self.readers.quiescence()
     }
 
     /// The node's address facts compiled `-m addrtype` matches read; replace them with
@@ -124,11 +166,12 @@ impl SetManager {
     /// Creates an empty set.
     pub fn create(&self, name: &str, spec: SetSpec) -> Result<(), SetError> {
         let mut sets = self.lock();
-        Self::create_locked(&mut sets, name, spec)
+        Self::create_locked(&mut sets, &self.readers, name, spec)
     }
 
     pub(in crate::sets) fn create_locked(
         sets: &mut BTreeMap<String, Arc<SetHandle>>,
+        readers: &Arc<Readers>,
         name: &str,
         spec: SetSpec,
     ) -> Result<(), SetError> {
@@ -136,11 +179,7 @@ impl SetManager {
         if sets.contains_key(name) {
             return Err(SetError::Exists(name.into()));
         }
-        let handle = SetHandle {
-            kind: spec.kind,
-            family: spec.family,
-            content: ArcSwap::new(Content::new(&spec).seal()),
-        };
+        let handle = SetHandle::new(&spec, Arc::clone(readers));
         sets.insert(name.into(), Arc::new(handle));
         Ok(())
     }
@@ -158,7 +197,7 @@ impl SetManager {
         let h = self
             .handle(name)
             .ok_or_else(|| SetError::NotFound(name.into()))?;
-        let spec = h.spec(&h.content.load());
+        let spec = h.spec(h.content.lock().live());
         let mut out = Vec::new();
         for t in texts {
             out.extend(
@@ -235,7 +274,7 @@ impl SetManager {
     ) -> Result<Prepared, SetError> {
         let mut st = Self::stage(sets, name)?;
         st.add(name, add, now)?;
-        let deleted = delete.into_iter().filter(|e| st.content.remove(e)).count();
+        let deleted = st.remove_all(delete);
         Ok(Prepared {
             staged: st,
             deleted,
@@ -271,11 +310,11 @@ impl SetManager {
     }
 
     pub(in crate::sets) fn summary_of(name: &str, h: &SetHandle) -> SetSummary {
-        let c = h.content.load();
+        let w = h.content.lock();
         SetSummary {
             name: name.into(),
-            spec: h.spec(&c),
-            entries: c.map.len(),
+            spec: h.spec(w.live()),
+            entries: w.live().len(),
         }
     }
 
@@ -287,10 +326,7 @@ impl SetManager {
     ) -> Result<usize, SetError> {
         let sets = self.lock();
         let mut st = Self::stage(&sets, name)?;
-        let n = elements
-            .into_iter()
-            .filter(|e| st.content.remove(e))
-            .count();
+        let n = st.remove_all(elements);
         st.publish();
         Ok(n)
     }
@@ -307,8 +343,10 @@ impl SetManager {
         let h = sets
             .get(name)
             .ok_or_else(|| SetError::NotFound(name.into()))?;
-        let spec = h.spec(&h.content.load());
-        h.content.store(Content::new(&spec).seal());
+        h.content.publish(Delta {
+            clear: true,
+            ..Delta::default()
+        });
         Ok(())
     }
 
@@ -321,9 +359,9 @@ impl SetManager {
         if ha.kind != hb.kind || ha.family != hb.family {
             return Err(SetError::Incompatible(a.into(), b.into()));
         }
-        let ca = ha.content.load_full();
-        let cb = hb.content.swap(ca);
-        ha.content.store(cb);
+        // Every handle of a manager shares its `Readers`, so this cannot fail.
+        let exchanged = LeftRight::exchange(&ha.content, &hb.content);
+        debug_assert!(exchanged, "sets of one manager share their readers");
         Ok(())
     }
 
@@ -332,22 +370,22 @@ impl SetManager {
         let sets = self.lock();
         let mut freed = 0;
         for h in sets.values() {
-            let cur = h.content.load();
-            if cur.map.values().all(|e| now < e.expires) {
+            let mut w = h.content.lock();
+            let changes: rustc_hash::FxHashMap<Element, Option<Entry>> = (w.live().iter())
+                .filter(|(_, e)| now >= e.expires)
+                .map(|(k, _)| (k, None))
+                .collect();
+            if changes.is_empty() {
                 continue;
             }
-            let mut c = Content::clone(&cur);
-            let dead: Vec<Element> = c
-                .map
-                .iter()
-                .filter(|(_, e)| now >= e.expires)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in &dead {
-                c.remove(k);
-            }
-            freed += dead.len();
-            h.content.store(c.seal());
+            freed += changes.len();
+            h.content.publish_locked(
+                &mut w,
+                Delta {
+                    clear: false,
+                    changes,
+                },
+            );
         }
         freed
     }
@@ -366,14 +404,14 @@ impl SetManager {
         let h = sets
             .get(name)
             .ok_or_else(|| SetError::NotFound(name.into()))?;
-        let c = h.content.load();
-        let spec = h.spec(&c);
+        let w = h.content.lock();
+        let c = w.live();
+        let spec = h.spec(c);
         let mut elements: Vec<ListedElement> = c
-            .map
             .iter()
             .filter(|(_, e)| now < e.expires)
             .map(|(k, e)| ListedElement {
-                element: *k,
+                element: k,
                 text: k.display(&spec),
                 timeout: spec.timeout.map(|_| {
                     if e.expires == u64::MAX {
@@ -398,7 +436,7 @@ impl SetManager {
         })
     }
 
-    /// A copy of `name`'s content to change and publish later.
+    /// An empty change of `name` to build and publish later.
     pub(in crate::sets) fn stage(
         sets: &BTreeMap<String, Arc<SetHandle>>,
         name: &str,
@@ -406,9 +444,12 @@ impl SetManager {
         let h = sets
             .get(name)
             .ok_or_else(|| SetError::NotFound(name.into()))?;
+        let w = h.content.lock();
         Ok(Staged {
             handle: Arc::clone(h),
-            content: Content::clone(&h.content.load()),
+            opts: w.live().opts,
+            len: w.live().len(),
+            delta: Delta::default(),
             log: None,
         })
     }
@@ -416,7 +457,74 @@ impl SetManager {
 
 impl Staged {
     pub(in crate::sets) fn spec(&self) -> SetSpec {
-        self.handle.spec(&self.content)
+        self.handle.spec_of(&self.opts)
+    }
+
+    /// The element's entry as it will be after this change (expired ones included).
+    fn get<'a>(&'a self, live: &'a Content, e: &Element) -> Option<&'a Entry> {
+        match self.delta.changes.get(e) {
+            Some(v) => v.as_ref(),
+            None if self.delta.clear => None,
+            None => live.get(e),
+        }
+    }
+
+    /// Sets `e` to `make(its entry as it is with this change so far)`, unless adding it would
+    /// exceed `maxelem`. One probe of the change and at most one of the live copy.
+    fn put_with(
+        &mut self,
+        live: &Content,
+        name: &str,
+        e: Element,
+        make: impl FnOnce(Option<&Entry>) -> Entry,
+    ) -> Result<(), SetError> {
+        use std::collections::hash_map::Entry as Slot;
+        let (len, maxelem) = (&mut self.len, self.opts.maxelem);
+        let mut count_new = || {
+            if *len >= maxelem as usize {
+                return Err(SetError::Full {
+                    set: name.into(),
+                    maxelem,
+                });
+            }
+            *len += 1;
+            Ok(())
+        };
+        match self.delta.changes.entry(e) {
+            Slot::Occupied(mut o) => {
+                if o.get().is_none() {
+                    count_new()?;
+                }
+                let new = make(o.get().as_ref());
+                o.insert(Some(new));
+            }
+            Slot::Vacant(v) => {
+                let old = if self.delta.clear { None } else { live.get(&e) };
+                if old.is_none() {
+                    count_new()?;
+                }
+                v.insert(Some(make(old)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes each element from the change; returns how many were present.
+    pub(in crate::sets) fn remove_all(
+        &mut self,
+        elements: impl IntoIterator<Item = Element>,
+    ) -> usize {
+        let handle = Arc::clone(&self.handle);
+        let w = handle.content.lock();
+        let mut n = 0;
+        for e in elements {
+            if self.get(w.live(), &e).is_some() {
+                n += 1;
+                self.len -= 1;
+                self.delta.changes.insert(e, None);
+            }
+        }
+        n
     }
 
     pub(in crate::sets) fn add(
@@ -425,7 +533,11 @@ impl Staged {
         elements: impl IntoIterator<Item = (Element, AddOptions)>,
         now: u64,
     ) -> Result<(), SetError> {
-        let opts = self.content.opts;
+        let opts = self.opts;
+        let handle = Arc::clone(&self.handle);
+        let w = handle.content.lock();
+        let elements = elements.into_iter();
+        self.delta.changes.reserve(elements.size_hint().0);
         for (e, add) in elements {
             // As ipset: per-element options need the set to have been created with them.
             let unsupported = if add.timeout.is_some() && opts.timeout.is_none() {
@@ -446,22 +558,17 @@ impl Staged {
             // Explicit counters go into fresh ones: the old `Arc` is shared with the published
             // content, and writing it now would change the live set before (or without) a
             // publish. Otherwise the element keeps its counters.
-            let old = self.content.map.get(&e).and_then(|o| o.counters.clone());
-            let counters = opts.counters.then(|| match add.counters {
-                Some((p, b)) => Arc::new(Counters {
-                    packets: AtomicU64::new(p),
-                    bytes: AtomicU64::new(b),
-                }),
-                None => old.unwrap_or_default(),
-            });
-            let present = self.content.map.contains_key(&e);
-            if !present && self.content.map.len() >= opts.maxelem as usize {
-                return Err(SetError::Full {
-                    set: name.into(),
-                    maxelem: opts.maxelem,
+            let make = |old: Option<&Entry>| {
+                let counters = opts.counters.then(|| match add.counters {
+                    Some((p, b)) => Arc::new(Counters {
+                        packets: AtomicU64::new(p),
+                        bytes: AtomicU64::new(b),
+                    }),
+                    None => old.and_then(|o| o.counters.clone()).unwrap_or_default(),
                 });
-            }
-            self.content.insert(e, Entry { expires, counters });
+                Entry { expires, counters }
+            };
+            self.put_with(w.live(), name, e, make)?;
             if let Some(log) = &mut self.log {
                 log.push((e, expires));
             }
@@ -475,17 +582,12 @@ impl Staged {
         name: &str,
         elements: impl IntoIterator<Item = (Element, u64)>,
     ) -> Result<(), SetError> {
-        let opts = self.content.opts;
+        let counters = self.opts.counters;
+        let handle = Arc::clone(&self.handle);
+        let w = handle.content.lock();
         for (e, expires) in elements {
-            if !self.content.map.contains_key(&e) && self.content.map.len() >= opts.maxelem as usize
-            {
-                return Err(SetError::Full {
-                    set: name.into(),
-                    maxelem: opts.maxelem,
-                });
-            }
-            let counters = opts.counters.then(Arc::default);
-            self.content.insert(e, Entry { expires, counters });
+            let counters = counters.then(Arc::default);
+            self.put_with(w.live(), name, e, |_| Entry { expires, counters })?;
         }
         Ok(())
     }
@@ -501,20 +603,25 @@ impl Staged {
         self.log.as_deref().unwrap_or(&[])
     }
 
+    /// Applies the change to the set's standby copy and flips it live ([`LeftRight::publish`]).
     pub(in crate::sets) fn publish(self) {
-        self.handle.content.store(self.content.seal());
+        if self.delta.clear || !self.delta.changes.is_empty() {
+            self.handle.content.publish(self.delta);
+        }
     }
 }
 
 // === Prepared ===
 
-/// A change of one set, checked against its content and built on a private copy, not yet
-/// visible to readers: [`SetManager::prepare_update`] makes it, [`Prepared::publish`] makes
-/// it visible in one store; dropping it discards it. This lets a caller make the change
-/// durable elsewhere (the server's SQLite store) between the check and the publication.
+/// A change of one set, checked against its content and kept as a list of element changes, not
+/// yet visible to readers: [`SetManager::prepare_update`] makes it, [`Prepared::publish`]
+/// applies it to the standby copy and makes it visible in one store; dropping it discards it.
+/// This lets a caller make the change durable elsewhere (the server's SQLite store) between
+/// the check and the publication.
 ///
 /// Contract: between prepare and publish the caller keeps every other writer of this set
-/// out (the server holds its write lock); a publish overwrites changes made in between.
+/// out (the server holds its write lock); a publish applies its changes on top of changes
+/// made in between (whose elements it may then overwrite or exceed `maxelem` with).
 pub struct Prepared {
     pub(in crate::sets) staged: Staged,
     pub(in crate::sets) deleted: usize,
@@ -523,7 +630,7 @@ pub struct Prepared {
 impl fmt::Debug for Prepared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Prepared")
-            .field("len", &self.staged.content.map.len())
+            .field("len", &self.staged.len)
             .field("deleted", &self.deleted)
             .finish()
     }
@@ -540,7 +647,8 @@ impl Prepared {
         self.staged.spec()
     }
 
-    /// Makes the change visible (one atomic store; readers see all of it or none).
+    /// Makes the change visible (one atomic store; readers see all of it or none). Costs the
+    /// change's size, not the set's; waits for no reader (module docs of [`crate::sets::ipset`]).
     pub fn publish(self) {
         self.staged.publish();
     }

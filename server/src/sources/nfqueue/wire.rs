@@ -44,6 +44,10 @@ mod attr {
     pub const MARK: u16 = 3;
     pub const IFINDEX_INDEV: u16 = 5;
     pub const IFINDEX_OUTDEV: u16 = 6;
+    /// The bridge port a bridged packet came in on (be32 ifindex; br_netfilter).
+    pub const IFINDEX_PHYSINDEV: u16 = 7;
+    /// The bridge port it goes out of.
+    pub const IFINDEX_PHYSOUTDEV: u16 = 8;
     pub const HWADDR: u16 = 9;
     pub const PAYLOAD: u16 = 10;
     /// Nested: the kernel's conntrack entry as ctnetlink attributes (`CTA_*`).
@@ -57,6 +61,15 @@ mod attr {
 
 /// `CTA_STATUS` inside `NFQA_CT`: the entry's `IPS_*` status bits, big-endian u32.
 const CTA_STATUS: u16 = 3;
+/// `CTA_TUPLE_ORIG` inside `NFQA_CT` (nested): the original tuple, `CTA_TUPLE_IP` (nested:
+/// `CTA_IP_V4_DST` 2, `CTA_IP_V6_DST` 4) and `CTA_TUPLE_PROTO` (nested:
+/// `CTA_PROTO_DST_PORT` 3, be16).
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_DST_PORT: u16 = 3;
 
 /// `IPS_SRC_NAT` (bit 4 of the conntrack status): the kernel source-NATs this connection.
 pub const IPS_SRC_NAT: u32 = 1 << 4;
@@ -109,6 +122,13 @@ pub struct PacketMsg<'a> {
     pub indev: u32,
     /// Output interface index (0: none, e.g. at INPUT).
     pub outdev: u32,
+    /// `NFQA_IFINDEX_PHYSINDEV`: for a packet that crossed a bridge with br_netfilter
+    /// (`indev` is then the bridge), the index of the bridge port it came in on
+    /// (`nf_bridge_get_physinif`); 0 when absent (not bridged).
+    pub physindev: u32,
+    /// `NFQA_IFINDEX_PHYSOUTDEV`: the bridge port it goes out of (only while it is being
+    /// bridged: FORWARD, POSTROUTING); 0 when absent.
+    pub physoutdev: u32,
     /// The link-layer source address (`NFQA_HWADDR`, what the input device's `header_ops->parse`
     /// read from the frame) when it is 6 bytes long; the kernel sends it for packets with an
     /// input device and a link-layer header (PREROUTING, INPUT, FORWARD), loopback included
@@ -120,6 +140,10 @@ pub struct PacketMsg<'a> {
     /// sent when the queue was bound with `NFQA_CFG_F_CONNTRACK` and the packet has an entry
     /// (not for untracked packets, nor where conntrack does not run in the namespace).
     pub ct_status: Option<u32>,
+    /// The destination address and port (`None` without ports: ICMP, other protocols) of
+    /// the kernel entry's original tuple (`CTA_TUPLE_ORIG` in `NFQA_CT`): before any DNAT,
+    /// unlike the packet's own. `None` when absent.
+    pub ct_orig_dst: Option<(std::net::IpAddr, Option<u16>)>,
     /// `NFQA_CT_INFO`: the kernel's `enum ip_conntrack_info` for the packet (ESTABLISHED 0,
     /// RELATED 1, NEW 2, ESTABLISHED_REPLY 3, RELATED_REPLY 4), with `ct_status`.
     pub ct_info: Option<u32>,
@@ -231,9 +255,12 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
         mark: 0,
         indev: 0,
         outdev: 0,
+        physindev: 0,
+        physoutdev: 0,
         hw_addr: None,
         payload: &[],
         ct_status: None,
+        ct_orig_dst: None,
         ct_info: None,
         uid: None,
         gid: None,
@@ -255,6 +282,12 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
             attr::MARK => p.mark = u32_be(data, 0).ok_or(WireError::Truncated)?,
             attr::IFINDEX_INDEV => p.indev = u32_be(data, 0).ok_or(WireError::Truncated)?,
             attr::IFINDEX_OUTDEV => p.outdev = u32_be(data, 0).ok_or(WireError::Truncated)?,
+            attr::IFINDEX_PHYSINDEV => {
+                p.physindev = u32_be(data, 0).ok_or(WireError::Truncated)?;
+            }
+            attr::IFINDEX_PHYSOUTDEV => {
+                p.physoutdev = u32_be(data, 0).ok_or(WireError::Truncated)?;
+            }
             attr::HWADDR => {
                 // struct nfqnl_msg_packet_hw { __be16 hw_addrlen; __u16 _pad; __u8 hw_addr[8]; }
                 let len = u16_be(data, 0).ok_or(WireError::Truncated)?;
@@ -262,7 +295,10 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
                 p.hw_addr = (len == 6).then(|| addr.try_into().ok()).flatten();
             }
             attr::PAYLOAD => p.payload = data,
-            attr::CT => p.ct_status = ct_status(data)?,
+            attr::CT => {
+                p.ct_status = ct_status(data)?;
+                p.ct_orig_dst = ct_orig_dst(data)?;
+            }
             attr::CT_INFO => p.ct_info = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
             attr::UID => p.uid = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
             attr::GID => p.gid = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
@@ -290,6 +326,78 @@ fn ct_status(mut rest: &[u8]) -> Result<Option<u32>, WireError> {
         rest = rest.get(align4(alen)..).unwrap_or(&[]);
     }
     Ok(status)
+}
+
+/// The netlink attributes of `rest`, each as (type without flags, payload).
+fn attrs(mut rest: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), WireError>> {
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let one = (|| {
+            let alen = usize::from(u16_ne(rest, 0).ok_or(WireError::Truncated)?);
+            let aty = u16_ne(rest, 2).ok_or(WireError::Truncated)? & NLA_TYPE_MASK;
+            let data = rest.get(4..alen).ok_or(WireError::Truncated)?;
+            Ok((aty, data, alen))
+        })();
+        Some(match one {
+            Ok((aty, data, alen)) => {
+                rest = rest.get(align4(alen)..).unwrap_or(&[]);
+                Ok((aty, data))
+            }
+            Err(e) => {
+                rest = &[];
+                Err(e)
+            }
+        })
+    })
+}
+
+/// The original tuple's destination (address, port) among the attributes nested in
+/// `NFQA_CT`; `None` when there is no `CTA_TUPLE_ORIG` or it has no destination address.
+fn ct_orig_dst(ct: &[u8]) -> Result<Option<(std::net::IpAddr, Option<u16>)>, WireError> {
+    let mut addr = None;
+    let mut port = None;
+    for a in attrs(ct) {
+        let (ty, tuple) = a?;
+        if ty != CTA_TUPLE_ORIG {
+            continue;
+        }
+        for a in attrs(tuple) {
+            match a? {
+                (CTA_TUPLE_IP, ip) => {
+                    for a in attrs(ip) {
+                        match a? {
+                            (CTA_IP_V4_DST, d) => {
+                                let b: [u8; 4] = d
+                                    .get(..4)
+                                    .and_then(|b| b.try_into().ok())
+                                    .ok_or(WireError::Truncated)?;
+                                addr = Some(std::net::IpAddr::from(b));
+                            }
+                            (CTA_IP_V6_DST, d) => {
+                                let b: [u8; 16] = d
+                                    .get(..16)
+                                    .and_then(|b| b.try_into().ok())
+                                    .ok_or(WireError::Truncated)?;
+                                addr = Some(std::net::IpAddr::from(b));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                (CTA_TUPLE_PROTO, proto) => {
+                    for a in attrs(proto) {
+                        if let (CTA_PROTO_DST_PORT, d) = a? {
+                            port = Some(u16_be(d, 0).ok_or(WireError::Truncated)?);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(addr.map(|a| (a, port)))
 }
 
 // === building messages ===
@@ -551,6 +659,69 @@ mod tests {
             panic!("not a packet")
         };
         assert_eq!((q.uid, q.gid), (None, None));
+    }
+
+    /// `V4_INPUT_PACKET` with NFQA_IFINDEX_PHYSINDEV and NFQA_IFINDEX_PHYSOUTDEV (be32 each)
+    /// appended, as `nfqnl_build_packet_message` adds them for a bridged packet.
+    #[test]
+    fn reads_the_bridge_ports() {
+        let mut b = hex(V4_INPUT_PACKET);
+        b.resize(align4(b.len()), 0);
+        put_attr(&mut b, attr::IFINDEX_PHYSINDEV, &7u32.to_be_bytes());
+        put_attr(&mut b, attr::IFINDEX_PHYSOUTDEV, &9u32.to_be_bytes());
+        let n = b.len() as u32;
+        b[..4].copy_from_slice(&n.to_ne_bytes());
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!((p.physindev, p.physoutdev), (7, 9));
+        let plain = hex(V4_INPUT_PACKET);
+        let Message::Packet(q) = one(&plain) else {
+            panic!("not a packet")
+        };
+        assert_eq!((q.physindev, q.physoutdev), (0, 0));
+    }
+
+    /// A DNATed entry's NFQA_CT as `ctnetlink_glue_build` lays it out: CTA_TUPLE_ORIG
+    /// {CTA_TUPLE_IP {V4_SRC, V4_DST}, CTA_TUPLE_PROTO {NUM, SRC_PORT, DST_PORT}}, then
+    /// CTA_STATUS. Built here: this kernel has no ctnetlink.
+    #[test]
+    fn reads_the_kernel_original_destination() {
+        let nest = |ty: u16, inner: &[u8]| {
+            let mut out = Vec::new();
+            put_attr(&mut out, ty | 0x8000, inner);
+            out
+        };
+        let mut ip = Vec::new();
+        put_attr(&mut ip, 1, &[203, 0, 113, 7]);
+        put_attr(&mut ip, CTA_IP_V4_DST, &[198, 51, 100, 1]);
+        let mut proto = Vec::new();
+        put_attr(&mut proto, 1, &[6]);
+        put_attr(&mut proto, 2, &40000u16.to_be_bytes());
+        put_attr(&mut proto, CTA_PROTO_DST_PORT, &8080u16.to_be_bytes());
+        let mut tuple = nest(CTA_TUPLE_IP, &ip);
+        tuple.extend_from_slice(&nest(CTA_TUPLE_PROTO, &proto));
+        let mut ct = nest(CTA_TUPLE_ORIG, &tuple);
+        put_attr(&mut ct, CTA_STATUS, &(IPS_DST_NAT | 0x8).to_be_bytes());
+        let mut b = hex(V4_INPUT_PACKET);
+        b.resize(align4(b.len()), 0);
+        put_attr(&mut b, attr::CT | 0x8000, &ct);
+        let n = b.len() as u32;
+        b[..4].copy_from_slice(&n.to_ne_bytes());
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!(
+            p.ct_orig_dst,
+            Some((std::net::IpAddr::from([198, 51, 100, 1]), Some(8080)))
+        );
+        assert_eq!(p.ct_status, Some(IPS_DST_NAT | 0x8));
+        // The helper's tuple has an empty CTA_TUPLE_IP: no address, no original destination.
+        let helper_bytes = with_ct(IPS_DST_NAT, 2);
+        let Message::Packet(q) = one(&helper_bytes) else {
+            panic!("not a packet")
+        };
+        assert_eq!(q.ct_orig_dst, None);
     }
 
     #[test]
