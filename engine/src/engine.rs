@@ -25,10 +25,19 @@
 //! The old snapshot comes back in [`Committed::retired`]; drop it off the commit path.
 //! Commits are serialised by a mutex; workers never take it.
 //!
-//! A commit can also be made in two halves: [`Engine::prepare`] (phases 1-2, nothing visible)
-//! and [`Engine::publish`] (phases 3-5). vallumd compiles while it writes the revision to its
+//! A commit can also be made in steps: [`Engine::validate_change`] (phase 1, the commit's one
+//! validation), [`Engine::compile`] (phase 2; [`Engine::prepare`] is both) and
+//! [`Engine::publish`] (phases 3-5); nothing is visible before publish. vallumd refuses an
+//! invalid ruleset on the validation's verdict, compiles while it writes the revision to its
 //! store and publishes once that is durable. A [`Prepared`] made before another commit was
 //! published is refused as [`CommitError::Stale`].
+//!
+//! # Revisions
+//! The caller may number what it commits ([`Prepared::set_revision`]: vallumd gives the
+//! store's revision number) and ask which number runs ([`Engine::revisions`]); the engine
+//! keeps the number with the active ruleset, drops it when the ruleset is replaced or
+//! removed, and reads it for nothing else. The answer changes at publish, with what the cores
+//! run, so it is the one in-memory owner of "which revision is active".
 //!
 //! # Conntrack
 //! The engine owns one [`Conntrack`] table shared by all cores (unless
@@ -192,6 +201,37 @@ pub struct Committed {
     pub retired: Retired<Snapshot>,
 }
 
+/// A validated change, not compiled yet: made by [`Engine::validate_change`] (whose verdict it
+/// is: it exists only when validation found no error), compiled by [`Engine::compile`].
+pub struct Validated {
+    /// [`Active::version`] it was made from.
+    base: u64,
+    next: BTreeMap<String, Arc<Ruleset>>,
+    revisions: BTreeMap<String, u64>,
+    /// The chains' diffs validation computed, for the incremental compile.
+    hints: Vec<DiffHint>,
+    start_counters: Vec<String>,
+    warnings: Vec<Violation>,
+    validate_ns: u64,
+}
+
+impl std::fmt::Debug for Validated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Validated")
+            .field("base", &self.base)
+            .field("rulesets", &self.next.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Validated {
+    /// The warnings validation found (errors make [`Engine::validate_change`] fail instead),
+    /// in source order per changed ruleset.
+    pub fn warnings(&self) -> &[Violation] {
+        &self.warnings
+    }
+}
+
 /// A validated and compiled commit, not yet visible to the packet path: made by
 /// [`Engine::prepare`], published by [`Engine::publish`] (or dropped: nothing happens, and
 /// the counter slots its snapshot took go back when no later build took slots after them).
@@ -199,6 +239,8 @@ pub struct Prepared {
     /// [`Active::version`] it was made from; publishing checks it is still current.
     base: u64,
     next: BTreeMap<String, Arc<Ruleset>>,
+    /// The caller's revision numbers of `next` ([`Prepared::set_revision`]).
+    revisions: BTreeMap<String, u64>,
     /// The rulesets put by this change whose model carries rule or policy counters (parsed
     /// as `iptables-restore --counters`): publish starts those counters there.
     start_counters: Vec<String>,
@@ -248,6 +290,28 @@ impl Prepared {
     pub fn warnings(&self) -> &[Violation] {
         &self.warnings
     }
+
+    /// Numbers active ruleset `ruleset` with the caller's `revision` once this is published
+    /// ([`Engine::revisions`]); a ruleset this change puts has no number until given one, an
+    /// unchanged one keeps its own. Returns false (and numbers nothing) when `ruleset` is not
+    /// active after this change.
+    pub fn set_revision(&mut self, ruleset: &str, revision: u64) -> bool {
+        if !self.next.contains_key(ruleset) {
+            return false;
+        }
+        self.revisions.insert(ruleset.to_string(), revision);
+        true
+    }
+}
+
+/// An active ruleset's revision, as the caller numbered it ([`Prepared::set_revision`]), and
+/// its priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActiveRevision {
+    /// The caller's number.
+    pub revision: u64,
+    /// The ruleset's priority ([`Ruleset::priority`]).
+    pub priority: i32,
 }
 
 /// The active rulesets and how many commits were published (a [`Prepared`] made from an older
@@ -255,6 +319,8 @@ impl Prepared {
 #[derive(Default)]
 struct Active {
     rulesets: BTreeMap<String, Arc<Ruleset>>,
+    /// The caller's revision number of the active rulesets it numbered.
+    revisions: BTreeMap<String, u64>,
     version: u64,
 }
 
@@ -286,6 +352,8 @@ pub struct Engine {
     verdicts: Box<[VerdictCounts]>,
     clock: Arc<dyn Clock>,
     conntrack: Option<Conntrack>,
+    /// Rulesets validated so far ([`Engine::validations`]).
+    validations: AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -337,7 +405,21 @@ impl Engine {
             verdicts: (0..cores).map(|_| VerdictCounts::default()).collect(),
             clock,
             conntrack,
+            validations: AtomicU64::new(0),
         }
+    }
+
+    /// How many times this engine ran the validator on a ruleset: once per [`Engine::validate`]
+    /// call and once per ruleset a commit's [`Engine::validate_change`] checks (commit and
+    /// prepare included). A statistic (and how tests see that a commit validates once).
+    pub fn validations(&self) -> u64 {
+        // Relaxed: a count, ordered with nothing.
+        self.validations.load(Ordering::Relaxed)
+    }
+
+    fn count_validation(&self) {
+        // Relaxed: see `validations`.
+        self.validations.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Validates `ruleset` as a commit would (with `sets` for `--match-set`), without
@@ -350,6 +432,7 @@ impl Engine {
             .rulesets
             .get(&ruleset.name)
             .cloned();
+        self.count_validation();
         match old {
             // The same result, checking only what changed (`validate_after`).
             Some(old) => validate_after(ruleset, &old, Some(sets)).0,
@@ -371,17 +454,39 @@ impl Engine {
         self.publish(prepared)
     }
 
-    /// The first half of a commit: validates the changed rulesets and compiles the snapshot
-    /// of every active ruleset with `change` applied, without touching the packet path, so
-    /// that a caller can overlap it with other work (vallumd writes the revision to its store
-    /// meanwhile) and publish only once that succeeded.
+    /// [`Engine::validate_change`] then [`Engine::compile`]: the snapshot of every active
+    /// ruleset with `change` applied, validated and compiled, without touching the packet
+    /// path, so that a caller can overlap it with other work and publish only once that
+    /// succeeded.
     ///
     /// Errors: as [`Engine::commit`]. Nothing changes on error.
     pub fn prepare(&self, change: Change, sets: &dyn SetRegistry) -> Result<Prepared, CommitError> {
+        let validated = self.validate_change(change, sets)?;
+        self.compile(validated, sets)
+    }
+
+    /// Phase 1 of a commit, its one validation: applies `change` to (a copy of) the active
+    /// rulesets and validates each ruleset it changes, against the active one of its name
+    /// when there is one (`validate_after`: only what changed is checked, same result as a
+    /// full validation). Nothing changes; the [`Validated`] goes to [`Engine::compile`].
+    ///
+    /// Errors: [`CommitError::Invalid`] with every violation of the changed rulesets when one
+    /// has an error; for [`Change::Edit`], [`CommitError::NoSuchRuleset`] and
+    /// [`CommitError::Edit`]; for [`Change::ReplaceAll`], [`CommitError::Compile`] with
+    /// [`CompileError::DuplicateRuleset`].
+    pub fn validate_change(
+        &self,
+        change: Change,
+        sets: &dyn SetRegistry,
+    ) -> Result<Validated, CommitError> {
         let t0 = self.clock.now_ns();
-        let (base, mut next) = {
+        let (base, mut next, mut revisions) = {
             let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-            (active.version, active.rulesets.clone())
+            (
+                active.version,
+                active.rulesets.clone(),
+                active.revisions.clone(),
+            )
         };
         // Each changed ruleset with the active one of its name (if any), which it is
         // validated and diffed against.
@@ -419,6 +524,10 @@ impl Engine {
                 }
             }
         }
+        // A changed ruleset is numbered again by the caller; a removed one has no number.
+        revisions.retain(|name, _| {
+            next.contains_key(name) && !changed.iter().any(|(rs, _)| rs.name == *name)
+        });
         let start_counters = changed
             .iter()
             .filter(|(rs, _)| put && has_counters(rs))
@@ -427,6 +536,7 @@ impl Engine {
         let mut violations = Vec::new();
         let mut hints = Vec::new();
         for (rs, old) in changed {
+            self.count_validation();
             match old {
                 // Unchanged rules are not checked again (`validate_after`), and the chains'
                 // diffs it computes spare the compile its own.
@@ -446,6 +556,38 @@ impl Engine {
             return Err(CommitError::Invalid(violations));
         }
         let t1 = self.clock.now_ns();
+        Ok(Validated {
+            base,
+            next,
+            revisions,
+            hints,
+            start_counters,
+            warnings: violations,
+            validate_ns: t1.saturating_sub(t0),
+        })
+    }
+
+    /// Phase 2 of a commit: compiles the snapshot of every active ruleset with the validated
+    /// change applied, incrementally from the active snapshot. `sets` must be the registry
+    /// `validated` was checked against. Counter reads, traces and scrapes do not wait for it.
+    ///
+    /// Errors: [`CommitError::Compile`] when compilation fails (validation should have caught
+    /// it first). Nothing changes on error.
+    pub fn compile(
+        &self,
+        validated: Validated,
+        sets: &dyn SetRegistry,
+    ) -> Result<Prepared, CommitError> {
+        let t1 = self.clock.now_ns();
+        let Validated {
+            base,
+            next,
+            revisions,
+            hints,
+            start_counters,
+            warnings,
+            validate_ns,
+        } = validated;
         let list: Vec<Arc<Ruleset>> = next.values().cloned().collect();
         // Incremental: unchanged chains share the active snapshot's compiled rules and index,
         // changed ones are spliced from them where that pays (`Snapshot::compile_after`). The
@@ -461,10 +603,11 @@ impl Engine {
         Ok(Prepared {
             base,
             next,
+            revisions,
             start_counters,
             snapshot: Some(Box::new(snapshot)),
-            warnings: violations,
-            validate_ns: t1.saturating_sub(t0),
+            warnings,
+            validate_ns,
             compile_ns: t2.saturating_sub(t1),
         })
     }
@@ -494,6 +637,7 @@ impl Engine {
         });
         let t5 = self.clock.now_ns();
         active.rulesets = std::mem::take(&mut prepared.next);
+        active.revisions = std::mem::take(&mut prepared.revisions);
         active.version += 1;
         Ok(Committed {
             report: CommitReport {
@@ -518,6 +662,44 @@ impl Engine {
             .unwrap_or_else(|e| e.into_inner())
             .rulesets
             .clone()
+    }
+
+    /// The active rulesets the caller numbered ([`Prepared::set_revision`]), by name, with
+    /// their priority: what the cores run now (it changes at publish).
+    pub fn revisions(&self) -> BTreeMap<String, ActiveRevision> {
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        active
+            .revisions
+            .iter()
+            .filter_map(|(name, &revision)| {
+                let priority = active.rulesets.get(name)?.priority;
+                Some((name.clone(), ActiveRevision { revision, priority }))
+            })
+            .collect()
+    }
+
+    /// [`Engine::revisions`] of one ruleset.
+    pub fn revision(&self, ruleset: &str) -> Option<ActiveRevision> {
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let revision = *active.revisions.get(ruleset)?;
+        let priority = active.rulesets.get(ruleset)?.priority;
+        Some(ActiveRevision { revision, priority })
+    }
+
+    /// The model of active ruleset `ruleset` with its number ([`Engine::revisions`]), read
+    /// together (one lock): the model is that revision's. `None` when it is not active or not
+    /// numbered.
+    pub fn revision_model(&self, ruleset: &str) -> Option<(u64, Arc<Ruleset>)> {
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let revision = *active.revisions.get(ruleset)?;
+        Some((revision, active.rulesets.get(ruleset)?.clone()))
+    }
+
+    /// The priority of active ruleset `ruleset` (numbered or not); `None` when it is not
+    /// active.
+    pub fn priority(&self, ruleset: &str) -> Option<i32> {
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        active.rulesets.get(ruleset).map(|r| r.priority)
     }
 
     /// Claims core `core` for a worker thread. Each core has at most one worker at a time.
@@ -888,7 +1070,7 @@ mod tests {
         static COMPILE_HOOK: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
     }
 
-    /// Called by [`Engine::prepare`] just before it compiles.
+    /// Called by [`Engine::compile`] just before it compiles.
     pub(super) fn compile_hook() {
         if let Some(hook) = COMPILE_HOOK.with(|h| h.borrow_mut().take()) {
             hook();
@@ -957,5 +1139,116 @@ mod tests {
             Err(p) => std::panic::resume_unwind(p),
         };
         assert_eq!(committed.report.rules, 100_000);
+    }
+
+    fn ruleset(name: &str, priority: i32, rules: &str) -> Ruleset {
+        let text = format!("*filter\n:INPUT ACCEPT [0:0]\n{rules}COMMIT\n");
+        Ruleset {
+            name: name.into(),
+            priority,
+            tables: parse(&text, &ParseOptions::default()).unwrap().tables,
+        }
+    }
+
+    fn engine() -> Engine {
+        Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            Arc::new(Zero),
+        )
+    }
+
+    /// A ruleset's number changes at publish, with what runs: not at validate or compile
+    /// time, not for a prepare that is dropped or stale; a put of the same name drops it
+    /// until numbered again, a remove drops it, and an unrelated commit keeps it.
+    #[test]
+    fn revisions_change_at_publish() {
+        let e = engine();
+        let at = |rev, priority| ActiveRevision {
+            revision: rev,
+            priority,
+        };
+        let mut p = e
+            .prepare(Change::Put(ruleset("web", 5, "")), &NoSets)
+            .unwrap();
+        assert!(p.set_revision("web", 1));
+        assert!(!p.set_revision("db", 1), "not active after the change");
+        assert_eq!(e.revision("web"), None, "not before publish");
+        e.publish(p).unwrap();
+        assert_eq!(e.revision("web"), Some(at(1, 5)));
+
+        // Dropped and stale prepares change nothing.
+        let mut dropped = e
+            .prepare(
+                Change::Put(ruleset("web", 5, "-A INPUT -j DROP\n")),
+                &NoSets,
+            )
+            .unwrap();
+        dropped.set_revision("web", 2);
+        drop(dropped);
+        let mut stale = e
+            .prepare(
+                Change::Put(ruleset("web", 5, "-A INPUT -j DROP\n")),
+                &NoSets,
+            )
+            .unwrap();
+        stale.set_revision("web", 2);
+        let mut other = e
+            .prepare(Change::Put(ruleset("db", -1, "")), &NoSets)
+            .unwrap();
+        other.set_revision("db", 7);
+        e.publish(other).unwrap();
+        assert!(matches!(e.publish(stale), Err(CommitError::Stale)));
+        assert_eq!(
+            e.revisions(),
+            BTreeMap::from([("db".to_string(), at(7, -1)), ("web".to_string(), at(1, 5))])
+        );
+
+        // A put without a number: the old number does not stay with the new content.
+        e.commit(
+            Change::Put(ruleset("web", 5, "-A INPUT -j DROP\n")),
+            &NoSets,
+        )
+        .unwrap();
+        assert_eq!(e.revision("web"), None);
+        assert_eq!(e.priority("web"), Some(5));
+        e.commit(Change::Remove("db".into()), &NoSets).unwrap();
+        assert!(e.revisions().is_empty());
+        assert_eq!(e.priority("db"), None);
+    }
+
+    /// Each commit validates each ruleset it changes once; a refused one too, and
+    /// [`Engine::validate`] once per call.
+    #[test]
+    fn a_commit_validates_each_changed_ruleset_once() {
+        let e = engine();
+        e.commit(Change::Put(ruleset("web", 0, "")), &NoSets)
+            .unwrap();
+        assert_eq!(e.validations(), 1);
+        e.commit(
+            Change::ReplaceAll(vec![ruleset("web", 0, ""), ruleset("db", 1, "")]),
+            &NoSets,
+        )
+        .unwrap();
+        assert_eq!(e.validations(), 3);
+        e.commit(Change::Remove("db".into()), &NoSets).unwrap();
+        assert_eq!(e.validations(), 3, "a remove validates nothing");
+        // A loop of jumps: parses, does not validate.
+        let text = "*filter\n:INPUT ACCEPT [0:0]\n:x - [0:0]\n-A INPUT -j x\n-A x -j x\nCOMMIT\n";
+        let bad = Ruleset {
+            name: "web".into(),
+            priority: 0,
+            tables: parse(text, &ParseOptions::default()).unwrap().tables,
+        };
+        assert!(!e.validate(&bad, &NoSets).is_empty());
+        assert_eq!(e.validations(), 4);
+        assert!(matches!(
+            e.validate_change(Change::Put(bad), &NoSets),
+            Err(CommitError::Invalid(_))
+        ));
+        assert_eq!(e.validations(), 5);
     }
 }

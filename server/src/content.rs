@@ -1,6 +1,12 @@
-//! A revision's content: what the caller sent, parsed and validated, and its canonical stored
-//! form (IPv4 and IPv6 iptables-save text, printed by the engine's canonical printer) with its
-//! sha256 digest.
+//! A revision's content: what the caller sent, parsed, and its canonical stored form (IPv4 and
+//! IPv6 iptables-save text, printed by the engine's canonical printer) with its sha256 digest;
+//! and the findings of the request in the caller's terms.
+//!
+//! This module does not validate. Validation is the engine's (`Engine::validate_change` in a
+//! commit, `Engine::validate` for a dry run, both through [`crate::pipeline::Pipeline`]); the
+//! engine's violations come back here to be placed at the request's `FILE:LINE:COL` or field
+//! ([`Places::findings`], [`Checked::with_violations`]) and turned into the request's error
+//! ([`accept`]).
 //!
 //! Stored content always re-parses to the same model (the printer's round-trip guarantee), so
 //! the store keeps text, not a serialised model. The combined text shown to users is the IPv4
@@ -18,7 +24,6 @@ use sha2::{Digest, Sha256};
 use vallum_engine::echo::clipped;
 use vallum_engine::model::{Family, Hook, Location, Ruleset, Table, TableKind};
 use vallum_engine::restore::{self, ExternalRefKind, ParseOptions, PrintOptions};
-use vallum_engine::sets::SetRegistry;
 use vallum_engine::validate::{Severity, Violation, ViolationKind};
 
 use crate::error::{Error, FieldViolation, Reason};
@@ -161,15 +166,144 @@ pub struct Finding {
     pub reason: Reason,
 }
 
-/// A parsed, validated input.
+/// Where a request's findings are placed: each text's request field and file name (and, for
+/// structured input, each line's field), and what names the rules of a `--noflush` base.
+#[derive(Clone, Debug, Default)]
+pub struct Places {
+    parts: Vec<Place>,
+    base_label: String,
+}
+
+#[derive(Clone, Debug)]
+struct Place {
+    family: Family,
+    field: String,
+    filename: String,
+    line_fields: Option<Vec<String>>,
+}
+
+impl Places {
+    /// The places of `input`'s texts; findings on rules of a `--noflush` base (no line in
+    /// the text) are at `base_label` (empty: none).
+    pub fn of(input: &RulesetInput, base_label: &str) -> Places {
+        Places {
+            parts: input
+                .parts
+                .iter()
+                .map(|p| Place {
+                    family: p.family,
+                    field: p.field.clone(),
+                    filename: p.filename.clone(),
+                    line_fields: p.line_fields.clone(),
+                })
+                .collect(),
+            base_label: base_label.to_string(),
+        }
+    }
+
+    /// The engine's `violations` of the model parsed from these texts, as findings at their
+    /// `FILE:LINE:COL` (or structured field, or base label), in the same order.
+    pub fn findings(&self, violations: &[Violation]) -> Vec<Finding> {
+        violations.iter().map(|v| self.finding(v)).collect()
+    }
+
+    /// A validation finding at its text position; one on a rule of a `--noflush` base (line
+    /// 0: not in the text) is at `source|{base_label}`.
+    fn finding(&self, v: &Violation) -> Finding {
+        let part = v
+            .family
+            .and_then(|f| self.parts.iter().find(|p| p.family == f))
+            .or_else(|| self.parts.first());
+        let location = match part {
+            _ if v.location.line == 0 && !self.base_label.is_empty() => {
+                format!("source|{}", self.base_label)
+            }
+            Some(p) => p.position(v.location.line, v.location.column),
+            None => String::new(),
+        };
+        let reason = match v.kind {
+            ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
+            ViolationKind::HookNotReached { .. } => Reason::HookNotReached,
+            ViolationKind::NoPacketBytes(_) => Reason::NoPacketBytes,
+            _ => Reason::InvalidRuleset,
+        };
+        Finding {
+            severity: v.severity,
+            location,
+            path: v.path(),
+            message: v.kind.to_string(),
+            reason,
+        }
+    }
+}
+
+impl Place {
+    fn position(&self, line: u32, column: u32) -> String {
+        position(
+            &self.field,
+            &self.filename,
+            self.line_fields.as_deref(),
+            line,
+            column,
+        )
+    }
+}
+
+/// `Ok` with the warnings when no finding is an error, else the request's error naming every
+/// error finding: the one mapping of findings to a refusal, for Apply, Stage, dry runs and
+/// the fleet's check.
+///
+/// Errors: [`Error::BadRequest`] with reason UNSUPPORTED_EXTENSION when an error is an
+/// extension the engine does not enforce, INVALID_RULESET otherwise; each violation on the
+/// finding's field, described `FILE:LINE:COL: PATH: message`.
+pub fn accept(findings: Vec<Finding>) -> Result<Vec<Finding>, Error> {
+    if findings.iter().all(|f| f.severity != Severity::Error) {
+        return Ok(findings);
+    }
+    let errors: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .collect();
+    let reason = if errors
+        .iter()
+        .any(|f| f.reason == Reason::UnsupportedExtension)
+    {
+        Reason::UnsupportedExtension
+    } else {
+        Reason::InvalidRuleset
+    };
+    Err(Error::BadRequest {
+        reason,
+        violations: errors
+            .iter()
+            .map(|f| {
+                let (field, desc) = split_field(&f.location);
+                let path = if f.path.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}: ", f.path)
+                };
+                FieldViolation::new(field, format!("{desc}{path}{}", f.message))
+            })
+            .collect(),
+    })
+}
+
+/// A parsed input: its model and canonical content, the parser's findings and, once
+/// validated ([`Checked::with_violations`]), validation's.
 #[derive(Clone, Debug)]
 pub struct Checked {
     /// The model (priority set).
     pub ruleset: Ruleset,
     /// Its canonical content.
     pub content: Content,
-    /// Every violation (only warnings when [`Checked::valid`]).
+    /// The parser's warnings, then (once [`Checked::validated`]) every validation finding
+    /// (only warnings when [`Checked::valid`]).
     pub findings: Vec<Finding>,
+    /// Where the engine's violations of `ruleset` are placed in the request.
+    pub places: Places,
+    /// Whether validation's findings are in `findings`.
+    validated: bool,
     /// The texts the model was parsed from, when the caller keeps them for the next
     /// [`check_after`] (empty from [`check`]: see [`Checked::keep_sources`]).
     pub sources: Vec<SourceText>,
@@ -263,7 +397,20 @@ impl Checked {
         })
     }
 
-    /// Whether no finding is an error.
+    /// This input with validation's `violations` (the engine's, of [`Checked::ruleset`])
+    /// placed in the request and added to its findings.
+    pub fn with_violations(mut self, violations: &[Violation]) -> Checked {
+        self.findings.extend(self.places.findings(violations));
+        self.validated = true;
+        self
+    }
+
+    /// Whether [`Checked::with_violations`] added validation's findings.
+    pub fn validated(&self) -> bool {
+        self.validated
+    }
+
+    /// Whether no finding is an error (of the parser's only, before validation).
     pub fn valid(&self) -> bool {
         self.findings.iter().all(|f| f.severity != Severity::Error)
     }
@@ -277,42 +424,19 @@ impl Checked {
             .collect()
     }
 
-    /// `Ok(self)` when valid, else the bad-request error naming every error finding.
+    /// `Ok(self)` when validated and valid, else the bad-request error naming every error
+    /// finding ([`accept`]).
     ///
-    /// Errors: [`Error::BadRequest`] with reason UNSUPPORTED_EXTENSION when an error is an
-    /// extension the engine does not enforce, INVALID_RULESET otherwise.
-    pub fn into_valid(self) -> Result<Checked, Error> {
-        if self.valid() {
-            return Ok(self);
+    /// Errors: as [`accept`]; [`Error::Internal`] when it was not validated (a caller's bug:
+    /// the request would pass unchecked).
+    pub fn into_valid(mut self) -> Result<Checked, Error> {
+        if !self.validated {
+            return Err(Error::Internal(
+                "a ruleset was accepted before it was validated".into(),
+            ));
         }
-        let errors: Vec<&Finding> = self
-            .findings
-            .iter()
-            .filter(|f| f.severity == Severity::Error)
-            .collect();
-        let reason = if errors
-            .iter()
-            .any(|f| f.reason == Reason::UnsupportedExtension)
-        {
-            Reason::UnsupportedExtension
-        } else {
-            Reason::InvalidRuleset
-        };
-        Err(Error::BadRequest {
-            reason,
-            violations: errors
-                .iter()
-                .map(|f| {
-                    let (field, desc) = split_field(&f.location);
-                    let path = if f.path.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{}: ", f.path)
-                    };
-                    FieldViolation::new(field, format!("{desc}{path}{}", f.message))
-                })
-                .collect(),
-        })
+        self.findings = accept(std::mem::take(&mut self.findings))?;
+        Ok(self)
     }
 }
 
@@ -336,29 +460,41 @@ impl Finding {
 }
 
 fn part_position(part: &TextPart, line: u32, column: u32) -> String {
-    match &part.line_fields {
+    position(
+        &part.field,
+        &part.filename,
+        part.line_fields.as_deref(),
+        line,
+        column,
+    )
+}
+
+/// `field|FILE:LINE:COL`, or for structured input the field of the line.
+fn position(
+    field: &str,
+    filename: &str,
+    line_fields: Option<&[String]>,
+    line: u32,
+    column: u32,
+) -> String {
+    match line_fields {
         Some(fields) => fields
             .get((line as usize).wrapping_sub(1))
             .cloned()
-            .unwrap_or_else(|| part.field.clone()),
-        None => format!("{}|{}:{line}:{column}", part.field, part.filename),
+            .unwrap_or_else(|| field.to_string()),
+        None => format!("{field}|{filename}:{line}:{column}"),
     }
 }
 
-/// Parses and validates `input` as ruleset `name` at `priority`, with `sets` for
-/// `--match-set`.
+/// Parses `input` as ruleset `name` at `priority` and prints its canonical content (no
+/// validation: see the module docs).
 ///
 /// Errors: [`Error::BadRequest`] when a text does not parse: reason NOFLUSH_UNSUPPORTED when it
 /// parses only as `iptables-restore --noflush` input (it relies on chains that exist outside
 /// the text), INVALID_RULESET otherwise; every error is listed as `FILE:LINE:COL: message`.
-/// Validation problems are NOT errors here: they come back in [`Checked::findings`].
-pub fn check(
-    name: &str,
-    priority: i32,
-    input: &RulesetInput,
-    sets: &dyn SetRegistry,
-) -> Result<Checked, Error> {
-    check_after(name, priority, input, sets, None)
+/// The parser's warnings come back in [`Checked::findings`].
+pub fn check(name: &str, priority: i32, input: &RulesetInput) -> Result<Checked, Error> {
+    check_after(name, priority, input, None)
 }
 
 /// As [`check`], given the previous parse of the same ruleset: a text that differs from the
@@ -369,18 +505,9 @@ pub fn check_after(
     name: &str,
     priority: i32,
     input: &RulesetInput,
-    sets: &dyn SetRegistry,
     previous: Option<&PreviousParse>,
 ) -> Result<Checked, Error> {
-    check_with(
-        name,
-        priority,
-        input,
-        sets,
-        previous,
-        &Restoring::default(),
-        None,
-    )
+    check_with(name, priority, input, previous, &Restoring::default(), None)
 }
 
 /// How a request's text is restored, beyond the text itself (`RestoreText.noflush` and
@@ -414,8 +541,9 @@ pub struct Base {
 /// `iptables-restore --noflush` input applied to the base content of its family (as the
 /// kernel's tables: what the text does not name is kept, `:CHAIN` flushes or creates, `-D` /
 /// `-R` / `-F` / `-A` must find their rule or chain there), and the whole merged ruleset
-/// (the base's tables of a family the request has no text for included) is validated and
-/// printed as one complete revision. Findings on base rules are at [`Base::label`]. Neither
+/// (the base's tables of a family the request has no text for included) is printed (and
+/// later validated) as one complete revision. Findings on base rules are at [`Base::label`]
+/// ([`Checked::places`]). Neither
 /// `noflush` nor `counters` parses incrementally.
 ///
 /// Differences from iptables-restore --noflush that remain: `-X` of a chain that does not
@@ -423,7 +551,7 @@ pub struct Base {
 /// BUILTIN N` past the chain's end inserts at the end instead of failing.
 ///
 /// `limits` (`--max-chains`, `--max-rules`) are checked on the parsed tables before anything
-/// else is done with them (validation, printing): a refusal costs one parse, which is linear in
+/// else is done with them (printing, validation): a refusal costs one parse, which is linear in
 /// the text.
 ///
 /// Errors: as [`check`]; a noflush text that changes a chain or rule that does not exist is
@@ -433,7 +561,6 @@ pub fn check_with(
     name: &str,
     priority: i32,
     input: &RulesetInput,
-    sets: &dyn SetRegistry,
     previous: Option<&PreviousParse>,
     how: &Restoring,
     limits: Option<&LimitsConfig>,
@@ -443,9 +570,9 @@ pub fn check_with(
     }
     if let Some(base) = &how.noflush {
         if let (Some(model), false) = (&base.model, how.counters) {
-            return check_onto(name, priority, input, sets, model, base, limits);
+            return check_onto(name, priority, input, model, base, limits);
         }
-        return check_noflush(name, priority, input, sets, base, how.counters, limits);
+        return check_noflush(name, priority, input, base, how.counters, limits);
     }
     let previous = previous.filter(|_| !how.counters);
     let mut tables = Vec::new();
@@ -554,7 +681,6 @@ pub fn check_with(
     Ok(finish(
         ruleset,
         input,
-        sets,
         parse_warnings,
         spliced,
         not_reusable,
@@ -562,58 +688,35 @@ pub fn check_with(
     ))
 }
 
-/// Validates and prints a parsed ruleset (the common end of [`check_with`]): findings are
-/// the parser's warnings then validation's; content spliced when every family has it.
+/// Prints a parsed ruleset (the common end of [`check_with`]): findings are the parser's
+/// warnings; content spliced when every family has it.
 fn finish(
     ruleset: Ruleset,
     input: &RulesetInput,
-    sets: &dyn SetRegistry,
     parse_warnings: Vec<Finding>,
     spliced: Vec<(Family, Option<String>)>,
     not_reusable: Vec<Family>,
     base_label: &str,
 ) -> Checked {
-    let validate = || {
-        let mut findings = parse_warnings.clone();
-        findings.extend(
-            vallum_engine::validate::validate(&ruleset, Some(sets))
-                .iter()
-                .map(|v| finding(v, input, base_label)),
-        );
-        findings
-    };
     // Every part's content spliced from the previous one: nothing to print.
-    let mut content = spliced
-        .iter()
-        .all(|(_, p)| p.is_some())
-        .then(Content::default);
-    if let Some(c) = content.as_mut() {
+    let content = if spliced.iter().all(|(_, p)| p.is_some()) {
+        let mut c = Content::default();
         for (family, print) in spliced {
             match family {
                 Family::Ipv4 => c.v4 = print.unwrap_or_default(),
                 Family::Ipv6 => c.v6 = print.unwrap_or_default(),
             }
         }
-    }
-    // A large ruleset is printed (~1.2 ms for 10k rules) while it is validated (~0.3 ms).
-    let (findings, content) = if let Some(content) = content {
-        (validate(), content)
-    } else if ruleset.rule_count() >= PARALLEL_CHECK_RULES {
-        std::thread::scope(|s| {
-            let printing = s.spawn(|| Content::from_tables(&ruleset.tables));
-            let findings = validate();
-            match printing.join() {
-                Ok(content) => (findings, content),
-                Err(p) => std::panic::resume_unwind(p),
-            }
-        })
+        c
     } else {
-        (validate(), Content::from_tables(&ruleset.tables))
+        Content::from_tables(&ruleset.tables)
     };
     Checked {
         ruleset,
         content,
-        findings,
+        findings: parse_warnings,
+        places: Places::of(input, base_label),
+        validated: false,
         sources: Vec::new(),
         not_reusable,
         edited: false,
@@ -623,9 +726,9 @@ fn finish(
 /// [`check_with`] for `--noflush` input without `counters` when the base's model is known
 /// ([`Base::model`]): each family's text is applied to the model's tables of the family
 /// (`restore::parse_onto`: the base is neither printed nor parsed again, its rule chunks are
-/// shared), the result is validated against the model (only what changed is checked rule by
-/// rule, `validate::validate_changed`) and its content is the base's with only the changed
-/// rules printed (`restore::print_after`). The same result as [`check_noflush`] up to the
+/// shared) and its content is the base's with only the changed rules printed
+/// (`restore::print_after`); the commit validates it against the model, which is the active
+/// one (only what changed is checked rule by rule). The same result as [`check_noflush`] up to the
 /// locations of findings on base rules, at a cost in proportion to the text, not the
 /// ruleset (apart from a newline scan and a digest of the content).
 ///
@@ -634,7 +737,6 @@ fn check_onto(
     name: &str,
     priority: i32,
     input: &RulesetInput,
-    sets: &dyn SetRegistry,
     model: &Ruleset,
     base: &Base,
     limits: Option<&LimitsConfig>,
@@ -702,16 +804,12 @@ fn check_onto(
         priority,
         tables,
     };
-    let mut findings = parse_warnings;
-    findings.extend(
-        vallum_engine::validate::validate_changed(&ruleset, model, Some(sets))
-            .iter()
-            .map(|v| finding(v, input, &base.label)),
-    );
     Ok(Checked {
         ruleset,
         content,
-        findings,
+        findings: parse_warnings,
+        places: Places::of(input, &base.label),
+        validated: false,
         sources: Vec::new(),
         not_reusable: vec![Family::Ipv4, Family::Ipv6],
         edited: true,
@@ -746,7 +844,6 @@ fn check_noflush(
     name: &str,
     priority: i32,
     input: &RulesetInput,
-    sets: &dyn SetRegistry,
     base: &Base,
     counters: bool,
     limits: Option<&LimitsConfig>,
@@ -807,7 +904,6 @@ fn check_noflush(
     Ok(finish(
         ruleset,
         input,
-        sets,
         parse_warnings,
         spliced,
         families,
@@ -1006,47 +1102,77 @@ fn some_names(names: &[&str]) -> String {
     out.join(", ")
 }
 
-/// From this many rules on, [`check`] prints the canonical text on a second thread while it
-/// validates (below, a thread costs more than it saves).
-const PARALLEL_CHECK_RULES: usize = 2048;
-
 /// Threads a large text's rule lines are read on (`restore::parse_ruleset_threads`): the
 /// machine's CPUs, at most 4 (a 10k-rule text takes ~4 ms on one).
 fn parse_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
-/// A validation finding at its text position; one on a rule of a `--noflush` base (line 0:
-/// not in the text) is at `source|{base_label}`.
-fn finding(v: &Violation, input: &RulesetInput, base_label: &str) -> Finding {
-    let part = v
-        .family
-        .and_then(|f| input.parts.iter().find(|p| p.family == f))
-        .or_else(|| input.parts.first());
-    let location = match part {
-        _ if v.location.line == 0 && !base_label.is_empty() => format!("source|{base_label}"),
-        Some(p) => part_position(p, v.location.line, v.location.column),
-        None => String::new(),
-    };
-    let reason = match v.kind {
-        ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
-        ViolationKind::HookNotReached { .. } => Reason::HookNotReached,
-        ViolationKind::NoPacketBytes(_) => Reason::NoPacketBytes,
-        _ => Reason::InvalidRuleset,
-    };
-    Finding {
-        severity: v.severity,
-        location,
-        path: v.path(),
-        message: v.kind.to_string(),
-        reason,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vallum_engine::sets::NoSets;
+    use vallum_engine::sets::{NoSets, SetRegistry};
+
+    // The checks with validation's findings (the engine's validator, as the pipeline runs
+    // it), under the names the tests below were written with: the findings a request gets.
+
+    fn check(
+        name: &str,
+        priority: i32,
+        input: &RulesetInput,
+        sets: &dyn SetRegistry,
+    ) -> Result<Checked, Error> {
+        check_with(
+            name,
+            priority,
+            input,
+            sets,
+            None,
+            &Restoring::default(),
+            None,
+        )
+    }
+
+    fn check_after(
+        name: &str,
+        priority: i32,
+        input: &RulesetInput,
+        sets: &dyn SetRegistry,
+        previous: Option<&PreviousParse>,
+    ) -> Result<Checked, Error> {
+        check_with(
+            name,
+            priority,
+            input,
+            sets,
+            previous,
+            &Restoring::default(),
+            None,
+        )
+    }
+
+    fn check_with(
+        name: &str,
+        priority: i32,
+        input: &RulesetInput,
+        sets: &dyn SetRegistry,
+        previous: Option<&PreviousParse>,
+        how: &Restoring,
+        limits: Option<&LimitsConfig>,
+    ) -> Result<Checked, Error> {
+        let c = super::check_with(name, priority, input, previous, how, limits)?;
+        assert!(!c.validated());
+        let violations = vallum_engine::validate::validate(&c.ruleset, Some(sets));
+        Ok(c.with_violations(&violations))
+    }
+
+    /// Unvalidated input is not accepted (the pipeline validates it first).
+    #[test]
+    fn unvalidated_input_is_not_accepted() {
+        let t = "*filter\n:INPUT DROP [0:0]\nCOMMIT\n";
+        let c = super::check("a", 0, &text(t, Family::Ipv4)).unwrap();
+        assert!(matches!(c.into_valid(), Err(Error::Internal(_))));
+    }
 
     fn text(t: &str, family: Family) -> RulesetInput {
         RulesetInput {
@@ -1073,33 +1199,6 @@ mod tests {
         let rs = c.content.to_ruleset("a", 0).unwrap();
         assert_eq!(Content::from_tables(&rs.tables), c.content);
         assert_eq!(c.content.digest().len(), 64);
-    }
-
-    /// A ruleset large enough to be printed on a second thread gets the same content and
-    /// findings as the one-thread path.
-    #[test]
-    fn large_rulesets_print_beside_validation() {
-        let mut t = String::from("*filter\n:INPUT DROP [0:0]\n:x - [0:0]\n:y - [0:0]\n");
-        for i in 0..PARALLEL_CHECK_RULES + 10 {
-            t.push_str(&format!(
-                "-A INPUT -s 10.{}.{}.0/24 -p tcp --dport {} -j ACCEPT\n",
-                i / 256 % 256,
-                i % 256,
-                i % 60000 + 1
-            ));
-        }
-        // A validation finding: a loop of jumps.
-        t.push_str("-A INPUT -j x\n-A x -j y\n-A y -j x\nCOMMIT\n");
-        let c = check("a", 0, &text(&t, Family::Ipv4), &NoSets).unwrap();
-        assert!(c.ruleset.rule_count() >= PARALLEL_CHECK_RULES);
-        assert_eq!(c.content, Content::from_tables(&c.ruleset.tables));
-        let alone: Vec<String> = vallum_engine::validate::validate(&c.ruleset, Some(&NoSets))
-            .iter()
-            .map(|v| v.to_string())
-            .collect();
-        assert!(!alone.is_empty());
-        assert_eq!(c.findings.len(), alone.len());
-        assert!(!c.valid());
     }
 
     /// A text checked against the previous parse of the ruleset gives what a check from

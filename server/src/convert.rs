@@ -512,9 +512,9 @@ pub fn phases(p: &Phases) -> pb::CommitPhases {
 }
 
 /// A commit result.
-pub fn commit_result(c: &CommitResult, warnings: &[Finding]) -> pb::CommitResult {
+pub fn commit_result(c: &CommitResult) -> pb::CommitResult {
     pb::CommitResult {
-        revision: Some(revision(&c.revision, false, warnings)),
+        revision: Some(revision(&c.revision, false, &c.warnings)),
         phases: Some(phases(&c.phases)),
         confirm_deadline: c.confirm_deadline.map(timestamp),
         etag: c.etag.clone(),

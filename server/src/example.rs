@@ -40,7 +40,9 @@ mod tests {
 
     #[test]
     fn example_is_valid_and_has_both_families() {
-        let c = crate::content::check(NAME, 0, &input(), &NoSets).unwrap();
+        let c = crate::content::check(NAME, 0, &input()).unwrap();
+        let violations = vallum_engine::validate::validate(&c.ruleset, Some(&NoSets));
+        let c = c.with_violations(&violations);
         let errors: Vec<_> = c
             .findings
             .iter()

@@ -549,9 +549,10 @@ pub fn fleet_revision_of(message: &str) -> Option<i64> {
     rest[..end].parse().ok()
 }
 
-/// Checks a fleet ruleset exactly as Apply does on this vallumd (limits first, then parse and
-/// validation against this node's sets), off the async workers: the writer's check before a
-/// Put and each node's before it commits (a node over its own limits NACKs).
+/// Checks a fleet ruleset exactly as Apply does on this vallumd (limits first, then parse),
+/// off the async workers: the writer's check before a Put (which then validates it,
+/// [`crate::pipeline::Pipeline::validate`]) and each node's before it commits (the commit
+/// validates; a node over its own limits NACKs).
 ///
 /// Errors: as [`crate::content::check_with`].
 pub(crate) async fn check(
@@ -560,7 +561,6 @@ pub(crate) async fn check(
     priority: i32,
     input: crate::content::RulesetInput,
 ) -> Result<crate::content::Checked> {
-    let sets = pipeline.sets().clone();
     let limits = pipeline.limits().clone();
     let name = name.to_string();
     tokio::task::spawn_blocking(move || {
@@ -568,7 +568,6 @@ pub(crate) async fn check(
             &name,
             priority,
             &input,
-            &*sets,
             None,
             &crate::content::Restoring::default(),
             Some(&limits),

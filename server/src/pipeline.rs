@@ -1,5 +1,20 @@
-//! The commit pipeline: validate -> persist -> publish (compile, swap, quiesce, carry in the
-//! engine) -> record phases, and the commit-confirmed timers.
+//! The commit pipeline: validate -> persist (while the engine compiles) -> publish (swap,
+//! quiesce, carry in the engine) -> record phases, and the commit-confirmed timers.
+//!
+//! One validation per commit: the engine's ([`Engine::validate_change`], against the active
+//! rulesets, so an unchanged rule is not checked again), under the write lock that set
+//! changes and other commits also take, so nothing changes between the verdict and the
+//! publish. The pipeline only places the engine's violations in the caller's terms
+//! ([`crate::content::Places`]: `FILE:LINE:COL` of an Apply's text, the field `revision` for a
+//! stored revision) and refuses before anything is stored. Dry runs and Stage validate once
+//! through [`Pipeline::validate`] ([`Engine::validate`]); [`crate::content`] parses only.
+//!
+//! One owner of "which revision is active" in memory: the engine ([`Engine::revisions`]: the
+//! number is given to the prepared commit once the store assigned it, and changes at publish
+//! with what the cores run). [`Pipeline::active`], health, the fleet agent and the metrics'
+//! `vallum_active_revision` (through [`crate::hooks::Observer::on_active`], called after each
+//! change) read it from there; the store keeps the durable fact that [`Pipeline::load`] puts
+//! back into the engine at start.
 //!
 //! Crash safety. A commit's store transaction (the revision row, its new state, the ruleset's
 //! `active_revision`, the commit row) is durable (WAL commit with `synchronous = FULL`) BEFORE
@@ -12,9 +27,9 @@
 //! Commits (and every other store write) are serialised by one async lock, so the engine sees
 //! commits in the order the store made them durable.
 //!
-//! The engine's commit re-validates and compiles; when it fails after validation passed here
-//! (not expected), the store transaction is reverted by a compensating one and the commit is
-//! FAILED.
+//! When the compile or the publish fails after validation passed (not expected; a publish
+//! refused as stale), the store transaction is reverted by a compensating one and the commit
+//! is FAILED.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -22,12 +37,12 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use vallum_engine::Clock;
-use vallum_engine::engine::{Change, Engine};
+use vallum_engine::engine::{ActiveRevision, Change, CommitError, Engine};
 use vallum_engine::model::Ruleset;
 use vallum_engine::sets::SetManager;
-use vallum_engine::validate::has_errors;
+use vallum_engine::validate::{Severity, Violation};
 
-use crate::content::{Checked, PreviousParse, SourceText};
+use crate::content::{self, Checked, Finding, Places, PreviousParse, SourceText};
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
 use crate::limits;
@@ -69,6 +84,9 @@ pub struct CommitResult {
     pub confirm_deadline: Option<i64>,
     /// The ruleset's new etag.
     pub etag: String,
+    /// The warnings of an Apply's text (the parser's, then validation's, at their
+    /// `FILE:LINE:COL`); empty for a commit of a stored revision.
+    pub warnings: Vec<Finding>,
 }
 
 /// A monotonic clock for the engine (ns since the process started using it).
@@ -98,7 +116,6 @@ pub struct Pipeline {
     write: tokio::sync::Mutex<()>,
     events: broadcast::Sender<CommitEvent>,
     hooks: Hooks,
-    active: Mutex<BTreeMap<String, (u64, i32)>>,
     /// Per ruleset, the texts its last Apply was parsed from and the model (see
     /// [`Pipeline::previous_parse`]).
     parses: Mutex<HashMap<String, PreviousParse>>,
@@ -123,16 +140,66 @@ struct Job {
     previous_state: RevisionState,
     confirm_deadline: Option<i64>,
     etag: Option<String>,
-    /// The texts `model` was parsed from (an Apply's), kept after the commit for the next
-    /// Apply of the ruleset ([`Pipeline::previous_parse`]); empty otherwise.
-    sources: Vec<SourceText>,
-    /// The model was validated against this pipeline's sets just before (an Apply's
-    /// [`crate::content::check`]): `run` does not validate it again (the engine's prepare
-    /// still does, under its own lock, so a set removed in between is still caught).
-    validated: bool,
+    /// Where `model` came from: where its findings are placed.
+    from: Origin,
+    /// The ruleset does not exist yet: `--max-rulesets` is checked (after validation).
+    creates: bool,
     /// `model` was made from the active one by edits ([`Checked::edited`]): committed as
     /// `Change::PutEdited`, which keeps the live counters of the rules it did not touch.
     edited: bool,
+}
+
+/// Where a commit's model came from.
+enum Origin {
+    /// An Apply's texts.
+    Request {
+        /// The parser's findings (warnings).
+        findings: Vec<Finding>,
+        /// Where validation's are placed.
+        places: Places,
+        /// The texts, kept after the commit for the next Apply of the ruleset
+        /// ([`Pipeline::previous_parse`]); may be empty.
+        texts: Vec<SourceText>,
+    },
+    /// A stored revision (a commit of a staged one, a rollback, a revert): errors are on the
+    /// field `revision`.
+    Stored,
+}
+
+impl Origin {
+    /// Validation's `warnings` in the caller's terms (none for a stored revision, whose
+    /// warnings the caller got when it was stored).
+    fn warnings(&mut self, warnings: &[Violation]) -> Vec<Finding> {
+        match self {
+            Origin::Request {
+                findings, places, ..
+            } => {
+                let mut all = std::mem::take(findings);
+                all.extend(places.findings(warnings));
+                all
+            }
+            Origin::Stored => Vec::new(),
+        }
+    }
+
+    /// The refusal of a model whose validation found errors (`violations`: all of them,
+    /// warnings too).
+    fn refusal(&mut self, violations: &[Violation]) -> Error {
+        match self {
+            Origin::Request { .. } => match content::accept(self.warnings(violations)) {
+                Err(e) => e,
+                Ok(_) => Error::Internal("validation failed without an error".into()),
+            },
+            Origin::Stored => Error::BadRequest {
+                reason: Reason::InvalidRuleset,
+                violations: violations
+                    .iter()
+                    .filter(|v| v.severity == Severity::Error)
+                    .map(|v| FieldViolation::new("revision", v.to_string()))
+                    .collect(),
+            },
+        }
+    }
 }
 
 impl Pipeline {
@@ -149,7 +216,6 @@ impl Pipeline {
             write: tokio::sync::Mutex::new(()),
             events,
             hooks,
-            active: Mutex::new(BTreeMap::new()),
             parses: Mutex::new(HashMap::new()),
             not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
         }
@@ -202,38 +268,55 @@ impl Pipeline {
         self.events.subscribe()
     }
 
-    /// Active rulesets: name -> (revision, priority).
-    pub fn active(&self) -> BTreeMap<String, (u64, i32)> {
-        self.active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// Active rulesets: name -> revision and priority, as the engine runs them now
+    /// ([`Engine::revisions`], the one owner; a stored active revision that did not load is
+    /// in [`Pipeline::not_loaded`] instead).
+    pub fn active(&self) -> BTreeMap<String, ActiveRevision> {
+        self.engine.revisions()
     }
 
-    /// Loads every active revision of the store into the engine (one atomic engine commit)
-    /// and returns those that did not load: a revision whose text no longer parses or
-    /// validates (e.g. it names a set that is gone), or that the store cannot read. Each of
-    /// those is marked in the store (table `load_failures`) with an audit record (caller
-    /// `vallumd`, method `Load`, outcome ACTIVE_REVISION_NOT_LOADED), reported to the
-    /// observer (`vallum_rulesets_not_loaded`) and kept in [`Pipeline::not_loaded`]; the
-    /// caller decides whether to serve without them (`--on-load-failure`). The marks of
-    /// rulesets that loaded are cleared.
+    /// Validates `checked` as a commit of it would now (the engine's validator against the
+    /// active rulesets and this pipeline's sets), without committing: for dry runs, Stage
+    /// and the fleet's check. Off the async workers (a large ruleset takes milliseconds).
+    ///
+    /// Errors: [`Error::Internal`] when the validation task fails.
+    pub async fn validate(&self, checked: Checked) -> Result<Checked> {
+        let engine = self.engine.clone();
+        let sets = self.sets.clone();
+        tokio::task::spawn_blocking(move || {
+            let violations = engine.validate(&checked.ruleset, &*sets);
+            checked.with_violations(&violations)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("validation task: {e}")))
+    }
+
+    /// Loads every active revision of the store into the engine (one atomic engine commit,
+    /// each revision numbered in the engine) and returns those that did not load: a revision
+    /// whose text no longer parses or validates (e.g. it names a set that is gone), or that
+    /// the store cannot read. Each of those is marked in the store (table `load_failures`)
+    /// with an audit record (caller `vallumd`, method `Load`, outcome
+    /// ACTIVE_REVISION_NOT_LOADED), reported to the observer (`vallum_rulesets_not_loaded`)
+    /// and kept in [`Pipeline::not_loaded`]; the caller decides whether to serve without them
+    /// (`--on-load-failure`). The marks of rulesets that loaded are cleared.
+    ///
+    /// Validation is the commit's: every revision is validated once, in the one engine
+    /// commit; when some fail, the others are validated again without them.
     ///
     /// Errors: [`Error::Store`] when the rulesets cannot be listed or a mark cannot be
     /// written; [`Error::Commit`] when the engine refuses the revisions that did load.
     pub async fn load(&self) -> Result<Vec<LoadFailure>> {
         let _w = self.write.lock().await;
-        let mut models = Vec::new();
-        let mut heads = BTreeMap::new();
+        // Per ruleset that parsed: the model, its revision and digest.
+        let mut loading: BTreeMap<String, (Ruleset, u64, String)> = BTreeMap::new();
         let mut failed = Vec::new();
         for rs in self.store.list_rulesets().await? {
             let Some(number) = rs.active_revision else {
                 continue;
             };
             match self.load_one(&rs, number).await {
-                Ok(m) => {
-                    heads.insert(rs.name.clone(), (number, rs.priority));
-                    models.push(m);
+                Ok((model, digest)) => {
+                    loading.insert(rs.name.clone(), (model, number, digest));
                 }
                 Err((digest, error)) => failed.push((
                     LoadFailure {
@@ -246,20 +329,60 @@ impl Pipeline {
                 )),
             }
         }
-        let engine = self.engine.clone();
-        let sets = self.sets.clone();
-        let committed =
-            tokio::task::spawn_blocking(move || engine.commit(Change::ReplaceAll(models), &*sets))
-                .await
-                .map_err(|e| Error::Internal(format!("load task: {e}")))?
-                .map_err(|e| Error::Commit(e.to_string()))?;
-        drop(committed);
-        for (name, (rev, _)) in &heads {
-            self.hooks.observer.on_active(name, Some(*rev));
+        let prepared = loop {
+            let engine = self.engine.clone();
+            let sets = self.sets.clone();
+            let models: Vec<Ruleset> = loading.values().map(|(m, _, _)| m.clone()).collect();
+            let prepared = tokio::task::spawn_blocking(move || {
+                engine.prepare(Change::ReplaceAll(models), &*sets)
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("load task: {e}")))?;
+            let violations = match prepared {
+                Err(CommitError::Invalid(v)) => v,
+                other => break other.map_err(|e| Error::Commit(e.to_string()))?,
+            };
+            // Those with errors do not load; the others are committed without them.
+            let mut errors: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+            for v in violations.iter().filter(|v| v.severity == Severity::Error) {
+                errors.entry(&v.ruleset).or_default().push(v.to_string());
+            }
+            if errors.is_empty() {
+                return Err(Error::Internal("validation failed without an error".into()));
+            }
+            for (name, errors) in errors {
+                let Some((_, number, digest)) = loading.remove(name) else {
+                    return Err(Error::Internal(format!(
+                        "validation named ruleset {name}, which is not loading"
+                    )));
+                };
+                let shown: Vec<String> = errors.into_iter().take(3).collect();
+                failed.push((
+                    LoadFailure {
+                        ruleset: name.to_string(),
+                        revision: number,
+                        error: format!("no longer valid: {}", shown.join("; ")),
+                        at: now_ns(),
+                    },
+                    digest,
+                ));
+            }
+        };
+        let mut prepared = prepared;
+        for (name, (_, number, _)) in &loading {
+            prepared.set_revision(name, *number);
         }
-        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = heads.clone();
+        let engine = self.engine.clone();
+        let committed = tokio::task::spawn_blocking(move || engine.publish(prepared))
+            .await
+            .map_err(|e| Error::Internal(format!("load task: {e}")))?
+            .map_err(|e| Error::Commit(e.to_string()))?;
+        drop(committed);
+        for (name, (_, number, _)) in &loading {
+            self.hooks.observer.on_active(name, Some(*number));
+        }
         for old in self.store.load_failures().await? {
-            if heads.contains_key(&old.ruleset) {
+            if loading.contains_key(&old.ruleset) {
                 self.store.clear_load_failure(&old.ruleset).await?;
             }
         }
@@ -288,13 +411,13 @@ impl Pipeline {
         Ok(failed)
     }
 
-    /// The model of revision `number` of `rs`, or why it does not load: (the revision's
-    /// digest when it could be read, the error).
+    /// The model of revision `number` of `rs` and the revision's digest, or why it does not
+    /// parse: (the revision's digest when it could be read, the error).
     async fn load_one(
         &self,
         rs: &RulesetRow,
         number: u64,
-    ) -> std::result::Result<Ruleset, (String, String)> {
+    ) -> std::result::Result<(Ruleset, String), (String, String)> {
         let rev = match self.store.get_revision(&rs.name, number).await {
             Ok(Some(rev)) => rev,
             Ok(None) => return Err((String::new(), "the revision is missing".into())),
@@ -304,20 +427,7 @@ impl Pipeline {
             .content
             .to_ruleset(&rs.name, rs.priority)
             .map_err(|e| (rev.digest.clone(), e.to_string()))?;
-        let violations = self.engine.validate(&model, &*self.sets);
-        if has_errors(&violations) {
-            let errors: Vec<String> = violations
-                .iter()
-                .filter(|v| v.severity == vallum_engine::validate::Severity::Error)
-                .take(3)
-                .map(ToString::to_string)
-                .collect();
-            return Err((
-                rev.digest.clone(),
-                format!("no longer valid: {}", errors.join("; ")),
-            ));
-        }
-        Ok(model)
+        Ok((model, rev.digest))
     }
 
     /// Forgets that `ruleset`'s active revision did not load (it has another one now, or
@@ -338,7 +448,8 @@ impl Pipeline {
         self.hooks.observer.on_not_loaded(left);
     }
 
-    /// Stores a checked input as a STAGED revision.
+    /// Validates a checked input ([`Pipeline::validate`]) and stores it as a STAGED revision;
+    /// returns its warnings too (the parser's and validation's).
     ///
     /// Errors: [`Error::BadRequest`] when `checked` has errors; [`Error::EtagMismatch`];
     /// [`Error::Store`].
@@ -348,13 +459,14 @@ impl Pipeline {
         author: &str,
         message: &str,
         etag: Option<&str>,
-    ) -> Result<(RulesetRow, RevisionRow)> {
-        let checked = checked.into_valid()?;
+    ) -> Result<(RulesetRow, RevisionRow, Vec<Finding>)> {
+        let mut checked = self.validate(checked).await?.into_valid()?;
         self.check_rules(&checked)?;
         let new = new_revision(&checked, author, message);
         let _w = self.write.lock().await;
         self.check_rulesets(&new.ruleset).await?;
-        self.store.stage(new, etag).await
+        let (rs, rev) = self.store.stage(new, etag).await?;
+        Ok((rs, rev, std::mem::take(&mut checked.findings)))
     }
 
     /// Makes staged revision `number` of `ruleset` active; with `confirm_within`, it is
@@ -385,8 +497,8 @@ impl Pipeline {
                 previous_state: RevisionState::Superseded,
                 confirm_deadline: deadline,
                 etag: etag.map(str::to_string),
-                validated: false,
-                sources: Vec::new(),
+                from: Origin::Stored,
+                creates: false,
                 edited: false,
             },
             audit,
@@ -394,7 +506,9 @@ impl Pipeline {
         .await
     }
 
-    /// Stage + commit in one store transaction.
+    /// Stage + commit in one store transaction: `checked` is validated by the commit (the
+    /// engine's one validation, under the write lock), its findings placed at their
+    /// `FILE:LINE:COL`.
     ///
     /// Errors: as [`Pipeline::stage`] and [`Pipeline::commit_staged`].
     pub async fn apply(
@@ -406,20 +520,24 @@ impl Pipeline {
         etag: Option<&str>,
         audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
-        let checked = checked.into_valid()?;
         self.check_rules(&checked)?;
         let new = new_revision(&checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
         let _w = self.write.lock().await;
-        let sources = checked.sources;
         let edited = checked.edited;
+        let from = Origin::Request {
+            findings: checked.findings,
+            places: checked.places,
+            texts: checked.sources,
+        };
         let mut model = checked.ruleset;
-        // A ruleset's priority is fixed when it is created: an active one's is in memory.
-        match self.active_priority(&new.ruleset) {
+        // A ruleset's priority is fixed when it is created: an active one's is the engine's.
+        let mut creates = false;
+        match self.engine.priority(&new.ruleset) {
             Some(priority) => model.priority = priority,
             None => match self.store.get_ruleset(&new.ruleset).await? {
                 Some(rs) => model.priority = rs.priority,
-                None => self.check_rulesets(&new.ruleset).await?,
+                None => creates = true,
             },
         }
         self.run(
@@ -432,8 +550,8 @@ impl Pipeline {
                 previous_state: RevisionState::Superseded,
                 confirm_deadline: deadline,
                 etag: etag.map(str::to_string),
-                validated: true,
-                sources,
+                from,
+                creates,
                 edited,
             },
             audit,
@@ -480,8 +598,8 @@ impl Pipeline {
                 previous_state: RevisionState::Superseded,
                 confirm_deadline: None,
                 etag: etag.map(str::to_string),
-                validated: false,
-                sources: Vec::new(),
+                from: Origin::Stored,
+                creates: false,
                 edited: false,
             },
             audit,
@@ -537,7 +655,7 @@ impl Pipeline {
             .await
             .map_err(|e| Error::Internal(format!("commit task: {e}")))?
             .map_err(|e| Error::Commit(e.to_string()))?;
-        self.set_active(ruleset, None);
+        self.activated(ruleset, None);
         self.store.delete_ruleset(ruleset, etag).await?;
         self.forget_not_loaded(ruleset).await;
         Ok(())
@@ -582,8 +700,8 @@ impl Pipeline {
                             previous_state: RevisionState::Rejected,
                             confirm_deadline: None,
                             etag: None,
-                            validated: false,
-                            sources: Vec::new(),
+                            from: Origin::Stored,
+                            creates: false,
                             edited: false,
                         },
                         &mut None,
@@ -601,7 +719,7 @@ impl Pipeline {
                     .await
                     .map_err(|e| Error::Internal(format!("commit task: {e}")))?
                     .map_err(|e| Error::Commit(e.to_string()))?;
-                    self.set_active(&c.ruleset, None);
+                    self.activated(&c.ruleset, None);
                     self.forget_not_loaded(&c.ruleset).await;
                     self.emit(
                         &c.ruleset,
@@ -671,45 +789,23 @@ impl Pipeline {
             })
     }
 
-    /// Records `ruleset`'s active (revision, priority), or that it has none, and tells the
-    /// observer.
-    /// The priority of `ruleset` when it has an active revision.
-    fn active_priority(&self, ruleset: &str) -> Option<i32> {
-        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        active.get(ruleset).map(|h| h.1)
-    }
-
-    fn set_active(&self, ruleset: &str, head: Option<(u64, i32)>) {
-        {
-            let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-            match head {
-                Some(h) => active.insert(ruleset.to_string(), h),
-                None => active.remove(ruleset),
-            };
-        }
-        if head.is_none() {
+    /// After the engine published `ruleset`'s new active revision (or that it has none):
+    /// forgets a deactivated ruleset's previous parse and tells the observer.
+    fn activated(&self, ruleset: &str, revision: Option<u64>) {
+        if revision.is_none() {
             self.parses
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(ruleset);
         }
-        self.hooks.observer.on_active(ruleset, head.map(|h| h.0));
+        self.hooks.observer.on_active(ruleset, revision);
     }
 
-    /// The model the engine runs for `ruleset` and the number of its revision, read so that
-    /// the two belong together: the revision the pipeline marked active before and after the
-    /// engine was asked is the same (a commit publishes before it marks), so the model is
-    /// that revision's or a later one's; a caller that pairs it with the store's active
-    /// revision and commits with that revision's etag is refused (ETAG_MISMATCH) in the
-    /// second case. `None` when the ruleset is not active.
+    /// The model the engine runs for `ruleset` and the number of its revision, read together
+    /// from the one owner ([`Engine::revision_model`]): that revision's model. `None` when the
+    /// ruleset is not active.
     pub fn active_model(&self, ruleset: &str) -> Option<(u64, Arc<Ruleset>)> {
-        let revision = |p: &Pipeline| {
-            let active = p.active.lock().unwrap_or_else(|e| e.into_inner());
-            active.get(ruleset).map(|h| h.0)
-        };
-        let before = revision(self)?;
-        let model = self.engine.rulesets().remove(ruleset)?;
-        (revision(self)? == before).then_some((before, model))
+        self.engine.revision_model(ruleset)
     }
 
     /// The texts the last Apply of `ruleset` was parsed from and the model it gave, for
@@ -755,7 +851,7 @@ impl Pipeline {
             return;
         };
         let known = match ruleset {
-            Some(name) if self.active_priority(name).is_some() => true,
+            Some(name) if self.engine.priority(name).is_some() => true,
             Some(name) => matches!(self.store.get_ruleset(name).await, Ok(Some(_))),
             None => false,
         };
@@ -805,61 +901,114 @@ impl Pipeline {
     }
 
     /// The pipeline proper; the caller holds the write lock.
-    /// Validates, persists (with `audit`, taken once it is durable) and publishes `job`.
+    /// Validates (the commit's one validation), persists (with `audit`, taken once it is
+    /// durable) while the engine compiles, and publishes `job`.
     async fn run(&self, job: Job, audit: &mut Option<AuditEntry>) -> Result<CommitResult> {
         let wall = std::time::Instant::now();
         let started_at = now_ns();
         let t0 = self.clock.now_ns();
-        // validate (an Apply's model was, a moment ago, by the same validator)
-        let violations = if job.validated {
-            Vec::new()
+        let Job {
+            ruleset,
+            model,
+            target,
+            state,
+            outcome,
+            previous_state,
+            confirm_deadline,
+            etag,
+            mut from,
+            creates,
+            edited,
+        } = job;
+        let priority = model.priority;
+        // `--max-rulesets` for a new ruleset, refused after validation (a refusal of the text
+        // comes first).
+        let within_limits = if creates {
+            let existing = self.store.list_rulesets().await?.len();
+            limits::check_rulesets(existing, self.hooks.limits.max_rulesets)
         } else {
-            self.engine.validate(&job.model, &*self.sets)
+            Ok(())
         };
-        if has_errors(&violations) {
-            return Err(Error::BadRequest {
-                reason: Reason::InvalidRuleset,
-                violations: violations
-                    .iter()
-                    .filter(|v| v.severity == vallum_engine::validate::Severity::Error)
-                    .map(|v| FieldViolation::new("revision", v.to_string()))
-                    .collect(),
-            });
-        }
-        let t1 = self.clock.now_ns();
-        // The engine validates and compiles (prepare, nothing visible yet) while the revision
-        // is written: both need only the model, and the store write waits on the disk.
-        let priority = job.model.priority;
+        // validate, then compile, on one blocking thread: the verdict comes back as soon as
+        // it is known, so that a refusal stores nothing and the revision is written while
+        // the snapshot compiles (both need only the model; the store write waits on the
+        // disk). Under the write lock, no set or other commit changes in between.
         let engine = self.engine.clone();
         let sets = self.sets.clone();
-        let change = if job.edited {
-            Change::PutEdited(job.model)
+        // Made from the active model by edits: untouched rules keep counting where they
+        // are (`Change::PutEdited`).
+        let change = if edited {
+            Change::PutEdited(model)
         } else {
-            Change::Put(job.model)
+            Change::Put(model)
         };
-        let prepare = tokio::task::spawn_blocking(move || engine.prepare(change, &*sets));
+        let (verdict, validated) = tokio::sync::oneshot::channel();
+        let compiling = tokio::task::spawn_blocking(move || {
+            let v = match engine.validate_change(change, &*sets) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = verdict.send(Err(e));
+                    return None;
+                }
+            };
+            let _ = verdict.send(Ok(v.warnings().to_vec()));
+            Some(engine.compile(v, &*sets))
+        });
+        let warnings = match validated.await {
+            Ok(Ok(w)) => from.warnings(&w),
+            Ok(Err(CommitError::Invalid(v))) => return Err(from.refusal(&v)),
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                self.emit(
+                    &ruleset,
+                    None,
+                    Outcome::Failed,
+                    Phases::default(),
+                    Some(msg.clone()),
+                    0,
+                );
+                return Err(Error::Commit(msg));
+            }
+            // The task ended without a verdict: it panicked.
+            Err(_) => {
+                let e = match compiling.await {
+                    Err(e) => format!("commit task: {e}"),
+                    Ok(_) => "commit task: no verdict".to_string(),
+                };
+                return Err(Error::Internal(e));
+            }
+        };
+        if let Err(e) = within_limits {
+            // The compile's result is dropped on its own thread when it ends.
+            drop(compiling);
+            return Err(e.into());
+        }
+        let t1 = self.clock.now_ns();
         // persist: durable before publish
         let persisted = self
             .store
             .persist_commit(PersistCommit {
-                ruleset: job.ruleset.clone(),
-                target: job.target,
-                state: job.state,
-                outcome: job.outcome,
-                previous_state: job.previous_state,
-                confirm_deadline: job.confirm_deadline,
-                expected_etag: job.etag,
+                ruleset: ruleset.clone(),
+                target,
+                state,
+                outcome,
+                previous_state,
+                confirm_deadline,
+                expected_etag: etag,
                 started_at,
                 validate_ns: t1.saturating_sub(t0),
                 audit: audit.clone(),
             })
             .await;
         let t2 = self.clock.now_ns();
-        let prepared = prepare
-            .await
-            .map_err(|e| Error::Internal(format!("commit task: {e}")));
+        let prepared = match compiling.await {
+            Ok(Some(p)) => Ok(p),
+            Ok(None) => Err(Error::Internal("commit task: no compile".into())),
+            Err(e) => Err(Error::Internal(format!("commit task: {e}"))),
+        };
+        let keep_texts = matches!(&from, Origin::Request { texts, .. } if !texts.is_empty());
         let parsed = match &prepared {
-            Ok(Ok(p)) if !job.sources.is_empty() => p.ruleset(&job.ruleset).map(Arc::downgrade),
+            Ok(Ok(p)) if keep_texts => p.ruleset(&ruleset).map(Arc::downgrade),
             _ => None,
         };
         let persisted = match persisted {
@@ -876,7 +1025,7 @@ impl Pipeline {
                 }
                 if is_server_failure(&e) {
                     self.emit(
-                        &job.ruleset,
+                        &ruleset,
                         None,
                         Outcome::Failed,
                         Phases::default(),
@@ -887,7 +1036,12 @@ impl Pipeline {
                 return Err(e);
             }
         };
-        // publish (swap, quiesce, carry counters): only now that the revision is durable.
+        #[cfg(test)]
+        tests::before_publish();
+        // publish (swap, quiesce, carry counters): only now that the revision is durable,
+        // numbered with the store's revision so that the engine's answer to "which revision
+        // is active" changes with what the cores run.
+        let number = persisted.revision.number;
         let engine = self.engine.clone();
         let committed = match prepared {
             // The model's priority is the stored one (callers read it before `run`); should
@@ -896,17 +1050,20 @@ impl Pipeline {
                 "ruleset priority changed during the commit ({priority} -> {})",
                 persisted.ruleset.priority
             ))),
-            Ok(Ok(p)) => tokio::task::spawn_blocking(move || {
-                engine.publish(p).map(|c| {
-                    // Free the old snapshot off the async workers, and after the reply: no
-                    // core reads it any more (publish waited for them).
-                    let retired = c.retired;
-                    tokio::task::spawn_blocking(move || drop(retired));
-                    c.report
+            Ok(Ok(mut p)) => {
+                p.set_revision(&ruleset, number);
+                tokio::task::spawn_blocking(move || {
+                    engine.publish(p).map(|c| {
+                        // Free the old snapshot off the async workers, and after the reply:
+                        // no core reads it any more (publish waited for them).
+                        let retired = c.retired;
+                        tokio::task::spawn_blocking(move || drop(retired));
+                        c.report
+                    })
                 })
-            })
-            .await
-            .map_err(|e| Error::Internal(format!("commit task: {e}"))),
+                .await
+                .map_err(|e| Error::Internal(format!("commit task: {e}")))
+            }
             Ok(Err(e)) => Ok(Err(e)),
             Err(e) => Err(e),
         };
@@ -917,8 +1074,8 @@ impl Pipeline {
                 let outcome = Error::Commit(msg.clone()).reason().info().name;
                 self.store.revert_commit(&persisted, &msg, outcome).await?;
                 self.emit(
-                    &job.ruleset,
-                    Some(persisted.revision.number),
+                    &ruleset,
+                    Some(number),
                     Outcome::Failed,
                     Phases::default(),
                     Some(msg.clone()),
@@ -932,8 +1089,8 @@ impl Pipeline {
                     .revert_commit(&persisted, &e.to_string(), outcome)
                     .await?;
                 self.emit(
-                    &job.ruleset,
-                    Some(persisted.revision.number),
+                    &ruleset,
+                    Some(number),
                     Outcome::Failed,
                     Phases::default(),
                     Some(e.to_string()),
@@ -943,7 +1100,7 @@ impl Pipeline {
             }
         };
         let phases = Phases {
-            validate_ns: t1.saturating_sub(t0) + report.validate_ns,
+            validate_ns: t1.saturating_sub(t0),
             compile_ns: report.compile_ns,
             persist_ns: t2.saturating_sub(t1),
             publish_ns: report.publish_ns,
@@ -952,20 +1109,14 @@ impl Pipeline {
             total_ns: u64::try_from(wall.elapsed().as_nanos()).unwrap_or(u64::MAX),
             cores_waited: u32::try_from(report.cores_waited).unwrap_or(u32::MAX),
         };
-        self.set_active(
-            &job.ruleset,
-            Some((persisted.revision.number, persisted.ruleset.priority)),
-        );
-        self.forget_not_loaded(&job.ruleset).await;
-        if let Some(model) = parsed {
-            let previous = PreviousParse {
-                texts: job.sources,
-                model,
-            };
+        self.activated(&ruleset, Some(number));
+        self.forget_not_loaded(&ruleset).await;
+        if let (Some(model), Origin::Request { texts, .. }) = (parsed, from) {
+            let previous = PreviousParse { texts, model };
             self.parses
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(job.ruleset.clone(), previous);
+                .insert(ruleset.clone(), previous);
         }
         // Phase columns are informative: written after the reply (a transaction and an fsync
         // the caller need not wait for); a failure to write them does not undo the commit.
@@ -977,9 +1128,9 @@ impl Pipeline {
             }
         });
         self.emit(
-            &job.ruleset,
-            Some(persisted.revision.number),
-            job.outcome,
+            &ruleset,
+            Some(number),
+            outcome,
             phases,
             None,
             report.rules as u64,
@@ -987,8 +1138,9 @@ impl Pipeline {
         Ok(CommitResult {
             revision: persisted.revision,
             phases,
-            confirm_deadline: job.confirm_deadline,
+            confirm_deadline,
             etag: persisted.ruleset.etag,
+            warnings,
         })
     }
 }
@@ -1028,13 +1180,22 @@ mod tests {
         }
     }
 
-    fn checked(p: &Pipeline, rules: usize) -> Checked {
-        let mut text = String::from("*filter\n:INPUT DROP [0:0]\n");
-        for i in 0..rules {
-            text.push_str(&format!("-A INPUT -p tcp --dport {} -j ACCEPT\n", i + 1));
+    thread_local! {
+        /// Run (once) by a commit on this thread just before it publishes.
+        static BEFORE_PUBLISH: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+            std::cell::RefCell::new(None);
+    }
+
+    /// Called by [`Pipeline::run`] once the revision is durable, just before it publishes
+    /// (on the test's thread: `#[tokio::test]` runs on one).
+    pub(super) fn before_publish() {
+        if let Some(hook) = BEFORE_PUBLISH.with(|h| h.borrow_mut().take()) {
+            hook();
         }
-        text.push_str("COMMIT\n");
-        let input = RulesetInput {
+    }
+
+    fn input(text: String) -> RulesetInput {
+        RulesetInput {
             parts: vec![TextPart {
                 text,
                 family: Family::Ipv4,
@@ -1042,26 +1203,293 @@ mod tests {
                 field: "source.text.content".into(),
                 line_fields: None,
             }],
-        };
-        crate::content::check("web", 0, &input, p.sets().as_ref()).expect("checks")
+        }
+    }
+
+    fn text(rules: usize) -> String {
+        let mut text = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for i in 0..rules {
+            text.push_str(&format!("-A INPUT -p tcp --dport {} -j ACCEPT\n", i + 1));
+        }
+        text.push_str("COMMIT\n");
+        text
+    }
+
+    fn checked(rules: usize) -> Checked {
+        crate::content::check("web", 0, &input(text(rules))).expect("checks")
+    }
+
+    fn engine(clock: Arc<dyn Clock>) -> Arc<Engine> {
+        Arc::new(Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            clock,
+        ))
     }
 
     /// A pipeline on a one-core engine and a store in a temporary directory (kept alive by
     /// the returned guard).
     async fn pipeline(hooks: Hooks) -> (Pipeline, Arc<Engine>, Store, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
+        let (p, engine, store) = reopen(&dir, hooks).await;
+        (p, engine, store, dir)
+    }
+
+    /// A new engine and pipeline on the store in `dir` (a restart), not loaded yet.
+    async fn reopen(dir: &tempfile::TempDir, hooks: Hooks) -> (Pipeline, Arc<Engine>, Store) {
         let store = Store::open(&dir.path().join("v.db")).await.expect("store");
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
-        let engine = Arc::new(Engine::new(
-            EngineConfig {
-                cores: 1,
-                barrier: BarrierStrategy::SeqCst,
-                conntrack: None,
-            },
-            clock.clone(),
-        ));
+        let engine = engine(clock.clone());
         let p = Pipeline::new(engine.clone(), store.clone(), clock, hooks);
-        (p, engine, store, dir)
+        (p, engine, store)
+    }
+
+    /// The field violations of a bad request.
+    fn bad_request(e: Error) -> (Reason, Vec<FieldViolation>) {
+        match e {
+            Error::BadRequest { reason, violations } => (reason, violations),
+            other => panic!("expected a bad request, got {other:?}"),
+        }
+    }
+
+    /// Each commit runs the validator once (the engine's, counted by
+    /// `Engine::validations`): Apply, a commit of a staged revision, a rollback, a revert and
+    /// the load at start; Stage and a dry run once too. A refused Apply is validated once
+    /// and refused with what the check of the text and the engine's validation gave before
+    /// they were one (content::check validated, then the engine's prepare validated again):
+    /// the same reason and `FILE:LINE:COL` descriptions, compared with that older path run
+    /// by hand here.
+    #[tokio::test]
+    async fn a_commit_validates_once() {
+        use confirm_clock::ManualWallClock;
+        let clock = ManualWallClock::starting_now();
+        let hooks = Hooks {
+            confirm_clock: Arc::new(clock.clone()),
+            ..Hooks::default()
+        };
+        let (p, engine, _store, dir) = pipeline(hooks.clone()).await;
+        let counted = |before: u64| engine.validations() - before;
+
+        let n = engine.validations();
+        p.apply(checked(1), "me", "m", None, None, &mut None)
+            .await
+            .expect("commits");
+        assert_eq!(counted(n), 1, "apply");
+        let n = engine.validations();
+        let (_, staged, _) = p.stage(checked(2), "me", "m", None).await.expect("stages");
+        assert_eq!(counted(n), 1, "stage");
+        let n = engine.validations();
+        p.commit_staged("web", staged.number, None, None, &mut None)
+            .await
+            .expect("commits");
+        assert_eq!(counted(n), 1, "commit of a staged revision");
+        let n = engine.validations();
+        p.rollback("web", 1, "me", "", None, &mut None)
+            .await
+            .expect("rolls back");
+        assert_eq!(counted(n), 1, "rollback");
+        let within = Duration::from_secs(60);
+        p.apply(checked(3), "me", "m", Some(within), None, &mut None)
+            .await
+            .expect("commits");
+        clock.advance(within);
+        let n = engine.validations();
+        assert_eq!(p.expire_confirms().await.expect("reverts"), 1);
+        assert_eq!(counted(n), 1, "revert");
+        let n = engine.validations();
+        let dry = p.validate(checked(4)).await.expect("validates");
+        assert!(dry.validated() && dry.valid());
+        assert_eq!(counted(n), 1, "dry run");
+
+        // Refused: a loop of jumps (validation), an extension not enforced.
+        for (bad, reason) in [
+            (
+                "*filter\n:INPUT ACCEPT [0:0]\n:x - [0:0]\n:y - [0:0]\n-A INPUT -j x\n-A x -j y\n-A y -j x\nCOMMIT\n",
+                Reason::InvalidRuleset,
+            ),
+            (
+                "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m connlimit --connlimit-above 2 -j DROP\nCOMMIT\n",
+                Reason::UnsupportedExtension,
+            ),
+        ] {
+            let c = crate::content::check("web", 0, &input(bad.into())).expect("parses");
+            // The older path: the check's validation of the text, placed in the request.
+            let v = vallum_engine::validate::validate(&c.ruleset, Some(&*p.sets));
+            let before = bad_request(c.clone().with_violations(&v).into_valid().unwrap_err());
+            let n = engine.validations();
+            let e = p.apply(c, "me", "m", None, None, &mut None).await;
+            assert_eq!(counted(n), 1, "refused apply");
+            let now = bad_request(e.expect_err("refused"));
+            assert_eq!(now, before, "{bad}");
+            assert_eq!(now.0, reason);
+            assert!(
+                now.1
+                    .iter()
+                    .all(|v| v.field == "source.text.content"
+                        && v.description.starts_with("t.rules:")),
+                "{now:?}"
+            );
+        }
+
+        // The load at start validates each active revision once.
+        drop(p);
+        let (p, engine, _store) = reopen(&dir, hooks).await;
+        assert!(p.load().await.expect("loads").is_empty());
+        assert_eq!(engine.validations(), 1, "load");
+    }
+
+    /// A text checked while its set existed, whose set is destroyed before the commit, is
+    /// refused by the commit's validation at its `FILE:LINE:COL`, before anything is stored
+    /// (no revision, no FAILED commit). Before, the check's validation passed, the revision
+    /// was stored, the engine's second validation refused it and the store was reverted: a
+    /// REJECTED revision 1 and a FAILED outcome.
+    #[tokio::test]
+    async fn a_set_destroyed_after_the_check_is_refused_before_the_store() {
+        use vallum_engine::sets::{SetSpec, SetType};
+        let (p, _engine, store, _dir) = pipeline(Hooks::default()).await;
+        p.create_set(
+            "blocked",
+            SetSpec::new(SetType::HashIp, Family::Ipv4),
+            false,
+        )
+        .await
+        .expect("creates");
+        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m set --match-set blocked src -j DROP\nCOMMIT\n";
+        let c = crate::content::check("web", 0, &input(t.into())).expect("parses");
+        assert!(p.validate(c.clone()).await.expect("validates").valid());
+        p.destroy_set("blocked").await.expect("destroys");
+        let mut events = p.subscribe();
+        let e = p.apply(c, "me", "m", None, None, &mut None).await;
+        let (reason, v) = bad_request(e.expect_err("refused"));
+        assert_eq!(reason, Reason::InvalidRuleset);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].field, "source.text.content");
+        assert!(v[0].description.starts_with("t.rules:3:"), "{v:?}");
+        assert!(v[0].description.contains("blocked"), "{v:?}");
+        assert!(store.get_ruleset("web").await.expect("reads").is_none());
+        assert!(events.try_recv().is_err(), "no FAILED commit");
+    }
+
+    /// Records the last `on_active` per ruleset (what `vallum_active_revision` shows).
+    #[derive(Default)]
+    struct ActiveSeen(Mutex<BTreeMap<String, Option<u64>>>);
+
+    impl crate::hooks::Observer for ActiveSeen {
+        fn on_active(&self, ruleset: &str, revision: Option<u64>) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(ruleset.to_string(), revision);
+        }
+    }
+
+    /// The active revision of `web` as every reader sees it, asserting they agree: the
+    /// store's row, the pipeline (health, GetStatus, the fleet agent), the engine's number,
+    /// the observer (the metric) and the rules the engine runs (`rules` of that revision).
+    async fn readers_agree(p: &Pipeline, seen: &ActiveSeen) -> Option<u64> {
+        let stored = p
+            .store()
+            .get_ruleset("web")
+            .await
+            .expect("reads")
+            .and_then(|r| r.active_revision);
+        let pipeline = p.active().get("web").map(|a| a.revision);
+        let engine = p.engine().revision("web").map(|a| a.revision);
+        let metric = seen
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get("web")
+            .copied()
+            .flatten();
+        assert_eq!(
+            [pipeline, engine, metric],
+            [stored; 3],
+            "pipeline, engine, metric vs the store"
+        );
+        if let Some(n) = stored {
+            let rev = p.store().get_revision("web", n).await.expect("reads");
+            let rules = rev.expect("stored").rule_count as usize;
+            assert_eq!(p.engine().rulesets()["web"].rule_count(), rules);
+        } else {
+            assert!(!p.engine().rulesets().contains_key("web"));
+        }
+        stored
+    }
+
+    /// One owner of the active revision: after a commit, a publish that fails (another
+    /// commit reached the engine between prepare and publish: stale), a revert of an
+    /// unconfirmed commit, a restart and a delete, every reader names the same revision.
+    #[tokio::test]
+    async fn readers_agree_on_the_active_revision() {
+        use confirm_clock::ManualWallClock;
+        let clock = ManualWallClock::starting_now();
+        let seen = Arc::new(ActiveSeen::default());
+        let hooks = Hooks {
+            confirm_clock: Arc::new(clock.clone()),
+            ..Hooks::default()
+        }
+        .with_observer(seen.clone());
+        let (p, engine, _store, dir) = pipeline(hooks.clone()).await;
+        assert_eq!(readers_agree(&p, &seen).await, None);
+        p.apply(checked(1), "me", "m", None, None, &mut None)
+            .await
+            .expect("commits");
+        assert_eq!(readers_agree(&p, &seen).await, Some(1));
+
+        // A failed publish: the store is reverted, the engine runs revision 1 still.
+        BEFORE_PUBLISH.with(|h| {
+            let engine = engine.clone();
+            *h.borrow_mut() = Some(Box::new(move || {
+                let other = crate::content::check("other", 0, &input(text(1)))
+                    .expect("checks")
+                    .ruleset;
+                engine
+                    .commit(Change::Put(other), &vallum_engine::sets::NoSets)
+                    .expect("commits");
+            }))
+        });
+        let e = p.apply(checked(2), "me", "m", None, None, &mut None).await;
+        assert!(matches!(e, Err(Error::Commit(_))), "{e:?}");
+        assert_eq!(readers_agree(&p, &seen).await, Some(1));
+        assert_eq!(
+            p.store()
+                .get_revision("web", 2)
+                .await
+                .expect("reads")
+                .map(|r| r.state),
+            Some(RevisionState::Rejected)
+        );
+        engine
+            .commit(Change::Remove("other".into()), &vallum_engine::sets::NoSets)
+            .expect("removes");
+
+        // A commit-confirmed, then its revert.
+        let within = Duration::from_secs(60);
+        let r = p
+            .apply(checked(3), "me", "m", Some(within), None, &mut None)
+            .await
+            .expect("commits");
+        assert_eq!(readers_agree(&p, &seen).await, Some(r.revision.number));
+        clock.advance(within);
+        assert_eq!(p.expire_confirms().await.expect("reverts"), 1);
+        let reverted = readers_agree(&p, &seen).await.expect("active");
+        assert!(reverted > r.revision.number);
+        assert_eq!(p.engine().rulesets()["web"].rule_count(), 1);
+
+        // A restart.
+        drop(p);
+        let seen = Arc::new(ActiveSeen::default());
+        let (p, _engine, _store) = reopen(&dir, hooks.clone().with_observer(seen.clone())).await;
+        assert!(p.load().await.expect("loads").is_empty());
+        assert_eq!(readers_agree(&p, &seen).await, Some(reverted));
+
+        // A delete.
+        p.delete("web", None).await.expect("deletes");
+        assert_eq!(readers_agree(&p, &seen).await, None);
     }
 
     /// A commit-confirmed is rolled back when its deadline passes on the injected clock and
@@ -1076,12 +1504,12 @@ mod tests {
             ..Hooks::default()
         };
         let (p, _engine, store, dir) = pipeline(hooks.clone()).await;
-        p.apply(checked(&p, 1), "me", "m", None, None, &mut None)
+        p.apply(checked(1), "me", "m", None, None, &mut None)
             .await
             .expect("commits");
         let within = Duration::from_secs(60);
         let r = p
-            .apply(checked(&p, 2), "me", "m", Some(within), None, &mut None)
+            .apply(checked(2), "me", "m", Some(within), None, &mut None)
             .await
             .expect("commits");
         assert_eq!(r.revision.state, RevisionState::PendingConfirm);
@@ -1142,14 +1570,14 @@ mod tests {
     #[tokio::test]
     async fn apply_keeps_the_parse_for_the_next_check() {
         let (p, engine, _store, _dir) = pipeline(Hooks::default()).await;
-        let c = checked(&p, 3);
+        let c = checked(3);
         assert!(c.sources.is_empty());
         p.apply(c, "me", "m", None, None, &mut None)
             .await
             .expect("commits");
         assert!(p.previous_parse("web").is_none());
 
-        let mut c = checked(&p, 4);
+        let mut c = checked(4);
         let text = Arc::new(String::from("the text"));
         let source = SourceText {
             family: Family::Ipv4,
@@ -1181,21 +1609,21 @@ mod tests {
         let (p, _engine, store, _dir) = pipeline(hooks).await;
 
         let mut audit = Some(entry());
-        let c = checked(&p, 3);
+        let c = checked(3);
         let r = p.apply(c, "me", "m", None, None, &mut audit).await;
         assert_eq!(r.expect("commits").revision.number, 1);
         assert!(audit.is_none(), "written with the commit");
         assert_eq!(store.audit_count().await.expect("count"), 1);
         // Same text again: the chunks are shared, the revision is new.
         let mut audit = Some(entry());
-        let c = checked(&p, 3);
+        let c = checked(3);
         let r = p.apply(c, "me", "m", None, None, &mut audit).await;
         assert_eq!(r.expect("commits").revision.number, 2);
         assert_eq!(store.audit_count().await.expect("count"), 2);
 
         // Over --max-rules: refused before the store; the record is still the caller's.
         let mut audit = Some(entry());
-        let c = checked(&p, 6);
+        let c = checked(6);
         assert!(p.apply(c, "me", "m", None, None, &mut audit).await.is_err());
         assert!(audit.is_some());
         assert_eq!(store.audit_count().await.expect("count"), 2);

@@ -323,12 +323,7 @@ pub async fn run_with(
             .await?;
     }
     if config.example && store.list_rulesets().await?.is_empty() {
-        let checked = content::check(
-            example::NAME,
-            0,
-            &example::input(),
-            pipeline.sets().as_ref(),
-        )?;
+        let checked = content::check(example::NAME, 0, &example::input())?;
         pipeline
             .apply(
                 checked,
@@ -445,7 +440,7 @@ pub async fn run_with(
         active: pipeline
             .active()
             .into_iter()
-            .map(|(k, v)| (k, v.0))
+            .map(|(k, v)| (k, v.revision))
             .collect(),
     };
     store.close().await;

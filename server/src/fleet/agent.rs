@@ -172,7 +172,7 @@ pub struct PipelineLocal(pub Arc<Pipeline>);
 #[tonic::async_trait]
 impl Local for PipelineLocal {
     fn active(&self, name: &str) -> Option<u64> {
-        self.0.active().get(name).map(|a| a.0)
+        self.0.active().get(name).map(|a| a.revision)
     }
 
     fn generation(&self) -> u64 {

@@ -66,10 +66,11 @@ impl FleetApi {
             .as_ref()
             .ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
         let input = RulesetInput::try_from(source)?;
-        // The same check as Apply's: limits first, then parse, validate, the empty refusal.
+        // The same check as Apply's: limits first, then parse, the empty refusal, validate.
         let checked = super::check(&self.state.pipeline, &name, r.priority, input)
             .await?
             .refuse_empty(r.allow_empty)?;
+        let checked = self.state.pipeline.validate(checked).await?;
         let warnings: Vec<pb::Violation> =
             checked.warnings().iter().map(convert::violation).collect();
         let checked = checked.into_valid()?;

@@ -47,10 +47,10 @@ impl EngineService for EngineApi {
             .pipeline
             .active()
             .into_iter()
-            .map(|(name, (revision, priority))| pb::ActiveRevision {
+            .map(|(name, a)| pb::ActiveRevision {
                 ruleset: name,
-                revision,
-                priority,
+                revision: a.revision,
+                priority: a.priority,
             })
             .collect();
         let rules = engine

@@ -168,7 +168,8 @@ impl RulesetApi {
         })
     }
 
-    /// Parses and validates a request's source for ruleset `name`. With `noflush` the text is
+    /// Parses a request's source for ruleset `name` (validation is the commit's, or
+    /// [`crate::pipeline::Pipeline::validate`] for a dry run). With `noflush` the text is
     /// applied to the ruleset's active revision (empty tables when it has none), as
     /// `iptables-restore --noflush` applies to the kernel's live tables; the second value is
     /// then the etag the commit must still see (the ruleset's when the base was read, `""`
@@ -235,19 +236,17 @@ impl RulesetApi {
             counters,
             noflush: base,
         };
-        let sets = self.state.pipeline.sets().clone();
         let previous = self.state.pipeline.previous_parse(name);
         let limits = self.state.pipeline.limits().clone();
         let name = name.to_string();
-        // Parsing, validating and printing a large ruleset takes milliseconds (~5 ms for 10k
-        // rules, ~1 ms to parse again after a change of a few rules): off the async workers,
-        // which keep serving other calls meanwhile.
+        // Parsing and printing a large ruleset takes milliseconds (~5 ms for 10k rules, ~1 ms
+        // to parse again after a change of a few rules): off the async workers, which keep
+        // serving other calls meanwhile.
         tokio::task::spawn_blocking(move || {
             let mut checked = content::check_with(
                 &name,
                 priority,
                 &input,
-                &*sets,
                 previous.as_ref(),
                 &how,
                 Some(&limits),
@@ -299,9 +298,10 @@ impl RulesetApi {
             }
             let (checked, base_etag) = checked?;
             let checked = checked.refuse_empty(r.allow_empty)?;
-            let warnings = checked.warnings();
             let expected = base_etag.unwrap_or_else(|| r.etag.clone());
             if r.validate_only {
+                let checked = self.state.pipeline.validate(checked).await?;
+                let warnings = checked.warnings();
                 checked.into_valid()?;
                 return Ok(pb::CommitResult {
                     revision: Some(preview_revision(&name, &warnings)),
@@ -322,7 +322,7 @@ impl RulesetApi {
                             &mut audit,
                         )
                         .await?;
-                    Ok(convert::commit_result(&c, &warnings))
+                    Ok(convert::commit_result(&c))
                 })
                 .await
         }
@@ -395,7 +395,7 @@ impl RulesetApi {
                         .pipeline
                         .commit_staged(&name, n, within, etag(&r.etag), &mut audit)
                         .await?;
-                    Ok(convert::commit_result(&c, &[]))
+                    Ok(convert::commit_result(&c))
                 })
                 .await
         }
@@ -437,7 +437,7 @@ impl RulesetApi {
                         .pipeline
                         .rollback(&name, n, &caller, &r.message, etag(&r.etag), &mut audit)
                         .await?;
-                    Ok(convert::commit_result(&c, &[]))
+                    Ok(convert::commit_result(&c))
                 })
                 .await
         }
@@ -498,6 +498,7 @@ impl RulesetService for RulesetApi {
             convert::ruleset_id("ruleset", &r.ruleset)?
         };
         let (checked, _) = self.check(&name, 0, r.source.as_ref(), "").await?;
+        let checked = self.state.pipeline.validate(checked).await?;
         Ok(Response::new(pb::ValidateRulesetResponse {
             valid: checked.valid(),
             violations: checked.findings.iter().map(convert::violation).collect(),
@@ -528,14 +529,15 @@ impl RulesetService for RulesetApi {
                 .await?;
             let checked = checked.refuse_empty(r.allow_empty)?;
             let expected = base_etag.unwrap_or_else(|| r.etag.clone());
-            let warnings = checked.warnings();
             if r.validate_only {
+                let checked = self.state.pipeline.validate(checked).await?;
+                let warnings = checked.warnings();
                 checked.into_valid()?;
                 return Ok(preview_revision(&name, &warnings));
             }
             self.state
                 .idempotent("StageRevision", &r.request_id, async {
-                    let (_, rev) = self
+                    let (_, rev, warnings) = self
                         .state
                         .pipeline
                         .stage(checked, &caller, &r.message, etag(&expected))
@@ -771,7 +773,8 @@ impl RulesetService for RulesetApi {
             name: r.name.clone(),
         })?;
         let mut model = rev.content.to_ruleset(&name, 0)?;
-        let live = r.counters && self.state.pipeline.active().get(&name).map(|x| x.0) == Some(n);
+        let live =
+            r.counters && self.state.pipeline.active().get(&name).map(|x| x.revision) == Some(n);
         if live {
             fill_counters(&mut model, &self.state.pipeline.engine().counters());
         }
