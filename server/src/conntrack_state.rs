@@ -175,7 +175,7 @@ mod tests {
         )
         .unwrap();
         let e = restore(&ct, 0, t0, Duration::from_secs(600), &file).unwrap_err();
-        assert!(e.ends_with("v.db.conntrack:3:1: expected 7 fields (PROTO SRC DST SPORT DPORT STATUS LEFT_MS), found 2"), "{e}");
+        assert!(e.ends_with("v.db.conntrack:3:1: expected 7 or 8 fields (PROTO SRC DST SPORT DPORT STATUS LEFT_MS [ZONE]), found 2"), "{e}");
         assert!(ct.list().is_empty() && !file.exists());
     }
 }
