@@ -1685,14 +1685,14 @@ COMMIT
 
     #[test]
     fn unsupported_extension_is_named() {
-        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m connlimit --connlimit-above 2 -j DROP\nCOMMIT\n";
+        let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m hashlimit --hashlimit-upto 10mb/s --hashlimit-name b -j ACCEPT\nCOMMIT\n";
         let c = check("a", 0, &text(t, Family::Ipv4), &NoSets).unwrap();
         let Err(Error::BadRequest { reason, violations }) = c.into_valid() else {
             panic!("expected invalid")
         };
         assert_eq!(reason, Reason::UnsupportedExtension);
         assert!(
-            violations[0].description.contains("connlimit"),
+            violations[0].description.contains("hashlimit"),
             "{violations:?}"
         );
     }

@@ -1311,7 +1311,7 @@ mod tests {
                 Reason::InvalidRuleset,
             ),
             (
-                "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m connlimit --connlimit-above 2 -j DROP\nCOMMIT\n",
+                "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m hashlimit --hashlimit-upto 10mb/s --hashlimit-name b -j ACCEPT\nCOMMIT\n",
                 Reason::UnsupportedExtension,
             ),
         ] {

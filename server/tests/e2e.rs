@@ -262,7 +262,8 @@ fn expectation(text: &str, v6: bool) -> Result<(), (&'static str, Option<String>
             }
         }
         Ok(rs) => {
-            let v = validate(&rs, Some(&NoSets));
+            // As vallumd validates: with a node view (pkttype and addrtype need the local table).
+            let v = validate(&rs, Some(&vallum_engine::sets::SetManager::default()));
             let unsupported = v.iter().find_map(|v| match &v.kind {
                 ViolationKind::Unsupported { name, .. } if v.severity == Severity::Error => {
                     Some(name.clone())
