@@ -11,6 +11,8 @@
 //!   comment lines and counters. Without them it prints `SKIP kernel part: <reason>`.
 //! - [`corpus_packets_through_nfqueue`] (root, NFQUEUE): see there.
 
+#[path = "support/netns.rs"]
+mod netns;
 #[path = "support/vallumd.rs"]
 mod support;
 
@@ -18,6 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use netns::{nsx, nsx_in, sh};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -314,52 +317,6 @@ async fn corpus_imports_and_exports_as_the_kernel() {
 
 const FW_MAC: &str = "02:76:61:6c:00:02";
 const SRC_MAC: [u8; 6] = [0x02, 0x76, 0x61, 0x6c, 0x00, 0x01];
-
-fn sh(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{args:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn nsx(ns: &str, args: &[&str]) -> Result<String, String> {
-    let mut full = vec!["ip", "netns", "exec", ns];
-    full.extend_from_slice(args);
-    sh(&full)
-}
-
-fn nsx_in(ns: &str, args: &[&str], input: &str) -> Result<String, String> {
-    use std::io::Write as _;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    child
-        .stdin
-        .take()
-        .ok_or("stdin")?
-        .write_all(input.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// The three namespaces; deleted on drop (also on panic).
 struct Lab {

@@ -14,14 +14,17 @@
 //! rules must have been hit (else the kernel did not hand bridged frames to iptables: SKIP).
 //! What K and V send themselves is dropped in mangle OUTPUT (V's gRPC on loopback excepted).
 
+#[path = "support/netns.rs"]
+mod netns;
 #[path = "support/vallumd.rs"]
 mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use netns::{nsx, nsx_in, sh};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -62,52 +65,6 @@ fn skip_reason() -> Option<String> {
         return Some("no nfnetlink_queue".into());
     }
     None
-}
-
-fn sh(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{args:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn nsx(ns: &str, args: &[&str]) -> Result<String, String> {
-    let mut full = vec!["ip", "netns", "exec", ns];
-    full.extend_from_slice(args);
-    sh(&full)
-}
-
-fn nsx_in(ns: &str, args: &[&str], input: &str) -> Result<String, String> {
-    use std::io::Write as _;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    child
-        .stdin
-        .take()
-        .ok_or("stdin")?
-        .write_all(input.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Namespaces S, K, V; deleted on drop (also on panic).
