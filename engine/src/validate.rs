@@ -190,19 +190,6 @@ pub(crate) fn validate_after(
     (out, diffs)
 }
 
-/// As [`validate`] for `ruleset`, given `prev`, a ruleset of the same name that passed
-/// validation without errors (the active one it replaces or was edited from): only what
-/// differs from `prev` is checked rule by rule (see `validate_after`), with exactly
-/// [`validate`]'s result. A one-rule edit of a 10k-rule ruleset whose untouched chunks are
-/// shared with `prev` ([`crate::model::RuleList`]) costs that rule plus the jump graph.
-pub fn validate_changed(
-    ruleset: &Ruleset,
-    prev: &Ruleset,
-    sets: Option<&dyn SetRegistry>,
-) -> Vec<Violation> {
-    validate_after(ruleset, prev, sets).0
-}
-
 /// Whether any violation is an error.
 pub fn has_errors(violations: &[Violation]) -> bool {
     violations.iter().any(|v| v.severity == Severity::Error)
