@@ -384,6 +384,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             let r = c
                 .confirm_commit(ConfirmCommitRequest {
                     name: revision_name(revision)?,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();
@@ -527,6 +528,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             c.delete_ruleset(DeleteRulesetRequest {
                 name: format!("rulesets/{ruleset}"),
                 etag: etag.clone().unwrap_or_default(),
+                ..Default::default()
             })
             .await?;
             print(out, json!({"deleted": ruleset}), || {

@@ -47,6 +47,9 @@ use crate::service::trace::TraceApi;
 use crate::sources::Sources;
 use crate::{content, example, tls};
 
+/// How often the store deletes expired idempotency keys and old audit records.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The gRPC service names health reports on (besides "").
 pub const SERVICES: [&str; 6] = [
     "vallum.v1.RulesetService",
@@ -148,7 +151,8 @@ pub async fn run_with(
 
     let store = crate::store::Store::open(&config.db)
         .await?
-        .with_revisions_kept(config.limits.max_revisions_kept);
+        .with_revisions_kept(config.limits.max_revisions_kept)
+        .with_retention(config.retention.retention());
     let pipeline = Arc::new(Pipeline::new(
         engine.clone(),
         store.clone(),
@@ -358,6 +362,8 @@ pub async fn run_with(
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
     let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
+    // Expired idempotency keys and old audit records (--idempotency-ttl, --audit-*).
+    let prune = pipeline.store().spawn_prune(PRUNE_INTERVAL);
     let sources = Sources::start(
         engine.clone(),
         &config.source,
@@ -414,6 +420,7 @@ pub async fn run_with(
     timer.abort();
     conntrack_gc.abort();
     set_gc.abort();
+    prune.abort();
     if let Some(t) = local_addrs {
         t.abort();
     }

@@ -207,6 +207,13 @@ impl RulesetService for Fake {
         Err(Status::unimplemented("not in the fake"))
     }
 
+    async fn update_ruleset(
+        &self,
+        _: Request<vallum_proto::v1::UpdateRulesetRequest>,
+    ) -> Result<Response<Ruleset>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
     async fn list_rulesets(
         &self,
         _: Request<ListRulesetsRequest>,

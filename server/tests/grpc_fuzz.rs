@@ -448,6 +448,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
         }),
         "ConfirmCommit" => Req::ConfirmCommit(pb::ConfirmCommitRequest {
             name: revision_name(r),
+            ..Default::default()
         }),
         "Apply" => Req::Apply(pb::ApplyRequest {
             ruleset: ruleset_name(r),
@@ -478,6 +479,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                 fuzz_gen::weird_name(r)
             },
             etag: etag(r),
+            ..Default::default()
         }),
         "ListRevisions" => Req::ListRevisions(pb::ListRevisionsRequest {
             ruleset: ruleset_name(r),
@@ -559,8 +561,9 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
         }),
         "ConntrackDelete" => Req::ConntrackDelete(pb::DeleteConntrackRequest {
             filter: fuzz_gen::conntrack_filter(r),
+            ..Default::default()
         }),
-        "ConntrackFlush" => Req::ConntrackFlush(pb::FlushConntrackRequest {}),
+        "ConntrackFlush" => Req::ConntrackFlush(pb::FlushConntrackRequest::default()),
         "ConntrackGetStats" => Req::ConntrackGetStats(pb::GetConntrackStatsRequest {}),
         "CreateSet" => Req::CreateSet(pb::CreateSetRequest {
             name: set_name(r),
@@ -586,6 +589,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             },
             counters: r.chance(300),
             exist: r.chance(300),
+            ..Default::default()
         }),
         "DestroySet" => Req::DestroySet(pb::DestroySetRequest {
             name: if r.chance(400) {
@@ -593,6 +597,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 fuzz_gen::weird_name(r)
             },
+            ..Default::default()
         }),
         "AddElements" => {
             let set = set_name(r);
@@ -603,6 +608,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                     .map(|_| fuzz_gen::set_element(r, ty))
                     .collect(),
                 exist: r.chance(300),
+                ..Default::default()
             })
         }
         "DeleteElements" => {
@@ -614,6 +620,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                     .map(|_| fuzz_gen::set_element(r, ty))
                     .collect(),
                 exist: r.chance(300),
+                ..Default::default()
             })
         }
         "ListSets" => Req::ListSets(pb::ListSetsRequest {}),
@@ -628,10 +635,12 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 fuzz_gen::weird_name(r)
             },
+            ..Default::default()
         }),
         "SwapSets" => Req::SwapSets(pb::SwapSetsRequest {
             from: set_name(r),
             to: set_name(r),
+            ..Default::default()
         }),
         "ImportIpsetSave" => Req::ImportIpsetSave(pb::ImportIpsetSaveRequest {
             text: fuzz_gen::ipset_text(r, caps.request_bytes),
@@ -640,6 +649,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 String::new()
             },
+            ..Default::default()
         }),
         "ExportIpsetSave" => Req::ExportIpsetSave(pb::ExportIpsetSaveRequest {
             name: if r.chance(400) {
@@ -669,6 +679,7 @@ fn too_large(r: &mut Rng) -> Req {
         2 => Req::ImportIpsetSave(pb::ImportIpsetSaveRequest {
             text,
             filename: String::new(),
+            ..Default::default()
         }),
         _ => Req::ReplayCapture(pb::ReplayCaptureRequest {
             capture: text.into_bytes(),
