@@ -110,6 +110,43 @@ async fn shutdown_signal() {
     }
 }
 
+/// Loads the token files again on every SIGHUP (token rotation, docs/operations.md "Rotating
+/// a token"): [`crate::auth::TokenReloader::reload`], all or nothing, so a file that does not
+/// load keeps the tokens in use (logged with its code). `None` where there is no SIGHUP.
+fn spawn_token_reload(
+    reloader: crate::auth::TokenReloader,
+    auth: crate::auth::AuthConfig,
+) -> Option<tokio::task::JoinHandle<()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: token files are not reloaded");
+                return None;
+            }
+        };
+        Some(tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match reloader.reload(&auth) {
+                    Ok(n) => tracing::info!(tokens = n, "token files reloaded (SIGHUP)"),
+                    Err(e) => tracing::error!(
+                        code = e.reason(),
+                        error = %e,
+                        "token files not reloaded; the tokens in use stay"
+                    ),
+                }
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (reloader, auth);
+        None
+    }
+}
+
 /// Runs `vallumd` until Ctrl-C / SIGTERM (or `--exit-after`), with the default hooks.
 ///
 /// Errors: [`Error`] when the store cannot be opened or migrated, the address cannot be bound,
@@ -147,6 +184,8 @@ pub async fn run_with(
     .with_observer(Arc::new(MetricsObserver::new(metrics.clone())));
     let tokens = config.auth.load()?;
     config.auth.check_listen(&tokens, config.listen)?;
+    let auth = crate::auth::AuthLayer::new(tokens);
+    let token_reload = spawn_token_reload(auth.reloader(), config.auth.clone());
     let tls = tls::server_config(&config.tls)?;
 
     let store = crate::store::Store::open(&config.db)
@@ -245,7 +284,7 @@ pub async fn run_with(
     }
     let max = config.limits.max_request_bytes;
     let grpc = builder
-        .layer(hooks::rpc_layer(&config, &metrics, tokens))
+        .layer(hooks::rpc_layer(&config, &metrics, auth))
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
@@ -421,6 +460,9 @@ pub async fn run_with(
     conntrack_gc.abort();
     set_gc.abort();
     prune.abort();
+    if let Some(t) = token_reload {
+        t.abort();
+    }
     if let Some(t) = local_addrs {
         t.abort();
     }
