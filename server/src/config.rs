@@ -211,7 +211,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|e| format!("{s:?}: {e} (a duration: N[s|m|h|d], e.g. 24h or 90d)"))?;
     let secs = n * unit;
-    if !secs.is_finite() || secs < 0.0 || secs > 1e12 {
+    if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
         return Err(format!("{s:?}: must be a non-negative duration"));
     }
     Ok(Duration::from_secs_f64(secs))
