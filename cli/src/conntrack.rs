@@ -109,7 +109,9 @@ async fn list_all(
     loop {
         let left = match limit {
             0 => PAGE_SIZE,
-            n => u32::try_from(n - all.entries.len() as u64).map_or(PAGE_SIZE, |l| l.min(PAGE_SIZE)),
+            n => {
+                u32::try_from(n - all.entries.len() as u64).map_or(PAGE_SIZE, |l| l.min(PAGE_SIZE))
+            }
         };
         let r = client
             .list(ListConntrackRequest {

@@ -2,9 +2,9 @@
 //! (`--line-numbers` as iptables' flag of that name), or zeroed with `--zero`.
 
 use serde_json::json;
-use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use tonic_types::StatusExt;
 use vallum_api::reason::Reason;
+use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use vallum_proto::v1::{GetCountersRequest, RuleCounter, ZeroCountersRequest};
 
 use crate::connect::Svc;

@@ -212,7 +212,13 @@ pub struct MonitorArgs {
     #[arg(long)]
     pub chain: Option<String>,
     /// Only this kind (any case).
-    #[arg(long, value_name = "KIND", value_enum, ignore_case = true, alias = "kind")]
+    #[arg(
+        long,
+        value_name = "KIND",
+        value_enum,
+        ignore_case = true,
+        alias = "kind"
+    )]
     pub verdict: Option<KindArg>,
     /// Only packets from or to this address or prefix (ADDR[/LEN]).
     #[arg(long, value_name = "ADDR[/LEN]")]

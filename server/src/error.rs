@@ -138,7 +138,9 @@ pub enum Error {
     },
     /// A page token of a listing whose contents changed between two pages in a way the
     /// token cannot continue over (see [`crate::service::paging`]).
-    #[error("{what} changed since this page token was issued: {detail}; list again from the first page")]
+    #[error(
+        "{what} changed since this page token was issued: {detail}; list again from the first page"
+    )]
     ListChanged {
         /// What was listed, e.g. `counters`.
         what: &'static str,

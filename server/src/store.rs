@@ -614,7 +614,9 @@ impl Store {
         self.readers
             .run(move |tx| {
                 Ok(tx
-                    .prepare_cached("SELECT * FROM rulesets WHERE name > ?1 ORDER BY name LIMIT ?2")?
+                    .prepare_cached(
+                        "SELECT * FROM rulesets WHERE name > ?1 ORDER BY name LIMIT ?2",
+                    )?
                     .query_map(params![after, i64::from(limit)], ruleset_row)?
                     .collect::<rusqlite::Result<_>>()?)
             })

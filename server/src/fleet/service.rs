@@ -522,7 +522,9 @@ fn node_status(node: &str, r: &NodeReport) -> pb::NodeStatus {
         error: r.error.clone(),
         local_revision: r.local_revision,
         time: Some(convert::timestamp(r.time_ns)),
-        latency: Some(convert::duration_pb((r.latency_seconds.max(0.0) * 1e9) as u64)),
+        latency: Some(convert::duration_pb(
+            (r.latency_seconds.max(0.0) * 1e9) as u64,
+        )),
         phases: r.phases.as_ref().map(|p| pb::CommitPhases {
             validate: Some(convert::duration_pb(p.validate_ns)),
             compile: Some(convert::duration_pb(p.compile_ns)),

@@ -188,9 +188,6 @@ mod tests {
         let e = fresh.resume(50).unwrap_err();
         assert!(e.to_string().contains("keeps no event yet"), "{e}");
         // Not issued yet.
-        assert!(matches!(
-            j.resume(104),
-            Err(Error::BadRequest { .. })
-        ));
+        assert!(matches!(j.resume(104), Err(Error::BadRequest { .. })));
     }
 }

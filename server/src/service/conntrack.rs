@@ -30,7 +30,15 @@ type EntryKey = (std::net::IpAddr, std::net::IpAddr, u8, u16, u16, u16, u8);
 
 fn entry_key(c: &vallum_engine::conntrack::ConnView) -> EntryKey {
     let o = &c.original;
-    (o.src, o.dst, o.protocol, o.sport, o.dport, c.zone.id, c.zone.dirs)
+    (
+        o.src,
+        o.dst,
+        o.protocol,
+        o.sport,
+        o.dport,
+        c.zone.id,
+        c.zone.dirs,
+    )
 }
 
 fn cursor_of(k: &EntryKey) -> String {

@@ -172,15 +172,18 @@ impl CounterService for CountersApi {
             for (name, a) in &revisions {
                 h.update(format!("{name}\0{}\0{}\0", a.revision, a.priority));
             }
-            h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+            h.finalize()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
         };
         let offset = match &page.cursor {
             None => 0,
             Some(c) => {
                 let (fp, n) = c.split_once(':').unwrap_or_default();
-                let n: usize = n.parse().map_err(|_| {
-                    Error::invalid("page_token", "not a page token of GetCounters")
-                })?;
+                let n: usize = n
+                    .parse()
+                    .map_err(|_| Error::invalid("page_token", "not a page token of GetCounters"))?;
                 if fp != fingerprint {
                     return Err(Error::ListChanged {
                         what: "the active revisions",

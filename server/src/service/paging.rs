@@ -177,9 +177,16 @@ mod tests {
             method: "ListOther",
             ..P
         };
-        assert_eq!(field(other.page(0, &t, "ruleset=a").unwrap_err()), "page_token");
+        assert_eq!(
+            field(other.page(0, &t, "ruleset=a").unwrap_err()),
+            "page_token"
+        );
         for bad in ["zz", "abc", "12", &"00".repeat(5000), "é"] {
-            assert_eq!(field(P.page(0, bad, "").unwrap_err()), "page_token", "{bad}");
+            assert_eq!(
+                field(P.page(0, bad, "").unwrap_err()),
+                "page_token",
+                "{bad}"
+            );
         }
     }
 

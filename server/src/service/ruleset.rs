@@ -707,9 +707,9 @@ impl RulesetService for RulesetApi {
         let page = LIST_REVISIONS.page(r.page_size, &r.page_token, &name)?;
         let after: u64 = match page.cursor {
             None => 0,
-            Some(c) => c.parse().map_err(|_| {
-                Error::invalid("page_token", "not a page token of ListRevisions")
-            })?,
+            Some(c) => c
+                .parse()
+                .map_err(|_| Error::invalid("page_token", "not a page token of ListRevisions"))?,
         };
         let store = self.state.pipeline.store();
         if store.get_ruleset(&name).await?.is_none() {
@@ -840,9 +840,8 @@ impl RulesetService for RulesetApi {
         // The last sequence this watcher was sent (or skipped by the filter): where a
         // watcher that lagged resumes.
         let mut last = replay.last().map_or(r.start_after, |e| e.sequence);
-        let wanted = move |e: &crate::pipeline::CommitEvent| {
-            filter.as_ref().is_none_or(|f| *f == e.ruleset)
-        };
+        let wanted =
+            move |e: &crate::pipeline::CommitEvent| filter.as_ref().is_none_or(|f| *f == e.ruleset);
         let replay: Vec<_> = replay.into_iter().filter(&wanted).collect();
         let live = BroadcastStream::new(rx).filter_map(move |e| match e {
             Ok(e) => {

@@ -266,10 +266,8 @@ impl SetService for SetApi {
         };
         let header = self.header(&name)?;
         let info = self.state.pipeline.get_set(&name)?;
-        let (elements, more) = paging::fill(
-            info.elements.iter().skip(start).map(element_pb),
-            page.size,
-        );
+        let (elements, more) =
+            paging::fill(info.elements.iter().skip(start).map(element_pb), page.size);
         let next_page_token = if more {
             GET_SET.token(&name, &(start + elements.len()).to_string())
         } else {
