@@ -37,8 +37,7 @@ async fn watch(
     ruleset: &str,
     start_after: u64,
 ) -> Result<tonic::Streaming<pb::CommitEvent>, tonic::Status> {
-    Ok(d
-        .rulesets()
+    Ok(d.rulesets()
         .await
         .watch_commits(pb::WatchCommitsRequest {
             ruleset: ruleset.into(),
@@ -87,7 +86,10 @@ async fn a_reconnecting_watcher_misses_nothing() {
     assert!(seen.sequence < a.sequence && a.sequence < b.sequence);
     let fourth = apply(&d, "web").await;
     let c = next(&mut w).await;
-    assert_eq!(c.revision, fourth, "then the live events, no gap, no duplicate");
+    assert_eq!(
+        c.revision, fourth,
+        "then the live events, no gap, no duplicate"
+    );
     drop(w);
 
     // All rulesets: the other one too, at its place.
@@ -100,7 +102,9 @@ async fn a_reconnecting_watcher_misses_nothing() {
     drop(all);
 
     // Not issued yet.
-    let e = watch(&d, "", c.sequence + 1).await.expect_err("a future sequence");
+    let e = watch(&d, "", c.sequence + 1)
+        .await
+        .expect_err("a future sequence");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     let field = e
         .get_details_bad_request()
@@ -112,7 +116,9 @@ async fn a_reconnecting_watcher_misses_nothing() {
     assert!(d.terminate(), "vallumd stops");
     let d = Vallumd::start(&db, &[]);
     d.wait_serving().await;
-    let e = watch(&d, "web", c.sequence).await.expect_err("events of the last run");
+    let e = watch(&d, "web", c.sequence)
+        .await
+        .expect_err("events of the last run");
     assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
     assert_eq!(reason(&e), "EVENTS_NOT_KEPT");
     assert!(e.message().contains("keeps"), "{}", e.message());
