@@ -13,6 +13,7 @@ use crate::store::{AuditEntry, IdempotentCall, now_ns};
 pub mod conntrack;
 pub mod counters;
 pub mod engine;
+pub mod paging;
 pub mod ruleset;
 pub mod sets;
 pub mod trace;

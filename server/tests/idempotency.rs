@@ -73,7 +73,7 @@ async fn trace_order(ch: &Channel) -> Vec<String> {
     let t = tr
         .trace_packet(pb::TracePacketRequest {
             packet: Some(pb::PacketSpec {
-                hook: "INPUT".into(),
+                hook: pb::Hook::Input as i32,
                 source: "192.0.2.1".into(),
                 destination: "192.0.2.2".into(),
                 protocol: "tcp".into(),
@@ -165,6 +165,7 @@ async fn update_ruleset_priority_mask_etag_and_commit() {
     let mut watch = c
         .watch_commits(pb::WatchCommitsRequest {
             ruleset: "b".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -382,10 +383,10 @@ async fn set_mutations_check_etags_and_answer_retries_once() {
     .unwrap();
     let e = s
         .swap_sets(pb::SwapSetsRequest {
-            from: "bans".into(),
-            to: "other".into(),
+            name: "bans".into(),
+            other_name: "other".into(),
             etag: e1.clone(),
-            to_etag: "stale".into(),
+            other_etag: "stale".into(),
             ..Default::default()
         })
         .await
@@ -406,7 +407,7 @@ async fn set_mutations_check_etags_and_answer_retries_once() {
     .await
     .unwrap();
     let listed = s
-        .list_sets(pb::ListSetsRequest {})
+        .list_sets(pb::ListSetsRequest::default())
         .await
         .unwrap()
         .into_inner();
