@@ -364,6 +364,7 @@ pub async fn run_with(
         config.rate,
         clock.clone(),
         events,
+        config.nfqueue_accept(),
     )?;
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
     let agent = fleet.map(|(etcd, node)| {
