@@ -581,7 +581,10 @@ mod tests {
         // The mark is ignored in final mode; a bad one is refused in either.
         assert_eq!(plan(&["--mark", "256"]).unwrap().skip_mark, None);
         for bad in ["0", "3", "0x", "x1"] {
-            assert!(plan(&["--mode", "continue", "--mark", bad]).is_err(), "{bad}");
+            assert!(
+                plan(&["--mode", "continue", "--mark", bad]).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -495,7 +495,11 @@ mod tests {
     #[test]
     fn nfqueue_modes() {
         let c = Config::from_args(["vallumd"]).unwrap();
-        assert_eq!(c.nfqueue_accept(), NfqueueAccept::Final, "today's behaviour");
+        assert_eq!(
+            c.nfqueue_accept(),
+            NfqueueAccept::Final,
+            "today's behaviour"
+        );
         assert_eq!(c.nfqueue_mark, DEFAULT_CONTINUE_MARK);
         let c = Config::from_args(["vallumd", "--nfqueue-mode", "continue"]).unwrap();
         assert_eq!(
