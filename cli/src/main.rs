@@ -33,6 +33,7 @@ mod input;
 mod output;
 mod rulesets;
 mod sets;
+mod socket;
 mod trace;
 mod view;
 
@@ -308,10 +309,11 @@ fn parse() -> Result<Cli, clap::Error> {
 }
 
 fn main() -> ExitCode {
-    let cli = match parse() {
+    let mut cli = match parse() {
         Ok(c) => c,
         Err(e) => return ExitCode::from(report_usage(&e)),
     };
+    cli.connection.resolve();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

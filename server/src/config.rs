@@ -283,6 +283,13 @@ pub struct Config {
     #[arg(long, env = "VALLUM_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// The local unix socket (vallumctl's default endpoint), authorized by peer credentials
+    /// (root, CAP_NET_ADMIN or `--socket-group` may change state, other local users read;
+    /// see `auth`). Default: /run/vallum/vallumd.sock as root, else
+    /// $XDG_RUNTIME_DIR/vallum/vallumd.sock; `none` turns it off (see `local_socket`).
+    #[arg(long, env = "VALLUM_SOCKET", value_name = "PATH|none")]
+    pub socket: Option<PathBuf>,
+
     /// SQLite database file, created with its parent directory when missing.
     #[arg(long, env = "VALLUM_DB", default_value = "./vallum.db")]
     pub db: PathBuf,
