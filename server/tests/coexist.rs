@@ -597,3 +597,83 @@ fn systemd_units_parse_and_agree() {
         println!("SKIP (part) systemd-analyze verify: not installed");
     }
 }
+
+// === the documented first run ===
+
+/// docs/operations.md "A safe first NFQUEUE run": the snippet itself, run with `sh -e` inside a
+/// network namespace of this test's own (the snippet's "host" side), with vallumd and
+/// vallumctl on PATH and its names and /tmp paths made unique; its pings must be answered
+/// and `vallumctl counters` must show the icmp rule with 3 packets.
+#[test]
+fn documented_first_run_works() {
+    if let Some(why) = skip_reason() {
+        println!("SKIP documented_first_run_works: {why}");
+        return;
+    }
+    if !on_path("ping") {
+        println!("SKIP documented_first_run_works: `ping` is not on PATH");
+        return;
+    }
+    let ops = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+    )
+    .expect("operations.md");
+    let section = ops
+        .split("### A safe first NFQUEUE run")
+        .nth(1)
+        .expect("the section");
+    let snippet = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("its sh block");
+    let id = std::process::id();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = format!("{}/", dir.path().display());
+    let script = snippet
+        .replace("vallum-try", &format!("vallum-try-{id}"))
+        .replace("/tmp/", &tmp);
+    let outer = format!("vallum-first-{id}");
+    if let Err(why) = sh(&["ip", "netns", "add", &outer]) {
+        println!("SKIP documented_first_run_works: {why}");
+        return;
+    }
+    let bin = Path::new(env!("CARGO_BIN_EXE_vallumd"))
+        .parent()
+        .expect("bin dir")
+        .to_owned();
+    let ctl = support::vallumctl()
+        .parent()
+        .expect("vallumctl dir")
+        .to_owned();
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        ctl.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &outer, "sh", "-ec", &script])
+        .env("PATH", path)
+        .env_remove("VALLUM_SERVER")
+        .output()
+        .expect("run the snippet");
+    let _ = sh(&["ip", "netns", "del", &format!("vallum-try-{id}")]);
+    let _ = sh(&["ip", "netns", "del", &outer]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the snippet failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("3 packets transmitted, 3 received"),
+        "{stdout}"
+    );
+    let counted = stdout
+        .lines()
+        .find(|l| l.contains("icmp") && l.contains("ACCEPT"))
+        .unwrap_or_else(|| panic!("no icmp rule in the counters:\n{stdout}"));
+    assert_eq!(counted.split_whitespace().next(), Some("3"), "{counted}");
+}
