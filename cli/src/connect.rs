@@ -83,7 +83,7 @@ fn parse_server(s: &str) -> Result<String, String> {
         }
         return Ok(s.to_owned());
     }
-    let like = "a URL like unix:PATH, http://HOST:PORT or https://HOST:PORT";
+    let like = "a URL like http://HOST:PORT or https://HOST:PORT (or unix:PATH)";
     let uri: http::Uri = s
         .parse()
         .map_err(|e| format!("`{s}` is not {like} ({e})"))?;
