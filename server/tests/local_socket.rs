@@ -154,6 +154,35 @@ fn socket_peers_by_credentials_and_tcp_read_only() {
         println!("SKIP (part) CAP_NET_ADMIN peer: `setpriv` is not available");
     }
 
+    // vallum-iptables through the socket (VALLUM_SERVER=unix:PATH): root edits, nobody not.
+    let ipt = support::vallumctl().with_file_name("vallum-iptables");
+    if ipt.exists() {
+        let edit = |who: Option<(u32, u32)>| {
+            let mut c = Command::new(&ipt);
+            c.args([
+                "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "80", "-j", "ACCEPT",
+            ])
+            .env("VALLUM_SERVER", &server)
+            .env("VALLUM_RULESET", "dropin")
+            .stdin(Stdio::null());
+            if let Some((uid, gid)) = who {
+                c.uid(uid).gid(gid);
+            }
+            c.output().expect("run vallum-iptables")
+        };
+        let o = edit(None);
+        assert!(o.status.success(), "root vallum-iptables: {}", text(&o));
+        let o = edit(nobody);
+        assert!(!o.status.success(), "nobody vallum-iptables: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("CAP_NET_ADMIN"),
+            "{}",
+            text(&o)
+        );
+    } else {
+        println!("SKIP (part) vallum-iptables: {} not built", ipt.display());
+    }
+
     // Over TCP without tokens: reads pass, changes are refused.
     let tcp = d.url();
     let o = vallumctl(None, &["--server", &tcp, "export", "web/1"]);
