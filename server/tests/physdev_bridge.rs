@@ -312,6 +312,7 @@ async fn vallumd_counts(
 ) -> Counts {
     c.get_counters(pb::GetCountersRequest {
         ruleset: "neutron".into(),
+        ..Default::default()
     })
     .await
     .expect("counters")
