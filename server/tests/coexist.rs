@@ -276,6 +276,7 @@ async fn our_count(d: &Vallumd, chain: &str, rule: u32) -> u64 {
     let c = counters
         .get_counters(pb::GetCountersRequest {
             ruleset: "coexist".into(),
+            ..Default::default()
         })
         .await
         .expect("counters")
