@@ -93,6 +93,72 @@ impl FromStr for NfqueueSource {
     }
 }
 
+/// What vallumd's ACCEPT means with `--source nfqueue` (`--nfqueue-mode`, `--nfqueue-mark`),
+/// matching the steering rules of `vallumctl dataplane install --mode MODE --mark BIT`.
+///
+/// A queued packet waits in the kernel at the steering jump (`-j VALLUM-NFQUEUE` at the top of
+/// INPUT, FORWARD, OUTPUT); what our verdict does with the kernel's own rules after that jump
+/// (ufw's chains, DOCKER-USER, kube-proxy's KUBE-*) is the choice:
+/// - [`NfqueueAccept::Final`]: ACCEPT is `NF_ACCEPT`: the packet leaves the filter table's
+///   hook at once, so the kernel's rules after the jump are skipped for it (our ACCEPT is the
+///   host's ACCEPT);
+/// - [`NfqueueAccept::Continue`]: ACCEPT is `NF_REPEAT` with the packet's mark OR `mark`
+///   (`NFQA_MARK`): the kernel runs the hook's table again from its first rule, the steering
+///   chain RETURNs for a packet with that bit (`-m mark --mark B/B -j RETURN`), and the kernel's
+///   remaining rules decide. Only our bit is set: the rest of the mark (the user's, or what our
+///   rules' `-j MARK` left) is kept, and the bit stays on the packet afterwards (the kernel
+///   cannot be asked to clear it; routing rules and `CONNMARK --save-mark` that read the mark
+///   should mask it out).
+///
+/// DROP (and REJECT, which NFQUEUE cannot send) is `NF_DROP` in both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NfqueueAccept {
+    /// Our ACCEPT ends the hook (`NF_ACCEPT`), the default and what vallumd always did.
+    #[default]
+    Final,
+    /// Our ACCEPT hands the packet back to the kernel's chain (`NF_REPEAT` with this bit set
+    /// in the mark; exactly one bit).
+    Continue {
+        /// The mark bit the steering chain skips.
+        mark: u32,
+    },
+}
+
+/// `--nfqueue-mode`: see [`NfqueueAccept`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NfqueueMode {
+    /// Our ACCEPT is the host's ACCEPT (`NF_ACCEPT`).
+    #[default]
+    Final,
+    /// Our ACCEPT returns the packet to the kernel's rules after the steering jump
+    /// (`NF_REPEAT` with `--nfqueue-mark`).
+    Continue,
+}
+
+/// The default mark bit of `--nfqueue-mode continue` (and of `vallumctl dataplane install
+/// --mode continue`): bit 30, outside the bits kube-proxy (0x4000, 0x8000), Docker, ufw,
+/// Cilium (0x0f00), Istio (0x539) and wg-quick (0xca6c) use; Calico's default mask
+/// (0xffff0000) covers it, so with Calico pick a bit outside Calico's `iptablesMarkMask`.
+pub const DEFAULT_CONTINUE_MARK: u32 = 0x4000_0000;
+
+/// Parses a mark bit: `0x40000000` (hex) or decimal, exactly one bit set.
+///
+/// Errors: a message naming the value (not a number, zero, or more than one bit).
+pub fn parse_mark_bit(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x40000000)"))?;
+    if v.count_ones() != 1 {
+        return Err(format!(
+            "{s:?}: a mark bit has exactly one bit set (e.g. 0x40000000)"
+        ));
+    }
+    Ok(v)
+}
+
 impl FromStr for Source {
     type Err = String;
 
@@ -268,6 +334,13 @@ pub struct Config {
     #[arg(long, env = "VALLUM_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// The local unix socket (vallumctl's default endpoint), authorized by peer credentials
+    /// (root, CAP_NET_ADMIN or `--socket-group` may change state, other local users read;
+    /// see `auth`). Default: /run/vallum/vallumd.sock as root, else
+    /// $XDG_RUNTIME_DIR/vallum/vallumd.sock; `none` turns it off (see `local_socket`).
+    #[arg(long, env = "VALLUM_SOCKET", value_name = "PATH|none")]
+    pub socket: Option<PathBuf>,
+
     /// SQLite database file, created with its parent directory when missing.
     #[arg(long, env = "VALLUM_DB", default_value = "./vallum.db")]
     pub db: PathBuf,
@@ -297,6 +370,19 @@ pub struct Config {
         value_parser = crate::steering::parse_steered_chain
     )]
     pub steered_chains: Vec<vallum_engine::model::Hook>,
+
+    /// With `--source nfqueue`: what our ACCEPT does with the kernel's own rules after the
+    /// steering jump (ufw, DOCKER-USER, kube-proxy). `final`: NF_ACCEPT, they are skipped for
+    /// packets we accept; `continue`: NF_REPEAT with `--nfqueue-mark` set, so they still
+    /// decide (needs `vallumctl dataplane install --mode continue` with the same mark). Our
+    /// DROP drops in both. See [`NfqueueAccept`] and docs/operations.md.
+    #[arg(long, env = "VALLUM_NFQUEUE_MODE", value_enum, default_value = "final")]
+    pub nfqueue_mode: NfqueueMode,
+
+    /// The mark bit `--nfqueue-mode continue` sets on accepted packets (hex or decimal,
+    /// exactly one bit); the rest of the packet's mark is kept.
+    #[arg(long, env = "VALLUM_NFQUEUE_MARK", default_value = "0x40000000", value_parser = parse_mark_bit)]
+    pub nfqueue_mark: u32,
 
     /// Packets per second over all workers; 0 means as fast as possible.
     #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]
@@ -384,6 +470,16 @@ pub struct Config {
 }
 
 impl Config {
+    /// What our NFQUEUE ACCEPT means (`--nfqueue-mode`, `--nfqueue-mark`).
+    pub fn nfqueue_accept(&self) -> NfqueueAccept {
+        match self.nfqueue_mode {
+            NfqueueMode::Final => NfqueueAccept::Final,
+            NfqueueMode::Continue => NfqueueAccept::Continue {
+                mark: self.nfqueue_mark,
+            },
+        }
+    }
+
     /// Parses flags from `args` (first item is the program name) WITHOUT reading the
     /// environment: for tests and embedding.
     ///
@@ -456,6 +552,37 @@ mod tests {
         }
         let c = Config::from_args(["vallumd", "--exit-after", "1.5"]).unwrap();
         assert_eq!(c.exit_after, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn nfqueue_modes() {
+        let c = Config::from_args(["vallumd"]).unwrap();
+        assert_eq!(
+            c.nfqueue_accept(),
+            NfqueueAccept::Final,
+            "today's behaviour"
+        );
+        assert_eq!(c.nfqueue_mark, DEFAULT_CONTINUE_MARK);
+        let c = Config::from_args(["vallumd", "--nfqueue-mode", "continue"]).unwrap();
+        assert_eq!(
+            c.nfqueue_accept(),
+            NfqueueAccept::Continue { mark: 0x4000_0000 }
+        );
+        let c = Config::from_args([
+            "vallumd",
+            "--nfqueue-mode",
+            "continue",
+            "--nfqueue-mark",
+            "256",
+        ])
+        .unwrap();
+        assert_eq!(c.nfqueue_accept(), NfqueueAccept::Continue { mark: 0x100 });
+        assert_eq!(parse_mark_bit("0x80000000"), Ok(0x8000_0000));
+        for bad in ["0", "0x3", "x", "0x100000000", "-1"] {
+            assert!(parse_mark_bit(bad).is_err(), "{bad}");
+            assert!(Config::from_args(["vallumd", "--nfqueue-mark", bad]).is_err());
+        }
+        assert!(Config::from_args(["vallumd", "--nfqueue-mode", "maybe"]).is_err());
     }
 
     #[test]

@@ -166,8 +166,9 @@ impl std::fmt::Debug for Hooks {
 pub type RpcLayer = Stack<AuthLayer, Stack<RequestLimitLayer, Stack<GrpcMetricsLayer, Identity>>>;
 
 /// Builds the [`RpcLayer`]: RPC metrics outermost (refusals are measured), then the
-/// request-size answer, then `auth` (made from the token set, empty: auth off, every caller
-/// `anonymous`; its [`AuthLayer::reloader`] swaps the tokens later).
+/// request-size answer, then `auth` (tokens — empty: no bearer tokens; its
+/// [`AuthLayer::reloader`] swaps them later — and the local socket's peer credentials; see
+/// [`crate::auth`]). The same layer serves the TCP listener and the local socket.
 pub fn rpc_layer(config: &Config, metrics: &Metrics, auth: AuthLayer) -> RpcLayer {
     ServiceBuilder::new()
         .layer(metrics.grpc_layer())

@@ -71,6 +71,10 @@ const FLAGS: &[&str] = &[
     "6",
     "--conntrack-max",
     "4096",
+    // Mutations over TCP without tokens; never the host's default socket.
+    "--insecure-no-auth",
+    "--socket",
+    "none",
 ];
 
 // === the RPCs ===
