@@ -25,6 +25,7 @@
 //! | `rpc_server_duration_seconds` (deprecated) | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
 //! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
 //! | `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`, `vallum_conntrack_insert_failed_total` | counter | | engine, at scrape |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, ... | counter, gauges | | `/proc/self`, at scrape ([`process`]) |
 //!
 //! Deviations from the table, because of what the engine can attribute:
 //! - `vallum_packets_total` has `ruleset="all"`: the engine counts verdicts per (family, hook,
@@ -71,6 +72,7 @@
 //! ```
 
 pub mod exposition;
+mod process;
 pub mod traces;
 
 use std::any::Any;
@@ -302,6 +304,9 @@ impl Metrics {
             .with_callback(move |obs| obs.observe(not_loaded_cb.load(Ordering::Relaxed), &[]))
             .build();
 
+        let mut observers: Vec<Box<dyn Any + Send + Sync>> =
+            vec![Box::new(active_gauge), Box::new(not_loaded_gauge)];
+        observers.extend(process::register(&meter));
         Ok(Metrics {
             inner: Arc::new(Inner {
                 provider,
@@ -317,7 +322,7 @@ impl Metrics {
                 rpc_duration,
                 active,
                 not_loaded,
-                observers: Mutex::new(vec![Box::new(active_gauge), Box::new(not_loaded_gauge)]),
+                observers: Mutex::new(observers),
             }),
         })
     }
