@@ -21,6 +21,7 @@
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
 //! | `vallum_rule_packets_total`, `vallum_rule_bytes_total` | counter (opt-in) | ruleset, family, table, chain, rule | engine, at scrape |
 //! | `vallum_set_elements` | gauge | set | [`Metrics::observe_sets`], at scrape |
+//! | `vallum_packet_events_dropped_total` | counter | reason | [`Metrics::observe_events`], at scrape |
 //! | `rpc_server_call_duration_seconds` | histogram | rpc_system_name, rpc_method, rpc_response_status_code, error_type | [`Metrics::grpc_layer`] |
 //! | `rpc_server_duration_seconds` (deprecated) | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
 //! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
@@ -552,20 +553,33 @@ impl Metrics {
     }
 
     /// Registers `vallum_packet_events_dropped_total{reason}`, read at scrape time from
-    /// `events`: packet events (LOG hits, sampled drops) lost because the events thread's
+    /// `events`: packet events (LOG hits, sampled drops) lost because a core's LOG ring was
+    /// full (`ring_full`: more hits in one batch than [`LOG_RING_CAPACITY`]), a commit made a
+    /// LOG hit's rule unnameable before its core drained it (`stale`), the events thread's
     /// queue was full (`queue_full`) or a `WatchPacketEvents` subscriber read too slowly
     /// (`slow_subscriber`, once per subscriber that missed it). Call once.
+    ///
+    /// [`LOG_RING_CAPACITY`]: vallum_engine::engine::LOG_RING_CAPACITY
     pub fn observe_events(&self, events: crate::events::Events) {
         let counter = self
             .inner
             .meter
             .u64_observable_counter("vallum_packet_events_dropped")
             .with_description(
-                "Packet events (LOG hits, sampled drops) lost: the events queue was full, or a \
+                "Packet events (LOG hits, sampled drops) lost: a core's LOG ring was full, a \
+                 commit made the hit's rule unnameable, the events queue was full, or a \
                  WatchPacketEvents subscriber read too slowly.",
             )
             .with_callback(move |obs| {
                 let d = events.drops();
+                obs.observe(
+                    d.ring_full.load(std::sync::atomic::Ordering::Relaxed),
+                    &[KeyValue::new("reason", "ring_full")],
+                );
+                obs.observe(
+                    d.stale.load(std::sync::atomic::Ordering::Relaxed),
+                    &[KeyValue::new("reason", "stale")],
+                );
                 obs.observe(
                     d.queue_full.load(std::sync::atomic::Ordering::Relaxed),
                     &[KeyValue::new("reason", "queue_full")],
