@@ -74,6 +74,7 @@
 
 pub mod exposition;
 mod process;
+mod reference;
 pub mod traces;
 
 use std::any::Any;
@@ -448,9 +449,9 @@ impl Metrics {
                     i.meter
                         .u64_observable_counter(name)
                         .with_description(if bytes {
-                            "Bytes (layer-3 length) matched by each rule or chain policy."
+                            "Bytes (layer-3 length) matched by each rule or chain policy (opt-in: --metrics-rule-counters)."
                         } else {
-                            "Packets matched by each rule or chain policy."
+                            "Packets matched by each rule or chain policy (opt-in: --metrics-rule-counters)."
                         })
                         .with_callback(move |obs| {
                             for c in e.counters() {
@@ -642,6 +643,22 @@ impl Metrics {
             families.push(barrier_family(engine));
         }
         Ok(exposition::render(families))
+    }
+
+    /// The metric reference (docs/metrics.md): every family collected now, with its type,
+    /// unit, label names and help, as a Markdown table ([`reference`]). Fails only after
+    /// [`Metrics::shutdown`].
+    pub fn reference(&self) -> Result<String, MetricsError> {
+        let mut rm = ResourceMetrics::default();
+        self.inner
+            .reader
+            .collect(&mut rm)
+            .map_err(|e| MetricsError::Exporter(e.to_string()))?;
+        let extra = match self.inner.engine.get() {
+            Some(engine) => vec![(barrier_family(engine), "s")],
+            None => Vec::new(),
+        };
+        Ok(reference::render(&rm, extra))
     }
 
     /// Makes `/readyz` answer from `reporter`'s overall status (service `""`), the one
