@@ -5,9 +5,9 @@
 //!   active revision changes, and once at start with the engine. [`MetricsObserver`] feeds
 //!   [`crate::metrics`] from it; [`Hooks::with_observer`] adds observers.
 //! - [`rpc_layer`]: the tower layers wrapped around every gRPC service, outermost first:
-//!   `rpc.server.duration` ([`crate::metrics::GrpcMetricsLayer`], so refused calls are
-//!   measured too), the request-size answer ([`RequestLimitLayer`]) and bearer-token auth
-//!   ([`AuthLayer`]).
+//!   `rpc.server.call.duration` and the call's span ([`crate::metrics::GrpcMetricsLayer`], so
+//!   refused calls are measured and traced too), the request-size answer
+//!   ([`RequestLimitLayer`]) and bearer-token auth ([`AuthLayer`]).
 //! - [`caller`]: who made a request, for the audit table (the auth layer's [`Caller`]).
 //! - [`Hooks::limits`]: the limits the pipeline enforces (rules per ruleset, rulesets).
 //! - [`Hooks::confirm_clock`]: the wall clock of commit-confirmed deadlines.

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
+use tracing::Instrument as _;
 use vallum_engine::Clock;
 use vallum_engine::engine::{ActiveRevision, Change, CommitError, Engine};
 use vallum_engine::model::Ruleset;
@@ -1014,8 +1015,27 @@ impl Pipeline {
 
     /// The pipeline proper; the caller holds the write lock.
     /// Validates (the commit's one validation), persists (with `audit`, taken once it is
-    /// durable) while the engine compiles, and publishes `job`.
+    /// durable) while the engine compiles, and publishes `job`; in a `commit` span with one
+    /// child per phase (crate::metrics::traces).
     async fn run(&self, job: Job, audit: &mut Option<AuditEntry>) -> Result<CommitResult> {
+        let span = tracing::info_span!(
+            "commit",
+            vallum.ruleset = %job.ruleset,
+            vallum.revision = tracing::field::Empty,
+            vallum.outcome = tracing::field::Empty,
+        );
+        self.run_phases(job, audit, &span)
+            .instrument(span.clone())
+            .await
+    }
+
+    /// [`Pipeline::run`] inside its `commit` span.
+    async fn run_phases(
+        &self,
+        job: Job,
+        audit: &mut Option<AuditEntry>,
+        span: &tracing::Span,
+    ) -> Result<CommitResult> {
         let wall = std::time::Instant::now();
         let started_at = now_ns();
         let t0 = self.clock.now_ns();
@@ -1056,7 +1076,9 @@ impl Pipeline {
             Change::Put(model)
         };
         let (verdict, validated) = tokio::sync::oneshot::channel();
+        let commit_span = span.clone();
         let compiling = tokio::task::spawn_blocking(move || {
+            let validating = tracing::info_span!(parent: &commit_span, "validate").entered();
             let v = match engine.validate_change(change, &*sets) {
                 Ok(v) => v,
                 Err(e) => {
@@ -1065,6 +1087,8 @@ impl Pipeline {
                 }
             };
             let _ = verdict.send(Ok(v.warnings().to_vec()));
+            drop(validating);
+            let _compiling = tracing::info_span!(parent: &commit_span, "compile").entered();
             Some(engine.compile(v, &*sets))
         });
         let warnings = match validated.await {
@@ -1113,6 +1137,7 @@ impl Pipeline {
                 priority: new_priority,
                 audit: audit.clone(),
             })
+            .instrument(tracing::info_span!("persist"))
             .await;
         let t2 = self.clock.now_ns();
         let prepared = match compiling.await {
@@ -1156,7 +1181,10 @@ impl Pipeline {
         // numbered with the store's revision so that the engine's answer to "which revision
         // is active" changes with what the cores run.
         let number = persisted.revision.number;
+        // As i64: OTel attributes have no unsigned integers.
+        span.record("vallum.revision", i64::try_from(number).unwrap_or(i64::MAX));
         let engine = self.engine.clone();
+        let commit_span = span.clone();
         let committed = match prepared {
             // The model's priority is the stored one (callers read it before `run`); should
             // that ever differ, the engine must not run something else than the store says.
@@ -1167,7 +1195,10 @@ impl Pipeline {
             Ok(Ok(mut p)) => {
                 p.set_revision(&ruleset, number);
                 tokio::task::spawn_blocking(move || {
-                    engine.publish(p).map(|c| {
+                    let publishing = tracing::info_span!(parent: &commit_span, "publish");
+                    let published = publishing.in_scope(|| engine.publish(p));
+                    published.map(|c| {
+                        quiesce_span(&publishing, &c.report);
                         // Free the old snapshot off the async workers, and after the reply:
                         // no core reads it any more (publish waited for them).
                         let retired = c.retired;
@@ -1241,6 +1272,7 @@ impl Pipeline {
                 tracing::warn!(commit = commit_id, error = %e, "recording commit phases failed");
             }
         });
+        span.record("vallum.outcome", outcome.label());
         self.emit(
             &ruleset,
             Some(number),
@@ -1257,6 +1289,16 @@ impl Pipeline {
             warnings,
         })
     }
+}
+
+/// The `quiesce` child of `publish`, placed from the engine's report just after its publish
+/// call returned: the wait ended where the counter carry began (`carry_ns` ago) and lasted
+/// `quiesce_ns`.
+fn quiesce_span(publish: &tracing::Span, report: &vallum_engine::engine::CommitReport) {
+    let now = std::time::SystemTime::now();
+    let end = now - Duration::from_nanos(report.carry_ns);
+    let start = end - Duration::from_nanos(report.quiesce_ns);
+    crate::metrics::traces::record_interval(publish, "quiesce", start, end);
 }
 
 /// Whether a persist error is the server's failure (store, internal) rather than an answer

@@ -187,13 +187,17 @@ impl Drop for KeyLock<'_> {
 /// engine does not run (found by review: Apply with a short deadline). A spawned task is not
 /// cancelled with the caller, so the call ends as a whole: published, or reverted.
 ///
+/// The task runs in the caller's span (the call's, crate::metrics::traces), so the commit's
+/// spans stay children of the call's.
+///
 /// Errors: the call's own; [`Error::Internal`] as a Status when the task panicked.
 pub async fn to_completion<T, F>(call: F) -> Result<T, tonic::Status>
 where
     T: Send + 'static,
     F: std::future::Future<Output = Result<T, tonic::Status>> + Send + 'static,
 {
-    tokio::spawn(call)
+    use tracing::Instrument as _;
+    tokio::spawn(call.in_current_span())
         .await
         .unwrap_or_else(|e| Err(Error::Internal(format!("call task: {e}")).into()))
 }

@@ -120,6 +120,15 @@ impl FleetStats {
         // Relaxed: see `connected`.
         self.connected.store(up, Ordering::Relaxed);
     }
+
+    /// One zero measurement on each instrument, so that the metric reference (a test in
+    /// crate::metrics) lists them.
+    #[cfg(test)]
+    pub(crate) fn record_each_once(&self) {
+        self.applies.add(0, &applied_attrs("ack", "web"));
+        self.restarts.add(0, &[Attr::new("reason", "compacted")]);
+        self.latency.record(0.0, &[]);
+    }
 }
 
 // === Local ===
