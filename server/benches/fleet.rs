@@ -224,64 +224,23 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
     let before = etcd_counters(&etcd);
     let (cpu0, _) = usage(pid);
     let (self0, _) = usage(std::process::id());
-    let desired = Desired {
-        content: "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n"
-            .into(),
-        selector: "role=web".into(),
-        message: "bench".into(),
-        author: "bench".into(),
-        write_time_ns: vallum_server::store::now_ns(),
-        ..Default::default()
-    };
-    let write = Instant::now();
-    // etcd may answer "request timed out" under this load: retry (the first try may have
-    // landed; the value is the same).
-    while let Err(e) = writer
-        .put(
-            &keys.ruleset("web"),
-            serde_json::to_vec(&desired).unwrap(),
-            0,
-        )
-        .await
-    {
-        eprintln!("bench: write: {e}; retrying");
-    }
-    let all_acked = if poll {
-        loop {
-            let Ok(s) = rollout_status(&writer, &keys, "web").await else {
-                continue;
-            };
-            if s.applied.len() == n {
-                break write.elapsed();
-            }
-            assert!(
-                write.elapsed() < Duration::from_secs(300),
-                "rollout stuck: {} of {n}",
-                s.applied.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    } else {
-        // As WaitRollout: read once, then follow the watch until every node ACKed.
-        let mut acked = None;
-        let rollout = loop {
-            match Rollout::read(&writer, &keys, "web").await {
-                Ok(r) => break r,
-                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            }
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-        follow(&writer, rollout, 0, deadline, |_, s| {
-            let done = s.applied.len() == n;
-            if done {
-                acked = Some(write.elapsed());
-            }
-            async move { !done }
+    // The writer and the waiting caller on their own thread and runtime, as in another
+    // vallumd (sharing the agents' two workers, the caller's follow queued behind 5,000
+    // agents' tasks).
+    let caller = {
+        let (url, keys) = (etcd.url(), keys.clone());
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("caller runtime")
+                .block_on(write_and_wait(url, keys, n, poll))
         })
-        .await
-        .expect("follow the rollout");
-        acked.expect("rollout stuck: not every node ACKed within 300 s")
     };
+    let all_acked = tokio::task::spawn_blocking(move || caller.join())
+        .await
+        .expect("join")
+        .expect("the caller thread");
     let (cpu1, rss) = usage(pid);
     let (self1, _) = usage(std::process::id());
     let after = etcd_counters(&etcd);
@@ -322,6 +281,71 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
     }
     for a in agents {
         a.abort();
+    }
+}
+
+/// Writes the bench ruleset (selecting every node) over a client of its own, then waits
+/// until all `n` nodes ACKed: following as WaitRollout does, or (`poll`) reading the whole
+/// status every 20 ms. Returns the time from the write to the last ACK seen.
+async fn write_and_wait(url: String, keys: Keys, n: usize, poll: bool) -> Duration {
+    let writer = Etcd::connect(&[url]).unwrap();
+    let desired = Desired {
+        content: "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n"
+            .into(),
+        selector: "role=web".into(),
+        message: "bench".into(),
+        author: "bench".into(),
+        write_time_ns: vallum_server::store::now_ns(),
+        ..Default::default()
+    };
+    let write = Instant::now();
+    // etcd may answer "request timed out" under this load: retry (the first try may have
+    // landed; the value is the same).
+    while let Err(e) = writer
+        .put(
+            &keys.ruleset("web"),
+            serde_json::to_vec(&desired).unwrap(),
+            0,
+        )
+        .await
+    {
+        eprintln!("bench: write: {e}; retrying");
+    }
+    if poll {
+        loop {
+            let Ok(s) = rollout_status(&writer, &keys, "web").await else {
+                continue;
+            };
+            if s.applied.len() == n {
+                break write.elapsed();
+            }
+            assert!(
+                write.elapsed() < Duration::from_secs(300),
+                "rollout stuck: {} of {n}",
+                s.applied.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    } else {
+        // As WaitRollout: read once, then follow the watch until every node ACKed.
+        let mut acked = None;
+        let rollout = loop {
+            match Rollout::read(&writer, &keys, "web").await {
+                Ok(r) => break r,
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        follow(&writer, rollout, 0, deadline, |_, s| {
+            let done = s.applied.len() == n;
+            if done {
+                acked = Some(write.elapsed());
+            }
+            async move { !done }
+        })
+        .await
+        .expect("follow the rollout");
+        acked.expect("rollout stuck: not every node ACKed within 300 s")
     }
 }
 
