@@ -360,11 +360,12 @@ pub async fn run_with(
     let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
     let sources = Sources::start(
         engine.clone(),
-        &config.source,
+        &config.packet_source(),
         config.rate,
         clock.clone(),
         events,
     )?;
+    metrics.observe_nfqueue(sources.nfqueue_counters());
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
     let agent = fleet.map(|(etcd, node)| {
         Agent::new(

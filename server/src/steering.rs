@@ -109,6 +109,7 @@ mod tests {
         let q = Source::Nfqueue(NfqueueSource {
             first: 0,
             fail_closed: false,
+            maxlen: None,
         });
         let all = reached(&q, &STEERABLE, [true; 2]).unwrap();
         assert!(Hook::ALL[..4].iter().all(|&h| all.reaches(Family::Ipv4, h)));
