@@ -157,11 +157,14 @@ pub async fn run_with(
     ));
     metrics.observe_sets(pipeline.sets().clone())?;
     // Before any ruleset is validated: which hooks the packet path evaluates here.
-    pipeline.sets().set_reached_hooks(crate::steering::reached(
-        &config.source,
-        &config.steered_chains,
-        crate::steering::forwarding(std::path::Path::new("/proc")),
-    ));
+    pipeline
+        .sets()
+        .set_reached_hooks(crate::steering::reached_steering(
+            &config.source,
+            &config.steered_chains,
+            crate::steering::forwarding(std::path::Path::new("/proc")),
+            config.steered_new_only,
+        ));
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
     let local_addrs = match crate::local_addrs::start(
         pipeline.sets().node_addrs().clone(),
