@@ -17,6 +17,12 @@
 //!   got the accepted plus every packet the rule took that vallumd did not receive.
 //!
 //! The numbers of each run are printed (docs/operations.md quotes them).
+//!
+//! `new_only_queues_only_new_connections`: with `vallumctl dataplane install --new-only` and
+//! `vallumd --steered-new-only`, a rule `--ctstate ESTABLISHED` gets the HOOK_NOT_REACHED
+//! warning, and a TCP connection with 20 round trips reaches vallumd as one packet (its SYN):
+//! the NFQUEUE rule's counter and vallumd's received count are both 1, the kernel's
+//! ESTABLISHED accept took the rest, and vallumd's ESTABLISHED rule counted nothing.
 
 #[path = "support/vallumd.rs"]
 mod support;
@@ -99,16 +105,18 @@ struct Netns {
 }
 
 impl Netns {
-    fn new() -> Result<Netns, String> {
+    /// Namespaces `vallum-{tag}a-PID` and `vallum-{tag}b-PID` (tests of this file run in
+    /// parallel in one process: each uses its own one-letter `tag`).
+    fn new(tag: char) -> Result<Netns, String> {
         let id = std::process::id();
         let ns = Netns {
-            a: format!("vallum-ova-{id}"),
-            b: format!("vallum-ovb-{id}"),
-            vb: format!("vob{}", id % 100_000),
+            a: format!("vallum-{tag}a-{id}"),
+            b: format!("vallum-{tag}b-{id}"),
+            vb: format!("v{tag}b{}", id % 100_000),
         };
         try_run(Command::new("ip").args(["netns", "add", &ns.a]))?;
         try_run(Command::new("ip").args(["netns", "add", &ns.b]))?;
-        let va = format!("voa{}", id % 100_000);
+        let va = format!("v{tag}a{}", id % 100_000);
         let ip = |args: &[&str]| run(Command::new("ip").args(args));
         ip(&[
             "-n", &ns.a, "link", "add", &va, "type", "veth", "peer", "name", &ns.vb, "netns", &ns.b,
@@ -393,7 +401,7 @@ fn overload_is_counted_fail_open_and_fail_closed() {
         println!("SKIP overload_is_counted_fail_open_and_fail_closed: {why}");
         return;
     }
-    let ns = match Netns::new() {
+    let ns = match Netns::new('o') {
         Ok(ns) => ns,
         Err(why) => {
             println!("SKIP overload_is_counted_fail_open_and_fail_closed: {why}");
@@ -490,4 +498,137 @@ fn overload_is_counted_fail_open_and_fail_closed() {
         short.accepted + unclassified,
         "{short:?}"
     );
+}
+
+/// Port of the TCP echo server of the new-only test.
+const TCP_PORT: u16 = 7100;
+
+const STATEFUL: &str = "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+    -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+    -A INPUT -p tcp -m tcp --dport 7100 -j ACCEPT\nCOMMIT\n";
+
+#[test]
+fn new_only_queues_only_new_connections() {
+    if let Some(why) = skip_reason() {
+        println!("SKIP new_only_queues_only_new_connections: {why}");
+        return;
+    }
+    let ns = match Netns::new('n') {
+        Ok(ns) => ns,
+        Err(why) => {
+            println!("SKIP new_only_queues_only_new_connections: {why}");
+            return;
+        }
+    };
+    let (a, b) = (ns.a.clone(), ns.b.clone());
+    let install = [
+        "dataplane",
+        "install",
+        "--queues",
+        "1",
+        "--family",
+        "ipv4",
+        "--new-only",
+    ];
+    if let Err(why) = try_run(
+        Command::new("ip")
+            .args(["netns", "exec", &a])
+            .arg(support::vallumctl())
+            .args(install),
+    ) {
+        println!("SKIP new_only_queues_only_new_connections: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("v.db");
+    let (d, warnings) = in_netns(&a, move || {
+        let l = std::net::TcpListener::bind((A_ADDR, TCP_PORT)).expect("bind tcp");
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let mut buf = [0u8; 64];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let d = Vallumd::start(&db, &["--source", "nfqueue", "--steered-new-only"]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let warnings = rt.block_on(async {
+            d.wait_serving().await;
+            let mut rs = d.rulesets().await;
+            let v = rs
+                .validate_ruleset(pb::ValidateRulesetRequest {
+                    ruleset: "new".into(),
+                    source: Some(text_source(STATEFUL, false, "new.rules")),
+                })
+                .await
+                .expect("validate")
+                .into_inner();
+            assert!(v.valid, "warnings only: {:?}", v.violations);
+            rs.apply(pb::ApplyRequest {
+                ruleset: "new".into(),
+                source: Some(text_source(STATEFUL, false, "new.rules")),
+                ..Default::default()
+            })
+            .await
+            .expect("apply");
+            v.violations
+                .iter()
+                .filter(|v| v.reason == "HOOK_NOT_REACHED")
+                .map(|v| format!("{} {}: {}", v.location, v.path, v.message))
+                .collect::<Vec<_>>()
+        });
+        (d, warnings)
+    });
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("new.rules:5:1 ")
+            && warnings[0].contains("--ctstate ESTABLISHED,RELATED matches only packets of established or related connections")
+            && warnings[0].contains("--steered-new-only"),
+        "{warnings:?}"
+    );
+    let trips = in_netns(&b, || {
+        let mut s = TcpStream::connect((A_ADDR, TCP_PORT)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        (0..20)
+            .filter(|i| {
+                let msg = format!("round trip {i:02}");
+                let mut got = [0u8; 13];
+                s.write_all(msg.as_bytes()).is_ok()
+                    && s.read_exact(&mut got).is_ok()
+                    && got == msg.as_bytes()
+            })
+            .count()
+    });
+    assert_eq!(trips, 20, "every round trip passes");
+    let m = scrape(&a, &d);
+    let q = "queue=\"0\"";
+    let established = nsx(
+        &a,
+        &["iptables", "-w", "-L", "VALLUM-NFQUEUE", "-v", "-x", "-n"],
+    );
+    println!("new-only: {m:#?}\n{established}");
+    assert_eq!(
+        nfqueue_rule_packets(&a),
+        1,
+        "only the SYN is queued:\n{established}"
+    );
+    assert_eq!(
+        metric(&m, "vallum_nfqueue_received_total", q),
+        Some(1),
+        "{m:#?}"
+    );
+    let accepted_in_kernel: u64 = established
+        .lines()
+        .filter(|l| l.contains("ACCEPT") && l.contains("ESTABLISHED"))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    assert!(accepted_in_kernel >= 40, "{established}");
+    drop(d);
 }
