@@ -339,31 +339,41 @@ impl Scraper {
 mod tests {
     use super::*;
 
-    /// Captured on Linux 6.18 in a namespace with vallumd bound to queues 0 and 1 (queue 1
-    /// fail-closed with `--queue-maxlen 64` after a flood), then unbound queue 7 of another
-    /// consumer in metadata mode.
-    const CAPTURED: &str = "    0 2118190389     0 2 65535     0     0    48213  1\n\
-                            \x20   1 3812540112    64 2 65535  9120   311   200113  1\n\
-                            \x20   7   4242     0 1     0     0     0        0  1\n";
+    /// Captured on Linux 6.18 (`server/tests/nfqueue_overload.rs`, fail-closed with
+    /// `--queue-maxlen 64` after its flood): vallumd's queues 0 and 1; the third line, a queue 7
+    /// of another consumer in metadata mode (copy mode 1, range 0), is written by hand in the
+    /// same format.
+    const CAPTURED: &str = "    0  24815     0 2 65531 93439     0     6561  1\n\
+                            \x20   1 2760775579     0 2 65531     0     0        0  1\n\
+                            \x20   7   4242    12 1     0     0     3       15  1\n";
 
     #[test]
     fn parses_every_column_of_a_captured_file() {
         let q = parse_queues(CAPTURED).unwrap();
         assert_eq!(q.len(), 3);
         assert_eq!(
-            q[1],
+            q[0],
             KernelQueue {
-                queue: 1,
-                portid: 3812540112,
-                waiting: 64,
+                queue: 0,
+                portid: 24815,
+                waiting: 0,
                 copy_mode: 2,
-                copy_range: 65535,
-                queue_dropped: 9120,
-                user_dropped: 311,
-                id_sequence: 200113,
+                copy_range: 65531,
+                queue_dropped: 93439,
+                user_dropped: 0,
+                id_sequence: 6561,
             }
         );
-        assert_eq!((q[0].id_sequence, q[2].copy_mode), (48213, 1));
+        assert_eq!(q[1].portid, 2760775579);
+        assert_eq!(
+            (
+                q[2].waiting,
+                q[2].copy_mode,
+                q[2].user_dropped,
+                q[2].id_sequence
+            ),
+            (12, 1, 3, 15)
+        );
         assert_eq!(parse_queues("").unwrap(), vec![]);
     }
 
@@ -378,8 +388,9 @@ mod tests {
         assert!(e.to_string().contains("column 6: \"x\""), "{e}");
     }
 
-    /// `/proc/net/netlink` as Linux 6.18 prints it: our NETLINK_NETFILTER (12) socket with 17
-    /// drops, and a route (0) socket with the same port id.
+    /// `/proc/net/netlink` with the header Linux 6.18 prints (captured) and two lines written
+    /// by hand in its format: our NETLINK_NETFILTER (12) socket with 17 drops, and a route (0)
+    /// socket with the same port id.
     const NETLINK: &str = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n\
         00000000d544b6b2 0   3812540112 00000000 0        0        0     2        5        4\n\
         00000000ea56557b 12  3812540112 00000000 212992   0        0     2        17       565\n";

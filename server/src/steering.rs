@@ -10,6 +10,9 @@
 //!   with `--steered-chains` (default INPUT,FORWARD,OUTPUT, the installer's default); FORWARD
 //!   only for a family whose forwarding is on (`/proc/sys/net/ipv4/ip_forward`,
 //!   `/proc/sys/net/ipv6/conf/all/forwarding`, read once at start; unreadable counts as on).
+//!   With `--steered-new-only` (`vallumctl dataplane install --new-only`) only packets the
+//!   kernel's conntrack does not see as ESTABLISHED or RELATED are queued
+//!   ([`reached_steering`]): rules matching only those states are warned.
 //!
 //! [`SetManager::set_reached_hooks`]: vallum_engine::sets::SetManager::set_reached_hooks
 //! [`ViolationKind::HookNotReached`]: vallum_engine::validate::ViolationKind::HookNotReached

@@ -324,6 +324,7 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
     let rcvbuf_before = udp_rcvbuf_errors(&a);
     let vb = ns.vb.clone();
     let drop_before = tx_dropped(&b, &vb);
+    let began = std::time::Instant::now();
     let sent = in_netns(&b, move || {
         let s = UdpSocket::bind((B_ADDR, 0)).expect("bind");
         let payload = [0x5a_u8; 36];
@@ -334,6 +335,12 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
             })
             .count() as u64
     });
+    // Printed only, for the docs: the offered rate.
+    let took = began.elapsed();
+    println!(
+        "flood: {sent} datagrams in {took:?} ({:.0} packets/s)",
+        sent as f64 / took.as_secs_f64()
+    );
     let tx = tx_dropped(&b, &vb) - drop_before;
     // Wait until the queue is empty and every count has stopped moving.
     let mut last = None;
@@ -619,6 +626,25 @@ fn new_only_queues_only_new_connections() {
         1,
         "only the SYN is queued:\n{established}"
     );
+    // Every vallum_nfqueue_* name the dashboard and the alerts use has series here (the
+    // Prometheus test, which runs no NFQUEUE source, leaves those queries out).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for f in [
+        "deploy/grafana/vallum.json",
+        "deploy/prometheus/vallum-rules.yaml",
+    ] {
+        let text = std::fs::read_to_string(root.join(f)).expect("read");
+        for (i, _) in text.match_indices("vallum_nfqueue_") {
+            let name: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                m.keys().any(|k| k.starts_with(&format!("{name}{{"))),
+                "{f} uses {name}, which vallumd does not export: {m:#?}"
+            );
+        }
+    }
     assert_eq!(
         metric(&m, "vallum_nfqueue_received_total", q),
         Some(1),
