@@ -295,8 +295,11 @@ pub fn read(
 pub struct Scraper {
     proc: std::path::PathBuf,
     counters: Vec<std::sync::Arc<QueueCounters>>,
-    last: std::sync::Mutex<Option<(std::time::Instant, Vec<QueueStats>, Option<String>)>>,
+    last: std::sync::Mutex<Option<Reading>>,
 }
+
+/// One [`read`]: when, the stats, and the parse problem if any.
+type Reading = (std::time::Instant, Vec<QueueStats>, Option<String>);
 
 impl Scraper {
     /// Reads under `proc` (normally `/proc`) for `counters`.
