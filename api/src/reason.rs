@@ -150,6 +150,12 @@ reasons! {
     FleetUnavailable => ("FLEET_UNAVAILABLE", Unavailable, EXIT_UNAVAILABLE),
     /// Fleet mode: the ruleset is owned by the fleet; change it with FleetService.
     FleetOwned => ("FLEET_OWNED", FailedPrecondition, EXIT_REJECTED),
+    /// A page token's listing changed under it (GetCounters: a commit changed the active
+    /// revisions between two pages); list again from the first page.
+    ListChanged => ("LIST_CHANGED", Aborted, EXIT_REJECTED),
+    /// WatchCommits `start_after` names a point whose following events are no longer kept
+    /// (evicted, or from before vallumd's start); the message says which are kept.
+    EventsNotKept => ("EVENTS_NOT_KEPT", OutOfRange, EXIT_REJECTED),
 }
 
 impl Reason {
