@@ -101,6 +101,9 @@ reasons! {
     NotFound => ("NOT_FOUND", NotFound, EXIT_REJECTED),
     /// The request's etag differs from the stored one.
     EtagMismatch => ("ETAG_MISMATCH", FailedPrecondition, EXIT_REJECTED),
+    /// A `request_id` already used with a different request (the ids are for retries of
+    /// the same request, as Stripe's idempotency keys).
+    IdempotencyKeyReused => ("IDEMPOTENCY_KEY_REUSED", InvalidArgument, EXIT_REJECTED),
     /// The resource is not in a state that allows the call (e.g. confirming a commit that
     /// is not pending).
     FailedPrecondition => ("FAILED_PRECONDITION", FailedPrecondition, EXIT_REJECTED),
