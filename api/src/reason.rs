@@ -87,7 +87,8 @@ reasons! {
     /// The ruleset uses an extension the engine does not enforce in filter/raw.
     UnsupportedExtension => ("UNSUPPORTED_EXTENSION", InvalidArgument, EXIT_REJECTED),
     /// A warning: rules of a chain that only hooks this node's packet path never evaluates
-    /// reach (see vallumd's `steering`); the ruleset is accepted.
+    /// reach (see vallumd's `steering`), or `--ctstate ESTABLISHED`-style rules where only new
+    /// connections are steered (`--steered-new-only`); the ruleset is accepted.
     HookNotReached => ("HOOK_NOT_REACHED", InvalidArgument, EXIT_REJECTED),
     /// A warning: `-m string` rules on a node whose packet source keeps no packet bytes
     /// (pcap replay, synthetic), where they never see a payload; the ruleset is accepted.

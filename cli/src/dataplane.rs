@@ -10,6 +10,7 @@
 //! -A VALLUM-NFQUEUE -o lo -j RETURN
 //! -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN   (--exempt-tcp-ports)
 //! -A VALLUM-NFQUEUE -p tcp -m multiport --sports 50051,9464 -j RETURN
+//! -A VALLUM-NFQUEUE -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT  (--new-only)
 //! -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance F:F+N-1 --queue-bypass  (--fail-closed: no bypass)
 //! ```
 //!
@@ -28,6 +29,21 @@
 //! installing twice leaves what installing once does and a second install with other flags
 //! replaces the first. Uninstall deletes the jumps and the chain; when there is none it
 //! succeeds and says so.
+//!
+//! The bypass choice per chain (`--fail-closed INPUT`): `--queue-bypass` is an option of the
+//! NFQUEUE rule, so when some steered chains are fail-closed and others not, the fail-closed
+//! ones jump to a second chain `VALLUM-NFQUEUE-CLOSED`, the same rules without
+//! `--queue-bypass`. It decides what happens while no vallumd worker is bound to the queue
+//! (not started, restarting): accepted (bypass) or dropped. What happens when vallumd is bound
+//! but too slow (the queue or its socket is full) is vallumd's choice per queue, its `--source
+//! nfqueue,fail-closed` (docs/operations.md, "Overload").
+//!
+//! `--new-only` queues only packets the kernel's conntrack does not see as ESTABLISHED or
+//! RELATED: those are accepted in the kernel (the rest of the filter table's chain is not
+//! run for them, as for any ACCEPT), so vallumd classifies NEW, INVALID and UNTRACKED packets
+//! only. Tell vallumd with `--steered-new-only` (rules that match only established traffic
+//! get a warning); what changes for counters, sets and rules: docs/operations.md, "Queueing
+//! only new connections".
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,6 +55,8 @@ use crate::error::CliError;
 
 /// The steering chain in the filter table.
 pub const CHAIN: &str = "VALLUM-NFQUEUE";
+/// The steering chain of the fail-closed chains when only some are (`--fail-closed INPUT`).
+pub const CHAIN_CLOSED: &str = "VALLUM-NFQUEUE-CLOSED";
 /// The builtin chains of the filter table a jump can come from.
 const BUILTIN: [&str; 3] = ["INPUT", "FORWARD", "OUTPUT"];
 
@@ -118,9 +136,15 @@ pub struct InstallArgs {
     #[arg(long, default_value_t = 0)]
     queue_first: u16,
     /// Omit --queue-bypass: while no vallumd worker is bound to a queue its packets are
-    /// dropped instead of accepted.
+    /// dropped instead of accepted. Alone: every steered chain; with chains
+    /// (`--fail-closed INPUT,FORWARD`): those only, the others keep the bypass.
+    #[arg(long, value_name = "CHAINS", num_args = 0..=1, value_delimiter = ',')]
+    fail_closed: Option<Vec<String>>,
+    /// Queue only packets the kernel's conntrack does not see as ESTABLISHED or RELATED;
+    /// those are accepted in the kernel (`-m conntrack --ctstate RELATED,ESTABLISHED -j
+    /// ACCEPT` before the NFQUEUE rule). Start vallumd with `--steered-new-only`.
     #[arg(long)]
-    fail_closed: bool,
+    new_only: bool,
     /// Builtin filter chains that jump to the steering chain.
     #[arg(long, value_delimiter = ',', default_value = "INPUT,OUTPUT,FORWARD")]
     chains: Vec<String>,
@@ -157,7 +181,9 @@ struct Plan {
     skip_mark: Option<u32>,
     first: u16,
     count: u16,
-    bypass: bool,
+    /// The chosen chains that are fail-closed (no `--queue-bypass`).
+    closed: Vec<&'static str>,
+    new_only: bool,
     chains: Vec<&'static str>,
     loopback: bool,
     exempt: Vec<u16>,
@@ -172,23 +198,26 @@ impl Plan {
                 a.queue_first, a.queues
             )));
         }
-        let mut chains = Vec::new();
-        for c in &a.chains {
-            let up = c.trim().to_ascii_uppercase();
-            let Some(b) = BUILTIN.iter().find(|b| **b == up) else {
-                return Err(CliError::Argument(format!(
-                    "--chains: `{c}` is not a builtin chain of the filter table (INPUT, OUTPUT, FORWARD)"
-                )));
-            };
-            if !chains.contains(b) {
-                chains.push(*b);
-            }
-        }
+        let chains = builtin_chains("--chains", &a.chains)?;
         if chains.is_empty() {
             return Err(CliError::Argument(
                 "--chains: name at least one chain".into(),
             ));
         }
+        let closed = match &a.fail_closed {
+            None => Vec::new(),
+            Some(list) if list.iter().all(|c| c.trim().is_empty()) => chains.clone(),
+            Some(list) => {
+                let closed = builtin_chains("--fail-closed", list)?;
+                if let Some(c) = closed.iter().find(|c| !chains.contains(c)) {
+                    return Err(CliError::Argument(format!(
+                        "--fail-closed: {c} is not steered (--chains {})",
+                        chains.join(",")
+                    )));
+                }
+                closed
+            }
+        };
         let mut exempt = Vec::new();
         for p in a
             .exempt_tcp_ports
@@ -211,15 +240,45 @@ impl Plan {
             skip_mark: (a.mode == Mode::Continue).then_some(a.mark),
             first: a.queue_first,
             count: a.queues,
-            bypass: !a.fail_closed,
+            closed,
+            new_only: a.new_only,
             chains,
             loopback: a.include_loopback,
             exempt,
         })
     }
 
-    /// The NFQUEUE target's options.
+    /// Whether the steered chains differ in their bypass choice (then the fail-closed ones
+    /// jump to [`CHAIN_CLOSED`]).
+    fn mixed(&self) -> bool {
+        !self.closed.is_empty() && self.closed.len() < self.chains.len()
+    }
+
+    /// The steering chain builtin chain `c` jumps to.
+    fn chain_of(&self, c: &str) -> &'static str {
+        if self.mixed() && self.closed.contains(&c) {
+            CHAIN_CLOSED
+        } else {
+            CHAIN
+        }
+    }
+
+    /// Whether the rules of steering chain `steering` keep `--queue-bypass`.
+    fn bypass(&self, steering: &str) -> bool {
+        if self.mixed() {
+            steering == CHAIN
+        } else {
+            self.closed.is_empty()
+        }
+    }
+
+    /// The NFQUEUE target's options in [`CHAIN`].
     fn target(&self) -> String {
+        self.target_of(CHAIN)
+    }
+
+    /// The NFQUEUE target's options in steering chain `steering`.
+    fn target_of(&self, steering: &str) -> String {
         let q = if self.count == 1 {
             format!("--queue-num {}", self.first)
         } else {
@@ -229,70 +288,121 @@ impl Plan {
                 u32::from(self.first) + u32::from(self.count) - 1
             )
         };
-        if self.bypass {
+        if self.bypass(steering) {
             format!("{q} --queue-bypass")
         } else {
             q
         }
     }
+
+    /// The steering chains this plan writes.
+    fn steering_chains(&self) -> Vec<&'static str> {
+        if self.mixed() {
+            vec![CHAIN, CHAIN_CLOSED]
+        } else {
+            vec![CHAIN]
+        }
+    }
+}
+
+/// The builtin filter chains named in `list` (any case, duplicates once), for flag `flag`.
+///
+/// Errors: a name that is not INPUT, OUTPUT or FORWARD.
+fn builtin_chains(flag: &str, list: &[String]) -> Result<Vec<&'static str>, CliError> {
+    let mut chains = Vec::new();
+    for c in list {
+        let up = c.trim().to_ascii_uppercase();
+        let Some(b) = BUILTIN.iter().find(|b| **b == up) else {
+            return Err(CliError::Argument(format!(
+                "{flag}: `{c}` is not a builtin chain of the filter table (INPUT, OUTPUT, FORWARD)"
+            )));
+        };
+        if !chains.contains(b) {
+            chains.push(*b);
+        }
+    }
+    Ok(chains)
 }
 
 /// The iptables-restore input that installs `plan`, given the `iptables -S` lines of the
 /// filter table now (their jumps to [`CHAIN`] are deleted, then one per chosen chain is
 /// inserted at the top).
 fn install_text(plan: &Plan, current: &str) -> String {
+    let steering = plan.steering_chains();
     let mut t = String::from("*filter\n");
-    t.push_str(&format!(":{CHAIN} - [0:0]\n"));
+    for s in &steering {
+        t.push_str(&format!(":{s} - [0:0]\n"));
+    }
     for d in jumps(current) {
         t.push_str(&format!("-D {d}\n"));
     }
-    if let Some(m) = plan.skip_mark {
-        t.push_str(&format!(
-            "-A {CHAIN} -m mark --mark {m:#x}/{m:#x} -j RETURN\n"
-        ));
+    // A chain of an earlier install this one does not write.
+    for old in [CHAIN_CLOSED] {
+        if !steering.contains(&old) && has_chain(current, old) {
+            t.push_str(&format!("-F {old}\n-X {old}\n"));
+        }
     }
-    if !plan.loopback {
-        t.push_str(&format!("-A {CHAIN} -i lo -j RETURN\n"));
-        t.push_str(&format!("-A {CHAIN} -o lo -j RETURN\n"));
+    for s in &steering {
+        if let Some(m) = plan.skip_mark {
+            t.push_str(&format!("-A {s} -m mark --mark {m:#x}/{m:#x} -j RETURN\n"));
+        }
+        if !plan.loopback {
+            t.push_str(&format!("-A {s} -i lo -j RETURN\n"));
+            t.push_str(&format!("-A {s} -o lo -j RETURN\n"));
+        }
+        if !plan.exempt.is_empty() {
+            let ports: Vec<String> = plan.exempt.iter().map(u16::to_string).collect();
+            let ports = ports.join(",");
+            t.push_str(&format!(
+                "-A {s} -p tcp -m multiport --dports {ports} -j RETURN\n"
+            ));
+            t.push_str(&format!(
+                "-A {s} -p tcp -m multiport --sports {ports} -j RETURN\n"
+            ));
+        }
+        if plan.new_only {
+            t.push_str(&format!(
+                "-A {s} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n"
+            ));
+        }
+        t.push_str(&format!("-A {s} -j NFQUEUE {}\n", plan.target_of(s)));
     }
-    if !plan.exempt.is_empty() {
-        let ports: Vec<String> = plan.exempt.iter().map(u16::to_string).collect();
-        let ports = ports.join(",");
-        t.push_str(&format!(
-            "-A {CHAIN} -p tcp -m multiport --dports {ports} -j RETURN\n"
-        ));
-        t.push_str(&format!(
-            "-A {CHAIN} -p tcp -m multiport --sports {ports} -j RETURN\n"
-        ));
-    }
-    t.push_str(&format!("-A {CHAIN} -j NFQUEUE {}\n", plan.target()));
     for c in &plan.chains {
-        t.push_str(&format!("-I {c} 1 -j {CHAIN}\n"));
+        t.push_str(&format!("-I {c} 1 -j {}\n", plan.chain_of(c)));
     }
     t.push_str("COMMIT\n");
     t
 }
 
+/// Whether `iptables -S` output `current` declares chain `name`.
+fn has_chain(current: &str, name: &str) -> bool {
+    current.lines().any(|l| l.trim() == format!("-N {name}"))
+}
+
 /// The iptables-restore input that removes every jump to [`CHAIN`] and the chain; `None` when
 /// neither exists.
 fn uninstall_text(current: &str) -> Option<String> {
-    let exists = current.lines().any(|l| l.trim() == format!("-N {CHAIN}"));
+    let exists: Vec<&str> = [CHAIN, CHAIN_CLOSED]
+        .into_iter()
+        .filter(|c| has_chain(current, c))
+        .collect();
     let jumps = jumps(current);
-    if !exists && jumps.is_empty() {
+    if exists.is_empty() && jumps.is_empty() {
         return None;
     }
     let mut t = String::from("*filter\n");
     for d in jumps {
         t.push_str(&format!("-D {d}\n"));
     }
-    if exists {
-        t.push_str(&format!("-F {CHAIN}\n-X {CHAIN}\n"));
+    for c in exists {
+        t.push_str(&format!("-F {c}\n-X {c}\n"));
     }
     t.push_str("COMMIT\n");
     Some(t)
 }
 
-/// The rule specs (after `-A `) of the builtin chains' rules that jump to [`CHAIN`].
+/// The rule specs (after `-A `) of the builtin chains' rules that jump to [`CHAIN`] or
+/// [`CHAIN_CLOSED`].
 fn jumps(current: &str) -> Vec<String> {
     current
         .lines()
@@ -302,7 +412,9 @@ fn jumps(current: &str) -> Vec<String> {
             let mut words = spec.split_whitespace();
             BUILTIN.contains(&chain)
                 && words.any(|w| w == "-j" || w == "-g")
-                && words.next() == Some(CHAIN)
+                && words
+                    .next()
+                    .is_some_and(|t| t == CHAIN || t == CHAIN_CLOSED)
         })
         .map(str::to_owned)
         .collect()
@@ -427,14 +539,33 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                     ));
                 } else {
                     restore(&t, &input)?;
+                    let closed = if plan.mixed() {
+                        format!(
+                            "; {} -> {CHAIN_CLOSED} -> NFQUEUE {}",
+                            plan.closed.join(","),
+                            plan.target_of(CHAIN_CLOSED)
+                        )
+                    } else {
+                        String::new()
+                    };
                     text.push_str(&format!(
-                        "{}: filter {} -> {CHAIN} -> NFQUEUE {}{}{}{} ({})\n",
+                        "{}: filter {} -> {CHAIN} -> NFQUEUE {}{closed}{}{}{}{} ({})\n",
                         t.family,
-                        plan.chains.join(","),
+                        plan.chains
+                            .iter()
+                            .filter(|c| plan.chain_of(c) == CHAIN)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(","),
                         plan.target(),
                         match plan.skip_mark {
                             Some(m) => format!("; mode continue, mark {m:#x} returns"),
                             None => "; mode final".to_owned(),
+                        },
+                        if plan.new_only {
+                            "; ESTABLISHED,RELATED accepted in the kernel"
+                        } else {
+                            ""
                         },
                         if plan.loopback { "" } else { "; lo exempt" },
                         if plan.exempt.is_empty() {
@@ -454,7 +585,9 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                     "chains": plan.chains,
                     "queue_first": plan.first,
                     "queue_count": plan.count,
-                    "queue_bypass": plan.bypass,
+                    "queue_bypass": plan.closed.is_empty(),
+                    "fail_closed_chains": plan.closed,
+                    "new_only": plan.new_only,
                     "loopback_exempt": !plan.loopback,
                     "exempt_tcp_ports": plan.exempt,
                     "applied": !a.tool.dry_run,
@@ -586,6 +719,84 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn fail_closed_per_chain_uses_a_second_chain() {
+        let p = plan(&[
+            "--queues",
+            "2",
+            "--fail-closed",
+            "input",
+            "--exempt-tcp-ports",
+            "",
+        ])
+        .unwrap();
+        assert_eq!(
+            install_text(&p, ""),
+            "*filter\n:VALLUM-NFQUEUE - [0:0]\n:VALLUM-NFQUEUE-CLOSED - [0:0]\n\
+             -A VALLUM-NFQUEUE -i lo -j RETURN\n-A VALLUM-NFQUEUE -o lo -j RETURN\n\
+             -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance 0:1 --queue-bypass\n\
+             -A VALLUM-NFQUEUE-CLOSED -i lo -j RETURN\n-A VALLUM-NFQUEUE-CLOSED -o lo -j RETURN\n\
+             -A VALLUM-NFQUEUE-CLOSED -j NFQUEUE --queue-balance 0:1\n\
+             -I INPUT 1 -j VALLUM-NFQUEUE-CLOSED\n-I OUTPUT 1 -j VALLUM-NFQUEUE\n\
+             -I FORWARD 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
+        );
+        // Every steered chain named: one chain, no bypass, as plain --fail-closed.
+        let all = plan(&["--chains", "INPUT", "--fail-closed", "INPUT"]).unwrap();
+        assert!(!all.mixed());
+        assert_eq!(all.steering_chains(), [CHAIN]);
+        assert!(!all.target().contains("bypass"));
+        assert_eq!(
+            plan(&["--chains", "INPUT", "--fail-closed"])
+                .unwrap()
+                .closed,
+            ["INPUT"]
+        );
+        let e = plan(&["--chains", "INPUT", "--fail-closed", "FORWARD"]).unwrap_err();
+        assert!(e.to_string().contains("FORWARD is not steered"), "{e}");
+        assert!(plan(&["--fail-closed", "PREROUTING"]).is_err());
+        // A later install without the split removes the second chain and its jumps.
+        let current = "-N VALLUM-NFQUEUE\n-N VALLUM-NFQUEUE-CLOSED\n\
+            -A INPUT -j VALLUM-NFQUEUE-CLOSED\n-A OUTPUT -j VALLUM-NFQUEUE\n";
+        let t = install_text(&plan(&["--chains", "INPUT"]).unwrap(), current);
+        assert!(
+            t.contains(
+                "-D INPUT -j VALLUM-NFQUEUE-CLOSED\n-D OUTPUT -j VALLUM-NFQUEUE\n\
+                 -F VALLUM-NFQUEUE-CLOSED\n-X VALLUM-NFQUEUE-CLOSED\n"
+            ),
+            "{t}"
+        );
+        assert_eq!(
+            uninstall_text(current).unwrap(),
+            "*filter\n-D INPUT -j VALLUM-NFQUEUE-CLOSED\n-D OUTPUT -j VALLUM-NFQUEUE\n\
+             -F VALLUM-NFQUEUE\n-X VALLUM-NFQUEUE\n-F VALLUM-NFQUEUE-CLOSED\n\
+             -X VALLUM-NFQUEUE-CLOSED\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn new_only_accepts_established_before_the_queue() {
+        let p = plan(&[
+            "--queues",
+            "1",
+            "--new-only",
+            "--chains",
+            "INPUT",
+            "--include-loopback",
+            "--exempt-tcp-ports",
+            "22",
+        ])
+        .unwrap();
+        assert_eq!(
+            install_text(&p, ""),
+            "*filter\n:VALLUM-NFQUEUE - [0:0]\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --dports 22 -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --sports 22 -j RETURN\n\
+             -A VALLUM-NFQUEUE -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+             -A VALLUM-NFQUEUE -j NFQUEUE --queue-num 0 --queue-bypass\n\
+             -I INPUT 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
+        );
     }
 
     // `iptables -S` of a namespace after one install, plus a user's own rules.

@@ -26,7 +26,9 @@
 //! - reach: with the node's [`ReachedHooks`] (from [`SetRegistry::reached_hooks`]), a chain of
 //!   an enforced table reached only from hooks the node's packet path never evaluates (raw
 //!   OUTPUT while only INPUT is steered, FORWARD with forwarding off) gets a warning at its
-//!   first rule naming its rules and why ([`ViolationKind::HookNotReached`]);
+//!   first rule naming its rules and why ([`ViolationKind::HookNotReached`]); where only new
+//!   connections are steered ([`ReachedHooks::new_only`]), a `--ctstate` / `--state` that
+//!   matches only ESTABLISHED and RELATED packets gets a warning ([`ViolationKind::StateNotQueued`]);
 //! - enforcement: extensions the engine does not run ([`crate::model::Match::Opaque`], CT
 //!   options other than `--notrack`, conntrack options other than `--ctstate`) are errors in
 //!   filter and raw, naming the extension; nat, mangle and security tables get a warning.
@@ -64,6 +66,9 @@ pub struct ReachedHooks {
     why: String,
     /// Why the packets come without their bytes (`None`: they come with them).
     no_bytes: Option<String>,
+    /// Why only packets that are not ESTABLISHED or RELATED in the kernel's conntrack reach
+    /// the packet path (`None`: every packet does).
+    new_only: Option<String>,
 }
 
 impl ReachedHooks {
@@ -86,7 +91,24 @@ impl ReachedHooks {
             bits: [bits(v4), bits(v6)],
             why: why.into(),
             no_bytes: None,
+            new_only: None,
         }
+    }
+
+    /// The same, for steering that hands the packet path only packets the kernel's conntrack
+    /// does not see as ESTABLISHED or RELATED (it accepts those itself); `why` completes "the
+    /// packets of established or related connections, which ..." (e.g. "vallumd is told
+    /// (--steered-new-only) the kernel accepts before they are queued").
+    pub fn new_only(self, why: impl Into<String>) -> ReachedHooks {
+        ReachedHooks {
+            new_only: Some(why.into()),
+            ..self
+        }
+    }
+
+    /// Why only new (not ESTABLISHED or RELATED) packets come, `None` when all do.
+    pub fn only_new(&self) -> Option<&str> {
+        self.new_only.as_deref()
     }
 
     /// The same, for a source that hands the packet path no packet bytes; `why` completes

@@ -71,6 +71,9 @@ pub struct NfqueueSource {
     /// kernel accepts new packets instead of dropping them (as `--queue-bypass` does while no
     /// worker is bound). `fail-closed` drops them.
     pub fail_closed: bool,
+    /// The queue length to bind with (`--queue-maxlen`); `None`: the default of
+    /// [`crate::nfqueue_stats::auto_maxlen`], under which every fail-open bypass is counted.
+    pub maxlen: Option<u32>,
 }
 
 impl FromStr for NfqueueSource {
@@ -89,7 +92,11 @@ impl FromStr for NfqueueSource {
                 .ok_or_else(|| format!("{s:?}: the first queue must be a number 0..65535"))?,
             None => return Err(format!("{s:?} is not nfqueue[:FIRST][,fail-closed]")),
         };
-        Ok(NfqueueSource { first, fail_closed })
+        Ok(NfqueueSource {
+            first,
+            fail_closed,
+            maxlen: None,
+        })
     }
 }
 
@@ -384,6 +391,22 @@ pub struct Config {
     #[arg(long, env = "VALLUM_NFQUEUE_MARK", default_value = "0x40000000", value_parser = parse_mark_bit)]
     pub nfqueue_mark: u32,
 
+    /// With `--source nfqueue`: the steering queues only packets the kernel's conntrack does
+    /// not see as ESTABLISHED or RELATED (`vallumctl dataplane install --new-only`); the rest
+    /// is accepted in the kernel and never reaches vallumd. Rules that can match only such
+    /// packets get a validation warning. See docs/operations.md, "Queueing only new
+    /// connections".
+    #[arg(long, env = "VALLUM_STEERED_NEW_ONLY")]
+    pub steered_new_only: bool,
+
+    /// With `--source nfqueue`: packets each queue holds before the kernel drops new ones (or,
+    /// fail-open, accepts them unclassified) (`NFQA_CFG_QUEUE_MAXLEN`). Default: more than the
+    /// socket's receive buffer can hold, so the buffer fills first and every fail-open bypass
+    /// is counted (`vallum_nfqueue_bypassed_total`); a smaller value with fail-open makes that
+    /// count a lower bound (vallumd warns).
+    #[arg(long, env = "VALLUM_QUEUE_MAXLEN", value_parser = clap::value_parser!(u32).range(1..))]
+    pub queue_maxlen: Option<u32>,
+
     /// Packets per second over all workers; 0 means as fast as possible.
     #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]
     pub rate: u64,
@@ -480,6 +503,17 @@ impl Config {
         }
     }
 
+    /// The packet source with the flags that refine it (`--queue-maxlen` for NFQUEUE).
+    pub fn packet_source(&self) -> Source {
+        match &self.source {
+            Source::Nfqueue(q) => Source::Nfqueue(NfqueueSource {
+                maxlen: self.queue_maxlen,
+                ..*q
+            }),
+            s => s.clone(),
+        }
+    }
+
     /// Parses flags from `args` (first item is the program name) WITHOUT reading the
     /// environment: for tests and embedding.
     ///
@@ -536,7 +570,11 @@ mod tests {
             ),
         ] {
             let c = Config::from_args(["vallumd", "--source", text]).unwrap();
-            let want = Source::Nfqueue(NfqueueSource { first, fail_closed });
+            let want = Source::Nfqueue(NfqueueSource {
+                first,
+                fail_closed,
+                maxlen: None,
+            });
             assert_eq!(c.source, want, "{text}");
             assert_eq!(c.source.to_string(), shown);
             assert_eq!(shown.parse::<Source>(), Ok(want));

@@ -223,7 +223,10 @@ impl Places {
         };
         let reason = match v.kind {
             ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
-            ViolationKind::HookNotReached { .. } => Reason::HookNotReached,
+            // Both say: the packets these rules could match never reach this node's path.
+            ViolationKind::HookNotReached { .. } | ViolationKind::StateNotQueued(..) => {
+                Reason::HookNotReached
+            }
             ViolationKind::NoPacketBytes(_) => Reason::NoPacketBytes,
             _ => Reason::InvalidRuleset,
         };

@@ -10,7 +10,8 @@
 //!   the metrics, the watch stream and the alerts;
 //! - [`service`]: the gRPC services; [`convert`]: proto <-> domain; [`error`]: errors and their gRPC statuses;
 //! - [`fleet`]: fleet mode (desired rulesets in etcd, the node agent, FleetService);
-//! - [`sources`]: packet sources feeding one worker thread per core;
+//! - [`sources`]: packet sources feeding one worker thread per core; [`nfqueue_stats`]: what
+//!   the kernel and our NFQUEUE workers did with each queued packet;
 //! - [`hooks`]: the seams for metrics, auth and limits, and the [`hooks::MetricsObserver`]
 //!   that feeds [`metrics`] from the pipeline;
 //! - operational plumbing: [`metrics`] (OpenTelemetry -> Prometheus `/metrics`), [`auth`]
@@ -37,6 +38,7 @@ pub mod limits;
 pub mod local_addrs;
 pub mod local_socket;
 pub mod metrics;
+pub mod nfqueue_stats;
 pub mod outcome;
 pub mod pipeline;
 pub mod routes;

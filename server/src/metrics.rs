@@ -27,6 +27,9 @@
 //! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
 //! | `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`, `vallum_conntrack_insert_failed_total` | counter | | engine, at scrape |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, ... | counter, gauges | | `/proc/self`, at scrape ([`process`]) |
+//! | `vallum_nfqueue_received_total`, `vallum_nfqueue_verdicts_total` (+ verdict), `vallum_nfqueue_verdict_send_errors_total`, `vallum_nfqueue_receive_errors_total` | counter | queue | the NFQUEUE workers, at scrape ([`Metrics::observe_nfqueue`]) |
+//! | `vallum_nfqueue_kernel_ids_total`, `vallum_nfqueue_queue_dropped_total`, `vallum_nfqueue_user_dropped_total`, `vallum_nfqueue_socket_drops_total`, `vallum_nfqueue_bypassed_total` | counter | queue | `/proc/net/netfilter/nfnetlink_queue`, `/proc/net/netlink`, at scrape |
+//! | `vallum_nfqueue_waiting`, `vallum_nfqueue_maxlen`, `vallum_nfqueue_copy_range_bytes`, `vallum_nfqueue_fail_open`, `vallum_nfqueue_bypass_exact` | gauge | queue | the same |
 //!
 //! Deviations from the table, because of what the engine can attribute:
 //! - `vallum_packets_total` has `ruleset="all"`: the engine counts verdicts per (family, hook,
@@ -548,6 +551,161 @@ impl Metrics {
             ));
         }
         i.observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(keep);
+    }
+
+    /// Registers the `vallum_nfqueue_*` series of `queues` (one `queue` label each), read at
+    /// scrape time through one [`Scraper`](crate::nfqueue_stats::Scraper) reading: ours (the
+    /// workers' counters) and the kernel's (`/proc/net/netfilter/nfnetlink_queue`, our
+    /// sockets' drops in `/proc/net/netlink`); what each counts and how exact it is, in the
+    /// help texts and [`crate::nfqueue_stats`]. Nothing is registered without queues. Call
+    /// once.
+    pub fn observe_nfqueue(&self, queues: Vec<Arc<crate::nfqueue_stats::QueueCounters>>) {
+        use crate::nfqueue_stats::{QueueStats, Scraper};
+        if queues.is_empty() {
+            return;
+        }
+        let scraper = Arc::new(Scraper::new(std::path::Path::new("/proc"), queues));
+        let q = |s: &QueueStats| KeyValue::new("queue", s.queue.to_string());
+        type Pick = fn(&QueueStats) -> Option<u64>;
+        let counters: [(&'static str, &'static str, Pick); 8] = [
+            (
+                "vallum_nfqueue_received",
+                "Packets vallumd read from the queue (each gets one verdict).",
+                |s| Some(s.received),
+            ),
+            (
+                "vallum_nfqueue_verdict_send_errors",
+                "Batches whose verdicts vallumd could not send (sendto failed); their packets \
+                 wait in the kernel until a later batch verdict covers them.",
+                |s| Some(s.verdict_errors),
+            ),
+            (
+                "vallum_nfqueue_receive_errors",
+                "Failed receives on the queue's socket (other than timeouts).",
+                |s| Some(s.receive_errors),
+            ),
+            (
+                "vallum_nfqueue_kernel_ids",
+                "Packet ids the kernel gave out on this queue (id_sequence, unwrapped): packets \
+                 it sent to vallumd's socket, or tried to while the socket was full.",
+                |s| s.ids,
+            ),
+            (
+                "vallum_nfqueue_queue_dropped",
+                "Packets the kernel dropped because the queue was full (fail-closed only; \
+                 queue_dropped, wraps at 2^32).",
+                |s| s.kernel.map(|k| u64::from(k.queue_dropped)),
+            ),
+            (
+                "vallum_nfqueue_user_dropped",
+                "Packets the kernel dropped because vallumd's socket buffer was full \
+                 (fail-closed only; user_dropped, wraps at 2^32).",
+                |s| s.kernel.map(|k| u64::from(k.user_dropped)),
+            ),
+            (
+                "vallum_nfqueue_socket_drops",
+                "Packet messages the kernel could not put in vallumd's full socket buffer \
+                 (sk_drops, both modes): dropped when fail-closed, accepted unclassified when \
+                 fail-open.",
+                |s| s.socket_drops,
+            ),
+            (
+                "vallum_nfqueue_bypassed",
+                "Packets let through by fail-open without a verdict (fail-open queues only): \
+                 exact while vallum_nfqueue_bypass_exact is 1 (the socket fills before the \
+                 queue; its drops are exactly these), a lower bound when it is 0 (accepts at a \
+                 full queue are counted nowhere).",
+                |s| s.bypassed,
+            ),
+        ];
+        let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
+        for (name, help, pick) in counters {
+            let sc = scraper.clone();
+            keep.push(Box::new(
+                self.inner
+                    .meter
+                    .u64_observable_counter(name)
+                    .with_description(help)
+                    .with_callback(move |obs| {
+                        for s in sc.stats() {
+                            if let Some(v) = pick(&s) {
+                                obs.observe(v, &[q(&s)]);
+                            }
+                        }
+                    })
+                    .build(),
+            ));
+        }
+        let sc = scraper.clone();
+        keep.push(Box::new(
+            self.inner
+                .meter
+                .u64_observable_counter("vallum_nfqueue_verdicts")
+                .with_description("Verdicts vallumd sent, by verdict (REJECT is sent as drop).")
+                .with_callback(move |obs| {
+                    for s in sc.stats() {
+                        for (v, n) in [("accept", s.accepted), ("drop", s.dropped)] {
+                            obs.observe(n, &[q(&s), KeyValue::new("verdict", v)]);
+                        }
+                    }
+                })
+                .build(),
+        ));
+        let batch = crate::sources::BATCH as u32;
+        type Gauge = fn(&QueueStats, &crate::nfqueue_stats::QueueCounters, u32) -> Option<u64>;
+        let gauges: [(&'static str, &'static str, Gauge); 5] = [
+            (
+                "vallum_nfqueue_waiting",
+                "Packets queued in the kernel and not yet given a verdict (queue_total).",
+                |s, _, _| s.kernel.map(|k| u64::from(k.waiting)),
+            ),
+            (
+                "vallum_nfqueue_maxlen",
+                "Packets the queue holds before it drops or, fail-open, accepts new ones \
+                 (--queue-maxlen).",
+                |_, c, _| Some(u64::from(c.maxlen)),
+            ),
+            (
+                "vallum_nfqueue_copy_range_bytes",
+                "Bytes of each packet the kernel copies to vallumd (copy_range).",
+                |s, _, _| s.kernel.map(|k| u64::from(k.copy_range)),
+            ),
+            (
+                "vallum_nfqueue_fail_open",
+                "1 when a full queue accepts packets unclassified (fail-open), 0 when it drops \
+                 them (fail-closed).",
+                |_, c, _| Some(u64::from(c.fail_open)),
+            ),
+            (
+                "vallum_nfqueue_bypass_exact",
+                "1 when vallum_nfqueue_bypassed_total counts every fail-open bypass (or the \
+                 queue is fail-closed), 0 when --queue-maxlen is below the socket buffer's \
+                 capacity and it is a lower bound.",
+                |_, c, batch| Some(u64::from(c.bypass_exact(batch))),
+            ),
+        ];
+        for (name, help, pick) in gauges {
+            let sc = scraper.clone();
+            keep.push(Box::new(
+                self.inner
+                    .meter
+                    .u64_observable_gauge(name)
+                    .with_description(help)
+                    .with_callback(move |obs| {
+                        for (s, c) in sc.stats().iter().zip(sc.counters()) {
+                            if let Some(v) = pick(s, c, batch) {
+                                obs.observe(v, &[q(s)]);
+                            }
+                        }
+                    })
+                    .build(),
+            ));
+        }
+        self.inner
+            .observers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(keep);

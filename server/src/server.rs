@@ -200,11 +200,14 @@ pub async fn run_with(
     ));
     metrics.observe_sets(pipeline.sets().clone())?;
     // Before any ruleset is validated: which hooks the packet path evaluates here.
-    pipeline.sets().set_reached_hooks(crate::steering::reached(
-        &config.source,
-        &config.steered_chains,
-        crate::steering::forwarding(std::path::Path::new("/proc")),
-    ));
+    pipeline
+        .sets()
+        .set_reached_hooks(crate::steering::reached_steering(
+            &config.source,
+            &config.steered_chains,
+            crate::steering::forwarding(std::path::Path::new("/proc")),
+            config.steered_new_only,
+        ));
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
     let local_addrs = match crate::local_addrs::start(
         pipeline.sets().node_addrs().clone(),
@@ -436,12 +439,13 @@ pub async fn run_with(
     let prune = pipeline.store().spawn_prune(PRUNE_INTERVAL);
     let sources = Sources::start(
         engine.clone(),
-        &config.source,
+        &config.packet_source(),
         config.rate,
         clock.clone(),
         events,
         config.nfqueue_accept(),
     )?;
+    metrics.observe_nfqueue(sources.nfqueue_counters());
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
     let agent = fleet.map(|(etcd, node)| {
         Agent::new(

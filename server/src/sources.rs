@@ -42,6 +42,8 @@ pub const BATCH: usize = 32;
 pub struct Sources {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// With `nfqueue`, each bound queue's counters, in queue order; empty otherwise.
+    queues: Vec<Arc<crate::nfqueue_stats::QueueCounters>>,
 }
 
 enum Feed {
@@ -96,6 +98,7 @@ impl Sources {
                 return Ok(Sources {
                     stop,
                     threads: Vec::new(),
+                    queues: Vec::new(),
                 });
             }
             Source::Synthetic => None,
@@ -156,7 +159,17 @@ impl Sources {
             })?;
             threads.push(t);
         }
-        Ok(Sources { stop, threads })
+        Ok(Sources {
+            stop,
+            threads,
+            queues: Vec::new(),
+        })
+    }
+
+    /// The counters of the bound NFQUEUE queues (empty for the other sources), for
+    /// [`crate::metrics::Metrics::observe_nfqueue`].
+    pub fn nfqueue_counters(&self) -> Vec<Arc<crate::nfqueue_stats::QueueCounters>> {
+        self.queues.clone()
     }
 
     /// Stops every thread after its current batch (NFQUEUE: within 100 ms) and joins them.
@@ -212,12 +225,23 @@ fn start_nfqueue(
     let mut queues = Vec::with_capacity(cores);
     for k in 0..cores {
         let num = (first + k) as u16;
-        let queue = nfqueue::Queue::open(num, !q.fail_closed)
+        let queue = nfqueue::Queue::open_with(num, !q.fail_closed, q.maxlen)
             .map_err(|e| Error::Startup {
                 code: "NFQUEUE_OPEN",
                 message: e.to_string(),
             })?
             .with_accept(accept);
+        let c = queue.counters();
+        if k == 0 && !c.bypass_exact(BATCH as u32) {
+            tracing::warn!(
+                queue = num,
+                maxlen = c.maxlen,
+                exact_from = crate::nfqueue_stats::auto_maxlen(c.rcvbuf, BATCH as u32),
+                "fail-open with a short queue: packets accepted because the queue is full are \
+                 counted nowhere, so vallum_nfqueue_bypassed_total is a lower bound (raise \
+                 --queue-maxlen, or use fail-closed)"
+            );
+        }
         if k == 0 && !queue.kernel_conntrack() {
             tracing::warn!(
                 queue = num,
@@ -227,6 +251,7 @@ fn start_nfqueue(
         }
         queues.push(queue);
     }
+    let counters = queues.iter().map(|q| q.counters()).collect();
     let mut threads = Vec::with_capacity(cores);
     for (core, mut queue) in queues.into_iter().enumerate() {
         let stop = stop.clone();
@@ -236,7 +261,11 @@ fn start_nfqueue(
             nfqueue::run_worker(&mut queue, worker, &stop, &*clock, &events);
         })?);
     }
-    Ok(Sources { stop, threads })
+    Ok(Sources {
+        stop,
+        threads,
+        queues: counters,
+    })
 }
 
 /// NFQUEUE is a Linux interface.

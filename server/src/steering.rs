@@ -10,6 +10,9 @@
 //!   with `--steered-chains` (default INPUT,FORWARD,OUTPUT, the installer's default); FORWARD
 //!   only for a family whose forwarding is on (`/proc/sys/net/ipv4/ip_forward`,
 //!   `/proc/sys/net/ipv6/conf/all/forwarding`, read once at start; unreadable counts as on).
+//!   With `--steered-new-only` (`vallumctl dataplane install --new-only`) only packets the
+//!   kernel's conntrack does not see as ESTABLISHED or RELATED are queued
+//!   ([`reached_steering`]): rules matching only those states are warned.
 //!
 //! [`SetManager::set_reached_hooks`]: vallum_engine::sets::SetManager::set_reached_hooks
 //! [`ViolationKind::HookNotReached`]: vallum_engine::validate::ViolationKind::HookNotReached
@@ -90,6 +93,25 @@ pub fn reached(source: &Source, steered: &[Hook], forwarding: [bool; 2]) -> Opti
     }
 }
 
+/// [`reached`], and with `new_only` (`--steered-new-only`) under `--source nfqueue` only the
+/// packets the kernel's conntrack does not see as ESTABLISHED or RELATED
+/// ([`ReachedHooks::new_only`]: rules matching only those states get a warning).
+pub fn reached_steering(
+    source: &Source,
+    steered: &[Hook],
+    forwarding: [bool; 2],
+    new_only: bool,
+) -> Option<ReachedHooks> {
+    let r = reached(source, steered, forwarding)?;
+    Some(match source {
+        Source::Nfqueue(_) if new_only => r.new_only(
+            "vallumd is told (--steered-new-only) the kernel accepts before they are queued \
+             (vallumctl dataplane install --new-only)",
+        ),
+        _ => r,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use vallum_engine::model::Family;
@@ -109,6 +131,7 @@ mod tests {
         let q = Source::Nfqueue(NfqueueSource {
             first: 0,
             fail_closed: false,
+            maxlen: None,
         });
         let all = reached(&q, &STEERABLE, [true; 2]).unwrap();
         assert!(Hook::ALL[..4].iter().all(|&h| all.reaches(Family::Ipv4, h)));
@@ -123,6 +146,15 @@ mod tests {
         let output_only = reached(&q, &[Hook::Output], [true; 2]).unwrap();
         assert!(!output_only.reaches(Family::Ipv4, Hook::Prerouting));
         assert!(parse_steered_chain("PREROUTING").is_err());
+        assert_eq!(all.only_new(), None);
+        let new = reached_steering(&q, &STEERABLE, [true; 2], true).unwrap();
+        assert!(new.only_new().unwrap().contains("--steered-new-only"));
+        let pcap = reached_steering(&Source::Synthetic, &STEERABLE, [true; 2], true).unwrap();
+        assert_eq!(
+            pcap.only_new(),
+            None,
+            "only NFQUEUE steering queues by state"
+        );
         assert_eq!(parse_steered_chain("FORWARD"), Ok(Hook::Forward));
     }
 }

@@ -1228,6 +1228,8 @@ fn alert_rules_are_valid_and_documented() {
         "VallumFleetNack",
         "VallumFleetDisconnected",
         "VallumFleetRolloutStuck",
+        "VallumPacketsBypassedFirewall",
+        "VallumQueueDropping",
     ] {
         assert!(names.contains(required), "missing alert {required}");
     }
@@ -1542,6 +1544,8 @@ fn dashboard_is_valid_grafana_json() {
         "Fleet: applies by outcome",
         "Fleet: watch restarts",
         "Fleet: revisions behind",
+        "NFQUEUE: packets not classified",
+        "NFQUEUE: queue fill",
     ] {
         assert!(titles.contains(want), "no panel about {want:?}:\n{titles}");
     }
@@ -1588,6 +1592,21 @@ const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_fleet_applies_total", "counter"),
     ("vallum_fleet_watch_restarts_total", "counter"),
     ("vallum_fleet_programming_latency_seconds", "histogram"),
+    // NFQUEUE overload (issue #18 item 3, server/src/nfqueue_stats.rs).
+    ("vallum_nfqueue_received_total", "counter"),
+    ("vallum_nfqueue_verdicts_total", "counter"),
+    ("vallum_nfqueue_verdict_send_errors_total", "counter"),
+    ("vallum_nfqueue_receive_errors_total", "counter"),
+    ("vallum_nfqueue_kernel_ids_total", "counter"),
+    ("vallum_nfqueue_queue_dropped_total", "counter"),
+    ("vallum_nfqueue_user_dropped_total", "counter"),
+    ("vallum_nfqueue_socket_drops_total", "counter"),
+    ("vallum_nfqueue_bypassed_total", "counter"),
+    ("vallum_nfqueue_waiting", "gauge"),
+    ("vallum_nfqueue_maxlen", "gauge"),
+    ("vallum_nfqueue_copy_range_bytes", "gauge"),
+    ("vallum_nfqueue_fail_open", "gauge"),
+    ("vallum_nfqueue_bypass_exact", "gauge"),
 ];
 
 /// The kind of a scraped series name (`histogram` for a histogram's `_bucket`, `_sum`,

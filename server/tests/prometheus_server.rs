@@ -7,7 +7,8 @@
 //! scrape job is not called `vallum` and the target carries the labels the Prometheus Operator
 //! gives a ServiceMonitor's targets (`namespace`, `pod`, `container`) plus `node` and
 //! `cluster`, so the alerts and the dashboard variables see what they see in a cluster. Without
-//! etcd the fleet panels and alerts are left out with a printed NOTE. Then, through
+//! etcd the fleet panels and alerts are left out with a printed NOTE, and so are the NFQUEUE
+//! ones (they need `--source nfqueue`; `nfqueue_overload` scrapes them). Then, through
 //! Prometheus' HTTP API:
 //! - the dashboard's template variables (`label_values(...)`) have values;
 //! - every panel query and annotation of `deploy/grafana/vallum.json`, with the variables
@@ -416,12 +417,24 @@ fn dashboard_and_alerts_work_in_a_real_prometheus() {
         }
         !fleet || endpoint.is_some()
     };
+    // The NFQUEUE series exist only with --source nfqueue (root, a network namespace): the
+    // test nfqueue_overload scrapes them there; they are left out here.
+    let source_ok = |q: &Query| {
+        let nfq = q.expr.contains("vallum_nfqueue_");
+        if nfq {
+            println!(
+                "NOTE {}: needs --source nfqueue, checked by nfqueue_overload",
+                q.place
+            );
+        }
+        !nfq
+    };
 
     // Every panel query and annotation returns series.
     let queries: Vec<(Query, String)> = promql::panel_queries(&dashboard)
         .into_iter()
         .chain(promql::annotation_queries(&dashboard))
-        .filter(|q| fleet_ok(q))
+        .filter(|q| fleet_ok(q) && source_ok(q))
         .map(|q| {
             let e = promql::substitute(&q, RATE_INTERVAL, &vars);
             (q, e)
@@ -439,7 +452,7 @@ fn dashboard_and_alerts_work_in_a_real_prometheus() {
     // matches on.
     let alerts = promql::alert_queries();
     assert!(alerts.len() >= 10, "{} alert expressions", alerts.len());
-    for q in alerts.iter().filter(|q| fleet_ok(q)) {
+    for q in alerts.iter().filter(|q| fleet_ok(q) && source_ok(q)) {
         p.query(&q.expr)
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", q.place, q.expr));
         let selectors = promql::selectors(&q.expr)

@@ -263,6 +263,15 @@ pub enum ViolationKind {
         "-m string searches the packet's bytes, which {0}: here --string never matches and ! --string always does"
     )]
     NoPacketBytes(String),
+    /// `--ctstate` / `--state` naming only ESTABLISHED and RELATED (warning) on a node whose
+    /// steering queues only the other packets ([`super::ReachedHooks::new_only`]): the
+    /// packets it could match are accepted in the kernel before they reach the rules, so it
+    /// never matches (and with `!` always does). Fields: the option as written, and why.
+    #[error(
+        "{0} matches only packets of established or related connections, which {1}: here it never matches{neg}",
+        neg = if .0.starts_with('!') { " (and its negation always does)" } else { "" }
+    )]
+    StateNotQueued(String, String),
     /// `-j CT --helper NAME` (warning): the template (and its zone) is enforced, but no
     /// connection-tracking helper runs for the connection: the engine has no ALGs, and the
     /// kernel's conntrack (NFQUEUE mode) attaches a helper only where the kernel's own

@@ -155,6 +155,9 @@ impl TableCheck<'_> {
                     errs.extend(needs("icmp6", &[58], "ipv6-icmp"));
                 }
                 Match::Conntrack(ct) => {
+                    if let Some(w) = ct.ctstate.and_then(|s| not_queued(s, "--ctstate", sets)) {
+                        warns.push(w);
+                    }
                     if enforced {
                         for o in &ct.other {
                             let one = crate::model::ConntrackMatch {
@@ -171,7 +174,12 @@ impl TableCheck<'_> {
                         }
                     }
                 }
-                Match::State(_) | Match::Mark(_) => {}
+                Match::State(s) => {
+                    if let Some(w) = not_queued(*s, "--state", sets) {
+                        warns.push(w);
+                    }
+                }
+                Match::Mark(_) => {}
                 Match::Physdev(d) => physdev_out_used |= d.needs_bridged_output(),
                 Match::Owner(w) => {
                     owner_used = true;
@@ -520,4 +528,30 @@ impl TableCheck<'_> {
             );
         }
     }
+}
+
+/// The [`ViolationKind::StateNotQueued`] warning of a `--ctstate` / `--state` (`option`) whose
+/// states, `!` aside, are only ESTABLISHED and RELATED, when the registry says only new
+/// packets are steered; `None` otherwise.
+fn not_queued(
+    states: crate::model::Neg<u8>,
+    option: &str,
+    sets: Option<&dyn crate::sets::SetRegistry>,
+) -> Option<ViolationKind> {
+    use crate::model::ct_state::{ESTABLISHED, RELATED};
+    let why = sets?.reached_hooks()?.only_new()?.to_owned();
+    let only_old = states.value != 0 && states.value & !(ESTABLISHED | RELATED) == 0;
+    if !only_old {
+        return None;
+    }
+    let names: Vec<&str> = [(ESTABLISHED, "ESTABLISHED"), (RELATED, "RELATED")]
+        .into_iter()
+        .filter(|(b, _)| states.value & b != 0)
+        .map(|(_, n)| n)
+        .collect();
+    let neg = if states.negated { "! " } else { "" };
+    Some(ViolationKind::StateNotQueued(
+        format!("{neg}{option} {}", names.join(",")),
+        why,
+    ))
 }

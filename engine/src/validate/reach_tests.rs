@@ -85,3 +85,52 @@ fn every_hook_steered_or_unknown_warns_nothing() {
     )));
     assert_eq!(unreached(&validate(&rs, Some(&no_fwd))).len(), 2);
 }
+
+/// [`ViolationKind::StateNotQueued`]: where only new connections are steered, a state match
+/// naming only ESTABLISHED and RELATED is a warning at its rule; other state matches, and the
+/// same ruleset with every packet steered, warn nothing.
+#[test]
+fn established_only_rules_are_warned_when_only_new_packets_are_queued() {
+    let text = "*filter\n:INPUT DROP [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+        -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+        -A INPUT -m state --state ESTABLISHED -j ACCEPT\n\
+        -A INPUT -m conntrack ! --ctstate ESTABLISHED -j LOG\n\
+        -A INPUT -m conntrack --ctstate NEW,ESTABLISHED -j ACCEPT\n\
+        -A INPUT -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n";
+    let rs = parse_ruleset("host", text, &ParseOptions::default()).unwrap();
+    let all = [Hook::Input, Hook::Forward, Hook::Output];
+    let new_only = Reach(Arc::new(
+        ReachedHooks::delivered(&all, &all, "").new_only("the kernel accepts"),
+    ));
+    let got: Vec<String> = validate(&rs, Some(&new_only))
+        .iter()
+        .filter(|v| matches!(v.kind, ViolationKind::StateNotQueued(..)))
+        .map(|v| {
+            assert_eq!(v.severity, Severity::Warning, "{v}");
+            v.to_string()
+        })
+        .collect();
+    assert_eq!(got.len(), 3, "{got:#?}");
+    assert!(
+        got[0].starts_with("5:1: warning: filter/INPUT#1: --ctstate ESTABLISHED,RELATED matches only packets of established or related connections, which the kernel accepts: here it never matches"),
+        "{}",
+        got[0]
+    );
+    assert!(
+        got[1].contains("INPUT#2: --state ESTABLISHED"),
+        "{}",
+        got[1]
+    );
+    assert!(
+        got[2].contains("INPUT#3: ! --ctstate ESTABLISHED")
+            && got[2].ends_with("(and its negation always does)"),
+        "{}",
+        got[2]
+    );
+    let every = Reach(Arc::new(ReachedHooks::delivered(&all, &all, "")));
+    assert!(
+        validate(&rs, Some(&every))
+            .iter()
+            .all(|v| !matches!(v.kind, ViolationKind::StateNotQueued(..)))
+    );
+}

@@ -35,7 +35,17 @@
 //! the default metadata-only copy mode): copy the whole packet (copy range 65535), with
 //! fail-open `NFQA_CFG_F_FAIL_OPEN` (a full queue accepts instead of dropping), and
 //! `NFQA_CFG_F_CONNTRACK` where the kernel has ctnetlink (else bound without it, see
-//! [`Queue::open`]).
+//! [`Queue::open`]). The queue length is `--queue-maxlen`, by default
+//! [`auto_maxlen`](crate::nfqueue_stats::auto_maxlen) of the receive buffer, so that under a
+//! flood the socket fills before the queue and every fail-open bypass is counted
+//! ([`crate::nfqueue_stats`]).
+//!
+//! Counters: each queue's [`QueueCounters`](crate::nfqueue_stats::QueueCounters) (received,
+//! verdicts sent by kind, send and receive errors), read with the kernel's at scrape time.
+//!
+//! Test knob: `VALLUM_TEST_NFQUEUE_BATCH_DELAY_US`, read once per worker, makes the worker
+//! sleep that many microseconds after each batch (capacity about 32 packets per delay), so a
+//! test can overload a queue with a modest flood. Not for production: nothing else reads it.
 
 pub mod wire;
 
@@ -161,10 +171,13 @@ mod linux {
     use vallum_engine::packet::parse::parse_ip;
     use vallum_engine::packet::{IfName, PacketMeta};
 
+    use std::sync::Arc;
+
     use super::wire::{self, Message, PacketMsg};
     use super::{NF_REPEAT, QueueError, answer, ct_nat, hook_from_netfilter};
     use crate::config::NfqueueAccept;
     use crate::events::Events;
+    use crate::nfqueue_stats::{QueueCounters, auto_maxlen};
     use crate::sources::{BATCH, Drain};
 
     /// Bytes copied of each packet (the kernel's maximum, `NFQNL_MAX_COPY_RANGE`), so any
@@ -196,6 +209,8 @@ mod linux {
         rx: Vec<u8>,
         /// Bytes received in each slot by the last [`Queue::recv_batch`].
         lens: [usize; BATCH],
+        /// What the worker counts, shared with the metrics.
+        counters: Arc<QueueCounters>,
     }
 
     /// The socket and what we send on it.
@@ -251,6 +266,25 @@ mod linux {
         Ok(())
     }
 
+    fn getsockopt_int(fd: &OwnedFd, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are live and writable; the kernel writes at most `len` bytes.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                level,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(v)
+    }
+
     impl Queue {
         /// Opens a netlink socket and binds queue `num` in the current network namespace,
         /// copying whole packets; `fail_open` sets `NFQA_CFG_F_FAIL_OPEN`. It asks for the
@@ -262,6 +296,19 @@ mod linux {
         /// Errors: [`QueueError`] with the step and errno: `EPERM` without CAP_NET_ADMIN,
         /// `EBUSY` when another socket holds the queue.
         pub fn open(num: u16, fail_open: bool) -> Result<Queue, QueueError> {
+            Queue::open_with(num, fail_open, None)
+        }
+
+        /// [`Queue::open`], then sets the queue length (`NFQA_CFG_QUEUE_MAXLEN`) to `maxlen`,
+        /// or with `None` to [`auto_maxlen`] of the receive buffer the kernel granted. The
+        /// kernel's default (1024) holds until then, a few microseconds after the bind.
+        ///
+        /// Errors: as [`Queue::open`]; the step `queue maxlen` when the kernel refuses it.
+        pub fn open_with(
+            num: u16,
+            fail_open: bool,
+            maxlen: Option<u32>,
+        ) -> Result<Queue, QueueError> {
             // SAFETY: plain socket(2) call; the result is checked before use.
             let raw = unsafe {
                 libc::socket(
@@ -315,6 +362,7 @@ mod linux {
                 kernel_ct: true,
                 rx: vec![0; BATCH * SLOT],
                 lens: [0; BATCH],
+                counters: Arc::new(QueueCounters::new(num, fail_open, 0, 0)),
             };
             // Bind, copy mode and flags in one message: the kernel creates the queue and
             // applies the parameters before it can deliver any packet. It checks the flags
@@ -332,7 +380,21 @@ mod linux {
                 }
                 Err(e) => return Err(e),
             }
+            let rcvbuf = getsockopt_int(&q.link.fd, libc::SOL_SOCKET, libc::SO_RCVBUF)
+                .map_err(err(num, "SO_RCVBUF"))?;
+            let rcvbuf = u32::try_from(rcvbuf).unwrap_or(0);
+            let maxlen = maxlen.unwrap_or_else(|| auto_maxlen(rcvbuf, BATCH as u32));
+            q.link.tx.clear();
+            q.link.seq = q.link.seq.wrapping_add(1);
+            wire::config_maxlen(&mut q.link.tx, q.link.seq, num, maxlen);
+            q.request("queue maxlen")?;
+            q.counters = Arc::new(QueueCounters::new(num, fail_open, maxlen, rcvbuf));
             Ok(q)
+        }
+
+        /// This queue's counters (what it was bound with, and what its worker counted).
+        pub fn counters(&self) -> Arc<QueueCounters> {
+            self.counters.clone()
         }
 
         /// Whether packets come with the kernel's conntrack entry (`NFQA_CT`): false when the
@@ -602,6 +664,16 @@ mod linux {
         r == 0 && unsafe { req.ifr_ifru.ifru_hwaddr.sa_family } == libc::ARPHRD_ETHER
     }
 
+    /// `VALLUM_TEST_NFQUEUE_BATCH_DELAY_US` (module docs): the test-only pause after each
+    /// batch; `None` when unset, 0 or not a number.
+    fn test_batch_delay() -> Option<Duration> {
+        let us: u64 = std::env::var("VALLUM_TEST_NFQUEUE_BATCH_DELAY_US")
+            .ok()?
+            .parse()
+            .ok()?;
+        (us > 0).then(|| Duration::from_micros(us))
+    }
+
     /// Builds the [`PacketMeta`] of a queued packet; `None` when the hook is unknown or the
     /// bytes do not parse.
     ///
@@ -653,11 +725,17 @@ mod linux {
         // queued with), in arrival order.
         let mut order = [(0u32, 0usize, 0u32); BATCH];
         let mut answers: [Answer; BATCH] = [(0, 0, None); BATCH];
+        let counters = queue.counters();
+        let delay = test_batch_delay();
         // Relaxed: the flag only asks the loop to end; nothing is published with it.
         while !stop.load(Ordering::Relaxed) {
+            if let Some(d) = delay {
+                std::thread::sleep(d);
+            }
             let n = match queue.recv_batch() {
                 Ok(n) => n,
                 Err(e) => {
+                    counters.add_receive_error();
                     tracing::warn!(queue = queue.num(), error = %e, "NFQUEUE receive failed");
                     std::thread::sleep(RECV_TIMEOUT);
                     continue;
@@ -681,7 +759,7 @@ mod linux {
                     };
                     if m == BATCH {
                         flush(
-                            &mut queue.link,
+                            (&mut queue.link, &counters),
                             worker,
                             (&mut drain, events, &headers),
                             &mut packets,
@@ -707,7 +785,7 @@ mod linux {
                 }
             }
             flush(
-                &mut queue.link,
+                (&mut queue.link, &counters),
                 worker,
                 (&mut drain, events, &headers),
                 &mut packets,
@@ -725,7 +803,7 @@ mod linux {
     /// events over ([`Drain::after_batch`], after the verdicts: the kernel waits for those).
     #[allow(clippy::too_many_arguments)] // The worker loop's arrays, passed to avoid copies.
     fn flush(
-        link: &mut Link,
+        (link, counters): (&mut Link, &QueueCounters),
         worker: &mut EngineWorker<'_>,
         (drain, events, headers): (&mut Drain, &Events, &[&[u8]; BATCH]),
         packets: &mut [PacketMeta; BATCH],
@@ -761,7 +839,14 @@ mod linux {
                 );
             }
         }
-        if let Err(e) = link.send_verdicts(&answers[..m]) {
+        counters.add_received(m as u64);
+        let accepted = answers[..m]
+            .iter()
+            .filter(|a| a.1 == wire::NF_ACCEPT)
+            .count() as u64;
+        let sent = link.send_verdicts(&answers[..m]);
+        counters.add_verdicts(accepted, m as u64 - accepted, sent.is_ok());
+        if let Err(e) = sent {
             tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");
         }
         drain.after_batch(worker, events, &packets[..k], &verdicts[..k], &headers[..k]);

@@ -80,6 +80,9 @@ pub const IPS_DST_NAT: u32 = 1 << 5;
 mod cfg {
     pub const CMD: u16 = 1;
     pub const PARAMS: u16 = 2;
+    /// `NFQA_CFG_QUEUE_MAXLEN` (be32): packets the queue holds before it drops (or, with
+    /// fail-open, accepts) new ones.
+    pub const QUEUE_MAXLEN: u16 = 3;
     pub const MASK: u16 = 4;
     pub const FLAGS: u16 = 5;
     /// `NFQNL_COPY_PACKET`.
@@ -463,6 +466,16 @@ pub fn config_bind(
     finish(out, start);
 }
 
+/// Appends the `NFQNL_MSG_CONFIG` that sets the length of `queue` (bound to this socket) to
+/// `maxlen` packets (`NFQA_CFG_QUEUE_MAXLEN`, be32), asking for an ack. The kernel's default
+/// is 1024 (`NFQNL_QMAX_DEFAULT`); it answers `ENODEV` when the queue is not bound and `EPERM`
+/// when another socket holds it.
+pub fn config_maxlen(out: &mut Vec<u8>, seq: u32, queue: u16, maxlen: u32) {
+    let start = begin(out, msg::CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, queue);
+    put_attr(out, cfg::QUEUE_MAXLEN, &maxlen.to_be_bytes());
+    finish(out, start);
+}
+
 /// Appends a verdict (`NF_ACCEPT` / `NF_DROP`) for packet `id` of `queue`, no ack.
 ///
 /// `batch`: `NFQNL_MSG_VERDICT_BATCH`, which the kernel applies to every packet of the queue
@@ -558,6 +571,18 @@ mod tests {
         let all: Vec<_> = messages(bytes).collect();
         assert_eq!(all.len(), 1, "{all:?}");
         all[0].unwrap()
+    }
+
+    /// The kernel checks the attribute as `NLA_U32` (`nfqa_cfg_policy`); the namespace test
+    /// `nfqueue_overload` sees it applied (a queue bound with 64 never waits with more).
+    #[test]
+    fn queue_maxlen_message() {
+        let mut out = Vec::new();
+        config_maxlen(&mut out, 9, 7, 64);
+        assert_eq!(
+            out,
+            hex("1c000000020305000900000000000000000000070800030000000040")
+        );
     }
 
     #[test]
