@@ -358,7 +358,7 @@ impl CounterService for Fake {
             )));
         }
         // Two pages (vallumctl must join them): the first three counters, then the rest.
-        let all = vec![
+        let all = [
             counter("INPUT", 0, 12, 3456, "DROP"),
             counter(
                 "INPUT",

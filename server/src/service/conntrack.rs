@@ -133,7 +133,7 @@ impl ConntrackService for ConntrackApi {
             rest.select_nth_unstable_by(take - 1, |a, b| a.0.cmp(&b.0));
             rest.truncate(take);
         }
-        rest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        rest.sort_unstable_by_key(|e| e.0);
         let keys: Vec<EntryKey> = rest.iter().map(|(k, _)| *k).collect();
         let (entries, more) = paging::fill(
             rest.iter().map(|(_, c)| convert::conntrack_entry(c, now)),
