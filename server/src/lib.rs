@@ -35,6 +35,7 @@ pub mod fleet;
 pub mod hooks;
 pub mod limits;
 pub mod local_addrs;
+pub mod local_socket;
 pub mod metrics;
 pub mod outcome;
 pub mod pipeline;

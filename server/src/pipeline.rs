@@ -150,6 +150,9 @@ struct Job {
     /// `model` was made from the active one by edits ([`Checked::edited`]): committed as
     /// `Change::PutEdited`, which keeps the live counters of the rules it did not touch.
     edited: bool,
+    /// The ruleset's new priority (`model`'s), stored with the commit
+    /// ([`Pipeline::set_priority`]); `None` keeps the stored one.
+    priority: Option<i32>,
 }
 
 /// Where a commit's model came from.
@@ -514,6 +517,7 @@ impl Pipeline {
                 from: Origin::Stored,
                 creates: false,
                 edited: false,
+                priority: None,
             },
             audit,
         )
@@ -567,6 +571,7 @@ impl Pipeline {
                 from,
                 creates,
                 edited,
+                priority: None,
             },
             audit,
         )
@@ -615,18 +620,108 @@ impl Pipeline {
                 from: Origin::Stored,
                 creates: false,
                 edited: false,
+                priority: None,
             },
             audit,
         )
         .await
     }
 
-    /// Confirms the pending commit-confirmed of revision `number`.
+    /// Changes the priority of `ruleset` (UpdateRuleset). With an active revision it is a
+    /// commit of its own, because the priority orders the rulesets in the dataplane: a new
+    /// revision with the active content (author `author`, message `priority A -> B`), made
+    /// active with the new priority in one store transaction, with the call's `audit` record
+    /// and a COMMITTED event; without one only the stored priority changes. An unchanged
+    /// priority changes nothing. Returns the ruleset after.
     ///
-    /// Errors: [`Error::NotFound`]; [`Error::Precondition`] when no commit of it is pending;
-    /// [`Error::Store`].
-    pub async fn confirm(&self, ruleset: &str, number: u64) -> Result<RevisionRow> {
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`]; [`Error::Precondition`]
+    /// (`REVISION_STATE`) while a commit of the ruleset waits for ConfirmCommit (a commit
+    /// would settle it); [`Error::Commit`]; [`Error::Store`].
+    pub async fn set_priority(
+        &self,
+        ruleset: &str,
+        priority: i32,
+        author: &str,
+        etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<RulesetRow> {
         let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
+            return Err(Error::EtagMismatch {
+                name: format!("rulesets/{ruleset}"),
+                given: e.to_string(),
+                current: rs.etag,
+            });
+        }
+        if rs.priority == priority {
+            return Ok(rs);
+        }
+        let Some(active) = rs.active_revision else {
+            return self.store.set_priority(ruleset, priority, etag).await;
+        };
+        if let Some(c) = (self.store.pending_confirms().await?)
+            .into_iter()
+            .find(|c| c.ruleset == ruleset)
+        {
+            return Err(Error::Precondition {
+                kind: "REVISION_STATE",
+                subject: format!("rulesets/{ruleset}/revisions/{}", c.revision),
+                message: "the revision waits for ConfirmCommit: confirm it (or let it revert) \
+                          before changing the priority"
+                    .into(),
+            });
+        }
+        let rev = self.revision(ruleset, active).await?;
+        let model = rev.content.to_ruleset(ruleset, priority)?;
+        self.run(
+            Job {
+                ruleset: ruleset.to_string(),
+                model,
+                target: CommitTarget::New(NewRevision {
+                    ruleset: ruleset.to_string(),
+                    priority,
+                    content: rev.content.clone(),
+                    rule_count: rev.rule_count,
+                    author: author.to_string(),
+                    message: format!("priority {} -> {priority}", rs.priority),
+                }),
+                state: RevisionState::Active,
+                outcome: Outcome::Committed,
+                previous_state: RevisionState::Superseded,
+                confirm_deadline: None,
+                etag: etag.map(str::to_string),
+                from: Origin::Stored,
+                creates: false,
+                edited: false,
+                priority: Some(priority),
+            },
+            audit,
+        )
+        .await?;
+        self.ruleset(ruleset).await
+    }
+
+    /// Confirms the pending commit-confirmed of revision `number`; with `etag`, only while it
+    /// is the ruleset's.
+    ///
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`]; [`Error::Precondition`] when no
+    /// commit of it is pending; [`Error::Store`].
+    pub async fn confirm(
+        &self,
+        ruleset: &str,
+        number: u64,
+        etag: Option<&str>,
+    ) -> Result<RevisionRow> {
+        let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
+            return Err(Error::EtagMismatch {
+                name: format!("rulesets/{ruleset}"),
+                given: e.to_string(),
+                current: rs.etag,
+            });
+        }
         self.revision(ruleset, number).await?;
         let rev =
             self.store
@@ -717,6 +812,7 @@ impl Pipeline {
                             from: Origin::Stored,
                             creates: false,
                             edited: false,
+                            priority: None,
                         },
                         &mut None,
                     )
@@ -935,6 +1031,7 @@ impl Pipeline {
             mut from,
             creates,
             edited,
+            priority: new_priority,
         } = job;
         let priority = model.priority;
         // `--max-rulesets` for a new ruleset, refused after validation (a refusal of the text
@@ -1013,6 +1110,7 @@ impl Pipeline {
                 expected_etag: etag,
                 started_at,
                 validate_ns: t1.saturating_sub(t0),
+                priority: new_priority,
                 audit: audit.clone(),
             })
             .await;
@@ -1376,7 +1474,7 @@ mod tests {
         let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m set --match-set blocked src -j DROP\nCOMMIT\n";
         let c = crate::content::check("web", 0, &input(t.into())).expect("parses");
         assert!(p.validate(c.clone()).await.expect("validates").valid());
-        p.destroy_set("blocked").await.expect("destroys");
+        p.destroy_set("blocked", None).await.expect("destroys");
         let mut events = p.subscribe();
         let e = p.apply(c, "me", "m", None, None, &mut None).await;
         let (reason, v) = bad_request(e.expect_err("refused"));

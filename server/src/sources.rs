@@ -28,7 +28,7 @@ use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::packet::synth::{Synth, SynthConfig};
 use vallum_engine::packet::{IfName, PacketMeta};
 
-use crate::config::{NfqueueSource, Source};
+use crate::config::{NfqueueAccept, NfqueueSource, Source};
 use crate::error::{Error, Result};
 use crate::events::{Events, PacketEvent};
 
@@ -76,7 +76,8 @@ pub fn base_packet() -> PacketMeta {
 }
 
 impl Sources {
-    /// Starts the threads of `source` on every core of `engine`.
+    /// Starts the threads of `source` on every core of `engine`; `accept` is what an NFQUEUE
+    /// worker's ACCEPT means (`--nfqueue-mode`).
     ///
     /// Errors: [`Error::Internal`] when a pcap file cannot be read or holds no IP packet, or a
     /// thread cannot be spawned.
@@ -86,6 +87,7 @@ impl Sources {
         rate: u64,
         clock: Arc<dyn Clock>,
         events: Events,
+        accept: NfqueueAccept,
     ) -> Result<Sources> {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = engine.cores();
@@ -97,7 +99,7 @@ impl Sources {
                 });
             }
             Source::Synthetic => None,
-            Source::Nfqueue(q) => return start_nfqueue(engine, *q, clock, stop, events),
+            Source::Nfqueue(q) => return start_nfqueue(engine, *q, accept, clock, stop, events),
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::Internal(format!("read {}: {e}", path.display())))?;
@@ -191,6 +193,7 @@ fn spawn_worker(
 fn start_nfqueue(
     engine: Arc<Engine>,
     q: NfqueueSource,
+    accept: NfqueueAccept,
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
     events: Events,
@@ -209,10 +212,12 @@ fn start_nfqueue(
     let mut queues = Vec::with_capacity(cores);
     for k in 0..cores {
         let num = (first + k) as u16;
-        let queue = nfqueue::Queue::open(num, !q.fail_closed).map_err(|e| Error::Startup {
-            code: "NFQUEUE_OPEN",
-            message: e.to_string(),
-        })?;
+        let queue = nfqueue::Queue::open(num, !q.fail_closed)
+            .map_err(|e| Error::Startup {
+                code: "NFQUEUE_OPEN",
+                message: e.to_string(),
+            })?
+            .with_accept(accept);
         if k == 0 && !queue.kernel_conntrack() {
             tracing::warn!(
                 queue = num,
@@ -239,6 +244,7 @@ fn start_nfqueue(
 fn start_nfqueue(
     _engine: Arc<Engine>,
     _q: NfqueueSource,
+    _accept: NfqueueAccept,
     _clock: Arc<dyn Clock>,
     _stop: Arc<AtomicBool>,
     _events: Events,

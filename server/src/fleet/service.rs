@@ -711,8 +711,9 @@ impl FleetService for FleetApi {
             let id = r.request_id.clone();
             let state = this.state.clone();
             let audit = crate::service::audit_entry(caller.clone(), "FleetPutRuleset", &r);
+            let digest = audit.request_digest.clone();
             let result = state
-                .idempotent("FleetPutRuleset", &id, this.put(caller, r))
+                .idempotent("FleetPutRuleset", &id, &digest, this.put(caller, r))
                 .await;
             state.audit_pending(Some(audit), &result).await;
             Ok(result?)
