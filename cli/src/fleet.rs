@@ -25,6 +25,7 @@ use crate::connect::Auth;
 use crate::error::CliError;
 use crate::input::with_file;
 use crate::output::{Output, print};
+use crate::pages::{PAGE_SIZE, all_pages};
 use crate::rulesets::{SourceArgs, source};
 use crate::view;
 
@@ -386,14 +387,19 @@ pub async fn run(
             outcome(name, &step2, timeout, "")
         }
         FleetCommand::List => {
-            let r = c
-                .list_rulesets(pb::ListFleetRulesetsRequest {})
-                .await?
-                .into_inner();
-            let json = Value::Array(r.rulesets.iter().map(ruleset_json).collect());
+            let rulesets = all_pages!(
+                |token| c
+                    .list_rulesets(pb::ListFleetRulesetsRequest {
+                        page_size: PAGE_SIZE,
+                        page_token: token.clone(),
+                    })
+                    .await?,
+                rulesets
+            );
+            let json = Value::Array(rulesets.iter().map(ruleset_json).collect());
             print(out, json, || {
                 let mut t = String::new();
-                for r in &r.rulesets {
+                for r in &rulesets {
                     let _ = writeln!(
                         t,
                         "{}  fleet revision {}  selector {:?}  {}",
@@ -423,9 +429,17 @@ pub async fn run(
             )
         }
         FleetCommand::Nodes => {
-            let r = c.list_nodes(pb::ListNodesRequest {}).await?.into_inner();
+            let nodes = all_pages!(
+                |token| c
+                    .list_nodes(pb::ListNodesRequest {
+                        page_size: PAGE_SIZE,
+                        page_token: token.clone(),
+                    })
+                    .await?,
+                nodes
+            );
             let json = Value::Array(
-                r.nodes
+                nodes
                     .iter()
                     .map(|n| {
                         json!({
@@ -439,7 +453,7 @@ pub async fn run(
             );
             print(out, json, || {
                 let mut t = String::new();
-                for n in &r.nodes {
+                for n in &nodes {
                     let mut labels: Vec<String> =
                         n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     labels.sort();

@@ -346,7 +346,7 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
     }
     assert_eq!(verdict(&n1, 24).await, "ACCEPT");
     let nodes = f
-        .list_nodes(pb::ListNodesRequest {})
+        .list_nodes(pb::ListNodesRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -354,6 +354,31 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["n1", "n2", "n3"]);
     assert_eq!(nodes[0].labels["zone"], "a");
+    // Pages of two: n1 n2, then n3.
+    let first = f
+        .list_nodes(pb::ListNodesRequest {
+            page_size: 2,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let rest = f
+        .list_nodes(pb::ListNodesRequest {
+            page_size: 2,
+            page_token: first.next_page_token.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let paged: Vec<&str> = first
+        .nodes
+        .iter()
+        .chain(&rest.nodes)
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(paged, ["n1", "n2", "n3"]);
+    assert!(rest.next_page_token.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,7 +542,10 @@ async fn fail_static_across_an_etcd_outage_and_a_restart_then_catch_up() {
     })
     .await;
     assert_eq!(verdict(&n1, 23).await, "DROP");
-    let down = f.list_nodes(pb::ListNodesRequest {}).await.unwrap_err();
+    let down = f
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(reason(&down), "FLEET_UNAVAILABLE", "{down:?}");
 
     // Restart with etcd still down: SERVING from SQLite, still fleet-owned.

@@ -44,6 +44,21 @@ use crate::convert;
 use crate::error::{Error, Result};
 use crate::hooks;
 use crate::service::State;
+use crate::service::paging::{self, Paging};
+
+/// How FleetService.ListRulesets pages (by name).
+pub const LIST_RULESETS: Paging = Paging {
+    method: "FleetService/ListRulesets",
+    default: 100,
+    max: 1000,
+};
+
+/// How FleetService.ListNodes pages (by name).
+pub const LIST_NODES: Paging = Paging {
+    method: "FleetService/ListNodes",
+    default: 1000,
+    max: 10_000,
+};
 
 /// The FleetService implementation.
 #[derive(Debug, Clone)]
@@ -747,26 +762,45 @@ impl FleetService for FleetApi {
 
     async fn list_rulesets(
         &self,
-        _request: Request<pb::ListFleetRulesetsRequest>,
+        request: Request<pb::ListFleetRulesetsRequest>,
     ) -> Result<Response<pb::ListFleetRulesetsResponse>, Status> {
+        let r = request.into_inner();
+        let page = LIST_RULESETS.page(r.page_size, &r.page_token, "")?;
+        let after = page.cursor.unwrap_or_default();
         let (_, kvs) = self
             .etcd
             .range_prefix(&self.keys.rulesets(), 0)
             .await
             .map_err(Error::from)?;
-        let mut rulesets = Vec::new();
-        for kv in kvs {
+        // etcd returns a prefix by key, so by name; the page's keys are decoded, no others.
+        let mut named = Vec::new();
+        for kv in &kvs {
             let key = String::from_utf8_lossy(&kv.key).into_owned();
             if let Some(name) = self.keys.ruleset_name(&key) {
-                rulesets.push(fleet_ruleset(
-                    name,
-                    &decode(&kv)?,
-                    kv.mod_revision,
-                    Vec::new(),
-                ));
+                if name > after.as_str() {
+                    named.push((name.to_string(), kv));
+                }
             }
         }
-        Ok(Response::new(pb::ListFleetRulesetsResponse { rulesets }))
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut decoded = Vec::new();
+        for (name, kv) in named.iter().take(page.size + 1) {
+            decoded.push(fleet_ruleset(
+                name,
+                &decode(kv)?,
+                kv.mod_revision,
+                Vec::new(),
+            ));
+        }
+        let (rulesets, more) = paging::fill(decoded, page.size);
+        let next_page_token = match rulesets.last() {
+            Some(last) if more => LIST_RULESETS.token("", &last.name),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListFleetRulesetsResponse {
+            rulesets,
+            next_page_token,
+        }))
     }
 
     async fn delete_ruleset(
@@ -820,20 +854,35 @@ impl FleetService for FleetApi {
 
     async fn list_nodes(
         &self,
-        _request: Request<pb::ListNodesRequest>,
+        request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let nodes = self
+        let r = request.into_inner();
+        let page = LIST_NODES.page(r.page_size, &r.page_token, "")?;
+        let after = page.cursor.unwrap_or_default();
+        let mut all: Vec<_> = self
             .nodes()
             .await?
             .into_iter()
-            .map(|(name, info)| pb::FleetNode {
+            .filter(|(name, _)| *name > after)
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        let (nodes, more) = paging::fill(
+            all.into_iter().map(|(name, info)| pb::FleetNode {
                 name,
                 labels: info.labels.into_iter().collect(),
                 version: info.version,
                 heartbeat_time: Some(convert::timestamp(info.heartbeat_ns)),
-            })
-            .collect();
-        Ok(Response::new(pb::ListNodesResponse { nodes }))
+            }),
+            page.size,
+        );
+        let next_page_token = match nodes.last() {
+            Some(last) if more => LIST_NODES.token("", &last.name),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes,
+            next_page_token,
+        }))
     }
 }
 
