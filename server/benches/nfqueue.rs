@@ -6,7 +6,8 @@
 //! (the kernel's pktgen would be cheaper, but this kernel has no `CONFIG_NET_PKTGEN`). In the
 //! firewall every address is local (AnyIP: `local 0.0.0.0/0 dev lo`), so each frame reaches
 //! INPUT. The flows' addresses and ports match no rule of any set loaded (checked by a linear
-//! scan), so every packet walks every rule and leaves by the policy, ACCEPT.
+//! scan), so every packet walks every rule and leaves by the policy, ACCEPT. (Each set's last
+//! rule, ClassBench's default "any to any", is left out: it is that policy.)
 //!
 //! Columns, each measured for every packet size and (NFQUEUE columns) queue count:
 //! - `accept-all`: `INPUT -j NFQUEUE --queue-num 0` (`--queue-balance 0:N-1` for N queues,
@@ -706,6 +707,13 @@ fn nft_set(filters: &[classbench::Filter]) -> String {
     );
     let pre = |(a, l): (u32, u8)| format!("{}/{l}", std::net::Ipv4Addr::from(a));
     let range = |(lo, hi): (u16, u16)| format!("{lo}-{hi}");
+    // Rules that differ only in the TCP flags column (not translated) are one element; the
+    // kernel refuses the same element twice (EEXIST).
+    let mut seen = std::collections::HashSet::new();
+    let filters: Vec<_> = filters
+        .iter()
+        .filter(|f| seen.insert((f.src, f.dst, f.proto, f.sport, f.dport)))
+        .collect();
     for (i, f) in filters.iter().enumerate() {
         let proto = f.proto.map_or("0-255".to_string(), |p| p.to_string());
         s.push_str(&format!(
@@ -862,10 +870,12 @@ fn main() {
             println!("SKIP rules {r}: the acl1 set is not readable");
             continue;
         };
-        sets.insert(
-            r.clone(),
-            classbench::parse_filters(&text).expect("parse acl1"),
-        );
+        let mut filters = classbench::parse_filters(&text).expect("parse acl1");
+        // ClassBench's last rule is the default, any to any: the policy (ACCEPT) here.
+        filters.retain(|f| {
+            (f.src.1, f.dst.1, f.proto, f.sport, f.dport) != (0, 0, None, (0, 65535), (0, 65535))
+        });
+        sets.insert(r.clone(), filters);
     }
     let all: Vec<&[classbench::Filter]> = sets.values().map(Vec::as_slice).collect();
     let (flows, tried) = flows(&all);
