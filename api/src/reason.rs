@@ -100,6 +100,9 @@ reasons! {
     NotFound => ("NOT_FOUND", NotFound, EXIT_REJECTED),
     /// The request's etag differs from the stored one.
     EtagMismatch => ("ETAG_MISMATCH", FailedPrecondition, EXIT_REJECTED),
+    /// A `request_id` already used with a different request (the ids are for retries of
+    /// the same request, as Stripe's idempotency keys).
+    IdempotencyKeyReused => ("IDEMPOTENCY_KEY_REUSED", InvalidArgument, EXIT_REJECTED),
     /// The resource is not in a state that allows the call (e.g. confirming a commit that
     /// is not pending).
     FailedPrecondition => ("FAILED_PRECONDITION", FailedPrecondition, EXIT_REJECTED),
@@ -149,6 +152,12 @@ reasons! {
     FleetUnavailable => ("FLEET_UNAVAILABLE", Unavailable, EXIT_UNAVAILABLE),
     /// Fleet mode: the ruleset is owned by the fleet; change it with FleetService.
     FleetOwned => ("FLEET_OWNED", FailedPrecondition, EXIT_REJECTED),
+    /// A page token's listing changed under it (GetCounters: a commit changed the active
+    /// revisions between two pages); list again from the first page.
+    ListChanged => ("LIST_CHANGED", Aborted, EXIT_REJECTED),
+    /// WatchCommits `start_after` names a point whose following events are no longer kept
+    /// (evicted, or from before vallumd's start); the message says which are kept.
+    EventsNotKept => ("EVENTS_NOT_KEPT", OutOfRange, EXIT_REJECTED),
 }
 
 impl Reason {

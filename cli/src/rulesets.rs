@@ -25,6 +25,7 @@ use crate::connect::Svc;
 use crate::error::{self, CliError};
 use crate::input::{display_name, is_stdin, read_text, with_file};
 use crate::output::{Output, print, write_stdout};
+use crate::pages::{PAGE_SIZE, all_pages};
 use crate::view;
 
 /// The client type.
@@ -123,6 +124,30 @@ pub enum RulesetCommand {
     Confirm {
         /// The revision.
         revision: String,
+        /// Only confirm if the ruleset's etag still matches (the commit's etag).
+        #[arg(long)]
+        etag: Option<String>,
+        /// Idempotency key: a retry with the same id returns the first result.
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Change a ruleset's priority (UpdateRuleset): with an active revision, a commit of its
+    /// own (a new revision with the same rules) that moves the ruleset in the dataplane order.
+    Update {
+        /// Ruleset name.
+        ruleset: String,
+        /// The new priority (lower runs first).
+        #[arg(long, allow_negative_numbers = true)]
+        priority: i32,
+        /// Only update if the ruleset's etag still matches.
+        #[arg(long)]
+        etag: Option<String>,
+        /// Idempotency key: a retry with the same id returns the first result.
+        #[arg(long)]
+        request_id: Option<String>,
+        /// Check the change (etag, scope); change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Stage and commit a ruleset file in one call.
     Apply {
@@ -184,6 +209,10 @@ pub enum RulesetCommand {
     Watch {
         /// Only this ruleset.
         ruleset: Option<String>,
+        /// Resume after this event `sequence` (the last one seen, as `-o json` prints it):
+        /// first the events after it that vallumd still keeps, then the new ones.
+        #[arg(long, value_name = "SEQUENCE")]
+        start_after: Option<u64>,
     },
     /// List rulesets.
     Rulesets,
@@ -194,6 +223,9 @@ pub enum RulesetCommand {
         /// Only delete if the etag still matches.
         #[arg(long)]
         etag: Option<String>,
+        /// Idempotency key: a retry with the same id answers as the first call did.
+        #[arg(long)]
+        request_id: Option<String>,
     },
 }
 
@@ -202,9 +234,9 @@ impl RulesetCommand {
     pub fn changes(&self) -> bool {
         match self {
             RulesetCommand::Stage { validate_only, .. } => !validate_only,
-            RulesetCommand::Commit { dry_run, .. } | RulesetCommand::Apply { dry_run, .. } => {
-                !dry_run
-            }
+            RulesetCommand::Commit { dry_run, .. }
+            | RulesetCommand::Apply { dry_run, .. }
+            | RulesetCommand::Update { dry_run, .. } => !dry_run,
             RulesetCommand::Confirm { .. }
             | RulesetCommand::Rollback { .. }
             | RulesetCommand::Delete { .. } => true,
@@ -380,10 +412,52 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
                 print(out, view::commit_json(&r), || view::commit_text(&r))?;
             }
         }
-        RulesetCommand::Confirm { revision } => {
+        RulesetCommand::Update {
+            ruleset,
+            priority,
+            etag,
+            request_id,
+            dry_run,
+        } => {
+            let r = c
+                .update_ruleset(pb::UpdateRulesetRequest {
+                    ruleset: Some(pb::Ruleset {
+                        name: format!("rulesets/{ruleset}"),
+                        priority: *priority,
+                        etag: etag.clone().unwrap_or_default(),
+                        ..Default::default()
+                    }),
+                    update_mask: Some(prost_types::FieldMask {
+                        paths: vec!["priority".into()],
+                    }),
+                    request_id: request_id.clone().unwrap_or_default(),
+                    validate_only: *dry_run,
+                })
+                .await?
+                .into_inner();
+            let mut j = view::ruleset_json(&r);
+            if *dry_run {
+                j["dry_run"] = json!(true);
+            }
+            print(out, j, || {
+                let mut t = view::rulesets_text(std::slice::from_ref(&r));
+                t.push_str(&format!("etag {}\n", r.etag));
+                if *dry_run {
+                    t.push_str("dry run: nothing was changed\n");
+                }
+                t
+            })?;
+        }
+        RulesetCommand::Confirm {
+            revision,
+            etag,
+            request_id,
+        } => {
             let r = c
                 .confirm_commit(ConfirmCommitRequest {
                     name: revision_name(revision)?,
+                    etag: etag.clone().unwrap_or_default(),
+                    request_id: request_id.clone().unwrap_or_default(),
                 })
                 .await?
                 .into_inner();
@@ -444,23 +518,16 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             print(out, view::commit_json(&r), || view::commit_text(&r))?;
         }
         RulesetCommand::Revisions { ruleset } => {
-            let mut all = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let r = c
+            let all = all_pages!(
+                |token| c
                     .list_revisions(ListRevisionsRequest {
                         ruleset: ruleset.clone(),
-                        page_size: 100,
-                        page_token: page_token.clone(),
+                        page_size: PAGE_SIZE,
+                        page_token: token.clone(),
                     })
-                    .await?
-                    .into_inner();
-                all.extend(r.revisions);
-                if r.next_page_token.is_empty() || r.next_page_token == page_token {
-                    break;
-                }
-                page_token = r.next_page_token;
-            }
+                    .await?,
+                revisions
+            );
             print(
                 out,
                 Value::Array(all.iter().map(view::revision_json).collect()),
@@ -470,8 +537,8 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
         RulesetCommand::Diff { from, to } => {
             let r = c
                 .diff_revisions(DiffRevisionsRequest {
-                    from: revision_name(from)?,
-                    to: revision_name(to)?,
+                    base: revision_name(from)?,
+                    target: revision_name(to)?,
                 })
                 .await?
                 .into_inner();
@@ -500,10 +567,14 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
                 || r.content.clone(),
             )?;
         }
-        RulesetCommand::Watch { ruleset } => {
+        RulesetCommand::Watch {
+            ruleset,
+            start_after,
+        } => {
             let mut stream = c
                 .watch_commits(WatchCommitsRequest {
                     ruleset: ruleset.clone().unwrap_or_default(),
+                    start_after: start_after.unwrap_or(0),
                 })
                 .await?
                 .into_inner();
@@ -516,17 +587,30 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             }
         }
         RulesetCommand::Rulesets => {
-            let r = c.list_rulesets(ListRulesetsRequest {}).await?.into_inner();
+            let rulesets = all_pages!(
+                |token| c
+                    .list_rulesets(ListRulesetsRequest {
+                        page_size: PAGE_SIZE,
+                        page_token: token.clone(),
+                    })
+                    .await?,
+                rulesets
+            );
             print(
                 out,
-                Value::Array(r.rulesets.iter().map(view::ruleset_json).collect()),
-                || view::rulesets_text(&r.rulesets),
+                Value::Array(rulesets.iter().map(view::ruleset_json).collect()),
+                || view::rulesets_text(&rulesets),
             )?;
         }
-        RulesetCommand::Delete { ruleset, etag } => {
+        RulesetCommand::Delete {
+            ruleset,
+            etag,
+            request_id,
+        } => {
             c.delete_ruleset(DeleteRulesetRequest {
                 name: format!("rulesets/{ruleset}"),
                 etag: etag.clone().unwrap_or_default(),
+                request_id: request_id.clone().unwrap_or_default(),
             })
             .await?;
             print(out, json!({"deleted": ruleset}), || {

@@ -62,6 +62,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwap;
 use http::{Request, Response};
 use subtle::ConstantTimeEq;
 use tonic::Status;
@@ -390,6 +391,7 @@ const ADMIN_METHODS: &[&str] = &[
     "RulesetService/Apply",
     "RulesetService/Rollback",
     "RulesetService/DeleteRuleset",
+    "RulesetService/UpdateRuleset",
     "CounterService/ZeroCounters",
     "ConntrackService/Delete",
     "ConntrackService/Flush",
@@ -521,6 +523,10 @@ pub enum AuthError {
         /// The listen address.
         addr: SocketAddr,
     },
+    /// A reload ([`TokenReloader::reload`]) would turn auth on or off; the tokens in use
+    /// stay.
+    #[error("a reload cannot turn authentication on or off: restart vallumd with other flags")]
+    ReloadChangesMode,
 }
 
 impl AuthError {
@@ -533,6 +539,7 @@ impl AuthError {
             AuthError::Duplicate { .. } => "TOKEN_DUPLICATE",
             AuthError::NoTokens { .. } => "TOKEN_FILE_EMPTY",
             AuthError::OpenListener { .. } => "AUTH_REQUIRED_OFF_LOOPBACK",
+            AuthError::ReloadChangesMode => "TOKEN_RELOAD_CHANGES_MODE",
         }
     }
 }
@@ -775,7 +782,8 @@ impl AuthConfig {
 /// The tower layer: put it around tonic's router with `Server::builder().layer(...)`.
 #[derive(Clone, Debug)]
 pub struct AuthLayer {
-    tokens: Arc<TokenSet>,
+    /// Swapped whole by [`TokenReloader::reload`]; each request reads the set once.
+    tokens: Arc<ArcSwap<TokenSet>>,
 }
 
 impl AuthLayer {
@@ -783,13 +791,22 @@ impl AuthLayer {
     /// [`Caller::anonymous`].
     pub fn new(tokens: TokenSet) -> AuthLayer {
         AuthLayer {
-            tokens: Arc::new(tokens),
+            tokens: Arc::new(ArcSwap::from_pointee(tokens)),
+        }
+    }
+
+    /// The handle that replaces the tokens of this layer and of every service it made
+    /// (vallumd reloads on SIGHUP, for token rotation).
+    pub fn reloader(&self) -> TokenReloader {
+        TokenReloader {
+            tokens: self.tokens.clone(),
         }
     }
 
     /// Decides one request: the caller, or the status to answer with.
     pub fn check(&self, path: &str, authorization: Option<&[u8]>) -> Result<Caller, Status> {
-        if self.tokens.is_empty() {
+        let tokens = self.tokens.load();
+        if tokens.is_empty() {
             return Ok(Caller::anonymous());
         }
         if classify(path) == Access::Public {
@@ -805,8 +822,7 @@ impl AuthLayer {
                 "missing bearer token (send `authorization: Bearer TOKEN`)",
             )
         })?;
-        let caller = self
-            .tokens
+        let caller = tokens
             .authenticate(token)
             .ok_or_else(|| denied(Reason::TokenInvalid, "invalid token"))?;
         let access = classify(path);
@@ -817,6 +833,33 @@ impl AuthLayer {
             ));
         }
         Ok(caller.clone())
+    }
+}
+
+/// Replaces an [`AuthLayer`]'s tokens: token rotation without a restart (add the new token to
+/// the file, reload, move the clients over, remove the old one, reload).
+#[derive(Clone, Debug)]
+pub struct TokenReloader {
+    tokens: Arc<ArcSwap<TokenSet>>,
+}
+
+impl TokenReloader {
+    /// Loads `config`'s token files again ([`AuthConfig::load`]) and puts the new set in place
+    /// for every later request (a request already past the layer keeps its caller). Returns
+    /// the number of tokens now in use. All or nothing: when a file does not load (missing,
+    /// malformed, empty) the tokens in use stay, so a bad edit locks nobody out; nor can a
+    /// reload turn auth on or off (that needs a restart with other flags).
+    ///
+    /// Errors: the [`AuthError`] of the file; [`AuthError::ReloadChangesMode`] when the new set
+    /// would turn auth on or off.
+    pub fn reload(&self, config: &AuthConfig) -> Result<usize, AuthError> {
+        let set = config.load()?;
+        if set.is_empty() != self.tokens.load().is_empty() {
+            return Err(AuthError::ReloadChangesMode);
+        }
+        let n = set.len();
+        self.tokens.store(Arc::new(set));
+        Ok(n)
     }
 }
 
@@ -1209,6 +1252,51 @@ mod tests {
 
     /// A token file that holds no token (empty, blank lines or comments only: a secret mount
     /// that came up empty) refuses to start; it used to turn authentication off.
+    /// A reload swaps the whole set for later checks, or, when a file does not load (bad
+    /// line, empty) or auth would turn off, keeps the set in use.
+    #[test]
+    fn a_reload_is_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        let (old, new) = ("old-token-0123456789abcdef", "new-token-0123456789abcdef");
+        std::fs::write(&path, format!("admin {old} ci\n")).unwrap();
+        let config = AuthConfig {
+            token_file: Some(path.clone()),
+            ..AuthConfig::default()
+        };
+        let layer = AuthLayer::new(config.load().unwrap());
+        let reloader = layer.reloader();
+        let path_ok = |token: &str| {
+            let h = format!("Bearer {token}");
+            layer
+                .check("/vallum.v1.RulesetService/Apply", Some(h.as_bytes()))
+                .is_ok()
+        };
+        assert!(path_ok(old) && !path_ok(new));
+        std::fs::write(&path, format!("admin {old} ci\nadmin {new} ci2\n")).unwrap();
+        assert_eq!(reloader.reload(&config).unwrap(), 2);
+        assert!(path_ok(old) && path_ok(new));
+        for bad in [format!("admin {new} ci2\nbogus\n"), "# none\n".to_string()] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(reloader.reload(&config).is_err());
+            assert!(path_ok(old) && path_ok(new), "kept");
+        }
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            reloader.reload(&config),
+            Err(AuthError::Read { .. })
+        ));
+        let off = AuthConfig::default();
+        assert!(matches!(
+            reloader.reload(&off),
+            Err(AuthError::ReloadChangesMode)
+        ));
+        assert!(path_ok(old), "auth stays on");
+        std::fs::write(&path, format!("admin {new} ci2\n")).unwrap();
+        assert_eq!(reloader.reload(&config).unwrap(), 1);
+        assert!(!path_ok(old) && path_ok(new));
+    }
+
     #[test]
     fn a_token_file_without_tokens_is_refused() {
         let dir = tempfile::tempdir().unwrap();

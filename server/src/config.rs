@@ -197,6 +197,57 @@ impl ConntrackArgs {
     }
 }
 
+/// A duration as `N[s|m|h|d]` (seconds, minutes, hours, days; a bare number is seconds),
+/// e.g. `24h`, `90d`, `0.5`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1.0),
+        Some((i, 'm')) => (&s[..i], 60.0),
+        Some((i, 'h')) => (&s[..i], 3600.0),
+        Some((i, 'd')) => (&s[..i], 86_400.0),
+        _ => (s, 1.0),
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|e| format!("{s:?}: {e} (a duration: N[s|m|h|d], e.g. 24h or 90d)"))?;
+    let secs = n * unit;
+    if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
+        return Err(format!("{s:?}: must be a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// How long the store keeps idempotency keys and audit records (see
+/// [`crate::store::Retention`]); flattened into [`Config`]. A periodic task of the store
+/// deletes what is past them. 0 turns a bound off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Args)]
+pub struct RetentionArgs {
+    /// How long a `request_id` is remembered (N[s|m|h|d]): a retry within it gets the first
+    /// call's answer, a call after it runs anew (Stripe keeps keys 24 h). 0: forever.
+    #[arg(long, env = "VALLUM_IDEMPOTENCY_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub idempotency_ttl: Duration,
+
+    /// Audit records older than this are deleted (N[s|m|h|d]). 0: kept whatever their age.
+    #[arg(long, env = "VALLUM_AUDIT_RETENTION", default_value = "90d", value_parser = parse_duration)]
+    pub audit_retention: Duration,
+
+    /// At most this many audit records are kept, the newest. 0: no bound.
+    #[arg(long, env = "VALLUM_AUDIT_MAX_ROWS", default_value_t = 1_000_000)]
+    pub audit_max_rows: u64,
+}
+
+impl RetentionArgs {
+    /// The store's retention.
+    pub fn retention(&self) -> crate::store::Retention {
+        let bound = |d: Duration| (!d.is_zero()).then_some(d);
+        crate::store::Retention {
+            idempotency_ttl: bound(self.idempotency_ttl),
+            audit_max_age: bound(self.audit_retention),
+            audit_max_rows: (self.audit_max_rows > 0).then_some(self.audit_max_rows),
+        }
+    }
+}
+
 fn parse_positive_seconds(s: &str) -> Result<Duration, String> {
     let d = parse_seconds(s)?;
     if d.is_zero() {
@@ -278,6 +329,10 @@ pub struct Config {
     /// Conntrack: `--conntrack-max`, `--conntrack-buckets`, `--conntrack-gc-interval`.
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
+
+    /// Store retention: `--idempotency-ttl`, `--audit-retention`, `--audit-max-rows`.
+    #[command(flatten)]
+    pub retention: RetentionArgs,
 
     /// What to do when a stored active revision does not load at start: `refuse` (exit,
     /// the default) or `degraded` (serve the others; the failed ruleset is NOT_SERVING
@@ -448,6 +503,42 @@ mod tests {
                 Config::from_args(["vallumd", bad[0], bad[1]]).is_err(),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn retention_flags() {
+        let c = Config::from_args(["vallumd"]).unwrap().retention;
+        assert_eq!(c.retention(), crate::store::Retention::default());
+        assert_eq!(c.idempotency_ttl, Duration::from_secs(24 * 3600));
+        let c = Config::from_args([
+            "vallumd",
+            "--idempotency-ttl",
+            "90m",
+            "--audit-retention",
+            "0",
+            "--audit-max-rows",
+            "10",
+        ])
+        .unwrap()
+        .retention;
+        let r = c.retention();
+        assert_eq!(r.idempotency_ttl, Some(Duration::from_secs(5400)));
+        assert_eq!((r.audit_max_age, r.audit_max_rows), (None, Some(10)));
+        for (text, secs) in [
+            ("30", 30.0),
+            ("1.5s", 1.5),
+            ("2d", 172_800.0),
+            ("1h", 3600.0),
+        ] {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_secs_f64(secs)),
+                "{text}"
+            );
+        }
+        for bad in ["", "h", "-1h", "1w", "1e300d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
 

@@ -18,7 +18,7 @@ use tower::ServiceBuilder;
 use tower::layer::util::{Identity, Stack};
 use vallum_engine::engine::Engine;
 
-use crate::auth::{AuthLayer, Caller, TokenSet};
+use crate::auth::{AuthLayer, Caller};
 use crate::config::Config;
 use crate::limits::{LimitsConfig, RequestLimitLayer};
 use crate::metrics::{GrpcMetricsLayer, Metrics};
@@ -166,12 +166,13 @@ impl std::fmt::Debug for Hooks {
 pub type RpcLayer = Stack<AuthLayer, Stack<RequestLimitLayer, Stack<GrpcMetricsLayer, Identity>>>;
 
 /// Builds the [`RpcLayer`]: RPC metrics outermost (refusals are measured), then the
-/// request-size answer, then auth with `tokens` (empty: auth off, every caller `anonymous`).
-pub fn rpc_layer(config: &Config, metrics: &Metrics, tokens: TokenSet) -> RpcLayer {
+/// request-size answer, then `auth` (made from the token set, empty: auth off, every caller
+/// `anonymous`; its [`AuthLayer::reloader`] swaps the tokens later).
+pub fn rpc_layer(config: &Config, metrics: &Metrics, auth: AuthLayer) -> RpcLayer {
     ServiceBuilder::new()
         .layer(metrics.grpc_layer())
         .layer(RequestLimitLayer::new(config.limits.max_request_bytes))
-        .layer(AuthLayer::new(tokens))
+        .layer(auth)
         .into_inner()
 }
 

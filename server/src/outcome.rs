@@ -109,6 +109,8 @@ impl Outcome {
             | Error::Fleet(_)
             | Error::FleetOwned { .. }
             | Error::ScopeDenied { .. }
+            | Error::ListChanged { .. }
+            | Error::EventsNotKept { .. }
             | Error::Internal(_) => None,
         }
     }

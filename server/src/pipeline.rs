@@ -53,12 +53,15 @@ use crate::store::{
 };
 
 pub mod confirm_clock;
+pub mod journal;
 pub mod sets;
 
 /// A commit event, as WatchCommits streams it: one per [`Outcome`] of every commit request
 /// (refusals included).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitEvent {
+    /// Position in the event stream ([`journal`] numbers it when it is sent).
+    pub sequence: u64,
     /// Ruleset name.
     pub ruleset: String,
     /// Revision number; `None` for a refused request (no revision was made).
@@ -114,7 +117,7 @@ pub struct Pipeline {
     sets: Arc<SetManager>,
     clock: Arc<dyn Clock>,
     write: tokio::sync::Mutex<()>,
-    events: broadcast::Sender<CommitEvent>,
+    events: journal::Journal,
     hooks: Hooks,
     /// Per ruleset, the texts its last Apply was parsed from and the model (see
     /// [`Pipeline::previous_parse`]).
@@ -147,6 +150,9 @@ struct Job {
     /// `model` was made from the active one by edits ([`Checked::edited`]): committed as
     /// `Change::PutEdited`, which keeps the live counters of the rules it did not touch.
     edited: bool,
+    /// The ruleset's new priority (`model`'s), stored with the commit
+    /// ([`Pipeline::set_priority`]); `None` keeps the stored one.
+    priority: Option<i32>,
 }
 
 /// Where a commit's model came from.
@@ -205,7 +211,7 @@ impl Origin {
 impl Pipeline {
     /// A pipeline around `engine` and `store`.
     pub fn new(engine: Arc<Engine>, store: Store, clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
-        let (events, _) = broadcast::channel(1024);
+        let events = journal::Journal::new(u64::try_from(now_ns()).unwrap_or(1), journal::KEPT);
         // Set lookups in the engine's batches read through its generations (no lock).
         let sets = Arc::new(SetManager::for_dataplane(Arc::clone(engine.quiescence())));
         Pipeline {
@@ -266,6 +272,17 @@ impl Pipeline {
     /// Subscribes to commit events (those after the call).
     pub fn subscribe(&self) -> broadcast::Receiver<CommitEvent> {
         self.events.subscribe()
+    }
+
+    /// The kept commit events after sequence `after`, and the events after them (see
+    /// [`journal::Journal::resume`]).
+    ///
+    /// Errors: [`Error::EventsNotKept`], [`Error::BadRequest`] on `start_after`.
+    pub fn resume_events(
+        &self,
+        after: u64,
+    ) -> Result<(Vec<CommitEvent>, broadcast::Receiver<CommitEvent>)> {
+        self.events.resume(after)
     }
 
     /// Active rulesets: name -> revision and priority, as the engine runs them now
@@ -500,6 +517,7 @@ impl Pipeline {
                 from: Origin::Stored,
                 creates: false,
                 edited: false,
+                priority: None,
             },
             audit,
         )
@@ -553,6 +571,7 @@ impl Pipeline {
                 from,
                 creates,
                 edited,
+                priority: None,
             },
             audit,
         )
@@ -601,18 +620,108 @@ impl Pipeline {
                 from: Origin::Stored,
                 creates: false,
                 edited: false,
+                priority: None,
             },
             audit,
         )
         .await
     }
 
-    /// Confirms the pending commit-confirmed of revision `number`.
+    /// Changes the priority of `ruleset` (UpdateRuleset). With an active revision it is a
+    /// commit of its own, because the priority orders the rulesets in the dataplane: a new
+    /// revision with the active content (author `author`, message `priority A -> B`), made
+    /// active with the new priority in one store transaction, with the call's `audit` record
+    /// and a COMMITTED event; without one only the stored priority changes. An unchanged
+    /// priority changes nothing. Returns the ruleset after.
     ///
-    /// Errors: [`Error::NotFound`]; [`Error::Precondition`] when no commit of it is pending;
-    /// [`Error::Store`].
-    pub async fn confirm(&self, ruleset: &str, number: u64) -> Result<RevisionRow> {
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`]; [`Error::Precondition`]
+    /// (`REVISION_STATE`) while a commit of the ruleset waits for ConfirmCommit (a commit
+    /// would settle it); [`Error::Commit`]; [`Error::Store`].
+    pub async fn set_priority(
+        &self,
+        ruleset: &str,
+        priority: i32,
+        author: &str,
+        etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<RulesetRow> {
         let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
+            return Err(Error::EtagMismatch {
+                name: format!("rulesets/{ruleset}"),
+                given: e.to_string(),
+                current: rs.etag,
+            });
+        }
+        if rs.priority == priority {
+            return Ok(rs);
+        }
+        let Some(active) = rs.active_revision else {
+            return self.store.set_priority(ruleset, priority, etag).await;
+        };
+        if let Some(c) = (self.store.pending_confirms().await?)
+            .into_iter()
+            .find(|c| c.ruleset == ruleset)
+        {
+            return Err(Error::Precondition {
+                kind: "REVISION_STATE",
+                subject: format!("rulesets/{ruleset}/revisions/{}", c.revision),
+                message: "the revision waits for ConfirmCommit: confirm it (or let it revert) \
+                          before changing the priority"
+                    .into(),
+            });
+        }
+        let rev = self.revision(ruleset, active).await?;
+        let model = rev.content.to_ruleset(ruleset, priority)?;
+        self.run(
+            Job {
+                ruleset: ruleset.to_string(),
+                model,
+                target: CommitTarget::New(NewRevision {
+                    ruleset: ruleset.to_string(),
+                    priority,
+                    content: rev.content.clone(),
+                    rule_count: rev.rule_count,
+                    author: author.to_string(),
+                    message: format!("priority {} -> {priority}", rs.priority),
+                }),
+                state: RevisionState::Active,
+                outcome: Outcome::Committed,
+                previous_state: RevisionState::Superseded,
+                confirm_deadline: None,
+                etag: etag.map(str::to_string),
+                from: Origin::Stored,
+                creates: false,
+                edited: false,
+                priority: Some(priority),
+            },
+            audit,
+        )
+        .await?;
+        self.ruleset(ruleset).await
+    }
+
+    /// Confirms the pending commit-confirmed of revision `number`; with `etag`, only while it
+    /// is the ruleset's.
+    ///
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`]; [`Error::Precondition`] when no
+    /// commit of it is pending; [`Error::Store`].
+    pub async fn confirm(
+        &self,
+        ruleset: &str,
+        number: u64,
+        etag: Option<&str>,
+    ) -> Result<RevisionRow> {
+        let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
+            return Err(Error::EtagMismatch {
+                name: format!("rulesets/{ruleset}"),
+                given: e.to_string(),
+                current: rs.etag,
+            });
+        }
         self.revision(ruleset, number).await?;
         let rev =
             self.store
@@ -703,6 +812,7 @@ impl Pipeline {
                             from: Origin::Stored,
                             creates: false,
                             edited: false,
+                            priority: None,
                         },
                         &mut None,
                     )
@@ -856,7 +966,8 @@ impl Pipeline {
             None => false,
         };
         if let Some(name) = ruleset {
-            let _ = self.events.send(CommitEvent {
+            self.events.send(CommitEvent {
+                sequence: 0,
                 ruleset: name.to_string(),
                 revision: None,
                 outcome,
@@ -883,7 +994,8 @@ impl Pipeline {
         error: Option<String>,
         rules: u64,
     ) {
-        let _ = self.events.send(CommitEvent {
+        self.events.send(CommitEvent {
+            sequence: 0,
             ruleset: ruleset.to_string(),
             revision,
             outcome,
@@ -919,6 +1031,7 @@ impl Pipeline {
             mut from,
             creates,
             edited,
+            priority: new_priority,
         } = job;
         let priority = model.priority;
         // `--max-rulesets` for a new ruleset, refused after validation (a refusal of the text
@@ -997,6 +1110,7 @@ impl Pipeline {
                 expected_etag: etag,
                 started_at,
                 validate_ns: t1.saturating_sub(t0),
+                priority: new_priority,
                 audit: audit.clone(),
             })
             .await;
@@ -1360,7 +1474,7 @@ mod tests {
         let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m set --match-set blocked src -j DROP\nCOMMIT\n";
         let c = crate::content::check("web", 0, &input(t.into())).expect("parses");
         assert!(p.validate(c.clone()).await.expect("validates").valid());
-        p.destroy_set("blocked").await.expect("destroys");
+        p.destroy_set("blocked", None).await.expect("destroys");
         let mut events = p.subscribe();
         let e = p.apply(c, "me", "m", None, None, &mut None).await;
         let (reason, v) = bad_request(e.expect_err("refused"));

@@ -47,6 +47,9 @@ use crate::service::trace::TraceApi;
 use crate::sources::Sources;
 use crate::{content, example, tls};
 
+/// How often the store deletes expired idempotency keys and old audit records.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The gRPC service names health reports on (besides "").
 pub const SERVICES: [&str; 6] = [
     "vallum.v1.RulesetService",
@@ -107,6 +110,43 @@ async fn shutdown_signal() {
     }
 }
 
+/// Loads the token files again on every SIGHUP (token rotation, docs/operations.md "Rotating
+/// a token"): [`crate::auth::TokenReloader::reload`], all or nothing, so a file that does not
+/// load keeps the tokens in use (logged with its code). `None` where there is no SIGHUP.
+fn spawn_token_reload(
+    reloader: crate::auth::TokenReloader,
+    auth: crate::auth::AuthConfig,
+) -> Option<tokio::task::JoinHandle<()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: token files are not reloaded");
+                return None;
+            }
+        };
+        Some(tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match reloader.reload(&auth) {
+                    Ok(n) => tracing::info!(tokens = n, "token files reloaded (SIGHUP)"),
+                    Err(e) => tracing::error!(
+                        code = e.reason(),
+                        error = %e,
+                        "token files not reloaded; the tokens in use stay"
+                    ),
+                }
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (reloader, auth);
+        None
+    }
+}
+
 /// Runs `vallumd` until Ctrl-C / SIGTERM (or `--exit-after`), with the default hooks.
 ///
 /// Errors: [`Error`] when the store cannot be opened or migrated, the address cannot be bound,
@@ -144,11 +184,14 @@ pub async fn run_with(
     .with_observer(Arc::new(MetricsObserver::new(metrics.clone())));
     let tokens = config.auth.load()?;
     config.auth.check_listen(&tokens, config.listen)?;
+    let auth = crate::auth::AuthLayer::new(tokens);
+    let token_reload = spawn_token_reload(auth.reloader(), config.auth.clone());
     let tls = tls::server_config(&config.tls)?;
 
     let store = crate::store::Store::open(&config.db)
         .await?
-        .with_revisions_kept(config.limits.max_revisions_kept);
+        .with_revisions_kept(config.limits.max_revisions_kept)
+        .with_retention(config.retention.retention());
     let pipeline = Arc::new(Pipeline::new(
         engine.clone(),
         store.clone(),
@@ -241,7 +284,7 @@ pub async fn run_with(
     }
     let max = config.limits.max_request_bytes;
     let grpc = builder
-        .layer(hooks::rpc_layer(&config, &metrics, tokens))
+        .layer(hooks::rpc_layer(&config, &metrics, auth))
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
@@ -358,6 +401,8 @@ pub async fn run_with(
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
     let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
+    // Expired idempotency keys and old audit records (--idempotency-ttl, --audit-*).
+    let prune = pipeline.store().spawn_prune(PRUNE_INTERVAL);
     let sources = Sources::start(
         engine.clone(),
         &config.source,
@@ -414,6 +459,10 @@ pub async fn run_with(
     timer.abort();
     conntrack_gc.abort();
     set_gc.abort();
+    prune.abort();
+    if let Some(t) = token_reload {
+        t.abort();
+    }
     if let Some(t) = local_addrs {
         t.abort();
     }

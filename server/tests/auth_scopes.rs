@@ -165,6 +165,7 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
         .confirm_commit(with_token(
             pb::ConfirmCommitRequest {
                 name: "rulesets/team-b-web/revisions/1".into(),
+                ..Default::default()
             },
             TEAM_A,
         ))
@@ -228,8 +229,9 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
     let e = sets
         .swap_sets(with_token(
             pb::SwapSetsRequest {
-                from: "team-a-blk".into(),
-                to: "sets/team-b-blk".into(),
+                name: "team-a-blk".into(),
+                other_name: "sets/team-b-blk".into(),
+                ..Default::default()
             },
             TEAM_A,
         ))
@@ -240,6 +242,7 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
         .flush_set(with_token(
             pb::FlushSetRequest {
                 name: "team-b-blk".into(),
+                ..Default::default()
             },
             TEAM_A,
         ))

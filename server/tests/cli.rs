@@ -50,6 +50,13 @@ fn parse_error(t: &RestoreText) -> Status {
     Status::with_error_details(tonic::Code::InvalidArgument, "2 parse errors", d)
 }
 
+fn ns(n: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (n / 1_000_000_000) as i64,
+        nanos: (n % 1_000_000_000) as i32,
+    }
+}
+
 fn revision(ruleset: &str, n: u64, state: RevisionState) -> Revision {
     Revision {
         name: format!("rulesets/{ruleset}/revisions/{n}"),
@@ -97,13 +104,13 @@ fn commit_result(
     Ok(CommitResult {
         revision: Some(revision(ruleset, n, RevisionState::Active)),
         phases: Some(CommitPhases {
-            validate_ns: 1_000,
-            compile_ns: 2_000,
-            persist_ns: 3_000,
-            publish_ns: 400,
-            quiesce_ns: 500,
-            carry_ns: 600,
-            total_ns: 7_500,
+            validate: Some(ns(1_000)),
+            compile: Some(ns(2_000)),
+            persist: Some(ns(3_000)),
+            publish: Some(ns(400)),
+            quiesce: Some(ns(500)),
+            carry: Some(ns(600)),
+            total: Some(ns(7_500)),
             cores_waited: 1,
         }),
         confirm_deadline: confirm.map(|_| prost_types::Timestamp {
@@ -207,6 +214,13 @@ impl RulesetService for Fake {
         Err(Status::unimplemented("not in the fake"))
     }
 
+    async fn update_ruleset(
+        &self,
+        _: Request<vallum_proto::v1::UpdateRulesetRequest>,
+    ) -> Result<Response<Ruleset>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
     async fn list_rulesets(
         &self,
         _: Request<ListRulesetsRequest>,
@@ -230,6 +244,7 @@ impl RulesetService for Fake {
                     update_time: None,
                 },
             ],
+            next_page_token: String::new(),
         }))
     }
 
@@ -272,8 +287,8 @@ impl RulesetService for Fake {
         req: Request<DiffRevisionsRequest>,
     ) -> Result<Response<DiffRevisionsResponse>, Status> {
         let r = req.into_inner();
-        parse_name(&r.from)?;
-        parse_name(&r.to)?;
+        parse_name(&r.base)?;
+        parse_name(&r.target)?;
         Ok(Response::new(DiffRevisionsResponse {
             chains: vec![ChainDiff {
                 family: Family::Ipv4 as i32,
@@ -311,6 +326,7 @@ impl RulesetService for Fake {
     ) -> Result<Response<Self::WatchCommitsStream>, Status> {
         let events = (1..=2).map(|n| {
             Ok(CommitEvent {
+                sequence: 100 + n,
                 revision: format!("rulesets/web/revisions/{n}"),
                 outcome: CommitOutcome::Committed as i32,
                 phases: None,
@@ -348,27 +364,35 @@ impl CounterService for Fake {
                 r.ruleset
             )));
         }
+        // Two pages (vallumctl must join them): the first three counters, then the rest.
+        let all = [
+            counter("INPUT", 0, 12, 3456, "DROP"),
+            counter(
+                "INPUT",
+                1,
+                100,
+                6000,
+                "-s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT",
+            ),
+            counter("INPUT", 2, 7, 420, "-i eth0 -j LOG_DROP"),
+            counter("FORWARD", 0, 0, 0, "ACCEPT"),
+            counter(
+                "LOG_DROP",
+                1,
+                7,
+                420,
+                "-m comment --comment \"log it\" -j LOG --log-prefix \"drop \"",
+            ),
+            counter("LOG_DROP", 2, 7, 420, "-j DROP"),
+        ];
+        let (counters, next_page_token) = match r.page_token.as_str() {
+            "" => (all[..3].to_vec(), "page-2".to_owned()),
+            "page-2" => (all[3..].to_vec(), String::new()),
+            t => return Err(Status::invalid_argument(format!("page_token {t}"))),
+        };
         Ok(Response::new(GetCountersResponse {
-            counters: vec![
-                counter("INPUT", 0, 12, 3456, "DROP"),
-                counter(
-                    "INPUT",
-                    1,
-                    100,
-                    6000,
-                    "-s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT",
-                ),
-                counter("INPUT", 2, 7, 420, "-i eth0 -j LOG_DROP"),
-                counter("FORWARD", 0, 0, 0, "ACCEPT"),
-                counter(
-                    "LOG_DROP",
-                    1,
-                    7,
-                    420,
-                    "-m comment --comment \"log it\" -j LOG --log-prefix \"drop \"",
-                ),
-                counter("LOG_DROP", 2, 7, 420, "-j DROP"),
-            ],
+            counters,
+            next_page_token,
         }))
     }
 
@@ -986,6 +1010,82 @@ async fn confirm_deadline_is_rfc3339_with_time_left() {
     let parsed: jiff::Timestamp = d["rfc3339"].as_str().unwrap().parse().unwrap();
     assert_eq!(Some(parsed.as_second()), d["seconds"].as_i64());
     assert!(parsed >= at, "{parsed} {at}");
+}
+
+/// `vallumctl update` changes the priority (a new revision while active), `--etag` guards it,
+/// `--dry-run` changes nothing; `confirm` and `delete` take `--request-id` (a retry answers
+/// as the first call did: exit 0, where a second confirm or delete alone is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_priority_and_retried_confirm_and_delete() {
+    let (_d, dir) = real().await;
+    let url = _d.url();
+    let good = write(dir.path(), "good.rules", GOOD);
+    let r = run_at(
+        &url,
+        &[],
+        &["apply", "web", &good, "--confirm-within", "1h"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for _ in 0..2 {
+        let r = run_at(&url, &[], &["confirm", "web/1", "--request-id", "c-1"]).await;
+        assert_eq!(r.code, 0, "a retry answers as the first call: {}", r.stderr);
+    }
+    let r = run_at(&url, &[], &["confirm", "web/1"]).await;
+    assert_eq!(r.code, 1, "nothing pending: {}", r.stdout);
+    let shown = |r: &Run| -> serde_json::Value {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        serde_json::from_str(&r.stdout).unwrap()
+    };
+    let dry = run_at(
+        &url,
+        &[],
+        &[
+            "-o",
+            "json",
+            "update",
+            "web",
+            "--priority",
+            "-3",
+            "--dry-run",
+        ],
+    )
+    .await;
+    let dry = shown(&dry);
+    assert_eq!(
+        (dry["priority"].as_i64(), dry["dry_run"].as_bool()),
+        (Some(-3), Some(true))
+    );
+    assert_eq!(dry["latest_revision"].as_u64(), Some(1), "nothing changed");
+    let r = run_at(
+        &url,
+        &[],
+        &["update", "web", "--priority", "-3", "--etag", "stale"],
+    )
+    .await;
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("ETAG_MISMATCH"), "{}", r.stderr);
+    let r = run_at(
+        &url,
+        &[],
+        &["-o", "json", "update", "web", "--priority", "-3"],
+    )
+    .await;
+    let v = shown(&r);
+    assert_eq!(v["priority"].as_i64(), Some(-3));
+    assert_eq!(
+        (v["active_revision"].as_u64(), v["latest_revision"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let r = run_at(&url, &[], &["update", "web", "--priority", "4"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("etag "), "{}", r.stdout);
+    for _ in 0..2 {
+        let r = run_at(&url, &[], &["delete", "web", "--request-id", "d-1"]).await;
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    let r = run_at(&url, &[], &["delete", "web"]).await;
+    assert_eq!(r.code, 1, "gone: {}", r.stdout);
 }
 
 /// As [`run_at`], with `stdin` written to the program's standard input.

@@ -36,6 +36,7 @@ fn add(set: &str, texts: &[&str]) -> pb::AddElementsRequest {
         set: set.into(),
         elements: texts.iter().map(|t| el(t)).collect(),
         exist: false,
+        ..Default::default()
     }
 }
 
@@ -44,6 +45,7 @@ fn del(set: &str, texts: &[&str]) -> pb::DeleteElementsRequest {
         set: set.into(),
         elements: texts.iter().map(|t| el(t)).collect(),
         exist: false,
+        ..Default::default()
     }
 }
 
@@ -168,6 +170,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
                 el("198.51.100.7"),
             ],
             exist: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -198,6 +201,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
                 ..el("203.0.113.1")
             }],
             exist: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -276,7 +280,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     );
     // The set rule drops 10.1.2.3, without a commit after the elements changed.
     let t = trace(&d, packet("10.1.2.3", "192.0.2.10", 80)).await;
-    assert_eq!(t.verdict, "DROP", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Drop, "{t:#?}");
     assert!(
         t.steps
             .iter()
@@ -285,7 +289,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
 
     // Listed with its user; destroy refused while referenced.
     let l = c
-        .list_sets(pb::ListSetsRequest {})
+        .list_sets(pb::ListSetsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -294,6 +298,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     let e = c
         .destroy_set(pb::DestroySetRequest {
             name: "bans".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -315,8 +320,9 @@ async fn set_round_trip_errors_and_destroy_in_use() {
         .await
         .unwrap();
     c.swap_sets(pb::SwapSetsRequest {
-        from: "bans".into(),
-        to: "bans-next".into(),
+        name: "bans".into(),
+        other_name: "bans-next".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -325,20 +331,21 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     assert_eq!(
         trace(&d, packet("10.1.2.3", "192.0.2.10", 80))
             .await
-            .verdict,
-        "ACCEPT"
+            .verdict(),
+        pb::Verdict::Accept
     );
     assert_eq!(
         trace(&d, packet("203.0.113.5", "192.0.2.10", 80))
             .await
-            .verdict,
-        "DROP"
+            .verdict(),
+        pb::Verdict::Drop
     );
     c.create_set(create("ports", "hash:ip,port")).await.unwrap();
     let e = c
         .swap_sets(pb::SwapSetsRequest {
-            from: "bans".into(),
-            to: "ports".into(),
+            name: "bans".into(),
+            other_name: "ports".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -347,6 +354,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     // Flush empties without a commit.
     c.flush_set(pb::FlushSetRequest {
         name: "bans".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -354,19 +362,21 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     assert_eq!(
         trace(&d, packet("203.0.113.5", "192.0.2.10", 80))
             .await
-            .verdict,
-        "ACCEPT"
+            .verdict(),
+        pb::Verdict::Accept
     );
 
     // Once the ruleset is gone the set can go.
     rs.delete_ruleset(pb::DeleteRulesetRequest {
         name: "rulesets/web".into(),
         etag: String::new(),
+        ..Default::default()
     })
     .await
     .unwrap();
     c.destroy_set(pb::DestroySetRequest {
         name: "bans".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -398,7 +408,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     .await
     .unwrap();
     let l = c
-        .list_sets(pb::ListSetsRequest {})
+        .list_sets(pb::ListSetsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -406,6 +416,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     let e = c
         .destroy_set(pb::DestroySetRequest {
             name: "bans-next".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -486,6 +497,7 @@ async fn hostile_set_inputs_are_invalid_argument() {
     assert_eq!(elements(&mut c, "sets/res").await, ["192.0.2.1"]);
     c.destroy_set(pb::DestroySetRequest {
         name: "sets/res".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -520,12 +532,14 @@ async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
             },
         ],
         exist: false,
+        ..Default::default()
     })
     .await
     .unwrap();
     c.import_ipset_save(pb::ImportIpsetSaveRequest {
         text: "create allow hash:ip,port family inet6\nadd allow 2001:db8::1,udp:53\n".into(),
         filename: "allow.save".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -581,7 +595,7 @@ async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
     assert_eq!(elements(&mut c, "allow").await, ["2001:db8::1,udp:53"]);
     // The ruleset came back active and matches against the restored set.
     let t = trace(&d, packet("10.9.9.9", "192.0.2.10", 80)).await;
-    assert_eq!(t.verdict, "DROP", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Drop, "{t:#?}");
 }
 
 #[tokio::test]
@@ -632,6 +646,7 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
                 "create {set} hash:net family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x6c1b5a3e\nadd {set} 172.17.0.0/16\n"
             ),
             filename: "docker.ipset".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -642,6 +657,7 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
         .import_ipset_save(pb::ImportIpsetSaveRequest {
             text: format!("add {set} 192.0.2.0/24\nadd {set} 192.0.2.300/24\n"),
             filename: "bad.ipset".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -660,17 +676,21 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
 
     // A new connection from outside to bridge1's subnet, port 81 (not published).
     let p = pb::PacketSpec {
-        hook: "FORWARD".into(),
+        hook: pb::Hook::Forward as i32,
         out_interface: "bridge1".into(),
         ..packet("198.51.100.7", "192.0.2.3", 81)
     };
     let t = trace(&d, p.clone()).await;
-    assert_eq!(t.verdict, "ACCEPT", "bridge1 not in the set yet: {t:#?}");
+    assert_eq!(
+        t.verdict(),
+        pb::Verdict::Accept,
+        "bridge1 not in the set yet: {t:#?}"
+    );
     assert!(!t.steps.iter().any(|s| s.chain == "DOCKER"), "{t:#?}");
     // Docker adds bridge1's subnet: the set rule jumps to DOCKER, which drops it.
     c.add_elements(add(set, &["192.0.2.0/24"])).await.unwrap();
     let t = trace(&d, p.clone()).await;
-    assert_eq!(t.verdict, "DROP", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Drop, "{t:#?}");
     assert!(
         t.steps
             .iter()
@@ -683,7 +703,7 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
         .await
         .unwrap();
     let t = trace(&d, p).await;
-    assert_eq!(t.verdict, "ACCEPT", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Accept, "{t:#?}");
     let st = pb::engine_service_client::EngineServiceClient::new(d.channel().await)
         .get_status(pb::GetStatusRequest {})
         .await

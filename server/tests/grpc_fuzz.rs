@@ -301,6 +301,7 @@ rpcs! {
     GetRuleset => rs.get_ruleset(pb::GetRulesetRequest);
     ListRulesets => rs.list_rulesets(pb::ListRulesetsRequest);
     DeleteRuleset => rs.delete_ruleset(pb::DeleteRulesetRequest);
+    UpdateRuleset => rs.update_ruleset(pb::UpdateRulesetRequest);
     ListRevisions => rs.list_revisions(pb::ListRevisionsRequest);
     GetRevision => rs.get_revision(pb::GetRevisionRequest);
     DiffRevisions => rs.diff_revisions(pb::DiffRevisionsRequest);
@@ -344,7 +345,10 @@ impl Req {
         self.may_change()
             || matches!(
                 self,
-                Req::StageRevision(_) | Req::CommitRevision(_) | Req::Apply(_)
+                Req::StageRevision(_)
+                    | Req::CommitRevision(_)
+                    | Req::Apply(_)
+                    | Req::UpdateRuleset(_)
             )
     }
 
@@ -353,6 +357,7 @@ impl Req {
     fn may_change(&self) -> bool {
         match self {
             Req::StageRevision(q) => !q.validate_only,
+            Req::UpdateRuleset(q) => !q.validate_only,
             Req::CommitRevision(q) => !q.validate_only,
             Req::Apply(q) => !q.validate_only,
             Req::Raw(q) => q.write,
@@ -448,6 +453,26 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
         }),
         "ConfirmCommit" => Req::ConfirmCommit(pb::ConfirmCommitRequest {
             name: revision_name(r),
+            etag: etag(r),
+            request_id: request_id(r),
+        }),
+        "UpdateRuleset" => Req::UpdateRuleset(pb::UpdateRulesetRequest {
+            ruleset: (!r.chance(20)).then(|| pb::Ruleset {
+                name: ruleset_name(r),
+                priority: priority(r),
+                etag: etag(r),
+                ..Default::default()
+            }),
+            update_mask: (!r.chance(100)).then(|| prost_types::FieldMask {
+                paths: (0..r.small(3))
+                    .map(|_| {
+                        r.pick(&["priority", "*", "", "name", "etag", "x.y", "Priority"])
+                            .to_string()
+                    })
+                    .collect(),
+            }),
+            request_id: request_id(r),
+            validate_only: r.chance(300),
         }),
         "Apply" => Req::Apply(pb::ApplyRequest {
             ruleset: ruleset_name(r),
@@ -469,7 +494,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
         "GetRuleset" => Req::GetRuleset(pb::GetRulesetRequest {
             name: ruleset_name(r),
         }),
-        "ListRulesets" => Req::ListRulesets(pb::ListRulesetsRequest {}),
+        "ListRulesets" => Req::ListRulesets(pb::ListRulesetsRequest::default()),
         "DeleteRuleset" => Req::DeleteRuleset(pb::DeleteRulesetRequest {
             // Deleting is rare, or the fuzzer would mostly meet empty state.
             name: if r.chance(300) {
@@ -478,6 +503,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                 fuzz_gen::weird_name(r)
             },
             etag: etag(r),
+            request_id: request_id(r),
         }),
         "ListRevisions" => Req::ListRevisions(pb::ListRevisionsRequest {
             ruleset: ruleset_name(r),
@@ -490,8 +516,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             name: revision_name(r),
         }),
         "DiffRevisions" => Req::DiffRevisions(pb::DiffRevisionsRequest {
-            from: revision_name(r),
-            to: revision_name(r),
+            base: revision_name(r),
+            target: revision_name(r),
         }),
         "ExportRevision" => Req::ExportRevision(pb::ExportRevisionRequest {
             name: revision_name(r),
@@ -504,12 +530,19 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 ruleset_name(r)
             },
+            start_after: *r.pick(&[&0u64, &0, &0, &1, &u64::MAX]),
         }),
         "GetCounters" => Req::GetCounters(pb::GetCountersRequest {
             ruleset: if r.chance(300) {
                 String::new()
             } else {
                 ruleset_name(r)
+            },
+            page_size: *r.pick(&[&0u32, &1, &10, &u32::MAX]),
+            page_token: if r.chance(100) {
+                "not-a-token".into()
+            } else {
+                String::new()
             },
         }),
         "ZeroCounters" => Req::ZeroCounters(pb::ZeroCountersRequest {
@@ -546,21 +579,27 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 revision_name(r)
             },
-            hook: r
-                .pick(&["", "INPUT", "FORWARD", "OUTPUT", "PREROUTING", "bogus"])
-                .to_string(),
+            hook: *r.pick(&[&0i32, &2, &3, &4, &1, &99]),
             in_interface: r.pick(&["", "eth0", "lo", "a b"]).to_string(),
             max_flows: *r.pick(&[&0u32, &1, &100, &u32::MAX]),
         }),
         "GetStatus" => Req::GetStatus(pb::GetStatusRequest {}),
         "ConntrackList" => Req::ConntrackList(pb::ListConntrackRequest {
             filter: fuzz_gen::conntrack_filter(r),
-            limit: *r.pick(&[&0u32, &1, &1_000_000, &1_000_001, &u32::MAX]),
+            page_size: *r.pick(&[&0u32, &1, &10_000, &10_001, &u32::MAX]),
+            page_token: if r.chance(100) {
+                "00".into()
+            } else {
+                String::new()
+            },
         }),
         "ConntrackDelete" => Req::ConntrackDelete(pb::DeleteConntrackRequest {
             filter: fuzz_gen::conntrack_filter(r),
+            request_id: request_id(r),
         }),
-        "ConntrackFlush" => Req::ConntrackFlush(pb::FlushConntrackRequest {}),
+        "ConntrackFlush" => Req::ConntrackFlush(pb::FlushConntrackRequest {
+            request_id: request_id(r),
+        }),
         "ConntrackGetStats" => Req::ConntrackGetStats(pb::GetConntrackStatsRequest {}),
         "CreateSet" => Req::CreateSet(pb::CreateSetRequest {
             name: set_name(r),
@@ -586,6 +625,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             },
             counters: r.chance(300),
             exist: r.chance(300),
+            request_id: request_id(r),
         }),
         "DestroySet" => Req::DestroySet(pb::DestroySetRequest {
             name: if r.chance(400) {
@@ -593,6 +633,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 fuzz_gen::weird_name(r)
             },
+            etag: etag(r),
+            request_id: request_id(r),
         }),
         "AddElements" => {
             let set = set_name(r);
@@ -603,6 +645,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                     .map(|_| fuzz_gen::set_element(r, ty))
                     .collect(),
                 exist: r.chance(300),
+                etag: etag(r),
+                request_id: request_id(r),
             })
         }
         "DeleteElements" => {
@@ -614,9 +658,11 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                     .map(|_| fuzz_gen::set_element(r, ty))
                     .collect(),
                 exist: r.chance(300),
+                etag: etag(r),
+                request_id: request_id(r),
             })
         }
-        "ListSets" => Req::ListSets(pb::ListSetsRequest {}),
+        "ListSets" => Req::ListSets(pb::ListSetsRequest::default()),
         "GetSet" => Req::GetSet(pb::GetSetRequest {
             name: set_name(r),
             page_size: *r.pick(&[&0u32, &1, &10, &u32::MAX]),
@@ -628,10 +674,15 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 fuzz_gen::weird_name(r)
             },
+            etag: etag(r),
+            request_id: request_id(r),
         }),
         "SwapSets" => Req::SwapSets(pb::SwapSetsRequest {
-            from: set_name(r),
-            to: set_name(r),
+            name: set_name(r),
+            other_name: set_name(r),
+            etag: etag(r),
+            other_etag: etag(r),
+            request_id: request_id(r),
         }),
         "ImportIpsetSave" => Req::ImportIpsetSave(pb::ImportIpsetSaveRequest {
             text: fuzz_gen::ipset_text(r, caps.request_bytes),
@@ -640,6 +691,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 String::new()
             },
+            request_id: request_id(r),
         }),
         "ExportIpsetSave" => Req::ExportIpsetSave(pb::ExportIpsetSaveRequest {
             name: if r.chance(400) {
@@ -669,6 +721,7 @@ fn too_large(r: &mut Rng) -> Req {
         2 => Req::ImportIpsetSave(pb::ImportIpsetSaveRequest {
             text,
             filename: String::new(),
+            ..Default::default()
         }),
         _ => Req::ReplayCapture(pb::ReplayCaptureRequest {
             capture: text.into_bytes(),
@@ -697,7 +750,7 @@ async fn snapshot(c: &Clients) -> Vec<String> {
         rulesets_snapshot(c.rs.clone()),
         counters.get_counters(pb::GetCountersRequest::default()),
         engine.get_status(pb::GetStatusRequest {}),
-        sets.list_sets(pb::ListSetsRequest {}),
+        sets.list_sets(pb::ListSetsRequest::default()),
         sets2.export_ipset_save(pb::ExportIpsetSaveRequest::default()),
         ct.get_stats(pb::GetConntrackStatsRequest {}),
     );
@@ -737,7 +790,7 @@ async fn snapshot(c: &Clients) -> Vec<String> {
 
 /// Every ruleset, its revisions and its active revision's text.
 async fn rulesets_snapshot(mut rs: RulesetServiceClient<Channel>) -> Vec<String> {
-    let list = match rs.list_rulesets(pb::ListRulesetsRequest {}).await {
+    let list = match rs.list_rulesets(pb::ListRulesetsRequest::default()).await {
         Err(e) => return vec![snap_err("ListRulesets", &e)],
         Ok(l) => l.into_inner().rulesets,
     };

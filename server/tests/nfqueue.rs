@@ -601,6 +601,7 @@ async fn scenario(d: &Vallumd, b: &str) {
     let c = counters
         .get_counters(pb::GetCountersRequest {
             ruleset: "nfq".into(),
+            ..Default::default()
         })
         .await
         .expect("counters")
@@ -650,7 +651,7 @@ async fn scenario(d: &Vallumd, b: &str) {
                 state: "ESTABLISHED".into(),
                 ..Default::default()
             }),
-            limit: 0,
+            ..Default::default()
         })
         .await
         .expect("conntrack list")
@@ -751,7 +752,7 @@ async fn scenario(d: &Vallumd, b: &str) {
     });
     assert!(opened_rx.recv().expect("keeper"), "(j) connection opened");
     let flushed = ct
-        .flush(pb::FlushConntrackRequest {})
+        .flush(pb::FlushConntrackRequest::default())
         .await
         .expect("conntrack flush")
         .into_inner();
@@ -924,7 +925,7 @@ async fn log_hits(d: &Vallumd, b: &str) {
     let mut stream = TraceServiceClient::new(d.channel().await)
         .watch_packet_events(pb::WatchPacketEventsRequest {
             ruleset: "nfq".into(),
-            verdict: "LOG".into(),
+            kind: pb::PacketEventKind::Log as i32,
             ..Default::default()
         })
         .await
@@ -1029,6 +1030,7 @@ async fn counts_once_moved(
         let c = counters
             .get_counters(pb::GetCountersRequest {
                 ruleset: "nfq".into(),
+                ..Default::default()
             })
             .await
             .expect("counters")

@@ -522,15 +522,17 @@ fn node_status(node: &str, r: &NodeReport) -> pb::NodeStatus {
         error: r.error.clone(),
         local_revision: r.local_revision,
         time: Some(convert::timestamp(r.time_ns)),
-        latency_seconds: r.latency_seconds,
+        latency: Some(convert::duration_pb(
+            (r.latency_seconds.max(0.0) * 1e9) as u64,
+        )),
         phases: r.phases.as_ref().map(|p| pb::CommitPhases {
-            validate_ns: p.validate_ns,
-            compile_ns: p.compile_ns,
-            persist_ns: p.persist_ns,
-            publish_ns: p.publish_ns,
-            quiesce_ns: p.quiesce_ns,
-            carry_ns: p.carry_ns,
-            total_ns: p.total_ns,
+            validate: Some(convert::duration_pb(p.validate_ns)),
+            compile: Some(convert::duration_pb(p.compile_ns)),
+            persist: Some(convert::duration_pb(p.persist_ns)),
+            publish: Some(convert::duration_pb(p.publish_ns)),
+            quiesce: Some(convert::duration_pb(p.quiesce_ns)),
+            carry: Some(convert::duration_pb(p.carry_ns)),
+            total: Some(convert::duration_pb(p.total_ns)),
             cores_waited: p.cores_waited,
         }),
     }
@@ -694,8 +696,9 @@ impl FleetService for FleetApi {
             let id = r.request_id.clone();
             let state = this.state.clone();
             let audit = crate::service::audit_entry(caller.clone(), "FleetPutRuleset", &r);
+            let digest = audit.request_digest.clone();
             let result = state
-                .idempotent("FleetPutRuleset", &id, this.put(caller, r))
+                .idempotent("FleetPutRuleset", &id, &digest, this.put(caller, r))
                 .await;
             state.audit_pending(Some(audit), &result).await;
             Ok(result?)
