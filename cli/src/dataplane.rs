@@ -14,6 +14,9 @@
 //! -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance F:F+N-1 --queue-bypass  (--fail-closed: no bypass)
 //! ```
 //!
+//! (`--queue-cpu-fanout` appends that flag: the queue is the one of the CPU that handles the
+//! packet instead of a hash of its addresses.)
+//!
 //! and one `-j VALLUM-NFQUEUE` at the top of each chosen builtin chain (INPUT, OUTPUT, FORWARD
 //! by default).
 //!
@@ -145,6 +148,12 @@ pub struct InstallArgs {
     /// ACCEPT` before the NFQUEUE rule). Start vallumd with `--steered-new-only`.
     #[arg(long)]
     new_only: bool,
+    /// Choose the queue by the CPU that handles the packet (queue F + cpu % N, xt_NFQUEUE's
+    /// `--queue-cpu-fanout`) instead of by a hash of its addresses: with one worker per
+    /// queue, the packets a CPU's receive queue brings stay on that CPU's worker (pair it
+    /// with RSS/RPS and IRQ affinity). Needs --queues 2 or more.
+    #[arg(long)]
+    queue_cpu_fanout: bool,
     /// Builtin filter chains that jump to the steering chain.
     #[arg(long, value_delimiter = ',', default_value = "INPUT,OUTPUT,FORWARD")]
     chains: Vec<String>,
@@ -184,6 +193,7 @@ struct Plan {
     /// The chosen chains that are fail-closed (no `--queue-bypass`).
     closed: Vec<&'static str>,
     new_only: bool,
+    cpu_fanout: bool,
     chains: Vec<&'static str>,
     loopback: bool,
     exempt: Vec<u16>,
@@ -197,6 +207,12 @@ impl Plan {
                 "--queue-first {} --queues {}: queue numbers end at 65535",
                 a.queue_first, a.queues
             )));
+        }
+        if a.queue_cpu_fanout && a.queues < 2 {
+            return Err(CliError::Argument(
+                "--queue-cpu-fanout: needs --queues 2 or more (it spreads over a --queue-balance range)"
+                    .into(),
+            ));
         }
         let chains = builtin_chains("--chains", &a.chains)?;
         if chains.is_empty() {
@@ -242,6 +258,7 @@ impl Plan {
             count: a.queues,
             closed,
             new_only: a.new_only,
+            cpu_fanout: a.queue_cpu_fanout,
             chains,
             loopback: a.include_loopback,
             exempt,
@@ -288,11 +305,15 @@ impl Plan {
                 u32::from(self.first) + u32::from(self.count) - 1
             )
         };
+        // In the order iptables-save prints them (libxt_NFQUEUE's NFQUEUE_save_v3).
+        let mut t = q;
         if self.bypass(steering) {
-            format!("{q} --queue-bypass")
-        } else {
-            q
+            t.push_str(" --queue-bypass");
         }
+        if self.cpu_fanout {
+            t.push_str(" --queue-cpu-fanout");
+        }
+        t
     }
 
     /// The steering chains this plan writes.
@@ -588,6 +609,7 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                     "queue_bypass": plan.closed.is_empty(),
                     "fail_closed_chains": plan.closed,
                     "new_only": plan.new_only,
+                    "queue_cpu_fanout": plan.cpu_fanout,
                     "loopback_exempt": !plan.loopback,
                     "exempt_tcp_ports": plan.exempt,
                     "applied": !a.tool.dry_run,
@@ -688,6 +710,12 @@ mod tests {
             "*filter\n:VALLUM-NFQUEUE - [0:0]\n-A VALLUM-NFQUEUE -j NFQUEUE --queue-num 7\n\
              -I FORWARD 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
         );
+        let fanout = plan(&["--queues", "2", "--queue-cpu-fanout", "--chains", "INPUT"]).unwrap();
+        assert_eq!(
+            fanout.target(),
+            "--queue-balance 0:1 --queue-bypass --queue-cpu-fanout"
+        );
+        assert!(plan(&["--queues", "1", "--queue-cpu-fanout"]).is_err());
         assert!(plan(&["--chains", "PREROUTING"]).is_err());
         assert!(plan(&["--queues", "0"]).is_err());
         assert!(plan(&["--queue-first", "65535", "--queues", "2"]).is_err());

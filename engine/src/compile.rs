@@ -104,6 +104,7 @@ mod build;
 mod carry;
 mod chunks;
 mod connlimit;
+pub mod copy_range;
 mod counters;
 mod eval;
 mod log_ring;
@@ -813,6 +814,8 @@ pub struct Snapshot {
     /// The named tables of stateful matches (`-m recent`), by ruleset; the next build starts
     /// from them (`compile/stateful.rs`).
     named: NamedState,
+    /// The bytes of a packet these rules can read ([`copy_range::copy_range`]).
+    copy_range: u32,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -869,6 +872,13 @@ fn content_hash(rule: &Rule) -> u64 {
 // === impl Snapshot: inspection ===
 
 impl Snapshot {
+    /// The bytes of each packet, from its IP header on, that these rules can read
+    /// ([`copy_range::copy_range`] of the snapshot's rulesets): what a source that copies
+    /// packets out of the kernel must copy.
+    pub fn copy_range(&self) -> u32 {
+        self.copy_range
+    }
+
     /// Bytes taken by the compiled rules and by the classification index (a body shared with
     /// another snapshot is counted in full).
     pub fn memory_bytes(&self) -> MemoryUsage {

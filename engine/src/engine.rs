@@ -894,6 +894,92 @@ impl std::fmt::Debug for EngineWorker<'_> {
     }
 }
 
+/// Classifies one run of a batch on `snap` (with conntrack when `ct` is given) and counts
+/// the verdicts on this core: the body of [`EngineWorker::process_batch_copied`].
+fn classify_run(
+    snap: &Snapshot,
+    core: usize,
+    (packets, bytes, verdicts): (&mut [PacketMeta], &[&[u8]], &mut [Verdict]),
+    now_ns: u64,
+    logs: &mut LogRing,
+    ct: Option<&Conntrack>,
+    counts: &VerdictCounts,
+) {
+    match ct {
+        None => {
+            let with = BatchWith {
+                bytes,
+                conntrack: None,
+            };
+            snap.classify_batch_tracked(
+                core,
+                packets,
+                verdicts,
+                now_ns,
+                logs,
+                with,
+                |_| None,
+                |_, v| v,
+            );
+        }
+        Some(ct) => {
+            // A new connection's entry joins the table only if its first packet is
+            // accepted (nf_conntrack confirms at the last hook); `decided` runs right
+            // after each packet, before the next one is tracked.
+            // The entry's mark as the tracker found it: a packet whose rules changed
+            // it (`-j CONNMARK`) writes it back after its verdict, as the kernel's
+            // target writes ct->mark (a confirmed entry at once; a new one carries it
+            // into `confirm`).
+            let unconfirmed = std::cell::Cell::new(None);
+            let found_mark = std::cell::Cell::new(None);
+            snap.classify_batch_tracked(
+                core,
+                packets,
+                verdicts,
+                now_ns,
+                logs,
+                BatchWith {
+                    bytes,
+                    conntrack: Some(ct),
+                },
+                |p| {
+                    let (v, u) = ct.track_unconfirmed(p, now_ns);
+                    found_mark
+                        .set((u.is_none() && ct_state_has_entry(p.ct_state)).then_some(p.ct_mark));
+                    unconfirmed.set(u);
+                    (v == CtVerdict::TableFull).then_some(Verdict::Drop)
+                },
+                |p, v| {
+                    if let Some(m) = found_mark.take() {
+                        if m != p.ct_mark {
+                            ct.set_mark(p, p.ct_mark);
+                        }
+                    }
+                    match (unconfirmed.take(), v) {
+                        (Some(u), Verdict::Accept) => match ct.confirm(u, p, now_ns) {
+                            CtVerdict::TableFull => {
+                                p.ct_state = CtVerdict::TableFull.ct_state();
+                                Verdict::Drop
+                            }
+                            _ => v,
+                        },
+                        _ => v,
+                    }
+                },
+            );
+        }
+    }
+    for (p, v) in packets.iter().zip(verdicts.iter()) {
+        let fi = match p.family {
+            Family::Ipv4 => 0,
+            Family::Ipv6 => 1,
+        };
+        // Single writer per core: Relaxed load + store, no shared RMW.
+        let c = &counts.0[fi][p.hook.index()][verdict_index(*v)];
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
 impl EngineWorker<'_> {
     /// The core index.
     pub fn core(&self) -> usize {
@@ -930,92 +1016,80 @@ impl EngineWorker<'_> {
         verdicts: &mut [Verdict],
         now_ns: u64,
     ) -> usize {
+        self.process_batch_copied(packets, bytes, &[], verdicts, &mut [], now_ns)
+            .0
+    }
+
+    /// [`EngineWorker::process_batch_bytes`] for a source that may copy only the first bytes
+    /// of a packet (NFQUEUE's copy range): `cut[i]` says that `bytes[i]` ends before packet
+    /// `i` does (absent: false). A cut packet whose bytes end before what the rules of this
+    /// batch's snapshot can read ([`Snapshot::copy_range`]) is not classified: no counter,
+    /// no conntrack, its verdict left as it was, and `skipped[i]` set (the source must get the
+    /// packet again with more bytes: NFQUEUE's `NF_REPEAT` once the copy range is raised);
+    /// every other packet is classified as `process_batch_bytes` does, in order. Returns the
+    /// number of packets looked at (`min(packets.len(), verdicts.len())`) and the
+    /// snapshot's copy range, so the source can follow a commit that changed it. `skipped`
+    /// is written for the indexes it has (clear where a packet was classified).
+    pub fn process_batch_copied(
+        &mut self,
+        packets: &mut [PacketMeta],
+        bytes: &[&[u8]],
+        cut: &[bool],
+        verdicts: &mut [Verdict],
+        skipped: &mut [bool],
+        now_ns: u64,
+    ) -> (usize, u32) {
         let n = packets.len().min(verdicts.len());
         let logs = &mut self.logs;
         let counts = self.verdicts;
         let ct = self.conntrack;
         // One epoch pin for the whole batch: the per-packet pins inside `track` nest.
         let _pin = ct.map(Conntrack::pin);
+        let mut range = 0;
         self.inner.batch(|snap, batch| {
-            let (packets, verdicts) = (&mut packets[..n], &mut verdicts[..n]);
-            match ct {
-                None => {
-                    let with = BatchWith {
-                        bytes,
-                        conntrack: None,
-                    };
-                    snap.classify_batch_tracked(
-                        batch.core(),
-                        packets,
-                        verdicts,
-                        now_ns,
-                        logs,
-                        with,
-                        |_| None,
-                        |_, v| v,
-                    );
-                }
-                Some(ct) => {
-                    // A new connection's entry joins the table only if its first packet is
-                    // accepted (nf_conntrack confirms at the last hook); `decided` runs right
-                    // after each packet, before the next one is tracked.
-                    // The entry's mark as the tracker found it: a packet whose rules changed
-                    // it (`-j CONNMARK`) writes it back after its verdict, as the kernel's
-                    // target writes ct->mark (a confirmed entry at once; a new one carries it
-                    // into `confirm`).
-                    let unconfirmed = std::cell::Cell::new(None);
-                    let found_mark = std::cell::Cell::new(None);
-                    snap.classify_batch_tracked(
-                        batch.core(),
-                        packets,
-                        verdicts,
-                        now_ns,
-                        logs,
-                        BatchWith {
-                            bytes,
-                            conntrack: Some(ct),
-                        },
-                        |p| {
-                            let (v, u) = ct.track_unconfirmed(p, now_ns);
-                            found_mark.set(
-                                (u.is_none() && ct_state_has_entry(p.ct_state))
-                                    .then_some(p.ct_mark),
-                            );
-                            unconfirmed.set(u);
-                            (v == CtVerdict::TableFull).then_some(Verdict::Drop)
-                        },
-                        |p, v| {
-                            if let Some(m) = found_mark.take() {
-                                if m != p.ct_mark {
-                                    ct.set_mark(p, p.ct_mark);
-                                }
-                            }
-                            match (unconfirmed.take(), v) {
-                                (Some(u), Verdict::Accept) => match ct.confirm(u, p, now_ns) {
-                                    CtVerdict::TableFull => {
-                                        p.ct_state = CtVerdict::TableFull.ct_state();
-                                        Verdict::Drop
-                                    }
-                                    _ => v,
-                                },
-                                _ => v,
-                            }
-                        },
-                    );
-                }
+            range = snap.copy_range();
+            let short = |i: usize| {
+                cut.get(i).copied().unwrap_or(false)
+                    && bytes.get(i).map_or(0, |b| b.len()) < range as usize
+            };
+            for (i, s) in skipped.iter_mut().enumerate().take(n) {
+                *s = short(i);
             }
-            for (p, v) in packets.iter().zip(verdicts.iter()) {
-                let fi = match p.family {
-                    Family::Ipv4 => 0,
-                    Family::Ipv6 => 1,
-                };
-                // Single writer per core: Relaxed load + store, no shared RMW.
-                let c = &counts.0[fi][p.hook.index()][verdict_index(*v)];
-                c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            // Runs of packets to classify, between the skipped ones (one run, the whole
+            // batch, when none is).
+            let mut classified = 0;
+            let mut start = 0;
+            while start < n {
+                if short(start) {
+                    start += 1;
+                    continue;
+                }
+                let mut end = start + 1;
+                while end < n && !short(end) {
+                    end += 1;
+                }
+                let run_bytes = bytes
+                    .get(start.min(bytes.len())..end.min(bytes.len()))
+                    .unwrap_or(&[]);
+                classify_run(
+                    snap,
+                    batch.core(),
+                    (
+                        &mut packets[start..end],
+                        run_bytes,
+                        &mut verdicts[start..end],
+                    ),
+                    now_ns,
+                    logs,
+                    ct,
+                    counts,
+                );
+                classified += end - start;
+                start = end;
             }
-            batch.add_packets(n as u64);
+            batch.add_packets(classified as u64);
         });
-        n
+        (n, range)
     }
 
     /// The `-j LOG` hits since the last drain, as events naming their rule (ruleset, table,
@@ -1159,6 +1233,71 @@ mod tests {
             },
             Arc::new(Zero),
         )
+    }
+
+    /// A packet whose bytes were cut short of what the snapshot's rules read is left out of
+    /// the batch (no counter, verdict untouched, marked skipped); a cut packet with enough
+    /// bytes, and every packet that is not cut, is classified and counted; the snapshot's
+    /// copy range comes back, and follows a commit.
+    #[test]
+    fn packets_copied_short_of_the_rules_are_skipped() {
+        let engine = engine();
+        engine
+            .commit(
+                Change::Put(ruleset(
+                    "s",
+                    0,
+                    "-A INPUT -p udp -m string --string abc --algo bm --to 1000 -j DROP
+",
+                )),
+                &NoSets,
+            )
+            .unwrap();
+        let mut w = engine.worker(0).unwrap();
+        let udp = PacketMeta {
+            protocol: 17,
+            len: 1200,
+            ..PacketMeta::default()
+        };
+        let mut whole = vec![0u8; 1200];
+        whole[900..903].copy_from_slice(b"abc");
+        let mut packets = [udp; 3];
+        let bytes: [&[u8]; 3] = [&whole[..256], &whole, &whole[..1000]];
+        let cut = [true, false, true];
+        let mut verdicts = [Verdict::Accept; 3];
+        let mut skipped = [false; 3];
+        let (n, range) =
+            w.process_batch_copied(&mut packets, &bytes, &cut, &mut verdicts, &mut skipped, 0);
+        assert_eq!((n, range), (3, 1000));
+        assert_eq!(skipped, [true, false, false]);
+        assert_eq!(verdicts[0], Verdict::Accept);
+        assert_eq!(verdicts[1..], [Verdict::Drop, Verdict::Drop]);
+        let rule = engine
+            .counters()
+            .into_iter()
+            .find(|c| c.rule == Some(1))
+            .unwrap();
+        assert_eq!((rule.packets, rule.bytes), (2, 2400));
+        assert_eq!(engine.core_packets(), vec![2]);
+        // Headers-only rules: 256 bytes are enough for every packet.
+        drop(w);
+        engine
+            .commit(
+                Change::Put(ruleset(
+                    "s",
+                    0,
+                    "-A INPUT -p udp -j DROP
+",
+                )),
+                &NoSets,
+            )
+            .unwrap();
+        let mut w = engine.worker(0).unwrap();
+        let (_, range) =
+            w.process_batch_copied(&mut packets, &bytes, &cut, &mut verdicts, &mut skipped, 0);
+        assert_eq!(range, crate::compile::copy_range::HEADER_BYTES);
+        assert_eq!(skipped, [false; 3]);
+        assert_eq!(verdicts, [Verdict::Drop; 3]);
     }
 
     /// A ruleset's number changes at publish, with what runs: not at validate or compile

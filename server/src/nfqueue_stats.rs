@@ -185,8 +185,10 @@ impl QueueCounters {
         self.received.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Verdicts sent: `accepted` NF_ACCEPT, `dropped` NF_DROP (REJECT and unparsable packets
-    /// included), or, when `sent` is false, the batch's `sendto` failed.
+    /// Verdicts sent: `accepted` packets our rules accepted (NF_ACCEPT, or `--nfqueue-mode
+    /// continue`'s NF_REPEAT), `dropped` NF_DROP (REJECT and unparsable packets included);
+    /// packets answered NF_REPEAT to be queued again with more bytes copied are neither. When
+    /// `sent` is false, the batch's `sendto` failed.
     pub fn add_verdicts(&self, accepted: u64, dropped: u64, sent: bool) {
         if sent {
             self.accepted.fetch_add(accepted, Ordering::Relaxed);

@@ -18,7 +18,9 @@
 //! (k) the mark `-j MARK` sets reaches the kernel with the verdict (NFQA_MARK: a rule of
 //! the kernel's security table, after filter INPUT, counts the packet with it); (l) `-m
 //! owner --uid-owner` in OUTPUT sees the uid of the socket that answers (NFQA_UID);
-//! (m) a `-j LOG` rule's hits reach
+//! (n) the copy range follows the rules (256 bytes for headers, 65535 for `-m string`) and
+//! a datagram with the string 900 bytes in is dropped, also right after the commit; (m) a
+//! `-j LOG` rule's hits reach
 //! WatchPacketEvents in the kernel's LOG format, field by field the kernel's own line for the
 //! same packet (dmesg); and `vallumctl dataplane uninstall` leaves no VALLUM
 //! chain in `iptables-save` / `ip6tables-save`.
@@ -53,6 +55,8 @@ const TCP_BLOCK: u16 = 7002;
 const UDP_PORT: u16 = 7003;
 /// The MAC address of B's end of the veth (the source of every frame A receives from B).
 const B_MAC: &str = "02:76:61:6c:00:0b";
+/// The string (n)'s rule looks for, 900 bytes into a datagram.
+const DEEP_STRING: &str = "vallum-deep-string";
 /// Pings counted in (e).
 const PINGS: u64 = 5;
 /// ICMP echo payload bytes (IP length = 20 + 8 + this).
@@ -804,6 +808,82 @@ async fn scenario(d: &Vallumd, b: &str) {
 
     // (m) LOG hits on the stream and as the kernel writes them.
     log_hits(d, b).await;
+
+    // (n) the copy range follows the rules: headers-only rules copy 256 bytes, and a
+    // `-m string` rule that reads the whole packet raises it to 65535, so a datagram with the
+    // string 900 bytes in is dropped as the kernel would drop it, also when it was queued
+    // with the short range before the worker saw the commit (answered NF_REPEAT, queued again
+    // whole).
+    copy_range_follows_the_rules(d, b, pass, block).await;
+}
+
+/// The copy ranges of the queues bound in this thread's namespace
+/// (/proc/net/netfilter/nfnetlink_queue: queue, portid, waiting, copy mode, copy range, ...).
+fn copy_ranges() -> Vec<(u16, u32)> {
+    let t = std::fs::read_to_string("/proc/thread-self/net/netfilter/nfnetlink_queue")
+        .expect("nfnetlink_queue");
+    t.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let queue = f.next()?.parse().ok()?;
+            Some((queue, f.nth(3)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// One UDP datagram of 1000 bytes to the echo service with `DEEP_STRING` at byte 900 (or
+/// not); whether the echo came back.
+fn udp_deep_probe(with: bool, timeout: Duration) -> bool {
+    let s = UdpSocket::bind((B_ADDR, 0)).expect("bind");
+    s.set_read_timeout(Some(timeout)).expect("timeout");
+    let mut msg = vec![b'.'; 1000];
+    if with {
+        msg[900..900 + DEEP_STRING.len()].copy_from_slice(DEEP_STRING.as_bytes());
+    }
+    s.send_to(&msg, (A_ADDR, UDP_PORT)).expect("send");
+    let mut buf = [0u8; 1500];
+    matches!(s.recv_from(&mut buf), Ok((1000, _)) if buf[..1000] == msg[..])
+}
+
+/// (n): see the scenario.
+async fn copy_range_follows_the_rules(d: &Vallumd, b: &str, pass: Duration, block: Duration) {
+    let deep = format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p udp -m udp --dport {UDP_PORT} -m string --string {DEEP_STRING} --algo bm \
+         -j DROP\nCOMMIT\n"
+    );
+    // Headers only: once a batch ran on the new snapshot, its queue copies 256 bytes.
+    apply(d, ACCEPT_ALL).await;
+    let mut tries = 0;
+    let queue = loop {
+        if let Some(&(q, _)) = copy_ranges().iter().find(|q| q.1 == 256) {
+            break q;
+        }
+        tries += 1;
+        assert!(tries < 50, "(n) no queue at 256 bytes: {:?}", copy_ranges());
+        in_netns(b, move || udp_probe(pass));
+    };
+    // The string rule reads the whole packet: packets copied short are queued again whole.
+    apply(d, &deep).await;
+    assert!(
+        !in_netns(b, move || udp_deep_probe(true, block)),
+        "(n) the string 900 bytes in is found (copy ranges {:?})",
+        copy_ranges()
+    );
+    assert!(
+        in_netns(b, move || (0..3).any(|_| udp_deep_probe(false, pass))),
+        "(n) a datagram without the string passes"
+    );
+    // 65535 asked; the kernel keeps 65531 (NFQNL_MAX_COPY_RANGE less an attribute header).
+    assert!(
+        copy_ranges().iter().any(|&(q, r)| q == queue && r >= 65531),
+        "(n) queue {queue}, which carried B's datagrams, copies the whole packet: {:?}",
+        copy_ranges()
+    );
+    assert!(
+        !in_netns(b, move || udp_deep_probe(true, block)),
+        "(n) the string is found with the whole packet copied"
+    );
 }
 
 /// (l): only `uid`'s sockets may answer from the UDP service.

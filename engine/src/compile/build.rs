@@ -254,6 +254,7 @@ impl Snapshot {
             moved: Box::default(),
             origin: None,
             named: NamedState::default(),
+            copy_range: super::copy_range::HEADER_BYTES,
         }
     }
 
@@ -624,6 +625,7 @@ impl Snapshot {
                 raw_chains[family_index(family)][hook.index()] += 1;
             }
         }
+        let copy_range = super::copy_range::copy_range(sorted.iter().map(|r| &**r));
         Ok(Snapshot {
             id: NEXT_SNAPSHOT_ID.fetch_add(1, Ordering::Relaxed),
             classifier,
@@ -643,6 +645,7 @@ impl Snapshot {
                 chains: origins.into_boxed_slice(),
             }),
             named,
+            copy_range,
         })
     }
 

@@ -33,12 +33,16 @@
 //!
 //! Queue options (set at bind, in the same config message, so no packet is ever delivered with
 //! the default metadata-only copy mode): copy the whole packet (copy range 65535), with
-//! fail-open `NFQA_CFG_F_FAIL_OPEN` (a full queue accepts instead of dropping), and
+//! fail-open `NFQA_CFG_F_FAIL_OPEN` (a full queue accepts instead of dropping),
+//! `NFQA_CFG_F_GSO` (a GSO aggregate is queued whole, not segmented for us: one packet of the
+//! aggregate's length, as iptables counts it at the hook), `NFQA_CFG_F_UID_GID`, and
 //! `NFQA_CFG_F_CONNTRACK` where the kernel has ctnetlink (else bound without it, see
-//! [`Queue::open`]). The queue length is `--queue-maxlen`, by default
-//! [`auto_maxlen`](crate::nfqueue_stats::auto_maxlen) of the receive buffer, so that under a
-//! flood the socket fills before the queue and every fail-open bypass is counted
-//! ([`crate::nfqueue_stats`]).
+//! [`Queue::open`]). The worker then lowers the copy range to the bytes its rules can read
+//! (256 for rules that read headers only; more for `-m string`, `-j NFLOG`) and follows
+//! commits that change it; see [`run_worker`] for packets copied short. The queue length is
+//! `--queue-maxlen`, by default [`auto_maxlen`](crate::nfqueue_stats::auto_maxlen) of the
+//! receive buffer, so that under a flood the socket fills before the queue and every
+//! fail-open bypass is counted ([`crate::nfqueue_stats`]).
 //!
 //! Counters: each queue's [`QueueCounters`](crate::nfqueue_stats::QueueCounters) (received,
 //! verdicts sent by kind, send and receive errors), read with the kernel's at scrape time.
@@ -55,7 +59,7 @@ use crate::config::NfqueueAccept;
 
 /// `NF_REPEAT`: the kernel runs the packet's hook function (the filter table's chain) again
 /// from its first rule.
-pub const NF_REPEAT: u32 = 4;
+pub use wire::NF_REPEAT;
 
 /// The verdict and mark sent for one packet: `nf` is the engine's verdict as `NF_ACCEPT` /
 /// `NF_DROP`, `queued` the mark the packet was queued with, `after` the mark our rules left
@@ -156,13 +160,13 @@ pub fn ct_nat(status: Option<u32>) -> u8 {
 }
 
 #[cfg(target_os = "linux")]
-pub use linux::{Answer, IfNames, Queue, run_worker};
+pub use linux::{Answer, IfNames, Queue, run_accept_all, run_worker};
 
 #[cfg(target_os = "linux")]
 mod linux {
     use std::io;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::Duration;
 
     use vallum_engine::Clock;
@@ -174,17 +178,24 @@ mod linux {
     use std::sync::Arc;
 
     use super::wire::{self, Message, PacketMsg};
-    use super::{NF_REPEAT, QueueError, answer, ct_nat, hook_from_netfilter};
+    use super::{QueueError, answer, ct_nat, hook_from_netfilter};
     use crate::config::NfqueueAccept;
     use crate::events::Events;
     use crate::nfqueue_stats::{QueueCounters, auto_maxlen};
     use crate::sources::{BATCH, Drain};
 
-    /// Bytes copied of each packet (the kernel's maximum, `NFQNL_MAX_COPY_RANGE`), so any
-    /// header chain is complete.
-    const COPY_RANGE: u32 = 0xffff;
+    /// The largest copy range (`NFQNL_MAX_COPY_RANGE`): what a queue is bound with, before
+    /// its worker sets the range its rules need.
+    const COPY_RANGE: u32 = vallum_engine::compile::copy_range::MAX_COPY_RANGE;
     /// One receive slot: the copied packet plus the message's metadata attributes.
     const SLOT: usize = COPY_RANGE as usize + 8192;
+    /// The most the kernel copies whatever the range asked: `NFQNL_MAX_COPY_RANGE`, 65535
+    /// less a netlink attribute header since Linux 5.x (the copy range reads 65531 in
+    /// /proc/net/netfilter/nfnetlink_queue); a packet cut there has no more bytes to give.
+    const KERNEL_MAX_COPY: usize = 0xffff - 4;
+    /// How long a copy range raised to the whole packet for a packet whose headers ran past
+    /// the rules' range (a long IPv6 extension chain) stays before it is lowered again.
+    const RAISED_HOLD_NS: u64 = 1_000_000_000;
     /// Socket receive buffer asked for (`SO_RCVBUFFORCE`, else `SO_RCVBUF` capped by
     /// net.core.rmem_max): room for bursts while a batch is classified.
     const RCVBUF: libc::c_int = 8 << 20;
@@ -225,6 +236,13 @@ mod linux {
         /// Packets `continue` mode answered as `final` because they arrived with the continue
         /// bit already set ([`super::Answered::loop_guard`]); warned about once.
         loop_guarded: u64,
+        /// One slot for the answers to our requests (and packets that come meanwhile), apart
+        /// from the batch's slots, so a request can be made while a batch is answered.
+        ctl: Vec<u8>,
+        /// The copy range the queue was last configured with.
+        copy_range: u32,
+        /// The least copy range the worker sets ([`Queue::set_min_copy_range`]).
+        min_copy_range: u32,
     }
 
     impl std::fmt::Debug for Queue {
@@ -356,6 +374,9 @@ mod linux {
                     num,
                     seq: 1,
                     tx: Vec::with_capacity(BATCH * 64),
+                    ctl: vec![0; SLOT],
+                    copy_range: COPY_RANGE,
+                    min_copy_range: 1,
                     accept: NfqueueAccept::Final,
                     loop_guarded: 0,
                 },
@@ -368,7 +389,7 @@ mod linux {
             // applies the parameters before it can deliver any packet. It checks the flags
             // before it binds, so a refused NFQA_CFG_F_CONNTRACK leaves nothing bound.
             wire::config_bind(&mut q.link.tx, 1, num, COPY_RANGE, fail_open, true);
-            match q.request("bind queue") {
+            match q.link.request("bind queue") {
                 Ok(()) => {}
                 Err(e) if e.source.raw_os_error() == Some(libc::EOPNOTSUPP) => {
                     q.kernel_ct = false;
@@ -376,7 +397,7 @@ mod linux {
                     q.link.seq = q.link.seq.wrapping_add(1);
                     let seq = q.link.seq;
                     wire::config_bind(&mut q.link.tx, seq, num, COPY_RANGE, fail_open, false);
-                    q.request("bind queue")?;
+                    q.link.request("bind queue")?;
                 }
                 Err(e) => return Err(e),
             }
@@ -387,7 +408,7 @@ mod linux {
             q.link.tx.clear();
             q.link.seq = q.link.seq.wrapping_add(1);
             wire::config_maxlen(&mut q.link.tx, q.link.seq, num, maxlen);
-            q.request("queue maxlen")?;
+            q.link.request("queue maxlen")?;
             q.counters = Arc::new(QueueCounters::new(num, fail_open, maxlen, rcvbuf));
             Ok(q)
         }
@@ -416,67 +437,26 @@ mod linux {
             self.link.num
         }
 
-        /// Sends `tx` (one request with NLM_F_ACK and sequence `seq`) and waits for its ack.
-        /// Packets that arrive first are answered `NF_REPEAT`.
-        fn request(&mut self, step: &'static str) -> Result<(), QueueError> {
-            let num = self.link.num;
-            self.link.send_tx().map_err(err(num, step))?;
-            let want = self.link.seq;
-            // The ack is queued during our sendto; a few timeouts' worth of waiting is ample.
-            for _ in 0..50 {
-                let n = match self.recv_into_slot0() {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(err(num, step)(e)),
-                };
-                let mut repeat = Vec::new();
-                let mut acked = None;
-                for m in wire::messages(&self.rx[..n]) {
-                    match m {
-                        Ok(Message::Ack { seq, errno }) if seq == want => acked = Some(errno),
-                        Ok(Message::Packet(p)) => repeat.push(p.id),
-                        _ => {}
-                    }
-                }
-                if !repeat.is_empty() {
-                    let l = &mut self.link;
-                    l.tx.clear();
-                    // NF_REPEAT: the answer to a packet that arrives before the bind is
-                    // acknowledged; the kernel runs the hook again, so the packet is queued
-                    // again and classified normally.
-                    for id in repeat {
-                        l.seq = l.seq.wrapping_add(1);
-                        wire::verdict(&mut l.tx, l.seq, num, id, NF_REPEAT, false);
-                    }
-                    l.send_tx().map_err(err(num, step))?;
-                }
-                match acked {
-                    Some(0) => return Ok(()),
-                    Some(errno) => return Err(err(num, step)(io::Error::from_raw_os_error(errno))),
-                    None => {}
-                }
-            }
-            Err(err(num, step)(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no answer from the kernel",
-            )))
+        /// The bytes of each packet the kernel copies to us (the copy range): the kernel's
+        /// maximum after [`Queue::open`]; [`run_worker`] sets what its rules read.
+        pub fn copy_range(&self) -> u32 {
+            self.link.copy_range
         }
 
-        fn recv_into_slot0(&mut self) -> io::Result<usize> {
-            // SAFETY: the slot is a live, writable buffer of at least SLOT bytes.
-            let r = unsafe {
-                libc::recv(
-                    self.link.fd.as_raw_fd(),
-                    self.rx.as_mut_ptr().cast(),
-                    SLOT,
-                    0,
-                )
-            };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(r as usize)
+        /// Sets the copy range to `range` bytes (1 to 65535) and waits for the kernel's
+        /// ack; packets that come meanwhile are answered `NF_REPEAT`. [`run_worker`] sets
+        /// its own range after its first batch (see [`Queue::set_min_copy_range`]).
+        ///
+        /// Errors: [`QueueError`] with the OS error or the kernel's answer.
+        pub fn set_copy_range(&mut self, range: u32) -> Result<(), QueueError> {
+            self.link.set_copy_range(range.clamp(1, COPY_RANGE))
+        }
+
+        /// Makes [`run_worker`] copy at least `range` bytes (1 to 65535) of each packet,
+        /// whatever its rules read: 65535 copies whole packets always (the NFQUEUE bench
+        /// compares that with the rules' range).
+        pub fn set_min_copy_range(&mut self, range: u32) {
+            self.link.min_copy_range = range.clamp(1, COPY_RANGE);
         }
 
         /// Receives up to [`BATCH`] datagrams with one `recvmmsg(MSG_WAITFORONE)`: waits up to
@@ -535,6 +515,90 @@ mod linux {
     }
 
     impl Link {
+        /// Sends `tx` (one request with NLM_F_ACK and sequence `seq`) and waits for its ack.
+        /// Packets that arrive first are answered `NF_REPEAT`.
+        fn request(&mut self, step: &'static str) -> Result<(), QueueError> {
+            let num = self.num;
+            self.send_tx().map_err(err(num, step))?;
+            let want = self.seq;
+            // The ack is queued during our sendto, behind the packets already in the socket
+            // (at most the queue's length, or what the receive buffer holds): a few
+            // timeouts' worth of waiting is ample, and the datagrams read are bounded.
+            let mut timeouts = 0;
+            for _ in 0..1 << 16 {
+                let n = match self.recv_ctl() {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && timeouts < 50 => {
+                        timeouts += 1;
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(err(num, step)(e)),
+                };
+                let mut repeat = Vec::new();
+                let mut acked = None;
+                for m in wire::messages(&self.ctl[..n]) {
+                    match m {
+                        Ok(Message::Ack { seq, errno }) if seq == want => acked = Some(errno),
+                        Ok(Message::Packet(p)) => repeat.push(p.id),
+                        _ => {}
+                    }
+                }
+                if !repeat.is_empty() {
+                    let l = &mut *self;
+                    l.tx.clear();
+                    // NF_REPEAT: the answer to a packet that arrives before the bind is
+                    // acknowledged; the kernel runs the hook again, so the packet is queued
+                    // again and classified normally.
+                    for id in repeat {
+                        l.seq = l.seq.wrapping_add(1);
+                        wire::verdict(&mut l.tx, l.seq, num, id, wire::NF_REPEAT, false);
+                    }
+                    l.send_tx().map_err(err(num, step))?;
+                }
+                match acked {
+                    Some(0) => return Ok(()),
+                    Some(errno) => return Err(err(num, step)(io::Error::from_raw_os_error(errno))),
+                    None => {}
+                }
+            }
+            Err(err(num, step)(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no answer from the kernel",
+            )))
+        }
+
+        fn recv_ctl(&mut self) -> io::Result<usize> {
+            // SAFETY: `ctl` is a live, writable buffer of `ctl.len()` bytes.
+            let r = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.ctl.as_mut_ptr().cast(),
+                    self.ctl.len(),
+                    0,
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(r as usize)
+        }
+
+        /// Configures the queue to copy `range` bytes of each packet (see
+        /// [`wire::config_copy_range`]) and waits for the kernel's ack; the packets that come
+        /// meanwhile are answered `NF_REPEAT` (queued again, with the new range).
+        ///
+        /// Errors: the OS error of the send, or the kernel's answer.
+        fn set_copy_range(&mut self, range: u32) -> Result<(), QueueError> {
+            self.tx.clear();
+            self.seq = self.seq.wrapping_add(1);
+            wire::config_copy_range(&mut self.tx, self.seq, self.num, range);
+            self.request("set copy range")?;
+            self.copy_range = range;
+            Ok(())
+        }
+
         fn send_tx(&self) -> io::Result<()> {
             // SAFETY: sockaddr_nl is plain data; all-zero is a valid value (pid 0 = kernel).
             let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -710,6 +774,18 @@ mod linux {
 
     /// The worker loop: receive a batch, classify, answer; until `stop` is set (checked at
     /// least every 100 ms). Unexpected socket errors are printed and retried after 100 ms.
+    ///
+    /// Copy range: after each batch the queue's copy range follows what the rules of the
+    /// snapshot that classified it can read ([`vallum_engine::compile::Snapshot::copy_range`]),
+    /// so a commit that changes it re-sends `NFQNL_MSG_CONFIG` at the next batch. A packet
+    /// copied short of what the rules read (queued before a commit raised the range), or cut
+    /// inside its headers (an IPv6 extension chain past the range, which raises the range to
+    /// the whole packet for a second), is not classified: once the range is raised it is
+    /// answered `NF_REPEAT`, so the kernel runs the hook again and queues it again with the
+    /// bytes the rules need; it is counted once, when it is decided (the kernel's rules
+    /// before the NFQUEUE rule count it twice). A packet's length, for counters and
+    /// `-m length`, is always the IP header's (the kernel's `skb->len`, `NFQA_CAP_LEN` when
+    /// the payload is cut), never the bytes copied.
     pub fn run_worker(
         queue: &mut Queue,
         worker: &mut EngineWorker<'_>,
@@ -717,14 +793,17 @@ mod linux {
         clock: &dyn Clock,
         events: &Events,
     ) {
-        let mut drain = Drain::default();
+        let mut state = Batch {
+            drain: Drain::default(),
+            packets: [PacketMeta::default(); BATCH],
+            verdicts: [Verdict::Accept; BATCH],
+            cut: [false; BATCH],
+            skipped: [false; BATCH],
+            order: [(0, 0, 0); BATCH],
+            answers: [(0, 0, None); BATCH],
+            raised_at: None,
+        };
         let mut names = IfNames::default();
-        let mut packets = [PacketMeta::default(); BATCH];
-        let mut verdicts = [Verdict::Accept; BATCH];
-        // (packet id, index into `packets` or BATCH for "did not parse", the mark it was
-        // queued with), in arrival order.
-        let mut order = [(0u32, 0usize, 0u32); BATCH];
-        let mut answers: [Answer; BATCH] = [(0, 0, None); BATCH];
         let counters = queue.counters();
         let delay = test_batch_delay();
         // Relaxed: the flag only asks the loop to end; nothing is published with it.
@@ -758,23 +837,28 @@ mod linux {
                         continue;
                     };
                     if m == BATCH {
-                        flush(
+                        state.flush(
                             (&mut queue.link, &counters),
                             worker,
-                            (&mut drain, events, &headers),
-                            &mut packets,
-                            &mut verdicts,
-                            &order,
-                            &mut answers,
+                            events,
+                            &headers,
                             m,
                             k,
                             now,
                         );
                         (m, k) = (0, 0);
                     }
-                    order[m] = match meta(&p, &mut names, now) {
+                    // Cut by the copy range (the kernel says how long the packet is), with
+                    // more bytes to be had: the kernel copies at most KERNEL_MAX_COPY.
+                    let cut = p.cap_len.is_some_and(|l| l as usize > p.payload.len());
+                    let more = cut && p.payload.len() < KERNEL_MAX_COPY;
+                    state.order[m] = match meta(&p, &mut names, now) {
+                        // Cut inside the headers the parser reads: get it again whole.
+                        Some(pm) if more && pm.l4_cut.is_some() => (p.id, WHOLE, p.mark),
+                        None if more => (p.id, WHOLE, p.mark),
                         Some(pm) => {
-                            packets[k] = pm;
+                            state.packets[k] = pm;
+                            state.cut[k] = more;
                             headers[k] = p.payload;
                             k += 1;
                             (p.id, k - 1, p.mark)
@@ -784,14 +868,11 @@ mod linux {
                     m += 1;
                 }
             }
-            flush(
+            state.flush(
                 (&mut queue.link, &counters),
                 worker,
-                (&mut drain, events, &headers),
-                &mut packets,
-                &mut verdicts,
-                &order,
-                &mut answers,
+                events,
+                &headers,
                 m,
                 k,
                 now,
@@ -799,57 +880,185 @@ mod linux {
         }
     }
 
-    /// Classifies `packets[..k]`, answers the `m` packets of `order`, then hands the batch's
-    /// events over ([`Drain::after_batch`], after the verdicts: the kernel waits for those).
-    #[allow(clippy::too_many_arguments)] // The worker loop's arrays, passed to avoid copies.
-    fn flush(
-        (link, counters): (&mut Link, &QueueCounters),
-        worker: &mut EngineWorker<'_>,
-        (drain, events, headers): (&mut Drain, &Events, &[&[u8]; BATCH]),
-        packets: &mut [PacketMeta; BATCH],
-        verdicts: &mut [Verdict; BATCH],
-        order: &[(u32, usize, u32); BATCH],
-        answers: &mut [Answer; BATCH],
-        m: usize,
-        k: usize,
-        now: u64,
-    ) {
-        if m == 0 {
-            return;
-        }
-        // The IP packets themselves go along for `-m string`.
-        worker.process_batch_bytes(&mut packets[..k], &headers[..k], &mut verdicts[..k], now);
-        let guarded_before = link.loop_guarded;
-        for (a, &(id, idx, queued)) in answers.iter_mut().zip(&order[..m]) {
-            let v = verdicts.get(idx).map_or(wire::NF_DROP, |&v| nf_verdict(v));
-            // The mark the rules left (`None` for a packet that did not parse).
-            let after = packets.get(idx).map(|p| p.mark);
-            let ans = answer(link.accept, v, queued, after);
-            link.loop_guarded += u64::from(ans.loop_guard);
-            *a = (id, ans.verdict, ans.mark);
-        }
-        if guarded_before == 0 && link.loop_guarded > 0 {
-            if let NfqueueAccept::Continue { mark } = link.accept {
-                tracing::warn!(
-                    queue = link.num,
-                    "--nfqueue-mode continue: a packet arrived with the continue mark {mark:#x} \
-                     already set, so the steering rules do not skip it (installed with `vallumctl \
-                     dataplane install --mode final`, or another --mark?); such packets are \
-                     accepted as in final mode, not handed back to the kernel's rules"
-                );
+    /// The transport alone, for the NFQUEUE bench's ceiling: [`run_worker`]'s receive and
+    /// verdict path (one `recvmmsg` of up to [`BATCH`] datagrams, the same message parsing, one
+    /// `sendto` of the batch's verdicts) with classification replaced by `NF_ACCEPT`, at the
+    /// queue's copy range as it is ([`Queue::set_copy_range`]). Adds the packets it answered
+    /// to `decided` after each batch; returns when `stop` is set (checked at least every
+    /// 100 ms).
+    pub fn run_accept_all(queue: &mut Queue, stop: &AtomicBool, decided: &AtomicU64) {
+        let mut answers: [Answer; BATCH] = [(0, 0, None); BATCH];
+        let counters = queue.counters();
+        let delay = test_batch_delay();
+        // Relaxed: the flag only asks the loop to end; nothing is published with it.
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(d) = delay {
+                std::thread::sleep(d);
             }
+            let n = match queue.recv_batch() {
+                Ok(n) => n,
+                Err(e) => {
+                    counters.add_receive_error();
+                    tracing::warn!(queue = queue.num(), error = %e, "NFQUEUE receive failed");
+                    std::thread::sleep(RECV_TIMEOUT);
+                    continue;
+                }
+            };
+            let mut m = 0;
+            for i in 0..n {
+                for msg in wire::messages(datagram(&queue.rx, &queue.lens, i)) {
+                    let Ok(Message::Packet(p)) = msg else {
+                        continue;
+                    };
+                    if m == BATCH {
+                        if let Err(e) = queue.link.send_verdicts(&answers[..m]) {
+                            tracing::warn!(queue = queue.num(), error = %e, "NFQUEUE verdicts failed");
+                        }
+                        // Relaxed: a statistic, read after the run.
+                        decided.fetch_add(m as u64, Ordering::Relaxed);
+                        m = 0;
+                    }
+                    answers[m] = (p.id, wire::NF_ACCEPT, None);
+                    m += 1;
+                }
+            }
+            if let Err(e) = queue.link.send_verdicts(&answers[..m]) {
+                tracing::warn!(queue = queue.num(), error = %e, "NFQUEUE verdicts failed");
+            }
+            // Relaxed: as above.
+            decided.fetch_add(m as u64, Ordering::Relaxed);
         }
-        counters.add_received(m as u64);
-        let accepted = answers[..m]
-            .iter()
-            .filter(|a| a.1 == wire::NF_ACCEPT)
-            .count() as u64;
-        let sent = link.send_verdicts(&answers[..m]);
-        counters.add_verdicts(accepted, m as u64 - accepted, sent.is_ok());
-        if let Err(e) = sent {
-            tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");
+    }
+
+    /// `order`'s index of a packet to be queued again with the whole packet copied.
+    const WHOLE: usize = BATCH + 1;
+
+    /// The worker loop's arrays (one batch, reused) and its copy-range state.
+    struct Batch {
+        drain: Drain,
+        packets: [PacketMeta; BATCH],
+        verdicts: [Verdict; BATCH],
+        /// Whether `packets[i]`'s bytes are cut short of the packet by the copy range, with
+        /// more to be had.
+        cut: [bool; BATCH],
+        /// Whether `packets[i]` was left unclassified, its bytes short of the rules' range.
+        skipped: [bool; BATCH],
+        /// (packet id, index into `packets`, BATCH for "did not parse" or WHOLE, the mark it
+        /// was queued with), in arrival order.
+        order: [(u32, usize, u32); BATCH],
+        answers: [Answer; BATCH],
+        /// When the copy range was last raised to the whole packet for a packet cut inside
+        /// its headers.
+        raised_at: Option<u64>,
+    }
+
+    impl Batch {
+        /// Classifies `packets[..k]`, sets the copy range the batch's snapshot (or a packet
+        /// cut inside its headers) asks for, answers the `m` packets of `order`, then hands
+        /// the batch's events over ([`Drain::after_batch`], after the verdicts: the kernel
+        /// waits for those).
+        #[allow(clippy::too_many_arguments)] // The batch's parts, passed to avoid copies.
+        fn flush(
+            &mut self,
+            (link, counters): (&mut Link, &QueueCounters),
+            worker: &mut EngineWorker<'_>,
+            events: &Events,
+            headers: &[&[u8]; BATCH],
+            m: usize,
+            k: usize,
+            now: u64,
+        ) {
+            if m == 0 {
+                return;
+            }
+            // The IP packets themselves go along for `-m string`.
+            let (_, range) = worker.process_batch_copied(
+                &mut self.packets[..k],
+                &headers[..k],
+                &self.cut[..k],
+                &mut self.verdicts[..k],
+                &mut self.skipped[..k],
+                now,
+            );
+            let whole = self.order[..m].iter().any(|o| o.1 == WHOLE);
+            if whole {
+                self.raised_at = Some(now);
+            }
+            let held = self
+                .raised_at
+                .is_some_and(|t| now.saturating_sub(t) < RAISED_HOLD_NS);
+            let want = if held { COPY_RANGE } else { range }.max(link.min_copy_range);
+            // A packet to repeat is answered NF_REPEAT only once the range that gets it
+            // whole is set: else it would come back as short, forever. It is dropped then,
+            // as a packet that does not parse.
+            let mut repeat = wire::NF_REPEAT;
+            if want != link.copy_range {
+                if let Err(e) = link.set_copy_range(want) {
+                    tracing::warn!(queue = link.num, error = %e, "NFQUEUE copy range not set");
+                    if want > link.copy_range {
+                        repeat = wire::NF_DROP;
+                    }
+                }
+            }
+            let guarded_before = link.loop_guarded;
+            // Decided packets by what we answered (`continue` mode's NF_REPEAT is an accept);
+            // the packets queued again for more bytes are neither.
+            let (mut accepted, mut dropped) = (0u64, 0u64);
+            for (a, &(id, idx, queued)) in self.answers.iter_mut().zip(&self.order[..m]) {
+                let skipped = self.skipped.get(idx).copied().unwrap_or(false);
+                if idx == WHOLE || skipped {
+                    // Not decided: the kernel queues it again with the bytes the rules read.
+                    *a = (id, repeat, None);
+                    dropped += u64::from(repeat == wire::NF_DROP);
+                    continue;
+                }
+                let v = match self.verdicts.get(idx) {
+                    Some(&v) if idx < k => nf_verdict(v),
+                    _ => wire::NF_DROP,
+                };
+                // The mark the rules left (`None` for a packet that did not parse).
+                let after = self.packets.get(idx).filter(|_| idx < k).map(|p| p.mark);
+                let ans = answer(link.accept, v, queued, after);
+                link.loop_guarded += u64::from(ans.loop_guard);
+                if ans.verdict == wire::NF_DROP {
+                    dropped += 1;
+                } else {
+                    accepted += 1;
+                }
+                *a = (id, ans.verdict, ans.mark);
+            }
+            if guarded_before == 0 && link.loop_guarded > 0 {
+                if let NfqueueAccept::Continue { mark } = link.accept {
+                    tracing::warn!(
+                        queue = link.num,
+                        "--nfqueue-mode continue: a packet arrived with the continue mark \
+                         {mark:#x} already set, so the steering rules do not skip it (installed \
+                         with `vallumctl dataplane install --mode final`, or another --mark?); \
+                         such packets are accepted as in final mode, not handed back to the \
+                         kernel's rules"
+                    );
+                }
+            }
+            counters.add_received(m as u64);
+            let sent = link.send_verdicts(&self.answers[..m]);
+            counters.add_verdicts(accepted, dropped, sent.is_ok());
+            if let Err(e) = sent {
+                tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");
+            }
+            // A skipped packet was not decided: no dropped-packet sample for it.
+            for (v, &s) in self.verdicts[..k].iter_mut().zip(&self.skipped[..k]) {
+                if s {
+                    *v = Verdict::Accept;
+                }
+            }
+            self.drain.after_batch(
+                worker,
+                events,
+                &self.packets[..k],
+                &self.verdicts[..k],
+                &headers[..k],
+            );
         }
-        drain.after_batch(worker, events, &packets[..k], &verdicts[..k], &headers[..k]);
     }
 }
 

@@ -53,6 +53,9 @@ mod attr {
     /// Nested: the kernel's conntrack entry as ctnetlink attributes (`CTA_*`).
     pub const CT: u16 = 11;
     pub const CT_INFO: u16 = 12;
+    /// The packet's full length (be32, `skb->len`), sent when the copy range cut the payload
+    /// short (`nfqnl_build_packet_message`: only when `data_len < skb->len`).
+    pub const CAP_LEN: u16 = 13;
     /// The sending socket's file's fsuid (be32), with `NFQA_CFG_F_UID_GID`.
     pub const UID: u16 = 16;
     /// Its fsgid (be32).
@@ -99,11 +102,18 @@ const CFG_F_CONNTRACK: u32 = 2;
 /// `NFQA_CFG_F_UID_GID` (Linux 3.14): each packet sent by a local socket carries its uid and
 /// gid (`NFQA_UID`, `NFQA_GID`), for `-m owner`.
 const CFG_F_UID_GID: u32 = 8;
+/// `NFQA_CFG_F_GSO` (Linux 3.10): a GSO packet is queued whole instead of being segmented
+/// first (`nf_queue` calls `skb_gso_segment` otherwise), so one aggregate is one packet, as
+/// iptables itself sees it at the hook: one counter increment of the aggregate's length.
+const CFG_F_GSO: u32 = 4;
 
 /// Netfilter verdict `NF_DROP`.
 pub const NF_DROP: u32 = 0;
 /// Netfilter verdict `NF_ACCEPT`.
 pub const NF_ACCEPT: u32 = 1;
+/// Netfilter verdict `NF_REPEAT`: the kernel runs the hook again (`nf_reinject`), so the
+/// packet is queued again (with the queue's current copy range) and answered anew.
+pub const NF_REPEAT: u32 = 4;
 
 /// `NFQNL_CFG_CMD_BIND`.
 const CFG_CMD_BIND: u8 = 1;
@@ -156,6 +166,9 @@ pub struct PacketMsg<'a> {
     pub uid: Option<u32>,
     /// See `uid`.
     pub gid: Option<u32>,
+    /// `NFQA_CAP_LEN`: the packet's full length when `payload` is only its first bytes (the
+    /// queue's copy range cut it); `None` when `payload` is the whole packet.
+    pub cap_len: Option<u32>,
 }
 
 /// One message the kernel sent.
@@ -267,6 +280,7 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
         ct_info: None,
         uid: None,
         gid: None,
+        cap_len: None,
     };
     let mut have_hdr = false;
     let mut rest = m.get(NFNL_HDRLEN..).ok_or(WireError::Truncated)?;
@@ -305,6 +319,7 @@ fn parse_one(m: &[u8]) -> Result<Message<'_>, WireError> {
             attr::CT_INFO => p.ct_info = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
             attr::UID => p.uid = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
             attr::GID => p.gid = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
+            attr::CAP_LEN => p.cap_len = Some(u32_be(data, 0).ok_or(WireError::Truncated)?),
             _ => {}
         }
         rest = rest.get(align4(alen)..).unwrap_or(&[]);
@@ -438,8 +453,9 @@ fn finish(out: &mut [u8], start: usize) {
 /// packet can be delivered), asking for an ack:
 /// - `NFQA_CFG_CMD` `{ u8 command = BIND; u8 _pad; be16 pf }` (pf unused since Linux 3.8);
 /// - `NFQA_CFG_PARAMS` `{ be32 copy_range; u8 copy_mode = NFQNL_COPY_PACKET }` (packed);
-/// - `NFQA_CFG_FLAGS` / `NFQA_CFG_MASK`: `NFQA_CFG_F_FAIL_OPEN` on or off, and with
-///   `conntrack` `NFQA_CFG_F_CONNTRACK` on (packets then carry `NFQA_CT`, `NFQA_CT_INFO`).
+/// - `NFQA_CFG_FLAGS` / `NFQA_CFG_MASK`: `NFQA_CFG_F_FAIL_OPEN` on or off, with
+///   `conntrack` `NFQA_CFG_F_CONNTRACK` on (packets then carry `NFQA_CT`, `NFQA_CT_INFO`),
+///   and always `NFQA_CFG_F_UID_GID` and `NFQA_CFG_F_GSO`.
 ///
 /// The kernel answers `EPERM` without CAP_NET_ADMIN and also when another socket holds the
 /// queue; `EOPNOTSUPP` for `conntrack` without ctnetlink (it checks the flags before it
@@ -459,8 +475,9 @@ pub fn config_bind(
     p[4] = cfg::COPY_PACKET;
     put_attr(out, cfg::PARAMS, &p);
     let on = |yes: bool, flag: u32| if yes { flag } else { 0 };
-    let flags = on(fail_open, CFG_F_FAIL_OPEN) | on(conntrack, CFG_F_CONNTRACK) | CFG_F_UID_GID;
-    let mask = CFG_F_FAIL_OPEN | on(conntrack, CFG_F_CONNTRACK) | CFG_F_UID_GID;
+    let always = CFG_F_UID_GID | CFG_F_GSO;
+    let flags = on(fail_open, CFG_F_FAIL_OPEN) | on(conntrack, CFG_F_CONNTRACK) | always;
+    let mask = CFG_F_FAIL_OPEN | on(conntrack, CFG_F_CONNTRACK) | always;
     put_attr(out, cfg::FLAGS, &flags.to_be_bytes());
     put_attr(out, cfg::MASK, &mask.to_be_bytes());
     finish(out, start);
@@ -473,6 +490,19 @@ pub fn config_bind(
 pub fn config_maxlen(out: &mut Vec<u8>, seq: u32, queue: u16, maxlen: u32) {
     let start = begin(out, msg::CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, queue);
     put_attr(out, cfg::QUEUE_MAXLEN, &maxlen.to_be_bytes());
+    finish(out, start);
+}
+
+/// Appends the `NFQNL_MSG_CONFIG` that changes the copy range of `queue` (bound by this
+/// socket) to `copy_range` bytes (`NFQA_CFG_PARAMS` alone, copy mode `NFQNL_COPY_PACKET`),
+/// asking for an ack. The kernel applies it to the packets it queues after it; those already
+/// queued keep the bytes they were copied with.
+pub fn config_copy_range(out: &mut Vec<u8>, seq: u32, queue: u16, copy_range: u32) {
+    let start = begin(out, msg::CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, queue);
+    let mut p = [0u8; 5];
+    p[..4].copy_from_slice(&copy_range.to_be_bytes());
+    p[4] = cfg::COPY_PACKET;
+    put_attr(out, cfg::PARAMS, &p);
     finish(out, start);
 }
 
@@ -773,6 +803,26 @@ mod tests {
         }
     }
 
+    /// `V4_INPUT_PACKET` with NFQA_CAP_LEN (be32) appended, as the kernel adds it when the
+    /// copy range cut the payload.
+    #[test]
+    fn reads_the_full_length_of_a_cut_packet() {
+        let mut b = hex(V4_INPUT_PACKET);
+        b.resize(align4(b.len()), 0);
+        put_attr(&mut b, attr::CAP_LEN, &1400u32.to_be_bytes());
+        let n = b.len() as u32;
+        b[..4].copy_from_slice(&n.to_ne_bytes());
+        let Message::Packet(p) = one(&b) else {
+            panic!("not a packet")
+        };
+        assert_eq!(p.cap_len, Some(1400));
+        let plain = hex(V4_INPUT_PACKET);
+        let Message::Packet(q) = one(&plain) else {
+            panic!("not a packet")
+        };
+        assert_eq!(q.cap_len, None);
+    }
+
     #[test]
     fn several_messages_in_one_datagram() {
         let mut b = hex(V4_INPUT_PACKET);
@@ -805,14 +855,15 @@ mod tests {
 
     #[test]
     fn builds_the_bytes_the_kernel_accepted() {
-        // The captured binds with NFQA_CFG_F_UID_GID (8) added to the flags and the mask
-        // (the last bytes of NFQA_CFG_FLAGS and NFQA_CFG_MASK), as vallumd binds now; the
-        // kernel accepts it (server/tests/nfqueue.rs binds so, step (l) reads the uid).
+        // The captured binds with NFQA_CFG_F_UID_GID (8) and NFQA_CFG_F_GSO (4) added to the
+        // flags and the mask (the last bytes of NFQA_CFG_FLAGS and NFQA_CFG_MASK), as vallumd
+        // binds now; the kernel accepts it (server/tests/nfqueue.rs binds so, step (l) reads
+        // the uid).
         let uid_gid = |s: &str| {
             let mut v = hex(s);
             let n = v.len();
-            v[n - 9] |= 8;
-            v[n - 1] |= 8;
+            v[n - 9] |= 8 | 4;
+            v[n - 1] |= 8 | 4;
             v
         };
         let mut out = Vec::new();
@@ -824,6 +875,14 @@ mod tests {
         out.clear();
         config_bind(&mut out, 1, 7, 0xffff, true, true);
         assert_eq!(out, uid_gid(SENT_BIND_Q7_FAIL_OPEN_CT));
+        // A copy-range change: the bind's header and NFQA_CFG_PARAMS, without the command
+        // and the flags (the kernel takes PARAMS alone for a queue this socket holds).
+        out.clear();
+        config_copy_range(&mut out, 1, 7, 0xffff);
+        let bind = hex(SENT_BIND_Q7_FAIL_OPEN);
+        assert_eq!(out.len(), 20 + 12);
+        assert_eq!(&out[4..20], &bind[4..20]);
+        assert_eq!(&out[20..], &bind[28..40]);
         out.clear();
         verdict(&mut out, 4, 7, 1, NF_ACCEPT, false);
         assert_eq!(out, hex(SENT_VERDICT_ACCEPT_ID1_SEQ4));
