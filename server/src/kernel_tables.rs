@@ -43,7 +43,8 @@
 //! (counters ignored) and compared with the text vallumd last wrote; the gauge
 //! `vallum_kernel_tables_drift{family,table}` is 1 when they differ (or the kernel's text
 //! cannot be read or parsed), else 0, and GetStatus lists each table with what differs. A
-//! drifted table is written again by the next commit that changes it (or the next start).
+//! table found drifted is written again by the next commit of a ruleset that has kernel
+//! tables (or the next start); a commit of a filter-only ruleset does not touch the kernel.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -323,12 +324,15 @@ impl KernelTables {
         order.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let texts = self.merge(&order)?;
         let applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        let drift = self.drift.lock().unwrap_or_else(PoisonError::into_inner);
+        // The families whose text changes, or that the last check found drifted.
         let families: Vec<Family> = FAMILIES
             .into_iter()
             .filter(|&f| {
-                self.kinds
-                    .iter()
-                    .any(|&k| applied.get(&(f, k)) != texts.get(&(f, k)))
+                self.kinds.iter().any(|&k| {
+                    applied.get(&(f, k)) != texts.get(&(f, k))
+                        || drift.get(&(f, k)).is_some_and(|d| d.drift)
+                })
             })
             .collect();
         Ok((!families.is_empty()).then_some(Next { texts, families }))
@@ -442,11 +446,18 @@ impl KernelTables {
             written.push(family);
         }
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut drift = self.drift.lock().unwrap_or_else(PoisonError::into_inner);
         for (&key, text) in &next.texts {
             if next.families.contains(&key.0) {
                 applied.insert(key, text.clone());
+                // Just written: what the next check compares against.
+                if let Some(d) = drift.get_mut(&key) {
+                    d.drift = false;
+                    d.detail.clear();
+                }
             }
         }
+        drop((applied, drift));
         Ok(Undo(Next {
             texts: previous,
             families: next.families,
@@ -501,15 +512,9 @@ impl KernelTables {
             return Ok(());
         }
         let mut message = format!("{} refused the tables: {}", program.display(), out.stderr);
-        // "Error occurred at line: N" names a line of our input: show it.
-        if let Some(line) = out
-            .stderr
-            .split("line: ")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .and_then(|n| n.parse::<usize>().ok())
-            .and_then(|n| input.lines().nth(n.checked_sub(1)?))
-        {
+        // "Error occurred at line: N" (legacy) or "line N: ..." (nft) names a line of our
+        // input: show it.
+        if let Some(line) = refused_line(&out.stderr).and_then(|n| input.lines().nth(n - 1)) {
             message.push_str(&format!(" (line: {line})"));
         }
         Err(Error::KernelTables(message))
@@ -660,6 +665,16 @@ fn differs(ours: &str, theirs: &str) -> Option<String> {
             }
         }
     }
+}
+
+/// The 1-based input line a restore program's message names: `line: N` (legacy's "Error
+/// occurred at line: N") or `line N:` (nft's "line N: RULE_APPEND failed").
+fn refused_line(stderr: &str) -> Option<usize> {
+    stderr.match_indices("line").find_map(|(i, _)| {
+        let rest = stderr[i + 4..].trim_start_matches(':').trim_start();
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok().filter(|&n: &usize| n > 0)
+    })
 }
 
 /// A finished kernel program.
@@ -818,6 +833,15 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.reason().info().name, "KERNEL_TABLES_REFUSED");
+    }
+
+    #[test]
+    fn the_refused_line() {
+        let nft = "iptables-nft-restore v1.8.9 (nf_tables): \nline 4: RULE_APPEND failed";
+        assert_eq!(refused_line(nft), Some(4));
+        let legacy = "iptables-restore: Couldn't load match `x'\n\nError occurred at line: 12";
+        assert_eq!(refused_line(legacy), Some(12));
+        assert_eq!(refused_line("no number here"), None);
     }
 
     #[test]
