@@ -379,6 +379,8 @@ fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> 
             }
             "-4" | "--ipv4" => v6 = false,
             "-6" | "--ipv6" => v6 = true,
+            // As iptables 1.8 (`iptables v1.8.9 (legacy)`): ufw reads the version from it.
+            "-V" | "--version" => return Ok(version(prog)),
             "-n" | "--numeric" => listing.numeric = true,
             "-v" | "--verbose" => listing.verbose = true,
             "-x" | "--exact" => listing.exact = true,
@@ -599,6 +601,11 @@ fn list_rules(wait: Wait, table: &str, v6: bool, chain: Option<&str>) -> Result<
     Ok(out)
 }
 
+/// `-V`: the program, the iptables version whose grammar it speaks, and the backend.
+fn version(prog: &str) -> String {
+    format!("{prog} v1.8.9 (vallum)\n")
+}
+
 // === iptables-save ===
 
 fn save(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
@@ -615,6 +622,7 @@ fn save(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
                 )
             }
             "-4" | "-6" => {}
+            "-V" | "--version" => return Ok(version(prog)),
             o => return Err(usage(prog, format!("unknown argument '{o}'"))),
         }
     }
@@ -662,6 +670,7 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
                 it.next();
             }
             "-v" | "--verbose" | "-4" | "-6" => {}
+            "-V" | "--version" => return Ok(version(prog)),
             o if o.starts_with('-') => return Err(usage(prog, format!("unknown option '{o}'"))),
             f => file = Some(f.to_owned()),
         }

@@ -891,3 +891,108 @@ fn docker_bridge_and_published_port_as_iptables_legacy() {
         assert!(ours[1].contains(rule), "{rule}: {}", ours[1]);
     }
 }
+
+/// ufw from the Debian package (`ufw --force enable`, `ufw allow 22/tcp`, `ufw limit ssh`),
+/// which runs `/usr/sbin/iptables*` and `ip6tables*` by full path with its own restore files:
+/// in a private mount and network namespace those paths are bind mounts of vallum-iptables
+/// (with a vallumd of its own inside the namespace, ruleset `ufw`), or of iptables-legacy's
+/// multi-call binary; ufw's configuration is a copy, so the host's is never touched. Both give
+/// the same `iptables-save` and `ip6tables-save` of the filter table. SKIP without ufw,
+/// root, iptables-legacy or unshare.
+#[test]
+fn ufw_enable_allow_limit_as_iptables_legacy() {
+    if !legacy_available() {
+        return;
+    }
+    let ufw = std::path::Path::new("/usr/sbin/ufw");
+    let legacy = Command::new("sh")
+        .args(["-c", "command -v xtables-legacy-multi"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    if !ufw.exists() || !std::path::Path::new("/etc/ufw/before.rules").exists() {
+        println!("SKIP ufw is not installed (apt-get install ufw)");
+        return;
+    }
+    if legacy.is_empty() {
+        println!("SKIP xtables-legacy-multi not found");
+        return;
+    }
+    let vallumd = PathBuf::from(BIN).with_file_name("vallumd");
+    if !vallumd.exists() {
+        println!("SKIP {} not built", vallumd.display());
+        return;
+    }
+    let names =
+        "iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore";
+    let side = |tag: &str, binary: &str, start: &str| -> String {
+        let dir = std::env::temp_dir().join(format!("vallum-ufw-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let d = dir.display();
+        let copy = Command::new("sh")
+            .args([
+                "-ec",
+                &format!("cp -a /etc/ufw {d}/etc-ufw; cp /etc/default/ufw {d}/default-ufw"),
+            ])
+            .status()
+            .expect("cp");
+        assert!(copy.success(), "copy ufw's configuration");
+        let script = format!(
+            "set -e\nip link set lo up\n\
+             mount --bind {d}/etc-ufw /etc/ufw\n\
+             mount --bind {d}/default-ufw /etc/default/ufw\n\
+             for n in {names}; do mount --bind {binary} /usr/sbin/$n; done\n\
+             {start}\n\
+             ufw --force enable >/dev/null\n\
+             ufw allow 22/tcp >/dev/null\n\
+             ufw limit ssh >/dev/null\n\
+             echo '@@v4'; iptables-save -t filter\n\
+             echo '@@v6'; ip6tables-save -t filter\n"
+        );
+        let out = Command::new("unshare")
+            .args(["--mount", "--net", "sh", "-c", &script])
+            .env("VALLUM_SERVER", "http://127.0.0.1:50051")
+            .env("VALLUM_RULESET", "ufw")
+            .env_remove("VALLUM_TOKEN")
+            .output()
+            .expect("unshare");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "ufw with {tag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Ours: vallumd inside the namespace (its loopback is the namespace's), killed with it;
+    // `-w 60` waits until it serves.
+    let ours = side(
+        "ours",
+        BIN,
+        &format!(
+            "{} --listen 127.0.0.1:50051 --metrics-listen 127.0.0.1:0 --cores 1 \
+             --db \"$(mktemp -d)/v.db\" >/dev/null 2>&1 &\n\
+             trap 'kill $!' EXIT\n\
+             iptables -w 60 -S >/dev/null",
+            vallumd.display()
+        ),
+    );
+    let kernel = side("legacy", &legacy, ":");
+    let part = |text: &str, m: &str| -> Vec<String> {
+        save_body(
+            text.split(&format!("@@{m}\n"))
+                .nth(1)
+                .and_then(|s| s.split("@@").next())
+                .unwrap_or(""),
+        )
+    };
+    for m in ["v4", "v6"] {
+        assert_eq!(part(&ours, m), part(&kernel, m), "ufw {m}");
+    }
+    let v4 = part(&ours, "v4").join("\n");
+    assert!(
+        v4.contains("-A ufw-user-input -p tcp -m tcp --dport 22 -m conntrack --ctstate NEW -m recent --update --seconds 30 --hitcount 6"),
+        "ufw limit ssh is there: {v4}"
+    );
+}
