@@ -532,3 +532,151 @@ async fn scenario(d: &Vallumd, h: &str, c: &str, x: &str) {
         "no DNAT any more"
     );
 }
+
+// === without root: a stand-in for the kernel's tools ===
+
+/// A stand-in `iptables-fake-restore` (and `ip6tables-…`, `…-save`) in `dir`: restore keeps
+/// its input as "the kernel's table" (`kernel-PROGRAM`) and counts its runs in `calls`; it
+/// refuses, as nft does, any text with 10.66.66.66. Save prints what restore kept.
+fn fake_tools(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    for fam in ["iptables", "ip6tables"] {
+        let restore = dir.join(format!("{fam}-fake-restore"));
+        std::fs::write(
+            &restore,
+            format!(
+                "#!/bin/sh\nin=$(cat)\necho run >> '{d}/calls'\n\
+                 case \"$in\" in *10.66.66.66*) \
+                 echo 'line 3: RULE_APPEND failed (Invalid argument): rule in chain POSTROUTING' >&2; \
+                 exit 4;; esac\n\
+                 printf '%s\\n' \"$in\" > '{d}/kernel-{fam}'\n",
+                d = dir.display()
+            ),
+        )
+        .expect("write restore");
+        let save = dir.join(format!("{fam}-fake-save"));
+        std::fs::write(
+            &save,
+            format!("#!/bin/sh\ncat '{}/kernel-{fam}'\n", dir.display()),
+        )
+        .expect("write save");
+        for p in [&restore, &save] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+    }
+    dir.join("iptables-fake-restore")
+}
+
+fn calls(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("calls"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// The commit's order with the kernel, without root: the start writes both families; a
+/// commit with nat rules runs the restore program before it publishes, one of a filter-only
+/// ruleset runs nothing; a refusal fails the commit (KERNEL_TABLES_REFUSED with the refused
+/// line) and leaves the active revision and the kernel's table; drift is seen and mended by
+/// the next commit; after a restart the stored tables are written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_order_with_a_stand_in_kernel() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tool = fake_tools(dir.path());
+    let db = dir.path().join("v.db");
+    let flags = [
+        "--kernel-tables",
+        "nat",
+        "--kernel-tables-restore",
+        tool.to_str().expect("utf-8 path"),
+    ];
+    let kernel = || std::fs::read_to_string(dir.path().join("kernel-iptables")).unwrap_or_default();
+    let mut d = Vallumd::start(&db, &flags);
+    d.wait_serving().await;
+    assert_eq!(calls(dir.path()), 2, "the start writes IPv4 and IPv6");
+    assert!(rules(&kernel()).is_empty(), "{}", kernel());
+
+    let first = apply(&d, &docker(true, "")).await.expect("apply");
+    let revision = first.revision.expect("revision").number;
+    assert!(
+        kernel().contains("-A DOCKER ! -i vbr0 -p tcp -m tcp --dport 8080 -j DNAT"),
+        "{}",
+        kernel()
+    );
+    // Only IPv4's text changed.
+    assert_eq!(calls(dir.path()), 3);
+
+    // A filter-only ruleset runs no kernel program.
+    d.rulesets()
+        .await
+        .apply(pb::ApplyRequest {
+            ruleset: "host".into(),
+            source: Some(text_source(
+                "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n",
+                false,
+                "host.rules",
+            )),
+            ..Default::default()
+        })
+        .await
+        .expect("apply host");
+    assert_eq!(calls(dir.path()), 3, "no kernel table changed");
+
+    // Refused: nothing stored as active, nothing published, the kernel's table kept.
+    let before = kernel();
+    let refused = apply(
+        &d,
+        &docker(false, "-A POSTROUTING -s 10.66.66.66/32 -j ACCEPT\n"),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(reason(&refused), "KERNEL_TABLES_REFUSED", "{refused:?}");
+    assert!(
+        refused.message().contains("(line: :INPUT ACCEPT [0:0])"),
+        "the input's line 3 is named: {refused:?}"
+    );
+    assert_eq!(kernel(), before);
+    let st = status(&d).await;
+    let docker_rev = st
+        .active
+        .iter()
+        .find(|a| a.ruleset == "docker")
+        .expect("active");
+    assert_eq!(docker_rev.revision, revision);
+    let rs = d
+        .rulesets()
+        .await
+        .get_ruleset(pb::GetRulesetRequest {
+            name: "docker".into(),
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(
+        rs.active_revision, revision,
+        "the store was reverted: {rs:?}"
+    );
+
+    // Drift by hand, seen by GetStatus, mended by the next commit with kernel tables.
+    std::fs::write(
+        dir.path().join("kernel-iptables"),
+        before.replace("8081", "9999"),
+    )
+    .expect("edit");
+    let st = status(&d).await;
+    let v4 = st
+        .kernel_tables
+        .iter()
+        .find(|k| k.family == "ipv4")
+        .expect("ipv4");
+    assert!(v4.drift && v4.detail.contains("9999"), "{v4:?}");
+    apply(&d, &docker(false, "")).await.expect("apply");
+    assert_eq!(kernel(), before, "written again");
+    assert!(status(&d).await.kernel_tables.iter().all(|k| !k.drift));
+
+    // A restart writes the stored tables again (a crash between store and kernel mends).
+    assert!(d.terminate(), "graceful stop");
+    std::fs::remove_file(dir.path().join("kernel-iptables")).expect("rm");
+    let d = Vallumd::start(&db, &flags);
+    d.wait_serving().await;
+    assert_eq!(kernel(), before);
+}
