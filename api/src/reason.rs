@@ -154,6 +154,12 @@ reasons! {
     /// the same chain of one kernel table; nothing was published (see vallum-server's
     /// `kernel_tables`).
     KernelTablesRefused => ("KERNEL_TABLES_REFUSED", FailedPrecondition, EXIT_REJECTED),
+    /// A page token's listing changed under it (GetCounters: a commit changed the active
+    /// revisions between two pages); list again from the first page.
+    ListChanged => ("LIST_CHANGED", Aborted, EXIT_REJECTED),
+    /// WatchCommits `start_after` names a point whose following events are no longer kept
+    /// (evicted, or from before vallumd's start); the message says which are kept.
+    EventsNotKept => ("EVENTS_NOT_KEPT", OutOfRange, EXIT_REJECTED),
 }
 
 impl Reason {

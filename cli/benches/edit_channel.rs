@@ -52,8 +52,11 @@ fn main() {
                 .into_inner();
             wall.push(t.elapsed().as_nanos() as u64);
             let p = r.phases.unwrap_or_default();
-            persist.push(p.persist_ns);
-            total.push(p.total_ns);
+            let ns = |d: Option<prost_types::Duration>| {
+                d.map_or(0, |d| d.seconds as u64 * 1_000_000_000 + d.nanos as u64)
+            };
+            persist.push(ns(p.persist));
+            total.push(ns(p.total));
         }
         let q = |v: &mut Vec<u64>, f: f64| {
             v.sort_unstable();

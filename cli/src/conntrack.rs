@@ -25,6 +25,7 @@ use crate::args::FamilyArg;
 use crate::connect::Svc;
 use crate::error::CliError;
 use crate::output::{Output, print};
+use crate::pages::PAGE_SIZE;
 
 /// `vallumctl conntrack ...`.
 #[derive(Debug, clap::Subcommand)]
@@ -33,9 +34,9 @@ pub enum ConntrackCmd {
     List {
         #[command(flatten)]
         filter: FilterArgs,
-        /// Most entries to fetch (the server's default 10000 when 0).
+        /// Most entries to show (0: all; vallumctl reads them page by page).
         #[arg(long, default_value_t = 0)]
-        limit: u32,
+        limit: u64,
     },
     /// Delete the entries that match the filter (as `conntrack -D`); at least one filter.
     Delete {
@@ -96,6 +97,45 @@ impl FilterArgs {
     }
 }
 
+/// The entries that match `filter`, page by page, at most `limit` (0: all), with the
+/// server's count of all matching entries (from the first page).
+async fn list_all(
+    client: &mut ConntrackServiceClient<Svc>,
+    filter: pb::ConntrackFilter,
+    limit: u64,
+) -> Result<pb::ListConntrackResponse, CliError> {
+    let mut all = pb::ListConntrackResponse::default();
+    let mut token = String::new();
+    loop {
+        let left = match limit {
+            0 => PAGE_SIZE,
+            n => {
+                u32::try_from(n - all.entries.len() as u64).map_or(PAGE_SIZE, |l| l.min(PAGE_SIZE))
+            }
+        };
+        let r = client
+            .list(ListConntrackRequest {
+                filter: Some(filter.clone()),
+                page_size: left,
+                page_token: token.clone(),
+            })
+            .await?
+            .into_inner();
+        if token.is_empty() {
+            all.matched = r.matched;
+        }
+        all.entries.extend(r.entries);
+        if limit != 0 && all.entries.len() as u64 >= limit {
+            break;
+        }
+        match crate::pages::next(&token, r.next_page_token)? {
+            Some(t) => token = t,
+            None => break,
+        }
+    }
+    Ok(all)
+}
+
 /// Runs one `conntrack` subcommand.
 pub async fn run(
     client: &mut ConntrackServiceClient<Svc>,
@@ -104,13 +144,7 @@ pub async fn run(
 ) -> Result<(), CliError> {
     match cmd {
         ConntrackCmd::List { filter, limit } => {
-            let r = client
-                .list(ListConntrackRequest {
-                    filter: Some(filter.to_pb()),
-                    limit: *limit,
-                })
-                .await?
-                .into_inner();
+            let r = list_all(client, filter.to_pb(), *limit).await?;
             print(out, list_json(&r), || {
                 r.entries.iter().map(entry_line).collect::<String>()
             })?;
@@ -118,7 +152,7 @@ pub async fn run(
                 let shown = r.entries.len();
                 if (shown as u64) < r.matched {
                     eprintln!(
-                        "{shown} flow entries have been shown ({} matched; raise --limit).",
+                        "{shown} flow entries have been shown ({} matched; --limit cut the list).",
                         r.matched
                     );
                 } else {

@@ -26,6 +26,7 @@ use crate::error::CliError;
 use crate::input::with_file;
 use crate::output::{Output, print};
 use crate::rulesets::{SourceArgs, source};
+use crate::view;
 
 /// The client type.
 pub type Client = FleetServiceClient<InterceptedService<Channel, Auth>>;
@@ -163,14 +164,14 @@ fn status_json(s: &pb::NodeStatus) -> Value {
         "result": if s.result == pb::NodeResult::Ack as i32 { "ACK" } else { "NACK" },
         "error": s.error,
         "local_revision": s.local_revision,
-        "latency_seconds": s.latency_seconds,
+        "latency_seconds": view::ns(s.latency.as_ref()) as f64 / 1e9,
         "phases_ns": s.phases.as_ref().map(|p| json!({
-            "validate": p.validate_ns,
-            "compile": p.compile_ns,
-            "persist": p.persist_ns,
-            "publish": p.publish_ns,
-            "quiesce": p.quiesce_ns,
-            "total": p.total_ns,
+            "validate": view::ns(p.validate.as_ref()),
+            "compile": view::ns(p.compile.as_ref()),
+            "persist": view::ns(p.persist.as_ref()),
+            "publish": view::ns(p.publish.as_ref()),
+            "quiesce": view::ns(p.quiesce.as_ref()),
+            "total": view::ns(p.total.as_ref()),
         })),
     })
 }
@@ -257,7 +258,9 @@ pub async fn run(
                     let _ = writeln!(
                         t,
                         "  {}  ACK   local revision {}  latency {:.3}s",
-                        a.node, a.local_revision, a.latency_seconds
+                        a.node,
+                        a.local_revision,
+                        view::ns(a.latency.as_ref()) as f64 / 1e9
                     );
                 }
                 for f in &s.failed {

@@ -31,6 +31,7 @@ mod error;
 mod fleet;
 mod input;
 mod output;
+mod pages;
 mod rulesets;
 mod sets;
 mod trace;

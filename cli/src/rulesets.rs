@@ -25,6 +25,7 @@ use crate::connect::Svc;
 use crate::error::{self, CliError};
 use crate::input::{display_name, is_stdin, read_text, with_file};
 use crate::output::{Output, print, write_stdout};
+use crate::pages::{PAGE_SIZE, all_pages};
 use crate::view;
 
 /// The client type.
@@ -184,6 +185,10 @@ pub enum RulesetCommand {
     Watch {
         /// Only this ruleset.
         ruleset: Option<String>,
+        /// Resume after this event `sequence` (the last one seen, as `-o json` prints it):
+        /// first the events after it that vallumd still keeps, then the new ones.
+        #[arg(long, value_name = "SEQUENCE")]
+        start_after: Option<u64>,
     },
     /// List rulesets.
     Rulesets,
@@ -444,23 +449,16 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             print(out, view::commit_json(&r), || view::commit_text(&r))?;
         }
         RulesetCommand::Revisions { ruleset } => {
-            let mut all = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let r = c
+            let all = all_pages!(
+                |token| c
                     .list_revisions(ListRevisionsRequest {
                         ruleset: ruleset.clone(),
-                        page_size: 100,
-                        page_token: page_token.clone(),
+                        page_size: PAGE_SIZE,
+                        page_token: token.clone(),
                     })
-                    .await?
-                    .into_inner();
-                all.extend(r.revisions);
-                if r.next_page_token.is_empty() || r.next_page_token == page_token {
-                    break;
-                }
-                page_token = r.next_page_token;
-            }
+                    .await?,
+                revisions
+            );
             print(
                 out,
                 Value::Array(all.iter().map(view::revision_json).collect()),
@@ -470,8 +468,8 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
         RulesetCommand::Diff { from, to } => {
             let r = c
                 .diff_revisions(DiffRevisionsRequest {
-                    from: revision_name(from)?,
-                    to: revision_name(to)?,
+                    base: revision_name(from)?,
+                    target: revision_name(to)?,
                 })
                 .await?
                 .into_inner();
@@ -500,10 +498,14 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
                 || r.content.clone(),
             )?;
         }
-        RulesetCommand::Watch { ruleset } => {
+        RulesetCommand::Watch {
+            ruleset,
+            start_after,
+        } => {
             let mut stream = c
                 .watch_commits(WatchCommitsRequest {
                     ruleset: ruleset.clone().unwrap_or_default(),
+                    start_after: start_after.unwrap_or(0),
                 })
                 .await?
                 .into_inner();
@@ -516,11 +518,19 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             }
         }
         RulesetCommand::Rulesets => {
-            let r = c.list_rulesets(ListRulesetsRequest {}).await?.into_inner();
+            let rulesets = all_pages!(
+                |token| c
+                    .list_rulesets(ListRulesetsRequest {
+                        page_size: PAGE_SIZE,
+                        page_token: token.clone(),
+                    })
+                    .await?,
+                rulesets
+            );
             print(
                 out,
-                Value::Array(r.rulesets.iter().map(view::ruleset_json).collect()),
-                || view::rulesets_text(&r.rulesets),
+                Value::Array(rulesets.iter().map(view::ruleset_json).collect()),
+                || view::rulesets_text(&rulesets),
             )?;
         }
         RulesetCommand::Delete { ruleset, etag } => {

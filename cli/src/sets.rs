@@ -27,6 +27,7 @@ use crate::connect::Auth;
 use crate::error::CliError;
 use crate::input::{display_name, read_text, with_file};
 use crate::output::{Output, print, write_stdout};
+use crate::pages::{PAGE_SIZE, all_pages};
 
 /// The client type.
 pub type Client = SetServiceClient<InterceptedService<Channel, Auth>>;
@@ -309,19 +310,21 @@ async fn get_all(c: &mut Client, name: &str) -> Result<(pb::Set, Vec<pb::SetElem
         let r = c
             .get_set(pb::GetSetRequest {
                 name: name.to_string(),
-                page_size: 10_000,
-                page_token: token,
+                page_size: PAGE_SIZE,
+                page_token: token.clone(),
             })
             .await?
             .into_inner();
         elements.extend(r.elements);
-        if r.next_page_token.is_empty() {
-            let set = r
-                .set
-                .ok_or_else(|| CliError::Output("the server sent no set header".into()))?;
-            return Ok((set, elements));
+        match crate::pages::next(&token, r.next_page_token)? {
+            Some(t) => token = t,
+            None => {
+                let set = r
+                    .set
+                    .ok_or_else(|| CliError::Output("the server sent no set header".into()))?;
+                return Ok((set, elements));
+            }
         }
-        token = r.next_page_token;
     }
 }
 
@@ -390,14 +393,18 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
         SetCommand::List { name, terse } => {
             let names: Vec<String> = match name {
                 Some(n) => vec![n.clone()],
-                None => c
-                    .list_sets(pb::ListSetsRequest {})
-                    .await?
-                    .into_inner()
-                    .sets
-                    .into_iter()
-                    .map(|s| s.name)
-                    .collect(),
+                None => all_pages!(
+                    |token| c
+                        .list_sets(pb::ListSetsRequest {
+                            page_size: PAGE_SIZE,
+                            page_token: token.clone(),
+                        })
+                        .await?,
+                    sets
+                )
+                .into_iter()
+                .map(|s| s.name)
+                .collect(),
             };
             let mut all = Vec::new();
             for n in &names {
@@ -430,8 +437,8 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
         }
         SetCommand::Swap { from, to } => {
             c.swap_sets(pb::SwapSetsRequest {
-                from: from.clone(),
-                to: to.clone(),
+                name: from.clone(),
+                other_name: to.clone(),
             })
             .await?;
             print(out, json!({"swapped": [from, to]}), || {

@@ -40,9 +40,9 @@ pub struct TraceArgs {
     /// TCP flags, letters of FSRPAU (e.g. S for a SYN).
     #[arg(long, default_value = "")]
     pub flags: String,
-    /// Hook: PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING.
-    #[arg(long, default_value = "INPUT")]
-    pub hook: String,
+    /// Hook (any case).
+    #[arg(long, value_enum, ignore_case = true, default_value = "input")]
+    pub hook: HookArg,
     /// Input interface.
     #[arg(long = "in", default_value = "")]
     pub in_interface: String,
@@ -82,6 +82,43 @@ pub struct TraceArgs {
     pub revision: Option<String>,
 }
 
+/// A netfilter hook on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HookArg {
+    /// Before routing.
+    Prerouting,
+    /// For a local address.
+    Input,
+    /// Routed.
+    Forward,
+    /// Locally generated.
+    Output,
+    /// Leaving.
+    Postrouting,
+}
+
+impl HookArg {
+    /// The proto hook.
+    pub fn to_pb(self) -> pb::Hook {
+        match self {
+            HookArg::Prerouting => pb::Hook::Prerouting,
+            HookArg::Input => pb::Hook::Input,
+            HookArg::Forward => pb::Hook::Forward,
+            HookArg::Output => pb::Hook::Output,
+            HookArg::Postrouting => pb::Hook::Postrouting,
+        }
+    }
+}
+
+/// A packet event kind on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KindArg {
+    /// `-j LOG` hits.
+    Log,
+    /// Sampled dropped packets.
+    Drop,
+}
+
 /// Flags of `replay`.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
@@ -90,9 +127,9 @@ pub struct ReplayArgs {
     /// Staged revision to compare with the active rulesets.
     #[arg(long)]
     pub revision: Option<String>,
-    /// Hook to classify at (default INPUT).
-    #[arg(long)]
-    pub hook: Option<String>,
+    /// Hook to classify at (any case; default input).
+    #[arg(long, value_enum, ignore_case = true)]
+    pub hook: Option<HookArg>,
     /// Input interface name.
     #[arg(long = "in")]
     pub in_interface: Option<String>,
@@ -116,7 +153,7 @@ pub async fn trace(c: &mut Client, out: Output, t: &TraceArgs) -> Result<(), Cli
         .trace_packet(TracePacketRequest {
             packet: Some(PacketSpec {
                 family: family as i32,
-                hook: t.hook.to_ascii_uppercase(),
+                hook: t.hook.to_pb() as i32,
                 source: t.src.clone(),
                 destination: t.dst.clone(),
                 protocol: t.proto.clone(),
@@ -156,7 +193,7 @@ pub async fn replay(c: &mut Client, out: Output, a: &ReplayArgs) -> Result<(), C
                 Some(r) => revision_name(r)?,
                 None => String::new(),
             },
-            hook: a.hook.clone().unwrap_or_default(),
+            hook: a.hook.map_or(pb::Hook::Unspecified, HookArg::to_pb) as i32,
             in_interface: a.in_interface.clone().unwrap_or_default(),
             max_flows: a.max_flows,
         })
@@ -174,9 +211,15 @@ pub struct MonitorArgs {
     /// Only LOG hits of rules in this chain.
     #[arg(long)]
     pub chain: Option<String>,
-    /// Only this kind: `log` or `drop`.
-    #[arg(long, value_name = "KIND")]
-    pub verdict: Option<String>,
+    /// Only this kind (any case).
+    #[arg(
+        long,
+        value_name = "KIND",
+        value_enum,
+        ignore_case = true,
+        alias = "kind"
+    )]
+    pub verdict: Option<KindArg>,
     /// Only packets from or to this address or prefix (ADDR[/LEN]).
     #[arg(long, value_name = "ADDR[/LEN]")]
     pub address: Option<String>,
@@ -191,7 +234,11 @@ pub async fn monitor(c: &mut Client, out: Output, a: &MonitorArgs) -> Result<(),
         .watch_packet_events(WatchPacketEventsRequest {
             ruleset: a.ruleset.clone().unwrap_or_default(),
             chain: a.chain.clone().unwrap_or_default(),
-            verdict: a.verdict.clone().unwrap_or_default(),
+            kind: match a.verdict {
+                None => pb::PacketEventKind::Unspecified,
+                Some(KindArg::Log) => pb::PacketEventKind::Log,
+                Some(KindArg::Drop) => pb::PacketEventKind::Drop,
+            } as i32,
             address: a.address.clone().unwrap_or_default(),
             sample_drops_one_in: a.sample_drops.unwrap_or(0),
         })

@@ -7,8 +7,9 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 use vallum_proto::v1::{
     CommitEvent, CommitOutcome, CommitPhases, CommitResult, DiffRevisionsResponse, Family,
-    GetStatusResponse, PacketEvent, ReplayCaptureResponse, Revision, RevisionState, RuleCounter,
-    Ruleset, Severity, TracePacketResponse, VerdictTotals, Violation,
+    GetStatusResponse, Hook, PacketEvent, PacketEventKind, ReplayCaptureResponse, Revision,
+    RevisionState, RuleCounter, Ruleset, Severity, TracePacketResponse, TraceStepOutcome, Verdict,
+    VerdictTotals, Violation,
 };
 
 /// A timestamp as `{"seconds", "nanos", "rfc3339"}` (RFC 3339 in UTC, e.g.
@@ -198,30 +199,90 @@ fn short(d: &str) -> &str {
     d.get(..12).unwrap_or(d)
 }
 
+/// A `google.protobuf.Duration` in nanoseconds (absent or negative: 0).
+pub fn ns(d: Option<&prost_types::Duration>) -> u64 {
+    d.map_or(0, |d| {
+        let s = u64::try_from(d.seconds).unwrap_or(0);
+        let n = u64::try_from(d.nanos).unwrap_or(0);
+        s.saturating_mul(1_000_000_000).saturating_add(n)
+    })
+}
+
+/// Phases as JSON: nanoseconds per phase (`validate_ns` ...), the figures `vallumctl` has
+/// always printed.
 fn phases_json(p: Option<&CommitPhases>) -> Value {
     match p {
         Some(p) => json!({
-            "validate_ns": p.validate_ns, "compile_ns": p.compile_ns, "persist_ns": p.persist_ns,
-            "publish_ns": p.publish_ns, "quiesce_ns": p.quiesce_ns, "carry_ns": p.carry_ns,
-            "total_ns": p.total_ns, "cores_waited": p.cores_waited,
+            "validate_ns": ns(p.validate.as_ref()), "compile_ns": ns(p.compile.as_ref()),
+            "persist_ns": ns(p.persist.as_ref()), "publish_ns": ns(p.publish.as_ref()),
+            "quiesce_ns": ns(p.quiesce.as_ref()), "carry_ns": ns(p.carry.as_ref()),
+            "total_ns": ns(p.total.as_ref()), "cores_waited": p.cores_waited,
         }),
         None => Value::Null,
     }
 }
 
 fn phases_text(p: &CommitPhases) -> String {
-    let us = |ns: u64| ns as f64 / 1e3;
+    let us = |d: &Option<prost_types::Duration>| ns(d.as_ref()) as f64 / 1e3;
     format!(
         "total {:.1} µs (validate {:.1}, compile {:.1}, persist {:.1}, publish {:.1}, quiesce {:.1}, carry {:.1}; {} cores waited)",
-        us(p.total_ns),
-        us(p.validate_ns),
-        us(p.compile_ns),
-        us(p.persist_ns),
-        us(p.publish_ns),
-        us(p.quiesce_ns),
-        us(p.carry_ns),
+        us(&p.total),
+        us(&p.validate),
+        us(&p.compile),
+        us(&p.persist),
+        us(&p.publish),
+        us(&p.quiesce),
+        us(&p.carry),
         p.cores_waited
     )
+}
+
+/// A verdict's iptables name (`ACCEPT`, `DROP`, `REJECT`; `-` when unset).
+pub fn verdict(v: i32) -> &'static str {
+    match Verdict::try_from(v) {
+        Ok(Verdict::Accept) => "ACCEPT",
+        Ok(Verdict::Drop) => "DROP",
+        Ok(Verdict::Reject) => "REJECT",
+        Ok(Verdict::Unspecified) | Err(_) => "-",
+    }
+}
+
+/// A hook's chain name (`PREROUTING` ... `POSTROUTING`; `-` when unset).
+pub fn hook(h: i32) -> &'static str {
+    match Hook::try_from(h) {
+        Ok(Hook::Prerouting) => "PREROUTING",
+        Ok(Hook::Input) => "INPUT",
+        Ok(Hook::Forward) => "FORWARD",
+        Ok(Hook::Output) => "OUTPUT",
+        Ok(Hook::Postrouting) => "POSTROUTING",
+        Ok(Hook::Unspecified) | Err(_) => "-",
+    }
+}
+
+/// A trace step's outcome as the words `vallumctl trace` prints (`CONTINUE`, `POLICY_DROP`).
+pub fn step_outcome(o: i32) -> &'static str {
+    use TraceStepOutcome as T;
+    match T::try_from(o) {
+        Ok(T::Continue) => "CONTINUE",
+        Ok(T::Jump) => "JUMP",
+        Ok(T::Goto) => "GOTO",
+        Ok(T::Return) => "RETURN",
+        Ok(T::Accept) => "ACCEPT",
+        Ok(T::Drop) => "DROP",
+        Ok(T::Reject) => "REJECT",
+        Ok(T::PolicyAccept) => "POLICY_ACCEPT",
+        Ok(T::PolicyDrop) => "POLICY_DROP",
+        Ok(T::Unspecified) | Err(_) => "-",
+    }
+}
+
+/// A packet event's kind (`LOG`, `DROP`; `-` when unset).
+pub fn event_kind(k: i32) -> &'static str {
+    match PacketEventKind::try_from(k) {
+        Ok(PacketEventKind::Log) => "LOG",
+        Ok(PacketEventKind::Drop) => "DROP",
+        Ok(PacketEventKind::Unspecified) | Err(_) => "-",
+    }
 }
 
 /// A commit result as JSON.
@@ -554,12 +615,12 @@ pub fn counters_text(cs: &[RuleCounter], line_numbers: bool) -> String {
 /// A trace as JSON.
 pub fn trace_json(t: &TracePacketResponse) -> Value {
     json!({
-        "verdict": t.verdict,
+        "verdict": verdict(t.verdict),
         "ct_state": t.ct_state,
         "notes": t.notes,
         "steps": t.steps.iter().map(|s| json!({
             "ruleset": s.ruleset, "family": family(s.family), "table": s.table, "chain": s.chain,
-            "rule": s.rule, "outcome": s.outcome, "text": s.text,
+            "rule": s.rule, "outcome": step_outcome(s.outcome), "text": s.text,
         })).collect::<Vec<_>>(),
     })
 }
@@ -577,13 +638,13 @@ pub fn trace_text(t: &TracePacketResponse) -> String {
             s,
             "{:<28} {:<14} [{} {}] {}",
             at,
-            st.outcome,
+            step_outcome(st.outcome),
             st.ruleset,
             family(st.family),
             st.text
         );
     }
-    let _ = writeln!(s, "verdict: {}", t.verdict);
+    let _ = writeln!(s, "verdict: {}", verdict(t.verdict));
     if !t.ct_state.is_empty() {
         let _ = writeln!(s, "ct_state: {}", t.ct_state);
     }
@@ -612,7 +673,8 @@ pub fn replay_json(r: &ReplayCaptureResponse) -> Value {
             "family": family(f.family), "source": f.source, "destination": f.destination,
             "protocol": f.protocol, "source_port": f.source_port,
             "destination_port": f.destination_port, "packets": f.packets,
-            "active_verdict": f.active_verdict, "staged_verdict": f.staged_verdict,
+            "active_verdict": verdict(f.active_verdict),
+            "staged_verdict": verdict(f.staged_verdict),
         })).collect::<Vec<_>>(),
     })
 }
@@ -642,8 +704,8 @@ pub fn replay_text(r: &ReplayCaptureResponse) -> String {
                 f.destination_port,
                 f.protocol,
                 f.packets,
-                f.active_verdict,
-                f.staged_verdict
+                verdict(f.active_verdict),
+                verdict(f.staged_verdict)
             );
         }
     }
@@ -719,7 +781,7 @@ pub fn status_text(st: &GetStatusResponse) -> String {
 /// A commit event as JSON.
 pub fn event_json(e: &CommitEvent) -> Value {
     json!({
-        "revision": e.revision, "outcome": outcome(e.outcome),
+        "sequence": e.sequence, "revision": e.revision, "outcome": outcome(e.outcome),
         "phases": phases_json(e.phases.as_ref()), "error": e.error, "time": ts(e.time.as_ref()),
     })
 }
@@ -745,9 +807,9 @@ pub fn packet_event_json(e: &PacketEvent) -> Value {
         _ => "ipv4",
     };
     json!({
-        "kind": e.kind, "time": ts(e.time.as_ref()), "ruleset": e.ruleset, "table": e.table,
+        "kind": event_kind(e.kind), "time": ts(e.time.as_ref()), "ruleset": e.ruleset, "table": e.table,
         "chain": e.chain, "rule": e.rule, "log_prefix": e.log_prefix, "log_level": e.log_level,
-        "line": e.line, "family": family, "hook": e.hook, "source": e.source,
+        "line": e.line, "family": family, "hook": hook(e.hook), "source": e.source,
         "destination": e.destination, "protocol": e.protocol, "source_port": e.source_port,
         "destination_port": e.destination_port, "in_interface": e.in_interface,
         "out_interface": e.out_interface, "length": e.length, "lost_before": e.lost_before,
@@ -762,8 +824,8 @@ pub fn packet_event_text(e: &PacketEvent) -> String {
         let _ = writeln!(s, "... {} events lost (reading too slowly)", e.lost_before);
     }
     let time = e.time.as_ref().map(rfc3339).unwrap_or_default();
-    let _ = write!(s, "{time} {}", e.kind);
-    if e.kind == "LOG" {
+    let _ = write!(s, "{time} {}", event_kind(e.kind));
+    if e.kind == PacketEventKind::Log as i32 {
         let _ = write!(s, " {}/{}/{}#{}", e.ruleset, e.table, e.chain, e.rule);
     }
     let _ = write!(s, "  {}", e.line.trim_end());

@@ -18,6 +18,7 @@
 
 mod addrtype;
 mod connlimit;
+mod ext_options;
 mod extensions;
 mod hashlimit;
 mod header_matches;

@@ -137,15 +137,19 @@ fn bench(c: &mut Criterion) {
             ms(pct(&mut totals, 0.5)),
             ms(pct(&mut totals, 0.99))
         );
+        fn ns(d: &Option<prost_types::Duration>) -> u64 {
+            d.as_ref()
+                .map_or(0, |d| d.seconds as u64 * 1_000_000_000 + d.nanos as u64)
+        }
         type Get = fn(&pb::CommitPhases) -> u64;
         let cols: [(&str, Get); 7] = [
-            ("validate", |p| p.validate_ns),
-            ("persist", |p| p.persist_ns),
-            ("compile", |p| p.compile_ns),
-            ("publish", |p| p.publish_ns),
-            ("quiesce", |p| p.quiesce_ns),
-            ("carry", |p| p.carry_ns),
-            ("total", |p| p.total_ns),
+            ("validate", |p| ns(&p.validate)),
+            ("persist", |p| ns(&p.persist)),
+            ("compile", |p| ns(&p.compile)),
+            ("publish", |p| ns(&p.publish)),
+            ("quiesce", |p| ns(&p.quiesce)),
+            ("carry", |p| ns(&p.carry)),
+            ("total", |p| ns(&p.total)),
         ];
         for (name, f) in cols {
             let mut v: Vec<u64> = phases.iter().map(f).collect();

@@ -50,7 +50,7 @@ async fn client(port: u16) -> SetServiceClient<Channel> {
             let mut c = c
                 .max_decoding_message_size(MAX_REQUEST)
                 .max_encoding_message_size(MAX_REQUEST);
-            if c.list_sets(pb::ListSetsRequest {}).await.is_ok() {
+            if c.list_sets(pb::ListSetsRequest::default()).await.is_ok() {
                 return c;
             }
         }
@@ -167,7 +167,7 @@ fn main() {
         let mut c = rt.block_on(client(s.port));
         ns.push(t0.elapsed().as_nanos() as u64);
         let got = rt
-            .block_on(c.list_sets(pb::ListSetsRequest {}))
+            .block_on(c.list_sets(pb::ListSetsRequest::default()))
             .expect("list")
             .into_inner();
         assert_eq!(got.sets[0].entries, n_big as u64);

@@ -497,16 +497,25 @@ pub fn ruleset(r: &RulesetRow) -> pb::Ruleset {
     }
 }
 
+/// Nanoseconds as a `google.protobuf.Duration` (exact: a u64 of ns is ~584 years, inside
+/// the Duration range).
+pub fn duration_pb(ns: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ns / 1_000_000_000) as i64,
+        nanos: (ns % 1_000_000_000) as i32,
+    }
+}
+
 /// Phase durations.
 pub fn phases(p: &Phases) -> pb::CommitPhases {
     pb::CommitPhases {
-        validate_ns: p.validate_ns,
-        compile_ns: p.compile_ns,
-        persist_ns: p.persist_ns,
-        publish_ns: p.publish_ns,
-        quiesce_ns: p.quiesce_ns,
-        carry_ns: p.carry_ns,
-        total_ns: p.total_ns,
+        validate: Some(duration_pb(p.validate_ns)),
+        compile: Some(duration_pb(p.compile_ns)),
+        persist: Some(duration_pb(p.persist_ns)),
+        publish: Some(duration_pb(p.publish_ns)),
+        quiesce: Some(duration_pb(p.quiesce_ns)),
+        carry: Some(duration_pb(p.carry_ns)),
+        total: Some(duration_pb(p.total_ns)),
         cores_waited: p.cores_waited,
     }
 }
@@ -536,6 +545,7 @@ pub fn outcome(o: Outcome) -> pb::CommitOutcome {
 /// A commit event.
 pub fn commit_event(e: &CommitEvent) -> pb::CommitEvent {
     pb::CommitEvent {
+        sequence: e.sequence,
         revision: match e.revision {
             Some(n) => revision_resource(&e.ruleset, n),
             None => format!("rulesets/{}", e.ruleset),
@@ -571,22 +581,32 @@ fn iface(field: &str, s: &str) -> Result<IfName> {
     IfName::new(s).ok_or_else(|| Error::invalid(field, "interface names have at most 15 bytes"))
 }
 
-/// The hook named `s` (`INPUT` when empty).
+/// The hook a `vallum.v1.Hook` value names (`INPUT` for HOOK_UNSPECIFIED).
 ///
-/// Errors: [`Error::BadRequest`] on `field`.
-pub fn hook(field: &str, s: &str) -> Result<Hook> {
-    if s.is_empty() {
-        return Ok(Hook::Input);
-    }
-    Hook::from_chain_name(&s.to_ascii_uppercase()).ok_or_else(|| {
-        Error::invalid(
+/// Errors: [`Error::BadRequest`] on `field` for a number that is not a `Hook`.
+pub fn hook(field: &str, v: i32) -> Result<Hook> {
+    match pb::Hook::try_from(v) {
+        Ok(pb::Hook::Unspecified | pb::Hook::Input) => Ok(Hook::Input),
+        Ok(pb::Hook::Prerouting) => Ok(Hook::Prerouting),
+        Ok(pb::Hook::Forward) => Ok(Hook::Forward),
+        Ok(pb::Hook::Output) => Ok(Hook::Output),
+        Ok(pb::Hook::Postrouting) => Ok(Hook::Postrouting),
+        Err(_) => Err(Error::invalid(
             field,
-            format!(
-                "unknown hook {} (PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING)",
-                quoted(s)
-            ),
-        )
-    })
+            format!("unknown hook {v} (HOOK_PREROUTING ... HOOK_POSTROUTING)"),
+        )),
+    }
+}
+
+/// The proto hook.
+pub fn hook_pb(h: Hook) -> pb::Hook {
+    match h {
+        Hook::Prerouting => pb::Hook::Prerouting,
+        Hook::Input => pb::Hook::Input,
+        Hook::Forward => pb::Hook::Forward,
+        Hook::Output => pb::Hook::Output,
+        Hook::Postrouting => pb::Hook::Postrouting,
+    }
 }
 
 /// A packet spec as packet metadata (a function, not `TryFrom`: both types are foreign here,
@@ -676,7 +696,7 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
         };
         Ok(PacketMeta {
             family,
-            hook: hook("packet.hook", &p.hook)?,
+            hook: hook("packet.hook", p.hook)?,
             src,
             dst,
             protocol: protocol("packet.protocol", &p.protocol)?,
@@ -698,17 +718,18 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
     }
 }
 
-fn step_outcome(o: StepOutcome) -> &'static str {
+fn step_outcome(o: StepOutcome) -> pb::TraceStepOutcome {
+    use pb::TraceStepOutcome as T;
     match o {
-        StepOutcome::Continue => "CONTINUE",
-        StepOutcome::Jump => "JUMP",
-        StepOutcome::Goto => "GOTO",
-        StepOutcome::Return => "RETURN",
-        StepOutcome::Accept => "ACCEPT",
-        StepOutcome::Drop => "DROP",
-        StepOutcome::Reject => "REJECT",
-        StepOutcome::Policy(Policy::Accept) => "POLICY_ACCEPT",
-        StepOutcome::Policy(Policy::Drop) => "POLICY_DROP",
+        StepOutcome::Continue => T::Continue,
+        StepOutcome::Jump => T::Jump,
+        StepOutcome::Goto => T::Goto,
+        StepOutcome::Return => T::Return,
+        StepOutcome::Accept => T::Accept,
+        StepOutcome::Drop => T::Drop,
+        StepOutcome::Reject => T::Reject,
+        StepOutcome::Policy(Policy::Accept) => T::PolicyAccept,
+        StepOutcome::Policy(Policy::Drop) => T::PolicyDrop,
     }
 }
 
@@ -744,14 +765,18 @@ pub fn trace_step(s: &TraceStep, rulesets: &[std::sync::Arc<Ruleset>]) -> pb::Tr
         table: s.table.name().to_string(),
         chain: s.chain.to_string(),
         rule: s.rule.unwrap_or(0),
-        outcome: step_outcome(s.outcome).to_string(),
+        outcome: step_outcome(s.outcome) as i32,
         text,
     }
 }
 
-/// A verdict's name.
-pub fn verdict(v: Verdict) -> &'static str {
-    v.name()
+/// The proto verdict.
+pub fn verdict(v: Verdict) -> pb::Verdict {
+    match v {
+        Verdict::Accept => pb::Verdict::Accept,
+        Verdict::Drop => pb::Verdict::Drop,
+        Verdict::Reject(_) => pb::Verdict::Reject,
+    }
 }
 
 /// Field violations as a bad request with reason INVALID_ARGUMENT.

@@ -140,6 +140,27 @@ pub enum Error {
         /// The owner, e.g. `fleet /vallum/v1/ (fleet revision 42)`.
         owner: String,
     },
+    /// A page token of a listing whose contents changed between two pages in a way the
+    /// token cannot continue over (see [`crate::service::paging`]).
+    #[error(
+        "{what} changed since this page token was issued: {detail}; list again from the first page"
+    )]
+    ListChanged {
+        /// What was listed, e.g. `counters`.
+        what: &'static str,
+        /// What changed.
+        detail: String,
+    },
+    /// WatchCommits was asked to resume after events it no longer keeps.
+    #[error(
+        "commit events after sequence {start_after} are not kept: {kept}; list the current state (ListRulesets) and watch from now"
+    )]
+    EventsNotKept {
+        /// The request's `start_after`.
+        start_after: u64,
+        /// Which sequence numbers are kept, in words.
+        kept: String,
+    },
     /// A scoped token (see [`crate::auth::Scope`]) asked for something outside its scope.
     #[error("{caller} may not {what}: its scope ({held}) lacks {missing}")]
     ScopeDenied {
@@ -191,6 +212,8 @@ impl Error {
             Error::KernelTables(_) => Reason::KernelTablesRefused,
             Error::FleetOwned { .. } => Reason::FleetOwned,
             Error::ScopeDenied { .. } => Reason::ScopeDenied,
+            Error::ListChanged { .. } => Reason::ListChanged,
+            Error::EventsNotKept { .. } => Reason::EventsNotKept,
         }
     }
 }
@@ -282,7 +305,11 @@ impl From<Error> for tonic::Status {
             Error::ScopeDenied { missing, .. } => {
                 metadata.insert("scope".to_string(), missing.clone());
             }
+            Error::EventsNotKept { start_after, .. } => {
+                metadata.insert("start_after".to_string(), start_after.to_string());
+            }
             Error::NotFound { .. }
+            | Error::ListChanged { .. }
             | Error::Fleet(_)
             | Error::KernelTables(_)
             | Error::NotReady

@@ -110,6 +110,8 @@ impl Outcome {
             | Error::KernelTables(_)
             | Error::FleetOwned { .. }
             | Error::ScopeDenied { .. }
+            | Error::ListChanged { .. }
+            | Error::EventsNotKept { .. }
             | Error::Internal(_) => None,
         }
     }

@@ -54,12 +54,15 @@ use crate::store::{
 };
 
 pub mod confirm_clock;
+pub mod journal;
 pub mod sets;
 
 /// A commit event, as WatchCommits streams it: one per [`Outcome`] of every commit request
 /// (refusals included).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitEvent {
+    /// Position in the event stream ([`journal`] numbers it when it is sent).
+    pub sequence: u64,
     /// Ruleset name.
     pub ruleset: String,
     /// Revision number; `None` for a refused request (no revision was made).
@@ -115,7 +118,7 @@ pub struct Pipeline {
     sets: Arc<SetManager>,
     clock: Arc<dyn Clock>,
     write: tokio::sync::Mutex<()>,
-    events: broadcast::Sender<CommitEvent>,
+    events: journal::Journal,
     hooks: Hooks,
     /// Per ruleset, the texts its last Apply was parsed from and the model (see
     /// [`Pipeline::previous_parse`]).
@@ -209,7 +212,7 @@ impl Origin {
 impl Pipeline {
     /// A pipeline around `engine` and `store`.
     pub fn new(engine: Arc<Engine>, store: Store, clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
-        let (events, _) = broadcast::channel(1024);
+        let events = journal::Journal::new(u64::try_from(now_ns()).unwrap_or(1), journal::KEPT);
         // Set lookups in the engine's batches read through its generations (no lock).
         let sets = Arc::new(SetManager::for_dataplane(Arc::clone(engine.quiescence())));
         Pipeline {
@@ -327,6 +330,17 @@ impl Pipeline {
     /// Subscribes to commit events (those after the call).
     pub fn subscribe(&self) -> broadcast::Receiver<CommitEvent> {
         self.events.subscribe()
+    }
+
+    /// The kept commit events after sequence `after`, and the events after them (see
+    /// [`journal::Journal::resume`]).
+    ///
+    /// Errors: [`Error::EventsNotKept`], [`Error::BadRequest`] on `start_after`.
+    pub fn resume_events(
+        &self,
+        after: u64,
+    ) -> Result<(Vec<CommitEvent>, broadcast::Receiver<CommitEvent>)> {
+        self.events.resume(after)
     }
 
     /// Active rulesets: name -> revision and priority, as the engine runs them now
@@ -927,7 +941,8 @@ impl Pipeline {
             None => false,
         };
         if let Some(name) = ruleset {
-            let _ = self.events.send(CommitEvent {
+            self.events.send(CommitEvent {
+                sequence: 0,
                 ruleset: name.to_string(),
                 revision: None,
                 outcome,
@@ -954,7 +969,8 @@ impl Pipeline {
         error: Option<String>,
         rules: u64,
     ) {
-        let _ = self.events.send(CommitEvent {
+        self.events.send(CommitEvent {
+            sequence: 0,
             ruleset: ruleset.to_string(),
             revision,
             outcome,

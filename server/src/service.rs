@@ -12,6 +12,7 @@ use crate::store::{AuditEntry, now_ns};
 pub mod conntrack;
 pub mod counters;
 pub mod engine;
+pub mod paging;
 pub mod ruleset;
 pub mod sets;
 pub mod trace;

@@ -606,6 +606,23 @@ impl Store {
             .await
     }
 
+    /// At most `limit` rulesets with a name after `after`, by name (a page of ListRulesets).
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn list_rulesets_after(&self, after: &str, limit: u32) -> Result<Vec<RulesetRow>> {
+        let after = after.to_string();
+        self.readers
+            .run(move |tx| {
+                Ok(tx
+                    .prepare_cached(
+                        "SELECT * FROM rulesets WHERE name > ?1 ORDER BY name LIMIT ?2",
+                    )?
+                    .query_map(params![after, i64::from(limit)], ruleset_row)?
+                    .collect::<rusqlite::Result<_>>()?)
+            })
+            .await
+    }
+
     /// One revision.
     ///
     /// Errors: [`Error::Store`].

@@ -228,8 +228,8 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
     let e = sets
         .swap_sets(with_token(
             pb::SwapSetsRequest {
-                from: "team-a-blk".into(),
-                to: "sets/team-b-blk".into(),
+                name: "team-a-blk".into(),
+                other_name: "sets/team-b-blk".into(),
             },
             TEAM_A,
         ))

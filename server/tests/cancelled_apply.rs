@@ -10,7 +10,7 @@
 //!   (it waits for the first call's idempotency slot). So store and engine must agree as soon
 //!   as the retry returns;
 //! - the committed revision's `message` tells which call committed it, and its WatchCommits
-//!   event gives the commit's span on the wall clock (`time - total_ns .. time`). A deadline
+//!   event gives the commit's span on the wall clock (`time - total .. time`). A deadline
 //!   landed mid-commit when the client gave up on a call, that call committed, the commit
 //!   started before the deadline and ended after the client saw the error. The test asserts
 //!   that this happened at least once (deadlines are fractions of a measured commit, tried
@@ -78,6 +78,7 @@ async fn an_apply_whose_client_gave_up_ends_with_store_and_engine_agreeing() {
     let mut events = rulesets
         .watch_commits(pb::WatchCommitsRequest {
             ruleset: "x".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -146,7 +147,10 @@ async fn an_apply_whose_client_gave_up_ends_with_store_and_engine_agreeing() {
             let ended = ev
                 .time
                 .map_or(0, |t| t.seconds * 1_000_000_000 + i64::from(t.nanos));
-            let took = ev.phases.map_or(0, |p| p.total_ns);
+            let took = ev
+                .phases
+                .and_then(|p| p.total)
+                .map_or(0, |d| d.seconds as u64 * 1_000_000_000 + d.nanos as u64);
             let started = ended - i64::try_from(took).unwrap_or(i64::MAX);
             let deadline = sent + i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
             let by_first = revision.message == "first call";

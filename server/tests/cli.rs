@@ -50,6 +50,13 @@ fn parse_error(t: &RestoreText) -> Status {
     Status::with_error_details(tonic::Code::InvalidArgument, "2 parse errors", d)
 }
 
+fn ns(n: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (n / 1_000_000_000) as i64,
+        nanos: (n % 1_000_000_000) as i32,
+    }
+}
+
 fn revision(ruleset: &str, n: u64, state: RevisionState) -> Revision {
     Revision {
         name: format!("rulesets/{ruleset}/revisions/{n}"),
@@ -97,13 +104,13 @@ fn commit_result(
     Ok(CommitResult {
         revision: Some(revision(ruleset, n, RevisionState::Active)),
         phases: Some(CommitPhases {
-            validate_ns: 1_000,
-            compile_ns: 2_000,
-            persist_ns: 3_000,
-            publish_ns: 400,
-            quiesce_ns: 500,
-            carry_ns: 600,
-            total_ns: 7_500,
+            validate: Some(ns(1_000)),
+            compile: Some(ns(2_000)),
+            persist: Some(ns(3_000)),
+            publish: Some(ns(400)),
+            quiesce: Some(ns(500)),
+            carry: Some(ns(600)),
+            total: Some(ns(7_500)),
             cores_waited: 1,
         }),
         confirm_deadline: confirm.map(|_| prost_types::Timestamp {
@@ -230,6 +237,7 @@ impl RulesetService for Fake {
                     update_time: None,
                 },
             ],
+            next_page_token: String::new(),
         }))
     }
 
@@ -272,8 +280,8 @@ impl RulesetService for Fake {
         req: Request<DiffRevisionsRequest>,
     ) -> Result<Response<DiffRevisionsResponse>, Status> {
         let r = req.into_inner();
-        parse_name(&r.from)?;
-        parse_name(&r.to)?;
+        parse_name(&r.base)?;
+        parse_name(&r.target)?;
         Ok(Response::new(DiffRevisionsResponse {
             chains: vec![ChainDiff {
                 family: Family::Ipv4 as i32,
@@ -311,6 +319,7 @@ impl RulesetService for Fake {
     ) -> Result<Response<Self::WatchCommitsStream>, Status> {
         let events = (1..=2).map(|n| {
             Ok(CommitEvent {
+                sequence: 100 + n,
                 revision: format!("rulesets/web/revisions/{n}"),
                 outcome: CommitOutcome::Committed as i32,
                 phases: None,
@@ -348,27 +357,35 @@ impl CounterService for Fake {
                 r.ruleset
             )));
         }
+        // Two pages (vallumctl must join them): the first three counters, then the rest.
+        let all = vec![
+            counter("INPUT", 0, 12, 3456, "DROP"),
+            counter(
+                "INPUT",
+                1,
+                100,
+                6000,
+                "-s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT",
+            ),
+            counter("INPUT", 2, 7, 420, "-i eth0 -j LOG_DROP"),
+            counter("FORWARD", 0, 0, 0, "ACCEPT"),
+            counter(
+                "LOG_DROP",
+                1,
+                7,
+                420,
+                "-m comment --comment \"log it\" -j LOG --log-prefix \"drop \"",
+            ),
+            counter("LOG_DROP", 2, 7, 420, "-j DROP"),
+        ];
+        let (counters, next_page_token) = match r.page_token.as_str() {
+            "" => (all[..3].to_vec(), "page-2".to_owned()),
+            "page-2" => (all[3..].to_vec(), String::new()),
+            t => return Err(Status::invalid_argument(format!("page_token {t}"))),
+        };
         Ok(Response::new(GetCountersResponse {
-            counters: vec![
-                counter("INPUT", 0, 12, 3456, "DROP"),
-                counter(
-                    "INPUT",
-                    1,
-                    100,
-                    6000,
-                    "-s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT",
-                ),
-                counter("INPUT", 2, 7, 420, "-i eth0 -j LOG_DROP"),
-                counter("FORWARD", 0, 0, 0, "ACCEPT"),
-                counter(
-                    "LOG_DROP",
-                    1,
-                    7,
-                    420,
-                    "-m comment --comment \"log it\" -j LOG --log-prefix \"drop \"",
-                ),
-                counter("LOG_DROP", 2, 7, 420, "-j DROP"),
-            ],
+            counters,
+            next_page_token,
         }))
     }
 

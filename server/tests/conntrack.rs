@@ -80,7 +80,8 @@ async fn list(c: &mut ConntrackServiceClient<Channel>, f: pb::ConntrackFilter) -
     let r = c
         .list(pb::ListConntrackRequest {
             filter: Some(f),
-            limit: 0,
+            page_size: 0,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -291,7 +292,8 @@ async fn list_filter_delete_flush_and_metrics() {
                 destination_port: 70_000,
                 ..Default::default()
             }),
-            limit: 0,
+            page_size: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -320,7 +322,8 @@ async fn list_filter_delete_flush_and_metrics() {
                 source: "10.0.0.1".into(),
                 ..Default::default()
             }),
-            limit: 0,
+            page_size: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -337,11 +340,12 @@ async fn list_filter_delete_flush_and_metrics() {
         e.get_details_bad_request().unwrap().field_violations[0].field,
         "filter"
     );
-    // A limit cuts the list but not the count.
+    // A page size cuts the list but not the count.
     let r = c
         .list(pb::ListConntrackRequest {
             filter: None,
-            limit: 2,
+            page_size: 2,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -382,7 +386,10 @@ async fn list_filter_delete_flush_and_metrics() {
             .unwrap()
             .into_inner();
         assert_eq!(
-            (t.verdict.as_str(), t.ct_state.as_str()),
+            (
+                t.verdict().as_str_name().trim_start_matches("VERDICT_"),
+                t.ct_state.as_str()
+            ),
             ("ACCEPT", "ESTABLISHED")
         );
         let t = tr
@@ -390,13 +397,22 @@ async fn list_filter_delete_flush_and_metrics() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!((t.verdict.as_str(), t.ct_state.as_str()), ("DROP", "NEW"));
+        assert_eq!(
+            (
+                t.verdict().as_str_name().trim_start_matches("VERDICT_"),
+                t.ct_state.as_str()
+            ),
+            ("DROP", "NEW")
+        );
         // Given a state, no lookup.
         let mut given = ack(k, 9);
         given.ct_state = "ESTABLISHED".into();
         let t = tr.trace_packet(trace(given)).await.unwrap().into_inner();
         assert_eq!(
-            (t.verdict.as_str(), t.ct_state.as_str()),
+            (
+                t.verdict().as_str_name().trim_start_matches("VERDICT_"),
+                t.ct_state.as_str()
+            ),
             ("ACCEPT", "ESTABLISHED")
         );
     } else {

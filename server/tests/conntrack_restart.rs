@@ -108,7 +108,7 @@ async fn established(d: &Vallumd) -> usize {
             state: "ESTABLISHED".into(),
             ..Default::default()
         }),
-        limit: 0,
+        ..Default::default()
     })
     .await
     .expect("list")
@@ -123,7 +123,7 @@ async fn mid_stream(d: &Vallumd) -> (String, String) {
         .trace_packet(pb::TracePacketRequest {
             packet: Some(pb::PacketSpec {
                 family: pb::Family::Ipv4 as i32,
-                hook: "INPUT".into(),
+                hook: pb::Hook::Input as i32,
                 source: CLIENT.to_string(),
                 destination: SERVER.to_string(),
                 protocol: "tcp".into(),
@@ -137,7 +137,12 @@ async fn mid_stream(d: &Vallumd) -> (String, String) {
         .await
         .expect("trace")
         .into_inner();
-    (r.ct_state, r.verdict)
+    let verdict = r
+        .verdict()
+        .as_str_name()
+        .trim_start_matches("VERDICT_")
+        .to_string();
+    (r.ct_state, verdict)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -869,6 +869,7 @@ async fn vallumd_counts(
     } as i32;
     c.get_counters(pb::GetCountersRequest {
         ruleset: "corpus".into(),
+        ..Default::default()
     })
     .await
     .expect("counters")

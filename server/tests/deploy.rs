@@ -620,6 +620,23 @@ fn dockerfile_cargo_commands(dockerfile: &str) -> Vec<Vec<String>> {
     out
 }
 
+/// docs/api.md ("Release binaries") says release binaries are built by the image's build
+/// line: the `cargo build` line it shows is the Dockerfile's, word for word.
+#[test]
+fn release_binaries_doc_shows_the_image_build_line() {
+    let docker = dockerfile_cargo_commands(&read("deploy/Dockerfile"));
+    let doc = read("docs/api.md");
+    let shown: Vec<Vec<String>> = doc
+        .lines()
+        .filter(|l| l.starts_with("cargo build "))
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    assert_eq!(
+        shown, docker,
+        "docs/api.md's release build line is not the Dockerfile's"
+    );
+}
+
 /// The image's build line selects what exists: its `-p`/`--features` resolve (`cargo tree`, no
 /// build) and each `--bin` is a binary target, so a package, binary or feature that does not
 /// exist fails here; `.ci/run` then runs the line itself (without `--release`, on the shared

@@ -151,7 +151,7 @@ async fn health_reflection_quickstart_and_trace() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(t.verdict, "ACCEPT", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Accept, "{t:#?}");
     assert_eq!(
         t.steps.last().unwrap().text,
         "-p tcp -m multiport --dports 80,443 -j ACCEPT",
@@ -176,7 +176,7 @@ async fn health_reflection_quickstart_and_trace() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(t.verdict, "DROP");
+    assert_eq!(t.verdict(), pb::Verdict::Drop);
     assert!(
         t.steps
             .iter()
@@ -195,6 +195,7 @@ async fn health_reflection_quickstart_and_trace() {
                 let c = cs
                     .get_counters(pb::GetCountersRequest {
                         ruleset: "host-firewall".into(),
+                        ..Default::default()
                     })
                     .await
                     .unwrap()
@@ -614,8 +615,8 @@ async fn etags_idempotency_diff_rollback_and_parse_errors() {
         .unwrap();
     let diff = c
         .diff_revisions(pb::DiffRevisionsRequest {
-            from: "rulesets/cc/revisions/1".into(),
-            to: r3.name.clone(),
+            base: "rulesets/cc/revisions/1".into(),
+            target: r3.name.clone(),
         })
         .await
         .unwrap()
@@ -695,6 +696,7 @@ async fn commit_confirmed_rolls_back_at_the_deadline_and_stays_when_confirmed() 
     let mut watch = c
         .watch_commits(pb::WatchCommitsRequest {
             ruleset: "cc".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -817,6 +819,7 @@ async fn confirm_deadline_survives_a_restart() {
     let mut watch = c
         .watch_commits(pb::WatchCommitsRequest {
             ruleset: "cr".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -276,7 +276,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     );
     // The set rule drops 10.1.2.3, without a commit after the elements changed.
     let t = trace(&d, packet("10.1.2.3", "192.0.2.10", 80)).await;
-    assert_eq!(t.verdict, "DROP", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Drop, "{t:#?}");
     assert!(
         t.steps
             .iter()
@@ -285,7 +285,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
 
     // Listed with its user; destroy refused while referenced.
     let l = c
-        .list_sets(pb::ListSetsRequest {})
+        .list_sets(pb::ListSetsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -315,8 +315,8 @@ async fn set_round_trip_errors_and_destroy_in_use() {
         .await
         .unwrap();
     c.swap_sets(pb::SwapSetsRequest {
-        from: "bans".into(),
-        to: "bans-next".into(),
+        name: "bans".into(),
+        other_name: "bans-next".into(),
     })
     .await
     .unwrap();
@@ -325,20 +325,20 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     assert_eq!(
         trace(&d, packet("10.1.2.3", "192.0.2.10", 80))
             .await
-            .verdict,
-        "ACCEPT"
+            .verdict(),
+        pb::Verdict::Accept
     );
     assert_eq!(
         trace(&d, packet("203.0.113.5", "192.0.2.10", 80))
             .await
-            .verdict,
-        "DROP"
+            .verdict(),
+        pb::Verdict::Drop
     );
     c.create_set(create("ports", "hash:ip,port")).await.unwrap();
     let e = c
         .swap_sets(pb::SwapSetsRequest {
-            from: "bans".into(),
-            to: "ports".into(),
+            name: "bans".into(),
+            other_name: "ports".into(),
         })
         .await
         .unwrap_err();
@@ -354,8 +354,8 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     assert_eq!(
         trace(&d, packet("203.0.113.5", "192.0.2.10", 80))
             .await
-            .verdict,
-        "ACCEPT"
+            .verdict(),
+        pb::Verdict::Accept
     );
 
     // Once the ruleset is gone the set can go.
@@ -398,7 +398,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     .await
     .unwrap();
     let l = c
-        .list_sets(pb::ListSetsRequest {})
+        .list_sets(pb::ListSetsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -581,7 +581,7 @@ async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
     assert_eq!(elements(&mut c, "allow").await, ["2001:db8::1,udp:53"]);
     // The ruleset came back active and matches against the restored set.
     let t = trace(&d, packet("10.9.9.9", "192.0.2.10", 80)).await;
-    assert_eq!(t.verdict, "DROP", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Drop, "{t:#?}");
 }
 
 #[tokio::test]
@@ -660,17 +660,21 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
 
     // A new connection from outside to bridge1's subnet, port 81 (not published).
     let p = pb::PacketSpec {
-        hook: "FORWARD".into(),
+        hook: pb::Hook::Forward as i32,
         out_interface: "bridge1".into(),
         ..packet("198.51.100.7", "192.0.2.3", 81)
     };
     let t = trace(&d, p.clone()).await;
-    assert_eq!(t.verdict, "ACCEPT", "bridge1 not in the set yet: {t:#?}");
+    assert_eq!(
+        t.verdict(),
+        pb::Verdict::Accept,
+        "bridge1 not in the set yet: {t:#?}"
+    );
     assert!(!t.steps.iter().any(|s| s.chain == "DOCKER"), "{t:#?}");
     // Docker adds bridge1's subnet: the set rule jumps to DOCKER, which drops it.
     c.add_elements(add(set, &["192.0.2.0/24"])).await.unwrap();
     let t = trace(&d, p.clone()).await;
-    assert_eq!(t.verdict, "DROP", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Drop, "{t:#?}");
     assert!(
         t.steps
             .iter()
@@ -683,7 +687,7 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
         .await
         .unwrap();
     let t = trace(&d, p).await;
-    assert_eq!(t.verdict, "ACCEPT", "{t:#?}");
+    assert_eq!(t.verdict(), pb::Verdict::Accept, "{t:#?}");
     let st = pb::engine_service_client::EngineServiceClient::new(d.channel().await)
         .get_status(pb::GetStatusRequest {})
         .await

@@ -109,7 +109,7 @@ async fn wait_applied(
 async fn local_rulesets(v: &Vallumd) -> Vec<String> {
     v.rulesets()
         .await
-        .list_rulesets(pb::ListRulesetsRequest {})
+        .list_rulesets(pb::ListRulesetsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -137,7 +137,10 @@ async fn verdict(v: &Vallumd, port: u32) -> String {
         .await
         .unwrap()
         .into_inner()
-        .verdict
+        .verdict()
+        .as_str_name()
+        .trim_start_matches("VERDICT_")
+        .to_string()
 }
 
 /// The value of the unlabelled sample `metric` on `/metrics`.
@@ -240,11 +243,15 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
             .phases
             .as_ref()
             .unwrap_or_else(|| panic!("no phases: {a:?}"));
+        let ns = |d: &Option<prost_types::Duration>| {
+            d.as_ref()
+                .map_or(0, |d| d.seconds as u64 * 1_000_000_000 + d.nanos as u64)
+        };
         assert!(
-            p.validate_ns > 0 && p.persist_ns > 0 && p.total_ns > 0,
+            ns(&p.validate) > 0 && ns(&p.persist) > 0 && ns(&p.total) > 0,
             "{p:?}"
         );
-        assert!(p.total_ns >= p.validate_ns, "{p:?}");
+        assert!(ns(&p.total) >= ns(&p.validate), "{p:?}");
     }
     assert_eq!(local_rulesets(&n3).await, Vec::<String>::new());
     assert_eq!(verdict(&n1, 23).await, "DROP");

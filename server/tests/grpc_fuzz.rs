@@ -469,7 +469,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
         "GetRuleset" => Req::GetRuleset(pb::GetRulesetRequest {
             name: ruleset_name(r),
         }),
-        "ListRulesets" => Req::ListRulesets(pb::ListRulesetsRequest {}),
+        "ListRulesets" => Req::ListRulesets(pb::ListRulesetsRequest::default()),
         "DeleteRuleset" => Req::DeleteRuleset(pb::DeleteRulesetRequest {
             // Deleting is rare, or the fuzzer would mostly meet empty state.
             name: if r.chance(300) {
@@ -490,8 +490,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             name: revision_name(r),
         }),
         "DiffRevisions" => Req::DiffRevisions(pb::DiffRevisionsRequest {
-            from: revision_name(r),
-            to: revision_name(r),
+            base: revision_name(r),
+            target: revision_name(r),
         }),
         "ExportRevision" => Req::ExportRevision(pb::ExportRevisionRequest {
             name: revision_name(r),
@@ -504,12 +504,19 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 ruleset_name(r)
             },
+            start_after: *r.pick(&[&0u64, &0, &0, &1, &u64::MAX]),
         }),
         "GetCounters" => Req::GetCounters(pb::GetCountersRequest {
             ruleset: if r.chance(300) {
                 String::new()
             } else {
                 ruleset_name(r)
+            },
+            page_size: *r.pick(&[&0u32, &1, &10, &u32::MAX]),
+            page_token: if r.chance(100) {
+                "not-a-token".into()
+            } else {
+                String::new()
             },
         }),
         "ZeroCounters" => Req::ZeroCounters(pb::ZeroCountersRequest {
@@ -546,16 +553,19 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 revision_name(r)
             },
-            hook: r
-                .pick(&["", "INPUT", "FORWARD", "OUTPUT", "PREROUTING", "bogus"])
-                .to_string(),
+            hook: *r.pick(&[&0i32, &2, &3, &4, &1, &99]),
             in_interface: r.pick(&["", "eth0", "lo", "a b"]).to_string(),
             max_flows: *r.pick(&[&0u32, &1, &100, &u32::MAX]),
         }),
         "GetStatus" => Req::GetStatus(pb::GetStatusRequest {}),
         "ConntrackList" => Req::ConntrackList(pb::ListConntrackRequest {
             filter: fuzz_gen::conntrack_filter(r),
-            limit: *r.pick(&[&0u32, &1, &1_000_000, &1_000_001, &u32::MAX]),
+            page_size: *r.pick(&[&0u32, &1, &10_000, &10_001, &u32::MAX]),
+            page_token: if r.chance(100) {
+                "00".into()
+            } else {
+                String::new()
+            },
         }),
         "ConntrackDelete" => Req::ConntrackDelete(pb::DeleteConntrackRequest {
             filter: fuzz_gen::conntrack_filter(r),
@@ -616,7 +626,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                 exist: r.chance(300),
             })
         }
-        "ListSets" => Req::ListSets(pb::ListSetsRequest {}),
+        "ListSets" => Req::ListSets(pb::ListSetsRequest::default()),
         "GetSet" => Req::GetSet(pb::GetSetRequest {
             name: set_name(r),
             page_size: *r.pick(&[&0u32, &1, &10, &u32::MAX]),
@@ -630,8 +640,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             },
         }),
         "SwapSets" => Req::SwapSets(pb::SwapSetsRequest {
-            from: set_name(r),
-            to: set_name(r),
+            name: set_name(r),
+            other_name: set_name(r),
         }),
         "ImportIpsetSave" => Req::ImportIpsetSave(pb::ImportIpsetSaveRequest {
             text: fuzz_gen::ipset_text(r, caps.request_bytes),
@@ -697,7 +707,7 @@ async fn snapshot(c: &Clients) -> Vec<String> {
         rulesets_snapshot(c.rs.clone()),
         counters.get_counters(pb::GetCountersRequest::default()),
         engine.get_status(pb::GetStatusRequest {}),
-        sets.list_sets(pb::ListSetsRequest {}),
+        sets.list_sets(pb::ListSetsRequest::default()),
         sets2.export_ipset_save(pb::ExportIpsetSaveRequest::default()),
         ct.get_stats(pb::GetConntrackStatsRequest {}),
     );
@@ -737,7 +747,7 @@ async fn snapshot(c: &Clients) -> Vec<String> {
 
 /// Every ruleset, its revisions and its active revision's text.
 async fn rulesets_snapshot(mut rs: RulesetServiceClient<Channel>) -> Vec<String> {
-    let list = match rs.list_rulesets(pb::ListRulesetsRequest {}).await {
+    let list = match rs.list_rulesets(pb::ListRulesetsRequest::default()).await {
         Err(e) => return vec![snap_err("ListRulesets", &e)],
         Ok(l) => l.into_inner().rulesets,
     };

@@ -206,7 +206,7 @@ async fn sets_over_their_limits_are_resource_exhausted() {
         e.message(),
         "3 sets would exist, more than the limit of 2 (--max-sets)"
     );
-    let names: Vec<String> = (s.list_sets(pb::ListSetsRequest {}).await)
+    let names: Vec<String> = (s.list_sets(pb::ListSetsRequest::default()).await)
         .expect("lists")
         .into_inner()
         .sets

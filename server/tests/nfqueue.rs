@@ -597,6 +597,7 @@ async fn scenario(d: &Vallumd, b: &str) {
     let c = counters
         .get_counters(pb::GetCountersRequest {
             ruleset: "nfq".into(),
+            ..Default::default()
         })
         .await
         .expect("counters")
@@ -646,7 +647,7 @@ async fn scenario(d: &Vallumd, b: &str) {
                 state: "ESTABLISHED".into(),
                 ..Default::default()
             }),
-            limit: 0,
+            ..Default::default()
         })
         .await
         .expect("conntrack list")
@@ -844,7 +845,7 @@ async fn log_hits(d: &Vallumd, b: &str) {
     let mut stream = TraceServiceClient::new(d.channel().await)
         .watch_packet_events(pb::WatchPacketEventsRequest {
             ruleset: "nfq".into(),
-            verdict: "LOG".into(),
+            kind: pb::PacketEventKind::Log as i32,
             ..Default::default()
         })
         .await
@@ -949,6 +950,7 @@ async fn counts_once_moved(
         let c = counters
             .get_counters(pb::GetCountersRequest {
                 ruleset: "nfq".into(),
+                ..Default::default()
             })
             .await
             .expect("counters")

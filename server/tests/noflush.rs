@@ -60,6 +60,7 @@ async fn counters(d: &Vallumd) -> BTreeMap<(String, u32), (u64, u64, String)> {
     let mut c = CounterServiceClient::new(d.channel().await);
     c.get_counters(pb::GetCountersRequest {
         ruleset: "k".into(),
+        ..Default::default()
     })
     .await
     .expect("counters")
@@ -138,8 +139,8 @@ async fn noflush_updates_merge_onto_the_active_revision() {
     // Diffable like any other revision.
     let diff = rs
         .diff_revisions(pb::DiffRevisionsRequest {
-            from: "rulesets/k/revisions/1".into(),
-            to: "rulesets/k/revisions/2".into(),
+            base: "rulesets/k/revisions/1".into(),
+            target: "rulesets/k/revisions/2".into(),
         })
         .await
         .expect("diff")

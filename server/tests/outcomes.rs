@@ -64,6 +64,7 @@ async fn rollback_is_not_a_failure_and_refusals_are_counted_and_sent() {
     let mut watch = c
         .watch_commits(pb::WatchCommitsRequest {
             ruleset: "web".into(),
+            ..Default::default()
         })
         .await
         .expect("watch")
@@ -84,6 +85,7 @@ async fn rollback_is_not_a_failure_and_refusals_are_counted_and_sent() {
     let mut watch_new = c
         .watch_commits(pb::WatchCommitsRequest {
             ruleset: "new".into(),
+            ..Default::default()
         })
         .await
         .expect("watch")

@@ -115,7 +115,7 @@ async fn log_hits_reach_the_stream_and_the_process_log() {
     apply(&d, "edge", LOGGED).await;
 
     let e = next(&mut all).await;
-    assert_eq!(e.kind, "LOG");
+    assert_eq!(e.kind(), pb::PacketEventKind::Log);
     assert_eq!(
         (
             e.ruleset.as_str(),
@@ -164,7 +164,7 @@ async fn log_hits_reach_the_stream_and_the_process_log() {
         &c,
         pb::WatchPacketEventsRequest {
             address: src.clone(),
-            verdict: "log".into(),
+            kind: pb::PacketEventKind::Log as i32,
             chain: "LOG_DROP".into(),
             ..Default::default()
         },
@@ -180,14 +180,18 @@ async fn log_hits_reach_the_stream_and_the_process_log() {
     let mut drops = watch(
         &c,
         pb::WatchPacketEventsRequest {
-            verdict: "DROP".into(),
+            kind: pb::PacketEventKind::Drop as i32,
             sample_drops_one_in: 1,
             ..Default::default()
         },
     )
     .await;
     let s = next(&mut drops).await;
-    assert_eq!((s.kind.as_str(), s.protocol), ("DROP", 17), "{s:?}");
+    assert_eq!(
+        (s.kind(), s.protocol),
+        (pb::PacketEventKind::Drop, 17),
+        "{s:?}"
+    );
     assert!(s.line.contains(" PROTO=UDP "), "{}", s.line);
 
     // vallumctl monitor -o json: one JSON object a line.

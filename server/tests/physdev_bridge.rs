@@ -131,6 +131,26 @@ impl Lab {
             );
             nsx(fw, &["sh", "-c", &setup])?;
         }
+        // A bridge port forwards only once the bridge has seen its carrier come up, which the
+        // kernel reports from its link-watch work (up to a second later, more under load):
+        // frames sent before then are dropped by the bridge and reach no iptables rule.
+        for fw in [&lab.k, &lab.v] {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let ports = sh(&["bridge", "-n", fw, "link", "show"])?;
+                let forwarding = ports
+                    .lines()
+                    .filter(|l| l.contains("state forwarding"))
+                    .count();
+                if forwarding >= 2 {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("bridge ports in {fw} never forwarded: {ports}"));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         Ok(lab)
     }
 }
@@ -292,6 +312,7 @@ async fn vallumd_counts(
 ) -> Counts {
     c.get_counters(pb::GetCountersRequest {
         ruleset: "neutron".into(),
+        ..Default::default()
     })
     .await
     .expect("counters")

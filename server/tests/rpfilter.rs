@@ -50,7 +50,10 @@ async fn verdict(d: &Vallumd, p: pb::PacketSpec) -> String {
         .await
         .expect("trace")
         .into_inner()
-        .verdict
+        .verdict()
+        .as_str_name()
+        .trim_start_matches("VERDICT_")
+        .to_string()
 }
 
 #[tokio::test]

@@ -46,7 +46,7 @@ async fn trace_notes_a_limit_dry_run() {
             .expect("trace")
             .into_inner();
         // Both match the limit rule: the trace took no token.
-        assert_eq!(t.verdict, "ACCEPT", "{t:#?}");
+        assert_eq!(t.verdict(), pb::Verdict::Accept, "{t:#?}");
         assert_eq!(t.steps.len(), 1, "{t:#?}");
         assert_eq!(t.notes.len(), 1, "{t:#?}");
         assert!(t.notes[0].starts_with("dry run for -m limit"), "{t:#?}");

@@ -16,9 +16,18 @@
 
 use crate::model::{AddrTypeLimit, AddrTypeMatch, Family, Match, Neg, OpaqueOption, addr_type};
 
+use super::ParseError;
+use super::ext_options::{ExtOptions, Opt};
 use super::lexer::Tok;
 use super::rule::Ctx;
-use super::{ParseError, ParseErrorKind as K};
+
+/// addrtype's options.
+const GRAMMAR: &[Opt] = &[
+    Opt::value("--src-type").negatable(),
+    Opt::value("--dst-type").negatable(),
+    Opt::flag("--limit-iface-in"),
+    Opt::flag("--limit-iface-out"),
+];
 
 /// Reads `-m addrtype`'s options (collected opaque) into [`Match::AddrType`].
 pub(crate) fn typed(
@@ -26,38 +35,12 @@ pub(crate) fn typed(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<Match, ParseError> {
-    let bad = |reason: String| {
-        ctx.err(
-            token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("addrtype: {reason}"),
-            },
-        )
-    };
+    let r = ExtOptions::check("addrtype", GRAMMAR, options, token, ctx)?;
+    let bad = |reason: String| r.bad(reason);
     let mut m = AddrTypeMatch::default();
-    for (i, o) in options.iter().enumerate() {
-        let (takes_arg, negatable) = match o.name.as_str() {
-            "--src-type" | "--dst-type" => (true, true),
-            "--limit-iface-in" | "--limit-iface-out" => (false, false),
-            _ => {
-                return Err(ctx.err(
-                    token,
-                    K::UnknownExtensionOption {
-                        extension: "addrtype".into(),
-                        option: o.name.clone(),
-                    },
-                ));
-            }
-        };
-        if options[..i].iter().any(|p| p.name == o.name) {
-            return Err(ctx.err(token, K::DuplicateOption(o.name.clone())));
-        }
-        if o.negated && !negatable {
-            return Err(bad(format!("option \"{}\" cannot be inverted", o.name)));
-        }
-        match (takes_arg, o.args.as_slice()) {
-            (true, [a]) => {
+    for o in options {
+        match o.args.as_slice() {
+            [a] => {
                 let v = Neg {
                     negated: o.negated,
                     value: parse_types(a).map_err(|w| bad(format!("bad type \"{w}\"")))?,
@@ -68,7 +51,7 @@ pub(crate) fn typed(
                     m.dst = Some(v);
                 }
             }
-            (false, []) => {
+            _ => {
                 let l = if o.name == "--limit-iface-in" {
                     AddrTypeLimit::In
                 } else {
@@ -82,18 +65,10 @@ pub(crate) fn typed(
                 }
                 m.limit = l;
             }
-            (true, _) => return Err(bad(format!("option \"{}\" takes one argument", o.name))),
-            (false, _) => return Err(bad(format!("option \"{}\" takes no argument", o.name))),
         }
     }
     if m.src.is_none() && m.dst.is_none() {
-        return Err(ctx.err(
-            token,
-            K::MissingOption {
-                extension: "addrtype".into(),
-                needs: "--src-type or --dst-type",
-            },
-        ));
+        return Err(r.missing("--src-type or --dst-type"));
     }
     if ctx.family == Family::Ipv6 {
         let all = m.src.map_or(0, |v| v.value) | m.dst.map_or(0, |v| v.value);

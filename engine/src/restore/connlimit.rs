@@ -10,10 +10,20 @@
 
 use crate::model::{ConnlimitMatch, Family, Match, OpaqueOption};
 
+use super::ParseError;
+use super::ext_options::{ExtOptions, Opt};
 use super::extensions::parse_uint;
 use super::lexer::Tok;
 use super::rule::Ctx;
-use super::{ParseError, ParseErrorKind as K};
+
+/// connlimit's options.
+const GRAMMAR: &[Opt] = &[
+    Opt::value("--connlimit-upto").negatable(),
+    Opt::value("--connlimit-above").negatable(),
+    Opt::value("--connlimit-mask"),
+    Opt::flag("--connlimit-saddr"),
+    Opt::flag("--connlimit-daddr"),
+];
 
 /// Reads `-m connlimit`'s options (collected opaque) into [`Match::Connlimit`].
 pub(crate) fn typed(
@@ -21,49 +31,12 @@ pub(crate) fn typed(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<Match, ParseError> {
-    let bad = |reason: String| {
-        ctx.err(
-            token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("connlimit: {reason}"),
-            },
-        )
-    };
+    let r = ExtOptions::check("connlimit", GRAMMAR, options, token, ctx)?;
+    let bad = |reason: String| r.bad(reason);
     let width: u64 = if ctx.family == Family::Ipv4 { 32 } else { 128 };
     let (mut limit, mut upto, mut mask, mut daddr) = (None, false, width, None);
-    for (i, o) in options.iter().enumerate() {
-        let opt = o.name.as_str();
-        if !matches!(
-            opt,
-            "--connlimit-upto"
-                | "--connlimit-above"
-                | "--connlimit-mask"
-                | "--connlimit-saddr"
-                | "--connlimit-daddr"
-        ) {
-            return Err(ctx.err(
-                token,
-                K::UnknownExtensionOption {
-                    extension: "connlimit".into(),
-                    option: o.name.clone(),
-                },
-            ));
-        }
-        if options[..i].iter().any(|p| p.name == o.name) {
-            return Err(ctx.err(token, K::DuplicateOption(o.name.clone())));
-        }
-        let counts = matches!(opt, "--connlimit-upto" | "--connlimit-above");
-        if o.negated && !counts {
-            return Err(bad(format!("option \"{opt}\" cannot be inverted")));
-        }
-        let takes = counts || opt == "--connlimit-mask";
-        let arg = match (takes, o.args.as_slice()) {
-            (true, [a]) => a.as_str(),
-            (false, []) => "",
-            (true, _) => return Err(bad(format!("option \"{opt}\" takes one argument"))),
-            (false, _) => return Err(bad(format!("option \"{opt}\" takes no argument"))),
-        };
+    for o in options {
+        let (opt, arg) = (o.name.as_str(), ExtOptions::arg(o));
         let value = |max: u64| {
             parse_uint(arg, max).ok_or_else(|| bad(format!("bad value \"{arg}\" for \"{opt}\"")))
         };
@@ -91,13 +64,7 @@ pub(crate) fn typed(
         }
     }
     let Some(limit) = limit else {
-        return Err(ctx.err(
-            token,
-            K::MissingOption {
-                extension: "connlimit".into(),
-                needs: "--connlimit-above or --connlimit-upto",
-            },
-        ));
+        return Err(r.missing("--connlimit-above or --connlimit-upto"));
     };
     Ok(Match::Connlimit(ConnlimitMatch {
         limit: limit as u32,

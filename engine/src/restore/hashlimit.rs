@@ -20,10 +20,30 @@
 
 use crate::model::{Family, HASHLIMIT_SCALE, HashlimitMatch, Match, OpaqueOption, hashlimit_mode};
 
+use super::ParseError;
+use super::ext_options::{ExtOptions, Opt};
 use super::extensions::parse_uint;
 use super::lexer::Tok;
 use super::rule::Ctx;
-use super::{ParseError, ParseErrorKind as K};
+
+/// hashlimit's options (`--hashlimit` is libxt_hashlimit's revision-0 spelling of
+/// `--hashlimit-upto`).
+const GRAMMAR: &[Opt] = &[
+    Opt::value("--hashlimit").negatable(),
+    Opt::value("--hashlimit-upto").negatable(),
+    Opt::value("--hashlimit-above").negatable(),
+    Opt::value("--hashlimit-name"),
+    Opt::value("--hashlimit-burst"),
+    Opt::value("--hashlimit-mode"),
+    Opt::value("--hashlimit-srcmask"),
+    Opt::value("--hashlimit-dstmask"),
+    Opt::value("--hashlimit-htable-size"),
+    Opt::value("--hashlimit-htable-max"),
+    Opt::value("--hashlimit-htable-gcinterval"),
+    Opt::value("--hashlimit-htable-expire"),
+    Opt::flag("--hashlimit-rate-match"),
+    Opt::value("--hashlimit-rate-interval"),
+];
 
 /// Reads `-m hashlimit`'s options (collected opaque) into [`Match::Hashlimit`]; `Ok(None)`
 /// when the rule is a byte rate or a rate match (kept opaque).
@@ -32,15 +52,8 @@ pub(crate) fn typed(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<Option<Match>, ParseError> {
-    let bad = |reason: String| {
-        ctx.err(
-            token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("hashlimit: {reason}"),
-            },
-        )
-    };
+    let r = ExtOptions::check("hashlimit", GRAMMAR, options, token, ctx)?;
+    let bad = |reason: String| r.bad(reason);
     let width: u8 = if ctx.family == Family::Ipv4 { 32 } else { 128 };
     let mut m = HashlimitMatch {
         above: false,
@@ -57,50 +70,12 @@ pub(crate) fn typed(
     };
     let (mut rate, mut name, mut expire, mut opaque) = (false, false, false, false);
     let mut unit_ms = 1000u32;
-    for (i, o) in options.iter().enumerate() {
-        let opt = o.name.as_str();
+    for o in options {
+        let (opt, arg) = (o.name.as_str(), ExtOptions::arg(o));
         let key = if opt == "--hashlimit" {
             "--hashlimit-upto"
         } else {
             opt
-        };
-        let known = matches!(
-            key,
-            "--hashlimit-upto"
-                | "--hashlimit-above"
-                | "--hashlimit-name"
-                | "--hashlimit-burst"
-                | "--hashlimit-mode"
-                | "--hashlimit-srcmask"
-                | "--hashlimit-dstmask"
-                | "--hashlimit-htable-size"
-                | "--hashlimit-htable-max"
-                | "--hashlimit-htable-gcinterval"
-                | "--hashlimit-htable-expire"
-                | "--hashlimit-rate-match"
-                | "--hashlimit-rate-interval"
-        );
-        if !known {
-            return Err(ctx.err(
-                token,
-                K::UnknownExtensionOption {
-                    extension: "hashlimit".into(),
-                    option: o.name.clone(),
-                },
-            ));
-        }
-        if options[..i].iter().any(|p| p.name == o.name) {
-            return Err(ctx.err(token, K::DuplicateOption(o.name.clone())));
-        }
-        let rate_opt = matches!(key, "--hashlimit-upto" | "--hashlimit-above");
-        if o.negated && !rate_opt {
-            return Err(bad(format!("option \"{opt}\" cannot be inverted")));
-        }
-        let arg = match (key == "--hashlimit-rate-match", o.args.as_slice()) {
-            (false, [a]) => a.as_str(),
-            (true, []) => "",
-            (false, _) => return Err(bad(format!("option \"{opt}\" takes one argument"))),
-            (true, _) => return Err(bad(format!("option \"{opt}\" takes no argument"))),
         };
         let bad_value = || bad(format!("bad value \"{arg}\" for \"{opt}\""));
         let uint = |max: u64| parse_uint(arg, max).ok_or_else(bad_value);
@@ -167,22 +142,10 @@ pub(crate) fn typed(
         }
     }
     if !rate {
-        return Err(ctx.err(
-            token,
-            K::MissingOption {
-                extension: "hashlimit".into(),
-                needs: "--hashlimit-upto or --hashlimit-above",
-            },
-        ));
+        return Err(r.missing("--hashlimit-upto or --hashlimit-above"));
     }
     if !name {
-        return Err(ctx.err(
-            token,
-            K::MissingOption {
-                extension: "hashlimit".into(),
-                needs: "--hashlimit-name",
-            },
-        ));
+        return Err(r.missing("--hashlimit-name"));
     }
     if opaque {
         return Ok(None);

@@ -18,6 +18,7 @@ use crate::model::{
     TosValue, TtlMatch, TtlOp, ipv6_ext,
 };
 
+use super::ext_options::{ExtOptions, Opt};
 use super::extensions::parse_uint;
 use super::lexer::Tok;
 use super::opaque::{dscp_class, dscp_number, tos_value};
@@ -49,11 +50,8 @@ pub(crate) fn typed(
     }
     let r = Reader {
         name,
-        options,
-        token,
-        ctx,
+        x: ExtOptions::check(name, grammar(name), options, token, ctx)?,
     };
-    r.check_options()?;
     let m = match name {
         "ttl" => Match::Ttl(r.ttl("ttl")?),
         "hl" => Match::Hl(r.ttl("hl")?),
@@ -287,113 +285,80 @@ fn ipv6_header_bit(s: &str) -> Option<u8> {
     })
 }
 
-/// The options of each extension: (name, takes an argument, may be negated).
-fn grammar(name: &str) -> &'static [(&'static str, bool, bool)] {
+/// The options of each extension.
+fn grammar(name: &str) -> &'static [Opt] {
+    const TTL: &[Opt] = &[
+        Opt::value("--ttl-eq").negatable(),
+        Opt::value("--ttl-lt"),
+        Opt::value("--ttl-gt"),
+    ];
+    const HL: &[Opt] = &[
+        Opt::value("--hl-eq").negatable(),
+        Opt::value("--hl-lt"),
+        Opt::value("--hl-gt"),
+    ];
+    const TOS: &[Opt] = &[Opt::value("--tos").negatable()];
+    const DSCP: &[Opt] = &[
+        Opt::value("--dscp").negatable(),
+        Opt::value("--dscp-class").negatable(),
+    ];
+    const ECN: &[Opt] = &[
+        Opt::flag("--ecn-tcp-ece").negatable(),
+        Opt::flag("--ecn-tcp-cwr").negatable(),
+        Opt::value("--ecn-ip-ect").negatable(),
+    ];
+    const AH: &[Opt] = &[Opt::value("--ahspi").negatable()];
+    const FRAG: &[Opt] = &[
+        Opt::value("--fragid").negatable(),
+        Opt::value("--fraglen").negatable(),
+        Opt::flag("--fragres"),
+        Opt::flag("--fragfirst"),
+        Opt::flag("--fragmore"),
+        Opt::flag("--fraglast"),
+    ];
+    const RT: &[Opt] = &[
+        Opt::value("--rt-type").negatable(),
+        Opt::value("--rt-segsleft").negatable(),
+        Opt::value("--rt-len").negatable(),
+        Opt::flag("--rt-0-res"),
+        Opt::value("--rt-0-addrs"),
+        Opt::flag("--rt-0-not-strict"),
+    ];
+    const IPV6HEADER: &[Opt] = &[Opt::value("--header").negatable(), Opt::flag("--soft")];
     match name {
-        "ttl" => &[
-            ("--ttl-eq", true, true),
-            ("--ttl-lt", true, false),
-            ("--ttl-gt", true, false),
-        ],
-        "hl" => &[
-            ("--hl-eq", true, true),
-            ("--hl-lt", true, false),
-            ("--hl-gt", true, false),
-        ],
-        "tos" => &[("--tos", true, true)],
-        "dscp" => &[("--dscp", true, true), ("--dscp-class", true, true)],
-        "ecn" => &[
-            ("--ecn-tcp-ece", false, true),
-            ("--ecn-tcp-cwr", false, true),
-            ("--ecn-ip-ect", true, true),
-        ],
-        "ah" => &[("--ahspi", true, true)],
-        "frag" => &[
-            ("--fragid", true, true),
-            ("--fraglen", true, true),
-            ("--fragres", false, false),
-            ("--fragfirst", false, false),
-            ("--fragmore", false, false),
-            ("--fraglast", false, false),
-        ],
-        "rt" => &[
-            ("--rt-type", true, true),
-            ("--rt-segsleft", true, true),
-            ("--rt-len", true, true),
-            ("--rt-0-res", false, false),
-            ("--rt-0-addrs", true, false),
-            ("--rt-0-not-strict", false, false),
-        ],
-        "ipv6header" => &[("--header", true, true), ("--soft", false, false)],
+        "ttl" => TTL,
+        "hl" => HL,
+        "tos" => TOS,
+        "dscp" => DSCP,
+        "ecn" => ECN,
+        "ah" => AH,
+        "frag" => FRAG,
+        "rt" => RT,
+        "ipv6header" => IPV6HEADER,
         _ => &[],
     }
 }
 
+/// The checked options of one extension, and the readers of their values.
 struct Reader<'a, 't> {
     name: &'a str,
-    options: &'a [OpaqueOption],
-    token: &'a Tok<'t>,
-    ctx: &'a Ctx<'a>,
+    x: ExtOptions<'a, 't>,
 }
 
 impl Reader<'_, '_> {
     fn bad(&self, reason: String) -> ParseError {
-        self.ctx.err(
-            self.token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("{}: {reason}", self.name),
-            },
-        )
+        self.x.bad(reason)
     }
 
     fn missing(&self, needs: &'static str) -> ParseError {
-        self.ctx.err(
-            self.token,
-            K::MissingOption {
-                extension: self.name.to_string(),
-                needs,
-            },
-        )
-    }
-
-    /// Every option is known, given once, negated only where it can be, with its argument
-    /// count.
-    fn check_options(&self) -> Result<(), ParseError> {
-        let g = grammar(self.name);
-        for (i, o) in self.options.iter().enumerate() {
-            let Some(&(_, takes_arg, negatable)) = g.iter().find(|(n, _, _)| *n == o.name) else {
-                return Err(self.ctx.err(
-                    self.token,
-                    K::UnknownExtensionOption {
-                        extension: self.name.to_string(),
-                        option: o.name.clone(),
-                    },
-                ));
-            };
-            if o.negated && !negatable {
-                return Err(self.bad(format!("option \"{}\" cannot be inverted", o.name)));
-            }
-            if self.options[..i].iter().any(|p| p.name == o.name) {
-                return Err(self.ctx.err(self.token, K::DuplicateOption(o.name.clone())));
-            }
-            match (takes_arg, o.args.len()) {
-                (true, 1) | (false, 0) => {}
-                (true, _) => {
-                    return Err(self.bad(format!("option \"{}\" takes one argument", o.name)));
-                }
-                (false, _) => {
-                    return Err(self.bad(format!("option \"{}\" takes no argument", o.name)));
-                }
-            }
-        }
-        Ok(())
+        self.x.missing(needs)
     }
 
     /// The one option among `names` (they exclude each other, one is required).
     fn exactly_one(&self, names: &[&str]) -> Result<&OpaqueOption, ParseError> {
         let mut given = self
-            .options
+            .x
+            .options()
             .iter()
             .filter(|o| names.contains(&o.name.as_str()));
         match (given.next(), given.next()) {

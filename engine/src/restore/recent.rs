@@ -15,10 +15,27 @@
 
 use crate::model::{Family, Match, OpaqueOption, RecentMatch, RecentOp};
 
+use super::ParseError;
+use super::ext_options::{ExtOptions, Opt};
 use super::extensions::parse_uint;
 use super::lexer::Tok;
 use super::rule::Ctx;
-use super::{ParseError, ParseErrorKind as K};
+
+/// recent's options.
+const GRAMMAR: &[Opt] = &[
+    Opt::flag("--set").negatable(),
+    Opt::flag("--rcheck").negatable(),
+    Opt::flag("--update").negatable(),
+    Opt::flag("--remove").negatable(),
+    Opt::flag("--reap"),
+    Opt::flag("--rttl"),
+    Opt::flag("--rsource"),
+    Opt::flag("--rdest"),
+    Opt::value("--seconds"),
+    Opt::value("--hitcount"),
+    Opt::value("--name"),
+    Opt::value("--mask"),
+];
 
 /// Reads `-m recent`'s options (collected opaque) into [`Match::Recent`].
 pub(crate) fn typed(
@@ -26,45 +43,12 @@ pub(crate) fn typed(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<Match, ParseError> {
-    let bad = |reason: String| {
-        ctx.err(
-            token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("recent: {reason}"),
-            },
-        )
-    };
+    let r = ExtOptions::check("recent", GRAMMAR, options, token, ctx)?;
+    let bad = |reason: String| r.bad(reason);
     let mut m = RecentMatch::new(RecentOp::Set, ctx.family);
     let mut op: Option<RecentOp> = None;
-    for (i, o) in options.iter().enumerate() {
-        let name = o.name.as_str();
-        let (takes_arg, negatable) = match name {
-            "--set" | "--rcheck" | "--update" | "--remove" => (false, true),
-            "--reap" | "--rttl" | "--rsource" | "--rdest" => (false, false),
-            "--seconds" | "--hitcount" | "--name" | "--mask" => (true, false),
-            _ => {
-                return Err(ctx.err(
-                    token,
-                    K::UnknownExtensionOption {
-                        extension: "recent".into(),
-                        option: o.name.clone(),
-                    },
-                ));
-            }
-        };
-        if options[..i].iter().any(|p| p.name == o.name) {
-            return Err(ctx.err(token, K::DuplicateOption(o.name.clone())));
-        }
-        if o.negated && !negatable {
-            return Err(bad(format!("option \"{name}\" cannot be inverted")));
-        }
-        let arg = match (takes_arg, o.args.as_slice()) {
-            (true, [a]) => a.as_str(),
-            (false, []) => "",
-            (true, _) => return Err(bad(format!("option \"{name}\" takes one argument"))),
-            (false, _) => return Err(bad(format!("option \"{name}\" takes no argument"))),
-        };
+    for o in options {
+        let (name, arg) = (o.name.as_str(), ExtOptions::arg(o));
         let number = |min: u64| {
             parse_uint(arg, u64::from(u32::MAX))
                 .filter(|&v| v >= min)
@@ -104,13 +88,7 @@ pub(crate) fn typed(
         }
     }
     let Some(op) = op else {
-        return Err(ctx.err(
-            token,
-            K::MissingOption {
-                extension: "recent".into(),
-                needs: "one of --set, --rcheck, --update or --remove",
-            },
-        ));
+        return Err(r.missing("one of --set, --rcheck, --update or --remove"));
     };
     m.op = op;
     if m.rttl && matches!(op, RecentOp::Set | RecentOp::Remove) {

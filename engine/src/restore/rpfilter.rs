@@ -13,9 +13,10 @@
 use crate::fib::rpfilter_flags as F;
 use crate::model::{Match, Neg, OpaqueOption, PktType, RpfilterMatch};
 
+use super::ParseError;
+use super::ext_options::{ExtOptions, Opt};
 use super::lexer::Tok;
 use super::rule::Ctx;
-use super::{ParseError, ParseErrorKind as K};
 
 /// rpfilter's options and their flags, in print order.
 pub(crate) const RPFILTER_OPTIONS: [(&str, u8); 4] = [
@@ -25,15 +26,13 @@ pub(crate) const RPFILTER_OPTIONS: [(&str, u8); 4] = [
     ("--invert", F::INVERT),
 ];
 
-fn bad(ctx: &Ctx<'_>, token: &Tok<'_>, ext: &str, reason: String) -> ParseError {
-    ctx.err(
-        token,
-        K::InvalidValue {
-            what: "extension option",
-            reason: format!("{ext}: {reason}"),
-        },
-    )
-}
+/// rpfilter's grammar: flags only, none negatable.
+const GRAMMAR: &[Opt] = &[
+    Opt::flag("--loose"),
+    Opt::flag("--validmark"),
+    Opt::flag("--accept-local"),
+    Opt::flag("--invert"),
+];
 
 /// Reads `-m rpfilter`'s options (collected opaque) into [`Match::Rpfilter`].
 pub(crate) fn typed_rpfilter(
@@ -41,37 +40,12 @@ pub(crate) fn typed_rpfilter(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<Match, ParseError> {
+    ExtOptions::check("rpfilter", GRAMMAR, options, token, ctx)?;
     let mut m = RpfilterMatch::default();
-    for (i, o) in options.iter().enumerate() {
-        let Some((_, bit)) = RPFILTER_OPTIONS.iter().find(|(n, _)| *n == o.name) else {
-            return Err(ctx.err(
-                token,
-                K::UnknownExtensionOption {
-                    extension: "rpfilter".into(),
-                    option: o.name.clone(),
-                },
-            ));
-        };
-        if options[..i].iter().any(|p| p.name == o.name) {
-            return Err(ctx.err(token, K::DuplicateOption(o.name.clone())));
+    for o in options {
+        if let Some((_, bit)) = RPFILTER_OPTIONS.iter().find(|(n, _)| *n == o.name) {
+            m.flags |= bit;
         }
-        if o.negated {
-            return Err(bad(
-                ctx,
-                token,
-                "rpfilter",
-                format!("option \"{}\" cannot be inverted", o.name),
-            ));
-        }
-        if !o.args.is_empty() {
-            return Err(bad(
-                ctx,
-                token,
-                "rpfilter",
-                format!("option \"{}\" takes no argument", o.name),
-            ));
-        }
-        m.flags |= bit;
     }
     Ok(Match::Rpfilter(m))
 }
@@ -93,44 +67,22 @@ pub(crate) fn typed_pkttype(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<Match, ParseError> {
-    let mut out: Option<Neg<PktType>> = None;
-    for o in options {
-        if o.name != "--pkt-type" {
-            return Err(ctx.err(
-                token,
-                K::UnknownExtensionOption {
-                    extension: "pkttype".into(),
-                    option: o.name.clone(),
-                },
-            ));
-        }
-        if out.is_some() {
-            return Err(ctx.err(token, K::DuplicateOption(o.name.clone())));
-        }
-        let [a] = o.args.as_slice() else {
-            return Err(bad(
-                ctx,
-                token,
-                "pkttype",
-                "option \"--pkt-type\" takes one argument".into(),
-            ));
-        };
-        let value = parse_pkt_type(a)
-            .ok_or_else(|| bad(ctx, token, "pkttype", format!("Bad packet type '{a}'")))?;
-        out = Some(Neg {
-            negated: o.negated,
-            value,
-        });
-    }
-    let m = out.ok_or_else(|| {
-        ctx.err(
-            token,
-            K::MissingOption {
-                extension: "pkttype".into(),
-                needs: "--pkt-type",
-            },
-        )
-    })?;
+    let r = ExtOptions::check(
+        "pkttype",
+        &[Opt::value("--pkt-type").negatable()],
+        options,
+        token,
+        ctx,
+    )?;
+    let Some(o) = options.first() else {
+        return Err(r.missing("--pkt-type"));
+    };
+    let a = ExtOptions::arg(o);
+    let value = parse_pkt_type(a).ok_or_else(|| r.bad(format!("Bad packet type '{a}'")))?;
+    let m = Neg {
+        negated: o.negated,
+        value,
+    };
     Ok(Match::PktType(m))
 }
 

@@ -16,10 +16,21 @@
 
 use crate::model::{Match, OpaqueOption, STRING_MAX_PATTERN, StringAlgo, StringMatch};
 
+use super::ParseError;
+use super::ext_options::{ExtOptions, Opt};
 use super::extensions::parse_uint;
 use super::lexer::Tok;
 use super::rule::Ctx;
-use super::{ParseError, ParseErrorKind as K};
+
+/// string's options.
+const GRAMMAR: &[Opt] = &[
+    Opt::value("--string").negatable(),
+    Opt::value("--hex-string").negatable(),
+    Opt::value("--algo"),
+    Opt::value("--from"),
+    Opt::value("--to"),
+    Opt::flag("--icase"),
+];
 
 /// Reads `-m string`'s options (collected opaque) into [`Match::String`].
 pub(crate) fn typed(
@@ -27,15 +38,8 @@ pub(crate) fn typed(
     token: &Tok<'_>,
     ctx: &Ctx<'_>,
 ) -> Result<Match, ParseError> {
-    let bad = |reason: String| {
-        ctx.err(
-            token,
-            K::InvalidValue {
-                what: "extension option",
-                reason: format!("string: {reason}"),
-            },
-        )
-    };
+    let r = ExtOptions::check("string", GRAMMAR, options, token, ctx)?;
+    let bad = |reason: String| r.bad(reason);
     let mut m = StringMatch {
         negated: false,
         pattern: Vec::new(),
@@ -45,34 +49,8 @@ pub(crate) fn typed(
         icase: false,
     };
     let (mut algo, mut pattern) = (false, false);
-    for (i, o) in options.iter().enumerate() {
-        let name = o.name.as_str();
-        let (takes_arg, negatable) = match name {
-            "--string" | "--hex-string" => (true, true),
-            "--algo" | "--from" | "--to" => (true, false),
-            "--icase" => (false, false),
-            _ => {
-                return Err(ctx.err(
-                    token,
-                    K::UnknownExtensionOption {
-                        extension: "string".into(),
-                        option: o.name.clone(),
-                    },
-                ));
-            }
-        };
-        if options[..i].iter().any(|p| p.name == o.name) {
-            return Err(ctx.err(token, K::DuplicateOption(o.name.clone())));
-        }
-        if o.negated && !negatable {
-            return Err(bad(format!("option \"{name}\" cannot be inverted")));
-        }
-        let arg = match (takes_arg, o.args.as_slice()) {
-            (true, [a]) => a.as_str(),
-            (false, []) => "",
-            (true, _) => return Err(bad(format!("option \"{name}\" takes one argument"))),
-            (false, _) => return Err(bad(format!("option \"{name}\" takes no argument"))),
-        };
+    for o in options {
+        let (name, arg) = (o.name.as_str(), ExtOptions::arg(o));
         match name {
             "--string" | "--hex-string" => {
                 if pattern {
@@ -115,22 +93,10 @@ pub(crate) fn typed(
         }
     }
     if !algo {
-        return Err(ctx.err(
-            token,
-            K::MissingOption {
-                extension: "string".into(),
-                needs: "--algo",
-            },
-        ));
+        return Err(r.missing("--algo"));
     }
     if !pattern {
-        return Err(ctx.err(
-            token,
-            K::MissingOption {
-                extension: "string".into(),
-                needs: "--string or --hex-string",
-            },
-        ));
+        return Err(r.missing("--string or --hex-string"));
     }
     if let Some(why) = m.kernel_refusal() {
         return Err(bad(why.into()));

@@ -12,14 +12,56 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::conntrack_service_server::ConntrackService;
 
 use super::State;
+use super::paging::{self, Paging};
 use crate::auth::{Grant, Op};
 use crate::error::{Error, Result};
 use crate::{convert, hooks};
 
-/// Entries List returns when the request leaves `limit` at 0.
-pub const DEFAULT_LIST_LIMIT: u32 = 10_000;
-/// The largest `limit` List accepts.
-pub const MAX_LIST_LIMIT: u32 = 1_000_000;
+/// How List pages: an entry is ~60 bytes.
+pub const LIST_PAGING: Paging = Paging {
+    method: "ConntrackService/List",
+    default: 1000,
+    max: 10_000,
+};
+
+/// The key entries are listed by and pages continue after: the original tuple and the zone
+/// (unique per entry, as nf_conntrack's hash key).
+type EntryKey = (std::net::IpAddr, std::net::IpAddr, u8, u16, u16, u16, u8);
+
+fn entry_key(c: &vallum_engine::conntrack::ConnView) -> EntryKey {
+    let o = &c.original;
+    (
+        o.src,
+        o.dst,
+        o.protocol,
+        o.sport,
+        o.dport,
+        c.zone.id,
+        c.zone.dirs,
+    )
+}
+
+fn cursor_of(k: &EntryKey) -> String {
+    format!("{} {} {} {} {} {} {}", k.0, k.1, k.2, k.3, k.4, k.5, k.6)
+}
+
+/// Errors: INVALID_ARGUMENT on `page_token`.
+fn parse_cursor(s: &str) -> Result<EntryKey> {
+    let bad = || Error::invalid("page_token", "not a page token of ConntrackService/List");
+    let w: Vec<&str> = s.split(' ').collect();
+    let [src, dst, proto, sport, dport, zone, dirs] = w[..] else {
+        return Err(bad());
+    };
+    Ok((
+        src.parse().map_err(|_| bad())?,
+        dst.parse().map_err(|_| bad())?,
+        proto.parse().map_err(|_| bad())?,
+        sport.parse().map_err(|_| bad())?,
+        dport.parse().map_err(|_| bad())?,
+        zone.parse().map_err(|_| bad())?,
+        dirs.parse().map_err(|_| bad())?,
+    ))
+}
 
 /// The ConntrackService implementation.
 #[derive(Debug, Clone)]
@@ -68,31 +110,43 @@ impl ConntrackService for ConntrackApi {
         request: Request<pb::ListConntrackRequest>,
     ) -> Result<Response<pb::ListConntrackResponse>, Status> {
         let r = request.into_inner();
-        let filter = convert::conntrack_filter("filter", &r.filter.unwrap_or_default())?;
-        let limit = match r.limit {
-            0 => DEFAULT_LIST_LIMIT,
-            n if n <= MAX_LIST_LIMIT => n,
-            n => {
-                return Err(Error::invalid(
-                    "limit",
-                    format!("{n} is above the maximum {MAX_LIST_LIMIT}"),
-                )
-                .into());
-            }
-        } as usize;
+        let f = r.filter.unwrap_or_default();
+        let page = LIST_PAGING.page(r.page_size, &r.page_token, &format!("{f:?}"))?;
+        let after = page.cursor.as_deref().map(parse_cursor).transpose()?;
+        let filter = convert::conntrack_filter("filter", &f)?;
         let table = self.table()?;
         let now = self.state.pipeline.now_ns();
+        let all = table.list();
         let mut matched = 0u64;
-        let mut entries = Vec::new();
-        for c in table.list().iter().filter(|c| filter.matches(c)) {
+        let mut rest: Vec<(EntryKey, &vallum_engine::conntrack::ConnView)> = Vec::new();
+        for c in all.iter().filter(|c| filter.matches(c)) {
             matched += 1;
-            if entries.len() < limit {
-                entries.push(convert::conntrack_entry(c, now));
+            let k = entry_key(c);
+            if after.is_none_or(|a| k > a) {
+                rest.push((k, c));
             }
         }
+        // The page's entries are the smallest keys after the cursor: a partial selection
+        // (linear) and a sort of the page only, not of the whole table.
+        let take = page.size + 1;
+        if rest.len() > take {
+            rest.select_nth_unstable_by(take - 1, |a, b| a.0.cmp(&b.0));
+            rest.truncate(take);
+        }
+        rest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let keys: Vec<EntryKey> = rest.iter().map(|(k, _)| *k).collect();
+        let (entries, more) = paging::fill(
+            rest.iter().map(|(_, c)| convert::conntrack_entry(c, now)),
+            page.size,
+        );
+        let next_page_token = match entries.len().checked_sub(1).map(|i| &keys[i]) {
+            Some(last) if more => LIST_PAGING.token(&format!("{f:?}"), &cursor_of(last)),
+            _ => String::new(),
+        };
         Ok(Response::new(pb::ListConntrackResponse {
             entries,
             matched,
+            next_page_token,
         }))
     }
 

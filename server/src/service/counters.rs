@@ -5,6 +5,11 @@
 //! stored ruleset with no active revision has no counters (an empty answer). ZeroCounters is
 //! an admin mutation and writes an audit record (`CounterService/ZeroCounters`), refused calls
 //! included.
+//!
+//! GetCounters pages by offset into the snapshot's counters (they have no key that stays put
+//! when a revision changes); the token carries a digest of the active revisions, and a page
+//! asked for after a commit changed them is ABORTED ([`Error::ListChanged`]) rather than a
+//! listing that skips or repeats rules.
 
 use std::sync::Arc;
 
@@ -15,9 +20,17 @@ use vallum_proto::v1::counter_service_server::CounterService;
 use vallum_engine::model::{Family, Hook, TableKind};
 
 use super::State;
+use super::paging::{self, Paging};
 use crate::auth::{Grant, Op};
 use crate::error::{Error, Result};
 use crate::{convert, hooks};
+
+/// How GetCounters pages: a counter is ~100 bytes, so a full page is ~1 MB.
+pub const COUNTERS_PAGING: Paging = Paging {
+    method: "GetCounters",
+    default: 1000,
+    max: 10_000,
+};
 
 /// The CounterService implementation.
 #[derive(Debug, Clone)]
@@ -140,13 +153,58 @@ impl CounterService for CountersApi {
         request: Request<pb::GetCountersRequest>,
     ) -> Result<Response<pb::GetCountersResponse>, Status> {
         let r = request.into_inner();
+        let page = COUNTERS_PAGING.page(r.page_size, &r.page_token, &r.ruleset)?;
         let filter = self.filter(&r.ruleset).await?;
         let engine = self.state.pipeline.engine();
-        let rulesets: Vec<_> = engine.rulesets().into_values().collect();
-        let counters = engine
-            .counters()
+        // The revisions and the counters from one snapshot: a commit between the two reads
+        // would pair this page's offset with the other snapshot's rules.
+        let (revisions, rulesets, all) = loop {
+            let before = engine.revisions();
+            let rulesets: Vec<_> = engine.rulesets().into_values().collect();
+            let all = engine.counters();
+            if engine.revisions() == before {
+                break (before, rulesets, all);
+            }
+        };
+        let fingerprint: String = {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            for (name, a) in &revisions {
+                h.update(format!("{name}\0{}\0{}\0", a.revision, a.priority));
+            }
+            h.finalize()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        };
+        let offset = match &page.cursor {
+            None => 0,
+            Some(c) => {
+                let (fp, n) = c.split_once(':').unwrap_or_default();
+                let n: usize = n
+                    .parse()
+                    .map_err(|_| Error::invalid("page_token", "not a page token of GetCounters"))?;
+                if fp != fingerprint {
+                    return Err(Error::ListChanged {
+                        what: "the active revisions",
+                        detail: format!(
+                            "now {}",
+                            revisions
+                                .iter()
+                                .map(|(n, a)| format!("rulesets/{n}/revisions/{}", a.revision))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    }
+                    .into());
+                }
+                n
+            }
+        };
+        let items = all
             .into_iter()
             .filter(|c| filter.as_deref().is_none_or(|f| f == &*c.ruleset))
+            .skip(offset)
             .map(|c| {
                 let text = match c.rule {
                     Some(n) => {
@@ -172,9 +230,20 @@ impl CounterService for CountersApi {
                     bytes: c.bytes,
                     text,
                 }
-            })
-            .collect();
-        Ok(Response::new(pb::GetCountersResponse { counters }))
+            });
+        let (counters, more) = paging::fill(items, page.size);
+        let next_page_token = if more {
+            COUNTERS_PAGING.token(
+                &r.ruleset,
+                &format!("{fingerprint}:{}", offset + counters.len()),
+            )
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::GetCountersResponse {
+            counters,
+            next_page_token,
+        }))
     }
 
     async fn zero_counters(

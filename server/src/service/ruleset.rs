@@ -13,6 +13,7 @@ use vallum_engine::restore::{PrintOptions, print_rule_spec};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::ruleset_service_server::RulesetService;
 
+use super::paging::{self, Paging};
 use super::{State, audit_entry, to_completion};
 use crate::auth::{Grant, Op};
 use crate::content::{self, Content, RulesetInput};
@@ -130,6 +131,20 @@ fn edits_source(edits: &[pb::RuleCommand]) -> Result<pb::RulesetSource> {
         })),
     })
 }
+
+/// How ListRulesets pages (by name).
+pub const LIST_RULESETS: Paging = Paging {
+    method: "ListRulesets",
+    default: 100,
+    max: 1000,
+};
+
+/// How ListRevisions pages (by number).
+pub const LIST_REVISIONS: Paging = Paging {
+    method: "ListRevisions",
+    default: 100,
+    max: 1000,
+};
 
 /// The RulesetService implementation.
 #[derive(Debug, Clone)]
@@ -652,11 +667,25 @@ impl RulesetService for RulesetApi {
 
     async fn list_rulesets(
         &self,
-        _request: Request<pb::ListRulesetsRequest>,
+        request: Request<pb::ListRulesetsRequest>,
     ) -> Result<Response<pb::ListRulesetsResponse>, Status> {
-        let all = self.state.pipeline.store().list_rulesets().await?;
+        let r = request.into_inner();
+        let page = LIST_RULESETS.page(r.page_size, &r.page_token, "")?;
+        let after = page.cursor.unwrap_or_default();
+        let rows = self
+            .state
+            .pipeline
+            .store()
+            .list_rulesets_after(&after, page.size as u32 + 1)
+            .await?;
+        let (rulesets, more) = paging::fill(rows.iter().map(convert::ruleset), page.size);
+        let next_page_token = match rulesets.len().checked_sub(1) {
+            Some(last) if more => LIST_RULESETS.token("", &rows[last].name),
+            _ => String::new(),
+        };
         Ok(Response::new(pb::ListRulesetsResponse {
-            rulesets: all.iter().map(convert::ruleset).collect(),
+            rulesets,
+            next_page_token,
         }))
     }
 
@@ -675,17 +704,12 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::ListRevisionsResponse>, Status> {
         let r = request.into_inner();
         let name = convert::ruleset_id("ruleset", &r.ruleset)?;
-        let after: u64 = if r.page_token.is_empty() {
-            0
-        } else {
-            r.page_token
+        let page = LIST_REVISIONS.page(r.page_size, &r.page_token, &name)?;
+        let after: u64 = match page.cursor {
+            None => 0,
+            Some(c) => c
                 .parse()
-                .map_err(|_| Error::invalid("page_token", "not a token from an earlier response"))?
-        };
-        let size = if r.page_size == 0 {
-            100
-        } else {
-            r.page_size.min(1000)
+                .map_err(|_| Error::invalid("page_token", "not a page token of ListRevisions"))?,
         };
         let store = self.state.pipeline.store();
         if store.get_ruleset(&name).await?.is_none() {
@@ -695,21 +719,20 @@ impl RulesetService for RulesetApi {
             }
             .into());
         }
-        let revs = store.list_revisions(&name, after, size + 1).await?;
-        let more = revs.len() > size as usize;
-        let revs = &revs[..revs.len().min(size as usize)];
+        let revs = store
+            .list_revisions(&name, after, page.size as u32 + 1)
+            .await?;
+        let (revisions, more) = paging::fill(
+            revs.iter().map(|r| convert::revision(r, false, &[])),
+            page.size,
+        );
+        let next_page_token = match revisions.last() {
+            Some(last) if more => LIST_REVISIONS.token(&name, &last.number.to_string()),
+            _ => String::new(),
+        };
         Ok(Response::new(pb::ListRevisionsResponse {
-            next_page_token: if more {
-                revs.last()
-                    .map(|r| r.number.to_string())
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            },
-            revisions: revs
-                .iter()
-                .map(|r| convert::revision(r, false, &[]))
-                .collect(),
+            next_page_token,
+            revisions,
         }))
     }
 
@@ -732,11 +755,11 @@ impl RulesetService for RulesetApi {
         request: Request<pb::DiffRevisionsRequest>,
     ) -> Result<Response<pb::DiffRevisionsResponse>, Status> {
         let r = request.into_inner();
-        let (a, an) = convert::revision_name("from", &r.from)?;
-        let (b, bn) = convert::revision_name("to", &r.to)?;
+        let (a, an) = convert::revision_name("base", &r.base)?;
+        let (b, bn) = convert::revision_name("target", &r.target)?;
         if a != b {
             return Err(
-                Error::invalid("to", "both revisions must belong to the same ruleset").into(),
+                Error::invalid("target", "both revisions must belong to the same ruleset").into(),
             );
         }
         let store = self.state.pipeline.store();
@@ -754,8 +777,8 @@ impl RulesetService for RulesetApi {
                 rev?.content.to_ruleset(&a, 0)
             }
         };
-        let from = load(an, "from").await?;
-        let to = load(bn, "to").await?;
+        let from = load(an, "base").await?;
+        let to = load(bn, "target").await?;
         Ok(Response::new(pb::DiffRevisionsResponse {
             chains: diff(&from, &to),
         }))
@@ -810,19 +833,30 @@ impl RulesetService for RulesetApi {
         } else {
             Some(convert::ruleset_id("ruleset", &r.ruleset)?)
         };
-        let rx = self.state.pipeline.subscribe();
-        let stream = BroadcastStream::new(rx).filter_map(move |e| match e {
-            Ok(e) if filter.as_ref().is_none_or(|f| *f == e.ruleset) => {
-                Some(Ok(convert::commit_event(&e)))
+        let (replay, rx) = match r.start_after {
+            0 => (Vec::new(), self.state.pipeline.subscribe()),
+            n => self.state.pipeline.resume_events(n)?,
+        };
+        // The last sequence this watcher was sent (or skipped by the filter): where a
+        // watcher that lagged resumes.
+        let mut last = replay.last().map_or(r.start_after, |e| e.sequence);
+        let wanted =
+            move |e: &crate::pipeline::CommitEvent| filter.as_ref().is_none_or(|f| *f == e.ruleset);
+        let replay: Vec<_> = replay.into_iter().filter(&wanted).collect();
+        let live = BroadcastStream::new(rx).filter_map(move |e| match e {
+            Ok(e) => {
+                last = e.sequence;
+                wanted(&e).then(|| Ok(convert::commit_event(&e)))
             }
-            Ok(_) => None,
             // A slow watcher lost events: tell it, rather than silently skipping.
             Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
                 Some(Err(Status::data_loss(format!(
-                    "watcher lagged behind; {n} commit events were dropped"
+                    "watcher lagged behind; {n} commit events were dropped: watch again with start_after {last}"
                 ))))
             }
         });
+        let stream = tokio_stream::iter(replay.into_iter().map(|e| Ok(convert::commit_event(&e))))
+            .chain(live);
         Ok(Response::new(Box::pin(stream)))
     }
 }

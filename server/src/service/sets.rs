@@ -11,12 +11,27 @@ use tonic::{Request, Response, Status};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::set_service_server::SetService;
 
+use super::paging::{self, Paging};
 use super::{State, to_completion};
 use crate::auth::{Grant, Op};
 use crate::convert::sets::{create_spec, element_inputs, element_pb, set_pb};
 use crate::error::{Error, Result};
 use crate::hooks;
 use crate::pipeline::sets::check_set_name;
+
+/// How ListSets pages (by name).
+pub const LIST_SETS: Paging = Paging {
+    method: "ListSets",
+    default: 100,
+    max: 1000,
+};
+
+/// How GetSet pages its elements (offsets into the sorted elements).
+pub const GET_SET: Paging = Paging {
+    method: "GetSet",
+    default: 1000,
+    max: 10_000,
+};
 
 /// The SetService implementation.
 #[derive(Debug, Clone)]
@@ -96,7 +111,7 @@ set_names! {
     pb::AddElementsRequest => |r| Some(vec![r.set.as_str()]);
     pb::DeleteElementsRequest => |r| Some(vec![r.set.as_str()]);
     pb::FlushSetRequest => |r| Some(vec![r.name.as_str()]);
-    pb::SwapSetsRequest => |r| Some(vec![r.from.as_str(), r.to.as_str()]);
+    pb::SwapSetsRequest => |r| Some(vec![r.name.as_str(), r.other_name.as_str()]);
     pb::ImportIpsetSaveRequest => |_r| None;
 }
 
@@ -210,17 +225,29 @@ impl SetService for SetApi {
 
     async fn list_sets(
         &self,
-        _request: Request<pb::ListSetsRequest>,
+        request: Request<pb::ListSetsRequest>,
     ) -> Result<Response<pb::ListSetsResponse>, Status> {
         self.state.ready()?;
+        let r = request.into_inner();
+        let page = LIST_SETS.page(r.page_size, &r.page_token, "")?;
         let p = &self.state.pipeline;
-        let sets = p
-            .sets()
-            .summaries()
-            .iter()
-            .map(|s| set_pb(s, p.set_references(&s.name)))
-            .collect();
-        Ok(Response::new(pb::ListSetsResponse { sets }))
+        let mut summaries = p.sets().summaries();
+        summaries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let (sets, more) = paging::fill(
+            summaries
+                .iter()
+                .filter(|s| page.cursor.as_deref().is_none_or(|c| *s.name > *c))
+                .map(|s| set_pb(s, p.set_references(&s.name))),
+            page.size,
+        );
+        let next_page_token = match sets.last() {
+            Some(last) if more => LIST_SETS.token("", &last.name),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListSetsResponse {
+            sets,
+            next_page_token,
+        }))
     }
 
     async fn get_set(
@@ -230,30 +257,19 @@ impl SetService for SetApi {
         self.state.ready()?;
         let r = request.into_inner();
         let name = set_name("name", &r.name)?;
-        let start: usize = if r.page_token.is_empty() {
-            0
-        } else {
-            r.page_token
+        let page = GET_SET.page(r.page_size, &r.page_token, &name)?;
+        let start: usize = match &page.cursor {
+            None => 0,
+            Some(c) => c
                 .parse()
-                .map_err(|_| Error::invalid("page_token", "not a token of this API"))?
+                .map_err(|_| Error::invalid("page_token", "not a page token of GetSet"))?,
         };
         let header = self.header(&name)?;
         let info = self.state.pipeline.get_set(&name)?;
-        let size = if r.page_size == 0 {
-            usize::MAX
-        } else {
-            r.page_size as usize
-        };
-        let end = start.saturating_add(size).min(info.elements.len());
-        let elements = info
-            .elements
-            .get(start.min(end)..end)
-            .unwrap_or_default()
-            .iter()
-            .map(element_pb)
-            .collect();
-        let next_page_token = if end < info.elements.len() {
-            end.to_string()
+        let (elements, more) =
+            paging::fill(info.elements.iter().skip(start).map(element_pb), page.size);
+        let next_page_token = if more {
+            GET_SET.token(&name, &(start + elements.len()).to_string())
         } else {
             String::new()
         };
@@ -291,8 +307,8 @@ impl SetService for SetApi {
                 "SwapSets",
                 request,
                 |api: SetApi, r: Arc<pb::SwapSetsRequest>| async move {
-                    let from = set_name("from", &r.from)?;
-                    let to = set_name("to", &r.to)?;
+                    let from = set_name("name", &r.name)?;
+                    let to = set_name("other_name", &r.other_name)?;
                     api.state.pipeline.swap_sets(&from, &to).await?;
                     Ok(pb::SwapSetsResponse {})
                 },

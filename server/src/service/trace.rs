@@ -77,21 +77,24 @@ pub type PacketEventStream =
 /// The subscriber filter a `WatchPacketEvents` request asks for; a sample rate below
 /// [`events::SAMPLE_FLOOR`] is raised to it.
 ///
-/// Errors: INVALID_ARGUMENT naming the field: `ruleset` not a ruleset name, `verdict` not
-/// LOG or DROP, `address` not an address or prefix.
+/// Errors: INVALID_ARGUMENT naming the field: `ruleset` not a ruleset name, `kind` not a
+/// `PacketEventKind`, `address` not an address or prefix.
 pub fn packet_events_filter(r: &pb::WatchPacketEventsRequest) -> Result<events::Filter> {
     let ruleset = match r.ruleset.as_str() {
         "" => None,
         s => Some(convert::ruleset_id("ruleset", s)?),
     };
-    let kind = match r.verdict.to_ascii_uppercase().as_str() {
-        "" => None,
-        "LOG" => Some(events::Kind::Log),
-        "DROP" => Some(events::Kind::Drop),
-        other => {
+    let kind = match pb::PacketEventKind::try_from(r.kind) {
+        Ok(pb::PacketEventKind::Unspecified) => None,
+        Ok(pb::PacketEventKind::Log) => Some(events::Kind::Log),
+        Ok(pb::PacketEventKind::Drop) => Some(events::Kind::Drop),
+        Err(_) => {
             return Err(Error::invalid(
-                "verdict",
-                format!("{other:?} is not a packet event kind (LOG or DROP)"),
+                "kind",
+                format!(
+                    "{} is not a PacketEventKind (PACKET_EVENT_KIND_LOG or _DROP)",
+                    r.kind
+                ),
             ));
         }
     };
@@ -115,7 +118,10 @@ pub fn packet_event_pb(d: &events::Delivered) -> pb::PacketEvent {
         .map_or(0, |t| t.as_nanos() as i64);
     let is_log = e.kind == events::Kind::Log;
     pb::PacketEvent {
-        kind: e.kind.name().to_owned(),
+        kind: match e.kind {
+            events::Kind::Log => pb::PacketEventKind::Log,
+            events::Kind::Drop => pb::PacketEventKind::Drop,
+        } as i32,
         time: Some(convert::timestamp(ns)),
         ruleset: e.log.ruleset.to_string(),
         table: if is_log {
@@ -129,7 +135,7 @@ pub fn packet_event_pb(d: &events::Delivered) -> pb::PacketEvent {
         log_level: u32::from(e.log.level),
         line: e.line(),
         family: convert::family_pb(p.family).into(),
-        hook: p.hook.to_string(),
+        hook: convert::hook_pb(p.hook) as i32,
         source: p.src.to_string(),
         destination: p.dst.to_string(),
         protocol: u32::from(p.protocol),
@@ -225,7 +231,7 @@ impl TraceService for TraceApi {
         Ok(Response::new(pb::TracePacketResponse {
             notes: trace_notes(&trace),
             ct_state: convert::ct_state_name(trace.ct_state).into(),
-            verdict: convert::verdict(trace.verdict).into(),
+            verdict: convert::verdict(trace.verdict) as i32,
             steps: trace
                 .steps
                 .iter()
@@ -245,7 +251,7 @@ impl TraceService for TraceApi {
             violations: vec![crate::error::FieldViolation::new("capture", e.to_string())],
         })?;
         let base = PacketMeta {
-            hook: convert::hook("hook", &r.hook)?,
+            hook: convert::hook("hook", r.hook)?,
             in_iface: vallum_engine::packet::IfName::new(&r.in_interface)
                 .ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
             ..PacketMeta::default()
@@ -366,8 +372,8 @@ pub fn replay(
                     source_port: u32::from(sport),
                     destination_port: u32::from(dport),
                     packets: n,
-                    active_verdict: va.name().into(),
-                    staged_verdict: vs.name().into(),
+                    active_verdict: convert::verdict(va) as i32,
+                    staged_verdict: convert::verdict(vs) as i32,
                 },
             )
             .collect(),

@@ -1310,16 +1310,7 @@ pub fn packet_spec(r: &mut Rng) -> pb::PacketSpec {
         let proto = r.pick(&["tcp", "udp", "icmp", ""]);
         return pb::PacketSpec {
             family: if v6 { 2 } else { 1 },
-            hook: r
-                .pick(&[
-                    "",
-                    "INPUT",
-                    "FORWARD",
-                    "OUTPUT",
-                    "PREROUTING",
-                    "POSTROUTING",
-                ])
-                .to_string(),
+            hook: *r.pick(&[&0i32, &1, &2, &3, &4, &5]),
             source: if v6 {
                 "2001:db8::1".into()
             } else {
@@ -1359,18 +1350,8 @@ pub fn packet_spec(r: &mut Rng) -> pb::PacketSpec {
     let v6 = r.chance(250);
     pb::PacketSpec {
         family: *r.pick(&[&0i32, &1, &1, &2, &9]) + if v6 { 1 } else { 0 },
-        hook: r
-            .pick(&[
-                "",
-                "INPUT",
-                "PREROUTING",
-                "FORWARD",
-                "OUTPUT",
-                "POSTROUTING",
-                "input",
-                "NOSUCH",
-            ])
-            .to_string(),
+        // HOOK_UNSPECIFIED ... HOOK_POSTROUTING and numbers that are no hook.
+        hook: *r.pick(&[&0i32, &1, &2, &3, &4, &5, &6, &-1]),
         source: r
             .pick(&[
                 "192.0.2.1",
