@@ -263,7 +263,7 @@ fn serve(addr: SocketAddr, greeting: &'static str) {
                 .peer_addr()
                 .map(|p| p.ip().to_string())
                 .unwrap_or_default();
-            let _ = write!(s, "{greeting} {peer}\n");
+            let _ = writeln!(s, "{greeting} {peer}");
         }
     });
 }
