@@ -100,6 +100,9 @@ reasons! {
     NotFound => ("NOT_FOUND", NotFound, EXIT_REJECTED),
     /// The request's etag differs from the stored one.
     EtagMismatch => ("ETAG_MISMATCH", FailedPrecondition, EXIT_REJECTED),
+    /// A `request_id` already used with a different request (the ids are for retries of
+    /// the same request, as Stripe's idempotency keys).
+    IdempotencyKeyReused => ("IDEMPOTENCY_KEY_REUSED", InvalidArgument, EXIT_REJECTED),
     /// The resource is not in a state that allows the call (e.g. confirming a commit that
     /// is not pending).
     FailedPrecondition => ("FAILED_PRECONDITION", FailedPrecondition, EXIT_REJECTED),
@@ -117,6 +120,12 @@ reasons! {
     TokenInvalid => ("TOKEN_INVALID", Unauthenticated, EXIT_REJECTED),
     /// A read-only token called a method that needs an admin token (auth layer).
     AdminRequired => ("ADMIN_REQUIRED", PermissionDenied, EXIT_REJECTED),
+    /// No token is configured and a TCP caller called a method that changes state; without
+    /// `--insecure-no-auth` anonymous TCP callers may only read (auth layer).
+    AnonymousReadOnly => ("ANONYMOUS_READ_ONLY", PermissionDenied, EXIT_REJECTED),
+    /// A local-socket peer without uid 0, CAP_NET_ADMIN or membership of `--socket-group`
+    /// called a method that changes state (auth layer, peer credentials).
+    LocalAdminRequired => ("LOCAL_ADMIN_REQUIRED", PermissionDenied, EXIT_REJECTED),
     /// A scoped token called outside its scope (a ruleset or set name, an operation or a
     /// priority it does not hold); `ErrorInfo.metadata["scope"]` is the missing scope word,
     /// e.g. `rulesets=team-b`, `ops=conntrack` or `min-priority<=10`.

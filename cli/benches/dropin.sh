@@ -14,7 +14,7 @@ T=${1:-target/release}; N=${2:-10000}; CALLS=200
 W=$(mktemp -d); D=${DB_DIR:-$W}/vallum-dropin-$$
 mkdir -p "$D"
 trap 'kill $VPID 2>/dev/null; wait $VPID 2>/dev/null; rm -rf "$W" "$D"' EXIT
-"$T/vallumd" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --cores 1 --db "$D/v.db" >"$W/log" 2>&1 &
+"$T/vallumd" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --cores 1 --insecure-no-auth --socket none --db "$D/v.db" >"$W/log" 2>&1 &
 VPID=$!
 while ! grep -q "listening on" "$W/log"; do sleep 0.1; done
 export VALLUM_SERVER=http://$(grep -o "listening on [0-9.:]*" "$W/log" | awk '{print $3}')

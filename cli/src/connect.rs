@@ -25,15 +25,20 @@ use crate::{fleet, sets};
 /// hidden from the help of the subcommands that run locally (see `crate::command`).
 #[derive(Debug, clap::Args)]
 pub struct Connection {
-    /// gRPC endpoint of vallumd, `http://HOST:PORT` or `https://HOST:PORT` (`https://` or any
-    /// TLS flag turns TLS on). Checked before a remote command connects (a usage error), not
-    /// by local ones.
+    /// gRPC endpoint of vallumd: `unix:PATH` (its local socket), `http://HOST:PORT` or
+    /// `https://HOST:PORT` (`https://` or any TLS flag turns TLS on). Default: the local
+    /// socket /run/vallum/vallumd.sock (or $XDG_RUNTIME_DIR/vallum/vallumd.sock) when it
+    /// exists, else http://127.0.0.1:50051. Checked before a remote command connects (a usage
+    /// error), not by local ones.
     #[arg(
-        long,
+        long = "server",
         global = true,
         env = "VALLUM_SERVER",
-        default_value = "http://127.0.0.1:50051"
+        value_name = "URL"
     )]
+    pub server_flag: Option<String>,
+    /// The endpoint used: `--server`, or the default (set by [`Connection::resolve`]).
+    #[arg(skip)]
     pub server: String,
     /// Bearer token sent as `authorization: Bearer TOKEN`. Visible to other users in `ps`;
     /// prefer --token-file or VALLUM_TOKEN.
@@ -70,7 +75,15 @@ pub struct Connection {
 /// any connection is tried). Not a clap value parser, so that a `VALLUM_SERVER` meant for
 /// something else does not break the local subcommands.
 fn parse_server(s: &str) -> Result<String, String> {
-    let like = "a URL like http://HOST:PORT or https://HOST:PORT";
+    if let Some(p) = crate::socket::unix_path(s) {
+        if !p.is_absolute() {
+            return Err(format!(
+                "`{s}`: the socket path must be absolute (unix:/run/...)"
+            ));
+        }
+        return Ok(s.to_owned());
+    }
+    let like = "a URL like http://HOST:PORT or https://HOST:PORT (or unix:PATH)";
     let uri: http::Uri = s
         .parse()
         .map_err(|e| format!("`{s}` is not {like} ({e})"))?;
@@ -118,6 +131,15 @@ pub struct Clients {
 }
 
 impl Connection {
+    /// Sets [`Connection::server`]: `--server` / `VALLUM_SERVER`, else
+    /// [`crate::socket::default_server`].
+    pub fn resolve(&mut self) {
+        self.server = self
+            .server_flag
+            .clone()
+            .unwrap_or_else(crate::socket::default_server);
+    }
+
     /// The token to send: `--token`, or the content of `--token-file` without surrounding
     /// whitespace. An unreadable file is [`CliError::Read`] (exit 1); an empty one, or a token
     /// that is not printable ASCII, a usage error (exit 2).
@@ -161,11 +183,21 @@ impl Connection {
             server: self.server.clone(),
             message: m,
         };
-        let mut ep = Endpoint::from_shared(self.server.clone())
-            .map_err(|e| CliError::Argument(format!("--server {}: {e}", self.server)))?
-            .connect_timeout(Duration::from_secs(5));
+        let unix = crate::socket::unix_path(&self.server);
+        let mut ep = match unix {
+            Some(_) => crate::socket::endpoint(),
+            None => Endpoint::from_shared(self.server.clone())
+                .map_err(|e| CliError::Argument(format!("--server {}: {e}", self.server)))?,
+        }
+        .connect_timeout(Duration::from_secs(5));
         if with_timeout {
             ep = ep.timeout(self.timeout);
+        }
+        if let Some(path) = unix {
+            let channel = crate::socket::connect(ep, path)
+                .await
+                .map_err(|e| bad(error::chain(&e)))?;
+            return Ok(Clients::new(channel, Auth(token)));
         }
         let tls = self.server.starts_with("https://") || self.ca.is_some() || self.cert.is_some();
         if tls {
@@ -191,8 +223,14 @@ impl Connection {
                 bad(error::chain(&e))
             }
         })?;
-        let auth = Auth(token);
-        Ok(Clients {
+        Ok(Clients::new(channel, Auth(token)))
+    }
+}
+
+impl Clients {
+    /// One client per service over `channel`, each sending `auth`.
+    fn new(channel: Channel, auth: Auth) -> Clients {
+        Clients {
             rulesets: RulesetServiceClient::with_interceptor(channel.clone(), auth.clone()),
             counters: CounterServiceClient::with_interceptor(channel.clone(), auth.clone()),
             trace: TraceServiceClient::with_interceptor(channel.clone(), auth.clone()),
@@ -202,9 +240,11 @@ impl Connection {
                 .max_decoding_message_size(64 << 20),
             sets: SetServiceClient::with_interceptor(channel, auth)
                 .max_decoding_message_size(64 << 20),
-        })
+        }
     }
+}
 
+impl Connection {
     /// After a call over `http://` failed in a way a TLS server causes
     /// ([`error::maybe_tls_peer`]): whether the server answers a TLS handshake, so the message
     /// can say to use `https://`. One connection attempt, only on that failure path.
@@ -242,6 +282,9 @@ mod tests {
         assert!(parse_server("127.0.0.1:50051").is_err());
         assert!(parse_server("ftp://h:1").is_err());
         assert!(parse_server("").is_err());
+        assert!(parse_server("unix:/run/vallum/vallumd.sock").is_ok());
+        assert!(parse_server("unix:///run/vallum/vallumd.sock").is_ok());
+        assert!(parse_server("unix:relative.sock").is_err());
     }
 
     fn with_token_file(content: &str) -> Result<Option<String>, CliError> {
@@ -249,6 +292,7 @@ mod tests {
         let path = dir.path().join("token");
         std::fs::write(&path, content).map_err(|e| CliError::Output(e.to_string()))?;
         let c = Connection {
+            server_flag: None,
             server: String::new(),
             token: None,
             token_file: Some(path),

@@ -164,6 +164,7 @@ pub async fn run(
             let r = client
                 .delete(DeleteConntrackRequest {
                     filter: Some(filter.to_pb()),
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();
@@ -172,7 +173,10 @@ pub async fn run(
             })?;
         }
         ConntrackCmd::Flush => {
-            let r = client.flush(FlushConntrackRequest {}).await?.into_inner();
+            let r = client
+                .flush(FlushConntrackRequest::default())
+                .await?
+                .into_inner();
             print(out, json!({"deleted": r.deleted}), || {
                 format!(
                     "connection tracking table has been emptied ({} flow entries deleted).\n",

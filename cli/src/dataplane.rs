@@ -5,6 +5,7 @@
 //! Layout (both families unless `--family`): a chain `VALLUM-NFQUEUE` in the filter table
 //!
 //! ```text
+//! -A VALLUM-NFQUEUE -m mark --mark B/B -j RETURN              (--mode continue, B = --mark)
 //! -A VALLUM-NFQUEUE -i lo -j RETURN                          (unless --include-loopback)
 //! -A VALLUM-NFQUEUE -o lo -j RETURN
 //! -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN   (--exempt-tcp-ports)
@@ -13,7 +14,16 @@
 //! ```
 //!
 //! and one `-j VALLUM-NFQUEUE` at the top of each chosen builtin chain (INPUT, OUTPUT, FORWARD
-//! by default). Install is declarative and idempotent: it writes the chain's whole content
+//! by default).
+//!
+//! `--mode` says what vallumd's ACCEPT does with the kernel's own rules after the jump (ufw's
+//! chains, DOCKER-USER, kube-proxy's): `final` (the default) lets vallumd answer NF_ACCEPT,
+//! which skips them; `continue` pairs with `vallumd --nfqueue-mode continue`, whose ACCEPT is
+//! NF_REPEAT with bit B set in the packet's mark: the kernel runs the chain again from the
+//! top, the first rule above RETURNs for the marked packet, and the kernel's remaining rules
+//! decide. A packet that already carries B when it first reaches the jump is not steered.
+//!
+//! Install is declarative and idempotent: it writes the chain's whole content
 //! and replaces every jump to it, in one `iptables-restore --noflush` transaction, so
 //! installing twice leaves what installing once does and a second install with other flags
 //! replaces the first. Uninstall deletes the jumps and the chain; when there is none it
@@ -58,9 +68,49 @@ pub struct ToolArgs {
     dry_run: bool,
 }
 
+/// What vallumd's ACCEPT means for the kernel's rules after the steering jump.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// vallumd's ACCEPT is the host's ACCEPT (NF_ACCEPT): the kernel's rules after the jump
+    /// (ufw, DOCKER-USER, kube-proxy) are skipped for packets vallumd accepts.
+    Final,
+    /// vallumd's ACCEPT (with `--nfqueue-mode continue`) hands the packet back with `--mark`
+    /// set; the steering chain RETURNs for it, so the kernel's remaining rules still decide.
+    Continue,
+}
+
+/// The default `--mark` (vallumd's `--nfqueue-mark` default): bit 30, outside the bits
+/// kube-proxy, Docker, ufw, Cilium, Istio and wg-quick use (docs/operations.md).
+pub const DEFAULT_MARK: &str = "0x40000000";
+
+/// A mark bit: hex (`0x40000000`) or decimal, exactly one bit set.
+fn parse_mark_bit(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. {DEFAULT_MARK})"))?;
+    if v.count_ones() != 1 {
+        return Err(format!(
+            "{s:?}: a mark bit has exactly one bit set (e.g. {DEFAULT_MARK})"
+        ));
+    }
+    Ok(v)
+}
+
 /// `dataplane install` flags.
 #[derive(Debug, clap::Args)]
 pub struct InstallArgs {
+    /// What vallumd's ACCEPT does with the kernel's own rules after the steering jump (ufw,
+    /// DOCKER-USER, kube-proxy): `final` skips them, `continue` lets them decide too (run
+    /// vallumd with `--nfqueue-mode continue` and the same `--nfqueue-mark`).
+    #[arg(long, value_enum, default_value_t = Mode::Final)]
+    mode: Mode,
+    /// With `--mode continue`: the mark bit vallumd sets on packets it accepts, which the
+    /// steering chain skips (hex or decimal, one bit; vallumd's `--nfqueue-mark`).
+    #[arg(long, default_value = DEFAULT_MARK, value_parser = parse_mark_bit)]
+    mark: u32,
     /// Number of queues (= vallumd's --cores), starting at --queue-first.
     #[arg(long, visible_alias = "queue-count", default_value_t = default_queues(), value_parser = clap::value_parser!(u16).range(1..))]
     queues: u16,
@@ -103,6 +153,8 @@ pub enum DataplaneCommand {
 /// What install writes, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Plan {
+    /// `--mode continue`: the mark bit the chain RETURNs for.
+    skip_mark: Option<u32>,
     first: u16,
     count: u16,
     bypass: bool,
@@ -156,6 +208,7 @@ impl Plan {
             ));
         }
         Ok(Plan {
+            skip_mark: (a.mode == Mode::Continue).then_some(a.mark),
             first: a.queue_first,
             count: a.queues,
             bypass: !a.fail_closed,
@@ -192,6 +245,11 @@ fn install_text(plan: &Plan, current: &str) -> String {
     t.push_str(&format!(":{CHAIN} - [0:0]\n"));
     for d in jumps(current) {
         t.push_str(&format!("-D {d}\n"));
+    }
+    if let Some(m) = plan.skip_mark {
+        t.push_str(&format!(
+            "-A {CHAIN} -m mark --mark {m:#x}/{m:#x} -j RETURN\n"
+        ));
     }
     if !plan.loopback {
         t.push_str(&format!("-A {CHAIN} -i lo -j RETURN\n"));
@@ -370,10 +428,14 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                 } else {
                     restore(&t, &input)?;
                     text.push_str(&format!(
-                        "{}: filter {} -> {CHAIN} -> NFQUEUE {}{}{} ({})\n",
+                        "{}: filter {} -> {CHAIN} -> NFQUEUE {}{}{}{} ({})\n",
                         t.family,
                         plan.chains.join(","),
                         plan.target(),
+                        match plan.skip_mark {
+                            Some(m) => format!("; mode continue, mark {m:#x} returns"),
+                            None => "; mode final".to_owned(),
+                        },
                         if plan.loopback { "" } else { "; lo exempt" },
                         if plan.exempt.is_empty() {
                             String::new()
@@ -387,6 +449,8 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                 report.push(json!({
                     "family": t.family,
                     "program": t.restore.display().to_string(),
+                    "mode": if plan.skip_mark.is_some() { "continue" } else { "final" },
+                    "continue_mark": plan.skip_mark,
                     "chains": plan.chains,
                     "queue_first": plan.first,
                     "queue_count": plan.count,
@@ -495,6 +559,33 @@ mod tests {
         assert!(plan(&["--queues", "0"]).is_err());
         assert!(plan(&["--queue-first", "65535", "--queues", "2"]).is_err());
         assert!(plan(&["--exempt-tcp-ports", "22,x"]).is_err());
+    }
+
+    #[test]
+    fn continue_mode_skips_the_mark_first() {
+        let p = plan(&["--queues", "1", "--mode", "continue", "--chains", "INPUT"]).unwrap();
+        assert_eq!(
+            install_text(&p, ""),
+            "*filter\n:VALLUM-NFQUEUE - [0:0]\n\
+             -A VALLUM-NFQUEUE -m mark --mark 0x40000000/0x40000000 -j RETURN\n\
+             -A VALLUM-NFQUEUE -i lo -j RETURN\n\
+             -A VALLUM-NFQUEUE -o lo -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --sports 50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -j NFQUEUE --queue-num 0 --queue-bypass\n\
+             -I INPUT 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
+        );
+        let p = plan(&["--mode", "continue", "--mark", "256"]).unwrap();
+        assert_eq!(p.skip_mark, Some(0x100));
+        assert!(install_text(&p, "").contains("-m mark --mark 0x100/0x100 -j RETURN\n"));
+        // The mark is ignored in final mode; a bad one is refused in either.
+        assert_eq!(plan(&["--mark", "256"]).unwrap().skip_mark, None);
+        for bad in ["0", "3", "0x", "x1"] {
+            assert!(
+                plan(&["--mode", "continue", "--mark", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     // `iptables -S` of a namespace after one install, plus a user's own rules.

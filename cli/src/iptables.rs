@@ -2,7 +2,8 @@
 //! `iptables-save` and `ip6tables-save` backed by vallumd, one binary chosen by argv[0] (as
 //! `xtables-nft-multi`), or by its first argument when called as `vallum-iptables`.
 //!
-//! It finds vallumd through `VALLUM_SERVER` (default `http://127.0.0.1:50051`), `VALLUM_TOKEN`,
+//! It finds vallumd through `VALLUM_SERVER` (default: the local socket `unix:/run/vallum/vallumd.sock`
+//! when it exists, else `http://127.0.0.1:50051`; `socket.rs`), `VALLUM_TOKEN`,
 //! and TLS through `VALLUM_CA`/`VALLUM_CERT`/`VALLUM_KEY`/`VALLUM_TLS_DOMAIN` as vallumctl does
 //! (no TLS set-up unless one of them or an `https://` server asks); it writes the ruleset
 //! `VALLUM_RULESET` (default `iptables`).
@@ -22,6 +23,8 @@
 // `iptables/`.
 #[path = "iptables/list.rs"]
 mod list;
+#[path = "socket.rs"]
+mod socket;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -223,9 +226,14 @@ fn with_client<T>(
         .build()
         .map_err(|e| failed(format!("runtime: {e}")))?;
     rt.block_on(async {
-        let server = env("VALLUM_SERVER").unwrap_or_else(|| "http://127.0.0.1:50051".to_owned());
-        let mut ep = Endpoint::from_shared(server.clone())
-            .map_err(|e| failed(format!("VALLUM_SERVER {server}: {e}")))?;
+        // Without VALLUM_SERVER: vallumd's local socket when there is one, else loopback TCP.
+        let server = env("VALLUM_SERVER").unwrap_or_else(socket::default_server);
+        let unix = socket::unix_path(&server).map(std::path::Path::to_owned);
+        let mut ep = match unix {
+            Some(_) => socket::endpoint(),
+            None => Endpoint::from_shared(server.clone())
+                .map_err(|e| failed(format!("VALLUM_SERVER {server}: {e}")))?,
+        };
         let ca = env("VALLUM_CA").map(std::path::PathBuf::from);
         let cert = env("VALLUM_CERT").map(std::path::PathBuf::from);
         let key = env("VALLUM_KEY").map(std::path::PathBuf::from);
@@ -244,7 +252,11 @@ fn with_client<T>(
         let until = wait.limit.map(|d| Instant::now() + d);
         let mut pause = Duration::from_millis(2);
         let channel = loop {
-            match ep.connect().await {
+            let tried = match &unix {
+                Some(path) => socket::connect(ep.clone(), path).await,
+                None => ep.connect().await,
+            };
+            match tried {
                 Ok(c) => break c,
                 Err(_) if wait.asked && pause_before_retry(until, &mut pause).await => {}
                 Err(e) => return Err(failed(format!("can't reach vallumd at {server}: {e}"))),

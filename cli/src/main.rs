@@ -34,6 +34,7 @@ mod output;
 mod pages;
 mod rulesets;
 mod sets;
+mod socket;
 mod trace;
 mod view;
 
@@ -309,10 +310,11 @@ fn parse() -> Result<Cli, clap::Error> {
 }
 
 fn main() -> ExitCode {
-    let cli = match parse() {
+    let mut cli = match parse() {
         Ok(c) => c,
         Err(e) => return ExitCode::from(report_usage(&e)),
     };
+    cli.connection.resolve();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -124,6 +124,30 @@ pub enum RulesetCommand {
     Confirm {
         /// The revision.
         revision: String,
+        /// Only confirm if the ruleset's etag still matches (the commit's etag).
+        #[arg(long)]
+        etag: Option<String>,
+        /// Idempotency key: a retry with the same id returns the first result.
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Change a ruleset's priority (UpdateRuleset): with an active revision, a commit of its
+    /// own (a new revision with the same rules) that moves the ruleset in the dataplane order.
+    Update {
+        /// Ruleset name.
+        ruleset: String,
+        /// The new priority (lower runs first).
+        #[arg(long, allow_negative_numbers = true)]
+        priority: i32,
+        /// Only update if the ruleset's etag still matches.
+        #[arg(long)]
+        etag: Option<String>,
+        /// Idempotency key: a retry with the same id returns the first result.
+        #[arg(long)]
+        request_id: Option<String>,
+        /// Check the change (etag, scope); change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Stage and commit a ruleset file in one call.
     Apply {
@@ -199,6 +223,9 @@ pub enum RulesetCommand {
         /// Only delete if the etag still matches.
         #[arg(long)]
         etag: Option<String>,
+        /// Idempotency key: a retry with the same id answers as the first call did.
+        #[arg(long)]
+        request_id: Option<String>,
     },
 }
 
@@ -207,9 +234,9 @@ impl RulesetCommand {
     pub fn changes(&self) -> bool {
         match self {
             RulesetCommand::Stage { validate_only, .. } => !validate_only,
-            RulesetCommand::Commit { dry_run, .. } | RulesetCommand::Apply { dry_run, .. } => {
-                !dry_run
-            }
+            RulesetCommand::Commit { dry_run, .. }
+            | RulesetCommand::Apply { dry_run, .. }
+            | RulesetCommand::Update { dry_run, .. } => !dry_run,
             RulesetCommand::Confirm { .. }
             | RulesetCommand::Rollback { .. }
             | RulesetCommand::Delete { .. } => true,
@@ -385,10 +412,52 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
                 print(out, view::commit_json(&r), || view::commit_text(&r))?;
             }
         }
-        RulesetCommand::Confirm { revision } => {
+        RulesetCommand::Update {
+            ruleset,
+            priority,
+            etag,
+            request_id,
+            dry_run,
+        } => {
+            let r = c
+                .update_ruleset(pb::UpdateRulesetRequest {
+                    ruleset: Some(pb::Ruleset {
+                        name: format!("rulesets/{ruleset}"),
+                        priority: *priority,
+                        etag: etag.clone().unwrap_or_default(),
+                        ..Default::default()
+                    }),
+                    update_mask: Some(prost_types::FieldMask {
+                        paths: vec!["priority".into()],
+                    }),
+                    request_id: request_id.clone().unwrap_or_default(),
+                    validate_only: *dry_run,
+                })
+                .await?
+                .into_inner();
+            let mut j = view::ruleset_json(&r);
+            if *dry_run {
+                j["dry_run"] = json!(true);
+            }
+            print(out, j, || {
+                let mut t = view::rulesets_text(std::slice::from_ref(&r));
+                t.push_str(&format!("etag {}\n", r.etag));
+                if *dry_run {
+                    t.push_str("dry run: nothing was changed\n");
+                }
+                t
+            })?;
+        }
+        RulesetCommand::Confirm {
+            revision,
+            etag,
+            request_id,
+        } => {
             let r = c
                 .confirm_commit(ConfirmCommitRequest {
                     name: revision_name(revision)?,
+                    etag: etag.clone().unwrap_or_default(),
+                    request_id: request_id.clone().unwrap_or_default(),
                 })
                 .await?
                 .into_inner();
@@ -533,10 +602,15 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
                 || view::rulesets_text(&rulesets),
             )?;
         }
-        RulesetCommand::Delete { ruleset, etag } => {
+        RulesetCommand::Delete {
+            ruleset,
+            etag,
+            request_id,
+        } => {
             c.delete_ruleset(DeleteRulesetRequest {
                 name: format!("rulesets/{ruleset}"),
                 etag: etag.clone().unwrap_or_default(),
+                request_id: request_id.clone().unwrap_or_default(),
             })
             .await?;
             print(out, json!({"deleted": ruleset}), || {

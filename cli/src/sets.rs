@@ -356,6 +356,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
                     set: name.clone(),
                     elements: elements(args, file.as_deref(), true)?,
                     exist: *exist,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();
@@ -376,6 +377,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
                     set: name.clone(),
                     elements: elements(args, file.as_deref(), false)?,
                     exist: *exist,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();
@@ -429,8 +431,11 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
             })?;
         }
         SetCommand::Flush { name } => {
-            c.flush_set(pb::FlushSetRequest { name: name.clone() })
-                .await?;
+            c.flush_set(pb::FlushSetRequest {
+                name: name.clone(),
+                ..Default::default()
+            })
+            .await?;
             print(out, json!({"flushed": name}), || {
                 format!("flushed set {name}\n")
             })?;
@@ -439,6 +444,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
             c.swap_sets(pb::SwapSetsRequest {
                 name: from.clone(),
                 other_name: to.clone(),
+                ..Default::default()
             })
             .await?;
             print(out, json!({"swapped": [from, to]}), || {
@@ -446,8 +452,11 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
             })?;
         }
         SetCommand::Destroy { name } => {
-            c.destroy_set(pb::DestroySetRequest { name: name.clone() })
-                .await?;
+            c.destroy_set(pb::DestroySetRequest {
+                name: name.clone(),
+                ..Default::default()
+            })
+            .await?;
             print(out, json!({"destroyed": name}), || {
                 format!("destroyed set {name}\n")
             })?;
@@ -456,7 +465,11 @@ pub async fn run(c: &mut Client, out: Output, cmd: &SetCommand) -> Result<(), Cl
             let text = read_text(file)?;
             let filename = display_name(file);
             let r = c
-                .import_ipset_save(pb::ImportIpsetSaveRequest { text, filename })
+                .import_ipset_save(pb::ImportIpsetSaveRequest {
+                    text,
+                    filename,
+                    ..Default::default()
+                })
                 .await
                 .map_err(with_file(file))?
                 .into_inner();

@@ -57,6 +57,9 @@ fn spawn_vallumd(dir: PathBuf) -> Option<Vallumd> {
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--cores", "1", "--db"])
         .arg(dir.join("v.db"))
+        // Changes over TCP without tokens (anonymous TCP callers only read by default); never
+        // the host's default socket.
+        .args(["--insecure-no-auth", "--socket", "none"])
         .env_remove("VALLUM_DB")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -1,7 +1,7 @@
 //! Fleet mode at scale, by simulation: N node agents in one process against a real etcd on
 //! loopback. Each runs the same [`Agent`] code as vallumd (list, watch, reconcile, report,
 //! lease heartbeat) with vallumd's allocator (mimalloc); only the node-local side is lighter
-//! ([`SimLocal`]: no engine and no SQLite, it records the publish time). Agents share one etcd client (one HTTP/2 connection) per 50.
+//! ([`SimLocal`]: no engine and no SQLite, it records the publish time).
 //!
 //! Cases: N = 100, 1,000, 5,000 (`VALLUM_FLEET_BENCH_NODES=100,1000` picks others). For each:
 //! one ruleset write selecting every node; programming latency write -> each node's publish
@@ -14,7 +14,12 @@
 //!
 //! Run: `cargo bench -p vallum-server --bench fleet` (prints `SKIP etcd not installed` without
 //! etcd). `VALLUM_FLEET_BENCH_PERF=DIR` records a `perf record -g` profile of etcd and the
-//! agents over each rollout alone (`DIR/fleet-N.perf`).
+//! agents over each rollout alone (`DIR/fleet-N.perf`); `VALLUM_FLEET_BENCH_PPROF=DIR` etcd's
+//! own Go CPU profile (`DIR/etcd-N.pprof`). After each case it prints what etcd did over the
+//! rollout, from etcd's `/metrics` before and after: requests by gRPC method, MVCC puts,
+//! ranges and txns, watch events sent, lease renewals, raft proposals, fsyncs, GC cycles.
+//! Agents have one etcd client (one HTTP/2 connection) each, as vallumd nodes do;
+//! `VALLUM_FLEET_BENCH_PER_CONNECTION=50` shares one per 50.
 
 #[path = "../tests/support/etcd.rs"]
 mod etcd_server;
@@ -102,12 +107,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 async fn case(n: usize, poll: bool, metrics: &Metrics) {
-    let Some(etcd) = etcd_server::EtcdServer::start() else {
+    let pprof = std::env::var_os("VALLUM_FLEET_BENCH_PPROF").map(std::path::PathBuf::from);
+    let flags: &[&str] = if pprof.is_some() {
+        &["--enable-pprof"]
+    } else {
+        &[]
+    };
+    let Some(etcd) = etcd_server::EtcdServer::start_with(flags) else {
         return;
     };
+    let etcd = Arc::new(etcd);
     let pid = etcd.pid().unwrap_or(0);
     let keys = Keys::new("/vallum/v1/");
-    let clients: Vec<Etcd> = (0..n.div_ceil(50))
+    let per_connection = agents_per_connection();
+    let clients: Vec<Etcd> = (0..n.div_ceil(per_connection))
         .map(|_| Etcd::connect(&[etcd.url()]).unwrap())
         .collect();
     let published = Arc::new(Mutex::new(Vec::with_capacity(n)));
@@ -145,6 +158,37 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let registered = started.elapsed();
+    // Then, unless `VALLUM_FLEET_BENCH_SETTLE=0`, until every agent is watching and keeps
+    // its lease alive (etcd's own gauges), and etcd is idle (under 5% of a core over 200 ms):
+    // a rollout to a running fleet, not one racing 5,000 nodes' start. Without it the
+    // write lands among the last nodes' watch creations and lists (each, in etcd 3.4, a copy
+    // of the backend's uncommitted writes) and their garbage.
+    let settle = std::env::var("VALLUM_FLEET_BENCH_SETTLE").map_or(true, |v| v != "0");
+    if settle {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let c = etcd_counters(&etcd);
+            let watching = c.get("etcd_debugging_mvcc_watcher_total").copied();
+            let alive = c.get("grpc_server_started_total LeaseKeepAlive").copied();
+            if watching >= Some(n as f64) && alive >= Some(n as f64) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agents not all watching after 120 s: {watching:?} watchers, {alive:?} keep-alive streams"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        loop {
+            let (a, _) = usage(pid);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (b, _) = usage(pid);
+            if b - a < 0.01 || Instant::now() > deadline {
+                break;
+            }
+        }
+    }
+    let settled = started.elapsed();
     // `VALLUM_FLEET_BENCH_PERF=DIR`: `perf record` of etcd and this process over the
     // rollout alone (write -> all ACKs), to DIR/fleet-N.perf.
     let perf = std::env::var_os("VALLUM_FLEET_BENCH_PERF").map(|dir| {
@@ -161,8 +205,90 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
         // perf needs a moment to attach.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // `VALLUM_FLEET_BENCH_PPROF=DIR`: etcd's own CPU profile (Go pprof, symbolized by
+    // etcd) over the first `VALLUM_FLEET_BENCH_PPROF_SECONDS` (default 5) of the rollout, to
+    // DIR/etcd-N.pprof (`go tool pprof -top`).
+    let profile = pprof.map(|dir| {
+        let etcd = etcd.clone();
+        let seconds: u64 = std::env::var("VALLUM_FLEET_BENCH_PPROF_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5);
+        std::thread::spawn(move || {
+            let path = format!("/debug/pprof/profile?seconds={seconds}");
+            let body = etcd.http_get(&path, Duration::from_secs(seconds + 30));
+            let out = dir.join(format!("etcd-{n}.pprof"));
+            std::fs::write(&out, body.unwrap_or_default()).expect("write the profile");
+        })
+    });
+    let before = etcd_counters(&etcd);
     let (cpu0, _) = usage(pid);
     let (self0, _) = usage(std::process::id());
+    // The writer and the waiting caller on their own thread and runtime, as in another
+    // vallumd (sharing the agents' two workers, the caller's follow queued behind 5,000
+    // agents' tasks).
+    let caller = {
+        let (url, keys) = (etcd.url(), keys.clone());
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("caller runtime")
+                .block_on(write_and_wait(url, keys, n, poll))
+        })
+    };
+    let all_acked = tokio::task::spawn_blocking(move || caller.join())
+        .await
+        .expect("join")
+        .expect("the caller thread");
+    let (cpu1, rss) = usage(pid);
+    let (self1, _) = usage(std::process::id());
+    let after = etcd_counters(&etcd);
+    if let Some(mut child) = perf {
+        // SAFETY: kill(2) with a pid this process spawned and still holds; no memory access.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let _ = child.wait();
+    }
+    let mut lat: Vec<f64> = published
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|ns| *ns as f64 / 1e6)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "fleet N={n:>5} wait={}: registered in {:.2}s, settled {:.2}s; write->publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; all ACKs visible {:.0} ms; etcd CPU {:.2} s, RSS {:.0} MiB; agents CPU {:.2} s",
+        if poll { "poll" } else { "watch" },
+        registered.as_secs_f64(),
+        settled.as_secs_f64(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        lat.last().copied().unwrap_or(f64::NAN),
+        all_acked.as_secs_f64() * 1e3,
+        cpu1 - cpu0,
+        rss,
+        self1 - self0
+    );
+    println!("  etcd over the rollout (write -> all ACKs visible), total and per node:");
+    for (k, v) in &after {
+        let d = v - before.get(k).copied().unwrap_or(0.0);
+        if d != 0.0 {
+            println!("    {k:<58} {d:>12.0} {:>9.2}", d / n as f64);
+        }
+    }
+    if let Some(t) = profile {
+        t.join().expect("profile thread");
+    }
+    for a in agents {
+        a.abort();
+    }
+}
+
+/// Writes the bench ruleset (selecting every node) over a client of its own, then waits
+/// until all `n` nodes ACKed: following as WaitRollout does, or (`poll`) reading the whole
+/// status every 20 ms. Returns the time from the write to the last ACK seen.
+async fn write_and_wait(url: String, keys: Keys, n: usize, poll: bool) -> Duration {
+    let writer = Etcd::connect(&[url]).unwrap();
     let desired = Desired {
         content: "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n"
             .into(),
@@ -185,7 +311,7 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
     {
         eprintln!("bench: write: {e}; retrying");
     }
-    let all_acked = if poll {
+    if poll {
         loop {
             let Ok(s) = rollout_status(&writer, &keys, "web").await else {
                 continue;
@@ -220,36 +346,69 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
         .await
         .expect("follow the rollout");
         acked.expect("rollout stuck: not every node ACKed within 300 s")
-    };
-    let (cpu1, rss) = usage(pid);
-    let (self1, _) = usage(std::process::id());
-    if let Some(mut child) = perf {
-        // SAFETY: kill(2) with a pid this process spawned and still holds; no memory access.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        let _ = child.wait();
     }
-    let mut lat: Vec<f64> = published
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|ns| *ns as f64 / 1e6)
-        .collect();
-    lat.sort_by(f64::total_cmp);
-    println!(
-        "fleet N={n:>5} wait={}: registered in {:.2}s; write->publish p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; all ACKs visible {:.0} ms; etcd CPU {:.2} s, RSS {:.0} MiB; agents CPU {:.2} s",
-        if poll { "poll" } else { "watch" },
-        registered.as_secs_f64(),
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.99),
-        lat.last().copied().unwrap_or(f64::NAN),
-        all_acked.as_secs_f64() * 1e3,
-        cpu1 - cpu0,
-        rss,
-        self1 - self0
-    );
-    for a in agents {
-        a.abort();
+}
+
+/// Agents per etcd client (one HTTP/2 connection each): `VALLUM_FLEET_BENCH_PER_CONNECTION`,
+/// default 1 as in a real fleet, where each vallumd has its own connection.
+fn agents_per_connection() -> usize {
+    std::env::var("VALLUM_FLEET_BENCH_PER_CONNECTION")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1usize)
+        .max(1)
+}
+
+/// The counters of etcd's `/metrics` that say what a rollout asked of it: requests and
+/// stream messages by gRPC method (`grpc_server_*`, summed over codes), MVCC operations and
+/// watch events sent (`etcd_debugging_mvcc_*`), lease renewals, raft proposals, WAL fsyncs,
+/// backend commits, Go GC cycles and bytes allocated, process CPU seconds.
+fn etcd_counters(etcd: &etcd_server::EtcdServer) -> BTreeMap<String, f64> {
+    const NAMES: [&str; 18] = [
+        "etcd_debugging_mvcc_watcher_total",
+        "etcd_debugging_mvcc_watch_stream_total",
+        "grpc_server_started_total",
+        "grpc_server_handled_total",
+        "grpc_server_msg_received_total",
+        "grpc_server_msg_sent_total",
+        "etcd_debugging_mvcc_put_total",
+        "etcd_debugging_mvcc_range_total",
+        "etcd_debugging_mvcc_txn_total",
+        "etcd_debugging_mvcc_delete_total",
+        "etcd_debugging_mvcc_events_total",
+        "etcd_debugging_lease_renewed_total",
+        "etcd_server_proposals_committed_total",
+        "etcd_disk_wal_fsync_duration_seconds_count",
+        "etcd_disk_backend_commit_duration_seconds_count",
+        "go_gc_duration_seconds_count",
+        "go_memstats_alloc_bytes_total",
+        "process_cpu_seconds_total",
+    ];
+    let body = etcd
+        .http_get("/metrics", Duration::from_secs(10))
+        .unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for line in String::from_utf8_lossy(&body).lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if !NAMES.contains(&name) {
+            continue;
+        }
+        let key = match labels.split_once("grpc_method=\"") {
+            Some((_, rest)) => format!("{name} {}", rest.split('"').next().unwrap_or("")),
+            None => name.to_string(),
+        };
+        *out.entry(key).or_insert(0.0) += value;
     }
+    out
 }
 
 fn main() {

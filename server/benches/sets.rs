@@ -77,6 +77,7 @@ async fn add(c: &mut SetServiceClient<Channel>, name: &str, elements: Vec<pb::Se
             set: name.into(),
             elements,
             exist: false,
+            ..Default::default()
         })
         .await
         .expect("add");
@@ -128,8 +129,11 @@ fn main() {
             }
             ns.push(t0.elapsed().as_nanos() as u64);
             if !(keep && rep == 0) {
-                rt.block_on(c.destroy_set(pb::DestroySetRequest { name }))
-                    .expect("destroy");
+                rt.block_on(c.destroy_set(pb::DestroySetRequest {
+                    name,
+                    ..Default::default()
+                }))
+                .expect("destroy");
             }
         }
         report(case, calls * per_call, ns);

@@ -24,10 +24,23 @@
 //! A token file that holds no token (empty, or comments only) is refused at start
 //! (`TOKEN_FILE_EMPTY`), never read as "no token configured".
 //!
-//! When no token is configured, authentication is **off**: every call is let through as the
-//! [`Caller::anonymous`] admin. That is meant for the loopback default;
+//! When no token is configured, a TCP caller is [`Caller::anonymous`]: **read-only** by default
+//! (reads, validation, trace; every change is refused with `ANONYMOUS_READ_ONLY`), an admin
+//! only with `--insecure-no-auth` (the explicit opt-in to anonymous TCP admin).
 //! [`AuthConfig::check_listen`] refuses a non-loopback listen address without tokens unless the
-//! operator opts out with `--insecure-no-auth`.
+//! operator passes that flag.
+//!
+//! # The local socket
+//! Calls through vallumd's unix socket (`--socket`, default `/run/vallum/vallumd.sock`, as
+//! `docker.sock`) without a bearer token are authorized by the peer's credentials
+//! (`SO_PEERCRED`, [`LocalPeer`]; [`LocalPolicy`]): uid 0, vallumd's own uid, a process whose
+//! effective capabilities hold CAP_NET_ADMIN (what iptables needs; `/proc/PID/status`
+//! `CapEff`), or a member of `--socket-group` (primary or supplementary group, `Groups:`) is an
+//! admin; any other local user may read (as over loopback TCP without tokens) and is refused
+//! every change with `LOCAL_ADMIN_REQUIRED`, the message naming what was missing. The caller
+//! the audit log records is `local:uid=U,pid=P` (with `gid=G` for a group member, `cap=net_admin`
+//! for a capability holder). A call through the socket that carries a bearer token is decided by
+//! the token, as over TCP.
 //!
 //! # Authorisation
 //! A client sends `authorization: Bearer TOKEN`. [`classify`] sorts the full gRPC path
@@ -42,6 +55,8 @@
 //! | no `authorization` header, or not `Bearer` | UNAUTHENTICATED | `TOKEN_MISSING` |
 //! | unknown token | UNAUTHENTICATED | `TOKEN_INVALID` |
 //! | read-only token on an admin method | PERMISSION_DENIED | `ADMIN_REQUIRED` |
+//! | no tokens configured, a TCP caller on an admin method, no `--insecure-no-auth` | PERMISSION_DENIED | `ANONYMOUS_READ_ONLY` |
+//! | local-socket peer without root, CAP_NET_ADMIN or `--socket-group` on an admin method | PERMISSION_DENIED | `LOCAL_ADMIN_REQUIRED` |
 //! | scoped token outside its scope (checked by the handler, [`Grant::check`]) | PERMISSION_DENIED | `SCOPE_DENIED`, `metadata["scope"]` the missing word |
 //!
 //! # The caller in handlers
@@ -62,6 +77,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwap;
 use http::{Request, Response};
 use subtle::ConstantTimeEq;
 use tonic::Status;
@@ -129,11 +145,22 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// The caller of every request when authentication is off: an admin named `anonymous`.
+    /// The caller of a TCP request when no token is configured and `--insecure-no-auth` is
+    /// given: an admin named `anonymous`.
     pub fn anonymous() -> Caller {
         Caller {
             name: Arc::from("anonymous"),
             role: Role::Admin,
+            scope: None,
+        }
+    }
+
+    /// The caller of a TCP request when no token is configured (and no `--insecure-no-auth`):
+    /// `anonymous`, read-only.
+    pub fn anonymous_reader() -> Caller {
+        Caller {
+            name: Arc::from("anonymous"),
+            role: Role::ReadOnly,
             scope: None,
         }
     }
@@ -390,6 +417,7 @@ const ADMIN_METHODS: &[&str] = &[
     "RulesetService/Apply",
     "RulesetService/Rollback",
     "RulesetService/DeleteRuleset",
+    "RulesetService/UpdateRuleset",
     "CounterService/ZeroCounters",
     "ConntrackService/Delete",
     "ConntrackService/Flush",
@@ -512,6 +540,12 @@ pub enum AuthError {
         /// The file.
         path: PathBuf,
     },
+    /// `--socket-group` names no group.
+    #[error("--socket-group {group}: no such group")]
+    UnknownGroup {
+        /// The name given.
+        group: String,
+    },
     /// Auth is off but the server listens beyond loopback.
     #[error(
         "refusing to listen on {addr} without tokens: configure --token-file/--admin-token-file \
@@ -521,6 +555,10 @@ pub enum AuthError {
         /// The listen address.
         addr: SocketAddr,
     },
+    /// A reload ([`TokenReloader::reload`]) would turn auth on or off; the tokens in use
+    /// stay.
+    #[error("a reload cannot turn authentication on or off: restart vallumd with other flags")]
+    ReloadChangesMode,
 }
 
 impl AuthError {
@@ -533,6 +571,8 @@ impl AuthError {
             AuthError::Duplicate { .. } => "TOKEN_DUPLICATE",
             AuthError::NoTokens { .. } => "TOKEN_FILE_EMPTY",
             AuthError::OpenListener { .. } => "AUTH_REQUIRED_OFF_LOOPBACK",
+            AuthError::ReloadChangesMode => "TOKEN_RELOAD_CHANGES_MODE",
+            AuthError::UnknownGroup { .. } => "SOCKET_GROUP_UNKNOWN",
         }
     }
 }
@@ -726,6 +766,179 @@ impl TokenSet {
     }
 }
 
+// === local callers ===
+
+/// `CAP_NET_ADMIN`'s bit in `CapEff` (linux/capability.h).
+const CAP_NET_ADMIN: u32 = 12;
+
+/// Who may change state through the local socket without a token, and what an anonymous
+/// TCP caller may do; built by [`AuthConfig::local_policy`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalPolicy {
+    /// vallumd's own effective uid: the user who runs vallumd may manage it (as rootless
+    /// docker's socket).
+    pub own_uid: u32,
+    /// `--socket-group` as a gid: its members may change state too.
+    pub group: Option<u32>,
+    /// `--insecure-no-auth`: without tokens, TCP callers are anonymous admins.
+    pub anonymous_tcp_admin: bool,
+    /// Where `/proc` is (`PID/status` is read for CapEff and Groups); a test seam.
+    pub proc_root: PathBuf,
+}
+
+impl Default for LocalPolicy {
+    /// Root runs vallumd, no group, anonymous TCP read-only, `/proc`.
+    fn default() -> Self {
+        LocalPolicy {
+            own_uid: 0,
+            group: None,
+            anonymous_tcp_admin: false,
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+/// A local-socket peer as `SO_PEERCRED` gives it (tokio's `UnixStream::peer_cred`): the
+/// uid, primary gid and pid at `connect(2)`; the pid is `None` when the peer's process is not
+/// visible from vallumd's pid namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalPeer {
+    /// Effective uid.
+    pub uid: u32,
+    /// Effective primary gid.
+    pub gid: u32,
+    /// Process id, in vallumd's pid namespace.
+    pub pid: Option<i32>,
+}
+
+/// What `/proc/PID/status` says of a process: effective uid, effective capabilities and
+/// every group (primary and supplementary).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ProcStatus {
+    euid: Option<u32>,
+    cap_eff: u64,
+    groups: Vec<u32>,
+}
+
+/// Parses the `Uid:`, `CapEff:` and `Groups:` lines of `/proc/PID/status` (proc(5)).
+fn parse_status(text: &str) -> ProcStatus {
+    let mut st = ProcStatus::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let mut words = value.split_whitespace();
+        match key {
+            // Real, effective, saved, filesystem.
+            "Uid" => st.euid = words.nth(1).and_then(|w| w.parse().ok()),
+            "CapEff" => {
+                st.cap_eff = words
+                    .next()
+                    .and_then(|w| u64::from_str_radix(w, 16).ok())
+                    .unwrap_or(0)
+            }
+            "Groups" => st.groups = words.filter_map(|w| w.parse().ok()).collect(),
+            _ => {}
+        }
+    }
+    st
+}
+
+impl LocalPolicy {
+    /// Why `peer` may change state (`None`: it may only read): `uid=0`, `owner` (vallumd's
+    /// uid), `gid=G` (`--socket-group`), `cap=net_admin`. The capability and supplementary
+    /// groups come from `/proc/PID/status`, trusted only while its effective uid is the
+    /// peer's (a pid reused by another user's process grants nothing).
+    pub fn privilege(&self, peer: &LocalPeer) -> Option<String> {
+        if peer.uid == 0 {
+            return Some("uid=0".into());
+        }
+        if peer.uid == self.own_uid {
+            return Some("owner".into());
+        }
+        if self.group == Some(peer.gid) {
+            return Some(format!("gid={}", peer.gid));
+        }
+        let st = peer
+            .pid
+            .filter(|&p| p > 0)
+            .and_then(|p| {
+                std::fs::read_to_string(self.proc_root.join(p.to_string()).join("status")).ok()
+            })
+            .map(|t| parse_status(&t))
+            .filter(|st| st.euid == Some(peer.uid))?;
+        if let Some(g) = self.group.filter(|g| st.groups.contains(g)) {
+            return Some(format!("gid={g}"));
+        }
+        (st.cap_eff & (1 << CAP_NET_ADMIN) != 0).then(|| "cap=net_admin".to_owned())
+    }
+
+    /// The caller of a local-socket request without a token: an admin when
+    /// [`LocalPolicy::privilege`] says so, otherwise read-only; named
+    /// `local:uid=U,pid=P[,WHY]` for the audit log.
+    pub fn caller(&self, peer: &LocalPeer) -> Caller {
+        let pid = peer.pid.map_or_else(|| "?".to_owned(), |p| p.to_string());
+        let why = self.privilege(peer);
+        let name = match &why {
+            Some(w) if w != "uid=0" => format!("local:uid={},pid={pid},{w}", peer.uid),
+            _ => format!("local:uid={},pid={pid}", peer.uid),
+        };
+        Caller {
+            name: Arc::from(name),
+            role: if why.is_some() {
+                Role::Admin
+            } else {
+                Role::ReadOnly
+            },
+            scope: None,
+        }
+    }
+
+    /// What a local peer lacks for a change, for the refusal's message.
+    fn missing(&self) -> String {
+        let group = match self.group {
+            Some(g) => format!(", membership of --socket-group (gid {g})"),
+            None => String::new(),
+        };
+        format!(
+            "uid 0 (or vallumd's uid {}), CAP_NET_ADMIN{group}",
+            self.own_uid
+        )
+    }
+}
+
+/// The gid of `--socket-group`: a number, or a group name looked up with `getgrnam_r(3)`.
+///
+/// Errors: [`AuthError::UnknownGroup`] when the name is not a group.
+pub fn resolve_group(group: &str) -> Result<u32, AuthError> {
+    if let Ok(g) = group.parse::<u32>() {
+        return Ok(g);
+    }
+    let unknown = || AuthError::UnknownGroup {
+        group: group.to_owned(),
+    };
+    let name = std::ffi::CString::new(group).map_err(|_| unknown())?;
+    // SAFETY: `group` is plain data; all-zero is a valid value that getgrnam_r overwrites.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is live for the call and `buf`'s length is passed; on success
+    // `out` points at `grp`, whose strings point into `buf` (not read after this block).
+    let r = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    if r != 0 || out.is_null() {
+        return Err(unknown());
+    }
+    Ok(grp.gr_gid)
+}
+
 // === impl AuthConfig ===
 
 /// Auth flags of `vallumd`; flatten into the server's clap parser with `#[command(flatten)]`.
@@ -740,9 +953,15 @@ pub struct AuthConfig {
     /// Token file with read-only tokens, lines `TOKEN [NAME]`.
     #[arg(long, env = "VALLUM_READER_TOKEN_FILE", value_name = "FILE")]
     pub reader_token_file: Option<PathBuf>,
-    /// Allow listening beyond loopback with no token configured (auth off).
+    /// With no token configured, let every TCP caller change state as an anonymous admin
+    /// (without it they may only read), and allow a listen address beyond loopback. The
+    /// local socket is not affected (peer credentials decide there).
     #[arg(long, env = "VALLUM_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Members of this group (name or gid) may change state through the local socket, besides
+    /// root and CAP_NET_ADMIN holders (as the `docker` group of docker.sock).
+    #[arg(long, env = "VALLUM_SOCKET_GROUP", value_name = "GROUP")]
+    pub socket_group: Option<String>,
 }
 
 impl AuthConfig {
@@ -761,6 +980,24 @@ impl AuthConfig {
         Ok(set)
     }
 
+    /// The local-socket and anonymous-TCP policy: vallumd's effective uid, `--socket-group`
+    /// resolved to a gid, `--insecure-no-auth`.
+    ///
+    /// Errors: [`AuthError::UnknownGroup`].
+    pub fn local_policy(&self) -> Result<LocalPolicy, AuthError> {
+        Ok(LocalPolicy {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            own_uid: unsafe { libc::geteuid() },
+            group: self
+                .socket_group
+                .as_deref()
+                .map(resolve_group)
+                .transpose()?,
+            anonymous_tcp_admin: self.insecure_no_auth,
+            proc_root: PathBuf::from("/proc"),
+        })
+    }
+
     /// Refuses to serve `addr` beyond loopback with auth off, unless `--insecure-no-auth`.
     pub fn check_listen(&self, tokens: &TokenSet, addr: SocketAddr) -> Result<(), AuthError> {
         if tokens.is_empty() && !addr.ip().is_loopback() && !self.insecure_no_auth {
@@ -775,22 +1012,87 @@ impl AuthConfig {
 /// The tower layer: put it around tonic's router with `Server::builder().layer(...)`.
 #[derive(Clone, Debug)]
 pub struct AuthLayer {
-    tokens: Arc<TokenSet>,
+    /// Swapped whole by [`TokenReloader::reload`]; each request reads the set once.
+    tokens: Arc<ArcSwap<TokenSet>>,
+    local: Arc<LocalPolicy>,
 }
 
 impl AuthLayer {
-    /// A layer checking requests against `tokens`; with an empty set every request passes as
-    /// [`Caller::anonymous`].
+    /// A layer checking requests against `tokens` under the default [`LocalPolicy`]; with an
+    /// empty set every TCP request passes as [`Caller::anonymous_reader`].
     pub fn new(tokens: TokenSet) -> AuthLayer {
+        AuthLayer::with_policy(tokens, LocalPolicy::default())
+    }
+
+    /// A layer checking requests against `tokens`, local-socket peers and anonymous TCP
+    /// callers under `local`.
+    pub fn with_policy(tokens: TokenSet, local: LocalPolicy) -> AuthLayer {
         AuthLayer {
-            tokens: Arc::new(tokens),
+            tokens: Arc::new(ArcSwap::from_pointee(tokens)),
+            local: Arc::new(local),
         }
     }
 
-    /// Decides one request: the caller, or the status to answer with.
+    /// The handle that replaces the tokens of this layer and of every service it made
+    /// (vallumd reloads on SIGHUP, for token rotation).
+    pub fn reloader(&self) -> TokenReloader {
+        TokenReloader {
+            tokens: self.tokens.clone(),
+        }
+    }
+
+    /// Decides one request that came through the local socket from `peer` (`None`: the
+    /// kernel gave no credentials, so it is refused every change): with a bearer token and
+    /// tokens configured, as [`AuthLayer::check`]; otherwise by [`LocalPolicy::caller`].
+    pub fn check_local(
+        &self,
+        path: &str,
+        authorization: Option<&[u8]>,
+        peer: Option<&LocalPeer>,
+    ) -> Result<Caller, Status> {
+        if authorization.is_some() && !self.tokens.load().is_empty() {
+            return self.check(path, authorization);
+        }
+        let caller = match peer {
+            Some(p) => self.local.caller(p),
+            None => Caller {
+                name: Arc::from("local:unknown"),
+                role: Role::ReadOnly,
+                scope: None,
+            },
+        };
+        if !caller.role.allows(classify(path)) {
+            return Err(denied(
+                Reason::LocalAdminRequired,
+                &format!(
+                    "{path} changes state: through the local socket that needs {}; {} has none \
+                     (or send an admin token)",
+                    self.local.missing(),
+                    caller.name
+                ),
+            ));
+        }
+        Ok(caller)
+    }
+
+    /// Decides one TCP request: the caller, or the status to answer with.
     pub fn check(&self, path: &str, authorization: Option<&[u8]>) -> Result<Caller, Status> {
-        if self.tokens.is_empty() {
-            return Ok(Caller::anonymous());
+        let tokens = self.tokens.load();
+        if tokens.is_empty() {
+            if self.local.anonymous_tcp_admin {
+                return Ok(Caller::anonymous());
+            }
+            if !Role::ReadOnly.allows(classify(path)) {
+                return Err(denied(
+                    Reason::AnonymousReadOnly,
+                    &format!(
+                        "{path} changes state: without tokens vallumd lets TCP callers only read; \
+                         use the local socket (vallumctl's default, as root or with CAP_NET_ADMIN), \
+                         configure --token-file, or start vallumd with --insecure-no-auth"
+                    ),
+                ));
+            }
+            return Ok(Caller::anonymous_reader());
         }
         if classify(path) == Access::Public {
             return Ok(Caller {
@@ -805,8 +1107,7 @@ impl AuthLayer {
                 "missing bearer token (send `authorization: Bearer TOKEN`)",
             )
         })?;
-        let caller = self
-            .tokens
+        let caller = tokens
             .authenticate(token)
             .ok_or_else(|| denied(Reason::TokenInvalid, "invalid token"))?;
         let access = classify(path);
@@ -817,6 +1118,33 @@ impl AuthLayer {
             ));
         }
         Ok(caller.clone())
+    }
+}
+
+/// Replaces an [`AuthLayer`]'s tokens: token rotation without a restart (add the new token to
+/// the file, reload, move the clients over, remove the old one, reload).
+#[derive(Clone, Debug)]
+pub struct TokenReloader {
+    tokens: Arc<ArcSwap<TokenSet>>,
+}
+
+impl TokenReloader {
+    /// Loads `config`'s token files again ([`AuthConfig::load`]) and puts the new set in place
+    /// for every later request (a request already past the layer keeps its caller). Returns
+    /// the number of tokens now in use. All or nothing: when a file does not load (missing,
+    /// malformed, empty) the tokens in use stay, so a bad edit locks nobody out; nor can a
+    /// reload turn auth on or off (that needs a restart with other flags).
+    ///
+    /// Errors: the [`AuthError`] of the file; [`AuthError::ReloadChangesMode`] when the new set
+    /// would turn auth on or off.
+    pub fn reload(&self, config: &AuthConfig) -> Result<usize, AuthError> {
+        let set = config.load()?;
+        if set.is_empty() != self.tokens.load().is_empty() {
+            return Err(AuthError::ReloadChangesMode);
+        }
+        let n = set.len();
+        self.tokens.store(Arc::new(set));
+        Ok(n)
     }
 }
 
@@ -882,7 +1210,24 @@ where
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        match self.layer.check(req.uri().path(), auth) {
+        // tonic's connection info: present when the request came through the unix socket.
+        let local = req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .map(|i| {
+                i.peer_cred.map(|c| LocalPeer {
+                    uid: c.uid(),
+                    gid: c.gid(),
+                    pid: c.pid(),
+                })
+            });
+        let decided = match local {
+            Some(peer) => self
+                .layer
+                .check_local(req.uri().path(), auth, peer.as_ref()),
+            None => self.layer.check(req.uri().path(), auth),
+        };
+        match decided {
             Ok(caller) => {
                 req.extensions_mut().insert(caller);
                 Box::pin(self.inner.call(req))
@@ -1009,10 +1354,136 @@ mod tests {
     }
 
     #[test]
-    fn no_tokens_means_anonymous_admin() {
+    fn no_tokens_means_anonymous_reader_unless_insecure() {
+        let (apply, get) = (
+            "/vallum.v1.RulesetService/Apply",
+            "/vallum.v1.RulesetService/GetRuleset",
+        );
         let l = AuthLayer::new(TokenSet::new());
-        let c = l.check("/vallum.v1.RulesetService/Apply", None).unwrap();
-        assert_eq!(c, Caller::anonymous());
+        let e = l.check(apply, None).unwrap_err();
+        assert_eq!(
+            (e.code(), reason(&e).as_str()),
+            (Code::PermissionDenied, "ANONYMOUS_READ_ONLY")
+        );
+        assert!(
+            e.message().contains("--insecure-no-auth"),
+            "{}",
+            e.message()
+        );
+        assert_eq!(l.check(get, None).unwrap(), Caller::anonymous_reader());
+        let l = AuthLayer::with_policy(
+            TokenSet::new(),
+            LocalPolicy {
+                anonymous_tcp_admin: true,
+                ..LocalPolicy::default()
+            },
+        );
+        assert_eq!(l.check(apply, None).unwrap(), Caller::anonymous());
+    }
+
+    /// A fake `/proc` with one process per (pid, euid, CapEff, Groups).
+    fn fake_proc(procs: &[(i32, u32, &str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (pid, uid, cap, groups) in procs {
+            let dir = d.path().join(pid.to_string());
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(
+                dir.join("status"),
+                format!(
+                    "Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t100\t100\t100\t100\n\
+                     Groups:\t{groups}\nCapInh:\t0000000000000000\nCapEff:\t{cap}\n"
+                ),
+            )
+            .unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn local_peers_by_credentials() {
+        let proc_dir = fake_proc(&[
+            (10, 1000, "0000000000000000", "100 27"),
+            (11, 1001, "0000000000001000", ""),
+            (12, 1002, "0000000000001000", ""),
+        ]);
+        let policy = LocalPolicy {
+            own_uid: 999,
+            group: Some(27),
+            anonymous_tcp_admin: false,
+            proc_root: proc_dir.path().to_owned(),
+        };
+        let l = AuthLayer::with_policy(TokenSet::new(), policy.clone());
+        let (apply, get) = (
+            "/vallum.v1.RulesetService/Apply",
+            "/vallum.v1.RulesetService/GetRuleset",
+        );
+        let peer = |uid, gid, pid| LocalPeer {
+            uid,
+            gid,
+            pid: Some(pid),
+        };
+        // root, vallumd's own user, the group (primary, or supplementary per /proc), CAP_NET_ADMIN.
+        for (p, name) in [
+            (peer(0, 0, 1), "local:uid=0,pid=1"),
+            (peer(999, 5, 2), "local:uid=999,pid=2,owner"),
+            (peer(4242, 27, 3), "local:uid=4242,pid=3,gid=27"),
+            (peer(1000, 100, 10), "local:uid=1000,pid=10,gid=27"),
+            (peer(1001, 100, 11), "local:uid=1001,pid=11,cap=net_admin"),
+        ] {
+            let c = l.check_local(apply, None, Some(&p)).unwrap();
+            assert_eq!((&*c.name, c.role), (name, Role::Admin), "{p:?}");
+        }
+        // Anyone else reads, and is told what a change needs.
+        let nobody = peer(65534, 65534, 99);
+        let c = l.check_local(get, None, Some(&nobody)).unwrap();
+        assert_eq!(
+            (&*c.name, c.role),
+            ("local:uid=65534,pid=99", Role::ReadOnly)
+        );
+        let e = l.check_local(apply, None, Some(&nobody)).unwrap_err();
+        assert_eq!(
+            (e.code(), reason(&e).as_str()),
+            (Code::PermissionDenied, "LOCAL_ADMIN_REQUIRED")
+        );
+        for want in [
+            "CAP_NET_ADMIN",
+            "uid 0",
+            "--socket-group (gid 27)",
+            "local:uid=65534,pid=99",
+        ] {
+            assert!(e.message().contains(want), "{want}: {}", e.message());
+        }
+        // /proc of a pid now held by another user grants nothing; no credentials, nothing.
+        assert!(
+            l.check_local(apply, None, Some(&peer(1003, 100, 12)))
+                .is_err()
+        );
+        assert!(l.check_local(apply, None, None).is_err());
+        assert!(l.check_local(get, None, None).is_ok());
+        // A token through the socket is decided by the token.
+        let mut set = TokenSet::new();
+        set.add_text(&format!("read-only {READER}\n"), None, "t")
+            .unwrap();
+        let l = AuthLayer::with_policy(set, policy);
+        let r = format!("Bearer {READER}");
+        let e = l
+            .check_local(apply, Some(r.as_bytes()), Some(&peer(0, 0, 1)))
+            .unwrap_err();
+        assert_eq!(reason(&e), "ADMIN_REQUIRED");
+        assert_eq!(
+            l.check_local(apply, None, Some(&peer(0, 0, 1)))
+                .unwrap()
+                .role,
+            Role::Admin
+        );
+    }
+
+    #[test]
+    fn groups_resolve() {
+        assert_eq!(resolve_group("27").unwrap(), 27);
+        assert_eq!(resolve_group("root").unwrap(), 0);
+        let e = resolve_group("no-such-group-vallum").unwrap_err();
+        assert_eq!(e.reason(), "SOCKET_GROUP_UNKNOWN");
     }
 
     #[test]
@@ -1209,6 +1680,51 @@ mod tests {
 
     /// A token file that holds no token (empty, blank lines or comments only: a secret mount
     /// that came up empty) refuses to start; it used to turn authentication off.
+    /// A reload swaps the whole set for later checks, or, when a file does not load (bad
+    /// line, empty) or auth would turn off, keeps the set in use.
+    #[test]
+    fn a_reload_is_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        let (old, new) = ("old-token-0123456789abcdef", "new-token-0123456789abcdef");
+        std::fs::write(&path, format!("admin {old} ci\n")).unwrap();
+        let config = AuthConfig {
+            token_file: Some(path.clone()),
+            ..AuthConfig::default()
+        };
+        let layer = AuthLayer::new(config.load().unwrap());
+        let reloader = layer.reloader();
+        let path_ok = |token: &str| {
+            let h = format!("Bearer {token}");
+            layer
+                .check("/vallum.v1.RulesetService/Apply", Some(h.as_bytes()))
+                .is_ok()
+        };
+        assert!(path_ok(old) && !path_ok(new));
+        std::fs::write(&path, format!("admin {old} ci\nadmin {new} ci2\n")).unwrap();
+        assert_eq!(reloader.reload(&config).unwrap(), 2);
+        assert!(path_ok(old) && path_ok(new));
+        for bad in [format!("admin {new} ci2\nbogus\n"), "# none\n".to_string()] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(reloader.reload(&config).is_err());
+            assert!(path_ok(old) && path_ok(new), "kept");
+        }
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            reloader.reload(&config),
+            Err(AuthError::Read { .. })
+        ));
+        let off = AuthConfig::default();
+        assert!(matches!(
+            reloader.reload(&off),
+            Err(AuthError::ReloadChangesMode)
+        ));
+        assert!(path_ok(old), "auth stays on");
+        std::fs::write(&path, format!("admin {new} ci2\n")).unwrap();
+        assert_eq!(reloader.reload(&config).unwrap(), 1);
+        assert!(!path_ok(old) && path_ok(new));
+    }
+
     #[test]
     fn a_token_file_without_tokens_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -93,6 +93,72 @@ impl FromStr for NfqueueSource {
     }
 }
 
+/// What vallumd's ACCEPT means with `--source nfqueue` (`--nfqueue-mode`, `--nfqueue-mark`),
+/// matching the steering rules of `vallumctl dataplane install --mode MODE --mark BIT`.
+///
+/// A queued packet waits in the kernel at the steering jump (`-j VALLUM-NFQUEUE` at the top of
+/// INPUT, FORWARD, OUTPUT); what our verdict does with the kernel's own rules after that jump
+/// (ufw's chains, DOCKER-USER, kube-proxy's KUBE-*) is the choice:
+/// - [`NfqueueAccept::Final`]: ACCEPT is `NF_ACCEPT`: the packet leaves the filter table's
+///   hook at once, so the kernel's rules after the jump are skipped for it (our ACCEPT is the
+///   host's ACCEPT);
+/// - [`NfqueueAccept::Continue`]: ACCEPT is `NF_REPEAT` with the packet's mark OR `mark`
+///   (`NFQA_MARK`): the kernel runs the hook's table again from its first rule, the steering
+///   chain RETURNs for a packet with that bit (`-m mark --mark B/B -j RETURN`), and the kernel's
+///   remaining rules decide. Only our bit is set: the rest of the mark (the user's, or what our
+///   rules' `-j MARK` left) is kept, and the bit stays on the packet afterwards (the kernel
+///   cannot be asked to clear it; routing rules and `CONNMARK --save-mark` that read the mark
+///   should mask it out).
+///
+/// DROP (and REJECT, which NFQUEUE cannot send) is `NF_DROP` in both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NfqueueAccept {
+    /// Our ACCEPT ends the hook (`NF_ACCEPT`), the default and what vallumd always did.
+    #[default]
+    Final,
+    /// Our ACCEPT hands the packet back to the kernel's chain (`NF_REPEAT` with this bit set
+    /// in the mark; exactly one bit).
+    Continue {
+        /// The mark bit the steering chain skips.
+        mark: u32,
+    },
+}
+
+/// `--nfqueue-mode`: see [`NfqueueAccept`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NfqueueMode {
+    /// Our ACCEPT is the host's ACCEPT (`NF_ACCEPT`).
+    #[default]
+    Final,
+    /// Our ACCEPT returns the packet to the kernel's rules after the steering jump
+    /// (`NF_REPEAT` with `--nfqueue-mark`).
+    Continue,
+}
+
+/// The default mark bit of `--nfqueue-mode continue` (and of `vallumctl dataplane install
+/// --mode continue`): bit 30, outside the bits kube-proxy (0x4000, 0x8000), Docker, ufw,
+/// Cilium (0x0f00), Istio (0x539) and wg-quick (0xca6c) use; Calico's default mask
+/// (0xffff0000) covers it, so with Calico pick a bit outside Calico's `iptablesMarkMask`.
+pub const DEFAULT_CONTINUE_MARK: u32 = 0x4000_0000;
+
+/// Parses a mark bit: `0x40000000` (hex) or decimal, exactly one bit set.
+///
+/// Errors: a message naming the value (not a number, zero, or more than one bit).
+pub fn parse_mark_bit(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x40000000)"))?;
+    if v.count_ones() != 1 {
+        return Err(format!(
+            "{s:?}: a mark bit has exactly one bit set (e.g. 0x40000000)"
+        ));
+    }
+    Ok(v)
+}
+
 impl FromStr for Source {
     type Err = String;
 
@@ -197,6 +263,57 @@ impl ConntrackArgs {
     }
 }
 
+/// A duration as `N[s|m|h|d]` (seconds, minutes, hours, days; a bare number is seconds),
+/// e.g. `24h`, `90d`, `0.5`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1.0),
+        Some((i, 'm')) => (&s[..i], 60.0),
+        Some((i, 'h')) => (&s[..i], 3600.0),
+        Some((i, 'd')) => (&s[..i], 86_400.0),
+        _ => (s, 1.0),
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|e| format!("{s:?}: {e} (a duration: N[s|m|h|d], e.g. 24h or 90d)"))?;
+    let secs = n * unit;
+    if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
+        return Err(format!("{s:?}: must be a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// How long the store keeps idempotency keys and audit records (see
+/// [`crate::store::Retention`]); flattened into [`Config`]. A periodic task of the store
+/// deletes what is past them. 0 turns a bound off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Args)]
+pub struct RetentionArgs {
+    /// How long a `request_id` is remembered (N[s|m|h|d]): a retry within it gets the first
+    /// call's answer, a call after it runs anew (Stripe keeps keys 24 h). 0: forever.
+    #[arg(long, env = "VALLUM_IDEMPOTENCY_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub idempotency_ttl: Duration,
+
+    /// Audit records older than this are deleted (N[s|m|h|d]). 0: kept whatever their age.
+    #[arg(long, env = "VALLUM_AUDIT_RETENTION", default_value = "90d", value_parser = parse_duration)]
+    pub audit_retention: Duration,
+
+    /// At most this many audit records are kept, the newest. 0: no bound.
+    #[arg(long, env = "VALLUM_AUDIT_MAX_ROWS", default_value_t = 1_000_000)]
+    pub audit_max_rows: u64,
+}
+
+impl RetentionArgs {
+    /// The store's retention.
+    pub fn retention(&self) -> crate::store::Retention {
+        let bound = |d: Duration| (!d.is_zero()).then_some(d);
+        crate::store::Retention {
+            idempotency_ttl: bound(self.idempotency_ttl),
+            audit_max_age: bound(self.audit_retention),
+            audit_max_rows: (self.audit_max_rows > 0).then_some(self.audit_max_rows),
+        }
+    }
+}
+
 fn parse_positive_seconds(s: &str) -> Result<Duration, String> {
     let d = parse_seconds(s)?;
     if d.is_zero() {
@@ -216,6 +333,13 @@ pub struct Config {
     /// gRPC listen address; port 0 picks a free port (printed as `listening on ADDR`).
     #[arg(long, env = "VALLUM_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+
+    /// The local unix socket (vallumctl's default endpoint), authorized by peer credentials
+    /// (root, CAP_NET_ADMIN or `--socket-group` may change state, other local users read;
+    /// see `auth`). Default: /run/vallum/vallumd.sock as root, else
+    /// $XDG_RUNTIME_DIR/vallum/vallumd.sock; `none` turns it off (see `local_socket`).
+    #[arg(long, env = "VALLUM_SOCKET", value_name = "PATH|none")]
+    pub socket: Option<PathBuf>,
 
     /// SQLite database file, created with its parent directory when missing.
     #[arg(long, env = "VALLUM_DB", default_value = "./vallum.db")]
@@ -246,6 +370,19 @@ pub struct Config {
         value_parser = crate::steering::parse_steered_chain
     )]
     pub steered_chains: Vec<vallum_engine::model::Hook>,
+
+    /// With `--source nfqueue`: what our ACCEPT does with the kernel's own rules after the
+    /// steering jump (ufw, DOCKER-USER, kube-proxy). `final`: NF_ACCEPT, they are skipped for
+    /// packets we accept; `continue`: NF_REPEAT with `--nfqueue-mark` set, so they still
+    /// decide (needs `vallumctl dataplane install --mode continue` with the same mark). Our
+    /// DROP drops in both. See [`NfqueueAccept`] and docs/operations.md.
+    #[arg(long, env = "VALLUM_NFQUEUE_MODE", value_enum, default_value = "final")]
+    pub nfqueue_mode: NfqueueMode,
+
+    /// The mark bit `--nfqueue-mode continue` sets on accepted packets (hex or decimal,
+    /// exactly one bit); the rest of the packet's mark is kept.
+    #[arg(long, env = "VALLUM_NFQUEUE_MARK", default_value = "0x40000000", value_parser = parse_mark_bit)]
+    pub nfqueue_mark: u32,
 
     /// Packets per second over all workers; 0 means as fast as possible.
     #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]
@@ -278,6 +415,10 @@ pub struct Config {
     /// Conntrack: `--conntrack-max`, `--conntrack-buckets`, `--conntrack-gc-interval`.
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
+
+    /// Store retention: `--idempotency-ttl`, `--audit-retention`, `--audit-max-rows`.
+    #[command(flatten)]
+    pub retention: RetentionArgs,
 
     /// What to do when a stored active revision does not load at start: `refuse` (exit,
     /// the default) or `degraded` (serve the others; the failed ruleset is NOT_SERVING
@@ -335,6 +476,16 @@ pub struct Config {
 }
 
 impl Config {
+    /// What our NFQUEUE ACCEPT means (`--nfqueue-mode`, `--nfqueue-mark`).
+    pub fn nfqueue_accept(&self) -> NfqueueAccept {
+        match self.nfqueue_mode {
+            NfqueueMode::Final => NfqueueAccept::Final,
+            NfqueueMode::Continue => NfqueueAccept::Continue {
+                mark: self.nfqueue_mark,
+            },
+        }
+    }
+
     /// Parses flags from `args` (first item is the program name) WITHOUT reading the
     /// environment: for tests and embedding.
     ///
@@ -410,6 +561,37 @@ mod tests {
     }
 
     #[test]
+    fn nfqueue_modes() {
+        let c = Config::from_args(["vallumd"]).unwrap();
+        assert_eq!(
+            c.nfqueue_accept(),
+            NfqueueAccept::Final,
+            "today's behaviour"
+        );
+        assert_eq!(c.nfqueue_mark, DEFAULT_CONTINUE_MARK);
+        let c = Config::from_args(["vallumd", "--nfqueue-mode", "continue"]).unwrap();
+        assert_eq!(
+            c.nfqueue_accept(),
+            NfqueueAccept::Continue { mark: 0x4000_0000 }
+        );
+        let c = Config::from_args([
+            "vallumd",
+            "--nfqueue-mode",
+            "continue",
+            "--nfqueue-mark",
+            "256",
+        ])
+        .unwrap();
+        assert_eq!(c.nfqueue_accept(), NfqueueAccept::Continue { mark: 0x100 });
+        assert_eq!(parse_mark_bit("0x80000000"), Ok(0x8000_0000));
+        for bad in ["0", "0x3", "x", "0x100000000", "-1"] {
+            assert!(parse_mark_bit(bad).is_err(), "{bad}");
+            assert!(Config::from_args(["vallumd", "--nfqueue-mark", bad]).is_err());
+        }
+        assert!(Config::from_args(["vallumd", "--nfqueue-mode", "maybe"]).is_err());
+    }
+
+    #[test]
     fn conntrack_flags() {
         let c = Config::from_args(["vallumd"]).unwrap().conntrack;
         let e = c.engine_config().unwrap();
@@ -454,6 +636,42 @@ mod tests {
                 Config::from_args(["vallumd", bad[0], bad[1]]).is_err(),
                 "{bad:?}"
             );
+        }
+    }
+
+    #[test]
+    fn retention_flags() {
+        let c = Config::from_args(["vallumd"]).unwrap().retention;
+        assert_eq!(c.retention(), crate::store::Retention::default());
+        assert_eq!(c.idempotency_ttl, Duration::from_secs(24 * 3600));
+        let c = Config::from_args([
+            "vallumd",
+            "--idempotency-ttl",
+            "90m",
+            "--audit-retention",
+            "0",
+            "--audit-max-rows",
+            "10",
+        ])
+        .unwrap()
+        .retention;
+        let r = c.retention();
+        assert_eq!(r.idempotency_ttl, Some(Duration::from_secs(5400)));
+        assert_eq!((r.audit_max_age, r.audit_max_rows), (None, Some(10)));
+        for (text, secs) in [
+            ("30", 30.0),
+            ("1.5s", 1.5),
+            ("2d", 172_800.0),
+            ("1h", 3600.0),
+        ] {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_secs_f64(secs)),
+                "{text}"
+            );
+        }
+        for bad in ["", "h", "-1h", "1w", "1e300d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
 

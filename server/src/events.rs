@@ -2,7 +2,8 @@
 //! dropped packets, on their way to the process log and to `WatchPacketEvents` subscribers.
 //!
 //! Path: a packet core drains its ring after a batch ([`EngineWorker::drain_logs`], only when
-//! it holds hits) and hands the batch to [`Events::offer`], a `try_send` into a bounded queue
+//! it holds hits; hits beyond the ring's capacity in one batch, and hits a commit made
+//! unnameable, are counted as `reason="ring_full"` and `reason="stale"`) and hands the batch to [`Events::offer`], a `try_send` into a bounded queue
 //! ([`QUEUE_BATCHES`] batches): the core never waits; a batch that finds the queue full is
 //! counted (`vallum_packet_events_dropped_total{reason="queue_full"}`) and lost. One thread
 //! (`vallum-events`) takes the batches, writes each LOG hit to the process log in the
@@ -166,6 +167,16 @@ struct Subscriber {
 /// Events lost, by why.
 #[derive(Debug, Default)]
 pub struct EventDrops {
+    /// A `-j LOG` hit found its core's ring full (more hits in one batch than the ring
+    /// holds; the engine's [`LogDrops::full`], summed over the cores).
+    ///
+    /// [`LogDrops::full`]: vallum_engine::engine::LogDrops::full
+    pub ring_full: AtomicU64,
+    /// A commit replaced the snapshot of a `-j LOG` hit before its core drained it, so its
+    /// rule could not be named ([`LogDrops::stale`], summed over the cores).
+    ///
+    /// [`LogDrops::stale`]: vallum_engine::engine::LogDrops::stale
+    pub stale: AtomicU64,
     /// A batch found the events thread's queue full.
     pub queue_full: AtomicU64,
     /// A subscriber's channel was full.

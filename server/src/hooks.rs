@@ -5,9 +5,9 @@
 //!   active revision changes, and once at start with the engine. [`MetricsObserver`] feeds
 //!   [`crate::metrics`] from it; [`Hooks::with_observer`] adds observers.
 //! - [`rpc_layer`]: the tower layers wrapped around every gRPC service, outermost first:
-//!   `rpc.server.duration` ([`crate::metrics::GrpcMetricsLayer`], so refused calls are
-//!   measured too), the request-size answer ([`RequestLimitLayer`]) and bearer-token auth
-//!   ([`AuthLayer`]).
+//!   `rpc.server.call.duration` and the call's span ([`crate::metrics::GrpcMetricsLayer`], so
+//!   refused calls are measured and traced too), the request-size answer
+//!   ([`RequestLimitLayer`]) and bearer-token auth ([`AuthLayer`]).
 //! - [`caller`]: who made a request, for the audit table (the auth layer's [`Caller`]).
 //! - [`Hooks::limits`]: the limits the pipeline enforces (rules per ruleset, rulesets).
 //! - [`Hooks::confirm_clock`]: the wall clock of commit-confirmed deadlines.
@@ -18,7 +18,7 @@ use tower::ServiceBuilder;
 use tower::layer::util::{Identity, Stack};
 use vallum_engine::engine::Engine;
 
-use crate::auth::{AuthLayer, Caller, TokenSet};
+use crate::auth::{AuthLayer, Caller};
 use crate::config::Config;
 use crate::limits::{LimitsConfig, RequestLimitLayer};
 use crate::metrics::{GrpcMetricsLayer, Metrics};
@@ -166,12 +166,14 @@ impl std::fmt::Debug for Hooks {
 pub type RpcLayer = Stack<AuthLayer, Stack<RequestLimitLayer, Stack<GrpcMetricsLayer, Identity>>>;
 
 /// Builds the [`RpcLayer`]: RPC metrics outermost (refusals are measured), then the
-/// request-size answer, then auth with `tokens` (empty: auth off, every caller `anonymous`).
-pub fn rpc_layer(config: &Config, metrics: &Metrics, tokens: TokenSet) -> RpcLayer {
+/// request-size answer, then `auth` (tokens — empty: no bearer tokens; its
+/// [`AuthLayer::reloader`] swaps them later — and the local socket's peer credentials; see
+/// [`crate::auth`]). The same layer serves the TCP listener and the local socket.
+pub fn rpc_layer(config: &Config, metrics: &Metrics, auth: AuthLayer) -> RpcLayer {
     ServiceBuilder::new()
         .layer(metrics.grpc_layer())
         .layer(RequestLimitLayer::new(config.limits.max_request_bytes))
-        .layer(AuthLayer::new(tokens))
+        .layer(auth)
         .into_inner()
 }
 

@@ -36,6 +36,7 @@ pub mod hooks;
 pub mod kernel_tables;
 pub mod limits;
 pub mod local_addrs;
+pub mod local_socket;
 pub mod metrics;
 pub mod outcome;
 pub mod pipeline;

@@ -21,9 +21,12 @@
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
 //! | `vallum_rule_packets_total`, `vallum_rule_bytes_total` | counter (opt-in) | ruleset, family, table, chain, rule | engine, at scrape |
 //! | `vallum_set_elements` | gauge | set | [`Metrics::observe_sets`], at scrape |
-//! | `rpc_server_duration_seconds` | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
+//! | `vallum_packet_events_dropped_total` | counter | reason | [`Metrics::observe_events`], at scrape |
+//! | `rpc_server_call_duration_seconds` | histogram | rpc_system_name, rpc_method, rpc_response_status_code, error_type | [`Metrics::grpc_layer`] |
+//! | `rpc_server_duration_seconds` (deprecated) | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
 //! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
 //! | `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`, `vallum_conntrack_insert_failed_total` | counter | | engine, at scrape |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, ... | counter, gauges | | `/proc/self`, at scrape ([`process`]) |
 //!
 //! Deviations from the table, because of what the engine can attribute:
 //! - `vallum_packets_total` has `ruleset="all"`: the engine counts verdicts per (family, hook,
@@ -70,6 +73,9 @@
 //! ```
 
 pub mod exposition;
+mod process;
+mod reference;
+pub mod traces;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -112,8 +118,9 @@ const COMMIT_BOUNDS: &[f64] = &[
 ];
 /// Bucket bounds of `vallum_commit_quiesce_cores_waited`, cores.
 const CORES_BOUNDS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
-/// Bucket bounds of `rpc.server.duration`, seconds: the semantic-convention buckets with finer
-/// ones below 5 ms (most of our calls are sub-millisecond).
+/// Bucket bounds of `rpc.server.call.duration` (and the deprecated `rpc.server.duration`),
+/// seconds: the semantic-convention buckets with finer ones below 5 ms (most of our calls are
+/// sub-millisecond).
 const RPC_BOUNDS: &[f64] = &[
     1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0,
@@ -207,6 +214,8 @@ struct Inner {
     commit_duration: Histogram<f64>,
     cores_waited: Histogram<u64>,
     commits: Counter<u64>,
+    rpc_call_duration: Histogram<f64>,
+    /// The deprecated `rpc.server.duration` (semantic conventions up to 1.37).
     rpc_duration: Histogram<f64>,
     /// ruleset -> active revision, read by the `vallum_active_revision` callback.
     active: Arc<Mutex<BTreeMap<String, u64>>>,
@@ -254,10 +263,22 @@ impl Metrics {
             .u64_counter("vallum_commits")
             .with_description("Commits by ruleset and outcome.")
             .build();
+        let rpc_call_duration = meter
+            .f64_histogram("rpc.server.call.duration")
+            .with_unit("s")
+            .with_description(
+                "Duration of inbound gRPC calls, to the end of the response (OTel RPC semantic \
+                 conventions).",
+            )
+            .with_boundaries(RPC_BOUNDS.to_vec())
+            .build();
         let rpc_duration = meter
             .f64_histogram("rpc.server.duration")
             .with_unit("s")
-            .with_description("Duration of inbound gRPC calls (OTel semantic conventions).")
+            .with_description(
+                "Deprecated: use rpc_server_call_duration_seconds. Duration of inbound gRPC \
+                 calls (OTel semantic conventions up to 1.37).",
+            )
             .with_boundaries(RPC_BOUNDS.to_vec())
             .build();
 
@@ -285,6 +306,9 @@ impl Metrics {
             .with_callback(move |obs| obs.observe(not_loaded_cb.load(Ordering::Relaxed), &[]))
             .build();
 
+        let mut observers: Vec<Box<dyn Any + Send + Sync>> =
+            vec![Box::new(active_gauge), Box::new(not_loaded_gauge)];
+        observers.extend(process::register(&meter));
         Ok(Metrics {
             inner: Arc::new(Inner {
                 provider,
@@ -296,10 +320,11 @@ impl Metrics {
                 commit_duration,
                 cores_waited,
                 commits,
+                rpc_call_duration,
                 rpc_duration,
                 active,
                 not_loaded,
-                observers: Mutex::new(vec![Box::new(active_gauge), Box::new(not_loaded_gauge)]),
+                observers: Mutex::new(observers),
             }),
         })
     }
@@ -424,9 +449,9 @@ impl Metrics {
                     i.meter
                         .u64_observable_counter(name)
                         .with_description(if bytes {
-                            "Bytes (layer-3 length) matched by each rule or chain policy."
+                            "Bytes (layer-3 length) matched by each rule or chain policy (opt-in: --metrics-rule-counters)."
                         } else {
-                            "Packets matched by each rule or chain policy."
+                            "Packets matched by each rule or chain policy (opt-in: --metrics-rule-counters)."
                         })
                         .with_callback(move |obs| {
                             for c in e.counters() {
@@ -529,20 +554,33 @@ impl Metrics {
     }
 
     /// Registers `vallum_packet_events_dropped_total{reason}`, read at scrape time from
-    /// `events`: packet events (LOG hits, sampled drops) lost because the events thread's
+    /// `events`: packet events (LOG hits, sampled drops) lost because a core's LOG ring was
+    /// full (`ring_full`: more hits in one batch than [`LOG_RING_CAPACITY`]), a commit made a
+    /// LOG hit's rule unnameable before its core drained it (`stale`), the events thread's
     /// queue was full (`queue_full`) or a `WatchPacketEvents` subscriber read too slowly
     /// (`slow_subscriber`, once per subscriber that missed it). Call once.
+    ///
+    /// [`LOG_RING_CAPACITY`]: vallum_engine::engine::LOG_RING_CAPACITY
     pub fn observe_events(&self, events: crate::events::Events) {
         let counter = self
             .inner
             .meter
             .u64_observable_counter("vallum_packet_events_dropped")
             .with_description(
-                "Packet events (LOG hits, sampled drops) lost: the events queue was full, or a \
+                "Packet events (LOG hits, sampled drops) lost: a core's LOG ring was full, a \
+                 commit made the hit's rule unnameable, the events queue was full, or a \
                  WatchPacketEvents subscriber read too slowly.",
             )
             .with_callback(move |obs| {
                 let d = events.drops();
+                obs.observe(
+                    d.ring_full.load(std::sync::atomic::Ordering::Relaxed),
+                    &[KeyValue::new("reason", "ring_full")],
+                );
+                obs.observe(
+                    d.stale.load(std::sync::atomic::Ordering::Relaxed),
+                    &[KeyValue::new("reason", "stale")],
+                );
                 obs.observe(
                     d.queue_full.load(std::sync::atomic::Ordering::Relaxed),
                     &[KeyValue::new("reason", "queue_full")],
@@ -579,11 +617,16 @@ impl Metrics {
         Ok(())
     }
 
-    /// A tower layer recording `rpc.server.duration` for every call; put it outermost in the
-    /// tonic `Server` builder so refused calls (auth, limits) are measured too.
+    /// A tower layer that records `rpc.server.call.duration` (and the deprecated
+    /// `rpc.server.duration`) for every call and opens its span ([`traces`]); put it
+    /// outermost in the tonic `Server` builder so refused calls (auth, limits) are measured
+    /// and traced too.
     pub fn grpc_layer(&self) -> GrpcMetricsLayer {
         GrpcMetricsLayer {
-            histogram: self.inner.rpc_duration.clone(),
+            histograms: RpcHistograms {
+                call_duration: self.inner.rpc_call_duration.clone(),
+                deprecated_duration: self.inner.rpc_duration.clone(),
+            },
         }
     }
 
@@ -600,6 +643,22 @@ impl Metrics {
             families.push(barrier_family(engine));
         }
         Ok(exposition::render(families))
+    }
+
+    /// The metric reference (docs/metrics.md): every family collected now, with its type,
+    /// unit, label names and help, as a Markdown table ([`reference`]). Fails only after
+    /// [`Metrics::shutdown`].
+    pub fn reference(&self) -> Result<String, MetricsError> {
+        let mut rm = ResourceMetrics::default();
+        self.inner
+            .reader
+            .collect(&mut rm)
+            .map_err(|e| MetricsError::Exporter(e.to_string()))?;
+        let extra = match self.inner.engine.get() {
+            Some(engine) => vec![(barrier_family(engine), "s")],
+            None => Vec::new(),
+        };
+        Ok(reference::render(&rm, extra))
     }
 
     /// Makes `/readyz` answer from `reporter`'s overall status (service `""`), the one
@@ -820,14 +879,27 @@ fn barrier_family(engine: &Engine) -> Family {
 
 // === impl GrpcMetricsLayer ===
 
-/// Records `rpc.server.duration` (seconds, from the request to the end of the response body,
-/// i.e. the trailers) with `rpc.system=grpc`, `rpc.service`, `rpc.method` and
-/// `rpc.grpc.status_code`. Paths that are not methods of our API, health or reflection are
-/// recorded as `rpc.service=_OTHER`, `rpc.method=_OTHER` so that random paths cannot create
-/// unbounded series.
+/// Around every gRPC call: records `rpc.server.call.duration` (seconds, from the request to
+/// the end of the response body, i.e. the trailers) with `rpc.system.name=grpc`,
+/// `rpc.method` (`vallum.v1.RulesetService/Apply`), `rpc.response.status_code` (the status
+/// name, `OK`) and, for the server's own failures, `error.type` (the status name), as the OTel
+/// RPC semantic conventions (release candidate, after 1.37) name them; the deprecated
+/// `rpc.server.duration` with the attributes of conventions up to 1.37 (`rpc.system`,
+/// `rpc.service`, `rpc.method` without the service, numeric `rpc.grpc.status_code`); and opens
+/// the call's span, a child of the caller's span named by a `traceparent` header, which ends
+/// with the call ([`traces`]). Paths that are not methods of our API, health or reflection are
+/// recorded as `rpc.method=_OTHER` (and `rpc.service=_OTHER`) so that random paths cannot
+/// create unbounded series.
 #[derive(Clone, Debug)]
 pub struct GrpcMetricsLayer {
-    histogram: Histogram<f64>,
+    histograms: RpcHistograms,
+}
+
+/// The two RPC duration instruments.
+#[derive(Clone, Debug)]
+struct RpcHistograms {
+    call_duration: Histogram<f64>,
+    deprecated_duration: Histogram<f64>,
 }
 
 impl<S> Layer<S> for GrpcMetricsLayer {
@@ -836,7 +908,7 @@ impl<S> Layer<S> for GrpcMetricsLayer {
     fn layer(&self, inner: S) -> GrpcMetricsService<S> {
         GrpcMetricsService {
             inner,
-            histogram: self.histogram.clone(),
+            histograms: self.histograms.clone(),
         }
     }
 }
@@ -845,21 +917,37 @@ impl<S> Layer<S> for GrpcMetricsLayer {
 #[derive(Clone, Debug)]
 pub struct GrpcMetricsService<S> {
     inner: S,
-    histogram: Histogram<f64>,
+    histograms: RpcHistograms,
 }
 
-/// One call being timed.
+/// One call being timed, with its span (closed when this is dropped).
 struct Recording {
     start: Instant,
-    histogram: Histogram<f64>,
+    histograms: RpcHistograms,
     service: &'static str,
     method: &'static str,
+    span: tracing::Span,
 }
 
 impl Recording {
     fn finish(self, code: i64) {
-        self.histogram.record(
-            self.start.elapsed().as_secs_f64(),
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let name = grpc_code_name(code);
+        let full = match self.service {
+            "_OTHER" => "_OTHER".to_owned(),
+            service => format!("{service}/{}", self.method),
+        };
+        let mut attrs = vec![
+            KeyValue::new("rpc.system.name", "grpc"),
+            KeyValue::new("rpc.method", full),
+            KeyValue::new("rpc.response.status_code", name),
+        ];
+        if is_server_error(code) {
+            attrs.push(KeyValue::new("error.type", name));
+        }
+        self.histograms.call_duration.record(elapsed, &attrs);
+        self.histograms.deprecated_duration.record(
+            elapsed,
             &[
                 KeyValue::new("rpc.system", "grpc"),
                 KeyValue::new("rpc.service", self.service),
@@ -867,6 +955,11 @@ impl Recording {
                 KeyValue::new("rpc.grpc.status_code", code),
             ],
         );
+        self.span.record("rpc.response.status_code", name);
+        if is_server_error(code) {
+            self.span.record("error.type", name);
+            self.span.record("otel.status_code", "error");
+        }
     }
 }
 
@@ -874,6 +967,42 @@ impl Recording {
 const CODE_UNKNOWN: i64 = 2;
 /// gRPC status code CANCELLED, for bodies dropped before their trailers (client went away).
 const CODE_CANCELLED: i64 = 1;
+
+/// The name of gRPC status `code` (`OK`, `INVALID_ARGUMENT`, ...), as
+/// `rpc.response.status_code` wants it; `UNKNOWN` for a code gRPC does not define.
+fn grpc_code_name(code: i64) -> &'static str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .copied()
+        .unwrap_or("UNKNOWN")
+}
+
+/// Whether `code` is the server's failure rather than an answer about the request: the
+/// codes the OTel gRPC conventions count as server-side errors (UNKNOWN, DEADLINE_EXCEEDED,
+/// UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS).
+fn is_server_error(code: i64) -> bool {
+    matches!(code, 2 | 4 | 12 | 13 | 14 | 15)
+}
 
 fn grpc_status(headers: &http::HeaderMap) -> Option<i64> {
     headers
@@ -899,35 +1028,57 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        use tracing::Instrument as _;
         let (service, method) =
             auth::known_method(req.uri().path()).unwrap_or(("_OTHER", "_OTHER"));
+        let full = match service {
+            "_OTHER" => "_OTHER".to_owned(),
+            _ => format!("{service}/{method}"),
+        };
+        let span = tracing::info_span!(
+            "rpc",
+            otel.name = %full,
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            rpc.system.name = "grpc",
+            rpc.method = %full,
+            rpc.response.status_code = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        traces::set_remote_parent(&span, req.headers());
         let rec = Recording {
             start: Instant::now(),
-            histogram: self.histogram.clone(),
+            histograms: self.histograms.clone(),
             service,
             method,
+            span: span.clone(),
         };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            match fut.await {
-                Ok(resp) => {
-                    // Trailers-only responses (errors before any message) carry the status in
-                    // the headers; others in the trailers at the end of the body.
-                    let rec = match grpc_status(resp.headers()) {
-                        Some(code) => {
-                            rec.finish(code);
-                            None
-                        }
-                        None => Some(rec),
-                    };
-                    Ok(resp.map(|inner| MetricsBody { inner, rec }))
-                }
-                Err(e) => {
-                    rec.finish(CODE_UNKNOWN);
-                    Err(e)
+        // The handler's future is made and run inside the call's span, so the spans it
+        // opens (the commit's) are its children.
+        let fut = span.in_scope(|| self.inner.call(req));
+        Box::pin(
+            async move {
+                match fut.await {
+                    Ok(resp) => {
+                        // Trailers-only responses (errors before any message) carry the status
+                        // in the headers; others in the trailers at the end of the body.
+                        let rec = match grpc_status(resp.headers()) {
+                            Some(code) => {
+                                rec.finish(code);
+                                None
+                            }
+                            None => Some(rec),
+                        };
+                        Ok(resp.map(|inner| MetricsBody { inner, rec }))
+                    }
+                    Err(e) => {
+                        rec.finish(CODE_UNKNOWN);
+                        Err(e)
+                    }
                 }
             }
-        })
+            .instrument(span),
+        )
     }
 }
 

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
+use tracing::Instrument as _;
 use vallum_engine::Clock;
 use vallum_engine::engine::{ActiveRevision, Change, CommitError, Engine};
 use vallum_engine::model::Ruleset;
@@ -154,6 +155,9 @@ struct Job {
     /// `model` was made from the active one by edits ([`Checked::edited`]): committed as
     /// `Change::PutEdited`, which keeps the live counters of the rules it did not touch.
     edited: bool,
+    /// The ruleset's new priority (`model`'s), stored with the commit
+    /// ([`Pipeline::set_priority`]); `None` keeps the stored one.
+    priority: Option<i32>,
 }
 
 /// Where a commit's model came from.
@@ -575,6 +579,7 @@ impl Pipeline {
                 from: Origin::Stored,
                 creates: false,
                 edited: false,
+                priority: None,
             },
             audit,
         )
@@ -628,6 +633,7 @@ impl Pipeline {
                 from,
                 creates,
                 edited,
+                priority: None,
             },
             audit,
         )
@@ -676,18 +682,108 @@ impl Pipeline {
                 from: Origin::Stored,
                 creates: false,
                 edited: false,
+                priority: None,
             },
             audit,
         )
         .await
     }
 
-    /// Confirms the pending commit-confirmed of revision `number`.
+    /// Changes the priority of `ruleset` (UpdateRuleset). With an active revision it is a
+    /// commit of its own, because the priority orders the rulesets in the dataplane: a new
+    /// revision with the active content (author `author`, message `priority A -> B`), made
+    /// active with the new priority in one store transaction, with the call's `audit` record
+    /// and a COMMITTED event; without one only the stored priority changes. An unchanged
+    /// priority changes nothing. Returns the ruleset after.
     ///
-    /// Errors: [`Error::NotFound`]; [`Error::Precondition`] when no commit of it is pending;
-    /// [`Error::Store`].
-    pub async fn confirm(&self, ruleset: &str, number: u64) -> Result<RevisionRow> {
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`]; [`Error::Precondition`]
+    /// (`REVISION_STATE`) while a commit of the ruleset waits for ConfirmCommit (a commit
+    /// would settle it); [`Error::Commit`]; [`Error::Store`].
+    pub async fn set_priority(
+        &self,
+        ruleset: &str,
+        priority: i32,
+        author: &str,
+        etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<RulesetRow> {
         let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
+            return Err(Error::EtagMismatch {
+                name: format!("rulesets/{ruleset}"),
+                given: e.to_string(),
+                current: rs.etag,
+            });
+        }
+        if rs.priority == priority {
+            return Ok(rs);
+        }
+        let Some(active) = rs.active_revision else {
+            return self.store.set_priority(ruleset, priority, etag).await;
+        };
+        if let Some(c) = (self.store.pending_confirms().await?)
+            .into_iter()
+            .find(|c| c.ruleset == ruleset)
+        {
+            return Err(Error::Precondition {
+                kind: "REVISION_STATE",
+                subject: format!("rulesets/{ruleset}/revisions/{}", c.revision),
+                message: "the revision waits for ConfirmCommit: confirm it (or let it revert) \
+                          before changing the priority"
+                    .into(),
+            });
+        }
+        let rev = self.revision(ruleset, active).await?;
+        let model = rev.content.to_ruleset(ruleset, priority)?;
+        self.run(
+            Job {
+                ruleset: ruleset.to_string(),
+                model,
+                target: CommitTarget::New(NewRevision {
+                    ruleset: ruleset.to_string(),
+                    priority,
+                    content: rev.content.clone(),
+                    rule_count: rev.rule_count,
+                    author: author.to_string(),
+                    message: format!("priority {} -> {priority}", rs.priority),
+                }),
+                state: RevisionState::Active,
+                outcome: Outcome::Committed,
+                previous_state: RevisionState::Superseded,
+                confirm_deadline: None,
+                etag: etag.map(str::to_string),
+                from: Origin::Stored,
+                creates: false,
+                edited: false,
+                priority: Some(priority),
+            },
+            audit,
+        )
+        .await?;
+        self.ruleset(ruleset).await
+    }
+
+    /// Confirms the pending commit-confirmed of revision `number`; with `etag`, only while it
+    /// is the ruleset's.
+    ///
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`]; [`Error::Precondition`] when no
+    /// commit of it is pending; [`Error::Store`].
+    pub async fn confirm(
+        &self,
+        ruleset: &str,
+        number: u64,
+        etag: Option<&str>,
+    ) -> Result<RevisionRow> {
+        let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
+            return Err(Error::EtagMismatch {
+                name: format!("rulesets/{ruleset}"),
+                given: e.to_string(),
+                current: rs.etag,
+            });
+        }
         self.revision(ruleset, number).await?;
         let rev =
             self.store
@@ -786,6 +882,7 @@ impl Pipeline {
                             from: Origin::Stored,
                             creates: false,
                             edited: false,
+                            priority: None,
                         },
                         &mut None,
                     )
@@ -989,8 +1086,27 @@ impl Pipeline {
 
     /// The pipeline proper; the caller holds the write lock.
     /// Validates (the commit's one validation), persists (with `audit`, taken once it is
-    /// durable) while the engine compiles, and publishes `job`.
+    /// durable) while the engine compiles, and publishes `job`; in a `commit` span with one
+    /// child per phase (crate::metrics::traces).
     async fn run(&self, job: Job, audit: &mut Option<AuditEntry>) -> Result<CommitResult> {
+        let span = tracing::info_span!(
+            "commit",
+            vallum.ruleset = %job.ruleset,
+            vallum.revision = tracing::field::Empty,
+            vallum.outcome = tracing::field::Empty,
+        );
+        self.run_phases(job, audit, &span)
+            .instrument(span.clone())
+            .await
+    }
+
+    /// [`Pipeline::run`] inside its `commit` span.
+    async fn run_phases(
+        &self,
+        job: Job,
+        audit: &mut Option<AuditEntry>,
+        span: &tracing::Span,
+    ) -> Result<CommitResult> {
         let wall = std::time::Instant::now();
         let started_at = now_ns();
         let t0 = self.clock.now_ns();
@@ -1006,6 +1122,7 @@ impl Pipeline {
             mut from,
             creates,
             edited,
+            priority: new_priority,
         } = job;
         let priority = model.priority;
         // The kernel tables it has after the commit (`--kernel-tables`; cheap clones).
@@ -1032,7 +1149,9 @@ impl Pipeline {
             Change::Put(model)
         };
         let (verdict, validated) = tokio::sync::oneshot::channel();
+        let commit_span = span.clone();
         let compiling = tokio::task::spawn_blocking(move || {
+            let validating = tracing::info_span!(parent: &commit_span, "validate").entered();
             let v = match engine.validate_change(change, &*sets) {
                 Ok(v) => v,
                 Err(e) => {
@@ -1041,6 +1160,8 @@ impl Pipeline {
                 }
             };
             let _ = verdict.send(Ok(v.warnings().to_vec()));
+            drop(validating);
+            let _compiling = tracing::info_span!(parent: &commit_span, "compile").entered();
             Some(engine.compile(v, &*sets))
         });
         let warnings = match validated.await {
@@ -1106,8 +1227,10 @@ impl Pipeline {
                 expected_etag: etag,
                 started_at,
                 validate_ns: t1.saturating_sub(t0),
+                priority: new_priority,
                 audit: audit.clone(),
             })
+            .instrument(tracing::info_span!("persist"))
             .await;
         let t2 = self.clock.now_ns();
         let prepared = match compiling.await {
@@ -1174,7 +1297,10 @@ impl Pipeline {
         // numbered with the store's revision so that the engine's answer to "which revision
         // is active" changes with what the cores run.
         let number = persisted.revision.number;
+        // As i64: OTel attributes have no unsigned integers.
+        span.record("vallum.revision", i64::try_from(number).unwrap_or(i64::MAX));
         let engine = self.engine.clone();
+        let commit_span = span.clone();
         let committed = match prepared {
             // The model's priority is the stored one (callers read it before `run`); should
             // that ever differ, the engine must not run something else than the store says.
@@ -1185,7 +1311,10 @@ impl Pipeline {
             Ok(Ok(mut p)) => {
                 p.set_revision(&ruleset, number);
                 tokio::task::spawn_blocking(move || {
-                    engine.publish(p).map(|c| {
+                    let publishing = tracing::info_span!(parent: &commit_span, "publish");
+                    let published = publishing.in_scope(|| engine.publish(p));
+                    published.map(|c| {
+                        quiesce_span(&publishing, &c.report);
                         // Free the old snapshot off the async workers, and after the reply:
                         // no core reads it any more (publish waited for them).
                         let retired = c.retired;
@@ -1262,6 +1391,7 @@ impl Pipeline {
                 tracing::warn!(commit = commit_id, error = %e, "recording commit phases failed");
             }
         });
+        span.record("vallum.outcome", outcome.label());
         self.emit(
             &ruleset,
             Some(number),
@@ -1278,6 +1408,16 @@ impl Pipeline {
             warnings,
         })
     }
+}
+
+/// The `quiesce` child of `publish`, placed from the engine's report just after its publish
+/// call returned: the wait ended where the counter carry began (`carry_ns` ago) and lasted
+/// `quiesce_ns`.
+fn quiesce_span(publish: &tracing::Span, report: &vallum_engine::engine::CommitReport) {
+    let now = std::time::SystemTime::now();
+    let end = now - Duration::from_nanos(report.carry_ns);
+    let start = end - Duration::from_nanos(report.quiesce_ns);
+    crate::metrics::traces::record_interval(publish, "quiesce", start, end);
 }
 
 /// Whether a persist error is the server's failure (store, internal) rather than an answer
@@ -1495,7 +1635,7 @@ mod tests {
         let t = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m set --match-set blocked src -j DROP\nCOMMIT\n";
         let c = crate::content::check("web", 0, &input(t.into())).expect("parses");
         assert!(p.validate(c.clone()).await.expect("validates").valid());
-        p.destroy_set("blocked").await.expect("destroys");
+        p.destroy_set("blocked", None).await.expect("destroys");
         let mut events = p.subscribe();
         let e = p.apply(c, "me", "m", None, None, &mut None).await;
         let (reason, v) = bad_request(e.expect_err("refused"));

@@ -47,6 +47,9 @@ use crate::service::trace::TraceApi;
 use crate::sources::Sources;
 use crate::{content, example, tls};
 
+/// How often the store deletes expired idempotency keys and old audit records.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The gRPC service names health reports on (besides "").
 pub const SERVICES: [&str; 6] = [
     "vallum.v1.RulesetService",
@@ -107,6 +110,43 @@ async fn shutdown_signal() {
     }
 }
 
+/// Loads the token files again on every SIGHUP (token rotation, docs/operations.md "Rotating
+/// a token"): [`crate::auth::TokenReloader::reload`], all or nothing, so a file that does not
+/// load keeps the tokens in use (logged with its code). `None` where there is no SIGHUP.
+fn spawn_token_reload(
+    reloader: crate::auth::TokenReloader,
+    auth: crate::auth::AuthConfig,
+) -> Option<tokio::task::JoinHandle<()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: token files are not reloaded");
+                return None;
+            }
+        };
+        Some(tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match reloader.reload(&auth) {
+                    Ok(n) => tracing::info!(tokens = n, "token files reloaded (SIGHUP)"),
+                    Err(e) => tracing::error!(
+                        code = e.reason(),
+                        error = %e,
+                        "token files not reloaded; the tokens in use stay"
+                    ),
+                }
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (reloader, auth);
+        None
+    }
+}
+
 /// Runs `vallumd` until Ctrl-C / SIGTERM (or `--exit-after`), with the default hooks.
 ///
 /// Errors: [`Error`] when the store cannot be opened or migrated, the address cannot be bound,
@@ -144,11 +184,14 @@ pub async fn run_with(
     .with_observer(Arc::new(MetricsObserver::new(metrics.clone())));
     let tokens = config.auth.load()?;
     config.auth.check_listen(&tokens, config.listen)?;
+    let auth = crate::auth::AuthLayer::with_policy(tokens, config.auth.local_policy()?);
+    let token_reload = spawn_token_reload(auth.reloader(), config.auth.clone());
     let tls = tls::server_config(&config.tls)?;
 
     let store = crate::store::Store::open(&config.db)
         .await?
-        .with_revisions_kept(config.limits.max_revisions_kept);
+        .with_revisions_kept(config.limits.max_revisions_kept)
+        .with_retention(config.retention.retention());
     let kernel_tables =
         crate::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
     let mut pipeline = Pipeline::new(engine.clone(), store.clone(), clock.clone(), hooks.clone());
@@ -229,8 +272,14 @@ pub async fn run_with(
     let addr = listener
         .local_addr()
         .map_err(|e| Error::Internal(format!("local address: {e}")))?;
+    // Bound before `listening on` is printed: that line means every listener is up.
+    let mut local = bind_local_socket(&config)?;
     println!("listening on {addr}");
     tracing::info!(%addr, "listening");
+    if let Some(l) = &local {
+        println!("local socket on {}", l.path.display());
+        tracing::info!(path = %l.path.display(), "local socket on");
+    }
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
 
@@ -242,8 +291,10 @@ pub async fn run_with(
             .map_err(|e| Error::Internal(format!("TLS: {e}")))?;
     }
     let max = config.limits.max_request_bytes;
-    let grpc = builder
-        .layer(hooks::rpc_layer(&config, &metrics, tokens))
+    // One set of routes and one layer stack for both listeners (tonic puts the unix peer's
+    // credentials into each request, where the auth layer finds them).
+    let mut routes = tonic::service::Routes::builder();
+    routes
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
@@ -267,15 +318,38 @@ pub async fn run_with(
         )
         .add_service(
             SetServiceServer::new(SetApi::new(state.clone())).max_decoding_message_size(max),
-        )
-        .add_optional_service(fleet.as_ref().map(|(etcd, _)| {
+        );
+    if let Some((etcd, _)) = fleet.as_ref() {
+        routes.add_service(
             FleetServiceServer::new(FleetApi::new(
                 state.clone(),
                 etcd.clone(),
                 config.fleet.keys(),
             ))
-            .max_decoding_message_size(max)
-        }))
+            .max_decoding_message_size(max),
+        );
+    }
+    let routes = routes.routes();
+    let layer = hooks::rpc_layer(&config, &metrics, auth);
+    let (local_stop_tx, local_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let local_server = local
+        .as_mut()
+        .and_then(|l| l.listener.take())
+        .map(|listener| {
+            let serve = tonic::transport::Server::builder()
+                .layer(layer.clone())
+                .add_routes(routes.clone())
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    async {
+                        let _ = local_stop_rx.await;
+                    },
+                );
+            tokio::spawn(serve)
+        });
+    let grpc = builder
+        .layer(layer)
+        .add_routes(routes)
         .serve_with_incoming_shutdown(
             // TCP_NODELAY on every accepted connection (a listener of our own does not get
             // tonic's default): without it Nagle's algorithm holds the last segment of a
@@ -372,12 +446,15 @@ pub async fn run_with(
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
     let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
+    // Expired idempotency keys and old audit records (--idempotency-ttl, --audit-*).
+    let prune = pipeline.store().spawn_prune(PRUNE_INTERVAL);
     let sources = Sources::start(
         engine.clone(),
         &config.source,
         config.rate,
         clock.clone(),
         events,
+        config.nfqueue_accept(),
     )?;
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
     let agent = fleet.map(|(etcd, node)| {
@@ -433,11 +510,20 @@ pub async fn run_with(
     }
     conntrack_gc.abort();
     set_gc.abort();
+    prune.abort();
+    if let Some(t) = token_reload {
+        t.abort();
+    }
     if let Some(t) = local_addrs {
         t.abort();
     }
     let _ = stop_tx.send(());
+    let _ = local_stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    if let Some(t) = local_server {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    drop(local);
     let _ = metrics_stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), metrics_server.task).await;
     if let Err(e) = metrics.shutdown() {
@@ -464,6 +550,34 @@ pub async fn run_with(
     };
     store.close().await;
     Ok(summary)
+}
+
+/// Binds the local socket `--socket` chooses ([`crate::local_socket`]): `None` when it is off,
+/// or when the default path cannot be bound (a warning says why; TCP still serves).
+///
+/// Errors: [`Error::Startup`] `SOCKET_BIND` when an explicit `--socket PATH` cannot be bound.
+fn bind_local_socket(config: &Config) -> Result<Option<crate::local_socket::LocalSocket>> {
+    use crate::local_socket::{Choice, bind, choose};
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
+    match choose(config.socket.as_deref(), euid, xdg.as_deref()) {
+        Choice::Off => Ok(None),
+        Choice::Explicit(p) => bind(&p).map(Some).map_err(|e| Error::Startup {
+            code: "SOCKET_BIND",
+            message: e.to_string(),
+        }),
+        Choice::Default(p) => match bind(&p) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) => {
+                tracing::warn!(
+                    "no local socket: {e} (TCP only; pass --socket PATH, or --socket none to \
+                     silence this)"
+                );
+                Ok(None)
+            }
+        },
+    }
 }
 
 /// Restores the connection table saved by the last graceful stop (`conntrack_state`) and

@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 
 use vallum_engine::Clock;
 use vallum_engine::compile::Verdict;
-use vallum_engine::engine::{Engine, EngineWorker};
+use vallum_engine::engine::{Engine, EngineWorker, LogDrops};
 use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::packet::synth::{Synth, SynthConfig};
 use vallum_engine::packet::{IfName, PacketMeta};
 
-use crate::config::{NfqueueSource, Source};
+use crate::config::{NfqueueAccept, NfqueueSource, Source};
 use crate::error::{Error, Result};
 use crate::events::{Events, PacketEvent};
 
@@ -76,7 +76,8 @@ pub fn base_packet() -> PacketMeta {
 }
 
 impl Sources {
-    /// Starts the threads of `source` on every core of `engine`.
+    /// Starts the threads of `source` on every core of `engine`; `accept` is what an NFQUEUE
+    /// worker's ACCEPT means (`--nfqueue-mode`).
     ///
     /// Errors: [`Error::Internal`] when a pcap file cannot be read or holds no IP packet, or a
     /// thread cannot be spawned.
@@ -86,6 +87,7 @@ impl Sources {
         rate: u64,
         clock: Arc<dyn Clock>,
         events: Events,
+        accept: NfqueueAccept,
     ) -> Result<Sources> {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = engine.cores();
@@ -97,7 +99,7 @@ impl Sources {
                 });
             }
             Source::Synthetic => None,
-            Source::Nfqueue(q) => return start_nfqueue(engine, *q, clock, stop, events),
+            Source::Nfqueue(q) => return start_nfqueue(engine, *q, accept, clock, stop, events),
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::Internal(format!("read {}: {e}", path.display())))?;
@@ -191,6 +193,7 @@ fn spawn_worker(
 fn start_nfqueue(
     engine: Arc<Engine>,
     q: NfqueueSource,
+    accept: NfqueueAccept,
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
     events: Events,
@@ -209,10 +212,12 @@ fn start_nfqueue(
     let mut queues = Vec::with_capacity(cores);
     for k in 0..cores {
         let num = (first + k) as u16;
-        let queue = nfqueue::Queue::open(num, !q.fail_closed).map_err(|e| Error::Startup {
-            code: "NFQUEUE_OPEN",
-            message: e.to_string(),
-        })?;
+        let queue = nfqueue::Queue::open(num, !q.fail_closed)
+            .map_err(|e| Error::Startup {
+                code: "NFQUEUE_OPEN",
+                message: e.to_string(),
+            })?
+            .with_accept(accept);
         if k == 0 && !queue.kernel_conntrack() {
             tracing::warn!(
                 queue = num,
@@ -239,6 +244,7 @@ fn start_nfqueue(
 fn start_nfqueue(
     _engine: Arc<Engine>,
     _q: NfqueueSource,
+    _accept: NfqueueAccept,
     _clock: Arc<dyn Clock>,
     _stop: Arc<AtomicBool>,
     _events: Events,
@@ -256,6 +262,8 @@ fn start_nfqueue(
 pub struct Drain {
     /// Dropped packets seen while sampling was on.
     drops_seen: u64,
+    /// The worker's LOG hits lost so far, as already added to [`Events::drops`].
+    log_drops: LogDrops,
 }
 
 impl Drain {
@@ -264,7 +272,8 @@ impl Drain {
     /// `headers[i]`, when the source has it, is `packets[i]` from its IP header on, for the
     /// kernel-format line; a LOG hit is paired with the first packet of the batch, from the
     /// previous hit's on, with its addresses, ports, protocol and length. Allocates only when
-    /// there is an event.
+    /// there is an event. The LOG hits the worker lost (ring full, stale) since the last
+    /// batch are added to [`Events::drops`].
     pub fn after_batch(
         &mut self,
         worker: &mut EngineWorker<'_>,
@@ -274,6 +283,16 @@ impl Drain {
         headers: &[&[u8]],
     ) {
         let logs = worker.drain_logs();
+        let lost = worker.log_drops();
+        if lost != self.log_drops {
+            let d = events.drops();
+            // Relaxed: counters read at scrape; nothing is ordered against them.
+            d.ring_full
+                .fetch_add(lost.full - self.log_drops.full, Ordering::Relaxed);
+            d.stale
+                .fetch_add(lost.stale - self.log_drops.stale, Ordering::Relaxed);
+            self.log_drops = lost;
+        }
         let one_in = u64::from(events.sample_one_in());
         if logs.is_empty() && one_in == 0 {
             return;
@@ -314,4 +333,107 @@ fn same_packet(p: &PacketMeta, q: &PacketMeta) -> bool {
         && p.sport == q.sport
         && p.dport == q.dport
         && p.len == q.len
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    use vallum_engine::compile::Verdict;
+    use vallum_engine::dataplane::BarrierStrategy;
+    use vallum_engine::engine::{Change, Engine, EngineConfig, LOG_RING_CAPACITY};
+    use vallum_engine::model::{Family, Hook};
+    use vallum_engine::packet::PacketMeta;
+    use vallum_engine::restore::{ParseOptions, parse_ruleset};
+    use vallum_engine::sets::NoSets;
+
+    use super::Drain;
+    use crate::events::Events;
+    use crate::metrics::{Metrics, MetricsConfig};
+
+    struct Zero;
+
+    impl vallum_engine::Clock for Zero {
+        fn now_ns(&self) -> u64 {
+            0
+        }
+    }
+
+    const LOGGING: &str = "*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+-A INPUT -p tcp --dport 22 -j LOG --log-prefix \"ssh: \"
+COMMIT
+";
+
+    fn ssh() -> PacketMeta {
+        PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Input,
+            src: Ipv4Addr::new(10, 0, 0, 1).into(),
+            dst: Ipv4Addr::new(10, 0, 0, 2).into(),
+            protocol: 6,
+            sport: 40000,
+            dport: 22,
+            len: 60,
+            ..PacketMeta::default()
+        }
+    }
+
+    /// A batch with more LOG hits than a core's ring holds: the hits it lost reach
+    /// `vallum_packet_events_dropped_total{reason="ring_full"}`, counted once.
+    #[test]
+    fn a_full_log_ring_is_counted_in_the_events_drops() {
+        let engine = Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            Arc::new(Zero),
+        );
+        let rs = parse_ruleset("web", LOGGING, &ParseOptions::default()).unwrap();
+        drop(engine.commit(Change::Put(rs), &NoSets).unwrap().retired);
+        let events = Events::start().unwrap();
+        let metrics = Metrics::new(&MetricsConfig::default()).unwrap();
+        metrics.observe_events(events.clone());
+
+        let over = 10;
+        let mut packets = vec![ssh(); LOG_RING_CAPACITY + over];
+        let mut verdicts = vec![Verdict::Drop; packets.len()];
+        let mut worker = engine.worker(0).unwrap();
+        let mut drain = Drain::default();
+        worker.process_batch(&mut packets, &mut verdicts, 1);
+        drain.after_batch(&mut worker, &events, &packets, &verdicts, &[]);
+        assert_eq!(
+            events.drops().ring_full.load(Ordering::Relaxed),
+            over as u64
+        );
+
+        // A batch within the ring's capacity loses nothing more; nothing is counted twice.
+        let mut few = vec![ssh(); 3];
+        let mut few_verdicts = vec![Verdict::Drop; 3];
+        worker.process_batch(&mut few, &mut few_verdicts, 2);
+        drain.after_batch(&mut worker, &events, &few, &few_verdicts, &[]);
+        assert_eq!(
+            events.drops().ring_full.load(Ordering::Relaxed),
+            over as u64
+        );
+        assert_eq!(events.drops().stale.load(Ordering::Relaxed), 0);
+
+        let text = metrics.render().unwrap();
+        assert!(
+            text.contains(&format!(
+                "vallum_packet_events_dropped_total{{reason=\"ring_full\"}} {over}\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("vallum_packet_events_dropped_total{reason=\"stale\"} 0\n"),
+            "{text}"
+        );
+    }
 }

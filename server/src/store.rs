@@ -234,6 +234,9 @@ pub struct PersistCommit {
     pub started_at: i64,
     /// Validation time so far.
     pub validate_ns: u64,
+    /// The ruleset's new priority, set in the same transaction (UpdateRuleset of an active
+    /// ruleset); `None` keeps it.
+    pub priority: Option<i32>,
     /// The audit record of the call that asked for this commit, written in the same
     /// transaction (so the record and the commit are durable together, with one fsync);
     /// [`Store::revert_commit`] corrects its outcome should the engine refuse.
@@ -293,6 +296,58 @@ pub struct Store {
     writer: Writer,
     /// Revisions kept per ruleset (`--max-revisions-kept`); 0 keeps all.
     revisions_kept: usize,
+    /// How long idempotency keys live and how much audit is kept (see [`Retention`]).
+    retention: Retention,
+}
+
+/// How long the store keeps idempotency keys and audit records (vallumd's
+/// `--idempotency-ttl`, `--audit-retention`, `--audit-max-rows`); [`Store::prune`] deletes
+/// what is past it, [`Store::spawn_prune`] does so periodically.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// A request id is remembered this long (Unix ns); a later call with it runs anew. `None`:
+    /// forever.
+    pub idempotency_ttl: Option<std::time::Duration>,
+    /// Audit records older than this are deleted. `None`: kept whatever their age.
+    pub audit_max_age: Option<std::time::Duration>,
+    /// At most this many audit records are kept (the newest). `None`: no bound.
+    pub audit_max_rows: Option<u64>,
+}
+
+impl Default for Retention {
+    /// vallumd's defaults: keys for 24 h (as Stripe's), audit for 90 days and at most a
+    /// million records.
+    fn default() -> Self {
+        Retention {
+            idempotency_ttl: Some(std::time::Duration::from_secs(24 * 3600)),
+            audit_max_age: Some(std::time::Duration::from_secs(90 * 24 * 3600)),
+            audit_max_rows: Some(1_000_000),
+        }
+    }
+}
+
+/// What one [`Store::prune`] deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Audit records (by age or beyond the row bound).
+    pub audit: u64,
+    /// Expired idempotency keys.
+    pub idempotency: u64,
+}
+
+/// A stored idempotency key: the digest of the request that used it and its response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdempotentCall {
+    /// sha256 hex of the first request's encoding (empty for keys stored before digests
+    /// were: not compared).
+    pub request_digest: String,
+    /// The encoded response of the first call.
+    pub response: Vec<u8>,
+}
+
+/// `now - age` in Unix ns (the oldest time still kept), saturating.
+fn cutoff(now: i64, age: std::time::Duration) -> i64 {
+    now.saturating_sub(i64::try_from(age.as_nanos()).unwrap_or(i64::MAX))
 }
 
 /// Reader connections (reads run in parallel up to this many).
@@ -306,8 +361,14 @@ fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn etag(created_at: i64, latest: u64, active: Option<u64>) -> String {
-    format!("{:x}.{latest}.{}", created_at, active.unwrap_or(0))
+/// A ruleset's etag: what a client can change of it (its revisions, the active one, its
+/// priority) under its creation time.
+fn etag(created_at: i64, latest: u64, active: Option<u64>, priority: i32) -> String {
+    format!(
+        "{:x}.{latest}.{}.{priority}",
+        created_at,
+        active.unwrap_or(0)
+    )
 }
 
 /// The one mapper of a `rulesets` row (`SELECT *`).
@@ -444,6 +505,11 @@ fn persist_commit_in(
         CommitTarget::Staged(_) => writer::existing_ruleset(tx, &c.ruleset)?,
     };
     check_etag(&rs, c.expected_etag.as_deref())?;
+    // The etag is made again with the heads below.
+    let rs = match c.priority {
+        Some(p) => writer::set_priority(tx, rs, p)?,
+        None => rs,
+    };
     let (revision, staged) = match c.target {
         // A new revision's row is the one written here: it is not read back.
         CommitTarget::New(new) => (
@@ -558,6 +624,7 @@ impl Store {
                 readers,
                 writer,
                 revisions_kept: 0,
+                retention: Retention::default(),
             })
         })
         .await
@@ -570,6 +637,13 @@ impl Store {
     /// revision the transaction itself made or replaced (see [`crate::limits::revisions_to_prune`]).
     pub fn with_revisions_kept(mut self, n: usize) -> Store {
         self.revisions_kept = n;
+        self
+    }
+
+    /// This store with `retention` for idempotency keys and audit records (the default is
+    /// [`Retention::default`]).
+    pub fn with_retention(mut self, retention: Retention) -> Store {
+        self.retention = retention;
         self
     }
 
@@ -731,6 +805,41 @@ impl Store {
                 .ok_or_else(|| Error::Internal("committed revision vanished".into()))?;
         }
         Ok(p)
+    }
+
+    /// Sets the priority of ruleset `name` (one without an active revision: for an active one
+    /// the priority changes with a commit, [`PersistCommit::priority`]); returns the row after,
+    /// with a new etag.
+    ///
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`] when `expected_etag` is given and
+    /// differs; [`Error::Precondition`] when the ruleset has an active revision;
+    /// [`Error::Store`].
+    pub async fn set_priority(
+        &self,
+        name: &str,
+        priority: i32,
+        expected_etag: Option<&str>,
+    ) -> Result<RulesetRow> {
+        let name = name.to_string();
+        let expected = expected_etag.map(str::to_string);
+        self.writer
+            .run(move |tx| {
+                let rs = writer::existing_ruleset(tx, &name)?;
+                check_etag(&rs, expected.as_deref())?;
+                if let Some(n) = rs.active_revision {
+                    return Err(Error::Precondition {
+                        kind: "RULESET_ACTIVE",
+                        subject: format!("rulesets/{name}"),
+                        message: format!(
+                            "revision {n} is active: its priority changes with a commit"
+                        ),
+                    });
+                }
+                let rs = writer::set_priority(tx, rs, priority)?;
+                let (latest, active) = (rs.latest_revision, rs.active_revision);
+                writer::set_ruleset_heads(tx, &rs, latest, active, now_ns())
+            })
+            .await
     }
 
     /// Records the phase durations of a commit after publish.
@@ -900,42 +1009,150 @@ impl Store {
             .await
     }
 
-    /// The stored response of an earlier call with this request id.
+    /// The earlier call of `method` with this request id, unless its key expired at `now`
+    /// (Unix ns; older than [`Retention::idempotency_ttl`]).
     ///
     /// Errors: [`Error::Store`].
-    pub async fn idempotent_get(&self, method: &str, request_id: &str) -> Result<Option<Vec<u8>>> {
+    pub async fn idempotent_get(
+        &self,
+        method: &str,
+        request_id: &str,
+        now: i64,
+    ) -> Result<Option<IdempotentCall>> {
         let (method, request_id) = (method.to_string(), request_id.to_string());
+        let oldest = self
+            .retention
+            .idempotency_ttl
+            .map_or(i64::MIN, |ttl| cutoff(now, ttl));
         self.readers
             .run(move |tx| {
                 Ok(tx
                     .prepare_cached(
-                        "SELECT response FROM idempotency WHERE method = ?1 AND request_id = ?2",
+                        "SELECT request_digest, response FROM idempotency \
+                         WHERE method = ?1 AND request_id = ?2 AND created_at >= ?3",
                     )?
-                    .query_row([method, request_id], |r| r.get(0))
+                    .query_row(params![method, request_id, oldest], |r| {
+                        Ok(IdempotentCall {
+                            request_digest: r.get(0)?,
+                            response: r.get(1)?,
+                        })
+                    })
                     .optional()?)
             })
             .await
     }
 
-    /// Stores the response of a call with this request id (the first one wins).
+    /// Stores the first successful call of `method` with this request id at `now` (Unix ns):
+    /// the digest of its request and its encoded response. A live key is kept (the first one
+    /// wins); one that expired at `now` is replaced.
     ///
     /// Errors: [`Error::Store`].
     pub async fn idempotent_put(
         &self,
         method: &str,
         request_id: &str,
-        response: &[u8],
+        call: IdempotentCall,
+        now: i64,
     ) -> Result<()> {
         let (method, request_id) = (method.to_string(), request_id.to_string());
-        let response = response.to_vec();
+        let oldest = self
+            .retention
+            .idempotency_ttl
+            .map_or(i64::MIN, |ttl| cutoff(now, ttl));
         self.writer
             .run(move |tx| {
                 tx.prepare_cached(
-                    "INSERT OR IGNORE INTO idempotency (method, request_id, response, created_at) \
-                     VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO idempotency \
+                     (method, request_id, response, created_at, request_digest) \
+                     VALUES (?1, ?2, ?3, ?4, ?5) \
+                     ON CONFLICT (method, request_id) DO UPDATE SET \
+                     response = excluded.response, created_at = excluded.created_at, \
+                     request_digest = excluded.request_digest \
+                     WHERE idempotency.created_at < ?6",
                 )?
-                .execute(params![method, request_id, response, now_ns()])?;
+                .execute(params![
+                    method,
+                    request_id,
+                    call.response,
+                    now,
+                    call.request_digest,
+                    oldest
+                ])?;
                 Ok(())
+            })
+            .await
+    }
+
+    /// Deletes what is past the store's [`Retention`] at `now` (Unix ns): idempotency keys
+    /// older than the TTL, audit records older than the audit age and the oldest beyond the
+    /// audit row bound; one transaction. Costs one indexed range delete per table.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn prune(&self, now: i64) -> Result<Pruned> {
+        let r = self.retention;
+        self.writer
+            .run(move |tx| {
+                let mut pruned = Pruned::default();
+                let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+                if let Some(ttl) = r.idempotency_ttl {
+                    pruned.idempotency = count(
+                        tx.prepare_cached("DELETE FROM idempotency WHERE created_at < ?1")?
+                            .execute([cutoff(now, ttl)])?,
+                    );
+                }
+                if let Some(age) = r.audit_max_age {
+                    pruned.audit += count(
+                        tx.prepare_cached("DELETE FROM audit WHERE at < ?1")?
+                            .execute([cutoff(now, age)])?,
+                    );
+                }
+                if let Some(rows) = r.audit_max_rows {
+                    // The newest `rows` records by id (ids grow with every insert) stay.
+                    pruned.audit += count(
+                        tx.prepare_cached(
+                            "DELETE FROM audit WHERE id <= \
+                             (SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?1)",
+                        )?
+                        .execute([i64::try_from(rows).unwrap_or(i64::MAX)])?,
+                    );
+                }
+                Ok(pruned)
+            })
+            .await
+    }
+
+    /// Runs [`Store::prune`] every `interval` (at the wall clock's now) until the returned
+    /// task is aborted; failures are logged and retried at the next tick.
+    pub fn spawn_prune(&self, interval: std::time::Duration) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(interval.max(std::time::Duration::from_millis(10)));
+            loop {
+                tick.tick().await;
+                match me.prune(now_ns()).await {
+                    Ok(p) if p != Pruned::default() => {
+                        tracing::info!(
+                            audit = p.audit,
+                            idempotency = p.idempotency,
+                            "store pruned"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "store pruning failed"),
+                }
+            }
+        })
+    }
+
+    /// Number of stored idempotency keys, expired ones included (for tests and status).
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn idempotency_count(&self) -> Result<u64> {
+        self.readers
+            .run(|tx| {
+                let n: i64 = tx.query_row("SELECT COUNT(*) FROM idempotency", [], |r| r.get(0))?;
+                Ok(u64_of(n))
             })
             .await
     }
@@ -1053,6 +1270,7 @@ mod tests {
             expected_etag: None,
             started_at: now_ns(),
             validate_ns: 1,
+            priority: None,
             audit: None,
         }
     }
@@ -1171,14 +1389,13 @@ mod tests {
         );
         assert_eq!(store.pending_confirms().await.unwrap()[0].ruleset, "b");
         assert_eq!(store.audit_count().await.unwrap(), 9);
-        assert_eq!(
-            store
-                .idempotent_get("Apply", "req-1")
-                .await
-                .unwrap()
-                .unwrap(),
-            b"\x01\x02resp"
-        );
+        let kept = Store::open(&path).await.unwrap().with_retention(Retention {
+            idempotency_ttl: None,
+            ..Retention::default()
+        });
+        let call = kept.idempotent_get("Apply", "req-1", now_ns()).await;
+        assert_eq!(call.unwrap().unwrap().response, b"\x01\x02resp");
+        drop(kept);
         assert_eq!(store.load_failures().await.unwrap()[0].error, "boom");
         let sets = store.load_sets(0).await.unwrap();
         assert_eq!((sets[0].name.as_str(), sets[0].elements.len()), ("s4", 2));
@@ -1680,13 +1897,28 @@ mod tests {
         assert!(store.confirm("a", 1).await.unwrap().is_some());
         assert!(store.confirm("a", 1).await.unwrap().is_none());
         assert!(store.pending_confirms().await.unwrap().is_empty());
-        store.idempotent_put("Apply", "r1", b"one").await.unwrap();
-        store.idempotent_put("Apply", "r1", b"two").await.unwrap();
-        assert_eq!(
-            store.idempotent_get("Apply", "r1").await.unwrap().unwrap(),
-            b"one"
+        let call = |r: &[u8]| IdempotentCall {
+            request_digest: "d".into(),
+            response: r.to_vec(),
+        };
+        let now = now_ns();
+        store
+            .idempotent_put("Apply", "r1", call(b"one"), now)
+            .await
+            .unwrap();
+        store
+            .idempotent_put("Apply", "r1", call(b"two"), now)
+            .await
+            .unwrap();
+        let first = store.idempotent_get("Apply", "r1", now).await.unwrap();
+        assert_eq!(first.unwrap().response, b"one", "the first one wins");
+        assert!(
+            store
+                .idempotent_get("Stage", "r1", now)
+                .await
+                .unwrap()
+                .is_none()
         );
-        assert!(store.idempotent_get("Stage", "r1").await.unwrap().is_none());
     }
 
     /// `n` distinct rule lines that each end a chunk (so a text of `k` of them is `k` chunks).
@@ -1920,5 +2152,139 @@ mod tests {
             assert!(r.is_err(), "{sql} was allowed");
         }
         assert_refs_exact(&store).await;
+    }
+
+    /// Idempotency keys expire after the TTL (at injected times): a lookup after it finds
+    /// nothing, a new call replaces the row, and the digest comes back as stored.
+    #[tokio::test]
+    async fn idempotency_keys_expire_after_the_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let hour = std::time::Duration::from_secs(3600);
+        let store = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_retention(Retention {
+                idempotency_ttl: Some(hour),
+                ..Retention::default()
+            });
+        let h = i64::try_from(hour.as_nanos()).unwrap();
+        let t0 = 1_000 * h;
+        let call = |d: &str, r: &[u8]| IdempotentCall {
+            request_digest: d.into(),
+            response: r.to_vec(),
+        };
+        store
+            .idempotent_put("Apply", "k", call("d1", b"one"), t0)
+            .await
+            .unwrap();
+        let got = store.idempotent_get("Apply", "k", t0 + h).await.unwrap();
+        assert_eq!(
+            got,
+            Some(call("d1", b"one")),
+            "still live at exactly the TTL"
+        );
+        assert_eq!(
+            store.idempotent_get("Rollback", "k", t0).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            store
+                .idempotent_get("Apply", "k", t0 + h + 1)
+                .await
+                .unwrap(),
+            None
+        );
+        store
+            .idempotent_put("Apply", "k", call("d2", b"two"), t0 + 2 * h)
+            .await
+            .unwrap();
+        let got = store
+            .idempotent_get("Apply", "k", t0 + 2 * h)
+            .await
+            .unwrap();
+        assert_eq!(got, Some(call("d2", b"two")));
+        assert_eq!(store.idempotency_count().await.unwrap(), 1);
+    }
+
+    /// Pruning deletes audit records older than the retention, then the oldest beyond the
+    /// row bound, and expired idempotency keys; counts before and after (injected times).
+    #[tokio::test]
+    async fn prune_deletes_by_age_and_by_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let min = 60_000_000_000_i64;
+        let store = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_retention(Retention {
+                idempotency_ttl: Some(std::time::Duration::from_secs(60)),
+                audit_max_age: Some(std::time::Duration::from_secs(600)),
+                audit_max_rows: Some(3),
+            });
+        let now = 1_000 * min;
+        // Ten records, one a minute, the oldest 10 minutes ago.
+        for i in 0..10 {
+            store
+                .audit(AuditEntry {
+                    at: now - (10 - i) * min,
+                    caller: "me".into(),
+                    method: format!("M{i}"),
+                    request_digest: "d".into(),
+                    outcome: "OK".into(),
+                })
+                .await
+                .unwrap();
+        }
+        for (k, at) in [("old", now - 2 * min), ("new", now - min / 2)] {
+            let call = IdempotentCall {
+                request_digest: "d".into(),
+                response: Vec::new(),
+            };
+            store.idempotent_put("Apply", k, call, at).await.unwrap();
+        }
+        assert_eq!(store.audit_count().await.unwrap(), 10);
+        let p = store.prune(now).await.unwrap();
+        // By age none (the oldest is exactly 10 minutes old: kept); by rows 7 of the 10.
+        assert_eq!(
+            p,
+            Pruned {
+                audit: 7,
+                idempotency: 1
+            }
+        );
+        assert_eq!(store.audit_count().await.unwrap(), 3);
+        let methods: Vec<String> = store
+            .readers
+            .run(|tx| {
+                Ok(tx
+                    .prepare("SELECT method FROM audit ORDER BY id")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(methods, ["M7", "M8", "M9"], "the newest stay");
+        assert_eq!(store.idempotency_count().await.unwrap(), 1);
+        // Later, by age alone: the records are now older than 10 minutes.
+        let p = store.prune(now + 9 * min).await.unwrap();
+        assert_eq!(
+            p,
+            Pruned {
+                audit: 2,
+                idempotency: 1
+            }
+        );
+        assert_eq!(store.audit_count().await.unwrap(), 1);
+        // Nothing left to prune.
+        assert_eq!(store.prune(now + 9 * min).await.unwrap(), Pruned::default());
+        // No bounds: nothing is ever pruned.
+        let keep = Store::open(&dir.path().join("v.db"))
+            .await
+            .unwrap()
+            .with_retention(Retention {
+                idempotency_ttl: None,
+                audit_max_age: None,
+                audit_max_rows: None,
+            });
+        assert_eq!(keep.prune(i64::MAX).await.unwrap(), Pruned::default());
     }
 }

@@ -165,6 +165,7 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
         .confirm_commit(with_token(
             pb::ConfirmCommitRequest {
                 name: "rulesets/team-b-web/revisions/1".into(),
+                ..Default::default()
             },
             TEAM_A,
         ))
@@ -230,6 +231,7 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
             pb::SwapSetsRequest {
                 name: "team-a-blk".into(),
                 other_name: "sets/team-b-blk".into(),
+                ..Default::default()
             },
             TEAM_A,
         ))
@@ -240,6 +242,7 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
         .flush_set(with_token(
             pb::FlushSetRequest {
                 name: "team-b-blk".into(),
+                ..Default::default()
             },
             TEAM_A,
         ))

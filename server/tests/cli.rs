@@ -214,6 +214,13 @@ impl RulesetService for Fake {
         Err(Status::unimplemented("not in the fake"))
     }
 
+    async fn update_ruleset(
+        &self,
+        _: Request<vallum_proto::v1::UpdateRulesetRequest>,
+    ) -> Result<Response<Ruleset>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
     async fn list_rulesets(
         &self,
         _: Request<ListRulesetsRequest>,
@@ -358,7 +365,7 @@ impl CounterService for Fake {
             )));
         }
         // Two pages (vallumctl must join them): the first three counters, then the rest.
-        let all = vec![
+        let all = [
             counter("INPUT", 0, 12, 3456, "DROP"),
             counter(
                 "INPUT",
@@ -1004,6 +1011,82 @@ async fn confirm_deadline_is_rfc3339_with_time_left() {
     let parsed: jiff::Timestamp = d["rfc3339"].as_str().unwrap().parse().unwrap();
     assert_eq!(Some(parsed.as_second()), d["seconds"].as_i64());
     assert!(parsed >= at, "{parsed} {at}");
+}
+
+/// `vallumctl update` changes the priority (a new revision while active), `--etag` guards it,
+/// `--dry-run` changes nothing; `confirm` and `delete` take `--request-id` (a retry answers
+/// as the first call did: exit 0, where a second confirm or delete alone is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_priority_and_retried_confirm_and_delete() {
+    let (_d, dir) = real().await;
+    let url = _d.url();
+    let good = write(dir.path(), "good.rules", GOOD);
+    let r = run_at(
+        &url,
+        &[],
+        &["apply", "web", &good, "--confirm-within", "1h"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for _ in 0..2 {
+        let r = run_at(&url, &[], &["confirm", "web/1", "--request-id", "c-1"]).await;
+        assert_eq!(r.code, 0, "a retry answers as the first call: {}", r.stderr);
+    }
+    let r = run_at(&url, &[], &["confirm", "web/1"]).await;
+    assert_eq!(r.code, 1, "nothing pending: {}", r.stdout);
+    let shown = |r: &Run| -> serde_json::Value {
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        serde_json::from_str(&r.stdout).unwrap()
+    };
+    let dry = run_at(
+        &url,
+        &[],
+        &[
+            "-o",
+            "json",
+            "update",
+            "web",
+            "--priority",
+            "-3",
+            "--dry-run",
+        ],
+    )
+    .await;
+    let dry = shown(&dry);
+    assert_eq!(
+        (dry["priority"].as_i64(), dry["dry_run"].as_bool()),
+        (Some(-3), Some(true))
+    );
+    assert_eq!(dry["latest_revision"].as_u64(), Some(1), "nothing changed");
+    let r = run_at(
+        &url,
+        &[],
+        &["update", "web", "--priority", "-3", "--etag", "stale"],
+    )
+    .await;
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("ETAG_MISMATCH"), "{}", r.stderr);
+    let r = run_at(
+        &url,
+        &[],
+        &["-o", "json", "update", "web", "--priority", "-3"],
+    )
+    .await;
+    let v = shown(&r);
+    assert_eq!(v["priority"].as_i64(), Some(-3));
+    assert_eq!(
+        (v["active_revision"].as_u64(), v["latest_revision"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let r = run_at(&url, &[], &["update", "web", "--priority", "4"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("etag "), "{}", r.stdout);
+    for _ in 0..2 {
+        let r = run_at(&url, &[], &["delete", "web", "--request-id", "d-1"]).await;
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    let r = run_at(&url, &[], &["delete", "web"]).await;
+    assert_eq!(r.code, 1, "gone: {}", r.stdout);
 }
 
 /// As [`run_at`], with `stdin` written to the program's standard input.

@@ -332,7 +332,10 @@ async fn list_filter_delete_flush_and_metrics() {
         "filter.source"
     );
     let e = c
-        .delete(pb::DeleteConntrackRequest { filter: None })
+        .delete(pb::DeleteConntrackRequest {
+            filter: None,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
@@ -463,6 +466,7 @@ async fn list_filter_delete_flush_and_metrics() {
                 protocol: "udp".into(),
                 ..Default::default()
             }),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -524,7 +528,10 @@ async fn conntrack_off_is_a_failed_precondition() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert_eq!(reason(&e), "FAILED_PRECONDITION");
-    let e = c.flush(pb::FlushConntrackRequest {}).await.unwrap_err();
+    let e = c
+        .flush(pb::FlushConntrackRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     let body = scrape(&d.metrics_addr).await;
     assert_eq!(sample(&body, "vallum_conntrack_entries"), None);

@@ -753,12 +753,14 @@ async fn commit_confirmed_rolls_back_at_the_deadline_and_stays_when_confirmed() 
     let r5 = c.apply(req).await.unwrap().into_inner().revision.unwrap();
     c.confirm_commit(pb::ConfirmCommitRequest {
         name: r5.name.clone(),
+        ..Default::default()
     })
     .await
     .unwrap();
     let e = c
         .confirm_commit(pb::ConfirmCommitRequest {
             name: r5.name.clone(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -221,8 +221,39 @@ async fn metrics_scrape_under_traffic() {
     assert_eq!(generations.len(), 2, "--cores 2: {generations:?}");
     assert!(generations.iter().any(|g| g.value > 0.0), "{generations:?}");
 
-    // RPC durations, with method and status code.
+    // RPC durations, with method and status code (OTel RPC conventions after 1.37).
     let apply_ok = sum(
+        &s,
+        "rpc_server_call_duration_seconds_count",
+        &[
+            ("rpc_system_name", "grpc"),
+            ("rpc_method", "vallum.v1.RulesetService/Apply"),
+            ("rpc_response_status_code", "OK"),
+        ],
+    );
+    assert_eq!(apply_ok, 1.0, "{body}");
+    let apply_bad = sum(
+        &s,
+        "rpc_server_call_duration_seconds_count",
+        &[
+            ("rpc_method", "vallum.v1.RulesetService/Apply"),
+            ("rpc_response_status_code", "INVALID_ARGUMENT"),
+        ],
+    );
+    assert_eq!(apply_bad, 1.0, "{body}");
+    // A refusal is the caller's error, not the server's: no error.type.
+    let refused = find(
+        &s,
+        "rpc_server_call_duration_seconds_count",
+        &[("rpc_response_status_code", "INVALID_ARGUMENT")],
+    );
+    assert!(
+        refused.iter().all(|r| !r.labels.contains_key("error_type")),
+        "{refused:?}"
+    );
+    assert!(sum(&s, "rpc_server_call_duration_seconds_sum", &[]) > 0.0);
+    // The deprecated name (conventions up to 1.37) still counts the same calls.
+    let deprecated_ok = sum(
         &s,
         "rpc_server_duration_seconds_count",
         &[
@@ -231,14 +262,7 @@ async fn metrics_scrape_under_traffic() {
             ("rpc_grpc_status_code", "0"),
         ],
     );
-    assert_eq!(apply_ok, 1.0, "{body}");
-    let apply_bad = sum(
-        &s,
-        "rpc_server_duration_seconds_count",
-        &[("rpc_method", "Apply"), ("rpc_grpc_status_code", "3")],
-    );
-    assert_eq!(apply_bad, 1.0, "{body}");
-    assert!(sum(&s, "rpc_server_duration_seconds_sum", &[]) > 0.0);
+    assert_eq!(deprecated_ok, 1.0, "{body}");
 
     // promtool's own check of the live scrape.
     match std::process::Command::new("promtool")

@@ -36,6 +36,7 @@ fn add(set: &str, texts: &[&str]) -> pb::AddElementsRequest {
         set: set.into(),
         elements: texts.iter().map(|t| el(t)).collect(),
         exist: false,
+        ..Default::default()
     }
 }
 
@@ -44,6 +45,7 @@ fn del(set: &str, texts: &[&str]) -> pb::DeleteElementsRequest {
         set: set.into(),
         elements: texts.iter().map(|t| el(t)).collect(),
         exist: false,
+        ..Default::default()
     }
 }
 
@@ -168,6 +170,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
                 el("198.51.100.7"),
             ],
             exist: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -198,6 +201,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
                 ..el("203.0.113.1")
             }],
             exist: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -294,6 +298,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     let e = c
         .destroy_set(pb::DestroySetRequest {
             name: "bans".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -317,6 +322,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     c.swap_sets(pb::SwapSetsRequest {
         name: "bans".into(),
         other_name: "bans-next".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -339,6 +345,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
         .swap_sets(pb::SwapSetsRequest {
             name: "bans".into(),
             other_name: "ports".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -347,6 +354,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     // Flush empties without a commit.
     c.flush_set(pb::FlushSetRequest {
         name: "bans".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -362,11 +370,13 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     rs.delete_ruleset(pb::DeleteRulesetRequest {
         name: "rulesets/web".into(),
         etag: String::new(),
+        ..Default::default()
     })
     .await
     .unwrap();
     c.destroy_set(pb::DestroySetRequest {
         name: "bans".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -406,6 +416,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
     let e = c
         .destroy_set(pb::DestroySetRequest {
             name: "bans-next".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -486,6 +497,7 @@ async fn hostile_set_inputs_are_invalid_argument() {
     assert_eq!(elements(&mut c, "sets/res").await, ["192.0.2.1"]);
     c.destroy_set(pb::DestroySetRequest {
         name: "sets/res".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -520,12 +532,14 @@ async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
             },
         ],
         exist: false,
+        ..Default::default()
     })
     .await
     .unwrap();
     c.import_ipset_save(pb::ImportIpsetSaveRequest {
         text: "create allow hash:ip,port family inet6\nadd allow 2001:db8::1,udp:53\n".into(),
         filename: "allow.save".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -632,6 +646,7 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
                 "create {set} hash:net family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x6c1b5a3e\nadd {set} 172.17.0.0/16\n"
             ),
             filename: "docker.ipset".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -642,6 +657,7 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
         .import_ipset_save(pb::ImportIpsetSaveRequest {
             text: format!("add {set} 192.0.2.0/24\nadd {set} 192.0.2.300/24\n"),
             filename: "bad.ipset".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

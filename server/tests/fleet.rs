@@ -1125,12 +1125,94 @@ async fn rollout_status_pages_through_thousands_of_reports() {
         .unwrap();
     // `web`'s reports alone: the other ruleset's are not read.
     assert_eq!((count, pages), (n, 3));
+    let before = kv_requests(&etcd);
     let s = rollout_status(&client, &keys, "web").await.unwrap();
+    // One Txn (the ruleset, the first page of the nodes and of the reports, whether a
+    // report of the first layout exists), then two more pages of each (serializable, at the
+    // Txn's revision): 5 requests, where one read each made 9.
+    assert_eq!(kv_requests(&etcd) - before, 5.0);
     assert_eq!(s.selected.len(), n);
     assert_eq!(s.applied.len(), n - 1);
     assert_eq!(s.failed.len(), 1);
     assert_eq!(s.failed[0].node, "node-00007");
     assert!(s.pending.is_empty() && s.stale.is_empty());
+}
+
+/// KV requests etcd answered so far (Range, Txn, Put, DeleteRange...), from its
+/// `/metrics` (`grpc_server_handled_total`, counted before the answer is sent).
+fn kv_requests(etcd: &EtcdServer) -> f64 {
+    let body = etcd.http_get("/metrics", Duration::from_secs(10)).unwrap();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_handled_total{")
+                && l.contains("grpc_service=\"etcdserverpb.KV\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// An agent's list (at start, and after a compaction: every node at once) is two requests:
+/// the rulesets with this node's reports of the first layout in one Txn, then its reports
+/// on those rulesets (it was three: the rulesets, the reports, the first layout's keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_lists_the_fleet_in_two_requests() {
+    use std::sync::Arc;
+    use vallum_server::fleet::agent::{Agent, FleetStats};
+    use vallum_server::fleet::etcd::Etcd;
+    use vallum_server::fleet::{Desired, Keys, Owners};
+    use vallum_server::metrics::{Metrics, MetricsConfig};
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let client = Etcd::connect(&[etcd.url()]).unwrap();
+    let keys = Keys::new("/vallum/v1/");
+    for name in ["web", "db"] {
+        let d = Desired {
+            content: DROP_23.into(),
+            ..Default::default()
+        };
+        client
+            .put(&keys.ruleset(name), serde_json::to_vec(&d).unwrap(), 0)
+            .await
+            .unwrap();
+    }
+    let local = Arc::new(CountingLocal::default());
+    let metrics = Metrics::new(&MetricsConfig::default()).unwrap();
+    let agent = Agent::new(
+        client.clone(),
+        local.clone(),
+        Arc::new(Owners::default()),
+        keys.clone(),
+        "n1".into(),
+        vallum_server::fleet::Labels::new(),
+        Duration::from_secs(10),
+        FleetStats::new(&metrics),
+    )
+    .spawn();
+    // The agent commits after its list (in this process: no etcd read to wait with).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while local.commits.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the agent never committed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    agent.abort();
+    assert!(agent.await.unwrap_err().is_cancelled());
+    // The test's own requests were Puts: every read is the agent's list.
+    assert_eq!(kv_reads(&etcd), 2.0, "the list's reads (Range and Txn)");
+}
+
+/// Range and Txn requests etcd answered so far.
+fn kv_reads(etcd: &EtcdServer) -> f64 {
+    let body = etcd.http_get("/metrics", Duration::from_secs(10)).unwrap();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_handled_total{")
+                && (l.contains("grpc_method=\"Range\"") || l.contains("grpc_method=\"Txn\""))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 /// A node-local side that counts commits (the agent's [`Local`] seam, as the scale bench's).

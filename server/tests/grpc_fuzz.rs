@@ -71,6 +71,10 @@ const FLAGS: &[&str] = &[
     "6",
     "--conntrack-max",
     "4096",
+    // Mutations over TCP without tokens; never the host's default socket.
+    "--insecure-no-auth",
+    "--socket",
+    "none",
 ];
 
 // === the RPCs ===
@@ -301,6 +305,7 @@ rpcs! {
     GetRuleset => rs.get_ruleset(pb::GetRulesetRequest);
     ListRulesets => rs.list_rulesets(pb::ListRulesetsRequest);
     DeleteRuleset => rs.delete_ruleset(pb::DeleteRulesetRequest);
+    UpdateRuleset => rs.update_ruleset(pb::UpdateRulesetRequest);
     ListRevisions => rs.list_revisions(pb::ListRevisionsRequest);
     GetRevision => rs.get_revision(pb::GetRevisionRequest);
     DiffRevisions => rs.diff_revisions(pb::DiffRevisionsRequest);
@@ -344,7 +349,10 @@ impl Req {
         self.may_change()
             || matches!(
                 self,
-                Req::StageRevision(_) | Req::CommitRevision(_) | Req::Apply(_)
+                Req::StageRevision(_)
+                    | Req::CommitRevision(_)
+                    | Req::Apply(_)
+                    | Req::UpdateRuleset(_)
             )
     }
 
@@ -353,6 +361,7 @@ impl Req {
     fn may_change(&self) -> bool {
         match self {
             Req::StageRevision(q) => !q.validate_only,
+            Req::UpdateRuleset(q) => !q.validate_only,
             Req::CommitRevision(q) => !q.validate_only,
             Req::Apply(q) => !q.validate_only,
             Req::Raw(q) => q.write,
@@ -448,6 +457,26 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
         }),
         "ConfirmCommit" => Req::ConfirmCommit(pb::ConfirmCommitRequest {
             name: revision_name(r),
+            etag: etag(r),
+            request_id: request_id(r),
+        }),
+        "UpdateRuleset" => Req::UpdateRuleset(pb::UpdateRulesetRequest {
+            ruleset: (!r.chance(20)).then(|| pb::Ruleset {
+                name: ruleset_name(r),
+                priority: priority(r),
+                etag: etag(r),
+                ..Default::default()
+            }),
+            update_mask: (!r.chance(100)).then(|| prost_types::FieldMask {
+                paths: (0..r.small(3))
+                    .map(|_| {
+                        r.pick(&["priority", "*", "", "name", "etag", "x.y", "Priority"])
+                            .to_string()
+                    })
+                    .collect(),
+            }),
+            request_id: request_id(r),
+            validate_only: r.chance(300),
         }),
         "Apply" => Req::Apply(pb::ApplyRequest {
             ruleset: ruleset_name(r),
@@ -478,6 +507,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                 fuzz_gen::weird_name(r)
             },
             etag: etag(r),
+            request_id: request_id(r),
         }),
         "ListRevisions" => Req::ListRevisions(pb::ListRevisionsRequest {
             ruleset: ruleset_name(r),
@@ -569,8 +599,11 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
         }),
         "ConntrackDelete" => Req::ConntrackDelete(pb::DeleteConntrackRequest {
             filter: fuzz_gen::conntrack_filter(r),
+            request_id: request_id(r),
         }),
-        "ConntrackFlush" => Req::ConntrackFlush(pb::FlushConntrackRequest {}),
+        "ConntrackFlush" => Req::ConntrackFlush(pb::FlushConntrackRequest {
+            request_id: request_id(r),
+        }),
         "ConntrackGetStats" => Req::ConntrackGetStats(pb::GetConntrackStatsRequest {}),
         "CreateSet" => Req::CreateSet(pb::CreateSetRequest {
             name: set_name(r),
@@ -596,6 +629,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             },
             counters: r.chance(300),
             exist: r.chance(300),
+            request_id: request_id(r),
         }),
         "DestroySet" => Req::DestroySet(pb::DestroySetRequest {
             name: if r.chance(400) {
@@ -603,6 +637,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 fuzz_gen::weird_name(r)
             },
+            etag: etag(r),
+            request_id: request_id(r),
         }),
         "AddElements" => {
             let set = set_name(r);
@@ -613,6 +649,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                     .map(|_| fuzz_gen::set_element(r, ty))
                     .collect(),
                 exist: r.chance(300),
+                etag: etag(r),
+                request_id: request_id(r),
             })
         }
         "DeleteElements" => {
@@ -624,6 +662,8 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
                     .map(|_| fuzz_gen::set_element(r, ty))
                     .collect(),
                 exist: r.chance(300),
+                etag: etag(r),
+                request_id: request_id(r),
             })
         }
         "ListSets" => Req::ListSets(pb::ListSetsRequest::default()),
@@ -638,10 +678,15 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 fuzz_gen::weird_name(r)
             },
+            etag: etag(r),
+            request_id: request_id(r),
         }),
         "SwapSets" => Req::SwapSets(pb::SwapSetsRequest {
             name: set_name(r),
             other_name: set_name(r),
+            etag: etag(r),
+            other_etag: etag(r),
+            request_id: request_id(r),
         }),
         "ImportIpsetSave" => Req::ImportIpsetSave(pb::ImportIpsetSaveRequest {
             text: fuzz_gen::ipset_text(r, caps.request_bytes),
@@ -650,6 +695,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             } else {
                 String::new()
             },
+            request_id: request_id(r),
         }),
         "ExportIpsetSave" => Req::ExportIpsetSave(pb::ExportIpsetSaveRequest {
             name: if r.chance(400) {
@@ -679,6 +725,7 @@ fn too_large(r: &mut Rng) -> Req {
         2 => Req::ImportIpsetSave(pb::ImportIpsetSaveRequest {
             text,
             filename: String::new(),
+            ..Default::default()
         }),
         _ => Req::ReplayCapture(pb::ReplayCaptureRequest {
             capture: text.into_bytes(),

@@ -748,7 +748,7 @@ async fn scenario(d: &Vallumd, b: &str) {
     });
     assert!(opened_rx.recv().expect("keeper"), "(j) connection opened");
     let flushed = ct
-        .flush(pb::FlushConntrackRequest {})
+        .flush(pb::FlushConntrackRequest::default())
         .await
         .expect("conntrack flush")
         .into_inner();

@@ -246,6 +246,7 @@ async fn commits_and_a_set(d: &Vallumd) {
             ..Default::default()
         }],
         exist: false,
+        ..Default::default()
     })
     .await
     .expect("AddElements");

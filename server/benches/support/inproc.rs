@@ -32,6 +32,10 @@ pub fn start(rt: &tokio::runtime::Runtime, db: &std::path::Path, extra: &[String
         "2".into(),
         "--metrics-listen".into(),
         "127.0.0.1:0".into(),
+        // Mutations over TCP without tokens; never the host's default socket.
+        "--insecure-no-auth".into(),
+        "--socket".into(),
+        "none".into(),
     ];
     args.extend_from_slice(extra);
     let config = vallum_server::Config::from_args(args).expect("config");

@@ -8,9 +8,16 @@
 //! directives, e.g. `info`, `vallum_server=debug`); the default is `info`. stdout is a small
 //! machine interface and not a log: the lines `metrics on ADDR` and `listening on ADDR` at
 //! start (scripts and tests read the bound ports from them) and the summary at exit.
+//!
+//! With `--otlp-endpoint` (cargo feature `otlp`) the same subscriber also exports the spans
+//! of every call and commit phase over OTLP (`vallum_server::metrics::traces`), whatever
+//! `RUST_LOG` filters out of the log lines.
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
+use vallum_server::metrics::traces::Traces;
 
 /// mimalloc instead of glibc's malloc, keeping freed memory 10 s (see
 /// `vallum_server::allocator`).
@@ -38,33 +45,55 @@ struct Args {
     log_format: LogFormat,
 }
 
-/// Installs the global subscriber: stderr, `RUST_LOG` (default `info`), `format`.
-fn init_logging(format: LogFormat) {
+/// Installs the global subscriber: log lines on stderr in `format`, filtered by `RUST_LOG`
+/// (default `info`), and the span exporter of `traces` (its own filter).
+fn init_logging(format: LogFormat, traces: &Traces) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.with_ansi(false).init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = match format {
+        LogFormat::Text => lines.with_ansi(false).with_filter(filter).boxed(),
+        LogFormat::Json => lines.json().with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(lines)
+        .with(traces.layer())
+        .init();
 }
 
 fn main() -> std::process::ExitCode {
     vallum_server::allocator::keep_freed_memory();
     let args = Args::parse();
-    init_logging(args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the runtime");
+            eprintln!("vallumd: cannot start the runtime: {e}");
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(vallum_server::run(args.config)) {
+    // The exporter's gRPC channel lives on the runtime; a bad endpoint is reported once the
+    // log is set up.
+    let traces = {
+        let _rt = runtime.enter();
+        Traces::new(&args.config.metrics)
+    };
+    init_logging(args.log_format, traces.as_ref().unwrap_or(&Traces::none()));
+    let traces = match traces {
+        Ok(t) => t,
+        Err(e) => {
+            let e = vallum_server::error::Error::from(e);
+            tracing::error!(error = %e, "vallumd stopped");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(vallum_server::run(args.config));
+    // The last spans leave before the runtime (and the exporter's channel) ends.
+    if let Err(e) = traces.shutdown() {
+        tracing::warn!(error = %e, "trace export shutdown failed");
+    }
+    match result {
         Ok(summary) => {
             print!("{summary}");
             std::process::ExitCode::SUCCESS

@@ -106,8 +106,8 @@ pub fn element_inputs(field: &str, elements: &[pb::SetElement]) -> Result<Vec<El
     }
 }
 
-/// A set's header with the active rulesets referencing it.
-pub fn set_pb(s: &SetSummary, referenced_by: Vec<String>) -> pb::Set {
+/// A set's header with the active rulesets referencing it and its etag (the store's).
+pub fn set_pb(s: &SetSummary, referenced_by: Vec<String>, etag: String) -> pb::Set {
     pb::Set {
         name: s.name.clone(),
         r#type: s.spec.kind.name().to_string(),
@@ -118,6 +118,7 @@ pub fn set_pb(s: &SetSummary, referenced_by: Vec<String>) -> pb::Set {
         counters: s.spec.counters,
         entries: s.entries as u64,
         referenced_by,
+        etag,
     }
 }
 

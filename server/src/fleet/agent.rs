@@ -34,7 +34,7 @@ use sha2::{Digest, Sha256};
 use vallum_proto::etcdserverpb::event::EventType;
 use vallum_proto::v1 as pb;
 
-use super::etcd::{Etcd, EtcdError, EtcdResult, KeyValue};
+use super::etcd::{Etcd, EtcdError, EtcdResult, KeyValue, Read};
 use super::{Ack, Desired, FLEET_AUTHOR, Keys, Labels, NodeInfo, NodeReport, Owners, ReportPhases};
 use crate::content::RulesetInput;
 use crate::error::Error;
@@ -119,6 +119,15 @@ impl FleetStats {
     fn set_connected(&self, up: bool) {
         // Relaxed: see `connected`.
         self.connected.store(up, Ordering::Relaxed);
+    }
+
+    /// One zero measurement on each instrument, so that the metric reference (a test in
+    /// crate::metrics) lists them.
+    #[cfg(test)]
+    pub(crate) fn record_each_once(&self) {
+        self.applies.add(0, &applied_attrs("ack", "web"));
+        self.restarts.add(0, &[Attr::new("reason", "compacted")]);
+        self.latency.record(0.0, &[]);
     }
 }
 
@@ -353,9 +362,18 @@ impl Agent {
     }
 
     /// Lists the rulesets and this node's reports on them, reconciles; returns the revision
-    /// read.
+    /// read. Two requests: the rulesets and this node's reports of the first layout in one
+    /// Txn (one linearizable read), then its reports on those rulesets at that revision.
     async fn list_and_reconcile(&self) -> EtcdResult<i64> {
-        let (rev, kvs) = self.etcd.range_prefix(&self.keys.rulesets(), 0).await?;
+        let (rev, mut read) = self
+            .etcd
+            .read_many(&[
+                Read::prefix(&self.keys.rulesets(), 0),
+                Read::prefix(&self.keys.legacy_statuses_of(&self.node), 0),
+            ])
+            .await?;
+        let legacy = read.pop().map(|r| r.kvs).unwrap_or_default();
+        let kvs = read.pop().map(|r| r.kvs).unwrap_or_default();
         let named: Vec<(String, &KeyValue)> = kvs
             .iter()
             .filter_map(|kv| {
@@ -364,7 +382,7 @@ impl Agent {
             })
             .collect();
         let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-        self.load_reports(&names).await?;
+        self.load_reports(&names, rev, legacy).await?;
         for (name, kv) in &named {
             self.desired(name, kv).await?;
         }
@@ -381,16 +399,22 @@ impl Agent {
         Ok(rev)
     }
 
-    /// Reads this node's reports on the rulesets `names` (one Txn of point reads per
-    /// [`super::etcd::TXN_OPS`]) into `reported`. Reports of the first layout
-    /// (`status/{node}/{name}`) are moved first: copied to `reports/{name}/{node}` where that
-    /// key is absent (for listed rulesets), then `status/{node}/` is deleted.
-    async fn load_reports(&self, names: &[String]) -> EtcdResult<()> {
+    /// Reads this node's reports on the rulesets `names` at `revision` (one Txn of point
+    /// reads per [`super::etcd::TXN_OPS`]) into `reported`. Its reports of the first layout
+    /// (`status/{node}/{name}`, read at `revision`: `legacy`) are moved: copied to
+    /// `reports/{name}/{node}` where that key is absent (for listed rulesets), then
+    /// `status/{node}/` is deleted.
+    async fn load_reports(
+        &self,
+        names: &[String],
+        revision: i64,
+        legacy: Vec<KeyValue>,
+    ) -> EtcdResult<()> {
         let keys: Vec<String> = names
             .iter()
             .map(|n| self.keys.report(n, &self.node))
             .collect();
-        let found = self.etcd.get_many(&keys).await?;
+        let found = self.etcd.get_many_at(&keys, revision).await?;
         let mut reported = BTreeMap::new();
         for (name, kv) in names.iter().zip(found) {
             if let Some(r) = kv.and_then(|kv| serde_json::from_slice::<NodeReport>(&kv.value).ok())
@@ -398,9 +422,8 @@ impl Agent {
                 reported.insert(name.clone(), r);
             }
         }
-        let legacy_prefix = self.keys.legacy_statuses_of(&self.node);
-        let (_, legacy) = self.etcd.range_prefix(&legacy_prefix, 0).await?;
         if !legacy.is_empty() {
+            let legacy_prefix = self.keys.legacy_statuses_of(&self.node);
             for kv in &legacy {
                 let key = String::from_utf8_lossy(&kv.key);
                 let Some((_, name)) = self.keys.legacy_status_parts(&key) else {

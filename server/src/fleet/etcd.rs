@@ -84,6 +84,39 @@ pub enum Swap {
     Moved(i64),
 }
 
+/// One Range of [`Etcd::read_many`].
+#[derive(Clone, Debug)]
+pub struct Read(pb::RangeRequest);
+
+impl Read {
+    /// The key `key`.
+    pub fn key(key: &str) -> Read {
+        Read(pb::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        })
+    }
+
+    /// The first `limit` keys under `prefix` (the response's `more` says whether there are
+    /// others: [`Etcd::range_prefix_after`] reads them).
+    pub fn prefix(prefix: &str, limit: usize) -> Read {
+        Read(pb::RangeRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: prefix_end(prefix.as_bytes()),
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+            ..Default::default()
+        })
+    }
+
+    /// Whether any key exists under `prefix`: limit 1, keys only.
+    pub fn any_under(prefix: &str) -> Read {
+        Read(pb::RangeRequest {
+            keys_only: true,
+            ..Read::prefix(prefix, 1).0
+        })
+    }
+}
+
 /// An etcd client (cheap to clone; clones share the current endpoint).
 #[derive(Clone, Debug)]
 pub struct Etcd {
@@ -259,6 +292,91 @@ impl Etcd {
         }
     }
 
+    /// Every key under `prefix` after `after` (exclusive) at `revision`, `page` keys per
+    /// request, handed to `each`: the rest of a prefix whose first page came from
+    /// [`Etcd::read_many`] at `revision`. Serializable reads (no raft read index: the
+    /// revision pins what they see, and the member that answered the first page has it), so
+    /// the pages do not queue behind a burst of writes; a member that does not have
+    /// `revision` yet (the client moved to another) is asked again linearizably.
+    ///
+    /// Errors: as [`Etcd::range_prefix`].
+    pub async fn range_prefix_after(
+        &self,
+        prefix: &str,
+        after: &[u8],
+        revision: i64,
+        page: usize,
+        mut each: impl FnMut(KeyValue),
+    ) -> EtcdResult<()> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut from = after.to_vec();
+        from.push(0);
+        loop {
+            let mut request = pb::RangeRequest {
+                key: from.clone(),
+                range_end: end.clone(),
+                revision,
+                limit: i64::try_from(page).unwrap_or(i64::MAX),
+                serializable: true,
+                ..Default::default()
+            };
+            let r = match self.kv().range(request.clone()).await {
+                Err(s) if s.message().contains("future revision") => {
+                    request.serializable = false;
+                    self.kv().range(request).await
+                }
+                other => other,
+            }
+            .map_err(|s| match compacted(s, revision) {
+                EtcdError::Status(s) => self.failed(s),
+                other => other,
+            })?
+            .into_inner();
+            let more = r.more;
+            let Some(last) = r.kvs.last().map(|kv| kv.key.clone()) else {
+                return Ok(());
+            };
+            r.kvs.into_iter().for_each(&mut each);
+            if !more {
+                return Ok(());
+            }
+            from = last;
+            from.push(0);
+        }
+    }
+
+    /// The reads `reads` in one Txn: one round trip and one linearizable read, every read at
+    /// the same revision; returns that revision and each read's response, in order.
+    ///
+    /// Errors: [`EtcdError::Status`] (also for more reads than etcd's `--max-txn-ops`).
+    pub async fn read_many(&self, reads: &[Read]) -> EtcdResult<(i64, Vec<pb::RangeResponse>)> {
+        let r = self
+            .kv()
+            .txn(pb::TxnRequest {
+                compare: Vec::new(),
+                success: reads
+                    .iter()
+                    .map(|read| pb::RequestOp {
+                        request: Some(pb::request_op::Request::RequestRange(read.0.clone())),
+                    })
+                    .collect(),
+                failure: Vec::new(),
+            })
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_inner();
+        let revision = r.header.map_or(0, |h| h.revision);
+        let out = r
+            .responses
+            .into_iter()
+            .map(|op| match op.response {
+                Some(pb::response_op::Response::ResponseRange(rr)) => rr,
+                _ => pb::RangeResponse::default(),
+            })
+            .collect();
+        Ok((revision, out))
+    }
+
     /// The key `key`, if present.
     ///
     /// Errors: [`EtcdError::Status`].
@@ -389,33 +507,45 @@ impl Etcd {
         Ok(!r.kvs.is_empty())
     }
 
-    /// The keys `keys` (each `None` when absent), read [`TXN_OPS`] at a time in one Txn of
-    /// Range operations each (one revision per Txn).
+    /// The keys `keys` (each `None` when absent) as of `revision` (a revision this client
+    /// read, e.g. by [`Etcd::read_many`]), [`TXN_OPS`] at a time in one Txn of Range
+    /// operations each. Serializable, as [`Etcd::range_prefix_after`]: no raft read index;
+    /// a member that does not have `revision` yet is asked again linearizably.
     ///
-    /// Errors: [`EtcdError::Status`].
-    pub async fn get_many(&self, keys: &[String]) -> EtcdResult<Vec<Option<KeyValue>>> {
+    /// Errors: [`EtcdError::Status`]; [`EtcdError::Compacted`] for a compacted `revision`.
+    pub async fn get_many_at(
+        &self,
+        keys: &[String],
+        revision: i64,
+    ) -> EtcdResult<Vec<Option<KeyValue>>> {
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(TXN_OPS) {
-            let r = self
-                .kv()
-                .txn(pb::TxnRequest {
-                    compare: Vec::new(),
-                    success: chunk
-                        .iter()
-                        .map(|k| pb::RequestOp {
-                            request: Some(pb::request_op::Request::RequestRange(
-                                pb::RangeRequest {
-                                    key: k.as_bytes().to_vec(),
-                                    ..Default::default()
-                                },
-                            )),
-                        })
-                        .collect(),
-                    failure: Vec::new(),
-                })
-                .await
-                .map_err(|e| self.failed(e))?
-                .into_inner();
+            let txn = |serializable: bool| pb::TxnRequest {
+                compare: Vec::new(),
+                success: chunk
+                    .iter()
+                    .map(|k| pb::RequestOp {
+                        request: Some(pb::request_op::Request::RequestRange(pb::RangeRequest {
+                            key: k.as_bytes().to_vec(),
+                            revision,
+                            serializable,
+                            ..Default::default()
+                        })),
+                    })
+                    .collect(),
+                failure: Vec::new(),
+            };
+            let r = match self.kv().txn(txn(true)).await {
+                Err(s) if s.message().contains("future revision") => {
+                    self.kv().txn(txn(false)).await
+                }
+                other => other,
+            }
+            .map_err(|s| match compacted(s, revision) {
+                EtcdError::Status(s) => self.failed(s),
+                other => other,
+            })?
+            .into_inner();
             for op in r.responses {
                 out.push(match op.response {
                     Some(pb::response_op::Response::ResponseRange(rr)) => rr.kvs.into_iter().next(),

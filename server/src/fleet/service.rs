@@ -20,8 +20,11 @@
 //!
 //! GetRolloutStatus reads the ruleset key, the node keys and the ruleset's reports (one
 //! range, `reports/{name}/`; during the migration from `status/{node}/{name}` also those,
-//! see [`super`]) at one etcd revision, page by page ([`REPORT_PAGE`] keys per request) so that thousands
-//! of nodes never make one response larger than etcd's limits. WaitRollout reads the same
+//! see [`super`]) at one etcd revision: one Txn with the ruleset and the first page of each,
+//! then the other pages at that revision without a raft read each ([`REPORT_PAGE`] keys
+//! per request, so that thousands of nodes never make one response larger than etcd's
+//! limits, and a status read during a rollout's burst of report writes waits for one
+//! linearizable read, not one per page). WaitRollout reads the same
 //! once, then follows an etcd watch of the fleet prefix from the next revision (no polling),
 //! keeps a tally of the nodes by state from each event, and sends the status when it changed
 //! (at most every [`PROGRESS_EVERY`] while progressing; the end at once).
@@ -33,7 +36,7 @@ use tonic::{Request, Response, Status};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::fleet_service_server::FleetService;
 
-use super::etcd::{Etcd, EtcdError, KeyValue, Swap};
+use super::etcd::{Etcd, EtcdError, KeyValue, Read, Swap};
 use super::selector::Selector;
 use super::{Ack, Desired, Keys, NodeInfo, NodeReport, Previous};
 use crate::content::RulesetInput;
@@ -258,17 +261,39 @@ impl Tally {
 }
 
 impl Rollout {
-    /// Reads the rollout of `name` at one etcd revision, the nodes and the reports page by
-    /// page.
+    /// Reads the rollout of `name` at one etcd revision: the ruleset key, the first page of
+    /// the nodes and of the reports, and whether any report of the first layout exists, in
+    /// one Txn (one linearizable read, however many writes are in flight); then the rest of
+    /// the nodes and reports page by page at that revision ([`Etcd::range_prefix_after`]).
     ///
     /// Errors: as [`get`].
     pub async fn read(etcd: &Etcd, keys: &Keys, name: &str) -> Result<Rollout> {
-        let (desired, kv) = get(etcd, keys, name).await?;
         let name = convert::ruleset_id("name", name)?;
+        let nodes_prefix = keys.nodes();
+        let reports_prefix = keys.reports(&name);
+        let (at, first) = etcd
+            .read_many(&[
+                Read::key(&keys.ruleset(&name)),
+                Read::prefix(&nodes_prefix, REPORT_PAGE),
+                Read::prefix(&reports_prefix, REPORT_PAGE),
+                Read::any_under(&keys.legacy_statuses()),
+            ])
+            .await?;
+        let [ruleset, nodes_page, reports_page, legacy_any] = <[_; 4]>::try_from(first)
+            .map_err(|r| Error::Fleet(format!("etcd answered {} reads of 4", r.len())))?;
+        let kv = ruleset
+            .kvs
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::NotFound {
+                kind: "fleet ruleset",
+                name: format!("fleet/rulesets/{name}"),
+            })?;
+        let desired = decode(&kv)?;
         let mut out = Rollout {
             keys: keys.clone(),
             name,
-            desired: Some((desired, kv.mod_revision)),
+            desired: None,
             nodes: BTreeMap::new(),
             reports: BTreeMap::new(),
             legacy: BTreeMap::new(),
@@ -276,20 +301,22 @@ impl Rollout {
             selectors: None,
             tally: Tally::default(),
         };
-        // The ruleset read's revision is unknown here (a plain get): read the nodes at the
-        // newest revision, then the reports and the ruleset again at that one.
         let mut nodes = Vec::new();
-        let at = etcd
-            .range_prefix_paged(&keys.nodes(), 0, REPORT_PAGE, |kv| nodes.push(kv))
-            .await?;
         let mut reports = Vec::new();
-        etcd.range_prefix_paged(&keys.reports(&out.name), at, REPORT_PAGE, |kv| {
-            reports.push(kv);
-        })
-        .await?;
+        for (prefix, page, into) in [
+            (&nodes_prefix, nodes_page, &mut nodes),
+            (&reports_prefix, reports_page, &mut reports),
+        ] {
+            let more = page.more;
+            into.extend(page.kvs);
+            if let Some(last) = into.last().map(|kv| kv.key.clone()).filter(|_| more) {
+                etcd.range_prefix_after(prefix, &last, at, REPORT_PAGE, |kv| into.push(kv))
+                    .await?;
+            }
+        }
         // The first layout, while a node has not moved its reports yet: every ruleset's are
         // under `status/`, so this scan reads them all (the cost the new layout removes).
-        if etcd.any_under(&keys.legacy_statuses(), at).await? {
+        if !legacy_any.kvs.is_empty() {
             let name = out.name.clone();
             etcd.range_prefix_paged(&keys.legacy_statuses(), at, REPORT_PAGE, |kv| {
                 let key = String::from_utf8_lossy(&kv.key);
@@ -302,11 +329,7 @@ impl Rollout {
             })
             .await?;
         }
-        let desired = match etcd.get_at(&keys.ruleset(&out.name), at).await? {
-            Some(kv) => Some((decode(&kv)?, kv.mod_revision)),
-            None => None,
-        };
-        out.set_desired(desired);
+        out.set_desired(Some((desired, kv.mod_revision)));
         for kv in nodes.into_iter().chain(reports) {
             out.event(&kv, true);
         }
@@ -696,8 +719,9 @@ impl FleetService for FleetApi {
             let id = r.request_id.clone();
             let state = this.state.clone();
             let audit = crate::service::audit_entry(caller.clone(), "FleetPutRuleset", &r);
+            let digest = audit.request_digest.clone();
             let result = state
-                .idempotent("FleetPutRuleset", &id, this.put(caller, r))
+                .idempotent("FleetPutRuleset", &id, &digest, this.put(caller, r))
                 .await;
             state.audit_pending(Some(audit), &result).await;
             Ok(result?)

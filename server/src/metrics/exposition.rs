@@ -168,7 +168,8 @@ pub fn from_otel(rm: &ResourceMetrics) -> Vec<Family> {
     out
 }
 
-fn family(m: &Metric) -> Option<Family> {
+/// The family of one collected instrument (`None` for an exponential histogram).
+pub(crate) fn family(m: &Metric) -> Option<Family> {
     match m.data() {
         AggregatedMetrics::U64(d) => family_of(m, d),
         AggregatedMetrics::I64(d) => family_of(m, d),

@@ -238,8 +238,8 @@ impl Pipeline {
     /// Errors: [`Error::NotFound`]; [`Error::Precondition`] (`SET_IN_USE`) while an active
     /// ruleset references it (as ipset: "Set cannot be destroyed: it is in use by a kernel
     /// component"), or the revision a pending commit-confirmed would restore does;
-    /// [`Error::Store`].
-    pub async fn destroy_set(&self, name: &str) -> Result<()> {
+    /// [`Error::EtagMismatch`] when `etag` is given and is not the set's; [`Error::Store`].
+    pub async fn destroy_set(&self, name: &str, etag: Option<&str>) -> Result<()> {
         let _w = self.write.lock().await;
         if self.sets.summary(name).is_none() {
             return Err(not_found(name));
@@ -261,7 +261,7 @@ impl Pipeline {
                 ),
             });
         }
-        self.store.destroy_set(name).await?;
+        self.store.destroy_set(name, etag).await?;
         self.sets.destroy(name).map_err(set_error)
     }
 
@@ -323,13 +323,15 @@ impl Pipeline {
     ///
     /// Errors: [`Error::NotFound`] (set); [`Error::BadRequest`] naming each bad element's
     /// field; [`Error::AlreadyExists`] (an element is there, without `exist`);
-    /// [`Error::SetFull`]; [`Error::Store`].
+    /// [`Error::SetFull`]; [`Error::EtagMismatch`] when `etag` is given and is not the
+    /// set's; [`Error::Store`].
     pub async fn add_elements(
         &self,
         set: &str,
         field: &str,
         inputs: &[ElementInput],
         exist: bool,
+        etag: Option<&str>,
     ) -> Result<ElementsChanged> {
         let _w = self.write.lock().await;
         let handle = self.sets.handle(set).ok_or_else(|| not_found(set))?;
@@ -364,7 +366,7 @@ impl Pipeline {
             .sets
             .prepare_update(set, parsed.iter().map(|(_, e, o)| (*e, *o)), [], now)
             .map_err(set_error)?;
-        self.store.change_elements(set, &stored, &[]).await?;
+        self.store.change_elements(set, &stored, &[], etag).await?;
         prepared.publish();
         Ok(ElementsChanged {
             changed: stored.len() as u64,
@@ -376,13 +378,15 @@ impl Pipeline {
     /// element that is not there is not an error).
     ///
     /// Errors: [`Error::NotFound`] (the set, or an element without `exist`);
-    /// [`Error::BadRequest`] naming each bad element's field; [`Error::Store`].
+    /// [`Error::BadRequest`] naming each bad element's field; [`Error::EtagMismatch`] when
+    /// `etag` is given and is not the set's; [`Error::Store`].
     pub async fn delete_elements(
         &self,
         set: &str,
         field: &str,
         inputs: &[ElementInput],
         exist: bool,
+        etag: Option<&str>,
     ) -> Result<ElementsChanged> {
         let _w = self.write.lock().await;
         let handle = self.sets.handle(set).ok_or_else(|| not_found(set))?;
@@ -411,7 +415,7 @@ impl Pipeline {
             .prepare_update(set, [], parsed.iter().map(|(_, e, _)| *e), now)
             .map_err(set_error)?;
         let deleted = prepared.deleted() as u64;
-        self.store.change_elements(set, &[], &texts).await?;
+        self.store.change_elements(set, &[], &texts, etag).await?;
         prepared.publish();
         Ok(ElementsChanged {
             changed: deleted,
@@ -425,13 +429,14 @@ impl Pipeline {
 
     /// Removes every element of a set (`ipset flush`).
     ///
-    /// Errors: [`Error::NotFound`]; [`Error::Store`].
-    pub async fn flush_set(&self, name: &str) -> Result<()> {
+    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`] when `etag` is given and is not
+    /// the set's; [`Error::Store`].
+    pub async fn flush_set(&self, name: &str, etag: Option<&str>) -> Result<()> {
         let _w = self.write.lock().await;
         if self.sets.summary(name).is_none() {
             return Err(not_found(name));
         }
-        self.store.flush_set(name).await?;
+        self.store.flush_set(name, etag).await?;
         self.sets.flush(name).map_err(set_error)
     }
 
@@ -439,8 +444,9 @@ impl Pipeline {
     /// other's former elements from then on, without a commit.
     ///
     /// Errors: [`Error::NotFound`]; [`Error::Precondition`] (`SET_TYPE`) when type or family
-    /// differ; [`Error::Store`].
-    pub async fn swap_sets(&self, a: &str, b: &str) -> Result<()> {
+    /// differ; [`Error::EtagMismatch`] when one of `etags` (of `a`, of `b`) is given and is
+    /// not its set's; [`Error::Store`].
+    pub async fn swap_sets(&self, a: &str, b: &str, etags: [Option<&str>; 2]) -> Result<()> {
         let _w = self.write.lock().await;
         let sa = self.sets.summary(a).ok_or_else(|| not_found(a))?;
         let sb = self.sets.summary(b).ok_or_else(|| not_found(b))?;
@@ -450,7 +456,7 @@ impl Pipeline {
         if a == b {
             return Ok(());
         }
-        self.store.swap_sets(a, b).await?;
+        self.store.swap_sets(a, b, etags).await?;
         self.sets.swap(a, b).map_err(set_error)
     }
 

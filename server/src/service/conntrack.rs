@@ -1,7 +1,9 @@
 //! `vallum.v1.ConntrackService`: list, delete by filter and flush the engine's connection
 //! table, and read its counters (as conntrack-tools' `conntrack -L`, `-D`, `-F`, `-S`).
 //!
-//! List and GetStats are read-only; Delete and Flush need an admin token and are audited.
+//! List and GetStats are read-only; Delete and Flush need an admin token, are audited and take
+//! a `request_id` (a retry returns the first call's count, see [`State::idempotent`]; no
+//! etag: the table changes with every packet).
 //! With conntrack off every call fails with FAILED_PRECONDITION (type `CONNTRACK`).
 
 use std::sync::Arc;
@@ -11,8 +13,8 @@ use vallum_engine::conntrack::{ConnFilter, Conntrack};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::conntrack_service_server::ConntrackService;
 
-use super::State;
 use super::paging::{self, Paging};
+use super::{State, audit_entry_of, request_digest};
 use crate::auth::{Grant, Op};
 use crate::error::{Error, Result};
 use crate::{convert, hooks};
@@ -133,7 +135,7 @@ impl ConntrackService for ConntrackApi {
             rest.select_nth_unstable_by(take - 1, |a, b| a.0.cmp(&b.0));
             rest.truncate(take);
         }
-        rest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        rest.sort_unstable_by_key(|a| a.0);
         let keys: Vec<EntryKey> = rest.iter().map(|(k, _)| *k).collect();
         let (entries, more) = paging::fill(
             rest.iter().map(|(_, c)| convert::conntrack_entry(c, now)),
@@ -157,12 +159,19 @@ impl ConntrackService for ConntrackApi {
         let caller = hooks::caller(&request);
         let grant = Grant::of(&request);
         let r = request.into_inner();
-        let result = grant
-            .check("ConntrackService/Delete", Op::Conntrack, None, None)
-            .and_then(|()| ConntrackApi::delete(self, &r));
-        self.state
-            .audit(caller, "ConntrackService/Delete", &r, &result)
-            .await;
+        let method = "ConntrackService/Delete";
+        let digest = request_digest(&r);
+        let result = match grant.check(method, Op::Conntrack, None, None) {
+            Ok(()) => {
+                let call = async { ConntrackApi::delete(self, &r) };
+                (self.state)
+                    .idempotent(method, &r.request_id, &digest, call)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let entry = audit_entry_of(caller, method, digest);
+        self.state.audit_pending(Some(entry), &result).await;
         Ok(Response::new(result?))
     }
 
@@ -173,15 +182,23 @@ impl ConntrackService for ConntrackApi {
         let caller = hooks::caller(&request);
         let grant = Grant::of(&request);
         let r = request.into_inner();
-        let result = grant
-            .check("ConntrackService/Flush", Op::Conntrack, None, None)
-            .and_then(|()| self.table())
-            .map(|t| pb::FlushConntrackResponse {
-                deleted: t.flush() as u64,
-            });
-        self.state
-            .audit(caller, "ConntrackService/Flush", &r, &result)
-            .await;
+        let method = "ConntrackService/Flush";
+        let digest = request_digest(&r);
+        let result = match grant.check(method, Op::Conntrack, None, None) {
+            Ok(()) => {
+                let call = async {
+                    Ok(pb::FlushConntrackResponse {
+                        deleted: self.table()?.flush() as u64,
+                    })
+                };
+                (self.state)
+                    .idempotent(method, &r.request_id, &digest, call)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let entry = audit_entry_of(caller, method, digest);
+        self.state.audit_pending(Some(entry), &result).await;
         Ok(Response::new(result?))
     }
 

@@ -14,12 +14,13 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::ruleset_service_server::RulesetService;
 
 use super::paging::{self, Paging};
-use super::{State, audit_entry, to_completion};
+use super::{State, audit_entry, audit_entry_of, request_digest, to_completion};
 use crate::auth::{Grant, Op};
 use crate::content::{self, Content, RulesetInput};
 use crate::convert;
 use crate::error::{Error, Result};
 use crate::hooks;
+use vallum_engine::echo::quoted;
 
 /// The `iptables-restore --noflush` text of `EditRuleset`'s edits: each command is one line
 /// of its family's text (`IPv4` first, `content_v6` after), in order, inside `*table` /
@@ -274,11 +275,14 @@ impl RulesetApi {
         .map_err(|e| Error::Internal(format!("check task: {e}")))?
     }
     /// The body of `apply` (and of `edit_ruleset`, whose edits become a noflush Apply),
-    /// run by [`to_completion`]; `method` names the call in the audit log.
+    /// run by [`to_completion`]; `method` names the call in the audit log and the
+    /// idempotency keys; `digest` is the [`request_digest`] of the caller's own request when
+    /// it is not `request` (EditRuleset's), made here otherwise.
     async fn apply_call(
         &self,
         request: Request<pb::ApplyRequest>,
         method: &'static str,
+        digest: Option<String>,
     ) -> Result<Response<pb::CommitResult>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
@@ -286,11 +290,14 @@ impl RulesetApi {
         let r = Arc::new(request.into_inner());
         // The audit record (a sha256 of the ~0.5 MB encoded request for a 10k-rule ruleset) is
         // made on a second blocking thread while the text is parsed; no record for a dry run.
-        let mut digesting = (!r.validate_only).then(|| {
+        let mut audit = match (&digest, r.validate_only) {
+            (Some(d), false) => Some(audit_entry_of(caller.clone(), method, d.clone())),
+            _ => None,
+        };
+        let mut digesting = (digest.is_none() && !r.validate_only).then(|| {
             let (r, caller) = (r.clone(), caller.clone());
             tokio::task::spawn_blocking(move || audit_entry(caller, method, &*r))
         });
-        let mut audit = None;
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
             grant.check(
@@ -302,19 +309,11 @@ impl RulesetApi {
             )?;
             self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
-            let checked = self
-                .check(&name, r.priority, r.source.as_ref(), &r.etag)
-                .await;
-            if let Some(t) = digesting.take() {
-                audit = Some(
-                    t.await
-                        .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
-                );
-            }
-            let (checked, base_etag) = checked?;
-            let checked = checked.refuse_empty(r.allow_empty)?;
-            let expected = base_etag.unwrap_or_else(|| r.etag.clone());
             if r.validate_only {
+                let (checked, _) = self
+                    .check(&name, r.priority, r.source.as_ref(), &r.etag)
+                    .await?;
+                let checked = checked.refuse_empty(r.allow_empty)?;
                 let checked = self.state.pipeline.validate(checked).await?;
                 let warnings = checked.warnings();
                 checked.into_valid()?;
@@ -323,22 +322,26 @@ impl RulesetApi {
                     ..Default::default()
                 });
             }
+            if r.request_id.is_empty() {
+                return self
+                    .apply_once(&r, &name, within, &caller, &mut digesting, &mut audit)
+                    .await;
+            }
+            // A retry is told from a reuse by the request's digest: wait for it first (a
+            // retry neither parses nor checks again: it gets the first answer).
+            if let Some(t) = digesting.take() {
+                audit = Some(
+                    t.await
+                        .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
+                );
+            }
+            let digest = audit
+                .as_ref()
+                .map(|a| a.request_digest.clone())
+                .unwrap_or_default();
+            let once = self.apply_once(&r, &name, within, &caller, &mut digesting, &mut audit);
             self.state
-                .idempotent(method, &r.request_id, async {
-                    let c = self
-                        .state
-                        .pipeline
-                        .apply(
-                            checked,
-                            &caller,
-                            &r.message,
-                            within,
-                            etag(&expected),
-                            &mut audit,
-                        )
-                        .await?;
-                    Ok(convert::commit_result(&c))
-                })
+                .idempotent(method, &r.request_id, &digest, once)
                 .await
         }
         .await;
@@ -354,6 +357,38 @@ impl RulesetApi {
             }
         }
         Ok(Response::new(result?))
+    }
+
+    /// One Apply of `r` to ruleset `name`: parse and check the source (while `digesting`
+    /// makes the audit record, joined into `audit` after the check), then commit with
+    /// `audit` (taken once it is durable with the commit).
+    async fn apply_once(
+        &self,
+        r: &pb::ApplyRequest,
+        name: &str,
+        within: Option<std::time::Duration>,
+        caller: &str,
+        digesting: &mut Option<tokio::task::JoinHandle<crate::store::AuditEntry>>,
+        audit: &mut Option<crate::store::AuditEntry>,
+    ) -> Result<pb::CommitResult> {
+        let checked = self
+            .check(name, r.priority, r.source.as_ref(), &r.etag)
+            .await;
+        if let Some(t) = digesting.take() {
+            *audit = Some(
+                t.await
+                    .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
+            );
+        }
+        let (checked, base_etag) = checked?;
+        let checked = checked.refuse_empty(r.allow_empty)?;
+        let expected = base_etag.unwrap_or_else(|| r.etag.clone());
+        let c = self
+            .state
+            .pipeline
+            .apply(checked, caller, &r.message, within, etag(&expected), audit)
+            .await?;
+        Ok(convert::commit_result(&c))
     }
 
     /// The body of `commit_revision`, run by [`to_completion`].
@@ -403,15 +438,21 @@ impl RulesetApi {
                     ..Default::default()
                 });
             }
+            let digest = audit.as_ref().map(|a| a.request_digest.clone());
             self.state
-                .idempotent("CommitRevision", &r.request_id, async {
-                    let c = self
-                        .state
-                        .pipeline
-                        .commit_staged(&name, n, within, etag(&r.etag), &mut audit)
-                        .await?;
-                    Ok(convert::commit_result(&c))
-                })
+                .idempotent(
+                    "CommitRevision",
+                    &r.request_id,
+                    &digest.unwrap_or_default(),
+                    async {
+                        let c = self
+                            .state
+                            .pipeline
+                            .commit_staged(&name, n, within, etag(&r.etag), &mut audit)
+                            .await?;
+                        Ok(convert::commit_result(&c))
+                    },
+                )
                 .await
         }
         .await;
@@ -436,6 +477,7 @@ impl RulesetApi {
         let grant = Grant::of(&request);
         let r = request.into_inner();
         let mut audit = Some(audit_entry(caller.clone(), "Rollback", &r));
+        let digest = audit.as_ref().map(|a| a.request_digest.clone());
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
             grant.check(
@@ -446,14 +488,19 @@ impl RulesetApi {
             )?;
             self.state.owners.check(&name)?;
             self.state
-                .idempotent("Rollback", &r.request_id, async {
-                    let c = self
-                        .state
-                        .pipeline
-                        .rollback(&name, n, &caller, &r.message, etag(&r.etag), &mut audit)
-                        .await?;
-                    Ok(convert::commit_result(&c))
-                })
+                .idempotent(
+                    "Rollback",
+                    &r.request_id,
+                    &digest.unwrap_or_default(),
+                    async {
+                        let c = self
+                            .state
+                            .pipeline
+                            .rollback(&name, n, &caller, &r.message, etag(&r.etag), &mut audit)
+                            .await?;
+                        Ok(convert::commit_result(&c))
+                    },
+                )
                 .await
         }
         .await;
@@ -475,6 +522,7 @@ impl RulesetApi {
         let caller = hooks::caller(&request);
         let grant = Grant::of(&request);
         let r = request.into_inner();
+        let digest = request_digest(&r);
         let result = async {
             let name = convert::ruleset_id("name", &r.name)?;
             grant.check(
@@ -484,13 +532,147 @@ impl RulesetApi {
                 None,
             )?;
             self.state.owners.check(&name)?;
-            self.state.pipeline.delete(&name, etag(&r.etag)).await
+            self.state
+                .idempotent("DeleteRuleset", &r.request_id, &digest, async {
+                    self.state.pipeline.delete(&name, etag(&r.etag)).await?;
+                    Ok(pb::DeleteRulesetResponse {})
+                })
+                .await
         }
         .await;
-        self.state.audit(caller, "DeleteRuleset", &r, &result).await;
-        result?;
-        Ok(Response::new(pb::DeleteRulesetResponse {}))
+        let entry = audit_entry_of(caller, "DeleteRuleset", digest);
+        self.state.audit_pending(Some(entry), &result).await;
+        Ok(Response::new(result?))
     }
+
+    /// The body of `update_ruleset`, run by [`to_completion`].
+    async fn update_ruleset_call(
+        &self,
+        request: Request<pb::UpdateRulesetRequest>,
+    ) -> Result<Response<pb::Ruleset>, Status> {
+        self.state.ready()?;
+        let caller = hooks::caller(&request);
+        let grant = Grant::of(&request);
+        let r = request.into_inner();
+        let digest = request_digest(&r);
+        // No record for a dry run; a priority commit writes it with the commit.
+        let mut audit = (!r.validate_only)
+            .then(|| audit_entry_of(caller.clone(), "UpdateRuleset", digest.clone()));
+        let result = async {
+            let given = r
+                .ruleset
+                .as_ref()
+                .ok_or_else(|| Error::invalid("ruleset", "the ruleset to update is required"))?;
+            let name = convert::ruleset_id("ruleset.name", &given.name)?;
+            let fields = update_fields(r.update_mask.as_ref(), given)?;
+            let priority = fields.priority.then_some(given.priority);
+            grant.check(
+                &format!(
+                    "UpdateRuleset rulesets/{name}{}",
+                    priority
+                        .map(|p| format!(" priority {p}"))
+                        .unwrap_or_default()
+                ),
+                Op::Apply,
+                Some(&name),
+                self.scoped_priority(&grant, &name, priority).await?,
+            )?;
+            self.state.owners.check(&name)?;
+            let store = self.state.pipeline.store();
+            let current = store
+                .get_ruleset(&name)
+                .await?
+                .ok_or_else(|| Error::NotFound {
+                    kind: "ruleset",
+                    name: format!("rulesets/{name}"),
+                })?;
+            let (Some(priority), false) = (priority, r.validate_only) else {
+                // Nothing to change, or a dry run: the ruleset as it is (or would be).
+                if !given.etag.is_empty() && given.etag != current.etag {
+                    return Err(Error::EtagMismatch {
+                        name: format!("rulesets/{name}"),
+                        given: given.etag.clone(),
+                        current: current.etag,
+                    });
+                }
+                let mut out = convert::ruleset(&current);
+                if let Some(p) = priority {
+                    out.priority = p;
+                }
+                return Ok(out);
+            };
+            self.state
+                .idempotent("UpdateRuleset", &r.request_id, &digest, async {
+                    let row = self
+                        .state
+                        .pipeline
+                        .set_priority(&name, priority, &caller, etag(&given.etag), &mut audit)
+                        .await?;
+                    Ok(convert::ruleset(&row))
+                })
+                .await
+        }
+        .await;
+        if !r.validate_only {
+            self.state.audit_pending(audit, &result).await;
+        }
+        Ok(Response::new(result?))
+    }
+}
+
+/// The `Ruleset` fields an UpdateRuleset changes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct UpdateFields {
+    priority: bool,
+}
+
+/// The fields `mask` names (AIP-134): `priority`, or `*` for every updatable one; without a
+/// mask (or with no path), the fields of `given` that are set (non-zero).
+///
+/// Errors: INVALID_ARGUMENT at `update_mask.paths[i]` for a path that is not a field of
+/// `Ruleset`, or one that cannot be updated (the name, the etag, output-only fields).
+fn update_fields(
+    mask: Option<&prost_types::FieldMask>,
+    given: &pb::Ruleset,
+) -> Result<UpdateFields> {
+    const OUTPUT_ONLY: [&str; 5] = [
+        "name",
+        "etag",
+        "active_revision",
+        "latest_revision",
+        "update_time",
+    ];
+    let paths = mask.map_or(&[][..], |m| m.paths.as_slice());
+    if paths.is_empty() {
+        return Ok(UpdateFields {
+            priority: given.priority != 0,
+        });
+    }
+    let mut fields = UpdateFields::default();
+    for (i, path) in paths.iter().enumerate() {
+        match path.as_str() {
+            "priority" | "*" => fields.priority = true,
+            p if OUTPUT_ONLY.contains(&p) => {
+                return Err(Error::invalid(
+                    format!("update_mask.paths[{i}]"),
+                    format!(
+                        "{} cannot be updated (identifying or output-only); updatable: priority",
+                        quoted(p)
+                    ),
+                ));
+            }
+            p => {
+                return Err(Error::invalid(
+                    format!("update_mask.paths[{i}]"),
+                    format!(
+                        "{} is not a field of Ruleset; updatable: priority",
+                        quoted(p)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(fields)
 }
 
 fn etag(s: &str) -> Option<&str> {
@@ -529,6 +711,8 @@ impl RulesetService for RulesetApi {
         let caller = hooks::caller(&request);
         let grant = Grant::of(&request);
         let r = request.into_inner();
+        // No record (nor key) for a dry run.
+        let digest = (!r.validate_only).then(|| request_digest(&r));
         let result = async {
             let name = convert::ruleset_id("ruleset", &r.ruleset)?;
             grant.check(
@@ -539,31 +723,39 @@ impl RulesetService for RulesetApi {
                     .await?,
             )?;
             self.state.owners.check(&name)?;
-            let (checked, base_etag) = self
-                .check(&name, r.priority, r.source.as_ref(), &r.etag)
-                .await?;
-            let checked = checked.refuse_empty(r.allow_empty)?;
-            let expected = base_etag.unwrap_or_else(|| r.etag.clone());
-            if r.validate_only {
-                let checked = self.state.pipeline.validate(checked).await?;
-                let warnings = checked.warnings();
-                checked.into_valid()?;
-                return Ok(preview_revision(&name, &warnings));
+            let stage = async {
+                let (checked, base_etag) = self
+                    .check(&name, r.priority, r.source.as_ref(), &r.etag)
+                    .await?;
+                let checked = checked.refuse_empty(r.allow_empty)?;
+                let expected = base_etag.unwrap_or_else(|| r.etag.clone());
+                if r.validate_only {
+                    let checked = self.state.pipeline.validate(checked).await?;
+                    let warnings = checked.warnings();
+                    checked.into_valid()?;
+                    return Ok(preview_revision(&name, &warnings));
+                }
+                let (_, rev, warnings) = self
+                    .state
+                    .pipeline
+                    .stage(checked, &caller, &r.message, etag(&expected))
+                    .await?;
+                Ok(convert::revision(&rev, false, &warnings))
+            };
+            match &digest {
+                // A retry neither parses nor checks again: it gets the first answer.
+                Some(d) => {
+                    self.state
+                        .idempotent("StageRevision", &r.request_id, d, stage)
+                        .await
+                }
+                None => stage.await,
             }
-            self.state
-                .idempotent("StageRevision", &r.request_id, async {
-                    let (_, rev, warnings) = self
-                        .state
-                        .pipeline
-                        .stage(checked, &caller, &r.message, etag(&expected))
-                        .await?;
-                    Ok(convert::revision(&rev, false, &warnings))
-                })
-                .await
         }
         .await;
-        if !r.validate_only {
-            self.state.audit(caller, "StageRevision", &r, &result).await;
+        if let Some(d) = digest {
+            let entry = audit_entry_of(caller, "StageRevision", d);
+            self.state.audit_pending(Some(entry), &result).await;
         }
         Ok(Response::new(result?))
     }
@@ -585,6 +777,7 @@ impl RulesetService for RulesetApi {
         let caller = hooks::caller(&request);
         let grant = Grant::of(&request);
         let r = request.into_inner();
+        let digest = request_digest(&r);
         let result = async {
             let (name, n) = convert::revision_name("name", &r.name)?;
             grant.check(
@@ -594,13 +787,18 @@ impl RulesetService for RulesetApi {
                 self.scoped_priority(&grant, &name, None).await?,
             )?;
             self.state.owners.check(&name)?;
-            let rev = self.state.pipeline.confirm(&name, n).await?;
-            Ok(pb::ConfirmCommitResponse {
-                revision: Some(convert::revision(&rev, false, &[])),
-            })
+            self.state
+                .idempotent("ConfirmCommit", &r.request_id, &digest, async {
+                    let rev = self.state.pipeline.confirm(&name, n, etag(&r.etag)).await?;
+                    Ok(pb::ConfirmCommitResponse {
+                        revision: Some(convert::revision(&rev, false, &[])),
+                    })
+                })
+                .await
         }
         .await;
-        self.state.audit(caller, "ConfirmCommit", &r, &result).await;
+        let entry = audit_entry_of(caller, "ConfirmCommit", digest);
+        self.state.audit_pending(Some(entry), &result).await;
         Ok(Response::new(result?))
     }
 
@@ -610,7 +808,7 @@ impl RulesetService for RulesetApi {
     ) -> Result<Response<pb::CommitResult>, Status> {
         // On a task of its own: a client that gives up cannot stop it half done.
         let api = self.clone();
-        to_completion(async move { api.apply_call(request, "Apply").await }).await
+        to_completion(async move { api.apply_call(request, "Apply", None).await }).await
     }
 
     async fn edit_ruleset(
@@ -618,6 +816,8 @@ impl RulesetService for RulesetApi {
         request: Request<pb::EditRulesetRequest>,
     ) -> Result<Response<pb::CommitResult>, Status> {
         let (metadata, extensions, r) = request.into_parts();
+        // The edits are the request: the audit record and a retry's comparison use them.
+        let digest = request_digest(&r);
         let name = convert::ruleset_id("ruleset", &r.ruleset)?;
         let priority = match self.state.pipeline.store().get_ruleset(&name).await {
             Ok(Some(row)) => row.priority,
@@ -639,7 +839,8 @@ impl RulesetService for RulesetApi {
         };
         let api = self.clone();
         let request = Request::from_parts(metadata, extensions, apply);
-        to_completion(async move { api.apply_call(request, "EditRuleset").await }).await
+        to_completion(async move { api.apply_call(request, "EditRuleset", Some(digest)).await })
+            .await
     }
 
     async fn rollback(
@@ -663,6 +864,15 @@ impl RulesetService for RulesetApi {
             name: format!("rulesets/{name}"),
         })?;
         Ok(Response::new(convert::ruleset(&rs)))
+    }
+
+    async fn update_ruleset(
+        &self,
+        request: Request<pb::UpdateRulesetRequest>,
+    ) -> Result<Response<pb::Ruleset>, Status> {
+        // On a task of its own: a priority commit cannot be stopped half done.
+        let api = self.clone();
+        to_completion(async move { api.update_ruleset_call(request).await }).await
     }
 
     async fn list_rulesets(

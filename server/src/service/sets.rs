@@ -3,7 +3,8 @@
 //! requests are converted in [`crate::convert::sets`], the work (checks, durable store
 //! transaction, publish in the engine) is in [`crate::pipeline::sets`]. Every call answers
 //! NOT_READY until the stored sets are loaded (reads too: before that the registry is empty);
-//! mutating calls are audited like the RulesetService's.
+//! mutating calls are audited like the RulesetService's, take a `request_id` (idempotent, as
+//! [`State::idempotent`]) and, those that change one or two named sets, their `etag`s.
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::set_service_server::SetService;
 
 use super::paging::{self, Paging};
-use super::{State, to_completion};
+use super::{State, audit_entry_of, request_digest, to_completion};
 use crate::auth::{Grant, Op};
 use crate::convert::sets::{create_spec, element_inputs, element_pb, set_pb};
 use crate::error::{Error, Result};
@@ -45,18 +46,21 @@ impl SetApi {
         SetApi { state }
     }
 
-    fn header(&self, name: &str) -> Result<pb::Set> {
+    async fn header(&self, name: &str) -> Result<pb::Set> {
         let p = &self.state.pipeline;
-        let s = p.sets().summary(name).ok_or_else(|| Error::NotFound {
+        let not_found = || Error::NotFound {
             kind: "set",
             name: format!("sets/{name}"),
-        })?;
-        Ok(set_pb(&s, p.set_references(name)))
+        };
+        let s = p.sets().summary(name).ok_or_else(not_found)?;
+        let etag = p.store().set_etag(name).await?.unwrap_or_default();
+        Ok(set_pb(&s, p.set_references(name), etag))
     }
 
-    /// Runs a mutating call: ready check, then `f`, then the audit record, on a task of its
-    /// own (a client that gives up cannot stop it between the store and the set registry;
-    /// see [`to_completion`]).
+    /// Runs a mutating call: ready check, then `f` (once per `request_id`, see
+    /// [`State::idempotent`]), then the audit record, on a task of its own (a client that
+    /// gives up cannot stop it between the store and the set registry; see
+    /// [`to_completion`]).
     async fn mutate<R, M, F, Fut>(
         &self,
         method: &'static str,
@@ -65,7 +69,7 @@ impl SetApi {
     ) -> Result<M, Status>
     where
         R: prost::Message + SetNames + Send + Sync + 'static,
-        M: Send + Sync + 'static,
+        M: prost::Message + Default + Send + Sync + 'static,
         F: FnOnce(SetApi, Arc<R>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<M>> + Send,
     {
@@ -75,11 +79,18 @@ impl SetApi {
         let r = Arc::new(request.into_inner());
         let api = self.clone();
         to_completion(async move {
+            let digest = request_digest(&*r);
             let result = match set_names(method, &*r, &grant) {
-                Ok(()) => f(api.clone(), r.clone()).await,
+                Ok(()) => {
+                    let call = f(api.clone(), r.clone());
+                    (api.state)
+                        .idempotent(method, r.request_id(), &digest, call)
+                        .await
+                }
                 Err(e) => Err(e),
             };
-            api.state.audit(caller, method, &*r, &result).await;
+            let entry = audit_entry_of(caller, method, digest);
+            api.state.audit_pending(Some(entry), &result).await;
             Ok(result?)
         })
         .await
@@ -92,6 +103,8 @@ impl SetApi {
 pub trait SetNames {
     /// The named sets (raw request fields), or `None` when the request may touch any set.
     fn set_names(&self) -> Option<Vec<&str>>;
+    /// The request's `request_id` (empty: none).
+    fn request_id(&self) -> &str;
 }
 
 macro_rules! set_names {
@@ -101,8 +114,16 @@ macro_rules! set_names {
                 let $r = self;
                 $e
             }
+            fn request_id(&self) -> &str {
+                &self.request_id
+            }
         }
     )*};
+}
+
+/// A request's etag field: `None` when empty (not checked).
+fn etag(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
 }
 
 set_names! {
@@ -146,7 +167,7 @@ impl SetService for SetApi {
                 |api: SetApi, r: Arc<pb::CreateSetRequest>| async move {
                     let (name, spec) = create_spec(&r)?;
                     api.state.pipeline.create_set(&name, spec, r.exist).await?;
-                    api.header(&name)
+                    api.header(&name).await
                 },
             )
             .await?;
@@ -163,7 +184,7 @@ impl SetService for SetApi {
                 request,
                 |api: SetApi, r: Arc<pb::DestroySetRequest>| async move {
                     let name = set_name("name", &r.name)?;
-                    api.state.pipeline.destroy_set(&name).await?;
+                    api.state.pipeline.destroy_set(&name, etag(&r.etag)).await?;
                     Ok(pb::DestroySetResponse {})
                 },
             )
@@ -185,7 +206,7 @@ impl SetService for SetApi {
                     let c = api
                         .state
                         .pipeline
-                        .add_elements(&name, "elements", &inputs, r.exist)
+                        .add_elements(&name, "elements", &inputs, r.exist, etag(&r.etag))
                         .await?;
                     Ok(pb::AddElementsResponse {
                         added: c.changed,
@@ -211,7 +232,7 @@ impl SetService for SetApi {
                     let c = api
                         .state
                         .pipeline
-                        .delete_elements(&name, "elements", &inputs, r.exist)
+                        .delete_elements(&name, "elements", &inputs, r.exist, etag(&r.etag))
                         .await?;
                     Ok(pb::DeleteElementsResponse {
                         deleted: c.changed,
@@ -231,13 +252,17 @@ impl SetService for SetApi {
         let r = request.into_inner();
         let page = LIST_SETS.page(r.page_size, &r.page_token, "")?;
         let p = &self.state.pipeline;
+        let mut etags = p.store().set_etags().await?;
         let mut summaries = p.sets().summaries();
         summaries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let (sets, more) = paging::fill(
             summaries
                 .iter()
                 .filter(|s| page.cursor.as_deref().is_none_or(|c| *s.name > *c))
-                .map(|s| set_pb(s, p.set_references(&s.name))),
+                .map(|s| {
+                    let etag = etags.remove(&s.name).unwrap_or_default();
+                    set_pb(s, p.set_references(&s.name), etag)
+                }),
             page.size,
         );
         let next_page_token = match sets.last() {
@@ -264,7 +289,7 @@ impl SetService for SetApi {
                 .parse()
                 .map_err(|_| Error::invalid("page_token", "not a page token of GetSet"))?,
         };
-        let header = self.header(&name)?;
+        let header = self.header(&name).await?;
         let info = self.state.pipeline.get_set(&name)?;
         let (elements, more) =
             paging::fill(info.elements.iter().skip(start).map(element_pb), page.size);
@@ -290,7 +315,7 @@ impl SetService for SetApi {
                 request,
                 |api: SetApi, r: Arc<pb::FlushSetRequest>| async move {
                     let name = set_name("name", &r.name)?;
-                    api.state.pipeline.flush_set(&name).await?;
+                    api.state.pipeline.flush_set(&name, etag(&r.etag)).await?;
                     Ok(pb::FlushSetResponse {})
                 },
             )
@@ -309,7 +334,8 @@ impl SetService for SetApi {
                 |api: SetApi, r: Arc<pb::SwapSetsRequest>| async move {
                     let from = set_name("name", &r.name)?;
                     let to = set_name("other_name", &r.other_name)?;
-                    api.state.pipeline.swap_sets(&from, &to).await?;
+                    let etags = [etag(&r.etag), etag(&r.other_etag)];
+                    api.state.pipeline.swap_sets(&from, &to, etags).await?;
                     Ok(pb::SwapSetsResponse {})
                 },
             )

@@ -15,9 +15,13 @@
 //! which also sees our raw-table NOTRACK rules; `NFQA_CT_INFO` is read but not used. Counters count
 //! the IP packet length, as xt_counters do.
 //!
-//! Verdicts: ACCEPT -> `NF_ACCEPT`; DROP -> `NF_DROP`; REJECT -> `NF_DROP` as well: NFQUEUE has
-//! no verdict that makes the kernel send the ICMP error or TCP RST, so a REJECT rule drops
-//! silently in this mode (documented in docs/operations.md). A packet whose transport header is
+//! Verdicts ([`answer`]): ACCEPT -> `NF_ACCEPT` (`--nfqueue-mode final`, the default: the
+//! kernel's rules after the steering jump are skipped), or with `--nfqueue-mode continue`
+//! `NF_REPEAT` with the continue mark bit OR-ed into the packet's mark (the kernel runs the
+//! filter table's chain again, the steering chain RETURNs for the marked packet and the
+//! kernel's remaining rules decide; [`NfqueueAccept`]); DROP -> `NF_DROP`; REJECT -> `NF_DROP`
+//! as well: NFQUEUE has no verdict that makes the kernel send the ICMP error or TCP RST, so a
+//! REJECT rule drops silently in this mode (documented in docs/operations.md). A packet whose transport header is
 //! cut short is classified and dropped at the first match that reads a missing byte, as the
 //! kernel's hotdrop ([`vallum_engine::packet::parse`]); one that does not parse (cut inside
 //! its IP or IPv6 extension headers, or an impossible header) is dropped.
@@ -36,6 +40,59 @@
 pub mod wire;
 
 use vallum_engine::model::{Hook, ct_state};
+
+use crate::config::NfqueueAccept;
+
+/// `NF_REPEAT`: the kernel runs the packet's hook function (the filter table's chain) again
+/// from its first rule.
+pub const NF_REPEAT: u32 = 4;
+
+/// The verdict and mark sent for one packet: `nf` is the engine's verdict as `NF_ACCEPT` /
+/// `NF_DROP`, `queued` the mark the packet was queued with, `after` the mark our rules left
+/// (`-j MARK`; `None` for a packet that did not parse).
+///
+/// - `Final`: `(nf, mark)`, the mark only when an accepted packet's mark changed;
+/// - `Continue { mark: B }`: an accepted packet gets `(NF_REPEAT, after | B)` (only bit B is
+///   added; the rest of the mark is the packet's); a dropped one `(NF_DROP, None)`. A packet
+///   that arrives with B already set means the steering rules do not skip B (installed in
+///   `final` mode, or another bit): it is answered as in `Final` instead, so that it cannot
+///   loop through the queue, with [`Answered::loop_guard`] set.
+pub fn answer(accept: NfqueueAccept, nf: u32, queued: u32, after: Option<u32>) -> Answered {
+    let changed = after.filter(|&m| m != queued && nf == wire::NF_ACCEPT);
+    match accept {
+        NfqueueAccept::Continue { mark } if nf == wire::NF_ACCEPT => {
+            if queued & mark != 0 {
+                return Answered {
+                    verdict: nf,
+                    mark: changed,
+                    loop_guard: true,
+                };
+            }
+            Answered {
+                verdict: NF_REPEAT,
+                mark: Some(after.unwrap_or(queued) | mark),
+                loop_guard: false,
+            }
+        }
+        NfqueueAccept::Final | NfqueueAccept::Continue { .. } => Answered {
+            verdict: nf,
+            mark: changed,
+            loop_guard: false,
+        },
+    }
+}
+
+/// What [`answer`] decided for one packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answered {
+    /// `NF_ACCEPT`, `NF_DROP` or `NF_REPEAT`.
+    pub verdict: u32,
+    /// The mark to send with it (`NFQA_MARK`), if any.
+    pub mark: Option<u32>,
+    /// `continue` mode met a packet already carrying the continue bit and answered it as
+    /// `final` (the steering rules do not skip the bit).
+    pub loop_guard: bool,
+}
 
 /// The [`Hook`] of a netfilter hook number (`NF_INET_PRE_ROUTING` = 0, `LOCAL_IN` = 1,
 /// `FORWARD` = 2, `LOCAL_OUT` = 3, `POST_ROUTING` = 4); `None` for any other number.
@@ -105,7 +162,8 @@ mod linux {
     use vallum_engine::packet::{IfName, PacketMeta};
 
     use super::wire::{self, Message, PacketMsg};
-    use super::{QueueError, ct_nat, hook_from_netfilter};
+    use super::{NF_REPEAT, QueueError, answer, ct_nat, hook_from_netfilter};
+    use crate::config::NfqueueAccept;
     use crate::events::Events;
     use crate::sources::{BATCH, Drain};
 
@@ -119,15 +177,13 @@ mod linux {
     const RCVBUF: libc::c_int = 8 << 20;
     /// How long a `recvmmsg` waits for the first packet before the worker checks its stop flag.
     const RECV_TIMEOUT: Duration = Duration::from_millis(100);
-    /// `NF_REPEAT`: the answer to a packet that arrives before the bind is acknowledged; the
-    /// kernel runs the hook again, so the packet is queued again and classified normally.
-    const NF_REPEAT: u32 = 4;
     /// How long an interface name is trusted before `if_indextoname` is asked again (names
     /// can change under the same index: `ip link set X name Y`).
     const IFNAME_TTL_NS: u64 = 1_000_000_000;
 
-    /// One answer: packet id, `NF_ACCEPT` / `NF_DROP`, and the mark to set with it (`Some`
-    /// when the rules changed the packet's mark: `-j MARK`, `-j CONNMARK --restore-mark`).
+    /// One answer: packet id, `NF_ACCEPT` / `NF_DROP` / `NF_REPEAT`, and the mark to set with
+    /// it (`Some` when the rules changed the packet's mark: `-j MARK`, `-j CONNMARK
+    /// --restore-mark`, or in `continue` mode always; see [`answer`]).
     pub type Answer = (u32, u32, Option<u32>);
 
     /// A bound queue: the netlink socket with its send side, and the receive slots (apart,
@@ -149,6 +205,11 @@ mod linux {
         seq: u32,
         /// Outgoing messages (reused: no allocation once grown).
         tx: Vec<u8>,
+        /// What our ACCEPT means (`--nfqueue-mode`).
+        accept: NfqueueAccept,
+        /// Packets `continue` mode answered as `final` because they arrived with the continue
+        /// bit already set ([`super::Answered::loop_guard`]); warned about once.
+        loop_guarded: u64,
     }
 
     impl std::fmt::Debug for Queue {
@@ -248,6 +309,8 @@ mod linux {
                     num,
                     seq: 1,
                     tx: Vec::with_capacity(BATCH * 64),
+                    accept: NfqueueAccept::Final,
+                    loop_guarded: 0,
                 },
                 kernel_ct: true,
                 rx: vec![0; BATCH * SLOT],
@@ -277,6 +340,13 @@ mod linux {
         /// `DNAT` never match.
         pub fn kernel_conntrack(&self) -> bool {
             self.kernel_ct
+        }
+
+        /// Sets what our ACCEPT means (`--nfqueue-mode`; [`NfqueueAccept::Final`] when not
+        /// called).
+        pub fn with_accept(mut self, accept: NfqueueAccept) -> Queue {
+            self.link.accept = accept;
+            self
         }
 
         /// The queue number.
@@ -310,6 +380,9 @@ mod linux {
                 if !repeat.is_empty() {
                     let l = &mut self.link;
                     l.tx.clear();
+                    // NF_REPEAT: the answer to a packet that arrives before the bind is
+                    // acknowledged; the kernel runs the hook again, so the packet is queued
+                    // again and classified normally.
                     for id in repeat {
                         l.seq = l.seq.wrapping_add(1);
                         wire::verdict(&mut l.tx, l.seq, num, id, NF_REPEAT, false);
@@ -668,15 +741,25 @@ mod linux {
         }
         // The IP packets themselves go along for `-m string`.
         worker.process_batch_bytes(&mut packets[..k], &headers[..k], &mut verdicts[..k], now);
+        let guarded_before = link.loop_guarded;
         for (a, &(id, idx, queued)) in answers.iter_mut().zip(&order[..m]) {
             let v = verdicts.get(idx).map_or(wire::NF_DROP, |&v| nf_verdict(v));
-            // The mark the rules left, sent back when it differs from the queued one (only
-            // an accepted packet goes on to use it).
-            let mark = packets
-                .get(idx)
-                .map(|p| p.mark)
-                .filter(|&mk| mk != queued && v == wire::NF_ACCEPT);
-            *a = (id, v, mark);
+            // The mark the rules left (`None` for a packet that did not parse).
+            let after = packets.get(idx).map(|p| p.mark);
+            let ans = answer(link.accept, v, queued, after);
+            link.loop_guarded += u64::from(ans.loop_guard);
+            *a = (id, ans.verdict, ans.mark);
+        }
+        if guarded_before == 0 && link.loop_guarded > 0 {
+            if let NfqueueAccept::Continue { mark } = link.accept {
+                tracing::warn!(
+                    queue = link.num,
+                    "--nfqueue-mode continue: a packet arrived with the continue mark {mark:#x} \
+                     already set, so the steering rules do not skip it (installed with `vallumctl \
+                     dataplane install --mode final`, or another --mark?); such packets are \
+                     accepted as in final mode, not handed back to the kernel's rules"
+                );
+            }
         }
         if let Err(e) = link.send_verdicts(&answers[..m]) {
             tracing::warn!(queue = link.num, error = %e, "NFQUEUE verdicts failed");
@@ -716,6 +799,45 @@ mod tests {
             (vallum_engine::packet::IfName::new("lo").unwrap(), false)
         );
         assert!(!names.link(0, 0).1);
+    }
+
+    #[test]
+    fn verdicts_by_mode() {
+        use wire::{NF_ACCEPT, NF_DROP};
+        let a = |accept, nf, queued, after| {
+            let r = answer(accept, nf, queued, after);
+            (r.verdict, r.mark, r.loop_guard)
+        };
+        let fin = NfqueueAccept::Final;
+        let cont = NfqueueAccept::Continue { mark: 0x4000_0000 };
+        // final: today's answers; the mark only when an accepted packet's mark changed.
+        assert_eq!(a(fin, NF_ACCEPT, 7, Some(7)), (NF_ACCEPT, None, false));
+        assert_eq!(a(fin, NF_ACCEPT, 7, Some(9)), (NF_ACCEPT, Some(9), false));
+        assert_eq!(a(fin, NF_DROP, 7, Some(9)), (NF_DROP, None, false));
+        assert_eq!(a(fin, NF_DROP, 7, None), (NF_DROP, None, false));
+        // continue: ACCEPT repeats the hook with only our bit added to the mark.
+        assert_eq!(
+            a(cont, NF_ACCEPT, 0, Some(0)),
+            (NF_REPEAT, Some(0x4000_0000), false)
+        );
+        assert_eq!(
+            a(cont, NF_ACCEPT, 0x0000_4001, Some(0x0000_4001)),
+            (NF_REPEAT, Some(0x4000_4001), false),
+            "a user mark survives"
+        );
+        assert_eq!(
+            a(cont, NF_ACCEPT, 1, Some(0x84)),
+            (NF_REPEAT, Some(0x4000_0084), false),
+            "our -j MARK survives"
+        );
+        // Our DROP is a DROP.
+        assert_eq!(a(cont, NF_DROP, 0, Some(0)), (NF_DROP, None, false));
+        assert_eq!(a(cont, NF_DROP, 0, None), (NF_DROP, None, false));
+        // Arrived with our bit: the steering does not skip it; never repeat (no loop).
+        assert_eq!(
+            a(cont, NF_ACCEPT, 0x4000_0000, Some(0x4000_0000)),
+            (NF_ACCEPT, None, true)
+        );
     }
 
     #[test]

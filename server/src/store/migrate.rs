@@ -53,6 +53,8 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(20261215100000, "load_failures"),
     migration!(20261216090000, "chunk_list_rows"),
     migration!(20261217090000, "chunk_refs_by_trigger"),
+    migration!(20261218090000, "idempotency_requests"),
+    migration!(20261218100000, "set_versions"),
 ];
 
 /// SHA-384 of a migration's text (what sqlx stored as its checksum).

@@ -82,6 +82,34 @@ fn set_id(tx: &Tx<'_>, name: &str) -> Result<i64> {
         .ok_or_else(|| Error::Internal(format!("set {name} is not in the store")))
 }
 
+/// The etag of a set row: its id and version (hex), e.g. `1f.3`.
+fn set_etag_of(id: i64, version: i64) -> String {
+    format!("{id:x}.{version}")
+}
+
+/// Checks that set `name`'s etag is `expected` (when given) and bumps its version; returns
+/// the row id.
+///
+/// Errors: [`Error::EtagMismatch`]; [`Error::Internal`] when the set is not stored.
+fn change_set(tx: &Tx<'_>, name: &str, expected: Option<&str>) -> Result<i64> {
+    let (id, version): (i64, i64) = tx
+        .prepare_cached("SELECT id, version FROM sets WHERE name = ?1")?
+        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .ok_or_else(|| Error::Internal(format!("set {name} is not in the store")))?;
+    let current = set_etag_of(id, version);
+    if let Some(e) = expected.filter(|e| !e.is_empty() && *e != current) {
+        return Err(Error::EtagMismatch {
+            name: format!("sets/{name}"),
+            given: e.to_string(),
+            current,
+        });
+    }
+    tx.prepare_cached("UPDATE sets SET version = version + 1 WHERE id = ?1")?
+        .execute([id])?;
+    Ok(id)
+}
+
 fn insert_set(tx: &Tx<'_>, name: &str, spec: &SetSpec, now: i64) -> Result<i64> {
     tx.prepare_cached(
         "INSERT INTO sets (name, type, family, hashsize, maxelem, timeout, counters, created_at) \
@@ -170,35 +198,74 @@ impl Store {
             .await
     }
 
-    /// Deletes a set and its elements; whether it existed.
+    /// The etag of every stored set, by name (see [`Store::change_elements`]).
     ///
     /// Errors: [`Error::Store`].
-    pub async fn destroy_set(&self, name: &str) -> Result<bool> {
+    pub async fn set_etags(&self) -> Result<std::collections::HashMap<String, String>> {
+        self.readers
+            .run(|tx| {
+                Ok(tx
+                    .prepare_cached("SELECT name, id, version FROM sets")?
+                    .query_map([], |r| Ok((r.get(0)?, set_etag_of(r.get(1)?, r.get(2)?))))?
+                    .collect::<rusqlite::Result<_>>()?)
+            })
+            .await
+    }
+
+    /// The etag of set `name`, if it is stored.
+    ///
+    /// Errors: [`Error::Store`].
+    pub async fn set_etag(&self, name: &str) -> Result<Option<String>> {
         let name = name.to_string();
-        self.writer
+        self.readers
             .run(move |tx| {
                 Ok(tx
-                    .prepare_cached("DELETE FROM sets WHERE name = ?1")?
-                    .execute([name])?
+                    .prepare_cached("SELECT id, version FROM sets WHERE name = ?1")?
+                    .query_row([name], |r| Ok(set_etag_of(r.get(0)?, r.get(1)?)))
+                    .optional()?)
+            })
+            .await
+    }
+
+    /// Deletes a set and its elements; whether it existed.
+    ///
+    /// Errors: [`Error::EtagMismatch`] when `etag` is given and is not the set's;
+    /// [`Error::Store`].
+    pub async fn destroy_set(&self, name: &str, etag: Option<&str>) -> Result<bool> {
+        let (name, etag) = (name.to_string(), etag.map(str::to_string));
+        self.writer
+            .run(move |tx| {
+                if set_id(tx, &name).is_err() {
+                    return Ok(false);
+                }
+                let id = change_set(tx, &name, etag.as_deref())?;
+                Ok(tx
+                    .prepare_cached("DELETE FROM sets WHERE id = ?1")?
+                    .execute([id])?
                     > 0)
             })
             .await
     }
 
     /// Adds `add` (an element already stored gets the new expiry) and removes `delete` from
-    /// set `name`, in one transaction.
+    /// set `name`, in one transaction. Every change of a set (here, [`Store::flush_set`],
+    /// [`Store::swap_sets`], [`Store::import_sets`]) gives it a new etag; with `etag`, the
+    /// change is made only when it is still the set's.
     ///
-    /// Errors: [`Error::Store`]; [`Error::Internal`] when the set is not stored.
+    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::Internal`] when the set
+    /// is not stored.
     pub async fn change_elements(
         &self,
         name: &str,
         add: &[StoredElement],
         delete: &[String],
+        etag: Option<&str>,
     ) -> Result<()> {
         let (name, add, delete) = (name.to_string(), add.to_vec(), delete.to_vec());
+        let etag = etag.map(str::to_string);
         self.writer
             .run(move |tx| {
-                let id = set_id(tx, &name)?;
+                let id = change_set(tx, &name, etag.as_deref())?;
                 upsert(tx, id, &add)?;
                 for chunk in delete.chunks(ROWS_PER_STATEMENT) {
                     let mut stmt = tx.prepare_cached(&format!(
@@ -215,14 +282,15 @@ impl Store {
             .await
     }
 
-    /// Removes every element of set `name`.
+    /// Removes every element of set `name` (with `etag`: only when it is still the set's).
     ///
-    /// Errors: [`Error::Store`]; [`Error::Internal`] when the set is not stored.
-    pub async fn flush_set(&self, name: &str) -> Result<()> {
-        let name = name.to_string();
+    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::Internal`] when the set
+    /// is not stored.
+    pub async fn flush_set(&self, name: &str, etag: Option<&str>) -> Result<()> {
+        let (name, etag) = (name.to_string(), etag.map(str::to_string));
         self.writer
             .run(move |tx| {
-                let id = set_id(tx, &name)?;
+                let id = change_set(tx, &name, etag.as_deref())?;
                 tx.prepare_cached("DELETE FROM set_elements WHERE set_id = ?1")?
                     .execute([id])?;
                 Ok(())
@@ -230,15 +298,18 @@ impl Store {
             .await
     }
 
-    /// Exchanges two sets' names (so their contents and options swap, as `ipset swap`).
+    /// Exchanges two sets' names (so their contents and options swap, as `ipset swap`);
+    /// `etags` are those the two sets must still have (when given).
     ///
-    /// Errors: [`Error::Store`]; [`Error::Internal`] when a set is not stored.
-    pub async fn swap_sets(&self, a: &str, b: &str) -> Result<()> {
+    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::Internal`] when a set is
+    /// not stored.
+    pub async fn swap_sets(&self, a: &str, b: &str, etags: [Option<&str>; 2]) -> Result<()> {
         let (a, b) = (a.to_string(), b.to_string());
+        let etags = etags.map(|e| e.map(str::to_string));
         self.writer
             .run(move |tx| {
-                let ia = set_id(tx, &a)?;
-                let ib = set_id(tx, &b)?;
+                let ia = change_set(tx, &a, etags[0].as_deref())?;
+                let ib = change_set(tx, &b, etags[1].as_deref())?;
                 // Through a name no set can have (longer than 31 bytes), for the UNIQUE
                 // constraint.
                 let parked = "vallum: swap in progress, not a set name";
@@ -262,7 +333,7 @@ impl Store {
                 for s in &sets {
                     let id = match &s.create {
                         Some(spec) => insert_set(tx, &s.name, spec, now)?,
-                        None => set_id(tx, &s.name)?,
+                        None => change_set(tx, &s.name, None)?,
                     };
                     upsert(tx, id, &s.added)?;
                 }
@@ -316,22 +387,23 @@ mod tests {
         let many: Vec<StoredElement> = (0..(ROWS_PER_STATEMENT as u32 + 7))
             .map(|i| el(&std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string(), None))
             .collect();
-        store.change_elements("a", &many, &[]).await.unwrap();
+        store.change_elements("a", &many, &[], None).await.unwrap();
         store
             .change_elements(
                 "b",
                 &[el("192.0.2.1", Some(100)), el("192.0.2.2", Some(300))],
                 &[],
+                None,
             )
             .await
             .unwrap();
         // Re-adding renews the expiry.
         store
-            .change_elements("b", &[el("192.0.2.1", Some(200))], &[])
+            .change_elements("b", &[el("192.0.2.1", Some(200))], &[], None)
             .await
             .unwrap();
         store
-            .change_elements("a", &[], &["10.0.0.0".into(), "10.0.0.1".into()])
+            .change_elements("a", &[], &["10.0.0.0".into(), "10.0.0.1".into()], None)
             .await
             .unwrap();
         let loaded = store.load_sets(150).await.unwrap();
@@ -341,15 +413,15 @@ mod tests {
         assert_eq!(loaded[1].elements.len(), 2, "192.0.2.1 renewed to 200");
         assert_eq!(store.load_sets(250).await.unwrap()[1].elements.len(), 1);
 
-        store.swap_sets("a", "b").await.unwrap();
+        store.swap_sets("a", "b", [None, None]).await.unwrap();
         let loaded = store.load_sets(0).await.unwrap();
         assert_eq!((loaded[0].name.as_str(), loaded[0].spec), ("a", timed));
         assert_eq!(loaded[0].elements.len(), 2);
         assert_eq!(loaded[1].elements.len(), ROWS_PER_STATEMENT + 5);
 
         assert_eq!(store.expire_set_elements(250).await.unwrap(), 1);
-        store.flush_set("a").await.unwrap();
-        store.flush_set("b").await.unwrap();
+        store.flush_set("a", None).await.unwrap();
+        store.flush_set("b", None).await.unwrap();
         assert!(
             store
                 .load_sets(0)
@@ -377,8 +449,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.load_sets(0).await.unwrap().len(), 3);
-        assert!(store.destroy_set("c").await.unwrap());
-        assert!(!store.destroy_set("c").await.unwrap());
+        assert!(store.destroy_set("c", None).await.unwrap());
+        assert!(!store.destroy_set("c", None).await.unwrap());
         // The cascade removed c's elements.
         let n: i64 = store
             .readers
@@ -386,5 +458,54 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n, 1);
+    }
+
+    /// Every change gives the set a new etag; a stale etag changes nothing; a swap moves
+    /// the names (each set's etag changes); a set made again under the same name has an etag
+    /// of its own.
+    #[tokio::test]
+    async fn set_etags_change_with_every_change_and_guard_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+        let ip = SetSpec::new(SetType::HashIp, Family::Ipv4);
+        store.create_set("a", &ip, 1).await.unwrap();
+        store.create_set("b", &ip, 1).await.unwrap();
+        let etag = |store: &Store, n: &'static str| {
+            let store = store.clone();
+            async move { store.set_etag(n).await.unwrap().unwrap() }
+        };
+        let e0 = etag(&store, "a").await;
+        store
+            .change_elements("a", &[el("192.0.2.1", None)], &[], Some(&e0))
+            .await
+            .unwrap();
+        let e1 = etag(&store, "a").await;
+        assert_ne!(e0, e1);
+        let stale = store
+            .change_elements("a", &[el("192.0.2.2", None)], &[], Some(&e0))
+            .await
+            .unwrap_err();
+        assert!(matches!(stale, Error::EtagMismatch { .. }), "{stale}");
+        assert_eq!(store.load_sets(0).await.unwrap()[0].elements.len(), 1);
+        assert!(store.flush_set("a", Some(&e0)).await.is_err());
+        assert!(store.destroy_set("a", Some(&e0)).await.is_err());
+        assert_eq!(etag(&store, "a").await, e1, "refusals change nothing");
+        let b0 = etag(&store, "b").await;
+        assert!(
+            store
+                .swap_sets("a", "b", [Some(&e1), Some("x")])
+                .await
+                .is_err()
+        );
+        store
+            .swap_sets("a", "b", [Some(&e1), Some(&b0)])
+            .await
+            .unwrap();
+        let (a2, b2) = (etag(&store, "a").await, etag(&store, "b").await);
+        assert!(a2 != e1 && a2 != b0 && b2 != e1 && b2 != b0, "{a2} {b2}");
+        assert_eq!(store.set_etags().await.unwrap()["a"], a2);
+        assert!(store.destroy_set("a", Some(&a2)).await.unwrap());
+        store.create_set("a", &ip, 1).await.unwrap();
+        assert_ne!(etag(&store, "a").await, a2);
     }
 }

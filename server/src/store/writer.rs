@@ -188,7 +188,7 @@ pub(crate) fn ensure_ruleset(
     let row = RulesetRow {
         name: name.to_string(),
         priority,
-        etag: etag(now, 0, None),
+        etag: etag(now, 0, None, priority),
         active_revision: None,
         latest_revision: 0,
         created_at: now,
@@ -277,7 +277,7 @@ pub(crate) fn set_ruleset_heads(
     now: i64,
 ) -> Result<RulesetRow> {
     let after = RulesetRow {
-        etag: etag(rs.created_at, latest, active),
+        etag: etag(rs.created_at, latest, active, rs.priority),
         active_revision: active,
         latest_revision: latest,
         updated_at: now,
@@ -294,6 +294,14 @@ pub(crate) fn set_ruleset_heads(
         rs.name
     ])?;
     Ok(after)
+}
+
+/// Sets the priority of `rs`; returns the row after (its etag is made again by
+/// [`set_ruleset_heads`], which the caller runs next).
+pub(crate) fn set_priority(tx: &Tx<'_>, rs: RulesetRow, priority: i32) -> Result<RulesetRow> {
+    tx.prepare_cached("UPDATE rulesets SET priority = ?1 WHERE name = ?2")?
+        .execute(params![priority, rs.name])?;
+    Ok(RulesetRow { priority, ..rs })
 }
 
 /// Clears the commit-confirmed deadlines of `ruleset` (a later commit settles them).

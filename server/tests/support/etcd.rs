@@ -50,11 +50,18 @@ pub struct EtcdServer {
     /// plaintext metrics listener on `health_port`.
     tls: Option<[PathBuf; 3]>,
     health_port: u16,
+    /// More etcd flags (e.g. `--enable-pprof`).
+    extra: Vec<String>,
 }
 
 impl EtcdServer {
     /// A single-member etcd, up and healthy; `None` (after printing SKIP) when not installed.
     pub fn start() -> Option<EtcdServer> {
+        EtcdServer::start_with(&[])
+    }
+
+    /// As [`EtcdServer::start`], with more etcd flags.
+    pub fn start_with(extra: &[&str]) -> Option<EtcdServer> {
         let Some(bin) = etcd_bin() else {
             println!("SKIP etcd not installed (Debian package etcd-server)");
             return None;
@@ -67,6 +74,7 @@ impl EtcdServer {
             peer,
             format!("m0=http://127.0.0.1:{peer}"),
         );
+        m.extra = extra.iter().map(|a| a.to_string()).collect();
         m.spawn();
         m.wait_healthy();
         Some(m)
@@ -115,6 +123,7 @@ impl EtcdServer {
             dir: tempfile::tempdir().expect("tempdir"),
             tls: None,
             health_port: client_port,
+            extra: Vec::new(),
         }
     }
 
@@ -165,6 +174,7 @@ impl EtcdServer {
                 "vallum-test",
             ])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
@@ -193,17 +203,21 @@ impl EtcdServer {
     }
 
     fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.health_port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body.contains("\"health\":\"true\"")
+        self.http_get("/health", Duration::from_secs(2))
+            .is_some_and(|b| String::from_utf8_lossy(&b).contains("\"health\":\"true\""))
+    }
+
+    /// The body of `GET path` on the health/metrics listener (plaintext; HTTP/1.0, so never
+    /// chunked), waiting at most `timeout` for it; `None` when unreachable.
+    pub fn http_get(&self, path: &str, timeout: Duration) -> Option<Vec<u8>> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.health_port)).ok()?;
+        let _ = s.set_read_timeout(Some(timeout));
+        let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        s.write_all(req.as_bytes()).ok()?;
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+        let at = all.windows(4).position(|w| w == b"\r\n\r\n")?;
+        Some(all.split_off(at + 4))
     }
 
     /// The process id, while running.

@@ -22,7 +22,9 @@ pub struct Vallumd {
 
 impl Vallumd {
     /// Starts vallumd with `--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db DB` and
-    /// `extra` flags; waits for the `metrics on ADDR` and `listening on ADDR` lines.
+    /// `extra` flags; waits for the `metrics on ADDR` and `listening on ADDR` lines. Unless
+    /// `extra` says otherwise ([`harness_flags`]): `--insecure-no-auth` (the tests call over
+    /// TCP without tokens) and `--socket none` (no test takes the host's default socket).
     pub fn start(db: &Path, extra: &[&str]) -> Vallumd {
         Vallumd::start_env(db, extra, &[])
     }
@@ -34,6 +36,7 @@ impl Vallumd {
             .arg(db)
             .args(["--cores", "2"])
             .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(harness_flags(extra))
             .args(extra)
             .env_remove("VALLUM_DB")
             .envs(env.iter().copied())
@@ -101,6 +104,32 @@ impl Drop for Vallumd {
     }
 }
 
+/// The flags a test's vallumd gets unless `extra` has them: `--insecure-no-auth` (anonymous
+/// TCP admin: the tests call over TCP without tokens; a test of the default passes
+/// `--socket` or a token flag and gets no such flag) and `--socket none`.
+pub fn harness_flags(extra: &[&str]) -> Vec<&'static str> {
+    let has = |f: &str| {
+        extra
+            .iter()
+            .any(|a| *a == f || a.starts_with(&format!("{f}=")))
+    };
+    let mut out = Vec::new();
+    let secure = [
+        "--insecure-no-auth",
+        "--token-file",
+        "--admin-token-file",
+        "--reader-token-file",
+        "--socket",
+    ];
+    if !secure.iter().any(|f| has(f)) {
+        out.push("--insecure-no-auth");
+    }
+    if !has("--socket") {
+        out.extend(["--socket", "none"]);
+    }
+    out
+}
+
 /// A channel to `addr` (retried while the listener comes up).
 pub async fn connect(addr: &str) -> Channel {
     for _ in 0..100 {
@@ -164,6 +193,7 @@ impl InProcess {
             args.extend(["--metrics-listen", "127.0.0.1:0", "--db"]);
             let db = db.to_str().expect("a UTF-8 path");
             args.push(db);
+            args.extend(harness_flags(extra));
             args.extend_from_slice(extra);
             let config = vallum_server::Config::from_args(args).expect("flags");
             let (stop, rx) = tokio::sync::oneshot::channel::<()>();
