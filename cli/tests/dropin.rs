@@ -975,6 +975,7 @@ fn ufw_enable_allow_limit_as_iptables_legacy() {
         BIN,
         &format!(
             "{} --listen 127.0.0.1:50051 --metrics-listen 127.0.0.1:0 --cores 1 \
+             --insecure-no-auth --socket none \
              --db \"$(mktemp -d)/v.db\" >/dev/null 2>&1 &\n\
              trap 'kill $!' EXIT\n\
              iptables -w 60 -S >/dev/null",
