@@ -159,6 +159,11 @@ reasons! {
     FleetUnavailable => ("FLEET_UNAVAILABLE", Unavailable, EXIT_UNAVAILABLE),
     /// Fleet mode: the ruleset is owned by the fleet; change it with FleetService.
     FleetOwned => ("FLEET_OWNED", FailedPrecondition, EXIT_REJECTED),
+    /// `vallumd --kernel-tables`: the kernel's iptables-restore refused the tables vallumd
+    /// hands to it (an extension the kernel lacks, a rule it rejects), or two rulesets declare
+    /// the same chain of one kernel table; nothing was published (see vallum-server's
+    /// `kernel_tables`).
+    KernelTablesRefused => ("KERNEL_TABLES_REFUSED", FailedPrecondition, EXIT_REJECTED),
     /// A page token's listing changed under it (GetCounters: a commit changed the active
     /// revisions between two pages); list again from the first page.
     ListChanged => ("LIST_CHANGED", Aborted, EXIT_REJECTED),

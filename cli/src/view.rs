@@ -723,6 +723,7 @@ pub fn status_json(st: &GetStatusResponse) -> Value {
         "version": st.version,
         "rules": st.rules,
         "not_loaded": st.not_loaded.iter().map(|n| json!({"ruleset": n.ruleset, "revision": n.revision, "error": n.error, "time": ts(n.time.as_ref())})).collect::<Vec<_>>(),
+        "kernel_tables": st.kernel_tables.iter().map(|k| json!({"family": k.family, "table": k.table, "drift": k.drift, "detail": k.detail})).collect::<Vec<_>>(),
     })
 }
 
@@ -757,6 +758,17 @@ pub fn status_text(st: &GetStatusResponse) -> String {
                 "  {:<24} revision {:<6} since {since}  {}",
                 n.ruleset, n.revision, n.error
             );
+        }
+    }
+    if !st.kernel_tables.is_empty() {
+        let _ = writeln!(s, "kernel tables (vallumd --kernel-tables):");
+        for k in &st.kernel_tables {
+            let state = if k.drift { "DRIFT" } else { "in sync" };
+            let _ = write!(s, "  {:<5} {:<9} {state}", k.family, k.table);
+            if !k.detail.is_empty() {
+                let _ = write!(s, ": {}", k.detail);
+            }
+            s.push('\n');
         }
     }
     let _ = writeln!(s, "{:>5} {:>20} {:>20}", "CORE", "GENERATION", "PACKETS");

@@ -665,18 +665,31 @@ fn fail2ban_action_as_iptables_legacy() {
          iptables -w -F f2b-sshd\n\
          iptables -w -X f2b-sshd",
     ];
-    let bin = v.dir.join("bin");
+    let ours = same_as_legacy(&v, "f2b", phases, &["filter"]);
+    assert!(
+        ours[1].contains("-A f2b-sshd -s 198.51.100.9/32 -j REJECT"),
+        "{}",
+        ours[1]
+    );
+}
+
+/// Runs each of `phases` (sh, `set -e`) twice with `iptables`, `iptables-save` and
+/// `iptables-restore` on PATH: as symlinks to vallum-iptables (argv[0] dispatch) writing
+/// ruleset `ruleset` of `v`, and as iptables-legacy's in a private network namespace; after
+/// every phase `iptables-save -t T` of each of `tables` is the same (counters and comments
+/// aside). Returns our output of each phase (the saves, tables marked `@@PHASE:TABLE`).
+fn same_as_legacy(v: &Vallumd, ruleset: &str, phases: &[&str], tables: &[&str]) -> Vec<String> {
+    let names = ["iptables", "iptables-save", "iptables-restore"];
+    let bin = v.dir.join(format!("bin-{ruleset}"));
     std::fs::create_dir_all(&bin).expect("bin dir");
-    for n in ["iptables", "iptables-save"] {
+    for n in names {
         let _ = std::fs::remove_file(bin.join(n));
         std::os::unix::fs::symlink(BIN, bin.join(n)).expect("symlink");
     }
-    let kbin = v.dir.join("kbin");
+    let kbin = v.dir.join(format!("kbin-{ruleset}"));
     std::fs::create_dir_all(&kbin).expect("kbin dir");
-    for (n, k) in [
-        ("iptables", "iptables-legacy"),
-        ("iptables-save", "iptables-legacy-save"),
-    ] {
+    for n in names {
+        let k = n.replacen("iptables", "iptables-legacy", 1);
         let _ = std::fs::remove_file(kbin.join(n));
         let path = Command::new("sh")
             .args(["-c", &format!("command -v {k}")])
@@ -686,32 +699,304 @@ fn fail2ban_action_as_iptables_legacy() {
         std::os::unix::fs::symlink(path, kbin.join(n)).expect("symlink");
     }
     let path = std::env::var("PATH").unwrap_or_default();
+    let save = |i: usize| -> String {
+        tables
+            .iter()
+            .map(|t| format!("echo '@@{i}:{t}'\niptables-save -t {t}\n"))
+            .collect()
+    };
     let mut kscript = format!("set -e\nexport PATH={}:{path}\n", kbin.display());
     let mut ours = Vec::new();
     for (i, p) in phases.iter().enumerate() {
         let out = Command::new("sh")
-            .args(["-ec", &format!("{p}\niptables-save -t filter")])
+            .args(["-ec", &format!("{p}\n{}", save(i))])
             .env("PATH", format!("{}:{path}", bin.display()))
             .env("VALLUM_SERVER", &v.url)
-            .env("VALLUM_RULESET", "f2b")
+            .env("VALLUM_RULESET", ruleset)
             .output()
             .expect("sh");
         assert!(
             out.status.success(),
-            "phase {i}: {}",
+            "{ruleset} phase {i}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         ours.push(String::from_utf8_lossy(&out.stdout).into_owned());
-        kscript.push_str(&format!("{p}\necho '@@{i}'\niptables-save -t filter\n"));
+        kscript.push_str(&format!("{p}\n{}", save(i)));
     }
     let (rc, kernel, err) = in_netns(&kscript);
-    assert_eq!(rc, 0, "{err}");
-    for (i, o) in ours.iter().enumerate() {
-        let want = kernel
-            .split(&format!("@@{i}\n"))
+    assert_eq!(rc, 0, "{ruleset} with iptables-legacy: {err}");
+    let part = |text: &str, i: usize, t: &str| -> String {
+        text.split(&format!("@@{i}:{t}\n"))
             .nth(1)
             .and_then(|s| s.split("@@").next())
-            .unwrap_or("");
-        assert_eq!(save_body(o), save_body(want), "phase {i}");
+            .unwrap_or("")
+            .to_owned()
+    };
+    for (i, o) in ours.iter().enumerate() {
+        for t in tables {
+            assert_eq!(
+                save_body(&part(o, i, t)),
+                save_body(&part(&kernel, i, t)),
+                "{ruleset} phase {i} table {t}"
+            );
+        }
     }
+    ours
+}
+
+/// The iptables calls dockerd 28 makes for the default bridge network (`docker0`,
+/// 172.17.0.0/16) and one container (172.17.0.2) published with `-p 8080:80`, written from
+/// Docker's documented rules and its bridge driver's argument lists (moby
+/// `libnetwork/drivers/bridge/setup_ip_tables_linux.go`, `libnetwork/iptables`): `--wait`
+/// first, `-n -L CHAIN` before `-N`, `-C || -A/-I` for every rule, the jump rules deleted and
+/// inserted again at the top (ensureJumpRule), options in Docker's order (`-d 0/0`, `! -i
+/// docker0` after the DNAT target's own option, `! --dst 127.0.0.0/8` after `-j DOCKER`);
+/// chains DOCKER, DOCKER-USER, DOCKER-FORWARD, DOCKER-ISOLATION-STAGE-1/2 (filter), DOCKER and
+/// MASQUERADE (nat), the direct-routing guard (raw). Phases: daemon start with the network,
+/// container start (port published), container stop (its rules deleted). Each phase gives the
+/// same `iptables-save` of filter, nat and raw as iptables-legacy.
+#[test]
+fn docker_bridge_and_published_port_as_iptables_legacy() {
+    if !legacy_available() {
+        return;
+    }
+    let Some(v) = vallumd("docker") else { return };
+    // One rule as dockerd programs it: `-C` first, then `-A`/`-I` when it is missing.
+    fn ensure(table: &str, op: &str, chain: &str, rule: &str) -> String {
+        format!(
+            "iptables --wait -t {table} -C {chain} {rule} 2>/dev/null || \
+             iptables --wait -t {table} {op} {chain} {rule}\n"
+        )
+    }
+    fn chain(table: &str, name: &str) -> String {
+        format!(
+            "iptables --wait -t {table} -n -L {name} >/dev/null 2>&1 || \
+             iptables --wait -t {table} -N {name}\n"
+        )
+    }
+    fn jump(from: &str, to: &str) -> String {
+        format!(
+            "if iptables --wait -t filter -C {from} -j {to} 2>/dev/null; then \
+             iptables --wait -t filter -D {from} -j {to}; fi\n\
+             iptables --wait -t filter -I {from} -j {to}\n"
+        )
+    }
+    let mut daemon = String::new();
+    daemon += &chain("nat", "DOCKER");
+    for c in [
+        "DOCKER",
+        "DOCKER-FORWARD",
+        "DOCKER-ISOLATION-STAGE-1",
+        "DOCKER-ISOLATION-STAGE-2",
+        "DOCKER-USER",
+    ] {
+        daemon += &chain("filter", c);
+    }
+    daemon += &ensure(
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-m addrtype --dst-type LOCAL -j DOCKER",
+    );
+    daemon += &ensure(
+        "nat",
+        "-A",
+        "OUTPUT",
+        "-m addrtype --dst-type LOCAL -j DOCKER ! --dst 127.0.0.0/8",
+    );
+    // The bridge network.
+    daemon += &ensure(
+        "nat",
+        "-I",
+        "POSTROUTING",
+        "-s 172.17.0.0/16 ! -o docker0 -j MASQUERADE",
+    );
+    daemon += &ensure("nat", "-I", "DOCKER", "-i docker0 -j RETURN");
+    daemon += &ensure("filter", "-A", "DOCKER-FORWARD", "-o docker0 -j DOCKER");
+    daemon += &ensure(
+        "filter",
+        "-A",
+        "DOCKER-FORWARD",
+        "-o docker0 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    );
+    daemon += &ensure("filter", "-A", "DOCKER-FORWARD", "-i docker0 -j ACCEPT");
+    daemon += &ensure(
+        "filter",
+        "-I",
+        "DOCKER-ISOLATION-STAGE-1",
+        "-i docker0 ! -o docker0 -j DOCKER-ISOLATION-STAGE-2",
+    );
+    daemon += &ensure(
+        "filter",
+        "-I",
+        "DOCKER-ISOLATION-STAGE-2",
+        "-o docker0 -j DROP",
+    );
+    daemon += &ensure(
+        "filter",
+        "-I",
+        "DOCKER-FORWARD",
+        "-j DOCKER-ISOLATION-STAGE-1",
+    );
+    daemon += &ensure("filter", "-A", "DOCKER", "! -i docker0 -o docker0 -j DROP");
+    daemon += &jump("FORWARD", "DOCKER-FORWARD");
+    daemon += &jump("FORWARD", "DOCKER-USER");
+    daemon += "iptables --wait -t filter -P FORWARD DROP\n";
+    // The container's published port, then its removal (the same rules with -D).
+    let port_rules = [
+        (
+            "nat",
+            "-A",
+            "DOCKER",
+            "-p tcp -d 0/0 --dport 8080 -j DNAT --to-destination 172.17.0.2:80 ! -i docker0",
+        ),
+        (
+            "filter",
+            "-I",
+            "DOCKER",
+            "! -i docker0 -o docker0 -p tcp -d 172.17.0.2 --dport 80 -j ACCEPT",
+        ),
+        (
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-p tcp -s 172.17.0.2 -d 172.17.0.2 --dport 80 -j MASQUERADE",
+        ),
+        (
+            "raw",
+            "-A",
+            "PREROUTING",
+            "-p tcp -d 172.17.0.2 --dport 80 ! -i docker0 -j DROP",
+        ),
+    ];
+    let start: String = port_rules
+        .iter()
+        .map(|(t, op, c, r)| ensure(t, op, c, r))
+        .collect();
+    let stop: String = port_rules
+        .iter()
+        .map(|(t, _, c, r)| format!("iptables --wait -t {t} -D {c} {r}\n"))
+        .collect();
+    let ours = same_as_legacy(
+        &v,
+        "docker",
+        &[&daemon, &start, &stop],
+        &["filter", "nat", "raw"],
+    );
+    // Not an empty comparison: the published port's rules are there after the start.
+    for rule in [
+        "-A DOCKER ! -i docker0 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 172.17.0.2:80",
+        "-A DOCKER -d 172.17.0.2/32 ! -i docker0 -o docker0 -p tcp -m tcp --dport 80 -j ACCEPT",
+        "-A OUTPUT ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j DOCKER",
+        "-A PREROUTING -d 172.17.0.2/32 ! -i docker0 -p tcp -m tcp --dport 80 -j DROP",
+        "-A FORWARD -j DOCKER-USER",
+    ] {
+        assert!(ours[1].contains(rule), "{rule}: {}", ours[1]);
+    }
+}
+
+/// ufw from the Debian package (`ufw --force enable`, `ufw allow 22/tcp`, `ufw limit ssh`),
+/// which runs `/usr/sbin/iptables*` and `ip6tables*` by full path with its own restore files:
+/// in a private mount and network namespace those paths are bind mounts of vallum-iptables
+/// (with a vallumd of its own inside the namespace, ruleset `ufw`), or of iptables-legacy's
+/// multi-call binary; ufw's configuration is a copy, so the host's is never touched. Both give
+/// the same `iptables-save` and `ip6tables-save` of the filter table. SKIP without ufw,
+/// root, iptables-legacy or unshare.
+#[test]
+fn ufw_enable_allow_limit_as_iptables_legacy() {
+    if !legacy_available() {
+        return;
+    }
+    let ufw = std::path::Path::new("/usr/sbin/ufw");
+    let legacy = Command::new("sh")
+        .args(["-c", "command -v xtables-legacy-multi"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    if !ufw.exists() || !std::path::Path::new("/etc/ufw/before.rules").exists() {
+        println!("SKIP ufw is not installed (apt-get install ufw)");
+        return;
+    }
+    if legacy.is_empty() {
+        println!("SKIP xtables-legacy-multi not found");
+        return;
+    }
+    let vallumd = PathBuf::from(BIN).with_file_name("vallumd");
+    if !vallumd.exists() {
+        println!("SKIP {} not built", vallumd.display());
+        return;
+    }
+    let names =
+        "iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore";
+    let side = |tag: &str, binary: &str, start: &str| -> String {
+        let dir = std::env::temp_dir().join(format!("vallum-ufw-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let d = dir.display();
+        let copy = Command::new("sh")
+            .args([
+                "-ec",
+                &format!("cp -a /etc/ufw {d}/etc-ufw; cp /etc/default/ufw {d}/default-ufw"),
+            ])
+            .status()
+            .expect("cp");
+        assert!(copy.success(), "copy ufw's configuration");
+        let script = format!(
+            "set -e\nip link set lo up\n\
+             mount --bind {d}/etc-ufw /etc/ufw\n\
+             mount --bind {d}/default-ufw /etc/default/ufw\n\
+             for n in {names}; do mount --bind {binary} /usr/sbin/$n; done\n\
+             {start}\n\
+             ufw --force enable >/dev/null\n\
+             ufw allow 22/tcp >/dev/null\n\
+             ufw limit ssh >/dev/null\n\
+             echo '@@v4'; iptables-save -t filter\n\
+             echo '@@v6'; ip6tables-save -t filter\n"
+        );
+        let out = Command::new("unshare")
+            .args(["--mount", "--net", "sh", "-c", &script])
+            .env("VALLUM_SERVER", "http://127.0.0.1:50051")
+            .env("VALLUM_RULESET", "ufw")
+            .env_remove("VALLUM_TOKEN")
+            .output()
+            .expect("unshare");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "ufw with {tag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Ours: vallumd inside the namespace (its loopback is the namespace's), killed with it;
+    // `-w 60` waits until it serves.
+    let ours = side(
+        "ours",
+        BIN,
+        &format!(
+            "{} --listen 127.0.0.1:50051 --metrics-listen 127.0.0.1:0 --cores 1 \
+             --insecure-no-auth --socket none \
+             --db \"$(mktemp -d)/v.db\" >/dev/null 2>&1 &\n\
+             trap 'kill $!' EXIT\n\
+             iptables -w 60 -S >/dev/null",
+            vallumd.display()
+        ),
+    );
+    let kernel = side("legacy", &legacy, ":");
+    let part = |text: &str, m: &str| -> Vec<String> {
+        save_body(
+            text.split(&format!("@@{m}\n"))
+                .nth(1)
+                .and_then(|s| s.split("@@").next())
+                .unwrap_or(""),
+        )
+    };
+    for m in ["v4", "v6"] {
+        assert_eq!(part(&ours, m), part(&kernel, m), "ufw {m}");
+    }
+    let v4 = part(&ours, "v4").join("\n");
+    assert!(
+        v4.contains("-A ufw-user-input -p tcp -m tcp --dport 22 -m conntrack --ctstate NEW -m recent --update --seconds 30 --hitcount 6"),
+        "ufw limit ssh is there: {v4}"
+    );
 }

@@ -473,6 +473,12 @@ pub struct Config {
     #[arg(long, env = "VALLUM_LOCAL_ADDRESSES_REFRESH", default_value = "1", value_parser = parse_seconds)]
     pub local_addresses_refresh: Duration,
 
+    /// Kernel tables: `--kernel-tables nat,mangle` hands those tables (stored, not enforced
+    /// by vallumd) to the kernel with each commit, `--kernel-tables-restore`,
+    /// `--kernel-tables-check-interval` (see `kernel_tables`).
+    #[command(flatten)]
+    pub kernel_tables: crate::kernel_tables::KernelTablesArgs,
+
     /// Fleet mode: `--fleet-endpoints`, `--node-name`, `--node-labels`, `--fleet-prefix`,
     /// `--fleet-lease-ttl` (off without `--fleet-endpoints`).
     #[command(flatten)]

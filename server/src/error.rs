@@ -126,6 +126,10 @@ pub enum Error {
     /// Fleet mode: etcd cannot be reached, or refused the request (see [`crate::fleet`]).
     #[error("fleet: {0}")]
     Fleet(String),
+    /// `--kernel-tables`: the kernel refused the tables handed to it, or two rulesets declare
+    /// one chain of a kernel table (see [`crate::kernel_tables`]); nothing was published.
+    #[error("kernel tables: {0}")]
+    KernelTables(String),
     /// Fleet mode: a local mutation of a ruleset the fleet agent owns.
     #[error(
         "rulesets/{ruleset} is owned by {owner}; change it with FleetService (vallumctl fleet)"
@@ -205,6 +209,7 @@ impl Error {
             Error::Limit(l) => l.reason(),
             Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
             Error::Fleet(_) => Reason::FleetUnavailable,
+            Error::KernelTables(_) => Reason::KernelTablesRefused,
             Error::FleetOwned { .. } => Reason::FleetOwned,
             Error::ScopeDenied { .. } => Reason::ScopeDenied,
             Error::ListChanged { .. } => Reason::ListChanged,
@@ -306,6 +311,7 @@ impl From<Error> for tonic::Status {
             Error::NotFound { .. }
             | Error::ListChanged { .. }
             | Error::Fleet(_)
+            | Error::KernelTables(_)
             | Error::NotReady
             | Error::Commit(_)
             | Error::Store(_)

@@ -34,6 +34,7 @@ pub mod events;
 pub mod example;
 pub mod fleet;
 pub mod hooks;
+pub mod kernel_tables;
 pub mod limits;
 pub mod local_addrs;
 pub mod local_socket;

@@ -107,6 +107,7 @@ impl Outcome {
             | Error::Migrate(_)
             | Error::Startup { .. }
             | Error::Fleet(_)
+            | Error::KernelTables(_)
             | Error::FleetOwned { .. }
             | Error::ScopeDenied { .. }
             | Error::ListChanged { .. }

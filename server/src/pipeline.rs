@@ -46,6 +46,7 @@ use vallum_engine::validate::{Severity, Violation};
 use crate::content::{self, Checked, Finding, Places, PreviousParse, SourceText};
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::hooks::{CommitRecord, Hooks};
+use crate::kernel_tables::KernelTables;
 use crate::limits;
 use crate::outcome::Outcome;
 use crate::store::{
@@ -126,6 +127,9 @@ pub struct Pipeline {
     /// Active revisions that did not load at start, by ruleset (see [`Pipeline::load`]);
     /// the one owner of that fact in memory (the store keeps the durable mark).
     not_loaded: tokio::sync::watch::Sender<BTreeMap<String, LoadFailure>>,
+    /// `--kernel-tables`: the tables handed to the kernel with each commit, before the
+    /// publish ([`crate::kernel_tables`]).
+    kernel: Option<Arc<KernelTables>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -225,6 +229,63 @@ impl Pipeline {
             hooks,
             parses: Mutex::new(HashMap::new()),
             not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
+            kernel: None,
+        }
+    }
+
+    /// This pipeline handing `kernel`'s tables to the kernel with each commit that changes
+    /// them (after the store, before the publish; see [`crate::kernel_tables`]).
+    pub fn with_kernel_tables(mut self, kernel: Arc<KernelTables>) -> Self {
+        self.kernel = Some(kernel);
+        self
+    }
+
+    /// The kernel tables (`--kernel-tables`), if any.
+    pub fn kernel_tables(&self) -> Option<&Arc<KernelTables>> {
+        self.kernel.as_ref()
+    }
+
+    /// Writes every kernel table of the active rulesets to the kernel (at start, after
+    /// [`Pipeline::load`]); nothing without `--kernel-tables`.
+    ///
+    /// Errors: [`Error::KernelTables`] when the kernel refuses them.
+    pub async fn sync_kernel_tables(&self) -> Result<()> {
+        let _w = self.write.lock().await;
+        match &self.kernel {
+            Some(k) => k.sync(&self.engine.rulesets()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// What the kernel tables become when `ruleset` is `change` (`None`: removed); `None`
+    /// when nothing changes there (or without `--kernel-tables`). The caller holds the write
+    /// lock.
+    fn kernel_next(
+        &self,
+        ruleset: &str,
+        change: Option<(i32, Vec<vallum_engine::model::Table>)>,
+    ) -> Result<Option<crate::kernel_tables::Next>> {
+        match &self.kernel {
+            Some(k) => k.next(ruleset, change, &self.engine.rulesets()),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes `next` to the kernel (see [`Pipeline::kernel_next`]).
+    async fn kernel_apply(
+        &self,
+        next: Option<crate::kernel_tables::Next>,
+    ) -> Result<Option<crate::kernel_tables::Undo>> {
+        match (&self.kernel, next) {
+            (Some(k), Some(next)) => k.apply(next).await.map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Puts the kernel tables back after what followed [`Pipeline::kernel_apply`] failed.
+    async fn kernel_undo(&self, undo: Option<crate::kernel_tables::Undo>) {
+        if let (Some(k), Some(undo)) = (&self.kernel, undo) {
+            k.undo(undo).await;
         }
     }
 
@@ -758,13 +819,21 @@ impl Pipeline {
                 current: rs.etag,
             });
         }
+        // Its kernel tables leave the kernel first (see `kernel_tables`).
+        let next = self.kernel_next(ruleset, None)?;
+        let undo = self.kernel_apply(next).await?;
         let engine = self.engine.clone();
         let sets = self.sets.clone();
         let name = ruleset.to_string();
-        tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &*sets))
-            .await
-            .map_err(|e| Error::Internal(format!("commit task: {e}")))?
-            .map_err(|e| Error::Commit(e.to_string()))?;
+        let removed =
+            tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &*sets))
+                .await
+                .map_err(|e| Error::Internal(format!("commit task: {e}")))
+                .and_then(|r| r.map_err(|e| Error::Commit(e.to_string())));
+        if let Err(e) = removed {
+            self.kernel_undo(undo).await;
+            return Err(e);
+        }
         self.activated(ruleset, None);
         self.store.delete_ruleset(ruleset, etag).await?;
         self.forget_not_loaded(ruleset).await;
@@ -821,6 +890,8 @@ impl Pipeline {
                 }
                 None => {
                     self.store.deactivate(&c.ruleset, c.revision, now).await?;
+                    let next = self.kernel_next(&c.ruleset, None)?;
+                    self.kernel_apply(next).await?;
                     let engine = self.engine.clone();
                     let sets = self.sets.clone();
                     let name = c.ruleset.clone();
@@ -1054,6 +1125,8 @@ impl Pipeline {
             priority: new_priority,
         } = job;
         let priority = model.priority;
+        // The kernel tables it has after the commit (`--kernel-tables`; cheap clones).
+        let kernel_tables = self.kernel.as_ref().map(|k| k.tables_of(&model));
         // `--max-rulesets` for a new ruleset, refused after validation (a refusal of the text
         // comes first).
         let within_limits = if creates {
@@ -1120,6 +1193,26 @@ impl Pipeline {
             drop(compiling);
             return Err(e.into());
         }
+        // What the kernel tables become; a clash between rulesets there is refused before
+        // anything is stored.
+        let kernel_next = match kernel_tables
+            .map(|t| self.kernel_next(&ruleset, Some((priority, t))))
+            .transpose()
+        {
+            Ok(next) => next.flatten(),
+            Err(e) => {
+                drop(compiling);
+                self.emit(
+                    &ruleset,
+                    None,
+                    Outcome::Failed,
+                    Phases::default(),
+                    Some(e.to_string()),
+                    0,
+                );
+                return Err(e);
+            }
+        };
         let t1 = self.clock.now_ns();
         // persist: durable before publish
         let persisted = self
@@ -1177,6 +1270,29 @@ impl Pipeline {
         };
         #[cfg(test)]
         tests::before_publish();
+        // The kernel tables first (durable in the store, not yet ours): when the kernel
+        // refuses them, the store is reverted and nothing is published.
+        let kernel_undo = match self.kernel_apply(kernel_next).await {
+            Ok(undo) => undo,
+            Err(e) => {
+                if let Ok(Ok(p)) = prepared {
+                    tokio::task::spawn_blocking(move || drop(p));
+                }
+                let outcome = e.reason().info().name;
+                self.store
+                    .revert_commit(&persisted, &e.to_string(), outcome)
+                    .await?;
+                self.emit(
+                    &ruleset,
+                    Some(persisted.revision.number),
+                    Outcome::Failed,
+                    Phases::default(),
+                    Some(e.to_string()),
+                    0,
+                );
+                return Err(e);
+            }
+        };
         // publish (swap, quiesce, carry counters): only now that the revision is durable,
         // numbered with the store's revision so that the engine's answer to "which revision
         // is active" changes with what the cores run.
@@ -1212,6 +1328,9 @@ impl Pipeline {
             Ok(Err(e)) => Ok(Err(e)),
             Err(e) => Err(e),
         };
+        if !matches!(committed, Ok(Ok(_))) {
+            self.kernel_undo(kernel_undo).await;
+        }
         let report = match committed {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {

@@ -192,12 +192,14 @@ pub async fn run_with(
         .await?
         .with_revisions_kept(config.limits.max_revisions_kept)
         .with_retention(config.retention.retention());
-    let pipeline = Arc::new(Pipeline::new(
-        engine.clone(),
-        store.clone(),
-        clock.clone(),
-        hooks.clone(),
-    ));
+    let kernel_tables =
+        crate::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
+    let mut pipeline = Pipeline::new(engine.clone(), store.clone(), clock.clone(), hooks.clone());
+    if let Some(k) = &kernel_tables {
+        k.observe(&metrics);
+        pipeline = pipeline.with_kernel_tables(k.clone());
+    }
+    let pipeline = Arc::new(pipeline);
     metrics.observe_sets(pipeline.sets().clone())?;
     // Before any ruleset is validated: which hooks the packet path evaluates here.
     pipeline
@@ -392,6 +394,18 @@ pub async fn run_with(
             ),
         });
     }
+    // The kernel tables of what loaded (`--kernel-tables`), before SERVING: a crash between
+    // a commit's store write and its kernel write is mended here.
+    if let Err(e) = pipeline.sync_kernel_tables().await {
+        let _ = stop_tx.send(());
+        let _ = metrics_stop_tx.send(());
+        store.close().await;
+        return Err(Error::Startup {
+            code: e.reason().info().name,
+            message: format!("refusing to start: {e}"),
+        });
+    }
+    let kernel_checks = kernel_tables.as_ref().map(|k| k.spawn_checks());
     if config.fleet.enabled() {
         // Before SERVING: a fleet-owned ruleset is refused to local callers from the start.
         state
@@ -493,6 +507,11 @@ pub async fn run_with(
         a.abort();
     }
     timer.abort();
+    // The kernel tables stay as written (NAT of running flows keeps working while vallumd
+    // restarts); the next start writes them again.
+    if let Some(k) = kernel_checks {
+        k.abort();
+    }
     conntrack_gc.abort();
     set_gc.abort();
     prune.abort();

@@ -434,6 +434,7 @@ impl EngineService for Fake {
             version: "0.1.0".to_owned(),
             rules: 4,
             not_loaded: Vec::new(),
+            kernel_tables: Vec::new(),
         }))
     }
 }

@@ -1,4 +1,5 @@
-//! `vallum.v1.EngineService`: cores, active revisions, barrier, packet source.
+//! `vallum.v1.EngineService`: cores, active revisions, barrier, packet source, and the drift
+//! of the kernel tables (`--kernel-tables`, checked on each GetStatus).
 
 use std::sync::Arc;
 
@@ -58,6 +59,20 @@ impl EngineService for EngineApi {
             .values()
             .map(|r| r.rule_count() as u64)
             .sum();
+        let kernel_tables = match self.state.pipeline.kernel_tables() {
+            Some(k) => k
+                .check()
+                .await
+                .into_iter()
+                .map(|d| pb::KernelTableStatus {
+                    family: crate::kernel_tables::family_name(d.family).into(),
+                    table: d.table.name().into(),
+                    drift: d.drift,
+                    detail: d.detail,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(Response::new(pb::GetStatusResponse {
             cores,
             active,
@@ -82,6 +97,7 @@ impl EngineService for EngineApi {
                     time: Some(convert::timestamp(f.at)),
                 })
                 .collect(),
+            kernel_tables,
         }))
     }
 }
