@@ -25,12 +25,11 @@ mod netns;
 mod support;
 
 use std::net::{Ipv4Addr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use netns::{nsx, nsx_in, sh};
+use netns::{in_netns, nsx, nsx_in, on_path, sh};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -81,11 +80,6 @@ fn kernel_rules(veth_from_b: &str) -> String {
 }
 
 // === skipping ===
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -199,20 +193,6 @@ impl Drop for Topology {
             let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
-}
-
-/// Runs `f` on a new thread inside network namespace `name`; its result (panics propagate).
-fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{name}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // SAFETY: `file` is an open namespace file; setns only changes this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// UDP echo servers on `ports` of `addr` in namespace `ns` (threads that live until the

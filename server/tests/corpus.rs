@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use netns::{nsx, nsx_in, sh};
+use netns::{in_netns, nsx, nsx_in, on_path, sh};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -84,11 +84,6 @@ fn ruleset_name(file: &str) -> String {
     file.trim_end_matches('6')
         .trim_end_matches(".rules")
         .replace('.', "-")
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }
 
 /// Why the kernel part cannot run here, if it cannot.
@@ -406,21 +401,6 @@ impl Lab {
         )?;
         Ok(lab)
     }
-}
-
-/// Runs `f` on a new thread inside namespace `ns`.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    use std::os::fd::AsRawFd;
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // SAFETY: `file` is an open namespace file; setns changes only this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// An AF_PACKET socket in `ns` bound for sending on `dev`.

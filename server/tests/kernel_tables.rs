@@ -20,16 +20,18 @@
 //! (its nat text unchanged, its filter without the DROP) writes the drifted table again and
 //! the drift is gone; (h) deleting the ruleset empties the kernel's nat table.
 
+#[path = "support/netns.rs"]
+mod netns;
 #[path = "support/vallumd.rs"]
 mod support;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use netns::{in_netns, on_path};
 use support::{Vallumd, reason, text_source};
 use vallum_proto::v1 as pb;
 
@@ -64,11 +66,6 @@ fn docker(drop81: bool, extra_nat: &str) -> String {
 }
 
 // === skipping ===
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -234,20 +231,6 @@ impl Drop for Netns {
             let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
-}
-
-/// Runs `f` on a new thread inside network namespace `name` and returns its result.
-fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{name}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // SAFETY: `file` is an open namespace file; setns only changes this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 // === servers and probes ===

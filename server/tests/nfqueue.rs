@@ -29,6 +29,8 @@
 //! thread that first `setns(2)`s into it (a namespace is per thread; threads and processes
 //! started from there inherit it). The rules of (a)-(e), (g) and (h) are stateless.
 
+#[path = "support/netns.rs"]
+mod netns;
 #[path = "support/vallumd.rs"]
 mod support;
 
@@ -39,6 +41,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use netns::{in_netns, on_path};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -89,11 +92,6 @@ fn stateful(allow_new: bool) -> String {
 }
 
 // === skipping ===
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
 
 /// Why this machine cannot run the test, if it cannot.
 fn skip_reason() -> Option<String> {
@@ -228,20 +226,6 @@ impl Drop for Netns {
             let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
-}
-
-/// Runs `f` on a new thread inside network namespace `name` and returns its result.
-fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{name}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // SAFETY: `file` is an open namespace file; setns only changes this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 // === echo servers in A ===

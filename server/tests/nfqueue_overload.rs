@@ -24,6 +24,8 @@
 //! the NFQUEUE rule's counter and vallumd's received count are both 1, the kernel's
 //! ESTABLISHED accept took the rest, and vallumd's ESTABLISHED rule counted nothing.
 
+#[path = "support/netns.rs"]
+mod netns;
 #[path = "support/vallumd.rs"]
 mod support;
 
@@ -37,6 +39,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use netns::{in_netns, on_path};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -53,11 +56,6 @@ const DELAY_US: &str = "2000";
 const RULES: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
     -A INPUT -p udp -m udp --dport 9000 -j ACCEPT\n-A INPUT -p udp -m udp --dport 9001 -j DROP\n\
     COMMIT\n";
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -136,20 +134,6 @@ impl Drop for Netns {
             let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
-}
-
-/// Runs `f` on a new thread inside network namespace `name` and returns its result.
-fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{name}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // SAFETY: `file` is an open namespace file; setns only changes this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// A UDP receiver in A counting datagrams until `stop`, with a large receive buffer.

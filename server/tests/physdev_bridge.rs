@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use netns::{nsx, nsx_in, sh};
+use netns::{in_netns, nsx, nsx_in, on_path, sh};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -40,11 +40,6 @@ const ROUTER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x77];
 /// A destination no bridge has learned: flooded to the other port.
 const UNKNOWN_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
 const BROADCAST: [u8; 6] = [0xff; 6];
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -153,21 +148,6 @@ impl Lab {
         }
         Ok(lab)
     }
-}
-
-/// Runs `f` on a new thread inside namespace `ns`.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    use std::os::fd::AsRawFd;
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // SAFETY: `file` is an open namespace file; setns changes only this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// An AF_PACKET socket in `ns` bound for sending on `dev`.
