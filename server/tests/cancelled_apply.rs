@@ -9,8 +9,10 @@
 //!   first never reached the commit), and the retry returns only once that commit has ended
 //!   (it waits for the first call's idempotency slot). So store and engine must agree as soon
 //!   as the retry returns;
-//! - the committed revision's `message` tells which call committed it, and its WatchCommits
-//!   event gives the commit's span on the wall clock (`time - total .. time`). A deadline
+//! - the retry is the same request (a retry with another body would be refused:
+//!   IDEMPOTENCY_KEY_REUSED), sent after the client saw the first call end; the commit's
+//!   WatchCommits event gives its span on the wall clock (`time - total .. time`), so a commit
+//!   that started before the client saw the first call's error is the first call's. A deadline
 //!   landed mid-commit when the client gave up on a call, that call committed, the commit
 //!   started before the deadline and ended after the client saw the error. The test asserts
 //!   that this happened at least once (deadlines are fractions of a measured commit, tried
@@ -111,9 +113,10 @@ async fn an_apply_whose_client_gave_up_ends_with_store_and_engine_agreeing() {
                 );
                 gave_up += 1;
             }
-            // The retry returns once the one commit of this request id has ended.
+            // The retry (the same request) returns once the one commit of this request id
+            // has ended.
             let retry = rulesets
-                .apply(request(k, "retry"))
+                .apply(request(k, "first call"))
                 .await
                 .expect("the retry commits or returns the first call's commit")
                 .into_inner();
@@ -153,7 +156,8 @@ async fn an_apply_whose_client_gave_up_ends_with_store_and_engine_agreeing() {
                 .map_or(0, |d| d.seconds as u64 * 1_000_000_000 + d.nanos as u64);
             let started = ended - i64::try_from(took).unwrap_or(i64::MAX);
             let deadline = sent + i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
-            let by_first = revision.message == "first call";
+            // The retry was sent after `seen`: a commit that started before is the first call's.
+            let by_first = started < seen;
             if first.is_err() && by_first && started < deadline && seen < ended {
                 mid_commit += 1;
             }

@@ -137,8 +137,20 @@ impl Drop for Netns {
 }
 
 /// A UDP receiver in A counting datagrams until `stop`, with a large receive buffer.
+/// The previous flood's receiver closes its socket within one read timeout of its `stop`: a
+/// bind waits for that (up to 5 s).
 fn receiver(port: u16, count: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
-    let s = UdpSocket::bind((A_ADDR, port)).expect("bind udp");
+    let mut tries = 0;
+    let s = loop {
+        match UdpSocket::bind((A_ADDR, port)) {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 250 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("bind udp {port}: {e}"),
+        }
+    };
     let big: libc::c_int = 64 << 20;
     // SAFETY: `big` is a live c_int of the size passed.
     unsafe {
@@ -345,11 +357,22 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
     stop.store(true, Ordering::Relaxed);
     let q = "queue=\"0\"";
     let get = |name: &str| metric(&m, name, q).unwrap_or_else(|| panic!("no {name}: {m:#?}"));
+    let (ids, received) = (
+        get("vallum_nfqueue_kernel_ids_total"),
+        get("vallum_nfqueue_received_total"),
+    );
+    let lost =
+        get("vallum_nfqueue_socket_drops_total").max(get("vallum_nfqueue_user_dropped_total"));
+    // A copy-range change during the flood (the worker's first batch lowers it to what the
+    // rules read) answers the packets that arrive while it waits for the kernel's ack
+    // NF_REPEAT: they took an id, were not counted as received, and cross the NFQUEUE rule a
+    // second time. Counted here from the kernel's ids, so each sent packet is one traversal.
+    let requeued = ids.saturating_sub(received + lost);
     let r = Run {
         sent,
         tx_dropped: tx,
-        nfqueue_rule: nfqueue_rule_packets(&a),
-        received: get("vallum_nfqueue_received_total"),
+        nfqueue_rule: nfqueue_rule_packets(&a) - requeued,
+        received,
         accepted: metric(
             &m,
             "vallum_nfqueue_verdicts_total",
@@ -366,7 +389,7 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
         queue_dropped: get("vallum_nfqueue_queue_dropped_total"),
         user_dropped: get("vallum_nfqueue_user_dropped_total"),
         socket_drops: get("vallum_nfqueue_socket_drops_total"),
-        ids: get("vallum_nfqueue_kernel_ids_total"),
+        ids,
         got_pass: got_pass.load(Ordering::Relaxed),
         got_block: got_block.load(Ordering::Relaxed),
         rcvbuf_errors: udp_rcvbuf_errors(&a) - rcvbuf_before,
