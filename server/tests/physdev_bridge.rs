@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use netns::{in_netns, nsx, nsx_in, on_path, sh};
+use netns::{Sender, in_netns, nsx, nsx_in, on_path, sh};
 use support::{Vallumd, text_source};
 use vallum_proto::v1 as pb;
 
@@ -147,60 +147,6 @@ impl Lab {
             }
         }
         Ok(lab)
-    }
-}
-
-/// An AF_PACKET socket in `ns` bound for sending on `dev`.
-struct Sender {
-    fd: std::os::fd::OwnedFd,
-    ifindex: i32,
-}
-
-impl Sender {
-    fn open(ns: &str, dev: &str) -> Sender {
-        let dev = std::ffi::CString::new(dev).expect("name");
-        in_netns(ns, move || {
-            use std::os::fd::FromRawFd;
-            // SAFETY: plain socket(2); checked below.
-            let fd =
-                unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-            // SAFETY: `dev` is NUL-terminated.
-            let ifindex = unsafe { libc::if_nametoindex(dev.as_ptr()) } as i32;
-            assert!(ifindex > 0, "if_nametoindex");
-            Sender {
-                // SAFETY: a new descriptor nothing else owns.
-                fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
-                ifindex,
-            }
-        })
-    }
-
-    fn send(&self, frame: &[u8]) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: sockaddr_ll is plain old data; zero is a valid value.
-        let mut a: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        a.sll_family = libc::AF_PACKET as u16;
-        a.sll_ifindex = self.ifindex;
-        a.sll_halen = 6;
-        a.sll_addr[..6].copy_from_slice(&frame[..6]);
-        // SAFETY: the buffer and address are live for the lengths passed.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&a as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(
-            n,
-            frame.len() as isize,
-            "sendto: {}",
-            std::io::Error::last_os_error()
-        );
     }
 }
 
