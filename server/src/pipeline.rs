@@ -1057,6 +1057,19 @@ impl Pipeline {
         });
     }
 
+    /// [`Self::emit`] of a commit of `ruleset` that failed with `e` before any revision or
+    /// phase: no revision, no timings, no rules.
+    fn emit_failed(&self, ruleset: &str, e: &Error) {
+        self.emit(
+            ruleset,
+            None,
+            Outcome::Failed,
+            Phases::default(),
+            Some(e.to_string()),
+            0,
+        );
+    }
+
     fn emit(
         &self,
         ruleset: &str,
@@ -1202,14 +1215,7 @@ impl Pipeline {
             Ok(next) => next.flatten(),
             Err(e) => {
                 drop(compiling);
-                self.emit(
-                    &ruleset,
-                    None,
-                    Outcome::Failed,
-                    Phases::default(),
-                    Some(e.to_string()),
-                    0,
-                );
+                self.emit_failed(&ruleset, &e);
                 return Err(e);
             }
         };
@@ -1256,14 +1262,7 @@ impl Pipeline {
                     tokio::task::spawn_blocking(move || drop(p));
                 }
                 if is_server_failure(&e) {
-                    self.emit(
-                        &ruleset,
-                        None,
-                        Outcome::Failed,
-                        Phases::default(),
-                        Some(e.to_string()),
-                        0,
-                    );
+                    self.emit_failed(&ruleset, &e);
                 }
                 return Err(e);
             }
