@@ -236,8 +236,12 @@ fn icmpv6_error_embeds_the_header_it_is_about() {
 #[test]
 #[ignore = "needs ../shared/data"]
 fn icmp_errors_of_a_real_capture() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/pcap/tcpreplay-test.pcap");
+    let path = std::env::var_os("VALLUM_SHARED_DATA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data")
+        })
+        .join("pcap/tcpreplay-test.pcap");
     let Ok(bytes) = std::fs::read(&path) else {
         panic!("real ICMP errors: cannot read {}", path.display());
     };
