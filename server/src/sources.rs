@@ -263,7 +263,9 @@ fn start_nfqueue(
             tracing::warn!(
                 queue = num,
                 "the kernel does not hand over its conntrack entries (NFQA_CFG_F_CONNTRACK \
-                 refused: no nf_conntrack_netlink), so --ctstate SNAT and DNAT never match"
+                 refused: a kernel without CONFIG_NETFILTER_NETLINK_GLUE_CT, or no \
+                 nf_conntrack_netlink), so --ctstate SNAT and DNAT never match and \
+                 --ctorigdst/--ctorigdstport read the translated destination"
             );
         }
         queues.push(queue);

@@ -198,6 +198,11 @@ COMMIT
             .status()
             .expect("ip netns add");
         assert!(st.success(), "ip netns add {ns}");
+        let st = std::process::Command::new("ip")
+            .args(["-n", &ns, "link", "set", "lo", "up"])
+            .status()
+            .expect("ip link set lo up");
+        assert!(st.success(), "lo up in {ns}");
         let _ = std::process::Command::new("modprobe")
             .arg("nfnetlink_queue")
             .status();
@@ -232,7 +237,7 @@ COMMIT
                         .filter(|v| v.reason == "HOOK_NOT_REACHED")
                         .map(|v| {
                             assert_eq!(v.severity, pb::Severity::Warning as i32, "{v:?}");
-                            let first = v.message.split(':').next().unwrap_or("");
+                            let first = v.message.split(": the rule").next().unwrap_or("");
                             format!("{} {}: {first}", v.location, v.path)
                         })
                         .collect::<Vec<_>>()
@@ -247,10 +252,10 @@ COMMIT
     assert_eq!(
         got,
         [
+            "tails.rules (v6):5:1 filter6/OUTPUT#1: -d ::1",
             "tails.rules:6:1 filter/INPUT#2: -i lo",
             "tails.rules:8:1 filter/OUTPUT#1: -o lo",
             "tails.rules:9:1 filter/OUTPUT#2: -d 127.0.0.1",
-            "tails.rules:5:1 filter/OUTPUT#1: -d ::1",
         ],
         "{got:#?}"
     );
