@@ -1,22 +1,22 @@
 //! REJECT under NFQUEUE answers exactly as the kernel's own REJECT (root, iptables-legacy,
-//! ip6tables-legacy, nfnetlink_queue): two runs, each in a fresh pair of network namespaces
+//! ip6tables-legacy, nfnetlink_queue): three runs, each in a fresh pair of network namespaces
 //! A (the firewall) -- B (the prober), joined by a veth, IPv4 and IPv6.
 //!
 //! - **kernel**: A's kernel holds the ruleset [`rules`] itself (`iptables-legacy-restore`);
-//! - **vallumd**: A's kernel holds only `vallumctl dataplane install` (final mode, the default
-//!   reject mark), and `vallumd --source nfqueue` enforces the same ruleset; a REJECT verdict
-//!   goes back to the kernel as `NF_REPEAT` with the answer's code in the mark, and the
-//!   steering's `VALLUM-REJECT-*` chains answer.
+//! - **vallumd**, twice (`--mode final`, then `continue`, on both sides): A's kernel holds only
+//!   `vallumctl dataplane install` (the default reject mark), and `vallumd --source nfqueue`
+//!   enforces the same ruleset; a REJECT verdict goes back to the kernel as `NF_REPEAT` with
+//!   the answer's code in the mark, and the steering's `VALLUM-REJECT-*` chains answer.
 //!
 //! In each run B sends the same hand-made frames ([`probes`]: UDP to a port per reject type,
 //! TCP SYN/ACK to the tcp-reset port, a SYN to a port whose REJECT has no `--reject-with`, an
 //! echo request, and frames that must get no answer: a RST, an ICMP error) from an AF_PACKET
-//! socket and captures what A answers on B's side of the veth. The answers of the two runs
-//! must be the same bytes from the IP header on, except the IPv4 identification and header
+//! socket and captures what A answers on B's side of the veth. Each vallumd run's answers
+//! must be the kernel run's bytes from the IP header on, except the IPv4 identification and header
 //! checksum of ICMP errors (the kernel picks the id per packet). Each answer is also checked
 //! for what it should be (ICMP type and code, RST with the kernel's sequence numbers), so two
 //! empty captures cannot pass. Then, with the kernel's ICMP rate limit on (10 s per peer),
-//! ten UDP probes from B's second address get the same number of answers in both runs, fewer
+//! ten UDP probes from B's second address get the same number of answers in every run, fewer
 //! than ten; and real sockets in B see what applications see: `connect()` to the tcp-reset
 //! port fails with ECONNREFUSED, a connected UDP socket gets ECONNREFUSED after the port
 //! unreachable, both families.
@@ -71,7 +71,7 @@ const V6_TYPES: [(&str, u8); 6] = [
     ("icmp6-reject-route", 6),
 ];
 
-/// The ruleset of both runs for one family (iptables-restore input).
+/// The ruleset of every run for one family (iptables-restore input).
 fn rules(v6: bool) -> String {
     let (types, icmp, echo, unreach): (&[(&str, u8)], _, _, _) = if v6 {
         (&V6_TYPES, "ipv6-icmp -m icmp6 --icmpv6-type", "128", "1")
@@ -463,7 +463,7 @@ impl Capture {
                     &mut len,
                 )
             };
-            if n < 14 || from.sll_pkttype != libc::PACKET_HOST as u8 {
+            if n < 14 || from.sll_pkttype != libc::PACKET_HOST {
                 continue;
             }
             let f = &buf[..n as usize];
@@ -655,9 +655,10 @@ fn kernel_run() -> Seen {
     probe_all(&p)
 }
 
-/// The vallumd run: the steering and vallumd enforce it.
-fn vallumd_run(db: &Path) -> (Seen, u64, u64) {
-    let p = Pair::new("v");
+/// The vallumd run in `mode` (`final` or `continue`, for the steering and vallumd): the
+/// steering and vallumd enforce the ruleset.
+fn vallumd_run(db: &Path, mode: &'static str) -> (Seen, u64, u64) {
+    let p = Pair::new(&mode[..1]);
     nsx(
         &p.a,
         &[
@@ -668,13 +669,15 @@ fn vallumd_run(db: &Path) -> (Seen, u64, u64) {
             "iptables-legacy",
             "--queues",
             "2",
+            "--mode",
+            mode,
         ],
     )
     .expect("dataplane install");
     let db = db.to_owned();
     let a = p.a.clone();
     let d = in_netns(&a, move || {
-        let d = Vallumd::start(&db, &["--source", "nfqueue"]);
+        let d = Vallumd::start(&db, &["--source", "nfqueue", "--nfqueue-mode", mode]);
         block_on(async {
             d.wait_serving().await;
             let mut src = text_source(&rules(false), false, "reject.rules");
@@ -724,45 +727,48 @@ fn vallumd_run(db: &Path) -> (Seen, u64, u64) {
 fn reject_answers_as_the_kernel_does() {
     let _ = Command::new("modprobe").arg("nfnetlink_queue").output();
     let kernel = kernel_run();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (ours, vallumd_count, kernel_count) = vallumd_run(&dir.path().join("v.db"));
-    // Same answers, byte for byte, probe by probe.
-    for ((what, k), (_, v)) in kernel.answers.iter().zip(&ours.answers) {
-        assert_eq!(
-            k.as_ref().map(|b| format!("{b:02x?}")),
-            v.as_ref().map(|b| format!("{b:02x?}")),
-            "{what}: the kernel's answer (left) and vallumd's (right) differ"
-        );
-    }
-    assert_eq!(kernel.answers.len(), ours.answers.len());
-    // The kernel's rate limit holds for vallumd's answers too.
+    // The kernel's rate limit applied (the comparison below means something).
     assert!(
         kernel.rate_limited.iter().all(|&n| n > 0 && n < 10),
         "the rate limit did not apply: {:?}",
         kernel.rate_limited
     );
-    assert_eq!(
-        kernel.rate_limited, ours.rate_limited,
-        "rate-limited answers"
-    );
-    // What applications see.
-    for s in [&kernel.sockets, &ours.sockets] {
+    for mode in ["final", "continue"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ours, vallumd_count, kernel_count) = vallumd_run(&dir.path().join("v.db"), mode);
+        // Same answers, byte for byte, probe by probe.
+        assert_eq!(kernel.answers.len(), ours.answers.len());
+        for ((what, k), (_, v)) in kernel.answers.iter().zip(&ours.answers) {
+            assert_eq!(
+                k.as_ref().map(|b| format!("{b:02x?}")),
+                v.as_ref().map(|b| format!("{b:02x?}")),
+                "{mode}: {what}: the kernel's answer (left) and vallumd's (right) differ"
+            );
+        }
+        // The kernel's rate limit holds for vallumd's answers too.
+        assert_eq!(
+            kernel.rate_limited, ours.rate_limited,
+            "{mode}: rate-limited answers"
+        );
+        // What applications see.
+        for s in [&kernel.sockets, &ours.sockets] {
+            assert!(
+                s.iter()
+                    .all(|(_, k)| *k == std::io::ErrorKind::ConnectionRefused),
+                "{mode}: {s:?}"
+            );
+        }
+        assert_eq!(kernel.sockets, ours.sockets, "{mode}");
+        // vallumd decided the REJECTs (its rules counted the probes), and the kernel's REJECT
+        // rules of the steering answered them.
+        let answered = ours.answers.iter().filter(|a| a.1.is_some()).count() as u64;
         assert!(
-            s.iter()
-                .all(|(_, k)| *k == std::io::ErrorKind::ConnectionRefused),
-            "{s:?}"
+            vallumd_count >= answered,
+            "{mode}: vallumd counted {vallumd_count} < {answered}"
+        );
+        assert!(
+            kernel_count >= answered,
+            "{mode}: steering REJECTs counted {kernel_count} < {answered}"
         );
     }
-    assert_eq!(kernel.sockets, ours.sockets);
-    // vallumd decided the REJECTs (its rules counted the probes), and the kernel's REJECT
-    // rules of the steering answered them.
-    let answered = ours.answers.iter().filter(|a| a.1.is_some()).count() as u64;
-    assert!(
-        vallumd_count >= answered,
-        "vallumd counted {vallumd_count} < {answered}"
-    );
-    assert!(
-        kernel_count >= answered,
-        "steering REJECTs counted {kernel_count} < {answered}"
-    );
 }
