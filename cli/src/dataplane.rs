@@ -5,6 +5,7 @@
 //! Layout (both families unless `--family`): a chain `VALLUM-NFQUEUE` in the filter table
 //!
 //! ```text
+//! -A VALLUM-NFQUEUE -m mark ! --mark 0x0/R -j VALLUM-REJECT     (R = --reject-mark, unless 0)
 //! -A VALLUM-NFQUEUE -m mark --mark B/B -j RETURN              (--mode continue, B = --mark)
 //! -A VALLUM-NFQUEUE -i lo -j RETURN                          (unless --include-loopback)
 //! -A VALLUM-NFQUEUE -o lo -j RETURN
@@ -19,6 +20,17 @@
 //!
 //! and one `-j VALLUM-NFQUEUE` at the top of each chosen builtin chain (INPUT, OUTPUT, FORWARD
 //! by default).
+//!
+//! REJECT: vallumd answers a packet its rules REJECT with `NF_REPEAT` and the answer's code
+//! (`RejectWith::code`, 1 to 10) in the 4-bit mark field R (`--reject-mark`, vallumd's
+//! `--nfqueue-reject-mark`, default 0x0f000000). The kernel runs the chain again; the first rule
+//! above sends the packet to `VALLUM-REJECT`, which holds one rule per answer the family's
+//! REJECT has (`-m mark --mark CODE/R -j VALLUM-REJECT-NAME`, with `-p tcp` for tcp-reset), and
+//! each `VALLUM-REJECT-NAME` chain clears R (`-j MARK --set-xmark 0x0/R`, so the answer's mark
+//! is what vallumd's rules left) and ends in the kernel's `-j REJECT --reject-with TYPE`. So the
+//! answer is the kernel's own: the ICMP type and code, the RST's sequence numbers, no answer
+//! to an ICMP error or a RST, the ICMP rate limit. `--reject-mark 0` writes none of this
+//! (vallumd's REJECT then drops silently).
 //!
 //! `--mode` says what vallumd's ACCEPT does with the kernel's own rules after the jump (ufw's
 //! chains, DOCKER-USER, kube-proxy's): `final` (the default) lets vallumd answer NF_ACCEPT,
@@ -54,12 +66,31 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
+use vallum_engine::model::{Family, RejectWith};
+
 use crate::error::CliError;
 
 /// The steering chain in the filter table.
 pub const CHAIN: &str = "VALLUM-NFQUEUE";
 /// The steering chain of the fail-closed chains when only some are (`--fail-closed INPUT`).
 pub const CHAIN_CLOSED: &str = "VALLUM-NFQUEUE-CLOSED";
+/// The chain the steering sends a packet carrying a reject code to.
+pub const REJECT_CHAIN: &str = "VALLUM-REJECT";
+/// The default `--reject-mark` (vallumd's `--nfqueue-reject-mark` default): bits 24 to 27.
+pub const DEFAULT_REJECT_MARK: &str = "0x0f000000";
+/// The chain of each answer (`VALLUM-REJECT-` and this), in `RejectWith::ALL` order.
+const REJECT_SUFFIX: [&str; 10] = [
+    "NET-UNREACH",
+    "HOST-UNREACH",
+    "PORT-UNREACH",
+    "PROTO-UNREACH",
+    "NET-PROHIB",
+    "HOST-PROHIB",
+    "ADMIN-PROHIB",
+    "TCP-RESET",
+    "POLICY-FAIL",
+    "REJECT-ROUTE",
+];
 /// The builtin chains of the filter table a jump can come from.
 const BUILTIN: [&str; 3] = ["INPUT", "FORWARD", "OUTPUT"];
 
@@ -120,6 +151,22 @@ fn parse_mark_bit(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
+/// A reject mark field: 0, or exactly 4 contiguous bits, hex or decimal.
+fn parse_reject_mark(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. {DEFAULT_REJECT_MARK})"))?;
+    if v != 0 && (v.count_ones() != 4 || (v >> v.trailing_zeros()) != 0xf) {
+        return Err(format!(
+            "{s:?}: the reject mark is 4 contiguous bits (e.g. {DEFAULT_REJECT_MARK}), or 0 for none"
+        ));
+    }
+    Ok(v)
+}
+
 /// `dataplane install` flags.
 #[derive(Debug, clap::Args)]
 pub struct InstallArgs {
@@ -132,6 +179,12 @@ pub struct InstallArgs {
     /// steering chain skips (hex or decimal, one bit; vallumd's `--nfqueue-mark`).
     #[arg(long, default_value = DEFAULT_MARK, value_parser = parse_mark_bit)]
     mark: u32,
+    /// The mark field (4 contiguous bits; vallumd's `--nfqueue-reject-mark`) that carries
+    /// vallumd's REJECT to the kernel's REJECT rules this installs; 0 installs none (vallumd's
+    /// REJECT then drops silently). Reserve these bits: a packet reaching the steering with a
+    /// reject code in them is rejected by the kernel.
+    #[arg(long, env = "VALLUM_NFQUEUE_REJECT_MARK", default_value = DEFAULT_REJECT_MARK, value_parser = parse_reject_mark)]
+    reject_mark: u32,
     /// Number of queues (= vallumd's --cores), starting at --queue-first.
     #[arg(long, visible_alias = "queue-count", default_value_t = default_queues(), value_parser = clap::value_parser!(u16).range(1..))]
     queues: u16,
@@ -188,6 +241,8 @@ pub enum DataplaneCommand {
 struct Plan {
     /// `--mode continue`: the mark bit the chain RETURNs for.
     skip_mark: Option<u32>,
+    /// The reject mark field (`--reject-mark`; 0: no reject rules).
+    reject_mark: u32,
     first: u16,
     count: u16,
     /// The chosen chains that are fail-closed (no `--queue-bypass`).
@@ -213,6 +268,12 @@ impl Plan {
                 "--queue-cpu-fanout: needs --queues 2 or more (it spreads over a --queue-balance range)"
                     .into(),
             ));
+        }
+        if a.mode == Mode::Continue && a.mark & a.reject_mark != 0 {
+            return Err(CliError::Argument(format!(
+                "--mark {:#x} lies inside --reject-mark {:#x}: pick bits that do not overlap",
+                a.mark, a.reject_mark
+            )));
         }
         let chains = builtin_chains("--chains", &a.chains)?;
         if chains.is_empty() {
@@ -254,6 +315,7 @@ impl Plan {
         }
         Ok(Plan {
             skip_mark: (a.mode == Mode::Continue).then_some(a.mark),
+            reject_mark: a.reject_mark,
             first: a.queue_first,
             count: a.queues,
             closed,
@@ -345,25 +407,68 @@ fn builtin_chains(flag: &str, list: &[String]) -> Result<Vec<&'static str>, CliE
     Ok(chains)
 }
 
-/// The iptables-restore input that installs `plan`, given the `iptables -S` lines of the
-/// filter table now (their jumps to [`CHAIN`] are deleted, then one per chosen chain is
-/// inserted at the top).
-fn install_text(plan: &Plan, current: &str) -> String {
+/// The reject chains of `family` (`VALLUM-REJECT` first, then one per answer the family's
+/// REJECT has, with the answer's code and `--reject-with` name).
+fn reject_chains(family: Family) -> Vec<(String, u8, &'static str)> {
+    RejectWith::ALL
+        .iter()
+        .zip(REJECT_SUFFIX)
+        .filter_map(|(w, suffix)| {
+            let name = w.name(family)?;
+            Some((format!("{REJECT_CHAIN}-{suffix}"), w.code(), name))
+        })
+        .collect()
+}
+
+/// Every chain an install may write besides [`CHAIN`], for uninstall and for removing what a
+/// later install does not write.
+fn our_other_chains() -> Vec<String> {
+    let mut all = vec![CHAIN_CLOSED.to_owned(), REJECT_CHAIN.to_owned()];
+    all.extend(REJECT_SUFFIX.iter().map(|s| format!("{REJECT_CHAIN}-{s}")));
+    all
+}
+
+/// The iptables-restore input that installs `plan` for `family`, given the `iptables -S`
+/// lines of the filter table now (their jumps to [`CHAIN`] are deleted, then one per chosen
+/// chain is inserted at the top).
+fn install_text(plan: &Plan, family: Family, current: &str) -> String {
     let steering = plan.steering_chains();
+    let rejects = if plan.reject_mark != 0 {
+        reject_chains(family)
+    } else {
+        Vec::new()
+    };
+    let mut written: Vec<String> = steering.iter().map(|s| s.to_string()).collect();
+    if !rejects.is_empty() {
+        written.push(REJECT_CHAIN.to_owned());
+        written.extend(rejects.iter().map(|r| r.0.clone()));
+    }
     let mut t = String::from("*filter\n");
-    for s in &steering {
-        t.push_str(&format!(":{s} - [0:0]\n"));
+    for c in &written {
+        t.push_str(&format!(":{c} - [0:0]\n"));
     }
     for d in jumps(current) {
         t.push_str(&format!("-D {d}\n"));
     }
-    // A chain of an earlier install this one does not write.
-    for old in [CHAIN_CLOSED] {
-        if !steering.contains(&old) && has_chain(current, old) {
-            t.push_str(&format!("-F {old}\n-X {old}\n"));
-        }
+    // Chains of an earlier install this one does not write: emptied first, then deleted (one
+    // may jump to another).
+    let old: Vec<String> = our_other_chains()
+        .into_iter()
+        .filter(|c| !written.contains(c) && has_chain(current, c))
+        .collect();
+    for c in &old {
+        t.push_str(&format!("-F {c}\n"));
     }
+    for c in &old {
+        t.push_str(&format!("-X {c}\n"));
+    }
+    let r = plan.reject_mark;
     for s in &steering {
+        if !rejects.is_empty() {
+            t.push_str(&format!(
+                "-A {s} -m mark ! --mark 0x0/{r:#x} -j {REJECT_CHAIN}\n"
+            ));
+        }
         if let Some(m) = plan.skip_mark {
             t.push_str(&format!("-A {s} -m mark --mark {m:#x}/{m:#x} -j RETURN\n"));
         }
@@ -388,6 +493,23 @@ fn install_text(plan: &Plan, current: &str) -> String {
         }
         t.push_str(&format!("-A {s} -j NFQUEUE {}\n", plan.target_of(s)));
     }
+    let shift = r.trailing_zeros() % 32;
+    // tcp-reset is valid only with `-p tcp` (the kernel's reject_tg_check).
+    let tcp = |name: &str| if name == "tcp-reset" { "-p tcp " } else { "" };
+    for (chain, code, name) in &rejects {
+        let v = u32::from(*code) << shift;
+        t.push_str(&format!(
+            "-A {REJECT_CHAIN} {}-m mark --mark {v:#x}/{r:#x} -j {chain}\n",
+            tcp(name)
+        ));
+    }
+    for (chain, _, name) in &rejects {
+        t.push_str(&format!("-A {chain} -j MARK --set-xmark 0x0/{r:#x}\n"));
+        t.push_str(&format!(
+            "-A {chain} {}-j REJECT --reject-with {name}\n",
+            tcp(name)
+        ));
+    }
     for c in &plan.chains {
         t.push_str(&format!("-I {c} 1 -j {}\n", plan.chain_of(c)));
     }
@@ -400,13 +522,12 @@ fn has_chain(current: &str, name: &str) -> bool {
     current.lines().any(|l| l.trim() == format!("-N {name}"))
 }
 
-/// The iptables-restore input that removes every jump to [`CHAIN`] and the chain; `None` when
-/// neither exists.
+/// The iptables-restore input that removes every jump to [`CHAIN`] and every chain an install
+/// writes (all emptied first, then deleted); `None` when none exists.
 fn uninstall_text(current: &str) -> Option<String> {
-    let exists: Vec<&str> = [CHAIN, CHAIN_CLOSED]
-        .into_iter()
-        .filter(|c| has_chain(current, c))
-        .collect();
+    let mut all = vec![CHAIN.to_owned()];
+    all.extend(our_other_chains());
+    let exists: Vec<String> = all.into_iter().filter(|c| has_chain(current, c)).collect();
     let jumps = jumps(current);
     if exists.is_empty() && jumps.is_empty() {
         return None;
@@ -415,8 +536,11 @@ fn uninstall_text(current: &str) -> Option<String> {
     for d in jumps {
         t.push_str(&format!("-D {d}\n"));
     }
-    for c in exists {
-        t.push_str(&format!("-F {c}\n-X {c}\n"));
+    for c in &exists {
+        t.push_str(&format!("-F {c}\n"));
+    }
+    for c in &exists {
+        t.push_str(&format!("-X {c}\n"));
     }
     t.push_str("COMMIT\n");
     Some(t)
@@ -551,7 +675,12 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                 } else {
                     list(&t)?
                 };
-                let input = install_text(&plan, &current);
+                let family = if t.family == "ipv6" {
+                    Family::Ipv6
+                } else {
+                    Family::Ipv4
+                };
+                let input = install_text(&plan, family, &current);
                 if a.tool.dry_run {
                     text.push_str(&format!(
                         "# {} ({})\n{input}",
@@ -570,7 +699,7 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                         String::new()
                     };
                     text.push_str(&format!(
-                        "{}: filter {} -> {CHAIN} -> NFQUEUE {}{closed}{}{}{}{} ({})\n",
+                        "{}: filter {} -> {CHAIN} -> NFQUEUE {}{closed}{}{}{}{}{} ({})\n",
                         t.family,
                         plan.chains
                             .iter()
@@ -588,6 +717,11 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                         } else {
                             ""
                         },
+                        if plan.reject_mark == 0 {
+                            "; REJECT drops (no reject rules)".to_owned()
+                        } else {
+                            format!("; REJECT by the kernel, mark {:#x}", plan.reject_mark)
+                        },
                         if plan.loopback { "" } else { "; lo exempt" },
                         if plan.exempt.is_empty() {
                             String::new()
@@ -603,6 +737,7 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                     "program": t.restore.display().to_string(),
                     "mode": if plan.skip_mark.is_some() { "continue" } else { "final" },
                     "continue_mark": plan.skip_mark,
+                    "reject_mark": plan.reject_mark,
                     "chains": plan.chains,
                     "queue_first": plan.first,
                     "queue_count": plan.count,
@@ -659,7 +794,12 @@ mod tests {
     }
 
     fn plan(args: &[&str]) -> Result<Plan, CliError> {
+        // The layout tests below leave the reject rules out (`reject_rules_per_family` has
+        // them) unless they name --reject-mark.
         let mut all = vec!["t", "install"];
+        if !args.contains(&"--reject-mark") {
+            all.extend_from_slice(&["--reject-mark", "0"]);
+        }
         all.extend_from_slice(args);
         match T::try_parse_from(all)
             .map_err(|e| CliError::Argument(e.to_string()))?
@@ -673,7 +813,7 @@ mod tests {
     #[test]
     fn install_text_is_the_documented_layout() {
         let p = plan(&["--queues", "4"]).unwrap();
-        let t = install_text(&p, "");
+        let t = install_text(&p, Family::Ipv4, "");
         assert_eq!(
             t,
             "*filter\n\
@@ -706,7 +846,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            install_text(&p, ""),
+            install_text(&p, Family::Ipv4, ""),
             "*filter\n:VALLUM-NFQUEUE - [0:0]\n-A VALLUM-NFQUEUE -j NFQUEUE --queue-num 7\n\
              -I FORWARD 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
         );
@@ -726,7 +866,7 @@ mod tests {
     fn continue_mode_skips_the_mark_first() {
         let p = plan(&["--queues", "1", "--mode", "continue", "--chains", "INPUT"]).unwrap();
         assert_eq!(
-            install_text(&p, ""),
+            install_text(&p, Family::Ipv4, ""),
             "*filter\n:VALLUM-NFQUEUE - [0:0]\n\
              -A VALLUM-NFQUEUE -m mark --mark 0x40000000/0x40000000 -j RETURN\n\
              -A VALLUM-NFQUEUE -i lo -j RETURN\n\
@@ -738,7 +878,9 @@ mod tests {
         );
         let p = plan(&["--mode", "continue", "--mark", "256"]).unwrap();
         assert_eq!(p.skip_mark, Some(0x100));
-        assert!(install_text(&p, "").contains("-m mark --mark 0x100/0x100 -j RETURN\n"));
+        assert!(
+            install_text(&p, Family::Ipv4, "").contains("-m mark --mark 0x100/0x100 -j RETURN\n")
+        );
         // The mark is ignored in final mode; a bad one is refused in either.
         assert_eq!(plan(&["--mark", "256"]).unwrap().skip_mark, None);
         for bad in ["0", "3", "0x", "x1"] {
@@ -761,7 +903,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            install_text(&p, ""),
+            install_text(&p, Family::Ipv4, ""),
             "*filter\n:VALLUM-NFQUEUE - [0:0]\n:VALLUM-NFQUEUE-CLOSED - [0:0]\n\
              -A VALLUM-NFQUEUE -i lo -j RETURN\n-A VALLUM-NFQUEUE -o lo -j RETURN\n\
              -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance 0:1 --queue-bypass\n\
@@ -787,7 +929,11 @@ mod tests {
         // A later install without the split removes the second chain and its jumps.
         let current = "-N VALLUM-NFQUEUE\n-N VALLUM-NFQUEUE-CLOSED\n\
             -A INPUT -j VALLUM-NFQUEUE-CLOSED\n-A OUTPUT -j VALLUM-NFQUEUE\n";
-        let t = install_text(&plan(&["--chains", "INPUT"]).unwrap(), current);
+        let t = install_text(
+            &plan(&["--chains", "INPUT"]).unwrap(),
+            Family::Ipv4,
+            current,
+        );
         assert!(
             t.contains(
                 "-D INPUT -j VALLUM-NFQUEUE-CLOSED\n-D OUTPUT -j VALLUM-NFQUEUE\n\
@@ -798,7 +944,7 @@ mod tests {
         assert_eq!(
             uninstall_text(current).unwrap(),
             "*filter\n-D INPUT -j VALLUM-NFQUEUE-CLOSED\n-D OUTPUT -j VALLUM-NFQUEUE\n\
-             -F VALLUM-NFQUEUE\n-X VALLUM-NFQUEUE\n-F VALLUM-NFQUEUE-CLOSED\n\
+             -F VALLUM-NFQUEUE\n-F VALLUM-NFQUEUE-CLOSED\n-X VALLUM-NFQUEUE\n\
              -X VALLUM-NFQUEUE-CLOSED\nCOMMIT\n"
         );
     }
@@ -817,7 +963,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            install_text(&p, ""),
+            install_text(&p, Family::Ipv4, ""),
             "*filter\n:VALLUM-NFQUEUE - [0:0]\n\
              -A VALLUM-NFQUEUE -p tcp -m multiport --dports 22 -j RETURN\n\
              -A VALLUM-NFQUEUE -p tcp -m multiport --sports 22 -j RETURN\n\
@@ -838,7 +984,7 @@ mod tests {
     #[test]
     fn reinstall_replaces_every_jump() {
         let p = plan(&["--queues", "1", "--chains", "INPUT"]).unwrap();
-        let t = install_text(&p, INSTALLED);
+        let t = install_text(&p, Family::Ipv4, INSTALLED);
         assert!(t.contains("-D INPUT -j VALLUM-NFQUEUE\n-D OUTPUT -o eth0 -j VALLUM-NFQUEUE\n"));
         assert!(!t.contains("-D INPUT -j VALLUM-NFQUEUE-OTHER"));
         assert!(!t.contains("-D INPUT -p tcp"));
@@ -853,6 +999,132 @@ mod tests {
              -F VALLUM-NFQUEUE\n-X VALLUM-NFQUEUE\nCOMMIT\n"
         );
         assert_eq!(uninstall_text("-P INPUT ACCEPT\n-N OTHER\n"), None);
+    }
+
+    #[test]
+    fn reject_rules_per_family() {
+        let p = plan(&[
+            "--queues",
+            "1",
+            "--chains",
+            "INPUT",
+            "--exempt-tcp-ports",
+            "",
+            "--include-loopback",
+            "--reject-mark",
+            "0x0f000000",
+        ])
+        .unwrap();
+        assert_eq!(
+            install_text(&p, Family::Ipv4, ""),
+            "*filter\n:VALLUM-NFQUEUE - [0:0]\n:VALLUM-REJECT - [0:0]\n\
+             :VALLUM-REJECT-NET-UNREACH - [0:0]\n:VALLUM-REJECT-HOST-UNREACH - [0:0]\n\
+             :VALLUM-REJECT-PORT-UNREACH - [0:0]\n:VALLUM-REJECT-PROTO-UNREACH - [0:0]\n\
+             :VALLUM-REJECT-NET-PROHIB - [0:0]\n:VALLUM-REJECT-HOST-PROHIB - [0:0]\n\
+             :VALLUM-REJECT-ADMIN-PROHIB - [0:0]\n:VALLUM-REJECT-TCP-RESET - [0:0]\n\
+             -A VALLUM-NFQUEUE -m mark ! --mark 0x0/0xf000000 -j VALLUM-REJECT\n\
+             -A VALLUM-NFQUEUE -j NFQUEUE --queue-num 0 --queue-bypass\n\
+             -A VALLUM-REJECT -m mark --mark 0x1000000/0xf000000 -j VALLUM-REJECT-NET-UNREACH\n\
+             -A VALLUM-REJECT -m mark --mark 0x2000000/0xf000000 -j VALLUM-REJECT-HOST-UNREACH\n\
+             -A VALLUM-REJECT -m mark --mark 0x3000000/0xf000000 -j VALLUM-REJECT-PORT-UNREACH\n\
+             -A VALLUM-REJECT -m mark --mark 0x4000000/0xf000000 -j VALLUM-REJECT-PROTO-UNREACH\n\
+             -A VALLUM-REJECT -m mark --mark 0x5000000/0xf000000 -j VALLUM-REJECT-NET-PROHIB\n\
+             -A VALLUM-REJECT -m mark --mark 0x6000000/0xf000000 -j VALLUM-REJECT-HOST-PROHIB\n\
+             -A VALLUM-REJECT -m mark --mark 0x7000000/0xf000000 -j VALLUM-REJECT-ADMIN-PROHIB\n\
+             -A VALLUM-REJECT -p tcp -m mark --mark 0x8000000/0xf000000 -j VALLUM-REJECT-TCP-RESET\n\
+             -A VALLUM-REJECT-NET-UNREACH -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-NET-UNREACH -j REJECT --reject-with icmp-net-unreachable\n\
+             -A VALLUM-REJECT-HOST-UNREACH -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-HOST-UNREACH -j REJECT --reject-with icmp-host-unreachable\n\
+             -A VALLUM-REJECT-PORT-UNREACH -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-PORT-UNREACH -j REJECT --reject-with icmp-port-unreachable\n\
+             -A VALLUM-REJECT-PROTO-UNREACH -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-PROTO-UNREACH -j REJECT --reject-with icmp-proto-unreachable\n\
+             -A VALLUM-REJECT-NET-PROHIB -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-NET-PROHIB -j REJECT --reject-with icmp-net-prohibited\n\
+             -A VALLUM-REJECT-HOST-PROHIB -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-HOST-PROHIB -j REJECT --reject-with icmp-host-prohibited\n\
+             -A VALLUM-REJECT-ADMIN-PROHIB -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-ADMIN-PROHIB -j REJECT --reject-with icmp-admin-prohibited\n\
+             -A VALLUM-REJECT-TCP-RESET -j MARK --set-xmark 0x0/0xf000000\n\
+             -A VALLUM-REJECT-TCP-RESET -p tcp -j REJECT --reject-with tcp-reset\n\
+             -I INPUT 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
+        );
+        let v6 = install_text(&p, Family::Ipv6, "");
+        for (code, name, chain) in [
+            (1, "icmp6-no-route", "NET-UNREACH"),
+            (2, "icmp6-addr-unreachable", "HOST-UNREACH"),
+            (3, "icmp6-port-unreachable", "PORT-UNREACH"),
+            (7, "icmp6-adm-prohibited", "ADMIN-PROHIB"),
+            (9, "icmp6-policy-fail", "POLICY-FAIL"),
+            (10, "icmp6-reject-route", "REJECT-ROUTE"),
+        ] {
+            assert!(
+                v6.contains(&format!(
+                    "-A VALLUM-REJECT -m mark --mark {:#x}/0xf000000 -j VALLUM-REJECT-{chain}\n",
+                    code << 24
+                )),
+                "{chain}: {v6}"
+            );
+            assert!(
+                v6.contains(&format!(
+                    "-A VALLUM-REJECT-{chain} -j REJECT --reject-with {name}\n"
+                )),
+                "{name}: {v6}"
+            );
+        }
+        assert!(
+            !v6.contains("PROTO-UNREACH") && !v6.contains("HOST-PROHIB"),
+            "{v6}"
+        );
+        // The continue bit comes after the reject gate; it may not overlap the field.
+        let c = plan(&["--mode", "continue", "--reject-mark", "0xf0"]).unwrap();
+        let t = install_text(&c, Family::Ipv4, "");
+        assert!(
+            t.contains(
+                "-A VALLUM-NFQUEUE -m mark ! --mark 0x0/0xf0 -j VALLUM-REJECT\n\
+                 -A VALLUM-NFQUEUE -m mark --mark 0x40000000/0x40000000 -j RETURN\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("-m mark --mark 0x80/0xf0 -j VALLUM-REJECT-TCP-RESET"),
+            "{t}"
+        );
+        let e = plan(&[
+            "--mode",
+            "continue",
+            "--mark",
+            "0x4000000",
+            "--reject-mark",
+            "0x0f000000",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("do not overlap"), "{e}");
+        for bad in ["0x7", "0x0f0f", "x"] {
+            assert!(plan(&["--reject-mark", bad]).is_err(), "{bad}");
+        }
+        // A later install with --reject-mark 0 removes them; uninstall removes them.
+        let current = "-N VALLUM-NFQUEUE\n-N VALLUM-REJECT\n-N VALLUM-REJECT-TCP-RESET\n\
+            -A INPUT -j VALLUM-NFQUEUE\n";
+        let t = install_text(
+            &plan(&["--chains", "INPUT"]).unwrap(),
+            Family::Ipv4,
+            current,
+        );
+        assert!(
+            t.contains(
+                "-F VALLUM-REJECT\n-F VALLUM-REJECT-TCP-RESET\n-X VALLUM-REJECT\n\
+                 -X VALLUM-REJECT-TCP-RESET\n"
+            ),
+            "{t}"
+        );
+        assert_eq!(
+            uninstall_text(current).unwrap(),
+            "*filter\n-D INPUT -j VALLUM-NFQUEUE\n-F VALLUM-NFQUEUE\n-F VALLUM-REJECT\n\
+             -F VALLUM-REJECT-TCP-RESET\n-X VALLUM-NFQUEUE\n-X VALLUM-REJECT\n\
+             -X VALLUM-REJECT-TCP-RESET\nCOMMIT\n"
+        );
     }
 
     #[test]

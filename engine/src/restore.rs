@@ -19,7 +19,7 @@
 mod addrtype;
 mod connlimit;
 mod ext_options;
-mod extensions;
+pub(crate) mod extensions;
 mod hashlimit;
 mod header_matches;
 mod lexer;

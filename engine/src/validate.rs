@@ -29,6 +29,8 @@
 //!   first rule naming its rules and why ([`ViolationKind::HookNotReached`]); where only new
 //!   connections are steered ([`ReachedHooks::new_only`]), a `--ctstate` / `--state` that
 //!   matches only ESTABLISHED and RELATED packets gets a warning ([`ViolationKind::StateNotQueued`]);
+//!   where loopback is not steered ([`ReachedHooks::without_loopback`]), a rule that can match
+//!   only loopback packets gets one ([`ViolationKind::LoopbackNotSteered`]);
 //! - enforcement: extensions the engine does not run ([`crate::model::Match::Opaque`], CT
 //!   options other than `--notrack`, conntrack options other than `--ctstate`) are errors in
 //!   filter and raw, naming the extension; nat, mangle and security tables get a warning.
@@ -69,6 +71,8 @@ pub struct ReachedHooks {
     /// Why only packets that are not ESTABLISHED or RELATED in the kernel's conntrack reach
     /// the packet path (`None`: every packet does).
     new_only: Option<String>,
+    /// Why loopback packets (in or out of `lo`) never reach the packet path (`None`: they do).
+    no_loopback: Option<String>,
 }
 
 impl ReachedHooks {
@@ -92,7 +96,23 @@ impl ReachedHooks {
             why: why.into(),
             no_bytes: None,
             new_only: None,
+            no_loopback: None,
         }
+    }
+
+    /// The same, for steering that never hands the packet path a loopback packet (one that
+    /// comes in on or goes out of `lo`); `why` completes "loopback packets, which ..." (e.g.
+    /// "`vallumctl dataplane install` exempts (vallumd is told so: no --steered-loopback)").
+    pub fn without_loopback(self, why: impl Into<String>) -> ReachedHooks {
+        ReachedHooks {
+            no_loopback: Some(why.into()),
+            ..self
+        }
+    }
+
+    /// Why loopback packets never come, `None` when they do.
+    pub fn no_loopback(&self) -> Option<&str> {
+        self.no_loopback.as_deref()
     }
 
     /// The same, for steering that hands the packet path only packets the kernel's conntrack

@@ -117,7 +117,8 @@ impl FromStr for NfqueueSource {
 ///   cannot be asked to clear it; routing rules and `CONNMARK --save-mark` that read the mark
 ///   should mask it out).
 ///
-/// DROP (and REJECT, which NFQUEUE cannot send) is `NF_DROP` in both.
+/// DROP is `NF_DROP` in both; REJECT is handed to the kernel's own REJECT rules
+/// ([`NfqueueAnswers::reject_mark`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NfqueueAccept {
     /// Our ACCEPT ends the hook (`NF_ACCEPT`), the default and what vallumd always did.
@@ -129,6 +130,50 @@ pub enum NfqueueAccept {
         /// The mark bit the steering chain skips.
         mark: u32,
     },
+}
+
+/// How vallumd answers a queued packet with `--source nfqueue`: what its ACCEPT means
+/// (`--nfqueue-mode`, `--nfqueue-mark`) and how its REJECT reaches the kernel
+/// (`--nfqueue-reject-mark`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NfqueueAnswers {
+    /// What ACCEPT means.
+    pub accept: NfqueueAccept,
+    /// The mark field of the REJECT answers: 4 contiguous bits (default
+    /// [`DEFAULT_REJECT_MARK`]), or 0 for none. A REJECT verdict is answered `NF_REPEAT` with
+    /// this field of the packet's mark set to the answer's
+    /// [`RejectWith::code`](vallum_engine::model::RejectWith::code) (the rest of the mark as
+    /// our rules left it); the steering chain of `vallumctl dataplane install --reject-mark`
+    /// (same value) sends such a packet, before it reaches the NFQUEUE rule again, to one
+    /// kernel `-j REJECT --reject-with TYPE` per code after clearing the field, so the
+    /// kernel itself builds the answer (ICMP type and code, TCP RST sequence numbers, no
+    /// answer to an error or RST, its ICMP rate limit). With 0 a REJECT is `NF_DROP` (silent).
+    pub reject_mark: u32,
+}
+
+/// The default `--nfqueue-reject-mark` (and `vallumctl dataplane install --reject-mark`):
+/// bits 24 to 27, outside the bits kube-proxy (0x4000, 0x8000), Docker, ufw, firewalld,
+/// Cilium (0x0f00), Istio (0x539), wg-quick (0xca6c), Tailscale (0xff0000) and the continue
+/// bit use; with Calico (mask 0xffff0000) pick a field below 0x10000.
+pub const DEFAULT_REJECT_MARK: u32 = 0x0f00_0000;
+
+/// Parses a reject mark field: 0 (none), or exactly 4 contiguous bits (`0x0f000000`), hex or
+/// decimal.
+///
+/// Errors: a message naming the value (not a number, or not 4 contiguous bits).
+pub fn parse_reject_mark(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x0f000000)"))?;
+    if v != 0 && (v.count_ones() != 4 || (v >> v.trailing_zeros()) != 0xf) {
+        return Err(format!(
+            "{s:?}: the reject mark is 4 contiguous bits (e.g. 0x0f000000), or 0 for none"
+        ));
+    }
+    Ok(v)
 }
 
 /// `--nfqueue-mode`: see [`NfqueueAccept`].
@@ -391,6 +436,14 @@ pub struct Config {
     #[arg(long, env = "VALLUM_NFQUEUE_MARK", default_value = "0x40000000", value_parser = parse_mark_bit)]
     pub nfqueue_mark: u32,
 
+    /// With `--source nfqueue`: the mark field (4 contiguous bits, or 0) that carries a REJECT
+    /// verdict to the kernel's REJECT rules of the steering chain (`vallumctl dataplane install
+    /// --reject-mark`, same value), which send the ICMP error or TCP RST; with 0, REJECT drops
+    /// silently. Reserve these bits: a packet that reaches the steering with one of the codes
+    /// set is rejected by the kernel. See [`NfqueueAnswers`] and docs/operations.md.
+    #[arg(long, env = "VALLUM_NFQUEUE_REJECT_MARK", default_value = "0x0f000000", value_parser = parse_reject_mark)]
+    pub nfqueue_reject_mark: u32,
+
     /// With `--source nfqueue`: the steering queues only packets the kernel's conntrack does
     /// not see as ESTABLISHED or RELATED (`vallumctl dataplane install --new-only`); the rest
     /// is accepted in the kernel and never reaches vallumd. Rules that can match only such
@@ -398,6 +451,13 @@ pub struct Config {
     /// connections".
     #[arg(long, env = "VALLUM_STEERED_NEW_ONLY")]
     pub steered_new_only: bool,
+
+    /// With `--source nfqueue`: the steering queues loopback packets too (`vallumctl dataplane
+    /// install --include-loopback`). Without it vallumd takes the installer's default, `lo`
+    /// exempt, and rules that can match only loopback packets (`-i lo`, `-o lo`, 127.0.0.0/8,
+    /// `::1`) get a validation warning at the rule.
+    #[arg(long, env = "VALLUM_STEERED_LOOPBACK")]
+    pub steered_loopback: bool,
 
     /// With `--source nfqueue`: packets each queue holds before the kernel drops new ones (or,
     /// fail-open, accepts them unclassified) (`NFQA_CFG_QUEUE_MAXLEN`). Default: more than the
@@ -506,6 +566,15 @@ impl Config {
             NfqueueMode::Continue => NfqueueAccept::Continue {
                 mark: self.nfqueue_mark,
             },
+        }
+    }
+
+    /// How queued packets are answered (`--nfqueue-mode`, `--nfqueue-mark`,
+    /// `--nfqueue-reject-mark`).
+    pub fn nfqueue_answers(&self) -> NfqueueAnswers {
+        NfqueueAnswers {
+            accept: self.nfqueue_accept(),
+            reject_mark: self.nfqueue_reject_mark,
         }
     }
 
@@ -627,6 +696,24 @@ mod tests {
             assert!(Config::from_args(["vallumd", "--nfqueue-mark", bad]).is_err());
         }
         assert!(Config::from_args(["vallumd", "--nfqueue-mode", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn reject_marks() {
+        let c = Config::from_args(["vallumd"]).unwrap();
+        assert_eq!(c.nfqueue_answers().reject_mark, DEFAULT_REJECT_MARK);
+        for (ok, v) in [
+            ("0", 0),
+            ("0xf0", 0xf0),
+            ("0xF0000000", 0xf000_0000),
+            ("15", 15),
+        ] {
+            assert_eq!(parse_reject_mark(ok), Ok(v), "{ok}");
+        }
+        for bad in ["0x0f0f", "0x7", "0x1f", "x", "-1", "0x100000000"] {
+            assert!(parse_reject_mark(bad).is_err(), "{bad}");
+            assert!(Config::from_args(["vallumd", "--nfqueue-reject-mark", bad]).is_err());
+        }
     }
 
     #[test]

@@ -224,9 +224,9 @@ impl Places {
         let reason = match v.kind {
             ViolationKind::Unsupported { .. } => Reason::UnsupportedExtension,
             // Both say: the packets these rules could match never reach this node's path.
-            ViolationKind::HookNotReached { .. } | ViolationKind::StateNotQueued(..) => {
-                Reason::HookNotReached
-            }
+            ViolationKind::HookNotReached { .. }
+            | ViolationKind::StateNotQueued(..)
+            | ViolationKind::LoopbackNotSteered(..) => Reason::HookNotReached,
             ViolationKind::NoPacketBytes(_) => Reason::NoPacketBytes,
             _ => Reason::InvalidRuleset,
         };

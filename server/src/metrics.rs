@@ -27,7 +27,7 @@
 //! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
 //! | `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`, `vallum_conntrack_insert_failed_total` | counter | | engine, at scrape |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, ... | counter, gauges | | `/proc/self`, at scrape ([`process`]) |
-//! | `vallum_nfqueue_received_total`, `vallum_nfqueue_verdicts_total` (+ verdict), `vallum_nfqueue_verdict_send_errors_total`, `vallum_nfqueue_receive_errors_total` | counter | queue | the NFQUEUE workers, at scrape ([`Metrics::observe_nfqueue`]) |
+//! | `vallum_nfqueue_received_total`, `vallum_nfqueue_verdicts_total` (+ verdict), `vallum_nfqueue_verdict_send_errors_total`, `vallum_nfqueue_receive_errors_total`, `vallum_nfqueue_ct_state_disagreements_total` | counter | queue | the NFQUEUE workers, at scrape ([`Metrics::observe_nfqueue`]) |
 //! | `vallum_nfqueue_kernel_ids_total`, `vallum_nfqueue_queue_dropped_total`, `vallum_nfqueue_user_dropped_total`, `vallum_nfqueue_socket_drops_total`, `vallum_nfqueue_bypassed_total` | counter | queue | `/proc/net/netfilter/nfnetlink_queue`, `/proc/net/netlink`, at scrape |
 //! | `vallum_nfqueue_waiting`, `vallum_nfqueue_maxlen`, `vallum_nfqueue_copy_range_bytes`, `vallum_nfqueue_fail_open`, `vallum_nfqueue_bypass_exact` | gauge | queue | the same |
 //!
@@ -570,7 +570,7 @@ impl Metrics {
         let scraper = Arc::new(Scraper::new(std::path::Path::new("/proc"), queues));
         let q = |s: &QueueStats| KeyValue::new("queue", s.queue.to_string());
         type Pick = fn(&QueueStats) -> Option<u64>;
-        let counters: [(&'static str, &'static str, Pick); 8] = [
+        let counters: [(&'static str, &'static str, Pick); 9] = [
             (
                 "vallum_nfqueue_received",
                 "Packets vallumd read from the queue (each gets one verdict).",
@@ -611,6 +611,13 @@ impl Metrics {
                  (sk_drops, both modes): dropped when fail-closed, accepted unclassified when \
                  fail-open.",
                 |s| s.socket_drops,
+            ),
+            (
+                "vallum_nfqueue_ct_state_disagreements",
+                "Packets whose conntrack state in the kernel (NFQA_CT_INFO: NEW, ESTABLISHED, \
+                 RELATED) differed from the one vallumd's own table gave them; vallumd's \
+                 decides (it sees the ruleset's raw-table NOTRACK rules and its own accepts).",
+                |s| Some(s.ct_disagreed),
             ),
             (
                 "vallum_nfqueue_bypassed",

@@ -153,6 +153,7 @@ pub struct QueueCounters {
     dropped: AtomicU64,
     verdict_errors: AtomicU64,
     receive_errors: AtomicU64,
+    ct_disagreed: AtomicU64,
     /// `id_sequence` unwrapped: the high 32 bits count wraps seen by [`QueueCounters::snapshot`].
     ids: std::sync::Mutex<(u32, u64)>,
 }
@@ -170,6 +171,7 @@ impl QueueCounters {
             dropped: AtomicU64::new(0),
             verdict_errors: AtomicU64::new(0),
             receive_errors: AtomicU64::new(0),
+            ct_disagreed: AtomicU64::new(0),
             ids: std::sync::Mutex::new((0, 0)),
         }
     }
@@ -198,6 +200,13 @@ impl QueueCounters {
         }
     }
 
+    /// `n` packets whose conntrack state in the kernel (`NFQA_CT_INFO`: NEW, ESTABLISHED or
+    /// RELATED) differs from the one vallumd's own table gave them (which decides; see
+    /// [`crate::sources::nfqueue::ct_disagrees`]).
+    pub fn add_ct_disagreed(&self, n: u64) {
+        self.ct_disagreed.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// One failed receive (an error other than a timeout or EINTR).
     pub fn add_receive_error(&self) {
         self.receive_errors.fetch_add(1, Ordering::Relaxed);
@@ -223,6 +232,7 @@ impl QueueCounters {
             dropped: self.dropped.load(Ordering::Relaxed),
             verdict_errors: self.verdict_errors.load(Ordering::Relaxed),
             receive_errors: self.receive_errors.load(Ordering::Relaxed),
+            ct_disagreed: self.ct_disagreed.load(Ordering::Relaxed),
             kernel: kernel.copied(),
             ids,
             socket_drops,
@@ -246,6 +256,9 @@ pub struct QueueStats {
     pub verdict_errors: u64,
     /// Failed receives (`vallum_nfqueue_receive_errors_total`).
     pub receive_errors: u64,
+    /// Packets whose kernel conntrack state differed from ours
+    /// (`vallum_nfqueue_ct_state_disagreements_total`).
+    pub ct_disagreed: u64,
     /// The kernel's line, when the queue is listed.
     pub kernel: Option<KernelQueue>,
     /// `id_sequence` unwrapped (`vallum_nfqueue_kernel_ids_total`).

@@ -209,6 +209,7 @@ pub async fn run_with(
             &config.steered_chains,
             crate::steering::forwarding(std::path::Path::new("/proc")),
             config.steered_new_only,
+            config.steered_loopback,
         ));
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
     let local_addrs = match crate::local_addrs::start(
@@ -457,7 +458,7 @@ pub async fn run_with(
         config.rate,
         clock.clone(),
         events,
-        config.nfqueue_accept(),
+        config.nfqueue_answers(),
     )?;
     metrics.observe_nfqueue(sources.nfqueue_counters());
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).

@@ -28,7 +28,7 @@ use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::packet::synth::{Synth, SynthConfig};
 use vallum_engine::packet::{IfName, PacketMeta};
 
-use crate::config::{NfqueueAccept, NfqueueSource, Source};
+use crate::config::{NfqueueAccept, NfqueueAnswers, NfqueueSource, Source};
 use crate::error::{Error, Result};
 use crate::events::{Events, PacketEvent};
 
@@ -78,8 +78,8 @@ pub fn base_packet() -> PacketMeta {
 }
 
 impl Sources {
-    /// Starts the threads of `source` on every core of `engine`; `accept` is what an NFQUEUE
-    /// worker's ACCEPT means (`--nfqueue-mode`).
+    /// Starts the threads of `source` on every core of `engine`; `answers` is what an NFQUEUE
+    /// worker sends for ACCEPT and REJECT (`--nfqueue-mode`, `--nfqueue-reject-mark`).
     ///
     /// Errors: [`Error::Internal`] when a pcap file cannot be read or holds no IP packet, or a
     /// thread cannot be spawned.
@@ -89,7 +89,7 @@ impl Sources {
         rate: u64,
         clock: Arc<dyn Clock>,
         events: Events,
-        accept: NfqueueAccept,
+        answers: NfqueueAnswers,
     ) -> Result<Sources> {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = engine.cores();
@@ -102,7 +102,7 @@ impl Sources {
                 });
             }
             Source::Synthetic => None,
-            Source::Nfqueue(q) => return start_nfqueue(engine, *q, accept, clock, stop, events),
+            Source::Nfqueue(q) => return start_nfqueue(engine, *q, answers, clock, stop, events),
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::Internal(format!("read {}: {e}", path.display())))?;
@@ -202,16 +202,32 @@ fn spawn_worker(
 }
 
 /// Binds NFQUEUE `q.first + k` for every core k, then starts the workers.
+///
+/// Errors: [`Error::Startup`] when a queue cannot be bound, or the continue bit lies inside
+/// the reject field.
 #[cfg(target_os = "linux")]
 fn start_nfqueue(
     engine: Arc<Engine>,
     q: NfqueueSource,
-    accept: NfqueueAccept,
+    answers: NfqueueAnswers,
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
     events: Events,
 ) -> Result<Sources> {
     let cores = engine.cores();
+    if let NfqueueAccept::Continue { mark } = answers.accept {
+        if mark & answers.reject_mark != 0 {
+            return Err(Error::Startup {
+                code: "NFQUEUE_OPEN",
+                message: format!(
+                    "--nfqueue-mark {mark:#x} lies inside --nfqueue-reject-mark {:#x}: pick \
+                     bits that do not overlap (and the same for vallumctl dataplane install \
+                     --mark / --reject-mark)",
+                    answers.reject_mark
+                ),
+            });
+        }
+    }
     let first = usize::from(q.first);
     if first + cores - 1 > usize::from(u16::MAX) {
         return Err(Error::Startup {
@@ -230,7 +246,8 @@ fn start_nfqueue(
                 code: "NFQUEUE_OPEN",
                 message: e.to_string(),
             })?
-            .with_accept(accept);
+            .with_accept(answers.accept)
+            .with_reject_mark(answers.reject_mark);
         let c = queue.counters();
         if k == 0 && !c.bypass_exact(BATCH as u32) {
             tracing::warn!(
@@ -246,7 +263,9 @@ fn start_nfqueue(
             tracing::warn!(
                 queue = num,
                 "the kernel does not hand over its conntrack entries (NFQA_CFG_F_CONNTRACK \
-                 refused: no nf_conntrack_netlink), so --ctstate SNAT and DNAT never match"
+                 refused: a kernel without CONFIG_NETFILTER_NETLINK_GLUE_CT, or no \
+                 nf_conntrack_netlink), so --ctstate SNAT and DNAT never match and \
+                 --ctorigdst/--ctorigdstport read the translated destination"
             );
         }
         queues.push(queue);
@@ -273,7 +292,7 @@ fn start_nfqueue(
 fn start_nfqueue(
     _engine: Arc<Engine>,
     _q: NfqueueSource,
-    _accept: NfqueueAccept,
+    _answers: NfqueueAnswers,
     _clock: Arc<dyn Clock>,
     _stop: Arc<AtomicBool>,
     _events: Events,

@@ -12,7 +12,10 @@
 //!   `/proc/sys/net/ipv6/conf/all/forwarding`, read once at start; unreadable counts as on).
 //!   With `--steered-new-only` (`vallumctl dataplane install --new-only`) only packets the
 //!   kernel's conntrack does not see as ESTABLISHED or RELATED are queued
-//!   ([`reached_steering`]): rules matching only those states are warned.
+//!   ([`reached_steering`]): rules matching only those states are warned. Loopback packets are
+//!   not queued unless vallumd is told `--steered-loopback` (`vallumctl dataplane install
+//!   --include-loopback`; the installer exempts `lo` by default): rules that can match only
+//!   loopback packets are warned.
 //!
 //! [`SetManager::set_reached_hooks`]: vallum_engine::sets::SetManager::set_reached_hooks
 //! [`ViolationKind::HookNotReached`]: vallum_engine::validate::ViolationKind::HookNotReached
@@ -93,23 +96,34 @@ pub fn reached(source: &Source, steered: &[Hook], forwarding: [bool; 2]) -> Opti
     }
 }
 
-/// [`reached`], and with `new_only` (`--steered-new-only`) under `--source nfqueue` only the
+/// [`reached`], and under `--source nfqueue`: with `new_only` (`--steered-new-only`) only the
 /// packets the kernel's conntrack does not see as ESTABLISHED or RELATED
-/// ([`ReachedHooks::new_only`]: rules matching only those states get a warning).
+/// ([`ReachedHooks::new_only`]: rules matching only those states get a warning); without
+/// `loopback` (`--steered-loopback`) no loopback packet ([`ReachedHooks::without_loopback`]:
+/// rules matching only loopback packets get a warning).
 pub fn reached_steering(
     source: &Source,
     steered: &[Hook],
     forwarding: [bool; 2],
     new_only: bool,
+    loopback: bool,
 ) -> Option<ReachedHooks> {
-    let r = reached(source, steered, forwarding)?;
-    Some(match source {
-        Source::Nfqueue(_) if new_only => r.new_only(
-            "vallumd is told (--steered-new-only) the kernel accepts before they are queued \
-             (vallumctl dataplane install --new-only)",
-        ),
-        _ => r,
-    })
+    let mut r = reached(source, steered, forwarding)?;
+    if let Source::Nfqueue(_) = source {
+        if new_only {
+            r = r.new_only(
+                "vallumd is told (--steered-new-only) the kernel accepts before they are queued \
+                 (vallumctl dataplane install --new-only)",
+            );
+        }
+        if !loopback {
+            r = r.without_loopback(
+                "the NFQUEUE steering does not queue (`vallumctl dataplane install` exempts \
+                 `lo` unless --include-loopback; vallumd is not told --steered-loopback)",
+            );
+        }
+    }
+    Some(r)
 }
 
 #[cfg(test)]
@@ -147,14 +161,19 @@ mod tests {
         assert!(!output_only.reaches(Family::Ipv4, Hook::Prerouting));
         assert!(parse_steered_chain("PREROUTING").is_err());
         assert_eq!(all.only_new(), None);
-        let new = reached_steering(&q, &STEERABLE, [true; 2], true).unwrap();
+        let new = reached_steering(&q, &STEERABLE, [true; 2], true, true).unwrap();
         assert!(new.only_new().unwrap().contains("--steered-new-only"));
-        let pcap = reached_steering(&Source::Synthetic, &STEERABLE, [true; 2], true).unwrap();
+        assert_eq!(new.no_loopback(), None);
+        let pcap =
+            reached_steering(&Source::Synthetic, &STEERABLE, [true; 2], true, false).unwrap();
         assert_eq!(
-            pcap.only_new(),
-            None,
-            "only NFQUEUE steering queues by state"
+            (pcap.only_new(), pcap.no_loopback()),
+            (None, None),
+            "only NFQUEUE steering queues by state and exempts loopback"
         );
+        let no_lo = reached_steering(&q, &STEERABLE, [true; 2], false, false).unwrap();
+        assert!(no_lo.no_loopback().unwrap().contains("--include-loopback"));
+        assert_eq!(no_lo.only_new(), None);
         assert_eq!(parse_steered_chain("FORWARD"), Ok(Hook::Forward));
     }
 }

@@ -3,8 +3,12 @@
 //! chain only FORWARD jumps to and raw OUTPUT are HOOK_NOT_REACHED warnings at
 //! FILE:LINE:COL naming their rules; the ruleset stays valid and applies. With `--source none`
 //! (nothing classified here) no such warning. A `-m string` rule where the source keeps no
-//! packet bytes (synthetic, pcap) is a NO_PACKET_BYTES warning.
+//! packet bytes (synthetic, pcap) is a NO_PACKET_BYTES warning. Under NFQUEUE (root), a rule
+//! that can match only loopback packets is a HOOK_NOT_REACHED warning unless vallumd is told
+//! `--steered-loopback`.
 
+#[path = "support/netns.rs"]
+mod netns;
 #[path = "support/vallumd.rs"]
 mod support;
 
@@ -158,4 +162,102 @@ COMMIT
     let d = Vallumd::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     assert_eq!(warned(&d).await, Vec::<String>::new());
+}
+
+/// Under NFQUEUE with the installer's default steering (`lo` exempt), every rule that can
+/// match only loopback packets (`-i lo`, `-o lo`, 127.0.0.0/8, `::1`) is a HOOK_NOT_REACHED
+/// warning at its FILE:LINE:COL, as in a Tails-like ruleset whose Tor isolation rules are all
+/// on `lo`; a rule that also matches other packets is not. With `--steered-loopback` none.
+#[test]
+#[ignore = "needs root, nfnetlink_queue and a network namespace"]
+fn loopback_rules_are_warned_where_lo_is_not_steered() {
+    const TAILS: &str = "*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT DROP [0:0]
+-A INPUT -m state --state RELATED,ESTABLISHED -j ACCEPT
+-A INPUT -i lo -p tcp -m tcp --dport 9050 -j ACCEPT
+-A INPUT ! -i lo -p tcp -m tcp --dport 22 -j ACCEPT
+-A OUTPUT -d 127.0.0.1/32 -o lo -p tcp -m tcp --dport 9050 -m owner --uid-owner 108 -j ACCEPT
+-A OUTPUT -d 127.0.0.1/32 -p udp -m udp --dport 5353 -j ACCEPT
+-A OUTPUT -s 10.0.0.0/8 -j ACCEPT
+COMMIT
+";
+    const TAILS6: &str = "*filter
+:INPUT DROP [0:0]
+:FORWARD DROP [0:0]
+:OUTPUT DROP [0:0]
+-A OUTPUT -d ::1/128 -p tcp -m tcp --dport 9050 -j ACCEPT
+-A OUTPUT -o lo+ -j ACCEPT
+COMMIT
+";
+    fn warned(flags: &'static [&'static str]) -> Vec<String> {
+        let ns = format!("vallum-lo-{}", std::process::id());
+        let st = std::process::Command::new("ip")
+            .args(["netns", "add", &ns])
+            .status()
+            .expect("ip netns add");
+        assert!(st.success(), "ip netns add {ns}");
+        let st = std::process::Command::new("ip")
+            .args(["-n", &ns, "link", "set", "lo", "up"])
+            .status()
+            .expect("ip link set lo up");
+        assert!(st.success(), "lo up in {ns}");
+        let _ = std::process::Command::new("modprobe")
+            .arg("nfnetlink_queue")
+            .status();
+        let got = netns::in_netns(&ns, move || {
+            let dir = tempfile::tempdir().unwrap();
+            let mut args = vec!["--source", "nfqueue"];
+            args.extend_from_slice(flags);
+            let d = Vallumd::start(&dir.path().join("v.db"), &args);
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async {
+                    d.wait_serving().await;
+                    let mut src = text_source(TAILS, false, "tails.rules");
+                    if let Some(pb::ruleset_source::Source::Text(t)) = &mut src.source {
+                        t.content_v6 = TAILS6.into();
+                    }
+                    let r = d
+                        .rulesets()
+                        .await
+                        .validate_ruleset(pb::ValidateRulesetRequest {
+                            ruleset: "tails".into(),
+                            source: Some(src),
+                        })
+                        .await
+                        .expect("validate")
+                        .into_inner();
+                    assert!(r.valid, "warnings only: {:?}", r.violations);
+                    r.violations
+                        .iter()
+                        .filter(|v| v.reason == "HOOK_NOT_REACHED")
+                        .map(|v| {
+                            assert_eq!(v.severity, pb::Severity::Warning as i32, "{v:?}");
+                            let first = v.message.split(": the rule").next().unwrap_or("");
+                            format!("{} {}: {first}", v.location, v.path)
+                        })
+                        .collect::<Vec<_>>()
+                })
+        });
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &ns])
+            .status();
+        got
+    }
+    let got = warned(&[]);
+    assert_eq!(
+        got,
+        [
+            "tails.rules (v6):5:1 filter6/OUTPUT#1: -d ::1",
+            "tails.rules:6:1 filter/INPUT#2: -i lo",
+            "tails.rules:8:1 filter/OUTPUT#1: -o lo",
+            "tails.rules:9:1 filter/OUTPUT#2: -d 127.0.0.1",
+        ],
+        "{got:#?}"
+    );
+    assert_eq!(warned(&["--steered-loopback"]), Vec::<String>::new());
 }

@@ -69,6 +69,73 @@ pub enum RejectWith {
     RejectRoute,
 }
 
+impl RejectWith {
+    /// Every answer, in [`RejectWith::code`] order (code 1 first).
+    pub const ALL: [RejectWith; 10] = [
+        RejectWith::NetUnreachable,
+        RejectWith::HostUnreachable,
+        RejectWith::PortUnreachable,
+        RejectWith::ProtoUnreachable,
+        RejectWith::NetProhibited,
+        RejectWith::HostProhibited,
+        RejectWith::AdminProhibited,
+        RejectWith::TcpReset,
+        RejectWith::PolicyFail,
+        RejectWith::RejectRoute,
+    ];
+
+    /// The answer's number, 1 to 10 (its place in [`RejectWith::ALL`]; 0 is "no answer"): what
+    /// vallumd writes into the packet mark's reject field when it hands a REJECT back to the
+    /// kernel's own REJECT rules (NFQUEUE, `vallumctl dataplane install --reject-mark`), so it
+    /// fits 4 bits.
+    pub fn code(self) -> u8 {
+        match self {
+            RejectWith::NetUnreachable => 1,
+            RejectWith::HostUnreachable => 2,
+            RejectWith::PortUnreachable => 3,
+            RejectWith::ProtoUnreachable => 4,
+            RejectWith::NetProhibited => 5,
+            RejectWith::HostProhibited => 6,
+            RejectWith::AdminProhibited => 7,
+            RejectWith::TcpReset => 8,
+            RejectWith::PolicyFail => 9,
+            RejectWith::RejectRoute => 10,
+        }
+    }
+
+    /// The answer of [`RejectWith::code`] `code`; `None` for 0 and above 10.
+    pub fn from_code(code: u8) -> Option<RejectWith> {
+        RejectWith::ALL
+            .get(usize::from(code).checked_sub(1)?)
+            .copied()
+    }
+
+    /// The `--reject-with` name iptables-save prints for this answer in `family`
+    /// (`icmp-port-unreachable`, `icmp6-adm-prohibited`, `tcp-reset`); `None` where that
+    /// family's REJECT has no such answer (`icmp-proto-unreachable` in IPv6, `icmp6-policy-fail`
+    /// in IPv4).
+    pub fn name(self, family: super::Family) -> Option<&'static str> {
+        let v6 = family == super::Family::Ipv6;
+        Some(match self {
+            RejectWith::NetUnreachable if v6 => "icmp6-no-route",
+            RejectWith::NetUnreachable => "icmp-net-unreachable",
+            RejectWith::HostUnreachable if v6 => "icmp6-addr-unreachable",
+            RejectWith::HostUnreachable => "icmp-host-unreachable",
+            RejectWith::PortUnreachable if v6 => "icmp6-port-unreachable",
+            RejectWith::PortUnreachable => "icmp-port-unreachable",
+            RejectWith::ProtoUnreachable if !v6 => "icmp-proto-unreachable",
+            RejectWith::NetProhibited if !v6 => "icmp-net-prohibited",
+            RejectWith::HostProhibited if !v6 => "icmp-host-prohibited",
+            RejectWith::AdminProhibited if v6 => "icmp6-adm-prohibited",
+            RejectWith::AdminProhibited => "icmp-admin-prohibited",
+            RejectWith::TcpReset => "tcp-reset",
+            RejectWith::PolicyFail if v6 => "icmp6-policy-fail",
+            RejectWith::RejectRoute if v6 => "icmp6-reject-route",
+            _ => return None,
+        })
+    }
+}
+
 /// `-j LOG` options.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LogTarget {
@@ -131,4 +198,25 @@ pub struct CtTarget {
     /// Every other option (`--helper`, `--timeout`, `--ctevents`, `--expevents`) in
     /// libxt_CT's print order, its value canonical.
     pub other: Vec<OpaqueOption>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RejectWith;
+    use crate::model::Family;
+
+    /// The codes round-trip, and the names are the parser's printed ones for each family.
+    #[test]
+    fn reject_codes_and_names() {
+        for (i, w) in RejectWith::ALL.iter().enumerate() {
+            assert_eq!(usize::from(w.code()), i + 1);
+            assert_eq!(RejectWith::from_code(w.code()), Some(*w));
+        }
+        assert_eq!(RejectWith::from_code(0), None);
+        assert_eq!(RejectWith::from_code(11), None);
+        for (n4, n6, w) in crate::restore::extensions::REJECT_NAMES {
+            assert_eq!(w.name(Family::Ipv4), n4.first().copied(), "{w:?}");
+            assert_eq!(w.name(Family::Ipv6), n6.first().copied(), "{w:?}");
+        }
+    }
 }

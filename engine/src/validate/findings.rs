@@ -272,6 +272,14 @@ pub enum ViolationKind {
         neg = if .0.starts_with('!') { " (and its negation always does)" } else { "" }
     )]
     StateNotQueued(String, String),
+    /// A rule that can match only loopback packets (`-i lo`, `-o lo`, a source or destination
+    /// inside 127.0.0.0/8 or `::1`) on a node whose steering never queues them
+    /// ([`super::ReachedHooks::without_loopback`]): it never matches there. Fields: what in
+    /// the rule says loopback (`-o lo`), and why they do not come.
+    #[error(
+        "{0}: the rule matches only loopback packets, which {1}: here it never matches (steer loopback with `vallumctl dataplane install --include-loopback` and tell vallumd with --steered-loopback)"
+    )]
+    LoopbackNotSteered(String, String),
     /// `-j CT --helper NAME` (warning): the template (and its zone) is enforced, but no
     /// connection-tracking helper runs for the connection: the engine has no ALGs, and the
     /// kernel's conntrack (NFQUEUE mode) attaches a helper only where the kernel's own

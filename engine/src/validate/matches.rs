@@ -72,6 +72,11 @@ impl TableCheck<'_> {
         if r.fragment.is_some() && family == Family::Ipv6 {
             errs.push(ViolationKind::WrongFamily("-f".into()));
         }
+        if enforced {
+            if let Some(w) = loopback_not_steered(r, sets) {
+                warns.push(w);
+            }
+        }
         for net in [&r.src, &r.dst].into_iter().flatten() {
             let n = &net.value;
             if n.addr.is_ipv6() != (family == Family::Ipv6)
@@ -528,6 +533,36 @@ impl TableCheck<'_> {
             );
         }
     }
+}
+
+/// The [`ViolationKind::LoopbackNotSteered`] warning of a rule that can match only loopback
+/// packets, when the registry says the steering never queues them; `None` otherwise. Only
+/// loopback packets have: `-i lo` / `-o lo` (not negated, no `+`), or a source or destination
+/// inside 127.0.0.0/8 or equal to `::1` (the kernel drops such addresses arriving on any other
+/// device as martians, and routes them to `lo` only).
+fn loopback_not_steered(r: &Rule, sets: Option<&dyn SetRegistry>) -> Option<ViolationKind> {
+    let why = sets?.reached_hooks()?.no_loopback()?.to_owned();
+    let iface = |opt: &str, i: &Option<crate::model::Neg<crate::model::Iface>>| {
+        i.as_ref()
+            .filter(|i| !i.negated && i.value.name == "lo")
+            .map(|_| format!("{opt} lo"))
+    };
+    let addr = |opt: &str, n: &Option<crate::model::Neg<IpNet>>| {
+        let n = n.as_ref().filter(|n| !n.negated)?;
+        let inside = match (n.value.addr, n.value.mask) {
+            (IpAddr::V4(a), IpAddr::V4(m)) => a.octets()[0] == 127 && m.octets()[0] == 255,
+            (IpAddr::V6(a), IpAddr::V6(m)) => {
+                a == std::net::Ipv6Addr::LOCALHOST && m.to_bits() == u128::MAX
+            }
+            _ => false,
+        };
+        inside.then(|| format!("{opt} {}", n.value.addr))
+    };
+    let what = iface("-i", &r.in_iface)
+        .or_else(|| iface("-o", &r.out_iface))
+        .or_else(|| addr("-s", &r.src))
+        .or_else(|| addr("-d", &r.dst))?;
+    Some(ViolationKind::LoopbackNotSteered(what, why))
 }
 
 /// The [`ViolationKind::StateNotQueued`] warning of a `--ctstate` / `--state` (`option`) whose

@@ -19,9 +19,11 @@
 //! kernel's rules after the steering jump are skipped), or with `--nfqueue-mode continue`
 //! `NF_REPEAT` with the continue mark bit OR-ed into the packet's mark (the kernel runs the
 //! filter table's chain again, the steering chain RETURNs for the marked packet and the
-//! kernel's remaining rules decide; [`NfqueueAccept`]); DROP -> `NF_DROP`; REJECT -> `NF_DROP`
-//! as well: NFQUEUE has no verdict that makes the kernel send the ICMP error or TCP RST, so a
-//! REJECT rule drops silently in this mode (documented in docs/operations.md). A packet whose transport header is
+//! kernel's remaining rules decide; [`NfqueueAccept`]); DROP -> `NF_DROP`; REJECT ->
+//! `NF_REPEAT` with the answer's code in the reject mark field (`--nfqueue-reject-mark`): the
+//! steering chain's first rule sends such a packet to the kernel's own `-j REJECT
+//! --reject-with TYPE` for that code, so the kernel builds and rate-limits the answer exactly
+//! as for its own REJECT ([`answer`]; with the field 0, REJECT drops). A packet whose transport header is
 //! cut short is classified and dropped at the first match that reads a missing byte, as the
 //! kernel's hotdrop ([`vallum_engine::packet::parse`]); one that does not parse (cut inside
 //! its IP or IPv6 extension headers, or an impossible header) is dropped.
@@ -53,46 +55,69 @@
 
 pub mod wire;
 
-use vallum_engine::model::{Hook, ct_state};
+use vallum_engine::compile::Verdict;
+use vallum_engine::model::{Hook, RejectWith, ct_state};
 
-use crate::config::NfqueueAccept;
+use crate::config::{NfqueueAccept, NfqueueAnswers};
 
 /// `NF_REPEAT`: the kernel runs the packet's hook function (the filter table's chain) again
 /// from its first rule.
 pub use wire::NF_REPEAT;
 
-/// The verdict and mark sent for one packet: `nf` is the engine's verdict as `NF_ACCEPT` /
-/// `NF_DROP`, `queued` the mark the packet was queued with, `after` the mark our rules left
-/// (`-j MARK`; `None` for a packet that did not parse).
+/// The verdict and mark sent for one packet: `v` is the engine's verdict (`Drop` for a packet
+/// that did not parse), `queued` the mark the packet was queued with, `after` the mark our
+/// rules left (`-j MARK`; `None` for a packet that did not parse).
 ///
-/// - `Final`: `(nf, mark)`, the mark only when an accepted packet's mark changed;
-/// - `Continue { mark: B }`: an accepted packet gets `(NF_REPEAT, after | B)` (only bit B is
-///   added; the rest of the mark is the packet's); a dropped one `(NF_DROP, None)`. A packet
-///   that arrives with B already set means the steering rules do not skip B (installed in
-///   `final` mode, or another bit): it is answered as in `Final` instead, so that it cannot
-///   loop through the queue, with [`Answered::loop_guard`] set.
-pub fn answer(accept: NfqueueAccept, nf: u32, queued: u32, after: Option<u32>) -> Answered {
-    let changed = after.filter(|&m| m != queued && nf == wire::NF_ACCEPT);
-    match accept {
-        NfqueueAccept::Continue { mark } if nf == wire::NF_ACCEPT => {
-            if queued & mark != 0 {
-                return Answered {
-                    verdict: nf,
-                    mark: changed,
+/// - ACCEPT, `Final`: `(NF_ACCEPT, mark)`, the mark only when it changed;
+/// - ACCEPT, `Continue { mark: B }`: `(NF_REPEAT, after | B)` (only bit B is added; the rest of
+///   the mark is the packet's). A packet that arrives with B already set means the steering
+///   rules do not skip B (installed in `final` mode, or another bit): it is answered as in
+///   `Final` instead, so that it cannot loop through the queue, with
+///   [`Answered::loop_guard`] set.
+/// - DROP: `(NF_DROP, None)`.
+/// - REJECT with a reject field R (`NfqueueAnswers::reject_mark` != 0): `(NF_REPEAT, (after
+///   & !R) | code << shift(R))` in both modes: the kernel runs the filter chain again, and the
+///   steering chain's first rule sends the packet to the kernel's REJECT of that code (which
+///   clears R first), so the kernel answers as its own REJECT would. With R = 0: `NF_DROP`.
+///
+/// A packet that arrives with a reject code already in R was handed back by us and came to the
+/// queue again: the steering has no REJECT rule for that code (installed without
+/// `--reject-mark`, or with another field). It is answered as if R were 0, with R cleared
+/// from its mark (REJECT drops it), and [`Answered::reject_unsteered`] is set, so it cannot
+/// loop either.
+pub fn answer(cfg: NfqueueAnswers, v: Verdict, queued: u32, after: Option<u32>) -> Answered {
+    let r = cfg.reject_mark;
+    let shift = r.trailing_zeros() % 32;
+    let unsteered = r != 0 && RejectWith::from_code(((queued & r) >> shift) as u8).is_some();
+    // The mark our rules left, without a reject code we set on an earlier pass.
+    let left = |m: u32| if unsteered { m & !r } else { m };
+    let after = after.map(left);
+    let (queued_clean, plain) = (left(queued), |verdict, mark| Answered {
+        verdict,
+        mark,
+        loop_guard: false,
+        reject_unsteered: unsteered,
+    });
+    match v {
+        Verdict::Drop => plain(wire::NF_DROP, None),
+        Verdict::Reject(_) if r == 0 || unsteered => plain(wire::NF_DROP, None),
+        Verdict::Reject(w) => plain(
+            NF_REPEAT,
+            Some((after.unwrap_or(queued_clean) & !r) | (u32::from(w.code()) << shift)),
+        ),
+        Verdict::Accept => {
+            let changed = after.filter(|&m| m != queued);
+            match cfg.accept {
+                NfqueueAccept::Continue { mark } if queued & mark != 0 => Answered {
                     loop_guard: true,
-                };
-            }
-            Answered {
-                verdict: NF_REPEAT,
-                mark: Some(after.unwrap_or(queued) | mark),
-                loop_guard: false,
+                    ..plain(wire::NF_ACCEPT, changed)
+                },
+                NfqueueAccept::Continue { mark } => {
+                    plain(NF_REPEAT, Some(after.unwrap_or(queued_clean) | mark))
+                }
+                NfqueueAccept::Final => plain(wire::NF_ACCEPT, changed),
             }
         }
-        NfqueueAccept::Final | NfqueueAccept::Continue { .. } => Answered {
-            verdict: nf,
-            mark: changed,
-            loop_guard: false,
-        },
     }
 }
 
@@ -106,6 +131,9 @@ pub struct Answered {
     /// `continue` mode met a packet already carrying the continue bit and answered it as
     /// `final` (the steering rules do not skip the bit).
     pub loop_guard: bool,
+    /// The packet arrived with a reject code in the reject field: the steering has no kernel
+    /// REJECT rule for it, so a REJECT was answered `NF_DROP`.
+    pub reject_unsteered: bool,
 }
 
 /// The [`Hook`] of a netfilter hook number (`NF_INET_PRE_ROUTING` = 0, `LOCAL_IN` = 1,
@@ -159,6 +187,23 @@ pub fn ct_nat(status: Option<u32>) -> u8 {
     bit(wire::IPS_SRC_NAT, ct_state::SNAT) | bit(wire::IPS_DST_NAT, ct_state::DNAT)
 }
 
+/// Whether the kernel's conntrack state of a packet (`NFQA_CT_INFO`, the kernel's `enum
+/// ip_conntrack_info`: ESTABLISHED 0, RELATED 1, NEW 2, ESTABLISHED_REPLY 3, RELATED_REPLY 4)
+/// differs from `ours` (the [`ct_state`] bit vallumd's table gave it). `false` without a
+/// kernel state (no `NFQA_CT`: the kernel tracks nothing in this namespace, or has no entry
+/// for the packet) and for a state we cannot compare (ours UNTRACKED: our raw table's NOTRACK,
+/// which the kernel never saw). vallumd's state decides; the count
+/// (`vallum_nfqueue_ct_state_disagreements_total`) says how often the two tables differ.
+pub fn ct_disagrees(kernel_info: Option<u32>, ours: u8) -> bool {
+    let kernel = match kernel_info {
+        Some(0 | 3) => ct_state::ESTABLISHED,
+        Some(1 | 4) => ct_state::RELATED,
+        Some(2) => ct_state::NEW,
+        _ => return false,
+    };
+    ours & ct_state::UNTRACKED == 0 && ours != kernel
+}
+
 #[cfg(target_os = "linux")]
 pub use linux::{Answer, IfNames, Queue, run_accept_all, run_worker};
 
@@ -178,8 +223,8 @@ mod linux {
     use std::sync::Arc;
 
     use super::wire::{self, Message, PacketMsg};
-    use super::{QueueError, answer, ct_nat, hook_from_netfilter};
-    use crate::config::NfqueueAccept;
+    use super::{QueueError, answer, ct_disagrees, ct_nat, hook_from_netfilter};
+    use crate::config::{NfqueueAccept, NfqueueAnswers};
     use crate::events::Events;
     use crate::nfqueue_stats::{QueueCounters, auto_maxlen};
     use crate::sources::{BATCH, Drain};
@@ -231,11 +276,14 @@ mod linux {
         seq: u32,
         /// Outgoing messages (reused: no allocation once grown).
         tx: Vec<u8>,
-        /// What our ACCEPT means (`--nfqueue-mode`).
-        accept: NfqueueAccept,
+        /// What our ACCEPT and REJECT send (`--nfqueue-mode`, `--nfqueue-reject-mark`).
+        answers: NfqueueAnswers,
         /// Packets `continue` mode answered as `final` because they arrived with the continue
         /// bit already set ([`super::Answered::loop_guard`]); warned about once.
         loop_guarded: u64,
+        /// Packets that arrived with a reject code set ([`super::Answered::reject_unsteered`]);
+        /// warned about once.
+        reject_unsteered: u64,
         /// One slot for the answers to our requests (and packets that come meanwhile), apart
         /// from the batch's slots, so a request can be made while a batch is answered.
         ctl: Vec<u8>,
@@ -377,8 +425,9 @@ mod linux {
                     ctl: vec![0; SLOT],
                     copy_range: COPY_RANGE,
                     min_copy_range: 1,
-                    accept: NfqueueAccept::Final,
+                    answers: NfqueueAnswers::default(),
                     loop_guarded: 0,
+                    reject_unsteered: 0,
                 },
                 kernel_ct: true,
                 rx: vec![0; BATCH * SLOT],
@@ -428,7 +477,14 @@ mod linux {
         /// Sets what our ACCEPT means (`--nfqueue-mode`; [`NfqueueAccept::Final`] when not
         /// called).
         pub fn with_accept(mut self, accept: NfqueueAccept) -> Queue {
-            self.link.accept = accept;
+            self.link.answers.accept = accept;
+            self
+        }
+
+        /// Sets the reject mark field (`--nfqueue-reject-mark`; 0, REJECT drops, when not
+        /// called): see [`answer`].
+        pub fn with_reject_mark(mut self, reject_mark: u32) -> Queue {
+            self.link.answers.reject_mark = reject_mark;
             self
         }
 
@@ -764,14 +820,6 @@ mod linux {
         parse_ip(p.payload, base).ok()
     }
 
-    fn nf_verdict(v: Verdict) -> u32 {
-        match v {
-            Verdict::Accept => wire::NF_ACCEPT,
-            // NFQUEUE cannot ask the kernel for the ICMP error / RST: REJECT drops.
-            Verdict::Drop | Verdict::Reject(_) => wire::NF_DROP,
-        }
-    }
-
     /// The worker loop: receive a batch, classify, answer; until `stop` is set (checked at
     /// least every 100 ms). Unexpected socket errors are printed and retried after 100 ms.
     ///
@@ -799,6 +847,7 @@ mod linux {
             verdicts: [Verdict::Accept; BATCH],
             cut: [false; BATCH],
             skipped: [false; BATCH],
+            kernel_ct: [None; BATCH],
             order: [(0, 0, 0); BATCH],
             answers: [(0, 0, None); BATCH],
             raised_at: None,
@@ -859,6 +908,7 @@ mod linux {
                         Some(pm) => {
                             state.packets[k] = pm;
                             state.cut[k] = more;
+                            state.kernel_ct[k] = p.ct_info;
                             headers[k] = p.payload;
                             k += 1;
                             (p.id, k - 1, p.mark)
@@ -943,6 +993,8 @@ mod linux {
         cut: [bool; BATCH],
         /// Whether `packets[i]` was left unclassified, its bytes short of the rules' range.
         skipped: [bool; BATCH],
+        /// The kernel's conntrack state of `packets[i]` (`NFQA_CT_INFO`), if it sent one.
+        kernel_ct: [Option<u32>; BATCH],
         /// (packet id, index into `packets`, BATCH for "did not parse" or WHOLE, the mark it
         /// was queued with), in arrival order.
         order: [(u32, usize, u32); BATCH],
@@ -980,6 +1032,15 @@ mod linux {
                 &mut self.skipped[..k],
                 now,
             );
+            let disagreed = self.packets[..k]
+                .iter()
+                .zip(&self.kernel_ct[..k])
+                .zip(&self.skipped[..k])
+                .filter(|&((p, &kct), &skipped)| !skipped && ct_disagrees(kct, p.ct_state))
+                .count();
+            if disagreed > 0 {
+                counters.add_ct_disagreed(disagreed as u64);
+            }
             let whole = self.order[..m].iter().any(|o| o.1 == WHOLE);
             if whole {
                 self.raised_at = Some(now);
@@ -1000,7 +1061,7 @@ mod linux {
                     }
                 }
             }
-            let guarded_before = link.loop_guarded;
+            let (guarded_before, unsteered_before) = (link.loop_guarded, link.reject_unsteered);
             // Decided packets by what we answered (`continue` mode's NF_REPEAT is an accept);
             // the packets queued again for more bytes are neither.
             let (mut accepted, mut dropped) = (0u64, 0u64);
@@ -1013,14 +1074,16 @@ mod linux {
                     continue;
                 }
                 let v = match self.verdicts.get(idx) {
-                    Some(&v) if idx < k => nf_verdict(v),
-                    _ => wire::NF_DROP,
+                    Some(&v) if idx < k => v,
+                    _ => Verdict::Drop,
                 };
                 // The mark the rules left (`None` for a packet that did not parse).
                 let after = self.packets.get(idx).filter(|_| idx < k).map(|p| p.mark);
-                let ans = answer(link.accept, v, queued, after);
+                let ans = answer(link.answers, v, queued, after);
                 link.loop_guarded += u64::from(ans.loop_guard);
-                if ans.verdict == wire::NF_DROP {
+                link.reject_unsteered += u64::from(ans.reject_unsteered);
+                // A REJECT handed to the kernel's REJECT (NF_REPEAT) is a drop here too.
+                if ans.verdict == wire::NF_DROP || matches!(v, Verdict::Reject(_)) {
                     dropped += 1;
                 } else {
                     accepted += 1;
@@ -1028,7 +1091,7 @@ mod linux {
                 *a = (id, ans.verdict, ans.mark);
             }
             if guarded_before == 0 && link.loop_guarded > 0 {
-                if let NfqueueAccept::Continue { mark } = link.accept {
+                if let NfqueueAccept::Continue { mark } = link.answers.accept {
                     tracing::warn!(
                         queue = link.num,
                         "--nfqueue-mode continue: a packet arrived with the continue mark \
@@ -1038,6 +1101,16 @@ mod linux {
                          kernel's rules"
                     );
                 }
+            }
+            if unsteered_before == 0 && link.reject_unsteered > 0 {
+                tracing::warn!(
+                    queue = link.num,
+                    reject_mark = format_args!("{:#x}", link.answers.reject_mark),
+                    "a packet we answered REJECT came back to the queue with its reject code in \
+                     the mark: the steering has no kernel REJECT rule for it (installed without \
+                     `vallumctl dataplane install --reject-mark`, or with another field than \
+                     --nfqueue-reject-mark?); such packets are dropped without an answer"
+                );
             }
             counters.add_received(m as u64);
             let sent = link.send_verdicts(&self.answers[..m]);
@@ -1098,40 +1171,147 @@ mod tests {
     #[test]
     fn verdicts_by_mode() {
         use wire::{NF_ACCEPT, NF_DROP};
-        let a = |accept, nf, queued, after| {
-            let r = answer(accept, nf, queued, after);
+        let a = |accept, v, queued, after| {
+            let cfg = NfqueueAnswers {
+                accept,
+                reject_mark: 0,
+            };
+            let r = answer(cfg, v, queued, after);
             (r.verdict, r.mark, r.loop_guard)
         };
+        let (acc, drop) = (Verdict::Accept, Verdict::Drop);
         let fin = NfqueueAccept::Final;
         let cont = NfqueueAccept::Continue { mark: 0x4000_0000 };
-        // final: today's answers; the mark only when an accepted packet's mark changed.
-        assert_eq!(a(fin, NF_ACCEPT, 7, Some(7)), (NF_ACCEPT, None, false));
-        assert_eq!(a(fin, NF_ACCEPT, 7, Some(9)), (NF_ACCEPT, Some(9), false));
-        assert_eq!(a(fin, NF_DROP, 7, Some(9)), (NF_DROP, None, false));
-        assert_eq!(a(fin, NF_DROP, 7, None), (NF_DROP, None, false));
+        // final: the mark only when an accepted packet's mark changed.
+        assert_eq!(a(fin, acc, 7, Some(7)), (NF_ACCEPT, None, false));
+        assert_eq!(a(fin, acc, 7, Some(9)), (NF_ACCEPT, Some(9), false));
+        assert_eq!(a(fin, drop, 7, Some(9)), (NF_DROP, None, false));
+        assert_eq!(a(fin, drop, 7, None), (NF_DROP, None, false));
         // continue: ACCEPT repeats the hook with only our bit added to the mark.
         assert_eq!(
-            a(cont, NF_ACCEPT, 0, Some(0)),
+            a(cont, acc, 0, Some(0)),
             (NF_REPEAT, Some(0x4000_0000), false)
         );
         assert_eq!(
-            a(cont, NF_ACCEPT, 0x0000_4001, Some(0x0000_4001)),
+            a(cont, acc, 0x0000_4001, Some(0x0000_4001)),
             (NF_REPEAT, Some(0x4000_4001), false),
             "a user mark survives"
         );
         assert_eq!(
-            a(cont, NF_ACCEPT, 1, Some(0x84)),
+            a(cont, acc, 1, Some(0x84)),
             (NF_REPEAT, Some(0x4000_0084), false),
             "our -j MARK survives"
         );
         // Our DROP is a DROP.
-        assert_eq!(a(cont, NF_DROP, 0, Some(0)), (NF_DROP, None, false));
-        assert_eq!(a(cont, NF_DROP, 0, None), (NF_DROP, None, false));
+        assert_eq!(a(cont, drop, 0, Some(0)), (NF_DROP, None, false));
+        assert_eq!(a(cont, drop, 0, None), (NF_DROP, None, false));
         // Arrived with our bit: the steering does not skip it; never repeat (no loop).
         assert_eq!(
-            a(cont, NF_ACCEPT, 0x4000_0000, Some(0x4000_0000)),
+            a(cont, acc, 0x4000_0000, Some(0x4000_0000)),
             (NF_ACCEPT, None, true)
         );
+        // Without a reject field REJECT drops, as before.
+        let rej = Verdict::Reject(RejectWith::TcpReset);
+        assert_eq!(a(fin, rej, 0, Some(0)), (NF_DROP, None, false));
+    }
+
+    /// REJECT is handed to the kernel's REJECT rules: NF_REPEAT with the code in the field,
+    /// the rest of the mark as our rules left it, in both modes; a packet that comes back with
+    /// a code is dropped and never repeated again.
+    #[test]
+    fn reject_hands_the_code_to_the_kernel() {
+        use wire::{NF_ACCEPT, NF_DROP};
+        let r = 0x0f00_0000;
+        let a = |accept, v, queued, after| {
+            let r = answer(
+                NfqueueAnswers {
+                    accept,
+                    reject_mark: r,
+                },
+                v,
+                queued,
+                after,
+            );
+            (r.verdict, r.mark, r.reject_unsteered)
+        };
+        let fin = NfqueueAccept::Final;
+        let cont = NfqueueAccept::Continue { mark: 0x4000_0000 };
+        for (w, code) in [
+            (RejectWith::NetUnreachable, 0x0100_0000),
+            (RejectWith::PortUnreachable, 0x0300_0000),
+            (RejectWith::TcpReset, 0x0800_0000),
+            (RejectWith::RejectRoute, 0x0a00_0000),
+        ] {
+            for mode in [fin, cont] {
+                assert_eq!(
+                    a(mode, Verdict::Reject(w), 0x4001, Some(0x4001)),
+                    (NF_REPEAT, Some(0x4001 | code), false),
+                    "{w:?} {mode:?}"
+                );
+            }
+        }
+        let port = Verdict::Reject(RejectWith::PortUnreachable);
+        // The mark our rules left goes to the kernel's REJECT (its reply mark with
+        // fwmark_reflect); a packet that did not parse has only the queued one.
+        assert_eq!(
+            a(fin, port, 1, Some(0x84)),
+            (NF_REPEAT, Some(0x0300_0084), false)
+        );
+        // A field at the bottom of the mark.
+        let low = answer(
+            NfqueueAnswers {
+                accept: fin,
+                reject_mark: 0xf0,
+            },
+            Verdict::Reject(RejectWith::AdminProhibited),
+            0x4000_0001,
+            Some(0x4000_0001),
+        );
+        assert_eq!((low.verdict, low.mark), (NF_REPEAT, Some(0x4000_0071)));
+        // Came back with a code: no REJECT rule for it in the steering. Dropped, not looped;
+        // an ACCEPT (the ruleset changed meanwhile) clears the code.
+        assert_eq!(
+            a(fin, port, 0x0300_0000, Some(0x0300_0000)),
+            (NF_DROP, None, true)
+        );
+        assert_eq!(
+            a(fin, Verdict::Accept, 0x0300_0005, Some(0x0300_0005)),
+            (NF_ACCEPT, Some(5), true)
+        );
+        assert_eq!(
+            a(cont, Verdict::Accept, 0x0300_0005, Some(0x0300_0005)),
+            (NF_REPEAT, Some(0x4000_0005), true)
+        );
+        // Bits in the field that are no code (a user's mark there) are the user's.
+        assert_eq!(
+            a(fin, Verdict::Accept, 0x0f00_0000, Some(0x0f00_0000)),
+            (NF_ACCEPT, None, false)
+        );
+        assert_eq!(
+            a(fin, port, 0x0f00_0000, Some(0x0f00_0000)),
+            (NF_REPEAT, Some(0x0300_0000), false)
+        );
+    }
+
+    #[test]
+    fn kernel_and_our_states() {
+        use ct_state::{ESTABLISHED, INVALID, NEW, RELATED, UNTRACKED};
+        assert!(
+            !ct_disagrees(None, NEW),
+            "no kernel state: nothing to compare"
+        );
+        assert!(!ct_disagrees(Some(2), NEW));
+        assert!(!ct_disagrees(Some(0), ESTABLISHED));
+        assert!(!ct_disagrees(Some(3), ESTABLISHED), "ESTABLISHED_REPLY");
+        assert!(!ct_disagrees(Some(4), RELATED), "RELATED_REPLY");
+        assert!(ct_disagrees(Some(2), ESTABLISHED));
+        assert!(ct_disagrees(Some(0), NEW));
+        assert!(ct_disagrees(Some(0), INVALID));
+        assert!(
+            !ct_disagrees(Some(2), UNTRACKED),
+            "our NOTRACK, unknown to the kernel"
+        );
+        assert!(!ct_disagrees(Some(7), NEW), "not a ctinfo");
     }
 
     #[test]
