@@ -29,6 +29,11 @@
 //!   first rule naming its rules and why ([`ViolationKind::HookNotReached`]); where only new
 //!   connections are steered ([`ReachedHooks::new_only`]), a `--ctstate` / `--state` that
 //!   matches only ESTABLISHED and RELATED packets gets a warning ([`ViolationKind::StateNotQueued`]);
+//! - tables only stored: with the node's [`ReachedHooks`], a filter or raw rule that waits for
+//!   what the ruleset's stored-only nat or mangle table does (`--ctstate DNAT/SNAT`,
+//!   `--ctorig*`/`--ctrepl*`, `--ctstatus` after its DNAT/SNAT; `-m mark` after its MARK)
+//!   gets a warning at the rule naming the table and `--kernel-tables` (`kernel_facts`), unless
+//!   the kernel runs that table ([`ReachedHooks::with_kernel_tables`]);
 //! - enforcement: extensions the engine does not run ([`crate::model::Match::Opaque`], CT
 //!   options other than `--notrack`, conntrack options other than `--ctstate`) are errors in
 //!   filter and raw, naming the extension; nat, mangle and security tables get a warning.
@@ -42,10 +47,11 @@
 
 use std::collections::HashSet;
 
-use crate::model::{Chain, Family, Hook, Location, Rule, Ruleset, Table};
+use crate::model::{Chain, Family, Hook, Location, Rule, Ruleset, Table, TableKind};
 use crate::sets::SetRegistry;
 
 mod findings;
+mod kernel_facts;
 mod matches;
 mod structure;
 mod targets;
@@ -69,6 +75,9 @@ pub struct ReachedHooks {
     /// Why only packets that are not ESTABLISHED or RELATED in the kernel's conntrack reach
     /// the packet path (`None`: every packet does).
     new_only: Option<String>,
+    /// The stored-only tables the kernel runs (`--kernel-tables`): what they do (NAT, marks)
+    /// reaches the packet path with the packet.
+    kernel_tables: Vec<TableKind>,
 }
 
 impl ReachedHooks {
@@ -92,7 +101,22 @@ impl ReachedHooks {
             why: why.into(),
             no_bytes: None,
             new_only: None,
+            kernel_tables: Vec::new(),
         }
+    }
+
+    /// The same, where the kernel runs `tables` of each ruleset (vallumd's `--kernel-tables`):
+    /// filter rules that wait for what they do (a DNAT, a mark) are not warned.
+    pub fn with_kernel_tables(self, tables: &[TableKind]) -> ReachedHooks {
+        ReachedHooks {
+            kernel_tables: tables.to_vec(),
+            ..self
+        }
+    }
+
+    /// Whether the kernel runs table `kind` (see [`ReachedHooks::with_kernel_tables`]).
+    pub fn kernel_runs(&self, kind: TableKind) -> bool {
+        self.kernel_tables.contains(&kind)
     }
 
     /// The same, for steering that hands the packet path only packets the kernel's conntrack
@@ -160,6 +184,7 @@ pub fn validate(ruleset: &Ruleset, sets: Option<&dyn SetRegistry>) -> Vec<Violat
         }
         v.check(sets);
     }
+    kernel_facts::waits_for_tables(ruleset, sets, &mut out);
     out.sort_by_key(|v| v.location);
     out
 }
@@ -208,6 +233,7 @@ pub(crate) fn validate_after(
     if has_errors(&out) {
         return (validate(ruleset, sets), diffs);
     }
+    kernel_facts::waits_for_tables(ruleset, sets, &mut out);
     out.sort_by_key(|v| v.location);
     (out, diffs)
 }

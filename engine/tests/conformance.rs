@@ -115,7 +115,7 @@ fn claimed_t_files_are_enforced_extensions() {
                 Family::Ipv6 => row.ipv6,
             };
             assert!(
-                matches!(support, Support::Enforced { .. }),
+                support.is_enforced(),
                 "{file}: '{name}' is {support:?} in {family:?}"
             );
         }

@@ -36,7 +36,7 @@ pub(crate) use targets::{
     PendingTarget, REJECT_NAMES, finish_target, new_target, opaque_target_option, target_option,
 };
 pub(crate) use values::{
-    CT_STATE_NAMES, TCP_FLAG_NAMES, parse_addr, parse_net, parse_protocol, parse_uint,
+    CT_STATE_NAMES, TCP_FLAG_NAMES, parse_addr, parse_net, parse_protocol, parse_uint, port_range,
     proto_extension, protocol_name, rate_unit_name,
 };
 

@@ -128,6 +128,8 @@ pub(crate) struct Ctx<'a> {
     pub line: u32,
     /// The `set_exists` callback.
     pub set_exists: Option<&'a dyn Fn(&str) -> bool>,
+    /// The `resolve_owner` callback.
+    pub resolve_owner: Option<super::ResolveOwner<'a>>,
 }
 
 impl Ctx<'_> {

@@ -325,7 +325,9 @@ pub(crate) fn match_option(
         | Match::Recent(_)
         | Match::Hashlimit(_)
         | Match::Connlimit(_)
-        | Match::String(_) => return None,
+        | Match::String(_)
+        | Match::Sctp(_)
+        | Match::U32(_) => return None,
     };
     Some(r)
 }
@@ -654,6 +656,16 @@ pub(crate) fn finish_match(
                 return needs("--mac-source");
             }
         }
+        Match::Limit(l) => {
+            if l.kernel_overflows() {
+                return Err(invalid(
+                    ctx,
+                    &token,
+                    "limit",
+                    "the rate times --limit-burst overflows the kernel's credits (xt_limit: \"Overflow, try lower\"); lower the burst or raise the rate",
+                ));
+            }
+        }
         Match::Opaque(o) => {
             if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
                 return needs("at least one option");
@@ -692,6 +704,15 @@ pub(crate) fn finish_match(
                 *m = super::super::rpfilter::typed_pkttype(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "u32" {
+                *m = super::super::u32_match::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
+            if o.name == "sctp" {
+                needs_proto(proto == Some(132), "sctp")?;
+                *m = super::super::sctp::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "recent" {
                 *m = super::super::recent::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -719,8 +740,7 @@ pub(crate) fn finish_match(
             }
         }
         // Built from opaque options by `header_matches` (above), checked there.
-        Match::Limit(_)
-        | Match::Connmark(_)
+        Match::Connmark(_)
         | Match::Owner(_)
         | Match::Physdev(_)
         | Match::Ttl(_)
@@ -738,7 +758,9 @@ pub(crate) fn finish_match(
         | Match::Recent(_)
         | Match::Hashlimit(_)
         | Match::Connlimit(_)
-        | Match::String(_) => {}
+        | Match::String(_)
+        | Match::Sctp(_)
+        | Match::U32(_) => {}
     }
     Ok(())
 }

@@ -116,7 +116,7 @@ pub(super) fn parse_range(
     Ok((lo, hi))
 }
 
-pub(super) fn port_range(t: &Tok, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
+pub(crate) fn port_range(t: &Tok, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
     let (lo, hi) = parse_range(t, ctx, "port", 65535)?;
     Ok(PortRange {
         lo: lo as u16,
@@ -796,6 +796,7 @@ mod tests {
             table: TableKind::Filter,
             line: 1,
             set_exists: None,
+            resolve_owner: None,
         }
     }
 
