@@ -227,7 +227,10 @@ impl Places {
             ViolationKind::HookNotReached { .. } | ViolationKind::StateNotQueued(..) => {
                 Reason::HookNotReached
             }
-            ViolationKind::NoPacketBytes(_) => Reason::NoPacketBytes,
+            ViolationKind::NoPacketBytes(_) | ViolationKind::NoBytesFor { .. } => {
+                Reason::NoPacketBytes
+            }
+            ViolationKind::WaitsForTable { .. } => Reason::WaitsForTable,
             _ => Reason::InvalidRuleset,
         };
         Finding {

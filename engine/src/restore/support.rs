@@ -79,7 +79,7 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
         (false, "addrtype") => {
-            "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
+            "IPv4: every type, from the node's local table (its anycast, multicast, unicast and reject routes too; BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT, XRESOLVE and UNSPEC never match, as in the kernel); IPv6: UNSPEC, UNICAST, LOCAL, MULTICAST; IPv6 ANYCAST and UNREACHABLE are refused in filter/raw"
         }
         (false, "rpfilter") => {
             "raw PREROUTING (mangle: stored only); decided against the node's routing rules and tables (`vallum_engine::fib`), read from the host over rtnetlink or given with `--routes`"
@@ -275,10 +275,13 @@ pub fn support_markdown() -> String {
          - **-**: that family's iptables has no such extension; the parser refuses it\n  \
          (\"Couldn't load match\").\n\n\
          `addrtype` decides the types the node's local routing table and the address bits tell\n\
-         (UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST; see `vallum_engine::node_addrs`): vallumd\n\
-         reads the host's addresses (or takes `--local-addresses`) and the packet path reads\n\
-         them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
-         need routes it does not have: validation refuses them in filter and raw, naming them;\n\
+         (see `vallum_engine::node_addrs`): vallumd reads the host's local table (or takes\n\
+         `--local-addresses`) and the packet path reads it without a lock. For IPv4 that is\n\
+         every type: as the kernel's `inet_dev_addr_type`, an address's type is the type of the\n\
+         local table's longest route (LOCAL, BROADCAST, ANYCAST, MULTICAST; UNICAST for a\n\
+         `unicast` route, a reject route and no route), so BLACKHOLE, UNREACHABLE, PROHIBIT,\n\
+         THROW, NAT, XRESOLVE and UNSPEC never match. IPv6 ANYCAST and UNREACHABLE need a lookup\n\
+         in the whole routing table: validation refuses them in filter and raw, naming them;\n\
          nat and mangle store them.\n\n\
          `rpfilter` (raw PREROUTING; mangle stores it) decides as the kernel's `ipt_rpfilter` /\n\
          `ip6t_rpfilter` against the node's routing rules and tables (`vallum_engine::fib`):\n\

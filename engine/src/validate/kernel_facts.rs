@@ -138,3 +138,102 @@ pub(super) fn waits_for_tables(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::{ReachedHooks, validate, validate_after};
+    use super::*;
+    use crate::model::Hook;
+    use crate::restore::{ParseOptions, parse_ruleset};
+    use crate::sets::IpSet;
+
+    /// A registry with no set and the node's facts.
+    struct Node(Arc<ReachedHooks>);
+
+    impl SetRegistry for Node {
+        fn lookup(&self, _name: &str) -> Option<Arc<dyn IpSet>> {
+            None
+        }
+        fn reached_hooks(&self) -> Option<Arc<ReachedHooks>> {
+            Some(self.0.clone())
+        }
+    }
+
+    fn node(kernel: &[TableKind]) -> Node {
+        let hooks = [Hook::Input, Hook::Forward, Hook::Output];
+        Node(Arc::new(
+            ReachedHooks::delivered(&hooks, &hooks, "all steered").with_kernel_tables(kernel),
+        ))
+    }
+
+    /// firewalld's forward-port and mark recipe, Docker's DOCKER-USER recipe.
+    const TEXT: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n\
+        :OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+        -A PREROUTING -p tcp --dport 8080 -j DNAT --to-destination 10.0.0.2:80\nCOMMIT\n\
+        *mangle\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n\
+        :OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+        -A PREROUTING -s 10.1.0.0/16 -j MARK --set-xmark 0x64/0xffffffff\nCOMMIT\n\
+        *filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+        -A FORWARD -m conntrack --ctstate DNAT -j ACCEPT\n\
+        -A FORWARD -m conntrack --ctorigdst 192.0.2.1 --ctorigdstport 8080 -j ACCEPT\n\
+        -A FORWARD -m mark --mark 0x64/0x65 -j ACCEPT\n\
+        -A FORWARD -m conntrack --ctstate ESTABLISHED -j ACCEPT\nCOMMIT\n";
+
+    fn waits(v: &[Violation]) -> Vec<String> {
+        v.iter()
+            .filter(|v| matches!(v.kind, ViolationKind::WaitsForTable { .. }))
+            .map(|v| {
+                assert_eq!(v.severity, Severity::Warning, "{v}");
+                v.to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rules_waiting_for_stored_tables_are_warned_at_the_rule() {
+        let rs = parse_ruleset("fw", TEXT, &ParseOptions::default()).unwrap();
+        let got = waits(&validate(&rs, Some(&node(&[]))));
+        assert_eq!(
+            got,
+            [
+                "20:1: warning: filter/FORWARD#1: --ctstate DNAT waits for what table nat does \
+                 (DNAT at line 6); nat is stored only here and not handed to the kernel, so \
+                 this rule never sees it: run vallumd with --kernel-tables nat (e.g. \
+                 --kernel-tables nat,mangle) and the kernel's facts reach the rule with the \
+                 packet",
+                "21:1: warning: filter/FORWARD#2: --ctorigdst, --ctorigdstport waits for what \
+                 table nat does (DNAT at line 6); nat is stored only here and not handed to \
+                 the kernel, so this rule never sees it: run vallumd with --kernel-tables nat \
+                 (e.g. --kernel-tables nat,mangle) and the kernel's facts reach the rule with \
+                 the packet",
+                "22:1: warning: filter/FORWARD#3: -m mark waits for what table mangle does \
+                 (MARK at line 14); mangle is stored only here and not handed to the kernel, \
+                 so this rule never sees it: run vallumd with --kernel-tables mangle (e.g. \
+                 --kernel-tables nat,mangle) and the kernel's facts reach the rule with the \
+                 packet",
+            ]
+        );
+        // The incremental validation says the same.
+        assert_eq!(waits(&validate_after(&rs, &rs, Some(&node(&[]))).0), got);
+        // With the kernel running nat, only the mark rule is warned; with both, none.
+        let nat = waits(&validate(&rs, Some(&node(&[TableKind::Nat]))));
+        assert_eq!(nat.len(), 1);
+        assert!(nat[0].contains("-m mark"), "{nat:?}");
+        let both = node(&[TableKind::Nat, TableKind::Mangle]);
+        assert!(waits(&validate(&rs, Some(&both))).is_empty());
+        // Without the node's facts (no packet source) nothing is said.
+        assert!(waits(&validate(&rs, None)).is_empty());
+    }
+
+    /// A mark or NAT the ruleset's own tables do not make (the host's tools) is not warned.
+    #[test]
+    fn marks_and_nat_from_elsewhere_are_not_warned() {
+        let text = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+            -A INPUT -m mark --mark 0x1 -j ACCEPT\n\
+            -A INPUT -m conntrack --ctstate DNAT -j ACCEPT\nCOMMIT\n";
+        let rs = parse_ruleset("fw", text, &ParseOptions::default()).unwrap();
+        assert!(waits(&validate(&rs, Some(&node(&[])))).is_empty());
+    }
+}
