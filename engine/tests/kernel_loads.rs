@@ -7,6 +7,8 @@
 //!   1000000 with the kernel's overflow check, `limit`'s overflow check;
 //! - `-m sctp` (ports, chunk types with flags) and `-m u32` (the expression grammar, the
 //!   kernel's shift check), printed as the kernel's save prints them;
+//! - stored-only extensions' save forms (NFLOG, TCPMSS, tcpmss, connbytes, NFQUEUE, quota,
+//!   esp) and refusals (TCPMSS without a SYN match);
 //! - restore texts iptables-restore refuses line by line (CRLF line ends, blank lines of
 //!   spaces, a blank before `COMMIT`, no newline after it).
 //!
@@ -64,6 +66,26 @@ const RULES: &[&str] = &[
     "-m u32 --u32 \"0>>32=1\"",
     "-m u32 --u32 \"0=1,2,3,4,5,6,7,8,9,10,11\"",
     "-m u32 --u32 \"-0=0\"",
+    // Stored-only extensions' save forms and refusals.
+    "-j NFLOG --nflog-range 1",
+    "-j NFLOG --nflog-prefix xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+    "-p tcp -j TCPMSS --set-mss 42",
+    "-p tcp -m tcp --tcp-flags SYN,RST SYN -j TCPMSS --set-mss 1400",
+    "-p tcp -m tcp --syn -j TCPMSS --set-mss 1400",
+    "-p tcp -m tcp ! --syn -j TCPMSS --set-mss 1400",
+    "-m tcpmss --mss 42",
+    "-p tcp -m tcpmss ! --mss 42:",
+    "-m connbytes --connbytes 1000 --connbytes-mode packets --connbytes-dir original",
+    "-m connbytes ! --connbytes 10:20 --connbytes-dir both --connbytes-mode bytes",
+    "-j NFQUEUE --queue-balance 4:",
+    "-j NFQUEUE --queue-bypass",
+    "-j NFQUEUE --queue-balance 4:4",
+    "-j NFQUEUE --queue-balance :",
+    "-j NFQUEUE --queue-balance 0:65534 --queue-cpu-fanout",
+    "-j NFQUEUE --queue-cpu-fanout",
+    "-m quota ! --quota 5",
+    "-p esp -m esp --espspi 0:4294967295",
+    "-p esp -m esp ! --espspi 7:7",
 ];
 
 fn v4() -> ParseOptions<'static> {

@@ -45,6 +45,10 @@ pub(crate) fn typed(
                 if !o.args.is_empty() || o.negated {
                     return Err(bad("--suppl-groups takes no argument and no !".into()));
                 }
+                // libxt_owner checks it when it reads the option: --gid-owner comes first.
+                if m.gid.is_none() {
+                    return Err(bad("--suppl-groups needs --gid-owner before it".into()));
+                }
                 m.suppl_groups = true;
             }
             "--uid-owner" | "--gid-owner" => {

@@ -471,6 +471,25 @@ fn id_range(o: &mut Parts<'_>, opt: &str, r: &Neg<IdRange>) {
     }
 }
 
+/// [`opaque_opts`], with the options iptables-save prints in double quotes
+/// ([`super::opaque::QUOTED`]: `-m cgroup --path "/"`) always quoted.
+fn opaque_opts_of(o: &mut Parts<'_>, ext: &str, opts: &[OpaqueOption]) {
+    if !super::opaque::QUOTED.iter().any(|(e, _)| *e == ext) {
+        return opaque_opts(o, opts);
+    }
+    for op in opts {
+        let quoted = super::opaque::QUOTED.contains(&(ext, op.name.as_str()));
+        match op.args.as_slice() {
+            [a] if quoted => {
+                o.opt(op.negated, &op.name);
+                o.out.push(' ');
+                write_quoted(o.out, a);
+            }
+            _ => opaque_opts(o, std::slice::from_ref(op)),
+        }
+    }
+}
+
 fn opaque_opts(o: &mut Parts<'_>, opts: &[OpaqueOption]) {
     for op in opts {
         o.opt(op.negated, &op.name);
@@ -700,7 +719,7 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 v[5]
             ));
         }
-        Match::Opaque(op) => opaque_opts(o, &op.options),
+        Match::Opaque(op) => opaque_opts_of(o, &op.name, &op.options),
         Match::Physdev(d) => {
             // physdev_save's order.
             if let Some(neg) = d.is_in {

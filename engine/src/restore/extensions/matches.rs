@@ -27,6 +27,13 @@ pub(crate) struct MatchState<'t> {
     token: Tok<'t>,
 }
 
+impl<'t> MatchState<'t> {
+    /// The `-m NAME` argument (or the option that loaded the match implicitly).
+    pub(crate) fn token(&self) -> Tok<'t> {
+        self.token
+    }
+}
+
 impl MatchState<'_> {
     /// A placeholder (for arrays of states).
     pub(crate) const EMPTY: MatchState<'static> = MatchState {
@@ -729,6 +736,7 @@ pub(crate) fn finish_match(
                 "sctp" => Some((132, "sctp")),
                 "dccp" => Some((33, "dccp")),
                 "mh" => Some((135, "mh")),
+                "tcpmss" => Some((6, "tcp")),
                 _ => None,
             };
             if let Some((n, p)) = wants {

@@ -68,7 +68,7 @@ pub(super) const SERVICES: &[(&str, u16)] = &[
     ("pop3s", 995),
 ];
 
-pub(super) fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
+pub(crate) fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
     if let Some(v) = parse_uint(s, 65535) {
         return Ok(v as u16);
     }
@@ -87,7 +87,7 @@ pub(super) fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseEr
 }
 
 /// `a`, `a:b`, `:b`, `a:`, `:` (missing ends are 0 and `max`); `a > b` is an error.
-pub(super) fn parse_range(
+pub(crate) fn parse_range(
     t: &Tok,
     ctx: &Ctx<'_>,
     what: &'static str,
