@@ -152,11 +152,18 @@ pub enum ParseWarningKind {
     /// carriage return at its end (CRLF line ends), a line of blanks, a blank before `*`,
     /// `:`, `#` or `COMMIT`, or a `COMMIT` that is not the whole line or has no newline.
     /// The line is read as if the blanks or the carriage return were not there (the exported
-    /// tables are in iptables-save's form, which iptables-restore loads).
+    /// tables are in iptables-save's form, which iptables-restore loads). One warning per
+    /// kind, at its first line, counting the others (a CRLF file is one warning).
     #[error(
-        "iptables-restore refuses this line ({0}); accepted here as if it were not there, and exported in iptables-save's form"
+        "iptables-restore refuses this line ({why}){}; accepted here as if it were not there, and exported in iptables-save's form",
+        if *.more > 0 { format!(", and {} more lines like it", .more) } else { String::new() }
     )]
-    RestoreRefusesLine(&'static str),
+    RestoreRefusesLine {
+        /// What iptables-restore trips on.
+        why: &'static str,
+        /// Further lines of the text with the same quirk.
+        more: usize,
+    },
     /// `--nflog-prefix` longer than the kernel's 63 bytes (`xt_nflog_info.prefix[64]`): as
     /// iptables-legacy, the first 63 bytes are kept (cut back to a character boundary).
     #[error("--nflog-prefix is {len} bytes; the kernel keeps the first 63: {kept:?}")]
@@ -1055,5 +1062,53 @@ mod tests {
         }
         // A text that is not the old tables' print is refused, not spliced.
         assert_eq!(print_after("*filter\nCOMMIT\n", &old, &old), None);
+    }
+
+    /// Lines iptables-restore refuses are accepted with one warning per quirk at its first
+    /// line, counting the others; the model is the one without the quirks.
+    #[test]
+    fn restore_quirks_are_warned_once_per_kind() {
+        let crlf = "*filter\r\n-A INPUT -j ACCEPT\r\n-A INPUT -j DROP\r\nCOMMIT\r\n";
+        let r = parse(crlf, &v4()).expect("accepted");
+        let w: Vec<String> = r.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(
+            w,
+            [
+                "1:8: warning: iptables-restore refuses this line (a carriage return at its end \
+                 (CRLF line ends), which it reads as part of the last word), and 2 more lines \
+                 like it; accepted here as if it were not there, and exported in \
+                 iptables-save's form near '\\r'",
+                "4:1: warning: iptables-restore refuses this line (COMMIT must be the whole \
+                 line, ended by a newline); accepted here as if it were not there, and \
+                 exported in iptables-save's form near 'COMMIT'",
+            ]
+        );
+        let plain = parse(
+            "*filter\n-A INPUT -j ACCEPT\n-A INPUT -j DROP\nCOMMIT\n",
+            &v4(),
+        )
+        .expect("parses");
+        assert_eq!(r.tables, plain.tables);
+        assert!(plain.warnings.is_empty());
+        // A line of blanks after COMMIT, and a blank before it.
+        let r = parse("*filter\n-A INPUT -j ACCEPT\n COMMIT\n  \n", &v4()).expect("accepted");
+        let kinds: Vec<(u32, &str)> = r
+            .warnings
+            .iter()
+            .filter_map(|w| match w.kind {
+                ParseWarningKind::RestoreRefusesLine { why, .. } => Some((w.location.line, why)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (3, "a blank before *, :, # or COMMIT"),
+                (
+                    4,
+                    "a line of blanks, which it reads as a rule line without a command"
+                )
+            ]
+        );
     }
 }

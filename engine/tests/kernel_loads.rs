@@ -173,7 +173,7 @@ fn restore_texts_behave_as_iptables_restore() {
         let warned = ours.as_ref().is_ok_and(|r| {
             r.warnings
                 .iter()
-                .any(|w| matches!(w.kind, ParseWarningKind::RestoreRefusesLine(_)))
+                .any(|w| matches!(w.kind, ParseWarningKind::RestoreRefusesLine { .. }))
         });
         let ok = if kernel_ok {
             ours.is_ok() && !warned

@@ -239,7 +239,7 @@ fn restore_refuses(
         return Some((
             1,
             "",
-            "a line of blanks, which it reads as a command without a command",
+            "a line of blanks, which it reads as a rule line without a command",
         ));
     }
     let lead = line.trim_start_matches([' ', '\t']);
@@ -448,6 +448,8 @@ fn parse_lines<'a>(
     let mut last_line = 0;
     // One token buffer for every command line.
     let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
+    // The restore quirks warned so far, with their warning's index.
+    let mut quirks: Vec<(&'static str, usize)> = Vec::new();
     for (idx, raw) in lines.iter().copied().enumerate() {
         if idx == ahead_from {
             ahead = fetch
@@ -467,12 +469,26 @@ fn parse_lines<'a>(
         let line = raw.strip_suffix('\r').unwrap_or(raw);
         let unterminated = idx + 1 == lines.len();
         if let Some((column, token, why)) = restore_refuses(raw, line, unterminated) {
-            st.warnings.push(ParseWarning::new(
-                line_no,
-                column,
-                token,
-                ParseWarningKind::RestoreRefusesLine(why),
-            ));
+            // One warning per quirk (at most five kinds), at its first line, counting the
+            // others.
+            match quirks.iter().find(|(w, _)| *w == why) {
+                Some(&(_, at)) => {
+                    if let ParseWarningKind::RestoreRefusesLine { more, .. } =
+                        &mut st.warnings[at].kind
+                    {
+                        *more += 1;
+                    }
+                }
+                None => {
+                    quirks.push((why, st.warnings.len()));
+                    st.warnings.push(ParseWarning::new(
+                        line_no,
+                        column,
+                        token,
+                        ParseWarningKind::RestoreRefusesLine { why, more: 0 },
+                    ));
+                }
+            }
         }
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
