@@ -263,11 +263,7 @@ mod tests {
             ("0=0x", Err("at char 3: expected \",\" or \"&&\"")),
         ] {
             let got = parse(input).map(|t| dump(&t));
-            assert_eq!(
-                got.as_deref().map_err(String::as_str),
-                want.map_err(|e| e),
-                "{input}"
-            );
+            assert_eq!(got.as_deref().map_err(String::as_str), want, "{input}");
         }
         let eleven = ["0=1"; 11].join("&&");
         assert_eq!(
