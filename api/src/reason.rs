@@ -93,6 +93,10 @@ reasons! {
     /// A warning: `-m string` rules on a node whose packet source keeps no packet bytes
     /// (pcap replay, synthetic), where they never see a payload; the ruleset is accepted.
     NoPacketBytes => ("NO_PACKET_BYTES", InvalidArgument, EXIT_REJECTED),
+    /// A warning: a filter or raw rule waits for what the ruleset's stored-only nat or mangle
+    /// table does (`--ctstate DNAT`, `--ctorigdst`, `-m mark` after its MARK), and vallumd
+    /// does not hand that table to the kernel (`--kernel-tables`); the ruleset is accepted.
+    WaitsForTable => ("WAITS_FOR_TABLE", InvalidArgument, EXIT_REJECTED),
     /// The ruleset relies on state outside the text (iptables-restore `--noflush` input).
     NoflushUnsupported => ("NOFLUSH_UNSUPPORTED", InvalidArgument, EXIT_REJECTED),
     /// A capture that cannot be read.

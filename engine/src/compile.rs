@@ -109,9 +109,11 @@ mod counters;
 mod eval;
 mod log_ring;
 mod rfc;
+mod sctp;
 mod stateful;
 mod string;
 mod tuple_merge;
+mod u32_match;
 
 use chunks::{Chunks, RuleChunks};
 use connlimit::CConnlimit;
@@ -586,6 +588,10 @@ enum CMatch {
     Connlimit(Box<CConnlimit>),
     /// `-m string` (boxed: it holds its searcher).
     String(Box<CString>),
+    /// `-m sctp` (boxed: it holds a 256-bit chunk map).
+    Sctp(Box<crate::model::SctpMatch>),
+    /// `-m u32` (boxed: it holds its tests).
+    U32(Box<crate::model::U32Match>),
 }
 
 /// A compiled `-m conntrack` with options beyond `--ctstate`, as conntrack_mt (revision 3):

@@ -17,7 +17,7 @@
 //! [`PortRange`], [`AddrRange`]); `matches` the `-m` matches ([`Match`] and its values);
 //! `match_list` a rule's list of them ([`MatchList`]); `targets` the `-j` targets
 //! ([`Target`]); `stateful` the matches that keep state (recent, hashlimit); `connlimit` and
-//! `string` those two matches' values; `physdev` the bridge-port match; `ct_zone` conntrack
+//! `string` those two matches' values; `sctp` the SCTP match; `u32_match` the u32 match; `physdev` the bridge-port match; `ct_zone` conntrack
 //! zones; `rules` a
 //! chain's list of rules ([`RuleList`]); `edit` the edits of a stored ruleset. Plain data on
 //! both paths: built on the commit path, read by the compiler; nothing here allocates on the
@@ -34,9 +34,11 @@ mod matches;
 mod physdev;
 mod rpfilter;
 mod rules;
+mod sctp;
 mod stateful;
 mod string;
 mod targets;
+mod u32_match;
 
 // Globs: every public item of these files is a `crate::model::` item, as it was when they
 // were one file.
@@ -49,12 +51,15 @@ pub use matches::*;
 pub use physdev::PhysdevMatch;
 pub use rpfilter::{PktType, RpfilterMatch};
 pub use rules::{Iter as RuleIter, IterMut as RuleIterMut, RuleList};
+pub use sctp::{SCTP_CHUNK_NAMES, SCTP_MAX_FLAGS, SctpChunkMode, SctpChunks, SctpFlag, SctpMatch};
 pub use stateful::{
     HASHLIMIT_BURST_MAX, HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, RECENT_LIST_TOT,
     RECENT_MAX_STAMPS, RECENT_NAME_MAX, RecentMatch, RecentOp, full_mask, hashlimit_mode,
+    hashlimit_overflows, recent_stamps,
 };
 pub use string::{STRING_MAX_PATTERN, StringAlgo, StringMatch};
 pub use targets::*;
+pub use u32_match::{U32_MAX_ITEMS, U32Match, U32Op, U32Test};
 /// Address family of a table: `iptables` (IPv4) or `ip6tables` (IPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {

@@ -28,9 +28,13 @@
 //!   holds it" (`RTF_LOCAL`), with `--limit-iface-*` "a /128 entry of that device has it"
 //!   (`nf_ipv6_chk_addr(.., dev, strict)`); multicast addresses are never LOCAL (their route
 //!   is the `multicast ff00::/8` one).
-//! - ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE need routes this table
-//!   does not hold (anycast routes, the main table): validation refuses them in the enforced
-//!   tables (filter, raw), so no rule is accepted that would not be enforced.
+//!   The local table's other route types decide too: `anycast` gives ANYCAST, `multicast`
+//!   MULTICAST; `unicast` and the reject types (whose lookup fails in `fib_table_lookup`)
+//!   UNICAST. So BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE never match an
+//!   IPv4 address, as in the kernel.
+//! - IPv6 ANYCAST and UNREACHABLE need a route lookup in the whole routing table
+//!   (`match_lookup_rt6`): validation refuses them in the enforced tables (filter, raw), so
+//!   no rule is accepted that would not be enforced.
 //!
 //! Routes of the local table that the host's addresses do not explain (`ip route add local
 //! 192.0.2.0/24 dev lo table local`, "AnyIP") are facts too: give them as entries.
@@ -51,6 +55,14 @@ pub enum RouteType {
     Local,
     /// `broadcast` (IPv4 only): a subnet broadcast address: BROADCAST.
     Broadcast,
+    /// `anycast`: ANYCAST (IPv4; IPv6 anycast routes are not LOCAL).
+    Anycast,
+    /// `multicast`: MULTICAST (IPv4).
+    Multicast,
+    /// `unicast`, and the reject types (`blackhole`, `unreachable`, `prohibit`, `throw`,
+    /// `nat`): IPv4's lookup gives UNICAST for them (a reject route's lookup fails), and they
+    /// hide the shorter routes below them.
+    Unicast,
 }
 
 /// One entry of the node's local routing table.
@@ -143,6 +155,9 @@ impl AddrFacts {
                 match r.kind {
                     RouteType::Local => addr_type::LOCAL,
                     RouteType::Broadcast => addr_type::BROADCAST,
+                    RouteType::Anycast => addr_type::ANYCAST,
+                    RouteType::Multicast => addr_type::MULTICAST,
+                    RouteType::Unicast => addr_type::UNICAST,
                 }
             }
             _ => addr_type::UNICAST,
@@ -201,8 +216,16 @@ impl AddrFacts {
 /// decided from the address bits alone).
 pub fn needs_facts(family: Family, mask: u16) -> bool {
     match family {
-        // Any answer but MULTICAST/BROADCAST-by-class/UNSPEC depends on the table.
-        Family::Ipv4 => mask & (addr_type::LOCAL | addr_type::UNICAST | addr_type::BROADCAST) != 0,
+        // Any answer but MULTICAST/BROADCAST-by-class/UNSPEC depends on the table (a
+        // `multicast` route of the local table is a rare exception: without the table, a
+        // unicast-class address is never MULTICAST).
+        Family::Ipv4 => {
+            mask & (addr_type::LOCAL
+                | addr_type::UNICAST
+                | addr_type::BROADCAST
+                | addr_type::ANYCAST)
+                != 0
+        }
         Family::Ipv6 => mask & addr_type::LOCAL != 0,
     }
 }
@@ -408,5 +431,42 @@ mod tests {
         assert!(n.replace(host()));
         assert_eq!(n.load().type_v4(v4("10.0.0.5"), None), addr_type::LOCAL);
         assert!(!n.replace(host()));
+    }
+
+    /// The local table's other route types, as `inet_dev_addr_type`: `anycast` is ANYCAST
+    /// (on its device only with a limit), a reject route hides the AnyIP route below it and
+    /// gives UNICAST, as does a `unicast` route.
+    #[test]
+    fn ipv4_types_of_other_local_routes() {
+        let facts = AddrFacts::new([
+            route("0.0.0.0", 0, RouteType::Local, "lo"),
+            route("203.0.113.7", 32, RouteType::Anycast, "eth0"),
+            route("203.0.113.8", 32, RouteType::Unicast, ""),
+            route("203.0.113.0", 24, RouteType::Multicast, "eth0"),
+        ]);
+        let eth0 = IfName::new("eth0").unwrap();
+        let eth1 = IfName::new("eth1").unwrap();
+        assert_eq!(facts.type_v4(v4("203.0.113.7"), None), addr_type::ANYCAST);
+        assert_eq!(
+            facts.type_v4(v4("203.0.113.7"), Some(&eth0)),
+            addr_type::ANYCAST
+        );
+        assert_eq!(
+            facts.type_v4(v4("203.0.113.7"), Some(&eth1)),
+            addr_type::UNICAST
+        );
+        assert_eq!(facts.type_v4(v4("203.0.113.8"), None), addr_type::UNICAST);
+        assert_eq!(facts.type_v4(v4("203.0.113.9"), None), addr_type::MULTICAST);
+        assert_eq!(facts.type_v4(v4("198.51.100.1"), None), addr_type::LOCAL);
+        let never = addr_type::BLACKHOLE
+            | addr_type::UNREACHABLE
+            | addr_type::PROHIBIT
+            | addr_type::THROW
+            | addr_type::NAT
+            | addr_type::XRESOLVE
+            | addr_type::UNSPEC;
+        for a in ["203.0.113.7", "203.0.113.8", "198.51.100.1", "0.0.0.0"] {
+            assert!(!facts.matches(v4(a).into(), None, never), "{a}");
+        }
     }
 }

@@ -30,9 +30,11 @@ mod print;
 mod recent;
 mod rpfilter;
 mod rule;
+mod sctp;
 mod string;
 mod support;
 mod tables;
+mod u32_match;
 
 use std::fmt;
 
@@ -60,7 +62,25 @@ pub struct ParseOptions<'a> {
     /// Tells whether an ipset exists (`-m set --match-set NAME`); `None` accepts every name
     /// (set existence is then validation's job).
     pub set_exists: Option<&'a dyn Fn(&str) -> bool>,
+    /// Looks up the user or group name of `-m owner --uid-owner NAME` / `--gid-owner NAME`
+    /// in the host's databases, as iptables does when it loads the rule (`getpwnam` /
+    /// `getgrnam`, before reading the word as a number); `None`: names are refused (the
+    /// engine reads no host file: vallumd gives the lookup). The rule keeps the number.
+    pub resolve_owner: Option<ResolveOwner<'a>>,
 }
+
+/// Which host database [`ParseOptions::resolve_owner`] is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerDb {
+    /// Users (`--uid-owner`): the uid.
+    User,
+    /// Groups (`--gid-owner`): the gid.
+    Group,
+}
+
+/// The lookup of [`ParseOptions::resolve_owner`]: the id of a user or group name, `None` when
+/// the host has no such name. `Sync`: the parser's read-ahead threads call it.
+pub type ResolveOwner<'a> = &'a (dyn Fn(OwnerDb, &str) -> Option<u32> + Sync);
 
 impl Default for ParseOptions<'_> {
     /// IPv4, no `--noflush`, no `--counters`, every set name accepted.
@@ -70,6 +90,7 @@ impl Default for ParseOptions<'_> {
             noflush: false,
             counters: false,
             set_exists: None,
+            resolve_owner: None,
         }
     }
 }
@@ -81,6 +102,7 @@ impl fmt::Debug for ParseOptions<'_> {
             .field("noflush", &self.noflush)
             .field("counters", &self.counters)
             .field("set_exists", &self.set_exists.map(|_| "<fn>"))
+            .field("resolve_owner", &self.resolve_owner.map(|_| "<fn>"))
             .finish()
     }
 }
@@ -125,6 +147,22 @@ pub enum ParseWarningKind {
         len: usize,
         /// What is kept.
         kept: String,
+    },
+    /// A line iptables-restore (legacy, 1.8.9) refuses but that has one clear meaning: a
+    /// carriage return at its end (CRLF line ends), a line of blanks, a blank before `*`,
+    /// `:`, `#` or `COMMIT`, or a `COMMIT` that is not the whole line or has no newline.
+    /// The line is read as if the blanks or the carriage return were not there (the exported
+    /// tables are in iptables-save's form, which iptables-restore loads). One warning per
+    /// kind, at its first line, counting the others (a CRLF file is one warning).
+    #[error(
+        "iptables-restore refuses this line ({why}){}; accepted here as if it were not there, and exported in iptables-save's form",
+        if *.more > 0 { format!(", and {} more lines like it", .more) } else { String::new() }
+    )]
+    RestoreRefusesLine {
+        /// What iptables-restore trips on.
+        why: &'static str,
+        /// Further lines of the text with the same quirk.
+        more: usize,
     },
     /// `--nflog-prefix` longer than the kernel's 63 bytes (`xt_nflog_info.prefix[64]`): as
     /// iptables-legacy, the first 63 bytes are kept (cut back to a character boundary).
@@ -1024,5 +1062,53 @@ mod tests {
         }
         // A text that is not the old tables' print is refused, not spliced.
         assert_eq!(print_after("*filter\nCOMMIT\n", &old, &old), None);
+    }
+
+    /// Lines iptables-restore refuses are accepted with one warning per quirk at its first
+    /// line, counting the others; the model is the one without the quirks.
+    #[test]
+    fn restore_quirks_are_warned_once_per_kind() {
+        let crlf = "*filter\r\n-A INPUT -j ACCEPT\r\n-A INPUT -j DROP\r\nCOMMIT\r\n";
+        let r = parse(crlf, &v4()).expect("accepted");
+        let w: Vec<String> = r.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(
+            w,
+            [
+                "1:8: warning: iptables-restore refuses this line (a carriage return at its end \
+                 (CRLF line ends), which it reads as part of the last word), and 2 more lines \
+                 like it; accepted here as if it were not there, and exported in \
+                 iptables-save's form near '\\r'",
+                "4:1: warning: iptables-restore refuses this line (COMMIT must be the whole \
+                 line, ended by a newline); accepted here as if it were not there, and \
+                 exported in iptables-save's form near 'COMMIT'",
+            ]
+        );
+        let plain = parse(
+            "*filter\n-A INPUT -j ACCEPT\n-A INPUT -j DROP\nCOMMIT\n",
+            &v4(),
+        )
+        .expect("parses");
+        assert_eq!(r.tables, plain.tables);
+        assert!(plain.warnings.is_empty());
+        // A line of blanks after COMMIT, and a blank before it.
+        let r = parse("*filter\n-A INPUT -j ACCEPT\n COMMIT\n  \n", &v4()).expect("accepted");
+        let kinds: Vec<(u32, &str)> = r
+            .warnings
+            .iter()
+            .filter_map(|w| match w.kind {
+                ParseWarningKind::RestoreRefusesLine { why, .. } => Some((w.location.line, why)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (3, "a blank before *, :, # or COMMIT"),
+                (
+                    4,
+                    "a line of blanks, which it reads as a rule line without a command"
+                )
+            ]
+        );
     }
 }

@@ -31,6 +31,11 @@
 //!   matches only ESTABLISHED and RELATED packets gets a warning ([`ViolationKind::StateNotQueued`]);
 //!   where loopback is not steered ([`ReachedHooks::without_loopback`]), a rule that can match
 //!   only loopback packets gets one ([`ViolationKind::LoopbackNotSteered`]);
+//! - tables only stored: with the node's [`ReachedHooks`], a filter or raw rule that waits for
+//!   what the ruleset's stored-only nat or mangle table does (`--ctstate DNAT/SNAT`,
+//!   `--ctorig*`/`--ctrepl*`, `--ctstatus` after its DNAT/SNAT; `-m mark` after its MARK)
+//!   gets a warning at the rule naming the table and `--kernel-tables` (`kernel_facts`), unless
+//!   the kernel runs that table ([`ReachedHooks::with_kernel_tables`]);
 //! - enforcement: extensions the engine does not run ([`crate::model::Match::Opaque`], CT
 //!   options other than `--notrack`, conntrack options other than `--ctstate`) are errors in
 //!   filter and raw, naming the extension; nat, mangle and security tables get a warning.
@@ -44,10 +49,11 @@
 
 use std::collections::HashSet;
 
-use crate::model::{Chain, Family, Hook, Location, Rule, Ruleset, Table};
+use crate::model::{Chain, Family, Hook, Location, Rule, Ruleset, Table, TableKind};
 use crate::sets::SetRegistry;
 
 mod findings;
+mod kernel_facts;
 mod matches;
 mod structure;
 mod targets;
@@ -73,6 +79,9 @@ pub struct ReachedHooks {
     new_only: Option<String>,
     /// Why loopback packets (in or out of `lo`) never reach the packet path (`None`: they do).
     no_loopback: Option<String>,
+    /// The stored-only tables the kernel runs (`--kernel-tables`): what they do (NAT, marks)
+    /// reaches the packet path with the packet.
+    kernel_tables: Vec<TableKind>,
 }
 
 impl ReachedHooks {
@@ -97,6 +106,7 @@ impl ReachedHooks {
             no_bytes: None,
             new_only: None,
             no_loopback: None,
+            kernel_tables: Vec::new(),
         }
     }
 
@@ -110,9 +120,23 @@ impl ReachedHooks {
         }
     }
 
+    /// The same, where the kernel runs `tables` of each ruleset (vallumd's `--kernel-tables`):
+    /// filter rules that wait for what they do (a DNAT, a mark) are not warned.
+    pub fn with_kernel_tables(self, tables: &[TableKind]) -> ReachedHooks {
+        ReachedHooks {
+            kernel_tables: tables.to_vec(),
+            ..self
+        }
+    }
+
     /// Why loopback packets never come, `None` when they do.
     pub fn no_loopback(&self) -> Option<&str> {
         self.no_loopback.as_deref()
+    }
+
+    /// Whether the kernel runs table `kind` (see [`ReachedHooks::with_kernel_tables`]).
+    pub fn kernel_runs(&self, kind: TableKind) -> bool {
+        self.kernel_tables.contains(&kind)
     }
 
     /// The same, for steering that hands the packet path only packets the kernel's conntrack
@@ -180,6 +204,7 @@ pub fn validate(ruleset: &Ruleset, sets: Option<&dyn SetRegistry>) -> Vec<Violat
         }
         v.check(sets);
     }
+    kernel_facts::waits_for_tables(ruleset, sets, &mut out);
     out.sort_by_key(|v| v.location);
     out
 }
@@ -228,6 +253,7 @@ pub(crate) fn validate_after(
     if has_errors(&out) {
         return (validate(ruleset, sets), diffs);
     }
+    kernel_facts::waits_for_tables(ruleset, sets, &mut out);
     out.sort_by_key(|v| v.location);
     (out, diffs)
 }

@@ -146,25 +146,26 @@ fn errors(family: Family, table: &str, chain: &str, rule: &str, with_addrs: bool
 #[test]
 fn undecidable_types_and_wrong_hooks_are_refused() {
     let v4 = Family::Ipv4;
+    // IPv4: every type is the local table's (BLACKHOLE..XRESOLVE never match): accepted.
+    for rule in [
+        "-m addrtype ! --dst-type LOCAL,ANYCAST,NAT",
+        "-m addrtype --src-type BLACKHOLE",
+    ] {
+        let e = errors(v4, "raw", "PREROUTING", rule, true);
+        assert!(e.is_empty(), "{rule}: {e:?}");
+    }
+    // IPv6 ANYCAST and UNREACHABLE need a lookup in the whole routing table: refused.
     let e = errors(
-        v4,
+        Family::Ipv6,
         "filter",
         "INPUT",
-        "-m addrtype ! --dst-type LOCAL,ANYCAST,NAT",
+        "-m addrtype ! --dst-type LOCAL,ANYCAST,UNREACHABLE",
         true,
     );
     assert!(
-        e.len() == 1 && e[0].contains("addrtype ANYCAST,NAT") && e[0].contains("filter"),
+        e.len() == 1 && e[0].contains("addrtype ANYCAST,UNREACHABLE") && e[0].contains("filter"),
         "{e:?}"
     );
-    let e = errors(
-        v4,
-        "raw",
-        "PREROUTING",
-        "-m addrtype --src-type BLACKHOLE",
-        true,
-    );
-    assert!(e.len() == 1 && e[0].contains("BLACKHOLE"), "{e:?}");
     // nat stores them (kube-proxy, Docker).
     assert!(
         errors(

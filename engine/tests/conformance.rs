@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use vallum_engine::model::{Family, Table, TableKind};
 use vallum_engine::restore::{
-    self, ParseErrorKind, ParseErrors, ParseOptions, PrintOptions, Support, clear_locations, parse,
+    self, OwnerDb, ParseErrorKind, ParseErrors, ParseOptions, PrintOptions, clear_locations, parse,
     print, print_rule_spec, print_s, support_table,
 };
 
@@ -31,6 +31,9 @@ fn data() -> PathBuf {
 
 /// The `.t` files we claim, with the families they apply to.
 const T_FILES: &[&str] = &[
+    "libxt_sctp.t",
+    "libxt_u32.t",
+    "libxt_addrtype.t",
     "iptables.t",
     "libxt_standard.t",
     "libipt_standard.t",
@@ -68,6 +71,18 @@ const T_FILES: &[&str] = &[
     "libxt_rpfilter.t",
     "libxt_pkttype.t",
     "libxt_physdev.t",
+];
+
+/// Vectors where the `.t` files (from a newer iptables) and iptables 1.8.9 legacy, which the
+/// parser emulates, differ, with what 1.8.9 and this kernel do (`None`: refused), measured
+/// with iptables-legacy-restore/-save (`kernel_loads.rs` checks ours against them): 1.8.9's
+/// `--queue-balance` fills a missing end with 65535, and the kernel refuses 65536 queues.
+const LEGACY_1_8_9: &[(&str, Option<&str>)] = &[
+    ("-j NFQUEUE --queue-balance :", None),
+    (
+        "-j NFQUEUE --queue-balance 4:",
+        Some("-j NFQUEUE --queue-balance 4:65535"),
+    ),
 ];
 
 /// Files allowed below 100%, with the reason. Empty: every claimed file passes fully.
@@ -109,7 +124,7 @@ fn claimed_t_files_are_enforced_extensions() {
                 Family::Ipv6 => row.ipv6,
             };
             assert!(
-                matches!(support, Support::Enforced { .. }),
+                support.is_enforced(),
                 "{file}: '{name}' is {support:?} in {family:?}"
             );
         }
@@ -176,6 +191,20 @@ fn refusal(
     }
 }
 
+/// `-m owner` names as iptables-test.py meets them: the host's `/etc/passwd` and
+/// `/etc/group` (`root` is 0 on every Linux host).
+fn host_owner(db: OwnerDb, name: &str) -> Option<u32> {
+    let file = match db {
+        OwnerDb::User => "/etc/passwd",
+        OwnerDb::Group => "/etc/group",
+    };
+    std::fs::read_to_string(file).ok()?.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then_some(())?;
+        f.nth(1)?.parse().ok()
+    })
+}
+
 /// Runs one rule of a `.t` file as line 2 of `*TABLE`, `-A CHAIN RULE`, `COMMIT`;
 /// `Ok(printed)` or why not.
 fn run_rule(
@@ -189,6 +218,7 @@ fn run_rule(
     let opts = ParseOptions {
         family,
         set_exists: Some(&no_sets),
+        resolve_owner: Some(&host_owner),
         ..ParseOptions::default()
     };
     let text = format!("*{}\n-A {chain} {rule}\nCOMMIT\n", table.name());
@@ -245,7 +275,13 @@ fn run_t_file(
                 match *backend {
                     "NFT" => continue,
                     "LEGACY" => {
-                        if let Some(alt) = fields.get(4) {
+                        // A result for the legacy backend; an expected output there
+                        // (`=`) is not taken: the legacy form is what the kernel's save
+                        // prints, which kernel_loads.rs checks ours against.
+                        if let Some(alt) = fields
+                            .get(4)
+                            .filter(|a| matches!(**a, "OK" | "FAIL" | "NOMATCH"))
+                        {
                             result = alt;
                         }
                     }
@@ -253,6 +289,11 @@ fn run_t_file(
                 }
             }
             let expected = if expected == "=" { rule } else { expected };
+            let (result, expected) = match LEGACY_1_8_9.iter().find(|(r, _)| *r == rule) {
+                Some((_, Some(saved))) => ("OK", *saved),
+                Some((_, None)) => ("FAIL", ""),
+                None => (result, expected),
+            };
             for chain in &chains {
                 f_total += 1;
                 let got = run_rule(family, table, chain, rule);
@@ -260,6 +301,9 @@ fn run_t_file(
                 let rule_column = u32::try_from(chain.len()).unwrap_or(u32::MAX) + 5;
                 let ok = match (result, &got) {
                     ("OK", Ok(printed)) if printed == expected => Ok(()),
+                    // NOMATCH (legacy `--nflog-range`): loaded, and iptables-legacy-save
+                    // prints it as written (measured; kernel_loads.rs).
+                    ("NOMATCH", Ok(printed)) if printed == rule => Ok(()),
                     ("FAIL", _) => {
                         *fail_runs += 1;
                         *with_reason += usize::from(reason.is_some());
@@ -736,7 +780,45 @@ fn round_trips() {
 /// How many `.t` rule runs of ALL extension files (claimed or not: opaque extensions too)
 /// import and print as iptables-save does; raised by each parser/printer gap closed, so it
 /// may only go up.
-const ALL_VECTORS_FLOOR: usize = 3047;
+const ALL_VECTORS_FLOOR: usize = 3403;
+
+/// Extension files allowed below 100% in [`every_dump_and_vector`], with the reason; every
+/// other file must pass every vector (an extension stored only is printed as iptables-save
+/// prints it and refused where iptables or the kernel refuses it).
+const ALL_VECTORS_EXCEPTIONS: &[(&str, &str)] = &[
+    (
+        "libipt_DNAT.t",
+        "nat target arguments are not yet checked as libxt_DNAT does",
+    ),
+    (
+        "libip6t_DNAT.t",
+        "nat target arguments are not yet checked as libxt_DNAT does",
+    ),
+    (
+        "libipt_SNAT.t",
+        "nat target arguments are not yet checked as libxt_SNAT does",
+    ),
+    (
+        "libip6t_SNAT.t",
+        "nat target arguments are not yet checked as libxt_SNAT does",
+    ),
+    (
+        "libipt_MASQUERADE.t",
+        "nat target arguments are not yet checked as libxt_MASQUERADE does",
+    ),
+    (
+        "libip6t_MASQUERADE.t",
+        "nat target arguments are not yet checked as libxt_MASQUERADE does",
+    ),
+    (
+        "libxt_REDIRECT.t",
+        "nat target arguments are not yet checked as libxt_REDIRECT does",
+    ),
+    (
+        "libxt_policy.t",
+        "-m policy is stored verbatim, not yet read as libxt_policy",
+    ),
+];
 
 /// How many real dumps (`iptables-save/`, `iptables-tests/shell-dumps/`) import and export
 /// byte-equal (comments and blank lines aside); may only go up.
@@ -759,6 +841,7 @@ fn every_dump_and_vector() {
     names.sort();
     let (mut passed, mut total) = (0, 0);
     let mut short = Vec::new();
+    let mut unexpected: Vec<String> = Vec::new();
     for file in &names {
         let Ok(text) = std::fs::read_to_string(data.join("iptables-tests/extensions").join(file))
         else {
@@ -768,7 +851,16 @@ fn every_dump_and_vector() {
         passed += p;
         total += t;
         if p < t {
+            if !ALL_VECTORS_EXCEPTIONS.iter().any(|(f, _)| f == file) {
+                unexpected.push(file.clone());
+            }
             short.push(format!("{file}: {p}/{t} (first: {})", fails[0]));
+            // `VALLUM_CONFORMANCE_ALL=1`: every failing vector, not just the first.
+            if std::env::var_os("VALLUM_CONFORMANCE_ALL").is_some() {
+                for f in &fails[1..] {
+                    short.push(format!("{file}:   {f}"));
+                }
+            }
         }
     }
     println!(
@@ -835,4 +927,8 @@ fn every_dump_and_vector() {
         "{passed} < {ALL_VECTORS_FLOOR}"
     );
     assert!(equal >= DUMPS_FLOOR, "{equal} < {DUMPS_FLOOR}");
+    assert!(
+        unexpected.is_empty(),
+        "below 100% and not in ALL_VECTORS_EXCEPTIONS: {unexpected:?}"
+    );
 }

@@ -88,11 +88,15 @@ fn refused_as_iptables_and_the_kernel_refuse() {
         ),
         (
             "-m hashlimit --hashlimit-upto 1/sec --hashlimit-burst 0 --hashlimit-name a",
-            "1-10000",
+            "1-1000000",
         ),
         (
-            "-m hashlimit --hashlimit-upto 1/sec --hashlimit-burst 10001 --hashlimit-name a",
-            "1-10000",
+            "-m hashlimit --hashlimit-upto 1/sec --hashlimit-burst 1000001 --hashlimit-name a",
+            "1-1000000",
+        ),
+        (
+            "-m hashlimit --hashlimit-upto 1/day --hashlimit-burst 1000000 --hashlimit-name a",
+            "overflow",
         ),
         (
             "-m hashlimit --hashlimit-upto 1/sec --hashlimit-mode bogus --hashlimit-name a",

@@ -40,15 +40,18 @@ fn packet_meta(frame: &[u8]) -> Result<PacketMeta, PacketError> {
     parse_ethernet(frame, base)
 }
 
-/// What the engine hits for a corpus packet: a packet that does not parse is dropped before
-/// any rule, so no counter moves (what the kernel shows for a hotdrop).
+/// What the engine hits for a corpus packet, with the frame's bytes from the IP header on
+/// (as NFQUEUE hands them: `-m string`, `-m sctp --chunk-types` and `-m u32` read them): a
+/// packet that does not parse is dropped before any rule, so no counter moves (what the
+/// kernel shows for a hotdrop).
 fn engine_hits_for(
     rules: &str,
     family: vallum_engine::model::Family,
-    meta: Result<PacketMeta, PacketError>,
+    frame: &[u8],
 ) -> (Vec<(String, usize)>, Option<String>) {
-    match meta {
-        Ok(m) => engine_adapter::engine_hits(rules, family, &m),
+    let bytes = vallum_engine::packet::parse::network_packet(frame).unwrap_or(&[]);
+    match packet_meta(frame) {
+        Ok(m) => engine_adapter::engine_hits(rules, family, &m, bytes),
         Err(_) => (Vec::new(), None),
     }
 }
@@ -68,6 +71,7 @@ mod engine_adapter {
         rules_text: &str,
         family: Family,
         packet: &PacketMeta,
+        bytes: &[u8],
     ) -> (Vec<(String, usize)>, Option<String>) {
         let ruleset = vallum_engine::restore::parse_ruleset(
             "oracle",
@@ -84,7 +88,7 @@ mod engine_adapter {
             .replace(super::kernel::oracle_local_table());
         let snapshot = vallum_engine::compile::Snapshot::compile(&[Arc::new(ruleset)], &sets, 1)
             .expect("corpus ruleset compiles");
-        let trace = snapshot.trace(packet, 0);
+        let trace = snapshot.trace_tracked(packet, bytes, 0, None, |_| None);
         // Every rule step is a rule whose matches all matched (its counter goes up), including
         // jumps, gotos and RETURNs, in traversal order; keep the filter table's. A step without
         // a rule number is a builtin chain's policy.
@@ -142,7 +146,7 @@ fn check_case(oracle: &KernelOracle, case: &CorpusCase) -> Vec<String> {
                 case.name, p.spec.id, kernel_rules, got.policy, p.hits, p.policy
             ));
         }
-        let (engine_rules, engine_policy) = engine_hits_for(&case.rules, case.family, meta);
+        let (engine_rules, engine_policy) = engine_hits_for(&case.rules, case.family, &frame);
         if (engine_rules.as_slice(), engine_policy.as_deref())
             != (kernel_rules.as_slice(), got.policy.as_deref())
         {
@@ -185,8 +189,8 @@ fn engine_agrees_with_corpus_expectations() {
     for case in &cases {
         for p in &case.packets {
             packets += 1;
-            let meta = packet_meta(&build_frame(&p.spec, FW_MAC));
-            let (hits, policy) = engine_hits_for(&case.rules, case.family, meta);
+            let frame = build_frame(&p.spec, FW_MAC);
+            let (hits, policy) = engine_hits_for(&case.rules, case.family, &frame);
             let mut expected = p.hits.clone();
             expected.sort();
             if (hits.as_slice(), policy.as_deref()) != (expected.as_slice(), p.policy.as_deref()) {

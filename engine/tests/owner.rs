@@ -15,6 +15,16 @@ use vallum_engine::validate::validate;
 #[path = "support/one_rule.rs"]
 mod one_rule;
 
+/// `rule` in filter OUTPUT (where the kernel loads `-m owner`), printed back; the first
+/// parse error otherwise.
+fn printed(f: Family, rule: &str) -> Result<String, String> {
+    let text = format!("*filter\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT {rule}\nCOMMIT\n");
+    let r =
+        vallum_engine::restore::parse(&text, &one_rule::opts(f)).map_err(|e| e.0[0].to_string())?;
+    let c = r.tables[0].chain("OUTPUT").expect("OUTPUT");
+    Ok(vallum_engine::restore::print_rule_spec(&c.rules[0], f))
+}
+
 #[test]
 fn owner_forms_and_refusals() {
     let f = Family::Ipv4;
@@ -33,8 +43,8 @@ fn owner_forms_and_refusals() {
             "-m owner ! --uid-owner 1 --gid-owner 2 --suppl-groups",
         ),
     ] {
-        assert_eq!(one_rule::printed(f, rule).as_deref(), Ok(want), "{rule}");
-        assert_eq!(one_rule::printed(f, want).as_deref(), Ok(want), "{want}");
+        assert_eq!(printed(f, rule).as_deref(), Ok(want), "{rule}");
+        assert_eq!(printed(f, want).as_deref(), Ok(want), "{want}");
     }
     for bad in [
         "-m owner",
@@ -43,18 +53,43 @@ fn owner_forms_and_refusals() {
         "-m owner --uid-owner 5-1",
         "-m owner --suppl-groups",
     ] {
-        let e = one_rule::printed(f, bad).expect_err(bad);
+        let e = printed(f, bad).expect_err(bad);
         assert!(e.starts_with("3:"), "{bad}: {e}");
     }
+    // Without the caller's lookup (vallumd gives the host's), a name is refused.
     assert!(
-        one_rule::printed(f, "-m owner --uid-owner root")
+        printed(f, "-m owner --uid-owner root")
             .expect_err("name")
-            .contains("numeric id")
+            .contains("does not exist on this host")
     );
-    // In INPUT (a packet there has no local socket) validation refuses it, naming the hook.
+    // With it, the name is the number, printed as iptables-save prints it.
+    let host = |db: vallum_engine::restore::OwnerDb, n: &str| {
+        (n == "alice").then_some(match db {
+            vallum_engine::restore::OwnerDb::User => 1001,
+            vallum_engine::restore::OwnerDb::Group => 2002,
+        })
+    };
+    let named = vallum_engine::restore::parse(
+        "*filter\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -m owner --uid-owner alice --gid-owner alice\nCOMMIT\n",
+        &ParseOptions {
+            resolve_owner: Some(&host),
+            ..ParseOptions::default()
+        },
+    )
+    .expect("resolved");
+    let c = named.tables[0].chain("OUTPUT").expect("OUTPUT");
+    assert_eq!(
+        vallum_engine::restore::print_rule_spec(&c.rules[0], f),
+        "-m owner --uid-owner 1001 --gid-owner 2002"
+    );
+    // In the builtin INPUT chain the kernel refuses it: so does the parser.
+    let e = one_rule::printed(f, "-m owner --uid-owner 0").expect_err("INPUT");
+    assert!(e.contains("only in OUTPUT and POSTROUTING"), "{e}");
+    // In a user chain INPUT jumps to (a packet there has no local socket) validation
+    // refuses it, naming the hook.
     let rs = parse_ruleset(
         "t",
-        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m owner --uid-owner 0\nCOMMIT\n",
+        "*filter\n:INPUT ACCEPT [0:0]\n:X - [0:0]\n-A INPUT -j X\n-A X -m owner --uid-owner 0\nCOMMIT\n",
         &ParseOptions::default(),
     )
     .expect("parses");

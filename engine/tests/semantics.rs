@@ -266,7 +266,7 @@ fn validation_reports_every_problem_with_its_location() {
     let text = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
                 -A POSTROUTING -o eth0 -j MASQUERADE\nCOMMIT\n\
                 *filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n\
-                -A INPUT -j A\n-A A -j B\n-A B -j A\n-A INPUT -m addrtype --dst-type ANYCAST -j ACCEPT\nCOMMIT\n";
+                -A INPUT -j A\n-A A -j B\n-A B -j A\n-A INPUT -m quota --quota 5 -j ACCEPT\nCOMMIT\n";
     let rs = ruleset("mixed", 0, text);
     let v = validate(&rs, None);
     let errors: Vec<String> = v
@@ -291,7 +291,7 @@ fn validation_reports_every_problem_with_its_location() {
     assert!(
         errors
             .iter()
-            .any(|e| e.starts_with("17:") && e.contains("addrtype") && e.contains("filter")),
+            .any(|e| e.starts_with("17:") && e.contains("quota") && e.contains("filter")),
         "{errors:?}"
     );
     // The MASQUERADE target lives in nat, which is not enforced: no error for it.

@@ -28,7 +28,7 @@ fn the_issue_14_extensions_have_the_status_the_docs_claim() {
             .find(|r| r.target == target && r.name == name)
             .unwrap_or_else(|| panic!("{name} missing"))
     };
-    let enforced = |s: Support| matches!(s, Support::Enforced { .. });
+    let enforced = |s: Support| s.is_enforced();
     for name in ["ttl", "tos", "dscp", "ecn", "ah"] {
         assert!(enforced(row(false, name).ipv4), "{name}");
     }
@@ -43,8 +43,12 @@ fn the_issue_14_extensions_have_the_status_the_docs_claim() {
         let r = row(false, name);
         assert!(enforced(r.ipv4) && enforced(r.ipv6), "{name}");
     }
-    let r = row(false, "u32");
-    assert_eq!((r.ipv4, r.ipv6), (Support::StoredOnly, Support::StoredOnly));
+    for name in ["u32", "sctp"] {
+        let r = row(false, name);
+        assert!(enforced(r.ipv4) && enforced(r.ipv6), "{name}");
+    }
+    let r = row(false, "owner");
+    assert!(matches!(r.ipv4, Support::WithKernel { .. }), "{r:?}");
     for (target, name) in [
         (true, "MARK"),
         (true, "CONNMARK"),

@@ -227,7 +227,10 @@ impl Places {
             ViolationKind::HookNotReached { .. }
             | ViolationKind::StateNotQueued(..)
             | ViolationKind::LoopbackNotSteered(..) => Reason::HookNotReached,
-            ViolationKind::NoPacketBytes(_) => Reason::NoPacketBytes,
+            ViolationKind::NoPacketBytes(_) | ViolationKind::NoBytesFor { .. } => {
+                Reason::NoPacketBytes
+            }
+            ViolationKind::WaitsForTable { .. } => Reason::WaitsForTable,
             _ => Reason::InvalidRuleset,
         };
         Finding {
@@ -591,6 +594,8 @@ pub fn check_with(
         let opts = ParseOptions {
             family: part.family,
             counters: how.counters,
+            // `-m owner` names, looked up on this host as iptables-restore would.
+            resolve_owner: Some(&crate::owner_names::resolve),
             ..ParseOptions::default()
         };
         if how.counters {
@@ -766,6 +771,7 @@ fn check_onto(
         };
         let opts = ParseOptions {
             family,
+            resolve_owner: Some(&crate::owner_names::resolve),
             ..ParseOptions::default()
         };
         let at = |line: u32, column: u32| split_field(&part_position(part, line, column));
@@ -1001,6 +1007,7 @@ fn merge_noflush(
         noflush: true,
         counters,
         set_exists: None,
+        resolve_owner: Some(&crate::owner_names::resolve),
     };
     // The text's line of a merged line; past the end (a missing COMMIT) past the text's.
     let text_line = |line: u32| -> Option<u32> {

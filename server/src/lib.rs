@@ -41,6 +41,7 @@ pub mod local_socket;
 pub mod metrics;
 pub mod nfqueue_stats;
 pub mod outcome;
+pub mod owner_names;
 pub mod pipeline;
 pub mod routes;
 pub mod server;

@@ -202,7 +202,15 @@ pub fn read_host_view() -> Result<(AddrFacts, Fib), ReadError> {
         let kind = match r.header.kind {
             NlRouteType::Local => RouteType::Local,
             NlRouteType::Broadcast => RouteType::Broadcast,
-            // anycast and multicast routes: types the engine does not decide from this table.
+            NlRouteType::Anycast => RouteType::Anycast,
+            NlRouteType::Multicast => RouteType::Multicast,
+            // IPv4's lookup gives UNICAST for these (a reject route's lookup fails).
+            NlRouteType::Unicast
+            | NlRouteType::BlackHole
+            | NlRouteType::Unreachable
+            | NlRouteType::Prohibit
+            | NlRouteType::Throw
+            | NlRouteType::Nat => RouteType::Unicast,
             _ => continue,
         };
         let dst = match (dst, r.header.address_family) {

@@ -202,15 +202,17 @@ pub async fn run_with(
     let pipeline = Arc::new(pipeline);
     metrics.observe_sets(pipeline.sets().clone())?;
     // Before any ruleset is validated: which hooks the packet path evaluates here.
-    pipeline
-        .sets()
-        .set_reached_hooks(crate::steering::reached_steering(
+    pipeline.sets().set_reached_hooks(
+        crate::steering::reached_steering(
             &config.source,
             &config.steered_chains,
             crate::steering::forwarding(std::path::Path::new("/proc")),
             config.steered_new_only,
             config.steered_loopback,
-        ));
+        )
+        // Filter rules waiting for a nat or mangle table the kernel runs are not warned.
+        .map(|r| r.with_kernel_tables(&config.kernel_tables.kernel_tables)),
+    );
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
     let local_addrs = match crate::local_addrs::start(
         pipeline.sets().node_addrs().clone(),

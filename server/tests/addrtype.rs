@@ -1,6 +1,7 @@
 //! `-m addrtype` through a real `vallumd`: the node's addresses from `--local-addresses`, or
 //! read from the host's local routing table (rtnetlink) without it; traced verdicts follow
-//! them; types the engine cannot decide are refused by Apply with the types named.
+//! them; IPv4 ANYCAST applies (the local table's type), IPv6 ANYCAST, which needs a lookup in
+//! the whole routing table, is refused by Apply with the type named.
 
 #[path = "support/vallumd.rs"]
 mod support;
@@ -91,11 +92,23 @@ async fn addrtype_follows_the_given_addresses() {
         );
     }
 
-    // Types that need routes the engine does not have are refused, naming them.
-    let e =
-        rs.apply(apply(
-            &UFW.replace("--dst-type MULTICAST", "--dst-type MULTICAST,ANYCAST"),
-        ))
+    // IPv4 ANYCAST is the local table's (Shorewall's Broadcast action drops it): applied;
+    // no anycast route here, so the verdicts stay.
+    rs.apply(apply(
+        &UFW.replace("--dst-type MULTICAST", "--dst-type MULTICAST,ANYCAST"),
+    ))
+    .await
+    .expect("IPv4 ANYCAST applies");
+    assert_eq!(verdict(&d, packet("10.0.0.6", 80, "eth0")).await, "DROP");
+    // IPv6 ANYCAST needs a lookup in the whole routing table: refused, naming it.
+    let v6 = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+              -A INPUT -m addrtype --dst-type ANYCAST -j DROP\nCOMMIT\n";
+    let e = rs
+        .apply(pb::ApplyRequest {
+            ruleset: "ufw6".into(),
+            source: Some(text_source(v6, true, "ufw6.rules")),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(reason(&e), "UNSUPPORTED_EXTENSION", "{e:?}");
@@ -112,7 +125,7 @@ async fn addrtype_follows_the_given_addresses() {
     assert!(
         described
             .iter()
-            .any(|d| d.starts_with("ufw.rules:10:") && d.contains("addrtype ANYCAST")),
+            .any(|d| d.starts_with("ufw6.rules:5:") && d.contains("addrtype ANYCAST")),
         "{described:?}"
     );
 }

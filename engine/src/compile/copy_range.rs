@@ -24,7 +24,8 @@ pub const MAX_COPY_RANGE: u32 = 0xffff;
 
 /// The bytes of each packet, from its IP header on, that the rules of `rulesets` can read:
 /// [`HEADER_BYTES`], or more for `-m string` (its `--to` offset: the kernel's
-/// `skb_find_text` searches `[from, to)`), and [`MAX_COPY_RANGE`] for `-j NFLOG` and for
+/// `skb_find_text` searches `[from, to)`), and [`MAX_COPY_RANGE`] for `-j NFLOG`, `-m sctp
+/// --chunk-types`, `-m u32` and for
 /// extensions kept verbatim. A pure function of the rules; at most [`MAX_COPY_RANGE`].
 pub fn copy_range<'a>(rulesets: impl IntoIterator<Item = &'a Ruleset>) -> u32 {
     let mut need = HEADER_BYTES;
@@ -41,6 +42,10 @@ pub fn copy_range<'a>(rulesets: impl IntoIterator<Item = &'a Ruleset>) -> u32 {
             for m in rule.matches.iter() {
                 match m {
                     Match::String(s) => need = need.max(u32::from(s.to)),
+                    // xt_sctp reads chunk headers to the end of the packet.
+                    Match::Sctp(s) if s.chunks.is_some() => return MAX_COPY_RANGE,
+                    // xt_u32 reads anywhere in the packet.
+                    Match::U32(_) => return MAX_COPY_RANGE,
                     Match::Opaque(_) => return MAX_COPY_RANGE,
                     _ => {}
                 }

@@ -520,6 +520,14 @@ impl Snapshot {
             }
             CMatch::Connlimit(c) => obs.connlimit(c, p, now),
             CMatch::String(s) => s.matches(obs.payload()),
+            CMatch::U32(u) => super::u32_match::u32_matches(u, obs.payload(), p.len),
+            CMatch::Sctp(s) => match super::sctp::sctp_matches(s, p, obs.payload()) {
+                super::sctp::SctpAnswer::Match(hit) => hit,
+                super::sctp::SctpAnswer::Hotdrop => {
+                    obs.hotdrop();
+                    false
+                }
+            },
             CMatch::Ipv6Header(h) => {
                 let have = p.ipv6_ext.mask;
                 if h.soft {

@@ -16,8 +16,9 @@
 //! a build keeps only the tables some rule of the new snapshot holds ([`NamedState::held`]).
 //!
 //! Packet path: one mutex per list (the kernel takes one spinlock, `recent_lock`, for all of
-//! them); a list holds at most [`RECENT_LIST_TOT`] entries of at most [`RECENT_MAX_STAMPS`]
-//! time stamps, so the work under it is bounded. Nothing allocates once an entry exists (a
+//! them); a list holds at most [`RECENT_LIST_TOT`] entries of at most [`recent_stamps`] of
+//! its rules' largest `--hitcount` time stamps (256, or up to 65536 for a larger hitcount, as
+//! the kernel's `nstamps_max_mask`), so the work under it is bounded. Nothing allocates once an entry exists (a
 //! new entry allocates its stamp array; the least recently seen one is dropped when the list
 //! is full).
 
@@ -25,8 +26,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::model::{
-    Family, HashlimitMatch, Hook, RECENT_LIST_TOT, RECENT_MAX_STAMPS, RecentMatch, RecentOp,
-    hashlimit_mode,
+    Family, HashlimitMatch, Hook, RECENT_LIST_TOT, RecentMatch, RecentOp, hashlimit_mode,
+    recent_stamps,
 };
 use crate::packet::PacketMeta;
 
@@ -47,6 +48,8 @@ pub(super) struct RecentTable {
 struct RecentList {
     /// At most [`RECENT_LIST_TOT`]; order is irrelevant, `seen` orders them (the LRU list).
     entries: Vec<RecentEntry>,
+    /// Time stamps each entry keeps, a power of two ([`recent_stamps`]).
+    stamps: usize,
     /// Sequence number of the last touch, for `seen`.
     tick: u64,
 }
@@ -60,7 +63,7 @@ struct RecentEntry {
     /// Ring of time stamps (ns); the first `nstamps` are valid.
     stamps: Box<[u64]>,
     nstamps: usize,
-    /// Next slot to write, 1..=RECENT_MAX_STAMPS after a write (xt_recent's `index`).
+    /// Next slot to write, 1..=`stamps.len()` after a write (xt_recent's `index`).
     index: usize,
     /// LRU position: larger is more recent.
     seen: u64,
@@ -77,11 +80,25 @@ fn inet_bytes(a: IpAddr) -> [u8; 16] {
 }
 
 impl RecentTable {
-    fn new(name: &str, mask: IpAddr) -> RecentTable {
+    fn new(name: &str, mask: IpAddr, hitcount: u32) -> RecentTable {
         RecentTable {
             name: name.to_string(),
             mask: inet_bytes(mask),
-            list: Mutex::new(RecentList::default()),
+            list: Mutex::new(RecentList {
+                stamps: recent_stamps(hitcount),
+                ..RecentList::default()
+            }),
+        }
+    }
+
+    /// A rule with `hitcount` names the list: as `recent_mt_check`, a list whose entries keep
+    /// too few time stamps for it is flushed and keeps enough from then on.
+    fn fit(&self, hitcount: u32) {
+        let need = recent_stamps(hitcount);
+        let mut list = self.lock();
+        if need > list.stamps {
+            list.entries.clear();
+            list.stamps = need;
         }
     }
 
@@ -196,7 +213,7 @@ impl RecentList {
                 self.entries.swap_remove(oldest);
             }
         }
-        let mut stamps = vec![0u64; RECENT_MAX_STAMPS as usize].into_boxed_slice();
+        let mut stamps = vec![0u64; self.stamps].into_boxed_slice();
         stamps[0] = now;
         let seen = self.next_tick();
         self.entries.push(RecentEntry {
@@ -218,7 +235,7 @@ impl RecentList {
     fn touch(&mut self, at: usize, now: u64, ttl: u8) {
         let seen = self.next_tick();
         let e = &mut self.entries[at];
-        e.index &= RECENT_MAX_STAMPS as usize - 1;
+        e.index &= e.stamps.len() - 1;
         e.stamps[e.index] = now;
         e.index += 1;
         e.nstamps = e.nstamps.max(e.index);
@@ -488,8 +505,9 @@ impl NamedState {
         let table = self
             .recent
             .entry((ruleset.clone(), m.name.clone()))
-            .or_insert_with(|| Arc::new(RecentTable::new(&m.name, m.mask)))
+            .or_insert_with(|| Arc::new(RecentTable::new(&m.name, m.mask, m.hitcount)))
             .clone();
+        table.fit(m.hitcount);
         CRecent {
             table,
             negated: m.negated,
@@ -555,5 +573,33 @@ mod tests {
         assert!(!update.matches(&packet("10.0.0.2"), 13 * s, false));
         assert_eq!(named.recent_len("r", "DEFAULT"), Some(2));
         assert_eq!(named.recent_len("r", "other"), None);
+    }
+
+    /// A `--hitcount` above 255 (the kernel loads up to 65535 since Linux 6.10) counts every
+    /// time stamp: the list keeps as many as its largest hitcount needs, and a rule that
+    /// needs more than the list keeps flushes it, as `recent_mt_check`.
+    #[test]
+    fn hitcounts_above_255_count_every_stamp() {
+        let mut named = NamedState::default();
+        let rs: Arc<str> = Arc::from("r");
+        let set = named.recent(&rs, &RecentMatch::new(RecentOp::Set, Family::Ipv4));
+        assert!(set.matches(&packet("10.0.0.1"), 0, true));
+        let mut check = RecentMatch::new(RecentOp::Rcheck, Family::Ipv4);
+        check.hitcount = 348;
+        // Naming the list with a larger hitcount flushed it.
+        let check = named.recent(&rs, &check);
+        assert_eq!(named.recent_len("r", "DEFAULT"), Some(0));
+        for i in 0..347 {
+            assert!(set.matches(&packet("10.0.0.1"), i, true));
+        }
+        assert!(!check.matches(&packet("10.0.0.1"), 400, true), "347 stamps");
+        assert!(set.matches(&packet("10.0.0.1"), 401, true));
+        assert!(check.matches(&packet("10.0.0.1"), 402, true), "348 stamps");
+        // A smaller hitcount keeps the list as it is.
+        let mut small = RecentMatch::new(RecentOp::Rcheck, Family::Ipv4);
+        small.hitcount = 3;
+        let small = named.recent(&rs, &small);
+        assert_eq!(named.recent_len("r", "DEFAULT"), Some(1));
+        assert!(small.matches(&packet("10.0.0.1"), 403, true));
     }
 }

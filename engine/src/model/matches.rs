@@ -134,6 +134,11 @@ pub enum Match {
     /// `-m string`: a byte pattern in the packet ([`StringMatch`]; boxed, it holds up to 128
     /// bytes).
     String(Box<StringMatch>),
+    /// `-m sctp`: ports and chunk types of an SCTP packet ([`super::SctpMatch`]; boxed, it
+    /// holds a 256-bit chunk map).
+    Sctp(Box<super::SctpMatch>),
+    /// `-m u32`: tests on 4-byte words of the packet ([`super::U32Match`]).
+    U32(Box<super::U32Match>),
     /// An extension the engine does not implement, kept verbatim (for nat/mangle/security
     /// tables and round trips); rejected by validation in enforced tables.
     Opaque(Opaque),
@@ -176,6 +181,8 @@ impl Match {
             Match::Hashlimit(_) => "hashlimit",
             Match::Connlimit(_) => "connlimit",
             Match::String(_) => "string",
+            Match::Sctp(_) => "sctp",
+            Match::U32(_) => "u32",
             Match::Opaque(o) => &o.name,
         }
     }
@@ -374,9 +381,24 @@ pub mod addr_type {
         "NAT",
         "XRESOLVE",
     ];
-    /// The types the engine decides from the node's local table and the address bits
-    /// (see [`crate::node_addrs`]); the others need routes it does not have.
+    /// The IPv6 types the engine decides from the node's local table and the address bits
+    /// (see [`crate::node_addrs`]); ANYCAST and UNREACHABLE need a route lookup it does not
+    /// make.
     pub const DECIDED: u16 = UNSPEC | UNICAST | LOCAL | BROADCAST | MULTICAST;
+
+    /// The IPv4 types the engine decides: all of them. `inet_dev_addr_type` gives the type of
+    /// the local table's longest route (LOCAL, BROADCAST, ANYCAST, MULTICAST; UNICAST for a
+    /// `unicast` route, an address no route holds, and a reject route, whose lookup fails),
+    /// so BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT, XRESOLVE and UNSPEC never match.
+    pub const DECIDED_V4: u16 = 0x0fff;
+
+    /// The types the engine decides in `family`.
+    pub fn decided(family: super::Family) -> u16 {
+        match family {
+            super::Family::Ipv4 => DECIDED_V4,
+            super::Family::Ipv6 => DECIDED,
+        }
+    }
 
     /// The names of the bits in `mask`, comma-separated, in bit order (libxt_addrtype's
     /// `print_types`).
@@ -644,6 +666,35 @@ pub struct LimitMatch {
 }
 
 impl LimitMatch {
+    /// The kernel's `avg` for this rate: `XT_LIMIT_SCALE` (10000) units of time between two
+    /// packets, as libxt_limit computes it from the printed rate.
+    pub fn kernel_avg(&self) -> u32 {
+        let unit: u32 = match self.unit {
+            RateUnit::Second => 10_000,
+            RateUnit::Minute => 600_000,
+            RateUnit::Hour => 36_000_000,
+            RateUnit::Day => 864_000_000,
+        };
+        unit / self.rate.max(1)
+    }
+
+    /// xt_limit's `limit_mt_check` "Overflow, try lower": a burst of 0, or
+    /// `user2credits(avg * burst) < user2credits(avg)` in the kernel's wrapping 32-bit
+    /// arithmetic (`HZ * CREDITS_PER_JIFFY` is 32000 with `CONFIG_HZ` 250 and 1000). It refuses
+    /// `1/day` with a burst of 4 or 5 and loads it with 5000, as the kernel does.
+    pub fn kernel_overflows(&self) -> bool {
+        const HZ_CPJ: u32 = 32_000;
+        let credits = |user: u32| {
+            if user > u32::MAX / HZ_CPJ {
+                (user / 10_000).wrapping_mul(HZ_CPJ)
+            } else {
+                user * HZ_CPJ / 10_000
+            }
+        };
+        let avg = self.kernel_avg();
+        self.burst == 0 || credits(avg.wrapping_mul(self.burst)) < credits(avg)
+    }
+
     /// Nanoseconds between two packets at the average rate.
     pub fn interval_ns(&self) -> u64 {
         self.unit.ns() / u64::from(self.rate.max(1))
@@ -694,4 +745,27 @@ pub struct Opaque {
     pub name: String,
     /// Its options in written order.
     pub options: Vec<OpaqueOption>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What this kernel (6.18, CONFIG_HZ 1000) answered with iptables-legacy-restore.
+    #[test]
+    fn limit_overflow_is_the_kernels() {
+        let l = |rate, unit, burst| LimitMatch { rate, unit, burst };
+        for (m, refused) in [
+            (l(1, RateUnit::Day, 10_000), true),
+            (l(1, RateUnit::Day, 5), true),
+            (l(1, RateUnit::Day, 4), true),
+            (l(1, RateUnit::Day, 5000), false),
+            (l(1, RateUnit::Hour, 10_000), false),
+            (l(1, RateUnit::Minute, 10_000), false),
+            (l(1, RateUnit::Second, 5), false),
+            (l(1, RateUnit::Second, 0), true),
+        ] {
+            assert_eq!(m.kernel_overflows(), refused, "{m:?}");
+        }
+    }
 }

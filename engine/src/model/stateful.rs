@@ -6,9 +6,18 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::Family;
 
-/// The most time stamps a `-m recent` entry keeps (xt_recent's `XT_RECENT_MAX_NSTAMPS`); a
-/// `--hitcount` must be below it.
-pub const RECENT_MAX_STAMPS: u32 = 256;
+/// The most time stamps a `-m recent` entry can keep (xt_recent's `XT_RECENT_MAX_NSTAMPS`,
+/// 65536 since Linux 6.10, 256 before); a `--hitcount` must be below it. An entry keeps as
+/// many as its list needs ([`recent_stamps`]).
+pub const RECENT_MAX_STAMPS: u32 = 65_536;
+
+/// The time stamps an entry of a list keeps when the largest `--hitcount` of its rules is
+/// `hitcount`: at least 256 (what every kernel keeps for a hitcount up to 255; the answers
+/// are the same for any ring of at least `hitcount` stamps), else the power of two at or
+/// above `hitcount`, as `recent_mt_check`'s `nstamps_max_mask`.
+pub fn recent_stamps(hitcount: u32) -> usize {
+    (hitcount.max(1) as usize).next_power_of_two().max(256)
+}
 
 /// Entries a `-m recent` list holds before the least recently seen one is dropped (xt_recent's
 /// `ip_list_tot` module parameter, default 100).
@@ -99,7 +108,7 @@ impl RecentMatch {
             return Some("--reap needs --seconds");
         }
         if self.hitcount >= RECENT_MAX_STAMPS {
-            return Some("--hitcount is at most 255 (the kernel keeps 256 time stamps per entry)");
+            return Some("--hitcount is at most 65535 (xt_recent's XT_RECENT_MAX_NSTAMPS)");
         }
         let n = &self.name;
         if n.is_empty() || n.len() > RECENT_NAME_MAX {
@@ -135,8 +144,8 @@ pub const HASHLIMIT_SCALE: u64 = 1_000_000;
 pub const HASHLIMIT_NAME_MAX: usize = 31;
 
 /// The largest `--hashlimit-burst` of a packet rate (libxt_hashlimit's
-/// `XT_HASHLIMIT_BURST_MAX`).
-pub const HASHLIMIT_BURST_MAX: u32 = 10_000;
+/// `XT_HASHLIMIT_BURST_MAX` for revisions 2 and 3, which iptables 1.8.9 loads).
+pub const HASHLIMIT_BURST_MAX: u32 = 1_000_000;
 
 /// `--hashlimit-mode` bits (our own numbering; printed in xt_hashlimit's order srcip,
 /// srcport, dstip, dstport).
@@ -192,6 +201,20 @@ pub struct HashlimitMatch {
     pub dstmask: Option<u8>,
 }
 
+/// `HZ * CREDITS_PER_JIFFY / XT_HASHLIMIT_SCALE_v2` of xt_hashlimit's `user2credits` for
+/// revisions 2 and 3: `2^37 * 1000 / 10^6` with `CONFIG_HZ` 1000 and `2^39 * 250 / 10^6` with
+/// 250 (the same number; the kernels distributions ship use one of the two).
+const HASHLIMIT_CREDITS_PER_UNIT: u64 = 137_438_953;
+
+/// xt_hashlimit's check "overflow, try lower" for a packet rate (`hashlimit_mt_check_common`):
+/// `user2credits(avg * burst) < user2credits(avg)` in the kernel's wrapping 64-bit
+/// arithmetic. It refuses some large bursts of slow rates (`1/day` with a burst of 1000000)
+/// and not others (`1/hour` with the same burst), as the kernel does.
+pub fn hashlimit_overflows(avg: u64, burst: u32) -> bool {
+    let credits = |user: u64| user.wrapping_mul(HASHLIMIT_CREDITS_PER_UNIT);
+    burst == 0 || credits(avg.wrapping_mul(u64::from(burst))) < credits(avg)
+}
+
 impl HashlimitMatch {
     /// What xt_hashlimit's `hashlimit_mt_check_common` refuses, as a reason.
     pub fn kernel_refusal(&self, family: Family) -> Option<&'static str> {
@@ -203,10 +226,15 @@ impl HashlimitMatch {
             return Some("a mask is longer than the family's addresses");
         }
         if self.burst == 0 || self.burst > HASHLIMIT_BURST_MAX {
-            return Some("--hashlimit-burst is 1 to 10000");
+            return Some("--hashlimit-burst is 1 to 1000000");
         }
         if self.avg == 0 || self.avg > HASHLIMIT_SCALE * 86_400 {
             return Some("the rate is 1/day to 1000000/sec");
+        }
+        if hashlimit_overflows(self.avg, self.burst) {
+            return Some(
+                "the rate times --hashlimit-burst overflows the kernel's credits (xt_hashlimit: \"overflow, try lower\"); lower the burst or raise the rate",
+            );
         }
         if self.mode & !0x0f != 0 {
             return Some("--hashlimit-mode holds unknown bits");
@@ -226,5 +254,37 @@ impl HashlimitMatch {
             return Some("--hashlimit-name may not contain blanks, quotes or control characters");
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What this kernel (6.18, CONFIG_HZ 1000) answered with iptables-legacy-restore: `1/day`
+    /// with a burst of 1000000 is refused ("overflow"), `1/hour` and faster are loaded.
+    #[test]
+    fn hashlimit_overflow_is_the_kernels() {
+        let day = HASHLIMIT_SCALE * 86_400;
+        assert!(hashlimit_overflows(day, 1_000_000));
+        for unit in [3600, 60, 1] {
+            assert!(
+                !hashlimit_overflows(HASHLIMIT_SCALE * unit, 1_000_000),
+                "{unit}"
+            );
+        }
+        assert!(!hashlimit_overflows(HASHLIMIT_SCALE, 14_497));
+        assert!(!hashlimit_overflows(1, 1_000_000), "1000000/sec");
+        assert!(hashlimit_overflows(HASHLIMIT_SCALE, 0));
+    }
+
+    #[test]
+    fn recent_stamps_follow_the_largest_hitcount() {
+        assert_eq!(recent_stamps(0), 256);
+        assert_eq!(recent_stamps(255), 256);
+        assert_eq!(recent_stamps(256), 256);
+        assert_eq!(recent_stamps(257), 512);
+        assert_eq!(recent_stamps(348), 512);
+        assert_eq!(recent_stamps(65_535), 65_536);
     }
 }

@@ -36,8 +36,8 @@ pub(crate) use targets::{
     PendingTarget, REJECT_NAMES, finish_target, new_target, opaque_target_option, target_option,
 };
 pub(crate) use values::{
-    CT_STATE_NAMES, TCP_FLAG_NAMES, parse_addr, parse_net, parse_protocol, parse_uint,
-    proto_extension, protocol_name, rate_unit_name,
+    CT_STATE_NAMES, TCP_FLAG_NAMES, parse_addr, parse_net, parse_port, parse_protocol, parse_range,
+    parse_uint, port_range, proto_extension, protocol_name, rate_unit_name,
 };
 
 use super::ParseError;

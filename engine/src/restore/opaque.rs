@@ -23,6 +23,9 @@
 
 use crate::model::{ConnmarkTarget, MarkValue, Match, Neg, OpaqueOption, Target};
 
+mod stored;
+pub(crate) use stored::QUOTED;
+
 use super::extensions::parse_uint;
 use super::lexer::Tok;
 use super::rule::Ctx;
@@ -108,6 +111,9 @@ pub(crate) fn canonical_match(
     ctx: &Ctx<'_>,
 ) -> Result<(), ParseError> {
     let bad = |reason: String| option_error(ctx, token, name, reason);
+    if stored::MATCHES.contains(&name) {
+        return stored::canonical_match(name, options, token, ctx, &bad);
+    }
     match name {
         "statistic" => statistic(options, &bad),
         "connmark" => {
@@ -159,6 +165,12 @@ pub(crate) fn canonical_target(
     ctx: &Ctx<'_>,
 ) -> Result<(), ParseError> {
     let bad = |reason: String| option_error(ctx, token, name, reason);
+    if name == "NFQUEUE" {
+        return stored::nfqueue(options, token, ctx, &bad);
+    }
+    if name == "SET" {
+        return stored::set_target(options, token, ctx);
+    }
     match name {
         "MARK" => mark(options, &bad),
         "CONNMARK" => connmark(options, &bad),

@@ -1,10 +1,11 @@
 //! `-m owner` (xt_owner revision 1): `[!] --socket-exists`, `[!] --uid-owner ID[-ID]`,
 //! `[!] --gid-owner ID[-ID]`, `--suppl-groups`, read from the options the line parser
-//! collected (as for an opaque extension) into [`Match::Owner`]. iptables resolves user and
-//! group names with the host's passwd/group databases when it loads the rule; the engine
-//! reads no host file, so a name is refused with an error saying to write the number (the
-//! canonical form iptables-save prints is the number anyway). An error is located at the
-//! extension's name.
+//! collected (as for an opaque extension) into [`Match::Owner`]. As libxt_owner, a word is
+//! first looked up as a user (group) name in the host's databases, then read as `ID[-ID]`;
+//! the engine reads no host file, so the lookup is the caller's
+//! ([`ParseOptions::resolve_owner`](super::ParseOptions::resolve_owner): vallumd's, at
+//! commit), and without one a name is refused with an error saying so. The rule keeps the
+//! number, which is what iptables-save prints. An error is located at the extension's name.
 
 use crate::model::{IdRange, Match, Neg, OpaqueOption, OwnerMatch};
 
@@ -44,16 +45,20 @@ pub(crate) fn typed(
                 if !o.args.is_empty() || o.negated {
                     return Err(bad("--suppl-groups takes no argument and no !".into()));
                 }
+                // libxt_owner checks it when it reads the option: --gid-owner comes first.
+                if m.gid.is_none() {
+                    return Err(bad("--suppl-groups needs --gid-owner before it".into()));
+                }
                 m.suppl_groups = true;
             }
             "--uid-owner" | "--gid-owner" => {
                 let [a] = o.args.as_slice() else {
                     return Err(bad(format!("option '{}' takes one argument", o.name)));
                 };
-                let what = if o.name == "--uid-owner" {
-                    "user"
+                let (what, db) = if o.name == "--uid-owner" {
+                    ("user", super::OwnerDb::User)
                 } else {
-                    "group"
+                    ("group", super::OwnerDb::Group)
                 };
                 // As libxt_owner: ID or ID-ID, each below 2^32 - 1 ((uid_t)-1 is invalid).
                 let id = |s: &str| {
@@ -62,15 +67,19 @@ pub(crate) fn typed(
                             bad(format!("{what} id '{s}' is out of range (0-4294967294)"))
                         } else {
                             bad(format!(
-                                "{what} '{s}': give the numeric id (iptables resolves names on the \
-                                 host at load time; the engine does not read the host's databases)"
+                                "{what} '{s}' does not exist on this host (names are looked up in \
+                                 the host's databases when the ruleset is committed, as iptables \
+                                 does when it loads it)"
                             ))
                         }
                     })
                 };
-                let (lo, hi) = match a.split_once('-') {
-                    Some((l, h)) => (id(l)?, id(h)?),
-                    None => {
+                // getpwnam / getgrnam first, as libxt_owner's owner_parse.
+                let named = ctx.resolve_owner.and_then(|f| f(db, a));
+                let (lo, hi) = match (named, a.split_once('-')) {
+                    (Some(v), _) => (v, v),
+                    (None, Some((l, h))) => (id(l)?, id(h)?),
+                    (None, None) => {
                         let v = id(a)?;
                         (v, v)
                     }

@@ -362,6 +362,55 @@ fn write_range(out: &mut String, r: &PortRange) {
     }
 }
 
+/// libxt_sctp's `print_chunks` after the mode: `NONE`, `ALL`, or each listed type in number
+/// order with the flags stored under that number.
+fn write_sctp_chunks(out: &mut String, c: &crate::model::SctpChunks) {
+    use crate::model::SCTP_CHUNK_NAMES;
+    if c.map == [0; 8] {
+        out.push_str("NONE");
+        return;
+    }
+    if c.map == [u32::MAX; 8] {
+        out.push_str("ALL");
+        return;
+    }
+    let mut first = true;
+    for t in 0..=255u8 {
+        if !c.has(t) {
+            continue;
+        }
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        // print_chunk prints the name of every table row with this number (one, or none
+        // for a type that has no name).
+        for (name, _, _) in SCTP_CHUNK_NAMES.iter().filter(|(_, n, _)| *n == t) {
+            out.push_str(name);
+        }
+        for f in c.flags.iter().filter(|f| f.chunk_type == t) {
+            if f.mask != 0 {
+                out.push(':');
+            }
+            // print_chunk_flags indexes the name table by the type number.
+            let letters = SCTP_CHUNK_NAMES
+                .get(usize::from(t))
+                .map_or("--------", |(_, _, l)| l)
+                .as_bytes();
+            for bit in (0..8).rev() {
+                if f.mask & (1 << bit) != 0 {
+                    let ch = char::from(letters[7 - bit]);
+                    out.push(if f.flag & (1 << bit) != 0 {
+                        ch
+                    } else {
+                        ch.to_ascii_lowercase()
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// The names of the set bits, comma-separated, in table order.
 fn write_names<T: Copy + std::ops::BitAnd<Output = T> + PartialEq + Default>(
     out: &mut String,
@@ -419,6 +468,25 @@ fn id_range(o: &mut Parts<'_>, opt: &str, r: &Neg<IdRange>) {
     if r.value.lo != r.value.hi {
         o.out.push(':');
         write_uint(o.out, r.value.hi);
+    }
+}
+
+/// [`opaque_opts`], with the options iptables-save prints in double quotes
+/// ([`super::opaque::QUOTED`]: `-m cgroup --path "/"`) always quoted.
+fn opaque_opts_of(o: &mut Parts<'_>, ext: &str, opts: &[OpaqueOption]) {
+    if !super::opaque::QUOTED.iter().any(|(e, _)| *e == ext) {
+        return opaque_opts(o, opts);
+    }
+    for op in opts {
+        let quoted = super::opaque::QUOTED.contains(&(ext, op.name.as_str()));
+        match op.args.as_slice() {
+            [a] if quoted => {
+                o.opt(op.negated, &op.name);
+                o.out.push(' ');
+                write_quoted(o.out, a);
+            }
+            _ => opaque_opts(o, std::slice::from_ref(op)),
+        }
     }
 }
 
@@ -651,7 +719,7 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
                 v[5]
             ));
         }
-        Match::Opaque(op) => opaque_opts(o, &op.options),
+        Match::Opaque(op) => opaque_opts_of(o, &op.name, &op.options),
         Match::Physdev(d) => {
             // physdev_save's order.
             if let Some(neg) = d.is_in {
@@ -892,6 +960,41 @@ fn print_match(o: &mut Parts<'_>, m: &Match) {
             }
             if s.icase {
                 o.push("--icase");
+            }
+        }
+        Match::U32(u) => {
+            // As libxt_u32's u32_save: every number in hex, the whole in double quotes.
+            o.opt(u.negated, "--u32 \"");
+            for (k, t) in u.tests.iter().enumerate() {
+                if k > 0 {
+                    o.out.push_str("&&");
+                }
+                let _ = write!(o.out, "{:#x}", t.start);
+                for (op, n) in &t.ops {
+                    let _ = write!(o.out, "{}{n:#x}", op.text());
+                }
+                o.out.push('=');
+                for (k, &(a, b)) in t.ranges.iter().enumerate() {
+                    if k > 0 {
+                        o.out.push(',');
+                    }
+                    let _ = write!(o.out, "{a:#x}");
+                    if a != b {
+                        let _ = write!(o.out, ":{b:#x}");
+                    }
+                }
+            }
+            o.out.push('"');
+        }
+        Match::Sctp(s) => {
+            // As libxt_sctp's sctp_save.
+            ports(o, "--sport ", &s.sport);
+            ports(o, "--dport ", &s.dport);
+            if let Some(c) = &s.chunks {
+                o.opt(c.negated, "--chunk-types ");
+                o.out.push_str(c.mode.name());
+                o.out.push(' ');
+                write_sctp_chunks(o.out, c);
             }
         }
         Match::Connlimit(c) => {

@@ -128,6 +128,8 @@ pub(crate) struct Ctx<'a> {
     pub line: u32,
     /// The `set_exists` callback.
     pub set_exists: Option<&'a dyn Fn(&str) -> bool>,
+    /// The `resolve_owner` callback.
+    pub resolve_owner: Option<super::ResolveOwner<'a>>,
 }
 
 impl Ctx<'_> {
@@ -707,11 +709,46 @@ pub(crate) fn parse_line<'t>(
     let protocol = rule.protocol;
     for (i, m) in rule.matches.iter_mut().enumerate() {
         extensions::finish_match(m, states.get_mut(i), protocol, ctx)?;
+        // xt_owner's hooks are OUTPUT and POSTROUTING: the kernel refuses it in a builtin
+        // chain of another hook (a user chain is validation's, which knows its hooks).
+        if let (Match::Owner(_), Some(ch)) = (&*m, chain) {
+            if matches!(ch.text, "PREROUTING" | "INPUT" | "FORWARD") {
+                return Err(ctx.err(
+                    &states.get_mut(i).token(),
+                    K::InvalidValue {
+                        what: "match",
+                        reason: format!(
+                            "owner: the kernel loads -m owner only in OUTPUT and POSTROUTING, not {}",
+                            ch.text
+                        ),
+                    },
+                ));
+            }
+        }
     }
     let mut warnings = Vec::new();
     if let Some(mut pt) = target {
         warnings.extend(pt.warning.take());
+        let name_token = pt.token;
         rule.target = extensions::finish_target(pt, protocol, ctx)?;
+        // xt_TCPMSS's check: "Only works on TCP SYN packets", a `-m tcp` whose flags
+        // compare SYN set (not negated) must come with it.
+        if let (Target::Opaque(o), Some(tok)) = (&rule.target, name_token) {
+            let syn = rule.matches.iter().any(|m| {
+                matches!(m, Match::Tcp(t) if t.flags.is_some_and(|f| !f.negated && f.value.comp & 0x02 != 0))
+            });
+            if o.name == "TCPMSS" && !syn {
+                return Err(ctx.err(
+                    &tok,
+                    K::InvalidValue {
+                        what: "target",
+                        reason: "TCPMSS: the kernel only loads it with a TCP SYN match \
+                                 (-p tcp -m tcp --tcp-flags ... SYN or --syn)"
+                            .into(),
+                    },
+                ));
+            }
+        }
     }
     Ok(Some(Line {
         command,

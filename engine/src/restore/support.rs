@@ -23,12 +23,38 @@ pub enum Support {
         /// Options that are stored only, or empty.
         note: &'static str,
     },
+    /// Enforced as [`Support::Enforced`], decided from facts the kernel gives: with each
+    /// packet (NFQUEUE's uid/gid, bridge ports, the NAT bits and original tuple of the
+    /// kernel's conntrack entry) or about the host (its addresses and routes, read over
+    /// rtnetlink). Packet sources without them (pcap, synthetic) decide as the note says.
+    WithKernel {
+        /// What the kernel gives, and what is stored only.
+        note: &'static str,
+    },
     /// Parsed and printed verbatim (or in iptables-save's canonical form) for the stored-only
     /// tables (nat, mangle, security); validation refuses it in filter and raw, naming it.
     StoredOnly,
     /// The family's iptables has no such extension: "Couldn't load match/target".
     Refused,
 }
+
+impl Support {
+    /// Whether the engine runs it in filter and raw ([`Support::Enforced`] or
+    /// [`Support::WithKernel`]).
+    pub fn is_enforced(self) -> bool {
+        matches!(self, Support::Enforced { .. } | Support::WithKernel { .. })
+    }
+}
+
+/// Matches the engine decides from the kernel's facts ([`Support::WithKernel`]).
+const WITH_KERNEL: &[&str] = &[
+    "addrtype",
+    "conntrack",
+    "owner",
+    "physdev",
+    "pkttype",
+    "rpfilter",
+];
 
 /// One row of the support table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +79,7 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
         (false, "addrtype") => {
-            "UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST against the node's addresses; other types refused in filter/raw"
+            "IPv4: every type, from the node's local table (its anycast, multicast, unicast and reject routes too; BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT, XRESOLVE and UNSPEC never match, as in the kernel); IPv6: UNSPEC, UNICAST, LOCAL, MULTICAST; IPv6 ANYCAST and UNREACHABLE are refused in filter/raw"
         }
         (false, "rpfilter") => {
             "raw PREROUTING (mangle: stored only); decided against the node's routing rules and tables (`vallum_engine::fib`), read from the host over rtnetlink or given with `--routes`"
@@ -70,6 +96,12 @@ fn note(target: bool, name: &str) -> &'static str {
         (false, "string") => {
             "`--algo bm` and `kmp` (one searcher, the same answers); the bytes NFQUEUE hands (other sources and traces have none: `--string` is false)"
         }
+        (false, "u32") => {
+            "as xt_u32 over the bytes NFQUEUE hands (other sources and traces have none: `--u32` is false)"
+        }
+        (false, "sctp") => {
+            "ports and `--chunk-types` (any/all/only, with flags) as xt_sctp; the chunks are read from the bytes NFQUEUE hands (other sources and traces have none: `--chunk-types` is false); a packet whose SCTP header or a chunk header is cut matches no rule where the kernel drops it"
+        }
         (false, "connlimit") => {
             "the engine's conntrack entries, per rule as nf_conncount; NFQUEUE mode counts what vallumd tracked, not the kernel's table"
         }
@@ -79,7 +111,7 @@ fn note(target: bool, name: &str) -> &'static str {
             "`--left-shift-mark`/`--right-shift-mark` are stored only; does nothing in raw (no conntrack entry yet)"
         }
         (false, "owner") => {
-            "OUTPUT/POSTROUTING; uid/gid from NFQUEUE's NFQA_UID/NFQA_GID; numeric ids only; `--suppl-groups` stored only"
+            "OUTPUT/POSTROUTING; uid/gid from NFQUEUE's NFQA_UID/NFQA_GID; user and group names looked up on vallumd's host at commit (as iptables at load) and kept as numbers; `--suppl-groups` stored only"
         }
         (false, "physdev") => {
             "bridge ports from NFQUEUE's NFQA_PHYSINDEV/NFQA_PHYSOUTDEV (bridged traffic with br_netfilter); pcap and synthetic packets carry none, so they are not bridged"
@@ -106,9 +138,6 @@ pub(crate) fn why_not_enforced(target: bool, name: &str) -> Option<&'static str>
         (true, "CT --ctevents") | (true, "CT --expevents") => {
             "the engine's tracker sends no conntrack events"
         }
-        (false, "u32") => {
-            "its small interpreter over the packet's bytes (jumps into the transport header) is not implemented yet"
-        }
         _ => return None,
     })
 }
@@ -124,6 +153,8 @@ fn typed_from_opaque(name: &str, family: Family) -> bool {
             | "owner"
             | "connlimit"
             | "string"
+            | "sctp"
+            | "u32"
             | "rpfilter"
             | "pkttype"
             | "physdev"
@@ -137,6 +168,7 @@ fn classify_match(name: &'static str, family: Family) -> Support {
         table: TableKind::Filter,
         line: 1,
         set_exists: None,
+        resolve_owner: None,
     };
     let tok = Tok {
         text: name,
@@ -145,6 +177,9 @@ fn classify_match(name: &'static str, family: Family) -> Support {
     match extensions::new_match(name, &tok, &ctx) {
         Err(_) => Support::Refused,
         Ok((Match::Opaque(_), _)) if !typed_from_opaque(name, family) => Support::StoredOnly,
+        Ok(_) if WITH_KERNEL.contains(&name) => Support::WithKernel {
+            note: note(false, name),
+        },
         Ok(_) => Support::Enforced {
             note: note(false, name),
         },
@@ -163,6 +198,7 @@ fn classify_target(name: &'static str, family: Family) -> Support {
             table,
             line: 1,
             set_exists: None,
+            resolve_owner: None,
         };
         extensions::new_target(&tok, &ctx)
             .ok()
@@ -214,6 +250,7 @@ pub fn support_table() -> Vec<SupportRow> {
 fn cell(s: Support) -> &'static str {
     match s {
         Support::Enforced { .. } => "enforced",
+        Support::WithKernel { .. } => "enforced, kernel's facts",
         Support::StoredOnly => "stored only",
         Support::Refused => "-",
     }
@@ -228,19 +265,23 @@ pub fn support_markdown() -> String {
          `VALLUM_BLESS=1` to rewrite it). Do not edit by hand.\n\n\
          - **enforced**: parsed with iptables 1.8.9's grammar, printed as iptables-save prints it,\n  \
          validated, and run by the engine in the tables it enforces (filter, raw).\n\
+         - **enforced, kernel's facts**: enforced, decided from what the kernel gives with each\n  \
+         packet (NFQUEUE's uid/gid, bridge ports, its conntrack entry's NAT bits and original\n  \
+         tuple) or about the host (addresses, routes): see the note.\n\
          - **stored only**: parsed and printed (in iptables-save's canonical form where the\n  \
          engine knows it, otherwise verbatim) so that nat, mangle and security tables import and\n  \
          export faithfully; in filter or raw, validation refuses the rule with an error naming the\n  \
-         extension (`UNSUPPORTED`), so nothing is accepted that would not be enforced. `u32` is\n  \
-         among these: its small interpreter over the packet's bytes is not worth its cost on\n  \
-         the packet path yet.\n\
+         extension (`UNSUPPORTED`), so nothing is accepted that would not be enforced.\n\
          - **-**: that family's iptables has no such extension; the parser refuses it\n  \
          (\"Couldn't load match\").\n\n\
          `addrtype` decides the types the node's local routing table and the address bits tell\n\
-         (UNSPEC, UNICAST, LOCAL, BROADCAST, MULTICAST; see `vallum_engine::node_addrs`): vallumd\n\
-         reads the host's addresses (or takes `--local-addresses`) and the packet path reads\n\
-         them without a lock. ANYCAST, BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT and XRESOLVE\n\
-         need routes it does not have: validation refuses them in filter and raw, naming them;\n\
+         (see `vallum_engine::node_addrs`): vallumd reads the host's local table (or takes\n\
+         `--local-addresses`) and the packet path reads it without a lock. For IPv4 that is\n\
+         every type: as the kernel's `inet_dev_addr_type`, an address's type is the type of the\n\
+         local table's longest route (LOCAL, BROADCAST, ANYCAST, MULTICAST; UNICAST for a\n\
+         `unicast` route, a reject route and no route), so BLACKHOLE, UNREACHABLE, PROHIBIT,\n\
+         THROW, NAT, XRESOLVE and UNSPEC never match. IPv6 ANYCAST and UNREACHABLE need a lookup\n\
+         in the whole routing table: validation refuses them in filter and raw, naming them;\n\
          nat and mangle store them.\n\n\
          `rpfilter` (raw PREROUTING; mangle stores it) decides as the kernel's `ipt_rpfilter` /\n\
          `ip6t_rpfilter` against the node's routing rules and tables (`vallum_engine::fib`):\n\
@@ -303,7 +344,8 @@ pub fn support_markdown() -> String {
         ));
         for r in support_table().iter().filter(|r| r.target == target) {
             let note = match (r.ipv4, r.ipv6) {
-                (Support::Enforced { note }, _) | (_, Support::Enforced { note }) => note,
+                (Support::Enforced { note } | Support::WithKernel { note }, _)
+                | (_, Support::Enforced { note } | Support::WithKernel { note }) => note,
                 _ => why_not_enforced(r.target, r.name).unwrap_or(""),
             };
             out.push_str(&format!(
@@ -332,8 +374,7 @@ mod tests {
             } else {
                 KNOWN_MATCHES.contains(&r.name)
             };
-            let enforced_somewhere = matches!(r.ipv4, Support::Enforced { .. })
-                || matches!(r.ipv6, Support::Enforced { .. });
+            let enforced_somewhere = r.ipv4.is_enforced() || r.ipv6.is_enforced();
             let typed = if r.target {
                 super::super::opaque::TYPED_TARGETS.contains(&r.name)
             } else {

@@ -1,7 +1,10 @@
 //! The block structure of iptables-restore input and the commands' effect on the in-memory
 //! tables, as iptables-restore.c (v1.8.11, legacy) applies them line by line.
 //!
-//! * `#` starts a comment only in column 1; empty (or blank) lines are skipped.
+//! * `#` starts a comment only in column 1; empty (or blank) lines are skipped. Lines that
+//!   iptables-restore refuses but that have one clear meaning (CRLF line ends, a line of
+//!   blanks, a blank before `*`/`:`/`#`/`COMMIT`, a `COMMIT` with trailing blanks or no
+//!   newline) are read as if the blanks were not there, with a warning at the line.
 //! * `*table` opens a block, `COMMIT` closes it; commands outside a block are errors, and so is
 //!   a block left open.
 //! * Without `--noflush` every table named is rebuilt from scratch: its builtin chains exist
@@ -27,7 +30,7 @@ use super::lexer::{Tok, Token};
 use super::rule::Ctx;
 use super::{
     ExternalRef, ExternalRefKind, ParseError, ParseErrorKind as K, ParseErrors, ParseOptions,
-    ParseWarning, Restore,
+    ParseWarning, ParseWarningKind, Restore,
 };
 use commands::{apply_line, command_line, declare_chain};
 use read_ahead::{Ahead, line_tables, read_ahead, read_command};
@@ -215,6 +218,57 @@ impl Block {
     }
 }
 
+/// Whether iptables-restore (legacy, 1.8.9: `ip[6]tables_restore_main` reads each line with
+/// `fgets` and compares `COMMIT\n` whole) refuses a line that this parser reads: `Some((column,
+/// token, why))`. `raw` is the line without its `\n`, `line` without a final `\r` as well;
+/// `unterminated` when no `\n` ends it (the text's last line). Measured against
+/// iptables-legacy-restore: an empty line and a comment are fine, a `\r` after a chain's
+/// counters is read by `sscanf` and fine.
+fn restore_refuses(
+    raw: &str,
+    line: &str,
+    unterminated: bool,
+) -> Option<(u32, &'static str, &'static str)> {
+    if raw.is_empty() || raw.starts_with('#') {
+        return None;
+    }
+    let end = u32::try_from(line.len())
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
+    if line.trim_matches([' ', '\t']).is_empty() {
+        return Some((
+            1,
+            "",
+            "a line of blanks, which it reads as a rule line without a command",
+        ));
+    }
+    let lead = line.trim_start_matches([' ', '\t']);
+    if lead.len() != line.len() && (lead.starts_with(['*', ':', '#']) || lead.starts_with("COMMIT"))
+    {
+        return Some((1, "", "a blank before *, :, # or COMMIT"));
+    }
+    let mut words = line.split([' ', '\t']).filter(|w| !w.is_empty());
+    let first = words.next().unwrap_or("");
+    if first == "COMMIT" && (raw != "COMMIT" || unterminated) {
+        return Some((
+            1,
+            "COMMIT",
+            "COMMIT must be the whole line, ended by a newline",
+        ));
+    }
+    if raw.len() == line.len() {
+        return None;
+    }
+    if first.starts_with(':') && words.count() >= 2 {
+        return None;
+    }
+    Some((
+        end,
+        "\\r",
+        "a carriage return at its end (CRLF line ends), which it reads as part of the last word",
+    ))
+}
+
 /// Splits a line on blanks with 1-based columns (for `:` and `*` lines, which iptables-restore
 /// splits with strtok, without quote handling).
 fn words(line: &str) -> Vec<Tok<'_>> {
@@ -306,14 +360,14 @@ pub(crate) fn parse_with(
     let threads = threads.min(8);
     let m = n * 4 / ((threads - 1) * 5 + 4);
     let tables = line_tables(&lines);
-    let (lines, tables, family) = (&lines[..], &tables[..], opts.family);
+    let (lines, tables, family, owner) = (&lines[..], &tables[..], opts.family, opts.resolve_owner);
     std::thread::scope(|s| {
         let per = (n - m).div_ceil(threads - 1);
         let readers: Vec<_> = (0..threads - 1)
             .map(|k| {
                 let from = (m + k * per).min(n);
                 let to = (from + per).min(n);
-                s.spawn(move || read_ahead(lines, tables, family, from, to))
+                s.spawn(move || read_ahead(lines, tables, family, owner, from, to))
             })
             .collect();
         // The readers' parts in order, not joined into one vector: an entry holds a parsed
@@ -394,6 +448,8 @@ fn parse_lines<'a>(
     let mut last_line = 0;
     // One token buffer for every command line.
     let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
+    // The restore quirks warned so far, with their warning's index.
+    let mut quirks: Vec<(&'static str, usize)> = Vec::new();
     for (idx, raw) in lines.iter().copied().enumerate() {
         if idx == ahead_from {
             ahead = fetch
@@ -411,6 +467,29 @@ fn parse_lines<'a>(
         let line_no = idx as u32 + 1;
         last_line = line_no;
         let line = raw.strip_suffix('\r').unwrap_or(raw);
+        let unterminated = idx + 1 == lines.len();
+        if let Some((column, token, why)) = restore_refuses(raw, line, unterminated) {
+            // One warning per quirk (at most five kinds), at its first line, counting the
+            // others.
+            match quirks.iter().find(|(w, _)| *w == why) {
+                Some(&(_, at)) => {
+                    if let ParseWarningKind::RestoreRefusesLine { more, .. } =
+                        &mut st.warnings[at].kind
+                    {
+                        *more += 1;
+                    }
+                }
+                None => {
+                    quirks.push((why, st.warnings.len()));
+                    st.warnings.push(ParseWarning::new(
+                        line_no,
+                        column,
+                        token,
+                        ParseWarningKind::RestoreRefusesLine { why, more: 0 },
+                    ));
+                }
+            }
+        }
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
@@ -431,6 +510,7 @@ fn parse_lines<'a>(
                                     table: kind,
                                     line: line_no,
                                     set_exists: None,
+                                    resolve_owner: st.opts.resolve_owner,
                                 };
                                 apply_line(block, parsed, &ctx, &mut st)
                             }

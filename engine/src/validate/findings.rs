@@ -196,8 +196,11 @@ pub enum ViolationKind {
     /// multiport with more than 15 slots.
     #[error("multiport takes at most 15 ports, a range counting 2 (got {0})")]
     TooManyPorts(usize),
-    /// limit with a zero rate or burst, a rate above 10000/second or a burst above 10000.
-    #[error("limit needs a rate of 1 to 10000/second and a burst of 1 to 10000")]
+    /// limit with a zero rate or burst, a rate above 10000/second or a burst above 10000, or
+    /// a rate and burst whose product overflows the kernel's credits (xt_limit refuses them).
+    #[error(
+        "limit needs a rate of 1 to 10000/second and a burst of 1 to 10000 whose product the kernel's credits hold (xt_limit: \"Overflow, try lower\")"
+    )]
     BadLimit,
     /// A set that does not exist.
     #[error("set {0} does not exist")]
@@ -263,6 +266,34 @@ pub enum ViolationKind {
         "-m string searches the packet's bytes, which {0}: here --string never matches and ! --string always does"
     )]
     NoPacketBytes(String),
+    /// A filter or raw rule that waits for what the ruleset's stored-only nat or mangle table
+    /// does (warning, at the rule): that table is not run here, and the kernel does not run
+    /// it either (no `--kernel-tables`), so the rule never sees it.
+    #[error(
+        "{what} waits for what table {table} does ({target} at line {line}); {table} is stored only here and not handed to the kernel, so this rule never sees it: run vallumd with --kernel-tables {table} (e.g. --kernel-tables nat,mangle) and the kernel's facts reach the rule with the packet"
+    )]
+    WaitsForTable {
+        /// The rule's match that waits, e.g. "--ctstate DNAT" or "-m mark".
+        what: String,
+        /// The table it waits for (nat or mangle).
+        table: TableKind,
+        /// The target there that does it (DNAT, MARK, ...).
+        target: String,
+        /// The line of that rule (0 for structured input).
+        line: u32,
+    },
+    /// A match other than `-m string` that reads the packet's bytes (`-m sctp
+    /// --chunk-types`, `-m u32`) in an enforced table on a node whose packet source keeps
+    /// none (warning): it never matches here (and negated, always does).
+    #[error(
+        "{what} reads the packet's bytes, which {why}: here it never matches (negated, it always does)"
+    )]
+    NoBytesFor {
+        /// The match and option, e.g. "-m sctp --chunk-types".
+        what: &'static str,
+        /// Why the source has no bytes ([`super::ReachedHooks::no_bytes`]).
+        why: String,
+    },
     /// `--ctstate` / `--state` naming only ESTABLISHED and RELATED (warning) on a node whose
     /// steering queues only the other packets ([`super::ReachedHooks::new_only`]): the
     /// packets it could match are accepted in the kernel before they reach the rules, so it

@@ -7,7 +7,9 @@
 use std::net::IpAddr;
 
 use super::{Severity, TableCheck, ViolationKind, with_why};
-use crate::model::{AddrTypeLimit, Chain, Family, Hook, IpNet, Match, Rule, TableKind, addr_type};
+use crate::model::{
+    AddrTypeLimit, Chain, Family, Hook, IpNet, Match, Rule, SCTP_MAX_FLAGS, TableKind, addr_type,
+};
 use crate::sets::SetRegistry;
 
 /// A `BadRange` for each `--sport`/`--dport` range whose low end is above its high end.
@@ -277,7 +279,12 @@ impl TableCheck<'_> {
                     // burst of at most 10000. A faster rate would make the token interval 0 ns
                     // and the match true for every packet.
                     let too_fast = u128::from(l.rate) * 100_000 > u128::from(l.unit.ns());
-                    if l.rate == 0 || l.burst == 0 || too_fast || l.burst > 10_000 {
+                    if l.rate == 0
+                        || l.burst == 0
+                        || too_fast
+                        || l.burst > 10_000
+                        || l.kernel_overflows()
+                    {
                         errs.push(ViolationKind::BadLimit);
                     }
                 }
@@ -378,7 +385,7 @@ impl TableCheck<'_> {
                             });
                         }
                     }
-                    let undecided = all & !addr_type::DECIDED & 0x0fff;
+                    let undecided = all & !addr_type::decided(family) & 0x0fff;
                     if enforced && undecided != 0 {
                         errs.push(ViolationKind::Unsupported {
                             what: "match",
@@ -477,6 +484,48 @@ impl TableCheck<'_> {
                             value: h.name.clone(),
                             reason,
                         });
+                    }
+                }
+                Match::U32(u) => {
+                    if let Some(reason) = u.kernel_refusal() {
+                        errs.push(ViolationKind::BadValue {
+                            what: "u32",
+                            value: "--u32".into(),
+                            reason,
+                        });
+                    }
+                    let live = sets.and_then(|r| r.reached_hooks());
+                    if let Some(why) = live.as_ref().and_then(|h| h.no_bytes()) {
+                        if enforced {
+                            warns.push(ViolationKind::NoBytesFor {
+                                what: "-m u32",
+                                why: why.to_owned(),
+                            });
+                        }
+                    }
+                }
+                Match::Sctp(sc) => {
+                    errs.extend(needs("sctp", &[132], "sctp"));
+                    empty_port_ranges(&mut errs, [&sc.sport, &sc.dport]);
+                    if sc
+                        .chunks
+                        .as_ref()
+                        .is_some_and(|c| c.flags.len() > SCTP_MAX_FLAGS)
+                    {
+                        errs.push(ViolationKind::BadValue {
+                            what: "sctp",
+                            value: "--chunk-types".into(),
+                            reason: "at most 4 chunk types with flags (XT_NUM_SCTP_FLAGS)",
+                        });
+                    }
+                    let live = sets.and_then(|r| r.reached_hooks());
+                    if let Some(why) = live.as_ref().and_then(|h| h.no_bytes()) {
+                        if enforced && sc.chunks.is_some() {
+                            warns.push(ViolationKind::NoBytesFor {
+                                what: "-m sctp --chunk-types",
+                                why: why.to_owned(),
+                            });
+                        }
                     }
                 }
                 Match::Opaque(o) => {

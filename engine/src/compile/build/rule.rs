@@ -218,7 +218,7 @@ pub(super) fn compile_rule(
                 let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
                 let masks = a.src.iter().chain(a.dst.iter());
                 let undecided = masks.clone().map(|v| v.value).fold(0, |x, y| x | y)
-                    & !crate::model::addr_type::DECIDED;
+                    & !crate::model::addr_type::decided(family);
                 if undecided != 0 {
                     return Err(RuleError::Unsupported(format!(
                         "addrtype {}",
@@ -260,6 +260,8 @@ pub(super) fn compile_rule(
             }
             Match::Connlimit(c) => CMatch::Connlimit(Box::new(CConnlimit::new(c, v6))),
             Match::String(s) => CMatch::String(Box::new(CString::new(s))),
+            Match::Sctp(s) => CMatch::Sctp(s.clone()),
+            Match::U32(u) => CMatch::U32(u.clone()),
             Match::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
         };
         matches.push(c);

@@ -138,7 +138,7 @@ pub(super) fn rule_key(r: &CRule, width: u32) -> RuleKey {
 
 /// Whether `r` must be decided by the evaluator's own observer, not the probe's `Silent`: it
 /// changes state (`-m limit`, `recent`, `hashlimit`, `connlimit`) or reads what only the
-/// evaluator has (`-m string`: the packet's bytes).
+/// evaluator has (`-m string`, `-m sctp`, `-m u32`: the packet's bytes).
 pub(super) fn has_side_effects(r: &CRule) -> bool {
     r.matches.iter().any(|m| {
         matches!(
@@ -148,6 +148,8 @@ pub(super) fn has_side_effects(r: &CRule) -> bool {
                 | CMatch::Hashlimit(_)
                 | CMatch::Connlimit(_)
                 | CMatch::String(_)
+                | CMatch::Sctp(_)
+                | CMatch::U32(_)
         )
     })
 }

@@ -27,6 +27,13 @@ pub(crate) struct MatchState<'t> {
     token: Tok<'t>,
 }
 
+impl<'t> MatchState<'t> {
+    /// The `-m NAME` argument (or the option that loaded the match implicitly).
+    pub(crate) fn token(&self) -> Tok<'t> {
+        self.token
+    }
+}
+
 impl MatchState<'_> {
     /// A placeholder (for arrays of states).
     pub(crate) const EMPTY: MatchState<'static> = MatchState {
@@ -325,7 +332,9 @@ pub(crate) fn match_option(
         | Match::Recent(_)
         | Match::Hashlimit(_)
         | Match::Connlimit(_)
-        | Match::String(_) => return None,
+        | Match::String(_)
+        | Match::Sctp(_)
+        | Match::U32(_) => return None,
     };
     Some(r)
 }
@@ -654,6 +663,16 @@ pub(crate) fn finish_match(
                 return needs("--mac-source");
             }
         }
+        Match::Limit(l) => {
+            if l.kernel_overflows() {
+                return Err(invalid(
+                    ctx,
+                    &token,
+                    "limit",
+                    "the rate times --limit-burst overflows the kernel's credits (xt_limit: \"Overflow, try lower\"); lower the burst or raise the rate",
+                ));
+            }
+        }
         Match::Opaque(o) => {
             if o.options.is_empty() && OPAQUE_NEEDS_OPTION.contains(&o.name.as_str()) {
                 return needs("at least one option");
@@ -692,6 +711,15 @@ pub(crate) fn finish_match(
                 *m = super::super::rpfilter::typed_pkttype(&o.options, &token, ctx)?;
                 return Ok(());
             }
+            if o.name == "u32" {
+                *m = super::super::u32_match::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
+            if o.name == "sctp" {
+                needs_proto(proto == Some(132), "sctp")?;
+                *m = super::super::sctp::typed(&o.options, &token, ctx)?;
+                return Ok(());
+            }
             if o.name == "recent" {
                 *m = super::super::recent::typed(&o.options, &token, ctx)?;
                 return Ok(());
@@ -708,6 +736,7 @@ pub(crate) fn finish_match(
                 "sctp" => Some((132, "sctp")),
                 "dccp" => Some((33, "dccp")),
                 "mh" => Some((135, "mh")),
+                "tcpmss" => Some((6, "tcp")),
                 _ => None,
             };
             if let Some((n, p)) = wants {
@@ -719,8 +748,7 @@ pub(crate) fn finish_match(
             }
         }
         // Built from opaque options by `header_matches` (above), checked there.
-        Match::Limit(_)
-        | Match::Connmark(_)
+        Match::Connmark(_)
         | Match::Owner(_)
         | Match::Physdev(_)
         | Match::Ttl(_)
@@ -738,7 +766,9 @@ pub(crate) fn finish_match(
         | Match::Recent(_)
         | Match::Hashlimit(_)
         | Match::Connlimit(_)
-        | Match::String(_) => {}
+        | Match::String(_)
+        | Match::Sctp(_)
+        | Match::U32(_) => {}
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ pub(crate) struct PendingTarget<'t> {
     pub t: Target,
     seen: Seen,
     /// The `-j NAME` argument (`None` for a jump or goto).
-    token: Option<Tok<'t>>,
+    pub(crate) token: Option<Tok<'t>>,
     /// A value kept in the kernel's form rather than as written (see [`ParseWarning`]).
     pub warning: Option<ParseWarning>,
 }

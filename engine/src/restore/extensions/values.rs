@@ -68,7 +68,7 @@ pub(super) const SERVICES: &[(&str, u16)] = &[
     ("pop3s", 995),
 ];
 
-pub(super) fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
+pub(crate) fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
     if let Some(v) = parse_uint(s, 65535) {
         return Ok(v as u16);
     }
@@ -87,7 +87,7 @@ pub(super) fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseEr
 }
 
 /// `a`, `a:b`, `:b`, `a:`, `:` (missing ends are 0 and `max`); `a > b` is an error.
-pub(super) fn parse_range(
+pub(crate) fn parse_range(
     t: &Tok,
     ctx: &Ctx<'_>,
     what: &'static str,
@@ -116,7 +116,7 @@ pub(super) fn parse_range(
     Ok((lo, hi))
 }
 
-pub(super) fn port_range(t: &Tok, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
+pub(crate) fn port_range(t: &Tok, ctx: &Ctx<'_>) -> Result<PortRange, ParseError> {
     let (lo, hi) = parse_range(t, ctx, "port", 65535)?;
     Ok(PortRange {
         lo: lo as u16,
@@ -796,6 +796,7 @@ mod tests {
             table: TableKind::Filter,
             line: 1,
             set_exists: None,
+            resolve_owner: None,
         }
     }
 

@@ -29,6 +29,7 @@ pub(super) fn declare_chain(
         table: b.table.kind,
         line,
         set_exists: None,
+        resolve_owner: None,
     };
     check_chain_name(&name, &ctx)?;
     let Some(policy) = w.get(1) else {
@@ -107,6 +108,7 @@ pub(super) fn command_line<'a>(
         table: b.table.kind,
         line: line_no,
         set_exists: st.opts.set_exists,
+        resolve_owner: st.opts.resolve_owner,
     };
     match read_command(line, &ctx, toks)? {
         Some(parsed) => apply_line(b, parsed, &ctx, st),

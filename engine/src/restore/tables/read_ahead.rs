@@ -5,7 +5,7 @@
 
 use super::super::lexer::{Tok, Token, tokenize_into};
 use super::super::rule::{AddrLists, Command, Ctx, parse_line};
-use super::super::{ParseError, ParseErrorKind as K, ParseWarning};
+use super::super::{ParseError, ParseErrorKind as K, ParseWarning, ResolveOwner};
 use super::parse_counters;
 use crate::model::{Family, Location, Rule, TableKind};
 
@@ -82,6 +82,7 @@ pub(super) fn read_ahead<'a>(
     lines: &[&'a str],
     tables: &[Option<TableKind>],
     family: Family,
+    owner: Option<ResolveOwner<'_>>,
     from: usize,
     to: usize,
 ) -> Vec<Ahead<'a>> {
@@ -99,7 +100,7 @@ pub(super) fn read_ahead<'a>(
             }
             let kind = tables[idx]?;
             let line_no = u32::try_from(idx + 1).ok()?;
-            read_line(line, line_no, family, kind, &mut toks).map(|r| (kind, r))
+            read_line(line, line_no, family, owner, kind, &mut toks).map(|r| (kind, r))
         })
         .collect()
 }
@@ -110,6 +111,7 @@ fn read_line<'a>(
     line: &'a str,
     line_no: u32,
     family: Family,
+    owner: Option<ResolveOwner<'_>>,
     table: TableKind,
     toks: &mut Vec<Token<'a>>,
 ) -> Option<Result<Parsed<'a>, ParseError>> {
@@ -118,6 +120,7 @@ fn read_line<'a>(
         table,
         line: line_no,
         set_exists: None,
+        resolve_owner: owner,
     };
     let p = match read_command(line, &ctx, toks) {
         Err(e) => return Some(Err(e)),

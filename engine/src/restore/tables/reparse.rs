@@ -253,6 +253,7 @@ pub(crate) fn reparse(
             table: block,
             line: line_no,
             set_exists: None,
+            resolve_owner: None,
         };
         let parsed = read_command(line, &ctx, &mut toks).ok()??;
         // A line with an address list stands for several rules: not a plain dump's line.
