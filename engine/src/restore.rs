@@ -23,6 +23,7 @@ mod extensions;
 mod hashlimit;
 mod header_matches;
 mod lexer;
+mod nat;
 mod opaque;
 mod owner;
 mod physdev;
@@ -60,16 +61,24 @@ pub struct ParseOptions<'a> {
     /// Tells whether an ipset exists (`-m set --match-set NAME`); `None` accepts every name
     /// (set existence is then validation's job).
     pub set_exists: Option<&'a dyn Fn(&str) -> bool>,
+    /// The most rules the `-s a,b,...` / `-d a,b,...` lines of one text may stand for, all
+    /// together (each line stands for sources x destinations rules, see `AddrLists`). The
+    /// product is counted before a line is expanded: a line that would pass the limit fails
+    /// with [`ParseErrorKind::TooManyRules`] and is not expanded, so a short text never
+    /// builds a huge table. `usize::MAX` (the default) counts without a limit; vallumd
+    /// passes `--max-rules`.
+    pub max_rules: usize,
 }
 
 impl Default for ParseOptions<'_> {
-    /// IPv4, no `--noflush`, no `--counters`, every set name accepted.
+    /// IPv4, no `--noflush`, no `--counters`, every set name accepted, no rule limit.
     fn default() -> Self {
         ParseOptions {
             family: Family::Ipv4,
             noflush: false,
             counters: false,
             set_exists: None,
+            max_rules: usize::MAX,
         }
     }
 }
@@ -81,6 +90,7 @@ impl fmt::Debug for ParseOptions<'_> {
             .field("noflush", &self.noflush)
             .field("counters", &self.counters)
             .field("set_exists", &self.set_exists.map(|_| "<fn>"))
+            .field("max_rules", &self.max_rules)
             .finish()
     }
 }
@@ -281,6 +291,17 @@ pub enum ParseErrorKind {
     /// `! -s a,b` / `! -d a,b` (as iptables).
     #[error("! not allowed with multiple source or destination IP addresses")]
     NegatedAddressList,
+    /// The `-s a,b,...` / `-d a,b,...` lines of the text stand for more rules than
+    /// [`ParseOptions::max_rules`] (counted before the line is expanded).
+    #[error(
+        "-s/-d address lists expand to {count} rules, more than the limit of {max} (--max-rules)"
+    )]
+    TooManyRules {
+        /// Rules the lists up to and including this line stand for (saturating).
+        count: usize,
+        /// The limit ([`ParseOptions::max_rules`]).
+        max: usize,
+    },
     /// `-R` with an address list (as iptables).
     #[error("Replacement rule does not specify a unique address")]
     ReplaceWithList,
