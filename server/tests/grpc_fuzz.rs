@@ -1,9 +1,18 @@
 //! A request fuzzer for the whole gRPC surface, against a real `vallumd` (loopback ephemeral
 //! port, temporary database).
 //!
-//! Every RPC of every service in `proto/vallum/v1/vallum.proto` gets random and mutated
-//! requests from `support/fuzz_gen.rs` (grammar-aware iptables-restore and `ipset save` text,
-//! structured rulesets, names, packet specs, frames, pcap/pcapng captures), sent one at a time.
+//! Every RPC of every service in `proto/vallum/v1/vallum.proto` and `fleet.proto` gets random
+//! and mutated requests from `support/fuzz_gen.rs` (grammar-aware iptables-restore and `ipset
+//! save` text, `-s`/`-d` address lists up to 2,000 x 2,000, EditRuleset commands, structured
+//! rulesets, names, packet specs, frames, pcap/pcapng captures), sent one at a time.
+//! FleetService needs fleet mode: when `etcd` is installed, vallumd runs against one of its own
+//! (node labels `fuzz=node`; every fleet selector the fuzzer writes starts with `fuzz=never`,
+//! so fleet writes never reach this node's state); without etcd the fleet RPCs are left out and
+//! the first line says so.
+//!
+//! vallumd runs under a memory ceiling (`VALLUM_FUZZ_MEMORY_MIB`, default 1024): a memory
+//! cgroup of its own when the test can make one (root), else `RLIMIT_AS` at three times it. A
+//! request whose memory is not bounded gets vallumd killed, which is a crash of the run.
 //! After each request the test checks:
 //! - the process is still up (a crash is recorded with its request; vallumd is restarted on
 //!   the same database and the run goes on, so one run can find several defects);

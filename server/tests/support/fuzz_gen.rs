@@ -911,7 +911,9 @@ pub fn address_lists(r: &mut Rng, v6: bool) -> String {
             }
         };
         let (src, dst) = (side(r, s), side(r, d));
-        let mut line = String::from(*r.pick(&["-A INPUT", "-I INPUT", "-D INPUT", "-R INPUT 1"]));
+        let mut line = r
+            .pick(&["-A INPUT", "-I INPUT", "-D INPUT", "-R INPUT 1"])
+            .to_string();
         if !src.is_empty() {
             line.push_str(&format!(" -s {src}"));
         }
@@ -983,7 +985,10 @@ pub fn edit_args(r: &mut Rng) -> Vec<String> {
                 )
             }
             1 => random_text(r, 60),
-            _ => rule_spec(r, "filter", &["USERS".to_string()], r.chance(100)),
+            _ => {
+                let v6 = r.chance(100);
+                rule_spec(r, "filter", &["USERS".to_string()], v6)
+            }
         };
         words.extend(spec.split_whitespace().map(str::to_string));
     }
