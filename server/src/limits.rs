@@ -49,9 +49,11 @@ pub const DEFAULT_MAX_CHAINS: usize = 65_536;
 /// Default [`LimitsConfig::max_sets`]: 1,024 (a kube-proxy in ipvs mode uses ~20 sets, Docker
 /// and fail2ban a few each).
 pub const DEFAULT_MAX_SETS: usize = 1024;
-/// Default [`LimitsConfig::max_set_elements`]: 1,048,576, sixteen times ipset's default
-/// `maxelem` of 65,536 (BENCHMARKS.md's sets bench loads 1M elements into one set).
-pub const DEFAULT_MAX_SET_ELEMENTS: u32 = 1 << 20;
+/// Default [`LimitsConfig::max_set_elements`]: 262,144, four times ipset's default `maxelem`
+/// of 65,536. Filling a set in one AddElements peaks at ~330 bytes per element (a set of this
+/// size: ~85 MiB, docs/operations.md "Sizing"), which the chart's 512 MiB holds beside a
+/// ruleset at `--max-rules`; larger sets need `--max-set-elements` and more memory.
+pub const DEFAULT_MAX_SET_ELEMENTS: u32 = 1 << 18;
 /// Default [`LimitsConfig::max_rulesets`].
 pub const DEFAULT_MAX_RULESETS: usize = 256;
 /// Default [`LimitsConfig::max_revisions_kept`].
