@@ -117,6 +117,9 @@ reasons! {
     CommitFailed => ("COMMIT_FAILED", Internal, EXIT_REJECTED),
     /// The store failed (I/O, corruption, migration).
     Store => ("STORE_ERROR", Internal, EXIT_REJECTED),
+    /// The store's disk is full (SQLite's SQLITE_FULL): nothing was changed; the call may
+    /// succeed once space is freed.
+    StoreFull => ("STORE_FULL", ResourceExhausted, EXIT_REJECTED),
     /// A bug or an unexpected condition.
     Internal => ("INTERNAL", Internal, EXIT_REJECTED),
     /// No bearer token in the request (auth layer).
@@ -137,6 +140,9 @@ reasons! {
     ScopeDenied => ("SCOPE_DENIED", PermissionDenied, EXIT_REJECTED),
     /// The request message is larger than `--max-request-bytes` (limits layer).
     RequestTooLarge => ("REQUEST_TOO_LARGE", ResourceExhausted, EXIT_REJECTED),
+    /// The requests being received on all connections hold `--max-buffered-request-bytes`
+    /// already (vallumd's `connections`); the call may be tried again.
+    RequestBuffersFull => ("REQUEST_BUFFERS_FULL", ResourceExhausted, EXIT_REJECTED),
     /// The ruleset has more rules than `--max-rules`.
     TooManyRules => ("TOO_MANY_RULES", ResourceExhausted, EXIT_REJECTED),
     /// The ruleset has more chains than `--max-chains`.

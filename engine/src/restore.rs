@@ -23,6 +23,7 @@ pub(crate) mod extensions;
 mod hashlimit;
 mod header_matches;
 mod lexer;
+mod nat;
 mod opaque;
 mod owner;
 mod physdev;
@@ -67,6 +68,13 @@ pub struct ParseOptions<'a> {
     /// `getgrnam`, before reading the word as a number); `None`: names are refused (the
     /// engine reads no host file: vallumd gives the lookup). The rule keeps the number.
     pub resolve_owner: Option<ResolveOwner<'a>>,
+    /// The most rules the `-s a,b,...` / `-d a,b,...` lines of one text may stand for, all
+    /// together (each line stands for sources x destinations rules, see `AddrLists`). The
+    /// product is counted before a line is expanded: a line that would pass the limit fails
+    /// with [`ParseErrorKind::TooManyRules`] and is not expanded, so a short text never
+    /// builds a huge table. `usize::MAX` (the default) counts without a limit; vallumd
+    /// passes `--max-rules`.
+    pub max_rules: usize,
 }
 
 /// Which host database [`ParseOptions::resolve_owner`] is asked.
@@ -83,7 +91,7 @@ pub enum OwnerDb {
 pub type ResolveOwner<'a> = &'a (dyn Fn(OwnerDb, &str) -> Option<u32> + Sync);
 
 impl Default for ParseOptions<'_> {
-    /// IPv4, no `--noflush`, no `--counters`, every set name accepted.
+    /// IPv4, no `--noflush`, no `--counters`, every set name accepted, no rule limit.
     fn default() -> Self {
         ParseOptions {
             family: Family::Ipv4,
@@ -91,6 +99,7 @@ impl Default for ParseOptions<'_> {
             counters: false,
             set_exists: None,
             resolve_owner: None,
+            max_rules: usize::MAX,
         }
     }
 }
@@ -103,6 +112,7 @@ impl fmt::Debug for ParseOptions<'_> {
             .field("counters", &self.counters)
             .field("set_exists", &self.set_exists.map(|_| "<fn>"))
             .field("resolve_owner", &self.resolve_owner.map(|_| "<fn>"))
+            .field("max_rules", &self.max_rules)
             .finish()
     }
 }
@@ -319,6 +329,17 @@ pub enum ParseErrorKind {
     /// `! -s a,b` / `! -d a,b` (as iptables).
     #[error("! not allowed with multiple source or destination IP addresses")]
     NegatedAddressList,
+    /// The `-s a,b,...` / `-d a,b,...` lines of the text stand for more rules than
+    /// [`ParseOptions::max_rules`] (counted before the line is expanded).
+    #[error(
+        "-s/-d address lists expand to {count} rules, more than the limit of {max} (--max-rules)"
+    )]
+    TooManyRules {
+        /// Rules the lists up to and including this line stand for (saturating).
+        count: usize,
+        /// The limit ([`ParseOptions::max_rules`]).
+        max: usize,
+    },
     /// `-R` with an address list (as iptables).
     #[error("Replacement rule does not specify a unique address")]
     ReplaceWithList,
@@ -952,6 +973,8 @@ mod tests {
             ("-X X", "still referenced"),
             ("-N X", "exists"),
             ("-I OUTPUT 2 -j DROP", "out of range"),
+            // The base is the whole table: a chain it lacks does not exist (as iptables).
+            ("-X ALSO", "does not exist"),
         ] {
             let full = format!("*filter\n{text}\nCOMMIT\n");
             let e = match parse_onto(&base, &full, &v4()) {
@@ -963,7 +986,7 @@ mod tests {
         // What neither the text nor the base has is left to the caller, as with --noflush.
         let r = parse_onto(
             &base,
-            "*filter\n-A NOPE -j ACCEPT\n-A INPUT -j GONE\n-X ALSO\nCOMMIT\n",
+            "*filter\n-A NOPE -j ACCEPT\n-A INPUT -j GONE\nCOMMIT\n",
             &v4(),
         )
         .expect("parses");
@@ -977,7 +1000,6 @@ mod tests {
             [
                 ("NOPE", ExternalRefKind::AddRules),
                 ("GONE", ExternalRefKind::Jump),
-                ("ALSO", ExternalRefKind::Delete)
             ]
         );
     }

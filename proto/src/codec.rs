@@ -51,6 +51,23 @@ where
     }
 }
 
+/// The answer to a message that does not decode: INVALID_ARGUMENT, `ErrorInfo` reason
+/// `INVALID_ARGUMENT` (domain `vallum.dev`), and prost's `message` (which names the field).
+/// Also used by vallumd for services whose code tonic generates with prost's codec (health).
+pub fn decode_failed(message: &str) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(
+        "INVALID_ARGUMENT",
+        "vallum.dev",
+        std::collections::HashMap::new(),
+    );
+    Status::with_error_details(
+        tonic::Code::InvalidArgument,
+        format!("INVALID_ARGUMENT: {message}"),
+        details,
+    )
+}
+
 /// prost's decoder, its errors answered INVALID_ARGUMENT.
 #[derive(Debug, Clone)]
 pub struct Decoder<U> {
@@ -63,19 +80,9 @@ impl<U: prost::Message + Default> tonic::codec::Decoder for Decoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        self.prost.decode(buf).map_err(|s| {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                "INVALID_ARGUMENT",
-                "vallum.dev",
-                std::collections::HashMap::new(),
-            );
-            Status::with_error_details(
-                tonic::Code::InvalidArgument,
-                format!("INVALID_ARGUMENT: {}", s.message()),
-                details,
-            )
-        })
+        self.prost
+            .decode(buf)
+            .map_err(|s| decode_failed(s.message()))
     }
 
     fn buffer_settings(&self) -> BufferSettings {

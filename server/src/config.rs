@@ -247,7 +247,8 @@ impl std::fmt::Display for Source {
     }
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, String> {
+/// A `--flag SECONDS` value: a non-negative number, an `s` suffix allowed (`1`, `0.5`, `20s`).
+pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .trim_end_matches('s')
         .parse()
@@ -494,6 +495,12 @@ pub struct Config {
     /// `--max-revisions-kept`.
     #[command(flatten)]
     pub limits: LimitsConfig,
+
+    /// gRPC connections: `--max-connections`, `--max-connections-per-peer`,
+    /// `--handshake-timeout`, `--idle-timeout`, `--keepalive-interval`, `--keepalive-timeout`,
+    /// `--max-buffered-request-bytes` (see `connections`).
+    #[command(flatten)]
+    pub connections: crate::connections::ConnectionsConfig,
 
     /// Conntrack: `--conntrack-max`, `--conntrack-buckets`, `--conntrack-gc-interval`.
     #[command(flatten)]

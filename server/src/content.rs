@@ -27,7 +27,7 @@ use vallum_engine::restore::{self, ExternalRefKind, ParseOptions, PrintOptions};
 use vallum_engine::validate::{Severity, Violation, ViolationKind};
 
 use crate::error::{Error, FieldViolation, Reason};
-use crate::limits::LimitsConfig;
+use crate::limits::{LimitError, LimitsConfig};
 
 /// The line between the IPv4 and the IPv6 part of a combined content text.
 pub const V6_SEPARATOR: &str = "# ---- ip6tables-save ----\n";
@@ -596,6 +596,7 @@ pub fn check_with(
             counters: how.counters,
             // `-m owner` names, looked up on this host as iptables-restore would.
             resolve_owner: Some(&crate::owner_names::resolve),
+            max_rules: max_rules(limits),
             ..ParseOptions::default()
         };
         if how.counters {
@@ -625,6 +626,11 @@ pub fn check_with(
                 parse_warnings.extend(w.warnings.iter().map(|w| parse_warning(part, w)));
             }
             Err(errs) => {
+                if let Some(l) = errs.0.iter().find_map(|e| {
+                    parse_limit(e, part_position(part, e.location.line, e.location.column))
+                }) {
+                    return Err(l.into());
+                }
                 let noflush = ParseOptions {
                     noflush: true,
                     ..opts
@@ -772,6 +778,7 @@ fn check_onto(
         let opts = ParseOptions {
             family,
             resolve_owner: Some(&crate::owner_names::resolve),
+            max_rules: max_rules(limits),
             ..ParseOptions::default()
         };
         let at = |line: u32, column: u32| split_field(&part_position(part, line, column));
@@ -779,6 +786,10 @@ fn check_onto(
             Ok(r) => r,
             Err(errs) => {
                 for e in &errs.0 {
+                    let place = part_position(part, e.location.line, e.location.column);
+                    if let Some(l) = parse_limit(e, place) {
+                        return Err(l.into());
+                    }
                     let (field, prefix) = at(e.location.line, e.location.column);
                     violations.push(FieldViolation::new(
                         field,
@@ -882,7 +893,7 @@ fn check_noflush(
             }
             continue;
         };
-        match merge_noflush(base_text, part, counters) {
+        match merge_noflush(base_text, part, counters, max_rules(limits)) {
             Ok((t, warnings)) => {
                 tables.extend(t);
                 parse_warnings.extend(warnings.iter().map(|w| parse_warning(part, w)));
@@ -891,6 +902,7 @@ fn check_noflush(
                 return Err(Error::Internal(format!("{}: {e}", base.label)));
             }
             Err(MergeError::Text(v)) => violations.extend(v),
+            Err(MergeError::Limit(l)) => return Err(l.into()),
         }
     }
     if !violations.is_empty() {
@@ -962,6 +974,35 @@ enum MergeError {
     Internal(String),
     /// The text's problems, at `FILE:LINE:COL`.
     Text(Vec<FieldViolation>),
+    /// The text's `-s`/`-d` lists stand for more rules than `--max-rules`.
+    Limit(LimitError),
+}
+
+/// `--max-rules` as the parser's limit on what `-s`/`-d` address lists expand to
+/// ([`ParseOptions::max_rules`]); no limit without `limits`.
+fn max_rules(limits: Option<&LimitsConfig>) -> usize {
+    limits.map_or(usize::MAX, |l| l.max_rules_per_ruleset)
+}
+
+/// The parser's refusal of address lists over `--max-rules`
+/// ([`restore::ParseErrorKind::TooManyRules`]) as the limit it is (RESOURCE_EXHAUSTED,
+/// TOO_MANY_RULES) at `place` (`field|FILE:LINE:COL`, [`position`]); `None` for other errors.
+fn parse_limit(e: &restore::ParseError, place: String) -> Option<LimitError> {
+    let restore::ParseErrorKind::TooManyRules { count, max } = e.kind else {
+        return None;
+    };
+    let (field, at) = split_field(&place);
+    // Structured input (EditRuleset's edits) has no line: its place is the field.
+    let at = match at.strip_suffix(": ") {
+        Some(at) => at.to_string(),
+        None => field.clone(),
+    };
+    Some(LimitError::ListTooLarge {
+        field,
+        at,
+        count,
+        max,
+    })
 }
 
 /// `part` (iptables-restore --noflush input) applied to `base_text` (canonical content of the
@@ -976,6 +1017,7 @@ fn merge_noflush(
     base_text: &str,
     part: &TextPart,
     counters: bool,
+    max_rules: usize,
 ) -> Result<(Vec<Table>, Vec<restore::ParseWarning>), MergeError> {
     // The merged text, and for each of its lines (index = line - 1) the text's line, or
     // `None` for lines of the base.
@@ -1008,6 +1050,7 @@ fn merge_noflush(
         counters,
         set_exists: None,
         resolve_owner: Some(&crate::owner_names::resolve),
+        max_rules,
     };
     // The text's line of a merged line; past the end (a missing COMMIT) past the text's.
     let text_line = |line: u32| -> Option<u32> {
@@ -1028,6 +1071,10 @@ fn merge_noflush(
                 let Some(line) = text_line(e.location.line) else {
                     return Err(MergeError::Internal(format!("does not parse: {e}")));
                 };
+                let place = part_position(part, line, e.location.column);
+                if let Some(l) = parse_limit(e, place) {
+                    return Err(MergeError::Limit(l));
+                }
                 let (field, prefix) = at(line, &e.location);
                 v.push(FieldViolation::new(
                     field,

@@ -146,7 +146,10 @@ pub fn timestamp(ns: i64) -> prost_types::Timestamp {
     }
 }
 
-fn family_of(field: &str, v: i32) -> Result<Family> {
+/// The family of request field `field` (UNSPECIFIED is IPv4).
+///
+/// Errors: INVALID_ARGUMENT at `field` for a value that is not a `Family` (99, -1).
+pub fn family_of(field: &str, v: i32) -> Result<Family> {
     match pb::Family::try_from(v) {
         Ok(pb::Family::Unspecified | pb::Family::Ipv4) => Ok(Family::Ipv4),
         Ok(pb::Family::Ipv6) => Ok(Family::Ipv6),

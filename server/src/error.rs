@@ -205,6 +205,7 @@ impl Error {
             Error::Precondition { .. } => Reason::FailedPrecondition,
             Error::NotReady => Reason::NotReady,
             Error::Commit(_) => Reason::CommitFailed,
+            Error::Store(e) if store_full(e) => Reason::StoreFull,
             Error::Store(_) | Error::Migrate(_) => Reason::Store,
             Error::Limit(l) => l.reason(),
             Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
@@ -216,6 +217,12 @@ impl Error {
             Error::EventsNotKept { .. } => Reason::EventsNotKept,
         }
     }
+}
+
+/// SQLite's SQLITE_FULL: the disk (or the file system's quota) is full. The call changed
+/// nothing (its transaction rolled back) and may succeed once space is freed.
+fn store_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 /// The most bytes of `grpc-message` an error sends (cut with an ellipsis). With
@@ -293,6 +300,9 @@ impl From<Error> for tonic::Status {
                 | crate::limits::LimitError::TooManyChains { .. } = l
                 {
                     details.add_bad_request_violation("source", message.clone());
+                }
+                if let crate::limits::LimitError::ListTooLarge { field, .. } = l {
+                    details.add_bad_request_violation(field.clone(), message.clone());
                 }
             }
             Error::FleetOwned { ruleset, .. } => {

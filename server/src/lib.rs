@@ -16,7 +16,8 @@
 //!   that feeds [`metrics`] from the pipeline;
 //! - operational plumbing: [`metrics`] (OpenTelemetry -> Prometheus `/metrics`), [`auth`]
 //!   (bearer tokens with roles), [`tls`] (TLS / mTLS), [`limits`] (request size, rules,
-//!   rulesets, revisions kept);
+//!   rulesets, revisions kept), [`connections`] (connection caps and deadlines, buffered
+//!   request bytes);
 //! - [`server`]: wiring, [`run`].
 //!
 //! Binary: `vallumd` (the daemon). The command-line client `vallumctl` is its own package,
@@ -26,6 +27,7 @@
 pub mod allocator;
 pub mod auth;
 pub mod config;
+pub mod connections;
 pub mod conntrack_state;
 pub mod content;
 pub mod convert;

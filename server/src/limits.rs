@@ -49,9 +49,11 @@ pub const DEFAULT_MAX_CHAINS: usize = 65_536;
 /// Default [`LimitsConfig::max_sets`]: 1,024 (a kube-proxy in ipvs mode uses ~20 sets, Docker
 /// and fail2ban a few each).
 pub const DEFAULT_MAX_SETS: usize = 1024;
-/// Default [`LimitsConfig::max_set_elements`]: 1,048,576, sixteen times ipset's default
-/// `maxelem` of 65,536 (BENCHMARKS.md's sets bench loads 1M elements into one set).
-pub const DEFAULT_MAX_SET_ELEMENTS: u32 = 1 << 20;
+/// Default [`LimitsConfig::max_set_elements`]: 262,144, four times ipset's default `maxelem`
+/// of 65,536. Filling a set in one AddElements peaks at ~330 bytes per element (a set of this
+/// size: ~85 MiB, docs/operations.md "Sizing"), which the chart's 512 MiB holds beside a
+/// ruleset at `--max-rules`; larger sets need `--max-set-elements` and more memory.
+pub const DEFAULT_MAX_SET_ELEMENTS: u32 = 1 << 18;
 /// Default [`LimitsConfig::max_rulesets`].
 pub const DEFAULT_MAX_RULESETS: usize = 256;
 /// Default [`LimitsConfig::max_revisions_kept`].
@@ -118,6 +120,22 @@ pub enum LimitError {
         /// The limit.
         max: usize,
     },
+    /// The `-s a,b,...` / `-d a,b,...` lists of a text stand for more rules than `--max-rules`,
+    /// counted before they are expanded (a line of n sources and m destinations is n x m
+    /// rules).
+    #[error(
+        "{at}: -s/-d address lists expand to {count} rules, more than the limit of {max} (--max-rules)"
+    )]
+    ListTooLarge {
+        /// The request field of the text (`source.text`, `edits[2].args`).
+        field: String,
+        /// `FILE:LINE:COL` of the line that passed the limit.
+        at: String,
+        /// Rules the lists up to that line stand for (saturating).
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The ruleset has more chains than `--max-chains`.
     #[error("ruleset has {count} chains, more than the limit of {max} (--max-chains)")]
     TooManyChains {
@@ -146,6 +164,15 @@ pub enum LimitError {
         /// The limit.
         max: u32,
     },
+    /// The request bytes buffered on all connections would pass
+    /// `--max-buffered-request-bytes` (see `crate::connections`).
+    #[error(
+        "the server holds {max} bytes of requests not yet received whole (--max-buffered-request-bytes); try again"
+    )]
+    RequestBuffersFull {
+        /// The limit, bytes.
+        max: usize,
+    },
     /// Creating the ruleset would exceed `--max-rulesets`.
     #[error("{count} rulesets exist, the limit is {max} (--max-rulesets)")]
     TooManyRulesets {
@@ -162,11 +189,14 @@ impl LimitError {
     pub fn reason(&self) -> Reason {
         match self {
             LimitError::RequestTooLarge { .. } => Reason::RequestTooLarge,
-            LimitError::TooManyRules { .. } => Reason::TooManyRules,
+            LimitError::TooManyRules { .. } | LimitError::ListTooLarge { .. } => {
+                Reason::TooManyRules
+            }
             LimitError::TooManyChains { .. } => Reason::TooManyChains,
             LimitError::TooManySets { .. } => Reason::TooManySets,
             LimitError::SetTooLarge { .. } => Reason::SetTooLarge,
             LimitError::TooManyRulesets { .. } => Reason::TooManyRulesets,
+            LimitError::RequestBuffersFull { .. } => Reason::RequestBuffersFull,
         }
     }
 
@@ -177,15 +207,17 @@ impl LimitError {
 
     /// `(limit flag, value, max)`.
     fn parts(&self) -> (&'static str, usize, usize) {
-        match *self {
-            LimitError::TooManySets { count, max } => ("max-sets", count, max),
+        match self {
+            LimitError::TooManySets { count, max } => ("max-sets", *count, *max),
             LimitError::SetTooLarge { maxelem, max, .. } => {
-                ("max-set-elements", maxelem as usize, max as usize)
+                ("max-set-elements", *maxelem as usize, *max as usize)
             }
-            LimitError::RequestTooLarge { size, max } => ("max-request-bytes", size, max),
-            LimitError::TooManyRules { count, max } => ("max-rules", count, max),
-            LimitError::TooManyChains { count, max } => ("max-chains", count, max),
-            LimitError::TooManyRulesets { count, max } => ("max-rulesets", count, max),
+            LimitError::RequestTooLarge { size, max } => ("max-request-bytes", *size, *max),
+            LimitError::TooManyRules { count, max }
+            | LimitError::ListTooLarge { count, max, .. } => ("max-rules", *count, *max),
+            LimitError::TooManyChains { count, max } => ("max-chains", *count, *max),
+            LimitError::TooManyRulesets { count, max } => ("max-rulesets", *count, *max),
+            LimitError::RequestBuffersFull { max } => ("max-buffered-request-bytes", *max, *max),
         }
     }
 
@@ -313,7 +345,9 @@ pub fn revisions_to_prune(numbers: &[u64], protected: &[u64], keep: usize) -> Ve
 // === impl RequestLimitLayer ===
 
 /// Rewrites tonic's answer to an oversized request (OUT_OF_RANGE, "decoded message length too
-/// large") into RESOURCE_EXHAUSTED with `ErrorInfo.reason = REQUEST_TOO_LARGE`. tonic answers a
+/// large") into RESOURCE_EXHAUSTED with `ErrorInfo.reason = REQUEST_TOO_LARGE`, and prost's
+/// INTERNAL "failed to decode Protobuf message" (services generated with prost's codec: health)
+/// into INVALID_ARGUMENT as `vallum_proto::codec::decode_failed`. tonic answers a
 /// failed decode of a unary request with a trailers-only response, so the status is in the
 /// response headers, where this layer looks. Other responses pass untouched.
 #[derive(Clone, Copy, Debug)]
@@ -357,6 +391,16 @@ fn found_size(message: &str) -> usize {
 
 fn rewrite<RB: Default>(resp: Response<RB>, max: usize) -> Response<RB> {
     let h = resp.headers();
+    // INTERNAL from prost's codec (the health service's): the request did not decode, the
+    // sender's error, answered as vallum.v1's own codec answers it.
+    if h.get("grpc-status") == Some(&HeaderValue::from_static("13")) {
+        if let Some(s) = Status::from_header_map(h)
+            .filter(|s| s.message().starts_with("failed to decode Protobuf message"))
+        {
+            return vallum_proto::codec::decode_failed(s.message()).into_http();
+        }
+        return resp;
+    }
     let out_of_range = h.get("grpc-status") == Some(&HeaderValue::from_static("11"));
     if !out_of_range {
         return resp;

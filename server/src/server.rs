@@ -1,5 +1,6 @@
 //! Wiring: store, engine, pipeline, metrics (`/metrics`), gRPC server (TLS, the layers of
-//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth; health, reflection, the six
+//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth, inside [`crate::connections`]; health,
+//! reflection, the six
 //! services), packet sources, commit-confirmed timer, conntrack and set garbage collection,
 //! shutdown.
 //!
@@ -251,9 +252,14 @@ pub async fn run_with(
     }
     // Reflection v1, and v1alpha for the many clients that still only speak it (grpcurl
     // before 1.9, Python grpcio-reflection's descriptor database).
+    // FleetService is served (and listed) only in fleet mode.
+    let descriptors = match fleet {
+        Some(_) => vallum_proto::FILE_DESCRIPTOR_SET.to_vec(),
+        None => without_service(vallum_proto::FILE_DESCRIPTOR_SET, "FleetService")?,
+    };
     let reflection_builder = || {
         tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(vallum_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(&descriptors)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection = reflection_builder()
@@ -269,7 +275,7 @@ pub async fn run_with(
             let _ = metrics_stop_rx.await;
         })
         .await?;
-    println!("metrics on {}", metrics_server.local_addr);
+    stdout_line(format_args!("metrics on {}", metrics_server.local_addr));
     tracing::info!(addr = %metrics_server.local_addr, "metrics on");
 
     let listener = TcpListener::bind(config.listen)
@@ -280,17 +286,23 @@ pub async fn run_with(
         .map_err(|e| Error::Internal(format!("local address: {e}")))?;
     // Bound before `listening on` is printed: that line means every listener is up.
     let mut local = bind_local_socket(&config)?;
-    println!("listening on {addr}");
+    stdout_line(format_args!("listening on {addr}"));
     tracing::info!(%addr, "listening");
     if let Some(l) = &local {
-        println!("local socket on {}", l.path.display());
+        stdout_line(format_args!("local socket on {}", l.path.display()));
         tracing::info!(path = %l.path.display(), "local socket on");
     }
-    use std::io::Write as _;
-    let _ = std::io::stdout().flush();
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut builder = tonic::transport::Server::builder();
+    // Caps, deadlines and buffered bytes of the connections (`crate::connections`); the
+    // HTTP/2 settings below bound what one connection may hold.
+    let connections = crate::connections::Connections::new(&config.connections);
+    let (ping_every, ping_timeout) = config.connections.keepalive();
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(ping_every))
+        .http2_keepalive_timeout(Some(ping_timeout))
+        .http2_max_header_list_size(crate::connections::MAX_HEADER_LIST_BYTES)
+        .max_concurrent_streams(crate::connections::MAX_CONCURRENT_STREAMS);
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
@@ -343,6 +355,9 @@ pub async fn run_with(
         .and_then(|l| l.listener.take())
         .map(|listener| {
             let serve = tonic::transport::Server::builder()
+                .http2_max_header_list_size(crate::connections::MAX_HEADER_LIST_BYTES)
+                .max_concurrent_streams(crate::connections::MAX_CONCURRENT_STREAMS)
+                .layer(connections.layer(max))
                 .layer(layer.clone())
                 .add_routes(routes.clone())
                 .serve_with_incoming_shutdown(
@@ -354,13 +369,14 @@ pub async fn run_with(
             tokio::spawn(serve)
         });
     let grpc = builder
+        .layer(connections.layer(max))
         .layer(layer)
         .add_routes(routes)
         .serve_with_incoming_shutdown(
-            // TCP_NODELAY on every accepted connection (a listener of our own does not get
-            // tonic's default): without it Nagle's algorithm holds the last segment of a
-            // large request or reply until the peer's delayed ACK, ~40 ms on Linux.
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            // Admitted connections get TCP_NODELAY (`Connections::admit`): without it Nagle's
+            // algorithm holds the last segment of a large request or reply until the peer's
+            // delayed ACK, ~40 ms on Linux.
+            connections.incoming(listener),
             async {
                 let _ = stop_rx.await;
             },
@@ -557,6 +573,36 @@ pub async fn run_with(
     };
     store.close().await;
     Ok(summary)
+}
+
+/// The encoded file descriptor set `set` without the service named `service` (in whichever
+/// file declares it), for reflection to list only the services served.
+///
+/// Errors: [`Error::Internal`] when `set` does not decode.
+fn without_service(set: &[u8], service: &str) -> Result<Vec<u8>> {
+    use prost::Message as _;
+    let mut fds = prost_types::FileDescriptorSet::decode(set)
+        .map_err(|e| Error::Internal(format!("file descriptor set: {e}")))?;
+    for f in &mut fds.file {
+        f.service.retain(|s| s.name() != service);
+    }
+    Ok(fds.encode_to_vec())
+}
+
+/// Writes `text` and a newline to stdout, vallumd's small machine interface (the `metrics
+/// on` / `listening on` lines, the summary at exit), and flushes it. A stdout that cannot be
+/// written (`/dev/full`, a reader that closed its pipe) is logged as a warning and vallumd goes
+/// on: those lines are for the reader, not for vallumd's work.
+pub fn stdout_line(text: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(text)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        tracing::warn!(error = %e, "stdout not written: {e} (the line was: {text})");
+    }
 }
 
 /// Binds the local socket `--socket` chooses ([`crate::local_socket`]): `None` when it is off,

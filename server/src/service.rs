@@ -63,14 +63,16 @@ impl State {
         }
     }
 
-    /// Runs `f` once per (method, request_id), as Stripe's idempotency keys: a repeated id
-    /// with the same request (`digest`, [`request_digest`] of it) returns the stored response
-    /// of the first successful call without running `f`; with another request it is refused.
+    /// Runs `f` once per request_id, as Stripe's idempotency keys and AIP-155 (the ids of all
+    /// methods are one namespace): a repeated id with the same method and request (`digest`,
+    /// [`request_digest`] of it) returns the stored response of the first successful call
+    /// without running `f`; with another method or request it is refused. A `validate_only`
+    /// call never comes here (it neither answers from nor writes to the key store).
     /// A failed call stores nothing (a retry runs again). Keys live for the store's
     /// [`crate::store::Retention::idempotency_ttl`]. An empty id always runs `f`.
     ///
     /// Errors: `f`'s; [`Error::BadRequest`] (IDEMPOTENCY_KEY_REUSED at `request_id`) for an
-    /// id used with another request; [`Error::Store`]/[`Error::Internal`] for the stored
+    /// id used with another method or request; [`Error::Store`]/[`Error::Internal`] for the stored
     /// response.
     pub async fn idempotent<M, F>(
         &self,
@@ -86,11 +88,26 @@ impl State {
         if request_id.is_empty() {
             return f.await;
         }
-        let key = KeyLock::new(&self.idempotency, method, request_id);
+        // One lock per id, whatever the method: ids are one namespace.
+        let key = KeyLock::new(&self.idempotency, "", request_id);
         {
             let _g = key.lock.lock().await;
             let store = self.pipeline.store();
-            if let Some(first) = store.idempotent_get(method, request_id, now_ns()).await? {
+            if let Some((first_method, first)) = store.idempotent_get(request_id, now_ns()).await? {
+                if first_method != method {
+                    return Err(Error::BadRequest {
+                        reason: Reason::IdempotencyKeyReused,
+                        violations: vec![FieldViolation::new(
+                            "request_id",
+                            format!(
+                                "{} was used by an earlier {first_method}: request ids are one \
+                                 namespace across methods, each for retries of one request (use \
+                                 a new id)",
+                                vallum_engine::echo::quoted(request_id)
+                            ),
+                        )],
+                    });
+                }
                 if !first.request_digest.is_empty() && first.request_digest != digest {
                     return Err(Error::BadRequest {
                         reason: Reason::IdempotencyKeyReused,

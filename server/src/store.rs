@@ -616,6 +616,15 @@ impl Store {
             std::fs::create_dir_all(dir)
                 .map_err(|e| Error::Internal(format!("create {}: {e}", dir.display())))?;
         }
+        // SQLite reads a 0-byte file as an empty database; vallumd never leaves one (the
+        // first open writes the header), so it is not ours: refused, as a corrupt file is.
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            return Err(Error::Migrate(format!(
+                "{}: the file is empty (0 bytes), not a vallumd database; move it away to \
+                 start with an empty store, or restore a backup",
+                path.display()
+            )));
+        }
         let path = path.to_path_buf();
         tokio::task::spawn_blocking(move || {
             let writer = Writer::open(&path, until)?;
@@ -1009,17 +1018,17 @@ impl Store {
             .await
     }
 
-    /// The earlier call of `method` with this request id, unless its key expired at `now`
-    /// (Unix ns; older than [`Retention::idempotency_ttl`]).
+    /// The earlier call with this request id, whatever its method (one namespace, as
+    /// AIP-155: the key names the request), with that method, unless its key expired at
+    /// `now` (Unix ns; older than [`Retention::idempotency_ttl`]).
     ///
     /// Errors: [`Error::Store`].
     pub async fn idempotent_get(
         &self,
-        method: &str,
         request_id: &str,
         now: i64,
-    ) -> Result<Option<IdempotentCall>> {
-        let (method, request_id) = (method.to_string(), request_id.to_string());
+    ) -> Result<Option<(String, IdempotentCall)>> {
+        let request_id = request_id.to_string();
         let oldest = self
             .retention
             .idempotency_ttl
@@ -1028,14 +1037,18 @@ impl Store {
             .run(move |tx| {
                 Ok(tx
                     .prepare_cached(
-                        "SELECT request_digest, response FROM idempotency \
-                         WHERE method = ?1 AND request_id = ?2 AND created_at >= ?3",
+                        "SELECT method, request_digest, response FROM idempotency \
+                         WHERE request_id = ?1 AND created_at >= ?2 \
+                         ORDER BY created_at DESC LIMIT 1",
                     )?
-                    .query_row(params![method, request_id, oldest], |r| {
-                        Ok(IdempotentCall {
-                            request_digest: r.get(0)?,
-                            response: r.get(1)?,
-                        })
+                    .query_row(params![request_id, oldest], |r| {
+                        Ok((
+                            r.get(0)?,
+                            IdempotentCall {
+                                request_digest: r.get(1)?,
+                                response: r.get(2)?,
+                            },
+                        ))
                     })
                     .optional()?)
             })
@@ -1044,7 +1057,8 @@ impl Store {
 
     /// Stores the first successful call of `method` with this request id at `now` (Unix ns):
     /// the digest of its request and its encoded response. A live key is kept (the first one
-    /// wins); one that expired at `now` is replaced.
+    /// wins); one that expired at `now` is replaced, and so is a key of another method (the
+    /// caller found it expired: [`Store::idempotent_get`] answers across methods).
     ///
     /// Errors: [`Error::Store`].
     pub async fn idempotent_put(
@@ -1061,6 +1075,11 @@ impl Store {
             .map_or(i64::MIN, |ttl| cutoff(now, ttl));
         self.writer
             .run(move |tx| {
+                tx.prepare_cached(
+                    "DELETE FROM idempotency WHERE request_id = ?1 AND method <> ?2 \
+                     AND created_at < ?3",
+                )?
+                .execute(params![request_id, method, oldest])?;
                 tx.prepare_cached(
                     "INSERT INTO idempotency \
                      (method, request_id, response, created_at, request_digest) \
@@ -1393,8 +1412,8 @@ mod tests {
             idempotency_ttl: None,
             ..Retention::default()
         });
-        let call = kept.idempotent_get("Apply", "req-1", now_ns()).await;
-        assert_eq!(call.unwrap().unwrap().response, b"\x01\x02resp");
+        let call = kept.idempotent_get("req-1", now_ns()).await;
+        assert_eq!(call.unwrap().unwrap().1.response, b"\x01\x02resp");
         drop(kept);
         assert_eq!(store.load_failures().await.unwrap()[0].error, "boom");
         let sets = store.load_sets(0).await.unwrap();
@@ -1910,15 +1929,10 @@ mod tests {
             .idempotent_put("Apply", "r1", call(b"two"), now)
             .await
             .unwrap();
-        let first = store.idempotent_get("Apply", "r1", now).await.unwrap();
-        assert_eq!(first.unwrap().response, b"one", "the first one wins");
-        assert!(
-            store
-                .idempotent_get("Stage", "r1", now)
-                .await
-                .unwrap()
-                .is_none()
-        );
+        let first = store.idempotent_get("r1", now).await.unwrap().unwrap();
+        assert_eq!(first.1.response, b"one", "the first one wins");
+        // One namespace: the key is found whatever method asks, with its method.
+        assert_eq!(first.0, "Apply");
     }
 
     /// `n` distinct rule lines that each end a chunk (so a text of `k` of them is `k` chunks).
@@ -2177,32 +2191,20 @@ mod tests {
             .idempotent_put("Apply", "k", call("d1", b"one"), t0)
             .await
             .unwrap();
-        let got = store.idempotent_get("Apply", "k", t0 + h).await.unwrap();
+        let got = store.idempotent_get("k", t0 + h).await.unwrap();
         assert_eq!(
             got,
-            Some(call("d1", b"one")),
+            Some(("Apply".into(), call("d1", b"one"))),
             "still live at exactly the TTL"
         );
-        assert_eq!(
-            store.idempotent_get("Rollback", "k", t0).await.unwrap(),
-            None
-        );
-        assert_eq!(
-            store
-                .idempotent_get("Apply", "k", t0 + h + 1)
-                .await
-                .unwrap(),
-            None
-        );
+        assert_eq!(store.idempotent_get("k", t0 + h + 1).await.unwrap(), None);
+        // An expired key of another method is replaced by the new one.
         store
-            .idempotent_put("Apply", "k", call("d2", b"two"), t0 + 2 * h)
+            .idempotent_put("Rollback", "k", call("d2", b"two"), t0 + 2 * h)
             .await
             .unwrap();
-        let got = store
-            .idempotent_get("Apply", "k", t0 + 2 * h)
-            .await
-            .unwrap();
-        assert_eq!(got, Some(call("d2", b"two")));
+        let got = store.idempotent_get("k", t0 + 2 * h).await.unwrap();
+        assert_eq!(got, Some(("Rollback".into(), call("d2", b"two"))));
         assert_eq!(store.idempotency_count().await.unwrap(), 1);
     }
 

@@ -1,9 +1,18 @@
 //! A request fuzzer for the whole gRPC surface, against a real `vallumd` (loopback ephemeral
 //! port, temporary database).
 //!
-//! Every RPC of every service in `proto/vallum/v1/vallum.proto` gets random and mutated
-//! requests from `support/fuzz_gen.rs` (grammar-aware iptables-restore and `ipset save` text,
-//! structured rulesets, names, packet specs, frames, pcap/pcapng captures), sent one at a time.
+//! Every RPC of every service in `proto/vallum/v1/vallum.proto` and `fleet.proto` gets random
+//! and mutated requests from `support/fuzz_gen.rs` (grammar-aware iptables-restore and `ipset
+//! save` text, `-s`/`-d` address lists up to 2,000 x 2,000, EditRuleset commands, structured
+//! rulesets, names, packet specs, frames, pcap/pcapng captures), sent one at a time.
+//! FleetService needs fleet mode: when `etcd` is installed, vallumd runs against one of its own
+//! (node labels `fuzz=node`; every fleet selector the fuzzer writes starts with `fuzz=never`,
+//! so fleet writes never reach this node's state); without etcd the fleet RPCs are left out and
+//! the first line says so.
+//!
+//! vallumd runs under a memory ceiling (`VALLUM_FUZZ_MEMORY_MIB`, default 1024): a memory
+//! cgroup of its own when the test can make one (root), else `RLIMIT_AS` at three times it. A
+//! request whose memory is not bounded gets vallumd killed, which is a crash of the run.
 //! After each request the test checks:
 //! - the process is still up (a crash is recorded with its request; vallumd is restarted on
 //!   the same database and the run goes on, so one run can find several defects);
@@ -32,6 +41,8 @@
 //!
 //! It ends with a line `grpc fuzz: N requests (per RPC ok/err ...), C crashes, ..., seed S`.
 
+#[path = "support/etcd.rs"]
+mod etcd;
 #[path = "support/fuzz_gen.rs"]
 mod fuzz_gen;
 #[path = "support/vallumd.rs"]
@@ -44,12 +55,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fuzz_gen::{Caps, Rng};
+use support::RawCodec;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
 use vallum_proto::v1::counter_service_client::CounterServiceClient;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
+use vallum_proto::v1::fleet_service_client::FleetServiceClient;
 use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 use vallum_proto::v1::set_service_client::SetServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
@@ -89,6 +102,7 @@ struct Clients {
     engine: EngineServiceClient<Channel>,
     ct: ConntrackServiceClient<Channel>,
     sets: SetServiceClient<Channel>,
+    fleet: FleetServiceClient<Channel>,
 }
 
 impl Clients {
@@ -101,7 +115,8 @@ impl Clients {
             trace: TraceServiceClient::new(ch.clone()).max_decoding_message_size(M),
             engine: EngineServiceClient::new(ch.clone()).max_decoding_message_size(M),
             ct: ConntrackServiceClient::new(ch.clone()).max_decoding_message_size(M),
-            sets: SetServiceClient::new(ch).max_decoding_message_size(M),
+            sets: SetServiceClient::new(ch.clone()).max_decoding_message_size(M),
+            fleet: FleetServiceClient::new(ch).max_decoding_message_size(M),
         }
     }
 }
@@ -157,9 +172,12 @@ fn grpc_path(var: &str, client: &str) -> String {
         "trace" => "TraceService",
         "engine" => "EngineService",
         "ct" => "ConntrackService",
+        "fleet" => "FleetService",
         _ => "SetService",
     };
-    let method = var.strip_prefix("Conntrack").unwrap_or(var);
+    let method = (var.strip_prefix("Conntrack"))
+        .or_else(|| var.strip_prefix("Fleet"))
+        .unwrap_or(var);
     format!("/vallum.v1.{service}/{method}")
 }
 
@@ -174,50 +192,6 @@ struct RawReq {
     /// Whether the RPC mutates (so a success may change the state).
     write: bool,
     bytes: Vec<u8>,
-}
-
-/// Sends bytes as they are (the codec neither encodes nor decodes).
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl tonic::codec::Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), Status> {
-        use prost::bytes::BufMut;
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        use prost::bytes::Buf;
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
 }
 
 async fn send_raw(ch: Channel, q: RawReq) -> Result<(), Status> {
@@ -301,6 +275,7 @@ rpcs! {
     CommitRevision => rs.commit_revision(pb::CommitRevisionRequest);
     ConfirmCommit => rs.confirm_commit(pb::ConfirmCommitRequest);
     Apply => rs.apply(pb::ApplyRequest);
+    EditRuleset => rs.edit_ruleset(pb::EditRulesetRequest);
     Rollback => rs.rollback(pb::RollbackRequest);
     GetRuleset => rs.get_ruleset(pb::GetRulesetRequest);
     ListRulesets => rs.list_rulesets(pb::ListRulesetsRequest);
@@ -330,6 +305,12 @@ rpcs! {
     SwapSets => sets.swap_sets(pb::SwapSetsRequest);
     ImportIpsetSave => sets.import_ipset_save(pb::ImportIpsetSaveRequest);
     ExportIpsetSave => sets.export_ipset_save(pb::ExportIpsetSaveRequest);
+    FleetPutRuleset => fleet.put_ruleset(pb::PutFleetRulesetRequest);
+    FleetGetRuleset => fleet.get_ruleset(pb::GetFleetRulesetRequest);
+    FleetListRulesets => fleet.list_rulesets(pb::ListFleetRulesetsRequest);
+    FleetDeleteRuleset => fleet.delete_ruleset(pb::DeleteFleetRulesetRequest);
+    FleetGetRolloutStatus => fleet.get_rollout_status(pb::GetRolloutStatusRequest);
+    FleetListNodes => fleet.list_nodes(pb::ListNodesRequest);
 }
 
 impl Req {
@@ -352,7 +333,10 @@ impl Req {
                 Req::StageRevision(_)
                     | Req::CommitRevision(_)
                     | Req::Apply(_)
+                    | Req::EditRuleset(_)
                     | Req::UpdateRuleset(_)
+                    | Req::FleetPutRuleset(_)
+                    | Req::FleetDeleteRuleset(_)
             )
     }
 
@@ -364,7 +348,16 @@ impl Req {
             Req::UpdateRuleset(q) => !q.validate_only,
             Req::CommitRevision(q) => !q.validate_only,
             Req::Apply(q) => !q.validate_only,
+            Req::EditRuleset(q) => !q.validate_only,
             Req::Raw(q) => q.write,
+            // Fleet rulesets select no node of this vallumd (see `fleet_selector`): a write
+            // to etcd changes nothing here.
+            Req::FleetPutRuleset(_)
+            | Req::FleetDeleteRuleset(_)
+            | Req::FleetGetRuleset(_)
+            | Req::FleetListRulesets(_)
+            | Req::FleetGetRolloutStatus(_)
+            | Req::FleetListNodes(_) => false,
             Req::ConfirmCommit(_)
             | Req::Rollback(_)
             | Req::DeleteRuleset(_)
@@ -416,6 +409,21 @@ fn etag(r: &mut Rng) -> String {
         2 => "0".into(),
         _ => String::new(),
     }
+}
+
+/// A fleet selector (or canary selector) that never selects the fuzzed node (labels
+/// `fuzz=node`): its first requirement is `fuzz=never`, then random requirements, some
+/// malformed.
+fn fleet_selector(r: &mut Rng) -> String {
+    let rest = match r.below(6) {
+        0 => String::new(),
+        1 => ",role in (web,db)".into(),
+        2 => ",!gpu,zone!=a".into(),
+        3 => format!(",{}", fuzz_gen::weird_name(r)),
+        4 => format!(",{}", fuzz_gen::random_text(r, 30)),
+        _ => ",k=".into(),
+    };
+    format!("fuzz=never{rest}")
 }
 
 fn priority(r: &mut Rng) -> i32 {
@@ -488,6 +496,60 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             request_id: request_id(r),
             validate_only: r.chance(300),
             allow_empty: r.chance(100),
+        }),
+        "EditRuleset" => Req::EditRuleset(pb::EditRulesetRequest {
+            ruleset: ruleset_name(r),
+            edits: (0..r.small(4))
+                .map(|_| pb::RuleCommand {
+                    family: *r.pick(&[&0i32, &1, &1, &2, &99, &-1]),
+                    table: r
+                        .pick(&[
+                            "", "", "filter", "nat", "mangle", "raw", "security", "bogus",
+                        ])
+                        .to_string(),
+                    args: fuzz_gen::edit_args(r),
+                })
+                .collect(),
+            etag: etag(r),
+            request_id: request_id(r),
+            validate_only: r.chance(300),
+            message: message(r),
+        }),
+        "FleetPutRuleset" => Req::FleetPutRuleset(pb::PutFleetRulesetRequest {
+            name: ruleset_name(r),
+            source: fuzz_gen::source(r, caps),
+            priority: priority(r),
+            selector: fleet_selector(r),
+            message: message(r),
+            etag: r
+                .pick(&["", "", "0", "1", "x", "-1", "99999999999999999999"])
+                .to_string(),
+            validate_only: r.chance(300),
+            request_id: request_id(r),
+            allow_empty: r.chance(100),
+            canary: if r.chance(200) {
+                fleet_selector(r)
+            } else {
+                String::new()
+            },
+        }),
+        "FleetGetRuleset" => Req::FleetGetRuleset(pb::GetFleetRulesetRequest {
+            name: ruleset_name(r),
+        }),
+        "FleetListRulesets" => Req::FleetListRulesets(pb::ListFleetRulesetsRequest {
+            page_size: *r.pick(&[&0u32, &1, &2, &u32::MAX]),
+            page_token: r.pick(&["", "", "x", "00"]).to_string(),
+        }),
+        "FleetDeleteRuleset" => Req::FleetDeleteRuleset(pb::DeleteFleetRulesetRequest {
+            name: ruleset_name(r),
+            etag: r.pick(&["", "", "0", "x"]).to_string(),
+        }),
+        "FleetGetRolloutStatus" => Req::FleetGetRolloutStatus(pb::GetRolloutStatusRequest {
+            name: ruleset_name(r),
+        }),
+        "FleetListNodes" => Req::FleetListNodes(pb::ListNodesRequest {
+            page_size: *r.pick(&[&0u32, &1, &u32::MAX]),
+            page_token: r.pick(&["", "", "x"]).to_string(),
         }),
         "Rollback" => Req::Rollback(pb::RollbackRequest {
             name: revision_name(r),
@@ -910,21 +972,33 @@ struct Daemon {
     addr: String,
 }
 
+/// How every vallumd of a run is started: fleet mode (with the etcd's URL) and the memory
+/// ceiling.
+struct Setup {
+    fleet: Option<String>,
+    ceiling: Ceiling,
+}
+
 impl Daemon {
-    fn start(db: &Path) -> Daemon {
+    fn start(db: &Path, setup: &Setup) -> Daemon {
         let bin = std::env::var_os("VALLUM_FUZZ_VALLUMD")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vallumd")));
-        let mut child = Command::new(bin)
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        let mut cmd = Command::new(bin);
+        cmd.args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .arg("--db")
             .arg(db)
             .args(FLAGS)
             .env_remove("VALLUM_DB")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn vallumd");
+            .stderr(Stdio::inherit());
+        if let Some(url) = &setup.fleet {
+            cmd.args(["--fleet-endpoints", url, "--node-name", "fuzz-node"])
+                .args(["--node-labels", "fuzz=node"]);
+        }
+        setup.ceiling.limit(&mut cmd);
+        let mut child = cmd.spawn().expect("spawn vallumd");
+        setup.ceiling.enter(child.id());
         use std::io::BufRead;
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
         let mut addr = None;
@@ -971,6 +1045,108 @@ impl Daemon {
         };
         Some((field("VmRSS:")?, field("VmHWM:")?))
     }
+}
+
+/// The memory ceiling of every fuzzed vallumd (`VALLUM_FUZZ_MEMORY_MIB`, default 1024): a
+/// memory cgroup of its own when this process can make one (root; cgroup v2 `memory.max`, or
+/// v1 `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes`), else `RLIMIT_AS` at three
+/// times the ceiling (address space counts reservations too). A request whose memory is not
+/// bounded then gets vallumd killed or aborted: a crash the run reports, not a slow pass.
+struct Ceiling {
+    bytes: u64,
+    cgroup: Option<PathBuf>,
+}
+
+impl Ceiling {
+    fn new(bytes: u64) -> Ceiling {
+        Ceiling {
+            bytes,
+            cgroup: memory_cgroup(bytes),
+        }
+    }
+
+    /// How the ceiling is kept, for the run's first line.
+    fn describe(&self) -> String {
+        match &self.cgroup {
+            Some(d) => format!("{} MiB (cgroup {})", self.bytes >> 20, d.display()),
+            None => format!("{} MiB x 3 of address space (RLIMIT_AS)", self.bytes >> 20),
+        }
+    }
+
+    /// Without a cgroup: `RLIMIT_AS` in the child before exec.
+    fn limit(&self, cmd: &mut Command) {
+        if self.cgroup.is_some() {
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let bytes = self.bytes.saturating_mul(3);
+        // SAFETY: runs in the forked child before exec and only calls setrlimit(2), which is
+        // async-signal-safe; nothing is allocated or locked.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: bytes,
+                    rlim_max: bytes,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Moves process `pid` into the cgroup, if there is one.
+    fn enter(&self, pid: u32) {
+        if let Some(d) = &self.cgroup {
+            std::fs::write(d.join("cgroup.procs"), pid.to_string())
+                .unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        }
+    }
+}
+
+impl Drop for Ceiling {
+    fn drop(&mut self) {
+        if let Some(d) = &self.cgroup {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A memory cgroup below this process's own, limited to `bytes`, or `None` when one cannot be
+/// made (not root, no memory controller there).
+fn memory_cgroup(bytes: u64) -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let name = format!("vallum-fuzz-{}", std::process::id());
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let (dir, files): (PathBuf, &[&str]) = if v2 {
+        let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+        (
+            Path::new("/sys/fs/cgroup")
+                .join(path.trim_start_matches('/'))
+                .join(name),
+            &["memory.max", "memory.swap.max"],
+        )
+    } else {
+        let path = own
+            .lines()
+            .find_map(|l| l.split_once(":memory:").map(|(_, p)| p))?;
+        (
+            Path::new("/sys/fs/cgroup/memory")
+                .join(path.trim_start_matches('/'))
+                .join(name),
+            &["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"],
+        )
+    };
+    std::fs::create_dir(&dir).ok()?;
+    // The first file is the limit itself; the second (no swap past it) may be absent.
+    if std::fs::write(dir.join(files[0]), bytes.to_string()).is_err() {
+        let _ = std::fs::remove_dir(&dir);
+        return None;
+    }
+    let swap = if v2 { 0 } else { bytes };
+    let _ = std::fs::write(dir.join(files[1]), swap.to_string());
+    Some(dir)
 }
 
 impl Drop for Daemon {
@@ -1078,13 +1254,14 @@ async fn grpc_fuzz() {
     };
     let stall = Duration::from_secs_f64(env_num("VALLUM_FUZZ_STALL_SECS").unwrap_or(60.0));
     let max_rss_kib = (env_num("VALLUM_FUZZ_MAX_RSS_MIB").unwrap_or(1024.0) * 1024.0) as u64;
+    let memory_mib = env_num("VALLUM_FUZZ_MEMORY_MIB").unwrap_or(1024.0);
     let strict = std::env::var("VALLUM_FUZZ_STRICT").is_ok_and(|v| v == "1");
     let caps = Caps {
         deep_max: env_num("VALLUM_FUZZ_DEEP_MAX").map_or(20_000, |n| n as usize),
         chains_max: env_num("VALLUM_FUZZ_CHAINS_MAX").map_or(20_000, |n| n as usize),
         request_bytes: MAX_REQUEST_BYTES - 64 * 1024,
     };
-    let only: Vec<&'static str> = match std::env::var("VALLUM_FUZZ_ONLY") {
+    let mut only: Vec<&'static str> = match std::env::var("VALLUM_FUZZ_ONLY") {
         Ok(v) if !v.is_empty() => {
             v.split(',')
                 .map(|n| {
@@ -1097,11 +1274,12 @@ async fn grpc_fuzz() {
         _ => RPCS.to_vec(),
     };
     // The RPCs that take rich input come up more often.
-    let weighted: Vec<&'static str> = only
+    let mut weighted: Vec<&'static str> = only
         .iter()
         .flat_map(|rpc| {
             let w = match *rpc {
-                "ValidateRuleset" | "Apply" | "StageRevision" => 5,
+                "ValidateRuleset" | "Apply" | "StageRevision" | "EditRuleset" => 5,
+                "FleetPutRuleset" => 3,
                 "TracePacket" | "ReplayCapture" | "ImportIpsetSave" | "AddElements" => 3,
                 "CommitRevision" | "Rollback" | "DeleteElements" | "CreateSet" => 2,
                 _ => 1,
@@ -1116,7 +1294,28 @@ async fn grpc_fuzz() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("fuzz.db");
     let save_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("grpc-fuzz");
-    let mut daemon = Daemon::start(&db);
+    // FleetService needs fleet mode, and fleet mode an etcd: without one the fleet RPCs are
+    // left out (said on the first line).
+    let wants_fleet = only.iter().any(|r| r.starts_with("Fleet"));
+    let etcd = (wants_fleet && etcd::etcd_bin().is_some()).then(etcd::EtcdServer::start);
+    if etcd.is_none() {
+        only.retain(|r| !r.starts_with("Fleet"));
+        weighted.retain(|r| !r.starts_with("Fleet"));
+    }
+    let setup = Setup {
+        fleet: etcd.as_ref().map(etcd::EtcdServer::url),
+        ceiling: Ceiling::new((memory_mib * 1024.0 * 1024.0) as u64),
+    };
+    println!(
+        "grpc fuzz: memory ceiling {}, fleet {}",
+        setup.ceiling.describe(),
+        if etcd.is_some() {
+            "on (etcd)"
+        } else {
+            "off (no etcd: FleetService not fuzzed)"
+        }
+    );
+    let mut daemon = Daemon::start(&db, &setup);
     let mut ch = daemon.channel().await;
     assert!(wait_serving(&ch, 400).await, "vallumd never became SERVING");
     let mut c = Clients::new(ch.clone());
@@ -1228,7 +1427,7 @@ async fn grpc_fuzz() {
                 });
                 if exited.is_some() {
                     crashes += 1;
-                    daemon = Daemon::start(&db);
+                    daemon = Daemon::start(&db, &setup);
                     ch = daemon.channel().await;
                     c = Clients::new(ch.clone());
                 }
@@ -1314,7 +1513,7 @@ async fn grpc_fuzz() {
                 format!("vallumd exited with {status}"),
                 &mut findings,
             );
-            daemon = Daemon::start(&db);
+            daemon = Daemon::start(&db, &setup);
             ch = daemon.channel().await;
             assert!(
                 wait_serving(&ch, 400).await,

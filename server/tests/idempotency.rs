@@ -526,3 +526,71 @@ async fn ruleset_and_conntrack_retries_answer_once() {
     let e = ct.delete(delete(23)).await.unwrap_err();
     assert_eq!(reason(&e), "IDEMPOTENCY_KEY_REUSED");
 }
+
+/// Issue #28 item 3: request ids are one namespace across methods (AIP-155). Apply with id X,
+/// then DeleteRuleset with X is refused (IDEMPOTENCY_KEY_REUSED naming the Apply) and deletes
+/// nothing; a retried Apply with X still answers the first Apply. A `validate_only` call with
+/// an id never answers from the key store (it validates: an invalid text is refused even
+/// with the id of an earlier successful Apply of the same ruleset) and never writes to it
+/// (the id stays free for a real call).
+#[tokio::test]
+async fn request_ids_are_one_namespace_and_dry_runs_skip_the_key_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    d.wait_serving().await;
+    let mut c = d.rulesets().await;
+    let apply = pb::ApplyRequest {
+        request_id: "x-1".into(),
+        ..apply_req("ns", BASE, 0)
+    };
+    let first = c.apply(apply.clone()).await.expect("apply").into_inner();
+    let e = c
+        .delete_ruleset(pb::DeleteRulesetRequest {
+            name: "rulesets/ns".into(),
+            etag: String::new(),
+            request_id: "x-1".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(reason(&e), "IDEMPOTENCY_KEY_REUSED");
+    let (f, why) = field(&e);
+    assert_eq!(f, "request_id");
+    assert!(why.contains("earlier Apply"), "{why}");
+    // Not deleted, and the retry of the Apply answers the first one.
+    assert_eq!(get(&mut c, "rulesets/ns").await.active_revision, 1);
+    let again = c.apply(apply).await.expect("retry").into_inner();
+    assert_eq!(again, first);
+
+    // A dry run with the Apply's id and a bad text: validated, not answered from the store.
+    let bad = pb::ApplyRequest {
+        request_id: "x-1".into(),
+        validate_only: true,
+        ..apply_req("ns", "*filter\n-A NOPE -j DROP\nCOMMIT\n", 0)
+    };
+    let e = c.apply(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_ne!(reason(&e), "IDEMPOTENCY_KEY_REUSED", "{e:?}");
+    // A dry run with a fresh id writes no key: a real call with that id then runs (and
+    // makes revision 2), where an answer from the store would repeat the dry run's preview.
+    let dry = pb::ApplyRequest {
+        request_id: "x-2".into(),
+        validate_only: true,
+        ..apply_req("ns", &BASE.replace("23", "24"), 0)
+    };
+    c.apply(dry.clone()).await.expect("dry run");
+    let real = c
+        .apply(pb::ApplyRequest {
+            validate_only: false,
+            ..dry
+        })
+        .await
+        .expect("apply")
+        .into_inner();
+    assert_eq!(
+        real.revision.expect("a revision").name,
+        "rulesets/ns/revisions/2"
+    );
+    let stored = Store::open(&dir.path().join("v.db")).await.expect("open");
+    assert_eq!(stored.idempotency_count().await.expect("count"), 2);
+}

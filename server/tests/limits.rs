@@ -215,3 +215,94 @@ async fn sets_over_their_limits_are_resource_exhausted() {
         .collect();
     assert_eq!(names, ["a", "b"]);
 }
+
+/// `-A INPUT -s <n addresses> -d <n addresses> -j DROP`: one line, n x n rules.
+fn address_lists(n: usize) -> String {
+    let list = |net: u8| {
+        (0..n)
+            .map(|i| format!("10.{net}.{}.{}", i / 256, i % 256))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\n-A INPUT -s {} -d {} -j DROP\nCOMMIT\n",
+        list(1),
+        list(2)
+    )
+}
+
+/// Issue #28 item 1: a 27 KB text of two 1,000-address lists stands for 1,000,000 rules. It is
+/// counted before it is expanded: ValidateRuleset, Apply and EditRuleset (the path of
+/// `vallum-iptables -A`) refuse it at the line with RESOURCE_EXHAUSTED naming --max-rules, in a
+/// vallumd whose address space is limited to 1 GiB (expanding it takes several GiB), which then
+/// still answers; nothing is stored.
+#[tokio::test]
+async fn address_lists_are_counted_before_they_are_expanded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let limits = support::Rlimits {
+        address_space: Some(1 << 30),
+        ..Default::default()
+    };
+    let d = Vallumd::start_limited(&dir.path().join("v.db"), &[], &[], limits);
+    d.wait_serving().await;
+    let mut c = d.rulesets().await;
+    let text = address_lists(1000);
+    let list = |n: u8| {
+        (0..1000)
+            .map(|i| format!("10.{n}.{}.{}", i / 256, i % 256))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut refusals = vec![
+        c.validate_ruleset(validate_req(&text)).await.unwrap_err(),
+        c.apply(apply_req("web", &text)).await.unwrap_err(),
+    ];
+    for e in &refusals {
+        assert_eq!(
+            e.message(),
+            "deep.rules:4:4: -s/-d address lists expand to 1000000 rules, more than the limit of 100000 (--max-rules)"
+        );
+    }
+    let edit = pb::EditRulesetRequest {
+        ruleset: "web".into(),
+        edits: vec![pb::RuleCommand {
+            args: ["-A", "INPUT", "-s", &list(1), "-d", &list(2), "-j", "DROP"]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let e = c.edit_ruleset(edit).await.unwrap_err();
+    // The edits are read as the lines of a text named `edits` (line 1 is `*filter`).
+    assert_eq!(
+        e.message(),
+        "edits:2:4: -s/-d address lists expand to 1000000 rules, more than the limit of 100000 (--max-rules)"
+    );
+    refusals.push(e);
+    for e in &refusals {
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        let info = e.get_details_error_info().expect("ErrorInfo");
+        assert_eq!(info.reason, "TOO_MANY_RULES");
+        assert_eq!(info.metadata["limit"], "max-rules");
+        assert_eq!(info.metadata["value"], "1000000");
+        let bad = e.get_details_bad_request().expect("BadRequest");
+        assert!(
+            bad.field_violations[0].field.starts_with("source"),
+            "{bad:?}"
+        );
+    }
+    // Just under the limit (316 x 316 = 99,856 rules) is accepted.
+    let v = c
+        .validate_ruleset(validate_req(&address_lists(316)))
+        .await
+        .expect("validate answers")
+        .into_inner();
+    assert!(v.valid, "{v:?}");
+    let all = c
+        .list_rulesets(pb::ListRulesetsRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert!(all.rulesets.is_empty(), "{all:?}");
+}

@@ -83,6 +83,11 @@ pub(crate) struct AddrLists {
 }
 
 impl AddrLists {
+    /// How many rules [`AddrLists::expand`] makes (saturating), counted without building them.
+    pub(crate) fn count(&self) -> usize {
+        self.src.len().max(1).saturating_mul(self.dst.len().max(1))
+    }
+
     /// The rules `rule` stands for, in the order iptables adds them.
     pub(crate) fn expand(&self, rule: &Rule) -> Vec<Rule> {
         let one = |r: &Option<Neg<IpNet>>| vec![*r];

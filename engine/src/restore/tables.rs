@@ -312,6 +312,13 @@ struct State<'o, 'a> {
     external: Vec<ExternalRef>,
     warnings: Vec<ParseWarning>,
     done: Vec<Table>,
+    /// Rules the `-s`/`-d` list lines carried out so far stand for (see
+    /// [`ParseOptions::max_rules`]).
+    listed: usize,
+    /// The tables' content before the text is known (`parse_onto`): a chain that is not
+    /// there does not exist, so `-X` of it fails as iptables' "No chain/target/match by that
+    /// name" instead of being recorded as external.
+    known: bool,
 }
 
 impl State<'_, '_> {
@@ -441,6 +448,8 @@ fn parse_lines<'a>(
         external: Vec::new(),
         warnings: Vec::new(),
         done: base.unwrap_or_default(),
+        listed: 0,
+        known,
     };
     let mut cur: Option<Block> = None;
     // Inside a block whose `*table` line was bad: skip until COMMIT.

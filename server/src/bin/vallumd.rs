@@ -7,7 +7,8 @@
 //! fields) for log collectors in pods. `RUST_LOG` filters (tracing-subscriber's `EnvFilter`
 //! directives, e.g. `info`, `vallum_server=debug`); the default is `info`. stdout is a small
 //! machine interface and not a log: the lines `metrics on ADDR` and `listening on ADDR` at
-//! start (scripts and tests read the bound ports from them) and the summary at exit.
+//! start (scripts and tests read the bound ports from them) and the summary at exit; a stdout
+//! that cannot be written (`/dev/full`, a closed pipe) is a warning in the log, never a stop.
 //!
 //! With `--otlp-endpoint` (cargo feature `otlp`) the same subscriber also exports the spans
 //! of every call and commit phase over OTLP (`vallum_server::metrics::traces`), whatever
@@ -95,7 +96,8 @@ fn main() -> std::process::ExitCode {
     }
     match result {
         Ok(summary) => {
-            print!("{summary}");
+            // A stdout that cannot be written is logged, and the exit stays 0.
+            vallum_server::server::stdout_line(format_args!("{}", summary.to_string().trim_end()));
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {

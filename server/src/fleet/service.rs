@@ -104,10 +104,21 @@ impl FleetApi {
             previous: None,
             same_content_as: Vec::new(),
         };
+        let key = self.keys.ruleset(&name);
         if r.validate_only {
+            // A dry run says what the write would: an etag that is not the key's is refused.
+            if let Some(want) = expect {
+                let now = self.etcd.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+                if want != now {
+                    return Err(Error::EtagMismatch {
+                        name: format!("fleet/rulesets/{name}"),
+                        given: r.etag.clone(),
+                        current: now.to_string(),
+                    });
+                }
+            }
             return Ok(fleet_ruleset(&name, &desired, 0, warnings));
         }
-        let key = self.keys.ruleset(&name);
         let current = self.etcd.get(&key).await?;
         if !desired.canary.is_empty() {
             // The non-canary nodes keep what they enforce now: the current key's content,

@@ -75,14 +75,10 @@ impl CountersApi {
 type Scope = (Family, Option<TableKind>, Option<String>);
 
 fn scope(r: &pb::ZeroCountersRequest) -> Result<Option<Scope>> {
+    let family = convert::family_of("family", r.family)?;
     if r.table.is_empty() && r.chain.is_empty() && r.rule == 0 {
         return Ok(None);
     }
-    let family = if r.family == pb::Family::Ipv6 as i32 {
-        Family::Ipv6
-    } else {
-        Family::Ipv4
-    };
     let table = match r.table.as_str() {
         "" => None,
         t => Some(TableKind::from_name(t).ok_or_else(|| {

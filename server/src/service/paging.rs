@@ -1,15 +1,21 @@
 //! Pagination of every List method (AIP-158): page sizes, page tokens and the byte budget
 //! of a page.
 //!
-//! A token is opaque to clients: the hex of `v1`, the method, a digest of the request's other
-//! fields and a cursor, separated by U+001F. The cursor is where the next page starts: the
+//! A token is opaque to clients and tamper-evident: the hex of `v1`, the method, a digest of
+//! the request's other fields and a cursor, separated by U+001F, then `.` and the hex of an
+//! HMAC-SHA256 of those bytes under a key drawn at random when vallumd starts ([`mac_key`]). A
+//! token whose MAC does not verify (forged, edited, or issued before a restart) is
+//! INVALID_ARGUMENT on `page_token`, as a token of another method is. The cursor is where the next page starts: the
 //! last item's key for keyset listings (rulesets, sets, revisions, conntrack entries: items
 //! added or removed between two pages do not shift the others), or an offset together with
 //! a fingerprint of the listed state where there is no stable key (counters: see
 //! [`Error::ListChanged`]). A token of another method, or one issued for a request whose
 //! other fields differ, is INVALID_ARGUMENT on `page_token`.
 
+use std::sync::OnceLock;
+
 use prost::Message;
+use ring::hmac;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
@@ -68,7 +74,10 @@ impl Paging {
                 ),
             )
         };
-        let text = unhex(page_token).ok_or_else(foreign)?;
+        let (body, tag) = page_token.split_once('.').ok_or_else(foreign)?;
+        let tag = unhex_bytes(tag).ok_or_else(foreign)?;
+        hmac::verify(mac_key(), body.as_bytes(), &tag).map_err(|_| foreign())?;
+        let text = unhex(body).ok_or_else(foreign)?;
         let mut words = text.splitn(4, SEP);
         let (Some(VERSION), Some(method), Some(digest), Some(cursor)) =
             (words.next(), words.next(), words.next(), words.next())
@@ -95,11 +104,14 @@ impl Paging {
 
     /// The token of the page that starts after `cursor`, for the same `query`.
     pub fn token(&self, query: &str, cursor: &str) -> String {
-        hex(&format!(
+        let body = hex(&format!(
             "{VERSION}{SEP}{}{SEP}{}{SEP}{cursor}",
             self.method,
             query_digest(query)
-        ))
+        ));
+        let tag = hmac::sign(mac_key(), body.as_bytes());
+        let tag: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        format!("{body}.{tag}")
     }
 }
 
@@ -128,19 +140,36 @@ fn query_digest(query: &str) -> String {
         .collect()
 }
 
+/// The key of the page tokens' MAC: 32 random bytes drawn once per process (tokens do not
+/// outlive the vallumd that issued them).
+///
+/// # Panics
+/// When the operating system's random source fails (`getrandom`), as ring's key generation
+/// does; vallumd cannot run safely without one.
+fn mac_key() -> &'static hmac::Key {
+    static KEY: OnceLock<hmac::Key> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let rng = ring::rand::SystemRandom::new();
+        hmac::Key::generate(hmac::HMAC_SHA256, &rng).expect("the system's random source")
+    })
+}
+
 fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 fn unhex(s: &str) -> Option<String> {
+    String::from_utf8(unhex_bytes(s)?).ok()
+}
+
+fn unhex_bytes(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 || s.len() > 8192 {
         return None;
     }
-    let bytes = (0..s.len())
+    (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
-    String::from_utf8(bytes).ok()
+        .collect()
 }
 
 #[cfg(test)]
@@ -184,6 +213,31 @@ mod tests {
         for bad in ["zz", "abc", "12", &"00".repeat(5000), "é"] {
             assert_eq!(
                 field(P.page(0, bad, "").unwrap_err()),
+                "page_token",
+                "{bad}"
+            );
+        }
+    }
+
+    /// Issue #28 item 7: a token re-made from a real one with another cursor (as the 87
+    /// forged cursors of the report), a real one with a changed MAC, or one without a MAC is
+    /// refused; the real one still works.
+    #[test]
+    fn forged_tokens_are_refused() {
+        let t = P.token("q", "b");
+        assert_eq!(P.page(0, &t, "q").unwrap().cursor.as_deref(), Some("b"));
+        let (body, tag) = t.split_once('.').unwrap();
+        let forged_body = hex(&unhex(body).unwrap().replace("\u{1f}b", "\u{1f}a"));
+        let mut bad_tag = tag.to_string();
+        bad_tag.replace_range(0..2, if &tag[0..2] == "00" { "01" } else { "00" });
+        for bad in [
+            format!("{forged_body}.{tag}"),
+            format!("{body}.{bad_tag}"),
+            body.to_string(),
+            format!("{body}."),
+        ] {
+            assert_eq!(
+                field(P.page(0, &bad, "q").unwrap_err()),
                 "page_token",
                 "{bad}"
             );

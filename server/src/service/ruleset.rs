@@ -59,7 +59,7 @@ fn edits_source(edits: &[pb::RuleCommand]) -> Result<pb::RulesetSource> {
     let mut texts = [String::new(), String::new()];
     let mut open: [Option<&str>; 2] = [None, None];
     for (i, e) in edits.iter().enumerate() {
-        let v6 = e.family == pb::Family::Ipv6 as i32;
+        let v6 = convert::family_of(&format!("edits[{i}].family"), e.family)? == Family::Ipv6;
         let k = usize::from(v6);
         let table = if e.table.is_empty() {
             "filter"
@@ -239,10 +239,16 @@ impl RulesetApi {
                         model,
                     }
                 }
+                // Empty tables, known to be empty: a command that names a chain or rule that
+                // does not exist fails (`restore::parse_onto`).
                 None => content::Base {
                     content: Content::default(),
                     label: format!("rulesets/{name} (no active revision)"),
-                    model: None,
+                    model: Some(Arc::new(vallum_engine::model::Ruleset {
+                        name: name.to_string(),
+                        priority,
+                        tables: Vec::new(),
+                    })),
                 },
             })
         } else {
@@ -310,6 +316,7 @@ impl RulesetApi {
             self.state.owners.check(&name)?;
             let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
             if r.validate_only {
+                self.dry_run_etag(&name, &r.etag).await?;
                 let (checked, _) = self
                     .check(&name, r.priority, r.source.as_ref(), &r.etag)
                     .await?;
@@ -383,12 +390,75 @@ impl RulesetApi {
         let (checked, base_etag) = checked?;
         let checked = checked.refuse_empty(r.allow_empty)?;
         let expected = base_etag.unwrap_or_else(|| r.etag.clone());
+        if let Some(same) = self.unchanged(r, name, within, &checked).await? {
+            return Ok(same);
+        }
         let c = self
             .state
             .pipeline
             .apply(checked, caller, &r.message, within, etag(&expected), audit)
             .await?;
         Ok(convert::commit_result(&c))
+    }
+
+    /// The etag check of a `validate_only` Apply or StageRevision, which the real call makes
+    /// when it stores (a dry run says what the real call would say): a non-empty `etag` that
+    /// is not the ruleset's is ETAG_MISMATCH, as is any for a ruleset that does not exist.
+    ///
+    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`].
+    async fn dry_run_etag(&self, name: &str, etag: &str) -> Result<()> {
+        if etag.is_empty() {
+            return Ok(());
+        }
+        let current = (self.state.pipeline.store().get_ruleset(name).await?)
+            .map(|rs| rs.etag)
+            .unwrap_or_default();
+        if current == etag {
+            return Ok(());
+        }
+        Err(Error::EtagMismatch {
+            name: format!("rulesets/{name}"),
+            given: etag.to_string(),
+            current,
+        })
+    }
+
+    /// A noflush Apply (an EditRuleset) whose result is the active revision's content, as
+    /// iptables after an edit that changes nothing (`-F` of an empty chain, `-P` to the
+    /// policy there is): the active revision and the ruleset's etag, and no new revision.
+    /// `None` for any other call, and with `within` (a commit-confirmed is always made).
+    async fn unchanged(
+        &self,
+        r: &pb::ApplyRequest,
+        name: &str,
+        within: Option<std::time::Duration>,
+        checked: &content::Checked,
+    ) -> Result<Option<pb::CommitResult>> {
+        let noflush = r
+            .source
+            .as_ref()
+            .is_some_and(|s| convert::restore_flags(s).0);
+        if !noflush || within.is_some() {
+            return Ok(None);
+        }
+        let store = self.state.pipeline.store();
+        let Some(rs) = store.get_ruleset(name).await? else {
+            return Ok(None);
+        };
+        let Some(n) = rs.active_revision else {
+            return Ok(None);
+        };
+        let Some(rev) = store.get_revision(name, n).await? else {
+            return Ok(None);
+        };
+        if rev.content != checked.content {
+            return Ok(None);
+        }
+        Ok(Some(pb::CommitResult {
+            revision: Some(convert::revision(&rev, false, &checked.warnings())),
+            etag: rs.etag,
+            ..Default::default()
+        }))
     }
 
     /// The body of `commit_revision`, run by [`to_completion`].
@@ -730,6 +800,7 @@ impl RulesetService for RulesetApi {
                 let checked = checked.refuse_empty(r.allow_empty)?;
                 let expected = base_etag.unwrap_or_else(|| r.etag.clone());
                 if r.validate_only {
+                    self.dry_run_etag(&name, &expected).await?;
                     let checked = self.state.pipeline.validate(checked).await?;
                     let warnings = checked.warnings();
                     checked.into_valid()?;

@@ -55,6 +55,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(20261217090000, "chunk_refs_by_trigger"),
     migration!(20261218090000, "idempotency_requests"),
     migration!(20261218100000, "set_versions"),
+    migration!(20261219093000, "idempotency_by_request_id"),
 ];
 
 /// SHA-384 of a migration's text (what sqlx stored as its checksum).
@@ -73,6 +74,19 @@ fn failed(version: i64, what: impl std::fmt::Display) -> Error {
 /// database has one this build does not know; [`Error::Store`] for the bookkeeping queries.
 pub(crate) fn run_to(conn: &mut Connection, until: i64) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // A database with tables but no migration table of ours (nor sqlx's) is another
+    // program's: refused, never migrated into.
+    let tables: Vec<String> = tx
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let ours = ["schema_migrations", "_sqlx_migrations"];
+    if !tables.is_empty() && !tables.iter().any(|t| ours.contains(&t.as_str())) {
+        return Err(Error::Migrate(format!(
+            "not a vallumd database: it has tables ({}) and no schema_migrations",
+            tables.join(", ")
+        )));
+    }
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
              version    INTEGER PRIMARY KEY NOT NULL,

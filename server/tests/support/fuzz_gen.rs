@@ -838,7 +838,7 @@ fn floor_boundary(s: &str, mut i: usize) -> usize {
 /// (deep jumps, many chains, many rules) within `caps`.
 pub fn any_restore_text(r: &mut Rng, v6: bool, caps: &Caps) -> String {
     let max = caps.request_bytes;
-    match r.below(40) {
+    match r.below(41) {
         0..=15 => valid_text(r),
         16..=21 => restore_text(r, v6),
         22..=33 => {
@@ -866,12 +866,136 @@ pub fn any_restore_text(r: &mut Rng, v6: bool, caps: &Caps) -> String {
             many_rules(r, n)
         }
         37 => random_text(r, 400),
+        39 => address_lists(r, v6),
         38 => {
             let base = deep_chain(r.range(60, 70.min(caps.deep_max.max(60))), r.chance(200));
             mutate_text(r, &base, max)
         }
         _ => String::new(),
     }
+}
+
+/// `n` distinct addresses of the family, as `-s`/`-d` list items.
+fn address_list(r: &mut Rng, n: usize, v6: bool) -> String {
+    let base = r.below(200);
+    (0..n)
+        .map(|i| {
+            if v6 {
+                format!("2001:db8:{base:x}::{:x}", i + 1)
+            } else {
+                format!("10.{base}.{}.{}", i / 256, i % 256)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `-s a,b,...` / `-d a,b,...` lines (issue #28 item 1: each line stands for sources x
+/// destinations rules): small lists, lists just under and far over `--max-rules` (up to 2,000
+/// x 2,000 = 4,000,000 rules in ~60 KB), some lines of many lists.
+pub fn address_lists(r: &mut Rng, v6: bool) -> String {
+    let mut out = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+    for _ in 0..r.range(1, 4) {
+        let (s, d) = match r.below(5) {
+            0 => (r.range(1, 4), r.range(1, 4)),
+            1 => (r.range(100, 316), r.range(100, 316)),
+            2 => (r.range(1000, 2000), r.range(1000, 2000)),
+            3 => (r.range(1, 2000), 1),
+            _ => (r.range(2, 50), r.range(2, 50)),
+        };
+        let side = |r: &mut Rng, n: usize| -> String {
+            if n == 1 && r.chance(500) {
+                String::new()
+            } else {
+                address_list(r, n, v6)
+            }
+        };
+        let (src, dst) = (side(r, s), side(r, d));
+        let mut line = r
+            .pick(&["-A INPUT", "-I INPUT", "-D INPUT", "-R INPUT 1"])
+            .to_string();
+        if !src.is_empty() {
+            line.push_str(&format!(" -s {src}"));
+        }
+        if !dst.is_empty() {
+            line.push_str(&format!(" -d {dst}"));
+        }
+        line.push_str(r.pick(&[" -j DROP", " -p tcp --dport 22 -j ACCEPT", " -j REJECT"]));
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push_str("COMMIT\n");
+    out
+}
+
+/// The words of one iptables command for EditRuleset's `RuleCommand.args` (`-A INPUT -s
+/// ... -j DROP`): every command (edits and not: `-C`, `-L`, `-Z`), rules from the restore
+/// grammar, address lists, chains that exist and that do not, and now and then noise.
+pub fn edit_args(r: &mut Rng) -> Vec<String> {
+    let chain = r.pick(&[
+        "INPUT",
+        "OUTPUT",
+        "FORWARD",
+        "USERS",
+        "NOPE",
+        "",
+        "PREROUTING",
+    ]);
+    let mut words: Vec<String> = match r.below(14) {
+        0..=4 => vec!["-A".into(), chain.into()],
+        5 => vec![
+            "-I".into(),
+            chain.into(),
+            r.pick(&["1", "2", "0", "99", "-1"]).into(),
+        ],
+        6 => vec!["-D".into(), chain.into()],
+        7 => vec!["-R".into(), chain.into(), r.pick(&["1", "3", "0"]).into()],
+        8 => vec!["-N".into(), chain.into()],
+        9 => vec!["-X".into(), chain.into()],
+        10 => vec!["-F".into(), chain.into()],
+        11 => vec![
+            "-P".into(),
+            chain.into(),
+            r.pick(&["ACCEPT", "DROP", "RETURN", ""]).into(),
+        ],
+        12 => vec![
+            "-E".into(),
+            chain.into(),
+            r.pick(&["USERS2", "INPUT", ""]).into(),
+        ],
+        _ => vec![
+            r.pick(&["-C", "-L", "-Z", "-S", "--append", "", "-A -A"])
+                .into(),
+            chain.into(),
+        ],
+    };
+    if matches!(words[0].as_str(), "-A" | "-I" | "-D" | "-R" | "-C") {
+        let spec = match r.below(6) {
+            0 => {
+                let (s, d) = match r.below(3) {
+                    0 => (r.range(2, 20), r.range(2, 20)),
+                    1 => (r.range(300, 320), r.range(300, 320)),
+                    _ => (r.range(1000, 2000), r.range(1000, 2000)),
+                };
+                let v6 = r.chance(200);
+                format!(
+                    "-s {} -d {} -j DROP",
+                    address_list(r, s, v6),
+                    address_list(r, d, v6)
+                )
+            }
+            1 => random_text(r, 60),
+            _ => {
+                let v6 = r.chance(100);
+                rule_spec(r, "filter", &["USERS".to_string()], v6)
+            }
+        };
+        words.extend(spec.split_whitespace().map(str::to_string));
+    }
+    if r.chance(50) {
+        words.push(random_text(r, 20));
+    }
+    words
 }
 
 // === structured rulesets ===

@@ -12,6 +12,16 @@ use std::time::Duration;
 use tonic::transport::Channel;
 use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 
+/// Resource limits of a spawned vallumd ([`Vallumd::start_limited`]); `None` keeps the
+/// test's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rlimits {
+    /// `RLIMIT_AS`, bytes.
+    pub address_space: Option<u64>,
+    /// `RLIMIT_NOFILE`: descriptors.
+    pub open_files: Option<u64>,
+}
+
 /// A running vallumd; killed on drop.
 pub struct Vallumd {
     pub child: Child,
@@ -31,7 +41,46 @@ impl Vallumd {
 
     /// As [`Vallumd::start`], with `env` set in vallumd's environment.
     pub fn start_env(db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vallumd {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vallumd"))
+        Vallumd::start_limited(db, extra, env, Rlimits::default())
+    }
+
+    /// As [`Vallumd::start_env`], under `limits` (setrlimit in the child before exec): with
+    /// [`Rlimits::address_space`] an allocation past it fails and vallumd aborts, so a request
+    /// whose memory is not bounded kills it instead of passing slowly.
+    pub fn start_limited(
+        db: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        limits: Rlimits,
+    ) -> Vallumd {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vallumd"));
+        if limits != Rlimits::default() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and only calls
+            // setrlimit(2), which is async-signal-safe; it takes no lock and allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let set = |resource, bytes: u64| {
+                        let lim = libc::rlimit {
+                            rlim_cur: bytes,
+                            rlim_max: bytes,
+                        };
+                        if libc::setrlimit(resource, &lim) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    };
+                    if let Some(n) = limits.address_space {
+                        set(libc::RLIMIT_AS, n)?;
+                    }
+                    if let Some(n) = limits.open_files {
+                        set(libc::RLIMIT_NOFILE, n)?;
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
             .args(["--listen", "127.0.0.1:0", "--db"])
             .arg(db)
             .args(["--cores", "2"])
@@ -146,7 +195,7 @@ pub async fn connect(addr: &str) -> Channel {
 }
 
 /// Polls health at `addr` until it says SERVING for "" (true) or 400 polls passed (false).
-async fn serving(addr: &str) -> bool {
+pub async fn serving(addr: &str) -> bool {
     let channel = connect(addr).await;
     for _ in 0..400 {
         if serving_now(&channel).await {
@@ -155,6 +204,21 @@ async fn serving(addr: &str) -> bool {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     false
+}
+
+/// One health check over a new connection to `addr` (no retry): SERVING for "" (true), or
+/// anything else, a connection that fails included (false).
+pub async fn serving_once(addr: &str) -> bool {
+    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
+        return false;
+    };
+    let endpoint = endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10));
+    match endpoint.connect().await {
+        Ok(ch) => serving_now(&ch).await,
+        Err(_) => false,
+    }
 }
 
 /// Whether health on `channel` says SERVING for "".
@@ -343,4 +407,65 @@ pub fn vallumctl() -> &'static Path {
         assert!(status.success(), "cargo build -p vallum-cli: {status}");
         profile_dir.join("vallumctl")
     })
+}
+
+/// Sends bytes as they are (the codec neither encodes nor decodes).
+#[derive(Clone, Copy, Default)]
+pub struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use prost::bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+/// Sends `bytes` as the request message of the unary RPC at `path`
+/// (`/grpc.health.v1.Health/Check`) and returns the reply's bytes.
+pub async fn raw_unary(ch: Channel, path: &str, bytes: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("not ready: {e}")))?;
+    let path = http::uri::PathAndQuery::try_from(path)
+        .map_err(|e| tonic::Status::invalid_argument(format!("path: {e}")))?;
+    grpc.unary(tonic::Request::new(bytes), path, RawCodec)
+        .await
+        .map(tonic::Response::into_inner)
 }

@@ -462,6 +462,7 @@ pub(crate) fn finish_target(
                 },
             ));
         }
+        super::super::nat::check_target(&o.name, &mut o.options, protocol, tok, ctx)?;
         super::super::opaque::canonical_target(&o.name, &mut o.options, tok, ctx)?;
         if let Some(t) = super::super::opaque::typed_target(&o.name, &o.options) {
             return Ok(t);

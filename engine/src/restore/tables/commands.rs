@@ -274,7 +274,9 @@ pub(super) fn apply_line(
                         st.external(b, &ch, line_no, ExternalRefKind::Delete);
                     }
                 }
-                None if noflush => st.external(b, &ch, line_no, ExternalRefKind::Delete),
+                None if noflush && !st.known => {
+                    st.external(b, &ch, line_no, ExternalRefKind::Delete)
+                }
                 None => return Err(ctx.err(&ch, K::NoSuchChain(ch.text.to_string()))),
             },
             None => {
@@ -363,6 +365,18 @@ fn apply_list(
     external: bool,
     (ctx, st, ch): (&Ctx<'_>, &mut State<'_, '_>, &Tok<'_>),
 ) -> Result<(), ParseError> {
+    // Counted before it is built: a few kilobytes of addresses stand for millions of rules.
+    let count = st.listed.saturating_add(lists.count());
+    if count > st.opts.max_rules {
+        return Err(ctx.err(
+            ch,
+            K::TooManyRules {
+                count,
+                max: st.opts.max_rules,
+            },
+        ));
+    }
+    st.listed = count;
     let rules = lists.expand(rule);
     let len = b.table.chains[i].rules.len();
     match command {
