@@ -909,10 +909,14 @@ fn corpus_packets_through_nfqueue() {
                     to_v.send(&f);
                 }
                 packets += frames.len();
-                // Until both sides' counters stop moving.
+                // Until both sides' counters stop moving (three readings 60 ms apart) and
+                // agree on every rule the kernel counts, or 20 s passed (then the mismatches
+                // below are reported): a pause alone is not enough where a worker starved of
+                // CPU on a loaded machine catches up later.
                 let (mut kc, mut vc) = (Counts::new(), Counts::new());
                 let mut steady = 0;
-                for _ in 0..100 {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while std::time::Instant::now() < deadline {
                     tokio::time::sleep(std::time::Duration::from_millis(60)).await;
                     let (k2, v2) = (
                         kernel_counts(&k, e.v6),
@@ -920,7 +924,10 @@ fn corpus_packets_through_nfqueue() {
                     );
                     steady = if k2 == kc && v2 == vc { steady + 1 } else { 0 };
                     (kc, vc) = (k2, v2);
-                    if steady >= 3 {
+                    let agree = kc
+                        .iter()
+                        .all(|(key, n)| vc.get(key).copied().unwrap_or(0) == *n);
+                    if steady >= 3 && agree {
                         break;
                     }
                 }
