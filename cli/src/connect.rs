@@ -305,9 +305,9 @@ impl Connection {
     }
 
     /// With `--wait`: asks `grpc.health.v1` (service `""`) until vallumd says SERVING (it
-    /// says NOT_SERVING while it loads its stored state) or `until` passed. Any other answer
-    /// (no health service, a refused call, a broken connection) ends the wait: the command's
-    /// own call then reports what is wrong.
+    /// says NOT_SERVING while it loads its stored state) or `until` passed; a connection that
+    /// fails or breaks is tried again. Any other answer the server sends (no health service, a
+    /// refused call) ends the wait: the command's own call then reports what is wrong.
     async fn wait_serving(
         &self,
         channel: &Channel,
@@ -331,8 +331,13 @@ impl Connection {
                     ServingStatus::NotServing | ServingStatus::Unknown => {}
                     ServingStatus::Serving | ServingStatus::ServiceUnknown => return,
                 },
-                // The connection went while vallumd restarts: try again.
-                Err(s) if s.code() == tonic::Code::Unavailable => {}
+                // UNAVAILABLE, or a failure of the connection itself (a status tonic made in the
+                // client carries its cause as a source: refused, reset, a handshake cut short
+                // while vallumd starts or restarts): try again.
+                Err(s)
+                    if s.code() == tonic::Code::Unavailable
+                        || std::error::Error::source(&s).is_some() => {}
+                // A status the server sent (no health service here, a refused call).
                 Err(_) => return,
             }
             if !pause_before_retry(until, &mut pause).await {
