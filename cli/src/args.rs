@@ -59,6 +59,12 @@ pub fn revision_name(s: &str) -> Result<String, CliError> {
     )))
 }
 
+/// [`revision_name`] as clap's value parser, so a malformed revision is a usage error (exit 2)
+/// decided before any call, whether or not the server is up.
+pub fn revision_arg(s: &str) -> Result<String, String> {
+    revision_name(s).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

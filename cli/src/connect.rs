@@ -69,6 +69,61 @@ pub struct Connection {
     /// Deadline of each call, e.g. `30s`, `500ms`, `2m` (not for `watch` and `fleet wait`).
     #[arg(long, global = true, env = "VALLUM_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Wait for vallumd before the command, as vallum-iptables' `-w`: while it does not accept
+    /// connections yet and while it is still loading its stored state (its health is not
+    /// SERVING). `--wait` waits without limit, `--wait=DURATION` (e.g. `--wait=60s`) up to
+    /// that long, then fails as without it (exit 3). Default: no waiting.
+    #[arg(
+        long,
+        global = true,
+        env = "VALLUM_WAIT",
+        value_name = "DURATION",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "forever",
+        value_parser = parse_wait
+    )]
+    pub wait: Option<Wait>,
+}
+
+/// How long `--wait` waits for vallumd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// A bare `--wait` (or `VALLUM_WAIT=forever`): no limit.
+    Forever,
+    /// `--wait=DURATION`.
+    Up(Duration),
+}
+
+/// `forever` or a duration ([`parse_duration`]).
+fn parse_wait(s: &str) -> Result<Wait, String> {
+    if s == "forever" {
+        return Ok(Wait::Forever);
+    }
+    parse_duration(s).map(Wait::Up)
+}
+
+impl Wait {
+    /// The moment the wait ends (`None`: never).
+    fn until(self) -> Option<tokio::time::Instant> {
+        match self {
+            Wait::Forever => None,
+            Wait::Up(d) => Some(tokio::time::Instant::now() + d),
+        }
+    }
+}
+
+/// Sleeps `pause` (no longer than what is left before `until`) and doubles it up to 200 ms;
+/// `false` when no time is left.
+async fn pause_before_retry(until: Option<tokio::time::Instant>, pause: &mut Duration) -> bool {
+    let nap = match until.map(|u| u.saturating_duration_since(tokio::time::Instant::now())) {
+        Some(l) if l.is_zero() => return false,
+        Some(l) => (*pause).min(l),
+        None => *pause,
+    };
+    tokio::time::sleep(nap).await;
+    *pause = (*pause * 2).min(Duration::from_millis(200));
+    true
 }
 
 /// Checks `--server`: an `http://` or `https://` URL with a host (a usage error otherwise, before
@@ -193,11 +248,20 @@ impl Connection {
         if with_timeout {
             ep = ep.timeout(self.timeout);
         }
+        let until = self.wait.and_then(Wait::until);
+        let mut pause = Duration::from_millis(5);
         if let Some(path) = unix {
-            let channel = crate::socket::connect(ep, path)
-                .await
-                .map_err(|e| bad(error::chain(&e)))?;
-            return Ok(Clients::new(channel, Auth(token)));
+            let channel = loop {
+                match crate::socket::connect(ep.clone(), path).await {
+                    Ok(c) => break c,
+                    Err(_)
+                        if self.wait.is_some() && pause_before_retry(until, &mut pause).await => {}
+                    Err(e) => return Err(bad(error::chain(&e))),
+                }
+            };
+            let auth = Auth(token);
+            self.wait_serving(&channel, &auth, until).await;
+            return Ok(Clients::new(channel, auth));
         }
         let tls = self.server.starts_with("https://") || self.ca.is_some() || self.cert.is_some();
         if tls {
@@ -209,7 +273,19 @@ impl Connection {
             )?;
             ep = ep.tls_config(cfg).map_err(|e| bad(error::chain(&e)))?;
         }
-        let channel = ep.connect().await.map_err(|e| {
+        let connected = loop {
+            match ep.connect().await {
+                Err(e)
+                    if self.wait.is_some()
+                        && !(tls && error::is_plaintext_answer(&e))
+                        && pause_before_retry(until, &mut pause).await =>
+                {
+                    let _ = e;
+                }
+                r => break r,
+            }
+        };
+        let channel = connected.map_err(|e| {
             if tls && error::is_plaintext_answer(&e) {
                 let instead = match self.server.strip_prefix("https://") {
                     Some(rest) => format!("use http://{rest}"),
@@ -223,7 +299,51 @@ impl Connection {
                 bad(error::chain(&e))
             }
         })?;
-        Ok(Clients::new(channel, Auth(token)))
+        let auth = Auth(token);
+        self.wait_serving(&channel, &auth, until).await;
+        Ok(Clients::new(channel, auth))
+    }
+
+    /// With `--wait`: asks `grpc.health.v1` (service `""`) until vallumd says SERVING (it
+    /// says NOT_SERVING while it loads its stored state) or `until` passed; a connection that
+    /// fails or breaks is tried again. Any other answer the server sends (no health service, a
+    /// refused call) ends the wait: the command's own call then reports what is wrong.
+    async fn wait_serving(
+        &self,
+        channel: &Channel,
+        auth: &Auth,
+        until: Option<tokio::time::Instant>,
+    ) {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::health_client::HealthClient;
+        if self.wait.is_none() {
+            return;
+        }
+        let mut health = HealthClient::with_interceptor(channel.clone(), auth.clone());
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let req = HealthCheckRequest {
+                service: String::new(),
+            };
+            match health.check(req).await {
+                Ok(r) => match r.into_inner().status() {
+                    ServingStatus::NotServing | ServingStatus::Unknown => {}
+                    ServingStatus::Serving | ServingStatus::ServiceUnknown => return,
+                },
+                // UNAVAILABLE, or a failure of the connection itself (a status tonic made in the
+                // client carries its cause as a source: refused, reset, a handshake cut short
+                // while vallumd starts or restarts): try again.
+                Err(s)
+                    if s.code() == tonic::Code::Unavailable
+                        || std::error::Error::source(&s).is_some() => {}
+                // A status the server sent (no health service here, a refused call).
+                Err(_) => return,
+            }
+            if !pause_before_retry(until, &mut pause).await {
+                return;
+            }
+        }
     }
 }
 
@@ -301,6 +421,7 @@ mod tests {
             key: None,
             tls_domain: None,
             timeout: Duration::from_secs(1),
+            wait: None,
         };
         c.token()
     }

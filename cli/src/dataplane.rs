@@ -9,8 +9,8 @@
 //! -A VALLUM-NFQUEUE -m mark --mark B/B -j RETURN              (--mode continue, B = --mark)
 //! -A VALLUM-NFQUEUE -i lo -j RETURN                          (unless --include-loopback)
 //! -A VALLUM-NFQUEUE -o lo -j RETURN
-//! -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN   (--exempt-tcp-ports)
-//! -A VALLUM-NFQUEUE -p tcp -m multiport --sports 50051,9464 -j RETURN
+//! -A VALLUM-NFQUEUE -p tcp -m multiport --dports 22,50051,9464 -j RETURN   (--exempt-tcp-ports)
+//! -A VALLUM-NFQUEUE -p tcp -m multiport --sports 22,50051,9464 -j RETURN
 //! -A VALLUM-NFQUEUE -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT  (--new-only)
 //! -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance F:F+N-1 --queue-bypass  (--fail-closed: no bypass)
 //! ```
@@ -214,12 +214,18 @@ pub struct InstallArgs {
     #[arg(long)]
     include_loopback: bool,
     /// TCP ports (either direction) never steered, comma-separated; empty for none. The
-    /// default keeps vallumd's gRPC and metrics ports reachable whatever the ruleset says.
-    #[arg(long, default_value = "50051,9464")]
+    /// default ([`DEFAULT_EXEMPT_TCP_PORTS`]) keeps SSH and vallumd's gRPC and metrics ports
+    /// reachable whatever the ruleset says, so a ruleset that forgets them cannot lock the
+    /// operator out.
+    #[arg(long, default_value = DEFAULT_EXEMPT_TCP_PORTS)]
     exempt_tcp_ports: String,
     #[command(flatten)]
     tool: ToolArgs,
 }
+
+/// The TCP ports `dataplane install` never steers unless told otherwise: SSH (22) and
+/// vallumd's default gRPC (50051) and metrics (9464) ports.
+pub const DEFAULT_EXEMPT_TCP_PORTS: &str = "22,50051,9464";
 
 fn default_queues() -> u16 {
     std::thread::available_parallelism()
@@ -820,8 +826,8 @@ mod tests {
              :VALLUM-NFQUEUE - [0:0]\n\
              -A VALLUM-NFQUEUE -i lo -j RETURN\n\
              -A VALLUM-NFQUEUE -o lo -j RETURN\n\
-             -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN\n\
-             -A VALLUM-NFQUEUE -p tcp -m multiport --sports 50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --dports 22,50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --sports 22,50051,9464 -j RETURN\n\
              -A VALLUM-NFQUEUE -j NFQUEUE --queue-balance 0:3 --queue-bypass\n\
              -I INPUT 1 -j VALLUM-NFQUEUE\n\
              -I OUTPUT 1 -j VALLUM-NFQUEUE\n\
@@ -871,8 +877,8 @@ mod tests {
              -A VALLUM-NFQUEUE -m mark --mark 0x40000000/0x40000000 -j RETURN\n\
              -A VALLUM-NFQUEUE -i lo -j RETURN\n\
              -A VALLUM-NFQUEUE -o lo -j RETURN\n\
-             -A VALLUM-NFQUEUE -p tcp -m multiport --dports 50051,9464 -j RETURN\n\
-             -A VALLUM-NFQUEUE -p tcp -m multiport --sports 50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --dports 22,50051,9464 -j RETURN\n\
+             -A VALLUM-NFQUEUE -p tcp -m multiport --sports 22,50051,9464 -j RETURN\n\
              -A VALLUM-NFQUEUE -j NFQUEUE --queue-num 0 --queue-bypass\n\
              -I INPUT 1 -j VALLUM-NFQUEUE\nCOMMIT\n"
         );

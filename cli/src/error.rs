@@ -38,6 +38,20 @@ pub enum CliError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A local file is larger than `--max-file-bytes`; nothing was sent.
+    #[error(
+        "{path}: {} more than --max-file-bytes ({limit} bytes); nothing was sent (vallumd \
+         refuses requests over its --max-request-bytes too)",
+        size_words(.size)
+    )]
+    TooLarge {
+        /// The file (`<stdin>` for `-`).
+        path: PathBuf,
+        /// Its size when known before reading (a regular file).
+        size: Option<u64>,
+        /// `--max-file-bytes`.
+        limit: u64,
+    },
     /// An argument is well-formed for clap but not for us (e.g. a revision name); no call was
     /// made.
     #[error("{0}")]
@@ -71,6 +85,14 @@ pub enum CliError {
     /// `dataplane install|uninstall`: an iptables program could not run or failed.
     #[error("dataplane: {0}")]
     Dataplane(String),
+}
+
+/// `"N bytes,"` for a size known before reading, else `"it holds"` ([`CliError::TooLarge`]).
+fn size_words(size: &Option<u64>) -> String {
+    match size {
+        Some(n) => format!("{n} bytes,"),
+        None => "it holds".to_owned(),
+    }
 }
 
 /// Where the failed call went, for messages about failures in the client.
@@ -132,6 +154,7 @@ impl CliError {
                 Some(ClientReason::Usage)
             }
             CliError::Read { .. }
+            | CliError::TooLarge { .. }
             | CliError::Tls(TlsError::Read { .. } | TlsError::NotPem { .. })
             | CliError::Output(_)
             | CliError::Dataplane(_) => Some(ClientReason::Local),
@@ -274,6 +297,22 @@ pub fn maybe_tls_peer(e: &CliError) -> bool {
                 )
         })
     })
+}
+
+/// The HTTP status of an answer that was not gRPC: tonic's status for a response without
+/// `grpc-status` ("grpc-status header missing, mapped from HTTP status code N"), which an HTTP
+/// server that is not a gRPC one gives (vallumd's metrics port answers a gRPC call with 404).
+/// `None` for every other error.
+pub fn http_not_grpc(e: &CliError) -> Option<u16> {
+    let CliError::Status { status, .. } = e else {
+        return None;
+    };
+    status
+        .message()
+        .strip_prefix("grpc-status header missing, mapped from HTTP status code ")?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Whether a TLS connect attempt got a TLS answer: it succeeded, or rustls failed on something

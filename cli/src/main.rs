@@ -60,6 +60,10 @@ struct Cli {
     /// Output format.
     #[arg(long, short = 'o', global = true, env = "VALLUM_OUTPUT", value_enum, default_value_t = Output::Text)]
     output: Output,
+    /// The largest file (or standard input) a command reads, in bytes: a larger one is refused
+    /// by its size before it is read (exit 1).
+    #[arg(long, global = true, env = "VALLUM_MAX_FILE_BYTES", value_name = "BYTES", default_value_t = input::DEFAULT_MAX_FILE_BYTES)]
+    max_file_bytes: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -136,6 +140,34 @@ impl Command {
             | Command::Dataplane { .. }
             | Command::Completions(_)
             | Command::Man(_) => false,
+        }
+    }
+
+    /// The local files the command reads (not standard input's `-`), checked before it
+    /// connects ([`input::check_size`]).
+    fn input_files(&self) -> Vec<&std::path::Path> {
+        use fleet::FleetCommand as F;
+        use rulesets::RulesetCommand as R;
+        use sets::SetCommand as S;
+        match self {
+            Command::Rulesets(
+                R::Validate { file, source, .. }
+                | R::Stage { file, source, .. }
+                | R::Apply { file, source, .. },
+            ) => std::iter::once(file.as_path())
+                .chain(source.v6.as_deref())
+                .collect(),
+            Command::Fleet {
+                command: F::Apply { file, .. } | F::Rollout { file, .. },
+            } => vec![file.as_path()],
+            Command::Set {
+                command: S::Add { file, .. } | S::Del { file, .. },
+            } => file.as_deref().into_iter().collect(),
+            Command::Set {
+                command: S::Import { file },
+            } => vec![file.as_path()],
+            Command::Replay(a) => vec![a.pcap.as_path()],
+            _ => Vec::new(),
         }
     }
 
@@ -218,6 +250,9 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
             };
         }
         _ => {}
+    }
+    for f in cli.command.input_files() {
+        input::check_size(f)?;
     }
     let mut c = cli.connection.connect(!cli.command.streams()).await?;
     match &cli.command {
@@ -315,6 +350,7 @@ fn main() -> ExitCode {
         Err(e) => return ExitCode::from(report_usage(&e)),
     };
     cli.connection.resolve();
+    input::set_max_file_bytes(cli.max_file_bytes);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -339,7 +375,18 @@ fn main() -> ExitCode {
                         ),
                     }
                 }
-                e => e,
+                e => match error::http_not_grpc(&e) {
+                    Some(http) => CliError::Connect {
+                        server: server.clone(),
+                        message: format!(
+                            "it answered HTTP {http} without a gRPC status: this is not \
+                             vallumd's gRPC port (the metrics port, 9464 by default, serves only \
+                             HTTP; the gRPC API listens on vallumd's --listen, \
+                             127.0.0.1:50051 by default)"
+                        ),
+                    },
+                    None => e,
+                },
             };
             report(&e, &cli);
             ExitCode::from(e.exit_code())

@@ -20,7 +20,7 @@ use vallum_proto::v1::{
     ValidateRulesetRequest, WatchCommitsRequest,
 };
 
-use crate::args::{FamilyArg, parse_duration, proto_duration, revision_name};
+use crate::args::{FamilyArg, parse_duration, proto_duration, revision_arg};
 use crate::connect::Svc;
 use crate::error::{self, CliError};
 use crate::input::{display_name, is_stdin, read_text, with_file};
@@ -109,6 +109,7 @@ pub enum RulesetCommand {
     /// Make a staged revision active (RULESET/N or rulesets/RULESET/revisions/N).
     Commit {
         /// The revision.
+        #[arg(value_parser = revision_arg)]
         revision: String,
         /// Roll back automatically unless confirmed within this time (e.g. 30s).
         #[arg(long, value_parser = parse_duration)]
@@ -123,6 +124,7 @@ pub enum RulesetCommand {
     /// Confirm a commit made with --confirm-within.
     Confirm {
         /// The revision.
+        #[arg(value_parser = revision_arg)]
         revision: String,
         /// Only confirm if the ruleset's etag still matches (the commit's etag).
         #[arg(long)]
@@ -178,6 +180,7 @@ pub enum RulesetCommand {
     /// Commit the content of an earlier revision again.
     Rollback {
         /// The revision whose content becomes active.
+        #[arg(value_parser = revision_arg)]
         revision: String,
         #[command(flatten)]
         change: ChangeArgs,
@@ -190,13 +193,16 @@ pub enum RulesetCommand {
     /// Rules added, removed and moved between two revisions.
     Diff {
         /// Older revision.
+        #[arg(value_parser = revision_arg)]
         from: String,
         /// Newer revision.
+        #[arg(value_parser = revision_arg)]
         to: String,
     },
     /// Print a revision as iptables-save text or JSON.
     Export {
         /// The revision.
+        #[arg(value_parser = revision_arg)]
         revision: String,
         /// Output format of the content.
         #[arg(long, value_enum, default_value_t = FormatArg::Save)]
@@ -395,7 +401,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
         } => {
             let r = c
                 .commit_revision(CommitRevisionRequest {
-                    name: revision_name(revision)?,
+                    name: revision.clone(),
                     confirm_within: proto_duration(*confirm_within),
                     etag: change.etag.clone().unwrap_or_default(),
                     request_id: change.request_id.clone().unwrap_or_default(),
@@ -455,7 +461,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
         } => {
             let r = c
                 .confirm_commit(ConfirmCommitRequest {
-                    name: revision_name(revision)?,
+                    name: revision.clone(),
                     etag: etag.clone().unwrap_or_default(),
                     request_id: request_id.clone().unwrap_or_default(),
                 })
@@ -508,7 +514,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
         RulesetCommand::Rollback { revision, change } => {
             let r = c
                 .rollback(RollbackRequest {
-                    name: revision_name(revision)?,
+                    name: revision.clone(),
                     message: change.message.clone(),
                     etag: change.etag.clone().unwrap_or_default(),
                     request_id: change.request_id.clone().unwrap_or_default(),
@@ -537,8 +543,8 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
         RulesetCommand::Diff { from, to } => {
             let r = c
                 .diff_revisions(DiffRevisionsRequest {
-                    base: revision_name(from)?,
-                    target: revision_name(to)?,
+                    base: from.clone(),
+                    target: to.clone(),
                 })
                 .await?
                 .into_inner();
@@ -551,7 +557,7 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
         } => {
             let r = c
                 .export_revision(ExportRevisionRequest {
-                    name: revision_name(revision)?,
+                    name: revision.clone(),
                     format: match format {
                         FormatArg::Save => ExportFormat::IptablesSave,
                         FormatArg::Json => ExportFormat::Json,

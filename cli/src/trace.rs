@@ -10,7 +10,7 @@ use vallum_proto::v1::{
     self as pb, PacketSpec, ReplayCaptureRequest, TracePacketRequest, WatchPacketEventsRequest,
 };
 
-use crate::args::revision_name;
+use crate::args::revision_arg;
 use crate::connect::Svc;
 use crate::error::CliError;
 use crate::output::{Output, print, write_stdout};
@@ -78,7 +78,7 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 0)]
     pub icmp_code: u32,
     /// Evaluate against this staged revision instead of the active rulesets.
-    #[arg(long)]
+    #[arg(long, value_parser = revision_arg)]
     pub revision: Option<String>,
 }
 
@@ -125,7 +125,7 @@ pub struct ReplayArgs {
     /// Capture file (pcap or pcapng).
     pub pcap: PathBuf,
     /// Staged revision to compare with the active rulesets.
-    #[arg(long)]
+    #[arg(long, value_parser = revision_arg)]
     pub revision: Option<String>,
     /// Hook to classify at (any case; default input).
     #[arg(long, value_enum, ignore_case = true)]
@@ -140,10 +140,7 @@ pub struct ReplayArgs {
 
 /// Runs `trace`.
 pub async fn trace(c: &mut Client, out: Output, t: &TraceArgs) -> Result<(), CliError> {
-    let revision = match &t.revision {
-        Some(r) => revision_name(r)?,
-        None => String::new(),
-    };
+    let revision = t.revision.clone().unwrap_or_default();
     let family = if t.src.contains(':') || t.dst.contains(':') {
         pb::Family::Ipv6
     } else {
@@ -189,10 +186,7 @@ pub async fn replay(c: &mut Client, out: Output, a: &ReplayArgs) -> Result<(), C
     let r = c
         .replay_capture(ReplayCaptureRequest {
             capture,
-            revision: match &a.revision {
-                Some(r) => revision_name(r)?,
-                None => String::new(),
-            },
+            revision: a.revision.clone().unwrap_or_default(),
             hook: a.hook.map_or(pb::Hook::Unspecified, HookArg::to_pb) as i32,
             in_interface: a.in_interface.clone().unwrap_or_default(),
             max_flows: a.max_flows,

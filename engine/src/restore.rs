@@ -269,6 +269,14 @@ pub enum ParseErrorKind {
     /// command line outside a `*table` block.
     #[error("unexpected line: {0}")]
     UnexpectedLine(&'static str),
+    /// The text is nftables syntax (`nft list ruleset`: `table inet filter {`, `flush
+    /// ruleset`, `add rule ...`), not iptables-restore text; reported once, at its first line,
+    /// and nothing after it is read.
+    #[error(
+        "this is nftables syntax (as `nft list ruleset` prints), not iptables-restore text: \
+         give what `iptables-save` (or `iptables-nft-save`) prints; nothing after this line was read"
+    )]
+    NftablesSyntax,
     /// `*name` with a name that is not filter, raw, nat, mangle or security.
     #[error("unknown table")]
     UnknownTable,
@@ -308,9 +316,19 @@ pub enum ParseErrorKind {
     #[error("Couldn't load match '{}'", clipped(.0))]
     UnknownMatch(String),
     /// `-j NAME` that is neither a target nor a chain declared on an earlier line (as
-    /// iptables-restore: chains must be declared before they are jumped to).
-    #[error("chain '{}' is not declared (as iptables-restore: chains must be declared before use)", clipped(.0))]
-    UnknownTarget(String),
+    /// iptables-restore: chains must be declared before they are jumped to); `hint` is the
+    /// nearest target or declared chain name, when one is close (`ACCPET` -> `ACCEPT`).
+    #[error(
+        "chain '{}' is not declared (as iptables-restore: chains must be declared before use){}",
+        clipped(.name),
+        .hint.as_ref().map(|h| format!("; did you mean '{h}'?")).unwrap_or_default()
+    )]
+    UnknownTarget {
+        /// The name after `-j` / `-g`.
+        name: String,
+        /// The nearest known target or declared chain.
+        hint: Option<String>,
+    },
     /// A value that does not parse (port, address, number, name...).
     #[error("invalid {what}: {reason}")]
     InvalidValue {
@@ -652,6 +670,43 @@ mod tests {
     }
 
     #[test]
+    fn nftables_input_is_one_error_that_says_so() {
+        let text = "#!/usr/sbin/nft -f\nflush ruleset\n\ntable inet filter {\n\
+                    \tchain input {\n\t\ttype filter hook input priority filter; policy drop;\n\
+                    \t\tct state established,related accept\n\t\ttcp dport 22 accept\n\t}\n}\n";
+        let e = errors(text, &v4());
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("2:1: this is nftables syntax") && e[0].contains("iptables-save"),
+            "{}",
+            e[0]
+        );
+        let e = errors("table ip nat {\n}\n", &v4());
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("nftables syntax"), "{}", e[0]);
+        // An iptables command outside a block is not taken for nft.
+        let e = errors("-A INPUT -j ACCEPT\n", &v4());
+        assert!(e[0].contains("outside a *table block"), "{}", e[0]);
+    }
+
+    #[test]
+    fn unknown_target_suggests_the_nearest_target_or_chain() {
+        let text = "*filter\n:MY-CHAIN - [0:0]\n-A INPUT -j ACCPET\n-A INPUT -j accept\n\
+                    -A INPUT -j MY-CHIAN\n-A INPUT -j QWERTY\nCOMMIT\n";
+        let e = errors(text, &v4());
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(
+            e[0].starts_with("3:13: chain 'ACCPET' is not declared")
+                && e[0].contains("did you mean 'ACCEPT'?"),
+            "{}",
+            e[0]
+        );
+        assert!(e[1].contains("did you mean 'ACCEPT'?"), "{}", e[1]);
+        assert!(e[2].contains("did you mean 'MY-CHAIN'?"), "{}", e[2]);
+        assert!(!e[3].contains("did you mean"), "{}", e[3]);
+    }
+
+    #[test]
     fn collects_one_error_per_bad_line_and_no_partial_result() {
         let text = "*filter\n-A INPUT -j NOPE\n-A INPUT -j ACCEPT\n-A INPUT -m nosuch\nCOMMIT\n";
         let e = errors(text, &v4());
@@ -661,6 +716,7 @@ mod tests {
             "{}",
             e[0]
         );
+        assert!(!e[0].contains("did you mean"), "{}", e[0]);
         assert!(
             e[1].starts_with("4:13: Couldn't load match 'nosuch'"),
             "{}",

@@ -1104,7 +1104,8 @@ impl AuthLayer {
         let token = authorization.and_then(bearer_token).ok_or_else(|| {
             denied(
                 Reason::TokenMissing,
-                "missing bearer token (send `authorization: Bearer TOKEN`)",
+                "missing bearer token (vallumctl: --token-file FILE or VALLUM_TOKEN_FILE; other clients: \
+                 send `authorization: Bearer TOKEN`)",
             )
         })?;
         let caller = tokens
@@ -1314,6 +1315,7 @@ mod tests {
             (e.code(), reason(&e).as_str()),
             (Code::Unauthenticated, "TOKEN_MISSING")
         );
+        assert!(e.message().contains("--token-file"), "{e:?}");
         let e = l.check(apply, Some(b"Basic abc")).unwrap_err();
         assert_eq!(reason(&e), "TOKEN_MISSING");
         let e = l

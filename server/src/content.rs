@@ -641,7 +641,7 @@ pub fn check_with(
                 let only_jumps = errs
                     .0
                     .iter()
-                    .all(|e| matches!(e.kind, restore::ParseErrorKind::UnknownTarget(_)));
+                    .all(|e| matches!(e.kind, restore::ParseErrorKind::UnknownTarget { .. }));
                 match restore::parse(&part.text, &noflush) {
                     Ok(r) if !r.external.is_empty() && !only_jumps => {
                         let mut chains: Vec<&str> =

@@ -46,7 +46,7 @@
 //! table found drifted is written again by the next commit of a ruleset that has kernel
 //! tables (or the next start); a commit of a filter-only ruleset does not touch the kernel.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -171,8 +171,8 @@ pub struct TableDrift {
     pub table: TableKind,
     /// The kernel's table differs from what vallumd wrote (or could not be read).
     pub drift: bool,
-    /// What differs (the first differing line of each side), why the kernel's table could
-    /// not be read, or empty when in sync.
+    /// What differs (the lines added in the kernel and those missing from it), why the
+    /// kernel's table could not be read, or empty when in sync.
     pub detail: String,
     /// When it was checked, Unix ns (0: not yet).
     pub checked_at: i64,
@@ -201,7 +201,7 @@ pub struct KernelTables {
     /// One kernel program at a time: a drift check never reads a table half written.
     running: tokio::sync::Mutex<()>,
     /// The last check's result per table, read by the metric's callback and GetStatus.
-    drift: Arc<Mutex<BTreeMap<(Family, TableKind), TableDrift>>>,
+    drift: DriftMap,
 }
 
 impl std::fmt::Debug for KernelTables {
@@ -592,29 +592,7 @@ impl KernelTables {
     /// Registers `vallum_kernel_tables_drift{family,table}` (1: drift, 0: in sync) with
     /// `metrics`.
     pub fn observe(&self, metrics: &crate::metrics::Metrics) {
-        let drift = self.drift.clone();
-        let gauge = metrics
-            .meter()
-            .u64_observable_gauge("vallum_kernel_tables_drift")
-            .with_description(
-                "1 when the kernel's copy of a table vallumd hands to it (--kernel-tables) \
-                 differs from vallumd's, 0 when they are the same (checked periodically and on \
-                 GetStatus).",
-            )
-            .with_callback(move |obs| {
-                let map = drift.lock().unwrap_or_else(PoisonError::into_inner);
-                for d in map.values() {
-                    obs.observe(
-                        u64::from(d.drift),
-                        &[
-                            opentelemetry::KeyValue::new("family", family_name(d.family)),
-                            opentelemetry::KeyValue::new("table", d.table.name()),
-                        ],
-                    );
-                }
-            })
-            .build();
-        metrics.keep(Box::new(gauge));
+        observe_drift(metrics, self.drift.clone());
     }
 
     /// Runs [`KernelTables::check`] every `--kernel-tables-check-interval` until the task is
@@ -646,24 +624,75 @@ fn conflict(family: Family, kind: TableKind, chain: &str, a: &str, b: &str, what
         family_name(family)
     ))
 }
-
-/// `None` when `ours` and `theirs` are the same text, else the first line where they differ.
+/// `None` when `ours` and `theirs` are the same text, else what differs: the kernel's lines
+/// vallumd did not write ("added in the kernel", e.g. a rule added by hand) and vallumd's lines
+/// the kernel lacks ("missing from the kernel"), each as a multiset of lines (a line written
+/// twice counts twice), at most [`DRIFT_LINES`] of each and how many more; when both hold the
+/// same lines in another order, the first line out of place.
 fn differs(ours: &str, theirs: &str) -> Option<String> {
     if ours == theirs {
         return None;
     }
-    let (mut a, mut b) = (ours.lines(), theirs.lines());
-    loop {
-        match (a.next(), b.next()) {
-            (Some(x), Some(y)) if x == y => continue,
-            (x, y) => {
-                return Some(format!(
-                    "vallumd has {:?}, the kernel has {:?}",
-                    x.unwrap_or("(nothing)"),
-                    y.unwrap_or("(nothing)")
-                ));
-            }
+    let mut count: HashMap<&str, i64> = HashMap::new();
+    for l in ours.lines() {
+        *count.entry(l).or_default() += 1;
+    }
+    for l in theirs.lines() {
+        *count.entry(l).or_default() -= 1;
+    }
+    // In the order each side prints them.
+    let mut left = count.clone();
+    let missing: Vec<&str> = ours.lines().filter(|l| take_one(&mut left, l, 1)).collect();
+    let added: Vec<&str> = theirs
+        .lines()
+        .filter(|l| take_one(&mut left, l, -1))
+        .collect();
+    let list = |what: &str, lines: &[&str]| {
+        let mut s = format!("{what} ({}): ", lines.len());
+        let shown: Vec<String> = lines
+            .iter()
+            .take(DRIFT_LINES)
+            .map(|l| format!("{l:?}"))
+            .collect();
+        s.push_str(&shown.join(", "));
+        if lines.len() > DRIFT_LINES {
+            s.push_str(&format!(" and {} more", lines.len() - DRIFT_LINES));
         }
+        s
+    };
+    let mut parts = Vec::new();
+    if !added.is_empty() {
+        parts.push(list("added in the kernel", &added));
+    }
+    if !missing.is_empty() {
+        parts.push(list("missing from the kernel", &missing));
+    }
+    if parts.is_empty() {
+        let (n, l) = ours
+            .lines()
+            .zip(theirs.lines())
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .map_or((0, ""), |(n, (a, _))| (n + 1, a));
+        return Some(format!(
+            "the same lines in another order: vallumd's line {n} {l:?} is elsewhere in the kernel"
+        ));
+    }
+    Some(parts.join("; "))
+}
+
+/// Lines of each kind a drift detail lists ([`differs`]).
+const DRIFT_LINES: usize = 5;
+
+/// Whether `line` is one more on the side `sign` stands for (1: vallumd's, -1: the kernel's)
+/// in `left`, which it then counts down.
+fn take_one(left: &mut HashMap<&str, i64>, line: &str, sign: i64) -> bool {
+    match left.get_mut(line) {
+        Some(n) if *n * sign > 0 => {
+            *n -= sign;
+            true
+        }
+        _ => false,
     }
 }
 
@@ -718,6 +747,37 @@ async fn run(program: &Path, args: &[&str], input: Option<&str>) -> Result<Outpu
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
     })
+}
+
+/// The drift map of [`KernelTables`] per (family, table), as its metric's callback reads it.
+pub(crate) type DriftMap = Arc<Mutex<BTreeMap<(Family, TableKind), TableDrift>>>;
+
+/// Registers `vallum_kernel_tables_drift{family,table}` (1: drift, 0: in sync), read from
+/// `drift` at scrape time, with `metrics` ([`KernelTables::observe`]; the metric reference's
+/// test feeds it a map of its own).
+pub(crate) fn observe_drift(metrics: &crate::metrics::Metrics, drift: DriftMap) {
+    let gauge = metrics
+        .meter()
+        .u64_observable_gauge("vallum_kernel_tables_drift")
+        .with_description(
+            "1 when the kernel's copy of a table vallumd hands to it (--kernel-tables) \
+             differs from vallumd's, 0 when they are the same (checked periodically and on \
+             GetStatus).",
+        )
+        .with_callback(move |obs| {
+            let map = drift.lock().unwrap_or_else(PoisonError::into_inner);
+            for d in map.values() {
+                obs.observe(
+                    u64::from(d.drift),
+                    &[
+                        opentelemetry::KeyValue::new("family", family_name(d.family)),
+                        opentelemetry::KeyValue::new("table", d.table.name()),
+                    ],
+                );
+            }
+        })
+        .build();
+    metrics.keep(Box::new(gauge));
 }
 
 #[cfg(test)]
@@ -845,11 +905,30 @@ mod tests {
     }
 
     #[test]
-    fn drift_names_the_first_difference() {
+    fn drift_says_what_was_added_and_what_is_missing() {
         assert_eq!(differs("a\nb\n", "a\nb\n"), None);
         let d = differs("a\nb\n", "a\nc\n").unwrap();
-        assert_eq!(d, r#"vallumd has "b", the kernel has "c""#);
-        let d = differs("a\n", "a\nx\n").unwrap();
-        assert!(d.contains("(nothing)"), "{d}");
+        assert_eq!(
+            d,
+            r#"added in the kernel (1): "c"; missing from the kernel (1): "b""#
+        );
+        // A rule added by hand above ours: only the addition, ours is not reported gone.
+        let ours =
+            "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -p tcp --dport 80 -j DNAT\nCOMMIT\n";
+        let theirs = "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -s 10.9.9.9/32 -j ACCEPT\n\
+                      -A PREROUTING -p tcp --dport 80 -j DNAT\nCOMMIT\n";
+        let d = differs(ours, theirs).unwrap();
+        assert_eq!(
+            d,
+            r#"added in the kernel (1): "-A PREROUTING -s 10.9.9.9/32 -j ACCEPT""#
+        );
+        let d = differs("a\nb\n", "b\na\n").unwrap();
+        assert!(d.starts_with("the same lines in another order"), "{d}");
+        // A line twice on one side counts twice; long lists are cut.
+        let d = differs("a\n", "a\na\n").unwrap();
+        assert_eq!(d, r#"added in the kernel (1): "a""#);
+        let many: String = (0..8).map(|i| format!("x{i}\n")).collect();
+        let d = differs("", &many).unwrap();
+        assert!(d.ends_with(r#""x4" and 3 more"#), "{d}");
     }
 }

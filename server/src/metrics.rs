@@ -563,11 +563,21 @@ impl Metrics {
     /// help texts and [`crate::nfqueue_stats`]. Nothing is registered without queues. Call
     /// once.
     pub fn observe_nfqueue(&self, queues: Vec<Arc<crate::nfqueue_stats::QueueCounters>>) {
+        self.observe_nfqueue_at(std::path::Path::new("/proc"), queues);
+    }
+
+    /// [`Metrics::observe_nfqueue`] with the kernel's files read under `proc` instead of
+    /// `/proc` (the metric reference's test feeds every family from files of its own).
+    pub(crate) fn observe_nfqueue_at(
+        &self,
+        proc: &std::path::Path,
+        queues: Vec<Arc<crate::nfqueue_stats::QueueCounters>>,
+    ) {
         use crate::nfqueue_stats::{QueueStats, Scraper};
         if queues.is_empty() {
             return;
         }
-        let scraper = Arc::new(Scraper::new(std::path::Path::new("/proc"), queues));
+        let scraper = Arc::new(Scraper::new(proc, queues));
         let q = |s: &QueueStats| KeyValue::new("queue", s.queue.to_string());
         type Pick = fn(&QueueStats) -> Option<u64>;
         let counters: [(&'static str, &'static str, Pick); 9] = [

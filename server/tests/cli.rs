@@ -1228,6 +1228,7 @@ async fn token_file_and_revisions_with_time_and_author() {
     let r = run_at(&url, &[], &["apply", "web", &good]).await;
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(r.stderr.contains("TOKEN_MISSING"), "{}", r.stderr);
+    assert!(r.stderr.contains("--token-file"), "{}", r.stderr);
     let r = run_at(
         &url,
         &[],
@@ -1391,4 +1392,190 @@ async fn plaintext_to_a_tls_server_says_use_https() {
             )
         );
     }
+}
+
+/// Exit codes decided by the command line or the file alone, whether the server is up or not:
+/// a malformed revision name is a usage error (2) before any call; a file over
+/// `--max-file-bytes` is refused by its size (1) before it is read (the child's peak memory
+/// stays far below the file's 300 MB), and standard input once one byte past the limit came.
+/// And `--server` pointed at vallumd's metrics port (HTTP, not gRPC) exits 3 with a hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_size_are_decided_before_any_call() {
+    let (d, dir) = real().await;
+    let up = d.url();
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    for url in [&up, &down] {
+        for args in [
+            &["commit", "web"][..],
+            &["rollback", "web/x"],
+            &["diff", "web/1", "web"],
+            &[
+                "trace",
+                "--src",
+                "10.0.0.1",
+                "--dst",
+                "10.0.0.2",
+                "--revision",
+                "a/b/1",
+            ],
+        ] {
+            let r = run_at(url, &[], args).await;
+            assert_eq!(r.code, 2, "{url} {args:?}: {}", r.stderr);
+            assert!(r.stderr.contains("is not a revision"), "{}", r.stderr);
+        }
+    }
+
+    // 300 MB (sparse): refused by its size, unread.
+    let big = dir.path().join("big.rules");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    for url in [&up, &down] {
+        let child = std::process::Command::new(support::vallumctl())
+            .args(["apply", "web"])
+            .arg(&big)
+            .env_clear()
+            .env("VALLUM_SERVER", url)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (code, stderr, max_rss_kib) = wait_with_rusage(child);
+        assert_eq!(code, 1, "{stderr}");
+        assert!(
+            stderr.contains("314572800 bytes, more than --max-file-bytes (67108864 bytes)"),
+            "{stderr}"
+        );
+        assert!(
+            max_rss_kib < 100 << 10,
+            "peak RSS {max_rss_kib} KiB: the file was read"
+        );
+    }
+    // Standard input over a lowered limit; within it, the call is made.
+    let mut child = tokio::process::Command::new(support::vallumctl())
+        .args(["--max-file-bytes", "100", "apply", "web", "-"])
+        .env_clear()
+        .env("VALLUM_SERVER", &up)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        // The child stops reading past the limit: a refused write is the expected end.
+        let _ = stdin.write_all(&[b'#'; 4096]).await;
+    }
+    let out = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("<stdin>: it holds more than --max-file-bytes (100 bytes)"),
+        "{stderr}"
+    );
+    let good = write(dir.path(), "good.rules", GOOD);
+    let r = run_at(
+        &up,
+        &[("VALLUM_MAX_FILE_BYTES", "4096")],
+        &["apply", "web", &good],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    // The metrics port answers HTTP, not gRPC: unavailable, with what to use instead.
+    let metrics = format!("http://{}", d.metrics_addr);
+    let r = run_at(&metrics, &[], &["status"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("not vallumd's gRPC port") && r.stderr.contains("--listen"),
+        "{}",
+        r.stderr
+    );
+    let r = run_at(&metrics, &[], &["-o", "json", "rulesets"]).await;
+    let e: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(
+        (r.code, &e["reason"]),
+        (3, &"UNREACHABLE".into()),
+        "{}",
+        r.stderr
+    );
+}
+
+/// Waits for `child` with wait4(2): its exit code, stderr and peak resident memory (KiB).
+fn wait_with_rusage(mut child: std::process::Child) -> (i32, String, i64) {
+    use std::io::Read;
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child, not waited for yet; `status` and `usage` are live
+    // out-parameters of the right types.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
+    (libc::WEXITSTATUS(status), stderr, usage.ru_maxrss)
+}
+
+/// `vallumctl --wait` waits for a vallumd that is not there yet and then answers; without
+/// `--wait` the same call fails at once (3), and `--wait=DURATION` gives up after that long
+/// (3). On a unix socket (no port another process could take in between): the test first
+/// holds the socket path itself and accepts vallumctl's connection, which proves vallumctl is
+/// waiting before vallumd exists; it closes that connection (a server that went away) and only
+/// then starts vallumd on the path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_waits_for_vallumd_to_start_and_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("v.sock");
+    let url = format!("unix:{}", sock.display());
+    let r = run_at(&url, &[], &["status"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let r = run_at(&url, &[], &["--wait=300ms", "status"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    let waiting = tokio::process::Command::new(support::vallumctl())
+        .args(["--wait", "-o", "json", "status"])
+        .env_clear()
+        .env("VALLUM_SERVER", &url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held = sock.clone();
+    tokio::task::spawn_blocking(move || {
+        let l = std::os::unix::net::UnixListener::bind(&held).unwrap();
+        let (conn, _) = l.accept().unwrap();
+        drop(conn);
+        drop(l);
+        std::fs::remove_file(&held).unwrap();
+    })
+    .await
+    .unwrap();
+    let sock_arg = sock.display().to_string();
+    let d = support::Vallumd::start(&dir.path().join("v.db"), &["--socket", &sock_arg]);
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        waiting.wait_with_output(),
+    )
+    .await
+    .expect("vallumctl --wait returned once vallumd served")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        st["cores"].as_array().is_some_and(|c| !c.is_empty()),
+        "{st}"
+    );
+    drop(d);
 }

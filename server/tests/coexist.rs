@@ -497,8 +497,12 @@ fn env_value(text: &str, name: &str) -> String {
 }
 
 /// deploy/systemd: the steering unit runs `vallumctl dataplane install $VALLUM_STEERING_ARGS`
-/// and the vallumd unit `vallumd ... $VALLUMD_ARGS`; the shipped defaults parse with each
-/// program's own parser and agree (queues = cores, the same mode).
+/// and the vallumd unit `vallumd ... $VALLUMD_ARGS` (from /usr/local/bin, where deploy/install.sh
+/// puts them); the shipped defaults parse with each program's own parser and agree (queues =
+/// cores, the same mode), the shipped steering never queues SSH (22) nor vallumd's own gRPC and
+/// metrics ports (so no ruleset locks the operator out), and neither does `dataplane install`
+/// without `--exempt-tcp-ports`. `systemd-analyze verify` of the installed units:
+/// server/tests/install.rs.
 #[test]
 fn systemd_units_parse_and_agree() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd");
@@ -507,7 +511,8 @@ fn systemd_units_parse_and_agree() {
     let steering = read("vallum-steering.service");
     let daemon = read("vallumd.service");
     assert!(
-        steering.contains("ExecStart=/usr/bin/vallumctl dataplane install $VALLUM_STEERING_ARGS"),
+        steering
+            .contains("ExecStart=/usr/local/bin/vallumctl dataplane install $VALLUM_STEERING_ARGS"),
         "{steering}"
     );
     assert!(steering.contains("Before=network-pre.target"), "{steering}");
@@ -517,7 +522,7 @@ fn systemd_units_parse_and_agree() {
     );
     let exec = daemon
         .lines()
-        .find_map(|l| l.strip_prefix("ExecStart=/usr/bin/vallumd "))
+        .find_map(|l| l.strip_prefix("ExecStart=/usr/local/bin/vallumd "))
         .expect("vallumd ExecStart");
     let steer_args = env_value(&read("vallum-steering.default"), "VALLUM_STEERING_ARGS");
     let daemon_args = env_value(&read("vallumd.default"), "VALLUMD_ARGS");
@@ -553,6 +558,46 @@ fn systemd_units_parse_and_agree() {
                 "{report}"
             );
         }
+    }
+    // No lockout: SSH and vallumd's own ports are exempt in the shipped steering, and in
+    // `dataplane install`'s default.
+    let own = [
+        22,
+        u64::from(config.listen.port()),
+        u64::from(config.metrics.metrics_listen.port()),
+    ];
+    let exempt = |report: &serde_json::Value| -> Vec<u64> {
+        report["installed"]
+            .as_array()
+            .expect("installed")
+            .iter()
+            .flat_map(|f| {
+                f["exempt_tcp_ports"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|p| p.as_u64())
+            .collect()
+    };
+    let shipped = exempt(&report);
+    for port in own {
+        assert!(
+            shipped.iter().filter(|&&p| p == port).count() == 2,
+            "the shipped steering ({steer_args}) queues TCP {port} in a family: {report}"
+        );
+    }
+    let out = Command::new(support::vallumctl())
+        .args(["dataplane", "install", "--dry-run", "-o", "json"])
+        .output()
+        .expect("vallumctl");
+    assert!(out.status.success(), "{out:?}");
+    let bare: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    for port in own {
+        assert!(
+            exempt(&bare).contains(&port),
+            "`dataplane install` queues TCP {port} by default: {bare}"
+        );
     }
 }
 

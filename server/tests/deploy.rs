@@ -738,14 +738,19 @@ const FULLNAME: &str = "fw-vallum";
 /// Renders the chart with Helm's engine as a JSON map of template path -> output (NOTES.txt
 /// included), after checking the values against values.schema.json; errors on stderr, exit 1.
 /// argv: chart dir, release, namespace, values as JSON.
+/// argv 5: the API versions the cluster serves (JSON list), as `helm template --api-versions`
+/// (helm_render's `api_versions` option, which `Chart.render` does not pass on).
 const HELM_PYTHON: &str = r#"
 import json, sys
 import helm_python as helm
+from helm_python import _native
 chart_dir, release, namespace, values = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+api_versions = json.loads(sys.argv[5])
 try:
     with helm.Chart.load(chart_dir) as c:
         c.validate_schema(values)
-        out = c.render(values, name=release, namespace=namespace)
+        opts = {"name": release, "namespace": namespace, "api_versions": api_versions}
+        out = json.loads(_native.call_string("helm_render", c._raw(), json.dumps(values), json.dumps(opts)))
     lint = helm.lint(chart_dir)
 except Exception as e:
     sys.stderr.write(f"{type(e).__name__}: {e}\n")
@@ -781,9 +786,18 @@ struct Render {
     notes: Option<String>,
 }
 
-/// Renders the chart with `values` (merged over values.yaml as `helm -f` does); `Err` with
-/// Helm's message when Helm refuses (schema, `fail`, template error) or lint finds errors.
+/// The Prometheus Operator's API group version: a cluster with its CRDs serves it.
+const OPERATOR_API: &str = "monitoring.coreos.com/v1";
+
+/// Renders the chart with `values` (merged over values.yaml as `helm -f` does) for a cluster
+/// with the Prometheus Operator ([`OPERATOR_API`]); `Err` with Helm's message when Helm
+/// refuses (schema, `fail`, template error) or lint finds errors.
 fn try_render(h: Helm, values: &Value) -> Result<Render, String> {
+    try_render_on(h, values, &[OPERATOR_API])
+}
+
+/// [`try_render`] for a cluster that serves `api_versions` besides Kubernetes' own.
+fn try_render_on(h: Helm, values: &Value, api_versions: &[&str]) -> Result<Render, String> {
     let dir = root().join("helm/vallum");
     match h {
         Helm::Binary => {
@@ -804,7 +818,11 @@ fn try_render(h: Helm, values: &Value) -> Result<Render, String> {
                 }
             };
             run(&["lint", "--strict"]).map_err(|e| format!("helm lint: {e}"))?;
-            let text = run(&["template", RELEASE, "--namespace", NAMESPACE])?;
+            let mut args = vec!["template", RELEASE, "--namespace", NAMESPACE];
+            for v in api_versions {
+                args.extend(["--api-versions", v]);
+            }
+            let text = run(&args)?;
             Ok(Render {
                 docs: yaml_docs(&text, &format!("helm template ({values})")),
                 notes: None,
@@ -816,6 +834,7 @@ fn try_render(h: Helm, values: &Value) -> Result<Render, String> {
                 .arg(&dir)
                 .args([RELEASE, NAMESPACE])
                 .arg(values.to_string())
+                .arg(json!(api_versions).to_string())
                 .output()
                 .expect("run python3");
             if !out.status.success() {
@@ -884,8 +903,9 @@ fn chart_renders_into_typed_objects() {
     };
     println!("NOTE chart rendered by {h:?}");
 
-    // Defaults: node agent with NFQUEUE on FORWARD, emptyDir, ServiceMonitor, PodDisruptionBudget,
-    // PrometheusRule, dashboard ConfigMap.
+    // Defaults, on a cluster with the Prometheus Operator: node agent with NFQUEUE on FORWARD,
+    // the store on a hostPath, ServiceMonitor, PodDisruptionBudget, PrometheusRule, dashboard
+    // ConfigMap.
     let r = render(h, &json!({}));
     let o = parse_objects(&r.docs, "chart defaults");
     assert_eq!(
@@ -978,8 +998,13 @@ fn chart_renders_into_typed_objects() {
     assert_eq!(packaged, dashboard(), "chart dashboard ConfigMap");
     if let Some(notes) = &r.notes {
         assert!(notes.contains("mode: daemonset"), "{notes}");
-        assert!(notes.contains("emptyDir"), "{notes}");
+        assert!(notes.contains("(hostPath)"), "{notes}");
     }
+    assert_eq!(
+        db_volume(spec),
+        json!({ "name": "vallum-db", "hostPath": { "path": "/var/lib/vallum", "type": "DirectoryOrCreate" } }),
+        "daemonset default store"
+    );
 
     // Node agent with scheduling, extra env, a hostPath store, seqcst, 8 workers, an image tag.
     let r = render(
@@ -1128,6 +1153,66 @@ fn chart_renders_into_typed_objects() {
     );
     let sm = &docs_of(&r.docs, "ServiceMonitor")[0];
     assert_eq!(sm["metadata"]["labels"]["release"], "kube-prometheus");
+}
+
+/// The `vallum-db` volume of a pod spec, as JSON.
+fn db_volume(spec: &PodSpec) -> Value {
+    let v = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "vallum-db")
+        .expect("the vallum-db volume");
+    serde_json::to_value(v).expect("json")
+}
+
+/// On a plain cluster (no Prometheus Operator CRDs: no monitoring.coreos.com/v1) the chart's
+/// defaults render no ServiceMonitor or PrometheusRule (whose kinds that cluster would refuse)
+/// and NOTES.txt says so; the daemonset keeps its store on the node (hostPath) unless told
+/// otherwise, and sidecar mode defaults to an emptyDir.
+#[test]
+fn chart_installs_on_a_cluster_without_the_prometheus_operator() {
+    let Some(h) = helm() else {
+        println!("SKIP chart render: neither `helm` nor helm-python-sdk is installed");
+        return;
+    };
+    let r = try_render_on(h, &json!({}), &[]).unwrap_or_else(|e| panic!("plain cluster: {e}"));
+    let o = parse_objects(&r.docs, "plain cluster");
+    assert_eq!(
+        o.kinds(),
+        BTreeSet::from(["ConfigMap", "DaemonSet", "PodDisruptionBudget", "Service"]),
+        "no monitoring.coreos.com/v1 objects"
+    );
+    let (_, spec) = &o.pod_specs()[0];
+    assert_eq!(
+        db_volume(spec)["hostPath"]["path"],
+        "/var/lib/vallum",
+        "daemonset default store"
+    );
+    if let Some(notes) = &r.notes {
+        assert!(notes.contains("no monitoring.coreos.com/v1 API"), "{notes}");
+        assert!(!notes.contains("Alerts: PrometheusRule"), "{notes}");
+    }
+    // An explicit emptyDir is still one; sidecar mode's default is an emptyDir.
+    let r = try_render_on(h, &json!({ "persistence": { "type": "emptyDir" } }), &[])
+        .unwrap_or_else(|e| panic!("emptyDir: {e}"));
+    let o = parse_objects(&r.docs, "emptyDir");
+    assert_eq!(
+        db_volume(&o.pod_specs()[0].1),
+        json!({ "name": "vallum-db", "emptyDir": {} })
+    );
+    let app = json!({ "name": "app", "image": "app:1" });
+    let r = try_render_on(
+        h,
+        &json!({ "mode": "sidecar", "sidecar": { "containers": [app] } }),
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("sidecar: {e}"));
+    let o = parse_objects(&r.docs, "sidecar");
+    assert_eq!(
+        db_volume(&o.pod_specs()[0].1),
+        json!({ "name": "vallum-db", "emptyDir": {} })
+    );
 }
 
 /// values.schema.json refuses what the templates cannot use, and sidecar mode without the
@@ -1592,6 +1677,8 @@ const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_conntrack_insert_failed_total", "counter"),
     // Issue #13: stored active revisions that did not load at start.
     ("vallum_rulesets_not_loaded", "gauge"),
+    // --kernel-tables (server/src/kernel_tables.rs).
+    ("vallum_kernel_tables_drift", "gauge"),
     // Fleet mode (issue #17, server/src/fleet/agent.rs).
     ("vallum_fleet_connected", "gauge"),
     ("vallum_fleet_revision", "gauge"),
@@ -1720,6 +1807,31 @@ fn dashboard_and_alert_metrics_are_declared_in_design() {
                 || BEYOND_DESIGN.iter().any(|(n, _)| *n == base)
                 || EXTERNAL_METRICS.contains(&m.as_str()),
             "{w} uses {m}, which DESIGN.md does not declare"
+        );
+    }
+}
+
+/// docs/metrics.md (generated from the registry by `metric_reference_is_docs_metrics_md`) lists
+/// every family this file knows (the design's and the ones beyond it, `vallum_nfqueue_*` and
+/// `vallum_kernel_tables_drift` among them) and every vallumd metric the dashboard and the
+/// alerts use.
+#[test]
+fn metrics_reference_lists_every_known_and_used_metric() {
+    let reference = read("docs/metrics.md");
+    let listed = |name: &str| reference.contains(&format!("| `{name}` |"));
+    for (n, kind) in DESIGN_METRICS.iter().chain(BEYOND_DESIGN) {
+        assert!(
+            reference.contains(&format!("| `{n}` | {kind} |")),
+            "docs/metrics.md does not list {n} ({kind})"
+        );
+    }
+    for (m, w) in used_metrics() {
+        if EXTERNAL_METRICS.contains(&m.as_str()) {
+            continue;
+        }
+        assert!(
+            listed(base_name(&m)),
+            "{w} uses {m}, which docs/metrics.md does not list"
         );
     }
 }

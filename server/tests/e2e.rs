@@ -252,7 +252,7 @@ fn expectation(text: &str, v6: bool) -> Result<(), (&'static str, Option<String>
             let only_jumps = errs.0.iter().all(|e| {
                 matches!(
                     e.kind,
-                    vallum_engine::restore::ParseErrorKind::UnknownTarget(_)
+                    vallum_engine::restore::ParseErrorKind::UnknownTarget { .. }
                 )
             });
             match parse(text, &nf) {

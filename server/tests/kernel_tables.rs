@@ -431,6 +431,12 @@ async fn scenario(d: &Vallumd, h: &str, c: &str, x: &str) {
     let drifted = v4(&status(d).await);
     assert!(drifted.drift, "{drifted:?}");
     assert!(drifted.detail.contains("10.9.9.9"), "{drifted:?}");
+    // The rule added by hand is named as added; nothing of ours reads as gone.
+    assert!(
+        drifted.detail.starts_with("added in the kernel (1): ")
+            && !drifted.detail.contains("missing"),
+        "{drifted:?}"
+    );
     let metrics = http_get(&d.metrics_addr, "/metrics");
     assert!(
         metrics

@@ -799,18 +799,57 @@ async fn scenario(d: &Vallumd, b: &str) {
     copy_range_follows_the_rules(d, b, pass, block).await;
 }
 
-/// The copy ranges of the queues bound in this thread's namespace
-/// (/proc/net/netfilter/nfnetlink_queue: queue, portid, waiting, copy mode, copy range, ...).
-fn copy_ranges() -> Vec<(u16, u32)> {
+/// Each queue bound in this thread's namespace: (queue, copy range, id sequence), from
+/// /proc/net/netfilter/nfnetlink_queue (queue, portid, waiting, copy mode, copy range,
+/// queue dropped, user dropped, id sequence, 1). The id sequence is the id of the queue's last
+/// packet: it moves by one for every packet queued there, whatever its hook or sender.
+fn queues() -> Vec<(u16, u32, u32)> {
     let t = std::fs::read_to_string("/proc/thread-self/net/netfilter/nfnetlink_queue")
         .expect("nfnetlink_queue");
     t.lines()
         .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let queue = f.next()?.parse().ok()?;
-            Some((queue, f.nth(3)?.parse().ok()?))
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(4)?.parse().ok()?,
+                f.get(7)?.parse().ok()?,
+            ))
         })
         .collect()
+}
+
+/// The queues that carried a packet since `before` (a [`queues`] reading): which queue the
+/// kernel picks for a flow is its own choice (a hash of the addresses with a random seed, or
+/// the sender's CPU), so the test asks the kernel instead of assuming one.
+fn carried_since(before: &[(u16, u32, u32)]) -> Vec<u16> {
+    queues()
+        .into_iter()
+        .filter(|&(q, _, seq)| !before.iter().any(|&(bq, _, bseq)| bq == q && bseq == seq))
+        .map(|(q, _, _)| q)
+        .collect()
+}
+
+/// Waits (up to 10 s) until every queue that carried a packet since `before` has a copy range
+/// that `ok` accepts, and at least one did; the queues that carried one, or a panic with
+/// `what` and the queues as they are.
+async fn carriers_reach(before: &[(u16, u32, u32)], ok: fn(u32) -> bool, what: &str) -> Vec<u16> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let carried = carried_since(before);
+        let now = queues();
+        let all_ok = carried
+            .iter()
+            .all(|q| now.iter().any(|&(nq, range, _)| nq == *q && ok(range)));
+        if !carried.is_empty() && all_ok {
+            return carried;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: queues that carried packets {carried:?}, now (queue, copy range, id) \
+             {now:?}, before {before:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// One UDP datagram of 1000 bytes to the echo service with `DEEP_STRING` at byte 900 (or
@@ -834,34 +873,40 @@ async fn copy_range_follows_the_rules(d: &Vallumd, b: &str, pass: Duration, bloc
          -A INPUT -p udp -m udp --dport {UDP_PORT} -m string --string {DEEP_STRING} --algo bm \
          -j DROP\nCOMMIT\n"
     );
-    // Headers only: once a batch ran on the new snapshot, its queue copies 256 bytes.
+    // Headers only: once a batch ran on the new snapshot, its queue copies 256 bytes. Which
+    // queue carries B's datagrams is the kernel's choice (a seeded hash of the addresses):
+    // every queue that carried a packet after the commit is asked, whichever it was.
     apply(d, ACCEPT_ALL).await;
-    let mut tries = 0;
-    let queue = loop {
-        if let Some(&(q, _)) = copy_ranges().iter().find(|q| q.1 == 256) {
-            break q;
-        }
-        tries += 1;
-        assert!(tries < 50, "(n) no queue at 256 bytes: {:?}", copy_ranges());
-        in_netns(b, move || udp_probe(pass));
-    };
+    let before = queues();
+    assert!(
+        in_netns(b, move || (0..3).any(|_| udp_probe(pass))),
+        "(n) a datagram passes the ACCEPT ruleset"
+    );
+    carriers_reach(
+        &before,
+        |r| r == 256,
+        "(n) headers-only rules copy 256 bytes",
+    )
+    .await;
     // The string rule reads the whole packet: packets copied short are queued again whole.
     apply(d, &deep).await;
+    let before = queues();
     assert!(
         !in_netns(b, move || udp_deep_probe(true, block)),
-        "(n) the string 900 bytes in is found (copy ranges {:?})",
-        copy_ranges()
+        "(n) the string 900 bytes in is found (queues {:?})",
+        queues()
     );
     assert!(
         in_netns(b, move || (0..3).any(|_| udp_deep_probe(false, pass))),
         "(n) a datagram without the string passes"
     );
     // 65535 asked; the kernel keeps 65531 (NFQNL_MAX_COPY_RANGE less an attribute header).
-    assert!(
-        copy_ranges().iter().any(|&(q, r)| q == queue && r >= 65531),
-        "(n) queue {queue}, which carried B's datagrams, copies the whole packet: {:?}",
-        copy_ranges()
-    );
+    carriers_reach(
+        &before,
+        |r| r >= 65531,
+        "(n) the queues that carried B's datagrams copy the whole packet",
+    )
+    .await;
     assert!(
         !in_netns(b, move || udp_deep_probe(true, block)),
         "(n) the string is found with the whole packet copied"

@@ -269,6 +269,25 @@ fn restore_refuses(
     ))
 }
 
+/// Whether a line outside any `*table` block, split into `w`, is an nftables statement (`nft
+/// list ruleset` / `nft -f` syntax): `table FAMILY NAME {`, `flush ruleset`, `define`,
+/// `include`, or `add|insert|create|delete|flush|replace table|chain|rule|set|map|element`.
+fn looks_like_nft(w: &[Tok<'_>]) -> bool {
+    const FAMILIES: [&str; 6] = ["ip", "ip6", "inet", "arp", "bridge", "netdev"];
+    const VERBS: [&str; 6] = ["add", "insert", "create", "delete", "flush", "replace"];
+    const OBJECTS: [&str; 6] = ["table", "chain", "rule", "set", "map", "element"];
+    let word = |i: usize| w.get(i).map(|t| t.text);
+    match (word(0), word(1)) {
+        (Some("table"), Some(f)) => {
+            FAMILIES.contains(&f) || word(2) == Some("{") || f.ends_with('{')
+        }
+        (Some("flush"), Some("ruleset")) => true,
+        (Some("define" | "include"), Some(_)) => true,
+        (Some(v), Some(o)) => VERBS.contains(&v) && OBJECTS.contains(&o),
+        _ => false,
+    }
+}
+
 /// Splits a line on blanks with 1-based columns (for `:` and `*` lines, which iptables-restore
 /// splits with strtok, without quote handling).
 fn words(line: &str) -> Vec<Tok<'_>> {
@@ -534,6 +553,15 @@ fn parse_lines<'a>(
                 None => {
                     let w = words(line);
                     let first = &w[0];
+                    if st.errors.is_empty() && looks_like_nft(&w) {
+                        st.error(ParseError::new(
+                            line_no,
+                            first.column,
+                            first.text.to_string(),
+                            K::NftablesSyntax,
+                        ));
+                        break;
+                    }
                     st.error(ParseError::new(
                         line_no,
                         first.column,

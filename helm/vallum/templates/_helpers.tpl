@@ -54,3 +54,22 @@ app.kubernetes.io/component: {{ if eq .Values.mode "daemonset" }}node-agent{{ el
 {{- define "vallum.steerHooks" -}}
 {{- if .Values.nfqueue.hooks }}{{ .Values.nfqueue.hooks }}{{ else if eq .Values.mode "daemonset" }}FORWARD{{ else }}INPUT OUTPUT{{ end }}
 {{- end }}
+
+{{/*
+Where the store lives: persistence.type, or when it is empty the mode's default: hostPath in
+daemonset mode (the node keeps the store across pod restarts and upgrades), emptyDir in sidecar
+mode (replicas share no volume).
+*/}}
+{{- define "vallum.persistenceType" -}}
+{{- if .Values.persistence.type }}{{ .Values.persistence.type }}{{ else if eq .Values.mode "daemonset" }}hostPath{{ else }}emptyDir{{ end }}
+{{- end }}
+
+{{/*
+Whether the cluster serves the Prometheus Operator's API (monitoring.coreos.com/v1): the
+ServiceMonitor and PrometheusRule are rendered only then, so the chart installs on a cluster
+without the operator's CRDs. `helm template` asks no cluster: pass
+`--api-versions monitoring.coreos.com/v1` to render them.
+*/}}
+{{- define "vallum.hasPrometheusOperator" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}

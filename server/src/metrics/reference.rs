@@ -110,8 +110,10 @@ mod tests {
         }
     }
 
-    /// Metrics with every instrument fed once (each family needs a series to be listed).
-    fn every_metric() -> Metrics {
+    /// Metrics with every instrument fed once (each family needs a series to be listed), and
+    /// the directory that stands for `/proc` for the `vallum_nfqueue_*` families (one bound,
+    /// fail-open queue 0), kept while the metrics are read.
+    fn every_metric() -> (Metrics, tempfile::TempDir) {
         let metrics = Metrics::new(&MetricsConfig {
             metrics_rule_counters: true,
             ..MetricsConfig::default()
@@ -165,13 +167,50 @@ mod tests {
             .finish(code);
         }
         crate::fleet::agent::FleetStats::new(&metrics).record_each_once();
-        metrics
+        // NFQUEUE queue 0 as the kernel lists it (formats of nfnetlink_queue's and netlink's
+        // seq_show), held by port id 4242.
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc.path().join("net/netfilter")).unwrap();
+        std::fs::write(
+            proc.path().join("net/netfilter/nfnetlink_queue"),
+            "    0   4242     0 2   256     0     0        3  1\n",
+        )
+        .unwrap();
+        std::fs::write(
+            proc.path().join("net/netlink"),
+            "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n\
+             00000000ea56557b 12  4242       00000000 0        0        0     2        0        565\n",
+        )
+        .unwrap();
+        metrics.observe_nfqueue_at(
+            proc.path(),
+            vec![Arc::new(crate::nfqueue_stats::QueueCounters::new(
+                0,
+                true,
+                1024,
+                1 << 20,
+            ))],
+        );
+        let drift = crate::kernel_tables::DriftMap::default();
+        drift.lock().unwrap().insert(
+            (Family::Ipv4, vallum_engine::model::TableKind::Nat),
+            crate::kernel_tables::TableDrift {
+                family: Family::Ipv4,
+                table: vallum_engine::model::TableKind::Nat,
+                drift: false,
+                detail: String::new(),
+                checked_at: 0,
+            },
+        );
+        crate::kernel_tables::observe_drift(&metrics, drift);
+        (metrics, proc)
     }
 
     /// docs/metrics.md is the reference the code renders (VALLUM_BLESS=1 rewrites it).
     #[test]
     fn metric_reference_is_docs_metrics_md() {
-        let text = every_metric().reference().unwrap();
+        let (metrics, _proc) = every_metric();
+        let text = metrics.reference().unwrap();
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
         if std::env::var_os("VALLUM_BLESS").is_some_and(|v| v == "1") {
             std::fs::write(&path, &text).unwrap();
@@ -190,7 +229,7 @@ mod tests {
     /// Every family the registry serves is in the reference, with its type and unit.
     #[test]
     fn metric_reference_lists_every_scraped_family() {
-        let m = every_metric();
+        let (m, _proc) = every_metric();
         let scrape = m.render().unwrap();
         let reference = m.reference().unwrap();
         for line in scrape.lines() {

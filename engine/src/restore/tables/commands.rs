@@ -447,7 +447,43 @@ fn check_target(
         st.external(b, &tok, line, kind);
         return Ok(());
     }
-    Err(ctx.err(&tok, K::UnknownTarget(name.clone())))
+    let hint = nearest_target(name, b.table.chains.iter().map(|c| c.name.as_str()));
+    Err(ctx.err(
+        &tok,
+        K::UnknownTarget {
+            name: name.clone(),
+            hint,
+        },
+    ))
+}
+
+/// The target or chain (of `chains`) nearest to `name`: the same name in another case, else
+/// one within a Damerau-Levenshtein distance of 2 (at most a third of the name), the nearest
+/// first. For the hint of an unknown `-j NAME`; runs only on that error.
+fn nearest_target<'a>(name: &str, chains: impl Iterator<Item = &'a str>) -> Option<String> {
+    use crate::restore::extensions::{KNOWN_TARGETS, OPAQUE_TARGETS};
+    let candidates: Vec<&str> = KNOWN_TARGETS
+        .iter()
+        .chain(OPAQUE_TARGETS)
+        .copied()
+        .chain(chains)
+        .collect();
+    if let Some(c) = candidates.iter().find(|c| c.eq_ignore_ascii_case(name)) {
+        return Some((*c).to_owned());
+    }
+    let upper = name.to_ascii_uppercase();
+    let most = (name.chars().count() / 3).clamp(1, 2);
+    candidates
+        .iter()
+        .map(|c| {
+            (
+                strsim::damerau_levenshtein(&upper, &c.to_ascii_uppercase()),
+                *c,
+            )
+        })
+        .filter(|&(d, _)| d <= most)
+        .min()
+        .map(|(_, c)| c.to_owned())
 }
 
 /// Rule equality for `-D CHAIN rulespec`: everything but location and counters.
