@@ -547,6 +547,11 @@ fn systemd_units_parse_and_agree() {
         Some(config.cores as u64),
         "{report}"
     );
+    assert_eq!(
+        v4["reject_mark"].as_u64(),
+        Some(u64::from(config.nfqueue_reject_mark)),
+        "the steering's REJECT rules key on vallumd's reject mark: {report}"
+    );
     let mode = v4["mode"].as_str().unwrap_or_default();
     match config.nfqueue_accept() {
         vallum_server::config::NfqueueAccept::Final => assert_eq!(mode, "final"),
