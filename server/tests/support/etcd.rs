@@ -225,6 +225,32 @@ impl EtcdServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// SIGSTOP: etcd hangs (its sockets accept, nothing answers) until [`EtcdServer::resume`].
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`EtcdServer::pause`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self
+            .pid()
+            .and_then(|p| libc::pid_t::try_from(p).ok())
+            .expect("etcd is running");
+        // SAFETY: kill(2) on our own child's pid, which has not been waited for (it is still
+        // in `self.child`), so the pid is still ours.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {sig}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// kill -9 (the data directory stays).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -243,6 +269,7 @@ impl EtcdServer {
 
 impl Drop for EtcdServer {
     fn drop(&mut self) {
+        // SIGKILL ends a paused (SIGSTOPped) etcd too.
         self.stop();
     }
 }
