@@ -97,13 +97,22 @@ fn parse_server(s: &str) -> Result<String, String> {
 }
 
 /// Adds the bearer token to every call.
+///
+/// It also sends the `--timeout` deadline as the call's `grpc-timeout` (unless the call set
+/// its own), so that vallumd bounds its own work by it (e.g. its etcd calls in fleet mode)
+/// and answers with the reason before the deadline passes here.
 #[derive(Clone)]
-pub struct Auth(Option<MetadataValue<Ascii>>);
+pub struct Auth(Option<MetadataValue<Ascii>>, Option<Duration>);
 
 impl Interceptor for Auth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = &self.0 {
             req.metadata_mut().insert("authorization", v.clone());
+        }
+        if let Some(t) = self.1 {
+            if !req.metadata().contains_key("grpc-timeout") {
+                req.set_timeout(t);
+            }
         }
         Ok(req)
     }
@@ -193,11 +202,12 @@ impl Connection {
         if with_timeout {
             ep = ep.timeout(self.timeout);
         }
+        let deadline = with_timeout.then_some(self.timeout);
         if let Some(path) = unix {
             let channel = crate::socket::connect(ep, path)
                 .await
                 .map_err(|e| bad(error::chain(&e)))?;
-            return Ok(Clients::new(channel, Auth(token)));
+            return Ok(Clients::new(channel, Auth(token, deadline)));
         }
         let tls = self.server.starts_with("https://") || self.ca.is_some() || self.cert.is_some();
         if tls {
@@ -223,7 +233,7 @@ impl Connection {
                 bad(error::chain(&e))
             }
         })?;
-        Ok(Clients::new(channel, Auth(token)))
+        Ok(Clients::new(channel, Auth(token, deadline)))
     }
 }
 
