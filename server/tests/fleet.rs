@@ -2201,3 +2201,34 @@ async fn soak_three_nodes_through_a_hung_killed_and_compacted_etcd_and_a_node_re
         assert_eq!(metric(n, "vallum_fleet_registered"), Some(1.0));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn fleet_reads_are_reads_for_an_anonymous_tcp_caller() {
+    let etcd = etcd_up();
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    // No token and no --insecure-no-auth: TCP callers may read, not change.
+    let n1 = node_with(dir.path(), &url, "n1", "role=web", 3, &["--socket", "none"]);
+    n1.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    wait_for("n1 listed", || {
+        let mut f = f.clone();
+        async move { (listed(&mut f).await.ok()? == ["n1"]).then_some(()) }
+    })
+    .await;
+    f.list_rulesets(pb::ListFleetRulesetsRequest::default())
+        .await
+        .unwrap();
+    let e = f
+        .get_rollout_status(pb::GetRolloutStatusRequest { name: "web".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "a read, answered: {e:?}");
+    let e = f
+        .put_ruleset(put("web", DROP_23, "", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&e), "ANONYMOUS_READ_ONLY", "{e:?}");
+    assert!(e.message().contains("PutRuleset changes state"), "{e:?}");
+}

@@ -226,8 +226,28 @@ impl EtcdServer {
     }
 
     /// SIGSTOP: etcd hangs (its sockets accept, nothing answers) until [`EtcdServer::resume`].
+    /// Returns once every thread of etcd is stopped (state `T` in `/proc/PID/task/*/stat`):
+    /// a thread inside a system call (an fsync) stops only when it returns from it.
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
+        let pid = self.pid().expect("etcd is running");
+        let stopped = || {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                return false;
+            };
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|s| Some(s.rsplit_once(") ")?.1.starts_with(['T', 't'])))
+                    .unwrap_or(true)
+            })
+        };
+        let mut polls = 0;
+        while !stopped() {
+            polls += 1;
+            assert!(polls < 10_000, "etcd {pid} never stopped after SIGSTOP");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGCONT after [`EtcdServer::pause`].
