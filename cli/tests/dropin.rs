@@ -1,10 +1,11 @@
 //! `vallum-iptables` against a real vallumd: every edit kind (-A/-I/-D by number and by
 //! rule/-R/-C/-N/-X/-F/-P), iptables' messages and exit codes, -S, save and restore; and
 //! the same command sequence run by iptables-legacy in a private network namespace gives the
-//! same `iptables-save` text (root and iptables-legacy; SKIP otherwise).
+//! same `iptables-save` text (root and iptables-legacy: those tests are ignored unless asked
+//! for, `-- --include-ignored`, and fail without them).
 //!
-//! vallumd is the binary next to vallum-iptables in the target directory (build it with
-//! `cargo build -p vallum-server --bin vallumd`); SKIP when it is not there.
+//! vallumd is the binary next to vallum-iptables in the target directory, built there with
+//! `cargo build -p vallum-server --bin vallumd` when it is not there yet.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
@@ -28,16 +29,16 @@ impl Drop for Vallumd {
     }
 }
 
-fn vallumd(tag: &str) -> Option<Vallumd> {
+fn vallumd(tag: &str) -> Vallumd {
     let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let v = spawn_vallumd(dir)?;
+    let v = spawn_vallumd(dir);
     // Ready once it stops answering NOT_READY ("still loading its stored state").
     for _ in 0..600 {
         let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
         if rc == 0 {
-            return Some(v);
+            return v;
         }
         assert!(err.contains("still loading"), "vallumd not ready: {err}");
         std::thread::yield_now();
@@ -47,13 +48,8 @@ fn vallumd(tag: &str) -> Option<Vallumd> {
 
 /// vallumd on the database in `dir` (kept), returned as soon as it printed its address
 /// (it may still be loading).
-fn spawn_vallumd(dir: PathBuf) -> Option<Vallumd> {
-    let exe = PathBuf::from(BIN).with_file_name("vallumd");
-    if !exe.exists() {
-        println!("SKIP {} not built", exe.display());
-        return None;
-    }
-    let mut child = Command::new(exe)
+fn spawn_vallumd(dir: PathBuf) -> Vallumd {
+    let mut child = Command::new(vallumd_exe())
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--cores", "1", "--db"])
         .arg(dir.join("v.db"))
@@ -75,31 +71,56 @@ fn spawn_vallumd(dir: PathBuf) -> Option<Vallumd> {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    Some(Vallumd {
+    Vallumd {
         child,
         url: url.expect("vallumd printed its address"),
         dir,
+    }
+}
+
+/// The vallumd binary next to vallum-iptables. It belongs to another package (vallum-server),
+/// and cargo builds only this package's binaries for its tests, so when it is not there the
+/// first call builds it with the cargo that runs the tests (`$CARGO`), into the same target
+/// directory and profile. Panics when the build fails.
+fn vallumd_exe() -> &'static std::path::Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = PathBuf::from(BIN).with_file_name("vallumd");
+        if exe.exists() {
+            return exe;
+        }
+        let profile_dir = exe.parent().expect("target/PROFILE");
+        let target_dir = profile_dir.parent().expect("target/PROFILE has a parent");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(other) => other,
+            None => panic!("no profile in {}", profile_dir.display()),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "vallum-server"])
+            .args(["--bin", "vallumd", "--profile", profile, "--target-dir"])
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build -p vallum-server");
+        assert!(status.success(), "cargo build -p vallum-server: {status}");
+        exe
     })
 }
 
-/// Whether the kernel comparisons can run (root, iptables-legacy, unshare); prints SKIP.
-fn legacy_available() -> bool {
+/// Panics unless the kernel comparisons can run (root, iptables-legacy, unshare).
+fn require_legacy() {
     let root = Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if !root {
-        println!("SKIP not root");
-        return false;
-    }
+    assert!(root, "the comparison with iptables-legacy needs root");
     let legacy = Command::new("sh")
         .args(["-c", "command -v iptables-legacy && command -v unshare"])
         .output()
         .is_ok_and(|o| o.status.success());
-    if !legacy {
-        println!("SKIP iptables-legacy or unshare not installed");
-    }
-    legacy
+    assert!(legacy, "iptables-legacy or unshare not installed");
 }
 
 /// Runs `script` (sh) in a private network namespace: (exit code, stdout, stderr).
@@ -159,7 +180,7 @@ fn words(s: &str) -> Vec<&str> {
 
 #[test]
 fn every_edit_kind_with_iptables_words_and_exit_codes() {
-    let Some(v) = vallumd("edits") else { return };
+    let v = vallumd("edits");
     let ok = |cmd: &str| {
         let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
         assert_eq!(rc, 0, "iptables {cmd}: {err}");
@@ -304,11 +325,10 @@ const SCRIPT: &[&str] = &[
 ];
 
 #[test]
+#[ignore = "needs root and iptables-legacy"]
 fn same_save_output_as_iptables_legacy() {
-    if !legacy_available() {
-        return;
-    }
-    let Some(v) = vallumd("legacy") else { return };
+    require_legacy();
+    let v = vallumd("legacy");
     for cmd in SCRIPT {
         let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
         assert_eq!(rc, 0, "iptables {cmd}: {err}");
@@ -325,11 +345,10 @@ fn same_save_output_as_iptables_legacy() {
         .output()
         .expect("unshare");
     if !out.status.success() {
-        println!(
-            "SKIP iptables-legacy in a netns failed: {}",
+        panic!(
+            "iptables-legacy in a netns failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        return;
     }
     let kernel = String::from_utf8_lossy(&out.stdout).into_owned();
     let strip = |s: &str| -> Vec<String> {
@@ -357,7 +376,7 @@ fn same_save_output_as_iptables_legacy() {
 #[test]
 fn edit_ruleset_is_atomic_and_one_revision() {
     use vallum_proto::v1 as pb;
-    let Some(v) = vallumd("atomic") else { return };
+    let v = vallumd("atomic");
     let edit = |args: &str| pb::RuleCommand {
         family: pb::Family::Ipv4 as i32,
         table: "filter".into(),
@@ -457,11 +476,10 @@ COMMIT
 /// `-L` (with `-n`, `-v`, `-x`, `--line-numbers`), `-E` and `-Z` print, fail and exit as
 /// iptables-legacy does in a private network namespace for the same calls.
 #[test]
+#[ignore = "needs root and iptables-legacy"]
 fn list_rename_zero_as_iptables_legacy() {
-    if !legacy_available() {
-        return;
-    }
-    let Some(v) = vallumd("list") else { return };
+    require_legacy();
+    let v = vallumd("list");
     let calls: &[&str] = &[
         "-E DOCKER DOCKER2",
         "-E NOPE X",
@@ -525,9 +543,7 @@ fn calls_wait_while_vallumd_loads() {
     let dir = std::env::temp_dir().join(format!("vallum-dropin-wait-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let Some(v) = spawn_vallumd(dir.clone()) else {
-        return;
-    };
+    let v = spawn_vallumd(dir.clone());
     // A large stored ruleset makes the next start's load take a while.
     let mut text = String::from("*filter\n");
     for i in 0..20000 {
@@ -545,7 +561,7 @@ fn calls_wait_while_vallumd_loads() {
     let _ = v.child.kill();
     let _ = v.child.wait();
     std::mem::forget(v);
-    let Some(v) = spawn_vallumd(dir) else { return };
+    let v = spawn_vallumd(dir);
     for cmd in ["-w 60 -A INPUT -j DROP", "-C INPUT -j DROP", "-w -S INPUT"] {
         let (rc, out, err) = run(&v, "iptables", &words(cmd), "");
         assert_eq!(rc, 0, "iptables {cmd}: {err}");
@@ -571,19 +587,17 @@ fn save_body(s: &str) -> Vec<String> {
 /// ruleset of its own: the same `iptables-restore` calls give the same `iptables-save` text as
 /// iptables-legacy's in a private network namespace.
 #[test]
+#[ignore = "needs root, iptables-legacy and ../shared/data"]
 fn iptables_shell_restore_cases_as_iptables_legacy() {
     let dir = std::env::var("VALLUM_SHARED_DATA")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data"))
         .join("iptables-tests/restore-cases");
     if !dir.exists() {
-        println!("SKIP {} not found", dir.display());
-        return;
+        panic!("{} not found", dir.display());
     }
-    if !legacy_available() {
-        return;
-    }
-    let Some(v) = vallumd("cases") else { return };
+    require_legacy();
+    let v = vallumd("cases");
     // (case, [(restore flags, file)], applied in order on an empty ruleset).
     let cases: &[(&str, &[(&str, &str)])] = &[
         ("01", &[("", "01-insert-index.rules")]),
@@ -645,11 +659,10 @@ fn iptables_shell_restore_cases_as_iptables_legacy() {
 /// `iptables` on PATH: vallum-iptables against vallumd, iptables-legacy in a private netns;
 /// the same `iptables-save` after every phase.
 #[test]
+#[ignore = "needs root and iptables-legacy"]
 fn fail2ban_action_as_iptables_legacy() {
-    if !legacy_available() {
-        return;
-    }
-    let Some(v) = vallumd("f2b") else { return };
+    require_legacy();
+    let v = vallumd("f2b");
     let phases: &[&str] = &[
         "iptables -w -N f2b-sshd\n\
          iptables -w -A f2b-sshd -j RETURN\n\
@@ -756,11 +769,10 @@ fn same_as_legacy(v: &Vallumd, ruleset: &str, phases: &[&str], tables: &[&str]) 
 /// container start (port published), container stop (its rules deleted). Each phase gives the
 /// same `iptables-save` of filter, nat and raw as iptables-legacy.
 #[test]
+#[ignore = "needs root and iptables-legacy"]
 fn docker_bridge_and_published_port_as_iptables_legacy() {
-    if !legacy_available() {
-        return;
-    }
-    let Some(v) = vallumd("docker") else { return };
+    require_legacy();
+    let v = vallumd("docker");
     // One rule as dockerd programs it: `-C` first, then `-A`/`-I` when it is missing.
     fn ensure(table: &str, op: &str, chain: &str, rule: &str) -> String {
         format!(
@@ -900,13 +912,12 @@ fn docker_bridge_and_published_port_as_iptables_legacy() {
 /// in a private mount and network namespace those paths are bind mounts of vallum-iptables
 /// (with a vallumd of its own inside the namespace, ruleset `ufw`), or of iptables-legacy's
 /// multi-call binary; ufw's configuration is a copy, so the host's is never touched. Both give
-/// the same `iptables-save` and `ip6tables-save` of the filter table. SKIP without ufw,
-/// root, iptables-legacy or unshare.
+/// the same `iptables-save` and `ip6tables-save` of the filter table. Needs ufw, root,
+/// iptables-legacy and unshare.
 #[test]
+#[ignore = "needs root, iptables-legacy and ufw"]
 fn ufw_enable_allow_limit_as_iptables_legacy() {
-    if !legacy_available() {
-        return;
-    }
+    require_legacy();
     let ufw = std::path::Path::new("/usr/sbin/ufw");
     let legacy = Command::new("sh")
         .args(["-c", "command -v xtables-legacy-multi"])
@@ -914,18 +925,12 @@ fn ufw_enable_allow_limit_as_iptables_legacy() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     if !ufw.exists() || !std::path::Path::new("/etc/ufw/before.rules").exists() {
-        println!("SKIP ufw is not installed (apt-get install ufw)");
-        return;
+        panic!("ufw is not installed (apt-get install ufw)");
     }
     if legacy.is_empty() {
-        println!("SKIP xtables-legacy-multi not found");
-        return;
+        panic!("xtables-legacy-multi not found");
     }
-    let vallumd = PathBuf::from(BIN).with_file_name("vallumd");
-    if !vallumd.exists() {
-        println!("SKIP {} not built", vallumd.display());
-        return;
-    }
+    let vallumd = vallumd_exe();
     let names =
         "iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore";
     let side = |tag: &str, binary: &str, start: &str| -> String {

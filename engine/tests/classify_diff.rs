@@ -8,9 +8,10 @@
 //! Headers: the CutSplit traces where they exist, and random headers drawn near rule
 //! boundaries (prefix edges and port range endpoints, each +-1) for every set.
 //!
-//! `cargo test -p vallum-engine --test classify_diff` runs the default sizes; the
-//! `#[ignore]`d test draws 1M boundary headers per 1k set (run it with `--release -- --ignored`).
-//! Skips with a printed reason when ../shared/data/classbench is absent.
+//! Every test needs ../shared/data/classbench, so each is ignored unless asked for, and fails
+//! when it is absent. `cargo test -p vallum-engine --test classify_diff -- --include-ignored
+//! --skip million_boundary_headers` runs the default sizes; `million_boundary_headers` draws 1M
+//! boundary headers per 1k set (run it with `--release -- --ignored million_boundary_headers`).
 
 use std::sync::Arc;
 
@@ -125,24 +126,21 @@ fn compare(
     assert!(n > 0, "{name}: no headers");
 }
 
-/// Reads a set (and its trace, if given) or prints why it is skipped.
-fn load(set: &str, trace: Option<&str>) -> Option<(Vec<Filter>, Vec<Header>)> {
+/// Reads a set (and its trace, if given); panics when ../shared/data/classbench is absent.
+fn load(set: &str, trace: Option<&str>) -> (Vec<Filter>, Vec<Header>) {
     let Some(dir) = classbench::data_dir() else {
-        eprintln!("SKIP {set}: ../shared/data/classbench not found");
-        return None;
+        panic!("{set}: ../shared/data/classbench not found");
     };
     let read = |p: &str| std::fs::read_to_string(dir.join(p)).expect("read classbench file");
     let filters = classbench::parse_filters(&read(set)).expect("parse filters");
     let headers = trace.map_or_else(Vec::new, |t| {
         classbench::parse_trace(&read(t)).expect("parse trace")
     });
-    Some((filters, headers))
+    (filters, headers)
 }
 
 fn check_set(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) {
-    let Some((filters, headers)) = load(set, trace) else {
-        return;
-    };
+    let (filters, headers) = load(set, trace);
     // TupleMerge alone, then with RFC tables (built for the 1k sets only).
     for rfc in [0, RFC_MAX_RULES] {
         let (linear, indexed) = snapshots(set, &filters, rfc);
@@ -173,6 +171,7 @@ fn check_set(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) 
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn cutsplit_1k_sets_with_traces() {
     for set in ["acl", "fw", "ipc"] {
         let path = format!("cutsplit/{set}_1k");
@@ -181,6 +180,7 @@ fn cutsplit_1k_sets_with_traces() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn cutsplit_fw_10k_with_trace() {
     check_set(
         "cutsplit/fw_10k",
@@ -191,6 +191,7 @@ fn cutsplit_fw_10k_with_trace() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn neurocuts_1k_sets_near_boundaries() {
     for set in ["acl1", "fw1", "ipc1"] {
         check_set(&format!("neurocuts/{set}_1k"), None, 0, 100_000);
@@ -198,6 +199,7 @@ fn neurocuts_1k_sets_near_boundaries() {
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn neurocuts_10k_sets_near_boundaries() {
     for set in ["acl1", "fw1", "ipc1"] {
         check_set(&format!("neurocuts/{set}_10k"), None, 0, 5_000);
@@ -209,9 +211,7 @@ fn neurocuts_10k_sets_near_boundaries() {
 /// targets, the counters record every rule that matched, including those that continue).
 /// Batches are cut at 64, 1, 37 and 200 packets in turn.
 fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usize) {
-    let Some((filters, headers)) = load(set, trace) else {
-        return;
-    };
+    let (filters, headers) = load(set, trace);
     let (linear, single) = snapshots(set, &filters, 0);
     let (_, batched) = snapshots(set, &filters, 0);
     let (_, batched_rfc) = snapshots(set, &filters, RFC_MAX_RULES);
@@ -275,6 +275,7 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn batched_equals_per_packet_and_linear() {
     check_batched(
         "cutsplit/acl_1k",

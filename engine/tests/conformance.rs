@@ -3,7 +3,8 @@
 //! cases extracted from iptables' shell tests, and real iptables-save dumps.
 //!
 //! Run with `cargo test -p vallum-engine --test conformance -- --nocapture` to see pass rates.
-//! Every test skips (with a printed reason) when the data directory is absent.
+//! Every test that reads the data is ignored unless asked for (`-- --include-ignored`), and fails
+//! when the data directory is absent.
 
 use std::path::PathBuf;
 
@@ -23,16 +24,9 @@ fn data_dir() -> Option<PathBuf> {
     env.is_dir().then_some(env)
 }
 
-macro_rules! data_or_skip {
-    () => {
-        match data_dir() {
-            Some(d) => d,
-            None => {
-                println!("SKIP: shared/data not found (set VALLUM_SHARED_DATA)");
-                return;
-            }
-        }
-    };
+/// [`data_dir`]; panics when it is absent (the tests that read it are ignored unless asked for).
+fn data() -> PathBuf {
+    data_dir().expect("shared/data not found (set VALLUM_SHARED_DATA)")
 }
 
 /// The `.t` files we claim, with the families they apply to.
@@ -286,17 +280,16 @@ fn run_t_file(
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn iptables_t_vectors() {
-    let dir = data_or_skip!().join("iptables-tests/extensions");
+    let dir = data().join("iptables-tests/extensions");
     let (mut total, mut passed, mut files) = (0usize, 0usize, 0usize);
     // FAIL rule runs, and those whose vector carries a reason.
     let (mut fail_runs, mut with_reason) = (0usize, 0usize);
     let mut failures_by_file: Vec<(String, Vec<String>)> = Vec::new();
     for file in T_FILES {
-        let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
-            println!("SKIP {file}: not found");
-            continue;
-        };
+        let text =
+            std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         files += 1;
         let (f_passed, f_total, fails) = run_t_file(file, &text, &mut fail_runs, &mut with_reason);
         total += f_total;
@@ -374,8 +367,9 @@ fn refused_with(r: &Result<restore::Restore, ParseErrors>, line: u32, reason: Is
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn restore_cases() {
-    let dir = data_or_skip!().join("iptables-tests/restore-cases");
+    let dir = data().join("iptables-tests/restore-cases");
     let mut results: Vec<(String, bool, String)> = Vec::new();
     let mut check = |name: &str, ok: bool, detail: String| {
         results.push((name.to_string(), ok, detail));
@@ -611,8 +605,9 @@ fn significant(text: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn round_trips() {
-    let data = data_or_skip!();
+    let data = data();
     // (file, family, kind): "save" = real iptables-save output, printed back byte-identically;
     // "restore" = restore input (kube-proxy, not canonical): parse -> print -> parse gives the
     // same model, with --noflush.
@@ -687,10 +682,8 @@ fn round_trips() {
     let (mut passed, mut total) = (0, 0);
     let mut fails = Vec::new();
     for (file, family, kind) in files {
-        let Ok(text) = std::fs::read_to_string(data.join(file)) else {
-            println!("SKIP {file}: not found");
-            continue;
-        };
+        let text =
+            std::fs::read_to_string(data.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         total += 1;
         let with_counters = text.lines().any(|l| l.starts_with('['));
         let o = ParseOptions {
@@ -752,8 +745,9 @@ const DUMPS_FLOOR: usize = 11;
 /// Imports every dump and every `.t` vector in shared/data and reports how many import and
 /// export byte-equal; fails when fewer than the floors above do.
 #[test]
+#[ignore = "needs ../shared/data"]
 fn every_dump_and_vector() {
-    let data = data_or_skip!();
+    let data = data();
     let mut names: Vec<String> = std::fs::read_dir(data.join("iptables-tests/extensions"))
         .map(|d| {
             d.filter_map(|e| e.ok())

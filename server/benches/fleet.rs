@@ -16,8 +16,8 @@
 //! (`poll`, as WaitRollout did before it watched) — the A/B of what a waiting caller costs
 //! the rollout. A scenario with its own report, not a criterion bench.
 //!
-//! Run: `cargo bench -p vallum-server --bench fleet` (prints `SKIP etcd not installed` without
-//! etcd). `VALLUM_FLEET_BENCH_PERF=DIR` records a `perf record -g` profile of etcd and the
+//! Run: `cargo bench -p vallum-server --bench fleet` (needs etcd: panics without it).
+//! `VALLUM_FLEET_BENCH_PERF=DIR` records a `perf record -g` profile of etcd and the
 //! agents over each rollout alone (`DIR/fleet-N.perf`); `VALLUM_FLEET_BENCH_PPROF=DIR` etcd's
 //! own Go CPU profile (`DIR/etcd-N.pprof`). After each case it prints what etcd did over the
 //! rollout, from etcd's `/metrics` before and after: requests by gRPC method, MVCC puts,
@@ -139,9 +139,7 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
     } else {
         &[]
     };
-    let Some(etcd) = etcd_server::EtcdServer::start_with(flags) else {
-        return;
-    };
+    let etcd = etcd_server::EtcdServer::start_with(flags);
     let etcd = Arc::new(etcd);
     let pid = etcd.pid().unwrap_or(0);
     let keys = Keys::new("/vallum/v1/");

@@ -3,6 +3,8 @@
 //! against a real vallumd for exit codes, messages and the confirm deadline; checks that the
 //! exit-code tables of README.md and docs/operations.md are the code's.
 
+#[path = "support/served.rs"]
+mod served;
 #[path = "support/vallumd.rs"]
 mod support;
 
@@ -17,6 +19,8 @@ use vallum_proto::v1::counter_service_server::{CounterService, CounterServiceSer
 use vallum_proto::v1::engine_service_server::{EngineService, EngineServiceServer};
 use vallum_proto::v1::ruleset_service_server::{RulesetService, RulesetServiceServer};
 use vallum_proto::v1::*;
+
+use served::Served;
 
 const TOKEN: &str = "test-token-0123456789";
 
@@ -449,17 +453,15 @@ fn check_token(req: Request<()>) -> Result<Request<()>, Status> {
     }
 }
 
-async fn start() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
+async fn start() -> Served {
+    served::serve(|incoming, shutdown| {
         tonic::transport::Server::builder()
             .add_service(RulesetServiceServer::with_interceptor(Fake, check_token))
             .add_service(CounterServiceServer::with_interceptor(Fake, check_token))
             .add_service(EngineServiceServer::with_interceptor(Fake, check_token))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    addr
+            .serve_with_incoming_shutdown(incoming, shutdown)
+    })
+    .await
 }
 
 struct Run {
@@ -512,7 +514,8 @@ const GOOD: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_codes() {
-    let addr = start().await;
+    let server = start().await;
+    let addr = server.addr;
     let dir = tempfile::tempdir().unwrap();
     let good = write(dir.path(), "good.rules", GOOD);
 
@@ -609,11 +612,13 @@ async fn exit_codes() {
             &3.into()
         )
     );
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_line_col_errors() {
-    let addr = start().await;
+    let server = start().await;
+    let addr = server.addr;
     let dir = tempfile::tempdir().unwrap();
     let bad = write(dir.path(), "bad.rules", "*filter\nBAD\n");
 
@@ -650,11 +655,13 @@ async fn file_line_col_errors() {
         e["violations"][0],
         format!("{bad}:3:7: unknown option `--bogus`")
     );
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_output_parses() {
-    let addr = start().await;
+    let server = start().await;
+    let addr = server.addr;
     let dir = tempfile::tempdir().unwrap();
     let good = write(dir.path(), "good.rules", GOOD);
 
@@ -719,11 +726,13 @@ async fn json_output_parses() {
     // Text output of export is the content itself.
     let out = ok(addr, &["export", "web/1"]).await;
     assert_eq!(out, "*filter\n:INPUT DROP [0:0]\nCOMMIT\n");
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_table() {
-    let addr = start().await;
+    let server = start().await;
+    let addr = server.addr;
     let out = ok(addr, &["counters"]).await;
     let expected = "\
 # ruleset web, table filter (ipv4)
@@ -763,6 +772,7 @@ Chain LOG_DROP (1 references)
     );
     let r = vallumctl(addr, Some(TOKEN), &["counters", "other"]).await;
     assert_eq!(r.code, 1);
+    server.stop().await;
 }
 
 // === against a real vallumd ===

@@ -8,8 +8,9 @@
 //!   `*tables-legacy` tools, every file must also be accepted by the kernel
 //!   (`iptables-legacy-restore` in a private network namespace), and every accepted file's
 //!   export must be what `iptables-legacy-save` prints for it, table by table, apart from
-//!   comment lines and counters. Without them it prints `SKIP kernel part: <reason>`.
-//! - [`corpus_packets_through_nfqueue`] (root, NFQUEUE): see there.
+//!   comment lines and counters: that is [`corpus_imports_and_exports_as_the_kernel_as_root`],
+//!   ignored unless asked for (`-- --include-ignored`), which fails when it cannot run.
+//! - [`corpus_packets_through_nfqueue`] (root, NFQUEUE; ignored likewise): see there.
 
 #[path = "support/netns.rs"]
 mod netns;
@@ -162,14 +163,21 @@ fn tables(save: &str) -> BTreeMap<String, Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corpus_imports_and_exports_as_the_kernel() {
+    corpus_imports_and_exports(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and iptables-legacy"]
+async fn corpus_imports_and_exports_as_the_kernel_as_root() {
+    if let Some(why) = kernel_unavailable() {
+        panic!("the kernel part cannot run: {why}");
+    }
+    corpus_imports_and_exports(true).await;
+}
+
+/// Every corpus file through a real vallumd and, with `kernel`, through the kernel as well.
+async fn corpus_imports_and_exports(kernel: bool) {
     let entries = manifest();
-    let kernel = match kernel_unavailable() {
-        None => true,
-        Some(why) => {
-            println!("SKIP kernel part: {why}");
-            false
-        }
-    };
     let dir = tempfile::tempdir().unwrap();
     let d = Vallumd::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
@@ -830,26 +838,18 @@ const RPFILTER_EXPECT: &[(&str, &str, &str, u32, bool)] = &[
 ];
 
 #[test]
+#[ignore = "needs root, iptables-legacy, iproute2 and nfnetlink_queue"]
 fn corpus_packets_through_nfqueue() {
     if let Some(why) = kernel_unavailable() {
-        println!("SKIP corpus_packets_through_nfqueue: {why}");
-        return;
+        panic!("corpus_packets_through_nfqueue: {why}");
     }
     if !Path::new("/proc/net/netfilter/nfnetlink_queue").exists() || !on_path("ip") {
-        println!("SKIP corpus_packets_through_nfqueue: no nfnetlink_queue or no `ip`");
-        return;
+        panic!("corpus_packets_through_nfqueue: no nfnetlink_queue or no `ip`");
     }
-    let lab = match Lab::new() {
-        Ok(l) => l,
-        Err(why) => {
-            println!("SKIP corpus_packets_through_nfqueue: namespaces: {why}");
-            return;
-        }
-    };
+    let lab = Lab::new().unwrap_or_else(|why| panic!("namespaces: {why}"));
     let ctl = support::vallumctl().to_string_lossy().into_owned();
     if let Err(why) = nsx(&lab.v, &[&ctl, "dataplane", "install", "--queues", "2"]) {
-        println!("SKIP corpus_packets_through_nfqueue: steering cannot be installed: {why}");
-        return;
+        panic!("steering cannot be installed: {why}");
     }
     let to_k = Sender::open(&lab.s, "sk");
     let to_v = Sender::open(&lab.s, "sv");

@@ -9,8 +9,8 @@
 //! bounded soak (three nodes, a rollout every few seconds through a hung, killed and compacted
 //! etcd and a node restart).
 //!
-//! The tests of issue #29 (from `etcd_up` on) are `#[ignore = "needs etcd ..."]`; the older
-//! ones print `SKIP etcd not installed` and pass when etcd is absent.
+//! Every test needs etcd: they are ignored unless asked for (`-- --include-ignored`), and fail
+//! when etcd is absent.
 
 #[path = "support/etcd.rs"]
 mod etcd;
@@ -182,10 +182,9 @@ async fn apply_locally(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node(dir.path(), &url, "n1", "role=web,zone=a");
@@ -388,13 +387,12 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
     // Built (once per test binary) before any node starts: a build of minutes on a loaded
     // machine would outlast the nodes' 3 s leases.
     vallumd::vallumctl();
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node(dir.path(), &url, "n1", "role=web");
@@ -525,10 +523,9 @@ async fn a_node_missing_a_set_nacks_with_the_error_others_ack() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn fail_static_across_an_etcd_outage_and_a_restart_then_catch_up() {
-    let Some(mut etcd) = EtcdServer::start() else {
-        return;
-    };
+    let mut etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let mut n1 = node(dir.path(), &url, "n1", "role=web");
@@ -588,10 +585,9 @@ async fn fail_static_across_an_etcd_outage_and_a_restart_then_catch_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn compacted_while_an_agent_is_down_it_lists_again_and_converges() {
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node(dir.path(), &url, "n1", "role=web");
@@ -642,10 +638,9 @@ async fn compacted_while_an_agent_is_down_it_lists_again_and_converges() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn three_member_cluster_one_member_down_progress_goes_on() {
-    let Some(mut cluster) = EtcdCluster::start() else {
-        return;
-    };
+    let mut cluster = EtcdCluster::start();
     let dir = tempfile::tempdir().unwrap();
     let endpoints = cluster.endpoints();
     let n1 = node(dir.path(), &endpoints, "n1", "role=web");
@@ -780,10 +775,9 @@ impl Drop for Proxy {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn a_watch_behind_a_compaction_lists_again_and_converges() {
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let proxy = Proxy::start(etcd.client_port).await;
     let dir = tempfile::tempdir().unwrap();
     let n1 = node(dir.path(), &proxy.url, "n1", "role=web");
@@ -830,13 +824,12 @@ async fn a_watch_behind_a_compaction_lists_again_and_converges() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn canary_nack_stops_the_rollout_others_untouched_canary_ack_proceeds() {
     // Built (once per test binary) before any node starts: a build of minutes on a loaded
     // machine would outlast the nodes' 3 s leases.
     vallumd::vallumctl();
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node(dir.path(), &url, "n1", "role=web,canary=yes");
@@ -1014,13 +1007,12 @@ fn pki(dir: &Path) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn tls_to_etcd_with_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
     pki(dir.path());
     let p = |f: &str| dir.path().join(f);
-    let Some(etcd) = EtcdServer::start_tls(&p("ca.pem"), &p("etcd.pem"), &p("etcd.key")) else {
-        return;
-    };
+    let etcd = EtcdServer::start_tls(&p("ca.pem"), &p("etcd.pem"), &p("etcd.key"));
     let url = etcd.url();
     assert!(url.starts_with("https://"), "{url}");
     let (ca, cert, key) = (
@@ -1095,13 +1087,12 @@ async fn tls_to_etcd_with_a_client_certificate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn rollout_status_pages_through_thousands_of_reports() {
     use vallum_server::fleet::etcd::Etcd;
     use vallum_server::fleet::service::{REPORT_PAGE, rollout_status};
     use vallum_server::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport};
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let client = Etcd::connect(&[etcd.url()]).unwrap();
     let keys = Keys::new("/vallum/v1/");
     let d = Desired {
@@ -1190,15 +1181,14 @@ fn kv_requests(etcd: &EtcdServer) -> f64 {
 /// the rulesets with this node's reports of the first layout in one Txn, then its reports
 /// on those rulesets (it was three: the rulesets, the reports, the first layout's keys).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn an_agent_lists_the_fleet_in_two_requests() {
     use std::sync::Arc;
     use vallum_server::fleet::agent::{Agent, FleetStats};
     use vallum_server::fleet::etcd::Etcd;
     use vallum_server::fleet::{Desired, Keys, Owners};
     use vallum_server::metrics::{Metrics, MetricsConfig};
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let client = Etcd::connect(&[etcd.url()]).unwrap();
     let keys = Keys::new("/vallum/v1/");
     for name in ["web", "db"] {
@@ -1291,6 +1281,7 @@ impl vallum_server::fleet::agent::Local for CountingLocal {
 /// no re-apply, latency and local revision kept) and deletes the old keys; once no
 /// `status/` key is left, status reads `reports/web/` alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
 async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
     use std::sync::Arc;
     use vallum_server::fleet::agent::{Agent, FleetStats};
@@ -1298,9 +1289,7 @@ async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
     use vallum_server::fleet::service::rollout_status;
     use vallum_server::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport, Owners};
     use vallum_server::metrics::{Metrics, MetricsConfig};
-    let Some(etcd) = EtcdServer::start() else {
-        return;
-    };
+    let etcd = EtcdServer::start();
     let client = Etcd::connect(&[etcd.url()]).unwrap();
     let keys = Keys::new("/vallum/v1/");
     let d = Desired {
@@ -1419,11 +1408,6 @@ async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
 
 // === registration, deadlines, wait, size (issue #29) ===
 
-/// A real etcd; these tests are `#[ignore]`d where it is not installed.
-fn etcd_up() -> EtcdServer {
-    EtcdServer::start().expect("etcd is installed (Debian etcd-server)")
-}
-
 /// A vallumd in fleet mode with a lease of `ttl` seconds and `extra` flags.
 fn node_with(
     dir: &Path,
@@ -1468,7 +1452,7 @@ fn keys() -> vallum_server::fleet::Keys {
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn nodes_stay_registered_over_three_lease_ttls_and_a_later_rollout_reaches_them() {
     const TTL: u64 = 2;
-    let etcd = etcd_up();
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node_with(dir.path(), &url, "n1", "role=web", TTL, &[]);
@@ -1537,7 +1521,7 @@ async fn nodes_stay_registered_over_three_lease_ttls_and_a_later_rollout_reaches
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn a_node_whose_lease_was_lost_registers_again_with_its_labels() {
     const TTL: u64 = 2;
-    let etcd = etcd_up();
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node_with(dir.path(), &url, "n1", "role=web,zone=a", TTL, &[]);
@@ -1665,7 +1649,7 @@ async fn every_fleet_call(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn a_hung_etcd_is_fleet_unavailable_within_the_deadline() {
-    let etcd = etcd_up();
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     // n1: a short call timeout and callers without deadline; n2: a long call timeout, so
@@ -1774,7 +1758,7 @@ async fn a_hung_etcd_is_fleet_unavailable_within_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn a_rollout_that_selects_no_live_node_is_not_done() {
-    let etcd = etcd_up();
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node_with(dir.path(), &url, "n1", "role=web", 3, &[]);
@@ -1868,8 +1852,7 @@ async fn a_ruleset_over_etcds_request_limit_is_resource_exhausted_before_the_wri
     // etcd and vallumd agree on a 64 KiB request limit: every size our check lets through,
     // etcd takes; every other is FLEET_VALUE_TOO_LARGE, and nothing is written.
     const LIMIT: &str = "65536";
-    let etcd = EtcdServer::start_with(&["--max-request-bytes", LIMIT])
-        .expect("etcd is installed (Debian etcd-server)");
+    let etcd = EtcdServer::start_with(&["--max-request-bytes", LIMIT]);
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let n1 = node_with(
@@ -2142,7 +2125,7 @@ impl Soak {
 async fn soak_three_nodes_through_a_hung_killed_and_compacted_etcd_and_a_node_restart() {
     const TTL: u64 = 2;
     const CYCLES: usize = 3;
-    let mut etcd = etcd_up();
+    let mut etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     let flags = ["--fleet-call-timeout", "1s"];
@@ -2205,7 +2188,7 @@ async fn soak_three_nodes_through_a_hung_killed_and_compacted_etcd_and_a_node_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn fleet_reads_are_reads_for_an_anonymous_tcp_caller() {
-    let etcd = etcd_up();
+    let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().unwrap();
     let url = etcd.url();
     // No token and no --insecure-no-auth: TCP callers may read, not change.

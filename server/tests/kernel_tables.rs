@@ -1,4 +1,4 @@
-//! `vallumd --kernel-tables nat` in network namespaces (root only; otherwise `SKIP <reason>`):
+//! `vallumd --kernel-tables nat` in network namespaces (root only; ignored unless asked for):
 //! a Docker-like port publish. Namespace H is the host: a bridge `vbr0` (docker0) with
 //! 172.30.0.1, a veth to the "container" C (172.30.0.2, default route via the bridge) and a
 //! veth to the client X (10.233.0.2; H is 10.233.0.1, X has no route to 172.30.0.0/24). In H
@@ -65,7 +65,7 @@ fn docker(drop81: bool, extra_nat: &str) -> String {
     )
 }
 
-// === skipping ===
+// === prerequisites ===
 
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -280,17 +280,16 @@ fn http_get(addr: &str, path: &str) -> String {
 // === the test ===
 
 #[test]
+#[ignore = "needs root, iptables-nft, iproute2 and nfnetlink_queue"]
 fn docker_port_publish_through_kernel_nat_with_vallumd_filter() {
     let name = "docker_port_publish_through_kernel_nat_with_vallumd_filter";
     if let Some(why) = skip_reason() {
-        println!("SKIP {name}: {why}");
-        return;
+        panic!("{name}: {why}");
     }
     let ns = match Netns::new() {
         Ok(ns) => ns,
         Err(why) => {
-            println!("SKIP {name}: {why}");
-            return;
+            panic!("{name}: {why}");
         }
     };
     let installed = try_run(
@@ -300,8 +299,7 @@ fn docker_port_publish_through_kernel_nat_with_vallumd_filter() {
             .args(["dataplane", "install", "--queues", "2"]),
     );
     if let Err(why) = installed {
-        println!("SKIP {name}: steering rules cannot be installed here: {why}");
-        return;
+        panic!("{name}: steering rules cannot be installed here: {why}");
     }
     in_netns(&ns.c, || {
         serve((C_ADDR, 80).into(), "c80");

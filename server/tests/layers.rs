@@ -1,6 +1,9 @@
 //! The auth and request-limit layers in a real tonic server (the gRPC health service): roles,
 //! the caller in request extensions, and oversized requests answered RESOURCE_EXHAUSTED.
 
+#[path = "support/served.rs"]
+mod served;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
@@ -12,6 +15,8 @@ use tonic_types::StatusExt;
 use tower::ServiceExt;
 use vallum_server::auth::{AuthLayer, Caller, Role, TokenSet};
 use vallum_server::limits::RequestLimitLayer;
+
+use served::Served;
 
 const ADMIN: &str = "admin-token-0123456789";
 const READER: &str = "reader-token-0123456789";
@@ -72,18 +77,16 @@ async fn caller_reaches_the_handler() {
     assert_eq!(Role::Admin.as_str(), "admin");
 }
 
-async fn start(max: usize) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+async fn start(max: usize) -> Served {
     let (_reporter, health) = tonic_health::server::health_reporter();
-    tokio::spawn(
+    served::serve(|incoming, shutdown| {
         Server::builder()
             .layer(RequestLimitLayer::new(max))
             .layer(AuthLayer::new(tokens()))
             .add_service(health.max_decoding_message_size(max))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    addr
+            .serve_with_incoming_shutdown(incoming, shutdown)
+    })
+    .await
 }
 
 async fn client_channel(addr: SocketAddr) -> Channel {
@@ -96,7 +99,8 @@ async fn client_channel(addr: SocketAddr) -> Channel {
 
 #[tokio::test]
 async fn roles_and_request_size_over_grpc() {
-    let addr = start(64).await;
+    let server = start(64).await;
+    let addr = server.addr;
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -159,4 +163,6 @@ async fn roles_and_request_size_over_grpc() {
         "{}",
         e.message()
     );
+    drop((client, engine));
+    server.stop().await;
 }

@@ -1,6 +1,9 @@
 //! TLS and mTLS end to end: an in-process tonic server (the gRPC health service) with
 //! certificates made by rcgen in the test, and clients with and without the CA / a client cert.
 
+#[path = "support/served.rs"]
+mod served;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -12,6 +15,8 @@ use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use vallum_server::tls::{ServerTlsArgs, client_config, server_config};
+
+use served::Served;
 
 struct Pki {
     dir: tempfile::TempDir,
@@ -48,20 +53,16 @@ impl Pki {
     }
 }
 
-/// Starts the health service over TLS; returns its address.
-async fn start(args: &ServerTlsArgs) -> SocketAddr {
+/// Starts the health service over TLS.
+async fn start(args: &ServerTlsArgs) -> Served {
     let tls = server_config(args).unwrap().expect("TLS configured");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let (_reporter, health) = tonic_health::server::health_reporter();
     let server = Server::builder()
         .tls_config(tls)
         .unwrap()
         .add_service(health);
-    tokio::spawn(
-        server.serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    addr
+    served::serve(|incoming, shutdown| server.serve_with_incoming_shutdown(incoming, shutdown))
+        .await
 }
 
 async fn check(
@@ -90,12 +91,13 @@ async fn check(
 #[tokio::test]
 async fn tls_needs_the_ca() {
     let pki = Pki::new();
-    let addr = start(&ServerTlsArgs {
+    let server = start(&ServerTlsArgs {
         tls_cert: Some(pki.path("server.pem")),
         tls_key: Some(pki.path("server.key")),
         tls_client_ca: None,
     })
     .await;
+    let addr = server.addr;
     check(addr, Some(&pki.path("ca.pem")), None, None)
         .await
         .expect("client trusting the CA succeeds");
@@ -106,17 +108,19 @@ async fn tls_needs_the_ca() {
     check(addr, Some(&other.path("ca.pem")), None, None)
         .await
         .unwrap_err();
+    server.stop().await;
 }
 
 #[tokio::test]
 async fn mtls_needs_a_client_certificate() {
     let pki = Pki::new();
-    let addr = start(&ServerTlsArgs {
+    let server = start(&ServerTlsArgs {
         tls_cert: Some(pki.path("server.pem")),
         tls_key: Some(pki.path("server.key")),
         tls_client_ca: Some(pki.path("ca.pem")),
     })
     .await;
+    let addr = server.addr;
     let ca = pki.path("ca.pem");
     check(
         addr,
@@ -139,6 +143,7 @@ async fn mtls_needs_a_client_certificate() {
     )
     .await
     .expect_err("client with a foreign certificate is refused");
+    server.stop().await;
 }
 
 #[test]

@@ -20,7 +20,7 @@
 //! namespaces (also when a test panics); nothing outside them is touched.
 //!
 //! [`availability`] says why the oracle cannot run here (not root, a tool missing, namespaces
-//! not permitted); tests print `SKIP kernel oracle: <reason>` and pass.
+//! not permitted); the tests that use it are ignored unless asked for, and fail with that reason.
 
 use std::fs::File;
 use std::net::IpAddr;

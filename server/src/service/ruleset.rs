@@ -347,7 +347,7 @@ impl RulesetApi {
         .await;
         if let Some(t) = digesting {
             // Refused before the check: the record was not joined yet.
-            audit = t.await.ok();
+            audit = Some(refused_audit(t, &caller, method).await);
         }
         if !r.validate_only {
             self.state.audit_pending(audit, &result).await;
@@ -1296,10 +1296,47 @@ fn lis(v: &[usize]) -> std::collections::HashSet<usize> {
     out
 }
 
+/// The audit record of a call refused before its digest was joined: the digest task's record,
+/// or, when that task failed (it panicked or was cancelled), a record without the digest, so the
+/// refused call still has its audit row; the failure is logged.
+async fn refused_audit(
+    digesting: tokio::task::JoinHandle<crate::store::AuditEntry>,
+    caller: &str,
+    method: &str,
+) -> crate::store::AuditEntry {
+    digesting.await.unwrap_or_else(|e| {
+        tracing::error!(error = %e, method, "audit digest task failed: the row has no digest");
+        audit_entry_of(caller.to_string(), method, String::new())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use vallum_engine::restore::{ParseOptions, parse_ruleset};
+
+    /// A digest task that panicked still gives the refused call its audit row (no digest).
+    #[tokio::test]
+    async fn refused_audit_survives_a_failed_digest_task() {
+        let ok = tokio::task::spawn_blocking(|| audit_entry_of("c".into(), "Apply", "d".into()));
+        let row = refused_audit(ok, "c", "Apply").await;
+        assert_eq!(
+            (row.caller.as_str(), row.request_digest.as_str()),
+            ("c", "d")
+        );
+        let failed = tokio::task::spawn_blocking(|| -> crate::store::AuditEntry {
+            panic!("digest failed");
+        });
+        let row = refused_audit(failed, "local:uid=0", "Apply").await;
+        assert_eq!(
+            (
+                row.caller.as_str(),
+                row.method.as_str(),
+                row.request_digest.as_str()
+            ),
+            ("local:uid=0", "Apply", "")
+        );
+    }
 
     #[test]
     fn diff_added_removed_moved() {

@@ -1,7 +1,7 @@
 //! Real etcd for the fleet tests: one member, or a 3-member cluster, on loopback ports with
 //! temporary data directories. `etcd` is found on `PATH` or at `/usr/bin/etcd` (Debian's
-//! `etcd-server`); when absent, [`EtcdServer::start`] prints `SKIP etcd not installed` and
-//! returns `None`.
+//! `etcd-server`); when absent, [`EtcdServer::start`] panics with that reason (the tests that use
+//! it are `#[ignore = "needs etcd ..."]`).
 
 #![allow(dead_code)] // Each test uses a different part.
 
@@ -55,17 +55,14 @@ pub struct EtcdServer {
 }
 
 impl EtcdServer {
-    /// A single-member etcd, up and healthy; `None` (after printing SKIP) when not installed.
-    pub fn start() -> Option<EtcdServer> {
+    /// A single-member etcd, up and healthy; panics when etcd is not installed.
+    pub fn start() -> EtcdServer {
         EtcdServer::start_with(&[])
     }
 
     /// As [`EtcdServer::start`], with more etcd flags.
-    pub fn start_with(extra: &[&str]) -> Option<EtcdServer> {
-        let Some(bin) = etcd_bin() else {
-            println!("SKIP etcd not installed (Debian package etcd-server)");
-            return None;
-        };
+    pub fn start_with(extra: &[&str]) -> EtcdServer {
+        let bin = etcd_bin().expect("etcd is not installed (Debian package etcd-server)");
         let peer = free_port();
         let mut m = EtcdServer::member(
             bin,
@@ -77,7 +74,7 @@ impl EtcdServer {
         m.extra = extra.iter().map(|a| a.to_string()).collect();
         m.spawn();
         m.wait_healthy();
-        Some(m)
+        m
     }
 
     /// A single-member etcd serving clients over TLS only, with `cert`/`key` and requiring
@@ -86,11 +83,8 @@ impl EtcdServer {
         ca: &std::path::Path,
         cert: &std::path::Path,
         key: &std::path::Path,
-    ) -> Option<EtcdServer> {
-        let Some(bin) = etcd_bin() else {
-            println!("SKIP etcd not installed (Debian package etcd-server)");
-            return None;
-        };
+    ) -> EtcdServer {
+        let bin = etcd_bin().expect("etcd is not installed (Debian package etcd-server)");
         let peer = free_port();
         let mut m = EtcdServer::member(
             bin,
@@ -103,7 +97,7 @@ impl EtcdServer {
         m.health_port = free_port();
         m.spawn();
         m.wait_healthy();
-        Some(m)
+        m
     }
 
     fn member(
@@ -300,12 +294,9 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Three members, all healthy; `None` (after printing SKIP) when etcd is not installed.
-    pub fn start() -> Option<EtcdCluster> {
-        let Some(bin) = etcd_bin() else {
-            println!("SKIP etcd not installed (Debian package etcd-server)");
-            return None;
-        };
+    /// Three members, all healthy; panics when etcd is not installed.
+    pub fn start() -> EtcdCluster {
+        let bin = etcd_bin().expect("etcd is not installed (Debian package etcd-server)");
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let cluster = ports
             .iter()
@@ -326,7 +317,7 @@ impl EtcdCluster {
         for m in &mut members {
             m.wait_healthy();
         }
-        Some(EtcdCluster { members })
+        EtcdCluster { members }
     }
 
     /// Starts every stopped member again (all at once: a member alone has no quorum and

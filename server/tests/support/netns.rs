@@ -2,7 +2,7 @@
 //! kernel_tables): run a command, run one inside a network namespace (`ip netns exec`),
 //! optionally with stdin — each returns the command's stdout, or an error naming the command
 //! and its stderr —, run a closure on a thread inside a namespace ([`in_netns`]), send raw
-//! Ethernet frames ([`Sender`]), and find a tool on PATH for the SKIP checks. Plain `std::process` (no crate: the tests shell out to
+//! Ethernet frames ([`Sender`]), and find a tool on PATH for the prerequisite checks. Plain `std::process` (no crate: the tests shell out to
 //! `ip`, `iptables-legacy-restore` and the like, which is what they check).
 
 #![allow(dead_code)] // Each test uses a different part.

@@ -311,8 +311,9 @@ where
 /// and cargo builds only this package's binaries for its tests, so the first call builds it
 /// with the cargo that runs the tests (`$CARGO`), into the target directory and profile of the
 /// running test binary (`target/PROFILE/deps/TEST-HASH`), and later calls reuse that path.
-/// `VALLUMCTL=PATH` runs a prebuilt binary instead. Panics when the build fails (a test that
-/// runs vallumctl cannot go on without it).
+/// The same build makes `vallum-iptables`, which lies beside it. `VALLUMCTL=PATH` runs a
+/// prebuilt binary instead. Panics when the build fails (a test that runs vallumctl cannot go
+/// on without it).
 pub fn vallumctl() -> &'static Path {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
@@ -333,6 +334,7 @@ pub fn vallumctl() -> &'static Path {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
             .args(["build", "--quiet", "-p", "vallum-cli", "--bin", "vallumctl"])
+            .args(["--bin", "vallum-iptables"])
             .args(["--profile", profile, "--target-dir"])
             .arg(target_dir)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
