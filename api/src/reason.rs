@@ -180,6 +180,10 @@ reasons! {
     /// WatchCommits `start_after` names a point whose following events are no longer kept
     /// (evicted, or from before vallumd's start); the message says which are kept.
     EventsNotKept => ("EVENTS_NOT_KEPT", OutOfRange, EXIT_REJECTED),
+    /// Fleet mode: the fleet ruleset's etcd write would be larger than etcd's request limit
+    /// (`--max-request-bytes`, 1.5 MiB by default; vallumd `--fleet-max-request-bytes`);
+    /// refused before anything is written. `ErrorInfo.metadata`: `bytes`, `limit_bytes`.
+    FleetValueTooLarge => ("FLEET_VALUE_TOO_LARGE", ResourceExhausted, EXIT_REJECTED),
 }
 
 impl Reason {

@@ -152,13 +152,22 @@ fn parse_server(s: &str) -> Result<String, String> {
 }
 
 /// Adds the bearer token to every call.
+///
+/// It also sends the `--timeout` deadline as the call's `grpc-timeout` (unless the call set
+/// its own), so that vallumd bounds its own work by it (e.g. its etcd calls in fleet mode)
+/// and answers with the reason before the deadline passes here.
 #[derive(Clone)]
-pub struct Auth(Option<MetadataValue<Ascii>>);
+pub struct Auth(Option<MetadataValue<Ascii>>, Option<Duration>);
 
 impl Interceptor for Auth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = &self.0 {
             req.metadata_mut().insert("authorization", v.clone());
+        }
+        if let Some(t) = self.1 {
+            if !req.metadata().contains_key("grpc-timeout") {
+                req.set_timeout(t);
+            }
         }
         Ok(req)
     }
@@ -249,6 +258,7 @@ impl Connection {
             ep = ep.timeout(self.timeout);
         }
         let until = self.wait.and_then(Wait::until);
+        let deadline = with_timeout.then_some(self.timeout);
         let mut pause = Duration::from_millis(5);
         if let Some(path) = unix {
             let channel = loop {
@@ -259,7 +269,7 @@ impl Connection {
                     Err(e) => return Err(bad(error::chain(&e))),
                 }
             };
-            let auth = Auth(token);
+            let auth = Auth(token, deadline);
             self.wait_serving(&channel, &auth, until).await;
             return Ok(Clients::new(channel, auth));
         }
@@ -299,7 +309,7 @@ impl Connection {
                 bad(error::chain(&e))
             }
         })?;
-        let auth = Auth(token);
+        let auth = Auth(token, deadline);
         self.wait_serving(&channel, &auth, until).await;
         Ok(Clients::new(channel, auth))
     }

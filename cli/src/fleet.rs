@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `fleet apply NAME FILE [--selector S] [--priority N] [-m MSG] [--etag E] [--validate-only]` | validate as Apply, write to etcd |
 //! | `fleet status NAME` | selected / applied / failed (with errors) / pending / stale nodes |
-//! | `fleet wait NAME [--revision R] [--wait-timeout D]` | until every selected node ACKed (exit 0), one NACKed or the time is up (exit 1) |
+//! | `fleet wait NAME [--revision R] [--wait-timeout D] [--allow-no-nodes]` | until every selected node ACKed (exit 0), one NACKed, it selects no live node (exit 1) or the time is up (exit 3) |
 //! | `fleet rollout NAME FILE --canary S [--selector S] [--timeout D]` | canary nodes first, wait for their ACKs, stop on a NACK; then every selected node |
 //! | `fleet list` | the fleet rulesets |
 //! | `fleet delete NAME [--etag E]` | delete from etcd; every node removes it |
@@ -72,8 +72,8 @@ pub enum FleetCommand {
         name: String,
     },
     /// Wait until every selected live node ACKed the fleet revision (exit 0), or a node
-    /// NACKed it, a later write replaced it, or the wait timed out (exit 1). Not bound by
-    /// `--timeout`.
+    /// NACKed it, a later write replaced it, or it selects no live node (exit 1), or the
+    /// wait timed out (exit 3). Not bound by `--timeout`.
     Wait {
         /// Ruleset name.
         name: String,
@@ -83,6 +83,10 @@ pub enum FleetCommand {
         /// How long to wait, e.g. `60s`, `5m`.
         #[arg(long, default_value = "60s", value_parser = crate::args::parse_duration)]
         wait_timeout: std::time::Duration,
+        /// Succeed when the revision selects no live node (0/0 applied); without it that is
+        /// NO_NODES (exit 1): nothing was rolled out.
+        #[arg(long)]
+        allow_no_nodes: bool,
     },
     /// The fleet rulesets.
     List,
@@ -284,8 +288,9 @@ pub async fn run(
             name,
             revision,
             wait_timeout,
+            allow_no_nodes,
         } => {
-            let last = wait(c, out, name, *revision, *wait_timeout).await?;
+            let last = wait(c, out, name, *revision, *wait_timeout, *allow_no_nodes).await?;
             if out == Output::Json {
                 print(out, progress_json(&last), String::new)?;
             }
@@ -330,10 +335,11 @@ pub async fn run(
                     keep(first.previous_revision)
                 ));
             }
-            let step1 = wait(c, out, name, first.fleet_revision, timeout).await?;
+            let step1 = wait(c, out, name, first.fleet_revision, timeout, false).await?;
             let s1 = step1.status.clone().unwrap_or_default();
             let done1 = step1.phase == pb::RolloutPhase::Done as i32;
-            let stopped = if done1 && s1.selected.is_empty() {
+            let none1 = step1.phase == pb::RolloutPhase::NoNodes as i32;
+            let stopped = if none1 || (done1 && s1.selected.is_empty()) {
                 Some(Err(tonic::Status::failed_precondition(format!(
                     "fleet ruleset {name}: the canary selector {canary:?} selects no live node among {selector:?}; rollout stopped (the other nodes keep {})",
                     keep(first.previous_revision)
@@ -371,7 +377,7 @@ pub async fn run(
                     full.fleet_revision
                 ));
             }
-            let step2 = wait(c, out, name, full.fleet_revision, timeout).await?;
+            let step2 = wait(c, out, name, full.fleet_revision, timeout, false).await?;
             if out == Output::Json {
                 print(
                     out,
@@ -482,6 +488,7 @@ async fn wait(
     name: &str,
     revision: i64,
     timeout: Duration,
+    allow_no_nodes: bool,
 ) -> Result<pb::RolloutProgress, CliError> {
     let mut stream = c
         .wait_rollout(pb::WaitRolloutRequest {
@@ -491,6 +498,7 @@ async fn wait(
                 seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
                 nanos: i32::try_from(timeout.subsec_nanos()).unwrap_or(0),
             }),
+            allow_no_nodes,
         })
         .await?
         .into_inner();
@@ -531,7 +539,8 @@ fn progress_json(p: &pb::RolloutProgress) -> Value {
 }
 
 /// The outcome of a wait as a status, for the exit code and the headline (`note` appended):
-/// DONE is success, a timeout exits 3 (DEADLINE_EXCEEDED), a NACK or a newer write 1.
+/// DONE is success, a timeout exits 3 (DEADLINE_EXCEEDED), a NACK, a newer write or no
+/// selected live node 1.
 fn outcome(
     name: &str,
     last: &pb::RolloutProgress,
@@ -548,6 +557,10 @@ fn outcome(
         Ok(pb::RolloutPhase::TimedOut) => Err(tonic::Status::deadline_exceeded(format!(
             "{what}: {} node(s) still pending after {timeout:?}{note}",
             s.pending.len()
+        ))
+        .into()),
+        Ok(pb::RolloutPhase::NoNodes) => Err(tonic::Status::failed_precondition(format!(
+            "{what}: selects no live node, so nothing was rolled out{note} (`fleet nodes` lists the live nodes and their labels; --allow-no-nodes accepts this)"
         ))
         .into()),
         Ok(pb::RolloutPhase::Failed) => Err(tonic::Status::failed_precondition(format!(
@@ -573,6 +586,7 @@ fn phase_name(phase: i32) -> &'static str {
         Ok(pb::RolloutPhase::Failed) => "FAILED",
         Ok(pb::RolloutPhase::Superseded) => "SUPERSEDED",
         Ok(pb::RolloutPhase::TimedOut) => "TIMED_OUT",
+        Ok(pb::RolloutPhase::NoNodes) => "NO_NODES",
         Ok(pb::RolloutPhase::Unspecified) | Err(_) => "UNKNOWN",
     }
 }

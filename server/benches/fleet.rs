@@ -4,7 +4,11 @@
 //! ([`SimLocal`]: no engine and no SQLite, it records the publish time).
 //!
 //! Cases: N = 100, 1,000, 5,000 (`VALLUM_FLEET_BENCH_NODES=100,1000` picks others). For each:
-//! one ruleset write selecting every node; programming latency write -> each node's publish
+//! the agents register and keep their leases alive (TTL `VALLUM_FLEET_BENCH_TTL` seconds,
+//! default 10 as vallumd's `--fleet-lease-ttl`) for three TTLs before the write — etcd's CPU
+//! and lease renewals over that window are the keep-alives' alone, and every node key must
+//! still exist after it — and on through the rollout (every node key must exist after it too);
+//! then one ruleset write selecting every node; programming latency write -> each node's publish
 //! (p50, p99, max); the time until WaitRollout's code ([`follow`]: one read, then an etcd
 //! watch) shows every ACK; etcd's and this process's (the agents') CPU time over the
 //! rollout, etcd's RSS. `VALLUM_FLEET_BENCH_WAIT=watch,poll` runs each N twice: waiting as
@@ -106,6 +110,28 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The agents' lease TTL: `VALLUM_FLEET_BENCH_TTL` seconds, default 10 (vallumd's).
+fn lease_ttl() -> Duration {
+    Duration::from_secs(
+        std::env::var("VALLUM_FLEET_BENCH_TTL")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10u64)
+            .max(2),
+    )
+}
+
+/// How many node keys exist (registered nodes), retried while etcd is busy.
+async fn node_keys(writer: &Etcd, keys: &Keys) -> usize {
+    loop {
+        match writer.range_prefix(&keys.nodes(), 0).await {
+            Ok((_, kvs)) => return kvs.len(),
+            Err(e) => eprintln!("bench: list nodes: {e}; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn case(n: usize, poll: bool, metrics: &Metrics) {
     let pprof = std::env::var_os("VALLUM_FLEET_BENCH_PPROF").map(std::path::PathBuf::from);
     let flags: &[&str] = if pprof.is_some() {
@@ -138,7 +164,7 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
                 keys.clone(),
                 format!("node-{i:05}"),
                 labels,
-                Duration::from_secs(30),
+                lease_ttl(),
                 stats.clone(),
             )
             .spawn()
@@ -187,6 +213,35 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
         }
     }
     let settled = started.elapsed();
+    // Three lease TTLs of keep-alives alone: etcd's CPU and renewals over them, and every
+    // node still registered at the end (a keep-alive that never flows lets the keys expire
+    // within one TTL).
+    let ttl = lease_ttl();
+    let k0 = etcd_counters(&etcd);
+    let (kcpu0, _) = usage(pid);
+    tokio::time::sleep(3 * ttl).await;
+    let (kcpu1, _) = usage(pid);
+    let k1 = etcd_counters(&etcd);
+    let renewed = k1
+        .get("etcd_debugging_lease_renewed_total")
+        .copied()
+        .unwrap_or(0.0)
+        - k0.get("etcd_debugging_lease_renewed_total")
+            .copied()
+            .unwrap_or(0.0);
+    let before_rollout = node_keys(&writer, &keys).await;
+    println!(
+        "fleet N={n:>5} keep-alives alone over 3 TTLs ({:.0} s, TTL {} s): {renewed:.0} lease renewals ({:.0}/s), etcd CPU {:.2} s ({:.1}% of a core); {before_rollout} of {n} nodes registered after",
+        (3 * ttl).as_secs_f64(),
+        ttl.as_secs(),
+        renewed / (3 * ttl).as_secs_f64(),
+        kcpu1 - kcpu0,
+        100.0 * (kcpu1 - kcpu0) / (3 * ttl).as_secs_f64(),
+    );
+    assert_eq!(
+        before_rollout, n,
+        "nodes dropped out while keeping their leases alive"
+    );
     // `VALLUM_FLEET_BENCH_PERF=DIR`: `perf record` of etcd and this process over the
     // rollout alone (write -> all ACKs), to DIR/fleet-N.perf.
     let perf = std::env::var_os("VALLUM_FLEET_BENCH_PERF").map(|dir| {
@@ -277,6 +332,12 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
     if let Some(t) = profile {
         t.join().expect("profile thread");
     }
+    let after_rollout = node_keys(&writer, &keys).await;
+    println!(
+        "  {after_rollout} of {n} nodes registered after the rollout ({:.0} s after the first registration)",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(after_rollout, n, "nodes dropped out during the rollout");
     for a in agents {
         a.abort();
     }
@@ -334,7 +395,7 @@ async fn write_and_wait(url: String, keys: Keys, n: usize, poll: bool) -> Durati
             }
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-        follow(&writer, rollout, 0, deadline, |_, s| {
+        follow(&writer, rollout, 0, false, deadline, |_, s| {
             let done = s.applied.len() == n;
             if done {
                 acked = Some(write.elapsed());

@@ -46,9 +46,11 @@
 //! A client sends `authorization: Bearer TOKEN`. [`classify`] sorts the full gRPC path
 //! (`/vallum.v1.RulesetService/Apply`) into [`Access::Read`] or [`Access::Admin`]: read-only
 //! tokens may call Get*/List*/Validate/Diff/Export/Trace/Replay/GetStatus/WatchCommits, gRPC
-//! health and reflection (ListSets, GetSet and ExportIpsetSave of the SetService too);
+//! health and reflection (ListSets, GetSet and ExportIpsetSave of the SetService too, and the
+//! FleetService's GetRuleset, ListRulesets, GetRolloutStatus, WaitRollout and ListNodes);
 //! everything else (Stage, Commit, Confirm, Apply, Rollback, Delete, ZeroCounters, conntrack
-//! Delete and Flush, every set change and any method this table does not know) needs admin.
+//! Delete and Flush, every set change, the fleet's PutRuleset and DeleteRuleset, and any
+//! method this table does not know) needs admin.
 //!
 //! | failure | gRPC code | `ErrorInfo.reason` |
 //! |---|---|---|
@@ -407,6 +409,11 @@ const READ_METHODS: &[&str] = &[
     "SetService/ListSets",
     "SetService/GetSet",
     "SetService/ExportIpsetSave",
+    "FleetService/GetRuleset",
+    "FleetService/ListRulesets",
+    "FleetService/GetRolloutStatus",
+    "FleetService/WaitRollout",
+    "FleetService/ListNodes",
 ];
 
 /// Methods of `vallum.v1` that need an admin token, as `Service/Method`.
@@ -418,6 +425,7 @@ const ADMIN_METHODS: &[&str] = &[
     "RulesetService/Rollback",
     "RulesetService/DeleteRuleset",
     "RulesetService/UpdateRuleset",
+    "RulesetService/EditRuleset",
     "CounterService/ZeroCounters",
     "ConntrackService/Delete",
     "ConntrackService/Flush",
@@ -428,6 +436,8 @@ const ADMIN_METHODS: &[&str] = &[
     "SetService/FlushSet",
     "SetService/SwapSets",
     "SetService/ImportIpsetSave",
+    "FleetService/PutRuleset",
+    "FleetService/DeleteRuleset",
 ];
 
 /// Health and reflection methods, as full paths.
@@ -469,6 +479,7 @@ pub fn known_method(path: &str) -> Option<(&'static str, &'static str)> {
         "EngineService" => "vallum.v1.EngineService",
         "ConntrackService" => "vallum.v1.ConntrackService",
         "SetService" => "vallum.v1.SetService",
+        "FleetService" => "vallum.v1.FleetService",
         _ => return None,
     };
     Some((service, m))
@@ -1296,6 +1307,51 @@ mod tests {
         ] {
             assert_eq!(classify(m), Access::Public, "{m}");
         }
+        // FleetService: reads are reads (the README's fleet demo reads over TCP without
+        // tokens), writes are admin.
+        for m in [
+            "GetRuleset",
+            "ListRulesets",
+            "GetRolloutStatus",
+            "WaitRollout",
+            "ListNodes",
+        ] {
+            let path = format!("/vallum.v1.FleetService/{m}");
+            assert_eq!(classify(&path), Access::Read, "{path}");
+        }
+        for m in ["PutRuleset", "DeleteRuleset"] {
+            let path = format!("/vallum.v1.FleetService/{m}");
+            assert_eq!(classify(&path), Access::Admin, "{path}");
+        }
+    }
+
+    /// Every method of every `vallum.v1` service is in one of the two tables: a method the
+    /// tables miss is admin by default, so a read left out is refused to read-only callers
+    /// with a message calling it a change (as FleetService's reads were).
+    #[test]
+    fn every_api_method_is_classified_explicitly() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(vallum_proto::FILE_DESCRIPTOR_SET)
+            .expect("the descriptor set decodes");
+        let mut seen = 0;
+        for file in set.file.iter().filter(|f| f.package() == "vallum.v1") {
+            for service in &file.service {
+                for method in &service.method {
+                    let short = format!("{}/{}", service.name(), method.name());
+                    assert!(
+                        READ_METHODS.contains(&short.as_str())
+                            || ADMIN_METHODS.contains(&short.as_str()),
+                        "{short} is in neither READ_METHODS nor ADMIN_METHODS"
+                    );
+                    assert!(
+                        known_method(&format!("/vallum.v1.{short}")).is_some(),
+                        "{short}: known_method has no service name for it"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 40, "{seen} methods");
     }
 
     fn reason(s: &Status) -> String {

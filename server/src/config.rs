@@ -318,7 +318,7 @@ impl ConntrackArgs {
 
 /// A duration as `N[s|m|h|d]` (seconds, minutes, hours, days; a bare number is seconds),
 /// e.g. `24h`, `90d`, `0.5`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let (number, unit) = match s.char_indices().last() {
         Some((i, 's')) => (&s[..i], 1.0),
         Some((i, 'm')) => (&s[..i], 60.0),

@@ -130,6 +130,19 @@ pub enum Error {
     /// one chain of a kernel table (see [`crate::kernel_tables`]); nothing was published.
     #[error("kernel tables: {0}")]
     KernelTables(String),
+    /// Fleet mode: a fleet ruleset whose etcd write would exceed etcd's request limit
+    /// (checked by FleetService before the write, see [`crate::fleet::service`]).
+    #[error(
+        "fleet ruleset {name}: its etcd write would be {bytes} bytes, over etcd's request limit of {limit} bytes (etcd --max-request-bytes, 1.5 MiB by default; vallumd --fleet-max-request-bytes); nothing was written: split the rules into several fleet rulesets"
+    )]
+    FleetValueTooLarge {
+        /// The ruleset name.
+        name: String,
+        /// The size of the write: the value, the key and the transaction around them.
+        bytes: usize,
+        /// The limit (`--fleet-max-request-bytes`).
+        limit: usize,
+    },
     /// Fleet mode: a local mutation of a ruleset the fleet agent owns.
     #[error(
         "rulesets/{ruleset} is owned by {owner}; change it with FleetService (vallumctl fleet)"
@@ -212,6 +225,7 @@ impl Error {
             Error::Fleet(_) => Reason::FleetUnavailable,
             Error::KernelTables(_) => Reason::KernelTablesRefused,
             Error::FleetOwned { .. } => Reason::FleetOwned,
+            Error::FleetValueTooLarge { .. } => Reason::FleetValueTooLarge,
             Error::ScopeDenied { .. } => Reason::ScopeDenied,
             Error::ListChanged { .. } => Reason::ListChanged,
             Error::EventsNotKept { .. } => Reason::EventsNotKept,
@@ -311,6 +325,10 @@ impl From<Error> for tonic::Status {
                     format!("rulesets/{ruleset}"),
                     message.clone(),
                 );
+            }
+            Error::FleetValueTooLarge { bytes, limit, .. } => {
+                metadata.insert("bytes".to_string(), bytes.to_string());
+                metadata.insert("limit_bytes".to_string(), limit.to_string());
             }
             Error::ScopeDenied { missing, .. } => {
                 metadata.insert("scope".to_string(), missing.clone());

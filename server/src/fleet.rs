@@ -73,10 +73,22 @@ pub struct FleetArgs {
     #[arg(long, env = "VALLUM_FLEET_PREFIX", default_value = "/vallum/v1/")]
     pub fleet_prefix: String,
 
-    /// Seconds the node key outlives this node (its etcd lease's TTL; kept alive every
-    /// third of it).
+    /// Seconds the node key outlives this node (its etcd lease's TTL, at least 2; kept
+    /// alive every third of it, jittered). A node whose lease was lost registers again.
     #[arg(long, env = "VALLUM_FLEET_LEASE_TTL", default_value_t = 10)]
     pub fleet_lease_ttl: u32,
+
+    /// The longest one etcd call waits (N[s|m|h], e.g. `5s`, `0.5s`); a FleetService call
+    /// also never waits past its caller's gRPC deadline. Past it the call fails with
+    /// FLEET_UNAVAILABLE ("etcd did not answer within ...").
+    #[arg(long, env = "VALLUM_FLEET_CALL_TIMEOUT", default_value = "5s", value_parser = crate::config::parse_duration)]
+    pub fleet_call_timeout: Duration,
+
+    /// etcd's request size limit in bytes (etcd's `--max-request-bytes`, 1.5 MiB by
+    /// default): a fleet ruleset whose etcd write would be larger is refused with
+    /// RESOURCE_EXHAUSTED (`FLEET_VALUE_TOO_LARGE`) before anything is written.
+    #[arg(long, env = "VALLUM_FLEET_MAX_REQUEST_BYTES", default_value_t = ETCD_MAX_REQUEST_BYTES)]
+    pub fleet_max_request_bytes: usize,
 
     /// PEM CA that signed etcd's server certificate (etcd's `--trusted-ca-file` side for
     /// clients); use `https://` endpoints with it.
@@ -92,6 +104,9 @@ pub struct FleetArgs {
     #[arg(long, env = "VALLUM_FLEET_KEY", requires = "fleet_cert")]
     pub fleet_key: Option<std::path::PathBuf>,
 }
+
+/// etcd's default `--max-request-bytes`: 1.5 MiB.
+pub const ETCD_MAX_REQUEST_BYTES: usize = 1536 * 1024;
 
 /// Node labels: name -> value.
 pub type Labels = BTreeMap<String, String>;
@@ -157,10 +172,12 @@ impl FleetArgs {
         } else {
             None
         };
-        etcd::Etcd::connect_with(&self.fleet_endpoints, tls).map_err(|e| Error::Startup {
-            code: "FLEET_ENDPOINT_INVALID",
-            message: e.to_string(),
-        })
+        etcd::Etcd::connect_with(&self.fleet_endpoints, tls)
+            .map(|e| e.call_timeout(self.fleet_call_timeout))
+            .map_err(|e| Error::Startup {
+                code: "FLEET_ENDPOINT_INVALID",
+                message: e.to_string(),
+            })
     }
 
     /// The lease TTL (at least 2 s).

@@ -109,6 +109,7 @@ impl Outcome {
             | Error::Fleet(_)
             | Error::KernelTables(_)
             | Error::FleetOwned { .. }
+            | Error::FleetValueTooLarge { .. }
             | Error::ScopeDenied { .. }
             | Error::ListChanged { .. }
             | Error::EventsNotKept { .. }

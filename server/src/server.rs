@@ -343,6 +343,7 @@ pub async fn run_with(
                 state.clone(),
                 etcd.clone(),
                 config.fleet.keys(),
+                config.fleet.fleet_max_request_bytes,
             ))
             .max_decoding_message_size(max),
         );

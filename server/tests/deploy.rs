@@ -1685,6 +1685,10 @@ const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_fleet_applies_total", "counter"),
     ("vallum_fleet_watch_restarts_total", "counter"),
     ("vallum_fleet_programming_latency_seconds", "histogram"),
+    // Fleet registration health (issue #29).
+    ("vallum_fleet_registered", "gauge"),
+    ("vallum_fleet_lease_ttl_seconds", "gauge"),
+    ("vallum_fleet_last_keepalive_timestamp_seconds", "gauge"),
     // NFQUEUE overload (issue #18 item 3, server/src/nfqueue_stats.rs).
     ("vallum_nfqueue_received_total", "counter"),
     ("vallum_nfqueue_verdicts_total", "counter"),

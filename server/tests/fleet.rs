@@ -2,7 +2,12 @@
 //! validation, per-node ACK/NACK, etags, delete, fail-static across an etcd outage and a
 //! restart, re-listing after compaction, a 3-member cluster with one member down and then all
 //! of them, kill -9 mid-rollout, a NACK retried when its local cause is fixed, canary
-//! rollouts, TLS to etcd, status read page by page.
+//! rollouts, TLS to etcd, status read page by page; nodes that stay registered over three
+//! lease TTLs and register again when their lease is lost, FleetService answering
+//! FLEET_UNAVAILABLE within the deadline while etcd hangs (SIGSTOP), a rollout that selects no
+//! live node (NO_NODES), a ruleset over etcd's request limit (FLEET_VALUE_TOO_LARGE), and a
+//! bounded soak (three nodes, a rollout every few seconds through a hung, killed and compacted
+//! etcd and a node restart).
 //!
 //! Every test needs etcd: they are ignored unless asked for (`-- --include-ignored`), and fail
 //! when etcd is absent.
@@ -1399,4 +1404,814 @@ async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
     );
     agent.abort();
     assert!(agent.await.unwrap_err().is_cancelled());
+}
+
+// === registration, deadlines, wait, size (issue #29) ===
+
+/// A vallumd in fleet mode with a lease of `ttl` seconds and `extra` flags.
+fn node_with(
+    dir: &Path,
+    endpoints: &str,
+    name: &str,
+    labels: &str,
+    ttl: u64,
+    extra: &[&str],
+) -> Vallumd {
+    let ttl = ttl.to_string();
+    let mut args = vec![
+        "--fleet-endpoints",
+        endpoints,
+        "--node-name",
+        name,
+        "--node-labels",
+        labels,
+        "--fleet-lease-ttl",
+        &ttl,
+    ];
+    args.extend_from_slice(extra);
+    Vallumd::start(&dir.join(format!("{name}.db")), &args)
+}
+
+/// The live nodes' names, by ListNodes.
+async fn listed(f: &mut FleetServiceClient<Channel>) -> Result<Vec<String>, tonic::Status> {
+    Ok(f.list_nodes(pb::ListNodesRequest::default())
+        .await?
+        .into_inner()
+        .nodes
+        .into_iter()
+        .map(|n| n.name)
+        .collect())
+}
+
+/// The fleet's keys under the default prefix.
+fn keys() -> vallum_server::fleet::Keys {
+    vallum_server::fleet::Keys::new("/vallum/v1/")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn nodes_stay_registered_over_three_lease_ttls_and_a_later_rollout_reaches_them() {
+    const TTL: u64 = 2;
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node_with(dir.path(), &url, "n1", "role=web", TTL, &[]);
+    let n2 = node_with(dir.path(), &url, "n2", "role=db", TTL, &[]);
+    n1.wait_serving().await;
+    n2.wait_serving().await;
+    let mut f = fleet(&n2).await;
+    wait_for("both nodes registered", || {
+        let mut f = f.clone();
+        async move { (listed(&mut f).await.ok()? == ["n1", "n2"]).then_some(()) }
+    })
+    .await;
+
+    // For more than three TTLs, both nodes stay listed every time we look; a rollout written
+    // after the first TTL reaches the selected node.
+    let start = Instant::now();
+    let mut rollout = None;
+    let mut looks = 0;
+    while start.elapsed() < Duration::from_secs(3 * TTL + 1) {
+        let nodes = listed(&mut f).await.unwrap();
+        assert_eq!(
+            nodes,
+            ["n1", "n2"],
+            "a node dropped out of the fleet {:?} after both registered (lease TTL {TTL} s)",
+            start.elapsed()
+        );
+        looks += 1;
+        if rollout.is_none() && start.elapsed() > Duration::from_secs(TTL) {
+            let w = f
+                .put_ruleset(put("web", DROP_23, "role=web", ""))
+                .await
+                .unwrap()
+                .into_inner();
+            rollout = Some(w.fleet_revision);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(looks >= 3 * TTL as usize, "{looks} looks");
+    let rev = rollout.expect("written after the first TTL");
+    let s = wait_applied(&mut f, "web", &["n1"], rev).await;
+    assert!(s.stale.is_empty(), "no report of a gone node: {s:?}");
+    assert_eq!(verdict(&n1, 23).await, "DROP");
+    assert_eq!(verdict(&n2, 23).await, "ACCEPT");
+
+    // Each node knows its registration is live, and when etcd last renewed it.
+    for n in [&n1, &n2] {
+        assert_eq!(metric(n, "vallum_fleet_registered"), Some(1.0));
+        let ttl = metric(n, "vallum_fleet_lease_ttl_seconds").expect("lease TTL metric");
+        assert!(ttl > 0.0 && ttl <= TTL as f64, "lease TTL left {ttl}");
+        let renewed = metric(n, "vallum_fleet_last_keepalive_timestamp_seconds")
+            .expect("last keep-alive metric");
+        assert!(renewed > 0.0);
+    }
+    // etcd itself holds each node key on a lease that it renewed (its TTL left is set).
+    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    for name in ["n1", "n2"] {
+        let kv = client.get(&keys().node(name)).await.unwrap();
+        assert!(
+            kv.is_some_and(|kv| kv.lease != 0),
+            "{name}'s key is on a lease"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn a_node_whose_lease_was_lost_registers_again_with_its_labels() {
+    const TTL: u64 = 2;
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node_with(dir.path(), &url, "n1", "role=web,zone=a", TTL, &[]);
+    n1.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    let first = wait_for("n1 registered", || {
+        let client = client.clone();
+        async move { client.get(&keys().node("n1")).await.ok()? }
+    })
+    .await;
+
+    // The lease goes (as after a partition longer than the TTL, or etcd restored from a
+    // snapshot without it): etcd deletes the node key with it.
+    client.lease_revoke(first.lease).await.unwrap();
+    let again = wait_for("n1 registered again on a new lease", || {
+        let client = client.clone();
+        async move {
+            let kv = client.get(&keys().node("n1")).await.ok()??;
+            (kv.lease != first.lease).then_some(kv)
+        }
+    })
+    .await;
+    let info: vallum_server::fleet::NodeInfo = serde_json::from_slice(&again.value).unwrap();
+    assert_eq!(
+        info.labels,
+        vallum_server::fleet::selector::parse_labels("role=web,zone=a").unwrap(),
+        "registered again with its labels"
+    );
+    assert_eq!(listed(&mut f).await.unwrap(), ["n1"]);
+    // And it stays registered on that lease past three TTLs.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3 * TTL + 1) {
+        let kv = client.get(&keys().node("n1")).await.unwrap();
+        assert_eq!(
+            kv.map(|kv| kv.lease),
+            Some(again.lease),
+            "{:?}",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let w = f
+        .put_ruleset(put("web", DROP_23, "zone=a", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, "web", &["n1"], w.fleet_revision).await;
+    assert_eq!(metric(&n1, "vallum_fleet_registered"), Some(1.0));
+}
+
+/// The calls of FleetService that read or write etcd, all at once, each with `timeout` as
+/// the caller's gRPC deadline (`None`: no deadline); returns each call's name and error.
+async fn every_fleet_call(
+    f: &FleetServiceClient<Channel>,
+    timeout: Option<Duration>,
+    etag: &str,
+) -> Vec<(&'static str, tonic::Status)> {
+    fn req<T>(m: T, timeout: Option<Duration>) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(m);
+        if let Some(t) = timeout {
+            r.set_timeout(t);
+        }
+        r
+    }
+    let name = || "web".to_string();
+    let (mut a, mut b, mut c, mut d, mut e, mut g) = (
+        f.clone(),
+        f.clone(),
+        f.clone(),
+        f.clone(),
+        f.clone(),
+        f.clone(),
+    );
+    let (a, b, c, d, e, g) = tokio::join!(
+        async move {
+            a.get_rollout_status(req(pb::GetRolloutStatusRequest { name: name() }, timeout))
+                .await
+                .map(drop)
+        },
+        async move {
+            b.list_nodes(req(pb::ListNodesRequest::default(), timeout))
+                .await
+                .map(drop)
+        },
+        async move {
+            c.get_ruleset(req(pb::GetFleetRulesetRequest { name: name() }, timeout))
+                .await
+                .map(drop)
+        },
+        async move {
+            d.list_rulesets(req(pb::ListFleetRulesetsRequest::default(), timeout))
+                .await
+                .map(drop)
+        },
+        async move {
+            e.put_ruleset(req(put("web", DROP_24, "role=web", etag), timeout))
+                .await
+                .map(drop)
+        },
+        async move {
+            let r = pb::DeleteFleetRulesetRequest {
+                name: "other".into(),
+                etag: String::new(),
+            };
+            g.delete_ruleset(req(r, timeout)).await.map(drop)
+        },
+    );
+    [
+        ("GetRolloutStatus", a),
+        ("ListNodes", b),
+        ("GetRuleset", c),
+        ("ListRulesets", d),
+        ("PutRuleset", e),
+        ("DeleteRuleset", g),
+    ]
+    .into_iter()
+    .map(|(what, r)| match r {
+        Ok(()) => panic!("{what} answered while etcd hangs"),
+        Err(e) => (what, e),
+    })
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn a_hung_etcd_is_fleet_unavailable_within_the_deadline() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    // n1: a short call timeout and callers without deadline; n2: a long call timeout, so
+    // only the caller's deadline bounds its calls.
+    let n1 = node_with(
+        dir.path(),
+        &url,
+        "n1",
+        "role=web",
+        3,
+        &["--fleet-call-timeout", "1s"],
+    );
+    let n2 = node_with(
+        dir.path(),
+        &url,
+        "n2",
+        "role=web",
+        3,
+        &["--fleet-call-timeout", "60s"],
+    );
+    n1.wait_serving().await;
+    n2.wait_serving().await;
+    let mut f1 = fleet(&n1).await;
+    let f2 = fleet(&n2).await;
+    let w = f1
+        .put_ruleset(put("web", DROP_23, "role=web", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f1, "web", &["n1", "n2"], w.fleet_revision).await;
+
+    etcd.pause();
+    // Each call is FLEET_UNAVAILABLE, not left hanging: from n1 by its call timeout (the
+    // test's own guard of 30 s would fail it otherwise), from n2 before the caller's 10 s
+    // deadline (else the caller sees DEADLINE_EXCEEDED, or vallumd's CANCELLED).
+    let guard = Duration::from_secs(30);
+    let (no_deadline, with_deadline) = tokio::join!(
+        tokio::time::timeout(guard, every_fleet_call(&f1, None, &w.etag)),
+        every_fleet_call(&f2, Some(Duration::from_secs(10)), &w.etag)
+    );
+    let no_deadline = no_deadline.expect("n1 answered every call within its --fleet-call-timeout");
+    for (node, calls) in [("n1", no_deadline), ("n2", with_deadline)] {
+        assert_eq!(calls.len(), 6);
+        for (what, e) in calls {
+            assert_eq!(e.code(), Code::Unavailable, "{node} {what}: {e:?}");
+            assert_eq!(reason(&e), "FLEET_UNAVAILABLE", "{node} {what}: {e:?}");
+            assert!(
+                e.message().contains("did not answer"),
+                "{node} {what}: {e:?}"
+            );
+        }
+    }
+    // WaitRollout: its first read ends by the wait's timeout.
+    let wait = tokio::time::timeout(
+        guard,
+        f2.clone().wait_rollout(pb::WaitRolloutRequest {
+            name: "web".into(),
+            timeout: Some(prost_types::Duration {
+                seconds: 2,
+                nanos: 0,
+            }),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("WaitRollout answered within its timeout");
+    let e = wait.expect_err("no status while etcd hangs");
+    assert_eq!(reason(&e), "FLEET_UNAVAILABLE", "{e:?}");
+
+    // vallumctl: `fleet wait --wait-timeout 2s` and `--timeout 10s fleet status` exit 3
+    // with FLEET_UNAVAILABLE.
+    for args in [
+        &["fleet", "wait", "web", "--wait-timeout", "2s"][..],
+        &["--timeout", "10s", "fleet", "status", "web"][..],
+    ] {
+        let out = tokio::time::timeout(
+            guard,
+            tokio::process::Command::new(vallumd::vallumctl())
+                .args(["--server", &n2.url(), "-o", "json"])
+                .args(args)
+                .output(),
+        )
+        .await
+        .expect("vallumctl returned")
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(stderr.contains("FLEET_UNAVAILABLE"), "{args:?}: {stderr}");
+    }
+
+    // etcd answers again: so does every call.
+    etcd.resume();
+    wait_for("FleetService answers again", || {
+        let mut f = f2.clone();
+        async move { listed(&mut f).await.ok() }
+    })
+    .await;
+    let s = f1
+        .get_rollout_status(pb::GetRolloutStatusRequest { name: "web".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.fleet_revision, w.fleet_revision);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn a_rollout_that_selects_no_live_node_is_not_done() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node_with(dir.path(), &url, "n1", "role=web", 3, &[]);
+    n1.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    let w = f
+        .put_ruleset(put("db", DROP_23, "role=db", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let last = |allow: bool| {
+        let mut f = f.clone();
+        async move {
+            let mut s = f
+                .wait_rollout(pb::WaitRolloutRequest {
+                    name: "db".into(),
+                    fleet_revision: w.fleet_revision,
+                    timeout: Some(prost_types::Duration {
+                        seconds: 20,
+                        nanos: 0,
+                    }),
+                    allow_no_nodes: allow,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let mut last = None;
+            while let Some(p) = s.message().await.unwrap() {
+                last = Some(p);
+            }
+            last.expect("a status")
+        }
+    };
+    let refused = last(false).await;
+    assert_eq!(refused.phase(), pb::RolloutPhase::NoNodes, "{refused:?}");
+    let allowed = last(true).await;
+    assert_eq!(allowed.phase(), pb::RolloutPhase::Done, "{allowed:?}");
+    assert!(allowed.status.unwrap().selected.is_empty());
+
+    // vallumctl: exit 1 naming it; 0 with --allow-no-nodes.
+    let run = |extra: &'static [&'static str]| {
+        let url = n1.url();
+        async move {
+            tokio::process::Command::new(vallumd::vallumctl())
+                .args([
+                    "--server",
+                    &url,
+                    "fleet",
+                    "wait",
+                    "db",
+                    "--wait-timeout",
+                    "20s",
+                ])
+                .args(extra)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let out = run(&[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("selects no live node"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NO_NODES"));
+    let out = run(&["--allow-no-nodes"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A ruleset of `n` rules (one `--dport` each).
+fn rules(n: usize) -> String {
+    let mut t =
+        String::from("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+    for i in 0..n {
+        t.push_str(&format!(
+            "-A INPUT -p tcp --dport {} -j DROP\n",
+            1 + i % 65000
+        ));
+    }
+    t.push_str("COMMIT\n");
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn a_ruleset_over_etcds_request_limit_is_resource_exhausted_before_the_write() {
+    // etcd and vallumd agree on a 64 KiB request limit: every size our check lets through,
+    // etcd takes; every other is FLEET_VALUE_TOO_LARGE, and nothing is written.
+    const LIMIT: &str = "65536";
+    let etcd = EtcdServer::start_with(&["--max-request-bytes", LIMIT]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let n1 = node_with(
+        dir.path(),
+        &url,
+        "n1",
+        "role=web",
+        3,
+        &["--fleet-max-request-bytes", LIMIT],
+    );
+    n1.wait_serving().await;
+    let mut f = fleet(&n1).await;
+
+    let writer = f.clone();
+    let try_put = move |n: usize, validate_only: bool| {
+        let mut f = writer.clone();
+        async move {
+            let mut r = put(&format!("big{n}"), &rules(n), "", "");
+            r.validate_only = validate_only;
+            f.put_ruleset(r).await.map(|r| r.into_inner())
+        }
+    };
+    // Far over: refused, even as validate_only, and not written.
+    let e = try_put(4000, false).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert_eq!(reason(&e), "FLEET_VALUE_TOO_LARGE", "{e:?}");
+    assert!(
+        e.message().contains("request limit of 65536 bytes"),
+        "{e:?}"
+    );
+    assert!(e.message().contains("--max-request-bytes"), "{e:?}");
+    let e = try_put(4000, true).await.unwrap_err();
+    assert_eq!(reason(&e), "FLEET_VALUE_TOO_LARGE", "validate_only: {e:?}");
+    let e = f
+        .get_ruleset(pb::GetFleetRulesetRequest {
+            name: "big4000".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+
+    // Around the limit (binary search on the rule count): each size is either written by
+    // etcd or refused by us, never refused by etcd (FLEET_UNAVAILABLE, "request is too
+    // large"), so our count of a write is never below etcd's.
+    let (mut lo, mut hi) = (10usize, 4000usize);
+    let (mut written, mut refused) = (0, 0);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        match try_put(mid, false).await {
+            Ok(_) => {
+                written += 1;
+                lo = mid;
+            }
+            Err(e) if reason(&e) == "FLEET_VALUE_TOO_LARGE" => {
+                refused += 1;
+                hi = mid;
+            }
+            Err(e) => panic!("{mid} rules: {e:?}"),
+        }
+    }
+    assert!(
+        written > 0 && refused > 0,
+        "{written} written, {refused} refused"
+    );
+    // The largest written one reaches the node.
+    let w = f
+        .get_ruleset(pb::GetFleetRulesetRequest {
+            name: format!("big{lo}"),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    wait_applied(&mut f, &format!("big{lo}"), &["n1"], w.fleet_revision).await;
+}
+
+/// The soak's driver: every FleetService call it makes carries a gRPC deadline and must
+/// answer (with anything) within that deadline plus one second.
+struct Soak {
+    writer: FleetServiceClient<Channel>,
+    /// Rollouts written so far (each drops port `PORT0 + k`).
+    k: u32,
+    /// The last fleet revision written, and its port.
+    last: Option<(i64, u32)>,
+}
+
+const PORT0: u32 = 1000;
+
+/// The deadline of the soak's unary calls, and the most a call may outlive it.
+const CALL_DEADLINE: Duration = Duration::from_secs(4);
+const GRACE: Duration = Duration::from_secs(1);
+
+impl Soak {
+    /// Runs `call` with `deadline` as its gRPC deadline; fails the test when it answers
+    /// more than [`GRACE`] after it.
+    async fn call<T, F>(what: &str, deadline: Duration, call: F) -> Result<T, tonic::Status>
+    where
+        F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        match tokio::time::timeout(deadline + GRACE, call).await {
+            Ok(r) => r.map(|r| r.into_inner()),
+            Err(_) => panic!("{what} outlived its deadline of {deadline:?} by more than {GRACE:?}"),
+        }
+    }
+
+    fn req<T>(m: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(m);
+        r.set_timeout(CALL_DEADLINE);
+        r
+    }
+
+    /// Writes the next rollout (a DROP of the next port, every node selected); `Err` when
+    /// etcd cannot take it (then it must be FLEET_UNAVAILABLE).
+    async fn write(&mut self) -> Result<i64, tonic::Status> {
+        let port = PORT0 + self.k + 1;
+        let text = format!(
+            "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport {port} -j DROP\nCOMMIT\n"
+        );
+        let mut w = self.writer.clone();
+        let r = Soak::call(
+            "PutRuleset",
+            CALL_DEADLINE,
+            w.put_ruleset(Soak::req(put("soak", &text, "", ""))),
+        )
+        .await;
+        match r {
+            Ok(r) => {
+                self.k += 1;
+                self.last = Some((r.fleet_revision, port));
+                Ok(r.fleet_revision)
+            }
+            Err(e) => {
+                assert_eq!(reason(&e), "FLEET_UNAVAILABLE", "PutRuleset: {e:?}");
+                Err(e)
+            }
+        }
+    }
+
+    /// Follows WaitRollout of `revision` (timeout 30 s); returns the last message. A DONE
+    /// is checked against the nodes themselves: every node it lists as applied enforces the
+    /// revision's rule (nothing is reported DONE that is not).
+    async fn wait(&self, revision: i64, nodes: &[(&str, &Vallumd)]) -> pb::RolloutProgress {
+        let timeout = Duration::from_secs(30);
+        let mut w = self.writer.clone();
+        let last = tokio::time::timeout(timeout + GRACE, async move {
+            let mut s = w
+                .wait_rollout(pb::WaitRolloutRequest {
+                    name: "soak".into(),
+                    fleet_revision: revision,
+                    timeout: Some(prost_types::Duration {
+                        seconds: timeout.as_secs() as i64,
+                        nanos: 0,
+                    }),
+                    allow_no_nodes: false,
+                })
+                .await?
+                .into_inner();
+            let mut last = None;
+            while let Some(p) = s.message().await? {
+                last = Some(p);
+            }
+            Ok::<_, tonic::Status>(last.expect("a last status"))
+        })
+        .await
+        .unwrap_or_else(|_| panic!("WaitRollout outlived its timeout by more than {GRACE:?}"))
+        .unwrap_or_else(|e| panic!("WaitRollout of {revision}: {e:?}"));
+        if last.phase() == pb::RolloutPhase::Done {
+            let s = last.status.clone().unwrap_or_default();
+            assert!(!s.applied.is_empty(), "DONE with no node: {last:?}");
+            let (_, port) = self.last.expect("a rollout written");
+            for a in &s.applied {
+                let (_, v) = nodes
+                    .iter()
+                    .find(|(n, _)| *n == a.node)
+                    .unwrap_or_else(|| panic!("unknown node {}", a.node));
+                assert_eq!(a.fleet_revision, revision, "{a:?}");
+                assert_eq!(
+                    verdict(v, port).await,
+                    "DROP",
+                    "DONE lists {} as applied, but it does not enforce revision {revision}",
+                    a.node
+                );
+            }
+        }
+        last
+    }
+
+    /// Writes a rollout (retrying while etcd comes back) and waits until every node in
+    /// `nodes` enforces it: listed as applied at that revision, and dropping its port (and
+    /// no longer the one before).
+    async fn converge(&mut self, when: &str, nodes: &[(&str, &Vallumd)]) {
+        let revision = loop {
+            match self.write().await {
+                Ok(rev) => break rev,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let (_, port) = self.last.expect("written");
+        // DONE (checked against the nodes), or NO_NODES / TIMED_OUT while the nodes
+        // register again after etcd dropped their leases; never a NACK or another writer.
+        let last = self.wait(revision, nodes).await;
+        assert!(
+            matches!(
+                last.phase(),
+                pb::RolloutPhase::Done | pb::RolloutPhase::NoNodes | pb::RolloutPhase::TimedOut
+            ),
+            "{when}: {last:?}"
+        );
+        let names: Vec<&str> = nodes.iter().map(|(n, _)| *n).collect();
+        let f = self.writer.clone();
+        wait_for(
+            &format!("{when}: every node at fleet revision {revision}"),
+            || {
+                let mut f = f.clone();
+                let names = names.clone();
+                async move {
+                    let s = Soak::call(
+                        "GetRolloutStatus",
+                        CALL_DEADLINE,
+                        f.get_rollout_status(Soak::req(pb::GetRolloutStatusRequest {
+                            name: "soak".into(),
+                        })),
+                    )
+                    .await
+                    .ok()?;
+                    let applied: Vec<&str> = s.applied.iter().map(|a| a.node.as_str()).collect();
+                    (s.fleet_revision == revision && applied == names).then_some(())
+                }
+            },
+        )
+        .await;
+        for (name, v) in nodes {
+            assert_eq!(
+                verdict(v, port).await,
+                "DROP",
+                "{when}: {name} at {revision}"
+            );
+            if port > PORT0 + 1 {
+                assert_eq!(verdict(v, port - 1).await, "ACCEPT", "{when}: {name}");
+            }
+        }
+    }
+
+    /// For `period`, a write and a status read every second while etcd hangs: each is
+    /// FLEET_UNAVAILABLE within its deadline.
+    async fn while_hung(&mut self, period: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < period {
+            assert!(
+                self.write().await.is_err(),
+                "a write went through a hung etcd"
+            );
+            let mut f = self.writer.clone();
+            let e = Soak::call(
+                "GetRolloutStatus",
+                CALL_DEADLINE,
+                f.get_rollout_status(Soak::req(pb::GetRolloutStatusRequest {
+                    name: "soak".into(),
+                })),
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(reason(&e), "FLEET_UNAVAILABLE", "{e:?}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn soak_three_nodes_through_a_hung_killed_and_compacted_etcd_and_a_node_restart() {
+    const TTL: u64 = 2;
+    const CYCLES: usize = 3;
+    let mut etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    let flags = ["--fleet-call-timeout", "1s"];
+    let n1 = node_with(dir.path(), &url, "n1", "role=web", TTL, &flags);
+    let n2 = node_with(dir.path(), &url, "n2", "role=web", TTL, &flags);
+    let mut n3 = node_with(dir.path(), &url, "n3", "role=web", TTL, &flags);
+    for n in [&n1, &n2, &n3] {
+        n.wait_serving().await;
+    }
+    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    let mut soak = Soak {
+        writer: fleet(&n1).await,
+        k: 0,
+        last: None,
+    };
+    for cycle in 0..CYCLES {
+        let all = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
+        soak.converge(&format!("cycle {cycle}: steady"), &all).await;
+        soak.converge(&format!("cycle {cycle}: steady again"), &all)
+            .await;
+
+        // etcd hangs for more than three lease TTLs: every call fails in time, the leases
+        // expire; when etcd answers again every node registers again and converges.
+        etcd.pause();
+        soak.while_hung(Duration::from_secs(3 * TTL + 1)).await;
+        etcd.resume();
+        soak.converge(&format!("cycle {cycle}: after SIGSTOP/SIGCONT"), &all)
+            .await;
+
+        // etcd killed and restarted.
+        etcd.stop();
+        assert!(soak.write().await.is_err(), "a write with etcd down");
+        etcd.restart();
+        soak.converge(&format!("cycle {cycle}: after kill -9 and restart"), &all)
+            .await;
+
+        // One node down while the fleet moves on and etcd compacts its history; it comes
+        // back behind the compaction, lists again and converges.
+        n3.kill9();
+        let two = [("n1", &n1), ("n2", &n2)];
+        soak.converge(&format!("cycle {cycle}: n3 down"), &two)
+            .await;
+        let (rev, _) = soak.last.expect("written");
+        client.compact(rev).await.unwrap();
+        soak.converge(&format!("cycle {cycle}: n3 down, compacted"), &two)
+            .await;
+        n3 = node_with(dir.path(), &url, "n3", "role=web", TTL, &flags);
+        n3.wait_serving().await;
+        let all = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
+        soak.converge(&format!("cycle {cycle}: n3 back"), &all)
+            .await;
+    }
+    let mut f = soak.writer.clone();
+    assert_eq!(listed(&mut f).await.unwrap(), ["n1", "n2", "n3"]);
+    for n in [&n1, &n2, &n3] {
+        assert_eq!(metric(n, "vallum_fleet_registered"), Some(1.0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (Debian etcd-server)"]
+async fn fleet_reads_are_reads_for_an_anonymous_tcp_caller() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = etcd.url();
+    // No token and no --insecure-no-auth: TCP callers may read, not change.
+    let n1 = node_with(dir.path(), &url, "n1", "role=web", 3, &["--socket", "none"]);
+    n1.wait_serving().await;
+    let mut f = fleet(&n1).await;
+    wait_for("n1 listed", || {
+        let mut f = f.clone();
+        async move { (listed(&mut f).await.ok()? == ["n1"]).then_some(()) }
+    })
+    .await;
+    f.list_rulesets(pb::ListFleetRulesetsRequest::default())
+        .await
+        .unwrap();
+    let e = f
+        .get_rollout_status(pb::GetRolloutStatusRequest { name: "web".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "a read, answered: {e:?}");
+    let e = f
+        .put_ruleset(put("web", DROP_23, "", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&e), "ANONYMOUS_READ_ONLY", "{e:?}");
+    assert!(e.message().contains("PutRuleset changes state"), "{e:?}");
 }

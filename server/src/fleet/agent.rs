@@ -54,11 +54,17 @@ const LATENCY_BOUNDS: [f64; 14] = [
 
 /// The agent's metrics: `vallum_fleet_connected`, `vallum_fleet_revision`,
 /// `vallum_fleet_applies_total{outcome, ruleset}`, `vallum_fleet_watch_restarts_total{reason}`,
-/// `vallum_fleet_programming_latency_seconds`.
+/// `vallum_fleet_programming_latency_seconds`, and the registration's health:
+/// `vallum_fleet_registered`, `vallum_fleet_lease_ttl_seconds`,
+/// `vallum_fleet_last_keepalive_timestamp_seconds`.
 #[derive(Debug)]
 pub struct FleetStats {
     connected: Arc<AtomicBool>,
     revision: Arc<AtomicI64>,
+    /// Unix ms when the node's lease runs out unless renewed (0: no lease).
+    lease_until_ms: Arc<AtomicI64>,
+    /// Unix ms of the last grant or keep-alive etcd answered with a live lease (0: none).
+    renewed_ms: Arc<AtomicI64>,
     applies: Counter<u64>,
     restarts: Counter<u64>,
     latency: Histogram<f64>,
@@ -86,9 +92,51 @@ impl FleetStats {
             .with_callback(move |o| o.observe(r.load(Ordering::Relaxed), &[]))
             .build();
         metrics.keep(Box::new(gauge));
+        let lease_until_ms = Arc::new(AtomicI64::new(0));
+        let renewed_ms = Arc::new(AtomicI64::new(0));
+        let until = lease_until_ms.clone();
+        let gauge = meter
+            .u64_observable_gauge("vallum_fleet_registered")
+            .with_description(
+                "1 while this node's key is on a live etcd lease as far as the node knows (the last TTL etcd granted has not run out), else 0.",
+            )
+            // Relaxed: a monitoring read of one value, ordered with nothing else.
+            .with_callback(move |o| {
+                let left = until.load(Ordering::Relaxed) - super::now_ns() / 1_000_000;
+                o.observe(u64::from(left > 0), &[]);
+            })
+            .build();
+        metrics.keep(Box::new(gauge));
+        let until = lease_until_ms.clone();
+        let gauge = meter
+            .f64_observable_gauge("vallum_fleet_lease_ttl")
+            .with_unit("s")
+            .with_description(
+                "Seconds left on this node's etcd lease: the TTL etcd granted at the last keep-alive, counted down (0: expired or none).",
+            )
+            // Relaxed: as above.
+            .with_callback(move |o| {
+                let left = until.load(Ordering::Relaxed) - super::now_ns() / 1_000_000;
+                o.observe(left.max(0) as f64 / 1e3, &[]);
+            })
+            .build();
+        metrics.keep(Box::new(gauge));
+        let renewed = renewed_ms.clone();
+        let gauge = meter
+            .f64_observable_gauge("vallum_fleet_last_keepalive_timestamp")
+            .with_unit("s")
+            .with_description(
+                "Unix time of the last lease grant or keep-alive that etcd answered with a live lease (0: none yet).",
+            )
+            // Relaxed: as above.
+            .with_callback(move |o| o.observe(renewed.load(Ordering::Relaxed) as f64 / 1e3, &[]))
+            .build();
+        metrics.keep(Box::new(gauge));
         Arc::new(FleetStats {
             connected,
             revision,
+            lease_until_ms,
+            renewed_ms,
             applies: meter
                 .u64_counter("vallum_fleet_applies")
                 // `ruleset` is bounded: fleet rulesets are few (each is an etcd key that
@@ -119,6 +167,28 @@ impl FleetStats {
     fn set_connected(&self, up: bool) {
         // Relaxed: see `connected`.
         self.connected.store(up, Ordering::Relaxed);
+    }
+
+    /// Whether this node's key is on a live lease, as far as it knows (the last TTL etcd
+    /// granted has not run out).
+    pub fn registered(&self) -> bool {
+        // Relaxed: a status read of one value.
+        self.lease_until_ms.load(Ordering::Relaxed) > super::now_ns() / 1_000_000
+    }
+
+    /// etcd granted or renewed the lease for `ttl` seconds, now.
+    fn lease_renewed(&self, ttl: i64) {
+        let now_ms = super::now_ns() / 1_000_000;
+        // Relaxed: monitoring values, each read on its own.
+        self.lease_until_ms
+            .store(now_ms + ttl.max(0) * 1000, Ordering::Relaxed);
+        self.renewed_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// The lease is gone (or ran out unrenewed).
+    fn lease_lost(&self) {
+        // Relaxed: as in `lease_renewed`.
+        self.lease_until_ms.store(0, Ordering::Relaxed);
     }
 
     /// One zero measurement on each instrument, so that the metric reference (a test in
@@ -624,37 +694,165 @@ impl Agent {
         Ok(())
     }
 
-    /// Registers the node key on a lease and keeps the lease alive; re-registers when the
-    /// lease expired or etcd was unreachable.
+    /// Registers the node key (labels, version) on a lease and keeps the lease alive, for
+    /// as long as the agent runs:
+    ///
+    /// - a keep-alive every third of the TTL, each interval drawn from 75-100% of it (and
+    ///   the first after a registration from 0-100%), so that nodes started together spread
+    ///   their keep-alives instead of sending them as one burst per period;
+    /// - a keep-alive that fails or gets no answer within the interval (or the call
+    ///   timeout) is retried on a new stream (the next endpoint) on the same lease, while
+    ///   the lease lasts as far as this node knows (the last TTL etcd granted, counted from
+    ///   the request that got it);
+    /// - when etcd answers that the lease is gone (TTL 0: it expired during a partition or a
+    ///   hung etcd, was revoked, or etcd was restored from a snapshot without it), or the
+    ///   lease ran out without an answer, the node registers again: a new lease and its node
+    ///   key with its labels. Each of these is logged (warn), and [`FleetStats`] exports the
+    ///   state (`vallum_fleet_registered`, `vallum_fleet_lease_ttl_seconds`,
+    ///   `vallum_fleet_last_keepalive_timestamp_seconds`).
     async fn heartbeat(&self) {
-        let ttl = self.lease_ttl;
-        // Retried well within the TTL, so one failed endpoint does not let the node key expire.
-        let max = BACKOFF_MAX.min(ttl / 4);
+        let every = self.lease_ttl / 3;
+        // One answer may take at most the interval: a keep-alive that waits longer leaves
+        // too little of the lease for the retry.
+        let etcd = self
+            .etcd
+            .clone()
+            .call_timeout(self.etcd.timeout().min(every));
+        let mut lease: Option<Lease> = None;
         let mut backoff = BACKOFF_MIN;
         loop {
-            let round = async {
-                let id = self.etcd.lease_grant(ttl.as_secs() as i64).await?;
-                let info = NodeInfo {
-                    labels: self.labels.clone(),
-                    version: env!("CARGO_PKG_VERSION").to_string(),
-                    heartbeat_ns: super::now_ns(),
-                };
-                let value = serde_json::to_vec(&info).unwrap_or_default();
-                self.etcd
-                    .put(&self.keys.node(&self.node), value, id)
-                    .await?;
-                self.etcd.keep_alive(id, ttl / 3).await
+            let (id, fresh) = match lease {
+                Some(l) if tokio::time::Instant::now() < l.expires => (l.id, false),
+                _ => {
+                    if let Some(l) = lease.take() {
+                        self.stats.lease_lost();
+                        tracing::warn!(
+                            lease = %format!("{:x}", l.id),
+                            "fleet: the lease ran out without a keep-alive answer; registering again"
+                        );
+                    }
+                    match self.register(&etcd).await {
+                        Ok(l) => {
+                            tracing::info!(
+                                node = %self.node,
+                                lease = %format!("{:x}", l.id),
+                                ttl_s = l.ttl,
+                                "fleet: registered"
+                            );
+                            backoff = BACKOFF_MIN;
+                            lease = Some(l);
+                            (l.id, true)
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, retry_in = ?backoff, "fleet: registering failed");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(every);
+                            continue;
+                        }
+                    }
+                }
             };
-            match round.await {
-                Ok(()) => backoff = BACKOFF_MIN,
+            match self.keep(&etcd, id, fresh, every, &mut lease).await {
+                Ok(()) => {
+                    self.stats.lease_lost();
+                    tracing::warn!(
+                        lease = %format!("{id:x}"),
+                        "fleet: etcd says the lease is gone (expired, revoked, or etcd restored \
+                         from a snapshot); registering again with this node's labels"
+                    );
+                    lease = None;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "fleet: heartbeat failed");
+                    tracing::warn!(
+                        lease = %format!("{id:x}"),
+                        error = %e,
+                        retry_in = ?backoff,
+                        "fleet: keep-alive failed; retrying on the same lease while it lasts"
+                    );
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(max);
+                    backoff = (backoff * 2).min(every);
                 }
             }
         }
     }
+
+    /// A new lease of `--fleet-lease-ttl` and the node key on it.
+    async fn register(&self, etcd: &Etcd) -> EtcdResult<Lease> {
+        let asked = tokio::time::Instant::now();
+        let (id, ttl) = etcd.lease_grant(self.lease_ttl.as_secs() as i64).await?;
+        let info = NodeInfo {
+            labels: self.labels.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            heartbeat_ns: super::now_ns(),
+        };
+        let value = serde_json::to_vec(&info).unwrap_or_default();
+        etcd.put(&self.keys.node(&self.node), value, id).await?;
+        let l = Lease {
+            id,
+            ttl,
+            expires: asked + Duration::from_secs(ttl.max(0) as u64),
+        };
+        self.stats.lease_renewed(ttl);
+        Ok(l)
+    }
+
+    /// Keeps lease `id` alive every `every` (jittered) until etcd says it is gone (`Ok`) or
+    /// a keep-alive fails (the error); each answer moves `lease`'s expiry. After a fresh
+    /// registration the first keep-alive waits a random share of `every`; a retry sends it
+    /// at once.
+    async fn keep(
+        &self,
+        etcd: &Etcd,
+        id: i64,
+        fresh: bool,
+        every: Duration,
+        lease: &mut Option<Lease>,
+    ) -> EtcdResult<()> {
+        if fresh {
+            tokio::time::sleep(jitter(every, 0.0)).await;
+        }
+        let mut keeper: Option<super::etcd::LeaseKeeper> = None;
+        loop {
+            let asked = tokio::time::Instant::now();
+            let ttl = match keeper.as_mut() {
+                Some(k) => k.renew().await?,
+                None => {
+                    let (k, ttl) = etcd.keep_alive(id).await?;
+                    keeper = Some(k);
+                    ttl
+                }
+            };
+            if ttl == 0 {
+                return Ok(());
+            }
+            if let Some(l) = lease.as_mut() {
+                l.ttl = ttl;
+                l.expires = asked + Duration::from_secs(ttl as u64);
+            }
+            self.stats.lease_renewed(ttl);
+            tokio::time::sleep(jitter(every, 0.75)).await;
+        }
+    }
+}
+
+/// This node's lease, as far as it knows.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    id: i64,
+    /// The TTL etcd granted last, seconds.
+    ttl: i64,
+    /// When it runs out unless renewed: the TTL counted from the request that got it.
+    expires: tokio::time::Instant,
+}
+
+/// A random duration in [`low` x `d`, `d`): the keep-alive interval's jitter.
+fn jitter(d: Duration, low: f64) -> Duration {
+    use std::hash::BuildHasher;
+    // A randomly keyed hasher (std's RandomState) hashing nothing: a random u64 per call,
+    // no dependency for a number that needs no quality beyond "not the same on every node".
+    let r = std::collections::hash_map::RandomState::new().hash_one(());
+    let share = low + (1.0 - low) * (r as f64 / u64::MAX as f64);
+    d.mul_f64(share.clamp(0.0, 1.0))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

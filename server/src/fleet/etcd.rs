@@ -13,6 +13,16 @@
 //! need a TLS config ([`Etcd::connect_with`], from `--fleet-ca`/`--fleet-cert`/`--fleet-key`):
 //! rustls (tonic's `tls-ring`), the server name checked against the endpoint's host.
 //!
+//! Deadlines: every call is bounded (see [`Etcd`]): by the call timeout (vallumd's
+//! `--fleet-call-timeout`, [`CALL_TIMEOUT`] by default) and by a caller's deadline
+//! ([`Etcd::until`]); an etcd that does not answer in time is DEADLINE_EXCEEDED here, which
+//! FleetService reports as FLEET_UNAVAILABLE.
+//!
+//! Leases: [`Etcd::keep_alive`] opens a LeaseKeepAlive stream by sending its first request
+//! before it waits for the response headers (etcd answers nothing, headers included, before
+//! a request); [`LeaseKeeper::renew`] then renews once per call and says when etcd no longer
+//! knows the lease (TTL 0).
+//!
 //! Reads of a prefix that may hold thousands of keys (the nodes' reports) go page by page
 //! ([`Etcd::range_prefix_paged`]): etcd caps one request at 1.5 MiB by default and a large
 //! response costs it memory in one piece.
@@ -22,6 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use vallum_proto::etcdserverpb as pb;
@@ -118,11 +129,31 @@ impl Read {
 }
 
 /// An etcd client (cheap to clone; clones share the current endpoint).
+///
+/// Every call waits at most [`Etcd::call_timeout`] (default [`CALL_TIMEOUT`], vallumd's
+/// `--fleet-call-timeout`) and never past the deadline of [`Etcd::until`] (a FleetService
+/// caller's): past it the call fails with DEADLINE_EXCEEDED, "etcd did not answer within
+/// ...", and the client moves to the next endpoint (a hung member is as good as a dead one).
+/// The remaining time also travels to etcd as a unary request's `grpc-timeout` (not a
+/// stream's: etcd would end the stream there); a stream's opening (a watch's create, a
+/// lease's first keep-alive) and each keep-alive answer are bounded here.
 #[derive(Clone, Debug)]
 pub struct Etcd {
     channels: Arc<Vec<Channel>>,
     current: Arc<AtomicUsize>,
+    /// The longest one call may wait.
+    timeout: Duration,
+    /// No call of this clone waits past this (a caller's deadline).
+    deadline: Option<Instant>,
 }
+
+/// What a unary request's `grpc-timeout` adds to the time left (see [`Etcd::request`]).
+const HEADER_SLACK: Duration = Duration::from_millis(100);
+
+/// The default of [`Etcd::call_timeout`]: 5 s, above etcd's own 5 s bound of a request it
+/// is working on (`request timed out` after its election timeout plus 2 s), so etcd's own
+/// answer comes first when etcd is alive but slow.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MAX_MESSAGE: usize = 64 << 20;
 
@@ -189,7 +220,60 @@ impl Etcd {
         Ok(Etcd {
             channels: Arc::new(list.into_iter().map(|e| e.connect_lazy()).collect()),
             current: Arc::default(),
+            timeout: CALL_TIMEOUT,
+            deadline: None,
         })
+    }
+
+    /// This client with `timeout` as the longest one call may wait (at least 1 ms).
+    pub fn call_timeout(mut self, timeout: Duration) -> Etcd {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest one call waits ([`Etcd::call_timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A clone whose calls never wait past `deadline` (`None`: only the call timeout), e.g.
+    /// a FleetService caller's deadline ([`super::service::caller_deadline`]).
+    pub fn until(&self, deadline: Option<Instant>) -> Etcd {
+        Etcd {
+            deadline,
+            ..self.clone()
+        }
+    }
+
+    /// When a call starting now must have its answer.
+    fn budget(&self) -> Instant {
+        let by_timeout = Instant::now() + self.timeout;
+        self.deadline.map_or(by_timeout, |d| d.min(by_timeout))
+    }
+
+    /// `msg` as a request that carries the time left until `until` as its `grpc-timeout`,
+    /// plus [`HEADER_SLACK`]: tonic's client enforces that header too (rounded to its unit),
+    /// and [`Etcd::bounded`]'s own timer, with its message, is to fire first.
+    fn request<T>(&self, msg: T, until: Instant) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.set_timeout(until.saturating_duration_since(Instant::now()) + HEADER_SLACK);
+        r
+    }
+
+    /// Waits for `call` until `until`; past it, DEADLINE_EXCEEDED ("etcd did not answer").
+    async fn bounded<T>(
+        &self,
+        until: Instant,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, tonic::Status> {
+        let waited = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout_at(until, call).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            // Failed once the time was up: tonic's enforcement of the header, or etcd's.
+            Ok(Err(_)) if Instant::now() >= until => Err(timed_out(waited)),
+            Ok(Err(s)) => Err(s),
+            Err(_) => Err(timed_out(waited)),
+        }
     }
 
     fn channel(&self) -> Channel {
@@ -210,9 +294,13 @@ impl Etcd {
         LeaseClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE)
     }
 
-    /// Moves to the next endpoint after an UNAVAILABLE answer; returns the error.
+    /// Moves to the next endpoint after an UNAVAILABLE answer or none in time; returns the
+    /// error.
     fn failed(&self, s: tonic::Status) -> EtcdError {
-        if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
+        if matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded
+        ) {
             // Relaxed: as in `channel`.
             self.current.fetch_add(1, Ordering::Relaxed);
         }
@@ -227,20 +315,23 @@ impl Etcd {
         prefix: &str,
         revision: i64,
     ) -> EtcdResult<(i64, Vec<KeyValue>)> {
-        let r = self
-            .kv()
-            .range(pb::RangeRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::RangeRequest {
                 key: prefix.as_bytes().to_vec(),
                 range_end: prefix_end(prefix.as_bytes()),
                 revision,
                 ..Default::default()
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().range(request))
             .await
             .map_err(|s| match compacted(s, revision) {
                 EtcdError::Status(s) => self.failed(s),
                 other => other,
-            })?
-            .into_inner();
+            })?;
         Ok((r.header.map_or(0, |h| h.revision), r.kvs))
     }
 
@@ -260,21 +351,24 @@ impl Etcd {
         let mut from = prefix.as_bytes().to_vec();
         let mut at = revision;
         loop {
-            let r = self
-                .kv()
-                .range(pb::RangeRequest {
+            let until = self.budget();
+            let request = self.request(
+                pb::RangeRequest {
                     key: from.clone(),
                     range_end: end.clone(),
                     revision: at,
                     limit: i64::try_from(page).unwrap_or(i64::MAX),
                     ..Default::default()
-                })
+                },
+                until,
+            );
+            let r = self
+                .bounded(until, self.kv().range(request))
                 .await
                 .map_err(|s| match compacted(s, at) {
                     EtcdError::Status(s) => self.failed(s),
                     other => other,
-                })?
-                .into_inner();
+                })?;
             if at == 0 {
                 at = r.header.map_or(0, |h| h.revision);
             }
@@ -320,18 +414,20 @@ impl Etcd {
                 serializable: true,
                 ..Default::default()
             };
-            let r = match self.kv().range(request.clone()).await {
+            let until = self.budget();
+            let first = self.request(request.clone(), until);
+            let r = match self.bounded(until, self.kv().range(first)).await {
                 Err(s) if s.message().contains("future revision") => {
                     request.serializable = false;
-                    self.kv().range(request).await
+                    let again = self.request(request, until);
+                    self.bounded(until, self.kv().range(again)).await
                 }
                 other => other,
             }
             .map_err(|s| match compacted(s, revision) {
                 EtcdError::Status(s) => self.failed(s),
                 other => other,
-            })?
-            .into_inner();
+            })?;
             let more = r.more;
             let Some(last) = r.kvs.last().map(|kv| kv.key.clone()) else {
                 return Ok(());
@@ -350,9 +446,9 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`] (also for more reads than etcd's `--max-txn-ops`).
     pub async fn read_many(&self, reads: &[Read]) -> EtcdResult<(i64, Vec<pb::RangeResponse>)> {
-        let r = self
-            .kv()
-            .txn(pb::TxnRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::TxnRequest {
                 compare: Vec::new(),
                 success: reads
                     .iter()
@@ -361,10 +457,13 @@ impl Etcd {
                     })
                     .collect(),
                 failure: Vec::new(),
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().txn(request))
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
+            .map_err(|e| self.failed(e))?;
         let revision = r.header.map_or(0, |h| h.revision);
         let out = r
             .responses
@@ -388,19 +487,22 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`]; [`EtcdError::Compacted`] for a compacted `revision`.
     pub async fn get_at(&self, key: &str, revision: i64) -> EtcdResult<Option<KeyValue>> {
-        let r = self
-            .kv()
-            .range(pb::RangeRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::RangeRequest {
                 key: key.as_bytes().to_vec(),
                 revision,
                 ..Default::default()
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().range(request))
             .await
             .map_err(|s| match compacted(s, revision) {
                 EtcdError::Status(s) => self.failed(s),
                 other => other,
-            })?
-            .into_inner();
+            })?;
         Ok(r.kvs.into_iter().next())
     }
 
@@ -408,17 +510,20 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn put(&self, key: &str, value: Vec<u8>, lease: i64) -> EtcdResult<i64> {
-        let r = self
-            .kv()
-            .put(pb::PutRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::PutRequest {
                 key: key.as_bytes().to_vec(),
                 value,
                 lease,
                 prev_kv: false,
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().put(request))
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
+            .map_err(|e| self.failed(e))?;
         Ok(r.header.map_or(0, |h| h.revision))
     }
 
@@ -470,16 +575,19 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn delete_prefix(&self, prefix: &str) -> EtcdResult<i64> {
-        let r = self
-            .kv()
-            .delete_range(pb::DeleteRangeRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::DeleteRangeRequest {
                 key: prefix.as_bytes().to_vec(),
                 range_end: prefix_end(prefix.as_bytes()),
                 ..Default::default()
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().delete_range(request))
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
+            .map_err(|e| self.failed(e))?;
         Ok(r.header.map_or(0, |h| h.revision))
     }
 
@@ -488,22 +596,25 @@ impl Etcd {
     ///
     /// Errors: as [`Etcd::range_prefix`].
     pub async fn any_under(&self, prefix: &str, revision: i64) -> EtcdResult<bool> {
-        let r = self
-            .kv()
-            .range(pb::RangeRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::RangeRequest {
                 key: prefix.as_bytes().to_vec(),
                 range_end: prefix_end(prefix.as_bytes()),
                 revision,
                 limit: 1,
                 keys_only: true,
                 ..Default::default()
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().range(request))
             .await
             .map_err(|s| match compacted(s, revision) {
                 EtcdError::Status(s) => self.failed(s),
                 other => other,
-            })?
-            .into_inner();
+            })?;
         Ok(!r.kvs.is_empty())
     }
 
@@ -535,17 +646,19 @@ impl Etcd {
                     .collect(),
                 failure: Vec::new(),
             };
-            let r = match self.kv().txn(txn(true)).await {
+            let until = self.budget();
+            let first = self.request(txn(true), until);
+            let r = match self.bounded(until, self.kv().txn(first)).await {
                 Err(s) if s.message().contains("future revision") => {
-                    self.kv().txn(txn(false)).await
+                    let again = self.request(txn(false), until);
+                    self.bounded(until, self.kv().txn(again)).await
                 }
                 other => other,
             }
             .map_err(|s| match compacted(s, revision) {
                 EtcdError::Status(s) => self.failed(s),
                 other => other,
-            })?
-            .into_inner();
+            })?;
             for op in r.responses {
                 out.push(match op.response {
                     Some(pb::response_op::Response::ResponseRange(rr)) => rr.kvs.into_iter().next(),
@@ -592,9 +705,9 @@ impl Etcd {
             keys_only: true,
             ..Default::default()
         });
-        let r = self
-            .kv()
-            .txn(pb::TxnRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::TxnRequest {
                 compare: compare.into_iter().collect(),
                 success: ops
                     .into_iter()
@@ -603,10 +716,13 @@ impl Etcd {
                 failure: vec![pb::RequestOp {
                     request: Some(read),
                 }],
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().txn(request))
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
+            .map_err(|e| self.failed(e))?;
         if r.succeeded {
             return Ok(Swap::Done(r.header.map_or(0, |h| h.revision)));
         }
@@ -627,15 +743,18 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn delete(&self, key: &str) -> EtcdResult<i64> {
-        let r = self
-            .kv()
-            .delete_range(pb::DeleteRangeRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::DeleteRangeRequest {
                 key: key.as_bytes().to_vec(),
                 ..Default::default()
-            })
+            },
+            until,
+        );
+        let r = self
+            .bounded(until, self.kv().delete_range(request))
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
+            .map_err(|e| self.failed(e))?;
         Ok(r.header.map_or(0, |h| h.revision))
     }
 
@@ -643,67 +762,79 @@ impl Etcd {
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn compact(&self, revision: i64) -> EtcdResult<()> {
-        self.kv()
-            .compact(pb::CompactionRequest {
+        let until = self.budget();
+        let request = self.request(
+            pb::CompactionRequest {
                 revision,
                 physical: true,
-            })
+            },
+            until,
+        );
+        self.bounded(until, self.kv().compact(request))
             .await
             .map_err(|e| self.failed(e))?;
         Ok(())
     }
 
-    /// Grants a lease of `ttl` seconds; returns its id.
+    /// Grants a lease of `ttl` seconds; returns its id and the TTL etcd granted (etcd
+    /// raises a TTL below its minimum, 1.5 election timeouts rounded up to a second).
     ///
     /// Errors: [`EtcdError::Status`].
-    pub async fn lease_grant(&self, ttl: i64) -> EtcdResult<i64> {
+    pub async fn lease_grant(&self, ttl: i64) -> EtcdResult<(i64, i64)> {
+        let until = self.budget();
+        let request = self.request(pb::LeaseGrantRequest { ttl, id: 0 }, until);
         let r = self
-            .lease()
-            .lease_grant(pb::LeaseGrantRequest { ttl, id: 0 })
+            .bounded(until, self.lease().lease_grant(request))
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
+            .map_err(|e| self.failed(e))?;
         if !r.error.is_empty() {
             return Err(tonic::Status::unavailable(r.error).into());
         }
-        Ok(r.id)
+        Ok((r.id, r.ttl))
     }
 
     /// Revokes lease `id` (its keys are deleted).
     ///
     /// Errors: [`EtcdError::Status`].
     pub async fn lease_revoke(&self, id: i64) -> EtcdResult<()> {
-        self.lease()
-            .lease_revoke(pb::LeaseRevokeRequest { id })
+        let until = self.budget();
+        let request = self.request(pb::LeaseRevokeRequest { id }, until);
+        self.bounded(until, self.lease().lease_revoke(request))
             .await
             .map_err(|e| self.failed(e))?;
         Ok(())
     }
 
-    /// Keeps lease `id` alive every `every` until the lease expires (returns `Ok`) or the
-    /// stream fails (returns the error).
+    /// Opens a LeaseKeepAlive stream for lease `id` and renews it once; returns the stream
+    /// and the TTL etcd granted (0: the lease does not exist any more).
     ///
-    /// Errors: [`EtcdError::Status`].
-    pub async fn keep_alive(&self, id: i64, every: Duration) -> EtcdResult<()> {
+    /// The first request goes into the stream *before* the call waits for etcd's response
+    /// headers: etcd sends nothing, headers included, until it has a request (as the watch's
+    /// create request, [`Etcd::watch_prefix`]). The whole exchange waits at most the call
+    /// timeout.
+    ///
+    /// Errors: [`EtcdError::Status`] (DEADLINE_EXCEEDED when etcd did not answer in time),
+    /// [`EtcdError::WatchEnded`] when etcd closed the stream.
+    pub async fn keep_alive(&self, id: i64) -> EtcdResult<(LeaseKeeper, i64)> {
         let (tx, rx) = mpsc::channel(1);
-        let mut responses = self
-            .lease()
-            .lease_keep_alive(ReceiverStream::new(rx))
+        tx.send(pb::LeaseKeepAliveRequest { id })
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tick.tick().await;
-            if tx.send(pb::LeaseKeepAliveRequest { id }).await.is_err() {
-                return Err(EtcdError::WatchEnded("keep-alive stream closed".into()));
-            }
-            match responses.message().await.map_err(|e| self.failed(e))? {
-                Some(r) if r.ttl > 0 => {}
-                Some(_) => return Ok(()),
-                None => return Err(EtcdError::WatchEnded("keep-alive stream ended".into())),
-            }
-        }
+            .map_err(|_| EtcdError::WatchEnded("keep-alive request stream closed".into()))?;
+        let until = self.budget();
+        // No `grpc-timeout` on a stream: etcd would end it there.
+        let request = tonic::Request::new(ReceiverStream::new(rx));
+        let responses = self
+            .bounded(until, self.lease().lease_keep_alive(request))
+            .await
+            .map_err(|e| self.failed(e))?;
+        let mut keeper = LeaseKeeper {
+            etcd: self.clone(),
+            id,
+            requests: tx,
+            responses,
+        };
+        let ttl = keeper.answer(until).await?;
+        Ok((keeper, ttl))
     }
 
     /// Watches every key under `prefix` from `start` (inclusive).
@@ -725,12 +856,15 @@ impl Etcd {
         tx.send(create)
             .await
             .map_err(|_| EtcdError::WatchEnded("request stream closed".into()))?;
+        // The create and its answer wait at most the call timeout; the events after it as
+        // long as the caller reads them.
+        let until = self.budget();
+        // No `grpc-timeout` on a stream: etcd would end it there.
+        let request = tonic::Request::new(ReceiverStream::new(rx));
         let mut stream = self
-            .watch_client()
-            .watch(ReceiverStream::new(rx))
+            .bounded(until, self.watch_client().watch(request))
             .await
-            .map_err(|e| self.failed(e))?
-            .into_inner();
+            .map_err(|e| self.failed(e))?;
         // The first response says whether the watch was created (or compacted).
         let mut w = Watcher {
             etcd: self.clone(),
@@ -738,7 +872,10 @@ impl Etcd {
             stream: None,
             first: None,
         };
-        match stream.message().await.map_err(|e| self.failed(e))? {
+        let first = tokio::time::timeout_at(until, stream.message())
+            .await
+            .unwrap_or_else(|_| Err(timed_out(until.saturating_duration_since(Instant::now()))));
+        match first.map_err(|e| self.failed(e))? {
             Some(r) => {
                 check_response(&r)?;
                 if !r.events.is_empty() {
@@ -749,6 +886,59 @@ impl Etcd {
         }
         w.stream = Some(stream);
         Ok(w)
+    }
+}
+
+/// DEADLINE_EXCEEDED: etcd did not answer within `waited`.
+fn timed_out(waited: Duration) -> tonic::Status {
+    tonic::Status::deadline_exceeded(format!(
+        "etcd did not answer within {:.1} s (vallumd --fleet-call-timeout, or the caller's deadline)",
+        waited.as_secs_f64()
+    ))
+}
+
+// === impl LeaseKeeper ===
+
+/// An open LeaseKeepAlive stream of one lease ([`Etcd::keep_alive`]).
+#[derive(Debug)]
+pub struct LeaseKeeper {
+    etcd: Etcd,
+    id: i64,
+    requests: mpsc::Sender<pb::LeaseKeepAliveRequest>,
+    responses: tonic::Streaming<pb::LeaseKeepAliveResponse>,
+}
+
+impl LeaseKeeper {
+    /// The lease id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// Renews the lease once: sends a keep-alive and waits for its answer (at most the
+    /// call timeout); returns the TTL etcd granted, seconds (0: the lease is gone: expired,
+    /// revoked, or etcd restored from a snapshot without it).
+    ///
+    /// Errors: as [`Etcd::keep_alive`].
+    pub async fn renew(&mut self) -> EtcdResult<i64> {
+        let until = self.etcd.budget();
+        self.requests
+            .send(pb::LeaseKeepAliveRequest { id: self.id })
+            .await
+            .map_err(|_| EtcdError::WatchEnded("keep-alive stream closed".into()))?;
+        self.answer(until).await
+    }
+
+    /// The next answer, by `until`.
+    async fn answer(&mut self, until: Instant) -> EtcdResult<i64> {
+        let waited = until.saturating_duration_since(Instant::now());
+        let r = tokio::time::timeout_at(until, self.responses.message())
+            .await
+            .unwrap_or_else(|_| Err(timed_out(waited)))
+            .map_err(|e| self.etcd.failed(e))?;
+        match r {
+            Some(r) => Ok(r.ttl.max(0)),
+            None => Err(EtcdError::WatchEnded("keep-alive stream ended".into())),
+        }
     }
 }
 

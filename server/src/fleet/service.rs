@@ -4,9 +4,17 @@
 //! PutRuleset checks the source exactly as RulesetService.Apply does (the same
 //! [`super::check`] against this vallumd's sets, the same errors with FILE:LINE:COL) before
 //! anything is written; the write is one etcd Txn comparing the key's mod revision with the
-//! request's etag (FAILED_PRECONDITION, reason ETAG_MISMATCH, when it moved). A value larger
-//! than etcd's request limit (1.5 MiB by default) is refused by etcd (FLEET_UNAVAILABLE with
-//! etcd's message).
+//! request's etag (FAILED_PRECONDITION, reason ETAG_MISMATCH, when it moved). A write larger
+//! than etcd's request limit (`--fleet-max-request-bytes`, etcd's `--max-request-bytes`, 1.5
+//! MiB by default: the JSON value, which in a canary phase also holds the previous content,
+//! plus the key and the Txn around them) is refused before it is sent: RESOURCE_EXHAUSTED,
+//! reason FLEET_VALUE_TOO_LARGE, naming the limit.
+//!
+//! Deadlines: every handler's etcd calls wait at most `--fleet-call-timeout` each (5 s by
+//! default) and never past the caller's gRPC deadline (less a tenth of the time it gave, at
+//! most 1 s, so that the answer reaches the caller before its deadline:
+//! [`caller_deadline`]); an etcd that does not answer (down, partitioned, SIGSTOPped) is
+//! FLEET_UNAVAILABLE in that time. WaitRollout's first read also ends by its `timeout`.
 //!
 //! A canary write (`canary` set) keeps, inside the same key, the content the other selected
 //! nodes keep enforcing ([`super::Previous`]): the ruleset as it was before (or before the
@@ -27,7 +35,9 @@
 //! linearizable read, not one per page). WaitRollout reads the same
 //! once, then follows an etcd watch of the fleet prefix from the next revision (no polling),
 //! keeps a tally of the nodes by state from each event, and sends the status when it changed
-//! (at most every [`PROGRESS_EVERY`] while progressing; the end at once).
+//! (at most every [`PROGRESS_EVERY`] while progressing; the end at once). A revision that
+//! selects no live node ends NO_NODES, never DONE, unless the request allows it
+//! (`allow_no_nodes`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -66,15 +76,52 @@ pub struct FleetApi {
     state: Arc<State>,
     etcd: Etcd,
     keys: Keys,
+    max_request_bytes: usize,
+}
+
+/// What a PutRuleset's etcd Txn adds to the value and the key (the compare, the failure
+/// read, protobuf framing): generous, so a write at the limit is refused here, not by etcd.
+const TXN_OVERHEAD: usize = 512;
+
+/// The deadline of a call's etcd work: the caller's gRPC deadline (`grpc-timeout`), less a
+/// tenth of the time it gave (at most 1 s) so that FLEET_UNAVAILABLE reaches the caller
+/// before its own deadline passes; `None` when the caller set none (then only
+/// `--fleet-call-timeout` bounds each etcd call).
+pub fn caller_deadline<T>(request: &Request<T>) -> Option<tokio::time::Instant> {
+    let v = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (n, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = n.parse().ok()?;
+    let given = match unit {
+        "H" => std::time::Duration::from_secs(n.saturating_mul(3600)),
+        "M" => std::time::Duration::from_secs(n.saturating_mul(60)),
+        "S" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_millis(n),
+        "u" => std::time::Duration::from_micros(n),
+        "n" => std::time::Duration::from_nanos(n),
+        _ => return None,
+    };
+    let margin = (given / 10).min(std::time::Duration::from_secs(1));
+    tokio::time::Instant::now().checked_add(given - margin)
 }
 
 impl FleetApi {
-    /// The service over shared state and an etcd client.
-    pub fn new(state: Arc<State>, etcd: Etcd, keys: Keys) -> Self {
-        FleetApi { state, etcd, keys }
+    /// The service over shared state and an etcd client; a ruleset whose etcd write would
+    /// exceed `max_request_bytes` (etcd's `--max-request-bytes`) is refused before it.
+    pub fn new(state: Arc<State>, etcd: Etcd, keys: Keys, max_request_bytes: usize) -> Self {
+        FleetApi {
+            state,
+            etcd,
+            keys,
+            max_request_bytes,
+        }
     }
 
-    async fn put(&self, caller: String, r: pb::PutFleetRulesetRequest) -> Result<pb::FleetRuleset> {
+    async fn put(
+        &self,
+        etcd: &Etcd,
+        caller: String,
+        r: pb::PutFleetRulesetRequest,
+    ) -> Result<pb::FleetRuleset> {
         let name = convert::ruleset_id("name", &r.name)?;
         Selector::parse(&r.selector).map_err(|e| Error::invalid("selector", e))?;
         Selector::parse(&r.canary).map_err(|e| Error::invalid("canary", e))?;
@@ -105,10 +152,20 @@ impl FleetApi {
             same_content_as: Vec::new(),
         };
         let key = self.keys.ruleset(&name);
+        // A text that alone is past the limit is refused before any etcd call (and a
+        // validate_only write says so too).
+        let least = desired.content.len() + desired.content_v6.len() + key.len() + TXN_OVERHEAD;
+        if least > self.max_request_bytes {
+            return Err(Error::FleetValueTooLarge {
+                name,
+                bytes: least,
+                limit: self.max_request_bytes,
+            });
+        }
         if r.validate_only {
             // A dry run says what the write would: an etag that is not the key's is refused.
             if let Some(want) = expect {
-                let now = self.etcd.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+                let now = etcd.get(&key).await?.map_or(0, |kv| kv.mod_revision);
                 if want != now {
                     return Err(Error::EtagMismatch {
                         name: format!("fleet/rulesets/{name}"),
@@ -119,7 +176,7 @@ impl FleetApi {
             }
             return Ok(fleet_ruleset(&name, &desired, 0, warnings));
         }
-        let current = self.etcd.get(&key).await?;
+        let current = etcd.get(&key).await?;
         if !desired.canary.is_empty() {
             // The non-canary nodes keep what they enforce now: the current key's content,
             // or its own previous one while a canary phase runs. The write then swaps on
@@ -156,7 +213,15 @@ impl FleetApi {
         }
         let value = serde_json::to_vec(&desired)
             .map_err(|e| Error::Internal(format!("encode fleet ruleset: {e}")))?;
-        match self.etcd.put_if(&key, value, expect).await? {
+        let bytes = value.len() + key.len() + TXN_OVERHEAD;
+        if bytes > self.max_request_bytes {
+            return Err(Error::FleetValueTooLarge {
+                name,
+                bytes,
+                limit: self.max_request_bytes,
+            });
+        }
+        match etcd.put_if(&key, value, expect).await? {
             Swap::Done(rev) => Ok(fleet_ruleset(&name, &desired, rev, warnings)),
             Swap::Moved(current) => Err(Error::EtagMismatch {
                 name: format!("fleet/rulesets/{name}"),
@@ -166,16 +231,9 @@ impl FleetApi {
         }
     }
 
-    async fn get(&self, name: &str) -> Result<(Desired, KeyValue)> {
-        get(&self.etcd, &self.keys, name).await
-    }
-
-    async fn nodes(&self) -> Result<BTreeMap<String, NodeInfo>> {
-        nodes(&self.etcd, &self.keys).await
-    }
-
-    async fn rollout(&self, name: &str) -> Result<pb::RolloutStatus> {
-        rollout_status(&self.etcd, &self.keys, name).await
+    /// The etcd client for `request`'s handler: bounded by its caller's deadline.
+    fn etcd_for<T>(&self, request: &Request<T>) -> Etcd {
+        self.etcd.until(caller_deadline(request))
     }
 }
 
@@ -410,6 +468,11 @@ impl Rollout {
         }
     }
 
+    /// How many live nodes the current revision selects (O(1), from the tally).
+    pub fn selected(&self) -> usize {
+        self.tally.applied + self.tally.failed + self.tally.pending
+    }
+
     /// Applies one watch event of the fleet prefix (`put` false: a delete): O(1) but for a
     /// write of this ruleset's key, which recounts the nodes.
     pub fn event(&mut self, kv: &KeyValue, put: bool) {
@@ -597,14 +660,16 @@ pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis
 /// from the revision read, each event applied to the rollout's tally (O(1), see
 /// [`Rollout::phase`]); `send` gets the phase and the status when the status changed, at most
 /// once per [`PROGRESS_EVERY`] while PROGRESSING, and at once with the end phase (DONE,
-/// FAILED, SUPERSEDED or TIMED_OUT); it stops the follow by returning false. A watch behind
-/// a compaction reads the rollout again.
+/// FAILED, SUPERSEDED, NO_NODES or TIMED_OUT); it stops the follow by returning false. A
+/// revision that selects no live node is NO_NODES, an end, unless `allow_no_nodes` (then
+/// DONE). A watch behind a compaction reads the rollout again.
 ///
 /// Errors: as [`Rollout::read`], and an etcd watch that fails.
 pub async fn follow<F, Fut>(
     etcd: &Etcd,
     mut rollout: Rollout,
     revision: i64,
+    allow_no_nodes: bool,
     deadline: tokio::time::Instant,
     mut send: F,
 ) -> Result<()>
@@ -627,6 +692,9 @@ where
         let mut p = rollout.phase(revision);
         if p == pb::RolloutPhase::Progressing && now >= deadline {
             p = pb::RolloutPhase::TimedOut;
+        }
+        if p == pb::RolloutPhase::Done && !allow_no_nodes && rollout.selected() == 0 {
+            p = pb::RolloutPhase::NoNodes;
         }
         let end = p != pb::RolloutPhase::Progressing;
         if end || (changed && now >= next_send) {
@@ -697,18 +765,23 @@ impl FleetService for FleetApi {
         &self,
         request: Request<pb::WaitRolloutRequest>,
     ) -> Result<Response<Self::WaitRolloutStream>, Status> {
+        let caller = caller_deadline(&request);
         let r = request.into_inner();
         let timeout = convert::duration("timeout", r.timeout.as_ref())?
             .unwrap_or(std::time::Duration::from_secs(60));
-        let first = Rollout::read(&self.etcd, &self.keys, &r.name).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        // The first read ends by the wait's timeout too (and the caller's deadline, if it
+        // set one): a hung etcd is FLEET_UNAVAILABLE within the time asked for.
+        let first_by = caller.map_or(deadline, |c| c.min(deadline));
+        let first = Rollout::read(&self.etcd.until(Some(first_by)), &self.keys, &r.name).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let this = self.clone();
         tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
             let sent = follow(
-                &this.etcd,
+                &this.etcd.until(Some(deadline)),
                 first,
                 r.fleet_revision,
+                r.allow_no_nodes,
                 deadline,
                 |phase, status| {
                     let msg = pb::RolloutProgress {
@@ -736,18 +809,19 @@ impl FleetService for FleetApi {
     ) -> Result<Response<pb::FleetRuleset>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let etcd = self.etcd_for(&request);
         let r = request.into_inner();
         let this = self.clone();
         let result = crate::service::to_completion(async move {
             if r.validate_only {
-                return Ok(this.put(caller, r).await?);
+                return Ok(this.put(&etcd, caller, r).await?);
             }
             let id = r.request_id.clone();
             let state = this.state.clone();
             let audit = crate::service::audit_entry(caller.clone(), "FleetPutRuleset", &r);
             let digest = audit.request_digest.clone();
             let result = state
-                .idempotent("FleetPutRuleset", &id, &digest, this.put(caller, r))
+                .idempotent("FleetPutRuleset", &id, &digest, this.put(&etcd, caller, r))
                 .await;
             state.audit_pending(Some(audit), &result).await;
             Ok(result?)
@@ -760,8 +834,9 @@ impl FleetService for FleetApi {
         &self,
         request: Request<pb::GetFleetRulesetRequest>,
     ) -> Result<Response<pb::FleetRuleset>, Status> {
+        let etcd = self.etcd_for(&request);
         let r = request.into_inner();
-        let (d, kv) = self.get(&r.name).await?;
+        let (d, kv) = get(&etcd, &self.keys, &r.name).await?;
         let name = convert::ruleset_id("name", &r.name)?;
         Ok(Response::new(fleet_ruleset(
             &name,
@@ -775,11 +850,11 @@ impl FleetService for FleetApi {
         &self,
         request: Request<pb::ListFleetRulesetsRequest>,
     ) -> Result<Response<pb::ListFleetRulesetsResponse>, Status> {
+        let etcd = self.etcd_for(&request);
         let r = request.into_inner();
         let page = LIST_RULESETS.page(r.page_size, &r.page_token, "")?;
         let after = page.cursor.unwrap_or_default();
-        let (_, kvs) = self
-            .etcd
+        let (_, kvs) = etcd
             .range_prefix(&self.keys.rulesets(), 0)
             .await
             .map_err(Error::from)?;
@@ -820,12 +895,12 @@ impl FleetService for FleetApi {
     ) -> Result<Response<pb::DeleteFleetRulesetResponse>, Status> {
         self.state.ready()?;
         let caller = hooks::caller(&request);
+        let etcd = self.etcd_for(&request);
         let r = request.into_inner();
         let result = async {
             let name = convert::ruleset_id("name", &r.name)?;
             let expect = etag("etag", &r.etag)?;
-            match self
-                .etcd
+            match etcd
                 .delete_if(
                     &self.keys.ruleset(&name),
                     expect,
@@ -858,8 +933,9 @@ impl FleetService for FleetApi {
         &self,
         request: Request<pb::GetRolloutStatusRequest>,
     ) -> Result<Response<pb::RolloutStatus>, Status> {
+        let etcd = self.etcd_for(&request);
         Ok(Response::new(
-            self.rollout(&request.into_inner().name).await?,
+            rollout_status(&etcd, &self.keys, &request.into_inner().name).await?,
         ))
     }
 
@@ -867,11 +943,11 @@ impl FleetService for FleetApi {
         &self,
         request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let etcd = self.etcd_for(&request);
         let r = request.into_inner();
         let page = LIST_NODES.page(r.page_size, &r.page_token, "")?;
         let after = page.cursor.unwrap_or_default();
-        let mut all: Vec<_> = self
-            .nodes()
+        let mut all: Vec<_> = nodes(&etcd, &self.keys)
             .await?
             .into_iter()
             .filter(|(name, _)| *name > after)

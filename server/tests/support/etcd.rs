@@ -219,6 +219,52 @@ impl EtcdServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// SIGSTOP: etcd hangs (its sockets accept, nothing answers) until [`EtcdServer::resume`].
+    /// Returns once every thread of etcd is stopped (state `T` in `/proc/PID/task/*/stat`):
+    /// a thread inside a system call (an fsync) stops only when it returns from it.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+        let pid = self.pid().expect("etcd is running");
+        let stopped = || {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                return false;
+            };
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|s| Some(s.rsplit_once(") ")?.1.starts_with(['T', 't'])))
+                    .unwrap_or(true)
+            })
+        };
+        let mut polls = 0;
+        while !stopped() {
+            polls += 1;
+            assert!(polls < 10_000, "etcd {pid} never stopped after SIGSTOP");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// SIGCONT after [`EtcdServer::pause`].
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self
+            .pid()
+            .and_then(|p| libc::pid_t::try_from(p).ok())
+            .expect("etcd is running");
+        // SAFETY: kill(2) on our own child's pid, which has not been waited for (it is still
+        // in `self.child`), so the pid is still ours.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {sig}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// kill -9 (the data directory stays).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -237,6 +283,7 @@ impl EtcdServer {
 
 impl Drop for EtcdServer {
     fn drop(&mut self) {
+        // SIGKILL ends a paused (SIGSTOPped) etcd too.
         self.stop();
     }
 }
