@@ -122,20 +122,29 @@ fn nsx(ns: &str, args: &[&str]) -> String {
     run(Command::new("ip").args(["netns", "exec", ns]).args(args))
 }
 
+/// One lab at a time in this test binary: the namespaces, veths and queues are named after the
+/// process id, which the binary's tests share.
+static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Namespaces H, C and X (see the module docs); deleted on drop, with every link and rule.
+/// Holds [`LAB`] until then (fields drop after `Drop::drop` has cleaned up).
 struct Netns {
     h: String,
     c: String,
     x: String,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Netns {
     fn new() -> Result<Netns, String> {
+        // A test that panicked while holding the lab still cleaned up (Drop): go on.
+        let serial = LAB.lock().unwrap_or_else(|e| e.into_inner());
         let id = std::process::id();
         let ns = Netns {
             h: format!("vallum-kh-{id}"),
             c: format!("vallum-kc-{id}"),
             x: format!("vallum-kx-{id}"),
+            _one_at_a_time: serial,
         };
         let st = Command::new("ip").args(["netns", "add", &ns.h]).status();
         if !matches!(st, Ok(s) if s.success()) {
