@@ -393,8 +393,8 @@ async fn scenario(d: &Vallumd, h: &str, c: &str, x: &str) {
     );
     let filter = nsx(h, &["iptables-save", "-t", "filter"]);
     assert!(
-        rules(&filter).iter().all(|r| r.contains("VALLUM-NFQUEUE")),
-        "the kernel's filter table has only the steering:\n{filter}"
+        rules(&filter).iter().all(|r| r.contains("VALLUM-")),
+        "the kernel's filter table has only the steering (VALLUM-NFQUEUE, VALLUM-REJECT*):\n{filter}"
     );
 
     // (b) X -> H:8080 reaches C:80 through the kernel's DNAT (C sees X: no SNAT inbound).
