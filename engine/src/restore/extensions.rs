@@ -37,7 +37,7 @@ pub(crate) use targets::{
 };
 pub(crate) use values::{
     CT_STATE_NAMES, TCP_FLAG_NAMES, parse_addr, parse_net, parse_port, parse_protocol, parse_range,
-    parse_uint, port_range, proto_extension, protocol_name, rate_unit_name,
+    parse_uint, port_range, proto_extension, protocol_name, rate_unit_name, service_port,
 };
 
 use super::ParseError;

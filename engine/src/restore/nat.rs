@@ -20,29 +20,10 @@ use std::net::IpAddr;
 
 use crate::model::{Family, Neg, OpaqueOption};
 
-use super::extensions::parse_uint;
+use super::extensions::{parse_uint, service_port};
 use super::lexer::Tok;
 use super::rule::Ctx;
 use super::{ParseError, ParseErrorKind as K};
-
-/// Service names iptables resolves for these targets' ports (it asks getservbyname; the
-/// engine reads no files): the common ones.
-const SERVICES: &[(&str, u16)] = &[
-    ("ftp-data", 20),
-    ("ftp", 21),
-    ("ssh", 22),
-    ("telnet", 23),
-    ("smtp", 25),
-    ("domain", 53),
-    ("http", 80),
-    ("pop3", 110),
-    ("ntp", 123),
-    ("imap", 143),
-    ("snmp", 161),
-    ("https", 443),
-    ("imaps", 993),
-    ("pop3s", 995),
-];
 
 /// Protocols with ports (tcp, udp, dccp, sctp, udplite).
 const PORT_PROTOCOLS: [u8; 5] = [6, 17, 33, 132, 136];
@@ -126,11 +107,8 @@ fn port(s: &str) -> Result<u16, String> {
     if let Some(v) = parse_uint(s, 65535) {
         return Ok(v as u16);
     }
-    SERVICES
-        .iter()
-        .find(|(n, _)| *n == s)
-        .map(|(_, p)| *p)
-        .ok_or_else(|| format!("'{s}' is not a port number 0-65535"))
+    // The service names the filter side's port parser knows, one table for both.
+    service_port(s).ok_or_else(|| format!("'{s}' is not a port number 0-65535"))
 }
 
 /// `PORT[-PORT[/BASE]]` (BASE with `with_base`, 1-65535) as iptables-save prints it.

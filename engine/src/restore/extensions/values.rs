@@ -53,6 +53,7 @@ pub(crate) fn parse_uint(s: &str, max: u64) -> Option<u64> {
 
 /// A few well-known service names (iptables asks getservbyname; the engine reads no files).
 pub(super) const SERVICES: &[(&str, u16)] = &[
+    ("ftp-data", 20),
     ("ftp", 21),
     ("ssh", 22),
     ("telnet", 23),
@@ -68,22 +69,23 @@ pub(super) const SERVICES: &[(&str, u16)] = &[
     ("pop3s", 995),
 ];
 
+/// The port of a service name in [`SERVICES`] (`None` when it is not there).
+pub(crate) fn service_port(name: &str) -> Option<u16> {
+    SERVICES.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+}
+
 pub(crate) fn parse_port(t: &Tok, s: &str, ctx: &Ctx<'_>) -> Result<u16, ParseError> {
     if let Some(v) = parse_uint(s, 65535) {
         return Ok(v as u16);
     }
-    SERVICES
-        .iter()
-        .find(|(n, _)| *n == s)
-        .map(|(_, p)| *p)
-        .ok_or_else(|| {
-            invalid(
-                ctx,
-                t,
-                "port",
-                format!("'{s}' is not a port number 0-65535"),
-            )
-        })
+    service_port(s).ok_or_else(|| {
+        invalid(
+            ctx,
+            t,
+            "port",
+            format!("'{s}' is not a port number 0-65535"),
+        )
+    })
 }
 
 /// `a`, `a:b`, `:b`, `a:`, `:` (missing ends are 0 and `max`); `a > b` is an error.
