@@ -18,6 +18,8 @@
 //! - README's fleet demo, with etcd;
 //! - docs/dropin.md's update-alternatives block, on overlays of /usr/sbin and the
 //!   alternatives' directories, then `iptables` through the new links;
+//! - docs/operations.md's backup block against a running vallumd (on overlays of /var/lib and
+//!   /var/backups), then the restore that section describes;
 //! - docs/operations.md's scrape config (`promtool check config`).
 //!
 //! What the sandbox does instead of the user: the test has built the binaries, so a block's
@@ -82,6 +84,12 @@ const RUN: &[(&str, &str, usize, &str)] = &[
         "server/tests/coexist.rs:documented_first_run_works",
     ),
     ("docs/operations.md", "## Sets (ipset-style)", 0, QUICK),
+    (
+        "docs/operations.md",
+        "## Backup and restore of the SQLite store",
+        0,
+        "server/tests/readme.rs:backup_block_runs_and_restores",
+    ),
     (
         "docs/dropin.md",
         "## Installing with update-alternatives (Debian/Ubuntu)",
@@ -616,6 +624,58 @@ fn update_alternatives_block_runs() {
     assert!(
         back.contains("legacy"),
         "iptables -V after going back:\n{ran}"
+    );
+}
+
+#[test]
+#[ignore = "needs root, unshare, overlayfs and sqlite3"]
+fn backup_block_runs_and_restores() {
+    let test = "backup_block_runs_and_restores";
+    need_root(test);
+    need(test, "sqlite3");
+    // docs/operations.md, "## Backup and restore of the SQLite store": the block while vallumd
+    // runs with a committed ruleset; then a commit after the backup, and the restore the
+    // section describes (stop, replace vallum.db, delete -wal and -shm, start): the backup's
+    // ruleset is back, the later one gone.
+    let backup = block(
+        "docs/operations.md",
+        "## Backup and restore of the SQLite store",
+        0,
+    );
+    let (dir, bin) = workdir(&[]);
+    let script = format!(
+        "mkdir -p /var/lib/vallum\n\
+         vallumd --db /var/lib/vallum/vallum.db > vallumd.log 2>&1 &\n\
+         VALLUMD=$!\n\
+         vallumctl --wait=60s apply web server/examples/web.rules\n\
+         echo @@block\n\
+         {}echo @@restore\n\
+         vallumctl apply later server/examples/web.rules\n\
+         kill $VALLUMD; wait $VALLUMD || true\n\
+         cp \"/var/backups/vallum-$(date +%F).db\" /var/lib/vallum/vallum.db\n\
+         rm -f /var/lib/vallum/vallum.db-wal /var/lib/vallum/vallum.db-shm\n\
+         vallumd --db /var/lib/vallum/vallum.db > vallumd2.log 2>&1 &\n\
+         vallumctl --wait=60s revisions web\n\
+         if vallumctl revisions later; then exit 96; fi\n",
+        runnable(&backup)
+    );
+    let ran = sandbox(dir.path(), &bin, &["/var/lib", "/var/backups"], &script);
+    assert!(ran.ok, "the backup block or the restore failed:\n{ran}");
+    let (_, after) = ran.stdout.split_once("@@block").expect("@@block");
+    let (checks, restored) = after.split_once("@@restore").expect("@@restore");
+    // One `ok` of PRAGMA integrity_check per backup file: the plain and the compacted one.
+    assert_eq!(
+        checks.lines().filter(|l| l.trim() == "ok").count(),
+        2,
+        "integrity checks:\n{ran}"
+    );
+    assert!(
+        restored.contains("web"),
+        "revisions web after the restore:\n{ran}"
+    );
+    assert!(
+        ran.stderr.contains("NOT_FOUND"),
+        "`later` (committed after the backup) must be gone:\n{ran}"
     );
 }
 
