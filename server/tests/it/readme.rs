@@ -16,6 +16,10 @@
 //! - README's kernel-tables block (`vallumd --kernel-tables nat`), after the drop-in block's
 //!   set-up lines;
 //! - README's fleet demo, with etcd;
+//! - docs/dropin.md's update-alternatives block, on overlays of /usr/sbin and the
+//!   alternatives' directories, then `iptables` through the new links;
+//! - docs/operations.md's backup block against a running vallumd (on overlays of /var/lib and
+//!   /var/backups), then the restore that section describes;
 //! - docs/operations.md's scrape config (`promtool check config`).
 //!
 //! What the sandbox does instead of the user: the test has built the binaries, so a block's
@@ -81,6 +85,18 @@ const RUN: &[(&str, &str, usize, &str)] = &[
     ("docs/operations.md", "## Sets (ipset-style)", 0, QUICK),
     (
         "docs/operations.md",
+        "## Backup and restore of the SQLite store",
+        0,
+        "server/tests/readme.rs:backup_block_runs_and_restores",
+    ),
+    (
+        "docs/dropin.md",
+        "## Installing with update-alternatives (Debian/Ubuntu)",
+        0,
+        "server/tests/readme.rs:update_alternatives_block_runs",
+    ),
+    (
+        "docs/operations.md",
         "## Alerts",
         0,
         "server/tests/readme.rs:scrape_config_block_is_valid",
@@ -96,8 +112,8 @@ const NO_RUN: &[(&str, &str)] = &[
     ("kubernetes", "needs a Kubernetes cluster"),
     (
         "host",
-        "changes the machine itself (systemd units, /usr/sbin); server/tests/install.rs \
-         installs into a DESTDIR and verifies the units",
+        "enables systemd units on the machine itself (systemctl talks to its systemd); \
+         server/tests/install.rs installs into a DESTDIR and verifies the units",
     ),
     (
         "build",
@@ -320,12 +336,29 @@ impl std::fmt::Display for Ran {
 }
 
 /// Runs `script` with `sh -e -x` in `dir` inside new mount, network and PID namespaces
-/// (`unshare --mount --net --pid --fork --mount-proc`; root): tmpfs on /run and /tmp,
-/// loopback up, `PATH` led by `bin`, `HOME` the working directory, no `VALLUM_*` variables.
-/// The PID namespace ends every process the script left running when it exits.
-fn sandbox(dir: &Path, bin: &Path, script: &str) -> Ran {
+/// (`unshare --mount --net --pid --fork --mount-proc`; root): tmpfs on /run and /tmp, an
+/// overlay on each directory of `overlays` (writes land under `dir`, the real directory is
+/// untouched), loopback up, `PATH` led by `bin`, `HOME` the working directory, no
+/// `VALLUM_*` variables. The PID namespace ends every process the script left running when
+/// it exits; a mount that fails stops it before the script runs.
+fn sandbox(dir: &Path, bin: &Path, overlays: &[&str], script: &str) -> Ran {
     let file = dir.join("block.sh");
     std::fs::write(&file, format!("set -e -x\n{script}")).expect("write the script");
+    let mut setup = String::from("mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; ");
+    for (k, over) in overlays.iter().enumerate() {
+        let (upper, work) = (
+            dir.join(format!("overlay{k}/upper")),
+            dir.join(format!("overlay{k}/work")),
+        );
+        std::fs::create_dir_all(&upper).expect("mkdir upper");
+        std::fs::create_dir_all(&work).expect("mkdir work");
+        setup.push_str(&format!(
+            "mount -t overlay overlay -o lowerdir={over},upperdir={},workdir={} {over}; ",
+            upper.display(),
+            work.display()
+        ));
+    }
+    setup.push_str("ip link set lo up; exec sh \"$0\"");
     let out = Command::new("unshare")
         .args([
             "--mount",
@@ -335,8 +368,7 @@ fn sandbox(dir: &Path, bin: &Path, script: &str) -> Ran {
             "--mount-proc",
             "sh",
             "-ec",
-            "mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; ip link set lo up; \
-             exec sh \"$0\"",
+            &setup,
         ])
         .arg(&file)
         .current_dir(dir)
@@ -423,7 +455,7 @@ fn readme_quick_start_walk_through_and_drop_in_run() {
         drop_in = runnable(&drop_in),
         sets = runnable(&sets),
     );
-    let ran = sandbox(dir.path(), &bin, &script);
+    let ran = sandbox(dir.path(), &bin, &[], &script);
     let log = std::fs::read_to_string(dir.path().join("vallumd.log")).unwrap_or_default();
     assert!(
         ran.ok,
@@ -477,7 +509,7 @@ fn nfqueue_blocks_run() {
         assert!(text.contains("dataplane install"), "{name}: {text}");
         let (dir, bin) = workdir(&[("host.rules", HOST_RULES)]);
         let script = format!("{}echo '@@after'\niptables-save\n", runnable(text));
-        let ran = sandbox(dir.path(), &bin, &script);
+        let ran = sandbox(dir.path(), &bin, &[], &script);
         assert!(ran.ok, "{name}'s NFQUEUE block failed:\n{ran}");
         let (during, after) = ran.stdout.split_once("@@after").expect("@@after");
         assert!(
@@ -509,7 +541,7 @@ fn kernel_tables_block_runs() {
     let kernel = block("README.md", "## Drop-in iptables", 1);
     let (dir, bin) = workdir(&[]);
     let script = format!("{}\n{}", runnable(setup), runnable(&kernel));
-    let ran = sandbox(dir.path(), &bin, &script);
+    let ran = sandbox(dir.path(), &bin, &[], &script);
     assert!(ran.ok, "the kernel-tables block failed:\n{ran}");
     assert!(
         ran.stdout
@@ -535,11 +567,115 @@ fn fleet_block_runs() {
     need(test, "etcd");
     let fleet = block("README.md", "## Fleet mode", 0);
     let (dir, bin) = workdir(&[]);
-    let ran = sandbox(dir.path(), &bin, &runnable(&fleet));
+    let ran = sandbox(dir.path(), &bin, &[], &runnable(&fleet));
     assert!(ran.ok, "the fleet block failed:\n{ran}");
     assert!(ran.stdout.contains("node-a"), "{ran}");
     assert!(ran.stdout.contains("node-b"), "{ran}");
     assert!(ran.stdout.contains("ACK"), "{ran}");
+}
+
+/// Where update-alternatives writes: the links, its database, its log.
+const ALTERNATIVES: &[&str] = &[
+    "/usr/sbin",
+    "/etc/alternatives",
+    "/var/lib/dpkg/alternatives",
+    "/var/log",
+];
+
+#[test]
+#[ignore = "needs root, unshare, overlayfs and update-alternatives (Debian)"]
+fn update_alternatives_block_runs() {
+    let test = "update_alternatives_block_runs";
+    need_root(test);
+    need(test, "update-alternatives");
+    // docs/dropin.md, "Installing with update-alternatives (Debian/Ubuntu)", on overlays of
+    // the directories it writes; then vallumd, and `iptables` as a script calls it goes to
+    // vallumd; then the way back the page gives (`update-alternatives --set iptables
+    // /usr/sbin/iptables-legacy`).
+    let alt = block(
+        "docs/dropin.md",
+        "## Installing with update-alternatives (Debian/Ubuntu)",
+        0,
+    );
+    let (dir, bin) = workdir(&[]);
+    let script = format!(
+        "{}vallumd > vallumd.log 2>&1 &\n\
+         vallumctl --wait=60s status > /dev/null\n\
+         iptables -A INPUT -p tcp --dport 22 -j ACCEPT\n\
+         echo @@save\n\
+         iptables-save\n\
+         echo @@back\n\
+         update-alternatives --set iptables /usr/sbin/iptables-legacy\n\
+         iptables -V\n",
+        runnable(&alt)
+    );
+    let ran = sandbox(dir.path(), &bin, ALTERNATIVES, &script);
+    assert!(
+        !Path::new("/usr/sbin/vallum-iptables").exists(),
+        "the block wrote to the real /usr/sbin"
+    );
+    assert!(ran.ok, "the update-alternatives block failed:\n{ran}");
+    let (save, back) = ran.stdout.split_once("@@back").expect("@@back");
+    assert!(
+        save.contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT") && save.contains("*filter"),
+        "iptables-save through the alternatives:\n{ran}"
+    );
+    assert!(
+        back.contains("legacy"),
+        "iptables -V after going back:\n{ran}"
+    );
+}
+
+#[test]
+#[ignore = "needs root, unshare, overlayfs and sqlite3"]
+fn backup_block_runs_and_restores() {
+    let test = "backup_block_runs_and_restores";
+    need_root(test);
+    need(test, "sqlite3");
+    // docs/operations.md, "## Backup and restore of the SQLite store": the block while vallumd
+    // runs with a committed ruleset; then a commit after the backup, and the restore the
+    // section describes (stop, replace vallum.db, delete -wal and -shm, start): the backup's
+    // ruleset is back, the later one gone.
+    let backup = block(
+        "docs/operations.md",
+        "## Backup and restore of the SQLite store",
+        0,
+    );
+    let (dir, bin) = workdir(&[]);
+    let script = format!(
+        "mkdir -p /var/lib/vallum\n\
+         vallumd --db /var/lib/vallum/vallum.db > vallumd.log 2>&1 &\n\
+         VALLUMD=$!\n\
+         vallumctl --wait=60s apply web server/examples/web.rules\n\
+         echo @@block\n\
+         {}echo @@restore\n\
+         vallumctl apply later server/examples/web.rules\n\
+         kill $VALLUMD; wait $VALLUMD || true\n\
+         cp \"/var/backups/vallum-$(date +%F).db\" /var/lib/vallum/vallum.db\n\
+         rm -f /var/lib/vallum/vallum.db-wal /var/lib/vallum/vallum.db-shm\n\
+         vallumd --db /var/lib/vallum/vallum.db > vallumd2.log 2>&1 &\n\
+         vallumctl --wait=60s revisions web\n\
+         if vallumctl revisions later; then exit 96; fi\n",
+        runnable(&backup)
+    );
+    let ran = sandbox(dir.path(), &bin, &["/var/lib", "/var/backups"], &script);
+    assert!(ran.ok, "the backup block or the restore failed:\n{ran}");
+    let (_, after) = ran.stdout.split_once("@@block").expect("@@block");
+    let (checks, restored) = after.split_once("@@restore").expect("@@restore");
+    // One `ok` of PRAGMA integrity_check per backup file: the plain and the compacted one.
+    assert_eq!(
+        checks.lines().filter(|l| l.trim() == "ok").count(),
+        2,
+        "integrity checks:\n{ran}"
+    );
+    assert!(
+        restored.contains("web"),
+        "revisions web after the restore:\n{ran}"
+    );
+    assert!(
+        ran.stderr.contains("NOT_FOUND"),
+        "`later` (committed after the backup) must be gone:\n{ran}"
+    );
 }
 
 #[test]
