@@ -10,7 +10,7 @@
 //! Wiring in the server:
 //! ```ignore
 //! let mut builder = tonic::transport::Server::builder();
-//! if let Some(tls) = vallum_server::tls::server_config(&args.tls)? {
+//! if let Some(tls) = vallum_server::grpc::tls::server_config(&args.tls)? {
 //!     builder = builder.tls_config(tls)?;
 //! }
 //! ```
