@@ -41,7 +41,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use vallum_engine::model::Family;
 
+use crate::control::content::{RulesetInput, TextPart};
 use crate::control::store::Store;
 use crate::error::{Error, Result};
 
@@ -319,6 +321,35 @@ pub struct Desired {
     /// canary nodes do not commit the same content twice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub same_content_as: Vec<i64>,
+}
+
+// === impl Desired ===
+
+impl Desired {
+    /// The pipeline's input for revision `rev` of ruleset `name`: the IPv4 text and, when
+    /// there is one, the IPv6 text, named `fleet:NAME@REV` (and `fleet:NAME@REV (v6)`) in
+    /// findings, with the field paths an Apply of the same text names, so that a NACK reads
+    /// as that Apply's refusal would.
+    pub fn input(&self, name: &str, rev: i64) -> RulesetInput {
+        let filename = format!("fleet:{name}@{rev}");
+        let mut parts = vec![TextPart {
+            text: self.content.clone(),
+            family: Family::Ipv4,
+            filename: filename.clone(),
+            field: "source.text.content".into(),
+            line_fields: None,
+        }];
+        if !self.content_v6.is_empty() {
+            parts.push(TextPart {
+                text: self.content_v6.clone(),
+                family: Family::Ipv6,
+                filename: format!("{filename} (v6)"),
+                field: "source.text.content_v6".into(),
+                line_fields: None,
+            });
+        }
+        RulesetInput { parts }
+    }
 }
 
 /// How many revisions [`Desired::same_content_as`] keeps (an unchanged text written again

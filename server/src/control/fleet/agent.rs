@@ -32,11 +32,9 @@ use opentelemetry::KeyValue as Attr;
 use opentelemetry::metrics::{Counter, Histogram};
 use sha2::{Digest, Sha256};
 use vallum_proto::etcdserverpb::event::EventType;
-use vallum_proto::v1 as pb;
 
 use super::etcd::{Etcd, EtcdError, EtcdResult, KeyValue, Read};
 use super::{Ack, Desired, FLEET_AUTHOR, Keys, Labels, NodeInfo, NodeReport, Owners, ReportPhases};
-use crate::control::content::RulesetInput;
 use crate::control::pipeline::Pipeline;
 use crate::control::store::AuditEntry;
 use crate::error::Error;
@@ -273,17 +271,7 @@ impl Local for PipelineLocal {
         value: &[u8],
     ) -> Result<Applied, Error> {
         let started = std::time::Instant::now();
-        let source = pb::RulesetSource {
-            source: Some(pb::ruleset_source::Source::Text(pb::RestoreText {
-                content: d.content.clone(),
-                family: pb::Family::Ipv4 as i32,
-                content_v6: d.content_v6.clone(),
-                filename: format!("fleet:{name}@{rev}"),
-                ..Default::default()
-            })),
-        };
-        let input = RulesetInput::try_from(&source)?;
-        let checked = super::check(&self.0, name, d.priority, input).await?;
+        let checked = super::check(&self.0, name, d.priority, d.input(name, rev)).await?;
         let checking = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let digest: String = Sha256::digest(value)
             .iter()
