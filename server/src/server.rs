@@ -1,5 +1,5 @@
 //! Wiring: store, engine, pipeline, metrics (`/metrics`), gRPC server (TLS, the layers of
-//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth, inside [`crate::connections`]; health,
+//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth, inside [`crate::grpc::connections`]; health,
 //! reflection, the six
 //! services), packet sources, commit-confirmed timer, conntrack and set garbage collection,
 //! shutdown.
@@ -32,21 +32,22 @@ use vallum_proto::v1::set_service_server::SetServiceServer;
 use vallum_proto::v1::trace_service_server::TraceServiceServer;
 
 use crate::config::{Config, OnLoadFailure};
+use crate::control::fleet::agent::{Agent, FleetStats, PipelineLocal};
+use crate::control::fleet::service::FleetApi;
+use crate::control::hooks::{self, Hooks, MetricsObserver};
+use crate::control::pipeline::{MonotonicClock, Pipeline};
+use crate::control::{content, example};
 use crate::error::{Error, Result};
-use crate::fleet::agent::{Agent, FleetStats, PipelineLocal};
-use crate::fleet::service::FleetApi;
-use crate::hooks::{self, Hooks, MetricsObserver};
-use crate::metrics::Metrics;
-use crate::pipeline::{MonotonicClock, Pipeline};
-use crate::service::State;
-use crate::service::conntrack::ConntrackApi;
-use crate::service::counters::CountersApi;
-use crate::service::engine::EngineApi;
-use crate::service::ruleset::RulesetApi;
-use crate::service::sets::SetApi;
-use crate::service::trace::TraceApi;
-use crate::sources::Sources;
-use crate::{content, example, tls};
+use crate::grpc::service::State;
+use crate::grpc::service::conntrack::ConntrackApi;
+use crate::grpc::service::counters::CountersApi;
+use crate::grpc::service::engine::EngineApi;
+use crate::grpc::service::ruleset::RulesetApi;
+use crate::grpc::service::sets::SetApi;
+use crate::grpc::service::trace::TraceApi;
+use crate::grpc::tls;
+use crate::host::sources::Sources;
+use crate::telemetry::metrics::Metrics;
 
 /// How often the store deletes expired idempotency keys and old audit records.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
@@ -112,11 +113,11 @@ async fn shutdown_signal() {
 }
 
 /// Loads the token files again on every SIGHUP (token rotation, docs/operations.md "Rotating
-/// a token"): [`crate::auth::TokenReloader::reload`], all or nothing, so a file that does not
+/// a token"): [`crate::grpc::auth::TokenReloader::reload`], all or nothing, so a file that does not
 /// load keeps the tokens in use (logged with its code). `None` where there is no SIGHUP.
 fn spawn_token_reload(
-    reloader: crate::auth::TokenReloader,
-    auth: crate::auth::AuthConfig,
+    reloader: crate::grpc::auth::TokenReloader,
+    auth: crate::grpc::auth::AuthConfig,
 ) -> Option<tokio::task::JoinHandle<()>> {
     #[cfg(unix)]
     {
@@ -185,16 +186,16 @@ pub async fn run_with(
     .with_observer(Arc::new(MetricsObserver::new(metrics.clone())));
     let tokens = config.auth.load()?;
     config.auth.check_listen(&tokens, config.listen)?;
-    let auth = crate::auth::AuthLayer::with_policy(tokens, config.auth.local_policy()?);
+    let auth = crate::grpc::auth::AuthLayer::with_policy(tokens, config.auth.local_policy()?);
     let token_reload = spawn_token_reload(auth.reloader(), config.auth.clone());
     let tls = tls::server_config(&config.tls)?;
 
-    let store = crate::store::Store::open(&config.db)
+    let store = crate::control::store::Store::open(&config.db)
         .await?
         .with_revisions_kept(config.limits.max_revisions_kept)
         .with_retention(config.retention.retention());
     let kernel_tables =
-        crate::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
+        crate::host::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
     let mut pipeline = Pipeline::new(engine.clone(), store.clone(), clock.clone(), hooks.clone());
     if let Some(k) = &kernel_tables {
         k.observe(&metrics);
@@ -204,10 +205,10 @@ pub async fn run_with(
     metrics.observe_sets(pipeline.sets().clone())?;
     // Before any ruleset is validated: which hooks the packet path evaluates here.
     pipeline.sets().set_reached_hooks(
-        crate::steering::reached_steering(
+        crate::host::steering::reached_steering(
             &config.source,
             &config.steered_chains,
-            crate::steering::forwarding(std::path::Path::new("/proc")),
+            crate::host::steering::forwarding(std::path::Path::new("/proc")),
             config.steered_new_only,
             config.steered_loopback,
         )
@@ -215,7 +216,7 @@ pub async fn run_with(
         .map(|r| r.with_kernel_tables(&config.kernel_tables.kernel_tables)),
     );
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
-    let local_addrs = match crate::local_addrs::start(
+    let local_addrs = match crate::host::local_addrs::start(
         pipeline.sets().node_addrs().clone(),
         config.local_addresses.as_ref(),
         config.routes.as_ref(),
@@ -230,7 +231,7 @@ pub async fn run_with(
             });
         }
     };
-    let events = crate::events::Events::start()
+    let events = crate::telemetry::events::Events::start()
         .map_err(|e| Error::Internal(format!("spawn the events thread: {e}")))?;
     metrics.observe_events(events.clone());
     let state = State::new(pipeline.clone(), config.source.to_string(), events.clone());
@@ -294,15 +295,15 @@ pub async fn run_with(
     }
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    // Caps, deadlines and buffered bytes of the connections (`crate::connections`); the
+    // Caps, deadlines and buffered bytes of the connections (`crate::grpc::connections`); the
     // HTTP/2 settings below bound what one connection may hold.
-    let connections = crate::connections::Connections::new(&config.connections);
+    let connections = crate::grpc::connections::Connections::new(&config.connections);
     let (ping_every, ping_timeout) = config.connections.keepalive();
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(ping_every))
         .http2_keepalive_timeout(Some(ping_timeout))
-        .http2_max_header_list_size(crate::connections::MAX_HEADER_LIST_BYTES)
-        .max_concurrent_streams(crate::connections::MAX_CONCURRENT_STREAMS);
+        .http2_max_header_list_size(crate::grpc::connections::MAX_HEADER_LIST_BYTES)
+        .max_concurrent_streams(crate::grpc::connections::MAX_CONCURRENT_STREAMS);
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
@@ -356,8 +357,8 @@ pub async fn run_with(
         .and_then(|l| l.listener.take())
         .map(|listener| {
             let serve = tonic::transport::Server::builder()
-                .http2_max_header_list_size(crate::connections::MAX_HEADER_LIST_BYTES)
-                .max_concurrent_streams(crate::connections::MAX_CONCURRENT_STREAMS)
+                .http2_max_header_list_size(crate::grpc::connections::MAX_HEADER_LIST_BYTES)
+                .max_concurrent_streams(crate::grpc::connections::MAX_CONCURRENT_STREAMS)
                 .layer(connections.layer(max))
                 .layer(layer.clone())
                 .add_routes(routes.clone())
@@ -447,7 +448,7 @@ pub async fn run_with(
             .await?;
     }
     // The table saved by the last graceful stop, before SERVING and before any packet.
-    let ct_state = crate::conntrack_state::path(&config.db);
+    let ct_state = crate::host::conntrack_state::path(&config.db);
     let persist_ct = !config.conntrack.conntrack_state_max_age.is_zero();
     if let (Some(ct), true) = (engine.conntrack(), persist_ct) {
         restore_conntrack(
@@ -468,7 +469,7 @@ pub async fn run_with(
     hooks.observer.on_start(&engine, &config);
     let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
     let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
-    let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
+    let set_gc = pipeline.spawn_set_gc(crate::control::pipeline::sets::SET_GC_INTERVAL);
     // Expired idempotency keys and old audit records (--idempotency-ttl, --audit-*).
     let prune = pipeline.store().spawn_prune(PRUNE_INTERVAL);
     let sources = Sources::start(
@@ -507,7 +508,7 @@ pub async fn run_with(
 
     sources.stop();
     if let (Some(ct), true) = (engine.conntrack(), persist_ct) {
-        match crate::conntrack_state::save(
+        match crate::host::conntrack_state::save(
             ct,
             clock.now_ns(),
             std::time::SystemTime::now(),
@@ -606,12 +607,12 @@ pub fn stdout_line(text: std::fmt::Arguments<'_>) {
     }
 }
 
-/// Binds the local socket `--socket` chooses ([`crate::local_socket`]): `None` when it is off,
+/// Binds the local socket `--socket` chooses ([`crate::host::local_socket`]): `None` when it is off,
 /// or when the default path cannot be bound (a warning says why; TCP still serves).
 ///
 /// Errors: [`Error::Startup`] `SOCKET_BIND` when an explicit `--socket PATH` cannot be bound.
-fn bind_local_socket(config: &Config) -> Result<Option<crate::local_socket::LocalSocket>> {
-    use crate::local_socket::{Choice, bind, choose};
+fn bind_local_socket(config: &Config) -> Result<Option<crate::host::local_socket::LocalSocket>> {
+    use crate::host::local_socket::{Choice, bind, choose};
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
@@ -642,7 +643,7 @@ fn restore_conntrack(
     max_age: Duration,
     file: &std::path::Path,
 ) {
-    use crate::conntrack_state::{Outcome, restore};
+    use crate::host::conntrack_state::{Outcome, restore};
     match restore(ct, now_ns, std::time::SystemTime::now(), max_age, file) {
         Ok(Outcome::Absent) => {}
         Ok(Outcome::Restored(r, age)) => tracing::info!(

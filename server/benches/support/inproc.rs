@@ -1,9 +1,10 @@
 //! An in-process vallumd for the server benches: ephemeral gRPC port, metrics on an ephemeral
 //! port, 2 engine cores, the store at a given path. The bench process uses vallumd's global
-//! allocator and its settings (see server/src/allocator.rs), so the server runs as in vallumd.
+//! allocator and its settings (see server/src/host/allocator.rs), so the server runs as in vallumd.
 
 #[global_allocator]
-static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
 
 /// A running in-process server.
 pub struct Server {
@@ -17,7 +18,7 @@ pub struct Server {
 
 /// Starts vallumd on `rt` with its store at `db` and `extra` flags after the defaults.
 pub fn start(rt: &tokio::runtime::Runtime, db: &std::path::Path, extra: &[String]) -> Server {
-    vallum_server::allocator::keep_freed_memory();
+    vallum_server::host::allocator::keep_freed_memory();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("port")

@@ -234,7 +234,7 @@ async fn serving_now(channel: &Channel) -> bool {
 }
 
 /// vallumd run in this process (`server::run_with`) with the hooks a test gives it, e.g. a
-/// [`vallum_server::pipeline::confirm_clock::ManualWallClock`]. Stopped on [`InProcess::stop`]
+/// [`vallum_server::control::pipeline::confirm_clock::ManualWallClock`]. Stopped on [`InProcess::stop`]
 /// or when the test's runtime ends.
 pub struct InProcess {
     pub addr: String,
@@ -246,7 +246,11 @@ impl InProcess {
     /// Starts vallumd with `--listen 127.0.0.1:PORT --metrics-listen 127.0.0.1:0 --db DB
     /// --cores 2`, `extra` flags and `hooks`, and waits until it is SERVING. PORT is a free
     /// port picked here; when another process takes it first, starts again on another.
-    pub async fn start(db: &Path, extra: &[&str], hooks: vallum_server::hooks::Hooks) -> Self {
+    pub async fn start(
+        db: &Path,
+        extra: &[&str],
+        hooks: vallum_server::control::hooks::Hooks,
+    ) -> Self {
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -319,7 +323,7 @@ pub fn shared_data() -> Option<PathBuf> {
 
 /// Where vallumd keeps its connection table across a graceful restart (`conntrack_state`).
 pub fn conntrack_state_file(db: &Path) -> PathBuf {
-    vallum_server::conntrack_state::path(db)
+    vallum_server::host::conntrack_state::path(db)
 }
 
 /// A restore-text source.
