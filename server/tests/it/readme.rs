@@ -35,7 +35,7 @@ use std::process::Command;
 // === the inventory ===
 
 /// The test that runs the Quick start, the walk-through, the drop-in block and the sets block.
-const QUICK: &str = "server/tests/readme.rs:readme_quick_start_walk_through_and_drop_in_run";
+const QUICK: &str = "server/tests/it/readme.rs:readme_quick_start_walk_through_and_drop_in_run";
 
 /// Each block meant to run: (file, heading, index among the heading's fenced blocks, the test
 /// that runs it as `FILE:FN`). The test's file must name the heading (it finds the block by
@@ -48,33 +48,33 @@ const RUN: &[(&str, &str, usize, &str)] = &[
         "README.md",
         "## Quick start",
         2,
-        "server/tests/readme.rs:nfqueue_blocks_run",
+        "server/tests/it/readme.rs:nfqueue_blocks_run",
     ),
     ("README.md", "## Walk-through with vallumctl", 0, QUICK),
     (
         "README.md",
         "## Fleet mode",
         0,
-        "server/tests/readme.rs:fleet_block_runs",
+        "server/tests/it/readme.rs:fleet_block_runs",
     ),
     ("README.md", "## Drop-in iptables", 0, QUICK),
     (
         "README.md",
         "## Drop-in iptables",
         1,
-        "server/tests/readme.rs:kernel_tables_block_runs",
+        "server/tests/it/readme.rs:kernel_tables_block_runs",
     ),
     (
         "README.md",
         "## Using the engine as a library",
         0,
-        "engine/tests/readme.rs:readme_library_example_is_the_crate_doctest",
+        "engine/tests/it/readme.rs:readme_library_example_is_the_crate_doctest",
     ),
     (
         "docs/operations.md",
         "## NFQUEUE mode",
         0,
-        "server/tests/readme.rs:nfqueue_blocks_run",
+        "server/tests/it/readme.rs:nfqueue_blocks_run",
     ),
     (
         "docs/operations.md",
@@ -87,19 +87,19 @@ const RUN: &[(&str, &str, usize, &str)] = &[
         "docs/operations.md",
         "## Backup and restore of the SQLite store",
         0,
-        "server/tests/readme.rs:backup_block_runs_and_restores",
+        "server/tests/it/readme.rs:backup_block_runs_and_restores",
     ),
     (
         "docs/dropin.md",
         "## Installing with update-alternatives (Debian/Ubuntu)",
         0,
-        "server/tests/readme.rs:update_alternatives_block_runs",
+        "server/tests/it/readme.rs:update_alternatives_block_runs",
     ),
     (
         "docs/operations.md",
         "## Alerts",
         0,
-        "server/tests/readme.rs:scrape_config_block_is_valid",
+        "server/tests/it/readme.rs:scrape_config_block_is_valid",
     ),
 ];
 
