@@ -8,7 +8,7 @@
 //! - `-m sctp` (ports, chunk types with flags) and `-m u32` (the expression grammar, the
 //!   kernel's shift check), printed as the kernel's save prints them;
 //! - stored-only extensions' save forms (NFLOG, TCPMSS, tcpmss, connbytes, NFQUEUE, quota,
-//!   esp) and refusals (TCPMSS without a SYN match);
+//!   esp, policy) and refusals (TCPMSS without a SYN match, libxt_policy's checks);
 //! - restore texts iptables-restore refuses line by line (CRLF line ends, blank lines of
 //!   spaces, a blank before `COMMIT`, no newline after it).
 //!
@@ -85,6 +85,25 @@ const RULES: &[&str] = &[
     "-m quota ! --quota 5",
     "-p esp -m esp --espspi 0:4294967295",
     "-p esp -m esp ! --espspi 7:7",
+    // policy (stored only): libxt_policy's grammar and save order.
+    "-m policy --dir in",
+    "-m policy --dir in --pol none --proto esp",
+    "-m policy ! --dir in --pol ipsec",
+    "-m policy --dir in ! --pol ipsec",
+    "-m policy --dir in --dir in",
+    "-m policy --dir in --pol none --strict",
+    "-m policy --dir in --pol ipsec --strict",
+    "-m policy --dir in --pol ipsec --proto tcp",
+    "-m policy --dir in --pol ipsec --proto esp --proto ah",
+    "-m policy --dir in --pol ipsec --tunnel-src 1.2.3.4",
+    "-m policy --dir in --pol ipsec --mode tunnel --tunnel-src 1.2.3.0/24 --tunnel-dst 1.2.3.4 ! --spi 10 --reqid 0x10 --proto 50",
+    "-m policy --dir in --pol ipsec --mode tunnel --tunnel-src 1.2.3.5/255.255.255.0",
+    "-m policy --dir in --pol ipsec ! --mode transport --tunnel-dst 1.2.3.5/32",
+    "-m policy --dir in --pol ipsec --strict --proto esp --next --mode tunnel --tunnel-dst 10.0.0.0/8",
+    "-m policy --dir in --pol ipsec --strict --proto esp --next --proto esp --next --proto esp --next --proto esp",
+    "-m policy --dir in --pol ipsec --strict --proto esp --next --proto esp --next --proto esp --next --proto esp --next --proto ah",
+    "-m policy --dir in --pol ipsec --proto esp --next --proto ah",
+    "-m policy --dir in --pol ipsec --spi 4294967296",
 ];
 
 fn v4() -> ParseOptions<'static> {
