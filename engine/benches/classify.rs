@@ -68,7 +68,9 @@ struct Case {
 
 fn cases() -> Option<Vec<Case>> {
     let Some(dir) = classbench::data_dir() else {
-        panic!("classify bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)");
+        panic!(
+            "classify bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     let read = |p: &str| std::fs::read_to_string(dir.join(p)).expect("read classbench file");
     let mut out = Vec::new();

@@ -202,7 +202,9 @@ fn updates(c: &mut Criterion, dir: &std::path::Path) {
 
 fn bench(c: &mut Criterion) {
     let Some(dir) = classbench::data_dir() else {
-        panic!("commit bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)");
+        panic!(
+            "commit bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     updates(c, &dir);
     whole_commits(c, &dir);

@@ -40,7 +40,9 @@ fn med(mut v: Vec<u64>) -> f64 {
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported.
     let Some(dir) = classbench::data_dir() else {
-        panic!("commit_cpu bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)");
+        panic!(
+            "commit_cpu bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     let n: usize = std::env::var("N")
         .ok()

@@ -184,7 +184,9 @@ fn round(
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported.
     let Some(dir) = classbench::data_dir() else {
-        panic!("pipeline bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)");
+        panic!(
+            "pipeline bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     let secs: f64 = std::env::var("VALLUM_PIPELINE_SECS")
         .ok()

@@ -1082,7 +1082,10 @@ fn main() {
                 };
                 nft_flush();
                 if let Err(e) = fw_in(&["nft", "-f", "-"], &text) {
-                    println!("NOT MEASURED {col} {name}: {}", e.lines().next().unwrap_or(""));
+                    println!(
+                        "NOT MEASURED {col} {name}: {}",
+                        e.lines().next().unwrap_or("")
+                    );
                     continue;
                 }
                 let (sent, s) = send_for(&frames, secs);
