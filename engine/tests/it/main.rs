@@ -10,7 +10,6 @@ mod oracle;
 #[allow(dead_code)]
 mod support;
 // The ClassBench-style generator the benches use too.
-#[allow(dead_code)]
 #[path = "../../benches/support/classbench.rs"]
 mod classbench;
 

@@ -5,7 +5,7 @@
 
 use crate::support;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
 
@@ -46,7 +46,7 @@ fn packet(dst: &str, dport: u32, iface: &str) -> pb::PacketSpec {
     }
 }
 
-async fn verdict(d: &Vallumd, p: pb::PacketSpec) -> String {
+async fn verdict(d: &Daemon, p: pb::PacketSpec) -> String {
     pb::trace_service_client::TraceServiceClient::new(d.channel().await)
         .trace_packet(pb::TracePacketRequest {
             packet: Some(p),
@@ -64,7 +64,7 @@ async fn verdict(d: &Vallumd, p: pb::PacketSpec) -> String {
 #[tokio::test]
 async fn addrtype_follows_the_given_addresses() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &[
             "--local-addresses",
@@ -136,7 +136,7 @@ async fn addrtype_reads_the_hosts_addresses() {
         panic!("rtnetlink: {e}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     d.rulesets()
         .await

@@ -9,7 +9,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::{InProcess, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
@@ -63,7 +63,7 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
         format!("admin {ROOT} root\nadmin {TEAM_A} team-a {TEAM_A_SCOPE}\n"),
     )
     .unwrap();
-    let d = InProcess::start(
+    let d = Daemon::in_process(
         &dir.path().join("v.db"),
         &["--token-file", tokens.to_str().unwrap()],
         Default::default(),

@@ -22,7 +22,7 @@ use crate::support;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 /// A ruleset of `n` rules whose content depends on `tag`.
@@ -72,7 +72,7 @@ const ROUNDS: usize = 5;
 #[tokio::test]
 async fn an_apply_whose_client_gave_up_ends_with_store_and_engine_agreeing() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--source", "synthetic"]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--source", "synthetic"]);
     d.wait_serving().await;
     let mut rulesets = d.rulesets().await;
     let mut engine = pb::engine_service_client::EngineServiceClient::new(d.channel().await);

@@ -3,8 +3,8 @@
 //! against a real vallumd for exit codes, messages and the confirm deadline; checks that the
 //! exit-code tables of README.md and docs/operations.md are the code's.
 
-use crate::support::served;
 use crate::support;
+use crate::support::served;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -787,9 +787,9 @@ async fn run_at(url: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
 }
 
 /// A real vallumd (loopback, no tokens) in a temporary directory.
-async fn real() -> (support::Vallumd, tempfile::TempDir) {
+async fn real() -> (support::Daemon, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let d = support::Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = support::Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     (d, dir)
 }
@@ -1214,7 +1214,7 @@ async fn token_file_and_revisions_with_time_and_author() {
         "tokens",
         "admin s3cret-admin-token-0123456789 alice\n",
     );
-    let d = support::Vallumd::start(&dir.path().join("v.db"), &["--token-file", &tokens]);
+    let d = support::Daemon::start(&dir.path().join("v.db"), &["--token-file", &tokens]);
     d.wait_serving().await;
     let url = d.url();
     let good = write(dir.path(), "good.rules", GOOD);
@@ -1369,7 +1369,7 @@ async fn plaintext_to_a_tls_server_says_use_https() {
     let key = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let cert = write(dir.path(), "server.pem", &key.cert.pem());
     let pkey = write(dir.path(), "server.key", &key.signing_key.serialize_pem());
-    let d = support::Vallumd::start(
+    let d = support::Daemon::start(
         &dir.path().join("v.db"),
         &["--tls-cert", &cert, "--tls-key", &pkey],
     );
@@ -1552,7 +1552,7 @@ async fn wait_waits_for_vallumd_to_start_and_load() {
     .await
     .unwrap();
     let sock_arg = sock.display().to_string();
-    let d = support::Vallumd::start(&dir.path().join("v.db"), &["--socket", &sock_arg]);
+    let d = support::Daemon::start(&dir.path().join("v.db"), &["--socket", &sock_arg]);
     let out = tokio::time::timeout(
         std::time::Duration::from_secs(120),
         waiting.wait_with_output(),

@@ -19,8 +19,8 @@
 //! The test thread never changes namespace; pieces that live in A, B or C run on threads that
 //! `setns(2)` first.
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
 use std::net::{Ipv4Addr, UdpSocket};
 use std::path::Path;
@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use netns::{in_netns, nsx, nsx_in, on_path, sh};
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 241, 0, 1);
@@ -249,7 +249,7 @@ fn kernel_count(a: &str, chain: &str, needle: &str) -> u64 {
 }
 
 /// vallumd's packet counter of rule `rule` of `chain` (IPv4) in ruleset `coexist`.
-async fn our_count(d: &Vallumd, chain: &str, rule: u32) -> u64 {
+async fn our_count(d: &Daemon, chain: &str, rule: u32) -> u64 {
     let mut counters = pb::counter_service_client::CounterServiceClient::new(d.channel().await);
     let c = counters
         .get_counters(pb::GetCountersRequest {
@@ -267,7 +267,7 @@ async fn our_count(d: &Vallumd, chain: &str, rule: u32) -> u64 {
 
 /// Polls vallumd's counter until it reaches `want` (counters are published after the batch's
 /// verdicts); its last value after a bounded number of polls.
-async fn our_count_reaching(d: &Vallumd, chain: &str, rule: u32, want: u64) -> u64 {
+async fn our_count_reaching(d: &Daemon, chain: &str, rule: u32, want: u64) -> u64 {
     let mut last = 0;
     for _ in 0..100 {
         last = our_count(d, chain, rule).await;
@@ -322,7 +322,7 @@ fn run_mode(t: &Topology, db: &Path, mode: &str) -> Seen {
     nsx(&t.a, &["iptables-legacy", "-Z"]).expect("zero kernel counters");
     let (a, b, db, mode) = (t.a.clone(), t.b.clone(), db.to_owned(), mode.to_owned());
     in_netns(&a.clone(), move || {
-        let d = Vallumd::start(&db, &["--source", "nfqueue", "--nfqueue-mode", &mode]);
+        let d = Daemon::start(&db, &["--source", "nfqueue", "--nfqueue-mode", &mode]);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -22,7 +22,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use support::{Rlimits, Vallumd};
+use support::{Daemon, Rlimits};
 use tonic::codegen::Bytes;
 
 /// The HTTP/2 client preface and an empty SETTINGS frame.
@@ -88,7 +88,7 @@ async fn serving_again(addr: &str) -> bool {
 #[tokio::test]
 async fn connections_over_the_caps_are_closed_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &[
             "--max-connections",
@@ -200,7 +200,7 @@ async fn health_over(send: &mut h2::client::SendRequest<Bytes>) -> bool {
 #[tokio::test]
 async fn idle_and_half_sent_connections_are_closed() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--handshake-timeout", "1", "--idle-timeout", "2"],
     );
@@ -260,7 +260,7 @@ async fn idle_and_half_sent_connections_are_closed() {
 #[tokio::test]
 async fn buffered_request_bytes_are_bounded_across_connections() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &[
             "--max-buffered-request-bytes",
@@ -342,7 +342,7 @@ async fn emfile_pauses_accepting_without_spinning() {
         open_files: Some(64),
         ..Default::default()
     };
-    let d = Vallumd::start_limited(
+    let d = Daemon::start_limited(
         &dir.path().join("v.db"),
         &["--max-connections", "1000", "--handshake-timeout", "600"],
         &[],
@@ -357,10 +357,10 @@ async fn emfile_pauses_accepting_without_spinning() {
     // Let the accept loop reach EMFILE.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let hz = 100; // USER_HZ on Linux.
-    let before = cpu_ticks(d.child.id());
+    let before = cpu_ticks(d.pid());
     let window = Duration::from_secs(3);
     tokio::time::sleep(window).await;
-    let used = cpu_ticks(d.child.id()) - before;
+    let used = cpu_ticks(d.pid()) - before;
     assert!(
         used < window.as_secs() * hz / 2,
         "vallumd used {used} ticks in {window:?} while accept failed"
@@ -395,7 +395,7 @@ async fn many_half_sent_messages_stay_within_memory() {
         address_space: Some(1 << 30),
         open_files: Some(4096),
     };
-    let d = Vallumd::start_limited(
+    let d = Daemon::start_limited(
         &dir.path().join("v.db"),
         &["--handshake-timeout", "600"],
         &[],
@@ -452,7 +452,7 @@ async fn many_half_sent_messages_stay_within_memory() {
     })
     .await
     .expect("served while the connections wait");
-    let hwm = std::fs::read_to_string(format!("/proc/{}/status", d.child.id()))
+    let hwm = std::fs::read_to_string(format!("/proc/{}/status", d.pid()))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -462,9 +462,6 @@ async fn many_half_sent_messages_stay_within_memory() {
     println!("vallumd after 1,000 half-sent messages: {hwm:?}");
     drop(conns);
     let mut d = d;
-    assert!(
-        d.child.try_wait().expect("wait").is_none(),
-        "vallumd exited"
-    );
+    assert!(d.exited().is_none(), "vallumd exited");
     assert!(d.terminate(), "vallumd did not stop cleanly");
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{Vallumd, reason, shared_data, text_source};
+use support::{Daemon, reason, shared_data, text_source};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic_types::StatusExt;
@@ -97,7 +97,7 @@ async fn stats(c: &mut ConntrackServiceClient<Channel>) -> pb::ConntrackStats {
 }
 
 /// Packets each core has classified.
-async fn core_packets(d: &Vallumd) -> Vec<u64> {
+async fn core_packets(d: &Daemon) -> Vec<u64> {
     let mut e = pb::engine_service_client::EngineServiceClient::new(d.channel().await);
     let st = e
         .get_status(pb::GetStatusRequest {})
@@ -109,7 +109,7 @@ async fn core_packets(d: &Vallumd) -> Vec<u64> {
 
 /// Waits until every core has replayed the whole capture (`loop_packets` packets) `loops` more
 /// times than when called.
-async fn replayed(d: &Vallumd, loop_packets: u64, loops: u64) {
+async fn replayed(d: &Daemon, loop_packets: u64, loops: u64) {
     let start = core_packets(d).await;
     for _ in 0..1200 {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -132,7 +132,7 @@ async fn replayed(d: &Vallumd, loop_packets: u64, loops: u64) {
 /// whole loop leaves the entry count and the entries created unchanged.
 async fn steady(
     c: &mut ConntrackServiceClient<Channel>,
-    d: &Vallumd,
+    d: &Daemon,
     loop_packets: u64,
 ) -> pb::ConntrackStats {
     replayed(d, loop_packets, 2).await;
@@ -182,7 +182,7 @@ async fn list_filter_delete_flush_and_metrics() {
         .count() as u64;
     let dir = tempfile::tempdir().unwrap();
     let source = format!("pcap:{}", pcap.display());
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--source", &source]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--source", &source]);
     d.wait_serving().await;
     d.rulesets()
         .await
@@ -560,7 +560,7 @@ fn sorted(v: &[Key]) -> Vec<Key> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conntrack_off_is_a_failed_precondition() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--conntrack-max", "0"]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--conntrack-max", "0"]);
     d.wait_serving().await;
     let mut c = ConntrackServiceClient::new(d.channel().await);
     let e = c

@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::Duration;
 
-use support::{Vallumd, poll, text_source};
+use support::{Daemon, poll, text_source};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::conntrack_service_client::ConntrackServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
@@ -98,7 +98,7 @@ fn handshake_pcap(path: &Path) {
 }
 
 /// The ESTABLISHED entries of the flow to port 22.
-async fn established(d: &Vallumd) -> usize {
+async fn established(d: &Daemon) -> usize {
     let mut ct = ConntrackServiceClient::new(d.channel().await);
     ct.list(pb::ListConntrackRequest {
         filter: Some(pb::ConntrackFilter {
@@ -117,7 +117,7 @@ async fn established(d: &Vallumd) -> usize {
 }
 
 /// (ct_state, verdict) of a mid-stream ACK|PSH of the flow, looked up in the table.
-async fn mid_stream(d: &Vallumd) -> (String, String) {
+async fn mid_stream(d: &Daemon) -> (String, String) {
     let r = TraceServiceClient::new(d.channel().await)
         .trace_packet(pb::TracePacketRequest {
             packet: Some(pb::PacketSpec {
@@ -153,7 +153,7 @@ async fn established_flows_survive_a_graceful_restart_in_strict_mode() {
     let strict = ["--conntrack-tcp-loose", "false"];
     let source = format!("pcap:{}", pcap.display());
 
-    let mut first = Vallumd::start(
+    let mut first = Daemon::start(
         &db,
         &[&strict[..], &["--source", &source, "--rate", "30"]].concat(),
     );
@@ -182,7 +182,7 @@ async fn established_flows_survive_a_graceful_restart_in_strict_mode() {
     );
 
     // No packet source now: only the restored table can know the flow.
-    let mut second = Vallumd::start(&db, &strict);
+    let mut second = Daemon::start(&db, &strict);
     second.wait_serving().await;
     assert_eq!(established(&second).await, 1, "restored ESTABLISHED");
     assert_eq!(
@@ -193,7 +193,7 @@ async fn established_flows_survive_a_graceful_restart_in_strict_mode() {
 
     // kill -9 saves nothing (and the file was consumed at start): the table starts empty.
     second.kill9();
-    let third = Vallumd::start(&db, &strict);
+    let third = Daemon::start(&db, &strict);
     third.wait_serving().await;
     assert_eq!(established(&third).await, 0);
     assert_eq!(

@@ -12,15 +12,15 @@
 //!   ignored unless asked for (`-- --include-ignored`), which fails when it cannot run.
 //! - [`corpus_packets_through_nfqueue`] (root, NFQUEUE; ignored likewise): see there.
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use netns::{Sender, in_netns, nsx, nsx_in, on_path, sh};
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 /// One line of the manifest.
@@ -177,7 +177,7 @@ async fn corpus_imports_and_exports_as_the_kernel_as_root() {
 async fn corpus_imports_and_exports(kernel: bool) {
     let entries = manifest();
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
     let mut failures = Vec::new();
@@ -872,7 +872,7 @@ fn corpus_packets_through_nfqueue() {
     let db = dir.path().join("v.db");
     let k = lab.k.clone();
     let (files, packets, compared, mismatches) = in_netns(&lab.v, move || {
-        let d = Vallumd::start(&db, &["--source", "nfqueue"]);
+        let d = Daemon::start(&db, &["--source", "nfqueue"]);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -3,7 +3,7 @@
 
 use crate::support;
 
-use support::Vallumd;
+use support::Daemon;
 
 struct Run {
     code: i32,
@@ -29,7 +29,7 @@ fn vallumctl(server: &str, args: &[&str]) -> Run {
 async fn unknown_ruleset_is_not_found_and_zeroing_is_audited() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
-    let d = Vallumd::start(&db, &["--example"]);
+    let d = Daemon::start(&db, &["--example"]);
     d.wait_serving().await;
     let url = d.url();
 

@@ -14,7 +14,7 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{InProcess, Vallumd, join, poll, reason, shared_data, text_source};
+use support::{Daemon, join, poll, reason, shared_data, text_source};
 use vallum_engine::compile::Snapshot;
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::pcap::read_capture;
@@ -48,7 +48,7 @@ fn apply_req(ruleset: &str, text: &str) -> pb::ApplyRequest {
 #[tokio::test]
 async fn health_reflection_quickstart_and_trace() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--example", "--source", "synthetic", "--load-delay", "1.5"],
     );
@@ -296,7 +296,7 @@ async fn real_rulesets_commit_or_fail_clearly() {
     }
     files.sort();
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let (mut committed, mut refused) = (0, 0);
@@ -358,7 +358,7 @@ async fn replay_pcaps_match_the_engine() {
         panic!("replay: no pcap");
     }
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
     // No -m limit here: limit buckets are live state, so totals would depend on time.
@@ -439,7 +439,7 @@ async fn replay_pcaps_match_the_engine() {
 async fn kill9_during_commits_keeps_a_whole_revision() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v.db");
-    let mut d = Vallumd::start(&db, &["--source", "synthetic"]);
+    let mut d = Daemon::start(&db, &["--source", "synthetic"]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     // The last acknowledged revision number, published by the committer.
@@ -463,7 +463,7 @@ async fn kill9_during_commits_keeps_a_whole_revision() {
     join(committer).await;
     assert!(reached, "the committer stopped before 20 commits");
     let last = *last_acked.borrow();
-    let d = Vallumd::start(&db, &[]);
+    let d = Daemon::start(&db, &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let rs = c
@@ -512,7 +512,7 @@ async fn kill9_during_commits_keeps_a_whole_revision() {
 async fn concurrent_commits_under_traffic() {
     let dir = tempfile::tempdir().unwrap();
     // Keep every revision (0), so that all 200 per ruleset can be listed below.
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--source", "synthetic", "--max-revisions-kept", "0"],
     );
@@ -586,7 +586,7 @@ async fn concurrent_commits_under_traffic() {
 #[tokio::test]
 async fn etags_idempotency_diff_rollback_and_parse_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let r1 = c.apply(apply_req("cc", BASE)).await.unwrap().into_inner();
@@ -682,7 +682,7 @@ async fn state(c: &mut Rulesets, ruleset: &str, n: u64) -> pb::Revision {
 async fn commit_confirmed_rolls_back_at_the_deadline_and_stays_when_confirmed() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualWallClock::starting_now();
-    let d = InProcess::start(
+    let d = Daemon::in_process(
         &dir.path().join("v.db"),
         &["--confirm-check-interval", "0.01"],
         on_clock(&clock),
@@ -795,7 +795,7 @@ async fn commit_confirmed_rolls_back_at_the_deadline_and_stays_when_confirmed() 
 async fn confirm_deadline_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v.db");
-    let mut d = Vallumd::start(&db, &[]);
+    let mut d = Daemon::start(&db, &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     c.apply(apply_req("cr", &numbered(1))).await.unwrap();
@@ -814,7 +814,7 @@ async fn confirm_deadline_survives_a_restart() {
     d.kill9();
 
     let clock = ManualWallClock::starting_now();
-    let d = InProcess::start(&db, &["--confirm-check-interval", "0.01"], on_clock(&clock)).await;
+    let d = Daemon::in_process(&db, &["--confirm-check-interval", "0.01"], on_clock(&clock)).await;
     let mut c = d.rulesets().await;
     let mut watch = c
         .watch_commits(pb::WatchCommitsRequest {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
@@ -123,7 +123,7 @@ async fn metrics_scrape_under_traffic_passes_promtool() {
 
 async fn scrape_under_traffic(promtool: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--example", "--source", "synthetic"],
     );
@@ -337,7 +337,7 @@ async fn tokens_and_roles() {
         "tokens",
         &format!("# role token name\nadmin {ADMIN} alice\nread-only {READER} bob\n"),
     );
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--token-file", &tokens]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--token-file", &tokens]);
     let mut c = d.rulesets().await;
     let mut eng = EngineServiceClient::new(d.channel().await);
 
@@ -412,7 +412,7 @@ async fn tokens_and_roles() {
 #[tokio::test]
 async fn revisions_kept_and_rules_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--max-revisions-kept", "3", "--max-rules", "2"],
     );
@@ -491,7 +491,7 @@ fn vallumctl(server: &str, args: &[&str]) -> Run {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vallumctl_against_vallumd() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--example", "--source", "synthetic"],
     );

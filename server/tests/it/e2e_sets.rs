@@ -13,13 +13,13 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::{Vallumd, reason, shared_data, text_source};
+use support::{Daemon, reason, shared_data, text_source};
 use tonic::transport::Channel;
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::set_service_client::SetServiceClient;
 
-async fn sets(d: &Vallumd) -> SetServiceClient<Channel> {
+async fn sets(d: &Daemon) -> SetServiceClient<Channel> {
     SetServiceClient::new(d.channel().await).max_decoding_message_size(64 << 20)
 }
 
@@ -112,7 +112,7 @@ fn packet(src: &str, dst: &str, dport: u32) -> pb::PacketSpec {
     }
 }
 
-async fn trace(d: &Vallumd, p: pb::PacketSpec) -> pb::TracePacketResponse {
+async fn trace(d: &Daemon, p: pb::PacketSpec) -> pb::TracePacketResponse {
     pb::trace_service_client::TraceServiceClient::new(d.channel().await)
         .trace_packet(pb::TracePacketRequest {
             packet: Some(p),
@@ -126,7 +126,7 @@ async fn trace(d: &Vallumd, p: pb::PacketSpec) -> pb::TracePacketResponse {
 #[tokio::test]
 async fn set_round_trip_errors_and_destroy_in_use() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = sets(&d).await;
 
@@ -445,7 +445,7 @@ async fn set_round_trip_errors_and_destroy_in_use() {
 #[tokio::test]
 async fn hostile_set_inputs_are_invalid_argument() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = sets(&d).await;
     c.create_set(pb::CreateSetRequest {
@@ -506,7 +506,7 @@ async fn hostile_set_inputs_are_invalid_argument() {
 async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v.db");
-    let mut d = Vallumd::start(&db, &[]);
+    let mut d = Daemon::start(&db, &[]);
     d.wait_serving().await;
     let mut c = sets(&d).await;
     c.create_set(pb::CreateSetRequest {
@@ -565,7 +565,7 @@ async fn sets_survive_kill9_and_restart_without_extending_timeouts() {
     // While vallumd is down, 10.7.7.7's 2 s run out.
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
-    let d = Vallumd::start(&db, &[]);
+    let d = Daemon::start(&db, &[]);
     d.wait_serving().await;
     let mut c = sets(&d).await;
     let after = c
@@ -621,7 +621,7 @@ async fn docker_ipset_ruleset_commits_once_its_set_exists() {
         + 1;
 
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
     let mut c = sets(&d).await;
@@ -749,7 +749,7 @@ fn vallumctl_stdin(server: &str, args: &[&str], stdin: &str) -> Run {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vallumctl_set_commands_like_ipset() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let url = d.url();
     let ok = |args: &[&str]| {
@@ -829,7 +829,7 @@ async fn vallumctl_set_commands_like_ipset() {
         "{saved}"
     );
     let dir2 = tempfile::tempdir().unwrap();
-    let d2 = Vallumd::start(&dir2.path().join("v.db"), &[]);
+    let d2 = Daemon::start(&dir2.path().join("v.db"), &[]);
     d2.wait_serving().await;
     let r = vallumctl_stdin(&d2.url(), &["set", "import"], &saved);
     assert_eq!(r.code, 0, "{}", r.stderr);

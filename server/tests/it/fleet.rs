@@ -27,7 +27,7 @@ use vallum_proto::v1 as pb;
 use vallum_proto::v1::fleet_service_client::FleetServiceClient;
 use vallum_proto::v1::set_service_client::SetServiceClient;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
-use vallumd::{Vallumd, reason, text_source};
+use vallumd::{Daemon, reason, text_source};
 
 const DROP_23: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 23 -j DROP\nCOMMIT\n";
 const DROP_24: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 24 -j DROP\nCOMMIT\n";
@@ -35,8 +35,8 @@ const USES_SET: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OU
 const BAD: &str = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 70000 -j DROP\nCOMMIT\n";
 
 /// A vallumd in fleet mode with database `{dir}/{name}.db`.
-fn node(dir: &Path, endpoints: &str, name: &str, labels: &str) -> Vallumd {
-    Vallumd::start(
+fn node(dir: &Path, endpoints: &str, name: &str, labels: &str) -> Daemon {
+    Daemon::start(
         &dir.join(format!("{name}.db")),
         &[
             "--fleet-endpoints",
@@ -51,7 +51,7 @@ fn node(dir: &Path, endpoints: &str, name: &str, labels: &str) -> Vallumd {
     )
 }
 
-async fn fleet(v: &Vallumd) -> FleetServiceClient<Channel> {
+async fn fleet(v: &Daemon) -> FleetServiceClient<Channel> {
     FleetServiceClient::new(v.channel().await)
 }
 
@@ -110,7 +110,7 @@ async fn wait_applied(
     }
 }
 
-async fn local_rulesets(v: &Vallumd) -> Vec<String> {
+async fn local_rulesets(v: &Daemon) -> Vec<String> {
     v.rulesets()
         .await
         .list_rulesets(pb::ListRulesetsRequest::default())
@@ -123,7 +123,7 @@ async fn local_rulesets(v: &Vallumd) -> Vec<String> {
         .collect()
 }
 
-async fn verdict(v: &Vallumd, port: u32) -> String {
+async fn verdict(v: &Daemon, port: u32) -> String {
     TraceServiceClient::new(v.channel().await)
         .trace_packet(pb::TracePacketRequest {
             packet: Some(pb::PacketSpec {
@@ -148,7 +148,7 @@ async fn verdict(v: &Vallumd, port: u32) -> String {
 }
 
 /// The value of the unlabelled sample `metric` on `/metrics`.
-fn metric(v: &Vallumd, metric: &str) -> Option<f64> {
+fn metric(v: &Daemon, metric: &str) -> Option<f64> {
     let mut s = std::net::TcpStream::connect(&v.metrics_addr).ok()?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .ok()?;
@@ -164,7 +164,7 @@ fn metric(v: &Vallumd, metric: &str) -> Option<f64> {
 }
 
 async fn apply_locally(
-    v: &Vallumd,
+    v: &Daemon,
     name: &str,
     text: &str,
 ) -> Result<pb::CommitResult, tonic::Status> {
@@ -1019,7 +1019,7 @@ async fn tls_to_etcd_with_a_client_certificate() {
         p("node.pem").display().to_string(),
         p("node.key").display().to_string(),
     );
-    let n1 = Vallumd::start(
+    let n1 = Daemon::start(
         &p("n1.db"),
         &[
             "--fleet-endpoints",
@@ -1048,13 +1048,11 @@ async fn tls_to_etcd_with_a_client_certificate() {
     // The env twins give the same; an https endpoint without a CA, or the TLS flags with
     // an http endpoint, refuse to start, naming the flag.
     let refused = |args: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vallumd"))
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        let o = vallumd::command()
             .arg("--db")
             .arg(p("refused.db"))
             .args(["--node-name", "n9"])
             .args(args)
-            .env_remove("VALLUM_DB")
             .output()
             .unwrap();
         assert!(!o.status.success(), "{args:?}: {o:?}");
@@ -1071,7 +1069,7 @@ async fn tls_to_etcd_with_a_client_certificate() {
         "/nonexistent/ca.pem",
     ]);
     assert!(e.contains("/nonexistent/ca.pem"), "{e}");
-    let n2 = Vallumd::start_env(
+    let n2 = Daemon::start_env(
         &p("n2.db"),
         &["--node-name", "n2"],
         &[
@@ -1415,7 +1413,7 @@ fn node_with(
     labels: &str,
     ttl: u64,
     extra: &[&str],
-) -> Vallumd {
+) -> Daemon {
     let ttl = ttl.to_string();
     let mut args = vec![
         "--fleet-endpoints",
@@ -1428,7 +1426,7 @@ fn node_with(
         &ttl,
     ];
     args.extend_from_slice(extra);
-    Vallumd::start(&dir.join(format!("{name}.db")), &args)
+    Daemon::start(&dir.join(format!("{name}.db")), &args)
 }
 
 /// The live nodes' names, by ListNodes.
@@ -1995,7 +1993,7 @@ impl Soak {
     /// Follows WaitRollout of `revision` (timeout 30 s); returns the last message. A DONE
     /// is checked against the nodes themselves: every node it lists as applied enforces the
     /// revision's rule (nothing is reported DONE that is not).
-    async fn wait(&self, revision: i64, nodes: &[(&str, &Vallumd)]) -> pb::RolloutProgress {
+    async fn wait(&self, revision: i64, nodes: &[(&str, &Daemon)]) -> pb::RolloutProgress {
         let timeout = Duration::from_secs(30);
         let mut w = self.writer.clone();
         let last = tokio::time::timeout(timeout + GRACE, async move {
@@ -2044,7 +2042,7 @@ impl Soak {
     /// Writes a rollout (retrying while etcd comes back) and waits until every node in
     /// `nodes` enforces it: listed as applied at that revision, and dropping its port (and
     /// no longer the one before).
-    async fn converge(&mut self, when: &str, nodes: &[(&str, &Vallumd)]) {
+    async fn converge(&mut self, when: &str, nodes: &[(&str, &Daemon)]) {
         let revision = loop {
             match self.write().await {
                 Ok(rev) => break rev,

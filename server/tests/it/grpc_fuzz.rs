@@ -41,18 +41,18 @@
 //!
 //! It ends with a line `grpc fuzz: N requests (per RPC ok/err ...), C crashes, ..., seed S`.
 
+use crate::support;
 use crate::support::etcd;
 use crate::support::fuzz_gen;
-use crate::support;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fuzz_gen::{Caps, Rng};
-use support::RawCodec;
+use support::{Daemon, RawCodec};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 use vallum_proto::v1 as pb;
@@ -962,13 +962,6 @@ fn first_diff(a: &[String], b: &[String]) -> Option<String> {
 
 // === the process ===
 
-/// A vallumd started for the fuzzer (its own spawn, so that `VALLUM_FUZZ_VALLUMD` can point
-/// at another binary); killed on drop.
-struct Daemon {
-    child: Child,
-    addr: String,
-}
-
 /// How every vallumd of a run is started: fleet mode (with the etcd's URL) and the memory
 /// ceiling.
 struct Setup {
@@ -976,72 +969,31 @@ struct Setup {
     ceiling: Ceiling,
 }
 
-impl Daemon {
-    fn start(db: &Path, setup: &Setup) -> Daemon {
-        let bin = std::env::var_os("VALLUM_FUZZ_VALLUMD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vallumd")));
-        let mut cmd = Command::new(bin);
-        cmd.args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .arg("--db")
-            .arg(db)
-            .args(FLAGS)
-            .env_remove("VALLUM_DB")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if let Some(url) = &setup.fleet {
-            cmd.args(["--fleet-endpoints", url, "--node-name", "fuzz-node"])
-                .args(["--node-labels", "fuzz=node"]);
-        }
-        setup.ceiling.limit(&mut cmd);
-        let mut child = cmd.spawn().expect("spawn vallumd");
-        setup.ceiling.enter(child.id());
-        use std::io::BufRead;
-        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut addr = None;
-        for line in lines.by_ref() {
-            let line = line.expect("read vallumd's stdout");
-            if let Some(a) = line.strip_prefix("listening on ") {
-                addr = Some(a.to_string());
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Daemon {
-            child,
-            addr: addr.expect("vallumd printed `listening on ADDR`"),
-        }
+/// Starts the fuzzed vallumd with the harness ([`Daemon::spawn`]): `VALLUM_FUZZ_VALLUMD` names
+/// another binary when set; [`FLAGS`], fleet mode per `setup`, and the memory ceiling (set
+/// before exec, or the cgroup entered right after the spawn). Killed on drop.
+fn start(db: &Path, setup: &Setup) -> Daemon {
+    let bin = std::env::var_os("VALLUM_FUZZ_VALLUMD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vallumd")));
+    let mut cmd = support::command_of(&bin);
+    cmd.arg("--db").arg(db).args(FLAGS);
+    if let Some(url) = &setup.fleet {
+        cmd.args(["--fleet-endpoints", url, "--node-name", "fuzz-node"])
+            .args(["--node-labels", "fuzz=node"]);
     }
+    setup.ceiling.limit(&mut cmd);
+    Daemon::spawn(cmd, |child| setup.ceiling.enter(child.id()))
+}
 
-    async fn channel(&self) -> Channel {
-        let url = format!("http://{}", self.addr);
-        for _ in 0..200 {
-            if let Ok(c) = Channel::from_shared(url.clone())
-                .expect("url")
-                .connect()
-                .await
-            {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("cannot connect to {url}")
-    }
-
-    /// Exit status when the process has ended.
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-
-    /// VmRSS and VmHWM of the process, KiB.
-    fn memory_kib(&self) -> Option<(u64, u64)> {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let field = |name: &str| -> Option<u64> {
-            let l = s.lines().find(|l| l.starts_with(name))?;
-            l.split_whitespace().nth(1)?.parse().ok()
-        };
-        Some((field("VmRSS:")?, field("VmHWM:")?))
-    }
+/// VmRSS and VmHWM of process `pid`, KiB.
+fn memory_kib(pid: u32) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let l = s.lines().find(|l| l.starts_with(name))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// The memory ceiling of every fuzzed vallumd (`VALLUM_FUZZ_MEMORY_MIB`, default 1024): a
@@ -1144,13 +1096,6 @@ fn memory_cgroup(bytes: u64) -> Option<PathBuf> {
     let swap = if v2 { 0 } else { bytes };
     let _ = std::fs::write(dir.join(files[1]), swap.to_string());
     Some(dir)
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 async fn health(ch: Channel) -> Result<i32, Status> {
@@ -1312,7 +1257,7 @@ async fn grpc_fuzz() {
             "off (no etcd: FleetService not fuzzed)"
         }
     );
-    let mut daemon = Daemon::start(&db, &setup);
+    let mut daemon = start(&db, &setup);
     let mut ch = daemon.channel().await;
     assert!(wait_serving(&ch, 400).await, "vallumd never became SERVING");
     let mut c = Clients::new(ch.clone());
@@ -1424,7 +1369,7 @@ async fn grpc_fuzz() {
                 });
                 if exited.is_some() {
                     crashes += 1;
-                    daemon = Daemon::start(&db, &setup);
+                    daemon = start(&db, &setup);
                     ch = daemon.channel().await;
                     c = Clients::new(ch.clone());
                 }
@@ -1510,7 +1455,7 @@ async fn grpc_fuzz() {
                 format!("vallumd exited with {status}"),
                 &mut findings,
             );
-            daemon = Daemon::start(&db, &setup);
+            daemon = start(&db, &setup);
             ch = daemon.channel().await;
             assert!(
                 wait_serving(&ch, 400).await,
@@ -1541,7 +1486,7 @@ async fn grpc_fuzz() {
             }
         }
         // Memory bounded?
-        if let Some((_rss, hwm)) = daemon.memory_kib() {
+        if let Some((_rss, hwm)) = memory_kib(daemon.pid()) {
             if hwm > max_rss_kib && peak_hwm <= max_rss_kib {
                 record(
                     "memory",

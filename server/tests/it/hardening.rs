@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic::Code;
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
@@ -62,7 +62,7 @@ async fn revisions(c: &mut Client, ruleset: &str) -> Vec<u64> {
 #[tokio::test]
 async fn edits_that_change_nothing_write_no_revision() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
 
@@ -119,7 +119,7 @@ async fn edits_that_change_nothing_write_no_revision() {
 #[tokio::test]
 async fn dry_runs_check_the_etag() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let applied = c
@@ -170,18 +170,16 @@ async fn dry_runs_check_the_etag() {
 }
 
 fn vallumd(db: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vallumd"));
-    cmd.args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        .args([
-            "--cores",
-            "1",
-            "--socket",
-            "none",
-            "--insecure-no-auth",
-            "--db",
-        ])
-        .arg(db)
-        .env_remove("VALLUM_DB");
+    let mut cmd = support::command();
+    cmd.args([
+        "--cores",
+        "1",
+        "--socket",
+        "none",
+        "--insecure-no-auth",
+        "--db",
+    ])
+    .arg(db);
     cmd
 }
 
@@ -295,7 +293,7 @@ async fn a_full_disk_is_resource_exhausted_store_full() {
         .expect("mount");
     assert!(ok.success(), "mount tmpfs");
     let _unmount = Tmpfs(mnt.clone());
-    let d = Vallumd::start(&mnt.join("v.db"), &[]);
+    let d = Daemon::start(&mnt.join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     c.apply(apply_req("web", BASE)).await.expect("apply");
@@ -350,7 +348,7 @@ async fn health_refuses_undecodable_requests_and_reflection_lists_what_is_served
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     for bytes in [
         vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
@@ -392,7 +390,7 @@ async fn health_refuses_undecodable_requests_and_reflection_lists_what_is_served
 #[tokio::test]
 async fn enum_fields_out_of_range_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     c.apply(apply_req("web", BASE)).await.expect("apply");

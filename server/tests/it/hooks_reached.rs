@@ -7,10 +7,10 @@
 //! that can match only loopback packets is a HOOK_NOT_REACHED warning unless vallumd is told
 //! `--steered-loopback`.
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const TEXT: &str = "*raw
@@ -32,7 +32,7 @@ COMMIT
 ";
 
 /// The HOOK_NOT_REACHED violations of a Validate of TEXT, as `LOCATION PATH: MESSAGE`.
-async fn unreached(d: &Vallumd) -> Vec<String> {
+async fn unreached(d: &Daemon) -> Vec<String> {
     let r = d
         .rulesets()
         .await
@@ -57,7 +57,7 @@ async fn unreached(d: &Vallumd) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_on_hooks_the_source_never_delivers_are_warned() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--source", "synthetic", "--rate", "10"],
     );
@@ -104,7 +104,7 @@ async fn rules_on_hooks_the_source_never_delivers_are_warned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_packet_source_says_nothing_about_hooks() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     assert_eq!(unreached(&d).await, Vec::<String>::new());
 }
@@ -120,7 +120,7 @@ async fn string_rules_without_packet_bytes_are_warned() {
 -A INPUT -p tcp -m tcp --dport 80 -m string --string \"GET /wp-login.php\" --algo kmp -j DROP
 COMMIT
 ";
-    async fn warned(d: &Vallumd) -> Vec<String> {
+    async fn warned(d: &Daemon) -> Vec<String> {
         let r = d
             .rulesets()
             .await
@@ -142,7 +142,7 @@ COMMIT
             .collect()
     }
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--source", "synthetic", "--rate", "10"],
     );
@@ -157,7 +157,7 @@ COMMIT
     );
     drop(d);
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     assert_eq!(warned(&d).await, Vec::<String>::new());
 }
@@ -208,7 +208,7 @@ COMMIT
             let dir = tempfile::tempdir().unwrap();
             let mut args = vec!["--source", "nfqueue"];
             args.extend_from_slice(flags);
-            let d = Vallumd::start(&dir.path().join("v.db"), &args);
+            let d = Daemon::start(&dir.path().join("v.db"), &args);
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -13,7 +13,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic::Code;
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
@@ -99,7 +99,7 @@ async fn trace_order(ch: &Channel) -> Vec<String> {
 async fn update_ruleset_priority_mask_etag_and_commit() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("v.db");
-    let d = Vallumd::start(&db, &[]);
+    let d = Daemon::start(&db, &[]);
     d.wait_serving().await;
     let ch = d.channel().await;
     let mut c = d.rulesets().await;
@@ -267,7 +267,7 @@ async fn update_ruleset_priority_mask_etag_and_commit() {
 #[tokio::test]
 async fn set_mutations_check_etags_and_answer_retries_once() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut s = pb::set_service_client::SetServiceClient::new(d.channel().await);
     let create = pb::CreateSetRequest {
@@ -418,7 +418,7 @@ async fn set_mutations_check_etags_and_answer_retries_once() {
 #[tokio::test]
 async fn ruleset_and_conntrack_retries_answer_once() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     // ConfirmCommit: a stale etag changes nothing; a retry answers as the first call did
@@ -535,7 +535,7 @@ async fn ruleset_and_conntrack_retries_answer_once() {
 #[tokio::test]
 async fn request_ids_are_one_namespace_and_dry_runs_skip_the_key_store() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let apply = pb::ApplyRequest {

@@ -20,8 +20,8 @@
 //! (its nat text unchanged, its filter without the DROP) writes the drifted table again and
 //! the drift is gone; (h) deleting the ruleset empties the kernel's nat table.
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -30,7 +30,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use netns::{in_netns, on_path};
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use vallum_proto::v1 as pb;
 
 const H_BRIDGE: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 1);
@@ -317,7 +317,7 @@ fn docker_port_publish_through_kernel_nat_with_vallumd_filter() {
     let db = dir.path().join("v.db");
     let (h, c, x) = (ns.h.clone(), ns.c.clone(), ns.x.clone());
     in_netns(&ns.h, move || {
-        let d = Vallumd::start(
+        let d = Daemon::start(
             &db,
             &[
                 "--source",
@@ -337,7 +337,7 @@ fn docker_port_publish_through_kernel_nat_with_vallumd_filter() {
     drop(ns);
 }
 
-async fn apply(d: &Vallumd, text: &str) -> Result<pb::CommitResult, tonic::Status> {
+async fn apply(d: &Daemon, text: &str) -> Result<pb::CommitResult, tonic::Status> {
     d.rulesets()
         .await
         .apply(pb::ApplyRequest {
@@ -349,7 +349,7 @@ async fn apply(d: &Vallumd, text: &str) -> Result<pb::CommitResult, tonic::Statu
         .map(|r| r.into_inner())
 }
 
-async fn status(d: &Vallumd) -> pb::GetStatusResponse {
+async fn status(d: &Daemon) -> pb::GetStatusResponse {
     pb::engine_service_client::EngineServiceClient::new(d.channel().await)
         .get_status(pb::GetStatusRequest {})
         .await
@@ -366,7 +366,7 @@ fn rules(save: &str) -> Vec<&str> {
     save.lines().filter(|l| l.starts_with("-A ")).collect()
 }
 
-async fn scenario(d: &Vallumd, h: &str, c: &str, x: &str) {
+async fn scenario(d: &Daemon, h: &str, c: &str, x: &str) {
     d.wait_serving().await;
     let pass = Duration::from_secs(3);
     let block = Duration::from_millis(700);
@@ -584,7 +584,7 @@ async fn commit_order_with_a_stand_in_kernel() {
         tool.to_str().expect("utf-8 path"),
     ];
     let kernel = || std::fs::read_to_string(dir.path().join("kernel-iptables")).unwrap_or_default();
-    let mut d = Vallumd::start(&db, &flags);
+    let mut d = Daemon::start(&db, &flags);
     d.wait_serving().await;
     assert_eq!(calls(dir.path()), 2, "the start writes IPv4 and IPv6");
     assert!(rules(&kernel()).is_empty(), "{}", kernel());
@@ -670,7 +670,7 @@ async fn commit_order_with_a_stand_in_kernel() {
     // A restart writes the stored tables again (a crash between store and kernel mends).
     assert!(d.terminate(), "graceful stop");
     std::fs::remove_file(dir.path().join("kernel-iptables")).expect("rm");
-    let d = Vallumd::start(&db, &flags);
+    let d = Daemon::start(&db, &flags);
     d.wait_serving().await;
     assert_eq!(kernel(), before);
 }
@@ -748,7 +748,7 @@ fn kernel_dnat_and_mangle_marks_decide_filter_rules() {
     let db = dir.path().join("v.db");
     let x = ns.x.clone();
     let counts = in_netns(&ns.h, move || {
-        let d = Vallumd::start(
+        let d = Daemon::start(
             &db,
             &[
                 "--source",

@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
 
@@ -45,7 +45,7 @@ fn validate_req(text: &str) -> pb::ValidateRulesetRequest {
 async fn a_long_line_of_jumps_is_refused_and_the_server_keeps_answering() {
     const N: usize = 12_000;
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--insecure-no-auth"]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--insecure-no-auth"]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let text = line_of_jumps(N);
@@ -93,7 +93,7 @@ async fn a_long_line_of_jumps_is_refused_and_the_server_keeps_answering() {
 #[tokio::test]
 async fn chains_and_rules_over_their_limits_are_resource_exhausted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &[
             "--insecure-no-auth",
@@ -161,7 +161,7 @@ async fn chains_and_rules_over_their_limits_are_resource_exhausted() {
 async fn sets_over_their_limits_are_resource_exhausted() {
     use vallum_proto::v1::set_service_client::SetServiceClient;
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &[
             "--insecure-no-auth",
@@ -242,7 +242,7 @@ async fn address_lists_are_counted_before_they_are_expanded() {
         address_space: Some(1 << 30),
         ..Default::default()
     };
-    let d = Vallumd::start_limited(&dir.path().join("v.db"), &[], &[], limits);
+    let d = Daemon::start_limited(&dir.path().join("v.db"), &[], &[], limits);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let text = address_lists(1000);

@@ -16,7 +16,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use support::Vallumd;
+use support::Daemon;
 
 /// A gid no account has: membership comes from `--socket-group` alone.
 const GROUP: u32 = 4242;
@@ -76,7 +76,7 @@ fn socket_peers_by_credentials_and_tcp_read_only() {
     let sock = dir.path().join("run/vallumd.sock");
     let db = dir.path().join("v.db");
     let group = GROUP.to_string();
-    let mut d = Vallumd::start(
+    let mut d = Daemon::start(
         &db,
         &["--socket", sock.to_str().unwrap(), "--socket-group", &group],
     );

@@ -2,7 +2,7 @@
 //! fields log collectors read, and `text` keeps the startup events readable; stdout keeps
 //! its `metrics on ADDR` / `listening on ADDR` lines in both.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use serde_json::Value;
 
@@ -10,12 +10,10 @@ use serde_json::Value;
 fn vallumd(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
-    let out = Command::new(env!("CARGO_BIN_EXE_vallumd"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+    let out = crate::support::command()
         .args(["--cores", "1", "--db"])
         .arg(&db)
         .args(args)
-        .env_remove("VALLUM_DB")
         .env_remove("VALLUM_LOG_FORMAT")
         .env_remove("RUST_LOG")
         .envs(env.iter().copied())

@@ -8,7 +8,7 @@
 
 use crate::support;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic::Code;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::set_service_client::SetServiceClient;
@@ -32,7 +32,7 @@ fn refused(r: Result<impl std::fmt::Debug, tonic::Status>, code: Code) -> tonic:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_and_odd_names_are_refused_with_short_messages() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
     let mut sets = SetServiceClient::new(d.channel().await);
@@ -173,7 +173,7 @@ struct RawValidate {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_does_not_decode_is_invalid_argument() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut grpc = tonic::client::Grpc::new(d.channel().await);
     grpc.ready().await.unwrap();
@@ -210,7 +210,7 @@ async fn a_request_that_does_not_decode_is_invalid_argument() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_ruleset_needs_allow_empty() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
     let apply = |content: &str, allow_empty: bool| pb::ApplyRequest {

@@ -29,8 +29,8 @@
 //! thread that first `setns(2)`s into it (a namespace is per thread; threads and processes
 //! started from there inherit it). The rules of (a)-(e), (g) and (h) are stateless.
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -40,7 +40,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use netns::{in_netns, on_path};
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
@@ -419,7 +419,7 @@ fn reachability(b: &str, timeout: Duration) -> [bool; 4] {
 
 // === gRPC ===
 
-async fn apply(d: &Vallumd, text: &str) {
+async fn apply(d: &Daemon, text: &str) {
     d.rulesets()
         .await
         .apply(pb::ApplyRequest {
@@ -482,7 +482,7 @@ fn nfqueue_two_namespaces() {
         tcp_echo(TCP_KEEP);
         tcp_echo(TCP_BLOCK);
         udp_echo(UDP_PORT);
-        let d = Vallumd::start(&db, &["--source", "nfqueue"]);
+        let d = Daemon::start(&db, &["--source", "nfqueue"]);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -501,7 +501,7 @@ fn nfqueue_two_namespaces() {
     drop(ns);
 }
 
-async fn scenario(d: &Vallumd, b: &str) {
+async fn scenario(d: &Daemon, b: &str) {
     d.wait_serving().await;
     let pass = Duration::from_secs(2);
     let block = Duration::from_millis(500);
@@ -865,7 +865,7 @@ fn udp_deep_probe(with: bool, timeout: Duration) -> bool {
 }
 
 /// (n): see the scenario.
-async fn copy_range_follows_the_rules(d: &Vallumd, b: &str, pass: Duration, block: Duration) {
+async fn copy_range_follows_the_rules(d: &Daemon, b: &str, pass: Duration, block: Duration) {
     let deep = format!(
         "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
          -A INPUT -p udp -m udp --dport {UDP_PORT} -m string --string {DEEP_STRING} --algo bm \
@@ -939,7 +939,7 @@ static KERNEL_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 /// same packet (a kernel rule before the steering jump; `dmesg`; needs
 /// net.netfilter.nf_log_all_netns=1, set for the check and restored after). Where the kernel
 /// line cannot be had (no dmesg access, sysctl not writable), only the stream is checked.
-async fn log_hits(d: &Vallumd, b: &str) {
+async fn log_hits(d: &Daemon, b: &str) {
     use vallum_proto::v1::trace_service_client::TraceServiceClient;
     let rules = format!(
         "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\

@@ -28,8 +28,8 @@
 //! the NFQUEUE rule's counter and vallumd's received count are both 1, the kernel's
 //! ESTABLISHED accept took the rest, and vallumd's ESTABLISHED rule counted nothing.
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use netns::{in_netns, on_path};
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 233, 0, 1);
@@ -179,7 +179,7 @@ fn receiver(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
 }
 
 /// `GET /metrics` of `d` (from inside A), as name{labels} -> value for the nfqueue series.
-fn scrape(a: &str, d: &Vallumd) -> BTreeMap<String, u64> {
+fn scrape(a: &str, d: &Daemon) -> BTreeMap<String, u64> {
     let addr = d.metrics_addr.clone();
     let text = in_netns(a, move || {
         let mut s = TcpStream::connect(&addr).expect("connect /metrics");
@@ -298,7 +298,7 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
     }
     let (d, _dir, receivers) = in_netns(&a, move || {
         let receivers = [receiver(PASS, st.clone()), receiver(BLOCK, st)];
-        let d = Vallumd::start_env(
+        let d = Daemon::start_env(
             &db,
             &flags,
             &[("VALLUM_TEST_NFQUEUE_BATCH_DELAY_US", DELAY_US)],
@@ -605,7 +605,7 @@ fn new_only_queues_only_new_connections() {
                 }
             }
         });
-        let d = Vallumd::start(&db, &["--source", "nfqueue", "--steered-new-only"]);
+        let d = Daemon::start(&db, &["--source", "nfqueue", "--steered-new-only"]);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

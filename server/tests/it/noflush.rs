@@ -13,7 +13,7 @@ use crate::support;
 
 use std::collections::BTreeMap;
 
-use support::{Vallumd, reason};
+use support::{Daemon, reason};
 use tonic::Code;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::counter_service_client::CounterServiceClient;
@@ -55,7 +55,7 @@ fn source(content: &str, filename: &str, noflush: bool, counters: bool) -> pb::R
 }
 
 /// `(chain, rule) -> (packets, bytes, text)` of ruleset `k`.
-async fn counters(d: &Vallumd) -> BTreeMap<(String, u32), (u64, u64, String)> {
+async fn counters(d: &Daemon) -> BTreeMap<(String, u32), (u64, u64, String)> {
     let mut c = CounterServiceClient::new(d.channel().await);
     c.get_counters(pb::GetCountersRequest {
         ruleset: "k".into(),
@@ -70,7 +70,7 @@ async fn counters(d: &Vallumd) -> BTreeMap<(String, u32), (u64, u64, String)> {
     .collect()
 }
 
-async fn content(d: &Vallumd, n: u64) -> String {
+async fn content(d: &Daemon, n: u64) -> String {
     d.rulesets()
         .await
         .get_revision(pb::GetRevisionRequest {
@@ -85,7 +85,7 @@ async fn content(d: &Vallumd, n: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn noflush_updates_merge_onto_the_active_revision() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
 
@@ -233,7 +233,7 @@ async fn noflush_updates_merge_onto_the_active_revision() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parser_warnings_reach_validate_apply_and_vallumctl() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
     let text = "*filter\n:INPUT DROP [0:0]\n-A INPUT -j LOG --log-prefix \"[UFW BLOCK] a very long prefix \"\nCOMMIT\n";

@@ -27,7 +27,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use tokio::sync::mpsc;
 use vallum_proto::v1 as pb;
 
@@ -88,18 +88,18 @@ fn attr(span: &Span, key: &str) -> Option<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_spans_reach_the_otlp_receiver_in_the_callers_trace() {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let receiver_addr = listener.local_addr().unwrap();
-    let receiver = tokio::spawn(
+    let receiver = support::served::serve(|incoming, shutdown| {
         tonic::transport::Server::builder()
             .add_service(TraceServiceServer::new(Receiver(tx)))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+            .serve_with_incoming_shutdown(incoming, shutdown)
+    })
+    .await;
+    let receiver_addr = receiver.addr;
 
     let dir = tempfile::tempdir().unwrap();
     let endpoint = format!("http://{receiver_addr}");
     // One export every 100 ms instead of the SDK's 5 s.
-    let d = Vallumd::start_env(
+    let d = Daemon::start_env(
         &dir.path().join("v.db"),
         &["--otlp-endpoint", &endpoint],
         &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
@@ -211,6 +211,7 @@ async fn apply_spans_reach_the_otlp_receiver_in_the_callers_trace() {
         "quiesce {quiesce:?} outside publish {publish:?}"
     );
 
+    // vallumd first: the receiver's graceful stop waits for its exporter's connection.
     drop(d);
-    receiver.abort();
+    receiver.stop().await;
 }

@@ -6,7 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vallum_proto::v1 as pb;
 
@@ -57,7 +57,7 @@ async fn next_event(w: &mut tonic::Streaming<pb::CommitEvent>) -> pb::CommitEven
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollback_is_not_a_failure_and_refusals_are_counted_and_sent() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
     let mut watch = c

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::{InProcess, text_source};
+use support::{Daemon, text_source};
 use tonic::transport::Channel;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::trace_service_client::TraceServiceClient;
@@ -39,7 +39,7 @@ impl Captured {
     }
 }
 
-async fn apply(d: &InProcess, name: &str, text: &str) {
+async fn apply(d: &Daemon, name: &str, text: &str) {
     d.rulesets()
         .await
         .apply(pb::ApplyRequest {
@@ -83,7 +83,7 @@ async fn log_hits_reach_the_stream_and_the_process_log() {
         .with_writer(move || writer.clone())
         .init();
     let dir = tempfile::tempdir().unwrap();
-    let d = InProcess::start(
+    let d = Daemon::in_process(
         &dir.path().join("v.db"),
         &["--source", "synthetic", "--rate", "2000"],
         Default::default(),

@@ -8,7 +8,7 @@ use crate::support;
 
 use std::collections::BTreeSet;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::counter_service_client::CounterServiceClient;
@@ -29,7 +29,7 @@ fn rules(n: u32) -> String {
     s
 }
 
-async fn apply(d: &Vallumd, name: &str, text: &str) {
+async fn apply(d: &Daemon, name: &str, text: &str) {
     d.rulesets()
         .await
         .max_encoding_message_size(64 << 20)
@@ -52,7 +52,7 @@ fn field(e: &tonic::Status) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_page_over_100k_rules_and_the_cli_reads_every_page() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--max-request-bytes", "16777216", "--max-rules", "100000"],
     );
@@ -172,7 +172,7 @@ async fn counters_page_over_100k_rules_and_the_cli_reads_every_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rulesets_sets_and_revisions_page_by_key() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &[]);
+    let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let names = ["a", "b", "c", "d", "e"];
     for n in names {

@@ -14,8 +14,8 @@
 //! rules must have been hit (else the kernel did not hand bridged frames to iptables: a failure).
 //! What K and V send themselves is dropped in mangle OUTPUT (V's gRPC on loopback excepted).
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use netns::{Sender, in_netns, nsx, nsx_in, on_path, sh};
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const VM_PORT: &str = "tap3f2a1b4c-5";
@@ -350,7 +350,7 @@ fn physdev_on_bridged_frames_as_the_kernel() {
     let db = db_dir.path().join("v.db");
     let k = lab.k.clone();
     let (kc, vc) = in_netns(&lab.v, move || {
-        let d = Vallumd::start(&db, &["--source", "nfqueue"]);
+        let d = Daemon::start(&db, &["--source", "nfqueue"]);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -20,9 +20,9 @@
 //!
 //! So renaming a metric or a label that a panel or an alert uses fails here.
 
+use crate::support;
 use crate::support::etcd;
 use crate::support::promql;
-use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use promql::Query;
 use serde_json::Value;
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 /// Scrape and rule evaluation interval.
@@ -205,7 +205,7 @@ fn wait_for<T>(
 }
 
 /// Two commits, a refused Apply and a set with one element.
-async fn commits_and_a_set(d: &Vallumd) {
+async fn commits_and_a_set(d: &Daemon) {
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
     for text in [BASE, SECOND] {
@@ -252,7 +252,7 @@ async fn commits_and_a_set(d: &Vallumd) {
 
 /// A fleet ruleset selecting this node, written through its FleetService and applied (ACK):
 /// the fleet metrics get their series (latency, `applies_total{outcome="ack"}`).
-async fn fleet_ruleset_applied(d: &Vallumd) {
+async fn fleet_ruleset_applied(d: &Daemon) {
     let mut f = pb::fleet_service_client::FleetServiceClient::new(d.channel().await);
     let w = f
         .put_ruleset(pb::PutFleetRulesetRequest {
@@ -285,7 +285,7 @@ async fn fleet_ruleset_applied(d: &Vallumd) {
 }
 
 /// A rollback to revision 1 (a new revision: `vallum_active_revision` changes).
-async fn rollback(d: &Vallumd) {
+async fn rollback(d: &Daemon) {
     d.rulesets()
         .await
         .rollback(pb::RollbackRequest {
@@ -334,7 +334,7 @@ fn dashboard_and_alerts_work_in_a_real_prometheus() {
         "--node-labels",
         "role=prom",
     ];
-    let d = Vallumd::start(&dir.path().join("v.db"), &args);
+    let d = Daemon::start(&dir.path().join("v.db"), &args);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -490,7 +490,7 @@ fn dashboard_and_alerts_work_in_a_real_prometheus() {
 fn readyz_follows_grpc_health() {
     let dir = tempfile::tempdir().expect("tmp");
     // Loading waits 3 s, so health is NOT_SERVING for that long.
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--load-delay", "3"]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--load-delay", "3"]);
     let (code, body) = http_get(&d.metrics_addr, "/readyz").expect("GET /readyz");
     assert_eq!((code, body.trim()), (503, "NOT_SERVING"));
     let (code, body) = http_get(&d.metrics_addr, "/livez").expect("GET /livez");

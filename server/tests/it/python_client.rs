@@ -7,7 +7,7 @@ use crate::support;
 
 use std::process::Command;
 
-use support::Vallumd;
+use support::Daemon;
 
 fn python_has_grpc() -> Result<(), String> {
     let out = Command::new("python3")
@@ -37,7 +37,7 @@ async fn python_grpcio_lists_services_and_gets_serving() {
         panic!("python grpc client: {reason}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--example"]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--example"]);
     d.wait_serving().await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/grpc_client.py");
     let out = Command::new("python3")

@@ -9,7 +9,7 @@
 
 use crate::support;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use vallum_proto::v1 as pb;
 
 const TEXT: &str = "*nat
@@ -39,7 +39,7 @@ COMMIT
 ";
 
 /// The warnings of a Validate of `text`, as `REASON LOCATION: MESSAGE`.
-async fn warnings(d: &Vallumd, text: &str) -> Vec<String> {
+async fn warnings(d: &Daemon, text: &str) -> Vec<String> {
     let r = d
         .rulesets()
         .await
@@ -64,7 +64,7 @@ async fn warnings(d: &Vallumd, text: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dependent_rules_quirks_and_owner_names() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--source", "synthetic", "--rate", "10"],
     );

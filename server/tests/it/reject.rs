@@ -21,8 +21,8 @@
 //! port fails with ECONNREFUSED, a connected UDP socket gets ECONNREFUSED after the port
 //! unreachable, both families.
 
-use crate::support::netns;
 use crate::support;
+use crate::support::netns;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -31,7 +31,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use netns::{Sender, in_netns, nsx, nsx_in, sh};
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const A4: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
@@ -675,7 +675,7 @@ fn vallumd_run(db: &Path, mode: &'static str) -> (Seen, u64, u64) {
     let db = db.to_owned();
     let a = p.a.clone();
     let d = in_netns(&a, move || {
-        let d = Vallumd::start(&db, &["--source", "nfqueue", "--nfqueue-mode", mode]);
+        let d = Daemon::start(&db, &["--source", "nfqueue", "--nfqueue-mode", mode]);
         block_on(async {
             d.wait_serving().await;
             let mut src = text_source(&rules(false), false, "reject.rules");

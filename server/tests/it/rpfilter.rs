@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const RULES: &str = "*raw
@@ -40,7 +40,7 @@ fn packet(src: &str, dst: &str, iface: &str) -> pb::PacketSpec {
     }
 }
 
-async fn verdict(d: &Vallumd, p: pb::PacketSpec) -> String {
+async fn verdict(d: &Daemon, p: pb::PacketSpec) -> String {
     pb::trace_service_client::TraceServiceClient::new(d.channel().await)
         .trace_packet(pb::TracePacketRequest {
             packet: Some(p),
@@ -58,7 +58,7 @@ async fn verdict(d: &Vallumd, p: pb::PacketSpec) -> String {
 #[tokio::test]
 async fn rpfilter_follows_the_given_routes() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &[
             "--local-addresses",
@@ -91,7 +91,7 @@ async fn rpfilter_follows_the_given_routes() {
 #[tokio::test]
 async fn rpfilter_without_a_routing_view_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Vallumd::start(
+    let d = Daemon::start(
         &dir.path().join("v.db"),
         &["--local-addresses", "10.0.0.5@eth0"],
     );

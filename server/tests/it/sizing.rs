@@ -16,7 +16,7 @@ use crate::support;
 use std::io::Write;
 use std::time::Duration;
 
-use support::Vallumd;
+use support::Daemon;
 use vallum_proto::v1 as pb;
 
 /// (VmRSS, VmHWM) of `pid`, KiB.
@@ -64,7 +64,7 @@ fn line(what: &str, units: u64, before: u64, after: u64, peak: u64) -> (f64, f64
 #[ignore = "measurement for docs/operations.md (prints the sizing numbers); run with --ignored --nocapture"]
 async fn sizing_numbers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start_env(
+    let d = Daemon::start_env(
         &dir.path().join("v.db"),
         &[
             "--max-set-elements",
@@ -75,7 +75,7 @@ async fn sizing_numbers() {
         &[("MIMALLOC_PURGE_DELAY", "0")],
     );
     d.wait_serving().await;
-    let pid = d.child.id();
+    let pid = d.pid();
     let mut c = d.rulesets().await;
     let base = settled(pid).await;
     println!("sizing: idle vallumd resident {base} KiB");

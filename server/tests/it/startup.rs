@@ -5,10 +5,10 @@ use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use support::Vallumd;
+use support::Daemon;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
@@ -18,11 +18,9 @@ use vallum_proto::v1::engine_service_client::EngineServiceClient;
 /// Runs vallumd with `args` (it must exit by itself: one that starts anyway stops after
 /// `--exit-after 30` with code 0) and returns (exit code, stderr).
 fn vallumd_exits(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vallumd"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+    let out = support::command()
         .args(["--cores", "1", "--exit-after", "30"])
         .args(args)
-        .env_remove("VALLUM_DB")
         .stdin(Stdio::null())
         .output()
         .expect("run vallumd");
@@ -111,7 +109,7 @@ async fn corrupt_active_text(db: &Path, ruleset: &str) {
     }
 }
 
-async fn health(d: &Vallumd, service: &str) -> Result<ServingStatus, tonic::Code> {
+async fn health(d: &Daemon, service: &str) -> Result<ServingStatus, tonic::Code> {
     let mut h = HealthClient::new(d.channel().await);
     h.check(HealthCheckRequest {
         service: service.into(),
@@ -122,7 +120,7 @@ async fn health(d: &Vallumd, service: &str) -> Result<ServingStatus, tonic::Code
 }
 
 /// Polls `health(service)` until it is `want` (bounded: 10 s).
-async fn wait_health(d: &Vallumd, service: &str, want: ServingStatus) {
+async fn wait_health(d: &Daemon, service: &str, want: ServingStatus) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let now = health(d, service).await;
@@ -159,7 +157,7 @@ async fn active_revision_that_does_not_load_is_refused_or_degraded() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
     {
-        let d = Vallumd::start(&db, &[]);
+        let d = Daemon::start(&db, &[]);
         d.wait_serving().await;
         let mut c = d.rulesets().await;
         c.apply(apply_req("web", WEB)).await.expect("apply web");
@@ -196,7 +194,7 @@ async fn active_revision_that_does_not_load_is_refused_or_degraded() {
     drop(pool);
 
     // Degraded: serves `other`, says web is not loaded.
-    let d = Vallumd::start(&db, &["--on-load-failure", "degraded"]);
+    let d = Daemon::start(&db, &["--on-load-failure", "degraded"]);
     d.wait_serving().await;
     wait_health(&d, "rulesets/web", ServingStatus::NotServing).await;
     assert_eq!(

@@ -7,7 +7,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::{Vallumd, poll, reason};
+use support::{Daemon, poll, reason};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::engine_service_client::EngineServiceClient;
 
@@ -15,7 +15,7 @@ const OLD: &str = "old-token-0123456789abcdef";
 const NEW: &str = "new-token-0123456789abcdef";
 
 /// The answer to GetStatus with `token`: `Ok` or the ErrorInfo reason.
-async fn status_with(d: &Vallumd, token: &str) -> Result<(), String> {
+async fn status_with(d: &Daemon, token: &str) -> Result<(), String> {
     let mut c = EngineServiceClient::new(d.channel().await);
     let mut r = tonic::Request::new(pb::GetStatusRequest {});
     r.metadata_mut()
@@ -23,9 +23,9 @@ async fn status_with(d: &Vallumd, token: &str) -> Result<(), String> {
     c.get_status(r).await.map(drop).map_err(|e| reason(&e))
 }
 
-fn hangup(d: &Vallumd) {
-    let pid = libc::pid_t::try_from(d.child.id()).expect("a pid");
-    // SAFETY: kill(2) on our own child's pid; it has not been waited for (Vallumd waits only
+fn hangup(d: &Daemon) {
+    let pid = libc::pid_t::try_from(d.pid()).expect("a pid");
+    // SAFETY: kill(2) on our own child's pid; it has not been waited for (Daemon waits only
     // on drop), so the pid is still ours.
     let rc = unsafe { libc::kill(pid, libc::SIGHUP) };
     assert_eq!(rc, 0, "kill -HUP");
@@ -37,7 +37,7 @@ async fn sighup_reloads_the_token_file_without_a_restart() {
     let file = dir.path().join("tokens");
     std::fs::write(&file, format!("admin {OLD} ci\n")).unwrap();
     let file_arg = file.to_str().unwrap();
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--token-file", file_arg]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--token-file", file_arg]);
     d.wait_serving().await;
     assert_eq!(status_with(&d, OLD).await, Ok(()));
     assert_eq!(status_with(&d, NEW).await, Err("TOKEN_INVALID".into()));

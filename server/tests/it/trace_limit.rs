@@ -5,7 +5,7 @@
 
 use crate::support;
 
-use support::{Vallumd, text_source};
+use support::{Daemon, text_source};
 use vallum_proto::v1 as pb;
 
 const LIMITED: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
@@ -15,7 +15,7 @@ const LIMITED: &str = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUT
 #[tokio::test]
 async fn trace_notes_a_limit_dry_run() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = Vallumd::start(&dir.path().join("v.db"), &["--source", "none"]);
+    let d = Daemon::start(&dir.path().join("v.db"), &["--source", "none"]);
     d.wait_serving().await;
     d.rulesets()
         .await

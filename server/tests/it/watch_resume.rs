@@ -7,13 +7,13 @@ use crate::support;
 
 use std::time::Duration;
 
-use support::{Vallumd, reason, text_source};
+use support::{Daemon, reason, text_source};
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
 
 const RULES: &str = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n";
 
-async fn apply(d: &Vallumd, ruleset: &str) -> String {
+async fn apply(d: &Daemon, ruleset: &str) -> String {
     d.rulesets()
         .await
         .apply(pb::ApplyRequest {
@@ -32,7 +32,7 @@ async fn apply(d: &Vallumd, ruleset: &str) -> String {
 /// A watch of `ruleset` (empty: all) resuming after `start_after` (0: from now). A refused
 /// resume is the call's error (the handler answers before any event).
 async fn watch(
-    d: &Vallumd,
+    d: &Daemon,
     ruleset: &str,
     start_after: u64,
 ) -> Result<tonic::Streaming<pb::CommitEvent>, tonic::Status> {
@@ -58,7 +58,7 @@ async fn next(s: &mut tonic::Streaming<pb::CommitEvent>) -> pb::CommitEvent {
 async fn a_reconnecting_watcher_misses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
-    let mut d = Vallumd::start(&db, &[]);
+    let mut d = Daemon::start(&db, &[]);
     d.wait_serving().await;
 
     // Commit, seen by a watcher.
@@ -113,7 +113,7 @@ async fn a_reconnecting_watcher_misses_nothing() {
 
     // After a restart the events of the previous run are gone: OUT_OF_RANGE, saying so.
     assert!(d.terminate(), "vallumd stops");
-    let d = Vallumd::start(&db, &[]);
+    let d = Daemon::start(&db, &[]);
     d.wait_serving().await;
     let e = watch(&d, "web", c.sequence)
         .await

@@ -1,6 +1,7 @@
-//! Shared helpers of the end-to-end tests: start a real `vallumd` on an ephemeral port with a
-//! temporary database (or one in this process, [`InProcess`], where a test injects hooks such
-//! as a clock), connect clients, find the shared data, join tasks, poll for a condition.
+//! Shared helpers of the end-to-end tests and the server benches: start a real `vallumd`
+//! ([`Daemon`]: a process, or one in this process where a test injects hooks such as a clock)
+//! on ephemeral ports with a temporary database, connect clients, find the shared data, join
+//! tasks, poll for a condition.
 
 #![allow(dead_code)] // Each test uses a different part.
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 use tonic::transport::Channel;
 use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 
-/// Resource limits of a spawned vallumd ([`Vallumd::start_limited`]); `None` keeps the
+/// Resource limits of a spawned vallumd ([`Daemon::start_limited`]); `None` keeps the
 /// test's own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Rlimits {
@@ -22,29 +23,47 @@ pub struct Rlimits {
     pub open_files: Option<u64>,
 }
 
-/// A running vallumd; killed on drop.
-pub struct Vallumd {
-    pub child: Child,
+/// A running vallumd, the one way tests and benches start it: a child process
+/// ([`Daemon::start`], [`Daemon::start_env`], [`Daemon::start_limited`], [`Daemon::spawn`]) or
+/// `server::run_with` on a task of the caller's runtime ([`Daemon::in_process`], where a test
+/// injects hooks such as a clock). Both answer on `addr` (gRPC) and `metrics_addr` (`/metrics`)
+/// on 127.0.0.1 and stop with [`Daemon::stop`]; a process is killed on drop, an in-process one
+/// is told to stop on drop and ends with the runtime.
+pub struct Daemon {
+    /// The gRPC listener, `127.0.0.1:PORT`.
     pub addr: String,
-    /// The `/metrics` listener (`metrics on ADDR`).
+    /// The `/metrics` listener, `127.0.0.1:PORT`.
     pub metrics_addr: String,
+    run: Run,
 }
 
-impl Vallumd {
+/// How a [`Daemon`] runs.
+enum Run {
+    Process(Child),
+    InProcess {
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        task: Option<InProcessTask>,
+    },
+}
+
+/// The task of an in-process vallumd: `server::run_with`'s result.
+type InProcessTask = tokio::task::JoinHandle<vallum_server::error::Result<vallum_server::Summary>>;
+
+impl Daemon {
     /// Starts vallumd with `--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db DB` and
     /// `extra` flags; waits for the `metrics on ADDR` and `listening on ADDR` lines. Unless
     /// `extra` says otherwise ([`harness_flags`]): `--insecure-no-auth` (the tests call over
     /// TCP without tokens) and `--socket none` (no test takes the host's default socket).
-    pub fn start(db: &Path, extra: &[&str]) -> Vallumd {
-        Vallumd::start_env(db, extra, &[])
+    pub fn start(db: &Path, extra: &[&str]) -> Daemon {
+        Daemon::start_env(db, extra, &[])
     }
 
-    /// As [`Vallumd::start`], with `env` set in vallumd's environment.
-    pub fn start_env(db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vallumd {
-        Vallumd::start_limited(db, extra, env, Rlimits::default())
+    /// As [`Daemon::start`], with `env` set in vallumd's environment.
+    pub fn start_env(db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_limited(db, extra, env, Rlimits::default())
     }
 
-    /// As [`Vallumd::start_env`], under `limits` (setrlimit in the child before exec): with
+    /// As [`Daemon::start_env`], under `limits` (setrlimit in the child before exec): with
     /// [`Rlimits::address_space`] an allocation past it fails and vallumd aborts, so a request
     /// whose memory is not bounded kills it instead of passing slowly.
     pub fn start_limited(
@@ -52,8 +71,8 @@ impl Vallumd {
         extra: &[&str],
         env: &[(&str, &str)],
         limits: Rlimits,
-    ) -> Vallumd {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vallumd"));
+    ) -> Daemon {
+        let mut cmd = command();
         if limits != Rlimits::default() {
             use std::os::unix::process::CommandExt;
             // SAFETY: the closure runs in the forked child before exec and only calls
@@ -80,42 +99,126 @@ impl Vallumd {
                 });
             }
         }
-        let mut child = cmd
-            .args(["--listen", "127.0.0.1:0", "--db"])
+        cmd.arg("--db")
             .arg(db)
             .args(["--cores", "2"])
-            .args(["--metrics-listen", "127.0.0.1:0"])
             .args(harness_flags(extra))
             .args(extra)
-            .env_remove("VALLUM_DB")
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Daemon::spawn(cmd, |_| {})
+    }
+
+    /// Spawns `cmd`, a vallumd command line the caller built whole (its binary, e.g. another
+    /// build, and every flag; it must listen on 127.0.0.1 and print its listeners), calls
+    /// `spawned` with the child (e.g. to move it into a cgroup) and waits for the
+    /// `listening on ADDR` line (and the `metrics on ADDR` line before it, when there is one; other lines are passed
+    /// over).
+    /// stdout is drained after that so the child never blocks on a full pipe; stderr is the
+    /// test's.
+    pub fn spawn(mut cmd: Command, spawned: impl FnOnce(&Child)) -> Daemon {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn vallumd");
+        spawned(&child);
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
-        let first = lines.next().expect("a line").expect("read stdout");
-        let metrics_addr = first
-            .strip_prefix("metrics on ")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_string();
-        let second = lines.next().expect("a line").expect("read stdout");
-        let addr = second
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected second line {second:?}"))
-            .to_string();
-        // Keep draining stdout so the child never blocks on a full pipe.
+        let (mut addr, mut metrics_addr) = (None, String::new());
+        for line in lines.by_ref() {
+            let line = line.expect("read vallumd's stdout");
+            if let Some(a) = line.strip_prefix("metrics on ") {
+                metrics_addr = a.to_string();
+            } else if let Some(a) = line.strip_prefix("listening on ") {
+                addr = Some(a.to_string());
+                break;
+            }
+        }
+        let Some(addr) = addr else {
+            let status = child.wait();
+            panic!("vallumd ended before `listening on ADDR`: {status:?}");
+        };
         std::thread::spawn(move || for _ in lines {});
-        Vallumd {
-            child,
+        Daemon {
             addr,
             metrics_addr,
+            run: Run::Process(child),
         }
+    }
+
+    /// Runs vallumd in this process (`server::run_with`, on a task of the current runtime)
+    /// with `--listen 127.0.0.1:PORT --metrics-listen 127.0.0.1:PORT2 --db DB --cores 2`, the
+    /// [`harness_flags`], `extra` flags and `hooks`, and waits until it is SERVING. The ports
+    /// are free ones picked here; when another process takes one first, starts again on others.
+    pub async fn in_process(
+        db: &Path,
+        extra: &[&str],
+        hooks: vallum_server::hooks::Hooks,
+    ) -> Daemon {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        for _ in 0..5 {
+            let addr = format!("127.0.0.1:{}", free());
+            let metrics_addr = format!("127.0.0.1:{}", free());
+            let mut args = vec!["vallumd", "--listen", &addr, "--cores", "2"];
+            args.extend(["--metrics-listen", &metrics_addr, "--db"]);
+            let db = db.to_str().expect("a UTF-8 path");
+            args.push(db);
+            args.extend(harness_flags(extra));
+            args.extend_from_slice(extra);
+            let config = vallum_server::Config::from_args(args).expect("flags");
+            let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(vallum_server::server::run_with(
+                config,
+                hooks.clone(),
+                async {
+                    let _ = rx.await;
+                },
+            ));
+            // Until SERVING, or the server ended (it could not bind, or failed to start).
+            let channel = Channel::from_shared(format!("http://{addr}"))
+                .expect("url")
+                .connect_lazy();
+            for _ in 0..400 {
+                if task.is_finished() {
+                    break;
+                }
+                if serving_now(&channel).await {
+                    return Daemon {
+                        addr,
+                        metrics_addr,
+                        run: Run::InProcess {
+                            stop: Some(stop),
+                            task: Some(task),
+                        },
+                    };
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            assert!(
+                task.is_finished(),
+                "in-process vallumd never became SERVING"
+            );
+            match join(task).await {
+                Err(e) if e.to_string().contains("bind") => continue,
+                r => panic!("in-process vallumd did not start: {r:?}"),
+            }
+        }
+        panic!("in-process vallumd: no free port after 5 tries");
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The gRPC port.
+    pub fn port(&self) -> u16 {
+        let (_, port) = self.addr.rsplit_once(':').expect("ADDR:PORT");
+        port.parse().expect("a port")
     }
 
     pub async fn channel(&self) -> Channel {
@@ -131,26 +234,91 @@ impl Vallumd {
         assert!(serving(&self.addr).await, "vallumd never became SERVING");
     }
 
-    /// SIGTERM (a graceful stop) and waits for the exit; true when it exited 0.
+    /// Stops it as SIGTERM does and waits until it has ended; panics unless it ended cleanly
+    /// (a process: exit status 0; in-process: `run_with` returned `Ok`, its panic re-raised).
+    pub async fn stop(mut self) {
+        if let Run::InProcess { stop, task } = &mut self.run {
+            if let Some(stop) = stop.take() {
+                let _ = stop.send(());
+            }
+            let task = task.take().expect("stopped once");
+            join(task).await.expect("vallumd ends cleanly");
+        } else {
+            assert!(self.terminate(), "vallumd did not exit 0 on SIGTERM");
+        }
+    }
+
+    /// The child process; panics for an in-process vallumd (a test that needs a pid, a signal
+    /// or an exit status starts a process).
+    fn child(&mut self) -> &mut Child {
+        match &mut self.run {
+            Run::Process(child) => child,
+            Run::InProcess { .. } => panic!("an in-process vallumd has no process of its own"),
+        }
+    }
+
+    /// The process id (a process only).
+    pub fn pid(&self) -> u32 {
+        match &self.run {
+            Run::Process(child) => child.id(),
+            Run::InProcess { .. } => panic!("an in-process vallumd has no process of its own"),
+        }
+    }
+
+    /// The exit status once the process has ended, `None` while it runs (a process only).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child().try_wait().expect("wait for vallumd")
+    }
+
+    /// SIGTERM (a graceful stop) and waits for the exit; true when it exited 0 (a process
+    /// only).
     pub fn terminate(&mut self) -> bool {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        let child = self.child();
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid");
         // SAFETY: kill(2) on our own child's pid; it has not been waited for, so the pid is
         // still ours.
         unsafe { libc::kill(pid, libc::SIGTERM) };
-        self.child.wait().is_ok_and(|s| s.success())
+        child.wait().is_ok_and(|s| s.success())
     }
 
-    /// kill -9.
+    /// kill -9 (a process only).
     pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
-impl Drop for Vallumd {
+impl Drop for Daemon {
     fn drop(&mut self) {
-        self.kill9();
+        match &mut self.run {
+            Run::Process(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Run::InProcess { stop, .. } => {
+                if let Some(stop) = stop.take() {
+                    let _ = stop.send(());
+                }
+            }
+        }
     }
+}
+
+/// The vallumd this package built (`CARGO_BIN_EXE_vallumd`) as [`command_of`] starts it.
+pub fn command() -> Command {
+    command_of(Path::new(env!("CARGO_BIN_EXE_vallumd")))
+}
+
+/// The start of every vallumd command line of the tests: `bin --listen 127.0.0.1:0
+/// --metrics-listen 127.0.0.1:0`, without `VALLUM_DB` from the test's environment. A test
+/// adds `--db` and its flags, then hands it to [`Daemon::spawn`] or runs it to its exit (a
+/// refusal at startup: `.output()`).
+pub fn command_of(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .env_remove("VALLUM_DB");
+    cmd
 }
 
 /// The flags a test's vallumd gets unless `extra` has them: `--insecure-no-auth` (anonymous
@@ -238,87 +406,6 @@ async fn serving_now(channel: &Channel) -> bool {
         })
         .await;
     matches!(r, Ok(ref r) if r.get_ref().status == ServingStatus::Serving as i32)
-}
-
-/// vallumd run in this process (`server::run_with`) with the hooks a test gives it, e.g. a
-/// [`vallum_server::control::pipeline::confirm_clock::ManualWallClock`]. Stopped on [`InProcess::stop`]
-/// or when the test's runtime ends.
-pub struct InProcess {
-    pub addr: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<vallum_server::error::Result<vallum_server::Summary>>,
-}
-
-impl InProcess {
-    /// Starts vallumd with `--listen 127.0.0.1:PORT --metrics-listen 127.0.0.1:0 --db DB
-    /// --cores 2`, `extra` flags and `hooks`, and waits until it is SERVING. PORT is a free
-    /// port picked here; when another process takes it first, starts again on another.
-    pub async fn start(
-        db: &Path,
-        extra: &[&str],
-        hooks: vallum_server::control::hooks::Hooks,
-    ) -> Self {
-        for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port();
-            let addr = format!("127.0.0.1:{port}");
-            let mut args = vec!["vallumd", "--listen", &addr, "--cores", "2"];
-            args.extend(["--metrics-listen", "127.0.0.1:0", "--db"]);
-            let db = db.to_str().expect("a UTF-8 path");
-            args.push(db);
-            args.extend(harness_flags(extra));
-            args.extend_from_slice(extra);
-            let config = vallum_server::Config::from_args(args).expect("flags");
-            let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(vallum_server::server::run_with(
-                config,
-                hooks.clone(),
-                async {
-                    let _ = rx.await;
-                },
-            ));
-            // Until SERVING, or the server ended (it could not bind, or failed to start).
-            let channel = Channel::from_shared(format!("http://{addr}"))
-                .expect("url")
-                .connect_lazy();
-            let until = tokio::time::Instant::now() + PATIENCE;
-            while tokio::time::Instant::now() < until {
-                if task.is_finished() {
-                    break;
-                }
-                if serving_now(&channel).await {
-                    return InProcess { addr, stop, task };
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            assert!(
-                task.is_finished(),
-                "in-process vallumd never became SERVING"
-            );
-            match join(task).await {
-                Err(e) if e.to_string().contains("bind") => continue,
-                r => panic!("in-process vallumd did not start: {r:?}"),
-            }
-        }
-        panic!("in-process vallumd: no free port after 5 tries");
-    }
-
-    pub async fn channel(&self) -> Channel {
-        connect(&self.addr).await
-    }
-
-    pub async fn rulesets(&self) -> RulesetServiceClient<Channel> {
-        RulesetServiceClient::new(self.channel().await).max_decoding_message_size(64 << 20)
-    }
-
-    /// Stops it as SIGTERM would and waits until it has ended.
-    pub async fn stop(self) {
-        let InProcess { stop, task, .. } = self;
-        let _ = stop.send(());
-        join(task).await.expect("vallumd ends cleanly");
-    }
 }
 
 /// `../shared/data` next to the workspace (or `$VALLUM_SHARED_DATA`), when present.
