@@ -49,8 +49,15 @@ use crate::grpc::tls;
 use crate::host::sources::Sources;
 use crate::telemetry::metrics::Metrics;
 
+pub mod supervisor;
+
+use supervisor::{Stage, Supervisor};
+
 /// How often the store deletes expired idempotency keys and old audit records.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How long each task (a listener's drain, a loop's abort) may take to end at shutdown.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// The gRPC service names health reports on (besides "").
 pub const SERVICES: [&str; 6] = [
@@ -166,6 +173,9 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary> {
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+    // Every background task and listener; stopped in order at shutdown (or aborted when a
+    // start step fails and this is dropped).
+    let mut tasks = Supervisor::new(STOP_GRACE);
     let engine = Arc::new(Engine::new(
         EngineConfig {
             cores: config.cores.max(1),
@@ -187,7 +197,9 @@ pub async fn run_with(
     let tokens = config.auth.load()?;
     config.auth.check_listen(&tokens, config.listen)?;
     let auth = crate::grpc::auth::AuthLayer::with_policy(tokens, config.auth.local_policy()?);
-    let token_reload = spawn_token_reload(auth.reloader(), config.auth.clone());
+    if let Some(t) = spawn_token_reload(auth.reloader(), config.auth.clone()) {
+        tasks.adopt_loop("token reload", t);
+    }
     let tls = tls::server_config(&config.tls)?;
 
     let store = crate::control::store::Store::open(&config.db)
@@ -216,13 +228,17 @@ pub async fn run_with(
         .map(|r| r.with_kernel_tables(&config.kernel_tables.kernel_tables)),
     );
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
-    let local_addrs = match crate::host::local_addrs::start(
+    match crate::host::local_addrs::start(
         pipeline.sets().node_addrs().clone(),
         config.local_addresses.as_ref(),
         config.routes.as_ref(),
         config.local_addresses_refresh,
     ) {
-        Ok(task) => task,
+        Ok(task) => {
+            if let Some(t) = task {
+                tasks.adopt_loop("local addresses refresh", t);
+            }
+        }
         Err(e) => {
             store.close().await;
             return Err(Error::Startup {
@@ -230,7 +246,7 @@ pub async fn run_with(
                 message: format!("{e}; give the node's addresses with --local-addresses"),
             });
         }
-    };
+    }
     let events = crate::telemetry::events::Events::start()
         .map_err(|e| Error::Internal(format!("spawn the events thread: {e}")))?;
     metrics.observe_events(events.clone());
@@ -278,6 +294,16 @@ pub async fn run_with(
         .await?;
     stdout_line(format_args!("metrics on {}", metrics_server.local_addr));
     tracing::info!(addr = %metrics_server.local_addr, "metrics on");
+    let metrics_drain = tasks.drain(Stage::Metrics);
+    tasks.spawn_drained("metrics listener", Stage::Metrics, async move {
+        metrics_drain.signalled().await;
+        let _ = metrics_stop_tx.send(());
+        match metrics_server.task.await {
+            Ok(served) => served.map_err(|e| e.to_string()),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(e.to_string()),
+        }
+    });
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -294,7 +320,6 @@ pub async fn run_with(
         tracing::info!(path = %l.path.display(), "local socket on");
     }
 
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // Caps, deadlines and buffered bytes of the connections (`crate::grpc::connections`); the
     // HTTP/2 settings below bound what one connection may hold.
     let connections = crate::grpc::connections::Connections::new(&config.connections);
@@ -351,25 +376,23 @@ pub async fn run_with(
     }
     let routes = routes.routes();
     let layer = hooks::rpc_layer(&config, &metrics, auth);
-    let (local_stop_tx, local_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let local_server = local
-        .as_mut()
-        .and_then(|l| l.listener.take())
-        .map(|listener| {
-            let serve = tonic::transport::Server::builder()
-                .http2_max_header_list_size(crate::grpc::connections::MAX_HEADER_LIST_BYTES)
-                .max_concurrent_streams(crate::grpc::connections::MAX_CONCURRENT_STREAMS)
-                .layer(connections.layer(max))
-                .layer(layer.clone())
-                .add_routes(routes.clone())
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    async {
-                        let _ = local_stop_rx.await;
-                    },
-                );
-            tokio::spawn(serve)
+    if let Some(listener) = local.as_mut().and_then(|l| l.listener.take()) {
+        let drain = tasks.drain(Stage::Listeners);
+        let serve = tonic::transport::Server::builder()
+            .http2_max_header_list_size(crate::grpc::connections::MAX_HEADER_LIST_BYTES)
+            .max_concurrent_streams(crate::grpc::connections::MAX_CONCURRENT_STREAMS)
+            .layer(connections.layer(max))
+            .layer(layer.clone())
+            .add_routes(routes.clone())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                drain.signalled(),
+            );
+        tasks.spawn_drained("local socket listener", Stage::Listeners, async move {
+            serve.await.map_err(|e| e.to_string())
         });
+    }
+    let drain = tasks.drain(Stage::Listeners);
     let grpc = builder
         .layer(connections.layer(max))
         .layer(layer)
@@ -379,11 +402,11 @@ pub async fn run_with(
             // algorithm holds the last segment of a large request or reply until the peer's
             // delayed ACK, ~40 ms on Linux.
             connections.incoming(listener),
-            async {
-                let _ = stop_rx.await;
-            },
+            drain.signalled(),
         );
-    let server = tokio::spawn(grpc);
+    tasks.spawn_drained("grpc listener", Stage::Listeners, async move {
+        grpc.await.map_err(|e| e.to_string())
+    });
 
     // Load the stored state, then SERVING.
     if let Some(d) = config.load_delay {
@@ -402,8 +425,7 @@ pub async fn run_with(
                 )
             })
             .collect();
-        let _ = stop_tx.send(());
-        let _ = metrics_stop_tx.send(());
+        tasks.shutdown().await;
         store.close().await;
         return Err(Error::Startup {
             code: crate::Reason::ActiveRevisionNotLoaded.info().name,
@@ -418,15 +440,16 @@ pub async fn run_with(
     // The kernel tables of what loaded (`--kernel-tables`), before SERVING: a crash between
     // a commit's store write and its kernel write is mended here.
     if let Err(e) = pipeline.sync_kernel_tables().await {
-        let _ = stop_tx.send(());
-        let _ = metrics_stop_tx.send(());
+        tasks.shutdown().await;
         store.close().await;
         return Err(Error::Startup {
             code: e.reason().info().name,
             message: format!("refusing to start: {e}"),
         });
     }
-    let kernel_checks = kernel_tables.as_ref().map(|k| k.spawn_checks());
+    if let Some(k) = &kernel_tables {
+        tasks.adopt_loop("kernel table checks", k.spawn_checks());
+    }
     if config.fleet.enabled() {
         // Before SERVING: a fleet-owned ruleset is refused to local callers from the start.
         state
@@ -465,13 +488,25 @@ pub async fn run_with(
     for s in SERVICES {
         reporter.set_service_status(s, ServingStatus::Serving).await;
     }
-    let load_health = spawn_load_health(&pipeline, reporter.clone());
+    tasks.adopt_loop(
+        "load health",
+        spawn_load_health(&pipeline, reporter.clone()),
+    );
     hooks.observer.on_start(&engine, &config);
-    let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
-    let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
-    let set_gc = pipeline.spawn_set_gc(crate::control::pipeline::sets::SET_GC_INTERVAL);
+    tasks.adopt_loop(
+        "confirm timer",
+        pipeline.spawn_confirm_timer(config.confirm_check_interval),
+    );
+    tasks.adopt_loop(
+        "conntrack gc",
+        spawn_conntrack_gc(engine.clone(), clock.clone(), &config),
+    );
+    tasks.adopt_loop(
+        "set gc",
+        pipeline.spawn_set_gc(crate::control::pipeline::sets::SET_GC_INTERVAL),
+    );
     // Expired idempotency keys and old audit records (--idempotency-ttl, --audit-*).
-    let prune = pipeline.store().spawn_prune(PRUNE_INTERVAL);
+    tasks.adopt_loop("store prune", pipeline.store().spawn_prune(PRUNE_INTERVAL));
     let sources = Sources::start(
         engine.clone(),
         &config.packet_source(),
@@ -482,8 +517,8 @@ pub async fn run_with(
     )?;
     metrics.observe_nfqueue(sources.nfqueue_counters());
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
-    let agent = fleet.map(|(etcd, node)| {
-        Agent::new(
+    if let Some((etcd, node)) = fleet {
+        let agent = Agent::new(
             etcd,
             Arc::new(PipelineLocal(pipeline.clone())),
             state.owners.clone(),
@@ -493,8 +528,9 @@ pub async fn run_with(
             config.fleet.lease_ttl(),
             FleetStats::new(&metrics),
         )
-        .spawn()
-    });
+        .spawn();
+        tasks.adopt_loop("fleet agent", agent);
+    }
 
     match config.exit_after {
         Some(d) => {
@@ -523,34 +559,16 @@ pub async fn run_with(
             Err(e) => tracing::warn!(error = %e, "conntrack: not saved: {e}"),
         }
     }
-    load_health.abort();
-    if let Some(a) = agent {
-        a.abort();
-    }
-    timer.abort();
-    // The kernel tables stay as written (NAT of running flows keeps working while vallumd
-    // restarts); the next start writes them again.
-    if let Some(k) = kernel_checks {
-        k.abort();
-    }
-    conntrack_gc.abort();
-    set_gc.abort();
-    prune.abort();
-    if let Some(t) = token_reload {
-        t.abort();
-    }
-    if let Some(t) = local_addrs {
-        t.abort();
-    }
-    let _ = stop_tx.send(());
-    let _ = local_stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    if let Some(t) = local_server {
-        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-    }
+    // The loops, then the listeners (the calls in flight end), then /metrics; each task's
+    // end is reported (faults logged as errors). The kernel tables stay as written (NAT of
+    // running flows keeps working while vallumd restarts); the next start writes them again.
+    let stopped = tasks.shutdown().await;
     drop(local);
-    let _ = metrics_stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), metrics_server.task).await;
+    tracing::info!(
+        tasks = stopped.len(),
+        faults = stopped.iter().filter(|r| r.is_fault()).count(),
+        "tasks stopped"
+    );
     if let Err(e) = metrics.shutdown() {
         tracing::warn!(error = %e, "metrics shutdown failed");
     }
