@@ -153,7 +153,7 @@ impl Daemon {
     pub async fn in_process(
         db: &Path,
         extra: &[&str],
-        hooks: vallum_server::hooks::Hooks,
+        hooks: vallum_server::control::hooks::Hooks,
     ) -> Daemon {
         let free = || {
             std::net::TcpListener::bind("127.0.0.1:0")
