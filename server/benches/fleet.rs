@@ -25,7 +25,7 @@
 //! Agents have one etcd client (one HTTP/2 connection) each, as vallumd nodes do;
 //! `VALLUM_FLEET_BENCH_PER_CONNECTION=50` shares one per 50.
 
-#[path = "../tests/support/etcd.rs"]
+#[path = "../tests/it/support/etcd.rs"]
 mod etcd_server;
 
 // vallumd's allocator, so the agents allocate as they do there.

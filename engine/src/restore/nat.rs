@@ -3,16 +3,16 @@
 //! libxt_MASQUERADE / libxt_REDIRECT / libxt_NETMAP read them, and written back in
 //! iptables-save's form:
 //!
-//! - `DNAT`: `--to-destination [ADDR[-ADDR]][:PORT[-PORT[/BASE]]]` (once; IPv6 addresses in
-//!   brackets when a port follows), `--random`, `--persistent`;
-//! - `SNAT`: `--to-source` as DNAT's (no `/BASE`), `--random`, `--random-fully`,
+//! - `DNAT`: `--to-destination [ADDR[-ADDR]][:PORT[-PORT[/BASE]]]` (required, once; IPv6
+//!   addresses in brackets when a port follows), `--random`, `--persistent`;
+//! - `SNAT`: `--to-source` as DNAT's (required; no `/BASE`), `--random`, `--random-fully`,
 //!   `--persistent`;
 //! - `MASQUERADE`: `--to-ports PORT[-PORT]`, `--random`, `--random-fully`;
 //! - `REDIRECT`: `--to-ports PORT[-PORT]`, `--random`;
 //! - `NETMAP`: `--to ADDR[/LEN]` (required).
 //!
 //! Ports need `-p` tcp, udp, sctp, dccp or udplite; a port is a number 0-65535 or a service
-//! name, printed as its number; a range whose ends are equal is printed as one port. A flag
+//! name, printed as its number (the ends of a range are numbers; BASE may be a name); a range whose ends are equal is printed as one port. A flag
 //! takes no argument (`--random @@` is refused), no option may be negated or repeated, and an
 //! option the target does not have is refused. Every error is located at the target's name.
 
@@ -38,11 +38,15 @@ pub(super) fn check_target(
     ctx: &Ctx<'_>,
 ) -> Result<(), ParseError> {
     let (values, flags, required): (&[&str], &[&str], Option<&str>) = match name {
-        "DNAT" => (&["--to-destination"], &["--random", "--persistent"], None),
+        "DNAT" => (
+            &["--to-destination"],
+            &["--random", "--persistent"],
+            Some("--to-destination"),
+        ),
         "SNAT" => (
             &["--to-source"],
             &["--random", "--random-fully", "--persistent"],
-            None,
+            Some("--to-source"),
         ),
         "MASQUERADE" => (&["--to-ports"], &["--random", "--random-fully"], None),
         "REDIRECT" => (&["--to-ports"], &["--random"], None),
@@ -118,14 +122,20 @@ fn port_range(s: &str, with_base: bool) -> Result<String, String> {
         Some(_) => return Err(format!("'{s}': a port range takes no /BASE here")),
         None => (s, None),
     };
-    // A service name may hold a '-' (`ftp-data`): read the whole first.
+    // A service name may hold a '-' (`ftp-data`): read the whole first. The ends of a range
+    // are numbers (iptables 1.8.9: "Port `ssh' not valid" for `10-ssh`).
     let (lo, hi) = match port(range) {
         Ok(p) => (p, p),
         Err(_) => {
+            let number = |p: &str| {
+                parse_uint(p, 65535)
+                    .map(|v| v as u16)
+                    .ok_or_else(|| format!("port '{p}' not valid (a range takes numbers)"))
+            };
             let (a, b) = range
                 .split_once('-')
                 .ok_or_else(|| format!("'{range}' is not a port or port range"))?;
-            (port(a)?, port(b)?)
+            (number(a)?, number(b)?)
         }
     };
     if lo > hi {
@@ -293,6 +303,9 @@ mod tests {
             "-j DNAT --to-destination 1.1.1.1:80",
             "-j SNAT --to-source 1.1.1.1 --bogus",
             "-p tcp -j REDIRECT --to-ports 65536",
+            "-p tcp -j REDIRECT --to-ports 10-ssh",
+            "-p tcp -j DNAT --to-destination 1.1.1.1:echo-ssh",
+            "-j DNAT",
             "-j NETMAP",
         ] {
             let e = parse(&text(bad), &ParseOptions::default()).expect_err(bad);

@@ -15,7 +15,8 @@
 //! - `-j MARK`: `--set-xmark V/M` for `--set-mark`, `--and-mark`, `--or-mark`, `--xor-mark`;
 //! - `-j CONNMARK`: `--set-xmark V/M` likewise; `--save-mark` / `--restore-mark` with both
 //!   `--nfmask` and `--ctmask` (`--mask M` sets both, defaults all ones);
-//! - `-j CLASSIFY --set-class MAJOR:MINOR`: `%04x:%04x`.
+//! - `-j CLASSIFY --set-class MAJOR:MINOR`: `%04x:%04x`;
+//! - `-m policy`: libxt_policy's grammar and save order (`opaque/policy.rs`).
 //!
 //! An option list that does not fit the extension's grammar is an error located at the
 //! extension's name (the option tokens are not kept); an option not listed here is kept as
@@ -23,6 +24,7 @@
 
 use crate::model::{ConnmarkTarget, MarkValue, Match, Neg, OpaqueOption, Target};
 
+mod policy;
 mod stored;
 pub(crate) use stored::QUOTED;
 
@@ -113,6 +115,9 @@ pub(crate) fn canonical_match(
     let bad = |reason: String| option_error(ctx, token, name, reason);
     if stored::MATCHES.contains(&name) {
         return stored::canonical_match(name, options, token, ctx, &bad);
+    }
+    if name == "policy" {
+        return policy::policy(options, token, ctx, &bad);
     }
     match name {
         "statistic" => statistic(options, &bad),

@@ -4,7 +4,7 @@
 //! ([`Outcome::label`]), `CommitEvent.outcome` of WatchCommits (`COMMIT_OUTCOME_` +
 //! [`Outcome::as_str`]), the runbook (docs/operations.md, "Commit outcomes") and the alert
 //! rules (deploy/prometheus/vallum-rules.yaml: VallumCommitFailures fires on the outcomes
-//! whose [`Outcome::is_failure`] is true). `server/tests/deploy.rs` keeps them in step.
+//! whose [`Outcome::is_failure`] is true). `server/tests/it/deploy.rs` keeps them in step.
 //!
 //! | outcome | what happened | the active revision |
 //! |---|---|---|

@@ -357,7 +357,7 @@ impl Scraper {
 mod tests {
     use super::*;
 
-    /// Captured on Linux 6.18 (`server/tests/nfqueue_overload.rs`, fail-closed with
+    /// Captured on Linux 6.18 (`server/tests/it/nfqueue_overload.rs`, fail-closed with
     /// `--queue-maxlen 64` after its flood): vallumd's queues 0 and 1; the third line, a queue 7
     /// of another consumer in metadata mode (copy mode 1, range 0), is written by hand in the
     /// same format.

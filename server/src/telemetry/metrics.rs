@@ -53,7 +53,7 @@
 //!   push path (and a Prometheus feature flag); the deployment (ServiceMonitor, the alerts'
 //!   `up{job="vallum"}`) scrapes. OTLP stays available for those who want it (feature `otlp`).
 //!
-//! The test `server/tests/prometheus_server.rs` has a real Prometheus scrape vallumd and
+//! The test `server/tests/it/prometheus_server.rs` has a real Prometheus scrape vallumd and
 //! evaluates every dashboard query and alert expression, so a format or name slip fails there.
 //!
 //! ## The barrier histogram

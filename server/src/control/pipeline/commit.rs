@@ -306,9 +306,16 @@ impl Pipeline {
         let commit_span = span.clone();
         let published = tokio::task::spawn_blocking(move || {
             let publishing = tracing::info_span!(parent: &commit_span, "publish");
-            let published = publishing.in_scope(|| engine.publish(prepared));
+            // The quiesce child is placed while `publish` is still entered, so that it ends
+            // before its parent does (the parent's end is taken when it is left).
+            let published = publishing.in_scope(|| {
+                let published = engine.publish(prepared);
+                if let Ok(c) = &published {
+                    quiesce_span(&publishing, &c.report);
+                }
+                published
+            });
             published.map(|c| {
-                quiesce_span(&publishing, &c.report);
                 // Free the old snapshot off the async workers, and after the reply: no core
                 // reads it any more (publish waited for them).
                 let retired = c.retired;

@@ -1,6 +1,6 @@
 //! The NFQUEUE packet source (Linux): worker k binds nfnetlink_queue number `first + k`, reads
 //! up to [`BATCH`] queued packets per `recvmmsg(2)`, classifies them with one
-//! `EngineWorker::process_batch` and answers them all with one `sendto(2)` of verdict messages
+//! `EngineWorker::process` and answers them all with one `sendto(2)` of verdict messages
 //! (`NFQNL_MSG_VERDICT_BATCH` per run of equal verdicts).
 //!
 //! What the kernel tells us becomes the [`PacketMeta`]: the IP packet (NFQUEUE hands it from
@@ -1024,14 +1024,14 @@ mod linux {
                 return;
             }
             // The IP packets themselves go along for `-m string`.
-            let (_, range) = worker.process_batch_copied(
-                &mut self.packets[..k],
-                &headers[..k],
-                &self.cut[..k],
-                &mut self.verdicts[..k],
-                &mut self.skipped[..k],
-                now,
-            );
+            let batch = vallum_engine::engine::Batch {
+                packets: &mut self.packets[..k],
+                verdicts: &mut self.verdicts[..k],
+                bytes: &headers[..k],
+                cut: &self.cut[..k],
+                skipped: &mut self.skipped[..k],
+            };
+            let (_, range) = worker.process(batch, now);
             let disagreed = self.packets[..k]
                 .iter()
                 .zip(&self.kernel_ct[..k])

@@ -43,7 +43,7 @@ pub(super) fn render(rm: &ResourceMetrics, extra: Vec<(Family, &'static str)>) -
          metric_reference_is_docs_metrics_md`, which fails when this file differs; regenerate \
          it with\n\
          \n\
-         ```sh\n\
+         ```sh no-run=build\n\
          VALLUM_BLESS=1 cargo test -p vallum-server --lib metric_reference\n\
          ```\n\
          \n\

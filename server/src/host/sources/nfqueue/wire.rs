@@ -857,7 +857,7 @@ mod tests {
     fn builds_the_bytes_the_kernel_accepted() {
         // The captured binds with NFQA_CFG_F_UID_GID (8) and NFQA_CFG_F_GSO (4) added to the
         // flags and the mask (the last bytes of NFQA_CFG_FLAGS and NFQA_CFG_MASK), as vallumd
-        // binds now; the kernel accepts it (server/tests/nfqueue.rs binds so, step (l) reads
+        // binds now; the kernel accepts it (server/tests/it/nfqueue.rs binds so, step (l) reads
         // the uid).
         let uid_gid = |s: &str| {
             let mut v = hex(s);
