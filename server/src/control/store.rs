@@ -14,8 +14,8 @@
 //!
 //! By what it stores: rulesets, revisions and commits here (this file: the rows, the commit
 //! transaction and the reads), revision texts as content-addressed chunks in [`chunks`], named
-//! sets in [`sets`], the audit log, idempotency keys and load failures in [`audit`] (with
-//! their [`Retention`]), the schema in [`migrate`].
+//! sets in [`sets`], the audit log, idempotency keys and load failures in `audit` (with
+//! their [`Retention`]), the schema in `migrate`.
 
 use std::path::Path;
 use std::str::FromStr;
