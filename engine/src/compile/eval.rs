@@ -750,7 +750,7 @@ impl Snapshot {
     /// `-m limit`), counting every matched rule and applied policy in that core's counters and
     /// handing `-j LOG` hits to `logs` ([`LogSink`]). `packet.ct_state` becomes UNTRACKED when
     /// a raw-table NOTRACK rule matched. Allocates nothing, unless the sink does
-    /// (`Vec<LogEvent>` does; [`LogRing`](super::LogRing) does not).
+    /// (`Vec<LogEvent>` does; [`LogRing`] does not).
     ///
     /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
     #[inline]
