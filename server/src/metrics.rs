@@ -821,7 +821,7 @@ impl Metrics {
     }
 
     /// The metric reference (docs/metrics.md): every family collected now, with its type,
-    /// unit, label names and help, as a Markdown table ([`reference`](mod@reference)). Fails only after
+    /// unit, label names and help, as a Markdown table (module `reference`). Fails only after
     /// [`Metrics::shutdown`].
     pub fn reference(&self) -> Result<String, MetricsError> {
         let mut rm = ResourceMetrics::default();
