@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vallum_engine::compile::{CLASSIFY_BATCH, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::sets::NoSets;
 
 #[path = "support/classbench.rs"]
@@ -138,7 +139,15 @@ fn ours_mpps(snap: &Snapshot, packets: &[vallum_engine::packet::PacketMeta]) -> 
         for chunk in packets.chunks(CLASSIFY_BATCH) {
             buf.clear();
             buf.extend_from_slice(chunk);
-            let n = snap.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs);
+            let n = snap.classify_batch(
+                0,
+                &mut buf,
+                &mut verdicts,
+                0,
+                &mut logs,
+                &[],
+                &mut NoTracking,
+            );
             accepted += verdicts[..n]
                 .iter()
                 .filter(|&&v| v == Verdict::Accept)

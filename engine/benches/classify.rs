@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use vallum_engine::compile::{CLASSIFY_BATCH, Classifier, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::Ruleset;
 use vallum_engine::sets::NoSets;
 
@@ -178,7 +179,15 @@ fn bench(c: &mut Criterion) {
                     for chunk in packets.chunks(CLASSIFY_BATCH) {
                         buf.clear();
                         buf.extend_from_slice(chunk);
-                        let n = snap.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs);
+                        let n = snap.classify_batch(
+                            0,
+                            &mut buf,
+                            &mut verdicts,
+                            0,
+                            &mut logs,
+                            &[],
+                            &mut NoTracking,
+                        );
                         accepted += verdicts[..n]
                             .iter()
                             .filter(|&&v| v == Verdict::Accept)

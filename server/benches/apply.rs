@@ -25,7 +25,7 @@ mod classbench;
 // vallumd's allocator and its settings (server/src/allocator.rs), so the in-process server
 // runs as in vallumd.
 #[global_allocator]
-static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc = vallum_server::host::allocator::MiMalloc;
 // The tests' vallumd harness: `Daemon::in_process` on this bench's runtime.
 #[path = "../tests/it/support/vallumd.rs"]
 mod vallumd;
@@ -64,7 +64,7 @@ fn bench(c: &mut Criterion) {
         .expect("runtime");
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = tmp.path().join("bench.db");
-    vallum_server::allocator::keep_freed_memory();
+    vallum_server::host::allocator::keep_freed_memory();
     let server = rt.block_on(vallumd::Daemon::in_process(&db, &[], Default::default()));
     let port = server.port();
     let mut client = rt.block_on(async {

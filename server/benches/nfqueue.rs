@@ -71,13 +71,14 @@ use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Policy, Ruleset, Target};
 use vallum_engine::restore::{PrintOptions, print};
 use vallum_engine::sets::NoSets;
-use vallum_server::events::Events;
-use vallum_server::pipeline::MonotonicClock;
-use vallum_server::sources::nfqueue;
+use vallum_server::control::pipeline::MonotonicClock;
+use vallum_server::host::sources::nfqueue;
+use vallum_server::telemetry::events::Events;
 
 // vallumd's allocator, as in vallumd.
 #[global_allocator]
-static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
 
 const FW: &str = "vnfqb-fw";
 const SND: &str = "vnfqb-snd";

@@ -17,7 +17,7 @@
 // vallumd's allocator and its settings (server/src/allocator.rs), so the in-process server
 // runs as in vallumd.
 #[global_allocator]
-static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc = vallum_server::host::allocator::MiMalloc;
 // The tests' vallumd harness: `Daemon::in_process` on this bench's runtime.
 #[path = "../tests/it/support/vallumd.rs"]
 mod vallumd;
@@ -41,7 +41,7 @@ fn hosts(n: usize, offset: usize) -> Vec<pb::SetElement> {
 }
 
 fn start(rt: &tokio::runtime::Runtime, db: &std::path::Path) -> vallumd::Daemon {
-    vallum_server::allocator::keep_freed_memory();
+    vallum_server::host::allocator::keep_freed_memory();
     let max = MAX_REQUEST.to_string();
     let flags = ["--max-request-bytes", max.as_str()];
     rt.block_on(vallumd::Daemon::in_process(db, &flags, Default::default()))

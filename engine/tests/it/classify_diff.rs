@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::Target;
 use vallum_engine::sets::NoSets;
 
@@ -229,13 +230,29 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
         let mut buf = chunk.to_vec();
         let mut verdicts = vec![Verdict::Accept; buf.len()];
         assert_eq!(
-            batched.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs),
+            batched.classify_batch(
+                0,
+                &mut buf,
+                &mut verdicts,
+                0,
+                &mut logs,
+                &[],
+                &mut NoTracking
+            ),
             chunk.len()
         );
         let mut buf = chunk.to_vec();
         let mut verdicts_rfc = vec![Verdict::Accept; buf.len()];
         assert_eq!(
-            batched_rfc.classify_batch(0, &mut buf, &mut verdicts_rfc, 0, &mut logs),
+            batched_rfc.classify_batch(
+                0,
+                &mut buf,
+                &mut verdicts_rfc,
+                0,
+                &mut logs,
+                &[],
+                &mut NoTracking
+            ),
             chunk.len()
         );
         for (i, p) in chunk.iter().enumerate() {

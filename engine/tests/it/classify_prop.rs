@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
+use vallum_engine::conntrack::Track;
 use vallum_engine::model::IpNet;
 use vallum_engine::model::{Family, Hook, ct_state, ipv6_ext};
 use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
@@ -440,6 +441,26 @@ fn render_with_forward(rules: &[Vec<RuleSpec>], policy_drop: bool, v6: bool) -> 
 
 /// The state `after_raw` gives a packet: not the one it came with, so a `--ctstate` rule
 /// must be decided after the batch probe.
+/// The conntrack step of the property below: sets a `ct_state` (and `ct_mark`) from the
+/// packet between the raw and the filter chains, and counts the verdicts it is told.
+#[derive(Default)]
+struct SetState {
+    decided: usize,
+}
+
+impl Track<'_> for SetState {
+    fn lookup(&mut self, p: &mut PacketMeta, _: u64) -> Option<Verdict> {
+        p.ct_state = tracked_state(p);
+        p.ct_mark = u32::from(p.sport % 4);
+        None
+    }
+
+    fn decided(&mut self, _: &mut PacketMeta, v: Verdict, _: u64) -> Verdict {
+        self.decided += 1;
+        v
+    }
+}
+
 fn tracked_state(p: &PacketMeta) -> u8 {
     match (p.sport ^ p.dport) % 3 {
         0 => ct_state::NEW,
@@ -451,8 +472,8 @@ fn tracked_state(p: &PacketMeta) -> u8 {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
-    /// `classify_batch_split` (batched index probes) gives, packet by packet, what
-    /// `classify_split` gives, on one snapshot holding an IPv4 and an IPv6 ruleset, with
+    /// `classify_batch` (batched index probes) gives, packet by packet, what it gives one
+    /// packet at a time without the batched probe (and what the linear walk gives), on one snapshot holding an IPv4 and an IPv6 ruleset, with
     /// packets of both families at INPUT (policy from the case) and FORWARD (ACCEPT), a
     /// `ct_state` changed between the raw and the filter chains, a moving clock for `-m limit`,
     /// and batches cut at odd sizes. Verdicts, the packets' `ct_state`, LOG events and counters
@@ -478,7 +499,8 @@ proptest! {
         }
         let linear = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::Linear)
             .expect("compiles");
-        let single = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: 0 })
+        // Indexed, never probed in batches: every query is the per-packet lookup.
+        let single = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: usize::MAX, rfc_min_rules: 0, rfc_max_rules: 0 })
             .expect("compiles");
         // RFC tables on the IPv4 chains (never probed in batches), batched probes on the IPv6 ones.
         let batched = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: RFC_MAX_RULES })
@@ -490,11 +512,6 @@ proptest! {
                 ..packet(s, *v6)
             })
             .collect();
-        let split = |p: &mut PacketMeta| {
-            p.ct_state = tracked_state(p);
-            p.ct_mark = u32::from(p.sport % 4);
-            None
-        };
         let (mut logs_l, mut logs_s, mut logs_b) = (Vec::new(), Vec::new(), Vec::new());
         // Batches of `cut` packets, each batch at its own time (500 ms apart, so `-m limit`
         // refills between some batches and not within one).
@@ -502,17 +519,19 @@ proptest! {
             let t = c as u64 * 500_000_000;
             let mut buf = chunk.to_vec();
             let mut verdicts = vec![Verdict::Accept; buf.len()];
-            let mut decided = 0;
-            let n = batched.classify_batch_split(0, &mut buf, &mut verdicts, t, &mut logs_b, split, |_, v| {
-                decided += 1;
-                v
-            });
+            let mut track = SetState::default();
+            let n = batched.classify_batch(0, &mut buf, &mut verdicts, t, &mut logs_b, &[], &mut track);
             prop_assert_eq!(n, chunk.len());
-            prop_assert_eq!(decided, chunk.len());
+            prop_assert_eq!(track.decided, chunk.len());
             for (i, p) in chunk.iter().enumerate() {
                 let (mut a, mut b) = (*p, *p);
-                let vl = linear.classify_split(0, &mut a, t, &mut logs_l, split);
-                let vs = single.classify_split(0, &mut b, t, &mut logs_s, split);
+                let one = |snap: &Snapshot, p: &mut PacketMeta, logs: &mut Vec<_>| {
+                    let mut v = [Verdict::Accept];
+                    snap.classify_batch(0, std::slice::from_mut(p), &mut v, t, logs, &[], &mut SetState::default());
+                    v[0]
+                };
+                let vl = one(&linear, &mut a, &mut logs_l);
+                let vs = one(&single, &mut b, &mut logs_s);
                 prop_assert_eq!(vs, vl, "packet {:?}", p);
                 prop_assert_eq!(verdicts[i], vl, "packet {:?}", p);
                 prop_assert_eq!(b.ct_state, a.ct_state);

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
 use vallum_engine::compile::{Classifier, Snapshot, Verdict};
-use vallum_engine::conntrack::ConntrackConfig;
+use vallum_engine::conntrack::{ConntrackConfig, NoTracking};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, SYN};
@@ -213,7 +213,15 @@ fn every_tuple_option_agrees_in_both_classifiers() {
     assert!(n > batch.len(), "some options matched");
     let mut verdicts = vec![Verdict::Accept; batch.len()];
     let mut logs = Vec::new();
-    indexed.classify_batch(0, &mut batch, &mut verdicts, 0, &mut logs);
+    indexed.classify_batch(
+        0,
+        &mut batch,
+        &mut verdicts,
+        0,
+        &mut logs,
+        &[],
+        &mut NoTracking,
+    );
     for (p, v) in batch.iter().zip(&verdicts) {
         assert_eq!(*v, linear.trace(p, 0).verdict, "{p:?}");
     }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use vallum_engine::compile::{Classifier, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::{Family, Hook, Ruleset};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::parse_ruleset;
@@ -207,7 +208,15 @@ impl Both {
             .map(|s| s.classify(0, &mut p.clone(), now, &mut Vec::new()))
             .collect();
         let mut batch = [Verdict::Accept];
-        self.0[2].classify_batch(0, &mut [*p], &mut batch, now, &mut Vec::new());
+        self.0[2].classify_batch(
+            0,
+            &mut [*p],
+            &mut batch,
+            now,
+            &mut Vec::new(),
+            &[],
+            &mut NoTracking,
+        );
         v.push(batch[0]);
         assert_eq!(v[0], v[1], "linear and index agree on {p:?} at {now}");
         assert_eq!(v[0], v[2], "linear and batch agree on {p:?} at {now}");

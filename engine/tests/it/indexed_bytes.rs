@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use etherparse::PacketBuilder;
-use vallum_engine::compile::{BatchWith, Classifier, RFC_MAX_RULES, Snapshot, Verdict};
-use vallum_engine::conntrack::{Conntrack, ConntrackConfig};
+use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
+use vallum_engine::conntrack::{Conntrack, ConntrackConfig, Tracker};
 use vallum_engine::model::Hook;
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
@@ -70,48 +70,28 @@ fn run(snap: &Snapshot, bytes: &[Vec<u8>], batched: bool) -> Vec<Verdict> {
         .collect();
     let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
     let mut verdicts = vec![Verdict::Accept; metas.len()];
-    let with = BatchWith {
-        bytes: &slices,
-        conntrack: Some(&ct),
-    };
-    // As the engine's worker: a new entry joins the table only when its packet is accepted.
-    let pending = std::cell::Cell::new(None);
-    let track = |p: &mut PacketMeta| {
-        pending.set(ct.track_unconfirmed(p, 1).1);
-        None
-    };
-    let decided = |p: &mut PacketMeta, v: Verdict| {
-        if let (Some(u), Verdict::Accept) = (pending.take(), v) {
-            ct.confirm(u, p, 1);
-        }
-        v
-    };
+    // The engine's own tracker: a new entry joins the table only when its packet is accepted.
+    let mut track = Tracker::new(&ct);
     if batched {
-        snap.classify_batch_tracked(
+        snap.classify_batch(
             0,
             &mut metas,
             &mut verdicts,
             1,
             &mut Vec::new(),
-            with,
-            track,
-            decided,
+            &slices,
+            &mut track,
         );
     } else {
         for i in 0..metas.len() {
-            let with = BatchWith {
-                bytes: &slices[i..=i],
-                conntrack: Some(&ct),
-            };
-            snap.classify_batch_tracked(
+            snap.classify_batch(
                 0,
                 &mut metas[i..=i],
                 &mut verdicts[i..=i],
                 1,
                 &mut Vec::new(),
-                with,
-                track,
-                decided,
+                &slices[i..=i],
+                &mut track,
             );
         }
     }

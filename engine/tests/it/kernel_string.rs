@@ -1,6 +1,6 @@
 //! `-m string` against the Linux kernel: the same frames to the oracle's namespace
 //! (`oracle/kernel.rs`) and through an [`Engine`] worker with the frames' IP bytes
-//! (`process_batch_bytes`, as NFQUEUE hands them), both algorithms, `--from`/`--to` with a
+//! (`EngineWorker::process` with the packets' bytes, as NFQUEUE hands them), both algorithms, `--from`/`--to` with a
 //! pattern that ends at `to`, one that straddles it and one that starts before `from`,
 //! `--icase`, `--hex-string` inverted, an offset past the packet's end. For every packet the
 //! rules whose counters went up must be the kernel's.
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use vallum_engine::Clock;
 use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
-use vallum_engine::engine::{Change, Engine, EngineConfig};
+use vallum_engine::engine::{Batch, Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, PSH};
 use vallum_engine::model::{Family, Hook, TableKind};
 use vallum_engine::packet::parse::parse_ethernet;
@@ -133,7 +133,10 @@ fn engine_hits(packets: &[PacketSpec]) -> Vec<KernelHits> {
         let meta = parse_ethernet(&frame, base).expect("parses");
         let before = e.counters();
         let (mut ps, mut vs) = ([meta], [Verdict::Accept]);
-        w.process_batch_bytes(&mut ps, &[&frame[ETH..]], &mut vs, 1);
+        let bytes: [&[u8]; 1] = [&frame[ETH..]];
+        let mut batch = Batch::new(&mut ps, &mut vs);
+        batch.bytes = &bytes;
+        w.process(batch, 1);
         let after = e.counters();
         let mut hits = KernelHits::default();
         for (a, b) in after.iter().zip(&before) {

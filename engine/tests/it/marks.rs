@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
 use vallum_engine::compile::{Classifier, Snapshot, Verdict};
-use vallum_engine::conntrack::ConntrackConfig;
+use vallum_engine::conntrack::{ConntrackConfig, NoTracking};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, SYN};
@@ -208,7 +208,15 @@ fn felix_marks_decide_as_written_in_both_classifiers() {
     let mut batch: Vec<PacketMeta> = cases.iter().map(|c| c.0).collect();
     let mut verdicts = vec![Verdict::Accept; batch.len()];
     let mut logs = Vec::new();
-    indexed.classify_batch(0, &mut batch, &mut verdicts, 0, &mut logs);
+    indexed.classify_batch(
+        0,
+        &mut batch,
+        &mut verdicts,
+        0,
+        &mut logs,
+        &[],
+        &mut NoTracking,
+    );
     for (i, c) in cases.iter().enumerate() {
         assert_eq!((verdicts[i], batch[i].mark), (c.1, c.2), "batch case {i}");
     }
@@ -499,7 +507,15 @@ fn batch_probe_sees_marks_set_before_the_chain() {
     ];
     let mut verdicts = vec![Verdict::Accept; batch.len()];
     let mut logs = Vec::new();
-    indexed.classify_batch(0, &mut batch, &mut verdicts, 0, &mut logs);
+    indexed.classify_batch(
+        0,
+        &mut batch,
+        &mut verdicts,
+        0,
+        &mut logs,
+        &[],
+        &mut NoTracking,
+    );
     assert_eq!(verdicts, want);
     for (i, w) in want.iter().enumerate() {
         let mut p = mk([22, 80, 23, 22][i]);

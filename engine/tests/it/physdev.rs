@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use vallum_engine::compile::{Classifier, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
@@ -133,7 +134,15 @@ fn physdev_decides_by_the_bridge_ports() {
             batch.push(p);
         }
         let mut verdicts = vec![Verdict::Accept; batch.len()];
-        snap.classify_batch(0, &mut batch, &mut verdicts, 0, &mut Vec::new());
+        snap.classify_batch(
+            0,
+            &mut batch,
+            &mut verdicts,
+            0,
+            &mut Vec::new(),
+            &[],
+            &mut NoTracking,
+        );
         let want: Vec<Verdict> = cases.iter().map(|c| c.2).collect();
         assert_eq!(verdicts, want, "batch");
     }

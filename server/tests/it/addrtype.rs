@@ -132,7 +132,7 @@ async fn addrtype_follows_the_given_addresses() {
 #[tokio::test]
 async fn addrtype_reads_the_hosts_addresses() {
     #[cfg(target_os = "linux")]
-    if let Err(e) = vallum_server::local_addrs::read_host() {
+    if let Err(e) = vallum_server::host::local_addrs::read_host() {
         panic!("rtnetlink: {e}");
     }
     let dir = tempfile::tempdir().unwrap();

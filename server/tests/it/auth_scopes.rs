@@ -76,7 +76,8 @@ async fn a_scoped_token_touches_only_its_own_rulesets_and_sets() {
 
     // Another owner's ruleset (retried while the server still loads its state).
     let mut ok = false;
-    for _ in 0..400 {
+    let until = tokio::time::Instant::now() + support::PATIENCE;
+    while tokio::time::Instant::now() < until {
         match c.apply(with_token(apply_req("team-b-web", 10), ROOT)).await {
             Ok(_) => {
                 ok = true;

@@ -570,11 +570,8 @@ async fn exit_codes() {
         2
     );
     assert_eq!(vallumctl(addr, Some(TOKEN), &["--help"]).await.code, 0);
-    // Unavailable: a closed port.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    // Unavailable: a closed port (held, so no other process takes it meanwhile).
+    let (_held, closed) = closed_port();
     let r = vallumctl(closed, Some(TOKEN), &["status"]).await;
     assert_eq!(r.code, 3, "{}", r.stderr);
     assert!(r.stderr.contains("cannot connect to"), "{}", r.stderr);
@@ -1401,10 +1398,8 @@ async fn plaintext_to_a_tls_server_says_use_https() {
 async fn usage_and_size_are_decided_before_any_call() {
     let (d, dir) = real().await;
     let up = d.url();
-    let down = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
+    let (_held, down) = closed_port();
+    let down = format!("http://{down}");
     for url in [&up, &down] {
         for args in [
             &["commit", "web"][..],
@@ -1576,4 +1571,15 @@ async fn wait_waits_for_vallumd_to_start_and_load() {
         "{st}"
     );
     drop(d);
+}
+
+/// A loopback port where nothing listens, for as long as the socket returned lives: bound
+/// and never listening, so a connection is refused, and held, so that no other process (the
+/// tests of other binaries run at the same time) can take the port and answer, and no
+/// outgoing connection gets it as its source port (a TCP self-connect to a freed port).
+fn closed_port() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let s = tokio::net::TcpSocket::new_v4().expect("socket");
+    s.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let addr = s.local_addr().expect("local addr");
+    (s, addr)
 }

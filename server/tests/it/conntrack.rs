@@ -178,7 +178,7 @@ async fn list_filter_delete_flush_and_metrics() {
     let loop_packets = vallum_engine::packet::pcap::read_capture(&std::fs::read(&pcap).unwrap())
         .unwrap()
         .iter()
-        .filter(|p| p.parse(vallum_server::sources::base_packet()).is_ok())
+        .filter(|p| p.parse(vallum_server::host::sources::base_packet()).is_ok())
         .count() as u64;
     let dir = tempfile::tempdir().unwrap();
     let source = format!("pcap:{}", pcap.display());

@@ -13,7 +13,7 @@
 //!   follows the conventions (a `for:`, an absolute `runbook_url` with a runbook entry, no
 //!   hard-coded job);
 //! - commit outcomes are one vocabulary: the alert rules, the runbook's table, the dashboard and
-//!   the proto name exactly the outcomes of `vallum_server::outcome::Outcome`;
+//!   the proto name exactly the outcomes of `vallum_server::control::outcome::Outcome`;
 //! - the dashboard is Grafana JSON with a schemaVersion; every panel has a datasource, a
 //!   description for operators and a query that parses as PromQL and names a metric; latency
 //!   and error panels have thresholds; `rate`/`increase` read counters only;
@@ -1388,7 +1388,7 @@ fn alert_rules_pass_promtool() {
 /// rollback and a refusal are not).
 #[test]
 fn commit_outcomes_are_one_vocabulary() {
-    use vallum_server::outcome::Outcome;
+    use vallum_server::control::outcome::Outcome;
     let labels: BTreeSet<&str> = Outcome::ALL.iter().map(|o| o.label()).collect();
     let failures: BTreeSet<&str> = Outcome::ALL
         .iter()
@@ -1660,7 +1660,7 @@ const DESIGN_METRICS: &[(&str, &str)] = &[
     ("vallum_conntrack_new_total", "counter"),
     ("vallum_conntrack_early_drops_total", "counter"),
     ("vallum_set_elements", "gauge"),
-    // `rpc.server.duration` (unit s) as /metrics names it (server/src/metrics/exposition.rs).
+    // `rpc.server.duration` (unit s) as /metrics names it (server/src/telemetry/metrics/exposition.rs).
     // Deprecated (still exported): the dashboard uses `rpc.server.call.duration` below.
     ("rpc_server_duration_seconds", "histogram"),
 ];
@@ -1676,9 +1676,9 @@ const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_conntrack_insert_failed_total", "counter"),
     // Issue #13: stored active revisions that did not load at start.
     ("vallum_rulesets_not_loaded", "gauge"),
-    // --kernel-tables (server/src/kernel_tables.rs).
+    // --kernel-tables (server/src/host/kernel_tables.rs).
     ("vallum_kernel_tables_drift", "gauge"),
-    // Fleet mode (issue #17, server/src/fleet/agent.rs).
+    // Fleet mode (issue #17, server/src/control/fleet/agent.rs).
     ("vallum_fleet_connected", "gauge"),
     ("vallum_fleet_revision", "gauge"),
     ("vallum_fleet_applies_total", "counter"),
@@ -1688,7 +1688,7 @@ const BEYOND_DESIGN: &[(&str, &str)] = &[
     ("vallum_fleet_registered", "gauge"),
     ("vallum_fleet_lease_ttl_seconds", "gauge"),
     ("vallum_fleet_last_keepalive_timestamp_seconds", "gauge"),
-    // NFQUEUE overload (issue #18 item 3, server/src/nfqueue_stats.rs).
+    // NFQUEUE overload (issue #18 item 3, server/src/host/nfqueue_stats.rs).
     ("vallum_nfqueue_received_total", "counter"),
     ("vallum_nfqueue_verdicts_total", "counter"),
     ("vallum_nfqueue_verdict_send_errors_total", "counter"),

@@ -22,8 +22,8 @@ use vallum_engine::restore::{ParseOptions, parse, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::validate::{Severity, ViolationKind, validate};
 use vallum_proto::v1 as pb;
-use vallum_server::hooks::Hooks;
-use vallum_server::pipeline::confirm_clock::{ManualWallClock, WallClock};
+use vallum_server::control::hooks::Hooks;
+use vallum_server::control::pipeline::confirm_clock::{ManualWallClock, WallClock};
 
 type Rulesets = pb::ruleset_service_client::RulesetServiceClient<tonic::transport::Channel>;
 

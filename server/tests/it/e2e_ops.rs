@@ -139,7 +139,8 @@ async fn scrape_under_traffic(promtool: bool) {
 
     // The barrier is sampled one batch in 1024 per core: wait for a sample.
     let mut body = String::new();
-    for _ in 0..200 {
+    let until = tokio::time::Instant::now() + support::PATIENCE;
+    while tokio::time::Instant::now() < until {
         body = scrape(&d.metrics_addr).await;
         let s = samples(&body);
         if sum(&s, "vallum_packet_barrier_seconds_count", &[]) > 0.0 {
@@ -380,7 +381,8 @@ async fn tokens_and_roles() {
 
     // Admin: Apply works (retried while the server still loads its state).
     let mut applied = None;
-    for _ in 0..200 {
+    let until = tokio::time::Instant::now() + support::PATIENCE;
+    while tokio::time::Instant::now() < until {
         match c
             .apply(with_token(apply_req("web", BASE), Some(ADMIN)))
             .await

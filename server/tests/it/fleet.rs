@@ -322,8 +322,9 @@ async fn selected_nodes_ack_others_untouched_writer_validates_etag_delete() {
 
     // Delete -> removed from every node; its reports go too, a dead node's included (in
     // the delete's own Txn).
-    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
-    let keys = vallum_server::fleet::Keys::new("/vallum/v1/");
+    let client =
+        vallum_server::control::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    let keys = vallum_server::control::fleet::Keys::new("/vallum/v1/");
     let orphan = keys.report("web", "gone-node");
     client.put(&orphan, b"{}".to_vec(), 0).await.unwrap();
     let stale = f
@@ -621,7 +622,7 @@ async fn compacted_while_an_agent_is_down_it_lists_again_and_converges() {
         .unwrap()
         .into_inner();
     let etcd_client =
-        vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+        vallum_server::control::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
     etcd_client.compact(d.fleet_revision).await.unwrap();
 
     let n2 = node(dir.path(), &url, "n2", "role=web");
@@ -806,7 +807,7 @@ async fn a_watch_behind_a_compaction_lists_again_and_converges() {
         .await
         .unwrap()
         .into_inner();
-    let client = vallum_server::fleet::etcd::Etcd::connect(&[etcd.url()]).unwrap();
+    let client = vallum_server::control::fleet::etcd::Etcd::connect(&[etcd.url()]).unwrap();
     client.compact(b.fleet_revision).await.unwrap();
     assert_eq!(verdict(&n1, 23).await, "DROP", "fail-static while cut off");
 
@@ -1085,9 +1086,9 @@ async fn tls_to_etcd_with_a_client_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn rollout_status_pages_through_thousands_of_reports() {
-    use vallum_server::fleet::etcd::Etcd;
-    use vallum_server::fleet::service::{REPORT_PAGE, rollout_status};
-    use vallum_server::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport};
+    use vallum_server::control::fleet::etcd::Etcd;
+    use vallum_server::control::fleet::service::{REPORT_PAGE, rollout_status};
+    use vallum_server::control::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport};
     let etcd = EtcdServer::start();
     let client = Etcd::connect(&[etcd.url()]).unwrap();
     let keys = Keys::new("/vallum/v1/");
@@ -1180,10 +1181,10 @@ fn kv_requests(etcd: &EtcdServer) -> f64 {
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn an_agent_lists_the_fleet_in_two_requests() {
     use std::sync::Arc;
-    use vallum_server::fleet::agent::{Agent, FleetStats};
-    use vallum_server::fleet::etcd::Etcd;
-    use vallum_server::fleet::{Desired, Keys, Owners};
-    use vallum_server::metrics::{Metrics, MetricsConfig};
+    use vallum_server::control::fleet::agent::{Agent, FleetStats};
+    use vallum_server::control::fleet::etcd::Etcd;
+    use vallum_server::control::fleet::{Desired, Keys, Owners};
+    use vallum_server::telemetry::metrics::{Metrics, MetricsConfig};
     let etcd = EtcdServer::start();
     let client = Etcd::connect(&[etcd.url()]).unwrap();
     let keys = Keys::new("/vallum/v1/");
@@ -1205,7 +1206,7 @@ async fn an_agent_lists_the_fleet_in_two_requests() {
         Arc::new(Owners::default()),
         keys.clone(),
         "n1".into(),
-        vallum_server::fleet::Labels::new(),
+        vallum_server::control::fleet::Labels::new(),
         Duration::from_secs(10),
         FleetStats::new(&metrics),
     )
@@ -1243,7 +1244,7 @@ struct CountingLocal {
 }
 
 #[tonic::async_trait]
-impl vallum_server::fleet::agent::Local for CountingLocal {
+impl vallum_server::control::fleet::agent::Local for CountingLocal {
     fn active(&self, name: &str) -> Option<u64> {
         self.active.lock().unwrap().get(name).copied()
     }
@@ -1252,15 +1253,15 @@ impl vallum_server::fleet::agent::Local for CountingLocal {
         &self,
         name: &str,
         _rev: i64,
-        _d: &vallum_server::fleet::Desired,
+        _d: &vallum_server::control::fleet::Desired,
         _value: &[u8],
-    ) -> Result<vallum_server::fleet::agent::Applied, vallum_server::error::Error> {
+    ) -> Result<vallum_server::control::fleet::agent::Applied, vallum_server::error::Error> {
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut a = self.active.lock().unwrap();
         let n = a.get(name).map_or(1, |n| n + 1);
         a.insert(name.to_string(), n);
-        Ok(vallum_server::fleet::agent::Applied {
+        Ok(vallum_server::control::fleet::agent::Applied {
             local_revision: n,
             ..Default::default()
         })
@@ -1280,11 +1281,11 @@ impl vallum_server::fleet::agent::Local for CountingLocal {
 #[ignore = "needs etcd (Debian etcd-server)"]
 async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
     use std::sync::Arc;
-    use vallum_server::fleet::agent::{Agent, FleetStats};
-    use vallum_server::fleet::etcd::Etcd;
-    use vallum_server::fleet::service::rollout_status;
-    use vallum_server::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport, Owners};
-    use vallum_server::metrics::{Metrics, MetricsConfig};
+    use vallum_server::control::fleet::agent::{Agent, FleetStats};
+    use vallum_server::control::fleet::etcd::Etcd;
+    use vallum_server::control::fleet::service::rollout_status;
+    use vallum_server::control::fleet::{Ack, Desired, Keys, NodeInfo, NodeReport, Owners};
+    use vallum_server::telemetry::metrics::{Metrics, MetricsConfig};
     let etcd = EtcdServer::start();
     let client = Etcd::connect(&[etcd.url()]).unwrap();
     let keys = Keys::new("/vallum/v1/");
@@ -1337,7 +1338,7 @@ async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
     let owners = Arc::new(Owners::default());
     owners.set("web", rev);
     let metrics = Metrics::new(&MetricsConfig::default()).unwrap();
-    let mut labels = vallum_server::fleet::Labels::new();
+    let mut labels = vallum_server::control::fleet::Labels::new();
     labels.insert("role".into(), "web".into());
     let agent = Agent::new(
         client.clone(),
@@ -1440,8 +1441,8 @@ async fn listed(f: &mut FleetServiceClient<Channel>) -> Result<Vec<String>, toni
 }
 
 /// The fleet's keys under the default prefix.
-fn keys() -> vallum_server::fleet::Keys {
-    vallum_server::fleet::Keys::new("/vallum/v1/")
+fn keys() -> vallum_server::control::fleet::Keys {
+    vallum_server::control::fleet::Keys::new("/vallum/v1/")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1503,7 +1504,8 @@ async fn nodes_stay_registered_over_three_lease_ttls_and_a_later_rollout_reaches
         assert!(renewed > 0.0);
     }
     // etcd itself holds each node key on a lease that it renewed (its TTL left is set).
-    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    let client =
+        vallum_server::control::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
     for name in ["n1", "n2"] {
         let kv = client.get(&keys().node(name)).await.unwrap();
         assert!(
@@ -1523,7 +1525,8 @@ async fn a_node_whose_lease_was_lost_registers_again_with_its_labels() {
     let n1 = node_with(dir.path(), &url, "n1", "role=web,zone=a", TTL, &[]);
     n1.wait_serving().await;
     let mut f = fleet(&n1).await;
-    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    let client =
+        vallum_server::control::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
     let first = wait_for("n1 registered", || {
         let client = client.clone();
         async move { client.get(&keys().node("n1")).await.ok()? }
@@ -1541,10 +1544,11 @@ async fn a_node_whose_lease_was_lost_registers_again_with_its_labels() {
         }
     })
     .await;
-    let info: vallum_server::fleet::NodeInfo = serde_json::from_slice(&again.value).unwrap();
+    let info: vallum_server::control::fleet::NodeInfo =
+        serde_json::from_slice(&again.value).unwrap();
     assert_eq!(
         info.labels,
-        vallum_server::fleet::selector::parse_labels("role=web,zone=a").unwrap(),
+        vallum_server::control::fleet::selector::parse_labels("role=web,zone=a").unwrap(),
         "registered again with its labels"
     );
     assert_eq!(listed(&mut f).await.unwrap(), ["n1"]);
@@ -2131,7 +2135,8 @@ async fn soak_three_nodes_through_a_hung_killed_and_compacted_etcd_and_a_node_re
     for n in [&n1, &n2, &n3] {
         n.wait_serving().await;
     }
-    let client = vallum_server::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
+    let client =
+        vallum_server::control::fleet::etcd::Etcd::connect(std::slice::from_ref(&url)).unwrap();
     let mut soak = Soak {
         writer: fleet(&n1).await,
         k: 0,

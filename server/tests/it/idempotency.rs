@@ -17,7 +17,7 @@ use support::{Daemon, reason, text_source};
 use tonic::Code;
 use tonic_types::StatusExt;
 use vallum_proto::v1 as pb;
-use vallum_server::store::Store;
+use vallum_server::control::store::Store;
 
 type Channel = tonic::transport::Channel;
 

@@ -12,8 +12,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
 use tower::ServiceExt;
-use vallum_server::auth::{AuthLayer, Caller, Role, TokenSet};
-use vallum_server::limits::RequestLimitLayer;
+use vallum_server::grpc::auth::{AuthLayer, Caller, Role, TokenSet};
+use vallum_server::grpc::limits::RequestLimitLayer;
 
 use served::Served;
 

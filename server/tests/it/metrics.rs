@@ -21,10 +21,10 @@ use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{NoSets, SetManager, SetSpec, SetType};
-use vallum_server::auth::{AuthLayer, Role, TokenSet};
-use vallum_server::metrics::{Metrics, MetricsConfig};
-use vallum_server::outcome::Outcome;
-use vallum_server::store::Phases;
+use vallum_server::control::outcome::Outcome;
+use vallum_server::control::store::Phases;
+use vallum_server::grpc::auth::{AuthLayer, Role, TokenSet};
+use vallum_server::telemetry::metrics::{Metrics, MetricsConfig};
 
 /// A clock whose k-th reading is 10·k² ns: steps grow, so the engine's sampled barrier cost
 /// (two timed steps minus twice the cost of one reading) is positive (80 ns per batch).

@@ -16,7 +16,11 @@
 //!   accepts there are counted nowhere: `vallum_nfqueue_bypass_exact` is 0, and the receivers
 //!   got the accepted plus every packet the rule took that vallumd did not receive.
 //!
-//! The numbers of each run are printed (docs/operations.md quotes them).
+//! Each run waits until these counts balance (nothing awaiting a verdict, every packet B sent
+//! through the NFQUEUE rule), not until they stop moving for a while, and the receivers read
+//! what is left in their buffers before they stop: so it holds on a loaded machine where the
+//! sender, vallumd, the receivers and the kernel's softirqs all wait for a CPU. The numbers of
+//! each run are printed (docs/operations.md quotes them).
 //!
 //! `new_only_queues_only_new_connections`: with `vallumctl dataplane install --new-only` and
 //! `vallumd --steered-new-only`, a rule `--ctstate ESTABLISHED` gets the HOOK_NOT_REACHED
@@ -34,7 +38,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use netns::{in_netns, on_path};
@@ -134,21 +138,13 @@ impl Drop for Netns {
     }
 }
 
-/// A UDP receiver in A counting datagrams until `stop`, with a large receive buffer.
-/// The previous flood's receiver closes its socket within one read timeout of its `stop`: a
-/// bind waits for that (up to 5 s).
-fn receiver(port: u16, count: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
-    let mut tries = 0;
-    let s = loop {
-        match UdpSocket::bind((A_ADDR, port)) {
-            Ok(s) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 250 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("bind udp {port}: {e}"),
-        }
-    };
+/// A UDP receiver in A with a large receive buffer, reading on its own thread until `stop`;
+/// the thread's result is the datagrams it read. Once it sees `stop` it reads what is still
+/// in its buffer without waiting and closes the socket, so the count is every datagram the
+/// kernel delivered to the port before `stop` was set, however late the thread was scheduled
+/// (the caller sets `stop` only once every packet has its verdict: nothing more arrives).
+fn receiver(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    let s = UdpSocket::bind((A_ADDR, port)).unwrap_or_else(|e| panic!("bind udp {port}: {e}"));
     let big: libc::c_int = 64 << 20;
     // SAFETY: `big` is a live c_int of the size passed.
     unsafe {
@@ -164,12 +160,22 @@ fn receiver(port: u16, count: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
         .expect("timeout");
     std::thread::spawn(move || {
         let mut buf = [0u8; 2048];
-        while !stop.load(Ordering::Relaxed) {
+        let mut n = 0;
+        while !stop.load(Ordering::Acquire) {
             if s.recv_from(&mut buf).is_ok() {
-                count.fetch_add(1, Ordering::Relaxed);
+                n += 1;
             }
         }
-    });
+        s.set_nonblocking(true).expect("nonblocking");
+        loop {
+            match s.recv_from(&mut buf) {
+                Ok(_) => n += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("recv udp {port}: {e}"),
+            }
+        }
+    })
 }
 
 /// `GET /metrics` of `d` (from inside A), as name{labels} -> value for the nfqueue series.
@@ -280,8 +286,7 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
     let stop = Arc::new(AtomicBool::new(false));
-    let (got_pass, got_block) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let (gp, gb, st) = (got_pass.clone(), got_block.clone(), stop.clone());
+    let st = stop.clone();
     let source = if fail_closed {
         "nfqueue,fail-closed"
     } else {
@@ -291,9 +296,8 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
     if let Some(n) = maxlen {
         flags.extend(["--queue-maxlen", n]);
     }
-    let d = in_netns(&a, move || {
-        receiver(PASS, gp, st.clone());
-        receiver(BLOCK, gb, st);
+    let (d, _dir, receivers) = in_netns(&a, move || {
+        let receivers = [receiver(PASS, st.clone()), receiver(BLOCK, st)];
         let d = Daemon::start_env(
             &db,
             &flags,
@@ -315,9 +319,8 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
                 .await
                 .expect("apply");
         });
-        (d, dir)
+        (d, dir, receivers)
     });
-    let (d, _dir) = d;
     let rcvbuf_before = udp_rcvbuf_errors(&a);
     let vb = ns.vb.clone();
     let drop_before = tx_dropped(&b, &vb);
@@ -339,24 +342,55 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
         sent as f64 / took.as_secs_f64()
     );
     let tx = tx_dropped(&b, &vb) - drop_before;
-    // Wait until the queue is empty and every count has stopped moving.
-    let mut last = None;
-    let mut m = BTreeMap::new();
-    for _ in 0..600 {
-        std::thread::sleep(Duration::from_millis(200));
-        m = scrape(&a, &d);
-        let now = (
-            metric(&m, "vallum_nfqueue_received_total", "queue=\"0\""),
-            metric(&m, "vallum_nfqueue_waiting", "queue=\"0\""),
-            got_pass.load(Ordering::Relaxed) + got_block.load(Ordering::Relaxed),
-        );
-        if now.1 == Some(0) && last == Some(now) {
-            break;
-        }
-        last = Some(now);
-    }
-    stop.store(true, Ordering::Relaxed);
+    // Wait until every packet B sent is accounted for: the kernel holds none awaiting a
+    // verdict (`waiting` 0), every packet vallumd read has its verdict counted, and what B
+    // sent = what the NFQUEUE rule took (each once) + B's own drops. Nothing is in flight
+    // then (packets still in a softirq backlog have not reached the rule yet), however the
+    // scheduler delayed the sender, vallumd or the kernel's softirqs. Waiting on these counts
+    // rather than on counts that stopped moving for a while is what holds on a loaded
+    // machine. A run that never balances ends after the deadline, and the assertions below
+    // say which count is off.
     let q = "queue=\"0\"";
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let mut last = None;
+    let (m, rule) = loop {
+        // The rule's counter first: a packet it counts after this read cannot make the
+        // balance below hold, one it counted before is in the scrape's numbers.
+        let rule = nfqueue_rule_packets(&a);
+        let m = scrape(&a, &d);
+        let get = |name: &str| metric(&m, name, q).unwrap_or(0);
+        let received = get("vallum_nfqueue_received_total");
+        let verdicts = metric(
+            &m,
+            "vallum_nfqueue_verdicts_total",
+            "queue=\"0\",verdict=\"accept\"",
+        )
+        .unwrap_or(0)
+            + metric(
+                &m,
+                "vallum_nfqueue_verdicts_total",
+                "queue=\"0\",verdict=\"drop\"",
+            )
+            .unwrap_or(0);
+        let lost =
+            get("vallum_nfqueue_socket_drops_total").max(get("vallum_nfqueue_user_dropped_total"));
+        let requeued = get("vallum_nfqueue_kernel_ids_total").saturating_sub(received + lost);
+        let balanced = metric(&m, "vallum_nfqueue_waiting", q) == Some(0)
+            && received == verdicts
+            && sent == rule.saturating_sub(requeued) + tx;
+        // Balanced twice in a row with the same counts, or out of time.
+        let now = balanced.then_some((rule, received, lost, requeued));
+        if (now.is_some() && now == last) || std::time::Instant::now() > deadline {
+            break (m, rule);
+        }
+        last = now;
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Every verdict has been given, so every datagram the kernel will deliver is in the
+    // receivers' buffers: they read what is left and stop.
+    stop.store(true, Ordering::Release);
+    let [got_pass, got_block] =
+        receivers.map(|r| r.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
     let get = |name: &str| metric(&m, name, q).unwrap_or_else(|| panic!("no {name}: {m:#?}"));
     let (ids, received) = (
         get("vallum_nfqueue_kernel_ids_total"),
@@ -372,7 +406,7 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
     let r = Run {
         sent,
         tx_dropped: tx,
-        nfqueue_rule: nfqueue_rule_packets(&a) - requeued,
+        nfqueue_rule: rule - requeued,
         received,
         accepted: metric(
             &m,
@@ -392,8 +426,8 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
         socket_drops: get("vallum_nfqueue_socket_drops_total"),
         ids,
         requeued,
-        got_pass: got_pass.load(Ordering::Relaxed),
-        got_block: got_block.load(Ordering::Relaxed),
+        got_pass,
+        got_block,
         rcvbuf_errors: udp_rcvbuf_errors(&a) - rcvbuf_before,
         exact: get("vallum_nfqueue_bypass_exact"),
     };

@@ -1,4 +1,4 @@
-//! Commit outcomes against a real `vallumd`: one vocabulary (server/src/outcome.rs) in the
+//! Commit outcomes against a real `vallumd`: one vocabulary (server/src/control/outcome.rs) in the
 //! metrics and on the watch stream. A deliberate rollback is `rolled_back`, not a failure; an
 //! Apply refused by validation is `refused`, counted and sent on the watch stream.
 

@@ -13,7 +13,7 @@ use rcgen::{
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use vallum_server::tls::{ServerTlsArgs, client_config, server_config};
+use vallum_server::grpc::tls::{ServerTlsArgs, client_config, server_config};
 
 use served::Served;
 

@@ -153,7 +153,7 @@ impl Daemon {
     pub async fn in_process(
         db: &Path,
         extra: &[&str],
-        hooks: vallum_server::hooks::Hooks,
+        hooks: vallum_server::control::hooks::Hooks,
     ) -> Daemon {
         let free = || {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -362,10 +362,17 @@ pub async fn connect(addr: &str) -> Channel {
     panic!("cannot connect to {addr}")
 }
 
-/// Polls health at `addr` until it says SERVING for "" (true) or 400 polls passed (false).
+/// How long [`serving`] and [`poll`] keep trying at least: a wait for something that will
+/// happen, sized for a loaded machine (a 2-core CI box running several test binaries, where
+/// a debug vallumd loading `--example` can take seconds), never a duration a test asserts.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Polls health at `addr` until it says SERVING for "" (true) or [`PATIENCE`] passed
+/// (false).
 pub async fn serving(addr: &str) -> bool {
     let channel = connect(addr).await;
-    for _ in 0..400 {
+    let until = tokio::time::Instant::now() + PATIENCE;
+    while tokio::time::Instant::now() < until {
         if serving_now(&channel).await {
             return true;
         }
@@ -411,7 +418,7 @@ pub fn shared_data() -> Option<PathBuf> {
 
 /// Where vallumd keeps its connection table across a graceful restart (`conntrack_state`).
 pub fn conntrack_state_file(db: &Path) -> PathBuf {
-    vallum_server::conntrack_state::path(db)
+    vallum_server::host::conntrack_state::path(db)
 }
 
 /// A restore-text source.
@@ -447,20 +454,25 @@ pub async fn join<T>(task: tokio::task::JoinHandle<T>) -> T {
     }
 }
 
-/// Polls `probe` up to `attempts` times, `every` apart, until it returns `Some`; panics with
-/// `what` when it never does. A bound on the number of polls, not a deadline the test asserts.
+/// Polls `probe` `every` apart until it returns `Some`, for at least `attempts` polls and at
+/// least [`PATIENCE`]; panics with `what` when it never does. A bound on the wait for
+/// something that will happen, not a deadline the test asserts: on a loaded machine the
+/// polls stretch out, and the bound does not end the wait before the thing could happen.
 pub async fn poll<T, F, Fut>(what: &str, attempts: usize, every: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    for _ in 0..attempts {
+    let until = tokio::time::Instant::now() + PATIENCE;
+    let mut polls = 0;
+    while polls < attempts || tokio::time::Instant::now() < until {
         if let Some(v) = probe().await {
             return v;
         }
+        polls += 1;
         tokio::time::sleep(every).await;
     }
-    panic!("{what}: not reached after {attempts} polls");
+    panic!("{what}: not reached after {polls} polls");
 }
 
 /// The `vallumctl` binary, for tests that run it. It belongs to another package (vallum-cli),
