@@ -14,10 +14,11 @@
 //! whole gRPC call) instead of criterion's statistics, and prints min / median per case.
 //! Run: `cargo bench -p vallum-server --bench sets`
 
-// vallumd's allocator and its settings (server/src/allocator.rs), so the in-process server
+// vallumd's allocator and its settings (server/src/host/allocator.rs), so the in-process server
 // runs as in vallumd.
 #[global_allocator]
-static ALLOCATOR: vallum_server::host::allocator::MiMalloc = vallum_server::host::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
 // The tests' vallumd harness: `Daemon::in_process` on this bench's runtime.
 #[path = "../tests/it/support/vallumd.rs"]
 mod vallumd;

@@ -11,7 +11,7 @@ use super::{AuthError, Caller, Role};
 const CAP_NET_ADMIN: u32 = 12;
 
 /// Who may change state through the local socket without a token, and what an anonymous
-/// TCP caller may do; built by [`AuthConfig::local_policy`].
+/// TCP caller may do; built by [`AuthConfig::local_policy`](super::AuthConfig::local_policy).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalPolicy {
     /// vallumd's own effective uid: the user who runs vallumd may manage it (as rootless
