@@ -80,7 +80,7 @@ const RUN: &[(&str, &str, usize, &str)] = &[
         "docs/operations.md",
         "### A safe first NFQUEUE run",
         0,
-        "server/tests/coexist.rs:documented_first_run_works",
+        "server/tests/it/coexist.rs:documented_first_run_works",
     ),
     ("docs/operations.md", "## Sets (ipset-style)", 0, QUICK),
     (
