@@ -106,12 +106,8 @@ impl Prometheus {
             ),
         )
         .expect("write prometheus.yml");
-        // An ephemeral port: bind, read it, free it for Prometheus.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let addr = format!("127.0.0.1:{port}");
+        // Port 0: Prometheus binds a free port itself and logs it (`msg="Listening on"
+        // address=127.0.0.1:PORT`), so no other process can take it in between.
         let log = dir.join("prometheus.log");
         let child = Command::new(bin)
             .arg(format!("--config.file={}", config.display()))
@@ -119,12 +115,30 @@ impl Prometheus {
                 "--storage.tsdb.path={}",
                 dir.join("data").display()
             ))
-            .arg(format!("--web.listen-address={addr}"))
+            .arg("--web.listen-address=127.0.0.1:0")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("spawn prometheus");
-        Prometheus { child, addr, log }
+        let mut p = Prometheus {
+            child,
+            addr: String::new(),
+            log,
+        };
+        p.addr = wait_for(
+            "prometheus listening",
+            Duration::from_secs(60),
+            || format!("prometheus log:\n{}", p.log()),
+            || {
+                p.log()
+                    .lines()
+                    .find(|l| l.contains("msg=\"Listening on\""))
+                    .and_then(|l| l.split("address=").nth(1))
+                    .map(|a| a.split_whitespace().next().unwrap_or(a).to_owned())
+                    .ok_or_else(|| "no \"Listening on\" line yet".to_owned())
+            },
+        );
+        p
     }
 
     fn log(&self) -> String {

@@ -107,13 +107,13 @@ const RUN: &[(&str, &str, usize, &str)] = &[
 const NO_RUN: &[(&str, &str)] = &[
     (
         "docker",
-        "needs a Docker daemon and image downloads; server/tests/deploy.rs checks the Dockerfile",
+        "needs a Docker daemon and image downloads; server/tests/it/deploy.rs checks the Dockerfile",
     ),
     ("kubernetes", "needs a Kubernetes cluster"),
     (
         "host",
         "enables systemd units on the machine itself (systemctl talks to its systemd); \
-         server/tests/install.rs installs into a DESTDIR and verifies the units",
+         server/tests/it/install.rs installs into a DESTDIR and verifies the units",
     ),
     (
         "build",

@@ -37,6 +37,21 @@ fn free_port() -> u16 {
     }
 }
 
+/// Starts what `start` starts, again on new ports when an etcd could not bind one (free_port
+/// only knows this process's ports: another process may take one before etcd binds it), up to
+/// 5 times; panics with the log of any other failure.
+fn retry_taken_ports<T>(mut start: impl FnMut() -> Result<T, String>) -> T {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match start() {
+            Ok(v) => return v,
+            Err(log) if log.contains("address already in use") => last = log,
+            Err(log) => panic!("etcd never became healthy; its log:\n{log}"),
+        }
+    }
+    panic!("etcd found its ports taken 5 times; the last log:\n{last}")
+}
+
 /// One etcd member; killed on drop.
 pub struct EtcdServer {
     child: Option<Child>,
@@ -63,18 +78,19 @@ impl EtcdServer {
     /// As [`EtcdServer::start`], with more etcd flags.
     pub fn start_with(extra: &[&str]) -> EtcdServer {
         let bin = etcd_bin().expect("etcd is not installed (Debian package etcd-server)");
-        let peer = free_port();
-        let mut m = EtcdServer::member(
-            bin,
-            "m0",
-            free_port(),
-            peer,
-            format!("m0=http://127.0.0.1:{peer}"),
-        );
-        m.extra = extra.iter().map(|a| a.to_string()).collect();
-        m.spawn();
-        m.wait_healthy();
-        m
+        retry_taken_ports(|| {
+            let peer = free_port();
+            let mut m = EtcdServer::member(
+                bin.clone(),
+                "m0",
+                free_port(),
+                peer,
+                format!("m0=http://127.0.0.1:{peer}"),
+            );
+            m.extra = extra.iter().map(|a| a.to_string()).collect();
+            m.spawn();
+            m.healthy_or_log().map(|()| m)
+        })
     }
 
     /// A single-member etcd serving clients over TLS only, with `cert`/`key` and requiring
@@ -85,19 +101,20 @@ impl EtcdServer {
         key: &std::path::Path,
     ) -> EtcdServer {
         let bin = etcd_bin().expect("etcd is not installed (Debian package etcd-server)");
-        let peer = free_port();
-        let mut m = EtcdServer::member(
-            bin,
-            "m0",
-            free_port(),
-            peer,
-            format!("m0=http://127.0.0.1:{peer}"),
-        );
-        m.tls = Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]);
-        m.health_port = free_port();
-        m.spawn();
-        m.wait_healthy();
-        m
+        retry_taken_ports(|| {
+            let peer = free_port();
+            let mut m = EtcdServer::member(
+                bin.clone(),
+                "m0",
+                free_port(),
+                peer,
+                format!("m0=http://127.0.0.1:{peer}"),
+            );
+            m.tls = Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]);
+            m.health_port = free_port();
+            m.spawn();
+            m.healthy_or_log().map(|()| m)
+        })
     }
 
     fn member(
@@ -176,9 +193,17 @@ impl EtcdServer {
         self.child = Some(child);
     }
 
-    /// Waits until `/health` says true (at most 30 s), from this member's own process.
+    /// Waits until `/health` says true (at most 60 s), from this member's own process.
     pub fn wait_healthy(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        if let Err(log) = self.healthy_or_log() {
+            panic!("etcd {} never became healthy; its log:\n{log}", self.name);
+        }
+    }
+
+    /// As [`EtcdServer::wait_healthy`]; `Err` with the member's log when its process exited
+    /// or 60 s passed.
+    fn healthy_or_log(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             let exited = self
                 .child
@@ -188,12 +213,11 @@ impl EtcdServer {
                 break;
             }
             if self.healthy() {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
-        panic!("etcd {} never became healthy; its log:\n{log}", self.name);
+        Err(std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default())
     }
 
     fn healthy(&self) -> bool {
@@ -297,27 +321,29 @@ impl EtcdCluster {
     /// Three members, all healthy; panics when etcd is not installed.
     pub fn start() -> EtcdCluster {
         let bin = etcd_bin().expect("etcd is not installed (Debian package etcd-server)");
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-        let cluster = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut members: Vec<EtcdServer> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (c, p))| {
-                EtcdServer::member(bin.clone(), &format!("m{i}"), *c, *p, cluster.clone())
-            })
-            .collect();
-        for m in &mut members {
-            m.spawn();
-        }
-        for m in &mut members {
-            m.wait_healthy();
-        }
-        EtcdCluster { members }
+        retry_taken_ports(|| {
+            let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+            let cluster = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut members: Vec<EtcdServer> = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (c, p))| {
+                    EtcdServer::member(bin.clone(), &format!("m{i}"), *c, *p, cluster.clone())
+                })
+                .collect();
+            for m in &mut members {
+                m.spawn();
+            }
+            for m in &mut members {
+                m.healthy_or_log()?;
+            }
+            Ok(EtcdCluster { members })
+        })
     }
 
     /// Starts every stopped member again (all at once: a member alone has no quorum and
