@@ -178,7 +178,7 @@ struct Core {
 /// The per-core generation counters of a [`Dataplane`] and its barrier strategy, shared (in an
 /// `Arc`) with whoever else publishes data that batches read and must retire it only when no
 /// batch can still hold it: the contents of sets ([`crate::sets`], through
-/// [`left_right::LeftRight`]). Such a publisher runs the committer's half of the protocol (module
+/// `left_right::LeftRight`). Such a publisher runs the committer's half of the protocol (module
 /// docs) on its own pointer: store the new pointer, then [`Quiescence::start`] (writer barrier and
 /// one look at every core), and free or reuse the old data only after [`Quiescence::wait`] on
 /// that [`Grace`]. Readers need nothing but the batch they already run: a load of such a pointer

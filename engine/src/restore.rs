@@ -7,7 +7,7 @@
 //! 1-based line and column of the offending token; every bad line yields at least one error and a
 //! text with errors never yields a (partial) ruleset.
 //!
-//! [`print`] writes the canonical iptables-save form of tables; [`print_rule_spec`] writes a
+//! [`print()`] writes the canonical iptables-save form of tables; [`print_rule_spec`] writes a
 //! single rule (the part after `-A CHAIN `), which other code uses as the rule's identity.
 //! For every text `t` that parses, `parse(print(parse(t)))` equals `parse(t)` up to locations
 //! (checked by the conformance tests and the `restore` fuzz target).
@@ -585,7 +585,7 @@ pub fn parse_after(
 /// of the family (`print(.., &PrintOptions::default())` gives it back byte for byte): returns
 /// the tables and, when it can be made from `previous_text` by printing only the new rules
 /// in place of the changed lines, the canonical print of those tables (exactly what
-/// [`print`] returns for them); `None` for the print otherwise (print them in full).
+/// [`print()`] returns for them); `None` for the print otherwise (print them in full).
 pub fn parse_after_canonical(
     previous_text: &str,
     previous: &[Table],

@@ -406,8 +406,8 @@ pub struct Config {
     #[arg(long, env = "VALLUM_BARRIER", value_enum, default_value = "seqcst")]
     pub barrier: Barrier,
 
-    /// Packet source: none, pcap:FILE (replayed in a loop), synthetic, or
-    /// nfqueue[:FIRST][,fail-closed] (Linux; worker k binds NFQUEUE FIRST+k; see
+    /// Packet source: none, `pcap:FILE` (replayed in a loop), synthetic, or
+    /// `nfqueue[:FIRST][,fail-closed]` (Linux; worker k binds NFQUEUE FIRST+k; see
     /// docs/operations.md).
     #[arg(long, env = "VALLUM_SOURCE", default_value = "none")]
     pub source: Source,

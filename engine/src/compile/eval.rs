@@ -752,7 +752,7 @@ impl Snapshot {
     /// `-m limit`), counting every matched rule and applied policy in that core's counters and
     /// handing `-j LOG` hits to `logs` ([`LogSink`]), without connection tracking (the packet
     /// keeps its `ct_state`, unless a raw-table NOTRACK rule makes it UNTRACKED). Allocates
-    /// nothing, unless the sink does (`Vec<LogEvent>` does; [`LogRing`](super::LogRing) does
+    /// nothing, unless the sink does (`Vec<LogEvent>` does; [`LogRing`] does
     /// not). The same walk as [`Snapshot::classify_batch`] without the batched index probe: for
     /// tools and tests that hold one packet; the packet path is `classify_batch`.
     ///

@@ -3,7 +3,7 @@
 //! A commit builds the next model beside the active one, which stays in use until the commit
 //! is published (and in the retired snapshot after that). With the rules of a chain in one
 //! `Vec`, a one-rule change of a 100k-rule chain meant cloning, comparing and finally dropping
-//! two ~30 MB arrays. Here the rules are cut into chunks of about [`CHUNK`] rules, each behind
+//! two ~30 MB arrays. Here the rules are cut into chunks of about `CHUNK` rules, each behind
 //! an `Arc`: cloning a list clones the chunk pointers, an edit copies only the chunk it lands
 //! in, and two lists that share chunks are compared chunk by chunk (`Arc::ptr_eq`) without
 //! reading the rules in them. The chunks are those of the compiled rules in
@@ -48,7 +48,7 @@ pub(crate) fn needs_rescan(r: &Rule) -> bool {
 }
 
 /// A chain's rules in evaluation order: a `Vec<Rule>`-like list whose clones share their
-/// storage, in chunks of about [`CHUNK`] rules behind `Arc`s (module docs). `clone` costs one
+/// storage, in chunks of about `CHUNK` rules behind `Arc`s (module docs). `clone` costs one
 /// pointer copy and reference count per chunk (a 100k-rule chain: ~400); `insert`, `remove`,
 /// `set` and mutable access copy only the chunk they touch when it is shared. Reading rule `i`
 /// is a binary search over the chunks' start positions; iteration walks the chunks in order.
@@ -205,7 +205,7 @@ impl RuleList {
 
     /// Inserts `rule` at position `i` (0-based), moving the rules from `i` on one place back,
     /// as `Vec::insert`. Copies only the chunk it lands in (and splits it when it reaches
-    /// twice [`CHUNK`]).
+    /// twice `CHUNK`).
     ///
     /// Panics when `i > len()`.
     pub fn insert(&mut self, i: usize, rule: Rule) {

@@ -76,7 +76,7 @@ fn policy_name(p: Option<Policy>) -> &'static str {
     }
 }
 
-/// Prints one table (see [`print`]).
+/// Prints one table (see [`print()`]).
 pub fn print_table(t: &Table, opts: &PrintOptions) -> String {
     let mut out = String::with_capacity(text_estimate(t));
     write_table(&mut out, t, opts);
@@ -130,14 +130,14 @@ fn skip_lines(text: &str, n: usize) -> Option<usize> {
         .map(|i| i + 1)
 }
 
-/// [`print`] of `new` (default options), made from `old_text`, the print of `old`, by copying
-/// the lines of every rule [`crate::model::diff_rules`] finds unchanged (a shared chunk is
+/// [`print()`] of `new` (default options), made from `old_text`, the print of `old`, by copying
+/// the lines of every rule `crate::model::diff_rules` finds unchanged (a shared chunk is
 /// skipped unread) and printing only the others: a one-rule edit of a 10k-rule table costs a
 /// newline scan of the old text and one rule's print instead of 10k rules' (~1.2 ms). Both
 /// lists are of one family's tables in print order. The result is byte for byte what
-/// [`print`] returns for `new`.
+/// [`print()`] returns for `new`.
 ///
-/// Returns `None` when `old_text` is not laid out as [`print`] lays out `old` (a table header,
+/// Returns `None` when `old_text` is not laid out as [`print()`] lays out `old` (a table header,
 /// its chain lines or its rule line count differ): print `new` in full then.
 pub fn print_after(old_text: &str, old: &[Table], new: &[Table]) -> Option<String> {
     let opts = PrintOptions::default();

@@ -9,7 +9,7 @@
 //! boundaries (prefix edges and port range endpoints, each +-1) for every set.
 //!
 //! Every test needs ../shared/data/classbench, so each is ignored unless asked for, and fails
-//! when it is absent. `cargo test -p vallum-engine --test classify_diff -- --include-ignored
+//! when it is absent. `cargo test -p vallum-engine --test it -- classify_diff:: --include-ignored
 //! --skip million_boundary_headers` runs the default sizes; `million_boundary_headers` draws 1M
 //! boundary headers per 1k set (run it with `--release -- --ignored million_boundary_headers`).
 

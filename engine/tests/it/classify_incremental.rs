@@ -14,7 +14,7 @@
 //! incremental carry (by position around the changed run) and the from-scratch carry (by
 //! content and ordinal) must agree exactly.
 //!
-//! `cargo test -p vallum-engine --test classify_incremental -- --include-ignored`: the test that reads
+//! `cargo test -p vallum-engine --test it -- classify_incremental:: --include-ignored`: the test that reads
 //! ../shared/data/classbench is ignored otherwise, and fails when it is absent.
 //!
 //! [`Trace`]: vallum_engine::compile::Trace

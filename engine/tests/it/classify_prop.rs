@@ -5,7 +5,7 @@
 //! (verdict and every step) for every packet, the same verdicts when classifying with a
 //! moving clock, and the same counters afterwards.
 //!
-//! `cargo test -p vallum-engine --test classify_prop` (PROPTEST_CASES raises the case count).
+//! `cargo test -p vallum-engine --test it -- classify_prop::` (PROPTEST_CASES raises the case count).
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -15,7 +15,7 @@
 //! Edits naming a missing chain or a rule number out of range must be refused with
 //! [`CommitError::Edit`] and leave the engine as it was.
 //!
-//! `cargo test -p vallum-engine --test commit_edit -- --include-ignored`: the test that reads
+//! `cargo test -p vallum-engine --test it -- commit_edit:: --include-ignored`: the test that reads
 //! ../shared/data/classbench is ignored otherwise, and fails when it is absent.
 //!
 //! [`Trace`]: vallum_engine::compile::Trace

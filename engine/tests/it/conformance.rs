@@ -2,7 +2,7 @@
 //! `shared/data` (see SOURCES.md there): iptables' own `.t` extension tests, the restore edge
 //! cases extracted from iptables' shell tests, and real iptables-save dumps.
 //!
-//! Run with `cargo test -p vallum-engine --test conformance -- --nocapture` to see pass rates.
+//! Run with `cargo test -p vallum-engine --test it -- conformance:: --nocapture` to see pass rates.
 //! Every test that reads the data is ignored unless asked for (`-- --include-ignored`), and fails
 //! when the data directory is absent.
 

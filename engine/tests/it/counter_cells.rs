@@ -12,7 +12,7 @@
 //! incremental identity (position around the changed run) and the from-scratch one (content
 //! and ordinal) agree.
 //!
-//! `cargo test -p vallum-engine --test counter_cells`.
+//! `cargo test -p vallum-engine --test it -- counter_cells::`.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -14,7 +14,7 @@
 //! The kernel test needs root, `ip` and the `*tables-legacy*` tools: it is ignored unless asked
 //! for (`-- --include-ignored`), and fails without them.
 //!
-//! Run: `cargo test -p vallum-engine --test kernel_connlimit -- --nocapture`.
+//! Run: `cargo test -p vallum-engine --test it -- kernel_connlimit:: --nocapture`.
 
 // Shared with kernel_oracle.rs, which uses the parts this test does not.
 #[allow(dead_code)]

@@ -7,7 +7,7 @@
 //! for (`-- --include-ignored`), and fail without them. See `oracle/kernel.rs` for what it sets
 //! up.
 //!
-//! Run: `cargo test -p vallum-engine --test kernel_oracle -- --nocapture`.
+//! Run: `cargo test -p vallum-engine --test it -- kernel_oracle:: --nocapture`.
 
 use crate::oracle::corpus;
 use crate::oracle::kernel;

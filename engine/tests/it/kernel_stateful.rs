@@ -8,7 +8,7 @@
 //! (`-- --include-ignored`), and failing without them. The windows (`--seconds`) are far longer than a
 //! run takes, so the kernel's jiffies and the engine's `now` (1 ms a packet) agree on them.
 //!
-//! Run: `cargo test -p vallum-engine --test kernel_stateful -- --nocapture`.
+//! Run: `cargo test -p vallum-engine --test it -- kernel_stateful:: --nocapture`.
 
 // Shared with kernel_oracle.rs, which uses the parts this test does not.
 #[allow(dead_code)]

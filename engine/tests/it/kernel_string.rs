@@ -8,7 +8,7 @@
 //! The kernel test needs root, `ip` and the `*tables-legacy*` tools: it is ignored unless asked
 //! for (`-- --include-ignored`), and fails without them (the engine tests always run).
 //!
-//! Run: `cargo test -p vallum-engine --test kernel_string -- --nocapture`.
+//! Run: `cargo test -p vallum-engine --test it -- kernel_string:: --nocapture`.
 
 // Shared with kernel_oracle.rs, which uses the parts this test does not.
 #[allow(dead_code)]

@@ -7,8 +7,8 @@
 //!
 //! One driver, rusqlite (with its own bundled SQLite), for everything: every write
 //! transaction runs on one writer connection and every read in one read transaction on one of
-//! a few reader connections, each in one hop to a blocking thread (see [`writer`] for why
-//! not sqlx, with the measurements); migrations run on the writer at open ([`migrate`]).
+//! a few reader connections, each in one hop to a blocking thread (see `writer` for why
+//! not sqlx, with the measurements); migrations run on the writer at open (`migrate`).
 //! Writers are serialised by the writer connection (and by the pipeline's write lock before
 //! it); readers never wait (WAL).
 //!
@@ -750,7 +750,7 @@ impl Store {
     /// the target revision gets `state`, the previous active one `previous_state`, the
     /// ruleset points at the target, pending confirm deadlines of the ruleset are cleared
     /// (a new commit settles them), and a commit row is written. Runs on the writer
-    /// connection in one hop (see [`writer`]).
+    /// connection in one hop (see `writer`).
     ///
     /// Errors: [`Error::NotFound`] for a missing ruleset or revision,
     /// [`Error::Precondition`] when a revision to commit is not STAGED,

@@ -13,7 +13,7 @@
 //! channel loses the event (`reason="slow_subscriber"`, and the subscriber's next event says
 //! how many it lost).
 //!
-//! Sampled drops ([`Sampler`]): with a subscriber asking for them, each core takes one in N
+//! Sampled drops (`Sampler`): with a subscriber asking for them, each core takes one in N
 //! of its dropped packets (N the smallest any subscriber asked for, at least
 //! [`SAMPLE_FLOOR`]), at most [`SAMPLE_RATE`] a second over all cores (a token bucket),
 //! without any LOG rule.

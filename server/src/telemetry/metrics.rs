@@ -26,7 +26,7 @@
 //! | `rpc_server_duration_seconds` (deprecated) | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
 //! | `vallum_conntrack_entries`, `vallum_conntrack_max` | gauge | | engine, at scrape ([`Metrics::observe_conntrack`]) |
 //! | `vallum_conntrack_new_total`, `vallum_conntrack_early_drops_total`, `vallum_conntrack_insert_failed_total` | counter | | engine, at scrape |
-//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, ... | counter, gauges | | `/proc/self`, at scrape ([`process`]) |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, ... | counter, gauges | | `/proc/self`, at scrape (`process`) |
 //! | `vallum_nfqueue_received_total`, `vallum_nfqueue_verdicts_total` (+ verdict), `vallum_nfqueue_verdict_send_errors_total`, `vallum_nfqueue_receive_errors_total`, `vallum_nfqueue_ct_state_disagreements_total` | counter | queue | the NFQUEUE workers, at scrape ([`Metrics::observe_nfqueue`]) |
 //! | `vallum_nfqueue_kernel_ids_total`, `vallum_nfqueue_queue_dropped_total`, `vallum_nfqueue_user_dropped_total`, `vallum_nfqueue_socket_drops_total`, `vallum_nfqueue_bypassed_total` | counter | queue | `/proc/net/netfilter/nfnetlink_queue`, `/proc/net/netlink`, at scrape |
 //! | `vallum_nfqueue_waiting`, `vallum_nfqueue_maxlen`, `vallum_nfqueue_copy_range_bytes`, `vallum_nfqueue_fail_open`, `vallum_nfqueue_bypass_exact` | gauge | queue | the same |
@@ -38,7 +38,7 @@
 //!   `rule` is the 1-based rule number, or `policy` for the chain policy.
 //!
 //! ## How `/metrics` is served, and why this way
-//! A scrape collects the SDK's instruments through [`PullReader`] (the SDK's `ManualReader`,
+//! A scrape collects the SDK's instruments through `PullReader` (the SDK's `ManualReader`,
 //! shared with the renderer), converts the collected `ResourceMetrics` into the text format's
 //! families ([`exposition::from_otel`]), adds the barrier histogram (below) and renders them all
 //! with one encoder ([`exposition::render`]). There is no second registry or instrument API.
@@ -821,7 +821,7 @@ impl Metrics {
     }
 
     /// The metric reference (docs/metrics.md): every family collected now, with its type,
-    /// unit, label names and help, as a Markdown table ([`reference`]). Fails only after
+    /// unit, label names and help, as a Markdown table (module `reference`). Fails only after
     /// [`Metrics::shutdown`].
     pub fn reference(&self) -> Result<String, MetricsError> {
         let mut rm = ResourceMetrics::default();

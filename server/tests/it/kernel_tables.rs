@@ -120,8 +120,9 @@ fn nsx(ns: &str, args: &[&str]) -> String {
     run(Command::new("ip").args(["netns", "exec", ns]).args(args))
 }
 
-/// One lab at a time in this test binary: the namespaces, veths and queues are named after the
-/// process id, which the binary's tests share.
+/// One lab at a time in this module: the namespaces (`vallum-k{h,c,x}-PID`), veths and queues are
+/// named after the process id, which every test of the binary shares (other modules name theirs
+/// with other prefixes).
 static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Namespaces H, C and X (see the module docs); deleted on drop, with every link and rule.

@@ -3,6 +3,17 @@
 //! need root, a namespace or a tool are `#[ignore = "needs ..."]`; run them with
 //! `cargo test -p vallum-server --test it -- --include-ignored` (as root, with the tools
 //! `.ci/run` installs). One module: `cargo test -p vallum-server --test it -- fleet::`.
+//!
+//! The modules share one process, so none changes what the others see of it: no test sets an
+//! environment variable or the working directory of the process (a vallumd's environment is its
+//! own, [`support::Daemon::start_env`]; only `connections` raises this process's descriptor
+//! limit, which the others do not lower); every listener binds port 0; the network namespaces
+//! a test makes are named after the process id with a prefix of its module's own (`vallum-{a,b,c}`
+//! nfqueue, `vallum-{o,n}{a,b}` nfqueue_overload, `vallum-k{h,c,x}` kernel_tables, `vc-` corpus,
+//! `vb-` physdev_bridge, `vcx-` and `vallum-first`/`vallum-try` coexist, `vrj-` reject,
+//! `vallum-lo` hooks_reached), and the tests of one module that could collide hold a lock of
+//! that module or a tag of their own. Tests run two at a time on a 2-core machine as before
+//! (the harness's default, one thread per CPU).
 
 mod support;
 

@@ -7,7 +7,7 @@
 //! - per idle connection: 500 TCP connections that sent the HTTP/2 preface;
 //! - per connection holding a half-sent 60 KB message: 200 of them.
 //!
-//! Run with `cargo test -p vallum-server --test sizing -- --ignored --nocapture`; it prints one
+//! Run with `cargo test -p vallum-server --test it -- sizing:: --ignored --nocapture`; it prints one
 //! line per step. The assertions are loose bounds (a regression by an order of magnitude
 //! fails); the table quotes the printed numbers.
 

@@ -24,7 +24,7 @@ pub(in crate::compile) const PROBE_BATCH: usize = 64;
 /// cost 10-15% on the 1k ClassBench sets; from about 1.5k rules the batch gained 24-32% on
 /// acl1 and 4-7% on ipc1 and lost 7-9% on fw1 (whose lookups are dominated by filter
 /// checks, not misses); at 10k it gains 2-25%, at 100k 60-100% (measured at 64 KiB when the
-/// index took ~49 bytes a rule; the [`ProbeEntry`] copies brought that to ~82, and the
+/// index took ~49 bytes a rule; the `ProbeEntry` copies brought that to ~82, and the
 /// threshold moved with it so that it still falls near 1.3k ClassBench rules: at 64 KiB the
 /// 1k sets were batched and 3-14% slower).
 pub const PROBE_MIN_BYTES: usize = 112 << 10;

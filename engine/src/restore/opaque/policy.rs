@@ -1,6 +1,6 @@
 //! `-m policy` (IPsec), stored only: checked as iptables 1.8.9's libxt_policy parses it and
 //! rewritten into what iptables-save prints (each form checked by `libxt_policy.t`,
-//! `tests/conformance.rs`):
+//! `tests/it/conformance.rs`):
 //!
 //! - `--dir in|out` (required), `--pol none|ipsec` (default ipsec, always printed), `--strict`;
 //! - the elements, separated by `--next` (which needs `--strict`; at most 4 elements):
@@ -249,7 +249,7 @@ mod tests {
         Ok(print_rule_spec(&chain.rules[0], family))
     }
 
-    /// The forms iptables-legacy 1.8.9 saves (measured; `tests/kernel_loads.rs` compares them
+    /// The forms iptables-legacy 1.8.9 saves (measured; `tests/it/kernel_loads.rs` compares them
     /// with the kernel where it runs).
     #[test]
     fn policy_is_printed_as_iptables_save() {

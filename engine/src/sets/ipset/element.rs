@@ -37,7 +37,7 @@ pub(in crate::sets) const MAX_EXPAND: u128 = 65536;
 
 pub(in crate::sets) const NS_PER_S: u64 = 1_000_000_000;
 
-/// Errors of [`SetManager`] operations.
+/// Errors of [`SetManager`](super::SetManager) operations.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SetError {
     /// The name does not follow [`check_name`]; the reason is its message.

@@ -40,10 +40,10 @@ pub struct SetInfo {
 }
 
 /// The registry of ipset-style sets. Writers are serialized by one mutex; readers (the packet
-/// path, through handles) never take it. Implements [`SetRegistry`](super::SetRegistry).
+/// path, through handles) never take it. Implements [`SetRegistry`](crate::sets::SetRegistry).
 ///
 /// Built for a dataplane ([`SetManager::for_dataplane`], with the engine's
-/// [`Quiescence`](crate::Engine::quiescence)), lookups inside that dataplane's batches read a
+/// [`Quiescence`](crate::engine::Engine::quiescence)), lookups inside that dataplane's batches read a
 /// set through one pointer load; built without one ([`SetManager::new`]), or outside a batch,
 /// each lookup takes a read lock (module docs of [`crate::sets::ipset`]).
 #[derive(Debug)]
@@ -104,7 +104,7 @@ impl SetManager {
     }
 
     /// An empty manager whose sets are read without a lock or reference count inside the
-    /// batches of the dataplane `quiescence` belongs to ([`crate::Engine::quiescence`]); set
+    /// batches of the dataplane `quiescence` belongs to ([`crate::engine::Engine::quiescence`]); set
     /// updates retire old contents through its generations (never waiting for more than the
     /// rest of one batch per core) and lookups elsewhere take a read lock.
     pub fn for_dataplane(quiescence: Arc<Quiescence>) -> SetManager {

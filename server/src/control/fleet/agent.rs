@@ -12,7 +12,7 @@
 //! Reconcile of one ruleset: a selected ruleset whose fleet revision this node does not
 //! enforce yet (neither that revision nor one the value lists as the same content,
 //! [`Desired::same_content_as`]) is checked and committed through the same local pipeline as Apply
-//! ([`super::check`], as Apply checks, then [`Pipeline::apply`], author [`FLEET_AUTHOR`], message
+//! (`super::check`, as Apply checks, then [`Pipeline::apply`], author [`FLEET_AUTHOR`], message
 //! `fleet revision N: ...`, an audit row `FleetApply`), then reported ACK with the local
 //! revision and the latency write -> publish, or NACK with the error (the node keeps what it
 //! enforced before). A ruleset no longer selected, or deleted, is removed locally and its

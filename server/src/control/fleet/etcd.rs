@@ -157,7 +157,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MAX_MESSAGE: usize = 64 << 20;
 
-/// Operations per Txn of [`Etcd::get_many`]: etcd's default `--max-txn-ops`.
+/// Operations per Txn of `Etcd::get_many`: etcd's default `--max-txn-ops`.
 pub const TXN_OPS: usize = 128;
 
 impl Etcd {

@@ -2,7 +2,7 @@
 //! aggregates the nodes' reports.
 //!
 //! PutRuleset checks the source exactly as RulesetService.Apply does (the same
-//! [`super::check`] against this vallumd's sets, the same errors with FILE:LINE:COL) before
+//! `super::check` against this vallumd's sets, the same errors with FILE:LINE:COL) before
 //! anything is written; the write is one etcd Txn comparing the key's mod revision with the
 //! request's etag (FAILED_PRECONDITION, reason ETAG_MISMATCH, when it moved). A write larger
 //! than etcd's request limit (`--fleet-max-request-bytes`, etcd's `--max-request-bytes`, 1.5

@@ -22,7 +22,7 @@
 //! rows naming a chunk, is kept by triggers on the list rows (the server never writes it),
 //! and a chunk whose count is not zero cannot be deleted. What the store does is deleting the
 //! chunks whose count fell to zero, once at the end of every write transaction
-//! ([`delete_unused`], one statement on a partial index of those chunks).
+//! (`delete_unused`, one statement on a partial index of those chunks).
 //!
 //! Why a count and not an index of the list rows by chunk: that index held an entry per list
 //! row (one 10k-rule ruleset with 100 kept revisions: ~15,000) ordered by chunk, so the ~150

@@ -5,7 +5,7 @@
 //! wall-clock expiry (Unix ns), so a restart does not extend a timeout.
 //!
 //! Bulk writes use multi-row statements of [`ROWS_PER_STATEMENT`] rows, all in the call's one
-//! transaction on the store's writer connection ([`super::writer`]).
+//! transaction on the store's writer connection (`super::writer`).
 
 use rusqlite::{OptionalExtension, Row, ToSql, params};
 use vallum_engine::model::Family;

@@ -3,7 +3,7 @@
 //!
 //! A token is opaque to clients and tamper-evident: the hex of `v1`, the method, a digest of
 //! the request's other fields and a cursor, separated by U+001F, then `.` and the hex of an
-//! HMAC-SHA256 of those bytes under a key drawn at random when vallumd starts ([`mac_key`]). A
+//! HMAC-SHA256 of those bytes under a key drawn at random when vallumd starts (`mac_key`). A
 //! token whose MAC does not verify (forged, edited, or issued before a restart) is
 //! INVALID_ARGUMENT on `page_token`, as a token of another method is. The cursor is where the next page starts: the
 //! last item's key for keyset listings (rulesets, sets, revisions, conntrack entries: items

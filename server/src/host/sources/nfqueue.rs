@@ -1,10 +1,10 @@
 //! The NFQUEUE packet source (Linux): worker k binds nfnetlink_queue number `first + k`, reads
-//! up to [`BATCH`] queued packets per `recvmmsg(2)`, classifies them with one
+//! up to `BATCH` queued packets per `recvmmsg(2)`, classifies them with one
 //! `EngineWorker::process` and answers them all with one `sendto(2)` of verdict messages
 //! (`NFQNL_MSG_VERDICT_BATCH` per run of equal verdicts).
 //!
-//! What the kernel tells us becomes the [`PacketMeta`]: the IP packet (NFQUEUE hands it from
-//! the IP header on; [`parse_ip`]), the hook (`NF_INET_*` numbers, [`hook_from_netfilter`]),
+//! What the kernel tells us becomes the `PacketMeta`: the IP packet (NFQUEUE hands it from
+//! the IP header on; `parse_ip`), the hook (`NF_INET_*` numbers, [`hook_from_netfilter`]),
 //! the input/output interface indexes (names from [`IfNames`]), for a bridged packet the
 //! bridge ports (`NFQA_IFINDEX_PHYSINDEV`/`PHYSOUTDEV`, for `-m physdev`), the mark, the link-layer
 //! source address (`NFQA_HWADDR`, for `-m mac`; only from an Ethernet input device, as
@@ -562,7 +562,7 @@ mod linux {
             datagram(&self.rx, &self.lens, i)
         }
 
-        /// Sends one verdict per `(id, verdict, mark)`; see [`Link::send_verdicts`].
+        /// Sends one verdict per `(id, verdict, mark)`; see `Link::send_verdicts`.
         ///
         /// Errors: the OS error of `sendto`.
         pub fn send_verdicts(&mut self, answers: &[Answer]) -> io::Result<()> {
