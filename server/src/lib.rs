@@ -34,6 +34,7 @@ pub mod convert;
 pub mod error;
 pub mod events;
 pub mod example;
+pub mod facts_chains;
 pub mod fleet;
 pub mod hooks;
 pub mod kernel_tables;

@@ -45,6 +45,7 @@ use vallum_engine::validate::{Severity, Violation};
 
 use crate::content::{self, Checked, Finding, Places, PreviousParse, SourceText};
 use crate::error::{Error, FieldViolation, Reason, Result};
+use crate::facts_chains::FactsChains;
 use crate::hooks::{CommitRecord, Hooks};
 use crate::kernel_tables::KernelTables;
 use crate::limits;
@@ -130,6 +131,9 @@ pub struct Pipeline {
     /// `--kernel-tables`: the tables handed to the kernel with each commit, before the
     /// publish ([`crate::kernel_tables`]).
     kernel: Option<Arc<KernelTables>>,
+    /// `--nfqueue-facts-mark`: the steering's facts chains, written with each commit whose
+    /// kernel-decided expressions change, before the publish ([`crate::facts_chains`]).
+    facts: Option<Arc<FactsChains>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -230,6 +234,7 @@ impl Pipeline {
             parses: Mutex::new(HashMap::new()),
             not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
             kernel: None,
+            facts: None,
         }
     }
 
@@ -240,17 +245,29 @@ impl Pipeline {
         self
     }
 
+    /// This pipeline writing the steering's facts chains ([`crate::facts_chains`]) with each
+    /// commit whose kernel-decided expressions change (after the kernel tables, before the
+    /// publish) and at start ([`Pipeline::sync_kernel_tables`]).
+    pub fn with_facts_chains(mut self, facts: Arc<FactsChains>) -> Self {
+        self.facts = Some(facts);
+        self
+    }
+
     /// The kernel tables (`--kernel-tables`), if any.
     pub fn kernel_tables(&self) -> Option<&Arc<KernelTables>> {
         self.kernel.as_ref()
     }
 
     /// Writes every kernel table of the active rulesets to the kernel (at start, after
-    /// [`Pipeline::load`]); nothing without `--kernel-tables`.
+    /// [`Pipeline::load`]), and the steering's facts chains of what the engine runs;
+    /// nothing without `--kernel-tables` and `--nfqueue-facts-mark`.
     ///
     /// Errors: [`Error::KernelTables`] when the kernel refuses them.
     pub async fn sync_kernel_tables(&self) -> Result<()> {
         let _w = self.write.lock().await;
+        if let Some(f) = &self.facts {
+            f.apply(&self.engine.kernel_facts()).await?;
+        }
         match &self.kernel {
             Some(k) => k.sync(&self.engine.rulesets()).await,
             None => Ok(()),
@@ -279,6 +296,16 @@ impl Pipeline {
         match (&self.kernel, next) {
             (Some(k), Some(next)) => k.apply(next).await.map(Some),
             _ => Ok(None),
+        }
+    }
+
+    /// Puts the facts chains back to what the engine runs after a commit failed past them
+    /// (a failure is logged: the next commit writes them again).
+    async fn facts_restore(&self) {
+        if let Some(f) = &self.facts {
+            if let Err(e) = f.apply(&self.engine.kernel_facts()).await {
+                tracing::warn!(error = %e, "putting the facts chains back failed");
+            }
         }
     }
 
@@ -1309,6 +1336,29 @@ impl Pipeline {
             ))),
             Ok(Ok(mut p)) => {
                 p.set_revision(&ruleset, number);
+                // The steering's facts chains of the snapshot before it runs: a kernel that
+                // refuses them fails the commit.
+                if let Some(Err(e)) = match &self.facts {
+                    Some(f) => Some(f.apply(p.kernel_facts()).await),
+                    None => None,
+                } {
+                    tokio::task::spawn_blocking(move || drop(p));
+                    self.kernel_undo(kernel_undo).await;
+                    self.facts_restore().await;
+                    let outcome = e.reason().info().name;
+                    self.store
+                        .revert_commit(&persisted, &e.to_string(), outcome)
+                        .await?;
+                    self.emit(
+                        &ruleset,
+                        Some(number),
+                        Outcome::Failed,
+                        Phases::default(),
+                        Some(e.to_string()),
+                        0,
+                    );
+                    return Err(e);
+                }
                 tokio::task::spawn_blocking(move || {
                     let publishing = tracing::info_span!(parent: &commit_span, "publish");
                     let published = publishing.in_scope(|| engine.publish(p));
@@ -1329,6 +1379,7 @@ impl Pipeline {
         };
         if !matches!(committed, Ok(Ok(_))) {
             self.kernel_undo(kernel_undo).await;
+            self.facts_restore().await;
         }
         let report = match committed {
             Ok(Ok(r)) => r,
