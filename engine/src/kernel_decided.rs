@@ -26,9 +26,11 @@
 //! active nor the next assignment holds, else the lowest free one (a bit whose expression was
 //! just removed: for the moment between the kernel's chain and the engine's snapshot being
 //! replaced, a rule of the old snapshot may read it; only a ruleset that changes then is
-//! affected). A ruleset that needs more distinct expressions than the field has bits is refused
-//! at the first rule whose expression does not fit, before anything is stored ("count before you
-//! expand": one pass over the rules, at most `fact_bits` expressions kept).
+//! affected). IPv4 and IPv6 packets pass different kernel chains, so each family has the whole
+//! field. A ruleset that needs more distinct expressions of one family than the field has bits
+//! is refused at the first rule whose expression does not fit, before anything is stored
+//! ("count before you expand": one pass over the rules, at most `fact_bits` expressions kept per
+//! family).
 
 use crate::model::{
     AddrTypeLimit, Family, Hook, Location, Match, Ruleset, TableKind, addr_type, ct_state,
@@ -126,11 +128,12 @@ pub fn kernel_decided(m: &Match, family: Family) -> Option<FactExpr> {
     })
 }
 
-/// Which expression holds which bit of the facts field: slot `i` is bit `i` (counted from the
-/// field's lowest bit).
+/// Which expression holds which bit of the facts field, per family (IPv4 and IPv6 packets go
+/// through different kernel chains, so each family has the whole field): slot `i` is bit `i`
+/// (counted from the field's lowest bit).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FactBits {
-    slots: Vec<Option<FactExpr>>,
+    slots: [Vec<Option<FactExpr>>; 2],
 }
 
 /// A ruleset needs more distinct kernel-decided expressions than the field has bits.
@@ -152,47 +155,53 @@ pub struct FactsOverflow {
     pub bits: u8,
 }
 
+fn family_index(f: Family) -> usize {
+    match f {
+        Family::Ipv4 => 0,
+        Family::Ipv6 => 1,
+    }
+}
+
 impl FactBits {
     /// The bit of `family`'s expression `text`, if it has one.
     pub fn bit(&self, family: Family, text: &str) -> Option<u8> {
-        self.slots
+        self.slots[family_index(family)]
             .iter()
-            .position(|s| {
-                s.as_ref()
-                    .is_some_and(|e| e.family == family && e.text == text)
-            })
+            .position(|s| s.as_ref().is_some_and(|e| e.text == text))
             .map(|i| i as u8)
     }
 
-    /// The assigned expressions with their bits, lowest bit first.
+    /// The assigned expressions with their bits, IPv4 first, lowest bit first.
     pub fn exprs(&self) -> impl Iterator<Item = (u8, &FactExpr)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|e| (i as u8, e)))
+        self.slots.iter().flat_map(|f| {
+            f.iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.as_ref().map(|e| (i as u8, e)))
+        })
     }
 
     /// Whether no expression has a bit.
     pub fn is_empty(&self) -> bool {
-        self.slots.iter().all(Option::is_none)
+        self.slots.iter().flatten().all(Option::is_none)
     }
 
     /// The assignment for `rulesets` in a field of `bits` bits, stable against `prev` (see
     /// the module docs). Walks each filter rule's matches once and keeps at most `bits`
-    /// expressions.
+    /// expressions per family.
     ///
     /// Errors: [`FactsOverflow`] at the first rule (rulesets in the given order, then tables,
-    /// chains and rules as written) whose expression finds no free bit.
+    /// chains and rules as written) whose expression finds no free bit in its family.
     pub fn assign<'a>(
         prev: &FactBits,
         bits: u8,
         rulesets: impl IntoIterator<Item = &'a Ruleset>,
     ) -> Result<FactBits, FactsOverflow> {
         let bits = bits.min(MAX_FACT_BITS);
-        let mut wanted: Vec<FactExpr> = Vec::new();
+        let mut wanted: [Vec<FactExpr>; 2] = [Vec::new(), Vec::new()];
         let mut overflow = None;
         for rs in rulesets {
             for table in rs.tables.iter().filter(|t| t.kind == TableKind::Filter) {
+                let wanted = &mut wanted[family_index(table.family)];
                 for chain in &table.chains {
                     for (i, rule) in chain.rules.iter().enumerate() {
                         for m in rule.matches.iter() {
@@ -223,27 +232,32 @@ impl FactBits {
         if let Some(o) = overflow {
             return Err(o);
         }
-        let mut slots: Vec<Option<FactExpr>> = vec![None; usize::from(bits)];
-        let mut new = Vec::new();
-        for e in wanted {
-            match prev.slots.iter().position(|s| s.as_ref() == Some(&e)) {
-                Some(i) if i < slots.len() => slots[i] = Some(e),
-                _ => new.push(e),
+        let mut out = FactBits::default();
+        for (f, wanted) in wanted.into_iter().enumerate() {
+            let prev = &prev.slots[f];
+            let mut slots: Vec<Option<FactExpr>> = vec![None; usize::from(bits)];
+            let mut new = Vec::new();
+            for e in wanted {
+                match prev.iter().position(|s| s.as_ref() == Some(&e)) {
+                    Some(i) if i < slots.len() => slots[i] = Some(e),
+                    _ => new.push(e),
+                }
             }
+            for e in new {
+                let unused =
+                    |i: usize| slots[i].is_none() && prev.get(i).is_none_or(Option::is_none);
+                let i = (0..slots.len())
+                    .find(|&i| unused(i))
+                    .or_else(|| (0..slots.len()).find(|&i| slots[i].is_none()))
+                    .expect("counted: at most `bits` expressions");
+                slots[i] = Some(e);
+            }
+            while slots.last().is_some_and(Option::is_none) {
+                slots.pop();
+            }
+            out.slots[f] = slots;
         }
-        for e in new {
-            let unused =
-                |i: usize| slots[i].is_none() && prev.slots.get(i).is_none_or(Option::is_none);
-            let i = (0..slots.len())
-                .find(|&i| unused(i))
-                .or_else(|| (0..slots.len()).find(|&i| slots[i].is_none()))
-                .expect("counted: at most `bits` expressions");
-            slots[i] = Some(e);
-        }
-        while slots.last().is_some_and(Option::is_none) {
-            slots.pop();
-        }
-        Ok(FactBits { slots })
+        Ok(out)
     }
 }
 
@@ -376,6 +390,23 @@ mod tests {
         assert_eq!(
             (e.ruleset.as_str(), e.rule, e.text.as_str(), e.bits),
             ("b", 1, "-m conntrack --ctstatus SEEN_REPLY", 2)
+        );
+        // IPv6 has the whole field too.
+        let v6 = parse_ruleset(
+            "six",
+            "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m conntrack --ctstatus ASSURED -j ACCEPT\n\
+             -A INPUT -m addrtype --dst-type ANYCAST -j ACCEPT\nCOMMIT\n",
+            &ParseOptions {
+                family: Family::Ipv6,
+                ..ParseOptions::default()
+            },
+        )
+        .unwrap();
+        let both = FactBits::assign(&FactBits::default(), 2, [&v6, &b]).unwrap();
+        assert_eq!(bit(&both, "-m conntrack --ctstatus SEEN_REPLY"), Some(0));
+        assert_eq!(
+            both.bit(Family::Ipv6, "-m addrtype --dst-type ANYCAST"),
+            Some(1)
         );
         // No field: any kernel-decided match overflows, none is needed otherwise.
         assert!(FactBits::assign(&FactBits::default(), 0, [&a]).is_err());

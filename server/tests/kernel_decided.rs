@@ -9,6 +9,9 @@
 //!   `--ctstate DNAT`, `--ctorigdst/--ctorigdstport`, `--ctstatus SEEN_REPLY`, `! --ctstatus
 //!   SEEN_REPLY`, `--ctstatus ASSURED` and `-m policy` rules read the bits the kernel set.
 //!
+//! An IPv6 ruleset beside it reads `-m addrtype --src-type UNREACHABLE`, which needs the
+//! kernel's lookup in its whole routing table.
+//!
 //! In each run B opens a TCP connection to each probe port of A and sends a line; the probe
 //! passes when the echo comes back. Every probe's outcome must be what [`PROBES`] says (so two
 //! runs that both drop everything cannot pass) and the same in both runs. Then a ruleset with
@@ -21,7 +24,7 @@ mod netns;
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -32,6 +35,8 @@ use vallum_proto::v1 as pb;
 
 const A4: Ipv4Addr = Ipv4Addr::new(10, 245, 0, 1);
 const B4: Ipv4Addr = Ipv4Addr::new(10, 245, 0, 2);
+const A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x245, 0, 0, 0, 0, 0, 1);
+const B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x245, 0, 0, 0, 0, 0, 2);
 
 /// The facts field of the vallumd run: 8 bits.
 const FACTS: &str = "0x00ff0000";
@@ -60,7 +65,15 @@ fn rules() -> String {
     )
 }
 
-/// (port B connects to, port A listens on, whether the echo comes back, why).
+/// The IPv6 ruleset of both runs: `-m addrtype` UNREACHABLE needs the kernel's route lookup
+/// (ICMPv6 accepted for neighbour discovery).
+const RULES_V6: &str = "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+    -A INPUT -p ipv6-icmp -j ACCEPT\n\
+    -A INPUT -p tcp -m tcp --dport 8087 -m addrtype ! --src-type UNREACHABLE -j ACCEPT\n\
+    -A INPUT -p tcp -m tcp --dport 8088 -m addrtype --src-type UNREACHABLE -j ACCEPT\n\
+    COMMIT\n";
+
+/// (port B connects to, whether the echo comes back, why); ports from 8087 on are IPv6.
 const PROBES: &[(u16, bool, &str)] = &[
     (80, true, "DNATed to 8080: --ctstate DNAT"),
     (8080, false, "8080 itself: not DNATed"),
@@ -75,10 +88,16 @@ const PROBES: &[(u16, bool, &str)] = &[
     (8086, true, "SYN, then --ctstatus ASSURED"),
     (8084, true, "-m policy --dir in --pol none"),
     (8085, false, "-m policy --dir in --pol ipsec: no IPsec here"),
+    (
+        8087,
+        true,
+        "IPv6: -m addrtype ! --src-type UNREACHABLE (B is routed)",
+    ),
+    (8088, false, "IPv6: -m addrtype --src-type UNREACHABLE"),
 ];
 
-/// The ports A listens on.
-const LISTEN: [u16; 7] = [8080, 8081, 8082, 8083, 8084, 8085, 8086];
+/// The ports A listens on (both families).
+const LISTEN: [u16; 9] = [8080, 8081, 8082, 8083, 8084, 8085, 8086, 8087, 8088];
 
 struct Pair {
     a: String,
@@ -100,25 +119,18 @@ impl Pair {
             "netns", &p.b,
         ])
         .expect("veth");
-        for (n, dev, addr) in [(&p.a, &a_dev, A4), (&p.b, &b_dev, B4)] {
-            sh(&[
-                "ip",
-                "-n",
-                n,
-                "addr",
-                "add",
-                &format!("{addr}/24"),
-                "dev",
-                dev,
-            ])
-            .expect("addr");
+        for (n, dev, addr, addr6) in [(&p.a, &a_dev, A4, A6), (&p.b, &b_dev, B4, B6)] {
+            let (v4, v6) = (format!("{addr}/24"), format!("{addr6}/64"));
+            sh(&["ip", "-n", n, "addr", "add", &v4, "dev", dev]).expect("addr");
+            sh(&["ip", "-n", n, "addr", "add", &v6, "dev", dev, "nodad"]).expect("addr6");
             sh(&["ip", "-n", n, "link", "set", dev, "up"]).expect("up");
             sh(&["ip", "-n", n, "link", "set", "lo", "up"]).expect("lo up");
         }
         // Echo servers in A: one thread per port, each answering one line per connection.
         for port in LISTEN {
             let l = in_netns(&p.a, move || {
-                TcpListener::bind(("0.0.0.0", port)).expect("bind")
+                // `::` takes both families (IPV6_V6ONLY is off by default).
+                TcpListener::bind(("::", port)).expect("bind")
             });
             std::thread::spawn(move || {
                 for s in l.incoming() {
@@ -138,7 +150,8 @@ impl Pair {
     /// 3 s each: a dropped SYN, ACK or data segment means no echo).
     fn echo(&self, port: u16) -> bool {
         in_netns(&self.b, move || {
-            let to = SocketAddr::from((A4, port));
+            let a: IpAddr = if port >= 8087 { A6.into() } else { A4.into() };
+            let to = SocketAddr::from((a, port));
             let Ok(mut s) = TcpStream::connect_timeout(&to, Duration::from_secs(3)) else {
                 return false;
             };
@@ -173,15 +186,19 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
         .block_on(f)
 }
 
-fn apply(addr: &str, name: &str, text: &str) -> Result<(), tonic::Status> {
+fn apply(addr: &str, name: &str, text: &str, v6: &str) -> Result<(), tonic::Status> {
     let addr = addr.to_owned();
-    let (name, text) = (name.to_owned(), text.to_owned());
+    let (name, text, v6) = (name.to_owned(), text.to_owned(), v6.to_owned());
     block_on(async move {
         let ch = support::connect(&addr).await;
+        let mut src = text_source(&text, false, "kd.rules");
+        if let Some(pb::ruleset_source::Source::Text(t)) = &mut src.source {
+            t.content_v6 = v6;
+        }
         pb::ruleset_service_client::RulesetServiceClient::new(ch)
             .apply(pb::ApplyRequest {
                 ruleset: name,
-                source: Some(text_source(&text, false, "kd.rules")),
+                source: Some(src),
                 ..Default::default()
             })
             .await
@@ -193,6 +210,7 @@ fn apply(addr: &str, name: &str, text: &str) -> Result<(), tonic::Status> {
 fn kernel_run() -> Vec<(u16, bool)> {
     let p = Pair::new("k");
     nsx_in(&p.a, &["iptables-legacy-restore"], &rules()).expect("load");
+    nsx_in(&p.a, &["ip6tables-legacy-restore"], RULES_V6).expect("load v6");
     p.probe_all()
 }
 
@@ -207,8 +225,6 @@ fn vallumd_run(db: &Path) -> Vec<(u16, bool)> {
             "install",
             "--iptables",
             "iptables-legacy",
-            "--family",
-            "ipv4",
             "--queues",
             "2",
             "--facts-mark",
@@ -235,7 +251,7 @@ fn vallumd_run(db: &Path) -> Vec<(u16, bool)> {
         d
     });
     let addr = d.addr.clone();
-    let a = in_netns(&p.a, move || apply(&addr, "kd", &rules()));
+    let a = in_netns(&p.a, move || apply(&addr, "kd", &rules(), RULES_V6));
     a.expect("apply");
     // The kernel's facts chain holds one rule per expression taken at INPUT, after the one
     // that clears the field.
@@ -259,7 +275,7 @@ fn vallumd_run(db: &Path) -> Vec<(u16, bool)> {
     }
     over.push_str("COMMIT\n");
     let addr = d.addr.clone();
-    let e = in_netns(&p.a, move || apply(&addr, "over", &over)).expect_err("9 > 8 bits");
+    let e = in_netns(&p.a, move || apply(&addr, "over", &over, "")).expect_err("9 > 8 bits");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(
         e.message().contains("--ctorigdstport") && e.message().contains("8 bits"),
@@ -272,7 +288,7 @@ fn vallumd_run(db: &Path) -> Vec<(u16, bool)> {
 }
 
 #[test]
-#[ignore = "needs root, iptables-legacy, nfnetlink_queue and network namespaces"]
+#[ignore = "needs root, iptables-legacy, ip6tables-legacy, nfnetlink_queue and network namespaces"]
 fn kernel_decided_matches_decide_as_the_kernel() {
     let _ = Command::new("modprobe").arg("nfnetlink_queue").output();
     let kernel = kernel_run();
