@@ -352,6 +352,120 @@ mod tests {
         );
     }
 
+    /// A registry with no set and a steering of `bits` facts bits.
+    struct Node(std::sync::Arc<crate::validate::ReachedHooks>);
+
+    impl crate::sets::SetRegistry for Node {
+        fn lookup(&self, _name: &str) -> Option<std::sync::Arc<dyn crate::sets::IpSet>> {
+            None
+        }
+        fn reached_hooks(&self) -> Option<std::sync::Arc<crate::validate::ReachedHooks>> {
+            Some(self.0.clone())
+        }
+    }
+
+    fn node(bits: u8) -> Node {
+        let hooks = [Hook::Input, Hook::Forward, Hook::Output];
+        Node(std::sync::Arc::new(
+            crate::validate::ReachedHooks::delivered(&hooks, &hooks, "steered")
+                .with_fact_bits(bits),
+        ))
+    }
+
+    /// With a facts field, validation lets the kernel-decided matches through (and refuses a
+    /// policy where the kernel does); without one it refuses them as before.
+    #[test]
+    fn validation_follows_the_facts_field() {
+        use crate::validate::{Severity, ViolationKind, validate};
+        let text = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+                    -A INPUT -m policy --dir in --pol none -j ACCEPT\n\
+                    -A INPUT -m conntrack --ctstatus ASSURED -j ACCEPT\n\
+                    -A OUTPUT -m policy --dir in --pol ipsec -j ACCEPT\nCOMMIT\n";
+        let r = parse_ruleset("a", text, &ParseOptions::default()).unwrap();
+        let errors = |bits: u8| -> Vec<(u32, String)> {
+            validate(&r, Some(&node(bits)))
+                .into_iter()
+                .filter(|v| v.severity == Severity::Error)
+                .map(|v| {
+                    let kind = match v.kind {
+                        ViolationKind::WrongHook { what, .. } => format!("hook {what}"),
+                        ViolationKind::Unsupported { name, .. } => format!("unsupported {name}"),
+                        k => k.to_string(),
+                    };
+                    (v.location.line, kind)
+                })
+                .collect()
+        };
+        assert_eq!(errors(8), [(7, "hook -m policy --dir in".to_string())]);
+        let without = errors(0);
+        assert_eq!(without.len(), 3, "{without:?}");
+        assert!(
+            without.iter().all(|(_, k)| k.starts_with("unsupported ")),
+            "{without:?}"
+        );
+    }
+
+    /// Through the engine: a commit assigns the bits, the compiled rule reads its bit from the
+    /// packet's `kernel_facts`, and a second commit that adds an expression keeps the first
+    /// one's bit.
+    #[test]
+    fn the_engine_reads_the_bits_it_assigned() {
+        use crate::compile::Verdict;
+        use crate::engine::{Change, Engine, EngineConfig};
+        use crate::packet::PacketMeta;
+
+        struct Zero;
+        impl crate::Clock for Zero {
+            fn now_ns(&self) -> u64 {
+                0
+            }
+        }
+        let engine = Engine::new(
+            EngineConfig {
+                cores: 1,
+                barrier: crate::dataplane::BarrierStrategy::SeqCst,
+                conntrack: None,
+            },
+            std::sync::Arc::new(Zero),
+        );
+        let sets = node(4);
+        let put = |text: &str| {
+            let rs = parse_ruleset("a", text, &ParseOptions::default()).unwrap();
+            engine.commit(Change::Put(rs), &sets).unwrap();
+        };
+        put("*filter\n:INPUT DROP [0:0]\n\
+             -A INPUT -m policy --dir in --pol none -j ACCEPT\nCOMMIT\n");
+        let facts = engine.kernel_facts();
+        assert_eq!(
+            facts.bit(Family::Ipv4, "-m policy --dir in --pol none"),
+            Some(0)
+        );
+        let verdict = |kernel_facts: u32| {
+            let p = PacketMeta {
+                kernel_facts,
+                ..PacketMeta::default()
+            };
+            engine.trace(&p, 0).verdict
+        };
+        assert_eq!(verdict(0b1), Verdict::Accept);
+        assert_eq!(verdict(0), Verdict::Drop);
+        put("*filter\n:INPUT DROP [0:0]\n\
+             -A INPUT -m conntrack --ctstate DNAT -j ACCEPT\n\
+             -A INPUT -m policy --dir in --pol none -j ACCEPT\nCOMMIT\n");
+        let facts = engine.kernel_facts();
+        assert_eq!(
+            facts.bit(Family::Ipv4, "-m policy --dir in --pol none"),
+            Some(0)
+        );
+        assert_eq!(
+            facts.bit(Family::Ipv4, "-m conntrack --ctstate DNAT"),
+            Some(1)
+        );
+        assert_eq!(verdict(0b10), Verdict::Accept);
+        assert_eq!(verdict(0b1), Verdict::Accept);
+        assert_eq!(verdict(0b100), Verdict::Drop);
+    }
+
     /// An expression keeps its bit across commits; a new one avoids a bit just freed while
     /// another is free; the same expression in two rulesets or rules takes one bit.
     #[test]
