@@ -439,19 +439,35 @@ impl Engine {
     /// Validates `ruleset` as a commit would (with `sets` for `--match-set`), without
     /// committing. Returns every violation, warnings included.
     pub fn validate(&self, ruleset: &Ruleset, sets: &dyn SetRegistry) -> Vec<Violation> {
-        let old = self
-            .active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .rulesets
-            .get(&ruleset.name)
-            .cloned();
+        let (old, others, prev_facts) = {
+            let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            let others: Vec<Arc<Ruleset>> = active
+                .rulesets
+                .values()
+                .filter(|r| r.name != ruleset.name)
+                .cloned()
+                .collect();
+            (
+                active.rulesets.get(&ruleset.name).cloned(),
+                others,
+                active.facts.clone(),
+            )
+        };
         self.count_validation();
-        match old {
+        let mut v = match old {
             // The same result, checking only what changed (`validate_after`).
             Some(old) => validate_after(ruleset, &old, Some(sets)).0,
             None => validate(ruleset, Some(sets)),
+        };
+        // The facts field, as the commit would count it.
+        let bits = sets.reached_hooks().map_or(0, |h| h.fact_bits());
+        if bits > 0 {
+            let all = others.iter().map(|r| &**r).chain(std::iter::once(ruleset));
+            if let Err(o) = FactBits::assign(&prev_facts, bits, all) {
+                v.push(overflow_violation(o));
+            }
         }
+        v
     }
 
     /// Applies `change` atomically: validate, compile, publish, quiesce, carry counters.
@@ -576,19 +592,7 @@ impl Engine {
             match FactBits::assign(&prev_facts, bits, next.values().map(|r| &**r)) {
                 Ok(f) => Arc::new(f),
                 Err(o) => {
-                    violations.push(Violation {
-                        severity: Severity::Error,
-                        ruleset: o.ruleset,
-                        family: Some(o.family),
-                        table: Some(TableKind::Filter),
-                        chain: Some(o.chain),
-                        rule: Some(o.rule),
-                        location: o.location,
-                        kind: ViolationKind::TooManyKernelFacts {
-                            text: o.text,
-                            bits: o.bits,
-                        },
-                    });
+                    violations.push(overflow_violation(o));
                     prev_facts
                 }
             }
@@ -1185,6 +1189,23 @@ impl EngineWorker<'_> {
             full: self.logs.dropped(),
             stale: self.logs_stale,
         }
+    }
+}
+
+/// The error at the first rule whose kernel-decided expression found no facts bit.
+fn overflow_violation(o: crate::kernel_decided::FactsOverflow) -> Violation {
+    Violation {
+        severity: Severity::Error,
+        ruleset: o.ruleset,
+        family: Some(o.family),
+        table: Some(TableKind::Filter),
+        chain: Some(o.chain),
+        rule: Some(o.rule),
+        location: o.location,
+        kind: ViolationKind::TooManyKernelFacts {
+            text: o.text,
+            bits: o.bits,
+        },
     }
 }
 

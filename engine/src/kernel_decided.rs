@@ -464,6 +464,29 @@ mod tests {
         assert_eq!(verdict(0b10), Verdict::Accept);
         assert_eq!(verdict(0b1), Verdict::Accept);
         assert_eq!(verdict(0b100), Verdict::Drop);
+        // A dry run counts as the commit does: three more expressions do not fit 4 bits.
+        let more = parse_ruleset(
+            "b",
+            "*filter\n:INPUT ACCEPT [0:0]\n\
+             -A INPUT -m conntrack --ctstatus ASSURED -j ACCEPT\n\
+             -A INPUT -m conntrack --ctstatus SEEN_REPLY -j ACCEPT\n\
+             -A INPUT -m conntrack --ctstate SNAT -j ACCEPT\nCOMMIT\n",
+            &ParseOptions::default(),
+        )
+        .unwrap();
+        let v = engine.validate(&more, &sets);
+        let over: Vec<_> = v
+            .iter()
+            .filter(|v| {
+                matches!(
+                    v.kind,
+                    crate::validate::ViolationKind::TooManyKernelFacts { .. }
+                )
+            })
+            .collect();
+        assert_eq!(over.len(), 1, "{v:?}");
+        assert_eq!((over[0].ruleset.as_str(), over[0].rule), ("b", Some(3)));
+        assert!(engine.commit(Change::Put(more), &sets).is_err());
     }
 
     /// An expression keeps its bit across commits; a new one avoids a bit just freed while
