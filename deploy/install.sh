@@ -2,7 +2,7 @@
 # Builds and installs Vallum on a host: the binaries (vallumd, vallumctl, vallum-iptables), the
 # systemd units with their /etc/default files, vallumctl's man pages and shell completions, and
 # the operations guide. The one documented install path (README, "Install"); checked by
-# `cargo test -p vallum-server --test install` (an install into a temporary DESTDIR whose units
+# `cargo test -p vallum-server --test it -- install::` (an install into a temporary DESTDIR whose units
 # `systemd-analyze verify` accepts).
 #
 #   PREFIX      where it goes (default /usr/local): PREFIX/bin, PREFIX/share/man/man1,

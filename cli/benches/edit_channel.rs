@@ -15,8 +15,10 @@ fn main() {
         std::env::var("VALLUM_SERVER"),
         std::env::var("VALLUM_RULESET"),
     ) else {
-        println!("SKIP VALLUM_SERVER and VALLUM_RULESET are not set (run cli/benches/dropin.sh)");
-        return;
+        panic!(
+            "edit_channel bench not run: VALLUM_SERVER and VALLUM_RULESET are not set \
+             (run cli/benches/dropin.sh)"
+        );
     };
     let calls: usize = std::env::var("VALLUM_BENCH_CALLS")
         .ok()

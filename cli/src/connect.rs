@@ -311,6 +311,23 @@ impl Connection {
         })?;
         let auth = Auth(token, deadline);
         self.wait_serving(&channel, &auth, until).await;
+        // Without --server the endpoint is the local socket when it exists; with --wait it
+        // may not have existed yet when vallumctl started (vallumd just launched), so the
+        // default fell to TCP, where a change without a token is refused. vallumd binds its
+        // socket before it serves TCP: once TCP has answered, ask for the default again and
+        // use the socket if it is there now (as a command started a moment later would).
+        if self.server_flag.is_none() && self.wait.is_some() && !tls {
+            let now = crate::socket::default_server();
+            if let Some(path) = crate::socket::unix_path(&now) {
+                let mut ep = crate::socket::endpoint().connect_timeout(Duration::from_secs(5));
+                if with_timeout {
+                    ep = ep.timeout(self.timeout);
+                }
+                if let Ok(c) = crate::socket::connect(ep, path).await {
+                    return Ok(Clients::new(c, auth));
+                }
+            }
+        }
         Ok(Clients::new(channel, auth))
     }
 

@@ -1,5 +1,5 @@
 //! `vallum-iptables`: `iptables`, `ip6tables`, `iptables-restore`, `ip6tables-restore`,
-//! `iptables-save` and `ip6tables-save` backed by vallumd, one binary chosen by argv[0] (as
+//! `iptables-save` and `ip6tables-save` backed by vallumd, one binary chosen by `argv[0]` (as
 //! `xtables-nft-multi`), or by its first argument when called as `vallum-iptables`.
 //!
 //! It finds vallumd through `VALLUM_SERVER` (default: the local socket `unix:/run/vallum/vallumd.sock`

@@ -207,7 +207,7 @@ pub enum RulesetCommand {
         /// Output format of the content.
         #[arg(long, value_enum, default_value_t = FormatArg::Save)]
         format: FormatArg,
-        /// Include live counters ([packets:bytes]) if the revision is active.
+        /// Include live counters (`[packets:bytes]`) if the revision is active.
         #[arg(long)]
         counters: bool,
     },

@@ -35,7 +35,7 @@ pub type Client = SetServiceClient<InterceptedService<Channel, Auth>>;
 /// `vallumctl set` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum SetCommand {
-    /// Create a set: NAME TYPE [family inet|inet6] [hashsize N] [maxelem N] [timeout N] [counters].
+    /// Create a set: `NAME TYPE [family inet|inet6] [hashsize N] [maxelem N] [timeout N] [counters]`.
     Create {
         /// Set name (1-31 bytes).
         name: String,

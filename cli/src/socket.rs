@@ -4,7 +4,7 @@
 //! ([`connect`]).
 //!
 //! `--server` takes `unix:PATH` (or `unix://PATH`, PATH absolute) besides `http://` and
-//! `https://` URLs. Without it: the first of [`SOCKETS`] that exists as a socket (vallumd as
+//! `https://` URLs. Without it: the first of [`sockets`] that exists as a socket (vallumd as
 //! root, then vallumd as this user under `$XDG_RUNTIME_DIR`), else [`DEFAULT_TCP`].
 
 use std::os::unix::fs::FileTypeExt;

@@ -19,8 +19,8 @@
 //! Every sampled header matches its own rule, and every rule accepts: our side asserts that
 //! no header was dropped.
 //!
-//! `VALLUM_BENCH_100K=0` skips the 100k sets. Prints SKIP and exits 0 when `dpdk-test-acl` or
-//! the data set is missing.
+//! `VALLUM_BENCH_100K=0` skips the 100k sets. Fails with the reason when `dpdk-test-acl` or
+//! the data set is missing (nothing measured).
 //!
 //! Run: `cargo bench -p vallum-engine --bench acl_anchor`
 
@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vallum_engine::compile::{CLASSIFY_BATCH, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::sets::NoSets;
 
 #[path = "support/classbench.rs"]
@@ -43,12 +44,14 @@ const ITER: usize = 20;
 
 fn main() {
     let Some(dir) = classbench::data_dir() else {
-        eprintln!("SKIP acl_anchor: ../shared/data/classbench not found");
-        return;
+        panic!("acl_anchor not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)");
     };
-    if Command::new("dpdk-test-acl").arg("--version").output().is_err() {
-        eprintln!("SKIP acl_anchor: dpdk-test-acl not found (Debian package dpdk-dev)");
-        return;
+    if Command::new("dpdk-test-acl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("acl_anchor not run: dpdk-test-acl not found (Debian package dpdk-dev)");
     }
     let rounds: usize = std::env::var("VALLUM_ANCHOR_ROUNDS")
         .ok()
@@ -58,7 +61,9 @@ fn main() {
     let tmp = std::env::temp_dir().join(format!("vallum-acl-anchor-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
 
-    println!("# acl_anchor: {HEADERS} headers sampled from the rules (seed 7), best of {rounds} rounds, rte_acl best of {algs:?}");
+    println!(
+        "# acl_anchor: {HEADERS} headers sampled from the rules (seed 7), best of {rounds} rounds, rte_acl best of {algs:?}"
+    );
     println!("| set | rules | ours Mpps | rte_acl Mpps | rte_acl cycles/pkt | ratio | rte alg |");
     println!("|---|---:|---:|---:|---:|---:|---|");
     let mut sizes = vec!["1k", "10k"];
@@ -72,7 +77,7 @@ fn main() {
                 match classbench::read_gz(&path) {
                     Some(t) => t,
                     None => {
-                        eprintln!("SKIP {set}_100k: cannot gunzip {}", path.display());
+                        eprintln!("NOT MEASURED {set}_100k: cannot gunzip {}", path.display());
                         continue;
                     }
                 }
@@ -88,7 +93,8 @@ fn main() {
             std::fs::write(&trace_path, rte_trace(&headers)).expect("write trace");
 
             let ruleset = Arc::new(classbench::to_ruleset(set, &filters).expect("translate"));
-            let snap = Snapshot::compile(std::slice::from_ref(&ruleset), &NoSets, 1).expect("compile");
+            let snap =
+                Snapshot::compile(std::slice::from_ref(&ruleset), &NoSets, 1).expect("compile");
             let packets: Vec<_> = headers.iter().map(classbench::to_packet).collect();
 
             let mut ours_best = 0f64;
@@ -133,13 +139,28 @@ fn ours_mpps(snap: &Snapshot, packets: &[vallum_engine::packet::PacketMeta]) -> 
         for chunk in packets.chunks(CLASSIFY_BATCH) {
             buf.clear();
             buf.extend_from_slice(chunk);
-            let n = snap.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs);
-            accepted += verdicts[..n].iter().filter(|&&v| v == Verdict::Accept).count();
+            let n = snap.classify_batch(
+                0,
+                &mut buf,
+                &mut verdicts,
+                0,
+                &mut logs,
+                &[],
+                &mut NoTracking,
+            );
+            accepted += verdicts[..n]
+                .iter()
+                .filter(|&&v| v == Verdict::Accept)
+                .count();
         }
     }
     let secs = start.elapsed().as_secs_f64();
     // Every sampled header matches the rule it was drawn from, and every rule accepts.
-    assert_eq!(accepted, ITER * packets.len(), "a sampled header was dropped");
+    assert_eq!(
+        accepted,
+        ITER * packets.len(),
+        "a sampled header was dropped"
+    );
     (ITER * packets.len()) as f64 / secs / 1e6
 }
 
@@ -203,7 +224,10 @@ fn run_rte(rules: &Path, trace: &Path, n_rules: usize, alg: &'static str) -> Rte
     let num_before = |unit: &str| -> f64 {
         let end = line.find(unit).expect("unit in result line");
         let start = line[..end].trim_end().rfind(' ').map_or(0, |i| i + 1);
-        line[start..end].trim().parse().expect("number in result line")
+        line[start..end]
+            .trim()
+            .parse()
+            .expect("number in result line")
     };
     Rte {
         alg,

@@ -18,8 +18,8 @@
 //! - Printed to stderr, not timed by criterion: index tables and bytes per rule (without and
 //!   with RFC tables).
 //!
-//! Set `VALLUM_BENCH_100K=0` to skip the 100k sets (their linear case is slow). Skips with a
-//! printed reason when ../shared/data/classbench is absent.
+//! Set `VALLUM_BENCH_100K=0` to skip the 100k sets (their linear case is slow). Fails with the
+//! reason when ../shared/data/classbench is absent (nothing measured).
 //!
 //! Run: `cargo bench -p vallum-engine --bench classify`
 
@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use vallum_engine::compile::{CLASSIFY_BATCH, Classifier, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::Ruleset;
 use vallum_engine::sets::NoSets;
 
@@ -68,8 +69,9 @@ struct Case {
 
 fn cases() -> Option<Vec<Case>> {
     let Some(dir) = classbench::data_dir() else {
-        eprintln!("SKIP classify bench: ../shared/data/classbench not found");
-        return None;
+        panic!(
+            "classify bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     let read = |p: &str| std::fs::read_to_string(dir.join(p)).expect("read classbench file");
     let mut out = Vec::new();
@@ -102,7 +104,7 @@ fn cases() -> Option<Vec<Case>> {
         for set in ["acl1", "fw1", "ipc1"] {
             let path = dir.join(format!("generated/{set}_100k.gz"));
             let Some(text) = classbench::read_gz(&path) else {
-                eprintln!("SKIP {set}_100k: cannot gunzip {}", path.display());
+                eprintln!("NOT MEASURED {set}_100k: cannot gunzip {}", path.display());
                 continue;
             };
             let f = classbench::parse_filters(&text).expect("generated set");
@@ -177,7 +179,15 @@ fn bench(c: &mut Criterion) {
                     for chunk in packets.chunks(CLASSIFY_BATCH) {
                         buf.clear();
                         buf.extend_from_slice(chunk);
-                        let n = snap.classify_batch(0, &mut buf, &mut verdicts, 0, &mut logs);
+                        let n = snap.classify_batch(
+                            0,
+                            &mut buf,
+                            &mut verdicts,
+                            0,
+                            &mut logs,
+                            &[],
+                            &mut NoTracking,
+                        );
                         accepted += verdicts[..n]
                             .iter()
                             .filter(|&&v| v == Verdict::Accept)

@@ -147,7 +147,7 @@ fn updates(c: &mut Criterion, dir: &std::path::Path) {
                 "acl1".into(),
                 classbench::parse_filters(&text).expect("parse"),
             )),
-            None => eprintln!("SKIP acl1_100k: cannot gunzip generated/acl1_100k.gz"),
+            None => eprintln!("NOT MEASURED acl1_100k: cannot gunzip generated/acl1_100k.gz"),
         }
     }
     let mut group = c.benchmark_group("update");
@@ -202,8 +202,9 @@ fn updates(c: &mut Criterion, dir: &std::path::Path) {
 
 fn bench(c: &mut Criterion) {
     let Some(dir) = classbench::data_dir() else {
-        eprintln!("SKIP commit bench: ../shared/data/classbench not found");
-        return;
+        panic!(
+            "commit bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     updates(c, &dir);
     whole_commits(c, &dir);

@@ -40,8 +40,9 @@ fn med(mut v: Vec<u64>) -> f64 {
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is not supported.
     let Some(dir) = classbench::data_dir() else {
-        eprintln!("SKIP commit_cpu bench: ../shared/data/classbench not found");
-        return;
+        panic!(
+            "commit_cpu bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     let n: usize = std::env::var("N")
         .ok()
@@ -52,7 +53,7 @@ fn main() {
     if std::env::var("VALLUM_BENCH_100K").as_deref() == Ok("1") {
         match classbench::read_gz(&dir.join("generated/acl1_100k.gz")) {
             Some(t) => sets.push(t),
-            None => eprintln!("SKIP acl1_100k: cannot gunzip"),
+            None => eprintln!("NOT MEASURED acl1_100k: cannot gunzip"),
         }
     }
     for text in sets {

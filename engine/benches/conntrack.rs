@@ -7,7 +7,7 @@
 //! `mutex_hashmap`; `<threads>` from `VALLUM_BENCH_THREADS`, default "1,2"):
 //! - `syn_flood/<table>/pcap/<threads>`: the TCP SYNs of `../shared/data/pcap/ndpi-synscan.pcap`
 //!   (2011 packets, 2002 distinct 5-tuples, 1994 distinct pure-SYN flows), repeated with the
-//!   source port varied until [`FLOWS`] distinct flows; skipped with a printed reason when the
+//!   source port varied until [`FLOWS`] distinct flows; not measured (`NOT MEASURED` and why) when the
 //!   capture is absent.
 //! - `syn_flood/<table>/synth/<threads>`: [`FLOWS`] generated distinct SYNs (source address and
 //!   port varied).
@@ -244,7 +244,7 @@ fn cases() -> Vec<(&'static str, Arc<Vec<PacketMeta>>)> {
     let mut v = Vec::new();
     match pcap_flows() {
         Ok(f) => v.push(("pcap", Arc::new(f))),
-        Err(why) => eprintln!("conntrack bench: skipping the pcap case: {why}"),
+        Err(why) => eprintln!("NOT MEASURED conntrack pcap case: {why}"),
     }
     v.push(("synth", Arc::new(synth_flows())));
     v

@@ -18,8 +18,9 @@ use vallum_engine::restore::{
 
 fn bench(c: &mut Criterion) {
     let Some(dir) = classbench::data_dir() else {
-        eprintln!("SKIP restore bench: ../shared/data/classbench not found");
-        return;
+        panic!(
+            "restore bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)"
+        );
     };
     let text = std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k");
     let filters = classbench::parse_filters(&text).expect("parse acl1_10k");

@@ -122,7 +122,7 @@ use stateful::{CHashlimit, CRecent, NamedState};
 use string::CString;
 
 use eval::Observer;
-pub use eval::{BatchWith, CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
+pub use eval::{CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
 pub use log_ring::{LogHit, LogRecord, LogRing, LogSink};
 pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 use tuple_merge::ChainIndex;
@@ -799,7 +799,7 @@ pub struct Snapshot {
     /// `[family][hook]` -> base chain indices in evaluation order.
     hooks: [[Box<[u32]>; 5]; 2],
     /// `[family][hook]` -> how many of `hooks`' leading chains are raw-table chains (raw sorts
-    /// first): conntrack runs between them and the rest ([`Snapshot::classify_split`]).
+    /// first): conntrack runs between them and the rest ([`Snapshot::classify_batch`]).
     raw_chains: [[u32; 5]; 2],
     chains: Box<[CChain]>,
     /// Number of rules over all chains.

@@ -75,6 +75,7 @@ mod count;
 pub mod filter;
 pub mod persist;
 mod reclaim;
+mod step;
 pub mod tcp;
 pub mod tuple;
 
@@ -87,6 +88,7 @@ use buckets::{Buckets, Conn, Padded, PairGuard, Stripe, tag};
 pub use count::Liveness;
 pub use filter::ConnFilter;
 pub use persist::{PersistError, Restored};
+pub use step::{NoTracking, Track, Tracker};
 pub use tcp::TcpState;
 pub use tuple::Tuple;
 use tuple::{IcmpKind, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};

@@ -42,7 +42,7 @@
 //! # Conntrack
 //! The engine owns one [`Conntrack`] table shared by all cores (unless
 //! [`EngineConfig::conntrack`] is `None`). It lives outside the snapshots, so a commit keeps
-//! every entry: established flows survive a ruleset change. [`EngineWorker::process_batch`]
+//! every entry: established flows survive a ruleset change. [`EngineWorker::process`]
 //! does per packet what netfilter does per hook: the raw-table base chains (priority -300,
 //! where NOTRACK marks a packet UNTRACKED), then conntrack (-200) sets the packet's
 //! `ct_state` ([`Conntrack::track`]; ICMP errors are RELATED through the header the parser
@@ -72,19 +72,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::Clock;
-use crate::compile::{
-    BatchWith, CompileError, DiffHint, LogEvent, LogRecord, LogRing, SlotCounters, Snapshot, Trace,
-    Verdict,
-};
-use crate::conntrack::{Conntrack, ConntrackConfig, CtVerdict};
+use crate::compile::{CompileError, DiffHint, LogEvent, LogRecord, SlotCounters, Snapshot, Trace};
+use crate::conntrack::{Conntrack, ConntrackConfig};
 use crate::dataplane::{
-    BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Worker,
+    BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired,
 };
 use crate::kernel_decided::FactBits;
 use crate::model::{Counters, EditError, Family, Hook, RuleEdit, Ruleset, TableKind};
 use crate::packet::PacketMeta;
 use crate::sets::SetRegistry;
 use crate::validate::{Severity, Violation, ViolationKind, validate, validate_after};
+
+mod worker;
+
+use worker::VerdictCounts;
+pub use worker::{Batch, EngineWorker, LOG_RING_CAPACITY, LogDrops};
 
 /// How to build an [`Engine`].
 #[derive(Clone, Copy, Debug)]
@@ -338,11 +340,6 @@ struct Active {
     version: u64,
 }
 
-/// Verdict counters of one core: `[family][hook][verdict]`, one writer (the core).
-#[repr(align(128))]
-#[derive(Default)]
-struct VerdictCounts([[[AtomicU64; 3]; 5]; 2]);
-
 /// Packets counted by (family, hook, verdict name).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerdictCount {
@@ -376,21 +373,6 @@ impl std::fmt::Debug for Engine {
             .field("cores", &self.dataplane.cores())
             .field("barrier", &self.dataplane.barrier())
             .finish_non_exhaustive()
-    }
-}
-
-/// Whether a packet with this [`ct_state`](crate::model::ct_state) has a conntrack entry
-/// (not INVALID, not UNTRACKED).
-fn ct_state_has_entry(state: u8) -> bool {
-    use crate::model::ct_state::{INVALID, UNTRACKED};
-    state & (INVALID | UNTRACKED) == 0
-}
-
-fn verdict_index(v: Verdict) -> usize {
-    match v {
-        Verdict::Accept => 0,
-        Verdict::Drop => 1,
-        Verdict::Reject(_) => 2,
     }
 }
 
@@ -769,14 +751,12 @@ impl Engine {
     ///
     /// Errors: [`DataplaneError`] when the index is out of range or the core is claimed.
     pub fn worker(&self, core: usize) -> Result<EngineWorker<'_>, DataplaneError> {
-        Ok(EngineWorker {
-            inner: self.dataplane.worker(core)?,
-            dataplane: &self.dataplane,
-            verdicts: &self.verdicts[core],
-            logs: LogRing::with_capacity(LOG_RING_CAPACITY),
-            logs_stale: 0,
-            conntrack: self.conntrack.as_ref(),
-        })
+        Ok(EngineWorker::new(
+            self.dataplane.worker(core)?,
+            &self.dataplane,
+            &self.verdicts[core],
+            self.conntrack.as_ref(),
+        ))
     }
 
     /// The event a worker's [`LogRecord`] stands for ([`EngineWorker::drain_log_records`]),
@@ -868,11 +848,7 @@ impl Engine {
         for (fi, family) in [Family::Ipv4, Family::Ipv6].into_iter().enumerate() {
             for hook in Hook::ALL {
                 for (vi, verdict) in ["ACCEPT", "DROP", "REJECT"].into_iter().enumerate() {
-                    let packets: u64 = self
-                        .verdicts
-                        .iter()
-                        .map(|c| c.0[fi][hook.index()][vi].load(Ordering::Relaxed))
-                        .sum();
+                    let packets: u64 = self.verdicts.iter().map(|c| c.get(fi, hook, vi)).sum();
                     if packets != 0 {
                         out.push(VerdictCount {
                             family,
@@ -924,274 +900,6 @@ impl Engine {
     }
 }
 
-/// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains
-/// ([`EngineWorker::drain_logs`]); further hits are counted in [`LogDrops::full`].
-pub const LOG_RING_CAPACITY: usize = 1024;
-
-/// `-j LOG` hits an [`EngineWorker`] did not hand out, since it was made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LogDrops {
-    /// The worker's ring was full ([`LOG_RING_CAPACITY`] hits since the last drain).
-    pub full: u64,
-    /// A commit replaced the snapshot the hit happened in before [`EngineWorker::drain_logs`]
-    /// could name its rule.
-    pub stale: u64,
-}
-
-/// A worker's handle on one core: classifies batches of packets against the active snapshot.
-pub struct EngineWorker<'a> {
-    inner: Worker<'a, Snapshot>,
-    dataplane: &'a Dataplane<Snapshot>,
-    verdicts: &'a VerdictCounts,
-    /// This core's `-j LOG` hits (fixed capacity, allocated once).
-    logs: LogRing,
-    logs_stale: u64,
-    conntrack: Option<&'a Conntrack>,
-}
-
-impl std::fmt::Debug for EngineWorker<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineWorker")
-            .field("core", &self.inner.core())
-            .finish_non_exhaustive()
-    }
-}
-
-/// Classifies one run of a batch on `snap` (with conntrack when `ct` is given) and counts
-/// the verdicts on this core: the body of [`EngineWorker::process_batch_copied`].
-fn classify_run(
-    snap: &Snapshot,
-    core: usize,
-    (packets, bytes, verdicts): (&mut [PacketMeta], &[&[u8]], &mut [Verdict]),
-    now_ns: u64,
-    logs: &mut LogRing,
-    ct: Option<&Conntrack>,
-    counts: &VerdictCounts,
-) {
-    match ct {
-        None => {
-            let with = BatchWith {
-                bytes,
-                conntrack: None,
-            };
-            snap.classify_batch_tracked(
-                core,
-                packets,
-                verdicts,
-                now_ns,
-                logs,
-                with,
-                |_| None,
-                |_, v| v,
-            );
-        }
-        Some(ct) => {
-            // A new connection's entry joins the table only if its first packet is
-            // accepted (nf_conntrack confirms at the last hook); `decided` runs right
-            // after each packet, before the next one is tracked.
-            // The entry's mark as the tracker found it: a packet whose rules changed
-            // it (`-j CONNMARK`) writes it back after its verdict, as the kernel's
-            // target writes ct->mark (a confirmed entry at once; a new one carries it
-            // into `confirm`).
-            let unconfirmed = std::cell::Cell::new(None);
-            let found_mark = std::cell::Cell::new(None);
-            snap.classify_batch_tracked(
-                core,
-                packets,
-                verdicts,
-                now_ns,
-                logs,
-                BatchWith {
-                    bytes,
-                    conntrack: Some(ct),
-                },
-                |p| {
-                    let (v, u) = ct.track_unconfirmed(p, now_ns);
-                    found_mark
-                        .set((u.is_none() && ct_state_has_entry(p.ct_state)).then_some(p.ct_mark));
-                    unconfirmed.set(u);
-                    (v == CtVerdict::TableFull).then_some(Verdict::Drop)
-                },
-                |p, v| {
-                    if let Some(m) = found_mark.take() {
-                        if m != p.ct_mark {
-                            ct.set_mark(p, p.ct_mark);
-                        }
-                    }
-                    match (unconfirmed.take(), v) {
-                        (Some(u), Verdict::Accept) => match ct.confirm(u, p, now_ns) {
-                            CtVerdict::TableFull => {
-                                p.ct_state = CtVerdict::TableFull.ct_state();
-                                Verdict::Drop
-                            }
-                            _ => v,
-                        },
-                        _ => v,
-                    }
-                },
-            );
-        }
-    }
-    for (p, v) in packets.iter().zip(verdicts.iter()) {
-        let fi = match p.family {
-            Family::Ipv4 => 0,
-            Family::Ipv6 => 1,
-        };
-        // Single writer per core: Relaxed load + store, no shared RMW.
-        let c = &counts.0[fi][p.hook.index()][verdict_index(*v)];
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
-}
-
-impl EngineWorker<'_> {
-    /// The core index.
-    pub fn core(&self) -> usize {
-        self.inner.core()
-    }
-
-    /// Classifies `packets` in one batch (one generation-counter round trip) at time `now_ns`
-    /// and writes each verdict into `verdicts` (same index), through
-    /// [`Snapshot::classify_batch_split`] (the index probes of the batch's packets overlap;
-    /// the verdicts are those of classifying the packets one by one, in order). Processes
-    /// `min(packets.len(), verdicts.len())` packets and returns that number. Each packet comes
-    /// back with the `ct_state` the non-raw chains saw: UNTRACKED when raw-table rules said
-    /// NOTRACK, else the tracker's (module docs, "Conntrack"; unchanged when conntrack is off).
-    /// `-j LOG` hits are kept in the worker's fixed-capacity ring until
-    /// [`EngineWorker::drain_logs`] or [`EngineWorker::drain_log_records`] (no allocation per
-    /// hit; hits beyond [`LOG_RING_CAPACITY`] are counted in [`EngineWorker::log_drops`]).
-    pub fn process_batch(
-        &mut self,
-        packets: &mut [PacketMeta],
-        verdicts: &mut [Verdict],
-        now_ns: u64,
-    ) -> usize {
-        self.process_batch_bytes(packets, &[], verdicts, now_ns)
-    }
-
-    /// [`EngineWorker::process_batch`] with each packet's bytes: `bytes[i]` is packet `i`
-    /// from its network (IP) header on, which `-m string` searches (a packet without bytes,
-    /// as in `process_batch`, has none: `--string` is false for it). NFQUEUE's payload is
-    /// that slice.
-    pub fn process_batch_bytes(
-        &mut self,
-        packets: &mut [PacketMeta],
-        bytes: &[&[u8]],
-        verdicts: &mut [Verdict],
-        now_ns: u64,
-    ) -> usize {
-        self.process_batch_copied(packets, bytes, &[], verdicts, &mut [], now_ns)
-            .0
-    }
-
-    /// [`EngineWorker::process_batch_bytes`] for a source that may copy only the first bytes
-    /// of a packet (NFQUEUE's copy range): `cut[i]` says that `bytes[i]` ends before packet
-    /// `i` does (absent: false). A cut packet whose bytes end before what the rules of this
-    /// batch's snapshot can read ([`Snapshot::copy_range`]) is not classified: no counter,
-    /// no conntrack, its verdict left as it was, and `skipped[i]` set (the source must get the
-    /// packet again with more bytes: NFQUEUE's `NF_REPEAT` once the copy range is raised);
-    /// every other packet is classified as `process_batch_bytes` does, in order. Returns the
-    /// number of packets looked at (`min(packets.len(), verdicts.len())`) and the
-    /// snapshot's copy range, so the source can follow a commit that changed it. `skipped`
-    /// is written for the indexes it has (clear where a packet was classified).
-    pub fn process_batch_copied(
-        &mut self,
-        packets: &mut [PacketMeta],
-        bytes: &[&[u8]],
-        cut: &[bool],
-        verdicts: &mut [Verdict],
-        skipped: &mut [bool],
-        now_ns: u64,
-    ) -> (usize, u32) {
-        let n = packets.len().min(verdicts.len());
-        let logs = &mut self.logs;
-        let counts = self.verdicts;
-        let ct = self.conntrack;
-        // One epoch pin for the whole batch: the per-packet pins inside `track` nest.
-        let _pin = ct.map(Conntrack::pin);
-        let mut range = 0;
-        self.inner.batch(|snap, batch| {
-            range = snap.copy_range();
-            let short = |i: usize| {
-                cut.get(i).copied().unwrap_or(false)
-                    && bytes.get(i).map_or(0, |b| b.len()) < range as usize
-            };
-            for (i, s) in skipped.iter_mut().enumerate().take(n) {
-                *s = short(i);
-            }
-            // Runs of packets to classify, between the skipped ones (one run, the whole
-            // batch, when none is).
-            let mut classified = 0;
-            let mut start = 0;
-            while start < n {
-                if short(start) {
-                    start += 1;
-                    continue;
-                }
-                let mut end = start + 1;
-                while end < n && !short(end) {
-                    end += 1;
-                }
-                let run_bytes = bytes
-                    .get(start.min(bytes.len())..end.min(bytes.len()))
-                    .unwrap_or(&[]);
-                classify_run(
-                    snap,
-                    batch.core(),
-                    (
-                        &mut packets[start..end],
-                        run_bytes,
-                        &mut verdicts[start..end],
-                    ),
-                    now_ns,
-                    logs,
-                    ct,
-                    counts,
-                );
-                classified += end - start;
-                start = end;
-            }
-            batch.add_packets(classified as u64);
-        });
-        (n, range)
-    }
-
-    /// The `-j LOG` hits since the last drain, as events naming their rule (ruleset, table,
-    /// chain, number, prefix), oldest first; empties the ring. Off the packet path: it
-    /// allocates the events and resolves them on the active snapshot under the commit lock
-    /// ([`Dataplane::with_active`]; nothing when the ring is empty). A hit whose snapshot a
-    /// commit replaced meanwhile cannot be named and is counted in [`LogDrops::stale`].
-    pub fn drain_logs(&mut self) -> Vec<LogEvent> {
-        if self.logs.is_empty() {
-            return Vec::new();
-        }
-        let logs = &mut self.logs;
-        let (events, stale) = self.dataplane.with_active(|snap| {
-            let records = logs.drain();
-            let n = records.len();
-            let events: Vec<LogEvent> = records.filter_map(|r| snap.log_event(&r)).collect();
-            let stale = (n - events.len()) as u64;
-            (events, stale)
-        });
-        self.logs_stale += stale;
-        events
-    }
-
-    /// The `-j LOG` hits since the last drain as records (indices into their snapshot and
-    /// the packet; [`Engine::log_event`] names them), oldest first, without allocating;
-    /// empties the ring.
-    pub fn drain_log_records(&mut self) -> impl ExactSizeIterator<Item = LogRecord> + '_ {
-        self.logs.drain()
-    }
-
-    /// The `-j LOG` hits this worker did not hand out.
-    pub fn log_drops(&self) -> LogDrops {
-        LogDrops {
-            full: self.logs.dropped(),
-            stale: self.logs_stale,
-        }
-    }
-}
-
 /// The error at the first rule whose kernel-decided expression found no facts bit.
 fn overflow_violation(o: crate::kernel_decided::FactsOverflow) -> Violation {
     Violation {
@@ -1237,6 +945,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::compile::Verdict;
     use crate::restore::{ParseOptions, parse};
     use crate::sets::NoSets;
 
@@ -1367,8 +1076,16 @@ mod tests {
         let cut = [true, false, true];
         let mut verdicts = [Verdict::Accept; 3];
         let mut skipped = [false; 3];
-        let (n, range) =
-            w.process_batch_copied(&mut packets, &bytes, &cut, &mut verdicts, &mut skipped, 0);
+        let (n, range) = w.process(
+            Batch {
+                packets: &mut packets,
+                verdicts: &mut verdicts,
+                bytes: &bytes,
+                cut: &cut,
+                skipped: &mut skipped,
+            },
+            0,
+        );
         assert_eq!((n, range), (3, 1000));
         assert_eq!(skipped, [true, false, false]);
         assert_eq!(verdicts[0], Verdict::Accept);
@@ -1394,8 +1111,16 @@ mod tests {
             )
             .unwrap();
         let mut w = engine.worker(0).unwrap();
-        let (_, range) =
-            w.process_batch_copied(&mut packets, &bytes, &cut, &mut verdicts, &mut skipped, 0);
+        let (_, range) = w.process(
+            Batch {
+                packets: &mut packets,
+                verdicts: &mut verdicts,
+                bytes: &bytes,
+                cut: &cut,
+                skipped: &mut skipped,
+            },
+            0,
+        );
         assert_eq!(range, crate::compile::copy_range::HEADER_BYTES);
         assert_eq!(skipped, [false; 3]);
         assert_eq!(verdicts, [Verdict::Drop; 3]);

@@ -5,7 +5,7 @@
 //! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.
 //!
 //! Used as a library (the README's "Using the engine as a library" shows this example without
-//! its `#` lines; `tests/readme.rs` keeps the two equal):
+//! its `#` lines; `tests/it/readme.rs` keeps the two equal):
 //!
 //! ```rust
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

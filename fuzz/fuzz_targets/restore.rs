@@ -1,6 +1,6 @@
 //! Fuzzes the iptables-restore parser: on any UTF-8 input it must not panic, and when it
 //! accepts the input, the canonical print must re-parse to the same model (up to locations).
-//! The same check runs over the committed corpus in `engine/tests/fuzz_corpus.rs`.
+//! The same check runs over the committed corpus in `engine/tests/it/fuzz_corpus.rs`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -12,8 +12,9 @@
 //!   makes the server parse and print each text in full (a first Apply, or a text that is not
 //!   a plain dump, costs this).
 //!
-//! Prints p50/p99 of the whole call and of the server-reported phases. Skips with a printed
-//! reason when ../shared/data/classbench is absent. Run:
+//! Prints p50/p99 of the whole call and of the server-reported phases. Fails with the reason
+//! when ../shared/data/classbench is absent (nothing measured); the kernel baselines print
+//! `NOT MEASURED` and why when they cannot run (not root, a tool missing). Run:
 //! `cargo bench -p vallum-server --bench apply`
 
 // criterion_group! generates undocumented items.
@@ -21,8 +22,14 @@
 
 #[path = "../../engine/benches/support/classbench.rs"]
 mod classbench;
-#[path = "support/inproc.rs"]
-mod inproc;
+// vallumd's allocator and its settings (server/src/allocator.rs), so the in-process server
+// runs as in vallumd.
+#[global_allocator]
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
+// The tests' vallumd harness: `Daemon::in_process` on this bench's runtime.
+#[path = "../tests/it/support/vallumd.rs"]
+mod vallumd;
 
 use std::time::{Duration, Instant};
 
@@ -38,8 +45,7 @@ fn pct(v: &mut [u64], p: f64) -> u64 {
 
 fn bench(c: &mut Criterion) {
     let Some(dir) = classbench::data_dir() else {
-        eprintln!("SKIP apply bench: ../shared/data/classbench not found");
-        return;
+        panic!("apply bench not run: ../shared/data/classbench not found (or $VALLUM_SHARED_DATA)");
     };
     let text = std::fs::read_to_string(dir.join("neurocuts/acl1_10k")).expect("read acl1_10k");
     let filters = classbench::parse_filters(&text).expect("parse acl1_10k");
@@ -59,8 +65,9 @@ fn bench(c: &mut Criterion) {
         .expect("runtime");
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = tmp.path().join("bench.db");
-    let server = inproc::start(&rt, &db, &[]);
-    let port = server.port;
+    vallum_server::host::allocator::keep_freed_memory();
+    let server = rt.block_on(vallumd::Daemon::in_process(&db, &[], Default::default()));
+    let port = server.port();
     let mut client = rt.block_on(async {
         for _ in 0..200 {
             if let Ok(c) = RulesetServiceClient::connect(format!("http://127.0.0.1:{port}")).await {
@@ -160,14 +167,13 @@ fn bench(c: &mut Criterion) {
             );
         }
     }
-    let _ = server.stop.send(());
-    let _ = rt.block_on(server.task);
+    rt.block_on(server.stop());
     kernel_baselines(&a, rules);
 }
 
 /// The same ruleset loaded by the kernel's own tools as whole processes, in a private network
 /// namespace: `iptables-legacy-restore` and `nft -f` (input from `iptables-restore-translate`).
-/// Needs root, `ip`, and the tools; prints why when it skips.
+/// Needs root, `ip`, and the tools; prints `NOT MEASURED` and why when it cannot run them.
 fn kernel_baselines(text: &str, rules: usize) {
     use std::process::{Command, Stdio};
     let have = |tool: &str| {
@@ -182,7 +188,7 @@ fn kernel_baselines(text: &str, rules: usize) {
         .output()
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
     if !root {
-        println!("SKIP kernel baselines: not root");
+        println!("NOT MEASURED kernel baselines: not root");
         return;
     }
     for tool in [
@@ -192,7 +198,7 @@ fn kernel_baselines(text: &str, rules: usize) {
         "nft",
     ] {
         if !have(tool) {
-            println!("SKIP kernel baselines: {tool} not found");
+            println!("NOT MEASURED kernel baselines: {tool} not found");
             return;
         }
     }
@@ -206,7 +212,7 @@ fn kernel_baselines(text: &str, rules: usize) {
         .expect("iptables-restore-translate");
     if !nft_text.status.success() {
         println!(
-            "SKIP nft baseline: iptables-restore-translate failed: {}",
+            "NOT MEASURED nft baseline: iptables-restore-translate failed: {}",
             String::from_utf8_lossy(&nft_text.stderr)
         );
     }
@@ -220,7 +226,7 @@ fn kernel_baselines(text: &str, rules: usize) {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        println!("SKIP kernel baselines: ip netns add failed");
+        println!("NOT MEASURED kernel baselines: ip netns add failed");
         return;
     }
     let run = |args: &[&str]| -> Option<u64> {

@@ -25,23 +25,24 @@
 //! Agents have one etcd client (one HTTP/2 connection) each, as vallumd nodes do;
 //! `VALLUM_FLEET_BENCH_PER_CONNECTION=50` shares one per 50.
 
-#[path = "../tests/support/etcd.rs"]
+#[path = "../tests/it/support/etcd.rs"]
 mod etcd_server;
 
 // vallumd's allocator, so the agents allocate as they do there.
 #[global_allocator]
-static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use vallum_server::control::fleet::agent::{Agent, Applied, FleetStats, Local};
+use vallum_server::control::fleet::etcd::Etcd;
+use vallum_server::control::fleet::service::{Rollout, follow, rollout_status};
+use vallum_server::control::fleet::{Desired, Keys, Labels, Owners};
 use vallum_server::error::Error;
-use vallum_server::fleet::agent::{Agent, Applied, FleetStats, Local};
-use vallum_server::fleet::etcd::Etcd;
-use vallum_server::fleet::service::{Rollout, follow, rollout_status};
-use vallum_server::fleet::{Desired, Keys, Labels, Owners};
-use vallum_server::metrics::{Metrics, MetricsConfig};
+use vallum_server::telemetry::metrics::{Metrics, MetricsConfig};
 
 /// A node without engine or store: "publishes" by recording (write time, publish time).
 #[derive(Debug, Default)]
@@ -63,7 +64,7 @@ impl Local for SimLocal {
         d: &Desired,
         _value: &[u8],
     ) -> Result<Applied, Error> {
-        let now = vallum_server::store::now_ns();
+        let now = vallum_server::control::store::now_ns();
         self.published.lock().unwrap().push(now - d.write_time_ns);
         let mut a = self.active.lock().unwrap();
         let n = a.get(name).map_or(1, |n| n + 1);
@@ -354,7 +355,7 @@ async fn write_and_wait(url: String, keys: Keys, n: usize, poll: bool) -> Durati
         selector: "role=web".into(),
         message: "bench".into(),
         author: "bench".into(),
-        write_time_ns: vallum_server::store::now_ns(),
+        write_time_ns: vallum_server::control::store::now_ns(),
         ..Default::default()
     };
     let write = Instant::now();
@@ -471,7 +472,7 @@ fn etcd_counters(etcd: &etcd_server::EtcdServer) -> BTreeMap<String, f64> {
 }
 
 fn main() {
-    vallum_server::allocator::keep_freed_memory();
+    vallum_server::host::allocator::keep_freed_memory();
     let nodes: Vec<usize> = std::env::var("VALLUM_FLEET_BENCH_NODES")
         .unwrap_or_else(|_| "100,1000,5000".into())
         .split(',')

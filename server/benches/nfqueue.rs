@@ -1,4 +1,5 @@
-//! Real packets at the NFQUEUE transport's limit (root only; otherwise `SKIP <reason>`).
+//! Real packets at the NFQUEUE transport's limit (root only; otherwise it fails with the
+//! reason; a column or size it cannot run prints `NOT MEASURED` and why).
 //!
 //! Two private network namespaces, a sender and a firewall, joined by a veth pair. The sender
 //! writes a fixed ring of prebuilt Ethernet frames (IPv4/UDP, 1,024 flows) to its end of the
@@ -70,13 +71,14 @@ use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Policy, Ruleset, Target};
 use vallum_engine::restore::{PrintOptions, print};
 use vallum_engine::sets::NoSets;
-use vallum_server::events::Events;
-use vallum_server::pipeline::MonotonicClock;
-use vallum_server::sources::nfqueue;
+use vallum_server::control::pipeline::MonotonicClock;
+use vallum_server::host::sources::nfqueue;
+use vallum_server::telemetry::events::Events;
 
 // vallumd's allocator, as in vallumd.
 #[global_allocator]
-static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
 
 const FW: &str = "vnfqb-fw";
 const SND: &str = "vnfqb-snd";
@@ -877,8 +879,8 @@ fn steering(queues: u16) -> String {
 
 fn main() {
     if let Some(why) = skip_reason() {
-        println!("SKIP nfqueue bench: {why}");
-        return;
+        // Nothing can be measured here: fail, so a run never reads as a result.
+        panic!("nfqueue bench not run: {why}");
     }
     let rules = env_list("NFQBENCH_RULES", "1k,10k,100k");
     let sizes: Vec<usize> = env_list("NFQBENCH_SIZES", "64,512,1400")
@@ -913,7 +915,7 @@ fn main() {
             other => panic!("NFQBENCH_RULES: {other:?} is not 1k, 10k or 100k"),
         };
         let Some(text) = text else {
-            println!("SKIP rules {r}: the acl1 set is not readable");
+            println!("NOT MEASURED rules {r}: the acl1 set is not readable");
             continue;
         };
         let mut filters = classbench::parse_filters(&text).expect("parse acl1");
@@ -951,8 +953,7 @@ fn main() {
     let _ns = match Netns::new() {
         Ok(ns) => ns,
         Err(e) => {
-            println!("SKIP nfqueue bench: namespaces: {e}");
-            return;
+            panic!("nfqueue bench not run: namespaces: {e}");
         }
     };
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -960,7 +961,7 @@ fn main() {
         match build_libnfq(tmp.path()) {
             Ok(b) => Some(b),
             Err(e) => {
-                println!("SKIP column libnfq: {e}");
+                println!("NOT MEASURED column libnfq: {e}");
                 None
             }
         }
@@ -969,7 +970,7 @@ fn main() {
     };
     let nft = (want("nft") || want("nft-set")) && on_path("nft");
     if !nft && (want("nft") || want("nft-set")) {
-        println!("SKIP columns nft, nft-set: `nft` is not on PATH");
+        println!("NOT MEASURED columns nft, nft-set: `nft` is not on PATH");
     }
 
     let mut cells: Vec<Cell> = Vec::new();
@@ -1018,7 +1019,7 @@ fn main() {
                         match Consumer::libnfq(libnfq.as_deref().expect("built"), queues) {
                             Ok(c) => c,
                             Err(e) => {
-                                println!("SKIP libnfq: {e}");
+                                println!("NOT MEASURED libnfq: {e}");
                                 continue;
                             }
                         }
@@ -1082,7 +1083,10 @@ fn main() {
                 };
                 nft_flush();
                 if let Err(e) = fw_in(&["nft", "-f", "-"], &text) {
-                    println!("SKIP {col} {name}: {}", e.lines().next().unwrap_or(""));
+                    println!(
+                        "NOT MEASURED {col} {name}: {}",
+                        e.lines().next().unwrap_or("")
+                    );
                     continue;
                 }
                 let (sent, s) = send_for(&frames, secs);

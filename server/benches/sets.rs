@@ -14,8 +14,14 @@
 //! whole gRPC call) instead of criterion's statistics, and prints min / median per case.
 //! Run: `cargo bench -p vallum-server --bench sets`
 
-#[path = "support/inproc.rs"]
-mod inproc;
+// vallumd's allocator and its settings (server/src/allocator.rs), so the in-process server
+// runs as in vallumd.
+#[global_allocator]
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
+// The tests' vallumd harness: `Daemon::in_process` on this bench's runtime.
+#[path = "../tests/it/support/vallumd.rs"]
+mod vallumd;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -35,12 +41,11 @@ fn hosts(n: usize, offset: usize) -> Vec<pb::SetElement> {
         .collect()
 }
 
-fn start(rt: &tokio::runtime::Runtime, db: &std::path::Path) -> inproc::Server {
-    inproc::start(
-        rt,
-        db,
-        &["--max-request-bytes".into(), MAX_REQUEST.to_string()],
-    )
+fn start(rt: &tokio::runtime::Runtime, db: &std::path::Path) -> vallumd::Daemon {
+    vallum_server::host::allocator::keep_freed_memory();
+    let max = MAX_REQUEST.to_string();
+    let flags = ["--max-request-bytes", max.as_str()];
+    rt.block_on(vallumd::Daemon::in_process(db, &flags, Default::default()))
 }
 
 /// Connects and waits until the server answers set calls (SERVING).
@@ -114,7 +119,7 @@ fn main() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let db = tmp.path().join("bench.db");
     let server = start(&rt, &db);
-    let mut c = rt.block_on(client(server.port));
+    let mut c = rt.block_on(client(server.port()));
 
     let mut run = |case: &str, reps: usize, calls: usize, per_call: usize, keep: bool| {
         let mut ns = Vec::new();
@@ -161,22 +166,20 @@ fn main() {
         false,
     );
 
-    let _ = server.stop.send(());
-    let _ = rt.block_on(server.task);
+    rt.block_on(server.stop());
     // Start with the kept 1M-element set in the store.
     let mut ns = Vec::new();
     for _ in 0..reps_big {
         let t0 = Instant::now();
         let s = start(&rt, &db);
-        let mut c = rt.block_on(client(s.port));
+        let mut c = rt.block_on(client(s.port()));
         ns.push(t0.elapsed().as_nanos() as u64);
         let got = rt
             .block_on(c.list_sets(pb::ListSetsRequest::default()))
             .expect("list")
             .into_inner();
         assert_eq!(got.sets[0].entries, n_big as u64);
-        let _ = s.stop.send(());
-        let _ = rt.block_on(s.task);
+        rt.block_on(s.stop());
     }
     report(&format!("start/{}", k(n_big)), n_big, ns);
 }

@@ -11,10 +11,10 @@ use std::time::Duration;
 use clap::Parser;
 use vallum_engine::dataplane::BarrierStrategy;
 
-use crate::auth::AuthConfig;
-use crate::limits::LimitsConfig;
-use crate::metrics::MetricsConfig;
-use crate::tls::ServerTlsArgs;
+use crate::grpc::auth::AuthConfig;
+use crate::grpc::limits::LimitsConfig;
+use crate::grpc::tls::ServerTlsArgs;
+use crate::telemetry::metrics::MetricsConfig;
 
 /// The barrier strategy of the packet path (see the engine's `dataplane` module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -35,7 +35,7 @@ impl From<Barrier> for BarrierStrategy {
 }
 
 /// What vallumd does when a stored active revision does not load at start
-/// (`--on-load-failure`; see [`crate::pipeline::Pipeline::load`]).
+/// (`--on-load-failure`; see [`crate::control::pipeline::Pipeline::load`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnLoadFailure {
     /// Exit with ACTIVE_REVISION_NOT_LOADED before SERVING (the default: never run with less
@@ -72,7 +72,7 @@ pub struct NfqueueSource {
     /// worker is bound). `fail-closed` drops them.
     pub fail_closed: bool,
     /// The queue length to bind with (`--queue-maxlen`); `None`: the default of
-    /// [`crate::nfqueue_stats::auto_maxlen`], under which every fail-open bypass is counted.
+    /// [`crate::host::nfqueue_stats::auto_maxlen`], under which every fail-open bypass is counted.
     pub maxlen: Option<u32>,
 }
 
@@ -362,7 +362,7 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// How long the store keeps idempotency keys and audit records (see
-/// [`crate::store::Retention`]); flattened into [`Config`]. A periodic task of the store
+/// [`crate::control::store::Retention`]); flattened into [`Config`]. A periodic task of the store
 /// deletes what is past them. 0 turns a bound off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Args)]
 pub struct RetentionArgs {
@@ -382,9 +382,9 @@ pub struct RetentionArgs {
 
 impl RetentionArgs {
     /// The store's retention.
-    pub fn retention(&self) -> crate::store::Retention {
+    pub fn retention(&self) -> crate::control::store::Retention {
         let bound = |d: Duration| (!d.is_zero()).then_some(d);
-        crate::store::Retention {
+        crate::control::store::Retention {
             idempotency_ttl: bound(self.idempotency_ttl),
             audit_max_age: bound(self.audit_retention),
             audit_max_rows: (self.audit_max_rows > 0).then_some(self.audit_max_rows),
@@ -445,7 +445,7 @@ pub struct Config {
         env = "VALLUM_STEERED_CHAINS",
         value_delimiter = ',',
         default_value = "INPUT,FORWARD,OUTPUT",
-        value_parser = crate::steering::parse_steered_chain
+        value_parser = crate::host::steering::parse_steered_chain
     )]
     pub steered_chains: Vec<vallum_engine::model::Hook>,
 
@@ -536,7 +536,7 @@ pub struct Config {
     /// `--handshake-timeout`, `--idle-timeout`, `--keepalive-interval`, `--keepalive-timeout`,
     /// `--max-buffered-request-bytes` (see `connections`).
     #[command(flatten)]
-    pub connections: crate::connections::ConnectionsConfig,
+    pub connections: crate::grpc::connections::ConnectionsConfig,
 
     /// Conntrack: `--conntrack-max`, `--conntrack-buckets`, `--conntrack-gc-interval`.
     #[command(flatten)]
@@ -563,14 +563,14 @@ pub struct Config {
     /// local table over rtnetlink and refreshes it every `--local-addresses-refresh` (see
     /// `local_addrs`). Meant for the pcap and synthetic sources and for tests.
     #[arg(long, env = "VALLUM_LOCAL_ADDRESSES")]
-    pub local_addresses: Option<crate::local_addrs::LocalAddresses>,
+    pub local_addresses: Option<crate::host::local_addrs::LocalAddresses>,
 
     /// The node's routes for `-m rpfilter`, as `[TYPE:]PREFIX[@DEV[+DEV...]],...` under the
     /// kernel's default rules (see `routes`); without it vallumd reads the host's rules and
     /// routes over rtnetlink with its addresses (host mode), or has none when
     /// `--local-addresses` is given (rpfilter rules are then refused).
     #[arg(long, env = "VALLUM_ROUTES")]
-    pub routes: Option<crate::routes::Routes>,
+    pub routes: Option<crate::host::routes::Routes>,
 
     /// How often the host's addresses are read again (seconds; host mode only).
     #[arg(long, env = "VALLUM_LOCAL_ADDRESSES_REFRESH", default_value = "1", value_parser = parse_seconds)]
@@ -580,12 +580,12 @@ pub struct Config {
     /// by vallumd) to the kernel with each commit, `--kernel-tables-restore`,
     /// `--kernel-tables-check-interval` (see `kernel_tables`).
     #[command(flatten)]
-    pub kernel_tables: crate::kernel_tables::KernelTablesArgs,
+    pub kernel_tables: crate::host::kernel_tables::KernelTablesArgs,
 
     /// Fleet mode: `--fleet-endpoints`, `--node-name`, `--node-labels`, `--fleet-prefix`,
     /// `--fleet-lease-ttl` (off without `--fleet-endpoints`).
     #[command(flatten)]
-    pub fleet: crate::fleet::FleetArgs,
+    pub fleet: crate::control::fleet::FleetArgs,
 
     /// How often pending commit-confirmed deadlines are checked, in seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
@@ -825,7 +825,7 @@ mod tests {
     #[test]
     fn retention_flags() {
         let c = Config::from_args(["vallumd"]).unwrap().retention;
-        assert_eq!(c.retention(), crate::store::Retention::default());
+        assert_eq!(c.retention(), crate::control::store::Retention::default());
         assert_eq!(c.idempotency_ttl, Duration::from_secs(24 * 3600));
         let c = Config::from_args([
             "vallumd",

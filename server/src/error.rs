@@ -105,12 +105,12 @@ pub enum Error {
     #[error("store: {0}")]
     Store(#[from] rusqlite::Error),
     /// A migration failed at start, or the database's migrations do not match this build's
-    /// (see server/src/store/migrate.rs).
+    /// (see server/src/control/store/migrate.rs).
     #[error("store migration: {0}")]
     Migrate(String),
     /// A configured limit refused the request (rules per ruleset, rulesets).
     #[error(transparent)]
-    Limit(#[from] crate::limits::LimitError),
+    Limit(#[from] crate::grpc::limits::LimitError),
     /// vallumd cannot start: a token file, certificate, metrics exporter or listener is
     /// wrong. Never sent to a client.
     #[error("{message} ({code})")]
@@ -123,15 +123,15 @@ pub enum Error {
     /// Anything else (a bug, or startup I/O).
     #[error("internal: {0}")]
     Internal(String),
-    /// Fleet mode: etcd cannot be reached, or refused the request (see [`crate::fleet`]).
+    /// Fleet mode: etcd cannot be reached, or refused the request (see [`crate::control::fleet`]).
     #[error("fleet: {0}")]
     Fleet(String),
     /// `--kernel-tables`: the kernel refused the tables handed to it, or two rulesets declare
-    /// one chain of a kernel table (see [`crate::kernel_tables`]); nothing was published.
+    /// one chain of a kernel table (see [`crate::host::kernel_tables`]); nothing was published.
     #[error("kernel tables: {0}")]
     KernelTables(String),
     /// Fleet mode: a fleet ruleset whose etcd write would exceed etcd's request limit
-    /// (checked by FleetService before the write, see [`crate::fleet::service`]).
+    /// (checked by FleetService before the write, see [`crate::control::fleet::service`]).
     #[error(
         "fleet ruleset {name}: its etcd write would be {bytes} bytes, over etcd's request limit of {limit} bytes (etcd --max-request-bytes, 1.5 MiB by default; vallumd --fleet-max-request-bytes); nothing was written: split the rules into several fleet rulesets"
     )]
@@ -154,7 +154,7 @@ pub enum Error {
         owner: String,
     },
     /// A page token of a listing whose contents changed between two pages in a way the
-    /// token cannot continue over (see [`crate::service::paging`]).
+    /// token cannot continue over (see [`crate::grpc::service::paging`]).
     #[error(
         "{what} changed since this page token was issued: {detail}; list again from the first page"
     )]
@@ -174,7 +174,7 @@ pub enum Error {
         /// Which sequence numbers are kept, in words.
         kept: String,
     },
-    /// A scoped token (see [`crate::auth::Scope`]) asked for something outside its scope.
+    /// A scoped token (see [`crate::grpc::auth::Scope`]) asked for something outside its scope.
     #[error("{caller} may not {what}: its scope ({held}) lacks {missing}")]
     ScopeDenied {
         /// The token's name.
@@ -310,12 +310,12 @@ impl From<Error> for tonic::Status {
             }
             Error::Limit(l) => {
                 metadata = l.metadata();
-                if let crate::limits::LimitError::TooManyRules { .. }
-                | crate::limits::LimitError::TooManyChains { .. } = l
+                if let crate::grpc::limits::LimitError::TooManyRules { .. }
+                | crate::grpc::limits::LimitError::TooManyChains { .. } = l
                 {
                     details.add_bad_request_violation("source", message.clone());
                 }
-                if let crate::limits::LimitError::ListTooLarge { field, .. } = l {
+                if let crate::grpc::limits::LimitError::ListTooLarge { field, .. } = l {
                     details.add_bad_request_violation(field.clone(), message.clone());
                 }
             }
@@ -365,9 +365,9 @@ macro_rules! startup_error {
     )*};
 }
 startup_error!(
-    crate::auth::AuthError,
-    crate::tls::TlsError,
-    crate::metrics::MetricsError
+    crate::grpc::auth::AuthError,
+    crate::grpc::tls::TlsError,
+    crate::telemetry::metrics::MetricsError
 );
 
 /// Result with [`Error`].

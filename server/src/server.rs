@@ -1,5 +1,5 @@
 //! Wiring: store, engine, pipeline, metrics (`/metrics`), gRPC server (TLS, the layers of
-//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth, inside [`crate::connections`]; health,
+//! [`hooks::rpc_layer`]: RPC metrics, request limit, auth, inside [`crate::grpc::connections`]; health,
 //! reflection, the six
 //! services), packet sources, commit-confirmed timer, conntrack and set garbage collection,
 //! shutdown.
@@ -32,24 +32,32 @@ use vallum_proto::v1::set_service_server::SetServiceServer;
 use vallum_proto::v1::trace_service_server::TraceServiceServer;
 
 use crate::config::{Config, OnLoadFailure};
+use crate::control::fleet::agent::{Agent, FleetStats, PipelineLocal};
+use crate::control::fleet::service::FleetApi;
+use crate::control::hooks::{self, Hooks, MetricsObserver};
+use crate::control::pipeline::{MonotonicClock, Pipeline};
+use crate::control::{content, example};
 use crate::error::{Error, Result};
-use crate::fleet::agent::{Agent, FleetStats, PipelineLocal};
-use crate::fleet::service::FleetApi;
-use crate::hooks::{self, Hooks, MetricsObserver};
-use crate::metrics::Metrics;
-use crate::pipeline::{MonotonicClock, Pipeline};
-use crate::service::State;
-use crate::service::conntrack::ConntrackApi;
-use crate::service::counters::CountersApi;
-use crate::service::engine::EngineApi;
-use crate::service::ruleset::RulesetApi;
-use crate::service::sets::SetApi;
-use crate::service::trace::TraceApi;
-use crate::sources::Sources;
-use crate::{content, example, tls};
+use crate::grpc::service::State;
+use crate::grpc::service::conntrack::ConntrackApi;
+use crate::grpc::service::counters::CountersApi;
+use crate::grpc::service::engine::EngineApi;
+use crate::grpc::service::ruleset::RulesetApi;
+use crate::grpc::service::sets::SetApi;
+use crate::grpc::service::trace::TraceApi;
+use crate::grpc::tls;
+use crate::host::sources::Sources;
+use crate::telemetry::metrics::Metrics;
+
+pub mod supervisor;
+
+use supervisor::{Stage, Supervisor};
 
 /// How often the store deletes expired idempotency keys and old audit records.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How long each task (a listener's drain, a loop's abort) may take to end at shutdown.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// The gRPC service names health reports on (besides "").
 pub const SERVICES: [&str; 6] = [
@@ -112,11 +120,11 @@ async fn shutdown_signal() {
 }
 
 /// Loads the token files again on every SIGHUP (token rotation, docs/operations.md "Rotating
-/// a token"): [`crate::auth::TokenReloader::reload`], all or nothing, so a file that does not
+/// a token"): [`crate::grpc::auth::TokenReloader::reload`], all or nothing, so a file that does not
 /// load keeps the tokens in use (logged with its code). `None` where there is no SIGHUP.
 fn spawn_token_reload(
-    reloader: crate::auth::TokenReloader,
-    auth: crate::auth::AuthConfig,
+    reloader: crate::grpc::auth::TokenReloader,
+    auth: crate::grpc::auth::AuthConfig,
 ) -> Option<tokio::task::JoinHandle<()>> {
     #[cfg(unix)]
     {
@@ -165,6 +173,9 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary> {
     let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+    // Every background task and listener; stopped in order at shutdown (or aborted when a
+    // start step fails and this is dropped).
+    let mut tasks = Supervisor::new(STOP_GRACE);
     let engine = Arc::new(Engine::new(
         EngineConfig {
             cores: config.cores.max(1),
@@ -185,23 +196,25 @@ pub async fn run_with(
     .with_observer(Arc::new(MetricsObserver::new(metrics.clone())));
     let tokens = config.auth.load()?;
     config.auth.check_listen(&tokens, config.listen)?;
-    let auth = crate::auth::AuthLayer::with_policy(tokens, config.auth.local_policy()?);
-    let token_reload = spawn_token_reload(auth.reloader(), config.auth.clone());
+    let auth = crate::grpc::auth::AuthLayer::with_policy(tokens, config.auth.local_policy()?);
+    if let Some(t) = spawn_token_reload(auth.reloader(), config.auth.clone()) {
+        tasks.adopt_loop("token reload", t);
+    }
     let tls = tls::server_config(&config.tls)?;
 
-    let store = crate::store::Store::open(&config.db)
+    let store = crate::control::store::Store::open(&config.db)
         .await?
         .with_revisions_kept(config.limits.max_revisions_kept)
         .with_retention(config.retention.retention());
     let kernel_tables =
-        crate::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
+        crate::host::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
     let mut pipeline = Pipeline::new(engine.clone(), store.clone(), clock.clone(), hooks.clone());
     if let Some(k) = &kernel_tables {
         k.observe(&metrics);
         pipeline = pipeline.with_kernel_tables(k.clone());
     }
     if let crate::config::Source::Nfqueue(_) = &config.source {
-        if let Some(f) = crate::facts_chains::FactsChains::new(
+        if let Some(f) = crate::host::facts_chains::FactsChains::new(
             config.nfqueue_facts_mark,
             &config.steered_chains,
             config.kernel_tables.kernel_tables_restore.as_deref(),
@@ -213,10 +226,10 @@ pub async fn run_with(
     metrics.observe_sets(pipeline.sets().clone())?;
     // Before any ruleset is validated: which hooks the packet path evaluates here.
     pipeline.sets().set_reached_hooks(
-        crate::steering::reached_steering(
+        crate::host::steering::reached_steering(
             &config.source,
             &config.steered_chains,
-            crate::steering::forwarding(std::path::Path::new("/proc")),
+            crate::host::steering::forwarding(std::path::Path::new("/proc")),
             config.steered_new_only,
             config.steered_loopback,
         )
@@ -231,13 +244,17 @@ pub async fn run_with(
         }),
     );
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
-    let local_addrs = match crate::local_addrs::start(
+    match crate::host::local_addrs::start(
         pipeline.sets().node_addrs().clone(),
         config.local_addresses.as_ref(),
         config.routes.as_ref(),
         config.local_addresses_refresh,
     ) {
-        Ok(task) => task,
+        Ok(task) => {
+            if let Some(t) = task {
+                tasks.adopt_loop("local addresses refresh", t);
+            }
+        }
         Err(e) => {
             store.close().await;
             return Err(Error::Startup {
@@ -245,8 +262,8 @@ pub async fn run_with(
                 message: format!("{e}; give the node's addresses with --local-addresses"),
             });
         }
-    };
-    let events = crate::events::Events::start()
+    }
+    let events = crate::telemetry::events::Events::start()
         .map_err(|e| Error::Internal(format!("spawn the events thread: {e}")))?;
     metrics.observe_events(events.clone());
     let state = State::new(pipeline.clone(), config.source.to_string(), events.clone());
@@ -293,6 +310,16 @@ pub async fn run_with(
         .await?;
     stdout_line(format_args!("metrics on {}", metrics_server.local_addr));
     tracing::info!(addr = %metrics_server.local_addr, "metrics on");
+    let metrics_drain = tasks.drain(Stage::Metrics);
+    tasks.spawn_drained("metrics listener", Stage::Metrics, async move {
+        metrics_drain.signalled().await;
+        let _ = metrics_stop_tx.send(());
+        match metrics_server.task.await {
+            Ok(served) => served.map_err(|e| e.to_string()),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(e.to_string()),
+        }
+    });
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -309,16 +336,15 @@ pub async fn run_with(
         tracing::info!(path = %l.path.display(), "local socket on");
     }
 
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    // Caps, deadlines and buffered bytes of the connections (`crate::connections`); the
+    // Caps, deadlines and buffered bytes of the connections (`crate::grpc::connections`); the
     // HTTP/2 settings below bound what one connection may hold.
-    let connections = crate::connections::Connections::new(&config.connections);
+    let connections = crate::grpc::connections::Connections::new(&config.connections);
     let (ping_every, ping_timeout) = config.connections.keepalive();
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(ping_every))
         .http2_keepalive_timeout(Some(ping_timeout))
-        .http2_max_header_list_size(crate::connections::MAX_HEADER_LIST_BYTES)
-        .max_concurrent_streams(crate::connections::MAX_CONCURRENT_STREAMS);
+        .http2_max_header_list_size(crate::grpc::connections::MAX_HEADER_LIST_BYTES)
+        .max_concurrent_streams(crate::grpc::connections::MAX_CONCURRENT_STREAMS);
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
@@ -366,25 +392,23 @@ pub async fn run_with(
     }
     let routes = routes.routes();
     let layer = hooks::rpc_layer(&config, &metrics, auth);
-    let (local_stop_tx, local_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let local_server = local
-        .as_mut()
-        .and_then(|l| l.listener.take())
-        .map(|listener| {
-            let serve = tonic::transport::Server::builder()
-                .http2_max_header_list_size(crate::connections::MAX_HEADER_LIST_BYTES)
-                .max_concurrent_streams(crate::connections::MAX_CONCURRENT_STREAMS)
-                .layer(connections.layer(max))
-                .layer(layer.clone())
-                .add_routes(routes.clone())
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    async {
-                        let _ = local_stop_rx.await;
-                    },
-                );
-            tokio::spawn(serve)
+    if let Some(listener) = local.as_mut().and_then(|l| l.listener.take()) {
+        let drain = tasks.drain(Stage::Listeners);
+        let serve = tonic::transport::Server::builder()
+            .http2_max_header_list_size(crate::grpc::connections::MAX_HEADER_LIST_BYTES)
+            .max_concurrent_streams(crate::grpc::connections::MAX_CONCURRENT_STREAMS)
+            .layer(connections.layer(max))
+            .layer(layer.clone())
+            .add_routes(routes.clone())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                drain.signalled(),
+            );
+        tasks.spawn_drained("local socket listener", Stage::Listeners, async move {
+            serve.await.map_err(|e| e.to_string())
         });
+    }
+    let drain = tasks.drain(Stage::Listeners);
     let grpc = builder
         .layer(connections.layer(max))
         .layer(layer)
@@ -394,11 +418,11 @@ pub async fn run_with(
             // algorithm holds the last segment of a large request or reply until the peer's
             // delayed ACK, ~40 ms on Linux.
             connections.incoming(listener),
-            async {
-                let _ = stop_rx.await;
-            },
+            drain.signalled(),
         );
-    let server = tokio::spawn(grpc);
+    tasks.spawn_drained("grpc listener", Stage::Listeners, async move {
+        grpc.await.map_err(|e| e.to_string())
+    });
 
     // Load the stored state, then SERVING.
     if let Some(d) = config.load_delay {
@@ -417,8 +441,7 @@ pub async fn run_with(
                 )
             })
             .collect();
-        let _ = stop_tx.send(());
-        let _ = metrics_stop_tx.send(());
+        tasks.shutdown().await;
         store.close().await;
         return Err(Error::Startup {
             code: crate::Reason::ActiveRevisionNotLoaded.info().name,
@@ -433,15 +456,16 @@ pub async fn run_with(
     // The kernel tables of what loaded (`--kernel-tables`), before SERVING: a crash between
     // a commit's store write and its kernel write is mended here.
     if let Err(e) = pipeline.sync_kernel_tables().await {
-        let _ = stop_tx.send(());
-        let _ = metrics_stop_tx.send(());
+        tasks.shutdown().await;
         store.close().await;
         return Err(Error::Startup {
             code: e.reason().info().name,
             message: format!("refusing to start: {e}"),
         });
     }
-    let kernel_checks = kernel_tables.as_ref().map(|k| k.spawn_checks());
+    if let Some(k) = &kernel_tables {
+        tasks.adopt_loop("kernel table checks", k.spawn_checks());
+    }
     if config.fleet.enabled() {
         // Before SERVING: a fleet-owned ruleset is refused to local callers from the start.
         state
@@ -463,7 +487,7 @@ pub async fn run_with(
             .await?;
     }
     // The table saved by the last graceful stop, before SERVING and before any packet.
-    let ct_state = crate::conntrack_state::path(&config.db);
+    let ct_state = crate::host::conntrack_state::path(&config.db);
     let persist_ct = !config.conntrack.conntrack_state_max_age.is_zero();
     if let (Some(ct), true) = (engine.conntrack(), persist_ct) {
         restore_conntrack(
@@ -480,13 +504,25 @@ pub async fn run_with(
     for s in SERVICES {
         reporter.set_service_status(s, ServingStatus::Serving).await;
     }
-    let load_health = spawn_load_health(&pipeline, reporter.clone());
+    tasks.adopt_loop(
+        "load health",
+        spawn_load_health(&pipeline, reporter.clone()),
+    );
     hooks.observer.on_start(&engine, &config);
-    let timer = pipeline.spawn_confirm_timer(config.confirm_check_interval);
-    let conntrack_gc = spawn_conntrack_gc(engine.clone(), clock.clone(), &config);
-    let set_gc = pipeline.spawn_set_gc(crate::pipeline::sets::SET_GC_INTERVAL);
+    tasks.adopt_loop(
+        "confirm timer",
+        pipeline.spawn_confirm_timer(config.confirm_check_interval),
+    );
+    tasks.adopt_loop(
+        "conntrack gc",
+        spawn_conntrack_gc(engine.clone(), clock.clone(), &config),
+    );
+    tasks.adopt_loop(
+        "set gc",
+        pipeline.spawn_set_gc(crate::control::pipeline::sets::SET_GC_INTERVAL),
+    );
     // Expired idempotency keys and old audit records (--idempotency-ttl, --audit-*).
-    let prune = pipeline.store().spawn_prune(PRUNE_INTERVAL);
+    tasks.adopt_loop("store prune", pipeline.store().spawn_prune(PRUNE_INTERVAL));
     let sources = Sources::start(
         engine.clone(),
         &config.packet_source(),
@@ -497,8 +533,8 @@ pub async fn run_with(
     )?;
     metrics.observe_nfqueue(sources.nfqueue_counters());
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
-    let agent = fleet.map(|(etcd, node)| {
-        Agent::new(
+    if let Some((etcd, node)) = fleet {
+        let agent = Agent::new(
             etcd,
             Arc::new(PipelineLocal(pipeline.clone())),
             state.owners.clone(),
@@ -508,8 +544,9 @@ pub async fn run_with(
             config.fleet.lease_ttl(),
             FleetStats::new(&metrics),
         )
-        .spawn()
-    });
+        .spawn();
+        tasks.adopt_loop("fleet agent", agent);
+    }
 
     match config.exit_after {
         Some(d) => {
@@ -523,7 +560,7 @@ pub async fn run_with(
 
     sources.stop();
     if let (Some(ct), true) = (engine.conntrack(), persist_ct) {
-        match crate::conntrack_state::save(
+        match crate::host::conntrack_state::save(
             ct,
             clock.now_ns(),
             std::time::SystemTime::now(),
@@ -538,34 +575,16 @@ pub async fn run_with(
             Err(e) => tracing::warn!(error = %e, "conntrack: not saved: {e}"),
         }
     }
-    load_health.abort();
-    if let Some(a) = agent {
-        a.abort();
-    }
-    timer.abort();
-    // The kernel tables stay as written (NAT of running flows keeps working while vallumd
-    // restarts); the next start writes them again.
-    if let Some(k) = kernel_checks {
-        k.abort();
-    }
-    conntrack_gc.abort();
-    set_gc.abort();
-    prune.abort();
-    if let Some(t) = token_reload {
-        t.abort();
-    }
-    if let Some(t) = local_addrs {
-        t.abort();
-    }
-    let _ = stop_tx.send(());
-    let _ = local_stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    if let Some(t) = local_server {
-        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-    }
+    // The loops, then the listeners (the calls in flight end), then /metrics; each task's
+    // end is reported (faults logged as errors). The kernel tables stay as written (NAT of
+    // running flows keeps working while vallumd restarts); the next start writes them again.
+    let stopped = tasks.shutdown().await;
     drop(local);
-    let _ = metrics_stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), metrics_server.task).await;
+    tracing::info!(
+        tasks = stopped.len(),
+        faults = stopped.iter().filter(|r| r.is_fault()).count(),
+        "tasks stopped"
+    );
     if let Err(e) = metrics.shutdown() {
         tracing::warn!(error = %e, "metrics shutdown failed");
     }
@@ -622,12 +641,12 @@ pub fn stdout_line(text: std::fmt::Arguments<'_>) {
     }
 }
 
-/// Binds the local socket `--socket` chooses ([`crate::local_socket`]): `None` when it is off,
+/// Binds the local socket `--socket` chooses ([`crate::host::local_socket`]): `None` when it is off,
 /// or when the default path cannot be bound (a warning says why; TCP still serves).
 ///
 /// Errors: [`Error::Startup`] `SOCKET_BIND` when an explicit `--socket PATH` cannot be bound.
-fn bind_local_socket(config: &Config) -> Result<Option<crate::local_socket::LocalSocket>> {
-    use crate::local_socket::{Choice, bind, choose};
+fn bind_local_socket(config: &Config) -> Result<Option<crate::host::local_socket::LocalSocket>> {
+    use crate::host::local_socket::{Choice, bind, choose};
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
@@ -658,7 +677,7 @@ fn restore_conntrack(
     max_age: Duration,
     file: &std::path::Path,
 ) {
-    use crate::conntrack_state::{Outcome, restore};
+    use crate::host::conntrack_state::{Outcome, restore};
     match restore(ct, now_ns, std::time::SystemTime::now(), max_age, file) {
         Ok(Outcome::Absent) => {}
         Ok(Outcome::Restored(r, age)) => tracing::info!(

@@ -172,7 +172,7 @@ impl CConnlimit {
         // A packet of a confirmed connection (one the table holds: a retransmitted SYN, a
         // later packet) is not added and cleans nothing: it gets the list's length as it is
         // (`__nf_conncount_add` returns -EEXIST for `nf_ct_is_confirmed`, and `count_tree`
-        // answers `list.count`; checked against Linux 6.18 in tests/kernel_connlimit.rs).
+        // answers `list.count`; checked against Linux 6.18 in tests/it/kernel_connlimit.rs).
         if let Some(list) = shard.lists.get(&key) {
             if ct.is_some_and(|ct| ct.liveness(&own, zone, now) != Liveness::Absent) {
                 return list.len() as u64;

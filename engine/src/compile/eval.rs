@@ -1,8 +1,10 @@
-//! The packet path: [`Snapshot::classify`] and [`Snapshot::classify_batch`] (and their
-//! `_split` forms), the hooks' base chains in order, the chain walk with its jump stack,
-//! every match, the targets, and [`Snapshot::trace`] (the same walk with a recording
-//! observer, in `eval/trace.rs`). A chain's first matching rule comes from the walk itself,
-//! from the TupleMerge index (`tuple_merge.rs`) or from its RFC tables (`rfc.rs`).
+//! The packet path: [`Snapshot::classify_batch`] (the worker's one entry; its docs list the
+//! steps), the hooks' base chains in order with conntrack's step ([`Track`]) between the raw
+//! and the other chains, the chain walk with its jump stack, every match, the targets, and
+//! [`Snapshot::trace`] (the same walk with a recording observer, in `eval/trace.rs`).
+//! [`Snapshot::classify`] is the walk of one packet without the batched probe, for tools and
+//! tests. A chain's first matching rule comes from the walk itself, from the TupleMerge index
+//! (`tuple_merge.rs`) or from its RFC tables (`rfc.rs`).
 //!
 //! Runs on the packet cores against a published, immutable snapshot. It takes no lock and
 //! reads no clock (`now` is passed in); per packet it writes only this core's counter block
@@ -15,7 +17,7 @@ use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::conntrack::Conntrack;
+use crate::conntrack::{Conntrack, NoTracking, Track};
 use crate::model::{EcnMatch, FragMatch, Hook, MultiportDir, Policy, PortRange, TtlOp, ct_state};
 use crate::packet::PacketMeta;
 
@@ -687,17 +689,17 @@ impl Snapshot {
     /// later hooks never see the packet). With `after_raw = |_| None` this is the plain walk:
     /// the closure is inlined away, so the path without conntrack pays nothing for the split.
     #[inline]
-    fn evaluate<O: Observer>(
+    fn evaluate<'t, O: Observer>(
         &self,
         p: &mut PacketMeta,
         now: u64,
         obs: &mut O,
         hint: Hint,
-        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+        track: &mut impl Track<'t>,
     ) -> Verdict {
         let f = family_index(p.family);
         let hook = p.hook;
-        let mut after_raw = Some(after_raw);
+        let mut after_raw = Some(track);
         if matches!(hook, Hook::Input | Hook::Forward)
             && !self.hooks[f][Hook::Prerouting.index()].is_empty()
         {
@@ -718,7 +720,7 @@ impl Snapshot {
     /// the rest. `Some` is a final verdict; `None` means the packet passed the hook.
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    fn run_hook<O: Observer>(
+    fn run_hook<'t, O: Observer>(
         &self,
         f: usize,
         hook: Hook,
@@ -726,7 +728,7 @@ impl Snapshot {
         now: u64,
         obs: &mut O,
         hint: Hint,
-        after_raw: &mut Option<impl FnOnce(&mut PacketMeta) -> Option<Verdict>>,
+        after_raw: &mut Option<&mut impl Track<'t>>,
     ) -> Option<Verdict> {
         let h = hook.index();
         let chains = &self.hooks[f][h];
@@ -736,7 +738,7 @@ impl Snapshot {
                 return Some(v);
             }
         }
-        if let Some(v) = after_raw.take().and_then(|a| a(p)) {
+        if let Some(v) = after_raw.take().and_then(|t| t.lookup(p, now)) {
             return Some(v);
         }
         for &base in rest {
@@ -749,9 +751,11 @@ impl Snapshot {
 
     /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by
     /// `-m limit`), counting every matched rule and applied policy in that core's counters and
-    /// handing `-j LOG` hits to `logs` ([`LogSink`]). `packet.ct_state` becomes UNTRACKED when
-    /// a raw-table NOTRACK rule matched. Allocates nothing, unless the sink does
-    /// (`Vec<LogEvent>` does; [`LogRing`](super::LogRing) does not).
+    /// handing `-j LOG` hits to `logs` ([`LogSink`]), without connection tracking (the packet
+    /// keeps its `ct_state`, unless a raw-table NOTRACK rule makes it UNTRACKED). Allocates
+    /// nothing, unless the sink does (`Vec<LogEvent>` does; [`LogRing`](super::LogRing) does
+    /// not). The same walk as [`Snapshot::classify_batch`] without the batched index probe: for
+    /// tools and tests that hold one packet; the packet path is `classify_batch`.
     ///
     /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
     #[inline]
@@ -762,23 +766,6 @@ impl Snapshot {
         now: u64,
         logs: &mut (impl LogSink + ?Sized),
     ) -> Verdict {
-        self.classify_split(core, packet, now, logs, |_| None)
-    }
-
-    /// As [`Snapshot::classify`], calling `after_raw` between the hook's raw-table chains
-    /// (priority -300) and the others, where netfilter runs conntrack (-200): it may set
-    /// `packet.ct_state` (the other chains' `--ctstate` sees it) or return a final verdict
-    /// (e.g. DROP when the conntrack table is full). A DROP or REJECT of a raw chain ends the
-    /// packet before `after_raw` runs.
-    #[inline]
-    pub fn classify_split(
-        &self,
-        core: usize,
-        packet: &mut PacketMeta,
-        now: u64,
-        logs: &mut (impl LogSink + ?Sized),
-        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
-    ) -> Verdict {
         let counters = self.cells.core(core);
         let mut obs = Counting {
             counters,
@@ -788,7 +775,7 @@ impl Snapshot {
             names: &self.names,
             logs,
         };
-        self.evaluate(packet, now, &mut obs, Hint::NONE, after_raw)
+        self.evaluate(packet, now, &mut obs, Hint::NONE, &mut NoTracking)
     }
 }
 
@@ -809,99 +796,46 @@ impl Hint {
     };
 }
 
-/// What [`Snapshot::classify_batch_tracked`] hands the matches that read more than a
-/// packet's [`PacketMeta`].
-#[derive(Clone, Copy, Default)]
-pub struct BatchWith<'a> {
-    /// Packet `i`'s bytes from its network header on (`-m string`); a packet beyond the
-    /// slice has none (`--string` is false for it).
-    pub bytes: &'a [&'a [u8]],
-    /// The connection table `-m connlimit` counts in (`None`: no tracker; a connlimit rule
-    /// counts only the packet's own connection).
-    pub conntrack: Option<&'a Conntrack>,
-}
-
-impl std::fmt::Debug for BatchWith<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BatchWith")
-            .field("bytes", &self.bytes.len())
-            .field("conntrack", &self.conntrack.is_some())
-            .finish()
-    }
-}
-
 /// Packets [`Snapshot::classify_batch`] probes together; a longer slice is taken in chunks of
 /// this many.
 pub const CLASSIFY_BATCH: usize = PROBE_BATCH;
 
 impl Snapshot {
     /// Classifies `packets` on `core` at `now` as [`Snapshot::classify`] classifies each of
-    /// them in order, and writes each verdict into `verdicts` (same index); processes
-    /// `min(packets.len(), verdicts.len())` packets and returns that number. Counters, LOG
-    /// events, `-m limit` tokens and `ct_state` come out exactly as from the per-packet calls.
+    /// them in order, with connection tracking by `track`, and writes each verdict into
+    /// `verdicts` (same index); processes `min(packets.len(), verdicts.len())` packets and
+    /// returns that number. Counters, LOG events, `-m limit` tokens and `ct_state` come out
+    /// exactly as from the per-packet walk. The one classify entry of the packet path
+    /// ([`crate::engine::EngineWorker::process`] calls it), in this order:
+    /// 1. **index probe** (`probe`, into `tuple_merge/probe.rs` and `rfc.rs`): the hash tables
+    ///    (or RFC tables) of each packet's first indexed base chain are probed for
+    ///    [`CLASSIFY_BATCH`] packets at a time with their memory accesses interleaved (after
+    ///    Open vSwitch's `dpcls_lookup`);
+    /// 2. per packet, **the walk** (`evaluate`): the hook's raw-table chains, then
+    ///    [`Track::lookup`] (conntrack, priority -200), then the other chains, each with
+    ///    `run_chain` (index query, matches in `match_one`, targets, jump stack); the probed
+    ///    chain starts from the probe's answer, later queries use the per-packet lookup;
+    /// 3. **confirm** ([`Track::decided`]) with the packet's verdict, before the next packet.
     ///
-    /// Faster on large chains: before the packets are evaluated one by one, the hash tables
-    /// of each packet's first indexed base chain are probed for [`CLASSIFY_BATCH`] packets at
-    /// a time with their memory accesses interleaved (`compile/tuple_merge.rs`,
-    /// `ChainIndex::probe_batch`, after Open vSwitch's `dpcls_lookup`); the evaluation then
-    /// starts that chain from the probe's answer. Later queries (after a jump, a LOG rule, or
-    /// in other chains) use the per-packet lookup.
-    pub fn classify_batch(
-        &self,
-        core: usize,
-        packets: &mut [PacketMeta],
-        verdicts: &mut [Verdict],
-        now: u64,
-        logs: &mut (impl LogSink + ?Sized),
-    ) -> usize {
-        self.classify_batch_split(core, packets, verdicts, now, logs, |_| None, |_, v| v)
-    }
-
-    /// As [`Snapshot::classify_batch`], with [`Snapshot::classify_split`]'s `after_raw` called
-    /// for each packet between its raw-table chains and the others, and `decided` called with
-    /// each packet and its verdict right after its evaluation, before the next packet is
-    /// evaluated; what `decided` returns is written to `verdicts`. (The engine tracks
-    /// connections in `after_raw` and confirms a new one in `decided` when it was accepted,
-    /// so a packet sees the connection state every earlier packet of the batch left.)
+    /// `bytes[i]` is packet `i` from its network header on, which `-m string` searches (a
+    /// packet beyond the slice has none: `--string` is false for it); `-m connlimit` counts in
+    /// [`Track::table`]. Pass `&[]` and [`NoTracking`] for neither.
     #[allow(clippy::too_many_arguments)]
-    pub fn classify_batch_split(
+    pub fn classify_batch<'t>(
         &self,
         core: usize,
         packets: &mut [PacketMeta],
         verdicts: &mut [Verdict],
         now: u64,
         logs: &mut (impl LogSink + ?Sized),
-        after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
-        decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
-    ) -> usize {
-        let with = BatchWith {
-            bytes: &[],
-            conntrack: None,
-        };
-        self.classify_batch_tracked(core, packets, verdicts, now, logs, with, after_raw, decided)
-    }
-
-    /// As [`Snapshot::classify_batch_split`], with what some matches read beyond the packets'
-    /// [`PacketMeta`] ([`BatchWith`]): `-m string` searches `with.bytes[i]` for packet `i`,
-    /// `-m connlimit` counts (and remembers) connections against `with.conntrack`, the table
-    /// `after_raw` tracks the packets in (the engine's worker passes its own).
-    #[allow(clippy::too_many_arguments)]
-    pub fn classify_batch_tracked(
-        &self,
-        core: usize,
-        packets: &mut [PacketMeta],
-        verdicts: &mut [Verdict],
-        now: u64,
-        logs: &mut (impl LogSink + ?Sized),
-        with: BatchWith<'_>,
-        mut after_raw: impl FnMut(&mut PacketMeta) -> Option<Verdict>,
-        mut decided: impl FnMut(&mut PacketMeta, Verdict) -> Verdict,
+        bytes: &[&[u8]],
+        track: &mut impl Track<'t>,
     ) -> usize {
         let n = packets.len().min(verdicts.len());
         let counters: &CoreCounters = self.cells.core(core);
         let mut obs = Counting {
             counters,
-            ct: with.conntrack,
+            ct: track.table(),
             payload: &[],
             snapshot: self.id,
             names: &self.names,
@@ -935,9 +869,9 @@ impl Snapshot {
                     best: best[i - lo],
                 };
                 let p = &mut packets[i];
-                obs.payload = with.bytes.get(i).copied().unwrap_or(&[]);
-                let v = self.evaluate(p, now, &mut obs, hint, &mut after_raw);
-                verdicts[i] = decided(p, v);
+                obs.payload = bytes.get(i).copied().unwrap_or(&[]);
+                let v = self.evaluate(p, now, &mut obs, hint, &mut *track);
+                verdicts[i] = track.decided(p, v, now);
             }
             lo = hi;
         }

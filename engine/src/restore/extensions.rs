@@ -5,7 +5,7 @@
 //! [`KNOWN_TARGETS`], [`OPAQUE_MATCHES`], [`OPAQUE_TARGETS`]); `super::support` loads each
 //! name through the parser and derives from what it produces the table of which extensions are
 //! enforced, stored only, or refused (`docs/extensions.md`, checked by
-//! `tests/support_table.rs`). The code is in three files:
+//! `tests/it/support_table.rs`). The code is in three files:
 //!
 //! - `extensions/values.rs`: value parsers (numbers, ports, addresses, protocols, names of
 //!   flags, states, ICMP types, rates, marks, MACs) with iptables' grammar for each;

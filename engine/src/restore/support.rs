@@ -1,6 +1,6 @@
 //! Which iptables extensions the engine enforces, keeps for storage only, or does not know: the
 //! table `docs/extensions.md` is generated from ([`support_markdown`]; the test
-//! `tests/support_table.rs` fails when the file and this table differ).
+//! `tests/it/support_table.rs` fails when the file and this table differ).
 //!
 //! The rows are derived from what the parser does: every name [`super::extensions`] knows
 //! (its typed matches and targets and its opaque lists) is loaded with `-m NAME` / `-j NAME`
@@ -271,7 +271,7 @@ pub fn support_markdown() -> String {
     let mut out = String::from(
         "# Extension support\n\n\
          Generated from the parser's own tables by `vallum_engine::restore::support_markdown`\n\
-         (the test `engine/tests/support_table.rs` fails when this file differs; run it with\n\
+         (the test `engine/tests/it/support_table.rs` fails when this file differs; run it with\n\
          `VALLUM_BLESS=1` to rewrite it). Do not edit by hand.\n\n\
          - **enforced**: parsed with iptables 1.8.9's grammar, printed as iptables-save prints it,\n  \
          validated, and run by the engine in the tables it enforces (filter, raw).\n\

@@ -11,19 +11,20 @@
 //! that cannot be written (`/dev/full`, a closed pipe) is a warning in the log, never a stop.
 //!
 //! With `--otlp-endpoint` (cargo feature `otlp`) the same subscriber also exports the spans
-//! of every call and commit phase over OTLP (`vallum_server::metrics::traces`), whatever
+//! of every call and commit phase over OTLP (`vallum_server::telemetry::metrics::traces`), whatever
 //! `RUST_LOG` filters out of the log lines.
 
 use clap::Parser;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
-use vallum_server::metrics::traces::Traces;
+use vallum_server::telemetry::metrics::traces::Traces;
 
 /// mimalloc instead of glibc's malloc, keeping freed memory 10 s (see
-/// `vallum_server::allocator`).
+/// `vallum_server::host::allocator`).
 #[global_allocator]
-static ALLOCATOR: vallum_server::allocator::MiMalloc = vallum_server::allocator::MiMalloc;
+static ALLOCATOR: vallum_server::host::allocator::MiMalloc =
+    vallum_server::host::allocator::MiMalloc;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -62,7 +63,7 @@ fn init_logging(format: LogFormat, traces: &Traces) {
 }
 
 fn main() -> std::process::ExitCode {
-    vallum_server::allocator::keep_freed_memory();
+    vallum_server::host::allocator::keep_freed_memory();
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -68,7 +68,7 @@ pub struct Trace {
     /// The conntrack entry's mark at the end (after `-j CONNMARK`); a trace changes no entry.
     pub ct_mark: u32,
     /// The packet's [`ct_state`](crate::model::ct_state) bit at the end of the evaluation: after raw-table NOTRACK
-    /// and, in [`Snapshot::trace_split`], after the step between the raw and the other chains
+    /// and, in [`Snapshot::trace_tracked`], after the step between the raw and the other chains
     /// (the engine's conntrack lookup). Only raw-table rules change it, so it is the state the
     /// non-raw chains saw.
     pub ct_state: u8,
@@ -176,25 +176,16 @@ impl Snapshot {
     /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
     /// and every applied policy, in order.
     pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
-        self.trace_split(packet, now, |_| None)
+        self.trace_tracked(packet, &[], now, None, |_| None)
     }
 
-    /// As [`Snapshot::trace`], with `after_raw` run between the raw and the other chains as
-    /// in [`Snapshot::classify_split`]; [`Trace::ct_state`] is the state the packet had after
-    /// it.
-    pub fn trace_split(
-        &self,
-        packet: &PacketMeta,
-        now: u64,
-        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
-    ) -> Trace {
-        self.trace_tracked(packet, &[], now, None, after_raw)
-    }
-
-    /// As [`Snapshot::trace_split`], with `-m string` searching `bytes` (the packet from its
-    /// network header on; empty: `--string` is false) and `-m connlimit` counting the
-    /// connections of `ct` (a dry run: no list changes; without a table a connlimit rule
-    /// counts only the packet's own connection).
+    /// As [`Snapshot::trace`], the same walk as [`Snapshot::classify_batch`]'s with
+    /// `after_raw` as conntrack's lookup between the raw and the other chains ([`Trace::ct_state`] is the state the
+    /// packet had after it; its confirmation is not run: a trace changes no table), with
+    /// `-m string` searching `bytes` (the packet from its network header on; empty:
+    /// `--string` is false) and `-m connlimit` counting the connections of `ct` (a dry run: no
+    /// list changes; without a table a connlimit rule counts only the packet's own
+    /// connection).
     pub fn trace_tracked(
         &self,
         packet: &PacketMeta,
@@ -203,6 +194,8 @@ impl Snapshot {
         ct: Option<&Conntrack>,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Trace {
+        let mut after_raw = Some(after_raw);
+        let mut track = |p: &mut PacketMeta| after_raw.take().and_then(|f| f(p));
         let mut p = *packet;
         let mut obs = Tracing {
             snapshot: self.id,
@@ -214,7 +207,7 @@ impl Snapshot {
             limits_asked: 0,
             hotdropped: false,
         };
-        let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, after_raw);
+        let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, &mut track);
         Trace {
             verdict,
             steps: obs.steps,

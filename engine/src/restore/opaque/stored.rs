@@ -1,5 +1,5 @@
 //! Canonical forms of more stored-only extensions, as iptables-save 1.8.9 prints them (each
-//! checked by iptables' own `.t` vectors, `tests/conformance.rs`), with the refusals of their
+//! checked by iptables' own `.t` vectors, `tests/it/conformance.rs`), with the refusals of their
 //! libxt parsers and the kernel's checks:
 //!
 //! - `-m quota [!] --quota N`: N below 2^64;

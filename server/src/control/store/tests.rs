@@ -1,0 +1,1034 @@
+use super::*;
+
+/// A database at `path` migrated up to `until` only, as an older build left it.
+fn old_db(path: &Path, until: i64) -> Connection {
+    let mut conn = Connection::open(path).unwrap();
+    conn.pragma_update(None, "foreign_keys", true).unwrap();
+    migrate::run_to(&mut conn, until).unwrap();
+    conn
+}
+
+fn new_rev(name: &str, text: &str) -> NewRevision {
+    NewRevision {
+        ruleset: name.into(),
+        priority: 0,
+        content: Content {
+            v4: text.into(),
+            v6: String::new(),
+        },
+        rule_count: 1,
+        author: "test".into(),
+        message: "m".into(),
+    }
+}
+
+fn commit(name: &str, target: CommitTarget) -> PersistCommit {
+    PersistCommit {
+        ruleset: name.into(),
+        target,
+        state: RevisionState::Active,
+        outcome: Outcome::Committed,
+        previous_state: RevisionState::Superseded,
+        confirm_deadline: None,
+        expected_etag: None,
+        started_at: now_ns(),
+        validate_ns: 1,
+        priority: None,
+        audit: None,
+    }
+}
+
+/// A store written before the texts moved to `revision_content` opens with every revision
+/// and its text intact.
+#[tokio::test]
+async fn revision_texts_survive_the_content_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.db");
+    {
+        let conn = old_db(&path, 20261130070000);
+        conn.execute(
+                "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+                 VALUES ('a', 0, 'e', 2, 2, 1, 1)",
+                [],
+            )
+            .unwrap();
+        for (n, v4, state) in [
+            (1, "*filter\n-A INPUT -j DROP\nCOMMIT\n", "SUPERSEDED"),
+            (2, "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n", "ACTIVE"),
+        ] {
+            conn.execute(
+                    "INSERT INTO revisions (ruleset, number, parent, digest, content_v4, content_v6, rule_count, author, message, state, created_at) \
+                     VALUES ('a', ?1, NULL, 'd', ?2, '*filter\nCOMMIT\n', 1, 'me', 'm', ?3, 1)",
+                    params![n, v4, state],
+                )
+                .unwrap();
+        }
+    }
+    let store = Store::open(&path).await.unwrap();
+    let r1 = store.get_revision("a", 1).await.unwrap().unwrap();
+    assert_eq!(r1.content.v4, "*filter\n-A INPUT -j DROP\nCOMMIT\n");
+    assert_eq!(r1.content.v6, "*filter\nCOMMIT\n");
+    assert_eq!(r1.state, RevisionState::Superseded);
+    let listed = store.list_revisions("a", 0, 10).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(
+        listed[1].content.v4,
+        "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n"
+    );
+    let (rs, active) = store.active().await.unwrap().remove(0);
+    assert_eq!((rs.name.as_str(), active.number), ("a", 2));
+    assert_eq!(active.content.v4, listed[1].content.v4);
+    // The old texts became one chunk each (4 texts); deleting the ruleset frees them.
+    assert_eq!(chunk_count(&store).await, (4, 4));
+    assert!(store.delete_ruleset("a", None).await.unwrap());
+    assert_eq!(chunk_count(&store).await, (0, 0));
+}
+
+/// A database made by the build before the store had one driver (sqlx ran its
+/// migrations, chunk lists were comma-separated text with counts kept by hand; made by
+/// `make_fixture` at cd75b4d, see tests/fixtures/README.md) opens in place: every revision
+/// reads back byte-identical, with its rows, commits, sets, idempotency and load failure
+/// marks, the chunk lists are rows SQLite checks, and it keeps working.
+#[tokio::test]
+async fn a_database_made_by_the_two_driver_store_migrates_in_place() {
+    let text = |k: usize, fam: &str| {
+        let mut s = String::from("*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n");
+        for i in 0..1500 {
+            let port = if i % 500 == 7 { 20_000 + k } else { i };
+            s.push_str(&format!(
+                "-A INPUT -s {fam}{}.0/24 -p tcp -m tcp --dport {port} -j ACCEPT\n",
+                i % 200
+            ));
+        }
+        s + "COMMIT\n"
+    };
+    let content = |k: usize| Content {
+        v4: text(k, "10.0."),
+        v6: if k % 2 == 0 {
+            text(k, "2001:db8:")
+        } else {
+            String::new()
+        },
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.db");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store_two_drivers.db"),
+        &path,
+    )
+    .unwrap();
+    let store = Store::open(&path).await.unwrap().with_revisions_kept(4);
+    let a = store.list_revisions("a", 0, 100).await.unwrap();
+    // Six commits and a stage, four kept: 4, 5 (replaced), 6 (active), 7 (staged).
+    assert_eq!(a.iter().map(|r| r.number).collect::<Vec<_>>(), [4, 5, 6, 7]);
+    for r in &a {
+        let k = r.number as usize - 1;
+        assert_eq!(r.content, content(k), "a/{}", r.number);
+        assert_eq!(r.digest, r.content.digest());
+        assert_eq!(
+            (r.author.clone(), r.message.clone()),
+            (format!("author{k}"), format!("message {k}"))
+        );
+        assert_eq!(r.rule_count, 1500);
+    }
+    let states: Vec<RevisionState> = a.iter().map(|r| r.state).collect();
+    use RevisionState::*;
+    assert_eq!(states, [Superseded, Superseded, Active, Staged]);
+    let b = store.get_revision("b", 1).await.unwrap().unwrap();
+    assert_eq!((b.content.clone(), b.state), (content(2), PendingConfirm));
+    let c = store.get_revision("c", 1).await.unwrap().unwrap();
+    assert_eq!(c.content, Content::default());
+    let rs = store.get_ruleset("a").await.unwrap().unwrap();
+    assert_eq!(
+        (rs.priority, rs.active_revision, rs.latest_revision),
+        (5, Some(6), 7)
+    );
+    let commits = store.commits("a").await.unwrap();
+    assert_eq!(commits.len(), 6);
+    assert!(
+        commits
+            .iter()
+            .all(|c| c.phases.total_ns == 99 && c.outcome == Outcome::Committed)
+    );
+    assert_eq!(store.pending_confirms().await.unwrap()[0].ruleset, "b");
+    assert_eq!(store.audit_count().await.unwrap(), 9);
+    let kept = Store::open(&path).await.unwrap().with_retention(Retention {
+        idempotency_ttl: None,
+        ..Retention::default()
+    });
+    let call = kept.idempotent_get("req-1", now_ns()).await;
+    assert_eq!(call.unwrap().unwrap().1.response, b"\x01\x02resp");
+    drop(kept);
+    assert_eq!(store.load_failures().await.unwrap()[0].error, "boom");
+    let sets = store.load_sets(0).await.unwrap();
+    assert_eq!((sets[0].name.as_str(), sets[0].elements.len()), ("s4", 2));
+    assert_refs_exact(&store).await;
+    // sqlx's bookkeeping became ours.
+    assert_eq!(
+        count(&store, "SELECT COUNT(*) FROM schema_migrations").await,
+        migrate::MIGRATIONS.len() as i64
+    );
+    assert_eq!(
+        count(
+            &store,
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'"
+        )
+        .await,
+        0
+    );
+    // It keeps working: a commit shares the stored chunks, pruning frees the old ones.
+    let p = store
+        .persist_commit(commit(
+            "a",
+            CommitTarget::New(NewRevision {
+                content: content(3),
+                ..new_rev("a", "")
+            }),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(p.revision.number, 8);
+    assert_eq!(
+        store.get_revision("a", 8).await.unwrap().unwrap().content,
+        content(3)
+    );
+    assert_refs_exact(&store).await;
+    for name in ["a", "b", "c"] {
+        assert!(store.delete_ruleset(name, None).await.unwrap());
+    }
+    assert_eq!(chunk_count(&store).await, (0, 0));
+    drop(store);
+    // And opens again.
+    assert!(
+        Store::open(&path)
+            .await
+            .unwrap()
+            .list_rulesets()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A store written before outcomes were one vocabulary: the confirm timer's ROLLED_BACK
+/// rows (a deactivation, an automatic rollback) become REVERTED, a deliberate rollback
+/// stays ROLLED_BACK; every outcome can be written afterwards.
+#[tokio::test]
+async fn confirm_timeouts_become_reverted_in_the_outcome_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.db");
+    {
+        let conn = old_db(&path, 20261201140000);
+        conn.execute(
+                "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+                 VALUES ('a', 0, 'e', 4, 4, 1, 1)",
+                [],
+            )
+            .unwrap();
+        for (n, author, message) in [
+            (1, "me", "m"),
+            (2, "me", "rollback to revision 1"),
+            (3, "me", "m"),
+            (
+                4,
+                "vallumd",
+                "automatic rollback: revision 3 was not confirmed in time",
+            ),
+        ] {
+            conn.execute(
+                    "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
+                     VALUES ('a', ?1, NULL, 'd', 0, ?2, ?3, 'SUPERSEDED', 1)",
+                    params![n, author, message],
+                )
+                .unwrap();
+        }
+        for (revision, previous, outcome) in [
+            (1, None, "COMMITTED"),
+            (2, Some(1), "ROLLED_BACK"),
+            (3, Some(2), "COMMITTED"),
+            (4, Some(3), "ROLLED_BACK"),
+            (5, Some(5), "ROLLED_BACK"),
+        ] {
+            conn.execute(
+                "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
+                     VALUES ('a', ?1, ?2, ?3, 1)",
+                params![revision, previous, outcome],
+            )
+            .unwrap();
+        }
+    }
+    let store = Store::open(&path).await.unwrap();
+    let outcomes: Vec<Outcome> = store
+        .commits("a")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Committed,
+            Outcome::RolledBack,
+            Outcome::Committed,
+            Outcome::Reverted,
+            Outcome::Reverted,
+        ]
+    );
+    for o in Outcome::ALL {
+        store
+            .writer
+            .run(move |tx| {
+                tx.execute(
+                    "INSERT INTO commits (ruleset, revision, previous, outcome, started_at) \
+                         VALUES ('b', 1, NULL, ?1, 1)",
+                    [o.as_str()],
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{o}: {e}"));
+    }
+    assert_eq!(store.commits("b").await.unwrap().len(), Outcome::ALL.len());
+}
+
+/// `SELECT COUNT(*)`-style query of one integer.
+async fn count(store: &Store, sql: &'static str) -> i64 {
+    store
+        .readers
+        .run(move |tx| Ok(tx.query_row(sql, [], |r| r.get(0))?))
+        .await
+        .unwrap()
+}
+
+/// Rows of `chunks` and `chunk_texts`.
+async fn chunk_count(store: &Store) -> (i64, i64) {
+    (
+        count(store, "SELECT COUNT(*) FROM chunks").await,
+        count(store, "SELECT COUNT(*) FROM chunk_texts").await,
+    )
+}
+
+/// Every stored chunk is named by some list, its count is the number of list rows naming
+/// it, and it has its text; every list row names a stored chunk; every list's positions
+/// run 0.. without a gap, and SQLite finds no foreign key violation.
+async fn assert_refs_exact(store: &Store) {
+    let unnamed = count(
+        store,
+        "SELECT COUNT(*) FROM chunks c WHERE NOT EXISTS \
+             (SELECT 1 FROM revision_chunk_list l WHERE l.chunk = c.id)",
+    )
+    .await;
+    assert_eq!(unnamed, 0, "chunks no list names");
+    let miscounted = count(
+        store,
+        "SELECT COUNT(*) FROM chunks c WHERE c.refs <> \
+             (SELECT COUNT(*) FROM revision_chunk_list l WHERE l.chunk = c.id)",
+    )
+    .await;
+    assert_eq!(miscounted, 0, "chunks whose count is not their list rows");
+    let dangling = count(
+        store,
+        "SELECT COUNT(*) FROM revision_chunk_list l WHERE NOT EXISTS \
+             (SELECT 1 FROM chunks c WHERE c.id = l.chunk)",
+    )
+    .await;
+    assert_eq!(dangling, 0, "list rows naming no chunk");
+    let gaps = count(
+        store,
+        "SELECT COUNT(*) FROM (SELECT ruleset, number, family FROM revision_chunk_list \
+             GROUP BY ruleset, number, family HAVING MAX(position) + 1 <> COUNT(*))",
+    )
+    .await;
+    assert_eq!(gaps, 0, "lists with gaps");
+    let violations = store
+        .readers
+        .run(|tx| {
+            Ok(tx
+                .prepare("PRAGMA foreign_key_check")?
+                .query_map([], |_| Ok(()))?
+                .count())
+        })
+        .await
+        .unwrap();
+    assert_eq!(violations, 0, "foreign key violations");
+    let (c, t) = chunk_count(store).await;
+    assert_eq!(c, t);
+}
+
+/// Revisions that alternate between two texts (as an orchestrator re-applying a ruleset
+/// with one rule toggled does): each commit adds one chunk list and prunes another in the
+/// same transaction, so most chunks gain and lose a reference at once (net zero, not
+/// written) and the toggled chunk falls to zero and is deleted, or is named again. The
+/// counts stay exact through it all.
+#[tokio::test]
+async fn alternating_revisions_keep_counts_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_revisions_kept(2);
+    let text = |k: usize| {
+        let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for i in 0..2000 {
+            let port = if i == 700 { 10_000 + k } else { i };
+            s.push_str(&format!(
+                "-A INPUT -s 10.1.{}.0/24 -p udp -m udp --dport {port} -j ACCEPT\n",
+                i % 256
+            ));
+        }
+        s + "COMMIT\n"
+    };
+    // a, b, a, b, then c (the toggled chunk of a and b falls out), then a again.
+    for (n, k) in [0, 1, 0, 1, 2, 3, 0].into_iter().enumerate() {
+        store
+            .persist_commit(commit("a", CommitTarget::New(new_rev("a", &text(k)))))
+            .await
+            .unwrap();
+        assert_refs_exact(&store).await;
+        let kept = store.list_revisions("a", 0, 100).await.unwrap();
+        assert_eq!(kept.len(), (n + 1).min(2));
+        assert_eq!(kept.last().unwrap().content.v4, text(k));
+    }
+    // Exactly the chunks of the two kept texts are stored.
+    let kept = store.list_revisions("a", 0, 100).await.unwrap();
+    let all: std::collections::HashSet<&str> = kept
+        .iter()
+        .flat_map(|r| chunks::split(&r.content.v4))
+        .collect();
+    assert_eq!(chunk_count(&store).await.0, all.len() as i64);
+    assert!(store.delete_ruleset("a", None).await.unwrap());
+    assert_eq!(chunk_count(&store).await, (0, 0));
+}
+
+/// Revisions that differ in a few rules share their other chunks; pruning and deleting
+/// release exactly the chunks no kept revision names, and every kept text reads back
+/// byte for byte.
+#[tokio::test]
+async fn revisions_share_chunks_and_release_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_revisions_kept(3);
+    let text = |k: usize| {
+        let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for i in 0..3000 {
+            let port = if i == 1500 { 10_000 + k } else { i };
+            s.push_str(&format!(
+                "-A INPUT -s 10.0.{}.0/24 -p tcp -m tcp --dport {port} -j ACCEPT\n",
+                i % 256
+            ));
+        }
+        s + "COMMIT\n"
+    };
+    let mut texts = Vec::new();
+    for k in 0..6 {
+        let mut rev = new_rev("a", &text(k));
+        // The IPv6 text is the same in every revision: all its chunks are shared.
+        rev.content.v6 = text(0).replace("10.0.", "2001:db8::");
+        texts.push(rev.content.clone());
+        store
+            .persist_commit(commit("a", CommitTarget::New(rev)))
+            .await
+            .unwrap();
+    }
+    let kept = store.list_revisions("a", 0, 100).await.unwrap();
+    assert_eq!(kept.iter().map(|r| r.number).collect::<Vec<_>>(), [4, 5, 6]);
+    for r in &kept {
+        assert_eq!(r.content, texts[r.number as usize - 1]);
+        assert_eq!(r.digest, r.content.digest());
+    }
+    // One copy of each text plus the changed chunk of each kept revision.
+    let one = chunks::split(&texts[0].v4).len() as i64 + chunks::split(&texts[0].v6).len() as i64;
+    let (c, t) = chunk_count(&store).await;
+    assert_eq!(c, t);
+    assert!(
+        c >= one && c <= one + 2 * 3,
+        "{c} chunks for {one} per revision"
+    );
+    let refs = count(
+        &store,
+        "SELECT COUNT(*) FROM (SELECT DISTINCT ruleset, number, family, chunk \
+             FROM revision_chunk_list)",
+    )
+    .await;
+    let distinct = |t: &str| {
+        chunks::split(t)
+            .into_iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len() as i64
+    };
+    let expect: i64 = kept
+        .iter()
+        .map(|r| distinct(&r.content.v4) + distinct(&r.content.v6))
+        .sum();
+    assert_eq!(refs, expect);
+    assert_refs_exact(&store).await;
+    assert!(store.delete_ruleset("a", None).await.unwrap());
+    assert_eq!(chunk_count(&store).await, (0, 0));
+}
+
+/// A revision read while the writer deletes and re-creates its ruleset is either there
+/// with its own text or absent, never half (its chunk lists read, its chunks freed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_see_a_revision_whole_while_it_is_deleted() {
+    fn text(tag: u64) -> String {
+        let mut s = String::from("*filter\n");
+        for i in 0..300 {
+            s.push_str(&format!(
+                "-A INPUT -s 10.{}.{}.0/24 -m comment --comment r{tag} -j ACCEPT\n",
+                i / 256 % 256,
+                i % 256
+            ));
+        }
+        s + "COMMIT\n"
+    }
+    fn rev(tag: u64) -> NewRevision {
+        NewRevision {
+            author: tag.to_string(),
+            ..new_rev("a", &text(tag))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+    store.stage(rev(0), None).await.unwrap();
+    let w = store.clone();
+    let writer = tokio::spawn(async move {
+        for tag in 1..150u64 {
+            w.delete_ruleset("a", None).await.unwrap();
+            w.stage(rev(tag), None).await.unwrap();
+        }
+    });
+    let mut whole = 0;
+    while !writer.is_finished() {
+        if let Some(r) = store.get_revision("a", 1).await.unwrap() {
+            let tag: u64 = r.author.parse().unwrap();
+            assert_eq!(r.content.v4, text(tag));
+            whole += 1;
+        }
+        for r in store.list_revisions("a", 0, 10).await.unwrap() {
+            assert_eq!(r.content.v4, text(r.author.parse().unwrap()));
+        }
+    }
+    writer.await.unwrap();
+    assert!(whole > 0);
+}
+
+#[tokio::test]
+async fn prunes_old_revisions_but_never_active_pending_or_restore_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_revisions_kept(2);
+    let text = "*filter\nCOMMIT\n";
+    let numbers = |store: Store| async move {
+        let mut out = Vec::new();
+        for n in 1..=6 {
+            if store.get_revision("a", n).await.unwrap().is_some() {
+                out.push(n);
+            }
+        }
+        out
+    };
+    store
+        .persist_commit(commit("a", CommitTarget::New(new_rev("a", text))))
+        .await
+        .unwrap();
+    // Revision 2 waits for confirmation; 1 is what a timeout would restore.
+    store
+        .persist_commit(PersistCommit {
+            state: RevisionState::PendingConfirm,
+            confirm_deadline: Some(i64::MAX),
+            ..commit("a", CommitTarget::New(new_rev("a", text)))
+        })
+        .await
+        .unwrap();
+    store.stage(new_rev("a", text), None).await.unwrap();
+    assert_eq!(numbers(store.clone()).await, vec![1, 2, 3]);
+    store.stage(new_rev("a", text), None).await.unwrap();
+    assert_eq!(numbers(store.clone()).await, vec![1, 2, 4]);
+    // A plain commit settles the pending one: only it and the replaced active one stay.
+    store
+        .persist_commit(commit("a", CommitTarget::New(new_rev("a", text))))
+        .await
+        .unwrap();
+    assert_eq!(numbers(store.clone()).await, vec![2, 5]);
+}
+
+#[tokio::test]
+async fn stage_commit_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/v.db");
+    let store = Store::open(&path).await.unwrap();
+    let (rs, r1) = store
+        .stage(new_rev("a", "*filter\nCOMMIT\n"), None)
+        .await
+        .unwrap();
+    assert_eq!(r1.number, 1);
+    assert_eq!(r1.state, RevisionState::Staged);
+    assert!(matches!(
+        store.stage(new_rev("a", "x"), Some("nope")).await,
+        Err(Error::EtagMismatch { .. })
+    ));
+    let p = store
+        .persist_commit(commit("a", CommitTarget::Staged(1)))
+        .await
+        .unwrap();
+    assert_eq!(p.ruleset.active_revision, Some(1));
+    assert_ne!(p.ruleset.etag, rs.etag);
+    // Committing it again is refused.
+    assert!(matches!(
+        store
+            .persist_commit(commit("a", CommitTarget::Staged(1)))
+            .await,
+        Err(Error::Precondition { .. })
+    ));
+    // The audit record goes in with the commit.
+    let p2 = store
+        .persist_commit(PersistCommit {
+            audit: Some(AuditEntry {
+                at: 1,
+                caller: "me".into(),
+                method: "Apply".into(),
+                request_digest: "d".into(),
+                outcome: "OK".into(),
+            }),
+            ..commit("a", CommitTarget::New(new_rev("a", "y")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.audit_count().await.unwrap(), 1);
+    assert_eq!(p2.revision.number, 2);
+    assert_eq!(p2.previous, Some((1, RevisionState::Active)));
+    store
+        .finish_commit(p2.commit_id, &Phases::default())
+        .await
+        .unwrap();
+    store.close().await;
+
+    let store = Store::open(&path).await.unwrap();
+    let active = store.active().await.unwrap();
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].1.number, 2);
+    assert_eq!(
+        store.get_revision("a", 1).await.unwrap().unwrap().state,
+        RevisionState::Superseded
+    );
+    assert_eq!(store.commits("a").await.unwrap().len(), 2);
+    store
+        .revert_commit(&p2, "boom", "COMMIT_FAILED")
+        .await
+        .unwrap();
+    let id = p2.audit_id.expect("audit id");
+    let outcome: String = store
+        .readers
+        .run(move |tx| {
+            Ok(
+                tx.query_row("SELECT outcome FROM audit WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome, "COMMIT_FAILED");
+    assert_eq!(
+        store
+            .get_ruleset("a")
+            .await
+            .unwrap()
+            .unwrap()
+            .active_revision,
+        Some(1)
+    );
+    assert!(store.delete_ruleset("a", None).await.unwrap());
+    assert!(store.list_rulesets().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn confirm_and_idempotency() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+    let mut c = commit("a", CommitTarget::New(new_rev("a", "x")));
+    c.state = RevisionState::PendingConfirm;
+    c.confirm_deadline = Some(now_ns() + 1_000_000_000);
+    store.persist_commit(c).await.unwrap();
+    assert_eq!(store.pending_confirms().await.unwrap().len(), 1);
+    assert!(store.confirm("a", 1).await.unwrap().is_some());
+    assert!(store.confirm("a", 1).await.unwrap().is_none());
+    assert!(store.pending_confirms().await.unwrap().is_empty());
+    let call = |r: &[u8]| IdempotentCall {
+        request_digest: "d".into(),
+        response: r.to_vec(),
+    };
+    let now = now_ns();
+    store
+        .idempotent_put("Apply", "r1", call(b"one"), now)
+        .await
+        .unwrap();
+    store
+        .idempotent_put("Apply", "r1", call(b"two"), now)
+        .await
+        .unwrap();
+    let first = store.idempotent_get("r1", now).await.unwrap().unwrap();
+    assert_eq!(first.1.response, b"one", "the first one wins");
+    // One namespace: the key is found whatever method asks, with its method.
+    assert_eq!(first.0, "Apply");
+}
+
+/// `n` distinct rule lines that each end a chunk (so a text of `k` of them is `k` chunks).
+fn boundary_lines(n: usize, tag: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while out.len() < n {
+        let l = format!("-A INPUT -m comment --comment {tag}{i} -j ACCEPT\n");
+        if chunks::split(&format!("{l}x\n")).len() == 2 {
+            out.push(l);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Chunk lists across the lookup batch size (0, 1, 63, 64, 65, 128, 129, 130 distinct
+/// chunks), with chunks repeated inside a text, shared by the IPv4 and IPv6 lists and by
+/// two rulesets, staged and committed, pruned and deleted: the counts stay exact and
+/// every kept text reads back.
+#[tokio::test]
+async fn chunk_batches_and_sharing_keep_counts_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_revisions_kept(2);
+    let lines = boundary_lines(140, "c");
+    let text = |k: usize, rep: usize| -> String {
+        lines[..k]
+            .iter()
+            .flat_map(|l| std::iter::repeat_n(l, rep))
+            .cloned()
+            .collect()
+    };
+    let mut step = 0;
+    for k in [0, 1, 63, 64, 65, 128, 129, 130] {
+        for (name, rep) in [("a", 1), ("b", 2)] {
+            step += 1;
+            let mut rev = new_rev(name, &text(k, rep));
+            // The IPv6 text: the same chunks, a few more, or none.
+            rev.content.v6 = match step % 3 {
+                0 => text(k, 1),
+                1 => text((k + 70).min(140), 1),
+                _ => String::new(),
+            };
+            let content = rev.content.clone();
+            let p = if step % 4 == 0 {
+                store.stage(rev, None).await.unwrap().1
+            } else {
+                store
+                    .persist_commit(commit(name, CommitTarget::New(rev)))
+                    .await
+                    .unwrap()
+                    .revision
+            };
+            assert_refs_exact(&store).await;
+            let back = store.get_revision(name, p.number).await.unwrap().unwrap();
+            assert_eq!(back.content, content, "{name} k={k}");
+            for r in store.list_revisions(name, 0, 100).await.unwrap() {
+                assert_eq!(r.digest, r.content.digest());
+            }
+        }
+    }
+    assert!(store.delete_ruleset("a", None).await.unwrap());
+    assert_refs_exact(&store).await;
+    for r in store.list_revisions("b", 0, 100).await.unwrap() {
+        assert_eq!(r.digest, r.content.digest());
+    }
+    assert!(store.delete_ruleset("b", None).await.unwrap());
+    assert_eq!(chunk_count(&store).await, (0, 0));
+}
+
+/// A write transaction that fails after storing chunks leaves no chunk and no pending
+/// count behind; one that releases a revision's chunks and stores the same text again
+/// keeps them with exact counts.
+#[tokio::test]
+async fn a_failed_transaction_leaves_no_chunks_or_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+    let lines = boundary_lines(100, "f");
+    let text: String = lines.concat();
+    store
+        .stage(new_rev("a", &text[..text.len() / 2]), None)
+        .await
+        .unwrap();
+    let before = chunk_count(&store).await;
+    let t = text.clone();
+    let r = store
+        .writer
+        .run(move |tx| {
+            let rs = writer::existing_ruleset(tx, "a")?;
+            writer::insert_revision(tx, &rs, new_rev("a", &t), RevisionState::Staged, 1)?;
+            Err::<(), _>(Error::Internal("boom".into()))
+        })
+        .await;
+    assert!(r.is_err());
+    assert_eq!(chunk_count(&store).await, before);
+    assert_refs_exact(&store).await;
+    // The next transaction starts from no pending change.
+    store.stage(new_rev("a", &text), None).await.unwrap();
+    assert_refs_exact(&store).await;
+    // Released and put again in one transaction.
+    let t = text.clone();
+    store
+        .writer
+        .run(move |tx| {
+            writer::delete_revisions(tx, "a", Some(2))?;
+            let rs = writer::existing_ruleset(tx, "a")?;
+            writer::insert_revision(tx, &rs, new_rev("a", &t), RevisionState::Staged, 1)?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_refs_exact(&store).await;
+    assert_eq!(
+        store
+            .get_revision("a", 3)
+            .await
+            .unwrap()
+            .unwrap()
+            .content
+            .v4,
+        text
+    );
+}
+
+/// A chunk stored by a transaction and released again in it (a revision added and
+/// deleted at once) is deleted with it, not left behind with no reference.
+#[tokio::test]
+async fn a_chunk_stored_and_released_in_one_transaction_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+    store
+        .stage(new_rev("a", "*filter\nCOMMIT\n"), None)
+        .await
+        .unwrap();
+    store
+        .writer
+        .run(|tx| {
+            let rs = writer::existing_ruleset(tx, "a")?;
+            let text = "*filter\n-A INPUT -j DROP\nCOMMIT\n";
+            writer::insert_revision(tx, &rs, new_rev("a", text), RevisionState::Staged, 1)?;
+            writer::delete_revisions(tx, "a", Some(2))?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_refs_exact(&store).await;
+}
+
+/// A store written with the chunk index (before the counts) opens with exact counts and
+/// every text intact, and keeps them exact through the next commits.
+#[tokio::test]
+async fn chunk_lists_get_their_counts_in_the_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.db");
+    {
+        let conn = old_db(&path, 20261216090000);
+        conn.execute_batch(
+                "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+                 VALUES ('a', 0, 'e', 2, 2, 1, 1);
+                 INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
+                 VALUES ('a', 1, NULL, 'd1', 1, 't', 'm', 'SUPERSEDED', 1), \
+                        ('a', 2, 1, 'd2', 1, 't', 'm', 'ACTIVE', 1);
+                 INSERT INTO chunks (id, digest) VALUES (1, x'01'), (2, x'02'), (3, x'03');
+                 INSERT INTO chunk_texts (id, text) VALUES (1, 'one\n'), (2, 'two\n'), (3, 'three\n');
+                 INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) \
+                 VALUES ('a', 1, 4, 0, 1), ('a', 1, 4, 1, 2), ('a', 1, 4, 2, 1), \
+                        ('a', 2, 4, 0, 1), ('a', 2, 4, 1, 3), ('a', 2, 6, 0, 3);",
+            )
+            .unwrap();
+    }
+    let store = Store::open(&path).await.unwrap().with_revisions_kept(2);
+    assert_refs_exact(&store).await;
+    let refs: String = store
+        .readers
+        .run(|tx| {
+            Ok(tx.query_row(
+                "SELECT group_concat(refs, ',') FROM (SELECT refs FROM chunks ORDER BY id)",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+        .unwrap();
+    assert_eq!(refs, "3,1,2");
+    let r1 = store.get_revision("a", 1).await.unwrap().unwrap();
+    assert_eq!(r1.content.v4, "one\ntwo\none\n");
+    let r2 = store.get_revision("a", 2).await.unwrap().unwrap();
+    assert_eq!(
+        (r2.content.v4.as_str(), r2.content.v6.as_str()),
+        ("one\nthree\n", "three\n")
+    );
+    // The next commit (a new chunk: the old digests are not sha256) prunes revision 1:
+    // chunk 2 goes, 1 and 3 stay.
+    store
+        .persist_commit(commit("a", CommitTarget::New(new_rev("a", "one\n"))))
+        .await
+        .unwrap();
+    assert_refs_exact(&store).await;
+    assert_eq!(chunk_count(&store).await.0, 3);
+    assert_eq!(
+        count(&store, "SELECT COUNT(*) FROM chunks WHERE id = 2").await,
+        0
+    );
+}
+
+/// SQLite itself refuses a list row naming no stored chunk, deleting a chunk a list
+/// names, and changing a list row (which would bypass the counts).
+#[tokio::test]
+async fn sqlite_enforces_the_chunk_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+    let p = store
+        .persist_commit(commit(
+            "a",
+            CommitTarget::New(new_rev("a", "*filter\n-A INPUT -j DROP\nCOMMIT\n")),
+        ))
+        .await
+        .unwrap();
+    let n = i64_of(p.revision.number);
+    for sql in [
+        "INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) \
+             VALUES ('a', ?1, 6, 0, 999999)",
+        "DELETE FROM chunks WHERE id = (SELECT chunk FROM revision_chunk_list WHERE number = ?1)",
+        "UPDATE revision_chunk_list SET chunk = chunk WHERE number = ?1",
+        "UPDATE chunks SET refs = -1 WHERE id = (SELECT chunk FROM revision_chunk_list WHERE number = ?1)",
+    ] {
+        let r = store.writer.run(move |tx| Ok(tx.execute(sql, [n])?)).await;
+        assert!(r.is_err(), "{sql} was allowed");
+    }
+    assert_refs_exact(&store).await;
+}
+
+/// Idempotency keys expire after the TTL (at injected times): a lookup after it finds
+/// nothing, a new call replaces the row, and the digest comes back as stored.
+#[tokio::test]
+async fn idempotency_keys_expire_after_the_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_retention(Retention {
+            idempotency_ttl: Some(hour),
+            ..Retention::default()
+        });
+    let h = i64::try_from(hour.as_nanos()).unwrap();
+    let t0 = 1_000 * h;
+    let call = |d: &str, r: &[u8]| IdempotentCall {
+        request_digest: d.into(),
+        response: r.to_vec(),
+    };
+    store
+        .idempotent_put("Apply", "k", call("d1", b"one"), t0)
+        .await
+        .unwrap();
+    let got = store.idempotent_get("k", t0 + h).await.unwrap();
+    assert_eq!(
+        got,
+        Some(("Apply".into(), call("d1", b"one"))),
+        "still live at exactly the TTL"
+    );
+    assert_eq!(store.idempotent_get("k", t0 + h + 1).await.unwrap(), None);
+    // An expired key of another method is replaced by the new one.
+    store
+        .idempotent_put("Rollback", "k", call("d2", b"two"), t0 + 2 * h)
+        .await
+        .unwrap();
+    let got = store.idempotent_get("k", t0 + 2 * h).await.unwrap();
+    assert_eq!(got, Some(("Rollback".into(), call("d2", b"two"))));
+    assert_eq!(store.idempotency_count().await.unwrap(), 1);
+}
+
+/// Pruning deletes audit records older than the retention, then the oldest beyond the
+/// row bound, and expired idempotency keys; counts before and after (injected times).
+#[tokio::test]
+async fn prune_deletes_by_age_and_by_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let min = 60_000_000_000_i64;
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_retention(Retention {
+            idempotency_ttl: Some(std::time::Duration::from_secs(60)),
+            audit_max_age: Some(std::time::Duration::from_secs(600)),
+            audit_max_rows: Some(3),
+        });
+    let now = 1_000 * min;
+    // Ten records, one a minute, the oldest 10 minutes ago.
+    for i in 0..10 {
+        store
+            .audit(AuditEntry {
+                at: now - (10 - i) * min,
+                caller: "me".into(),
+                method: format!("M{i}"),
+                request_digest: "d".into(),
+                outcome: "OK".into(),
+            })
+            .await
+            .unwrap();
+    }
+    for (k, at) in [("old", now - 2 * min), ("new", now - min / 2)] {
+        let call = IdempotentCall {
+            request_digest: "d".into(),
+            response: Vec::new(),
+        };
+        store.idempotent_put("Apply", k, call, at).await.unwrap();
+    }
+    assert_eq!(store.audit_count().await.unwrap(), 10);
+    let p = store.prune(now).await.unwrap();
+    // By age none (the oldest is exactly 10 minutes old: kept); by rows 7 of the 10.
+    assert_eq!(
+        p,
+        Pruned {
+            audit: 7,
+            idempotency: 1
+        }
+    );
+    assert_eq!(store.audit_count().await.unwrap(), 3);
+    let methods: Vec<String> = store
+        .readers
+        .run(|tx| {
+            Ok(tx
+                .prepare("SELECT method FROM audit ORDER BY id")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+        .unwrap();
+    assert_eq!(methods, ["M7", "M8", "M9"], "the newest stay");
+    assert_eq!(store.idempotency_count().await.unwrap(), 1);
+    // Later, by age alone: the records are now older than 10 minutes.
+    let p = store.prune(now + 9 * min).await.unwrap();
+    assert_eq!(
+        p,
+        Pruned {
+            audit: 2,
+            idempotency: 1
+        }
+    );
+    assert_eq!(store.audit_count().await.unwrap(), 1);
+    // Nothing left to prune.
+    assert_eq!(store.prune(now + 9 * min).await.unwrap(), Pruned::default());
+    // No bounds: nothing is ever pruned.
+    let keep = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_retention(Retention {
+            idempotency_ttl: None,
+            audit_max_age: None,
+            audit_max_rows: None,
+        });
+    assert_eq!(keep.prune(i64::MAX).await.unwrap(), Pruned::default());
+}
