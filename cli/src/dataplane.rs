@@ -21,6 +21,12 @@
 //! and one `-j VALLUM-NFQUEUE` at the top of each chosen builtin chain (INPUT, OUTPUT, FORWARD
 //! by default).
 //!
+//! Kernel-decided matches (`--facts-mark F`, vallumd's `--nfqueue-facts-mark`): one chain
+//! `VALLUM-FACTS-<CHAIN>` per chosen chain, jumped to at the very top of it (before the jump
+//! above), which vallumd fills with one `-j MARK` rule per expression it needs the kernel to
+//! decide (`-m policy`, `--ctstatus`, `--ctstate DNAT`, `--ctorig*`); an install keeps the rules
+//! of a facts chain that exists.
+//!
 //! REJECT: vallumd answers a packet its rules REJECT with `NF_REPEAT` and the answer's code
 //! (`RejectWith::code`, 1 to 10) in the 4-bit mark field R (`--reject-mark`, vallumd's
 //! `--nfqueue-reject-mark`, default 0x0f000000). The kernel runs the chain again; the first rule
@@ -74,6 +80,9 @@ use crate::error::CliError;
 pub const CHAIN: &str = "VALLUM-NFQUEUE";
 /// The steering chain of the fail-closed chains when only some are (`--fail-closed INPUT`).
 pub const CHAIN_CLOSED: &str = "VALLUM-NFQUEUE-CLOSED";
+/// The facts chains' prefix (`VALLUM-FACTS-INPUT`, ...): vallumd's `--nfqueue-facts-mark`
+/// writes the kernel's decisions there.
+pub const FACTS_CHAIN: &str = "VALLUM-FACTS";
 /// The chain the steering sends a packet carrying a reject code to.
 pub const REJECT_CHAIN: &str = "VALLUM-REJECT";
 /// The default `--reject-mark` (vallumd's `--nfqueue-reject-mark` default): bits 24 to 27.
@@ -167,6 +176,27 @@ fn parse_reject_mark(s: &str) -> Result<u32, String> {
     Ok(v)
 }
 
+/// A facts mark field: 0, or contiguous bits, hex or decimal.
+fn parse_facts_mark(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x00ff0000)"))?;
+    if v != 0 && v.leading_zeros() + v.trailing_zeros() + v.count_ones() != 32 {
+        return Err(format!(
+            "{s:?}: the facts mark is contiguous bits (e.g. 0x00ff0000), or 0 for none"
+        ));
+    }
+    Ok(v)
+}
+
+/// The facts chain of builtin chain `c` (vallumd's `facts_chains::chain_name`).
+fn facts_chain(c: &str) -> String {
+    format!("{FACTS_CHAIN}-{c}")
+}
+
 /// `dataplane install` flags.
 #[derive(Debug, clap::Args)]
 pub struct InstallArgs {
@@ -185,6 +215,12 @@ pub struct InstallArgs {
     /// reject code in them is rejected by the kernel.
     #[arg(long, env = "VALLUM_NFQUEUE_REJECT_MARK", default_value = DEFAULT_REJECT_MARK, value_parser = parse_reject_mark)]
     reject_mark: u32,
+    /// The mark field (contiguous bits; vallumd's `--nfqueue-facts-mark`) in which the kernel
+    /// hands vallumd the matches it decides (`-m policy`, `--ctstatus`, `--ctstate DNAT`,
+    /// `--ctorig*`): creates a `VALLUM-FACTS-<CHAIN>` chain per steered chain, jumped to before
+    /// the steering, which vallumd fills. 0 (the default): none. Reserve these bits.
+    #[arg(long, env = "VALLUM_NFQUEUE_FACTS_MARK", default_value = "0", value_parser = parse_facts_mark)]
+    facts_mark: u32,
     /// Number of queues (= vallumd's --cores), starting at --queue-first.
     #[arg(long, visible_alias = "queue-count", default_value_t = default_queues(), value_parser = clap::value_parser!(u16).range(1..))]
     queues: u16,
@@ -249,6 +285,8 @@ struct Plan {
     skip_mark: Option<u32>,
     /// The reject mark field (`--reject-mark`; 0: no reject rules).
     reject_mark: u32,
+    /// The facts mark field (`--facts-mark`; 0: no facts chains).
+    facts_mark: u32,
     first: u16,
     count: u16,
     /// The chosen chains that are fail-closed (no `--queue-bypass`).
@@ -279,6 +317,14 @@ impl Plan {
             return Err(CliError::Argument(format!(
                 "--mark {:#x} lies inside --reject-mark {:#x}: pick bits that do not overlap",
                 a.mark, a.reject_mark
+            )));
+        }
+        let continue_bit = if a.mode == Mode::Continue { a.mark } else { 0 };
+        if a.facts_mark & (a.reject_mark | continue_bit) != 0 {
+            return Err(CliError::Argument(format!(
+                "--facts-mark {:#x} overlaps --reject-mark {:#x} or --mark {continue_bit:#x}: \
+                 pick bits that do not overlap",
+                a.facts_mark, a.reject_mark
             )));
         }
         let chains = builtin_chains("--chains", &a.chains)?;
@@ -322,6 +368,7 @@ impl Plan {
         Ok(Plan {
             skip_mark: (a.mode == Mode::Continue).then_some(a.mark),
             reject_mark: a.reject_mark,
+            facts_mark: a.facts_mark,
             first: a.queue_first,
             count: a.queues,
             closed,
@@ -431,6 +478,7 @@ fn reject_chains(family: Family) -> Vec<(String, u8, &'static str)> {
 fn our_other_chains() -> Vec<String> {
     let mut all = vec![CHAIN_CLOSED.to_owned(), REJECT_CHAIN.to_owned()];
     all.extend(REJECT_SUFFIX.iter().map(|s| format!("{REJECT_CHAIN}-{s}")));
+    all.extend(BUILTIN.iter().map(|c| facts_chain(c)));
     all
 }
 
@@ -449,8 +497,19 @@ fn install_text(plan: &Plan, family: Family, current: &str) -> String {
         written.push(REJECT_CHAIN.to_owned());
         written.extend(rejects.iter().map(|r| r.0.clone()));
     }
+    let facts: Vec<String> = if plan.facts_mark != 0 {
+        plan.chains.iter().map(|c| facts_chain(c)).collect()
+    } else {
+        Vec::new()
+    };
+    written.extend(facts.iter().cloned());
     let mut t = String::from("*filter\n");
     for c in &written {
+        // A facts chain that exists keeps the rules vallumd wrote (declaring it would empty
+        // it until vallumd's next commit).
+        if facts.contains(c) && has_chain(current, c) {
+            continue;
+        }
         t.push_str(&format!(":{c} - [0:0]\n"));
     }
     for d in jumps(current) {
@@ -519,6 +578,12 @@ fn install_text(plan: &Plan, family: Family, current: &str) -> String {
     for c in &plan.chains {
         t.push_str(&format!("-I {c} 1 -j {}\n", plan.chain_of(c)));
     }
+    // The facts chains run first: the kernel's matches set their bits before the NFQUEUE rule.
+    if !facts.is_empty() {
+        for c in &plan.chains {
+            t.push_str(&format!("-I {c} 1 -j {}\n", facts_chain(c)));
+        }
+    }
     t.push_str("COMMIT\n");
     t
 }
@@ -552,8 +617,8 @@ fn uninstall_text(current: &str) -> Option<String> {
     Some(t)
 }
 
-/// The rule specs (after `-A `) of the builtin chains' rules that jump to [`CHAIN`] or
-/// [`CHAIN_CLOSED`].
+/// The rule specs (after `-A `) of the builtin chains' rules that jump to [`CHAIN`],
+/// [`CHAIN_CLOSED`] or a facts chain.
 fn jumps(current: &str) -> Vec<String> {
     current
         .lines()
@@ -563,9 +628,9 @@ fn jumps(current: &str) -> Vec<String> {
             let mut words = spec.split_whitespace();
             BUILTIN.contains(&chain)
                 && words.any(|w| w == "-j" || w == "-g")
-                && words
-                    .next()
-                    .is_some_and(|t| t == CHAIN || t == CHAIN_CLOSED)
+                && words.next().is_some_and(|t| {
+                    t == CHAIN || t == CHAIN_CLOSED || BUILTIN.iter().any(|c| t == facts_chain(c))
+                })
         })
         .map(str::to_owned)
         .collect()
@@ -744,6 +809,7 @@ pub fn run(cmd: &DataplaneCommand) -> Result<(Value, String), CliError> {
                     "mode": if plan.skip_mark.is_some() { "continue" } else { "final" },
                     "continue_mark": plan.skip_mark,
                     "reject_mark": plan.reject_mark,
+                    "facts_mark": plan.facts_mark,
                     "chains": plan.chains,
                     "queue_first": plan.first,
                     "queue_count": plan.count,
@@ -995,6 +1061,55 @@ mod tests {
         assert!(!t.contains("-D INPUT -j VALLUM-NFQUEUE-OTHER"));
         assert!(!t.contains("-D INPUT -p tcp"));
         assert!(t.ends_with("-I INPUT 1 -j VALLUM-NFQUEUE\nCOMMIT\n"));
+    }
+
+    #[test]
+    fn facts_chains_run_before_the_steering_and_keep_vallumds_rules() {
+        let p = plan(&[
+            "--queues",
+            "1",
+            "--chains",
+            "INPUT,OUTPUT",
+            "--exempt-tcp-ports",
+            "",
+            "--include-loopback",
+            "--facts-mark",
+            "0x00ff0000",
+        ])
+        .unwrap();
+        assert_eq!(
+            install_text(&p, Family::Ipv4, ""),
+            "*filter\n:VALLUM-NFQUEUE - [0:0]\n:VALLUM-FACTS-INPUT - [0:0]\n\
+             :VALLUM-FACTS-OUTPUT - [0:0]\n\
+             -A VALLUM-NFQUEUE -j NFQUEUE --queue-num 0 --queue-bypass\n\
+             -I INPUT 1 -j VALLUM-NFQUEUE\n-I OUTPUT 1 -j VALLUM-NFQUEUE\n\
+             -I INPUT 1 -j VALLUM-FACTS-INPUT\n-I OUTPUT 1 -j VALLUM-FACTS-OUTPUT\nCOMMIT\n"
+        );
+        // Installed before, filled by vallumd: the chains are not declared again (that would
+        // empty them), their jumps are replaced.
+        let current = "-P INPUT ACCEPT\n-N VALLUM-NFQUEUE\n-N VALLUM-FACTS-INPUT\n\
+                       -N VALLUM-FACTS-OUTPUT\n-A INPUT -j VALLUM-FACTS-INPUT\n\
+                       -A INPUT -j VALLUM-NFQUEUE\n\
+                       -A VALLUM-FACTS-INPUT -j MARK --set-xmark 0x0/0xff0000\n";
+        let again = install_text(&p, Family::Ipv4, current);
+        assert!(!again.contains(":VALLUM-FACTS-INPUT"), "{again}");
+        assert!(
+            again.contains("-D INPUT -j VALLUM-FACTS-INPUT\n-D INPUT -j VALLUM-NFQUEUE\n"),
+            "{again}"
+        );
+        // Without --facts-mark, a later install and uninstall remove them.
+        let plain = plan(&["--queues", "1", "--chains", "INPUT"]).unwrap();
+        let t = install_text(&plain, Family::Ipv4, current);
+        assert!(
+            t.contains("-F VALLUM-FACTS-INPUT\n") && t.contains("-X VALLUM-FACTS-OUTPUT\n"),
+            "{t}"
+        );
+        let u = uninstall_text(current).unwrap();
+        assert!(u.contains("-D INPUT -j VALLUM-FACTS-INPUT\n"), "{u}");
+        assert!(u.contains("-X VALLUM-FACTS-INPUT\n"), "{u}");
+        // The field may not overlap the reject field or the continue bit.
+        assert!(plan(&["--facts-mark", "0x0f000000", "--reject-mark", "0x0f000000"]).is_err());
+        assert!(plan(&["--facts-mark", "0x00ff00ff"]).is_err());
     }
 
     #[test]

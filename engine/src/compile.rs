@@ -538,6 +538,9 @@ enum CMatch {
     /// A match that never holds: `-m connmark` in the raw table, where the packet has no
     /// conntrack entry yet (connmark_mt returns false without one, negated or not).
     Never,
+    /// A match the kernel decided for the packet ([`crate::kernel_decided`]): holds when the
+    /// packet's `kernel_facts` has this bit.
+    KernelFact(u32),
     Length {
         negated: bool,
         range: PortRange,

@@ -77,10 +77,11 @@ use crate::conntrack::{Conntrack, ConntrackConfig};
 use crate::dataplane::{
     BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired,
 };
-use crate::model::{Counters, EditError, Family, Hook, RuleEdit, Ruleset};
+use crate::kernel_decided::FactBits;
+use crate::model::{Counters, EditError, Family, Hook, RuleEdit, Ruleset, TableKind};
 use crate::packet::PacketMeta;
 use crate::sets::SetRegistry;
-use crate::validate::{Severity, Violation, validate, validate_after};
+use crate::validate::{Severity, Violation, ViolationKind, validate, validate_after};
 
 mod worker;
 
@@ -213,6 +214,8 @@ pub struct Validated {
     /// The chains' diffs validation computed, for the incremental compile.
     hints: Vec<DiffHint>,
     start_counters: Vec<String>,
+    /// The facts-field bits of `next` ([`crate::kernel_decided`]).
+    facts: Arc<FactBits>,
     warnings: Vec<Violation>,
     validate_ns: u64,
 }
@@ -248,6 +251,8 @@ pub struct Prepared {
     start_counters: Vec<String>,
     /// `None` once [`Engine::publish`] took it.
     snapshot: Option<Box<Snapshot>>,
+    /// The facts-field bits the snapshot reads.
+    facts: Arc<FactBits>,
     warnings: Vec<Violation>,
     validate_ns: u64,
     compile_ns: u64,
@@ -293,6 +298,13 @@ impl Prepared {
         &self.warnings
     }
 
+    /// The kernel-decided expressions its snapshot reads and their facts-field bits
+    /// ([`crate::kernel_decided`]): what the steering's facts chains must set before it is
+    /// published.
+    pub fn kernel_facts(&self) -> &Arc<FactBits> {
+        &self.facts
+    }
+
     /// Numbers active ruleset `ruleset` with the caller's `revision` once this is published
     /// ([`Engine::revisions`]); a ruleset this change puts has no number until given one, an
     /// unchanged one keeps its own. Returns false (and numbers nothing) when `ruleset` is not
@@ -321,6 +333,8 @@ pub struct ActiveRevision {
 #[derive(Default)]
 struct Active {
     rulesets: BTreeMap<String, Arc<Ruleset>>,
+    /// The facts-field bits of the kernel-decided expressions the active snapshot reads.
+    facts: Arc<FactBits>,
     /// The caller's revision number of the active rulesets it numbered.
     revisions: BTreeMap<String, u64>,
     version: u64,
@@ -407,19 +421,35 @@ impl Engine {
     /// Validates `ruleset` as a commit would (with `sets` for `--match-set`), without
     /// committing. Returns every violation, warnings included.
     pub fn validate(&self, ruleset: &Ruleset, sets: &dyn SetRegistry) -> Vec<Violation> {
-        let old = self
-            .active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .rulesets
-            .get(&ruleset.name)
-            .cloned();
+        let (old, others, prev_facts) = {
+            let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            let others: Vec<Arc<Ruleset>> = active
+                .rulesets
+                .values()
+                .filter(|r| r.name != ruleset.name)
+                .cloned()
+                .collect();
+            (
+                active.rulesets.get(&ruleset.name).cloned(),
+                others,
+                active.facts.clone(),
+            )
+        };
         self.count_validation();
-        match old {
+        let mut v = match old {
             // The same result, checking only what changed (`validate_after`).
             Some(old) => validate_after(ruleset, &old, Some(sets)).0,
             None => validate(ruleset, Some(sets)),
+        };
+        // The facts field, as the commit would count it.
+        let bits = sets.reached_hooks().map_or(0, |h| h.fact_bits());
+        if bits > 0 {
+            let all = others.iter().map(|r| &**r).chain(std::iter::once(ruleset));
+            if let Err(o) = FactBits::assign(&prev_facts, bits, all) {
+                v.push(overflow_violation(o));
+            }
         }
+        v
     }
 
     /// Applies `change` atomically: validate, compile, publish, quiesce, carry counters.
@@ -462,12 +492,13 @@ impl Engine {
         sets: &dyn SetRegistry,
     ) -> Result<Validated, CommitError> {
         let t0 = self.clock.now_ns();
-        let (base, mut next, mut revisions) = {
+        let (base, mut next, mut revisions, prev_facts) = {
             let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
             (
                 active.version,
                 active.rulesets.clone(),
                 active.revisions.clone(),
+                active.facts.clone(),
             )
         };
         // Each changed ruleset with the active one of its name (if any), which it is
@@ -534,6 +565,20 @@ impl Engine {
                 None => violations.extend(validate(&rs, Some(sets))),
             }
         }
+        // The kernel-decided expressions of every active ruleset, one facts bit each; counted
+        // before anything is kept, refused at the first rule that does not fit.
+        let bits = sets.reached_hooks().map_or(0, |h| h.fact_bits());
+        let facts = if bits == 0 {
+            prev_facts
+        } else {
+            match FactBits::assign(&prev_facts, bits, next.values().map(|r| &**r)) {
+                Ok(f) => Arc::new(f),
+                Err(o) => {
+                    violations.push(overflow_violation(o));
+                    prev_facts
+                }
+            }
+        };
         if violations.iter().any(|v| v.severity == Severity::Error) {
             return Err(CommitError::Invalid(violations));
         }
@@ -544,6 +589,7 @@ impl Engine {
             revisions,
             hints,
             start_counters,
+            facts,
             warnings: violations,
             validate_ns: t1.saturating_sub(t0),
         })
@@ -567,9 +613,14 @@ impl Engine {
             revisions,
             hints,
             start_counters,
+            facts,
             warnings,
             validate_ns,
         } = validated;
+        let sets = &WithFacts {
+            sets,
+            facts: &facts,
+        };
         let list: Vec<Arc<Ruleset>> = next.values().cloned().collect();
         // Incremental: unchanged chains share the active snapshot's compiled rules and index,
         // changed ones are spliced from them where that pays (`Snapshot::compile_after`). The
@@ -588,6 +639,7 @@ impl Engine {
             revisions,
             start_counters,
             snapshot: Some(Box::new(snapshot)),
+            facts,
             warnings,
             validate_ns,
             compile_ns: t2.saturating_sub(t1),
@@ -619,6 +671,7 @@ impl Engine {
         });
         let t5 = self.clock.now_ns();
         active.rulesets = std::mem::take(&mut prepared.next);
+        active.facts = prepared.facts.clone();
         active.revisions = std::mem::take(&mut prepared.revisions);
         active.version += 1;
         Ok(Committed {
@@ -635,6 +688,16 @@ impl Engine {
             warnings: std::mem::take(&mut prepared.warnings),
             retired,
         })
+    }
+
+    /// The kernel-decided expressions the active snapshot reads and their facts-field bits
+    /// ([`crate::kernel_decided`]).
+    pub fn kernel_facts(&self) -> Arc<FactBits> {
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .facts
+            .clone()
     }
 
     /// The active rulesets, by name.
@@ -834,6 +897,44 @@ impl Engine {
     /// this engine's batches ([`crate::sets::SetManager::for_dataplane`]).
     pub fn quiescence(&self) -> &Arc<crate::dataplane::Quiescence> {
         self.dataplane.quiescence()
+    }
+}
+
+/// The error at the first rule whose kernel-decided expression found no facts bit.
+fn overflow_violation(o: crate::kernel_decided::FactsOverflow) -> Violation {
+    Violation {
+        severity: Severity::Error,
+        ruleset: o.ruleset,
+        family: Some(o.family),
+        table: Some(TableKind::Filter),
+        chain: Some(o.chain),
+        rule: Some(o.rule),
+        location: o.location,
+        kind: ViolationKind::TooManyKernelFacts {
+            text: o.text,
+            bits: o.bits,
+        },
+    }
+}
+
+/// A registry that also gives the facts-field bits of one assignment to the compile.
+struct WithFacts<'a> {
+    sets: &'a dyn SetRegistry,
+    facts: &'a FactBits,
+}
+
+impl SetRegistry for WithFacts<'_> {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn crate::sets::IpSet>> {
+        self.sets.lookup(name)
+    }
+    fn node_addrs(&self) -> Option<Arc<crate::node_addrs::NodeAddrs>> {
+        self.sets.node_addrs()
+    }
+    fn reached_hooks(&self) -> Option<Arc<crate::validate::ReachedHooks>> {
+        self.sets.reached_hooks()
+    }
+    fn kernel_fact_bit(&self, family: Family, text: &str) -> Option<u8> {
+        self.facts.bit(family, text)
     }
 }
 

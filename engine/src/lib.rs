@@ -62,6 +62,7 @@ pub mod dataplane;
 pub mod echo;
 pub mod engine;
 pub mod fib;
+pub mod kernel_decided;
 pub mod model;
 pub mod node_addrs;
 pub mod packet;

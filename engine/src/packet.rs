@@ -149,6 +149,10 @@ pub struct PacketMeta {
     /// is the translated one; `--ctorigdst` / `--ctorigdstport` read this one instead, as
     /// xt_conntrack reads the kernel's tuple. `None`: the engine's tuple decides.
     pub ct_orig_dst: Option<(IpAddr, Option<u16>)>,
+    /// The kernel-decided matches that hold for this packet: bit `i` set when the kernel's
+    /// steering found the expression of bit `i` true ([`crate::kernel_decided`]; NFQUEUE mode
+    /// reads them from the facts field of the packet's mark). 0 from sources without them.
+    pub kernel_facts: u32,
     /// `Some(n)` when the transport header is cut after `n` bytes, short of what the
     /// protocol's header holds (TCP: 20 bytes and its options; UDP, UDP-Lite, ICMP, ICMPv6:
     /// 8; SCTP, DCCP: the 4 port bytes). The fields that lie within the `n` bytes are set
@@ -199,6 +203,7 @@ impl Default for PacketMeta {
             ct_state: ct_state::NEW,
             ct_nat: 0,
             ct_orig_dst: None,
+            kernel_facts: 0,
             l4_cut: None,
             embedded: None,
         }

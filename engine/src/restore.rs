@@ -43,7 +43,9 @@ use crate::echo::clipped;
 use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use lexer::{Token, UnterminatedQuote, tokenize};
-pub use print::{PrintOptions, print, print_after, print_rule_spec, print_s, print_table};
+pub use print::{
+    PrintOptions, print, print_after, print_match_spec, print_rule_spec, print_s, print_table,
+};
 pub(crate) use support::why_not_enforced;
 pub use support::{Support, SupportRow, support_markdown, support_table};
 

@@ -87,6 +87,13 @@ pub trait SetRegistry {
     fn reached_hooks(&self) -> Option<Arc<crate::validate::ReachedHooks>> {
         None
     }
+
+    /// The facts-field bit of kernel-decided expression `text` of `family`
+    /// ([`crate::kernel_decided`]); `None` (the default) when it has none: the match is then
+    /// decided as without a facts field.
+    fn kernel_fact_bit(&self, _family: crate::model::Family, _text: &str) -> Option<u8> {
+        None
+    }
 }
 
 /// A registry that knows no set: `--match-set` fails validation with "set does not exist".

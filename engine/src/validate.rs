@@ -82,6 +82,9 @@ pub struct ReachedHooks {
     /// The stored-only tables the kernel runs (`--kernel-tables`): what they do (NAT, marks)
     /// reaches the packet path with the packet.
     kernel_tables: Vec<TableKind>,
+    /// The width of the steering's facts field: how many kernel-decided expressions the
+    /// kernel evaluates for the packet path ([`crate::kernel_decided`]); 0: none.
+    fact_bits: u8,
 }
 
 impl ReachedHooks {
@@ -107,7 +110,22 @@ impl ReachedHooks {
             new_only: None,
             no_loopback: None,
             kernel_tables: Vec::new(),
+            fact_bits: 0,
         }
+    }
+
+    /// The same, where the steering evaluates up to `bits` kernel-decided expressions into a
+    /// mark field (vallumd's `--nfqueue-facts-mark`; see [`crate::kernel_decided`]).
+    pub fn with_fact_bits(self, bits: u8) -> ReachedHooks {
+        ReachedHooks {
+            fact_bits: bits,
+            ..self
+        }
+    }
+
+    /// How many kernel-decided expressions the steering evaluates (0: none).
+    pub fn fact_bits(&self) -> u8 {
+        self.fact_bits
     }
 
     /// The same, for steering that never hands the packet path a loopback packet (one that

@@ -149,6 +149,31 @@ pub struct NfqueueAnswers {
     /// kernel itself builds the answer (ICMP type and code, TCP RST sequence numbers, no
     /// answer to an error or RST, its ICMP rate limit). With 0 a REJECT is `NF_DROP` (silent).
     pub reject_mark: u32,
+    /// The facts field (`--nfqueue-facts-mark`): contiguous bits, or 0 for none. The steering's
+    /// `VALLUM-FACTS-<HOOK>` chains set bit `i` of it when the kernel-decided expression of
+    /// bit `i` holds for the packet ([`vallum_engine::kernel_decided`]); the packet path reads
+    /// the field as [`vallum_engine::packet::PacketMeta::kernel_facts`] and the rules see the
+    /// mark without it (the verdict's mark leaves it cleared).
+    pub facts_mark: u32,
+}
+
+/// Parses a facts mark field: 0 (none), or 1 to 32 contiguous bits (`0x00ff0000`), hex or
+/// decimal.
+///
+/// Errors: a message naming the value (not a number, or bits that are not contiguous).
+pub fn parse_facts_mark(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => t.parse::<u32>(),
+    }
+    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x00ff0000)"))?;
+    if v != 0 && v.leading_zeros() + v.trailing_zeros() + v.count_ones() != 32 {
+        return Err(format!(
+            "{s:?}: the facts mark is contiguous bits (e.g. 0x00ff0000), or 0 for none"
+        ));
+    }
+    Ok(v)
 }
 
 /// The default `--nfqueue-reject-mark` (and `vallumctl dataplane install --reject-mark`):
@@ -445,6 +470,17 @@ pub struct Config {
     #[arg(long, env = "VALLUM_NFQUEUE_REJECT_MARK", default_value = "0x0f000000", value_parser = parse_reject_mark)]
     pub nfqueue_reject_mark: u32,
 
+    /// With `--source nfqueue`: the mark field (contiguous bits, or 0 for none) in which the
+    /// steering hands vallumd what the kernel decides for it: `-m policy`, and `-m conntrack`
+    /// with `--ctstatus`, `--ctexpire`, `--ctstate DNAT/SNAT` or `--ctorig*`/`--ctrepl*`, one bit
+    /// per distinct expression over the active rulesets (more are refused at the rule). vallumd
+    /// writes the expressions into the kernel's `VALLUM-FACTS-<HOOK>` chains, which
+    /// `vallumctl dataplane install --facts-mark` (same value) creates and jumps to. With 0
+    /// `-m policy` and `--ctstatus` are refused and the tuples are vallumd's own tracker's. See
+    /// docs/operations.md.
+    #[arg(long, env = "VALLUM_NFQUEUE_FACTS_MARK", default_value = "0", value_parser = parse_facts_mark)]
+    pub nfqueue_facts_mark: u32,
+
     /// With `--source nfqueue`: the steering queues only packets the kernel's conntrack does
     /// not see as ESTABLISHED or RELATED (`vallumctl dataplane install --new-only`); the rest
     /// is accepted in the kernel and never reaches vallumd. Rules that can match only such
@@ -582,6 +618,7 @@ impl Config {
         NfqueueAnswers {
             accept: self.nfqueue_accept(),
             reject_mark: self.nfqueue_reject_mark,
+            facts_mark: self.nfqueue_facts_mark,
         }
     }
 
@@ -703,6 +740,20 @@ mod tests {
             assert!(Config::from_args(["vallumd", "--nfqueue-mark", bad]).is_err());
         }
         assert!(Config::from_args(["vallumd", "--nfqueue-mode", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn facts_marks() {
+        for (ok, v) in [
+            ("0", 0),
+            ("0x00ff0000", 0x00ff_0000),
+            ("0x80000000", 1 << 31),
+        ] {
+            assert_eq!(parse_facts_mark(ok), Ok(v), "{ok}");
+        }
+        for bad in ["0x00ff00ff", "0x5", "x", "0x1ffffffff"] {
+            assert!(parse_facts_mark(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

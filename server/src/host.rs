@@ -5,6 +5,7 @@
 //!   queued packet (/proc);
 //! - [`local_addrs`] and [`routes`]: the node's addresses and routes over rtnetlink;
 //! - [`kernel_tables`]: the tables handed to the kernel with `iptables-restore`;
+//!   [`facts_chains`]: the steering's chains of kernel-decided matches (`--nfqueue-facts-mark`);
 //!   [`steering`]: which hooks this node's packet path evaluates;
 //! - [`local_socket`]: the local unix socket; [`allocator`]: the global allocator;
 //!   [`owner_names`]: user and group names through NSS; [`conntrack_state`]: the connection
@@ -12,6 +13,7 @@
 
 pub mod allocator;
 pub mod conntrack_state;
+pub mod facts_chains;
 pub mod kernel_tables;
 pub mod local_addrs;
 pub mod local_socket;

@@ -213,6 +213,15 @@ pub async fn run_with(
         k.observe(&metrics);
         pipeline = pipeline.with_kernel_tables(k.clone());
     }
+    if let crate::config::Source::Nfqueue(_) = &config.source {
+        if let Some(f) = crate::host::facts_chains::FactsChains::new(
+            config.nfqueue_facts_mark,
+            &config.steered_chains,
+            config.kernel_tables.kernel_tables_restore.as_deref(),
+        )? {
+            pipeline = pipeline.with_facts_chains(Arc::new(f));
+        }
+    }
     let pipeline = Arc::new(pipeline);
     metrics.observe_sets(pipeline.sets().clone())?;
     // Before any ruleset is validated: which hooks the packet path evaluates here.
@@ -225,7 +234,14 @@ pub async fn run_with(
             config.steered_loopback,
         )
         // Filter rules waiting for a nat or mangle table the kernel runs are not warned.
-        .map(|r| r.with_kernel_tables(&config.kernel_tables.kernel_tables)),
+        .map(|r| r.with_kernel_tables(&config.kernel_tables.kernel_tables))
+        // With NFQUEUE, the steering's facts field decides the kernel-decided matches.
+        .map(|r| match &config.source {
+            crate::config::Source::Nfqueue(_) => {
+                r.with_fact_bits(config.nfqueue_facts_mark.count_ones() as u8)
+            }
+            _ => r,
+        }),
     );
     // The node's addresses for -m addrtype, before any ruleset is loaded or packet classified.
     match crate::host::local_addrs::start(

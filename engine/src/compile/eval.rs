@@ -473,6 +473,7 @@ impl Snapshot {
                 mask,
             } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
             CMatch::Never => false,
+            CMatch::KernelFact(bit) => p.kernel_facts & bit != 0,
             CMatch::Owner(w) => owner_matches(w, p),
             CMatch::Physdev(d) => physdev_matches(d, p),
             CMatch::Length { negated, range } => {

@@ -525,6 +525,20 @@ pub fn print_rule_spec(r: &Rule, family: Family) -> String {
     out
 }
 
+/// One match as iptables-save prints it in a rule: `-m NAME` and its options
+/// (`-m conntrack --ctstate DNAT`).
+pub fn print_match_spec(m: &Match) -> String {
+    let mut out = String::new();
+    let mut o = Parts {
+        out: &mut out,
+        first: true,
+    };
+    o.push("-m ");
+    o.out.push_str(m.extension());
+    print_match(&mut o, m);
+    out
+}
+
 /// The options of one rule, written into one string with a space before each but the first.
 struct Parts<'a> {
     out: &'a mut String,

@@ -56,6 +56,9 @@ const WITH_KERNEL: &[&str] = &[
     "rpfilter",
 ];
 
+/// Matches kept opaque that the kernel's steering decides (`crate::kernel_decided`).
+const KERNEL_DECIDED: &[&str] = &["policy"];
+
 /// One row of the support table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SupportRow {
@@ -74,12 +77,12 @@ pub struct SupportRow {
 fn note(target: bool, name: &str) -> &'static str {
     match (target, name) {
         (false, "conntrack") => {
-            "`--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT, except `--ctorigdst`/`--ctorigdstport` of a connection the kernel DNATed, read from the kernel's entry (NFQUEUE's NFQA_CT; needs nf_conntrack_netlink, else they are the translated ones); `--ctrepl*` of an SNATed connection are the engine's"
+            "with vallumd's `--nfqueue-facts-mark` (NFQUEUE), the kernel decides in filter every conntrack match with `--ctstatus`, `--ctexpire`, `--ctstate DNAT`/`SNAT` or a `--ctorig*`/`--ctrepl*` option, one mark bit per distinct expression (`vallum_engine::kernel_decided`); without it `--ctstatus` and `--ctexpire` are stored only; the tuples (`--ctorig*`, `--ctrepl*`, `--ctdir`) are the engine tracker's, which sees packets after the kernel's NAT, except `--ctorigdst`/`--ctorigdstport` of a connection the kernel DNATed, read from the kernel's entry (NFQUEUE's NFQA_CT; needs nf_conntrack_netlink, else they are the translated ones); `--ctrepl*` of an SNATed connection are the engine's"
         }
         (false, "set") => "`--match-set` is enforced; further options are stored only",
         (false, "rt") => "`--rt-0-res`, `--rt-0-addrs`, `--rt-0-not-strict` are stored only",
         (false, "addrtype") => {
-            "IPv4: every type, from the node's local table (its anycast, multicast, unicast and reject routes too; BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT, XRESOLVE and UNSPEC never match, as in the kernel); IPv6: UNSPEC, UNICAST, LOCAL, MULTICAST; IPv6 ANYCAST and UNREACHABLE are refused in filter/raw"
+            "IPv4: every type, from the node's local table (its anycast, multicast, unicast and reject routes too; BLACKHOLE, UNREACHABLE, PROHIBIT, THROW, NAT, XRESOLVE and UNSPEC never match, as in the kernel); IPv6: UNSPEC, UNICAST, LOCAL, MULTICAST; IPv6 ANYCAST and UNREACHABLE are decided by the kernel with vallumd's `--nfqueue-facts-mark` (`vallum_engine::kernel_decided`), refused in filter/raw without it"
         }
         (false, "rpfilter") => {
             "raw PREROUTING (mangle: stored only); decided against the node's routing rules and tables (`vallum_engine::fib`), read from the host over rtnetlink or given with `--routes`"
@@ -104,6 +107,9 @@ fn note(target: bool, name: &str) -> &'static str {
         }
         (false, "connlimit") => {
             "the engine's conntrack entries, per rule as nf_conncount; NFQUEUE mode counts what vallumd tracked, not the kernel's table"
+        }
+        (false, "policy") => {
+            "filter only, with vallumd's `--nfqueue-facts-mark` (NFQUEUE): the kernel's steering evaluates the match (the packet's IPsec state is the kernel's) and hands one mark bit per distinct expression (`vallum_engine::kernel_decided`); `--dir in` not at OUTPUT, `--dir out` not at INPUT; without the field refused in filter, stored elsewhere"
         }
         (false, "frag") => "`--fraglen` is stored and not compared, as the kernel's frag_mt6",
         (false, "connmark") => "never matches in raw (no conntrack entry before conntrack runs)",
@@ -176,6 +182,10 @@ fn classify_match(name: &'static str, family: Family) -> Support {
     };
     match extensions::new_match(name, &tok, &ctx) {
         Err(_) => Support::Refused,
+        // Decided by the kernel's steering (`crate::kernel_decided`), kept opaque.
+        Ok((Match::Opaque(_), _)) if KERNEL_DECIDED.contains(&name) => Support::WithKernel {
+            note: note(false, name),
+        },
         Ok((Match::Opaque(_), _)) if !typed_from_opaque(name, family) => Support::StoredOnly,
         Ok(_) if WITH_KERNEL.contains(&name) => Support::WithKernel {
             note: note(false, name),
@@ -281,8 +291,9 @@ pub fn support_markdown() -> String {
          local table's longest route (LOCAL, BROADCAST, ANYCAST, MULTICAST; UNICAST for a\n\
          `unicast` route, a reject route and no route), so BLACKHOLE, UNREACHABLE, PROHIBIT,\n\
          THROW, NAT, XRESOLVE and UNSPEC never match. IPv6 ANYCAST and UNREACHABLE need a lookup\n\
-         in the whole routing table: validation refuses them in filter and raw, naming them;\n\
-         nat and mangle store them.\n\n\
+         in the whole routing table: with vallumd's `--nfqueue-facts-mark` the kernel decides\n\
+         them (below); without it validation refuses them in filter and raw, naming them; nat\n\
+         and mangle store them.\n\n\
          `rpfilter` (raw PREROUTING; mangle stores it) decides as the kernel's `ipt_rpfilter` /\n\
          `ip6t_rpfilter` against the node's routing rules and tables (`vallum_engine::fib`):\n\
          vallumd reads them from the host over rtnetlink with the addresses (every packet\n\
@@ -296,6 +307,15 @@ pub fn support_markdown() -> String {
          modelled (such a rule never matches, such a route is left out): VRFs (`l3mdev`),\n\
          `goto` rules, `ipproto`/port rules (the kernel's IPv6 flow carries the next header),\n\
          IPv4 routes with a TOS, IPv6 source-specific routes, nexthop objects (`nhid`).\n\n\
+         `-m policy`, the conntrack matches that read the kernel's entry (`--ctstatus`,\n\
+         `--ctexpire`, `--ctstate DNAT`/`SNAT`, `--ctorig*`, `--ctrepl*`) and IPv6 `-m addrtype`\n\
+         with ANYCAST or UNREACHABLE are decided by the\n\
+         kernel when vallumd runs with `--nfqueue-facts-mark` and the steering was installed\n\
+         with `vallumctl dataplane install --facts-mark` (see `vallum_engine::kernel_decided`):\n\
+         each distinct expression gets one bit of that mark field; the steering's\n\
+         `VALLUM-FACTS-<HOOK>` chain sets it when the kernel's own match holds, before the\n\
+         packet is queued, and the engine's rule reads the bit. A ruleset that needs more\n\
+         distinct expressions than the field has bits is refused at the rule.\n\n\
          `pkttype` reads the packet's class from its destination address, because no packet\n\
          source gives the engine the frame's destination MAC (NFQUEUE sends only the source):\n\
          received packets (PREROUTING, INPUT) are multicast for a multicast destination,\n\
@@ -380,7 +400,13 @@ mod tests {
             } else {
                 typed_from_opaque(r.name, Family::Ipv4) || typed_from_opaque(r.name, Family::Ipv6)
             };
-            assert_eq!(enforced_somewhere, known || typed, "{}", r.name);
+            let by_kernel = !r.target && KERNEL_DECIDED.contains(&r.name);
+            assert_eq!(
+                enforced_somewhere,
+                known || typed || by_kernel,
+                "{}",
+                r.name
+            );
         }
     }
 }

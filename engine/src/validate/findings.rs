@@ -282,6 +282,18 @@ pub enum ViolationKind {
         /// The line of that rule (0 for structured input).
         line: u32,
     },
+    /// More distinct kernel-decided expressions ([`crate::kernel_decided`]) over the active
+    /// rulesets than the steering's facts field has bits (error, at the first rule whose
+    /// expression finds no bit).
+    #[error(
+        "{text} is decided by the kernel's steering, one bit of the facts field each, and the field's {bits} bits are taken by other expressions of the active rulesets (widen --nfqueue-facts-mark and vallumctl dataplane install --facts-mark, or use fewer distinct expressions)"
+    )]
+    TooManyKernelFacts {
+        /// The expression, as iptables-save prints it.
+        text: String,
+        /// The field's width.
+        bits: u8,
+    },
     /// A match other than `-m string` that reads the packet's bytes (`-m sctp
     /// --chunk-types`, `-m u32`) in an enforced table on a node whose packet source keeps
     /// none (warning): it never matches here (and negated, always does).

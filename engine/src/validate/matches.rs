@@ -52,6 +52,12 @@ impl TableCheck<'_> {
         let family = table.family;
         let enforced = table.kind.is_enforced();
         let reached = |h: Hook| reach & (1 << h.index()) != 0;
+        // The kernel's steering decides some matches of filter rules, one facts bit each
+        // (`crate::kernel_decided`): the engine need not run them.
+        let facts = table.kind == TableKind::Filter
+            && sets
+                .and_then(|s| s.reached_hooks())
+                .is_some_and(|h| h.fact_bits() > 0);
         let mut errs: Vec<ViolationKind> = Vec::new();
         let mut warns: Vec<ViolationKind> = Vec::new();
 
@@ -165,7 +171,9 @@ impl TableCheck<'_> {
                     if let Some(w) = ct.ctstate.and_then(|s| not_queued(s, "--ctstate", sets)) {
                         warns.push(w);
                     }
-                    if enforced {
+                    let by_kernel =
+                        facts && crate::kernel_decided::kernel_decided(m, family).is_some();
+                    if enforced && !by_kernel {
                         for o in &ct.other {
                             let one = crate::model::ConntrackMatch {
                                 ctstate: None,
@@ -386,7 +394,9 @@ impl TableCheck<'_> {
                         }
                     }
                     let undecided = all & !addr_type::decided(family) & 0x0fff;
-                    if enforced && undecided != 0 {
+                    let by_kernel =
+                        facts && crate::kernel_decided::kernel_decided(m, family).is_some();
+                    if enforced && undecided != 0 && !by_kernel {
                         errs.push(ViolationKind::Unsupported {
                             what: "match",
                             name: format!(
@@ -524,6 +534,23 @@ impl TableCheck<'_> {
                             warns.push(ViolationKind::NoBytesFor {
                                 what: "-m sctp --chunk-types",
                                 why: why.to_owned(),
+                            });
+                        }
+                    }
+                }
+                Match::Opaque(o) if facts && o.name == "policy" => {
+                    // As policy_mt_check: the kernel refuses an input policy at OUTPUT and
+                    // an output policy at INPUT.
+                    let e = crate::kernel_decided::kernel_decided(m, family);
+                    for h in [Hook::Input, Hook::Output] {
+                        if reached(h) && e.as_ref().is_some_and(|e| !e.valid_at(h)) {
+                            errs.push(ViolationKind::WrongHook {
+                                what: if h == Hook::Input {
+                                    "-m policy --dir out"
+                                } else {
+                                    "-m policy --dir in"
+                                },
+                                hook: h,
                             });
                         }
                     }

@@ -55,6 +55,7 @@ use crate::control::store::{
 };
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::grpc::limits;
+use crate::host::facts_chains::FactsChains;
 use crate::host::kernel_tables::KernelTables;
 
 mod commit;
@@ -134,6 +135,9 @@ pub struct Pipeline {
     /// `--kernel-tables`: the tables handed to the kernel with each commit, before the
     /// publish ([`crate::host::kernel_tables`]).
     kernel: Option<Arc<KernelTables>>,
+    /// `--nfqueue-facts-mark`: the steering's facts chains, written with each commit whose
+    /// kernel-decided expressions change, before the publish ([`crate::host::facts_chains`]).
+    facts: Option<Arc<FactsChains>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -234,6 +238,7 @@ impl Pipeline {
             parses: Mutex::new(HashMap::new()),
             not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
             kernel: None,
+            facts: None,
         }
     }
 
@@ -244,17 +249,29 @@ impl Pipeline {
         self
     }
 
+    /// This pipeline writing the steering's facts chains ([`crate::host::facts_chains`]) with each
+    /// commit whose kernel-decided expressions change (after the kernel tables, before the
+    /// publish) and at start ([`Pipeline::sync_kernel_tables`]).
+    pub fn with_facts_chains(mut self, facts: Arc<FactsChains>) -> Self {
+        self.facts = Some(facts);
+        self
+    }
+
     /// The kernel tables (`--kernel-tables`), if any.
     pub fn kernel_tables(&self) -> Option<&Arc<KernelTables>> {
         self.kernel.as_ref()
     }
 
     /// Writes every kernel table of the active rulesets to the kernel (at start, after
-    /// [`Pipeline::load`]); nothing without `--kernel-tables`.
+    /// [`Pipeline::load`]), and the steering's facts chains of what the engine runs;
+    /// nothing without `--kernel-tables` and `--nfqueue-facts-mark`.
     ///
     /// Errors: [`Error::KernelTables`] when the kernel refuses them.
     pub async fn sync_kernel_tables(&self) -> Result<()> {
         let _w = self.write.lock().await;
+        if let Some(f) = &self.facts {
+            f.apply(&self.engine.kernel_facts()).await?;
+        }
         match &self.kernel {
             Some(k) => k.sync(&self.engine.rulesets()).await,
             None => Ok(()),
@@ -283,6 +300,16 @@ impl Pipeline {
         match (&self.kernel, next) {
             (Some(k), Some(next)) => k.apply(next).await.map(Some),
             _ => Ok(None),
+        }
+    }
+
+    /// Puts the facts chains back to what the engine runs after a commit failed past them
+    /// (a failure is logged: the next commit writes them again).
+    async fn facts_restore(&self) {
+        if let Some(f) = &self.facts {
+            if let Err(e) = f.apply(&self.engine.kernel_facts()).await {
+                tracing::warn!(error = %e, "putting the facts chains back failed");
+            }
         }
     }
 

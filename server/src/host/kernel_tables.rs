@@ -79,7 +79,9 @@ pub struct KernelTablesArgs {
 
     /// The kernel's IPv4 restore program; the IPv6 one is the same name with `ip6tables`,
     /// the save programs end in `-save` instead of `-restore`. Default:
-    /// `iptables-nft-restore` when it is on PATH, else `iptables-legacy-restore`.
+    /// `iptables-nft-restore` when it is on PATH, else `iptables-legacy-restore`. It also
+    /// writes the steering's facts chains (`--nfqueue-facts-mark`): name the backend the
+    /// steering was installed with.
     #[arg(long, env = "VALLUM_KERNEL_TABLES_RESTORE", value_name = "PATH")]
     pub kernel_tables_restore: Option<PathBuf>,
 
@@ -116,14 +118,14 @@ fn parse_interval(s: &str) -> std::result::Result<Duration, String> {
 
 /// The programs of one family.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Tools {
-    restore: PathBuf,
-    save: PathBuf,
+pub(crate) struct Tools {
+    pub(crate) restore: PathBuf,
+    pub(crate) save: PathBuf,
 }
 
 /// `.../iptables-nft-restore` -> (restore, save) of `family` (`ip6tables-nft-restore`,
 /// `iptables-nft-save`, ...).
-fn tools_of(restore: &Path, family: Family) -> std::result::Result<Tools, String> {
+pub(crate) fn tools_of(restore: &Path, family: Family) -> std::result::Result<Tools, String> {
     let name = restore
         .file_name()
         .and_then(|n| n.to_str())
@@ -151,7 +153,7 @@ fn tools_of(restore: &Path, family: Family) -> std::result::Result<Tools, String
 }
 
 /// `program` resolved on PATH (as given when it has a directory).
-fn on_path(program: &Path) -> Option<PathBuf> {
+pub(crate) fn on_path(program: &Path) -> Option<PathBuf> {
     if program.components().count() > 1 {
         return program.is_file().then(|| program.to_path_buf());
     }
@@ -707,14 +709,14 @@ fn refused_line(stderr: &str) -> Option<usize> {
 }
 
 /// A finished kernel program.
-struct Output {
-    status_ok: bool,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Output {
+    pub(crate) status_ok: bool,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Runs `program args` with `input` on stdin (none: `/dev/null`), at most [`TOOL_TIMEOUT`].
-async fn run(program: &Path, args: &[&str], input: Option<&str>) -> Result<Output> {
+pub(crate) async fn run(program: &Path, args: &[&str], input: Option<&str>) -> Result<Output> {
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .stdin(if input.is_some() {

@@ -228,6 +228,20 @@ fn start_nfqueue(
             });
         }
     }
+    let continue_bit = match answers.accept {
+        NfqueueAccept::Continue { mark } => mark,
+        NfqueueAccept::Final => 0,
+    };
+    if answers.facts_mark & (answers.reject_mark | continue_bit) != 0 {
+        return Err(Error::Startup {
+            code: "NFQUEUE_OPEN",
+            message: format!(
+                "--nfqueue-facts-mark {:#x} overlaps --nfqueue-reject-mark {:#x} or the \
+                 continue bit {continue_bit:#x}: pick bits that do not overlap",
+                answers.facts_mark, answers.reject_mark
+            ),
+        });
+    }
     let first = usize::from(q.first);
     if first + cores - 1 > usize::from(u16::MAX) {
         return Err(Error::Startup {
@@ -247,7 +261,8 @@ fn start_nfqueue(
                 message: e.to_string(),
             })?
             .with_accept(answers.accept)
-            .with_reject_mark(answers.reject_mark);
+            .with_reject_mark(answers.reject_mark)
+            .with_facts_mark(answers.facts_mark);
         let c = queue.counters();
         if k == 0 && !c.bypass_exact(BATCH as u32) {
             tracing::warn!(
@@ -259,13 +274,21 @@ fn start_nfqueue(
                  --queue-maxlen, or use fail-closed)"
             );
         }
-        if k == 0 && !queue.kernel_conntrack() {
+        if k == 0 && !queue.kernel_conntrack() && answers.facts_mark != 0 {
+            tracing::info!(
+                queue = num,
+                "the kernel does not hand over its conntrack entries (NFQA_CFG_F_CONNTRACK \
+                 refused); --ctstate SNAT/DNAT, --ctstatus and --ctorig*/--ctrepl* are decided by \
+                 the steering's facts chains (--nfqueue-facts-mark)"
+            );
+        } else if k == 0 && !queue.kernel_conntrack() {
             tracing::warn!(
                 queue = num,
                 "the kernel does not hand over its conntrack entries (NFQA_CFG_F_CONNTRACK \
                  refused: a kernel without CONFIG_NETFILTER_NETLINK_GLUE_CT, or no \
                  nf_conntrack_netlink), so --ctstate SNAT and DNAT never match and \
-                 --ctorigdst/--ctorigdstport read the translated destination"
+                 --ctorigdst/--ctorigdstport read the translated destination (unless \
+                 --nfqueue-facts-mark hands the kernel's decisions)"
             );
         }
         queues.push(queue);

@@ -66,7 +66,18 @@ pub(super) fn compile_rule(
     raw: bool,
 ) -> Result<CRule, RuleError> {
     let mut matches = Vec::with_capacity(rule.matches.len());
+    let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
     for m in &rule.matches {
+        // Decided by the kernel's steering where it has a bit for it (filter only: raw runs
+        // before conntrack).
+        if !raw {
+            let bit = crate::kernel_decided::kernel_decided(m, family)
+                .and_then(|e| sets.kernel_fact_bit(family, &e.text));
+            if let Some(bit) = bit {
+                matches.push(CMatch::KernelFact(1 << bit));
+                continue;
+            }
+        }
         let neg = |n: &Option<Neg<PortRange>>| n.map(|p| (p.negated, p.value));
         let c = match m {
             Match::Tcp(t) => CMatch::Tcp {

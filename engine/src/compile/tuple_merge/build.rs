@@ -193,6 +193,7 @@ impl HeaderFilter {
                 CMatch::Udp { sport, dport } => (sport, dport),
                 CMatch::CtState { .. }
                 | CMatch::Conntrack(_)
+                | CMatch::KernelFact(_)
                 | CMatch::Mark { .. }
                 | CMatch::Connmark { .. }
                 | CMatch::Rpfilter { .. }

@@ -162,6 +162,16 @@ impl Pipeline {
                 return Err(self.fail_after_persist(&ruleset, &persisted, e).await?);
             }
         };
+        // 6b. the steering's facts chains of the snapshot about to run (`--nfqueue-facts-mark`):
+        // a kernel that refuses them fails the commit
+        if let (Some(f), Ok(p)) = (&self.facts, &prepared) {
+            if let Err(e) = f.apply(p.kernel_facts()).await {
+                retire(prepared);
+                self.kernel_undo(kernel_undo).await;
+                self.facts_restore().await;
+                return Err(self.fail_after_persist(&ruleset, &persisted, e).await?);
+            }
+        }
         // 7. publish, quiesce, carry
         let number = persisted.revision.number;
         // As i64: OTel attributes have no unsigned integers.
@@ -173,6 +183,7 @@ impl Pipeline {
             Ok(report) => report,
             Err(e) => {
                 self.kernel_undo(kernel_undo).await;
+                self.facts_restore().await;
                 return Err(self.fail_after_persist(&ruleset, &persisted, e).await?);
             }
         };

@@ -488,6 +488,13 @@ mod linux {
             self
         }
 
+        /// Sets the facts field (`--nfqueue-facts-mark`; 0, none, when not called): the
+        /// packet path reads it as `kernel_facts`, the rules see the mark without it.
+        pub fn with_facts_mark(mut self, facts_mark: u32) -> Queue {
+            self.link.answers.facts_mark = facts_mark;
+            self
+        }
+
         /// The queue number.
         pub fn num(&self) -> u16 {
             self.link.num
@@ -799,7 +806,9 @@ mod linux {
     ///
     /// The source MAC (`-m mac`) is `NFQA_HWADDR` when the input device is Ethernet: mac_mt
     /// matches nothing on other devices (loopback sends an all-zero address).
-    fn meta(p: &PacketMsg<'_>, names: &mut IfNames, now_ns: u64) -> Option<PacketMeta> {
+    /// The facts field `facts` (`--nfqueue-facts-mark`) of the mark is handed as
+    /// `kernel_facts` (its lowest bit first) and cleared from the mark the rules see.
+    fn meta(p: &PacketMsg<'_>, names: &mut IfNames, now_ns: u64, facts: u32) -> Option<PacketMeta> {
         let (in_iface, in_ether) = names.link(p.indev, now_ns);
         let base = PacketMeta {
             hook: hook_from_netfilter(p.hook)?,
@@ -807,7 +816,8 @@ mod linux {
             out_iface: names.get(p.outdev, now_ns),
             phys_in: names.get(p.physindev, now_ns),
             phys_out: names.get(p.physoutdev, now_ns),
-            mark: p.mark,
+            mark: p.mark & !facts,
+            kernel_facts: (p.mark & facts) >> (facts.trailing_zeros() % 32),
             src_mac: p.hw_addr.filter(|_| in_ether),
             ct_nat: ct_nat(p.ct_status),
             // Only the kernel knows the destination before its DNAT (--ctorigdst).
@@ -901,7 +911,8 @@ mod linux {
                     // more bytes to be had: the kernel copies at most KERNEL_MAX_COPY.
                     let cut = p.cap_len.is_some_and(|l| l as usize > p.payload.len());
                     let more = cut && p.payload.len() < KERNEL_MAX_COPY;
-                    state.order[m] = match meta(&p, &mut names, now) {
+                    let facts = queue.link.answers.facts_mark;
+                    state.order[m] = match meta(&p, &mut names, now, facts) {
                         // Cut inside the headers the parser reads: get it again whole.
                         Some(pm) if more && pm.l4_cut.is_some() => (p.id, WHOLE, p.mark),
                         None if more => (p.id, WHOLE, p.mark),

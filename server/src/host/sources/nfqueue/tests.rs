@@ -36,6 +36,7 @@ fn verdicts_by_mode() {
         let cfg = NfqueueAnswers {
             accept,
             reject_mark: 0,
+            facts_mark: 0,
         };
         let r = answer(cfg, v, queued, after);
         (r.verdict, r.mark, r.loop_guard)
@@ -88,6 +89,7 @@ fn reject_hands_the_code_to_the_kernel() {
             NfqueueAnswers {
                 accept,
                 reject_mark: r,
+                facts_mark: 0,
             },
             v,
             queued,
@@ -123,6 +125,7 @@ fn reject_hands_the_code_to_the_kernel() {
         NfqueueAnswers {
             accept: fin,
             reject_mark: 0xf0,
+            facts_mark: 0,
         },
         Verdict::Reject(RejectWith::AdminProhibited),
         0x4000_0001,
