@@ -72,6 +72,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
+use vallum_engine::mark_field::{parse_facts_mark, parse_reject_mark};
 use vallum_engine::model::{Family, RejectWith};
 
 use crate::error::CliError;
@@ -155,38 +156,6 @@ fn parse_mark_bit(s: &str) -> Result<u32, String> {
     if v.count_ones() != 1 {
         return Err(format!(
             "{s:?}: a mark bit has exactly one bit set (e.g. {DEFAULT_MARK})"
-        ));
-    }
-    Ok(v)
-}
-
-/// A reject mark field: 0, or exactly 4 contiguous bits, hex or decimal.
-fn parse_reject_mark(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => t.parse::<u32>(),
-    }
-    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. {DEFAULT_REJECT_MARK})"))?;
-    if v != 0 && (v.count_ones() != 4 || (v >> v.trailing_zeros()) != 0xf) {
-        return Err(format!(
-            "{s:?}: the reject mark is 4 contiguous bits (e.g. {DEFAULT_REJECT_MARK}), or 0 for none"
-        ));
-    }
-    Ok(v)
-}
-
-/// A facts mark field: 0, or contiguous bits, hex or decimal.
-fn parse_facts_mark(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => t.parse::<u32>(),
-    }
-    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x00ff0000)"))?;
-    if v != 0 && v.leading_zeros() + v.trailing_zeros() + v.count_ones() != 32 {
-        return Err(format!(
-            "{s:?}: the facts mark is contiguous bits (e.g. 0x00ff0000), or 0 for none"
         ));
     }
     Ok(v)

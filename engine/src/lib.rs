@@ -63,6 +63,7 @@ pub mod echo;
 pub mod engine;
 pub mod fib;
 pub mod kernel_decided;
+pub mod mark_field;
 pub mod model;
 pub mod node_addrs;
 pub mod packet;

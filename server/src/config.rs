@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use vallum_engine::dataplane::BarrierStrategy;
+use vallum_engine::mark_field::{parse_facts_mark, parse_reject_mark};
 
 use crate::grpc::auth::AuthConfig;
 use crate::grpc::limits::LimitsConfig;
@@ -157,49 +158,11 @@ pub struct NfqueueAnswers {
     pub facts_mark: u32,
 }
 
-/// Parses a facts mark field: 0 (none), or 1 to 32 contiguous bits (`0x00ff0000`), hex or
-/// decimal.
-///
-/// Errors: a message naming the value (not a number, or bits that are not contiguous).
-pub fn parse_facts_mark(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => t.parse::<u32>(),
-    }
-    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x00ff0000)"))?;
-    if v != 0 && v.leading_zeros() + v.trailing_zeros() + v.count_ones() != 32 {
-        return Err(format!(
-            "{s:?}: the facts mark is contiguous bits (e.g. 0x00ff0000), or 0 for none"
-        ));
-    }
-    Ok(v)
-}
-
 /// The default `--nfqueue-reject-mark` (and `vallumctl dataplane install --reject-mark`):
 /// bits 24 to 27, outside the bits kube-proxy (0x4000, 0x8000), Docker, ufw, firewalld,
 /// Cilium (0x0f00), Istio (0x539), wg-quick (0xca6c), Tailscale (0xff0000) and the continue
 /// bit use; with Calico (mask 0xffff0000) pick a field below 0x10000.
 pub const DEFAULT_REJECT_MARK: u32 = 0x0f00_0000;
-
-/// Parses a reject mark field: 0 (none), or exactly 4 contiguous bits (`0x0f000000`), hex or
-/// decimal.
-///
-/// Errors: a message naming the value (not a number, or not 4 contiguous bits).
-pub fn parse_reject_mark(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u32::from_str_radix(hex, 16),
-        None => t.parse::<u32>(),
-    }
-    .map_err(|_| format!("{s:?} is not a 32-bit mark (e.g. 0x0f000000)"))?;
-    if v != 0 && (v.count_ones() != 4 || (v >> v.trailing_zeros()) != 0xf) {
-        return Err(format!(
-            "{s:?}: the reject mark is 4 contiguous bits (e.g. 0x0f000000), or 0 for none"
-        ));
-    }
-    Ok(v)
-}
 
 /// `--nfqueue-mode`: see [`NfqueueAccept`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
