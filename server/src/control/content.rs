@@ -900,8 +900,8 @@ fn check_noflush(
                 tables.extend(t);
                 parse_warnings.extend(warnings.iter().map(|w| parse_warning(part, w)));
             }
-            Err(MergeError::Internal(e)) => {
-                return Err(Error::invariant(format!("{}: {e}", base.label)));
+            Err(MergeError::StoreCorrupt(e)) => {
+                return Err(Error::store_corrupt(format!("{}: {e}", base.label)));
             }
             Err(MergeError::Text(v)) => violations.extend(v),
             Err(MergeError::Limit(l)) => return Err(l.into()),
@@ -973,7 +973,7 @@ fn builtin_refill(base_text: &str, kind: TableKind) -> Vec<String> {
 /// Why [`merge_noflush`] failed.
 enum MergeError {
     /// The base content does not parse (a corrupt store).
-    Internal(String),
+    StoreCorrupt(String),
     /// The text's problems, at `FILE:LINE:COL`.
     Text(Vec<FieldViolation>),
     /// The text's `-s`/`-d` lists stand for more rules than `--max-rules`.
@@ -1071,7 +1071,7 @@ fn merge_noflush(
             let mut v = Vec::new();
             for e in &errs.0 {
                 let Some(line) = text_line(e.location.line) else {
-                    return Err(MergeError::Internal(format!("does not parse: {e}")));
+                    return Err(MergeError::StoreCorrupt(format!("does not parse: {e}")));
                 };
                 let place = part_position(part, line, e.location.column);
                 if let Some(l) = parse_limit(e, place) {
