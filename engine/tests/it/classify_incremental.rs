@@ -132,7 +132,7 @@ fn classify_all(snap: &Snapshot, headers: &[Header]) {
     let mut logs = Vec::new();
     for (i, h) in headers.iter().enumerate() {
         let mut p = classbench::to_packet(h);
-        crate::support::classify_one(&snap, i % 2, &mut p, 0, &mut logs);
+        crate::support::classify_one(snap, i % 2, &mut p, 0, &mut logs);
     }
 }
 

@@ -319,7 +319,7 @@ fn traffic(rng: &mut Rng, workers: &mut [EngineWorker<'_>], reference: &Snapshot
         let mut v = [Verdict::Accept];
         workers[core].process_batch(&mut a, &mut v, 0);
         let mut q = p;
-        let r = crate::support::classify_one(&reference, core, &mut q, 0, &mut logs);
+        let r = crate::support::classify_one(reference, core, &mut q, 0, &mut logs);
         assert_eq!(v[0], r, "verdict of {p:?}");
     }
 }

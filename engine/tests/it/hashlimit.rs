@@ -205,7 +205,7 @@ impl Both {
         // probe path the engine's workers take), each with its own tables.
         let mut v: Vec<Verdict> = self.0[..2]
             .iter()
-            .map(|s| crate::support::classify_one(&s, 0, &mut p.clone(), now, &mut Vec::new()))
+            .map(|s| crate::support::classify_one(s, 0, &mut p.clone(), now, &mut Vec::new()))
             .collect();
         let mut batch = [Verdict::Accept];
         self.0[2].classify_batch(

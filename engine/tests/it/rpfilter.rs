@@ -295,7 +295,7 @@ fn first_hits(
                     let t = s.trace(p, 0);
                     let hit = t.steps.first().and_then(|st| st.rule).unwrap_or(0) as usize;
                     let mut p2 = *p;
-                    let v = crate::support::classify_one(&s, 0, &mut p2, 0, &mut Vec::new());
+                    let v = crate::support::classify_one(s, 0, &mut p2, 0, &mut Vec::new());
                     assert_eq!(
                         v == Verdict::Drop,
                         hit != 0,

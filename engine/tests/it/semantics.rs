@@ -69,7 +69,7 @@ fn tcp(src: &str, dst: &str, dport: u16) -> PacketMeta {
 
 fn classify(s: &Snapshot, p: PacketMeta) -> Verdict {
     let mut p = p;
-    crate::support::classify_one(&s, 0, &mut p, 0, &mut Vec::new())
+    crate::support::classify_one(s, 0, &mut p, 0, &mut Vec::new())
 }
 
 #[test]
