@@ -11,7 +11,7 @@
 //! Runs on the packet cores against a published, immutable snapshot. It takes no lock and
 //! reads no clock (`now` is passed in); per packet it writes only this core's counter block
 //! and the `-m limit` buckets of rules the packet reaches. A `-j LOG` hit goes to the caller's
-//! [`LogSink`] (a worker's [`LogRing`](crate::snapshot::LogRing) copies it into a fixed slot; a
+//! [`LogSink`] (a worker's [`LogRing`] copies it into a fixed slot; a
 //! `Vec<LogEvent>` allocates an event). Nothing else allocates, except [`Snapshot::trace`]'s
 //! steps.
 
@@ -790,7 +790,7 @@ impl Snapshot {
     /// (same index); processes `min(packets.len(), verdicts.len())` packets and returns that
     /// number. Counters, LOG events, `-m limit` tokens and `ct_state` come out exactly as from
     /// classifying the packets one by one (a slice of one is that). Allocates nothing, unless
-    /// the sink does (`Vec<LogEvent>` does; [`LogRing`](crate::snapshot::LogRing) does not).
+    /// the sink does (`Vec<LogEvent>` does; [`LogRing`] does not).
     /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
     ///
     /// The one classify entry ([`crate::engine::EngineWorker::process`] calls it; tools and
@@ -807,7 +807,7 @@ impl Snapshot {
     ///
     /// `bytes[i]` is packet `i` from its network header on, which `-m string` searches (a
     /// packet beyond the slice has none: `--string` is false for it); `-m connlimit` counts in
-    /// [`Track::table`]. Pass `&[]` and [`NoTracking`] for neither.
+    /// [`Track::table`]. Pass `&[]` and [`NoTracking`](crate::conntrack::NoTracking) for neither.
     #[allow(clippy::too_many_arguments)]
     pub fn classify_batch<'t>(
         &self,

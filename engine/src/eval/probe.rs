@@ -19,7 +19,7 @@ use crate::snapshot::{Snapshot, addr_bits};
 /// Most packets one [`ChainIndex::probe_batch`] call takes (a `u64` bit set covers them).
 pub(crate) const PROBE_BATCH: usize = 64;
 
-/// The default of [`Classifier::TupleMerge`]'s `batch_min_bytes` (112 KiB): the smallest
+/// The default of [`Classifier::TupleMerge`](crate::snapshot::Classifier::TupleMerge)'s `batch_min_bytes` (112 KiB): the smallest
 /// chain index (bytes as [`Snapshot::memory_bytes`] counts them) that
 /// [`Snapshot::classify_batch`] probes in batches. A smaller one sits in L1/L2, where there
 /// is no latency to hide and the batch's bookkeeping (hash, bounds and tags stored per packet and table, then read back)
