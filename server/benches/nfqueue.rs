@@ -70,6 +70,7 @@ use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Policy, Ruleset, Target};
 use vallum_engine::restore::{PrintOptions, print};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::copy_range::{HEADER_BYTES, MAX_COPY_RANGE};
 use vallum_server::host::sources::nfqueue;
 use vallum_server::telemetry::events::Events;
 
