@@ -30,9 +30,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use vallum_engine::compile::{CLASSIFY_BATCH, Snapshot, Verdict};
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{CLASSIFY_BATCH, Snapshot, Verdict};
 
 #[path = "support/classbench.rs"]
 mod classbench;

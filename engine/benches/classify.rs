@@ -7,7 +7,7 @@
 //! Cases:
 //! - `classify/<linear|tuplemerge|tuplemerge-batch|rfc|rfc-batch>/<set>/<rules>`: every header
 //!   of the case classified once per iteration (throughput in packets/s); `linear`,
-//!   `tuplemerge` and `rfc` call `Snapshot::classify` per packet, the `-batch` cases call
+//!   `tuplemerge` and `rfc` call `Snapshot::classify_batch` with one packet at a time, the `-batch` cases call
 //!   `Snapshot::classify_batch` on
 //!   batches of 64 (as `EngineWorker::process_batch` does). Each packet is copied once in all
 //!   three (into the batch buffer, or into a local). Sets: CutSplit acl_1k (whole and cut to 10 and
@@ -30,10 +30,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use vallum_engine::compile::{CLASSIFY_BATCH, Classifier, Snapshot, Verdict};
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::Ruleset;
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{CLASSIFY_BATCH, Classifier, Snapshot, Verdict};
 
 #[path = "support/classbench.rs"]
 mod classbench;
@@ -44,7 +44,7 @@ const VARIANTS: [(&str, Classifier); 3] = [
         "tuplemerge",
         Classifier::TupleMerge {
             min_rules: 16,
-            batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
+            batch_min_bytes: vallum_engine::snapshot::PROBE_MIN_BYTES,
             rfc_min_rules: 0,
             rfc_max_rules: 0,
         },
@@ -53,9 +53,9 @@ const VARIANTS: [(&str, Classifier); 3] = [
         "rfc",
         Classifier::TupleMerge {
             min_rules: 16,
-            batch_min_bytes: vallum_engine::compile::PROBE_MIN_BYTES,
-            rfc_min_rules: vallum_engine::compile::RFC_MIN_RULES,
-            rfc_max_rules: vallum_engine::compile::RFC_MAX_RULES,
+            batch_min_bytes: vallum_engine::snapshot::PROBE_MIN_BYTES,
+            rfc_min_rules: vallum_engine::snapshot::RFC_MIN_RULES,
+            rfc_max_rules: vallum_engine::snapshot::RFC_MAX_RULES,
         },
     ),
 ];
@@ -155,9 +155,11 @@ fn bench(c: &mut Criterion) {
             group.bench_function(id, |b| {
                 b.iter(|| {
                     let mut accepted = 0u32;
+                    let mut v = [Verdict::Drop];
                     for p in &packets {
-                        let mut p = *p;
-                        if snap.classify(0, &mut p, 0, &mut logs) == Verdict::Accept {
+                        let mut p = [*p];
+                        snap.classify_batch(0, &mut p, &mut v, 0, &mut logs, &[], &mut NoTracking);
+                        if v[0] == Verdict::Accept {
                             accepted += 1;
                         }
                     }

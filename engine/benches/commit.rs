@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use vallum_engine::compile::{Classifier, Snapshot};
 use vallum_engine::dataplane::{BarrierStrategy, Dataplane, Retired};
 use vallum_engine::engine::{Change, CommitReport, Engine, EngineConfig};
 use vallum_engine::model::{Ruleset, Target};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot};
 
 #[path = "support/clock.rs"]
 mod clock;

@@ -31,12 +31,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{EditOp, Family, Rule, RuleEdit, Ruleset, TableKind, Target};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Verdict;
 
 #[path = "support/clock.rs"]
 mod clock;

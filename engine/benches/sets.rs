@@ -17,7 +17,7 @@
 //! - `readers/<type>/<size>/<variant>/<writer>/<N>r` (issue #19 item 1, what the ipset seed
 //!   measured): N reader threads at once (`VALLUM_SET_READERS`, a comma list, default `1,2`;
 //!   up to 16 on a bigger machine), each classifying 1,024 packets (half hits) through
-//!   `-A FORWARD -m set --match-set s ... -j DROP` with `Snapshot::classify`, in one
+//!   `-A FORWARD -m set --match-set s ... -j DROP` with `Snapshot::classify_batch` (one packet at a time), in one
 //!   `Dataplane` batch on its own core (the manager built for that dataplane).
 //!   Types: `hash_ip` (src), `hash_net` (src; /24 and /16 networks), `hash_ip_port`
 //!   (src,dst; tcp). Sizes 10k and 1M elements. Variants: `sethandle` (the `SetManager`'s
@@ -41,12 +41,13 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use rustc_hash::FxBuildHasher;
-use vallum_engine::compile::{LogEvent, Snapshot, Verdict};
+use vallum_engine::conntrack::NoTracking;
 use vallum_engine::dataplane::{BarrierStrategy, Dataplane};
 use vallum_engine::model::{Family, Hook, SetDir};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{AddOptions, Element, IpSet, SetManager, SetRegistry, SetSpec, SetType};
+use vallum_engine::snapshot::{LogEvent, Snapshot, Verdict};
 
 const SET_SIZE: u32 = 10_000;
 const BASE: u32 = 0x0a00_0000; // 10.0.0.0
@@ -343,11 +344,12 @@ fn run_readers(dp: &Dataplane<Snapshot>, pkts: &[PacketMeta], n: usize, iters: u
                     for _ in 0..iters {
                         w.batch(|snap, _| {
                             let mut drops = 0u32;
+                            let mut v = [Verdict::Accept];
                             for p in pkts {
-                                let mut p = *black_box(p);
-                                drops += u32::from(
-                                    snap.classify(core, &mut p, 0, &mut logs) == Verdict::Drop,
-                                );
+                                let mut p = [*black_box(p)];
+                                let track = &mut NoTracking;
+                                snap.classify_batch(core, &mut p, &mut v, 0, &mut logs, &[], track);
+                                drops += u32::from(v[0] == Verdict::Drop);
                             }
                             assert_eq!(drops as usize, pkts.len() / 2);
                         });

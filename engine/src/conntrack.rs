@@ -339,7 +339,7 @@ impl Conntrack {
         pkt: &mut PacketMeta,
         now: u64,
     ) -> (CtVerdict, Option<Unconfirmed>) {
-        let (v, u) = self.classify(pkt, now);
+        let (v, u) = self.state_of(pkt, now);
         pkt.ct_state = v.ct_state();
         (v, u)
     }
@@ -503,7 +503,7 @@ impl Conntrack {
         }
     }
 
-    fn classify(&self, pkt: &mut PacketMeta, now: u64) -> (CtVerdict, Option<Unconfirmed>) {
+    fn state_of(&self, pkt: &mut PacketMeta, now: u64) -> (CtVerdict, Option<Unconfirmed>) {
         pkt.ct_mark = 0;
         pkt.ct_reply = false;
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {

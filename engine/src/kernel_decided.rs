@@ -410,9 +410,9 @@ mod tests {
     /// one's bit.
     #[test]
     fn the_engine_reads_the_bits_it_assigned() {
-        use crate::compile::Verdict;
         use crate::engine::{Change, Engine, EngineConfig};
         use crate::packet::PacketMeta;
+        use crate::snapshot::Verdict;
 
         struct Zero;
         impl crate::Clock for Zero {

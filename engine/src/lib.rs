@@ -10,7 +10,7 @@
 //! ```rust
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use vallum_engine::compile::Verdict;
+//! use vallum_engine::snapshot::Verdict;
 //! use vallum_engine::conntrack::ConntrackConfig;
 //! use vallum_engine::dataplane::BarrierStrategy;
 //! use vallum_engine::engine::{Change, Engine, EngineConfig};
@@ -56,11 +56,11 @@
 //! # }
 //! ```
 
-pub mod compile;
 pub mod conntrack;
 pub mod dataplane;
 pub mod echo;
 pub mod engine;
+pub mod eval;
 pub mod fib;
 pub mod kernel_decided;
 pub mod mark_field;
@@ -69,6 +69,7 @@ pub mod node_addrs;
 pub mod packet;
 pub mod restore;
 pub mod sets;
+pub mod snapshot;
 pub mod sync;
 #[cfg(test)]
 mod test_rng;

@@ -1,7 +1,7 @@
 //! The rule model: ruleset -> tables -> chains -> rules (matches + target).
 //!
 //! These are plain data types, the common language of the parser ([`crate::restore`]), the
-//! validator ([`crate::validate`]) and the compiler ([`crate::compile`]). They mirror what
+//! validator ([`crate::validate`]) and the compiler ([`crate::snapshot`]). They mirror what
 //! `iptables-save` prints: a [`Rule`] holds the "IP header" part of an iptables rule (`-s`, `-d`,
 //! `-i`, `-o`, `-p`, `-f`) as fields, then the `-m` matches in the order they were given, then the
 //! target. Nothing here knows about protobuf, SQLite or the clock.
@@ -213,7 +213,7 @@ pub struct Counters {
 }
 
 /// A ruleset: one owner's tables. Several rulesets can be active at once; at each hook they run
-/// in ascending `priority` order with nftables semantics (see [`crate::compile`]).
+/// in ascending `priority` order with nftables semantics (see [`crate::snapshot`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ruleset {
     /// Owner-chosen name, unique among active rulesets.

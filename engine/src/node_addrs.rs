@@ -16,6 +16,14 @@
 //! ipset contents are read, `sets/ipset.rs`). [`NodeAddrs::replace`] publishes a new table
 //! whole; a packet sees either the old or the new one, never a mix.
 //!
+//! Why `ArcSwap` and not the dataplane's generation counters (which snapshots and set contents
+//! ride on): a table is replaced rarely (an address change), by a host-watching task of the
+//! server that must not wait for the cores, and it is read also outside batches (traces,
+//! `vallumd`'s address view), by threads that have no generation. `ArcSwap` gives both
+//! without a wait: the old table is freed when its last reader drops it. The cost on the
+//! packet path is one load per addrtype match; a cell on `dataplane/left_right.rs`
+//! (one Acquire load in a batch) would save that only for rulesets that use `-m addrtype`.
+//!
 //! ## Which types the engine decides
 //! - IPv4 (`addrtype_mt_v1` -> `inet_dev_addr_type`): `0.0.0.0/8` and `255.255.255.255` are
 //!   BROADCAST, `224.0.0.0/4` MULTICAST, otherwise the longest [`LocalRoute`] containing the

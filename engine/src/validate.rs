@@ -13,7 +13,7 @@
 //!   hooks; policy only on builtin chains (as iptables-restore);
 //! - targets: `-j`/`-g` targets exist in the same table and are user chains (x_tables cannot
 //!   jump to a builtin chain); no loops (as mark_source_chains: "iptables: Too many levels of
-//!   links"); call depth at most [`crate::compile::MAX_CALL_DEPTH`];
+//!   links"); call depth at most [`crate::snapshot::MAX_CALL_DEPTH`];
 //! - hooks and tables: REJECT only in filter, reachable only from INPUT, FORWARD and OUTPUT
 //!   (as ipt_REJECT's `.table`/`.hooks`); NOTRACK and CT only in raw; `-m mac` only reachable
 //!   from PREROUTING, INPUT and FORWARD (as xt_mac);

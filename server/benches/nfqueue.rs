@@ -66,11 +66,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use vallum_engine::compile::copy_range::{HEADER_BYTES, MAX_COPY_RANGE};
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Policy, Ruleset, Target};
 use vallum_engine::restore::{PrintOptions, print};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::copy_range::{HEADER_BYTES, MAX_COPY_RANGE};
 use vallum_server::host::sources::nfqueue;
 use vallum_server::telemetry::events::Events;
 

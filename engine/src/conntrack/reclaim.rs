@@ -7,6 +7,20 @@
 //! Under `cfg(loom)` the deferred nodes are kept until the table is dropped (crossbeam-epoch is
 //! not loom-instrumented), so the loom model checks publication and unlinking, not the epoch
 //! scheme itself.
+//!
+//! # Why conntrack does not ride on the dataplane's generation counters
+//! Snapshots and set contents (`dataplane/left_right.rs`) are reclaimed once every core
+//! passed a quiescent point of the commit protocol ([`crate::dataplane`]'s generations), and a
+//! writer that needs the old copy gone waits for that. Conntrack differs on both sides: its
+//! writers are the packet cores themselves (a packet's core unlinks the entries it finds
+//! expired, replaces the entry of a closed flow, resizes the table), and a packet core must
+//! not wait for the other cores' quiescence while its own generation is odd (two cores doing
+//! so would wait for each other); and its readers are not only batches but also threads with
+//! no generation (`Conntrack::gc`, the listing and persistence of `vallumd`, traces). An
+//! epoch collector serves both: any thread pins for one lookup, and an unlink defers its free
+//! without waiting. Riding on the generations would need a deferred-free queue keyed by the
+//! cores' generations (DPDK's `rte_rcu_qsbr_dq`) and a generation for every off-batch reader;
+//! that is not built, so this is the one second scheme, kept here and nowhere else.
 
 #[cfg(not(loom))]
 pub(crate) use crossbeam_epoch::Guard;

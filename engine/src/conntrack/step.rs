@@ -5,9 +5,9 @@
 //! [`NoTracking`] (or a closure, for tests and dry runs) stands in when conntrack is off.
 
 use super::{Conntrack, CtVerdict, Unconfirmed};
-use crate::compile::Verdict;
 use crate::model::ct_state;
 use crate::packet::PacketMeta;
+use crate::snapshot::Verdict;
 
 /// What the chain walk asks of connection tracking (whose table lives for `'t`), per packet, in this order: [`Track::lookup`]
 /// once, between the raw-table chains and the others; [`Track::decided`] once, with the

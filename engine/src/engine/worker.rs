@@ -7,7 +7,7 @@
 //! 2. **skip cut packets**: a packet whose copied bytes end before what the snapshot's rules
 //!    read ([`Snapshot::copy_range`]) is left for the source to fetch again;
 //! 3. **classify** each run of the other packets with [`Snapshot::classify_batch`]
-//!    (`compile/eval.rs`): the batched index probe, then per packet the chain walk with
+//!    (`eval.rs`): the batched index probe, then per packet the chain walk with
 //!    conntrack's lookup between the raw and the other chains and its confirmation after the
 //!    verdict ([`Tracker`], `conntrack/step.rs`, the value this worker holds);
 //! 4. **count the verdicts** per (family, hook, verdict) on this core;
@@ -16,11 +16,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::compile::{LogEvent, LogRecord, LogRing, Snapshot, Verdict};
 use crate::conntrack::{Conntrack, NoTracking, Tracker};
 use crate::dataplane::{Dataplane, Worker};
 use crate::model::{Family, Hook};
 use crate::packet::PacketMeta;
+use crate::snapshot::{LogEvent, LogRecord, LogRing, Snapshot, Verdict};
 
 /// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains
 /// ([`EngineWorker::drain_logs`]); further hits are counted in [`LogDrops::full`].

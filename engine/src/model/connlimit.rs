@@ -1,5 +1,5 @@
 //! `-m connlimit` (xt_connlimit revision 1 with nf_conncount): the plain rule value. The
-//! per-rule lists of connections live in the compiled snapshot (`compile/connlimit.rs`).
+//! per-rule lists of connections live in the compiled snapshot (`eval/connlimit.rs`).
 
 /// `-m connlimit`, as libxt_connlimit 1.8.9 writes it (`connlimit_save`): matches when the
 /// number of the rule's connections that share the packet's masked address is above

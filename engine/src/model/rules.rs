@@ -7,7 +7,7 @@
 //! an `Arc`: cloning a list clones the chunk pointers, an edit copies only the chunk it lands
 //! in, and two lists that share chunks are compared chunk by chunk (`Arc::ptr_eq`) without
 //! reading the rules in them. The chunks are those of the compiled rules in
-//! `compile/chunks.rs` (a one-level persistent vector, P. Bagwell, T. Rompf, "RRB-Trees:
+//! `snapshot/chunks.rs` (a one-level persistent vector, P. Bagwell, T. Rompf, "RRB-Trees:
 //! Efficient Immutable Vectors", EPFL 2011) with variable sizes, so that an insert or a delete
 //! moves no rule outside its own chunk.
 

@@ -1,5 +1,5 @@
 //! `-m sctp` (xt_sctp): the plain rule value, as libxt_sctp (iptables 1.8.9) builds
-//! `struct xt_sctp_info`. The packet test is `compile/sctp.rs`.
+//! `struct xt_sctp_info`. The packet test is `eval/sctp.rs`.
 
 use super::{Neg, PortRange};
 

@@ -1,6 +1,6 @@
 //! Matches that keep state between packets in named tables: `-m recent` (xt_recent) and,
 //! later in this file, the other rate matches. The state itself lives in the compiled
-//! snapshot (`compile/stateful.rs`); these are the plain rule values.
+//! snapshot (`snapshot/stateful.rs`); these are the plain rule values.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -1,11 +1,11 @@
 //! `-m string` (xt_string revision 1): the plain rule value. The searcher is built at compile
-//! time (`compile/string.rs`).
+//! time (`eval/string.rs`).
 
 /// Longest pattern of `-m string`, in bytes (`XT_STRING_MAX_PATTERN_SIZE`).
 pub const STRING_MAX_PATTERN: usize = 128;
 
 /// `--algo` of `-m string`: the kernel's textsearch algorithm. Both find the same matches in
-/// a linear packet, so the engine runs one searcher for either (`compile/string.rs`); the
+/// a linear packet, so the engine runs one searcher for either (`eval/string.rs`); the
 /// name is kept for printing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StringAlgo {

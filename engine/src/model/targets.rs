@@ -23,7 +23,7 @@ pub enum Target {
     /// `-j LOG`: emit a log event and continue with the next rule.
     Log(LogTarget),
     /// `-j NFLOG`: emit a log event for netlink log group `group` (xt_NFLOG) and continue;
-    /// the engine hands it to its caller as it hands LOG events ([`crate::compile::LogEvent`]
+    /// the engine hands it to its caller as it hands LOG events ([`crate::snapshot::LogEvent`]
     /// with `nflog_group`).
     Nflog(NflogTarget),
     /// `-j NOTRACK` (raw table): mark the packet untracked and continue.

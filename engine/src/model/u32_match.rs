@@ -1,5 +1,5 @@
 //! `-m u32` (xt_u32): the plain rule value, as libxt_u32 (iptables 1.8.9) builds `struct
-//! xt_u32`. The packet test is `compile/u32.rs`.
+//! xt_u32`. The packet test is `snapshot/u32.rs`.
 
 /// Most tests (`&&`-joined), numbers of a location and ranges of a test (`XT_U32_MAXSIZE`).
 pub const U32_MAX_ITEMS: usize = 10;

@@ -168,7 +168,7 @@ fn typed_from_opaque(name: &str, family: Family) -> bool {
         || super::opaque::TYPED_MATCHES.contains(&name)
 }
 
-fn classify_match(name: &'static str, family: Family) -> Support {
+fn support_of_match(name: &'static str, family: Family) -> Support {
     let ctx = Ctx {
         family,
         table: TableKind::Filter,
@@ -196,7 +196,7 @@ fn classify_match(name: &'static str, family: Family) -> Support {
     }
 }
 
-fn classify_target(name: &'static str, family: Family) -> Support {
+fn support_of_target(name: &'static str, family: Family) -> Support {
     let tok = Tok {
         text: name,
         column: 1,
@@ -245,14 +245,14 @@ pub fn support_table() -> Vec<SupportRow> {
     let m = matches.into_iter().map(|name| SupportRow {
         target: false,
         name,
-        ipv4: classify_match(name, Family::Ipv4),
-        ipv6: classify_match(name, Family::Ipv6),
+        ipv4: support_of_match(name, Family::Ipv4),
+        ipv6: support_of_match(name, Family::Ipv6),
     });
     let t = targets.into_iter().map(|name| SupportRow {
         target: true,
         name,
-        ipv4: classify_target(name, Family::Ipv4),
-        ipv6: classify_target(name, Family::Ipv6),
+        ipv4: support_of_target(name, Family::Ipv4),
+        ipv6: support_of_target(name, Family::Ipv6),
     });
     m.chain(t).collect()
 }
@@ -338,12 +338,12 @@ pub fn support_markdown() -> String {
          the rule (nf_conncount's lists) while the engine's conntrack table holds them and, for\n\
          TCP, not in TIME_WAIT or CLOSE; the packet's own connection counts. NFQUEUE mode asks\n\
          vallumd's own table, not the kernel's; a recompiled rule starts with empty lists (as an\n\
-         `iptables-restore` does); see `vallum_engine::compile` (`compile/connlimit.rs`).\n\n\
+         `iptables-restore` does); see `vallum_engine::eval` (`eval/connlimit.rs`).\n\n\
          `string` searches the packet from its network header, as the kernel's\n\
          `skb_find_text`: a pattern matches when it lies wholly between `--from` and `--to` (one\n\
          that straddles `--to` does not). The bytes are the whole packet NFQUEUE hands vallumd;\n\
          the pcap replay and synthetic sources and a trace carry none, so there `--string` is\n\
-         false and `! --string` true (`compile/string.rs`).\n\n\
+         false and `! --string` true (`eval/string.rs`).\n\n\
          `physdev` reads the bridge ports NFQUEUE hands over for bridged IPv4/IPv6 (with\n\
          br_netfilter's `bridge-nf-call-iptables`): `NFQA_IFINDEX_PHYSINDEV` and\n\
          `PHYSOUTDEV`, names as for `-i`/`-o`; `vallumctl trace --physdev-in/--physdev-out`\n\

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::compile::MAX_CALL_DEPTH;
+use crate::snapshot::MAX_CALL_DEPTH;
 
 use crate::model::{Family, Hook, Location, TableKind};
 

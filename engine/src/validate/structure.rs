@@ -7,9 +7,9 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{ReachedHooks, Severity, TableCheck, ViolationKind};
-use crate::compile::MAX_CALL_DEPTH;
 use crate::model::{Family, Hook, Match, Rule, Table, TableKind, Target, diff_rules};
 use crate::sets::SetRegistry;
+use crate::snapshot::MAX_CALL_DEPTH;
 
 /// What [`walk_calls`] finds in a table's jump graph.
 struct CallGraph {

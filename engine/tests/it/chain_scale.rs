@@ -8,13 +8,13 @@ use crate::support::seeded;
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Snapshot, Verdict};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig};
 use vallum_engine::model::{Hook, Ruleset};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseErrorKind, ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Snapshot, Verdict};
 use vallum_engine::validate::{ViolationKind, validate};
 
 /// The text of issue #13: INPUT jumps to C0, each Ci to C(i+1).

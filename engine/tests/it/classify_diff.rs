@@ -4,7 +4,7 @@
 //! Every rule set is translated with mixed targets (ACCEPT, DROP and rules without a target,
 //! which match and continue), so the index is asked for "the next match after rule k" as
 //! often as for the first match. For each header the two snapshots must give the same
-//! [`Trace`](vallum_engine::compile::Trace): verdict and every matched rule in order.
+//! [`Trace`](vallum_engine::snapshot::Trace): verdict and every matched rule in order.
 //! Headers: the CutSplit traces where they exist, and random headers drawn near rule
 //! boundaries (prefix edges and port range endpoints, each +-1) for every set.
 //!
@@ -15,10 +15,10 @@
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::Target;
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 
 use crate::classbench;
 
@@ -257,9 +257,9 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
         );
         for (i, p) in chunk.iter().enumerate() {
             let (mut a, mut b) = (*p, *p);
-            let want = linear.classify(0, &mut a, 0, &mut logs);
+            let want = crate::support::classify_one(&linear, 0, &mut a, 0, &mut logs);
             assert_eq!(
-                single.classify(0, &mut b, 0, &mut logs),
+                crate::support::classify_one(&single, 0, &mut b, 0, &mut logs),
                 want,
                 "{set}: {p:?}"
             );

@@ -17,15 +17,15 @@
 //! `cargo test -p vallum-engine --test it -- classify_incremental:: --include-ignored`: the test that reads
 //! ../shared/data/classbench is ignored otherwise, and fails when it is absent.
 //!
-//! [`Trace`]: vallum_engine::compile::Trace
+//! [`Trace`]: vallum_engine::snapshot::Trace
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Chain, Counters, Location, Match, Rule, RuleList, Ruleset, Target};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot};
 
 use crate::classbench;
 
@@ -132,7 +132,7 @@ fn classify_all(snap: &Snapshot, headers: &[Header]) {
     let mut logs = Vec::new();
     for (i, h) in headers.iter().enumerate() {
         let mut p = classbench::to_packet(h);
-        snap.classify(i % 2, &mut p, 0, &mut logs);
+        crate::support::classify_one(snap, i % 2, &mut p, 0, &mut logs);
     }
 }
 

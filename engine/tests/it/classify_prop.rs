@@ -11,7 +11,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 use vallum_engine::conntrack::Track;
 use vallum_engine::model::IpNet;
 use vallum_engine::model::{Family, Hook, ct_state, ipv6_ext};
@@ -19,6 +18,7 @@ use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
 use vallum_engine::packet::{FragmentHeader, IfName, Ipv6Ext, PacketMeta, RoutingHeader};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::SetManager;
+use vallum_engine::snapshot::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 
 const NETS4: [&str; 8] = [
     "10.0.0.0/8",
@@ -416,8 +416,8 @@ proptest! {
             for (i, s) in packets.iter().enumerate() {
                 let now = i as u64 * 300_000_000;
                 let (mut a, mut b) = (packet(s, v6), packet(s, v6));
-                let vl = linear.classify(0, &mut a, now, &mut logs_l);
-                let vi = indexed.classify(0, &mut b, now, &mut logs_i);
+                let vl = crate::support::classify_one(&linear, 0, &mut a, now, &mut logs_l);
+                let vi = crate::support::classify_one(&indexed, 0, &mut b, now, &mut logs_i);
                 prop_assert_eq!(vi, vl, "rfc {} packet {:?}\n{}", rfc_max_rules, a, text);
                 prop_assert_eq!((b.mark, b.ct_mark), (a.mark, a.ct_mark));
             }

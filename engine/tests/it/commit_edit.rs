@@ -18,11 +18,10 @@
 //! `cargo test -p vallum-engine --test it -- commit_edit:: --include-ignored`: the test that reads
 //! ../shared/data/classbench is ignored otherwise, and fails when it is absent.
 //!
-//! [`Trace`]: vallum_engine::compile::Trace
+//! [`Trace`]: vallum_engine::snapshot::Trace
 
 use std::sync::Arc;
 
-use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig};
 use vallum_engine::model::{
@@ -30,6 +29,7 @@ use vallum_engine::model::{
 };
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Verdict;
 
 use crate::classbench;
 

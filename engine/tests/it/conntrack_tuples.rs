@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::conntrack::{ConntrackConfig, NoTracking};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
@@ -18,6 +17,7 @@ use vallum_engine::model::{Family, Hook, ct_state};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
 use vallum_engine::validate::{Severity, validate};
 
 /// Written after Docker's "restrict connections" recipes (docs.docker.com, packet
@@ -176,7 +176,7 @@ fn every_tuple_option_agrees_in_both_classifiers() {
             min_rules: 0,
             batch_min_bytes: 0,
             rfc_min_rules: 0,
-            rfc_max_rules: vallum_engine::compile::RFC_MAX_RULES,
+            rfc_max_rules: vallum_engine::snapshot::RFC_MAX_RULES,
         },
     )
     .expect("compiles");

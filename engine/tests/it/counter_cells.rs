@@ -18,13 +18,13 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use vallum_engine::compile::{Snapshot, Verdict};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig, EngineWorker};
 use vallum_engine::model::{EditOp, Family, Hook, IpNet, RuleEdit, Ruleset, TableKind};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{FrozenSet, IpSet};
+use vallum_engine::snapshot::{Snapshot, Verdict};
 
 use crate::support::seeded;
 use seeded::{Rng, ZeroClock};
@@ -319,7 +319,7 @@ fn traffic(rng: &mut Rng, workers: &mut [EngineWorker<'_>], reference: &Snapshot
         let mut v = [Verdict::Accept];
         workers[core].process_batch(&mut a, &mut v, 0);
         let mut q = p;
-        let r = reference.classify(core, &mut q, 0, &mut logs);
+        let r = crate::support::classify_one(reference, core, &mut q, 0, &mut logs);
         assert_eq!(v[0], r, "verdict of {p:?}");
     }
 }

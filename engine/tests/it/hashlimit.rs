@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::{Family, Hook, Ruleset};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::parse_ruleset;
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
 use vallum_engine::validate::{Severity, validate};
 
 use crate::support::one_rule;
@@ -205,7 +205,7 @@ impl Both {
         // probe path the engine's workers take), each with its own tables.
         let mut v: Vec<Verdict> = self.0[..2]
             .iter()
-            .map(|s| s.classify(0, &mut p.clone(), now, &mut Vec::new()))
+            .map(|s| crate::support::classify_one(s, 0, &mut p.clone(), now, &mut Vec::new()))
             .collect();
         let mut batch = [Verdict::Accept];
         self.0[2].classify_batch(

@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
 use vallum_engine::restore::parse_ruleset;
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
 
 use crate::support::one_rule;
 use one_rule::{opts, printed};
@@ -254,7 +254,7 @@ fn first_hits(family: Family, rules: &[&str], packets: &[Vec<u8>]) -> Vec<usize>
             let t = s.trace(&p, 0);
             let hit = t.steps.first().and_then(|st| st.rule).unwrap_or(0) as usize;
             let mut p2 = p;
-            let v = s.classify(0, &mut p2, 0, &mut Vec::new());
+            let v = crate::support::classify_one(s, 0, &mut p2, 0, &mut Vec::new());
             assert_eq!(v == Verdict::Drop, hit != 0, "verdict and trace agree");
             hits.push(hit);
         }

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 
 use etherparse::PacketBuilder;
-use vallum_engine::compile::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 use vallum_engine::conntrack::{Conntrack, ConntrackConfig, Tracker};
 use vallum_engine::model::Hook;
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
 
 fn rules() -> String {
     let mut t =

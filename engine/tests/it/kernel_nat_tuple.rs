@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
-use vallum_engine::compile::Verdict;
 use vallum_engine::conntrack::ConntrackConfig;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
@@ -18,6 +17,7 @@ use vallum_engine::model::{Family, Hook, ct_state};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Verdict;
 use vallum_engine::validate::validate;
 
 const RULES: &str = "\

@@ -84,7 +84,7 @@ mod engine_adapter {
         let sets = vallum_engine::sets::SetManager::new();
         sets.node_addrs()
             .replace(super::kernel::oracle_local_table());
-        let snapshot = vallum_engine::compile::Snapshot::compile(&[Arc::new(ruleset)], &sets, 1)
+        let snapshot = vallum_engine::snapshot::Snapshot::compile(&[Arc::new(ruleset)], &sets, 1)
             .expect("corpus ruleset compiles");
         let trace = snapshot.trace_tracked(packet, bytes, 0, None, |_| None);
         // Every rule step is a rule whose matches all matched (its counter goes up), including

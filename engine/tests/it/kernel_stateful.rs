@@ -17,12 +17,12 @@ use crate::oracle::kernel;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use vallum_engine::compile::Snapshot;
 use vallum_engine::model::{Family, Hook, TableKind, ct_state};
 use vallum_engine::packet::parse::parse_ethernet;
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Snapshot;
 
 use kernel::{FW_IFACE, FW_MAC, KernelHits, KernelOracle, PacketSpec, Proto, Setup, build_frame};
 
@@ -172,7 +172,13 @@ fn engine_hits(case: &Case) -> Vec<KernelHits> {
         };
         let mut meta = parse_ethernet(&build_frame(p, FW_MAC), base).expect("parses");
         let before = snap.counters();
-        snap.classify(0, &mut meta, (i as u64 + 1) * 1_000_000, &mut Vec::new());
+        crate::support::classify_one(
+            &snap,
+            0,
+            &mut meta,
+            (i as u64 + 1) * 1_000_000,
+            &mut Vec::new(),
+        );
         let after = snap.counters();
         let mut hits = KernelHits::default();
         for (a, b) in after.iter().zip(&before) {

@@ -18,7 +18,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use vallum_engine::Clock;
-use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Batch, Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, PSH};
@@ -27,6 +26,7 @@ use vallum_engine::packet::parse::parse_ethernet;
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset, print};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Verdict;
 
 use kernel::{FW_IFACE, FW_MAC, KernelHits, KernelOracle, PacketSpec, Proto, Setup, build_frame};
 

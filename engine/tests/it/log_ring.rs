@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
-use vallum_engine::compile::Verdict;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig, LOG_RING_CAPACITY, LogDrops};
 use vallum_engine::model::{Family, Ruleset};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Verdict;
 
 /// Counts the allocations (and reallocations) of the calling thread.
 struct CountingAlloc;

@@ -34,6 +34,7 @@ mod kernel_nat_tuple;
 mod kernel_oracle;
 mod kernel_stateful;
 mod kernel_string;
+mod layout;
 mod log_ring;
 mod marks;
 mod nflog;

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::conntrack::{ConntrackConfig, NoTracking};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
@@ -26,6 +25,7 @@ use vallum_engine::model::{ConnmarkTarget, Family, Hook, MarkValue, Target, ct_s
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
 use vallum_engine::validate::{Severity, validate};
 
 use crate::support::one_rule;
@@ -140,7 +140,7 @@ fn felix_marks_decide_as_written_in_both_classifiers() {
             min_rules: 0,
             batch_min_bytes: 0,
             rfc_min_rules: 0,
-            rfc_max_rules: vallum_engine::compile::RFC_MAX_RULES,
+            rfc_max_rules: vallum_engine::snapshot::RFC_MAX_RULES,
         },
     )
     .expect("compiles");
@@ -199,8 +199,16 @@ fn felix_marks_decide_as_written_in_both_classifiers() {
             );
             let (mut a, mut b) = (p, p);
             let mut logs = Vec::new();
-            assert_eq!(linear.classify(0, &mut a, 0, &mut logs), *want, "case {i}");
-            assert_eq!(indexed.classify(0, &mut b, 0, &mut logs), *want, "case {i}");
+            assert_eq!(
+                crate::support::classify_one(&linear, 0, &mut a, 0, &mut logs),
+                *want,
+                "case {i}"
+            );
+            assert_eq!(
+                crate::support::classify_one(&indexed, 0, &mut b, 0, &mut logs),
+                *want,
+                "case {i}"
+            );
             assert_eq!((a.mark, b.mark), (*mark, *mark), "case {i}");
         }
     }
@@ -519,7 +527,10 @@ fn batch_probe_sees_marks_set_before_the_chain() {
     assert_eq!(verdicts, want);
     for (i, w) in want.iter().enumerate() {
         let mut p = mk([22, 80, 23, 22][i]);
-        assert_eq!(linear.classify(0, &mut p, 0, &mut logs), *w);
+        assert_eq!(
+            crate::support::classify_one(&linear, 0, &mut p, 0, &mut logs),
+            *w
+        );
         assert_eq!(p.mark, batch[i].mark);
     }
 }

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, ParseWarningKind, parse_ruleset, parse_ruleset_warned};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
 use vallum_engine::validate::{Severity, ViolationKind, validate};
 
 use crate::support::one_rule;
@@ -77,7 +77,10 @@ fn nflog_counts_reports_its_group_and_continues() {
             ..PacketMeta::default()
         };
         let mut logs = Vec::new();
-        assert_eq!(snap.classify(0, &mut p, 0, &mut logs), Verdict::Drop);
+        assert_eq!(
+            crate::support::classify_one(&snap, 0, &mut p, 0, &mut logs),
+            Verdict::Drop
+        );
         assert_eq!(logs.len(), 1);
         assert_eq!(logs[0].nflog_group, Some(5));
         assert_eq!(logs[0].prefix.as_deref(), Some("blocked"));

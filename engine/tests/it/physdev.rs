@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
 use vallum_engine::validate::validate;
 
 use crate::support::one_rule;
@@ -127,7 +127,7 @@ fn physdev_decides_by_the_bridge_ports() {
             assert_eq!(snap.trace(&p, 0).verdict, want, "trace {i} -> {o}");
             let mut q = p;
             assert_eq!(
-                snap.classify(0, &mut q, 0, &mut Vec::new()),
+                crate::support::classify_one(&snap, 0, &mut q, 0, &mut Vec::new()),
                 want,
                 "{i} -> {o}"
             );

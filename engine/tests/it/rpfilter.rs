@@ -7,13 +7,13 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use vallum_engine::compile::{Classifier, Snapshot, Verdict};
 use vallum_engine::fib::{Fib, Route, RouteKind};
 use vallum_engine::model::{Family, Hook, IpNet};
 use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::parse_ruleset;
 use vallum_engine::sets::{NoSets, SetManager, SetRegistry};
+use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
 use vallum_engine::validate::{Severity, validate};
 
 use crate::support::one_rule;
@@ -295,7 +295,7 @@ fn first_hits(
                     let t = s.trace(p, 0);
                     let hit = t.steps.first().and_then(|st| st.rule).unwrap_or(0) as usize;
                     let mut p2 = *p;
-                    let v = s.classify(0, &mut p2, 0, &mut Vec::new());
+                    let v = crate::support::classify_one(s, 0, &mut p2, 0, &mut Vec::new());
                     assert_eq!(
                         v == Verdict::Drop,
                         hit != 0,

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
-use vallum_engine::compile::{Snapshot, StepOutcome, Verdict};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig};
 use vallum_engine::model::{Family, Hook, IpNet, RejectWith, Ruleset, TableKind, ct_state};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{FrozenSet, IpSet, NoSets};
+use vallum_engine::snapshot::{Snapshot, StepOutcome, Verdict};
 use vallum_engine::validate::{Severity, ViolationKind, validate};
 
 /// A clock the test moves by hand.
@@ -69,7 +69,7 @@ fn tcp(src: &str, dst: &str, dport: u16) -> PacketMeta {
 
 fn classify(s: &Snapshot, p: PacketMeta) -> Verdict {
     let mut p = p;
-    s.classify(0, &mut p, 0, &mut Vec::new())
+    crate::support::classify_one(s, 0, &mut p, 0, &mut Vec::new())
 }
 
 #[test]
@@ -165,14 +165,20 @@ fn raw_notrack_runs_before_filter_and_log_continues() {
         ..PacketMeta::default()
     };
     let mut logs = Vec::new();
-    assert_eq!(s.classify(0, &mut dns, 0, &mut logs), Verdict::Accept);
+    assert_eq!(
+        crate::support::classify_one(&s, 0, &mut dns, 0, &mut logs),
+        Verdict::Accept
+    );
     assert_eq!(
         dns.ct_state,
         ct_state::UNTRACKED,
         "NOTRACK marks the packet"
     );
     dns.hook = Hook::Input;
-    assert_eq!(s.classify(0, &mut dns, 0, &mut logs), Verdict::Accept);
+    assert_eq!(
+        crate::support::classify_one(&s, 0, &mut dns, 0, &mut logs),
+        Verdict::Accept
+    );
     assert!(logs.is_empty());
 
     let mut other = PacketMeta {
@@ -180,7 +186,10 @@ fn raw_notrack_runs_before_filter_and_log_continues() {
         ct_state: ct_state::NEW,
         ..dns
     };
-    assert_eq!(s.classify(0, &mut other, 0, &mut logs), Verdict::Drop);
+    assert_eq!(
+        crate::support::classify_one(&s, 0, &mut other, 0, &mut logs),
+        Verdict::Drop
+    );
     assert_eq!(
         logs.len(),
         1,
@@ -202,7 +211,7 @@ fn limit_is_a_token_bucket_driven_by_the_callers_clock() {
     let p = tcp("10.0.0.1", "10.0.0.2", 1);
     let at = |now: u64| {
         let mut q = p;
-        s.classify(0, &mut q, now, &mut Vec::new())
+        crate::support::classify_one(&s, 0, &mut q, now, &mut Vec::new())
     };
     let t0 = 1_000_000_000;
     // The burst of 3 passes at once, the 4th is over the limit.
@@ -745,8 +754,8 @@ fn structured_names_that_cannot_be_printed_are_refused() {
 /// call depth, so the evaluator would spin forever on the first packet; compile must refuse it.
 #[test]
 fn compile_refuses_a_goto_loop_that_validation_was_not_asked_about() {
-    use vallum_engine::compile::CompileError;
     use vallum_engine::model::{Rule, Target};
+    use vallum_engine::snapshot::CompileError;
     let mut rs = ruleset(
         "loop",
         0,

@@ -8,11 +8,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use vallum_engine::compile::{Snapshot, Verdict};
 use vallum_engine::model::{Family, Hook, ct_state};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::SetManager;
+use vallum_engine::snapshot::{Snapshot, Verdict};
 use vallum_engine::validate::{Severity, ViolationKind, validate};
 
 /// `<repo>/../shared/data` (CI clones the repo beside `shared/`), else `$VALLUM_SHARED_DATA`.
@@ -79,7 +79,8 @@ fn docker_ipset_ruleset_validates_and_compiles_with_the_set() {
         .collect();
     assert!(errors.is_empty(), "{errors:?}");
     let snap = Snapshot::compile(std::slice::from_ref(&rs), &sets, 1).unwrap();
-    let verdict = |dst: &str| snap.classify(0, &mut forward(dst), 0, &mut Vec::new());
+    let verdict =
+        |dst: &str| crate::support::classify_one(&snap, 0, &mut forward(dst), 0, &mut Vec::new());
 
     // A NEW packet from outside to docker0: FORWARD -> (set dst) DOCKER -> `! -i docker0 -o
     // docker0 -j DROP`. Outside the set it falls through to the ACCEPT policy.
@@ -89,7 +90,7 @@ fn docker_ipset_ruleset_validates_and_compiles_with_the_set() {
     let mut est = forward("172.17.0.2");
     est.ct_state = ct_state::ESTABLISHED;
     assert_eq!(
-        snap.classify(0, &mut est, 0, &mut Vec::new()),
+        crate::support::classify_one(&snap, 0, &mut est, 0, &mut Vec::new()),
         Verdict::Accept
     );
 

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use etherparse::PacketBuilder;
 use vallum_engine::Clock;
-use vallum_engine::compile::Verdict;
 use vallum_engine::conntrack::{ConnFilter, ConntrackConfig, TcpState};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
@@ -19,6 +18,7 @@ use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Verdict;
 
 const S: u64 = 1_000_000_000;
 

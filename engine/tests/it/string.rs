@@ -2,7 +2,7 @@
 //! checked with `iptables-legacy-save` in a namespace: a pattern with an unprintable byte or
 //! a trailing backslash as `--hex-string`, libxt_string's hex reader with its quirks, `--from
 //! 0` and `--to 65535` omitted, `--icase` last), and refused where iptables or the kernel
-//! refuses it. Enforcement: `compile/string.rs` and `tests/it/kernel_string.rs`.
+//! refuses it. Enforcement: `eval/string.rs` and `tests/it/kernel_string.rs`.
 
 use vallum_engine::model::Family;
 

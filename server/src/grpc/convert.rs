@@ -5,13 +5,13 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use vallum_engine::compile::{StepOutcome, TraceStep, Verdict};
 use vallum_engine::conntrack::tuple::{PROTO_TCP, PROTO_UDP};
 use vallum_engine::conntrack::{ConnFilter, ConnView, Conntrack, TcpState, Tuple};
 use vallum_engine::echo::quoted;
 use vallum_engine::model::{Family, Hook, IpNet, Policy, Ruleset, TableKind, ct_state, tcp_flags};
 use vallum_engine::packet::{IfName, PacketMeta};
 use vallum_engine::restore::{check_chain_name, print_rule_spec};
+use vallum_engine::snapshot::{StepOutcome, TraceStep, Verdict};
 use vallum_engine::validate::Severity;
 use vallum_proto::v1 as pb;
 

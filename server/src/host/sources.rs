@@ -22,11 +22,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vallum_engine::Clock;
-use vallum_engine::compile::Verdict;
 use vallum_engine::engine::{Engine, EngineWorker, LogDrops};
 use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::packet::synth::{Synth, SynthConfig};
 use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::snapshot::Verdict;
 
 use crate::config::{NfqueueAccept, NfqueueAnswers, NfqueueSource, Source};
 use crate::error::{Error, Result};
@@ -422,13 +422,13 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
-    use vallum_engine::compile::Verdict;
     use vallum_engine::dataplane::BarrierStrategy;
     use vallum_engine::engine::{Change, Engine, EngineConfig, LOG_RING_CAPACITY};
     use vallum_engine::model::{Family, Hook};
     use vallum_engine::packet::PacketMeta;
     use vallum_engine::restore::{ParseOptions, parse_ruleset};
     use vallum_engine::sets::NoSets;
+    use vallum_engine::snapshot::Verdict;
 
     use super::Drain;
     use crate::telemetry::events::Events;

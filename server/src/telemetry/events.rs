@@ -26,9 +26,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
-use vallum_engine::compile::LogEvent;
 use vallum_engine::model::{Family, IpNet, TableKind};
 use vallum_engine::packet::PacketMeta;
+use vallum_engine::snapshot::LogEvent;
 
 /// Batches the packet cores may have queued for the events thread.
 pub const QUEUE_BATCHES: usize = 256;

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{Daemon, join, poll, reason, shared_data, text_source};
-use vallum_engine::compile::Snapshot;
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::restore::{ParseOptions, parse, parse_ruleset};
 use vallum_engine::sets::NoSets;
+use vallum_engine::snapshot::Snapshot;
 use vallum_engine::validate::{Severity, ViolationKind, validate};
 use vallum_proto::v1 as pb;
 use vallum_server::clock::ManualClock;

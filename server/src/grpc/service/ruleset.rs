@@ -1160,7 +1160,7 @@ fn preview_revision(name: &str, warnings: &[crate::control::content::Finding]) -
     }
 }
 
-fn fill_counters(model: &mut Ruleset, counters: &[vallum_engine::compile::SlotCounters]) {
+fn fill_counters(model: &mut Ruleset, counters: &[vallum_engine::snapshot::SlotCounters]) {
     for c in counters.iter().filter(|c| *c.ruleset == *model.name) {
         let Some(t) = model
             .tables

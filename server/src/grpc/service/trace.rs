@@ -6,11 +6,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
-use vallum_engine::compile::{Snapshot, Trace, Verdict};
 use vallum_engine::model::{Family, Ruleset};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::{ip_packet, network_packet, parse_ethernet, parse_ip};
 use vallum_engine::packet::pcap::read_capture;
+use vallum_engine::snapshot::{Snapshot, Trace, Verdict};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::trace_service_server::TraceService;
 

@@ -56,8 +56,8 @@
 
 pub mod wire;
 
-use vallum_engine::compile::Verdict;
 use vallum_engine::model::{Hook, RejectWith, ct_state};
+use vallum_engine::snapshot::Verdict;
 
 use crate::config::{NfqueueAccept, NfqueueAnswers};
 
@@ -216,10 +216,10 @@ mod linux {
     use std::time::Duration;
 
     use vallum_engine::Clock;
-    use vallum_engine::compile::Verdict;
     use vallum_engine::engine::EngineWorker;
     use vallum_engine::packet::parse::parse_ip;
     use vallum_engine::packet::{IfName, PacketMeta};
+    use vallum_engine::snapshot::Verdict;
 
     use std::sync::Arc;
 
@@ -232,7 +232,7 @@ mod linux {
 
     /// The largest copy range (`NFQNL_MAX_COPY_RANGE`): what a queue is bound with, before
     /// its worker sets the range its rules need.
-    const COPY_RANGE: u32 = vallum_engine::compile::copy_range::MAX_COPY_RANGE;
+    const COPY_RANGE: u32 = vallum_engine::snapshot::copy_range::MAX_COPY_RANGE;
     /// One receive slot: the copied packet plus the message's metadata attributes.
     const SLOT: usize = COPY_RANGE as usize + 8192;
     /// The most the kernel copies whatever the range asked: `NFQNL_MAX_COPY_RANGE`, 65535
@@ -835,7 +835,7 @@ mod linux {
     /// least every 100 ms). Unexpected socket errors are printed and retried after 100 ms.
     ///
     /// Copy range: after each batch the queue's copy range follows what the rules of the
-    /// snapshot that classified it can read ([`vallum_engine::compile::Snapshot::copy_range`]),
+    /// snapshot that classified it can read ([`vallum_engine::snapshot::Snapshot::copy_range`]),
     /// so a commit that changes it re-sends `NFQNL_MSG_CONFIG` at the next batch. A packet
     /// copied short of what the rules read (queued before a commit raised the range), or cut
     /// inside its headers (an IPv6 extension chain past the range, which raises the range to

@@ -88,7 +88,6 @@ mod tests {
     use std::net::Ipv4Addr;
     use std::sync::Arc;
 
-    use vallum_engine::compile::Verdict;
     use vallum_engine::conntrack::ConntrackConfig;
     use vallum_engine::dataplane::BarrierStrategy;
     use vallum_engine::engine::{Change, Engine, EngineConfig};
@@ -96,6 +95,7 @@ mod tests {
     use vallum_engine::packet::PacketMeta;
     use vallum_engine::restore::{ParseOptions, parse_ruleset};
     use vallum_engine::sets::{NoSets, SetManager, SetSpec, SetType};
+    use vallum_engine::snapshot::Verdict;
 
     use crate::control::outcome::Outcome;
     use crate::control::store::Phases;

@@ -12,7 +12,7 @@
 //! given up (the chain keeps its TupleMerge lookup alone) when the cross products together
 //! would exceed [`MAX_PRODUCT`] entries.
 //!
-//! Here the condition of a rule is its [`HeaderFilter`] (`compile/tuple_merge.rs`), which is
+//! Here the condition of a rule is its [`HeaderFilter`] (`snapshot/tuple_merge.rs`), which is
 //! a conjunction of per-field tests and so splits exactly into chunks: phase 0 has seven
 //! chunks, the 16-bit halves of source and destination address (`(v & m) == n` per half: a
 //! range when the half of the mask is a prefix, else checked value by value), source and
@@ -28,7 +28,7 @@
 //! packet passes, ascending, cut after the first one whose filter is the whole rule
 //! ([`FILTER_EXACT`]; nothing after it can be the first match from a start at or before it).
 //! A list of one exact rule, the common case, is stored in the final entry itself
-//! ([`Found::Exact`]). Every phase's sets are cut the same way, after their first exact rule
+//! (`Found::Exact`). Every phase's sets are cut the same way, after their first exact rule
 //! that ignores all the chunks the phase has not seen yet (such a rule passes every packet of
 //! the class, so the final list would be cut there anyway): this merges classes, and it is
 //! what keeps the cross products of the 1k sets below a million entries.
@@ -37,16 +37,14 @@
 //! with the evaluator's own match code, so negations, interfaces, `ct_state` and `-m limit`
 //! keep the linear walk's meaning. A query that starts past the end of a cut list is not
 //! decided here (`Snapshot::indexed_next` falls back to the TupleMerge tables).
-//! [`Rfc::lookup_batch`] runs the phases for a whole batch of packets a phase at a time, so
-//! the table reads of different packets overlap ([`Snapshot::classify_batch`]): a
-//! packet whose answer is [`Found::Exact`] or an empty list is decided there, any other is
-//! looked up again by the evaluator.
+//! This file is the commit side (the tables and their build); the lookups, `Rfc::lookup` and
+//! `Rfc::lookup_batch`, are the packet side's, in `eval/probe.rs`.
 
 use std::mem::size_of;
 
 #[cfg(doc)]
 use super::Snapshot;
-use super::tuple_merge::{FILTER_EXACT, HeaderFilter, PacketKey};
+use super::tuple_merge::{FILTER_EXACT, HeaderFilter};
 
 /// The most rules a chain may have for its index to get RFC tables (the default of
 /// `Classifier::TupleMerge`'s `rfc_max_rules`). Measured builds: 3-28 ms for the ClassBench
@@ -64,21 +62,21 @@ pub const RFC_MIN_RULES: u32 = 256;
 /// The most entries all cross-product tables together may have (2 bytes each, 4 in the final
 /// table) before the build is given up; each entry costs one intersection of two rule sets
 /// to build, so this also bounds the build time (ClassBench 1k sets: 0.1 to 0.8 M entries).
-const MAX_PRODUCT: usize = 1 << 20;
+pub(crate) const MAX_PRODUCT: usize = 1 << 20;
 
 /// A phase-0 table over a 16-bit chunk.
-type Chunk16 = Box<[u16; 1 << 16]>;
+pub(crate) type Chunk16 = Box<[u16; 1 << 16]>;
 
 /// One cross-product table: `table[a * stride + b]` is the class of classes `a` and `b`.
 #[derive(Debug)]
-struct Product {
-    stride: u32,
-    table: Box<[u16]>,
+pub(crate) struct Product {
+    pub(crate) stride: u32,
+    pub(crate) table: Box<[u16]>,
 }
 
 impl Product {
     #[inline(always)]
-    fn get(&self, a: u16, b: u16) -> u16 {
+    pub(crate) fn get(&self, a: u16, b: u16) -> u16 {
         self.table[a as usize * self.stride as usize + b as usize]
     }
 
@@ -89,106 +87,34 @@ impl Product {
 
 /// The RFC tables of one IPv4 chain (see the module docs).
 #[derive(Debug)]
-pub(super) struct Rfc {
-    src_hi: Chunk16,
-    src_lo: Chunk16,
-    dst_hi: Chunk16,
-    dst_lo: Chunk16,
-    sport: Chunk16,
-    dport: Chunk16,
-    proto: Box<[u16; 256]>,
-    s: Product,
-    d: Product,
-    p: Product,
-    sd: Product,
-    sdp: Product,
+pub(crate) struct Rfc {
+    pub(crate) src_hi: Chunk16,
+    pub(crate) src_lo: Chunk16,
+    pub(crate) dst_hi: Chunk16,
+    pub(crate) dst_lo: Chunk16,
+    pub(crate) sport: Chunk16,
+    pub(crate) dport: Chunk16,
+    pub(crate) proto: Box<[u16; 256]>,
+    pub(crate) s: Product,
+    pub(crate) d: Product,
+    pub(crate) p: Product,
+    pub(crate) sd: Product,
+    pub(crate) sdp: Product,
     /// Final phase, `fin[sdp * fin_stride + dport class]`: [`DIRECT`] | the rule position
     /// when the candidate list is one exact rule, else the list's id.
-    fin_stride: u32,
-    fin: Box<[u32]>,
+    pub(crate) fin_stride: u32,
+    pub(crate) fin: Box<[u32]>,
     /// `lists[starts[l]..starts[l + 1]]` are list `l`'s rule positions, ascending.
-    starts: Box<[u32]>,
-    lists: Box<[u32]>,
+    pub(crate) starts: Box<[u32]>,
+    pub(crate) lists: Box<[u32]>,
 }
 
 /// [`Rfc::fin`]'s mark of an entry that is the answer itself.
-const DIRECT: u32 = 1 << 31;
-
-/// What the RFC tables say about a packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Found<'a> {
-    /// The candidates are this one rule, whose filter is the whole rule: it matches, and no
-    /// rule before it can.
-    Exact(u32),
-    /// Every rule whose filter the packet passes (rules with side effects always),
-    /// ascending, cut after the first rule whose filter is exact.
-    List(&'a [u32]),
-}
+pub(crate) const DIRECT: u32 = 1 << 31;
 
 impl Rfc {
-    /// The class ids of phase 0 and 1 for one packet, then `(sdp, dport)` classes.
-    #[inline(always)]
-    fn classes(&self, k: &PacketKey) -> (u16, u16, u16) {
-        let s = self.s.get(
-            self.src_hi[(k.src >> 16) as usize],
-            self.src_lo[(k.src & 0xffff) as usize],
-        );
-        let d = self.d.get(
-            self.dst_hi[(k.dst >> 16) as usize],
-            self.dst_lo[(k.dst & 0xffff) as usize],
-        );
-        let p = self.p.get(
-            self.proto[usize::from(k.proto)],
-            self.sport[usize::from(k.sport)],
-        );
-        (self.sd.get(s, d), p, self.dport[usize::from(k.dport)])
-    }
-
-    /// The final phase's answer for an entry of `fin`.
-    #[inline(always)]
-    fn found(&self, e: u32) -> Found<'_> {
-        if e & DIRECT != 0 {
-            Found::Exact(e & !DIRECT)
-        } else {
-            let l = e as usize;
-            Found::List(&self.lists[self.starts[l] as usize..self.starts[l + 1] as usize])
-        }
-    }
-
-    /// The candidates of a (not fragmented) IPv4 packet.
-    #[inline]
-    pub(super) fn lookup(&self, k: &PacketKey) -> Found<'_> {
-        let (sd, p, dport) = self.classes(k);
-        let sdp = self.sdp.get(sd, p);
-        self.found(self.fin[sdp as usize * self.fin_stride as usize + dport as usize])
-    }
-
-    /// [`Rfc::lookup`] for the packets `keys[..m]` a phase at a time, so that the table reads
-    /// of different packets overlap (the batching of [`super::tuple_merge`]'s probes); writes
-    /// `out[k]`: the first matching rule's position, `u32::MAX` for none, `unsure` when the
-    /// candidates need the evaluator.
-    pub(super) fn lookup_batch(&self, keys: &[PacketKey], out: &mut [u32], unsure: u32) {
-        const N: usize = super::tuple_merge::PROBE_BATCH;
-        let m = keys.len().min(N).min(out.len());
-        let mut mid = [(0u16, 0u16, 0u16); N];
-        for (c, k) in mid.iter_mut().zip(&keys[..m]) {
-            *c = self.classes(k);
-        }
-        let mut at = [0u32; N];
-        for (a, &(sd, p, dport)) in at.iter_mut().zip(&mid[..m]) {
-            *a = u32::from(self.sdp.get(sd, p)) * self.fin_stride + u32::from(dport);
-        }
-        for (o, &a) in out[..m].iter_mut().zip(&at[..m]) {
-            *o = match self.found(self.fin[a as usize]) {
-                Found::Exact(pos) => pos,
-                Found::List([]) => u32::MAX,
-                Found::List(_) => unsure,
-            };
-        }
-    }
-
     /// Bytes held by the tables.
-    pub(super) fn memory_bytes(&self) -> usize {
+    pub(crate) fn memory_bytes(&self) -> usize {
         size_of::<Rfc>()
             + 6 * 2 * (1 << 16)
             + 2 * 256
@@ -203,7 +129,7 @@ impl Rfc {
     /// Builds the tables for a chain whose rules have `filters` (by position) and whose rules
     /// at the positions `effects` have side effects; `None` when the chain is too large or a
     /// table would grow past its limit.
-    pub(super) fn build(filters: &[HeaderFilter], effects: &[u32]) -> Option<Rfc> {
+    pub(crate) fn build(filters: &[HeaderFilter], effects: &[u32]) -> Option<Rfc> {
         let n = filters.len();
         if n == 0 || n > RFC_MAX_RULES as usize {
             return None;
@@ -372,7 +298,7 @@ impl Rfc {
 
 /// A rule's test on one 16-bit chunk.
 #[derive(Clone, Copy)]
-enum Test {
+pub(crate) enum Test {
     /// No value passes (the rule's value has bits outside its mask).
     Never,
     /// `lo..=hi` pass.
@@ -382,11 +308,11 @@ enum Test {
 }
 
 /// The distinct rule sets (bit sets over rule positions) of one phase, by class id.
-struct Classes {
-    sets: Vec<Box<[u64]>>,
-    ids: rustc_hash::FxHashMap<Box<[u64]>, u16>,
+pub(crate) struct Classes {
+    pub(crate) sets: Vec<Box<[u64]>>,
+    pub(crate) ids: rustc_hash::FxHashMap<Box<[u64]>, u16>,
     /// The rules that end a set of this phase (bits above the first are cleared).
-    ends: Vec<u64>,
+    pub(crate) ends: Vec<u64>,
 }
 
 impl Classes {
@@ -419,7 +345,7 @@ impl Classes {
 
 /// Phase 0 for a 16-bit chunk: a sweep over the range tests' end points (the class only
 /// changes where some range starts or ends), with the rare masked tests added value by value.
-fn chunk16(tests: &[Test], ends: &[u64]) -> Option<(Chunk16, Classes)> {
+pub(crate) fn chunk16(tests: &[Test], ends: &[u64]) -> Option<(Chunk16, Classes)> {
     let words = ends.len();
     let mut events: Vec<(u32, u32)> = Vec::with_capacity(2 * tests.len());
     let mut masked = Vec::new();
@@ -474,7 +400,7 @@ fn chunk16(tests: &[Test], ends: &[u64]) -> Option<(Chunk16, Classes)> {
 
 /// A cross-product phase: the class of every pair of classes of `a` and `b`.
 /// `None` when the table would take more than `budget` entries (which it then uses up).
-fn product(
+pub(crate) fn product(
     budget: &mut usize,
     a: &Classes,
     b: &Classes,

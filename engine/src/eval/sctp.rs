@@ -19,7 +19,7 @@ use crate::packet::PacketMeta;
 
 /// The answer of `sctp_mt`: whether the rule matches, or the kernel's hotdrop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum SctpAnswer {
+pub(crate) enum SctpAnswer {
     /// Matches or not.
     Match(bool),
     /// The kernel drops the packet on the spot (`par->hotdrop`).
@@ -30,7 +30,7 @@ pub(super) enum SctpAnswer {
 /// the IPv4 header length, or the IPv6 header and the extension headers before `protocol`
 /// (hop-by-hop, routing, destination options: `(len + 1) * 8`; fragment: 8; AH: `(len + 2)
 /// * 4`), as `ipv6_skip_exthdr`. `None` when the bytes end first.
-pub(super) fn transport_offset(p: &PacketMeta, bytes: &[u8]) -> Option<usize> {
+pub(crate) fn transport_offset(p: &PacketMeta, bytes: &[u8]) -> Option<usize> {
     let first = *bytes.first()?;
     if first >> 4 == 4 {
         return Some(usize::from(first & 0x0f) * 4);
@@ -53,7 +53,7 @@ pub(super) fn transport_offset(p: &PacketMeta, bytes: &[u8]) -> Option<usize> {
 }
 
 /// `sctp_mt` for `p` with its bytes from the network header on (empty: none were given).
-pub(super) fn sctp_matches(m: &SctpMatch, p: &PacketMeta, bytes: &[u8]) -> SctpAnswer {
+pub(crate) fn sctp_matches(m: &SctpMatch, p: &PacketMeta, bytes: &[u8]) -> SctpAnswer {
     if p.fragment {
         return SctpAnswer::Match(false);
     }

@@ -16,15 +16,15 @@ use super::*;
 
 /// The most removed rules [`ChainIndex::update`] looks up in the tables by their keys
 /// ([`ChainIndex::gone_entries`]); beyond that it scans every table's entries for them.
-pub(super) const GONE_LOOKUP_MAX: u32 = 64;
+pub(crate) const GONE_LOOKUP_MAX: u32 = 64;
 
 /// The most rules one hash key of a table may hold before a rule looks for another table
 /// (TupleMerge's default is `c = 10`; collisions are cheaper here, see the module docs).
-pub(in crate::compile) const COLLIDE_LIMIT: u32 = 32;
+pub(crate) const COLLIDE_LIMIT: u32 = 32;
 
 impl Tuple {
     /// A table with tuple `self` may hold a rule with tuple `rule`.
-    pub(super) fn fits(self, rule: Tuple) -> bool {
+    pub(crate) fn fits(self, rule: Tuple) -> bool {
         self.src <= rule.src
             && self.dst <= rule.dst
             && (!self.proto || rule.proto)
@@ -32,7 +32,7 @@ impl Tuple {
             && (!self.dport || rule.dport)
     }
 
-    pub(super) fn is_empty(self) -> bool {
+    pub(crate) fn is_empty(self) -> bool {
         self.src == 0 && self.dst == 0 && !self.proto && !self.sport && !self.dport
     }
 
@@ -40,7 +40,7 @@ impl Tuple {
     /// far apart, then cut each address to the byte boundary below it (a /24 to /16, a /32 to
     /// /24) so neighbouring rules fit too. The widths are scaled so IPv6 (128 bits) is relaxed
     /// like IPv4 (32 bits).
-    pub(super) fn relaxed(self, width: u32) -> Tuple {
+    pub(crate) fn relaxed(self, width: u32) -> Tuple {
         let mut t = self;
         let scale = (width / 32) as u8;
         let far = 4 * scale;
@@ -53,7 +53,7 @@ impl Tuple {
     }
 
     /// Cuts both addresses to the byte boundary below them and ignores the source port.
-    pub(super) fn byte_cut(self, width: u32) -> Tuple {
+    pub(crate) fn byte_cut(self, width: u32) -> Tuple {
         let mut t = self;
         let scale = (width / 32) as u8;
         let shorten = |len: u8| {
@@ -76,7 +76,7 @@ impl Tuple {
     /// took its exact tuple: ClassBench acl1 100k had 60 tables, a dozen of them holding a few
     /// rules each (`/23 /32`, `/22 /31`, ...) that fit one `/16 /24` table; now 39, and
     /// 4.2 tables probed per packet instead of 8.4.
-    pub(super) fn new_table(self, width: u32, exists: impl Fn(Tuple) -> bool) -> Tuple {
+    pub(crate) fn new_table(self, width: u32, exists: impl Fn(Tuple) -> bool) -> Tuple {
         [self.relaxed(width), self.byte_cut(width)]
             .into_iter()
             .find(|&t| !exists(t))
@@ -86,7 +86,7 @@ impl Tuple {
 
 /// The indexable part of one rule.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct RuleKey {
+pub(crate) struct RuleKey {
     tuple: Tuple,
     src: u128,
     dst: u128,
@@ -95,14 +95,14 @@ pub(super) struct RuleKey {
 
 /// A plain prefix: `(len, bits)` when the field is not negated and its mask is contiguous
 /// within the family's width; `None` (not indexable) otherwise.
-pub(super) fn plain_prefix(field: AddrMatch, negated: bool, width: u32) -> Option<(u8, u128)> {
+pub(crate) fn plain_prefix(field: AddrMatch, negated: bool, width: u32) -> Option<(u8, u128)> {
     let (net, mask) = (field.net(), field.mask());
     let len = mask.count_ones();
     (!negated && len <= width && mask == prefix_mask(width, len as u8))
         .then_some((len as u8, net & mask))
 }
 
-pub(super) fn rule_key(r: &CRule, width: u32) -> RuleKey {
+pub(crate) fn rule_key(r: &CRule, width: u32) -> RuleKey {
     let (src_len, src) = plain_prefix(r.src, r.src_negated, width).unwrap_or((0, 0));
     let (dst_len, dst) = plain_prefix(r.dst, r.dst_negated, width).unwrap_or((0, 0));
     let proto = match r.protocol {
@@ -139,7 +139,7 @@ pub(super) fn rule_key(r: &CRule, width: u32) -> RuleKey {
 /// Whether `r` must be decided by the evaluator's own observer, not the probe's `Silent`: it
 /// changes state (`-m limit`, `recent`, `hashlimit`, `connlimit`) or reads what only the
 /// evaluator has (`-m string`, `-m sctp`, `-m u32`: the packet's bytes).
-pub(super) fn has_side_effects(r: &CRule) -> bool {
+pub(crate) fn has_side_effects(r: &CRule) -> bool {
     r.matches.iter().any(|m| {
         matches!(
             m,
@@ -155,7 +155,7 @@ pub(super) fn has_side_effects(r: &CRule) -> bool {
 }
 
 impl HeaderFilter {
-    pub(super) fn of(r: &CRule, width: u32) -> HeaderFilter {
+    pub(crate) fn of(r: &CRule, width: u32) -> HeaderFilter {
         let mut exact = width == 32;
         let mut f = HeaderFilter {
             sport: (0, u16::MAX),
@@ -233,7 +233,7 @@ impl HeaderFilter {
 }
 
 impl ProbeEntry {
-    pub(super) fn of(e: Entry, f: &HeaderFilter) -> ProbeEntry {
+    pub(crate) fn of(e: Entry, f: &HeaderFilter) -> ProbeEntry {
         ProbeEntry {
             src: f.src,
             src_mask: f.src_mask,
@@ -250,7 +250,7 @@ impl ProbeEntry {
 }
 
 /// A table under construction.
-pub(super) struct TableBuilder {
+pub(crate) struct TableBuilder {
     tuple: Tuple,
     masks: Masks,
     /// Rules per key hash (the collision count of TupleMerge).
@@ -259,7 +259,7 @@ pub(super) struct TableBuilder {
 }
 
 impl TableBuilder {
-    pub(super) fn new(tuple: Tuple, width: u32) -> TableBuilder {
+    pub(crate) fn new(tuple: Tuple, width: u32) -> TableBuilder {
         TableBuilder {
             tuple,
             masks: Masks::of(tuple, width),
@@ -268,12 +268,12 @@ impl TableBuilder {
         }
     }
 
-    pub(super) fn insert(&mut self, pos: u32, h: u64) {
+    pub(crate) fn insert(&mut self, pos: u32, h: u64) {
         *self.load.entry(h).or_insert(0) += 1;
         self.members.push((pos, h));
     }
 
-    pub(super) fn finish(self) -> Table {
+    pub(crate) fn finish(self) -> Table {
         let n = self.members.len();
         let buckets = (2 * n).next_power_of_two().max(1);
         let bucket_mask = buckets as u64 - 1;
@@ -310,7 +310,7 @@ impl TableBuilder {
 impl Table {
     /// The probe copy of this table's entries, built from them and `filters` (the index's),
     /// with the sentinel.
-    pub(super) fn probes(&self, filters: &Chunks<HeaderFilter>) -> Probes {
+    pub(crate) fn probes(&self, filters: &Chunks<HeaderFilter>) -> Probes {
         Arc::new(
             self.entries
                 .iter()
@@ -321,7 +321,7 @@ impl Table {
     }
 
     /// Rules in this table (those still present after `remap`) whose key hashes to `h`.
-    pub(super) fn load(&self, h: u64, remap: &impl Fn(u32) -> Option<u32>) -> u32 {
+    pub(crate) fn load(&self, h: u64, remap: &impl Fn(u32) -> Option<u32>) -> u32 {
         let b = (h & self.bucket_mask) as usize;
         let tag = (h >> 32) as u32;
         self.entries[self.starts[b] as usize..self.starts[b + 1] as usize]
@@ -345,7 +345,7 @@ impl Table {
     /// ([`Table::patched`]) when rules left or joined but no position moved.
     #[allow(clippy::too_many_arguments)] // the update's state, passed as it is
     #[inline] // one caller, `ChainIndex::update`: called, an edit's compile was ~10 us slower
-    pub(super) fn updated(
+    pub(crate) fn updated(
         &self,
         probe: &Probes,
         remap: &impl Fn(u32) -> Option<u32>,
@@ -484,7 +484,7 @@ impl Table {
     /// and filter are where they were, so its probe entry is copied with it (whole runs for
     /// the untouched buckets) and only the inserted entries' are made, from `filters` (the
     /// new index's). Equals the probe copy built from the new entries.
-    pub(super) fn patched(
+    pub(crate) fn patched(
         &self,
         probe: &[ProbeEntry],
         remap: &impl Fn(u32) -> Option<u32>,
@@ -602,11 +602,7 @@ impl Table {
 impl ChainIndex {
     /// Builds the index of a chain's rules (`width`: 32 for IPv4, 128 for IPv6), with RFC
     /// tables when `width` is 32 and the chain's length is within `rfc_rules` (min, max).
-    pub(in crate::compile) fn build(
-        rules: &RuleChunks,
-        width: u32,
-        rfc_rules: (u32, u32),
-    ) -> ChainIndex {
+    pub(crate) fn build(rules: &RuleChunks, width: u32, rfc_rules: (u32, u32)) -> ChainIndex {
         let mut tables: Vec<TableBuilder> = Vec::new();
         let mut fallback = Vec::new();
         let mut effects = Vec::new();
@@ -677,7 +673,7 @@ impl ChainIndex {
     /// (no hashing) plus one placement per added rule; a table whose entries outgrow its
     /// buckets is rehashed. RFC tables (`rfc_rules` as for [`ChainIndex::build`]) are
     /// built afresh: they have no online update.
-    pub(in crate::compile) fn update(
+    pub(crate) fn update(
         &self,
         old_rules: &RuleChunks,
         rules: &RuleChunks,
@@ -821,7 +817,7 @@ impl ChainIndex {
     /// of `old_rules` (the rules this index was built for), found through the rules' keys
     /// (one bucket per fitting table) rather than by a scan of every table's entries; `None`
     /// when one is not where its key says (not expected; the caller then scans).
-    pub(super) fn gone_entries(
+    pub(crate) fn gone_entries(
         &self,
         old_rules: &RuleChunks,
         width: u32,
@@ -860,7 +856,7 @@ impl ChainIndex {
     }
 
     /// Bytes held by the index (structs and arrays, not the rules it points at).
-    pub(in crate::compile) fn memory_bytes(&self) -> usize {
+    pub(crate) fn memory_bytes(&self) -> usize {
         size_of::<ChainIndex>()
             + self
                 .tables
@@ -886,7 +882,7 @@ impl ChainIndex {
     /// Fills [`ChainIndex::probes`] (`probes[t]`: table `t`'s copy where it is known, else
     /// built here), adds RFC tables where the chain qualifies, then sets
     /// [`ChainIndex::bytes`].
-    pub(super) fn with_rfc(
+    pub(crate) fn with_rfc(
         mut self,
         probes: Vec<Option<Probes>>,
         width: u32,
@@ -910,17 +906,17 @@ impl ChainIndex {
 
     /// Whether queries go through RFC tables first ([`Snapshot::classify_batch`] probes
     /// such a chain in batches whatever its size).
-    pub(in crate::compile) fn has_rfc(&self) -> bool {
+    pub(crate) fn has_rfc(&self) -> bool {
         self.rfc.is_some()
     }
 
     /// [`ChainIndex::memory_bytes`], computed when the index was built.
-    pub(in crate::compile) fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
     /// Number of hash tables.
-    pub(in crate::compile) fn tables(&self) -> usize {
+    pub(crate) fn tables(&self) -> usize {
         self.tables.len()
     }
 }

@@ -62,7 +62,7 @@ enum Searcher {
 
 /// A compiled `-m string`.
 #[derive(Debug, Clone)]
-pub(super) struct CString {
+pub(crate) struct CString {
     negated: bool,
     from: usize,
     to: usize,
@@ -72,7 +72,7 @@ pub(super) struct CString {
 
 impl CString {
     /// Builds the searcher for `m` (commit path; allocates).
-    pub(super) fn new(m: &StringMatch) -> CString {
+    pub(crate) fn new(m: &StringMatch) -> CString {
         let searcher = if m.icase {
             let pattern: Box<[u8]> = m.pattern.iter().map(|&b| TOUPPER[usize::from(b)]).collect();
             let mut prefix = vec![0u8; pattern.len()].into_boxed_slice();
@@ -101,7 +101,7 @@ impl CString {
 
     /// Whether the rule matches a packet whose bytes, from the network header on, are
     /// `packet`. Allocates nothing.
-    pub(super) fn matches(&self, packet: &[u8]) -> bool {
+    pub(crate) fn matches(&self, packet: &[u8]) -> bool {
         let end = self.to.min(packet.len());
         let found =
             self.from < end && end - self.from >= self.len && self.occurs(&packet[self.from..end]);

@@ -29,11 +29,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// One cache line of counters: four (packets, bytes) pairs.
 #[repr(align(64))]
 #[derive(Default)]
-pub(super) struct CounterLine([AtomicU64; 8]);
+pub(crate) struct CounterLine([AtomicU64; 8]);
 
 /// A core's private counter block: `capacity` slots of (packets, bytes).
-pub(super) struct CoreCounters {
-    pub(super) lines: Box<[CounterLine]>,
+pub(crate) struct CoreCounters {
+    pub(crate) lines: Box<[CounterLine]>,
 }
 
 impl CoreCounters {
@@ -45,14 +45,14 @@ impl CoreCounters {
         }
     }
 
-    pub(super) fn cell(&self, slot: usize, which: usize) -> &AtomicU64 {
+    pub(crate) fn cell(&self, slot: usize, which: usize) -> &AtomicU64 {
         &self.lines[slot / 4].0[(slot % 4) * 2 + which]
     }
 
     /// Counts one packet of `bytes` in `slot`. Single writer (the owning core): Relaxed load +
     /// store, no RMW. Readers on other threads may see a stale value, never a torn one.
     #[inline]
-    pub(super) fn bump(&self, slot: usize, bytes: u64) {
+    pub(crate) fn bump(&self, slot: usize, bytes: u64) {
         let p = self.cell(slot, 0);
         p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         let b = self.cell(slot, 1);
@@ -65,19 +65,19 @@ impl CoreCounters {
 
 /// The counter cells of one or more consecutive snapshots: per-core blocks and a base pair
 /// per slot, `capacity` slots, of which the first `cursor` are handed out.
-pub(super) struct CounterCells {
-    cores: Box<[CoreCounters]>,
+pub(crate) struct CounterCells {
+    pub(crate) cores: Box<[CoreCounters]>,
     /// Two cells (packets, bytes) per slot: carried-over values minus zeroing offsets
     /// (wrapping arithmetic).
-    base: Box<[AtomicU64]>,
-    capacity: u32,
+    pub(crate) base: Box<[AtomicU64]>,
+    pub(crate) capacity: u32,
     /// Slots handed out so far. Relaxed: it only has to hand each slot out once (the RMW
     /// does that); the cells themselves are published to the cores with the snapshot that
     /// uses them (the dataplane's Release store of the snapshot pointer).
-    cursor: AtomicU32,
+    pub(crate) cursor: AtomicU32,
     /// Held by a build for as long as it hands out slots, so that the slots of one build are
     /// one contiguous range ([`CounterCells::release`] gives back exactly that range).
-    builder: Mutex<()>,
+    pub(crate) builder: Mutex<()>,
 }
 
 impl std::fmt::Debug for CounterCells {
@@ -92,7 +92,7 @@ impl std::fmt::Debug for CounterCells {
 
 impl CounterCells {
     /// Zeroed cells for `cores` cores (at least one) and `capacity` slots.
-    pub(super) fn new(cores: usize, capacity: usize) -> CounterCells {
+    pub(crate) fn new(cores: usize, capacity: usize) -> CounterCells {
         let capacity = capacity.min(u32::MAX as usize);
         CounterCells {
             cores: (0..cores.max(1))
@@ -107,34 +107,34 @@ impl CounterCells {
 
     /// Cells for a snapshot of `slots` slots that will change: half as many again (at least
     /// 1,024) free for the rules later commits add before a new cell set is needed.
-    pub(super) fn with_room(cores: usize, slots: usize) -> CounterCells {
+    pub(crate) fn with_room(cores: usize, slots: usize) -> CounterCells {
         CounterCells::new(cores, slots + (slots / 2).max(1024))
     }
 
     /// Number of per-core blocks.
-    pub(super) fn cores(&self) -> usize {
+    pub(crate) fn cores(&self) -> usize {
         self.cores.len()
     }
 
     /// The block of `core` (the last one for a core past the end).
     #[inline]
-    pub(super) fn core(&self, core: usize) -> &CoreCounters {
+    pub(crate) fn core(&self, core: usize) -> &CoreCounters {
         &self.cores[core.min(self.cores.len() - 1)]
     }
 
     /// Starts a build that takes slots: while the guard lives no other build does, and
     /// [`CounterCells::cursor`] tells where its range begins.
-    pub(super) fn build(&self) -> std::sync::MutexGuard<'_, ()> {
+    pub(crate) fn build(&self) -> std::sync::MutexGuard<'_, ()> {
         self.builder.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The next slot [`CounterCells::alloc`] hands out (past the capacity once full).
-    pub(super) fn cursor(&self) -> u32 {
+    pub(crate) fn cursor(&self) -> u32 {
         self.cursor.load(Ordering::Relaxed)
     }
 
     /// A new, never used slot, or `None` when all `capacity` slots are handed out.
-    pub(super) fn alloc(&self) -> Option<u32> {
+    pub(crate) fn alloc(&self) -> Option<u32> {
         // Relaxed: see `cursor`. A failed bump leaves the cursor past the capacity, which
         // only makes later calls fail too (and `release` can take it back).
         let slot = self.cursor.fetch_add(1, Ordering::Relaxed);
@@ -144,13 +144,13 @@ impl CounterCells {
     /// Gives back the slots `from..to` one build took, when no slot was handed out after
     /// them; returns whether it did. Only for slots no core ever counted in: those of a
     /// snapshot that was never published.
-    pub(super) fn release(&self, range: (u32, u32)) -> bool {
+    pub(crate) fn release(&self, range: (u32, u32)) -> bool {
         let _one = self.build();
         self.release_locked(range)
     }
 
     /// [`CounterCells::release`] for a caller that holds [`CounterCells::build`]'s guard.
-    pub(super) fn release_locked(&self, (from, to): (u32, u32)) -> bool {
+    pub(crate) fn release_locked(&self, (from, to): (u32, u32)) -> bool {
         from < to
             && self
                 .cursor
@@ -159,7 +159,7 @@ impl CounterCells {
     }
 
     /// Packets and bytes of `slot`: base plus the sum over cores.
-    pub(super) fn total(&self, slot: usize) -> (u64, u64) {
+    pub(crate) fn total(&self, slot: usize) -> (u64, u64) {
         let mut packets = self.base[slot * 2].load(Ordering::Relaxed);
         let mut bytes = self.base[slot * 2 + 1].load(Ordering::Relaxed);
         for core in self.cores.iter() {
@@ -171,7 +171,7 @@ impl CounterCells {
 
     /// Adds (wrapping) `packets` and `bytes` to `slot`'s base; subtracting is adding the
     /// negation. RMW: a zeroing reader and a carrying commit may run at once.
-    pub(super) fn add_base(&self, slot: usize, (packets, bytes): (u64, u64)) {
+    pub(crate) fn add_base(&self, slot: usize, (packets, bytes): (u64, u64)) {
         self.base[slot * 2].fetch_add(packets, Ordering::Relaxed);
         self.base[slot * 2 + 1].fetch_add(bytes, Ordering::Relaxed);
     }
@@ -182,7 +182,7 @@ impl CounterCells {
 use super::{CChain, SlotCounters, Snapshot};
 
 impl Snapshot {
-    pub(super) fn slot_total(&self, slot: usize) -> (u64, u64) {
+    pub(crate) fn slot_total(&self, slot: usize) -> (u64, u64) {
         self.cells.total(slot)
     }
 
@@ -348,10 +348,10 @@ mod tests {
 
     use std::sync::Arc;
 
-    use crate::compile::Snapshot;
     use crate::model::{Family, Hook, Ruleset};
     use crate::packet::PacketMeta;
     use crate::sets::NoSets;
+    use crate::snapshot::{Snapshot, Verdict};
     use crate::test_rng::Rng;
 
     /// filter/INPUT with one `-p tcp --dport N -j ACCEPT` rule per port, in order.
@@ -379,10 +379,27 @@ mod tests {
         };
         let mut logs = Vec::new();
         let mut q = p;
-        assert_eq!(
-            a.classify(core, &mut p, 0, &mut logs),
-            b.classify(core, &mut q, 0, &mut logs)
+        let (mut va, mut vb) = ([Verdict::Accept], [Verdict::Accept]);
+        let none = &mut crate::conntrack::NoTracking;
+        a.classify_batch(
+            core,
+            std::slice::from_mut(&mut p),
+            &mut va,
+            0,
+            &mut logs,
+            &[],
+            none,
         );
+        b.classify_batch(
+            core,
+            std::slice::from_mut(&mut q),
+            &mut vb,
+            0,
+            &mut logs,
+            &[],
+            none,
+        );
+        assert_eq!(va, vb);
     }
 
     /// A build that is never published gives its new slots back, unless a later build took

@@ -291,7 +291,7 @@ impl Snapshot {
     /// The result classifies exactly like a from-scratch compile; `prev` is not changed. Shared
     /// `-m limit` rules keep their token bucket state (a from-scratch compile starts them full).
     /// The result counts in `prev`'s counter cells while they have room for its new rules
-    /// (`compile/counters.rs`): the rules it keeps go on counting where they counted, so
+    /// (`snapshot/counters.rs`): the rules it keeps go on counting where they counted, so
     /// publish it only in `prev`'s place (as [`crate::engine::Engine`] does); when the cells
     /// are full it gets fresh ones and compiles every chain afresh (its `-m limit`
     /// rules then take over the bucket state of the rules they continue, as at carry).
@@ -650,13 +650,13 @@ impl Snapshot {
     }
 
     /// The rules chain `c` of this snapshot was compiled from.
-    pub(super) fn model_rules(&self, c: &CChain) -> &RuleList {
+    pub(crate) fn model_rules(&self, c: &CChain) -> &RuleList {
         &self.rulesets[c.ruleset as usize].tables[c.table_at as usize].chains[c.chain_at as usize]
             .rules
     }
 
     /// Chain index by (ruleset, family, table, chain name).
-    pub(super) fn chain_map(&self) -> HashMap<(&str, Family, TableKind, &str), u32> {
+    pub(crate) fn chain_map(&self) -> HashMap<(&str, Family, TableKind, &str), u32> {
         self.chains
             .iter()
             .enumerate()

@@ -36,41 +36,41 @@ use super::{CMatch, HashMap};
 /// One `-m recent` list: the mask of the rule that created it (as `recent_mt_check`: a list
 /// keeps its first rule's mask) and its entries.
 #[derive(Debug)]
-pub(super) struct RecentTable {
+pub(crate) struct RecentTable {
     /// The list's name (its key with the ruleset).
-    name: String,
+    pub(crate) name: String,
     /// As the kernel's `union nf_inet_addr`: an IPv4 mask in the first 4 bytes.
-    mask: [u8; 16],
-    list: Mutex<RecentList>,
+    pub(crate) mask: [u8; 16],
+    pub(crate) list: Mutex<RecentList>,
 }
 
 #[derive(Debug, Default)]
-struct RecentList {
+pub(crate) struct RecentList {
     /// At most [`RECENT_LIST_TOT`]; order is irrelevant, `seen` orders them (the LRU list).
-    entries: Vec<RecentEntry>,
+    pub(crate) entries: Vec<RecentEntry>,
     /// Time stamps each entry keeps, a power of two ([`recent_stamps`]).
-    stamps: usize,
+    pub(crate) stamps: usize,
     /// Sequence number of the last touch, for `seen`.
-    tick: u64,
+    pub(crate) tick: u64,
 }
 
 #[derive(Debug)]
-struct RecentEntry {
-    v6: bool,
+pub(crate) struct RecentEntry {
+    pub(crate) v6: bool,
     /// Masked address, as `nf_inet_addr` bytes.
-    addr: [u8; 16],
-    ttl: u8,
+    pub(crate) addr: [u8; 16],
+    pub(crate) ttl: u8,
     /// Ring of time stamps (ns); the first `nstamps` are valid.
-    stamps: Box<[u64]>,
-    nstamps: usize,
+    pub(crate) stamps: Box<[u64]>,
+    pub(crate) nstamps: usize,
     /// Next slot to write, 1..=`stamps.len()` after a write (xt_recent's `index`).
-    index: usize,
+    pub(crate) index: usize,
     /// LRU position: larger is more recent.
-    seen: u64,
+    pub(crate) seen: u64,
 }
 
 /// The `nf_inet_addr` bytes of an address.
-fn inet_bytes(a: IpAddr) -> [u8; 16] {
+pub(crate) fn inet_bytes(a: IpAddr) -> [u8; 16] {
     let mut b = [0u8; 16];
     match a {
         IpAddr::V4(v) => b[..4].copy_from_slice(&v.octets()),
@@ -104,7 +104,7 @@ impl RecentTable {
 
     /// Entries in the list (tests and diagnostics).
     #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
     }
 
@@ -117,22 +117,22 @@ impl RecentTable {
 
 /// A compiled `-m recent`.
 #[derive(Debug, Clone)]
-pub(super) struct CRecent {
-    table: Arc<RecentTable>,
-    negated: bool,
-    op: RecentOp,
+pub(crate) struct CRecent {
+    pub(crate) table: Arc<RecentTable>,
+    pub(crate) negated: bool,
+    pub(crate) op: RecentOp,
     /// `--seconds` in ns (0: not given).
-    window_ns: u64,
-    reap: bool,
-    hitcount: u32,
-    rttl: bool,
-    dest: bool,
+    pub(crate) window_ns: u64,
+    pub(crate) reap: bool,
+    pub(crate) hitcount: u32,
+    pub(crate) rttl: bool,
+    pub(crate) dest: bool,
 }
 
 impl CRecent {
     /// Whether the rule matches `p` at `now`, as xt_recent's `recent_mt`. With `apply` false
     /// (a trace) the list is read and not changed: the answer is what the packet would get.
-    pub(super) fn matches(&self, p: &PacketMeta, now: u64, apply: bool) -> bool {
+    pub(crate) fn matches(&self, p: &PacketMeta, now: u64, apply: bool) -> bool {
         let addr = if self.dest { p.dst } else { p.src };
         let v6 = addr.is_ipv6();
         let mut key = inet_bytes(addr);
@@ -267,46 +267,46 @@ impl RecentList {
 
 /// The kernel's default `--hashlimit-htable-max` when none is given: 8 times the default
 /// size, which is 8192 buckets on a host with more than 1 GiB of memory.
-const HASHLIMIT_DEFAULT_MAX: usize = 8 * 8192;
+pub(crate) const HASHLIMIT_DEFAULT_MAX: usize = 8 * 8192;
 
 /// One `-m hashlimit` table: the configuration of the rule that created it and a token
 /// bucket per key.
 #[derive(Debug)]
-pub(super) struct HashTable {
-    name: String,
-    family: Family,
-    mode: u8,
+pub(crate) struct HashTable {
+    pub(crate) name: String,
+    pub(crate) family: Family,
+    pub(crate) mode: u8,
     /// Address masks of the key, as `u128` (IPv4 in the low 32 bits).
-    srcmask: u128,
-    dstmask: u128,
+    pub(crate) srcmask: u128,
+    pub(crate) dstmask: u128,
     /// ns between two packets at the average rate.
-    interval_ns: u64,
+    pub(crate) interval_ns: u64,
     /// `(burst - 1) * interval_ns`.
-    burst_ns: u64,
-    expire_ns: u64,
-    max: usize,
-    entries: Mutex<HashMap<HashKey, Bucket>>,
+    pub(crate) burst_ns: u64,
+    pub(crate) expire_ns: u64,
+    pub(crate) max: usize,
+    pub(crate) entries: Mutex<HashMap<HashKey, Bucket>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct HashKey {
-    src: u128,
-    dst: u128,
-    sport: u16,
-    dport: u16,
+pub(crate) struct HashKey {
+    pub(crate) src: u128,
+    pub(crate) dst: u128,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Bucket {
+pub(crate) struct Bucket {
     /// Theoretical arrival time of the next conforming packet (the GCRA form of the token
     /// bucket, as `-m limit`'s `TokenBucket`): the bucket is full at 0.
-    tat: u64,
+    pub(crate) tat: u64,
     /// Dropped when `now` passes this (xt_hashlimit's `expires`, refreshed by every packet).
-    expires: u64,
+    pub(crate) expires: u64,
 }
 
 /// The prefix mask of `len` bits of a `width`-bit address, as a `u128` in the low bits.
-fn prefix(len: u8, width: u8) -> u128 {
+pub(crate) fn prefix(len: u8, width: u8) -> u128 {
     let all = if width == 32 {
         u128::from(u32::MAX)
     } else {
@@ -319,7 +319,7 @@ fn prefix(len: u8, width: u8) -> u128 {
     }
 }
 
-fn addr_u128(a: IpAddr) -> u128 {
+pub(crate) fn addr_u128(a: IpAddr) -> u128 {
     match a {
         IpAddr::V4(v) => u128::from(u32::from(v)),
         IpAddr::V6(v) => u128::from(v),
@@ -328,7 +328,7 @@ fn addr_u128(a: IpAddr) -> u128 {
 
 /// The protocols whose first 4 transport bytes are ports (xt_hashlimit's
 /// `proto_ports_offset` 0: TCP, UDP, DCCP, SCTP, UDP-Lite).
-fn has_ports(p: &PacketMeta) -> bool {
+pub(crate) fn has_ports(p: &PacketMeta) -> bool {
     matches!(p.protocol, 6 | 17 | 33 | 132 | 136) && !p.fragment
 }
 
@@ -408,37 +408,37 @@ impl HashTable {
 
 /// A compiled `-m hashlimit`: the table and the rule's own direction.
 #[derive(Debug, Clone)]
-pub(super) struct CHashlimit {
-    table: Arc<HashTable>,
-    above: bool,
+pub(crate) struct CHashlimit {
+    pub(crate) table: Arc<HashTable>,
+    pub(crate) above: bool,
 }
 
 impl CHashlimit {
     /// As `hashlimit_mt_common` for a packet rate: under the rate matches `--hashlimit-upto`,
     /// over it `--hashlimit-above`. With `apply` false (a trace) no token is taken.
-    pub(super) fn matches(&self, p: &PacketMeta, now: u64, apply: bool) -> bool {
+    pub(crate) fn matches(&self, p: &PacketMeta, now: u64, apply: bool) -> bool {
         let key = self.table.key(p);
         self.table.conforms(key, now, apply) != self.above
     }
 
     /// Whether the key reads the port bytes (a cut transport header then hotdrops).
-    pub(super) fn reads_ports(&self, p: &PacketMeta) -> bool {
+    pub(crate) fn reads_ports(&self, p: &PacketMeta) -> bool {
         self.table.mode & (hashlimit_mode::SRC_PORT | hashlimit_mode::DST_PORT) != 0 && has_ports(p)
     }
 }
 
 /// The named tables of one snapshot's rulesets. Commit path only.
 #[derive(Debug, Default, Clone)]
-pub(super) struct NamedState {
+pub(crate) struct NamedState {
     /// By (ruleset, name).
-    recent: HashMap<(Arc<str>, String), Arc<RecentTable>>,
+    pub(crate) recent: HashMap<(Arc<str>, String), Arc<RecentTable>>,
     /// By (ruleset, family, name).
-    hashlimit: HashMap<(Arc<str>, Family, String), Arc<HashTable>>,
+    pub(crate) hashlimit: HashMap<(Arc<str>, Family, String), Arc<HashTable>>,
 }
 
 impl NamedState {
     /// The tables of `prev` whose ruleset is among `rulesets`: a build's starting point.
-    pub(super) fn kept(prev: &NamedState, rulesets: &[Arc<str>]) -> NamedState {
+    pub(crate) fn kept(prev: &NamedState, rulesets: &[Arc<str>]) -> NamedState {
         NamedState {
             recent: prev
                 .recent
@@ -457,7 +457,7 @@ impl NamedState {
 
     /// The tables the given compiled matches hold, each with the name of its ruleset: what a
     /// snapshot keeps for the next build.
-    pub(super) fn held<'a>(
+    pub(crate) fn held<'a>(
         matches: impl Iterator<Item = (&'a Arc<str>, &'a CMatch)>,
     ) -> NamedState {
         let mut s = NamedState::default();
@@ -482,7 +482,7 @@ impl NamedState {
 
     /// The compiled form of `m` in ruleset `ruleset` and `family`, with its table (found, or
     /// created with this rule's configuration).
-    pub(super) fn hashlimit(
+    pub(crate) fn hashlimit(
         &mut self,
         ruleset: &Arc<str>,
         family: Family,
@@ -501,7 +501,7 @@ impl NamedState {
 
     /// The compiled form of `m` in ruleset `ruleset`, with its list (found, or created with
     /// the rule's mask).
-    pub(super) fn recent(&mut self, ruleset: &Arc<str>, m: &RecentMatch) -> CRecent {
+    pub(crate) fn recent(&mut self, ruleset: &Arc<str>, m: &RecentMatch) -> CRecent {
         let table = self
             .recent
             .entry((ruleset.clone(), m.name.clone()))
@@ -522,7 +522,7 @@ impl NamedState {
 
     /// Entries of ruleset `ruleset`'s recent list `name` (tests).
     #[cfg(test)]
-    pub(super) fn recent_len(&self, ruleset: &str, name: &str) -> Option<usize> {
+    pub(crate) fn recent_len(&self, ruleset: &str, name: &str) -> Option<usize> {
         self.recent
             .iter()
             .find(|((r, n), _)| &**r == ruleset && n == name)

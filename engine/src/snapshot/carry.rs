@@ -15,7 +15,7 @@ use super::*;
 /// Calls `f(new_pos, old_pos)` for every rule of `new` whose (content hash, ordinal among
 /// equal hashes) also occurs in `old`: the counter identity of a rule within its chain, so
 /// that duplicates keep a stable order.
-pub(super) fn match_by_content(old: &[u64], new: &[u64], mut f: impl FnMut(usize, usize)) {
+pub(crate) fn match_by_content(old: &[u64], new: &[u64], mut f: impl FnMut(usize, usize)) {
     let mut seen: HashMap<u64, u32> = HashMap::default();
     let mut by_id: HashMap<(u64, u32), usize> = HashMap::default();
     by_id.reserve(old.len());
@@ -49,7 +49,7 @@ impl Snapshot {
 
     /// Copies the state of `old`'s `-m limit` token buckets into the rules of this snapshot
     /// with the same identity (as [`Snapshot::carry_from`] matches them).
-    pub(super) fn take_limits_from(&self, old: &Snapshot) {
+    pub(crate) fn take_limits_from(&self, old: &Snapshot) {
         let is_limit = |m: &CMatch| matches!(m, CMatch::Limit(_));
         for (c, o) in self.named_in(old) {
             if !c.body.rules.iter().any(|r| r.matches.iter().any(is_limit)) {
@@ -108,7 +108,7 @@ impl Snapshot {
     /// (rules and chain policies) continue from `old`.
     ///
     /// When this snapshot was built from `old` by [`Snapshot::compile_after`] into `old`'s
-    /// counter cells (the common case; `compile/counters.rs`), its rules already count in the
+    /// counter cells (the common case; `snapshot/counters.rs`), its rules already count in the
     /// slots of the rules they continue, chosen at build time (by position in a changed
     /// chain's unchanged prefix and suffix, and by content in the changed run between them),
     /// so there is nothing to copy. Otherwise the counts are added by identity.

@@ -7,17 +7,19 @@
 //! Runs on the packet cores against an immutable index: no allocation (the batch's state is
 //! in fixed arrays of [`PROBE_BATCH`]), no lock, no clock (`now` is passed in for `-m limit`).
 
-use super::super::rfc::Found;
-use super::super::{Observer, RuleChunks, Snapshot, addr_bits};
-use super::*;
+use super::Observer;
 use crate::packet::PacketMeta;
+use crate::snapshot::chunks::RuleChunks;
+use crate::snapshot::rfc::{DIRECT, Rfc};
+use crate::snapshot::tuple_merge::*;
+use crate::snapshot::{Snapshot, addr_bits};
 
 // === batched probe ===
 
 /// Most packets one [`ChainIndex::probe_batch`] call takes (a `u64` bit set covers them).
-pub(in crate::compile) const PROBE_BATCH: usize = 64;
+pub(crate) const PROBE_BATCH: usize = 64;
 
-/// The default of [`Classifier::TupleMerge`]'s `batch_min_bytes` (112 KiB): the smallest
+/// The default of [`Classifier::TupleMerge`](crate::snapshot::Classifier::TupleMerge)'s `batch_min_bytes` (112 KiB): the smallest
 /// chain index (bytes as [`Snapshot::memory_bytes`] counts them) that
 /// [`Snapshot::classify_batch`] probes in batches. A smaller one sits in L1/L2, where there
 /// is no latency to hide and the batch's bookkeeping (hash, bounds and tags stored per packet and table, then read back)
@@ -31,12 +33,12 @@ pub const PROBE_MIN_BYTES: usize = 112 << 10;
 
 /// [`ChainIndex::probe_batch`]'s answer when a rule that reads `ct_state` passed its filter
 /// below every pure match: the evaluation must query the index itself.
-pub(in crate::compile) const PROBE_UNKNOWN: u32 = u32::MAX - 1;
+pub(crate) const PROBE_UNKNOWN: u32 = u32::MAX - 1;
 
 /// Asks the CPU to bring the cache line holding `p` into L1. A hint: it never faults and
 /// changes nothing visible, so any address, even one past an array's end, is fine.
 #[inline(always)]
-pub(in crate::compile) fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: PREFETCHT0 reads no memory architecturally and cannot fault, whatever the
@@ -51,7 +53,7 @@ pub(in crate::compile) fn prefetch<T>(p: *const T) {
 
 /// A packet's hash inputs and filter key, computed once per batch.
 #[derive(Clone, Copy, Default)]
-pub(super) struct ProbeKey {
+pub(crate) struct ProbeKey {
     src: u128,
     dst: u128,
     l4: u64,
@@ -62,21 +64,26 @@ pub(super) struct ProbeKey {
 /// An observer for side-effect-free rules, which never report anything: such rules have no
 /// `-m limit`, `-m recent`, `-m hashlimit` or `-m connlimit` (those sit in `effects`), and only the evaluator
 /// reports matches.
-pub(super) struct Silent;
+pub(crate) struct Silent;
 
 impl Observer for Silent {
-    fn rule(&mut self, _: usize, _: &super::super::CChain, _: u32, _: &PacketMeta) {}
-    fn policy(&mut self, _: usize, _: &super::super::CChain, _: &PacketMeta) {}
-    fn limit(&mut self, _: &super::super::TokenBucket, _: u64) -> bool {
+    fn rule(&mut self, _: usize, _: &crate::snapshot::CChain, _: u32, _: &PacketMeta) {}
+    fn policy(&mut self, _: usize, _: &crate::snapshot::CChain, _: &PacketMeta) {}
+    fn limit(&mut self, _: &crate::snapshot::TokenBucket, _: u64) -> bool {
         false
     }
-    fn recent(&mut self, _: &super::super::CRecent, _: &PacketMeta, _: u64) -> bool {
+    fn recent(&mut self, _: &crate::snapshot::stateful::CRecent, _: &PacketMeta, _: u64) -> bool {
         false
     }
-    fn hashlimit(&mut self, _: &super::super::CHashlimit, _: &PacketMeta, _: u64) -> bool {
+    fn hashlimit(
+        &mut self,
+        _: &crate::snapshot::stateful::CHashlimit,
+        _: &PacketMeta,
+        _: u64,
+    ) -> bool {
         false
     }
-    fn connlimit(&mut self, _: &super::super::CConnlimit, _: &PacketMeta, _: u64) -> bool {
+    fn connlimit(&mut self, _: &super::connlimit::CConnlimit, _: &PacketMeta, _: u64) -> bool {
         false
     }
     fn payload(&self) -> &[u8] {
@@ -84,10 +91,10 @@ impl Observer for Silent {
     }
     fn log(
         &mut self,
-        _: &super::super::CChain,
+        _: &crate::snapshot::CChain,
         _: u32,
         _: u32,
-        _: &super::super::LogSpec,
+        _: &crate::snapshot::LogSpec,
         _: &PacketMeta,
     ) {
     }
@@ -109,7 +116,7 @@ impl ChainIndex {
     /// of up to [`PROBE_BATCH`] packets overlap instead of following each other. A packet leaves
     /// the batch (in the hashing pass) once its best match is below the table's lowest rule
     /// (tables ascend by `min`), the per-packet early exit of the scalar lookup.
-    pub(in crate::compile) fn probe_batch(
+    pub(crate) fn probe_batch(
         &self,
         rules: &RuleChunks,
         packets: &[PacketMeta],
@@ -245,7 +252,7 @@ impl Snapshot {
     /// `p`, exactly as the linear walk from `start` would find it, with the same `-m limit`
     /// side effects.
     #[inline]
-    pub(in crate::compile) fn indexed_next<O: Observer>(
+    pub(crate) fn indexed_next<O: Observer>(
         &self,
         idx: &ChainIndex,
         rules: &RuleChunks,
@@ -287,7 +294,7 @@ impl Snapshot {
 
     /// [`Snapshot::indexed_next`] on the TupleMerge tables.
     #[inline]
-    pub(super) fn tm_next<O: Observer>(
+    pub(crate) fn tm_next<O: Observer>(
         &self,
         idx: &ChainIndex,
         rules: &RuleChunks,
@@ -344,7 +351,7 @@ impl Snapshot {
     /// Whether the rule at `pos` (side-effect free) matches: the filter first (dense array, no
     /// rule read), the rule only when the filter is not the whole rule.
     #[inline(always)]
-    pub(super) fn filter_hit<O: Observer>(
+    pub(crate) fn filter_hit<O: Observer>(
         idx: &ChainIndex,
         rules: &RuleChunks,
         pos: u32,
@@ -364,7 +371,7 @@ impl Snapshot {
     /// then the rules with side effects below the result, in order.
     #[inline]
     #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
-    pub(in crate::compile) fn indexed_rest<O: Observer>(
+    pub(crate) fn indexed_rest<O: Observer>(
         &self,
         idx: &ChainIndex,
         rules: &RuleChunks,
@@ -399,5 +406,81 @@ impl Snapshot {
             }
         }
         (best != u32::MAX).then_some(best)
+    }
+}
+
+/// What the RFC tables say about a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Found<'a> {
+    /// The candidates are this one rule, whose filter is the whole rule: it matches, and no
+    /// rule before it can.
+    Exact(u32),
+    /// Every rule whose filter the packet passes (rules with side effects always),
+    /// ascending, cut after the first rule whose filter is exact.
+    List(&'a [u32]),
+}
+
+// === impl Rfc: lookup ===
+
+impl Rfc {
+    /// The class ids of phase 0 and 1 for one packet, then `(sdp, dport)` classes.
+    #[inline(always)]
+    fn classes(&self, k: &PacketKey) -> (u16, u16, u16) {
+        let s = self.s.get(
+            self.src_hi[(k.src >> 16) as usize],
+            self.src_lo[(k.src & 0xffff) as usize],
+        );
+        let d = self.d.get(
+            self.dst_hi[(k.dst >> 16) as usize],
+            self.dst_lo[(k.dst & 0xffff) as usize],
+        );
+        let p = self.p.get(
+            self.proto[usize::from(k.proto)],
+            self.sport[usize::from(k.sport)],
+        );
+        (self.sd.get(s, d), p, self.dport[usize::from(k.dport)])
+    }
+
+    /// The final phase's answer for an entry of `fin`.
+    #[inline(always)]
+    fn found(&self, e: u32) -> Found<'_> {
+        if e & DIRECT != 0 {
+            Found::Exact(e & !DIRECT)
+        } else {
+            let l = e as usize;
+            Found::List(&self.lists[self.starts[l] as usize..self.starts[l + 1] as usize])
+        }
+    }
+
+    /// The candidates of a (not fragmented) IPv4 packet.
+    #[inline]
+    pub(crate) fn lookup(&self, k: &PacketKey) -> Found<'_> {
+        let (sd, p, dport) = self.classes(k);
+        let sdp = self.sdp.get(sd, p);
+        self.found(self.fin[sdp as usize * self.fin_stride as usize + dport as usize])
+    }
+
+    /// [`Rfc::lookup`] for the packets `keys[..m]` a phase at a time, so that the table reads
+    /// of different packets overlap (the batching of TupleMerge's probes); writes
+    /// `out[k]`: the first matching rule's position, `u32::MAX` for none, `unsure` when the
+    /// candidates need the evaluator.
+    pub(crate) fn lookup_batch(&self, keys: &[PacketKey], out: &mut [u32], unsure: u32) {
+        const N: usize = PROBE_BATCH;
+        let m = keys.len().min(N).min(out.len());
+        let mut mid = [(0u16, 0u16, 0u16); N];
+        for (c, k) in mid.iter_mut().zip(&keys[..m]) {
+            *c = self.classes(k);
+        }
+        let mut at = [0u32; N];
+        for (a, &(sd, p, dport)) in at.iter_mut().zip(&mid[..m]) {
+            *a = u32::from(self.sdp.get(sd, p)) * self.fin_stride + u32::from(dport);
+        }
+        for (o, &a) in out[..m].iter_mut().zip(&at[..m]) {
+            *o = match self.found(self.fin[a as usize]) {
+                Found::Exact(pos) => pos,
+                Found::List([]) => u32::MAX,
+                Found::List(_) => unsure,
+            };
+        }
     }
 }

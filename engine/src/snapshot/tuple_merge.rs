@@ -31,7 +31,7 @@
 //! Each table is an array of buckets in compressed (CSR) form whose entries hold the rule's
 //! position and a 32-bit tag of its key hash. Every rule also has a [`HeaderFilter`], a
 //! 28-byte summary of its addresses, protocol and port ranges (one dense array per chain, in
-//! shared chunks of 1024, `compile/chunks.rs`). Beside each table's entries is a copy of
+//! shared chunks of 1024, `snapshot/chunks.rs`). Beside each table's entries is a copy of
 //! them with the tag's low 16 bits and the filter inline ([`ProbeEntry`], 32 bytes, same
 //! order), so a candidate is checked in the cache line its bucket brought in. Only when the
 //! filter passes and is not the whole rule (negations, interfaces, other matches, IPv6) is
@@ -104,34 +104,32 @@ use super::rfc::Rfc;
 use crate::packet::PacketMeta;
 
 mod build;
-mod probe;
 #[cfg(test)]
 mod tests;
 
-pub use probe::PROBE_MIN_BYTES;
-pub(super) use probe::{PROBE_BATCH, PROBE_UNKNOWN, prefetch};
+pub(crate) use crate::eval::probe::{PROBE_BATCH, PROBE_UNKNOWN, prefetch};
 
 /// The fields a table looks at: prefix lengths and whether protocol and ports are pinned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Tuple {
-    src: u8,
-    dst: u8,
-    proto: bool,
-    sport: bool,
-    dport: bool,
+pub(crate) struct Tuple {
+    pub(crate) src: u8,
+    pub(crate) dst: u8,
+    pub(crate) proto: bool,
+    pub(crate) sport: bool,
+    pub(crate) dport: bool,
 }
 
 /// The masks of a tuple, applied to a packet's (or rule's) fields before hashing.
 #[derive(Clone, Copy, Debug)]
-struct Masks {
-    src: u128,
-    dst: u128,
+pub(crate) struct Masks {
+    pub(crate) src: u128,
+    pub(crate) dst: u128,
     /// The low 32 bits of `src` and `dst`: an IPv4 packet is hashed with these
     /// ([`Masks::hash4`]), which gives the same hash as [`Masks::hash`] for IPv4 keys.
-    src4: u32,
-    dst4: u32,
+    pub(crate) src4: u32,
+    pub(crate) dst4: u32,
     /// Over `l4_word`: protocol << 32 | sport << 16 | dport.
-    l4: u64,
+    pub(crate) l4: u64,
 }
 
 impl Masks {
@@ -157,21 +155,21 @@ impl Masks {
     }
 
     #[inline]
-    fn hash(&self, src: u128, dst: u128, l4: u64) -> u64 {
+    pub(crate) fn hash(&self, src: u128, dst: u128, l4: u64) -> u64 {
         key_hash(src & self.src, dst & self.dst, l4 & self.l4)
     }
 
     /// [`Masks::hash`] of an IPv4 key, on 32-bit halves (the folding of [`key_hash`] packs an
     /// IPv4 pair into one word, so the two agree).
     #[inline]
-    fn hash4(&self, src: u32, dst: u32, l4: u64) -> u64 {
+    pub(crate) fn hash4(&self, src: u32, dst: u32, l4: u64) -> u64 {
         let x = u64::from(src & self.src4) | (u64::from(dst & self.dst4) << 32);
         mix(x, l4 & self.l4)
     }
 }
 
 /// The top `len` bits of a `width`-bit address, in the low bits of a `u128`.
-fn prefix_mask(width: u32, len: u8) -> u128 {
+pub(crate) fn prefix_mask(width: u32, len: u8) -> u128 {
     if len == 0 {
         0
     } else {
@@ -180,14 +178,14 @@ fn prefix_mask(width: u32, len: u8) -> u128 {
 }
 
 #[inline]
-fn l4_word(proto: u8, sport: u16, dport: u16) -> u64 {
+pub(crate) fn l4_word(proto: u8, sport: u16, dport: u16) -> u64 {
     (u64::from(proto) << 32) | (u64::from(sport) << 16) | u64::from(dport)
 }
 
 /// Folds the key into 64 bits (an IPv4 pair is packed without loss) and mixes it with one
 /// folded 64x64->128 multiply, as wyhash/ahash do. A collision only costs an extra check.
 #[inline]
-fn key_hash(src: u128, dst: u128, l4: u64) -> u64 {
+pub(crate) fn key_hash(src: u128, dst: u128, l4: u64) -> u64 {
     let x = (src as u64)
         ^ (dst as u64).rotate_left(32)
         ^ ((src >> 64) as u64).rotate_left(17)
@@ -197,7 +195,7 @@ fn key_hash(src: u128, dst: u128, l4: u64) -> u64 {
 
 /// The multiply-fold step of [`key_hash`].
 #[inline]
-fn mix(x: u64, l4: u64) -> u64 {
+pub(crate) fn mix(x: u64, l4: u64) -> u64 {
     const K1: u64 = 0x9e37_79b9_7f4a_7c15;
     const K2: u64 = 0xc2b2_ae3d_27d4_eb4f;
     let m = u128::from(x ^ K1) * u128::from(l4 ^ K2);
@@ -206,19 +204,19 @@ fn mix(x: u64, l4: u64) -> u64 {
 
 /// The header fields of a packet that [`HeaderFilter`]s look at, computed once per lookup.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PacketKey {
+pub(crate) struct PacketKey {
     /// IPv4 source (0 for IPv6: IPv6 filters do not look at addresses).
-    pub(super) src: u32,
-    pub(super) dst: u32,
-    pub(super) sport: u16,
-    pub(super) dport: u16,
-    pub(super) proto: u8,
-    pub(super) fragment: bool,
+    pub(crate) src: u32,
+    pub(crate) dst: u32,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) proto: u8,
+    pub(crate) fragment: bool,
 }
 
 impl PacketKey {
     #[inline]
-    pub(super) fn of(p: &PacketMeta) -> PacketKey {
+    pub(crate) fn of(p: &PacketMeta) -> PacketKey {
         let v4 = |ip: std::net::IpAddr| match ip {
             std::net::IpAddr::V4(a) => u32::from(a),
             std::net::IpAddr::V6(_) => 0,
@@ -241,23 +239,23 @@ impl PacketKey {
 /// plain port ranges and no flags or options), it is the whole rule ([`FILTER_EXACT`]) and the
 /// rule is not read at all.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct HeaderFilter {
-    pub(super) src: u32,
-    pub(super) src_mask: u32,
-    pub(super) dst: u32,
-    pub(super) dst_mask: u32,
-    pub(super) sport: (u16, u16),
-    pub(super) dport: (u16, u16),
-    pub(super) proto: u8,
-    pub(super) proto_mask: u8,
-    pub(super) flags: u8,
+pub(crate) struct HeaderFilter {
+    pub(crate) src: u32,
+    pub(crate) src_mask: u32,
+    pub(crate) dst: u32,
+    pub(crate) dst_mask: u32,
+    pub(crate) sport: (u16, u16),
+    pub(crate) dport: (u16, u16),
+    pub(crate) proto: u8,
+    pub(crate) proto_mask: u8,
+    pub(crate) flags: u8,
 }
 
 /// [`HeaderFilter::flags`]: the filter is the whole rule.
-pub(super) const FILTER_EXACT: u8 = 1;
+pub(crate) const FILTER_EXACT: u8 = 1;
 /// [`HeaderFilter::flags`]: the rule has a port match, which fails on non-first fragments
 /// (as tcp_mt / udp_mt).
-pub(super) const FILTER_PORTS: u8 = 2;
+pub(crate) const FILTER_PORTS: u8 = 2;
 /// [`HeaderFilter::flags`]: the rule reads a packet field that changes during an evaluation:
 /// `ct_state` (`-m conntrack --ctstate`, `-m state`: raw-table NOTRACK, conntrack after the
 /// raw chains), the packet mark (`-m mark`: `-j MARK`, `-j CONNMARK --restore-mark` in an
@@ -265,12 +263,12 @@ pub(super) const FILTER_PORTS: u8 = 2;
 /// tuples), and the matches that read the node's view with the packet's mark and hook
 /// (`-m rpfilter --validmark`, `-m pkttype`). [`ChainIndex::probe_batch`] cannot decide such
 /// a rule ahead of time.
-const FILTER_CTSTATE: u8 = 4;
+pub(crate) const FILTER_CTSTATE: u8 = 4;
 
 impl HeaderFilter {
     /// Whether the packet passes the filter (branch-free).
     #[inline]
-    fn passes(&self, k: &PacketKey) -> bool {
+    pub(crate) fn passes(&self, k: &PacketKey) -> bool {
         ((k.src & self.src_mask) == self.src)
             & ((k.dst & self.dst_mask) == self.dst)
             & ((k.proto & self.proto_mask) == self.proto)
@@ -288,24 +286,24 @@ impl HeaderFilter {
 /// are bucket `b`'s rules, ascending by position). Each entry carries the high 32 bits of its
 /// key's hash as a tag, so a packet whose key differs is turned away without reading the rule.
 #[derive(Debug, Clone)]
-struct Table {
-    masks: Masks,
-    tuple: Tuple,
+pub(crate) struct Table {
+    pub(crate) masks: Masks,
+    pub(crate) tuple: Tuple,
     /// Lowest and highest rule position held.
-    min: u32,
-    max: u32,
-    bucket_mask: u64,
+    pub(crate) min: u32,
+    pub(crate) max: u32,
+    pub(crate) bucket_mask: u64,
     /// Shared (`Arc`) with the previous index when an update left the table as it was, so
     /// that the cores keep reading the memory they have in cache after a commit.
-    starts: Arc<[u32]>,
-    entries: Arc<[Entry]>,
+    pub(crate) starts: Arc<[u32]>,
+    pub(crate) entries: Arc<[Entry]>,
 }
 
 /// A rule in a bucket: its position in the chain and the high half of its key hash.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Entry {
-    pos: u32,
-    tag: u32,
+pub(crate) struct Entry {
+    pub(crate) pos: u32,
+    pub(crate) tag: u32,
 }
 
 /// What [`ChainIndex::probe_batch`] reads of a bucket entry: the rule's position, 16 bits of
@@ -316,20 +314,20 @@ struct Entry {
 /// was 3-10% slower on 1k-rule chains, which stay in L1/L2.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C, align(32))]
-struct ProbeEntry {
-    src: u32,
-    src_mask: u32,
-    dst: u32,
-    dst_mask: u32,
-    sport: (u16, u16),
-    dport: (u16, u16),
-    pos: u32,
+pub(crate) struct ProbeEntry {
+    pub(crate) src: u32,
+    pub(crate) src_mask: u32,
+    pub(crate) dst: u32,
+    pub(crate) dst_mask: u32,
+    pub(crate) sport: (u16, u16),
+    pub(crate) dport: (u16, u16),
+    pub(crate) pos: u32,
     /// The low 16 bits of [`Entry::tag`]. IPv4 filters pin every bit a table hashes, so for
     /// them it is redundant; IPv6 filters hold no addresses and rely on it.
-    tag: u16,
-    proto: u8,
+    pub(crate) tag: u16,
+    pub(crate) proto: u8,
     /// [`HeaderFilter::flags`], plus [`PROBE_PROTO`] when the protocol is pinned.
-    flags: u8,
+    pub(crate) flags: u8,
 }
 
 /// A table's probe copy ([`ChainIndex::probes`]). An `Arc<Vec<_>>` rather than an
@@ -338,10 +336,10 @@ struct ProbeEntry {
 /// copies it once more, about a seventh of a replace's commit in a 100k-rule chain
 /// (measured). The extra load (`Arc` -> `Vec` -> entries) is paid once per table probed, not
 /// per entry; it did not show in the batched lookup at 100k (BENCHMARKS.md section 5).
-type Probes = Arc<Vec<ProbeEntry>>;
+pub(crate) type Probes = Arc<Vec<ProbeEntry>>;
 
 /// [`ProbeEntry::flags`]: the filter pins the protocol (`proto_mask` 0xff; otherwise 0).
-const PROBE_PROTO: u8 = 0x80;
+pub(crate) const PROBE_PROTO: u8 = 0x80;
 
 impl ProbeEntry {
     /// The entry after a table's last (`pos` is `u32::MAX`, so a bucket walk stops there):
@@ -362,7 +360,7 @@ impl ProbeEntry {
     /// [`HeaderFilter::passes`] and the tag equal to `tag` (the low 16 bits of the packet's
     /// key hash in this table), branch-free.
     #[inline(always)]
-    fn passes(&self, k: &PacketKey, tag: u16) -> bool {
+    pub(crate) fn passes(&self, k: &PacketKey, tag: u16) -> bool {
         let proto_mask = 0u8.wrapping_sub(self.flags >> 7);
         (self.tag == tag)
             & ((k.src & self.src_mask) == self.src)
@@ -378,28 +376,28 @@ impl ProbeEntry {
 
 /// The index of one chain. Rule positions are 0-based within the chain.
 #[derive(Debug)]
-pub(super) struct ChainIndex {
+pub(crate) struct ChainIndex {
     /// In ascending order of `min`.
-    tables: Box<[Table]>,
+    pub(crate) tables: Box<[Table]>,
     /// The lookup's copy of each table's entries (same order as `tables`, each its `entries`
     /// plus a sentinel whose `pos` is `u32::MAX`), with the filters inline. `entries` are
     /// what an update copies and counts; these follow them ([`Table::updated`]): shared with
     /// the previous index, as the table's arrays, where the table is unchanged, copied with
     /// positions moved or patched where that is all that changed, else built from `entries`
     /// and `filters`.
-    probes: Box<[Probes]>,
+    pub(crate) probes: Box<[Probes]>,
     /// Side-effect-free rules with nothing to index, ascending.
-    fallback: Box<[u32]>,
+    pub(crate) fallback: Box<[u32]>,
     /// Rules whose matches have side effects (`-m limit`, `-m recent`, `-m hashlimit`), ascending.
-    effects: Box<[u32]>,
+    pub(crate) effects: Box<[u32]>,
     /// One [`HeaderFilter`] per rule of the chain, by position, in chunks shared with the
     /// previous index where an update left them as they were (a replace copies only the
     /// chunk of the changed filters, not 28 bytes times the chain's length).
-    filters: Chunks<HeaderFilter>,
-    /// The RFC tables over `filters` (`compile/rfc.rs`), for small IPv4 chains; queries
+    pub(crate) filters: Chunks<HeaderFilter>,
+    /// The RFC tables over `filters` (`snapshot/rfc.rs`), for small IPv4 chains; queries
     /// use them first and the tables above only when they cannot decide.
-    rfc: Option<Rfc>,
+    pub(crate) rfc: Option<Rfc>,
     /// [`ChainIndex::memory_bytes`], kept for [`Snapshot::classify_batch`]'s choice of the
     /// chains worth probing in batches.
-    bytes: usize,
+    pub(crate) bytes: usize,
 }

@@ -28,21 +28,21 @@ use super::CRule;
 use super::tuple_merge::HeaderFilter;
 
 /// log2 of [`CHUNK`].
-const SHIFT: u32 = 10;
+pub(crate) const SHIFT: u32 = 10;
 
 /// Items per chunk (1024: 168 KiB of rules; a 100k chain has 98 chunks).
-pub(super) const CHUNK: usize = 1 << SHIFT;
+pub(crate) const CHUNK: usize = 1 << SHIFT;
 
 /// A chain's items (rules, filters), by position, in shared chunks of [`CHUNK`] (the last
 /// one may be shorter).
 #[derive(Debug)]
-pub(super) struct Chunks<T> {
-    chunks: Box<[Arc<[T]>]>,
-    len: usize,
+pub(crate) struct Chunks<T> {
+    pub(crate) chunks: Box<[Arc<[T]>]>,
+    pub(crate) len: usize,
 }
 
 /// A chain's compiled rules, by position.
-pub(super) type RuleChunks = Chunks<CRule>;
+pub(crate) type RuleChunks = Chunks<CRule>;
 
 impl<T> Default for Chunks<T> {
     fn default() -> Chunks<T> {
@@ -76,29 +76,29 @@ impl<T> FromIterator<T> for Chunks<T> {
 
 impl<T> Chunks<T> {
     /// Chunks of `items`, in order.
-    pub(super) fn new(items: Vec<T>) -> Chunks<T> {
+    pub(crate) fn new(items: Vec<T>) -> Chunks<T> {
         items.into_iter().collect()
     }
 
     /// Number of items.
     #[inline]
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Item `i`, or `None` past the end.
     #[inline]
-    pub(super) fn get(&self, i: usize) -> Option<&T> {
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
         self.chunks.get(i >> SHIFT)?.get(i & (CHUNK - 1))
     }
 
     /// All items, in order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &T> + Clone {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> + Clone {
         self.chunks.iter().flat_map(|c| c.iter())
     }
 
     /// Items `range`, in order.
-    pub(super) fn range(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = &T> + Clone {
+    pub(crate) fn range(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = &T> + Clone {
         let first = (range.start >> SHIFT).min(self.chunks.len());
         self.chunks[first..]
             .iter()
@@ -109,7 +109,7 @@ impl<T> Chunks<T> {
 
     /// Chunk `c` (tests check which chunks two arrays share).
     #[cfg(test)]
-    pub(super) fn chunk(&self, c: usize) -> &Arc<[T]> {
+    pub(crate) fn chunk(&self, c: usize) -> &Arc<[T]> {
         &self.chunks[c]
     }
 
@@ -131,7 +131,7 @@ impl<T> Chunks<T> {
     /// The first position in `start..len` whose item satisfies `f`, a chunk slice at a time
     /// (the linear walk; no per-rule chunk lookup).
     #[inline]
-    pub(super) fn find_from(&self, start: u32, mut f: impl FnMut(&T) -> bool) -> Option<u32> {
+    pub(crate) fn find_from(&self, start: u32, mut f: impl FnMut(&T) -> bool) -> Option<u32> {
         let mut c = start as usize >> SHIFT;
         let mut off = start as usize & (CHUNK - 1);
         while let Some(chunk) = self.chunks.get(c) {
@@ -147,7 +147,7 @@ impl<T> Chunks<T> {
     /// These items with the `removed` items at `at` replaced by `added`: chunks before `at`
     /// are shared, and when `added.len() == removed` so are the chunks after the change; the
     /// others are built anew (the unchanged items in them cloned, which is cheap).
-    pub(super) fn splice(&self, at: usize, removed: usize, added: Vec<T>) -> Chunks<T>
+    pub(crate) fn splice(&self, at: usize, removed: usize, added: Vec<T>) -> Chunks<T>
     where
         T: Clone,
     {
@@ -226,7 +226,7 @@ impl<T> Index<usize> for Chunks<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compile::AddrMatch;
+    use crate::snapshot::AddrMatch;
 
     /// A rule told apart by its source address `i`.
     fn rule(template: &CRule, i: u32) -> CRule {
@@ -244,7 +244,7 @@ mod tests {
         let text = "*filter\n:INPUT DROP [0:0]\n-A INPUT -s 10.0.0.1 -j ACCEPT\nCOMMIT\n";
         let rs = crate::restore::parse_ruleset("t", text, &Default::default()).expect("parses");
         let snap =
-            crate::compile::Snapshot::compile(&[std::sync::Arc::new(rs)], &crate::sets::NoSets, 1)
+            crate::snapshot::Snapshot::compile(&[std::sync::Arc::new(rs)], &crate::sets::NoSets, 1)
                 .expect("compiles");
         let input = snap
             .chains

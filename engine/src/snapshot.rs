@@ -34,8 +34,8 @@
 //! not location) and whose table's chain names are unchanged shares the old body; a chain
 //! where one contiguous run of rules changed (an insert, a delete, a replace; at most an eighth
 //! of the chain or 64 rules) gets a body spliced from the old one (new rules compiled, the
-//! index updated by TupleMerge's online insert/delete in `compile/tuple_merge.rs`, and the
-//! rules kept in chunks of 1024 shared by `Arc`, `compile/chunks.rs`: only the chunks from
+//! index updated by TupleMerge's online insert/delete in `snapshot/tuple_merge.rs`, and the
+//! rules kept in chunks of 1024 shared by `Arc`, `snapshot/chunks.rs`: only the chunks from
 //! the change on are rebuilt, only the changed ones for a replace); anything else is
 //! compiled afresh. Readers never see a half-built index: they keep using the old snapshot
 //! until the new one is published. The cost left is linear but cheap (comparing the rules,
@@ -46,16 +46,16 @@
 //!
 //! ## RFC tables for small chains
 //! An IPv4 chain of [`RFC_MIN_RULES`] to [`RFC_MAX_RULES`] rules (by default) also gets
-//! Recursive Flow Classification tables over its header filters (`compile/rfc.rs`), which
+//! Recursive Flow Classification tables over its header filters (`snapshot/rfc.rs`), which
 //! answer most lookups with a fixed number of table reads; the TupleMerge tables stay for
 //! what they cannot decide. A commit that changes such a chain rebuilds its RFC tables.
 //!
 //! ## Batches
-//! [`Snapshot::classify_batch`] gives each packet exactly what [`Snapshot::classify`] gives
-//! it, but first probes the hash tables of each packet's first large indexed base chain for
-//! up to [`CLASSIFY_BATCH`] packets together, their memory accesses interleaved a table at a
-//! time as Open vSwitch's `dpcls_lookup` does (`compile/tuple_merge.rs`); the evaluation
-//! then starts that chain from the probe's answer.
+//! [`Snapshot::classify_batch`] (the packet side, `eval.rs`) gives each packet exactly what
+//! classifying it alone would give it, but first probes the hash tables of each packet's
+//! first large indexed base chain for up to [`CLASSIFY_BATCH`] packets together, their memory
+//! accesses interleaved a table at a time as Open vSwitch's `dpcls_lookup` does
+//! (`eval/probe.rs`); the evaluation then starts that chain from the probe's answer.
 //!
 //! ## Counters
 //! Each core has its own cache-line-aligned block of (packets, bytes) pairs, one pair (slot)
@@ -64,25 +64,25 @@
 //! no read-modify-write shared between cores). A reader sums the cores plus a `base` pair
 //! that holds counts carried over from other cells and the offsets of
 //! [`Snapshot::zero_counters`]. A rule keeps its slot (`ChainBody::slots`) while it exists, and a
-//! snapshot built from the active one shares its cells (`compile/counters.rs`): a commit
+//! snapshot built from the active one shares its cells (`snapshot/counters.rs`): a commit
 //! allocates no counters, and [`Snapshot::carry_from`] has nothing to copy.
 //!
 //! ## Files
-//! This file holds the compiled form, the types both paths share ([`Snapshot`], `CChain`,
+//! This file holds the compiled form, the types both sides share ([`Snapshot`], `CChain`,
 //! `ChainBody`, `CRule`, `CMatch`, `CTarget`), the public result types and the snapshot's
-//! inspection ([`Snapshot::memory_bytes`], [`Snapshot::rule_count`]). The two paths each read
-//! in their own files:
+//! inspection ([`Snapshot::memory_bytes`], [`Snapshot::rule_count`]). The commit side reads
+//! in `snapshot/`, the packet side in its sibling `eval/`:
 //!
-//! - the packet path: `compile/eval.rs` (classify, classify_batch, the chain walk, every
-//!   match, trace) and the index's probe (`compile/tuple_merge/probe.rs`, `compile/rfc.rs`'s
-//!   lookup);
-//! - the commit path: `compile/build.rs` (model -> snapshot, the incremental
+//! - the commit side: `snapshot/build.rs` (model -> snapshot, the incremental
 //!   [`Snapshot::compile_after`], reuse), the index's build and online update
-//!   (`compile/tuple_merge/build.rs`), `compile/chunks.rs`, and `compile/carry.rs` (counters
-//!   and token buckets carried from the previous snapshot);
-//! - counters: `compile/counters.rs` (per-core cells, reading and zeroing them);
-//! - LOG hits: `compile/log_ring.rs` ([`LogSink`], the per-core [`LogRing`] of
-//!   [`LogRecord`]s, and resolving a record into a [`LogEvent`]).
+//!   (`snapshot/tuple_merge.rs`, `snapshot/tuple_merge/build.rs`, `snapshot/rfc.rs`),
+//!   `snapshot/chunks.rs`, and `snapshot/carry.rs` (counters and token buckets carried from
+//!   the previous snapshot); counters in `snapshot/counters.rs` (per-core cells, reading and
+//!   zeroing them); LOG hits in `snapshot/log_ring.rs` ([`LogSink`], the per-core [`LogRing`]
+//!   of [`LogRecord`]s, and resolving a record into a [`LogEvent`]);
+//! - the packet side: `eval.rs` ([`Snapshot::classify_batch`], the one classify entry, the
+//!   chain walk, every match, [`Snapshot::trace`] in `eval/trace.rs`) and the index probe
+//!   (`eval/probe.rs`: the TupleMerge hash tables and the RFC tables' lookups).
 
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -102,35 +102,28 @@ use crate::validate::RuleDiffs;
 
 mod build;
 mod carry;
-mod chunks;
-mod connlimit;
+pub(crate) mod chunks;
 pub mod copy_range;
-mod counters;
-mod eval;
-mod log_ring;
-mod rfc;
-mod sctp;
-mod stateful;
-mod string;
-mod tuple_merge;
-mod u32_match;
+pub(crate) mod counters;
+pub(crate) mod log_ring;
+pub(crate) mod rfc;
+pub(crate) mod stateful;
+pub(crate) mod tuple_merge;
 
 use chunks::{Chunks, RuleChunks};
-use connlimit::CConnlimit;
 use counters::CounterCells;
 use stateful::{CHashlimit, CRecent, NamedState};
-use string::CString;
 
-use eval::Observer;
-pub use eval::{CLASSIFY_BATCH, StepOutcome, Trace, TraceStep};
+use crate::eval::connlimit::CConnlimit;
+use crate::eval::string::CString;
+pub use crate::eval::{CLASSIFY_BATCH, PROBE_MIN_BYTES, StepOutcome, Trace, TraceStep};
 pub use log_ring::{LogHit, LogRecord, LogRing, LogSink};
 pub use rfc::{RFC_MAX_RULES, RFC_MIN_RULES};
 use tuple_merge::ChainIndex;
-pub use tuple_merge::PROBE_MIN_BYTES;
 
 /// Commit-path maps hash with FxHash: keys are our own (names, content hashes), and SipHash's
 /// DoS resistance would cost ~15% of a 10k-rule compile.
-type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
+pub(crate) type HashMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// The deepest chain call stack a packet may build with `-j` (goto does not add depth).
 /// Validation rejects rulesets that could go deeper; at run time a deeper call drops the
@@ -143,7 +136,7 @@ pub enum Classifier {
     /// Check every rule in order: the reference evaluator.
     Linear,
     /// A TupleMerge index per chain (see [`tuple_merge`](self) module docs in
-    /// `compile/tuple_merge.rs`) for chains with at least `min_rules` rules; shorter chains
+    /// `snapshot/tuple_merge.rs`) for chains with at least `min_rules` rules; shorter chains
     /// are walked linearly. Returns exactly what [`Classifier::Linear`] returns.
     TupleMerge {
         /// Chains with fewer rules are not indexed (a short scan beats hashing).
@@ -154,7 +147,7 @@ pub enum Classifier {
         /// index, as the differential tests do). Chains with RFC tables are always batched.
         batch_min_bytes: usize,
         /// IPv4 chains with at least `rfc_min_rules` (and `min_rules`) and at most
-        /// `rfc_max_rules` rules also get RFC tables (`compile/rfc.rs`, Recursive Flow
+        /// `rfc_max_rules` rules also get RFC tables (`snapshot/rfc.rs`, Recursive Flow
         /// Classification), which queries use before the TupleMerge tables; they take at least
         /// 768 KiB a chain, so shorter chains do without (defaults [`RFC_MIN_RULES`] and
         /// [`RFC_MAX_RULES`]; `rfc_max_rules` 0 builds none).
@@ -222,7 +215,7 @@ pub(crate) struct LogSpec {
     pub(crate) nflog_group: Option<u16>,
 }
 
-/// A `-j LOG` (or `-j NFLOG`) hit with its rule named: what a `Vec<LogEvent>` sink of [`Snapshot::classify`]
+/// A `-j LOG` (or `-j NFLOG`) hit with its rule named: what a `Vec<LogEvent>` sink of [`Snapshot::classify_batch`]
 /// collects, and what [`Snapshot::log_event`] makes of a [`LogRecord`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEvent {
@@ -303,25 +296,25 @@ pub enum CompileError {
 // === compiled form ===
 
 #[derive(Debug)]
-struct CChain {
-    ruleset: u32,
-    family: Family,
-    table: TableKind,
-    name: Arc<str>,
+pub(crate) struct CChain {
+    pub(crate) ruleset: u32,
+    pub(crate) family: Family,
+    pub(crate) table: TableKind,
+    pub(crate) name: Arc<str>,
     /// Global index of the first chain of this chain's table: jump and goto targets are
     /// table-local, so a [`ChainBody`] can be shared by snapshots where the table sits at
     /// another place.
-    table_base: u32,
+    pub(crate) table_base: u32,
     /// Where the chain's rules are in the model: `rulesets[ruleset].tables[table_at]
     /// .chains[chain_at]`.
-    table_at: u32,
+    pub(crate) table_at: u32,
     /// See `table_at`.
-    chain_at: u32,
+    pub(crate) chain_at: u32,
     /// Counter slot of the chain's policy (every chain has one; only builtin chains use it).
-    policy_slot: u32,
+    pub(crate) policy_slot: u32,
     /// `Some` for builtin chains.
-    policy: Option<Policy>,
-    body: Arc<ChainBody>,
+    pub(crate) policy: Option<Policy>,
+    pub(crate) body: Arc<ChainBody>,
 }
 
 /// The compiled rules of one chain and their index. Immutable; consecutive snapshots share a
@@ -329,36 +322,36 @@ struct CChain {
 /// commit that changes a few rules of a chain builds its new body from the old one
 /// ([`ChainBody::splice`]).
 #[derive(Debug)]
-struct ChainBody {
+pub(crate) struct ChainBody {
     /// In chunks shared with the previous body where a splice left them unchanged.
-    rules: RuleChunks,
+    pub(crate) rules: RuleChunks,
     /// Where rule `i` counts in the snapshot's [`CounterCells`], kept by the rule as long as it
-    /// exists (`compile/counters.rs`); chunked and shared like `rules`. An array beside the
+    /// exists (`snapshot/counters.rs`); chunked and shared like `rules`. An array beside the
     /// rules, not a field of [`CRule`]: a counter's address then does not wait on a (cold)
     /// rule's cache line, and at 4 bytes a rule it mostly stays cached (with the slot in the
     /// rule, a per-packet lookup at 100k rules measured 15-20% slower).
-    slots: Chunks<u32>,
+    pub(crate) slots: Chunks<u32>,
     /// The classification index, or `None` where the chain is walked linearly.
-    index: Option<ChainIndex>,
+    pub(crate) index: Option<ChainIndex>,
     /// Table-local indices of the chains this chain jumps or goes to, ascending, no repeats.
-    targets: Box<[u32]>,
+    pub(crate) targets: Box<[u32]>,
     /// Some rule has `-m set` (or an addrtype match with the node's addresses): such a body is
     /// never shared, because the registry may hold a new set object under the same name (or
     /// another address handle).
-    has_sets: bool,
+    pub(crate) has_sets: bool,
     /// Some rule may hold a named table (`-m recent`, `-m hashlimit`); conservative (a splice
     /// keeps the old body's flag): the build collects the tables of such bodies
-    /// (`compile/stateful.rs`).
-    stateful: bool,
+    /// (`snapshot/stateful.rs`).
+    pub(crate) stateful: bool,
 }
 
 /// `-s` or `-d` as (address & mask, mask); an absent field has mask 0, which every address
 /// matches. Two `u64` halves rather than `u128`s keep `CRule` 8-byte aligned (a `u128` field
 /// pads it to 16 and costs 16 bytes a rule).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct AddrMatch {
-    net: [u64; 2],
-    mask: [u64; 2],
+pub(crate) struct AddrMatch {
+    pub(crate) net: [u64; 2],
+    pub(crate) mask: [u64; 2],
 }
 
 impl AddrMatch {
@@ -381,7 +374,7 @@ impl AddrMatch {
     }
 
     #[inline]
-    fn matches(&self, addr: u128) -> bool {
+    pub(crate) fn matches(&self, addr: u128) -> bool {
         addr & self.mask() == self.net()
     }
 }
@@ -389,20 +382,20 @@ impl AddrMatch {
 /// One compiled rule. Its 1-based number is its position in [`ChainBody::rules`] plus one.
 /// `Clone` is cheap (one match inline, several shared), which [`ChainBody::splice`] relies on.
 #[derive(Debug)]
-struct CRule {
-    src: AddrMatch,
-    dst: AddrMatch,
-    src_negated: bool,
-    dst_negated: bool,
-    in_iface: Option<(bool, IfacePattern)>,
-    out_iface: Option<(bool, IfacePattern)>,
-    protocol: Option<(bool, u8)>,
-    fragment: Option<bool>,
-    matches: Matches,
-    target: CTarget,
+pub(crate) struct CRule {
+    pub(crate) src: AddrMatch,
+    pub(crate) dst: AddrMatch,
+    pub(crate) src_negated: bool,
+    pub(crate) dst_negated: bool,
+    pub(crate) in_iface: Option<(bool, IfacePattern)>,
+    pub(crate) out_iface: Option<(bool, IfacePattern)>,
+    pub(crate) protocol: Option<(bool, u8)>,
+    pub(crate) fragment: Option<bool>,
+    pub(crate) matches: Matches,
+    pub(crate) target: CTarget,
 }
 
-/// Written out to be inlined always: [`ChainBody::splice`] (in `compile/build.rs`) copies up to
+/// Written out to be inlined always: [`ChainBody::splice`] (in `snapshot/build.rs`) copies up to
 /// a chunk of rules with it, and a call per rule costs that copy a move of each rule through
 /// the stack (with the derive, a one-rule edit of a 10k-rule chain took 50 -> 60 us of
 /// compile in `commit_cpu` once `splice` left this file).
@@ -426,22 +419,22 @@ impl Clone for CRule {
 
 /// `-m physdev` with its name patterns compiled (see [`crate::model::PhysdevMatch`]).
 #[derive(Debug, Clone, Copy)]
-struct CPhysdev {
-    physdev_in: Option<(bool, IfacePattern)>,
-    physdev_out: Option<(bool, IfacePattern)>,
-    is_in: Option<bool>,
-    is_out: Option<bool>,
-    is_bridged: Option<bool>,
+pub(crate) struct CPhysdev {
+    pub(crate) physdev_in: Option<(bool, IfacePattern)>,
+    pub(crate) physdev_out: Option<(bool, IfacePattern)>,
+    pub(crate) is_in: Option<bool>,
+    pub(crate) is_out: Option<bool>,
+    pub(crate) is_bridged: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct IfacePattern {
-    name: IfName,
-    wildcard: bool,
+pub(crate) struct IfacePattern {
+    pub(crate) name: IfName,
+    pub(crate) wildcard: bool,
 }
 
 impl IfacePattern {
-    fn matches(&self, ifname: &IfName) -> bool {
+    pub(crate) fn matches(&self, ifname: &IfName) -> bool {
         let p = self.name.as_str().as_bytes();
         let n = ifname.as_str().as_bytes();
         if self.wildcard {
@@ -456,7 +449,7 @@ impl IfacePattern {
 /// ClassBench sets), which is kept inline: no pointer to chase on the packet path, and a
 /// clone (when [`ChainBody::splice`] copies unchanged rules) touches no other memory.
 #[derive(Debug, Clone)]
-enum Matches {
+pub(crate) enum Matches {
     Inline(Option<CMatch>),
     Shared(Arc<[CMatch]>),
 }
@@ -486,7 +479,7 @@ impl std::ops::Deref for Matches {
 /// `Clone` copies a `-m limit` bucket with its state at the time of the copy: a spliced
 /// chain's copy of an unchanged limit rule goes on from where the old snapshot was.
 #[derive(Debug, Clone)]
-enum CMatch {
+pub(crate) enum CMatch {
     Tcp {
         sport: Option<(bool, PortRange)>,
         dport: Option<(bool, PortRange)>,
@@ -601,31 +594,31 @@ enum CMatch {
 /// the state test, then (only for a packet with an entry) direction, protocol, the four
 /// addresses and the four ports of the entry's tuples.
 #[derive(Debug, Clone)]
-struct CConntrack {
-    state: Option<(bool, u8)>,
-    reply: Option<bool>,
-    proto: Option<(bool, u8)>,
+pub(crate) struct CConntrack {
+    pub(crate) state: Option<(bool, u8)>,
+    pub(crate) reply: Option<bool>,
+    pub(crate) proto: Option<(bool, u8)>,
     /// Original source, original destination, reply source, reply destination.
-    addrs: [Option<(bool, AddrMatch)>; 4],
-    ports: [Option<(bool, PortRange)>; 4],
+    pub(crate) addrs: [Option<(bool, AddrMatch)>; 4],
+    pub(crate) ports: [Option<(bool, PortRange)>; 4],
 }
 
 /// A compiled `-m addrtype`: `(negated, type bits)` per direction, and the node's addresses
 /// (`None` when its types need none, [`crate::node_addrs::needs_facts`]).
 #[derive(Debug, Clone)]
-struct CAddrType {
-    src: Option<(bool, u16)>,
-    dst: Option<(bool, u16)>,
-    limit: AddrTypeLimit,
-    addrs: Option<Arc<NodeAddrs>>,
+pub(crate) struct CAddrType {
+    pub(crate) src: Option<(bool, u16)>,
+    pub(crate) dst: Option<(bool, u16)>,
+    pub(crate) limit: AddrTypeLimit,
+    pub(crate) addrs: Option<Arc<NodeAddrs>>,
 }
 
 /// What an addrtype match without the node's addresses decides against (it only asks for
 /// types the address bits decide).
-static NO_ADDRS: AddrFacts = AddrFacts::EMPTY;
+pub(crate) static NO_ADDRS: AddrFacts = AddrFacts::EMPTY;
 
 /// `-m addrtype`, as addrtype_mt_v1: the source test, then (if it held) the destination test.
-fn addrtype_matches(a: &CAddrType, p: &PacketMeta) -> bool {
+pub(crate) fn addrtype_matches(a: &CAddrType, p: &PacketMeta) -> bool {
     let dev = match a.limit {
         AddrTypeLimit::None => None,
         AddrTypeLimit::In => Some(&p.in_iface),
@@ -641,7 +634,7 @@ fn addrtype_matches(a: &CAddrType, p: &PacketMeta) -> bool {
 
 /// `-m rpfilter` as rpfilter_mt: the node's routing view decides; with none (never after
 /// validation) no route is found, so only `--invert` matches.
-fn rpfilter_matches(flags: u8, addrs: &NodeAddrs, p: &PacketMeta) -> bool {
+pub(crate) fn rpfilter_matches(flags: u8, addrs: &NodeAddrs, p: &PacketMeta) -> bool {
     match addrs.load_routes().as_deref() {
         Some(fib) => fib.rpfilter(p, flags),
         None => flags & crate::fib::rpfilter_flags::INVERT != 0,
@@ -650,7 +643,7 @@ fn rpfilter_matches(flags: u8, addrs: &NodeAddrs, p: &PacketMeta) -> bool {
 
 /// `-m pkttype` as pkttype_mt, with the class derived from the packet's addresses
 /// ([`AddrFacts::pkt_class`]).
-fn pkttype_matches(
+pub(crate) fn pkttype_matches(
     negated: bool,
     kind: crate::model::PktType,
     addrs: Option<&NodeAddrs>,
@@ -666,13 +659,13 @@ fn pkttype_matches(
 /// `tat - burst_ns <= now`; it then moves `tat` to `max(tat, now) + interval`. This is the
 /// token bucket of xt_limit (credit = burst, one token per interval) without its spinlock.
 #[derive(Debug)]
-struct TokenBucket {
-    interval_ns: u64,
+pub(crate) struct TokenBucket {
+    pub(crate) interval_ns: u64,
     /// (burst - 1) * interval: how far ahead of `now` the schedule may run.
-    burst_ns: u64,
+    pub(crate) burst_ns: u64,
     /// Relaxed is enough: the bucket is a rate estimate shared by cores, it guards no other
     /// memory, and the compare-exchange makes each update atomic.
-    tat: AtomicU64,
+    pub(crate) tat: AtomicU64,
 }
 
 impl Clone for TokenBucket {
@@ -686,7 +679,7 @@ impl Clone for TokenBucket {
 }
 
 impl TokenBucket {
-    fn conforms(&self, now: u64) -> bool {
+    pub(crate) fn conforms(&self, now: u64) -> bool {
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
             if tat.saturating_sub(self.burst_ns) > now {
@@ -703,7 +696,7 @@ impl TokenBucket {
         }
     }
 
-    fn would_conform(&self, now: u64) -> bool {
+    pub(crate) fn would_conform(&self, now: u64) -> bool {
         self.tat
             .load(Ordering::Relaxed)
             .saturating_sub(self.burst_ns)
@@ -712,13 +705,13 @@ impl TokenBucket {
 }
 
 #[derive(Debug, Clone)]
-struct IprangeMatch {
-    src: Option<(bool, IpAddr, IpAddr)>,
-    dst: Option<(bool, IpAddr, IpAddr)>,
+pub(crate) struct IprangeMatch {
+    pub(crate) src: Option<(bool, IpAddr, IpAddr)>,
+    pub(crate) dst: Option<(bool, IpAddr, IpAddr)>,
 }
 
 #[derive(Debug, Clone)]
-enum CTarget {
+pub(crate) enum CTarget {
     Continue,
     Accept,
     Drop,
@@ -742,10 +735,10 @@ enum CTarget {
 /// Where a chain of a new snapshot came from in its predecessor, for [`Snapshot::reuse`]:
 /// old chain `old`, whose body it shares, was spliced from, or neither.
 #[derive(Clone, Copy, Debug)]
-struct ChainOrigin {
-    old: u32,
+pub(crate) struct ChainOrigin {
+    pub(crate) old: u32,
     /// The body was spliced from the old one ([`ChainBody::splice`]).
-    spliced: bool,
+    pub(crate) spliced: bool,
 }
 
 /// The chains' diffs of ruleset `new` against the active ruleset `old` of its name, as
@@ -760,14 +753,14 @@ pub(crate) struct DiffHint {
 
 /// Where every chain of a snapshot came from in the snapshot with id `prev`.
 #[derive(Debug)]
-struct Origin {
-    prev: u64,
-    chains: Box<[Option<ChainOrigin>]>,
+pub(crate) struct Origin {
+    pub(crate) prev: u64,
+    pub(crate) chains: Box<[Option<ChainOrigin>]>,
 }
 
 /// Snapshot ids, so that [`Snapshot::carry_from`] knows whether it is handed the snapshot its
 /// [`Origin`] refers to. Relaxed: the id only needs to be unique.
-static NEXT_SNAPSHOT_ID: AtomicU64 = AtomicU64::new(1);
+pub(crate) static NEXT_SNAPSHOT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Packet and byte counts of one rule or chain policy, read consistently as the sum of all
 /// cores plus carried-over values.
@@ -792,39 +785,39 @@ pub struct SlotCounters {
 /// The compiled, immutable form of all active rulesets. See the module docs.
 pub struct Snapshot {
     /// Unique among the snapshots of this process.
-    id: u64,
-    classifier: Classifier,
-    rulesets: Box<[Arc<Ruleset>]>,
-    names: Box<[Arc<str>]>,
+    pub(crate) id: u64,
+    pub(crate) classifier: Classifier,
+    pub(crate) rulesets: Box<[Arc<Ruleset>]>,
+    pub(crate) names: Box<[Arc<str>]>,
     /// `[family][hook]` -> base chain indices in evaluation order.
-    hooks: [[Box<[u32]>; 5]; 2],
+    pub(crate) hooks: [[Box<[u32]>; 5]; 2],
     /// `[family][hook]` -> how many of `hooks`' leading chains are raw-table chains (raw sorts
     /// first): conntrack runs between them and the rest ([`Snapshot::classify_batch`]).
-    raw_chains: [[u32; 5]; 2],
-    chains: Box<[CChain]>,
+    pub(crate) raw_chains: [[u32; 5]; 2],
+    pub(crate) chains: Box<[CChain]>,
     /// Number of rules over all chains.
-    n_rules: usize,
+    pub(crate) n_rules: usize,
     /// Where rules (`ChainBody::slots`) and policies ([`CChain::policy_slot`]) count; shared
     /// with the snapshot this one was built from ([`Snapshot::compile_after`]) while it has
     /// room.
-    cells: Arc<CounterCells>,
+    pub(crate) cells: Arc<CounterCells>,
     /// Slots (rules and policies) this snapshot took over from the one it was built from,
     /// with their counts: what [`Snapshot::carry_from`] reports for that snapshot.
-    continued: usize,
+    pub(crate) continued: usize,
     /// The slots this snapshot's build took from `cells`, `from..to`, given back when a
     /// commit that prepared it is dropped ([`Snapshot::release_slots`]).
-    slots_taken: (u32, u32),
+    pub(crate) slots_taken: (u32, u32),
     /// When built from a snapshot into fresh cells: (old slot, new slot) of every rule and
     /// policy that continues one of it, for [`Snapshot::carry_from`] to copy.
-    moved: Box<[(u32, u32)]>,
+    pub(crate) moved: Box<[(u32, u32)]>,
     /// What was taken over from the previous snapshot, when built by
     /// [`Snapshot::compile_after`] into its cells.
-    origin: Option<Origin>,
+    pub(crate) origin: Option<Origin>,
     /// The named tables of stateful matches (`-m recent`), by ruleset; the next build starts
-    /// from them (`compile/stateful.rs`).
-    named: NamedState,
+    /// from them (`snapshot/stateful.rs`).
+    pub(crate) named: NamedState,
     /// The bytes of a packet these rules can read ([`copy_range::copy_range`]).
-    copy_range: u32,
+    pub(crate) copy_range: u32,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -838,21 +831,21 @@ impl std::fmt::Debug for Snapshot {
     }
 }
 
-fn family_index(f: Family) -> usize {
+pub(crate) fn family_index(f: Family) -> usize {
     match f {
         Family::Ipv4 => 0,
         Family::Ipv6 => 1,
     }
 }
 
-fn addr_bits(ip: IpAddr) -> u128 {
+pub(crate) fn addr_bits(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(a) => u128::from(u32::from(a)),
         IpAddr::V6(a) => u128::from(a),
     }
 }
 
-fn addr_match(n: &Option<Neg<IpNet>>) -> (AddrMatch, bool) {
+pub(crate) fn addr_match(n: &Option<Neg<IpNet>>) -> (AddrMatch, bool) {
     match n {
         None => (AddrMatch::default(), false),
         Some(n) => (
@@ -865,7 +858,7 @@ fn addr_match(n: &Option<Neg<IpNet>>) -> (AddrMatch, bool) {
 /// A stable 64-bit hash of a rule's content, ignoring where it was written and the counters
 /// given in the text: two rules with the same canonical iptables-save form hash the same,
 /// because the parser canonicalises into the model.
-fn content_hash(rule: &Rule) -> u64 {
+pub(crate) fn content_hash(rule: &Rule) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     rule.src.hash(&mut h);
     rule.dst.hash(&mut h);

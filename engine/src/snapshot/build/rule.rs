@@ -14,14 +14,14 @@ use crate::sets::SetRegistry;
 use super::super::*;
 
 /// A compile error before the chain context is known.
-pub(super) enum RuleError {
+pub(crate) enum RuleError {
     UnknownChain(String),
     Unsupported(String),
     UnknownSet(String),
 }
 
 impl RuleError {
-    pub(super) fn in_context(
+    pub(crate) fn in_context(
         self,
         (ruleset, table, chain): (String, TableKind, String),
     ) -> CompileError {
@@ -57,7 +57,7 @@ fn iface_pattern(i: &Neg<crate::model::Iface>) -> Option<(bool, IfacePattern)> {
     ))
 }
 
-pub(super) fn compile_rule(
+pub(crate) fn compile_rule(
     rule: &Rule,
     chains: &HashMap<&str, u32>,
     sets: &dyn SetRegistry,

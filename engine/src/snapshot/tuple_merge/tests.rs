@@ -133,7 +133,7 @@ fn compiled(lines: &[String]) -> Snapshot {
         &[std::sync::Arc::new(rs)],
         &crate::sets::NoSets,
         1,
-        crate::compile::Classifier::TupleMerge {
+        crate::snapshot::Classifier::TupleMerge {
             min_rules: 1,
             batch_min_bytes: 0,
             rfc_min_rules: 0,
@@ -146,7 +146,7 @@ fn compiled(lines: &[String]) -> Snapshot {
 /// Every first match from every start position, over a grid of packets.
 fn answers(snap: &Snapshot, idx: &ChainIndex) -> Vec<Option<u32>> {
     let rules = &snap.chains[0].body.rules;
-    let mut obs = super::super::eval::Tracing {
+    let mut obs = crate::eval::Tracing {
         ct: None,
         payload: &[],
         snapshot: snap.id(),

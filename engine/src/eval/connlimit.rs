@@ -48,21 +48,21 @@ use crate::conntrack::{Conntrack, Liveness, Tuple};
 use crate::model::{ConnlimitMatch, CtZone};
 use crate::packet::PacketMeta;
 
-use super::HashMap;
+use crate::snapshot::HashMap;
 
 /// Shards of a rule's lists (each a mutex and a map by masked address).
-pub(super) const SHARDS: usize = 16;
+pub(crate) const SHARDS: usize = 16;
 
 /// A remembered tuple that no live entry holds is kept this long (ns) after it was added:
 /// its first packet may still be on its way to being accepted on another core.
-pub(super) const UNCONFIRMED_GRACE_NS: u64 = 1_000_000;
+pub(crate) const UNCONFIRMED_GRACE_NS: u64 = 1_000_000;
 
 /// A shard is swept only once it holds at least this many tuples.
-pub(super) const SWEEP_MIN: usize = 64;
+pub(crate) const SWEEP_MIN: usize = 64;
 
 /// The lists of one compiled `-m connlimit` rule.
 #[derive(Debug)]
-pub(super) struct ConnCounts {
+pub(crate) struct ConnCounts {
     shards: Box<[Mutex<Shard>]>,
 }
 
@@ -113,7 +113,7 @@ fn counts(r: &Remembered, now: u64, ct: Option<&Conntrack>) -> bool {
 
 /// A compiled `-m connlimit`: the rule's options and its lists.
 #[derive(Debug, Clone)]
-pub(super) struct CConnlimit {
+pub(crate) struct CConnlimit {
     rule: ConnlimitMatch,
     /// The prefix mask of the grouping address (IPv4 in the low 32 bits).
     mask: u128,
@@ -129,7 +129,7 @@ fn addr_bits(a: IpAddr) -> u128 {
 
 impl CConnlimit {
     /// The compiled form of `m` in a table of IPv6 (`v6`) or IPv4, with empty lists.
-    pub(super) fn new(m: &ConnlimitMatch, v6: bool) -> CConnlimit {
+    pub(crate) fn new(m: &ConnlimitMatch, v6: bool) -> CConnlimit {
         let width: u32 = if v6 { 128 } else { 32 };
         let all = if v6 { u128::MAX } else { u128::from(u32::MAX) };
         let len = u32::from(m.prefix).min(width);
@@ -144,7 +144,7 @@ impl CConnlimit {
     /// Whether the rule matches `p` at `now`, its connections looked up in `ct` (none: every
     /// remembered connection is gone, so only the packet's own counts). With `apply` false
     /// (a trace) no list changes.
-    pub(super) fn matches(
+    pub(crate) fn matches(
         &self,
         p: &PacketMeta,
         now: u64,
@@ -155,7 +155,7 @@ impl CConnlimit {
     }
 
     /// The connections of `p`'s masked address, its own included (module docs).
-    pub(super) fn count(
+    pub(crate) fn count(
         &self,
         p: &PacketMeta,
         now: u64,

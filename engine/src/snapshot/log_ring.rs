@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::{CChain, CTarget, LogEvent, LogSpec, Snapshot};
 use crate::packet::PacketMeta;
 
-/// Receives the `-j LOG` hits of [`Snapshot::classify`] and the other classify calls, in
+/// Receives the `-j LOG` hits of [`Snapshot::classify_batch`] and [`Snapshot::trace`], in
 /// evaluation order.
 pub trait LogSink {
     /// A `-j LOG` rule matched `hit`'s packet.
@@ -26,18 +26,18 @@ pub trait LogSink {
 /// One `-j LOG` hit as the evaluator sees it: the rule in its snapshot and the packet.
 #[derive(Debug)]
 pub struct LogHit<'a> {
-    pub(super) snapshot: u64,
-    pub(super) names: &'a [Arc<str>],
-    pub(super) chain: &'a CChain,
+    pub(crate) snapshot: u64,
+    pub(crate) names: &'a [Arc<str>],
+    pub(crate) chain: &'a CChain,
     /// Index of `chain` in the snapshot's chains.
-    pub(super) chain_index: u32,
+    pub(crate) chain_index: u32,
     /// 1-based rule number in the chain.
-    pub(super) rule: u32,
-    pub(super) prefix: &'a Option<Arc<str>>,
-    pub(super) level: u8,
+    pub(crate) rule: u32,
+    pub(crate) prefix: &'a Option<Arc<str>>,
+    pub(crate) level: u8,
     /// `Some(--nflog-group)` for a `-j NFLOG` hit.
-    pub(super) nflog_group: Option<u16>,
-    pub(super) packet: &'a PacketMeta,
+    pub(crate) nflog_group: Option<u16>,
+    pub(crate) packet: &'a PacketMeta,
 }
 
 impl<'a> LogHit<'a> {
@@ -46,7 +46,7 @@ impl<'a> LogHit<'a> {
     /// `packet`: what both observers of the chain walk (the counting one and the trace) hand
     /// their sink. Borrows only; no allocation, no `Arc` clone.
     #[inline]
-    pub(super) fn new(
+    pub(crate) fn new(
         snapshot: u64,
         names: &'a [Arc<str>],
         chain: &'a CChain,
@@ -128,9 +128,9 @@ pub struct LogRecord {
 /// records not yet drained stay). [`LogRing::drain`] empties it.
 #[derive(Debug, Clone)]
 pub struct LogRing {
-    records: Box<[LogRecord]>,
-    len: usize,
-    dropped: u64,
+    pub(crate) records: Box<[LogRecord]>,
+    pub(crate) len: usize,
+    pub(crate) dropped: u64,
 }
 
 impl LogRing {

@@ -15,7 +15,7 @@ use crate::model::{U32Match, U32Op};
 
 /// Whether `m` matches a packet with `bytes` (from its network header; empty: none given)
 /// whose layer-3 length is `len`.
-pub(super) fn u32_matches(m: &U32Match, bytes: &[u8], len: u32) -> bool {
+pub(crate) fn u32_matches(m: &U32Match, bytes: &[u8], len: u32) -> bool {
     if bytes.is_empty() {
         return m.negated;
     }

@@ -7,12 +7,14 @@
 
 use std::sync::Arc;
 
-use super::super::log_ring::{LogHit, LogSink};
-use super::super::*;
 use super::{Hint, Observer};
 use crate::conntrack::Conntrack;
+use crate::eval::connlimit::CConnlimit;
 use crate::model::{Family, Policy, TableKind};
 use crate::packet::PacketMeta;
+use crate::snapshot::log_ring::{LogHit, LogSink};
+use crate::snapshot::stateful::{CHashlimit, CRecent};
+use crate::snapshot::*;
 
 /// What happened at one step of a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -84,17 +86,17 @@ pub struct Trace {
 
 /// The observer of a trace: records every step and LOG event, asks limits without taking
 /// tokens. Visible in `compile` for the TupleMerge tests, which query the index with it.
-pub(in crate::compile) struct Tracing<'a> {
-    pub(in crate::compile) snapshot: u64,
+pub(crate) struct Tracing<'a> {
+    pub(crate) snapshot: u64,
     /// The connection table `-m connlimit` asks (`None`: no tracker).
-    pub(in crate::compile) ct: Option<&'a Conntrack>,
+    pub(crate) ct: Option<&'a Conntrack>,
     /// The packet's bytes, for `-m string`.
-    pub(in crate::compile) payload: &'a [u8],
-    pub(in crate::compile) names: &'a [Arc<str>],
-    pub(in crate::compile) steps: Vec<TraceStep>,
-    pub(in crate::compile) logs: Vec<LogEvent>,
-    pub(in crate::compile) limits_asked: u32,
-    pub(in crate::compile) hotdropped: bool,
+    pub(crate) payload: &'a [u8],
+    pub(crate) names: &'a [Arc<str>],
+    pub(crate) steps: Vec<TraceStep>,
+    pub(crate) logs: Vec<LogEvent>,
+    pub(crate) limits_asked: u32,
+    pub(crate) hotdropped: bool,
 }
 
 impl Observer for Tracing<'_> {

@@ -1,15 +1,17 @@
-//! The packet path: [`Snapshot::classify_batch`] (the worker's one entry; its docs list the
-//! steps), the hooks' base chains in order with conntrack's step ([`Track`]) between the raw
-//! and the other chains, the chain walk with its jump stack, every match, the targets, and
-//! [`Snapshot::trace`] (the same walk with a recording observer, in `eval/trace.rs`).
-//! [`Snapshot::classify`] is the walk of one packet without the batched probe, for tools and
-//! tests. A chain's first matching rule comes from the walk itself, from the TupleMerge index
-//! (`tuple_merge.rs`) or from its RFC tables (`rfc.rs`).
+//! The packet side of a [`Snapshot`]: [`Snapshot::classify_batch`], the one classify entry
+//! (the worker's; its docs list the steps), the hooks' base chains in order with conntrack's
+//! step ([`Track`]) between the raw and the other chains, the chain walk with its jump stack,
+//! every match, the targets, and [`Snapshot::trace`] (the same walk with a recording observer,
+//! in `eval/trace.rs`). A chain's first matching rule comes from the walk itself or from the
+//! index probe in `eval/probe.rs` (the TupleMerge hash tables and the RFC tables, which the
+//! commit side builds in `snapshot/tuple_merge.rs` and `snapshot/rfc.rs`). The matches that
+//! read more than the parsed header have their own files: `eval/string.rs`, `eval/sctp.rs`,
+//! `eval/u32_match.rs`, `eval/connlimit.rs`.
 //!
 //! Runs on the packet cores against a published, immutable snapshot. It takes no lock and
 //! reads no clock (`now` is passed in); per packet it writes only this core's counter block
 //! and the `-m limit` buckets of rules the packet reaches. A `-j LOG` hit goes to the caller's
-//! [`LogSink`] (a worker's [`LogRing`](super::LogRing) copies it into a fixed slot; a
+//! [`LogSink`] (a worker's [`LogRing`] copies it into a fixed slot; a
 //! `Vec<LogEvent>` allocates an event). Nothing else allocates, except [`Snapshot::trace`]'s
 //! steps.
 
@@ -17,25 +19,35 @@ use std::mem::MaybeUninit;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::conntrack::{Conntrack, NoTracking, Track};
+use crate::conntrack::{Conntrack, Track};
 use crate::model::{EcnMatch, FragMatch, Hook, MultiportDir, Policy, PortRange, TtlOp, ct_state};
 use crate::packet::PacketMeta;
 
-use super::counters::CoreCounters;
-use super::log_ring::{LogHit, LogSink};
-use super::tuple_merge::{PROBE_BATCH, PROBE_UNKNOWN};
-use super::*;
+use crate::eval::connlimit::CConnlimit;
+use crate::model::ConnmarkTarget;
+use crate::snapshot::counters::CoreCounters;
+use crate::snapshot::log_ring::{LogHit, LogSink};
+use crate::snapshot::stateful::{CHashlimit, CRecent};
+use crate::snapshot::tuple_merge::{self as tuple_merge, PROBE_BATCH, PROBE_UNKNOWN};
+use crate::snapshot::*;
 
+pub(crate) mod connlimit;
+pub(crate) mod probe;
+pub(crate) mod sctp;
+pub(crate) mod string;
 mod trace;
+pub(crate) mod u32_match;
+
+pub use probe::PROBE_MIN_BYTES;
 
 #[cfg(test)]
-pub(super) use trace::Tracing;
+pub(crate) use trace::Tracing;
 pub use trace::{StepOutcome, Trace, TraceStep};
 
 // === impl Snapshot: evaluation ===
 
 /// What the evaluator reports on its way; the hot path counts, the trace records.
-pub(super) trait Observer {
+pub(crate) trait Observer {
     /// Rule `number` (1-based) of `chain` matched; it counts in `slot`.
     fn rule(&mut self, slot: usize, chain: &CChain, number: u32, pkt: &PacketMeta);
     fn policy(&mut self, slot: usize, chain: &CChain, pkt: &PacketMeta);
@@ -285,7 +297,7 @@ fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
 }
 
 /// `-m physdev`, as physdev_mt (see [`crate::model::PhysdevMatch`]).
-fn physdev_matches(d: &super::CPhysdev, p: &PacketMeta) -> bool {
+fn physdev_matches(d: &CPhysdev, p: &PacketMeta) -> bool {
     let (indev, outdev) = (!p.phys_in.is_empty(), !p.phys_out.is_empty());
     if !indev && !outdev {
         // No bridge information: only when every given option is negated.
@@ -367,7 +379,7 @@ impl Snapshot {
     /// Whether `r` matches `p`: header fields, then every match in written order (a `-m limit`
     /// is only asked when everything before it matched, as in the kernel).
     #[inline]
-    pub(super) fn rule_matches<O: Observer>(
+    pub(crate) fn rule_matches<O: Observer>(
         r: &CRule,
         p: &PacketMeta,
         now: u64,
@@ -523,10 +535,10 @@ impl Snapshot {
             }
             CMatch::Connlimit(c) => obs.connlimit(c, p, now),
             CMatch::String(s) => s.matches(obs.payload()),
-            CMatch::U32(u) => super::u32_match::u32_matches(u, obs.payload(), p.len),
-            CMatch::Sctp(s) => match super::sctp::sctp_matches(s, p, obs.payload()) {
-                super::sctp::SctpAnswer::Match(hit) => hit,
-                super::sctp::SctpAnswer::Hotdrop => {
+            CMatch::U32(u) => u32_match::u32_matches(u, obs.payload(), p.len),
+            CMatch::Sctp(s) => match sctp::sctp_matches(s, p, obs.payload()) {
+                sctp::SctpAnswer::Match(hit) => hit,
+                sctp::SctpAnswer::Hotdrop => {
                     obs.hotdrop();
                     false
                 }
@@ -748,35 +760,6 @@ impl Snapshot {
         }
         None
     }
-
-    /// Classifies one packet on `core` at time `now` (ns, caller's monotonic clock, used by
-    /// `-m limit`), counting every matched rule and applied policy in that core's counters and
-    /// handing `-j LOG` hits to `logs` ([`LogSink`]), without connection tracking (the packet
-    /// keeps its `ct_state`, unless a raw-table NOTRACK rule makes it UNTRACKED). Allocates
-    /// nothing, unless the sink does (`Vec<LogEvent>` does; [`LogRing`] does
-    /// not). The same walk as [`Snapshot::classify_batch`] without the batched index probe: for
-    /// tools and tests that hold one packet; the packet path is `classify_batch`.
-    ///
-    /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
-    #[inline]
-    pub fn classify(
-        &self,
-        core: usize,
-        packet: &mut PacketMeta,
-        now: u64,
-        logs: &mut (impl LogSink + ?Sized),
-    ) -> Verdict {
-        let counters = self.cells.core(core);
-        let mut obs = Counting {
-            counters,
-            ct: None,
-            payload: &[],
-            snapshot: self.id,
-            names: &self.names,
-            logs,
-        };
-        self.evaluate(packet, now, &mut obs, Hint::NONE, &mut NoTracking)
-    }
 }
 
 /// The batch probe's answer for one packet ([`Snapshot::classify_batch`]): the tables' part
@@ -801,13 +784,18 @@ impl Hint {
 pub const CLASSIFY_BATCH: usize = PROBE_BATCH;
 
 impl Snapshot {
-    /// Classifies `packets` on `core` at `now` as [`Snapshot::classify`] classifies each of
-    /// them in order, with connection tracking by `track`, and writes each verdict into
-    /// `verdicts` (same index); processes `min(packets.len(), verdicts.len())` packets and
-    /// returns that number. Counters, LOG events, `-m limit` tokens and `ct_state` come out
-    /// exactly as from the per-packet walk. The one classify entry of the packet path
-    /// ([`crate::engine::EngineWorker::process`] calls it), in this order:
-    /// 1. **index probe** (`probe`, into `tuple_merge/probe.rs` and `rfc.rs`): the hash tables
+    /// Classifies `packets` on `core` at `now`, each in order, with connection tracking by
+    /// `track`, counting every matched rule and applied policy in that core's counters and
+    /// handing `-j LOG` hits to `logs` ([`LogSink`]), and writes each verdict into `verdicts`
+    /// (same index); processes `min(packets.len(), verdicts.len())` packets and returns that
+    /// number. Counters, LOG events, `-m limit` tokens and `ct_state` come out exactly as from
+    /// classifying the packets one by one (a slice of one is that). Allocates nothing, unless
+    /// the sink does (`Vec<LogEvent>` does; [`LogRing`] does not).
+    /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
+    ///
+    /// The one classify entry ([`crate::engine::EngineWorker::process`] calls it; tools and
+    /// tests pass a slice of one), in this order:
+    /// 1. **index probe** (`probe`, into `eval/probe.rs`): the hash tables
     ///    (or RFC tables) of each packet's first indexed base chain are probed for
     ///    [`CLASSIFY_BATCH`] packets at a time with their memory accesses interleaved (after
     ///    Open vSwitch's `dpcls_lookup`);
@@ -819,7 +807,7 @@ impl Snapshot {
     ///
     /// `bytes[i]` is packet `i` from its network header on, which `-m string` searches (a
     /// packet beyond the slice has none: `--string` is false for it); `-m connlimit` counts in
-    /// [`Track::table`]. Pass `&[]` and [`NoTracking`] for neither.
+    /// [`Track::table`]. Pass `&[]` and [`NoTracking`](crate::conntrack::NoTracking) for neither.
     #[allow(clippy::too_many_arguments)]
     pub fn classify_batch<'t>(
         &self,
