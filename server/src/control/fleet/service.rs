@@ -792,8 +792,9 @@ impl FleetService for FleetApi {
                 Rollout::read(&self.etcd.until(Some(first_by)), &self.keys, &r.name).await?;
             let (tx, rx) = tokio::sync::mpsc::channel(4);
             let this = self.clone();
-            tokio::spawn(async move {
-                let sent = follow(
+            let progress = tx.clone();
+            let following = tokio::spawn(async move {
+                follow(
                     &this.etcd.until(Some(deadline)),
                     first,
                     r.fleet_revision,
@@ -805,14 +806,25 @@ impl FleetService for FleetApi {
                             status: Some(status.clone()),
                         };
                         // A full channel waits (the client reads slowly); a closed one ends.
-                        let tx = tx.clone();
+                        let tx = progress.clone();
                         async move { tx.send(Ok(msg)).await.is_ok() }
                     },
                 )
-                .await;
-                if let Err(e) = sent {
-                    let _ = tx.send(Err(e.into())).await;
-                }
+                .await
+            });
+            // The follower is joined here: its error, or its panic (logged, INTERNAL), ends
+            // the stream as a status instead of a stream that just stops.
+            tokio::spawn(async move {
+                let end = match following.await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) => Status::from(e),
+                    Err(e) => {
+                        tracing::error!(error = %e, "WaitRollout follower task failed");
+                        Status::from(Error::Internal(format!("WaitRollout follower: {e}")))
+                    }
+                };
+                // A closed channel: the client is gone, nobody to tell.
+                tx.send(Err(end)).await.ok();
             });
             let stream: ProgressStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
             Ok(Response::new(stream))
