@@ -4,7 +4,7 @@
 //! file says, per method, what the layer does for it ([`Spec`]: the audit name, the scope
 //! operation, the ruleset it touches) and hands the method's own work to
 //! `ruleset/commit.rs` (the mutating methods) or `ruleset/read.rs` (the rest, and the
-//! revision diff). [`RulesetApi::check`], the parse of a request's source, is shared by
+//! revision diff). `RulesetApi::check`, the parse of a request's source, is shared by
 //! both.
 
 use std::pin::Pin;
