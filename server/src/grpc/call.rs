@@ -27,7 +27,7 @@ use sha2::{Digest as _, Sha256};
 use tonic::{Request, Response, Status};
 
 use crate::control::hooks;
-use crate::control::store::{AuditEntry, now_ns};
+use crate::control::store::AuditEntry;
 use crate::error::{Error, Result};
 use crate::grpc::auth::{Grant, Op};
 use crate::grpc::service::State;
@@ -193,7 +193,7 @@ impl Cx {
     /// Waits for the audit record made on a blocking thread ([`Digest::Parallel`]); does
     /// nothing when it is made already or the call is a dry run.
     ///
-    /// Errors: [`Error::Internal`] when the digest task panicked (the record is then written
+    /// Errors: [`Error::TaskFailed`] when the digest task panicked (the record is then written
     /// without the digest, and the failure logged).
     pub async fn join_audit(&mut self) -> Result<()> {
         let Some(t) = self.digesting.take() else {
@@ -206,7 +206,10 @@ impl Cx {
             }
             Err(e) => {
                 self.audit = Some(digest_failed(&e, &self.caller, self.method));
-                Err(Error::Internal(format!("audit digest task: {e}")))
+                Err(Error::TaskFailed {
+                    task: "audit",
+                    source: e,
+                })
             }
         }
     }
@@ -350,8 +353,8 @@ async fn scoped_priority(state: &State, grant: &Grant, target: &Target) -> Resul
 /// The task runs in the caller's span (the call's, crate::telemetry::metrics::traces), so the
 /// commit's spans stay children of the call's.
 ///
-/// Errors: the call's own; INTERNAL when the task panicked (logged; the RPC metrics count it
-/// under its code).
+/// Errors: the call's own; [`Error::TaskFailed`] (INTERNAL) when the task panicked (logged;
+/// the RPC metrics count it under its code).
 pub async fn to_completion<T, F>(call: F) -> Result<T, Status>
 where
     T: Send + 'static,
@@ -362,7 +365,11 @@ where
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "call task failed");
-            Err(Error::Internal(format!("call task: {e}")).into())
+            Err(Error::TaskFailed {
+                task: "call",
+                source: e,
+            }
+            .into())
         }
     }
 }
@@ -386,7 +393,6 @@ pub fn audit_entry<R: prost::Message>(caller: String, method: &str, request: &R)
 /// [`audit_entry`] with the request's digest already made.
 pub fn audit_entry_of(caller: String, method: &str, request_digest: String) -> AuditEntry {
     AuditEntry {
-        at: now_ns(),
         caller,
         method: method.to_string(),
         request_digest,

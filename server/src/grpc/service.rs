@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::control::pipeline::Pipeline;
-use crate::control::store::{AuditEntry, IdempotentCall, now_ns};
+use crate::control::store::{AuditEntry, IdempotentCall};
 use crate::error::{Error, FieldViolation, Reason, Result};
 
 pub mod conntrack;
@@ -71,7 +71,7 @@ impl State {
     /// [`crate::control::store::Retention::idempotency_ttl`]. An empty id always runs `f`.
     ///
     /// Errors: `f`'s; [`Error::BadRequest`] (IDEMPOTENCY_KEY_REUSED at `request_id`) for an
-    /// id used with another method or request; [`Error::Store`]/[`Error::Internal`] for the stored
+    /// id used with another method or request; [`Error::Store`]/[`Error::StoreCorrupt`] for the stored
     /// response.
     pub async fn idempotent<M, F>(
         &self,
@@ -92,7 +92,10 @@ impl State {
         {
             let _g = key.lock.lock().await;
             let store = self.pipeline.store();
-            if let Some((first_method, first)) = store.idempotent_get(request_id, now_ns()).await? {
+            if let Some((first_method, first)) = store
+                .idempotent_get(request_id, self.pipeline.clock().unix_ns())
+                .await?
+            {
                 if first_method != method {
                     return Err(Error::BadRequest {
                         reason: Reason::IdempotencyKeyReused,
@@ -120,8 +123,9 @@ impl State {
                         )],
                     });
                 }
-                return M::decode(first.response.as_slice())
-                    .map_err(|e| Error::Internal(format!("stored response of {request_id}: {e}")));
+                return M::decode(first.response.as_slice()).map_err(|e| {
+                    Error::store_corrupt(format!("stored response of {request_id}: {e}"))
+                });
             }
             let m = f.await?;
             let call = IdempotentCall {
@@ -129,7 +133,7 @@ impl State {
                 response: m.encode_to_vec(),
             };
             store
-                .idempotent_put(method, request_id, call, now_ns())
+                .idempotent_put(method, request_id, call, self.pipeline.clock().unix_ns())
                 .await?;
             Ok(m)
         }

@@ -7,7 +7,7 @@ use crate::control::fleet::Keys;
 use crate::control::fleet::etcd::Etcd;
 use crate::control::fleet::service::FleetApi;
 use crate::control::hooks::Hooks;
-use crate::control::pipeline::{MonotonicClock, Pipeline};
+use crate::control::pipeline::Pipeline;
 use crate::control::store::Store;
 use crate::grpc::auth::{Access, Caller, Role, Scope, api_methods};
 use crate::grpc::service::conntrack::ConntrackApi;
@@ -17,7 +17,6 @@ use crate::grpc::service::ruleset::RulesetApi;
 use crate::grpc::service::sets::SetApi;
 use crate::grpc::service::trace::TraceApi;
 use tonic_types::StatusExt as _;
-use vallum_engine::Clock;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Engine, EngineConfig};
 use vallum_proto::v1::conntrack_service_server::ConntrackServiceServer;
@@ -40,18 +39,21 @@ struct Served {
 async fn served() -> Served {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("v.db");
-    let store = Store::open(&db).await.expect("store");
-    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+    let hooks = Hooks::default();
+    let clock = hooks.clock.clone();
+    let store = Store::open_on(&db, hooks.clock.clone())
+        .await
+        .expect("store");
     let engine = Arc::new(Engine::new(
         EngineConfig {
             cores: 1,
             barrier: BarrierStrategy::SeqCst,
             conntrack: None,
         },
-        clock.clone(),
+        Arc::new(hooks.clock.clone()),
     ));
-    let pipeline = Arc::new(Pipeline::new(engine, store, clock, Hooks::default()));
-    let events = crate::telemetry::events::Events::start().expect("events thread");
+    let pipeline = Arc::new(Pipeline::new(engine, store, hooks));
+    let events = crate::telemetry::events::Events::start(clock).expect("events thread");
     let state = State::new(pipeline, "none".into(), events);
     // An etcd that is never reached: every call here ends before it would be.
     let etcd = Etcd::connect(&["http://127.0.0.1:9".to_string()]).expect("etcd client");
@@ -214,7 +216,10 @@ async fn a_failed_digest_task_still_leaves_an_audit_record() {
         method: "Apply",
     };
     let e = cx.join_audit().await.expect_err("the task panicked");
-    assert!(matches!(e, Error::Internal(_)), "{e:?}");
+    assert!(
+        matches!(e, Error::TaskFailed { task: "audit", .. }),
+        "{e:?}"
+    );
     let row = cx.audit.expect("a record");
     assert_eq!(
         (

@@ -92,7 +92,7 @@ impl RulesetApi {
             Some(match active {
                 Some(n) => {
                     let rev = store.get_revision(name, n).await?.ok_or_else(|| {
-                        Error::Internal(format!("active revision {n} of {name} is not stored"))
+                        Error::store_corrupt(format!("active revision {n} of {name} is not stored"))
                     })?;
                     // The engine's model of that revision, when it runs it: the text is then
                     // applied to it (a one-rule edit costs one rule, not a parse of the base).
@@ -147,7 +147,10 @@ impl RulesetApi {
             Ok((checked, expected_etag))
         })
         .await
-        .map_err(|e| Error::Internal(format!("check task: {e}")))?
+        .map_err(|e| Error::TaskFailed {
+            task: "check",
+            source: e,
+        })?
     }
 }
 
