@@ -184,8 +184,9 @@ impl Caller {
 /// An operation a scoped token may be granted (`ops=` in a token file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
-    /// `apply`: StageRevision, CommitRevision, ConfirmCommit, Apply, Rollback and
-    /// DeleteRuleset of the rulesets the token's names match.
+    /// `apply`: StageRevision, CommitRevision, ConfirmCommit, Apply, EditRuleset, Rollback,
+    /// UpdateRuleset and DeleteRuleset of the rulesets the token's names match, and
+    /// FleetService PutRuleset and DeleteRuleset of the fleet rulesets they match.
     Apply,
     /// `sets`: every SetService change (create, destroy, add, delete, flush, swap, import)
     /// of the sets the token's names match.
@@ -345,6 +346,22 @@ impl Grant {
             .is_some_and(|(_, s)| s.min_priority.is_some())
     }
 
+    /// Refuses with [`Error::ScopeDenied`] (reason `SCOPE_DENIED`, missing `ops=OP`) unless
+    /// the scope holds `op`: the first check of every mutating call
+    /// ([`crate::grpc::call::mutate`]), made before the request's fields are read. `what`
+    /// names the call (its method).
+    pub fn check_op(&self, what: &str, op: Op) -> Result<(), Error> {
+        match &self.caller {
+            Some((caller, scope)) if !scope.ops.contains(&op) => Err(Error::ScopeDenied {
+                caller: caller.to_string(),
+                what: what.to_owned(),
+                held: scope.to_string(),
+                missing: format!("ops={}", op.as_str()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Refuses with [`Error::ScopeDenied`] (reason `SCOPE_DENIED`, naming the missing scope
     /// word) unless the scope holds `op`, covers `name` (when one is named; `None` means
     /// "every ruleset", which only an unrestricted name list covers) and allows `priority`.
@@ -443,6 +460,13 @@ const ADMIN_METHODS: &[&str] = &[
     "FleetService/PutRuleset",
     "FleetService/DeleteRuleset",
 ];
+
+/// Every method of `vallum.v1` as `(Service/Method, access)`: [`Access::Read`] or
+/// [`Access::Admin`] (the mutating ones).
+pub fn api_methods() -> impl Iterator<Item = (&'static str, Access)> {
+    (READ_METHODS.iter().map(|m| (*m, Access::Read)))
+        .chain(ADMIN_METHODS.iter().map(|m| (*m, Access::Admin)))
+}
 
 /// Health and reflection methods, as full paths.
 const INFRA_METHODS: &[(&str, &str)] = &[

@@ -1,10 +1,9 @@
-//! The gRPC services, one module each, sharing [`State`].
+//! The gRPC services, one module each, sharing [`State`]; every method runs through the one
+//! handler layer, [`crate::grpc::call`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-use sha2::{Digest, Sha256};
 
 use crate::control::pipeline::Pipeline;
 use crate::control::store::{AuditEntry, IdempotentCall};
@@ -65,7 +64,7 @@ impl State {
 
     /// Runs `f` once per request_id, as Stripe's idempotency keys and AIP-155 (the ids of all
     /// methods are one namespace): a repeated id with the same method and request (`digest`,
-    /// [`request_digest`] of it) returns the stored response of the first successful call
+    /// [`crate::grpc::call::request_digest`] of it) returns the stored response of the first successful call
     /// without running `f`; with another method or request it is refused. A `validate_only`
     /// call never comes here (it neither answers from nor writes to the key store).
     /// A failed call stores nothing (a retry runs again). Keys live for the store's
@@ -140,19 +139,6 @@ impl State {
         }
     }
 
-    /// Appends an audit record for a mutating call (failures to write it are reported on
-    /// stderr, not to the caller).
-    pub async fn audit<R: prost::Message, T>(
-        &self,
-        caller: String,
-        method: &str,
-        request: &R,
-        result: &Result<T>,
-    ) {
-        self.audit_pending(Some(audit_entry(caller, method, request)), result)
-            .await;
-    }
-
     /// Writes `entry` with the outcome of `result`, unless it was already written (`None`:
     /// the pipeline recorded it inside its commit transaction, see
     /// [`crate::control::store::PersistCommit::audit`]).
@@ -199,58 +185,5 @@ impl Drop for KeyLock<'_> {
         if Arc::strong_count(&self.lock) == 2 {
             locks.remove(&self.key);
         }
-    }
-}
-
-/// Runs a mutating call's work on a task of its own and waits for it. A gRPC handler's future
-/// is dropped when the client gives up (deadline, disconnect); a commit dropped between its
-/// durable store write and the engine's publish would leave the store naming a revision the
-/// engine does not run (found by review: Apply with a short deadline). A spawned task is not
-/// cancelled with the caller, so the call ends as a whole: published, or reverted.
-///
-/// The task runs in the caller's span (the call's, crate::telemetry::metrics::traces), so the commit's
-/// spans stay children of the call's.
-///
-/// Errors: the call's own; [`Error::TaskFailed`] as a Status when the task panicked.
-pub async fn to_completion<T, F>(call: F) -> Result<T, tonic::Status>
-where
-    T: Send + 'static,
-    F: std::future::Future<Output = Result<T, tonic::Status>> + Send + 'static,
-{
-    use tracing::Instrument as _;
-    tokio::spawn(call.in_current_span())
-        .await
-        .unwrap_or_else(|e| {
-            Err(Error::TaskFailed {
-                task: "call",
-                source: e,
-            }
-            .into())
-        })
-}
-
-/// The sha256 (hex) of `request`'s protobuf encoding: what the audit record and the
-/// idempotency key keep of a request. prost encodes fields in field-number order, so the
-/// same request gives the same bytes.
-pub fn request_digest<R: prost::Message>(request: &R) -> String {
-    Sha256::digest(request.encode_to_vec())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The audit record of a call of `method` by `caller` with `request` (outcome `OK`; the
-/// writer sets the failure reason): the request is identified by [`request_digest`].
-pub fn audit_entry<R: prost::Message>(caller: String, method: &str, request: &R) -> AuditEntry {
-    audit_entry_of(caller, method, request_digest(request))
-}
-
-/// [`audit_entry`] with the request's digest already made.
-pub fn audit_entry_of(caller: String, method: &str, request_digest: String) -> AuditEntry {
-    AuditEntry {
-        caller,
-        method: method.to_string(),
-        request_digest,
-        outcome: "OK".to_string(),
     }
 }

@@ -50,11 +50,25 @@ use super::etcd::{Etcd, EtcdError, KeyValue, Read, Swap};
 use super::selector::Selector;
 use super::{Ack, Desired, Keys, NodeInfo, NodeReport, Previous};
 use crate::control::content::RulesetInput;
-use crate::control::hooks;
 use crate::error::{Error, Result};
+use crate::grpc::auth::Op;
+use crate::grpc::call::{self, Digest, Priority, Spec, Target};
 use crate::grpc::convert;
 use crate::grpc::service::State;
 use crate::grpc::service::paging::{self, Paging};
+
+/// The fleet ruleset a write names, as the layer's one [`Target`] (scope `ops=apply` over
+/// its name, as a local ruleset's).
+///
+/// Errors: INVALID_ARGUMENT at `name`.
+fn fleet_target(name: &str) -> Result<Vec<Target>> {
+    let name = convert::ruleset_id("name", name)?;
+    Ok(vec![Target {
+        resource: format!("fleet/rulesets/{name}"),
+        name: Some(name),
+        priority: Priority::Unchecked,
+    }])
+}
 
 /// How FleetService.ListRulesets pages (by name).
 pub const LIST_RULESETS: Paging = Paging {
@@ -121,7 +135,7 @@ impl FleetApi {
         &self,
         etcd: &Etcd,
         caller: String,
-        r: pb::PutFleetRulesetRequest,
+        r: &pb::PutFleetRulesetRequest,
     ) -> Result<pb::FleetRuleset> {
         let name = convert::ruleset_id("name", &r.name)?;
         Selector::parse(&r.selector).map_err(|e| Error::invalid("selector", e))?;
@@ -768,212 +782,236 @@ impl FleetService for FleetApi {
         &self,
         request: Request<pb::WaitRolloutRequest>,
     ) -> Result<Response<Self::WaitRolloutStream>, Status> {
-        let caller = caller_deadline(&request);
-        let r = request.into_inner();
-        let timeout = convert::duration("timeout", r.timeout.as_ref())?
-            .unwrap_or(std::time::Duration::from_secs(60));
-        // tokio's clock (an etcd wait's timer deadline), not `crate::clock`: see etcd.rs.
-        let deadline = tokio::time::Instant::now() + timeout;
-        // The first read ends by the wait's timeout too (and the caller's deadline, if it
-        // set one): a hung etcd is FLEET_UNAVAILABLE within the time asked for.
-        let first_by = caller.map_or(deadline, |c| c.min(deadline));
-        let first = Rollout::read(&self.etcd.until(Some(first_by)), &self.keys, &r.name).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let this = self.clone();
-        tokio::spawn(async move {
-            let sent = follow(
-                &this.etcd.until(Some(deadline)),
-                first,
-                r.fleet_revision,
-                r.allow_no_nodes,
-                deadline,
-                |phase, status| {
-                    let msg = pb::RolloutProgress {
-                        phase: phase as i32,
-                        status: Some(status.clone()),
-                    };
-                    // A full channel waits (the client reads slowly); a closed one ends.
-                    let tx = tx.clone();
-                    async move { tx.send(Ok(msg)).await.is_ok() }
-                },
-            )
-            .await;
-            if let Err(e) = sent {
-                let _ = tx.send(Err(e.into())).await;
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        call::read(&self.state, request, |request| async move {
+            let caller = caller_deadline(&request);
+            let r = request.into_inner();
+            let timeout = convert::duration("timeout", r.timeout.as_ref())?
+                .unwrap_or(std::time::Duration::from_secs(60));
+            // tokio's clock (an etcd wait's timer deadline), not `crate::clock`: see etcd.rs.
+            let deadline = tokio::time::Instant::now() + timeout;
+            // The first read ends by the wait's timeout too (and the caller's deadline, if it
+            // set one): a hung etcd is FLEET_UNAVAILABLE within the time asked for.
+            let first_by = caller.map_or(deadline, |c| c.min(deadline));
+            let first =
+                Rollout::read(&self.etcd.until(Some(first_by)), &self.keys, &r.name).await?;
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let this = self.clone();
+            let progress = tx.clone();
+            let following = tokio::spawn(async move {
+                follow(
+                    &this.etcd.until(Some(deadline)),
+                    first,
+                    r.fleet_revision,
+                    r.allow_no_nodes,
+                    deadline,
+                    |phase, status| {
+                        let msg = pb::RolloutProgress {
+                            phase: phase as i32,
+                            status: Some(status.clone()),
+                        };
+                        // A full channel waits (the client reads slowly); a closed one ends.
+                        let tx = progress.clone();
+                        async move { tx.send(Ok(msg)).await.is_ok() }
+                    },
+                )
+                .await
+            });
+            // The follower is joined here: its error, or its panic (logged, INTERNAL), ends
+            // the stream as a status instead of a stream that just stops.
+            tokio::spawn(async move {
+                let end = match following.await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) => Status::from(e),
+                    Err(e) => {
+                        tracing::error!(error = %e, "WaitRollout follower task failed");
+                        Status::from(Error::TaskFailed {
+                            task: "WaitRollout follower",
+                            source: e,
+                        })
+                    }
+                };
+                // A closed channel: the client is gone, nobody to tell.
+                tx.send(Err(end)).await.ok();
+            });
+            let stream: ProgressStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+            Ok(Response::new(stream))
+        })
+        .await
     }
 
     async fn put_ruleset(
         &self,
         request: Request<pb::PutFleetRulesetRequest>,
     ) -> Result<Response<pb::FleetRuleset>, Status> {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
+        let spec = Spec {
+            method: "FleetPutRuleset",
+            op: Op::Apply,
+            targets: |r: &pb::PutFleetRulesetRequest| fleet_target(&r.name),
+            digest: Digest::Parallel,
+            refused: false,
+        };
         let etcd = self.etcd_for(&request);
-        let r = request.into_inner();
         let this = self.clone();
-        let result = crate::grpc::service::to_completion(async move {
-            if r.validate_only {
-                return Ok(this.put(&etcd, caller, r).await?);
-            }
-            let id = r.request_id.clone();
-            let state = this.state.clone();
-            let audit = crate::grpc::service::audit_entry(caller.clone(), "FleetPutRuleset", &r);
-            let digest = audit.request_digest.clone();
-            let result = state
-                .idempotent("FleetPutRuleset", &id, &digest, this.put(&etcd, caller, r))
-                .await;
-            state.audit_pending(Some(audit), &result).await;
-            Ok(result?)
+        call::mutate(&self.state, spec, request, move |cx, r| {
+            Box::pin(async move { this.put(&etcd, cx.caller.clone(), &r).await })
         })
-        .await?;
-        Ok(Response::new(result))
+        .await
     }
 
     async fn get_ruleset(
         &self,
         request: Request<pb::GetFleetRulesetRequest>,
     ) -> Result<Response<pb::FleetRuleset>, Status> {
-        let etcd = self.etcd_for(&request);
-        let r = request.into_inner();
-        let (d, kv) = get(&etcd, &self.keys, &r.name).await?;
-        let name = convert::ruleset_id("name", &r.name)?;
-        Ok(Response::new(fleet_ruleset(
-            &name,
-            &d,
-            kv.mod_revision,
-            Vec::new(),
-        )))
+        call::read(&self.state, request, |request| async move {
+            let etcd = self.etcd_for(&request);
+            let r = request.into_inner();
+            let (d, kv) = get(&etcd, &self.keys, &r.name).await?;
+            let name = convert::ruleset_id("name", &r.name)?;
+            Ok(Response::new(fleet_ruleset(
+                &name,
+                &d,
+                kv.mod_revision,
+                Vec::new(),
+            )))
+        })
+        .await
     }
 
     async fn list_rulesets(
         &self,
         request: Request<pb::ListFleetRulesetsRequest>,
     ) -> Result<Response<pb::ListFleetRulesetsResponse>, Status> {
-        let etcd = self.etcd_for(&request);
-        let r = request.into_inner();
-        let page = LIST_RULESETS.page(r.page_size, &r.page_token, "")?;
-        let after = page.cursor.unwrap_or_default();
-        let (_, kvs) = etcd
-            .range_prefix(&self.keys.rulesets(), 0)
-            .await
-            .map_err(Error::from)?;
-        // etcd returns a prefix by key, so by name; the page's keys are decoded, no others.
-        let mut named = Vec::new();
-        for kv in &kvs {
-            let key = String::from_utf8_lossy(&kv.key).into_owned();
-            if let Some(name) = self.keys.ruleset_name(&key) {
-                if name > after.as_str() {
-                    named.push((name.to_string(), kv));
+        call::read(&self.state, request, |request| async move {
+            let etcd = self.etcd_for(&request);
+            let r = request.into_inner();
+            let page = LIST_RULESETS.page(r.page_size, &r.page_token, "")?;
+            let after = page.cursor.unwrap_or_default();
+            let (_, kvs) = etcd
+                .range_prefix(&self.keys.rulesets(), 0)
+                .await
+                .map_err(Error::from)?;
+            // etcd returns a prefix by key, so by name; the page's keys are decoded, no others.
+            let mut named = Vec::new();
+            for kv in &kvs {
+                let key = String::from_utf8_lossy(&kv.key).into_owned();
+                if let Some(name) = self.keys.ruleset_name(&key) {
+                    if name > after.as_str() {
+                        named.push((name.to_string(), kv));
+                    }
                 }
             }
-        }
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut decoded = Vec::new();
-        for (name, kv) in named.iter().take(page.size + 1) {
-            decoded.push(fleet_ruleset(
-                name,
-                &decode(kv)?,
-                kv.mod_revision,
-                Vec::new(),
-            ));
-        }
-        let (rulesets, more) = paging::fill(decoded, page.size);
-        let next_page_token = match rulesets.last() {
-            Some(last) if more => LIST_RULESETS.token("", &last.name),
-            _ => String::new(),
-        };
-        Ok(Response::new(pb::ListFleetRulesetsResponse {
-            rulesets,
-            next_page_token,
-        }))
+            named.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut decoded = Vec::new();
+            for (name, kv) in named.iter().take(page.size + 1) {
+                decoded.push(fleet_ruleset(
+                    name,
+                    &decode(kv)?,
+                    kv.mod_revision,
+                    Vec::new(),
+                ));
+            }
+            let (rulesets, more) = paging::fill(decoded, page.size);
+            let next_page_token = match rulesets.last() {
+                Some(last) if more => LIST_RULESETS.token("", &last.name),
+                _ => String::new(),
+            };
+            Ok(Response::new(pb::ListFleetRulesetsResponse {
+                rulesets,
+                next_page_token,
+            }))
+        })
+        .await
     }
 
     async fn delete_ruleset(
         &self,
         request: Request<pb::DeleteFleetRulesetRequest>,
     ) -> Result<Response<pb::DeleteFleetRulesetResponse>, Status> {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
+        let spec = Spec {
+            method: "FleetDeleteRuleset",
+            op: Op::Apply,
+            targets: |r: &pb::DeleteFleetRulesetRequest| fleet_target(&r.name),
+            digest: Digest::Inline,
+            refused: false,
+        };
         let etcd = self.etcd_for(&request);
-        let r = request.into_inner();
-        let result = async {
-            let name = convert::ruleset_id("name", &r.name)?;
-            let expect = etag("etag", &r.etag)?;
-            match etcd
-                .delete_if(
-                    &self.keys.ruleset(&name),
-                    expect,
-                    Some(&self.keys.reports(&name)),
-                )
-                .await?
-            {
-                Swap::Done(rev) => Ok(rev),
-                Swap::Moved(0) => Err(Error::NotFound {
-                    kind: "fleet ruleset",
-                    name: format!("fleet/rulesets/{name}"),
-                }),
-                Swap::Moved(current) => Err(Error::EtagMismatch {
-                    name: format!("fleet/rulesets/{name}"),
-                    given: r.etag.clone(),
-                    current: current.to_string(),
-                }),
-            }
-        }
-        .await;
-        self.state
-            .audit(caller, "FleetDeleteRuleset", &r, &result)
-            .await;
-        Ok(Response::new(pb::DeleteFleetRulesetResponse {
-            fleet_revision: result?,
-        }))
+        let this = self.clone();
+        call::mutate(&self.state, spec, request, move |_, r| {
+            Box::pin(async move {
+                let name = convert::ruleset_id("name", &r.name)?;
+                let expect = etag("etag", &r.etag)?;
+                let fleet_revision = match etcd
+                    .delete_if(
+                        &this.keys.ruleset(&name),
+                        expect,
+                        Some(&this.keys.reports(&name)),
+                    )
+                    .await?
+                {
+                    Swap::Done(rev) => Ok(rev),
+                    Swap::Moved(0) => Err(Error::NotFound {
+                        kind: "fleet ruleset",
+                        name: format!("fleet/rulesets/{name}"),
+                    }),
+                    Swap::Moved(current) => Err(Error::EtagMismatch {
+                        name: format!("fleet/rulesets/{name}"),
+                        given: r.etag.clone(),
+                        current: current.to_string(),
+                    }),
+                }?;
+                Ok(pb::DeleteFleetRulesetResponse { fleet_revision })
+            })
+        })
+        .await
     }
 
     async fn get_rollout_status(
         &self,
         request: Request<pb::GetRolloutStatusRequest>,
     ) -> Result<Response<pb::RolloutStatus>, Status> {
-        let etcd = self.etcd_for(&request);
-        Ok(Response::new(
-            rollout_status(&etcd, &self.keys, &request.into_inner().name).await?,
-        ))
+        call::read(&self.state, request, |request| async move {
+            let etcd = self.etcd_for(&request);
+            Ok(Response::new(
+                rollout_status(&etcd, &self.keys, &request.into_inner().name).await?,
+            ))
+        })
+        .await
     }
 
     async fn list_nodes(
         &self,
         request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let etcd = self.etcd_for(&request);
-        let r = request.into_inner();
-        let page = LIST_NODES.page(r.page_size, &r.page_token, "")?;
-        let after = page.cursor.unwrap_or_default();
-        let mut all: Vec<_> = nodes(&etcd, &self.keys)
-            .await?
-            .into_iter()
-            .filter(|(name, _)| *name > after)
-            .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0));
-        let (nodes, more) = paging::fill(
-            all.into_iter().map(|(name, info)| pb::FleetNode {
-                name,
-                labels: info.labels.into_iter().collect(),
-                version: info.version,
-                heartbeat_time: Some(convert::timestamp(info.heartbeat_ns)),
-            }),
-            page.size,
-        );
-        let next_page_token = match nodes.last() {
-            Some(last) if more => LIST_NODES.token("", &last.name),
-            _ => String::new(),
-        };
-        Ok(Response::new(pb::ListNodesResponse {
-            nodes,
-            next_page_token,
-        }))
+        call::read(&self.state, request, |request| async move {
+            let etcd = self.etcd_for(&request);
+            let r = request.into_inner();
+            let page = LIST_NODES.page(r.page_size, &r.page_token, "")?;
+            let after = page.cursor.unwrap_or_default();
+            let mut all: Vec<_> = nodes(&etcd, &self.keys)
+                .await?
+                .into_iter()
+                .filter(|(name, _)| *name > after)
+                .collect();
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            let (nodes, more) = paging::fill(
+                all.into_iter().map(|(name, info)| pb::FleetNode {
+                    name,
+                    labels: info.labels.into_iter().collect(),
+                    version: info.version,
+                    heartbeat_time: Some(convert::timestamp(info.heartbeat_ns)),
+                }),
+                page.size,
+            );
+            let next_page_token = match nodes.last() {
+                Some(last) if more => LIST_NODES.token("", &last.name),
+                _ => String::new(),
+            };
+            Ok(Response::new(pb::ListNodesResponse {
+                nodes,
+                next_page_token,
+            }))
+        })
+        .await
     }
 }
 

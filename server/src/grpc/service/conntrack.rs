@@ -1,8 +1,9 @@
 //! `vallum.v1.ConntrackService`: list, delete by filter and flush the engine's connection
 //! table, and read its counters (as conntrack-tools' `conntrack -L`, `-D`, `-F`, `-S`).
 //!
-//! List and GetStats are read-only; Delete and Flush need an admin token, are audited and take
-//! a `request_id` (a retry returns the first call's count, see [`State::idempotent`]; no
+//! Every method runs through the one handler layer ([`crate::grpc::call`]). List and GetStats
+//! are read-only; Delete and Flush need an admin token (scope `ops=conntrack`), are audited and
+//! take a `request_id` (a retry returns the first call's count, see [`State::idempotent`]; no
 //! etag: the table changes with every packet).
 //! With conntrack off every call fails with FAILED_PRECONDITION (type `CONNTRACK`).
 
@@ -13,11 +14,11 @@ use vallum_engine::conntrack::{ConnFilter, Conntrack};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::conntrack_service_server::ConntrackService;
 
+use super::State;
 use super::paging::{self, Paging};
-use super::{State, audit_entry_of, request_digest};
-use crate::control::hooks;
 use crate::error::{Error, Result};
-use crate::grpc::auth::{Grant, Op};
+use crate::grpc::auth::Op;
+use crate::grpc::call::{self, Digest, Mutation, Spec, Target};
 use crate::grpc::convert;
 
 /// How List pages: an entry is ~60 bytes.
@@ -66,6 +67,18 @@ fn parse_cursor(s: &str) -> Result<EntryKey> {
     ))
 }
 
+/// How the layer runs Delete and Flush: scope `ops=conntrack` (the table is the host's, no
+/// ruleset names it).
+fn spec<R: Mutation>(method: &'static str) -> Spec<R> {
+    Spec {
+        method,
+        op: Op::Conntrack,
+        targets: |_| Ok(vec![Target::every("")]),
+        digest: Digest::Inline,
+        refused: false,
+    }
+}
+
 /// The ConntrackService implementation.
 #[derive(Debug, Clone)]
 pub struct ConntrackApi {
@@ -112,101 +125,91 @@ impl ConntrackService for ConntrackApi {
         &self,
         request: Request<pb::ListConntrackRequest>,
     ) -> Result<Response<pb::ListConntrackResponse>, Status> {
-        let r = request.into_inner();
-        let f = r.filter.unwrap_or_default();
-        let page = LIST_PAGING.page(r.page_size, &r.page_token, &format!("{f:?}"))?;
-        let after = page.cursor.as_deref().map(parse_cursor).transpose()?;
-        let filter = convert::conntrack_filter("filter", &f)?;
-        let table = self.table()?;
-        let now = self.state.pipeline.now_ns();
-        let all = table.list();
-        let mut matched = 0u64;
-        let mut rest: Vec<(EntryKey, &vallum_engine::conntrack::ConnView)> = Vec::new();
-        for c in all.iter().filter(|c| filter.matches(c)) {
-            matched += 1;
-            let k = entry_key(c);
-            if after.is_none_or(|a| k > a) {
-                rest.push((k, c));
+        call::read(&self.state, request, |request| async move {
+            let r = request.into_inner();
+            let f = r.filter.unwrap_or_default();
+            let page = LIST_PAGING.page(r.page_size, &r.page_token, &format!("{f:?}"))?;
+            let after = page.cursor.as_deref().map(parse_cursor).transpose()?;
+            let filter = convert::conntrack_filter("filter", &f)?;
+            let table = self.table()?;
+            let now = self.state.pipeline.now_ns();
+            let all = table.list();
+            let mut matched = 0u64;
+            let mut rest: Vec<(EntryKey, &vallum_engine::conntrack::ConnView)> = Vec::new();
+            for c in all.iter().filter(|c| filter.matches(c)) {
+                matched += 1;
+                let k = entry_key(c);
+                if after.is_none_or(|a| k > a) {
+                    rest.push((k, c));
+                }
             }
-        }
-        // The page's entries are the smallest keys after the cursor: a partial selection
-        // (linear) and a sort of the page only, not of the whole table.
-        let take = page.size + 1;
-        if rest.len() > take {
-            rest.select_nth_unstable_by(take - 1, |a, b| a.0.cmp(&b.0));
-            rest.truncate(take);
-        }
-        rest.sort_unstable_by_key(|a| a.0);
-        let keys: Vec<EntryKey> = rest.iter().map(|(k, _)| *k).collect();
-        let (entries, more) = paging::fill(
-            rest.iter().map(|(_, c)| convert::conntrack_entry(c, now)),
-            page.size,
-        );
-        let next_page_token = match entries.len().checked_sub(1).map(|i| &keys[i]) {
-            Some(last) if more => LIST_PAGING.token(&format!("{f:?}"), &cursor_of(last)),
-            _ => String::new(),
-        };
-        Ok(Response::new(pb::ListConntrackResponse {
-            entries,
-            matched,
-            next_page_token,
-        }))
+            // The page's entries are the smallest keys after the cursor: a partial selection
+            // (linear) and a sort of the page only, not of the whole table.
+            let take = page.size + 1;
+            if rest.len() > take {
+                rest.select_nth_unstable_by(take - 1, |a, b| a.0.cmp(&b.0));
+                rest.truncate(take);
+            }
+            rest.sort_unstable_by_key(|a| a.0);
+            let keys: Vec<EntryKey> = rest.iter().map(|(k, _)| *k).collect();
+            let (entries, more) = paging::fill(
+                rest.iter().map(|(_, c)| convert::conntrack_entry(c, now)),
+                page.size,
+            );
+            let next_page_token = match entries.len().checked_sub(1).map(|i| &keys[i]) {
+                Some(last) if more => LIST_PAGING.token(&format!("{f:?}"), &cursor_of(last)),
+                _ => String::new(),
+            };
+            Ok(Response::new(pb::ListConntrackResponse {
+                entries,
+                matched,
+                next_page_token,
+            }))
+        })
+        .await
     }
 
     async fn delete(
         &self,
         request: Request<pb::DeleteConntrackRequest>,
     ) -> Result<Response<pb::DeleteConntrackResponse>, Status> {
-        let caller = hooks::caller(&request);
-        let grant = Grant::of(&request);
-        let r = request.into_inner();
-        let method = "ConntrackService/Delete";
-        let digest = request_digest(&r);
-        let result = match grant.check(method, Op::Conntrack, None, None) {
-            Ok(()) => {
-                let call = async { ConntrackApi::delete(self, &r) };
-                (self.state)
-                    .idempotent(method, &r.request_id, &digest, call)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let entry = audit_entry_of(caller, method, digest);
-        self.state.audit_pending(Some(entry), &result).await;
-        Ok(Response::new(result?))
+        let api = self.clone();
+        call::mutate(
+            &self.state,
+            spec("ConntrackService/Delete"),
+            request,
+            move |_, r| Box::pin(async move { api.delete(&r) }),
+        )
+        .await
     }
 
     async fn flush(
         &self,
         request: Request<pb::FlushConntrackRequest>,
     ) -> Result<Response<pb::FlushConntrackResponse>, Status> {
-        let caller = hooks::caller(&request);
-        let grant = Grant::of(&request);
-        let r = request.into_inner();
-        let method = "ConntrackService/Flush";
-        let digest = request_digest(&r);
-        let result = match grant.check(method, Op::Conntrack, None, None) {
-            Ok(()) => {
-                let call = async {
+        let api = self.clone();
+        call::mutate(
+            &self.state,
+            spec("ConntrackService/Flush"),
+            request,
+            move |_, _| {
+                Box::pin(async move {
                     Ok(pb::FlushConntrackResponse {
-                        deleted: self.table()?.flush() as u64,
+                        deleted: api.table()?.flush() as u64,
                     })
-                };
-                (self.state)
-                    .idempotent(method, &r.request_id, &digest, call)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let entry = audit_entry_of(caller, method, digest);
-        self.state.audit_pending(Some(entry), &result).await;
-        Ok(Response::new(result?))
+                })
+            },
+        )
+        .await
     }
 
     async fn get_stats(
         &self,
         _request: Request<pb::GetConntrackStatsRequest>,
     ) -> Result<Response<pb::ConntrackStats>, Status> {
-        Ok(Response::new(convert::conntrack_stats(self.table()?)))
+        call::read(&self.state, _request, |_request| async move {
+            Ok(Response::new(convert::conntrack_stats(self.table()?)))
+        })
+        .await
     }
 }

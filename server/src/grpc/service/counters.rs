@@ -21,9 +21,9 @@ use vallum_engine::model::{Family, Hook, TableKind};
 
 use super::State;
 use super::paging::{self, Paging};
-use crate::control::hooks;
 use crate::error::{Error, Result};
-use crate::grpc::auth::{Grant, Op};
+use crate::grpc::auth::Op;
+use crate::grpc::call::{self, Digest, Priority, Spec, Target};
 use crate::grpc::convert;
 
 /// How GetCounters pages: a counter is ~100 bytes, so a full page is ~1 MB.
@@ -43,6 +43,24 @@ impl CountersApi {
     /// The service over shared state.
     pub fn new(state: Arc<State>) -> Self {
         CountersApi { state }
+    }
+
+    /// ZeroCounters' own work, once the layer let it through: every counter of the rulesets
+    /// (or of the one named), or of one table, chain or rule of it.
+    ///
+    /// Errors: as [`CountersApi::filter`], [`scope`] and [`check_scope`].
+    async fn zero(&self, r: &pb::ZeroCountersRequest) -> Result<pb::ZeroCountersResponse> {
+        let filter = self.filter(&r.ruleset).await?;
+        let engine = self.state.pipeline.engine();
+        match (&filter, scope(r)?) {
+            (Some(name), Some((family, table, chain))) => {
+                check_scope(engine, name, family, table, chain.as_deref(), r.rule)?;
+                let rule = (r.rule != 0).then_some(r.rule);
+                engine.zero_counters_in(name, family, table, chain.as_deref(), rule);
+            }
+            _ => engine.zero_counters(filter.as_deref()),
+        }
+        Ok(pb::ZeroCountersResponse {})
     }
 
     /// The ruleset a request names (`None`: every ruleset).
@@ -149,138 +167,126 @@ impl CounterService for CountersApi {
         &self,
         request: Request<pb::GetCountersRequest>,
     ) -> Result<Response<pb::GetCountersResponse>, Status> {
-        let r = request.into_inner();
-        let page = COUNTERS_PAGING.page(r.page_size, &r.page_token, &r.ruleset)?;
-        let filter = self.filter(&r.ruleset).await?;
-        let engine = self.state.pipeline.engine();
-        // The revisions and the counters from one snapshot: a commit between the two reads
-        // would pair this page's offset with the other snapshot's rules.
-        let (revisions, rulesets, all) = loop {
-            let before = engine.revisions();
-            let rulesets: Vec<_> = engine.rulesets().into_values().collect();
-            let all = engine.counters();
-            if engine.revisions() == before {
-                break (before, rulesets, all);
-            }
-        };
-        let fingerprint: String = {
-            use sha2::Digest;
-            let mut h = sha2::Sha256::new();
-            for (name, a) in &revisions {
-                h.update(format!("{name}\0{}\0{}\0", a.revision, a.priority));
-            }
-            h.finalize()[..8]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect()
-        };
-        let offset = match &page.cursor {
-            None => 0,
-            Some(c) => {
-                let (fp, n) = c.split_once(':').unwrap_or_default();
-                let n: usize = n
-                    .parse()
-                    .map_err(|_| Error::invalid("page_token", "not a page token of GetCounters"))?;
-                if fp != fingerprint {
-                    return Err(Error::ListChanged {
-                        what: "the active revisions",
-                        detail: format!(
-                            "now {}",
-                            revisions
-                                .iter()
-                                .map(|(n, a)| format!("rulesets/{n}/revisions/{}", a.revision))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    }
-                    .into());
+        call::read(&self.state, request, |request| async move {
+            let r = request.into_inner();
+            let page = COUNTERS_PAGING.page(r.page_size, &r.page_token, &r.ruleset)?;
+            let filter = self.filter(&r.ruleset).await?;
+            let engine = self.state.pipeline.engine();
+            // The revisions and the counters from one snapshot: a commit between the two reads
+            // would pair this page's offset with the other snapshot's rules.
+            let (revisions, rulesets, all) = loop {
+                let before = engine.revisions();
+                let rulesets: Vec<_> = engine.rulesets().into_values().collect();
+                let all = engine.counters();
+                if engine.revisions() == before {
+                    break (before, rulesets, all);
                 }
-                n
-            }
-        };
-        let items = all
-            .into_iter()
-            .filter(|c| filter.as_deref().is_none_or(|f| f == &*c.ruleset))
-            .skip(offset)
-            .map(|c| {
-                let text = match c.rule {
-                    Some(n) => {
-                        convert::rule_text_of(&rulesets, &c.ruleset, c.family, c.table, &c.chain, n)
-                            .unwrap_or_default()
+            };
+            let fingerprint: String = {
+                use sha2::Digest;
+                let mut h = sha2::Sha256::new();
+                for (name, a) in &revisions {
+                    h.update(format!("{name}\0{}\0{}\0", a.revision, a.priority));
+                }
+                h.finalize()[..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            };
+            let offset = match &page.cursor {
+                None => 0,
+                Some(c) => {
+                    let (fp, n) = c.split_once(':').unwrap_or_default();
+                    let n: usize = n.parse().map_err(|_| {
+                        Error::invalid("page_token", "not a page token of GetCounters")
+                    })?;
+                    if fp != fingerprint {
+                        return Err(Error::ListChanged {
+                            what: "the active revisions",
+                            detail: format!(
+                                "now {}",
+                                revisions
+                                    .iter()
+                                    .map(|(n, a)| format!("rulesets/{n}/revisions/{}", a.revision))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        }
+                        .into());
                     }
-                    None => rulesets
-                        .iter()
-                        .find(|r| *r.name == *c.ruleset)
-                        .and_then(|r| r.table(c.family, c.table))
-                        .and_then(|t| t.chain(&c.chain))
-                        .and_then(|ch| ch.policy)
-                        .map(|p| format!("{p:?}").to_uppercase())
+                    n
+                }
+            };
+            let items = all
+                .into_iter()
+                .filter(|c| filter.as_deref().is_none_or(|f| f == &*c.ruleset))
+                .skip(offset)
+                .map(|c| {
+                    let text = match c.rule {
+                        Some(n) => convert::rule_text_of(
+                            &rulesets, &c.ruleset, c.family, c.table, &c.chain, n,
+                        )
                         .unwrap_or_default(),
-                };
-                pb::RuleCounter {
-                    ruleset: c.ruleset.to_string(),
-                    family: convert::family_pb(c.family) as i32,
-                    table: c.table.name().to_string(),
-                    chain: c.chain.to_string(),
-                    rule: c.rule.unwrap_or(0),
-                    packets: c.packets,
-                    bytes: c.bytes,
-                    text,
-                }
-            });
-        let (counters, more) = paging::fill(items, page.size);
-        let next_page_token = if more {
-            COUNTERS_PAGING.token(
-                &r.ruleset,
-                &format!("{fingerprint}:{}", offset + counters.len()),
-            )
-        } else {
-            String::new()
-        };
-        Ok(Response::new(pb::GetCountersResponse {
-            counters,
-            next_page_token,
-        }))
+                        None => rulesets
+                            .iter()
+                            .find(|r| *r.name == *c.ruleset)
+                            .and_then(|r| r.table(c.family, c.table))
+                            .and_then(|t| t.chain(&c.chain))
+                            .and_then(|ch| ch.policy)
+                            .map(|p| format!("{p:?}").to_uppercase())
+                            .unwrap_or_default(),
+                    };
+                    pb::RuleCounter {
+                        ruleset: c.ruleset.to_string(),
+                        family: convert::family_pb(c.family) as i32,
+                        table: c.table.name().to_string(),
+                        chain: c.chain.to_string(),
+                        rule: c.rule.unwrap_or(0),
+                        packets: c.packets,
+                        bytes: c.bytes,
+                        text,
+                    }
+                });
+            let (counters, more) = paging::fill(items, page.size);
+            let next_page_token = if more {
+                COUNTERS_PAGING.token(
+                    &r.ruleset,
+                    &format!("{fingerprint}:{}", offset + counters.len()),
+                )
+            } else {
+                String::new()
+            };
+            Ok(Response::new(pb::GetCountersResponse {
+                counters,
+                next_page_token,
+            }))
+        })
+        .await
     }
 
     async fn zero_counters(
         &self,
         request: Request<pb::ZeroCountersRequest>,
     ) -> Result<Response<pb::ZeroCountersResponse>, Status> {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
-        let grant = Grant::of(&request);
-        let r = request.into_inner();
-        let named = (!r.ruleset.is_empty())
-            .then(|| convert::ruleset_id("ruleset", &r.ruleset))
-            .transpose();
-        let result = match named.and_then(|named| {
-            grant.check(
-                &format!("ZeroCounters rulesets/{}", named.as_deref().unwrap_or("*")),
-                Op::Counters,
-                named.as_deref(),
-                None,
-            )
-        }) {
-            Ok(()) => self.filter(&r.ruleset).await,
-            Err(e) => Err(e),
+        let spec = Spec {
+            method: "CounterService/ZeroCounters",
+            op: Op::Counters,
+            targets: |r: &pb::ZeroCountersRequest| {
+                Ok(vec![match r.ruleset.is_empty() {
+                    true => Target::every("rulesets/*"),
+                    false => Target::ruleset(
+                        convert::ruleset_id("ruleset", &r.ruleset)?,
+                        Priority::Unchecked,
+                    ),
+                }])
+            },
+            digest: Digest::Inline,
+            refused: false,
         };
-        let result = result.and_then(|filter| {
-            let engine = self.state.pipeline.engine();
-            match (&filter, scope(&r)?) {
-                (Some(name), Some((family, table, chain))) => {
-                    check_scope(engine, name, family, table, chain.as_deref(), r.rule)?;
-                    let rule = (r.rule != 0).then_some(r.rule);
-                    engine.zero_counters_in(name, family, table, chain.as_deref(), rule);
-                }
-                _ => engine.zero_counters(filter.as_deref()),
-            }
-            Ok(())
-        });
-        self.state
-            .audit(caller, "CounterService/ZeroCounters", &r, &result)
-            .await;
-        result?;
-        Ok(Response::new(pb::ZeroCountersResponse {}))
+        let api = self.clone();
+        call::mutate(&self.state, spec, request, move |_, r| {
+            Box::pin(async move { api.zero(&r).await })
+        })
+        .await
     }
 }

@@ -1,10 +1,12 @@
 //! `vallum.v1.SetService`: ipset-style sets (create, destroy, add/delete elements, list, get,
 //! flush, swap, `ipset save` import and export), without a ruleset commit. A thin adapter:
 //! requests are converted in [`crate::grpc::convert::sets`], the work (checks, durable store
-//! transaction, publish in the engine) is in [`crate::control::pipeline::sets`]. Every call answers
-//! NOT_READY until the stored sets are loaded (reads too: before that the registry is empty);
-//! mutating calls are audited like the RulesetService's, take a `request_id` (idempotent, as
-//! [`State::idempotent`]) and, those that change one or two named sets, their `etag`s.
+//! transaction, publish in the engine) is in [`crate::control::pipeline::sets`]. Every call
+//! runs through the one handler layer ([`crate::grpc::call`]): NOT_READY until the stored sets
+//! are loaded (reads too: before that the registry is empty); mutating calls need scope
+//! `ops=sets` over the sets they name, are audited like the RulesetService's, take a
+//! `request_id` (idempotent, as [`State::idempotent`]) and, those that change one or two
+//! named sets, their `etag`s.
 
 use std::sync::Arc;
 
@@ -12,12 +14,12 @@ use tonic::{Request, Response, Status};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::set_service_server::SetService;
 
+use super::State;
 use super::paging::{self, Paging};
-use super::{State, audit_entry_of, request_digest, to_completion};
-use crate::control::hooks;
 use crate::control::pipeline::sets::check_set_name;
 use crate::error::{Error, Result};
-use crate::grpc::auth::{Grant, Op};
+use crate::grpc::auth::Op;
+use crate::grpc::call::{self, Digest, Mutation, Spec, Target};
 use crate::grpc::convert::sets::{create_spec, element_inputs, element_pb, set_pb};
 
 /// How ListSets pages (by name).
@@ -57,10 +59,9 @@ impl SetApi {
         Ok(set_pb(&s, p.set_references(name), etag))
     }
 
-    /// Runs a mutating call: ready check, then `f` (once per `request_id`, see
-    /// [`State::idempotent`]), then the audit record, on a task of its own (a client that
-    /// gives up cannot stop it between the store and the set registry; see
-    /// [`to_completion`]).
+    /// Runs a mutating call through the one handler layer ([`call::mutate`]): scope
+    /// `ops=sets` over the sets the request names ([`SetNames`]), then `f` (once per
+    /// `request_id`), then the audit record as `method`.
     async fn mutate<R, M, F, Fut>(
         &self,
         method: &'static str,
@@ -68,43 +69,30 @@ impl SetApi {
         f: F,
     ) -> Result<M, Status>
     where
-        R: prost::Message + SetNames + Send + Sync + 'static,
-        M: prost::Message + Default + Send + Sync + 'static,
+        R: Mutation + SetNames,
+        M: prost::Message + Default + Send + 'static,
         F: FnOnce(SetApi, Arc<R>) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<M>> + Send,
+        Fut: std::future::Future<Output = Result<M>> + Send + 'static,
     {
-        self.state.ready()?;
-        let caller = hooks::caller(&request);
-        let grant = Grant::of(&request);
-        let r = Arc::new(request.into_inner());
+        let spec = Spec {
+            method,
+            op: Op::Sets,
+            targets: set_targets::<R>,
+            digest: Digest::Inline,
+            refused: false,
+        };
         let api = self.clone();
-        to_completion(async move {
-            let digest = request_digest(&*r);
-            let result = match set_names(method, &*r, &grant) {
-                Ok(()) => {
-                    let call = f(api.clone(), r.clone());
-                    (api.state)
-                        .idempotent(method, r.request_id(), &digest, call)
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            let entry = audit_entry_of(caller, method, digest);
-            api.state.audit_pending(Some(entry), &result).await;
-            Ok(result?)
-        })
-        .await
+        let r = call::mutate(&self.state, spec, request, move |_, r| Box::pin(f(api, r))).await?;
+        Ok(r.into_inner())
     }
 }
 
-/// The set names a mutating request names, for the caller's [`Grant`] (scope `ops=sets` and
+/// The set names a mutating request names, for the caller's scope (`ops=sets` and
 /// `rulesets=` names). ImportIpsetSave names its sets inside the text: it needs a scope
 /// that covers every name (`None`).
 pub trait SetNames {
     /// The named sets (raw request fields), or `None` when the request may touch any set.
     fn set_names(&self) -> Option<Vec<&str>>;
-    /// The request's `request_id` (empty: none).
-    fn request_id(&self) -> &str;
 }
 
 macro_rules! set_names {
@@ -113,9 +101,6 @@ macro_rules! set_names {
             fn set_names(&self) -> Option<Vec<&str>> {
                 let $r = self;
                 $e
-            }
-            fn request_id(&self) -> &str {
-                &self.request_id
             }
         }
     )*};
@@ -136,15 +121,16 @@ set_names! {
     pb::ImportIpsetSaveRequest => |_r| None;
 }
 
-/// Refuses a set change outside the caller's scope (see [`SetNames`]).
-fn set_names<R: SetNames>(method: &str, r: &R, grant: &Grant) -> Result<()> {
-    match r.set_names() {
-        None => grant.check(&format!("{method} sets/*"), Op::Sets, None, None),
-        Some(names) => names.into_iter().try_for_each(|n| {
-            let n = n.strip_prefix("sets/").unwrap_or(n);
-            grant.check(&format!("{method} sets/{n}"), Op::Sets, Some(n), None)
-        }),
-    }
+/// The layer's [`Target`]s of a set change (see [`SetNames`]); an optional `sets/` prefix
+/// is taken off.
+fn set_targets<R: SetNames>(r: &R) -> Result<Vec<Target>> {
+    Ok(match r.set_names() {
+        None => vec![Target::every("sets/*")],
+        Some(names) => names
+            .into_iter()
+            .map(|n| Target::set(n.strip_prefix("sets/").unwrap_or(n)))
+            .collect(),
+    })
 }
 
 /// A set name from a request field (an optional `sets/` prefix is accepted).
@@ -248,61 +234,65 @@ impl SetService for SetApi {
         &self,
         request: Request<pb::ListSetsRequest>,
     ) -> Result<Response<pb::ListSetsResponse>, Status> {
-        self.state.ready()?;
-        let r = request.into_inner();
-        let page = LIST_SETS.page(r.page_size, &r.page_token, "")?;
-        let p = &self.state.pipeline;
-        let mut etags = p.store().set_etags().await?;
-        let mut summaries = p.sets().summaries();
-        summaries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        let (sets, more) = paging::fill(
-            summaries
-                .iter()
-                .filter(|s| page.cursor.as_deref().is_none_or(|c| *s.name > *c))
-                .map(|s| {
-                    let etag = etags.remove(&s.name).unwrap_or_default();
-                    set_pb(s, p.set_references(&s.name), etag)
-                }),
-            page.size,
-        );
-        let next_page_token = match sets.last() {
-            Some(last) if more => LIST_SETS.token("", &last.name),
-            _ => String::new(),
-        };
-        Ok(Response::new(pb::ListSetsResponse {
-            sets,
-            next_page_token,
-        }))
+        call::read(&self.state, request, |request| async move {
+            let r = request.into_inner();
+            let page = LIST_SETS.page(r.page_size, &r.page_token, "")?;
+            let p = &self.state.pipeline;
+            let mut etags = p.store().set_etags().await?;
+            let mut summaries = p.sets().summaries();
+            summaries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            let (sets, more) = paging::fill(
+                summaries
+                    .iter()
+                    .filter(|s| page.cursor.as_deref().is_none_or(|c| *s.name > *c))
+                    .map(|s| {
+                        let etag = etags.remove(&s.name).unwrap_or_default();
+                        set_pb(s, p.set_references(&s.name), etag)
+                    }),
+                page.size,
+            );
+            let next_page_token = match sets.last() {
+                Some(last) if more => LIST_SETS.token("", &last.name),
+                _ => String::new(),
+            };
+            Ok(Response::new(pb::ListSetsResponse {
+                sets,
+                next_page_token,
+            }))
+        })
+        .await
     }
 
     async fn get_set(
         &self,
         request: Request<pb::GetSetRequest>,
     ) -> Result<Response<pb::GetSetResponse>, Status> {
-        self.state.ready()?;
-        let r = request.into_inner();
-        let name = set_name("name", &r.name)?;
-        let page = GET_SET.page(r.page_size, &r.page_token, &name)?;
-        let start: usize = match &page.cursor {
-            None => 0,
-            Some(c) => c
-                .parse()
-                .map_err(|_| Error::invalid("page_token", "not a page token of GetSet"))?,
-        };
-        let header = self.header(&name).await?;
-        let info = self.state.pipeline.get_set(&name)?;
-        let (elements, more) =
-            paging::fill(info.elements.iter().skip(start).map(element_pb), page.size);
-        let next_page_token = if more {
-            GET_SET.token(&name, &(start + elements.len()).to_string())
-        } else {
-            String::new()
-        };
-        Ok(Response::new(pb::GetSetResponse {
-            set: Some(header),
-            elements,
-            next_page_token,
-        }))
+        call::read(&self.state, request, |request| async move {
+            let r = request.into_inner();
+            let name = set_name("name", &r.name)?;
+            let page = GET_SET.page(r.page_size, &r.page_token, &name)?;
+            let start: usize = match &page.cursor {
+                None => 0,
+                Some(c) => c
+                    .parse()
+                    .map_err(|_| Error::invalid("page_token", "not a page token of GetSet"))?,
+            };
+            let header = self.header(&name).await?;
+            let info = self.state.pipeline.get_set(&name)?;
+            let (elements, more) =
+                paging::fill(info.elements.iter().skip(start).map(element_pb), page.size);
+            let next_page_token = if more {
+                GET_SET.token(&name, &(start + elements.len()).to_string())
+            } else {
+                String::new()
+            };
+            Ok(Response::new(pb::GetSetResponse {
+                set: Some(header),
+                elements,
+                next_page_token,
+            }))
+        })
+        .await
     }
 
     async fn flush_set(
@@ -372,14 +362,16 @@ impl SetService for SetApi {
         &self,
         request: Request<pb::ExportIpsetSaveRequest>,
     ) -> Result<Response<pb::ExportIpsetSaveResponse>, Status> {
-        self.state.ready()?;
-        let r = request.into_inner();
-        let name = if r.name.is_empty() {
-            None
-        } else {
-            Some(set_name("name", &r.name)?)
-        };
-        let text = self.state.pipeline.export_sets(name.as_deref())?;
-        Ok(Response::new(pb::ExportIpsetSaveResponse { text }))
+        call::read(&self.state, request, |request| async move {
+            let r = request.into_inner();
+            let name = if r.name.is_empty() {
+                None
+            } else {
+                Some(set_name("name", &r.name)?)
+            };
+            let text = self.state.pipeline.export_sets(name.as_deref())?;
+            Ok(Response::new(pb::ExportIpsetSaveResponse { text }))
+        })
+        .await
     }
 }

@@ -16,6 +16,7 @@ use vallum_proto::v1::trace_service_server::TraceService;
 
 use super::State;
 use crate::error::{Error, Reason, Result};
+use crate::grpc::call;
 use crate::grpc::convert;
 use crate::telemetry::events;
 
@@ -185,99 +186,107 @@ impl TraceService for TraceApi {
         &self,
         request: Request<pb::WatchPacketEventsRequest>,
     ) -> Result<Response<Self::WatchPacketEventsStream>, Status> {
-        let filter = packet_events_filter(&request.into_inner())?;
-        let sub = self.state.events.subscribe(filter);
-        let stream = futures_util::stream::unfold(sub, |mut sub| async move {
-            let d = sub.rx.recv().await?;
-            Some((Ok(packet_event_pb(&d)), sub))
-        });
-        Ok(Response::new(Box::pin(stream)))
+        call::read(&self.state, request, |request| async move {
+            let filter = packet_events_filter(&request.into_inner())?;
+            let sub = self.state.events.subscribe(filter);
+            let stream = futures_util::stream::unfold(sub, |mut sub| async move {
+                let d = sub.rx.recv().await?;
+                Some((Ok(packet_event_pb(&d)), sub))
+            });
+            let stream: PacketEventStream = Box::pin(stream);
+            Ok(Response::new(stream))
+        })
+        .await
     }
 
     async fn trace_packet(
         &self,
         request: Request<pb::TracePacketRequest>,
     ) -> Result<Response<pb::TracePacketResponse>, Status> {
-        self.state.ready()?;
-        let r = request.into_inner();
-        let packet = traced_packet(&r)?;
-        // An empty `ct_state` asks the connection table (a lookup that changes nothing).
-        let lookup = r.packet.as_ref().is_none_or(|p| p.ct_state.is_empty());
-        let engine = self.state.pipeline.engine();
-        let now = self.now();
-        // The frame's IP packet, for `-m string` (none without a frame).
-        let bytes = match (r.frame.is_empty(), r.raw_ip) {
-            (true, _) => None,
-            (false, true) => ip_packet(&r.frame),
-            (false, false) => network_packet(&r.frame),
-        }
-        .unwrap_or_default();
-        let (trace, rulesets): (Trace, Vec<Arc<Ruleset>>) = if r.revision.is_empty() {
-            let trace = engine.trace_bytes(&packet, bytes, now, lookup);
-            (trace, engine.rulesets().into_values().collect())
-        } else {
-            let (list, snap) = self.staged("revision", &r.revision).await?;
-            // A staged snapshot shares the active one's unchanged chains, and with them their
-            // `-m connlimit` lists: count against the live table too.
-            let ct = engine.conntrack();
-            let trace = snap.trace_tracked(&packet, bytes, now, ct, |p| {
-                if let (Some(ct), true) = (ct, lookup) {
-                    p.ct_state = ct.peek(p, now).ct_state();
-                }
-                None
-            });
-            (trace, list)
-        };
-        Ok(Response::new(pb::TracePacketResponse {
-            notes: trace_notes(&trace),
-            ct_state: convert::ct_state_name(trace.ct_state).into(),
-            verdict: convert::verdict(trace.verdict) as i32,
-            steps: trace
-                .steps
-                .iter()
-                .map(|s| convert::trace_step(s, &rulesets))
-                .collect(),
-        }))
+        call::read(&self.state, request, |request| async move {
+            let r = request.into_inner();
+            let packet = traced_packet(&r)?;
+            // An empty `ct_state` asks the connection table (a lookup that changes nothing).
+            let lookup = r.packet.as_ref().is_none_or(|p| p.ct_state.is_empty());
+            let engine = self.state.pipeline.engine();
+            let now = self.now();
+            // The frame's IP packet, for `-m string` (none without a frame).
+            let bytes = match (r.frame.is_empty(), r.raw_ip) {
+                (true, _) => None,
+                (false, true) => ip_packet(&r.frame),
+                (false, false) => network_packet(&r.frame),
+            }
+            .unwrap_or_default();
+            let (trace, rulesets): (Trace, Vec<Arc<Ruleset>>) = if r.revision.is_empty() {
+                let trace = engine.trace_bytes(&packet, bytes, now, lookup);
+                (trace, engine.rulesets().into_values().collect())
+            } else {
+                let (list, snap) = self.staged("revision", &r.revision).await?;
+                // A staged snapshot shares the active one's unchanged chains, and with them their
+                // `-m connlimit` lists: count against the live table too.
+                let ct = engine.conntrack();
+                let trace = snap.trace_tracked(&packet, bytes, now, ct, |p| {
+                    if let (Some(ct), true) = (ct, lookup) {
+                        p.ct_state = ct.peek(p, now).ct_state();
+                    }
+                    None
+                });
+                (trace, list)
+            };
+            Ok(Response::new(pb::TracePacketResponse {
+                notes: trace_notes(&trace),
+                ct_state: convert::ct_state_name(trace.ct_state).into(),
+                verdict: convert::verdict(trace.verdict) as i32,
+                steps: trace
+                    .steps
+                    .iter()
+                    .map(|s| convert::trace_step(s, &rulesets))
+                    .collect(),
+            }))
+        })
+        .await
     }
 
     async fn replay_capture(
         &self,
         request: Request<pb::ReplayCaptureRequest>,
     ) -> Result<Response<pb::ReplayCaptureResponse>, Status> {
-        self.state.ready()?;
-        let r = request.into_inner();
-        let packets = read_capture(&r.capture).map_err(|e| Error::BadRequest {
-            reason: Reason::BadCapture,
-            violations: vec![crate::error::FieldViolation::new("capture", e.to_string())],
-        })?;
-        let base = PacketMeta {
-            hook: convert::hook("hook", r.hook)?,
-            in_iface: vallum_engine::packet::IfName::new(&r.in_interface)
-                .ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
-            ..PacketMeta::default()
-        };
-        let staged = if r.revision.is_empty() {
-            None
-        } else {
-            Some(self.staged("revision", &r.revision).await?.1)
-        };
-        let engine = self.state.pipeline.engine().clone();
-        let max_flows = if r.max_flows == 0 {
-            100
-        } else {
-            r.max_flows as usize
-        };
-        let now = self.now();
-        // CPU-bound: run off the async workers.
-        let resp = tokio::task::spawn_blocking(move || {
-            replay(&packets, base, &engine, staged.as_ref(), now, max_flows)
+        call::read(&self.state, request, |request| async move {
+            let r = request.into_inner();
+            let packets = read_capture(&r.capture).map_err(|e| Error::BadRequest {
+                reason: Reason::BadCapture,
+                violations: vec![crate::error::FieldViolation::new("capture", e.to_string())],
+            })?;
+            let base = PacketMeta {
+                hook: convert::hook("hook", r.hook)?,
+                in_iface: vallum_engine::packet::IfName::new(&r.in_interface)
+                    .ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
+                ..PacketMeta::default()
+            };
+            let staged = if r.revision.is_empty() {
+                None
+            } else {
+                Some(self.staged("revision", &r.revision).await?.1)
+            };
+            let engine = self.state.pipeline.engine().clone();
+            let max_flows = if r.max_flows == 0 {
+                100
+            } else {
+                r.max_flows as usize
+            };
+            let now = self.now();
+            // CPU-bound: run off the async workers.
+            let resp = tokio::task::spawn_blocking(move || {
+                replay(&packets, base, &engine, staged.as_ref(), now, max_flows)
+            })
+            .await
+            .map_err(|e| Error::TaskFailed {
+                task: "replay",
+                source: e,
+            })?;
+            Ok(Response::new(resp))
         })
         .await
-        .map_err(|e| Error::TaskFailed {
-            task: "replay",
-            source: e,
-        })?;
-        Ok(Response::new(resp))
     }
 }
 
