@@ -386,6 +386,13 @@ pub struct Config {
     #[arg(long, env = "VALLUM_DB", default_value = "./vallum.db")]
     pub db: PathBuf,
 
+    /// How durable a change is when vallumd answers it: `full`, on disk (the WAL fsynced;
+    /// concurrent callers share one fsync), or `normal`, written to the OS (survives a crash
+    /// of vallumd, not a power loss). An Apply or EditRuleset may ask for its own
+    /// (`durability`; vallum-iptables asks for `normal`). See docs/operations.md "Durability".
+    #[arg(long, env = "VALLUM_SYNC", value_enum, default_value = "full")]
+    pub sync: crate::control::store::Durability,
+
     /// Number of engine worker cores (default: available parallelism).
     #[arg(long, env = "VALLUM_CORES", default_value_t = default_cores())]
     pub cores: usize,

@@ -205,7 +205,8 @@ pub async fn run_with(
     let store = crate::control::store::Store::open(&config.db)
         .await?
         .with_revisions_kept(config.limits.max_revisions_kept)
-        .with_retention(config.retention.retention());
+        .with_retention(config.retention.retention())
+        .with_durability(config.sync);
     let kernel_tables =
         crate::host::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
     let mut pipeline = Pipeline::new(engine.clone(), store.clone(), clock.clone(), hooks.clone());
@@ -224,6 +225,8 @@ pub async fn run_with(
     }
     let pipeline = Arc::new(pipeline);
     metrics.observe_sets(pipeline.sets().clone())?;
+    let stats = pipeline.store().clone();
+    metrics.observe_store(move || (stats.written(), stats.fsyncs()));
     // Before any ruleset is validated: which hooks the packet path evaluates here.
     pipeline.sets().set_reached_hooks(
         crate::host::steering::reached_steering(

@@ -21,6 +21,7 @@ use super::paging::{self, Paging};
 use super::{State, audit_entry, audit_entry_of, request_digest, to_completion};
 use crate::control::content::{self, Content, RulesetInput};
 use crate::control::hooks;
+use crate::control::pipeline::Answer;
 use crate::error::{Error, Result};
 use crate::grpc::auth::{Grant, Op};
 use crate::grpc::convert;
@@ -382,6 +383,7 @@ impl RulesetApi {
         digesting: &mut Option<tokio::task::JoinHandle<crate::control::store::AuditEntry>>,
         audit: &mut Option<crate::control::store::AuditEntry>,
     ) -> Result<pb::CommitResult> {
+        let durability = convert::durability("durability", r.durability)?;
         let checked = self
             .check(name, r.priority, r.source.as_ref(), &r.etag)
             .await;
@@ -400,7 +402,14 @@ impl RulesetApi {
         let c = self
             .state
             .pipeline
-            .apply(checked, caller, &r.message, within, etag(&expected), audit)
+            .apply_as(
+                checked,
+                caller,
+                &r.message,
+                within,
+                etag(&expected),
+                Answer { durability, audit },
+            )
             .await?;
         Ok(convert::commit_result(&c))
     }
@@ -911,6 +920,7 @@ impl RulesetService for RulesetApi {
             validate_only: r.validate_only,
             // As iptables: deleting the last rule leaves empty tables, not an error.
             allow_empty: true,
+            durability: r.durability,
         };
         let api = self.clone();
         let request = Request::from_parts(metadata, extensions, apply);
