@@ -89,8 +89,7 @@ async fn case(sync: &str, clients: usize, secs: f64) -> Row {
     }
     .expect("tempdir");
     let db = tmp.path().join("bench.db");
-    let server =
-        vallumd::Daemon::in_process(&db, &["--sync", sync], Default::default()).await;
+    let server = vallumd::Daemon::in_process(&db, &["--sync", sync], Default::default()).await;
     let port = server.port();
     let mut conns = Vec::new();
     for _ in 0..clients {

@@ -436,7 +436,11 @@ fn dropin_changes_default_to_normal_durability() {
             .env_remove("VALLUM_TOKEN")
             .output()
             .expect("run vallum-iptables");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(
             metric(&v, "vallum_store_fsyncs_total") > before,
             "VALLUM_SYNC=full answered before an fsync"
@@ -452,7 +456,10 @@ fn dropin_changes_default_to_normal_durability() {
         .expect("run vallum-iptables");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("VALLUM_SYNC=sometimes: expected full or normal"), "{err}");
+    assert!(
+        err.contains("VALLUM_SYNC=sometimes: expected full or normal"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -58,9 +58,9 @@ use vallum_engine::validate::{Severity, Violation};
 use crate::control::content::{self, Checked, Finding, Places, PreviousParse, SourceText};
 use crate::control::hooks::{CommitRecord, Hooks};
 use crate::control::outcome::Outcome;
-use crate::control::store::{Durability, 
-    AuditEntry, CommitTarget, LoadFailure, NewRevision, Phases, RevisionRow, RevisionState,
-    RulesetRow, Store, now_ns,
+use crate::control::store::{
+    AuditEntry, CommitTarget, Durability, LoadFailure, NewRevision, Phases, RevisionRow,
+    RevisionState, RulesetRow, Store, now_ns,
 };
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::grpc::limits;

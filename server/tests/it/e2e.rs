@@ -557,7 +557,11 @@ async fn kill9_during_concurrent_commits_keeps_every_acknowledged_one() {
     for t in committers {
         join(t).await;
     }
-    assert!(reached, "the committers stopped before {} commits", 20 * CLIENTS);
+    assert!(
+        reached,
+        "the committers stopped before {} commits",
+        20 * CLIENTS
+    );
     let d = Daemon::start(&db, &[]);
     d.wait_serving().await;
     let mut c = d.rulesets().await;
@@ -595,7 +599,11 @@ async fn kill9_during_concurrent_commits_keeps_every_acknowledged_one() {
             ((rs.active_revision - 1) / 256) % 256,
             (rs.active_revision - 1) % 256
         );
-        assert!(rev.content.contains(&want), "{name}: {} lacks {want}", rev.content);
+        assert!(
+            rev.content.contains(&want),
+            "{name}: {} lacks {want}",
+            rev.content
+        );
         let running = st.active.iter().find(|a| a.ruleset == name);
         assert_eq!(
             running.map(|a| a.revision),
