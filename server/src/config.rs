@@ -474,6 +474,14 @@ pub struct Config {
     #[arg(long, env = "VALLUM_QUEUE_MAXLEN", value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_maxlen: Option<u32>,
 
+    /// The nice value of the packet workers' threads (0..=19; 0: vallumd's own): higher lets
+    /// the control plane (API calls, commits) run first on a core the workers keep busy;
+    /// with nothing else to run the workers still get every core. See docs/operations.md
+    /// "Control plane under traffic".
+    #[arg(long, env = "VALLUM_WORKER_NICE", default_value_t = 0,
+          value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub worker_nice: i32,
+
     /// Packets per second over all workers; 0 means as fast as possible.
     #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]
     pub rate: u64,

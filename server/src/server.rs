@@ -533,6 +533,7 @@ pub async fn run_with(
         clock.clone(),
         events,
         config.nfqueue_answers(),
+        config.worker_nice,
     )?;
     metrics.observe_nfqueue(sources.nfqueue_counters());
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).

@@ -614,6 +614,54 @@ async fn kill9_during_concurrent_commits_keeps_every_acknowledged_one() {
     eprintln!("kill -9 with {CLIENTS} clients: {acked_total} commits acknowledged, all kept");
 }
 
+/// `--worker-nice N`: every packet worker thread (`vallum-core-K`) runs at nice N, the rest
+/// of vallumd (the gRPC runtime, the store's threads) at its own nice 0; read from
+/// `/proc/PID/task/*/stat` (proc(5): field 19 is the nice value).
+#[tokio::test]
+async fn worker_nice_lowers_only_the_packet_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        &dir.path().join("v.db"),
+        &["--source", "synthetic", "--worker-nice", "10"],
+    );
+    d.wait_serving().await;
+    let tasks = format!("/proc/{}/task", d.pid());
+    let (mut workers, mut others) = (Vec::new(), Vec::new());
+    for t in std::fs::read_dir(&tasks).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(t.unwrap().path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        // `pid (comm) state ...`: the fields after the last ')' start at field 3.
+        let (head, rest) = stat.rsplit_once(')').unwrap();
+        let comm = head.split_once('(').unwrap().1.to_string();
+        let nice: i32 = rest
+            .split_whitespace()
+            .nth(19 - 3)
+            .unwrap()
+            .parse()
+            .unwrap();
+        if comm.starts_with("vallum-core-") {
+            workers.push((comm, nice));
+        } else {
+            others.push((comm, nice));
+        }
+    }
+    workers.sort();
+    // One worker per engine core (the harness gives vallumd 2).
+    assert_eq!(
+        workers,
+        [
+            ("vallum-core-0".to_string(), 10),
+            ("vallum-core-1".to_string(), 10)
+        ]
+    );
+    assert!(
+        others.iter().all(|(_, nice)| *nice == 0),
+        "other threads were lowered too: {others:?}"
+    );
+    assert!(others.len() >= 2, "{others:?}");
+}
+
 #[tokio::test]
 async fn concurrent_commits_under_traffic() {
     let dir = tempfile::tempdir().unwrap();
