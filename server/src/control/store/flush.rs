@@ -18,7 +18,7 @@
 //!
 //! An fsync that fails is sticky (as PostgreSQL since "fsyncgate": the kernel may have dropped
 //! the dirty pages, so a retry that succeeds proves nothing): every later wait fails with
-//! [`Error::Internal`] naming the error, and vallumd must be restarted (it then reads the
+//! [`Error::Io`] naming the fsync and its error, and vallumd must be restarted (it then reads the
 //! store as the disk has it).
 
 use std::path::{Path, PathBuf};
@@ -57,8 +57,8 @@ struct State {
 struct Flushed {
     /// Every mark up to this one is on disk.
     upto: Mark,
-    /// The fsync that failed (sticky; see the module docs).
-    failed: Option<Arc<str>>,
+    /// The fsync that failed, its error's kind and text (sticky; see the module docs).
+    failed: Option<(std::io::ErrorKind, Arc<str>)>,
     /// Fsyncs done so far (for tests and the bench: how many writes shared one).
     fsyncs: u64,
 }
@@ -89,7 +89,7 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 impl Flusher {
     /// Starts the flusher of the database at `db` (its WAL is `db` + `-wal`).
     ///
-    /// Errors: [`Error::Internal`] when the thread cannot be started.
+    /// Errors: [`Error::Io`] when the thread cannot be started.
     pub(crate) fn start(db: &Path) -> Result<Flusher> {
         let mut wal = db.as_os_str().to_owned();
         wal.push("-wal");
@@ -103,7 +103,10 @@ impl Flusher {
         std::thread::Builder::new()
             .name("vallum-wal-flush".into())
             .spawn(move || run(&thread))
-            .map_err(|e| Error::Internal(format!("start the WAL flusher: {e}")))?;
+            .map_err(|source| Error::Io {
+                what: "start the WAL flusher thread".into(),
+                source,
+            })?;
         Ok(Flusher {
             _stop: Arc::new(StopOnDrop(shared.clone())),
             shared,
@@ -138,21 +141,26 @@ impl Flusher {
 
     /// Waits until `mark` is on disk (asking for it first).
     ///
-    /// Errors: [`Error::Internal`] when an fsync of the WAL failed (sticky, see the module
-    /// docs) or the flusher is gone.
+    /// Errors: [`Error::Io`] when an fsync of the WAL failed (sticky, see the module docs);
+    /// [`Error::Invariant`] when the flusher is gone.
     pub(crate) async fn wait(&self, mark: Mark) -> Result<()> {
         self.request(mark);
         let mut rx = self.shared.durable.subscribe();
         let done = rx
             .wait_for(|f| f.upto >= mark || f.failed.is_some())
             .await
-            .map_err(|_| Error::Internal("the WAL flusher is gone".into()))?;
+            .map_err(|_| Error::Invariant {
+                what: "the WAL flusher is gone while the store is open".into(),
+            })?;
         match &done.failed {
-            Some(e) => Err(Error::Internal(format!(
-                "fsync of {} failed ({e}); acknowledged writes may be lost at a host crash, \
-                 restart vallumd",
-                self.shared.wal.display()
-            ))),
+            Some((kind, e)) => Err(Error::Io {
+                what: format!(
+                    "fsync of {} failed; acknowledged writes may be lost at a host crash, \
+                     restart vallumd",
+                    self.shared.wal.display()
+                ),
+                source: std::io::Error::new(*kind, e.to_string()),
+            }),
             None => Ok(()),
         }
     }
@@ -189,7 +197,8 @@ fn run(sh: &Shared) {
                 Ok(()) => f.upto = f.upto.max(target),
                 Err(e) => {
                     tracing::error!(wal = %sh.wal.display(), error = %e, "fsync of the WAL failed");
-                    f.failed.get_or_insert_with(|| e.to_string().into());
+                    f.failed
+                        .get_or_insert_with(|| (e.kind(), e.to_string().into()));
                 }
             }
         });

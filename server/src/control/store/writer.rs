@@ -65,7 +65,10 @@ where
         f(&mut conn)
     })
     .await
-    .map_err(|e| Error::Internal(format!("store task: {e}")))?
+    .map_err(|e| Error::TaskFailed {
+        task: "store",
+        source: e,
+    })?
 }
 
 /// The reader connections (cheap to clone: shared).
@@ -96,7 +99,7 @@ impl Readers {
     /// Runs `f` in one read transaction (one snapshot of the database) on a reader
     /// connection, on a blocking thread.
     ///
-    /// Errors: those of `f`, [`Error::Store`], [`Error::Internal`] when the task panicked.
+    /// Errors: those of `f`, [`Error::Store`], [`Error::TaskFailed`] when the task panicked.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -129,18 +132,18 @@ impl Writer {
     /// [`Writer::with_durability`]).
     ///
     /// Errors: [`Error::Store`] when it cannot be opened or configured, [`Error::Migrate`],
-    /// [`Error::Internal`] when the flusher cannot start.
-    pub(crate) fn open(path: &Path, until: i64) -> Result<Writer> {
+    /// [`Error::Io`] when the flusher cannot start.
+    pub(crate) fn open(path: &Path, until: i64, now: i64) -> Result<Writer> {
         let mut conn = connect(path)?;
         let mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(Error::Internal(format!(
+            return Err(Error::store_corrupt(format!(
                 "{}: journal mode {mode}, not WAL",
                 path.display()
             )));
         }
-        super::migrate::run_to(&mut conn, until)?;
+        super::migrate::run_to(&mut conn, until, now)?;
         // From here the fsync of a commit is the flusher's (see the module docs).
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(Writer {
@@ -162,8 +165,8 @@ impl Writer {
     /// callers, [`super::flush`]); with [`Durability::Normal`] it is in the WAL (kept by a
     /// crash of vallumd, not of the host, until a later flush or checkpoint).
     ///
-    /// Errors: those of `f`, [`Error::Store`], [`Error::Internal`] when the blocking
-    /// task panicked or the fsync failed.
+    /// Errors: those of `f`, [`Error::Store`], [`Error::TaskFailed`] when the blocking
+    /// task panicked, [`Error::Io`] when the fsync failed.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -208,7 +211,7 @@ impl Writer {
     /// Waits until every transaction up to `mark` is on disk, whatever the store's
     /// durability (a caller that asked for `full`).
     ///
-    /// Errors: [`Error::Internal`] when the fsync failed.
+    /// Errors: [`Error::Io`] when the fsync failed.
     pub(crate) async fn sync(&self, mark: Mark) -> Result<()> {
         self.flusher.wait(mark).await
     }
@@ -386,12 +389,12 @@ pub(crate) fn clear_deadlines(tx: &Tx<'_>, ruleset: &str) -> Result<()> {
     Ok(())
 }
 
-/// Appends an audit record; returns its id.
-pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry) -> Result<i64> {
+/// Appends an audit record made at `at` (Unix ns); returns its id.
+pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry, at: i64) -> Result<i64> {
     tx.prepare_cached(
         "INSERT INTO audit (at, caller, method, request_digest, outcome) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![e.at, e.caller, e.method, e.request_digest, e.outcome])?;
+    .execute(params![at, e.caller, e.method, e.request_digest, e.outcome])?;
     Ok(tx.last_insert_rowid())
 }
 
