@@ -68,6 +68,7 @@ use crate::host::facts_chains::FactsChains;
 use crate::host::kernel_tables::KernelTables;
 
 mod commit;
+pub use commit::Answer;
 pub mod journal;
 pub mod sets;
 
@@ -105,16 +106,6 @@ pub struct CommitResult {
     /// The warnings of an Apply's text (the parser's, then validation's, at their
     /// `FILE:LINE:COL`); empty for a commit of a stored revision.
     pub warnings: Vec<Finding>,
-}
-
-/// How a caller of [`Pipeline::apply_as`] is answered.
-#[derive(Debug)]
-pub struct Answer<'a> {
-    /// How durable the commit is when the call returns; `None`: the store's (`--sync`).
-    pub durability: Option<Durability>,
-    /// The call's audit record, written with the commit and taken once it is (see
-    /// [`Pipeline::apply`]).
-    pub audit: &'a mut Option<AuditEntry>,
 }
 
 /// The pipeline: engine, store, ipset-style sets, event channel and hooks.

@@ -45,6 +45,16 @@ use crate::error::{Error, Result};
 use crate::grpc::limits;
 use crate::host::kernel_tables::Next;
 
+/// How a caller of [`Pipeline::apply_as`] is answered.
+#[derive(Debug)]
+pub struct Answer<'a> {
+    /// How durable the commit is when the call returns; `None`: the store's (`--sync`).
+    pub durability: Option<Durability>,
+    /// The call's audit record, written with the commit and taken once it is (see
+    /// [`Pipeline::apply`]).
+    pub audit: &'a mut Option<AuditEntry>,
+}
+
 impl Pipeline {
     /// Commits `job`: validates (the commit's one validation), persists (with `audit`, taken
     /// once it is durable) while the engine compiles, and publishes, phase by phase (see the
