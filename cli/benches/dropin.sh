@@ -8,13 +8,16 @@
 #      to from INPUT) in the same ruleset, against one `-A`.
 # Usage: cli/benches/dropin.sh [TARGET_DIR] [N]   (TARGET_DIR default target/release)
 # DB_DIR: where vallumd's database lives (default a temporary directory; /dev/shm shows
-# what the commit costs without the disk's fsync).
+# what the commit costs without the disk's fsync). CORES: vallumd's --cores (default 1);
+# VALLUMD_ARGS: more vallumd flags, e.g. "--source synthetic --worker-nice 10" for the runs
+# with traffic (the workers decide synthetic packets flat out on every core).
 set -eu
 T=${1:-target/release}; N=${2:-10000}; CALLS=200
 W=$(mktemp -d); D=${DB_DIR:-$W}/vallum-dropin-$$
 mkdir -p "$D"
 trap 'kill $VPID 2>/dev/null; wait $VPID 2>/dev/null; rm -rf "$W" "$D"' EXIT
-"$T/vallumd" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --cores 1 --insecure-no-auth --socket none --db "$D/v.db" >"$W/log" 2>&1 &
+# shellcheck disable=SC2086 # VALLUMD_ARGS is a list of words
+"$T/vallumd" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --cores "${CORES:-1}" ${VALLUMD_ARGS:-} --insecure-no-auth --socket none --db "$D/v.db" >"$W/log" 2>&1 &
 VPID=$!
 while ! grep -q "listening on" "$W/log"; do sleep 0.1; done
 export VALLUM_SERVER=http://$(grep -o "listening on [0-9.:]*" "$W/log" | awk '{print $3}')
@@ -26,7 +29,7 @@ ms() { s=$(date +%s%N); "$@"; e=$(date +%s%N); echo $(( (e-s)/1000/CALLS ))us/ca
 calls() { i=0; while [ $i -lt $CALLS ]; do "$@" -A INPUT -s 192.168.$((i/256)).$((i%256)) -j DROP; i=$((i+1)); done; }
 chain() { i=0; while [ $i -lt $CALLS ]; do { echo '*filter'; echo '-F SVC'; j=0; while [ $j -lt 10 ]; do echo "-A SVC -s 172.16.$((i%256)).$j -p tcp --dport 443 -j ACCEPT"; j=$((j+1)); done; echo COMMIT; } | "$@" --noflush; i=$((i+1)); done; }
 "$W/bin/iptables-restore" -w 60 <"$W/base"
-echo "base: $(grep -c '^-A' "$W/base") rules, db in ${DB_DIR:-$W (temporary directory)}, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "base: $(grep -c '^-A' "$W/base") rules, db in ${DB_DIR:-$W (temporary directory)}, vallumd --cores ${CORES:-1} ${VALLUMD_ARGS:-}, load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf 'vallum-iptables -A: '; ms calls "$W/bin/iptables"
 printf 'vallum-iptables-restore --noflush, one chain of 10 rules: '; ms chain "$W/bin/iptables-restore"
 B=$(ls "$T"/deps/edit_channel-* 2>/dev/null | grep -v '\.d$' | head -1 || true)

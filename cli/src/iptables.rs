@@ -6,7 +6,8 @@
 //! when it exists, else `http://127.0.0.1:50051`; `socket.rs`), `VALLUM_TOKEN`,
 //! and TLS through `VALLUM_CA`/`VALLUM_CERT`/`VALLUM_KEY`/`VALLUM_TLS_DOMAIN` as vallumctl does
 //! (no TLS set-up unless one of them or an `https://` server asks); it writes the ruleset
-//! `VALLUM_RULESET` (default `iptables`).
+//! `VALLUM_RULESET` (default `iptables`). Its changes ask for the durability `VALLUM_SYNC`
+//! (`full` or `normal`, default `normal`: see [`durability`]).
 //!
 //! Commands: `-A -I -D -R -N -X -F -P -E` go to `EditRuleset` as one edit; `-C` is a `-D`
 //! with `validate_only`; `-S` prints the active revision as iptables -S does, `-L` (with
@@ -124,6 +125,19 @@ fn env(name: &str) -> Option<String> {
 
 fn ruleset() -> String {
     env("VALLUM_RULESET").unwrap_or_else(|| "iptables".to_owned())
+}
+
+/// The durability the changes ask for: `VALLUM_SYNC` (`full` or `normal`), default `normal`
+/// (in vallumd's WAL, kept by a crash of vallumd, not fsynced: the kernel's iptables keeps
+/// nothing across a power loss either; docs/operations.md "Durability").
+fn durability(prog: &str) -> Result<i32, Fail> {
+    match env("VALLUM_SYNC").as_deref() {
+        None | Some("normal") => Ok(pb::Durability::Normal as i32),
+        Some("full") => Ok(pb::Durability::Full as i32),
+        Some(v) => Err(failed(format!(
+            "{prog}: VALLUM_SYNC={v}: expected full or normal"
+        ))),
+    }
 }
 
 /// How long a call waits while vallumd is not ready without `-w`.
@@ -484,6 +498,7 @@ fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> 
                 edits: vec![edit],
                 validate_only: check,
                 message: format!("{prog} {short}"),
+                durability: durability(prog)?,
                 ..Default::default()
             };
             with_client(wait, async |c| {
@@ -668,6 +683,7 @@ fn save(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
 // === iptables-restore ===
 
 fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
+    let durability = durability(prog)?;
     let (mut noflush, mut counters, mut test) = (false, false, false);
     let mut file = None;
     let mut wait = Wait::default();
@@ -746,6 +762,7 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             priority,
             validate_only: test,
             allow_empty: true,
+            durability,
             ..Default::default()
         };
         c.call(|mut c| {

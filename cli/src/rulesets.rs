@@ -493,6 +493,8 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
                     request_id: change.request_id.clone().unwrap_or_default(),
                     validate_only: *dry_run,
                     allow_empty: *allow_empty,
+                    // vallumd's --sync (full unless its operator chose normal).
+                    durability: vallum_proto::v1::Durability::Unspecified as i32,
                 })
                 .await
                 .map_err(with_file(file))?

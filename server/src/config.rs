@@ -390,6 +390,13 @@ pub struct Config {
     #[arg(long, env = "VALLUM_DB", default_value = "./vallum.db")]
     pub db: PathBuf,
 
+    /// How durable a change is when vallumd answers it: `full`, on disk (the WAL fsynced;
+    /// concurrent callers share one fsync), or `normal`, written to the OS (survives a crash
+    /// of vallumd, not a power loss). An Apply or EditRuleset may ask for its own
+    /// (`durability`; vallum-iptables asks for `normal`). See docs/operations.md "Durability".
+    #[arg(long, env = "VALLUM_SYNC", value_enum, default_value = "full")]
+    pub sync: crate::control::store::Durability,
+
     /// Number of engine worker cores (default: available parallelism).
     #[arg(long, env = "VALLUM_CORES", default_value_t = default_cores())]
     pub cores: usize,
@@ -470,6 +477,14 @@ pub struct Config {
     /// count a lower bound (vallumd warns).
     #[arg(long, env = "VALLUM_QUEUE_MAXLEN", value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_maxlen: Option<u32>,
+
+    /// The nice value of the packet workers' threads (0..=19; 0: vallumd's own): higher lets
+    /// the control plane (API calls, commits) run first on a core the workers keep busy;
+    /// with nothing else to run the workers still get every core. See docs/operations.md
+    /// "Control plane under traffic".
+    #[arg(long, env = "VALLUM_WORKER_NICE", default_value_t = 0,
+          value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub worker_nice: i32,
 
     /// Test only, hidden: with `--source nfqueue`, microseconds each worker sleeps after each
     /// batch (about 32 packets per pause), so a test overloads a queue with a modest flood.

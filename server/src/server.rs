@@ -207,7 +207,8 @@ pub async fn run_with(
     let store = crate::control::store::Store::open_on(&config.db, hooks.clock.clone())
         .await?
         .with_revisions_kept(config.limits.max_revisions_kept)
-        .with_retention(config.retention.retention());
+        .with_retention(config.retention.retention())
+        .with_durability(config.sync);
     let kernel_tables =
         crate::host::kernel_tables::KernelTables::new(&config.kernel_tables, hooks.clock.clone())?
             .map(Arc::new);
@@ -227,6 +228,8 @@ pub async fn run_with(
     }
     let pipeline = Arc::new(pipeline);
     metrics.observe_sets(pipeline.sets().clone())?;
+    let stats = pipeline.store().clone();
+    metrics.observe_store(move || (stats.written(), stats.fsyncs()));
     // Before any ruleset is validated: which hooks the packet path evaluates here.
     pipeline.sets().set_reached_hooks(
         crate::host::steering::reached_steering(
@@ -534,6 +537,7 @@ pub async fn run_with(
         clock.clone(),
         events,
         config.nfqueue_answers(),
+        config.worker_nice,
     )?;
     metrics.observe_nfqueue(sources.nfqueue_counters());
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).

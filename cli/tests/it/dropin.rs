@@ -18,6 +18,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_vallum-iptables");
 struct Vallumd {
     child: Child,
     url: String,
+    /// `/metrics` address (`HOST:PORT`).
+    metrics: String,
     dir: PathBuf,
 }
 
@@ -57,14 +59,18 @@ fn spawn_vallumd(dir: PathBuf) -> Vallumd {
         // the host's default socket.
         .args(["--insecure-no-auth", "--socket", "none"])
         .env_remove("VALLUM_DB")
+        .env_remove("VALLUM_SYNC")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn vallumd");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut url = None;
+    let (mut url, mut metrics) = (None, None);
     for line in lines.by_ref() {
         let line = line.expect("read stdout");
+        if let Some(a) = line.strip_prefix("metrics on ") {
+            metrics = Some(a.to_owned());
+        }
         if let Some(a) = line.strip_prefix("listening on ") {
             url = Some(format!("http://{a}"));
             break;
@@ -74,6 +80,7 @@ fn spawn_vallumd(dir: PathBuf) -> Vallumd {
     Vallumd {
         child,
         url: url.expect("vallumd printed its address"),
+        metrics: metrics.expect("vallumd printed its metrics address"),
         dir,
     }
 }
@@ -155,6 +162,7 @@ fn run_on(
         .env("VALLUM_SERVER", &v.url)
         .env("VALLUM_RULESET", ruleset)
         .env_remove("VALLUM_TOKEN")
+        .env_remove("VALLUM_SYNC")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -373,6 +381,87 @@ fn same_save_output_as_iptables_legacy() {
 }
 
 /// `EditRuleset` applies its edits as one revision, or none when one fails.
+/// `name`'s value in vallumd's `/metrics` (a series without labels).
+fn metric(v: &Vallumd, name: &str) -> u64 {
+    use std::io::Read;
+    let mut conn = std::net::TcpStream::connect(&v.metrics).expect("connect to /metrics");
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("ask /metrics");
+    let mut body = String::new();
+    conn.read_to_string(&mut body).expect("read /metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// The drop-in's changes ask for `normal` durability by default (docs/operations.md
+/// "Durability"): against a vallumd at its default `--sync full`, `iptables -A` and
+/// `iptables-restore` commit without an fsync of the store, while `VALLUM_SYNC=full` makes
+/// them wait for one, as an API caller does.
+#[test]
+fn dropin_changes_default_to_normal_durability() {
+    let v = vallumd("sync");
+    let (writes, fsyncs) = (
+        metric(&v, "vallum_store_writes_total"),
+        metric(&v, "vallum_store_fsyncs_total"),
+    );
+    for i in 0..5 {
+        let rule = format!("-A INPUT -s 10.9.0.{i} -j DROP");
+        let (rc, _, err) = run(&v, "iptables", &words(&rule), "");
+        assert_eq!(rc, 0, "iptables {rule}: {err}");
+    }
+    let restore = "*filter\n-A INPUT -s 10.9.1.0/24 -j DROP\nCOMMIT\n";
+    let (rc, _, err) = run(&v, "iptables-restore", &["--noflush"], restore);
+    assert_eq!(rc, 0, "iptables-restore: {err}");
+    assert!(
+        metric(&v, "vallum_store_writes_total") >= writes + 6,
+        "the six commits were not written"
+    );
+    assert_eq!(
+        metric(&v, "vallum_store_fsyncs_total"),
+        fsyncs,
+        "a drop-in change waited for an fsync"
+    );
+    // VALLUM_SYNC=full: each change is on disk before vallum-iptables exits.
+    for i in 0..3 {
+        let before = metric(&v, "vallum_store_fsyncs_total");
+        let out = Command::new(BIN)
+            .arg0("iptables")
+            .args(words(&format!("-A INPUT -s 10.9.2.{i} -j DROP")))
+            .env("VALLUM_SERVER", &v.url)
+            .env("VALLUM_RULESET", "iptables")
+            .env("VALLUM_SYNC", "full")
+            .env_remove("VALLUM_TOKEN")
+            .output()
+            .expect("run vallum-iptables");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            metric(&v, "vallum_store_fsyncs_total") > before,
+            "VALLUM_SYNC=full answered before an fsync"
+        );
+    }
+    // A value it does not know is refused before anything is sent.
+    let out = Command::new(BIN)
+        .arg0("iptables")
+        .args(["-A", "INPUT", "-j", "DROP"])
+        .env("VALLUM_SERVER", &v.url)
+        .env("VALLUM_SYNC", "sometimes")
+        .output()
+        .expect("run vallum-iptables");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VALLUM_SYNC=sometimes: expected full or normal"),
+        "{err}"
+    );
+}
+
 #[test]
 fn edit_ruleset_is_atomic_and_one_revision() {
     use vallum_proto::v1 as pb;

@@ -21,15 +21,24 @@
 //! back into the engine at start.
 //!
 //! Crash safety. A commit's store transaction (the revision row, its new state, the ruleset's
-//! `active_revision`, the commit row) is durable (WAL commit with `synchronous = FULL`) BEFORE
-//! the engine publishes. At start, [`Pipeline::load`] runs exactly the revisions the store
-//! marks active. So after a `kill -9` at any point, the active revision of a ruleset is the
-//! last one whose transaction reached the disk: the last acknowledged commit, or a later one
-//! that was durable but not yet acknowledged; never a mix (one transaction moves every row).
+//! `active_revision`, the commit row) is in the WAL (committed: a crash of vallumd keeps it)
+//! BEFORE the engine publishes. At start, [`Pipeline::load`] runs exactly the revisions the
+//! store marks active. So after a `kill -9` at any point, the active revision of a ruleset is
+//! the last one whose transaction was committed: the last acknowledged commit, or a later one
+//! that was committed but not yet acknowledged; never a mix (one transaction moves every row).
 //! The phase columns of the commit row are filled after publish and may be zero after a crash.
 //!
+//! Durability and group commit. The caller's answer waits for what its
+//! [`Durability`] promises: with `full` (the default of `--sync`) until the WAL is fsynced
+//! up to the commit, a wait made AFTER the write lock is released
+//! ([`Pipeline::run_answered`]), so the commits that queue behind the lock meanwhile share the
+//! next fsync (as PostgreSQL flushes its WAL after the insert lock); the fsync is asked for as
+//! soon as the transaction is committed, so one caller alone waits for it while the engine
+//! compiles and publishes. A host crash before the fsync loses commits nobody was told of;
+//! the engine that ran them is gone with the host.
+//!
 //! Commits (and every other store write) are serialised by one async lock, so the engine sees
-//! commits in the order the store made them durable.
+//! commits in the order the store committed them.
 //!
 //! When the compile or the publish fails after validation passed (not expected; a publish
 //! refused as stale), the store transaction is reverted by a compensating one and the commit
@@ -50,8 +59,8 @@ use crate::control::content::{self, Checked, Finding, Places, PreviousParse, Sou
 use crate::control::hooks::{CommitRecord, Hooks};
 use crate::control::outcome::Outcome;
 use crate::control::store::{
-    AuditEntry, CommitTarget, LoadFailure, NewRevision, Phases, RevisionRow, RevisionState,
-    RulesetRow, Store,
+    AuditEntry, CommitTarget, Durability, LoadFailure, NewRevision, Phases, RevisionRow,
+    RevisionState, RulesetRow, Store,
 };
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::grpc::limits;
@@ -59,6 +68,7 @@ use crate::host::facts_chains::FactsChains;
 use crate::host::kernel_tables::KernelTables;
 
 mod commit;
+pub use commit::Answer;
 pub mod journal;
 pub mod sets;
 
@@ -151,6 +161,9 @@ struct Job {
     /// The ruleset's new priority (`model`'s), stored with the commit
     /// ([`Pipeline::set_priority`]); `None` keeps the stored one.
     priority: Option<i32>,
+    /// What the caller waits for (`None`: the store's, `--sync`); with `Full` the fsync is
+    /// asked for as soon as the transaction is committed ([`Pipeline::run_answered`] sets it).
+    durability: Option<Durability>,
 }
 
 /// Where a commit's model came from.
@@ -593,12 +606,14 @@ impl Pipeline {
         etag: Option<&str>,
         audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
-        let _w = self.write.lock().await;
+        let w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
         let rev = self.revision(ruleset, number).await?;
         let model = rev.content.to_ruleset(ruleset, rs.priority)?;
         let (state, deadline) = self.confirm_state(confirm_within);
-        self.run(
+        self.run_answered(
+            w,
+            None,
             Job {
                 ruleset: ruleset.to_string(),
                 model,
@@ -612,6 +627,7 @@ impl Pipeline {
                 creates: false,
                 edited: false,
                 priority: None,
+                durability: None,
             },
             audit,
         )
@@ -632,10 +648,32 @@ impl Pipeline {
         etag: Option<&str>,
         audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
+        let answer = Answer {
+            durability: None,
+            audit,
+        };
+        self.apply_as(checked, author, message, confirm_within, etag, answer)
+            .await
+    }
+
+    /// [`Pipeline::apply`], answered when the commit is as durable as `answer` asks (the
+    /// store's `--sync` when it does not say): a caller's own `durability`.
+    ///
+    /// Errors: as [`Pipeline::apply`].
+    pub async fn apply_as(
+        &self,
+        checked: Checked,
+        author: &str,
+        message: &str,
+        confirm_within: Option<Duration>,
+        etag: Option<&str>,
+        answer: Answer<'_>,
+    ) -> Result<CommitResult> {
+        let Answer { durability, audit } = answer;
         self.check_rules(&checked)?;
         let new = new_revision(&checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
-        let _w = self.write.lock().await;
+        let w = self.write.lock().await;
         let edited = checked.edited;
         let from = Origin::Request {
             findings: checked.findings,
@@ -652,7 +690,9 @@ impl Pipeline {
                 None => creates = true,
             },
         }
-        self.run(
+        self.run_answered(
+            w,
+            durability,
             Job {
                 ruleset: new.ruleset.clone(),
                 model,
@@ -666,6 +706,7 @@ impl Pipeline {
                 creates,
                 edited,
                 priority: None,
+                durability: None,
             },
             audit,
         )
@@ -685,7 +726,7 @@ impl Pipeline {
         etag: Option<&str>,
         audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
-        let _w = self.write.lock().await;
+        let w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
         let rev = self.revision(ruleset, number).await?;
         let model = rev.content.to_ruleset(ruleset, rs.priority)?;
@@ -694,7 +735,9 @@ impl Pipeline {
         } else {
             message.to_string()
         };
-        self.run(
+        self.run_answered(
+            w,
+            None,
             Job {
                 ruleset: ruleset.to_string(),
                 model,
@@ -715,6 +758,7 @@ impl Pipeline {
                 creates: false,
                 edited: false,
                 priority: None,
+                durability: None,
             },
             audit,
         )
@@ -739,7 +783,7 @@ impl Pipeline {
         etag: Option<&str>,
         audit: &mut Option<AuditEntry>,
     ) -> Result<RulesetRow> {
-        let _w = self.write.lock().await;
+        let w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
         if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
             return Err(Error::EtagMismatch {
@@ -768,7 +812,9 @@ impl Pipeline {
         }
         let rev = self.revision(ruleset, active).await?;
         let model = rev.content.to_ruleset(ruleset, priority)?;
-        self.run(
+        self.run_answered(
+            w,
+            None,
             Job {
                 ruleset: ruleset.to_string(),
                 model,
@@ -789,6 +835,7 @@ impl Pipeline {
                 creates: false,
                 edited: false,
                 priority: Some(priority),
+                durability: None,
             },
             audit,
         )
@@ -918,6 +965,7 @@ impl Pipeline {
                             creates: false,
                             edited: false,
                             priority: None,
+                            durability: None,
                         },
                         &mut None,
                     )

@@ -1,9 +1,11 @@
 //! The SQLite store: every query of the server lives in this module.
 //!
-//! The database is opened in WAL mode with `synchronous = FULL`, so a transaction is durable
-//! when its commit returns (the commit pipeline relies on that: the revision and commit rows are
-//! durable before the engine publishes). Migrations from `migrations/` at the workspace root are
-//! embedded and applied at open. Times are Unix nanoseconds, durations nanoseconds.
+//! The database is opened in WAL mode. A write transaction is in the WAL when its commit
+//! returns (a crash of vallumd keeps it: the pipeline writes the revision and commit rows
+//! before the engine publishes) and on disk once the group flusher fsynced the WAL up to it
+//! (`flush`): what a caller waits for is its [`Durability`] (`--sync`). Migrations from
+//! `migrations/` at the workspace root are embedded and applied at open. Times are Unix
+//! nanoseconds, durations nanoseconds.
 //!
 //! One driver, rusqlite (with its own bundled SQLite), for everything: every write
 //! transaction runs on one writer connection and every read in one read transaction on one of
@@ -29,12 +31,39 @@ use crate::error::{Error, Result};
 
 mod audit;
 pub mod chunks;
+mod flush;
 mod migrate;
 pub mod sets;
 mod writer;
 
 pub use audit::{IdempotentCall, Pruned, Retention};
+pub use flush::Mark;
 use writer::{Readers, Writer};
+
+/// How durable a change is when vallumd answers it (`--sync`, `VALLUM_SYNC`; per call, the
+/// `durability` field of Apply and EditRuleset). See docs/operations.md "Durability".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Durability {
+    /// On disk before the reply (the WAL fsynced up to the change; concurrent callers share
+    /// one fsync): survives a crash of vallumd and of the host (power loss).
+    #[default]
+    Full,
+    /// In the WAL before the reply (written to the OS, not fsynced): survives a crash or
+    /// kill -9 of vallumd, not a crash of the host, which may lose the changes answered since
+    /// the last fsync (a `full` caller's, a checkpoint's, or the OS's own writeback). As the
+    /// kernel's own iptables, which keeps nothing across a power loss.
+    Normal,
+}
+
+impl Durability {
+    /// The flag's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Normal => "normal",
+        }
+    }
+}
 
 /// The stored state of a revision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -256,6 +285,8 @@ pub struct Persisted {
     pub previous: Option<(u64, RevisionState)>,
     /// The id of the audit record written with the commit, if one was given.
     pub audit_id: Option<i64>,
+    /// The commit's place in the WAL: on disk once [`Store::sync`] to it returned.
+    pub mark: Mark,
 }
 
 /// One audit record; its time (Unix ns) is the store's clock when the row is written (see
@@ -543,6 +574,8 @@ fn persist_commit_in(
             revision,
             previous,
             audit_id,
+            // Set by the caller, once committed.
+            mark: 0,
         },
         staged,
     ))
@@ -551,8 +584,9 @@ fn persist_commit_in(
 // === impl Store ===
 
 impl Store {
-    /// Opens (creating it and its directory when missing) the database at `path`, in WAL mode
-    /// with `synchronous = FULL`, and applies pending migrations.
+    /// Opens (creating it and its directory when missing) the database at `path`, in WAL mode,
+    /// and applies pending migrations; writes answer at [`Durability::Full`] (see
+    /// [`Store::with_durability`]).
     ///
     /// Errors: [`Error::Store`] when the file cannot be opened, [`Error::Migrate`] when a
     /// migration fails, [`Error::Io`] when the directory cannot be created.
@@ -566,6 +600,44 @@ impl Store {
     /// Errors: as [`Store::open`].
     pub async fn open_on(path: &Path, clock: Clock) -> Result<Store> {
         Store::open_to(path, i64::MAX, clock).await
+    }
+
+    /// This store answering writes as `durability` says (the default is
+    /// [`Durability::Full`]; see [`Durability`]).
+    pub fn with_durability(mut self, durability: Durability) -> Store {
+        self.writer = self.writer.with_durability(durability);
+        self
+    }
+
+    /// The store's durability (`--sync`).
+    pub fn durability(&self) -> Durability {
+        self.writer.durability()
+    }
+
+    /// The mark of the last committed write transaction: [`Store::sync`] to it waits for
+    /// everything written so far.
+    pub fn written(&self) -> Mark {
+        self.writer.written()
+    }
+
+    /// Waits until every write up to `mark` is on disk (sharing the fsync with every other
+    /// waiter, see the module `flush`).
+    ///
+    /// Errors: [`Error::Io`] when the fsync of the WAL failed (every later call fails
+    /// too: restart vallumd).
+    pub async fn sync(&self, mark: Mark) -> Result<()> {
+        self.writer.sync(mark).await
+    }
+
+    /// Asks for every write up to `mark` to be put on disk, without waiting: the fsync
+    /// starts now, a later [`Store::sync`] waits for it.
+    pub fn request_sync(&self, mark: Mark) {
+        self.writer.request(mark);
+    }
+
+    /// The fsyncs of the WAL the group flusher did so far (a bench divides commits by it).
+    pub fn fsyncs(&self) -> u64 {
+        self.writer.fsyncs()
     }
 
     /// [`Store::open`], applying the migrations up to and including version `until` only
@@ -619,9 +691,14 @@ impl Store {
         self
     }
 
-    /// Nothing to wait for: every call's transaction is done when it returns, and the
-    /// connections close when the last handle is dropped. Kept for callers that close.
-    pub async fn close(&self) {}
+    /// Puts every write so far on disk (a `normal` write too: a stopped vallumd leaves
+    /// nothing unsynced); the connections close when the last handle is dropped. A failed
+    /// fsync is logged.
+    pub async fn close(&self) {
+        if let Err(e) = self.sync(self.written()).await {
+            tracing::error!(error = %e, "store: the last writes are not on disk");
+        }
+    }
 
     /// One ruleset.
     ///
@@ -753,7 +830,9 @@ impl Store {
             .await
     }
 
-    /// The durable half of a commit, in one transaction that is on disk when this returns:
+    /// The durable half of a commit, in one transaction that is in the WAL when this returns
+    /// (on disk after [`Store::sync`] to [`Store::written`]; with [`Durability::Full`] the
+    /// fsync has started):
     /// the target revision gets `state`, the previous active one `previous_state`, the
     /// ruleset points at the target, pending confirm deadlines of the ruleset are cleared
     /// (a new commit settles them), and a commit row is written. Runs on the writer
@@ -766,10 +845,12 @@ impl Store {
         let keep = self.revisions_kept;
         let name = c.ruleset.clone();
         let clock = self.clock.clone();
-        let (mut p, staged) = self
+        // The pipeline waits for the disk after it released its write lock (group commit).
+        let ((mut p, staged), mark) = self
             .writer
-            .run(move |tx| persist_commit_in(tx, c, keep, clock.unix_ns()))
+            .run_unsynced(move |tx| persist_commit_in(tx, c, keep, clock.unix_ns()))
             .await?;
+        p.mark = mark;
         // A STAGED revision's text is read back after the commit (the pipeline's write lock
         // keeps other writers out meanwhile); a new revision's row is the one written.
         if let Some(n) = staged {
@@ -817,13 +898,15 @@ impl Store {
             .await
     }
 
-    /// Records the phase durations of a commit after publish.
+    /// Records the phase durations of a commit after publish (in the WAL when this returns;
+    /// on disk with the next fsync).
     ///
     /// Errors: [`Error::Store`].
     pub async fn finish_commit(&self, commit_id: i64, p: &Phases) -> Result<()> {
         let p = *p;
+        // Rides on the next fsync: nobody waits for the phase columns.
         self.writer
-            .run(move |tx| {
+            .run_unsynced(move |tx| {
                 tx.prepare_cached(
                     "UPDATE commits SET validate_ns = ?1, compile_ns = ?2, persist_ns = ?3, \
                      publish_ns = ?4, quiesce_ns = ?5, carry_ns = ?6, total_ns = ?7, \
@@ -843,6 +926,7 @@ impl Store {
                 Ok(())
             })
             .await
+            .map(|((), _)| ())
     }
 
     /// Undoes [`Store::persist_commit`] when the engine refused the commit: the revision is

@@ -18,7 +18,7 @@ use vallum_proto::v1 as pb;
 use crate::control::content::{Finding, RulesetInput, TextPart};
 use crate::control::outcome::Outcome;
 use crate::control::pipeline::{CommitEvent, CommitResult};
-use crate::control::store::{Phases, RevisionRow, RevisionState, RulesetRow};
+use crate::control::store::{Durability, Phases, RevisionRow, RevisionState, RulesetRow};
 use crate::error::{Error, FieldViolation, Reason, Result};
 
 pub mod sets;
@@ -154,6 +154,18 @@ pub fn family_of(field: &str, v: i32) -> Result<Family> {
         Ok(pb::Family::Unspecified | pb::Family::Ipv4) => Ok(Family::Ipv4),
         Ok(pb::Family::Ipv6) => Ok(Family::Ipv6),
         Err(_) => Err(Error::invalid(field, format!("unknown family {v}"))),
+    }
+}
+
+/// A request's `durability`: `None` (unspecified) leaves it to vallumd's `--sync`.
+///
+/// Errors: [`Error::BadRequest`] on `field` for a value the proto does not name.
+pub fn durability(field: &str, v: i32) -> Result<Option<Durability>> {
+    match pb::Durability::try_from(v) {
+        Ok(pb::Durability::Unspecified) => Ok(None),
+        Ok(pb::Durability::Full) => Ok(Some(Durability::Full)),
+        Ok(pb::Durability::Normal) => Ok(Some(Durability::Normal)),
+        Err(_) => Err(Error::invalid(field, format!("unknown durability {v}"))),
     }
 }
 

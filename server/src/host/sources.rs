@@ -10,6 +10,9 @@
 //!   bound is a startup error. `--rate` does not apply.
 //!
 //! `--rate` paces the total over all cores (each core gets `rate / cores`); 0 is full speed.
+//! `--worker-nice` lowers every worker thread's scheduling priority ([`lower_priority`]), so the
+//! control plane (gRPC, the commit's compile and store threads, at nice 0) is not starved
+//! when the workers decide packets on every core.
 //! [`Sources::stop`] asks every thread to finish its batch and joins them.
 //!
 //! After each batch a core drains its `-j LOG` ring and, when a subscriber asks for them,
@@ -91,6 +94,7 @@ impl Sources {
         clock: Arc<dyn Clock>,
         events: Events,
         answers: NfqueueAnswers,
+        nice: i32,
     ) -> Result<Sources> {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = engine.cores();
@@ -103,7 +107,9 @@ impl Sources {
                 });
             }
             Source::Synthetic => None,
-            Source::Nfqueue(q) => return start_nfqueue(engine, *q, answers, clock, stop, events),
+            Source::Nfqueue(q) => {
+                return start_nfqueue(engine, *q, answers, clock, stop, events, nice);
+            }
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
@@ -143,7 +149,7 @@ impl Sources {
             let stop = stop.clone();
             let clock = clock.clone();
             let events = events.clone();
-            let t = spawn_worker(&engine, core, "vallum-core", move |worker| {
+            let t = spawn_worker(&engine, core, "vallum-core", nice, move |worker| {
                 let mut drain = Drain::default();
                 let mut packets = [PacketMeta::default(); BATCH];
                 let mut verdicts = [Verdict::Accept; BATCH];
@@ -189,25 +195,57 @@ impl Sources {
     }
 }
 
-/// Starts thread `{name}-{core}`, which claims `core` of `engine` and runs `body` with it (a
-/// core that cannot be claimed is reported on stderr and the thread ends).
+/// Starts thread `{name}-{core}` at `nice` ([`lower_priority`]), which claims `core` of
+/// `engine` and runs `body` with it (a core that cannot be claimed is reported on stderr and
+/// the thread ends).
 ///
 /// Errors: [`Error::Io`] when the thread cannot be spawned.
 fn spawn_worker(
     engine: &Arc<Engine>,
     core: usize,
     name: &str,
+    nice: i32,
     body: impl FnOnce(&mut EngineWorker<'_>) + Send + 'static,
 ) -> Result<JoinHandle<()>> {
     let engine = engine.clone();
     std::thread::Builder::new()
         .name(format!("{name}-{core}"))
-        .spawn(move || match engine.worker(core) {
-            Ok(mut w) => body(&mut w),
-            Err(e) => tracing::error!(core, error = %e, "cannot claim the core"),
+        .spawn(move || {
+            lower_priority(core, nice);
+            match engine.worker(core) {
+                Ok(mut w) => body(&mut w),
+                Err(e) => tracing::error!(core, error = %e, "cannot claim the core"),
+            }
         })
         .map_err(|e| Error::io(format!("spawn core {core}"), e))
 }
+
+/// Sets the calling thread's nice value to `nice` (0..=19; 0 leaves it): on Linux nice is per
+/// thread (`setpriority(PRIO_PROCESS, gettid())`, sched(7)), and a higher value needs no
+/// privilege. Under the CFS scheduler a nice-10 worker weighs 110 against the 1024 of a
+/// nice-0 thread, so a control-plane thread that wakes on a busy core runs almost at once
+/// and takes ~90% of it while it has work; with nothing else to run the worker still gets the
+/// whole core. A failure is logged (the worker runs at its inherited priority).
+#[cfg(target_os = "linux")]
+fn lower_priority(core: usize, nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: gettid(2) and setpriority(2) take and return plain integers and touch no memory
+    // of this process; setpriority on our own thread id changes only this thread.
+    let rc = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(core, nice, error = %e, "cannot lower the worker's priority");
+    }
+}
+
+/// Elsewhere the workers run at the inherited priority.
+#[cfg(not(target_os = "linux"))]
+fn lower_priority(_core: usize, _nice: i32) {}
 
 /// Binds NFQUEUE `q.first + k` for every core k, then starts the workers.
 ///
@@ -221,6 +259,7 @@ fn start_nfqueue(
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
     events: Events,
+    nice: i32,
 ) -> Result<Sources> {
     let cores = engine.cores();
     if let NfqueueAccept::Continue { mark } = answers.accept {
@@ -308,9 +347,15 @@ fn start_nfqueue(
         let stop = stop.clone();
         let clock = clock.clone();
         let events = events.clone();
-        threads.push(spawn_worker(&engine, core, "vallum-nfq", move |worker| {
-            nfqueue::run_worker(&mut queue, worker, &stop, &*clock, &events);
-        })?);
+        threads.push(spawn_worker(
+            &engine,
+            core,
+            "vallum-nfq",
+            nice,
+            move |worker| {
+                nfqueue::run_worker(&mut queue, worker, &stop, &*clock, &events);
+            },
+        )?);
     }
     Ok(Sources {
         stop,
@@ -328,6 +373,7 @@ fn start_nfqueue(
     _clock: Arc<dyn Clock>,
     _stop: Arc<AtomicBool>,
     _events: Events,
+    _nice: i32,
 ) -> Result<Sources> {
     Err(Error::Startup {
         code: "NFQUEUE_UNSUPPORTED",

@@ -21,6 +21,7 @@
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
 //! | `vallum_rule_packets_total`, `vallum_rule_bytes_total` | counter (opt-in) | ruleset, family, table, chain, rule | engine, at scrape |
 //! | `vallum_set_elements` | gauge | set | [`Metrics::observe_sets`], at scrape |
+//! | `vallum_store_writes_total`, `vallum_store_fsyncs_total` | counter | | [`Metrics::observe_store`], at scrape |
 //! | `vallum_packet_events_dropped_total` | counter | reason | [`Metrics::observe_events`], at scrape |
 //! | `rpc_server_call_duration_seconds` | histogram | rpc_system_name, rpc_method, rpc_response_status_code, error_type | [`Metrics::grpc_layer`] |
 //! | `rpc_server_duration_seconds` (deprecated) | histogram | rpc_system, rpc_service, rpc_method, rpc_grpc_status_code | [`Metrics::grpc_layer`] |
@@ -790,6 +791,39 @@ impl Metrics {
             .unwrap_or_else(PoisonError::into_inner)
             .push(Box::new(gauge));
         Ok(())
+    }
+
+    /// Registers `vallum_store_writes_total` and `vallum_store_fsyncs_total`, read at scrape
+    /// from `stats` (the store's committed write transactions and the fsyncs of its WAL, see
+    /// `Store::written` and `Store::fsyncs`): writes per fsync is how many callers shared
+    /// one (group commit, `--sync`).
+    pub fn observe_store(&self, stats: impl Fn() -> (u64, u64) + Send + Sync + 'static) {
+        let stats = Arc::new(stats);
+        let writes_cb = stats.clone();
+        let writes = self
+            .inner
+            .meter
+            .u64_observable_counter("vallum_store_writes")
+            .with_description("Write transactions the store committed (to its WAL).")
+            .with_callback(move |obs| obs.observe(writes_cb().0, &[]))
+            .build();
+        let fsyncs = self
+            .inner
+            .meter
+            .u64_observable_counter("vallum_store_fsyncs")
+            .with_description(
+                "fsyncs of the store's WAL (one per group of waiting writes; none for \
+                 --sync normal writes until a full one, a checkpoint or shutdown).",
+            )
+            .with_callback(move |obs| obs.observe(stats().1, &[]))
+            .build();
+        let mut observers = self
+            .inner
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        observers.push(Box::new(writes));
+        observers.push(Box::new(fsyncs));
     }
 
     /// A tower layer that records `rpc.server.call.duration` (and the deprecated

@@ -493,6 +493,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             request_id: request_id(r),
             validate_only: r.chance(300),
             allow_empty: r.chance(100),
+            durability: *r.pick(&[&0i32, &0, &1, &2, &9]),
         }),
         "EditRuleset" => Req::EditRuleset(pb::EditRulesetRequest {
             ruleset: ruleset_name(r),
@@ -511,6 +512,7 @@ fn generate(r: &mut Rng, rpc: &str, caps: &Caps) -> Req {
             request_id: request_id(r),
             validate_only: r.chance(300),
             message: message(r),
+            durability: *r.pick(&[&0i32, &0, &1, &2, &9]),
         }),
         "FleetPutRuleset" => Req::FleetPutRuleset(pb::PutFleetRulesetRequest {
             name: ruleset_name(r),

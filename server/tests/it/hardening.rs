@@ -443,7 +443,8 @@ async fn health_refuses_undecodable_requests_and_reflection_lists_what_is_served
 }
 
 /// Item 8: `RuleCommand.family` and `ZeroCountersRequest.family` 99 or -1 are refused at
-/// their field (as `RestoreText.family` 77 is), not taken as IPv4; nothing is written.
+/// their field (as `RestoreText.family` 77 is), not taken as IPv4, and so is a `durability`
+/// of Apply or EditRuleset; nothing is written.
 #[tokio::test]
 async fn enum_fields_out_of_range_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -470,6 +471,22 @@ async fn enum_fields_out_of_range_are_refused() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{family}: {e:?}");
+        // `durability` (Apply's, and EditRuleset's, which becomes an Apply) likewise.
+        let mut apply = apply_req("web", "*filter\n-A INPUT -j DROP\nCOMMIT\n");
+        apply.durability = family;
+        let mut edit = edit("web", &["-A", "INPUT", "-j", "DROP"]);
+        edit.durability = family;
+        for e in [
+            c.apply(apply).await.unwrap_err(),
+            c.edit_ruleset(edit).await.unwrap_err(),
+        ] {
+            assert_eq!(e.code(), Code::InvalidArgument, "{family}: {e:?}");
+            let bad = e
+                .get_details_bad_request()
+                .expect("BadRequest")
+                .field_violations;
+            assert_eq!(bad[0].field, "durability", "{bad:?}");
+        }
     }
     assert_eq!(revisions(&mut c, "web").await, [1]);
 }

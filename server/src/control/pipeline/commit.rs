@@ -1,5 +1,6 @@
 //! One commit, phase by phase. [`Pipeline::run`] is the one function a commit reads in (the
-//! caller holds the write lock); each phase is a named call, in the order they run:
+//! caller holds the write lock; [`Pipeline::run_answered`] releases it, then waits for the
+//! disk as the caller's durability asks); each phase is a named call, in the order they run:
 //!
 //! 1. limits read: the number of rulesets, for `--max-rulesets` when the ruleset is new
 //!    ([`Pipeline::existing_rulesets`]; refused only after validation, a refusal of the text
@@ -11,8 +12,8 @@
 //! 4. kernel plan: what the kernel tables become (`--kernel-tables`); a clash between rulesets
 //!    there is refused before anything is stored ([`Pipeline::kernel_plan`]);
 //! 5. persist, while the engine compiles: the revision, its state, the commit row and the
-//!    audit record in one durable transaction ([`Pipeline::persist`]), then the compile joined
-//!    ([`Compile::join`]);
+//!    audit record in one transaction, committed to the WAL, its fsync started
+//!    ([`Pipeline::persist`]), then the compile joined ([`Compile::join`]);
 //! 6. kernel tables: written to the kernel; when it refuses them the store is reverted and
 //!    nothing is published ([`Pipeline::kernel_apply`]);
 //! 7. publish, quiesce, carry: the engine swaps the snapshot, waits for every core that could
@@ -28,7 +29,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{MutexGuard, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 use vallum_engine::engine::{Change, CommitError, CommitReport, Engine, Prepared};
@@ -39,10 +40,20 @@ use vallum_engine::validate::Violation;
 use super::{CommitResult, Job, Origin, Pipeline};
 use crate::control::content::{Finding, PreviousParse};
 use crate::control::outcome::Outcome;
-use crate::control::store::{AuditEntry, PersistCommit, Persisted, Phases};
+use crate::control::store::{AuditEntry, Durability, PersistCommit, Persisted, Phases};
 use crate::error::{Error, Result};
 use crate::grpc::limits;
 use crate::host::kernel_tables::Next;
+
+/// How a caller of [`Pipeline::apply_as`] is answered.
+#[derive(Debug)]
+pub struct Answer<'a> {
+    /// How durable the commit is when the call returns; `None`: the store's (`--sync`).
+    pub durability: Option<Durability>,
+    /// The call's audit record, written with the commit and taken once it is (see
+    /// [`Pipeline::apply`]).
+    pub audit: &'a mut Option<AuditEntry>,
+}
 
 impl Pipeline {
     /// Commits `job`: validates (the commit's one validation), persists (with `audit`, taken
@@ -67,6 +78,39 @@ impl Pipeline {
             .await
     }
 
+    /// Commits `job` as [`Pipeline::run`], releases the write lock `write`, then waits until
+    /// every store write so far (the commit, or its revert) is as durable as `durability`
+    /// says (`None`: the store's, `--sync`): with [`Durability::Full`] on disk, in the one
+    /// fsync that every commit queued meanwhile shares (group commit, see the module docs of
+    /// [`crate::control::store`]).
+    ///
+    /// Errors: as [`Pipeline::run`]; [`Error::Io`] when the fsync failed (the commit
+    /// runs, but its durability is not known).
+    pub(super) async fn run_answered(
+        &self,
+        write: MutexGuard<'_, ()>,
+        durability: Option<Durability>,
+        job: Job,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<CommitResult> {
+        let durability = durability.unwrap_or(self.store.durability());
+        let job = Job {
+            durability: Some(durability),
+            ..job
+        };
+        let result = self.run(job, audit).await;
+        let mark = self.store.written();
+        drop(write);
+        if durability == Durability::Normal {
+            return result;
+        }
+        let synced = self.store.sync(mark).await;
+        match (result, synced) {
+            (Ok(_), Err(e)) => Err(e),
+            (result, _) => result,
+        }
+    }
+
     /// [`Pipeline::run`] inside its `commit` span: the phases, in order.
     async fn commit(
         &self,
@@ -89,6 +133,7 @@ impl Pipeline {
             creates,
             edited,
             priority: new_priority,
+            durability,
         } = job;
         let priority = model.priority;
         // The kernel tables it has after the commit (`--kernel-tables`; cheap clones).
@@ -138,6 +183,10 @@ impl Pipeline {
         let parsed = kept_parse(&from, &prepared, &ruleset);
         let persisted = match persisted {
             Ok(p) => {
+                if durability.unwrap_or(self.store.durability()) == Durability::Full {
+                    // The fsync runs while the compile ends and the engine publishes.
+                    self.store.request_sync(p.mark);
+                }
                 // The audit record is durable with the commit; a refusal below corrects it.
                 audit.take();
                 p

@@ -1038,3 +1038,111 @@ async fn prune_deletes_by_age_and_by_rows() {
         });
     assert_eq!(keep.prune(i64::MAX).await.unwrap(), Pruned::default());
 }
+
+/// `--sync normal`: a write answers without an fsync (it is in the WAL: another connection
+/// reads it at once); one fsync then puts every write so far on disk, and `close` does it.
+#[tokio::test]
+async fn normal_writes_wait_for_no_fsync_and_share_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.db");
+    let store = Store::open(&path)
+        .await
+        .unwrap()
+        .with_durability(Durability::Normal);
+    assert_eq!(store.fsyncs(), 0);
+    for i in 0..20 {
+        let name = format!("r{i}");
+        store
+            .persist_commit(commit(&name, CommitTarget::New(new_rev(&name, "one"))))
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.fsyncs(), 0, "a normal write waited for an fsync");
+    // Committed: a new connection (another process would see the same) reads every one.
+    let other = Connection::open(&path).unwrap();
+    let n: i64 = other
+        .query_row("SELECT count(*) FROM revisions", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 20);
+    // One mark per committed transaction.
+    let mark = store.written();
+    assert_eq!(mark, 20);
+    store.sync(mark).await.unwrap();
+    assert_eq!(store.fsyncs(), 1, "20 writes, one fsync");
+    // Nothing new: no fsync.
+    store.sync(mark).await.unwrap();
+    assert_eq!(store.fsyncs(), 1);
+    store
+        .persist_commit(commit("r0", CommitTarget::New(new_rev("r0", "two"))))
+        .await
+        .unwrap();
+    store.close().await;
+    assert_eq!(store.fsyncs(), 2, "close fsyncs what is not on disk yet");
+}
+
+/// `--sync full` (the default): a write is on disk when it answers; concurrent writers each
+/// get their own transaction, so one that fails (a stale etag) changes nothing of the others'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_writes_are_fsynced_and_a_failing_caller_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+    assert_eq!(store.durability(), Durability::Full);
+    let (_, first) = store.stage(new_rev("s", "one"), None).await.unwrap();
+    assert!(store.fsyncs() >= 1, "a full write answered before an fsync");
+    assert_eq!(first.number, 1);
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let name = format!("c{i}");
+                let mut c = commit(&name, CommitTarget::New(new_rev(&name, "x")));
+                if i % 8 == 0 {
+                    // Never the etag of a new ruleset: refused.
+                    c.expected_etag = Some("stale".into());
+                }
+                let r = store.persist_commit(c).await;
+                // persist_commit leaves the wait to the pipeline: wait as it does.
+                store.sync(store.written()).await.unwrap();
+                (i, r)
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (i, r) = t.await.unwrap();
+        let name = format!("c{i}");
+        let stored = store.get_ruleset(&name).await.unwrap();
+        if i % 8 == 0 {
+            assert!(matches!(r, Err(Error::EtagMismatch { .. })), "{i}: {r:?}");
+            assert_eq!(stored, None, "{i}: a refused caller left its ruleset");
+        } else {
+            assert_eq!(r.unwrap().revision.number, 1);
+            assert_eq!(stored.unwrap().active_revision, Some(1));
+        }
+    }
+    // Every write so far is on disk: nothing left to fsync.
+    let fsyncs = store.fsyncs();
+    store.sync(store.written()).await.unwrap();
+    assert_eq!(store.fsyncs(), fsyncs);
+}
+
+/// An fsync of the WAL that fails is not retried: that wait and every later one fail, naming
+/// the fsync (here the WAL file is gone, so opening it for the fsync fails).
+#[tokio::test]
+async fn a_failed_fsync_fails_every_later_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.db");
+    let store = Store::open(&path)
+        .await
+        .unwrap()
+        .with_durability(Durability::Normal);
+    store.stage(new_rev("s", "one"), None).await.unwrap();
+    std::fs::remove_file(dir.path().join("v.db-wal")).unwrap();
+    let e = store.sync(store.written()).await.unwrap_err();
+    assert!(e.to_string().contains("fsync of"), "{e}");
+    // Sticky: a wait for a mark already asked for, and one after a new write, both fail.
+    let e = store.sync(1).await.unwrap_err();
+    assert!(e.to_string().contains("fsync of"), "{e}");
+    let full = store.clone().with_durability(Durability::Full);
+    let e = full.stage(new_rev("t", "two"), None).await.unwrap_err();
+    assert!(e.to_string().contains("restart vallumd"), "{e}");
+}

@@ -14,9 +14,12 @@
 //! allows one writer at a time anyway; readers run on their own connections (WAL: they never
 //! wait for the writer, and see a transaction whole or not at all).
 //!
-//! Every connection has `synchronous = FULL` (a commit is on disk when it returns), foreign
-//! keys on and a 10 s busy timeout; the database is in WAL mode. The writer runs the
-//! migrations ([`super::migrate`]) before the readers open; readers are `query_only`.
+//! Every connection has foreign keys on and a 10 s busy timeout; the database is in WAL mode.
+//! The writer runs the migrations ([`super::migrate`]) with `synchronous = FULL` before the
+//! readers open, then `synchronous = NORMAL`: a commit is in the WAL (a crash of vallumd keeps
+//! it) when it returns, and on disk once the group flusher has fsynced the WAL up to its mark
+//! ([`super::flush`]); [`Writer::run`] waits for that when the store's [`Durability`] is
+//! `Full`, [`Writer::run_unsynced`] leaves the wait to its caller. Readers are `query_only`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,13 +28,15 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
+use super::flush::{Flusher, Mark};
 use super::{
-    AuditEntry, NewRevision, RevisionRow, RevisionState, RulesetRow, chunks, etag, i64_of,
-    ruleset_row, u64_of,
+    AuditEntry, Durability, NewRevision, RevisionRow, RevisionState, RulesetRow, chunks, etag,
+    i64_of, ruleset_row, u64_of,
 };
 use crate::error::{Error, Result};
 
-/// Opens a connection to `path` with the store's settings (see the module docs).
+/// Opens a connection to `path` with the store's settings (see the module docs), at
+/// `synchronous = FULL`.
 fn connect(path: &Path) -> Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(10))?;
@@ -111,17 +116,23 @@ impl Readers {
     }
 }
 
-/// The writer connection (cheap to clone: shared).
+/// The writer connection and its group flusher (cheap to clone: shared).
 #[derive(Clone, Debug)]
 pub(crate) struct Writer {
     conn: Arc<[Mutex<Connection>]>,
+    flusher: Flusher,
+    /// What [`Writer::run`] waits for.
+    durability: Durability,
 }
 
 impl Writer {
-    /// Opens (creating it when missing) the database at `path` in WAL mode and applies the
-    /// pending migrations, up to and including version `until`.
+    /// Opens (creating it when missing) the database at `path` in WAL mode, applies the
+    /// pending migrations, up to and including version `until` (durably), and starts the
+    /// group flusher; [`Writer::run`] then waits for the disk ([`Durability::Full`], see
+    /// [`Writer::with_durability`]).
     ///
-    /// Errors: [`Error::Store`] when it cannot be opened or configured, [`Error::Migrate`].
+    /// Errors: [`Error::Store`] when it cannot be opened or configured, [`Error::Migrate`],
+    /// [`Error::Io`] when the flusher cannot start.
     pub(crate) fn open(path: &Path, until: i64, now: i64) -> Result<Writer> {
         let mut conn = connect(path)?;
         let mode: String =
@@ -133,29 +144,91 @@ impl Writer {
             )));
         }
         super::migrate::run_to(&mut conn, until, now)?;
+        // From here the fsync of a commit is the flusher's (see the module docs).
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(Writer {
             conn: Arc::new([Mutex::new(conn)]),
+            flusher: Flusher::start(path)?,
+            durability: Durability::Full,
         })
     }
 
+    /// This writer with [`Writer::run`] waiting as `durability` says.
+    pub(crate) fn with_durability(mut self, durability: Durability) -> Writer {
+        self.durability = durability;
+        self
+    }
+
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction on a blocking thread and commits it
-    /// when `f` returns `Ok` (durable when this returns); an `Err` rolls everything back.
+    /// when `f` returns `Ok`; an `Err` rolls everything back. With [`Durability::Full`] the
+    /// commit is on disk when this returns (it shares one fsync with the writes of other
+    /// callers, [`super::flush`]); with [`Durability::Normal`] it is in the WAL (kept by a
+    /// crash of vallumd, not of the host, until a later flush or checkpoint).
     ///
     /// Errors: those of `f`, [`Error::Store`], [`Error::TaskFailed`] when the blocking
-    /// task panicked.
+    /// task panicked, [`Error::Io`] when the fsync failed.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Tx<'_>) -> Result<T> + Send + 'static,
     {
-        on_blocking(self.conn.clone(), 0, move |conn| {
+        let (out, mark) = self.run_unsynced(f).await?;
+        if self.durability == Durability::Full {
+            self.flusher.wait(mark).await?;
+        }
+        Ok(out)
+    }
+
+    /// [`Writer::run`] without the wait: returns when the transaction is in the WAL, with
+    /// its [`Mark`] for [`Writer::sync`] (the commit pipeline waits after it released its
+    /// write lock, so concurrent commits share an fsync; [`Writer::request`] starts the
+    /// fsync early).
+    ///
+    /// Errors: as [`Writer::run`].
+    pub(crate) async fn run_unsynced<T, F>(&self, f: F) -> Result<(T, Mark)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Tx<'_>) -> Result<T> + Send + 'static,
+    {
+        let flusher = self.flusher.clone();
+        let (out, mark) = on_blocking(self.conn.clone(), 0, move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = f(&tx)?;
             chunks::delete_unused(&tx)?;
             tx.commit()?;
-            Ok(out)
+            // Under the connection's lock: marks follow the WAL's order.
+            Ok((out, flusher.wrote()))
         })
-        .await
+        .await?;
+        Ok((out, mark))
+    }
+
+    /// Asks the flusher for `mark` without waiting (see [`Flusher::request`]).
+    pub(crate) fn request(&self, mark: Mark) {
+        self.flusher.request(mark);
+    }
+
+    /// Waits until every transaction up to `mark` is on disk, whatever the store's
+    /// durability (a caller that asked for `full`).
+    ///
+    /// Errors: [`Error::Io`] when the fsync failed.
+    pub(crate) async fn sync(&self, mark: Mark) -> Result<()> {
+        self.flusher.wait(mark).await
+    }
+
+    /// The mark of the last committed transaction (for [`Writer::sync`]).
+    pub(crate) fn written(&self) -> Mark {
+        self.flusher.written()
+    }
+
+    /// The store's durability.
+    pub(crate) fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The fsyncs of the WAL done so far.
+    pub(crate) fn fsyncs(&self) -> u64 {
+        self.flusher.fsyncs()
     }
 }
 

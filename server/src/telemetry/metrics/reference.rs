@@ -152,6 +152,7 @@ mod tests {
         sets.create("bans", SetSpec::new(SetType::HashNet, Family::Ipv4))
             .unwrap();
         metrics.observe_sets(sets).unwrap();
+        metrics.observe_store(|| (2, 1));
         metrics.observe_events(Events::start(crate::clock::Clock::system()).unwrap());
         metrics.record_commit("web", Outcome::Committed, &Phases::default());
         metrics.set_active_revision("web", Some(1));

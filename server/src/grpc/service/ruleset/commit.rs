@@ -9,6 +9,7 @@ use vallum_proto::v1 as pb;
 
 use super::{RulesetApi, etag};
 use crate::control::content;
+use crate::control::pipeline::Answer;
 use crate::error::{Error, Result};
 use crate::grpc::call::Cx;
 use crate::grpc::convert;
@@ -103,6 +104,7 @@ pub(super) async fn apply(
     let name = convert::ruleset_id("ruleset", &r.ruleset)?;
     api.state.owners.check(&name)?;
     let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
+    let durability = convert::durability("durability", r.durability)?;
     if r.validate_only {
         dry_run_etag(api, &name, &r.etag).await?;
         let (checked, _) = api
@@ -130,13 +132,16 @@ pub(super) async fn apply(
     let c = api
         .state
         .pipeline
-        .apply(
+        .apply_as(
             checked,
             &cx.caller,
             &r.message,
             within,
             etag(&expected),
-            &mut cx.audit,
+            Answer {
+                durability,
+                audit: &mut cx.audit,
+            },
         )
         .await?;
     Ok(convert::commit_result(&c))
@@ -165,6 +170,7 @@ pub(super) async fn edit_ruleset(
         validate_only: r.validate_only,
         // As iptables: deleting the last rule leaves empty tables, not an error.
         allow_empty: true,
+        durability: r.durability,
     };
     apply(api, cx, &apply_request).await
 }
