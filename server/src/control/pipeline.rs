@@ -46,7 +46,7 @@ use vallum_engine::model::Ruleset;
 use vallum_engine::sets::SetManager;
 use vallum_engine::validate::{Severity, Violation};
 
-use crate::control::content::{self, Checked, Finding, Places, PreviousParse, SourceText};
+use crate::control::content::{self, Checked, Content, Finding, Places, PreviousParse, SourceText};
 use crate::control::hooks::{CommitRecord, Hooks};
 use crate::control::outcome::Outcome;
 use crate::control::store::{
@@ -129,6 +129,9 @@ pub struct Pipeline {
     /// Per ruleset, the texts its last Apply was parsed from and the model (see
     /// [`Pipeline::previous_parse`]).
     parses: Mutex<HashMap<String, PreviousParse>>,
+    /// Per ruleset, the number and canonical content of the revision its last commit published
+    /// (see [`Pipeline::active_content`]).
+    contents: Mutex<HashMap<String, (u64, Arc<Content>)>>,
     /// Active revisions that did not load at start, by ruleset (see [`Pipeline::load`]);
     /// the one owner of that fact in memory (the store keeps the durable mark).
     not_loaded: tokio::sync::watch::Sender<BTreeMap<String, LoadFailure>>,
@@ -236,6 +239,7 @@ impl Pipeline {
             events,
             hooks,
             parses: Mutex::new(HashMap::new()),
+            contents: Mutex::new(HashMap::new()),
             not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
             kernel: None,
             facts: None,
@@ -572,7 +576,7 @@ impl Pipeline {
     ) -> Result<(RulesetRow, RevisionRow, Vec<Finding>)> {
         let mut checked = self.validate(checked).await?.into_valid()?;
         self.check_rules(&checked)?;
-        let new = new_revision(&checked, author, message);
+        let new = new_revision(&mut checked, author, message);
         let _w = self.write.lock().await;
         self.check_rulesets(&new.ruleset).await?;
         let (rs, rev) = self.store.stage(new, etag).await?;
@@ -624,7 +628,7 @@ impl Pipeline {
     /// Errors: as [`Pipeline::stage`] and [`Pipeline::commit_staged`].
     pub async fn apply(
         &self,
-        checked: Checked,
+        mut checked: Checked,
         author: &str,
         message: &str,
         confirm_within: Option<Duration>,
@@ -632,7 +636,7 @@ impl Pipeline {
         audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
         self.check_rules(&checked)?;
-        let new = new_revision(&checked, author, message);
+        let new = new_revision(&mut checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
         let _w = self.write.lock().await;
         let edited = checked.edited;
@@ -1003,15 +1007,42 @@ impl Pipeline {
     }
 
     /// After the engine published `ruleset`'s new active revision (or that it has none):
-    /// forgets a deactivated ruleset's previous parse and tells the observer.
+    /// forgets a deactivated ruleset's previous parse and kept content (a ruleset deleted and
+    /// made again numbers its revisions from 1 again), and tells the observer.
     fn activated(&self, ruleset: &str, revision: Option<u64>) {
         if revision.is_none() {
             self.parses
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(ruleset);
+            self.contents
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(ruleset);
         }
         self.hooks.observer.on_active(ruleset, revision);
+    }
+
+    /// Keeps `content`, the canonical content of revision `number` of `ruleset` that a commit
+    /// just published, for [`Pipeline::active_content`] (replacing the one kept before).
+    fn keep_content(&self, ruleset: &str, number: u64, content: Arc<Content>) {
+        self.contents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ruleset.to_string(), (number, content));
+    }
+
+    /// The canonical content of revision `number` of `ruleset` when it is the one the last
+    /// commit of `ruleset` published (kept in memory since: a revision's content never
+    /// changes), so a `--noflush` edit of the active revision does not read its text back from
+    /// the store; `None` otherwise (the caller reads the store).
+    pub fn active_content(&self, ruleset: &str, number: u64) -> Option<Arc<Content>> {
+        self.contents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ruleset)
+            .filter(|(n, _)| *n == number)
+            .map(|(_, c)| c.clone())
     }
 
     /// The model the engine runs for `ruleset` and the number of its revision, read together
@@ -1129,11 +1160,13 @@ impl Pipeline {
     }
 }
 
-fn new_revision(c: &Checked, author: &str, message: &str) -> NewRevision {
+/// The revision to store for `c`, its content moved out of `c` (not copied: a 10k-rule text
+/// is 0.5 MB).
+fn new_revision(c: &mut Checked, author: &str, message: &str) -> NewRevision {
     NewRevision {
         ruleset: c.ruleset.name.clone(),
         priority: c.ruleset.priority,
-        content: c.content.clone(),
+        content: std::mem::take(&mut c.content),
         rule_count: u32::try_from(c.ruleset.rule_count()).unwrap_or(u32::MAX),
         author: author.to_string(),
         message: message.to_string(),
