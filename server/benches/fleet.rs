@@ -64,7 +64,7 @@ impl Local for SimLocal {
         d: &Desired,
         _value: &[u8],
     ) -> Result<Applied, Error> {
-        let now = vallum_server::control::store::now_ns();
+        let now = vallum_server::clock::Clock::system().unix_ns();
         self.published.lock().unwrap().push(now - d.write_time_ns);
         let mut a = self.active.lock().unwrap();
         let n = a.get(name).map_or(1, |n| n + 1);
@@ -149,7 +149,7 @@ async fn case(n: usize, poll: bool, metrics: &Metrics) {
         .map(|_| Etcd::connect(&[etcd.url()]).unwrap())
         .collect();
     let published = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let stats = FleetStats::new(metrics);
+    let stats = FleetStats::new(metrics, vallum_server::clock::Clock::system());
     let started = Instant::now();
     let agents: Vec<_> = (0..n)
         .map(|i| {
@@ -355,7 +355,7 @@ async fn write_and_wait(url: String, keys: Keys, n: usize, poll: bool) -> Durati
         selector: "role=web".into(),
         message: "bench".into(),
         author: "bench".into(),
-        write_time_ns: vallum_server::control::store::now_ns(),
+        write_time_ns: vallum_server::clock::Clock::system().unix_ns(),
         ..Default::default()
     };
     let write = Instant::now();

@@ -71,7 +71,6 @@ use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Policy, Ruleset, Target};
 use vallum_engine::restore::{PrintOptions, print};
 use vallum_engine::sets::NoSets;
-use vallum_server::control::pipeline::MonotonicClock;
 use vallum_server::host::sources::nfqueue;
 use vallum_server::telemetry::events::Events;
 
@@ -482,7 +481,7 @@ impl Consumer {
 
     /// vallumd's worker on `queues` queues with `rules`, copying at least `min_copy` bytes.
     fn vallumd(queues: u16, rules: &Ruleset, min_copy: u32) -> Consumer {
-        let clock: Arc<dyn vallum_engine::Clock> = Arc::new(MonotonicClock::default());
+        let clock: Arc<dyn vallum_engine::Clock> = Arc::new(vallum_server::clock::Clock::system());
         let engine = Arc::new(Engine::new(
             EngineConfig {
                 cores: usize::from(queues),
@@ -495,7 +494,7 @@ impl Consumer {
         engine
             .commit(Change::Put(rules.clone()), &NoSets)
             .expect("commit the rules");
-        let events = Events::start().expect("events");
+        let events = Events::start(vallum_server::clock::Clock::system()).expect("events");
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
         let threads = (0..queues)

@@ -75,6 +75,9 @@ pub struct NfqueueSource {
     /// The queue length to bind with (`--queue-maxlen`); `None`: the default of
     /// [`crate::host::nfqueue_stats::auto_maxlen`], under which every fail-open bypass is counted.
     pub maxlen: Option<u32>,
+    /// Test only: the pause each worker takes after each batch
+    /// (`--test-nfqueue-batch-delay-us`); `None` in production.
+    pub batch_delay: Option<Duration>,
 }
 
 impl FromStr for NfqueueSource {
@@ -97,6 +100,7 @@ impl FromStr for NfqueueSource {
             first,
             fail_closed,
             maxlen: None,
+            batch_delay: None,
         })
     }
 }
@@ -467,6 +471,17 @@ pub struct Config {
     #[arg(long, env = "VALLUM_QUEUE_MAXLEN", value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_maxlen: Option<u32>,
 
+    /// Test only, hidden: with `--source nfqueue`, microseconds each worker sleeps after each
+    /// batch (about 32 packets per pause), so a test overloads a queue with a modest flood.
+    /// Default 0: no pause.
+    #[arg(
+        long,
+        env = "VALLUM_TEST_NFQUEUE_BATCH_DELAY_US",
+        default_value_t = 0,
+        hide = true
+    )]
+    pub test_nfqueue_batch_delay_us: u64,
+
     /// Packets per second over all workers; 0 means as fast as possible.
     #[arg(long, env = "VALLUM_RATE", default_value_t = 0)]
     pub rate: u64,
@@ -585,11 +600,14 @@ impl Config {
         }
     }
 
-    /// The packet source with the flags that refine it (`--queue-maxlen` for NFQUEUE).
+    /// The packet source with the flags that refine it (`--queue-maxlen` and
+    /// `--test-nfqueue-batch-delay-us` for NFQUEUE).
     pub fn packet_source(&self) -> Source {
         match &self.source {
             Source::Nfqueue(q) => Source::Nfqueue(NfqueueSource {
                 maxlen: self.queue_maxlen,
+                batch_delay: (self.test_nfqueue_batch_delay_us > 0)
+                    .then(|| Duration::from_micros(self.test_nfqueue_batch_delay_us)),
                 ..*q
             }),
             s => s.clone(),
@@ -656,6 +674,7 @@ mod tests {
                 first,
                 fail_closed,
                 maxlen: None,
+                batch_delay: None,
             });
             assert_eq!(c.source, want, "{text}");
             assert_eq!(c.source.to_string(), shown);

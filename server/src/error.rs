@@ -4,7 +4,10 @@
 //! exit code; [`ClientReason`], the client-side rows) lives in `vallum_api::reason`, which
 //! vallumctl reads too, and is re-exported here; this module is where the server meets it.
 //!
-//! [`Error`]'s `Display` is the human message;
+//! [`Error`]'s `Display` is the human message, for the log; [`Error::client_message`] is what
+//! a client reads: the same, except that a store failure ([`Error::Store`],
+//! [`Error::Migrate`]) and a failed task ([`Error::TaskFailed`]) get a fixed text (SQLite's
+//! own text, paths and panic messages stay in vallumd's log).
 //! `From<Error> for tonic::Status` is the only place errors become gRPC statuses, with
 //! `BadRequest` field violations, `PreconditionFailure` and `ErrorInfo` details
 //! (domain [`ERROR_DOMAIN`]).
@@ -120,9 +123,40 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// Anything else (a bug, or startup I/O).
-    #[error("internal: {0}")]
-    Internal(String),
+    /// A spawned or blocking task ended without its result: it panicked or was cancelled
+    /// (a bug, or shutdown). A client reads only which task failed.
+    #[error("internal: the {task} task failed: {source}")]
+    TaskFailed {
+        /// What the task did, e.g. `commit`, `audit`, `store`.
+        task: &'static str,
+        /// tokio's report (the panic's message, or cancelled).
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Stored data that does not read back as this build writes it: a row the schema
+    /// promises is missing, a value outside its column's set, a stored text that no longer
+    /// parses; in fleet mode, an etcd key whose value is not a fleet ruleset.
+    #[error("stored data this build cannot read: {what}")]
+    StoreCorrupt {
+        /// What was read and what is wrong with it.
+        what: String,
+    },
+    /// An OS call failed: spawning a thread, binding a socket, creating a directory,
+    /// reading a file.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, e.g. `bind 127.0.0.1:50051`.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A broken internal invariant: a bug in vallumd, never the caller's fault.
+    #[error("internal: {what}")]
+    Invariant {
+        /// What should have held.
+        what: String,
+    },
     /// Fleet mode: etcd cannot be reached, or refused the request (see [`crate::control::fleet`]).
     #[error("fleet: {0}")]
     Fleet(String),
@@ -221,7 +255,11 @@ impl Error {
             Error::Store(e) if store_full(e) => Reason::StoreFull,
             Error::Store(_) | Error::Migrate(_) => Reason::Store,
             Error::Limit(l) => l.reason(),
-            Error::Startup { .. } | Error::Internal(_) => Reason::Internal,
+            Error::Startup { .. }
+            | Error::TaskFailed { .. }
+            | Error::StoreCorrupt { .. }
+            | Error::Io { .. }
+            | Error::Invariant { .. } => Reason::Internal,
             Error::Fleet(_) => Reason::FleetUnavailable,
             Error::KernelTables(_) => Reason::KernelTablesRefused,
             Error::FleetOwned { .. } => Reason::FleetOwned,
@@ -232,6 +270,48 @@ impl Error {
         }
     }
 }
+
+impl Error {
+    /// An [`Error::Io`]: `what` failed with `source`.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// An [`Error::StoreCorrupt`].
+    pub fn store_corrupt(what: impl Into<String>) -> Error {
+        Error::StoreCorrupt { what: what.into() }
+    }
+
+    /// An [`Error::Invariant`].
+    pub fn invariant(what: impl Into<String>) -> Error {
+        Error::Invariant { what: what.into() }
+    }
+
+    /// What a client reads (the gRPC status message, a WatchCommits event's error): the
+    /// `Display` text, except for [`Error::Store`] and [`Error::Migrate`] (a fixed text per
+    /// reason: SQLite's message can name paths, tables and queries) and
+    /// [`Error::TaskFailed`] (the task's name without the panic message).
+    pub fn client_message(&self) -> String {
+        match self {
+            Error::Store(e) if store_full(e) => STORE_FULL_MESSAGE.to_string(),
+            Error::Store(_) | Error::Migrate(_) => STORE_MESSAGE.to_string(),
+            Error::TaskFailed { task, .. } => {
+                format!("internal: the {task} task failed; vallumd's log says why")
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+/// What a client reads for a store failure ([`Error::client_message`]).
+pub const STORE_MESSAGE: &str = "store: the database call failed; vallumd's log says why";
+
+/// What a client reads when the store's disk is full ([`Error::client_message`]).
+pub const STORE_FULL_MESSAGE: &str =
+    "store: the disk holding the database is full; free space and retry";
 
 /// SQLite's SQLITE_FULL: the disk (or the file system's quota) is full. The call changed
 /// nothing (its transaction rolled back) and may succeed once space is freed.
@@ -266,7 +346,14 @@ impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         let reason = e.reason();
         let info = reason.info();
-        let message = cut(&e.to_string(), MAX_MESSAGE_BYTES);
+        if matches!(
+            e,
+            Error::Store(_) | Error::Migrate(_) | Error::TaskFailed { .. }
+        ) {
+            // The client reads a fixed text (`client_message`); the cause is logged here.
+            tracing::error!(error = %e, reason = info.name, "answered a client with {}", info.name);
+        }
+        let message = cut(&e.client_message(), MAX_MESSAGE_BYTES);
         let mut details = ErrorDetails::new();
         let mut metadata = std::collections::HashMap::new();
         match &e {
@@ -345,7 +432,10 @@ impl From<Error> for tonic::Status {
             | Error::Store(_)
             | Error::Migrate(_)
             | Error::Startup { .. }
-            | Error::Internal(_) => {}
+            | Error::TaskFailed { .. }
+            | Error::StoreCorrupt { .. }
+            | Error::Io { .. }
+            | Error::Invariant { .. } => {}
         }
         details.set_error_info(info.name, ERROR_DOMAIN, metadata);
         tonic::Status::with_error_details(info.code, message, details)
@@ -414,6 +504,44 @@ mod tests {
             last.description
         );
         assert_eq!(shown[0].field, "elements[0]");
+    }
+
+    /// A real SQLite error reaches the client as the fixed store message (its text names
+    /// the table), with the STORE_ERROR reason; the log keeps the text (`Display`).
+    #[test]
+    fn a_store_error_sends_a_fixed_message() {
+        let conn = rusqlite::Connection::open_in_memory().expect("sqlite");
+        let e = conn
+            .execute("INSERT INTO secret_table_name VALUES (1)", [])
+            .unwrap_err();
+        let e = Error::Store(e);
+        assert!(e.to_string().contains("secret_table_name"), "{e}");
+        let s: tonic::Status = e.into();
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert_eq!(s.message(), STORE_MESSAGE);
+        assert_eq!(
+            s.get_error_details().error_info().expect("info").reason,
+            "STORE_ERROR"
+        );
+    }
+
+    /// A panicked task names the task to the client, not the panic's message.
+    #[tokio::test]
+    async fn a_failed_task_hides_the_panic_message() {
+        let join = tokio::spawn(async { panic!("secret panic text") })
+            .await
+            .unwrap_err();
+        let e = Error::TaskFailed {
+            task: "commit",
+            source: join,
+        };
+        assert!(e.to_string().contains("secret panic text"), "{e}");
+        let s: tonic::Status = e.into();
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert_eq!(
+            s.message(),
+            "internal: the commit task failed; vallumd's log says why"
+        );
     }
 
     #[test]

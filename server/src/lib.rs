@@ -11,6 +11,7 @@
 //!   local unix socket, the allocator, NSS owner names, the connection table across a restart;
 //! - [`telemetry`]: metrics (OpenTelemetry -> Prometheus `/metrics`, OTLP traces) and packet
 //!   events;
+//! - [`clock`]: the one monotonic and wall clock, injected (tests drive a manual one);
 //! - [`config`]: flags and their `VALLUM_*` env twins; [`error`]: errors and their gRPC
 //!   statuses; [`server`]: wiring, [`run`].
 //!
@@ -18,6 +19,7 @@
 //! `vallum-cli` (`cli/`), which shares only `vallum-proto` and `vallum-api` (the error table,
 //! re-exported by [`error`], and the TLS client config, by [`grpc::tls`]) with this crate.
 
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod error;

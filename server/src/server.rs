@@ -35,7 +35,7 @@ use crate::config::{Config, OnLoadFailure};
 use crate::control::fleet::agent::{Agent, FleetStats, PipelineLocal};
 use crate::control::fleet::service::FleetApi;
 use crate::control::hooks::{self, Hooks, MetricsObserver};
-use crate::control::pipeline::{MonotonicClock, Pipeline};
+use crate::control::pipeline::Pipeline;
 use crate::control::{content, example};
 use crate::error::{Error, Result};
 use crate::grpc::service::State;
@@ -172,7 +172,9 @@ pub async fn run_with(
     hooks: Hooks,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary> {
-    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
+    // The one clock: the engine reads it as `Arc<dyn vallum_engine::Clock>`, the rest as
+    // `hooks.clock` (a test injects a manual one through `hooks`).
+    let clock: Arc<dyn Clock> = Arc::new(hooks.clock.clone());
     // Every background task and listener; stopped in order at shutdown (or aborted when a
     // start step fails and this is dropped).
     let mut tasks = Supervisor::new(STOP_GRACE);
@@ -202,13 +204,14 @@ pub async fn run_with(
     }
     let tls = tls::server_config(&config.tls)?;
 
-    let store = crate::control::store::Store::open(&config.db)
+    let store = crate::control::store::Store::open_on(&config.db, hooks.clock.clone())
         .await?
         .with_revisions_kept(config.limits.max_revisions_kept)
         .with_retention(config.retention.retention());
     let kernel_tables =
-        crate::host::kernel_tables::KernelTables::new(&config.kernel_tables)?.map(Arc::new);
-    let mut pipeline = Pipeline::new(engine.clone(), store.clone(), clock.clone(), hooks.clone());
+        crate::host::kernel_tables::KernelTables::new(&config.kernel_tables, hooks.clock.clone())?
+            .map(Arc::new);
+    let mut pipeline = Pipeline::new(engine.clone(), store.clone(), hooks.clone());
     if let Some(k) = &kernel_tables {
         k.observe(&metrics);
         pipeline = pipeline.with_kernel_tables(k.clone());
@@ -263,8 +266,8 @@ pub async fn run_with(
             });
         }
     }
-    let events = crate::telemetry::events::Events::start()
-        .map_err(|e| Error::Internal(format!("spawn the events thread: {e}")))?;
+    let events = crate::telemetry::events::Events::start(hooks.clock.clone())
+        .map_err(|e| Error::io("spawn the events thread", e))?;
     metrics.observe_events(events.clone());
     let state = State::new(pipeline.clone(), config.source.to_string(), events.clone());
     // Fleet mode: the etcd client connects lazily, so an unreachable etcd never delays start.
@@ -297,10 +300,10 @@ pub async fn run_with(
     };
     let reflection = reflection_builder()
         .build_v1()
-        .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
+        .map_err(|e| Error::invariant(format!("reflection: {e}")))?;
     let reflection_v1alpha = reflection_builder()
         .build_v1alpha()
-        .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
+        .map_err(|e| Error::invariant(format!("reflection: {e}")))?;
 
     let (metrics_stop_tx, metrics_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let metrics_server = metrics
@@ -323,10 +326,10 @@ pub async fn run_with(
 
     let listener = TcpListener::bind(config.listen)
         .await
-        .map_err(|e| Error::Internal(format!("bind {}: {e}", config.listen)))?;
+        .map_err(|e| Error::io(format!("bind {}", config.listen), e))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| Error::Internal(format!("local address: {e}")))?;
+        .map_err(|e| Error::io("local address", e))?;
     // Bound before `listening on` is printed: that line means every listener is up.
     let mut local = bind_local_socket(&config)?;
     stdout_line(format_args!("listening on {addr}"));
@@ -348,7 +351,7 @@ pub async fn run_with(
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
-            .map_err(|e| Error::Internal(format!("TLS: {e}")))?;
+            .map_err(|e| Error::invariant(format!("TLS: {e}")))?;
     }
     let max = config.limits.max_request_bytes;
     // One set of routes and one layer stack for both listeners (tonic puts the unix peer's
@@ -391,7 +394,7 @@ pub async fn run_with(
         );
     }
     let routes = routes.routes();
-    let layer = hooks::rpc_layer(&config, &metrics, auth);
+    let layer = hooks::rpc_layer(&config, &metrics, auth, hooks.clock.clone());
     if let Some(listener) = local.as_mut().and_then(|l| l.listener.take()) {
         let drain = tasks.drain(Stage::Listeners);
         let serve = tonic::transport::Server::builder()
@@ -493,6 +496,7 @@ pub async fn run_with(
         restore_conntrack(
             ct,
             clock.now_ns(),
+            hooks.clock.system_time(),
             config.conntrack.conntrack_state_max_age,
             &ct_state,
         );
@@ -542,7 +546,7 @@ pub async fn run_with(
             node,
             config.fleet.node_labels.clone(),
             config.fleet.lease_ttl(),
-            FleetStats::new(&metrics),
+            FleetStats::new(&metrics, hooks.clock.clone()),
         )
         .spawn();
         tasks.adopt_loop("fleet agent", agent);
@@ -563,7 +567,7 @@ pub async fn run_with(
         match crate::host::conntrack_state::save(
             ct,
             clock.now_ns(),
-            std::time::SystemTime::now(),
+            hooks.clock.system_time(),
             &ct_state,
         ) {
             Ok(n) => tracing::info!(
@@ -614,11 +618,11 @@ pub async fn run_with(
 /// The encoded file descriptor set `set` without the service named `service` (in whichever
 /// file declares it), for reflection to list only the services served.
 ///
-/// Errors: [`Error::Internal`] when `set` does not decode.
+/// Errors: [`Error::Invariant`] when `set` (compiled in) does not decode.
 fn without_service(set: &[u8], service: &str) -> Result<Vec<u8>> {
     use prost::Message as _;
     let mut fds = prost_types::FileDescriptorSet::decode(set)
-        .map_err(|e| Error::Internal(format!("file descriptor set: {e}")))?;
+        .map_err(|e| Error::invariant(format!("file descriptor set: {e}")))?;
     for f in &mut fds.file {
         f.service.retain(|s| s.name() != service);
     }
@@ -674,11 +678,12 @@ fn bind_local_socket(config: &Config) -> Result<Option<crate::host::local_socket
 fn restore_conntrack(
     ct: &vallum_engine::conntrack::Conntrack,
     now_ns: u64,
+    now: std::time::SystemTime,
     max_age: Duration,
     file: &std::path::Path,
 ) {
     use crate::host::conntrack_state::{Outcome, restore};
-    match restore(ct, now_ns, std::time::SystemTime::now(), max_age, file) {
+    match restore(ct, now_ns, now, max_age, file) {
         Ok(Outcome::Absent) => {}
         Ok(Outcome::Restored(r, age)) => tracing::info!(
             entries = r.restored,

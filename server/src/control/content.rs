@@ -101,7 +101,7 @@ impl Content {
 
     /// Parses stored content into a ruleset.
     ///
-    /// Errors: [`Error::Internal`] when the stored text no longer parses (a corrupt store or
+    /// Errors: [`Error::StoreCorrupt`] when the stored text no longer parses (a corrupt store or
     /// an engine parser change).
     pub fn to_ruleset(&self, name: &str, priority: i32) -> Result<Ruleset, Error> {
         let mut tables = Vec::new();
@@ -114,7 +114,7 @@ impl Content {
                 ..ParseOptions::default()
             };
             let rs = restore::parse_ruleset(name, text, &opts).map_err(|e| {
-                Error::Internal(format!(
+                Error::store_corrupt(format!(
                     "stored content of ruleset {name} does not parse: {e}"
                 ))
             })?;
@@ -433,12 +433,12 @@ impl Checked {
     /// `Ok(self)` when validated and valid, else the bad-request error naming every error
     /// finding ([`accept`]).
     ///
-    /// Errors: as [`accept`]; [`Error::Internal`] when it was not validated (a caller's bug:
+    /// Errors: as [`accept`]; [`Error::Invariant`] when it was not validated (a caller's bug:
     /// the request would pass unchecked).
     pub fn into_valid(mut self) -> Result<Checked, Error> {
         if !self.validated {
-            return Err(Error::Internal(
-                "a ruleset was accepted before it was validated".into(),
+            return Err(Error::invariant(
+                "a ruleset was accepted before it was validated",
             ));
         }
         self.findings = accept(std::mem::take(&mut self.findings))?;
@@ -888,7 +888,9 @@ fn check_noflush(
                         ..ParseOptions::default()
                     },
                 )
-                .map_err(|e| Error::Internal(format!("{}: does not parse: {e}", base.label)))?;
+                .map_err(|e| {
+                    Error::store_corrupt(format!("{}: does not parse: {e}", base.label))
+                })?;
                 restore::clear_locations(&mut rs.tables);
                 tables.extend(rs.tables);
             }
@@ -900,7 +902,7 @@ fn check_noflush(
                 parse_warnings.extend(warnings.iter().map(|w| parse_warning(part, w)));
             }
             Err(MergeError::Internal(e)) => {
-                return Err(Error::Internal(format!("{}: {e}", base.label)));
+                return Err(Error::invariant(format!("{}: {e}", base.label)));
             }
             Err(MergeError::Text(v)) => violations.extend(v),
             Err(MergeError::Limit(l)) => return Err(l.into()),

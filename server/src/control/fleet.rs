@@ -622,12 +622,10 @@ pub(crate) async fn check(
         )
     })
     .await
-    .map_err(|e| Error::Internal(format!("check task: {e}")))?
-}
-
-/// Unix ns now.
-pub(crate) fn now_ns() -> i64 {
-    crate::control::store::now_ns()
+    .map_err(|e| Error::TaskFailed {
+        task: "check",
+        source: e,
+    })?
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //!   ([`RequestLimitLayer`]) and bearer-token auth ([`AuthLayer`]).
 //! - [`caller`]: who made a request, for the audit table (the auth layer's [`Caller`]).
 //! - [`Hooks::limits`]: the limits the pipeline enforces (rules per ruleset, rulesets).
-//! - [`Hooks::confirm_clock`]: the wall clock of commit-confirmed deadlines.
+//! - [`Hooks::clock`]: the one clock (engine time, wall time) the server runs on.
 
 use std::sync::Arc;
 
@@ -18,9 +18,9 @@ use tower::ServiceBuilder;
 use tower::layer::util::{Identity, Stack};
 use vallum_engine::engine::Engine;
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::control::outcome::Outcome;
-use crate::control::pipeline::confirm_clock::{SystemWallClock, WallClock};
 use crate::control::store::Phases;
 use crate::grpc::auth::{AuthLayer, Caller};
 use crate::grpc::limits::{LimitsConfig, RequestLimitLayer};
@@ -131,9 +131,10 @@ pub struct Hooks {
     pub observer: Arc<dyn Observer>,
     /// Limits the pipeline enforces (rules per ruleset, rulesets).
     pub limits: LimitsConfig,
-    /// The clock commit-confirmed deadlines are set and checked on (default: the system
-    /// clock; tests pass a [`crate::control::pipeline::confirm_clock::ManualWallClock`]).
-    pub confirm_clock: Arc<dyn WallClock>,
+    /// The clock the engine, the pipeline, the store and the services read (see
+    /// [`crate::clock`]); default the system clock; tests pass a
+    /// [`crate::clock::ManualClock`]'s and advance it.
+    pub clock: Clock,
 }
 
 impl Default for Hooks {
@@ -141,7 +142,7 @@ impl Default for Hooks {
         Hooks {
             observer: Arc::new(NoopObserver),
             limits: LimitsConfig::default(),
-            confirm_clock: Arc::new(SystemWallClock),
+            clock: Clock::system(),
         }
     }
 }
@@ -165,13 +166,13 @@ impl std::fmt::Debug for Hooks {
 /// The tower layers around all gRPC services (see [`rpc_layer`]).
 pub type RpcLayer = Stack<AuthLayer, Stack<RequestLimitLayer, Stack<GrpcMetricsLayer, Identity>>>;
 
-/// Builds the [`RpcLayer`]: RPC metrics outermost (refusals are measured), then the
-/// request-size answer, then `auth` (tokens — empty: no bearer tokens; its
+/// Builds the [`RpcLayer`]: RPC metrics outermost (refusals are measured; calls timed on
+/// `clock`), then the request-size answer, then `auth` (tokens — empty: no bearer tokens; its
 /// [`AuthLayer::reloader`] swaps them later — and the local socket's peer credentials; see
 /// [`crate::grpc::auth`]). The same layer serves the TCP listener and the local socket.
-pub fn rpc_layer(config: &Config, metrics: &Metrics, auth: AuthLayer) -> RpcLayer {
+pub fn rpc_layer(config: &Config, metrics: &Metrics, auth: AuthLayer, clock: Clock) -> RpcLayer {
     ServiceBuilder::new()
-        .layer(metrics.grpc_layer())
+        .layer(metrics.grpc_layer(clock))
         .layer(RequestLimitLayer::new(config.limits.max_request_bytes))
         .layer(auth)
         .into_inner()

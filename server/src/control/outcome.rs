@@ -113,7 +113,10 @@ impl Outcome {
             | Error::ScopeDenied { .. }
             | Error::ListChanged { .. }
             | Error::EventsNotKept { .. }
-            | Error::Internal(_) => None,
+            | Error::TaskFailed { .. }
+            | Error::StoreCorrupt { .. }
+            | Error::Io { .. }
+            | Error::Invariant { .. } => None,
         }
     }
 }
@@ -132,7 +135,7 @@ impl FromStr for Outcome {
         Outcome::ALL
             .into_iter()
             .find(|o| o.as_str() == s)
-            .ok_or_else(|| Error::Internal(format!("unknown commit outcome {s:?} in store")))
+            .ok_or_else(|| Error::store_corrupt(format!("unknown commit outcome {s:?} in store")))
     }
 }
 

@@ -40,18 +40,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
-use vallum_engine::Clock;
 use vallum_engine::engine::{ActiveRevision, Change, CommitError, Engine};
 use vallum_engine::model::Ruleset;
 use vallum_engine::sets::SetManager;
 use vallum_engine::validate::{Severity, Violation};
 
+use crate::clock::Clock;
 use crate::control::content::{self, Checked, Content, Finding, Places, PreviousParse, SourceText};
 use crate::control::hooks::{CommitRecord, Hooks};
 use crate::control::outcome::Outcome;
 use crate::control::store::{
     AuditEntry, CommitTarget, LoadFailure, NewRevision, Phases, RevisionRow, RevisionState,
-    RulesetRow, Store, now_ns,
+    RulesetRow, Store,
 };
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::grpc::limits;
@@ -59,7 +59,6 @@ use crate::host::facts_chains::FactsChains;
 use crate::host::kernel_tables::KernelTables;
 
 mod commit;
-pub mod confirm_clock;
 pub mod journal;
 pub mod sets;
 
@@ -99,22 +98,6 @@ pub struct CommitResult {
     pub warnings: Vec<Finding>,
 }
 
-/// A monotonic clock for the engine (ns since the process started using it).
-#[derive(Debug)]
-pub struct MonotonicClock(std::time::Instant);
-
-impl Default for MonotonicClock {
-    fn default() -> Self {
-        MonotonicClock(std::time::Instant::now())
-    }
-}
-
-impl Clock for MonotonicClock {
-    fn now_ns(&self) -> u64 {
-        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-}
-
 /// The pipeline: engine, store, ipset-style sets, event channel and hooks.
 pub struct Pipeline {
     engine: Arc<Engine>,
@@ -122,7 +105,9 @@ pub struct Pipeline {
     /// The set registry every validation and commit resolves `--match-set` against; changed
     /// by the methods in [`sets`] (under the write lock, durable before published).
     sets: Arc<SetManager>,
-    clock: Arc<dyn Clock>,
+    /// [`Hooks::clock`]: the engine's clock (the engine was made with it) and the wall clock
+    /// of commit times, audit rows and commit-confirmed deadlines.
+    clock: Clock,
     write: tokio::sync::Mutex<()>,
     events: journal::Journal,
     hooks: Hooks,
@@ -210,7 +195,7 @@ impl Origin {
         match self {
             Origin::Request { .. } => match content::accept(self.warnings(violations)) {
                 Err(e) => e,
-                Ok(_) => Error::Internal("validation failed without an error".into()),
+                Ok(_) => Error::invariant("validation failed without an error"),
             },
             Origin::Stored => Error::BadRequest {
                 reason: Reason::InvalidRuleset,
@@ -225,9 +210,12 @@ impl Origin {
 }
 
 impl Pipeline {
-    /// A pipeline around `engine` and `store`.
-    pub fn new(engine: Arc<Engine>, store: Store, clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
-        let events = journal::Journal::new(u64::try_from(now_ns()).unwrap_or(1), journal::KEPT);
+    /// A pipeline around `engine` and `store`, on [`Hooks::clock`] (which must be the clock
+    /// `engine` was made with: set expiries are on the engine's clock).
+    pub fn new(engine: Arc<Engine>, store: Store, hooks: Hooks) -> Self {
+        let clock = hooks.clock.clone();
+        let events =
+            journal::Journal::new(u64::try_from(clock.unix_ns()).unwrap_or(1), journal::KEPT);
         // Set lookups in the engine's batches read through its generations (no lock).
         let sets = Arc::new(SetManager::for_dataplane(Arc::clone(engine.quiescence())));
         Pipeline {
@@ -361,6 +349,11 @@ impl Pipeline {
         self.clock.now_ns()
     }
 
+    /// The clock (engine time and wall time) this pipeline runs on.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     /// The hooks.
     pub fn hooks(&self) -> &Hooks {
         &self.hooks
@@ -393,7 +386,7 @@ impl Pipeline {
     /// active rulesets and this pipeline's sets), without committing: for dry runs, Stage
     /// and the fleet's check. Off the async workers (a large ruleset takes milliseconds).
     ///
-    /// Errors: [`Error::Internal`] when the validation task fails.
+    /// Errors: [`Error::TaskFailed`] when the validation task fails.
     pub async fn validate(&self, checked: Checked) -> Result<Checked> {
         let engine = self.engine.clone();
         let sets = self.sets.clone();
@@ -402,7 +395,10 @@ impl Pipeline {
             checked.with_violations(&violations)
         })
         .await
-        .map_err(|e| Error::Internal(format!("validation task: {e}")))
+        .map_err(|e| Error::TaskFailed {
+            task: "validation",
+            source: e,
+        })
     }
 
     /// Loads every active revision of the store into the engine (one atomic engine commit,
@@ -437,7 +433,7 @@ impl Pipeline {
                         ruleset: rs.name.clone(),
                         revision: number,
                         error,
-                        at: now_ns(),
+                        at: self.clock.unix_ns(),
                     },
                     digest,
                 )),
@@ -451,7 +447,10 @@ impl Pipeline {
                 engine.prepare(Change::ReplaceAll(models), &*sets)
             })
             .await
-            .map_err(|e| Error::Internal(format!("load task: {e}")))?;
+            .map_err(|e| Error::TaskFailed {
+                task: "load",
+                source: e,
+            })?;
             let violations = match prepared {
                 Err(CommitError::Invalid(v)) => v,
                 other => break other.map_err(|e| Error::Commit(e.to_string()))?,
@@ -462,11 +461,11 @@ impl Pipeline {
                 errors.entry(&v.ruleset).or_default().push(v.to_string());
             }
             if errors.is_empty() {
-                return Err(Error::Internal("validation failed without an error".into()));
+                return Err(Error::invariant("validation failed without an error"));
             }
             for (name, errors) in errors {
                 let Some((_, number, digest)) = loading.remove(name) else {
-                    return Err(Error::Internal(format!(
+                    return Err(Error::invariant(format!(
                         "validation named ruleset {name}, which is not loading"
                     )));
                 };
@@ -476,7 +475,7 @@ impl Pipeline {
                         ruleset: name.to_string(),
                         revision: number,
                         error: format!("no longer valid: {}", shown.join("; ")),
-                        at: now_ns(),
+                        at: self.clock.unix_ns(),
                     },
                     digest,
                 ));
@@ -489,7 +488,10 @@ impl Pipeline {
         let engine = self.engine.clone();
         let committed = tokio::task::spawn_blocking(move || engine.publish(prepared))
             .await
-            .map_err(|e| Error::Internal(format!("load task: {e}")))?
+            .map_err(|e| Error::TaskFailed {
+                task: "load",
+                source: e,
+            })?
             .map_err(|e| Error::Commit(e.to_string()))?;
         drop(committed);
         for (name, (_, number, _)) in &loading {
@@ -510,7 +512,6 @@ impl Pipeline {
                 "active revision not loaded: the engine does not run it"
             );
             let audit = AuditEntry {
-                at: f.at,
                 caller: "vallumd".into(),
                 method: "Load".into(),
                 request_digest: digest,
@@ -863,7 +864,10 @@ impl Pipeline {
         let removed =
             tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &*sets))
                 .await
-                .map_err(|e| Error::Internal(format!("commit task: {e}")))
+                .map_err(|e| Error::TaskFailed {
+                    task: "commit",
+                    source: e,
+                })
                 .and_then(|r| r.map_err(|e| Error::Commit(e.to_string())));
         if let Err(e) = removed {
             self.kernel_undo(undo).await;
@@ -882,7 +886,7 @@ impl Pipeline {
     ///
     /// Errors: [`Error::Store`], [`Error::Commit`].
     pub async fn expire_confirms(&self) -> Result<usize> {
-        let now = self.hooks.confirm_clock.unix_ns();
+        let now = self.clock.unix_ns();
         let mut done = 0;
         let _w = self.write.lock().await;
         for c in self.store.pending_confirms().await? {
@@ -934,7 +938,10 @@ impl Pipeline {
                         engine.commit(Change::Remove(name), &*sets)
                     })
                     .await
-                    .map_err(|e| Error::Internal(format!("commit task: {e}")))?
+                    .map_err(|e| Error::TaskFailed {
+                        task: "commit",
+                        source: e,
+                    })?
                     .map_err(|e| Error::Commit(e.to_string()))?;
                     self.activated(&c.ruleset, None);
                     self.forget_not_loaded(&c.ruleset).await;
@@ -953,12 +960,12 @@ impl Pipeline {
         Ok(done)
     }
 
-    /// The state and deadline (Unix ns on [`Hooks::confirm_clock`]) of a commit made with
+    /// The state and deadline (Unix ns on [`Hooks::clock`]) of a commit made with
     /// `confirm_within` (none or zero: ACTIVE, no deadline).
     fn confirm_state(&self, within: Option<Duration>) -> (RevisionState, Option<i64>) {
         match within.filter(|d| !d.is_zero()) {
             Some(d) => {
-                let now = self.hooks.confirm_clock.unix_ns();
+                let now = self.clock.unix_ns();
                 let within = i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
                 (
                     RevisionState::PendingConfirm,
@@ -1106,8 +1113,8 @@ impl Pipeline {
                 revision: None,
                 outcome,
                 phases: Phases::default(),
-                error: Some(error.to_string()),
-                time_ns: now_ns(),
+                error: Some(error.client_message()),
+                time_ns: self.clock.unix_ns(),
             });
         }
         self.hooks.observer.on_commit(&CommitRecord {
@@ -1127,7 +1134,7 @@ impl Pipeline {
             None,
             Outcome::Failed,
             Phases::default(),
-            Some(e.to_string()),
+            Some(e.client_message()),
             0,
         );
     }
@@ -1148,7 +1155,7 @@ impl Pipeline {
             outcome,
             phases,
             error,
-            time_ns: now_ns(),
+            time_ns: self.clock.unix_ns(),
         });
         self.hooks.observer.on_commit(&CommitRecord {
             ruleset: ruleset.to_string(),

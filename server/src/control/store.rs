@@ -19,10 +19,10 @@
 
 use std::path::Path;
 use std::str::FromStr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use crate::clock::Clock;
 use crate::control::content::Content;
 use crate::control::outcome::Outcome;
 use crate::error::{Error, Result};
@@ -35,13 +35,6 @@ mod writer;
 
 pub use audit::{IdempotentCall, Pruned, Retention};
 use writer::{Readers, Writer};
-
-/// Now as Unix nanoseconds.
-pub fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
 
 /// The stored state of a revision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,7 +74,7 @@ impl FromStr for RevisionState {
             "REJECTED" => RevisionState::Rejected,
             "PENDING_CONFIRM" => RevisionState::PendingConfirm,
             _ => {
-                return Err(Error::Internal(format!(
+                return Err(Error::store_corrupt(format!(
                     "unknown revision state {s:?} in store"
                 )));
             }
@@ -265,11 +258,10 @@ pub struct Persisted {
     pub audit_id: Option<i64>,
 }
 
-/// One audit record.
+/// One audit record; its time (Unix ns) is the store's clock when the row is written (see
+/// [`Store::open_on`]), in the same transaction as the change it records.
 #[derive(Clone, Debug)]
 pub struct AuditEntry {
-    /// Unix ns.
-    pub at: i64,
     /// Who called (from the auth hook; `anonymous` without auth).
     pub caller: String,
     /// gRPC method, e.g. `Apply`.
@@ -305,6 +297,8 @@ pub struct Store {
     revisions_kept: usize,
     /// How long idempotency keys live and how much audit is kept (see [`Retention`]).
     retention: Retention,
+    /// The wall clock of the rows' times (see [`Store::open_on`]).
+    clock: Clock,
 }
 
 /// Reader connections (reads run in parallel up to this many).
@@ -455,8 +449,8 @@ fn persist_commit_in(
     tx: &writer::Tx<'_>,
     c: PersistCommit,
     keep: usize,
+    now: i64,
 ) -> Result<(Persisted, Option<u64>)> {
-    let now = now_ns();
     let rs = match &c.target {
         CommitTarget::New(new) => writer::ensure_ruleset(tx, &c.ruleset, new.priority, now)?,
         CommitTarget::Staged(_) => writer::existing_ruleset(tx, &c.ruleset)?,
@@ -523,7 +517,7 @@ fn persist_commit_in(
     let audit_id = c
         .audit
         .as_ref()
-        .map(|a| writer::insert_audit(tx, a))
+        .map(|a| writer::insert_audit(tx, a, now))
         .transpose()?;
     // The previous active revision stays: revert_commit restores it if the engine refuses.
     let mut protect = vec![number];
@@ -561,17 +555,25 @@ impl Store {
     /// with `synchronous = FULL`, and applies pending migrations.
     ///
     /// Errors: [`Error::Store`] when the file cannot be opened, [`Error::Migrate`] when a
-    /// migration fails, [`Error::Internal`] when the directory cannot be created.
+    /// migration fails, [`Error::Io`] when the directory cannot be created.
     pub async fn open(path: &Path) -> Result<Store> {
-        Store::open_to(path, i64::MAX).await
+        Store::open_on(path, Clock::system()).await
+    }
+
+    /// [`Store::open`], on `clock`: the wall time of every row it writes (revisions, audit,
+    /// idempotency keys, migrations) and of [`Store::spawn_prune`]'s expiry.
+    ///
+    /// Errors: as [`Store::open`].
+    pub async fn open_on(path: &Path, clock: Clock) -> Result<Store> {
+        Store::open_to(path, i64::MAX, clock).await
     }
 
     /// [`Store::open`], applying the migrations up to and including version `until` only
     /// (tests of a migration make a database as an older build left it).
-    async fn open_to(path: &Path, until: i64) -> Result<Store> {
+    async fn open_to(path: &Path, until: i64, clock: Clock) -> Result<Store> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
-                .map_err(|e| Error::Internal(format!("create {}: {e}", dir.display())))?;
+                .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         }
         // SQLite reads a 0-byte file as an empty database; vallumd never leaves one (the
         // first open writes the header), so it is not ours: refused, as a corrupt file is.
@@ -584,17 +586,21 @@ impl Store {
         }
         let path = path.to_path_buf();
         tokio::task::spawn_blocking(move || {
-            let writer = Writer::open(&path, until)?;
+            let writer = Writer::open(&path, until, clock.unix_ns())?;
             let readers = Readers::open(&path, READERS)?;
             Ok(Store {
                 readers,
                 writer,
                 revisions_kept: 0,
                 retention: Retention::default(),
+                clock,
             })
         })
         .await
-        .map_err(|e| Error::Internal(format!("store open task: {e}")))?
+        .map_err(|e| Error::TaskFailed {
+            task: "store open",
+            source: e,
+        })?
     }
 
     /// This store, keeping at most `n` revisions per ruleset (0: all): every transaction that
@@ -712,7 +718,7 @@ impl Store {
         for rs in self.list_rulesets().await? {
             if let Some(n) = rs.active_revision {
                 let rev = self.get_revision(&rs.name, n).await?.ok_or_else(|| {
-                    Error::Internal(format!("active revision {n} of {} is missing", rs.name))
+                    Error::store_corrupt(format!("active revision {n} of {} is missing", rs.name))
                 })?;
                 out.push((rs, rev));
             }
@@ -731,9 +737,10 @@ impl Store {
     ) -> Result<(RulesetRow, RevisionRow)> {
         let keep = self.revisions_kept;
         let expected_etag = expected_etag.map(str::to_string);
+        let clock = self.clock.clone();
         self.writer
             .run(move |tx| {
-                let now = now_ns();
+                let now = clock.unix_ns();
                 let name = new.ruleset.clone();
                 let rs = writer::ensure_ruleset(tx, &name, new.priority, now)?;
                 check_etag(&rs, expected_etag.as_deref())?;
@@ -758,9 +765,10 @@ impl Store {
     pub async fn persist_commit(&self, c: PersistCommit) -> Result<Persisted> {
         let keep = self.revisions_kept;
         let name = c.ruleset.clone();
+        let clock = self.clock.clone();
         let (mut p, staged) = self
             .writer
-            .run(move |tx| persist_commit_in(tx, c, keep))
+            .run(move |tx| persist_commit_in(tx, c, keep, clock.unix_ns()))
             .await?;
         // A STAGED revision's text is read back after the commit (the pipeline's write lock
         // keeps other writers out meanwhile); a new revision's row is the one written.
@@ -768,7 +776,7 @@ impl Store {
             p.revision = self
                 .get_revision(&name, n)
                 .await?
-                .ok_or_else(|| Error::Internal("committed revision vanished".into()))?;
+                .ok_or_else(|| Error::store_corrupt("committed revision vanished"))?;
         }
         Ok(p)
     }
@@ -788,6 +796,7 @@ impl Store {
     ) -> Result<RulesetRow> {
         let name = name.to_string();
         let expected = expected_etag.map(str::to_string);
+        let clock = self.clock.clone();
         self.writer
             .run(move |tx| {
                 let rs = writer::existing_ruleset(tx, &name)?;
@@ -803,7 +812,7 @@ impl Store {
                 }
                 let rs = writer::set_priority(tx, rs, priority)?;
                 let (latest, active) = (rs.latest_revision, rs.active_revision);
-                writer::set_ruleset_heads(tx, &rs, latest, active, now_ns())
+                writer::set_ruleset_heads(tx, &rs, latest, active, clock.unix_ns())
             })
             .await
     }
@@ -845,9 +854,10 @@ impl Store {
         let (name, number, previous) = (p.ruleset.name.clone(), p.revision.number, p.previous);
         let (audit_id, commit_id) = (p.audit_id, p.commit_id);
         let (error, outcome) = (error.to_string(), outcome.to_string());
+        let clock = self.clock.clone();
         self.writer
             .run(move |tx| {
-                let now = now_ns();
+                let now = clock.unix_ns();
                 if let Some(id) = audit_id {
                     tx.prepare_cached("UPDATE audit SET outcome = ?1 WHERE id = ?2")?
                         .execute(params![outcome, id])?;
@@ -876,9 +886,10 @@ impl Store {
     /// Errors: [`Error::Store`].
     pub async fn deactivate(&self, ruleset: &str, revision: u64, started_at: i64) -> Result<i64> {
         let name = ruleset.to_string();
+        let clock = self.clock.clone();
         self.writer
             .run(move |tx| {
-                let now = now_ns();
+                let now = clock.unix_ns();
                 writer::set_state(tx, &name, revision, RevisionState::Rejected)?;
                 if let Some(rs) = writer::ruleset(tx, &name)? {
                     let latest = rs.latest_revision;

@@ -206,6 +206,7 @@ impl Connections {
             state: Mutex::new(ActivityState {
                 active: 0,
                 begun: false,
+                // tokio's clock: starts a socket's idle timer (`Sleep` below), an I/O deadline.
                 since: Instant::now(),
                 waker: None,
             }),
@@ -337,6 +338,7 @@ impl Activity {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.active -= 1;
         if s.active == 0 {
+            // tokio's clock: restarts the socket's idle timer, an I/O deadline.
             s.since = Instant::now();
             if let Some(w) = s.waker.take() {
                 w.wake();

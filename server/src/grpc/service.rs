@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::control::pipeline::Pipeline;
-use crate::control::store::{AuditEntry, IdempotentCall, now_ns};
+use crate::control::store::{AuditEntry, IdempotentCall};
 use crate::error::{Error, FieldViolation, Reason, Result};
 
 pub mod conntrack;
@@ -72,7 +72,7 @@ impl State {
     /// [`crate::control::store::Retention::idempotency_ttl`]. An empty id always runs `f`.
     ///
     /// Errors: `f`'s; [`Error::BadRequest`] (IDEMPOTENCY_KEY_REUSED at `request_id`) for an
-    /// id used with another method or request; [`Error::Store`]/[`Error::Internal`] for the stored
+    /// id used with another method or request; [`Error::Store`]/[`Error::StoreCorrupt`] for the stored
     /// response.
     pub async fn idempotent<M, F>(
         &self,
@@ -93,7 +93,10 @@ impl State {
         {
             let _g = key.lock.lock().await;
             let store = self.pipeline.store();
-            if let Some((first_method, first)) = store.idempotent_get(request_id, now_ns()).await? {
+            if let Some((first_method, first)) = store
+                .idempotent_get(request_id, self.pipeline.clock().unix_ns())
+                .await?
+            {
                 if first_method != method {
                     return Err(Error::BadRequest {
                         reason: Reason::IdempotencyKeyReused,
@@ -121,8 +124,9 @@ impl State {
                         )],
                     });
                 }
-                return M::decode(first.response.as_slice())
-                    .map_err(|e| Error::Internal(format!("stored response of {request_id}: {e}")));
+                return M::decode(first.response.as_slice()).map_err(|e| {
+                    Error::store_corrupt(format!("stored response of {request_id}: {e}"))
+                });
             }
             let m = f.await?;
             let call = IdempotentCall {
@@ -130,7 +134,7 @@ impl State {
                 response: m.encode_to_vec(),
             };
             store
-                .idempotent_put(method, request_id, call, now_ns())
+                .idempotent_put(method, request_id, call, self.pipeline.clock().unix_ns())
                 .await?;
             Ok(m)
         }
@@ -207,7 +211,7 @@ impl Drop for KeyLock<'_> {
 /// The task runs in the caller's span (the call's, crate::telemetry::metrics::traces), so the commit's
 /// spans stay children of the call's.
 ///
-/// Errors: the call's own; [`Error::Internal`] as a Status when the task panicked.
+/// Errors: the call's own; [`Error::TaskFailed`] as a Status when the task panicked.
 pub async fn to_completion<T, F>(call: F) -> Result<T, tonic::Status>
 where
     T: Send + 'static,
@@ -216,7 +220,13 @@ where
     use tracing::Instrument as _;
     tokio::spawn(call.in_current_span())
         .await
-        .unwrap_or_else(|e| Err(Error::Internal(format!("call task: {e}")).into()))
+        .unwrap_or_else(|e| {
+            Err(Error::TaskFailed {
+                task: "call",
+                source: e,
+            }
+            .into())
+        })
 }
 
 /// The sha256 (hex) of `request`'s protobuf encoding: what the audit record and the
@@ -238,7 +248,6 @@ pub fn audit_entry<R: prost::Message>(caller: String, method: &str, request: &R)
 /// [`audit_entry`] with the request's digest already made.
 pub fn audit_entry_of(caller: String, method: &str, request_digest: String) -> AuditEntry {
     AuditEntry {
-        at: now_ns(),
         caller,
         method: method.to_string(),
         request_digest,

@@ -204,6 +204,8 @@ pub struct KernelTables {
     running: tokio::sync::Mutex<()>,
     /// The last check's result per table, read by the metric's callback and GetStatus.
     drift: DriftMap,
+    /// The wall clock of [`TableDrift::checked_at`].
+    clock: crate::clock::Clock,
 }
 
 impl std::fmt::Debug for KernelTables {
@@ -216,11 +218,15 @@ impl std::fmt::Debug for KernelTables {
 }
 
 impl KernelTables {
-    /// The kernel tables of `args`; `None` without `--kernel-tables`.
+    /// The kernel tables of `args`; `None` without `--kernel-tables`. Drift checks are
+    /// timed on `clock`.
     ///
     /// Errors: [`Error::Startup`] (KERNEL_TABLES_REFUSED) when no restore program is found,
     /// its name does not say which save program goes with it, or it is `vallum-iptables`.
-    pub fn new(args: &KernelTablesArgs) -> Result<Option<KernelTables>> {
+    pub fn new(
+        args: &KernelTablesArgs,
+        clock: crate::clock::Clock,
+    ) -> Result<Option<KernelTables>> {
         let mut kinds = args.kernel_tables.clone();
         kinds.sort();
         kinds.dedup();
@@ -270,6 +276,7 @@ impl KernelTables {
             applied: Mutex::new(BTreeMap::new()),
             running: tokio::sync::Mutex::new(()),
             drift: Arc::default(),
+            clock,
         }))
     }
 
@@ -546,7 +553,7 @@ impl KernelTables {
                     table: kind,
                     drift: detail.is_some(),
                     detail: detail.unwrap_or_default(),
-                    checked_at: crate::control::store::now_ns(),
+                    checked_at: self.clock.unix_ns(),
                 });
             }
         }
@@ -804,6 +811,7 @@ mod tests {
             applied: Mutex::new(BTreeMap::new()),
             running: tokio::sync::Mutex::new(()),
             drift: Arc::default(),
+            clock: crate::clock::Clock::system(),
         }
     }
 
@@ -824,9 +832,12 @@ mod tests {
             crate::config::Config::from_args(["vallumd", "--kernel-tables", "filter"]).is_err()
         );
         assert!(
-            KernelTables::new(&crate::config::Config::default().kernel_tables)
-                .expect("none")
-                .is_none()
+            KernelTables::new(
+                &crate::config::Config::default().kernel_tables,
+                crate::clock::Clock::system(),
+            )
+            .expect("none")
+            .is_none()
         );
     }
 

@@ -347,6 +347,8 @@ impl Scraper {
                      kernel are left out"
                 );
             }
+            // Real time: this caches a read of the kernel's NFQUEUE counters (/proc), an I/O
+            // edge whose freshness is the kernel's, not the injected clock's.
             *g = Some((std::time::Instant::now(), stats, problem));
         }
         g.as_ref().map(|(_, s, _)| s.clone()).unwrap_or_default()

@@ -81,8 +81,9 @@ impl Sources {
     /// Starts the threads of `source` on every core of `engine`; `answers` is what an NFQUEUE
     /// worker sends for ACCEPT and REJECT (`--nfqueue-mode`, `--nfqueue-reject-mark`).
     ///
-    /// Errors: [`Error::Internal`] when a pcap file cannot be read or holds no IP packet, or a
-    /// thread cannot be spawned.
+    /// Errors: [`Error::Io`] when a pcap file cannot be read or a thread cannot be spawned,
+    /// [`Error::Startup`] (`PCAP_INVALID`) when the file is not a capture or holds no IP
+    /// packet.
     pub fn start(
         engine: Arc<Engine>,
         source: &Source,
@@ -105,15 +106,20 @@ impl Sources {
             Source::Nfqueue(q) => return start_nfqueue(engine, *q, answers, clock, stop, events),
             Source::Pcap(path) => {
                 let bytes = std::fs::read(path)
-                    .map_err(|e| Error::Internal(format!("read {}: {e}", path.display())))?;
-                let caps = read_capture(&bytes)
-                    .map_err(|e| Error::Internal(format!("{}: {e}", path.display())))?;
+                    .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+                let caps = read_capture(&bytes).map_err(|e| Error::Startup {
+                    code: "PCAP_INVALID",
+                    message: format!("{}: {e}", path.display()),
+                })?;
                 let metas: Vec<PacketMeta> = caps
                     .iter()
                     .filter_map(|c| c.parse(base_packet()).ok())
                     .collect();
                 if metas.is_empty() {
-                    return Err(Error::Internal(format!("{}: no IP packet", path.display())));
+                    return Err(Error::Startup {
+                        code: "PCAP_INVALID",
+                        message: format!("{}: no IP packet", path.display()),
+                    });
                 }
                 Some(metas.into())
             }
@@ -141,6 +147,8 @@ impl Sources {
                 let mut drain = Drain::default();
                 let mut packets = [PacketMeta::default(); BATCH];
                 let mut verdicts = [Verdict::Accept; BATCH];
+                // Pacing against real sleeps (`thread::sleep` below), so real time: a packet
+                // source's I/O edge, not the injected clock (which a test may hold still).
                 let start = Instant::now();
                 let mut sent: u64 = 0;
                 // Relaxed: the flag only asks the loop to end; nothing is published with it.
@@ -184,7 +192,7 @@ impl Sources {
 /// Starts thread `{name}-{core}`, which claims `core` of `engine` and runs `body` with it (a
 /// core that cannot be claimed is reported on stderr and the thread ends).
 ///
-/// Errors: [`Error::Internal`] when the thread cannot be spawned.
+/// Errors: [`Error::Io`] when the thread cannot be spawned.
 fn spawn_worker(
     engine: &Arc<Engine>,
     core: usize,
@@ -198,7 +206,7 @@ fn spawn_worker(
             Ok(mut w) => body(&mut w),
             Err(e) => tracing::error!(core, error = %e, "cannot claim the core"),
         })
-        .map_err(|e| Error::Internal(format!("spawn core {core}: {e}")))
+        .map_err(|e| Error::io(format!("spawn core {core}"), e))
 }
 
 /// Binds NFQUEUE `q.first + k` for every core k, then starts the workers.
@@ -262,7 +270,8 @@ fn start_nfqueue(
             })?
             .with_accept(answers.accept)
             .with_reject_mark(answers.reject_mark)
-            .with_facts_mark(answers.facts_mark);
+            .with_facts_mark(answers.facts_mark)
+            .with_batch_delay(q.batch_delay);
         let c = queue.counters();
         if k == 0 && !c.bypass_exact(BATCH as u32) {
             tracing::warn!(
@@ -369,6 +378,7 @@ impl Drain {
             return;
         }
         let mut out = Vec::with_capacity(logs.len());
+        let time = events.clock().system_time();
         let mut cursor = 0;
         for log in logs {
             let found = packets[cursor.min(packets.len())..]
@@ -379,7 +389,7 @@ impl Drain {
             if let Some(i) = found {
                 cursor = i;
             }
-            out.push(PacketEvent::log(log, header));
+            out.push(PacketEvent::log(log, header, time));
         }
         if one_in != 0 {
             for (i, (p, v)) in packets.iter().zip(verdicts).enumerate() {
@@ -388,7 +398,7 @@ impl Drain {
                 }
                 self.drops_seen += 1;
                 if self.drops_seen % one_in == 0 && events.take_sample_token() {
-                    out.push(PacketEvent::dropped(*p, headers.get(i).copied()));
+                    out.push(PacketEvent::dropped(*p, headers.get(i).copied(), time));
                 }
             }
         }
@@ -468,7 +478,7 @@ COMMIT
         );
         let rs = parse_ruleset("web", LOGGING, &ParseOptions::default()).unwrap();
         drop(engine.commit(Change::Put(rs), &NoSets).unwrap().retired);
-        let events = Events::start().unwrap();
+        let events = Events::start(crate::clock::Clock::system()).unwrap();
         let metrics = Metrics::new(&MetricsConfig::default()).unwrap();
         metrics.observe_events(events.clone());
 

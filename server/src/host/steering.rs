@@ -146,6 +146,7 @@ mod tests {
             first: 0,
             fail_closed: false,
             maxlen: None,
+            batch_delay: None,
         });
         let all = reached(&q, &STEERABLE, [true; 2]).unwrap();
         assert!(Hook::ALL[..4].iter().all(|&h| all.reaches(Family::Ipv4, h)));

@@ -75,18 +75,18 @@ pub struct PacketEvent {
 }
 
 impl PacketEvent {
-    /// A `-j LOG` hit drained now.
-    pub fn log(log: LogEvent, header: Option<&[u8]>) -> PacketEvent {
+    /// A `-j LOG` hit drained at `time` (the [`Events`] clock's, read once per batch).
+    pub fn log(log: LogEvent, header: Option<&[u8]>, time: SystemTime) -> PacketEvent {
         PacketEvent {
             kind: Kind::Log,
-            time: SystemTime::now(),
+            time,
             log,
             header: header.map(|h| h[..h.len().min(HEADER_BYTES)].into()),
         }
     }
 
-    /// A sampled dropped packet (no rule: ruleset and chain empty, rule 0).
-    pub fn dropped(packet: PacketMeta, header: Option<&[u8]>) -> PacketEvent {
+    /// A sampled dropped packet (no rule: ruleset and chain empty, rule 0), seen at `time`.
+    pub fn dropped(packet: PacketMeta, header: Option<&[u8]>, time: SystemTime) -> PacketEvent {
         let log = LogEvent {
             ruleset: Arc::from(""),
             table: TableKind::Filter,
@@ -99,7 +99,7 @@ impl PacketEvent {
         };
         PacketEvent {
             kind: Kind::Drop,
-            ..PacketEvent::log(log, header)
+            ..PacketEvent::log(log, header, time)
         }
     }
 
@@ -197,6 +197,8 @@ struct Inner {
     /// 0: no subscriber asks for samples; else the smallest N asked.
     sample_one_in: AtomicU32,
     sample_bucket: Mutex<Bucket>,
+    /// The clock of event times and of the sample budget's refill.
+    clock: crate::clock::Clock,
 }
 
 struct Bucket {
@@ -214,10 +216,10 @@ impl std::fmt::Debug for Events {
 
 impl Events {
     /// Starts the events thread (`vallum-events`); it ends when the last [`Events`] clone is
-    /// dropped.
+    /// dropped. Event times and the sample budget are read on `clock`.
     ///
     /// Errors: the thread cannot be spawned.
-    pub fn start() -> std::io::Result<Events> {
+    pub fn start(clock: crate::clock::Clock) -> std::io::Result<Events> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<PacketEvent>>(QUEUE_BATCHES);
         let inner = Arc::new(Inner {
             tx,
@@ -227,8 +229,9 @@ impl Events {
             sample_one_in: AtomicU32::new(0),
             sample_bucket: Mutex::new(Bucket {
                 tokens: SAMPLE_RATE,
-                at: std::time::Instant::now(),
+                at: clock.now(),
             }),
+            clock,
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -258,6 +261,11 @@ impl Events {
     /// Events lost so far.
     pub fn drops(&self) -> &EventDrops {
         &self.inner.drops
+    }
+
+    /// The clock event times are read on.
+    pub fn clock(&self) -> &crate::clock::Clock {
+        &self.inner.clock
     }
 
     /// A new subscriber: its events arrive on the receiver until it is dropped.
@@ -294,7 +302,7 @@ impl Events {
             .sample_bucket
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let now = std::time::Instant::now();
+        let now = self.inner.clock.now();
         let refill = now.duration_since(b.at).as_millis() as u64 * SAMPLE_RATE / 1000;
         if refill > 0 {
             b.tokens = (b.tokens + refill).min(SAMPLE_RATE);
@@ -980,13 +988,17 @@ mod tests {
             src: src.parse().unwrap(),
             ..PacketMeta::default()
         };
-        PacketEvent::dropped(packet, None)
+        PacketEvent::dropped(packet, None, crate::clock::Clock::system().system_time())
     }
 
     #[test]
     fn filters() {
         let b = syn();
-        let log = PacketEvent::log(event(&b, None), Some(&b));
+        let log = PacketEvent::log(
+            event(&b, None),
+            Some(&b),
+            crate::clock::Clock::system().system_time(),
+        );
         let all = Filter::default();
         assert!(all.admits(&log));
         assert!(
@@ -1035,14 +1047,18 @@ mod tests {
     /// never waits.
     #[tokio::test]
     async fn a_slow_subscriber_loses_events_and_is_told() {
-        let events = Events::start().unwrap();
+        let events = Events::start(crate::clock::Clock::system()).unwrap();
         let mut slow = events.subscribe(Filter::default());
         let mut fast = events.subscribe(Filter::default());
         let b = syn();
         let total = SUBSCRIBER_EVENTS + 10;
         let mut got = 0;
         for _ in 0..total {
-            events.offer(vec![PacketEvent::log(event(&b, None), Some(&b))]);
+            events.offer(vec![PacketEvent::log(
+                event(&b, None),
+                Some(&b),
+                crate::clock::Clock::system().system_time(),
+            )]);
             recv(&mut fast).await;
             got += 1;
         }
@@ -1052,14 +1068,18 @@ mod tests {
         for _ in 0..SUBSCRIBER_EVENTS {
             assert_eq!(recv(&mut slow).await.lost_before, 0);
         }
-        events.offer(vec![PacketEvent::log(event(&b, None), Some(&b))]);
+        events.offer(vec![PacketEvent::log(
+            event(&b, None),
+            Some(&b),
+            crate::clock::Clock::system().system_time(),
+        )]);
         assert_eq!(recv(&mut slow).await.lost_before, 10);
     }
 
     /// Sampling is on while a subscriber asks for it, at the smallest N asked.
     #[test]
     fn sampling_follows_the_subscribers() {
-        let events = Events::start().unwrap();
+        let events = Events::start(crate::clock::Clock::system()).unwrap();
         assert_eq!(events.sample_one_in(), 0);
         let a = events.subscribe(Filter {
             sample_one_in: Some(500),

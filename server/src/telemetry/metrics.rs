@@ -70,7 +70,7 @@
 //! let metrics = Metrics::new(args.metrics.clone())?;
 //! metrics.observe_engine(engine.clone())?;                     // once, at start
 //! let _http = metrics.serve(args.metrics.metrics_listen, shutdown.clone()).await?;
-//! Server::builder().layer(metrics.grpc_layer()).layer(auth_layer) ...;
+//! Server::builder().layer(metrics.grpc_layer(clock)).layer(auth_layer) ...;
 //! metrics.record_commit(&ruleset, Outcome::Committed, &phases); // after each commit
 //! metrics.set_active_revision(&ruleset, Some(n));              // after commit / rollback / delete
 //! ```
@@ -796,11 +796,12 @@ impl Metrics {
     /// `rpc.server.duration`) for every call and opens its span ([`traces`]); put it
     /// outermost in the tonic `Server` builder so refused calls (auth, limits) are measured
     /// and traced too.
-    pub fn grpc_layer(&self) -> GrpcMetricsLayer {
+    pub fn grpc_layer(&self, clock: crate::clock::Clock) -> GrpcMetricsLayer {
         GrpcMetricsLayer {
             histograms: RpcHistograms {
                 call_duration: self.inner.rpc_call_duration.clone(),
                 deprecated_duration: self.inner.rpc_duration.clone(),
+                clock,
             },
         }
     }

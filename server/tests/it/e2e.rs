@@ -22,8 +22,8 @@ use vallum_engine::restore::{ParseOptions, parse, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::validate::{Severity, ViolationKind, validate};
 use vallum_proto::v1 as pb;
+use vallum_server::clock::ManualClock;
 use vallum_server::control::hooks::Hooks;
-use vallum_server::control::pipeline::confirm_clock::{ManualWallClock, WallClock};
 
 type Rulesets = pb::ruleset_service_client::RulesetServiceClient<tonic::transport::Channel>;
 
@@ -649,10 +649,10 @@ async fn etags_idempotency_diff_rollback_and_parse_errors() {
     );
 }
 
-/// Hooks whose confirm deadlines run on `clock`.
-fn on_clock(clock: &ManualWallClock) -> Hooks {
+/// Hooks whose clock (confirm deadlines included) is `clock`.
+fn on_clock(clock: &ManualClock) -> Hooks {
     Hooks {
-        confirm_clock: Arc::new(clock.clone()),
+        clock: clock.clock(),
         ..Hooks::default()
     }
 }
@@ -681,7 +681,7 @@ async fn state(c: &mut Rulesets, ruleset: &str, n: u64) -> pb::Revision {
 #[tokio::test]
 async fn commit_confirmed_rolls_back_at_the_deadline_and_stays_when_confirmed() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = ManualWallClock::starting_now();
+    let clock = ManualClock::starting_now();
     let d = Daemon::in_process(
         &dir.path().join("v.db"),
         &["--confirm-check-interval", "0.01"],
@@ -813,7 +813,7 @@ async fn confirm_deadline_survives_a_restart() {
     );
     d.kill9();
 
-    let clock = ManualWallClock::starting_now();
+    let clock = ManualClock::starting_now();
     let d = Daemon::in_process(&db, &["--confirm-check-interval", "0.01"], on_clock(&clock)).await;
     let mut c = d.rulesets().await;
     let mut watch = c

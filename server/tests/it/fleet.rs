@@ -1208,7 +1208,7 @@ async fn an_agent_lists_the_fleet_in_two_requests() {
         "n1".into(),
         vallum_server::control::fleet::Labels::new(),
         Duration::from_secs(10),
-        FleetStats::new(&metrics),
+        FleetStats::new(&metrics, vallum_server::clock::Clock::system()),
     )
     .spawn();
     // The agent commits after its list (in this process: no etcd read to wait with).
@@ -1348,7 +1348,7 @@ async fn reports_move_to_keys_by_ruleset_and_readers_accept_both_meanwhile() {
         "n1".into(),
         labels,
         Duration::from_secs(10),
-        FleetStats::new(&metrics),
+        FleetStats::new(&metrics, vallum_server::clock::Clock::system()),
     )
     .spawn();
     let moved = wait_for("n1's report moved", || async {

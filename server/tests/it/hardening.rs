@@ -4,7 +4,8 @@
 //! never stops vallumd (item 9); a database file that is not ours is refused at start (item
 //! 10); a full disk is RESOURCE_EXHAUSTED `STORE_FULL` (item 13); health answers an
 //! undecodable request INVALID_ARGUMENT and reflection lists FleetService only in fleet mode
-//! (item 6); every enum field is checked (item 8).
+//! (item 6); every enum field is checked (item 8). A store failure reaches the client as a
+//! fixed message, never SQLite's own text (issue #31).
 
 use crate::support;
 
@@ -336,6 +337,62 @@ async fn a_full_disk_is_resource_exhausted_store_full() {
     c.apply(apply_req("big", &big))
         .await
         .expect("apply once there is space");
+}
+
+/// Issue #31: a store failure answers the client INTERNAL `STORE_ERROR` with a fixed message
+/// (`vallum_server::error::STORE_MESSAGE`), and the WatchCommits event of the failed commit
+/// says the same: SQLite's own text (here a trigger's, standing for paths, table names and
+/// queries) stays in vallumd's log. The failed call changes nothing.
+#[tokio::test]
+async fn a_store_failure_reaches_the_client_as_a_fixed_message() {
+    const SQLITE_TEXT: &str = "SQLITE-OWN-TEXT /var/lib/vallum/secret";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("v.db");
+    let d = Daemon::start(&db, &[]);
+    d.wait_serving().await;
+    let mut c = d.rulesets().await;
+    c.apply(apply_req("web", BASE)).await.expect("apply");
+    // A real SQLite failure in vallumd's next write: a trigger that aborts with its text.
+    let conn = rusqlite::Connection::open(&db).expect("open the database");
+    conn.execute_batch(&format!(
+        "CREATE TRIGGER fail_revisions BEFORE INSERT ON revisions \
+         BEGIN SELECT RAISE(ABORT, '{SQLITE_TEXT}'); END;"
+    ))
+    .expect("create the trigger");
+    let mut events = c
+        .watch_commits(pb::WatchCommitsRequest {
+            ruleset: "web".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let changed = BASE.replace("--dport 22", "--dport 2222");
+    let e = c.apply(apply_req("web", &changed)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{e:?}");
+    assert_eq!(reason(&e), "STORE_ERROR");
+    assert_eq!(e.message(), vallum_server::error::STORE_MESSAGE);
+    assert!(!format!("{e:?}").contains("SQLITE-OWN-TEXT"), "{e:?}");
+    let event = tokio::time::timeout(std::time::Duration::from_secs(30), events.message())
+        .await
+        .expect("an event in time")
+        .expect("the stream")
+        .expect("an event");
+    assert_eq!(
+        event.error,
+        vallum_server::error::STORE_MESSAGE,
+        "{event:?}"
+    );
+    let web = c
+        .get_ruleset(pb::GetRulesetRequest { name: "web".into() })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(web.active_revision, 1, "{web:?}");
+    // Without the trigger the same call commits.
+    conn.execute_batch("DROP TRIGGER fail_revisions")
+        .expect("drop the trigger");
+    c.apply(apply_req("web", &changed)).await.expect("apply");
 }
 
 /// Item 6: an undecodable grpc.health.v1 request is INVALID_ARGUMENT (reason

@@ -171,7 +171,7 @@ async fn every_design_metric(promtool: bool) {
     let (_reporter, health) = tonic_health::server::health_reporter();
     let grpc = served::serve(|incoming, shutdown| {
         Server::builder()
-            .layer(metrics.grpc_layer())
+            .layer(metrics.grpc_layer(vallum_server::clock::Clock::system()))
             .layer(AuthLayer::new(tokens))
             .add_service(health)
             .serve_with_incoming_shutdown(incoming, shutdown)

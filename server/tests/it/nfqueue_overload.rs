@@ -1,6 +1,6 @@
 //! NFQUEUE above capacity (root only; ignored unless asked for): namespaces A and B joined by
-//! a veth pair; in A `vallumd --source nfqueue` slowed down with the test knob
-//! `VALLUM_TEST_NFQUEUE_BATCH_DELAY_US` (a pause after each batch: about 16k packets/s), the
+//! a veth pair; in A `vallumd --source nfqueue` slowed down with the hidden test flag
+//! `--test-nfqueue-batch-delay-us` (a pause after each batch: about 16k packets/s), the
 //! steering of `vallumctl dataplane install --queues 1 --family ipv4`, and two UDP receivers;
 //! from B a flood of UDP datagrams, alternately to a port the ruleset accepts and one it
 //! drops. Every packet is accounted for, against what B sent and what the receivers got:
@@ -292,17 +292,18 @@ fn flood(ns: &Netns, fail_closed: bool, maxlen: Option<&'static str>) -> Run {
     } else {
         "nfqueue"
     };
-    let mut flags = vec!["--source", source];
+    let mut flags = vec![
+        "--source",
+        source,
+        "--test-nfqueue-batch-delay-us",
+        DELAY_US,
+    ];
     if let Some(n) = maxlen {
         flags.extend(["--queue-maxlen", n]);
     }
     let (d, _dir, receivers) = in_netns(&a, move || {
         let receivers = [receiver(PASS, st.clone()), receiver(BLOCK, st)];
-        let d = Daemon::start_env(
-            &db,
-            &flags,
-            &[("VALLUM_TEST_NFQUEUE_BATCH_DELAY_US", DELAY_US)],
-        );
+        let d = Daemon::start(&db, &flags);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

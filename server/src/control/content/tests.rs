@@ -59,7 +59,7 @@ fn check_with(
 fn unvalidated_input_is_not_accepted() {
     let t = "*filter\n:INPUT DROP [0:0]\nCOMMIT\n";
     let c = super::check("a", 0, &text(t, Family::Ipv4)).unwrap();
-    assert!(matches!(c.into_valid(), Err(Error::Internal(_))));
+    assert!(matches!(c.into_valid(), Err(Error::Invariant { .. })));
 }
 
 fn text(t: &str, family: Family) -> RulesetInput {

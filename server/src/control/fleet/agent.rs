@@ -35,6 +35,7 @@ use vallum_proto::etcdserverpb::event::EventType;
 
 use super::etcd::{Etcd, EtcdError, EtcdResult, KeyValue, Read};
 use super::{Ack, Desired, FLEET_AUTHOR, Keys, Labels, NodeInfo, NodeReport, Owners, ReportPhases};
+use crate::clock::Clock;
 use crate::control::pipeline::Pipeline;
 use crate::control::store::AuditEntry;
 use crate::error::Error;
@@ -66,11 +67,14 @@ pub struct FleetStats {
     applies: Counter<u64>,
     restarts: Counter<u64>,
     latency: Histogram<f64>,
+    /// The wall clock of the lease times, the reports and the agent's audit rows.
+    clock: Clock,
 }
 
 impl FleetStats {
-    /// Registers the instruments on `metrics`.
-    pub fn new(metrics: &Metrics) -> Arc<FleetStats> {
+    /// Registers the instruments on `metrics`; lease times are read on `clock` (the agent
+    /// that records into these reads it too).
+    pub fn new(metrics: &Metrics, clock: Clock) -> Arc<FleetStats> {
         let meter = metrics.meter();
         let connected = Arc::new(AtomicBool::new(false));
         let revision = Arc::new(AtomicI64::new(0));
@@ -92,7 +96,7 @@ impl FleetStats {
         metrics.keep(Box::new(gauge));
         let lease_until_ms = Arc::new(AtomicI64::new(0));
         let renewed_ms = Arc::new(AtomicI64::new(0));
-        let until = lease_until_ms.clone();
+        let (until, now) = (lease_until_ms.clone(), clock.clone());
         let gauge = meter
             .u64_observable_gauge("vallum_fleet_registered")
             .with_description(
@@ -100,12 +104,12 @@ impl FleetStats {
             )
             // Relaxed: a monitoring read of one value, ordered with nothing else.
             .with_callback(move |o| {
-                let left = until.load(Ordering::Relaxed) - super::now_ns() / 1_000_000;
+                let left = until.load(Ordering::Relaxed) - now.unix_ns() / 1_000_000;
                 o.observe(u64::from(left > 0), &[]);
             })
             .build();
         metrics.keep(Box::new(gauge));
-        let until = lease_until_ms.clone();
+        let (until, now) = (lease_until_ms.clone(), clock.clone());
         let gauge = meter
             .f64_observable_gauge("vallum_fleet_lease_ttl")
             .with_unit("s")
@@ -114,7 +118,7 @@ impl FleetStats {
             )
             // Relaxed: as above.
             .with_callback(move |o| {
-                let left = until.load(Ordering::Relaxed) - super::now_ns() / 1_000_000;
+                let left = until.load(Ordering::Relaxed) - now.unix_ns() / 1_000_000;
                 o.observe(left.max(0) as f64 / 1e3, &[]);
             })
             .build();
@@ -135,6 +139,7 @@ impl FleetStats {
             revision,
             lease_until_ms,
             renewed_ms,
+            clock,
             applies: meter
                 .u64_counter("vallum_fleet_applies")
                 // `ruleset` is bounded: fleet rulesets are few (each is an etcd key that
@@ -171,12 +176,12 @@ impl FleetStats {
     /// granted has not run out).
     pub fn registered(&self) -> bool {
         // Relaxed: a status read of one value.
-        self.lease_until_ms.load(Ordering::Relaxed) > super::now_ns() / 1_000_000
+        self.lease_until_ms.load(Ordering::Relaxed) > self.clock.unix_ns() / 1_000_000
     }
 
     /// etcd granted or renewed the lease for `ttl` seconds, now.
     fn lease_renewed(&self, ttl: i64) {
-        let now_ms = super::now_ns() / 1_000_000;
+        let now_ms = self.clock.unix_ns() / 1_000_000;
         // Relaxed: monitoring values, each read on its own.
         self.lease_until_ms
             .store(now_ms + ttl.max(0) * 1000, Ordering::Relaxed);
@@ -270,15 +275,14 @@ impl Local for PipelineLocal {
         d: &Desired,
         value: &[u8],
     ) -> Result<Applied, Error> {
-        let started = std::time::Instant::now();
+        let started = self.0.clock().now_ns();
         let checked = super::check(&self.0, name, d.priority, d.input(name, rev)).await?;
-        let checking = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let checking = self.0.clock().now_ns().saturating_sub(started);
         let digest: String = Sha256::digest(value)
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
         let mut audit = Some(AuditEntry {
-            at: super::now_ns(),
             caller: format!("fleet revision {rev} ({})", d.author),
             method: "FleetApply".to_string(),
             request_digest: digest,
@@ -590,7 +594,11 @@ impl Agent {
                 return self
                     .report(
                         name,
-                        nack(key_rev, format!("not a fleet ruleset value: {e}")),
+                        nack(
+                            key_rev,
+                            format!("not a fleet ruleset value: {e}"),
+                            self.stats.clock.unix_ns(),
+                        ),
                     )
                     .await;
             }
@@ -598,7 +606,11 @@ impl Agent {
         let (rev, d) = match d.target(key_rev, &self.labels) {
             Ok(Some(t)) => t,
             Ok(None) => return self.removed(name).await,
-            Err(e) => return self.report(name, nack(key_rev, e)).await,
+            Err(e) => {
+                return self
+                    .report(name, nack(key_rev, e, self.stats.clock.unix_ns()))
+                    .await;
+            }
         };
         let active = self.local.active(name);
         if self
@@ -610,7 +622,16 @@ impl Agent {
             // phase this node is outside of, or the full write after a canary phase this
             // node was in: the same content at a later revision).
             return self
-                .report(name, ack(rev, active.unwrap_or(0), 0.0, None))
+                .report(
+                    name,
+                    ack(
+                        rev,
+                        active.unwrap_or(0),
+                        0.0,
+                        None,
+                        self.stats.clock.unix_ns(),
+                    ),
+                )
                 .await;
         }
         let outcome = if self.owners.get(name).is_none() && active.is_some() {
@@ -626,10 +647,16 @@ impl Agent {
         match outcome {
             Ok(applied) => {
                 self.owners.set(name, rev);
-                let latency = ((super::now_ns() - d.write_time_ns).max(0) as f64) / 1e9;
+                let latency = ((self.stats.clock.unix_ns() - d.write_time_ns).max(0) as f64) / 1e9;
                 self.stats.latency.record(latency, &[]);
                 self.stats.applies.add(1, &applied_attrs("ack", name));
-                let r = ack(rev, applied.local_revision, latency, Some(applied.phases));
+                let r = ack(
+                    rev,
+                    applied.local_revision,
+                    latency,
+                    Some(applied.phases),
+                    self.stats.clock.unix_ns(),
+                );
                 self.report(name, r).await
             }
             Err(error) => {
@@ -641,7 +668,8 @@ impl Agent {
                     self.stats.applies.add(1, &applied_attrs("nack", name));
                 }
                 lock(&self.nacked).insert(name.to_string(), (kv.clone(), generation));
-                self.report(name, nack(rev, error)).await
+                self.report(name, nack(rev, error, self.stats.clock.unix_ns()))
+                    .await
             }
         }
     }
@@ -710,6 +738,7 @@ impl Agent {
         let mut backoff = BACKOFF_MIN;
         loop {
             let (id, fresh) = match lease {
+                // tokio's clock (lease timers against etcd), not `crate::clock`: see etcd.rs.
                 Some(l) if tokio::time::Instant::now() < l.expires => (l.id, false),
                 _ => {
                     if let Some(l) = lease.take() {
@@ -766,12 +795,13 @@ impl Agent {
 
     /// A new lease of `--fleet-lease-ttl` and the node key on it.
     async fn register(&self, etcd: &Etcd) -> EtcdResult<Lease> {
+        // tokio's clock (lease timers against etcd), not `crate::clock`: see etcd.rs.
         let asked = tokio::time::Instant::now();
         let (id, ttl) = etcd.lease_grant(self.lease_ttl.as_secs() as i64).await?;
         let info = NodeInfo {
             labels: self.labels.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            heartbeat_ns: super::now_ns(),
+            heartbeat_ns: self.stats.clock.unix_ns(),
         };
         let value = serde_json::to_vec(&info).unwrap_or_default();
         etcd.put(&self.keys.node(&self.node), value, id).await?;
@@ -801,6 +831,7 @@ impl Agent {
         }
         let mut keeper: Option<super::etcd::LeaseKeeper> = None;
         loop {
+            // tokio's clock (lease timers against etcd), not `crate::clock`: see etcd.rs.
             let asked = tokio::time::Instant::now();
             let ttl = match keeper.as_mut() {
                 Some(k) => k.renew().await?,
@@ -855,25 +886,33 @@ fn applied_attrs(outcome: &'static str, ruleset: &str) -> [Attr; 2] {
     ]
 }
 
-fn ack(rev: i64, local: u64, latency: f64, phases: Option<ReportPhases>) -> NodeReport {
+/// An ACK report made at `time_ns` (Unix ns).
+fn ack(
+    rev: i64,
+    local: u64,
+    latency: f64,
+    phases: Option<ReportPhases>,
+    time_ns: i64,
+) -> NodeReport {
     NodeReport {
         fleet_revision: rev,
         result: Ack::Ack,
         error: String::new(),
         local_revision: local,
-        time_ns: super::now_ns(),
+        time_ns,
         latency_seconds: latency,
         phases,
     }
 }
 
-fn nack(rev: i64, error: String) -> NodeReport {
+/// A NACK report made at `time_ns` (Unix ns).
+fn nack(rev: i64, error: String, time_ns: i64) -> NodeReport {
     NodeReport {
         fleet_revision: rev,
         result: Ack::Nack,
         error,
         local_revision: 0,
-        time_ns: super::now_ns(),
+        time_ns,
         latency_seconds: 0.0,
         phases: None,
     }
@@ -888,6 +927,6 @@ fn describe(e: &Error) -> String {
             .map(|v| v.description.clone())
             .collect::<Vec<_>>()
             .join("; "),
-        other => other.to_string(),
+        other => other.client_message(),
     }
 }

@@ -32,6 +32,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+// Call deadlines are on tokio's clock, not the injected `crate::clock::Clock`: they bound
+// socket I/O with etcd (`timeout_at`, the `grpc-timeout` header), an I/O edge that must
+// follow real time; tests drive tokio's clock with `tokio::time::pause`.
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -247,6 +250,7 @@ impl Etcd {
 
     /// When a call starting now must have its answer.
     fn budget(&self) -> Instant {
+        // tokio's clock: an etcd call's I/O deadline (see the import).
         let by_timeout = Instant::now() + self.timeout;
         self.deadline.map_or(by_timeout, |d| d.min(by_timeout))
     }
@@ -256,6 +260,7 @@ impl Etcd {
     /// and [`Etcd::bounded`]'s own timer, with its message, is to fire first.
     fn request<T>(&self, msg: T, until: Instant) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
+        // tokio's clock: an etcd call's I/O deadline (see the import).
         r.set_timeout(until.saturating_duration_since(Instant::now()) + HEADER_SLACK);
         r
     }
@@ -266,10 +271,12 @@ impl Etcd {
         until: Instant,
         call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, tonic::Status> {
+        // tokio's clock: an etcd call's I/O deadline (see the import).
         let waited = until.saturating_duration_since(Instant::now());
         match tokio::time::timeout_at(until, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             // Failed once the time was up: tonic's enforcement of the header, or etcd's.
+            // tokio's clock: an etcd call's I/O deadline (see the import).
             Ok(Err(_)) if Instant::now() >= until => Err(timed_out(waited)),
             Ok(Err(s)) => Err(s),
             Err(_) => Err(timed_out(waited)),
@@ -874,6 +881,7 @@ impl Etcd {
         };
         let first = tokio::time::timeout_at(until, stream.message())
             .await
+            // tokio's clock: an etcd call's I/O deadline (see the import).
             .unwrap_or_else(|_| Err(timed_out(until.saturating_duration_since(Instant::now()))));
         match first.map_err(|e| self.failed(e))? {
             Some(r) => {
@@ -930,6 +938,7 @@ impl LeaseKeeper {
 
     /// The next answer, by `until`.
     async fn answer(&mut self, until: Instant) -> EtcdResult<i64> {
+        // tokio's clock: an etcd call's I/O deadline (see the import).
         let waited = until.saturating_duration_since(Instant::now());
         let r = tokio::time::timeout_at(until, self.responses.message())
             .await

@@ -101,6 +101,7 @@ pub fn caller_deadline<T>(request: &Request<T>) -> Option<tokio::time::Instant> 
         _ => return None,
     };
     let margin = (given / 10).min(std::time::Duration::from_secs(1));
+    // tokio's clock (an etcd wait's timer deadline), not `crate::clock`: see etcd.rs.
     tokio::time::Instant::now().checked_add(given - margin)
 }
 
@@ -146,7 +147,7 @@ impl FleetApi {
             selector: r.selector.clone(),
             message: r.message.clone(),
             author: caller,
-            write_time_ns: super::now_ns(),
+            write_time_ns: self.state.pipeline.clock().unix_ns(),
             canary: r.canary.clone(),
             previous: None,
             same_content_as: Vec::new(),
@@ -212,7 +213,7 @@ impl FleetApi {
             }
         }
         let value = serde_json::to_vec(&desired)
-            .map_err(|e| Error::Internal(format!("encode fleet ruleset: {e}")))?;
+            .map_err(|e| Error::invariant(format!("encode fleet ruleset: {e}")))?;
         let bytes = value.len() + key.len() + TXN_OVERHEAD;
         if bytes > self.max_request_bytes {
             return Err(Error::FleetValueTooLarge {
@@ -239,7 +240,7 @@ impl FleetApi {
 
 /// The fleet ruleset `name` and its key.
 ///
-/// Errors: [`Error::NotFound`], [`Error::Fleet`], [`Error::Internal`] for a value that is not one.
+/// Errors: [`Error::NotFound`], [`Error::Fleet`], [`Error::StoreCorrupt`] for a value that is not one.
 pub async fn get(etcd: &Etcd, keys: &Keys, name: &str) -> Result<(Desired, KeyValue)> {
     let name = convert::ruleset_id("name", name)?;
     let kv = etcd
@@ -589,7 +590,7 @@ fn etag(field: &str, s: &str) -> Result<Option<i64>> {
 
 fn decode(kv: &KeyValue) -> Result<Desired> {
     serde_json::from_slice(&kv.value).map_err(|e| {
-        Error::Internal(format!(
+        Error::store_corrupt(format!(
             "{}: not a fleet ruleset value: {e}",
             String::from_utf8_lossy(&kv.key)
         ))
@@ -684,10 +685,12 @@ where
     };
     let mut sent: Option<pb::RolloutStatus> = None;
     // When the next progress status may go, and whether anything changed since the last.
+    // tokio's clock (an etcd wait's timer deadline), not `crate::clock`: see etcd.rs.
     let mut next_send = tokio::time::Instant::now();
     let mut changed = true;
     let mut watch = None;
     loop {
+        // tokio's clock (an etcd wait's timer deadline), not `crate::clock`: see etcd.rs.
         let now = tokio::time::Instant::now();
         let mut p = rollout.phase(revision);
         if p == pb::RolloutPhase::Progressing && now >= deadline {
@@ -769,6 +772,7 @@ impl FleetService for FleetApi {
         let r = request.into_inner();
         let timeout = convert::duration("timeout", r.timeout.as_ref())?
             .unwrap_or(std::time::Duration::from_secs(60));
+        // tokio's clock (an etcd wait's timer deadline), not `crate::clock`: see etcd.rs.
         let deadline = tokio::time::Instant::now() + timeout;
         // The first read ends by the wait's timeout too (and the caller's deadline, if it
         // set one): a hung etcd is FLEET_UNAVAILABLE within the time asked for.

@@ -39,7 +39,7 @@ use vallum_engine::validate::Violation;
 use super::{CommitResult, Job, Origin, Pipeline};
 use crate::control::content::{Finding, PreviousParse};
 use crate::control::outcome::Outcome;
-use crate::control::store::{AuditEntry, PersistCommit, Persisted, Phases, now_ns};
+use crate::control::store::{AuditEntry, PersistCommit, Persisted, Phases};
 use crate::error::{Error, Result};
 use crate::grpc::limits;
 use crate::host::kernel_tables::Next;
@@ -74,8 +74,7 @@ impl Pipeline {
         audit: &mut Option<AuditEntry>,
         span: &tracing::Span,
     ) -> Result<CommitResult> {
-        let wall = std::time::Instant::now();
-        let started_at = now_ns();
+        let started_at = self.clock.unix_ns();
         let t0 = self.clock.now_ns();
         let Job {
             ruleset,
@@ -194,7 +193,7 @@ impl Pipeline {
             publish_ns: report.publish_ns,
             quiesce_ns: report.quiesce_ns,
             carry_ns: report.carry_ns,
-            total_ns: u64::try_from(wall.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            total_ns: self.clock.now_ns().saturating_sub(t0),
             cores_waited: u32::try_from(report.cores_waited).unwrap_or(u32::MAX),
         };
         // 8. record
@@ -227,7 +226,8 @@ impl Pipeline {
     ///
     /// Errors: [`Error::BadRequest`] when validation found errors (placed where the model
     /// came from); [`Error::Commit`] when the engine refused the change otherwise (a FAILED
-    /// event); [`Error::Internal`] when the task ended without a verdict (it panicked).
+    /// event); [`Error::TaskFailed`] when the task panicked ([`Error::Invariant`] when it ended
+    /// without a verdict otherwise).
     async fn verdict(
         &self,
         ruleset: &str,
@@ -251,13 +251,13 @@ impl Pipeline {
                 Err(Error::Commit(msg))
             }
             // The task ended without a verdict: it panicked.
-            Err(_) => {
-                let e = match compile.task.await {
-                    Err(e) => format!("commit task: {e}"),
-                    Ok(_) => "commit task: no verdict".to_string(),
-                };
-                Err(Error::Internal(e))
-            }
+            Err(_) => match compile.task.await {
+                Err(e) => Err(Error::TaskFailed {
+                    task: "commit",
+                    source: e,
+                }),
+                Ok(_) => Err(Error::invariant("the commit task ended without a verdict")),
+            },
         }
     }
 
@@ -293,7 +293,8 @@ impl Pipeline {
     /// that the engine's answer to "which revision is active" changes with what the cores run.
     ///
     /// Errors: [`Error::Commit`] when the compile or the publish failed (a publish refused as
-    /// stale); [`Error::Internal`] when the priority changed or the task panicked.
+    /// stale); [`Error::Invariant`] when the priority changed, [`Error::TaskFailed`] when the task
+    /// panicked.
     async fn publish(
         &self,
         prepared: Result<Prepared>,
@@ -307,7 +308,7 @@ impl Pipeline {
         // ever differ, the engine must not run something else than the store says.
         if persisted.ruleset.priority != priority {
             retire(Ok(prepared));
-            return Err(Error::Internal(format!(
+            return Err(Error::invariant(format!(
                 "ruleset priority changed during the commit ({priority} -> {})",
                 persisted.ruleset.priority
             )));
@@ -315,6 +316,7 @@ impl Pipeline {
         prepared.set_revision(ruleset, persisted.revision.number);
         let engine = self.engine.clone();
         let commit_span = span.clone();
+        let clock = self.clock.clone();
         let published = tokio::task::spawn_blocking(move || {
             let publishing = tracing::info_span!(parent: &commit_span, "publish");
             // The quiesce child is placed while `publish` is still entered, so that it ends
@@ -322,7 +324,7 @@ impl Pipeline {
             let published = publishing.in_scope(|| {
                 let published = engine.publish(prepared);
                 if let Ok(c) = &published {
-                    quiesce_span(&publishing, &c.report);
+                    quiesce_span(&publishing, &c.report, clock.system_time());
                 }
                 published
             });
@@ -335,7 +337,10 @@ impl Pipeline {
             })
         })
         .await
-        .map_err(|e| Error::Internal(format!("commit task: {e}")))?;
+        .map_err(|e| Error::TaskFailed {
+            task: "commit",
+            source: e,
+        })?;
         published.map_err(|e| Error::Commit(e.to_string()))
     }
 
@@ -400,10 +405,11 @@ impl Pipeline {
         persisted: &Persisted,
         e: Error,
     ) -> Result<Error> {
-        // The engine's own words for a commit it refused, the error's for the rest.
+        // The engine's own words for a commit it refused, the error's client text for the
+        // rest (the commit row and the event are read by clients: no SQLite text).
         let message = match &e {
             Error::Commit(m) => m.clone(),
-            e => e.to_string(),
+            e => e.client_message(),
         };
         let outcome = e.reason().info().name;
         self.store
@@ -470,14 +476,17 @@ impl Compile {
 
     /// The compiled snapshot.
     ///
-    /// Errors: [`Error::Commit`] when the engine failed to compile it; [`Error::Internal`]
-    /// when the task panicked.
+    /// Errors: [`Error::Commit`] when the engine failed to compile it; [`Error::TaskFailed`]
+    /// when the task panicked, [`Error::Invariant`] when it ended without a compile.
     async fn join(self) -> Result<Prepared> {
         match self.task.await {
             Ok(Some(Ok(p))) => Ok(p),
             Ok(Some(Err(e))) => Err(Error::Commit(e.to_string())),
-            Ok(None) => Err(Error::Internal("commit task: no compile".into())),
-            Err(e) => Err(Error::Internal(format!("commit task: {e}"))),
+            Ok(None) => Err(Error::invariant("the commit task ended without a compile")),
+            Err(e) => Err(Error::TaskFailed {
+                task: "commit",
+                source: e,
+            }),
         }
     }
 }
@@ -502,8 +511,7 @@ fn retire(prepared: Result<Prepared>) {
 /// The `quiesce` child of `publish`, placed from the engine's report just after its publish
 /// call returned: the wait ended where the counter carry began (`carry_ns` ago) and lasted
 /// `quiesce_ns`.
-fn quiesce_span(publish: &tracing::Span, report: &CommitReport) {
-    let now = std::time::SystemTime::now();
+fn quiesce_span(publish: &tracing::Span, report: &CommitReport, now: std::time::SystemTime) {
     let end = now - Duration::from_nanos(report.carry_ns);
     let start = end - Duration::from_nanos(report.quiesce_ns);
     crate::telemetry::metrics::traces::record_interval(publish, "quiesce", start, end);
@@ -512,5 +520,13 @@ fn quiesce_span(publish: &tracing::Span, report: &CommitReport) {
 /// Whether a persist error is the server's failure (store, internal) rather than an answer
 /// to the request (etag mismatch, not found), which is no commit attempt.
 fn is_server_failure(e: &Error) -> bool {
-    matches!(e, Error::Store(_) | Error::Migrate(_) | Error::Internal(_))
+    matches!(
+        e,
+        Error::Store(_)
+            | Error::Migrate(_)
+            | Error::TaskFailed { .. }
+            | Error::StoreCorrupt { .. }
+            | Error::Io { .. }
+            | Error::Invariant { .. }
+    )
 }

@@ -25,7 +25,6 @@ use vallum_engine::sets::ipset::check_name;
 use vallum_engine::sets::{AddOptions, Element, SaveError, SetError, SetInfo, SetSpec, SetSummary};
 
 use super::Pipeline;
-use crate::control::store::now_ns;
 use crate::control::store::sets::{ImportedSet, StoredElement};
 use crate::error::{Error, FieldViolation, Reason, Result};
 
@@ -146,7 +145,7 @@ impl Pipeline {
     /// Errors: [`Error::Store`].
     pub async fn restore_sets(&self) -> Result<usize> {
         let _w = self.write.lock().await;
-        let wall = now_ns();
+        let wall = self.clock.unix_ns();
         let now = self.clock.now_ns();
         let stored = self.store.load_sets(wall).await?;
         let n = stored.len();
@@ -226,11 +225,13 @@ impl Pipeline {
             });
         }
         (self.hooks.limits).check_new_sets(self.sets.names().len(), [(name, spec.maxelem)])?;
-        self.store.create_set(name, &spec, now_ns()).await?;
+        self.store
+            .create_set(name, &spec, self.clock.unix_ns())
+            .await?;
         self.sets.create(name, spec).map_err(set_error)?;
         self.sets
             .summary(name)
-            .ok_or_else(|| Error::Internal(format!("set {name} vanished after create")))
+            .ok_or_else(|| Error::store_corrupt(format!("set {name} vanished after create")))
     }
 
     /// Destroys a set (`ipset destroy`).
@@ -338,7 +339,7 @@ impl Pipeline {
         let spec = self.sets.summary(set).ok_or_else(|| not_found(set))?.spec;
         let parsed = Self::parse_inputs(&spec, field, inputs, true)?;
         let now = self.clock.now_ns();
-        let wall = now_ns();
+        let wall = self.clock.unix_ns();
         if !exist {
             let mut seen = HashSet::with_capacity(parsed.len());
             for (i, e, _) in &parsed {
@@ -477,7 +478,7 @@ impl Pipeline {
         };
         let _w = self.write.lock().await;
         let now = self.clock.now_ns();
-        let wall = now_ns();
+        let wall = self.clock.unix_ns();
         let prepared = self.sets.prepare_restore(text, now).map_err(|e| bad(&e))?;
         let created = (prepared.sets())
             .filter(|s| s.created)
@@ -537,7 +538,7 @@ impl Pipeline {
     pub async fn gc_sets(&self) -> Result<usize> {
         let _w = self.write.lock().await;
         let freed = self.sets.gc(self.clock.now_ns());
-        self.store.expire_set_elements(now_ns()).await?;
+        self.store.expire_set_elements(self.clock.unix_ns()).await?;
         Ok(freed)
     }
 

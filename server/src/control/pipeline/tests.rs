@@ -1,4 +1,5 @@
 use super::*;
+use crate::clock::ManualClock;
 use crate::control::content::{RulesetInput, TextPart};
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::EngineConfig;
@@ -6,7 +7,6 @@ use vallum_engine::model::Family;
 
 fn entry() -> AuditEntry {
     AuditEntry {
-        at: 1,
         caller: "me".into(),
         method: "Apply".into(),
         request_digest: "d".into(),
@@ -53,7 +53,7 @@ fn checked(rules: usize) -> Checked {
     crate::control::content::check("web", 0, &input(text(rules))).expect("checks")
 }
 
-fn engine(clock: Arc<dyn Clock>) -> Arc<Engine> {
+fn engine(clock: Arc<dyn vallum_engine::Clock>) -> Arc<Engine> {
     Arc::new(Engine::new(
         EngineConfig {
             cores: 1,
@@ -74,10 +74,11 @@ async fn pipeline(hooks: Hooks) -> (Pipeline, Arc<Engine>, Store, tempfile::Temp
 
 /// A new engine and pipeline on the store in `dir` (a restart), not loaded yet.
 async fn reopen(dir: &tempfile::TempDir, hooks: Hooks) -> (Pipeline, Arc<Engine>, Store) {
-    let store = Store::open(&dir.path().join("v.db")).await.expect("store");
-    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
-    let engine = engine(clock.clone());
-    let p = Pipeline::new(engine.clone(), store.clone(), clock, hooks);
+    let store = Store::open_on(&dir.path().join("v.db"), hooks.clock.clone())
+        .await
+        .expect("store");
+    let engine = engine(Arc::new(hooks.clock.clone()));
+    let p = Pipeline::new(engine.clone(), store.clone(), hooks);
     (p, engine, store)
 }
 
@@ -98,10 +99,9 @@ fn bad_request(e: Error) -> (Reason, Vec<FieldViolation>) {
 /// by hand here.
 #[tokio::test]
 async fn a_commit_validates_once() {
-    use confirm_clock::ManualWallClock;
-    let clock = ManualWallClock::starting_now();
+    let clock = ManualClock::starting_now();
     let hooks = Hooks {
-        confirm_clock: Arc::new(clock.clone()),
+        clock: clock.clock(),
         ..Hooks::default()
     };
     let (p, engine, _store, dir) = pipeline(hooks.clone()).await;
@@ -259,11 +259,10 @@ async fn readers_agree(p: &Pipeline, seen: &ActiveSeen) -> Option<u64> {
 /// unconfirmed commit, a restart and a delete, every reader names the same revision.
 #[tokio::test]
 async fn readers_agree_on_the_active_revision() {
-    use confirm_clock::ManualWallClock;
-    let clock = ManualWallClock::starting_now();
+    let clock = ManualClock::starting_now();
     let seen = Arc::new(ActiveSeen::default());
     let hooks = Hooks {
-        confirm_clock: Arc::new(clock.clone()),
+        clock: clock.clock(),
         ..Hooks::default()
     }
     .with_observer(seen.clone());
@@ -331,10 +330,9 @@ async fn readers_agree_on_the_active_revision() {
 /// clock is advanced, nothing waits.
 #[tokio::test]
 async fn confirm_deadline_passes_on_the_injected_clock() {
-    use confirm_clock::{ManualWallClock, WallClock};
-    let clock = ManualWallClock::starting_now();
+    let clock = ManualClock::starting_now();
     let hooks = Hooks {
-        confirm_clock: Arc::new(clock.clone()),
+        clock: clock.clock(),
         ..Hooks::default()
     };
     let (p, _engine, store, dir) = pipeline(hooks.clone()).await;
@@ -354,17 +352,11 @@ async fn confirm_deadline_passes_on_the_injected_clock() {
     // Restart: a new engine and pipeline on the same database.
     drop(p);
     store.close().await;
-    let store = Store::open(&dir.path().join("v.db")).await.expect("store");
-    let engine_clock: Arc<dyn Clock> = Arc::new(MonotonicClock::default());
-    let engine = Arc::new(Engine::new(
-        EngineConfig {
-            cores: 1,
-            barrier: BarrierStrategy::SeqCst,
-            conntrack: None,
-        },
-        engine_clock.clone(),
-    ));
-    let p = Pipeline::new(engine.clone(), store.clone(), engine_clock, hooks);
+    let store = Store::open_on(&dir.path().join("v.db"), hooks.clock.clone())
+        .await
+        .expect("store");
+    let engine = engine(Arc::new(hooks.clock.clone()));
+    let p = Pipeline::new(engine.clone(), store.clone(), hooks);
     assert!(p.load().await.expect("loads").is_empty());
     assert_eq!(p.expire_confirms().await.expect("checks"), 0);
     let rev = |n| {
@@ -396,6 +388,52 @@ async fn confirm_deadline_passes_on_the_injected_clock() {
     assert_eq!(engine.rulesets()["web"].rule_count(), 1);
     // Once is enough.
     assert_eq!(p.expire_confirms().await.expect("checks"), 0);
+}
+
+/// One injected clock times a commit: the revision row, the commit event, the phase
+/// total and a set's stored time all read the manual clock, and only advancing it moves
+/// them (no other clock is read on the way).
+#[tokio::test]
+async fn a_commit_reads_only_the_injected_clock() {
+    let clock = ManualClock::starting_now();
+    let hooks = Hooks {
+        clock: clock.clock(),
+        ..Hooks::default()
+    };
+    let (p, _engine, store, _dir) = pipeline(hooks).await;
+    let mut events = p.subscribe();
+    let t0 = clock.unix_ns();
+    let r = p
+        .apply(checked(1), "me", "m", None, None, &mut None)
+        .await
+        .expect("commits");
+    assert_eq!(r.revision.created_at, t0);
+    assert_eq!(r.phases.total_ns, 0, "the manual clock did not move");
+    assert_eq!(events.try_recv().expect("an event").time_ns, t0);
+
+    let hour = Duration::from_secs(3600);
+    clock.advance(hour);
+    let t1 = t0 + 3_600_000_000_000;
+    assert_eq!(clock.unix_ns(), t1);
+    let r = p
+        .apply(checked(2), "me", "m", Some(hour), None, &mut None)
+        .await
+        .expect("commits");
+    assert_eq!(r.revision.created_at, t1);
+    assert_eq!(r.confirm_deadline, Some(t1 + 3_600_000_000_000));
+    assert_eq!(events.try_recv().expect("an event").time_ns, t1);
+    let stored = store
+        .get_revision("web", 2)
+        .await
+        .expect("read")
+        .expect("revision 2");
+    assert_eq!(stored.created_at, t1);
+    let rs = store
+        .get_ruleset("web")
+        .await
+        .expect("read")
+        .expect("ruleset");
+    assert_eq!(rs.updated_at, t1);
 }
 
 /// After an Apply that carries its texts, the pipeline keeps them with the model the

@@ -3,7 +3,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{AuditEntry, LoadFailure, Store, i64_of, now_ns, u64_of, writer};
+use super::{AuditEntry, LoadFailure, Store, i64_of, u64_of, writer};
 use crate::error::Result;
 
 /// How long the store keeps idempotency keys and audit records (vallumd's
@@ -190,7 +190,7 @@ impl Store {
                 tokio::time::interval(interval.max(std::time::Duration::from_millis(10)));
             loop {
                 tick.tick().await;
-                match me.prune(now_ns()).await {
+                match me.prune(me.clock.unix_ns()).await {
                     Ok(p) if p != Pruned::default() => {
                         tracing::info!(
                             audit = p.audit,
@@ -221,19 +221,20 @@ impl Store {
     ///
     /// Errors: [`Error::Store`](crate::error::Error::Store).
     pub async fn audit(&self, e: AuditEntry) -> Result<()> {
+        let clock = self.clock.clone();
         self.writer
-            .run(move |tx| writer::insert_audit(tx, &e).map(drop))
+            .run(move |tx| writer::insert_audit(tx, &e, clock.unix_ns()).map(drop))
             .await
     }
 
-    /// Marks `f` as an active revision that did not load, with its audit record, in one
-    /// transaction (replacing an earlier mark of the ruleset).
+    /// Marks `f` as an active revision that did not load, with its audit record (at `f.at`),
+    /// in one transaction (replacing an earlier mark of the ruleset).
     ///
     /// Errors: [`Error::Store`](crate::error::Error::Store).
     pub async fn record_load_failure(&self, f: LoadFailure, audit: AuditEntry) -> Result<()> {
         self.writer
             .run(move |tx| {
-                writer::insert_audit(tx, &audit)?;
+                writer::insert_audit(tx, &audit, f.at)?;
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO load_failures (ruleset, revision, error, at) \
                      VALUES (?1, ?2, ?3, ?4)",

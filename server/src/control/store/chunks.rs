@@ -210,7 +210,7 @@ pub(crate) fn delete_unused(tx: &Transaction<'_>) -> Result<()> {
 /// from its chunks (a chunk shared by several is read once). Call it inside a read
 /// transaction, so the lists and the chunks come from one snapshot.
 ///
-/// Errors: [`Error::Store`]; [`Error::Internal`] when a listed chunk has no text (a corrupt
+/// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] when a listed chunk has no text (a corrupt
 /// store).
 pub(crate) fn contents(conn: &Connection, keys: &[(&str, i64)]) -> Result<Vec<Content>> {
     let mut list = conn.prepare_cached(
@@ -230,9 +230,9 @@ pub(crate) fn contents(conn: &Connection, keys: &[(&str, i64)]) -> Result<Vec<Co
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let t: Option<String> =
                         rusqlite::OptionalExtension::optional(text.query_row([id], |r| r.get(0)))?;
-                    e.insert(
-                        t.ok_or_else(|| Error::Internal(format!("stored chunk {id} has no text")))?,
-                    )
+                    e.insert(t.ok_or_else(|| {
+                        Error::store_corrupt(format!("stored chunk {id} has no text"))
+                    })?)
                 }
             };
             if family == 4 {

@@ -68,11 +68,11 @@ fn failed(version: i64, what: impl std::fmt::Display) -> Error {
 }
 
 /// Applies the migrations of [`MIGRATIONS`] up to and including `until` that `conn`'s
-/// database lacks.
+/// database lacks, recording `now` (Unix ns) as their `applied_at`.
 ///
 /// Errors: [`Error::Migrate`] when a migration fails, an applied one's text changed, or the
 /// database has one this build does not know; [`Error::Store`] for the bookkeeping queries.
-pub(crate) fn run_to(conn: &mut Connection, until: i64) -> Result<()> {
+pub(crate) fn run_to(conn: &mut Connection, until: i64, now: i64) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // A database with tables but no migration table of ours (nor sqlx's) is another
     // program's: refused, never migrated into.
@@ -159,7 +159,7 @@ pub(crate) fn run_to(conn: &mut Connection, until: i64) -> Result<()> {
                 m.version,
                 m.name,
                 checksum_of(m).as_slice(),
-                super::now_ns()
+                now
             ],
         )?;
         tx.commit().map_err(|e| failed(m.version, e))?;
@@ -172,7 +172,7 @@ pub(crate) fn run_to(conn: &mut Connection, until: i64) -> Result<()> {
 /// Errors: those of [`run_to`].
 #[cfg(test)]
 pub(crate) fn run(conn: &mut Connection) -> Result<()> {
-    run_to(conn, i64::MAX)
+    run_to(conn, i64::MAX, crate::clock::Clock::system().unix_ns())
 }
 
 #[cfg(test)]

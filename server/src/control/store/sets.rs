@@ -58,7 +58,7 @@ fn family_text(f: Family) -> &'static str {
 fn spec_of(r: &Row<'_>) -> Result<SetSpec> {
     let kind: String = r.get("type")?;
     let family: String = r.get("family")?;
-    let bad = |what: &str| Error::Internal(format!("stored set has an unknown {what}"));
+    let bad = |what: &str| Error::store_corrupt(format!("stored set has an unknown {what}"));
     Ok(SetSpec {
         kind: SetType::from_name(&kind).ok_or_else(|| bad("type"))?,
         family: match family.as_str() {
@@ -79,7 +79,7 @@ fn set_id(tx: &Tx<'_>, name: &str) -> Result<i64> {
     tx.prepare_cached("SELECT id FROM sets WHERE name = ?1")?
         .query_row([name], |r| r.get(0))
         .optional()?
-        .ok_or_else(|| Error::Internal(format!("set {name} is not in the store")))
+        .ok_or_else(|| Error::store_corrupt(format!("set {name} is not in the store")))
 }
 
 /// The etag of a set row: its id and version (hex), e.g. `1f.3`.
@@ -90,13 +90,13 @@ fn set_etag_of(id: i64, version: i64) -> String {
 /// Checks that set `name`'s etag is `expected` (when given) and bumps its version; returns
 /// the row id.
 ///
-/// Errors: [`Error::EtagMismatch`]; [`Error::Internal`] when the set is not stored.
+/// Errors: [`Error::EtagMismatch`]; [`Error::StoreCorrupt`] when the set is not stored.
 fn change_set(tx: &Tx<'_>, name: &str, expected: Option<&str>) -> Result<i64> {
     let (id, version): (i64, i64) = tx
         .prepare_cached("SELECT id, version FROM sets WHERE name = ?1")?
         .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
-        .ok_or_else(|| Error::Internal(format!("set {name} is not in the store")))?;
+        .ok_or_else(|| Error::store_corrupt(format!("set {name} is not in the store")))?;
     let current = set_etag_of(id, version);
     if let Some(e) = expected.filter(|e| !e.is_empty() && *e != current) {
         return Err(Error::EtagMismatch {
@@ -156,7 +156,7 @@ fn upsert(tx: &Tx<'_>, set_id: i64, elements: &[StoredElement]) -> Result<()> {
 impl Store {
     /// Every stored set with its elements that have not expired at `now` (Unix ns), by name.
     ///
-    /// Errors: [`Error::Store`]; [`Error::Internal`] for a row this build cannot read.
+    /// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] for a row this build cannot read.
     pub async fn load_sets(&self, now: i64) -> Result<Vec<StoredSet>> {
         self.readers
             .run(move |tx| {
@@ -252,7 +252,7 @@ impl Store {
     /// [`Store::swap_sets`], [`Store::import_sets`]) gives it a new etag; with `etag`, the
     /// change is made only when it is still the set's.
     ///
-    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::Internal`] when the set
+    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::StoreCorrupt`] when the set
     /// is not stored.
     pub async fn change_elements(
         &self,
@@ -284,7 +284,7 @@ impl Store {
 
     /// Removes every element of set `name` (with `etag`: only when it is still the set's).
     ///
-    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::Internal`] when the set
+    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::StoreCorrupt`] when the set
     /// is not stored.
     pub async fn flush_set(&self, name: &str, etag: Option<&str>) -> Result<()> {
         let (name, etag) = (name.to_string(), etag.map(str::to_string));
@@ -301,7 +301,7 @@ impl Store {
     /// Exchanges two sets' names (so their contents and options swap, as `ipset swap`);
     /// `etags` are those the two sets must still have (when given).
     ///
-    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::Internal`] when a set is
+    /// Errors: [`Error::EtagMismatch`]; [`Error::Store`]; [`Error::StoreCorrupt`] when a set is
     /// not stored.
     pub async fn swap_sets(&self, a: &str, b: &str, etags: [Option<&str>; 2]) -> Result<()> {
         let (a, b) = (a.to_string(), b.to_string());

@@ -1,10 +1,15 @@
 use super::*;
 
+/// Wall now, Unix ns.
+fn now_ns() -> i64 {
+    crate::clock::Clock::system().unix_ns()
+}
+
 /// A database at `path` migrated up to `until` only, as an older build left it.
 fn old_db(path: &Path, until: i64) -> Connection {
     let mut conn = Connection::open(path).unwrap();
     conn.pragma_update(None, "foreign_keys", true).unwrap();
-    migrate::run_to(&mut conn, until).unwrap();
+    migrate::run_to(&mut conn, until, crate::clock::Clock::system().unix_ns()).unwrap();
     conn
 }
 
@@ -589,7 +594,6 @@ async fn stage_commit_reopen() {
     let p2 = store
         .persist_commit(PersistCommit {
             audit: Some(AuditEntry {
-                at: 1,
                 caller: "me".into(),
                 method: "Apply".into(),
                 request_digest: "d".into(),
@@ -769,7 +773,7 @@ async fn a_failed_transaction_leaves_no_chunks_or_counts() {
         .run(move |tx| {
             let rs = writer::existing_ruleset(tx, "a")?;
             writer::insert_revision(tx, &rs, new_rev("a", &t), RevisionState::Staged, 1)?;
-            Err::<(), _>(Error::Internal("boom".into()))
+            Err::<(), _>(Error::invariant("boom"))
         })
         .await;
     assert!(r.is_err());
@@ -957,7 +961,8 @@ async fn idempotency_keys_expire_after_the_ttl() {
 async fn prune_deletes_by_age_and_by_rows() {
     let dir = tempfile::tempdir().unwrap();
     let min = 60_000_000_000_i64;
-    let store = Store::open(&dir.path().join("v.db"))
+    let clock = crate::clock::ManualClock::starting_now();
+    let store = Store::open_on(&dir.path().join("v.db"), clock.clock())
         .await
         .unwrap()
         .with_retention(Retention {
@@ -965,12 +970,11 @@ async fn prune_deletes_by_age_and_by_rows() {
             audit_max_age: Some(std::time::Duration::from_secs(600)),
             audit_max_rows: Some(3),
         });
-    let now = 1_000 * min;
-    // Ten records, one a minute, the oldest 10 minutes ago.
+    // Ten records, one a minute, the oldest 10 minutes before `now` (the store stamps each
+    // with its clock).
     for i in 0..10 {
         store
             .audit(AuditEntry {
-                at: now - (10 - i) * min,
                 caller: "me".into(),
                 method: format!("M{i}"),
                 request_digest: "d".into(),
@@ -978,7 +982,9 @@ async fn prune_deletes_by_age_and_by_rows() {
             })
             .await
             .unwrap();
+        clock.advance(std::time::Duration::from_secs(60));
     }
+    let now = clock.unix_ns();
     for (k, at) in [("old", now - 2 * min), ("new", now - min / 2)] {
         let call = IdempotentCall {
             request_digest: "d".into(),

@@ -60,7 +60,10 @@ where
         f(&mut conn)
     })
     .await
-    .map_err(|e| Error::Internal(format!("store task: {e}")))?
+    .map_err(|e| Error::TaskFailed {
+        task: "store",
+        source: e,
+    })?
 }
 
 /// The reader connections (cheap to clone: shared).
@@ -91,7 +94,7 @@ impl Readers {
     /// Runs `f` in one read transaction (one snapshot of the database) on a reader
     /// connection, on a blocking thread.
     ///
-    /// Errors: those of `f`, [`Error::Store`], [`Error::Internal`] when the task panicked.
+    /// Errors: those of `f`, [`Error::Store`], [`Error::TaskFailed`] when the task panicked.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -119,17 +122,17 @@ impl Writer {
     /// pending migrations, up to and including version `until`.
     ///
     /// Errors: [`Error::Store`] when it cannot be opened or configured, [`Error::Migrate`].
-    pub(crate) fn open(path: &Path, until: i64) -> Result<Writer> {
+    pub(crate) fn open(path: &Path, until: i64, now: i64) -> Result<Writer> {
         let mut conn = connect(path)?;
         let mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(Error::Internal(format!(
+            return Err(Error::store_corrupt(format!(
                 "{}: journal mode {mode}, not WAL",
                 path.display()
             )));
         }
-        super::migrate::run_to(&mut conn, until)?;
+        super::migrate::run_to(&mut conn, until, now)?;
         Ok(Writer {
             conn: Arc::new([Mutex::new(conn)]),
         })
@@ -138,7 +141,7 @@ impl Writer {
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction on a blocking thread and commits it
     /// when `f` returns `Ok` (durable when this returns); an `Err` rolls everything back.
     ///
-    /// Errors: those of `f`, [`Error::Store`], [`Error::Internal`] when the blocking
+    /// Errors: those of `f`, [`Error::Store`], [`Error::TaskFailed`] when the blocking
     /// task panicked.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
@@ -313,12 +316,12 @@ pub(crate) fn clear_deadlines(tx: &Tx<'_>, ruleset: &str) -> Result<()> {
     Ok(())
 }
 
-/// Appends an audit record; returns its id.
-pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry) -> Result<i64> {
+/// Appends an audit record made at `at` (Unix ns); returns its id.
+pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry, at: i64) -> Result<i64> {
     tx.prepare_cached(
         "INSERT INTO audit (at, caller, method, request_digest, outcome) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![e.at, e.caller, e.method, e.request_digest, e.outcome])?;
+    .execute(params![at, e.caller, e.method, e.request_digest, e.outcome])?;
     Ok(tx.last_insert_rowid())
 }
 

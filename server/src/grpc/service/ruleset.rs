@@ -241,7 +241,7 @@ impl RulesetApi {
                                 .get_revision(name, n)
                                 .await?
                                 .ok_or_else(|| {
-                                    Error::Internal(format!(
+                                    Error::store_corrupt(format!(
                                         "active revision {n} of {name} is not stored"
                                     ))
                                 })?
@@ -293,7 +293,10 @@ impl RulesetApi {
             Ok((checked, expected_etag))
         })
         .await
-        .map_err(|e| Error::Internal(format!("check task: {e}")))?
+        .map_err(|e| Error::TaskFailed {
+            task: "check",
+            source: e,
+        })?
     }
     /// The body of `apply` (and of `edit_ruleset`, whose edits become a noflush Apply),
     /// run by [`to_completion`]; `method` names the call in the audit log and the
@@ -352,10 +355,10 @@ impl RulesetApi {
             // A retry is told from a reuse by the request's digest: wait for it first (a
             // retry neither parses nor checks again: it gets the first answer).
             if let Some(t) = digesting.take() {
-                audit = Some(
-                    t.await
-                        .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
-                );
+                audit = Some(t.await.map_err(|e| Error::TaskFailed {
+                    task: "audit",
+                    source: e,
+                })?);
             }
             let digest = audit
                 .as_ref()
@@ -397,10 +400,10 @@ impl RulesetApi {
             .check(name, r.priority, r.source.as_ref(), &r.etag)
             .await;
         if let Some(t) = digesting.take() {
-            *audit = Some(
-                t.await
-                    .map_err(|e| Error::Internal(format!("audit task: {e}")))?,
-            );
+            *audit = Some(t.await.map_err(|e| Error::TaskFailed {
+                task: "audit",
+                source: e,
+            })?);
         }
         let (checked, base_etag) = checked?;
         let checked = checked.refuse_empty(r.allow_empty)?;

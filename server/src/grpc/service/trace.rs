@@ -273,7 +273,10 @@ impl TraceService for TraceApi {
             replay(&packets, base, &engine, staged.as_ref(), now, max_flows)
         })
         .await
-        .map_err(|e| Error::Internal(format!("replay task: {e}")))?;
+        .map_err(|e| Error::TaskFailed {
+            task: "replay",
+            source: e,
+        })?;
         Ok(Response::new(resp))
     }
 }

@@ -49,9 +49,10 @@
 //! Counters: each queue's [`QueueCounters`](crate::host::nfqueue_stats::QueueCounters) (received,
 //! verdicts sent by kind, send and receive errors), read with the kernel's at scrape time.
 //!
-//! Test knob: `VALLUM_TEST_NFQUEUE_BATCH_DELAY_US`, read once per worker, makes the worker
-//! sleep that many microseconds after each batch (capacity about 32 packets per delay), so a
-//! test can overload a queue with a modest flood. Not for production: nothing else reads it.
+//! Test knob: [`Queue::with_batch_delay`] (vallumd's hidden `--test-nfqueue-batch-delay-us`,
+//! env `VALLUM_TEST_NFQUEUE_BATCH_DELAY_US`, read once by clap) makes the worker sleep that
+//! long after each batch (capacity about 32 packets per delay), so a test can overload a queue
+//! with a modest flood. Not for production.
 
 pub mod wire;
 
@@ -267,6 +268,8 @@ mod linux {
         lens: [usize; BATCH],
         /// What the worker counts, shared with the metrics.
         counters: Arc<QueueCounters>,
+        /// The test-only pause after each batch ([`Queue::with_batch_delay`]).
+        batch_delay: Option<Duration>,
     }
 
     /// The socket and what we send on it.
@@ -433,6 +436,7 @@ mod linux {
                 rx: vec![0; BATCH * SLOT],
                 lens: [0; BATCH],
                 counters: Arc::new(QueueCounters::new(num, fail_open, 0, 0)),
+                batch_delay: None,
             };
             // Bind, copy mode and flags in one message: the kernel creates the queue and
             // applies the parameters before it can deliver any packet. It checks the flags
@@ -492,6 +496,13 @@ mod linux {
         /// packet path reads it as `kernel_facts`, the rules see the mark without it.
         pub fn with_facts_mark(mut self, facts_mark: u32) -> Queue {
             self.link.answers.facts_mark = facts_mark;
+            self
+        }
+
+        /// Sets the test-only pause after each batch (`None`, the default: no pause); see the
+        /// module docs.
+        pub fn with_batch_delay(mut self, delay: Option<Duration>) -> Queue {
+            self.batch_delay = delay.filter(|d| !d.is_zero());
             self
         }
 
@@ -791,16 +802,6 @@ mod linux {
         r == 0 && unsafe { req.ifr_ifru.ifru_hwaddr.sa_family } == libc::ARPHRD_ETHER
     }
 
-    /// `VALLUM_TEST_NFQUEUE_BATCH_DELAY_US` (module docs): the test-only pause after each
-    /// batch; `None` when unset, 0 or not a number.
-    fn test_batch_delay() -> Option<Duration> {
-        let us: u64 = std::env::var("VALLUM_TEST_NFQUEUE_BATCH_DELAY_US")
-            .ok()?
-            .parse()
-            .ok()?;
-        (us > 0).then(|| Duration::from_micros(us))
-    }
-
     /// Builds the [`PacketMeta`] of a queued packet; `None` when the hook is unknown or the
     /// bytes do not parse.
     ///
@@ -864,7 +865,7 @@ mod linux {
         };
         let mut names = IfNames::default();
         let counters = queue.counters();
-        let delay = test_batch_delay();
+        let delay = queue.batch_delay;
         // Relaxed: the flag only asks the loop to end; nothing is published with it.
         while !stop.load(Ordering::Relaxed) {
             if let Some(d) = delay {
@@ -950,7 +951,7 @@ mod linux {
     pub fn run_accept_all(queue: &mut Queue, stop: &AtomicBool, decided: &AtomicU64) {
         let mut answers: [Answer; BATCH] = [(0, 0, None); BATCH];
         let counters = queue.counters();
-        let delay = test_batch_delay();
+        let delay = queue.batch_delay;
         // Relaxed: the flag only asks the loop to end; nothing is published with it.
         while !stop.load(Ordering::Relaxed) {
             if let Some(d) = delay {

@@ -31,11 +31,12 @@ pub struct GrpcMetricsLayer {
     pub(super) histograms: RpcHistograms,
 }
 
-/// The two RPC duration instruments.
+/// The two RPC duration instruments and the clock calls are timed on.
 #[derive(Clone, Debug)]
 pub(super) struct RpcHistograms {
     pub(super) call_duration: Histogram<f64>,
     pub(super) deprecated_duration: Histogram<f64>,
+    pub(super) clock: crate::clock::Clock,
 }
 
 impl<S> Layer<S> for GrpcMetricsLayer {
@@ -67,7 +68,12 @@ pub(super) struct Recording {
 
 impl Recording {
     pub(super) fn finish(self, code: i64) {
-        let elapsed = self.start.elapsed().as_secs_f64();
+        let elapsed = self
+            .histograms
+            .clock
+            .now()
+            .saturating_duration_since(self.start)
+            .as_secs_f64();
         let name = grpc_code_name(code);
         let full = match self.service {
             "_OTHER" => "_OTHER".to_owned(),
@@ -183,7 +189,7 @@ where
         );
         traces::set_remote_parent(&span, req.headers());
         let rec = Recording {
-            start: Instant::now(),
+            start: self.histograms.clock.now(),
             histograms: self.histograms.clone(),
             service,
             method,

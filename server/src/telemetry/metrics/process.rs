@@ -178,10 +178,7 @@ mod tests {
         let open = value(&text, "process_open_fds");
         assert!(open >= 1.0 && (open - fds).abs() <= 4.0, "{open} vs {fds}");
         assert!(value(&text, "process_max_fds") >= open);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
+        let now = crate::clock::Clock::system().unix_ns() as f64 / 1e9;
         let start = value(&text, "process_start_time_seconds");
         let boot = procfs::boot_time_secs().unwrap() as f64;
         assert!(

@@ -152,21 +152,23 @@ mod tests {
         sets.create("bans", SetSpec::new(SetType::HashNet, Family::Ipv4))
             .unwrap();
         metrics.observe_sets(sets).unwrap();
-        metrics.observe_events(Events::start().unwrap());
+        metrics.observe_events(Events::start(crate::clock::Clock::system()).unwrap());
         metrics.record_commit("web", Outcome::Committed, &Phases::default());
         metrics.set_active_revision("web", Some(1));
         metrics.set_rulesets_not_loaded(0);
         for code in [0, 13] {
+            let histograms = metrics.grpc_layer(crate::clock::Clock::system()).histograms;
             Recording {
-                start: std::time::Instant::now(),
-                histograms: metrics.grpc_layer().histograms,
+                start: histograms.clock.now(),
+                histograms,
                 service: "vallum.v1.RulesetService",
                 method: "Apply",
                 span: tracing::Span::none(),
             }
             .finish(code);
         }
-        crate::control::fleet::agent::FleetStats::new(&metrics).record_each_once();
+        crate::control::fleet::agent::FleetStats::new(&metrics, crate::clock::Clock::system())
+            .record_each_once();
         // NFQUEUE queue 0 as the kernel lists it (formats of nfnetlink_queue's and netlink's
         // seq_show), held by port id 4242.
         let proc = tempfile::tempdir().unwrap();
