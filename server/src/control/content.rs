@@ -531,8 +531,9 @@ pub struct Restoring {
 /// What a `--noflush` text is applied to.
 #[derive(Clone, Debug, Default)]
 pub struct Base {
-    /// The content (canonical, as stored).
-    pub content: Content,
+    /// The content (canonical, as stored; shared with the pipeline's copy of the active
+    /// revision's, [`crate::control::pipeline::Pipeline::active_content`]).
+    pub content: Arc<Content>,
     /// What findings on its rules name as their place, e.g. `rulesets/web/revisions/3`
     /// (they have no line in the request's text).
     pub label: String,

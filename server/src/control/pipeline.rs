@@ -55,7 +55,7 @@ use vallum_engine::sets::SetManager;
 use vallum_engine::validate::{Severity, Violation};
 
 use crate::clock::Clock;
-use crate::control::content::{self, Checked, Finding, Places, PreviousParse, SourceText};
+use crate::control::content::{self, Checked, Content, Finding, Places, PreviousParse, SourceText};
 use crate::control::hooks::{CommitRecord, Hooks};
 use crate::control::outcome::Outcome;
 use crate::control::store::{
@@ -68,6 +68,7 @@ use crate::host::facts_chains::FactsChains;
 use crate::host::kernel_tables::KernelTables;
 
 mod commit;
+mod confirm;
 pub use commit::Answer;
 pub mod journal;
 pub mod sets;
@@ -124,6 +125,9 @@ pub struct Pipeline {
     /// Per ruleset, the texts its last Apply was parsed from and the model (see
     /// [`Pipeline::previous_parse`]).
     parses: Mutex<HashMap<String, PreviousParse>>,
+    /// Per ruleset, the number and canonical content of the revision its last commit published
+    /// (see [`Pipeline::active_content`]).
+    contents: Mutex<HashMap<String, (u64, Arc<Content>)>>,
     /// Active revisions that did not load at start, by ruleset (see [`Pipeline::load`]);
     /// the one owner of that fact in memory (the store keeps the durable mark).
     not_loaded: tokio::sync::watch::Sender<BTreeMap<String, LoadFailure>>,
@@ -237,6 +241,7 @@ impl Pipeline {
             events,
             hooks,
             parses: Mutex::new(HashMap::new()),
+            contents: Mutex::new(HashMap::new()),
             not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
             kernel: None,
             facts: None,
@@ -586,7 +591,7 @@ impl Pipeline {
     ) -> Result<(RulesetRow, RevisionRow, Vec<Finding>)> {
         let mut checked = self.validate(checked).await?.into_valid()?;
         self.check_rules(&checked)?;
-        let new = new_revision(&checked, author, message);
+        let new = new_revision(&mut checked, author, message);
         let _w = self.write.lock().await;
         self.check_rulesets(&new.ruleset).await?;
         let (rs, rev) = self.store.stage(new, etag).await?;
@@ -662,7 +667,7 @@ impl Pipeline {
     /// Errors: as [`Pipeline::apply`].
     pub async fn apply_as(
         &self,
-        checked: Checked,
+        mut checked: Checked,
         author: &str,
         message: &str,
         confirm_within: Option<Duration>,
@@ -671,7 +676,7 @@ impl Pipeline {
     ) -> Result<CommitResult> {
         let Answer { durability, audit } = answer;
         self.check_rules(&checked)?;
-        let new = new_revision(&checked, author, message);
+        let new = new_revision(&mut checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
         let w = self.write.lock().await;
         let edited = checked.edited;
@@ -843,200 +848,6 @@ impl Pipeline {
         self.ruleset(ruleset).await
     }
 
-    /// Confirms the pending commit-confirmed of revision `number`; with `etag`, only while it
-    /// is the ruleset's.
-    ///
-    /// Errors: [`Error::NotFound`]; [`Error::EtagMismatch`]; [`Error::Precondition`] when no
-    /// commit of it is pending; [`Error::Store`].
-    pub async fn confirm(
-        &self,
-        ruleset: &str,
-        number: u64,
-        etag: Option<&str>,
-    ) -> Result<RevisionRow> {
-        let _w = self.write.lock().await;
-        let rs = self.ruleset(ruleset).await?;
-        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
-            return Err(Error::EtagMismatch {
-                name: format!("rulesets/{ruleset}"),
-                given: e.to_string(),
-                current: rs.etag,
-            });
-        }
-        self.revision(ruleset, number).await?;
-        let rev =
-            self.store
-                .confirm(ruleset, number)
-                .await?
-                .ok_or_else(|| Error::Precondition {
-                    kind: "REVISION_STATE",
-                    subject: format!("rulesets/{ruleset}/revisions/{number}"),
-                    message: "no commit of this revision is waiting for confirmation".into(),
-                })?;
-        self.emit(
-            ruleset,
-            Some(number),
-            Outcome::Confirmed,
-            Phases::default(),
-            None,
-            0,
-        );
-        Ok(rev)
-    }
-
-    /// Deactivates a ruleset in the engine and deletes it from the store.
-    ///
-    /// Errors: [`Error::NotFound`], [`Error::EtagMismatch`], [`Error::Commit`],
-    /// [`Error::Store`].
-    pub async fn delete(&self, ruleset: &str, etag: Option<&str>) -> Result<()> {
-        let _w = self.write.lock().await;
-        let rs = self.ruleset(ruleset).await?;
-        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
-            return Err(Error::EtagMismatch {
-                name: format!("rulesets/{ruleset}"),
-                given: e.to_string(),
-                current: rs.etag,
-            });
-        }
-        // Its kernel tables leave the kernel first (see `kernel_tables`).
-        let next = self.kernel_next(ruleset, None)?;
-        let undo = self.kernel_apply(next).await?;
-        let engine = self.engine.clone();
-        let sets = self.sets.clone();
-        let name = ruleset.to_string();
-        let removed =
-            tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &*sets))
-                .await
-                .map_err(|e| Error::TaskFailed {
-                    task: "commit",
-                    source: e,
-                })
-                .and_then(|r| r.map_err(|e| Error::Commit(e.to_string())));
-        if let Err(e) = removed {
-            self.kernel_undo(undo).await;
-            return Err(e);
-        }
-        self.activated(ruleset, None);
-        self.store.delete_ruleset(ruleset, etag).await?;
-        self.forget_not_loaded(ruleset).await;
-        Ok(())
-    }
-
-    /// Reverts every commit-confirmed whose deadline passed: the previous revision's content
-    /// is committed as a new revision (outcome REVERTED, the unconfirmed revision REJECTED),
-    /// or the ruleset is deactivated when it had no previous revision (outcome REVERTED).
-    /// Returns how many were reverted.
-    ///
-    /// Errors: [`Error::Store`], [`Error::Commit`].
-    pub async fn expire_confirms(&self) -> Result<usize> {
-        let now = self.clock.unix_ns();
-        let mut done = 0;
-        let _w = self.write.lock().await;
-        for c in self.store.pending_confirms().await? {
-            if c.confirm_deadline.is_none_or(|d| d > now) {
-                continue;
-            }
-            let rs = self.ruleset(&c.ruleset).await?;
-            match c.previous {
-                Some(prev) => {
-                    let rev = self.revision(&c.ruleset, prev).await?;
-                    let model = rev.content.to_ruleset(&c.ruleset, rs.priority)?;
-                    self.run(
-                        Job {
-                            ruleset: c.ruleset.clone(),
-                            model,
-                            target: CommitTarget::New(NewRevision {
-                                ruleset: c.ruleset.clone(),
-                                priority: rs.priority,
-                                content: rev.content.clone(),
-                                rule_count: rev.rule_count,
-                                author: "vallumd".into(),
-                                message: format!(
-                                    "automatic rollback: revision {} was not confirmed in time",
-                                    c.revision
-                                ),
-                            }),
-                            state: RevisionState::Active,
-                            outcome: Outcome::Reverted,
-                            previous_state: RevisionState::Rejected,
-                            confirm_deadline: None,
-                            etag: None,
-                            from: Origin::Stored,
-                            creates: false,
-                            edited: false,
-                            priority: None,
-                            durability: None,
-                        },
-                        &mut None,
-                    )
-                    .await?;
-                }
-                None => {
-                    self.store.deactivate(&c.ruleset, c.revision, now).await?;
-                    let next = self.kernel_next(&c.ruleset, None)?;
-                    self.kernel_apply(next).await?;
-                    let engine = self.engine.clone();
-                    let sets = self.sets.clone();
-                    let name = c.ruleset.clone();
-                    tokio::task::spawn_blocking(move || {
-                        engine.commit(Change::Remove(name), &*sets)
-                    })
-                    .await
-                    .map_err(|e| Error::TaskFailed {
-                        task: "commit",
-                        source: e,
-                    })?
-                    .map_err(|e| Error::Commit(e.to_string()))?;
-                    self.activated(&c.ruleset, None);
-                    self.forget_not_loaded(&c.ruleset).await;
-                    self.emit(
-                        &c.ruleset,
-                        Some(c.revision),
-                        Outcome::Reverted,
-                        Phases::default(),
-                        None,
-                        0,
-                    );
-                }
-            }
-            done += 1;
-        }
-        Ok(done)
-    }
-
-    /// The state and deadline (Unix ns on [`Hooks::clock`]) of a commit made with
-    /// `confirm_within` (none or zero: ACTIVE, no deadline).
-    fn confirm_state(&self, within: Option<Duration>) -> (RevisionState, Option<i64>) {
-        match within.filter(|d| !d.is_zero()) {
-            Some(d) => {
-                let now = self.clock.unix_ns();
-                let within = i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
-                (
-                    RevisionState::PendingConfirm,
-                    Some(now.saturating_add(within)),
-                )
-            }
-            None => (RevisionState::Active, None),
-        }
-    }
-
-    /// Runs [`Pipeline::expire_confirms`] every `interval` until the returned task is aborted.
-    pub fn spawn_confirm_timer(
-        self: &Arc<Self>,
-        interval: Duration,
-    ) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
-            loop {
-                tick.tick().await;
-                if let Err(e) = me.expire_confirms().await {
-                    tracing::warn!(error = %e, "commit-confirmed check failed");
-                }
-            }
-        })
-    }
-
     async fn ruleset(&self, name: &str) -> Result<RulesetRow> {
         self.store
             .get_ruleset(name)
@@ -1058,15 +869,42 @@ impl Pipeline {
     }
 
     /// After the engine published `ruleset`'s new active revision (or that it has none):
-    /// forgets a deactivated ruleset's previous parse and tells the observer.
+    /// forgets a deactivated ruleset's previous parse and kept content (a ruleset deleted and
+    /// made again numbers its revisions from 1 again), and tells the observer.
     fn activated(&self, ruleset: &str, revision: Option<u64>) {
         if revision.is_none() {
             self.parses
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(ruleset);
+            self.contents
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(ruleset);
         }
         self.hooks.observer.on_active(ruleset, revision);
+    }
+
+    /// Keeps `content`, the canonical content of revision `number` of `ruleset` that a commit
+    /// just published, for [`Pipeline::active_content`] (replacing the one kept before).
+    fn keep_content(&self, ruleset: &str, number: u64, content: Arc<Content>) {
+        self.contents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ruleset.to_string(), (number, content));
+    }
+
+    /// The canonical content of revision `number` of `ruleset` when it is the one the last
+    /// commit of `ruleset` published (kept in memory since: a revision's content never
+    /// changes), so a `--noflush` edit of the active revision does not read its text back from
+    /// the store; `None` otherwise (the caller reads the store).
+    pub fn active_content(&self, ruleset: &str, number: u64) -> Option<Arc<Content>> {
+        self.contents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ruleset)
+            .filter(|(n, _)| *n == number)
+            .map(|(_, c)| c.clone())
     }
 
     /// The model the engine runs for `ruleset` and the number of its revision, read together
@@ -1184,11 +1022,13 @@ impl Pipeline {
     }
 }
 
-fn new_revision(c: &Checked, author: &str, message: &str) -> NewRevision {
+/// The revision to store for `c`, its content moved out of `c` (not copied: a 10k-rule text
+/// is 0.5 MB).
+fn new_revision(c: &mut Checked, author: &str, message: &str) -> NewRevision {
     NewRevision {
         ruleset: c.ruleset.name.clone(),
         priority: c.ruleset.priority,
-        content: c.content.clone(),
+        content: std::mem::take(&mut c.content),
         rule_count: u32::try_from(c.ruleset.rule_count()).unwrap_or(u32::MAX),
         author: author.to_string(),
         message: message.to_string(),

@@ -329,7 +329,7 @@ fn noflush(base: &str, t: &str) -> Result<Checked, Error> {
     let mut model = checked.ruleset;
     restore::clear_locations(&mut model.tables);
     let base = Base {
-        content: checked.content,
+        content: Arc::new(checked.content),
         label: "rulesets/a/revisions/1".into(),
         model: None,
     };
@@ -422,7 +422,7 @@ fn noflush_merges_onto_the_base() {
         let how = Restoring {
             counters: false,
             noflush: Some(Base {
-                content: base.clone(),
+                content: Arc::new(base.clone()),
                 label: "b".into(),
                 model: None,
             }),

@@ -411,6 +411,13 @@ impl Pipeline {
     ) {
         let number = persisted.revision.number;
         self.activated(ruleset, Some(number));
+        // For the next `--noflush` edit (a copy of the text: the revision row goes back to
+        // the caller).
+        self.keep_content(
+            ruleset,
+            number,
+            Arc::new(persisted.revision.content.clone()),
+        );
         self.forget_not_loaded(ruleset).await;
         if let (Some(model), Origin::Request { texts, .. }) = (parsed, from) {
             let previous = PreviousParse { texts, model };

@@ -472,6 +472,57 @@ async fn apply_keeps_the_parse_for_the_next_check() {
     assert!(kept.model.upgrade().is_none(), "the engine dropped it");
 }
 
+/// The content a commit published is kept for the next `--noflush` edit by revision number
+/// (`Pipeline::active_content`): byte for byte the store's text of that revision, given for
+/// no other number, replaced by the next commit (a rollback included), and forgotten when the
+/// ruleset is deleted (one made again numbers its revisions anew).
+#[tokio::test]
+async fn the_published_content_is_kept_for_the_next_edit() {
+    let (p, _engine, store, _dir) = pipeline(Hooks::default()).await;
+    let stored = async |n: u64| {
+        store
+            .get_revision("web", n)
+            .await
+            .expect("reads")
+            .expect("stored")
+            .content
+    };
+    let mut numbers = Vec::new();
+    for rules in [3, 4] {
+        let r = p
+            .apply(checked(rules), "me", "m", None, None, &mut None)
+            .await
+            .expect("commits");
+        numbers.push(r.revision.number);
+    }
+    let (n1, n2) = (numbers[0], numbers[1]);
+    assert!(p.active_content("web", n1).is_none(), "replaced by {n2}");
+    let kept = p.active_content("web", n2).expect("kept");
+    assert_eq!(*kept, stored(n2).await);
+    assert_ne!(stored(n1).await, stored(n2).await);
+
+    let back = p
+        .rollback("web", n1, "me", "back", None, &mut None)
+        .await
+        .expect("rolls back");
+    let n3 = back.revision.number;
+    assert!(p.active_content("web", n2).is_none(), "replaced by {n3}");
+    let kept = p.active_content("web", n3).expect("kept");
+    assert_eq!(*kept, stored(n3).await);
+    assert_eq!(*kept, stored(n1).await);
+
+    p.delete("web", None).await.expect("deletes");
+    assert!(p.active_content("web", n3).is_none());
+    let again = p
+        .apply(checked(5), "me", "m", None, None, &mut None)
+        .await
+        .expect("commits");
+    let n = again.revision.number;
+    let kept = p.active_content("web", n).expect("kept");
+    assert_eq!(*kept, stored(n).await);
+    assert_eq!(*kept, checked(5).content);
+}
+
 /// The audit record of an Apply is written in the commit's own transaction (the slot is
 /// emptied); one refused before anything is stored is left to the caller to write.
 #[tokio::test]

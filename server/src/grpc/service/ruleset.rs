@@ -16,7 +16,7 @@ use vallum_proto::v1::ruleset_service_server::RulesetService;
 
 use super::State;
 use super::paging::Paging;
-use crate::control::content::{self, Content, RulesetInput};
+use crate::control::content::{self, RulesetInput};
 use crate::error::{Error, Result};
 use crate::grpc::auth::Op;
 use crate::grpc::call::{self, Digest, Priority, Spec, Target};
@@ -91,19 +91,30 @@ impl RulesetApi {
             let active = row.as_ref().and_then(|r| r.active_revision);
             Some(match active {
                 Some(n) => {
-                    let rev = store.get_revision(name, n).await?.ok_or_else(|| {
-                        Error::store_corrupt(format!("active revision {n} of {name} is not stored"))
-                    })?;
                     // The engine's model of that revision, when it runs it: the text is then
                     // applied to it (a one-rule edit costs one rule, not a parse of the base).
-                    let model = self
-                        .state
-                        .pipeline
+                    let pipeline = &self.state.pipeline;
+                    let model = pipeline
                         .active_model(name)
                         .filter(|(m, _)| *m == n)
                         .map(|(_, model)| model);
+                    // Its text as the last commit left it in memory, else from the store.
+                    let content = match pipeline.active_content(name, n) {
+                        Some(c) => c,
+                        None => Arc::new(
+                            store
+                                .get_revision(name, n)
+                                .await?
+                                .ok_or_else(|| {
+                                    Error::store_corrupt(format!(
+                                        "active revision {n} of {name} is not stored"
+                                    ))
+                                })?
+                                .content,
+                        ),
+                    };
                     content::Base {
-                        content: rev.content,
+                        content,
                         label: format!("rulesets/{name}/revisions/{n}"),
                         model,
                     }
@@ -111,7 +122,7 @@ impl RulesetApi {
                 // Empty tables, known to be empty: a command that names a chain or rule that
                 // does not exist fails (`restore::parse_onto`).
                 None => content::Base {
-                    content: Content::default(),
+                    content: Arc::default(),
                     label: format!("rulesets/{name} (no active revision)"),
                     model: Some(Arc::new(vallum_engine::model::Ruleset {
                         name: name.to_string(),

@@ -317,6 +317,13 @@ async fn unchanged(
     let Some(n) = rs.active_revision else {
         return Ok(None);
     };
+    // An edit that changed something (nearly every one) is told from the copy of the
+    // active content in memory, without reading the revision's text from the store.
+    if let Some(active) = api.state.pipeline.active_content(name, n) {
+        if *active != checked.content {
+            return Ok(None);
+        }
+    }
     let Some(rev) = store.get_revision(name, n).await? else {
         return Ok(None);
     };
