@@ -768,7 +768,14 @@ fn spawn_conntrack_gc(
         loop {
             tick.tick().await;
             let (e, c) = (engine.clone(), clock.clone());
-            let _ = tokio::task::spawn_blocking(move || e.gc(c.now_ns(), budget)).await;
+            if let Err(e) = tokio::task::spawn_blocking(move || e.gc(c.now_ns(), budget)).await {
+                // A panic in the sweep is a bug: it ends this task with that panic, which the
+                // supervisor reports; cancelled means the runtime is shutting down.
+                if e.is_panic() {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+                return;
+            }
         }
     })
 }

@@ -186,11 +186,20 @@ impl Sources {
         self.queues.clone()
     }
 
-    /// Stops every thread after its current batch (NFQUEUE: within 100 ms) and joins them.
+    /// Stops every thread after its current batch (NFQUEUE: within 100 ms) and joins them; a
+    /// thread that panicked is logged with its panic message.
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads {
-            let _ = t.join();
+            let name = t.thread().name().unwrap_or("packet worker").to_string();
+            if let Err(panic) = t.join() {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(thread = %name, panic = %what, "packet worker thread panicked");
+            }
         }
     }
 }
