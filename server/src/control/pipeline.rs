@@ -31,7 +31,7 @@
 //! Durability and group commit. The caller's answer waits for what its
 //! [`Durability`] promises: with `full` (the default of `--sync`) until the WAL is fsynced
 //! up to the commit, a wait made AFTER the write lock is released
-//! ([`Pipeline::run_answered`]), so the commits that queue behind the lock meanwhile share the
+//! (`Pipeline::run_answered`), so the commits that queue behind the lock meanwhile share the
 //! next fsync (as PostgreSQL flushes its WAL after the insert lock); the fsync is asked for as
 //! soon as the transaction is committed, so one caller alone waits for it while the engine
 //! compiles and publishes. A host crash before the fsync loses commits nobody was told of;

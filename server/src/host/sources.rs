@@ -10,7 +10,7 @@
 //!   bound is a startup error. `--rate` does not apply.
 //!
 //! `--rate` paces the total over all cores (each core gets `rate / cores`); 0 is full speed.
-//! `--worker-nice` lowers every worker thread's scheduling priority ([`lower_priority`]), so the
+//! `--worker-nice` lowers every worker thread's scheduling priority (`lower_priority`), so the
 //! control plane (gRPC, the commit's compile and store threads, at nice 0) is not starved
 //! when the workers decide packets on every core.
 //! [`Sources::stop`] asks every thread to finish its batch and joins them.

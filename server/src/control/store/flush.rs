@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use crate::error::{Error, Result};
 
 /// A position in the writer's sequence of committed transactions: on disk once the
-/// [`Flusher`]'s durable mark reaches it.
+/// `Flusher`'s durable mark reaches it.
 pub type Mark = u64;
 
 /// What the flusher thread and the writers share.
