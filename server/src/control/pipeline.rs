@@ -60,7 +60,7 @@ use crate::control::hooks::{CommitRecord, Hooks};
 use crate::control::outcome::Outcome;
 use crate::control::store::{
     AuditEntry, CommitTarget, Durability, LoadFailure, NewRevision, Phases, RevisionRow,
-    RevisionState, RulesetRow, Store,
+    RevisionState, RulesetRow, Store, check_etag,
 };
 use crate::error::{Error, FieldViolation, Reason, Result};
 use crate::grpc::limits;
@@ -790,13 +790,7 @@ impl Pipeline {
     ) -> Result<RulesetRow> {
         let w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
-        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
-            return Err(Error::EtagMismatch {
-                name: format!("rulesets/{ruleset}"),
-                given: e.to_string(),
-                current: rs.etag,
-            });
-        }
+        check_etag(&rs, etag)?;
         if rs.priority == priority {
             return Ok(rs);
         }
@@ -846,6 +840,38 @@ impl Pipeline {
         )
         .await?;
         self.ruleset(ruleset).await
+    }
+
+    /// Deactivates a ruleset in the engine and deletes it from the store.
+    ///
+    /// Errors: [`Error::NotFound`], [`Error::EtagMismatch`], [`Error::Commit`],
+    /// [`Error::Store`].
+    pub async fn delete(&self, ruleset: &str, etag: Option<&str>) -> Result<()> {
+        let _w = self.write.lock().await;
+        let rs = self.ruleset(ruleset).await?;
+        check_etag(&rs, etag)?;
+        // Its kernel tables leave the kernel first (see `kernel_tables`).
+        let next = self.kernel_next(ruleset, None)?;
+        let undo = self.kernel_apply(next).await?;
+        let engine = self.engine.clone();
+        let sets = self.sets.clone();
+        let name = ruleset.to_string();
+        let removed =
+            tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &*sets))
+                .await
+                .map_err(|e| Error::TaskFailed {
+                    task: "commit",
+                    source: e,
+                })
+                .and_then(|r| r.map_err(|e| Error::Commit(e.to_string())));
+        if let Err(e) = removed {
+            self.kernel_undo(undo).await;
+            return Err(e);
+        }
+        self.activated(ruleset, None);
+        self.store.delete_ruleset(ruleset, etag).await?;
+        self.forget_not_loaded(ruleset).await;
+        Ok(())
     }
 
     async fn ruleset(&self, name: &str) -> Result<RulesetRow> {

@@ -463,7 +463,10 @@ fn commit_rows<P: rusqlite::Params>(
         .collect()
 }
 
-fn check_etag(rs: &RulesetRow, expected: Option<&str>) -> Result<()> {
+/// As HTTP's If-Match: `expected`, when given and not empty, must be the ruleset's etag.
+///
+/// Errors: [`Error::EtagMismatch`] naming `rulesets/{name}`.
+pub fn check_etag(rs: &RulesetRow, expected: Option<&str>) -> Result<()> {
     match expected {
         Some(e) if !e.is_empty() && e != rs.etag => Err(Error::EtagMismatch {
             name: format!("rulesets/{}", rs.name),

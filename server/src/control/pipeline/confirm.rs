@@ -19,13 +19,7 @@ impl Pipeline {
     ) -> Result<RevisionRow> {
         let _w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
-        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
-            return Err(Error::EtagMismatch {
-                name: format!("rulesets/{ruleset}"),
-                given: e.to_string(),
-                current: rs.etag,
-            });
-        }
+        check_etag(&rs, etag)?;
         self.revision(ruleset, number).await?;
         let rev =
             self.store
@@ -45,44 +39,6 @@ impl Pipeline {
             0,
         );
         Ok(rev)
-    }
-
-    /// Deactivates a ruleset in the engine and deletes it from the store.
-    ///
-    /// Errors: [`Error::NotFound`], [`Error::EtagMismatch`], [`Error::Commit`],
-    /// [`Error::Store`].
-    pub async fn delete(&self, ruleset: &str, etag: Option<&str>) -> Result<()> {
-        let _w = self.write.lock().await;
-        let rs = self.ruleset(ruleset).await?;
-        if let Some(e) = etag.filter(|e| !e.is_empty() && *e != rs.etag) {
-            return Err(Error::EtagMismatch {
-                name: format!("rulesets/{ruleset}"),
-                given: e.to_string(),
-                current: rs.etag,
-            });
-        }
-        // Its kernel tables leave the kernel first (see `kernel_tables`).
-        let next = self.kernel_next(ruleset, None)?;
-        let undo = self.kernel_apply(next).await?;
-        let engine = self.engine.clone();
-        let sets = self.sets.clone();
-        let name = ruleset.to_string();
-        let removed =
-            tokio::task::spawn_blocking(move || engine.commit(Change::Remove(name), &*sets))
-                .await
-                .map_err(|e| Error::TaskFailed {
-                    task: "commit",
-                    source: e,
-                })
-                .and_then(|r| r.map_err(|e| Error::Commit(e.to_string())));
-        if let Err(e) = removed {
-            self.kernel_undo(undo).await;
-            return Err(e);
-        }
-        self.activated(ruleset, None);
-        self.store.delete_ruleset(ruleset, etag).await?;
-        self.forget_not_loaded(ruleset).await;
-        Ok(())
     }
 
     /// Reverts every commit-confirmed whose deadline passed: the previous revision's content
