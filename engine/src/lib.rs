@@ -65,6 +65,7 @@ pub mod fib;
 pub mod kernel_decided;
 pub mod mark_field;
 pub mod model;
+pub mod nft;
 pub mod node_addrs;
 pub mod packet;
 pub mod restore;
