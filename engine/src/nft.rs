@@ -30,7 +30,7 @@ mod types;
 use std::fmt;
 
 pub use parse::{MAX_EXPANDED_TOKENS, MAX_SET_ELEMENTS, parse};
-pub use print::print;
+pub use print::{Dialect, print, print_as};
 pub use types::DataType;
 
 // === model ===

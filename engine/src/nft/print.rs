@@ -4,28 +4,79 @@
 //! block indented by one tab and separated by an empty line; rules two tabs deep; a base
 //! chain's first line `type T hook H priority P; policy P;` where P is symbolic when within
 //! 10 of a standard priority valid at that hook (`filter + 10`, `srcnat` only at postrouting,
-//! `dstnat` only at prerouting). Named sets print their elements 8 (addresses, states) or 16
-//! (numbers, marks, ports) to a line, or one per line (concatenations and other types), as
+//! `dstnat` only at prerouting). Named sets print their elements 2 (IPv4 addresses, states) or 5
+//! (numbers, marks, ports) to a line, or one per line (IPv6, concatenations, other types), as
 //! nft's `calculate_delim` does; anonymous sets on one line.
 
 use super::parse::expr_types;
 use super::types::print_time;
 use super::{
     BaseChain, ChainType, CtKey, DataType, Elem, Expr, FIB_FLAGS, Family, FibResult, Hook, Limit,
-    Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, Op, Policy, Proto, Reject, Rule, Ruleset,
-    Set, SetElem, SetRhs, SetType, Stmt, Table, Verdict,
+    Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, Op, Payload, Policy, Proto, Reject, Rule,
+    Ruleset, Set, SetElem, SetRhs, SetType, Stmt, Table, Verdict,
 };
 
 /// Prints `rs` as `nft list ruleset` lists it (empty for an empty ruleset).
 pub fn print(rs: &Ruleset) -> String {
+    print_as(rs, Dialect::V1_1)
+}
+
+/// The nft release whose listing to write: the listing of the same ruleset differs between
+/// releases in a few places.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// nftables v1.0 (Debian 12): protocols by name (`ip protocol tcp`, from /etc/protocols),
+    /// ICMP codes by name, `limit` without its default `burst 5 packets`.
+    V1_0,
+    /// nftables v1.1 (the nft project's test vectors): protocols and ICMP codes as numbers,
+    /// `limit ... burst 5 packets` always.
+    V1_1,
+}
+
+/// Prints `rs` as `nft list ruleset` of the given release lists it.
+pub fn print_as(rs: &Ruleset, d: Dialect) -> String {
     let mut out = String::new();
     for t in &rs.tables {
-        print_table(t, &mut out);
+        print_table(t, d, &mut out);
     }
     out
 }
 
-fn print_table(t: &Table, out: &mut String) {
+/// The datatypes a listing prints an expression's values with.
+fn types_of(e: &Expr, d: Dialect) -> Vec<DataType> {
+    let mut t = expr_types(e);
+    if d == Dialect::V1_0 {
+        let mut parts = Vec::new();
+        collect_parts(e, &mut parts);
+        for (k, p) in parts.iter().enumerate() {
+            if let (
+                Expr::Payload(Payload {
+                    proto,
+                    field: "code",
+                }),
+                Some(slot),
+            ) = (p, t.get_mut(k))
+            {
+                *slot = if *proto == Proto::Icmpv6 {
+                    DataType::Icmpv6Code
+                } else {
+                    DataType::IcmpCode
+                };
+            }
+        }
+    }
+    t
+}
+
+fn collect_parts<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
+    match e {
+        Expr::Concat(parts) => parts.iter().for_each(|p| collect_parts(p, out)),
+        Expr::And(inner, _) => collect_parts(inner, out),
+        other => out.push(other),
+    }
+}
+
+fn print_table(t: &Table, d: Dialect, out: &mut String) {
     out.push_str(&format!("table {} {} {{\n", t.family.name(), t.name));
     let mut first = true;
     for s in &t.sets {
@@ -33,7 +84,7 @@ fn print_table(t: &Table, out: &mut String) {
             out.push('\n');
         }
         first = false;
-        print_set(s, out);
+        print_set(s, d, out);
     }
     for c in &t.chains {
         if !first {
@@ -46,7 +97,7 @@ fn print_table(t: &Table, out: &mut String) {
         }
         for r in &c.rules {
             out.push_str("\t\t");
-            print_rule(t.family, r, out);
+            print_rule(t.family, r, d, out);
             out.push('\n');
         }
         out.push_str("\t}\n");
@@ -124,7 +175,7 @@ fn set_types(t: &SetType) -> Vec<DataType> {
     }
 }
 
-fn print_set(s: &Set, out: &mut String) {
+fn print_set(s: &Set, d: Dialect, out: &mut String) {
     out.push_str(&format!(
         "\t{} {} {{\n",
         if s.is_map { "map" } else { "set" },
@@ -186,8 +237,8 @@ fn print_set(s: &Set, out: &mut String) {
                 | DataType::Gid
                 | DataType::CtDir
                 | DataType::NfProto,
-            ] => 16,
-            [DataType::Ipv4Addr | DataType::CtState | DataType::CtStatus | DataType::PktType] => 8,
+            ] => 5,
+            [DataType::Ipv4Addr | DataType::CtState | DataType::CtStatus | DataType::PktType] => 2,
             _ => 1,
         };
         out.push_str("\t\telements = { ");
@@ -199,15 +250,21 @@ fn print_set(s: &Set, out: &mut String) {
                     out.push_str(", ");
                 }
             }
-            print_set_elem(&key, data.as_deref(), e, out);
+            print_set_elem(&key, data.as_deref(), e, d, out);
         }
         out.push_str(" }\n");
     }
     out.push_str("\t}\n");
 }
 
-fn print_set_elem(key: &[DataType], data: Option<&[DataType]>, e: &SetElem, out: &mut String) {
-    print_elem(key, &e.key, true, out);
+fn print_set_elem(
+    key: &[DataType],
+    data: Option<&[DataType]>,
+    e: &SetElem,
+    d: Dialect,
+    out: &mut String,
+) {
+    print_elem(key, &e.key, true, d, out);
     if let Some(t) = e.timeout_ms {
         out.push_str(" timeout ");
         print_time(t, out);
@@ -219,13 +276,14 @@ fn print_set_elem(key: &[DataType], data: Option<&[DataType]>, e: &SetElem, out:
         }
         Some(MapData::Value(v)) => {
             out.push_str(" : ");
-            print_elem(data.unwrap_or(&[]), v, true, out);
+            print_elem(data.unwrap_or(&[]), v, true, d, out);
         }
         None => {}
     }
 }
 
-fn print_elem(types: &[DataType], e: &Elem, in_set: bool, out: &mut String) {
+fn print_elem(types: &[DataType], e: &Elem, in_set: bool, d: Dialect, out: &mut String) {
+    let names = d == Dialect::V1_0;
     match (e, types) {
         (Elem::Concat(parts), _) => {
             for (k, p) in parts.iter().enumerate() {
@@ -233,17 +291,17 @@ fn print_elem(types: &[DataType], e: &Elem, in_set: bool, out: &mut String) {
                     out.push_str(" . ");
                 }
                 let t = types.get(k).copied().unwrap_or(DataType::Integer(32));
-                t.print_elem(p, in_set, out);
+                t.print_elem_as(p, in_set, names, out);
             }
         }
-        (e, [t, ..]) => t.print_elem(e, in_set, out),
-        (e, []) => DataType::Integer(32).print_elem(e, in_set, out),
+        (e, [t, ..]) => t.print_elem_as(e, in_set, names, out),
+        (e, []) => DataType::Integer(32).print_elem_as(e, in_set, names, out),
     }
 }
 
-fn print_rhs(types: &[DataType], r: &SetRhs, out: &mut String) {
+fn print_rhs(types: &[DataType], r: &SetRhs, d: Dialect, out: &mut String) {
     match r {
-        SetRhs::Value(e) => print_elem(types, e, false, out),
+        SetRhs::Value(e) => print_elem(types, e, false, d, out),
         SetRhs::Ref(n) => {
             out.push('@');
             out.push_str(n);
@@ -254,7 +312,7 @@ fn print_rhs(types: &[DataType], r: &SetRhs, out: &mut String) {
                 if k > 0 {
                     out.push_str(", ");
                 }
-                print_set_elem(types, None, e, out);
+                print_set_elem(types, None, e, d, out);
             }
             out.push_str(" }");
         }
@@ -350,19 +408,19 @@ fn print_verdict(v: &Verdict, out: &mut String) {
 }
 
 /// Prints one rule (without indentation or newline) as nft lists it in a table of `family`.
-pub(crate) fn print_rule(family: Family, r: &Rule, out: &mut String) {
+pub(crate) fn print_rule(family: Family, r: &Rule, d: Dialect, out: &mut String) {
     for (k, s) in r.stmts.iter().enumerate() {
         if k > 0 {
             out.push(' ');
         }
-        print_stmt(family, s, out);
+        print_stmt(family, s, d, out);
     }
     if let Some(c) = &r.comment {
         out.push_str(&format!(" comment \"{c}\""));
     }
 }
 
-fn print_stmt(family: Family, s: &Stmt, out: &mut String) {
+fn print_stmt(family: Family, s: &Stmt, d: Dialect, out: &mut String) {
     match s {
         Stmt::Match(Match { left, op, right }) => {
             out.push_str(&expr_string(left));
@@ -376,14 +434,14 @@ fn print_stmt(family: Family, s: &Stmt, out: &mut String) {
                 Op::Ge => " >= ",
             };
             out.push_str(op);
-            print_rhs(&expr_types(left), right, out);
+            print_rhs(&types_of(left, d), right, d, out);
         }
         Stmt::Verdict(v) => print_verdict(v, out),
         Stmt::Counter { packets, bytes } => {
             out.push_str(&format!("counter packets {packets} bytes {bytes}"));
         }
         Stmt::CounterRef(n) => out.push_str(&format!("counter name \"{n}\"")),
-        Stmt::Limit(l) => print_limit(l, out),
+        Stmt::Limit(l) => print_limit(l, d, out),
         Stmt::Log(l) => print_log(l, out),
         Stmt::Reject(r) => {
             let (kind, code, t) = match (r, family) {
@@ -406,41 +464,44 @@ fn print_stmt(family: Family, s: &Stmt, out: &mut String) {
             t.print_value(&super::Value::Num(u128::from(code)), out);
         }
         Stmt::Notrack => out.push_str("notrack"),
-        Stmt::Nat(n) => print_nat(family, n, out),
+        Stmt::Nat(n) => print_nat(family, n, d, out),
         Stmt::Vmap { key, map } => {
             out.push_str(&expr_string(key));
             out.push_str(" vmap ");
             match map {
                 SetRhs::Set(elems) => {
-                    let types = expr_types(key);
+                    let types = types_of(key, d);
                     out.push_str("{ ");
                     for (k, e) in elems.iter().enumerate() {
                         if k > 0 {
                             out.push_str(", ");
                         }
-                        print_set_elem(&types, None, e, out);
+                        print_set_elem(&types, None, e, d, out);
                     }
                     out.push_str(" }");
                 }
-                other => print_rhs(&[], other, out),
+                other => print_rhs(&[], other, d, out),
             }
         }
         Stmt::Set { key, value } => {
             out.push_str(&expr_string(key));
             out.push_str(" set ");
-            print_elem(&expr_types(key), value, false, out);
+            print_elem(&types_of(key, d), value, false, d, out);
         }
     }
 }
 
-fn print_limit(l: &Limit, out: &mut String) {
+fn print_limit(l: &Limit, d: Dialect, out: &mut String) {
     out.push_str("limit rate ");
     if l.over {
         out.push_str("over ");
     }
     match l.byte_unit {
         None => {
-            out.push_str(&format!("{}/{} burst {} packets", l.rate, l.per, l.burst));
+            out.push_str(&format!("{}/{}", l.rate, l.per));
+            if d == Dialect::V1_1 || l.burst != 5 {
+                out.push_str(&format!(" burst {} packets", l.burst));
+            }
         }
         Some(unit) => {
             let mult = match unit {
@@ -490,7 +551,7 @@ fn print_log(l: &Log, out: &mut String) {
     }
 }
 
-fn print_nat(family: Family, n: &Nat, out: &mut String) {
+fn print_nat(family: Family, n: &Nat, d: Dialect, out: &mut String) {
     out.push_str(match n.kind {
         NatKind::Snat => "snat",
         NatKind::Dnat => "dnat",
@@ -523,17 +584,17 @@ fn print_nat(family: Family, n: &Nat, out: &mut String) {
             out.push_str(" map ");
             match map {
                 SetRhs::Set(elems) => {
-                    let types = expr_types(key);
+                    let types = types_of(key, d);
                     out.push_str("{ ");
                     for (k, e) in elems.iter().enumerate() {
                         if k > 0 {
                             out.push_str(", ");
                         }
-                        print_set_elem(&types, Some(&[addr_type]), e, out);
+                        print_set_elem(&types, Some(&[addr_type]), e, d, out);
                     }
                     out.push_str(" }");
                 }
-                other => print_rhs(&[], other, out),
+                other => print_rhs(&[], other, d, out),
             }
         }
         None => {}

@@ -423,8 +423,13 @@ impl DataType {
         None
     }
 
-    /// Appends the canonical listing of `v`.
+    /// Appends the canonical listing of `v` (nft v1.1: protocols as numbers).
     pub fn print_value(self, v: &Value, out: &mut String) {
+        self.print_value_as(v, false, out);
+    }
+
+    /// As [`DataType::print_value`]; `proto_names`: protocols by name, as nft v1.0 lists them.
+    pub(crate) fn print_value_as(self, v: &Value, proto_names: bool, out: &mut String) {
         let n = match v {
             Value::Str(s) => {
                 out.push('"');
@@ -459,7 +464,11 @@ impl DataType {
                 }
             }
             t => match t.symbols().iter().find(|(_, v)| *v == n) {
-                Some((name, _)) if t.prints_symbol() => out.push_str(name),
+                Some((name, _))
+                    if t.prints_symbol() || (proto_names && t == DataType::InetProto) =>
+                {
+                    out.push_str(name)
+                }
                 _ if t == DataType::Dscp => out.push_str(&format!("0x{n:02x}")),
                 _ => out.push_str(&n.to_string()),
             },
@@ -470,10 +479,15 @@ impl DataType {
     /// `in_set`: an element of a set or a nat range, where nft lists an address range that is
     /// exactly a prefix as the prefix (a match's own range is listed as written).
     pub fn print_elem(self, e: &Elem, in_set: bool, out: &mut String) {
+        self.print_elem_as(e, in_set, false, out);
+    }
+
+    /// As [`DataType::print_elem`]; `proto_names` as in [`DataType::print_value_as`].
+    pub(crate) fn print_elem_as(self, e: &Elem, in_set: bool, proto_names: bool, out: &mut String) {
         match e {
-            Elem::Value(v) => self.print_value(v, out),
+            Elem::Value(v) => self.print_value_as(v, proto_names, out),
             Elem::Prefix(a, len) => {
-                self.print_value(&Value::Num(*a), out);
+                self.print_value_as(&Value::Num(*a), proto_names, out);
                 if u32::from(*len) != self.bits() {
                     out.push('/');
                     out.push_str(&len.to_string());
@@ -482,12 +496,17 @@ impl DataType {
             Elem::Range(lo, hi) => {
                 if let (true, Value::Num(l), Value::Num(h)) = (in_set && self.is_addr(), lo, hi) {
                     if let Some(len) = range_prefix(self.bits(), *l, *h) {
-                        return self.print_elem(&Elem::Prefix(*l, len), in_set, out);
+                        return self.print_elem_as(
+                            &Elem::Prefix(*l, len),
+                            in_set,
+                            proto_names,
+                            out,
+                        );
                     }
                 }
-                self.print_value(lo, out);
+                self.print_value_as(lo, proto_names, out);
                 out.push('-');
-                self.print_value(hi, out);
+                self.print_value_as(hi, proto_names, out);
             }
             Elem::Concat(_) => out.push_str("<concat>"),
         }

@@ -1,0 +1,115 @@
+//! The kernel as the oracle of the nft printer: each ruleset in `tests/nft-rulesets/` (real-style
+//! files: Debian's default nftables.conf, a kube-proxy-nftables-style table with a verdict map,
+//! a workstation firewall with sets, maps and nat) is loaded with `nft -f` into kernel nftables
+//! in a private network namespace, and `nft list ruleset` there must equal, byte for byte, what
+//! `vallum_engine::nft` prints for the parsed file (in the dialect of the installed nft).
+//!
+//! Needs root and nft: ignored unless asked for (`-- --include-ignored`), and fails when either
+//! is missing.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use vallum_engine::nft::{self, Dialect};
+
+/// A network namespace deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("vallum-nft-{}-{tag}", std::process::id());
+        let st = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("run ip (needs iproute2)");
+        assert!(st.success(), "ip netns add {name} failed (needs root)");
+        Netns(name)
+    }
+
+    fn nft(&self, args: &[&str]) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "nft"])
+            .args(args)
+            .output()
+            .expect("run nft (needs the nftables package)");
+        assert!(
+            out.status.success(),
+            "nft {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8 listing")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The dialect of the installed nft (`nftables v1.0.6 (...)`).
+fn installed_dialect() -> Dialect {
+    let out = Command::new("nft")
+        .arg("--version")
+        .output()
+        .expect("run nft --version (needs the nftables package)");
+    let v = String::from_utf8_lossy(&out.stdout).to_string();
+    if v.contains("v1.0.") || v.contains("v0.") {
+        Dialect::V1_0
+    } else {
+        Dialect::V1_1
+    }
+}
+
+fn rulesets() -> Vec<PathBuf> {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/nft-rulesets"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read tests/nft-rulesets")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "nft"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+#[ignore = "needs root and nft"]
+fn kernel_lists_what_we_print() {
+    let dialect = installed_dialect();
+    let files = rulesets();
+    assert!(files.len() >= 3, "the rulesets are missing");
+    for (k, f) in files.iter().enumerate() {
+        let name = f.file_name().expect("name").to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(f).expect("read ruleset");
+        let rs = nft::parse(&name, &text).unwrap_or_else(|e| panic!("{e}"));
+        let ours = nft::print_as(&rs, dialect);
+        let ns = Netns::new(&k.to_string());
+        ns.nft(&["-f", &f.to_string_lossy()]);
+        let kernel = ns.nft(&["list", "ruleset"]);
+        if kernel != ours {
+            for (a, b) in kernel.lines().zip(ours.lines()) {
+                if a != b {
+                    eprintln!("{name}: first difference\n  kernel {a:?}\n  ours   {b:?}");
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            ours, kernel,
+            "{name}: our listing differs from the kernel's"
+        );
+        // Our listing is itself a ruleset nft loads back to the same listing.
+        let again = Netns::new(&format!("{k}b"));
+        let listing =
+            std::env::temp_dir().join(format!("vallum-nft-{}-{k}.nft", std::process::id()));
+        std::fs::write(&listing, &ours).expect("write listing");
+        again.nft(&["-f", &listing.to_string_lossy()]);
+        let kernel_again = again.nft(&["list", "ruleset"]);
+        let _ = std::fs::remove_file(&listing);
+        assert_eq!(
+            kernel_again, ours,
+            "{name}: the listing does not load back to itself"
+        );
+        println!("{name}: kernel listing equals ours ({} bytes)", ours.len());
+    }
+}
