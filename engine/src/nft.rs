@@ -22,6 +22,7 @@
 //! context-sensitive (a value's meaning depends on the expression it is compared with), which a
 //! generated lexer does not simplify; the tokenizer is ~150 lines.
 
+mod json;
 mod lexer;
 mod parse;
 mod print;
@@ -29,6 +30,7 @@ mod types;
 
 use std::fmt;
 
+pub use json::{from_json, to_json};
 pub use parse::{MAX_EXPANDED_TOKENS, MAX_SET_ELEMENTS, parse};
 pub use print::{Dialect, print, print_as};
 pub use types::DataType;

@@ -40,7 +40,7 @@ pub fn parse(file: &str, text: &str) -> Result<Ruleset, NftErrors> {
         rs: Ruleset::default(),
     };
     p.top().map_err(one)?;
-    p.check_refs().map_err(one)?;
+    check_refs(file, &p.rs).map_err(one)?;
     Ok(p.rs)
 }
 
@@ -635,11 +635,7 @@ impl Parser<'_> {
     // --- sets ---
 
     fn set_types(&self, t: &SetType) -> Vec<DataType> {
-        match t {
-            SetType::Types(v) => v.clone(),
-            SetType::Typeof(e) => expr_types(e),
-            SetType::Verdict => Vec::new(),
-        }
+        set_key_types(t)
     }
 
     fn set_type(&mut self, allow_verdict: bool, ti: usize) -> R<SetType> {
@@ -1064,34 +1060,8 @@ impl Parser<'_> {
         if stmts.is_empty() {
             return Err(self.err(ErrorKind::Unexpected("a statement")));
         }
-        if let Some(k) = stmts.iter().position(|s| matches!(s, Stmt::Nat(_))) {
-            if stmts[k + 1..].iter().any(|s| matches!(s, Stmt::Verdict(_))) {
-                return Err(NftError::new(
-                    self.file,
-                    pos,
-                    "",
-                    ErrorKind::Invalid(
-                        "a verdict may not follow a nat statement (it ends the rule)".into(),
-                    ),
-                ));
-            }
-        }
-        let l3: Vec<u8> = stmts.iter().filter_map(l3_of).collect();
-        if l3.windows(2).any(|w| w[0] != w[1])
-            || (family == Family::Ip && l3.contains(&6))
-            || (family == Family::Ip6 && l3.contains(&4))
-        {
-            return Err(NftError::new(
-                self.file,
-                pos,
-                "",
-                ErrorKind::Invalid("conflicting protocols: IPv4 and IPv6 in one rule".into()),
-            ));
-        }
-        reject_dependencies(family, &mut stmts)
-            .map_err(|m| NftError::new(self.file, pos, "", ErrorKind::Invalid(m.into())))?;
-        eliminate_dependencies(family, &mut stmts);
-        order_adjacent_payloads(&mut stmts);
+        finish_rule(family, &mut stmts)
+            .map_err(|m| NftError::new(self.file, pos, "", ErrorKind::Invalid(m)))?;
         Ok(Rule {
             stmts,
             comment,
@@ -1665,88 +1635,6 @@ impl Parser<'_> {
     }
 
     // --- references ---
-
-    /// Every jump/goto names a chain of its table; every `@set` a set or map of it.
-    fn check_refs(&self) -> R<()> {
-        for t in &self.rs.tables {
-            let chain_ok = |n: &str| t.chains.iter().any(|c| c.name == n);
-            let set_ok = |n: &str| t.sets.iter().any(|s| s.name == n);
-            for c in &t.chains {
-                for r in &c.rules {
-                    let err = |what: String| {
-                        Err(NftError::new(self.file, r.pos, "", ErrorKind::Name(what)))
-                    };
-                    for s in &r.stmts {
-                        let mut verdicts: Vec<&Verdict> = Vec::new();
-                        let mut refs: Vec<&SetRhs> = Vec::new();
-                        match s {
-                            Stmt::Verdict(v) => verdicts.push(v),
-                            Stmt::Match(m) => refs.push(&m.right),
-                            Stmt::Vmap { map, .. } => refs.push(map),
-                            Stmt::Nat(Nat {
-                                addr: Some(NatAddr::Map { map, .. }),
-                                ..
-                            }) => refs.push(map),
-                            _ => {}
-                        }
-                        if let Stmt::Match(Match {
-                            left,
-                            right: SetRhs::Ref(n),
-                            ..
-                        }) = s
-                        {
-                            if let Some(set) = t.sets.iter().find(|x| x.name == *n) {
-                                if self.set_types(&set.key) != expr_types(left) {
-                                    return err(format!(
-                                        "@{n} holds {}, not the type of `{}`",
-                                        type_names(&self.set_types(&set.key)),
-                                        super::print::expr_string(left)
-                                    ));
-                                }
-                            }
-                        }
-                        if let Stmt::Vmap {
-                            map: SetRhs::Ref(n),
-                            ..
-                        } = s
-                        {
-                            if let Some(set) = t.sets.iter().find(|x| x.name == *n) {
-                                if set.data != Some(SetType::Verdict) {
-                                    return err(format!("@{n} is not a verdict map"));
-                                }
-                            }
-                        }
-                        for m in &refs {
-                            match m {
-                                SetRhs::Ref(n) if !set_ok(n) => {
-                                    return err(format!("no set or map @{n} in table {}", t.name));
-                                }
-                                SetRhs::Set(elems) => {
-                                    for e in elems {
-                                        if let Some(MapData::Verdict(v)) = &e.data {
-                                            verdicts.push(v);
-                                        }
-                                    }
-                                }
-                                _ => {}
-                            }
-                        }
-                        for v in verdicts {
-                            if let Verdict::Jump(n) | Verdict::Goto(n) = v {
-                                if !chain_ok(n) {
-                                    return err(format!(
-                                        "no chain {n} in table {} for jump/goto",
-                                        t.name
-                                    ));
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// `1.2.3.4:80`, `1.2.3.4-1.2.3.9:80-90`, `[::1]:80`, `::1` (IPv6 without brackets has no port).
@@ -1771,7 +1659,7 @@ pub(crate) fn sort_elements(elems: &mut [SetElem]) {
 }
 
 /// The meta keys; `qualified`: written after `meta` (bare: only those nft accepts bare).
-fn meta_key(k: &str, qualified: bool) -> Option<MetaKey> {
+pub(crate) fn meta_key(k: &str, qualified: bool) -> Option<MetaKey> {
     let key = match k {
         "iif" => MetaKey::Iif,
         "oif" => MetaKey::Oif,
@@ -1951,7 +1839,11 @@ fn from_bounds(lo: u128, hi: u128) -> Elem {
 /// For sets with ranges or prefixes (interval sets): overlapping elements of a map (or
 /// of a named set, `merge` false) are an error ("conflicting intervals"); those of an
 /// anonymous set are merged with their neighbours, as nft does. `elems` is sorted.
-fn merge_intervals(t: DataType, merge: bool, elems: &mut Vec<SetElem>) -> Result<(), String> {
+pub(crate) fn merge_intervals(
+    t: DataType,
+    merge: bool,
+    elems: &mut Vec<SetElem>,
+) -> Result<(), String> {
     let interval = elems
         .iter()
         .any(|e| matches!(e.key, Elem::Range(..) | Elem::Prefix(..)));
@@ -2178,4 +2070,118 @@ fn order_adjacent_payloads(stmts: &mut [Stmt]) {
         }
         k = end;
     }
+}
+
+/// Every jump/goto names a chain of its table; every `@set` a set or map of it.
+pub(crate) fn check_refs(file: &str, rs: &Ruleset) -> R<()> {
+    for t in &rs.tables {
+        let chain_ok = |n: &str| t.chains.iter().any(|c| c.name == n);
+        let set_ok = |n: &str| t.sets.iter().any(|s| s.name == n);
+        for c in &t.chains {
+            for r in &c.rules {
+                let err = |what: String| Err(NftError::new(file, r.pos, "", ErrorKind::Name(what)));
+                for s in &r.stmts {
+                    let mut verdicts: Vec<&Verdict> = Vec::new();
+                    let mut refs: Vec<&SetRhs> = Vec::new();
+                    match s {
+                        Stmt::Verdict(v) => verdicts.push(v),
+                        Stmt::Match(m) => refs.push(&m.right),
+                        Stmt::Vmap { map, .. } => refs.push(map),
+                        Stmt::Nat(Nat {
+                            addr: Some(NatAddr::Map { map, .. }),
+                            ..
+                        }) => refs.push(map),
+                        _ => {}
+                    }
+                    if let Stmt::Match(Match {
+                        left,
+                        right: SetRhs::Ref(n),
+                        ..
+                    }) = s
+                    {
+                        if let Some(set) = t.sets.iter().find(|x| x.name == *n) {
+                            if set_key_types(&set.key) != expr_types(left) {
+                                return err(format!(
+                                    "@{n} holds {}, not the type of `{}`",
+                                    type_names(&set_key_types(&set.key)),
+                                    super::print::expr_string(left)
+                                ));
+                            }
+                        }
+                    }
+                    if let Stmt::Vmap {
+                        map: SetRhs::Ref(n),
+                        ..
+                    } = s
+                    {
+                        if let Some(set) = t.sets.iter().find(|x| x.name == *n) {
+                            if set.data != Some(SetType::Verdict) {
+                                return err(format!("@{n} is not a verdict map"));
+                            }
+                        }
+                    }
+                    for m in &refs {
+                        match m {
+                            SetRhs::Ref(n) if !set_ok(n) => {
+                                return err(format!("no set or map @{n} in table {}", t.name));
+                            }
+                            SetRhs::Set(elems) => {
+                                for e in elems {
+                                    if let Some(MapData::Verdict(v)) = &e.data {
+                                        verdicts.push(v);
+                                    }
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    for v in verdicts {
+                        if let Verdict::Jump(n) | Verdict::Goto(n) = v {
+                            if !chain_ok(n) {
+                                return err(format!(
+                                    "no chain {n} in table {} for jump/goto",
+                                    t.name
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The datatypes of a set's key or data type.
+pub(crate) fn set_key_types(t: &SetType) -> Vec<DataType> {
+    match t {
+        SetType::Types(v) => v.clone(),
+        SetType::Typeof(e) => expr_types(e),
+        SetType::Verdict => Vec::new(),
+    }
+}
+
+/// What nft checks and rewrites in a rule once it is read: no verdict after a nat statement,
+/// one network protocol, the reject flavour, and the dependencies nft drops from its listing
+/// (see [`reject_dependencies`], [`eliminate_dependencies`], [`order_adjacent_payloads`]).
+pub(crate) fn finish_rule(family: Family, stmts: &mut Vec<Stmt>) -> Result<(), String> {
+    if stmts.is_empty() {
+        return Err("a rule needs at least one statement".into());
+    }
+    if let Some(k) = stmts.iter().position(|s| matches!(s, Stmt::Nat(_))) {
+        if stmts[k + 1..].iter().any(|s| matches!(s, Stmt::Verdict(_))) {
+            return Err("a verdict may not follow a nat statement (it ends the rule)".into());
+        }
+    }
+    let l3: Vec<u8> = stmts.iter().filter_map(l3_of).collect();
+    if l3.windows(2).any(|w| w[0] != w[1])
+        || (family == Family::Ip && l3.contains(&6))
+        || (family == Family::Ip6 && l3.contains(&4))
+    {
+        return Err("conflicting protocols: IPv4 and IPv6 in one rule".into());
+    }
+    reject_dependencies(family, stmts).map_err(String::from)?;
+    eliminate_dependencies(family, stmts);
+    order_adjacent_payloads(stmts);
+    Ok(())
 }

@@ -5,7 +5,8 @@
 //! `vallum_engine::nft` prints for the parsed file (in the dialect of the installed nft).
 //!
 //! Needs root and nft: ignored unless asked for (`-- --include-ignored`), and fails when either
-//! is missing.
+//! is missing. The JSON forms are checked the same way: the kernel's `nft -j list ruleset` reads
+//! (`from_json`) to the same listing, and nft loads our `to_json` to the same listing.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -110,6 +111,28 @@ fn kernel_lists_what_we_print() {
             kernel_again, ours,
             "{name}: the listing does not load back to itself"
         );
-        println!("{name}: kernel listing equals ours ({} bytes)", ours.len());
+        // JSON in: the kernel's `nft -j list ruleset` reads to the same listing.
+        let kernel_json = ns.nft(&["-j", "list", "ruleset"]);
+        let from_kernel = nft::from_json(&name, &kernel_json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            nft::print_as(&from_kernel, dialect),
+            kernel,
+            "{name}: nft -j output reads differently"
+        );
+        // JSON out: nft loads our JSON to the same listing.
+        let ours_json = Netns::new(&format!("{k}j"));
+        let path = std::env::temp_dir().join(format!("vallum-nft-{}-{k}.json", std::process::id()));
+        std::fs::write(&path, nft::to_json(&rs).to_string()).expect("write json");
+        ours_json.nft(&["-j", "-f", &path.to_string_lossy()]);
+        let listed = ours_json.nft(&["list", "ruleset"]);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            listed, ours,
+            "{name}: nft -j -f of our JSON lists differently"
+        );
+        println!(
+            "{name}: kernel listing equals ours ({} bytes), JSON both ways",
+            ours.len()
+        );
     }
 }

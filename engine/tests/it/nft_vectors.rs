@@ -261,3 +261,133 @@ fn py_vectors_list_canonically() {
         tally.mismatch.len()
     );
 }
+
+/// How many shell dumps must read from their JSON form (`.json-nft`) to the same listing.
+const JSON_DUMPS_SUPPORTED: usize = 6;
+
+#[test]
+#[ignore = "needs ../shared/data"]
+fn shell_dump_json_reads_to_the_same_listing_and_round_trips() {
+    let dir = vectors().join("shell-dumps");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read shell-dumps")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json-nft"))
+        .collect();
+    files.sort();
+    let (mut supported, mut refused) = (0, Vec::new());
+    for f in &files {
+        let name = f.file_name().expect("name").to_string_lossy().into_owned();
+        let json = std::fs::read_to_string(f).expect("read json");
+        let text = std::fs::read_to_string(f.with_extension("nft")).expect("read the .nft twin");
+        match nft::from_json(&name, &json) {
+            Ok(rs) => {
+                assert_eq!(
+                    nft::print(&rs),
+                    text,
+                    "{name}: JSON and text listings differ"
+                );
+                // And back: model -> JSON -> model is the identity (up to positions).
+                let again = nft::from_json(&name, &nft::to_json(&rs).to_string())
+                    .expect("our JSON reads back");
+                assert_eq!(
+                    nft::print(&again),
+                    text,
+                    "{name}: our JSON does not read back"
+                );
+                supported += 1;
+            }
+            Err(e) => refused.push(format!("{name}: {e}")),
+        }
+    }
+    println!(
+        "shell dumps (JSON): {supported} supported, {} refused",
+        refused.len()
+    );
+    for r in &refused {
+        println!("  refused {r}");
+    }
+    assert!(
+        supported >= JSON_DUMPS_SUPPORTED,
+        "supported JSON dumps fell to {supported}"
+    );
+}
+
+/// How many py-json rules must read to the listing of their text form.
+const PY_JSON_PASSING: usize = 120;
+
+#[test]
+#[ignore = "needs ../shared/data"]
+fn py_json_rules_read_to_the_listing_of_their_text() {
+    let dir = vectors().join("py-json");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read py-json")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    let (mut pass, mut refused, mut mismatch) = (0, BTreeMap::<String, usize>::new(), Vec::new());
+    for f in &files {
+        let name = f.file_name().expect("name").to_string_lossy().into_owned();
+        let family = if name.starts_with("ip_") {
+            "ip"
+        } else {
+            "inet"
+        };
+        let text = std::fs::read_to_string(f).expect("read .t.json");
+        for block in text.split("\n# ").map(|b| b.trim_start_matches("# ")) {
+            let Some((rule, json)) = block.split_once('\n') else {
+                continue;
+            };
+            let json = json.trim();
+            if json.is_empty() {
+                continue;
+            }
+            let head = format!(
+                "table {family} test {{\n\tchain c {{ type filter hook input priority 0; }}\n}}\n"
+            );
+            let from_text = nft::parse(&name, &format!("{head}add rule {family} test c {rule}\n"));
+            let doc = format!(
+                "{{\"nftables\": [{{\"table\": {{\"family\": \"{family}\", \"name\": \"test\"}}}}, \
+                 {{\"chain\": {{\"family\": \"{family}\", \"table\": \"test\", \"name\": \"c\", \"type\": \"filter\", \"hook\": \"input\", \"prio\": 0, \"policy\": \"accept\"}}}}, \
+                 {{\"rule\": {{\"family\": \"{family}\", \"table\": \"test\", \"chain\": \"c\", \"expr\": {json}}}}}]}}"
+            );
+            match (nft::from_json(&name, &doc), from_text) {
+                (Ok(a), Ok(b)) => {
+                    if nft::print(&a) == nft::print(&b) {
+                        pass += 1;
+                    } else {
+                        mismatch.push(format!(
+                            "{name}: {rule}\n      json {}\n      text {}",
+                            nft::print(&a),
+                            nft::print(&b)
+                        ));
+                    }
+                }
+                (Err(e), _) => *refused.entry(reason(&e)).or_default() += 1,
+                (Ok(_), Err(e)) => {
+                    *refused.entry(format!("(text) {}", reason(&e))).or_default() += 1
+                }
+            }
+        }
+    }
+    println!(
+        "py-json: {pass} pass, {} refused, {} mismatches",
+        refused.values().sum::<usize>(),
+        mismatch.len()
+    );
+    for (r, n) in &refused {
+        println!("  refused x{n}: {r}");
+    }
+    for m in &mismatch {
+        println!("  MISMATCH {m}");
+    }
+    assert!(
+        pass >= PY_JSON_PASSING,
+        "passing py-json rules fell to {pass}"
+    );
+    assert!(
+        mismatch.is_empty(),
+        "{} JSON rules list differently from their text",
+        mismatch.len()
+    );
+}
