@@ -77,6 +77,8 @@ pub struct Table {
     pub sets: Vec<Set>,
     /// Chains, in creation order.
     pub chains: Vec<Chain>,
+    /// `comment "..."`.
+    pub comment: Option<String>,
     /// Where it was first declared.
     pub pos: Pos,
 }
@@ -90,6 +92,8 @@ pub struct Chain {
     pub base: Option<BaseChain>,
     /// Its rules, in order.
     pub rules: Vec<Rule>,
+    /// `comment "..."`.
+    pub comment: Option<String>,
     /// Where it was first declared.
     pub pos: Pos,
 }
@@ -383,6 +387,8 @@ pub struct SetElem {
     pub data: Option<MapData>,
     /// `timeout T` of this element, in milliseconds.
     pub timeout_ms: Option<u64>,
+    /// `comment "..."` of this element.
+    pub comment: Option<String>,
 }
 
 /// The data of a map element.
@@ -511,7 +517,8 @@ pub struct Set {
     pub key: SetType,
     /// The data type of a map (`None` for a set).
     pub data: Option<SetType>,
-    /// `flags` bits: constant 1, interval 2, timeout 4, dynamic 8 (listed in that order).
+    /// `flags` bits: constant 1, interval 2, timeout 4, dynamic 8 (listed as constant,
+    /// dynamic, interval, timeout). A set with a `timeout` has the timeout flag, as nft sets it.
     pub flags: u8,
     /// `timeout T` (ms).
     pub timeout_ms: Option<u64>,
@@ -521,6 +528,8 @@ pub struct Set {
     pub size: Option<u32>,
     /// `counter`: every element counts packets.
     pub counter: bool,
+    /// `comment "..."`.
+    pub comment: Option<String>,
     /// `elements = { ... }`, sorted as nft lists them.
     pub elements: Vec<SetElem>,
     /// Where it was declared.
@@ -776,6 +785,21 @@ mod tests {
         assert!(
             listing.contains("\t\treject with icmpx admin-prohibited\n"),
             "{listing}"
+        );
+    }
+
+    #[test]
+    fn comments_and_timeouts_list_where_nft_puts_them() {
+        let text = "table ip t { comment \"tc\"\n\tset s { type ipv4_addr; size 100; flags interval; timeout 1m; \
+                    comment \"sc\"; elements = { 1.2.3.4 comment \"ec\" } }\n\
+                    \tchain c { comment \"cc\"; type filter hook input priority 0; policy accept; }\n}\n";
+        let rs = parse("f", text).expect("parses");
+        assert_eq!(
+            print(&rs),
+            "table ip t {\n\tcomment \"tc\"\n\tset s {\n\t\ttype ipv4_addr\n\t\tsize 100\n\
+             \t\tflags interval,timeout\n\t\ttimeout 1m\n\t\tcomment \"sc\"\n\
+             \t\telements = { 1.2.3.4 comment \"ec\" }\n\t}\n\n\tchain c {\n\t\tcomment \"cc\"\n\
+             \t\ttype filter hook input priority filter; policy accept;\n\t}\n}\n"
         );
     }
 }

@@ -37,7 +37,13 @@ pub fn to_json(rs: &Ruleset) -> J {
     let mut out = vec![json!({"metainfo": {"json_schema_version": 1}})];
     for t in &rs.tables {
         let fam = t.family.name();
-        out.push(json!({"table": {"family": fam, "name": t.name}}));
+        let mut to = Map::new();
+        to.insert("family".into(), fam.into());
+        to.insert("name".into(), t.name.clone().into());
+        if let Some(c) = &t.comment {
+            to.insert("comment".into(), c.clone().into());
+        }
+        out.push(json!({ "table": to }));
         for c in &t.chains {
             let mut o = Map::new();
             o.insert("family".into(), fam.into());
@@ -48,6 +54,9 @@ pub fn to_json(rs: &Ruleset) -> J {
                 o.insert("hook".into(), hook_name(b.hook).into());
                 o.insert("prio".into(), b.priority.into());
                 o.insert("policy".into(), policy_name(b.policy).into());
+            }
+            if let Some(cm) = &c.comment {
+                o.insert("comment".into(), cm.clone().into());
             }
             out.push(json!({"chain": o}));
         }
@@ -138,6 +147,9 @@ fn set_json(t: &Table, s: &Set) -> J {
     if s.counter {
         o.insert("stmt".into(), json!([{"counter": null}]));
     }
+    if let Some(c) = &s.comment {
+        o.insert("comment".into(), c.clone().into());
+    }
     if !s.elements.is_empty() {
         let key = set_key_types(&s.key);
         let data = s.data.as_ref().map(set_key_types);
@@ -154,8 +166,16 @@ fn set_json(t: &Table, s: &Set) -> J {
 
 fn elem_item_json(key: &[DataType], data: Option<&[DataType]>, e: &SetElem) -> J {
     let mut k = elem_json(key, &e.key);
-    if let Some(t) = e.timeout_ms {
-        k = json!({"elem": {"val": k, "timeout": t / 1000}});
+    if e.timeout_ms.is_some() || e.comment.is_some() {
+        let mut o = Map::new();
+        o.insert("val".into(), k);
+        if let Some(t) = e.timeout_ms {
+            o.insert("timeout".into(), (t / 1000).into());
+        }
+        if let Some(c) = &e.comment {
+            o.insert("comment".into(), c.clone().into());
+        }
+        k = json!({ "elem": o });
     }
     match &e.data {
         None => k,
@@ -504,6 +524,7 @@ impl Reader<'_> {
             name,
             sets: Vec::new(),
             chains: Vec::new(),
+            comment: None,
             pos: Pos::default(),
         });
         Ok(rs.tables.last_mut().expect("pushed"))
@@ -512,9 +533,16 @@ impl Reader<'_> {
     fn object(&self, rs: &mut Ruleset, kind: &str, o: &J, path: &str) -> R<()> {
         match kind {
             "metainfo" => Ok(()),
-            "table" => self.table(rs, o, "name", path, true).map(|_| ()),
+            "table" => {
+                let t = self.table(rs, o, "name", path, true)?;
+                if let Some(c) = o.get("comment").and_then(J::as_str) {
+                    t.comment = Some(c.to_string());
+                }
+                Ok(())
+            }
             "chain" => {
                 let name = self.str(o, "name", path)?.to_string();
+                let comment = o.get("comment").and_then(J::as_str).map(str::to_string);
                 let base = match o.get("hook") {
                     None => None,
                     Some(_) => Some(self.base_chain(o, path)?),
@@ -526,6 +554,7 @@ impl Reader<'_> {
                         name,
                         base,
                         rules: Vec::new(),
+                        comment,
                         pos: Pos::default(),
                     }),
                 }
@@ -700,9 +729,13 @@ impl Reader<'_> {
                 .and_then(J::as_u64)
                 .and_then(|n| u32::try_from(n).ok()),
             counter,
+            comment: o.get("comment").and_then(J::as_str).map(str::to_string),
             elements: Vec::new(),
             pos: Pos::default(),
         };
+        if set.timeout_ms.is_some() {
+            set.flags |= 4;
+        }
         let key = set_key_types(&set.key);
         set.elements = self.elems(
             o.get("elem"),
@@ -740,12 +773,13 @@ impl Reader<'_> {
                 (_, Some(_)) => return Err(self.bad(&p, "[key, data] for a map element")),
                 (kv, None) => (kv, None),
             };
-            let (kv, timeout_ms) = match kv.get("elem") {
+            let (kv, timeout_ms, comment) = match kv.get("elem") {
                 Some(e) => (
                     e.get("val").ok_or_else(|| self.bad(&p, "elem.val"))?,
                     e.get("timeout").and_then(J::as_u64).map(|s| s * 1000),
+                    e.get("comment").and_then(J::as_str).map(str::to_string),
                 ),
-                None => (kv, None),
+                None => (kv, None, None),
             };
             let key_elem = self.elem(kv, key, &p)?;
             let data = match (dv, data) {
@@ -760,6 +794,7 @@ impl Reader<'_> {
                 key: key_elem,
                 data,
                 timeout_ms,
+                comment,
             });
         }
         Ok(out)

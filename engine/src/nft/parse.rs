@@ -351,6 +351,7 @@ impl Parser<'_> {
             name: name.to_string(),
             sets: Vec::new(),
             chains: Vec::new(),
+            comment: None,
             pos,
         });
         Ok(self.rs.tables.len() - 1)
@@ -389,6 +390,11 @@ impl Parser<'_> {
                     self.expect_punct("{", "`{` after the set name")?;
                     self.set_body(ti, name, pos, is_map)?;
                 }
+                "comment" => {
+                    let (c, _) = self.name("a quoted comment")?;
+                    self.rs.tables[ti].comment = Some(c);
+                    self.end_stmt()?;
+                }
                 other => {
                     return Err(
                         self.err_at(&t, ErrorKind::Unsupported(format!("`{other}` in a table")))
@@ -415,6 +421,7 @@ impl Parser<'_> {
             name: name.to_string(),
             base: None,
             rules: Vec::new(),
+            comment: None,
             pos,
         });
         Ok(table.chains.len() - 1)
@@ -512,7 +519,13 @@ impl Parser<'_> {
                     }
                     self.end_stmt()?;
                 }
-                Some(w @ ("comment" | "devices" | "device" | "flags")) => {
+                Some("comment") => {
+                    self.i += 1;
+                    let (c, _) = self.name("a quoted comment")?;
+                    self.rs.tables[ti].chains[ci].comment = Some(c);
+                    self.end_stmt()?;
+                }
+                Some(w @ ("devices" | "device" | "flags")) => {
                     let w = format!("`{w}` in a chain");
                     return Err(self.err(ErrorKind::Unsupported(w)));
                 }
@@ -689,6 +702,7 @@ impl Parser<'_> {
             gc_interval_ms: None,
             size: None,
             counter: false,
+            comment: None,
             elements: Vec::new(),
             pos,
         };
@@ -744,6 +758,7 @@ impl Parser<'_> {
                     })?;
                     if which == "timeout" {
                         set.timeout_ms = Some(ms);
+                        set.flags |= 4;
                     } else {
                         set.gc_interval_ms = Some(ms);
                     }
@@ -755,6 +770,10 @@ impl Parser<'_> {
                 "counter" => {
                     self.i += 1;
                     set.counter = true;
+                }
+                "comment" => {
+                    self.i += 1;
+                    set.comment = Some(self.name("a quoted comment")?.0);
                 }
                 "elements" => {
                     if !typed {
@@ -858,6 +877,7 @@ impl Parser<'_> {
                     key: k,
                     data: None,
                     timeout_ms: None,
+                    comment: None,
                 };
                 loop {
                     match self.peek_word() {
@@ -867,6 +887,10 @@ impl Parser<'_> {
                             e.timeout_ms = Some(parse_time(&v).ok_or_else(|| {
                                 self.err_at(&t, ErrorKind::Unexpected("a time such as 30s"))
                             })?);
+                        }
+                        Some("comment") if named => {
+                            self.i += 1;
+                            e.comment = Some(self.name("a quoted comment")?.0);
                         }
                         Some(w @ ("expires" | "counter" | "comment" | "timeout")) => {
                             let w = format!("element option `{w}`");
@@ -1881,6 +1905,7 @@ pub(crate) fn merge_intervals(
             key: from_bounds(lo, hi),
             data: None,
             timeout_ms: None,
+            comment: None,
         })
         .collect();
     Ok(())

@@ -78,6 +78,9 @@ fn collect_parts<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
 
 fn print_table(t: &Table, d: Dialect, out: &mut String) {
     out.push_str(&format!("table {} {} {{\n", t.family.name(), t.name));
+    if let Some(c) = &t.comment {
+        out.push_str(&format!("\tcomment \"{c}\"\n"));
+    }
     let mut first = true;
     for s in &t.sets {
         if !first {
@@ -92,6 +95,9 @@ fn print_table(t: &Table, d: Dialect, out: &mut String) {
         }
         first = false;
         out.push_str(&format!("\tchain {} {{\n", c.name));
+        if let Some(cm) = &c.comment {
+            out.push_str(&format!("\t\tcomment \"{cm}\"\n"));
+        }
         if let Some(b) = &c.base {
             print_base(t.family, b, out);
         }
@@ -222,6 +228,9 @@ fn print_set(s: &Set, d: Dialect, out: &mut String) {
         print_time(t, out);
         out.push('\n');
     }
+    if let Some(c) = &s.comment {
+        out.push_str(&format!("\t\tcomment \"{c}\"\n"));
+    }
     if !s.elements.is_empty() {
         let key = set_types(&s.key);
         let data = s.data.as_ref().map(set_types);
@@ -268,6 +277,9 @@ fn print_set_elem(
     if let Some(t) = e.timeout_ms {
         out.push_str(" timeout ");
         print_time(t, out);
+    }
+    if let Some(c) = &e.comment {
+        out.push_str(&format!(" comment \"{c}\""));
     }
     match &e.data {
         Some(MapData::Verdict(v)) => {
