@@ -196,8 +196,45 @@ pub enum Stmt {
         /// The field (`meta mark`, `ct mark`).
         key: Expr,
         /// The value written.
-        value: Elem,
+        value: SetValue,
     },
+}
+
+/// What a `set` statement writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SetValue {
+    /// A constant (`meta mark set 0x10`).
+    Value(Elem),
+    /// Another mark, optionally combined with a constant: `meta mark set ct mark`,
+    /// `meta mark set meta mark | 0x4000` (kube-proxy's `mark set mark or 0x4000`).
+    From {
+        /// `meta mark` or `ct mark`.
+        expr: Expr,
+        /// `& M`, `| M` or `^ M`.
+        op: Option<(BitOp, u128)>,
+    },
+}
+
+/// A bitwise operator of [`SetValue::From`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BitOp {
+    /// `&` (`and`).
+    And,
+    /// `|` (`or`).
+    Or,
+    /// `^` (`xor`).
+    Xor,
+}
+
+impl BitOp {
+    /// The symbol nft lists.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BitOp::And => "&",
+            BitOp::Or => "|",
+            BitOp::Xor => "^",
+        }
+    }
 }
 
 /// `LEFT op RIGHT`.
@@ -270,7 +307,9 @@ pub enum Expr {
     },
     /// `A . B . C`: a concatenation (for sets and maps keyed by several fields).
     Concat(Vec<Expr>),
-    /// `EXPR & MASK`: a bitwise and (listed as `& 0x...`), for marks.
+    /// `EXPR & MASK`: a bitwise and, for marks (listed `meta mark & 0x000000ff == 0x00000001`)
+    /// and TCP flags (`tcp flags & (fin | syn | rst | ack) == syn` lists as
+    /// `tcp flags syn / fin,syn,rst,ack`, and `== 0` as `tcp flags ! fin,syn`).
     And(Box<Expr>, u128),
 }
 
@@ -801,5 +840,62 @@ mod tests {
              \t\telements = { 1.2.3.4 comment \"ec\" }\n\t}\n\n\tchain c {\n\t\tcomment \"cc\"\n\
              \t\ttype filter hook input priority filter; policy accept;\n\t}\n}\n"
         );
+    }
+
+    #[test]
+    fn flag_masks_and_mark_arithmetic_list_as_the_kernel_lists_them() {
+        // Each pair was listed by nft v1.0.6 from the kernel (see tests/it/nft_kernel.rs);
+        // v1.1 keeps the and-form as written (the py vectors check that).
+        let cases = [
+            (
+                "tcp flags & (syn|ack) == syn|ack accept",
+                "tcp flags syn,ack / syn,ack accept",
+            ),
+            (
+                "tcp flags & (fin|syn|rst|ack) != syn drop",
+                "tcp flags != syn / fin,syn,rst,ack drop",
+            ),
+            (
+                "tcp flags & (syn|ack) == 0 drop",
+                "tcp flags ! syn,ack drop",
+            ),
+            (
+                "tcp flags syn,ack / syn,ack,fin accept",
+                "tcp flags syn,ack / fin,syn,ack accept",
+            ),
+            (
+                "tcp flags & syn == syn accept",
+                "tcp flags & syn == syn accept",
+            ),
+            (
+                "mark set mark and 0xff",
+                "meta mark set meta mark & 0x000000ff",
+            ),
+            ("ct mark set mark", "ct mark set meta mark"),
+            ("mark set ct mark", "meta mark set ct mark"),
+            (
+                "ct mark set ct mark or 0x10",
+                "ct mark set ct mark | 0x00000010",
+            ),
+            (
+                "ct state vmap { established : accept, related : accept, invalid : drop }",
+                "ct state vmap { invalid : drop, established : accept, related : accept }",
+            ),
+        ];
+        for (input, want) in cases {
+            let rs = parse(
+                "f",
+                &format!("table inet t {{\n\tchain c {{\n\t\t{input}\n\t}}\n}}\n"),
+            )
+            .unwrap_or_else(|e| panic!("{input}: {e}"));
+            let listing = print_as(&rs, Dialect::V1_0);
+            assert_eq!(listing.lines().nth(2).map(str::trim), Some(want), "{input}");
+            let again = json::from_json("j", &to_json(&rs).to_string()).expect("JSON reads back");
+            assert_eq!(
+                print_as(&again, Dialect::V1_0),
+                listing,
+                "{input}: JSON round trip"
+            );
+        }
     }
 }

@@ -24,10 +24,10 @@ use super::parse::{
 use super::print::expr_string;
 use super::types::DataType;
 use super::{
-    BaseChain, Chain, ChainType, CtKey, Elem, ErrorKind, Expr, FIB_FLAGS, Family, FibResult, Hook,
-    Limit, Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, NftError, NftErrors, Op, Payload,
-    Policy, Pos, Proto, Reject, Rule, Ruleset, SET_FLAGS, Set, SetElem, SetRhs, SetType, Stmt,
-    Table, Value, Verdict,
+    BaseChain, BitOp, Chain, ChainType, CtKey, Elem, ErrorKind, Expr, FIB_FLAGS, Family, FibResult,
+    Hook, Limit, Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, NftError, NftErrors, Op,
+    Payload, Policy, Pos, Proto, Reject, Rule, Ruleset, SET_FLAGS, Set, SetElem, SetRhs, SetType,
+    SetValue, Stmt, Table, Value, Verdict,
 };
 
 // === model -> JSON ===
@@ -288,7 +288,12 @@ fn expr_json(e: &Expr) -> J {
             json!({"numgen": {"mode": if *random { "random" } else { "inc" }, "mod": modulus, "offset": offset}})
         }
         Expr::Concat(parts) => json!({"concat": parts.iter().map(expr_json).collect::<Vec<_>>()}),
-        Expr::And(inner, m) => json!({"&": [expr_json(inner), *m as u64]}),
+        Expr::And(inner, m) => match expr_types(inner).first() {
+            Some(t) if t.is_flags() => {
+                json!({"&": [expr_json(inner), value_json(*t, &Value::Num(*m))]})
+            }
+            _ => json!({"&": [expr_json(inner), *m as u64]}),
+        },
     }
 }
 
@@ -317,6 +322,14 @@ fn verdict_json(v: &Verdict) -> J {
 
 fn stmt_json(s: &Stmt) -> J {
     match s {
+        Stmt::Match(Match {
+            left: Expr::And(inner, m),
+            op: Op::Eq,
+            right: SetRhs::Value(Elem::Value(Value::Num(0))),
+        }) if expr_types(inner).first().is_some_and(|t| t.is_flags()) => {
+            let t = expr_types(inner)[0];
+            json!({"match": {"op": "!", "left": expr_json(inner), "right": value_json(t, &Value::Num(*m))}})
+        }
         Stmt::Match(Match { left, op, right }) => {
             let types = expr_types(left);
             let op = match op {
@@ -455,7 +468,17 @@ fn stmt_json(s: &Stmt) -> J {
             json!({"vmap": {"key": expr_json(key), "data": rhs_json(&types, map)}})
         }
         Stmt::Set { key, value } => {
-            json!({"mangle": {"key": expr_json(key), "value": elem_json(&expr_types(key), value)}})
+            let value = match value {
+                SetValue::Value(e) => elem_json(&expr_types(key), e),
+                SetValue::From { expr, op: None } => expr_json(expr),
+                SetValue::From {
+                    expr,
+                    op: Some((op, m)),
+                } => {
+                    json!({ op.symbol(): [expr_json(expr), *m as u64] })
+                }
+            };
+            json!({"mangle": {"key": expr_json(key), "value": value}})
         }
     }
 }
@@ -1017,13 +1040,24 @@ impl Reader<'_> {
                     .filter(|a| a.len() == 2)
                     .ok_or_else(|| self.bad(&p, "[expression, mask]"))?;
                 let left = self.expr(&a[0], &format!("{p}[0]"))?;
-                if expr_types(&left) != [DataType::Mark] {
-                    return Err(self.unsupported(&p, "`&` on this expression (only marks)".into()));
-                }
-                let m = a[1]
-                    .as_u64()
-                    .ok_or_else(|| self.bad(&format!("{p}[1]"), "a numeric mask"))?;
-                Ok(Expr::And(Box::new(left), u128::from(m)))
+                let types = expr_types(&left);
+                let m = match types.as_slice() {
+                    [DataType::Mark] => u128::from(
+                        a[1].as_u64()
+                            .ok_or_else(|| self.bad(&format!("{p}[1]"), "a numeric mask"))?,
+                    ),
+                    [t] if t.is_flags() => match self.elem(&a[1], &[*t], &format!("{p}[1]"))? {
+                        Elem::Value(Value::Num(m)) => m,
+                        _ => return Err(self.bad(&format!("{p}[1]"), "flag names")),
+                    },
+                    _ => {
+                        return Err(self.unsupported(
+                            &p,
+                            "`&` on this expression (marks and flags only)".into(),
+                        ));
+                    }
+                };
+                Ok(Expr::And(Box::new(left), m))
             }
             other => Err(self.unsupported(&p, format!("expression `{other}`"))),
         }
@@ -1047,6 +1081,28 @@ impl Reader<'_> {
                 )?;
                 let types = expr_types(&left);
                 let flags = types.iter().any(|t| t.is_flags());
+                if inner.get("op").and_then(J::as_str) == Some("!") {
+                    let none_of = match types.as_slice() {
+                        [t] if t.is_flags() => Some(*t),
+                        _ => None,
+                    };
+                    let Some(t) = none_of else {
+                        return Err(self.unsupported(
+                            &format!("{p}.op"),
+                            "operator `!` on this expression".into(),
+                        ));
+                    };
+                    let right = inner.get("right").ok_or_else(|| self.bad(&p, "right"))?;
+                    let m = match self.elem(right, &[t], &format!("{p}.right"))? {
+                        Elem::Value(Value::Num(m)) => m,
+                        _ => return Err(self.bad(&format!("{p}.right"), "flag names")),
+                    };
+                    return Ok(Stmt::Match(Match {
+                        left: Expr::And(Box::new(left), m),
+                        op: Op::Eq,
+                        right: SetRhs::Value(Elem::Value(Value::Num(0))),
+                    }));
+                }
                 let op = match inner.get("op").and_then(J::as_str).unwrap_or("==") {
                     "in" => Op::Implicit,
                     "==" if flags || matches!(left, Expr::And(..)) => Op::Eq,
@@ -1295,11 +1351,40 @@ impl Reader<'_> {
                 if !matches!(key, Expr::Meta(MetaKey::Mark) | Expr::Ct(CtKey::Mark)) {
                     return Err(self.unsupported(&p, format!("setting `{}`", expr_string(&key))));
                 }
-                let value = self.elem(
-                    inner.get("value").ok_or_else(|| self.bad(&p, "value"))?,
-                    &expr_types(&key),
-                    &format!("{p}.value"),
-                )?;
+                let v = inner.get("value").ok_or_else(|| self.bad(&p, "value"))?;
+                let vp = format!("{p}.value");
+                let bitop = [("&", BitOp::And), ("|", BitOp::Or), ("^", BitOp::Xor)]
+                    .into_iter()
+                    .find(|(k, _)| v.get(*k).is_some());
+                let value = if let Some((sym, op)) = bitop {
+                    let a = v[sym]
+                        .as_array()
+                        .filter(|a| a.len() == 2)
+                        .ok_or_else(|| self.bad(&vp, "[mark, constant]"))?;
+                    let expr = self.expr(&a[0], &format!("{vp}.{sym}[0]"))?;
+                    let m = a[1]
+                        .as_u64()
+                        .ok_or_else(|| self.bad(&format!("{vp}.{sym}[1]"), "a number"))?;
+                    SetValue::From {
+                        expr,
+                        op: Some((op, u128::from(m))),
+                    }
+                } else if v.get("meta").is_some() || v.get("ct").is_some() {
+                    SetValue::From {
+                        expr: self.expr(v, &vp)?,
+                        op: None,
+                    }
+                } else {
+                    SetValue::Value(self.elem(v, &expr_types(&key), &vp)?)
+                };
+                if let SetValue::From { expr, .. } = &value {
+                    if !matches!(expr, Expr::Meta(MetaKey::Mark) | Expr::Ct(CtKey::Mark)) {
+                        return Err(self.unsupported(
+                            &vp,
+                            format!("setting a mark from `{}`", expr_string(expr)),
+                        ));
+                    }
+                }
                 Ok(Stmt::Set { key, value })
             }
             other => Err(self.unsupported(&p, format!("statement `{other}`"))),

@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use super::lexer::{Tok, Token, tokenize};
 use super::types::{parse_time, prefix_elem};
 use super::{
-    BaseChain, Chain, ChainType, CtKey, DataType, Elem, ErrorKind, Expr, FIB_FLAGS, Family,
+    BaseChain, BitOp, Chain, ChainType, CtKey, DataType, Elem, ErrorKind, Expr, FIB_FLAGS, Family,
     FibResult, Hook, Limit, Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, NftError,
     NftErrors, Op, Payload, Policy, Pos, Proto, Reject, Rule, Ruleset, SET_FLAGS, Set, SetElem,
-    SetRhs, SetType, Stmt, Table, Value, Verdict,
+    SetRhs, SetType, SetValue, Stmt, Table, Value, Verdict,
 };
 
 /// The most tokens a text may have after `$variable` expansion. Each expansion is sized
@@ -992,7 +992,7 @@ impl Parser<'_> {
         };
         let mut e = t.parse_elem(&w, quoted).ok_or_else(|| bad(self))?;
         if t.is_flags() && flag_list {
-            while matches!(self.peek().tok, Tok::Punct(",")) {
+            while matches!(self.peek().tok, Tok::Punct("," | "|")) {
                 self.i += 1;
                 let nt = self.next();
                 let more = match &nt.tok {
@@ -1109,22 +1109,41 @@ impl Parser<'_> {
                 ))));
             }
             self.i += 1;
-            let value = self.elem(&types, false)?;
+            let value = self.set_value(&types, family)?;
             return Ok(Stmt::Set { key: left, value });
         }
         let mut left = left;
+        let flags_type = match types.as_slice() {
+            [t] if t.is_flags() => Some(*t),
+            _ => None,
+        };
         if self.eat_punct("&") || self.eat_word("and") {
             let t = self.peek().clone();
-            if !matches!(types.as_slice(), [DataType::Mark]) {
-                return Err(self.err_at(
-                    &t,
-                    ErrorKind::Unsupported("`&` on this expression (only marks)".into()),
-                ));
-            }
-            let Elem::Value(Value::Num(m)) = self.single(DataType::Mark, false)? else {
-                return Err(self.err_at(&t, ErrorKind::Unexpected("a mask")));
+            let m = match (types.as_slice(), flags_type) {
+                ([DataType::Mark], _) => match self.single(DataType::Mark, false)? {
+                    Elem::Value(Value::Num(m)) => m,
+                    _ => return Err(self.err_at(&t, ErrorKind::Unexpected("a mask"))),
+                },
+                (_, Some(ft)) => self.flag_mask(ft)?,
+                _ => {
+                    return Err(self.err_at(
+                        &t,
+                        ErrorKind::Unsupported(
+                            "`&` on this expression (marks and flags only)".into(),
+                        ),
+                    ));
+                }
             };
             left = Expr::And(Box::new(left), m);
+        } else if let (Some(ft), Tok::Punct("!")) = (flags_type, &self.peek().tok) {
+            // `tcp flags ! fin,syn`: none of these bits is set.
+            self.i += 1;
+            let m = self.flag_mask(ft)?;
+            return Ok(Stmt::Match(Match {
+                left: Expr::And(Box::new(left), m),
+                op: Op::Eq,
+                right: SetRhs::Value(Elem::Value(Value::Num(0))),
+            }));
         }
         for p in ["|", "^"] {
             if matches!(self.peek().tok, Tok::Punct(q) if q == p) {
@@ -1171,12 +1190,91 @@ impl Parser<'_> {
             return Err(self.err(ErrorKind::Unexpected("a value to compare with")));
         }
         let right = self.rhs(&types, None)?;
+        // `tcp flags syn / fin,syn,rst,ack`: VALUE / MASK.
+        if let (Some(ft), Some("/"), false) =
+            (flags_type, self.peek_word(), matches!(left, Expr::And(..)))
+        {
+            self.i += 1;
+            let m = self.flag_mask(ft)?;
+            let op = if op == Op::Ne { Op::Ne } else { Op::Eq };
+            return Ok(Stmt::Match(Match {
+                left: Expr::And(Box::new(left), m),
+                op,
+                right,
+            }));
+        }
+        // `tcp flags & (syn | ack) != 0` is "any of these bits": `tcp flags syn,ack`.
+        if let (Expr::And(inner, m), Op::Ne, SetRhs::Value(Elem::Value(Value::Num(0)))) =
+            (&left, op, &right)
+        {
+            if flags_type.is_some() {
+                return Ok(Stmt::Match(Match {
+                    left: (**inner).clone(),
+                    op: Op::Implicit,
+                    right: SetRhs::Value(Elem::Value(Value::Num(*m))),
+                }));
+            }
+        }
         if !matches!(op, Op::Implicit | Op::Eq | Op::Ne)
             && !matches!(right, SetRhs::Value(Elem::Value(_)))
         {
             return Err(self.err(ErrorKind::Unexpected("one value after <, >, <= or >=")));
         }
         Ok(Stmt::Match(Match { left, op, right }))
+    }
+
+    /// A flag mask: `syn`, `fin,syn`, `(fin | syn | rst | ack)`.
+    fn flag_mask(&mut self, t: DataType) -> R<u128> {
+        let paren = self.eat_punct("(");
+        let tok = self.peek().clone();
+        let m = match self.single(t, true)? {
+            Elem::Value(Value::Num(m)) => m,
+            _ => return Err(self.err_at(&tok, ErrorKind::Unexpected("flag names"))),
+        };
+        if paren {
+            self.expect_punct(")", "`)` after the flags")?;
+        }
+        Ok(m)
+    }
+
+    /// After `set`: a constant, or a mark with an optional `& | ^` constant.
+    fn set_value(&mut self, types: &[DataType], family: Family) -> R<SetValue> {
+        let from = matches!(self.peek_word(), Some("meta" | "ct" | "mark"));
+        if !from {
+            return Ok(SetValue::Value(self.elem(types, false)?));
+        }
+        let t = self.peek().clone();
+        let expr = self.expr(family)?;
+        if !matches!(expr, Expr::Meta(MetaKey::Mark) | Expr::Ct(CtKey::Mark)) {
+            return Err(self.err_at(
+                &t,
+                ErrorKind::Unsupported(format!(
+                    "setting a mark from `{}`",
+                    super::print::expr_string(&expr)
+                )),
+            ));
+        }
+        let op = match &self.peek().tok {
+            Tok::Punct("&") => Some(BitOp::And),
+            Tok::Punct("|") => Some(BitOp::Or),
+            Tok::Punct("^") => Some(BitOp::Xor),
+            Tok::Word(w) if w == "and" => Some(BitOp::And),
+            Tok::Word(w) if w == "or" => Some(BitOp::Or),
+            Tok::Word(w) if w == "xor" => Some(BitOp::Xor),
+            _ => None,
+        };
+        let op = match op {
+            None => None,
+            Some(op) => {
+                self.i += 1;
+                let mt = self.peek().clone();
+                match self.single(DataType::Mark, false)? {
+                    Elem::Value(Value::Num(m)) => Some((op, m)),
+                    _ => return Err(self.err_at(&mt, ErrorKind::Unexpected("a constant"))),
+                }
+            }
+        };
+        Ok(SetValue::From { expr, op })
     }
 
     /// A value, `{ set }` or `@name` of the given key types.

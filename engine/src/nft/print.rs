@@ -13,7 +13,7 @@ use super::types::print_time;
 use super::{
     BaseChain, ChainType, CtKey, DataType, Elem, Expr, FIB_FLAGS, Family, FibResult, Hook, Limit,
     Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, Op, Payload, Policy, Proto, Reject, Rule,
-    Ruleset, Set, SetElem, SetRhs, SetType, Stmt, Table, Verdict,
+    Ruleset, Set, SetElem, SetRhs, SetType, SetValue, Stmt, Table, Verdict,
 };
 
 /// Prints `rs` as `nft list ruleset` lists it (empty for an empty ruleset).
@@ -434,6 +434,49 @@ pub(crate) fn print_rule(family: Family, r: &Rule, d: Dialect, out: &mut String)
 
 fn print_stmt(family: Family, s: &Stmt, d: Dialect, out: &mut String) {
     match s {
+        Stmt::Match(Match {
+            left: Expr::And(inner, mask),
+            op,
+            right: SetRhs::Value(Elem::Value(v)),
+        }) if expr_types(inner).first().is_some_and(|t| t.is_flags()) => {
+            // nft's flag comparisons: `VALUE / MASK`, `! MASK`, or `& BIT == VALUE`.
+            let t = expr_types(inner)[0];
+            let flags = |n: u128| {
+                let mut s = String::new();
+                t.print_value(&super::Value::Num(n), &mut s);
+                s
+            };
+            let value = flags(match v {
+                super::Value::Num(n) => *n,
+                super::Value::Str(_) => 0,
+            });
+            out.push_str(&expr_string(inner));
+            let is_zero = matches!(v, super::Value::Num(0));
+            let multi = mask.count_ones() > 1;
+            let ne = *op == Op::Ne;
+            // v1.1 writes the and-form as given: `& (fin | syn) == syn | ack`.
+            let piped = |s: String| s.replace(',', " | ");
+            match (d, multi, ne, is_zero) {
+                (_, _, false, true) => out.push_str(&format!(" ! {}", flags(*mask))),
+                (Dialect::V1_0, true, true, _) => {
+                    out.push_str(&format!(" != {value} / {}", flags(*mask)))
+                }
+                (Dialect::V1_0, true, false, _) => {
+                    out.push_str(&format!(" {value} / {}", flags(*mask)))
+                }
+                (Dialect::V1_1, true, ..) => out.push_str(&format!(
+                    " & ({}) {} {}",
+                    piped(flags(*mask)),
+                    if ne { "!=" } else { "==" },
+                    piped(value)
+                )),
+                (_, false, ..) => out.push_str(&format!(
+                    " & {} {} {value}",
+                    flags(*mask),
+                    if ne { "!=" } else { "==" }
+                )),
+            }
+        }
         Stmt::Match(Match { left, op, right }) => {
             out.push_str(&expr_string(left));
             let op = match op {
@@ -498,7 +541,15 @@ fn print_stmt(family: Family, s: &Stmt, d: Dialect, out: &mut String) {
         Stmt::Set { key, value } => {
             out.push_str(&expr_string(key));
             out.push_str(" set ");
-            print_elem(&types_of(key, d), value, false, d, out);
+            match value {
+                SetValue::Value(e) => print_elem(&types_of(key, d), e, false, d, out),
+                SetValue::From { expr, op } => {
+                    out.push_str(&expr_string(expr));
+                    if let Some((op, m)) = op {
+                        out.push_str(&format!(" {} 0x{m:08x}", op.symbol()));
+                    }
+                }
+            }
         }
     }
 }

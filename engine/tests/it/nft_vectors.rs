@@ -125,7 +125,7 @@ struct Tally {
 }
 
 /// How many py rule vectors (rule x family) must pass (raise it, never lower it).
-const PY_PASSING: usize = 974;
+const PY_PASSING: usize = 1028;
 
 #[test]
 #[ignore = "needs ../shared/data"]
@@ -253,8 +253,10 @@ fn py_vectors_list_canonically() {
         tally.pass
     );
     // Known: nft lists a single address of a nat map's interval data as `/32`
-    // (`dnat ip to iifname . ip saddr map { ... : 1.1.2.69/32 }`), which we list as the address.
-    const KNOWN_MISMATCHES: usize = 1;
+    // (`dnat ip to iifname . ip saddr map { ... : 1.1.2.69/32 }`), which we list as the address;
+    // and nft v1.1 lists `tcp flags & (all eight) == (all eight)` as `tcp flags == 0xff` (x3
+    // families), which we list as written.
+    const KNOWN_MISMATCHES: usize = 4;
     assert!(
         tally.mismatch.len() <= KNOWN_MISMATCHES,
         "{} listings differ",
@@ -314,7 +316,7 @@ fn shell_dump_json_reads_to_the_same_listing_and_round_trips() {
 }
 
 /// How many py-json rules must read to the listing of their text form.
-const PY_JSON_PASSING: usize = 120;
+const PY_JSON_PASSING: usize = 127;
 
 #[test]
 #[ignore = "needs ../shared/data"]
