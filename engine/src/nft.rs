@@ -898,4 +898,253 @@ mod tests {
             );
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+        /// Any sequence of nft words parses without panicking; what parses lists as a fixed
+        /// point (its listing parses back to the same listing) and survives JSON.
+        #[test]
+        fn token_soup_never_panics_and_listings_are_fixed_points(
+            words in proptest::collection::vec(proptest::sample::select(SOUP), 0..60)
+        ) {
+            let text = words.join(" ");
+            if let Ok(rs) = parse("soup", &text) {
+                let listing = print(&rs);
+                let again = parse("listing", &listing).map_err(|e| {
+                    proptest::test_runner::TestCaseError::fail(format!("{text:?}\n{listing}\n{e}"))
+                })?;
+                proptest::prop_assert_eq!(print(&again), listing.clone());
+                let json = json::from_json("json", &to_json(&rs).to_string()).map_err(|e| {
+                    proptest::test_runner::TestCaseError::fail(format!("{text:?}\n{e}"))
+                })?;
+                proptest::prop_assert_eq!(print(&json), listing);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+        /// Rules made of statements real rulesets use, in any order and family: what parses
+        /// lists as a fixed point and survives JSON (the rewrites nft applies, such as
+        /// dropping implied protocol matches, are idempotent).
+        #[test]
+        fn rules_of_real_statements_list_as_fixed_points(
+            family in proptest::sample::select(&["ip", "ip6", "inet"][..]),
+            stmts in proptest::collection::vec(proptest::sample::select(STATEMENTS), 1..7)
+        ) {
+            let text = format!(
+                "table {family} t {{\n\tset s {{ type ipv4_addr; flags interval; }}\n\tchain d {{ }}\n\
+                 \tchain c {{ type filter hook input priority 0;\n\t\t{}\n\t}}\n}}\n",
+                stmts.join(" ")
+            );
+            if let Ok(rs) = parse("rule", &text) {
+                let listing = print(&rs);
+                let again = parse("listing", &listing).map_err(|e| {
+                    proptest::test_runner::TestCaseError::fail(format!("{text}\n{listing}\n{e}"))
+                })?;
+                proptest::prop_assert_eq!(print(&again), listing.clone(), "{}", text);
+                let json = json::from_json("json", &to_json(&rs).to_string()).map_err(|e| {
+                    proptest::test_runner::TestCaseError::fail(format!("{text}\n{e}"))
+                })?;
+                proptest::prop_assert_eq!(print(&json), listing, "{}", text);
+            }
+        }
+    }
+
+    const STATEMENTS: &[&str] = &[
+        "tcp dport 22",
+        "tcp sport 1",
+        "udp dport { 53, 67-68 }",
+        "th dport 1-5",
+        "ip saddr 10.0.0.0/8",
+        "ip daddr 1.2.3.4",
+        "ip protocol tcp",
+        "ip protocol udp",
+        "meta l4proto tcp",
+        "meta l4proto icmp",
+        "meta nfproto ipv4",
+        "meta nfproto ipv6",
+        "ip6 saddr ::1",
+        "ip6 nexthdr tcp",
+        "icmp type echo-request",
+        "icmp code 1",
+        "icmp type 2",
+        "icmpv6 type nd-router-advert",
+        "ct state established,related",
+        "ct state { new, untracked }",
+        "ct status dnat",
+        "ct mark 0x1",
+        "meta mark & 0xff == 0x1",
+        "iifname \"lo\"",
+        "oifname != \"eth0\"",
+        "ip saddr @s",
+        "ip saddr != @s",
+        "counter",
+        "counter packets 1 bytes 2",
+        "limit rate 10/second",
+        "limit rate over 1 mbytes/second",
+        "log prefix \"x \" level info",
+        "tcp flags & (syn | ack) == syn",
+        "tcp flags syn / syn,ack",
+        "tcp flags ! fin,rst",
+        "fib saddr . iif oif missing",
+        "fib daddr type local",
+        "meta pkttype broadcast",
+        "ip daddr . tcp dport { 1.2.3.4 . 80, 5.6.7.8 . 443 }",
+        "tcp dport vmap { 22 : accept, 80 : jump d }",
+        "numgen random mod 2 vmap { 0 : jump d, 1 : drop }",
+        "mark set mark or 0x4000",
+        "ct mark set meta mark",
+        "notrack",
+        "accept",
+        "drop",
+        "jump d",
+        "goto d",
+        "return",
+        "continue",
+        "reject",
+        "reject with tcp reset",
+        "reject with icmpx admin-prohibited",
+        "reject with icmp host-unreachable",
+        "reject with icmpv6 no-route",
+        "masquerade",
+        "snat ip to 1.2.3.4",
+        "dnat to 10.0.0.1:80",
+        "redirect to :8080",
+        "comment \"c\"",
+    ];
+
+    const SOUP: &[&str] = &[
+        "table",
+        "ip",
+        "ip6",
+        "inet",
+        "t",
+        "{",
+        "}",
+        "chain",
+        "c",
+        "d",
+        "type",
+        "filter",
+        "nat",
+        "hook",
+        "input",
+        "postrouting",
+        "priority",
+        "0",
+        "-10",
+        "srcnat",
+        ";",
+        "policy",
+        "drop",
+        "accept",
+        "tcp",
+        "udp",
+        "th",
+        "dport",
+        "sport",
+        "22",
+        "80",
+        "saddr",
+        "daddr",
+        "10.0.0.0/8",
+        "1.2.3.4",
+        "::1",
+        "set",
+        "map",
+        "s",
+        "@s",
+        "ct",
+        "state",
+        "established",
+        ",",
+        "related",
+        "new",
+        "counter",
+        "limit",
+        "rate",
+        "10/second",
+        "burst",
+        "5",
+        "packets",
+        "log",
+        "prefix",
+        "\"x\"",
+        "jump",
+        "goto",
+        "return",
+        "meta",
+        "mark",
+        "0x10",
+        "&",
+        "==",
+        "!=",
+        "<",
+        "vmap",
+        ":",
+        "numgen",
+        "random",
+        "mod",
+        "2",
+        "fib",
+        "oif",
+        "missing",
+        ".",
+        "iif",
+        "local",
+        "define",
+        "$v",
+        "v",
+        "=",
+        "\n",
+        "elements",
+        "flags",
+        "interval",
+        "1-5",
+        "/",
+        "reject",
+        "with",
+        "icmpx",
+        "admin-prohibited",
+        "masquerade",
+        "snat",
+        "to",
+        "1.2.3.4:80",
+        "ipv4_addr",
+        "inet_service",
+        "verdict",
+        "typeof",
+        "(",
+        ")",
+        "|",
+        "!",
+        "comment",
+        "add",
+        "rule",
+        "element",
+        "flush",
+        "ruleset",
+        "include",
+        "iifname",
+        "\"lo\"",
+        "icmp",
+        "echo-request",
+        "l4proto",
+        "protocol",
+        "6",
+        "timeout",
+        "30s",
+        "syn",
+        "flags",
+        "or",
+        "0x4000",
+        "notrack",
+        "insert",
+        "delete",
+        "bridge",
+        "$",
+    ];
 }

@@ -5,7 +5,8 @@
 //! - `py/*.t` rules: each `ok` rule of the ip, ip6 and inet families is parsed in a table
 //!   with the file's sets, and its listing compared with the expected listing (the third
 //!   field, or the rule itself), with the spacing and element order inside `{ }` normalised as
-//!   the nft project's own harness (nft-test.py) compares; `fail` rules must not parse.
+//!   the nft project's own harness (nft-test.py) compares; `fail` rules must not parse. Every
+//!   listing we print parses back to itself and survives a JSON round trip.
 //!
 //! Run with `cargo test -p vallum-engine --test it -- nft_vectors:: --include-ignored
 //! --nocapture` to see the counts. Ignored unless asked for; fails when the data is absent.
@@ -214,6 +215,18 @@ fn py_vectors_list_canonically() {
                             .unwrap_or_default()
                             .to_string();
                         assert_eq!(c.rules.len(), 1, "{id}");
+                        // The listing is a fixed point: it parses back to itself, in text and JSON.
+                        let again = nft::parse("listing", &listing).unwrap_or_else(|e| {
+                            panic!("{id}: our listing does not parse: {e}\n{listing}")
+                        });
+                        assert_eq!(
+                            nft::print(&again),
+                            listing,
+                            "{id}: listing is not a fixed point"
+                        );
+                        let json = nft::from_json("json", &nft::to_json(&rs).to_string())
+                            .unwrap_or_else(|e| panic!("{id}: our JSON does not read back: {e}"));
+                        assert_eq!(nft::print(&json), listing, "{id}: JSON round trip differs");
                         if normalise(&got) == normalise(expected) {
                             tally.pass += 1;
                         } else {
