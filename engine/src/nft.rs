@@ -30,7 +30,7 @@ mod types;
 
 use std::fmt;
 
-pub use json::{from_json, to_json};
+pub use json::{from_json, to_json, to_json_as};
 pub use parse::{MAX_EXPANDED_TOKENS, MAX_SET_ELEMENTS, parse};
 pub use print::{Dialect, print, print_as};
 pub use types::DataType;
@@ -191,6 +191,9 @@ pub enum Stmt {
         /// The verdict map.
         map: SetRhs,
     },
+    /// `add @set { KEY ... }`, `update @set { KEY ... }`, `delete @set { KEY }`: change a named
+    /// set from the packet path (dynamic sets, per-key rate limits).
+    SetUpdate(SetUpdate),
     /// `meta mark set V`, `ct mark set V`: write a packet or connection field.
     Set {
         /// The field (`meta mark`, `ct mark`).
@@ -198,6 +201,43 @@ pub enum Stmt {
         /// The value written.
         value: SetValue,
     },
+}
+
+/// `add|update|delete @set { KEY [timeout T] [STATEMENTS] }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetUpdate {
+    /// add, update or delete.
+    pub op: SetUpdateOp,
+    /// The named set (of the same table).
+    pub set: String,
+    /// The element's key, computed from the packet (`ip saddr`, `ip saddr . tcp dport`).
+    pub key: Expr,
+    /// `timeout T` of the element added (ms).
+    pub timeout_ms: Option<u64>,
+    /// Per-element statements: `limit ...` and `counter` (a meter).
+    pub stmts: Vec<Stmt>,
+}
+
+/// What a [`SetUpdate`] does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetUpdateOp {
+    /// `add`: insert the key if absent.
+    Add,
+    /// `update`: insert or refresh its timeout.
+    Update,
+    /// `delete`: remove the key.
+    Delete,
+}
+
+impl SetUpdateOp {
+    /// The keyword.
+    pub fn name(self) -> &'static str {
+        match self {
+            SetUpdateOp::Add => "add",
+            SetUpdateOp::Update => "update",
+            SetUpdateOp::Delete => "delete",
+        }
+    }
 }
 
 /// What a `set` statement writes.
@@ -739,6 +779,11 @@ mod tests {
             "{e}"
         );
         assert_eq!((e.pos.line, e.pos.column), (3, 13));
+        let e = err("table ip t {\n\tchain c {\n\t\tip protocol udp tcp dport 22\n\t}\n}\n");
+        assert_eq!(
+            e.kind,
+            ErrorKind::Invalid("conflicting protocols specified: udp vs. tcp".into())
+        );
         let e = err("table ip t {\n\tchain c {\n\t\tjump nowhere\n\t}\n}\n");
         assert!(matches!(e.kind, ErrorKind::Name(_)), "{e}");
     }
@@ -878,18 +923,27 @@ mod tests {
                 "ct mark set ct mark | 0x00000010",
             ),
             (
+                "add @m { ip saddr limit rate 10/second burst 5 packets } accept",
+                "add @m { ip saddr limit rate 10/second } accept",
+            ),
+            (
+                "update @m { ip saddr timeout 30s counter }",
+                "update @m { ip saddr timeout 30s counter packets 0 bytes 0 }",
+            ),
+            (
                 "ct state vmap { established : accept, related : accept, invalid : drop }",
                 "ct state vmap { invalid : drop, established : accept, related : accept }",
             ),
         ];
         for (input, want) in cases {
-            let rs = parse(
-                "f",
-                &format!("table inet t {{\n\tchain c {{\n\t\t{input}\n\t}}\n}}\n"),
-            )
-            .unwrap_or_else(|e| panic!("{input}: {e}"));
+            let text = format!(
+                "table inet t {{\n\tset m {{ type ipv4_addr; flags dynamic,timeout; }}\n\
+                 \tchain c {{\n\t\t{input}\n\t}}\n}}\n"
+            );
+            let rs = parse("f", &text).unwrap_or_else(|e| panic!("{input}: {e}"));
             let listing = print_as(&rs, Dialect::V1_0);
-            assert_eq!(listing.lines().nth(2).map(str::trim), Some(want), "{input}");
+            let rule = listing.lines().rev().nth(2).map(str::trim);
+            assert_eq!(rule, Some(want), "{input}");
             let again = json::from_json("j", &to_json(&rs).to_string()).expect("JSON reads back");
             assert_eq!(
                 print_as(&again, Dialect::V1_0),
@@ -927,19 +981,30 @@ mod tests {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
 
         /// Rules made of statements real rulesets use, in any order and family: what parses
-        /// lists as a fixed point and survives JSON (the rewrites nft applies, such as
-        /// dropping implied protocol matches, are idempotent).
+        /// lists, and the listing of that listing is a fixed point in text and JSON. (One
+        /// round may still change a listing, as in nft: dropping an implied match can make two
+        /// header matches adjacent, which nft then merges and orders when it is loaded again.)
         #[test]
         fn rules_of_real_statements_list_as_fixed_points(
             family in proptest::sample::select(&["ip", "ip6", "inet"][..]),
             stmts in proptest::collection::vec(proptest::sample::select(STATEMENTS), 1..7)
         ) {
+            // A rule that repeats an implied match (`meta l4proto icmp meta l4proto icmp icmp
+            // type 8`) loses one per listing, in nft too (checked on v1.0.6): not a fixed point
+            // there either, so repeated statements are left out.
+            let mut seen = stmts.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            proptest::prop_assume!(seen.len() == stmts.len());
             let text = format!(
                 "table {family} t {{\n\tset s {{ type ipv4_addr; flags interval; }}\n\tchain d {{ }}\n\
                  \tchain c {{ type filter hook input priority 0;\n\t\t{}\n\t}}\n}}\n",
                 stmts.join(" ")
             );
-            if let Ok(rs) = parse("rule", &text) {
+            if let Ok(first) = parse("rule", &text) {
+                let rs = parse("first listing", &print(&first)).map_err(|e| {
+                    proptest::test_runner::TestCaseError::fail(format!("{text}\n{e}"))
+                })?;
                 let listing = print(&rs);
                 let again = parse("listing", &listing).map_err(|e| {
                     proptest::test_runner::TestCaseError::fail(format!("{text}\n{listing}\n{e}"))

@@ -18,22 +18,28 @@
 use serde_json::{Map, Value as J, json};
 
 use super::parse::{
-    check_refs, expr_types, finish_rule, merge_intervals, meta_key, payload_field, set_key_types,
-    sort_elements,
+    check_refs, eliminate_dependencies, expr_types, finish_rule, merge_intervals, meta_key,
+    payload_field, set_key_types, sort_elements,
 };
-use super::print::expr_string;
+use super::print::{Dialect, expr_string};
 use super::types::DataType;
 use super::{
     BaseChain, BitOp, Chain, ChainType, CtKey, Elem, ErrorKind, Expr, FIB_FLAGS, Family, FibResult,
     Hook, Limit, Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, NftError, NftErrors, Op,
     Payload, Policy, Pos, Proto, Reject, Rule, Ruleset, SET_FLAGS, Set, SetElem, SetRhs, SetType,
-    SetValue, Stmt, Table, Value, Verdict,
+    SetUpdate, SetUpdateOp, SetValue, Stmt, Table, Value, Verdict,
 };
 
 // === model -> JSON ===
 
 /// The `nft -j list ruleset` form of `rs`.
 pub fn to_json(rs: &Ruleset) -> J {
+    to_json_as(rs, Dialect::V1_1)
+}
+
+/// As [`to_json`] for the given nft release: v1.0's JSON reader knows no `dynamic` set flag
+/// (its listing omits it too), so that flag is left out.
+pub fn to_json_as(rs: &Ruleset, d: Dialect) -> J {
     let mut out = vec![json!({"metainfo": {"json_schema_version": 1}})];
     for t in &rs.tables {
         let fam = t.family.name();
@@ -61,7 +67,7 @@ pub fn to_json(rs: &Ruleset) -> J {
             out.push(json!({"chain": o}));
         }
         for s in &t.sets {
-            out.push(set_json(t, s));
+            out.push(set_json(t, s, d));
         }
         for c in &t.chains {
             for r in &c.rules {
@@ -69,9 +75,11 @@ pub fn to_json(rs: &Ruleset) -> J {
                 o.insert("family".into(), fam.into());
                 o.insert("table".into(), t.name.clone().into());
                 o.insert("chain".into(), c.name.clone().into());
+                let mut stmts = r.stmts.clone();
+                eliminate_dependencies(t.family, d, &mut stmts);
                 o.insert(
                     "expr".into(),
-                    J::Array(r.stmts.iter().map(stmt_json).collect()),
+                    J::Array(stmts.iter().map(stmt_json).collect()),
                 );
                 if let Some(cm) = &r.comment {
                     o.insert("comment".into(), cm.clone().into());
@@ -117,7 +125,7 @@ fn set_type_json(t: &SetType) -> J {
     }
 }
 
-fn set_json(t: &Table, s: &Set) -> J {
+fn set_json(t: &Table, s: &Set, d: Dialect) -> J {
     let mut o = Map::new();
     o.insert("family".into(), t.family.name().into());
     o.insert("name".into(), s.name.clone().into());
@@ -126,11 +134,17 @@ fn set_json(t: &Table, s: &Set) -> J {
     if let Some(d) = &s.data {
         o.insert("map".into(), set_type_json(d));
     }
-    if s.flags != 0 {
+    // Bit 8 is `dynamic` (SET_FLAGS).
+    let set_flags = if d == Dialect::V1_0 {
+        s.flags & !8
+    } else {
+        s.flags
+    };
+    if set_flags != 0 {
         let flags: Vec<J> = SET_FLAGS
             .iter()
             .enumerate()
-            .filter(|(b, _)| s.flags & (1 << b) != 0)
+            .filter(|(b, _)| set_flags & (1 << b) != 0)
             .map(|(_, n)| (*n).into())
             .collect();
         o.insert("flags".into(), J::Array(flags));
@@ -410,6 +424,23 @@ fn stmt_json(s: &Stmt) -> J {
             }
         }
         Stmt::Notrack => json!({"notrack": null}),
+        Stmt::SetUpdate(u) => {
+            let mut elem = expr_json(&u.key);
+            if let Some(t) = u.timeout_ms {
+                elem = json!({"elem": {"val": elem, "timeout": t / 1000}});
+            }
+            let mut o = Map::new();
+            o.insert("op".into(), u.op.name().into());
+            o.insert("elem".into(), elem);
+            o.insert("set".into(), format!("@{}", u.set).into());
+            if !u.stmts.is_empty() {
+                o.insert(
+                    "stmt".into(),
+                    J::Array(u.stmts.iter().map(stmt_json).collect()),
+                );
+            }
+            json!({ "set": o })
+        }
         Stmt::Nat(n) => {
             let kind = match n.kind {
                 NatKind::Snat => "snat",
@@ -1254,6 +1285,47 @@ impl Reader<'_> {
                 Ok(Stmt::Reject(r))
             }
             "notrack" => Ok(Stmt::Notrack),
+            "set" => {
+                let op = match self.str(inner, "op", &p)? {
+                    "add" => SetUpdateOp::Add,
+                    "update" => SetUpdateOp::Update,
+                    "delete" => SetUpdateOp::Delete,
+                    _ => return Err(self.bad(&format!("{p}.op"), "add, update or delete")),
+                };
+                let set = self.str(inner, "set", &p)?;
+                let set = set.strip_prefix('@').unwrap_or(set).to_string();
+                let elem = inner.get("elem").ok_or_else(|| self.bad(&p, "elem"))?;
+                let (key_json, timeout_ms) = match elem.get("elem") {
+                    Some(e) => (
+                        e.get("val")
+                            .ok_or_else(|| self.bad(&format!("{p}.elem"), "elem.val"))?,
+                        e.get("timeout").and_then(J::as_u64).map(|s| s * 1000),
+                    ),
+                    None => (elem, None),
+                };
+                let key = self.expr(key_json, &format!("{p}.elem"))?;
+                let mut stmts = Vec::new();
+                if let Some(list) = inner.get("stmt").and_then(J::as_array) {
+                    for (k, s) in list.iter().enumerate() {
+                        let sp = format!("{p}.stmt[{k}]");
+                        let st = self.stmt(s, family, &sp)?;
+                        if !matches!(st, Stmt::Limit(_) | Stmt::Counter { .. }) {
+                            return Err(self.unsupported(
+                                &sp,
+                                "statements other than limit and counter in a set update".into(),
+                            ));
+                        }
+                        stmts.push(st);
+                    }
+                }
+                Ok(Stmt::SetUpdate(SetUpdate {
+                    op,
+                    set,
+                    key,
+                    timeout_ms,
+                    stmts,
+                }))
+            }
             "snat" | "dnat" | "masquerade" | "redirect" => {
                 let kind = match k.as_str() {
                     "snat" => NatKind::Snat,

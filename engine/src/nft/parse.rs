@@ -25,7 +25,7 @@ use super::{
 mod rewrite;
 mod rule;
 
-pub(crate) use rewrite::{finish_rule, merge_intervals};
+pub(crate) use rewrite::{eliminate_dependencies, finish_rule, merge_intervals};
 pub(crate) use rule::{expr_types, meta_key, payload_field};
 
 /// The most tokens a text may have after `$variable` expansion. Each expansion is sized
@@ -1088,6 +1088,22 @@ pub(crate) fn check_refs(file: &str, rs: &Ruleset) -> R<()> {
                                     super::print::expr_string(left)
                                 ));
                             }
+                        }
+                    }
+                    if let Stmt::SetUpdate(u) = s {
+                        match t.sets.iter().find(|x| x.name == u.set) {
+                            None => {
+                                return err(format!("no set @{} in table {}", u.set, t.name));
+                            }
+                            Some(set) if set_key_types(&set.key) != expr_types(&u.key) => {
+                                return err(format!(
+                                    "@{} holds {}, not the type of `{}`",
+                                    u.set,
+                                    type_names(&set_key_types(&set.key)),
+                                    super::print::expr_string(&u.key)
+                                ));
+                            }
+                            Some(_) => {}
                         }
                     }
                     if let Stmt::Vmap {

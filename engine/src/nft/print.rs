@@ -8,12 +8,12 @@
 //! (numbers, marks, ports) to a line, or one per line (IPv6, concatenations, other types), as
 //! nft's `calculate_delim` does; anonymous sets on one line.
 
-use super::parse::expr_types;
+use super::parse::{eliminate_dependencies, expr_types};
 use super::types::print_time;
 use super::{
     BaseChain, ChainType, CtKey, DataType, Elem, Expr, FIB_FLAGS, Family, FibResult, Hook, Limit,
-    Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, Op, Payload, Policy, Proto, Reject, Rule,
-    Ruleset, Set, SetElem, SetRhs, SetType, SetValue, Stmt, Table, Verdict,
+    Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, Op, Policy, Proto, Reject, Rule, Ruleset,
+    Set, SetElem, SetRhs, SetType, SetValue, Stmt, Table, Verdict,
 };
 
 /// Prints `rs` as `nft list ruleset` lists it (empty for an empty ruleset).
@@ -45,35 +45,15 @@ pub fn print_as(rs: &Ruleset, d: Dialect) -> String {
 /// The datatypes a listing prints an expression's values with.
 fn types_of(e: &Expr, d: Dialect) -> Vec<DataType> {
     let mut t = expr_types(e);
-    if d == Dialect::V1_0 {
-        let mut parts = Vec::new();
-        collect_parts(e, &mut parts);
-        for (k, p) in parts.iter().enumerate() {
-            if let (
-                Expr::Payload(Payload {
-                    proto,
-                    field: "code",
-                }),
-                Some(slot),
-            ) = (p, t.get_mut(k))
-            {
-                *slot = if *proto == Proto::Icmpv6 {
-                    DataType::Icmpv6Code
-                } else {
-                    DataType::IcmpCode
-                };
+    if d == Dialect::V1_1 {
+        // v1.1 lists ICMP codes as numbers (`icmp code 1`); v1.0 by name.
+        for slot in &mut t {
+            if matches!(slot, DataType::IcmpCode | DataType::Icmpv6Code) {
+                *slot = DataType::Integer(8);
             }
         }
     }
     t
-}
-
-fn collect_parts<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
-    match e {
-        Expr::Concat(parts) => parts.iter().for_each(|p| collect_parts(p, out)),
-        Expr::And(inner, _) => collect_parts(inner, out),
-        other => out.push(other),
-    }
 }
 
 fn print_table(t: &Table, d: Dialect, out: &mut String) {
@@ -421,7 +401,9 @@ fn print_verdict(v: &Verdict, out: &mut String) {
 
 /// Prints one rule (without indentation or newline) as nft lists it in a table of `family`.
 pub(crate) fn print_rule(family: Family, r: &Rule, d: Dialect, out: &mut String) {
-    for (k, s) in r.stmts.iter().enumerate() {
+    let mut stmts = r.stmts.clone();
+    eliminate_dependencies(family, d, &mut stmts);
+    for (k, s) in stmts.iter().enumerate() {
         if k > 0 {
             out.push(' ');
         }
@@ -519,6 +501,23 @@ fn print_stmt(family: Family, s: &Stmt, d: Dialect, out: &mut String) {
             t.print_value(&super::Value::Num(u128::from(code)), out);
         }
         Stmt::Notrack => out.push_str("notrack"),
+        Stmt::SetUpdate(u) => {
+            out.push_str(&format!(
+                "{} @{} {{ {}",
+                u.op.name(),
+                u.set,
+                expr_string(&u.key)
+            ));
+            if let Some(t) = u.timeout_ms {
+                out.push_str(" timeout ");
+                print_time(t, out);
+            }
+            for s in &u.stmts {
+                out.push(' ');
+                print_stmt(family, s, d, out);
+            }
+            out.push_str(" }");
+        }
         Stmt::Nat(n) => print_nat(family, n, d, out),
         Stmt::Vmap { key, map } => {
             out.push_str(&expr_string(key));

@@ -65,8 +65,8 @@ fn installed_dialect() -> Dialect {
 }
 
 /// The listing without what nft v1.0's JSON does not carry both ways: table and chain
-/// comments (its `-j list` omits them and its `-j -f` ignores them) and set comments (its
-/// `-j -f` ignores them).
+/// comments (its `-j list` omits them and its `-j -f` ignores them), set comments (its
+/// `-j -f` ignores them) and the `dynamic` set flag (its `-j list` omits it).
 fn json_visible(listing: &str, d: Dialect) -> String {
     if d != Dialect::V1_0 {
         return listing.to_string();
@@ -76,8 +76,13 @@ fn json_visible(listing: &str, d: Dialect) -> String {
     for line in listing.lines() {
         let object_comment = (line.starts_with("\tcomment \"") && prev.starts_with("table "))
             || line.starts_with("\t\tcomment \"");
-        if !object_comment {
-            out.push(line);
+        if let Some(flags) = line.strip_prefix("\t\tflags ") {
+            let kept: Vec<&str> = flags.split(',').filter(|f| *f != "dynamic").collect();
+            if !kept.is_empty() {
+                out.push(format!("\t\tflags {}", kept.join(",")));
+            }
+        } else if !object_comment {
+            out.push(line.to_string());
         }
         prev = line;
     }
@@ -144,7 +149,7 @@ fn kernel_lists_what_we_print() {
         // JSON out: nft loads our JSON to the same listing.
         let ours_json = Netns::new(&format!("{k}j"));
         let path = std::env::temp_dir().join(format!("vallum-nft-{}-{k}.json", std::process::id()));
-        std::fs::write(&path, nft::to_json(&rs).to_string()).expect("write json");
+        std::fs::write(&path, nft::to_json_as(&rs, dialect).to_string()).expect("write json");
         ours_json.nft(&["-j", "-f", &path.to_string_lossy()]);
         let listed = ours_json.nft(&["list", "ruleset"]);
         let _ = std::fs::remove_file(&path);

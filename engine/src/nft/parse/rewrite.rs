@@ -3,6 +3,7 @@
 //! matches, and interval sets (merged when anonymous, "conflicting intervals" otherwise).
 
 use super::*;
+use crate::nft::Dialect;
 
 /// The protocol number a transport header implies (its dependency).
 fn transport_number(p: Proto) -> Option<u128> {
@@ -15,49 +16,85 @@ fn transport_number(p: Proto) -> Option<u128> {
     }
 }
 
-/// Drops an explicit protocol match that nft drops from its listing because the next
-/// match implies it: in `ip` tables `ip protocol tcp tcp dport 22` lists as `tcp dport 22`;
-/// in `ip6` and `inet` tables the same holds for `meta l4proto`, and in `inet` tables
-/// `meta nfproto ipv4` before an `ip ...` match.
-fn eliminate_dependencies(family: Family, stmts: &mut Vec<Stmt>) {
-    let mut k = 0;
-    while k + 1 < stmts.len() {
-        let drop = match (&stmts[k], &stmts[k + 1]) {
-            (
-                Stmt::Match(Match {
-                    left: dep,
-                    op: Op::Implicit,
-                    right: SetRhs::Value(Elem::Value(Value::Num(n))),
-                }),
-                Stmt::Match(Match {
-                    left: Expr::Payload(p),
-                    ..
-                }),
-            ) => {
-                let l4 = transport_number(p.proto) == Some(*n);
-                match (family, dep) {
-                    (
-                        Family::Ip,
-                        Expr::Payload(Payload {
-                            proto: Proto::Ip,
-                            field: "protocol",
-                        }),
-                    ) => l4,
-                    (_, Expr::Meta(MetaKey::L4proto)) => l4,
-                    (Family::Inet, Expr::Meta(MetaKey::Nfproto)) => {
-                        (*n == 2 && matches!(p.proto, Proto::Ip | Proto::Icmp))
-                            || (*n == 10 && matches!(p.proto, Proto::Ip6 | Proto::Icmpv6))
+/// Drops the explicit protocol matches nft drops from its listing because a later match
+/// implies them (checked against nft v1.0.6 and the v1.1 vectors). nft remembers, per layer,
+/// the last match that could be such a dependency: `meta nfproto` (inet tables) for the network
+/// layer, `meta l4proto` (and `ip protocol` in ip tables) for the transport layer. A later
+/// `ip`/`ip6` header match removes a network dependency of its family, a `meta l4proto icmp`
+/// (or `ipv6-icmp`) one of IPv4 (IPv6), and a tcp/udp/icmp/icmpv6 header match a transport
+/// dependency of its protocol, even with matches of other layers in between; any statement
+/// that is not a match forgets both. So `meta l4proto tcp ip saddr 1.2.3.4 tcp dport 22` lists
+/// as `ip saddr 1.2.3.4 tcp dport 22`, while `ip protocol tcp counter tcp dport 22` stays.
+/// nft v1.0 treats `ip6 nexthdr` in ip6 tables like `ip protocol` in ip tables; v1.1 keeps it
+/// (extension headers may sit between). The model keeps what was written; this applies when
+/// listing.
+pub(crate) fn eliminate_dependencies(family: Family, d: Dialect, stmts: &mut Vec<Stmt>) {
+    let mut kill = Vec::new();
+    let mut net: Option<(usize, u128)> = None;
+    let mut l4: Option<(usize, u128)> = None;
+    for (i, s) in stmts.iter().enumerate() {
+        let Stmt::Match(m) = s else {
+            net = None;
+            l4 = None;
+            continue;
+        };
+        let single = match (&m.op, &m.right) {
+            (Op::Implicit, SetRhs::Value(Elem::Value(Value::Num(n)))) => Some(*n),
+            _ => None,
+        };
+        match (&m.left, single) {
+            (Expr::Meta(MetaKey::Nfproto), Some(n)) if family == Family::Inet => {
+                net = Some((i, n));
+            }
+            (Expr::Meta(MetaKey::L4proto), Some(n)) => {
+                if let Some((j, f)) = net {
+                    if (n == 1 && f == 2) || (n == 58 && f == 10) {
+                        kill.push(j);
+                        net = None;
                     }
-                    _ => false,
+                }
+                l4 = Some((i, n));
+            }
+            (
+                Expr::Payload(Payload {
+                    proto: Proto::Ip,
+                    field: "protocol",
+                }),
+                Some(n),
+            ) if family == Family::Ip => l4 = Some((i, n)),
+            (
+                Expr::Payload(Payload {
+                    proto: Proto::Ip6,
+                    field: "nexthdr",
+                }),
+                Some(n),
+            ) if family == Family::Ip6 && d == Dialect::V1_0 => l4 = Some((i, n)),
+            (Expr::Payload(p), _) => {
+                let f = match p.proto {
+                    Proto::Ip => Some(2),
+                    Proto::Ip6 => Some(10),
+                    _ => None,
+                };
+                if let (Some(f), Some((j, nf))) = (f, net) {
+                    if f == nf {
+                        kill.push(j);
+                        net = None;
+                    }
+                }
+                if let (Some(t), Some((j, n))) = (transport_number(p.proto), l4) {
+                    if t == n {
+                        kill.push(j);
+                        l4 = None;
+                    }
                 }
             }
-            _ => false,
-        };
-        if drop {
-            stmts.remove(k);
-        } else {
-            k += 1;
+            _ => {}
         }
+    }
+    kill.sort_unstable();
+    kill.dedup();
+    for j in kill.into_iter().rev() {
+        stmts.remove(j);
     }
 }
 
@@ -144,10 +181,6 @@ pub(crate) fn merge_intervals(
 fn l4_of(s: &Stmt) -> Option<u128> {
     match s {
         Stmt::Match(Match {
-            left: Expr::Payload(p),
-            ..
-        }) => transport_number(p.proto),
-        Stmt::Match(Match {
             left,
             op: Op::Implicit,
             right: SetRhs::Value(Elem::Value(Value::Num(n))),
@@ -169,6 +202,10 @@ fn l4_of(s: &Stmt) -> Option<u128> {
         {
             Some(*n)
         }
+        Stmt::Match(Match {
+            left: Expr::Payload(p),
+            ..
+        }) => transport_number(p.proto),
         _ => None,
     }
 }
@@ -206,7 +243,7 @@ fn reject_dependencies(family: Family, stmts: &mut Vec<Stmt>) -> Result<(), &'st
         return Ok(());
     };
     let l3 = stmts[..k].iter().rev().find_map(l3_of);
-    let l4 = stmts[..k].iter().rev().find_map(l4_of);
+    let l4 = stmts.iter().rev().find_map(l4_of);
     let Stmt::Reject(r) = &stmts[k] else {
         return Ok(());
     };
@@ -327,7 +364,8 @@ fn order_adjacent_payloads(stmts: &mut [Stmt]) {
 
 /// What nft checks and rewrites in a rule once it is read: no verdict after a nat statement,
 /// one network protocol, the reject flavour, and the dependencies nft drops from its listing
-/// (see [`reject_dependencies`], [`eliminate_dependencies`], [`order_adjacent_payloads`]).
+/// (see [`reject_dependencies`] and [`order_adjacent_payloads`]; the matches nft drops from its
+/// listing are dropped when printing, [`eliminate_dependencies`]).
 pub(crate) fn finish_rule(family: Family, stmts: &mut Vec<Stmt>) -> Result<(), String> {
     if stmts.is_empty() {
         return Err("a rule needs at least one statement".into());
@@ -344,8 +382,35 @@ pub(crate) fn finish_rule(family: Family, stmts: &mut Vec<Stmt>) -> Result<(), S
     {
         return Err("conflicting protocols: IPv4 and IPv6 in one rule".into());
     }
+    // As nft: `ip protocol udp tcp dport 22` and `tcp dport 22 udp sport 53` cannot match.
+    let mut l4: Option<u128> = None;
+    for st in stmts.iter() {
+        let here = l4_of(st).or(match st {
+            Stmt::Match(Match {
+                left: Expr::Payload(p),
+                ..
+            }) => transport_number(p.proto),
+            _ => None,
+        });
+        match (l4, here) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!(
+                    "conflicting protocols specified: {} vs. {}",
+                    proto_word(a),
+                    proto_word(b)
+                ));
+            }
+            (_, Some(b)) => l4 = Some(b),
+            _ => {}
+        }
+    }
     reject_dependencies(family, stmts).map_err(String::from)?;
-    eliminate_dependencies(family, stmts);
     order_adjacent_payloads(stmts);
     Ok(())
+}
+
+fn proto_word(n: u128) -> String {
+    let mut s = String::new();
+    DataType::InetProto.print_value_as(&Value::Num(n), true, &mut s);
+    s
 }

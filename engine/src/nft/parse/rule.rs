@@ -3,6 +3,7 @@
 //! fields and meta keys with their datatypes.
 
 use super::*;
+use crate::nft::{SetUpdate, SetUpdateOp};
 
 impl Parser<'_> {
     pub(super) fn rule(&mut self, ti: usize, family: Family) -> R<Rule> {
@@ -58,6 +59,15 @@ impl Parser<'_> {
                 "comment" => {
                     self.i += 1;
                     comment = Some(self.name("a quoted comment")?.0);
+                }
+                "add" | "update" | "delete"
+                    if self
+                        .toks
+                        .get(self.i + 1)
+                        .is_some_and(|t| t.tok == Tok::Punct("@")) =>
+                {
+                    self.i += 2;
+                    stmts.push(Stmt::SetUpdate(self.set_update(&w, family)?));
                 }
                 _ => stmts.push(self.expr_stmt(ti, family)?),
             }
@@ -202,6 +212,64 @@ impl Parser<'_> {
             return Err(self.err(ErrorKind::Unexpected("one value after <, >, <= or >=")));
         }
         Ok(Stmt::Match(Match { left, op, right }))
+    }
+
+    /// After `add @`: `NAME { KEY [timeout T] [limit ... | counter ...] }`.
+    fn set_update(&mut self, op: &str, family: Family) -> R<SetUpdate> {
+        let op = match op {
+            "add" => SetUpdateOp::Add,
+            "update" => SetUpdateOp::Update,
+            _ => SetUpdateOp::Delete,
+        };
+        let (set, _) = self.name("a set name")?;
+        self.expect_punct("{", "`{` after the set name")?;
+        let key = self.concat_expr(family)?;
+        let mut timeout_ms = None;
+        let mut stmts = Vec::new();
+        loop {
+            let t = self.peek().clone();
+            match &t.tok {
+                Tok::Punct("}") => {
+                    self.i += 1;
+                    break;
+                }
+                Tok::Word(w) if w == "timeout" => {
+                    self.i += 1;
+                    let (v, _) = self.word("a time")?;
+                    timeout_ms = Some(parse_time(&v).ok_or_else(|| {
+                        self.err_at(&t, ErrorKind::Unexpected("a time such as 30s"))
+                    })?);
+                }
+                Tok::Word(w) if w == "limit" => {
+                    self.i += 1;
+                    stmts.push(Stmt::Limit(self.limit()?));
+                }
+                Tok::Word(w) if w == "counter" => {
+                    self.i += 1;
+                    let (mut packets, mut bytes) = (0, 0);
+                    if self.eat_word("packets") {
+                        packets = self.number("a packet count")?;
+                        if !self.eat_word("bytes") {
+                            return Err(self.err(ErrorKind::Unexpected("`bytes N`")));
+                        }
+                        bytes = self.number("a byte count")?;
+                    }
+                    stmts.push(Stmt::Counter { packets, bytes });
+                }
+                Tok::Word(w) => {
+                    let w = format!("`{w}` in a set update");
+                    return Err(self.err(ErrorKind::Unsupported(w)));
+                }
+                _ => return Err(self.err(ErrorKind::Unexpected("`}`, timeout, limit or counter"))),
+            }
+        }
+        Ok(SetUpdate {
+            op,
+            set,
+            key,
+            timeout_ms,
+            stmts,
+        })
     }
 
     /// A flag mask: `syn`, `fin,syn`, `(fin | syn | rst | ack)`.
@@ -794,8 +862,8 @@ pub(crate) fn payload_field(proto: Proto, f: &str) -> Option<(&'static str, Data
             ("length", D::Integer(16)),
         ],
         Proto::Th => &[("sport", D::InetService), ("dport", D::InetService)],
-        Proto::Icmp => &[("type", D::IcmpType), ("code", D::Integer(8))],
-        Proto::Icmpv6 => &[("type", D::Icmpv6Type), ("code", D::Integer(8))],
+        Proto::Icmp => &[("type", D::IcmpType), ("code", D::IcmpCode)],
+        Proto::Icmpv6 => &[("type", D::Icmpv6Type), ("code", D::Icmpv6Code)],
     };
     table.iter().find(|(n, _)| *n == f).copied()
 }
