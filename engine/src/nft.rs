@@ -953,6 +953,36 @@ mod tests {
         }
     }
 
+    /// A kube-proxy-style table of 5,000 services written as kube-proxy writes it, one
+    /// `add` command per chain, rule and map element: chains and sets are found by index, and
+    /// elements are sorted once, so the cost grows with the text (no scan per command).
+    #[test]
+    fn five_thousand_services_as_kube_proxy_writes_them() {
+        const N: usize = 5_000;
+        let mut text = String::from(
+            "add table ip kp\nadd map ip kp service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }\n\
+             add chain ip kp services\nadd rule ip kp services ip daddr . meta l4proto . th dport vmap @service-ips\n",
+        );
+        for k in 0..N {
+            let (a, b) = (k / 250, k % 250);
+            text.push_str(&format!(
+                "add chain ip kp svc-{k}\nadd chain ip kp ep-{k}\n\
+                 add rule ip kp svc-{k} numgen random mod 1 vmap {{ 0 : goto ep-{k} }}\n\
+                 add rule ip kp ep-{k} meta l4proto tcp dnat to 10.180.{a}.{b}:80\n\
+                 add element ip kp service-ips {{ 172.30.{a}.{b} . tcp . 80 : goto svc-{k} }}\n"
+            ));
+        }
+        let rs = parse("kp", &text).expect("parses");
+        let t = &rs.tables[0];
+        assert_eq!(t.chains.len(), 2 * N + 1);
+        assert_eq!(t.sets[0].elements.len(), N);
+        let listing = print(&rs);
+        let again = parse("listing", &listing).expect("listing parses");
+        assert_eq!(again.tables[0].chains.len(), 2 * N + 1);
+        let json = json::from_json("json", &to_json(&rs).to_string()).expect("JSON reads back");
+        assert_eq!(print(&json), listing);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
 

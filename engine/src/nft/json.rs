@@ -518,6 +518,9 @@ fn stmt_json(s: &Stmt) -> J {
 
 struct Reader<'a> {
     file: &'a str,
+    /// (family, table, chain) -> chain index, filled as rules find their chains: one lookup
+    /// per rule instead of a scan of the table's chains.
+    chain_ix: std::cell::RefCell<std::collections::HashMap<(Family, String, String), usize>>,
 }
 
 type R<T> = Result<T, NftError>;
@@ -602,15 +605,23 @@ impl Reader<'_> {
                     Some(_) => Some(self.base_chain(o, path)?),
                 };
                 let t = self.table(rs, o, "table", path, false)?;
-                match t.chains.iter_mut().find(|c| c.name == name) {
-                    Some(c) => c.base = base.or(c.base),
-                    None => t.chains.push(Chain {
-                        name,
-                        base,
-                        rules: Vec::new(),
-                        comment,
-                        pos: Pos::default(),
-                    }),
+                let key = (t.family, t.name.clone(), name.clone());
+                let known = self.chain_ix.borrow().get(&key).copied();
+                match known {
+                    Some(ci) => {
+                        let c = &mut t.chains[ci];
+                        c.base = base.or(c.base);
+                    }
+                    None => {
+                        self.chain_ix.borrow_mut().insert(key, t.chains.len());
+                        t.chains.push(Chain {
+                            name,
+                            base,
+                            rules: Vec::new(),
+                            comment,
+                            pos: Pos::default(),
+                        });
+                    }
                 }
                 Ok(())
             }
@@ -639,7 +650,6 @@ impl Reader<'_> {
                 let elems =
                     self.elems(o.get("elem"), &key, data.as_ref(), &format!("{path}.elem"))?;
                 set.elements.extend(elems);
-                sort_elements(&mut set.elements);
                 Ok(())
             }
             "rule" => {
@@ -657,13 +667,22 @@ impl Reader<'_> {
                 }
                 finish_rule(family, &mut stmts)
                     .map_err(|m| self.err(path, ErrorKind::Invalid(m)))?;
-                let Some(c) = t.chains.iter_mut().find(|c| c.name == chain) else {
-                    return Err(self.err(
-                        &format!("{path}.chain"),
-                        ErrorKind::Name(format!("no chain {chain}")),
-                    ));
+                let key = (family, t.name.clone(), chain.clone());
+                let cached = self.chain_ix.borrow().get(&key).copied();
+                let ci = match cached {
+                    Some(ci) if t.chains.get(ci).is_some_and(|c| c.name == chain) => ci,
+                    _ => {
+                        let Some(ci) = t.chains.iter().position(|c| c.name == chain) else {
+                            return Err(self.err(
+                                &format!("{path}.chain"),
+                                ErrorKind::Name(format!("no chain {chain}")),
+                            ));
+                        };
+                        self.chain_ix.borrow_mut().insert(key, ci);
+                        ci
+                    }
                 };
-                c.rules.push(Rule {
+                t.chains[ci].rules.push(Rule {
                     stmts,
                     comment,
                     pos: Pos::default(),
@@ -1480,7 +1499,10 @@ pub fn from_json(file: &str, text: &str) -> Result<Ruleset, NftErrors> {
             ErrorKind::Invalid(format!("JSON: {e}")),
         ))
     })?;
-    let r = Reader { file };
+    let r = Reader {
+        file,
+        chain_ix: Default::default(),
+    };
     let list = doc
         .get("nftables")
         .and_then(J::as_array)
@@ -1503,13 +1525,27 @@ pub fn from_json(file: &str, text: &str) -> Result<Ruleset, NftErrors> {
                 r.object(&mut rs, k2, b2, &format!("{path}.{kind}.{k2}"))
                     .map_err(one)?;
             }
-            "flush" if body.get("ruleset").is_some() => rs.tables.clear(),
+            "flush" if body.get("ruleset").is_some() => {
+                rs.tables.clear();
+                r.chain_ix.borrow_mut().clear();
+            }
             "flush" | "delete" | "insert" | "replace" | "list" | "reset" | "rename" | "destroy" => {
                 return Err(one(r.unsupported(&path, format!("command `{kind}`"))));
             }
             _ => r
                 .object(&mut rs, kind, body, &format!("{path}.{kind}"))
                 .map_err(one)?,
+        }
+    }
+    // Elements from `element` objects are sorted and checked once, here.
+    for t in &mut rs.tables {
+        for set in &mut t.sets {
+            sort_elements(&mut set.elements);
+            if let [k] = set_key_types(&set.key).as_slice() {
+                let mut check = set.elements.clone();
+                merge_intervals(*k, false, &mut check)
+                    .map_err(|m| one(r.err(&set.name, ErrorKind::Invalid(m))))?;
+            }
         }
     }
     check_refs(file, &rs).map_err(one)?;

@@ -48,8 +48,19 @@ pub fn parse(file: &str, text: &str) -> Result<Ruleset, NftErrors> {
         toks,
         i: 0,
         rs: Ruleset::default(),
+        chain_ix: HashMap::new(),
+        set_ix: HashMap::new(),
+        added: HashMap::new(),
     };
     p.top().map_err(one)?;
+    // Elements added by `add element` are sorted and checked once, here, not per command.
+    let mut added: Vec<((usize, usize), Pos)> = p.added.drain().collect();
+    added.sort_unstable();
+    for ((ti, si), pos) in added {
+        sort_elements(&mut p.rs.tables[ti].sets[si].elements);
+        let set = &p.rs.tables[ti].sets[si];
+        p.check_intervals(set, pos).map_err(one)?;
+    }
     check_refs(file, &p.rs).map_err(one)?;
     Ok(p.rs)
 }
@@ -154,6 +165,12 @@ struct Parser<'a> {
     toks: Vec<Token>,
     i: usize,
     rs: Ruleset,
+    /// (table index, chain name) -> chain index: a lookup per rule, not a scan.
+    chain_ix: HashMap<(usize, String), usize>,
+    /// (table index, set name) -> set index.
+    set_ix: HashMap<(usize, String), usize>,
+    /// Sets that `add element` grew, with the position of the last such command.
+    added: HashMap<(usize, usize), Pos>,
 }
 
 type R<T> = Result<T, NftError>;
@@ -293,6 +310,9 @@ impl Parser<'_> {
                         );
                     }
                     self.rs.tables.clear();
+                    self.chain_ix.clear();
+                    self.set_ix.clear();
+                    self.added.clear();
                     self.end_stmt()?;
                 }
                 "table" => self.table_cmd()?,
@@ -415,10 +435,10 @@ impl Parser<'_> {
     }
 
     fn chain_index(&mut self, ti: usize, name: &str, pos: Pos, create: bool) -> R<usize> {
-        let table = &mut self.rs.tables[ti];
-        if let Some(i) = table.chains.iter().position(|c| c.name == name) {
-            return Ok(i);
+        if let Some(i) = self.chain_ix.get(&(ti, name.to_string())) {
+            return Ok(*i);
         }
+        let table = &mut self.rs.tables[ti];
         if !create {
             return Err(NftError::new(
                 self.file,
@@ -434,7 +454,9 @@ impl Parser<'_> {
             comment: None,
             pos,
         });
-        Ok(table.chains.len() - 1)
+        let ci = table.chains.len() - 1;
+        self.chain_ix.insert((ti, name.to_string()), ci);
+        Ok(ci)
     }
 
     fn table_ref(&mut self, create: bool) -> R<usize> {
@@ -479,7 +501,7 @@ impl Parser<'_> {
     fn element_cmd(&mut self) -> R<()> {
         let ti = self.table_ref(false)?;
         let (name, pos) = self.name("a set name")?;
-        let Some(si) = self.rs.tables[ti].sets.iter().position(|s| s.name == name) else {
+        let Some(si) = self.set_ix.get(&(ti, name.clone())).copied() else {
             return Err(NftError::new(
                 self.file,
                 pos,
@@ -492,10 +514,16 @@ impl Parser<'_> {
         self.expect_punct("{", "`{` before the elements")?;
         let elems = self.set_literal(&key, data.as_ref(), true)?;
         let set = &mut self.rs.tables[ti].sets[si];
+        if set.elements.len() + elems.len() > MAX_SET_ELEMENTS {
+            return Err(NftError::new(
+                self.file,
+                pos,
+                &name,
+                ErrorKind::TooLarge(format!("more than {MAX_SET_ELEMENTS} elements")),
+            ));
+        }
         set.elements.extend(elems);
-        sort_elements(&mut set.elements);
-        let set = self.rs.tables[ti].sets[si].clone();
-        self.check_intervals(&set, pos)?;
+        self.added.insert((ti, si), pos);
         self.end_stmt()
     }
 
@@ -694,7 +722,7 @@ impl Parser<'_> {
     }
 
     fn set_body(&mut self, ti: usize, name: String, pos: Pos, is_map: bool) -> R<()> {
-        if self.rs.tables[ti].sets.iter().any(|s| s.name == name) {
+        if self.set_ix.contains_key(&(ti, name.clone())) {
             return Err(NftError::new(
                 self.file,
                 pos,
@@ -816,6 +844,8 @@ impl Parser<'_> {
         }
         sort_elements(&mut set.elements);
         self.check_intervals(&set, pos)?;
+        self.set_ix
+            .insert((ti, set.name.clone()), self.rs.tables[ti].sets.len());
         self.rs.tables[ti].sets.push(set);
         Ok(())
     }
@@ -1056,8 +1086,11 @@ fn type_names(t: &[DataType]) -> String {
 /// Every jump/goto names a chain of its table; every `@set` a set or map of it.
 pub(crate) fn check_refs(file: &str, rs: &Ruleset) -> R<()> {
     for t in &rs.tables {
-        let chain_ok = |n: &str| t.chains.iter().any(|c| c.name == n);
-        let set_ok = |n: &str| t.sets.iter().any(|s| s.name == n);
+        let chains: std::collections::HashSet<&str> =
+            t.chains.iter().map(|c| c.name.as_str()).collect();
+        let sets: HashMap<&str, &Set> = t.sets.iter().map(|s| (s.name.as_str(), s)).collect();
+        let chain_ok = |n: &str| chains.contains(n);
+        let set_ok = |n: &str| sets.contains_key(n);
         for c in &t.chains {
             for r in &c.rules {
                 let err = |what: String| Err(NftError::new(file, r.pos, "", ErrorKind::Name(what)));
@@ -1080,7 +1113,7 @@ pub(crate) fn check_refs(file: &str, rs: &Ruleset) -> R<()> {
                         ..
                     }) = s
                     {
-                        if let Some(set) = t.sets.iter().find(|x| x.name == *n) {
+                        if let Some(set) = sets.get(n.as_str()).copied() {
                             if set_key_types(&set.key) != expr_types(left) {
                                 return err(format!(
                                     "@{n} holds {}, not the type of `{}`",
@@ -1091,7 +1124,7 @@ pub(crate) fn check_refs(file: &str, rs: &Ruleset) -> R<()> {
                         }
                     }
                     if let Stmt::SetUpdate(u) = s {
-                        match t.sets.iter().find(|x| x.name == u.set) {
+                        match sets.get(u.set.as_str()).copied() {
                             None => {
                                 return err(format!("no set @{} in table {}", u.set, t.name));
                             }
@@ -1111,7 +1144,7 @@ pub(crate) fn check_refs(file: &str, rs: &Ruleset) -> R<()> {
                         ..
                     } = s
                     {
-                        if let Some(set) = t.sets.iter().find(|x| x.name == *n) {
+                        if let Some(set) = sets.get(n.as_str()).copied() {
                             if set.data != Some(SetType::Verdict) {
                                 return err(format!("@{n} is not a verdict map"));
                             }
