@@ -466,6 +466,9 @@ pub struct SetElem {
     pub data: Option<MapData>,
     /// `timeout T` of this element, in milliseconds.
     pub timeout_ms: Option<u64>,
+    /// `expires T`: the time left before a timed element goes, as a kernel listing shows it
+    /// (ms). Runtime state: kept so a live `nft list ruleset` reads and lists back as given.
+    pub expires_ms: Option<u64>,
     /// `comment "..."` of this element.
     pub comment: Option<String>,
 }
@@ -951,6 +954,20 @@ mod tests {
                 "{input}: JSON round trip"
             );
         }
+    }
+
+    /// A live listing (as nft v1.0.6 printed it from the kernel, `expires` included) reads and
+    /// lists back byte for byte.
+    #[test]
+    fn a_live_listing_with_expiring_elements_lists_back_as_given() {
+        let live = "table ip t {\n\tcomment \"tc\"\n\tset s {\n\t\ttype ipv4_addr\n\t\tsize 100\n\
+                    \t\tflags interval,timeout\n\t\ttimeout 1m\n\t\tcomment \"sc\"\n\
+                    \t\telements = { 1.2.3.4 expires 59s988ms comment \"ec\" }\n\t}\n\n\
+                    \tchain c {\n\t\tcomment \"cc\"\n\
+                    \t\ttype filter hook input priority filter; policy accept;\n\t}\n}\n";
+        let rs = parse("live", live).expect("parses");
+        assert_eq!(rs.tables[0].sets[0].elements[0].expires_ms, Some(59_988));
+        assert_eq!(print(&rs), live);
     }
 
     /// A kube-proxy-style table of 5,000 services written as kube-proxy writes it, one

@@ -180,11 +180,14 @@ fn set_json(t: &Table, s: &Set, d: Dialect) -> J {
 
 fn elem_item_json(key: &[DataType], data: Option<&[DataType]>, e: &SetElem) -> J {
     let mut k = elem_json(key, &e.key);
-    if e.timeout_ms.is_some() || e.comment.is_some() {
+    if e.timeout_ms.is_some() || e.expires_ms.is_some() || e.comment.is_some() {
         let mut o = Map::new();
         o.insert("val".into(), k);
         if let Some(t) = e.timeout_ms {
             o.insert("timeout".into(), (t / 1000).into());
+        }
+        if let Some(t) = e.expires_ms {
+            o.insert("expires".into(), (t / 1000).into());
         }
         if let Some(c) = &e.comment {
             o.insert("comment".into(), c.clone().into());
@@ -863,10 +866,12 @@ impl Reader<'_> {
                 (Some(d), Some(t)) => Some(MapData::Value(self.elem(d, &set_key_types(t), &p)?)),
                 _ => None,
             };
+            let expires_ms = kv_elem_expires(item);
             out.push(SetElem {
                 key: key_elem,
                 data,
                 timeout_ms,
+                expires_ms,
                 comment,
             });
         }
@@ -1611,4 +1616,13 @@ mod tests {
             .remove(0);
         assert_eq!(e.pos.line, 2);
     }
+}
+
+/// `expires` (seconds) of an `{"elem": {...}}` item, also inside a `[key, data]` pair.
+fn kv_elem_expires(item: &J) -> Option<u64> {
+    let e = match item {
+        J::Array(pair) => pair.first()?.get("elem")?,
+        other => other.get("elem")?,
+    };
+    e.get("expires").and_then(J::as_u64).map(|s| s * 1000)
 }

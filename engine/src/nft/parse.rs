@@ -917,6 +917,7 @@ impl Parser<'_> {
                     key: k,
                     data: None,
                     timeout_ms: None,
+                    expires_ms: None,
                     comment: None,
                 };
                 loop {
@@ -931,6 +932,13 @@ impl Parser<'_> {
                         Some("comment") if named => {
                             self.i += 1;
                             e.comment = Some(self.name("a quoted comment")?.0);
+                        }
+                        Some("expires") if named => {
+                            let t = self.next();
+                            let (v, _) = self.word("a time")?;
+                            e.expires_ms = Some(parse_time(&v).ok_or_else(|| {
+                                self.err_at(&t, ErrorKind::Unexpected("a time such as 29s500ms"))
+                            })?);
                         }
                         Some(w @ ("expires" | "counter" | "comment" | "timeout")) => {
                             let w = format!("element option `{w}`");

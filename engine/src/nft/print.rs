@@ -258,6 +258,10 @@ fn print_set_elem(
         out.push_str(" timeout ");
         print_time(t, out);
     }
+    if let Some(t) = e.expires_ms {
+        out.push_str(" expires ");
+        print_time(t, out);
+    }
     if let Some(c) = &e.comment {
         out.push_str(&format!(" comment \"{c}\""));
     }

@@ -170,6 +170,7 @@ pub(crate) fn merge_intervals(
             key: from_bounds(lo, hi),
             data: None,
             timeout_ms: None,
+            expires_ms: None,
             comment: None,
         })
         .collect();
