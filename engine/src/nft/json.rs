@@ -1557,6 +1557,15 @@ pub fn from_json(file: &str, text: &str) -> Result<Ruleset, NftErrors> {
     Ok(rs)
 }
 
+/// `expires` (seconds) of an `{"elem": {...}}` item, also inside a `[key, data]` pair.
+fn kv_elem_expires(item: &J) -> Option<u64> {
+    let e = match item {
+        J::Array(pair) => pair.first()?.get("elem")?,
+        other => other.get("elem")?,
+    };
+    e.get("expires").and_then(J::as_u64).map(|s| s * 1000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{parse, print};
@@ -1616,13 +1625,4 @@ mod tests {
             .remove(0);
         assert_eq!(e.pos.line, 2);
     }
-}
-
-/// `expires` (seconds) of an `{"elem": {...}}` item, also inside a `[key, data]` pair.
-fn kv_elem_expires(item: &J) -> Option<u64> {
-    let e = match item {
-        J::Array(pair) => pair.first()?.get("elem")?,
-        other => other.get("elem")?,
-    };
-    e.get("expires").and_then(J::as_u64).map(|s| s * 1000)
 }
