@@ -1305,3 +1305,55 @@ async fn old_chunk_lists_migrate_to_key_frames() {
         1
     );
 }
+
+/// Storage in proportion to the change: one-rule commits to a 10k-rule ruleset (200 chunks),
+/// with the oldest of 5 kept revisions pruned by each, change a few dozen rows each (the
+/// revision, commit and ruleset rows, the new chunk, an edit row or two, the prune's, and
+/// the count triggers' updates), not one list row per chunk as a full list did (~4 rows per
+/// chunk with its trigger and its prune: ~800). Every kept revision reads back.
+#[tokio::test]
+async fn a_one_rule_commit_writes_rows_in_proportion_to_the_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_revisions_kept(5);
+    let text = |k: usize| {
+        let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for i in 0..10_000 {
+            // Revision k changes rule 37 * k (spread over the text).
+            let port = if i == 37 * k { 40_000 + k } else { i % 60_000 };
+            s.push_str(&format!(
+                "-A INPUT -s 10.{}.{}.0/24 -p tcp -m tcp --dport {port} -j ACCEPT\n",
+                i / 256 % 256,
+                i % 256
+            ));
+        }
+        s + "COMMIT\n"
+    };
+    let changes = async || -> u64 { store.writer.run(|tx| Ok(tx.total_changes())).await.unwrap() };
+    let chunks_per_text = chunks::split(&text(0)).len() as u64;
+    assert!(chunks_per_text > 100, "{chunks_per_text} chunks");
+    let mut per_commit = Vec::new();
+    for k in 0..30 {
+        let before = changes().await;
+        store
+            .persist_commit(commit("a", CommitTarget::New(new_rev("a", &text(k)))))
+            .await
+            .unwrap();
+        per_commit.push(changes().await - before);
+    }
+    // The first wrote the key frame: at least a row per chunk.
+    assert!(per_commit[0] >= chunks_per_text, "{per_commit:?}");
+    let edits = &per_commit[1..];
+    assert!(
+        edits.iter().all(|n| *n <= 40),
+        "rows changed per one-rule commit: {edits:?} ({chunks_per_text} chunks)"
+    );
+    eprintln!("rows changed per one-rule commit: {edits:?} ({chunks_per_text} chunks)");
+    assert_refs_exact(&store).await;
+    for r in store.list_revisions("a", 0, 100).await.unwrap() {
+        assert_eq!(r.content.v4, text(r.number as usize - 1));
+        assert_eq!(r.digest, r.content.digest());
+    }
+}
