@@ -130,7 +130,7 @@ impl Content {
 
     /// The content's digest, lower-case hex (64 characters): the root of its digest tree,
     /// sha256 over the sha256 of each chunk of [`Content::combined`] in order (see
-    /// [`tree`]). A function of the text alone.
+    /// [`super::tree`]). A function of the text alone.
     pub fn digest(&self) -> String {
         self.layout().root_hex()
     }

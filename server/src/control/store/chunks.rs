@@ -15,7 +15,7 @@
 //! key frame goes with the last revision that names it.
 //!
 //! The writer remembers, per ruleset, the key frame it last wrote against and the content it
-//! last stored ([`Lists`], kept only after the transaction committed): the next revision's
+//! last stored (`Lists`, kept only after the transaction committed): the next revision's
 //! digest tree is computed from that content's (`Content::layout_after`: only the changed
 //! chunks are hashed), its chunks are looked up only when the key frame does not have them,
 //! and its edits are a diff of chunk digests against the key frame's. Without that memory
@@ -26,7 +26,7 @@
 //! cannot be deleted; `chunk_lists.refs` counts the revisions naming a list and a counted list
 //! cannot be deleted; entries go with their list, edits with their revision. What the store
 //! does is delete the lists and then the chunks whose count fell to zero, once at the end of
-//! every write transaction ([`delete_unused`]).
+//! every write transaction (`delete_unused`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
