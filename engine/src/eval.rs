@@ -386,7 +386,7 @@ impl Snapshot {
             }
         }
         if let Some((neg, pat)) = &r.out_iface {
-            if pat.matches(&f.out_iface) == *neg {
+            if pat.matches(f.out_iface_at(p.hook)) == *neg {
                 return false;
             }
         }
@@ -752,8 +752,8 @@ impl Snapshot {
         if matches!(hook, Hook::Input | Hook::Forward)
             && !self.hooks[f][Hook::Prerouting.index()].is_empty()
         {
-            // Only the rules that read the output interface touch the facts for it.
-            let out_iface = std::mem::take(&mut facts.out_iface);
+            // No output interface at PREROUTING: `PacketFacts::out_iface_at` hides it (the
+            // facts are not written, so a ruleset without `-o` never touches them).
             p.hook = Hook::Prerouting;
             let v = self.run_hook(
                 f,
@@ -766,7 +766,6 @@ impl Snapshot {
                 &mut after_raw,
             );
             p.hook = hook;
-            facts.out_iface = out_iface;
             if let Some(v) = v {
                 return v;
             }

@@ -72,6 +72,17 @@ impl<'a> LogHit<'a> {
         }
     }
 
+    /// The packet as the rule saw it: its facts with the output interface as at its hook
+    /// ([`PacketFacts::out_iface_at`]).
+    fn whole(&self) -> Packet {
+        let mut facts = *self.facts;
+        facts.out_iface = *self.facts.out_iface_at(self.packet.hook);
+        Packet {
+            meta: *self.packet,
+            facts,
+        }
+    }
+
     /// The hit as a self-contained event (clones the names and the prefix).
     pub fn event(&self) -> LogEvent {
         LogEvent {
@@ -82,10 +93,7 @@ impl<'a> LogHit<'a> {
             prefix: self.prefix.clone(),
             level: self.level,
             nflog_group: self.nflog_group,
-            packet: Packet {
-                meta: *self.packet,
-                facts: *self.facts,
-            },
+            packet: self.whole(),
         }
     }
 
@@ -97,10 +105,7 @@ impl<'a> LogHit<'a> {
             chain: self.chain_index,
             rule: self.rule,
             level: self.level,
-            packet: Packet {
-                meta: *self.packet,
-                facts: *self.facts,
-            },
+            packet: self.whole(),
         }
     }
 }
