@@ -299,17 +299,22 @@ impl From<PacketMeta> for Packet {
     }
 }
 
-/// A copy of `meta` with no facts known.
-impl From<&PacketMeta> for Packet {
-    fn from(meta: &PacketMeta) -> Packet {
-        Packet::from(*meta)
+/// What the one-packet tools take (`Engine::trace`, `Snapshot::trace`): a [`Packet`], or a
+/// [`PacketMeta`] alone with no facts known.
+pub trait AsPacket {
+    /// The whole packet (a copy).
+    fn to_packet(&self) -> Packet;
+}
+
+impl AsPacket for Packet {
+    fn to_packet(&self) -> Packet {
+        *self
     }
 }
 
-/// A copy.
-impl From<&Packet> for Packet {
-    fn from(packet: &Packet) -> Packet {
-        *packet
+impl AsPacket for PacketMeta {
+    fn to_packet(&self) -> Packet {
+        Packet::from(*self)
     }
 }
 
