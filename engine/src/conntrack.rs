@@ -53,7 +53,7 @@
 //! until a reply is seen, then ESTABLISHED. ICMP: echo/timestamp/info/address-mask (and ICMPv6
 //! echo / node info) requests open entries, replies match them. ICMP errors are RELATED when the
 //! header embedded in them belongs to a live entry: [`Conntrack::track`] reads it from
-//! [`PacketMeta::embedded`] (filled by the parser), [`Conntrack::track_related`] takes it as an
+//! [`PacketFacts::embedded`] (filled by the parser), [`Conntrack::track_related`] takes it as an
 //! argument; an error without an embedded header is INVALID. Non-first fragments
 //! are UNTRACKED (there is no defragmentation before the tracker). Packets already marked
 //! UNTRACKED (raw-table NOTRACK) are left alone.

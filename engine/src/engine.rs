@@ -46,9 +46,9 @@
 //! does per packet what netfilter does per hook: the raw-table base chains (priority -300,
 //! where NOTRACK marks a packet UNTRACKED), then conntrack (-200) sets the packet's
 //! `ct_state` ([`Conntrack::track`]; ICMP errors are RELATED through the header the parser
-//! embedded in [`PacketMeta::embedded`]), then the other tables' chains, whose `--ctstate` /
-//! `--state` matches read it. A new connection the table has no room for (no entry could be
-//! dropped early) has its packet dropped, counted in
+//! embedded in [`crate::packet::PacketFacts::embedded`]), then the other tables' chains,
+//! whose `--ctstate` / `--state` matches read it. A new connection the table has no room for
+//! (no entry could be dropped early) has its packet dropped, counted in
 //! [`ConntrackStats::insert_failed`](crate::conntrack::ConntrackStats) and as a DROP verdict.
 //!
 //! The kernel tracks a packet once, at PREROUTING (or OUTPUT for local packets), and INPUT,
@@ -78,7 +78,7 @@ use crate::dataplane::{
 };
 use crate::kernel_decided::FactBits;
 use crate::model::{Counters, EditError, Family, Hook, RuleEdit, Ruleset, TableKind};
-use crate::packet::Packet;
+use crate::packet::AsPacket;
 use crate::sets::SetRegistry;
 use crate::snapshot::{CompileError, DiffHint, LogEvent, LogRecord, SlotCounters, Snapshot, Trace};
 use crate::validate::{Severity, Violation, ViolationKind, validate, validate_after};
@@ -770,16 +770,17 @@ impl Engine {
     /// verdict, the rules it went through and, in [`Trace::ct_state`], the conntrack state the
     /// packet got: with conntrack on, a lookup between the raw and the other chains
     /// ([`Conntrack::peek`]) that changes nothing in the table; with it off, the packet's own
-    /// `ct_state`. Raw-table NOTRACK still makes it UNTRACKED. `packet` is a [`Packet`] (or a
-    /// reference to one) or a [`PacketMeta`](crate::packet::PacketMeta) with no facts known.
-    pub fn trace(&self, packet: impl Into<Packet>, now_ns: u64) -> Trace {
+    /// `ct_state`. Raw-table NOTRACK still makes it UNTRACKED. `packet` is a
+    /// [`Packet`](crate::packet::Packet) or a [`PacketMeta`](crate::packet::PacketMeta) with
+    /// no facts known ([`AsPacket`]).
+    pub fn trace(&self, packet: &impl AsPacket, now_ns: u64) -> Trace {
         self.trace_bytes(packet, &[], now_ns, true)
     }
 
     /// As [`Engine::trace`] but with the packet's `ct_state` taken as given (no conntrack
     /// lookup), to ask how the rules treat e.g. an ESTABLISHED packet (`-m connlimit` still
     /// counts the table's connections).
-    pub fn trace_with_state(&self, packet: impl Into<Packet>, now_ns: u64) -> Trace {
+    pub fn trace_with_state(&self, packet: &impl AsPacket, now_ns: u64) -> Trace {
         self.trace_bytes(packet, &[], now_ns, false)
     }
 
@@ -788,12 +789,12 @@ impl Engine {
     /// `--string` is false).
     pub fn trace_bytes(
         &self,
-        packet: impl Into<Packet>,
+        packet: &impl AsPacket,
         bytes: &[u8],
         now_ns: u64,
         lookup: bool,
     ) -> Trace {
-        let packet = &packet.into();
+        let packet = &packet.to_packet();
         let ct = self.conntrack.as_ref();
         self.dataplane.with_active(|s| {
             s.trace_tracked(packet, bytes, now_ns, ct, |p, f| {

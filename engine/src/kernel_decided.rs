@@ -16,7 +16,7 @@
 //! the field and sets each expression's bit when the kernel's own match holds for the packet
 //! (`-A VALLUM-FACTS-INPUT -m policy --dir in --pol none -j MARK --set-xmark B/B`), which the
 //! steering jumps to before its NFQUEUE rule; the packet source hands the field with the packet
-//! ([`crate::packet::PacketMeta::kernel_facts`], bit `i` for the expression of bit `i`) and the
+//! ([`crate::packet::PacketFacts::kernel_facts`], bit `i` for the expression of bit `i`) and the
 //! compiled match reads its bit. So the kernel decides these matches exactly as in its own
 //! ruleset. Without a field they are decided as before: `--ctstatus` and `-m policy` are
 //! refused, the tuples are the engine tracker's.

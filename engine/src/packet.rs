@@ -17,8 +17,8 @@
 //! Interfaces are names in the cold part, not ids in the hot one: an id would need a name table
 //! that every source and every snapshot agree on across commits (and `eth+` patterns still
 //! compare names), while a name read costs the rules with `-i`/`-o` one more cache line per
-//! packet (the facts entry, then L1 for the rest of the walk); `engine/BENCH_NOTES_32.md` has the
-//! measurement.
+//! packet (the facts entry, then L1 for the rest of the walk). Measured, a first `-i` rule on
+//! acl1 was not slower after the move (`cold/iface` in `engine/BENCH_NOTES_32.md`).
 //!
 //! Parsing lives in [`parse`] (etherparse underneath), capture files in [`pcap`], generated
 //! traffic in [`synth`]. The hot path never allocates.
@@ -299,17 +299,22 @@ impl From<PacketMeta> for Packet {
     }
 }
 
-/// A copy of `meta` with no facts known.
-impl From<&PacketMeta> for Packet {
-    fn from(meta: &PacketMeta) -> Packet {
-        Packet::from(*meta)
+/// What the one-packet tools take (`Engine::trace`, `Snapshot::trace`): a [`Packet`], or a
+/// [`PacketMeta`] alone with no facts known.
+pub trait AsPacket {
+    /// The whole packet (a copy).
+    fn to_packet(&self) -> Packet;
+}
+
+impl AsPacket for Packet {
+    fn to_packet(&self) -> Packet {
+        *self
     }
 }
 
-/// A copy.
-impl From<&Packet> for Packet {
-    fn from(packet: &Packet) -> Packet {
-        *packet
+impl AsPacket for PacketMeta {
+    fn to_packet(&self) -> Packet {
+        Packet::from(*self)
     }
 }
 

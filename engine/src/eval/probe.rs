@@ -267,6 +267,7 @@ impl Snapshot {
     /// `p`, exactly as the linear walk from `start` would find it, with the same `-m limit`
     /// side effects.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
     pub(crate) fn indexed_next<O: Observer>(
         &self,
         idx: &ChainIndex,
@@ -310,6 +311,7 @@ impl Snapshot {
 
     /// [`Snapshot::indexed_next`] on the TupleMerge tables.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
     pub(crate) fn tm_next<O: Observer>(
         &self,
         idx: &ChainIndex,
@@ -368,6 +370,7 @@ impl Snapshot {
     /// Whether the rule at `pos` (side-effect free) matches: the filter first (dense array, no
     /// rule read), the rule only when the filter is not the whole rule.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
     pub(crate) fn filter_hit<O: Observer>(
         idx: &ChainIndex,
         rules: &RuleChunks,

@@ -11,7 +11,7 @@ use super::{Hint, Observer};
 use crate::conntrack::Conntrack;
 use crate::eval::connlimit::CConnlimit;
 use crate::model::{Family, Policy, TableKind};
-use crate::packet::{Packet, PacketFacts, PacketMeta};
+use crate::packet::{AsPacket, Packet, PacketFacts, PacketMeta};
 use crate::snapshot::log_ring::{LogHit, LogSink};
 use crate::snapshot::stateful::{CHashlimit, CRecent};
 use crate::snapshot::*;
@@ -185,8 +185,8 @@ impl Snapshot {
     /// them: [`Trace::limits_asked`] says how many were asked), and returns the
     /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
     /// and every applied policy, in order.
-    pub fn trace(&self, packet: impl Into<Packet>, now: u64) -> Trace {
-        self.trace_tracked(&packet.into(), &[], now, None, |_, _| None)
+    pub fn trace(&self, packet: &impl AsPacket, now: u64) -> Trace {
+        self.trace_tracked(&packet.to_packet(), &[], now, None, |_, _| None)
     }
 
     /// As [`Snapshot::trace`], the same walk as [`Snapshot::classify_batch`]'s with

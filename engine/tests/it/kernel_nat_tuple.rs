@@ -1,7 +1,7 @@
 //! `--ctorigdst` / `--ctorigdstport` under the kernel's DNAT (NFQUEUE mode): the packet the
 //! engine sees is already translated, so the tracker's own original tuple has the translated
 //! destination; the kernel hands its entry's original tuple (`NFQA_CT`'s `CTA_TUPLE_ORIG`,
-//! [`PacketMeta::ct_orig_dst`]) and xt_conntrack decides with that one. Docker's documented
+//! [`PacketFacts::ct_orig_dst`]) and xt_conntrack decides with that one. Docker's documented
 //! DOCKER-USER recipe (restrict a published port by its original destination port) through
 //! the engine with its tracker, for the request and for the container's answer.
 

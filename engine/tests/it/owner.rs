@@ -1,7 +1,7 @@
 //! `-m owner` (OUTPUT): numeric uid/gid ranges and `--socket-exists`, printed as
 //! iptables-save prints them, refused where the kernel refuses them (other hooks, names the
 //! engine cannot resolve), and decided as owner_mt from the socket's uid and gid
-//! ([`PacketMeta::owner`], NFQUEUE's NFQA_UID / NFQA_GID).
+//! ([`PacketFacts::owner`], NFQUEUE's NFQA_UID / NFQA_GID).
 
 use std::sync::Arc;
 

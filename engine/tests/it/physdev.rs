@@ -1,7 +1,7 @@
 //! `-m physdev`: the bridge ports of a bridged packet, printed as iptables-save prints them
 //! (physdev_save's order), refused where the kernel refuses them (physdev_mt_check: the output
 //! port at OUTPUT without `--physdev-is-bridged`), and decided as physdev_mt from
-//! [`PacketMeta::phys_in`] / [`PacketMeta::phys_out`] (NFQUEUE's NFQA_IFINDEX_PHYSINDEV /
+//! [`PacketFacts::phys_in`] / [`PacketFacts::phys_out`] (NFQUEUE's NFQA_IFINDEX_PHYSINDEV /
 //! PHYSOUTDEV) by the linear and the indexed classifier, one packet at a time and in a batch.
 
 use std::sync::Arc;

@@ -642,7 +642,7 @@ COMMIT
     assert_eq!(run(&e, fin, 4 * S), (Verdict::Drop, ct_state::INVALID));
 }
 
-/// `--ctstate DNAT` / `SNAT` read the kernel's NAT bits ([`PacketMeta::ct_nat`], from
+/// `--ctstate DNAT` / `SNAT` read the kernel's NAT bits ([`PacketFacts::ct_nat`], from
 /// NFQA_CT in NFQUEUE mode) on top of our tracker's state, as xt_conntrack reads the entry's
 /// IPS_DST_NAT / IPS_SRC_NAT; not for an UNTRACKED packet (no entry). Before, nothing set
 /// those bits and the rules never matched.

@@ -3,8 +3,9 @@
 //! `EngineWorker::process` and answers them all with one `sendto(2)` of verdict messages
 //! (`NFQNL_MSG_VERDICT_BATCH` per run of equal verdicts).
 //!
-//! What the kernel tells us becomes the `PacketMeta`: the IP packet (NFQUEUE hands it from
-//! the IP header on; `parse_ip`), the hook (`NF_INET_*` numbers, [`hook_from_netfilter`]),
+//! What the kernel tells us becomes the `Packet` (the hot `PacketMeta` and the `PacketFacts`
+//! kept beside the batch): the IP packet (NFQUEUE hands it from the IP header on;
+//! `parse_ip`), the hook (`NF_INET_*` numbers, [`hook_from_netfilter`]),
 //! the input/output interface indexes (names from [`IfNames`]), for a bridged packet the
 //! bridge ports (`NFQA_IFINDEX_PHYSINDEV`/`PHYSOUTDEV`, for `-m physdev`), the mark, the link-layer
 //! source address (`NFQA_HWADDR`, for `-m mac`; only from an Ethernet input device, as
@@ -179,7 +180,7 @@ fn hint(e: &std::io::Error) -> &'static str {
     }
 }
 
-/// [`PacketMeta::ct_nat`](vallum_engine::packet::PacketMeta::ct_nat) from the kernel's
+/// [`PacketFacts::ct_nat`](vallum_engine::packet::PacketFacts::ct_nat) from the kernel's
 /// conntrack status (`CTA_STATUS` of `NFQA_CT`): SNAT for `IPS_SRC_NAT`, DNAT for
 /// `IPS_DST_NAT`, as xt_conntrack's state bits; 0 without an entry.
 pub fn ct_nat(status: Option<u32>) -> u8 {
