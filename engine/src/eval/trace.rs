@@ -196,8 +196,6 @@ impl Snapshot {
         ct: Option<&Conntrack>,
         after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
     ) -> Trace {
-        let mut after_raw = Some(after_raw);
-        let mut track = |p: &mut PacketMeta| after_raw.take().and_then(|f| f(p));
         let mut p = *packet;
         let mut obs = Tracing {
             snapshot: self.id,
@@ -209,7 +207,13 @@ impl Snapshot {
             limits_asked: 0,
             hotdropped: false,
         };
-        let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, &mut track);
+        let verdict = match self.walk_raw(&mut p, now, &mut obs, Hint::NONE) {
+            Err(v) => v,
+            Ok(walk) => {
+                let ct = after_raw(&mut p);
+                self.walk_rest(walk, ct, &mut p, now, &mut obs, Hint::NONE)
+            }
+        };
         Trace {
             verdict,
             steps: obs.steps,
