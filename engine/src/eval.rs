@@ -6,9 +6,10 @@
 //! `Snapshot::walk_rest`, the others): the chain walk with its jump stack, the index
 //! queries it makes (`indexed_next`), every match, the targets, and a `-j LOG` hit's copy into
 //! the worker's ring ([`LogRing`]'s [`LogSink`]). [`Snapshot::trace`] is the same walk with a
-//! recording observer (`eval/trace.rs`). The matches that read more than the parsed header
-//! have their own files: `eval/string.rs`, `eval/sctp.rs`, `eval/u32_match.rs`,
-//! `eval/connlimit.rs`.
+//! recording observer (`eval/trace.rs`). A packet's hot part ([`PacketMeta`]) goes to every
+//! match; its cold facts ([`PacketFacts`]) only to the matches and targets that read them.
+//! The matches that read more than the parsed header have their own files:
+//! `eval/string.rs`, `eval/sctp.rs`, `eval/u32_match.rs`, `eval/connlimit.rs`.
 //!
 //! This file is over 1,200 lines on purpose: a packet's classification reads in one file
 //! (docs/architecture.md, "The packet walk"), and the walk, the index it queries and the
@@ -28,11 +29,10 @@ use std::sync::Arc;
 
 use crate::conntrack::Conntrack;
 use crate::model::{EcnMatch, FragMatch, Hook, MultiportDir, Policy, PortRange, TtlOp, ct_state};
-use crate::packet::PacketMeta;
+use crate::packet::{IfName, Packet, PacketFacts, PacketMeta};
 
 use crate::eval::connlimit::CConnlimit;
 use crate::model::ConnmarkTarget;
-use crate::packet::IfName;
 use crate::snapshot::chunks::RuleChunks;
 use crate::snapshot::counters::CoreCounters;
 use crate::snapshot::log_ring::{LogHit, LogRecord, LogRing, LogSink};
@@ -65,7 +65,13 @@ pub(crate) trait Observer {
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool;
     /// A `-m connlimit` match: the packet path adds the packet's connection to the rule's
     /// list, a trace only counts.
-    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool;
+    fn connlimit(
+        &mut self,
+        c: &CConnlimit,
+        pkt: &PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> bool;
     /// The packet's bytes from its network header on, for `-m string` (empty when the caller
     /// gave none).
     fn payload(&self) -> &[u8];
@@ -79,6 +85,7 @@ pub(crate) trait Observer {
         number: u32,
         log: &LogSpec,
         pkt: &PacketMeta,
+        facts: &PacketFacts,
     );
     fn outcome(&mut self, _what: StepOutcome) {}
     /// A match found the transport-header bytes it reads missing ([`PacketMeta::l4_cut`]):
@@ -109,8 +116,14 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
         self.inner.hashlimit(h, pkt, now)
     }
-    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
-        self.inner.connlimit(c, pkt, now)
+    fn connlimit(
+        &mut self,
+        c: &CConnlimit,
+        pkt: &PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> bool {
+        self.inner.connlimit(c, pkt, facts, now)
     }
     fn payload(&self) -> &[u8] {
         self.inner.payload()
@@ -122,8 +135,9 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
         number: u32,
         log: &LogSpec,
         pkt: &PacketMeta,
+        facts: &PacketFacts,
     ) {
-        self.inner.log(chain, chain_index, number, log, pkt);
+        self.inner.log(chain, chain_index, number, log, pkt, facts);
     }
     fn outcome(&mut self, what: StepOutcome) {
         self.inner.outcome(what);
@@ -178,8 +192,14 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
         h.matches(pkt, now, true)
     }
     #[inline]
-    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
-        c.matches(pkt, now, self.ct, true)
+    fn connlimit(
+        &mut self,
+        c: &CConnlimit,
+        pkt: &PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> bool {
+        c.matches(pkt, facts, now, self.ct, true)
     }
     #[inline]
     fn payload(&self) -> &[u8] {
@@ -192,6 +212,7 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
         number: u32,
         log: &LogSpec,
         pkt: &PacketMeta,
+        facts: &PacketFacts,
     ) {
         let hit = LogHit::new(
             self.snapshot,
@@ -201,6 +222,7 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
             number,
             log,
             pkt,
+            facts,
         );
         self.logs.log(&hit);
     }
@@ -209,9 +231,10 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
 impl<'a> LogHit<'a> {
     /// The hit of `rule` (1-based) of `chain`, index `chain_index` in the snapshot (number
     /// `snapshot`, its ruleset names `names`), a `-j LOG`/`-j NFLOG` with `log`'s options, on
-    /// `packet`: what both observers of the chain walk (the counting one and the trace) hand
-    /// their sink. Borrows only; no allocation, no `Arc` clone.
+    /// `packet` with its `facts`: what both observers of the chain walk (the counting one and
+    /// the trace) hand their sink. Borrows only; no allocation, no `Arc` clone.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
     pub(crate) fn new(
         snapshot: u64,
         names: &'a [Arc<str>],
@@ -220,6 +243,7 @@ impl<'a> LogHit<'a> {
         rule: u32,
         log: &'a LogSpec,
         packet: &'a PacketMeta,
+        facts: &'a PacketFacts,
     ) -> LogHit<'a> {
         LogHit {
             snapshot,
@@ -231,6 +255,7 @@ impl<'a> LogHit<'a> {
             level: log.level,
             nflog_group: log.nflog_group,
             packet,
+            facts,
         }
     }
 }
@@ -249,7 +274,10 @@ impl LogSink for LogRing {
                     chain: hit.chain_index,
                     rule: hit.rule,
                     level: hit.level,
-                    packet: *hit.packet,
+                    packet: Packet {
+                        meta: *hit.packet,
+                        facts: *hit.facts,
+                    },
                 };
                 self.len += 1;
             }
@@ -301,8 +329,13 @@ fn has_entry(p: &PacketMeta) -> bool {
 /// `--ctstate`, as conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
 /// INVALID (no entry) or UNTRACKED packet has no status bits to read.
 #[inline]
-fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta) -> bool {
-    let nat = if has_entry(p) { p.ct_nat } else { 0 };
+fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta, f: &PacketFacts) -> bool {
+    // The NAT bits are facts: read only when the match asks for SNAT or DNAT.
+    let nat = if bits & (ct_state::SNAT | ct_state::DNAT) != 0 && has_entry(p) {
+        f.ct_nat
+    } else {
+        0
+    };
     ((p.ct_state | nat) & bits != 0) != negated
 }
 
@@ -312,9 +345,9 @@ fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta) -> bool {
 /// (after the kernel's NAT, if any), so its original tuple is the packet's own addresses and
 /// ports in the original direction and their swap in the reply direction, and the reply tuple
 /// the swap of the original.
-fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
+fn conntrack_matches(c: &CConntrack, p: &PacketMeta, f: &PacketFacts) -> bool {
     if let Some((neg, bits)) = c.state {
-        if !ct_state_matches(neg, bits, p) {
+        if !ct_state_matches(neg, bits, p, f) {
             return false;
         }
     }
@@ -334,7 +367,7 @@ fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
     };
     // Under the kernel's DNAT its original destination is not the packet's (translated)
     // one; the reply tuple's source is the translated address either way.
-    let (kd, kdp) = match p.ct_orig_dst {
+    let (kd, kdp) = match f.ct_orig_dst {
         Some((a, port)) => (a, port.unwrap_or(odp)),
         None => (od, odp),
     };
@@ -351,8 +384,8 @@ fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
 }
 
 /// `-m owner`, as owner_mt (see [`crate::model::OwnerMatch`]).
-fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
-    let Some((uid, gid)) = p.owner else {
+fn owner_matches(w: &crate::model::OwnerMatch, f: &PacketFacts) -> bool {
+    let Some((uid, gid)) = f.owner else {
         // No socket: true only when every given option is negated.
         return w.socket.is_none_or(|n| n)
             && w.uid.is_none_or(|v| v.negated)
@@ -366,7 +399,7 @@ fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
 }
 
 /// `-m physdev`, as physdev_mt (see [`crate::model::PhysdevMatch`]).
-fn physdev_matches(d: &CPhysdev, p: &PacketMeta) -> bool {
+fn physdev_matches(d: &CPhysdev, p: &PacketFacts) -> bool {
     let (indev, outdev) = (!p.phys_in.is_empty(), !p.phys_out.is_empty());
     if !indev && !outdev {
         // No bridge information: only when every given option is negated.
@@ -416,19 +449,19 @@ fn has_ports(proto: u8) -> bool {
 
 impl Snapshot {
     #[inline]
-    fn header_matches(r: &CRule, p: &PacketMeta) -> bool {
+    fn header_matches(r: &CRule, p: &PacketMeta, f: &PacketFacts) -> bool {
         if r.src.matches(addr_bits(p.src)) == r.src_negated
             || r.dst.matches(addr_bits(p.dst)) == r.dst_negated
         {
             return false;
         }
         if let Some((neg, pat)) = &r.in_iface {
-            if pat.matches(&p.in_iface) == *neg {
+            if pat.matches(&f.in_iface) == *neg {
                 return false;
             }
         }
         if let Some((neg, pat)) = &r.out_iface {
-            if pat.matches(&p.out_iface) == *neg {
+            if pat.matches(&f.out_iface) == *neg {
                 return false;
             }
         }
@@ -451,14 +484,22 @@ impl Snapshot {
     pub(crate) fn rule_matches<O: Observer>(
         r: &CRule,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> bool {
-        Self::header_matches(r, p) && r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
+        Self::header_matches(r, p, f)
+            && r.matches.iter().all(|m| Self::match_one(m, p, f, now, obs))
     }
 
     #[inline]
-    fn match_one<O: Observer>(m: &CMatch, p: &PacketMeta, now: u64, obs: &mut O) -> bool {
+    fn match_one<O: Observer>(
+        m: &CMatch,
+        p: &PacketMeta,
+        f: &PacketFacts,
+        now: u64,
+        obs: &mut O,
+    ) -> bool {
         match m {
             CMatch::Tcp {
                 sport,
@@ -480,7 +521,7 @@ impl Snapshot {
                 port_in(sport, p.sport)
                     && port_in(dport, p.dport)
                     && flags.is_none_or(|(neg, mask, comp)| (p.tcp_flags & mask == comp) != neg)
-                    && option.is_none_or(|(neg, kind)| p.has_tcp_option(kind) != neg)
+                    && option.is_none_or(|(neg, kind)| f.has_tcp_option(kind) != neg)
             }
             CMatch::Udp { sport, dport } => {
                 if p.fragment {
@@ -532,8 +573,8 @@ impl Snapshot {
                 };
                 hit != *negated
             }
-            CMatch::CtState { negated, bits } => ct_state_matches(*negated, *bits, p),
-            CMatch::Conntrack(c) => conntrack_matches(c, p),
+            CMatch::CtState { negated, bits } => ct_state_matches(*negated, *bits, p, f),
+            CMatch::Conntrack(c) => conntrack_matches(c, p, f),
             CMatch::Iprange(r) => {
                 let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
@@ -554,16 +595,16 @@ impl Snapshot {
                 mask,
             } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
             CMatch::Never => false,
-            CMatch::KernelFact(bit) => p.kernel_facts & bit != 0,
-            CMatch::Owner(w) => owner_matches(w, p),
-            CMatch::Physdev(d) => physdev_matches(d, p),
+            CMatch::KernelFact(bit) => f.kernel_facts & bit != 0,
+            CMatch::Owner(w) => owner_matches(w, f),
+            CMatch::Physdev(d) => physdev_matches(d, f),
             CMatch::Length { negated, range } => {
                 (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
                     != *negated
             }
             CMatch::Limit(bucket) => obs.limit(bucket, now),
             // As mac_mt: no link-layer source, no match (even when negated).
-            CMatch::Mac { negated, mac } => p.src_mac.is_some_and(|m| (m == *mac) != *negated),
+            CMatch::Mac { negated, mac } => f.src_mac.is_some_and(|m| (m == *mac) != *negated),
             CMatch::Ttl(t) => match t.op {
                 TtlOp::Eq => p.ttl == t.value,
                 TtlOp::Ne => p.ttl != t.value,
@@ -577,22 +618,22 @@ impl Snapshot {
             } => (p.tos & mask == *value) != *negated,
             CMatch::Ecn(e) => ecn_matches(e, p),
             // As ah_mt: a non-first fragment has no AH header.
-            CMatch::Ah { negated, spi } => !p.fragment && spi.contains(p.ah_spi) != *negated,
-            CMatch::Frag(f) => p.ipv6_ext.fragment.is_some_and(|h| frag_matches(f, &h)),
-            CMatch::Rt(r) => p.ipv6_ext.routing.is_some_and(|h| {
+            CMatch::Ah { negated, spi } => !p.fragment && spi.contains(f.ah_spi) != *negated,
+            CMatch::Frag(m) => f.ipv6_ext.fragment.is_some_and(|h| frag_matches(m, &h)),
+            CMatch::Rt(r) => f.ipv6_ext.routing.is_some_and(|h| {
                 r.segsleft.value.contains(u32::from(h.segments_left)) != r.segsleft.negated
                     && r.len
                         .is_none_or(|l| (l.value == u32::from(h.len)) != l.negated)
                     && r.rt_type
                         .is_none_or(|t| (t.value == h.rt_type) != t.negated)
             }),
-            CMatch::AddrType(a) => addrtype_matches(a, p),
-            CMatch::Rpfilter { flags, addrs } => rpfilter_matches(*flags, addrs, p),
+            CMatch::AddrType(a) => addrtype_matches(a, p, f),
+            CMatch::Rpfilter { flags, addrs } => rpfilter_matches(*flags, addrs, p, f),
             CMatch::PktType {
                 negated,
                 kind,
                 addrs,
-            } => pkttype_matches(*negated, *kind, addrs.as_deref(), p),
+            } => pkttype_matches(*negated, *kind, addrs.as_deref(), p, f),
             CMatch::Recent(r) => obs.recent(r, p, now),
             CMatch::Hashlimit(h) => {
                 // As hashlimit_init_dst: the ports must be there when the key has them.
@@ -602,7 +643,7 @@ impl Snapshot {
                 }
                 obs.hashlimit(h, p, now)
             }
-            CMatch::Connlimit(c) => obs.connlimit(c, p, now),
+            CMatch::Connlimit(c) => obs.connlimit(c, p, f, now),
             CMatch::String(s) => s.matches(obs.payload()),
             CMatch::U32(u) => u32_match::u32_matches(u, obs.payload(), p.len),
             CMatch::Sctp(s) => match sctp::sctp_matches(s, p, obs.payload()) {
@@ -613,7 +654,7 @@ impl Snapshot {
                 }
             },
             CMatch::Ipv6Header(h) => {
-                let have = p.ipv6_ext.mask;
+                let have = f.ipv6_ext.mask;
                 if h.soft {
                     // ip6t_ipv6header: `!((temp ^ matchflags ^ invflags) & matchflags)`, with
                     // invflags 0xff when negated: each listed header present (absent).
@@ -631,6 +672,7 @@ impl Snapshot {
         &self,
         base: u32,
         p: &mut PacketMeta,
+        f: &mut PacketFacts,
         now: u64,
         obs: &mut O,
         hint: Hint,
@@ -666,7 +708,7 @@ impl Snapshot {
                         dropped: false,
                     };
                     let at = rules.find_from(next, |r| {
-                        Self::rule_matches(r, p, now, &mut watch) || watch.dropped
+                        Self::rule_matches(r, p, f, now, &mut watch) || watch.dropped
                     });
                     if watch.dropped {
                         return Some(Verdict::Drop);
@@ -678,11 +720,11 @@ impl Snapshot {
                         // The RFC probe's answer is the first match itself.
                         (hint.best != u32::MAX).then_some(hint.best)
                     } else {
-                        self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                        self.indexed_rest(idx, rules, 0, hint.best, p, f, now, obs)
                     }
                 }
-                Some(idx) => self.indexed_next(idx, rules, next, p, now, obs),
-                None => rules.find_from(next, |r| Self::rule_matches(r, p, now, obs)),
+                Some(idx) => self.indexed_next(idx, rules, next, p, f, now, obs),
+                None => rules.find_from(next, |r| Self::rule_matches(r, p, f, now, obs)),
             };
             let Some(at) = found else {
                 next = n;
@@ -730,16 +772,16 @@ impl Snapshot {
                     chain = c.table_base + *t;
                     next = 0;
                 }
-                CTarget::Log(log) => obs.log(c, chain, next, log, p),
+                CTarget::Log(log) => obs.log(c, chain, next, log, p, f),
                 // xt_ct_target / notrack_tg: only the first of them a packet meets acts.
                 CTarget::Notrack => {
-                    if p.ct_zone.is_none() {
+                    if f.ct_zone.is_none() {
                         p.ct_state = ct_state::UNTRACKED;
                     }
                 }
                 CTarget::Ct(z) => {
-                    if p.ct_zone.is_none() && p.ct_state != ct_state::UNTRACKED {
-                        p.ct_zone = Some(z.resolve(p.mark));
+                    if f.ct_zone.is_none() && p.ct_state != ct_state::UNTRACKED {
+                        f.ct_zone = Some(z.resolve(p.mark));
                     }
                 }
                 CTarget::Mark(m) => p.mark = m.apply(p.mark),
@@ -768,6 +810,7 @@ impl Snapshot {
     pub(crate) fn walk_raw<O: Observer>(
         &self,
         p: &mut PacketMeta,
+        facts: &mut PacketFacts,
         now: u64,
         obs: &mut O,
         hint: Hint,
@@ -782,13 +825,14 @@ impl Snapshot {
         if matches!(hook, Hook::Input | Hook::Forward)
             && !self.hooks[f][Hook::Prerouting.index()].is_empty()
         {
-            walk.out_iface = Some(std::mem::take(&mut p.out_iface));
+            // Only the rules that read the output interface touch the facts for it.
+            walk.out_iface = Some(std::mem::take(&mut facts.out_iface));
             p.hook = Hook::Prerouting;
         }
         let (raw, _) = self.hook_chains(f, p.hook);
         for &base in raw {
-            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
-                walk.leave_prerouting(p);
+            if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
+                walk.leave_prerouting(p, facts);
                 return Err(v);
             }
         }
@@ -802,30 +846,32 @@ impl Snapshot {
     /// that passes every hook is ACCEPTed. The packet leaves with its own hook and output
     /// interface.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the walk's state, passed as it is
     pub(crate) fn walk_rest<O: Observer>(
         &self,
         walk: Walk,
         ct: Option<Verdict>,
         p: &mut PacketMeta,
+        facts: &mut PacketFacts,
         now: u64,
         obs: &mut O,
         hint: Hint,
     ) -> Verdict {
         if let Some(v) = ct {
-            walk.leave_prerouting(p);
+            walk.leave_prerouting(p, facts);
             return v;
         }
         let (_, rest) = self.hook_chains(walk.f, p.hook);
         for &base in rest {
-            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
-                walk.leave_prerouting(p);
+            if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
+                walk.leave_prerouting(p, facts);
                 return v;
             }
         }
-        if walk.leave_prerouting(p) {
+        if walk.leave_prerouting(p, facts) {
             let chains = &self.hooks[walk.f][walk.hook.index()];
             for &base in chains {
-                if let Some(v) = self.run_chain(base, p, now, obs, hint) {
+                if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
                     return v;
                 }
             }
@@ -857,11 +903,11 @@ impl Walk {
     /// Gives the packet back its own hook and output interface if the walk was at
     /// PREROUTING; says whether it was.
     #[inline]
-    fn leave_prerouting(&self, p: &mut PacketMeta) -> bool {
+    fn leave_prerouting(&self, p: &mut PacketMeta, facts: &mut PacketFacts) -> bool {
         match self.out_iface {
             Some(out) => {
                 p.hook = self.hook;
-                p.out_iface = out;
+                facts.out_iface = out;
                 true
             }
             None => false,
@@ -869,7 +915,7 @@ impl Walk {
     }
 }
 
-/// The batch probe's answer for one packet ([`Snapshot::probe`]): the tables' part of the
+/// The batch probe's answer for one packet (`Snapshot::probe`): the tables' part of the
 /// first index query of base chain `chain` from rule 0 (`best`: a rule position, `u32::MAX`
 /// for none, or [`PROBE_UNKNOWN`]).
 #[derive(Clone, Copy, Debug)]
@@ -886,15 +932,15 @@ impl Hint {
     };
 }
 
-/// Packets the classify loop ([`Snapshot::classify_batch`]) probes together; a longer
-/// slice is taken in groups of this many.
+/// Packets the classify loop ([`Snapshot::classify_batch`]) probes together; a longer slice
+/// is taken in groups of this many.
 pub const CLASSIFY_BATCH: usize = PROBE_BATCH;
 
 impl Snapshot {
     /// The hot-path observer of the walk on `core` (folded onto the last core when `core` is
     /// not below [`Snapshot::cores`]): counts every matched rule and applied policy in the
     /// core's counters, hands `-j LOG` hits to `logs`, lets `-m connlimit` count in `ct`.
-    /// Set each packet's bytes (for `-m string`) with [`Counting::set_payload`].
+    /// Set each packet's bytes (for `-m string`) with `Counting::set_payload`.
     pub(crate) fn counting<'a, L: LogSink + ?Sized>(
         &'a self,
         core: usize,
@@ -911,23 +957,24 @@ impl Snapshot {
         }
     }
 
-    /// The index probe of a group of up to [`PROBE_BATCH`] packets: picks each packet's first
-    /// base chain with an index worth probing in batches, probes that chain's hash tables (or
-    /// RFC tables) for all its packets at once with their memory accesses interleaved (after
-    /// Open vSwitch's `dpcls_lookup`: [`ChainIndex::probe_batch`]), and writes each packet's
-    /// answer into `hints` (same index). Then requests what each walk reads first, for all
-    /// packets before the first walk runs: the probed rule (its target) and its counter line
-    /// in `obs`'s core.
+    /// The index probe of a group of up to [`PROBE_BATCH`] packets (`facts`: theirs, a
+    /// packet beyond the slice has none known): picks each packet's first base chain with an
+    /// index worth probing in batches, probes that chain's hash tables (or RFC tables) for all
+    /// its packets at once with their memory accesses interleaved (after Open vSwitch's
+    /// `dpcls_lookup`: [`ChainIndex::probe_batch`]), and writes each packet's answer into
+    /// `hints` (same index). Then requests what each walk reads first, for all packets before
+    /// the first walk runs: the probed rule (its target) and its counter line in `obs`'s core.
     pub(crate) fn probe<L: LogSink + ?Sized>(
         &self,
         packets: &[PacketMeta],
+        facts: &[PacketFacts],
         now: u64,
         obs: &Counting<'_, L>,
         hints: &mut [Hint; PROBE_BATCH],
     ) {
         let mut chains = [u32::MAX; PROBE_BATCH];
         let mut best = [PROBE_UNKNOWN; PROBE_BATCH];
-        self.probe_chains(packets, now, &mut chains, &mut best);
+        self.probe_chains(packets, facts, now, &mut chains, &mut best);
         let m = packets.len().min(PROBE_BATCH);
         for ((h, &c), &b) in hints.iter_mut().zip(&chains).zip(&best).take(m) {
             *h = Hint { chain: c, best: b };
@@ -952,6 +999,7 @@ impl Snapshot {
     fn probe_chains(
         &self,
         packets: &[PacketMeta],
+        facts: &[PacketFacts],
         now: u64,
         chains: &mut [u32; PROBE_BATCH],
         best: &mut [u32; PROBE_BATCH],
@@ -1004,7 +1052,7 @@ impl Snapshot {
             }
             let body = &*self.chains[c as usize].body;
             if let Some(idx) = &body.index {
-                idx.probe_batch(&body.rules, packets, &which[..m], now, best);
+                idx.probe_batch(&body.rules, packets, facts, &which[..m], now, best);
             }
         }
     }
@@ -1074,13 +1122,13 @@ impl Observer for Silent {
     fn hashlimit(&mut self, _: &CHashlimit, _: &PacketMeta, _: u64) -> bool {
         false
     }
-    fn connlimit(&mut self, _: &CConnlimit, _: &PacketMeta, _: u64) -> bool {
+    fn connlimit(&mut self, _: &CConnlimit, _: &PacketMeta, _: &PacketFacts, _: u64) -> bool {
         false
     }
     fn payload(&self) -> &[u8] {
         &[]
     }
-    fn log(&mut self, _: &CChain, _: u32, _: u32, _: &LogSpec, _: &PacketMeta) {}
+    fn log(&mut self, _: &CChain, _: u32, _: u32, _: &LogSpec, _: &PacketMeta, _: &PacketFacts) {}
 }
 
 impl ChainIndex {
@@ -1103,6 +1151,7 @@ impl ChainIndex {
         &self,
         rules: &RuleChunks,
         packets: &[PacketMeta],
+        facts: &[PacketFacts],
         which: &[u8],
         now: u64,
         out: &mut [u32; PROBE_BATCH],
@@ -1214,8 +1263,15 @@ impl ChainIndex {
                         (best[k], unsure[k]) = (pos, true);
                         break;
                     }
-                    let p = &packets[which[k] as usize];
-                    if Snapshot::rule_matches(&rules[pos as usize], p, now, &mut Silent) {
+                    let i = which[k] as usize;
+                    let f = facts.get(i).unwrap_or(&PacketFacts::NONE);
+                    if Snapshot::rule_matches(
+                        &rules[pos as usize],
+                        &packets[i],
+                        f,
+                        now,
+                        &mut Silent,
+                    ) {
                         (best[k], unsure[k]) = (pos, false);
                         break;
                     }
@@ -1235,12 +1291,14 @@ impl Snapshot {
     /// `p`, exactly as the linear walk from `start` would find it, with the same `-m limit`
     /// side effects.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
     pub(crate) fn indexed_next<O: Observer>(
         &self,
         idx: &ChainIndex,
         rules: &RuleChunks,
         start: u32,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> Option<u32> {
@@ -1258,7 +1316,7 @@ impl Snapshot {
                     };
                     for &pos in &list[from..] {
                         if idx.filters[pos as usize].flags & FILTER_EXACT != 0
-                            || Self::rule_matches(&rules[pos as usize], p, now, obs)
+                            || Self::rule_matches(&rules[pos as usize], p, f, now, obs)
                         {
                             return Some(pos);
                         }
@@ -1272,17 +1330,19 @@ impl Snapshot {
                 }
             }
         }
-        self.tm_next(idx, rules, start, p, now, obs)
+        self.tm_next(idx, rules, start, p, f, now, obs)
     }
 
     /// [`Snapshot::indexed_next`] on the TupleMerge tables.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
     pub(crate) fn tm_next<O: Observer>(
         &self,
         idx: &ChainIndex,
         rules: &RuleChunks,
         start: u32,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> Option<u32> {
@@ -1321,32 +1381,34 @@ impl Snapshot {
                     && pos >= start
                     && e.passes(&key, tag as u16)
                     && (e.flags & FILTER_EXACT != 0
-                        || Self::rule_matches(&rules[pos as usize], p, now, obs))
+                        || Self::rule_matches(&rules[pos as usize], p, f, now, obs))
                 {
                     best = pos;
                     break;
                 }
             }
         }
-        self.indexed_rest(idx, rules, start, best, p, now, obs)
+        self.indexed_rest(idx, rules, start, best, p, f, now, obs)
     }
 
     /// Whether the rule at `pos` (side-effect free) matches: the filter first (dense array, no
     /// rule read), the rule only when the filter is not the whole rule.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the evaluator's state, passed as it is
     pub(crate) fn filter_hit<O: Observer>(
         idx: &ChainIndex,
         rules: &RuleChunks,
         pos: u32,
         key: &PacketKey,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> bool {
-        let f = &idx.filters[pos as usize];
-        f.passes(key)
-            && (f.flags & FILTER_EXACT != 0
-                || Self::rule_matches(&rules[pos as usize], p, now, obs))
+        let filter = &idx.filters[pos as usize];
+        filter.passes(key)
+            && (filter.flags & FILTER_EXACT != 0
+                || Self::rule_matches(&rules[pos as usize], p, f, now, obs))
     }
 
     /// The rest of [`Snapshot::indexed_next`] once the tables said `best` (the lowest matching
@@ -1361,6 +1423,7 @@ impl Snapshot {
         start: u32,
         mut best: u32,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> Option<u32> {
@@ -1371,7 +1434,7 @@ impl Snapshot {
                 if pos >= best {
                     break;
                 }
-                if Self::filter_hit(idx, rules, pos, &key, p, now, obs) {
+                if Self::filter_hit(idx, rules, pos, &key, p, f, now, obs) {
                     best = pos;
                     break;
                 }
@@ -1384,7 +1447,7 @@ impl Snapshot {
             if pos >= best {
                 break;
             }
-            if Self::rule_matches(&rules[pos as usize], p, now, obs) {
+            if Self::rule_matches(&rules[pos as usize], p, f, now, obs) {
                 return Some(pos);
             }
         }

@@ -5,6 +5,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::*;
+use crate::packet::PacketMeta;
 use crate::restore::{ParseOptions, parse};
 use crate::sets::NoSets;
 use crate::snapshot::Verdict;
@@ -76,7 +77,7 @@ fn a_counter_read_during_a_compile_does_not_wait_for_it() {
     // Before the commit: the empty snapshot.
     assert!(engine.counters().iter().all(|c| c.packets == 0));
     let packet = PacketMeta::default();
-    assert_eq!(engine.trace(&packet, 0).verdict, Verdict::Accept);
+    assert_eq!(engine.trace(packet, 0).verdict, Verdict::Accept);
     read_done.send(()).unwrap();
     let committed = match committer.join() {
         Ok(r) => r.unwrap(),
@@ -139,6 +140,7 @@ fn packets_copied_short_of_the_rules_are_skipped() {
     let (n, range) = w.process(
         Batch {
             packets: &mut packets,
+            facts: &mut [],
             verdicts: &mut verdicts,
             bytes: &bytes,
             cut: &cut,
@@ -174,6 +176,7 @@ fn packets_copied_short_of_the_rules_are_skipped() {
     let (_, range) = w.process(
         Batch {
             packets: &mut packets,
+            facts: &mut [],
             verdicts: &mut verdicts,
             bytes: &bytes,
             cut: &cut,

@@ -31,7 +31,7 @@ use crate::conntrack::{Conntrack, NoTracking, Track, Tracker};
 use crate::dataplane::{Dataplane, Worker};
 use crate::eval::Hint;
 use crate::model::{Family, Hook};
-use crate::packet::PacketMeta;
+use crate::packet::{PacketFacts, PacketMeta};
 use crate::snapshot::{CLASSIFY_BATCH, LogEvent, LogRecord, LogRing, LogSink, Snapshot, Verdict};
 
 /// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains
@@ -86,6 +86,10 @@ pub struct Batch<'a> {
     /// The packets; each comes back with the `ct_state` the non-raw chains saw, and the marks
     /// the rules set.
     pub packets: &'a mut [PacketMeta],
+    /// `facts[i]` is the cold part of packet `i` ([`PacketFacts`]), filled by the source with
+    /// the packet; the walk reads it only in the matches that use it. A packet beyond the
+    /// slice has none known ([`PacketFacts::NONE`]): `&mut []` for sources without facts.
+    pub facts: &'a mut [PacketFacts],
     /// One verdict per packet (a skipped packet's is left as it was).
     pub verdicts: &'a mut [Verdict],
     /// `bytes[i]` is packet `i` from its network (IP) header on, which `-m string` searches (a
@@ -99,10 +103,11 @@ pub struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    /// A batch of packets without bytes (none cut).
+    /// A batch of packets without bytes (none cut) and without facts.
     pub fn new(packets: &'a mut [PacketMeta], verdicts: &'a mut [Verdict]) -> Batch<'a> {
         Batch {
             packets,
+            facts: &mut [],
             verdicts,
             bytes: &[],
             cut: &[],
@@ -174,6 +179,7 @@ impl EngineWorker<'_> {
     pub fn process(&mut self, batch: Batch<'_>, now_ns: u64) -> (usize, u32) {
         let Batch {
             packets,
+            facts,
             verdicts,
             bytes,
             cut,
@@ -208,11 +214,16 @@ impl EngineWorker<'_> {
                 .get(start.min(bytes.len())..end.min(bytes.len()))
                 .unwrap_or(&[]);
             let (ps, vs) = (&mut packets[start..end], &mut verdicts[start..end]);
+            let fs =
+                (facts.get_mut(start.min(facts.len())..end.min(facts.len()))).unwrap_or(&mut []);
             let core = batch.core();
             let logs = &mut self.logs;
             match &mut self.tracker {
-                Some(t) => snap.classify_batch(core, ps, vs, now_ns, logs, run_bytes, t),
-                None => snap.classify_batch(core, ps, vs, now_ns, logs, run_bytes, &mut NoTracking),
+                Some(t) => snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t),
+                None => {
+                    let t = &mut NoTracking;
+                    snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t)
+                }
             };
             for (p, &v) in ps.iter().zip(vs.iter()) {
                 self.verdicts.count(p, v);
@@ -279,12 +290,12 @@ impl EngineWorker<'_> {
 impl Snapshot {
     /// Classifies `packets` on `core` at `now`, each in order, with connection tracking by
     /// `track`, counting every matched rule and applied policy in that core's counters and
-    /// handing `-j LOG` hits to `logs` ([`LogSink`]), and writes each verdict into `verdicts`
-    /// (same index); processes `min(packets.len(), verdicts.len())` packets and returns that
-    /// number. Counters, LOG events, `-m limit` tokens and `ct_state` come out exactly as from
-    /// classifying the packets one by one (a slice of one is that). Allocates nothing, unless
-    /// the sink does (`Vec<LogEvent>` does; [`LogRing`] does not). `core` must be below
-    /// [`Snapshot::cores`]; a larger index is folded onto the last core.
+    /// handing `-j LOG` hits to `logs` ([`LogSink`]), and writes each verdict into
+    /// `verdicts` (same index); processes `min(packets.len(), verdicts.len())` packets and
+    /// returns that number. Counters, LOG events, `-m limit` tokens and `ct_state` come out
+    /// exactly as from classifying the packets one by one (a slice of one is that).
+    /// Allocates nothing, unless the sink does (`Vec<LogEvent>` does; [`LogRing`] does not).
+    /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
     ///
     /// The one classify entry: [`EngineWorker::process`] calls it for each run of its batch;
     /// tools, tests and benches call it with a snapshot of their own (a slice of one packet
@@ -295,52 +306,71 @@ impl Snapshot {
     /// then per packet, each step a call that returns here:
     /// 4. **raw chains** (`Snapshot::walk_raw`, `eval.rs`): the chain walk up to conntrack;
     /// 5. **conntrack lookup** ([`Track::lookup`], `conntrack/step.rs`);
-    /// 6. **the other chains** (`Snapshot::walk_rest`, `eval.rs`), the probed chain starting
-    ///    from the probe's answer;
-    /// 7. **confirm** ([`Track::decided`], `conntrack/step.rs`) with the verdict, before the
-    ///    next packet's walk, so each packet sees what the earlier ones left.
+    /// 6. **the other chains** (`Snapshot::walk_rest`, `eval.rs`), the probed chain
+    ///    starting from the probe's answer;
+    /// 7. **confirm** ([`Track::decided`], `conntrack/step.rs`) with the verdict, before
+    ///    the next packet's walk, so each packet sees what the earlier ones left.
     ///
     /// `bytes[i]` is packet `i` from its network header on, which `-m string` searches (a
-    /// packet beyond the slice has none: `--string` is false for it); `-m connlimit` counts in
-    /// [`Track::table`]. Pass `&[]` and [`NoTracking`] for neither.
+    /// packet beyond the slice has none: `--string` is false for it); `-m connlimit` counts
+    /// in [`Track::table`]. Pass `&[]` and [`NoTracking`] for neither. `facts[i]` is the
+    /// cold part of packet `i` ([`PacketFacts`]), read only by the matches and targets that
+    /// use it (and written by `-j CT`); a packet beyond the slice is classified with
+    /// [`PacketFacts::NONE`] (nothing known: no interfaces, no options), so sources without
+    /// facts pass `&mut []`.
     ///
-    /// Defined here, not in `eval.rs`, because it is the worker's loop: the packet path reads
-    /// top to bottom in this file.
+    /// Defined here, not in `eval.rs`, because it is the worker's loop: the packet path
+    /// reads top to bottom in this file.
     #[allow(clippy::too_many_arguments)] // the loop's inputs, as a source and the tools have them
     pub fn classify_batch<'t>(
         &self,
         core: usize,
         packets: &mut [PacketMeta],
+        facts: &mut [PacketFacts],
         verdicts: &mut [Verdict],
         now: u64,
         logs: &mut (impl LogSink + ?Sized),
         bytes: &[&[u8]],
         track: &mut impl Track<'t>,
     ) -> usize {
-        let snap = self;
         let n = packets.len().min(verdicts.len());
-        let mut obs = snap.counting(core, track.table(), logs);
+        let mut obs = self.counting(core, track.table(), logs);
         let mut hints = [Hint::NONE; CLASSIFY_BATCH];
+        // The facts of packets beyond `facts` (reset for each).
+        let mut none = PacketFacts::NONE;
         let mut lo = 0;
         while lo < n {
             let hi = (lo + CLASSIFY_BATCH).min(n);
+            let fs = facts
+                .get(lo.min(facts.len())..hi.min(facts.len()))
+                .unwrap_or(&[]);
             // Step 3: the index probe of the group.
-            snap.probe(&packets[lo..hi], now, &obs, &mut hints);
+            self.probe(&packets[lo..hi], fs, now, &obs, &mut hints);
             for (i, &hint) in (lo..hi).zip(&hints) {
                 let p = &mut packets[i];
+                let f = match facts.get_mut(i) {
+                    Some(f) => f,
+                    None => {
+                        // The walk writes only the zone (`-j CT`) into the facts (the
+                        // output interface it hides at PREROUTING comes back).
+                        none.ct_zone = None;
+                        debug_assert_eq!(none, PacketFacts::NONE);
+                        &mut none
+                    }
+                };
                 obs.set_payload(bytes.get(i).copied().unwrap_or(&[]));
                 // Step 4: the raw-table chains (`Err`: a final verdict there).
-                let v = match snap.walk_raw(p, now, &mut obs, hint) {
+                let v = match self.walk_raw(p, f, now, &mut obs, hint) {
                     Err(v) => v,
                     Ok(walk) => {
                         // Step 5: conntrack's lookup (netfilter priority -200).
-                        let ct = track.lookup(p, now);
+                        let ct = track.lookup(p, f, now);
                         // Step 6: the other chains.
-                        snap.walk_rest(walk, ct, p, now, &mut obs, hint)
+                        self.walk_rest(walk, ct, p, f, now, &mut obs, hint)
                     }
                 };
                 // Step 7: confirm.
-                verdicts[i] = track.decided(p, v, now);
+                verdicts[i] = track.decided(p, f, v, now);
             }
             lo = hi;
         }

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use super::{CChain, CTarget, LogEvent, Snapshot};
-use crate::packet::PacketMeta;
+use crate::packet::{Packet, PacketFacts, PacketMeta};
 
 /// Receives the `-j LOG` hits of [`Snapshot::classify_batch`] and [`Snapshot::trace`], in
 /// evaluation order.
@@ -39,6 +39,7 @@ pub struct LogHit<'a> {
     /// `Some(--nflog-group)` for a `-j NFLOG` hit.
     pub(crate) nflog_group: Option<u16>,
     pub(crate) packet: &'a PacketMeta,
+    pub(crate) facts: &'a PacketFacts,
 }
 
 impl LogHit<'_> {
@@ -52,7 +53,10 @@ impl LogHit<'_> {
             prefix: self.prefix.clone(),
             level: self.level,
             nflog_group: self.nflog_group,
-            packet: *self.packet,
+            packet: Packet {
+                meta: *self.packet,
+                facts: *self.facts,
+            },
         }
     }
 }
@@ -81,7 +85,7 @@ pub struct LogRecord {
     /// `--log-level` (syslog 0..=7).
     pub level: u8,
     /// The packet as it was when the rule matched.
-    pub packet: PacketMeta,
+    pub packet: Packet,
 }
 
 /// A fixed-capacity buffer of [`LogRecord`]s, in hit order, for one packet core: the slots

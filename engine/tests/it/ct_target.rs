@@ -13,7 +13,7 @@ use vallum_engine::conntrack::ConntrackConfig;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Family, Hook};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse, parse_ruleset, print};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Verdict;
@@ -146,26 +146,31 @@ COMMIT
 COMMIT
 ";
 
-fn udp(src: &str, sport: u16, dst: &str, dport: u16, i: &str) -> PacketMeta {
-    PacketMeta {
-        family: Family::Ipv4,
-        hook: Hook::Forward,
-        src: src.parse().expect("address"),
-        dst: dst.parse().expect("address"),
-        protocol: 17,
-        sport,
-        dport,
-        len: 40,
-        in_iface: IfName::new(i).expect("name"),
-        out_iface: IfName::new("br0").expect("name"),
-        ..PacketMeta::default()
+fn udp(src: &str, sport: u16, dst: &str, dport: u16, i: &str) -> Packet {
+    Packet {
+        meta: PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Forward,
+            src: src.parse().expect("address"),
+            dst: dst.parse().expect("address"),
+            protocol: 17,
+            sport,
+            dport,
+            len: 40,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new(i).expect("name"),
+            out_iface: IfName::new("br0").expect("name"),
+            ..PacketFacts::default()
+        },
     }
 }
 
-fn run(e: &Engine, p: PacketMeta, now: u64) -> Verdict {
+fn run(e: &Engine, p: Packet, now: u64) -> Verdict {
     let mut w = e.worker(0).expect("core");
     let (mut ps, mut vs) = ([p], [Verdict::Accept]);
-    w.process_batch(&mut ps, &mut vs, now);
+    crate::support::process_packets(&mut w, &mut ps, &mut vs, now);
     vs[0]
 }
 
