@@ -380,14 +380,14 @@ fn ufw_style_ipv4_rules_follow_the_node_addresses() {
         .unwrap(),
     );
     let s = Snapshot::compile(std::slice::from_ref(&rs), &mgr, 1).unwrap();
-    assert_eq!(s.trace(&packets[0], 0).verdict, Verdict::Accept);
+    assert_eq!(s.trace(packets[0], 0).verdict, Verdict::Accept);
     mgr.node_addrs().replace(AddrFacts::new([route(
         "10.0.0.7",
         32,
         RouteType::Local,
         "eth0",
     )]));
-    assert_eq!(s.trace(&packets[0], 0).verdict, Verdict::Drop);
+    assert_eq!(s.trace(packets[0], 0).verdict, Verdict::Drop);
 }
 
 #[test]

@@ -82,7 +82,7 @@ fn a_line_of_100k_jumps_is_refused_on_a_small_stack() {
             protocol: 6,
             ..PacketMeta::default()
         };
-        assert_eq!(snap.trace(&pkt, 0).verdict, Verdict::Drop);
+        assert_eq!(snap.trace(pkt, 0).verdict, Verdict::Drop);
     });
 }
 

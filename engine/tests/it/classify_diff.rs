@@ -117,8 +117,8 @@ fn compare(
     let mut n = 0usize;
     for h in headers {
         let p = classbench::to_packet(&h);
-        let want = linear.trace(&p, 0);
-        let got = indexed.trace(&p, 0);
+        let want = linear.trace(p, 0);
+        let got = indexed.trace(p, 0);
         assert_eq!(got, want, "{name}: header {h:?} (#{n})");
         n += 1;
     }

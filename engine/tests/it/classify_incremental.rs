@@ -250,8 +250,8 @@ fn incremental_commits_equal_full_compiles() {
         for (i, h) in probe.iter().chain(&traffic).enumerate() {
             let p = classbench::to_packet(h);
             assert_eq!(
-                inc.trace(&p, 0),
-                full.trace(&p, 0),
+                inc.trace(p, 0),
+                full.trace(p, 0),
                 "step {step}: header #{i} {h:?}"
             );
         }
@@ -259,8 +259,8 @@ fn incremental_commits_equal_full_compiles() {
         for (i, h) in probe.iter().chain(&traffic).enumerate() {
             let p = classbench::to_packet(h);
             assert_eq!(
-                engine.trace_with_state(&p, 0),
-                full.trace(&p, 0),
+                engine.trace_with_state(p, 0),
+                full.trace(p, 0),
                 "step {step}: engine, header #{i} {h:?}"
             );
         }
@@ -269,7 +269,7 @@ fn incremental_commits_equal_full_compiles() {
                 Snapshot::compile_with(&rulesets, &NoSets, cores, Classifier::Linear).unwrap();
             for h in &probe {
                 let p = classbench::to_packet(h);
-                assert_eq!(inc.trace(&p, 0), linear.trace(&p, 0), "step {step}: {h:?}");
+                assert_eq!(inc.trace(p, 0), linear.trace(p, 0), "step {step}: {h:?}");
             }
         }
 

@@ -417,7 +417,7 @@ proptest! {
             for (i, s) in packets.iter().enumerate() {
                 let p = packet(s, v6);
                 let now = i as u64 * 300_000_000;
-                prop_assert_eq!(indexed.trace(&p, now), linear.trace(&p, now), "rfc {} packet {:?}\n{}", rfc_max_rules, p, text);
+                prop_assert_eq!(indexed.trace(p, now), linear.trace(p, now), "rfc {} packet {:?}\n{}", rfc_max_rules, p, text);
             }
             let (mut logs_l, mut logs_i) = (Vec::new(), Vec::new());
             for (i, s) in packets.iter().enumerate() {

@@ -206,8 +206,8 @@ fn every_tuple_option_agrees_in_both_classifiers() {
                             ct_reply: reply,
                             ..PacketMeta::default()
                         };
-                        let t = linear.trace(&p, 0);
-                        assert_eq!(t, indexed.trace(&p, 0), "{p:?}");
+                        let t = linear.trace(p, 0);
+                        assert_eq!(t, indexed.trace(p, 0), "{p:?}");
                         n += t.steps.len();
                         batch.push(p);
                     }
@@ -242,11 +242,11 @@ fn every_tuple_option_agrees_in_both_classifiers() {
         ct_reply: true,
         ..PacketMeta::default()
     };
-    assert_eq!(linear.trace(&reply, 0).verdict, Verdict::Drop);
+    assert_eq!(linear.trace(reply, 0).verdict, Verdict::Drop);
     assert_eq!(
         linear
             .trace(
-                &PacketMeta {
+                PacketMeta {
                     ct_reply: false,
                     ..reply
                 },

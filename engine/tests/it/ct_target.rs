@@ -228,7 +228,7 @@ fn zones_separate_connections_through_the_engine() {
     assert_eq!(run(&e, answer("eth3"), 3 * S), Verdict::Accept);
     assert_eq!(ct.list().len(), before, "untracked: no entry");
     // A trace keys its lookup by the zone too (a dry run: nothing changes).
-    let t = e.trace(&udp(vm, 4000, server, 53, "tap2"), 4 * S);
+    let t = e.trace(udp(vm, 4000, server, 53, "tap2"), 4 * S);
     assert_eq!(t.verdict, Verdict::Accept);
 }
 

@@ -274,8 +274,8 @@ fn a_bucket_per_source_network() {
         ]
     );
     // A trace takes no token.
-    assert_eq!(both.0[0].trace(&other, 6 * MS).verdict, Verdict::Accept);
-    let t = both.0[1].trace(&a, later + 10);
+    assert_eq!(both.0[0].trace(other, 6 * MS).verdict, Verdict::Accept);
+    let t = both.0[1].trace(a, later + 10);
     assert_eq!(t.verdict, Verdict::Drop);
     assert!(t.limits_asked >= 1);
 }

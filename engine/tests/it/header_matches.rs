@@ -251,7 +251,7 @@ fn first_hits(family: Family, rules: &[&str], packets: &[Vec<u8>]) -> Vec<usize>
         let p = parse_ip(bytes, base).expect("packet parses");
         let mut hits = Vec::new();
         for s in &snaps {
-            let t = s.trace(&p, 0);
+            let t = s.trace(p, 0);
             let hit = t.steps.first().and_then(|st| st.rule).unwrap_or(0) as usize;
             let mut p2 = p;
             let v = crate::support::classify_one(s, 0, &mut p2, 0, &mut Vec::new());

@@ -250,6 +250,6 @@ fn a_trace_searches_the_frames_bytes() {
     let meta = parse_ethernet(&frame, base).expect("parses");
     let bytes = vallum_engine::packet::parse::network_packet(&frame).expect("IP packet");
     assert_eq!(bytes, &frame[ETH..]);
-    assert_eq!(e.trace_bytes(&meta, bytes, 0, true).verdict, Verdict::Drop);
-    assert_eq!(e.trace(&meta, 0).verdict, Verdict::Accept);
+    assert_eq!(e.trace_bytes(meta, bytes, 0, true).verdict, Verdict::Drop);
+    assert_eq!(e.trace(meta, 0).verdict, Verdict::Accept);
 }

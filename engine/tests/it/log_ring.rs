@@ -178,7 +178,7 @@ fn a_batch_with_log_hits_allocates_nothing_and_the_records_name_their_rule() {
     );
 
     // Named as the per-packet path (a trace's `Vec<LogEvent>`) names the same hit.
-    let want = e.trace(&tcp(22), 3).logs;
+    let want = e.trace(tcp(22), 3).logs;
     assert_eq!(want.len(), 1);
     let got = e.log_event(&records[0]).expect("its snapshot is active");
     assert_eq!(got, want[0]);

@@ -195,8 +195,8 @@ fn felix_marks_decide_as_written_in_both_classifiers() {
             // A mark the kernel queued the packet with: the clearing rules take it away.
             let mut p = *p;
             p.mark = stale;
-            let t = linear.trace(&p, 0);
-            assert_eq!(t, indexed.trace(&p, 0), "case {i}");
+            let t = linear.trace(p, 0);
+            assert_eq!(t, indexed.trace(p, 0), "case {i}");
             assert_eq!(
                 (t.verdict, t.mark),
                 (*want, *mark),
@@ -429,7 +429,7 @@ fn connmark_lives_in_the_conntrack_entry() {
     assert_eq!((v, p.ct_mark, p.ct_reply), (Verdict::Accept, 2, true));
     assert_eq!(entry_mark(&e, 24), Some(2));
     // A trace sees the entry's mark (and changes nothing).
-    let t = e.trace(&pkt(Hook::Input, 17, PEER, 5000, ME, 24, 0), 7 * S);
+    let t = e.trace(pkt(Hook::Input, 17, PEER, 5000, ME, 24, 0), 7 * S);
     assert_eq!((t.verdict, t.mark, t.ct_mark), (Verdict::Drop, 2, 2));
     let (v, p) = run(&e, pkt(Hook::Input, 17, PEER, 5000, ME, 24, 0), 7 * S);
     assert_eq!((v, p.mark, p.ct_reply), (Verdict::Drop, 2, false));
@@ -472,7 +472,7 @@ COMMIT
         ct_state: ct_state::NEW,
         ..pkt(Hook::Input, 17, PEER, 1, ME, 2, 0)
     };
-    let t = snap.trace(&p, 0);
+    let t = snap.trace(p, 0);
     // Neither connmark rule matched (negated or not), CONNMARK did nothing, MARK did.
     assert_eq!((t.verdict, t.mark, t.ct_mark), (Verdict::Accept, 7, 0));
     assert_eq!(

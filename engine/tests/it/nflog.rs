@@ -92,6 +92,6 @@ fn nflog_counts_reports_its_group_and_continues() {
             .map(|c| c.packets)
             .collect();
         assert_eq!(hits, [1, 1]);
-        assert_eq!(snap.trace(&p, 0).logs[0].nflog_group, Some(5));
+        assert_eq!(snap.trace(p, 0).logs[0].nflog_group, Some(5));
     }
 }

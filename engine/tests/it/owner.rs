@@ -132,7 +132,7 @@ fn owner_decides_by_the_socket() {
                     ..PacketFacts::default()
                 },
             };
-            assert_eq!(snap.trace(&p, 0).verdict, want, "{owner:?}");
+            assert_eq!(snap.trace(p, 0).verdict, want, "{owner:?}");
         }
     }
 }

@@ -129,7 +129,7 @@ fn physdev_decides_by_the_bridge_ports() {
         let (mut batch, mut facts): (Vec<PacketMeta>, Vec<PacketFacts>) = (Vec::new(), Vec::new());
         for &(i, o, want) in &cases {
             let p = mk(i, o);
-            assert_eq!(snap.trace(&p, 0).verdict, want, "trace {i} -> {o}");
+            assert_eq!(snap.trace(p, 0).verdict, want, "trace {i} -> {o}");
             let mut q = p;
             assert_eq!(
                 crate::support::classify_one(&snap, 0, &mut q, 0, &mut Vec::new()),

@@ -273,7 +273,7 @@ fn a_trace_changes_no_list() {
     let both = Both::new(&rs);
     let a = pkt("198.51.100.7", "203.0.113.1", 22);
     for _ in 0..10 {
-        let t = both.0[0].trace(&a, 0);
+        let t = both.0[0].trace(a, 0);
         assert_eq!(t.verdict, Verdict::Accept);
         assert!(t.limits_asked >= 1);
     }
@@ -282,7 +282,7 @@ fn a_trace_changes_no_list() {
     }
     assert_eq!(both.send(&a, 5), Verdict::Drop);
     // The trace now sees the entry (and answers what the packet would get).
-    assert_eq!(both.0[1].trace(&a, 6).verdict, Verdict::Drop);
+    assert_eq!(both.0[1].trace(a, 6).verdict, Verdict::Drop);
 }
 
 #[test]

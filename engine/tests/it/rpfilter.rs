@@ -365,14 +365,14 @@ fn rpfilter_follows_new_routes_without_a_commit() {
     let s = Snapshot::compile(std::slice::from_ref(&rs), &mgr, 1).unwrap();
     // INPUT-queued: raw PREROUTING runs first.
     let pkt = packet(Hook::Input, "172.20.0.9", "10.0.0.5", "wg0");
-    assert_eq!(s.trace(&pkt, 0).verdict, Verdict::Drop);
+    assert_eq!(s.trace(pkt, 0).verdict, Verdict::Drop);
     let mut routes: Vec<Route> = vec![route(254, "172.20.0.0/16", RouteKind::Unicast, &["wg0"])];
     routes.push(route(254, "0.0.0.0/0", RouteKind::Unicast, &["eth0"]));
     assert!(
         mgr.node_addrs()
             .replace_routes(Some(Fib::with_default_rules(routes)))
     );
-    assert_eq!(s.trace(&pkt, 0).verdict, Verdict::Accept);
+    assert_eq!(s.trace(pkt, 0).verdict, Verdict::Accept);
 }
 
 #[test]

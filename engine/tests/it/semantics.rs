@@ -92,7 +92,7 @@ fn accept_in_one_ruleset_passes_to_the_next_and_drop_is_final() {
     // 22: accepted by "platform" (priority -10), then dropped by "app": ACCEPT is not final.
     assert_eq!(classify(&s, tcp("10.0.0.1", "10.0.0.2", 22)), Verdict::Drop);
     // 23: dropped by "platform" first; "app" never runs.
-    let t = s.trace(&tcp("10.0.0.1", "10.0.0.2", 23), 0);
+    let t = s.trace(tcp("10.0.0.1", "10.0.0.2", 23), 0);
     assert_eq!(t.verdict, Verdict::Drop);
     assert!(t.steps.iter().all(|st| &*st.ruleset == "platform"));
     assert_eq!(
@@ -104,7 +104,7 @@ fn accept_in_one_ruleset_passes_to_the_next_and_drop_is_final() {
         Verdict::Accept
     );
     // The trace of 22 visits platform's rule 1 then app's rule 1, in priority order.
-    let t = s.trace(&tcp("10.0.0.1", "10.0.0.2", 22), 0);
+    let t = s.trace(tcp("10.0.0.1", "10.0.0.2", 22), 0);
     let path: Vec<(&str, Option<u32>)> = t.steps.iter().map(|s| (&*s.ruleset, s.rule)).collect();
     assert_eq!(path, vec![("platform", Some(1)), ("app", Some(1))]);
     assert_eq!(t.steps[0].outcome, StepOutcome::Accept);
@@ -131,7 +131,7 @@ fn policy_drop_of_one_ruleset_is_final_and_families_are_separate() {
         classify(&s, tcp("198.51.100.9", "10.0.0.1", 1)),
         Verdict::Drop
     );
-    let t = s.trace(&tcp("198.51.100.9", "10.0.0.1", 1), 0);
+    let t = s.trace(tcp("198.51.100.9", "10.0.0.1", 1), 0);
     assert_eq!(t.steps.len(), 1);
     assert_eq!(t.steps[0].rule, None);
     assert_eq!(
@@ -234,13 +234,13 @@ fn limit_is_a_token_bucket_driven_by_the_callers_clock() {
     // 1.5 s after the burst, three tokens came back and one was just used: two are left.
     // A trace never consumes one.
     let t1 = t0 + 1_500_000_000;
-    assert_eq!(s.trace(&p, t1).verdict, Verdict::Accept);
-    assert_eq!(s.trace(&p, t1).verdict, Verdict::Accept);
+    assert_eq!(s.trace(p, t1).verdict, Verdict::Accept);
+    assert_eq!(s.trace(p, t1).verdict, Verdict::Accept);
     assert_eq!(
         [at(t1), at(t1), at(t1)],
         [Verdict::Accept, Verdict::Accept, Verdict::Drop]
     );
-    assert_eq!(s.trace(&p, t1).verdict, Verdict::Drop);
+    assert_eq!(s.trace(p, t1).verdict, Verdict::Drop);
 }
 
 #[test]
@@ -448,7 +448,7 @@ fn a_refused_commit_changes_nothing() {
         other => panic!("expected Invalid, got {other:?}"),
     }
     assert_eq!(
-        e.trace(&tcp("10.0.0.1", "10.0.0.2", 9), 0).verdict,
+        e.trace(tcp("10.0.0.1", "10.0.0.2", 9), 0).verdict,
         Verdict::Drop
     );
     assert_eq!(e.rulesets()["web"].rule_count(), 2);
@@ -467,26 +467,26 @@ fn prepare_publishes_only_when_asked_and_never_stale() {
         .unwrap();
     let probe = tcp("10.0.0.1", "10.0.0.2", 9);
     assert_eq!(
-        e.trace(&probe, 0).verdict,
+        e.trace(probe, 0).verdict,
         Verdict::Accept,
         "not yet published"
     );
     assert_eq!(e.rulesets()["web"].rule_count(), 0);
     let c = e.publish(p).unwrap();
     assert_eq!(c.report.rules, 2);
-    assert_eq!(e.trace(&probe, 0).verdict, Verdict::Drop);
+    assert_eq!(e.trace(probe, 0).verdict, Verdict::Drop);
     assert_eq!(e.rulesets()["web"].rule_count(), 2);
 
     // Dropped: nothing happens.
     drop(e.prepare(Change::Remove("web".into()), &NoSets).unwrap());
-    assert_eq!(e.trace(&probe, 0).verdict, Verdict::Drop);
+    assert_eq!(e.trace(probe, 0).verdict, Verdict::Drop);
 
     // Stale: another commit came first.
     let late = e.prepare(Change::Remove("web".into()), &NoSets).unwrap();
     e.commit(Change::Put(ruleset("web", 0, open)), &NoSets)
         .unwrap();
     assert!(matches!(e.publish(late), Err(CommitError::Stale)));
-    assert_eq!(e.trace(&probe, 0).verdict, Verdict::Accept);
+    assert_eq!(e.trace(probe, 0).verdict, Verdict::Accept);
     assert_eq!(e.rulesets().len(), 1);
 }
 

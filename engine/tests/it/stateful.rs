@@ -295,11 +295,11 @@ fn trace_looks_up_without_changing_the_table() {
     let e = engine(Some(ConntrackConfig::default()));
     let ct = e.conntrack().unwrap();
     let syn = pkt(Hook::Input, 6, PEER, 40000, ME, 22, SYN);
-    let t = e.trace(&syn, S);
+    let t = e.trace(syn, S);
     assert_eq!((t.verdict, t.ct_state), (Verdict::Accept, ct_state::NEW));
     assert_eq!(ct.stats().entries, 0, "trace inserts nothing");
     let stray = pkt(Hook::Input, 6, PEER, 40000, ME, 22, ACK);
-    let t = e.trace(&stray, S);
+    let t = e.trace(stray, S);
     // Picked up mid-stream (NEW), dropped by the policy (rule 3 wants a SYN).
     assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::NEW));
     assert_eq!(ct.stats().entries, 0, "trace inserts nothing");
@@ -308,7 +308,7 @@ fn trace_looks_up_without_changing_the_table() {
         ct_state: ct_state::ESTABLISHED,
         ..stray
     };
-    let t = e.trace_with_state(&given, S);
+    let t = e.trace_with_state(given, S);
     assert_eq!(
         (t.verdict, t.ct_state),
         (Verdict::Accept, ct_state::ESTABLISHED)
@@ -317,7 +317,7 @@ fn trace_looks_up_without_changing_the_table() {
     run(&e, syn, S);
     run(&e, pkt(Hook::Output, 6, ME, 22, PEER, 40000, SYN | ACK), S);
     let before = ct.list();
-    let t = e.trace(&stray, 2 * S);
+    let t = e.trace(stray, 2 * S);
     assert_eq!(
         (t.verdict, t.ct_state),
         (Verdict::Accept, ct_state::ESTABLISHED)
@@ -328,12 +328,12 @@ fn trace_looks_up_without_changing_the_table() {
     // An ICMP error about it traces RELATED; NTP at PREROUTING UNTRACKED.
     let err = unreachable(PEER, ME, (ME, 22, PEER, 40000));
     assert_eq!(
-        e.trace(&err, 2 * S).ct_state,
+        e.trace(err, 2 * S).ct_state,
         ct_state::INVALID,
         "udp != tcp"
     );
     let ntp = pkt(Hook::Prerouting, 17, PEER, 123, ME, 123, 0);
-    assert_eq!(e.trace(&ntp, 2 * S).ct_state, ct_state::UNTRACKED);
+    assert_eq!(e.trace(ntp, 2 * S).ct_state, ct_state::UNTRACKED);
     assert_eq!(ct.stats().new_total, 1);
 }
 
@@ -383,7 +383,7 @@ fn conntrack_off_tracks_nothing() {
         let back = pkt(Hook::Input, 6, PEER, 443, ME, 50000, SYN | ACK);
         assert_eq!(run(&e, back, S), (Verdict::Drop, ct_state::NEW));
         assert_eq!(e.gc(S, 10), 0);
-        assert_eq!(e.trace(&back, S).ct_state, ct_state::NEW);
+        assert_eq!(e.trace(back, S).ct_state, ct_state::NEW);
     }
 }
 
@@ -553,7 +553,7 @@ fn input_and_forward_packets_pass_raw_prerouting_first() {
     assert_eq!(counter(&e, "INPUT", Some(1)), 1);
     assert_eq!(e.conntrack().unwrap().stats().entries, entries);
     // trace walks the same path: raw PREROUTING's NOTRACK rule and policy, then INPUT rule 1.
-    let t = e.trace(&dns, 3 * S);
+    let t = e.trace(dns, 3 * S);
     assert_eq!(
         (t.verdict, t.ct_state),
         (Verdict::Accept, ct_state::UNTRACKED)
@@ -684,7 +684,7 @@ COMMIT
     };
     assert_eq!(run(&e, dnat, S), (Verdict::Accept, ct_state::NEW));
     assert_eq!(counter(&e, "FORWARD", Some(1)), 1);
-    let t = e.trace(&dnat, S);
+    let t = e.trace(dnat, S);
     let forward: Vec<_> = t.steps.iter().filter(|s| &*s.chain == "FORWARD").collect();
     assert_eq!(forward[0].rule, Some(1));
     // `! --ctstate SNAT` drops UDP without SNAT; with SNAT it goes on to rule 3.
@@ -747,7 +747,7 @@ fn cut_transport_header_is_hotdropped_at_the_first_match_that_reads_it() {
     bytes[2..4].copy_from_slice(&36u16.to_be_bytes());
     let cut = parse_ip(&bytes, Packet::default()).unwrap();
     assert_eq!((cut.l4_cut, cut.dport), (Some(16), 22));
-    let t = e.trace(&cut, S);
+    let t = e.trace(cut, S);
     assert!(t.hotdropped);
     assert_eq!((t.verdict, t.ct_state), (Verdict::Drop, ct_state::INVALID));
     let path: Vec<_> = t.steps.iter().map(|s| s.rule).collect();
