@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use crate::conntrack::Conntrack;
 use crate::model::{EcnMatch, FragMatch, Hook, MultiportDir, Policy, PortRange, TtlOp, ct_state};
-use crate::packet::{IfName, Packet, PacketFacts, PacketMeta};
+use crate::packet::{Packet, PacketFacts, PacketMeta};
 
 use crate::eval::connlimit::CConnlimit;
 use crate::model::ConnmarkTarget;
@@ -258,6 +258,18 @@ impl<'a> LogHit<'a> {
             facts,
         }
     }
+
+    /// The packet as the rule saw it: its facts with the output interface as at its hook
+    /// ([`PacketFacts::out_iface_at`]).
+    #[inline]
+    pub(crate) fn whole(&self) -> Packet {
+        let mut facts = *self.facts;
+        facts.out_iface = *self.facts.out_iface_at(self.packet.hook);
+        Packet {
+            meta: *self.packet,
+            facts,
+        }
+    }
 }
 
 /// A worker's `-j LOG` hit: a plain copy of the rule's indices and the packet into the ring's
@@ -274,10 +286,7 @@ impl LogSink for LogRing {
                     chain: hit.chain_index,
                     rule: hit.rule,
                     level: hit.level,
-                    packet: Packet {
-                        meta: *hit.packet,
-                        facts: *hit.facts,
-                    },
+                    packet: hit.whole(),
                 };
                 self.len += 1;
             }
@@ -461,7 +470,7 @@ impl Snapshot {
             }
         }
         if let Some((neg, pat)) = &r.out_iface {
-            if pat.matches(&f.out_iface) == *neg {
+            if pat.matches(f.out_iface_at(p.hook)) == *neg {
                 return false;
             }
         }
@@ -802,8 +811,9 @@ impl Snapshot {
     /// The walk's first part, up to conntrack's lookup (netfilter priority -200): the
     /// raw-table chains of the first hook the packet passes in the kernel. A packet handed over
     /// at INPUT or FORWARD has passed PREROUTING: when PREROUTING has chains, the walk starts
-    /// there, with the packet's hook set to PREROUTING and no output interface (as the kernel
-    /// sees it there) until [`Snapshot::walk_rest`] leaves PREROUTING. `Err` is a final
+    /// there, with the packet's hook set to PREROUTING (so no output interface:
+    /// `PacketFacts::out_iface_at`, as the kernel sees it there) until
+    /// [`Snapshot::walk_rest`] leaves PREROUTING. `Err` is a final
     /// verdict (DROP or REJECT; the lookup and the later chains never see the packet); `Ok`
     /// is where the walk stands, for [`Snapshot::walk_rest`] after the lookup.
     #[inline]
@@ -820,19 +830,20 @@ impl Snapshot {
         let mut walk = Walk {
             f,
             hook,
-            out_iface: None,
+            at_prerouting: false,
         };
         if matches!(hook, Hook::Input | Hook::Forward)
             && !self.hooks[f][Hook::Prerouting.index()].is_empty()
         {
-            // Only the rules that read the output interface touch the facts for it.
-            walk.out_iface = Some(std::mem::take(&mut facts.out_iface));
+            // No output interface at PREROUTING: `PacketFacts::out_iface_at` hides it (the
+            // facts are not written, so a ruleset without `-o` never touches them).
+            walk.at_prerouting = true;
             p.hook = Hook::Prerouting;
         }
         let (raw, _) = self.hook_chains(f, p.hook);
         for &base in raw {
             if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
-                walk.leave_prerouting(p, facts);
+                walk.leave_prerouting(p);
                 return Err(v);
             }
         }
@@ -843,8 +854,7 @@ impl Snapshot {
     /// is final: DROP when the table had no room), else the other chains of the hook the walk
     /// stands at, then, when that was PREROUTING, all chains of the packet's own hook (raw
     /// ones included: conntrack ran once). A DROP or REJECT of any chain is final; a packet
-    /// that passes every hook is ACCEPTed. The packet leaves with its own hook and output
-    /// interface.
+    /// that passes every hook is ACCEPTed. The packet leaves with its own hook.
     #[inline]
     #[allow(clippy::too_many_arguments)] // the walk's state, passed as it is
     pub(crate) fn walk_rest<O: Observer>(
@@ -858,17 +868,17 @@ impl Snapshot {
         hint: Hint,
     ) -> Verdict {
         if let Some(v) = ct {
-            walk.leave_prerouting(p, facts);
+            walk.leave_prerouting(p);
             return v;
         }
         let (_, rest) = self.hook_chains(walk.f, p.hook);
         for &base in rest {
             if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
-                walk.leave_prerouting(p, facts);
+                walk.leave_prerouting(p);
                 return v;
             }
         }
-        if walk.leave_prerouting(p, facts) {
+        if walk.leave_prerouting(p) {
             let chains = &self.hooks[walk.f][walk.hook.index()];
             for &base in chains {
                 if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
@@ -890,28 +900,24 @@ impl Snapshot {
 }
 
 /// Where a packet's walk stands between [`Snapshot::walk_raw`] and [`Snapshot::walk_rest`]:
-/// the packet's own hook, and its output interface while the walk is at PREROUTING.
-#[derive(Debug)]
+/// the packet's own hook, and whether the walk is at PREROUTING for it.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Walk {
     f: usize,
     hook: Hook,
-    /// `Some` while the walk is at PREROUTING for a packet of INPUT or FORWARD.
-    out_iface: Option<IfName>,
+    /// The walk is at PREROUTING for a packet of INPUT or FORWARD.
+    at_prerouting: bool,
 }
 
 impl Walk {
-    /// Gives the packet back its own hook and output interface if the walk was at
-    /// PREROUTING; says whether it was.
+    /// Gives the packet back its own hook if the walk was at PREROUTING; says whether it
+    /// was.
     #[inline]
-    fn leave_prerouting(&self, p: &mut PacketMeta, facts: &mut PacketFacts) -> bool {
-        match self.out_iface {
-            Some(out) => {
-                p.hook = self.hook;
-                facts.out_iface = out;
-                true
-            }
-            None => false,
+    fn leave_prerouting(&self, p: &mut PacketMeta) -> bool {
+        if self.at_prerouting {
+            p.hook = self.hook;
         }
+        self.at_prerouting
     }
 }
 

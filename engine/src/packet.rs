@@ -260,6 +260,17 @@ impl PacketFacts {
         embedded: None,
     };
 
+    /// The output interface as the rules at `hook` see it: none at PREROUTING and INPUT (the
+    /// kernel has not routed the packet there; a packet queued at FORWARD runs the
+    /// PREROUTING chains first with its hook set to PREROUTING), else
+    /// [`PacketFacts::out_iface`].
+    pub fn out_iface_at(&self, hook: Hook) -> &IfName {
+        match hook {
+            Hook::Prerouting | Hook::Input => &IfName::EMPTY,
+            _ => &self.out_iface,
+        }
+    }
+
     /// Whether the packet carries TCP option `kind`.
     pub fn has_tcp_option(&self, kind: u8) -> bool {
         self.tcp_options[usize::from(kind / 64)] & (1u64 << (kind % 64)) != 0

@@ -623,7 +623,7 @@ pub(crate) fn addrtype_matches(a: &CAddrType, p: &PacketMeta, f: &PacketFacts) -
     let dev = match a.limit {
         AddrTypeLimit::None => None,
         AddrTypeLimit::In => Some(&f.in_iface),
-        AddrTypeLimit::Out => Some(&f.out_iface),
+        AddrTypeLimit::Out => Some(f.out_iface_at(p.hook)),
     };
     let guard = a.addrs.as_ref().map(|n| n.load());
     let facts: &AddrFacts = guard.as_deref().map_or(&NO_ADDRS, |f| f);

@@ -53,10 +53,7 @@ impl LogHit<'_> {
             prefix: self.prefix.clone(),
             level: self.level,
             nflog_group: self.nflog_group,
-            packet: Packet {
-                meta: *self.packet,
-                facts: *self.facts,
-            },
+            packet: self.whole(),
         }
     }
 }

@@ -263,3 +263,55 @@ fn zone_mark_takes_the_packet_mark() {
     // The low 16 bits of the mark, as nf_ct_zone_tmpl.
     assert_eq!(zones, [7, 9]);
 }
+
+/// A batch whose source has no facts (`process_batch`: every packet's facts are "nothing
+/// known") still keys each packet by its own zone: the zone `-j CT` gave one packet does
+/// not carry over to the next one of the batch, and the facts a batch does carry come back
+/// with the zone in them.
+#[test]
+fn the_zone_of_one_packet_stays_with_it_in_a_batch() {
+    let text = "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+        -A PREROUTING -p udp --dport 53 -j CT --zone 5\nCOMMIT\n\
+        *filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n";
+    let rs = parse_ruleset("z", text, &ParseOptions::default()).expect("parses");
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    e.commit(Change::Put(rs), &NoSets).expect("commits");
+    let dns = udp("10.0.0.5", 4000, "192.0.2.53", 53, "tap1");
+    let ntp = udp("10.0.0.5", 4001, "192.0.2.53", 123, "tap1");
+    let mut w = e.worker(0).expect("core");
+    let mut metas = [dns.meta, ntp.meta, dns.meta, ntp.meta];
+    let mut verdicts = [Verdict::Drop; 4];
+    assert_eq!(w.process_batch(&mut metas, &mut verdicts, 1), 4);
+    assert_eq!(verdicts, [Verdict::Accept; 4]);
+    let zones = |e: &Engine| {
+        let mut z: Vec<u16> = e
+            .conntrack()
+            .expect("tracker")
+            .list()
+            .iter()
+            .map(|c| c.zone.id)
+            .collect();
+        z.sort_unstable();
+        z
+    };
+    assert_eq!(zones(&e), [0, 5], "ntp in the default zone, dns in zone 5");
+    // With facts beside the batch, each packet's own facts take its zone.
+    let mut packets = [
+        udp("10.0.0.6", 4000, "192.0.2.53", 53, "tap1"),
+        udp("10.0.0.6", 4001, "192.0.2.53", 123, "tap1"),
+    ];
+    crate::support::process_packets(&mut w, &mut packets, &mut verdicts[..2], 2);
+    let got: Vec<Option<u16>> = packets
+        .iter()
+        .map(|p| p.facts.ct_zone.map(|z| z.id))
+        .collect();
+    assert_eq!(got, [Some(5), None]);
+    assert_eq!(zones(&e), [0, 0, 5, 5]);
+}
