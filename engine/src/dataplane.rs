@@ -596,68 +596,65 @@ pub struct Worker<'a, S> {
     outer: usize,
 }
 
-impl<S> Worker<'_, S> {
+impl<'a, S> Worker<'a, S> {
     /// The core index this worker holds.
     pub fn core(&self) -> usize {
         self.index
     }
 
-    /// Runs one batch: marks the core busy, loads the active snapshot, runs `f` on it, marks the
-    /// core idle. `f` cannot keep the `&S` (it is only valid for the batch). Count the batch's
-    /// packets with [`CoreBatch::add_packets`].
+    /// Enters one batch: marks the core busy and loads the active snapshot, which the returned
+    /// guard lends out ([`InBatch::snapshot`]) until it is dropped; dropping it marks the core
+    /// idle (also when the code holding it unwinds, so commits do not wait for it forever). A
+    /// reference to the snapshot cannot outlive the guard. Count the batch's packets with
+    /// [`InBatch::add_packets`]. One batch in [`SAMPLE_EVERY`] is timed into the
+    /// barrier-cost histogram.
     ///
-    /// If `f` panics the core is still marked idle, so commits do not wait for it forever.
-    ///
-    /// Do not call [`Dataplane::commit`] from inside `f` (on any dataplane this worker's core
-    /// belongs to): the commit would wait for this very batch to end and never return.
-    /// [`Dataplane::with_active`] is fine.
+    /// Do not call [`Dataplane::commit`] while holding the guard (on any dataplane this
+    /// worker's core belongs to): the commit would wait for this very batch to end and never
+    /// return. [`Dataplane::with_active`] is fine.
     #[inline]
-    pub fn batch<R>(&mut self, f: impl FnOnce(&S, &CoreBatch) -> R) -> R {
-        if self.batches & (SAMPLE_EVERY - 1) == 0 {
-            return self.batch_sampled(f);
-        }
-        let p = self.begin();
-        let batch = CoreBatch::new(self.index);
-        let in_batch = InBatch {
-            worker: self,
-            batch: &batch,
+    pub fn enter(&mut self) -> InBatch<'_, 'a, S> {
+        let sample = if self.batches & (SAMPLE_EVERY - 1) == 0 {
+            Some(self.sample_start())
+        } else {
+            None
         };
-        // SAFETY: `p` is the active pointer loaded after our odd generation store and barrier;
-        // by the protocol (module docs) no commit frees it until our generation changes, which
-        // happens only in `InBatch::drop`, after `f` returned or unwound. `f` is generic over the
-        // reference's lifetime, so it cannot keep the reference past the batch.
-        let r = f(unsafe { &*p }, &batch);
-        drop(in_batch);
-        r
+        let active = self.begin();
+        let sample = sample.map(|mut s| {
+            s.t1 = s.clock.now_ns();
+            s
+        });
+        let batch = CoreBatch::new(self.index);
+        InBatch {
+            worker: self,
+            active,
+            batch,
+            sample,
+        }
     }
 
-    /// [`Worker::batch`] with the begin and end steps timed into the barrier-cost histogram.
+    /// Runs one batch: [`Worker::enter`], `f` on the active snapshot, leave. `f` cannot keep
+    /// the `&S` (it is only valid for the batch).
+    #[inline]
+    pub fn batch<R>(&mut self, f: impl FnOnce(&S, &CoreBatch) -> R) -> R {
+        let guard = self.enter();
+        f(guard.snapshot(), &guard.batch)
+    }
+
+    /// The clock reads before a sampled batch's begin step (its cost is measured too).
     #[cold]
     #[inline(never)]
-    fn batch_sampled<R>(&mut self, f: impl FnOnce(&S, &CoreBatch) -> R) -> R {
+    fn sample_start(&self) -> Sample {
         let clock = Arc::clone(&self.dp.clock);
-        // Two back-to-back reads measure the clock's own cost, subtracted twice below.
+        // Two back-to-back reads measure the clock's own cost, subtracted twice at the end.
         let c0 = clock.now_ns();
         let t0 = clock.now_ns();
-        let p = self.begin();
-        let t1 = clock.now_ns();
-        let batch = CoreBatch::new(self.index);
-        let in_batch = InBatch {
-            worker: self,
-            batch: &batch,
-        };
-        // SAFETY: as in `batch`: `p` stays valid until `in_batch` is dropped.
-        let r = f(unsafe { &*p }, &batch);
-        let t2 = clock.now_ns();
-        let core = in_batch.worker.core;
-        drop(in_batch);
-        let t3 = clock.now_ns();
-        let overhead = t0.saturating_sub(c0);
-        let cost_ns = (t1.saturating_sub(t0) + t3.saturating_sub(t2)).saturating_sub(2 * overhead);
-        let packets = batch.packets().max(1);
-        core.barrier_cost
-            .record(cost_ns.saturating_mul(1000) / packets);
-        r
+        Sample {
+            overhead: t0.saturating_sub(c0),
+            clock,
+            t0,
+            t1: 0,
+        }
     }
 
     /// Steps 1-3 of the protocol: odd generation, barrier, load of the active pointer.
@@ -720,15 +717,67 @@ impl<S> std::fmt::Debug for Worker<'_, S> {
     }
 }
 
-/// Ends a batch when dropped, also when the batch's closure panics.
-struct InBatch<'w, 'a, S> {
+/// One batch of a [`Worker`] ([`Worker::enter`]): lends out the snapshot that was active when
+/// the batch began, and ends the batch when dropped (also on unwinding).
+pub struct InBatch<'w, 'a, S> {
     worker: &'w mut Worker<'a, S>,
-    batch: &'w CoreBatch,
+    /// The active pointer loaded after our odd generation store and barrier.
+    active: *mut S,
+    batch: CoreBatch,
+    /// The begin step's timing, for a sampled batch.
+    sample: Option<Sample>,
+}
+
+/// The timing of a sampled batch's begin step ([`Worker::enter`]).
+struct Sample {
+    clock: Arc<dyn Clock>,
+    overhead: u64,
+    t0: u64,
+    t1: u64,
+}
+
+impl<S> InBatch<'_, '_, S> {
+    /// The snapshot of this batch.
+    #[inline]
+    pub fn snapshot(&self) -> &S {
+        // SAFETY: `active` is the active pointer loaded after our odd generation store and
+        // barrier; by the protocol (module docs) no commit frees it until our generation
+        // changes, which happens only in `InBatch::drop`. The reference borrows `self`, so it
+        // cannot outlive the batch.
+        unsafe { &*self.active }
+    }
+
+    /// The index of the core running this batch.
+    #[inline]
+    pub fn core(&self) -> usize {
+        self.batch.core
+    }
+
+    /// Counts `n` packets into this batch (added to the core's packet count when it ends,
+    /// and used to divide the sampled barrier cost).
+    #[inline]
+    pub fn add_packets(&self, n: u64) {
+        self.batch.add_packets(n);
+    }
 }
 
 impl<S> Drop for InBatch<'_, '_, S> {
     fn drop(&mut self) {
-        self.worker.end(self.batch.packets());
+        let packets = self.batch.packets();
+        match self.sample.take() {
+            None => self.worker.end(packets),
+            Some(s) => {
+                let t2 = s.clock.now_ns();
+                self.worker.end(packets);
+                let t3 = s.clock.now_ns();
+                let cost_ns = (s.t1.saturating_sub(s.t0) + t3.saturating_sub(t2))
+                    .saturating_sub(2 * s.overhead);
+                self.worker
+                    .core
+                    .barrier_cost
+                    .record(cost_ns.saturating_mul(1000) / packets.max(1));
+            }
+        }
     }
 }
 

@@ -51,11 +51,11 @@
 //! what they cannot decide. A commit that changes such a chain rebuilds its RFC tables.
 //!
 //! ## Batches
-//! [`Snapshot::classify_batch`] (the packet side, `eval.rs`) gives each packet exactly what
+//! [`Snapshot::classify_batch`] (the classify loop, `engine/worker.rs`) gives each packet exactly what
 //! classifying it alone would give it, but first probes the hash tables of each packet's
 //! first large indexed base chain for up to [`CLASSIFY_BATCH`] packets together, their memory
 //! accesses interleaved a table at a time as Open vSwitch's `dpcls_lookup` does
-//! (`eval/probe.rs`); the evaluation then starts that chain from the probe's answer.
+//! (`Snapshot::probe`, `eval.rs`); the walk then starts that chain from the probe's answer.
 //!
 //! ## Counters
 //! Each core has its own cache-line-aligned block of (packets, bytes) pairs, one pair (slot)
@@ -80,9 +80,10 @@
 //!   the previous snapshot); counters in `snapshot/counters.rs` (per-core cells, reading and
 //!   zeroing them); LOG hits in `snapshot/log_ring.rs` ([`LogSink`], the per-core [`LogRing`]
 //!   of [`LogRecord`]s, and resolving a record into a [`LogEvent`]);
-//! - the packet side: `eval.rs` ([`Snapshot::classify_batch`], the one classify entry, the
-//!   chain walk, every match, [`Snapshot::trace`] in `eval/trace.rs`) and the index probe
-//!   (`eval/probe.rs`: the TupleMerge hash tables and the RFC tables' lookups).
+//! - the packet side: `eval.rs` (the index probe and lookups of the TupleMerge hash tables
+//!   and the RFC tables, the chain walk, every match, [`Snapshot::trace`] in
+//!   `eval/trace.rs`), called step by step from the one classify entry,
+//!   [`Snapshot::classify_batch`] (the worker's loop, `engine/worker.rs`).
 
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;

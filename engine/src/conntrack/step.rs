@@ -1,7 +1,8 @@
 //! Conntrack's two steps on the packet path, as a value the worker holds: the lookup between a
 //! hook's raw-table chains and the others (netfilter priority -200), and the confirmation of a
-//! new connection after the packet's verdict. The chain walk calls them through [`Track`]
-//! (`Snapshot::classify_batch`, `Snapshot::trace_tracked`); [`Tracker`] is the engine's, and
+//! new connection after the packet's verdict. The classify loop calls them through [`Track`]
+//! between the two parts of the chain walk (`Snapshot::classify_batch`, in
+//! `engine/worker.rs`; a trace calls a lookup closure); [`Tracker`] is the engine's, and
 //! [`NoTracking`] (or a closure, for tests and dry runs) stands in when conntrack is off.
 
 use super::{Conntrack, CtVerdict, Unconfirmed};
@@ -9,7 +10,7 @@ use crate::model::ct_state;
 use crate::packet::{PacketFacts, PacketMeta};
 use crate::snapshot::Verdict;
 
-/// What the chain walk asks of connection tracking (whose table lives for `'t`), per packet, in this order: [`Track::lookup`]
+/// What the classify loop asks of connection tracking (whose table lives for `'t`), per packet, in this order: [`Track::lookup`]
 /// once, between the raw-table chains and the others; [`Track::decided`] once, with the
 /// verdict, before the next packet of the batch is looked up (so a packet sees the state every
 /// earlier packet of its batch left).

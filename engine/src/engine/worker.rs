@@ -1,26 +1,38 @@
-//! The packet path of one core: [`EngineWorker::process`] takes a [`Batch`] of parsed packets
-//! (a source parsed them: `crate::packet::parse`, NFQUEUE in the server) to its verdicts, in
-//! named steps a reader follows top to bottom:
+//! The packet path of one core, read top to bottom in two functions of this file:
+//! [`EngineWorker::process`] takes a [`Batch`] of parsed packets (a source parsed them:
+//! `crate::packet::parse`, NFQUEUE in the server) to its verdicts, and
+//! [`Snapshot::classify_batch`],
+//! the one classify entry, is its loop over the packets. Each step is a call into the module
+//! that owns it, which returns here:
 //!
-//! 1. **enter the batch** ([`crate::dataplane::Worker::batch`]): the core's generation goes
-//!    odd, the active [`Snapshot`] is loaded (the commit protocol's reader side);
+//! 1. **enter the batch** ([`crate::dataplane::Worker::enter`], `dataplane.rs`): the core's
+//!    generation goes odd, the active [`Snapshot`] is loaded (the commit protocol's reader
+//!    side);
 //! 2. **skip cut packets**: a packet whose copied bytes end before what the snapshot's rules
 //!    read ([`Snapshot::copy_range`]) is left for the source to fetch again;
-//! 3. **classify** each run of the other packets with [`Snapshot::classify_batch`]
-//!    (`eval.rs`): the batched index probe, then per packet the chain walk with
-//!    conntrack's lookup between the raw and the other chains and its confirmation after the
-//!    verdict ([`Tracker`], `conntrack/step.rs`, the value this worker holds);
-//! 4. **count the verdicts** per (family, hook, verdict) on this core;
-//! 5. **leave the batch** (generation even). `-j LOG` hits wait in the worker's ring for
-//!    [`EngineWorker::drain_logs`], off the packet path.
+//! 3. **index probe** (`Snapshot::probe`, `eval.rs`) of each group of [`CLASSIFY_BATCH`]
+//!    packets, their memory accesses interleaved;
+//! 4. per packet, **the raw-table chains** (`Snapshot::walk_raw`, `eval.rs`): the chain
+//!    walk up to conntrack's lookup;
+//! 5. **conntrack's lookup** ([`Track::lookup`], `conntrack/step.rs`; [`Tracker`] is the
+//!    value this worker holds);
+//! 6. **the other chains** (`Snapshot::walk_rest`, `eval.rs`);
+//! 7. **confirm** ([`Track::decided`], `conntrack/step.rs`), before the next packet's walk;
+//! 8. **count the verdicts** per (family, hook, verdict) on this core;
+//! 9. **leave the batch** (generation even).
+//!
+//! A `-j LOG` hit is copied into the worker's ring by the walk (the ring's sink is beside
+//! the walk in `eval.rs`) and waits there for [`EngineWorker::drain_logs`], off the packet
+//! path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::conntrack::{Conntrack, NoTracking, Tracker};
+use crate::conntrack::{Conntrack, NoTracking, Track, Tracker};
 use crate::dataplane::{Dataplane, Worker};
+use crate::eval::Hint;
 use crate::model::{Family, Hook};
 use crate::packet::{PacketFacts, PacketMeta};
-use crate::snapshot::{LogEvent, LogRecord, LogRing, Snapshot, Verdict};
+use crate::snapshot::{CLASSIFY_BATCH, LogEvent, LogRecord, LogRing, LogSink, Snapshot, Verdict};
 
 /// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains
 /// ([`EngineWorker::drain_logs`]); further hits are counted in [`LogDrops::full`].
@@ -149,7 +161,7 @@ impl EngineWorker<'_> {
         self.inner.core()
     }
 
-    /// Takes one batch to its verdicts (module docs: steps 1-5) at time `now_ns`, in one
+    /// Takes one batch to its verdicts (module docs: steps 1-9) at time `now_ns`, in one
     /// generation-counter round trip. The verdicts are those of classifying the packets one
     /// by one, in order (the index probes of the batch's packets overlap). Each packet comes
     /// back with the `ct_state` the non-raw chains saw: UNTRACKED when raw-table rules said
@@ -176,58 +188,52 @@ impl EngineWorker<'_> {
         let n = packets.len().min(verdicts.len());
         // One epoch pin for the whole batch: the per-packet pins inside the lookups nest.
         let _pin = self.tracker.as_ref().map(|t| t.conntrack().pin());
-        let (logs, counts, tracker) = (&mut self.logs, self.verdicts, &mut self.tracker);
-        // Step 1: enter the batch.
-        let range = self.inner.batch(|snap, batch| {
-            // Step 2: which packets were cut short of what the rules read.
-            let range = snap.copy_range();
-            let short = |i: usize| {
-                cut.get(i).copied().unwrap_or(false)
-                    && bytes.get(i).map_or(0, |b| b.len()) < range as usize
+        // Step 1: enter the batch (the generation goes odd until `batch` is dropped).
+        let batch = self.inner.enter();
+        let snap = batch.snapshot();
+        // Step 2: which packets were cut short of what the rules read.
+        let range = snap.copy_range();
+        let short = |i: usize| {
+            cut.get(i).copied().unwrap_or(false)
+                && bytes.get(i).map_or(0, |b| b.len()) < range as usize
+        };
+        for (i, s) in skipped.iter_mut().enumerate().take(n) {
+            *s = short(i);
+        }
+        // Steps 3 to 7 for each run between skipped packets (one run, the whole batch, when
+        // none is), then step 8: count its verdicts.
+        let mut classified = 0;
+        let mut start = 0;
+        while start < n {
+            if short(start) {
+                start += 1;
+                continue;
+            }
+            let end = (start + 1..n).find(|&i| short(i)).unwrap_or(n);
+            let run_bytes = bytes
+                .get(start.min(bytes.len())..end.min(bytes.len()))
+                .unwrap_or(&[]);
+            let (ps, vs) = (&mut packets[start..end], &mut verdicts[start..end]);
+            let fs =
+                (facts.get_mut(start.min(facts.len())..end.min(facts.len()))).unwrap_or(&mut []);
+            let core = batch.core();
+            let logs = &mut self.logs;
+            match &mut self.tracker {
+                Some(t) => snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t),
+                None => {
+                    let t = &mut NoTracking;
+                    snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t)
+                }
             };
-            for (i, s) in skipped.iter_mut().enumerate().take(n) {
-                *s = short(i);
+            for (p, &v) in ps.iter().zip(vs.iter()) {
+                self.verdicts.count(p, v);
             }
-            // Step 3: classify each run between skipped packets (one run, the whole batch,
-            // when none is), then step 4: count its verdicts.
-            let mut classified = 0;
-            let mut start = 0;
-            while start < n {
-                if short(start) {
-                    start += 1;
-                    continue;
-                }
-                let end = (start + 1..n).find(|&i| short(i)).unwrap_or(n);
-                let run_bytes = bytes
-                    .get(start.min(bytes.len())..end.min(bytes.len()))
-                    .unwrap_or(&[]);
-                let (ps, vs) = (&mut packets[start..end], &mut verdicts[start..end]);
-                let fs = (facts.get_mut(start.min(facts.len())..end.min(facts.len())))
-                    .unwrap_or(&mut []);
-                let core = batch.core();
-                match tracker {
-                    Some(t) => snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t),
-                    None => snap.classify_batch(
-                        core,
-                        ps,
-                        fs,
-                        vs,
-                        now_ns,
-                        logs,
-                        run_bytes,
-                        &mut NoTracking,
-                    ),
-                };
-                for (p, &v) in ps.iter().zip(vs.iter()) {
-                    counts.count(p, v);
-                }
-                classified += end - start;
-                start = end;
-            }
-            batch.add_packets(classified as u64);
-            // Step 5: leave the batch (when this closure returns).
-            range
-        });
+            classified += end - start;
+            start = end;
+        }
+        batch.add_packets(classified as u64);
+        // Step 9: leave the batch (generation even).
+        drop(batch);
         (n, range)
     }
 
@@ -276,5 +282,98 @@ impl EngineWorker<'_> {
             full: self.logs.dropped(),
             stale: self.logs_stale,
         }
+    }
+}
+
+// === impl Snapshot: the classify loop ===
+
+impl Snapshot {
+    /// Classifies `packets` on `core` at `now`, each in order, with connection tracking by
+    /// `track`, counting every matched rule and applied policy in that core's counters and
+    /// handing `-j LOG` hits to `logs` ([`LogSink`]), and writes each verdict into
+    /// `verdicts` (same index); processes `min(packets.len(), verdicts.len())` packets and
+    /// returns that number. Counters, LOG events, `-m limit` tokens and `ct_state` come out
+    /// exactly as from classifying the packets one by one (a slice of one is that).
+    /// Allocates nothing, unless the sink does (`Vec<LogEvent>` does; [`LogRing`] does not).
+    /// `core` must be below [`Snapshot::cores`]; a larger index is folded onto the last core.
+    ///
+    /// The one classify entry: [`EngineWorker::process`] calls it for each run of its batch;
+    /// tools, tests and benches call it with a snapshot of their own (a slice of one packet
+    /// classifies one). [`Snapshot::trace`] walks the same steps 4 to 6 with a recording
+    /// observer. For each group of [`CLASSIFY_BATCH`] packets, the steps of the module docs:
+    /// 3. **index probe** (`Snapshot::probe`, `eval.rs`) of the whole group;
+    ///
+    /// then per packet, each step a call that returns here:
+    /// 4. **raw chains** (`Snapshot::walk_raw`, `eval.rs`): the chain walk up to conntrack;
+    /// 5. **conntrack lookup** ([`Track::lookup`], `conntrack/step.rs`);
+    /// 6. **the other chains** (`Snapshot::walk_rest`, `eval.rs`), the probed chain
+    ///    starting from the probe's answer;
+    /// 7. **confirm** ([`Track::decided`], `conntrack/step.rs`) with the verdict, before
+    ///    the next packet's walk, so each packet sees what the earlier ones left.
+    ///
+    /// `bytes[i]` is packet `i` from its network header on, which `-m string` searches (a
+    /// packet beyond the slice has none: `--string` is false for it); `-m connlimit` counts
+    /// in [`Track::table`]. Pass `&[]` and [`NoTracking`] for neither. `facts[i]` is the
+    /// cold part of packet `i` ([`PacketFacts`]), read only by the matches and targets that
+    /// use it (and written by `-j CT`); a packet beyond the slice is classified with
+    /// [`PacketFacts::NONE`] (nothing known: no interfaces, no options), so sources without
+    /// facts pass `&mut []`.
+    ///
+    /// Defined here, not in `eval.rs`, because it is the worker's loop: the packet path
+    /// reads top to bottom in this file.
+    #[allow(clippy::too_many_arguments)] // the loop's inputs, as a source and the tools have them
+    pub fn classify_batch<'t>(
+        &self,
+        core: usize,
+        packets: &mut [PacketMeta],
+        facts: &mut [PacketFacts],
+        verdicts: &mut [Verdict],
+        now: u64,
+        logs: &mut (impl LogSink + ?Sized),
+        bytes: &[&[u8]],
+        track: &mut impl Track<'t>,
+    ) -> usize {
+        let n = packets.len().min(verdicts.len());
+        let mut obs = self.counting(core, track.table(), logs);
+        let mut hints = [Hint::NONE; CLASSIFY_BATCH];
+        // The facts of packets beyond `facts` (reset for each).
+        let mut none = PacketFacts::NONE;
+        let mut lo = 0;
+        while lo < n {
+            let hi = (lo + CLASSIFY_BATCH).min(n);
+            let fs = facts
+                .get(lo.min(facts.len())..hi.min(facts.len()))
+                .unwrap_or(&[]);
+            // Step 3: the index probe of the group.
+            self.probe(&packets[lo..hi], fs, now, &obs, &mut hints);
+            for (i, &hint) in (lo..hi).zip(&hints) {
+                let p = &mut packets[i];
+                let f = match facts.get_mut(i) {
+                    Some(f) => f,
+                    None => {
+                        // The walk writes only the zone (`-j CT`) into the facts (the
+                        // output interface it hides at PREROUTING comes back).
+                        none.ct_zone = None;
+                        debug_assert_eq!(none, PacketFacts::NONE);
+                        &mut none
+                    }
+                };
+                obs.set_payload(bytes.get(i).copied().unwrap_or(&[]));
+                // Step 4: the raw-table chains (`Err`: a final verdict there).
+                let v = match self.walk_raw(p, f, now, &mut obs, hint) {
+                    Err(v) => v,
+                    Ok(walk) => {
+                        // Step 5: conntrack's lookup (netfilter priority -200).
+                        let ct = track.lookup(p, f, now);
+                        // Step 6: the other chains.
+                        self.walk_rest(walk, ct, p, f, now, &mut obs, hint)
+                    }
+                };
+                // Step 7: confirm.
+                verdicts[i] = track.decided(p, f, v, now);
+            }
+            lo = hi;
+        }
+        n
     }
 }

@@ -204,9 +204,6 @@ impl Snapshot {
         ct: Option<&Conntrack>,
         after_raw: impl FnOnce(&mut PacketMeta, &PacketFacts) -> Option<Verdict>,
     ) -> Trace {
-        let mut after_raw = Some(after_raw);
-        let mut track =
-            |p: &mut PacketMeta, f: &PacketFacts| after_raw.take().and_then(|t| t(p, f));
         let Packet {
             meta: mut p,
             facts: mut f,
@@ -221,7 +218,13 @@ impl Snapshot {
             limits_asked: 0,
             hotdropped: false,
         };
-        let verdict = self.evaluate(&mut p, &mut f, now, &mut obs, Hint::NONE, &mut track);
+        let verdict = match self.walk_raw(&mut p, &mut f, now, &mut obs, Hint::NONE) {
+            Err(v) => v,
+            Ok(walk) => {
+                let ct = after_raw(&mut p, &f);
+                self.walk_rest(walk, ct, &mut p, &mut f, now, &mut obs, Hint::NONE)
+            }
+        };
         Trace {
             verdict,
             steps: obs.steps,

@@ -7,13 +7,14 @@
 //! counter when it is full. [`Snapshot::log_event`] turns a record back into a [`LogEvent`]
 //! while its snapshot is active.
 //!
-//! On the packet path: [`LogRing`]'s sink allocates nothing, takes no lock, clones no `Arc`
+//! On the packet path (the ring's [`LogSink`] impl is in `eval.rs`, beside the chain walk
+//! that makes the hits): [`LogRing`]'s sink allocates nothing, takes no lock, clones no `Arc`
 //! and touches no atomic (a record is a plain copy into a slot the ring allocated when it was
 //! made). Resolving records ([`Snapshot::log_event`]) is off the packet path.
 
 use std::sync::Arc;
 
-use super::{CChain, CTarget, LogEvent, LogSpec, Snapshot};
+use super::{CChain, CTarget, LogEvent, Snapshot};
 use crate::packet::{Packet, PacketFacts, PacketMeta};
 
 /// Receives the `-j LOG` hits of [`Snapshot::classify_batch`] and [`Snapshot::trace`], in
@@ -41,48 +42,7 @@ pub struct LogHit<'a> {
     pub(crate) facts: &'a PacketFacts,
 }
 
-impl<'a> LogHit<'a> {
-    /// The hit of `rule` (1-based) of `chain`, index `chain_index` in the snapshot (number
-    /// `snapshot`, its ruleset names `names`), a `-j LOG`/`-j NFLOG` with `log`'s options, on
-    /// `packet`: what both observers of the chain walk (the counting one and the trace) hand
-    /// their sink. Borrows only; no allocation, no `Arc` clone.
-    #[inline]
-    #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
-    pub(crate) fn new(
-        snapshot: u64,
-        names: &'a [Arc<str>],
-        chain: &'a CChain,
-        chain_index: u32,
-        rule: u32,
-        log: &'a LogSpec,
-        packet: &'a PacketMeta,
-        facts: &'a PacketFacts,
-    ) -> LogHit<'a> {
-        LogHit {
-            snapshot,
-            names,
-            chain,
-            chain_index,
-            rule,
-            prefix: &log.prefix,
-            level: log.level,
-            nflog_group: log.nflog_group,
-            packet,
-            facts,
-        }
-    }
-
-    /// The packet as the rule saw it: its facts with the output interface as at its hook
-    /// ([`PacketFacts::out_iface_at`]).
-    fn whole(&self) -> Packet {
-        let mut facts = *self.facts;
-        facts.out_iface = *self.facts.out_iface_at(self.packet.hook);
-        Packet {
-            meta: *self.packet,
-            facts,
-        }
-    }
-
+impl LogHit<'_> {
     /// The hit as a self-contained event (clones the names and the prefix).
     pub fn event(&self) -> LogEvent {
         LogEvent {
@@ -93,18 +53,6 @@ impl<'a> LogHit<'a> {
             prefix: self.prefix.clone(),
             level: self.level,
             nflog_group: self.nflog_group,
-            packet: self.whole(),
-        }
-    }
-
-    /// The hit as indices into its snapshot plus the packet (no allocation, no `Arc`).
-    pub fn record(&self) -> LogRecord {
-        LogRecord {
-            snapshot: self.snapshot,
-            ruleset: self.chain.ruleset,
-            chain: self.chain_index,
-            rule: self.rule,
-            level: self.level,
             packet: self.whole(),
         }
     }
@@ -138,7 +86,8 @@ pub struct LogRecord {
 }
 
 /// A fixed-capacity buffer of [`LogRecord`]s, in hit order, for one packet core: the slots
-/// are allocated once by [`LogRing::with_capacity`], a hit copies into the next free one,
+/// are allocated once by [`LogRing::with_capacity`], a hit copies into the next free one (its
+/// [`LogSink`] impl, beside the chain walk in `eval.rs` that makes the hit),
 /// and a hit that finds the ring full is counted in [`LogRing::dropped`] and not kept (the
 /// records not yet drained stay). [`LogRing::drain`] empties it.
 #[derive(Debug, Clone)]
@@ -179,31 +128,11 @@ impl LogRing {
         self.dropped
     }
 
-    /// Keeps `record`, or counts it as dropped when the ring is full.
-    #[inline]
-    pub fn push(&mut self, record: LogRecord) {
-        match self.records.get_mut(self.len) {
-            Some(slot) => {
-                *slot = record;
-                self.len += 1;
-            }
-            None => self.dropped += 1,
-        }
-    }
-
     /// The records held, oldest first; the ring is empty afterwards (even if the iterator is
     /// not run to the end).
     pub fn drain(&mut self) -> impl ExactSizeIterator<Item = LogRecord> + '_ {
         let n = std::mem::take(&mut self.len);
         self.records[..n].iter().copied()
-    }
-}
-
-/// Each hit becomes a [`LogRecord`] in the ring (no allocation).
-impl LogSink for LogRing {
-    #[inline]
-    fn log(&mut self, hit: &LogHit<'_>) {
-        self.push(hit.record());
     }
 }
 

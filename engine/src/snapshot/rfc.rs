@@ -38,7 +38,7 @@
 //! keep the linear walk's meaning. A query that starts past the end of a cut list is not
 //! decided here (`Snapshot::indexed_next` falls back to the TupleMerge tables).
 //! This file is the commit side (the tables and their build); the lookups, `Rfc::lookup` and
-//! `Rfc::lookup_batch`, are the packet side's, in `eval/probe.rs`.
+//! `Rfc::lookup_batch`, are the packet side's, in `eval.rs`.
 
 use std::mem::size_of;
 

@@ -44,8 +44,9 @@
 //!   [`PacketKey`], [`HeaderFilter`], tables, entries, probe entries, [`ChainIndex`]);
 //! - `tuple_merge/build.rs`, the commit path: [`ChainIndex::build`] and the online update
 //!   [`ChainIndex::update`];
-//! - `tuple_merge/probe.rs`, the packet path: the packet-by-packet lookup
-//!   (`Snapshot::indexed_next`) and the batched probe ([`ChainIndex::probe_batch`]);
+//! - `eval.rs`, the packet path: the packet-by-packet lookup (`Snapshot::indexed_next`)
+//!   and the batched probe ([`ChainIndex::probe_batch`]), beside the chain walk that uses
+//!   them;
 //! - `tuple_merge/tests.rs`: the index against a linear walk, build against update.
 //!
 //! ## Updates
@@ -106,8 +107,6 @@ use crate::packet::PacketMeta;
 mod build;
 #[cfg(test)]
 mod tests;
-
-pub(crate) use crate::eval::probe::{PROBE_BATCH, PROBE_UNKNOWN, prefetch};
 
 /// The fields a table looks at: prefix lengths and whether protocol and ports are pinned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,5 +1,6 @@
 //! The engine's layout as docs say it is: the packet walk of `docs/architecture.md` (its files
-//! exist, at most six own a step, every function a step names is defined in the step's file),
+//! exist, it names at most six, every function a step names is defined in the step's file,
+//! and the engine steps other files own are called from the worker loop in the walk's order),
 //! one classify entry in `engine/src`, and no engine source file of more than 1,200 lines
 //! (its tests apart) unless its head says why.
 
@@ -86,14 +87,12 @@ fn packet_walk_is_six_files_that_define_what_it_names() {
         steps.len() >= 6,
         "the walk has its numbered steps: {steps:?}"
     );
-    let mut owners = BTreeSet::new();
+    let mut files = BTreeSet::new();
     for (i, step) in steps.iter().enumerate() {
         let named = owned_names(step);
-        let (owner, _) = named
-            .first()
-            .unwrap_or_else(|| panic!("step {} names its file: {step}", i + 1));
-        owners.insert(owner.clone());
+        assert!(!named.is_empty(), "step {} names its file: {step}", i + 1);
         for (path, names) in &named {
+            files.insert(path.clone());
             let text = std::fs::read_to_string(root().join(path))
                 .unwrap_or_else(|e| panic!("step {}: {path}: {e}", i + 1));
             for name in names {
@@ -107,10 +106,52 @@ fn packet_walk_is_six_files_that_define_what_it_names() {
         }
     }
     assert!(
-        owners.len() <= 6,
-        "the packet walk spreads over {} files: {owners:?}",
-        owners.len()
+        files.len() <= 6,
+        "the packet walk spreads over {} files: {files:?}",
+        files.len()
     );
+}
+
+/// The engine's steps that another file owns are calls from the engine's loop
+/// (`engine/src/engine/worker.rs`), made in the order the walk lists them: the loop is the
+/// one place a reader returns to. Calls inside `classify_batch` (the per-packet loop) are
+/// checked for their order.
+#[test]
+fn engine_steps_are_calls_from_the_worker_loop_in_order() {
+    const LOOP: &str = "engine/src/engine/worker.rs";
+    let worker = std::fs::read_to_string(root().join(LOOP)).expect("worker.rs");
+    let body = &worker[worker.find("fn classify_batch").expect("the classify loop")..];
+    let mut last = 0;
+    let mut called = 0;
+    for (i, step) in walk_steps().iter().enumerate() {
+        let named = owned_names(step);
+        let Some((owner, names)) = named.first() else {
+            continue;
+        };
+        // The server's steps (1, 10) and the loop's own; the first name is the call.
+        if !owner.starts_with("engine/") || owner == LOOP {
+            continue;
+        }
+        let name = names
+            .first()
+            .unwrap_or_else(|| panic!("step {} names a fn", i + 1));
+        let call = format!(".{name}(");
+        assert!(
+            worker.contains(&call),
+            "step {} ({owner} `{name}`) is not called from {LOOP}",
+            i + 1
+        );
+        if let Some(at) = body.find(&call) {
+            assert!(
+                at >= last,
+                "step {} (`{name}`) is called before the step it follows",
+                i + 1
+            );
+            last = at;
+            called += 1;
+        }
+    }
+    assert!(called >= 4, "the per-packet loop calls its steps: {called}");
 }
 
 #[test]
