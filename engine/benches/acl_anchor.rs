@@ -131,6 +131,8 @@ fn main() {
 /// Million packets per second of one timed round: `ITER` passes over `packets`.
 fn ours_mpps(snap: &Snapshot, packets: &[vallum_engine::packet::PacketMeta]) -> f64 {
     let mut buf = Vec::with_capacity(CLASSIFY_BATCH);
+    // No facts: the ClassBench rules read none.
+    let mut facts = vec![vallum_engine::packet::PacketFacts::default(); CLASSIFY_BATCH];
     let mut verdicts = vec![Verdict::Drop; CLASSIFY_BATCH];
     let mut logs = Vec::new();
     let mut accepted = 0usize;
@@ -142,6 +144,7 @@ fn ours_mpps(snap: &Snapshot, packets: &[vallum_engine::packet::PacketMeta]) -> 
             let n = snap.classify_batch(
                 0,
                 &mut buf,
+                &mut facts,
                 &mut verdicts,
                 0,
                 &mut logs,

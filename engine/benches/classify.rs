@@ -14,6 +14,11 @@
 //!   100 rules) and fw_10k with their traces (fw_10k: the first 2000 headers); NeuroCuts
 //!   acl1, fw1, ipc1 at 1k and 10k, and the generated 100k sets, with 10,000 headers sampled
 //!   from the rules (no trace exists for them).
+//! - `cold/<plain|tcp-option|iface>/acl1/<rules>`: the batched path (`rfc-batch`) on acl1 at
+//!   1k and 10k as it is (`plain`), and with one rule put first that reads a packet fact
+//!   (`vallum_engine::packet::PacketFacts`): `-p tcp -m tcp --tcp-option 2 -j DROP` or
+//!   `-i eth9 -j DROP` (the packets come in on eth0, so neither rule matches and every packet
+//!   goes on to the acl rules). What a ruleset pays for the facts beside the batch.
 //! - `build/<linear|tuplemerge|rfc>/<set>/<rules>`: `Snapshot::compile_with` of the whole set.
 //! - Printed to stderr, not timed by criterion: index tables and bytes per rule (without and
 //!   with RFC tables).
@@ -32,6 +37,8 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::Ruleset;
+use vallum_engine::packet::{IfName, PacketFacts};
+use vallum_engine::restore;
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{CLASSIFY_BATCH, Classifier, Snapshot, Verdict};
 
@@ -158,7 +165,17 @@ fn bench(c: &mut Criterion) {
                     let mut v = [Verdict::Drop];
                     for p in &packets {
                         let mut p = [*p];
-                        snap.classify_batch(0, &mut p, &mut v, 0, &mut logs, &[], &mut NoTracking);
+                        let none = &mut [];
+                        snap.classify_batch(
+                            0,
+                            &mut p,
+                            none,
+                            &mut v,
+                            0,
+                            &mut logs,
+                            &[],
+                            &mut NoTracking,
+                        );
                         if v[0] == Verdict::Accept {
                             accepted += 1;
                         }
@@ -174,6 +191,7 @@ fn bench(c: &mut Criterion) {
                 format!("{}/{}", case.set, case.rules),
             );
             let mut buf = Vec::with_capacity(CLASSIFY_BATCH);
+            let mut facts = vec![eth0(); CLASSIFY_BATCH];
             let mut verdicts = vec![Verdict::Drop; CLASSIFY_BATCH];
             group.bench_function(id, |b| {
                 b.iter(|| {
@@ -184,6 +202,7 @@ fn bench(c: &mut Criterion) {
                         let n = snap.classify_batch(
                             0,
                             &mut buf,
+                            &mut facts,
                             &mut verdicts,
                             0,
                             &mut logs,
@@ -202,6 +221,8 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 
+    cold(c, &cases);
+
     let mut group = c.benchmark_group("build");
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));
@@ -218,6 +239,79 @@ fn bench(c: &mut Criterion) {
                         classifier,
                     )
                     .expect("compile")
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// The facts of every benchmarked packet: it came in on eth0 (as the NFQUEUE source fills
+/// them; the batch cases keep them beside the batch, written once, as a source's parse does).
+fn eth0() -> PacketFacts {
+    PacketFacts {
+        in_iface: IfName::new("eth0").expect("short name"),
+        ..PacketFacts::default()
+    }
+}
+
+/// The rule the `cold` cases put first: none, or one that reads a packet fact.
+const COLD_RULES: [(&str, Option<&str>); 3] = [
+    ("plain", None),
+    ("tcp-option", Some("-p tcp -m tcp --tcp-option 2 -j DROP")),
+    ("iface", Some("-i eth9 -j DROP")),
+];
+
+/// The `cold` group (module docs).
+fn cold(c: &mut Criterion, cases: &[Case]) {
+    let mut group = c.benchmark_group("cold");
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    group.sample_size(10);
+    for case in cases
+        .iter()
+        .filter(|c| c.set == "acl1" && c.rules <= 10_000)
+    {
+        let packets: Vec<_> = case.headers.iter().map(classbench::to_packet).collect();
+        group.throughput(Throughput::Elements(packets.len() as u64));
+        for (name, rule) in COLD_RULES {
+            let mut ruleset = (*case.ruleset).clone();
+            if let Some(rule) = rule {
+                let text = format!("*filter\n:INPUT DROP [0:0]\n-A INPUT {rule}\nCOMMIT\n");
+                let one = restore::parse_ruleset("one", &text, &restore::ParseOptions::default())
+                    .expect("the cold rule parses");
+                let first = one.tables[0].chains[0].rules[0].clone();
+                ruleset.tables[0].chains[0].rules.insert(0, first);
+            }
+            let snap = Snapshot::compile_with(&[Arc::new(ruleset)], &NoSets, 1, VARIANTS[2].1)
+                .expect("compile");
+            let mut logs = Vec::new();
+            let mut buf = Vec::with_capacity(CLASSIFY_BATCH);
+            let mut facts = vec![eth0(); CLASSIFY_BATCH];
+            let mut verdicts = vec![Verdict::Drop; CLASSIFY_BATCH];
+            let id = BenchmarkId::new(name, format!("{}/{}", case.set, case.rules));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    let mut accepted = 0u32;
+                    for chunk in packets.chunks(CLASSIFY_BATCH) {
+                        buf.clear();
+                        buf.extend_from_slice(chunk);
+                        let n = snap.classify_batch(
+                            0,
+                            &mut buf,
+                            &mut facts,
+                            &mut verdicts,
+                            0,
+                            &mut logs,
+                            &[],
+                            &mut NoTracking,
+                        );
+                        accepted += verdicts[..n]
+                            .iter()
+                            .filter(|&&v| v == Verdict::Accept)
+                            .count() as u32;
+                    }
+                    accepted
                 })
             });
         }

@@ -34,8 +34,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use rustc_hash::FxBuildHasher;
 use vallum_engine::conntrack::{Conntrack, ConntrackConfig, CtVerdict, Tuple};
 use vallum_engine::model::{ct_state, tcp_flags};
-use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::pcap::read_capture;
+use vallum_engine::packet::{Packet, PacketFacts, PacketMeta};
 
 /// Distinct flows per iteration.
 const FLOWS: usize = 1 << 17;
@@ -81,7 +81,7 @@ fn pcap_flows() -> Result<Vec<PacketMeta>, String> {
     let mut base: Vec<PacketMeta> = Vec::new();
     let mut seen = HashSet::new();
     for c in &caps {
-        let Ok(p) = c.parse(PacketMeta::default()) else {
+        let Ok(p) = c.parse(Packet::default()) else {
             continue;
         };
         if p.protocol == 6
@@ -147,8 +147,12 @@ impl Table for Conntrack {
         })
         .expect("valid config")
     }
+    /// As the packet path tracks (the worker's lookup, then the confirmation).
     fn track(&self, p: &mut PacketMeta, now: u64) {
-        Conntrack::track(self, p, now);
+        let (_, new) = self.track_unconfirmed(p, &PacketFacts::NONE, now);
+        if let Some(u) = new {
+            p.ct_state = self.confirm(u, p, now).ct_state();
+        }
     }
 }
 
@@ -161,13 +165,15 @@ impl Table for Batched {
         Batched(<Conntrack as Table>::build(flows))
     }
     fn track(&self, p: &mut PacketMeta, now: u64) {
-        Conntrack::track(&self.0, p, now);
+        Table::track(&self.0, p, now);
     }
     fn track_slice(&self, pkts: &[PacketMeta]) {
         let mut v = [CtVerdict::New; 32];
         for (i, chunk) in pkts.chunks(32).enumerate() {
-            let mut batch = [PacketMeta::default(); 32];
-            batch[..chunk.len()].copy_from_slice(chunk);
+            let mut batch = [Packet::default(); 32];
+            for (b, p) in batch.iter_mut().zip(chunk) {
+                b.meta = *p;
+            }
             self.0
                 .track_batch(&mut batch[..chunk.len()], i as u64, &mut v);
             std::hint::black_box(&batch);

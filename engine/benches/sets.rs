@@ -348,7 +348,16 @@ fn run_readers(dp: &Dataplane<Snapshot>, pkts: &[PacketMeta], n: usize, iters: u
                             for p in pkts {
                                 let mut p = [*black_box(p)];
                                 let track = &mut NoTracking;
-                                snap.classify_batch(core, &mut p, &mut v, 0, &mut logs, &[], track);
+                                snap.classify_batch(
+                                    core,
+                                    &mut p,
+                                    &mut [],
+                                    &mut v,
+                                    0,
+                                    &mut logs,
+                                    &[],
+                                    track,
+                                );
                                 drops += u32::from(v[0] == Verdict::Drop);
                             }
                             assert_eq!(drops as usize, pkts.len() / 2);

@@ -66,7 +66,7 @@
 use std::ptr;
 
 use crate::model::{CtZone, ct_state};
-use crate::packet::PacketMeta;
+use crate::packet::{Packet, PacketFacts, PacketMeta};
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, Ordering, spin_loop};
 
 mod buckets;
@@ -315,8 +315,9 @@ impl Conntrack {
     /// Tracks one packet at time `now` (ns): finds or creates its entry, advances the state and
     /// timeout, and writes the packet's [`ct_state`] bit. Lock-free unless it creates or
     /// deletes an entry.
-    pub fn track(&self, pkt: &mut PacketMeta, now: u64) -> CtVerdict {
-        let (v, unconfirmed) = self.track_unconfirmed(pkt, now);
+    pub fn track(&self, pkt: &mut Packet, now: u64) -> CtVerdict {
+        let Packet { meta: pkt, facts } = pkt;
+        let (v, unconfirmed) = self.track_unconfirmed(pkt, facts, now);
         match unconfirmed {
             Some(u) => {
                 let v = self.confirm(u, pkt, now);
@@ -333,13 +334,15 @@ impl Conntrack {
     /// packet leaves the last hook accepted (`__nf_conntrack_confirm`): a packet the rules drop
     /// leaves no entry behind (so a dropped, possibly spoofed, first packet cannot open a flow
     /// that its forged "reply" would then make ESTABLISHED). Packets of existing entries update
-    /// them at once, as in the kernel. Writes the packet's [`ct_state`] bit.
+    /// them at once, as in the kernel. Writes the packet's [`ct_state`] bit. The packet path's
+    /// step: the packet's hot part and its facts (zone, embedded ICMP header) apart.
     pub fn track_unconfirmed(
         &self,
         pkt: &mut PacketMeta,
+        facts: &PacketFacts,
         now: u64,
     ) -> (CtVerdict, Option<Unconfirmed>) {
-        let (v, u) = self.state_of(pkt, now);
+        let (v, u) = self.state_of(pkt, facts, now);
         pkt.ct_state = v.ct_state();
         (v, u)
     }
@@ -376,7 +379,7 @@ impl Conntrack {
     /// whole batch (the per-packet pins nest and skip the fence); `verdicts[i]` receives packet
     /// `i`'s verdict (the shorter of the two slices bounds the work). Drop the packets whose
     /// verdict is [`CtVerdict::TableFull`].
-    pub fn track_batch(&self, pkts: &mut [PacketMeta], now: u64, verdicts: &mut [CtVerdict]) {
+    pub fn track_batch(&self, pkts: &mut [Packet], now: u64, verdicts: &mut [CtVerdict]) {
         let _guard = reclaim::pin();
         for (p, v) in pkts.iter_mut().zip(verdicts.iter_mut()) {
             *v = self.track(p, now);
@@ -392,13 +395,13 @@ impl Conntrack {
     ///
     /// nf_conntrack looks up the inverted embedded tuple; since every entry is hashed under
     /// both its tuples, looking up `inner` itself finds the same entry.
-    pub fn track_related(&self, pkt: &mut PacketMeta, inner: &Tuple, now: u64) -> CtVerdict {
+    pub fn track_related(&self, pkt: &mut Packet, inner: &Tuple, now: u64) -> CtVerdict {
         let v = if pkt.ct_state == ct_state::UNTRACKED {
             CtVerdict::Untracked
         } else if pkt.fragment || !matches!(Tuple::from_packet(pkt).1, Some(IcmpKind::Error)) {
             CtVerdict::Invalid
         } else {
-            self.related(Some(inner), zone_of(pkt), now)
+            self.related(Some(inner), zone_of(&pkt.facts), now)
         };
         pkt.ct_state = match v {
             CtVerdict::Related => ct_state::RELATED,
@@ -412,23 +415,24 @@ impl Conntrack {
     /// updating or deleting anything: a lookup only, for tracing. A packet that would open an
     /// entry is NEW (even when the table is full: whether an early drop would make room is
     /// only known by trying); an expired entry counts as absent.
-    pub fn peek(&self, pkt: &PacketMeta, now: u64) -> CtVerdict {
+    pub fn peek(&self, pkt: &Packet, now: u64) -> CtVerdict {
         let mut p = *pkt;
-        self.peek_into(&mut p, now)
+        self.peek_into(&mut p.meta, &p.facts, now)
     }
 
     /// [`Conntrack::peek`], writing what [`Conntrack::track`] would write into the packet:
     /// its `ct_state`, and the entry's mark and the packet's direction (`ct_mark`,
-    /// `ct_reply`).
-    pub fn peek_into(&self, pkt: &mut PacketMeta, now: u64) -> CtVerdict {
+    /// `ct_reply`). The packet's hot part and its facts apart, as a trace's conntrack step
+    /// has them.
+    pub fn peek_into(&self, pkt: &mut PacketMeta, facts: &PacketFacts, now: u64) -> CtVerdict {
         pkt.ct_mark = 0;
         pkt.ct_reply = false;
-        let v = self.peek_entry(pkt, now);
+        let v = self.peek_entry(pkt, facts, now);
         pkt.ct_state = v.ct_state();
         v
     }
 
-    fn peek_entry(&self, pkt: &mut PacketMeta, now: u64) -> CtVerdict {
+    fn peek_entry(&self, pkt: &mut PacketMeta, facts: &PacketFacts, now: u64) -> CtVerdict {
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
             return CtVerdict::Untracked;
         }
@@ -439,7 +443,7 @@ impl Conntrack {
         match icmp {
             Some(IcmpKind::Untracked) => return CtVerdict::Untracked,
             Some(IcmpKind::Error) => {
-                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), zone_of(pkt), now);
+                let (v, mark) = self.related_mark(facts.embedded.as_ref(), zone_of(facts), now);
                 pkt.ct_mark = mark;
                 return v;
             }
@@ -447,7 +451,7 @@ impl Conntrack {
             _ => {}
         }
         let guard = reclaim::pin();
-        match self.lookup(&t, zone_of(pkt), &guard) {
+        match self.lookup(&t, zone_of(facts), &guard) {
             Some((conn, dir)) if conn.timeout.load(Ordering::Relaxed) > now => {
                 match transition(conn.status.load(Ordering::Relaxed), dir, pkt) {
                     Some((new, reopened)) => {
@@ -487,14 +491,14 @@ impl Conntrack {
     /// tuple, or for an ICMP error the embedded one) to `mark`, as `-j CONNMARK` does to
     /// ct->mark; whether an entry was there. The packet path calls it after the verdict of a
     /// packet whose rules changed [`PacketMeta::ct_mark`] (a lookup only for those packets).
-    pub fn set_mark(&self, pkt: &PacketMeta, mark: u32) -> bool {
+    pub fn set_mark(&self, pkt: &PacketMeta, facts: &PacketFacts, mark: u32) -> bool {
         let (t, icmp) = Tuple::from_packet(pkt);
-        let t = match (icmp, pkt.embedded) {
+        let t = match (icmp, facts.embedded) {
             (Some(IcmpKind::Error), Some(inner)) => inner,
             _ => t,
         };
         let guard = reclaim::pin();
-        match self.lookup(&t, zone_of(pkt), &guard) {
+        match self.lookup(&t, zone_of(facts), &guard) {
             Some((conn, _)) => {
                 conn.mark.store(u64::from(mark), Ordering::Relaxed);
                 true
@@ -503,7 +507,12 @@ impl Conntrack {
         }
     }
 
-    fn state_of(&self, pkt: &mut PacketMeta, now: u64) -> (CtVerdict, Option<Unconfirmed>) {
+    fn state_of(
+        &self,
+        pkt: &mut PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> (CtVerdict, Option<Unconfirmed>) {
         pkt.ct_mark = 0;
         pkt.ct_reply = false;
         if pkt.ct_state == ct_state::UNTRACKED || pkt.fragment {
@@ -518,7 +527,7 @@ impl Conntrack {
         match icmp {
             Some(IcmpKind::Untracked) => return (CtVerdict::Untracked, None),
             Some(IcmpKind::Error) => {
-                let (v, mark) = self.related_mark(pkt.embedded.as_ref(), zone_of(pkt), now);
+                let (v, mark) = self.related_mark(facts.embedded.as_ref(), zone_of(facts), now);
                 pkt.ct_mark = mark;
                 return (v, None);
             }
@@ -529,7 +538,7 @@ impl Conntrack {
         // Rounds: an expired entry found is deleted and the lookup repeats; otherwise the
         // packet opens an unconfirmed entry. A fourth round needs other threads to keep
         // re-creating and expiring this very tuple; it counts INVALID.
-        let zone = zone_of(pkt);
+        let zone = zone_of(facts);
         for _ in 0..4 {
             if let Some((conn, dir)) = self.lookup(&t, zone, &guard) {
                 if conn.timeout.load(Ordering::Relaxed) <= now {
@@ -769,8 +778,8 @@ enum Insert<'g> {
 }
 
 /// The zone a packet is tracked in: its CT template's, else the default zone.
-fn zone_of(pkt: &PacketMeta) -> CtZone {
-    pkt.ct_zone.unwrap_or_default()
+fn zone_of(facts: &PacketFacts) -> CtZone {
+    facts.ct_zone.unwrap_or_default()
 }
 
 /// The timeout (ns) of an entry of `protocol` with status word `status`.

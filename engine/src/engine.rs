@@ -78,7 +78,7 @@ use crate::dataplane::{
 };
 use crate::kernel_decided::FactBits;
 use crate::model::{Counters, EditError, Family, Hook, RuleEdit, Ruleset, TableKind};
-use crate::packet::PacketMeta;
+use crate::packet::Packet;
 use crate::sets::SetRegistry;
 use crate::snapshot::{CompileError, DiffHint, LogEvent, LogRecord, SlotCounters, Snapshot, Trace};
 use crate::validate::{Severity, Violation, ViolationKind, validate, validate_after};
@@ -770,15 +770,16 @@ impl Engine {
     /// verdict, the rules it went through and, in [`Trace::ct_state`], the conntrack state the
     /// packet got: with conntrack on, a lookup between the raw and the other chains
     /// ([`Conntrack::peek`]) that changes nothing in the table; with it off, the packet's own
-    /// `ct_state`. Raw-table NOTRACK still makes it UNTRACKED.
-    pub fn trace(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
+    /// `ct_state`. Raw-table NOTRACK still makes it UNTRACKED. `packet` is a [`Packet`] (or a
+    /// reference to one) or a [`PacketMeta`](crate::packet::PacketMeta) with no facts known.
+    pub fn trace(&self, packet: impl Into<Packet>, now_ns: u64) -> Trace {
         self.trace_bytes(packet, &[], now_ns, true)
     }
 
     /// As [`Engine::trace`] but with the packet's `ct_state` taken as given (no conntrack
     /// lookup), to ask how the rules treat e.g. an ESTABLISHED packet (`-m connlimit` still
     /// counts the table's connections).
-    pub fn trace_with_state(&self, packet: &PacketMeta, now_ns: u64) -> Trace {
+    pub fn trace_with_state(&self, packet: impl Into<Packet>, now_ns: u64) -> Trace {
         self.trace_bytes(packet, &[], now_ns, false)
     }
 
@@ -787,16 +788,17 @@ impl Engine {
     /// `--string` is false).
     pub fn trace_bytes(
         &self,
-        packet: &PacketMeta,
+        packet: impl Into<Packet>,
         bytes: &[u8],
         now_ns: u64,
         lookup: bool,
     ) -> Trace {
+        let packet = &packet.into();
         let ct = self.conntrack.as_ref();
         self.dataplane.with_active(|s| {
-            s.trace_tracked(packet, bytes, now_ns, ct, |p| {
+            s.trace_tracked(packet, bytes, now_ns, ct, |p, f| {
                 if let (Some(ct), true) = (ct, lookup) {
-                    ct.peek_into(p, now_ns);
+                    ct.peek_into(p, f, now_ns);
                 }
                 None
             })

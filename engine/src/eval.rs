@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use crate::conntrack::{Conntrack, Track};
 use crate::model::{EcnMatch, FragMatch, Hook, MultiportDir, Policy, PortRange, TtlOp, ct_state};
-use crate::packet::PacketMeta;
+use crate::packet::{PacketFacts, PacketMeta};
 
 use crate::eval::connlimit::CConnlimit;
 use crate::model::ConnmarkTarget;
@@ -58,7 +58,13 @@ pub(crate) trait Observer {
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool;
     /// A `-m connlimit` match: the packet path adds the packet's connection to the rule's
     /// list, a trace only counts.
-    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool;
+    fn connlimit(
+        &mut self,
+        c: &CConnlimit,
+        pkt: &PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> bool;
     /// The packet's bytes from its network header on, for `-m string` (empty when the caller
     /// gave none).
     fn payload(&self) -> &[u8];
@@ -72,6 +78,7 @@ pub(crate) trait Observer {
         number: u32,
         log: &LogSpec,
         pkt: &PacketMeta,
+        facts: &PacketFacts,
     );
     fn outcome(&mut self, _what: StepOutcome) {}
     /// A match found the transport-header bytes it reads missing ([`PacketMeta::l4_cut`]):
@@ -102,8 +109,14 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
     fn hashlimit(&mut self, h: &CHashlimit, pkt: &PacketMeta, now: u64) -> bool {
         self.inner.hashlimit(h, pkt, now)
     }
-    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
-        self.inner.connlimit(c, pkt, now)
+    fn connlimit(
+        &mut self,
+        c: &CConnlimit,
+        pkt: &PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> bool {
+        self.inner.connlimit(c, pkt, facts, now)
     }
     fn payload(&self) -> &[u8] {
         self.inner.payload()
@@ -115,8 +128,9 @@ impl<O: Observer> Observer for HotdropWatch<'_, O> {
         number: u32,
         log: &LogSpec,
         pkt: &PacketMeta,
+        facts: &PacketFacts,
     ) {
-        self.inner.log(chain, chain_index, number, log, pkt);
+        self.inner.log(chain, chain_index, number, log, pkt, facts);
     }
     fn outcome(&mut self, what: StepOutcome) {
         self.inner.outcome(what);
@@ -161,8 +175,14 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
         h.matches(pkt, now, true)
     }
     #[inline]
-    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
-        c.matches(pkt, now, self.ct, true)
+    fn connlimit(
+        &mut self,
+        c: &CConnlimit,
+        pkt: &PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> bool {
+        c.matches(pkt, facts, now, self.ct, true)
     }
     #[inline]
     fn payload(&self) -> &[u8] {
@@ -175,6 +195,7 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
         number: u32,
         log: &LogSpec,
         pkt: &PacketMeta,
+        facts: &PacketFacts,
     ) {
         let hit = LogHit::new(
             self.snapshot,
@@ -184,6 +205,7 @@ impl<L: LogSink + ?Sized> Observer for Counting<'_, L> {
             number,
             log,
             pkt,
+            facts,
         );
         self.logs.log(&hit);
     }
@@ -232,8 +254,13 @@ fn has_entry(p: &PacketMeta) -> bool {
 /// `--ctstate`, as conntrack_mt: SNAT / DNAT join the state of a packet with an entry; an
 /// INVALID (no entry) or UNTRACKED packet has no status bits to read.
 #[inline]
-fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta) -> bool {
-    let nat = if has_entry(p) { p.ct_nat } else { 0 };
+fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta, f: &PacketFacts) -> bool {
+    // The NAT bits are facts: read only when the match asks for SNAT or DNAT.
+    let nat = if bits & (ct_state::SNAT | ct_state::DNAT) != 0 && has_entry(p) {
+        f.ct_nat
+    } else {
+        0
+    };
     ((p.ct_state | nat) & bits != 0) != negated
 }
 
@@ -243,9 +270,9 @@ fn ct_state_matches(negated: bool, bits: u8, p: &PacketMeta) -> bool {
 /// (after the kernel's NAT, if any), so its original tuple is the packet's own addresses and
 /// ports in the original direction and their swap in the reply direction, and the reply tuple
 /// the swap of the original.
-fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
+fn conntrack_matches(c: &CConntrack, p: &PacketMeta, f: &PacketFacts) -> bool {
     if let Some((neg, bits)) = c.state {
-        if !ct_state_matches(neg, bits, p) {
+        if !ct_state_matches(neg, bits, p, f) {
             return false;
         }
     }
@@ -265,7 +292,7 @@ fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
     };
     // Under the kernel's DNAT its original destination is not the packet's (translated)
     // one; the reply tuple's source is the translated address either way.
-    let (kd, kdp) = match p.ct_orig_dst {
+    let (kd, kdp) = match f.ct_orig_dst {
         Some((a, port)) => (a, port.unwrap_or(odp)),
         None => (od, odp),
     };
@@ -282,8 +309,8 @@ fn conntrack_matches(c: &CConntrack, p: &PacketMeta) -> bool {
 }
 
 /// `-m owner`, as owner_mt (see [`crate::model::OwnerMatch`]).
-fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
-    let Some((uid, gid)) = p.owner else {
+fn owner_matches(w: &crate::model::OwnerMatch, f: &PacketFacts) -> bool {
+    let Some((uid, gid)) = f.owner else {
         // No socket: true only when every given option is negated.
         return w.socket.is_none_or(|n| n)
             && w.uid.is_none_or(|v| v.negated)
@@ -297,7 +324,7 @@ fn owner_matches(w: &crate::model::OwnerMatch, p: &PacketMeta) -> bool {
 }
 
 /// `-m physdev`, as physdev_mt (see [`crate::model::PhysdevMatch`]).
-fn physdev_matches(d: &CPhysdev, p: &PacketMeta) -> bool {
+fn physdev_matches(d: &CPhysdev, p: &PacketFacts) -> bool {
     let (indev, outdev) = (!p.phys_in.is_empty(), !p.phys_out.is_empty());
     if !indev && !outdev {
         // No bridge information: only when every given option is negated.
@@ -347,19 +374,19 @@ fn has_ports(proto: u8) -> bool {
 
 impl Snapshot {
     #[inline]
-    fn header_matches(r: &CRule, p: &PacketMeta) -> bool {
+    fn header_matches(r: &CRule, p: &PacketMeta, f: &PacketFacts) -> bool {
         if r.src.matches(addr_bits(p.src)) == r.src_negated
             || r.dst.matches(addr_bits(p.dst)) == r.dst_negated
         {
             return false;
         }
         if let Some((neg, pat)) = &r.in_iface {
-            if pat.matches(&p.in_iface) == *neg {
+            if pat.matches(&f.in_iface) == *neg {
                 return false;
             }
         }
         if let Some((neg, pat)) = &r.out_iface {
-            if pat.matches(&p.out_iface) == *neg {
+            if pat.matches(f.out_iface_at(p.hook)) == *neg {
                 return false;
             }
         }
@@ -382,14 +409,22 @@ impl Snapshot {
     pub(crate) fn rule_matches<O: Observer>(
         r: &CRule,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> bool {
-        Self::header_matches(r, p) && r.matches.iter().all(|m| Self::match_one(m, p, now, obs))
+        Self::header_matches(r, p, f)
+            && r.matches.iter().all(|m| Self::match_one(m, p, f, now, obs))
     }
 
     #[inline]
-    fn match_one<O: Observer>(m: &CMatch, p: &PacketMeta, now: u64, obs: &mut O) -> bool {
+    fn match_one<O: Observer>(
+        m: &CMatch,
+        p: &PacketMeta,
+        f: &PacketFacts,
+        now: u64,
+        obs: &mut O,
+    ) -> bool {
         match m {
             CMatch::Tcp {
                 sport,
@@ -411,7 +446,7 @@ impl Snapshot {
                 port_in(sport, p.sport)
                     && port_in(dport, p.dport)
                     && flags.is_none_or(|(neg, mask, comp)| (p.tcp_flags & mask == comp) != neg)
-                    && option.is_none_or(|(neg, kind)| p.has_tcp_option(kind) != neg)
+                    && option.is_none_or(|(neg, kind)| f.has_tcp_option(kind) != neg)
             }
             CMatch::Udp { sport, dport } => {
                 if p.fragment {
@@ -463,8 +498,8 @@ impl Snapshot {
                 };
                 hit != *negated
             }
-            CMatch::CtState { negated, bits } => ct_state_matches(*negated, *bits, p),
-            CMatch::Conntrack(c) => conntrack_matches(c, p),
+            CMatch::CtState { negated, bits } => ct_state_matches(*negated, *bits, p, f),
+            CMatch::Conntrack(c) => conntrack_matches(c, p, f),
             CMatch::Iprange(r) => {
                 let IprangeMatch { src, dst } = &**r;
                 let within = |ip: IpAddr, lo: IpAddr, hi: IpAddr| {
@@ -485,16 +520,16 @@ impl Snapshot {
                 mask,
             } => has_entry(p) && (p.ct_mark & mask == *value) != *negated,
             CMatch::Never => false,
-            CMatch::KernelFact(bit) => p.kernel_facts & bit != 0,
-            CMatch::Owner(w) => owner_matches(w, p),
-            CMatch::Physdev(d) => physdev_matches(d, p),
+            CMatch::KernelFact(bit) => f.kernel_facts & bit != 0,
+            CMatch::Owner(w) => owner_matches(w, f),
+            CMatch::Physdev(d) => physdev_matches(d, f),
             CMatch::Length { negated, range } => {
                 (u64::from(range.lo) <= u64::from(p.len) && u64::from(p.len) <= u64::from(range.hi))
                     != *negated
             }
             CMatch::Limit(bucket) => obs.limit(bucket, now),
             // As mac_mt: no link-layer source, no match (even when negated).
-            CMatch::Mac { negated, mac } => p.src_mac.is_some_and(|m| (m == *mac) != *negated),
+            CMatch::Mac { negated, mac } => f.src_mac.is_some_and(|m| (m == *mac) != *negated),
             CMatch::Ttl(t) => match t.op {
                 TtlOp::Eq => p.ttl == t.value,
                 TtlOp::Ne => p.ttl != t.value,
@@ -508,22 +543,22 @@ impl Snapshot {
             } => (p.tos & mask == *value) != *negated,
             CMatch::Ecn(e) => ecn_matches(e, p),
             // As ah_mt: a non-first fragment has no AH header.
-            CMatch::Ah { negated, spi } => !p.fragment && spi.contains(p.ah_spi) != *negated,
-            CMatch::Frag(f) => p.ipv6_ext.fragment.is_some_and(|h| frag_matches(f, &h)),
-            CMatch::Rt(r) => p.ipv6_ext.routing.is_some_and(|h| {
+            CMatch::Ah { negated, spi } => !p.fragment && spi.contains(f.ah_spi) != *negated,
+            CMatch::Frag(m) => f.ipv6_ext.fragment.is_some_and(|h| frag_matches(m, &h)),
+            CMatch::Rt(r) => f.ipv6_ext.routing.is_some_and(|h| {
                 r.segsleft.value.contains(u32::from(h.segments_left)) != r.segsleft.negated
                     && r.len
                         .is_none_or(|l| (l.value == u32::from(h.len)) != l.negated)
                     && r.rt_type
                         .is_none_or(|t| (t.value == h.rt_type) != t.negated)
             }),
-            CMatch::AddrType(a) => addrtype_matches(a, p),
-            CMatch::Rpfilter { flags, addrs } => rpfilter_matches(*flags, addrs, p),
+            CMatch::AddrType(a) => addrtype_matches(a, p, f),
+            CMatch::Rpfilter { flags, addrs } => rpfilter_matches(*flags, addrs, p, f),
             CMatch::PktType {
                 negated,
                 kind,
                 addrs,
-            } => pkttype_matches(*negated, *kind, addrs.as_deref(), p),
+            } => pkttype_matches(*negated, *kind, addrs.as_deref(), p, f),
             CMatch::Recent(r) => obs.recent(r, p, now),
             CMatch::Hashlimit(h) => {
                 // As hashlimit_init_dst: the ports must be there when the key has them.
@@ -533,7 +568,7 @@ impl Snapshot {
                 }
                 obs.hashlimit(h, p, now)
             }
-            CMatch::Connlimit(c) => obs.connlimit(c, p, now),
+            CMatch::Connlimit(c) => obs.connlimit(c, p, f, now),
             CMatch::String(s) => s.matches(obs.payload()),
             CMatch::U32(u) => u32_match::u32_matches(u, obs.payload(), p.len),
             CMatch::Sctp(s) => match sctp::sctp_matches(s, p, obs.payload()) {
@@ -544,7 +579,7 @@ impl Snapshot {
                 }
             },
             CMatch::Ipv6Header(h) => {
-                let have = p.ipv6_ext.mask;
+                let have = f.ipv6_ext.mask;
                 if h.soft {
                     // ip6t_ipv6header: `!((temp ^ matchflags ^ invflags) & matchflags)`, with
                     // invflags 0xff when negated: each listed header present (absent).
@@ -562,6 +597,7 @@ impl Snapshot {
         &self,
         base: u32,
         p: &mut PacketMeta,
+        f: &mut PacketFacts,
         now: u64,
         obs: &mut O,
         hint: Hint,
@@ -597,7 +633,7 @@ impl Snapshot {
                         dropped: false,
                     };
                     let at = rules.find_from(next, |r| {
-                        Self::rule_matches(r, p, now, &mut watch) || watch.dropped
+                        Self::rule_matches(r, p, f, now, &mut watch) || watch.dropped
                     });
                     if watch.dropped {
                         return Some(Verdict::Drop);
@@ -609,11 +645,11 @@ impl Snapshot {
                         // The RFC probe's answer is the first match itself.
                         (hint.best != u32::MAX).then_some(hint.best)
                     } else {
-                        self.indexed_rest(idx, rules, 0, hint.best, p, now, obs)
+                        self.indexed_rest(idx, rules, 0, hint.best, p, f, now, obs)
                     }
                 }
-                Some(idx) => self.indexed_next(idx, rules, next, p, now, obs),
-                None => rules.find_from(next, |r| Self::rule_matches(r, p, now, obs)),
+                Some(idx) => self.indexed_next(idx, rules, next, p, f, now, obs),
+                None => rules.find_from(next, |r| Self::rule_matches(r, p, f, now, obs)),
             };
             let Some(at) = found else {
                 next = n;
@@ -661,16 +697,16 @@ impl Snapshot {
                     chain = c.table_base + *t;
                     next = 0;
                 }
-                CTarget::Log(log) => obs.log(c, chain, next, log, p),
+                CTarget::Log(log) => obs.log(c, chain, next, log, p, f),
                 // xt_ct_target / notrack_tg: only the first of them a packet meets acts.
                 CTarget::Notrack => {
-                    if p.ct_zone.is_none() {
+                    if f.ct_zone.is_none() {
                         p.ct_state = ct_state::UNTRACKED;
                     }
                 }
                 CTarget::Ct(z) => {
-                    if p.ct_zone.is_none() && p.ct_state != ct_state::UNTRACKED {
-                        p.ct_zone = Some(z.resolve(p.mark));
+                    if f.ct_zone.is_none() && p.ct_state != ct_state::UNTRACKED {
+                        f.ct_zone = Some(z.resolve(p.mark));
                     }
                 }
                 CTarget::Mark(m) => p.mark = m.apply(p.mark),
@@ -704,6 +740,7 @@ impl Snapshot {
     fn evaluate<'t, O: Observer>(
         &self,
         p: &mut PacketMeta,
+        facts: &mut PacketFacts,
         now: u64,
         obs: &mut O,
         hint: Hint,
@@ -715,16 +752,25 @@ impl Snapshot {
         if matches!(hook, Hook::Input | Hook::Forward)
             && !self.hooks[f][Hook::Prerouting.index()].is_empty()
         {
-            let out_iface = std::mem::take(&mut p.out_iface);
+            // No output interface at PREROUTING: `PacketFacts::out_iface_at` hides it (the
+            // facts are not written, so a ruleset without `-o` never touches them).
             p.hook = Hook::Prerouting;
-            let v = self.run_hook(f, Hook::Prerouting, p, now, obs, hint, &mut after_raw);
+            let v = self.run_hook(
+                f,
+                Hook::Prerouting,
+                p,
+                facts,
+                now,
+                obs,
+                hint,
+                &mut after_raw,
+            );
             p.hook = hook;
-            p.out_iface = out_iface;
             if let Some(v) = v {
                 return v;
             }
         }
-        self.run_hook(f, hook, p, now, obs, hint, &mut after_raw)
+        self.run_hook(f, hook, p, facts, now, obs, hint, &mut after_raw)
             .unwrap_or(Verdict::Accept)
     }
 
@@ -737,6 +783,7 @@ impl Snapshot {
         f: usize,
         hook: Hook,
         p: &mut PacketMeta,
+        facts: &mut PacketFacts,
         now: u64,
         obs: &mut O,
         hint: Hint,
@@ -746,15 +793,15 @@ impl Snapshot {
         let chains = &self.hooks[f][h];
         let (raw, rest) = chains.split_at((self.raw_chains[f][h] as usize).min(chains.len()));
         for &base in raw {
-            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
+            if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
                 return Some(v);
             }
         }
-        if let Some(v) = after_raw.take().and_then(|t| t.lookup(p, now)) {
+        if let Some(v) = after_raw.take().and_then(|t| t.lookup(p, facts, now)) {
             return Some(v);
         }
         for &base in rest {
-            if let Some(v) = self.run_chain(base, p, now, obs, hint) {
+            if let Some(v) = self.run_chain(base, p, facts, now, obs, hint) {
                 return Some(v);
             }
         }
@@ -808,11 +855,16 @@ impl Snapshot {
     /// `bytes[i]` is packet `i` from its network header on, which `-m string` searches (a
     /// packet beyond the slice has none: `--string` is false for it); `-m connlimit` counts in
     /// [`Track::table`]. Pass `&[]` and [`NoTracking`](crate::conntrack::NoTracking) for neither.
+    /// `facts[i]` is the cold part of packet `i` ([`PacketFacts`]), read only by the matches
+    /// and targets that use it (and written by `-j CT`); a packet beyond the slice is
+    /// classified with [`PacketFacts::default`] (nothing known: no interfaces, no options),
+    /// so sources without facts pass `&mut []`.
     #[allow(clippy::too_many_arguments)]
     pub fn classify_batch<'t>(
         &self,
         core: usize,
         packets: &mut [PacketMeta],
+        facts: &mut [PacketFacts],
         verdicts: &mut [Verdict],
         now: u64,
         logs: &mut (impl LogSink + ?Sized),
@@ -831,10 +883,15 @@ impl Snapshot {
         };
         let mut chains = [u32::MAX; PROBE_BATCH];
         let mut best = [PROBE_UNKNOWN; PROBE_BATCH];
+        // The facts of packets beyond `facts` (reset for each).
+        let mut none = PacketFacts::NONE;
         let mut lo = 0;
         while lo < n {
             let hi = (lo + PROBE_BATCH).min(n);
-            self.probe(&packets[lo..hi], now, &mut chains, &mut best);
+            let fs = facts
+                .get(lo.min(facts.len())..hi.min(facts.len()))
+                .unwrap_or(&[]);
+            self.probe(&packets[lo..hi], fs, now, &mut chains, &mut best);
             // What each evaluation reads first, requested for all packets before the first
             // one runs: the probed rule (its target) and its counter line.
             for (&c, &b) in chains.iter().zip(best.iter()).take(hi - lo) {
@@ -857,9 +914,19 @@ impl Snapshot {
                     best: best[i - lo],
                 };
                 let p = &mut packets[i];
+                let f = match facts.get_mut(i) {
+                    Some(f) => f,
+                    None => {
+                        // The walk writes only the zone (`-j CT`) into the facts (the
+                        // output interface it hides at PREROUTING comes back).
+                        none.ct_zone = None;
+                        debug_assert_eq!(none, PacketFacts::NONE);
+                        &mut none
+                    }
+                };
                 obs.payload = bytes.get(i).copied().unwrap_or(&[]);
-                let v = self.evaluate(p, now, &mut obs, hint, &mut *track);
-                verdicts[i] = track.decided(p, v, now);
+                let v = self.evaluate(p, f, now, &mut obs, hint, &mut *track);
+                verdicts[i] = track.decided(p, f, v, now);
             }
             lo = hi;
         }
@@ -871,6 +938,7 @@ impl Snapshot {
     fn probe(
         &self,
         packets: &[PacketMeta],
+        facts: &[PacketFacts],
         now: u64,
         chains: &mut [u32; PROBE_BATCH],
         best: &mut [u32; PROBE_BATCH],
@@ -923,7 +991,7 @@ impl Snapshot {
             }
             let body = &*self.chains[c as usize].body;
             if let Some(idx) = &body.index {
-                idx.probe_batch(&body.rules, packets, &which[..m], now, best);
+                idx.probe_batch(&body.rules, packets, facts, &which[..m], now, best);
             }
         }
     }

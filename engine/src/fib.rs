@@ -48,7 +48,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::model::{Family, IpNet};
-use crate::packet::{IfName, PacketMeta};
+use crate::packet::{IfName, PacketFacts, PacketMeta};
 
 #[cfg(doc)]
 use crate::node_addrs::NodeAddrs;
@@ -396,14 +396,15 @@ impl Fib {
     }
 
     /// `-m rpfilter` with `flags` ([`rpfilter_flags`], `--invert` included) for packet `p`
-    /// (its source, destination, input device, mark and TOS), as the module docs describe.
-    pub fn rpfilter(&self, p: &PacketMeta, flags: u8) -> bool {
+    /// (its source, destination, mark and TOS; the input device from its facts `f`), as the
+    /// module docs describe.
+    pub fn rpfilter(&self, p: &PacketMeta, f: &PacketFacts, flags: u8) -> bool {
         let invert = flags & F::INVERT != 0;
-        self.reverse_path_ok(p, flags) != invert
+        self.reverse_path_ok(p, f, flags) != invert
     }
 
-    fn reverse_path_ok(&self, p: &PacketMeta, flags: u8) -> bool {
-        let dev = p.in_iface;
+    fn reverse_path_ok(&self, p: &PacketMeta, f: &PacketFacts, flags: u8) -> bool {
+        let dev = f.in_iface;
         if self.loopback.contains(&dev) {
             return true;
         }
@@ -476,6 +477,7 @@ impl Fib {
 mod tests {
     use super::*;
     use crate::model::Hook;
+    use crate::packet::Packet;
 
     fn dev(n: &str) -> IfName {
         IfName::new(n).unwrap()
@@ -517,26 +519,34 @@ mod tests {
         ])
     }
 
-    fn pkt(src: &str, dst: &str, inif: &str) -> PacketMeta {
+    fn pkt(src: &str, dst: &str, inif: &str) -> Packet {
         let src: IpAddr = src.parse().unwrap();
-        PacketMeta {
-            family: if src.is_ipv4() {
-                Family::Ipv4
-            } else {
-                Family::Ipv6
+        Packet {
+            meta: PacketMeta {
+                family: if src.is_ipv4() {
+                    Family::Ipv4
+                } else {
+                    Family::Ipv6
+                },
+                hook: Hook::Prerouting,
+                src,
+                dst: dst.parse().unwrap(),
+                ..PacketMeta::default()
             },
-            hook: Hook::Prerouting,
-            src,
-            dst: dst.parse().unwrap(),
-            in_iface: dev(inif),
-            ..PacketMeta::default()
+            facts: PacketFacts {
+                in_iface: dev(inif),
+                ..PacketFacts::default()
+            },
         }
     }
 
     #[test]
     fn strict_ipv4_needs_the_route_back_through_the_input_device() {
         let f = host();
-        let ok = |s, d, i, fl| f.rpfilter(&pkt(s, d, i), fl);
+        let ok = |s, d, i, fl| {
+            let p = pkt(s, d, i);
+            f.rpfilter(&p, &p.facts, fl)
+        };
         assert!(
             ok("8.8.8.8", "10.0.0.5", "eth0", 0),
             "default route via eth0"
@@ -563,7 +573,10 @@ mod tests {
     #[test]
     fn local_and_loopback_sources() {
         let f = host();
-        let ok = |s, d, i, fl| f.rpfilter(&pkt(s, d, i), fl);
+        let ok = |s, d, i, fl| {
+            let p = pkt(s, d, i);
+            f.rpfilter(&p, &p.facts, fl)
+        };
         // A source that is our own address: only with --accept-local (and its device).
         assert!(!ok("10.0.0.5", "10.0.0.5", "eth0", 0));
         assert!(ok("10.0.0.5", "10.0.0.5", "eth0", F::ACCEPT_LOCAL));
@@ -596,7 +609,10 @@ mod tests {
     #[test]
     fn ipv6_strict_loose_and_link_local() {
         let f = host();
-        let ok = |s, d, i, fl| f.rpfilter(&pkt(s, d, i), fl);
+        let ok = |s, d, i, fl| {
+            let p = pkt(s, d, i);
+            f.rpfilter(&p, &p.facts, fl)
+        };
         assert!(ok("2001:db8::7", "2001:db8::5", "eth0", 0));
         assert!(!ok("2001:db8::7", "2001:db8::5", "eth1", 0));
         assert!(ok("2001:db8::7", "2001:db8::5", "eth1", F::LOOSE));
@@ -639,7 +655,7 @@ mod tests {
         let ok = |s, i, mark: u32, fl| {
             let mut p = pkt(s, "10.0.0.5", i);
             p.mark = mark;
-            f.rpfilter(&p, fl)
+            f.rpfilter(&p, &p.facts, fl)
         };
         // suppress_prefixlength 0 skips main's default route: table 100 (by mark) or main.
         assert!(ok("8.8.8.8", "wg0", 0x40000, F::VALID_MARK));

@@ -411,7 +411,7 @@ mod tests {
     #[test]
     fn the_engine_reads_the_bits_it_assigned() {
         use crate::engine::{Change, Engine, EngineConfig};
-        use crate::packet::PacketMeta;
+        use crate::packet::{Packet, PacketFacts, PacketMeta};
         use crate::snapshot::Verdict;
 
         struct Zero;
@@ -441,9 +441,12 @@ mod tests {
             Some(0)
         );
         let verdict = |kernel_facts: u32| {
-            let p = PacketMeta {
-                kernel_facts,
-                ..PacketMeta::default()
+            let p = Packet {
+                meta: PacketMeta::default(),
+                facts: PacketFacts {
+                    kernel_facts,
+                    ..PacketFacts::default()
+                },
             };
             engine.trace(&p, 0).verdict
         };

@@ -1,5 +1,7 @@
 //! Vallum's rule engine: the rule model, the iptables-restore parser and printer, validation,
-//! compiled snapshots and the per-core packet path with generation counters.
+//! compiled snapshots and the per-core packet path with generation counters; and [`nft`], the
+//! nftables front end (nft text and JSON in, the `nft list ruleset` listing out), whose rulesets
+//! are not yet mapped onto the rule model or enforced.
 //!
 //! The engine is sans-IO: it reads no socket, no file and no clock. Time comes in as `now`
 //! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.
@@ -65,6 +67,7 @@ pub mod fib;
 pub mod kernel_decided;
 pub mod mark_field;
 pub mod model;
+pub mod nft;
 pub mod node_addrs;
 pub mod packet;
 pub mod restore;

@@ -54,7 +54,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::fib::Fib;
 use crate::model::{Family, Hook, IpNet, PktType, addr_type};
-use crate::packet::{IfName, PacketMeta};
+use crate::packet::{IfName, PacketFacts, PacketMeta};
 
 /// What a local-table entry makes of the addresses it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -252,8 +252,8 @@ impl AddrFacts {
     ///   (`PACKET_LOOPBACK`); it differs from the kernel for a frame whose destination MAC
     ///   disagrees with its IP destination (an L2 broadcast carrying a unicast IP, a
     ///   unicast MAC carrying a broadcast IP): validation warns about it.
-    pub fn pkt_class(&self, p: &PacketMeta) -> PktType {
-        if !matches!(p.hook, Hook::Prerouting | Hook::Input) || p.in_iface.as_str().is_empty() {
+    pub fn pkt_class(&self, p: &PacketMeta, f: &PacketFacts) -> PktType {
+        if !matches!(p.hook, Hook::Prerouting | Hook::Input) || f.in_iface.is_empty() {
             return PktType::Unicast;
         }
         match p.dst {
@@ -411,13 +411,16 @@ mod tests {
     #[test]
     fn pkt_class_from_the_destination_and_hook() {
         let f = host();
-        let p = |dst: &str, hook: Hook, inif: &str| PacketMeta {
+        let p = |dst: &str, hook: Hook| PacketMeta {
             hook,
             dst: dst.parse().unwrap(),
-            in_iface: IfName::new(inif).unwrap(),
             ..PacketMeta::default()
         };
-        let c = |dst, hook| f.pkt_class(&p(dst, hook, "eth0"));
+        let eth0 = PacketFacts {
+            in_iface: IfName::new("eth0").unwrap(),
+            ..PacketFacts::default()
+        };
+        let c = |dst, hook| f.pkt_class(&p(dst, hook), &eth0);
         assert_eq!(c("10.0.0.5", Hook::Input), PktType::Unicast);
         assert_eq!(c("10.0.0.255", Hook::Input), PktType::Broadcast);
         assert_eq!(c("255.255.255.255", Hook::Prerouting), PktType::Broadcast);
@@ -427,7 +430,7 @@ mod tests {
         // Sent or forwarded: PACKET_HOST.
         assert_eq!(c("10.0.0.255", Hook::Forward), PktType::Unicast);
         assert_eq!(
-            f.pkt_class(&p("255.255.255.255", Hook::Output, "")),
+            f.pkt_class(&p("255.255.255.255", Hook::Output), &PacketFacts::NONE),
             PktType::Unicast
         );
     }

@@ -96,7 +96,7 @@ use crate::model::{
     TableKind, TtlMatch,
 };
 use crate::node_addrs::{AddrFacts, NodeAddrs};
-use crate::packet::{IfName, PacketMeta};
+use crate::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use crate::sets::SetRef;
 use crate::validate::RuleDiffs;
 
@@ -235,7 +235,7 @@ pub struct LogEvent {
     /// LOG.
     pub nflog_group: Option<u16>,
     /// The packet as it was when the rule matched.
-    pub packet: PacketMeta,
+    pub packet: Packet,
 }
 
 /// Why a ruleset could not be compiled. Validation ([`crate::validate`]) catches all of these
@@ -618,11 +618,11 @@ pub(crate) struct CAddrType {
 pub(crate) static NO_ADDRS: AddrFacts = AddrFacts::EMPTY;
 
 /// `-m addrtype`, as addrtype_mt_v1: the source test, then (if it held) the destination test.
-pub(crate) fn addrtype_matches(a: &CAddrType, p: &PacketMeta) -> bool {
+pub(crate) fn addrtype_matches(a: &CAddrType, p: &PacketMeta, f: &PacketFacts) -> bool {
     let dev = match a.limit {
         AddrTypeLimit::None => None,
-        AddrTypeLimit::In => Some(&p.in_iface),
-        AddrTypeLimit::Out => Some(&p.out_iface),
+        AddrTypeLimit::In => Some(&f.in_iface),
+        AddrTypeLimit::Out => Some(f.out_iface_at(p.hook)),
     };
     let guard = a.addrs.as_ref().map(|n| n.load());
     let facts: &AddrFacts = guard.as_deref().map_or(&NO_ADDRS, |f| f);
@@ -634,9 +634,14 @@ pub(crate) fn addrtype_matches(a: &CAddrType, p: &PacketMeta) -> bool {
 
 /// `-m rpfilter` as rpfilter_mt: the node's routing view decides; with none (never after
 /// validation) no route is found, so only `--invert` matches.
-pub(crate) fn rpfilter_matches(flags: u8, addrs: &NodeAddrs, p: &PacketMeta) -> bool {
+pub(crate) fn rpfilter_matches(
+    flags: u8,
+    addrs: &NodeAddrs,
+    p: &PacketMeta,
+    f: &PacketFacts,
+) -> bool {
     match addrs.load_routes().as_deref() {
-        Some(fib) => fib.rpfilter(p, flags),
+        Some(fib) => fib.rpfilter(p, f, flags),
         None => flags & crate::fib::rpfilter_flags::INVERT != 0,
     }
 }
@@ -648,10 +653,11 @@ pub(crate) fn pkttype_matches(
     kind: crate::model::PktType,
     addrs: Option<&NodeAddrs>,
     p: &PacketMeta,
+    f: &PacketFacts,
 ) -> bool {
     let guard = addrs.map(|n| n.load());
-    let facts: &AddrFacts = guard.as_deref().map_or(&NO_ADDRS, |f| f);
-    (facts.pkt_class(p) == kind) != negated
+    let facts: &AddrFacts = guard.as_deref().map_or(&NO_ADDRS, |a| a);
+    (facts.pkt_class(p, f) == kind) != negated
 }
 
 /// `-m limit` as a generic cell rate algorithm over one atomic: `tat` is the theoretical

@@ -157,7 +157,7 @@ pub struct NfqueueAnswers {
     /// The facts field (`--nfqueue-facts-mark`): contiguous bits, or 0 for none. The steering's
     /// `VALLUM-FACTS-<HOOK>` chains set bit `i` of it when the kernel-decided expression of
     /// bit `i` holds for the packet ([`vallum_engine::kernel_decided`]); the packet path reads
-    /// the field as [`vallum_engine::packet::PacketMeta::kernel_facts`] and the rules see the
+    /// the field as [`vallum_engine::packet::PacketFacts::kernel_facts`] and the rules see the
     /// mark without it (the verdict's mark leaves it cleared).
     pub facts_mark: u32,
 }

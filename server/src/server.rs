@@ -540,6 +540,9 @@ pub async fn run_with(
         config.worker_nice,
     )?;
     metrics.observe_nfqueue(sources.nfqueue_counters());
+    // Health is SERVING and the packet sources are bound: the stored rulesets decide packets
+    // from here on. Boot scripts (and the boot bench) wait for this line.
+    stdout_line(format_args!("serving"));
     // The agent starts once the stored state is enforced (fail-static: etcd is not needed).
     if let Some((etcd, node)) = fleet {
         let agent = Agent::new(

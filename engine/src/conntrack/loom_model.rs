@@ -40,15 +40,15 @@ fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
 }
 
-fn udp(src: u8, sport: u16, dst: u8, dport: u16) -> PacketMeta {
-    PacketMeta {
+fn udp(src: u8, sport: u16, dst: u8, dport: u16) -> Packet {
+    Packet::from(PacketMeta {
         src: ip(src),
         dst: ip(dst),
         protocol: PROTO_UDP,
         sport,
         dport,
         ..PacketMeta::default()
-    }
+    })
 }
 
 fn table(buckets: usize, locks: usize) -> Conntrack {

@@ -305,7 +305,7 @@ mod tests {
     use crate::conntrack::{ConntrackConfig, TcpState};
     use crate::model::ct_state;
     use crate::model::tcp_flags::{ACK, PSH, SYN};
-    use crate::packet::PacketMeta;
+    use crate::packet::{Packet, PacketMeta};
 
     const S: u64 = 1_000_000_000;
 
@@ -328,7 +328,7 @@ mod tests {
         } else {
             (a, b, 40000, 22)
         };
-        let mut p = PacketMeta {
+        let mut p = Packet::from(PacketMeta {
             src,
             dst,
             protocol: PROTO_TCP,
@@ -336,7 +336,7 @@ mod tests {
             dport,
             tcp_flags: flags,
             ..PacketMeta::default()
-        };
+        });
         ct.track(&mut p, now);
         p.ct_state
     }
@@ -485,7 +485,7 @@ mod tests {
                 0,
             ),
         ] {
-            let mut p = PacketMeta {
+            let mut p = Packet::from(PacketMeta {
                 src,
                 dst,
                 protocol,
@@ -493,7 +493,7 @@ mod tests {
                 dport,
                 icmp_type: (dport >> 8) as u8,
                 ..PacketMeta::default()
-            };
+            });
             ct.track(&mut p, 0);
         }
         let text = ct.save(0);

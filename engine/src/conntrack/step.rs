@@ -6,7 +6,7 @@
 
 use super::{Conntrack, CtVerdict, Unconfirmed};
 use crate::model::ct_state;
-use crate::packet::PacketMeta;
+use crate::packet::{PacketFacts, PacketMeta};
 use crate::snapshot::Verdict;
 
 /// What the chain walk asks of connection tracking (whose table lives for `'t`), per packet, in this order: [`Track::lookup`]
@@ -15,13 +15,14 @@ use crate::snapshot::Verdict;
 /// earlier packet of its batch left).
 pub trait Track<'t> {
     /// Sets the packet's conntrack facts (`ct_state`, `ct_mark`, `ct_reply`); `Some` is a
-    /// final verdict (DROP when the table has no room for a new connection).
-    fn lookup(&mut self, p: &mut PacketMeta, now: u64) -> Option<Verdict>;
+    /// final verdict (DROP when the table has no room for a new connection). `f` is the
+    /// packet's facts (its zone, the header an ICMP error embeds).
+    fn lookup(&mut self, p: &mut PacketMeta, f: &PacketFacts, now: u64) -> Option<Verdict>;
 
     /// After the verdict `v`: what the packet's verdict finally is (a new connection joins the
     /// table here when accepted; DROP when the table is full then).
     #[inline]
-    fn decided(&mut self, _p: &mut PacketMeta, v: Verdict, _now: u64) -> Verdict {
+    fn decided(&mut self, _p: &mut PacketMeta, _f: &PacketFacts, v: Verdict, _now: u64) -> Verdict {
         v
     }
 
@@ -39,17 +40,17 @@ pub struct NoTracking;
 
 impl Track<'_> for NoTracking {
     #[inline]
-    fn lookup(&mut self, _: &mut PacketMeta, _: u64) -> Option<Verdict> {
+    fn lookup(&mut self, _: &mut PacketMeta, _: &PacketFacts, _: u64) -> Option<Verdict> {
         None
     }
 }
 
 /// A closure as the lookup step (no confirmation, no table): for dry runs (a trace's
 /// [`Conntrack::peek_into`]) and tests that set the state themselves.
-impl<F: FnMut(&mut PacketMeta) -> Option<Verdict>> Track<'_> for F {
+impl<F: FnMut(&mut PacketMeta, &PacketFacts) -> Option<Verdict>> Track<'_> for F {
     #[inline]
-    fn lookup(&mut self, p: &mut PacketMeta, _: u64) -> Option<Verdict> {
-        self(p)
+    fn lookup(&mut self, p: &mut PacketMeta, f: &PacketFacts, _: u64) -> Option<Verdict> {
+        self(p, f)
     }
 }
 
@@ -97,18 +98,18 @@ fn has_entry(state: u8) -> bool {
 
 impl<'a> Track<'a> for Tracker<'a> {
     #[inline]
-    fn lookup(&mut self, p: &mut PacketMeta, now: u64) -> Option<Verdict> {
-        let (v, u) = self.table.track_unconfirmed(p, now);
+    fn lookup(&mut self, p: &mut PacketMeta, f: &PacketFacts, now: u64) -> Option<Verdict> {
+        let (v, u) = self.table.track_unconfirmed(p, f, now);
         self.found_mark = (u.is_none() && has_entry(p.ct_state)).then_some(p.ct_mark);
         self.unconfirmed = u;
         (v == CtVerdict::TableFull).then_some(Verdict::Drop)
     }
 
     #[inline]
-    fn decided(&mut self, p: &mut PacketMeta, v: Verdict, now: u64) -> Verdict {
+    fn decided(&mut self, p: &mut PacketMeta, f: &PacketFacts, v: Verdict, now: u64) -> Verdict {
         if let Some(m) = self.found_mark.take() {
             if m != p.ct_mark {
-                self.table.set_mark(p, p.ct_mark);
+                self.table.set_mark(p, f, p.ct_mark);
             }
         }
         match (self.unconfirmed.take(), v) {

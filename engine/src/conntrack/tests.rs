@@ -13,8 +13,8 @@ fn ip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
 }
 
-fn pkt(protocol: u8, src: IpAddr, sport: u16, dst: IpAddr, dport: u16, flags: u8) -> PacketMeta {
-    PacketMeta {
+fn pkt(protocol: u8, src: IpAddr, sport: u16, dst: IpAddr, dport: u16, flags: u8) -> Packet {
+    Packet::from(PacketMeta {
         src,
         dst,
         protocol,
@@ -22,7 +22,7 @@ fn pkt(protocol: u8, src: IpAddr, sport: u16, dst: IpAddr, dport: u16, flags: u8
         dport,
         tcp_flags: flags,
         ..PacketMeta::default()
-    }
+    })
 }
 
 fn table(buckets: usize, max_entries: usize) -> Conntrack {
@@ -448,7 +448,7 @@ fn track_reads_the_embedded_header_and_peek_changes_nothing() {
     let ct = table(64, 100);
     let mut unreach = pkt(PROTO_ICMP, ip(7), 0, ip(1), 0, 0);
     unreach.icmp_type = 3;
-    unreach.embedded = Some(Tuple {
+    unreach.facts.embedded = Some(Tuple {
         src: ip(1),
         dst: ip(2),
         protocol: PROTO_TCP,
@@ -464,7 +464,7 @@ fn track_reads_the_embedded_header_and_peek_changes_nothing() {
     assert_eq!(ct.track(&mut unreach, S), CtVerdict::Related);
     assert_eq!(unreach.ct_state, ct_state::RELATED);
     // Without the embedded header the error is INVALID.
-    unreach.embedded = None;
+    unreach.facts.embedded = None;
     assert_eq!(ct.track(&mut unreach, S), CtVerdict::Invalid);
     // peek of the SYN-ACK says ESTABLISHED but leaves SYN_SENT and the timeout alone.
     let before = ct.list();
@@ -606,7 +606,7 @@ fn track_batch_matches_track() {
     assert_eq!(states, [NEW, ESTABLISHED, ESTABLISHED, INVALID]);
 }
 
-fn udp_flow(i: u32) -> (PacketMeta, PacketMeta) {
+fn udp_flow(i: u32) -> (Packet, Packet) {
     let a = IpAddr::V4(Ipv4Addr::from(0x0a01_0000 + i));
     let port = 1024 + (i % 50_000) as u16;
     (
@@ -770,7 +770,7 @@ fn icmp_error_about_an_sctp_flow_is_related() {
         0x45, 0, 0, 32, 0, 1, 0, 0, 64, 132, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
     ];
     sctp.extend_from_slice(&[0x13, 0x88, 0x8e, 0x3c, 0, 0, 0, 1, 0, 0, 0, 0]);
-    let mut p = parse_ip(&sctp, PacketMeta::default()).unwrap();
+    let mut p = parse_ip(&sctp, Packet::default()).unwrap();
     assert_eq!(p.protocol, 132);
     let ct = table(64, 100);
     assert_eq!(ct.track(&mut p, 0), CtVerdict::New);
@@ -799,8 +799,8 @@ fn icmp_error_about_an_sctp_flow_is_related() {
     ];
     icmp.extend_from_slice(&[3, 1, 0, 0, 0, 0, 0, 0]);
     icmp.extend_from_slice(&sctp);
-    let mut e = parse_ip(&icmp, PacketMeta::default()).unwrap();
-    assert!(e.embedded.is_some());
+    let mut e = parse_ip(&icmp, Packet::default()).unwrap();
+    assert!(e.facts.embedded.is_some());
     assert_eq!(ct.track(&mut e, S), CtVerdict::Related);
 }
 
@@ -885,14 +885,14 @@ fn gc_resize_delete_flush_race_lookups() {
     let now = clock.load(std::sync::atomic::Ordering::Relaxed);
     for v in &l {
         if v.expires_ns > now {
-            let mut p = PacketMeta {
+            let mut p = Packet::from(PacketMeta {
                 src: v.reply.src,
                 dst: v.reply.dst,
                 protocol: v.reply.protocol,
                 sport: v.reply.sport,
                 dport: v.reply.dport,
                 ..PacketMeta::default()
-            };
+            });
             assert_eq!(ct.peek(&p, now), CtVerdict::Established, "{v:?}");
             assert_eq!(ct.track(&mut p, now), CtVerdict::Established, "{v:?}");
         }
@@ -923,8 +923,8 @@ fn huge_max_entries_do_not_overflow() {
     }
 }
 
-fn in_zone(mut p: PacketMeta, id: u16, dirs: u8) -> PacketMeta {
-    p.ct_zone = Some(CtZone { id, dirs });
+fn in_zone(mut p: Packet, id: u16, dirs: u8) -> Packet {
+    p.facts.ct_zone = Some(CtZone { id, dirs });
     p
 }
 

@@ -5,6 +5,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::*;
+use crate::packet::PacketMeta;
 use crate::restore::{ParseOptions, parse};
 use crate::sets::NoSets;
 use crate::snapshot::Verdict;
@@ -139,6 +140,7 @@ fn packets_copied_short_of_the_rules_are_skipped() {
     let (n, range) = w.process(
         Batch {
             packets: &mut packets,
+            facts: &mut [],
             verdicts: &mut verdicts,
             bytes: &bytes,
             cut: &cut,
@@ -174,6 +176,7 @@ fn packets_copied_short_of_the_rules_are_skipped() {
     let (_, range) = w.process(
         Batch {
             packets: &mut packets,
+            facts: &mut [],
             verdicts: &mut verdicts,
             bytes: &bytes,
             cut: &cut,

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::conntrack::{Conntrack, NoTracking, Tracker};
 use crate::dataplane::{Dataplane, Worker};
 use crate::model::{Family, Hook};
-use crate::packet::PacketMeta;
+use crate::packet::{PacketFacts, PacketMeta};
 use crate::snapshot::{LogEvent, LogRecord, LogRing, Snapshot, Verdict};
 
 /// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains
@@ -74,6 +74,10 @@ pub struct Batch<'a> {
     /// The packets; each comes back with the `ct_state` the non-raw chains saw, and the marks
     /// the rules set.
     pub packets: &'a mut [PacketMeta],
+    /// `facts[i]` is the cold part of packet `i` ([`PacketFacts`]), filled by the source with
+    /// the packet; the walk reads it only in the matches that use it. A packet beyond the
+    /// slice has none known ([`PacketFacts::NONE`]): `&mut []` for sources without facts.
+    pub facts: &'a mut [PacketFacts],
     /// One verdict per packet (a skipped packet's is left as it was).
     pub verdicts: &'a mut [Verdict],
     /// `bytes[i]` is packet `i` from its network (IP) header on, which `-m string` searches (a
@@ -87,10 +91,11 @@ pub struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    /// A batch of packets without bytes (none cut).
+    /// A batch of packets without bytes (none cut) and without facts.
     pub fn new(packets: &'a mut [PacketMeta], verdicts: &'a mut [Verdict]) -> Batch<'a> {
         Batch {
             packets,
+            facts: &mut [],
             verdicts,
             bytes: &[],
             cut: &[],
@@ -162,6 +167,7 @@ impl EngineWorker<'_> {
     pub fn process(&mut self, batch: Batch<'_>, now_ns: u64) -> (usize, u32) {
         let Batch {
             packets,
+            facts,
             verdicts,
             bytes,
             cut,
@@ -196,12 +202,21 @@ impl EngineWorker<'_> {
                     .get(start.min(bytes.len())..end.min(bytes.len()))
                     .unwrap_or(&[]);
                 let (ps, vs) = (&mut packets[start..end], &mut verdicts[start..end]);
+                let fs = (facts.get_mut(start.min(facts.len())..end.min(facts.len())))
+                    .unwrap_or(&mut []);
                 let core = batch.core();
                 match tracker {
-                    Some(t) => snap.classify_batch(core, ps, vs, now_ns, logs, run_bytes, t),
-                    None => {
-                        snap.classify_batch(core, ps, vs, now_ns, logs, run_bytes, &mut NoTracking)
-                    }
+                    Some(t) => snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t),
+                    None => snap.classify_batch(
+                        core,
+                        ps,
+                        fs,
+                        vs,
+                        now_ns,
+                        logs,
+                        run_bytes,
+                        &mut NoTracking,
+                    ),
                 };
                 for (p, &v) in ps.iter().zip(vs.iter()) {
                     counts.count(p, v);

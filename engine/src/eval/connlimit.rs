@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::conntrack::{Conntrack, Liveness, Tuple};
 use crate::model::{ConnlimitMatch, CtZone};
-use crate::packet::PacketMeta;
+use crate::packet::{PacketFacts, PacketMeta};
 
 use crate::snapshot::HashMap;
 
@@ -147,17 +147,19 @@ impl CConnlimit {
     pub(crate) fn matches(
         &self,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         ct: Option<&Conntrack>,
         apply: bool,
     ) -> bool {
-        self.rule.decides(self.count(p, now, ct, apply))
+        self.rule.decides(self.count(p, f, now, ct, apply))
     }
 
     /// The connections of `p`'s masked address, its own included (module docs).
     pub(crate) fn count(
         &self,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         ct: Option<&Conntrack>,
         apply: bool,
@@ -165,7 +167,7 @@ impl CConnlimit {
         let (t, _) = Tuple::from_packet(p);
         // The entry's original tuple: a reply-direction packet carries the reply tuple.
         let own = if p.ct_reply { t.reply() } else { t };
-        let zone = p.ct_zone.unwrap_or_default();
+        let zone = f.ct_zone.unwrap_or_default();
         let addr = if self.rule.daddr { p.dst } else { p.src };
         let key = addr_bits(addr) & self.mask;
         let mut shard = self.counts.shard(key);
@@ -241,6 +243,7 @@ mod tests {
     use super::*;
     use crate::conntrack::ConntrackConfig;
     use crate::model::tcp_flags::{ACK, RST, SYN};
+    use crate::packet::Packet;
 
     fn syn(src: &str, sport: u16) -> PacketMeta {
         PacketMeta {
@@ -268,8 +271,7 @@ mod tests {
 
     /// Tracks and confirms `p` (its first packet accepted).
     fn open(ct: &Conntrack, p: &PacketMeta, now: u64) {
-        let mut q = *p;
-        ct.track(&mut q, now);
+        ct.track(&mut Packet::from(*p), now);
     }
 
     #[test]
@@ -280,23 +282,66 @@ mod tests {
         for (i, sport) in [1000u16, 1001].into_iter().enumerate() {
             let p = syn("10.0.0.1", sport);
             let now = (i as u64 + 1) * ms;
-            assert!(!r.matches(&p, now, Some(&ct), true), "connection {}", i + 1);
+            assert!(
+                !r.matches(&p, &PacketFacts::NONE, now, Some(&ct), true),
+                "connection {}",
+                i + 1
+            );
             open(&ct, &p, now);
         }
         // The third from the same /24 is above 2; a dry run says so and changes nothing.
         let third = syn("10.0.0.9", 1002);
-        assert_eq!(r.count(&third, 3 * ms, Some(&ct), false), 3);
+        assert_eq!(
+            r.count(&third, &PacketFacts::NONE, 3 * ms, Some(&ct), false),
+            3
+        );
         assert_eq!(r.remembered(), 2);
-        assert!(r.matches(&third, 3 * ms, Some(&ct), true));
+        assert!(r.matches(&third, &PacketFacts::NONE, 3 * ms, Some(&ct), true));
         // Refused, so never confirmed: a later packet no longer counts it.
-        assert_eq!(r.count(&syn("10.0.0.9", 1003), 5 * ms, Some(&ct), true), 3);
+        assert_eq!(
+            r.count(
+                &syn("10.0.0.9", 1003),
+                &PacketFacts::NONE,
+                5 * ms,
+                Some(&ct),
+                true
+            ),
+            3
+        );
         assert_eq!(r.remembered(), 3, "the refused one was evicted");
         // Another /24 counts on its own.
-        assert_eq!(r.count(&syn("10.0.1.1", 1000), 6 * ms, Some(&ct), true), 1);
+        assert_eq!(
+            r.count(
+                &syn("10.0.1.1", 1000),
+                &PacketFacts::NONE,
+                6 * ms,
+                Some(&ct),
+                true
+            ),
+            1
+        );
         // A retransmitted SYN of a confirmed connection is not counted twice, nor does it
         // clean the list: the refused 1003 (not yet looked at again) still counts.
-        assert_eq!(r.count(&syn("10.0.0.1", 1000), 7 * ms, Some(&ct), true), 3);
-        assert_eq!(r.count(&syn("10.0.0.1", 1004), 8 * ms, Some(&ct), false), 3);
+        assert_eq!(
+            r.count(
+                &syn("10.0.0.1", 1000),
+                &PacketFacts::NONE,
+                7 * ms,
+                Some(&ct),
+                true
+            ),
+            3
+        );
+        assert_eq!(
+            r.count(
+                &syn("10.0.0.1", 1004),
+                &PacketFacts::NONE,
+                8 * ms,
+                Some(&ct),
+                false
+            ),
+            3
+        );
     }
 
     #[test]
@@ -306,19 +351,43 @@ mod tests {
         let a = syn("10.0.0.1", 1000);
         let b = syn("10.0.0.1", 1001);
         for p in [&a, &b] {
-            r.count(p, 1, Some(&ct), true);
+            r.count(p, &PacketFacts::NONE, 1, Some(&ct), true);
             open(&ct, p, 1);
         }
-        assert_eq!(r.count(&syn("10.0.0.1", 1002), 2, Some(&ct), false), 3);
+        assert_eq!(
+            r.count(
+                &syn("10.0.0.1", 1002),
+                &PacketFacts::NONE,
+                2,
+                Some(&ct),
+                false
+            ),
+            3
+        );
         // `a` is reset by the server (its entry goes to CLOSE).
         let mut rst = a;
         (rst.src, rst.dst, rst.sport, rst.dport) = (a.dst, a.src, a.dport, a.sport);
         rst.tcp_flags = RST | ACK;
-        ct.track(&mut rst, 3);
-        assert_eq!(r.count(&syn("10.0.0.1", 1002), 4, Some(&ct), false), 2);
+        ct.track(&mut Packet::from(rst), 3);
+        assert_eq!(
+            r.count(
+                &syn("10.0.0.1", 1002),
+                &PacketFacts::NONE,
+                4,
+                Some(&ct),
+                false
+            ),
+            2
+        );
         // Without a table every remembered connection is gone.
         assert_eq!(
-            r.count(&syn("10.0.0.1", 1002), 4 * UNCONFIRMED_GRACE_NS, None, true),
+            r.count(
+                &syn("10.0.0.1", 1002),
+                &PacketFacts::NONE,
+                4 * UNCONFIRMED_GRACE_NS,
+                None,
+                true
+            ),
             1
         );
     }
@@ -336,10 +405,16 @@ mod tests {
             false,
         );
         let p = syn("10.0.0.1", 1000);
-        assert!(upto.matches(&p, 1, Some(&ct), true));
+        assert!(upto.matches(&p, &PacketFacts::NONE, 1, Some(&ct), true));
         open(&ct, &p, 1);
         // Another client of the same server: 2 connections to 192.0.2.1, not up to 1.
-        assert!(!upto.matches(&syn("10.0.0.2", 1000), 2, Some(&ct), true));
+        assert!(!upto.matches(
+            &syn("10.0.0.2", 1000),
+            &PacketFacts::NONE,
+            2,
+            Some(&ct),
+            true
+        ));
     }
 
     #[test]
@@ -349,7 +424,7 @@ mod tests {
         for i in 0..10_000u32 {
             now += UNCONFIRMED_GRACE_NS;
             let src = std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string();
-            r.count(&syn(&src, 1000), now, None, true);
+            r.count(&syn(&src, 1000), &PacketFacts::NONE, now, None, true);
         }
         assert!(
             r.remembered() <= 2 * SWEEP_MIN * SHARDS,

@@ -8,7 +8,7 @@
 //! in fixed arrays of [`PROBE_BATCH`]), no lock, no clock (`now` is passed in for `-m limit`).
 
 use super::Observer;
-use crate::packet::PacketMeta;
+use crate::packet::{PacketFacts, PacketMeta};
 use crate::snapshot::chunks::RuleChunks;
 use crate::snapshot::rfc::{DIRECT, Rfc};
 use crate::snapshot::tuple_merge::*;
@@ -83,7 +83,13 @@ impl Observer for Silent {
     ) -> bool {
         false
     }
-    fn connlimit(&mut self, _: &super::connlimit::CConnlimit, _: &PacketMeta, _: u64) -> bool {
+    fn connlimit(
+        &mut self,
+        _: &super::connlimit::CConnlimit,
+        _: &PacketMeta,
+        _: &PacketFacts,
+        _: u64,
+    ) -> bool {
         false
     }
     fn payload(&self) -> &[u8] {
@@ -96,6 +102,7 @@ impl Observer for Silent {
         _: u32,
         _: &crate::snapshot::LogSpec,
         _: &PacketMeta,
+        _: &PacketFacts,
     ) {
     }
 }
@@ -120,6 +127,7 @@ impl ChainIndex {
         &self,
         rules: &RuleChunks,
         packets: &[PacketMeta],
+        facts: &[PacketFacts],
         which: &[u8],
         now: u64,
         out: &mut [u32; PROBE_BATCH],
@@ -231,8 +239,15 @@ impl ChainIndex {
                         (best[k], unsure[k]) = (pos, true);
                         break;
                     }
-                    let p = &packets[which[k] as usize];
-                    if Snapshot::rule_matches(&rules[pos as usize], p, now, &mut Silent) {
+                    let i = which[k] as usize;
+                    let f = facts.get(i).unwrap_or(&PacketFacts::NONE);
+                    if Snapshot::rule_matches(
+                        &rules[pos as usize],
+                        &packets[i],
+                        f,
+                        now,
+                        &mut Silent,
+                    ) {
                         (best[k], unsure[k]) = (pos, false);
                         break;
                     }
@@ -258,6 +273,7 @@ impl Snapshot {
         rules: &RuleChunks,
         start: u32,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> Option<u32> {
@@ -275,7 +291,7 @@ impl Snapshot {
                     };
                     for &pos in &list[from..] {
                         if idx.filters[pos as usize].flags & FILTER_EXACT != 0
-                            || Self::rule_matches(&rules[pos as usize], p, now, obs)
+                            || Self::rule_matches(&rules[pos as usize], p, f, now, obs)
                         {
                             return Some(pos);
                         }
@@ -289,7 +305,7 @@ impl Snapshot {
                 }
             }
         }
-        self.tm_next(idx, rules, start, p, now, obs)
+        self.tm_next(idx, rules, start, p, f, now, obs)
     }
 
     /// [`Snapshot::indexed_next`] on the TupleMerge tables.
@@ -300,6 +316,7 @@ impl Snapshot {
         rules: &RuleChunks,
         start: u32,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> Option<u32> {
@@ -338,14 +355,14 @@ impl Snapshot {
                     && pos >= start
                     && e.passes(&key, tag as u16)
                     && (e.flags & FILTER_EXACT != 0
-                        || Self::rule_matches(&rules[pos as usize], p, now, obs))
+                        || Self::rule_matches(&rules[pos as usize], p, f, now, obs))
                 {
                     best = pos;
                     break;
                 }
             }
         }
-        self.indexed_rest(idx, rules, start, best, p, now, obs)
+        self.indexed_rest(idx, rules, start, best, p, f, now, obs)
     }
 
     /// Whether the rule at `pos` (side-effect free) matches: the filter first (dense array, no
@@ -357,13 +374,14 @@ impl Snapshot {
         pos: u32,
         key: &PacketKey,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> bool {
-        let f = &idx.filters[pos as usize];
-        f.passes(key)
-            && (f.flags & FILTER_EXACT != 0
-                || Self::rule_matches(&rules[pos as usize], p, now, obs))
+        let filter = &idx.filters[pos as usize];
+        filter.passes(key)
+            && (filter.flags & FILTER_EXACT != 0
+                || Self::rule_matches(&rules[pos as usize], p, f, now, obs))
     }
 
     /// The rest of [`Snapshot::indexed_next`] once the tables said `best` (the lowest matching
@@ -378,6 +396,7 @@ impl Snapshot {
         start: u32,
         mut best: u32,
         p: &PacketMeta,
+        f: &PacketFacts,
         now: u64,
         obs: &mut O,
     ) -> Option<u32> {
@@ -388,7 +407,7 @@ impl Snapshot {
                 if pos >= best {
                     break;
                 }
-                if Self::filter_hit(idx, rules, pos, &key, p, now, obs) {
+                if Self::filter_hit(idx, rules, pos, &key, p, f, now, obs) {
                     best = pos;
                     break;
                 }
@@ -401,7 +420,7 @@ impl Snapshot {
             if pos >= best {
                 break;
             }
-            if Self::rule_matches(&rules[pos as usize], p, now, obs) {
+            if Self::rule_matches(&rules[pos as usize], p, f, now, obs) {
                 return Some(pos);
             }
         }

@@ -11,7 +11,7 @@ use super::{Hint, Observer};
 use crate::conntrack::Conntrack;
 use crate::eval::connlimit::CConnlimit;
 use crate::model::{Family, Policy, TableKind};
-use crate::packet::PacketMeta;
+use crate::packet::{Packet, PacketFacts, PacketMeta};
 use crate::snapshot::log_ring::{LogHit, LogSink};
 use crate::snapshot::stateful::{CHashlimit, CRecent};
 use crate::snapshot::*;
@@ -134,9 +134,15 @@ impl Observer for Tracing<'_> {
         self.limits_asked += 1;
         h.matches(pkt, now, false)
     }
-    fn connlimit(&mut self, c: &CConnlimit, pkt: &PacketMeta, now: u64) -> bool {
+    fn connlimit(
+        &mut self,
+        c: &CConnlimit,
+        pkt: &PacketMeta,
+        facts: &PacketFacts,
+        now: u64,
+    ) -> bool {
         self.limits_asked += 1;
-        c.matches(pkt, now, self.ct, false)
+        c.matches(pkt, facts, now, self.ct, false)
     }
     fn payload(&self) -> &[u8] {
         self.payload
@@ -148,6 +154,7 @@ impl Observer for Tracing<'_> {
         number: u32,
         log: &LogSpec,
         pkt: &PacketMeta,
+        facts: &PacketFacts,
     ) {
         let hit = LogHit::new(
             self.snapshot,
@@ -157,6 +164,7 @@ impl Observer for Tracing<'_> {
             number,
             log,
             pkt,
+            facts,
         );
         self.logs.log(&hit);
     }
@@ -177,8 +185,8 @@ impl Snapshot {
     /// them: [`Trace::limits_asked`] says how many were asked), and returns the
     /// verdict with the path taken: every matched rule (ruleset, table, chain, 1-based number)
     /// and every applied policy, in order.
-    pub fn trace(&self, packet: &PacketMeta, now: u64) -> Trace {
-        self.trace_tracked(packet, &[], now, None, |_| None)
+    pub fn trace(&self, packet: impl Into<Packet>, now: u64) -> Trace {
+        self.trace_tracked(&packet.into(), &[], now, None, |_, _| None)
     }
 
     /// As [`Snapshot::trace`], the same walk as [`Snapshot::classify_batch`]'s with
@@ -190,15 +198,19 @@ impl Snapshot {
     /// connection).
     pub fn trace_tracked(
         &self,
-        packet: &PacketMeta,
+        packet: &Packet,
         bytes: &[u8],
         now: u64,
         ct: Option<&Conntrack>,
-        after_raw: impl FnOnce(&mut PacketMeta) -> Option<Verdict>,
+        after_raw: impl FnOnce(&mut PacketMeta, &PacketFacts) -> Option<Verdict>,
     ) -> Trace {
         let mut after_raw = Some(after_raw);
-        let mut track = |p: &mut PacketMeta| after_raw.take().and_then(|f| f(p));
-        let mut p = *packet;
+        let mut track =
+            |p: &mut PacketMeta, f: &PacketFacts| after_raw.take().and_then(|t| t(p, f));
+        let Packet {
+            meta: mut p,
+            facts: mut f,
+        } = *packet;
         let mut obs = Tracing {
             snapshot: self.id,
             ct,
@@ -209,7 +221,7 @@ impl Snapshot {
             limits_asked: 0,
             hotdropped: false,
         };
-        let verdict = self.evaluate(&mut p, now, &mut obs, Hint::NONE, &mut track);
+        let verdict = self.evaluate(&mut p, &mut f, now, &mut obs, Hint::NONE, &mut track);
         Trace {
             verdict,
             steps: obs.steps,

@@ -68,9 +68,9 @@ use crate::conntrack::Tuple;
 use crate::conntrack::tuple::is_icmp_error;
 use crate::model::Family;
 use crate::model::ipv6_ext;
-use crate::packet::{FragmentHeader, Ipv6Ext, PacketMeta, RoutingHeader};
+use crate::packet::{FragmentHeader, Ipv6Ext, Packet, PacketFacts, PacketMeta, RoutingHeader};
 
-/// Why bytes could not be turned into a [`PacketMeta`]. Tiny and `Copy`: the packet path
+/// Why bytes could not be turned into a [`Packet`]. Tiny and `Copy`: the packet path
 /// returns it without allocating or formatting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum PacketError {
@@ -111,11 +111,11 @@ mod proto {
 }
 
 /// Parses an Ethernet II frame (without FCS), skipping any number of 802.1Q / 802.1ad / QinQ
-/// (0x8100, 0x88A8, 0x9100) tags, into a [`PacketMeta`].
+/// (0x8100, 0x88A8, 0x9100) tags, into a [`Packet`].
 ///
 /// `base` supplies what is not in the bytes (hook, interfaces, mark, ct_state); every header
 /// field of the result is taken from the frame, `src_mac` from the Ethernet source.
-pub fn parse_ethernet(frame: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+pub fn parse_ethernet(frame: &[u8], base: Packet) -> Result<Packet, PacketError> {
     let eth = Ethernet2Slice::from_slice_without_fcs(frame).map_err(|_| PacketError::Truncated)?;
     let mut ether_type = eth.ether_type();
     let mut rest = eth.payload_slice();
@@ -130,11 +130,9 @@ pub fn parse_ethernet(frame: &[u8], base: PacketMeta) -> Result<PacketMeta, Pack
         ether_type = vlan.ether_type();
         rest = vlan.payload_slice();
     }
-    let meta = parse_ether_payload(ether_type, rest, base)?;
-    Ok(PacketMeta {
-        src_mac: Some(eth.source()),
-        ..meta
-    })
+    let mut packet = parse_ether_payload(ether_type, rest, base)?;
+    packet.facts.src_mac = Some(eth.source());
+    Ok(packet)
 }
 
 /// The network (IP) packet an Ethernet frame carries, past any VLAN tags and cut to the IP
@@ -170,7 +168,7 @@ pub fn ip_packet(bytes: &[u8]) -> Option<&[u8]> {
 
 /// Parses a Linux "cooked" capture (SLL, pcap linktype 113) packet. `src_mac` is the SLL
 /// sender address when it is a 6-byte (Ethernet) address, else `base.src_mac`.
-pub fn parse_linux_sll(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+pub fn parse_linux_sll(bytes: &[u8], base: Packet) -> Result<Packet, PacketError> {
     let sll = LinuxSllSlice::from_slice(bytes).map_err(|e| match e {
         etherparse::err::linux_sll::HeaderSliceError::Len(_) => PacketError::Truncated,
         etherparse::err::linux_sll::HeaderSliceError::Content(_) => PacketError::Malformed,
@@ -179,17 +177,16 @@ pub fn parse_linux_sll(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, Pac
         LinuxSllProtocolType::EtherType(t) => t,
         _ => return Err(PacketError::NotIp),
     };
-    let meta = parse_ether_payload(ether_type, sll.payload_slice(), base)?;
-    let src_mac = match <[u8; 6]>::try_from(sll.sender_address()) {
-        Ok(mac) => Some(mac),
-        Err(_) => base.src_mac,
-    };
-    Ok(PacketMeta { src_mac, ..meta })
+    let mut packet = parse_ether_payload(ether_type, sll.payload_slice(), base)?;
+    if let Ok(mac) = <[u8; 6]>::try_from(sll.sender_address()) {
+        packet.facts.src_mac = Some(mac);
+    }
+    Ok(packet)
 }
 
 /// Parses a raw IPv4 or IPv6 packet, choosing by the version nibble of the first byte.
 /// `src_mac` is kept from `base`.
-pub fn parse_ip(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+pub fn parse_ip(bytes: &[u8], base: Packet) -> Result<Packet, PacketError> {
     match bytes.first().map(|b| b >> 4) {
         None => Err(PacketError::Truncated),
         Some(4) => parse_ipv4(bytes, base),
@@ -202,8 +199,8 @@ pub fn parse_ip(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketErro
 fn parse_ether_payload(
     ether_type: EtherType,
     bytes: &[u8],
-    base: PacketMeta,
-) -> Result<PacketMeta, PacketError> {
+    base: Packet,
+) -> Result<Packet, PacketError> {
     let want = match ether_type {
         EtherType::IPV4 => 4,
         EtherType::IPV6 => 6,
@@ -236,7 +233,7 @@ struct Layer3<'a> {
     l4: &'a [u8],
 }
 
-fn parse_ipv4(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+fn parse_ipv4(bytes: &[u8], base: Packet) -> Result<Packet, PacketError> {
     use etherparse::err::ipv4::HeaderSliceError;
     let header = Ipv4HeaderSlice::from_slice(bytes).map_err(|e| match e {
         HeaderSliceError::Len(_) => PacketError::Truncated,
@@ -272,7 +269,7 @@ fn parse_ipv4(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError>
     )
 }
 
-fn parse_ipv6(bytes: &[u8], base: PacketMeta) -> Result<PacketMeta, PacketError> {
+fn parse_ipv6(bytes: &[u8], base: Packet) -> Result<Packet, PacketError> {
     use etherparse::err::ipv6::HeaderSliceError;
     let header = Ipv6HeaderSlice::from_slice(bytes).map_err(|e| match e {
         HeaderSliceError::Len(_) => PacketError::Truncated,
@@ -404,30 +401,36 @@ fn skip_ipv6_extensions<'b>(
 }
 
 /// Reads the transport header (unless a non-first fragment) and builds the result.
-fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
-    let mut meta = PacketMeta {
-        family: l3.family,
-        src: l3.src,
-        dst: l3.dst,
-        protocol: l3.protocol,
-        fragment: l3.fragment,
-        sport: 0,
-        dport: 0,
-        tcp_flags: 0,
-        tcp_options: [0; 4],
-        icmp_type: 0,
-        icmp_code: 0,
-        len: l3.len,
-        ttl: l3.ttl,
-        tos: l3.tos,
-        ah_spi: 0,
-        ipv6_ext: l3.ipv6_ext,
-        embedded: None,
-        ..base
+fn finish(l3: Layer3<'_>, base: Packet) -> Result<Packet, PacketError> {
+    let mut packet = Packet {
+        meta: PacketMeta {
+            family: l3.family,
+            src: l3.src,
+            dst: l3.dst,
+            protocol: l3.protocol,
+            fragment: l3.fragment,
+            sport: 0,
+            dport: 0,
+            tcp_flags: 0,
+            icmp_type: 0,
+            icmp_code: 0,
+            len: l3.len,
+            ttl: l3.ttl,
+            tos: l3.tos,
+            ..base.meta
+        },
+        facts: PacketFacts {
+            tcp_options: [0; 4],
+            ah_spi: 0,
+            ipv6_ext: l3.ipv6_ext,
+            embedded: None,
+            ..base.facts
+        },
     };
     if l3.fragment {
-        return Ok(meta);
+        return Ok(packet);
     }
+    let Packet { meta, facts } = &mut packet;
     let l4 = l3.l4;
     match (l3.protocol, l3.family) {
         (proto::TCP, _) => match TcpSlice::from_slice(l4) {
@@ -436,14 +439,14 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
                 meta.dport = tcp.destination_port();
                 // Byte 13 of the header, as xt_tcpudp reads it (CWR and ECE included).
                 meta.tcp_flags = tcp.header_slice().get(13).copied().unwrap_or(0);
-                meta.tcp_options = tcp_option_kinds(tcp.options());
+                facts.tcp_options = tcp_option_kinds(tcp.options());
             }
             Err(etherparse::err::tcp::HeaderSliceError::Content(_)) => {
                 return Err(PacketError::Malformed);
             }
             // Shorter than 20 bytes or than its data offset says (at most 60).
             Err(etherparse::err::tcp::HeaderSliceError::Len(_)) => {
-                cut(&mut meta, l4);
+                cut(meta, l4);
                 if let Some(&flags) = l4.get(13) {
                     meta.tcp_flags = flags;
                 }
@@ -455,28 +458,28 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
                 meta.sport = udp.source_port();
                 meta.dport = udp.destination_port();
             }
-            Err(_) => cut(&mut meta, l4),
+            Err(_) => cut(meta, l4),
         },
         // As ah_mt: the 12-byte `struct ip_auth_hdr`, of which `-m ah` reads the SPI.
         (proto::AH, Family::Ipv4) => {
             let [_, _, _, _, a, b, c, d, _, _, _, _, ..] = *l4 else {
                 return Err(PacketError::Truncated);
             };
-            meta.ah_spi = u32::from_be_bytes([a, b, c, d]);
+            facts.ah_spi = u32::from_be_bytes([a, b, c, d]);
         }
         // Only multiport reads these: the two ports.
-        (proto::SCTP | proto::DCCP, _) => cut(&mut meta, l4),
+        (proto::SCTP | proto::DCCP, _) => cut(meta, l4),
         (proto::ICMP, Family::Ipv4) => {
             // As icmp_match: the 8-byte `struct icmphdr`, whatever the type (not
             // `Icmpv4Slice::from_slice`, which wants a timestamp message to be exactly 20 bytes).
             let [icmp_type, icmp_code, _, _, _, _, _, _, payload @ ..] = l4 else {
                 meta.l4_cut = Some(l4.len() as u8);
-                return Ok(meta);
+                return Ok(packet);
             };
             meta.icmp_type = *icmp_type;
             meta.icmp_code = *icmp_code;
             if is_icmp_error(proto::ICMP, meta.icmp_type) {
-                meta.embedded = embedded_ipv4(payload);
+                facts.embedded = embedded_ipv4(payload);
             }
         }
         (proto::ICMPV6, Family::Ipv6) => match Icmpv6Slice::from_slice(l4) {
@@ -484,14 +487,14 @@ fn finish(l3: Layer3<'_>, base: PacketMeta) -> Result<PacketMeta, PacketError> {
                 meta.icmp_type = icmp.type_u8();
                 meta.icmp_code = icmp.code_u8();
                 if is_icmp_error(proto::ICMPV6, meta.icmp_type) {
-                    meta.embedded = embedded_ipv6(icmp.payload());
+                    facts.embedded = embedded_ipv6(icmp.payload());
                 }
             }
             Err(_) => meta.l4_cut = Some(l4.len() as u8),
         },
         _ => {}
     }
-    Ok(meta)
+    Ok(packet)
 }
 
 /// The ports of a transport header (its first 4 bytes), or, when they are cut too, nothing;

@@ -2,7 +2,7 @@
 //! file I/O), with the pcap-parser crate underneath.
 //!
 //! [`read_capture`] copies each packet out of the capture with its timestamp and link type;
-//! [`CapturedPacket::parse`] (or [`parse_link`]) turns one into a [`PacketMeta`]. Reading a
+//! [`CapturedPacket::parse`] (or [`parse_link`]) turns one into a [`Packet`]. Reading a
 //! capture allocates (it is not on the packet path); parsing a packet does not.
 //!
 //! Supported link types ([`linktype`]): Ethernet (1), raw IP (12, 14, 101), raw IPv4 (228),
@@ -12,7 +12,7 @@
 use pcap_parser::traits::PcapNGPacketBlock;
 use pcap_parser::{Block, PcapBlockOwned, PcapHeader, PcapNGSlice};
 
-use crate::packet::PacketMeta;
+use crate::packet::Packet;
 use crate::packet::parse::{PacketError, parse_ethernet, parse_ip, parse_linux_sll};
 
 /// Link-type numbers (tcpdump.org `LINKTYPE_*`) this module understands.
@@ -92,18 +92,14 @@ pub struct CapturedPacket {
 
 impl CapturedPacket {
     /// Parses this packet's headers, see [`parse_link`].
-    pub fn parse(&self, base: PacketMeta) -> Result<PacketMeta, PacketError> {
+    pub fn parse(&self, base: Packet) -> Result<Packet, PacketError> {
         parse_link(self.linktype, &self.data, base)
     }
 }
 
 /// Parses a packet whose link-layer header is of type `linktype` (a [`linktype`] constant).
 /// Unsupported link types give [`PacketError::NotIp`].
-pub fn parse_link(
-    linktype: u32,
-    bytes: &[u8],
-    base: PacketMeta,
-) -> Result<PacketMeta, PacketError> {
+pub fn parse_link(linktype: u32, bytes: &[u8], base: Packet) -> Result<Packet, PacketError> {
     match linktype {
         linktype::ETHERNET => parse_ethernet(bytes, base),
         linktype::RAW_BSD | linktype::RAW_OPENBSD | linktype::RAW => parse_ip(bytes, base),
@@ -361,10 +357,10 @@ mod tests {
         assert_eq!(pkts[3].linktype, linktype::IPV6);
         for p in &pkts[..3] {
             assert_eq!(p.linktype, linktype::ETHERNET);
-            let m = p.parse(PacketMeta::default()).unwrap();
+            let m = p.parse(Packet::default()).unwrap();
             assert_eq!((m.protocol, m.sport, m.dport, m.len), (17, 1234, 53, 31));
         }
-        let m = pkts[3].parse(PacketMeta::default()).unwrap();
+        let m = pkts[3].parse(Packet::default()).unwrap();
         assert_eq!((m.family, m.protocol, m.dport), (Family::Ipv6, 6, 6));
     }
 
@@ -435,18 +431,18 @@ mod tests {
             .unwrap();
         let mut null = vec![2, 0, 0, 0];
         null.extend_from_slice(&ip);
-        let m = parse_link(linktype::NULL, &null, PacketMeta::default()).unwrap();
+        let m = parse_link(linktype::NULL, &null, Packet::default()).unwrap();
         assert_eq!(m.dport, 2);
         assert_eq!(
-            parse_link(linktype::RAW, &ip, PacketMeta::default()).unwrap(),
+            parse_link(linktype::RAW, &ip, Packet::default()).unwrap(),
             m
         );
         assert_eq!(
-            parse_link(linktype::IPV6, &ip, PacketMeta::default()),
+            parse_link(linktype::IPV6, &ip, Packet::default()),
             Err(PacketError::Malformed)
         );
         assert_eq!(
-            parse_link(147, &ip, PacketMeta::default()),
+            parse_link(147, &ip, Packet::default()),
             Err(PacketError::NotIp)
         );
     }

@@ -201,21 +201,16 @@ impl Synth {
             sport: f.sport,
             dport: f.dport,
             tcp_flags,
-            tcp_options: [0; 4],
             icmp_type: f.icmp_type,
             icmp_code: 0,
             len: l3 + l4 + payload,
-            // What parsing the frame finds: no extension headers, then the upper layer.
-            ipv6_ext: crate::packet::Ipv6Ext {
-                mask: if v6 { crate::model::ipv6_ext::PROTO } else { 0 },
-                ..Default::default()
-            },
             ..self.base
         }
     }
 
     /// The Ethernet frame for `meta` (as produced by [`Synth::next_meta`]): correct checksums,
-    /// zero payload bytes, so that parsing it gives `meta` back (with `src_mac` set).
+    /// zero payload bytes, so that parsing it gives `meta` back (the facts: `src_mac`, and for
+    /// IPv6 an upper-layer header after no extension headers).
     pub fn to_ethernet(meta: &PacketMeta, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Vec<u8> {
         let eth = PacketBuilder::ethernet2(src_mac, dst_mac);
         let ip = match (meta.src, meta.dst) {
@@ -291,6 +286,7 @@ impl Iterator for Synth {
 mod tests {
     use super::*;
     use crate::packet::parse::parse_ethernet;
+    use crate::packet::{Packet, PacketFacts};
     use std::collections::HashSet;
 
     #[test]
@@ -350,12 +346,25 @@ mod tests {
         let mac = [2, 0, 0, 0, 0, 9];
         for meta in Synth::new(1, config).take(2000) {
             let frame = Synth::to_ethernet(&meta, mac, [2, 0, 0, 0, 0, 1]);
-            let parsed = parse_ethernet(&frame, meta).unwrap();
+            let parsed = parse_ethernet(&frame, meta.into()).unwrap();
             assert_eq!(
                 parsed,
-                PacketMeta {
-                    src_mac: Some(mac),
-                    ..meta
+                Packet {
+                    meta,
+                    // What parsing the frame finds besides: the MAC, and for IPv6 no
+                    // extension headers, then the upper layer.
+                    facts: PacketFacts {
+                        src_mac: Some(mac),
+                        ipv6_ext: crate::packet::Ipv6Ext {
+                            mask: if meta.family == Family::Ipv6 {
+                                crate::model::ipv6_ext::PROTO
+                            } else {
+                                0
+                            },
+                            ..Default::default()
+                        },
+                        ..PacketFacts::default()
+                    },
                 }
             );
         }

@@ -384,6 +384,7 @@ mod tests {
         a.classify_batch(
             core,
             std::slice::from_mut(&mut p),
+            &mut [],
             &mut va,
             0,
             &mut logs,
@@ -393,6 +394,7 @@ mod tests {
         b.classify_batch(
             core,
             std::slice::from_mut(&mut q),
+            &mut [],
             &mut vb,
             0,
             &mut logs,

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use super::{CChain, CTarget, LogEvent, LogSpec, Snapshot};
-use crate::packet::PacketMeta;
+use crate::packet::{Packet, PacketFacts, PacketMeta};
 
 /// Receives the `-j LOG` hits of [`Snapshot::classify_batch`] and [`Snapshot::trace`], in
 /// evaluation order.
@@ -38,6 +38,7 @@ pub struct LogHit<'a> {
     /// `Some(--nflog-group)` for a `-j NFLOG` hit.
     pub(crate) nflog_group: Option<u16>,
     pub(crate) packet: &'a PacketMeta,
+    pub(crate) facts: &'a PacketFacts,
 }
 
 impl<'a> LogHit<'a> {
@@ -46,6 +47,7 @@ impl<'a> LogHit<'a> {
     /// `packet`: what both observers of the chain walk (the counting one and the trace) hand
     /// their sink. Borrows only; no allocation, no `Arc` clone.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the hit as the chain walk has it, passed as it is
     pub(crate) fn new(
         snapshot: u64,
         names: &'a [Arc<str>],
@@ -54,6 +56,7 @@ impl<'a> LogHit<'a> {
         rule: u32,
         log: &'a LogSpec,
         packet: &'a PacketMeta,
+        facts: &'a PacketFacts,
     ) -> LogHit<'a> {
         LogHit {
             snapshot,
@@ -65,6 +68,18 @@ impl<'a> LogHit<'a> {
             level: log.level,
             nflog_group: log.nflog_group,
             packet,
+            facts,
+        }
+    }
+
+    /// The packet as the rule saw it: its facts with the output interface as at its hook
+    /// ([`PacketFacts::out_iface_at`]).
+    fn whole(&self) -> Packet {
+        let mut facts = *self.facts;
+        facts.out_iface = *self.facts.out_iface_at(self.packet.hook);
+        Packet {
+            meta: *self.packet,
+            facts,
         }
     }
 
@@ -78,7 +93,7 @@ impl<'a> LogHit<'a> {
             prefix: self.prefix.clone(),
             level: self.level,
             nflog_group: self.nflog_group,
-            packet: *self.packet,
+            packet: self.whole(),
         }
     }
 
@@ -90,7 +105,7 @@ impl<'a> LogHit<'a> {
             chain: self.chain_index,
             rule: self.rule,
             level: self.level,
-            packet: *self.packet,
+            packet: self.whole(),
         }
     }
 }
@@ -119,7 +134,7 @@ pub struct LogRecord {
     /// `--log-level` (syslog 0..=7).
     pub level: u8,
     /// The packet as it was when the rule matched.
-    pub packet: PacketMeta,
+    pub packet: Packet,
 }
 
 /// A fixed-capacity buffer of [`LogRecord`]s, in hit order, for one packet core: the slots

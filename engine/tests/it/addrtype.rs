@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use vallum_engine::model::{Family, Hook, IpNet};
 use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::parse_ruleset;
 use vallum_engine::sets::{NoSets, SetManager};
 use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
@@ -263,21 +263,26 @@ fn host() -> AddrFacts {
     ])
 }
 
-fn packet(hook: Hook, src: &str, dst: &str, iif: &str) -> PacketMeta {
+fn packet(hook: Hook, src: &str, dst: &str, iif: &str) -> Packet {
     let src: IpAddr = src.parse().unwrap();
-    PacketMeta {
-        family: if src.is_ipv6() {
-            Family::Ipv6
-        } else {
-            Family::Ipv4
+    Packet {
+        meta: PacketMeta {
+            family: if src.is_ipv6() {
+                Family::Ipv6
+            } else {
+                Family::Ipv4
+            },
+            hook,
+            src,
+            dst: dst.parse().unwrap(),
+            protocol: 17,
+            len: 40,
+            ..PacketMeta::default()
         },
-        hook,
-        src,
-        dst: dst.parse().unwrap(),
-        protocol: 17,
-        in_iface: IfName::new(iif).unwrap(),
-        len: 40,
-        ..PacketMeta::default()
+        facts: PacketFacts {
+            in_iface: IfName::new(iif).unwrap(),
+            ..PacketFacts::default()
+        },
     }
 }
 
@@ -288,7 +293,7 @@ fn first_hits(
     chain: &str,
     rules: &[&str],
     mgr: &SetManager,
-    packets: &[PacketMeta],
+    packets: &[Packet],
 ) -> Vec<usize> {
     let mut text = format!("*filter\n:{chain} ACCEPT [0:0]\n");
     for r in rules {
@@ -416,9 +421,9 @@ fn forward_limits_to_the_output_device() {
     mgr.node_addrs().replace(host());
     let rules = ["-m addrtype --dst-type BROADCAST --limit-iface-out"];
     let mut on_eth0 = packet(Hook::Forward, "192.0.2.1", "10.0.0.255", "eth1");
-    on_eth0.out_iface = IfName::new("eth0").unwrap();
+    on_eth0.facts.out_iface = IfName::new("eth0").unwrap();
     let mut on_eth2 = on_eth0;
-    on_eth2.out_iface = IfName::new("eth2").unwrap();
+    on_eth2.facts.out_iface = IfName::new("eth2").unwrap();
     assert_eq!(
         first_hits(Family::Ipv4, "FORWARD", &rules, &mgr, &[on_eth0, on_eth2]),
         [1, 0]

@@ -233,6 +233,7 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
             batched.classify_batch(
                 0,
                 &mut buf,
+                &mut [],
                 &mut verdicts,
                 0,
                 &mut logs,
@@ -247,6 +248,7 @@ fn check_batched(set: &str, trace: Option<&str>, trace_limit: usize, random: usi
             batched_rfc.classify_batch(
                 0,
                 &mut buf,
+                &mut [],
                 &mut verdicts_rfc,
                 0,
                 &mut logs,

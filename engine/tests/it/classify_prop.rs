@@ -15,7 +15,9 @@ use vallum_engine::conntrack::Track;
 use vallum_engine::model::IpNet;
 use vallum_engine::model::{Family, Hook, ct_state, ipv6_ext};
 use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
-use vallum_engine::packet::{FragmentHeader, IfName, Ipv6Ext, PacketMeta, RoutingHeader};
+use vallum_engine::packet::{
+    FragmentHeader, IfName, Ipv6Ext, Packet, PacketFacts, PacketMeta, RoutingHeader,
+};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::SetManager;
 use vallum_engine::snapshot::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
@@ -335,30 +337,35 @@ fn packet_spec() -> impl Strategy<Value = PacketSpec> {
         )
 }
 
-fn packet(s: &PacketSpec, v6: bool) -> PacketMeta {
+fn packet(s: &PacketSpec, v6: bool) -> Packet {
     let addrs = if v6 { &ADDRS6 } else { &ADDRS4 };
     let ip = |i: usize| -> IpAddr { addrs[i].parse().expect("pool address") };
-    PacketMeta {
-        family: if v6 { Family::Ipv6 } else { Family::Ipv4 },
-        hook: Hook::Input,
-        src: ip(s.src),
-        dst: ip(s.dst),
-        protocol: s.proto,
-        sport: s.sport,
-        dport: s.dport,
-        len: 100,
-        in_iface: IfName::new(["eth0", "eth1", "wlan0", "lo"][s.iface]).expect("short name"),
-        ct_state: s.ct,
-        ct_mark: (s.mark + u32::from(s.sport)) % 4,
-        mark: s.mark,
-        ttl: [64, 1, 200][s.header.0],
-        tos: [0, 0x10, 0xb8, 0x01][s.header.1],
-        ipv6_ext: if v6 {
-            ipv6_ext(s.header.2)
-        } else {
-            Ipv6Ext::default()
+    Packet {
+        meta: PacketMeta {
+            family: if v6 { Family::Ipv6 } else { Family::Ipv4 },
+            hook: Hook::Input,
+            src: ip(s.src),
+            dst: ip(s.dst),
+            protocol: s.proto,
+            sport: s.sport,
+            dport: s.dport,
+            len: 100,
+            ct_state: s.ct,
+            ct_mark: (s.mark + u32::from(s.sport)) % 4,
+            mark: s.mark,
+            ttl: [64, 1, 200][s.header.0],
+            tos: [0, 0x10, 0xb8, 0x01][s.header.1],
+            ..PacketMeta::default()
         },
-        ..PacketMeta::default()
+        facts: PacketFacts {
+            in_iface: IfName::new(["eth0", "eth1", "wlan0", "lo"][s.iface]).expect("short name"),
+            ipv6_ext: if v6 {
+                ipv6_ext(s.header.2)
+            } else {
+                Ipv6Ext::default()
+            },
+            ..PacketFacts::default()
+        },
     }
 }
 
@@ -449,13 +456,13 @@ struct SetState {
 }
 
 impl Track<'_> for SetState {
-    fn lookup(&mut self, p: &mut PacketMeta, _: u64) -> Option<Verdict> {
+    fn lookup(&mut self, p: &mut PacketMeta, _: &PacketFacts, _: u64) -> Option<Verdict> {
         p.ct_state = tracked_state(p);
         p.ct_mark = u32::from(p.sport % 4);
         None
     }
 
-    fn decided(&mut self, _: &mut PacketMeta, v: Verdict, _: u64) -> Verdict {
+    fn decided(&mut self, _: &mut PacketMeta, _: &PacketFacts, v: Verdict, _: u64) -> Verdict {
         self.decided += 1;
         v
     }
@@ -505,11 +512,12 @@ proptest! {
         // RFC tables on the IPv4 chains (never probed in batches), batched probes on the IPv6 ones.
         let batched = Snapshot::compile_with(&rulesets, &node_facts(), 1, Classifier::TupleMerge { min_rules: 0, batch_min_bytes: 0, rfc_min_rules: 0, rfc_max_rules: RFC_MAX_RULES })
             .expect("compiles");
-        let packets: Vec<PacketMeta> = packets
+        let packets: Vec<Packet> = packets
             .iter()
-            .map(|(s, v6, forward)| PacketMeta {
-                hook: if *forward { Hook::Forward } else { Hook::Input },
-                ..packet(s, *v6)
+            .map(|(s, v6, forward)| {
+                let mut p = packet(s, *v6);
+                p.hook = if *forward { Hook::Forward } else { Hook::Input };
+                p
             })
             .collect();
         let (mut logs_l, mut logs_s, mut logs_b) = (Vec::new(), Vec::new(), Vec::new());
@@ -517,17 +525,20 @@ proptest! {
         // refills between some batches and not within one).
         for (c, chunk) in packets.chunks(cut).enumerate() {
             let t = c as u64 * 500_000_000;
-            let mut buf = chunk.to_vec();
+            // The batch as a source hands it over: the hot parts, and the facts beside them.
+            let mut buf: Vec<PacketMeta> = chunk.iter().map(|p| p.meta).collect();
+            let mut facts: Vec<PacketFacts> = chunk.iter().map(|p| p.facts).collect();
             let mut verdicts = vec![Verdict::Accept; buf.len()];
             let mut track = SetState::default();
-            let n = batched.classify_batch(0, &mut buf, &mut verdicts, t, &mut logs_b, &[], &mut track);
+            let n = batched.classify_batch(0, &mut buf, &mut facts, &mut verdicts, t, &mut logs_b, &[], &mut track);
             prop_assert_eq!(n, chunk.len());
             prop_assert_eq!(track.decided, chunk.len());
             for (i, p) in chunk.iter().enumerate() {
                 let (mut a, mut b) = (*p, *p);
-                let one = |snap: &Snapshot, p: &mut PacketMeta, logs: &mut Vec<_>| {
+                let one = |snap: &Snapshot, p: &mut Packet, logs: &mut Vec<_>| {
                     let mut v = [Verdict::Accept];
-                    snap.classify_batch(0, std::slice::from_mut(p), &mut v, t, logs, &[], &mut SetState::default());
+                    let (m, f) = (std::slice::from_mut(&mut p.meta), std::slice::from_mut(&mut p.facts));
+                    snap.classify_batch(0, m, f, &mut v, t, logs, &[], &mut SetState::default());
                     v[0]
                 };
                 let vl = one(&linear, &mut a, &mut logs_l);

@@ -14,7 +14,7 @@ use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, SYN};
 use vallum_engine::model::{Family, Hook, ct_state};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
@@ -53,27 +53,32 @@ fn ip(s: &str) -> IpAddr {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn fwd(src: &str, sport: u16, dst: &str, dport: u16, f: u8, i: &str, o: &str) -> PacketMeta {
-    PacketMeta {
-        family: Family::Ipv4,
-        hook: Hook::Forward,
-        src: ip(src),
-        dst: ip(dst),
-        protocol: 6,
-        sport,
-        dport,
-        tcp_flags: f,
-        len: 60,
-        in_iface: IfName::new(i).expect("name"),
-        out_iface: IfName::new(o).expect("name"),
-        ..PacketMeta::default()
+fn fwd(src: &str, sport: u16, dst: &str, dport: u16, f: u8, i: &str, o: &str) -> Packet {
+    Packet {
+        meta: PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Forward,
+            src: ip(src),
+            dst: ip(dst),
+            protocol: 6,
+            sport,
+            dport,
+            tcp_flags: f,
+            len: 60,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new(i).expect("name"),
+            out_iface: IfName::new(o).expect("name"),
+            ..PacketFacts::default()
+        },
     }
 }
 
-fn run(e: &Engine, p: PacketMeta, now: u64) -> Verdict {
+fn run(e: &Engine, p: Packet, now: u64) -> Verdict {
     let mut w = e.worker(0).expect("core");
     let (mut ps, mut vs) = ([p], [Verdict::Accept]);
-    w.process_batch(&mut ps, &mut vs, now);
+    crate::support::process_packets(&mut w, &mut ps, &mut vs, now);
     vs[0]
 }
 
@@ -216,6 +221,7 @@ fn every_tuple_option_agrees_in_both_classifiers() {
     indexed.classify_batch(
         0,
         &mut batch,
+        &mut [],
         &mut verdicts,
         0,
         &mut logs,

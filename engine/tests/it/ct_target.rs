@@ -13,7 +13,7 @@ use vallum_engine::conntrack::ConntrackConfig;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::{Family, Hook};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse, parse_ruleset, print};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Verdict;
@@ -146,26 +146,31 @@ COMMIT
 COMMIT
 ";
 
-fn udp(src: &str, sport: u16, dst: &str, dport: u16, i: &str) -> PacketMeta {
-    PacketMeta {
-        family: Family::Ipv4,
-        hook: Hook::Forward,
-        src: src.parse().expect("address"),
-        dst: dst.parse().expect("address"),
-        protocol: 17,
-        sport,
-        dport,
-        len: 40,
-        in_iface: IfName::new(i).expect("name"),
-        out_iface: IfName::new("br0").expect("name"),
-        ..PacketMeta::default()
+fn udp(src: &str, sport: u16, dst: &str, dport: u16, i: &str) -> Packet {
+    Packet {
+        meta: PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Forward,
+            src: src.parse().expect("address"),
+            dst: dst.parse().expect("address"),
+            protocol: 17,
+            sport,
+            dport,
+            len: 40,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new(i).expect("name"),
+            out_iface: IfName::new("br0").expect("name"),
+            ..PacketFacts::default()
+        },
     }
 }
 
-fn run(e: &Engine, p: PacketMeta, now: u64) -> Verdict {
+fn run(e: &Engine, p: Packet, now: u64) -> Verdict {
     let mut w = e.worker(0).expect("core");
     let (mut ps, mut vs) = ([p], [Verdict::Accept]);
-    w.process_batch(&mut ps, &mut vs, now);
+    crate::support::process_packets(&mut w, &mut ps, &mut vs, now);
     vs[0]
 }
 
@@ -257,4 +262,56 @@ fn zone_mark_takes_the_packet_mark() {
     zones.sort_unstable();
     // The low 16 bits of the mark, as nf_ct_zone_tmpl.
     assert_eq!(zones, [7, 9]);
+}
+
+/// A batch whose source has no facts (`process_batch`: every packet's facts are "nothing
+/// known") still keys each packet by its own zone: the zone `-j CT` gave one packet does
+/// not carry over to the next one of the batch, and the facts a batch does carry come back
+/// with the zone in them.
+#[test]
+fn the_zone_of_one_packet_stays_with_it_in_a_batch() {
+    let text = "*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+        -A PREROUTING -p udp --dport 53 -j CT --zone 5\nCOMMIT\n\
+        *filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n";
+    let rs = parse_ruleset("z", text, &ParseOptions::default()).expect("parses");
+    let e = Engine::new(
+        EngineConfig {
+            cores: 1,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: Some(ConntrackConfig::default()),
+        },
+        Arc::new(Frozen(AtomicU64::new(0))),
+    );
+    e.commit(Change::Put(rs), &NoSets).expect("commits");
+    let dns = udp("10.0.0.5", 4000, "192.0.2.53", 53, "tap1");
+    let ntp = udp("10.0.0.5", 4001, "192.0.2.53", 123, "tap1");
+    let mut w = e.worker(0).expect("core");
+    let mut metas = [dns.meta, ntp.meta, dns.meta, ntp.meta];
+    let mut verdicts = [Verdict::Drop; 4];
+    assert_eq!(w.process_batch(&mut metas, &mut verdicts, 1), 4);
+    assert_eq!(verdicts, [Verdict::Accept; 4]);
+    let zones = |e: &Engine| {
+        let mut z: Vec<u16> = e
+            .conntrack()
+            .expect("tracker")
+            .list()
+            .iter()
+            .map(|c| c.zone.id)
+            .collect();
+        z.sort_unstable();
+        z
+    };
+    assert_eq!(zones(&e), [0, 5], "ntp in the default zone, dns in zone 5");
+    // With facts beside the batch, each packet's own facts take its zone.
+    let mut packets = [
+        udp("10.0.0.6", 4000, "192.0.2.53", 53, "tap1"),
+        udp("10.0.0.6", 4001, "192.0.2.53", 123, "tap1"),
+    ];
+    crate::support::process_packets(&mut w, &mut packets, &mut verdicts[..2], 2);
+    let got: Vec<Option<u16>> = packets
+        .iter()
+        .map(|p| p.facts.ct_zone.map(|z| z.id))
+        .collect();
+    assert_eq!(got, [Some(5), None]);
+    assert_eq!(zones(&e), [0, 0, 5, 5]);
 }

@@ -211,6 +211,7 @@ impl Both {
         self.0[2].classify_batch(
             0,
             &mut [*p],
+            &mut [],
             &mut batch,
             now,
             &mut Vec::new(),

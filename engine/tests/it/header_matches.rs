@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use vallum_engine::model::{Family, Hook};
-use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
+use vallum_engine::packet::{Packet, PacketMeta};
 use vallum_engine::restore::parse_ruleset;
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
@@ -244,10 +244,10 @@ fn first_hits(family: Family, rules: &[&str], packets: &[Vec<u8>]) -> Vec<usize>
         })
         .collect();
     for bytes in packets {
-        let base = PacketMeta {
+        let base = Packet::from(PacketMeta {
             hook: Hook::Input,
             ..PacketMeta::default()
-        };
+        });
         let p = parse_ip(bytes, base).expect("packet parses");
         let mut hits = Vec::new();
         for s in &snaps {
@@ -298,7 +298,7 @@ fn ah_spi_is_enforced() {
     let packets = [ipv4_ah(256), ipv4_ah(7), ipv4_ah(8)];
     assert_eq!(first_hits(Family::Ipv4, &rules, &packets), [1, 0, 2]);
     // The 12-byte AH header must be there (ah_mt would hotdrop).
-    assert!(parse_ip(&ipv4_ah(1)[..28], PacketMeta::default()).is_err());
+    assert!(parse_ip(&ipv4_ah(1)[..28], Packet::default()).is_err());
 }
 
 #[test]

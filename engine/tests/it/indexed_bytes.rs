@@ -9,8 +9,8 @@ use std::sync::Arc;
 use etherparse::PacketBuilder;
 use vallum_engine::conntrack::{Conntrack, ConntrackConfig, Tracker};
 use vallum_engine::model::Hook;
-use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
+use vallum_engine::packet::{Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{Classifier, RFC_MAX_RULES, Snapshot, Verdict};
@@ -60,14 +60,16 @@ fn packets() -> Vec<Vec<u8>> {
 
 fn run(snap: &Snapshot, bytes: &[Vec<u8>], batched: bool) -> Vec<Verdict> {
     let ct = Conntrack::new(ConntrackConfig::default()).expect("table");
-    let base = PacketMeta {
+    let base = Packet::from(PacketMeta {
         hook: Hook::Input,
         ..PacketMeta::default()
-    };
-    let mut metas: Vec<PacketMeta> = bytes
+    });
+    let parsed: Vec<Packet> = bytes
         .iter()
         .map(|b| parse_ip(b, base).expect("parses"))
         .collect();
+    let mut metas: Vec<PacketMeta> = parsed.iter().map(|p| p.meta).collect();
+    let mut facts: Vec<PacketFacts> = parsed.iter().map(|p| p.facts).collect();
     let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
     let mut verdicts = vec![Verdict::Accept; metas.len()];
     // The engine's own tracker: a new entry joins the table only when its packet is accepted.
@@ -76,6 +78,7 @@ fn run(snap: &Snapshot, bytes: &[Vec<u8>], batched: bool) -> Vec<Verdict> {
         snap.classify_batch(
             0,
             &mut metas,
+            &mut facts,
             &mut verdicts,
             1,
             &mut Vec::new(),
@@ -87,6 +90,7 @@ fn run(snap: &Snapshot, bytes: &[Vec<u8>], batched: bool) -> Vec<Verdict> {
             snap.classify_batch(
                 0,
                 &mut metas[i..=i],
+                &mut facts[i..=i],
                 &mut verdicts[i..=i],
                 1,
                 &mut Vec::new(),

@@ -31,7 +31,7 @@ use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, RST, SYN};
 use vallum_engine::model::{Family, Hook, TableKind};
 use vallum_engine::packet::parse::parse_ethernet;
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Verdict;
@@ -149,16 +149,21 @@ fn engine_hits(family: Family, packets: &[PacketSpec]) -> Vec<(KernelHits, Verdi
     let mut w = e.worker(0).expect("core");
     let mut out = Vec::new();
     for (i, p) in packets.iter().enumerate() {
-        let base = PacketMeta {
-            hook: Hook::Input,
-            in_iface: IfName::new(FW_IFACE).expect("short name"),
-            family,
-            ..PacketMeta::default()
+        let base = Packet {
+            meta: PacketMeta {
+                hook: Hook::Input,
+                family,
+                ..PacketMeta::default()
+            },
+            facts: PacketFacts {
+                in_iface: IfName::new(FW_IFACE).expect("short name"),
+                ..PacketFacts::default()
+            },
         };
         let meta = parse_ethernet(&build_frame(p, FW_MAC), base).expect("parses");
         let before = e.counters();
         let (mut ps, mut vs) = ([meta], [Verdict::Accept]);
-        w.process_batch(&mut ps, &mut vs, (i as u64 + 1) * 1_000_000);
+        crate::support::process_packets(&mut w, &mut ps, &mut vs, (i as u64 + 1) * 1_000_000);
         let after = e.counters();
         let mut hits = KernelHits::default();
         for (a, b) in after.iter().zip(&before) {

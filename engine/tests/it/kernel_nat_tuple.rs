@@ -14,7 +14,7 @@ use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, SYN};
 use vallum_engine::model::{Family, Hook, ct_state};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Verdict;
@@ -38,29 +38,35 @@ impl Clock for Frozen {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn fwd(src: &str, sport: u16, dst: &str, dport: u16, flags: u8, kernel_dnat: bool) -> PacketMeta {
-    PacketMeta {
-        family: Family::Ipv4,
-        hook: Hook::Forward,
-        src: src.parse().expect("address"),
-        dst: dst.parse().expect("address"),
-        protocol: 6,
-        sport,
-        dport,
-        tcp_flags: flags,
-        len: 60,
-        in_iface: IfName::new("eth0").expect("name"),
-        out_iface: IfName::new("docker0").expect("name"),
-        ct_nat: if kernel_dnat { ct_state::DNAT } else { 0 },
-        ct_orig_dst: kernel_dnat.then(|| ("198.51.100.1".parse().expect("address"), Some(8080))),
-        ..PacketMeta::default()
+fn fwd(src: &str, sport: u16, dst: &str, dport: u16, flags: u8, kernel_dnat: bool) -> Packet {
+    Packet {
+        meta: PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Forward,
+            src: src.parse().expect("address"),
+            dst: dst.parse().expect("address"),
+            protocol: 6,
+            sport,
+            dport,
+            tcp_flags: flags,
+            len: 60,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new("eth0").expect("name"),
+            out_iface: IfName::new("docker0").expect("name"),
+            ct_nat: if kernel_dnat { ct_state::DNAT } else { 0 },
+            ct_orig_dst: kernel_dnat
+                .then(|| ("198.51.100.1".parse().expect("address"), Some(8080))),
+            ..PacketFacts::default()
+        },
     }
 }
 
-fn run(e: &Engine, p: PacketMeta, now: u64) -> Verdict {
+fn run(e: &Engine, p: Packet, now: u64) -> Verdict {
     let mut w = e.worker(0).expect("core");
     let (mut ps, mut vs) = ([p], [Verdict::Accept]);
-    w.process_batch(&mut ps, &mut vs, now);
+    crate::support::process_packets(&mut w, &mut ps, &mut vs, now);
     vs[0]
 }
 
@@ -93,8 +99,8 @@ fn ctorigdst_reads_the_kernel_tuple_under_its_dnat() {
     let ok = fwd("203.0.113.9", 40002, c, 80, SYN, false);
     assert_eq!(run(&e, ok, 1), Verdict::Accept);
     let mut back = fwd(c, 80, "203.0.113.9", 40002, SYN | ACK, true);
-    back.in_iface = IfName::new("docker0").expect("name");
-    back.out_iface = IfName::new("eth0").expect("name");
+    back.facts.in_iface = IfName::new("docker0").expect("name");
+    back.facts.out_iface = IfName::new("eth0").expect("name");
     assert_eq!(
         run(&e, back, 2),
         Verdict::Drop,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use vallum_engine::model::{Hook, ct_state};
 use vallum_engine::packet::parse::{PacketError, parse_ethernet};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 
 use corpus::{CorpusCase, load_corpus};
 use kernel::{FW_IFACE, FW_MAC, KernelOracle, Setup, build_frame};
@@ -25,15 +25,20 @@ fn corpus_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/corpus")
 }
 
-/// The metadata the engine sees for a corpus packet: the frame as sent, parsed by our own
+/// The packet the engine sees for a corpus packet: the frame as sent, parsed by our own
 /// parser, arriving at INPUT on `vo1` as a NEW connection (each packet is a fresh flow).
 /// An error is a packet the packet path drops before any rule (NFQUEUE answers NF_DROP).
-fn packet_meta(frame: &[u8]) -> Result<PacketMeta, PacketError> {
-    let base = PacketMeta {
-        hook: Hook::Input,
-        in_iface: IfName::new(FW_IFACE).expect("short name"),
-        ct_state: ct_state::NEW,
-        ..PacketMeta::default()
+fn packet_meta(frame: &[u8]) -> Result<Packet, PacketError> {
+    let base = Packet {
+        meta: PacketMeta {
+            hook: Hook::Input,
+            ct_state: ct_state::NEW,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new(FW_IFACE).expect("short name"),
+            ..PacketFacts::default()
+        },
     };
     parse_ethernet(frame, base)
 }
@@ -63,12 +68,12 @@ mod engine_adapter {
     use std::sync::Arc;
 
     use vallum_engine::model::{Family, TableKind};
-    use vallum_engine::packet::PacketMeta;
+    use vallum_engine::packet::Packet;
 
     pub fn engine_hits(
         rules_text: &str,
         family: Family,
-        packet: &PacketMeta,
+        packet: &Packet,
         bytes: &[u8],
     ) -> (Vec<(String, usize)>, Option<String>) {
         let ruleset = vallum_engine::restore::parse_ruleset(
@@ -86,7 +91,7 @@ mod engine_adapter {
             .replace(super::kernel::oracle_local_table());
         let snapshot = vallum_engine::snapshot::Snapshot::compile(&[Arc::new(ruleset)], &sets, 1)
             .expect("corpus ruleset compiles");
-        let trace = snapshot.trace_tracked(packet, bytes, 0, None, |_| None);
+        let trace = snapshot.trace_tracked(packet, bytes, 0, None, |_, _| None);
         // Every rule step is a rule whose matches all matched (its counter goes up), including
         // jumps, gotos and RETURNs, in traversal order; keep the filter table's. A step without
         // a rule number is a builtin chain's policy.

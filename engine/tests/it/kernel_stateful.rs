@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use vallum_engine::model::{Family, Hook, TableKind, ct_state};
 use vallum_engine::packet::parse::parse_ethernet;
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Snapshot;
@@ -164,11 +164,16 @@ fn engine_hits(case: &Case) -> Vec<KernelHits> {
     let snap = Snapshot::compile(&[Arc::new(rs)], &NoSets, 1).expect("compiles");
     let mut out = Vec::new();
     for (i, p) in case.packets.iter().enumerate() {
-        let base = PacketMeta {
-            hook: Hook::Input,
-            in_iface: IfName::new(FW_IFACE).expect("short name"),
-            ct_state: ct_state::NEW,
-            ..PacketMeta::default()
+        let base = Packet {
+            meta: PacketMeta {
+                hook: Hook::Input,
+                ct_state: ct_state::NEW,
+                ..PacketMeta::default()
+            },
+            facts: PacketFacts {
+                in_iface: IfName::new(FW_IFACE).expect("short name"),
+                ..PacketFacts::default()
+            },
         };
         let mut meta = parse_ethernet(&build_frame(p, FW_MAC), base).expect("parses");
         let before = snap.counters();

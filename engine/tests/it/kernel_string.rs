@@ -23,7 +23,7 @@ use vallum_engine::engine::{Batch, Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, PSH};
 use vallum_engine::model::{Family, Hook, TableKind};
 use vallum_engine::packet::parse::parse_ethernet;
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset, print};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Verdict;
@@ -124,17 +124,23 @@ fn engine_hits(packets: &[PacketSpec]) -> Vec<KernelHits> {
     let mut w = e.worker(0).expect("core");
     let mut out = Vec::new();
     for p in packets {
-        let base = PacketMeta {
-            hook: Hook::Input,
-            in_iface: IfName::new(FW_IFACE).expect("short name"),
-            ..PacketMeta::default()
+        let base = Packet {
+            meta: PacketMeta {
+                hook: Hook::Input,
+                ..PacketMeta::default()
+            },
+            facts: PacketFacts {
+                in_iface: IfName::new(FW_IFACE).expect("short name"),
+                ..PacketFacts::default()
+            },
         };
         let frame = build_frame(p, FW_MAC);
-        let meta = parse_ethernet(&frame, base).expect("parses");
+        let packet = parse_ethernet(&frame, base).expect("parses");
         let before = e.counters();
-        let (mut ps, mut vs) = ([meta], [Verdict::Accept]);
+        let (mut ps, mut fs, mut vs) = ([packet.meta], [packet.facts], [Verdict::Accept]);
         let bytes: [&[u8]; 1] = [&frame[ETH..]];
         let mut batch = Batch::new(&mut ps, &mut vs);
+        batch.facts = &mut fs;
         batch.bytes = &bytes;
         w.process(batch, 1);
         let after = e.counters();
@@ -237,10 +243,10 @@ fn a_trace_searches_the_frames_bytes() {
     );
     e.commit(Change::Put(rs), &NoSets).expect("commits");
     let frame = build_frame(&pkt(Proto::Tcp, 80, b"GET /wp-login.php"), FW_MAC);
-    let base = PacketMeta {
+    let base = Packet::from(PacketMeta {
         hook: Hook::Input,
         ..PacketMeta::default()
-    };
+    });
     let meta = parse_ethernet(&frame, base).expect("parses");
     let bytes = vallum_engine::packet::parse::network_packet(&frame).expect("IP packet");
     assert_eq!(bytes, &frame[ETH..]);

@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use vallum_engine::Clock;
 use vallum_engine::dataplane::BarrierStrategy;
-use vallum_engine::engine::{Change, Engine, EngineConfig, LOG_RING_CAPACITY, LogDrops};
+use vallum_engine::engine::{
+    Batch, Change, Engine, EngineConfig, EngineWorker, LOG_RING_CAPACITY, LogDrops,
+};
 use vallum_engine::model::{Family, Ruleset};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Verdict;
@@ -87,21 +89,41 @@ fn ruleset(name: &str, text: &str) -> Ruleset {
     parse_ruleset(name, text, &ParseOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn tcp(dport: u16) -> PacketMeta {
+fn tcp(dport: u16) -> Packet {
     let src: IpAddr = "10.0.0.1".parse().unwrap();
-    PacketMeta {
-        family: Family::Ipv4,
-        src,
-        dst: "10.0.0.2".parse().unwrap(),
-        protocol: 6,
-        sport: 40000,
-        dport,
-        tcp_flags: 0x02,
-        len: 60,
-        in_iface: IfName::new("eth0").unwrap(),
-        src_mac: Some([2, 0, 0, 0, 0, 1]),
-        ..PacketMeta::default()
+    Packet {
+        meta: PacketMeta {
+            family: Family::Ipv4,
+            src,
+            dst: "10.0.0.2".parse().unwrap(),
+            protocol: 6,
+            sport: 40000,
+            dport,
+            tcp_flags: 0x02,
+            len: 60,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new("eth0").unwrap(),
+            src_mac: Some([2, 0, 0, 0, 0, 1]),
+            ..PacketFacts::default()
+        },
     }
+}
+
+/// `packets` through `w` at `now` as one batch, with `facts` beside it; allocates nothing.
+fn process(
+    w: &mut EngineWorker<'_>,
+    packets: &mut [PacketMeta],
+    facts: &mut [PacketFacts],
+    verdicts: &mut [Verdict],
+    now: u64,
+) -> usize {
+    let batch = Batch {
+        facts,
+        ..Batch::new(packets, verdicts)
+    };
+    w.process(batch, now).0
 }
 
 /// Rule 2 of INPUT logs ssh (then rule 3 accepts it); everything else falls to DROP.
@@ -116,16 +138,17 @@ fn a_batch_with_log_hits_allocates_nothing_and_the_records_name_their_rule() {
     e.commit(Change::Put(ruleset("web", LOGGING)), &NoSets)
         .expect("commits");
     let mut w = e.worker(0).expect("core 0");
-    let mut packets = vec![tcp(22); 64];
-    packets[5] = tcp(80);
+    let mut packets = vec![tcp(22).meta; 64];
+    packets[5] = tcp(80).meta;
+    let mut facts = vec![tcp(22).facts; 64];
     let mut verdicts = vec![Verdict::Drop; packets.len()];
     // One batch first, so that nothing lazy is left for the measured one.
-    w.process_batch(&mut packets.clone(), &mut verdicts, 1);
+    process(&mut w, &mut packets.clone(), &mut facts, &mut verdicts, 1);
     assert_eq!(w.drain_log_records().len(), 63);
 
     let mut batch = packets.clone();
     let before = allocs();
-    let n = w.process_batch(&mut batch, &mut verdicts, 2);
+    let n = process(&mut w, &mut batch, &mut facts, &mut verdicts, 2);
     let during = allocs() - before;
     assert_eq!(n, 64);
     assert_eq!(
@@ -148,8 +171,11 @@ fn a_batch_with_log_hits_allocates_nothing_and_the_records_name_their_rule() {
     assert_eq!(records.len(), 63);
     assert!(records.iter().all(|r| r.rule == 2 && r.level == 6));
     assert!(records.iter().all(|r| r.packet.dport == 22));
-    assert_eq!(records[0].packet.src_mac, Some([2, 0, 0, 0, 0, 1]));
-    assert_eq!(records[0].packet.in_iface, IfName::new("eth0").unwrap());
+    assert_eq!(records[0].packet.facts.src_mac, Some([2, 0, 0, 0, 0, 1]));
+    assert_eq!(
+        records[0].packet.facts.in_iface,
+        IfName::new("eth0").unwrap()
+    );
 
     // Named as the per-packet path (a trace's `Vec<LogEvent>`) names the same hit.
     let want = e.trace(&tcp(22), 3).logs;
@@ -160,7 +186,7 @@ fn a_batch_with_log_hits_allocates_nothing_and_the_records_name_their_rule() {
     assert_eq!((&*got.ruleset, &*got.chain, got.rule), ("web", "INPUT", 2));
 
     // `drain_logs` gives the same events.
-    w.process_batch(&mut packets.clone(), &mut verdicts, 4);
+    process(&mut w, &mut packets.clone(), &mut facts, &mut verdicts, 4);
     let events = w.drain_logs();
     assert_eq!(events.len(), 63);
     assert!(events.iter().all(|ev| *ev == want[0]));
@@ -175,14 +201,15 @@ fn a_full_ring_counts_the_hits_it_drops_and_a_commit_makes_records_stale() {
         .expect("commits");
     let mut w = e.worker(0).expect("core 0");
     let over = 10;
-    let mut packets = vec![tcp(22); LOG_RING_CAPACITY + over];
+    let mut packets = vec![tcp(22).meta; LOG_RING_CAPACITY + over];
+    let mut facts = vec![tcp(22).facts; packets.len()];
     let mut verdicts = vec![Verdict::Drop; packets.len()];
-    w.process_batch(&mut packets.clone(), &mut verdicts, 1);
+    process(&mut w, &mut packets.clone(), &mut facts, &mut verdicts, 1);
     w.drain_log_records().for_each(drop);
     assert_eq!(w.log_drops().full, over as u64);
 
     let before = allocs();
-    w.process_batch(&mut packets, &mut verdicts, 2);
+    process(&mut w, &mut packets, &mut facts, &mut verdicts, 2);
     assert_eq!(
         allocs() - before,
         0,
@@ -196,7 +223,13 @@ fn a_full_ring_counts_the_hits_it_drops_and_a_commit_makes_records_stale() {
     e.commit(Change::Put(ruleset("web", LOGGING)), &NoSets)
         .expect("commits");
     assert_eq!(e.log_event(&stale), None);
-    w.process_batch(&mut [tcp(22)], &mut [Verdict::Drop], 3);
+    process(
+        &mut w,
+        &mut [tcp(22).meta],
+        &mut [],
+        &mut [Verdict::Drop],
+        3,
+    );
     e.commit(Change::Put(ruleset("other", LOGGING)), &NoSets)
         .expect("commits");
     assert!(w.drain_logs().is_empty());

@@ -38,6 +38,8 @@ mod layout;
 mod log_ring;
 mod marks;
 mod nflog;
+mod nft_kernel;
+mod nft_vectors;
 mod not_enforced;
 mod owner;
 mod parse_threads;

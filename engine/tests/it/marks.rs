@@ -22,7 +22,7 @@ use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, SYN};
 use vallum_engine::model::{ConnmarkTarget, Family, Hook, MarkValue, Target, ct_state};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
@@ -93,20 +93,25 @@ fn ip(s: &str) -> IpAddr {
     s.parse().expect("address")
 }
 
-fn fwd(src: &str, dst: &str, proto: u8, dport: u16, in_if: &str, out_if: &str) -> PacketMeta {
-    PacketMeta {
-        family: Family::Ipv4,
-        hook: Hook::Forward,
-        src: ip(src),
-        dst: ip(dst),
-        protocol: proto,
-        sport: 40000,
-        dport,
-        tcp_flags: if proto == 6 { SYN } else { 0 },
-        len: 60,
-        in_iface: IfName::new(in_if).expect("name"),
-        out_iface: IfName::new(out_if).expect("name"),
-        ..PacketMeta::default()
+fn fwd(src: &str, dst: &str, proto: u8, dport: u16, in_if: &str, out_if: &str) -> Packet {
+    Packet {
+        meta: PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Forward,
+            src: ip(src),
+            dst: ip(dst),
+            protocol: proto,
+            sport: 40000,
+            dport,
+            tcp_flags: if proto == 6 { SYN } else { 0 },
+            len: 60,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new(in_if).expect("name"),
+            out_iface: IfName::new(out_if).expect("name"),
+            ..PacketFacts::default()
+        },
     }
 }
 
@@ -188,7 +193,8 @@ fn felix_marks_decide_as_written_in_both_classifiers() {
     for (i, (p, want, mark)) in cases.iter().enumerate() {
         for stale in [0, 0x87_0000] {
             // A mark the kernel queued the packet with: the clearing rules take it away.
-            let p = PacketMeta { mark: stale, ..*p };
+            let mut p = *p;
+            p.mark = stale;
             let t = linear.trace(&p, 0);
             assert_eq!(t, indexed.trace(&p, 0), "case {i}");
             assert_eq!(
@@ -213,12 +219,14 @@ fn felix_marks_decide_as_written_in_both_classifiers() {
         }
     }
     // The batch path (index probes made before the raw chain set the mark) agrees.
-    let mut batch: Vec<PacketMeta> = cases.iter().map(|c| c.0).collect();
+    let mut batch: Vec<PacketMeta> = cases.iter().map(|c| c.0.meta).collect();
+    let mut facts: Vec<PacketFacts> = cases.iter().map(|c| c.0.facts).collect();
     let mut verdicts = vec![Verdict::Accept; batch.len()];
     let mut logs = Vec::new();
     indexed.classify_batch(
         0,
         &mut batch,
+        &mut facts,
         &mut verdicts,
         0,
         &mut logs,
@@ -518,6 +526,7 @@ fn batch_probe_sees_marks_set_before_the_chain() {
     indexed.classify_batch(
         0,
         &mut batch,
+        &mut [],
         &mut verdicts,
         0,
         &mut logs,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use vallum_engine::model::{Family, Hook};
-use vallum_engine::packet::PacketMeta;
+use vallum_engine::packet::{Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
@@ -121,11 +121,16 @@ fn owner_decides_by_the_socket() {
             (Some((0, 0)), Verdict::Accept),
             (Some((0, 7)), Verdict::Drop),
         ] {
-            let p = PacketMeta {
-                hook: Hook::Output,
-                protocol: 17,
-                owner,
-                ..PacketMeta::default()
+            let p = Packet {
+                meta: PacketMeta {
+                    hook: Hook::Output,
+                    protocol: 17,
+                    ..PacketMeta::default()
+                },
+                facts: PacketFacts {
+                    owner,
+                    ..PacketFacts::default()
+                },
             };
             assert_eq!(snap.trace(&p, 0).verdict, want, "{owner:?}");
         }

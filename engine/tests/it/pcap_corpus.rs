@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 
-use vallum_engine::packet::PacketMeta;
+use vallum_engine::packet::Packet;
 use vallum_engine::packet::pcap::read_capture;
 
 /// `<repo>/../shared/data/pcap`, or `$VALLUM_SHARED_DATA/pcap`.
@@ -42,7 +42,7 @@ fn shared_captures() {
         let mut seen = HashSet::new();
         let mut errors: BTreeMap<String, usize> = BTreeMap::new();
         for p in &pkts {
-            match p.parse(PacketMeta::default()) {
+            match p.parse(Packet::default()) {
                 Ok(m) => {
                     seen.insert((m.src, m.dst, m.protocol, m.sport, m.dport));
                 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::{Family, Hook};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
@@ -109,19 +109,24 @@ fn physdev_decides_by_the_bridge_ports() {
         ("tap1", "", Verdict::Drop),
         ("tap7", "tap8", Verdict::Accept),
     ];
-    let mk = |i: &str, o: &str| PacketMeta {
-        hook: Hook::Forward,
-        protocol: 17,
-        in_iface: name("br0"),
-        out_iface: name("br0"),
-        phys_in: name(i),
-        phys_out: name(o),
-        ..PacketMeta::default()
+    let mk = |i: &str, o: &str| Packet {
+        meta: PacketMeta {
+            hook: Hook::Forward,
+            protocol: 17,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: name("br0"),
+            out_iface: name("br0"),
+            phys_in: name(i),
+            phys_out: name(o),
+            ..PacketFacts::default()
+        },
     };
     for classifier in [Classifier::Linear, Classifier::default()] {
         let snap = Snapshot::compile_with(std::slice::from_ref(&rs), &NoSets, 1, classifier)
             .expect("compiles");
-        let mut batch: Vec<PacketMeta> = Vec::new();
+        let (mut batch, mut facts): (Vec<PacketMeta>, Vec<PacketFacts>) = (Vec::new(), Vec::new());
         for &(i, o, want) in &cases {
             let p = mk(i, o);
             assert_eq!(snap.trace(&p, 0).verdict, want, "trace {i} -> {o}");
@@ -131,12 +136,14 @@ fn physdev_decides_by_the_bridge_ports() {
                 want,
                 "{i} -> {o}"
             );
-            batch.push(p);
+            batch.push(p.meta);
+            facts.push(p.facts);
         }
         let mut verdicts = vec![Verdict::Accept; batch.len()];
         snap.classify_batch(
             0,
             &mut batch,
+            &mut facts,
             &mut verdicts,
             0,
             &mut Vec::new(),

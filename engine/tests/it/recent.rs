@@ -174,6 +174,7 @@ impl Both {
         self.0[2].classify_batch(
             0,
             &mut [*p],
+            &mut [],
             &mut batch,
             now,
             &mut Vec::new(),
@@ -486,6 +487,7 @@ fn a_burst_in_one_batch_is_decided_in_order() {
     batched.classify_batch(
         0,
         &mut burst,
+        &mut [],
         &mut got,
         0,
         &mut Vec::new(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use vallum_engine::fib::{Fib, Route, RouteKind};
 use vallum_engine::model::{Family, Hook, IpNet};
 use vallum_engine::node_addrs::{AddrFacts, LocalRoute, RouteType};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::parse_ruleset;
 use vallum_engine::sets::{NoSets, SetManager, SetRegistry};
 use vallum_engine::snapshot::{Classifier, Snapshot, Verdict};
@@ -237,21 +237,26 @@ fn local_table() -> AddrFacts {
     ])
 }
 
-fn packet(hook: Hook, src: &str, dst: &str, iif: &str) -> PacketMeta {
+fn packet(hook: Hook, src: &str, dst: &str, iif: &str) -> Packet {
     let src: IpAddr = src.parse().unwrap();
-    PacketMeta {
-        family: if src.is_ipv6() {
-            Family::Ipv6
-        } else {
-            Family::Ipv4
+    Packet {
+        meta: PacketMeta {
+            family: if src.is_ipv6() {
+                Family::Ipv6
+            } else {
+                Family::Ipv4
+            },
+            hook,
+            src,
+            dst: dst.parse().unwrap(),
+            protocol: 17,
+            len: 40,
+            ..PacketMeta::default()
         },
-        hook,
-        src,
-        dst: dst.parse().unwrap(),
-        protocol: 17,
-        in_iface: IfName::new(iif).unwrap(),
-        len: 40,
-        ..PacketMeta::default()
+        facts: PacketFacts {
+            in_iface: IfName::new(iif).unwrap(),
+            ..PacketFacts::default()
+        },
     }
 }
 
@@ -263,7 +268,7 @@ fn first_hits(
     chain: &str,
     rules: &[&str],
     mgr: &SetManager,
-    packets: &[PacketMeta],
+    packets: &[Packet],
 ) -> Vec<usize> {
     let mut text = format!("*{table}\n:{chain} ACCEPT [0:0]\n");
     for r in rules {

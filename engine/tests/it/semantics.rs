@@ -11,7 +11,7 @@ use vallum_engine::Clock;
 use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, CommitError, Engine, EngineConfig};
 use vallum_engine::model::{Family, Hook, IpNet, RejectWith, Ruleset, TableKind, ct_state};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::{FrozenSet, IpSet, NoSets};
 use vallum_engine::snapshot::{Snapshot, StepOutcome, Verdict};
@@ -47,28 +47,32 @@ fn snapshot(rulesets: Vec<Ruleset>) -> Snapshot {
     Snapshot::compile(&list, &NoSets, 2).expect("compiles")
 }
 
-fn tcp(src: &str, dst: &str, dport: u16) -> PacketMeta {
+fn tcp(src: &str, dst: &str, dport: u16) -> Packet {
     let src: IpAddr = src.parse().unwrap();
-    PacketMeta {
-        family: if src.is_ipv6() {
-            Family::Ipv6
-        } else {
-            Family::Ipv4
+    Packet {
+        meta: PacketMeta {
+            family: if src.is_ipv6() {
+                Family::Ipv6
+            } else {
+                Family::Ipv4
+            },
+            src,
+            dst: dst.parse().unwrap(),
+            protocol: 6,
+            sport: 40000,
+            dport,
+            tcp_flags: 0x02,
+            len: 60,
+            ..PacketMeta::default()
         },
-        src,
-        dst: dst.parse().unwrap(),
-        protocol: 6,
-        sport: 40000,
-        dport,
-        tcp_flags: 0x02,
-        len: 60,
-        in_iface: IfName::new("eth0").unwrap(),
-        ..PacketMeta::default()
+        facts: PacketFacts {
+            in_iface: IfName::new("eth0").unwrap(),
+            ..PacketFacts::default()
+        },
     }
 }
 
-fn classify(s: &Snapshot, p: PacketMeta) -> Verdict {
-    let mut p = p;
+fn classify(s: &Snapshot, mut p: impl crate::support::OnePacket) -> Verdict {
     crate::support::classify_one(s, 0, &mut p, 0, &mut Vec::new())
 }
 
@@ -262,9 +266,10 @@ fn set_match_uses_the_registry() {
         .unwrap()])),
     );
     let s = Snapshot::compile(&[Arc::new(rs)], &sets, 1).unwrap();
-    let fwd = |src: &str| PacketMeta {
-        hook: Hook::Forward,
-        ..tcp(src, "10.0.0.2", 80)
+    let fwd = |src: &str| {
+        let mut p = tcp(src, "10.0.0.2", 80);
+        p.hook = Hook::Forward;
+        p
     };
     assert_eq!(classify(&s, fwd("198.51.100.7")), Verdict::Drop);
     assert_eq!(classify(&s, fwd("198.51.101.7")), Verdict::Accept);
@@ -372,9 +377,9 @@ fn counters_sum_cores_and_survive_a_commit_for_unchanged_rules() {
         .unwrap();
     let mut w0 = e.worker(0).unwrap();
     let mut w1 = e.worker(1).unwrap();
-    let mut batch = vec![tcp("10.0.0.1", "10.0.0.2", 22); 3];
-    batch.push(tcp("10.0.0.1", "10.0.0.2", 80));
-    batch.push(tcp("10.0.0.1", "10.0.0.2", 9));
+    let mut batch = vec![tcp("10.0.0.1", "10.0.0.2", 22).meta; 3];
+    batch.push(tcp("10.0.0.1", "10.0.0.2", 80).meta);
+    batch.push(tcp("10.0.0.1", "10.0.0.2", 9).meta);
     let mut verdicts = vec![Verdict::Accept; batch.len()];
     assert_eq!(w0.process_batch(&mut batch.clone(), &mut verdicts, 0), 5);
     assert_eq!(verdicts[4], Verdict::Drop);
@@ -499,7 +504,7 @@ fn commits_while_workers_classify_never_lose_a_packet() {
                 let mut verdicts = vec![Verdict::Accept; 32];
                 let mut sent = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let mut batch = vec![tcp("10.0.0.1", "10.0.0.2", 22); 32];
+                    let mut batch = vec![tcp("10.0.0.1", "10.0.0.2", 22).meta; 32];
                     sent += w.process_batch(&mut batch, &mut verdicts, 0) as u64;
                     assert!(verdicts.iter().all(|v| *v == Verdict::Accept));
                 }

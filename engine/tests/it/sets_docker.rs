@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use vallum_engine::model::{Family, Hook, ct_state};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::SetManager;
 use vallum_engine::snapshot::{Snapshot, Verdict};
@@ -25,20 +25,25 @@ fn data_dir() -> Option<PathBuf> {
     env.is_dir().then_some(env)
 }
 
-fn forward(dst: &str) -> PacketMeta {
-    PacketMeta {
-        family: Family::Ipv4,
-        hook: Hook::Forward,
-        src: "198.51.100.9".parse().unwrap(),
-        dst: dst.parse().unwrap(),
-        protocol: 6,
-        sport: 40000,
-        dport: 80,
-        len: 60,
-        ct_state: ct_state::NEW,
-        in_iface: IfName::new("eth0").unwrap(),
-        out_iface: IfName::new("docker0").unwrap(),
-        ..PacketMeta::default()
+fn forward(dst: &str) -> Packet {
+    Packet {
+        meta: PacketMeta {
+            family: Family::Ipv4,
+            hook: Hook::Forward,
+            src: "198.51.100.9".parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            protocol: 6,
+            sport: 40000,
+            dport: 80,
+            len: 60,
+            ct_state: ct_state::NEW,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new("eth0").unwrap(),
+            out_iface: IfName::new("docker0").unwrap(),
+            ..PacketFacts::default()
+        },
     }
 }
 

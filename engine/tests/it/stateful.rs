@@ -14,8 +14,8 @@ use vallum_engine::dataplane::BarrierStrategy;
 use vallum_engine::engine::{Change, Engine, EngineConfig};
 use vallum_engine::model::tcp_flags::{ACK, SYN};
 use vallum_engine::model::{Family, Hook, ct_state};
-use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::parse_ip;
+use vallum_engine::packet::{Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::Verdict;
@@ -84,11 +84,14 @@ fn pkt(hook: Hook, proto: u8, src: &str, sport: u16, dst: &str, dport: u16, f: u
 }
 
 /// Runs one packet through core 0; returns (verdict, ct_state it came back with).
-fn run(e: &Engine, p: PacketMeta, now: u64) -> (Verdict, u8) {
+fn run(e: &Engine, p: impl Into<Packet>, now: u64) -> (Verdict, u8) {
     let mut w = e.worker(0).unwrap();
-    let mut ps = [p];
+    let mut ps = [p.into()];
     let mut vs = [Verdict::Accept];
-    assert_eq!(w.process_batch(&mut ps, &mut vs, now), 1);
+    assert_eq!(
+        crate::support::process_packets(&mut w, &mut ps, &mut vs, now),
+        1
+    );
     (vs[0], ps[0].ct_state)
 }
 
@@ -171,7 +174,7 @@ fn new_established_invalid_through_the_rules() {
 
 /// An ICMP port-unreachable from `from` about the UDP datagram `about_src:sport ->
 /// about_dst:dport`, parsed from bytes at INPUT.
-fn unreachable(from: &str, to: &str, about: (&str, u16, &str, u16)) -> PacketMeta {
+fn unreachable(from: &str, to: &str, about: (&str, u16, &str, u16)) -> Packet {
     let v4 = |s: &str| match ip(s) {
         IpAddr::V4(a) => a.octets(),
         IpAddr::V6(_) => unreachable!("IPv4 only here"),
@@ -188,10 +191,10 @@ fn unreachable(from: &str, to: &str, about: (&str, u16, &str, u16)) -> PacketMet
         .unwrap();
     parse_ip(
         &bytes,
-        PacketMeta {
+        Packet::from(PacketMeta {
             hook: Hook::Input,
             ..PacketMeta::default()
-        },
+        }),
     )
     .unwrap()
 }
@@ -503,16 +506,17 @@ fn input_and_forward_packets_pass_raw_prerouting_first() {
     );
     let rs = parse_ruleset("host", DOCKER_GUARD, &ParseOptions::default()).unwrap();
     e.commit(Change::Put(rs), &NoSets).unwrap();
-    let from = |hook: Hook, in_iface: &str, out_iface: &str, mut p: PacketMeta| {
+    let from = |hook: Hook, in_iface: &str, out_iface: &str, p: Packet| {
+        let mut p = p;
         p.hook = hook;
-        p.in_iface = vallum_engine::packet::IfName::new(in_iface).unwrap();
-        p.out_iface = vallum_engine::packet::IfName::new(out_iface).unwrap();
+        p.facts.in_iface = vallum_engine::packet::IfName::new(in_iface).unwrap();
+        p.facts.out_iface = vallum_engine::packet::IfName::new(out_iface).unwrap();
         p
     };
     // A LAN host's SYN to the container, routed (FORWARD) from eth0: dropped at raw
     // PREROUTING, before conntrack (no entry, nothing counted NEW).
     let lan = pkt(Hook::Forward, 6, PEER, 40000, "172.17.0.2", 80, SYN);
-    let lan = from(Hook::Forward, "eth0", "docker0", lan);
+    let lan = from(Hook::Forward, "eth0", "docker0", lan.into());
     assert_eq!(run(&e, lan, S).0, Verdict::Drop);
     assert_eq!(counter(&e, "PREROUTING", Some(1)), 1);
     assert_eq!(e.conntrack().unwrap().stats().new_total, 0);
@@ -543,7 +547,7 @@ fn input_and_forward_packets_pass_raw_prerouting_first() {
         Hook::Input,
         "eth0",
         "",
-        pkt(Hook::Input, 17, PEER, 5353, ME, 53, 0),
+        pkt(Hook::Input, 17, PEER, 5353, ME, 53, 0).into(),
     );
     assert_eq!(run(&e, dns, 2 * S), (Verdict::Accept, ct_state::UNTRACKED));
     assert_eq!(counter(&e, "INPUT", Some(1)), 1);
@@ -564,7 +568,8 @@ fn input_and_forward_packets_pass_raw_prerouting_first() {
         ]
     );
     // Another UDP port is tracked (NEW) and dropped by INPUT's policy.
-    let other = PacketMeta { dport: 54, ..dns };
+    let mut other = dns;
+    other.dport = 54;
     assert_eq!(run(&e, other, 3 * S), (Verdict::Drop, ct_state::NEW));
 }
 
@@ -670,9 +675,12 @@ COMMIT
     e.commit(Change::Put(rs), &NoSets).unwrap();
     let fwd = pkt(Hook::Forward, 6, PEER, 40000, "172.17.0.2", 80, SYN);
     assert_eq!(run(&e, fwd, S).0, Verdict::Drop, "no NAT: policy");
-    let dnat = PacketMeta {
-        ct_nat: ct_state::DNAT,
-        ..fwd
+    let dnat = Packet {
+        meta: fwd,
+        facts: PacketFacts {
+            ct_nat: ct_state::DNAT,
+            ..PacketFacts::default()
+        },
     };
     assert_eq!(run(&e, dnat, S), (Verdict::Accept, ct_state::NEW));
     assert_eq!(counter(&e, "FORWARD", Some(1)), 1);
@@ -683,16 +691,22 @@ COMMIT
     let udp = pkt(Hook::Forward, 17, PEER, 5000, "172.17.0.2", 53, 0);
     assert_eq!(run(&e, udp, S).0, Verdict::Drop);
     assert_eq!(counter(&e, "FORWARD", Some(2)), 1);
-    let snat = PacketMeta {
-        ct_nat: ct_state::SNAT,
-        ..udp
+    let snat = Packet {
+        meta: udp,
+        facts: PacketFacts {
+            ct_nat: ct_state::SNAT,
+            ..PacketFacts::default()
+        },
     };
     assert_eq!(run(&e, snat, S).0, Verdict::Accept);
     assert_eq!(counter(&e, "FORWARD", Some(3)), 1);
     // UNTRACKED by our raw table: no entry, so no NAT bits to read.
-    let ntp = PacketMeta {
-        ct_nat: ct_state::DNAT,
-        ..pkt(Hook::Forward, 17, PEER, 123, "172.17.0.2", 123, 0)
+    let ntp = Packet {
+        meta: pkt(Hook::Forward, 17, PEER, 123, "172.17.0.2", 123, 0),
+        facts: PacketFacts {
+            ct_nat: ct_state::DNAT,
+            ..PacketFacts::default()
+        },
     };
     assert_eq!(run(&e, ntp, S), (Verdict::Drop, ct_state::UNTRACKED));
 }
@@ -731,7 +745,7 @@ fn cut_transport_header_is_hotdropped_at_the_first_match_that_reads_it() {
         .unwrap();
     bytes.truncate(20 + 16);
     bytes[2..4].copy_from_slice(&36u16.to_be_bytes());
-    let cut = parse_ip(&bytes, PacketMeta::default()).unwrap();
+    let cut = parse_ip(&bytes, Packet::default()).unwrap();
     assert_eq!((cut.l4_cut, cut.dport), (Some(16), 22));
     let t = e.trace(&cut, S);
     assert!(t.hotdropped);
@@ -749,13 +763,13 @@ fn cut_transport_header_is_hotdropped_at_the_first_match_that_reads_it() {
                 .unwrap();
             b
         },
-        PacketMeta::default(),
+        Packet::default(),
     )
     .unwrap();
     let mut w = e.worker(0).unwrap();
     let mut ps = [whole, cut, whole, cut];
     let mut vs = [Verdict::Accept; 4];
-    w.process_batch(&mut ps, &mut vs, S);
+    crate::support::process_packets(&mut w, &mut ps, &mut vs, S);
     drop(w);
     assert_eq!(
         vs,

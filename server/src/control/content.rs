@@ -1,5 +1,6 @@
 //! A revision's content: what the caller sent, parsed, and its canonical stored form (IPv4 and
-//! IPv6 iptables-save text, printed by the engine's canonical printer) with its sha256 digest;
+//! IPv6 iptables-save text, printed by the engine's canonical printer) with its digest tree
+//! ([`tree`]: per-chunk sha256 and a root over them; the type is in `content/canonical.rs`);
 //! and the findings of the request in the caller's terms.
 //!
 //! This module does not validate. Validation is the engine's (`Engine::validate_change` in a
@@ -20,7 +21,6 @@
 
 use std::sync::{Arc, Weak};
 
-use sha2::{Digest, Sha256};
 use vallum_engine::echo::clipped;
 use vallum_engine::model::{Family, Hook, Location, Ruleset, Table, TableKind};
 use vallum_engine::restore::{self, ExternalRefKind, ParseOptions, PrintOptions};
@@ -29,104 +29,12 @@ use vallum_engine::validate::{Severity, Violation, ViolationKind};
 use crate::error::{Error, FieldViolation, Reason};
 use crate::grpc::limits::{LimitError, LimitsConfig};
 
-/// The line between the IPv4 and the IPv6 part of a combined content text.
-pub const V6_SEPARATOR: &str = "# ---- ip6tables-save ----\n";
+mod canonical;
+pub mod tree;
 
-/// Canonical content of one revision.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Content {
-    /// iptables-save text of the IPv4 tables (may be empty).
-    pub v4: String,
-    /// ip6tables-save text of the IPv6 tables (may be empty).
-    pub v6: String,
-}
+pub use tree::Layout;
 
-impl Content {
-    /// The canonical content of `tables` (locations and counters dropped).
-    pub fn from_tables(tables: &[Table]) -> Content {
-        Content::from_tables_with(tables, &PrintOptions::default())
-    }
-
-    /// As [`Content::from_tables`], with print options (`counters` for `[p:b]`).
-    pub fn from_tables_with(tables: &[Table], opts: &PrintOptions) -> Content {
-        // Table by table, in order: the same text as `restore::print` of the family's tables,
-        // without copying them first.
-        let print = |f: Family| -> String {
-            let mut out = String::new();
-            for t in tables.iter().filter(|t| t.family == f) {
-                let text = restore::print_table(t, opts);
-                if out.is_empty() {
-                    out = text;
-                } else {
-                    out.push_str(&text);
-                }
-            }
-            out
-        };
-        Content {
-            v4: print(Family::Ipv4),
-            v6: print(Family::Ipv6),
-        }
-    }
-
-    /// The combined text: IPv4, then [`V6_SEPARATOR`] and IPv6 when there are IPv6 tables.
-    pub fn combined(&self) -> String {
-        if self.v6.is_empty() {
-            self.v4.clone()
-        } else {
-            format!("{}{V6_SEPARATOR}{}", self.v4, self.v6)
-        }
-    }
-
-    /// The text of `family`.
-    pub fn family_mut(&mut self, family: Family) -> &mut String {
-        match family {
-            Family::Ipv4 => &mut self.v4,
-            Family::Ipv6 => &mut self.v6,
-        }
-    }
-
-    /// sha256 of [`Content::combined`], lower-case hex (64 characters).
-    pub fn digest(&self) -> String {
-        // As `Sha256::digest(self.combined())`, without copying the text.
-        let mut h = Sha256::new();
-        h.update(self.v4.as_bytes());
-        if !self.v6.is_empty() {
-            h.update(V6_SEPARATOR.as_bytes());
-            h.update(self.v6.as_bytes());
-        }
-        let d = h.finalize();
-        d.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// Parses stored content into a ruleset.
-    ///
-    /// Errors: [`Error::StoreCorrupt`] when the stored text no longer parses (a corrupt store or
-    /// an engine parser change).
-    pub fn to_ruleset(&self, name: &str, priority: i32) -> Result<Ruleset, Error> {
-        let mut tables = Vec::new();
-        for (text, family) in [(&self.v4, Family::Ipv4), (&self.v6, Family::Ipv6)] {
-            if text.is_empty() {
-                continue;
-            }
-            let opts = ParseOptions {
-                family,
-                ..ParseOptions::default()
-            };
-            let rs = restore::parse_ruleset(name, text, &opts).map_err(|e| {
-                Error::store_corrupt(format!(
-                    "stored content of ruleset {name} does not parse: {e}"
-                ))
-            })?;
-            tables.extend(rs.tables);
-        }
-        Ok(Ruleset {
-            name: name.to_string(),
-            priority,
-            tables,
-        })
-    }
-}
+pub use canonical::{Content, V6_SEPARATOR};
 
 /// One text of a request: iptables-restore input for one family.
 #[derive(Clone, Debug)]
@@ -820,6 +728,8 @@ fn check_onto(
     if let Some(limits) = limits {
         limits.check_tables(&tables)?;
     }
+    // The digest tree from the base's: only the chunks the change is in are hashed.
+    content.layout_after(&base.content);
     let ruleset = Ruleset {
         name: name.to_string(),
         priority,

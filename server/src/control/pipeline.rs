@@ -749,7 +749,7 @@ impl Pipeline {
                 target: CommitTarget::New(NewRevision {
                     ruleset: ruleset.to_string(),
                     priority: rs.priority,
-                    content: rev.content.clone(),
+                    content: (*rev.content).clone(),
                     rule_count: rev.rule_count,
                     author: author.to_string(),
                     message,
@@ -820,7 +820,7 @@ impl Pipeline {
                 target: CommitTarget::New(NewRevision {
                     ruleset: ruleset.to_string(),
                     priority,
-                    content: rev.content.clone(),
+                    content: (*rev.content).clone(),
                     rule_count: rev.rule_count,
                     author: author.to_string(),
                     message: format!("priority {} -> {priority}", rs.priority),

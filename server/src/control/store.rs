@@ -21,6 +21,7 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -176,10 +177,11 @@ pub struct RevisionRow {
     pub number: u64,
     /// The revision active when this one was created.
     pub parent: Option<u64>,
-    /// sha256 hex of the combined content.
+    /// The content's digest, hex: the root of its digest tree (sha256 over the sha256 of
+    /// each chunk of the combined text, [`Content::digest`]).
     pub digest: String,
-    /// Canonical content.
-    pub content: Content,
+    /// Canonical content (shared: the pipeline keeps the active one without a copy).
+    pub content: Arc<Content>,
     /// Rules over all tables.
     pub rule_count: u32,
     /// Who created it.
@@ -394,7 +396,7 @@ fn revision_rows<P: rusqlite::Params>(
                 number: u64_of(r.get("number")?),
                 parent: r.get::<_, Option<i64>>("parent")?.map(u64_of),
                 digest: r.get("digest")?,
-                content: Content::default(),
+                content: Arc::default(),
                 rule_count: u32::try_from(r.get::<_, i64>("rule_count")?).unwrap_or(u32::MAX),
                 author: r.get("author")?,
                 message: r.get("message")?,
@@ -415,7 +417,7 @@ fn revision_rows<P: rusqlite::Params>(
         .collect();
     let contents = chunks::contents(conn, &keys)?;
     for (row, content) in rows.iter_mut().zip(contents) {
-        row.content = content;
+        row.content = Arc::new(content);
     }
     Ok(rows)
 }
@@ -563,7 +565,7 @@ fn persist_commit_in(
         number,
         parent: None,
         digest: String::new(),
-        content: Content::default(),
+        content: Arc::default(),
         rule_count: 0,
         author: String::new(),
         message: String::new(),

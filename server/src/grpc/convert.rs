@@ -9,7 +9,7 @@ use vallum_engine::conntrack::tuple::{PROTO_TCP, PROTO_UDP};
 use vallum_engine::conntrack::{ConnFilter, ConnView, Conntrack, TcpState, Tuple};
 use vallum_engine::echo::quoted;
 use vallum_engine::model::{Family, Hook, IpNet, Policy, Ruleset, TableKind, ct_state, tcp_flags};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::restore::{check_chain_name, print_rule_spec};
 use vallum_engine::snapshot::{StepOutcome, TraceStep, Verdict};
 use vallum_engine::validate::Severity;
@@ -628,7 +628,7 @@ pub fn hook_pb(h: Hook) -> pb::Hook {
 /// so the orphan rule forbids the impl).
 ///
 /// Errors: [`Error::BadRequest`] with `packet.*` field paths.
-pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
+pub fn packet(p: &pb::PacketSpec) -> Result<Packet> {
     {
         let addr = |field: &str, s: &str| -> Result<Option<IpAddr>> {
             if s.is_empty() {
@@ -709,26 +709,31 @@ pub fn packet(p: &pb::PacketSpec) -> Result<PacketMeta> {
                 Error::invalid("packet.source_mac", "expected six bytes aa:bb:cc:dd:ee:ff")
             })?)
         };
-        Ok(PacketMeta {
-            family,
-            hook: hook("packet.hook", p.hook)?,
-            src,
-            dst,
-            protocol: protocol("packet.protocol", &p.protocol)?,
-            sport: port("packet.source_port", p.source_port)?,
-            dport: port("packet.destination_port", p.destination_port)?,
-            tcp_flags: flags,
-            icmp_type: byte("packet.icmp_type", p.icmp_type)?,
-            icmp_code: byte("packet.icmp_code", p.icmp_code)?,
-            len: if p.length == 0 { 60 } else { p.length },
-            in_iface: iface("packet.in_interface", &p.in_interface)?,
-            out_iface: iface("packet.out_interface", &p.out_interface)?,
-            src_mac,
-            phys_in: iface("packet.physdev_in", &p.physdev_in)?,
-            phys_out: iface("packet.physdev_out", &p.physdev_out)?,
-            mark: p.mark,
-            ct_state: ct,
-            ..PacketMeta::default()
+        Ok(Packet {
+            meta: PacketMeta {
+                family,
+                hook: hook("packet.hook", p.hook)?,
+                src,
+                dst,
+                protocol: protocol("packet.protocol", &p.protocol)?,
+                sport: port("packet.source_port", p.source_port)?,
+                dport: port("packet.destination_port", p.destination_port)?,
+                tcp_flags: flags,
+                icmp_type: byte("packet.icmp_type", p.icmp_type)?,
+                icmp_code: byte("packet.icmp_code", p.icmp_code)?,
+                len: if p.length == 0 { 60 } else { p.length },
+                mark: p.mark,
+                ct_state: ct,
+                ..PacketMeta::default()
+            },
+            facts: PacketFacts {
+                in_iface: iface("packet.in_interface", &p.in_interface)?,
+                out_iface: iface("packet.out_interface", &p.out_interface)?,
+                src_mac,
+                phys_in: iface("packet.physdev_in", &p.physdev_in)?,
+                phys_out: iface("packet.physdev_out", &p.physdev_out)?,
+                ..PacketFacts::default()
+            },
         })
     }
 }

@@ -117,7 +117,7 @@ mod tests {
 
     fn with_one_flow() -> Conntrack {
         let ct = Conntrack::new(ConntrackConfig::default()).unwrap();
-        let mut p = PacketMeta {
+        let p = PacketMeta {
             src: [10, 0, 0, 1].into(),
             dst: [10, 0, 0, 2].into(),
             protocol: 17,
@@ -125,7 +125,7 @@ mod tests {
             dport: 53,
             ..PacketMeta::default()
         };
-        ct.track(&mut p, 0);
+        ct.track(&mut p.into(), 0);
         ct
     }
 

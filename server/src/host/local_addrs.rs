@@ -353,15 +353,18 @@ mod tests {
             }
         };
         assert!(!fib.is_empty());
-        let p = |dev: &str| vallum_engine::packet::PacketMeta {
+        let p = vallum_engine::packet::PacketMeta {
             src: IpAddr::from([127, 0, 0, 1]),
             dst: IpAddr::from([127, 0, 0, 1]),
+            ..Default::default()
+        };
+        let dev = |dev: &str| vallum_engine::packet::PacketFacts {
             in_iface: IfName::new(dev).unwrap(),
             ..Default::default()
         };
-        assert!(fib.rpfilter(&p("lo"), 0));
+        assert!(fib.rpfilter(&p, &dev("lo"), 0));
         // 127.0.0.1 is local (table local): from another device only with --accept-local
         // and --loose.
-        assert!(!fib.rpfilter(&p("vallum-none0"), 0));
+        assert!(!fib.rpfilter(&p, &dev("vallum-none0"), 0));
     }
 }

@@ -28,7 +28,7 @@ use vallum_engine::Clock;
 use vallum_engine::engine::{Engine, EngineWorker, LogDrops};
 use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::packet::synth::{Synth, SynthConfig};
-use vallum_engine::packet::{IfName, PacketMeta};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
 use vallum_engine::snapshot::Verdict;
 
 use crate::config::{NfqueueAccept, NfqueueAnswers, NfqueueSource, Source};
@@ -50,21 +50,20 @@ pub struct Sources {
 }
 
 enum Feed {
-    // Boxed: the generator holds packets inline (PacketMeta grew), the replay only a pointer.
+    // Boxed: the generator holds its flows inline, the replay only a pointer.
     Synthetic(Box<Synth>),
-    Replay {
-        packets: Arc<[PacketMeta]>,
-        next: usize,
-    },
+    Replay { packets: Arc<[Packet]>, next: usize },
 }
 
 impl Feed {
-    fn fill(&mut self, out: &mut [PacketMeta]) {
+    /// Fills a batch: `out[i]` and its facts `facts[i]` (the synthetic packets all have
+    /// [`base_packet`]'s).
+    fn fill(&mut self, out: &mut [PacketMeta], facts: &mut [PacketFacts]) {
         match self {
             Feed::Synthetic(s) => out.iter_mut().for_each(|p| *p = s.next_meta()),
             Feed::Replay { packets, next } => {
-                for p in out.iter_mut() {
-                    *p = packets[*next];
+                for (p, f) in out.iter_mut().zip(facts.iter_mut()) {
+                    (*p, *f) = (packets[*next].meta, packets[*next].facts);
                     *next = (*next + 1) % packets.len();
                 }
             }
@@ -72,11 +71,14 @@ impl Feed {
     }
 }
 
-/// The packet metadata every source starts from: INPUT hook, input interface `eth0`.
-pub fn base_packet() -> PacketMeta {
-    PacketMeta {
-        in_iface: IfName::new("eth0").unwrap_or_default(),
-        ..PacketMeta::default()
+/// The packet every source starts from: INPUT hook, input interface `eth0`.
+pub fn base_packet() -> Packet {
+    Packet {
+        meta: PacketMeta::default(),
+        facts: PacketFacts {
+            in_iface: IfName::new("eth0").unwrap_or_default(),
+            ..PacketFacts::default()
+        },
     }
 }
 
@@ -98,7 +100,7 @@ impl Sources {
     ) -> Result<Sources> {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = engine.cores();
-        let replay: Option<Arc<[PacketMeta]>> = match source {
+        let replay: Option<Arc<[Packet]>> = match source {
             Source::None => {
                 return Ok(Sources {
                     stop,
@@ -117,7 +119,7 @@ impl Sources {
                     code: "PCAP_INVALID",
                     message: format!("{}: {e}", path.display()),
                 })?;
-                let metas: Vec<PacketMeta> = caps
+                let metas: Vec<Packet> = caps
                     .iter()
                     .filter_map(|c| c.parse(base_packet()).ok())
                     .collect();
@@ -139,7 +141,8 @@ impl Sources {
         for core in 0..cores {
             let mut feed = match &replay {
                 None => Feed::Synthetic(Box::new(
-                    Synth::new(core as u64 + 1, SynthConfig::default()).with_base(base_packet()),
+                    Synth::new(core as u64 + 1, SynthConfig::default())
+                        .with_base(base_packet().meta),
                 )),
                 Some(p) => Feed::Replay {
                     packets: p.clone(),
@@ -152,6 +155,7 @@ impl Sources {
             let t = spawn_worker(&engine, core, "vallum-core", nice, move |worker| {
                 let mut drain = Drain::default();
                 let mut packets = [PacketMeta::default(); BATCH];
+                let mut facts = [base_packet().facts; BATCH];
                 let mut verdicts = [Verdict::Accept; BATCH];
                 // Pacing against real sleeps (`thread::sleep` below), so real time: a packet
                 // source's I/O edge, not the injected clock (which a test may hold still).
@@ -159,9 +163,13 @@ impl Sources {
                 let mut sent: u64 = 0;
                 // Relaxed: the flag only asks the loop to end; nothing is published with it.
                 while !stop.load(Ordering::Relaxed) {
-                    feed.fill(&mut packets);
-                    worker.process_batch(&mut packets, &mut verdicts, clock.now_ns());
-                    drain.after_batch(worker, &events, &packets, &verdicts, &[]);
+                    feed.fill(&mut packets, &mut facts);
+                    let batch = vallum_engine::engine::Batch {
+                        facts: &mut facts,
+                        ..vallum_engine::engine::Batch::new(&mut packets, &mut verdicts)
+                    };
+                    worker.process(batch, clock.now_ns());
+                    drain.after_batch(worker, &events, &packets, &facts, &verdicts, &[]);
                     sent += BATCH as u64;
                     if per_core > 0 {
                         let due = Duration::from_secs_f64(sent as f64 / per_core as f64);
@@ -412,7 +420,8 @@ pub struct Drain {
 
 impl Drain {
     /// Drains `worker`'s LOG ring, samples the drops of the batch just classified
-    /// (`packets[i]` got `verdicts[i]`) and offers the events to `events` (never waits).
+    /// (`packets[i]`, with the facts `facts[i]` when the source has them, got `verdicts[i]`)
+    /// and offers the events to `events` (never waits).
     /// `headers[i]`, when the source has it, is `packets[i]` from its IP header on, for the
     /// kernel-format line; a LOG hit is paired with the first packet of the batch, from the
     /// previous hit's on, with its addresses, ports, protocol and length. Allocates only when
@@ -423,6 +432,7 @@ impl Drain {
         worker: &mut EngineWorker<'_>,
         events: &Events,
         packets: &[PacketMeta],
+        facts: &[PacketFacts],
         verdicts: &[Verdict],
         headers: &[&[u8]],
     ) {
@@ -447,7 +457,7 @@ impl Drain {
         for log in logs {
             let found = packets[cursor.min(packets.len())..]
                 .iter()
-                .position(|p| same_packet(p, &log.packet))
+                .position(|p| same_packet(p, &log.packet.meta))
                 .map(|i| cursor + i);
             let header = found.and_then(|i| headers.get(i).copied());
             if let Some(i) = found {
@@ -462,7 +472,9 @@ impl Drain {
                 }
                 self.drops_seen += 1;
                 if self.drops_seen % one_in == 0 && events.take_sample_token() {
-                    out.push(PacketEvent::dropped(*p, headers.get(i).copied(), time));
+                    let facts = facts.get(i).copied().unwrap_or_default();
+                    let packet = Packet { meta: *p, facts };
+                    out.push(PacketEvent::dropped(packet, headers.get(i).copied(), time));
                 }
             }
         }
@@ -552,7 +564,7 @@ COMMIT
         let mut worker = engine.worker(0).unwrap();
         let mut drain = Drain::default();
         worker.process_batch(&mut packets, &mut verdicts, 1);
-        drain.after_batch(&mut worker, &events, &packets, &verdicts, &[]);
+        drain.after_batch(&mut worker, &events, &packets, &[], &verdicts, &[]);
         assert_eq!(
             events.drops().ring_full.load(Ordering::Relaxed),
             over as u64
@@ -562,7 +574,7 @@ COMMIT
         let mut few = vec![ssh(); 3];
         let mut few_verdicts = vec![Verdict::Drop; 3];
         worker.process_batch(&mut few, &mut few_verdicts, 2);
-        drain.after_batch(&mut worker, &events, &few, &few_verdicts, &[]);
+        drain.after_batch(&mut worker, &events, &few, &[], &few_verdicts, &[]);
         assert_eq!(
             events.drops().ring_full.load(Ordering::Relaxed),
             over as u64

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use vallum_engine::model::{Family, IpNet, TableKind};
-use vallum_engine::packet::PacketMeta;
+use vallum_engine::packet::{Packet, PacketMeta};
 use vallum_engine::snapshot::LogEvent;
 
 /// Batches the packet cores may have queued for the events thread.
@@ -86,7 +86,7 @@ impl PacketEvent {
     }
 
     /// A sampled dropped packet (no rule: ruleset and chain empty, rule 0), seen at `time`.
-    pub fn dropped(packet: PacketMeta, header: Option<&[u8]>, time: SystemTime) -> PacketEvent {
+    pub fn dropped(packet: Packet, header: Option<&[u8]>, time: SystemTime) -> PacketEvent {
         let log = LogEvent {
             ruleset: Arc::from(""),
             table: TableKind::Filter,
@@ -439,10 +439,10 @@ pub fn kernel_line(e: &LogEvent, header: Option<&[u8]>) -> String {
     let _ = write!(
         s,
         "IN={} OUT={} ",
-        p.in_iface.as_str(),
-        p.out_iface.as_str()
+        p.facts.in_iface.as_str(),
+        p.facts.out_iface.as_str()
     );
-    if !p.in_iface.as_str().is_empty() {
+    if !p.facts.in_iface.is_empty() {
         mac(&mut s, p);
     }
     let header = header.filter(|h| match p.family {
@@ -460,17 +460,16 @@ pub fn kernel_line(e: &LogEvent, header: Option<&[u8]>) -> String {
     s
 }
 
-fn mac(s: &mut String, p: &PacketMeta) {
+fn mac(s: &mut String, p: &Packet) {
     s.push_str("MAC=");
     let ethertype: u16 = match p.family {
         Family::Ipv4 => 0x0800,
         Family::Ipv6 => 0x86dd,
     };
-    let parts = if p.in_iface.as_str() == "lo" {
+    let parts = if p.facts.in_iface.as_str() == "lo" {
         Some(([0u8; 6], [0u8; 6]))
     } else {
-        p.src_mac
-            .map(|src| (own_mac(p.in_iface.as_str()).unwrap_or([0; 6]), src))
+        (p.facts.src_mac).map(|src| (own_mac(p.facts.in_iface.as_str()).unwrap_or([0; 6]), src))
     };
     if let Some((dst, src)) = parts {
         for (i, b) in dst.iter().chain(src.iter()).enumerate() {
@@ -856,8 +855,8 @@ fn from_meta(s: &mut String, p: &PacketMeta) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vallum_engine::packet::IfName;
     use vallum_engine::packet::parse::parse_ip;
+    use vallum_engine::packet::{IfName, PacketFacts};
 
     /// A SYN from 192.0.2.10:55478 to 198.51.100.5:22, TTL 52, ID 41830, DF, window 29200,
     /// 20 bytes of TCP options (IP length 60).
@@ -874,9 +873,14 @@ mod tests {
     }
 
     fn event(bytes: &[u8], prefix: Option<&str>) -> LogEvent {
-        let base = PacketMeta {
-            in_iface: IfName::new("lo").unwrap_or_default(),
-            ..PacketMeta::default()
+        let base = Packet {
+            meta: PacketMeta {
+                ..PacketMeta::default()
+            },
+            facts: PacketFacts {
+                in_iface: IfName::new("lo").unwrap_or_default(),
+                ..PacketFacts::default()
+            },
         };
         LogEvent {
             ruleset: Arc::from("r"),
@@ -942,8 +946,8 @@ mod tests {
         b.extend_from_slice(&[0x13, 0x88, 0x00, 0x35, 0x00, 0x10, 0, 0]);
         b.extend_from_slice(&[0; 8]);
         let mut e = event(&b, Some("v6: "));
-        e.packet.in_iface = IfName::default();
-        e.packet.out_iface = IfName::new("eth1").unwrap();
+        e.packet.facts.in_iface = IfName::default();
+        e.packet.facts.out_iface = IfName::new("eth1").unwrap();
         e.packet.mark = 0x2a;
         same_fields(
             &kernel_line(&e, Some(&b)),
@@ -988,7 +992,11 @@ mod tests {
             src: src.parse().unwrap(),
             ..PacketMeta::default()
         };
-        PacketEvent::dropped(packet, None, crate::clock::Clock::system().system_time())
+        PacketEvent::dropped(
+            packet.into(),
+            None,
+            crate::clock::Clock::system().system_time(),
+        )
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{Daemon, join, poll, reason, shared_data, text_source};
-use vallum_engine::packet::PacketMeta;
+use vallum_engine::packet::Packet;
 use vallum_engine::packet::pcap::read_capture;
 use vallum_engine::restore::{ParseOptions, parse, parse_ruleset};
 use vallum_engine::sets::NoSets;
@@ -407,7 +407,7 @@ async fn replay_pcaps_match_the_engine() {
             _ => t.rejected += 1,
         };
         for c in &caps {
-            match c.parse(PacketMeta::default()) {
+            match c.parse(Packet::default()) {
                 Ok(m) => {
                     add(&mut a, active.trace(&m, 0).verdict.name());
                     add(&mut s, staged_snap.trace(&m, 0).verdict.name());

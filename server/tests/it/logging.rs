@@ -1,6 +1,6 @@
 //! vallumd's log: `--log-format json` writes one JSON object per stderr line with the
 //! fields log collectors read, and `text` keeps the startup events readable; stdout keeps
-//! its `metrics on ADDR` / `listening on ADDR` lines in both.
+//! its `metrics on ADDR` / `listening on ADDR` / `serving` lines in both.
 
 use std::process::Stdio;
 
@@ -97,6 +97,14 @@ fn text_logs_and_rust_log() {
     let (code, stdout, stderr) = vallumd(&["--exit-after", "0.5"], &[]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.starts_with("metrics on "), "{stdout}");
+    // `serving` follows the listeners (the stored state loaded, the sources bound).
+    let lines: Vec<&str> = stdout.lines().collect();
+    let listening = lines.iter().position(|l| l.starts_with("listening on "));
+    let serving = lines.iter().position(|l| *l == "serving");
+    assert!(
+        matches!((listening, serving), (Some(l), Some(s)) if l < s),
+        "{stdout}"
+    );
     let line = stderr
         .lines()
         .find(|l| l.contains("listening"))

@@ -82,13 +82,17 @@ fn rows<T>(
 }
 
 /// Rewrites the stored text of `ruleset`'s active revision behind vallumd's back: the chunks
-/// that only it names get a text that does not parse.
+/// that only it names (its key frame's and its edits') get a text that does not parse.
 async fn corrupt_active_text(db: &Path, ruleset: &str) {
     let pool = open_db(db);
     let lists: Vec<(String, i64)> = rows(
         &pool,
-        "SELECT c.ruleset, c.chunk FROM revision_chunk_list c JOIN rulesets r \
-         ON r.name = c.ruleset AND r.active_revision = c.number WHERE c.family = 4",
+        "SELECT r.name, e.chunk FROM rulesets r JOIN revisions v \
+         ON v.ruleset = r.name AND v.number = r.active_revision \
+         JOIN chunk_list_entries e ON e.list = v.chunk_list WHERE e.family = 4 \
+         UNION ALL SELECT r.name, x.chunk FROM rulesets r JOIN revision_chunk_edits x \
+         ON x.ruleset = r.name AND x.number = r.active_revision \
+         WHERE x.family = 4 AND x.chunk IS NOT NULL",
         |r| Ok((r.get(0)?, r.get(1)?)),
     );
     let ids = |mine: bool| -> BTreeSet<i64> {

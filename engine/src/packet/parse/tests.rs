@@ -10,15 +10,20 @@ use proptest::prelude::*;
 const SMAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const DMAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
 
-fn base() -> PacketMeta {
-    PacketMeta {
-        hook: Hook::Input,
-        in_iface: IfName::new("eth0").unwrap(),
-        mark: 7,
-        // Stale header values in base must not leak into the result.
-        sport: 999,
-        icmp_type: 99,
-        ..PacketMeta::default()
+fn base() -> Packet {
+    Packet {
+        meta: PacketMeta {
+            hook: Hook::Input,
+            mark: 7,
+            // Stale header values in base must not leak into the result.
+            sport: 999,
+            icmp_type: 99,
+            ..PacketMeta::default()
+        },
+        facts: PacketFacts {
+            in_iface: IfName::new("eth0").unwrap(),
+            ..PacketFacts::default()
+        },
     }
 }
 
@@ -50,13 +55,13 @@ fn ipv4_tcp_with_options() {
     assert_eq!((m.protocol, m.sport, m.dport), (6, 40000, 443));
     assert_eq!(m.tcp_flags, tcp_flags::SYN | 0x40);
     for kind in [1, 2, 3, 4] {
-        assert!(m.has_tcp_option(kind), "kind {kind}");
+        assert!(m.facts.has_tcp_option(kind), "kind {kind}");
     }
-    assert!(!m.has_tcp_option(8));
+    assert!(!m.facts.has_tcp_option(8));
     assert_eq!(m.len, 20 + 32 + 10);
-    assert_eq!(m.src_mac, Some(SMAC));
+    assert_eq!(m.facts.src_mac, Some(SMAC));
     assert_eq!(
-        (m.mark, m.hook, m.in_iface.as_str()),
+        (m.mark, m.hook, m.facts.in_iface.as_str()),
         (7, Hook::Input, "eth0")
     );
     assert_eq!(m.icmp_type, 0);
@@ -138,7 +143,7 @@ fn icmpv4_type_and_code() {
         (m.protocol, m.icmp_type, m.icmp_code, m.sport),
         (1, 3, 4, 0)
     );
-    assert_eq!(m.src_mac, None);
+    assert_eq!(m.facts.src_mac, None);
 }
 
 #[test]
@@ -157,7 +162,7 @@ fn icmpv4_error_embeds_the_header_it_is_about() {
         .unwrap();
     let m = parse_ip(&v, base()).unwrap();
     assert_eq!((m.icmp_type, m.icmp_code), (3, 3));
-    let t = m.embedded.expect("embedded header");
+    let t = m.facts.embedded.expect("embedded header");
     assert_eq!(
         (t.src, t.dst, t.protocol, t.sport, t.dport),
         (
@@ -176,7 +181,7 @@ fn icmpv4_error_embeds_the_header_it_is_about() {
         .write(&mut cut, &about[..22])
         .unwrap();
     let m = parse_ip(&cut, base()).unwrap();
-    assert_eq!((m.icmp_type, m.embedded), (3, None));
+    assert_eq!((m.icmp_type, m.facts.embedded), (3, None));
     // An echo request is not an error: nothing embedded, even with a payload that looks
     // like an IP header. A stale `embedded` in `base` does not leak through.
     let mut echo = Vec::new();
@@ -184,11 +189,9 @@ fn icmpv4_error_embeds_the_header_it_is_about() {
         .icmpv4_echo_request(1, 1)
         .write(&mut echo, &about[..28])
         .unwrap();
-    let stale = PacketMeta {
-        embedded: m.embedded.or(Some(t)),
-        ..base()
-    };
-    assert_eq!(parse_ip(&echo, stale).unwrap().embedded, None);
+    let mut stale = base();
+    stale.facts.embedded = m.facts.embedded.or(Some(t));
+    assert_eq!(parse_ip(&echo, stale).unwrap().facts.embedded, None);
     // Time exceeded about an echo request: the ICMP convention, dport = type << 8 | code.
     let mut ping = Vec::new();
     PacketBuilder::ipv4([10, 0, 0, 2], [192, 0, 2, 1], 1)
@@ -200,7 +203,7 @@ fn icmpv4_error_embeds_the_header_it_is_about() {
         .icmpv4_raw(11, 0, [0; 4])
         .write(&mut ttl, &ping)
         .unwrap();
-    let t = parse_ip(&ttl, base()).unwrap().embedded.unwrap();
+    let t = parse_ip(&ttl, base()).unwrap().facts.embedded.unwrap();
     assert_eq!((t.protocol, t.sport, t.dport), (1, 0, 8 << 8));
 }
 
@@ -216,18 +219,18 @@ fn icmpv6_error_embeds_the_header_it_is_about() {
     err.extend_from_slice(&about);
     let m = parse_ip(&ipv6_raw(58, &[], &err), base()).unwrap();
     assert_eq!((m.protocol, m.icmp_type), (58, 2));
-    let t = m.embedded.expect("embedded header");
+    let t = m.facts.embedded.expect("embedded header");
     assert_eq!((t.protocol, t.sport, t.dport), (6, 40000, 443));
     assert_eq!(t.src, "2001:db8::1".parse::<IpAddr>().unwrap());
     assert_eq!(t.dst, "2001:db8::2".parse::<IpAddr>().unwrap());
     // Neighbour solicitation (135) is not an error.
     let ns = ipv6_raw(58, &[], &[135, 0, 0, 0, 0, 0, 0, 0]);
-    assert_eq!(parse_ip(&ns, base()).unwrap().embedded, None);
+    assert_eq!(parse_ip(&ns, base()).unwrap().facts.embedded, None);
     // The embedded header cut inside its extension header: no tuple.
     let mut short = vec![1, 4, 0, 0, 0, 0, 0, 0];
     short.extend_from_slice(&about[..44]);
     let m = parse_ip(&ipv6_raw(58, &[], &short), base()).unwrap();
-    assert_eq!((m.icmp_type, m.embedded), (1, None));
+    assert_eq!((m.icmp_type, m.facts.embedded), (1, None));
 }
 
 /// Real ICMP port-unreachable errors from `../shared/data/pcap/tcpreplay-test.pcap`
@@ -246,9 +249,9 @@ fn icmp_errors_of_a_real_capture() {
         panic!("real ICMP errors: cannot read {}", path.display());
     };
     let caps = crate::packet::pcap::read_capture(&bytes).unwrap();
-    let errors: Vec<PacketMeta> = caps
+    let errors: Vec<Packet> = caps
         .iter()
-        .filter_map(|c| c.parse(PacketMeta::default()).ok())
+        .filter_map(|c| c.parse(Packet::default()).ok())
         .filter(|m| m.protocol == 1 && m.icmp_type == 3)
         .collect();
     assert_eq!(errors.len(), 6);
@@ -257,7 +260,7 @@ fn icmp_errors_of_a_real_capture() {
     let mut ports = Vec::new();
     for m in &errors {
         assert_eq!((m.src, m.dst, m.icmp_code), (host, dns, 3));
-        let t = m.embedded.expect("embedded header");
+        let t = m.facts.embedded.expect("embedded header");
         assert_eq!((t.src, t.dst, t.protocol, t.sport), (dns, host, 17, 53));
         ports.push(t.dport);
     }
@@ -390,7 +393,7 @@ fn linux_sll() {
     .unwrap();
     let m = parse_linux_sll(&v, base()).unwrap();
     assert_eq!((m.protocol, m.dport), (17, 2));
-    assert_eq!(m.src_mac, Some([1, 2, 3, 4, 5, 6]));
+    assert_eq!(m.facts.src_mac, Some([1, 2, 3, 4, 5, 6]));
 }
 
 /// An IPv4 packet to 10.0.0.2 carrying protocol `protocol` with exactly `l4` after the
@@ -434,7 +437,7 @@ fn icmpv4_of_any_length_is_read_like_the_kernel() {
             "{what}"
         );
         assert_eq!(m.len as usize, 20 + 8 + extra, "{what}");
-        assert_eq!(m.embedded, None, "{what}");
+        assert_eq!(m.facts.embedded, None, "{what}");
     }
     // Fewer than the 8 bytes icmp_match reads: marked, the kernel hotdrops it at `-m icmp`.
     for cut in 0..8 {
@@ -470,7 +473,7 @@ fn icmpv6_of_any_length_is_read_like_the_kernel() {
             "{what}"
         );
         assert_eq!(m.len as usize, 40 + 8 + extra, "{what}");
-        assert_eq!(m.embedded, None, "{what}");
+        assert_eq!(m.facts.embedded, None, "{what}");
     }
     // Behind a hop-by-hop header, 7 bytes: too short for icmp6_match.
     let hbh = [58, 0, 1, 4, 0, 0, 0, 0];
@@ -512,7 +515,7 @@ fn truncated_transport_headers_follow_the_kernel_reads() {
     let m = parse_ip(&ipv4_l4(6, &tcp_header(5, 20)), base()).unwrap();
     assert_eq!((m.sport, m.dport, m.tcp_flags), (40000, 22, tcp_flags::SYN));
     let m = parse_ip(&ipv4_l4(6, &tcp_header(6, 24)), base()).unwrap();
-    assert!(m.has_tcp_option(1));
+    assert!(m.facts.has_tcp_option(1));
     assert_eq!(m.l4_cut, None);
     // Cut short: parsed, with the cut marked (the matches that read the missing bytes
     // hotdrop), the ports and TCP flags when their bytes are there.
@@ -548,7 +551,12 @@ fn truncated_transport_headers_follow_the_kernel_reads() {
         ] {
             let m = parse_ip(&pkt, base()).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(
-                (m.l4_cut, (m.sport, m.dport), m.tcp_flags, m.tcp_options),
+                (
+                    m.l4_cut,
+                    (m.sport, m.dport),
+                    m.tcp_flags,
+                    m.facts.tcp_options
+                ),
                 (Some(cut), ports, flags, [0; 4]),
                 "{what}"
             );
@@ -624,9 +632,9 @@ fn tcp_option_walk_matches_kernel() {
 proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let _ = parse_ethernet(&bytes, PacketMeta::default());
-        let _ = parse_ip(&bytes, PacketMeta::default());
-        let _ = parse_linux_sll(&bytes, PacketMeta::default());
+        let _ = parse_ethernet(&bytes, Packet::default());
+        let _ = parse_ip(&bytes, Packet::default());
+        let _ = parse_linux_sll(&bytes, Packet::default());
     }
 
     #[test]
@@ -637,6 +645,6 @@ proptest! {
         if let Some(b) = bytes.first_mut() {
             *b = if v6 { 0x60 } else { 0x45 };
         }
-        let _ = parse_ip(&bytes, PacketMeta::default());
+        let _ = parse_ip(&bytes, Packet::default());
     }
 }

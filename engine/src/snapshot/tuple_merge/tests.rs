@@ -5,6 +5,7 @@
 use super::super::{AddrMatch, RuleChunks, Snapshot};
 use super::build::*;
 use super::*;
+use crate::packet::PacketFacts;
 
 #[test]
 fn ipv4_hash_equals_the_general_hash() {
@@ -168,7 +169,15 @@ fn answers(snap: &Snapshot, idx: &ChainIndex) -> Vec<Option<u32>> {
                     ..PacketMeta::default()
                 };
                 for start in (0..rules.len() as u32).step_by(7) {
-                    out.push(snap.indexed_next(idx, rules, start, &p, 0, &mut obs));
+                    out.push(snap.indexed_next(
+                        idx,
+                        rules,
+                        start,
+                        &p,
+                        &PacketFacts::NONE,
+                        0,
+                        &mut obs,
+                    ));
                 }
             }
         }

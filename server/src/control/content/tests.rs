@@ -196,38 +196,39 @@ fn check_after_equals_check() {
     }
 }
 
-/// The digest is the sha256 of the combined text (what earlier revisions stored), with
-/// and without an IPv6 part.
+/// The digest is the root of the digest tree: sha256 over the chunk digests of the combined
+/// text (the separator a chunk of its own), with and without an IPv6 part; a function of the
+/// text alone.
 #[test]
-fn digest_is_sha256_of_the_combined_text() {
-    let hex = |s: &str| -> String {
-        Sha256::digest(s.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    };
+fn digest_is_the_root_over_the_chunk_digests() {
+    use sha2::{Digest, Sha256};
     for (v4, v6) in [
         ("*filter\nCOMMIT\n", ""),
         ("*filter\nCOMMIT\n", "*raw\nCOMMIT\n"),
         ("", ""),
     ] {
-        let c = Content {
-            v4: v4.into(),
-            v6: v6.into(),
-        };
-        assert_eq!(c.digest(), hex(&c.combined()), "{v4:?} {v6:?}");
+        let c = Content::new(v4.into(), v6.into());
+        let mut h = Sha256::new();
+        for t in [v4, if v6.is_empty() { "" } else { V6_SEPARATOR }, v6] {
+            for chunk in tree::split(t) {
+                h.update(Sha256::digest(chunk.as_bytes()));
+            }
+        }
+        assert_eq!(c.digest(), tree::hex(&h.finalize()), "{v4:?} {v6:?}");
+        assert_eq!(c.digest().len(), 64);
     }
     assert_ne!(
-        Content {
-            v4: "a".into(),
-            v6: String::new()
-        }
-        .digest(),
-        Content {
-            v4: "a".into(),
-            v6: "b".into()
-        }
-        .digest()
+        Content::new("a".into(), String::new()).digest(),
+        Content::new("a".into(), "b".into()).digest()
+    );
+    // A content changed through `family_mut` has the digest of its new text.
+    let mut c = Content::new("*filter\nCOMMIT\n".into(), String::new());
+    let before = c.digest();
+    c.family_mut(Family::Ipv4).push_str("*raw\nCOMMIT\n");
+    assert_ne!(c.digest(), before);
+    assert_eq!(
+        c.digest(),
+        Content::new("*filter\nCOMMIT\n*raw\nCOMMIT\n".into(), String::new()).digest()
     );
 }
 

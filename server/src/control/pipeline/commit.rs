@@ -411,13 +411,8 @@ impl Pipeline {
     ) {
         let number = persisted.revision.number;
         self.activated(ruleset, Some(number));
-        // For the next `--noflush` edit (a copy of the text: the revision row goes back to
-        // the caller).
-        self.keep_content(
-            ruleset,
-            number,
-            Arc::new(persisted.revision.content.clone()),
-        );
+        // For the next `--noflush` edit (shared with the revision row, not copied).
+        self.keep_content(ruleset, number, persisted.revision.content.clone());
         self.forget_not_loaded(ruleset).await;
         if let (Some(model), Origin::Request { texts, .. }) = (parsed, from) {
             let previous = PreviousParse { texts, model };

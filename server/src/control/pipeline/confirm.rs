@@ -67,7 +67,7 @@ impl Pipeline {
                             target: CommitTarget::New(NewRevision {
                                 ruleset: c.ruleset.clone(),
                                 priority: rs.priority,
-                                content: rev.content.clone(),
+                                content: (*rev.content).clone(),
                                 rule_count: rev.rule_count,
                                 author: "vallumd".into(),
                                 message: format!(

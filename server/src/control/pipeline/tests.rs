@@ -486,6 +486,8 @@ async fn the_published_content_is_kept_for_the_next_edit() {
             .expect("reads")
             .expect("stored")
             .content
+            .as_ref()
+            .clone()
     };
     let mut numbers = Vec::new();
     for rules in [3, 4] {

@@ -2,6 +2,9 @@
 //! in the binary ([`MIGRATIONS`]), applied in version order at open, each in its own
 //! `BEGIN IMMEDIATE` transaction together with its row in `schema_migrations`.
 //!
+//! A migration may have a second step in Rust ([`Migration::then`]) for what SQL cannot
+//! compute (the digests of `20261220090000_chunk_list_edits`), run in the same transaction.
+//!
 //! Forward-only, as before: a migration is never edited once released. Each applied
 //! migration's SHA-384 of its text is kept and compared at every open, so a build whose
 //! embedded file differs from the one that ran refuses to start; so does a database with a
@@ -11,7 +14,7 @@
 //! migrations in `_sqlx_migrations`: the first open imports those rows (sqlx keeps the same
 //! SHA-384 checksum) into `schema_migrations` and drops that table, in one transaction.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use sha2::{Digest, Sha384};
 
 use crate::error::{Error, Result};
@@ -25,10 +28,16 @@ pub(crate) struct Migration {
     pub(crate) name: &'static str,
     /// The SQL.
     pub(crate) sql: &'static str,
+    /// What the server computes after the SQL, in the same transaction (what SQL cannot,
+    /// e.g. sha256), if anything.
+    pub(crate) then: Option<fn(&Transaction<'_>) -> Result<()>>,
 }
 
 macro_rules! migration {
     ($version:literal, $name:literal) => {
+        migration!($version, $name, None)
+    };
+    ($version:literal, $name:literal, $then:expr) => {
         Migration {
             version: $version,
             name: $name,
@@ -39,6 +48,7 @@ macro_rules! migration {
                 $name,
                 ".sql"
             )),
+            then: $then,
         }
     };
 }
@@ -56,7 +66,29 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(20261218090000, "idempotency_requests"),
     migration!(20261218100000, "set_versions"),
     migration!(20261219093000, "idempotency_by_request_id"),
+    migration!(20261220090000, "chunk_list_edits", Some(tree_digests)),
 ];
+
+/// The second step of `20261220090000_chunk_list_edits`: every stored revision's digest
+/// becomes the root of its content's digest tree ([`crate::control::content::Content::digest`];
+/// it was the sha256 of the whole combined text). Reads each revision's text once, one at a
+/// time.
+///
+/// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] when a text cannot be joined back.
+fn tree_digests(tx: &Transaction<'_>) -> Result<()> {
+    let keys: Vec<(String, i64)> = tx
+        .prepare("SELECT ruleset, number FROM revisions ORDER BY ruleset, number")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut update =
+        tx.prepare("UPDATE revisions SET digest = ?1 WHERE ruleset = ?2 AND number = ?3")?;
+    for (ruleset, number) in &keys {
+        for c in super::chunks::contents(tx, &[(ruleset.as_str(), *number)])? {
+            update.execute(params![c.digest(), ruleset, number])?;
+        }
+    }
+    Ok(())
+}
 
 /// SHA-384 of a migration's text (what sqlx stored as its checksum).
 fn checksum_of(m: &Migration) -> Vec<u8> {
@@ -153,6 +185,9 @@ pub(crate) fn run_to(conn: &mut Connection, until: i64, now: i64) -> Result<()> 
         }
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute_batch(m.sql).map_err(|e| failed(m.version, e))?;
+        if let Some(then) = m.then {
+            then(&tx).map_err(|e| failed(m.version, e))?;
+        }
         tx.execute(
             "INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
             params![

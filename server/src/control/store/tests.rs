@@ -17,10 +17,7 @@ fn new_rev(name: &str, text: &str) -> NewRevision {
     NewRevision {
         ruleset: name.into(),
         priority: 0,
-        content: Content {
-            v4: text.into(),
-            v6: String::new(),
-        },
+        content: Content::new(text.into(), String::new()),
         rule_count: 1,
         author: "test".into(),
         message: "m".into(),
@@ -107,13 +104,15 @@ async fn a_database_made_by_the_two_driver_store_migrates_in_place() {
         }
         s + "COMMIT\n"
     };
-    let content = |k: usize| Content {
-        v4: text(k, "10.0."),
-        v6: if k % 2 == 0 {
-            text(k, "2001:db8:")
-        } else {
-            String::new()
-        },
+    let content = |k: usize| {
+        Content::new(
+            text(k, "10.0."),
+            if k % 2 == 0 {
+                text(k, "2001:db8:")
+            } else {
+                String::new()
+            },
+        )
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.db");
@@ -128,7 +127,7 @@ async fn a_database_made_by_the_two_driver_store_migrates_in_place() {
     assert_eq!(a.iter().map(|r| r.number).collect::<Vec<_>>(), [4, 5, 6, 7]);
     for r in &a {
         let k = r.number as usize - 1;
-        assert_eq!(r.content, content(k), "a/{}", r.number);
+        assert_eq!(*r.content, content(k), "a/{}", r.number);
         assert_eq!(r.digest, r.content.digest());
         assert_eq!(
             (r.author.clone(), r.message.clone()),
@@ -140,9 +139,12 @@ async fn a_database_made_by_the_two_driver_store_migrates_in_place() {
     use RevisionState::*;
     assert_eq!(states, [Superseded, Superseded, Active, Staged]);
     let b = store.get_revision("b", 1).await.unwrap().unwrap();
-    assert_eq!((b.content.clone(), b.state), (content(2), PendingConfirm));
+    assert_eq!(
+        ((*b.content).clone(), b.state),
+        (content(2), PendingConfirm)
+    );
     let c = store.get_revision("c", 1).await.unwrap().unwrap();
-    assert_eq!(c.content, Content::default());
+    assert_eq!(*c.content, Content::default());
     let rs = store.get_ruleset("a").await.unwrap().unwrap();
     assert_eq!(
         (rs.priority, rs.active_revision, rs.latest_revision),
@@ -194,7 +196,7 @@ async fn a_database_made_by_the_two_driver_store_migrates_in_place() {
         .unwrap();
     assert_eq!(p.revision.number, 8);
     assert_eq!(
-        store.get_revision("a", 8).await.unwrap().unwrap().content,
+        *store.get_revision("a", 8).await.unwrap().unwrap().content,
         content(3)
     );
     assert_refs_exact(&store).await;
@@ -314,38 +316,60 @@ async fn chunk_count(store: &Store) -> (i64, i64) {
     )
 }
 
-/// Every stored chunk is named by some list, its count is the number of list rows naming
-/// it, and it has its text; every list row names a stored chunk; every list's positions
-/// run 0.. without a gap, and SQLite finds no foreign key violation.
+/// Every stored chunk is named by some list entry or edit, its count is the number of
+/// entries and edits naming it, and it has its text; every entry and edit names a stored
+/// chunk; every list's positions run 0.. without a gap; every revision names a stored list,
+/// every list is named and counts the revisions naming it; SQLite finds no foreign key
+/// violation.
 async fn assert_refs_exact(store: &Store) {
     let unnamed = count(
         store,
         "SELECT COUNT(*) FROM chunks c WHERE NOT EXISTS \
-             (SELECT 1 FROM revision_chunk_list l WHERE l.chunk = c.id)",
+             (SELECT 1 FROM chunk_list_entries l WHERE l.chunk = c.id) AND NOT EXISTS \
+             (SELECT 1 FROM revision_chunk_edits e WHERE e.chunk = c.id)",
     )
     .await;
     assert_eq!(unnamed, 0, "chunks no list names");
     let miscounted = count(
         store,
         "SELECT COUNT(*) FROM chunks c WHERE c.refs <> \
-             (SELECT COUNT(*) FROM revision_chunk_list l WHERE l.chunk = c.id)",
+             (SELECT COUNT(*) FROM chunk_list_entries l WHERE l.chunk = c.id) + \
+             (SELECT COUNT(*) FROM revision_chunk_edits e WHERE e.chunk = c.id)",
     )
     .await;
-    assert_eq!(miscounted, 0, "chunks whose count is not their list rows");
+    assert_eq!(
+        miscounted, 0,
+        "chunks whose count is not their entries and edits"
+    );
     let dangling = count(
         store,
-        "SELECT COUNT(*) FROM revision_chunk_list l WHERE NOT EXISTS \
-             (SELECT 1 FROM chunks c WHERE c.id = l.chunk)",
+        "SELECT COUNT(*) FROM (SELECT chunk FROM chunk_list_entries UNION ALL \
+             SELECT chunk FROM revision_chunk_edits WHERE chunk IS NOT NULL) l \
+             WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.id = l.chunk)",
     )
     .await;
-    assert_eq!(dangling, 0, "list rows naming no chunk");
+    assert_eq!(dangling, 0, "entries or edits naming no chunk");
     let gaps = count(
         store,
-        "SELECT COUNT(*) FROM (SELECT ruleset, number, family FROM revision_chunk_list \
-             GROUP BY ruleset, number, family HAVING MAX(position) + 1 <> COUNT(*))",
+        "SELECT COUNT(*) FROM (SELECT list, family FROM chunk_list_entries \
+             GROUP BY list, family HAVING MAX(position) + 1 <> COUNT(*))",
     )
     .await;
     assert_eq!(gaps, 0, "lists with gaps");
+    let lists = count(
+        store,
+        "SELECT COUNT(*) FROM chunk_lists k WHERE k.refs = 0 OR k.refs <> \
+             (SELECT COUNT(*) FROM revisions r WHERE r.chunk_list = k.id)",
+    )
+    .await;
+    assert_eq!(lists, 0, "lists unnamed or miscounted");
+    let listless = count(
+        store,
+        "SELECT COUNT(*) FROM revisions r WHERE NOT EXISTS \
+             (SELECT 1 FROM chunk_lists k WHERE k.id = r.chunk_list)",
+    )
+    .await;
+    assert_eq!(listless, 0, "revisions without a list");
     let violations = store
         .readers
         .run(|tx| {
@@ -441,7 +465,7 @@ async fn revisions_share_chunks_and_release_them() {
     let kept = store.list_revisions("a", 0, 100).await.unwrap();
     assert_eq!(kept.iter().map(|r| r.number).collect::<Vec<_>>(), [4, 5, 6]);
     for r in &kept {
-        assert_eq!(r.content, texts[r.number as usize - 1]);
+        assert_eq!(*r.content, texts[r.number as usize - 1]);
         assert_eq!(r.digest, r.content.digest());
     }
     // One copy of each text plus the changed chunk of each kept revision.
@@ -452,23 +476,19 @@ async fn revisions_share_chunks_and_release_them() {
         c >= one && c <= one + 2 * 3,
         "{c} chunks for {one} per revision"
     );
-    let refs = count(
-        &store,
-        "SELECT COUNT(*) FROM (SELECT DISTINCT ruleset, number, family, chunk \
-             FROM revision_chunk_list)",
-    )
-    .await;
-    let distinct = |t: &str| {
-        chunks::split(t)
-            .into_iter()
-            .collect::<std::collections::HashSet<_>>()
-            .len() as i64
-    };
-    let expect: i64 = kept
-        .iter()
-        .map(|r| distinct(&r.content.v4) + distinct(&r.content.v6))
-        .sum();
-    assert_eq!(refs, expect);
+    // Storage in proportion to the change: the kept revisions share the first revision's
+    // key frame (one full list, kept though revision 1 was pruned) and each adds an edit row
+    // or two (its changed chunk; two when the change moved a boundary).
+    assert_eq!(
+        count(&store, "SELECT COUNT(DISTINCT chunk_list) FROM revisions").await,
+        1
+    );
+    assert_eq!(
+        count(&store, "SELECT COUNT(*) FROM chunk_list_entries").await,
+        one
+    );
+    let edits = count(&store, "SELECT COUNT(*) FROM revision_chunk_edits").await;
+    assert!((3..=3 * 3).contains(&edits), "{edits} edit rows");
     assert_refs_exact(&store).await;
     assert!(store.delete_ruleset("a", None).await.unwrap());
     assert_eq!(chunk_count(&store).await, (0, 0));
@@ -738,7 +758,7 @@ async fn chunk_batches_and_sharing_keep_counts_exact() {
             };
             assert_refs_exact(&store).await;
             let back = store.get_revision(name, p.number).await.unwrap().unwrap();
-            assert_eq!(back.content, content, "{name} k={k}");
+            assert_eq!(*back.content, content, "{name} k={k}");
             for r in store.list_revisions(name, 0, 100).await.unwrap() {
                 assert_eq!(r.digest, r.content.digest());
             }
@@ -903,11 +923,17 @@ async fn sqlite_enforces_the_chunk_counts() {
         .unwrap();
     let n = i64_of(p.revision.number);
     for sql in [
-        "INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) \
-             VALUES ('a', ?1, 6, 0, 999999)",
-        "DELETE FROM chunks WHERE id = (SELECT chunk FROM revision_chunk_list WHERE number = ?1)",
-        "UPDATE revision_chunk_list SET chunk = chunk WHERE number = ?1",
-        "UPDATE chunks SET refs = -1 WHERE id = (SELECT chunk FROM revision_chunk_list WHERE number = ?1)",
+        "INSERT INTO revision_chunk_edits (ruleset, number, family, seq, at, removed, chunk) \
+             VALUES ('a', ?1, 6, 0, 0, 0, 999999)",
+        "INSERT INTO chunk_list_entries (list, family, position, chunk) \
+             VALUES ((SELECT chunk_list FROM revisions WHERE number = ?1), 6, 0, 999999)",
+        "DELETE FROM chunks WHERE id = (SELECT chunk FROM chunk_list_entries \
+             WHERE list = (SELECT chunk_list FROM revisions WHERE number = ?1))",
+        "UPDATE chunk_list_entries SET chunk = chunk \
+             WHERE list = (SELECT chunk_list FROM revisions WHERE number = ?1)",
+        "UPDATE chunks SET refs = -1 WHERE id = (SELECT chunk FROM chunk_list_entries \
+             WHERE list = (SELECT chunk_list FROM revisions WHERE number = ?1))",
+        "DELETE FROM chunk_lists WHERE id = (SELECT chunk_list FROM revisions WHERE number = ?1)",
     ] {
         let r = store.writer.run(move |tx| Ok(tx.execute(sql, [n])?)).await;
         assert!(r.is_err(), "{sql} was allowed");
@@ -1145,4 +1171,189 @@ async fn a_failed_fsync_fails_every_later_wait() {
     let full = store.clone().with_durability(Durability::Full);
     let e = full.stage(new_rev("t", "two"), None).await.unwrap_err();
     assert!(e.to_string().contains("restart vallumd"), "{e}");
+}
+
+/// A database written by the build before key frames (every migration up to
+/// `20261219093000`, revisions stored the old way: one list row per chunk, digest the sha256
+/// of the whole combined text) migrates: every old revision reads back byte for byte with
+/// its digest now the tree's root, the counts are exact, and the next commits store edits
+/// against a key frame and prune the old revisions.
+#[tokio::test]
+async fn old_chunk_lists_migrate_to_key_frames() {
+    use sha2::{Digest, Sha256};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.db");
+    let text = |k: usize, fam: &str| {
+        let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for i in 0..2500 {
+            let port = if i == 100 * k { 30_000 + k } else { i };
+            s.push_str(&format!(
+                "-A INPUT -s {fam}{}.0/24 -p tcp -m tcp --dport {port} -j ACCEPT\n",
+                i % 250
+            ));
+        }
+        s + "COMMIT\n"
+    };
+    let contents: Vec<Content> = (0..6)
+        .map(|k| {
+            let v6 = if k % 2 == 0 {
+                text(k, "2001:db8:")
+            } else {
+                String::new()
+            };
+            Content::new(text(k, "10.9."), v6)
+        })
+        .collect();
+    {
+        let mut conn = old_db(&path, 20261219093000);
+        let tx = conn.transaction().unwrap();
+        tx.execute(
+            "INSERT INTO rulesets (name, priority, etag, active_revision, latest_revision, created_at, updated_at) \
+             VALUES ('a', 0, 'e', 6, 6, 1, 1)",
+            [],
+        )
+        .unwrap();
+        for (i, c) in contents.iter().enumerate() {
+            let n = i as i64 + 1;
+            // The old digest: sha256 of the combined text.
+            let old: String = Sha256::digest(c.combined().as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let state = if n == 6 { "ACTIVE" } else { "SUPERSEDED" };
+            tx.execute(
+                "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
+                 VALUES ('a', ?1, NULL, ?2, 2500, 't', 'm', ?3, 1)",
+                params![n, old, state],
+            )
+            .unwrap();
+            // The old `put`: each chunk once by sha256, one list row per chunk.
+            for (family, t) in [(4, &c.v4), (6, &c.v6)] {
+                for (pos, chunk) in chunks::split(t).into_iter().enumerate() {
+                    let d = Sha256::digest(chunk.as_bytes()).to_vec();
+                    let id: Option<i64> = tx
+                        .query_row("SELECT id FROM chunks WHERE digest = ?1", [&d], |r| {
+                            r.get(0)
+                        })
+                        .optional()
+                        .unwrap();
+                    let id = match id {
+                        Some(id) => id,
+                        None => {
+                            tx.execute("INSERT INTO chunks (digest) VALUES (?1)", [&d])
+                                .unwrap();
+                            let id = tx.last_insert_rowid();
+                            tx.execute(
+                                "INSERT INTO chunk_texts (id, text) VALUES (?1, ?2)",
+                                params![id, chunk],
+                            )
+                            .unwrap();
+                            id
+                        }
+                    };
+                    tx.execute(
+                        "INSERT INTO revision_chunk_list (ruleset, number, family, position, chunk) \
+                         VALUES ('a', ?1, ?2, ?3, ?4)",
+                        params![n, family, pos as i64, id],
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        tx.commit().unwrap();
+    }
+    let store = Store::open(&path).await.unwrap().with_revisions_kept(6);
+    assert_refs_exact(&store).await;
+    let back = store.list_revisions("a", 0, 100).await.unwrap();
+    assert_eq!(back.len(), 6);
+    for r in &back {
+        let c = &contents[r.number as usize - 1];
+        assert_eq!(
+            (r.content.v4.as_bytes(), r.content.v6.as_bytes()),
+            (c.v4.as_bytes(), c.v6.as_bytes()),
+            "revision {}",
+            r.number
+        );
+        assert_eq!(r.digest, Content::new(c.v4.clone(), c.v6.clone()).digest());
+    }
+    // The next commits: a key frame, then edits against it; the migrated revisions are
+    // pruned one by one with their own lists.
+    for k in 6..12 {
+        store
+            .persist_commit(commit(
+                "a",
+                CommitTarget::New(NewRevision {
+                    content: Content::new(text(k, "10.9."), String::new()),
+                    ..new_rev("a", "")
+                }),
+            ))
+            .await
+            .unwrap();
+        assert_refs_exact(&store).await;
+    }
+    let back = store.list_revisions("a", 0, 100).await.unwrap();
+    assert_eq!(
+        back.iter().map(|r| r.number).collect::<Vec<_>>(),
+        (7..=12).collect::<Vec<u64>>()
+    );
+    for r in &back {
+        assert_eq!(r.content.v4, text(r.number as usize - 1, "10.9."));
+        assert_eq!(r.digest, r.content.digest());
+    }
+    assert_eq!(
+        count(&store, "SELECT COUNT(DISTINCT chunk_list) FROM revisions").await,
+        1
+    );
+}
+
+/// Storage in proportion to the change: one-rule commits to a 10k-rule ruleset (200 chunks),
+/// with the oldest of 5 kept revisions pruned by each, change a few dozen rows each (the
+/// revision, commit and ruleset rows, the new chunk, an edit row or two, the prune's, and
+/// the count triggers' updates), not one list row per chunk as a full list did (~4 rows per
+/// chunk with its trigger and its prune: ~800). Every kept revision reads back.
+#[tokio::test]
+async fn a_one_rule_commit_writes_rows_in_proportion_to_the_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db"))
+        .await
+        .unwrap()
+        .with_revisions_kept(5);
+    let text = |k: usize| {
+        let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
+        for i in 0..10_000 {
+            // Revision k changes rule 37 * k (spread over the text).
+            let port = if i == 37 * k { 40_000 + k } else { i % 60_000 };
+            s.push_str(&format!(
+                "-A INPUT -s 10.{}.{}.0/24 -p tcp -m tcp --dport {port} -j ACCEPT\n",
+                i / 256 % 256,
+                i % 256
+            ));
+        }
+        s + "COMMIT\n"
+    };
+    let changes = async || -> u64 { store.writer.run(|tx| Ok(tx.total_changes())).await.unwrap() };
+    let chunks_per_text = chunks::split(&text(0)).len() as u64;
+    assert!(chunks_per_text > 100, "{chunks_per_text} chunks");
+    let mut per_commit = Vec::new();
+    for k in 0..30 {
+        let before = changes().await;
+        store
+            .persist_commit(commit("a", CommitTarget::New(new_rev("a", &text(k)))))
+            .await
+            .unwrap();
+        per_commit.push(changes().await - before);
+    }
+    // The first wrote the key frame: at least a row per chunk.
+    assert!(per_commit[0] >= chunks_per_text, "{per_commit:?}");
+    let edits = &per_commit[1..];
+    assert!(
+        edits.iter().all(|n| *n <= 40),
+        "rows changed per one-rule commit: {edits:?} ({chunks_per_text} chunks)"
+    );
+    eprintln!("rows changed per one-rule commit: {edits:?} ({chunks_per_text} chunks)");
+    assert_refs_exact(&store).await;
+    for r in store.list_revisions("a", 0, 100).await.unwrap() {
+        assert_eq!(r.content.v4, text(r.number as usize - 1));
+        assert_eq!(r.digest, r.content.digest());
+    }
 }

@@ -21,6 +21,8 @@
 //! ([`super::flush`]); [`Writer::run`] waits for that when the store's [`Durability`] is
 //! `Full`, [`Writer::run_unsynced`] leaves the wait to its caller. Readers are `query_only`.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -120,6 +122,9 @@ impl Readers {
 #[derive(Clone, Debug)]
 pub(crate) struct Writer {
     conn: Arc<[Mutex<Connection>]>,
+    /// What the writer remembers of each ruleset's chunk lists ([`chunks::Lists`]), as of
+    /// the last committed transaction.
+    lists: Arc<Mutex<chunks::Lists>>,
     flusher: Flusher,
     /// What [`Writer::run`] waits for.
     durability: Durability,
@@ -148,6 +153,7 @@ impl Writer {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(Writer {
             conn: Arc::new([Mutex::new(conn)]),
+            lists: Arc::default(),
             flusher: Flusher::start(path)?,
             durability: Durability::Full,
         })
@@ -191,11 +197,28 @@ impl Writer {
         F: FnOnce(&Tx<'_>) -> Result<T> + Send + 'static,
     {
         let flusher = self.flusher.clone();
+        let lists = self.lists.clone();
         let (out, mark) = on_blocking(self.conn.clone(), 0, move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = f(&tx)?;
-            chunks::delete_unused(&tx)?;
-            tx.commit()?;
+            let mut lists = lists.lock().unwrap_or_else(|e| e.into_inner());
+            let (out, changed) = {
+                let tx = Tx {
+                    tx: conn.transaction_with_behavior(TransactionBehavior::Immediate)?,
+                    lists: &lists,
+                    changed: RefCell::default(),
+                };
+                let out = f(&tx)?;
+                chunks::delete_unused(&tx)?;
+                let Tx { tx, changed, .. } = tx;
+                tx.commit()?;
+                (out, changed.into_inner())
+            };
+            // Remembered only once committed (a rolled back list is not stored).
+            for (ruleset, last) in changed {
+                match last {
+                    Some(l) => lists.insert(ruleset, l),
+                    None => lists.remove(&ruleset),
+                };
+            }
             // Under the connection's lock: marks follow the WAL's order.
             Ok((out, flusher.wrote()))
         })
@@ -232,8 +255,39 @@ impl Writer {
     }
 }
 
-/// One write transaction of [`Writer::run`]; [`chunks::delete_unused`] runs at its end.
-pub(crate) type Tx<'c> = Transaction<'c>;
+/// One write transaction of [`Writer::run`] (a [`Transaction`] by `Deref`), with what the
+/// writer remembers of the rulesets' chunk lists ([`chunks::Lists`]) and what this
+/// transaction changes of it (kept once it commits); [`chunks::delete_unused`] runs at its
+/// end.
+pub(crate) struct Tx<'c> {
+    tx: Transaction<'c>,
+    lists: &'c chunks::Lists,
+    /// Per ruleset, what to remember after the commit (`None`: forget it).
+    changed: RefCell<HashMap<String, Option<chunks::Last>>>,
+}
+
+impl<'c> std::ops::Deref for Tx<'c> {
+    type Target = Transaction<'c>;
+
+    fn deref(&self) -> &Transaction<'c> {
+        &self.tx
+    }
+}
+
+impl Tx<'_> {
+    /// What the writer remembers of `ruleset`'s lists, as this transaction left it.
+    fn last(&self, ruleset: &str) -> Option<chunks::Last> {
+        match self.changed.borrow().get(ruleset) {
+            Some(l) => l.clone(),
+            None => self.lists.get(ruleset).cloned(),
+        }
+    }
+
+    /// Remembers `last` for `ruleset` (`None`: forgets it) once this transaction commits.
+    fn remember(&self, ruleset: &str, last: Option<chunks::Last>) {
+        self.changed.borrow_mut().insert(ruleset.to_string(), last);
+    }
+}
 
 /// The ruleset row of `name`, if any.
 pub(crate) fn ruleset(tx: &Tx<'_>, name: &str) -> Result<Option<RulesetRow>> {
@@ -288,10 +342,12 @@ pub(crate) fn insert_revision(
     now: i64,
 ) -> Result<RevisionRow> {
     let number = rs.latest_revision + 1;
-    let digest = new.content.digest();
+    let content = Arc::new(new.content);
+    let put = chunks::put(tx, tx.last(&rs.name).as_ref(), &content)?;
+    let digest = content.layout().root_hex();
     tx.prepare_cached(
-        "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO revisions (ruleset, number, parent, digest, rule_count, author, message, state, created_at, chunk_list) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?
     .execute(params![
         rs.name,
@@ -302,15 +358,17 @@ pub(crate) fn insert_revision(
         new.author,
         new.message,
         state.as_str(),
-        now
+        now,
+        put.list
     ])?;
-    chunks::put(tx, &rs.name, i64_of(number), &new.content)?;
+    chunks::put_edits(tx, &rs.name, i64_of(number), &put.edits)?;
+    tx.remember(&rs.name, Some(put.last));
     Ok(RevisionRow {
         ruleset: rs.name.clone(),
         number,
         parent: rs.active_revision,
         digest,
-        content: new.content,
+        content,
         rule_count: new.rule_count,
         author: new.author,
         message: new.message,
@@ -399,12 +457,15 @@ pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry, at: i64) -> Result<i64> 
 }
 
 /// Deletes revisions of `ruleset` (`number` = `Some(n)`: that one only; `None`: all) with
-/// their chunk lists (`ON DELETE CASCADE`; the chunks no other list names are deleted at the
-/// end of the transaction).
+/// their chunk edits (`ON DELETE CASCADE`; the key frames and chunks nothing names any more
+/// are deleted at the end of the transaction, [`chunks::delete_unused`]).
 pub(crate) fn delete_revisions(tx: &Tx<'_>, ruleset: &str, number: Option<u64>) -> Result<()> {
     let n = number.map(i64_of);
     tx.prepare_cached("DELETE FROM revisions WHERE ruleset = ?1 AND (?2 IS NULL OR number = ?2)")?
         .execute(params![ruleset, n])?;
+    if number.is_none() {
+        tx.remember(ruleset, None);
+    }
     Ok(())
 }
 

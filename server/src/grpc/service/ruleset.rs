@@ -105,7 +105,7 @@ impl RulesetApi {
                     // Its text as the last commit left it in memory, else from the store.
                     let content = match pipeline.active_content(name, n) {
                         Some(c) => c,
-                        None => Arc::new(
+                        None => {
                             store
                                 .get_revision(name, n)
                                 .await?
@@ -114,8 +114,8 @@ impl RulesetApi {
                                         "active revision {n} of {name} is not stored"
                                     ))
                                 })?
-                                .content,
-                        ),
+                                .content
+                        }
                     };
                     content::Base {
                         content,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 use vallum_engine::model::{Family, Ruleset};
-use vallum_engine::packet::PacketMeta;
 use vallum_engine::packet::parse::{ip_packet, network_packet, parse_ethernet, parse_ip};
 use vallum_engine::packet::pcap::read_capture;
+use vallum_engine::packet::{Packet, PacketFacts, PacketMeta};
 use vallum_engine::snapshot::{Snapshot, Trace, Verdict};
 use vallum_proto::v1 as pb;
 use vallum_proto::v1::trace_service_server::TraceService;
@@ -142,8 +142,8 @@ pub fn packet_event_pb(d: &events::Delivered) -> pb::PacketEvent {
         protocol: u32::from(p.protocol),
         source_port: u32::from(p.sport),
         destination_port: u32::from(p.dport),
-        in_interface: p.in_iface.as_str().to_owned(),
-        out_interface: p.out_iface.as_str().to_owned(),
+        in_interface: p.facts.in_iface.as_str().to_owned(),
+        out_interface: p.facts.out_iface.as_str().to_owned(),
         length: p.len,
         lost_before: d.lost_before,
     }
@@ -225,9 +225,13 @@ impl TraceService for TraceApi {
                 // A staged snapshot shares the active one's unchanged chains, and with them their
                 // `-m connlimit` lists: count against the live table too.
                 let ct = engine.conntrack();
-                let trace = snap.trace_tracked(&packet, bytes, now, ct, |p| {
+                let trace = snap.trace_tracked(&packet, bytes, now, ct, |p, f| {
                     if let (Some(ct), true) = (ct, lookup) {
-                        p.ct_state = ct.peek(p, now).ct_state();
+                        let whole = Packet {
+                            meta: *p,
+                            facts: *f,
+                        };
+                        p.ct_state = ct.peek(&whole, now).ct_state();
                     }
                     None
                 });
@@ -257,11 +261,16 @@ impl TraceService for TraceApi {
                 reason: Reason::BadCapture,
                 violations: vec![crate::error::FieldViolation::new("capture", e.to_string())],
             })?;
-            let base = PacketMeta {
-                hook: convert::hook("hook", r.hook)?,
-                in_iface: vallum_engine::packet::IfName::new(&r.in_interface)
-                    .ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
-                ..PacketMeta::default()
+            let base = Packet {
+                meta: PacketMeta {
+                    hook: convert::hook("hook", r.hook)?,
+                    ..PacketMeta::default()
+                },
+                facts: PacketFacts {
+                    in_iface: vallum_engine::packet::IfName::new(&r.in_interface)
+                        .ok_or_else(|| Error::invalid("in_interface", "at most 15 bytes"))?,
+                    ..PacketFacts::default()
+                },
             };
             let staged = if r.revision.is_empty() {
                 None
@@ -297,7 +306,7 @@ impl TraceService for TraceApi {
 /// non-empty frame (nothing to trace: an answer would be the verdict of an all-zero packet),
 /// on `frame` when `raw_ip` is set without a frame or the frame does not parse, and the
 /// `packet.*` paths of [`convert::packet`].
-pub fn traced_packet(r: &pb::TracePacketRequest) -> Result<PacketMeta> {
+pub fn traced_packet(r: &pb::TracePacketRequest) -> Result<Packet> {
     if r.frame.is_empty() {
         if r.raw_ip {
             return Err(Error::invalid(
@@ -331,7 +340,7 @@ type FlowKey = (Family, IpAddr, IpAddr, u8, u16, u16);
 /// staged snapshot; counts verdicts and collects flows whose verdict differs.
 pub fn replay(
     packets: &[vallum_engine::packet::pcap::CapturedPacket],
-    base: PacketMeta,
+    base: Packet,
     engine: &vallum_engine::engine::Engine,
     staged: Option<&Snapshot>,
     now: u64,

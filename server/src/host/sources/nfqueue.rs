@@ -218,7 +218,7 @@ mod linux {
     use vallum_engine::Clock;
     use vallum_engine::engine::EngineWorker;
     use vallum_engine::packet::parse::parse_ip;
-    use vallum_engine::packet::{IfName, PacketMeta};
+    use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
     use vallum_engine::snapshot::Verdict;
 
     use std::sync::Arc;
@@ -802,31 +802,36 @@ mod linux {
         r == 0 && unsafe { req.ifr_ifru.ifru_hwaddr.sa_family } == libc::ARPHRD_ETHER
     }
 
-    /// Builds the [`PacketMeta`] of a queued packet; `None` when the hook is unknown or the
-    /// bytes do not parse.
+    /// Builds the [`Packet`] of a queued packet (its hot part and its facts); `None` when the
+    /// hook is unknown or the bytes do not parse.
     ///
     /// The source MAC (`-m mac`) is `NFQA_HWADDR` when the input device is Ethernet: mac_mt
     /// matches nothing on other devices (loopback sends an all-zero address).
     /// The facts field `facts` (`--nfqueue-facts-mark`) of the mark is handed as
     /// `kernel_facts` (its lowest bit first) and cleared from the mark the rules see.
-    fn meta(p: &PacketMsg<'_>, names: &mut IfNames, now_ns: u64, facts: u32) -> Option<PacketMeta> {
+    fn meta(p: &PacketMsg<'_>, names: &mut IfNames, now_ns: u64, facts: u32) -> Option<Packet> {
         let (in_iface, in_ether) = names.link(p.indev, now_ns);
-        let base = PacketMeta {
-            hook: hook_from_netfilter(p.hook)?,
-            in_iface,
-            out_iface: names.get(p.outdev, now_ns),
-            phys_in: names.get(p.physindev, now_ns),
-            phys_out: names.get(p.physoutdev, now_ns),
-            mark: p.mark & !facts,
-            kernel_facts: (p.mark & facts) >> (facts.trailing_zeros() % 32),
-            src_mac: p.hw_addr.filter(|_| in_ether),
-            ct_nat: ct_nat(p.ct_status),
-            // Only the kernel knows the destination before its DNAT (--ctorigdst).
-            ct_orig_dst: p
-                .ct_orig_dst
-                .filter(|_| ct_nat(p.ct_status) & vallum_engine::model::ct_state::DNAT != 0),
-            owner: p.uid.zip(p.gid),
-            ..PacketMeta::default()
+        let base = Packet {
+            meta: PacketMeta {
+                hook: hook_from_netfilter(p.hook)?,
+                mark: p.mark & !facts,
+                ..PacketMeta::default()
+            },
+            facts: PacketFacts {
+                in_iface,
+                out_iface: names.get(p.outdev, now_ns),
+                phys_in: names.get(p.physindev, now_ns),
+                phys_out: names.get(p.physoutdev, now_ns),
+                kernel_facts: (p.mark & facts) >> (facts.trailing_zeros() % 32),
+                src_mac: p.hw_addr.filter(|_| in_ether),
+                ct_nat: ct_nat(p.ct_status),
+                // Only the kernel knows the destination before its DNAT (--ctorigdst).
+                ct_orig_dst: p
+                    .ct_orig_dst
+                    .filter(|_| ct_nat(p.ct_status) & vallum_engine::model::ct_state::DNAT != 0),
+                owner: p.uid.zip(p.gid),
+                ..PacketFacts::default()
+            },
         };
         parse_ip(p.payload, base).ok()
     }
@@ -855,6 +860,7 @@ mod linux {
         let mut state = Batch {
             drain: Drain::default(),
             packets: [PacketMeta::default(); BATCH],
+            facts: [PacketFacts::default(); BATCH],
             verdicts: [Verdict::Accept; BATCH],
             cut: [false; BATCH],
             skipped: [false; BATCH],
@@ -918,7 +924,8 @@ mod linux {
                         Some(pm) if more && pm.l4_cut.is_some() => (p.id, WHOLE, p.mark),
                         None if more => (p.id, WHOLE, p.mark),
                         Some(pm) => {
-                            state.packets[k] = pm;
+                            state.packets[k] = pm.meta;
+                            state.facts[k] = pm.facts;
                             state.cut[k] = more;
                             state.kernel_ct[k] = p.ct_info;
                             headers[k] = p.payload;
@@ -999,6 +1006,9 @@ mod linux {
     struct Batch {
         drain: Drain,
         packets: [PacketMeta; BATCH],
+        /// `facts[i]`: the facts of `packets[i]` (interfaces, bridge ports, MAC, owner, the
+        /// kernel's NAT and steering facts, parsed header extras).
+        facts: [PacketFacts; BATCH],
         verdicts: [Verdict; BATCH],
         /// Whether `packets[i]`'s bytes are cut short of the packet by the copy range, with
         /// more to be had.
@@ -1038,6 +1048,7 @@ mod linux {
             // The IP packets themselves go along for `-m string`.
             let batch = vallum_engine::engine::Batch {
                 packets: &mut self.packets[..k],
+                facts: &mut self.facts[..k],
                 verdicts: &mut self.verdicts[..k],
                 bytes: &headers[..k],
                 cut: &self.cut[..k],
@@ -1140,6 +1151,7 @@ mod linux {
                 worker,
                 events,
                 &self.packets[..k],
+                &self.facts[..k],
                 &self.verdicts[..k],
                 &headers[..k],
             );

@@ -342,7 +342,7 @@ async fn unchanged(
     let Some(rev) = store.get_revision(name, n).await? else {
         return Ok(None);
     };
-    if rev.content != checked.content {
+    if *rev.content != checked.content {
         return Ok(None);
     }
     Ok(Some(pb::CommitResult {
