@@ -185,6 +185,12 @@ pub enum NfqueueMode {
 /// (0xffff0000) covers it, so with Calico pick a bit outside Calico's `iptablesMarkMask`.
 pub const DEFAULT_CONTINUE_MARK: u32 = 0x4000_0000;
 
+/// The default of `--worker-nice`: the packet workers run 10 nice steps below the rest of
+/// vallumd (weight 110 against 1024 under CFS), so a one-rule edit under traffic costs about
+/// what it costs idle (BENCHMARKS.md "Drop-in iptables": 5-6x idle with the workers at
+/// vallumd's own nice, 0.9-2.1x at 10 steps below, same run).
+pub const DEFAULT_WORKER_NICE: i32 = 10;
+
 /// Parses a mark bit: `0x40000000` (hex) or decimal, exactly one bit set.
 ///
 /// Errors: a message naming the value (not a number, zero, or more than one bit).
@@ -478,11 +484,13 @@ pub struct Config {
     #[arg(long, env = "VALLUM_QUEUE_MAXLEN", value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_maxlen: Option<u32>,
 
-    /// The nice value of the packet workers' threads (0..=19; 0: vallumd's own): higher lets
-    /// the control plane (API calls, commits) run first on a core the workers keep busy;
-    /// with nothing else to run the workers still get every core. See docs/operations.md
-    /// "Control plane under traffic".
-    #[arg(long, env = "VALLUM_WORKER_NICE", default_value_t = 0,
+    /// How many nice steps the packet workers' threads run below the rest of vallumd (0..=19;
+    /// 0: at vallumd's own; the workers' nice is vallumd's plus this, at most 19): the control
+    /// plane (API calls, commits) then runs first on a core the workers keep busy; with
+    /// nothing else to run the workers still get every core. Default 10 (a one-rule edit under
+    /// traffic costs about its idle cost, not 5x). See docs/operations.md "Control plane under
+    /// traffic".
+    #[arg(long, env = "VALLUM_WORKER_NICE", default_value_t = DEFAULT_WORKER_NICE,
           value_parser = clap::value_parser!(i32).range(0..=19))]
     pub worker_nice: i32,
 

@@ -10,9 +10,9 @@
 //!   bound is a startup error. `--rate` does not apply.
 //!
 //! `--rate` paces the total over all cores (each core gets `rate / cores`); 0 is full speed.
-//! `--worker-nice` lowers every worker thread's scheduling priority (`lower_priority`), so the
-//! control plane (gRPC, the commit's compile and store threads, at nice 0) is not starved
-//! when the workers decide packets on every core.
+//! `--worker-nice` (default 10) runs every worker thread that many nice steps below the rest
+//! of vallumd (`lower_priority`), so the control plane (gRPC, the commit's compile and store
+//! threads) is not starved when the workers decide packets on every core.
 //! [`Sources::stop`] asks every thread to finish its batch and joins them.
 //!
 //! After each batch a core drains its `-j LOG` ring and, when a subscriber asks for them,
@@ -237,26 +237,35 @@ fn spawn_worker(
         .map_err(|e| Error::io(format!("spawn core {core}"), e))
 }
 
-/// Sets the calling thread's nice value to `nice` (0..=19; 0 leaves it): on Linux nice is per
-/// thread (`setpriority(PRIO_PROCESS, gettid())`, sched(7)), and a higher value needs no
-/// privilege. Under the CFS scheduler a nice-10 worker weighs 110 against the 1024 of a
-/// nice-0 thread, so a control-plane thread that wakes on a busy core runs almost at once
-/// and takes ~90% of it while it has work; with nothing else to run the worker still gets the
-/// whole core. A failure is logged (the worker runs at its inherited priority).
+/// Lowers the calling thread's priority by `steps` nice steps (0..=19; 0 leaves it) below the
+/// nice it inherited from vallumd (at most nice 19): on Linux nice is per thread
+/// (`setpriority(PRIO_PROCESS, gettid())`, sched(7)), a new thread starts with its creator's,
+/// and a lower priority needs no privilege. Under the CFS scheduler a worker 10 steps below
+/// weighs 110 against the 1024 of a control-plane thread, so one that wakes on a busy core runs
+/// almost at once and takes ~90% of it while it has work; with nothing else to run the worker
+/// still gets the whole core. A failure is logged (the worker runs at its inherited priority).
 #[cfg(target_os = "linux")]
-fn lower_priority(core: usize, nice: i32) {
-    if nice == 0 {
+fn lower_priority(core: usize, steps: i32) {
+    if steps == 0 {
         return;
     }
-    // SAFETY: gettid(2) and setpriority(2) take and return plain integers and touch no memory
-    // of this process; setpriority on our own thread id changes only this thread.
+    // SAFETY: gettid(2), getpriority(2) and setpriority(2) take and return plain integers and
+    // touch no memory of this process; `__errno_location` is this thread's errno, which
+    // getpriority's -1 (a valid nice) needs cleared before the call to be told from an error;
+    // setpriority on our own thread id changes only this thread.
     let rc = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+        let tid = libc::gettid() as libc::id_t;
+        *libc::__errno_location() = 0;
+        let own = libc::getpriority(libc::PRIO_PROCESS, tid);
+        if own == -1 && *libc::__errno_location() != 0 {
+            -1
+        } else {
+            libc::setpriority(libc::PRIO_PROCESS, tid, (own + steps).min(19))
+        }
     };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
-        tracing::warn!(core, nice, error = %e, "cannot lower the worker's priority");
+        tracing::warn!(core, steps, error = %e, "cannot lower the worker's priority");
     }
 }
 

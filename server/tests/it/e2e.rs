@@ -614,18 +614,11 @@ async fn kill9_during_concurrent_commits_keeps_every_acknowledged_one() {
     eprintln!("kill -9 with {CLIENTS} clients: {acked_total} commits acknowledged, all kept");
 }
 
-/// `--worker-nice N`: every packet worker thread (`vallum-core-K`) runs at nice N, the rest
-/// of vallumd (the gRPC runtime, the store's threads) at its own nice 0; read from
-/// `/proc/PID/task/*/stat` (proc(5): field 19 is the nice value).
-#[tokio::test]
-async fn worker_nice_lowers_only_the_packet_workers() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(
-        &dir.path().join("v.db"),
-        &["--source", "synthetic", "--worker-nice", "10"],
-    );
-    d.wait_serving().await;
-    let tasks = format!("/proc/{}/task", d.pid());
+/// The nice values of vallumd `pid`'s threads, from `/proc/PID/task/*/stat` (proc(5): field
+/// 19 is the nice value): the packet workers (`vallum-core-K`), sorted, and the others.
+type Nices = Vec<(String, i32)>;
+fn thread_nices(pid: u32) -> (Nices, Nices) {
+    let tasks = format!("/proc/{pid}/task");
     let (mut workers, mut others) = (Vec::new(), Vec::new());
     for t in std::fs::read_dir(&tasks).unwrap() {
         let Ok(stat) = std::fs::read_to_string(t.unwrap().path().join("stat")) else {
@@ -647,12 +640,40 @@ async fn worker_nice_lowers_only_the_packet_workers() {
         }
     }
     workers.sort();
+    (workers, others)
+}
+
+/// [`thread_nices`] once vallumd's two workers exist at nice `want` (each sets its own nice
+/// when it starts, which may come after SERVING), or as they are after 10 s.
+async fn worker_nices(pid: u32, want: i32) -> (Nices, Nices) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (workers, others) = thread_nices(pid);
+        let settled = workers.len() == 2 && workers.iter().all(|(_, n)| *n == want);
+        if settled || tokio::time::Instant::now() > until {
+            return (workers, others);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `--worker-nice N`: every packet worker thread (`vallum-core-K`) runs at nice N, the rest
+/// of vallumd (the gRPC runtime, the store's threads) at its own nice 0.
+#[tokio::test]
+async fn worker_nice_lowers_only_the_packet_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        &dir.path().join("v.db"),
+        &["--source", "synthetic", "--worker-nice", "7"],
+    );
+    d.wait_serving().await;
+    let (workers, others) = worker_nices(d.pid(), 7).await;
     // One worker per engine core (the harness gives vallumd 2).
     assert_eq!(
         workers,
         [
-            ("vallum-core-0".to_string(), 10),
-            ("vallum-core-1".to_string(), 10)
+            ("vallum-core-0".to_string(), 7),
+            ("vallum-core-1".to_string(), 7)
         ]
     );
     assert!(
@@ -660,6 +681,47 @@ async fn worker_nice_lowers_only_the_packet_workers() {
         "other threads were lowered too: {others:?}"
     );
     assert!(others.len() >= 2, "{others:?}");
+}
+
+/// Without `--worker-nice` the workers run 10 steps below vallumd's own nice, whatever it
+/// started with (here 3: workers at 13), and never past 19 (started at 15: workers at 19).
+#[tokio::test]
+async fn workers_run_ten_nice_steps_below_vallumd_by_default() {
+    for (start, want) in [(3, 13), (15, 19)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = support::vallumd::command();
+        cmd.arg("--db")
+            .arg(dir.path().join("v.db"))
+            .args(["--cores", "2", "--source", "synthetic"])
+            .args(support::vallumd::harness_flags(&[]))
+            .env_remove("VALLUM_WORKER_NICE");
+        // SAFETY: the closure runs in the forked child before exec and only calls
+        // setpriority(2), which is async-signal-safe; it takes no lock and allocates nothing.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                if libc::setpriority(libc::PRIO_PROCESS, 0, start) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let d = Daemon::spawn(cmd, |_| {});
+        d.wait_serving().await;
+        let (workers, others) = worker_nices(d.pid(), want).await;
+        assert_eq!(
+            workers,
+            [
+                ("vallum-core-0".to_string(), want),
+                ("vallum-core-1".to_string(), want)
+            ],
+            "vallumd started at nice {start}"
+        );
+        assert!(
+            others.iter().all(|(_, nice)| *nice == start),
+            "vallumd started at nice {start}: {others:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -61,14 +61,18 @@ impl RulesetApi {
     /// for a ruleset that does not exist yet), so that a commit in between is refused
     /// (ETAG_MISMATCH) rather than undone by the merged revision.
     ///
+    /// The ruleset's row comes from `stored` (read there when the call has not read it yet),
+    /// so a call reads it once whatever number of its steps need it.
+    ///
     /// Errors: as [`content::check_with`]; with `noflush`, [`Error::EtagMismatch`] when
-    /// `etag` is given and is not the ruleset's.
+    /// `etag` is given and is not the ruleset's; [`Error::Store`] for the row.
     async fn check(
         &self,
         name: &str,
         priority: i32,
         source: Option<&pb::RulesetSource>,
         etag: &str,
+        stored: &mut Stored,
     ) -> Result<(content::Checked, Option<String>)> {
         let source =
             source.ok_or_else(|| Error::invalid("source", "a ruleset source is required"))?;
@@ -77,7 +81,7 @@ impl RulesetApi {
         let mut expected_etag = None;
         let base = if noflush {
             let store = self.state.pipeline.store();
-            let row = store.get_ruleset(name).await?;
+            let row = stored.get(&self.state, name).await?;
             if let Some(rs) = &row {
                 if !etag.is_empty() && etag != rs.etag {
                     return Err(Error::EtagMismatch {
@@ -162,6 +166,38 @@ impl RulesetApi {
             task: "check",
             source: e,
         })?
+    }
+}
+
+/// A ruleset's stored row as one call read it: read at most once per call, by the first of
+/// its steps that needs it ([`Stored::get`]; an EditRuleset's priority, the noflush base and
+/// its etag, the unchanged-edit test), and the same row for all of them. A commit that came
+/// in between is still caught: the call's commit expects the etag of this row.
+#[derive(Debug, Default)]
+pub(super) enum Stored {
+    /// Not read yet.
+    #[default]
+    Unread,
+    /// The row (`None`: no such ruleset).
+    Read(Option<crate::control::store::RulesetRow>),
+}
+
+impl Stored {
+    /// The row of ruleset `name` (`None`: no such ruleset), read from the store on the first
+    /// call.
+    ///
+    /// Errors: [`Error::Store`].
+    pub(super) async fn get(
+        &mut self,
+        state: &State,
+        name: &str,
+    ) -> Result<Option<crate::control::store::RulesetRow>> {
+        if let Stored::Read(row) = self {
+            return Ok(row.clone());
+        }
+        let row = state.pipeline.store().get_ruleset(name).await?;
+        *self = Stored::Read(row.clone());
+        Ok(row)
     }
 }
 

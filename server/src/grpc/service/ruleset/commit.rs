@@ -7,7 +7,7 @@
 use vallum_engine::model::Family;
 use vallum_proto::v1 as pb;
 
-use super::{RulesetApi, etag};
+use super::{RulesetApi, Stored, etag};
 use crate::control::content;
 use crate::control::pipeline::Answer;
 use crate::error::{Error, Result};
@@ -24,13 +24,14 @@ pub(super) async fn stage(
 ) -> Result<pb::Revision> {
     let name = convert::ruleset_id("ruleset", &r.ruleset)?;
     api.state.owners.check(&name)?;
+    let mut stored = Stored::default();
     let (checked, base_etag) = api
-        .check(&name, r.priority, r.source.as_ref(), &r.etag)
+        .check(&name, r.priority, r.source.as_ref(), &r.etag, &mut stored)
         .await?;
     let checked = checked.refuse_empty(r.allow_empty)?;
     let expected = base_etag.unwrap_or_else(|| r.etag.clone());
     if r.validate_only {
-        dry_run_etag(api, &name, &expected).await?;
+        dry_run_etag(api, &name, &expected, &mut stored).await?;
         let checked = api.state.pipeline.validate(checked).await?;
         let warnings = checked.warnings();
         checked.into_valid()?;
@@ -101,14 +102,25 @@ pub(super) async fn apply(
     cx: &mut Cx,
     r: &pb::ApplyRequest,
 ) -> Result<pb::CommitResult> {
+    apply_with(api, cx, r, &mut Stored::default()).await
+}
+
+/// [`apply`] with the ruleset's row as the call has read it so far ([`Stored`]: an
+/// EditRuleset read it for the priority), so every step of the call uses one read of it.
+async fn apply_with(
+    api: &RulesetApi,
+    cx: &mut Cx,
+    r: &pb::ApplyRequest,
+    stored: &mut Stored,
+) -> Result<pb::CommitResult> {
     let name = convert::ruleset_id("ruleset", &r.ruleset)?;
     api.state.owners.check(&name)?;
     let within = convert::duration("confirm_within", r.confirm_within.as_ref())?;
     let durability = convert::durability("durability", r.durability)?;
     if r.validate_only {
-        dry_run_etag(api, &name, &r.etag).await?;
+        dry_run_etag(api, &name, &r.etag, stored).await?;
         let (checked, _) = api
-            .check(&name, r.priority, r.source.as_ref(), &r.etag)
+            .check(&name, r.priority, r.source.as_ref(), &r.etag, stored)
             .await?;
         let checked = checked.refuse_empty(r.allow_empty)?;
         let checked = api.state.pipeline.validate(checked).await?;
@@ -120,13 +132,13 @@ pub(super) async fn apply(
         });
     }
     let checked = api
-        .check(&name, r.priority, r.source.as_ref(), &r.etag)
+        .check(&name, r.priority, r.source.as_ref(), &r.etag, stored)
         .await;
     cx.join_audit().await?;
     let (checked, base_etag) = checked?;
     let checked = checked.refuse_empty(r.allow_empty)?;
     let expected = base_etag.unwrap_or_else(|| r.etag.clone());
-    if let Some(same) = unchanged(api, r, &name, within, &checked).await? {
+    if let Some(same) = unchanged(api, r, &name, within, &checked, stored).await? {
         return Ok(same);
     }
     let c = api
@@ -156,8 +168,8 @@ pub(super) async fn edit_ruleset(
     r: &pb::EditRulesetRequest,
 ) -> Result<pb::CommitResult> {
     let name = convert::ruleset_id("ruleset", &r.ruleset)?;
-    let priority =
-        (api.state.pipeline.store().get_ruleset(&name).await?).map_or(0, |row| row.priority);
+    let mut stored = Stored::default();
+    let priority = (stored.get(&api.state, &name).await?).map_or(0, |row| row.priority);
     let source = edits_source(&r.edits)?;
     let apply_request = pb::ApplyRequest {
         ruleset: r.ruleset.clone(),
@@ -172,7 +184,7 @@ pub(super) async fn edit_ruleset(
         allow_empty: true,
         durability: r.durability,
     };
-    apply(api, cx, &apply_request).await
+    apply_with(api, cx, &apply_request, &mut stored).await
 }
 
 /// `Rollback`: makes an earlier revision active again (a new revision with its content).
@@ -275,11 +287,11 @@ pub(super) fn update_target(
 /// is not the ruleset's is ETAG_MISMATCH, as is any for a ruleset that does not exist.
 ///
 /// Errors: [`Error::EtagMismatch`]; [`Error::Store`].
-async fn dry_run_etag(api: &RulesetApi, name: &str, etag: &str) -> Result<()> {
+async fn dry_run_etag(api: &RulesetApi, name: &str, etag: &str, stored: &mut Stored) -> Result<()> {
     if etag.is_empty() {
         return Ok(());
     }
-    let current = (api.state.pipeline.store().get_ruleset(name).await?)
+    let current = (stored.get(&api.state, name).await?)
         .map(|rs| rs.etag)
         .unwrap_or_default();
     if current == etag {
@@ -295,13 +307,16 @@ async fn dry_run_etag(api: &RulesetApi, name: &str, etag: &str) -> Result<()> {
 /// A noflush Apply (an EditRuleset) whose result is the active revision's content, as
 /// iptables after an edit that changes nothing (`-F` of an empty chain, `-P` to the
 /// policy there is): the active revision and the ruleset's etag, and no new revision.
-/// `None` for any other call, and with `within` (a commit-confirmed is always made).
+/// `None` for any other call, and with `within` (a commit-confirmed is always made). The
+/// ruleset's row is the one the call's parse read its base from (`stored`): an edit that
+/// changed nothing is answered as of that read, as if it ran before a commit that came after.
 async fn unchanged(
     api: &RulesetApi,
     r: &pb::ApplyRequest,
     name: &str,
     within: Option<std::time::Duration>,
     checked: &content::Checked,
+    stored: &mut Stored,
 ) -> Result<Option<pb::CommitResult>> {
     let noflush = r
         .source
@@ -311,7 +326,7 @@ async fn unchanged(
         return Ok(None);
     }
     let store = api.state.pipeline.store();
-    let Some(rs) = store.get_ruleset(name).await? else {
+    let Some(rs) = stored.get(&api.state, name).await? else {
         return Ok(None);
     };
     let Some(n) = rs.active_revision else {

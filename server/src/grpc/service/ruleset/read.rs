@@ -11,7 +11,7 @@ use vallum_engine::restore::{PrintOptions, print_rule_spec};
 use vallum_proto::v1 as pb;
 
 use super::super::paging;
-use super::{LIST_REVISIONS, LIST_RULESETS, RulesetApi, WatchStream};
+use super::{LIST_REVISIONS, LIST_RULESETS, RulesetApi, Stored, WatchStream};
 use crate::control::content::Content;
 use crate::error::Error;
 use crate::grpc::convert;
@@ -27,7 +27,9 @@ pub(super) async fn validate_ruleset(
     } else {
         convert::ruleset_id("ruleset", &r.ruleset)?
     };
-    let (checked, _) = api.check(&name, 0, r.source.as_ref(), "").await?;
+    let (checked, _) = api
+        .check(&name, 0, r.source.as_ref(), "", &mut Stored::default())
+        .await?;
     let checked = api.state.pipeline.validate(checked).await?;
     Ok(Response::new(pb::ValidateRulesetResponse {
         valid: checked.valid(),
