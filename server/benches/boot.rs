@@ -211,7 +211,8 @@ impl Seed {
             .enable_all()
             .build()
             .expect("runtime");
-        let d = vallumd::Daemon::start(db, &[]);
+        // A 100k-rule text is ~8 MB: over the default --max-request-bytes.
+        let d = vallumd::Daemon::start(db, &["--max-request-bytes", "67108864"]);
         rt.block_on(async {
             d.wait_serving().await;
             if let Some(text) = text {
