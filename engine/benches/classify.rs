@@ -37,10 +37,10 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use vallum_engine::conntrack::NoTracking;
 use vallum_engine::model::Ruleset;
-use vallum_engine::packet::{IfName, PacketFacts};
+use vallum_engine::packet::{IfName, PacketFacts, PacketMeta};
 use vallum_engine::restore;
 use vallum_engine::sets::NoSets;
-use vallum_engine::snapshot::{CLASSIFY_BATCH, Classifier, Snapshot, Verdict};
+use vallum_engine::snapshot::{CLASSIFY_BATCH, Classifier, LogEvent, Snapshot, Verdict};
 
 #[path = "support/classbench.rs"]
 mod classbench;
@@ -195,26 +195,14 @@ fn bench(c: &mut Criterion) {
             let mut verdicts = vec![Verdict::Drop; CLASSIFY_BATCH];
             group.bench_function(id, |b| {
                 b.iter(|| {
-                    let mut accepted = 0u32;
-                    for chunk in packets.chunks(CLASSIFY_BATCH) {
-                        buf.clear();
-                        buf.extend_from_slice(chunk);
-                        let n = snap.classify_batch(
-                            0,
-                            &mut buf,
-                            &mut facts,
-                            &mut verdicts,
-                            0,
-                            &mut logs,
-                            &[],
-                            &mut NoTracking,
-                        );
-                        accepted += verdicts[..n]
-                            .iter()
-                            .filter(|&&v| v == Verdict::Accept)
-                            .count() as u32;
-                    }
-                    accepted
+                    accepted_batched(
+                        &snap,
+                        &packets,
+                        &mut buf,
+                        &mut facts,
+                        &mut verdicts,
+                        &mut logs,
+                    )
                 })
             });
         }
@@ -292,31 +280,42 @@ fn cold(c: &mut Criterion, cases: &[Case]) {
             let id = BenchmarkId::new(name, format!("{}/{}", case.set, case.rules));
             group.bench_function(id, |b| {
                 b.iter(|| {
-                    let mut accepted = 0u32;
-                    for chunk in packets.chunks(CLASSIFY_BATCH) {
-                        buf.clear();
-                        buf.extend_from_slice(chunk);
-                        let n = snap.classify_batch(
-                            0,
-                            &mut buf,
-                            &mut facts,
-                            &mut verdicts,
-                            0,
-                            &mut logs,
-                            &[],
-                            &mut NoTracking,
-                        );
-                        accepted += verdicts[..n]
-                            .iter()
-                            .filter(|&&v| v == Verdict::Accept)
-                            .count() as u32;
-                    }
-                    accepted
+                    accepted_batched(
+                        &snap,
+                        &packets,
+                        &mut buf,
+                        &mut facts,
+                        &mut verdicts,
+                        &mut logs,
+                    )
                 })
             });
         }
     }
     group.finish();
+}
+
+/// The batched path as a source drives it: `packets` copied into the batch buffer
+/// `CLASSIFY_BATCH` at a time (facts beside them), classified; the number accepted.
+fn accepted_batched(
+    snap: &Snapshot,
+    packets: &[PacketMeta],
+    buf: &mut Vec<PacketMeta>,
+    facts: &mut [PacketFacts],
+    verdicts: &mut [Verdict],
+    logs: &mut Vec<LogEvent>,
+) -> u32 {
+    let mut accepted = 0u32;
+    for chunk in packets.chunks(CLASSIFY_BATCH) {
+        buf.clear();
+        buf.extend_from_slice(chunk);
+        let n = snap.classify_batch(0, buf, facts, verdicts, 0, logs, &[], &mut NoTracking);
+        accepted += verdicts[..n]
+            .iter()
+            .filter(|&&v| v == Verdict::Accept)
+            .count() as u32;
+    }
+    accepted
 }
 
 criterion_group!(benches, bench);

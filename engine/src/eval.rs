@@ -21,7 +21,7 @@
 //! and the `-m limit` buckets of rules the packet reaches. A `-j LOG` hit goes to the caller's
 //! [`LogSink`] (a worker's [`LogRing`] copies it into a fixed slot; a `Vec<LogEvent>`
 //! allocates an event). Nothing else allocates, except [`Snapshot::trace`]'s steps; the
-//! probe's per-group state is in fixed arrays of [`PROBE_BATCH`].
+//! probe's per-group state is in fixed arrays of `PROBE_BATCH`.
 
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
@@ -1069,7 +1069,7 @@ impl Snapshot {
 /// Most packets one [`ChainIndex::probe_batch`] call takes (a `u64` bit set covers them).
 pub(crate) const PROBE_BATCH: usize = 64;
 
-/// The default of [`Classifier::TupleMerge`](crate::snapshot::Classifier::TupleMerge)'s `batch_min_bytes` (112 KiB): the smallest
+/// The default of [`Classifier::TupleMerge`]'s `batch_min_bytes` (112 KiB): the smallest
 /// chain index (bytes as [`Snapshot::memory_bytes`] counts them) that
 /// [`Snapshot::classify_batch`] probes in batches. A smaller one sits in L1/L2, where there
 /// is no latency to hide and the batch's bookkeeping (hash, bounds and tags stored per packet and table, then read back)

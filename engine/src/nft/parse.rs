@@ -698,6 +698,12 @@ impl Parser<'_> {
         if !self.eat_word("type") {
             return Err(self.err(ErrorKind::Unexpected("`type` or `typeof`")));
         }
+        self.datatypes(allow_verdict)
+    }
+
+    /// `A` or `A . B . ...`: a datatype or a concatenation of them (`verdict` alone, when
+    /// `allow_verdict`: a map's data); an unknown name is refused by name at its position.
+    fn datatypes(&mut self, allow_verdict: bool) -> R<SetType> {
         let mut types = Vec::new();
         loop {
             let (w, pos) = self.word("a datatype")?;
@@ -857,25 +863,9 @@ impl Parser<'_> {
         if self.peek_word() == Some("typeof") || self.peek_word() == Some("type") {
             return self.set_type(true, ti);
         }
-        // `type A : B`: B is a bare datatype (or a concatenation of them).
-        let mut types = Vec::new();
-        loop {
-            let (w, pos) = self.word("a datatype")?;
-            match DataType::from_name(&w) {
-                Some(t) => types.push(t),
-                None => {
-                    return Err(NftError::new(
-                        self.file,
-                        pos,
-                        &w,
-                        ErrorKind::Unsupported(format!("datatype `{w}`")),
-                    ));
-                }
-            }
-            if !self.eat_word(".") {
-                return Ok(SetType::Types(types));
-            }
-        }
+        // `type A : B`: B is a bare datatype (or a concatenation of them); `verdict` was
+        // taken above.
+        self.datatypes(false)
     }
 
     /// Elements after `{` up to and including `}`. `named`: element options (`timeout`)
