@@ -367,6 +367,34 @@ pub enum FibResult {
     Type,
 }
 
+impl FibResult {
+    /// The result's name as nft writes it (text and JSON alike).
+    pub fn name(self) -> &'static str {
+        match self {
+            FibResult::Oif => "oif",
+            FibResult::Oifname => "oifname",
+            FibResult::Type => "type",
+        }
+    }
+
+    /// The result named `name` (`oif`, `oifname`, `type`), as [`FibResult::name`] writes it.
+    pub fn from_name(name: &str) -> Option<FibResult> {
+        [FibResult::Oif, FibResult::Oifname, FibResult::Type]
+            .into_iter()
+            .find(|r| r.name() == name)
+    }
+}
+
+/// The names of the [`FIB_FLAGS`] set in `flags`, in that order.
+pub fn fib_flag_names(flags: u8) -> Vec<&'static str> {
+    FIB_FLAGS
+        .iter()
+        .enumerate()
+        .filter(|(b, _)| flags & (1 << b) != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
 /// A header field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Payload {

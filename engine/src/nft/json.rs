@@ -27,7 +27,7 @@ use super::{
     BaseChain, BitOp, Chain, ChainType, CtKey, Elem, ErrorKind, Expr, FIB_FLAGS, Family, FibResult,
     Hook, Limit, Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, NftError, NftErrors, Op,
     Payload, Policy, Pos, Proto, Reject, Rule, Ruleset, SET_FLAGS, Set, SetElem, SetRhs, SetType,
-    SetUpdate, SetUpdateOp, SetValue, Stmt, Table, Value, Verdict,
+    SetUpdate, SetUpdateOp, SetValue, Stmt, Table, Value, Verdict, fib_flag_names,
 };
 
 // === model -> JSON ===
@@ -284,17 +284,8 @@ fn expr_json(e: &Expr) -> J {
             json!({"ct": {"key": name.trim_start_matches("ct ")}})
         }
         Expr::Fib { flags, result } => {
-            let fl: Vec<&str> = FIB_FLAGS
-                .iter()
-                .enumerate()
-                .filter(|(b, _)| flags & (1 << b) != 0)
-                .map(|(_, n)| *n)
-                .collect();
-            let r = match result {
-                FibResult::Oif => "oif",
-                FibResult::Oifname => "oifname",
-                FibResult::Type => "type",
-            };
+            let fl = fib_flag_names(*flags);
+            let r = result.name();
             json!({"fib": {"result": r, "flags": fl}})
         }
         Expr::Numgen {

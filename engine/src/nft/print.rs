@@ -11,9 +11,9 @@
 use super::parse::{eliminate_dependencies, expr_types};
 use super::types::print_time;
 use super::{
-    BaseChain, ChainType, CtKey, DataType, Elem, Expr, FIB_FLAGS, Family, FibResult, Hook, Limit,
-    Log, MapData, Match, MetaKey, Nat, NatAddr, NatKind, Op, Policy, Proto, Reject, Rule, Ruleset,
-    Set, SetElem, SetRhs, SetType, SetValue, Stmt, Table, Verdict,
+    BaseChain, ChainType, CtKey, DataType, Elem, Expr, Family, Hook, Limit, Log, MapData, Match,
+    MetaKey, Nat, NatAddr, NatKind, Op, Policy, Proto, Reject, Rule, Ruleset, Set, SetElem, SetRhs,
+    SetType, SetValue, Stmt, Table, Verdict, fib_flag_names,
 };
 
 /// Prints `rs` as `nft list ruleset` lists it (empty for an empty ruleset).
@@ -350,17 +350,8 @@ pub(crate) fn expr_string(e: &Expr) -> String {
             CtKey::Direction => "ct direction".into(),
         },
         Expr::Fib { flags, result } => {
-            let fl: Vec<&str> = FIB_FLAGS
-                .iter()
-                .enumerate()
-                .filter(|(b, _)| flags & (1 << b) != 0)
-                .map(|(_, n)| *n)
-                .collect();
-            let r = match result {
-                FibResult::Oif => "oif",
-                FibResult::Oifname => "oifname",
-                FibResult::Type => "type",
-            };
+            let fl = fib_flag_names(*flags);
+            let r = result.name();
             format!("fib {} {r}", fl.join(" . "))
         }
         Expr::Numgen {

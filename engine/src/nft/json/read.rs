@@ -515,11 +515,9 @@ impl Reader<'_> {
                 Ok(Expr::Ct(key))
             }
             "fib" => {
-                let result = match self.str(inner, "result", &p)? {
-                    "oif" => FibResult::Oif,
-                    "oifname" => FibResult::Oifname,
-                    "type" => FibResult::Type,
-                    other => return Err(self.unsupported(&p, format!("fib result `{other}`"))),
+                let r = self.str(inner, "result", &p)?;
+                let Some(result) = FibResult::from_name(r) else {
+                    return Err(self.unsupported(&p, format!("fib result `{r}`")));
                 };
                 let fl: Vec<&J> = match inner.get("flags") {
                     Some(J::Array(a)) => a.iter().collect(),

@@ -430,18 +430,13 @@ impl Parser<'_> {
                     }
                 }
                 let (r, rpos) = self.word("oif, oifname or type")?;
-                let result = match r.as_str() {
-                    "oif" => FibResult::Oif,
-                    "oifname" => FibResult::Oifname,
-                    "type" => FibResult::Type,
-                    _ => {
-                        return Err(NftError::new(
-                            self.file,
-                            rpos,
-                            &r,
-                            ErrorKind::Unsupported(format!("fib result `{r}`")),
-                        ));
-                    }
+                let Some(result) = FibResult::from_name(&r) else {
+                    return Err(NftError::new(
+                        self.file,
+                        rpos,
+                        &r,
+                        ErrorKind::Unsupported(format!("fib result `{r}`")),
+                    ));
                 };
                 Ok(Expr::Fib { flags, result })
             }
