@@ -21,9 +21,10 @@
 //!   action, so each action runs once and matches written after an action still gate what
 //!   follows them;
 //! - an anonymous set of ports is one multiport match (up to its 15 slots); other anonymous
-//!   sets and anonymous verdict maps become one model rule per element (nft's interval sets
+//!   sets and verdict maps become one model rule per element (nft's interval sets
 //!   hold disjoint elements, so a packet matches at most one of them), sized before they are
-//!   built ([`MAX_EXPANDED_RULES`]);
+//!   built ([`MAX_EXPANDED_RULES`]); a named verdict map is lowered with the elements it has
+//!   at the commit, so changing them is a commit (not a set update);
 //! - named sets become engine sets ([`Lowered::sets`]) named `FAMILY.TABLE.SET`
 //!   ([`set_name`]): `ipv4_addr`/`ipv6_addr` sets as `hash:ip` (`hash:net` with `flags
 //!   interval`), `ADDR . inet_proto . inet_service` sets as `hash:ip,port`. Their elements

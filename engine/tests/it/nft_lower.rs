@@ -170,12 +170,6 @@ fn what_the_engine_does_not_run_is_refused_by_name_at_its_position() {
         matches!(e.kind, ErrorKind::Unsupported(ref w) if w.contains("`dnat`")),
         "{e}"
     );
-    let e = refused(
-        "table inet t {\n\tmap m { type ipv4_addr : verdict; }\n\tchain c {\n\
-         \t\ttype filter hook input priority 0;\n\t\tip saddr vmap @m\n\t}\n}\n",
-    );
-    assert!(e.to_string().contains("`vmap @m`"), "{e}");
-    assert_eq!(e.pos.line, 5);
     // A regular chain reached from a filter chain is enforced too.
     let e = refused(
         "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\t\tjump d\n\t}\n\

@@ -486,13 +486,18 @@ impl Cx<'_> {
     ) -> Step<Vec<model::Rule>> {
         let elems = match map {
             SetRhs::Set(e) => e,
-            SetRhs::Ref(name) => {
-                return Err(self.unsupported(
-                    at,
-                    "vmap",
-                    format!("`vmap @{name}` (a named verdict map)"),
-                ));
-            }
+            // A named verdict map's elements as they are now: a change to them is a change of
+            // the lowered rules (a commit), not of an engine set.
+            SetRhs::Ref(name) => match self.table.sets.iter().find(|s| &s.name == name) {
+                Some(m) if m.is_map && m.data == Some(NftSetType::Verdict) => &m.elements,
+                _ => {
+                    return Err(self.unsupported(
+                        at,
+                        "vmap",
+                        format!("`vmap @{name}` (no such verdict map)"),
+                    ));
+                }
+            },
             SetRhs::Value(_) => {
                 return Err(self.unsupported(at, "vmap", "`vmap` of one value".into()));
             }
