@@ -580,7 +580,9 @@ impl TableCheck<'_> {
                 hook: Hook::Output,
             });
         }
-        if owner_used {
+        // nft's `meta skuid` runs at every hook (a packet without a socket fails it, as the
+        // engine's owner match does).
+        if owner_used && table.kind != TableKind::Nft {
             // As xt_owner's hooks: only locally generated packets have a socket.
             for h in [Hook::Prerouting, Hook::Input, Hook::Forward] {
                 if reached(h) {

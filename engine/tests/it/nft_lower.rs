@@ -311,3 +311,49 @@ fn a_limit_after_an_anonymous_set_is_one_bucket() {
     p.icmp_type = 8;
     assert_eq!(verdict(&s, p), Verdict::Drop);
 }
+
+/// An nft ruleset and the iptables ruleset that says the same lower to the same model rules
+/// (content, not names): the one classifier runs the same compiled rules for both, so the nft
+/// form classifies as fast as the iptables form.
+#[test]
+fn an_nft_ruleset_lowers_to_the_rules_of_its_iptables_twin() {
+    let ipt = restore::parse_ruleset(
+        "ipt",
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -m state --state RELATED,ESTABLISHED -j ACCEPT\n\
+         -A INPUT -i lo -j ACCEPT\n\
+         -A INPUT -s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT\n\
+         -A INPUT -i eth0 -p udp -m udp --dport 53 -j ACCEPT\n\
+         -A INPUT -p tcp -m multiport --dports 80,443 -j ACCEPT\n\
+         -A INPUT -p icmp -m icmp --icmp-type 8 -j ACCEPT\n\
+         -A INPUT -m mark --mark 0x1 -j DROP\n\
+         -A INPUT -j REJECT --reject-with icmp-port-unreachable\nCOMMIT\n",
+        &restore::ParseOptions::default(),
+    )
+    .unwrap();
+    let nft = lowered(
+        "nft",
+        "table ip filter {\n\tchain INPUT {\n\t\ttype filter hook input priority filter; policy drop;\n\
+         \t\tct state established,related accept\n\t\tiifname \"lo\" accept\n\
+         \t\tip saddr 10.0.0.0/8 tcp dport 22 accept\n\t\tiifname \"eth0\" udp dport 53 accept\n\
+         \t\ttcp dport { 80, 443 } accept\n\t\ticmp type echo-request accept\n\
+         \t\tmeta mark 0x00000001 drop\n\t\treject\n\t}\n}\n",
+    );
+    let a = &ipt
+        .table(Family::Ipv4, TableKind::Filter)
+        .unwrap()
+        .chain("INPUT")
+        .unwrap()
+        .rules;
+    let b = &nft
+        .ruleset
+        .table(Family::Ipv4, TableKind::Nft)
+        .unwrap()
+        .chain("ip filter INPUT")
+        .unwrap()
+        .rules;
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b.iter()) {
+        assert!(x.same_content(y), "\n{x:?}\n{y:?}");
+    }
+}

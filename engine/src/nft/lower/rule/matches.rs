@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::model::ct_state;
+use crate::nft::print::expr_string;
 use crate::nft::{DataType, SetElem};
 
 /// The value of a numeric element.
@@ -145,7 +146,11 @@ impl Cx<'_> {
             SetRhs::Value(e) => num(e),
             _ => None,
         }) else {
-            return self.refuse(at, "", "an ordered comparison with a set");
+            return self.refuse(
+                at,
+                "",
+                format!("`{} <`, `>` with a set", expr_string(&m.left)),
+            );
         };
         let max: u128 = match &m.left {
             Expr::Payload(Payload {
@@ -240,7 +245,14 @@ impl Cx<'_> {
                 _ => None,
             };
             let Some((v6, field)) = v6 else {
-                return self.refuse(at, "!=", "`!=` with an anonymous set of this expression");
+                return self.refuse(
+                    at,
+                    "!=",
+                    format!(
+                        "`{} != {{ ... }}` (a negated anonymous set)",
+                        expr_string(left)
+                    ),
+                );
             };
             let fam = if v6 { Family::Ipv6 } else { Family::Ipv4 };
             if fam != self.family {
@@ -259,7 +271,13 @@ impl Cx<'_> {
                     }
                     k => match range(k) {
                         Some(r) => r,
-                        None => return self.refuse(at, field, "this element in a negated set"),
+                        None => {
+                            return self.refuse(
+                                at,
+                                field,
+                                format!("`{} != {{ ... }}` with this element", expr_string(left)),
+                            );
+                        }
                     },
                 };
                 let r = Neg {
@@ -388,14 +406,21 @@ impl Cx<'_> {
                         Ok(())
                     }
                     (Expr::Ct(k @ CtKey::Mark), Some(m)) => self.ct(at, *k, e, Some(m), neg, a),
-                    _ => self.refuse(at, "&", "this masked expression"),
+                    _ => self.refuse(
+                        at,
+                        "&",
+                        format!("`{} & ...` (this masked expression)", expr_string(inner)),
+                    ),
                 }
             }
             Expr::Fib { flags, result } => self.fib(at, *flags, *result, e, neg, a),
             Expr::Concat(_) => self.refuse(
                 at,
                 ".",
-                "a concatenation compared with a value or anonymous set",
+                format!(
+                    "`{}` (a concatenation) compared with a value or anonymous set",
+                    expr_string(left)
+                ),
             ),
             Expr::Numgen { .. } => self.refuse(at, "numgen", "`numgen`"),
         }
@@ -660,9 +685,15 @@ impl Cx<'_> {
                 let Elem::Value(Value::Str(s)) = e else {
                     return self.refuse(at, word, format!("this `{word}` value"));
                 };
+                // nft's trailing `*` is the engine's `+`; `\*` is a literal `*`. A literal `+`
+                // would read as the wildcard.
+                if s.contains('+') {
+                    return self.refuse(at, word, format!("`{word} \"{s}\"` (a `+` in a name)"));
+                }
                 let name = match s.strip_suffix('*') {
-                    Some(p) if !p.ends_with('\\') => format!("{p}+"),
-                    _ => s.clone(),
+                    Some(p) if p.ends_with('\\') => format!("{}*", &p[..p.len() - 1]),
+                    Some(p) => format!("{p}+"),
+                    None => s.clone(),
                 };
                 let slot = if matches!(k, MetaKey::Iif | MetaKey::Iifname) {
                     &mut a.in_iface
