@@ -20,6 +20,12 @@
 //!   to a helper chain `NAME #N` (N the rule's 1-based place) holding one model rule per
 //!   action, so each action runs once and matches written after an action still gate what
 //!   follows them;
+//! - `limit rate over R` and `EXPR != { a, b }` (where no single model match holds the
+//!   negation) become a jump to a helper chain whose first rules return when the limit (or an
+//!   element) holds, followed by the rest of the rule;
+//! - a `limit` in an inet chain keeps one token bucket per family (the IPv4 and the IPv6
+//!   copy of the rule), where the kernel keeps one for both: a rate shared by IPv4 and IPv6
+//!   packets passes up to twice as many;
 //! - an anonymous set of ports is one multiport match (up to its 15 slots); other anonymous
 //!   sets and verdict maps become one model rule per element (nft's interval sets
 //!   hold disjoint elements, so a packet matches at most one of them), sized before they are
@@ -66,6 +72,23 @@ pub struct Lowered {
     pub sets: Vec<LoweredSet>,
     /// The chains stored but not enforced (nat chains and what only they reach).
     pub stored_only: Vec<StoredOnly>,
+    /// Where each lowered nft rule counts, per family: the sum of these model rules' counters
+    /// is the packets that passed all of the rule's matches (what its `counter` statement
+    /// counts when it stands before the verdict, as nft writes it).
+    pub counted: Vec<CountedAt>,
+}
+
+/// The model rules that count one nft rule's packets in one family ([`Lowered::counted`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CountedAt {
+    /// The nft rule's position.
+    pub rule: Pos,
+    /// The family of the model table.
+    pub family: Family,
+    /// The model chain (the rule's own, or the helper chain its action runs in).
+    pub chain: String,
+    /// 1-based rule numbers in that chain.
+    pub rules: std::ops::Range<u32>,
 }
 
 /// A named nft set as an engine set ([`crate::sets::SetManager::create`] and `add`).
@@ -126,6 +149,7 @@ pub fn lower(
         },
         sets: Vec::new(),
         stored_only: Vec::new(),
+        counted: Vec::new(),
     };
     let mut tables: [Vec<model::Chain>; 2] = [Vec::new(), Vec::new()];
     let mut errors = Vec::new();
@@ -150,7 +174,22 @@ pub fn lower(
                 let mut rules = Vec::new();
                 for (ri, r) in chain.rules.iter().enumerate() {
                     match cx.lower_rule(r, &name, ri + 1) {
-                        Ok(mut rs) => rules.append(&mut rs),
+                        Ok((mut rs, counted)) => {
+                            if let Some(c) = counted {
+                                let (chain, base) = match c.helper {
+                                    Some(h) => (h, 0),
+                                    None => (name.clone(), rules.len()),
+                                };
+                                let first = (base + c.first + 1) as u32;
+                                out.counted.push(CountedAt {
+                                    rule: r.pos,
+                                    family: fam,
+                                    chain,
+                                    rules: first..first + c.len as u32,
+                                });
+                            }
+                            rules.append(&mut rs);
+                        }
                         Err(e) => errors.push(e),
                     }
                 }

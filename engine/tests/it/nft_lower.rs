@@ -173,9 +173,14 @@ fn what_the_engine_does_not_run_is_refused_by_name_at_its_position() {
     // A regular chain reached from a filter chain is enforced too.
     let e = refused(
         "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\t\tjump d\n\t}\n\
-         \tchain d {\n\t\tlimit rate over 10/second drop\n\t}\n}\n",
+         \tchain d {\n\t\tct status assured drop\n\t}\n}\n",
     );
-    assert_eq!((e.pos.line, e.pos.column), (7, 3), "{e}");
+    assert_eq!((e.pos.line, e.pos.column), (7, 6), "{e}");
+    assert!(
+        e.to_string()
+            .contains("`ct status` other than snat and dnat"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -356,4 +361,37 @@ fn an_nft_ruleset_lowers_to_the_rules_of_its_iptables_twin() {
     for (x, y) in a.iter().zip(b.iter()) {
         assert!(x.same_content(y), "\n{x:?}\n{y:?}");
     }
+}
+
+/// `limit rate over` and a negated set no single match holds: behind a gate, rules that
+/// return when the limit holds (or an element matches), so the action runs only otherwise.
+#[test]
+fn limit_over_and_negated_sets_return_from_a_helper() {
+    let l = lowered(
+        "over",
+        "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0; policy accept;\n\
+         \t\ttcp dport 22 limit rate over 1/minute burst 2 packets drop\n\
+         \t\tiifname != { \"lo\", \"eth0\" } udp dport 53 reject\n\t}\n}\n",
+    );
+    let t = l.ruleset.table(Family::Ipv4, TableKind::Nft).unwrap();
+    let names: Vec<&str> = t.chains.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["ip t c", "ip t c #1", "ip t c #2"]);
+    let s = compile(vec![l.ruleset], &NoSets);
+    let ssh = v4(Hook::Input, "192.0.2.7", "192.0.2.1", 6, 22);
+    assert_eq!(verdict(&s, ssh), Verdict::Accept);
+    assert_eq!(verdict(&s, ssh), Verdict::Accept);
+    assert_eq!(verdict(&s, ssh), Verdict::Drop, "over the rate");
+    let dns = v4(Hook::Input, "192.0.2.7", "192.0.2.1", 17, 53);
+    assert_eq!(verdict(&s, on(dns, "eth0")), Verdict::Accept);
+    assert_eq!(verdict(&s, on(dns, "lo")), Verdict::Accept);
+    assert_eq!(
+        verdict(&s, on(dns, "eth1")),
+        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+    );
+    // A rule that ends in `return` cannot return from the helper for it.
+    let e = refused(
+        "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\t\tjump d\n\t}\n\
+         \tchain d {\n\t\tlimit rate over 1/second return\n\t}\n}\n",
+    );
+    assert!(e.to_string().contains("`limit rate over`"), "{e}");
 }

@@ -172,10 +172,9 @@ fn fw_routes() -> Fib {
 /// The engine's outcome for `frame` and the packets each counting rule of `rs` counted.
 struct Engine {
     snapshot: Snapshot,
-    /// Per nft rule with a `counter` statement of an enforced chain (listing order): its
-    /// engine chain name and the rule's line and column, to sum the engine rules lowered
-    /// from it.
-    counting: Vec<(String, (u32, u32))>,
+    /// Per nft rule with a `counter` statement of an enforced chain (listing order): where
+    /// it counts in the engine (`Lowered::counted`, per family).
+    counting: Vec<Vec<nft::CountedAt>>,
     /// Per nft rule with a `counter` statement (listing order): whether its chain is
     /// enforced (the kernel's counts of stored-only nat chains have no engine twin).
     enforced: Vec<bool>,
@@ -196,6 +195,7 @@ impl Engine {
         }
         let v = validate::validate(&lowered.ruleset, Some(sets as &dyn SetRegistry));
         assert!(!validate::has_errors(&v), "{v:#?}");
+        let counted = lowered.counted.clone();
         let stored: Vec<String> = lowered
             .stored_only
             .iter()
@@ -212,7 +212,8 @@ impl Engine {
                     if r.stmts.iter().any(|s| matches!(s, Stmt::Counter { .. })) {
                         enforced.push(!stored.contains(&name));
                         if !stored.contains(&name) {
-                            counting.push((name.clone(), (r.pos.line, r.pos.column)));
+                            let at = counted.iter().filter(|c| c.rule == r.pos).cloned();
+                            counting.push(at.collect());
                         }
                     }
                 }
@@ -229,20 +230,19 @@ impl Engine {
     /// chain (both families).
     fn counts(&self) -> Vec<u64> {
         let all = self.snapshot.counters();
-        let Some(ours) = self.snapshot.rulesets().iter().find(|r| r.name == "t") else {
-            return Vec::new();
-        };
         self.counting
             .iter()
-            .map(|(chain, at)| {
+            .map(|at| {
                 all.iter()
-                    .filter(|c| &*c.ruleset == "t" && &*c.chain == chain.as_str())
-                    .filter_map(|c| {
-                        let n = c.rule? as usize;
-                        let table = ours.tables.iter().find(|t| t.family == c.family)?;
-                        let rule = table.chain(chain)?.rules.get(n - 1)?;
-                        ((rule.location.line, rule.location.column) == *at).then_some(c.packets)
+                    .filter(|c| &*c.ruleset == "t")
+                    .filter(|c| {
+                        at.iter().any(|a| {
+                            a.family == c.family
+                                && *c.chain == *a.chain
+                                && c.rule.is_some_and(|n| a.rules.contains(&n))
+                        })
                     })
+                    .map(|c| c.packets)
                     .sum()
             })
             .collect()
@@ -350,7 +350,7 @@ fn compare(o: &KernelOracle, engine: &Engine, what: &str, sport: &mut u16) -> (u
 /// Lowered expressions with a counter on every rule, in base chains before conntrack, at
 /// `filter - 5` and at 10, beside an iptables-legacy filter table (priority 0) in the same
 /// kernel: the engine's verdicts and every rule's count equal the kernel's.
-const COVERAGE: &str = "table inet cov {
+const COVERAGE: &str = r#"table inet cov {
 	set blocked4 {
 		type ipv4_addr
 		flags interval
@@ -379,6 +379,10 @@ const COVERAGE: &str = "table inet cov {
 		ip6 saddr fe80::/64 udp dport 546 counter accept
 		tcp dport 443 counter reject with tcp reset
 		tcp flags & (syn | ack) == syn tcp dport 68 counter drop
+		ip daddr 10.99.0.1 tcp dport 500 limit rate over 1/minute burst 1 packets counter drop
+		tcp dport 500 counter accept
+		meta l4proto udp udp dport 546 iifname != { "lo", "vo9" } counter accept
+		iifname != { "vo1", "lo" } udp dport 8080 counter drop
 		meta l4proto udp udp dport != 68 counter reject with icmpx admin-prohibited
 		fib daddr type local meta l4proto gre counter jump gre
 		ip ttl 64 ip length < 1000 counter continue
@@ -396,7 +400,7 @@ table ip later {
 		tcp dport 80 counter drop
 	}
 }
-";
+"#;
 
 #[test]
 #[ignore = "needs root, nft, conntrack and iptables-legacy"]

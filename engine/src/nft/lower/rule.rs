@@ -25,6 +25,53 @@ struct Omit;
 /// A match's outcome: `Err(Ok(Omit))` leaves the rule out, `Err(Err(e))` refuses it.
 type Step<T> = Result<T, Result<Omit, NftError>>;
 
+/// Where the model rules that count an nft rule's packets (those that passed all its
+/// matches: its last segment) went: `len` rules from index `first` of the rules returned for
+/// the rule's own chain (`helper` `None`) or of helper chain `helper`.
+pub(super) struct Counted {
+    pub(super) helper: Option<String>,
+    pub(super) first: usize,
+    pub(super) len: usize,
+}
+
+/// A run of a rule's model rules (see [`Cx::lower_rule`]).
+struct Seg {
+    /// The alternatives, each with the segment's action as its target.
+    rules: Vec<model::Rule>,
+    kind: SegKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SegKind {
+    /// Conditions then an action (or, last, only conditions).
+    Action,
+    /// Conditions only, behind which the rest of the rule runs: always a jump to a helper.
+    Gate,
+    /// Rules that return when they hold (the rest runs when none does), written as they are
+    /// (always behind a gate).
+    Returns,
+}
+
+/// Whether `EXPR != { ... }` is one model match (see `apply_set`): ports (one multiport),
+/// ct state/status (the union), addresses (a negated range each); or not a set at all.
+fn negates_natively(m: &NftMatch) -> bool {
+    let SetRhs::Set(e) = &m.right else {
+        return true;
+    };
+    match &m.left {
+        Expr::Ct(CtKey::State | CtKey::Status) => true,
+        Expr::Payload(Payload {
+            field: "sport" | "dport",
+            ..
+        }) => e.len() <= 7,
+        Expr::Payload(Payload {
+            proto: Proto::Ip | Proto::Ip6,
+            field: "saddr" | "daddr",
+        }) => true,
+        _ => false,
+    }
+}
+
 fn has_limit(r: &model::Rule) -> bool {
     r.matches.iter().any(|m| matches!(m, Match::Limit(_)))
 }
@@ -95,14 +142,21 @@ impl Cx<'_> {
         r: &super::super::Rule,
         chain: &str,
         n: usize,
-    ) -> Result<Vec<model::Rule>, NftError> {
+    ) -> Result<(Vec<model::Rule>, Option<Counted>), NftError> {
         let loc = location(r.pos);
         let fresh = || model::Rule {
             location: loc,
             ..model::Rule::default()
         };
-        let mut segs: Vec<Vec<model::Rule>> = Vec::new();
+        let mut segs: Vec<Seg> = Vec::new();
         let mut cur = vec![fresh()];
+        let close = |segs: &mut Vec<Seg>, cur: &mut Vec<model::Rule>, gate: bool| {
+            let rules = std::mem::replace(cur, vec![fresh()]);
+            segs.push(Seg {
+                rules,
+                kind: if gate { SegKind::Gate } else { SegKind::Action },
+            });
+        };
         for (i, s) in r.stmts.iter().enumerate() {
             // A limit bucket must be asked once per packet: an expansion after one, or a
             // limit or match after an expansion, goes behind a gate (a jump to a helper
@@ -110,7 +164,69 @@ impl Cx<'_> {
             let gate = (expands(s) && cur.iter().any(has_limit))
                 || (cur.len() > 1 && !is_action(s) && !matches!(s, Stmt::Counter { .. }));
             if gate && i > 0 {
-                segs.push(std::mem::replace(&mut cur, vec![fresh()]));
+                close(&mut segs, &mut cur, true);
+            }
+            // `limit rate over R` and `EXPR != { a, b }` (where no single match holds the
+            // negation): behind a gate, a rule per element (or the limit) that returns when it
+            // holds, so the rest runs only when none does.
+            let returns = match s {
+                Stmt::Limit(l) if l.over => {
+                    let under = super::super::Limit {
+                        over: false,
+                        ..l.clone()
+                    };
+                    match self.limit(r.pos, &under) {
+                        Ok(m) => Some(Ok(vec![model::Rule {
+                            matches: vec![m].into(),
+                            target: Target::Return,
+                            location: loc,
+                            ..model::Rule::default()
+                        }])),
+                        Err(e) => Some(Err(e)),
+                    }
+                }
+                Stmt::Match(m) if m.op == Op::Ne && !negates_natively(m) => {
+                    let SetRhs::Set(elems) = &m.right else {
+                        unreachable!("negates_natively holds for non-sets")
+                    };
+                    let mut rules = Vec::with_capacity(elems.len());
+                    let mut res = Ok(());
+                    for e in elems {
+                        let pos = NftMatch {
+                            left: m.left.clone(),
+                            op: Op::Implicit,
+                            right: SetRhs::Value(e.key.clone()),
+                        };
+                        let mut one = vec![fresh()];
+                        match self.lower_match(r.pos, &pos, &mut one) {
+                            Ok(()) => rules.extend(one.into_iter().map(|mut x| {
+                                x.target = Target::Return;
+                                x
+                            })),
+                            Err(Ok(Omit)) => {}
+                            Err(e) => {
+                                res = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                    Some(res.map(|()| rules))
+                }
+                _ => None,
+            };
+            if let Some(rules) = returns {
+                match rules {
+                    Ok(rules) => {
+                        close(&mut segs, &mut cur, true);
+                        segs.push(Seg {
+                            rules,
+                            kind: SegKind::Returns,
+                        });
+                        continue;
+                    }
+                    Err(Ok(Omit)) => return Ok((Vec::new(), None)),
+                    Err(Err(e)) => return Err(e),
+                }
             }
             let step = match s {
                 Stmt::Match(m) => self.lower_match(r.pos, m, &mut cur),
@@ -118,7 +234,10 @@ impl Cx<'_> {
                     let out = self.vmap(r.pos, key, map, std::mem::take(&mut cur));
                     match out {
                         Ok(v) => {
-                            segs.push(v);
+                            segs.push(Seg {
+                                rules: v,
+                                kind: SegKind::Action,
+                            });
                             cur = vec![fresh()];
                             Ok(())
                         }
@@ -131,7 +250,7 @@ impl Cx<'_> {
                         for alt in &mut cur {
                             alt.target = t.clone();
                         }
-                        segs.push(std::mem::replace(&mut cur, vec![fresh()]));
+                        close(&mut segs, &mut cur, false);
                         Ok(())
                     }
                     Ok(None) => Ok(()),
@@ -140,46 +259,70 @@ impl Cx<'_> {
             };
             match step {
                 Ok(()) => {}
-                Err(Ok(Omit)) => return Ok(Vec::new()),
+                Err(Ok(Omit)) => return Ok((Vec::new(), None)),
                 Err(Err(e)) => return Err(e),
             }
         }
-        if segs.is_empty() || cur.iter().any(has_conditions) || cur.len() > 1 {
-            segs.push(cur);
+        if segs.is_empty()
+            || cur.iter().any(has_conditions)
+            || cur.len() > 1
+            || segs.last().is_some_and(|s| s.kind == SegKind::Returns)
+        {
+            segs.push(Seg {
+                rules: cur,
+                kind: SegKind::Action,
+            });
         }
         let mut out = Vec::new();
-        self.emit(r.pos, &segs, &mut out, &format!("{chain} #{n}"), 0)?;
-        Ok(out)
+        let mut counted = None;
+        let helper = format!("{chain} #{n}");
+        self.emit(r.pos, &segs, &mut out, (&helper, None), 0, &mut counted)?;
+        Ok((out, counted))
     }
 
     /// Writes segments `segs` into `out`: a segment without conditions (or the last one) as
-    /// it is; one with conditions followed by more as jumps (gotos when the rule ends in
-    /// `return` or `goto`) to a helper chain that holds its action and the rest.
+    /// it is, a returning one as it is; one with conditions followed by more, or a gate, as
+    /// jumps (gotos when the rule ends in `return` or `goto`) to a helper chain that holds its
+    /// action and the rest.
+    /// `into` is (the helpers' base name, the helper `out` is for: `None` for the rule's own
+    /// chain); `counted` gets where the last segment's rules went.
     fn emit(
         &mut self,
         at: Pos,
-        segs: &[Vec<model::Rule>],
+        segs: &[Seg],
         out: &mut Vec<model::Rule>,
-        helper: &str,
+        (helper, into): (&str, Option<&str>),
         depth: usize,
+        counted: &mut Option<Counted>,
     ) -> Result<(), NftError> {
         for (i, seg) in segs.iter().enumerate() {
             let last = i + 1 == segs.len();
-            if last || (seg.len() == 1 && !has_conditions(&seg[0])) {
-                out.extend(seg.iter().cloned());
+            let plain = seg.rules.len() == 1 && !has_conditions(&seg.rules[0]);
+            if seg.kind == SegKind::Returns || (seg.kind == SegKind::Action && (last || plain)) {
+                if last {
+                    *counted = Some(Counted {
+                        helper: into.map(str::to_string),
+                        first: out.len(),
+                        len: seg.rules.len(),
+                    });
+                }
+                out.extend(seg.rules.iter().cloned());
                 continue;
             }
             let rest = &segs[i + 1..];
             let leaves = rest.last().is_some_and(|s| {
-                s.iter()
+                s.rules
+                    .iter()
                     .any(|r| matches!(r.target, Target::Return | Target::Goto(_)))
             });
-            if leaves && rest.iter().flatten().any(has_conditions) {
+            let conditions = rest.iter().flat_map(|s| &s.rules).any(has_conditions);
+            if leaves && conditions {
                 return Err(self.err(
                     at,
                     "",
                     ErrorKind::Unsupported(
-                        "`return`/`goto` after an action and a later match".into(),
+                        "`return`/`goto` after an action, a later match or `limit rate over`"
+                            .into(),
                     ),
                 ));
             }
@@ -189,8 +332,8 @@ impl Cx<'_> {
                 format!("{helper}.{depth}")
             };
             // A gate's segment has no action of its own (`Target::None`).
-            let action = seg[0].target.clone();
-            for r in seg {
+            let action = seg.rules[0].target.clone();
+            for r in &seg.rules {
                 let mut g = r.clone();
                 g.target = if leaves {
                     Target::Goto(name.clone())
@@ -202,12 +345,19 @@ impl Cx<'_> {
             let mut inner = Vec::new();
             if action != Target::None {
                 inner.push(model::Rule {
-                    location: seg[0].location,
+                    location: seg.rules[0].location,
                     target: action,
                     ..model::Rule::default()
                 });
             }
-            self.emit(at, rest, &mut inner, helper, depth + 1)?;
+            self.emit(
+                at,
+                rest,
+                &mut inner,
+                (helper, Some(&name)),
+                depth + 1,
+                counted,
+            )?;
             self.helpers.push((name, inner));
             return Ok(());
         }
@@ -392,9 +542,15 @@ impl Cx<'_> {
                 return Err(self.unsupported(at, "limit", format!("`limit rate .../{other}`")));
             }
         };
-        if l.over || l.byte_unit.is_some() {
-            return Err(self.unsupported(at, "limit", "`limit rate over` and byte rates".into()));
+        // `over` is lowered by the caller (a returning rule behind a gate).
+        if let Some(unit) = l.byte_unit {
+            return Err(self.unsupported(
+                at,
+                "limit",
+                format!("`limit rate ... {unit}/...` (a byte rate)"),
+            ));
         }
+        debug_assert!(!l.over);
         let rate = u32::try_from(l.rate).ok().filter(|&r| r > 0);
         let Some(rate) = rate else {
             return Err(self.unsupported(at, "limit", format!("`limit rate {}`", l.rate)));
