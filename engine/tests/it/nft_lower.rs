@@ -395,3 +395,44 @@ fn limit_over_and_negated_sets_return_from_a_helper() {
     );
     assert!(e.to_string().contains("`limit rate over`"), "{e}");
 }
+
+/// A concatenated key (kube-proxy's `ip daddr . meta l4proto . th dport`) in an anonymous set
+/// or a verdict map: one rule per element, each part of the key one match.
+#[test]
+fn concatenated_keys_in_sets_and_verdict_maps() {
+    let l = lowered(
+        "kp",
+        "table ip kp {\n\tmap no-endpoint-services {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\
+         \t\telements = { 172.30.0.44 . tcp . 80 : goto reject-chain, 172.30.0.45 . udp . 53 : drop }\n\t}\n\
+         \tchain reject-chain {\n\t\treject\n\t}\n\
+         \tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n\
+         \t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services\n\
+         \t\tip saddr . tcp dport { 192.0.2.1 . 22, 192.0.2.2 . 2222 } drop\n\t}\n}\n",
+    );
+    let s = compile(vec![l.ruleset], &NoSets);
+    let at = |src: &str, dst: &str, proto, dport| v4(Hook::Input, src, dst, proto, dport);
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.44", 6, 80)),
+        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+    );
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.44", 17, 80)),
+        Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.45", 17, 53)),
+        Verdict::Drop
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", "10.0.0.9", 6, 22)),
+        Verdict::Drop
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", "10.0.0.9", 6, 2222)),
+        Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.2", "10.0.0.9", 6, 2222)),
+        Verdict::Drop
+    );
+}

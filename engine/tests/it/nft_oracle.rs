@@ -381,6 +381,7 @@ const COVERAGE: &str = r#"table inet cov {
 		tcp flags & (syn | ack) == syn tcp dport 68 counter drop
 		ip daddr 10.99.0.1 tcp dport 500 limit rate over 1/minute burst 1 packets counter drop
 		tcp dport 500 counter accept
+		ip daddr . meta l4proto . th dport vmap { 10.99.0.1 . udp . 8080 : accept, 10.99.0.1 . tcp . 546 : drop }
 		meta l4proto udp udp dport 546 iifname != { "lo", "vo9" } counter accept
 		iifname != { "vo1", "lo" } udp dport 8080 counter drop
 		meta l4proto udp udp dport != 68 counter reject with icmpx admin-prohibited

@@ -414,14 +414,24 @@ impl Cx<'_> {
                 }
             }
             Expr::Fib { flags, result } => self.fib(at, *flags, *result, e, neg, a),
-            Expr::Concat(_) => self.refuse(
-                at,
-                ".",
-                format!(
-                    "`{}` (a concatenation) compared with a value or anonymous set",
-                    expr_string(left)
+            // `A . B == a . b` is `A == a` and `B == b` (an element of a concatenated set or
+            // verdict map); its negation is no conjunction of model matches.
+            Expr::Concat(parts) => match e {
+                Elem::Concat(vals) if !neg && vals.len() == parts.len() => {
+                    for (p, v) in parts.iter().zip(vals) {
+                        self.apply(at, p, v, false, a)?;
+                    }
+                    Ok(())
+                }
+                _ => self.refuse(
+                    at,
+                    ".",
+                    format!(
+                        "`{}` (a concatenation) compared with this value or negated",
+                        expr_string(left)
+                    ),
                 ),
-            ),
+            },
             Expr::Numgen { .. } => self.refuse(at, "numgen", "`numgen`"),
         }
     }
