@@ -16,6 +16,9 @@
 //!   and the regular chains only they reach are stored only (the nft text keeps them; with
 //!   `--kernel-tables` the kernel runs them), as the iptables nat table: listed in
 //!   [`Lowered::stored_only`], never dropped silently;
+//! - a chain that runs before conntrack (reached from a base chain below priority -200) has
+//!   no connection to read: a `ct` expression or `ct mark set` there is refused by name (the
+//!   kernel reads such a packet as `ct state invalid`);
 //! - a rule with several actions (`log ... accept`, `meta mark set 1 accept`) becomes a jump
 //!   to a helper chain `NAME #N` (N the rule's 1-based place) holding one model rule per
 //!   action, so each action runs once and matches written after an action still gate what
@@ -156,7 +159,7 @@ pub fn lower(
     let lines: Vec<&str> = text.lines().collect();
     let mut sets_seen: HashSet<String> = HashSet::new();
     for table in &rs.tables {
-        let enforced = enforced_chains(table, &mut out.stored_only);
+        let (enforced, before_ct) = enforced_chains(table, &mut out.stored_only);
         for (ci, chain) in table.chains.iter().enumerate() {
             if !enforced[ci] {
                 continue;
@@ -167,6 +170,7 @@ pub fn lower(
                     lines: &lines,
                     table,
                     family: fam,
+                    before_ct: before_ct[ci],
                     helpers: Vec::new(),
                     sets: Vec::new(),
                 };
@@ -276,9 +280,10 @@ fn location(p: Pos) -> model::Location {
     }
 }
 
-/// The chains of `table` the engine enforces: `type filter`/`type route` base chains and the
-/// chains they reach; the others are noted in `stored_only`.
-fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> Vec<bool> {
+/// The chains of `table` the engine enforces (`type filter`/`type route` base chains and the
+/// chains they reach; the others are noted in `stored_only`), and those of them that a base
+/// chain below conntrack's priority reaches (they run before the conntrack lookup).
+fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> (Vec<bool>, Vec<bool>) {
     let index: HashMap<&str, usize> = table
         .chains
         .iter()
@@ -321,6 +326,18 @@ fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> Vec<bool
             .map(|(i, _)| i)
     };
     let enforced = reach(&mut base_of(|k| k != ChainType::Nat));
+    let before_ct = reach(
+        &mut table
+            .chains
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                c.base.is_some_and(|b| {
+                    b.kind != ChainType::Nat && b.priority < model::CONNTRACK_PRIORITY
+                })
+            })
+            .map(|(i, _)| i),
+    );
     let nat = reach(&mut base_of(|k| k == ChainType::Nat));
     for (i, c) in table.chains.iter().enumerate() {
         if enforced[i] {
@@ -339,7 +356,7 @@ fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> Vec<bool
             why,
         });
     }
-    enforced
+    (enforced, before_ct)
 }
 
 /// Calls `f` with every chain statement `s` jumps or goes to (verdicts, verdict maps, named

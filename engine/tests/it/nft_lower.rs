@@ -436,3 +436,24 @@ fn concatenated_keys_in_sets_and_verdict_maps() {
         Verdict::Drop
     );
 }
+
+/// A chain that runs before conntrack (priority below -200) has no connection yet: `ct`
+/// there is refused by name, in the base chain and in what it reaches.
+#[test]
+fn ct_before_conntrack_is_refused() {
+    let e = refused(
+        "table inet t {\n\tchain pre {\n\t\ttype filter hook prerouting priority raw;\n\t\tjump x\n\t}\n\
+         \tchain x {\n\t\tct state new drop\n\t}\n}\n",
+    );
+    assert_eq!((e.pos.line, e.pos.column), (7, 3), "{e}");
+    assert!(
+        e.to_string()
+            .contains("`ct state` in a chain that runs before conntrack"),
+        "{e}"
+    );
+    // At priority mangle (-150) the connection is known.
+    lowered(
+        "t",
+        "table inet t {\n\tchain pre {\n\t\ttype filter hook prerouting priority mangle;\n\t\tct state new drop\n\t}\n}\n",
+    );
+}

@@ -13,6 +13,9 @@ pub(super) struct Cx<'a> {
     pub(super) lines: &'a [&'a str],
     pub(super) table: &'a Table,
     pub(super) family: Family,
+    /// The chain runs before the conntrack lookup (a base chain below priority -200 reaches
+    /// it): `ct` expressions and statements are refused there.
+    pub(super) before_ct: bool,
     /// Helper chains made for rules with several actions: (name, rules).
     pub(super) helpers: Vec<(String, Vec<model::Rule>)>,
     /// Named sets the rules matched against.
@@ -564,6 +567,20 @@ impl Cx<'_> {
 
     /// `meta mark set ...`, `ct mark set ...` as MARK / CONNMARK.
     fn set_stmt(&self, at: Pos, key: &Expr, value: &SetValue) -> Step<Target> {
+        let ct_read = matches!(
+            value,
+            SetValue::From {
+                expr: Expr::Ct(_),
+                ..
+            }
+        );
+        if self.before_ct && (matches!(key, Expr::Ct(_)) || ct_read) {
+            return Err(self.unsupported(
+                at,
+                "ct",
+                "`ct mark` in a chain that runs before conntrack (priority below -200)".into(),
+            ));
+        }
         const ALL: u32 = u32::MAX;
         let num = |e: &Elem| match e {
             Elem::Value(Value::Num(n)) => u32::try_from(*n).ok(),

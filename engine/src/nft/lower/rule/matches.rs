@@ -808,6 +808,19 @@ impl Cx<'_> {
         neg: bool,
         a: &mut model::Rule,
     ) -> Step<()> {
+        if self.before_ct {
+            let name = match k {
+                CtKey::State => "ct state",
+                CtKey::Status => "ct status",
+                CtKey::Mark => "ct mark",
+                CtKey::Direction => "ct direction",
+            };
+            return self.refuse(
+                at,
+                "ct",
+                format!("`{name}` in a chain that runs before conntrack (priority below -200)"),
+            );
+        }
         let n = num(e);
         match k {
             CtKey::State => {
