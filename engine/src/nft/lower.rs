@@ -66,6 +66,10 @@ mod rule;
 /// (counted before any is built): past it the rule is refused as too large.
 pub const MAX_EXPANDED_RULES: usize = 4096;
 
+/// The most model rules one lowered ruleset may hold (both families, helper chains
+/// included), counted as they are made: past it the ruleset is refused as too large.
+pub const MAX_LOWERED_RULES: usize = 2_000_000;
+
 /// What [`lower`] made of an nft ruleset.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lowered {
@@ -135,7 +139,8 @@ pub fn set_name(family: super::Family, table: &str, set: &str) -> String {
 /// ruleset priority `priority` (the tie-break among base chains of equal netfilter priority).
 ///
 /// Errors: every statement of an enforced chain that the engine does not run, named at its
-/// position ([`ErrorKind::Unsupported`]); expansions past [`MAX_EXPANDED_RULES`]
+/// position ([`ErrorKind::Unsupported`]); expansions past [`MAX_EXPANDED_RULES`], rulesets
+/// past [`MAX_LOWERED_RULES`] and engine sets past [`super::MAX_SET_ELEMENTS`] elements
 /// ([`ErrorKind::TooLarge`]).
 pub fn lower(
     rs: &Ruleset,
@@ -158,6 +163,7 @@ pub fn lower(
     let mut errors = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
     let mut sets_seen: HashSet<String> = HashSet::new();
+    let mut made = 0usize;
     for table in &rs.tables {
         let (enforced, before_ct) = enforced_chains(table, &mut out.stored_only);
         for (ci, chain) in table.chains.iter().enumerate() {
@@ -172,6 +178,7 @@ pub fn lower(
                     family: fam,
                     before_ct: before_ct[ci],
                     helpers: Vec::new(),
+                    helper_rules: 0,
                     sets: Vec::new(),
                 };
                 let name = chain_name(table.family, &table.name, &chain.name);
@@ -196,7 +203,19 @@ pub fn lower(
                         }
                         Err(e) => errors.push(e),
                     }
+                    if made + rules.len() + cx.helper_rules > MAX_LOWERED_RULES {
+                        errors.push(NftError::new(
+                            file,
+                            r.pos,
+                            "",
+                            ErrorKind::TooLarge(format!(
+                                "the ruleset lowers to more than {MAX_LOWERED_RULES} rules"
+                            )),
+                        ));
+                        return Err(NftErrors(errors));
+                    }
                 }
+                made += rules.len() + cx.helper_rules;
                 let loc = location(chain.pos);
                 let (nft_hook, policy) = match chain.base {
                     Some(b) => (

@@ -457,3 +457,47 @@ fn ct_before_conntrack_is_refused() {
         "table inet t {\n\tchain pre {\n\t\ttype filter hook prerouting priority mangle;\n\t\tct state new drop\n\t}\n}\n",
     );
 }
+
+/// An anonymous set is counted before its rules are built: one past `MAX_EXPANDED_RULES`
+/// elements is refused as too large at the rule. Two sets in one rule do not multiply: the
+/// first one's rules jump to a helper chain holding the second's (64 + 65 rules, not 64 * 65).
+#[test]
+fn expansions_are_counted_before_they_are_built() {
+    let max = nft::lower::MAX_EXPANDED_RULES;
+    let addrs = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let rule = |set: &str| {
+        format!(
+            "table ip t {{\n\tchain c {{\n\t\ttype filter hook input priority 0;\n\
+             \t\ticmp type {{ echo-request, echo-reply }} ip saddr {{ {set} }} accept\n\t}}\n}}\n"
+        )
+    };
+    let e = refused(&rule(&addrs(max + 1)));
+    assert!(matches!(e.kind, ErrorKind::TooLarge(_)), "{e}");
+    assert_eq!(e.pos.line, 4);
+    let l = lowered("t", &rule(&addrs(max)));
+    let t = l.ruleset.table(Family::Ipv4, TableKind::Nft).unwrap();
+    let sizes: Vec<usize> = t.chains.iter().map(|c| c.rules.len()).collect();
+    assert_eq!(sizes, [2, max]);
+}
+
+/// `meta l4proto { tcp, udp } th dport 53`: each alternative keeps its protocol, so `th`
+/// reads the right header.
+#[test]
+fn th_after_a_protocol_set_reads_each_protocol() {
+    let l = lowered(
+        "th",
+        "table inet t {\n\tchain c {\n\t\ttype filter hook input priority 0; policy drop;\n\
+         \t\tmeta l4proto { tcp, udp } th dport 53 accept\n\t}\n}\n",
+    );
+    let s = compile(vec![l.ruleset], &NoSets);
+    let at = |proto, dport| v4(Hook::Input, "192.0.2.7", "192.0.2.1", proto, dport);
+    assert_eq!(verdict(&s, at(6, 53)), Verdict::Accept);
+    assert_eq!(verdict(&s, at(17, 53)), Verdict::Accept);
+    assert_eq!(verdict(&s, at(17, 54)), Verdict::Drop);
+    assert_eq!(verdict(&s, at(132, 53)), Verdict::Drop);
+}

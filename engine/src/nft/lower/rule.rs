@@ -18,6 +18,8 @@ pub(super) struct Cx<'a> {
     pub(super) before_ct: bool,
     /// Helper chains made for rules with several actions: (name, rules).
     pub(super) helpers: Vec<(String, Vec<model::Rule>)>,
+    /// The rules of `helpers`, counted as they are made.
+    pub(super) helper_rules: usize,
     /// Named sets the rules matched against.
     pub(super) sets: Vec<LoweredSet>,
 }
@@ -164,8 +166,11 @@ impl Cx<'_> {
             // A limit bucket must be asked once per packet: an expansion after one, or a
             // limit or match after an expansion, goes behind a gate (a jump to a helper
             // chain holding the rest), which one alternative at most passes.
+            // Two expansions in a row would multiply; behind a gate they add up. A single
+            // value after an expansion stays with each alternative (`meta l4proto { tcp, udp }
+            // th dport 53` needs each alternative's protocol).
             let gate = (expands(s) && cur.iter().any(has_limit))
-                || (cur.len() > 1 && !is_action(s) && !matches!(s, Stmt::Counter { .. }));
+                || (cur.len() > 1 && (matches!(s, Stmt::Limit(_)) || expands(s)));
             if gate && i > 0 {
                 close(&mut segs, &mut cur, true);
             }
@@ -361,6 +366,7 @@ impl Cx<'_> {
                 depth + 1,
                 counted,
             )?;
+            self.helper_rules += inner.len();
             self.helpers.push((name, inner));
             return Ok(());
         }

@@ -1054,6 +1054,16 @@ impl Cx<'_> {
                     timeout: el.expires_ms.or(el.timeout_ms).map(secs),
                     counters: None,
                 };
+                if elements.len() > crate::nft::MAX_SET_ELEMENTS {
+                    return Err(Err(self.err(
+                        at,
+                        name,
+                        ErrorKind::TooLarge(format!(
+                            "`@{name}` makes more than {} engine set elements",
+                            crate::nft::MAX_SET_ELEMENTS
+                        )),
+                    )));
+                }
                 match &el.key {
                     Elem::Value(Value::Num(v)) => {
                         elements.push((Element::new(addr(fam, *v), width(fam), None), opts))
