@@ -81,14 +81,6 @@ fn has_limit(r: &model::Rule) -> bool {
     r.matches.iter().any(|m| matches!(m, Match::Limit(_)))
 }
 
-/// Whether `s` is an action (it closes a segment) rather than a match.
-fn is_action(s: &Stmt) -> bool {
-    !matches!(
-        s,
-        Stmt::Match(_) | Stmt::Vmap { .. } | Stmt::Limit(_) | Stmt::Counter { .. }
-    )
-}
-
 /// Whether match `s` makes one alternative per element (an anonymous set that no single
 /// model match holds; see `lower_match`).
 fn expands(s: &Stmt) -> bool {
