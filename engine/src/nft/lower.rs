@@ -33,7 +33,10 @@
 //!   sets and verdict maps become one model rule per element (nft's interval sets
 //!   hold disjoint elements, so a packet matches at most one of them), sized before they are
 //!   built ([`MAX_EXPANDED_RULES`]); a named verdict map is lowered with the elements it has
-//!   at the commit, so changing them is a commit (not a set update);
+//!   at the commit, so changing them is a commit (not a set update), and so is a named set
+//!   of ports (`type inet_service`: no engine set type holds ports alone);
+//! - `notrack` in a chain that runs after conntrack does nothing, as in the kernel (the
+//!   packet has its entry already);
 //! - named sets become engine sets ([`Lowered::sets`]) named `FAMILY.TABLE.SET`
 //!   ([`set_name`]): `ipv4_addr`/`ipv6_addr` sets as `hash:ip` (`hash:net` with `flags
 //!   interval`), `ADDR . inet_proto . inet_service` sets as `hash:ip,port`. Their elements

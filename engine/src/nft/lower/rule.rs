@@ -436,6 +436,9 @@ impl Cx<'_> {
                 };
                 Target::Reject(w)
             }
+            // After conntrack the packet has its entry: notrack does nothing there (the
+            // kernel's nft_notrack leaves an attached entry alone).
+            Stmt::Notrack if !self.before_ct => return Ok(None),
             Stmt::Notrack => Target::Notrack,
             Stmt::Log(l) => self.log(at, l)?,
             Stmt::Limit(l) => {

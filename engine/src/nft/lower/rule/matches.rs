@@ -102,6 +102,13 @@ impl Cx<'_> {
             Op::Lt | Op::Gt | Op::Le | Op::Ge => return self.ordered(at, m, alts),
         };
         match &m.right {
+            // A named set of ports: no engine set type holds ports alone, so its elements
+            // at the commit are lowered as an anonymous set's (changing them is a commit).
+            SetRhs::Ref(name) if port_set(self.table, name).is_some() => {
+                let table = self.table;
+                let elems = port_set(table, name).unwrap_or_default();
+                self.apply_set(at, &m.left, elems, neg, alts)
+            }
             SetRhs::Ref(name) => {
                 let sm = self.named_set(at, &m.left, name, neg)?;
                 for a in alts.iter_mut() {
@@ -1122,6 +1129,17 @@ impl Cx<'_> {
             other: Vec::new(),
         }))
     }
+}
+
+/// The elements of named set `name` of `table` when it is a set of ports (`inet_service`).
+fn port_set<'t>(table: &'t Table, name: &str) -> Option<&'t [SetElem]> {
+    let set = table.sets.iter().find(|s| s.name == name && !s.is_map)?;
+    let types = match &set.key {
+        NftSetType::Types(t) => t.clone(),
+        NftSetType::Typeof(e) => crate::nft::parse::expr_types(e),
+        NftSetType::Verdict => return None,
+    };
+    (types == [DataType::InetService]).then_some(set.elements.as_slice())
 }
 
 fn proto_name(p: Proto) -> &'static str {
