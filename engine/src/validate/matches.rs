@@ -416,7 +416,14 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Rpfilter(rp) => {
-                    if rp.flags & !crate::fib::rpfilter_flags::ALL != 0 {
+                    // The nft lookup mode is no iptables option: nft tables only.
+                    let nft_bit = crate::fib::rpfilter_flags::NFT;
+                    let foreign = if table.kind == TableKind::Nft {
+                        0
+                    } else {
+                        nft_bit
+                    };
+                    if rp.flags & (!crate::fib::rpfilter_flags::ALL | foreign) != 0 {
                         errs.push(ViolationKind::BadValue {
                             what: "rpfilter",
                             value: format!("{:#x}", rp.flags),

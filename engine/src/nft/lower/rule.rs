@@ -230,6 +230,7 @@ impl Cx<'_> {
             }
             let step = match s {
                 Stmt::Match(m) => self.lower_match(r.pos, m, &mut cur),
+                Stmt::SetUpdate(u) => self.meter(r.pos, u, &mut cur),
                 Stmt::Vmap { key, map } => {
                     let out = self.vmap(r.pos, key, map, std::mem::take(&mut cur));
                     match out {
@@ -479,6 +480,96 @@ impl Cx<'_> {
             }
             Stmt::Counter { .. } | Stmt::Match(_) | Stmt::Vmap { .. } => return Ok(None),
         }))
+    }
+
+    /// A meter, `add|update @set { KEY limit rate [over] R/UNIT [burst B packets] }` with
+    /// KEY one address (`ip saddr`, `ip6 daddr`): a token bucket per key, as `-m hashlimit`
+    /// (mode srcip or dstip, the table named `TABLE.SET`, entries expiring after the set's
+    /// timeout). The keys live in the engine's hashlimit table, not as set elements.
+    fn meter(
+        &mut self,
+        at: Pos,
+        u: &super::super::SetUpdate,
+        cur: &mut [model::Rule],
+    ) -> Step<()> {
+        use crate::model::{HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, hashlimit_mode};
+        let word = u.op.name();
+        let refuse = |what: String| Err(self.unsupported(at, word, what));
+        let (Some(Stmt::Limit(l)), 1) = (u.stmts.first(), u.stmts.len()) else {
+            return refuse(format!(
+                "`{word} @{}` other than a meter (one `limit`)",
+                u.set
+            ));
+        };
+        if u.op == super::super::SetUpdateOp::Delete || l.byte_unit.is_some() {
+            return refuse(format!(
+                "`{word} @{}` other than a packet-rate meter",
+                u.set
+            ));
+        }
+        let (fam, mode) = match &u.key {
+            Expr::Payload(Payload {
+                proto,
+                field: f @ ("saddr" | "daddr"),
+            }) if matches!(proto, Proto::Ip | Proto::Ip6) => {
+                let fam = if *proto == Proto::Ip {
+                    Family::Ipv4
+                } else {
+                    Family::Ipv6
+                };
+                let mode = if *f == "saddr" {
+                    hashlimit_mode::SRC_IP
+                } else {
+                    hashlimit_mode::DST_IP
+                };
+                (fam, mode)
+            }
+            _ => {
+                return refuse(format!(
+                    "`{word} @{}` keyed by other than one address",
+                    u.set
+                ));
+            }
+        };
+        if fam != self.family {
+            return Err(Ok(Omit));
+        }
+        let unit_secs: u64 = match l.per {
+            "second" => 1,
+            "minute" => 60,
+            "hour" => 3600,
+            "day" => 86_400,
+            other => return refuse(format!("`limit rate .../{other}` in a meter")),
+        };
+        let name = format!("{}.{}", self.table.name, u.set);
+        if name.len() > HASHLIMIT_NAME_MAX || l.rate == 0 {
+            return refuse(format!(
+                "`{word} @{}`: its meter name `{name}` is longer than {HASHLIMIT_NAME_MAX} bytes or its rate 0",
+                u.set
+            ));
+        }
+        let set = self.table.sets.iter().find(|s| s.name == u.set);
+        let expire = set
+            .and_then(|s| s.timeout_ms)
+            .or(u.timeout_ms)
+            .unwrap_or(unit_secs * 1000);
+        let m = HashlimitMatch {
+            above: l.over,
+            avg: HASHLIMIT_SCALE * unit_secs / l.rate,
+            burst: l.burst.max(1),
+            mode,
+            name,
+            size: set.and_then(|s| s.size).unwrap_or(0),
+            max: 0,
+            gc_interval: 1000,
+            expire: u32::try_from(expire).unwrap_or(u32::MAX),
+            srcmask: None,
+            dstmask: None,
+        };
+        for a in cur.iter_mut() {
+            a.matches.push(Match::Hashlimit(m.clone()));
+        }
+        Ok(())
     }
 
     fn chain(&self, c: &str) -> String {

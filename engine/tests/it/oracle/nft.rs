@@ -10,7 +10,7 @@
 //! OUTPUT DROP of the setup drops them after they are counted). Arrived and accepted: ACCEPT;
 //! arrived, not accepted, an answer sent: REJECT; arrived and nothing else: DROP.
 //!
-//! The counters of the ruleset's own rules are read from `nft list ruleset` (parsed with
+//! The counters of the ruleset's own rules are read from `nft -t list ruleset` (parsed with
 //! `vallum_engine::nft::parse`): the packets of every rule with a `counter` statement, in
 //! listing order (the order of the loaded text).
 
@@ -92,7 +92,8 @@ pub fn load(o: &KernelOracle, text: &str) -> Result<(), String> {
 /// (oracle counters `[arrived, accepted, resets, ICMP unreachables, ICMPv6 unreachables]`,
 /// the ruleset's counters).
 fn read(o: &KernelOracle) -> Result<([u64; 5], Vec<u64>), String> {
-    let listing = run_in(&fw(o), &["nft", "list", "ruleset"], None)?;
+    // Terse: without the sets' elements (a meter's live elements carry their limit state).
+    let listing = run_in(&fw(o), &["nft", "-t", "list", "ruleset"], None)?;
     let rs = nft::parse("kernel listing", &listing).map_err(|e| e.to_string())?;
     let mut oracle = Vec::new();
     let mut rules = Vec::new();

@@ -949,7 +949,7 @@ impl Cx<'_> {
                     Some(1) => !neg,
                     _ => return self.refuse(at, "oif", "this `fib ... oif` value"),
                 };
-                let mut f = 0;
+                let mut f = F::NFT;
                 if flags & IIF == 0 {
                     f |= F::LOOSE;
                 }
