@@ -595,6 +595,54 @@ async fn a_commit_does_not_read_the_ruleset_s_commit_history() {
     }
 }
 
+/// The phase columns of commits that finish together are all written once every call has
+/// returned, in fewer transactions than calls when they queue behind one (a row queued behind
+/// a transaction on its way is written by it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phases_of_commits_that_finish_together_share_a_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("v.db")).await.unwrap();
+    let mut ids = Vec::new();
+    for k in 0..40 {
+        let name = format!("r{k}");
+        let p = store
+            .persist_commit(commit(
+                &name,
+                CommitTarget::New(new_rev(&name, "*filter\nCOMMIT\n")),
+            ))
+            .await
+            .unwrap();
+        ids.push((name, p.commit_id));
+    }
+    let phases = |i: u64| Phases {
+        total_ns: 1_000 + i,
+        persist_ns: i,
+        ..Phases::default()
+    };
+    let before = store.writer.written();
+    let calls = (0u64..).zip(&ids).map(|(i, (_, id))| {
+        let store = store.clone();
+        let id = *id;
+        async move { store.finish_commit(id, &phases(i)).await }
+    });
+    for r in futures_util::future::join_all(calls).await {
+        r.unwrap();
+    }
+    let transactions = store.writer.written() - before;
+    for (i, (name, id)) in (0u64..).zip(&ids) {
+        let rows = store.commits(name).await.unwrap();
+        let row = rows.iter().find(|c| c.id == *id).unwrap();
+        assert_eq!(row.phases, phases(i), "commit {id}");
+    }
+    // Joined in one task: every call after the first queues behind a transaction on its way
+    // unless that one already took the rows; far fewer transactions than calls.
+    assert!(
+        (1..ids.len() as u64).contains(&transactions),
+        "{transactions} transactions for {} calls",
+        ids.len()
+    );
+}
+
 #[tokio::test]
 async fn prunes_old_revisions_but_never_active_pending_or_restore_target() {
     let dir = tempfile::tempdir().unwrap();

@@ -440,8 +440,7 @@ pub(crate) fn set_priority(tx: &Tx<'_>, rs: RulesetRow, priority: i32) -> Result
 
 /// [`clear_deadlines`]' statement: it reads the partial index `commits_pending_by_ruleset`
 /// (the ruleset's commits that wait for a confirm), not the ruleset's whole commit history.
-pub(crate) const CLEAR_DEADLINES: &str =
-    "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL";
+pub(crate) const CLEAR_DEADLINES: &str = "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL";
 
 /// Clears the commit-confirmed deadlines of `ruleset` (a later commit settles them).
 pub(crate) fn clear_deadlines(tx: &Tx<'_>, ruleset: &str) -> Result<()> {
