@@ -14,10 +14,15 @@ use std::process::{Child, Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vallum-iptables");
 
-/// A running vallumd on an ephemeral port with its own database; killed on drop.
+/// A running vallumd on an ephemeral port and a local socket of its own, with its own
+/// database; killed on drop.
 struct Vallumd {
     child: Child,
+    /// Where the drop-in calls it: its local socket (`unix:PATH`, local calls), as a host's
+    /// `iptables` does by default, unless the test asked for TCP.
     url: String,
+    /// Its gRPC TCP endpoint (`http://HOST:PORT`).
+    tcp: String,
     /// `/metrics` address (`HOST:PORT`).
     metrics: String,
     dir: PathBuf,
@@ -32,10 +37,18 @@ impl Drop for Vallumd {
 }
 
 fn vallumd(tag: &str) -> Vallumd {
+    vallumd_via(tag, false)
+}
+
+/// As [`vallumd`]; with `tcp` the drop-in calls it over TCP (gRPC) instead of its local socket.
+fn vallumd_via(tag: &str, tcp: bool) -> Vallumd {
     let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let v = spawn_vallumd(dir);
+    let mut v = spawn_vallumd(dir);
+    if tcp {
+        v.url = v.tcp.clone();
+    }
     // Ready once it stops answering NOT_READY ("still loading its stored state").
     for _ in 0..600 {
         let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
@@ -55,9 +68,11 @@ fn spawn_vallumd(dir: PathBuf) -> Vallumd {
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--cores", "1", "--db"])
         .arg(dir.join("v.db"))
-        // Changes over TCP without tokens (anonymous TCP callers only read by default); never
-        // the host's default socket.
-        .args(["--insecure-no-auth", "--socket", "none"])
+        // Changes over TCP without tokens (anonymous TCP callers only read by default); a
+        // socket of its own, never the host's default one (this user may change state
+        // through it: vallumd runs as this user).
+        .args(["--insecure-no-auth", "--socket"])
+        .arg(dir.join("v.sock"))
         .env_remove("VALLUM_DB")
         .env_remove("VALLUM_SYNC")
         .stdout(Stdio::piped())
@@ -79,7 +94,8 @@ fn spawn_vallumd(dir: PathBuf) -> Vallumd {
     std::thread::spawn(move || for _ in lines {});
     Vallumd {
         child,
-        url: url.expect("vallumd printed its address"),
+        url: format!("unix:{}", dir.join("v.sock").display()),
+        tcp: url.expect("vallumd printed its address"),
         metrics: metrics.expect("vallumd printed its metrics address"),
         dir,
     }
@@ -188,7 +204,17 @@ fn words(s: &str) -> Vec<&str> {
 
 #[test]
 fn every_edit_kind_with_iptables_words_and_exit_codes() {
-    let v = vallumd("edits");
+    every_edit_kind(&vallumd("edits"));
+}
+
+/// The same over TCP: gRPC through tonic instead of local calls, the same words and codes.
+#[test]
+fn every_edit_kind_over_tcp() {
+    every_edit_kind(&vallumd_via("edits-tcp", true));
+}
+
+/// Every edit kind through `v`, with iptables' words and exit codes.
+fn every_edit_kind(v: &Vallumd) {
     let ok = |cmd: &str| {
         let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
         assert_eq!(rc, 0, "iptables {cmd}: {err}");
@@ -476,7 +502,7 @@ fn edit_ruleset_is_atomic_and_one_revision() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut c = pb::ruleset_service_client::RulesetServiceClient::connect(v.url.clone())
+        let mut c = pb::ruleset_service_client::RulesetServiceClient::connect(v.tcp.clone())
             .await
             .expect("connect");
         let req = |edits| pb::EditRulesetRequest {
