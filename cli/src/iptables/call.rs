@@ -170,17 +170,39 @@ fn local_call<Req: Message, Resp: Message + Default>(
             details: Vec::new(),
         })?;
     // The magic and the first frame in one write.
-    if !*greeted {
+    let sent = if !*greeted {
+        *greeted = true;
         let mut first = Vec::with_capacity(local::MAGIC.len() + frame.len());
         first.extend_from_slice(local::MAGIC);
         first.extend_from_slice(&frame);
-        io.write_all(&first).map_err(broken)?;
-        *greeted = true;
+        io.write_all(&first)
     } else {
-        io.write_all(&frame).map_err(broken)?;
-    }
+        io.write_all(&frame)
+    };
+    // vallumd refuses a frame over its request limit from the length prefix and closes the
+    // connection before the rest arrives: its answer is still there to read, and says why.
     let mut len = [0u8; 4];
+    if let Err(e) = sent {
+        return match io.read_exact(&mut len) {
+            Ok(()) => read_answer(io, len, server),
+            Err(_) => Err(broken(e)),
+        };
+    }
     io.read_exact(&mut len).map_err(broken)?;
+    read_answer(io, len, server)
+}
+
+/// The rest of an answer whose length prefix is `len`.
+fn read_answer<Resp: Message + Default>(
+    io: &mut UnixStream,
+    len: [u8; 4],
+    server: &str,
+) -> Result<Resp, Refusal> {
+    let broken = |e: std::io::Error| Refusal {
+        code: UNAVAILABLE,
+        message: format!("vallumd at {server}: {e}"),
+        details: Vec::new(),
+    };
     let len = u32::from_be_bytes(len) as usize;
     let undecodable = |m: String| Refusal {
         code: 13,

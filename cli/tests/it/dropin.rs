@@ -253,6 +253,15 @@ fn every_edit_kind(v: &Vallumd) {
         "No chain/target/match by that name.",
     );
     fails("--bogus-command", 2, "Try `iptables -h'");
+    // A restore over vallumd's --max-request-bytes (4 MiB by default) says so, on the local
+    // socket (refused from the frame's length) as over gRPC.
+    let big = format!(
+        "*filter\n{}COMMIT\n",
+        "# padding to pass the request limit\n".repeat(130_000)
+    );
+    let (rc, _, err) = run(v, "iptables-restore", &["--noflush"], &big);
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("--max-request-bytes"), "{err}");
     ok("-P FORWARD DROP");
     ok("-R INPUT 2 -p udp --dport 53 -j ACCEPT");
     ok("-t nat -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE");
