@@ -216,11 +216,11 @@ fn every_edit_kind_over_tcp() {
 /// Every edit kind through `v`, with iptables' words and exit codes.
 fn every_edit_kind(v: &Vallumd) {
     let ok = |cmd: &str| {
-        let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
+        let (rc, _, err) = run(v, "iptables", &words(cmd), "");
         assert_eq!(rc, 0, "iptables {cmd}: {err}");
     };
     let fails = |cmd: &str, code: i32, words_: &str| {
-        let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
+        let (rc, _, err) = run(v, "iptables", &words(cmd), "");
         assert_eq!(rc, code, "iptables {cmd}: {err}");
         assert!(err.contains(words_), "iptables {cmd}: {err}");
     };
@@ -265,7 +265,7 @@ fn every_edit_kind(v: &Vallumd) {
     ok("-P FORWARD DROP");
     ok("-R INPUT 2 -p udp --dport 53 -j ACCEPT");
     ok("-t nat -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE");
-    let (_, s, _) = run(&v, "iptables", &["-S"], "");
+    let (_, s, _) = run(v, "iptables", &["-S"], "");
     assert_eq!(
         s,
         "-P INPUT ACCEPT\n-P FORWARD DROP\n-P OUTPUT ACCEPT\n-N DOCKER\n\
@@ -276,7 +276,7 @@ fn every_edit_kind(v: &Vallumd) {
     ok("-D INPUT 1");
     ok("-F DOCKER");
     ok("-X DOCKER");
-    let (_, s, _) = run(&v, "iptables", &["-S", "INPUT"], "");
+    let (_, s, _) = run(v, "iptables", &["-S", "INPUT"], "");
     assert_eq!(
         s,
         "-P INPUT ACCEPT\n-A INPUT -p udp -m udp --dport 53 -j ACCEPT\n"
@@ -284,30 +284,30 @@ fn every_edit_kind(v: &Vallumd) {
     // restore --test changes nothing; --noflush adds; a plain restore replaces the filter
     // table only (nat stays).
     let (rc, _, err) = run(
-        &v,
+        v,
         "iptables-restore",
         &["--test"],
         "*filter\n-A INPUT -j DROP\nCOMMIT\n",
     );
     assert_eq!(rc, 0, "{err}");
     let (rc, _, err) = run(
-        &v,
+        v,
         "iptables-restore",
         &["--noflush"],
         "*filter\n-A INPUT -s 1.2.3.4 -j DROP\nCOMMIT\n",
     );
     assert_eq!(rc, 0, "{err}");
-    let (_, s, _) = run(&v, "iptables", &["-S", "INPUT"], "");
+    let (_, s, _) = run(v, "iptables", &["-S", "INPUT"], "");
     assert!(s.contains("-A INPUT -s 1.2.3.4/32 -j DROP"), "{s}");
     assert!(!s.contains("-A INPUT -j DROP"), "{s}");
     let (rc, _, err) = run(
-        &v,
+        v,
         "iptables-restore",
         &[],
         "*filter\n:INPUT ACCEPT [0:0]\n:X - [0:0]\n-A INPUT -j X\nCOMMIT\n",
     );
     assert_eq!(rc, 0, "{err}");
-    let (_, s, _) = run(&v, "iptables-save", &["-t", "filter"], "");
+    let (_, s, _) = run(v, "iptables-save", &["-t", "filter"], "");
     let body: Vec<&str> = s.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(
         body,
@@ -321,22 +321,22 @@ fn every_edit_kind(v: &Vallumd) {
             "COMMIT"
         ]
     );
-    let (_, s, _) = run(&v, "iptables-save", &["-t", "nat"], "");
+    let (_, s, _) = run(v, "iptables-save", &["-t", "nat"], "");
     assert!(
         s.contains("-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"),
         "{s}"
     );
     // ip6tables writes the IPv6 side of the same ruleset.
     let (rc, _, err) = run(
-        &v,
+        v,
         "ip6tables",
         &["-A", "INPUT", "-s", "::1", "-j", "ACCEPT"],
         "",
     );
     assert_eq!(rc, 0, "{err}");
-    let (_, s, _) = run(&v, "ip6tables-save", &[], "");
+    let (_, s, _) = run(v, "ip6tables-save", &[], "");
     assert!(s.contains("-A INPUT -s ::1/128 -j ACCEPT"), "{s}");
-    let (_, s, _) = run(&v, "iptables-save", &[], "");
+    let (_, s, _) = run(v, "iptables-save", &[], "");
     assert!(!s.contains("::1"), "{s}");
 }
 
