@@ -486,12 +486,7 @@ impl Cx<'_> {
     /// KEY one address (`ip saddr`, `ip6 daddr`): a token bucket per key, as `-m hashlimit`
     /// (mode srcip or dstip, the table named `TABLE.SET`, entries expiring after the set's
     /// timeout). The keys live in the engine's hashlimit table, not as set elements.
-    fn meter(
-        &mut self,
-        at: Pos,
-        u: &super::super::SetUpdate,
-        cur: &mut [model::Rule],
-    ) -> Step<()> {
+    fn meter(&mut self, at: Pos, u: &super::super::SetUpdate, cur: &mut [model::Rule]) -> Step<()> {
         use crate::model::{HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, hashlimit_mode};
         let word = u.op.name();
         let refuse = |what: String| Err(self.unsupported(at, word, what));
