@@ -416,19 +416,32 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Rpfilter(rp) => {
-                    if rp.flags & !crate::fib::rpfilter_flags::ALL != 0 {
+                    // The nft lookup mode is no iptables option: nft tables only.
+                    let nft_bit = crate::fib::rpfilter_flags::NFT;
+                    let foreign = if table.kind == TableKind::Nft {
+                        0
+                    } else {
+                        nft_bit
+                    };
+                    if rp.flags & (!crate::fib::rpfilter_flags::ALL | foreign) != 0 {
                         errs.push(ViolationKind::BadValue {
                             what: "rpfilter",
                             value: format!("{:#x}", rp.flags),
                             reason: "holds bits that name no rpfilter option",
                         });
                     }
-                    if !matches!(table.kind, TableKind::Raw | TableKind::Mangle) {
+                    if !matches!(
+                        table.kind,
+                        TableKind::Raw | TableKind::Mangle | TableKind::Nft
+                    ) {
                         errs.push(ViolationKind::RpfilterTable(table.kind));
                     }
-                    // As xt_rpfilter's hook mask: PREROUTING only.
+                    // As xt_rpfilter's hook mask: PREROUTING only; nft's `fib saddr . iif`
+                    // also runs at INPUT and FORWARD (nft_fib_validate).
+                    let nft = table.kind == TableKind::Nft;
                     for h in [Hook::Input, Hook::Forward, Hook::Output, Hook::Postrouting] {
-                        if reached(h) {
+                        let nft_ok = nft && matches!(h, Hook::Input | Hook::Forward);
+                        if reached(h) && !nft_ok {
                             errs.push(ViolationKind::WrongHook {
                                 what: "-m rpfilter",
                                 hook: h,
@@ -574,7 +587,9 @@ impl TableCheck<'_> {
                 hook: Hook::Output,
             });
         }
-        if owner_used {
+        // nft's `meta skuid` runs at every hook (a packet without a socket fails it, as the
+        // engine's owner match does).
+        if owner_used && table.kind != TableKind::Nft {
             // As xt_owner's hooks: only locally generated packets have a socket.
             for h in [Hook::Prerouting, Hook::Input, Hook::Forward] {
                 if reached(h) {
