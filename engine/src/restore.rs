@@ -1145,6 +1145,33 @@ mod tests {
         assert_eq!(print_after("*filter\nCOMMIT\n", &old, &old), None);
     }
 
+    /// On a block continuing a table (noflush onto a base), whether a chain is jumped to is
+    /// counted from the base's rules when a command first asks: `-X` of a chain a base rule
+    /// jumps to is refused, after the jump is deleted it is not; a rename keeps the count, a
+    /// whole-table `-F` clears it.
+    #[test]
+    fn chain_targets_are_counted_from_the_base_when_asked() {
+        let base = "*filter\n:INPUT ACCEPT [0:0]\n:C - [0:0]\n:D - [0:0]\n-A INPUT -j C\n-A INPUT -p tcp -j ACCEPT\n-A C -j D\nCOMMIT\n";
+        let old = parse(base, &v4()).expect("parses").tables;
+        let onto = |t: &str| parse_onto(&old, &format!("*filter\n{t}\nCOMMIT\n"), &v4());
+        let in_use = |t: &str| match onto(t) {
+            Err(e) => {
+                e.0.iter()
+                    .any(|e| matches!(e.kind, ParseErrorKind::ChainInUse(_)))
+            }
+            Ok(_) => false,
+        };
+        assert!(in_use("-F C\n-X C"), "INPUT jumps to C");
+        assert!(onto("-D INPUT -j C\n-F C\n-X C").is_ok());
+        assert!(in_use("-F D\n-X D"), "C jumps to D");
+        assert!(onto("-F C\n-X D").is_ok());
+        assert!(
+            in_use("-E C E\n-F E\n-X E"),
+            "INPUT jumps to the renamed chain"
+        );
+        assert!(onto("-A INPUT -p udp -j ACCEPT\n-F\n-X C\n-X D").is_ok());
+    }
+
     /// [`print_changes`] applied to the old print gives the new print, for edits of every
     /// shape (insert, append, delete, replace, flush, chains created and deleted, a policy,
     /// two tables at once), and counts the old print's lines; nothing changed is no change;

@@ -19,7 +19,7 @@ mod commands;
 mod read_ahead;
 mod reparse;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::{HashMap, HashSet};
 
 use crate::model::{
@@ -41,7 +41,9 @@ const MAX_ERRORS: usize = 100;
 
 /// A `*table` block being read. Every command costs O(its own size), whatever the number of
 /// chains and rules: chains are found by name in [`Block::index`] and whether a chain is the
-/// target of a rule (`-X`) is read from [`Block::targeted`].
+/// target of a rule (`-X`) is read from [`Block::targeted`], counted over the table's rules
+/// the first time a command asks (a block continuing a large table, as a noflush edit of
+/// one rule, never walks its rules when no command deletes or renames a chain).
 struct Block {
     /// The table; its chains are in no particular order until COMMIT sorts them.
     table: Table,
@@ -50,8 +52,9 @@ struct Block {
     external_content: HashSet<String>,
     /// The position of each chain of `table.chains`, by name.
     index: HashMap<String, usize>,
-    /// How many rules of the table `-j`/`-g` to each chain (entries of 0 are removed).
-    targeted: HashMap<String, usize>,
+    /// How many rules of the table `-j`/`-g` to each chain (entries of 0 are removed); `None`
+    /// until first asked ([`Block::targets`]), then kept up to date by every change.
+    targeted: RefCell<Option<HashMap<String, usize>>>,
     /// The index of the chain found last by [`Block::chain_index`] (rules come in runs per
     /// chain, and comparing one name is cheaper than hashing it); checked by name before use.
     last_chain: Cell<usize>,
@@ -98,19 +101,20 @@ impl Block {
         let index = (table.chains.iter().enumerate())
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
-        let mut b = Block {
+        Block {
             table,
             external_content,
             index,
-            targeted: HashMap::new(),
+            targeted: RefCell::new(None),
             last_chain: Cell::new(0),
-        };
-        let chains = std::mem::take(&mut b.table.chains);
-        for r in chains.iter().flat_map(|c| &c.rules) {
-            b.count_target(r, true);
         }
-        b.table.chains = chains;
-        b
+    }
+
+    /// [`Block::targeted`], counted over the table's rules on first use.
+    fn targets(&self) -> RefMut<'_, HashMap<String, usize>> {
+        RefMut::map(self.targeted.borrow_mut(), |t| {
+            t.get_or_insert_with(|| count_targets(&self.table))
+        })
     }
 
     fn chain_index(&self, name: &str) -> Option<usize> {
@@ -140,14 +144,19 @@ impl Block {
     }
 
     /// Counts `r`'s target chain in or out of [`Block::targeted`].
+    /// Nothing while the counts are not made yet: they are counted from the table as it is
+    /// then.
     fn count_target(&mut self, r: &Rule, added: bool) {
+        let Some(targeted) = self.targeted.get_mut().as_mut() else {
+            return;
+        };
         let Some(t) = target_chain(r) else { return };
         if added {
-            *self.targeted.entry(t.to_string()).or_insert(0) += 1;
-        } else if let Some(n) = self.targeted.get_mut(t) {
+            *targeted.entry(t.to_string()).or_insert(0) += 1;
+        } else if let Some(n) = targeted.get_mut(t) {
             *n -= 1;
             if *n == 0 {
-                self.targeted.remove(t);
+                targeted.remove(t);
             }
         }
     }
@@ -189,10 +198,10 @@ impl Block {
         if self.external_content.remove(&old) {
             self.external_content.insert(new.to_string());
         }
-        let Some(n) = self.targeted.remove(&old) else {
+        let Some(n) = self.targets().remove(&old) else {
             return;
         };
-        self.targeted.insert(new.to_string(), n);
+        self.targets().insert(new.to_string(), n);
         for c in &mut self.table.chains {
             let at: Vec<usize> = (c.rules.iter().enumerate())
                 .filter(|(_, r)| target_chain(r) == Some(old.as_str()))
@@ -215,8 +224,19 @@ impl Block {
 
     /// Whether a rule of the table jumps or goes to chain `name`.
     fn referenced(&self, name: &str) -> bool {
-        self.targeted.contains_key(name)
+        self.targets().contains_key(name)
     }
+}
+
+/// How many rules of `table` jump or go to each chain.
+fn count_targets(table: &Table) -> HashMap<String, usize> {
+    let mut out: HashMap<String, usize> = HashMap::new();
+    for r in table.chains.iter().flat_map(|c| &c.rules) {
+        if let Some(t) = target_chain(r) {
+            *out.entry(t.to_string()).or_insert(0) += 1;
+        }
+    }
+    out
 }
 
 /// Whether iptables-restore (legacy, 1.8.9: `ip[6]tables_restore_main` reads each line with

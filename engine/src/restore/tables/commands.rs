@@ -313,7 +313,7 @@ pub(super) fn apply_line(
                 for c in &mut b.table.chains {
                     c.rules.clear();
                 }
-                b.targeted.clear();
+                *b.targeted.get_mut() = Some(Default::default());
                 b.external_content.clear();
             }
         },
