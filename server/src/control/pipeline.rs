@@ -676,6 +676,7 @@ impl Pipeline {
     ) -> Result<CommitResult> {
         let Answer { durability, audit } = answer;
         self.check_rules(&checked)?;
+        checked.enforceable()?;
         let new = new_revision(&mut checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
         let w = self.write.lock().await;
@@ -954,7 +955,7 @@ impl Pipeline {
     /// `--max-rules`: refuses a ruleset with too many rules.
     fn check_rules(&self, checked: &Checked) -> Result<()> {
         limits::check_rules(
-            checked.ruleset.rule_count(),
+            checked.rule_count(),
             self.hooks.limits.max_rules_per_ruleset,
         )?;
         Ok(())
@@ -1055,7 +1056,7 @@ fn new_revision(c: &mut Checked, author: &str, message: &str) -> NewRevision {
         ruleset: c.ruleset.name.clone(),
         priority: c.ruleset.priority,
         content: std::mem::take(&mut c.content),
-        rule_count: u32::try_from(c.ruleset.rule_count()).unwrap_or(u32::MAX),
+        rule_count: u32::try_from(c.rule_count()).unwrap_or(u32::MAX),
         author: author.to_string(),
         message: message.to_string(),
     }
