@@ -6,7 +6,9 @@
 //! `-i`, `-o`, `-p`, `-f`) as fields, then the `-m` matches in the order they were given, then the
 //! target. Nothing here knows about protobuf, SQLite or the clock.
 //!
-//! Tables `filter` and `raw` are enforced by the engine. `nat`, `mangle` and `security` are
+//! Tables `filter` and `raw` are enforced by the engine, and so are [`TableKind::Nft`] tables,
+//! the chains of nftables tables lowered by [`crate::nft::lower`] (their base chains carry
+//! their own hook and priority, [`ChainHook`]). `nat`, `mangle` and `security` are
 //! parsed, stored and printed back, and [`crate::validate`] reports them as "not enforced":
 //! they are never dropped silently. Matches and targets of extensions the engine does not
 //! implement are kept as [`Match::Opaque`] / [`Target::Opaque`] so that a real ruleset survives
@@ -82,6 +84,11 @@ pub enum TableKind {
     Filter,
     /// `security`: parsed and printed, not enforced.
     Security,
+    /// The chains of nftables tables of one family, lowered by [`crate::nft::lower`]:
+    /// enforced. Unlike the x_tables kinds its base chains are not found by name: each carries
+    /// its own hook and priority ([`Chain::nft_hook`]). Not in [`TableKind::ALL`] (no
+    /// iptables-restore text names it).
+    Nft,
 }
 
 impl TableKind {
@@ -103,6 +110,7 @@ impl TableKind {
             TableKind::Nat => "nat",
             TableKind::Filter => "filter",
             TableKind::Security => "security",
+            TableKind::Nft => "nft",
         }
     }
 
@@ -111,9 +119,25 @@ impl TableKind {
         TableKind::ALL.into_iter().find(|k| k.name() == s)
     }
 
-    /// Whether the engine evaluates this table on the packet path (filter and raw).
+    /// Whether the engine evaluates this table on the packet path (filter, raw and nft).
     pub fn is_enforced(self) -> bool {
-        matches!(self, TableKind::Filter | TableKind::Raw)
+        matches!(self, TableKind::Filter | TableKind::Raw | TableKind::Nft)
+    }
+
+    /// The netfilter priority this table's base chains hook in with, as the kernel registers
+    /// the x_tables tables (`NF_IP_PRI_RAW` -300, `NF_IP_PRI_MANGLE` -150,
+    /// `NF_IP_PRI_NAT_DST` -100, `NF_IP_PRI_FILTER` 0, `NF_IP_PRI_SECURITY` 50; the nat
+    /// table's POSTROUTING and INPUT chains hook in at `NF_IP_PRI_NAT_SRC` 100, which no
+    /// enforced table needs). An [`TableKind::Nft`] chain carries its own
+    /// ([`Chain::nft_hook`]); 0 here.
+    pub fn priority(self) -> i32 {
+        match self {
+            TableKind::Raw => -300,
+            TableKind::Mangle => -150,
+            TableKind::Nat => -100,
+            TableKind::Filter | TableKind::Nft => 0,
+            TableKind::Security => 50,
+        }
     }
 
     /// The builtin chains (hooks) of this table, in iptables-save order.
@@ -125,6 +149,8 @@ impl TableKind {
             TableKind::Nat => &[Prerouting, Input, Output, Postrouting],
             TableKind::Filter => &[Input, Forward, Output],
             TableKind::Security => &[Input, Forward, Output],
+            // Any hook: a base chain names its own (`Chain::nft_hook`).
+            TableKind::Nft => &[Prerouting, Input, Forward, Output, Postrouting],
         }
     }
 }
@@ -262,6 +288,20 @@ impl Table {
     }
 }
 
+/// Conntrack's netfilter priority (`NF_IP_PRI_CONNTRACK`): base chains of a lower priority
+/// run before the packet's conntrack lookup (the raw step of the walk), the others after it.
+pub const CONNTRACK_PRIORITY: i32 = -200;
+
+/// Where an nft base chain hooks in: the hook and the priority nft's `type ... hook HOOK
+/// priority PRIO` gave it (lower runs first; ties keep ruleset, then table, then chain order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChainHook {
+    /// The hook.
+    pub hook: Hook,
+    /// The priority, as a number (nft's symbolic names resolved: raw -300 ... srcnat 100).
+    pub priority: i32,
+}
+
 /// A builtin chain's policy: the verdict when the packet reaches the end of the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Policy {
@@ -283,17 +323,33 @@ pub struct Chain {
     pub counters: Counters,
     /// Rules in evaluation order, in chunks shared between clones ([`RuleList`]).
     pub rules: RuleList,
-    /// Where the chain was declared (`:NAME` or `-N NAME`).
+    /// Where the chain was declared (`:NAME` or `-N NAME`; an nft chain's `chain NAME`).
     pub location: Location,
+    /// `Some` for a base chain of a [`TableKind::Nft`] table: its hook and priority. `None`
+    /// for x_tables chains, whose builtins take the hook from their name and the priority
+    /// from their table ([`TableKind::priority`]).
+    pub nft_hook: Option<ChainHook>,
 }
 
 impl Chain {
-    /// The hook this chain is attached to, if it is builtin.
+    /// The hook this chain is attached to, if it is builtin (an nft base chain: its own).
     pub fn hook(&self) -> Option<Hook> {
+        if let Some(h) = self.nft_hook {
+            return Some(h.hook);
+        }
         if self.policy.is_some() {
             Hook::from_chain_name(&self.name)
         } else {
             None
+        }
+    }
+
+    /// The netfilter priority of this chain in a table of `kind`, if it is a base chain: its
+    /// own for an nft base chain, the table's for an x_tables builtin.
+    pub fn priority(&self, kind: TableKind) -> Option<i32> {
+        match self.nft_hook {
+            Some(h) => Some(h.priority),
+            None => self.hook().map(|_| kind.priority()),
         }
     }
 }

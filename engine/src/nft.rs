@@ -17,6 +17,10 @@
 //! of a parsed text is the kernel's listing, byte for byte (checked against the nft project's
 //! shell-dump vectors and, with root, against kernel nftables in a private namespace).
 //!
+//! [`lower()`] maps a parsed ruleset onto the engine's rule model ([`crate::model`]), where the
+//! snapshot enforces it with the same classifier and counters as iptables rulesets (see
+//! `nft/lower.rs` for what each statement becomes and what is refused).
+//!
 //! Why a hand-written parser: there is no maintained Rust crate that reads nft text (the
 //! `nftables` crate models only the JSON form, `nft -j`), and nft's own grammar (bison) is
 //! context-sensitive (a value's meaning depends on the expression it is compared with), which a
@@ -24,6 +28,7 @@
 
 mod json;
 mod lexer;
+pub mod lower;
 mod parse;
 mod print;
 mod types;
@@ -31,6 +36,7 @@ mod types;
 use std::fmt;
 
 pub use json::{from_json, to_json, to_json_as};
+pub use lower::{Lowered, LoweredSet, StoredOnly, lower};
 pub use parse::{MAX_EXPANDED_TOKENS, MAX_SET_ELEMENTS, parse};
 pub use print::{Dialect, print, print_as, rule_text};
 pub use types::DataType;

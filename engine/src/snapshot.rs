@@ -6,13 +6,17 @@
 //! it is built, except its counters and the state of `-m limit` token buckets.
 //!
 //! ## Evaluation (iptables semantics within a chain, nftables semantics across base chains)
-//! At a hook, the base chains of the packet's family run in this order: tables by kernel
-//! priority (raw before filter, as NF_IP_PRI_RAW < NF_IP_PRI_FILTER), and within a table kind
-//! the rulesets by ascending priority (ties by name). A packet handed over at INPUT or FORWARD
-//! has passed PREROUTING in the kernel, so it runs the PREROUTING chains first (raw
-//! PREROUTING, conntrack, the other PREROUTING chains, then the hook's chains), seen there
-//! with hook PREROUTING and no output interface; a packet at OUTPUT runs raw OUTPUT,
-//! conntrack, then filter OUTPUT (locally generated packets never pass PREROUTING). A DROP
+//! At a hook, the base chains of the packet's family run in netfilter priority order, as the
+//! kernel runs the functions registered at a hook: an x_tables table at its kernel priority
+//! ([`TableKind::priority`]: raw -300, filter 0), an nft base chain at its own
+//! ([`crate::model::ChainHook`]); at equal priority the rulesets by ascending ruleset priority
+//! (ties by name), then in table and chain order. The chains below conntrack's -200 (raw, an
+//! nft chain at `priority raw`) run before the conntrack lookup, the others after it. A packet
+//! handed over at INPUT or FORWARD has passed PREROUTING in the kernel, so it runs the
+//! PREROUTING chains first (those before conntrack, conntrack, the other PREROUTING chains,
+//! then the hook's chains), seen there with hook PREROUTING and no output interface; a packet
+//! at OUTPUT runs raw OUTPUT, conntrack, then filter OUTPUT (locally generated packets never
+//! pass PREROUTING). A DROP
 //! or REJECT at PREROUTING is the packet's verdict. Inside a chain the first matching rule's
 //! target decides: ACCEPT ends *this* base chain and the packet goes on to the next base chain
 //! (as an nftables accept); DROP and REJECT are final for the hook; `-j CHAIN` pushes a return
@@ -24,8 +28,8 @@
 //! reads a missing byte drops it on the spot without counting its rule (the kernel's
 //! hotdrop).
 //!
-//! Only filter and raw are enforced; nat, mangle and security tables are not compiled
-//! ([`crate::validate`] reports them).
+//! Only filter, raw and nft tables are enforced; nat, mangle and security tables are not
+//! compiled ([`crate::validate`] reports them).
 //!
 //! ## Incremental commits
 //! Each chain's compiled rules and TupleMerge index live in an immutable `ChainBody` behind

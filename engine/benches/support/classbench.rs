@@ -200,6 +200,7 @@ pub fn to_ruleset_with(
         counters: Counters::default(),
         rules: rules.into(),
         location: Location::default(),
+        nft_hook: None,
     };
     Ok(Ruleset {
         name: name.to_string(),

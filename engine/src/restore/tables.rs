@@ -76,6 +76,7 @@ impl Block {
                 counters: Counters::default(),
                 rules: RuleList::new(),
                 location,
+                nft_hook: None,
             })
             .collect::<Vec<_>>();
         let external_content = if noflush {

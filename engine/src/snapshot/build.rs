@@ -442,8 +442,8 @@ impl Snapshot {
         let mut n_rules = 0usize;
         let mut continued = 0usize;
         let mut hooks: [[Vec<u32>; 5]; 2] = Default::default();
-        // Base chains per (family, hook, table kind), ruleset order already sorted.
-        let mut base: Vec<(Family, Hook, TableKind, u32)> = Vec::new();
+        // Base chains per (family, hook, netfilter priority), ruleset order already sorted.
+        let mut base: Vec<(Family, Hook, i32, u32)> = Vec::new();
 
         for (ri, rs) in sorted.iter().enumerate() {
             let old_rs = prev.and_then(|p| Some(&p.rulesets[*old_rulesets.get(rs.name.as_str())?]));
@@ -578,8 +578,8 @@ impl Snapshot {
                         None => fresh()?,
                     };
                     let gi = chains.len() as u32;
-                    if let Some(hook) = chain.hook() {
-                        base.push((table.family, hook, table.kind, gi));
+                    if let (Some(hook), Some(prio)) = (chain.hook(), chain.priority(table.kind)) {
+                        base.push((table.family, hook, prio, gi));
                     }
                     chains.push(CChain {
                         ruleset: ri as u32,
@@ -616,12 +616,15 @@ impl Snapshot {
                 .iter()
                 .flat_map(move |r| r.matches.iter().map(move |m| (rs, m)))
         }));
-        // Tables by kernel priority, then rulesets by priority (stable sort keeps that order).
-        base.sort_by_key(|&(_, _, kind, _)| kind);
+        // Base chains by netfilter priority (an x_tables table's, an nft chain's own), then
+        // rulesets by priority (the stable sort keeps that order), as the kernel runs the hook
+        // functions registered at one hook. Those below conntrack's priority run before its
+        // lookup (the walk's raw step): they sort first.
+        base.sort_by_key(|&(_, _, prio, _)| prio);
         let mut raw_chains = [[0u32; 5]; 2];
-        for (family, hook, kind, ci) in base {
+        for (family, hook, prio, ci) in base {
             hooks[family_index(family)][hook.index()].push(ci);
-            if kind == TableKind::Raw {
+            if prio < crate::model::CONNTRACK_PRIORITY {
                 raw_chains[family_index(family)][hook.index()] += 1;
             }
         }

@@ -423,12 +423,18 @@ impl TableCheck<'_> {
                             reason: "holds bits that name no rpfilter option",
                         });
                     }
-                    if !matches!(table.kind, TableKind::Raw | TableKind::Mangle) {
+                    if !matches!(
+                        table.kind,
+                        TableKind::Raw | TableKind::Mangle | TableKind::Nft
+                    ) {
                         errs.push(ViolationKind::RpfilterTable(table.kind));
                     }
-                    // As xt_rpfilter's hook mask: PREROUTING only.
+                    // As xt_rpfilter's hook mask: PREROUTING only; nft's `fib saddr . iif`
+                    // also runs at INPUT and FORWARD (nft_fib_validate).
+                    let nft = table.kind == TableKind::Nft;
                     for h in [Hook::Input, Hook::Forward, Hook::Output, Hook::Postrouting] {
-                        if reached(h) {
+                        let nft_ok = nft && matches!(h, Hook::Input | Hook::Forward);
+                        if reached(h) && !nft_ok {
                             errs.push(ViolationKind::WrongHook {
                                 what: "-m rpfilter",
                                 hook: h,

@@ -152,10 +152,17 @@ impl TableCheck<'_> {
                 self.at_chain(c, ViolationKind::DuplicateChain(c.name.clone()));
             }
             // The parser's grammar (as iptables-restore), for structured input too.
-            if crate::restore::check_chain_name(&c.name).is_err() {
+            // An nft table's lowered names (`nft::lower`) follow nft's grammar, checked there.
+            let nft = table.kind == TableKind::Nft;
+            if !nft && crate::restore::check_chain_name(&c.name).is_err() {
                 self.at_chain(c, ViolationKind::BadChainName(c.name.clone()));
             }
-            let builtin = Hook::from_chain_name(&c.name).is_some_and(|h| hooks.contains(&h));
+            let builtin = if nft {
+                c.nft_hook.is_some()
+            } else {
+                c.nft_hook.is_none()
+                    && Hook::from_chain_name(&c.name).is_some_and(|h| hooks.contains(&h))
+            };
             if c.policy.is_some() && !builtin {
                 self.at_chain(
                     c,
@@ -242,7 +249,7 @@ impl TableCheck<'_> {
         // Which hooks reach each chain (mark_source_chains' comefrom bits).
         let mut reach = vec![0u8; n];
         for (ci, c) in table.chains.iter().enumerate() {
-            if let (Some(_), Some(h)) = (c.policy, Hook::from_chain_name(&c.name)) {
+            if let (Some(_), Some(h)) = (c.policy, c.hook()) {
                 let mut stack = vec![ci];
                 while let Some(x) = stack.pop() {
                     if reach[x] & (1 << h.index()) != 0 {

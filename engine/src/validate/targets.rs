@@ -32,14 +32,16 @@ impl TableCheck<'_> {
         let reached = |h: Hook| reach & (1 << h.index()) != 0;
         match &r.target {
             Target::Reject(w) => {
-                if table.kind != TableKind::Filter {
+                if !matches!(table.kind, TableKind::Filter | TableKind::Nft) {
                     errs.push(ViolationKind::TargetTable {
                         target: "REJECT",
                         allowed: TableKind::Filter,
                     });
                 }
+                // nft's reject also runs at PREROUTING (nft_reject_validate's hook mask).
+                let nft = table.kind == TableKind::Nft;
                 for h in [Hook::Prerouting, Hook::Postrouting] {
-                    if reached(h) {
+                    if reached(h) && !(nft && h == Hook::Prerouting) {
                         errs.push(ViolationKind::WrongHook {
                             what: "REJECT",
                             hook: h,
@@ -64,7 +66,8 @@ impl TableCheck<'_> {
                 }
             }
             Target::Notrack | Target::Ct(_) => {
-                if table.kind != TableKind::Raw {
+                let nft_notrack = table.kind == TableKind::Nft && r.target == Target::Notrack;
+                if table.kind != TableKind::Raw && !nft_notrack {
                     errs.push(ViolationKind::TargetTable {
                         target: target_name(&r.target),
                         allowed: TableKind::Raw,

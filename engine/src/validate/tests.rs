@@ -67,6 +67,7 @@ fn chain(name: &str, policy: Option<Policy>, rules: Vec<Rule>) -> Chain {
         counters: Default::default(),
         rules: rules.into(),
         location: Location::default(),
+        nft_hook: None,
     }
 }
 

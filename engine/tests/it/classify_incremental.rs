@@ -81,6 +81,7 @@ fn user_chain(name: &str, rules: Vec<Rule>) -> Chain {
         counters: Counters::default(),
         rules: rules.into(),
         location: Location::default(),
+        nft_hook: None,
     }
 }
 

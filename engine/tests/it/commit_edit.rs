@@ -98,6 +98,7 @@ fn edits_commit_exactly_as_the_edited_ruleset() {
         counters: Counters::default(),
         rules: Default::default(),
         location: Location::default(),
+        nft_hook: None,
     });
     let valid = |r: &Rule| !matches!(&r.target, Target::Jump(t) if t == "MISSING");
     let mut input: Vec<Rule> = (0..filters.len())

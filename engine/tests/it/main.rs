@@ -39,6 +39,7 @@ mod log_ring;
 mod marks;
 mod nflog;
 mod nft_kernel;
+mod nft_lower;
 mod nft_vectors;
 mod not_enforced;
 mod owner;

@@ -367,6 +367,7 @@ impl KernelTables {
                             counters: Default::default(),
                             rules: Default::default(),
                             location: Default::default(),
+                            nft_hook: None,
                         })
                         .collect(),
                     location: Default::default(),

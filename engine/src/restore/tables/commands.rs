@@ -89,6 +89,7 @@ pub(super) fn declare_chain(
             counters: Counters::default(),
             rules: RuleList::new(),
             location,
+            nft_hook: None,
         }),
     }
     b.external_content.remove(name.as_str());
@@ -179,6 +180,7 @@ pub(super) fn apply_line(
                         line: line_no,
                         column: ch.column,
                     },
+                    nft_hook: None,
                 });
                 b.external_content.insert(ch.text.to_string());
             }
@@ -258,6 +260,7 @@ pub(super) fn apply_line(
                     line: line_no,
                     column: ch.column,
                 },
+                nft_hook: None,
             });
             b.external_content.remove(ch.as_str());
         }

@@ -320,6 +320,7 @@ pub(crate) fn reparse(
                 counters: c.counters,
                 rules,
                 location: shift(c.location)?,
+                nft_hook: None,
             });
         }
         out.push(Table {

@@ -320,7 +320,7 @@ fn run(args: &[&str], stdin: Option<&str>) -> Result<String, String> {
 }
 
 /// Runs `args` inside namespace `ns` with `ip netns exec`.
-fn run_in(ns: &str, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+pub fn run_in(ns: &str, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
     let mut full = vec!["ip", "netns", "exec", ns];
     full.extend_from_slice(args);
     run(&full, stdin)
@@ -650,7 +650,8 @@ impl KernelOracle {
         Ok(KernelHits { rules, policy })
     }
 
-    fn send(&self, frame: &[u8]) -> Result<(), String> {
+    /// Writes `frame` on the sender's `vo0` (it arrives on the firewall's `vo1`).
+    pub fn send(&self, frame: &[u8]) -> Result<(), String> {
         let sock = self.sock.as_ref().ok_or("no sender socket")?;
         // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
         let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };

@@ -1,0 +1,319 @@
+//! nft rulesets lowered onto the engine (`nft::lower`) and classified: base chains, regular
+//! chains, verdicts and matches give the verdicts nft gives; what the engine does not run is
+//! refused by name at its position; nat chains are stored only; nft base chains and iptables
+//! tables at one hook run in netfilter priority order, those below conntrack's -200 before
+//! its lookup.
+
+use std::sync::Arc;
+
+use vallum_engine::model::{Family, Hook, TableKind};
+use vallum_engine::nft::{self, ErrorKind};
+use vallum_engine::packet::{IfName, Packet, PacketFacts, PacketMeta};
+use vallum_engine::restore;
+use vallum_engine::sets::{NoSets, SetManager, SetRegistry};
+use vallum_engine::snapshot::{Snapshot, Verdict};
+use vallum_engine::validate;
+
+use crate::support::classify_one;
+
+/// `text` parsed and lowered as ruleset `name` at ruleset priority 0.
+fn lowered(name: &str, text: &str) -> nft::Lowered {
+    let rs = nft::parse("rules.nft", text).unwrap_or_else(|e| panic!("{e}"));
+    nft::lower(&rs, "rules.nft", text, name, 0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The first lowering error of `text`.
+fn refused(text: &str) -> nft::NftError {
+    let rs = nft::parse("rules.nft", text).unwrap_or_else(|e| panic!("{e}"));
+    nft::lower(&rs, "rules.nft", text, "t", 0)
+        .expect_err("must be refused")
+        .0
+        .remove(0)
+}
+
+/// Validated (no errors) and compiled.
+fn compile(rulesets: Vec<vallum_engine::model::Ruleset>, sets: &dyn SetRegistry) -> Snapshot {
+    for rs in &rulesets {
+        let v = validate::validate(rs, Some(sets));
+        assert!(!validate::has_errors(&v), "{v:#?}");
+    }
+    let rs: Vec<_> = rulesets.into_iter().map(Arc::new).collect();
+    Snapshot::compile(&rs, sets, 1).expect("compiles")
+}
+
+fn v4(hook: Hook, src: &str, dst: &str, proto: u8, dport: u16) -> PacketMeta {
+    PacketMeta {
+        family: Family::Ipv4,
+        hook,
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        protocol: proto,
+        sport: 40000,
+        dport,
+        len: 60,
+        ..PacketMeta::default()
+    }
+}
+
+fn on(mut p: PacketMeta, iface: &str) -> Packet {
+    p.len = 60;
+    let mut facts = PacketFacts::NONE;
+    facts.in_iface = IfName::new(iface).unwrap();
+    Packet { meta: p, facts }
+}
+
+fn verdict(s: &Snapshot, mut p: impl crate::support::OnePacket) -> Verdict {
+    classify_one(s, 0, &mut p, 0, &mut Vec::new())
+}
+
+const WORKSTATION: &str = "table inet filter {
+	chain input {
+		type filter hook input priority filter; policy drop;
+		ct state invalid drop
+		ct state { established, related } accept
+		iif \"lo\" accept
+		ip saddr 192.0.2.0/24 jump trusted
+		tcp dport { 22, 80-81 } accept
+		udp dport 53 counter accept
+		ip6 nexthdr icmpv6 icmpv6 type echo-request accept
+		icmp type echo-request limit rate 5/second accept
+		tcp dport 23 log prefix \"telnet \" reject with tcp reset
+		meta l4proto udp reject
+	}
+
+	chain trusted {
+		tcp dport 8080 accept
+		ip saddr 192.0.2.66 drop
+		return
+	}
+}
+";
+
+#[test]
+fn a_workstation_ruleset_gives_nfts_verdicts() {
+    let l = lowered("ws", WORKSTATION);
+    assert!(l.stored_only.is_empty(), "{:?}", l.stored_only);
+    let t4 = l
+        .ruleset
+        .table(Family::Ipv4, TableKind::Nft)
+        .expect("IPv4 table");
+    let t6 = l
+        .ruleset
+        .table(Family::Ipv6, TableKind::Nft)
+        .expect("IPv6 table");
+    // `ip saddr`, `icmp type` are IPv4 only, `icmpv6 type` IPv6 only.
+    let input4 = t4.chain("inet filter input").unwrap();
+    let input6 = t6.chain("inet filter input").unwrap();
+    assert_eq!((input4.rules.len(), input6.rules.len()), (9, 8));
+    assert!(
+        t4.chain("inet filter input #9").is_some(),
+        "the log+reject helper"
+    );
+    let s = compile(vec![l.ruleset], &NoSets);
+    let at = |src: &str, proto, dport| v4(Hook::Input, src, "198.51.100.1", proto, dport);
+    assert_eq!(verdict(&s, at("203.0.113.9", 6, 22)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("203.0.113.9", 6, 81)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("203.0.113.9", 6, 82)), Verdict::Drop);
+    assert_eq!(verdict(&s, at("203.0.113.9", 17, 53)), Verdict::Accept);
+    assert_eq!(
+        verdict(&s, at("203.0.113.9", 6, 23)),
+        Verdict::Reject(vallum_engine::model::RejectWith::TcpReset)
+    );
+    assert_eq!(
+        verdict(&s, at("203.0.113.9", 17, 54)),
+        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+    );
+    // The regular chain: accept, drop, or return to the next rule of input.
+    assert_eq!(verdict(&s, at("192.0.2.7", 6, 8080)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("192.0.2.66", 6, 22)), Verdict::Drop);
+    assert_eq!(verdict(&s, at("192.0.2.7", 6, 22)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("192.0.2.7", 6, 9)), Verdict::Drop);
+    // Conntrack state and the input interface.
+    let mut est = at("203.0.113.9", 6, 9);
+    est.ct_state = vallum_engine::model::ct_state::ESTABLISHED;
+    assert_eq!(verdict(&s, est), Verdict::Accept);
+    assert_eq!(
+        verdict(&s, on(at("127.0.0.1", 6, 9), "lo")),
+        Verdict::Accept
+    );
+    // ICMP echo in each family.
+    let mut ping = at("203.0.113.9", 1, 0);
+    ping.icmp_type = 8;
+    assert_eq!(verdict(&s, ping), Verdict::Accept);
+    let mut ping6 = PacketMeta {
+        family: Family::Ipv6,
+        src: "2001:db8::7".parse().unwrap(),
+        dst: "2001:db8::1".parse().unwrap(),
+        ..ping
+    };
+    ping6.protocol = 58;
+    ping6.icmp_type = 128;
+    assert_eq!(verdict(&s, ping6), Verdict::Accept);
+    ping6.icmp_type = 129;
+    assert_eq!(verdict(&s, ping6), Verdict::Drop);
+}
+
+#[test]
+fn what_the_engine_does_not_run_is_refused_by_name_at_its_position() {
+    let e = refused(
+        "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\
+         \t\ttcp dport 22 numgen random mod 2 vmap { 0 : accept, 1 : drop }\n\t}\n}\n",
+    );
+    assert_eq!((e.pos.line, e.pos.column), (4, 16), "{e}");
+    assert!(e.to_string().contains("`numgen`"), "{e}");
+    let e = refused(
+        "table ip t {\n\tchain c {\n\t\ttype filter hook forward priority 0;\n\
+         \t\tip saddr 10.0.0.0/8 dnat to 192.0.2.1\n\t}\n}\n",
+    );
+    assert_eq!((e.pos.line, e.pos.column), (4, 23), "{e}");
+    assert!(
+        matches!(e.kind, ErrorKind::Unsupported(ref w) if w.contains("`dnat`")),
+        "{e}"
+    );
+    let e = refused(
+        "table inet t {\n\tmap m { type ipv4_addr : verdict; }\n\tchain c {\n\
+         \t\ttype filter hook input priority 0;\n\t\tip saddr vmap @m\n\t}\n}\n",
+    );
+    assert!(e.to_string().contains("`vmap @m`"), "{e}");
+    assert_eq!(e.pos.line, 5);
+    // A regular chain reached from a filter chain is enforced too.
+    let e = refused(
+        "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\t\tjump d\n\t}\n\
+         \tchain d {\n\t\tlimit rate over 10/second drop\n\t}\n}\n",
+    );
+    assert_eq!((e.pos.line, e.pos.column), (7, 3), "{e}");
+}
+
+#[test]
+fn nat_chains_and_what_only_they_reach_are_stored_only() {
+    let l = lowered(
+        "nat",
+        "table ip nat {\n\tchain post {\n\t\ttype nat hook postrouting priority srcnat;\n\
+         \t\toifname \"eth0\" jump masq\n\t}\n\tchain masq {\n\t\tmasquerade\n\t}\n}\n\
+         table ip filter {\n\tchain fwd {\n\t\ttype filter hook forward priority 0; policy drop;\n\
+         \t\tiifname \"eth1\" accept\n\t}\n}\n",
+    );
+    let stored: Vec<&str> = l.stored_only.iter().map(|s| s.chain.as_str()).collect();
+    assert_eq!(stored, ["ip nat post", "ip nat masq"]);
+    let t = l.ruleset.table(Family::Ipv4, TableKind::Nft).unwrap();
+    let names: Vec<&str> = t.chains.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["ip filter fwd"]);
+    let s = compile(vec![l.ruleset], &NoSets);
+    let p = v4(Hook::Forward, "10.0.0.1", "10.0.1.1", 6, 80);
+    assert_eq!(verdict(&s, on(p, "eth1")), Verdict::Accept);
+    assert_eq!(verdict(&s, on(p, "eth2")), Verdict::Drop);
+}
+
+/// Named sets become engine sets named `FAMILY.TABLE.SET`; their elements are what the set
+/// declared, and an element added later through the sets API matches without a commit.
+#[test]
+fn named_sets_are_engine_sets_that_change_without_a_commit() {
+    let l = lowered(
+        "sets",
+        "table inet filter {\n\tset allowed { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, 192.0.2.1-192.0.2.6 } }\n\
+         \tset svc { type ipv4_addr . inet_proto . inet_service; elements = { 198.51.100.1 . tcp . 443 } }\n\
+         \tchain input {\n\t\ttype filter hook input priority 0; policy drop;\n\
+         \t\tip saddr @allowed accept\n\t\tip daddr . meta l4proto . th dport @svc accept\n\t}\n}\n",
+    );
+    let names: Vec<&str> = l.sets.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["inet.filter.allowed", "inet.filter.svc"]);
+    // 192.0.2.1-192.0.2.6 is 192.0.2.1/32, 192.0.2.2/31, 192.0.2.4/31, 192.0.2.6/32.
+    assert_eq!(l.sets[0].elements.len(), 5);
+    let m = SetManager::new();
+    for s in &l.sets {
+        m.create(&s.name, s.spec).unwrap();
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    let s = compile(vec![l.ruleset], &m);
+    let at = |src: &str, dst: &str, dport| v4(Hook::Input, src, dst, 6, dport);
+    assert_eq!(
+        verdict(&s, at("10.1.2.3", "198.51.100.9", 1)),
+        Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.6", "198.51.100.9", 1)),
+        Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.7", "198.51.100.9", 1)),
+        Verdict::Drop
+    );
+    assert_eq!(
+        verdict(&s, at("203.0.113.1", "198.51.100.1", 443)),
+        Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&s, at("203.0.113.1", "198.51.100.1", 444)),
+        Verdict::Drop
+    );
+    m.add_str("inet.filter.allowed", &["192.0.2.7"], 0).unwrap();
+    assert_eq!(
+        verdict(&s, at("192.0.2.7", "198.51.100.9", 1)),
+        Verdict::Accept
+    );
+}
+
+/// An nft ruleset and an iptables ruleset at one hook run as in the kernel: by netfilter
+/// priority (the iptables filter table at 0), an accept ending only its own base chain.
+#[test]
+fn nft_and_iptables_base_chains_run_in_priority_order() {
+    let ipt = restore::parse_ruleset(
+        "ipt",
+        "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -p tcp --dport 22 -j DROP\n-A INPUT -p tcp --dport 80 -j ACCEPT\nCOMMIT\n\
+         *raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -p tcp --dport 7 -j DROP\nCOMMIT\n",
+        &restore::ParseOptions::default(),
+    )
+    .unwrap();
+    let nft = lowered(
+        "nft",
+        "table ip early {\n\tchain in {\n\t\ttype filter hook input priority filter - 10;\n\
+         \t\ttcp dport 22 accept\n\t\ttcp dport 443 drop\n\t}\n}\n\
+         table ip late {\n\tchain in {\n\t\ttype filter hook input priority 10;\n\t\ttcp dport 80 drop\n\t}\n\
+         \tchain pre {\n\t\ttype filter hook prerouting priority -250;\n\t\ttcp dport 7 accept\n\t\ttcp dport 8 drop\n\t}\n}\n",
+    );
+    let s = compile(vec![ipt, nft.ruleset], &NoSets);
+    let at = |dport| v4(Hook::Input, "192.0.2.7", "192.0.2.1", 6, dport);
+    // -10 accepts 22 (its own chain only), then iptables' filter (0) drops it.
+    assert_eq!(verdict(&s, at(22)), Verdict::Drop);
+    // -10 drops 443 before iptables sees it.
+    assert_eq!(verdict(&s, at(443)), Verdict::Drop);
+    // iptables accepts 80 (its chain), then the chain at 10 drops it.
+    assert_eq!(verdict(&s, at(80)), Verdict::Drop);
+    // Prerouting: iptables raw (-300) drops 7 before the nft chain at -250 accepts it.
+    assert_eq!(verdict(&s, at(7)), Verdict::Drop);
+    assert_eq!(verdict(&s, at(8)), Verdict::Drop);
+    assert_eq!(verdict(&s, at(9)), Verdict::Accept);
+    // Both prerouting chains run before conntrack (-300 and -250 < -200): a lookup that
+    // drops shows the chains walked before it.
+    let p = Packet {
+        meta: at(9),
+        facts: PacketFacts::NONE,
+    };
+    let trace = s.trace_tracked(&p, &[], 0, None, |_, _| Some(Verdict::Drop));
+    let mut chains: Vec<String> = trace.steps.iter().map(|st| st.chain.to_string()).collect();
+    chains.dedup();
+    assert_eq!(chains, ["PREROUTING", "ip late pre"]);
+}
+
+/// A limit after an anonymous set is one bucket, not one per element: the elements' rules
+/// jump to a helper chain that holds the limit.
+#[test]
+fn a_limit_after_an_anonymous_set_is_one_bucket() {
+    let l = lowered(
+        "lim",
+        "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0; policy drop;\n\
+         \t\ticmp type { echo-request, echo-reply } limit rate 1/minute burst 1 packets accept\n\t}\n}\n",
+    );
+    let t = l.ruleset.table(Family::Ipv4, TableKind::Nft).unwrap();
+    let names: Vec<&str> = t.chains.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["ip t c", "ip t c #1"]);
+    assert_eq!(t.chains[0].rules.len(), 2);
+    let s = compile(vec![l.ruleset], &NoSets);
+    let mut p = v4(Hook::Input, "192.0.2.7", "192.0.2.1", 1, 0);
+    p.icmp_type = 8;
+    assert_eq!(verdict(&s, p), Verdict::Accept);
+    p.icmp_type = 0;
+    assert_eq!(verdict(&s, p), Verdict::Drop, "the bucket is shared");
+    p.icmp_type = 8;
+    assert_eq!(verdict(&s, p), Verdict::Drop);
+}
