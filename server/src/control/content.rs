@@ -244,8 +244,8 @@ pub struct Checked {
     /// ([`Base::model`]): commit it as an edit (`Change::PutEdited`), which keeps the
     /// counters of the rules it did not touch.
     pub edited: bool,
-    /// For nft input: the parsed nft ruleset, and why the engine does not enforce it (then
-    /// `ruleset` has no table and a commit is refused, [`Checked::enforceable`]).
+    /// For nft input: the parsed nft ruleset and the engine sets its named sets become
+    /// (`ruleset` is what [`vallum_engine::nft::lower`] made of it).
     pub nft: Option<nft::NftChecked>,
 }
 
@@ -324,15 +324,9 @@ impl Checked {
         }
     }
 
-    /// `Ok(())` when the engine enforces this input, so that it may be committed.
-    ///
-    /// Errors: FAILED_PRECONDITION ([`nft::not_enforced`]) for nft input the engine does not
-    /// enforce.
-    pub fn enforceable(&self) -> Result<(), Error> {
-        match self.nft.as_ref().and_then(|n| n.not_enforced.clone()) {
-            Some(why) => Err(nft::not_enforced(&self.ruleset.name, why)),
-            None => Ok(()),
-        }
+    /// The engine sets an nft input's named sets become (none for iptables input).
+    pub fn nft_sets(&self) -> &[vallum_engine::nft::LoweredSet] {
+        self.nft.as_ref().map_or(&[], |n| &n.sets)
     }
 
     /// `Ok(self)` unless [`Checked::is_empty`] and the caller did not say `allow_empty`.

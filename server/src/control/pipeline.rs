@@ -401,11 +401,16 @@ impl Pipeline {
     /// and the fleet's check. Off the async workers (a large ruleset takes milliseconds).
     ///
     /// Errors: [`Error::TaskFailed`] when the validation task fails.
+    ///
+    /// The engine sets an nft input's named sets become ([`Checked::nft_sets`]) count as
+    /// existing, as they will once its commit creates them
+    /// ([`Pipeline::ensure_nft_sets`]).
     pub async fn validate(&self, checked: Checked) -> Result<Checked> {
         let engine = self.engine.clone();
         let sets = self.sets.clone();
         tokio::task::spawn_blocking(move || {
-            let violations = engine.validate(&checked.ruleset, &*sets);
+            let planned = sets::Planned::new(&sets, checked.nft_sets());
+            let violations = engine.validate(&checked.ruleset, &planned);
             checked.with_violations(&violations)
         })
         .await
@@ -611,6 +616,25 @@ impl Pipeline {
         etag: Option<&str>,
         audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
+        let created = self.ensure_stored_nft_sets(ruleset, number).await?;
+        let done = self
+            .commit_staged_locked(ruleset, number, confirm_within, etag, audit)
+            .await;
+        if done.is_err() {
+            self.undo_nft_sets(&created).await;
+        }
+        done
+    }
+
+    /// [`Pipeline::commit_staged`] once the sets of an nft revision exist.
+    async fn commit_staged_locked(
+        &self,
+        ruleset: &str,
+        number: u64,
+        confirm_within: Option<Duration>,
+        etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<CommitResult> {
         let w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
         let rev = self.revision(ruleset, number).await?;
@@ -676,7 +700,8 @@ impl Pipeline {
     ) -> Result<CommitResult> {
         let Answer { durability, audit } = answer;
         self.check_rules(&checked)?;
-        checked.enforceable()?;
+        // An nft ruleset's named sets exist before its commit validates against them.
+        let created = self.ensure_nft_sets(checked.nft_sets()).await?;
         let new = new_revision(&mut checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
         let w = self.write.lock().await;
@@ -696,27 +721,48 @@ impl Pipeline {
                 None => creates = true,
             },
         }
-        self.run_answered(
-            w,
-            durability,
-            Job {
-                ruleset: new.ruleset.clone(),
-                model,
-                target: CommitTarget::New(new),
-                state,
-                outcome: Outcome::Committed,
-                previous_state: RevisionState::Superseded,
-                confirm_deadline: deadline,
-                etag: etag.map(str::to_string),
-                from,
-                creates,
-                edited,
-                priority: None,
-                durability: None,
-            },
-            audit,
-        )
-        .await
+        let done = self
+            .run_answered(
+                w,
+                durability,
+                Job {
+                    ruleset: new.ruleset.clone(),
+                    model,
+                    target: CommitTarget::New(new),
+                    state,
+                    outcome: Outcome::Committed,
+                    previous_state: RevisionState::Superseded,
+                    confirm_deadline: deadline,
+                    etag: etag.map(str::to_string),
+                    from,
+                    creates,
+                    edited,
+                    priority: None,
+                    durability: None,
+                },
+                audit,
+            )
+            .await;
+        if done.is_err() {
+            self.undo_nft_sets(&created).await;
+        }
+        done
+    }
+
+    /// [`Pipeline::ensure_nft_sets`] for stored revision `number` of `ruleset` when its
+    /// content is nft (before a commit of it takes the write lock); the names created.
+    ///
+    /// Errors: as [`Pipeline::ensure_nft_sets`]; [`Error::Store`]; a revision that does not
+    /// exist is left to the commit to report.
+    async fn ensure_stored_nft_sets(&self, ruleset: &str, number: u64) -> Result<Vec<String>> {
+        let Some(rev) = self.store.get_revision(ruleset, number).await? else {
+            return Ok(Vec::new());
+        };
+        if !rev.content.is_nft() {
+            return Ok(Vec::new());
+        }
+        let lowered = crate::control::content::nft::lower_stored(&rev.content.v4, ruleset, 0)?;
+        self.ensure_nft_sets(&lowered.sets).await
     }
 
     /// Commits the content of revision `number` as a new revision.
@@ -724,6 +770,26 @@ impl Pipeline {
     /// Errors: [`Error::NotFound`], [`Error::EtagMismatch`], [`Error::Commit`],
     /// [`Error::Store`].
     pub async fn rollback(
+        &self,
+        ruleset: &str,
+        number: u64,
+        author: &str,
+        message: &str,
+        etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<CommitResult> {
+        let created = self.ensure_stored_nft_sets(ruleset, number).await?;
+        let done = self
+            .rollback_locked(ruleset, number, author, message, etag, audit)
+            .await;
+        if done.is_err() {
+            self.undo_nft_sets(&created).await;
+        }
+        done
+    }
+
+    /// [`Pipeline::rollback`] once the sets of an nft revision exist.
+    async fn rollback_locked(
         &self,
         ruleset: &str,
         number: u64,

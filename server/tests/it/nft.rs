@@ -4,8 +4,10 @@
 //! its export gives, each revision's content and export byte-equal to the engine's canonical
 //! listing of the file (JSON export read back to the same listing and digest); a bad text
 //! refused at FILE:LINE:COL (`include`, a syntax error, an unsupported family by name) that
-//! changes nothing; a commit of an nft ruleset refused by name while the engine does not
-//! enforce nft, the staged revision kept; the diff of two nft revisions per chain in nft's
+//! changes nothing; an nft ruleset applied and enforced (trace verdicts naming the nft chain),
+//! a statement the engine does not run refused by name at its position, its named set's
+//! elements added and deleted through the sets API changing verdicts without a revision,
+//! CommitRevision and Rollback of nft revisions; the diff of two nft revisions per chain in nft's
 //! words; `vallumctl validate/stage/export` with `--format` and with the format detected.
 
 use crate::support;
@@ -84,6 +86,7 @@ async fn nft_text_and_json_are_stored_and_exported_as_the_canonical_listing() {
     let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
+    let mut stored = 0;
     for (file, text) in rulesets() {
         let model = nft::parse(&file, &text).unwrap_or_else(|e| panic!("{e}"));
         let listing = nft::print(&model);
@@ -91,6 +94,23 @@ async fn nft_text_and_json_are_stored_and_exported_as_the_canonical_listing() {
             .map(|c| c.rules.len())
             .sum();
         let ruleset = file.trim_end_matches(".nft").replace('.', "-");
+        // What the engine does not enforce is refused by name at the position the engine's
+        // lowering names, as in any request (stored only when it could be committed).
+        if let Err(e) = nft::lower(&model, &file, &text, &ruleset, 0) {
+            let s = rs
+                .validate_ruleset(pb::ValidateRulesetRequest {
+                    ruleset: ruleset.clone(),
+                    source: Some(nft_source(&text, &file, false)),
+                })
+                .await
+                .expect_err("not enforced");
+            assert_eq!(reason(&s), "UNSUPPORTED_EXTENSION", "{file}: {s:?}");
+            let first = &e.0[0];
+            let at = format!("{file}:{}:{}: ", first.pos.line, first.pos.column);
+            assert!(s.message().contains(&at), "{file}: {at} in {}", s.message());
+            continue;
+        }
+        stored += 1;
 
         let v = rs
             .validate_ruleset(pb::ValidateRulesetRequest {
@@ -147,6 +167,7 @@ async fn nft_text_and_json_are_stored_and_exported_as_the_canonical_listing() {
         let e = export(&d, &again.name, pb::ExportFormat::Nft).await;
         assert_eq!(e.content, listing, "{file}: JSON read back");
     }
+    assert!(stored >= 3, "only {stored} of the rulesets are enforced");
     d.stop().await;
 }
 
@@ -238,13 +259,46 @@ async fn bad_nft_is_refused_at_its_position_and_changes_nothing() {
     d.stop().await;
 }
 
+async fn trace(d: &Daemon, src: &str, dport: u32) -> pb::TracePacketResponse {
+    pb::trace_service_client::TraceServiceClient::new(d.channel().await)
+        .trace_packet(pb::TracePacketRequest {
+            packet: Some(pb::PacketSpec {
+                source: src.into(),
+                destination: "198.51.100.1".into(),
+                protocol: "tcp".into(),
+                source_port: 40000,
+                destination_port: dport,
+                tcp_flags: "S".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("trace")
+        .into_inner()
+}
+
+/// Its named set `allowed` is engine set `inet.filter.allowed`; SSH only from it.
+const SSH_FROM_SET: &str = "table inet filter {
+\tset allowed {
+\t\ttype ipv4_addr
+\t\telements = { 192.0.2.1 }
+\t}
+
+\tchain input {
+\t\ttype filter hook input priority filter; policy drop;
+\t\tip saddr @allowed tcp dport 22 accept
+\t\ttcp dport 80 accept
+\t}
+}
+";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nft_commit_is_refused_by_name_while_the_engine_does_not_enforce_nft() {
+async fn nft_apply_enforces_and_named_set_elements_change_without_a_commit() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(&dir.path().join("v.db"), &[]);
     d.wait_serving().await;
     let mut rs = d.rulesets().await;
-    let text = "table inet filter {\n\tchain input {\n\t\ttype filter hook input priority filter; policy drop;\n\t\ttcp dport 22 accept\n\t}\n}\n";
     // An empty nft ruleset is refused as an empty iptables one is.
     let s = rs
         .stage_revision(pb::StageRevisionRequest {
@@ -255,37 +309,121 @@ async fn nft_commit_is_refused_by_name_while_the_engine_does_not_enforce_nft() {
         .await
         .expect_err("empty");
     assert_eq!(reason(&s), "EMPTY_RULESET", "{s:?}");
+    // A statement the engine does not run in an enforced chain: refused by name at its
+    // FILE:LINE:COL, nothing stored, no set created.
+    let bad = SSH_FROM_SET.replace("tcp dport 80 accept", "oifname \"eth0\" masquerade");
     for validate_only in [true, false] {
         let s = rs
             .apply(pb::ApplyRequest {
                 ruleset: "web".into(),
-                source: Some(nft_source(text, "web.nft", false)),
+                source: Some(nft_source(&bad, "x.nft", false)),
                 validate_only,
                 ..Default::default()
             })
             .await
-            .expect_err("not enforced");
-        assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
-        assert!(s.message().contains("does not enforce"), "{}", s.message());
+            .expect_err("masquerade in a filter chain");
+        assert_eq!(reason(&s), "UNSUPPORTED_EXTENSION", "{s:?}");
+        assert!(s.message().contains("x.nft:10:18:"), "{}", s.message());
+        assert!(s.message().contains("masquerade"), "{}", s.message());
     }
-    let rev = stage(&d, "web", nft_source(text, "web.nft", false)).await;
-    assert_eq!(rev.number, 1, "the Apply stored nothing");
-    let s = rs
-        .commit_revision(pb::CommitRevisionRequest {
-            name: rev.name.clone(),
+    let mut sets = pb::set_service_client::SetServiceClient::new(d.channel().await);
+    let listed = sets
+        .list_sets(pb::ListSetsRequest::default())
+        .await
+        .expect("sets")
+        .into_inner();
+    assert!(listed.sets.is_empty(), "{listed:?}");
+
+    // A dry run validates against the set the commit would create.
+    rs.apply(pb::ApplyRequest {
+        ruleset: "web".into(),
+        source: Some(nft_source(SSH_FROM_SET, "web.nft", false)),
+        validate_only: true,
+        ..Default::default()
+    })
+    .await
+    .expect("dry run");
+    let c = rs
+        .apply(pb::ApplyRequest {
+            ruleset: "web".into(),
+            source: Some(nft_source(SSH_FROM_SET, "web.nft", false)),
             ..Default::default()
         })
         .await
-        .expect_err("not enforced");
-    assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
-    let got = rs
-        .get_revision(pb::GetRevisionRequest {
-            name: rev.name.clone(),
+        .expect("applies")
+        .into_inner();
+    let rev = c.revision.expect("revision");
+    assert_eq!((rev.number, rev.rule_count), (1, 2));
+
+    let verdict = |t: &pb::TracePacketResponse| pb::Verdict::try_from(t.verdict).unwrap();
+    let t = trace(&d, "192.0.2.1", 22).await;
+    assert_eq!(verdict(&t), pb::Verdict::Accept, "{t:?}");
+    assert!(
+        t.steps.iter().any(|s| s.chain == "inet filter input"),
+        "the trace names the nft chain: {t:?}"
+    );
+    let t = trace(&d, "192.0.2.7", 22).await;
+    assert_eq!(verdict(&t), pb::Verdict::Drop, "{t:?}");
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.7", 80).await),
+        pb::Verdict::Accept
+    );
+
+    // Counters name the nft rule each engine rule enforces: its position and text. The IPv6
+    // copy of the inet chain has no `ip saddr` rule, so its rule 1 is nft rule 2.
+    let counters = pb::counter_service_client::CounterServiceClient::new(d.channel().await)
+        .get_counters(pb::GetCountersRequest {
+            ruleset: "web".into(),
+            ..Default::default()
         })
         .await
-        .expect("revision")
-        .into_inner();
-    assert_eq!(got.state, pb::RevisionState::Staged as i32, "{got:?}");
+        .expect("counters")
+        .into_inner()
+        .counters;
+    let of = |family: pb::Family| -> Vec<(u32, u32, String)> {
+        counters
+            .iter()
+            .filter(|c| c.family == family as i32 && c.chain == "inet filter input" && c.rule > 0)
+            .map(|c| (c.rule, c.nft_rule, c.text.clone()))
+            .collect()
+    };
+    assert_eq!(
+        of(pb::Family::Ipv4),
+        [
+            (1, 1, "ip saddr @allowed tcp dport 22 accept".to_string()),
+            (2, 2, "tcp dport 80 accept".to_string()),
+        ],
+        "{counters:?}"
+    );
+    assert_eq!(
+        of(pb::Family::Ipv6),
+        [(1, 2, "tcp dport 80 accept".to_string())],
+        "{counters:?}"
+    );
+
+    // `nft add element inet filter allowed { 192.0.2.7 }`, through the sets API.
+    let element = |text: &str| pb::SetElement {
+        text: text.into(),
+        ..Default::default()
+    };
+    sets.add_elements(pb::AddElementsRequest {
+        set: "inet.filter.allowed".into(),
+        elements: vec![element("192.0.2.7")],
+        ..Default::default()
+    })
+    .await
+    .expect("add element");
+    let t = trace(&d, "192.0.2.7", 22).await;
+    assert_eq!(verdict(&t), pb::Verdict::Accept, "after the add: {t:?}");
+    sets.delete_elements(pb::DeleteElementsRequest {
+        set: "inet.filter.allowed".into(),
+        elements: vec![element("192.0.2.1")],
+        ..Default::default()
+    })
+    .await
+    .expect("delete element");
+    let t = trace(&d, "192.0.2.1", 22).await;
+    assert_eq!(verdict(&t), pb::Verdict::Drop, "after the delete: {t:?}");
     let ruleset = rs
         .get_ruleset(pb::GetRulesetRequest {
             name: "rulesets/web".into(),
@@ -293,7 +431,47 @@ async fn nft_commit_is_refused_by_name_while_the_engine_does_not_enforce_nft() {
         .await
         .expect("ruleset")
         .into_inner();
-    assert_eq!(ruleset.active_revision, 0, "nothing active");
+    assert_eq!(
+        (ruleset.active_revision, ruleset.latest_revision),
+        (1, 1),
+        "the set changed without a revision"
+    );
+
+    // Stage + CommitRevision and Rollback of nft revisions, as of iptables ones.
+    let open = SSH_FROM_SET.replace("policy drop", "policy accept");
+    let staged = stage(&d, "web", nft_source(&open, "open.nft", false)).await;
+    rs.commit_revision(pb::CommitRevisionRequest {
+        name: staged.name.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("commits");
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.9", 22).await),
+        pb::Verdict::Accept,
+        "policy accept"
+    );
+    rs.rollback(pb::RollbackRequest {
+        name: rev.name.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("rolls back");
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.9", 22).await),
+        pb::Verdict::Drop,
+        "policy drop again"
+    );
+    // The set kept the element the sets API gave it, and the commits added the listed one
+    // back (as `nft -f` adds a set's listed elements).
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.7", 22).await),
+        pb::Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 22).await),
+        pb::Verdict::Accept
+    );
     d.stop().await;
 }
 
@@ -364,8 +542,8 @@ async fn vallumctl_reads_nft_by_format_and_by_detection() {
     let url = d.url();
     let (name, text) = rulesets()
         .into_iter()
-        .find(|(n, _)| n == "workstation.nft")
-        .expect("workstation.nft");
+        .find(|(n, _)| n == "web.nft")
+        .expect("README's web.nft");
     let listing = nft::print(&nft::parse(&name, &text).expect("parses"));
     let file = dir.path().join("rules.conf");
     std::fs::write(&file, &text).unwrap();

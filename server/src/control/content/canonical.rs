@@ -145,8 +145,7 @@ impl Content {
     /// the engine enforces of it, [`super::nft::to_ruleset`]).
     ///
     /// Errors: [`Error::StoreCorrupt`] when the stored text no longer parses (a corrupt store or
-    /// an engine parser change); for nft content the engine does not enforce, FAILED_PRECONDITION
-    /// ([`super::nft::not_enforced`]).
+    /// an engine parser change).
     pub fn to_ruleset(&self, name: &str, priority: i32) -> Result<Ruleset, Error> {
         if self.is_nft() {
             return super::nft::to_ruleset(&self.v4, name, priority);

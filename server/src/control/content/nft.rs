@@ -9,19 +9,25 @@
 //! an nft table's family is in the listing), so the digest is the digest tree of the listing
 //! as for any other text.
 //!
-//! What the engine enforces of an nft ruleset is [`lower`]'s: today this build's engine has
-//! no nft lowering, so an nft ruleset is parsed, checked, stored, listed, exported and diffed,
-//! and a commit of it is refused with [`not_enforced`] (FAILED_PRECONDITION, type
-//! `NFT_NOT_ENFORCED`), never committed as if it were empty.
+//! What the engine enforces of an nft ruleset is [`nft::lower`]'s: `type filter` and `type
+//! route` chains and what they reach, with the same classifier and counters as iptables
+//! rules; a statement the engine does not run in such a chain is refused by name at its
+//! FILE:LINE:COL; `type nat` chains are stored only (a warning names each). Named sets the
+//! enforced chains use become engine sets named `FAMILY.TABLE.SET` ([`nft::lower::set_name`]),
+//! created with their elements when the ruleset is committed
+//! ([`crate::control::pipeline::Pipeline::ensure_nft_sets`]); after that their elements
+//! change through the sets API without a commit, as `nft add element` changes a set.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use vallum_engine::echo::clipped;
 use vallum_engine::model::{Family, Ruleset};
 use vallum_engine::nft;
+use vallum_engine::nft::{Lowered, LoweredSet};
 use vallum_engine::validate::Severity;
 
-use super::{Checked, Content, Finding, Places, RulesetInput};
+use super::{Checked, Content, Finding, Places, RulesetInput, position};
 use crate::error::{Error, FieldViolation, Reason};
 use crate::grpc::limits::{LimitsConfig, check_chains, check_rules};
 
@@ -38,18 +44,16 @@ pub struct NftPart {
     pub field: String,
 }
 
-/// What a checked nft input keeps besides its engine model: the parsed ruleset and why the
-/// engine does not enforce it, if it does not.
+/// What a checked nft input keeps besides its engine model: the parsed ruleset and the
+/// engine sets its named sets become.
 #[derive(Clone, Debug)]
 pub struct NftChecked {
     /// The parsed ruleset (its [`nft::print`] is the stored content).
     pub model: Arc<nft::Ruleset>,
-    /// Why a commit of it is refused (`None`: the engine enforces [`lower`]'s model).
-    pub not_enforced: Option<String>,
+    /// The named sets the enforced chains use, as engine sets to create (with their
+    /// elements) before a commit.
+    pub sets: Vec<LoweredSet>,
 }
-
-/// PreconditionFailure type of a commit refused because the engine does not enforce nft.
-pub const NOT_ENFORCED: &str = "NFT_NOT_ENFORCED";
 
 /// Whether stored content `text` is an nft listing (see the module docs).
 pub fn is_listing(text: &str) -> bool {
@@ -83,19 +87,25 @@ pub fn check(
         check_chains(chains, limits.max_chains_per_ruleset)?;
         check_rules(rule_count(&rs), limits.max_rules_per_ruleset)?;
     }
+    // JSON has no text lines: the lowering's errors carry the rule's position only.
+    let text = if part.json { "" } else { part.text.as_str() };
+    let lowered =
+        nft::lower(&rs, &part.filename, text, name, priority).map_err(|e| refusal(part, &e))?;
     let content = Content::new(nft::print(&rs), String::new());
-    let (ruleset, not_enforced) = match lower(name, priority, &rs) {
-        Ok(model) => (model, None),
-        Err(why) => (empty(name, priority), Some(why)),
-    };
-    let findings = not_enforced
+    let Lowered {
+        ruleset,
+        sets,
+        stored_only,
+    } = lowered;
+    // Stored-only chains are said, as the iptables nat table's "not enforced" is.
+    let findings = stored_only
         .iter()
-        .map(|why| Finding {
+        .map(|s| Finding {
             severity: Severity::Warning,
-            location: part.field.clone(),
-            path: String::new(),
-            message: why.clone(),
-            reason: Reason::FailedPrecondition,
+            location: position(&part.field, &part.filename, None, s.pos.line, s.pos.column),
+            path: s.chain.clone(),
+            message: s.why.to_string(),
+            reason: Reason::InvalidRuleset,
         })
         .collect();
     Ok(Checked {
@@ -110,18 +120,31 @@ pub fn check(
         edited: false,
         nft: Some(NftChecked {
             model: Arc::new(rs),
-            not_enforced,
+            sets,
         }),
     })
 }
 
 /// The engine's model of stored nft content (a listing, [`is_listing`]) of ruleset `name`.
 ///
-/// Errors: [`Error::StoreCorrupt`] when the stored listing no longer parses;
-/// [`not_enforced`] when the engine does not enforce it.
+/// Errors: as [`lower_stored`].
 pub fn to_ruleset(text: &str, name: &str, priority: i32) -> Result<Ruleset, Error> {
+    Ok(lower_stored(text, name, priority)?.ruleset)
+}
+
+/// Stored nft content (a listing) of ruleset `name` lowered onto the engine's model, with
+/// the engine sets its named sets become.
+///
+/// Errors: [`Error::StoreCorrupt`] when the stored listing no longer parses or lowers (it
+/// did when it was stored: a corrupt store or an engine change).
+pub fn lower_stored(text: &str, name: &str, priority: i32) -> Result<Lowered, Error> {
     let rs = parse_stored(text, name)?;
-    lower(name, priority, &rs).map_err(|why| not_enforced(name, why))
+    let file = format!("rulesets/{name}");
+    nft::lower(&rs, &file, text, name, priority).map_err(|e| {
+        Error::store_corrupt(format!(
+            "stored nft content of ruleset {name} does not lower: {e}"
+        ))
+    })
 }
 
 /// Stored nft content (a listing) of ruleset `name` parsed back into its model.
@@ -133,16 +156,6 @@ pub fn parse_stored(text: &str, name: &str) -> Result<nft::Ruleset, Error> {
             "stored nft content of ruleset {name} does not parse: {e}"
         ))
     })
-}
-
-/// The refusal of a commit of ruleset `name`'s nft content that the engine does not enforce:
-/// FAILED_PRECONDITION (type [`NOT_ENFORCED`]) saying `why`.
-pub fn not_enforced(name: &str, why: String) -> Error {
-    Error::Precondition {
-        kind: NOT_ENFORCED,
-        subject: format!("rulesets/{name}"),
-        message: why,
-    }
 }
 
 /// Rules over every chain of `rs`.
@@ -160,23 +173,8 @@ pub fn is_empty(rs: &nft::Ruleset) -> bool {
             .all(|c| c.base.is_none_or(|b| b.policy != nft::Policy::Drop))
 }
 
-/// What the engine enforces of `rs`, as ruleset `name` at `priority`; `Err` says why it
-/// enforces none of it.
-fn lower(_name: &str, _priority: i32, _rs: &nft::Ruleset) -> Result<Ruleset, String> {
-    Err("nft rulesets are parsed, stored and listed, but this vallumd's engine does not enforce them yet (no nft lowering): validate and stage work, a commit is refused".to_string())
-}
-
-/// An engine model with no table.
-fn empty(name: &str, priority: i32) -> Ruleset {
-    Ruleset {
-        name: name.to_string(),
-        priority,
-        tables: Vec::new(),
-    }
-}
-
-/// The front end's errors as the request's error, each at `part.field` described
-/// `FILE:LINE:COL: message`.
+/// The front end's (or the lowering's) errors as the request's error, each at `part.field`
+/// described `FILE:LINE:COL: message`.
 fn refusal(part: &NftPart, errs: &nft::NftErrors) -> Error {
     let unsupported = errs.0.iter().any(|e| {
         matches!(
@@ -201,14 +199,73 @@ fn refusal(part: &NftPart, errs: &nft::NftErrors) -> Error {
                 } else {
                     format!(" near '{}'", clipped(&e.token))
                 };
+                let file = if e.file.is_empty() {
+                    &part.filename
+                } else {
+                    &e.file
+                };
                 FieldViolation::new(
                     part.field.clone(),
-                    format!(
-                        "{}:{}:{}: {message}{near}",
-                        e.file, e.pos.line, e.pos.column
-                    ),
+                    format!("{file}:{}:{}: {message}{near}", e.pos.line, e.pos.column),
                 )
             })
             .collect(),
     }
+}
+
+/// Where an engine rule of a lowered nft ruleset comes from: the nft rule's 1-based position
+/// in its nft chain and its text as the listing prints it ([`nft::rule_text`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftRuleRef {
+    /// 1-based position of the nft rule in its chain.
+    pub position: u32,
+    /// The nft rule as `nft list ruleset` lists it.
+    pub text: String,
+}
+
+/// For each engine rule of the lowering of stored nft content `text` (a listing) of ruleset
+/// `name`, keyed by (family, engine chain, 1-based engine rule), the nft rule it enforces.
+/// The engine's active model of that content has the same chains and rules in the same order
+/// whatever text it was lowered from (the listing re-parses to the same ruleset), so the keys
+/// are those of its counters and trace steps. Cost: one parse and lowering of the listing.
+///
+/// Errors: as [`lower_stored`].
+pub fn rule_refs(
+    text: &str,
+    name: &str,
+) -> Result<HashMap<(Family, String, u32), NftRuleRef>, Error> {
+    let rs = parse_stored(text, name)?;
+    let file = format!("rulesets/{name}");
+    let lowered = nft::lower(&rs, &file, text, name, 0).map_err(|e| {
+        Error::store_corrupt(format!(
+            "stored nft content of ruleset {name} does not lower: {e}"
+        ))
+    })?;
+    // Each nft rule by where it starts in the listing (the engine rule's location).
+    let mut by_pos: HashMap<(u32, u32), NftRuleRef> = HashMap::new();
+    for t in &rs.tables {
+        for c in &t.chains {
+            for (i, r) in c.rules.iter().enumerate() {
+                by_pos.insert(
+                    (r.pos.line, r.pos.column),
+                    NftRuleRef {
+                        position: u32::try_from(i + 1).unwrap_or(u32::MAX),
+                        text: nft::rule_text(t.family, r),
+                    },
+                );
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for t in &lowered.ruleset.tables {
+        for c in &t.chains {
+            for (i, r) in c.rules.iter().enumerate() {
+                if let Some(found) = by_pos.get(&(r.location.line, r.location.column)) {
+                    let n = u32::try_from(i + 1).unwrap_or(u32::MAX);
+                    out.insert((t.family, c.name.clone(), n), found.clone());
+                }
+            }
+        }
+    }
+    Ok(out)
 }

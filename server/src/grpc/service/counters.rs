@@ -11,6 +11,7 @@
 //! asked for after a commit changed them is ABORTED ([`Error::ListChanged`]) rather than a
 //! listing that skips or repeats rules.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -19,8 +20,13 @@ use vallum_proto::v1::counter_service_server::CounterService;
 
 use vallum_engine::model::{Family, Hook, TableKind};
 
+/// Of one nft ruleset: the nft rule of each engine rule, by (family, engine chain, rule).
+type NftRefs = HashMap<(Family, String, u32), NftRuleRef>;
+
 use super::State;
 use super::paging::{self, Paging};
+use crate::control::content;
+use crate::control::content::nft::NftRuleRef;
 use crate::error::{Error, Result};
 use crate::grpc::auth::Op;
 use crate::grpc::call::{self, Digest, Priority, Spec, Target};
@@ -67,6 +73,35 @@ impl CountersApi {
     ///
     /// Errors: [`Error::BadRequest`] for a malformed name, [`Error::NotFound`] when the
     /// ruleset is neither active nor stored, [`Error::Store`].
+    /// Per active ruleset whose content is nft (only `only` when given): the nft rule each
+    /// engine rule enforces ([`content::nft::rule_refs`] of its active revision's listing).
+    ///
+    /// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] for a listing that does not lower.
+    async fn nft_rules(
+        &self,
+        revisions: &std::collections::BTreeMap<String, vallum_engine::engine::ActiveRevision>,
+        only: Option<&str>,
+    ) -> Result<HashMap<String, NftRefs>> {
+        let pipeline = &self.state.pipeline;
+        let mut out = HashMap::new();
+        for (name, a) in revisions {
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            let content = match pipeline.active_content(name, a.revision) {
+                Some(c) => c,
+                None => match pipeline.store().get_revision(name, a.revision).await? {
+                    Some(rev) => rev.content,
+                    None => continue,
+                },
+            };
+            if content.is_nft() {
+                out.insert(name.clone(), content::nft::rule_refs(&content.v4, name)?);
+            }
+        }
+        Ok(out)
+    }
+
     async fn filter(&self, ruleset: &str) -> Result<Option<String>> {
         if ruleset.is_empty() {
             return Ok(None);
@@ -217,12 +252,20 @@ impl CounterService for CountersApi {
                     n
                 }
             };
+            let nft = self.nft_rules(&revisions, filter.as_deref()).await?;
             let items = all
                 .into_iter()
                 .filter(|c| filter.as_deref().is_none_or(|f| f == &*c.ruleset))
                 .skip(offset)
                 .map(|c| {
+                    let nft_rule = c.rule.and_then(|n| {
+                        nft.get(&*c.ruleset)?
+                            .get(&(c.family, c.chain.to_string(), n))
+                    });
                     let text = match c.rule {
+                        Some(_) if nft_rule.is_some() => {
+                            nft_rule.map(|r| r.text.clone()).unwrap_or_default()
+                        }
                         Some(n) => convert::rule_text_of(
                             &rulesets, &c.ruleset, c.family, c.table, &c.chain, n,
                         )
@@ -245,6 +288,7 @@ impl CounterService for CountersApi {
                         packets: c.packets,
                         bytes: c.bytes,
                         text,
+                        nft_rule: nft_rule.map_or(0, |r| r.position),
                     }
                 });
             let (counters, more) = paging::fill(items, page.size);

@@ -123,7 +123,6 @@ async fn apply_with(
             .check(&name, r.priority, r.source.as_ref(), &r.etag, stored)
             .await?;
         let checked = checked.refuse_empty(r.allow_empty)?;
-        checked.enforceable()?;
         let checked = api.state.pipeline.validate(checked).await?;
         let warnings = checked.warnings();
         checked.into_valid()?;
