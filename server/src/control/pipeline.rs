@@ -1018,6 +1018,31 @@ impl Pipeline {
             .cloned()
     }
 
+    /// For revision `number` of `ruleset` when its content is nft: the nft rule each engine
+    /// rule of its lowering enforces ([`crate::control::content::nft::rule_refs`]), for
+    /// counters and trace steps; `None` for iptables content or a revision that is gone.
+    /// The content is the copy the last commit kept when it is that revision, else the
+    /// store's.
+    ///
+    /// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] for a listing that does not lower.
+    pub async fn nft_rule_refs(
+        &self,
+        ruleset: &str,
+        number: u64,
+    ) -> Result<Option<crate::control::content::nft::NftRuleRefs>> {
+        let content = match self.active_content(ruleset, number) {
+            Some(c) => c,
+            None => match self.store.get_revision(ruleset, number).await? {
+                Some(rev) => rev.content,
+                None => return Ok(None),
+            },
+        };
+        if !content.is_nft() {
+            return Ok(None);
+        }
+        crate::control::content::nft::rule_refs(&content.v4, ruleset).map(Some)
+    }
+
     /// `--max-rules`: refuses a ruleset with too many rules.
     fn check_rules(&self, checked: &Checked) -> Result<()> {
         limits::check_rules(

@@ -797,6 +797,7 @@ pub fn trace_step(s: &TraceStep, rulesets: &[std::sync::Arc<Ruleset>]) -> pb::Tr
         rule: s.rule.unwrap_or(0),
         outcome: step_outcome(s.outcome) as i32,
         text,
+        nft_rule: 0,
     }
 }
 

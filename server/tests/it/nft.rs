@@ -358,9 +358,11 @@ async fn nft_apply_enforces_and_named_set_elements_change_without_a_commit() {
     let verdict = |t: &pb::TracePacketResponse| pb::Verdict::try_from(t.verdict).unwrap();
     let t = trace(&d, "192.0.2.1", 22).await;
     assert_eq!(verdict(&t), pb::Verdict::Accept, "{t:?}");
-    assert!(
-        t.steps.iter().any(|s| s.chain == "inet filter input"),
-        "the trace names the nft chain: {t:?}"
+    let step = t.steps.iter().find(|s| s.chain == "inet filter input");
+    assert_eq!(
+        step.map(|s| (s.rule, s.nft_rule, s.text.as_str())),
+        Some((1, 1, "ip saddr @allowed tcp dport 22 accept")),
+        "the trace names the nft chain and rule: {t:?}"
     );
     let t = trace(&d, "192.0.2.7", 22).await;
     assert_eq!(verdict(&t), pb::Verdict::Drop, "{t:?}");

@@ -223,6 +223,10 @@ pub struct NftRuleRef {
     pub text: String,
 }
 
+/// Of one nft ruleset: the nft rule of each engine rule, by (family, engine chain, 1-based
+/// engine rule) ([`rule_refs`]).
+pub type NftRuleRefs = HashMap<(Family, String, u32), NftRuleRef>;
+
 /// For each engine rule of the lowering of stored nft content `text` (a listing) of ruleset
 /// `name`, keyed by (family, engine chain, 1-based engine rule), the nft rule it enforces.
 /// The engine's active model of that content has the same chains and rules in the same order
@@ -230,10 +234,7 @@ pub struct NftRuleRef {
 /// are those of its counters and trace steps. Cost: one parse and lowering of the listing.
 ///
 /// Errors: as [`lower_stored`].
-pub fn rule_refs(
-    text: &str,
-    name: &str,
-) -> Result<HashMap<(Family, String, u32), NftRuleRef>, Error> {
+pub fn rule_refs(text: &str, name: &str) -> Result<NftRuleRefs, Error> {
     let rs = parse_stored(text, name)?;
     let file = format!("rulesets/{name}");
     let lowered = nft::lower(&rs, &file, text, name, 0).map_err(|e| {

@@ -20,13 +20,9 @@ use vallum_proto::v1::counter_service_server::CounterService;
 
 use vallum_engine::model::{Family, Hook, TableKind};
 
-/// Of one nft ruleset: the nft rule of each engine rule, by (family, engine chain, rule).
-type NftRefs = HashMap<(Family, String, u32), NftRuleRef>;
-
 use super::State;
 use super::paging::{self, Paging};
-use crate::control::content;
-use crate::control::content::nft::NftRuleRef;
+use crate::control::content::nft::NftRuleRefs;
 use crate::error::{Error, Result};
 use crate::grpc::auth::Op;
 use crate::grpc::call::{self, Digest, Priority, Spec, Target};
@@ -74,29 +70,21 @@ impl CountersApi {
     /// Errors: [`Error::BadRequest`] for a malformed name, [`Error::NotFound`] when the
     /// ruleset is neither active nor stored, [`Error::Store`].
     /// Per active ruleset whose content is nft (only `only` when given): the nft rule each
-    /// engine rule enforces ([`content::nft::rule_refs`] of its active revision's listing).
+    /// engine rule enforces ([`crate::control::pipeline::Pipeline::nft_rule_refs`]).
     ///
     /// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] for a listing that does not lower.
     async fn nft_rules(
         &self,
         revisions: &std::collections::BTreeMap<String, vallum_engine::engine::ActiveRevision>,
         only: Option<&str>,
-    ) -> Result<HashMap<String, NftRefs>> {
-        let pipeline = &self.state.pipeline;
+    ) -> Result<HashMap<String, NftRuleRefs>> {
         let mut out = HashMap::new();
         for (name, a) in revisions {
             if only.is_some_and(|o| o != name) {
                 continue;
             }
-            let content = match pipeline.active_content(name, a.revision) {
-                Some(c) => c,
-                None => match pipeline.store().get_revision(name, a.revision).await? {
-                    Some(rev) => rev.content,
-                    None => continue,
-                },
-            };
-            if content.is_nft() {
-                out.insert(name.clone(), content::nft::rule_refs(&content.v4, name)?);
+            if let Some(refs) = self.state.pipeline.nft_rule_refs(name, a.revision).await? {
+                out.insert(name.clone(), refs);
             }
         }
         Ok(out)
