@@ -21,7 +21,9 @@ mkdir -p "$D"
 trap 'kill $VPID 2>/dev/null; wait $VPID 2>/dev/null; rm -rf "$W" "$D"' EXIT
 # shellcheck disable=SC2086 # VALLUMD_ARGS is a list of words
 case ${VIA:-unix} in unix) SOCK=$W/v.sock ;; tcp) SOCK=none ;; *) echo "VIA=${VIA}: unix or tcp" >&2; exit 2 ;; esac
-"$T/vallumd" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --cores "${CORES:-1}" ${VALLUMD_ARGS:-} --insecure-no-auth --socket "$SOCK" --db "$D/v.db" >"$W/log" 2>&1 &
+# --max-request-bytes, --max-rules: the base of N=100000 is ~8 MB of text and 100,011 rules, over
+# the defaults (4 MiB, 100,000).
+"$T/vallumd" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --max-request-bytes 67108864 --max-rules 1000000 --cores "${CORES:-1}" ${VALLUMD_ARGS:-} --insecure-no-auth --socket "$SOCK" --db "$D/v.db" >"$W/log" 2>&1 &
 VPID=$!
 while ! grep -q "listening on" "$W/log"; do sleep 0.1; done
 if [ "$SOCK" = none ]; then

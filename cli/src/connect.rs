@@ -249,7 +249,7 @@ impl Connection {
         };
         let unix = crate::socket::unix_path(&self.server);
         let mut ep = match unix {
-            Some(_) => crate::socket::endpoint(),
+            Some(_) => unix_endpoint(),
             None => Endpoint::from_shared(self.server.clone())
                 .map_err(|e| CliError::Argument(format!("--server {}: {e}", self.server)))?,
         }
@@ -262,7 +262,7 @@ impl Connection {
         let mut pause = Duration::from_millis(5);
         if let Some(path) = unix {
             let channel = loop {
-                match crate::socket::connect(ep.clone(), path).await {
+                match unix_connect(ep.clone(), path).await {
                     Ok(c) => break c,
                     Err(_)
                         if self.wait.is_some() && pause_before_retry(until, &mut pause).await => {}
@@ -319,11 +319,11 @@ impl Connection {
         if self.server_flag.is_none() && self.wait.is_some() && !tls {
             let now = crate::socket::default_server();
             if let Some(path) = crate::socket::unix_path(&now) {
-                let mut ep = crate::socket::endpoint().connect_timeout(Duration::from_secs(5));
+                let mut ep = unix_endpoint().connect_timeout(Duration::from_secs(5));
                 if with_timeout {
                     ep = ep.timeout(self.timeout);
                 }
-                if let Ok(c) = crate::socket::connect(ep, path).await {
+                if let Ok(c) = unix_connect(ep, path).await {
                     return Ok(Clients::new(c, auth));
                 }
             }
@@ -414,6 +414,32 @@ impl Connection {
             Err(e) => error::tls_answered(Err(&e)),
         }
     }
+}
+
+// === the local socket ===
+
+/// A channel to vallumd's unix socket at `path`, with `ep`'s settings (timeouts); the
+/// endpoint's URI only names the HTTP/2 authority.
+///
+/// Errors: tonic's transport error when the socket cannot be connected.
+async fn unix_connect(
+    ep: Endpoint,
+    path: &std::path::Path,
+) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    ep.connect_with_connector(tower::service_fn(move |_: http::Uri| {
+        let path = path.clone();
+        async move {
+            let s = tokio::net::UnixStream::connect(path).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+        }
+    }))
+    .await
+}
+
+/// An [`Endpoint`] for `unix:PATH` (the authority `localhost`).
+fn unix_endpoint() -> Endpoint {
+    Endpoint::from_static("http://localhost")
 }
 
 #[cfg(test)]

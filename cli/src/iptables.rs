@@ -22,6 +22,8 @@
 
 // The crate root is this file: its modules would be looked up beside it, not under
 // `iptables/`.
+#[path = "iptables/call.rs"]
+mod call;
 #[path = "iptables/list.rs"]
 mod list;
 #[path = "socket.rs"]
@@ -29,12 +31,10 @@ mod socket;
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tonic::metadata::MetadataValue;
-use tonic::transport::Endpoint;
+use call::{Conn, Refusal};
 use vallum_proto::v1 as pb;
-use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 
 /// Separates the IPv6 part of an exported revision (as vallumd's `content::V6_SEPARATOR`).
 const V6_SEPARATOR: &str = "# ---- ip6tables-save ----\n";
@@ -103,22 +103,6 @@ fn main() -> ExitCode {
 
 // === talking to vallumd ===
 
-type Client = RulesetServiceClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Auth>,
->;
-
-#[derive(Clone)]
-struct Auth(Option<MetadataValue<tonic::metadata::Ascii>>);
-
-impl tonic::service::Interceptor for Auth {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
@@ -173,144 +157,21 @@ fn wait_option(it: &mut std::iter::Peekable<std::vec::IntoIter<String>>) -> Wait
     }
 }
 
-/// A client and the time it may wait for vallumd until.
-struct Conn {
-    client: Client,
-    /// The channel and credentials of `client`, for the other services.
-    channel: tonic::transport::Channel,
-    auth: Auth,
-    until: Option<Instant>,
-}
+// The methods the drop-in calls.
+const EDIT_RULESET: &str = "/vallum.v1.RulesetService/EditRuleset";
+const GET_RULESET: &str = "/vallum.v1.RulesetService/GetRuleset";
+const EXPORT_REVISION: &str = "/vallum.v1.RulesetService/ExportRevision";
+const APPLY: &str = "/vallum.v1.RulesetService/Apply";
+const ZERO_COUNTERS: &str = "/vallum.v1.CounterService/ZeroCounters";
 
-/// Whether vallumd refused the call because it is still loading (NOT_READY).
-fn not_ready(s: &tonic::Status) -> bool {
-    use tonic_types::StatusExt;
-    s.code() == tonic::Code::Unavailable
-        && (s
-            .get_error_details()
-            .error_info()
-            .is_some_and(|i| i.reason == "NOT_READY")
-            || s.message().contains("still loading"))
-}
-
-/// The time left before `until` (`None`: no limit); zero once it passed.
-fn left(until: Option<Instant>) -> Option<Duration> {
-    until.map(|u| u.saturating_duration_since(Instant::now()))
-}
-
-/// Sleeps `pause` (no longer than what is left) and doubles it up to 100 ms; `false` when
-/// no time is left.
-async fn pause_before_retry(until: Option<Instant>, pause: &mut Duration) -> bool {
-    let nap = match left(until) {
-        Some(l) if l.is_zero() => return false,
-        Some(l) => (*pause).min(l),
-        None => *pause,
-    };
-    tokio::time::sleep(nap).await;
-    *pause = (*pause * 2).min(Duration::from_millis(100));
-    true
-}
-
-impl Conn {
-    /// Runs `f` on a clone of the client, again after a short pause while vallumd answers
-    /// NOT_READY and the wait allows.
-    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, tonic::Status>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        let mut pause = Duration::from_millis(2);
-        loop {
-            match f(self.client.clone()).await {
-                Ok(r) => return Ok(r.into_inner()),
-                Err(s) if not_ready(&s) && pause_before_retry(self.until, &mut pause).await => {}
-                Err(s) => return Err(s),
-            }
-        }
-    }
-}
-
-/// Runs `f` with a client on a single-threaded runtime.
-fn with_client<T>(
-    wait: Wait,
-    f: impl AsyncFnOnce(&mut Conn) -> Result<T, Fail>,
-) -> Result<T, Fail> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| failed(format!("runtime: {e}")))?;
-    rt.block_on(async {
-        // Without VALLUM_SERVER: vallumd's local socket when there is one, else loopback TCP.
-        let server = env("VALLUM_SERVER").unwrap_or_else(socket::default_server);
-        let unix = socket::unix_path(&server).map(std::path::Path::to_owned);
-        let mut ep = match unix {
-            Some(_) => socket::endpoint(),
-            None => Endpoint::from_shared(server.clone())
-                .map_err(|e| failed(format!("VALLUM_SERVER {server}: {e}")))?,
-        };
-        let ca = env("VALLUM_CA").map(std::path::PathBuf::from);
-        let cert = env("VALLUM_CERT").map(std::path::PathBuf::from);
-        let key = env("VALLUM_KEY").map(std::path::PathBuf::from);
-        if server.starts_with("https://") || ca.is_some() || cert.is_some() {
-            let cfg = vallum_api::tls::client_config(
-                ca.as_deref(),
-                cert.as_deref(),
-                key.as_deref(),
-                env("VALLUM_TLS_DOMAIN").as_deref(),
-            )
-            .map_err(|e| failed(format!("TLS: {e}")))?;
-            ep = ep
-                .tls_config(cfg)
-                .map_err(|e| failed(format!("TLS: {e}")))?;
-        }
-        let until = wait.limit.map(|d| Instant::now() + d);
-        let mut pause = Duration::from_millis(2);
-        let channel = loop {
-            let tried = match &unix {
-                Some(path) => socket::connect(ep.clone(), path).await,
-                None => ep.connect().await,
-            };
-            match tried {
-                Ok(c) => break c,
-                Err(_) if wait.asked && pause_before_retry(until, &mut pause).await => {}
-                Err(e) => return Err(failed(format!("can't reach vallumd at {server}: {e}"))),
-            }
-        };
-        let token = match env("VALLUM_TOKEN") {
-            Some(t) => Some(
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| failed("VALLUM_TOKEN must be printable ASCII"))?,
-            ),
-            None => None,
-        };
-        let auth = Auth(token);
-        let client = RulesetServiceClient::with_interceptor(channel.clone(), auth.clone())
-            .max_decoding_message_size(256 << 20);
-        f(&mut Conn {
-            client,
-            channel,
-            auth,
-            until,
-        })
-        .await
-    })
-}
-
-/// The first field violation's description of a refusal, or its message.
-fn status_text(s: &tonic::Status) -> String {
-    use tonic_types::StatusExt;
-    if let Some(b) = s.get_error_details().bad_request() {
-        if let Some(v) = b.field_violations.first() {
-            return v.description.clone();
-        }
-    }
-    s.message().to_owned()
+/// Runs `f` with a connection to vallumd ([`Conn::open`]).
+fn with_client<T>(wait: Wait, f: impl FnOnce(&mut Conn) -> Result<T, Fail>) -> Result<T, Fail> {
+    f(&mut Conn::open(wait)?)
 }
 
 /// iptables' words for why an edit (`command`, short form) failed.
-fn iptables_words(prog: &str, command: &str, s: &tonic::Status) -> Fail {
-    let text = status_text(s);
+fn iptables_words(prog: &str, command: &str, s: &Refusal) -> Fail {
+    let text = call::text(s);
     let words = if command == "-E" && text.contains("builtin chain cannot be renamed") {
         "No chain/target/match by that name.".to_owned()
     } else if command == "-E" && text.contains("already exists") {
@@ -328,21 +189,15 @@ fn iptables_words(prog: &str, command: &str, s: &tonic::Status) -> Fail {
 }
 
 /// The active revision's iptables-save text of one family ("" when there is none).
-async fn active_text(c: &mut Conn, v6: bool, counters: bool) -> Result<String, Fail> {
+fn active_text(c: &mut Conn, v6: bool, counters: bool) -> Result<String, Fail> {
     let name = ruleset();
     let get = pb::GetRulesetRequest {
         name: format!("rulesets/{name}"),
     };
-    let rs = match c
-        .call(|mut c| {
-            let get = get.clone();
-            async move { c.get_ruleset(get).await }
-        })
-        .await
-    {
+    let rs: pb::Ruleset = match c.call(GET_RULESET, &get) {
         Ok(r) => r,
-        Err(s) if s.code() == tonic::Code::NotFound => return Ok(String::new()),
-        Err(s) => return Err(failed(status_text(&s))),
+        Err(s) if s.code == call::NOT_FOUND => return Ok(String::new()),
+        Err(s) => return Err(failed(call::text(&s))),
     };
     if rs.active_revision == 0 {
         return Ok(String::new());
@@ -353,12 +208,8 @@ async fn active_text(c: &mut Conn, v6: bool, counters: bool) -> Result<String, F
         counters,
     };
     let out = c
-        .call(|mut c| {
-            let export = export.clone();
-            async move { c.export_revision(export).await }
-        })
-        .await
-        .map_err(|s| failed(status_text(&s)))?
+        .call::<_, pb::ExportRevisionResponse>(EXPORT_REVISION, &export)
+        .map_err(|s| failed(call::text(&s)))?
         .content;
     let (a, b) = match out.split_once(V6_SEPARATOR) {
         Some((a, b)) => (a.to_owned(), b.to_owned()),
@@ -501,13 +352,9 @@ fn command(prog: &str, mut v6: bool, args: Vec<String>) -> Result<String, Fail> 
                 durability: durability(prog)?,
                 ..Default::default()
             };
-            with_client(wait, async |c| {
-                c.call(|mut c| {
-                    let request = request.clone();
-                    async move { c.edit_ruleset(request).await }
-                })
-                .await
-                .map_err(|s| iptables_words(prog, short, &s))?;
+            with_client(wait, |c| {
+                c.call::<_, pb::CommitResult>(EDIT_RULESET, &request)
+                    .map_err(|s| iptables_words(prog, short, &s))?;
                 Ok(String::new())
             })
         }
@@ -541,37 +388,27 @@ fn zero(wait: Wait, prog: &str, table: &str, v6: bool, rest: &[String]) -> Resul
         chain: chain.clone(),
         rule,
     };
-    with_client(wait, async |c| {
-        let counters = pb::counter_service_client::CounterServiceClient::with_interceptor(
-            c.channel.clone(),
-            c.auth.clone(),
-        );
-        let mut pause = Duration::from_millis(2);
-        loop {
-            match counters.clone().zero_counters(request.clone()).await {
-                Ok(_) => return Ok(String::new()),
-                Err(s) if not_ready(&s) && pause_before_retry(c.until, &mut pause).await => {}
-                // No such ruleset yet: its tables are empty, with their builtin chains.
-                Err(s)
-                    if s.code() == tonic::Code::NotFound
-                        && !status_text(&s).contains("/chains/")
-                        && (chain.is_empty() || builtin(table, &chain)) =>
-                {
-                    if rule != 0 {
-                        return Err(failed(format!("{prog}: Index of counter too big.")));
-                    }
-                    return Ok(String::new());
-                }
-                Err(s) if s.code() == tonic::Code::NotFound => {
-                    return Err(failed(format!(
-                        "{prog}: No chain/target/match by that name."
-                    )));
-                }
-                Err(s) if status_text(&s).contains("Index of counter too big") => {
+    with_client(wait, |c| {
+        match c.call::<_, pb::ZeroCountersResponse>(ZERO_COUNTERS, &request) {
+            Ok(_) => Ok(String::new()),
+            // No such ruleset yet: its tables are empty, with their builtin chains.
+            Err(s)
+                if s.code == call::NOT_FOUND
+                    && !call::text(&s).contains("/chains/")
+                    && (chain.is_empty() || builtin(table, &chain)) =>
+            {
+                if rule != 0 {
                     return Err(failed(format!("{prog}: Index of counter too big.")));
                 }
-                Err(s) => return Err(failed(format!("{prog}: {}", status_text(&s)))),
+                Ok(String::new())
             }
+            Err(s) if s.code == call::NOT_FOUND => Err(failed(format!(
+                "{prog}: No chain/target/match by that name."
+            ))),
+            Err(s) if call::text(&s).contains("Index of counter too big") => {
+                Err(failed(format!("{prog}: Index of counter too big.")))
+            }
+            Err(s) => Err(failed(format!("{prog}: {}", call::text(&s)))),
         }
     })
 }
@@ -593,7 +430,7 @@ fn builtin_chains(table: &str) -> &'static [&'static str] {
 
 /// `-S [CHAIN]`: `-P` for builtin chains, `-N` for user chains, then the rules, as iptables -S.
 fn list_rules(wait: Wait, table: &str, v6: bool, chain: Option<&str>) -> Result<String, Fail> {
-    let text = with_client(wait, async |c| active_text(c, v6, false).await)?;
+    let text = with_client(wait, |c| active_text(c, v6, false))?;
     let mut out = String::new();
     let blocks = table_blocks(&text, Some(table));
     let lines = blocks.first().map(|(_, l)| l.clone()).unwrap_or_else(|| {
@@ -653,9 +490,7 @@ fn save(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             o => return Err(usage(prog, format!("unknown argument '{o}'"))),
         }
     }
-    let text = with_client(Wait::default(), async |c| {
-        active_text(c, v6, counters).await
-    })?;
+    let text = with_client(Wait::default(), |c| active_text(c, v6, counters))?;
     let mut out = String::new();
     let mut blocks = table_blocks(&text, table.as_deref());
     // `-t TABLE` of a table no call wrote: as the kernel's, which loads the table and prints
@@ -741,17 +576,11 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             ..Default::default()
         })),
     };
-    with_client(wait, async |c| {
+    with_client(wait, |c| {
         let get = pb::GetRulesetRequest {
             name: format!("rulesets/{}", ruleset()),
         };
-        let priority = match c
-            .call(|mut c| {
-                let get = get.clone();
-                async move { c.get_ruleset(get).await }
-            })
-            .await
-        {
+        let priority = match c.call::<_, pb::Ruleset>(GET_RULESET, &get) {
             Ok(r) => r.priority,
             Err(_) => 0,
         };
@@ -765,12 +594,8 @@ fn restore(prog: &str, v6: bool, args: Vec<String>) -> Result<String, Fail> {
             durability,
             ..Default::default()
         };
-        c.call(|mut c| {
-            let apply = apply.clone();
-            async move { c.apply(apply).await }
-        })
-        .await
-        .map_err(|s| failed(format!("{prog}: {}", status_text(&s))))?;
+        c.call::<_, pb::CommitResult>(APPLY, &apply)
+            .map_err(|s| failed(format!("{prog}: {}", call::text(&s))))?;
         Ok(String::new())
     })
 }

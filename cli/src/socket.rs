@@ -1,7 +1,8 @@
 //! The local endpoint of vallumd (its unix socket, `vallumd --socket`), shared by `vallumctl`
 //! and `vallum-iptables`: which endpoint to use when `--server` / `VALLUM_SERVER` is not
-//! given ([`default_server`]), and connecting a tonic channel over a unix socket
-//! ([`connect`]).
+//! given ([`default_server`]) and the path of a `unix:` endpoint ([`unix_path`]). How each
+//! connects is its own: vallumctl a tonic channel (`connect.rs`), vallum-iptables local calls
+//! (`iptables/call.rs`).
 //!
 //! `--server` takes `unix:PATH` (or `unix://PATH`, PATH absolute) besides `http://` and
 //! `https://` URLs. Without it: the first of [`sockets`] that exists as a socket (vallumd as
@@ -9,8 +10,6 @@
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-
-use tonic::transport::{Channel, Endpoint};
 
 /// vallumd's local socket when it runs as root.
 pub const DEFAULT_SOCKET: &str = "/run/vallum/vallumd.sock";
@@ -46,27 +45,6 @@ pub fn unix_path(server: &str) -> Option<&Path> {
     let rest = server.strip_prefix("unix:")?;
     let rest = rest.strip_prefix("//").unwrap_or(rest);
     Some(Path::new(rest))
-}
-
-/// A channel to vallumd's unix socket at `path`, with `ep`'s settings (timeouts); the
-/// endpoint's URI only names the HTTP/2 authority.
-///
-/// Errors: tonic's transport error when the socket cannot be connected.
-pub async fn connect(ep: Endpoint, path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path = path.to_owned();
-    ep.connect_with_connector(tower::service_fn(move |_: http::Uri| {
-        let path = path.clone();
-        async move {
-            let s = tokio::net::UnixStream::connect(path).await?;
-            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-        }
-    }))
-    .await
-}
-
-/// An [`Endpoint`] for `unix:PATH` (the authority `localhost`).
-pub fn endpoint() -> Endpoint {
-    Endpoint::from_static("http://localhost")
 }
 
 #[cfg(test)]

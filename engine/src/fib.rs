@@ -63,8 +63,13 @@ pub mod rpfilter_flags {
     pub const ACCEPT_LOCAL: u8 = 4;
     /// `--invert`: match when the reverse path check fails.
     pub const INVERT: u8 = 8;
+    /// nft's `fib saddr . iif` (no iptables option): a strict lookup considers only routes
+    /// through the input device, as nft_fib4/nft_fib6 set the flow's output interface (a
+    /// shorter prefix through it wins over a route through another device, where
+    /// xt_rpfilter takes the route and then compares its device).
+    pub const NFT: u8 = 16;
     /// Every flag.
-    pub const ALL: u8 = 15;
+    pub const ALL: u8 = 31;
 }
 
 use rpfilter_flags as F;
@@ -415,6 +420,7 @@ impl Fib {
             0
         };
         let accept_local = flags & F::ACCEPT_LOCAL != 0;
+        let nft_strict = flags & F::NFT != 0 && !loose;
         match (p.src, p.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let zeronet = |a: std::net::Ipv4Addr| a.octets()[0] == 0;
@@ -428,8 +434,8 @@ impl Fib {
                         .then_some(u128::from(u32::from(d))),
                     mark,
                     tos: p.tos & 0x1c,
-                    oif: None,
-                    iface_strict: false,
+                    oif: nft_strict.then_some(dev),
+                    iface_strict: nft_strict,
                 };
                 match self.v4.lookup(&flow, 32) {
                     Found::Route(r) => {
@@ -456,7 +462,7 @@ impl Fib {
                     mark,
                     tos: p.tos & 0xfc,
                     oif: (link_local || !loose).then_some(dev),
-                    iface_strict: link_local,
+                    iface_strict: link_local || nft_strict,
                 };
                 match self.v6.lookup(&flow, 128) {
                     Found::Route(r) => match r.kind {

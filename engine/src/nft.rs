@@ -36,7 +36,7 @@ mod types;
 use std::fmt;
 
 pub use json::{from_json, to_json, to_json_as};
-pub use lower::{Lowered, LoweredSet, StoredOnly, lower};
+pub use lower::{CountedAt, Lowered, LoweredSet, StoredOnly, lower};
 pub use parse::{MAX_EXPANDED_TOKENS, MAX_SET_ELEMENTS, parse};
 pub use print::{Dialect, print, print_as, rule_text};
 pub use types::DataType;

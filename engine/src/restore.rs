@@ -44,7 +44,8 @@ use crate::model::{Family, Location, Ruleset, Table, TableKind};
 
 pub use lexer::{Token, UnterminatedQuote, tokenize};
 pub use print::{
-    PrintOptions, print, print_after, print_match_spec, print_rule_spec, print_s, print_table,
+    LineChange, PrintOptions, print, print_after, print_changes, print_match_spec, print_rule_spec,
+    print_s, print_table,
 };
 pub(crate) use support::why_not_enforced;
 pub use support::{Support, SupportRow, support_markdown, support_table};
@@ -1142,6 +1143,84 @@ mod tests {
         }
         // A text that is not the old tables' print is refused, not spliced.
         assert_eq!(print_after("*filter\nCOMMIT\n", &old, &old), None);
+    }
+
+    /// [`print_changes`] applied to the old print gives the new print, for edits of every
+    /// shape (insert, append, delete, replace, flush, chains created and deleted, a policy,
+    /// two tables at once), and counts the old print's lines; nothing changed is no change;
+    /// tables added is `None`.
+    #[test]
+    fn print_changes_make_the_new_print() {
+        let mut text = String::from(
+            "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:A - [0:0]\n:B - [0:0]\n",
+        );
+        for i in 0..1500 {
+            let chain = ["INPUT", "A", "B", "OUTPUT"][i % 7 % 4];
+            text.push_str(&format!(
+                "-A {chain} -s 10.{}.{}.0/24 -p tcp -m tcp --dport {} -j ACCEPT\n",
+                i / 256,
+                i % 256,
+                i % 1000 + 1
+            ));
+        }
+        text.push_str("COMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n-A PREROUTING -j NOTRACK\nCOMMIT\n");
+        let mut old = parse(&text, &v4()).expect("parses").tables;
+        let mut old_text = print(&old, &PrintOptions::default());
+        let edits = [
+            "-I INPUT 1 -j DROP",
+            "-A B -j RETURN",
+            "-D A 7",
+            "-R INPUT 100 -s 1.2.3.4 -j DROP",
+            "-F B",
+            "-N C\n-A C -j ACCEPT\n-A INPUT -j C",
+            "-N AA\n-A AA -j DROP\n-N Z\n-A B -j Z",
+            "-D INPUT -j C\n-F C\n-X C\n-F AA\n-X AA",
+            "-P INPUT ACCEPT",
+            "-I OUTPUT 200 -p udp -j ACCEPT",
+            "-D OUTPUT 1\n-D OUTPUT 1\n-A OUTPUT -j DROP",
+            "-F INPUT",
+            "-A INPUT -j ACCEPT",
+        ];
+        for (k, e) in edits.iter().enumerate() {
+            let t = if k % 3 == 2 {
+                "*raw\n-A OUTPUT -j NOTRACK\nCOMMIT\n*filter"
+            } else {
+                "*filter"
+            };
+            let t = format!("{t}\n{e}\nCOMMIT\n");
+            let new = parse_onto(&old, &t, &v4())
+                .unwrap_or_else(|x| panic!("{e}: {x}"))
+                .tables;
+            let want = print(&new, &PrintOptions::default());
+            let (changes, lines) = print_changes(&old, &new).expect("same tables");
+            assert_eq!(lines, old_text.lines().count(), "{e}");
+            let old_lines: Vec<&str> = old_text.split_inclusive('\n').collect();
+            let mut got = String::new();
+            let mut at = 0;
+            for c in &changes {
+                assert!(c.line >= at, "{e}: changes in order");
+                got.extend(old_lines[at..c.line].iter().copied());
+                got.push_str(&c.text);
+                at = c.line + c.old_lines;
+            }
+            got.extend(old_lines[at..].iter().copied());
+            assert_eq!(got, want, "{e}");
+            // Only what changed is printed: a one-rule edit prints at most a rule or a head.
+            if !e.contains('\n') && !e.starts_with("-F") {
+                let printed: usize = changes.iter().map(|c| c.text.lines().count()).sum();
+                assert!(printed <= 8, "{e}: {printed} lines printed");
+            }
+            old = new;
+            old_text = want;
+        }
+        assert_eq!(
+            print_changes(&old, &old),
+            Some((Vec::new(), old_text.lines().count()))
+        );
+        let more = parse_onto(&old, "*nat\n-A OUTPUT -j ACCEPT\nCOMMIT\n", &v4())
+            .expect("parses")
+            .tables;
+        assert_eq!(print_changes(&old, &more), None);
     }
 
     /// Lines iptables-restore refuses are accepted with one warning per quirk at its first

@@ -4,6 +4,7 @@
 //! (`proto/etcd/rpc.proto`).
 
 pub mod codec;
+pub mod local;
 
 /// The `vallum.v1` package: messages, clients (`*_client`) and servers (`*_server`).
 pub mod v1 {

@@ -6,12 +6,14 @@
 //!   domain types;
 //! - [`auth`]: bearer tokens with roles and the local socket's peer credentials;
 //!   [`limits`]: request size, rules, rulesets, revisions kept; [`connections`]: connection caps
-//!   and deadlines, buffered request bytes; [`tls`]: TLS / mTLS.
+//!   and deadlines, buffered request bytes; [`local_call`]: the local socket's HTTP/2 and
+//!   local-call connections; [`tls`]: TLS / mTLS.
 
 pub mod auth;
 pub mod call;
 pub mod connections;
 pub mod convert;
 pub mod limits;
+pub mod local_call;
 pub mod service;
 pub mod tls;

@@ -357,8 +357,9 @@ pub async fn run_with(
             .map_err(|e| Error::invariant(format!("TLS: {e}")))?;
     }
     let max = config.limits.max_request_bytes;
-    // One set of routes and one layer stack for both listeners (tonic puts the unix peer's
-    // credentials into each request, where the auth layer finds them).
+    // One set of routes and one layer stack for both listeners and the local socket's local
+    // calls (tonic, or `local_call`, puts the unix peer's credentials into each request, where
+    // the auth layer finds them).
     let mut routes = tonic::service::Routes::builder();
     routes
         .add_service(health)
@@ -407,7 +408,19 @@ pub async fn run_with(
             .layer(layer.clone())
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                crate::grpc::local_call::incoming(
+                    listener,
+                    // The same stack as the HTTP/2 connections get below.
+                    tower::ServiceBuilder::new()
+                        .layer(connections.layer(max))
+                        .layer(layer.clone())
+                        .service(routes.clone()),
+                    crate::grpc::local_call::LocalCallConfig {
+                        max_message: max,
+                        handshake_timeout: config.connections.handshake_timeout,
+                        idle_timeout: config.connections.idle_timeout,
+                    },
+                ),
                 drain.signalled(),
             );
         tasks.spawn_drained("local socket listener", Stage::Listeners, async move {

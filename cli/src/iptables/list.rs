@@ -46,7 +46,7 @@ pub fn run(
             "{prog} v1.8.9 (vallum): can't initialize iptables table `{table}': Table does not exist"
         ))
     })?;
-    let text = with_client(wait, async |c| active_text(c, v6, true).await)?;
+    let text = with_client(wait, |c| active_text(c, v6, true))?;
     let family = if v6 { Family::Ipv6 } else { Family::Ipv4 };
     let opts = ParseOptions {
         family,

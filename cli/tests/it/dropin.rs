@@ -14,10 +14,15 @@ use std::process::{Child, Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vallum-iptables");
 
-/// A running vallumd on an ephemeral port with its own database; killed on drop.
+/// A running vallumd on an ephemeral port and a local socket of its own, with its own
+/// database; killed on drop.
 struct Vallumd {
     child: Child,
+    /// Where the drop-in calls it: its local socket (`unix:PATH`, local calls), as a host's
+    /// `iptables` does by default, unless the test asked for TCP.
     url: String,
+    /// Its gRPC TCP endpoint (`http://HOST:PORT`).
+    tcp: String,
     /// `/metrics` address (`HOST:PORT`).
     metrics: String,
     dir: PathBuf,
@@ -32,10 +37,18 @@ impl Drop for Vallumd {
 }
 
 fn vallumd(tag: &str) -> Vallumd {
+    vallumd_via(tag, false)
+}
+
+/// As [`vallumd`]; with `tcp` the drop-in calls it over TCP (gRPC) instead of its local socket.
+fn vallumd_via(tag: &str, tcp: bool) -> Vallumd {
     let dir = std::env::temp_dir().join(format!("vallum-dropin-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let v = spawn_vallumd(dir);
+    let mut v = spawn_vallumd(dir);
+    if tcp {
+        v.url = v.tcp.clone();
+    }
     // Ready once it stops answering NOT_READY ("still loading its stored state").
     for _ in 0..600 {
         let (rc, _, err) = run(&v, "iptables-restore", &["--test"], "*filter\nCOMMIT\n");
@@ -55,9 +68,11 @@ fn spawn_vallumd(dir: PathBuf) -> Vallumd {
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--cores", "1", "--db"])
         .arg(dir.join("v.db"))
-        // Changes over TCP without tokens (anonymous TCP callers only read by default); never
-        // the host's default socket.
-        .args(["--insecure-no-auth", "--socket", "none"])
+        // Changes over TCP without tokens (anonymous TCP callers only read by default); a
+        // socket of its own, never the host's default one (this user may change state
+        // through it: vallumd runs as this user).
+        .args(["--insecure-no-auth", "--socket"])
+        .arg(dir.join("v.sock"))
         .env_remove("VALLUM_DB")
         .env_remove("VALLUM_SYNC")
         .stdout(Stdio::piped())
@@ -79,7 +94,8 @@ fn spawn_vallumd(dir: PathBuf) -> Vallumd {
     std::thread::spawn(move || for _ in lines {});
     Vallumd {
         child,
-        url: url.expect("vallumd printed its address"),
+        url: format!("unix:{}", dir.join("v.sock").display()),
+        tcp: url.expect("vallumd printed its address"),
         metrics: metrics.expect("vallumd printed its metrics address"),
         dir,
     }
@@ -188,13 +204,23 @@ fn words(s: &str) -> Vec<&str> {
 
 #[test]
 fn every_edit_kind_with_iptables_words_and_exit_codes() {
-    let v = vallumd("edits");
+    every_edit_kind(&vallumd("edits"));
+}
+
+/// The same over TCP: gRPC through tonic instead of local calls, the same words and codes.
+#[test]
+fn every_edit_kind_over_tcp() {
+    every_edit_kind(&vallumd_via("edits-tcp", true));
+}
+
+/// Every edit kind through `v`, with iptables' words and exit codes.
+fn every_edit_kind(v: &Vallumd) {
     let ok = |cmd: &str| {
-        let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
+        let (rc, _, err) = run(v, "iptables", &words(cmd), "");
         assert_eq!(rc, 0, "iptables {cmd}: {err}");
     };
     let fails = |cmd: &str, code: i32, words_: &str| {
-        let (rc, _, err) = run(&v, "iptables", &words(cmd), "");
+        let (rc, _, err) = run(v, "iptables", &words(cmd), "");
         assert_eq!(rc, code, "iptables {cmd}: {err}");
         assert!(err.contains(words_), "iptables {cmd}: {err}");
     };
@@ -227,10 +253,19 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
         "No chain/target/match by that name.",
     );
     fails("--bogus-command", 2, "Try `iptables -h'");
+    // A restore over vallumd's --max-request-bytes (4 MiB by default) says so, on the local
+    // socket (refused from the frame's length) as over gRPC.
+    let big = format!(
+        "*filter\n{}COMMIT\n",
+        "# padding to pass the request limit\n".repeat(130_000)
+    );
+    let (rc, _, err) = run(v, "iptables-restore", &["--noflush"], &big);
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("--max-request-bytes"), "{err}");
     ok("-P FORWARD DROP");
     ok("-R INPUT 2 -p udp --dport 53 -j ACCEPT");
     ok("-t nat -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE");
-    let (_, s, _) = run(&v, "iptables", &["-S"], "");
+    let (_, s, _) = run(v, "iptables", &["-S"], "");
     assert_eq!(
         s,
         "-P INPUT ACCEPT\n-P FORWARD DROP\n-P OUTPUT ACCEPT\n-N DOCKER\n\
@@ -241,7 +276,7 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
     ok("-D INPUT 1");
     ok("-F DOCKER");
     ok("-X DOCKER");
-    let (_, s, _) = run(&v, "iptables", &["-S", "INPUT"], "");
+    let (_, s, _) = run(v, "iptables", &["-S", "INPUT"], "");
     assert_eq!(
         s,
         "-P INPUT ACCEPT\n-A INPUT -p udp -m udp --dport 53 -j ACCEPT\n"
@@ -249,30 +284,30 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
     // restore --test changes nothing; --noflush adds; a plain restore replaces the filter
     // table only (nat stays).
     let (rc, _, err) = run(
-        &v,
+        v,
         "iptables-restore",
         &["--test"],
         "*filter\n-A INPUT -j DROP\nCOMMIT\n",
     );
     assert_eq!(rc, 0, "{err}");
     let (rc, _, err) = run(
-        &v,
+        v,
         "iptables-restore",
         &["--noflush"],
         "*filter\n-A INPUT -s 1.2.3.4 -j DROP\nCOMMIT\n",
     );
     assert_eq!(rc, 0, "{err}");
-    let (_, s, _) = run(&v, "iptables", &["-S", "INPUT"], "");
+    let (_, s, _) = run(v, "iptables", &["-S", "INPUT"], "");
     assert!(s.contains("-A INPUT -s 1.2.3.4/32 -j DROP"), "{s}");
     assert!(!s.contains("-A INPUT -j DROP"), "{s}");
     let (rc, _, err) = run(
-        &v,
+        v,
         "iptables-restore",
         &[],
         "*filter\n:INPUT ACCEPT [0:0]\n:X - [0:0]\n-A INPUT -j X\nCOMMIT\n",
     );
     assert_eq!(rc, 0, "{err}");
-    let (_, s, _) = run(&v, "iptables-save", &["-t", "filter"], "");
+    let (_, s, _) = run(v, "iptables-save", &["-t", "filter"], "");
     let body: Vec<&str> = s.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(
         body,
@@ -286,22 +321,22 @@ fn every_edit_kind_with_iptables_words_and_exit_codes() {
             "COMMIT"
         ]
     );
-    let (_, s, _) = run(&v, "iptables-save", &["-t", "nat"], "");
+    let (_, s, _) = run(v, "iptables-save", &["-t", "nat"], "");
     assert!(
         s.contains("-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"),
         "{s}"
     );
     // ip6tables writes the IPv6 side of the same ruleset.
     let (rc, _, err) = run(
-        &v,
+        v,
         "ip6tables",
         &["-A", "INPUT", "-s", "::1", "-j", "ACCEPT"],
         "",
     );
     assert_eq!(rc, 0, "{err}");
-    let (_, s, _) = run(&v, "ip6tables-save", &[], "");
+    let (_, s, _) = run(v, "ip6tables-save", &[], "");
     assert!(s.contains("-A INPUT -s ::1/128 -j ACCEPT"), "{s}");
-    let (_, s, _) = run(&v, "iptables-save", &[], "");
+    let (_, s, _) = run(v, "iptables-save", &[], "");
     assert!(!s.contains("::1"), "{s}");
 }
 
@@ -476,7 +511,7 @@ fn edit_ruleset_is_atomic_and_one_revision() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut c = pb::ruleset_service_client::RulesetServiceClient::connect(v.url.clone())
+        let mut c = pb::ruleset_service_client::RulesetServiceClient::connect(v.tcp.clone())
             .await
             .expect("connect");
         let req = |edits| pb::EditRulesetRequest {

@@ -1,12 +1,13 @@
-//! How `vallum-iptables` starts (issue #33 item 7): it runs on one thread (a current-thread
-//! runtime: no worker threads, no blocking pool), and without `VALLUM_SERVER` it goes to
-//! vallumd's local socket (`socket::default_server`: `$XDG_RUNTIME_DIR/vallum/vallumd.sock`
-//! when the root socket `/run/vallum/vallumd.sock` is absent), not to TCP.
+//! How `vallum-iptables` starts (issue #33 item 7): on the local socket it runs on one thread
+//! (no runtime: local calls on a blocking socket), sends its call as a local call
+//! (`vallum_proto::local`: the magic and the request frame, no HTTP/2), and without
+//! `VALLUM_SERVER` it goes to vallumd's local socket (`socket::default_server`:
+//! `$XDG_RUNTIME_DIR/vallum/vallumd.sock` when the root socket `/run/vallum/vallumd.sock` is
+//! absent), not to TCP.
 //!
 //! Each test is the server end of a unix socket that accepts the call's connection, reads the
-//! HTTP/2 client preface (the call is under way: the runtime, the channel and its connection
-//! task exist) and never answers, so the client waits while the test counts its threads in
-//! `/proc/PID/task`.
+//! magic and the whole request frame (the call is under way) and never answers, so the client
+//! waits while the test counts its threads in `/proc/PID/task`.
 
 use std::io::Read;
 use std::os::unix::net::UnixListener;
@@ -29,6 +30,7 @@ fn iptables_s() -> Command {
         "VALLUM_CERT",
         "VALLUM_KEY",
         "VALLUM_TLS_DOMAIN",
+        "VALLUM_RULESET",
     ] {
         c.env_remove(v);
     }
@@ -37,7 +39,8 @@ fn iptables_s() -> Command {
 }
 
 /// Accepts `child`'s connection on `listener` (failing if `child` exits first: it went
-/// elsewhere or could not connect), reads its HTTP/2 preface, and returns the number of threads
+/// elsewhere or could not connect), reads its local-call magic and request frame (a
+/// GetRuleset of `rulesets/iptables`, `-S`'s first call), and returns the number of threads
 /// `child` runs while it waits for the answer (then kills it).
 fn threads_during_call(listener: &UnixListener, mut child: Child) -> usize {
     listener.set_nonblocking(true).expect("nonblocking");
@@ -54,9 +57,18 @@ fn threads_during_call(listener: &UnixListener, mut child: Child) -> usize {
         }
     };
     conn.set_nonblocking(false).expect("blocking");
-    let mut preface = [0u8; 24];
-    conn.read_exact(&mut preface).expect("HTTP/2 preface");
-    assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    let mut magic = [0u8; 8];
+    conn.read_exact(&mut magic).expect("local-call magic");
+    assert_eq!(&magic, vallum_proto::local::MAGIC);
+    let mut len = [0u8; 4];
+    conn.read_exact(&mut len).expect("frame length");
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    conn.read_exact(&mut body).expect("request frame");
+    let req = vallum_proto::local::decode_request(&body).expect("a request frame");
+    assert_eq!(req.path, "/vallum.v1.RulesetService/GetRuleset");
+    let get = <vallum_proto::v1::GetRulesetRequest as prost::Message>::decode(req.message)
+        .expect("GetRulesetRequest");
+    assert_eq!(get.name, "rulesets/iptables");
     let n = std::fs::read_dir(format!("/proc/{}/task", child.id()))
         .expect("/proc/PID/task")
         .count();

@@ -16,14 +16,27 @@
 //!   and the regular chains only they reach are stored only (the nft text keeps them; with
 //!   `--kernel-tables` the kernel runs them), as the iptables nat table: listed in
 //!   [`Lowered::stored_only`], never dropped silently;
+//! - a chain that runs before conntrack (reached from a base chain below priority -200) has
+//!   no connection to read: a `ct` expression or `ct mark set` there is refused by name (the
+//!   kernel reads such a packet as `ct state invalid`);
 //! - a rule with several actions (`log ... accept`, `meta mark set 1 accept`) becomes a jump
 //!   to a helper chain `NAME #N` (N the rule's 1-based place) holding one model rule per
 //!   action, so each action runs once and matches written after an action still gate what
 //!   follows them;
+//! - `limit rate over R` and `EXPR != { a, b }` (where no single model match holds the
+//!   negation) become a jump to a helper chain whose first rules return when the limit (or an
+//!   element) holds, followed by the rest of the rule;
+//! - a `limit` in an inet chain keeps one token bucket per family (the IPv4 and the IPv6
+//!   copy of the rule), where the kernel keeps one for both: a rate shared by IPv4 and IPv6
+//!   packets passes up to twice as many;
 //! - an anonymous set of ports is one multiport match (up to its 15 slots); other anonymous
-//!   sets and anonymous verdict maps become one model rule per element (nft's interval sets
+//!   sets and verdict maps become one model rule per element (nft's interval sets
 //!   hold disjoint elements, so a packet matches at most one of them), sized before they are
-//!   built ([`MAX_EXPANDED_RULES`]);
+//!   built ([`MAX_EXPANDED_RULES`]); a named verdict map is lowered with the elements it has
+//!   at the commit, so changing them is a commit (not a set update), and so is a named set
+//!   of ports (`type inet_service`: no engine set type holds ports alone);
+//! - `notrack` in a chain that runs after conntrack does nothing, as in the kernel (the
+//!   packet has its entry already);
 //! - named sets become engine sets ([`Lowered::sets`]) named `FAMILY.TABLE.SET`
 //!   ([`set_name`]): `ipv4_addr`/`ipv6_addr` sets as `hash:ip` (`hash:net` with `flags
 //!   interval`), `ADDR . inet_proto . inet_service` sets as `hash:ip,port`. Their elements
@@ -56,6 +69,10 @@ mod rule;
 /// (counted before any is built): past it the rule is refused as too large.
 pub const MAX_EXPANDED_RULES: usize = 4096;
 
+/// The most model rules one lowered ruleset may hold (both families, helper chains
+/// included), counted as they are made: past it the ruleset is refused as too large.
+pub const MAX_LOWERED_RULES: usize = 2_000_000;
+
 /// What [`lower`] made of an nft ruleset.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lowered {
@@ -65,6 +82,23 @@ pub struct Lowered {
     pub sets: Vec<LoweredSet>,
     /// The chains stored but not enforced (nat chains and what only they reach).
     pub stored_only: Vec<StoredOnly>,
+    /// Where each lowered nft rule counts, per family: the sum of these model rules' counters
+    /// is the packets that passed all of the rule's matches (what its `counter` statement
+    /// counts when it stands before the verdict, as nft writes it).
+    pub counted: Vec<CountedAt>,
+}
+
+/// The model rules that count one nft rule's packets in one family ([`Lowered::counted`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CountedAt {
+    /// The nft rule's position.
+    pub rule: Pos,
+    /// The family of the model table.
+    pub family: Family,
+    /// The model chain (the rule's own, or the helper chain its action runs in).
+    pub chain: String,
+    /// 1-based rule numbers in that chain.
+    pub rules: std::ops::Range<u32>,
 }
 
 /// A named nft set as an engine set ([`crate::sets::SetManager::create`] and `add`).
@@ -108,7 +142,8 @@ pub fn set_name(family: super::Family, table: &str, set: &str) -> String {
 /// ruleset priority `priority` (the tie-break among base chains of equal netfilter priority).
 ///
 /// Errors: every statement of an enforced chain that the engine does not run, named at its
-/// position ([`ErrorKind::Unsupported`]); expansions past [`MAX_EXPANDED_RULES`]
+/// position ([`ErrorKind::Unsupported`]); expansions past [`MAX_EXPANDED_RULES`], rulesets
+/// past [`MAX_LOWERED_RULES`] and engine sets past [`super::MAX_SET_ELEMENTS`] elements
 /// ([`ErrorKind::TooLarge`]).
 pub fn lower(
     rs: &Ruleset,
@@ -125,13 +160,15 @@ pub fn lower(
         },
         sets: Vec::new(),
         stored_only: Vec::new(),
+        counted: Vec::new(),
     };
     let mut tables: [Vec<model::Chain>; 2] = [Vec::new(), Vec::new()];
     let mut errors = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
     let mut sets_seen: HashSet<String> = HashSet::new();
+    let mut made = 0usize;
     for table in &rs.tables {
-        let enforced = enforced_chains(table, &mut out.stored_only);
+        let (enforced, before_ct) = enforced_chains(table, &mut out.stored_only);
         for (ci, chain) in table.chains.iter().enumerate() {
             if !enforced[ci] {
                 continue;
@@ -142,17 +179,46 @@ pub fn lower(
                     lines: &lines,
                     table,
                     family: fam,
+                    before_ct: before_ct[ci],
                     helpers: Vec::new(),
+                    helper_rules: 0,
                     sets: Vec::new(),
                 };
                 let name = chain_name(table.family, &table.name, &chain.name);
                 let mut rules = Vec::new();
                 for (ri, r) in chain.rules.iter().enumerate() {
                     match cx.lower_rule(r, &name, ri + 1) {
-                        Ok(mut rs) => rules.append(&mut rs),
+                        Ok((mut rs, counted)) => {
+                            if let Some(c) = counted {
+                                let (chain, base) = match c.helper {
+                                    Some(h) => (h, 0),
+                                    None => (name.clone(), rules.len()),
+                                };
+                                let first = (base + c.first + 1) as u32;
+                                out.counted.push(CountedAt {
+                                    rule: r.pos,
+                                    family: fam,
+                                    chain,
+                                    rules: first..first + c.len as u32,
+                                });
+                            }
+                            rules.append(&mut rs);
+                        }
                         Err(e) => errors.push(e),
                     }
+                    if made + rules.len() + cx.helper_rules > MAX_LOWERED_RULES {
+                        errors.push(NftError::new(
+                            file,
+                            r.pos,
+                            "",
+                            ErrorKind::TooLarge(format!(
+                                "the ruleset lowers to more than {MAX_LOWERED_RULES} rules"
+                            )),
+                        ));
+                        return Err(NftErrors(errors));
+                    }
                 }
+                made += rules.len() + cx.helper_rules;
                 let loc = location(chain.pos);
                 let (nft_hook, policy) = match chain.base {
                     Some(b) => (
@@ -236,9 +302,10 @@ fn location(p: Pos) -> model::Location {
     }
 }
 
-/// The chains of `table` the engine enforces: `type filter`/`type route` base chains and the
-/// chains they reach; the others are noted in `stored_only`.
-fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> Vec<bool> {
+/// The chains of `table` the engine enforces (`type filter`/`type route` base chains and the
+/// chains they reach; the others are noted in `stored_only`), and those of them that a base
+/// chain below conntrack's priority reaches (they run before the conntrack lookup).
+fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> (Vec<bool>, Vec<bool>) {
     let index: HashMap<&str, usize> = table
         .chains
         .iter()
@@ -281,6 +348,18 @@ fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> Vec<bool
             .map(|(i, _)| i)
     };
     let enforced = reach(&mut base_of(|k| k != ChainType::Nat));
+    let before_ct = reach(
+        &mut table
+            .chains
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                c.base.is_some_and(|b| {
+                    b.kind != ChainType::Nat && b.priority < model::CONNTRACK_PRIORITY
+                })
+            })
+            .map(|(i, _)| i),
+    );
     let nat = reach(&mut base_of(|k| k == ChainType::Nat));
     for (i, c) in table.chains.iter().enumerate() {
         if enforced[i] {
@@ -299,7 +378,7 @@ fn enforced_chains(table: &Table, stored_only: &mut Vec<StoredOnly>) -> Vec<bool
             why,
         });
     }
-    enforced
+    (enforced, before_ct)
 }
 
 /// Calls `f` with every chain statement `s` jumps or goes to (verdicts, verdict maps, named

@@ -416,7 +416,14 @@ impl TableCheck<'_> {
                     }
                 }
                 Match::Rpfilter(rp) => {
-                    if rp.flags & !crate::fib::rpfilter_flags::ALL != 0 {
+                    // The nft lookup mode is no iptables option: nft tables only.
+                    let nft_bit = crate::fib::rpfilter_flags::NFT;
+                    let foreign = if table.kind == TableKind::Nft {
+                        0
+                    } else {
+                        nft_bit
+                    };
+                    if rp.flags & (!crate::fib::rpfilter_flags::ALL | foreign) != 0 {
                         errs.push(ViolationKind::BadValue {
                             what: "rpfilter",
                             value: format!("{:#x}", rp.flags),
@@ -580,7 +587,9 @@ impl TableCheck<'_> {
                 hook: Hook::Output,
             });
         }
-        if owner_used {
+        // nft's `meta skuid` runs at every hook (a packet without a socket fails it, as the
+        // engine's owner match does).
+        if owner_used && table.kind != TableKind::Nft {
             // As xt_owner's hooks: only locally generated packets have a socket.
             for h in [Hook::Prerouting, Hook::Input, Hook::Forward] {
                 if reached(h) {

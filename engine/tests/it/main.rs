@@ -40,6 +40,7 @@ mod marks;
 mod nflog;
 mod nft_kernel;
 mod nft_lower;
+mod nft_oracle;
 mod nft_vectors;
 mod not_enforced;
 mod owner;

@@ -170,18 +170,17 @@ fn what_the_engine_does_not_run_is_refused_by_name_at_its_position() {
         matches!(e.kind, ErrorKind::Unsupported(ref w) if w.contains("`dnat`")),
         "{e}"
     );
-    let e = refused(
-        "table inet t {\n\tmap m { type ipv4_addr : verdict; }\n\tchain c {\n\
-         \t\ttype filter hook input priority 0;\n\t\tip saddr vmap @m\n\t}\n}\n",
-    );
-    assert!(e.to_string().contains("`vmap @m`"), "{e}");
-    assert_eq!(e.pos.line, 5);
     // A regular chain reached from a filter chain is enforced too.
     let e = refused(
         "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\t\tjump d\n\t}\n\
-         \tchain d {\n\t\tlimit rate over 10/second drop\n\t}\n}\n",
+         \tchain d {\n\t\tct status assured drop\n\t}\n}\n",
     );
-    assert_eq!((e.pos.line, e.pos.column), (7, 3), "{e}");
+    assert_eq!((e.pos.line, e.pos.column), (7, 6), "{e}");
+    assert!(
+        e.to_string()
+            .contains("`ct status` other than snat and dnat"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -316,4 +315,189 @@ fn a_limit_after_an_anonymous_set_is_one_bucket() {
     assert_eq!(verdict(&s, p), Verdict::Drop, "the bucket is shared");
     p.icmp_type = 8;
     assert_eq!(verdict(&s, p), Verdict::Drop);
+}
+
+/// An nft ruleset and the iptables ruleset that says the same lower to the same model rules
+/// (content, not names): the one classifier runs the same compiled rules for both, so the nft
+/// form classifies as fast as the iptables form.
+#[test]
+fn an_nft_ruleset_lowers_to_the_rules_of_its_iptables_twin() {
+    let ipt = restore::parse_ruleset(
+        "ipt",
+        "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -m state --state RELATED,ESTABLISHED -j ACCEPT\n\
+         -A INPUT -i lo -j ACCEPT\n\
+         -A INPUT -s 10.0.0.0/8 -p tcp -m tcp --dport 22 -j ACCEPT\n\
+         -A INPUT -i eth0 -p udp -m udp --dport 53 -j ACCEPT\n\
+         -A INPUT -p tcp -m multiport --dports 80,443 -j ACCEPT\n\
+         -A INPUT -p icmp -m icmp --icmp-type 8 -j ACCEPT\n\
+         -A INPUT -m mark --mark 0x1 -j DROP\n\
+         -A INPUT -j REJECT --reject-with icmp-port-unreachable\nCOMMIT\n",
+        &restore::ParseOptions::default(),
+    )
+    .unwrap();
+    let nft = lowered(
+        "nft",
+        "table ip filter {\n\tchain INPUT {\n\t\ttype filter hook input priority filter; policy drop;\n\
+         \t\tct state established,related accept\n\t\tiifname \"lo\" accept\n\
+         \t\tip saddr 10.0.0.0/8 tcp dport 22 accept\n\t\tiifname \"eth0\" udp dport 53 accept\n\
+         \t\ttcp dport { 80, 443 } accept\n\t\ticmp type echo-request accept\n\
+         \t\tmeta mark 0x00000001 drop\n\t\treject\n\t}\n}\n",
+    );
+    let a = &ipt
+        .table(Family::Ipv4, TableKind::Filter)
+        .unwrap()
+        .chain("INPUT")
+        .unwrap()
+        .rules;
+    let b = &nft
+        .ruleset
+        .table(Family::Ipv4, TableKind::Nft)
+        .unwrap()
+        .chain("ip filter INPUT")
+        .unwrap()
+        .rules;
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b.iter()) {
+        assert!(x.same_content(y), "\n{x:?}\n{y:?}");
+    }
+}
+
+/// `limit rate over` and a negated set no single match holds: behind a gate, rules that
+/// return when the limit holds (or an element matches), so the action runs only otherwise.
+#[test]
+fn limit_over_and_negated_sets_return_from_a_helper() {
+    let l = lowered(
+        "over",
+        "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0; policy accept;\n\
+         \t\ttcp dport 22 limit rate over 1/minute burst 2 packets drop\n\
+         \t\tiifname != { \"lo\", \"eth0\" } udp dport 53 reject\n\t}\n}\n",
+    );
+    let t = l.ruleset.table(Family::Ipv4, TableKind::Nft).unwrap();
+    let names: Vec<&str> = t.chains.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["ip t c", "ip t c #1", "ip t c #2"]);
+    let s = compile(vec![l.ruleset], &NoSets);
+    let ssh = v4(Hook::Input, "192.0.2.7", "192.0.2.1", 6, 22);
+    assert_eq!(verdict(&s, ssh), Verdict::Accept);
+    assert_eq!(verdict(&s, ssh), Verdict::Accept);
+    assert_eq!(verdict(&s, ssh), Verdict::Drop, "over the rate");
+    let dns = v4(Hook::Input, "192.0.2.7", "192.0.2.1", 17, 53);
+    assert_eq!(verdict(&s, on(dns, "eth0")), Verdict::Accept);
+    assert_eq!(verdict(&s, on(dns, "lo")), Verdict::Accept);
+    assert_eq!(
+        verdict(&s, on(dns, "eth1")),
+        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+    );
+    // A rule that ends in `return` cannot return from the helper for it.
+    let e = refused(
+        "table ip t {\n\tchain c {\n\t\ttype filter hook input priority 0;\n\t\tjump d\n\t}\n\
+         \tchain d {\n\t\tlimit rate over 1/second return\n\t}\n}\n",
+    );
+    assert!(e.to_string().contains("`limit rate over`"), "{e}");
+}
+
+/// A concatenated key (kube-proxy's `ip daddr . meta l4proto . th dport`) in an anonymous set
+/// or a verdict map: one rule per element, each part of the key one match.
+#[test]
+fn concatenated_keys_in_sets_and_verdict_maps() {
+    let l = lowered(
+        "kp",
+        "table ip kp {\n\tmap no-endpoint-services {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\
+         \t\telements = { 172.30.0.44 . tcp . 80 : goto reject-chain, 172.30.0.45 . udp . 53 : drop }\n\t}\n\
+         \tchain reject-chain {\n\t\treject\n\t}\n\
+         \tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n\
+         \t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services\n\
+         \t\tip saddr . tcp dport { 192.0.2.1 . 22, 192.0.2.2 . 2222 } drop\n\t}\n}\n",
+    );
+    let s = compile(vec![l.ruleset], &NoSets);
+    let at = |src: &str, dst: &str, proto, dport| v4(Hook::Input, src, dst, proto, dport);
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.44", 6, 80)),
+        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+    );
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.44", 17, 80)),
+        Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.45", 17, 53)),
+        Verdict::Drop
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", "10.0.0.9", 6, 22)),
+        Verdict::Drop
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", "10.0.0.9", 6, 2222)),
+        Verdict::Accept
+    );
+    assert_eq!(
+        verdict(&s, at("192.0.2.2", "10.0.0.9", 6, 2222)),
+        Verdict::Drop
+    );
+}
+
+/// A chain that runs before conntrack (priority below -200) has no connection yet: `ct`
+/// there is refused by name, in the base chain and in what it reaches.
+#[test]
+fn ct_before_conntrack_is_refused() {
+    let e = refused(
+        "table inet t {\n\tchain pre {\n\t\ttype filter hook prerouting priority raw;\n\t\tjump x\n\t}\n\
+         \tchain x {\n\t\tct state new drop\n\t}\n}\n",
+    );
+    assert_eq!((e.pos.line, e.pos.column), (7, 3), "{e}");
+    assert!(
+        e.to_string()
+            .contains("`ct state` in a chain that runs before conntrack"),
+        "{e}"
+    );
+    // At priority mangle (-150) the connection is known.
+    lowered(
+        "t",
+        "table inet t {\n\tchain pre {\n\t\ttype filter hook prerouting priority mangle;\n\t\tct state new drop\n\t}\n}\n",
+    );
+}
+
+/// An anonymous set is counted before its rules are built: one past `MAX_EXPANDED_RULES`
+/// elements is refused as too large at the rule. Two sets in one rule do not multiply: the
+/// first one's rules jump to a helper chain holding the second's (64 + 65 rules, not 64 * 65).
+#[test]
+fn expansions_are_counted_before_they_are_built() {
+    let max = nft::lower::MAX_EXPANDED_RULES;
+    let addrs = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let rule = |set: &str| {
+        format!(
+            "table ip t {{\n\tchain c {{\n\t\ttype filter hook input priority 0;\n\
+             \t\ticmp type {{ echo-request, echo-reply }} ip saddr {{ {set} }} accept\n\t}}\n}}\n"
+        )
+    };
+    let e = refused(&rule(&addrs(max + 1)));
+    assert!(matches!(e.kind, ErrorKind::TooLarge(_)), "{e}");
+    assert_eq!(e.pos.line, 4);
+    let l = lowered("t", &rule(&addrs(max)));
+    let t = l.ruleset.table(Family::Ipv4, TableKind::Nft).unwrap();
+    let sizes: Vec<usize> = t.chains.iter().map(|c| c.rules.len()).collect();
+    assert_eq!(sizes, [2, max]);
+}
+
+/// `meta l4proto { tcp, udp } th dport 53`: each alternative keeps its protocol, so `th`
+/// reads the right header.
+#[test]
+fn th_after_a_protocol_set_reads_each_protocol() {
+    let l = lowered(
+        "th",
+        "table inet t {\n\tchain c {\n\t\ttype filter hook input priority 0; policy drop;\n\
+         \t\tmeta l4proto { tcp, udp } th dport 53 accept\n\t}\n}\n",
+    );
+    let s = compile(vec![l.ruleset], &NoSets);
+    let at = |proto, dport| v4(Hook::Input, "192.0.2.7", "192.0.2.1", proto, dport);
+    assert_eq!(verdict(&s, at(6, 53)), Verdict::Accept);
+    assert_eq!(verdict(&s, at(17, 53)), Verdict::Accept);
+    assert_eq!(verdict(&s, at(17, 54)), Verdict::Drop);
+    assert_eq!(verdict(&s, at(132, 53)), Verdict::Drop);
 }

@@ -6,7 +6,9 @@
 //!   with the file's sets, and its listing compared with the expected listing (the third
 //!   field, or the rule itself), with the spacing and element order inside `{ }` normalised as
 //!   the nft project's own harness (nft-test.py) compares; `fail` rules must not parse. Every
-//!   listing we print parses back to itself and survives a JSON round trip.
+//!   listing we print parses back to itself and survives a JSON round trip. Each parsed rule
+//!   is also lowered onto the engine (`nft::lower`): it validates and compiles, or it is
+//!   refused naming the construct at its position; the lowered count may not fall.
 //!
 //! Run with `cargo test -p vallum-engine --test it -- nft_vectors:: --include-ignored
 //! --nocapture` to see the counts. Ignored unless asked for; fails when the data is absent.
@@ -128,6 +130,59 @@ struct Tally {
 /// How many py rule vectors (rule x family) must pass (raise it, never lower it).
 const PY_PASSING: usize = 1030;
 
+/// How many of the parsed py rule vectors must lower onto the engine and compile (raise it,
+/// never lower it).
+const PY_LOWERED: usize = 873;
+
+/// What `nft::lower` made of the parsed py vectors.
+#[derive(Default)]
+struct Lowering {
+    /// Lowered, validated without errors and compiled (in an enforced or a stored-only chain).
+    lowered: usize,
+    /// Of those, in a nat chain (stored only).
+    stored_only: usize,
+    /// Refused, by the construct named.
+    refused: BTreeMap<String, usize>,
+}
+
+impl Lowering {
+    /// Lowers `rs` (parsed from `src`): it lowers, validates and compiles, or it is refused
+    /// naming a construct in backticks at a position in the rule's line; anything else fails.
+    fn add(&mut self, rs: &nft::Ruleset, src: &str, id: &str) {
+        use std::sync::Arc;
+        use vallum_engine::sets::{SetManager, SetRegistry};
+        let l = match nft::lower(rs, "v", src, "v", 0) {
+            Ok(l) => l,
+            Err(e) => {
+                let e = &e.0[0];
+                let what = match &e.kind {
+                    nft::ErrorKind::Unsupported(w) => w.clone(),
+                    other => panic!("{id}: refused without a name: {other}"),
+                };
+                assert!(what.contains('`'), "{id}: `{what}` names no construct");
+                assert!(e.pos.line >= 1, "{id}: no position");
+                *self.refused.entry(what).or_default() += 1;
+                return;
+            }
+        };
+        let sets = SetManager::new();
+        sets.node_addrs()
+            .replace_routes(Some(vallum_engine::fib::Fib::with_default_rules([])));
+        for s in &l.sets {
+            sets.create(&s.name, s.spec)
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
+            sets.add(&s.name, s.elements.iter().copied(), 0)
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
+        }
+        let v = vallum_engine::validate::validate(&l.ruleset, Some(&sets as &dyn SetRegistry));
+        assert!(!vallum_engine::validate::has_errors(&v), "{id}: {v:#?}");
+        vallum_engine::snapshot::Snapshot::compile(&[Arc::new(l.ruleset)], &sets, 1)
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        self.lowered += 1;
+        self.stored_only += usize::from(!l.stored_only.is_empty());
+    }
+}
+
 #[test]
 #[ignore = "needs ../shared/data"]
 fn py_vectors_list_canonically() {
@@ -138,6 +193,7 @@ fn py_vectors_list_canonically() {
         .collect();
     files.sort();
     let mut tally = Tally::default();
+    let mut lowering = Lowering::default();
     let mut families_refused = BTreeMap::<String, usize>::new();
     for f in &files {
         let name = f.file_name().expect("name").to_string_lossy().into_owned();
@@ -215,6 +271,7 @@ fn py_vectors_list_canonically() {
                             .unwrap_or_default()
                             .to_string();
                         assert_eq!(c.rules.len(), 1, "{id}");
+                        lowering.add(&rs, &src, &id);
                         // The listing is a fixed point: it parses back to itself, in text and JSON.
                         let again = nft::parse("listing", &listing).unwrap_or_else(|e| {
                             panic!("{id}: our listing does not parse: {e}\n{listing}")
@@ -251,6 +308,20 @@ fn py_vectors_list_canonically() {
         tally.fail_accepted.len()
     );
     println!("families refused by name (vector files): {families_refused:?}");
+    println!(
+        "lowered onto the engine: {} (in nat chains, stored only: {}), refused by name: {}",
+        lowering.lowered,
+        lowering.stored_only,
+        lowering.refused.values().sum::<usize>()
+    );
+    for (r, n) in &lowering.refused {
+        println!("  not lowered x{n}: {r}");
+    }
+    assert!(
+        lowering.lowered >= PY_LOWERED,
+        "lowered py vectors fell to {}",
+        lowering.lowered
+    );
     for (r, n) in &tally.refused {
         println!("  refused x{n}: {r}");
     }

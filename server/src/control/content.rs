@@ -31,11 +31,13 @@ use crate::grpc::limits::{LimitError, LimitsConfig};
 
 mod canonical;
 pub mod nft;
+pub mod text;
 pub mod tree;
 
 pub use tree::Layout;
 
 pub use canonical::{Content, V6_SEPARATOR};
+pub use text::Text;
 
 /// One text of a request: iptables-restore input for one family.
 #[derive(Clone, Debug)]
@@ -283,16 +285,10 @@ impl Checked {
             .parts
             .into_iter()
             .filter(|p| !skip.contains(&p.family))
-            .map(|p| {
-                let content = match p.family {
-                    Family::Ipv4 => &self.content.v4,
-                    Family::Ipv6 => &self.content.v6,
-                };
-                SourceText {
-                    canonical: *content == p.text,
-                    family: p.family,
-                    text: Arc::new(p.text),
-                }
+            .map(|p| SourceText {
+                canonical: self.content.text(p.family) == p.text.as_str(),
+                family: p.family,
+                text: Arc::new(p.text),
             })
             .collect();
     }
@@ -662,10 +658,7 @@ fn finish(
     let content = if spliced.iter().all(|(_, p)| p.is_some()) {
         let mut c = Content::default();
         for (family, print) in spliced {
-            match family {
-                Family::Ipv4 => c.v4 = print.unwrap_or_default(),
-                Family::Ipv6 => c.v6 = print.unwrap_or_default(),
-            }
+            c.set(family, Text::new(print.unwrap_or_default()));
         }
         c
     } else {
@@ -687,11 +680,12 @@ fn finish(
 /// [`check_with`] for `--noflush` input without `counters` when the base's model is known
 /// ([`Base::model`]): each family's text is applied to the model's tables of the family
 /// (`restore::parse_onto`: the base is neither printed nor parsed again, its rule chunks are
-/// shared) and its content is the base's with only the changed rules printed
-/// (`restore::print_after`); the commit validates it against the model, which is the active
-/// one (only what changed is checked rule by rule). The same result as [`check_noflush`] up to the
-/// locations of findings on base rules, at a cost in proportion to the text, not the
-/// ruleset (apart from a newline scan and a digest of the content).
+/// shared) and its content is the base's chunks with only the changed rules printed and the
+/// chunks around them cut and hashed again ([`changed_text`]); the commit validates it against
+/// the model, which is the active one (only what changed is checked rule by rule). The same
+/// result as [`check_noflush`] up to the locations of findings on base rules, at a cost in
+/// proportion to the text, not the ruleset (apart from walks of the chains and of the chunk
+/// list, ~64 lines a chunk: no byte of the base's text is read, copied or hashed).
 ///
 /// Errors: as [`check_noflush`].
 fn check_onto(
@@ -713,13 +707,10 @@ fn check_onto(
             .filter(|t| t.family == family)
             .cloned()
             .collect();
-        let base_text = match family {
-            Family::Ipv4 => &base.content.v4,
-            Family::Ipv6 => &base.content.v6,
-        };
+        let base_text = base.content.text(family);
         let Some(part) = input.parts.iter().find(|p| p.family == family) else {
             tables.extend(old);
-            *content.family_mut(family) = base_text.clone();
+            content.set(family, base_text.clone());
             continue;
         };
         let opts = ParseOptions {
@@ -753,8 +744,9 @@ fn check_onto(
             }
         }
         parse_warnings.extend(r.warnings.iter().map(|w| parse_warning(part, w)));
-        *content.family_mut(family) = restore::print_after(base_text, &old, &r.tables)
-            .unwrap_or_else(|| restore::print(&r.tables, &PrintOptions::default()));
+        let text = changed_text(base_text, &old, &r.tables)
+            .unwrap_or_else(|| Text::new(restore::print(&r.tables, &PrintOptions::default())));
+        content.set(family, text);
         tables.extend(r.tables);
     }
     if !violations.is_empty() {
@@ -766,8 +758,9 @@ fn check_onto(
     if let Some(limits) = limits {
         limits.check_tables(&tables)?;
     }
-    // The digest tree from the base's: only the chunks the change is in are hashed.
-    content.layout_after(&base.content);
+    // The digest tree: only the chunks the change made are hashed (the others are the
+    // base's, hashed already).
+    content.layout();
     let ruleset = Ruleset {
         name: name.to_string(),
         priority,
@@ -784,6 +777,25 @@ fn check_onto(
         edited: true,
         nft: None,
     })
+}
+
+/// The canonical text of `new` (one family's tables) made from `base`, the canonical text of
+/// `old`, by the line changes between the two models (`restore::print_changes`): only the
+/// changed rules are printed and only the chunks around them cut; the rest of `base` is
+/// shared, not read. `None` when the tables differ in which tables there are, or `base` does
+/// not have the lines `old` prints as (then print `new` in full).
+fn changed_text(base: &Text, old: &[Table], new: &[Table]) -> Option<Text> {
+    let (changes, lines) = restore::print_changes(old, new)?;
+    if lines != base.lines() || !base.ends_with_newline() {
+        return None;
+    }
+    let mut spans = Vec::with_capacity(changes.len());
+    for c in changes {
+        let start = base.line_offset(c.line)?;
+        let end = base.line_offset(c.line + c.old_lines)?;
+        spans.push((start..end, c.text));
+    }
+    Some(base.splice(&spans))
 }
 
 /// Why iptables-restore --noflush would refuse what a text names but neither it nor the
@@ -822,10 +834,7 @@ fn check_noflush(
     let mut violations = Vec::new();
     let mut parse_warnings = Vec::new();
     for family in [Family::Ipv4, Family::Ipv6] {
-        let base_text = match family {
-            Family::Ipv4 => &base.content.v4,
-            Family::Ipv6 => &base.content.v6,
-        };
+        let base_text = base.content.family(family);
         let part = input.parts.iter().find(|p| p.family == family);
         let Some(part) = part else {
             if !base_text.is_empty() {

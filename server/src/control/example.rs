@@ -49,7 +49,7 @@ mod tests {
             .filter(|f| f.severity == vallum_engine::validate::Severity::Error)
             .collect();
         assert!(errors.is_empty(), "{errors:#?}");
-        assert!(!c.content.v4.is_empty() && !c.content.v6.is_empty());
+        assert!(!c.content.v4().is_empty() && !c.content.v6().is_empty());
         assert!(c.ruleset.rule_count() > 50);
     }
 }

@@ -761,7 +761,7 @@ impl Pipeline {
         if !rev.content.is_nft() {
             return Ok(Vec::new());
         }
-        let lowered = crate::control::content::nft::lower_stored(&rev.content.v4, ruleset, 0)?;
+        let lowered = crate::control::content::nft::lower_stored(rev.content.v4(), ruleset, 0)?;
         self.ensure_nft_sets(&lowered.sets).await
     }
 
@@ -1040,7 +1040,7 @@ impl Pipeline {
         if !content.is_nft() {
             return Ok(None);
         }
-        crate::control::content::nft::rule_refs(&content.v4, ruleset).map(Some)
+        crate::control::content::nft::rule_refs(content.v4(), ruleset).map(Some)
     }
 
     /// `--max-rules`: refuses a ruleset with too many rules.

@@ -332,6 +332,16 @@ pub struct Store {
     retention: Retention,
     /// The wall clock of the rows' times (see [`Store::open_on`]).
     clock: Clock,
+    /// Phase columns waiting for their transaction ([`Store::finish_commit`]).
+    finishing: Arc<std::sync::Mutex<Finishing>>,
+}
+
+/// The phase columns of commits not written yet, and whether a transaction that will write
+/// them is on its way ([`Store::finish_commit`]).
+#[derive(Debug, Default)]
+struct Finishing {
+    rows: Vec<(i64, Phases)>,
+    scheduled: bool,
 }
 
 /// Reader connections (reads run in parallel up to this many).
@@ -671,6 +681,7 @@ impl Store {
                 revisions_kept: 0,
                 retention: Retention::default(),
                 clock,
+                finishing: Arc::default(),
             })
         })
         .await
@@ -904,30 +915,48 @@ impl Store {
     }
 
     /// Records the phase durations of a commit after publish (in the WAL when this returns;
-    /// on disk with the next fsync).
+    /// on disk with the next fsync). The rows of commits that finish while the writer is busy
+    /// (concurrent commits of other rulesets: the group commit) share one transaction: a call
+    /// that finds one on its way queues its row there and returns; that transaction's caller
+    /// returns once all of them are written.
     ///
-    /// Errors: [`Error::Store`].
+    /// Errors: [`Error::Store`] (for the caller whose transaction failed: its rows and those
+    /// queued with them are not written).
     pub async fn finish_commit(&self, commit_id: i64, p: &Phases) -> Result<()> {
-        let p = *p;
+        {
+            let mut f = self.finishing.lock().unwrap_or_else(|e| e.into_inner());
+            f.rows.push((commit_id, *p));
+            if std::mem::replace(&mut f.scheduled, true) {
+                return Ok(());
+            }
+        }
+        let finishing = self.finishing.clone();
         // Rides on the next fsync: nobody waits for the phase columns.
         self.writer
             .run_unsynced(move |tx| {
-                tx.prepare_cached(
+                let rows = {
+                    let mut f = finishing.lock().unwrap_or_else(|e| e.into_inner());
+                    f.scheduled = false;
+                    std::mem::take(&mut f.rows)
+                };
+                let mut update = tx.prepare_cached(
                     "UPDATE commits SET validate_ns = ?1, compile_ns = ?2, persist_ns = ?3, \
                      publish_ns = ?4, quiesce_ns = ?5, carry_ns = ?6, total_ns = ?7, \
                      cores_waited = ?8 WHERE id = ?9",
-                )?
-                .execute(params![
-                    i64_of(p.validate_ns),
-                    i64_of(p.compile_ns),
-                    i64_of(p.persist_ns),
-                    i64_of(p.publish_ns),
-                    i64_of(p.quiesce_ns),
-                    i64_of(p.carry_ns),
-                    i64_of(p.total_ns),
-                    i64::from(p.cores_waited),
-                    commit_id
-                ])?;
+                )?;
+                for (commit_id, p) in rows {
+                    update.execute(params![
+                        i64_of(p.validate_ns),
+                        i64_of(p.compile_ns),
+                        i64_of(p.persist_ns),
+                        i64_of(p.publish_ns),
+                        i64_of(p.quiesce_ns),
+                        i64_of(p.carry_ns),
+                        i64_of(p.total_ns),
+                        i64::from(p.cores_waited),
+                        commit_id
+                    ])?;
+                }
                 Ok(())
             })
             .await

@@ -268,7 +268,7 @@ impl Connections {
 
 /// EMFILE, ENFILE, ENOBUFS, ENOMEM: `accept` fails until something is freed, so retrying at
 /// once would spin.
-fn out_of_resources(e: &io::Error) -> bool {
+pub(crate) fn out_of_resources(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)

@@ -1,7 +1,8 @@
 //! vallumd's local unix socket (`--socket`), the default local endpoint of `vallumctl` and
 //! `vallum-iptables` (as `docker.sock`): where it lives, and binding it without taking it from
 //! a running vallumd. Who may do what through it is the auth layer's (peer credentials,
-//! `crate::grpc::auth`).
+//! `crate::grpc::auth`); what it speaks (gRPC over HTTP/2, and local calls for
+//! `vallum-iptables`) is `crate::grpc::local_call`'s.
 //!
 //! Path: `--socket PATH`; without the flag [`DEFAULT_SOCKET`] when vallumd runs as root, else
 //! `$XDG_RUNTIME_DIR/vallum/vallumd.sock` (no socket when that is unset); `--socket none` turns

@@ -8,6 +8,10 @@
 //! - uid 65534 with CAP_NET_ADMIN (ambient, via `setpriv`) can;
 //! - over TCP, without tokens and without `--insecure-no-auth`, reads pass and changes are
 //!   refused with ANONYMOUS_READ_ONLY.
+//!
+//! And local calls (`vallum_proto::local`, vallum-iptables' framing) on the same socket
+//! ([`local_calls_on_the_socket`], any user): answers, refusals with details, deadlines, the
+//! request limit, the audit caller, HTTP/2 beside them.
 
 use crate::support;
 
@@ -210,4 +214,172 @@ fn socket_peers_by_credentials_and_tcp_read_only() {
     // A graceful stop removes the socket file.
     assert!(d.terminate(), "vallumd stops cleanly");
     assert!(!sock.exists(), "socket file left after a graceful stop");
+}
+
+/// One local call's request frame (magic first when `greet`) on `io`, and its answer.
+fn local_call<M: prost::Message>(
+    io: &mut std::os::unix::net::UnixStream,
+    greet: bool,
+    path: &str,
+    msg: &M,
+) -> Result<Vec<u8>, vallum_proto::local::RpcStatus> {
+    use std::io::{Read, Write};
+    use vallum_proto::local;
+    let mut out = Vec::new();
+    if greet {
+        out.extend_from_slice(local::MAGIC);
+    }
+    out.extend(local::encode_request(path, b"", msg).expect("frame"));
+    io.write_all(&out).expect("send the call");
+    let mut len = [0u8; 4];
+    io.read_exact(&mut len).expect("answer length");
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    io.read_exact(&mut body).expect("answer");
+    local::decode_response(&body)
+        .expect("an answer frame")
+        .map(<[u8]>::to_vec)
+}
+
+/// Reads `io` until it ends: the bytes vallumd sent before it closed the connection.
+fn until_closed(io: &mut std::os::unix::net::UnixStream) -> Vec<u8> {
+    use std::io::Read;
+    // Far longer than the deadlines under test: a connection left open fails the test.
+    io.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut rest = Vec::new();
+    io.read_to_end(&mut rest)
+        .expect("vallumd closes the connection");
+    rest
+}
+
+/// Local calls (`vallum_proto::local`, what vallum-iptables sends) on the socket that also
+/// serves HTTP/2: answers and refusals with their details, several calls on one connection
+/// kept open while calls come within `--idle-timeout` (1 s, for more than three periods),
+/// closed once silent, or silent from the start (`--handshake-timeout`), a wrong magic closed
+/// unanswered, a frame over the request limit refused from its length alone; the edit is
+/// audited with the peer's credentials, and vallumctl's HTTP/2 on the same socket still works.
+#[test]
+fn local_calls_on_the_socket() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+    use vallum_proto::local;
+    use vallum_proto::v1 as pb;
+
+    const GET: &str = "/vallum.v1.RulesetService/GetRuleset";
+    const EDIT: &str = "/vallum.v1.RulesetService/EditRuleset";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("vallumd.sock");
+    let db = dir.path().join("v.db");
+    let _d = Daemon::start(
+        &db,
+        &[
+            "--socket",
+            sock.to_str().unwrap(),
+            "--handshake-timeout",
+            "1",
+            "--idle-timeout",
+            "1",
+            "--max-request-bytes",
+            "65536",
+        ],
+    );
+    let get = pb::GetRulesetRequest {
+        name: "rulesets/web".into(),
+    };
+    // A first call once vallumd has loaded (NOT_READY before), then NOT_FOUND: no such ruleset.
+    let mut io = loop {
+        let mut io = UnixStream::connect(&sock).expect("connect");
+        match local_call(&mut io, true, GET, &get) {
+            Err(s) if s.reason().as_deref() == Some("NOT_READY") => std::thread::yield_now(),
+            Err(s) => {
+                assert_eq!(s.code, tonic::Code::NotFound as i32, "{s:?}");
+                break io;
+            }
+            Ok(_) => panic!("rulesets/web exists before any call made it"),
+        }
+    };
+    let edit = |args: &str| pb::EditRulesetRequest {
+        ruleset: "web".into(),
+        edits: vec![pb::RuleCommand {
+            family: pb::Family::Ipv4 as i32,
+            table: "filter".into(),
+            args: args.split(' ').map(String::from).collect(),
+        }],
+        message: "local call".into(),
+        ..Default::default()
+    };
+    let done = local_call(
+        &mut io,
+        false,
+        EDIT,
+        &edit("-A INPUT -p tcp --dport 22 -j ACCEPT"),
+    )
+    .expect("edit through a local call");
+    let done = <pb::CommitResult as prost::Message>::decode(done.as_slice()).expect("CommitResult");
+    assert_eq!(done.revision.expect("a revision").number, 1);
+    // A refusal keeps its details: the field violation iptables' words are made from.
+    let refused = local_call(&mut io, false, EDIT, &edit("-A NOPE -j ACCEPT")).unwrap_err();
+    assert_eq!(
+        refused.code,
+        tonic::Code::InvalidArgument as i32,
+        "{refused:?}"
+    );
+    let why = refused.first_violation().expect("a field violation");
+    assert!(why.contains("NOPE"), "{why}");
+    // Calls within --idle-timeout keep the connection for more than three of its periods.
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(450));
+        let rs = local_call(&mut io, false, GET, &get).expect("GetRuleset");
+        let rs = <pb::Ruleset as prost::Message>::decode(rs.as_slice()).expect("Ruleset");
+        assert_eq!(rs.active_revision, 1);
+    }
+    // Then silence: closed, nothing sent.
+    assert_eq!(until_closed(&mut io), b"");
+    // Silent from the start: closed at --handshake-timeout.
+    let mut silent = UnixStream::connect(&sock).expect("connect");
+    assert_eq!(until_closed(&mut silent), b"");
+    // A wrong magic: closed unanswered.
+    let mut wrong = UnixStream::connect(&sock).expect("connect");
+    wrong.write_all(b"VALLUM/9").unwrap();
+    assert_eq!(until_closed(&mut wrong), b"");
+    // A frame longer than the request limit allows: refused from its length, then closed.
+    let mut big = UnixStream::connect(&sock).expect("connect");
+    let declared = local::request_frame_limit(65536) as u32 + 1;
+    big.write_all(local::MAGIC).unwrap();
+    big.write_all(&declared.to_be_bytes()).unwrap();
+    let answer = until_closed(&mut big);
+    let refused = local::decode_response(&answer[4..])
+        .expect("a refusal frame")
+        .unwrap_err();
+    assert_eq!(refused.code, tonic::Code::ResourceExhausted as i32);
+    assert_eq!(refused.reason().as_deref(), Some("REQUEST_TOO_LARGE"));
+    // HTTP/2 on the same socket: vallumctl reads the revision the local call made.
+    let server = format!("unix:{}", sock.display());
+    let o = vallumctl(None, &["--server", &server, "export", "web/1"]);
+    assert!(
+        o.status.success(),
+        "vallumctl over the socket: {}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("--dport 22"),
+        "{}",
+        text(&o)
+    );
+    // The edit is audited with the peer's credentials, as a gRPC call through the socket.
+    let c = rusqlite::Connection::open(&db).expect("open db");
+    let caller: String = c
+        .query_row(
+            "SELECT caller FROM audit WHERE method = 'EditRuleset' ORDER BY id LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .expect("an audited EditRuleset");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    assert!(
+        caller.starts_with(&format!("local:uid={uid},pid=")),
+        "{caller}"
+    );
 }

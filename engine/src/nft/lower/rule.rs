@@ -13,8 +13,13 @@ pub(super) struct Cx<'a> {
     pub(super) lines: &'a [&'a str],
     pub(super) table: &'a Table,
     pub(super) family: Family,
+    /// The chain runs before the conntrack lookup (a base chain below priority -200 reaches
+    /// it): `ct` expressions and statements are refused there.
+    pub(super) before_ct: bool,
     /// Helper chains made for rules with several actions: (name, rules).
     pub(super) helpers: Vec<(String, Vec<model::Rule>)>,
+    /// The rules of `helpers`, counted as they are made.
+    pub(super) helper_rules: usize,
     /// Named sets the rules matched against.
     pub(super) sets: Vec<LoweredSet>,
 }
@@ -25,16 +30,55 @@ struct Omit;
 /// A match's outcome: `Err(Ok(Omit))` leaves the rule out, `Err(Err(e))` refuses it.
 type Step<T> = Result<T, Result<Omit, NftError>>;
 
-fn has_limit(r: &model::Rule) -> bool {
-    r.matches.iter().any(|m| matches!(m, Match::Limit(_)))
+/// Where the model rules that count an nft rule's packets (those that passed all its
+/// matches: its last segment) went: `len` rules from index `first` of the rules returned for
+/// the rule's own chain (`helper` `None`) or of helper chain `helper`.
+pub(super) struct Counted {
+    pub(super) helper: Option<String>,
+    pub(super) first: usize,
+    pub(super) len: usize,
 }
 
-/// Whether `s` is an action (it closes a segment) rather than a match.
-fn is_action(s: &Stmt) -> bool {
-    !matches!(
-        s,
-        Stmt::Match(_) | Stmt::Vmap { .. } | Stmt::Limit(_) | Stmt::Counter { .. }
-    )
+/// A run of a rule's model rules (see [`Cx::lower_rule`]).
+struct Seg {
+    /// The alternatives, each with the segment's action as its target.
+    rules: Vec<model::Rule>,
+    kind: SegKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SegKind {
+    /// Conditions then an action (or, last, only conditions).
+    Action,
+    /// Conditions only, behind which the rest of the rule runs: always a jump to a helper.
+    Gate,
+    /// Rules that return when they hold (the rest runs when none does), written as they are
+    /// (always behind a gate).
+    Returns,
+}
+
+/// Whether `EXPR != { ... }` is one model match (see `apply_set`): ports (one multiport),
+/// ct state/status (the union), addresses (a negated range each); or not a set at all.
+fn negates_natively(m: &NftMatch) -> bool {
+    let SetRhs::Set(e) = &m.right else {
+        return true;
+    };
+    match &m.left {
+        Expr::Ct(CtKey::State | CtKey::Status) => true,
+        Expr::Payload(Payload {
+            field: "sport" | "dport",
+            ..
+        }) => e.len() <= 7,
+        Expr::Payload(Payload {
+            proto: Proto::Ip | Proto::Ip6,
+            field: "saddr" | "daddr",
+        }) => true,
+        _ => false,
+    }
+}
+
+fn has_limit(r: &model::Rule) -> bool {
+    r.matches.iter().any(|m| matches!(m, Match::Limit(_)))
 }
 
 /// Whether match `s` makes one alternative per element (an anonymous set that no single
@@ -95,30 +139,106 @@ impl Cx<'_> {
         r: &super::super::Rule,
         chain: &str,
         n: usize,
-    ) -> Result<Vec<model::Rule>, NftError> {
+    ) -> Result<(Vec<model::Rule>, Option<Counted>), NftError> {
         let loc = location(r.pos);
         let fresh = || model::Rule {
             location: loc,
             ..model::Rule::default()
         };
-        let mut segs: Vec<Vec<model::Rule>> = Vec::new();
+        let mut segs: Vec<Seg> = Vec::new();
         let mut cur = vec![fresh()];
+        let close = |segs: &mut Vec<Seg>, cur: &mut Vec<model::Rule>, gate: bool| {
+            let rules = std::mem::replace(cur, vec![fresh()]);
+            segs.push(Seg {
+                rules,
+                kind: if gate { SegKind::Gate } else { SegKind::Action },
+            });
+        };
         for (i, s) in r.stmts.iter().enumerate() {
             // A limit bucket must be asked once per packet: an expansion after one, or a
             // limit or match after an expansion, goes behind a gate (a jump to a helper
             // chain holding the rest), which one alternative at most passes.
+            // Two expansions in a row would multiply; behind a gate they add up. A single
+            // value after an expansion stays with each alternative (`meta l4proto { tcp, udp }
+            // th dport 53` needs each alternative's protocol).
             let gate = (expands(s) && cur.iter().any(has_limit))
-                || (cur.len() > 1 && !is_action(s) && !matches!(s, Stmt::Counter { .. }));
+                || (cur.len() > 1 && (matches!(s, Stmt::Limit(_)) || expands(s)));
             if gate && i > 0 {
-                segs.push(std::mem::replace(&mut cur, vec![fresh()]));
+                close(&mut segs, &mut cur, true);
+            }
+            // `limit rate over R` and `EXPR != { a, b }` (where no single match holds the
+            // negation): behind a gate, a rule per element (or the limit) that returns when it
+            // holds, so the rest runs only when none does.
+            let returns = match s {
+                Stmt::Limit(l) if l.over => {
+                    let under = super::super::Limit {
+                        over: false,
+                        ..l.clone()
+                    };
+                    match self.limit(r.pos, &under) {
+                        Ok(m) => Some(Ok(vec![model::Rule {
+                            matches: vec![m].into(),
+                            target: Target::Return,
+                            location: loc,
+                            ..model::Rule::default()
+                        }])),
+                        Err(e) => Some(Err(e)),
+                    }
+                }
+                Stmt::Match(m) if m.op == Op::Ne && !negates_natively(m) => {
+                    let SetRhs::Set(elems) = &m.right else {
+                        unreachable!("negates_natively holds for non-sets")
+                    };
+                    let mut rules = Vec::with_capacity(elems.len());
+                    let mut res = Ok(());
+                    for e in elems {
+                        let pos = NftMatch {
+                            left: m.left.clone(),
+                            op: Op::Implicit,
+                            right: SetRhs::Value(e.key.clone()),
+                        };
+                        let mut one = vec![fresh()];
+                        match self.lower_match(r.pos, &pos, &mut one) {
+                            Ok(()) => rules.extend(one.into_iter().map(|mut x| {
+                                x.target = Target::Return;
+                                x
+                            })),
+                            Err(Ok(Omit)) => {}
+                            Err(e) => {
+                                res = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                    Some(res.map(|()| rules))
+                }
+                _ => None,
+            };
+            if let Some(rules) = returns {
+                match rules {
+                    Ok(rules) => {
+                        close(&mut segs, &mut cur, true);
+                        segs.push(Seg {
+                            rules,
+                            kind: SegKind::Returns,
+                        });
+                        continue;
+                    }
+                    Err(Ok(Omit)) => return Ok((Vec::new(), None)),
+                    Err(Err(e)) => return Err(e),
+                }
             }
             let step = match s {
                 Stmt::Match(m) => self.lower_match(r.pos, m, &mut cur),
+                Stmt::SetUpdate(u) => self.meter(r.pos, u, &mut cur),
                 Stmt::Vmap { key, map } => {
                     let out = self.vmap(r.pos, key, map, std::mem::take(&mut cur));
                     match out {
                         Ok(v) => {
-                            segs.push(v);
+                            segs.push(Seg {
+                                rules: v,
+                                kind: SegKind::Action,
+                            });
                             cur = vec![fresh()];
                             Ok(())
                         }
@@ -131,7 +251,7 @@ impl Cx<'_> {
                         for alt in &mut cur {
                             alt.target = t.clone();
                         }
-                        segs.push(std::mem::replace(&mut cur, vec![fresh()]));
+                        close(&mut segs, &mut cur, false);
                         Ok(())
                     }
                     Ok(None) => Ok(()),
@@ -140,46 +260,70 @@ impl Cx<'_> {
             };
             match step {
                 Ok(()) => {}
-                Err(Ok(Omit)) => return Ok(Vec::new()),
+                Err(Ok(Omit)) => return Ok((Vec::new(), None)),
                 Err(Err(e)) => return Err(e),
             }
         }
-        if segs.is_empty() || cur.iter().any(has_conditions) || cur.len() > 1 {
-            segs.push(cur);
+        if segs.is_empty()
+            || cur.iter().any(has_conditions)
+            || cur.len() > 1
+            || segs.last().is_some_and(|s| s.kind == SegKind::Returns)
+        {
+            segs.push(Seg {
+                rules: cur,
+                kind: SegKind::Action,
+            });
         }
         let mut out = Vec::new();
-        self.emit(r.pos, &segs, &mut out, &format!("{chain} #{n}"), 0)?;
-        Ok(out)
+        let mut counted = None;
+        let helper = format!("{chain} #{n}");
+        self.emit(r.pos, &segs, &mut out, (&helper, None), 0, &mut counted)?;
+        Ok((out, counted))
     }
 
     /// Writes segments `segs` into `out`: a segment without conditions (or the last one) as
-    /// it is; one with conditions followed by more as jumps (gotos when the rule ends in
-    /// `return` or `goto`) to a helper chain that holds its action and the rest.
+    /// it is, a returning one as it is; one with conditions followed by more, or a gate, as
+    /// jumps (gotos when the rule ends in `return` or `goto`) to a helper chain that holds its
+    /// action and the rest.
+    /// `into` is (the helpers' base name, the helper `out` is for: `None` for the rule's own
+    /// chain); `counted` gets where the last segment's rules went.
     fn emit(
         &mut self,
         at: Pos,
-        segs: &[Vec<model::Rule>],
+        segs: &[Seg],
         out: &mut Vec<model::Rule>,
-        helper: &str,
+        (helper, into): (&str, Option<&str>),
         depth: usize,
+        counted: &mut Option<Counted>,
     ) -> Result<(), NftError> {
         for (i, seg) in segs.iter().enumerate() {
             let last = i + 1 == segs.len();
-            if last || (seg.len() == 1 && !has_conditions(&seg[0])) {
-                out.extend(seg.iter().cloned());
+            let plain = seg.rules.len() == 1 && !has_conditions(&seg.rules[0]);
+            if seg.kind == SegKind::Returns || (seg.kind == SegKind::Action && (last || plain)) {
+                if last {
+                    *counted = Some(Counted {
+                        helper: into.map(str::to_string),
+                        first: out.len(),
+                        len: seg.rules.len(),
+                    });
+                }
+                out.extend(seg.rules.iter().cloned());
                 continue;
             }
             let rest = &segs[i + 1..];
             let leaves = rest.last().is_some_and(|s| {
-                s.iter()
+                s.rules
+                    .iter()
                     .any(|r| matches!(r.target, Target::Return | Target::Goto(_)))
             });
-            if leaves && rest.iter().flatten().any(has_conditions) {
+            let conditions = rest.iter().flat_map(|s| &s.rules).any(has_conditions);
+            if leaves && conditions {
                 return Err(self.err(
                     at,
                     "",
                     ErrorKind::Unsupported(
-                        "`return`/`goto` after an action and a later match".into(),
+                        "`return`/`goto` after an action, a later match or `limit rate over`"
+                            .into(),
                     ),
                 ));
             }
@@ -189,8 +333,8 @@ impl Cx<'_> {
                 format!("{helper}.{depth}")
             };
             // A gate's segment has no action of its own (`Target::None`).
-            let action = seg[0].target.clone();
-            for r in seg {
+            let action = seg.rules[0].target.clone();
+            for r in &seg.rules {
                 let mut g = r.clone();
                 g.target = if leaves {
                     Target::Goto(name.clone())
@@ -202,12 +346,20 @@ impl Cx<'_> {
             let mut inner = Vec::new();
             if action != Target::None {
                 inner.push(model::Rule {
-                    location: seg[0].location,
+                    location: seg.rules[0].location,
                     target: action,
                     ..model::Rule::default()
                 });
             }
-            self.emit(at, rest, &mut inner, helper, depth + 1)?;
+            self.emit(
+                at,
+                rest,
+                &mut inner,
+                (helper, Some(&name)),
+                depth + 1,
+                counted,
+            )?;
+            self.helper_rules += inner.len();
             self.helpers.push((name, inner));
             return Ok(());
         }
@@ -285,6 +437,9 @@ impl Cx<'_> {
                 };
                 Target::Reject(w)
             }
+            // After conntrack the packet has its entry: notrack does nothing there (the
+            // kernel's nft_notrack leaves an attached entry alone).
+            Stmt::Notrack if !self.before_ct => return Ok(None),
             Stmt::Notrack => Target::Notrack,
             Stmt::Log(l) => self.log(at, l)?,
             Stmt::Limit(l) => {
@@ -325,6 +480,96 @@ impl Cx<'_> {
             }
             Stmt::Counter { .. } | Stmt::Match(_) | Stmt::Vmap { .. } => return Ok(None),
         }))
+    }
+
+    /// A meter, `add|update @set { KEY limit rate [over] R/UNIT [burst B packets] }` with
+    /// KEY one address (`ip saddr`, `ip6 daddr`): a token bucket per key, as `-m hashlimit`
+    /// (mode srcip or dstip, the table named `TABLE.SET`, entries expiring after the set's
+    /// timeout). The keys live in the engine's hashlimit table, not as set elements.
+    fn meter(
+        &mut self,
+        at: Pos,
+        u: &super::super::SetUpdate,
+        cur: &mut [model::Rule],
+    ) -> Step<()> {
+        use crate::model::{HASHLIMIT_NAME_MAX, HASHLIMIT_SCALE, HashlimitMatch, hashlimit_mode};
+        let word = u.op.name();
+        let refuse = |what: String| Err(self.unsupported(at, word, what));
+        let (Some(Stmt::Limit(l)), 1) = (u.stmts.first(), u.stmts.len()) else {
+            return refuse(format!(
+                "`{word} @{}` other than a meter (one `limit`)",
+                u.set
+            ));
+        };
+        if u.op == super::super::SetUpdateOp::Delete || l.byte_unit.is_some() {
+            return refuse(format!(
+                "`{word} @{}` other than a packet-rate meter",
+                u.set
+            ));
+        }
+        let (fam, mode) = match &u.key {
+            Expr::Payload(Payload {
+                proto,
+                field: f @ ("saddr" | "daddr"),
+            }) if matches!(proto, Proto::Ip | Proto::Ip6) => {
+                let fam = if *proto == Proto::Ip {
+                    Family::Ipv4
+                } else {
+                    Family::Ipv6
+                };
+                let mode = if *f == "saddr" {
+                    hashlimit_mode::SRC_IP
+                } else {
+                    hashlimit_mode::DST_IP
+                };
+                (fam, mode)
+            }
+            _ => {
+                return refuse(format!(
+                    "`{word} @{}` keyed by other than one address",
+                    u.set
+                ));
+            }
+        };
+        if fam != self.family {
+            return Err(Ok(Omit));
+        }
+        let unit_secs: u64 = match l.per {
+            "second" => 1,
+            "minute" => 60,
+            "hour" => 3600,
+            "day" => 86_400,
+            other => return refuse(format!("`limit rate .../{other}` in a meter")),
+        };
+        let name = format!("{}.{}", self.table.name, u.set);
+        if name.len() > HASHLIMIT_NAME_MAX || l.rate == 0 {
+            return refuse(format!(
+                "`{word} @{}`: its meter name `{name}` is longer than {HASHLIMIT_NAME_MAX} bytes or its rate 0",
+                u.set
+            ));
+        }
+        let set = self.table.sets.iter().find(|s| s.name == u.set);
+        let expire = set
+            .and_then(|s| s.timeout_ms)
+            .or(u.timeout_ms)
+            .unwrap_or(unit_secs * 1000);
+        let m = HashlimitMatch {
+            above: l.over,
+            avg: HASHLIMIT_SCALE * unit_secs / l.rate,
+            burst: l.burst.max(1),
+            mode,
+            name,
+            size: set.and_then(|s| s.size).unwrap_or(0),
+            max: 0,
+            gc_interval: 1000,
+            expire: u32::try_from(expire).unwrap_or(u32::MAX),
+            srcmask: None,
+            dstmask: None,
+        };
+        for a in cur.iter_mut() {
+            a.matches.push(Match::Hashlimit(m.clone()));
+        }
+        Ok(())
     }
 
     fn chain(&self, c: &str) -> String {
@@ -392,9 +637,15 @@ impl Cx<'_> {
                 return Err(self.unsupported(at, "limit", format!("`limit rate .../{other}`")));
             }
         };
-        if l.over || l.byte_unit.is_some() {
-            return Err(self.unsupported(at, "limit", "`limit rate over` and byte rates".into()));
+        // `over` is lowered by the caller (a returning rule behind a gate).
+        if let Some(unit) = l.byte_unit {
+            return Err(self.unsupported(
+                at,
+                "limit",
+                format!("`limit rate ... {unit}/...` (a byte rate)"),
+            ));
         }
+        debug_assert!(!l.over);
         let rate = u32::try_from(l.rate).ok().filter(|&r| r > 0);
         let Some(rate) = rate else {
             return Err(self.unsupported(at, "limit", format!("`limit rate {}`", l.rate)));
@@ -408,6 +659,20 @@ impl Cx<'_> {
 
     /// `meta mark set ...`, `ct mark set ...` as MARK / CONNMARK.
     fn set_stmt(&self, at: Pos, key: &Expr, value: &SetValue) -> Step<Target> {
+        let ct_read = matches!(
+            value,
+            SetValue::From {
+                expr: Expr::Ct(_),
+                ..
+            }
+        );
+        if self.before_ct && (matches!(key, Expr::Ct(_)) || ct_read) {
+            return Err(self.unsupported(
+                at,
+                "ct",
+                "`ct mark` in a chain that runs before conntrack (priority below -200)".into(),
+            ));
+        }
         const ALL: u32 = u32::MAX;
         let num = |e: &Elem| match e {
             Elem::Value(Value::Num(n)) => u32::try_from(*n).ok(),
@@ -486,13 +751,18 @@ impl Cx<'_> {
     ) -> Step<Vec<model::Rule>> {
         let elems = match map {
             SetRhs::Set(e) => e,
-            SetRhs::Ref(name) => {
-                return Err(self.unsupported(
-                    at,
-                    "vmap",
-                    format!("`vmap @{name}` (a named verdict map)"),
-                ));
-            }
+            // A named verdict map's elements as they are now: a change to them is a change of
+            // the lowered rules (a commit), not of an engine set.
+            SetRhs::Ref(name) => match self.table.sets.iter().find(|s| &s.name == name) {
+                Some(m) if m.is_map && m.data == Some(NftSetType::Verdict) => &m.elements,
+                _ => {
+                    return Err(self.unsupported(
+                        at,
+                        "vmap",
+                        format!("`vmap @{name}` (no such verdict map)"),
+                    ));
+                }
+            },
             SetRhs::Value(_) => {
                 return Err(self.unsupported(at, "vmap", "`vmap` of one value".into()));
             }

@@ -1,12 +1,14 @@
 //! The canonical content of a revision ([`Content`]): its IPv4 and IPv6 iptables-save texts,
-//! as the engine's canonical printer prints them, with their digest tree ([`super::tree`]),
-//! computed once and kept with the text.
+//! as the engine's canonical printer prints them, each held as its chunks
+//! ([`super::text::Text`]), with their digest tree ([`super::tree`]), computed once and kept
+//! with the text.
 
 use std::sync::{Arc, OnceLock};
 
 use vallum_engine::model::{Family, Ruleset, Table};
 use vallum_engine::restore::{self, ParseOptions, PrintOptions};
 
+use super::text::Text;
 use super::tree::Layout;
 use crate::error::Error;
 
@@ -15,28 +17,33 @@ pub const V6_SEPARATOR: &str = "# ---- ip6tables-save ----\n";
 
 /// Canonical content of one revision.
 ///
-/// Its digest tree ([`Layout`]: the texts' chunks and their sha256, the root over them) is
-/// computed once, on first use ([`Content::layout`], or [`Content::layout_after`] from the
-/// content it was made from), and kept with the text: a clone keeps it. Change the texts only
-/// through [`Content::new`] or [`Content::family_mut`] (which forgets it); a text written
-/// through the public fields after the layout was computed leaves the layout stale.
-#[derive(Clone, Default)]
+/// Each family's text is held as its chunks ([`Text`]), so a content made from another by a
+/// few changed rules shares the other's chunks. Its digest tree ([`Layout`]: the chunks and
+/// their sha256, the root over them) is computed once, on first use ([`Content::layout`]),
+/// hashing only the chunks not hashed yet, and kept: a clone keeps it. Change a text only
+/// through [`Content::set`] (which forgets the tree).
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Content {
-    /// iptables-save text of the IPv4 tables (may be empty).
-    pub v4: String,
-    /// ip6tables-save text of the IPv6 tables (may be empty).
-    pub v6: String,
+    /// The IPv4 tables' iptables-save text (may be empty).
+    v4: Text,
+    /// The IPv6 tables' ip6tables-save text (may be empty).
+    v6: Text,
     /// The digest tree of `v4` and `v6`, once computed.
-    layout: OnceLock<Arc<Layout>>,
+    layout: LayoutCell,
 }
 
-impl PartialEq for Content {
-    fn eq(&self, other: &Content) -> bool {
-        self.v4 == other.v4 && self.v6 == other.v6
+/// The digest tree of a content, once computed; not part of what a content is (equal
+/// contents may have computed theirs or not).
+#[derive(Clone, Default)]
+struct LayoutCell(OnceLock<Arc<Layout>>);
+
+impl PartialEq for LayoutCell {
+    fn eq(&self, _: &LayoutCell) -> bool {
+        true
     }
 }
 
-impl Eq for Content {}
+impl Eq for LayoutCell {}
 
 impl std::fmt::Debug for Content {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -50,10 +57,15 @@ impl std::fmt::Debug for Content {
 impl Content {
     /// The content of these texts.
     pub fn new(v4: String, v6: String) -> Content {
+        Content::of(Text::new(v4), Text::new(v6))
+    }
+
+    /// The content of these texts, held as chunks.
+    pub fn of(v4: Text, v6: Text) -> Content {
         Content {
             v4,
             v6,
-            layout: OnceLock::new(),
+            layout: LayoutCell::default(),
         }
     }
 
@@ -81,49 +93,55 @@ impl Content {
         Content::new(print(Family::Ipv4), print(Family::Ipv6))
     }
 
+    /// The IPv4 tables' iptables-save text (joined from its chunks on first use).
+    pub fn v4(&self) -> &str {
+        self.v4.as_str()
+    }
+
+    /// The IPv6 tables' ip6tables-save text (joined from its chunks on first use).
+    pub fn v6(&self) -> &str {
+        self.v6.as_str()
+    }
+
     /// The combined text: IPv4, then [`V6_SEPARATOR`] and IPv6 when there are IPv6 tables.
     pub fn combined(&self) -> String {
         if self.v6.is_empty() {
-            self.v4.clone()
+            self.v4().to_string()
         } else {
-            format!("{}{V6_SEPARATOR}{}", self.v4, self.v6)
+            format!("{}{V6_SEPARATOR}{}", self.v4(), self.v6())
         }
     }
 
-    /// The text of `family`, to change (the digest tree is computed again when next asked).
-    pub fn family_mut(&mut self, family: Family) -> &mut String {
-        self.layout = OnceLock::new();
+    /// Replaces the text of `family` (the digest tree is computed again when next asked).
+    pub fn set(&mut self, family: Family, text: Text) {
+        self.layout = LayoutCell::default();
         match family {
-            Family::Ipv4 => &mut self.v4,
-            Family::Ipv6 => &mut self.v6,
+            Family::Ipv4 => self.v4 = text,
+            Family::Ipv6 => self.v6 = text,
         }
     }
 
     /// The text of `family`.
     pub fn family(&self, family: Family) -> &str {
+        self.text(family).as_str()
+    }
+
+    /// The text of `family`, as its chunks.
+    pub fn text(&self, family: Family) -> &Text {
         match family {
             Family::Ipv4 => &self.v4,
             Family::Ipv6 => &self.v6,
         }
     }
 
-    /// The digest tree of the texts, computed on first use (every chunk hashed).
+    /// The digest tree of the texts, computed on first use: only the chunks not hashed yet
+    /// are (a content spliced from another shares the other's hashed chunks).
     pub fn layout(&self) -> &Arc<Layout> {
-        self.layout
-            .get_or_init(|| Arc::new(Layout::of(&self.v4, &self.v6)))
-    }
-
-    /// The digest tree of the texts, computed on first use from `before`'s (the content this
-    /// one was made from, e.g. the revision an edit started from): only the chunks that
-    /// differ are hashed ([`Layout::after`]). The same tree as [`Content::layout`].
-    pub fn layout_after(&self, before: &Content) -> &Arc<Layout> {
-        self.layout.get_or_init(|| {
-            Arc::new(Layout::after(
-                &self.v4,
-                &self.v6,
-                &before.v4,
-                &before.v6,
-                before.layout(),
+        self.layout.0.get_or_init(|| {
+            Arc::new(Layout::from_chunks(
+                self.v4.chunks(),
+                self.v6.chunks(),
+                self.v6.is_empty(),
             ))
         })
     }
@@ -138,7 +156,7 @@ impl Content {
     /// Whether this is an nft ruleset's listing (in [`Content::v4`]; see
     /// [`super::nft::is_listing`]).
     pub fn is_nft(&self) -> bool {
-        super::nft::is_listing(&self.v4)
+        super::nft::is_listing(self.v4())
     }
 
     /// Parses stored content into the engine's model of the ruleset (for nft content, what
@@ -148,10 +166,10 @@ impl Content {
     /// an engine parser change).
     pub fn to_ruleset(&self, name: &str, priority: i32) -> Result<Ruleset, Error> {
         if self.is_nft() {
-            return super::nft::to_ruleset(&self.v4, name, priority);
+            return super::nft::to_ruleset(self.v4(), name, priority);
         }
         let mut tables = Vec::new();
-        for (text, family) in [(&self.v4, Family::Ipv4), (&self.v6, Family::Ipv6)] {
+        for (text, family) in [(self.v4(), Family::Ipv4), (self.v6(), Family::Ipv6)] {
             if text.is_empty() {
                 continue;
             }

@@ -96,6 +96,7 @@ pub fn check(
         ruleset,
         sets,
         stored_only,
+        ..
     } = lowered;
     // Stored-only chains are said, as the iptables nat table's "not enforced" is.
     let findings = stored_only

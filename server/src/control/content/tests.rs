@@ -82,7 +82,7 @@ fn canonical_round_trip_and_digest() {
     assert!(c.valid());
     assert!(
         c.content
-            .v4
+            .v4()
             .contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT")
     );
     let rs = c.content.to_ruleset("a", 0).unwrap();
@@ -140,7 +140,10 @@ fn check_after_equals_check() {
     let printed = check("a", 0, &written, &NoSets).unwrap().content;
     // As written (not canonical: no `-m tcp`), and as printed back (canonical: the
     // content is spliced, not printed).
-    for (first, canonical) in [(written, false), (input(printed.v4, printed.v6), true)] {
+    for (first, canonical) in [
+        (written, false),
+        (input(printed.v4().into(), printed.v6().into()), true),
+    ] {
         let mut c = check("a", 0, &first, &NoSets).unwrap();
         let texts: Vec<String> = first.parts.iter().map(|p| p.text.clone()).collect();
         c.keep_sources(first);
@@ -223,10 +226,13 @@ fn digest_is_the_root_over_the_chunk_digests() {
         Content::new("a".into(), String::new()).digest(),
         Content::new("a".into(), "b".into()).digest()
     );
-    // A content changed through `family_mut` has the digest of its new text.
+    // A content changed through `set` has the digest of its new text.
     let mut c = Content::new("*filter\nCOMMIT\n".into(), String::new());
     let before = c.digest();
-    c.family_mut(Family::Ipv4).push_str("*raw\nCOMMIT\n");
+    c.set(
+        Family::Ipv4,
+        crate::control::content::Text::new("*filter\nCOMMIT\n*raw\nCOMMIT\n".into()),
+    );
     assert_ne!(c.digest(), before);
     assert_eq!(
         c.digest(),
@@ -292,7 +298,7 @@ fn parser_warnings_are_findings() {
     );
     assert!(
         c.content
-            .v4
+            .v4()
             .contains("--log-prefix \"[UFW BLOCK] a very long prefi\"")
     );
     // The text with warnings is not kept for an incremental parse, which would drop them.
@@ -381,7 +387,7 @@ fn noflush_merges_onto_the_base() {
             "-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-B\n",
             "",
         );
-    assert_eq!(c.content.v4, want);
+    assert_eq!(c.content.v4(), want);
     let input = &c.ruleset.tables[0].chains[0];
     assert_eq!(
         input
@@ -397,17 +403,17 @@ fn noflush_merges_onto_the_base() {
     assert!(c.sources.is_empty());
     // An empty text changes nothing; a table the base lacks is created.
     assert_eq!(
-        noflush(KUBE, "").unwrap().content.v4,
+        noflush(KUBE, "").unwrap().content.v4(),
         check("a", 0, &text(KUBE, Family::Ipv4), &NoSets)
             .unwrap()
             .content
-            .v4
+            .v4()
     );
     let c = noflush("", "*filter\n-A INPUT -j DROP\nCOMMIT\n").unwrap();
     assert!(
-        c.content.v4.contains("-A INPUT -j DROP"),
+        c.content.v4().contains("-A INPUT -j DROP"),
         "{}",
-        c.content.v4
+        c.content.v4()
     );
     // The base's IPv6 tables are kept when the text is IPv4 only (and the other way).
     let v6 = "*filter\n:INPUT DROP [0:0]\n-A INPUT -s 2001:db8::/32 -j ACCEPT\nCOMMIT\n";
@@ -433,10 +439,12 @@ fn noflush_merges_onto_the_base() {
         };
         let c = check_with("a", 0, &text(t, family), &NoSets, None, &how, None).unwrap();
         match family {
-            Family::Ipv4 => assert_eq!((&c.content.v4, &c.content.v6), (&want, &base.v6)),
+            Family::Ipv4 => {
+                assert_eq!((c.content.v4(), c.content.v6()), (want.as_str(), base.v6()))
+            }
             Family::Ipv6 => {
-                assert_eq!(c.content.v4, base.v4);
-                assert!(!c.content.v6.contains("-A INPUT"), "{}", c.content.v6);
+                assert_eq!(c.content.v4(), base.v4());
+                assert!(!c.content.v6().contains("-A INPUT"), "{}", c.content.v6());
             }
         }
     }
@@ -506,20 +514,20 @@ COMMIT
         )
         .unwrap();
     assert!(
-        c.content.v4.contains(
+        c.content.v4().contains(
             "-A INPUT -p udp -j ACCEPT\n-A INPUT -p tcp -j KUBE-SERVICES\n-A INPUT -j DROP\n-A KUBE"
         ),
         "{}",
-        c.content.v4
+        c.content.v4()
     );
-    assert!(!c.content.v4.contains("NOTRACK"), "{}", c.content.v4);
+    assert!(!c.content.v4().contains("NOTRACK"), "{}", c.content.v4());
     // Deleting a user chain's rules and the chain itself is fine once nothing jumps to it.
     let c = noflush(
         KUBE,
         "*filter\n-D KUBE-SERVICES 2\n-F KUBE-SVC-B\n-X KUBE-SVC-B\nCOMMIT\n",
     )
     .unwrap();
-    assert!(!c.content.v4.contains("KUBE-SVC-B"), "{}", c.content.v4);
+    assert!(!c.content.v4().contains("KUBE-SVC-B"), "{}", c.content.v4());
     // A finding on a base rule names the base revision.
     let c = noflush(KUBE, "*filter\n-A KUBE-SVC-B -j KUBE-SERVICES\nCOMMIT\n").unwrap();
     assert!(!c.valid());

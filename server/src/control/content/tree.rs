@@ -1,8 +1,9 @@
 //! The digest tree of a content: each family's text cut into chunks of whole lines, each
 //! chunk's sha256, and the root over them ([`Layout`]). The store keeps the text as these
-//! chunks (`store/chunks.rs`), and a revision's digest is the root, so a content made from
-//! another by a few changed rules ([`Layout::after`]) hashes only the chunks those rules are
-//! in: the unchanged chunks and their digests are taken from the other content's layout.
+//! chunks (`store/chunks.rs`), memory holds it as these chunks (`content/text.rs`), and a
+//! revision's digest is the root, so a content made from another by a few changed rules
+//! (`Text::splice`) hashes only the chunks those rules are in: the unchanged chunks and their
+//! digests are the other content's.
 //!
 //! Cutting: content-defined, as rsync / restic / git's packs do to survive insertions: a chunk
 //! ends after a line whose hash has its low [`BOUNDARY_BITS`] bits zero (so on average every
@@ -51,17 +52,10 @@ impl Layout {
         Layout::with(cut_all(v4), cut_all(v6), v6.is_empty())
     }
 
-    /// The layout of `v4` and `v6` given `before`, the layout of texts `old_v4` and `old_v6`:
-    /// the chunks before the first changed byte and after the last are `before`'s (with
-    /// their digests), only the chunks in between are cut and hashed. The same layout as
-    /// [`Layout::of`] (a test checks it), at the cost of comparing the texts (memcmp) and
-    /// hashing the changed chunks.
-    pub fn after(v4: &str, v6: &str, old_v4: &str, old_v6: &str, before: &Layout) -> Layout {
-        Layout::with(
-            cut_after(v4, old_v4, &before.v4),
-            cut_after(v6, old_v6, &before.v6),
-            v6.is_empty(),
-        )
+    /// The layout of chunks already cut and hashed ([`super::text::Text::chunks`]; `no_v6`:
+    /// there is no IPv6 text).
+    pub fn from_chunks(v4: Vec<ChunkRef>, v6: Vec<ChunkRef>, no_v6: bool) -> Layout {
+        Layout::with(v4, v6, no_v6)
     }
 
     fn with(v4: Vec<ChunkRef>, v6: Vec<ChunkRef>, no_v6: bool) -> Layout {
@@ -123,21 +117,27 @@ fn line_hash(line: &[u8]) -> u64 {
 
 /// The end of the chunk of `text` that starts at `start` (a line start, before the end).
 fn next_cut(text: &[u8], start: usize) -> usize {
+    cut_from(text, start).0
+}
+
+/// [`next_cut`], and whether the chunk ends by the cutting rule (a boundary line, or
+/// [`MAX_LINES`]) rather than by running out of `text`: only then is its end a cut whatever
+/// follows.
+pub(super) fn cut_from(text: &[u8], start: usize) -> (usize, bool) {
     let mask = (1u64 << BOUNDARY_BITS) - 1;
     let (mut pos, mut lines) = (start, 0);
     while pos < text.len() {
-        let end = text[pos..]
-            .iter()
+        let end = (text[pos..].iter())
             .position(|b| *b == b'\n')
             .map_or(text.len(), |i| pos + i + 1);
         lines += 1;
         let line = &text[pos..end];
         pos = end;
         if line_hash(line) & mask == 0 || lines >= MAX_LINES {
-            break;
+            return (pos, true);
         }
     }
-    pos
+    (pos, false)
 }
 
 /// Cuts `text` into chunks of whole lines (each with its `\n`; the last may lack one). The
@@ -169,84 +169,6 @@ fn cut_all(text: &str) -> Vec<ChunkRef> {
         let end = next_cut(b, start);
         out.push(chunk(b, start, end));
         start = end;
-    }
-    out
-}
-
-/// How many leading bytes `a` and `b` share.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 4096;
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {
-        i += BLOCK;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
-}
-
-/// How many trailing bytes `a` and `b` share, at most `max`.
-fn common_suffix(a: &[u8], b: &[u8], max: usize) -> usize {
-    const BLOCK: usize = 4096;
-    let n = a.len().min(b.len()).min(max);
-    let (la, lb) = (a.len(), b.len());
-    let mut i = 0;
-    while i + BLOCK <= n && a[la - i - BLOCK..la - i] == b[lb - i - BLOCK..lb - i] {
-        i += BLOCK;
-    }
-    while i < n && a[la - i - 1] == b[lb - i - 1] {
-        i += 1;
-    }
-    i
-}
-
-/// The chunks of `new` given those of `old` (see [`Layout::after`]). A chunk of `old` that
-/// ends inside the common prefix, before the end of `old`, is cut the same in `new` (its lines and the
-/// boundary before it are the same). From the first changed chunk on, `new` is cut afresh
-/// until a cut lands, inside the common suffix, where `old` had one: from there on both texts
-/// are the same bytes cut from the same state, so `old`'s remaining chunks follow, shifted.
-fn cut_after(new: &str, old: &str, before: &[ChunkRef]) -> Vec<ChunkRef> {
-    let (n, o) = (new.as_bytes(), old.as_bytes());
-    if before.last().map_or(0, |c| c.end) != o.len() {
-        // Not `old`'s layout: a caller's mix-up; cut in full rather than trust it.
-        return cut_all(new);
-    }
-    let p = common_prefix(o, n);
-    if p == o.len() && p == n.len() {
-        return before.to_vec();
-    }
-    let s = common_suffix(o, n, o.len().min(n.len()) - p);
-    let keep = before
-        .iter()
-        // A chunk that ends at the end of `old` was cut by the end, not by a boundary.
-        .take_while(|c| c.end <= p && c.end < o.len())
-        .count();
-    let mut out = Vec::with_capacity(before.len() + 4);
-    out.extend_from_slice(&before[..keep]);
-    let mut start = out.last().map_or(0, |c| c.end);
-    // `old`'s chunks by end offset, from the first not kept.
-    let rest = &before[keep..];
-    let suffix_from = o.len() - s;
-    while start < n.len() {
-        let end = next_cut(n, start);
-        out.push(chunk(n, start, end));
-        start = end;
-        // Where `end` is in `old`, if inside the common suffix.
-        let Some(q) = (end + o.len()).checked_sub(n.len()) else {
-            continue;
-        };
-        if q < suffix_from || q == o.len() {
-            continue;
-        }
-        if let Ok(i) = rest.binary_search_by_key(&q, |c| c.end) {
-            out.extend(rest[i + 1..].iter().map(|c| ChunkRef {
-                end: c.end + n.len() - o.len(),
-                digest: c.digest,
-            }));
-            return out;
-        }
     }
     out
 }
@@ -337,81 +259,6 @@ mod tests {
         assert_eq!(
             Layout::of("", "").root,
             <[u8; 32]>::from(Sha256::digest(b""))
-        );
-    }
-
-    /// [`Layout::after`] gives [`Layout::of`]'s layout for edits anywhere: insertions,
-    /// deletions, replacements at the start, the middle and the end, a text made empty or
-    /// from empty, a last line without a newline.
-    #[test]
-    fn a_layout_after_an_edit_is_the_full_one() {
-        let base = rules(3000);
-        let lines: Vec<&str> = base.split_inclusive('\n').collect();
-        let mut cases: Vec<String> = Vec::new();
-        for at in [0, 1, 2, 500, 1499, 2000, lines.len() - 2, lines.len() - 1] {
-            // Insert a line before `at`, delete line `at`, replace it.
-            let join = |f: &dyn Fn(usize, &str) -> Option<String>| -> String {
-                lines
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, l)| f(i, l))
-                    .collect()
-            };
-            cases.push(join(&|i, l| {
-                Some(if i == at {
-                    format!("-A INPUT -p udp --dport {at} -j DROP\n{l}")
-                } else {
-                    l.to_string()
-                })
-            }));
-            cases.push(join(&|i, l| (i != at).then(|| l.to_string())));
-            cases.push(join(&|i, l| {
-                Some(if i == at {
-                    format!("-A INPUT -p icmp -j ACCEPT -m comment --comment {at}\n")
-                } else {
-                    l.to_string()
-                })
-            }));
-        }
-        // Many lines appended (the 200 calls' -A), a boundary-making run, edits far apart.
-        let mut appended = base.trim_end_matches("COMMIT\n").to_string();
-        for i in 0..300 {
-            appended.push_str(&format!(
-                "-A INPUT -s 192.168.{}.{} -j DROP\n",
-                i / 256,
-                i % 256
-            ));
-        }
-        appended.push_str("COMMIT\n");
-        cases.push(appended);
-        cases.push(base.replacen("--dport 7 ", "--dport 70 ", 1).replacen(
-            "--dport 2900 ",
-            "--dport 29000 ",
-            1,
-        ));
-        cases.push(String::new());
-        cases.push(base.trim_end().to_string());
-        cases.push(format!("{base}-A X"));
-        let old = Layout::of(&base, "");
-        for (i, new) in cases.iter().enumerate() {
-            let full = Layout::of(new, "");
-            assert_eq!(Layout::after(new, "", &base, "", &old), full, "case {i}");
-            // And back.
-            assert_eq!(
-                Layout::after(&base, "", new, "", &full),
-                old,
-                "case {i} back"
-            );
-        }
-        // From empty, and the IPv6 text alone changed.
-        let empty = Layout::of("", "");
-        assert_eq!(Layout::after(&base, "", "", "", &empty), old);
-        let v6 = base.replace("10.", "2001:db8:");
-        let both = Layout::of(&base, &v6);
-        let v6b = v6.replacen("--dport 9 ", "--dport 99 ", 1);
-        assert_eq!(
-            Layout::after(&base, &v6b, &base, &v6, &both),
-            Layout::of(&base, &v6b)
         );
     }
 }

@@ -155,8 +155,8 @@ impl FleetApi {
             checked.warnings().iter().map(convert::violation).collect();
         let checked = checked.into_valid()?;
         let mut desired = Desired {
-            content: checked.content.v4.clone(),
-            content_v6: checked.content.v6.clone(),
+            content: checked.content.v4().to_string(),
+            content_v6: checked.content.v6().to_string(),
             priority: r.priority,
             selector: r.selector.clone(),
             message: r.message.clone(),

@@ -559,8 +559,8 @@ async fn apply_writes_its_audit_record_with_the_commit() {
         .expect("read")
         .expect("rev 2");
     assert!(
-        rev.content.v4.contains("--dport 3 -j ACCEPT"),
+        rev.content.v4().contains("--dport 3 -j ACCEPT"),
         "{}",
-        rev.content.v4
+        rev.content.v4()
     );
 }

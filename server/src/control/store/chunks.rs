@@ -14,12 +14,12 @@
 //! and at most that many edits. Pruning the oldest revision deletes its row and edits; its
 //! key frame goes with the last revision that names it.
 //!
-//! The writer remembers, per ruleset, the key frame it last wrote against and the content it
-//! last stored (`Lists`, kept only after the transaction committed): the next revision's
-//! digest tree is computed from that content's (`Content::layout_after`: only the changed
-//! chunks are hashed), its chunks are looked up only when the key frame does not have them,
-//! and its edits are a diff of chunk digests against the key frame's. Without that memory
-//! (a restart, another ruleset's key frame deleted) a revision starts a new key frame.
+//! The writer remembers, per ruleset, the key frame it last wrote against (`Lists`, kept only
+//! after the transaction committed): a new revision's chunks are looked up only when the key
+//! frame does not have them, and its edits are a diff of chunk digests against the key
+//! frame's. Its digest tree hashes only the chunks not hashed yet (a content spliced from the
+//! active one shares that one's, `content/text.rs`). Without that memory (a restart, another
+//! ruleset's key frame deleted) a revision starts a new key frame.
 //!
 //! Integrity: SQLite enforces it (the migrations' triggers): every list entry and edit names
 //! a stored chunk, `chunks.refs` counts them (the server never writes it) and a counted chunk
@@ -32,6 +32,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+use vallum_engine::model::Family;
 
 use crate::control::content::Content;
 use crate::error::{Error, Result};
@@ -88,8 +90,6 @@ pub(crate) struct Last {
     keyframe: Arc<Keyframe>,
     /// Revisions stored against it so far.
     uses: usize,
-    /// The content of the last revision stored (its digest tree computed).
-    content: Arc<Content>,
 }
 
 /// Per ruleset, what the writer remembers (see the module docs).
@@ -199,15 +199,16 @@ fn chunk_ids(
     digests: &[[u8; 32]],
     text: &dyn Fn(usize) -> String,
 ) -> Result<Vec<i64>> {
+    // The key frame's chunks are found through its own index (not copied into a map: a
+    // one-rule edit of a 100k-rule ruleset looks up ~1,500 digests there).
+    let in_key = |d: &[u8; 32]| -> Option<i64> {
+        let k = known?;
+        (0..2).find_map(|f| k.at[f].get(d).map(|ps| k.lists[f][ps[0]].1))
+    };
     let mut ids: HashMap<[u8; 32], i64> = HashMap::new();
-    if let Some(k) = known {
-        for (d, id) in k.lists.iter().flatten() {
-            ids.insert(*d, *id);
-        }
-    }
     let mut missing: Vec<[u8; 32]> = digests
         .iter()
-        .filter(|d| !ids.contains_key(*d))
+        .filter(|d| in_key(d).is_none())
         .copied()
         .collect();
     missing.sort_unstable();
@@ -235,8 +236,8 @@ fn chunk_ids(
         tx.prepare_cached("INSERT INTO chunk_texts (id, text) VALUES (?1, ?2)")?;
     let mut out = Vec::with_capacity(digests.len());
     for (i, d) in digests.iter().enumerate() {
-        let id = match ids.get(d) {
-            Some(id) => *id,
+        let id = match in_key(d).or_else(|| ids.get(d).copied()) {
+            Some(id) => id,
             None => {
                 insert.execute([d.as_slice()])?;
                 let id = tx.last_insert_rowid();
@@ -255,7 +256,7 @@ fn chunk_ids(
 /// key frame (written here). Returns the list's id (the revision row's `chunk_list`), the
 /// edits to write once the row is ([`put_edits`]) and what the writer remembers after the
 /// transaction ([`Put`]). The content's digest tree is computed here when it was
-/// not (from `last`'s content: only the changed chunks are hashed).
+/// not (only its chunks not hashed yet are).
 ///
 /// Errors: [`Error::Store`].
 pub(crate) fn put(
@@ -263,10 +264,9 @@ pub(crate) fn put(
     last: Option<&Last>,
     content: &Arc<Content>,
 ) -> Result<Put> {
-    let layout = match last {
-        Some(l) => content.layout_after(&l.content),
-        None => content.layout(),
-    };
+    // Only the chunks not hashed yet are (a content spliced from the last one shares its
+    // hashed chunks).
+    let layout = content.layout();
     // The key frame is still stored (ids are never reused: AUTOINCREMENT).
     let last = match last {
         Some(l) => tx
@@ -276,20 +276,17 @@ pub(crate) fn put(
             .map(|()| l),
         None => None,
     };
-    let families = [(&content.v4, &layout.v4), (&content.v6, &layout.v6)];
-    let digests: Vec<[u8; 32]> = families
+    let digests: Vec<[u8; 32]> = [&layout.v4, &layout.v6]
         .iter()
-        .flat_map(|(_, l)| l.iter().map(|c| c.digest))
+        .flat_map(|l| l.iter().map(|c| c.digest))
         .collect();
     // The text of the i-th chunk of both families together.
     let text = |i: usize| -> String {
-        let (text, chunks, i) = if i < layout.v4.len() {
-            (&content.v4, &layout.v4, i)
-        } else {
-            (&content.v6, &layout.v6, i - layout.v4.len())
-        };
-        let start = if i == 0 { 0 } else { chunks[i - 1].end };
-        text[start..chunks[i].end].to_string()
+        match i.checked_sub(layout.v4.len()) {
+            None => content.text(Family::Ipv4).chunk(i),
+            Some(i) => content.text(Family::Ipv6).chunk(i),
+        }
+        .to_string()
     };
     let ids = chunk_ids(tx, last.map(|l| l.keyframe.as_ref()), &digests, &text)?;
     let split_at = layout.v4.len();
@@ -320,7 +317,6 @@ pub(crate) fn put(
             let next = Last {
                 keyframe: k.clone(),
                 uses: l.uses + 1,
-                content: content.clone(),
             };
             return Ok(Put {
                 list: k.id,
@@ -364,7 +360,6 @@ pub(crate) fn put(
     let next = Last {
         keyframe: Arc::new(Keyframe::new(id, new)),
         uses: 1,
-        content: content.clone(),
     };
     Ok(Put {
         list: id,

@@ -67,6 +67,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(20261218100000, "set_versions"),
     migration!(20261219093000, "idempotency_by_request_id"),
     migration!(20261220090000, "chunk_list_edits", Some(tree_digests)),
+    migration!(20261221090000, "pending_by_ruleset"),
 ];
 
 /// The second step of `20261220090000_chunk_list_edits`: every stored revision's digest

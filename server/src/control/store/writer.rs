@@ -438,12 +438,13 @@ pub(crate) fn set_priority(tx: &Tx<'_>, rs: RulesetRow, priority: i32) -> Result
     Ok(RulesetRow { priority, ..rs })
 }
 
+/// [`clear_deadlines`]' statement: it reads the partial index `commits_pending_by_ruleset`
+/// (the ruleset's commits that wait for a confirm), not the ruleset's whole commit history.
+pub(crate) const CLEAR_DEADLINES: &str = "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL";
+
 /// Clears the commit-confirmed deadlines of `ruleset` (a later commit settles them).
 pub(crate) fn clear_deadlines(tx: &Tx<'_>, ruleset: &str) -> Result<()> {
-    tx.prepare_cached(
-        "UPDATE commits SET confirm_deadline = NULL WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL",
-    )?
-    .execute([ruleset])?;
+    tx.prepare_cached(CLEAR_DEADLINES)?.execute([ruleset])?;
     Ok(())
 }
 
@@ -460,14 +461,30 @@ pub(crate) fn insert_audit(tx: &Tx<'_>, e: &AuditEntry, at: i64) -> Result<i64> 
 /// their chunk edits (`ON DELETE CASCADE`; the key frames and chunks nothing names any more
 /// are deleted at the end of the transaction, [`chunks::delete_unused`]).
 pub(crate) fn delete_revisions(tx: &Tx<'_>, ruleset: &str, number: Option<u64>) -> Result<()> {
-    let n = number.map(i64_of);
-    tx.prepare_cached("DELETE FROM revisions WHERE ruleset = ?1 AND (?2 IS NULL OR number = ?2)")?
-        .execute(params![ruleset, n])?;
-    if number.is_none() {
-        tx.remember(ruleset, None);
+    match number {
+        // One statement per shape: with `(?2 IS NULL OR number = ?2)` SQLite reads every
+        // revision of the ruleset to delete one.
+        Some(n) => {
+            tx.prepare_cached("DELETE FROM revisions WHERE ruleset = ?1 AND number = ?2")?
+                .execute(params![ruleset, i64_of(n)])?;
+        }
+        None => {
+            tx.prepare_cached("DELETE FROM revisions WHERE ruleset = ?1")?
+                .execute([ruleset])?;
+            tx.remember(ruleset, None);
+        }
     }
     Ok(())
 }
+
+/// The revisions of `?1` that [`prune_revisions`] keeps whatever their age: the active one, those
+/// PENDING_CONFIRM, and those a pending confirm's timeout would restore; read from the partial
+/// indexes `revisions_pending_by_ruleset` and `commits_pending_by_ruleset`, not from every
+/// revision and commit of the ruleset.
+pub(crate) const HELD_REVISIONS: &str = "SELECT active_revision AS n FROM rulesets WHERE name = ?1 AND active_revision IS NOT NULL \
+     UNION SELECT number FROM revisions WHERE ruleset = ?1 AND state = 'PENDING_CONFIRM' \
+     UNION SELECT previous FROM commits WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL \
+           AND previous IS NOT NULL";
 
 /// Deletes the oldest revisions of `ruleset` beyond `keep` (0: none), never one in
 /// `protected`, the active one, one PENDING_CONFIRM, or the revision a pending confirm would
@@ -491,12 +508,7 @@ pub(crate) fn prune_revisions(
     }
     let mut protect = protected.to_vec();
     let held = tx
-        .prepare_cached(
-            "SELECT active_revision AS n FROM rulesets WHERE name = ?1 AND active_revision IS NOT NULL \
-             UNION SELECT number FROM revisions WHERE ruleset = ?1 AND state = 'PENDING_CONFIRM' \
-             UNION SELECT previous FROM commits WHERE ruleset = ?1 AND confirm_deadline IS NOT NULL \
-                   AND previous IS NOT NULL",
-        )?
+        .prepare_cached(HELD_REVISIONS)?
         .query_map([ruleset], |r| r.get::<_, i64>(0))?
         .collect::<rusqlite::Result<Vec<i64>>>()?;
     protect.extend(held.into_iter().map(u64_of));

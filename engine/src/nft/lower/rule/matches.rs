@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::model::ct_state;
+use crate::nft::print::expr_string;
 use crate::nft::{DataType, SetElem};
 
 /// The value of a numeric element.
@@ -101,6 +102,13 @@ impl Cx<'_> {
             Op::Lt | Op::Gt | Op::Le | Op::Ge => return self.ordered(at, m, alts),
         };
         match &m.right {
+            // A named set of ports: no engine set type holds ports alone, so its elements
+            // at the commit are lowered as an anonymous set's (changing them is a commit).
+            SetRhs::Ref(name) if port_set(self.table, name).is_some() => {
+                let table = self.table;
+                let elems = port_set(table, name).unwrap_or_default();
+                self.apply_set(at, &m.left, elems, neg, alts)
+            }
             SetRhs::Ref(name) => {
                 let sm = self.named_set(at, &m.left, name, neg)?;
                 for a in alts.iter_mut() {
@@ -145,7 +153,11 @@ impl Cx<'_> {
             SetRhs::Value(e) => num(e),
             _ => None,
         }) else {
-            return self.refuse(at, "", "an ordered comparison with a set");
+            return self.refuse(
+                at,
+                "",
+                format!("`{} <`, `>` with a set", expr_string(&m.left)),
+            );
         };
         let max: u128 = match &m.left {
             Expr::Payload(Payload {
@@ -240,7 +252,14 @@ impl Cx<'_> {
                 _ => None,
             };
             let Some((v6, field)) = v6 else {
-                return self.refuse(at, "!=", "`!=` with an anonymous set of this expression");
+                return self.refuse(
+                    at,
+                    "!=",
+                    format!(
+                        "`{} != {{ ... }}` (a negated anonymous set)",
+                        expr_string(left)
+                    ),
+                );
             };
             let fam = if v6 { Family::Ipv6 } else { Family::Ipv4 };
             if fam != self.family {
@@ -259,7 +278,13 @@ impl Cx<'_> {
                     }
                     k => match range(k) {
                         Some(r) => r,
-                        None => return self.refuse(at, field, "this element in a negated set"),
+                        None => {
+                            return self.refuse(
+                                at,
+                                field,
+                                format!("`{} != {{ ... }}` with this element", expr_string(left)),
+                            );
+                        }
                     },
                 };
                 let r = Neg {
@@ -388,15 +413,32 @@ impl Cx<'_> {
                         Ok(())
                     }
                     (Expr::Ct(k @ CtKey::Mark), Some(m)) => self.ct(at, *k, e, Some(m), neg, a),
-                    _ => self.refuse(at, "&", "this masked expression"),
+                    _ => self.refuse(
+                        at,
+                        "&",
+                        format!("`{} & ...` (this masked expression)", expr_string(inner)),
+                    ),
                 }
             }
             Expr::Fib { flags, result } => self.fib(at, *flags, *result, e, neg, a),
-            Expr::Concat(_) => self.refuse(
-                at,
-                ".",
-                "a concatenation compared with a value or anonymous set",
-            ),
+            // `A . B == a . b` is `A == a` and `B == b` (an element of a concatenated set or
+            // verdict map); its negation is no conjunction of model matches.
+            Expr::Concat(parts) => match e {
+                Elem::Concat(vals) if !neg && vals.len() == parts.len() => {
+                    for (p, v) in parts.iter().zip(vals) {
+                        self.apply(at, p, v, false, a)?;
+                    }
+                    Ok(())
+                }
+                _ => self.refuse(
+                    at,
+                    ".",
+                    format!(
+                        "`{}` (a concatenation) compared with this value or negated",
+                        expr_string(left)
+                    ),
+                ),
+            },
             Expr::Numgen { .. } => self.refuse(at, "numgen", "`numgen`"),
         }
     }
@@ -660,9 +702,15 @@ impl Cx<'_> {
                 let Elem::Value(Value::Str(s)) = e else {
                     return self.refuse(at, word, format!("this `{word}` value"));
                 };
+                // nft's trailing `*` is the engine's `+`; `\*` is a literal `*`. A literal `+`
+                // would read as the wildcard.
+                if s.contains('+') {
+                    return self.refuse(at, word, format!("`{word} \"{s}\"` (a `+` in a name)"));
+                }
                 let name = match s.strip_suffix('*') {
-                    Some(p) if !p.ends_with('\\') => format!("{p}+"),
-                    _ => s.clone(),
+                    Some(p) if p.ends_with('\\') => format!("{}*", &p[..p.len() - 1]),
+                    Some(p) => format!("{p}+"),
+                    None => s.clone(),
                 };
                 let slot = if matches!(k, MetaKey::Iif | MetaKey::Iifname) {
                     &mut a.in_iface
@@ -767,6 +815,19 @@ impl Cx<'_> {
         neg: bool,
         a: &mut model::Rule,
     ) -> Step<()> {
+        if self.before_ct {
+            let name = match k {
+                CtKey::State => "ct state",
+                CtKey::Status => "ct status",
+                CtKey::Mark => "ct mark",
+                CtKey::Direction => "ct direction",
+            };
+            return self.refuse(
+                at,
+                "ct",
+                format!("`{name}` in a chain that runs before conntrack (priority below -200)"),
+            );
+        }
         let n = num(e);
         match k {
             CtKey::State => {
@@ -888,7 +949,7 @@ impl Cx<'_> {
                     Some(1) => !neg,
                     _ => return self.refuse(at, "oif", "this `fib ... oif` value"),
                 };
-                let mut f = 0;
+                let mut f = F::NFT;
                 if flags & IIF == 0 {
                     f |= F::LOOSE;
                 }
@@ -1000,6 +1061,16 @@ impl Cx<'_> {
                     timeout: el.expires_ms.or(el.timeout_ms).map(secs),
                     counters: None,
                 };
+                if elements.len() > crate::nft::MAX_SET_ELEMENTS {
+                    return Err(Err(self.err(
+                        at,
+                        name,
+                        ErrorKind::TooLarge(format!(
+                            "`@{name}` makes more than {} engine set elements",
+                            crate::nft::MAX_SET_ELEMENTS
+                        )),
+                    )));
+                }
                 match &el.key {
                     Elem::Value(Value::Num(v)) => {
                         elements.push((Element::new(addr(fam, *v), width(fam), None), opts))
@@ -1058,6 +1129,17 @@ impl Cx<'_> {
             other: Vec::new(),
         }))
     }
+}
+
+/// The elements of named set `name` of `table` when it is a set of ports (`inet_service`).
+fn port_set<'t>(table: &'t Table, name: &str) -> Option<&'t [SetElem]> {
+    let set = table.sets.iter().find(|s| s.name == name && !s.is_map)?;
+    let types = match &set.key {
+        NftSetType::Types(t) => t.clone(),
+        NftSetType::Typeof(e) => crate::nft::parse::expr_types(e),
+        NftSetType::Verdict => return None,
+    };
+    (types == [DataType::InetService]).then_some(set.elements.as_slice())
 }
 
 fn proto_name(p: Proto) -> &'static str {

@@ -167,8 +167,8 @@ pub(super) async fn diff_revisions(
     let chains = match (from.is_nft(), to.is_nft()) {
         (false, false) => diff(&from.to_ruleset(&a, 0)?, &to.to_ruleset(&a, 0)?),
         (true, true) => diff_nft(
-            &content::nft::parse_stored(&from.v4, &a)?,
-            &content::nft::parse_stored(&to.v4, &a)?,
+            &content::nft::parse_stored(from.v4(), &a)?,
+            &content::nft::parse_stored(to.v4(), &a)?,
         ),
         _ => {
             return Err(Error::invalid(
@@ -240,9 +240,11 @@ fn export_nft(
     format: pb::ExportFormat,
 ) -> Result<pb::ExportRevisionResponse, Error> {
     let (content, content_type) = match format {
-        pb::ExportFormat::Unspecified | pb::ExportFormat::Nft => (content.v4.clone(), "text/plain"),
+        pb::ExportFormat::Unspecified | pb::ExportFormat::Nft => {
+            (content.v4().to_string(), "text/plain")
+        }
         pb::ExportFormat::NftJson => {
-            let rs = crate::control::content::nft::parse_stored(&content.v4, name)?;
+            let rs = crate::control::content::nft::parse_stored(content.v4(), name)?;
             let j = vallum_engine::nft::to_json(&rs);
             (format!("{j}\n"), "application/json")
         }
