@@ -31,18 +31,68 @@ use crate::view;
 /// The client type.
 pub type Client = RulesetServiceClient<Svc>;
 
-/// `--format` of `export`.
+/// `--format` of `export` (absent: the revision's own syntax, iptables-save or nft).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
-    /// iptables-save text.
+    /// iptables-save text (an iptables ruleset).
     Save,
-    /// The ruleset as JSON.
+    /// The ruleset as JSON (an iptables ruleset).
     Json,
+    /// The `nft list ruleset` listing (a ruleset sent as nft).
+    Nft,
+    /// `nft -j list ruleset` JSON (a ruleset sent as nft).
+    NftJson,
+}
+
+/// `--format` of a ruleset file (`apply`, `stage`, `validate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum InputFormat {
+    /// iptables-restore text (`iptables-save` output).
+    Iptables,
+    /// nftables text (`nft list ruleset` output, an nftables.conf).
+    Nft,
+    /// nft JSON (`nft -j list ruleset` output).
+    NftJson,
+}
+
+impl InputFormat {
+    /// The format of `text` when no `--format` says it: nft JSON when it starts with `{`
+    /// (libnftables-json is one object, `{"nftables": [...]}`), nft when its first line that
+    /// is not blank or a `#` comment starts with a word only nft files start with (`table`,
+    /// `flush`, `define`, `add`, `create`, `insert`, `delete`, `include`) or the text starts
+    /// with `#!` (`#!/usr/sbin/nft -f`, as nftables.conf files do), else iptables-restore
+    /// text (whose lines start with `*`, `:`, `-` or `COMMIT`).
+    pub fn detect(text: &str) -> InputFormat {
+        let body = text.trim_start();
+        if body.starts_with('{') {
+            return InputFormat::NftJson;
+        }
+        if body.starts_with("#!") {
+            return InputFormat::Nft;
+        }
+        const NFT_WORDS: [&str; 8] = [
+            "table", "flush", "define", "add", "create", "insert", "delete", "include",
+        ];
+        let first = body
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'))
+            .and_then(|l| l.split_whitespace().next());
+        match first {
+            Some(w) if NFT_WORDS.contains(&w) => InputFormat::Nft,
+            _ => InputFormat::Iptables,
+        }
+    }
 }
 
 /// Flags of commands that upload a ruleset file.
 #[derive(Debug, clap::Args)]
 pub struct SourceArgs {
+    /// The file's syntax; absent: detected from the text (nft JSON starts with `{`, nft text
+    /// with `table`, `flush ruleset`, `define`, `#!`...; anything else is iptables-restore
+    /// text).
+    #[arg(long, value_enum, env = "VALLUM_INPUT_FORMAT")]
+    pub format: Option<InputFormat>,
     /// Family of lines without -4/-6.
     #[arg(long, value_enum, default_value_t = FamilyArg::Ipv4)]
     pub family: FamilyArg,
@@ -78,7 +128,7 @@ pub struct ChangeArgs {
 pub enum RulesetCommand {
     /// Check a ruleset file without storing it.
     Validate {
-        /// iptables-restore file (`-`: standard input).
+        /// Ruleset file: iptables-restore, nft or nft JSON text (`-`: standard input).
         file: PathBuf,
         /// Ruleset name (for set lookups and messages).
         #[arg(long, default_value = "validate")]
@@ -90,7 +140,7 @@ pub enum RulesetCommand {
     Stage {
         /// Ruleset name.
         ruleset: String,
-        /// iptables-restore file (`-`: standard input).
+        /// Ruleset file: iptables-restore, nft or nft JSON text (`-`: standard input).
         file: PathBuf,
         #[command(flatten)]
         source: SourceArgs,
@@ -155,8 +205,8 @@ pub enum RulesetCommand {
     Apply {
         /// Ruleset name.
         ruleset: String,
-        /// iptables-restore file (`-`: standard input, e.g. `iptables-save | vallumctl
-        /// apply host -`).
+        /// Ruleset file: iptables-restore, nft or nft JSON text (`-`: standard input, e.g.
+        /// `iptables-save | vallumctl apply host -`).
         file: PathBuf,
         #[command(flatten)]
         source: SourceArgs,
@@ -204,9 +254,10 @@ pub enum RulesetCommand {
         /// The revision.
         #[arg(value_parser = revision_arg)]
         revision: String,
-        /// Output format of the content.
-        #[arg(long, value_enum, default_value_t = FormatArg::Save)]
-        format: FormatArg,
+        /// Output format of the content (default: the revision's own syntax, iptables-save
+        /// or, for a ruleset sent as nft, the `nft list ruleset` listing).
+        #[arg(long, value_enum)]
+        format: Option<FormatArg>,
         /// Include live counters (`[packets:bytes]`) if the revision is active.
         #[arg(long)]
         counters: bool,
@@ -271,6 +322,33 @@ pub fn source(file: &Path, args: &SourceArgs) -> Result<RulesetSource, CliError>
         }
     }
     let content = read_text(file)?;
+    let format = args.format.unwrap_or_else(|| InputFormat::detect(&content));
+    if format != InputFormat::Iptables {
+        let iptables_only = [
+            (args.v6.is_some(), "--v6"),
+            (args.noflush, "--noflush"),
+            (args.counters, "--counters"),
+            (args.family != FamilyArg::Ipv4, "--family"),
+        ];
+        if let Some((_, flag)) = iptables_only.iter().find(|(set, _)| *set) {
+            return Err(CliError::Argument(format!(
+                "{flag} is for iptables-restore files; {} is {} (--format)",
+                display_name(file),
+                if format == InputFormat::Nft {
+                    "nft text"
+                } else {
+                    "nft JSON"
+                }
+            )));
+        }
+        return Ok(RulesetSource {
+            source: Some(pb::ruleset_source::Source::Nft(pb::NftText {
+                content,
+                filename: display_name(file),
+                json: format == InputFormat::NftJson,
+            })),
+        });
+    }
     let content_v6 = match &args.v6 {
         Some(p) => read_text(p)?,
         None => String::new(),
@@ -561,8 +639,11 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
                 .export_revision(ExportRevisionRequest {
                     name: revision.clone(),
                     format: match format {
-                        FormatArg::Save => ExportFormat::IptablesSave,
-                        FormatArg::Json => ExportFormat::Json,
+                        None => ExportFormat::Unspecified,
+                        Some(FormatArg::Save) => ExportFormat::IptablesSave,
+                        Some(FormatArg::Json) => ExportFormat::Json,
+                        Some(FormatArg::Nft) => ExportFormat::Nft,
+                        Some(FormatArg::NftJson) => ExportFormat::NftJson,
                     } as i32,
                     counters: *counters,
                 })
@@ -636,6 +717,7 @@ mod tests {
     #[test]
     fn only_one_input_is_stdin() {
         let args = SourceArgs {
+            format: None,
             family: FamilyArg::Ipv4,
             v6: Some(PathBuf::from(crate::input::STDIN)),
             noflush: false,
@@ -645,5 +727,65 @@ mod tests {
             source(Path::new("-"), &args),
             Err(CliError::Argument(m)) if m.contains("both")
         ));
+    }
+
+    /// Detection reads the first word that is not a comment: nft files by their commands,
+    /// nft JSON by its `{`, everything else as iptables-restore text.
+    #[test]
+    fn input_format_is_detected_from_the_text() {
+        use InputFormat::{Iptables, Nft, NftJson};
+        for (text, want) in [
+            ("table inet filter {\n}\n", Nft),
+            ("#!/usr/sbin/nft -f\nflush ruleset\n", Nft),
+            ("\n# Debian\n\nflush ruleset\ntable inet filter {}\n", Nft),
+            ("define lan = 10.0.0.0/8\ntable ip t {}\n", Nft),
+            ("add table ip t\n", Nft),
+            ("include \"/etc/nft.d/*.nft\"\n", Nft),
+            ("{\"nftables\": []}", NftJson),
+            ("  \n{\"nftables\": [{\"metainfo\": {}}]}", NftJson),
+            ("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n", Iptables),
+            (
+                "# Generated by iptables-save v1.8.9\n*filter\nCOMMIT\n",
+                Iptables,
+            ),
+            ("", Iptables),
+            ("tables\n", Iptables),
+        ] {
+            assert_eq!(InputFormat::detect(text), want, "{text:?}");
+        }
+    }
+
+    /// The iptables-only flags are refused with an nft file instead of being ignored.
+    #[test]
+    fn iptables_flags_are_refused_with_nft() {
+        let dir = std::env::temp_dir().join(format!("vallumctl-nft-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rules.nft");
+        std::fs::write(&file, "table inet filter {\n}\n").unwrap();
+        let args = SourceArgs {
+            format: None,
+            family: FamilyArg::Ipv4,
+            v6: None,
+            noflush: true,
+            counters: false,
+        };
+        let r = source(&file, &args);
+        assert!(
+            matches!(&r, Err(CliError::Argument(m)) if m.contains("--noflush")),
+            "{r:?}"
+        );
+        let args = SourceArgs {
+            noflush: false,
+            ..args
+        };
+        let Ok(RulesetSource {
+            source: Some(pb::ruleset_source::Source::Nft(t)),
+        }) = source(&file, &args)
+        else {
+            panic!("not an nft source");
+        };
+        assert!(!t.json);
+        assert_eq!(t.content, "table inet filter {\n}\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

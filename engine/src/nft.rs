@@ -38,7 +38,7 @@ use std::fmt;
 pub use json::{from_json, to_json, to_json_as};
 pub use lower::{CountedAt, Lowered, LoweredSet, StoredOnly, lower};
 pub use parse::{MAX_EXPANDED_TOKENS, MAX_SET_ELEMENTS, parse};
-pub use print::{Dialect, print, print_as};
+pub use print::{Dialect, print, print_as, rule_text};
 pub use types::DataType;
 
 // === model ===

@@ -394,6 +394,14 @@ fn print_verdict(v: &Verdict, out: &mut String) {
     }
 }
 
+/// One rule as `nft list ruleset` lists it in a chain of a table of `family` (nft v1.1),
+/// without the indentation and the newline: what a diff or a counter names a rule by.
+pub fn rule_text(family: Family, r: &Rule) -> String {
+    let mut out = String::new();
+    print_rule(family, r, Dialect::V1_1, &mut out);
+    out
+}
+
 /// Prints one rule (without indentation or newline) as nft lists it in a table of `family`.
 pub(crate) fn print_rule(family: Family, r: &Rule, d: Dialect, out: &mut String) {
     let mut stmts = r.stmts.clone();

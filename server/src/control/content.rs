@@ -30,6 +30,7 @@ use crate::error::{Error, FieldViolation, Reason};
 use crate::grpc::limits::{LimitError, LimitsConfig};
 
 mod canonical;
+pub mod nft;
 pub mod text;
 pub mod tree;
 
@@ -54,11 +55,14 @@ pub struct TextPart {
     pub line_fields: Option<Vec<String>>,
 }
 
-/// What a request asks to store: one or two texts (IPv4 and IPv6).
+/// What a request asks to store: one or two iptables-restore texts (IPv4 and IPv6), or one
+/// nft text.
 #[derive(Clone, Debug, Default)]
 pub struct RulesetInput {
     /// The texts, at most one per family.
     pub parts: Vec<TextPart>,
+    /// nft text or JSON (`RulesetSource.nft`); `parts` is then empty.
+    pub nft: Option<nft::NftPart>,
 }
 
 /// A violation in the caller's terms: where (file position or field path), what, how bad.
@@ -96,6 +100,15 @@ impl Places {
     /// The places of `input`'s texts; findings on rules of a `--noflush` base (no line in
     /// the text) are at `base_label` (empty: none).
     pub fn of(input: &RulesetInput, base_label: &str) -> Places {
+        // An nft text holds both families' rules: it is the place of both.
+        let nft = input.nft.iter().flat_map(|p| {
+            [Family::Ipv4, Family::Ipv6].map(|family| Place {
+                family,
+                field: p.field.clone(),
+                filename: p.filename.clone(),
+                line_fields: None,
+            })
+        });
         Places {
             parts: input
                 .parts
@@ -106,6 +119,7 @@ impl Places {
                     filename: p.filename.clone(),
                     line_fields: p.line_fields.clone(),
                 })
+                .chain(nft)
                 .collect(),
             base_label: base_label.to_string(),
         }
@@ -232,6 +246,9 @@ pub struct Checked {
     /// ([`Base::model`]): commit it as an edit (`Change::PutEdited`), which keeps the
     /// counters of the rules it did not touch.
     pub edited: bool,
+    /// For nft input: the parsed nft ruleset and the engine sets its named sets become
+    /// (`ruleset` is what [`vallum_engine::nft::lower`] made of it).
+    pub nft: Option<nft::NftChecked>,
 }
 
 /// One text a model was parsed from (see [`PreviousParse`]).
@@ -283,12 +300,29 @@ impl Checked {
     /// file (`apply web /dev/null`) or a lost text does by accident. A text of no tables at
     /// all is empty too.
     pub fn is_empty(&self) -> bool {
+        if let Some(n) = &self.nft {
+            return nft::is_empty(&n.model);
+        }
         self.ruleset.rule_count() == 0
             && self.ruleset.tables.iter().all(|t| {
                 t.chains
                     .iter()
                     .all(|c| c.policy != Some(vallum_engine::model::Policy::Drop))
             })
+    }
+
+    /// Rules of the ruleset as the user wrote it: the nft ruleset's rules for nft input, else
+    /// the engine model's.
+    pub fn rule_count(&self) -> usize {
+        match &self.nft {
+            Some(n) => nft::rule_count(&n.model),
+            None => self.ruleset.rule_count(),
+        }
+    }
+
+    /// The engine sets an nft input's named sets become (none for iptables input).
+    pub fn nft_sets(&self) -> &[vallum_engine::nft::LoweredSet] {
+        self.nft.as_ref().map_or(&[], |n| &n.sets)
     }
 
     /// `Ok(self)` unless [`Checked::is_empty`] and the caller did not say `allow_empty`.
@@ -476,6 +510,9 @@ pub fn check_with(
     how: &Restoring,
     limits: Option<&LimitsConfig>,
 ) -> Result<Checked, Error> {
+    if let Some(part) = &input.nft {
+        return nft::check(name, priority, input, part, limits);
+    }
     if input.parts.is_empty() {
         return Err(Error::invalid("source", "a ruleset source is required"));
     }
@@ -636,6 +673,7 @@ fn finish(
         sources: Vec::new(),
         not_reusable,
         edited: false,
+        nft: None,
     }
 }
 
@@ -737,6 +775,7 @@ fn check_onto(
         sources: Vec::new(),
         not_reusable: vec![Family::Ipv4, Family::Ipv6],
         edited: true,
+        nft: None,
     })
 }
 

@@ -30,7 +30,7 @@ pub fn input() -> RulesetInput {
             line_fields: None,
         });
     }
-    RulesetInput { parts }
+    RulesetInput { parts, nft: None }
 }
 
 #[cfg(test)]

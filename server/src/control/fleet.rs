@@ -330,8 +330,22 @@ impl Desired {
     /// there is one, the IPv6 text, named `fleet:NAME@REV` (and `fleet:NAME@REV (v6)`) in
     /// findings, with the field paths an Apply of the same text names, so that a NACK reads
     /// as that Apply's refusal would.
+    ///
+    /// An nft listing ([`crate::control::content::nft::is_listing`]) is nft input, named as
+    /// an Apply's `source.nft.content`.
     pub fn input(&self, name: &str, rev: i64) -> RulesetInput {
         let filename = format!("fleet:{name}@{rev}");
+        if crate::control::content::nft::is_listing(&self.content) {
+            return RulesetInput {
+                parts: Vec::new(),
+                nft: Some(crate::control::content::nft::NftPart {
+                    text: self.content.clone(),
+                    json: false,
+                    filename,
+                    field: "source.nft.content".into(),
+                }),
+            };
+        }
         let mut parts = vec![TextPart {
             text: self.content.clone(),
             family: Family::Ipv4,
@@ -348,7 +362,7 @@ impl Desired {
                 line_fields: None,
             });
         }
-        RulesetInput { parts }
+        RulesetInput { parts, nft: None }
     }
 }
 

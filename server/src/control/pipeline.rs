@@ -401,11 +401,16 @@ impl Pipeline {
     /// and the fleet's check. Off the async workers (a large ruleset takes milliseconds).
     ///
     /// Errors: [`Error::TaskFailed`] when the validation task fails.
+    ///
+    /// The engine sets an nft input's named sets become ([`Checked::nft_sets`]) count as
+    /// existing, as they will once its commit creates them
+    /// ([`Pipeline::ensure_nft_sets`]).
     pub async fn validate(&self, checked: Checked) -> Result<Checked> {
         let engine = self.engine.clone();
         let sets = self.sets.clone();
         tokio::task::spawn_blocking(move || {
-            let violations = engine.validate(&checked.ruleset, &*sets);
+            let planned = sets::Planned::new(&sets, checked.nft_sets());
+            let violations = engine.validate(&checked.ruleset, &planned);
             checked.with_violations(&violations)
         })
         .await
@@ -611,6 +616,25 @@ impl Pipeline {
         etag: Option<&str>,
         audit: &mut Option<AuditEntry>,
     ) -> Result<CommitResult> {
+        let created = self.ensure_stored_nft_sets(ruleset, number).await?;
+        let done = self
+            .commit_staged_locked(ruleset, number, confirm_within, etag, audit)
+            .await;
+        if done.is_err() {
+            self.undo_nft_sets(&created).await;
+        }
+        done
+    }
+
+    /// [`Pipeline::commit_staged`] once the sets of an nft revision exist.
+    async fn commit_staged_locked(
+        &self,
+        ruleset: &str,
+        number: u64,
+        confirm_within: Option<Duration>,
+        etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<CommitResult> {
         let w = self.write.lock().await;
         let rs = self.ruleset(ruleset).await?;
         let rev = self.revision(ruleset, number).await?;
@@ -676,6 +700,8 @@ impl Pipeline {
     ) -> Result<CommitResult> {
         let Answer { durability, audit } = answer;
         self.check_rules(&checked)?;
+        // An nft ruleset's named sets exist before its commit validates against them.
+        let created = self.ensure_nft_sets(checked.nft_sets()).await?;
         let new = new_revision(&mut checked, author, message);
         let (state, deadline) = self.confirm_state(confirm_within);
         let w = self.write.lock().await;
@@ -695,27 +721,48 @@ impl Pipeline {
                 None => creates = true,
             },
         }
-        self.run_answered(
-            w,
-            durability,
-            Job {
-                ruleset: new.ruleset.clone(),
-                model,
-                target: CommitTarget::New(new),
-                state,
-                outcome: Outcome::Committed,
-                previous_state: RevisionState::Superseded,
-                confirm_deadline: deadline,
-                etag: etag.map(str::to_string),
-                from,
-                creates,
-                edited,
-                priority: None,
-                durability: None,
-            },
-            audit,
-        )
-        .await
+        let done = self
+            .run_answered(
+                w,
+                durability,
+                Job {
+                    ruleset: new.ruleset.clone(),
+                    model,
+                    target: CommitTarget::New(new),
+                    state,
+                    outcome: Outcome::Committed,
+                    previous_state: RevisionState::Superseded,
+                    confirm_deadline: deadline,
+                    etag: etag.map(str::to_string),
+                    from,
+                    creates,
+                    edited,
+                    priority: None,
+                    durability: None,
+                },
+                audit,
+            )
+            .await;
+        if done.is_err() {
+            self.undo_nft_sets(&created).await;
+        }
+        done
+    }
+
+    /// [`Pipeline::ensure_nft_sets`] for stored revision `number` of `ruleset` when its
+    /// content is nft (before a commit of it takes the write lock); the names created.
+    ///
+    /// Errors: as [`Pipeline::ensure_nft_sets`]; [`Error::Store`]; a revision that does not
+    /// exist is left to the commit to report.
+    async fn ensure_stored_nft_sets(&self, ruleset: &str, number: u64) -> Result<Vec<String>> {
+        let Some(rev) = self.store.get_revision(ruleset, number).await? else {
+            return Ok(Vec::new());
+        };
+        if !rev.content.is_nft() {
+            return Ok(Vec::new());
+        }
+        let lowered = crate::control::content::nft::lower_stored(rev.content.v4(), ruleset, 0)?;
+        self.ensure_nft_sets(&lowered.sets).await
     }
 
     /// Commits the content of revision `number` as a new revision.
@@ -723,6 +770,26 @@ impl Pipeline {
     /// Errors: [`Error::NotFound`], [`Error::EtagMismatch`], [`Error::Commit`],
     /// [`Error::Store`].
     pub async fn rollback(
+        &self,
+        ruleset: &str,
+        number: u64,
+        author: &str,
+        message: &str,
+        etag: Option<&str>,
+        audit: &mut Option<AuditEntry>,
+    ) -> Result<CommitResult> {
+        let created = self.ensure_stored_nft_sets(ruleset, number).await?;
+        let done = self
+            .rollback_locked(ruleset, number, author, message, etag, audit)
+            .await;
+        if done.is_err() {
+            self.undo_nft_sets(&created).await;
+        }
+        done
+    }
+
+    /// [`Pipeline::rollback`] once the sets of an nft revision exist.
+    async fn rollback_locked(
         &self,
         ruleset: &str,
         number: u64,
@@ -951,10 +1018,35 @@ impl Pipeline {
             .cloned()
     }
 
+    /// For revision `number` of `ruleset` when its content is nft: the nft rule each engine
+    /// rule of its lowering enforces ([`crate::control::content::nft::rule_refs`]), for
+    /// counters and trace steps; `None` for iptables content or a revision that is gone.
+    /// The content is the copy the last commit kept when it is that revision, else the
+    /// store's.
+    ///
+    /// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] for a listing that does not lower.
+    pub async fn nft_rule_refs(
+        &self,
+        ruleset: &str,
+        number: u64,
+    ) -> Result<Option<crate::control::content::nft::NftRuleRefs>> {
+        let content = match self.active_content(ruleset, number) {
+            Some(c) => c,
+            None => match self.store.get_revision(ruleset, number).await? {
+                Some(rev) => rev.content,
+                None => return Ok(None),
+            },
+        };
+        if !content.is_nft() {
+            return Ok(None);
+        }
+        crate::control::content::nft::rule_refs(content.v4(), ruleset).map(Some)
+    }
+
     /// `--max-rules`: refuses a ruleset with too many rules.
     fn check_rules(&self, checked: &Checked) -> Result<()> {
         limits::check_rules(
-            checked.ruleset.rule_count(),
+            checked.rule_count(),
             self.hooks.limits.max_rules_per_ruleset,
         )?;
         Ok(())
@@ -1055,7 +1147,7 @@ fn new_revision(c: &mut Checked, author: &str, message: &str) -> NewRevision {
         ruleset: c.ruleset.name.clone(),
         priority: c.ruleset.priority,
         content: std::mem::take(&mut c.content),
-        rule_count: u32::try_from(c.ruleset.rule_count()).unwrap_or(u32::MAX),
+        rule_count: u32::try_from(c.rule_count()).unwrap_or(u32::MAX),
         author: author.to_string(),
         message: message.to_string(),
     }

@@ -15,6 +15,7 @@ use vallum_engine::snapshot::{StepOutcome, TraceStep, Verdict};
 use vallum_engine::validate::Severity;
 use vallum_proto::v1 as pb;
 
+use crate::control::content::nft::NftPart;
 use crate::control::content::{Finding, RulesetInput, TextPart};
 use crate::control::outcome::Outcome;
 use crate::control::pipeline::{CommitEvent, CommitResult};
@@ -196,7 +197,7 @@ impl TryFrom<&pb::RulesetSource> for RulesetInput {
         match &src.source {
             None => Err(Error::invalid(
                 "source",
-                "a ruleset source (text or structured) is required",
+                "a ruleset source (text, structured or nft) is required",
             )),
             Some(Source::Text(t)) => {
                 let family = family_of("source.text.family", t.family)?;
@@ -223,9 +224,18 @@ impl TryFrom<&pb::RulesetSource> for RulesetInput {
                         line_fields: None,
                     });
                 }
-                Ok(RulesetInput { parts })
+                Ok(RulesetInput { parts, nft: None })
             }
             Some(Source::Structured(spec)) => structured(spec),
+            Some(Source::Nft(t)) => Ok(RulesetInput {
+                parts: Vec::new(),
+                nft: Some(NftPart {
+                    text: t.content.clone(),
+                    json: t.json,
+                    filename: filename("source.nft.filename", &t.filename)?,
+                    field: "source.nft.content".into(),
+                }),
+            }),
         }
     }
 }
@@ -449,7 +459,7 @@ fn structured(spec: &pb::RulesetSpec) -> Result<RulesetInput> {
             "at least one table is required",
         ));
     }
-    Ok(RulesetInput { parts })
+    Ok(RulesetInput { parts, nft: None })
 }
 
 // === rulesets, revisions, commits ===
@@ -787,6 +797,7 @@ pub fn trace_step(s: &TraceStep, rulesets: &[std::sync::Arc<Ruleset>]) -> pb::Tr
         rule: s.rule.unwrap_or(0),
         outcome: step_outcome(s.outcome) as i32,
         text,
+        nft_rule: 0,
     }
 }
 

@@ -350,6 +350,7 @@ fn counter(chain: &str, rule: u32, packets: u64, bytes: u64, text: &str) -> Rule
         packets,
         bytes,
         text: text.to_owned(),
+        nft_rule: 0,
     }
 }
 

@@ -47,6 +47,7 @@ mod metrics;
 mod names;
 mod nfqueue;
 mod nfqueue_overload;
+mod nft;
 mod noflush;
 mod otlp_traces;
 mod outcomes;

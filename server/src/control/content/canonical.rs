@@ -153,11 +153,21 @@ impl Content {
         self.layout().root_hex()
     }
 
-    /// Parses stored content into a ruleset.
+    /// Whether this is an nft ruleset's listing (in [`Content::v4`]; see
+    /// [`super::nft::is_listing`]).
+    pub fn is_nft(&self) -> bool {
+        super::nft::is_listing(self.v4())
+    }
+
+    /// Parses stored content into the engine's model of the ruleset (for nft content, what
+    /// the engine enforces of it, [`super::nft::to_ruleset`]).
     ///
     /// Errors: [`Error::StoreCorrupt`] when the stored text no longer parses (a corrupt store or
     /// an engine parser change).
     pub fn to_ruleset(&self, name: &str, priority: i32) -> Result<Ruleset, Error> {
+        if self.is_nft() {
+            return super::nft::to_ruleset(self.v4(), name, priority);
+        }
         let mut tables = Vec::new();
         for (text, family) in [(self.v4(), Family::Ipv4), (self.v6(), Family::Ipv6)] {
             if text.is_empty() {

@@ -71,6 +71,7 @@ fn text(t: &str, family: Family) -> RulesetInput {
             field: "source.text.content".into(),
             line_fields: None,
         }],
+        nft: None,
     }
 }
 
@@ -127,6 +128,7 @@ fn check_after_equals_check() {
                 line_fields: None,
             },
         ],
+        nft: None,
     };
     // `extra` after the middle line of a text.
     let with = |t: &str, extra: &str| {
@@ -420,6 +422,7 @@ fn noflush_merges_onto_the_base() {
             text(KUBE, Family::Ipv4).parts.remove(0),
             text(v6, Family::Ipv6).parts.remove(0),
         ],
+        nft: None,
     };
     let base = check("a", 0, &both, &NoSets).unwrap().content;
     for (t, family) in [

@@ -21,12 +21,63 @@ use std::time::Duration;
 
 use vallum_engine::echo::quoted;
 use vallum_engine::model::{Match, Ruleset};
+use vallum_engine::nft::LoweredSet;
 use vallum_engine::sets::ipset::check_name;
-use vallum_engine::sets::{AddOptions, Element, SaveError, SetError, SetInfo, SetSpec, SetSummary};
+use vallum_engine::sets::{
+    AddOptions, Element, IpSet, SaveError, SetError, SetInfo, SetManager, SetRegistry, SetSpec,
+    SetSummary,
+};
 
 use super::Pipeline;
 use crate::control::store::sets::{ImportedSet, StoredElement};
 use crate::error::{Error, FieldViolation, Reason, Result};
+
+/// The sets a validation looks up: the pipeline's, and the engine sets an nft input's named
+/// sets become before its commit creates them (in a scratch manager of their own, empty: a
+/// rule's validation needs the set's type, not its elements). Everything else (node facts,
+/// reached hooks, kernel-decided bits) is the pipeline's.
+pub(super) struct Planned<'a> {
+    real: &'a SetManager,
+    planned: Option<SetManager>,
+}
+
+impl<'a> Planned<'a> {
+    /// `real`, with `sets` that `real` does not have added.
+    pub(super) fn new(real: &'a SetManager, sets: &[LoweredSet]) -> Planned<'a> {
+        let missing: Vec<&LoweredSet> = sets
+            .iter()
+            .filter(|s| real.summary(&s.name).is_none())
+            .collect();
+        let planned = (!missing.is_empty()).then(|| {
+            let m = SetManager::new();
+            for s in missing {
+                // A name the engine refuses is refused again, with its field, by the commit.
+                let _ = m.create(&s.name, s.spec);
+            }
+            m
+        });
+        Planned { real, planned }
+    }
+}
+
+impl SetRegistry for Planned<'_> {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn IpSet>> {
+        SetRegistry::lookup(self.real, name)
+            .or_else(|| SetRegistry::lookup(self.planned.as_ref()?, name))
+    }
+
+    fn node_addrs(&self) -> Option<Arc<vallum_engine::node_addrs::NodeAddrs>> {
+        SetRegistry::node_addrs(self.real)
+    }
+
+    fn reached_hooks(&self) -> Option<Arc<vallum_engine::validate::ReachedHooks>> {
+        SetRegistry::reached_hooks(self.real)
+    }
+
+    fn kernel_fact_bit(&self, family: vallum_engine::model::Family, text: &str) -> Option<u8> {
+        SetRegistry::kernel_fact_bit(self.real, family, text)
+    }
+}
 
 /// How often [`Pipeline::spawn_set_gc`] frees expired elements by default.
 pub const SET_GC_INTERVAL: Duration = Duration::from_secs(10);
@@ -232,6 +283,72 @@ impl Pipeline {
         self.sets
             .summary(name)
             .ok_or_else(|| Error::store_corrupt(format!("set {name} vanished after create")))
+    }
+
+    /// Creates the engine sets an nft ruleset's named sets become (`sets`, from
+    /// [`vallum_engine::nft::lower`]), each with its elements, before a commit of the ruleset
+    /// validates against them: a set that does not exist is created (`--max-sets` applies);
+    /// one that exists with the same spec keeps its elements and gets the listed ones added
+    /// (as `nft -f` adds a set's listed elements to the set of that name). Each step is
+    /// durable as [`Pipeline::create_set`] and [`Pipeline::add_elements`] make theirs.
+    /// Returns the names of the sets it created, for [`Pipeline::undo_nft_sets`] when the
+    /// commit does not happen; on an error the sets it created are destroyed again.
+    ///
+    /// Errors: [`Error::AlreadyExists`] when a set of that name exists with another spec
+    /// (type, family, timeout); as [`Pipeline::create_set`]; [`Error::SetFull`].
+    pub async fn ensure_nft_sets(&self, sets: &[LoweredSet]) -> Result<Vec<String>> {
+        let mut created = Vec::new();
+        for s in sets {
+            let existed = self.sets.summary(&s.name).is_some();
+            let step = async {
+                self.create_set(&s.name, s.spec, true).await?;
+                if !existed {
+                    created.push(s.name.clone());
+                }
+                self.add_listed(&s.name, &s.elements).await
+            };
+            if let Err(e) = step.await {
+                self.undo_nft_sets(&created).await;
+                return Err(e);
+            }
+        }
+        Ok(created)
+    }
+
+    /// Destroys the sets [`Pipeline::ensure_nft_sets`] created for a commit that did not
+    /// happen (nothing references them then); a failure is logged.
+    pub async fn undo_nft_sets(&self, created: &[String]) {
+        for name in created {
+            if let Err(e) = self.destroy_set(name, None).await {
+                tracing::warn!(set = %name, error = %e, "set created for a refused nft commit not destroyed");
+            }
+        }
+    }
+
+    /// Adds parsed elements with their options to set `set` (existing ones renewed, as
+    /// `ipset add -exist`), store first, then the engine.
+    async fn add_listed(&self, set: &str, elements: &[(Element, AddOptions)]) -> Result<()> {
+        if elements.is_empty() {
+            return Ok(());
+        }
+        let _w = self.write.lock().await;
+        let spec = self.sets.summary(set).ok_or_else(|| not_found(set))?.spec;
+        let now = self.clock.now_ns();
+        let wall = self.clock.unix_ns();
+        let stored: Vec<StoredElement> = elements
+            .iter()
+            .map(|(e, opts)| StoredElement {
+                text: e.display(&spec),
+                expires_at: wall_expiry(spec.expiry(opts, now), now, wall),
+            })
+            .collect();
+        let prepared = self
+            .sets
+            .prepare_update(set, elements.iter().copied(), [], now)
+            .map_err(set_error)?;
+        self.store.change_elements(set, &stored, &[], None).await?;
+        prepared.publish();
+        Ok(())
     }
 
     /// Destroys a set (`ipset destroy`).

@@ -37,6 +37,7 @@ fn input(text: String) -> RulesetInput {
             field: "source.text.content".into(),
             line_fields: None,
         }],
+        nft: None,
     }
 }
 

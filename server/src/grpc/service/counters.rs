@@ -11,6 +11,7 @@
 //! asked for after a commit changed them is ABORTED ([`Error::ListChanged`]) rather than a
 //! listing that skips or repeats rules.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -21,6 +22,7 @@ use vallum_engine::model::{Family, Hook, TableKind};
 
 use super::State;
 use super::paging::{self, Paging};
+use crate::control::content::nft::NftRuleRefs;
 use crate::error::{Error, Result};
 use crate::grpc::auth::Op;
 use crate::grpc::call::{self, Digest, Priority, Spec, Target};
@@ -67,6 +69,27 @@ impl CountersApi {
     ///
     /// Errors: [`Error::BadRequest`] for a malformed name, [`Error::NotFound`] when the
     /// ruleset is neither active nor stored, [`Error::Store`].
+    /// Per active ruleset whose content is nft (only `only` when given): the nft rule each
+    /// engine rule enforces ([`crate::control::pipeline::Pipeline::nft_rule_refs`]).
+    ///
+    /// Errors: [`Error::Store`]; [`Error::StoreCorrupt`] for a listing that does not lower.
+    async fn nft_rules(
+        &self,
+        revisions: &std::collections::BTreeMap<String, vallum_engine::engine::ActiveRevision>,
+        only: Option<&str>,
+    ) -> Result<HashMap<String, NftRuleRefs>> {
+        let mut out = HashMap::new();
+        for (name, a) in revisions {
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            if let Some(refs) = self.state.pipeline.nft_rule_refs(name, a.revision).await? {
+                out.insert(name.clone(), refs);
+            }
+        }
+        Ok(out)
+    }
+
     async fn filter(&self, ruleset: &str) -> Result<Option<String>> {
         if ruleset.is_empty() {
             return Ok(None);
@@ -217,12 +240,20 @@ impl CounterService for CountersApi {
                     n
                 }
             };
+            let nft = self.nft_rules(&revisions, filter.as_deref()).await?;
             let items = all
                 .into_iter()
                 .filter(|c| filter.as_deref().is_none_or(|f| f == &*c.ruleset))
                 .skip(offset)
                 .map(|c| {
+                    let nft_rule = c.rule.and_then(|n| {
+                        nft.get(&*c.ruleset)?
+                            .get(&(c.family, c.chain.to_string(), n))
+                    });
                     let text = match c.rule {
+                        Some(_) if nft_rule.is_some() => {
+                            nft_rule.map(|r| r.text.clone()).unwrap_or_default()
+                        }
                         Some(n) => convert::rule_text_of(
                             &rulesets, &c.ruleset, c.family, c.table, &c.chain, n,
                         )
@@ -245,6 +276,7 @@ impl CounterService for CountersApi {
                         packets: c.packets,
                         bytes: c.bytes,
                         text,
+                        nft_rule: nft_rule.map_or(0, |r| r.position),
                     }
                 });
             let (counters, more) = paging::fill(items, page.size);

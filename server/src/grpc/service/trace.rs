@@ -65,6 +65,49 @@ impl TraceApi {
         Ok((list, snap))
     }
 
+    /// Steps in rules of nft rulesets name the nft rule (its listing text and position in
+    /// its nft chain, `TraceStep.nft_rule`): of the active revision, or of `staged` (a
+    /// `rulesets/r/revisions/n`, empty for none) for its ruleset.
+    ///
+    /// Errors: as [`crate::control::pipeline::Pipeline::nft_rule_refs`].
+    async fn name_nft_rules(
+        &self,
+        trace: &Trace,
+        steps: &mut [pb::TraceStep],
+        staged: &str,
+    ) -> Result<()> {
+        let staged = if staged.is_empty() {
+            None
+        } else {
+            Some(convert::revision_name("revision", staged)?)
+        };
+        let active = self.state.pipeline.engine().revisions();
+        let mut refs = std::collections::HashMap::new();
+        for (s, out) in trace.steps.iter().zip(steps.iter_mut()) {
+            let Some(n) = s.rule else { continue };
+            let name = s.ruleset.to_string();
+            if !refs.contains_key(&name) {
+                let number = match &staged {
+                    Some((r, n)) if *r == name => Some(*n),
+                    _ => active.get(&name).map(|a| a.revision),
+                };
+                let found = match number {
+                    Some(number) => self.state.pipeline.nft_rule_refs(&name, number).await?,
+                    None => None,
+                };
+                refs.insert(name.clone(), found);
+            }
+            let Some(Some(map)) = refs.get(&name) else {
+                continue;
+            };
+            if let Some(r) = map.get(&(s.family, s.chain.to_string(), n)) {
+                out.text = r.text.clone();
+                out.nft_rule = r.position;
+            }
+        }
+        Ok(())
+    }
+
     /// Now on the engine's clock, the time base of `-m limit` buckets.
     fn now(&self) -> u64 {
         self.state.pipeline.now_ns()
@@ -237,15 +280,17 @@ impl TraceService for TraceApi {
                 });
                 (trace, list)
             };
+            let mut steps: Vec<pb::TraceStep> = trace
+                .steps
+                .iter()
+                .map(|s| convert::trace_step(s, &rulesets))
+                .collect();
+            self.name_nft_rules(&trace, &mut steps, &r.revision).await?;
             Ok(Response::new(pb::TracePacketResponse {
                 notes: trace_notes(&trace),
                 ct_state: convert::ct_state_name(trace.ct_state).into(),
                 verdict: convert::verdict(trace.verdict) as i32,
-                steps: trace
-                    .steps
-                    .iter()
-                    .map(|s| convert::trace_step(s, &rulesets))
-                    .collect(),
+                steps,
             }))
         })
         .await

@@ -7,12 +7,13 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status};
 use vallum_engine::model::{Counters, Family, Ruleset, TableKind};
+use vallum_engine::nft;
 use vallum_engine::restore::{PrintOptions, print_rule_spec};
 use vallum_proto::v1 as pb;
 
 use super::super::paging;
 use super::{LIST_REVISIONS, LIST_RULESETS, RulesetApi, Stored, WatchStream};
-use crate::control::content::Content;
+use crate::control::content::{self, Content};
 use crate::error::Error;
 use crate::grpc::convert;
 
@@ -34,7 +35,7 @@ pub(super) async fn validate_ruleset(
     Ok(Response::new(pb::ValidateRulesetResponse {
         valid: checked.valid(),
         violations: checked.findings.iter().map(convert::violation).collect(),
-        rule_count: u32::try_from(checked.ruleset.rule_count()).unwrap_or(u32::MAX),
+        rule_count: u32::try_from(checked.rule_count()).unwrap_or(u32::MAX),
     }))
 }
 
@@ -158,14 +159,26 @@ pub(super) async fn diff_revisions(
                     name: convert::revision_resource(&a, n),
                 });
             let _ = field;
-            rev?.content.to_ruleset(&a, 0)
+            rev.map(|r| r.content)
         }
     };
     let from = load(an, "base").await?;
     let to = load(bn, "target").await?;
-    Ok(Response::new(pb::DiffRevisionsResponse {
-        chains: diff(&from, &to),
-    }))
+    let chains = match (from.is_nft(), to.is_nft()) {
+        (false, false) => diff(&from.to_ruleset(&a, 0)?, &to.to_ruleset(&a, 0)?),
+        (true, true) => diff_nft(
+            &content::nft::parse_stored(from.v4(), &a)?,
+            &content::nft::parse_stored(to.v4(), &a)?,
+        ),
+        _ => {
+            return Err(Error::invalid(
+                "target",
+                "one revision is an nft ruleset and the other an iptables ruleset: a diff compares rules of one syntax (export both to see them)",
+            )
+            .into());
+        }
+    };
+    Ok(Response::new(pb::DiffRevisionsResponse { chains }))
 }
 
 /// `ExportRevision`: a revision as `iptables-save` text or JSON, with the live counters
@@ -181,13 +194,16 @@ pub(super) async fn export_revision(
         kind: "revision",
         name: r.name.clone(),
     })?;
+    let format = pb::ExportFormat::try_from(r.format)
+        .map_err(|_| Error::invalid("format", "unknown export format"))?;
+    if rev.content.is_nft() {
+        return Ok(Response::new(export_nft(&name, &rev.content, format)?));
+    }
     let mut model = rev.content.to_ruleset(&name, 0)?;
     let live = r.counters && api.state.pipeline.active().get(&name).map(|x| x.revision) == Some(n);
     if live {
         fill_counters(&mut model, &api.state.pipeline.engine().counters());
     }
-    let format = pb::ExportFormat::try_from(r.format)
-        .map_err(|_| Error::invalid("format", "unknown export format"))?;
     let (content, content_type) = match format {
         pb::ExportFormat::Unspecified | pb::ExportFormat::IptablesSave => {
             let c = Content::from_tables_with(
@@ -199,11 +215,50 @@ pub(super) async fn export_revision(
             (c.combined(), "text/plain")
         }
         pb::ExportFormat::Json => (json_view(&model, n, &rev.digest, live), "application/json"),
+        pb::ExportFormat::Nft | pb::ExportFormat::NftJson => {
+            return Err(Error::invalid(
+                "format",
+                "this revision is an iptables ruleset: export it as iptables-save or JSON (nft and nft-json are the forms of rulesets sent as nft)",
+            )
+            .into());
+        }
     };
     Ok(Response::new(pb::ExportRevisionResponse {
         content,
         content_type: content_type.into(),
     }))
+}
+
+/// The export of an nft revision's `content` (its canonical listing): the listing itself
+/// (`format` unspecified or NFT) or nft JSON (NFT_JSON, [`vallum_engine::nft::to_json`]).
+///
+/// Errors: INVALID_ARGUMENT at `format` for the iptables forms; [`Error::StoreCorrupt`]
+/// when the stored listing no longer parses.
+fn export_nft(
+    name: &str,
+    content: &Content,
+    format: pb::ExportFormat,
+) -> Result<pb::ExportRevisionResponse, Error> {
+    let (content, content_type) = match format {
+        pb::ExportFormat::Unspecified | pb::ExportFormat::Nft => {
+            (content.v4().to_string(), "text/plain")
+        }
+        pb::ExportFormat::NftJson => {
+            let rs = crate::control::content::nft::parse_stored(content.v4(), name)?;
+            let j = vallum_engine::nft::to_json(&rs);
+            (format!("{j}\n"), "application/json")
+        }
+        pb::ExportFormat::IptablesSave | pb::ExportFormat::Json => {
+            return Err(Error::invalid(
+                "format",
+                "this revision is an nft ruleset: export it as nft or nft-json",
+            ));
+        }
+    };
+    Ok(pb::ExportRevisionResponse {
+        content,
+        content_type: content_type.into(),
+    })
 }
 
 /// `WatchCommits`: the commit events (replayed after `start_after`, then live); a watcher
@@ -321,11 +376,13 @@ fn json_view(model: &Ruleset, number: u64, digest: &str, counters: bool) -> Stri
     serde_json::to_string_pretty(&v).unwrap_or_else(|_| String::from("{}"))
 }
 
-type ChainKey = (Family, TableKind, String);
+/// A chain's place as `ChainDiff` names it: family, table, chain.
+type ChainKey = (pb::Family, String, String);
 
 /// A chain's key, canonical rule texts and policy name.
 type ChainEntry = (ChainKey, Vec<String>, Option<String>);
 
+/// The chains of an iptables ruleset, in family, table-kind and name order.
 fn chains(rs: &Ruleset) -> BTreeMap<(u8, u8, String), ChainEntry> {
     let mut out = BTreeMap::new();
     for t in &rs.tables {
@@ -341,7 +398,11 @@ fn chains(rs: &Ruleset) -> BTreeMap<(u8, u8, String), ChainEntry> {
             out.insert(
                 (fam, kind, c.name.clone()),
                 (
-                    (t.family, t.kind, c.name.clone()),
+                    (
+                        convert::family_pb(t.family),
+                        t.kind.name().to_string(),
+                        c.name.clone(),
+                    ),
                     c.rules
                         .iter()
                         .map(|r| print_rule_spec(r, t.family))
@@ -354,12 +415,57 @@ fn chains(rs: &Ruleset) -> BTreeMap<(u8, u8, String), ChainEntry> {
     out
 }
 
+/// The chains of an nft ruleset, by table (`FAMILY NAME`, as nft names a table) and chain
+/// name: rules as `nft list ruleset` lists them ([`nft::rule_text`]), a base chain's policy
+/// as nft writes it (`accept`, `drop`). The family is IPV4 for `ip`, IPV6 for `ip6` and
+/// unspecified for `inet` tables.
+fn nft_chains(rs: &nft::Ruleset) -> BTreeMap<(String, String), ChainEntry> {
+    let mut out = BTreeMap::new();
+    for t in &rs.tables {
+        let table = format!("{} {}", t.family.name(), t.name);
+        let family = match t.family {
+            nft::Family::Ip => pb::Family::Ipv4,
+            nft::Family::Ip6 => pb::Family::Ipv6,
+            nft::Family::Inet => pb::Family::Unspecified,
+        };
+        for c in &t.chains {
+            out.insert(
+                (table.clone(), c.name.clone()),
+                (
+                    (family, table.clone(), c.name.clone()),
+                    c.rules
+                        .iter()
+                        .map(|r| nft::rule_text(t.family, r))
+                        .collect(),
+                    c.base.map(|b| match b.policy {
+                        nft::Policy::Accept => "accept".to_string(),
+                        nft::Policy::Drop => "drop".to_string(),
+                    }),
+                ),
+            );
+        }
+    }
+    out
+}
+
 /// Per chain: rules only in `to` (added), only in `from` (removed), and rules in both whose
 /// order relative to the others changed (moved: those outside a longest common order).
 /// Equal rule texts are paired by occurrence (the k-th copy with the k-th copy).
 pub fn diff(from: &Ruleset, to: &Ruleset) -> Vec<pb::ChainDiff> {
-    let a = chains(from);
-    let b = chains(to);
+    diff_chains(&chains(from), &chains(to))
+}
+
+/// As [`diff`] for two nft rulesets: chains by table (`inet filter`) and name, rules as
+/// `nft list ruleset` lists them.
+pub fn diff_nft(from: &nft::Ruleset, to: &nft::Ruleset) -> Vec<pb::ChainDiff> {
+    diff_chains(&nft_chains(from), &nft_chains(to))
+}
+
+/// The diff of two rulesets' chains, in key order ([`diff`]).
+fn diff_chains<K: Ord + Clone>(
+    a: &BTreeMap<K, ChainEntry>,
+    b: &BTreeMap<K, ChainEntry>,
+) -> Vec<pb::ChainDiff> {
     let mut keys: Vec<_> = a.keys().chain(b.keys()).cloned().collect();
     keys.sort();
     keys.dedup();
@@ -425,8 +531,8 @@ pub fn diff(from: &Ruleset, to: &Ruleset) -> Vec<pb::ChainDiff> {
             continue;
         }
         out.push(pb::ChainDiff {
-            family: convert::family_pb(family) as i32,
-            table: table.name().to_string(),
+            family: family as i32,
+            table,
             chain,
             added,
             removed,
