@@ -1,7 +1,7 @@
 //! Vallum's rule engine: the rule model, the iptables-restore parser and printer, validation,
 //! compiled snapshots and the per-core packet path with generation counters; and [`nft`], the
 //! nftables front end (nft text and JSON in, the `nft list ruleset` listing out), whose rulesets
-//! [`nft::lower`] maps onto the rule model, so the same classifier enforces both.
+//! [`nft::lower()`] maps onto the rule model, so the same classifier enforces both.
 //!
 //! The engine is sans-IO: it reads no socket, no file and no clock. Time comes in as `now`
 //! (nanoseconds from an arbitrary origin) or through the [`Clock`] the caller supplies.

@@ -7,7 +7,7 @@
 //! target. Nothing here knows about protobuf, SQLite or the clock.
 //!
 //! Tables `filter` and `raw` are enforced by the engine, and so are [`TableKind::Nft`] tables,
-//! the chains of nftables tables lowered by [`crate::nft::lower`] (their base chains carry
+//! the chains of nftables tables lowered by [`crate::nft::lower()`] (their base chains carry
 //! their own hook and priority, [`ChainHook`]). `nat`, `mangle` and `security` are
 //! parsed, stored and printed back, and [`crate::validate`] reports them as "not enforced":
 //! they are never dropped silently. Matches and targets of extensions the engine does not
@@ -84,7 +84,7 @@ pub enum TableKind {
     Filter,
     /// `security`: parsed and printed, not enforced.
     Security,
-    /// The chains of nftables tables of one family, lowered by [`crate::nft::lower`]:
+    /// The chains of nftables tables of one family, lowered by [`crate::nft::lower()`]:
     /// enforced. Unlike the x_tables kinds its base chains are not found by name: each carries
     /// its own hook and priority ([`Chain::nft_hook`]). Not in [`TableKind::ALL`] (no
     /// iptables-restore text names it).

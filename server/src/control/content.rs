@@ -247,7 +247,7 @@ pub struct Checked {
     /// counters of the rules it did not touch.
     pub edited: bool,
     /// For nft input: the parsed nft ruleset and the engine sets its named sets become
-    /// (`ruleset` is what [`vallum_engine::nft::lower`] made of it).
+    /// (`ruleset` is what [`vallum_engine::nft::lower()`] made of it).
     pub nft: Option<nft::NftChecked>,
 }
 

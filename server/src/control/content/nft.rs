@@ -9,7 +9,7 @@
 //! an nft table's family is in the listing), so the digest is the digest tree of the listing
 //! as for any other text.
 //!
-//! What the engine enforces of an nft ruleset is [`nft::lower`]'s: `type filter` and `type
+//! What the engine enforces of an nft ruleset is [`nft::lower()`]'s: `type filter` and `type
 //! route` chains and what they reach, with the same classifier and counters as iptables
 //! rules; a statement the engine does not run in such a chain is refused by name at its
 //! FILE:LINE:COL; `type nat` chains are stored only (a warning names each). Named sets the

@@ -286,7 +286,7 @@ impl Pipeline {
     }
 
     /// Creates the engine sets an nft ruleset's named sets become (`sets`, from
-    /// [`vallum_engine::nft::lower`]), each with its elements, before a commit of the ruleset
+    /// [`vallum_engine::nft::lower()`]), each with its elements, before a commit of the ruleset
     /// validates against them: a set that does not exist is created (`--max-sets` applies);
     /// one that exists with the same spec keeps its elements and gets the listed ones added
     /// (as `nft -f` adds a set's listed elements to the set of that name). Each step is
