@@ -307,21 +307,8 @@ fn memchr_nth(b: &[u8], n: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::super::tree::Layout;
+    use super::super::tree::tests::rules;
     use super::*;
-
-    fn rules(n: usize) -> String {
-        let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
-        for i in 0..n {
-            s.push_str(&format!(
-                "-A INPUT -s 10.{}.{}.0/24 -p tcp -m tcp --dport {} -j ACCEPT\n",
-                i / 256 % 256,
-                i % 256,
-                i % 65536
-            ));
-        }
-        s.push_str("COMMIT\n");
-        s
-    }
 
     /// The changes as one string edit.
     fn apply(s: &str, changes: &[(Range<usize>, String)]) -> String {

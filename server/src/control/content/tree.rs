@@ -174,10 +174,11 @@ fn cut_all(text: &str) -> Vec<ChunkRef> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn rules(n: usize) -> String {
+    /// A filter table of `n` rules (one INPUT chain), the text the content tests cut.
+    pub(in crate::control::content) fn rules(n: usize) -> String {
         let mut s = String::from("*filter\n:INPUT DROP [0:0]\n");
         for i in 0..n {
             s.push_str(&format!(

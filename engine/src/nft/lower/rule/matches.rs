@@ -135,12 +135,7 @@ impl Cx<'_> {
                 Err(e) => return Err(e),
             }
         }
-        *alts = kept;
-        if alts.is_empty() {
-            Err(Ok(Omit))
-        } else {
-            Ok(())
-        }
+        settle(alts, kept)
     }
 
     fn refuse<T>(&self, at: Pos, word: &str, what: impl Into<String>) -> Step<T> {
@@ -332,12 +327,7 @@ impl Cx<'_> {
                 }
             }
         }
-        *alts = out;
-        if alts.is_empty() {
-            Err(Ok(Omit))
-        } else {
-            Ok(())
-        }
+        settle(alts, out)
     }
 
     /// The rule's transport protocol for a `PROTO sport|dport` test: tcp and udp set it (an
@@ -1151,6 +1141,17 @@ fn proto_name(p: Proto) -> &'static str {
         Proto::Th => "th",
         Proto::Icmp => "icmp",
         Proto::Icmpv6 => "icmpv6",
+    }
+}
+
+/// Puts the alternatives that survived back; none left means the rule can never match here
+/// (`Omit`: it is left out of this family), as an empty expansion of it.
+fn settle(alts: &mut Vec<model::Rule>, kept: Vec<model::Rule>) -> Step<()> {
+    *alts = kept;
+    if alts.is_empty() {
+        Err(Ok(Omit))
+    } else {
+        Ok(())
     }
 }
 
