@@ -620,10 +620,7 @@ impl Pipeline {
         let done = self
             .commit_staged_locked(ruleset, number, confirm_within, etag, audit)
             .await;
-        if done.is_err() {
-            self.undo_nft_sets(&created).await;
-        }
-        done
+        self.settle_nft_sets(&created, done).await
     }
 
     /// [`Pipeline::commit_staged`] once the sets of an nft revision exist.
@@ -743,10 +740,7 @@ impl Pipeline {
                 audit,
             )
             .await;
-        if done.is_err() {
-            self.undo_nft_sets(&created).await;
-        }
-        done
+        self.settle_nft_sets(&created, done).await
     }
 
     /// [`Pipeline::ensure_nft_sets`] for stored revision `number` of `ruleset` when its
@@ -782,10 +776,7 @@ impl Pipeline {
         let done = self
             .rollback_locked(ruleset, number, author, message, etag, audit)
             .await;
-        if done.is_err() {
-            self.undo_nft_sets(&created).await;
-        }
-        done
+        self.settle_nft_sets(&created, done).await
     }
 
     /// [`Pipeline::rollback`] once the sets of an nft revision exist.

@@ -21,6 +21,18 @@ impl Reader<'_> {
         self.err(path, ErrorKind::Unexpected(what))
     }
 
+    /// The one key of a JSON object written as `{"KEY": VALUE}` (libnftables-json's form of an
+    /// expression, a statement and a command) and its value; `what` names the object when `v`
+    /// is not one.
+    fn one_key<'j>(&self, v: &'j J, path: &str, what: &'static str) -> R<(&'j str, &'j J)> {
+        let o = v
+            .as_object()
+            .filter(|o| o.len() == 1)
+            .ok_or_else(|| self.bad(path, what))?;
+        let (k, inner) = o.iter().next().expect("one key");
+        Ok((k.as_str(), inner))
+    }
+
     fn unsupported(&self, path: &str, what: String) -> NftError {
         self.err(path, ErrorKind::Unsupported(what))
     }
@@ -471,13 +483,9 @@ impl Reader<'_> {
     }
 
     fn expr(&self, v: &J, path: &str) -> R<Expr> {
-        let o = v
-            .as_object()
-            .filter(|o| o.len() == 1)
-            .ok_or_else(|| self.bad(path, "an expression object"))?;
-        let (k, inner) = o.iter().next().expect("one key");
+        let (k, inner) = self.one_key(v, path, "an expression object")?;
         let p = format!("{path}.{k}");
-        match k.as_str() {
+        match k {
             "payload" => {
                 let proto = match self.str(inner, "protocol", &p)? {
                     "ip" => Proto::Ip,
@@ -604,13 +612,9 @@ impl Reader<'_> {
         if let Some(verdict) = self.verdict(v, path)? {
             return Ok(Stmt::Verdict(verdict));
         }
-        let o = v
-            .as_object()
-            .filter(|o| o.len() == 1)
-            .ok_or_else(|| self.bad(path, "a statement object"))?;
-        let (k, inner) = o.iter().next().expect("one key");
+        let (k, inner) = self.one_key(v, path, "a statement object")?;
         let p = format!("{path}.{k}");
-        match k.as_str() {
+        match k {
             "match" => {
                 let left = self.expr(
                     inner.get("left").ok_or_else(|| self.bad(&p, "left"))?,
@@ -833,7 +837,7 @@ impl Reader<'_> {
                 }))
             }
             "snat" | "dnat" | "masquerade" | "redirect" => {
-                let kind = match k.as_str() {
+                let kind = match k {
                     "snat" => NatKind::Snat,
                     "dnat" => NatKind::Dnat,
                     "masquerade" => NatKind::Masquerade,
@@ -997,18 +1001,14 @@ pub fn from_json(file: &str, text: &str) -> Result<Ruleset, NftErrors> {
     let mut rs = Ruleset::default();
     for (k, item) in list.iter().enumerate() {
         let path = format!("nftables[{k}]");
-        let o = item
-            .as_object()
-            .filter(|o| o.len() == 1)
-            .ok_or_else(|| one(r.bad(&path, "an object with one key")))?;
-        let (kind, body) = o.iter().next().expect("one key");
-        match kind.as_str() {
+        let (kind, body) = r
+            .one_key(item, &path, "an object with one key")
+            .map_err(one)?;
+        match kind {
             "add" | "create" => {
-                let inner = body
-                    .as_object()
-                    .filter(|o| o.len() == 1)
-                    .ok_or_else(|| one(r.bad(&path, "an object with one key")))?;
-                let (k2, b2) = inner.iter().next().expect("one key");
+                let (k2, b2) = r
+                    .one_key(body, &path, "an object with one key")
+                    .map_err(one)?;
                 r.object(&mut rs, k2, b2, &format!("{path}.{kind}.{k2}"))
                     .map_err(one)?;
             }

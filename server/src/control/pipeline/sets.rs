@@ -315,9 +315,18 @@ impl Pipeline {
         Ok(created)
     }
 
+    /// The end of a commit that [`Pipeline::ensure_nft_sets`] prepared: `done` as it is, after
+    /// destroying the sets it `created` when the commit failed (nothing references them then).
+    pub async fn settle_nft_sets<T>(&self, created: &[String], done: Result<T>) -> Result<T> {
+        if done.is_err() {
+            self.undo_nft_sets(created).await;
+        }
+        done
+    }
+
     /// Destroys the sets [`Pipeline::ensure_nft_sets`] created for a commit that did not
     /// happen (nothing references them then); a failure is logged.
-    pub async fn undo_nft_sets(&self, created: &[String]) {
+    async fn undo_nft_sets(&self, created: &[String]) {
         for name in created {
             if let Err(e) = self.destroy_set(name, None).await {
                 tracing::warn!(set = %name, error = %e, "set created for a refused nft commit not destroyed");

@@ -289,17 +289,7 @@ impl Cx<'_> {
                         hi: addr(fam, hi),
                     },
                 };
-                ms.push(Match::Iprange(if field == "saddr" {
-                    IprangeMatch {
-                        src: Some(r),
-                        dst: None,
-                    }
-                } else {
-                    IprangeMatch {
-                        src: None,
-                        dst: Some(r),
-                    }
-                }));
+                ms.push(iprange(field == "saddr", r));
             }
             for a in alts.iter_mut() {
                 a.matches.extend(ms.iter().cloned());
@@ -465,17 +455,7 @@ impl Cx<'_> {
                                 hi: addr(fam, *hi),
                             },
                         };
-                        a.matches.push(Match::Iprange(if src {
-                            IprangeMatch {
-                                src: Some(r),
-                                dst: None,
-                            }
-                        } else {
-                            IprangeMatch {
-                                src: None,
-                                dst: Some(r),
-                            }
-                        }));
+                        a.matches.push(iprange(src, r));
                         return Ok(());
                     }
                     _ => None,
@@ -505,17 +485,7 @@ impl Cx<'_> {
                         negated: neg,
                         value: AddrRange { lo, hi },
                     };
-                    a.matches.push(Match::Iprange(if src {
-                        IprangeMatch {
-                            src: Some(r),
-                            dst: None,
-                        }
-                    } else {
-                        IprangeMatch {
-                            src: None,
-                            dst: Some(r),
-                        }
-                    }));
+                    a.matches.push(iprange(src, r));
                 } else {
                     *slot = Some(Neg {
                         negated: neg,
@@ -1142,6 +1112,21 @@ fn proto_name(p: Proto) -> &'static str {
         Proto::Icmp => "icmp",
         Proto::Icmpv6 => "icmpv6",
     }
+}
+
+/// An address range match on the source (`src`) or the destination address.
+fn iprange(src: bool, r: Neg<AddrRange>) -> Match {
+    Match::Iprange(if src {
+        IprangeMatch {
+            src: Some(r),
+            dst: None,
+        }
+    } else {
+        IprangeMatch {
+            src: None,
+            dst: Some(r),
+        }
+    })
 }
 
 /// Puts the alternatives that survived back; none left means the rule can never match here
