@@ -291,7 +291,7 @@ impl Pipeline {
     /// one that exists with the same spec keeps its elements and gets the listed ones added
     /// (as `nft -f` adds a set's listed elements to the set of that name). Each step is
     /// durable as [`Pipeline::create_set`] and [`Pipeline::add_elements`] make theirs.
-    /// Returns the names of the sets it created, for [`Pipeline::undo_nft_sets`] when the
+    /// Returns the names of the sets it created, for [`Pipeline::settle_nft_sets`] when the
     /// commit does not happen; on an error the sets it created are destroyed again.
     ///
     /// Errors: [`Error::AlreadyExists`] when a set of that name exists with another spec
