@@ -31,9 +31,32 @@ struct Chunk {
     /// ([`needs_rescan`]): [`diff`] skips a shared chunk without that flag unread. Set
     /// conservatively (`true`) when a rule is handed out mutably.
     special: bool,
-    /// The bytes of a packet the chunk's rules read ([`RuleList::packet_reads`]), computed on
+    /// What a commit asks of every rule, for the chunk's rules ([`Summary`]), computed on
     /// first use and kept while the chunk is shared; cleared by [`Chunk::make_mut`].
-    reads: OnceLock<u32>,
+    summary: OnceLock<Summary>,
+}
+
+/// What a commit needs to know of all the rules of a chunk, kept with it so that a list
+/// edited from a clone of another is summed up from one figure per shared chunk.
+#[derive(Clone, Copy, Debug)]
+struct Summary {
+    /// The bytes of a packet the rules read ([`RuleList::packet_reads`]).
+    reads: u32,
+    /// Some rule carries counters from its text ([`RuleList::has_counters`]).
+    counters: bool,
+}
+
+impl Summary {
+    fn of(rules: &[Rule]) -> Summary {
+        Summary {
+            reads: rules
+                .iter()
+                .map(crate::snapshot::copy_range::rule_reads)
+                .max()
+                .unwrap_or(0),
+            counters: rules.iter().any(|r| r.counters.is_some()),
+        }
+    }
 }
 
 impl Chunk {
@@ -42,16 +65,20 @@ impl Chunk {
         Chunk {
             rules,
             special,
-            reads: OnceLock::new(),
+            summary: OnceLock::new(),
         }
     }
 
     /// The chunk for writing (copied first when shared, as `Arc::make_mut`), its cached
-    /// [`Chunk::reads`] cleared: every change to a chunk's rules goes through here.
+    /// [`Chunk::summary`] cleared: every change to a chunk's rules goes through here.
     fn make_mut(c: &mut Arc<Chunk>) -> &mut Chunk {
         let c = Arc::make_mut(c);
-        c.reads = OnceLock::new();
+        c.summary = OnceLock::new();
         c
+    }
+
+    fn summary(&self) -> Summary {
+        *self.summary.get_or_init(|| Summary::of(&self.rules))
     }
 }
 
@@ -215,7 +242,7 @@ impl RuleList {
                 self.chunks.push(Arc::new(Chunk {
                     rules,
                     special,
-                    reads: OnceLock::new(),
+                    summary: OnceLock::new(),
                 }));
             }
         }
@@ -397,17 +424,15 @@ impl RuleList {
     pub(crate) fn packet_reads(&self) -> u32 {
         self.chunks
             .iter()
-            .map(|c| {
-                *c.reads.get_or_init(|| {
-                    c.rules
-                        .iter()
-                        .map(crate::snapshot::copy_range::rule_reads)
-                        .max()
-                        .unwrap_or(0)
-                })
-            })
+            .map(|c| c.summary().reads)
             .max()
             .unwrap_or(0)
+    }
+
+    /// Whether some rule carries counters from its text ([`Rule::counters`]); kept per chunk as
+    /// [`RuleList::packet_reads`] is.
+    pub fn has_counters(&self) -> bool {
+        self.chunks.iter().any(|c| c.summary().counters)
     }
 
     /// How many of this list's chunks `other` holds too (the same storage, not equal rules).

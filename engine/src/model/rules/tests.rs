@@ -269,7 +269,8 @@ fn reads_of(rules: &[Rule]) -> u32 {
         .unwrap_or(0)
 }
 
-/// [`RuleList::packet_reads`] keeps one figure per chunk; every way of changing a chunk's
+/// [`RuleList::packet_reads`] and [`RuleList::has_counters`] keep one figure per chunk; every
+/// way of changing a chunk's
 /// rules (insert, remove, set, splice, push, `IndexMut`, `iter_mut`) must drop the figure of
 /// the chunk it copies, and a clone's edit must leave the original's figure alone.
 #[test]
@@ -278,8 +279,15 @@ fn packet_reads_follow_every_edit() {
     let mut next = 0u32;
     let mut fresh = |rng: &mut Rng| {
         next += 1;
-        match rng.below(8) {
+        match rng.below(12) {
             0 => reading(next, 100 + rng.below(60_000) as u16),
+            1 => Rule {
+                counters: Some(crate::model::Counters {
+                    packets: 1,
+                    bytes: 2,
+                }),
+                ..rule(next)
+            },
             _ => rule(next),
         }
     };
@@ -342,7 +350,16 @@ fn packet_reads_follow_every_edit() {
                 reads_of(&vec),
                 "round {round}, step {step}"
             );
+            assert_eq!(
+                list.has_counters(),
+                vec.iter().any(|r| r.counters.is_some()),
+                "round {round}, step {step}"
+            );
         }
         assert_eq!(base.packet_reads(), reads_of(&flat), "round {round}: base");
+        assert_eq!(
+            base.has_counters(),
+            flat.iter().any(|r| r.counters.is_some())
+        );
     }
 }
