@@ -366,7 +366,7 @@ fn canonical_block(previous_text: &str, head: usize, old_tail_start: usize) -> O
     {
         return None;
     }
-    let above = previous_text[..head].as_bytes();
+    let above = &previous_text.as_bytes()[..head];
     // The last line above that starts with `*` (a byte search from the end; `*` is rare
     // elsewhere in a print).
     let start = memchr::memrchr_iter(b'*', above).find(|&i| i == 0 || above[i - 1] == b'\n')?;
