@@ -11,9 +11,11 @@
 //!   rulespec, as iptables does).
 //! - `edit/insert/acl1/<rules>`: the same with `-I INPUT 1 ...`, undone by `-D INPUT 1`:
 //!   every rule after the change moves one place.
-//! - `apply/acl1/<rules>`: an Apply of the whole canonical text with the middle rule's target
-//!   changed (alternately back): `restore::parse_after_canonical` against the previous text
-//!   and its model, then [`Change::Put`].
+//! - `apply/replace/acl1/<rules>`: an Apply of the whole canonical text with the middle rule's
+//!   target changed (alternately back): `restore::parse_after_canonical` against the previous
+//!   text and its model, then [`Change::Put`].
+//! - `apply/insert/acl1/<rules>`: the same with a rule line added below the first rule (and
+//!   removed again): the line of every rule below it moves.
 //!
 //! After criterion's timing each case prints the median of its two steps over 40 changes,
 //! in microseconds.
@@ -149,7 +151,9 @@ fn applies(
     let a = print(&rs.tables, &PrintOptions::default());
     let lines: Vec<&str> = a.split_inclusive('\n').collect();
     let mid = lines.len() / 2;
-    let b: String = (lines.iter().enumerate())
+    // The middle rule's target changed (no line moves), or a rule line added below the
+    // first rule (every rule below it moves one line).
+    let replaced: String = (lines.iter().enumerate())
         .map(|(i, l)| {
             if i == mid {
                 l.replace("-j ACCEPT", "-j DROP")
@@ -158,58 +162,71 @@ fn applies(
             }
         })
         .collect();
-    assert_ne!(a, b, "the middle line is a rule");
+    assert_ne!(a, replaced, "the middle line is a rule");
+    let first_rule = lines
+        .iter()
+        .position(|l| l.starts_with("-A "))
+        .expect("a rule");
+    let inserted: String = (lines.iter().enumerate())
+        .flat_map(|(i, l)| {
+            let extra = (i == first_rule).then(|| format!("-A INPUT {RULE}\n"));
+            [Some(l.to_string()), extra].into_iter().flatten()
+        })
+        .collect();
     let opts = ParseOptions {
         family: Family::Ipv4,
         ..ParseOptions::default()
     };
-    let engine = engine();
-    let first = parse_ruleset("acl1", &a, &opts).expect("parses");
-    engine.commit(Change::Put(first), &NoSets).expect("commit");
-    let texts = [a, b];
-    let mut at = 0usize;
-    let mut step = || {
-        let next = 1 - at;
-        let t0 = Instant::now();
-        let old = active(&engine);
-        let (tables, print) = parse_after_canonical(&texts[at], &old.tables, &texts[next], &opts)
-            .expect("a one-rule change parses incrementally");
-        assert!(print.is_some(), "and its print is spliced");
-        let t1 = Instant::now();
-        let done = engine
-            .commit(
-                Change::Put(Ruleset {
-                    tables,
-                    ..(*old).clone()
-                }),
-                &NoSets,
-            )
-            .expect("commits");
-        let t2 = Instant::now();
-        drop(done);
-        at = next;
-        ((t1 - t0).as_nanos() as u64, (t2 - t1).as_nanos() as u64)
-    };
-    let mut group = c.benchmark_group("apply");
-    group.sample_size(10);
-    group.warm_up_time(Duration::from_millis(300));
-    group.measurement_time(Duration::from_secs(2));
-    group.bench_function(format!("{name}/{}", filters.len()), |bch| {
-        bch.iter(&mut step)
-    });
-    group.finish();
-    let (mut p, mut k) = (Vec::new(), Vec::new());
-    for _ in 0..40 {
-        let (a, b) = step();
-        p.push(a);
-        k.push(b);
+    for (case, b) in [("replace", replaced), ("insert", inserted)] {
+        let engine = engine();
+        let first = parse_ruleset("acl1", &a, &opts).expect("parses");
+        engine.commit(Change::Put(first), &NoSets).expect("commit");
+        let texts = [a.clone(), b];
+        let mut at = 0usize;
+        let mut step = || {
+            let next = 1 - at;
+            let t0 = Instant::now();
+            let old = active(&engine);
+            let (tables, print) =
+                parse_after_canonical(&texts[at], &old.tables, &texts[next], &opts)
+                    .expect("a one-rule change parses incrementally");
+            assert!(print.is_some(), "and its print is spliced");
+            let t1 = Instant::now();
+            let done = engine
+                .commit(
+                    Change::Put(Ruleset {
+                        tables,
+                        ..(*old).clone()
+                    }),
+                    &NoSets,
+                )
+                .expect("commits");
+            let t2 = Instant::now();
+            drop(done);
+            at = next;
+            ((t1 - t0).as_nanos() as u64, (t2 - t1).as_nanos() as u64)
+        };
+        let mut group = c.benchmark_group("apply");
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_millis(300));
+        group.measurement_time(Duration::from_secs(2));
+        group.bench_function(format!("{case}/{name}/{}", filters.len()), |bch| {
+            bch.iter(&mut step)
+        });
+        group.finish();
+        let (mut p, mut k) = (Vec::new(), Vec::new());
+        for _ in 0..40 {
+            let (a, b) = step();
+            p.push(a);
+            k.push(b);
+        }
+        summary.push(format!(
+            "apply {case} {name} {} rules, one rule line (median of 40, us): parse {:.1} commit {:.1}",
+            filters.len(),
+            median(p),
+            median(k)
+        ));
     }
-    summary.push(format!(
-        "apply {name} {} rules, one rule changed (median of 40, us): parse {:.1} commit {:.1}",
-        filters.len(),
-        median(p),
-        median(k)
-    ));
 }
 
 fn bench(c: &mut Criterion) {
