@@ -15,6 +15,7 @@
 
 pub mod ipset;
 pub mod save;
+pub mod verdict;
 
 pub use ipset::{
     AddOptions, Element, ListedElement, Prepared, SetError, SetHandle, SetInfo, SetManager,

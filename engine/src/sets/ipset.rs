@@ -49,6 +49,8 @@ mod manager;
 mod tests;
 
 pub use content::SetHandle;
-pub use element::{AddOptions, Element, MAX_NAME_LEN, SetError, SetSpec, SetType, check_name};
+pub use element::{
+    AddOptions, Element, MAX_NAME_LEN, MAX_NFT_NAME_LEN, SetError, SetSpec, SetType, check_name,
+};
 pub(super) use manager::Staged;
 pub use manager::{ListedElement, Prepared, SetInfo, SetManager, SetSummary};

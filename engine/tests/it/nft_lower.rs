@@ -397,7 +397,8 @@ fn limit_over_and_negated_sets_return_from_a_helper() {
 }
 
 /// A concatenated key (kube-proxy's `ip daddr . meta l4proto . th dport`) in an anonymous set
-/// or a verdict map: one rule per element, each part of the key one match.
+/// (one rule per element, each part of the key one match) or a named verdict map (an engine
+/// verdict map: one rule, elements changed without a commit, as `nft add element`).
 #[test]
 fn concatenated_keys_in_sets_and_verdict_maps() {
     let l = lowered(
@@ -409,12 +410,66 @@ fn concatenated_keys_in_sets_and_verdict_maps() {
          \t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services\n\
          \t\tip saddr . tcp dport { 192.0.2.1 . 22, 192.0.2.2 . 2222 } drop\n\t}\n}\n",
     );
-    let s = compile(vec![l.ruleset], &NoSets);
+    let m = SetManager::new();
+    for s in &l.sets {
+        m.create(&s.name, s.spec).unwrap();
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    // One rule for the map, one per element of the anonymous set.
+    assert_eq!(l.ruleset.tables[0].chains[1].rules.len(), 3);
+    let s = compile(vec![l.ruleset], &m);
     let at = |src: &str, dst: &str, proto, dport| v4(Hook::Input, src, dst, proto, dport);
+    let reject = Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable);
+    assert_eq!(verdict(&s, at("10.0.0.1", "172.30.0.44", 6, 80)), reject);
+    // One element added and one deleted, without a commit: the same snapshot sees both.
+    let map = "ip.kp.no-endpoint-services";
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.46", 6, 443)),
+        Verdict::Accept
+    );
+    m.add_str(map, &["172.30.0.46,tcp:443 : goto reject-chain"], 0)
+        .unwrap();
+    assert_eq!(verdict(&s, at("10.0.0.1", "172.30.0.46", 6, 443)), reject);
+    m.add_str(map, &["172.30.0.46,tcp:443 : drop"], 0).unwrap();
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.46", 6, 443)),
+        Verdict::Drop,
+        "a new verdict replaces the old one"
+    );
+    assert_eq!(m.delete_str(map, &["172.30.0.44,tcp:80"]).unwrap(), 1);
     assert_eq!(
         verdict(&s, at("10.0.0.1", "172.30.0.44", 6, 80)),
-        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+        Verdict::Accept
     );
+    // Listed with their verdicts; a chain the table does not have, an element without a
+    // verdict, and a verdict in a plain set are refused, and change nothing.
+    let listed: Vec<String> = m
+        .list(map, 0)
+        .unwrap()
+        .elements
+        .into_iter()
+        .map(|e| e.text)
+        .collect();
+    assert_eq!(
+        listed,
+        ["172.30.0.45,udp:53 : drop", "172.30.0.46,tcp:443 : drop"]
+    );
+    for bad in [
+        "172.30.0.47,tcp:80 : goto no-such-chain",
+        "172.30.0.47,tcp:80",
+        "172.30.0.47,tcp:80 : queue",
+    ] {
+        let e = m.add_str(map, &[bad], 0).expect_err(bad);
+        assert!(e.to_string().contains("172.30.0.47"), "{e}");
+    }
+    assert_eq!(m.list(map, 0).unwrap().elements.len(), 2);
+    m.create(
+        "plain",
+        vallum_engine::sets::SetSpec::new(vallum_engine::sets::SetType::HashIp, Family::Ipv4),
+    )
+    .unwrap();
+    m.add_str("plain", &["10.0.0.1"], 0).unwrap();
+    assert!(m.add_str("plain", &["10.0.0.2 : drop"], 0).is_err());
     assert_eq!(
         verdict(&s, at("10.0.0.1", "172.30.0.44", 17, 80)),
         Verdict::Accept

@@ -170,6 +170,21 @@ fn references(rs: &Ruleset, name: &str) -> bool {
     })
 }
 
+/// The stored texts of the map elements among `elements` that the set holds with another
+/// verdict now (their rows are replaced; an element's text holds its verdict).
+fn replaced_rows<'a>(
+    handle: &vallum_engine::sets::SetHandle,
+    spec: &SetSpec,
+    elements: impl Iterator<Item = &'a Element>,
+) -> Vec<String> {
+    elements
+        .filter_map(|e| {
+            let now = handle.verdict_of(e)?;
+            (now != e.verdict()).then(|| e.with_verdict(now).display(spec))
+        })
+        .collect()
+}
+
 /// An engine expiry (ns on the engine clock, `u64::MAX` never) as a wall-clock expiry.
 fn wall_expiry(expires: u64, now: u64, wall: i64) -> Option<i64> {
     (expires != u64::MAX).then(|| {
@@ -305,6 +320,10 @@ impl Pipeline {
                 if !existed {
                     created.push(s.name.clone());
                 }
+                // A verdict map's listed elements may name chains this commit brings.
+                if let Some(h) = self.sets.handle(&s.name) {
+                    h.allow_verdicts(s.elements.iter().map(|(e, _)| e.verdict()));
+                }
                 self.add_listed(&s.name, &s.elements).await
             };
             if let Err(e) = step.await {
@@ -351,11 +370,17 @@ impl Pipeline {
                 expires_at: wall_expiry(spec.expiry(opts, now), now, wall),
             })
             .collect();
+        let replaced = match self.sets.handle(set) {
+            Some(h) => replaced_rows(&h, &spec, elements.iter().map(|(e, _)| e)),
+            None => Vec::new(),
+        };
         let prepared = self
             .sets
             .prepare_update(set, elements.iter().copied(), [], now)
             .map_err(set_error)?;
-        self.store.change_elements(set, &stored, &[], None).await?;
+        self.store
+            .change_elements(set, &stored, &replaced, None)
+            .await?;
         prepared.publish();
         Ok(())
     }
@@ -481,6 +506,9 @@ impl Pipeline {
                 }
             }
         }
+        // A map element stored with another verdict: its old row goes (the store keys
+        // elements by their text, which holds the verdict).
+        let replaced = replaced_rows(&handle, &spec, parsed.iter().map(|(_, e, _)| e));
         drop(handle);
         let stored: Vec<StoredElement> = parsed
             .iter()
@@ -493,7 +521,9 @@ impl Pipeline {
             .sets
             .prepare_update(set, parsed.iter().map(|(_, e, o)| (*e, *o)), [], now)
             .map_err(set_error)?;
-        self.store.change_elements(set, &stored, &[], etag).await?;
+        self.store
+            .change_elements(set, &stored, &replaced, etag)
+            .await?;
         prepared.publish();
         Ok(ElementsChanged {
             changed: stored.len() as u64,
@@ -535,8 +565,15 @@ impl Pipeline {
                 }
             }
         }
+        // A map element's row holds its verdict: the one it has now (`DELETE KEY` as nft).
+        let texts: Vec<String> = parsed
+            .iter()
+            .map(|(_, e, _)| {
+                let verdict = handle.verdict_of(e).unwrap_or(e.verdict());
+                e.with_verdict(verdict).display(&spec)
+            })
+            .collect();
         drop(handle);
-        let texts: Vec<String> = parsed.iter().map(|(_, e, _)| e.display(&spec)).collect();
         let prepared = self
             .sets
             .prepare_update(set, [], parsed.iter().map(|(_, e, _)| *e), now)
