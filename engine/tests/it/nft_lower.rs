@@ -415,6 +415,8 @@ fn concatenated_keys_in_sets_and_verdict_maps() {
         m.create(&s.name, s.spec).unwrap();
         m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
     }
+    // A map without `size` takes elements up to nft's own bound, not ipset's 65536.
+    assert_eq!(l.sets[0].spec.maxelem as usize, nft::MAX_SET_ELEMENTS);
     // One rule for the map, one per element of the anonymous set.
     assert_eq!(l.ruleset.tables[0].chains[1].rules.len(), 3);
     let s = compile(vec![l.ruleset], &m);

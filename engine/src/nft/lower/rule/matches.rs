@@ -1056,7 +1056,13 @@ impl Cx<'_> {
                 .timeout_ms
                 .map(|ms| ms.div_ceil(1000).min(u64::from(u32::MAX)) as u32);
             spec.counters = set.counter;
-            spec.maxelem = set.size.unwrap_or(65_536).max(elements.len() as u32);
+            // nft bounds a set without `size` by memory only: the engine set then takes up to
+            // MAX_SET_ELEMENTS (more elements than `nft -f` reads into one set), so
+            // `nft add element` style adds keep working past the listed ones.
+            spec.maxelem = set
+                .size
+                .unwrap_or(crate::nft::MAX_SET_ELEMENTS as u32)
+                .max(elements.len() as u32);
             self.sets.push(LoweredSet {
                 name: engine.clone(),
                 spec,
