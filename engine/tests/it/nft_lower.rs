@@ -558,3 +558,66 @@ fn th_after_a_protocol_set_reads_each_protocol() {
     assert_eq!(verdict(&s, at(17, 54)), Verdict::Drop);
     assert_eq!(verdict(&s, at(132, 53)), Verdict::Drop);
 }
+
+/// A named set of ports and a verdict map keyed by port (`type inet_service`) are
+/// `bitmap:port` engine sets behind the protocol the expression names, in both families of an
+/// inet table; their elements change without a commit.
+#[test]
+fn port_sets_and_port_maps_change_without_a_commit() {
+    let l = lowered(
+        "t",
+        "table inet filter {\n\tset ports {\n\t\ttype inet_service\n\t\tflags interval\n\
+         \t\telements = { 22, 8000-8001 }\n\t}\n\
+         \tmap dispatch {\n\t\ttype inet_service : verdict\n\t\telements = { 80 : jump web, 443 : drop }\n\t}\n\
+         \tchain web {\n\t\tip saddr 10.0.0.0/8 accept\n\t\tdrop\n\t}\n\
+         \tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n\
+         \t\ttcp dport @ports drop\n\t\ttcp dport vmap @dispatch\n\t}\n}\n",
+    );
+    let m = SetManager::new();
+    for s in &l.sets {
+        m.create(&s.name, s.spec).unwrap();
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    let s = compile(vec![l.ruleset], &m);
+    let at = |src: &str, proto, dport| v4(Hook::Input, src, "198.51.100.1", proto, dport);
+    let v6 = |proto, dport| PacketMeta {
+        family: Family::Ipv6,
+        src: "2001:db8::1".parse().unwrap(),
+        dst: "2001:db8::2".parse().unwrap(),
+        ..v4(Hook::Input, "192.0.2.1", "198.51.100.1", proto, dport)
+    };
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 22)), Verdict::Drop);
+    assert_eq!(verdict(&s, v6(6, 22)), Verdict::Drop, "inet: IPv6 too");
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", 17, 22)),
+        Verdict::Accept,
+        "tcp only"
+    );
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 8001)), Verdict::Drop);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 9000)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("10.1.1.1", 6, 80)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 80)), Verdict::Drop);
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", 17, 80)),
+        Verdict::Accept,
+        "tcp only"
+    );
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 443)), Verdict::Drop);
+    m.add_str("inet.filter.ports", &["9000"], 0).unwrap();
+    m.add_str("inet.filter.dispatch", &["8443 : jump web"], 0)
+        .unwrap();
+    assert_eq!(m.delete_str("inet.filter.ports", &["22"]).unwrap(), 1);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 9000)), Verdict::Drop);
+    assert_eq!(verdict(&s, v6(6, 9000)), Verdict::Drop);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 22)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("10.1.1.1", 6, 8443)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 8443)), Verdict::Drop);
+    let listed: Vec<String> = m
+        .list("inet.filter.dispatch", 0)
+        .unwrap()
+        .elements
+        .into_iter()
+        .map(|e| e.text)
+        .collect();
+    assert_eq!(listed, ["80 : jump web", "443 : drop", "8443 : jump web"]);
+}

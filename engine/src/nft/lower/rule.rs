@@ -763,6 +763,28 @@ impl Cx<'_> {
                     return self.expand_vmap(at, key, &m.elements, alts);
                 }
                 let (engine, dirs) = self.engine_set(at, key, name, true)?;
+                // `tcp dport vmap @ports`: the protocol the key implies, on each alternative.
+                let mut alts = alts;
+                if let Expr::Payload(
+                    p @ Payload {
+                        field: "sport" | "dport",
+                        ..
+                    },
+                ) = key
+                {
+                    let mut kept = Vec::with_capacity(alts.len());
+                    for mut a in alts {
+                        match self.transport(at, p.proto, &mut a) {
+                            Ok(_) => kept.push(a),
+                            Err(Ok(Omit)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    if kept.is_empty() {
+                        return Err(Ok(Omit));
+                    }
+                    alts = kept;
+                }
                 let target = Target::Vmap(model::VmapTarget {
                     map: engine,
                     dirs,

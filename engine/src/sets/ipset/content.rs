@@ -469,8 +469,35 @@ impl SetHandle {
             Some(SetDir::Src) => packet.src,
             Some(SetDir::Dst) | None => packet.dst,
         };
+        let bump = |entry: &Entry| {
+            if let Some(c) = &entry.counters {
+                // Relaxed: statistics only; nothing else is published through them.
+                c.packets.fetch_add(1, Ordering::Relaxed);
+                c.bytes.fetch_add(u64::from(packet.len), Ordering::Relaxed);
+            }
+            u64::from(entry.verdict)
+        };
+        let has_ports = proto_name(packet.protocol).is_some() && !packet.fragment;
+        if self.kind.port_only() {
+            // The port of the first flag, in either family; elements are keyed by port alone.
+            if !has_ports {
+                return NOT_FOUND;
+            }
+            let port = match dirs.first() {
+                Some(SetDir::Src) => packet.sport,
+                Some(SetDir::Dst) | None => packet.dport,
+            };
+            return match self.family {
+                Family::Ipv4 => {
+                    (self.content).read(|c| c.find_v4(0, 0, port, now).map_or(NOT_FOUND, bump))
+                }
+                Family::Ipv6 => {
+                    (self.content).read(|c| c.find_v6(0, 0, port, now).map_or(NOT_FOUND, bump))
+                }
+            };
+        }
         let (proto, port) = if self.kind.has_port() {
-            if proto_name(packet.protocol).is_none() || packet.fragment {
+            if !has_ports {
                 return NOT_FOUND;
             }
             // Fewer flags than dimensions is refused by validation; reuse the last one.
@@ -481,14 +508,6 @@ impl SetHandle {
             (packet.protocol, port)
         } else {
             (0, 0)
-        };
-        let bump = |entry: &Entry| {
-            if let Some(c) = &entry.counters {
-                // Relaxed: statistics only; nothing else is published through them.
-                c.packets.fetch_add(1, Ordering::Relaxed);
-                c.bytes.fetch_add(u64::from(packet.len), Ordering::Relaxed);
-            }
-            u64::from(entry.verdict)
         };
         match (dir_ip, self.family) {
             (std::net::IpAddr::V4(a), Family::Ipv4) => {

@@ -96,6 +96,10 @@ pub enum SetType {
     HashIpPort,
     /// `hash:net,port`: network, protocol and port.
     HashNetPort,
+    /// `bitmap:port`: ports alone (the packet's protocol is not part of the key; nft's
+    /// `type inet_service` sets, whose rule names the protocol). Its family only says which
+    /// table holds the ports: a port matches packets of both families.
+    BitmapPort,
 }
 
 impl SetType {
@@ -106,6 +110,7 @@ impl SetType {
             SetType::HashNet => "hash:net",
             SetType::HashIpPort => "hash:ip,port",
             SetType::HashNetPort => "hash:net,port",
+            SetType::BitmapPort => "bitmap:port",
         }
     }
 
@@ -116,6 +121,7 @@ impl SetType {
             SetType::HashNet,
             SetType::HashIpPort,
             SetType::HashNetPort,
+            SetType::BitmapPort,
         ]
         .into_iter()
         .find(|t| t.name() == name)
@@ -127,6 +133,11 @@ impl SetType {
 
     pub(in crate::sets) fn has_port(self) -> bool {
         matches!(self, SetType::HashIpPort | SetType::HashNetPort)
+    }
+
+    /// Ports alone, no address (`bitmap:port`).
+    pub(in crate::sets) fn port_only(self) -> bool {
+        self == SetType::BitmapPort
     }
 }
 
@@ -288,6 +299,17 @@ impl Element {
         }
     }
 
+    /// The element of port `port` in a `bitmap:port` set.
+    pub fn port(port: u16) -> Element {
+        Element {
+            addr: 0,
+            prefix: 0,
+            proto: 0,
+            port,
+            verdict: 0,
+        }
+    }
+
     /// This element with verdict `verdict` (a number of [`crate::sets::verdict`]).
     pub fn with_verdict(self, verdict: u32) -> Element {
         Element { verdict, ..self }
@@ -316,6 +338,25 @@ impl Element {
     }
 
     fn parse_key(spec: &SetSpec, text: &str) -> Result<Vec<Element>, String> {
+        if spec.kind.port_only() {
+            let port = |s: &str| s.parse::<u16>().map_err(|_| format!("bad port {s:?}"));
+            let (lo, hi) = match text.split_once('-') {
+                Some((lo, hi)) => (port(lo)?, port(hi)?),
+                None => (port(text)?, port(text)?),
+            };
+            if lo > hi {
+                return Err(format!("bad port range {text:?}"));
+            }
+            return Ok((lo..=hi)
+                .map(|port| Element {
+                    addr: 0,
+                    prefix: 0,
+                    proto: 0,
+                    port,
+                    verdict: 0,
+                })
+                .collect());
+        }
         let (addr_text, port_text) = match (spec.kind.has_port(), text.split_once(',')) {
             (true, Some((a, p))) => (a, Some(p)),
             (true, None) => return Err("expected ADDRESS,[PROTO:]PORT".into()),
@@ -394,6 +435,14 @@ impl Element {
 
     /// The element in `ipset save` syntax.
     pub fn display(&self, spec: &SetSpec) -> String {
+        if spec.kind.port_only() {
+            let mut s = self.port.to_string();
+            if self.verdict != 0 {
+                s.push_str(" : ");
+                s.push_str(&crate::sets::verdict::text(self.verdict));
+            }
+            return s;
+        }
         let ip = match spec.family {
             Family::Ipv4 => IpAddr::V4(Ipv4Addr::from(self.addr as u32)),
             Family::Ipv6 => IpAddr::V6(Ipv6Addr::from(self.addr)),

@@ -102,12 +102,21 @@ impl Cx<'_> {
             Op::Lt | Op::Gt | Op::Le | Op::Ge => return self.ordered(at, m, alts),
         };
         match &m.right {
-            // A named set of ports: no engine set type holds ports alone, so its elements
-            // at the commit are lowered as an anonymous set's (changing them is a commit).
+            // A named set of ports: a `bitmap:port` engine set (its elements change without a
+            // commit) behind the protocol the expression implies.
             SetRhs::Ref(name) if port_set(self.table, name).is_some() => {
-                let table = self.table;
-                let elems = port_set(table, name).unwrap_or_default();
-                self.apply_set(at, &m.left, elems, neg, alts)
+                let Expr::Payload(p) = &m.left else {
+                    let table = self.table;
+                    let elems = port_set(table, name).unwrap_or_default();
+                    return self.apply_set(at, &m.left, elems, neg, alts);
+                };
+                let sm = self.named_set(at, &m.left, name, neg)?;
+                let proto = p.proto;
+                self.each(alts, |cx, a| {
+                    cx.transport(at, proto, a)?;
+                    a.matches.push(sm.clone());
+                    Ok(())
+                })
             }
             SetRhs::Ref(name) => {
                 let sm = self.named_set(at, &m.left, name, neg)?;
@@ -322,7 +331,7 @@ impl Cx<'_> {
 
     /// The rule's transport protocol for a `PROTO sport|dport` test: tcp and udp set it (an
     /// implied `meta l4proto`); `th` needs an earlier tcp or udp test.
-    fn transport(&self, at: Pos, proto: Proto, a: &mut model::Rule) -> Step<u8> {
+    pub(super) fn transport(&self, at: Pos, proto: Proto, a: &mut model::Rule) -> Step<u8> {
         let p = match proto {
             Proto::Tcp => 6,
             Proto::Udp => 17,
@@ -964,9 +973,12 @@ impl Cx<'_> {
         let Some((fam, kind, dirs)) = set_key(left, &key_types(set)) else {
             return self.refuse(at, name, format!("`@{name}` with this key or set type"));
         };
-        if fam != self.family {
-            return Err(Ok(Omit));
-        }
+        // A set of ports serves both families (one engine set).
+        let fam = match fam {
+            Some(f) if f != self.family => return Err(Ok(Omit)),
+            Some(f) => f,
+            None => Family::Ipv4,
+        };
         let interval = set.flags & 2 != 0;
         let kind = kind.unwrap_or(if interval {
             SetType::HashNet
@@ -1010,6 +1022,17 @@ impl Cx<'_> {
                     )));
                 }
                 match &el.key {
+                    // Ports (`bitmap:port`): a range is every port in it (at most 65536).
+                    Elem::Value(Value::Num(v)) if kind == SetType::BitmapPort => {
+                        elements.push((Element::port(*v as u16), opts))
+                    }
+                    Elem::Range(Value::Num(lo), Value::Num(hi))
+                        if kind == SetType::BitmapPort && lo <= hi =>
+                    {
+                        for p in *lo as u16..=*hi as u16 {
+                            elements.push((Element::port(p), opts));
+                        }
+                    }
                     Elem::Value(Value::Num(v)) => {
                         elements.push((Element::new(addr(fam, *v), width(fam), None), opts))
                     }
@@ -1102,13 +1125,14 @@ impl Cx<'_> {
     }
 }
 
-/// How an engine set holds the key `left` of a named set or map of key `types`: the family,
-/// the set type (`None`: an address set, `hash:ip` or `hash:net` by the set's flags) and how
-/// the key is read from the packet; `None` when no engine set type holds it.
+/// How an engine set holds the key `left` of a named set or map of key `types`: the family
+/// (`None`: both, a set of ports), the set type (`None`: an address set, `hash:ip` or
+/// `hash:net` by the set's flags) and how the key is read from the packet; `None` when no
+/// engine set type holds it.
 pub(in crate::nft::lower) fn set_key(
     left: &Expr,
     types: &[DataType],
-) -> Option<(Family, Option<SetType>, Vec<SetDir>)> {
+) -> Option<(Option<Family>, Option<SetType>, Vec<SetDir>)> {
     let dir = |f: &str| {
         if f.starts_with('s') {
             SetDir::Src
@@ -1123,14 +1147,22 @@ pub(in crate::nft::lower) fn set_key(
                 field: f @ ("saddr" | "daddr"),
             }),
             [DataType::Ipv4Addr],
-        ) => (Family::Ipv4, None, vec![dir(f)]),
+        ) => (Some(Family::Ipv4), None, vec![dir(f)]),
         (
             Expr::Payload(Payload {
                 proto: Proto::Ip6,
                 field: f @ ("saddr" | "daddr"),
             }),
             [DataType::Ipv6Addr],
-        ) => (Family::Ipv6, None, vec![dir(f)]),
+        ) => (Some(Family::Ipv6), None, vec![dir(f)]),
+        // `tcp dport @ports`, `th sport @ports`: the rule tests the protocol.
+        (
+            Expr::Payload(Payload {
+                proto: Proto::Tcp | Proto::Udp | Proto::Th,
+                field: f @ ("sport" | "dport"),
+            }),
+            [DataType::InetService],
+        ) => (None, Some(SetType::BitmapPort), vec![dir(f)]),
         (
             Expr::Concat(parts),
             [
@@ -1155,7 +1187,7 @@ pub(in crate::nft::lower) fn set_key(
                 } else {
                     Family::Ipv6
                 };
-                (fam, Some(SetType::HashIpPort), vec![dir(f), dir(g)])
+                (Some(fam), Some(SetType::HashIpPort), vec![dir(f), dir(g)])
             }
             _ => return None,
         },
