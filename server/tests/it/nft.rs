@@ -624,7 +624,8 @@ const NO_ENDPOINTS: &str = "table ip kube-proxy {
 
 /// A named verdict map's elements (`KEY : VERDICT`) added, changed and deleted through the
 /// sets API change verdicts without a revision, are refused when their chain is not in the
-/// table, and are what a restarted vallumd loads back (one stored row per element).
+/// table, and are what a restarted vallumd loads back (one stored row per element); the map
+/// takes up to `--max-set-elements`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verdict_map_elements_change_without_a_commit_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -718,6 +719,8 @@ async fn verdict_map_elements_change_without_a_commit_and_survive_a_restart() {
         .into_inner();
     let texts: Vec<&str> = listed.elements.iter().map(|e| e.text.as_str()).collect();
     assert_eq!(texts, ["198.51.100.1,tcp:443 : goto reject-chain"]);
+    // A map without `size` takes up to --max-set-elements (default 262144), not 65536.
+    assert_eq!(listed.set.expect("set").maxelem, 262_144);
     assert_eq!(
         verdict(&trace(&d, "192.0.2.1", 443).await),
         pb::Verdict::Reject

@@ -315,8 +315,15 @@ impl Pipeline {
         let mut created = Vec::new();
         for s in sets {
             let existed = self.sets.summary(&s.name).is_some();
+            // An nft set without `size` (bounded by memory only, MAX_SET_ELEMENTS in the
+            // engine's lowering) takes up to `--max-set-elements`, or its listed elements.
+            let mut spec = s.spec;
+            if spec.maxelem as usize == vallum_engine::nft::MAX_SET_ELEMENTS {
+                let listed = u32::try_from(s.elements.len()).unwrap_or(u32::MAX);
+                spec.maxelem = self.hooks.limits.max_set_elements.max(listed);
+            }
             let step = async {
-                self.create_set(&s.name, s.spec, true).await?;
+                self.create_set(&s.name, spec, true).await?;
                 if !existed {
                     created.push(s.name.clone());
                 }
