@@ -621,3 +621,47 @@ fn port_sets_and_port_maps_change_without_a_commit() {
         .collect();
     assert_eq!(listed, ["80 : jump web", "443 : drop", "8443 : jump web"]);
 }
+
+/// A commit that adds a chain and a map element that goes to it, the chain holding the `vmap`
+/// rule unchanged: the snapshot built from its predecessor resolves the new chain (the vmap's
+/// body is compiled again, never shared).
+#[test]
+fn a_map_element_to_a_chain_of_the_next_commit_resolves() {
+    let text = |extra: &str, elems: &str| {
+        format!(
+            "table ip kp {{\n\tmap m {{\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\
+             \t\telements = {{ {elems} }}\n\t}}\n\
+             \tchain input {{\n\t\ttype filter hook input priority 0; policy accept;\n\
+             \t\tip daddr . meta l4proto . th dport vmap @m\n\t}}\n\
+             \tchain a {{\n\t\tdrop\n\t}}\n{extra}}}\n"
+        )
+    };
+    let one = lowered("kp", &text("", "10.0.0.1 . tcp . 80 : goto a"));
+    let m = SetManager::new();
+    for s in &one.sets {
+        m.create(&s.name, s.spec).unwrap();
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    let first = compile(vec![one.ruleset], &m);
+    let two = lowered(
+        "kp",
+        &text(
+            "\tchain b {\n\t\treject\n\t}\n",
+            "10.0.0.1 . tcp . 80 : goto a, 10.0.0.2 . tcp . 80 : goto b",
+        ),
+    );
+    // As the server's commit: the listed elements may name the new chain.
+    for s in &two.sets {
+        m.handle(&s.name)
+            .unwrap()
+            .allow_verdicts(s.elements.iter().map(|(e, _)| e.verdict()));
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    let next = Snapshot::compile_after(&first, &[Arc::new(two.ruleset)], &m, 1).expect("compiles");
+    let at = |dst: &str| v4(Hook::Input, "192.0.2.1", dst, 6, 80);
+    assert_eq!(verdict(&next, at("10.0.0.1")), Verdict::Drop);
+    assert_eq!(
+        verdict(&next, at("10.0.0.2")),
+        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+    );
+}

@@ -704,6 +704,15 @@ async fn verdict_map_elements_change_without_a_commit_and_survive_a_restart() {
         ruleset.latest_revision, 1,
         "no revision for element changes"
     );
+    // The active revision dispatches through the map: it cannot be destroyed.
+    let e = sets
+        .destroy_set(pb::DestroySetRequest {
+            name: map.into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("in use");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     d.stop().await;
 
     let d = Daemon::start(&db, &[]);

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vallum_engine::echo::quoted;
-use vallum_engine::model::{Match, Ruleset};
+use vallum_engine::model::{Match, Ruleset, Target};
 use vallum_engine::nft::LoweredSet;
 use vallum_engine::sets::ipset::check_name;
 use vallum_engine::sets::{
@@ -157,14 +157,15 @@ fn set_error(e: SetError) -> Error {
     }
 }
 
-/// Whether a rule of `rs` matches set `name`.
+/// Whether a rule of `rs` matches set `name` or dispatches through it (an nft verdict map).
 fn references(rs: &Ruleset, name: &str) -> bool {
     rs.tables.iter().any(|t| {
         t.chains.iter().any(|c| {
             c.rules.iter().any(|r| {
-                r.matches
-                    .iter()
-                    .any(|m| matches!(m, Match::Set(s) if s.name == name))
+                matches!(&r.target, Target::Vmap(v) if v.map == name)
+                    || r.matches
+                        .iter()
+                        .any(|m| matches!(m, Match::Set(s) if s.name == name))
             })
         })
     })
