@@ -720,15 +720,18 @@ impl Store {
     ///
     /// Errors: [`Error::Store`].
     pub async fn get_ruleset(&self, name: &str) -> Result<Option<RulesetRow>> {
+        fn read(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<Option<RulesetRow>> {
+            Ok(tx
+                .prepare_cached("SELECT * FROM rulesets WHERE name = ?1")?
+                .query_row([name], ruleset_row)
+                .optional()?)
+        }
+        // One row by its key: on this thread when a reader is free (every edit reads it).
+        if let Some(row) = self.readers.run_here(|tx| read(tx, name)) {
+            return row;
+        }
         let name = name.to_string();
-        self.readers
-            .run(move |tx| {
-                Ok(tx
-                    .prepare_cached("SELECT * FROM rulesets WHERE name = ?1")?
-                    .query_row([name], ruleset_row)
-                    .optional()?)
-            })
-            .await
+        self.readers.run(move |tx| read(tx, &name)).await
     }
 
     /// Every ruleset, by name.
