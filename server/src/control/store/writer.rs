@@ -1,6 +1,7 @@
 //! The store's connections (rusqlite, the store's one SQLite driver): one writer connection
 //! on which every write transaction runs, and a few reader connections for the reads; each
-//! call is one synchronous closure on a blocking thread.
+//! call is one synchronous closure on a blocking thread (a short read may run on the calling
+//! thread instead: [`Readers::run_here`]).
 //!
 //! Why rusqlite and not sqlx (the design card's first choice): sqlx-sqlite runs every
 //! statement on the connection's own worker thread and hands it and its rows over channels,
