@@ -265,8 +265,10 @@ fn until_closed(io: &mut std::os::unix::net::UnixStream) -> Vec<u8> {
 /// serves HTTP/2: answers and refusals with their details, several calls on one connection
 /// kept open while calls come within `--idle-timeout` (1 s, for more than three periods),
 /// closed once silent, or silent from the start (`--handshake-timeout`), a wrong magic closed
-/// unanswered, a frame over the request limit refused from its length alone; the edit is
-/// audited with the peer's credentials, and vallumctl's HTTP/2 on the same socket still works.
+/// unanswered, a frame over the request limit refused from its length alone; calls sent
+/// ahead answered in order, a call sent a byte at a time answered, an edit whose client left
+/// at once committed; the edit is audited with the peer's credentials, and vallumctl's HTTP/2
+/// on the same socket still works.
 #[test]
 fn local_calls_on_the_socket() {
     use std::io::Write;
@@ -373,12 +375,36 @@ fn local_calls_on_the_socket() {
     let rs = <pb::Ruleset as prost::Message>::decode(rs.as_slice()).expect("Ruleset");
     assert_eq!(rs.active_revision, 2);
     drop(slow);
+    // A client that leaves as soon as it sent an edit does not stop it: the call runs to its
+    // end on the connection's task (the answer finds no one).
+    let mut gone = UnixStream::connect(&sock).expect("connect");
+    let mut call = local::MAGIC.to_vec();
+    call.extend(
+        local::encode_request(EDIT, b"", &edit("-A INPUT -p tcp --dport 24 -j ACCEPT"))
+            .expect("frame"),
+    );
+    gone.write_all(&call).expect("the edit");
+    drop(gone);
+    // Far longer than an edit takes: a lost edit fails the test instead of hanging it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let rs = local_call(&mut io, false, GET, &get).expect("GetRuleset");
+        let rs = <pb::Ruleset as prost::Message>::decode(rs.as_slice()).expect("Ruleset");
+        if rs.active_revision == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edit of a client that left was not committed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // Calls within --idle-timeout keep the connection for more than three of its periods.
     for _ in 0..8 {
         std::thread::sleep(Duration::from_millis(450));
         let rs = local_call(&mut io, false, GET, &get).expect("GetRuleset");
         let rs = <pb::Ruleset as prost::Message>::decode(rs.as_slice()).expect("Ruleset");
-        assert_eq!(rs.active_revision, 2);
+        assert_eq!(rs.active_revision, 3);
     }
     // Then silence: closed, nothing sent.
     assert_eq!(until_closed(&mut io), b"");
