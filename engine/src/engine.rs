@@ -83,8 +83,14 @@ use crate::sets::SetRegistry;
 use crate::snapshot::{CompileError, DiffHint, LogEvent, LogRecord, SlotCounters, Snapshot, Trace};
 use crate::validate::{Severity, Violation, ViolationKind, validate, validate_after};
 
+mod shadow;
 mod worker;
 
+pub use shadow::{
+    DEFAULT_SHADOW_FLOWS, MAX_SHADOW_FLOWS, SHADOW_SAMPLE_CAPACITY, ShadowConfig, ShadowEnd,
+    ShadowFlow, ShadowReport, ShadowSample, VerdictPair,
+};
+use shadow::{Shadow, ShadowSlot};
 use worker::VerdictCounts;
 pub use worker::{Batch, EngineWorker, LOG_RING_CAPACITY, LogDrops};
 
@@ -202,6 +208,10 @@ pub struct Committed {
     pub warnings: Vec<Violation>,
     /// The previous snapshot, unreachable by any core: drop it off the commit path.
     pub retired: Retired<Snapshot>,
+    /// The shadow this publish ended ([`Engine::start_shadow`]), its report made against the
+    /// snapshot it was compared with; when this commit numbered the shadowed ruleset with the
+    /// shadowed revision, its counters were added to the new snapshot's.
+    pub shadow: Option<ShadowReport>,
 }
 
 /// A validated change, not compiled yet: made by [`Engine::validate_change`] (whose verdict it
@@ -365,6 +375,8 @@ pub struct Engine {
     conntrack: Option<Conntrack>,
     /// Rulesets validated so far ([`Engine::validations`]).
     validations: AtomicU64,
+    /// The one shadow ([`Engine::start_shadow`]).
+    shadow: ShadowSlot,
 }
 
 impl std::fmt::Debug for Engine {
@@ -402,6 +414,7 @@ impl Engine {
             clock,
             conntrack,
             validations: AtomicU64::new(0),
+            shadow: ShadowSlot::default(),
         }
     }
 
@@ -670,6 +683,16 @@ impl Engine {
             carried
         });
         let t5 = self.clock.now_ns();
+        // A shadow was compiled beside the rulesets this replaced: it ends here.
+        let shadow = self.retire_shadow().map(|sh| {
+            let ct = self.conntrack.as_ref();
+            let report = sh.report(&retired, ct, Some(ShadowEnd::Committed));
+            if prepared.revisions.get(&sh.ruleset) == Some(&sh.revision) {
+                self.dataplane
+                    .with_active(|new| new.add_counters(&report.counters));
+            }
+            report
+        });
         active.rulesets = std::mem::take(&mut prepared.next);
         active.facts = prepared.facts.clone();
         active.revisions = std::mem::take(&mut prepared.revisions);
@@ -687,7 +710,103 @@ impl Engine {
             },
             warnings: std::mem::take(&mut prepared.warnings),
             retired,
+            shadow,
         })
+    }
+
+    /// Makes `ruleset` (numbered `revision` by the caller) the shadow of the active ruleset
+    /// of its name: validated as a commit of it would be, compiled beside the other active
+    /// rulesets into a snapshot of its own, and classified by every worker beside the active
+    /// snapshot until [`Engine::end_shadow`], the next publish, or the next `start_shadow`
+    /// (module `shadow` docs: what it sees and what it cannot change). One shadow per engine
+    /// (vallumd runs one engine per ruleset set, so at most one per ruleset); the one it
+    /// replaces comes back with its report ([`ShadowEnd::Replaced`]). Nothing changes on the
+    /// packet path but the counting; `config.max_flows` above [`MAX_SHADOW_FLOWS`] is clamped.
+    ///
+    /// Errors: as [`Engine::prepare`] of `Change::Put(ruleset)`; the shadow slot is then
+    /// unchanged.
+    pub fn start_shadow(
+        &self,
+        ruleset: Ruleset,
+        revision: u64,
+        config: ShadowConfig,
+        sets: &dyn SetRegistry,
+    ) -> Result<Option<ShadowReport>, CommitError> {
+        let name = ruleset.name.clone();
+        let validated = self.validate_change(Change::Put(ruleset), sets)?;
+        let list: Vec<Arc<Ruleset>> = validated.next.values().cloned().collect();
+        let with = WithFacts {
+            sets,
+            facts: &validated.facts,
+        };
+        // From scratch: cells of its own (its counters count only what it matched).
+        let snapshot = Snapshot::compile_with(
+            &list,
+            &with,
+            self.dataplane.cores(),
+            self.dataplane.with_active(|s| s.classifier),
+        )?;
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        if active.version != validated.base {
+            return Err(CommitError::Stale);
+        }
+        let sh = Arc::new(Shadow::new(
+            name,
+            revision,
+            self.clock.now_ns(),
+            snapshot,
+            config,
+        ));
+        let old = self.shadow.replace(
+            Some(sh),
+            |_| false,
+            self.dataplane.quiescence(),
+            &self.dataplane.backoff(),
+        );
+        drop(active);
+        Ok(old.map(|old| self.report_of(&old, Some(ShadowEnd::Replaced))))
+    }
+
+    /// Ends the shadow, if any, and returns its last report ([`ShadowEnd::Ended`]); no
+    /// worker classifies with it once this returns.
+    pub fn end_shadow(&self) -> Option<ShadowReport> {
+        let old = self.retire_shadow()?;
+        Some(self.report_of(&old, Some(ShadowEnd::Ended)))
+    }
+
+    /// The running shadow's report so far, `None` without one. Off the packet path: it
+    /// traces each differing flow's first packet on both snapshots for its rule paths.
+    pub fn shadow_report(&self) -> Option<ShadowReport> {
+        let sh = self.shadow.current()?;
+        Some(self.report_of(&sh, None))
+    }
+
+    /// The running shadow's ruleset and revision.
+    pub fn shadow_revision(&self) -> Option<(String, u64)> {
+        let sh = self.shadow.current()?;
+        Some((sh.ruleset.clone(), sh.revision))
+    }
+
+    /// The sampled differing packets of the running shadow since the last drain
+    /// ([`ShadowConfig::sample`]), per core, oldest first; empty without a shadow.
+    pub fn drain_shadow_samples(&self) -> Vec<ShadowSample> {
+        self.shadow
+            .current()
+            .map_or_else(Vec::new, |sh| sh.drain_samples())
+    }
+
+    fn retire_shadow(&self) -> Option<Arc<Shadow>> {
+        self.shadow.replace(
+            None,
+            |_| false,
+            self.dataplane.quiescence(),
+            &self.dataplane.backoff(),
+        )
+    }
+
+    fn report_of(&self, sh: &Shadow, ended: Option<ShadowEnd>) -> ShadowReport {
+        let ct = self.conntrack.as_ref();
+        self.dataplane.with_active(|s| sh.report(s, ct, ended))
     }
 
     /// The kernel-decided expressions the active snapshot reads and their facts-field bits
@@ -756,6 +875,7 @@ impl Engine {
             &self.dataplane,
             &self.verdicts[core],
             self.conntrack.as_ref(),
+            &self.shadow,
         ))
     }
 
