@@ -377,6 +377,8 @@ pub struct Engine {
     validations: AtomicU64,
     /// The one shadow ([`Engine::start_shadow`]).
     shadow: ShadowSlot,
+    /// The report of the last shadow that ended ([`Engine::shadow_report`]).
+    shadow_last: Mutex<Option<ShadowReport>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -415,6 +417,7 @@ impl Engine {
             conntrack,
             validations: AtomicU64::new(0),
             shadow: ShadowSlot::default(),
+            shadow_last: Mutex::new(None),
         }
     }
 
@@ -691,6 +694,7 @@ impl Engine {
                 self.dataplane
                     .with_active(|new| new.add_counters(&report.counters));
             }
+            self.keep_last(&report);
             report
         });
         active.rulesets = std::mem::take(&mut prepared.next);
@@ -719,8 +723,7 @@ impl Engine {
     /// rulesets into a snapshot of its own, and classified by every worker beside the active
     /// snapshot until [`Engine::end_shadow`], the next publish, or the next `start_shadow`
     /// (module `shadow` docs: what it sees and what it cannot change). One shadow per engine
-    /// (vallumd runs one engine per ruleset set, so at most one per ruleset); the one it
-    /// replaces comes back with its report ([`ShadowEnd::Replaced`]). Nothing changes on the
+    /// at a time; the one it replaces comes back with its report ([`ShadowEnd::Replaced`]). Nothing changes on the
     /// packet path but the counting; `config.max_flows` above [`MAX_SHADOW_FLOWS`] is clamped.
     ///
     /// Errors: as [`Engine::prepare`] of `Change::Put(ruleset)`; the shadow slot is then
@@ -764,21 +767,38 @@ impl Engine {
             &self.dataplane.backoff(),
         );
         drop(active);
-        Ok(old.map(|old| self.report_of(&old, Some(ShadowEnd::Replaced))))
+        Ok(old.map(|old| {
+            let report = self.report_of(&old, Some(ShadowEnd::Replaced));
+            self.keep_last(&report);
+            report
+        }))
     }
 
     /// Ends the shadow, if any, and returns its last report ([`ShadowEnd::Ended`]); no
     /// worker classifies with it once this returns.
     pub fn end_shadow(&self) -> Option<ShadowReport> {
         let old = self.retire_shadow()?;
-        Some(self.report_of(&old, Some(ShadowEnd::Ended)))
+        let report = self.report_of(&old, Some(ShadowEnd::Ended));
+        self.keep_last(&report);
+        Some(report)
     }
 
-    /// The running shadow's report so far, `None` without one. Off the packet path: it
-    /// traces each differing flow's first packet on both snapshots for its rule paths.
+    /// The running shadow's report so far, or else the last report of the shadow that ended
+    /// last ([`ShadowReport::ended`] says why); `None` when no shadow ran. Off the packet path:
+    /// it traces each differing flow's first packet on both snapshots for its rule paths.
     pub fn shadow_report(&self) -> Option<ShadowReport> {
-        let sh = self.shadow.current()?;
-        Some(self.report_of(&sh, None))
+        match self.shadow.current() {
+            Some(sh) => Some(self.report_of(&sh, None)),
+            None => self
+                .shadow_last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+
+    fn keep_last(&self, report: &ShadowReport) {
+        *self.shadow_last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
     }
 
     /// The running shadow's ruleset and revision.

@@ -120,6 +120,26 @@ fn vi(v: Verdict) -> usize {
 
 const VERDICT_NAMES: [&str; 3] = ["ACCEPT", "DROP", "REJECT"];
 
+/// One run's packets and bytes by `[active][shadow]` verdict, added to the core's once
+/// ([`Shadow::add`]).
+#[derive(Default)]
+pub(crate) struct PairCounts {
+    packets: [[u64; 3]; 3],
+    bytes: [[u64; 3]; 3],
+}
+
+impl PairCounts {
+    /// Counts a packet of `len` bytes; true when its verdicts differ (ACCEPT, DROP or
+    /// REJECT: two REJECTs with different answers are the same).
+    #[inline]
+    pub(crate) fn count(&mut self, len: u32, active: Verdict, shadow: Verdict) -> bool {
+        let (a, s) = (vi(active), vi(shadow));
+        self.packets[a][s] += 1;
+        self.bytes[a][s] += u64::from(len);
+        a != s
+    }
+}
+
 /// One core's shadow statistics. The pair counters have one writer (the core): Relaxed load +
 /// store; the tables are behind a mutex no other core takes on the packet path (reports take
 /// it briefly).
@@ -187,19 +207,23 @@ impl Shadow {
         }
     }
 
-    /// Counts one packet of `len` bytes on `core` (below the snapshot's cores; a larger
-    /// index folds onto the last) by its verdicts; true when they differ, and the caller then
-    /// hands the packet to [`Shadow::differing`].
+    /// Adds a run's pair counts to `core`'s (below the snapshot's cores; a larger index
+    /// folds onto the last).
     #[inline]
-    pub(crate) fn count(&self, core: usize, len: u32, active: Verdict, shadow: Verdict) -> bool {
+    pub(crate) fn add(&self, core: usize, run: &PairCounts) {
         let c = &self.cores[core.min(self.cores.len() - 1)];
-        let (a, s) = (vi(active), vi(shadow));
         // One writer per core: Relaxed load + store, no RMW (a statistic, orders nothing).
-        let bump =
-            |x: &AtomicU64, by: u64| x.store(x.load(Ordering::Relaxed) + by, Ordering::Relaxed);
-        bump(&c.packets[a][s], 1);
-        bump(&c.bytes[a][s], u64::from(len));
-        active != shadow
+        let bump = |x: &AtomicU64, by: u64| {
+            if by > 0 {
+                x.store(x.load(Ordering::Relaxed) + by, Ordering::Relaxed)
+            }
+        };
+        for a in 0..3 {
+            for s in 0..3 {
+                bump(&c.packets[a][s], run.packets[a][s]);
+                bump(&c.bytes[a][s], run.bytes[a][s]);
+            }
+        }
     }
 
     /// Counts a differing packet in its flow's row and, every [`ShadowConfig::sample`]-th,

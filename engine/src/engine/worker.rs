@@ -35,10 +35,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::shadow::{CtSeen, NoLogs, Recording, Replay, Shadow, ShadowSlot};
+use super::shadow::{CtSeen, NoLogs, PairCounts, Recording, Replay, Shadow, ShadowSlot};
 use crate::conntrack::{Conntrack, NoTracking, Track, Tracker};
 use crate::dataplane::{Dataplane, Worker};
 use crate::eval::Hint;
+use crate::model::CtZone;
 use crate::model::{Family, Hook};
 use crate::packet::{Packet, PacketFacts, PacketMeta};
 use crate::snapshot::{CLASSIFY_BATCH, LogEvent, LogRecord, LogRing, LogSink, Snapshot, Verdict};
@@ -339,12 +340,15 @@ struct ShadowRun<'s> {
 /// they grow to the largest batch once and are reused.
 #[derive(Default)]
 struct ShadowBuf {
-    /// The packets and facts as the source parsed them.
+    /// The packets as the source parsed them.
     metas: Vec<PacketMeta>,
-    facts: Vec<PacketFacts>,
     /// The copies the shadow's walk changes.
     work: Vec<PacketMeta>,
-    work_facts: Vec<PacketFacts>,
+    /// The facts' `ct_zone` as the source gave it (the only field of the facts a walk
+    /// writes, with `-j CT`), then as the active walk left it: the shadow walks the batch's
+    /// own facts with the first, and the batch gets the second back.
+    zones: Vec<Option<CtZone>>,
+    active_zones: Vec<Option<CtZone>>,
     verdicts: Vec<Verdict>,
     /// What the active lookup gave each packet.
     seen: Vec<CtSeen>,
@@ -371,12 +375,13 @@ impl ShadowBuf {
             bytes,
         } = run;
         let n = ps.len().min(vs.len());
+        let fs_len = fs.len().min(n);
+        let fs = &mut fs[..fs_len];
         // Step 1: the packets as parsed.
         self.metas.clear();
         self.metas.extend_from_slice(&ps[..n]);
-        self.facts.clear();
-        self.facts.extend(fs.iter().take(n).copied());
-        self.facts.resize(n, PacketFacts::NONE);
+        self.zones.clear();
+        self.zones.extend(fs.iter().map(|f| f.ct_zone));
         // Step 2: the active classification, recording conntrack's answers.
         self.seen.clear();
         let table = track.table();
@@ -386,11 +391,14 @@ impl ShadowBuf {
             cur: CtSeen::default(),
         };
         snap.classify_batch(core, ps, fs, vs, now, logs, bytes, &mut rec);
-        // Step 3: the shadow's, on copies, replaying conntrack.
+        // Step 3: the shadow's, on copies of the packets and on the facts as they came,
+        // replaying conntrack.
         self.work.clear();
         self.work.extend_from_slice(&self.metas);
-        self.work_facts.clear();
-        self.work_facts.extend_from_slice(&self.facts);
+        self.active_zones.clear();
+        for (f, &z) in fs.iter_mut().zip(&self.zones) {
+            self.active_zones.push(std::mem::replace(&mut f.ct_zone, z));
+        }
         self.verdicts.clear();
         self.verdicts.resize(n, Verdict::Accept);
         let mut replay = Replay {
@@ -398,22 +406,26 @@ impl ShadowBuf {
             i: 0,
             table,
         };
-        let (work, wf, sv) = (&mut self.work, &mut self.work_facts, &mut self.verdicts);
+        let (work, sv) = (&mut self.work, &mut self.verdicts);
         sh.snapshot
-            .classify_batch(core, work, wf, sv, now, &mut NoLogs, bytes, &mut replay);
-        // Step 4: count.
+            .classify_batch(core, work, fs, sv, now, &mut NoLogs, bytes, &mut replay);
+        // Step 4: count, then give the batch its facts back as the active walk left them.
+        let mut pairs = PairCounts::default();
         for (i, (&av, &sv)) in vs.iter().zip(&self.verdicts).enumerate().take(n) {
-            if sh.count(core, self.metas[i].len, av, sv) {
+            if pairs.count(self.metas[i].len, av, sv) {
                 let mut meta = self.metas[i];
                 if let Some(s) = self.seen.get(i) {
                     s.apply(&mut meta);
                 }
-                let packet = Packet {
-                    meta,
-                    facts: self.facts[i],
-                };
+                let mut facts = fs.get(i).copied().unwrap_or(PacketFacts::NONE);
+                facts.ct_zone = self.zones.get(i).copied().flatten();
+                let packet = Packet { meta, facts };
                 sh.differing(core, &packet, av, sv, now);
             }
+        }
+        sh.add(core, &pairs);
+        for (f, &z) in fs.iter_mut().zip(&self.active_zones) {
+            f.ct_zone = z;
         }
     }
 }

@@ -225,6 +225,7 @@ fn a_shadow_ends_on_request_on_replace_and_on_commit() {
     };
 
     assert!(e.end_shadow().is_none(), "no shadow yet");
+    assert!(e.shadow_report().is_none());
     e.start_shadow(ruleset(SHADOW), 3, ShadowConfig::default(), &NoSets)
         .unwrap();
     send(2);
@@ -233,9 +234,10 @@ fn a_shadow_ends_on_request_on_replace_and_on_commit() {
         (ended.ended, ended.changed_packets()),
         (Some(ShadowEnd::Ended), 2)
     );
-    assert!(e.shadow_report().is_none());
+    assert!(e.shadow_revision().is_none());
     send(1);
     assert!(e.end_shadow().is_none());
+    assert_eq!(e.shadow_report(), Some(ended), "the last one, unchanged");
 
     e.start_shadow(ruleset(SHADOW), 4, ShadowConfig::default(), &NoSets)
         .unwrap();
@@ -256,11 +258,13 @@ fn a_shadow_ends_on_request_on_replace_and_on_commit() {
     p.set_revision("web", 5);
     let committed = e.publish(p).unwrap();
     let last = committed.shadow.unwrap();
+    let shown = last.clone();
     assert_eq!(
         (last.revision, last.ended, last.changed_packets()),
         (5, Some(ShadowEnd::Committed), 3)
     );
-    assert!(e.shadow_report().is_none());
+    assert!(e.shadow_revision().is_none());
+    assert_eq!(e.shadow_report(), Some(shown));
     let counts: Vec<_> = e.counters().iter().map(|c| (c.rule, c.packets)).collect();
     // The INPUT policy keeps what it counted when active (7 packets to 8080 so far).
     assert_eq!(
@@ -285,7 +289,7 @@ fn a_shadow_ends_on_request_on_replace_and_on_commit() {
         .unwrap();
     let committed = e.commit(Change::Put(ruleset(SHADOW)), &NoSets).unwrap();
     assert_eq!(committed.shadow.unwrap().ended, Some(ShadowEnd::Committed));
-    assert!(e.shadow_report().is_none());
+    assert!(e.shadow_revision().is_none());
 }
 
 /// The flow table keeps at most `max_flows` rows per core; differing packets of further flows
@@ -313,4 +317,51 @@ fn the_flow_table_is_bounded() {
     let ports: Vec<_> = samples.iter().map(|s| s.packet.meta.sport).collect();
     assert_eq!(ports, [2000, 2002, 2004], "every second differing packet");
     assert!(e.drain_shadow_samples().is_empty());
+}
+
+/// With the source's facts: the flow names its input interface, the shadow reads the facts
+/// as they came (its `-i` rule matches), and the batch's facts come back as the active walk
+/// left them.
+#[test]
+fn the_shadow_reads_the_batch_facts() {
+    use crate::engine::Batch;
+    use crate::packet::{IfName, PacketFacts};
+    let e = engine(1);
+    e.commit(Change::Put(ruleset(ACTIVE)), &NoSets).unwrap();
+    let shadow = ruleset("-A INPUT -i eth7 -p tcp --dport 80 -j REJECT\n");
+    e.start_shadow(shadow, 9, ShadowConfig::default(), &NoSets)
+        .unwrap();
+    let mut w = e.worker(0).unwrap();
+    let eth = |n| PacketFacts {
+        in_iface: IfName::new(n).unwrap(),
+        ..PacketFacts::default()
+    };
+    let mut packets = vec![tcp(2, 1000, 80, 40), tcp(3, 1000, 80, 40)];
+    let mut facts = vec![eth("eth7"), eth("eth8")];
+    let before = facts.clone();
+    let mut verdicts = vec![Verdict::Drop; 2];
+    let mut skipped = [false; 2];
+    w.process(
+        Batch {
+            packets: &mut packets,
+            facts: &mut facts,
+            verdicts: &mut verdicts,
+            bytes: &[],
+            cut: &[],
+            skipped: &mut skipped,
+        },
+        3,
+    );
+    assert_eq!(verdicts, [Verdict::Accept; 2]);
+    assert_eq!(facts, before);
+    let r = e.shadow_report().unwrap();
+    assert_eq!(r.flows.len(), 1);
+    assert_eq!(
+        (
+            r.flows[0].in_iface.as_str(),
+            r.flows[0].src,
+            r.flows[0].shadow
+        ),
+        ("eth7", ip(2), "REJECT")
+    );
 }
