@@ -777,8 +777,14 @@ impl Engine {
     /// Ends the shadow, if any, and returns its last report ([`ShadowEnd::Ended`]); no
     /// worker classifies with it once this returns.
     pub fn end_shadow(&self) -> Option<ShadowReport> {
+        self.end_shadow_as(ShadowEnd::Ended)
+    }
+
+    /// [`Engine::end_shadow`], the report saying `why` (the caller's timer ends a shadow as
+    /// [`ShadowEnd::Expired`]).
+    pub fn end_shadow_as(&self, why: ShadowEnd) -> Option<ShadowReport> {
         let old = self.retire_shadow()?;
-        let report = self.report_of(&old, Some(ShadowEnd::Ended));
+        let report = self.report_of(&old, Some(why));
         self.keep_last(&report);
         Some(report)
     }
@@ -799,6 +805,13 @@ impl Engine {
 
     fn keep_last(&self, report: &ShadowReport) {
         *self.shadow_last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
+    }
+
+    /// The running shadow's ruleset, revision and packets by verdict pair (cheap: no flows,
+    /// no traces; for metrics).
+    pub fn shadow_pairs(&self) -> Option<(String, u64, Vec<VerdictPair>)> {
+        let sh = self.shadow.current()?;
+        Some((sh.ruleset.clone(), sh.revision, sh.pairs()))
     }
 
     /// The running shadow's ruleset and revision.

@@ -310,14 +310,9 @@ impl Shadow {
         out
     }
 
-    /// The report: totals, flows (their rule paths traced on `active` and on the shadow's
-    /// snapshot; the busiest first, then by first seen) and the shadowed ruleset's counters.
-    pub(crate) fn report(
-        &self,
-        active: &Snapshot,
-        ct: Option<&Conntrack>,
-        ended: Option<ShadowEnd>,
-    ) -> ShadowReport {
+    /// Packets and bytes by (active, shadow) verdict pair, summed over cores; pairs without
+    /// packets are left out.
+    pub(crate) fn pairs(&self) -> Vec<VerdictPair> {
         let mut pairs = Vec::new();
         for (a, active_name) in VERDICT_NAMES.into_iter().enumerate() {
             for (s, shadow_name) in VERDICT_NAMES.into_iter().enumerate() {
@@ -338,6 +333,18 @@ impl Shadow {
                 }
             }
         }
+        pairs
+    }
+
+    /// The report: totals, flows (their rule paths traced on `active` and on the shadow's
+    /// snapshot; the busiest first, then by first seen) and the shadowed ruleset's counters.
+    pub(crate) fn report(
+        &self,
+        active: &Snapshot,
+        ct: Option<&Conntrack>,
+        ended: Option<ShadowEnd>,
+    ) -> ShadowReport {
+        let pairs = self.pairs();
         let mut flows = Vec::new();
         let (mut overflow_packets, mut overflow_bytes, mut samples_dropped) = (0, 0, 0);
         for c in self.cores.iter() {
@@ -496,8 +503,11 @@ pub struct ShadowFlow {
 /// Why a shadow ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShadowEnd {
-    /// [`Engine::end_shadow`](super::Engine::end_shadow): on request, or its time was up.
+    /// [`Engine::end_shadow`](super::Engine::end_shadow): on request.
     Ended,
+    /// Its time was up ([`Engine::end_shadow_as`](super::Engine::end_shadow_as): the
+    /// engine has no timer; the caller's says so).
+    Expired,
     /// A commit was published (the shadow was compiled beside the rulesets it replaced).
     Committed,
     /// Another shadow took its place.

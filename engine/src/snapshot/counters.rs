@@ -216,7 +216,9 @@ impl Snapshot {
     }
 
     /// Adds `rows` (e.g. a shadow's counters of the revision this snapshot now runs) to the
-    /// counters of the same (ruleset, family, table, chain, rule number or policy); rows
+    /// counters of the same (ruleset, family, table, chain, rule number or policy) that this
+    /// snapshot did not take over from the one it was built from (its new rules and
+    /// policies: one it took over already counted the same packets while active); rows
     /// naming nothing here are left out.
     pub fn add_counters(&self, rows: &[SlotCounters]) {
         type Key<'k> = (
@@ -241,7 +243,9 @@ impl Snapshot {
                 &*c.name,
                 rule,
             );
-            if let Some(&counts) = by.get(&key) {
+            if let Some(&counts) = by.get(&key)
+                && !self.continues(slot)
+            {
                 self.cells.add_base(slot as usize, counts);
             }
         };
@@ -252,6 +256,17 @@ impl Snapshot {
             if c.policy.is_some() {
                 add(c, c.policy_slot, None);
             }
+        }
+    }
+
+    /// Whether `slot` continues a rule or policy of the snapshot this one was built from: in
+    /// its cells, a slot this build did not take; in fresh cells, one the carry copies into.
+    fn continues(&self, slot: u32) -> bool {
+        if self.origin.is_some() {
+            let (from, to) = self.slots_taken;
+            !(from..to).contains(&slot)
+        } else {
+            self.moved.iter().any(|&(_, new)| new == slot)
         }
     }
 

@@ -48,14 +48,19 @@ pub enum Kind {
     Log,
     /// A sampled dropped packet.
     Drop,
+    /// A sampled packet the running shadow would decide differently
+    /// ([`vallum_engine::engine::Engine::drain_shadow_samples`]); sent only to subscribers
+    /// that ask for this kind.
+    Shadow,
 }
 
 impl Kind {
-    /// `LOG` or `DROP` (the API's `PacketEvent.kind`).
+    /// `LOG`, `DROP` or `SHADOW` (the API's `PacketEvent.kind`).
     pub fn name(self) -> &'static str {
         match self {
             Kind::Log => "LOG",
             Kind::Drop => "DROP",
+            Kind::Shadow => "SHADOW",
         }
     }
 }
@@ -103,6 +108,33 @@ impl PacketEvent {
         }
     }
 
+    /// A shadow's sampled differing packet of ruleset `ruleset` (chain empty, rule 0), its
+    /// line prefixed `shadow ACTIVE->SHADOW: `, seen at `time`.
+    pub fn shadow(
+        sample: &vallum_engine::engine::ShadowSample,
+        ruleset: &str,
+        time: SystemTime,
+    ) -> PacketEvent {
+        let log = LogEvent {
+            ruleset: Arc::from(ruleset),
+            table: TableKind::Filter,
+            chain: Arc::from(""),
+            rule: 0,
+            prefix: Some(Arc::from(format!(
+                "shadow {}->{}: ",
+                sample.active.name(),
+                sample.shadow.name()
+            ))),
+            level: 4,
+            nflog_group: None,
+            packet: sample.packet,
+        };
+        PacketEvent {
+            kind: Kind::Shadow,
+            ..PacketEvent::log(log, None, time)
+        }
+    }
+
     /// The packet in the kernel's LOG format ([`kernel_line`]).
     pub fn line(&self) -> String {
         kernel_line(&self.log, self.header.as_deref())
@@ -130,13 +162,14 @@ impl Filter {
         let p = &e.log.packet;
         match e.kind {
             Kind::Drop if self.sample_one_in.is_none() => return false,
+            Kind::Shadow if self.kind != Some(Kind::Shadow) => return false,
             _ => {}
         }
         self.kind.is_none_or(|k| k == e.kind)
             && self
                 .ruleset
                 .as_deref()
-                .is_none_or(|r| e.kind == Kind::Log && *e.log.ruleset == *r)
+                .is_none_or(|r| e.kind != Kind::Drop && *e.log.ruleset == *r)
             && self
                 .chain
                 .as_deref()

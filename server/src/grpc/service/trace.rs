@@ -132,11 +132,12 @@ pub fn packet_events_filter(r: &pb::WatchPacketEventsRequest) -> Result<events::
         Ok(pb::PacketEventKind::Unspecified) => None,
         Ok(pb::PacketEventKind::Log) => Some(events::Kind::Log),
         Ok(pb::PacketEventKind::Drop) => Some(events::Kind::Drop),
+        Ok(pb::PacketEventKind::Shadow) => Some(events::Kind::Shadow),
         Err(_) => {
             return Err(Error::invalid(
                 "kind",
                 format!(
-                    "{} is not a PacketEventKind (PACKET_EVENT_KIND_LOG or _DROP)",
+                    "{} is not a PacketEventKind (PACKET_EVENT_KIND_LOG, _DROP or _SHADOW)",
                     r.kind
                 ),
             ));
@@ -165,6 +166,7 @@ pub fn packet_event_pb(d: &events::Delivered) -> pb::PacketEvent {
         kind: match e.kind {
             events::Kind::Log => pb::PacketEventKind::Log,
             events::Kind::Drop => pb::PacketEventKind::Drop,
+            events::Kind::Shadow => pb::PacketEventKind::Shadow,
         } as i32,
         time: Some(convert::timestamp(ns)),
         ruleset: e.log.ruleset.to_string(),
