@@ -106,7 +106,8 @@ pub async fn run(
     print(out, report_json(&r), || report_text(&r))
 }
 
-fn ended(v: i32) -> &'static str {
+/// A shadow's end as a word (`ended`, `expired`, ...; empty while it runs).
+pub fn ended(v: i32) -> &'static str {
     match ShadowEnd::try_from(v) {
         Ok(ShadowEnd::Unspecified) => "",
         Ok(ShadowEnd::Ended) => "ended",
@@ -119,6 +120,38 @@ fn ended(v: i32) -> &'static str {
 
 fn ts(t: &Option<prost_types::Timestamp>) -> String {
     t.as_ref().map_or_else(String::new, view::rfc3339)
+}
+
+/// Shadows the active revision of `ruleset` with `name` for `duration`, waits until the
+/// server ended it (its timer checks every `--confirm-check-interval`), and returns the last
+/// report (`ended` says whether it ran its time: EXPIRED).
+pub async fn shadow_for(
+    c: &mut RulesetServiceClient<Svc>,
+    name: &str,
+    ruleset: &str,
+    duration: Duration,
+) -> Result<ShadowReport, CliError> {
+    c.shadow_revision(ShadowRevisionRequest {
+        name: name.to_string(),
+        duration: proto_duration(Some(duration)),
+        sample_one_in: 0,
+        max_flows: 0,
+    })
+    .await?;
+    let start = tokio::time::Instant::now();
+    loop {
+        let left = duration.saturating_sub(start.elapsed());
+        tokio::time::sleep(left.clamp(Duration::from_millis(100), Duration::from_secs(1))).await;
+        let r = c
+            .get_shadow_report(GetShadowReportRequest {
+                ruleset: ruleset.to_string(),
+            })
+            .await?
+            .into_inner();
+        if !r.running || r.name != name {
+            return Ok(r);
+        }
+    }
 }
 
 /// A shadow report as JSON.

@@ -28,7 +28,6 @@
 //! ([`Quiescence::start`] and [`Quiescence::wait`]): after that no batch can hold it, and its
 //! report is read from the retired shadow.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,7 +96,8 @@ struct FlowRow {
 }
 
 struct FlowTable {
-    rows: HashMap<FlowKey, FlowRow>,
+    /// FxHash: the key is a fixed-size tuple, hashed on the packet path (differing packets).
+    rows: rustc_hash::FxHashMap<FlowKey, FlowRow>,
     cap: usize,
     overflow_packets: u64,
     overflow_bytes: u64,
@@ -179,7 +179,7 @@ impl Shadow {
                 bytes: Default::default(),
                 differing: AtomicU64::new(0),
                 flows: Mutex::new(FlowTable {
-                    rows: HashMap::with_capacity(cap),
+                    rows: rustc_hash::FxHashMap::with_capacity_and_hasher(cap, Default::default()),
                     cap,
                     overflow_packets: 0,
                     overflow_bytes: 0,

@@ -358,6 +358,7 @@ impl ShadowBuf {
     /// Classifies a run with the active snapshot (as without a shadow, its tracker recording
     /// what conntrack gave) and again with the shadow's, then counts each packet's pair.
     #[allow(clippy::too_many_arguments)] // a run's inputs, as `process` has them
+    #[inline(never)] // off the batch loop's code when no shadow runs
     fn run<'t, T: Track<'t>>(
         &mut self,
         sh: &Shadow,
