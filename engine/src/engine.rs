@@ -39,6 +39,15 @@
 //! removed, and reads it for nothing else. The answer changes at publish, with what the cores
 //! run, so it is the one in-memory owner of "which revision is active".
 //!
+//! # Shadow
+//! One staged ruleset at a time may classify beside the active snapshot without deciding
+//! anything ([`Engine::start_shadow`], `engine/shadow.rs`): its snapshot is published in a slot
+//! of its own that the workers load inside their batches and retired with the same
+//! generation counters ([`crate::dataplane::Quiescence`]). Any publish ends it (it was
+//! compiled beside the rulesets the publish replaces): [`Committed::shadow`] has its report,
+//! and a commit that numbers the shadowed ruleset with the shadowed revision starts its new
+//! rules' counters from the shadow's.
+//!
 //! # Conntrack
 //! The engine owns one [`Conntrack`] table shared by all cores (unless
 //! [`EngineConfig::conntrack`] is `None`). It lives outside the snapshots, so a commit keeps
