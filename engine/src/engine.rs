@@ -816,11 +816,18 @@ impl Engine {
         *self.shadow_last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
     }
 
-    /// The running shadow's ruleset, revision and packets by verdict pair (cheap: no flows,
-    /// no traces; for metrics).
+    /// The running shadow's ruleset, revision and packets by verdict pair, or else those of
+    /// the last shadow that ended (its totals stay until the next one starts); cheap: no
+    /// flows, no traces; for metrics.
     pub fn shadow_pairs(&self) -> Option<(String, u64, Vec<VerdictPair>)> {
-        let sh = self.shadow.current()?;
-        Some((sh.ruleset.clone(), sh.revision, sh.pairs()))
+        match self.shadow.current() {
+            Some(sh) => Some((sh.ruleset.clone(), sh.revision, sh.pairs())),
+            None => {
+                let last = self.shadow_last.lock().unwrap_or_else(|e| e.into_inner());
+                let r = last.as_ref()?;
+                Some((r.ruleset.clone(), r.revision, r.pairs.clone()))
+            }
+        }
     }
 
     /// The running shadow's ruleset and revision.

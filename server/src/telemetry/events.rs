@@ -1032,6 +1032,48 @@ mod tests {
         )
     }
 
+    /// A shadow's sample reaches only subscribers asking for kind SHADOW (of its ruleset,
+    /// when they name one), as the kernel's LOG line prefixed with the two verdicts.
+    #[test]
+    fn shadow_samples_go_to_shadow_subscribers() {
+        use vallum_engine::engine::ShadowSample;
+        use vallum_engine::snapshot::Verdict;
+        let sample = ShadowSample {
+            packet: PacketMeta {
+                src: "10.0.0.1".parse().unwrap(),
+                dst: "10.0.0.2".parse().unwrap(),
+                protocol: 17,
+                sport: 5353,
+                dport: 53,
+                len: 60,
+                ..PacketMeta::default()
+            }
+            .into(),
+            active: Verdict::Accept,
+            shadow: Verdict::Drop,
+            now_ns: 1,
+        };
+        let e = PacketEvent::shadow(&sample, "web", crate::clock::Clock::system().system_time());
+        assert_eq!(e.kind, Kind::Shadow);
+        let line = e.line();
+        assert!(line.starts_with("shadow ACCEPT->DROP: IN= OUT= "), "{line}");
+        assert!(line.contains("SRC=10.0.0.1 DST=10.0.0.2 LEN=60 "), "{line}");
+        assert!(line.contains("PROTO=UDP SPT=5353 DPT=53 "), "{line}");
+        let kind = |k| Filter {
+            kind: Some(k),
+            ..Filter::default()
+        };
+        assert!(!Filter::default().admits(&e), "only when asked for");
+        assert!(!kind(Kind::Log).admits(&e));
+        assert!(kind(Kind::Shadow).admits(&e));
+        let of = |r: &str| Filter {
+            ruleset: Some(r.into()),
+            ..kind(Kind::Shadow)
+        };
+        assert!(of("web").admits(&e));
+        assert!(!of("db").admits(&e));
+    }
+
     #[test]
     fn filters() {
         let b = syn();

@@ -855,6 +855,24 @@ async fn shadow_on_live_traffic(d: &Daemon, b: &str, pass: Duration) {
         answered, [true; SHADOW_PROBES],
         "(o) the shadow changes no packet"
     );
+    // The shadow's own counters, by the revision's name: its rule 1 counted the probes.
+    let counters = pb::counter_service_client::CounterServiceClient::new(d.channel().await)
+        .get_counters(pb::GetCountersRequest {
+            ruleset: staged.name.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("counters of the shadow")
+        .into_inner()
+        .counters;
+    let rule1 = counters
+        .iter()
+        .find(|c| c.chain == "INPUT" && c.rule == 1)
+        .expect("rule 1");
+    assert_eq!(
+        (rule1.packets, rule1.bytes),
+        (SHADOW_PROBES as u64, 38 * SHADOW_PROBES as u64)
+    );
     let r = c
         .end_shadow(pb::EndShadowRequest {
             ruleset: "nfq".into(),
@@ -867,6 +885,37 @@ async fn shadow_on_live_traffic(d: &Daemon, b: &str, pass: Duration) {
         (r.changed_packets, r.changed_flows),
         (SHADOW_PROBES as u64, SHADOW_PROBES as u64),
         "(o) {r:?}"
+    );
+    // vallumctl shows the same report (the last one, ended).
+    let shown = Command::new(support::vallumctl())
+        .args([
+            "--server",
+            &format!("http://{}", d.addr),
+            "-o",
+            "json",
+            "shadow",
+            "report",
+            "nfq",
+        ])
+        .output()
+        .expect("vallumctl runs");
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    assert_eq!(
+        (
+            shown["name"].as_str(),
+            shown["ended"].as_str(),
+            shown["changed_flows"].as_u64()
+        ),
+        (
+            Some(staged.name.as_str()),
+            Some("ended"),
+            Some(SHADOW_PROBES as u64)
+        )
     );
     let mut ports = std::collections::BTreeSet::new();
     for f in &r.flows {
