@@ -284,6 +284,10 @@ client_reasons! {
     /// A local step failed: a ruleset, capture, token or TLS file cannot be read or is not PEM,
     /// stdout cannot be written, an iptables program (`dataplane`) failed.
     Local => ("LOCAL_ERROR", None, EXIT_REJECTED),
+    /// `vallumctl apply --shadow-for`: more flows would change their verdict than
+    /// `--max-changed-flows` allows, or the shadow ended before its time; nothing was
+    /// committed (the new revision stays staged).
+    ShadowLimit => ("SHADOW_LIMIT_EXCEEDED", None, EXIT_REJECTED),
     /// The server cannot be reached: connection refused, no route, a TLS handshake that failed
     /// (`https://` against a plaintext server included).
     Unreachable => ("UNREACHABLE", Some(Code::Unavailable), EXIT_UNAVAILABLE),

@@ -85,6 +85,10 @@ pub enum CliError {
     /// `dataplane install|uninstall`: an iptables program could not run or failed.
     #[error("dataplane: {0}")]
     Dataplane(String),
+    /// `apply --shadow-for`: the shadow saw more changed flows than allowed, or ended early;
+    /// nothing was committed.
+    #[error("{0}")]
+    ShadowRefused(String),
 }
 
 /// `"N bytes,"` for a size known before reading, else `"it holds"` ([`CliError::TooLarge`]).
@@ -159,6 +163,7 @@ impl CliError {
             | CliError::Output(_)
             | CliError::Dataplane(_) => Some(ClientReason::Local),
             CliError::Connect { .. } => Some(ClientReason::Unreachable),
+            CliError::ShadowRefused(_) => Some(ClientReason::ShadowLimit),
             CliError::Invalid => None,
             CliError::Status { status, .. } => made_in_client(status),
         }
@@ -349,7 +354,7 @@ fn client_headline(c: ClientReason, status: &tonic::Status, cx: Context<'_>) -> 
             }
         ),
         ClientReason::Unreachable => format!("cannot connect to {server}: {detail}"),
-        ClientReason::Usage | ClientReason::Local => detail,
+        ClientReason::Usage | ClientReason::Local | ClientReason::ShadowLimit => detail,
     }
 }
 

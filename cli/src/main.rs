@@ -11,6 +11,7 @@
 //! | [`rulesets`] | `validate`, `stage`, `commit`, `confirm`, `apply`, `rollback`, `revisions`, `diff`, `export`, `watch`, `rulesets`, `delete` |
 //! | [`counters`] | `counters` |
 //! | [`trace`] | `trace`, `replay`, `monitor` |
+//! | [`shadow`] | `shadow RULESET/N --for D`, `shadow report`, `shadow end` |
 //! | [`conntrack`] | `conntrack list/delete/flush/stats` |
 //! | [`sets`] | `set ...` (ipset's words) |
 //! | [`fleet`] | `fleet ...` |
@@ -34,6 +35,7 @@ mod output;
 mod pages;
 mod rulesets;
 mod sets;
+mod shadow;
 mod socket;
 mod trace;
 mod view;
@@ -83,6 +85,10 @@ enum Command {
     /// packets (the server raises N to at least 100 and caps samples at 100 a second), like
     /// `cilium monitor -t drop`. Ends on Ctrl-C.
     Monitor(trace::MonitorArgs),
+    /// Shadow the active revision with a stored one on live traffic (`shadow web/7 --for
+    /// 10m`), then `shadow report web`: what it would have changed, flow by flow; `shadow
+    /// end web` stops it.
+    Shadow(shadow::ShadowArgs),
     /// Engine status: cores, active revisions, barrier strategy.
     Status,
     /// The connection table: list, delete, flush, stats (as conntrack-tools' `conntrack`).
@@ -131,6 +137,7 @@ impl Command {
         match self {
             Command::Rulesets(r) => r.changes(),
             Command::Counters(c) => c.zero,
+            Command::Shadow(a) => !matches!(a.command, Some(shadow::ShadowCommand::Report { .. })),
             Command::Fleet { command } => command.changes(),
             Command::Conntrack { .. } | Command::Set { .. } => true,
             Command::Trace(_)
@@ -258,6 +265,7 @@ async fn run(cli: &Cli) -> Result<(), CliError> {
     match &cli.command {
         Command::Rulesets(cmd) => rulesets::run(&mut c.rulesets, out, cmd).await?,
         Command::Counters(a) => counters::run(&mut c.counters, out, a).await?,
+        Command::Shadow(a) => shadow::run(&mut c.rulesets, out, a).await?,
         Command::Trace(t) => trace::trace(&mut c.trace, out, t).await?,
         Command::Replay(a) => trace::replay(&mut c.trace, out, a).await?,
         Command::Monitor(a) => trace::monitor(&mut c.trace, out, a).await?,

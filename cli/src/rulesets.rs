@@ -16,8 +16,8 @@ use vallum_proto::v1::ruleset_service_client::RulesetServiceClient;
 use vallum_proto::v1::{
     self as pb, ApplyRequest, CommitRevisionRequest, ConfirmCommitRequest, DeleteRulesetRequest,
     DiffRevisionsRequest, ExportFormat, ExportRevisionRequest, ListRevisionsRequest,
-    ListRulesetsRequest, RestoreText, RollbackRequest, RulesetSource, StageRevisionRequest,
-    ValidateRulesetRequest, WatchCommitsRequest,
+    ListRulesetsRequest, RestoreText, RollbackRequest, RulesetSource, ShadowEnd,
+    StageRevisionRequest, ValidateRulesetRequest, WatchCommitsRequest,
 };
 
 use crate::args::{FamilyArg, parse_duration, proto_duration, revision_arg};
@@ -226,6 +226,21 @@ pub enum RulesetCommand {
         /// and commit nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Stage the file, shadow the active revision with it on live traffic for this long
+        /// (`vallumctl shadow`), and commit it only if at most --max-changed-flows flows would
+        /// change their verdict; otherwise print the report and leave the active revision
+        /// (the new one stays staged). Then --confirm-within as usual.
+        #[arg(long, value_parser = parse_duration, env = "VALLUM_SHADOW_FOR", value_name = "DURATION", conflicts_with = "dry_run")]
+        shadow_for: Option<Duration>,
+        /// With --shadow-for: the most flows whose verdict may change (default 0: none).
+        #[arg(
+            long,
+            env = "VALLUM_MAX_CHANGED_FLOWS",
+            value_name = "N",
+            default_value_t = 0,
+            requires = "shadow_for"
+        )]
+        max_changed_flows: u64,
     },
     /// Commit the content of an earlier revision again.
     Rollback {
@@ -558,7 +573,78 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             priority,
             confirm_within,
             allow_empty,
+            dry_run: _,
+            shadow_for: Some(shadow_for),
+            max_changed_flows,
+        } => {
+            let staged = c
+                .stage_revision(StageRevisionRequest {
+                    ruleset: ruleset.clone(),
+                    source: Some(source(file, src)?),
+                    message: change.message.clone(),
+                    priority: *priority,
+                    etag: change.etag.clone().unwrap_or_default(),
+                    request_id: change.request_id.clone().unwrap_or_default(),
+                    validate_only: false,
+                    allow_empty: *allow_empty,
+                })
+                .await
+                .map_err(with_file(file))?
+                .into_inner();
+            let report = crate::shadow::shadow_for(c, &staged.name, ruleset, *shadow_for).await?;
+            if report.ended != ShadowEnd::Expired as i32 {
+                print(out, crate::shadow::report_json(&report), || {
+                    crate::shadow::report_text(&report)
+                })?;
+                return Err(CliError::ShadowRefused(format!(
+                    "the shadow of {} ended before its time ({}): nothing committed, {} stays \
+                     staged",
+                    staged.name,
+                    crate::shadow::ended(report.ended),
+                    staged.name
+                )));
+            }
+            if report.changed_flows > *max_changed_flows {
+                print(out, crate::shadow::report_json(&report), || {
+                    crate::shadow::report_text(&report)
+                })?;
+                return Err(CliError::ShadowRefused(format!(
+                    "{} flow(s) would change their verdict, more than --max-changed-flows {}: \
+                     nothing committed, the active revision is unchanged and {} stays staged",
+                    report.changed_flows, max_changed_flows, staged.name
+                )));
+            }
+            let r = c
+                .commit_revision(CommitRevisionRequest {
+                    name: staged.name.clone(),
+                    confirm_within: proto_duration(*confirm_within),
+                    etag: String::new(),
+                    request_id: String::new(),
+                    validate_only: false,
+                })
+                .await?
+                .into_inner();
+            let mut j = view::commit_json(&r);
+            j["shadow"] = crate::shadow::report_json(&report);
+            print(out, j, || {
+                format!(
+                    "{}{}",
+                    crate::shadow::report_text(&report),
+                    view::commit_text(&r)
+                )
+            })?;
+        }
+        RulesetCommand::Apply {
+            ruleset,
+            file,
+            source: src,
+            change,
+            priority,
+            confirm_within,
+            allow_empty,
             dry_run,
+            shadow_for: None,
+            ..
         } => {
             let r = c
                 .apply(ApplyRequest {

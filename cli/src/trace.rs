@@ -117,6 +117,8 @@ pub enum KindArg {
     Log,
     /// Sampled dropped packets.
     Drop,
+    /// Sampled packets the running shadow would decide differently (`vallumctl shadow`).
+    Shadow,
 }
 
 /// Flags of `replay`.
@@ -232,6 +234,7 @@ pub async fn monitor(c: &mut Client, out: Output, a: &MonitorArgs) -> Result<(),
                 None => pb::PacketEventKind::Unspecified,
                 Some(KindArg::Log) => pb::PacketEventKind::Log,
                 Some(KindArg::Drop) => pb::PacketEventKind::Drop,
+                Some(KindArg::Shadow) => pb::PacketEventKind::Shadow,
             } as i32,
             address: a.address.clone().unwrap_or_default(),
             sample_drops_one_in: a.sample_drops.unwrap_or(0),

@@ -276,11 +276,12 @@ pub fn step_outcome(o: i32) -> &'static str {
     }
 }
 
-/// A packet event's kind (`LOG`, `DROP`; `-` when unset).
+/// A packet event's kind (`LOG`, `DROP`, `SHADOW`; `-` when unset).
 pub fn event_kind(k: i32) -> &'static str {
     match PacketEventKind::try_from(k) {
         Ok(PacketEventKind::Log) => "LOG",
         Ok(PacketEventKind::Drop) => "DROP",
+        Ok(PacketEventKind::Shadow) => "SHADOW",
         Ok(PacketEventKind::Unspecified) | Err(_) => "-",
     }
 }

@@ -62,6 +62,15 @@
 //! removed, and reads it for nothing else. The answer changes at publish, with what the cores
 //! run, so it is the one in-memory owner of "which revision is active".
 //!
+//! # Shadow
+//! One staged ruleset at a time may classify beside the active snapshot without deciding
+//! anything ([`Engine::start_shadow`], `engine/shadow.rs`): its snapshot is published in a slot
+//! of its own that the workers load inside their batches and retired with the same
+//! generation counters ([`crate::dataplane::Quiescence`]). Any publish ends it (it was
+//! compiled beside the rulesets the publish replaces; [`Engine::shadow_report`] has its last
+//! report), and a commit that numbers the shadowed ruleset with the shadowed revision starts
+//! its new rules' counters from the shadow's.
+//!
 //! # Conntrack
 //! The engine owns one [`Conntrack`] table shared by all cores (unless
 //! [`EngineConfig::conntrack`] is `None`). It lives outside the snapshots, so a commit keeps
@@ -106,8 +115,14 @@ use crate::sets::SetRegistry;
 use crate::snapshot::{CompileError, DiffHint, LogEvent, LogRecord, SlotCounters, Snapshot, Trace};
 use crate::validate::{Severity, Violation, ViolationKind, validate, validate_after};
 
+mod shadow;
 mod worker;
 
+pub use shadow::{
+    DEFAULT_SHADOW_FLOWS, MAX_SHADOW_FLOWS, SHADOW_SAMPLE_CAPACITY, ShadowConfig, ShadowEnd,
+    ShadowFlow, ShadowReport, ShadowSample, VerdictPair,
+};
+use shadow::{Shadow, ShadowSlot};
 use worker::VerdictCounts;
 pub use worker::{Batch, EngineWorker, LOG_RING_CAPACITY, LogDrops};
 
@@ -453,6 +468,10 @@ pub struct Engine {
     conntrack: Option<Conntrack>,
     /// Rulesets validated so far ([`Engine::validations`]).
     validations: AtomicU64,
+    /// The one shadow ([`Engine::start_shadow`]).
+    shadow: ShadowSlot,
+    /// The report of the last shadow that ended ([`Engine::shadow_report`]).
+    shadow_last: Mutex<Option<ShadowReport>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -491,6 +510,8 @@ impl Engine {
             clock,
             conntrack,
             validations: AtomicU64::new(0),
+            shadow: ShadowSlot::default(),
+            shadow_last: Mutex::new(None),
         }
     }
 
@@ -814,6 +835,17 @@ impl Engine {
         let start_counters = std::mem::take(&mut prepared.start_counters);
         let (unpublished, q): (Unpublished<Snapshot>, QuiesceReport) =
             self.dataplane.publish(snapshot);
+        // A shadow was compiled beside the rulesets this replaced: it ends here (its own
+        // grace wait, only when one runs), its report made against the replaced snapshot.
+        if let Some(sh) = self.retire_shadow() {
+            let ct = self.conntrack.as_ref();
+            let report = sh.report(unpublished.get(), ct, Some(ShadowEnd::Committed));
+            if prepared.revisions.get(&sh.ruleset) == Some(&sh.revision) {
+                self.dataplane
+                    .with_active(|new| new.add_counters(&report.counters));
+            }
+            self.keep_last(&report);
+        }
         let carry = (counts || !start_counters.is_empty()).then_some(PendingCarry {
             counts,
             start_counters,
@@ -937,6 +969,137 @@ impl Engine {
         self.dataplane.with_active(f)
     }
 
+    /// Makes `ruleset` (numbered `revision` by the caller) the shadow of the active ruleset
+    /// of its name: validated as a commit of it would be, compiled beside the other active
+    /// rulesets into a snapshot of its own, and classified by every worker beside the active
+    /// snapshot until [`Engine::end_shadow`], the next publish, or the next `start_shadow`
+    /// (module `shadow` docs: what it sees and what it cannot change). One shadow per engine
+    /// at a time; the one it replaces comes back with its report ([`ShadowEnd::Replaced`]). Nothing changes on the
+    /// packet path but the counting; `config.max_flows` above [`MAX_SHADOW_FLOWS`] is clamped.
+    ///
+    /// Errors: as [`Engine::prepare`] of `Change::Put(ruleset)`; the shadow slot is then
+    /// unchanged.
+    pub fn start_shadow(
+        &self,
+        ruleset: Ruleset,
+        revision: u64,
+        config: ShadowConfig,
+        sets: &dyn SetRegistry,
+    ) -> Result<Option<ShadowReport>, CommitError> {
+        let name = ruleset.name.clone();
+        let validated = self.validate_change(Change::Put(ruleset), sets)?;
+        let list: Vec<Arc<Ruleset>> = validated.next.values().cloned().collect();
+        let with = WithFacts {
+            sets,
+            facts: &validated.facts,
+        };
+        // From scratch: cells of its own (its counters count only what it matched).
+        let snapshot = Snapshot::compile_with(
+            &list,
+            &with,
+            self.dataplane.cores(),
+            self.dataplane.with_active(|s| s.classifier),
+        )?;
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        if active.version != validated.base {
+            return Err(CommitError::Stale);
+        }
+        let sh = Arc::new(Shadow::new(
+            name,
+            revision,
+            self.clock.now_ns(),
+            snapshot,
+            config,
+        ));
+        let old = self.shadow.replace(
+            Some(sh),
+            |_| false,
+            self.dataplane.quiescence(),
+            &self.dataplane.backoff(),
+        );
+        drop(active);
+        Ok(old.map(|old| {
+            let report = self.report_of(&old, Some(ShadowEnd::Replaced));
+            self.keep_last(&report);
+            report
+        }))
+    }
+
+    /// Ends the shadow, if any, and returns its last report ([`ShadowEnd::Ended`]); no
+    /// worker classifies with it once this returns.
+    pub fn end_shadow(&self) -> Option<ShadowReport> {
+        self.end_shadow_as(ShadowEnd::Ended)
+    }
+
+    /// [`Engine::end_shadow`], the report saying `why` (the caller's timer ends a shadow as
+    /// [`ShadowEnd::Expired`]).
+    pub fn end_shadow_as(&self, why: ShadowEnd) -> Option<ShadowReport> {
+        let old = self.retire_shadow()?;
+        let report = self.report_of(&old, Some(why));
+        self.keep_last(&report);
+        Some(report)
+    }
+
+    /// The running shadow's report so far, or else the last report of the shadow that ended
+    /// last ([`ShadowReport::ended`] says why); `None` when no shadow ran. Off the packet path:
+    /// it traces each differing flow's first packet on both snapshots for its rule paths.
+    pub fn shadow_report(&self) -> Option<ShadowReport> {
+        match self.shadow.current() {
+            Some(sh) => Some(self.report_of(&sh, None)),
+            None => self
+                .shadow_last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+
+    fn keep_last(&self, report: &ShadowReport) {
+        *self.shadow_last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
+    }
+
+    /// The running shadow's ruleset, revision and packets by verdict pair, or else those of
+    /// the last shadow that ended (its totals stay until the next one starts); cheap: no
+    /// flows, no traces; for metrics.
+    pub fn shadow_pairs(&self) -> Option<(String, u64, Vec<VerdictPair>)> {
+        match self.shadow.current() {
+            Some(sh) => Some((sh.ruleset.clone(), sh.revision, sh.pairs())),
+            None => {
+                let last = self.shadow_last.lock().unwrap_or_else(|e| e.into_inner());
+                let r = last.as_ref()?;
+                Some((r.ruleset.clone(), r.revision, r.pairs.clone()))
+            }
+        }
+    }
+
+    /// The running shadow's ruleset and revision.
+    pub fn shadow_revision(&self) -> Option<(String, u64)> {
+        let sh = self.shadow.current()?;
+        Some((sh.ruleset.clone(), sh.revision))
+    }
+
+    /// The sampled differing packets of the running shadow since the last drain
+    /// ([`ShadowConfig::sample`]), per core, oldest first; empty without a shadow.
+    pub fn drain_shadow_samples(&self) -> Vec<ShadowSample> {
+        self.shadow
+            .current()
+            .map_or_else(Vec::new, |sh| sh.drain_samples())
+    }
+
+    fn retire_shadow(&self) -> Option<Arc<Shadow>> {
+        self.shadow.replace(
+            None,
+            |_| false,
+            self.dataplane.quiescence(),
+            &self.dataplane.backoff(),
+        )
+    }
+
+    fn report_of(&self, sh: &Shadow, ended: Option<ShadowEnd>) -> ShadowReport {
+        let ct = self.conntrack.as_ref();
+        self.dataplane.with_active(|s| sh.report(s, ct, ended))
+    }
+
     /// The kernel-decided expressions the active snapshot reads and their facts-field bits
     /// ([`crate::kernel_decided`]).
     pub fn kernel_facts(&self) -> Arc<FactBits> {
@@ -1003,6 +1166,7 @@ impl Engine {
             &self.dataplane,
             &self.verdicts[core],
             self.conntrack.as_ref(),
+            &self.shadow,
         ))
     }
 

@@ -588,7 +588,8 @@ pub struct Config {
     #[command(flatten)]
     pub fleet: crate::control::fleet::FleetArgs,
 
-    /// How often pending commit-confirmed deadlines are checked, in seconds.
+    /// How often pending commit-confirmed deadlines and a running shadow's end are checked, in
+    /// seconds.
     #[arg(long, env = "VALLUM_CONFIRM_CHECK_INTERVAL", default_value = "1", value_parser = parse_seconds)]
     pub confirm_check_interval: Duration,
 

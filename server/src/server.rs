@@ -538,6 +538,10 @@ pub async fn run_with(
         spawn_conntrack_gc(engine.clone(), clock.clone(), &config),
     );
     tasks.adopt_loop(
+        "shadow samples",
+        spawn_shadow_samples(engine.clone(), events.clone()),
+    );
+    tasks.adopt_loop(
         "set gc",
         pipeline.spawn_set_gc(crate::control::pipeline::sets::SET_GC_INTERVAL),
     );
@@ -768,6 +772,36 @@ fn spawn_load_health(
 /// The periodic garbage collection of the connection table: every `--conntrack-gc-interval`,
 /// one [`Engine::gc`] step over an eighth of the buckets, on a blocking thread (it takes the
 /// table's bucket locks). Nothing runs when conntrack is off.
+/// How often the running shadow's sampled differing packets are handed to the packet events.
+const SHADOW_SAMPLES_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Hands the running shadow's sampled differing packets
+/// ([`Engine::drain_shadow_samples`]) to the packet events (kind SHADOW) every
+/// [`SHADOW_SAMPLES_EVERY`]; off the packet path (the cores keep them in bounded rings).
+fn spawn_shadow_samples(
+    engine: Arc<Engine>,
+    events: crate::telemetry::events::Events,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SHADOW_SAMPLES_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some((ruleset, _)) = engine.shadow_revision() else {
+                continue;
+            };
+            let samples = engine.drain_shadow_samples();
+            let time = events.clock().system_time();
+            events.offer(
+                samples
+                    .iter()
+                    .map(|s| crate::telemetry::events::PacketEvent::shadow(s, &ruleset, time))
+                    .collect(),
+            );
+        }
+    })
+}
+
 fn spawn_conntrack_gc(
     engine: Arc<Engine>,
     clock: Arc<dyn Clock>,

@@ -21,17 +21,27 @@
 //! 8. **count the verdicts** per (family, hook, verdict) on this core;
 //! 9. **leave the batch** (generation even).
 //!
+//! With a shadow in the engine's slot (loaded once per batch after step 1; without one, the
+//! run takes the branch above and nothing else changes), steps 3-7 of each run go through
+//! `ShadowBuf::run` below: the packets are copied, classified with the active snapshot as
+//! above while conntrack's answers are recorded, then the copies are classified with the
+//! shadow's snapshot, and each packet is counted by its (active, shadow) verdict pair
+//! (`engine/shadow.rs`, its module docs). The packets and their verdicts are the active
+//! snapshot's.
+//!
 //! A `-j LOG` hit is copied into the worker's ring by the walk (the ring's sink is beside
 //! the walk in `eval.rs`) and waits there for [`EngineWorker::drain_logs`], off the packet
 //! path.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::shadow::{CtSeen, NoLogs, PairCounts, Recording, Replay, Shadow, ShadowSlot};
 use crate::conntrack::{Conntrack, NoTracking, Track, Tracker};
 use crate::dataplane::{Dataplane, Worker};
 use crate::eval::Hint;
+use crate::model::CtZone;
 use crate::model::{Family, Hook};
-use crate::packet::{PacketFacts, PacketMeta};
+use crate::packet::{Packet, PacketFacts, PacketMeta};
 use crate::snapshot::{CLASSIFY_BATCH, LogEvent, LogRecord, LogRing, LogSink, Snapshot, Verdict};
 
 /// How many `-j LOG` hits an [`EngineWorker`] keeps between two drains
@@ -126,6 +136,10 @@ pub struct EngineWorker<'a> {
     logs_stale: u64,
     /// Conntrack's steps for this core's packets; `None` when conntrack is off.
     tracker: Option<Tracker<'a>>,
+    /// The engine's shadow slot ([`super::shadow`]).
+    shadow: &'a ShadowSlot,
+    /// The copies a shadow classifies (empty until the first batch with a shadow).
+    shadow_buf: ShadowBuf,
 }
 
 impl std::fmt::Debug for EngineWorker<'_> {
@@ -143,6 +157,7 @@ impl<'a> EngineWorker<'a> {
         dataplane: &'a Dataplane<Snapshot>,
         verdicts: &'a VerdictCounts,
         conntrack: Option<&'a Conntrack>,
+        shadow: &'a ShadowSlot,
     ) -> EngineWorker<'a> {
         EngineWorker {
             inner,
@@ -151,6 +166,8 @@ impl<'a> EngineWorker<'a> {
             logs: LogRing::with_capacity(LOG_RING_CAPACITY),
             logs_stale: 0,
             tracker: conntrack.map(Tracker::new),
+            shadow,
+            shadow_buf: ShadowBuf::default(),
         }
     }
 }
@@ -191,6 +208,9 @@ impl EngineWorker<'_> {
         // Step 1: enter the batch (the generation goes odd until `batch` is dropped).
         let batch = self.inner.enter();
         let snap = batch.snapshot();
+        // The shadow, if any, loaded inside the batch (after its generation store and reader
+        // barrier): one load and one predictable branch per batch without one.
+        let shadow = self.shadow.load();
         // Step 2: which packets were cut short of what the rules read.
         let range = snap.copy_range();
         let short = |i: usize| {
@@ -218,13 +238,34 @@ impl EngineWorker<'_> {
                 (facts.get_mut(start.min(facts.len())..end.min(facts.len()))).unwrap_or(&mut []);
             let core = batch.core();
             let logs = &mut self.logs;
-            match &mut self.tracker {
-                Some(t) => snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t),
-                None => {
-                    let t = &mut NoTracking;
-                    snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t)
+            if shadow.is_null() {
+                match &mut self.tracker {
+                    Some(t) => snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t),
+                    None => {
+                        let t = &mut NoTracking;
+                        snap.classify_batch(core, ps, fs, vs, now_ns, logs, run_bytes, t)
+                    }
+                };
+            } else {
+                // SAFETY: `shadow` was loaded inside this batch, after its odd generation
+                // store and reader barrier, and the batch is still open (`batch` lives until
+                // step 9). The slot's writer clears the pointer and waits for the quiescence
+                // grace of this dataplane before it drops the shadow (`ShadowSlot::replace`),
+                // so by Claims A and B of `crate::dataplane` the shadow outlives this batch.
+                let sh = unsafe { &*shadow };
+                let run = ShadowRun {
+                    snap,
+                    core,
+                    now: now_ns,
+                    bytes: run_bytes,
+                };
+                match &mut self.tracker {
+                    Some(t) => self.shadow_buf.run(sh, run, ps, fs, vs, logs, t),
+                    None => self
+                        .shadow_buf
+                        .run(sh, run, ps, fs, vs, logs, &mut NoTracking),
                 }
-            };
+            }
             for (p, &v) in ps.iter().zip(vs.iter()) {
                 self.verdicts.count(p, v);
             }
@@ -281,6 +322,111 @@ impl EngineWorker<'_> {
         LogDrops {
             full: self.logs.dropped(),
             stale: self.logs_stale,
+        }
+    }
+}
+
+// === impl ShadowBuf: a batch beside a shadow ===
+
+/// What one run of a batch is classified with, besides its packets.
+struct ShadowRun<'s> {
+    snap: &'s Snapshot,
+    core: usize,
+    now: u64,
+    bytes: &'s [&'s [u8]],
+}
+
+/// The copies of a batch the shadow classifies ([`super::shadow`] module docs, steps 1-4);
+/// they grow to the largest batch once and are reused.
+#[derive(Default)]
+struct ShadowBuf {
+    /// The packets as the source parsed them.
+    metas: Vec<PacketMeta>,
+    /// The copies the shadow's walk changes.
+    work: Vec<PacketMeta>,
+    /// The facts' `ct_zone` as the source gave it (the only field of the facts a walk
+    /// writes, with `-j CT`), then as the active walk left it: the shadow walks the batch's
+    /// own facts with the first, and the batch gets the second back.
+    zones: Vec<Option<CtZone>>,
+    active_zones: Vec<Option<CtZone>>,
+    verdicts: Vec<Verdict>,
+    /// What the active lookup gave each packet.
+    seen: Vec<CtSeen>,
+}
+
+impl ShadowBuf {
+    /// Classifies a run with the active snapshot (as without a shadow, its tracker recording
+    /// what conntrack gave) and again with the shadow's, then counts each packet's pair.
+    #[allow(clippy::too_many_arguments)] // a run's inputs, as `process` has them
+    #[inline(never)] // off the batch loop's code when no shadow runs
+    fn run<'t, T: Track<'t>>(
+        &mut self,
+        sh: &Shadow,
+        run: ShadowRun<'_>,
+        ps: &mut [PacketMeta],
+        fs: &mut [PacketFacts],
+        vs: &mut [Verdict],
+        logs: &mut LogRing,
+        track: &mut T,
+    ) {
+        let ShadowRun {
+            snap,
+            core,
+            now,
+            bytes,
+        } = run;
+        let n = ps.len().min(vs.len());
+        let fs_len = fs.len().min(n);
+        let fs = &mut fs[..fs_len];
+        // Step 1: the packets as parsed.
+        self.metas.clear();
+        self.metas.extend_from_slice(&ps[..n]);
+        self.zones.clear();
+        self.zones.extend(fs.iter().map(|f| f.ct_zone));
+        // Step 2: the active classification, recording conntrack's answers.
+        self.seen.clear();
+        let table = track.table();
+        let mut rec = Recording {
+            inner: track,
+            seen: &mut self.seen,
+            cur: CtSeen::default(),
+        };
+        snap.classify_batch(core, ps, fs, vs, now, logs, bytes, &mut rec);
+        // Step 3: the shadow's, on copies of the packets and on the facts as they came,
+        // replaying conntrack.
+        self.work.clear();
+        self.work.extend_from_slice(&self.metas);
+        self.active_zones.clear();
+        for (f, &z) in fs.iter_mut().zip(&self.zones) {
+            self.active_zones.push(std::mem::replace(&mut f.ct_zone, z));
+        }
+        self.verdicts.clear();
+        self.verdicts.resize(n, Verdict::Accept);
+        let mut replay = Replay {
+            seen: &self.seen,
+            i: 0,
+            table,
+        };
+        let (work, sv) = (&mut self.work, &mut self.verdicts);
+        sh.snapshot
+            .classify_batch(core, work, fs, sv, now, &mut NoLogs, bytes, &mut replay);
+        // Step 4: count, then give the batch its facts back as the active walk left them.
+        let mut pairs = PairCounts::default();
+        for (i, (&av, &sv)) in vs.iter().zip(&self.verdicts).enumerate().take(n) {
+            if pairs.count(self.metas[i].len, av, sv) {
+                let mut meta = self.metas[i];
+                if let Some(s) = self.seen.get(i) {
+                    s.apply(&mut meta);
+                }
+                let mut facts = fs.get(i).copied().unwrap_or(PacketFacts::NONE);
+                facts.ct_zone = self.zones.get(i).copied().flatten();
+                let packet = Packet { meta, facts };
+                sh.differing(core, &packet, av, sv, now);
+            }
+        }
+        sh.add(core, &pairs);
+        for (f, &z) in fs.iter_mut().zip(&self.active_zones) {
+            f.ct_zone = z;
         }
     }
 }

@@ -215,6 +215,61 @@ impl Snapshot {
         out
     }
 
+    /// Adds `rows` (e.g. a shadow's counters of the revision this snapshot now runs) to the
+    /// counters of the same (ruleset, family, table, chain, rule number or policy) that this
+    /// snapshot did not take over from the one it was built from (its new rules and
+    /// policies: one it took over already counted the same packets while active); rows
+    /// naming nothing here are left out.
+    pub fn add_counters(&self, rows: &[SlotCounters]) {
+        type Key<'k> = (
+            &'k str,
+            crate::model::Family,
+            crate::model::TableKind,
+            &'k str,
+            Option<u32>,
+        );
+        let by: std::collections::HashMap<Key<'_>, (u64, u64)> = rows
+            .iter()
+            .map(|r| {
+                let key = (&*r.ruleset, r.family, r.table, &*r.chain, r.rule);
+                (key, (r.packets, r.bytes))
+            })
+            .collect();
+        let add = |c: &CChain, slot: u32, rule: Option<u32>| {
+            let key = (
+                &*self.names[c.ruleset as usize],
+                c.family,
+                c.table,
+                &*c.name,
+                rule,
+            );
+            if let Some(&counts) = by.get(&key)
+                && !self.continues(slot)
+            {
+                self.cells.add_base(slot as usize, counts);
+            }
+        };
+        for c in self.chains.iter() {
+            for (i, &slot) in c.body.slots.iter().enumerate() {
+                add(c, slot, Some(i as u32 + 1));
+            }
+            if c.policy.is_some() {
+                add(c, c.policy_slot, None);
+            }
+        }
+    }
+
+    /// Whether `slot` continues a rule or policy of the snapshot this one was built from: in
+    /// its cells, a slot this build did not take; in fresh cells, one the carry copies into.
+    fn continues(&self, slot: u32) -> bool {
+        if self.origin.is_some() {
+            let (from, to) = self.slots_taken;
+            !(from..to).contains(&slot)
+        } else {
+            self.moved.iter().any(|&(_, new)| new == slot)
+        }
+    }
+
     /// Sets every counter (of `ruleset`, or all when `None`) to zero, as `iptables -Z`, without
     /// touching the cores' blocks: the current totals are subtracted from the slots' base.
     pub fn zero_counters(&self, ruleset: Option<&str>) {

@@ -72,6 +72,7 @@ mod confirm;
 pub use commit::Answer;
 pub mod journal;
 pub mod sets;
+pub mod shadow;
 
 /// A commit event, as WatchCommits streams it: one per [`Outcome`] of every commit request
 /// (refusals included).
@@ -137,6 +138,8 @@ pub struct Pipeline {
     /// `--nfqueue-facts-mark`: the steering's facts chains, written with each commit whose
     /// kernel-decided expressions change, before the publish ([`crate::host::facts_chains`]).
     facts: Option<Arc<FactsChains>>,
+    /// The running shadow's deadline ([`shadow`]); the engine owns the shadow itself.
+    shadow: Mutex<Option<shadow::ShadowDeadline>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -245,6 +248,7 @@ impl Pipeline {
             not_loaded: tokio::sync::watch::Sender::new(BTreeMap::new()),
             kernel: None,
             facts: None,
+            shadow: Mutex::new(None),
         }
     }
 

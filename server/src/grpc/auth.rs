@@ -45,12 +45,13 @@
 //! # Authorisation
 //! A client sends `authorization: Bearer TOKEN`. [`classify`] sorts the full gRPC path
 //! (`/vallum.v1.RulesetService/Apply`) into [`Access::Read`] or [`Access::Admin`]: read-only
-//! tokens may call Get*/List*/Validate/Diff/Export/Trace/Replay/GetStatus/WatchCommits, gRPC
+//! tokens may call Get*/List*/Validate/Diff/Export/Trace/Replay/GetStatus/WatchCommits (and
+//! GetShadowReport), gRPC
 //! health and reflection (ListSets, GetSet and ExportIpsetSave of the SetService too, and the
 //! FleetService's GetRuleset, ListRulesets, GetRolloutStatus, WaitRollout and ListNodes);
-//! everything else (Stage, Commit, Confirm, Apply, Rollback, Delete, ZeroCounters, conntrack
-//! Delete and Flush, every set change, the fleet's PutRuleset and DeleteRuleset, and any
-//! method this table does not know) needs admin.
+//! everything else (Stage, Commit, Confirm, Apply, ShadowRevision, EndShadow, Rollback,
+//! Delete, ZeroCounters, conntrack Delete and Flush, every set change, the fleet's PutRuleset
+//! and DeleteRuleset, and any method this table does not know) needs admin.
 //!
 //! | failure | gRPC code | `ErrorInfo.reason` |
 //! |---|---|---|
@@ -417,6 +418,7 @@ const READ_METHODS: &[&str] = &[
     "RulesetService/ListRulesets",
     "RulesetService/ListRevisions",
     "RulesetService/GetRevision",
+    "RulesetService/GetShadowReport",
     "RulesetService/DiffRevisions",
     "RulesetService/ExportRevision",
     "RulesetService/WatchCommits",
@@ -443,6 +445,8 @@ const ADMIN_METHODS: &[&str] = &[
     "RulesetService/CommitRevision",
     "RulesetService/ConfirmCommit",
     "RulesetService/Apply",
+    "RulesetService/ShadowRevision",
+    "RulesetService/EndShadow",
     "RulesetService/Rollback",
     "RulesetService/DeleteRuleset",
     "RulesetService/UpdateRuleset",

@@ -74,7 +74,8 @@ mutations!(
     pb::FlushSetRequest, pb::SwapSetsRequest, pb::ImportIpsetSaveRequest;
     pb::StageRevisionRequest, pb::CommitRevisionRequest, pb::ApplyRequest,
     pb::EditRulesetRequest, pb::UpdateRulesetRequest, pb::PutFleetRulesetRequest;
-    pb::ZeroCountersRequest, pb::DeleteFleetRulesetRequest
+    pb::ZeroCountersRequest, pb::DeleteFleetRulesetRequest, pb::ShadowRevisionRequest,
+    pb::EndShadowRequest
 );
 
 /// Where a mutating call's audit record (the sha256 of its request) is made.

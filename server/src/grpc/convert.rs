@@ -1033,3 +1033,95 @@ pub fn conntrack_stats(ct: &Conntrack) -> pb::ConntrackStats {
 
 #[cfg(test)]
 mod tests;
+
+/// A shadow's report as the API gives it: engine-clock times (ns since `clock` was made)
+/// as timestamps on `clock`'s wall reading, `ends` (Unix ns) while it runs, a rule path as
+/// `RULESET TABLE CHAIN N` (`... CHAIN policy`).
+pub fn shadow_report(
+    r: &vallum_engine::engine::ShadowReport,
+    ends: Option<i64>,
+    clock: &crate::clock::Clock,
+) -> pb::ShadowReport {
+    use vallum_engine::engine::ShadowEnd;
+    // Engine ns -> Unix ns: the two readings of one clock.
+    let offset = clock
+        .unix_ns()
+        .saturating_sub(i64::try_from(clock.now_ns()).unwrap_or(i64::MAX));
+    let at = |ns: u64| timestamp(offset.saturating_add(i64::try_from(ns).unwrap_or(i64::MAX)));
+    let verdict_of = |name: &str| match name {
+        "ACCEPT" => pb::Verdict::Accept,
+        "DROP" => pb::Verdict::Drop,
+        "REJECT" => pb::Verdict::Reject,
+        _ => pb::Verdict::Unspecified,
+    };
+    let step = |s: &Option<vallum_engine::eval::TraceStep>| {
+        s.as_ref().map_or_else(String::new, |s| {
+            let rule = s
+                .rule
+                .map_or_else(|| "policy".to_string(), |n| n.to_string());
+            format!("{} {} {} {rule}", s.ruleset, s.table.name(), s.chain)
+        })
+    };
+    pb::ShadowReport {
+        name: format!("rulesets/{}/revisions/{}", r.ruleset, r.revision),
+        running: r.ended.is_none(),
+        started: Some(at(r.started_ns)),
+        ends: ends.filter(|_| r.ended.is_none()).map(timestamp),
+        ended: match r.ended {
+            None => pb::ShadowEnd::Unspecified,
+            Some(ShadowEnd::Ended) => pb::ShadowEnd::Ended,
+            Some(ShadowEnd::Expired) => pb::ShadowEnd::Expired,
+            Some(ShadowEnd::Committed) => pb::ShadowEnd::Committed,
+            Some(ShadowEnd::Replaced) => pb::ShadowEnd::Replaced,
+        } as i32,
+        pairs: r
+            .pairs
+            .iter()
+            .map(|p| pb::VerdictPairCount {
+                active: verdict_of(p.active) as i32,
+                shadow: verdict_of(p.shadow) as i32,
+                packets: p.packets,
+                bytes: p.bytes,
+            })
+            .collect(),
+        flows: r
+            .flows
+            .iter()
+            .map(|f| pb::ShadowFlow {
+                family: family_pb(f.family) as i32,
+                source: f.src.to_string(),
+                destination: f.dst.to_string(),
+                protocol: u32::from(f.protocol),
+                source_port: u32::from(f.sport),
+                destination_port: u32::from(f.dport),
+                in_interface: f.in_iface.clone(),
+                packets: f.packets,
+                bytes: f.bytes,
+                first_seen: Some(at(f.first_seen_ns)),
+                last_seen: Some(at(f.last_seen_ns)),
+                active_verdict: verdict_of(f.active) as i32,
+                shadow_verdict: verdict_of(f.shadow) as i32,
+                active_rule: step(&f.active_rule),
+                shadow_rule: step(&f.shadow_rule),
+            })
+            .collect(),
+        overflow_packets: r.overflow_packets,
+        changed_packets: r.changed_packets(),
+        changed_flows: r.changed_flows(),
+        counters: r
+            .counters
+            .iter()
+            .map(|c| pb::RuleCounter {
+                ruleset: c.ruleset.to_string(),
+                family: family_pb(c.family) as i32,
+                table: c.table.name().to_string(),
+                chain: c.chain.to_string(),
+                rule: c.rule.unwrap_or(0),
+                packets: c.packets,
+                bytes: c.bytes,
+                text: String::new(),
+                nft_rule: 0,
+            })
+            .collect(),
+    }
+}

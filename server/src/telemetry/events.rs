@@ -48,14 +48,19 @@ pub enum Kind {
     Log,
     /// A sampled dropped packet.
     Drop,
+    /// A sampled packet the running shadow would decide differently
+    /// ([`vallum_engine::engine::Engine::drain_shadow_samples`]); sent only to subscribers
+    /// that ask for this kind.
+    Shadow,
 }
 
 impl Kind {
-    /// `LOG` or `DROP` (the API's `PacketEvent.kind`).
+    /// `LOG`, `DROP` or `SHADOW` (the API's `PacketEvent.kind`).
     pub fn name(self) -> &'static str {
         match self {
             Kind::Log => "LOG",
             Kind::Drop => "DROP",
+            Kind::Shadow => "SHADOW",
         }
     }
 }
@@ -103,6 +108,33 @@ impl PacketEvent {
         }
     }
 
+    /// A shadow's sampled differing packet of ruleset `ruleset` (chain empty, rule 0), its
+    /// line prefixed `shadow ACTIVE->SHADOW: `, seen at `time`.
+    pub fn shadow(
+        sample: &vallum_engine::engine::ShadowSample,
+        ruleset: &str,
+        time: SystemTime,
+    ) -> PacketEvent {
+        let log = LogEvent {
+            ruleset: Arc::from(ruleset),
+            table: TableKind::Filter,
+            chain: Arc::from(""),
+            rule: 0,
+            prefix: Some(Arc::from(format!(
+                "shadow {}->{}: ",
+                sample.active.name(),
+                sample.shadow.name()
+            ))),
+            level: 4,
+            nflog_group: None,
+            packet: sample.packet,
+        };
+        PacketEvent {
+            kind: Kind::Shadow,
+            ..PacketEvent::log(log, None, time)
+        }
+    }
+
     /// The packet in the kernel's LOG format ([`kernel_line`]).
     pub fn line(&self) -> String {
         kernel_line(&self.log, self.header.as_deref())
@@ -130,13 +162,14 @@ impl Filter {
         let p = &e.log.packet;
         match e.kind {
             Kind::Drop if self.sample_one_in.is_none() => return false,
+            Kind::Shadow if self.kind != Some(Kind::Shadow) => return false,
             _ => {}
         }
         self.kind.is_none_or(|k| k == e.kind)
             && self
                 .ruleset
                 .as_deref()
-                .is_none_or(|r| e.kind == Kind::Log && *e.log.ruleset == *r)
+                .is_none_or(|r| e.kind != Kind::Drop && *e.log.ruleset == *r)
             && self
                 .chain
                 .as_deref()
@@ -997,6 +1030,48 @@ mod tests {
             None,
             crate::clock::Clock::system().system_time(),
         )
+    }
+
+    /// A shadow's sample reaches only subscribers asking for kind SHADOW (of its ruleset,
+    /// when they name one), as the kernel's LOG line prefixed with the two verdicts.
+    #[test]
+    fn shadow_samples_go_to_shadow_subscribers() {
+        use vallum_engine::engine::ShadowSample;
+        use vallum_engine::snapshot::Verdict;
+        let sample = ShadowSample {
+            packet: PacketMeta {
+                src: "10.0.0.1".parse().unwrap(),
+                dst: "10.0.0.2".parse().unwrap(),
+                protocol: 17,
+                sport: 5353,
+                dport: 53,
+                len: 60,
+                ..PacketMeta::default()
+            }
+            .into(),
+            active: Verdict::Accept,
+            shadow: Verdict::Drop,
+            now_ns: 1,
+        };
+        let e = PacketEvent::shadow(&sample, "web", crate::clock::Clock::system().system_time());
+        assert_eq!(e.kind, Kind::Shadow);
+        let line = e.line();
+        assert!(line.starts_with("shadow ACCEPT->DROP: IN= OUT= "), "{line}");
+        assert!(line.contains("SRC=10.0.0.1 DST=10.0.0.2 LEN=60 "), "{line}");
+        assert!(line.contains("PROTO=UDP SPT=5353 DPT=53 "), "{line}");
+        let kind = |k| Filter {
+            kind: Some(k),
+            ..Filter::default()
+        };
+        assert!(!Filter::default().admits(&e), "only when asked for");
+        assert!(!kind(Kind::Log).admits(&e));
+        assert!(kind(Kind::Shadow).admits(&e));
+        let of = |r: &str| Filter {
+            ruleset: Some(r.into()),
+            ..kind(Kind::Shadow)
+        };
+        assert!(of("web").admits(&e));
+        assert!(!of("db").admits(&e));
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! | `vallum_rulesets_not_loaded` | gauge | | [`Metrics::set_rulesets_not_loaded`] |
 //! | `vallum_packets_total` | counter | family, hook, verdict, ruleset=`all` | engine, at scrape |
 //! | `vallum_core_generation` | gauge | core | engine, at scrape |
+//! | `vallum_shadow_packets_total` | counter | ruleset, revision, from, to | engine, at scrape (the running shadow, else the last one) |
 //! | `vallum_packet_barrier_seconds` | histogram | strategy | engine, at scrape |
 //! | `vallum_rule_packets_total`, `vallum_rule_bytes_total` | counter (opt-in) | ruleset, family, table, chain, rule | engine, at scrape |
 //! | `vallum_set_elements` | gauge | set | [`Metrics::observe_sets`], at scrape |
@@ -425,6 +426,32 @@ impl Metrics {
                                 KeyValue::new("hook", vc.hook.chain_name()),
                                 KeyValue::new("verdict", vc.verdict),
                                 KeyValue::new("ruleset", "all"),
+                            ],
+                        );
+                    }
+                })
+                .build(),
+        ));
+
+        let e = engine.clone();
+        keep.push(Box::new(
+            i.meter
+                .u64_observable_counter("vallum_shadow_packets")
+                .with_description(
+                    "Packets of the running (else the last) shadow by (active verdict `from`, shadow verdict `to`).",
+                )
+                .with_callback(move |obs| {
+                    let Some((ruleset, revision, pairs)) = e.shadow_pairs() else {
+                        return;
+                    };
+                    for p in pairs {
+                        obs.observe(
+                            p.packets,
+                            &[
+                                KeyValue::new("ruleset", ruleset.clone()),
+                                KeyValue::new("revision", revision.to_string()),
+                                KeyValue::new("from", p.active),
+                                KeyValue::new("to", p.shadow),
                             ],
                         );
                     }

@@ -320,6 +320,27 @@ impl RulesetService for Fake {
         }))
     }
 
+    async fn shadow_revision(
+        &self,
+        _: Request<vallum_proto::v1::ShadowRevisionRequest>,
+    ) -> Result<Response<vallum_proto::v1::ShadowReport>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
+    async fn end_shadow(
+        &self,
+        _: Request<vallum_proto::v1::EndShadowRequest>,
+    ) -> Result<Response<vallum_proto::v1::ShadowReport>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
+    async fn get_shadow_report(
+        &self,
+        _: Request<vallum_proto::v1::GetShadowReportRequest>,
+    ) -> Result<Response<vallum_proto::v1::ShadowReport>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
     type WatchCommitsStream = Pin<Box<dyn Stream<Item = Result<CommitEvent, Status>> + Send>>;
 
     async fn watch_commits(

@@ -1672,6 +1672,8 @@ const BEYOND_DESIGN: &[(&str, &str)] = &[
     // Issue #20: the OTel RPC conventions' `rpc.server.call.duration` (unit s), which replaces
     // DESIGN.md's `rpc.server.duration` (deprecated, still exported).
     ("rpc_server_call_duration_seconds", "histogram"),
+    // Issue #36: packets of the running shadow by (active, shadow) verdict.
+    ("vallum_shadow_packets_total", "counter"),
     ("vallum_conntrack_max", "gauge"),
     ("vallum_conntrack_insert_failed_total", "counter"),
     // Issue #13: stored active revisions that did not load at start.

@@ -19,7 +19,10 @@
 //! the kernel's security table, after filter INPUT, counts the packet with it); (l) `-m
 //! owner --uid-owner` in OUTPUT sees the uid of the socket that answers (NFQA_UID);
 //! (n) the copy range follows the rules (256 bytes for headers, 65535 for `-m string`) and
-//! a datagram with the string 900 bytes in is dropped, also right after the commit; (m) a
+//! a datagram with the string 900 bytes in is dropped, also right after the commit; (o) a
+//! staged revision that drops the UDP port, shadowed while B probes it, changes no packet and
+//! its report names exactly the probes' flows, and `vallumctl apply --shadow-for
+//! --max-changed-flows 0` of it refuses to commit; (m) a
 //! `-j LOG` rule's hits reach
 //! WatchPacketEvents in the kernel's LOG format, field by field the kernel's own line for the
 //! same packet (dmesg); and `vallumctl dataplane uninstall` leaves no VALLUM
@@ -795,6 +798,216 @@ async fn scenario(d: &Daemon, b: &str) {
     // with the short range before the worker saw the commit (answered NF_REPEAT, queued again
     // whole).
     copy_range_follows_the_rules(d, b, pass, block).await;
+
+    // (o) a shadow on live traffic.
+    shadow_on_live_traffic(d, b, pass).await;
+}
+
+/// UDP probes (o) sends while a shadow runs, each from a new socket (a new source port: one
+/// flow of one packet at INPUT).
+const SHADOW_PROBES: usize = 5;
+
+/// (o) A staged revision that would drop UDP_PORT, shadowed while B sends: every probe is
+/// answered (the active rules decide), the report names exactly the probes' flows (B to
+/// UDP_PORT, one packet each, ACCEPT -> DROP, the shadow's rule 1) and nothing else; then
+/// `vallumctl apply --shadow-for 2s --max-changed-flows 0` of the same file refuses to commit
+/// (exit 1, SHADOW_LIMIT_EXCEEDED) and the active revision stays.
+async fn shadow_on_live_traffic(d: &Daemon, b: &str, pass: Duration) {
+    let drop_udp = format!(
+        "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+         -A INPUT -p udp -m udp --dport {UDP_PORT} -j DROP\nCOMMIT\n"
+    );
+    apply(d, ACCEPT_ALL).await;
+    let mut c = d.rulesets().await;
+    let active = c
+        .get_ruleset(pb::GetRulesetRequest {
+            name: "rulesets/nfq".into(),
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .active_revision;
+    let staged = c
+        .stage_revision(pb::StageRevisionRequest {
+            ruleset: "nfq".into(),
+            source: Some(text_source(&drop_udp, false, "drop-udp.rules")),
+            ..Default::default()
+        })
+        .await
+        .expect("stage")
+        .into_inner();
+    c.shadow_revision(pb::ShadowRevisionRequest {
+        name: staged.name.clone(),
+        duration: Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("shadow");
+    let answered = in_netns(b, move || {
+        (0..SHADOW_PROBES)
+            .map(|_| udp_probe(pass))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(
+        answered, [true; SHADOW_PROBES],
+        "(o) the shadow changes no packet"
+    );
+    // The shadow's own counters, by the revision's name: its rule 1 counted the probes.
+    let counters = pb::counter_service_client::CounterServiceClient::new(d.channel().await)
+        .get_counters(pb::GetCountersRequest {
+            ruleset: staged.name.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("counters of the shadow")
+        .into_inner()
+        .counters;
+    let rule1 = counters
+        .iter()
+        .find(|c| c.chain == "INPUT" && c.rule == 1)
+        .expect("rule 1");
+    assert_eq!(
+        (rule1.packets, rule1.bytes),
+        (SHADOW_PROBES as u64, 38 * SHADOW_PROBES as u64)
+    );
+    let r = c
+        .end_shadow(pb::EndShadowRequest {
+            ruleset: "nfq".into(),
+        })
+        .await
+        .expect("end")
+        .into_inner();
+    assert_eq!(r.name, staged.name);
+    assert_eq!(
+        (r.changed_packets, r.changed_flows),
+        (SHADOW_PROBES as u64, SHADOW_PROBES as u64),
+        "(o) {r:?}"
+    );
+    // vallumctl shows the same report (the last one, ended).
+    let shown = Command::new(support::vallumctl())
+        .args([
+            "--server",
+            &format!("http://{}", d.addr),
+            "-o",
+            "json",
+            "shadow",
+            "report",
+            "nfq",
+        ])
+        .output()
+        .expect("vallumctl runs");
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    assert_eq!(
+        (
+            shown["name"].as_str(),
+            shown["ended"].as_str(),
+            shown["changed_flows"].as_u64()
+        ),
+        (
+            Some(staged.name.as_str()),
+            Some("ended"),
+            Some(SHADOW_PROBES as u64)
+        )
+    );
+    let mut ports = std::collections::BTreeSet::new();
+    for f in &r.flows {
+        assert_eq!(
+            (
+                f.source.as_str(),
+                f.destination.as_str(),
+                f.protocol,
+                f.destination_port,
+                f.packets,
+                f.bytes,
+            ),
+            (
+                B_ADDR.to_string().as_str(),
+                A_ADDR.to_string().as_str(),
+                17,
+                u32::from(UDP_PORT),
+                1,
+                38
+            ),
+            "(o) {f:?}"
+        );
+        assert_eq!(
+            (f.active_verdict, f.shadow_verdict),
+            (pb::Verdict::Accept as i32, pb::Verdict::Drop as i32)
+        );
+        assert_eq!(f.shadow_rule, "nfq filter INPUT 1", "(o) {f:?}");
+        ports.insert(f.source_port);
+    }
+    assert_eq!(ports.len(), SHADOW_PROBES, "(o) one flow per probe");
+    let pair = r
+        .pairs
+        .iter()
+        .find(|p| p.active == pb::Verdict::Accept as i32 && p.shadow == pb::Verdict::Drop as i32)
+        .expect("an ACCEPT -> DROP pair");
+    assert_eq!(pair.packets, SHADOW_PROBES as u64);
+
+    // The same file through `apply --shadow-for --max-changed-flows 0`, with B sending.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("drop-udp.rules");
+    std::fs::write(&file, &drop_udp).expect("write");
+    // B probes until vallumctl returned (the shadow starts some time after the command).
+    let b2 = b.to_owned();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let sender = std::thread::spawn(move || {
+        in_netns(&b2, move || {
+            let mut answered = 0;
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                answered += usize::from(udp_probe(Duration::from_millis(500)));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            answered
+        })
+    });
+    let out = Command::new(support::vallumctl())
+        .args([
+            "--server",
+            &format!("http://{}", d.addr),
+            "-o",
+            "json",
+            "apply",
+            "nfq",
+        ])
+        .arg(&file)
+        .args(["--shadow-for", "3s", "--max-changed-flows", "0"])
+        .output()
+        .expect("vallumctl runs");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = sender.join().expect("sender");
+    assert!(
+        answered >= 1,
+        "(o) B's probes were answered during the shadow"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "(o) refused: {stderr}");
+    assert!(stderr.contains("SHADOW_LIMIT_EXCEEDED"), "(o) {stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the report on stdout");
+    assert!(
+        report["changed_flows"].as_u64().is_some_and(|n| n >= 1),
+        "(o) {report}"
+    );
+    let now = c
+        .get_ruleset(pb::GetRulesetRequest {
+            name: "rulesets/nfq".into(),
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .active_revision;
+    assert_eq!(now, active, "(o) the active revision stays");
 }
 
 /// Each queue bound in this thread's namespace: (queue, copy range, id sequence), from

@@ -264,6 +264,36 @@ async fn commits_and_a_set(d: &Daemon) {
     .expect("AddElements");
 }
 
+/// A shadow of `prom` that drops what SECOND accepts but SSH: the shadow metric gets its
+/// series (ACCEPT -> DROP among them) from the synthetic traffic. Runs for the rest of the
+/// test (an hour, unless a commit ends it).
+async fn shadow_running(d: &Daemon) {
+    let mut rs = d.rulesets().await;
+    let staged = rs
+        .stage_revision(pb::StageRevisionRequest {
+            ruleset: "prom".into(),
+            source: Some(text_source(
+                "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n",
+                false,
+                "shadow.rules",
+            )),
+            ..Default::default()
+        })
+        .await
+        .expect("StageRevision")
+        .into_inner();
+    rs.shadow_revision(pb::ShadowRevisionRequest {
+        name: staged.name,
+        duration: Some(prost_types::Duration {
+            seconds: 3600,
+            nanos: 0,
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("ShadowRevision");
+}
+
 /// A fleet ruleset selecting this node, written through its FleetService and applied (ACK):
 /// the fleet metrics get their series (latency, `applies_total{outcome="ack"}`).
 async fn fleet_ruleset_applied(d: &Daemon) {
@@ -355,6 +385,7 @@ fn dashboard_and_alerts_work_in_a_real_prometheus() {
         .expect("runtime");
     rt.block_on(commits_and_a_set(&d));
     rt.block_on(fleet_ruleset_applied(&d));
+    rt.block_on(shadow_running(&d));
     // The agent's watch breaks and resumes: a watch restart (reason="disconnected").
     etcd.restart();
 

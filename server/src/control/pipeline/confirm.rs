@@ -139,7 +139,8 @@ impl Pipeline {
         }
     }
 
-    /// Runs [`Pipeline::expire_confirms`] every `interval` until the returned task is aborted.
+    /// Runs [`Pipeline::expire_confirms`] and [`Pipeline::expire_shadow`] every `interval`
+    /// until the returned task is aborted.
     pub fn spawn_confirm_timer(
         self: &Arc<Self>,
         interval: Duration,
@@ -152,6 +153,7 @@ impl Pipeline {
                 if let Err(e) = me.expire_confirms().await {
                     tracing::warn!(error = %e, "commit-confirmed check failed");
                 }
+                me.expire_shadow().await;
             }
         })
     }

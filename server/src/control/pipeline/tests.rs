@@ -564,3 +564,187 @@ async fn apply_writes_its_audit_record_with_the_commit() {
         rev.content.v4()
     );
 }
+
+/// A packet to 10.0.0.1:`dport` over TCP at INPUT, through the engine's core 0.
+fn send(engine: &Engine, dport: u16, n: usize) -> Vec<vallum_engine::snapshot::Verdict> {
+    use vallum_engine::packet::PacketMeta;
+    let mut w = engine.worker(0).expect("core 0");
+    let mut packets = vec![
+        PacketMeta {
+            protocol: 6,
+            dport,
+            len: 60,
+            ..PacketMeta::default()
+        };
+        n
+    ];
+    let mut verdicts = vec![vallum_engine::snapshot::Verdict::Accept; n];
+    w.process_batch(&mut packets, &mut verdicts, 1);
+    verdicts
+}
+
+/// A shadow ends when its duration passed on the injected clock, not a nanosecond before,
+/// three times over (each a new shadow of the same revision, counting afresh); its last
+/// report says EXPIRED; another ruleset's shadow is refused while one runs; EndShadow of a
+/// ruleset without a running shadow is NOT_FOUND.
+#[tokio::test]
+async fn a_shadow_expires_after_its_duration() {
+    use vallum_engine::engine::{ShadowConfig, ShadowEnd};
+    use vallum_engine::snapshot::Verdict;
+    let clock = ManualClock::starting_now();
+    let hooks = Hooks {
+        clock: clock.clock(),
+        ..Hooks::default()
+    };
+    let (p, engine, _store, _dir) = pipeline(hooks).await;
+    p.apply(checked(1), "me", "m", None, None, &mut None)
+        .await
+        .expect("commits");
+    let (_, staged, _) = p.stage(checked(2), "me", "m", None).await.expect("stages");
+    let period = Duration::from_secs(10);
+    for round in 0..3 {
+        let (report, deadline) = p
+            .shadow("web", staged.number, period, ShadowConfig::default())
+            .await
+            .expect("shadows");
+        assert_eq!((report.revision, report.ended), (staged.number, None));
+        assert_eq!(deadline.ends, clock.unix_ns() + 10_000_000_000);
+        // Port 2: DROP now (policy), ACCEPT in the shadow; the packet is dropped.
+        assert_eq!(send(&engine, 2, 3), [Verdict::Drop; 3]);
+        clock.advance(period - Duration::from_nanos(1));
+        assert!(!p.expire_shadow().await, "round {round}: not yet");
+        let (running, d) = p.shadow_report("web").expect("report");
+        assert_eq!(
+            (running.ended, d.map(|d| d.ends)),
+            (None, Some(deadline.ends))
+        );
+        clock.advance(Duration::from_nanos(1));
+        assert!(p.expire_shadow().await, "round {round}: due");
+        assert!(!p.expire_shadow().await, "round {round}: once");
+        let (last, d) = p.shadow_report("web").expect("report");
+        assert_eq!((last.ended, d), (Some(ShadowEnd::Expired), None));
+        assert_eq!(
+            last.changed_packets(),
+            3,
+            "round {round}: its own packets only"
+        );
+        assert_eq!(engine.shadow_revision(), None);
+        assert!(matches!(
+            p.end_shadow("web").await,
+            Err(Error::NotFound { .. })
+        ));
+    }
+    // One at a time: another ruleset's shadow is refused while this one runs.
+    p.shadow("web", staged.number, period, ShadowConfig::default())
+        .await
+        .expect("shadows");
+    let other = crate::control::content::check("db", 0, &input(text(1))).expect("checks");
+    p.apply(other, "me", "m", None, None, &mut None)
+        .await
+        .expect("commits");
+    // That commit ended the web shadow (a publish ends it).
+    assert_eq!(
+        p.shadow_report("web").expect("report").0.ended,
+        Some(ShadowEnd::Committed)
+    );
+    p.shadow("web", staged.number, period, ShadowConfig::default())
+        .await
+        .expect("shadows again");
+    let (_, db2, _) = p
+        .stage(
+            crate::control::content::check("db", 0, &input(text(2))).expect("checks"),
+            "me",
+            "m",
+            None,
+        )
+        .await
+        .expect("stages");
+    match p
+        .shadow("db", db2.number, period, ShadowConfig::default())
+        .await
+    {
+        Err(Error::Precondition { kind, .. }) => assert_eq!(kind, "SHADOW_RUNNING"),
+        other => panic!("expected SHADOW_RUNNING, got {other:?}"),
+    }
+    let ended = p.end_shadow("web").await.expect("ends");
+    assert_eq!(ended.ended, Some(ShadowEnd::Ended));
+}
+
+/// The confirm timer ends a shadow when its duration passed, on the real clock, three
+/// periods in a row (the test waits on the report, polling).
+#[tokio::test]
+async fn the_timer_ends_shadows() {
+    use vallum_engine::engine::{ShadowConfig, ShadowEnd};
+    let (p, _engine, _store, _dir) = pipeline(Hooks::default()).await;
+    let p = Arc::new(p);
+    p.apply(checked(1), "me", "m", None, None, &mut None)
+        .await
+        .expect("commits");
+    let (_, staged, _) = p.stage(checked(2), "me", "m", None).await.expect("stages");
+    let timer = p.spawn_confirm_timer(Duration::from_millis(10));
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        p.shadow(
+            "web",
+            staged.number,
+            Duration::from_millis(50),
+            ShadowConfig::default(),
+        )
+        .await
+        .expect("shadows");
+        loop {
+            let (r, _) = p.shadow_report("web").expect("report");
+            if r.ended.is_some() {
+                assert_eq!(r.ended, Some(ShadowEnd::Expired));
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "never expired");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            started.elapsed() >= Duration::from_millis(50),
+            "ended early"
+        );
+    }
+    timer.abort();
+}
+
+/// A commit of the shadowed revision ends the shadow and starts its rules' counters from
+/// the shadow's: the new rule shows at once what it matched.
+#[tokio::test]
+async fn a_commit_of_the_shadowed_revision_carries_its_counters() {
+    use vallum_engine::engine::{ShadowConfig, ShadowEnd};
+    let (p, engine, _store, _dir) = pipeline(Hooks::default()).await;
+    p.apply(checked(1), "me", "m", None, None, &mut None)
+        .await
+        .expect("commits");
+    let (_, staged, _) = p.stage(checked(2), "me", "m", None).await.expect("stages");
+    p.shadow(
+        "web",
+        staged.number,
+        Duration::from_secs(600),
+        ShadowConfig::default(),
+    )
+    .await
+    .expect("shadows");
+    send(&engine, 2, 4);
+    send(&engine, 1, 1);
+    p.commit_staged("web", staged.number, None, None, &mut None)
+        .await
+        .expect("commits");
+    let (last, _) = p.shadow_report("web").expect("report");
+    assert_eq!(
+        (last.ended, last.changed_packets()),
+        (Some(ShadowEnd::Committed), 4)
+    );
+    let rule = |n| {
+        engine
+            .counters()
+            .into_iter()
+            .find(|c| &*c.chain == "INPUT" && c.rule == Some(n))
+            .map(|c| c.packets)
+    };
+    // Rule 1, kept, goes on with what it counted when active (the shadow's count of the
+    // same packet is not added twice); rule 2, new, starts from the shadow's 4.
+    assert_eq!((rule(1), rule(2)), (Some(1), Some(4)));
+}

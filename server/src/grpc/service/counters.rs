@@ -21,7 +21,7 @@ use vallum_proto::v1::counter_service_server::CounterService;
 use vallum_engine::model::{Family, Hook, TableKind};
 
 use super::State;
-use super::paging::{self, Paging};
+use super::paging::{self, Page, Paging};
 use crate::control::content::nft::NftRuleRefs;
 use crate::error::{Error, Result};
 use crate::grpc::auth::Op;
@@ -88,6 +88,52 @@ impl CountersApi {
             }
         }
         Ok(out)
+    }
+
+    /// GetCounters of a revision (`rulesets/R/revisions/N` in `ruleset`): the counters of
+    /// the shadow of that revision (running, or the last that ended), in the snapshot's
+    /// order, paged by position (a page token names the shadow's start time, so a page of
+    /// another shadow of the same revision is refused as LIST_CHANGED).
+    ///
+    /// Errors: INVALID_ARGUMENT at `ruleset`; NOT_FOUND (kind `shadow`) when the revision has
+    /// no shadow report.
+    fn shadow_counters(&self, name: &str, page: Page) -> Result<pb::GetCountersResponse> {
+        let (ruleset, number) = convert::revision_name("ruleset", name)?;
+        let (report, _) = self.state.pipeline.shadow_report(&ruleset)?;
+        if report.revision != number {
+            return Err(Error::NotFound {
+                kind: "shadow",
+                name: name.to_string(),
+            });
+        }
+        let key = report.started_ns.to_string();
+        let offset = match &page.cursor {
+            None => 0,
+            Some(c) => {
+                let (k, n) = c.split_once(':').unwrap_or_default();
+                let n: usize = n
+                    .parse()
+                    .map_err(|_| Error::invalid("page_token", "not a page token of GetCounters"))?;
+                if k != key {
+                    return Err(Error::ListChanged {
+                        what: "the shadow",
+                        detail: format!("{name} started again"),
+                    });
+                }
+                n
+            }
+        };
+        let pb = convert::shadow_report(&report, None, self.state.pipeline.clock());
+        let (counters, more) = paging::fill(pb.counters.into_iter().skip(offset), page.size);
+        let next_page_token = if more {
+            COUNTERS_PAGING.token(name, &format!("{key}:{}", offset + counters.len()))
+        } else {
+            String::new()
+        };
+        Ok(pb::GetCountersResponse {
+            counters,
+            next_page_token,
+        })
     }
 
     async fn filter(&self, ruleset: &str) -> Result<Option<String>> {
@@ -193,6 +239,9 @@ impl CounterService for CountersApi {
         call::read(&self.state, request, |request| async move {
             let r = request.into_inner();
             let page = COUNTERS_PAGING.page(r.page_size, &r.page_token, &r.ruleset)?;
+            if r.ruleset.contains("/revisions/") {
+                return Ok(Response::new(self.shadow_counters(&r.ruleset, page)?));
+            }
             let filter = self.filter(&r.ruleset).await?;
             let engine = self.state.pipeline.engine();
             // The revisions and the counters from one snapshot: a commit between the two reads

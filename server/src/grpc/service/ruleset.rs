@@ -24,6 +24,7 @@ use crate::grpc::convert;
 
 mod commit;
 mod read;
+mod shadow;
 
 pub use read::diff;
 
@@ -459,5 +460,53 @@ impl RulesetService for RulesetApi {
         request: Request<pb::WatchCommitsRequest>,
     ) -> Result<Response<Self::WatchCommitsStream>, Status> {
         call::read(&self.state, request, |r| read::watch_commits(self, r)).await
+    }
+
+    async fn shadow_revision(
+        &self,
+        request: Request<pb::ShadowRevisionRequest>,
+    ) -> Result<Response<pb::ShadowReport>, Status> {
+        let spec = Spec {
+            method: "ShadowRevision",
+            op: Op::Apply,
+            targets: |r: &pb::ShadowRevisionRequest| revision_target("name", &r.name),
+            digest: Digest::Inline,
+            refused: false,
+        };
+        let api = self.clone();
+        call::mutate(&self.state, spec, request, move |_, r| {
+            Box::pin(async move { shadow::shadow_revision(&api, &r).await })
+        })
+        .await
+    }
+
+    async fn end_shadow(
+        &self,
+        request: Request<pb::EndShadowRequest>,
+    ) -> Result<Response<pb::ShadowReport>, Status> {
+        let spec = Spec {
+            method: "EndShadow",
+            op: Op::Apply,
+            targets: |r: &pb::EndShadowRequest| {
+                ruleset_target("ruleset", &r.ruleset, Priority::Stored)
+            },
+            digest: Digest::Inline,
+            refused: false,
+        };
+        let api = self.clone();
+        call::mutate(&self.state, spec, request, move |_, r| {
+            Box::pin(async move { shadow::end_shadow(&api, &r).await })
+        })
+        .await
+    }
+
+    async fn get_shadow_report(
+        &self,
+        request: Request<pb::GetShadowReportRequest>,
+    ) -> Result<Response<pb::ShadowReport>, Status> {
+        call::read(&self.state, request, |r| async move {
+            Ok(Response::new(shadow::get_shadow_report(self, r.get_ref())?))
+        })
+        .await
     }
 }

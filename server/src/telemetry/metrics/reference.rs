@@ -130,7 +130,16 @@ mod tests {
         let rules = "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
                      -A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n";
         let rs = parse_ruleset("web", rules, &ParseOptions::default()).unwrap();
-        drop(engine.commit(Change::Put(rs), &NoSets).unwrap().retired);
+        drop(
+            engine
+                .commit(Change::Put(rs.clone()), &NoSets)
+                .unwrap()
+                .retired,
+        );
+        // A shadow (of the same rules) so that `vallum_shadow_packets_total` has a series.
+        engine
+            .start_shadow(rs, 2, Default::default(), &NoSets)
+            .unwrap();
         {
             let mut worker = engine.worker(0).unwrap();
             let mut packets = [PacketMeta {
