@@ -15,12 +15,21 @@
 //! 3. `p = active.load(Acquire)`; run the batch on `&*p`;
 //! 4. `gen[c] += 1` (even), a Release store.
 //!
-//! Committer ([`Dataplane::commit`], one at a time under a mutex):
+//! Committer ([`Dataplane::publish`], one at a time under a mutex, then
+//! [`Unpublished::retire`], by anyone, at any later time):
 //! 1. `old = active.swap(new, AcqRel)`;
 //! 2. writer barrier: `fence(SeqCst)`, preceded by `membarrier(PRIVATE_EXPEDITED)` for the
 //!    membarrier strategy;
-//! 3. read every `gen[c]` (Acquire); for each odd value `v`, wait until `gen[c] != v`;
-//! 4. `old` is unreachable: hand it back as [`Retired`] for the caller to drop off this path.
+//! 3. read every `gen[c]` (Acquire) and keep the odd ones ([`Grace`]); `publish` returns here,
+//!    with `old` as an [`Unpublished`]: every batch that begins from now on runs `new`;
+//! 4. retire: for each odd value `v` kept, wait until `gen[c] != v`;
+//! 5. `old` is unreachable: hand it back as [`Retired`] for the caller to drop.
+//!
+//! [`Dataplane::commit`] is steps 1-5 in one call. Splitting at step 3 is what lets a caller
+//! answer a commit as soon as the new snapshot is published (x_tables' `xt_replace_table` waits
+//! for the per-CPU sequence counts before it returns; the caller of `publish` need not): the
+//! wait for a core preempted mid-batch (milliseconds on a loaded host) moves off its path. Any
+//! number of publishes may be outstanding; each [`Unpublished`] waits only for its own cores.
 //!
 //! # Memory-ordering argument
 //!
@@ -68,6 +77,14 @@
 //! step 3's read also loaded the new pointer; the committer reads all counters first and only
 //! then waits, so it does not wait for such batches.
 //!
+//! **Deferred retire**: steps 4-5 need nothing from step 3 but the [`Grace`] (the cores and the
+//! odd values seen) and the pointer, so they may run on another thread and after further
+//! publishes: Claims A and B are about one swap and the loads of the generations after its
+//! barrier, and a later swap changes neither. Until retire, `old` stays allocated and readable
+//! (the [`Unpublished`] owns it; [`Unpublished::get`] lends it out, e.g. to read counters that
+//! cores may still be adding to); dropping an `Unpublished` without retiring it waits as retire
+//! does, so it is never freed early.
+//!
 //! **Publication**: the Release half of the swap pairs with the worker's Acquire load, so a
 //! worker that loads `new` sees it fully built. The Acquire half pairs with the previous commit's
 //! Release swap, so the committer owns `*old` (it may read and drop it).
@@ -91,6 +108,7 @@ mod quiesce;
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 pub use barrier::{BarrierError, BarrierStrategy};
@@ -156,6 +174,92 @@ impl<S> std::ops::Deref for Retired<S> {
 
     fn deref(&self) -> &S {
         &self.snapshot
+    }
+}
+
+/// A snapshot that [`Dataplane::publish`] replaced, which cores that were mid-batch at the
+/// publish may still be reading: owned, allocated and readable until [`Unpublished::retire`]
+/// (or the drop) has waited for those cores (module docs, steps 4-5).
+pub struct Unpublished<S> {
+    /// From `Box::into_raw`, owned; `None` once retired.
+    snapshot: Option<NonNull<S>>,
+    /// The cores that were mid-batch after the publish's barrier.
+    grace: Grace,
+    quiescence: Arc<Quiescence>,
+    backoff: Backoff,
+    /// Owns an `S` (dropck); `Send`/`Sync` are the impls below.
+    _owns: PhantomData<S>,
+}
+
+// SAFETY: an `Unpublished<S>` owns a boxed `S` and drops it on whichever thread retires or drops
+// it (`S: Send`), while worker threads may still read `&S` (`S: Sync`).
+unsafe impl<S: Send + Sync> Send for Unpublished<S> {}
+// SAFETY: through `&Unpublished<S>` only `&S` is lent out (`S: Sync`); the rest is read-only.
+unsafe impl<S: Send + Sync> Sync for Unpublished<S> {}
+
+impl<S> Unpublished<S> {
+    /// The replaced snapshot. Cores listed in the grace may still be inside a batch that reads
+    /// it (and adds to its atomics, such as counters); nobody frees it while `self` lives.
+    pub fn get(&self) -> &S {
+        let Some(p) = self.snapshot else {
+            unreachable!("an Unpublished holds its snapshot until retired")
+        };
+        // SAFETY: `p` came from `Box::into_raw` in `Dataplane::publish`, and only `retire` and
+        // `drop` (which need `self`, so not while this borrow lives) free it. Cores only read
+        // it through shared references (and atomics), so a shared reference is sound.
+        unsafe { p.as_ref() }
+    }
+
+    /// How many cores were mid-batch at the publish (what retire waits for).
+    pub fn cores_waited(&self) -> usize {
+        self.grace.cores_waited()
+    }
+
+    /// The cores retire waits for, to wait on elsewhere ([`Quiescence::wait`]: a caller that
+    /// keeps this in a locked queue waits outside the lock, then retires at once).
+    pub fn grace(&self) -> &Grace {
+        &self.grace
+    }
+
+    /// Whether every core that was mid-batch at the publish has moved on, so that
+    /// [`Unpublished::retire`] returns without waiting. Never waits (DPDK's
+    /// `rte_rcu_qsbr_check` without blocking). Once true it stays true.
+    pub fn is_quiescent(&self) -> bool {
+        self.quiescence.is_over(&self.grace)
+    }
+
+    /// Waits until no core can still read the snapshot (at most the rest of one batch per core
+    /// the grace lists; at once when [`Unpublished::is_quiescent`]), then hands it back: the
+    /// cores' reads of it happen-before this return (Claim B).
+    pub fn retire(mut self) -> Retired<S> {
+        self.quiescence.wait(&self.grace, &self.backoff);
+        let Some(p) = self.snapshot.take() else {
+            unreachable!("an Unpublished holds its snapshot until retired")
+        };
+        // SAFETY: `p` came from `Box::into_raw` in `Dataplane::publish` (or `with_membarrier`)
+        // and is taken out of `self` once, above. The swap that unpublished it was followed by
+        // the writer barrier and the look that made `grace`; we waited for every core it lists
+        // (Claims A and B, module docs), so no core holds it and their reads happen-before this.
+        let snapshot = unsafe { Box::from_raw(p.as_ptr()) };
+        Retired { snapshot }
+    }
+}
+
+impl<S> Drop for Unpublished<S> {
+    fn drop(&mut self) {
+        if let Some(p) = self.snapshot.take() {
+            self.quiescence.wait(&self.grace, &self.backoff);
+            // SAFETY: as in `retire`: owned, taken once, and the wait above ended the grace.
+            drop(unsafe { Box::from_raw(p.as_ptr()) });
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for Unpublished<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unpublished")
+            .field("cores_waited", &self.grace.cores_waited())
+            .finish_non_exhaustive()
     }
 }
 
@@ -243,6 +347,16 @@ impl Quiescence {
                 quiesce::wait_moved(&c.generation, seen, backoff);
             }
         }
+    }
+
+    /// Whether every core `grace` lists has moved past the batch it was in; never waits. The
+    /// same Acquire loads as [`Quiescence::wait`], so `true` gives the same happens-before.
+    pub fn is_over(&self, grace: &Grace) -> bool {
+        grace.busy().iter().all(|&(core, seen)| {
+            self.cores
+                .get(core)
+                .is_none_or(|c| quiesce::moved(&c.generation, seen))
+        })
     }
 
     /// The number of cores.
@@ -416,8 +530,50 @@ impl<S> Dataplane<S> {
         })
     }
 
+    /// Publishes `new` and returns at once with the previous snapshot, which cores that were
+    /// mid-batch may still be reading ([`Unpublished`]: retire it to wait for them and get it
+    /// back), and the publish's timings (`quiesce_ns` 0: nothing was waited for). One publish at
+    /// a time (callers queue on a mutex); `with_base` readers are waited for first.
+    ///
+    /// Every batch that begins after this returns runs `new` (Claim A, module docs): a packet a
+    /// source hands to a worker after the return is decided by `new`.
+    ///
+    /// # Panics
+    ///
+    /// With the membarrier strategy, if `membarrier(PRIVATE_EXPEDITED)` fails although
+    /// registration succeeded (not documented to happen). The old snapshot is then leaked, never
+    /// freed, and `new` stays published.
+    pub fn publish(&self, new: Box<S>) -> (Unpublished<S>, QuiesceReport) {
+        // The mutexes guard no data, so a poisoned lock (a panicking committer) is still usable.
+        // `base_lock` first: no `with_base` reader holds the snapshot this unpublishes.
+        let _no_base_reader = self.base_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_committer = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let t0 = self.clock.now_ns();
+        // AcqRel: Release so that workers whose Acquire load returns `new` see it fully built;
+        // Acquire so that we see the previous snapshot as its publisher wrote it (we own it now).
+        let old = self.active.swap(Box::into_raw(new), Ordering::AcqRel);
+        // Full barrier between the swap and the generation loads (Claim A in the module docs),
+        // then one look at every core.
+        let grace = self.quiescence.start();
+        let t1 = self.clock.now_ns();
+        let report = QuiesceReport {
+            publish_ns: t1.saturating_sub(t0),
+            quiesce_ns: 0,
+            cores_waited: grace.cores_waited(),
+        };
+        let unpublished = Unpublished {
+            // `active` is never null (module invariant), so neither is what the swap returned.
+            snapshot: NonNull::new(old),
+            grace,
+            quiescence: Arc::clone(&self.quiescence),
+            backoff: self.backoff,
+            _owns: PhantomData,
+        };
+        (unpublished, report)
+    }
+
     /// Publishes `new`, waits until no core can still read the previous snapshot, and returns it
-    /// with the commit's timings. One commit at a time (callers queue on a mutex).
+    /// with the commit's timings: [`Dataplane::publish`] then [`Unpublished::retire`].
     ///
     /// The caller then reads the retired snapshot (e.g. adds its counters into the new one, which
     /// workers are already updating) and drops it, preferably on another thread.
@@ -427,37 +583,13 @@ impl<S> Dataplane<S> {
     ///
     /// # Panics
     ///
-    /// With the membarrier strategy, if `membarrier(PRIVATE_EXPEDITED)` fails although
-    /// registration succeeded (not documented to happen). The old snapshot is then leaked, never
-    /// freed, and `new` stays published.
+    /// As [`Dataplane::publish`].
     pub fn commit(&self, new: Box<S>) -> (Retired<S>, QuiesceReport) {
-        // The mutexes guard no data, so a poisoned lock (a panicking committer) is still usable.
-        // `base_lock` first: no `with_base` reader holds the snapshot this unpublishes.
-        let _no_base_reader = self.base_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let _one_committer = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let t0 = self.clock.now_ns();
-        // AcqRel: Release so that workers whose Acquire load returns `new` see it fully built;
-        // Acquire so that we see the previous snapshot as its publisher wrote it (we own it now).
-        let old = self.active.swap(Box::into_raw(new), Ordering::AcqRel);
-        // Full barrier between the swap and the generation loads (Claim A in the module docs).
-        barrier::writer_barrier(self.strategy);
-        let busy = quiesce::look(self.quiescence.cores.iter().map(|c| &c.generation));
+        let (unpublished, mut report) = self.publish(new);
         let t1 = self.clock.now_ns();
-        quiesce::wait_all(&busy, &self.backoff);
-        let t2 = self.clock.now_ns();
-        let cores_waited = busy.len();
-        // SAFETY: `old` came from `Box::into_raw` (in `with_membarrier` or an earlier commit) and
-        // was never null. The swap above removed it from `active` and, under the commit lock, we
-        // are the only one who got it back. By Claims A and B (module docs) every core that loaded
-        // it has ended that batch, and those reads happen-before this point; no later batch can
-        // load it. So we own it exclusively.
-        let snapshot = unsafe { Box::from_raw(old) };
-        let report = QuiesceReport {
-            publish_ns: t1.saturating_sub(t0),
-            quiesce_ns: t2.saturating_sub(t1),
-            cores_waited,
-        };
-        (Retired { snapshot }, report)
+        let retired = unpublished.retire();
+        report.quiesce_ns = self.clock.now_ns().saturating_sub(t1);
+        (retired, report)
     }
 
     /// Runs `f` on the active snapshot from outside the workers (exporters, `trace`). Holds the
@@ -466,8 +598,9 @@ impl<S> Dataplane<S> {
         let _no_commit = self.commit_lock.lock().unwrap_or_else(|e| e.into_inner());
         // Acquire: pairs with the Release half of the commit's swap (the lock orders it as well).
         let p = self.active.load(Ordering::Acquire);
-        // SAFETY: `active` is never null and only `commit` (which needs the lock we hold)
-        // unpublishes and frees a snapshot; so `*p` lives until we release the lock after `f`.
+        // SAFETY: `active` is never null and only `publish` (which needs the lock we hold)
+        // unpublishes a snapshot, which is freed only after that; so `*p` lives until we
+        // release the lock after `f`.
         f(unsafe { &*p })
     }
 
@@ -478,8 +611,9 @@ impl<S> Dataplane<S> {
         let _no_commit = self.base_lock.lock().unwrap_or_else(|e| e.into_inner());
         // Acquire: pairs with the Release half of the commit's swap (the lock orders it as well).
         let p = self.active.load(Ordering::Acquire);
-        // SAFETY: `active` is never null and only `commit` unpublishes and frees a snapshot; it
-        // takes `base_lock` first, which we hold, so `*p` lives until we release it after `f`.
+        // SAFETY: `active` is never null and only `publish` unpublishes a snapshot (freed only
+        // after that); it takes `base_lock` first, which we hold, so `*p` lives until we
+        // release it after `f`.
         f(unsafe { &*p })
     }
 

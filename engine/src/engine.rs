@@ -25,6 +25,29 @@
 //! The old snapshot comes back in [`Committed::retired`]; drop it off the commit path.
 //! Commits are serialised by a mutex; workers never take it.
 //!
+//! # Publish now, retire later
+//!
+//! [`Engine::publish`] returns once the new snapshot is published (phase 3): every batch that
+//! begins after it returns, so every packet a source hands to a worker after that, is decided
+//! by the new rules. Phases 4 and 5 wait for cores that were mid-batch (a worker preempted
+//! mid-batch on a busy host holds them for milliseconds), so they run later, off the caller's
+//! path: the replaced snapshot joins a queue of outgoing snapshots, and [`Engine::settle`]
+//! (the caller runs it on another thread after answering) waits for each one's cores, finishes
+//! its carry and hands it back to be dropped. Counters stay exact meanwhile:
+//! - the common commit counts in the old snapshot's cells ([`Snapshot::carry_from`]): a core
+//!   still in a batch of the old snapshot adds to the very cells the new one reads, so there is
+//!   nothing to carry and nothing to wait for before a read;
+//! - a commit whose carry reads the old counts (fresh cells) or sets counters
+//!   (`iptables-restore --counters`) leaves that carry pending on the last outgoing snapshot;
+//!   whatever reads or changes counters first finishes it after the grace: the next
+//!   [`Engine::publish`], [`Engine::counters`], [`Engine::zero_counters`] (and `_in`), or
+//!   [`Engine::settle`]. Only the newest outgoing snapshot can have a pending carry (the next
+//!   publish finishes it before it swaps), so the carry always goes into the active snapshot,
+//!   and no count is lost or counted twice.
+//!
+//! At most [`MAX_OUTGOING`] replaced snapshots wait in the queue: a publish that finds it full
+//! (cores that do not move on, or a caller that never settles) waits for the oldest.
+//!
 //! A commit can also be made in steps: [`Engine::validate_change`] (phase 1, the commit's one
 //! validation), [`Engine::compile`] (phase 2; [`Engine::prepare`] is both) and
 //! [`Engine::publish`] (phases 3-5); nothing is visible before publish. vallumd refuses an
@@ -67,14 +90,14 @@
 //! open a flow that a forged reply would then make ESTABLISHED. When the table is full at
 //! that point and no entry can be dropped early, the accepted packet is dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::Clock;
 use crate::conntrack::{Conntrack, ConntrackConfig};
 use crate::dataplane::{
-    BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired,
+    BarrierStrategy, Dataplane, DataplaneError, Histogram, QuiesceReport, Retired, Unpublished,
 };
 use crate::kernel_decided::FactBits;
 use crate::model::{Counters, EditError, Family, Hook, RuleEdit, Ruleset, TableKind};
@@ -204,6 +227,68 @@ pub struct Committed {
     pub retired: Retired<Snapshot>,
 }
 
+/// Most snapshots replaced by publishes and not yet retired ([`Engine::settle`]); a publish
+/// that finds this many waits for the oldest one's cores (module docs).
+pub const MAX_OUTGOING: usize = 64;
+
+/// A commit published by [`Engine::publish`]: answered as soon as the new snapshot is
+/// published; the replaced one is retired later by [`Engine::settle`] (module docs).
+#[derive(Debug)]
+pub struct Published {
+    /// Phase durations: `quiesce_ns` is what this publish waited for an earlier commit's
+    /// pending carry (0 unless one was pending), `carry_ns` that carry; this commit's own
+    /// quiescence and carry are in the [`Settled`] of the [`Engine::settle`] that retires it.
+    pub report: CommitReport,
+    /// Warnings of validation (e.g. tables that are stored but not enforced).
+    pub warnings: Vec<Violation>,
+    /// Earlier outgoing snapshots that no core could reach any more when this published
+    /// (found without waiting): drop them off the commit path.
+    pub retired: Vec<Retired<Snapshot>>,
+}
+
+/// What [`Engine::settle`] did: the outgoing snapshots it retired and what waiting for them
+/// cost.
+#[derive(Debug, Default)]
+pub struct Settled {
+    /// The snapshots retired, oldest first, unreachable by any core: drop them.
+    pub retired: Vec<Retired<Snapshot>>,
+    /// Time spent waiting for cores that were mid-batch at their publish, ns.
+    pub quiesce_ns: u64,
+    /// Time spent carrying counters (a pending carry), ns.
+    pub carry_ns: u64,
+    /// Cores that were mid-batch at the publishes of the retired snapshots (summed).
+    pub cores_waited: usize,
+    /// Counter slots carried by a pending carry this finished.
+    pub carried: usize,
+}
+
+/// A snapshot replaced by a publish and not yet retired (the engine's outgoing queue).
+struct Outgoing {
+    old: Unpublished<Snapshot>,
+    /// The carry into the snapshot that replaced `old` (the active one: only the newest
+    /// outgoing snapshot can have one) still to run once no core can write `old`.
+    carry: Option<PendingCarry>,
+}
+
+/// A carry that waits for the cores (module docs, "Publish now, retire later").
+struct PendingCarry {
+    /// Whether [`Snapshot::carry_from`] reads the old snapshot's counts (fresh cells).
+    counts: bool,
+    /// The rulesets whose model counters start ([`Prepared`]'s `start_counters`).
+    start_counters: Vec<String>,
+}
+
+impl Settled {
+    /// Adds `other`'s costs and counts (not its snapshots) to these.
+    fn absorb(&mut self, other: Settled) {
+        self.quiesce_ns += other.quiesce_ns;
+        self.carry_ns += other.carry_ns;
+        self.cores_waited += other.cores_waited;
+        self.carried += other.carried;
+        self.retired.extend(other.retired);
+    }
+}
+
 /// A validated change, not compiled yet: made by [`Engine::validate_change`] (whose verdict it
 /// is: it exists only when validation found no error), compiled by [`Engine::compile`].
 pub struct Validated {
@@ -283,7 +368,7 @@ fn has_counters(rs: &Ruleset) -> bool {
     rs.tables
         .iter()
         .flat_map(|t| &t.chains)
-        .any(|c| c.counters != Counters::default() || c.rules.iter().any(|r| r.counters.is_some()))
+        .any(|c| c.counters != Counters::default() || c.rules.has_counters())
 }
 
 impl Prepared {
@@ -360,6 +445,9 @@ pub struct Engine {
     /// Held by [`Engine::commit`] from prepare to publish, so that its own publish is never
     /// stale.
     committing: Mutex<()>,
+    /// Snapshots replaced by a publish, oldest first, until [`Engine::settle`] retires them
+    /// (module docs). Lock order: `active`, then this, then the dataplane's locks.
+    outgoing: Mutex<VecDeque<Outgoing>>,
     verdicts: Box<[VerdictCounts]>,
     clock: Arc<dyn Clock>,
     conntrack: Option<Conntrack>,
@@ -398,6 +486,7 @@ impl Engine {
             dataplane: Dataplane::new(Snapshot::empty(cores), cores, config.barrier, clock.clone()),
             active: Mutex::new(Active::default()),
             committing: Mutex::new(()),
+            outgoing: Mutex::new(VecDeque::new()),
             verdicts: (0..cores).map(|_| VerdictCounts::default()).collect(),
             clock,
             conntrack,
@@ -463,7 +552,19 @@ impl Engine {
     pub fn commit(&self, change: Change, sets: &dyn SetRegistry) -> Result<Committed, CommitError> {
         let _one = self.committing.lock().unwrap_or_else(|e| e.into_inner());
         let prepared = self.prepare(change, sets)?;
-        self.publish(prepared)
+        let (mut report, warnings, earlier, ours) = self.publish_with(prepared, true)?;
+        drop(earlier);
+        let Some((retired, settled)) = ours else {
+            unreachable!("publish_with(_, true) retires the snapshot it replaced")
+        };
+        report.quiesce_ns += settled.quiesce_ns;
+        report.carry_ns += settled.carry_ns;
+        report.carried += settled.carried;
+        Ok(Committed {
+            report,
+            warnings,
+            retired,
+        })
     }
 
     /// [`Engine::validate_change`] then [`Engine::compile`]: the snapshot of every active
@@ -646,12 +747,40 @@ impl Engine {
         })
     }
 
-    /// The second half of a commit: publishes a [`Prepared`] snapshot, waits for the cores
-    /// that were mid-batch (quiesce) and carries the counters of unchanged rules.
+    /// The second half of a commit: publishes a [`Prepared`] snapshot and returns. Every
+    /// batch that begins after the return runs it; the replaced snapshot waits in the outgoing
+    /// queue for [`Engine::settle`] (quiesce, carry, retire; module docs "Publish now, retire
+    /// later"). Waits only when the previous commit's carry is still pending (fresh counter
+    /// cells or counters to start): for that commit's cores, then carries.
     ///
     /// Errors: [`CommitError::Stale`] when another commit was published since `prepared` was
     /// made (prepare again); the engine is then unchanged.
-    pub fn publish(&self, mut prepared: Prepared) -> Result<Committed, CommitError> {
+    pub fn publish(&self, prepared: Prepared) -> Result<Published, CommitError> {
+        let (report, warnings, retired, _) = self.publish_with(prepared, false)?;
+        Ok(Published {
+            report,
+            warnings,
+            retired,
+        })
+    }
+
+    /// [`Engine::publish`]; with `wait`, the replaced snapshot is retired before the return
+    /// (its cores waited for and its carry done under the locks, as [`Engine::commit`]
+    /// promises) instead of queued, and comes back with what that cost.
+    #[allow(clippy::type_complexity)] // One private use per caller; the parts are named there.
+    fn publish_with(
+        &self,
+        mut prepared: Prepared,
+        wait: bool,
+    ) -> Result<
+        (
+            CommitReport,
+            Vec<Violation>,
+            Vec<Retired<Snapshot>>,
+            Option<(Retired<Snapshot>, Settled)>,
+        ),
+        CommitError,
+    > {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
         if active.version != prepared.base {
             return Err(CommitError::Stale);
@@ -660,34 +789,152 @@ impl Engine {
             unreachable!("a Prepared holds its snapshot until published")
         };
         let rules = snapshot.rule_count();
-        let (retired, q): (Retired<Snapshot>, QuiesceReport) = self.dataplane.commit(snapshot);
-        let t4 = self.clock.now_ns();
-        // `with_active` serialises with other dataplane commits; ours are already serialised
-        // by `active`, so this is the snapshot just published.
-        let carried = self.dataplane.with_active(|new| {
-            let carried = new.carry_from(&retired);
-            new.start_counters(&prepared.start_counters);
-            carried
+        let mut outgoing = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+        // An earlier commit's carry goes into the snapshot active now: before it is replaced.
+        let mut earlier = self.finish_carry(&mut outgoing);
+        // A bound on memory when cores do not move on (a worker stuck in a batch) and nobody
+        // settles: publishes then wait, as every commit did before the queue.
+        while outgoing.len() >= MAX_OUTGOING {
+            let Some(o) = outgoing.pop_front() else {
+                break;
+            };
+            let t = self.clock.now_ns();
+            earlier.retired.push(o.old.retire());
+            earlier.quiesce_ns += self.clock.now_ns().saturating_sub(t);
+        }
+        // Free (`false`) when the new snapshot counts in the active one's cells. The active
+        // snapshot cannot change meanwhile: publishes hold `active`, which we hold.
+        let counts = self.dataplane.with_active(|old| snapshot.carry_reads(old));
+        let carried = if counts {
+            0
+        } else {
+            // Copies nothing (the same cells); only says how many slots continue.
+            self.dataplane.with_active(|old| snapshot.carry_from(old))
+        };
+        let start_counters = std::mem::take(&mut prepared.start_counters);
+        let (unpublished, q): (Unpublished<Snapshot>, QuiesceReport) =
+            self.dataplane.publish(snapshot);
+        let carry = (counts || !start_counters.is_empty()).then_some(PendingCarry {
+            counts,
+            start_counters,
         });
-        let t5 = self.clock.now_ns();
+        outgoing.push_back(Outgoing {
+            old: unpublished,
+            carry,
+        });
+        let mut ours = None;
+        if wait {
+            let mut settled = self.finish_carry(&mut outgoing);
+            let Some(o) = outgoing.pop_back() else {
+                unreachable!("pushed above")
+            };
+            let t = self.clock.now_ns();
+            let retired = o.old.retire();
+            settled.quiesce_ns += self.clock.now_ns().saturating_sub(t);
+            ours = Some((retired, settled));
+        }
+        // Outgoing snapshots no core can reach any more, this commit's among them when no
+        // core was mid-batch (a look, no wait).
+        let mut now = Settled {
+            retired: std::mem::take(&mut earlier.retired),
+            ..Settled::default()
+        };
+        self.retire_quiescent(&mut outgoing, &mut now);
+        drop(outgoing);
         active.rulesets = std::mem::take(&mut prepared.next);
         active.facts = prepared.facts.clone();
         active.revisions = std::mem::take(&mut prepared.revisions);
         active.version += 1;
-        Ok(Committed {
-            report: CommitReport {
-                validate_ns: prepared.validate_ns,
-                compile_ns: prepared.compile_ns,
-                publish_ns: q.publish_ns,
-                quiesce_ns: q.quiesce_ns,
-                carry_ns: t5.saturating_sub(t4),
-                cores_waited: q.cores_waited,
-                rules,
-                carried,
-            },
-            warnings: std::mem::take(&mut prepared.warnings),
-            retired,
-        })
+        let report = CommitReport {
+            validate_ns: prepared.validate_ns,
+            compile_ns: prepared.compile_ns,
+            publish_ns: q.publish_ns,
+            quiesce_ns: earlier.quiesce_ns,
+            carry_ns: earlier.carry_ns + now.carry_ns,
+            cores_waited: q.cores_waited,
+            rules,
+            carried: carried + now.carried,
+        };
+        Ok((
+            report,
+            std::mem::take(&mut prepared.warnings),
+            now.retired,
+            ours,
+        ))
+    }
+
+    /// Finishes the pending carry of the newest outgoing snapshot, if it has one: waits for
+    /// the cores that were mid-batch at its publish, then carries its counters into the active
+    /// snapshot and starts the counters its commit set. Callers hold the `outgoing` lock, so
+    /// no publish replaces the active snapshot meanwhile.
+    fn finish_carry(&self, outgoing: &mut VecDeque<Outgoing>) -> Settled {
+        let mut done = Settled::default();
+        let Some(last) = outgoing.back_mut() else {
+            return done;
+        };
+        let Some(carry) = last.carry.take() else {
+            return done;
+        };
+        let t0 = self.clock.now_ns();
+        (self.dataplane.quiescence()).wait(last.old.grace(), &self.dataplane.backoff());
+        let t1 = self.clock.now_ns();
+        let old = last.old.get();
+        // No core writes `old` any more (the wait): its totals are final. `with_active`: the
+        // snapshot that replaced `old` (only the newest outgoing snapshot has a carry).
+        done.carried = self.dataplane.with_active(|new| {
+            let carried = if carry.counts { new.carry_from(old) } else { 0 };
+            new.start_counters(&carry.start_counters);
+            carried
+        });
+        done.quiesce_ns = t1.saturating_sub(t0);
+        done.carry_ns = self.clock.now_ns().saturating_sub(t1);
+        done
+    }
+
+    /// Retires the outgoing snapshots (module docs, "Publish now, retire later"): for each,
+    /// oldest first, waits until no core that was mid-batch at its publish can still read it
+    /// (without holding the queue's lock, so publishes go on meanwhile), finishes its pending
+    /// carry and hands it back. Returns when the queue is empty; run it off the commit's path
+    /// (a blocking thread) after each publish, and drop what it returns there too.
+    pub fn settle(&self) -> Settled {
+        let mut settled = Settled::default();
+        loop {
+            let grace = {
+                let mut outgoing = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+                self.retire_quiescent(&mut outgoing, &mut settled);
+                match outgoing.front() {
+                    None => return settled,
+                    Some(o) => o.old.grace().clone(),
+                }
+            };
+            let t = self.clock.now_ns();
+            (self.dataplane.quiescence()).wait(&grace, &self.dataplane.backoff());
+            settled.quiesce_ns += self.clock.now_ns().saturating_sub(t);
+        }
+    }
+
+    /// Retires outgoing snapshots from the front of the queue for as long as no core can reach
+    /// them any more (a look at the generations, never a wait), into `settled`; the newest one's
+    /// pending carry is finished first (its grace is over: that waits for nothing).
+    fn retire_quiescent(&self, outgoing: &mut VecDeque<Outgoing>, settled: &mut Settled) {
+        while outgoing.front().is_some_and(|o| o.old.is_quiescent()) {
+            if outgoing.len() == 1 {
+                let last = self.finish_carry(outgoing);
+                settled.absorb(last);
+            }
+            if let Some(o) = outgoing.pop_front() {
+                settled.cores_waited += o.old.cores_waited();
+                settled.retired.push(o.old.retire());
+            }
+        }
+    }
+
+    /// Runs `f` on the active snapshot once its counters are complete: an outgoing
+    /// snapshot's pending carry is finished first, and no publish happens until `f` returns.
+    fn with_counted<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
+        let mut outgoing = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+        self.finish_carry(&mut outgoing);
+        self.dataplane.with_active(f)
     }
 
     /// The kernel-decided expressions the active snapshot reads and their facts-field bits
@@ -822,13 +1069,16 @@ impl Engine {
     }
 
     /// Per-rule and per-policy counters of the active snapshot (sum over cores plus carried).
+    /// Waits for a pending carry first (module docs, "Publish now, retire later"), so
+    /// that counts of rules a commit kept are never missing or doubled.
     pub fn counters(&self) -> Vec<SlotCounters> {
-        self.dataplane.with_active(Snapshot::counters)
+        self.with_counted(Snapshot::counters)
     }
 
-    /// Zeroes the counters of one ruleset, or of all.
+    /// Zeroes the counters of one ruleset, or of all (after a pending carry, as
+    /// [`Engine::counters`]).
     pub fn zero_counters(&self, ruleset: Option<&str>) {
-        self.dataplane.with_active(|s| s.zero_counters(ruleset));
+        self.with_counted(|s| s.zero_counters(ruleset));
     }
 
     /// Zeroes counters of one ruleset as `iptables [-t TABLE] -Z [CHAIN [N]]` (see
@@ -841,8 +1091,7 @@ impl Engine {
         chain: Option<&str>,
         rule: Option<u32>,
     ) {
-        self.dataplane
-            .with_active(|s| s.zero_counters_in(ruleset, family, table, chain, rule));
+        self.with_counted(|s| s.zero_counters_in(ruleset, family, table, chain, rule));
     }
 
     /// Packets counted per (family, hook, verdict), summed over cores; zero rows omitted.

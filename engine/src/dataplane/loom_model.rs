@@ -8,6 +8,10 @@
 //! reader side (loom cannot model the asymmetric membarrier pairing) and the membarrier syscall
 //! is modelled as the writer's `fence(SeqCst)`.
 //!
+//! The `loom_deferred_*` models check a publish that returns at once and retires later
+//! ([`super::Unpublished`]): several publishes outstanding, retired in any order and on
+//! another thread, each only after the readers that could hold it.
+//!
 //! The `loom_set_*` models check set publication ([`super::left_right`]): readers inside
 //! batches and outside them against a writer that publishes (and so changes each copy) several
 //! times; a read unordered with a change of the copy it reads is a loom causality report.
@@ -183,6 +187,81 @@ fn loom_one_reader_three_batches_two_commits() {
 #[test]
 fn loom_two_readers_two_batches_seqcst() {
     check(BarrierStrategy::SeqCst, 2, 2, 1);
+}
+
+// === Deferred retire (publish now, retire later) ===
+
+/// `readers` reader threads, each running `batches` batches, against `publishes` publishes
+/// that return without waiting: the writer keeps every [`super::Unpublished`], reads each one
+/// (as a carry reads counters), then retires the newest on another thread and the others here,
+/// newest first, and poisons what retire hands back. A retire that returned while a reader
+/// could still read that snapshot is a loom report (causality or the freed flag).
+fn check_deferred(readers: usize, batches: usize, publishes: u64) {
+    builder().check(move || {
+        let freed: Vec<Arc<AtomicBool>> = (0..=publishes)
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect();
+        let dp = Arc::new(Dataplane::new(
+            TestSnap::new(0, Arc::clone(&freed[0])),
+            readers,
+            BarrierStrategy::SeqCst,
+            std::sync::Arc::new(ZeroClock),
+        ));
+        let handles: Vec<_> = (0..readers)
+            .map(|r| {
+                let dp = Arc::clone(&dp);
+                loom::thread::spawn(move || {
+                    let mut w = dp.worker(r).expect("one worker per core");
+                    for _ in 0..batches {
+                        w.batch(|snap, _| assert_eq!(snap.read(), snap.id + 100));
+                    }
+                })
+            })
+            .collect();
+
+        let mut outstanding = Vec::new();
+        for id in 1..=publishes {
+            let (old, report) =
+                dp.publish(Box::new(TestSnap::new(id, Arc::clone(&freed[id as usize]))));
+            assert_eq!(report.quiesce_ns, 0);
+            // Not retired yet: readable (cores may read it too).
+            assert_eq!(old.get().id, id - 1);
+            assert_eq!(old.get().read(), id - 1 + 100);
+            outstanding.push(old);
+        }
+        let newest = outstanding.pop().expect("at least one publish");
+        let elsewhere = loom::thread::spawn(move || {
+            let retired = newest.retire().into_inner();
+            retired.poison();
+            retired
+        });
+        let mut graveyard = Vec::new();
+        while let Some(old) = outstanding.pop() {
+            let retired = old.retire().into_inner();
+            retired.poison();
+            graveyard.push(retired);
+        }
+        graveyard.push(elsewhere.join().expect("retiring thread panicked"));
+        for h in handles {
+            h.join().expect("reader panicked");
+        }
+        drop(graveyard);
+    });
+}
+
+#[test]
+fn loom_deferred_one_reader_two_batches_one_publish() {
+    check_deferred(1, 2, 1);
+}
+
+#[test]
+fn loom_deferred_one_reader_two_batches_two_publishes() {
+    check_deferred(1, 2, 2);
+}
+
+#[test]
+fn loom_deferred_two_readers_one_batch_two_publishes() {
+    check_deferred(2, 1, 2);
 }
 
 // === Set publication (left_right.rs) ===

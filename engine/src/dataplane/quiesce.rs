@@ -43,24 +43,6 @@ impl Default for Backoff {
     }
 }
 
-/// Reads every generation once and returns the cores inside a batch (odd), with the value seen.
-///
-/// Must run after the writer barrier (see `crate::dataplane`). The generations are all read
-/// first and only then waited on (in [`wait_all`]), so a core that starts a new batch meanwhile
-/// (which loaded the new pointer) does not make us wait for it.
-pub(crate) fn look<'a>(
-    generations: impl IntoIterator<Item = &'a AtomicU64>,
-) -> Vec<(&'a AtomicU64, u64)> {
-    generations
-        .into_iter()
-        // Acquire: when the value read is a core's end-of-batch (even) store, the core's reads of
-        // the snapshot it used in that batch happen-before everything we do next. Odd values are
-        // handled by `wait_moved`.
-        .map(|g| (g, g.load(Ordering::Acquire)))
-        .filter(|(_, v)| v % 2 == 1)
-        .collect()
-}
-
 /// The cores a publisher must wait for before it may free (or reuse) what it unpublished: those
 /// that were inside a batch when it looked ([`crate::dataplane::Quiescence::start`]), with the
 /// generation seen. Waiting is deferred to [`crate::dataplane::Quiescence::wait`], so a publisher
@@ -73,11 +55,16 @@ pub struct Grace {
 }
 
 impl Grace {
-    /// Reads every generation once (as [`look`], same orderings) and keeps the busy ones by index.
+    /// Reads every generation once and keeps the cores inside a batch (odd), by index, with the
+    /// value seen. Must run after the writer barrier (see `crate::dataplane`). The generations
+    /// are all read first and only then waited on, so a core that starts a new batch meanwhile
+    /// (which loaded the new pointer) does not make anyone wait for it.
     pub(crate) fn look<'a>(generations: impl IntoIterator<Item = &'a AtomicU64>) -> Grace {
         Grace {
             busy: (generations.into_iter().enumerate())
-                // Acquire: as in `look`.
+                // Acquire: when the value read is a core's end-of-batch (even) store, the core's
+                // reads of the snapshot it used in that batch happen-before everything we do
+                // next. Odd values are waited on (`wait_moved`).
                 .map(|(i, g)| (i, g.load(Ordering::Acquire)))
                 .filter(|(_, v)| v % 2 == 1)
                 .collect(),
@@ -95,22 +82,13 @@ impl Grace {
     }
 }
 
-/// Waits for each core [`look`] found busy to move on. Idle cores were never in the list, so
-/// they never delay a commit.
-pub(crate) fn wait_all(busy: &[(&AtomicU64, u64)], backoff: &Backoff) {
-    for &(g, seen) in busy {
-        wait_moved(g, seen, backoff);
-    }
+/// Whether `generation` differs from `seen` (an odd value read after the barrier): one
+/// Acquire load, with the meaning and pairing of [`wait_moved`]'s; never waits.
+pub(crate) fn moved(generation: &AtomicU64, seen: u64) -> bool {
+    // Acquire: pairs with the worker's Release generation stores (see `wait_moved`).
+    generation.load(Ordering::Acquire) != seen
 }
 
-/// Waits until `generation` differs from `seen` (an odd value read after the barrier).
-///
-/// Any change means the core ended the batch that might hold the old snapshot: the next value
-/// it stores is the even end-of-batch value, and every later value is stored after that. Every
-/// generation store is a Release store, so our Acquire load of any later value synchronizes with
-/// a store sequenced after the end of that batch: the core's reads of the old snapshot
-/// happen-before our return (and so before the caller frees it). We do not wait for the value to
-/// become even: a core that is odd again is in a new batch, which loaded the new pointer.
 pub(crate) fn wait_moved(generation: &AtomicU64, seen: u64, backoff: &Backoff) {
     let mut rounds = 0u64;
     let yield_until = u64::from(backoff.spins) + u64::from(backoff.yields);

@@ -289,3 +289,110 @@ fn with_active_and_commit_report_timings() {
     assert_eq!(report.quiesce_ns, 10);
     assert_eq!(dp.with_active(|s| s.clone()), "b");
 }
+
+/// `publish` returns while a core is mid-batch on the old snapshot: the old one stays
+/// readable and unfreed, a batch that begins after the return runs the new one, and `retire`
+/// hands the old one back only once the mid-batch core moved on.
+#[test]
+fn publish_returns_before_the_mid_batch_core_moves_on() {
+    for strategy in strategies() {
+        let freed = registry(2);
+        let dp = Dataplane::new(
+            Snap {
+                id: 0,
+                freed: Arc::clone(&freed),
+            },
+            2,
+            strategy,
+            ticking(),
+        );
+        let (entered_tx, entered) = mpsc::channel();
+        let (leave_tx, leave) = mpsc::channel::<()>();
+        thread::scope(|s| {
+            let (dp_ref, freed_ref) = (&dp, &freed);
+            let reader = s.spawn(move || {
+                let (dp, freed) = (dp_ref, freed_ref);
+                let mut w = dp.worker(0).unwrap();
+                let batch = w.enter();
+                entered_tx.send(batch.snapshot().id).unwrap();
+                leave.recv().unwrap();
+                // Still the snapshot the batch began with, never freed while it runs.
+                assert_eq!(batch.snapshot().id, 0);
+                assert!(!freed[0].load(SeqCst), "read after free");
+            });
+            assert_eq!(entered.recv().unwrap(), 0);
+            let new = Box::new(Snap {
+                id: 1,
+                freed: Arc::clone(&freed),
+            });
+            let (old, report) = dp.publish(new);
+            assert_eq!(report.cores_waited, 1);
+            assert_eq!(report.quiesce_ns, 0);
+            assert_eq!(old.cores_waited(), 1);
+            assert!(!old.is_quiescent(), "core 0 is still in its batch");
+            assert_eq!(old.get().id, 0);
+            // A batch that begins now, on the other core, runs the new snapshot.
+            let mut w1 = dp.worker(1).unwrap();
+            assert_eq!(w1.batch(|s, _| s.id), 1);
+            assert!(!freed[0].load(SeqCst));
+            leave_tx.send(()).unwrap();
+            reader.join().unwrap();
+            assert!(old.is_quiescent());
+            let retired = old.retire();
+            assert_eq!(retired.id, 0);
+            assert!(!freed[0].load(SeqCst));
+            drop(retired);
+            assert!(freed[0].load(SeqCst));
+        });
+        assert!(!freed[1].load(SeqCst));
+    }
+}
+
+/// Dropping an `Unpublished` without retiring it waits for the mid-batch core as retire
+/// does (it never frees early), and several publishes may be outstanding at once.
+#[test]
+fn unpublished_drop_waits_and_publishes_overlap() {
+    let freed = registry(3);
+    let dp = Dataplane::new(
+        Snap {
+            id: 0,
+            freed: Arc::clone(&freed),
+        },
+        1,
+        BarrierStrategy::SeqCst,
+        ticking(),
+    );
+    let (entered_tx, entered) = mpsc::channel();
+    let (leave_tx, leave) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let (dp_ref, freed_ref) = (&dp, &freed);
+        let reader = s.spawn(move || {
+            let (dp, freed) = (dp_ref, freed_ref);
+            let mut w = dp.worker(0).unwrap();
+            let batch = w.enter();
+            entered_tx.send(()).unwrap();
+            leave.recv().unwrap();
+            assert!(!freed[batch.snapshot().id].load(SeqCst), "read after free");
+        });
+        entered.recv().unwrap();
+        let (first, _) = dp.publish(Box::new(Snap {
+            id: 1,
+            freed: Arc::clone(&freed),
+        }));
+        let (second, _) = dp.publish(Box::new(Snap {
+            id: 2,
+            freed: Arc::clone(&freed),
+        }));
+        // The second publish replaced snapshot 1, which no batch ever loaded: but core 0 is
+        // still in the batch it began before both, so both wait for it.
+        assert_eq!((first.cores_waited(), second.cores_waited()), (1, 1));
+        let dropper = s.spawn(move || drop(first));
+        leave_tx.send(()).unwrap();
+        reader.join().unwrap();
+        dropper.join().unwrap();
+        assert!(freed[0].load(SeqCst));
+        assert_eq!(second.retire().id, 1);
+    });
+    assert!(freed[1].load(SeqCst));
+    assert!(!freed[2].load(SeqCst));
+}

@@ -101,6 +101,13 @@ impl Snapshot {
         self.cells.release(self.slots_taken)
     }
 
+    /// Whether [`Snapshot::carry_from`]`(old)` reads `old`'s counts (this snapshot got fresh
+    /// cells, or was not built from `old`), so that it must wait until no core can still write
+    /// them. `false`: it counts in `old`'s cells and the carry copies nothing.
+    pub(crate) fn carry_reads(&self, old: &Snapshot) -> bool {
+        !(self.origin.as_ref().is_some_and(|o| o.prev == old.id) && self.moved.is_empty())
+    }
+
     /// Takes over the counters of `old` for every rule and policy whose identity is unchanged:
     /// same ruleset, family, table and chain, and for a rule the same content (canonical form)
     /// and ordinal among equal rules of the chain. Call it only once no core can still write

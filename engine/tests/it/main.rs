@@ -49,6 +49,7 @@ mod pcap_corpus;
 mod physdev;
 mod readme;
 mod recent;
+mod retire;
 mod rpfilter;
 mod semantics;
 mod sets_docker;
