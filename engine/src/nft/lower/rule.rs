@@ -759,7 +759,7 @@ impl Cx<'_> {
                 };
                 // A key no engine set holds (`oifname`, `tcp dport`): the map's elements
                 // as they are now, one rule each; changing them is a commit.
-                if matches::set_key(key, &matches::key_types(m)).is_none() {
+                if named::set_key(key, &named::key_types(m)).is_none() {
                     return self.expand_vmap(at, key, &m.elements, alts);
                 }
                 let (engine, dirs) = self.engine_set(at, key, name, true)?;
@@ -882,3 +882,4 @@ fn need_proto(r: &mut model::Rule, p: u8) -> Step<()> {
 }
 
 mod matches;
+mod named;
