@@ -126,7 +126,8 @@ pub fn print_changes(old: &[Table], new: &[Table]) -> Option<(Vec<LineChange>, u
     Some((out, line))
 }
 
-/// Where [`super::chain_order_index`] puts a chain: builtin chains by hook, then user chains by name.
+/// Where [`super::chain_order_index`] puts a chain: builtin chains by hook, then user chains
+/// by name.
 fn print_key(c: &Chain) -> (bool, Option<usize>, &[u8]) {
     match c.policy {
         Some(_) => (false, c.hook().map(|h| h.index()), &[]),
