@@ -5,7 +5,10 @@
 #   2. 200 EditRuleset calls over one gRPC channel (the edit_channel bench binary, if built:
 #      `cargo bench -p vallum-cli --bench edit_channel --no-run`);
 #   3. 200 calls of `iptables-restore --noflush` replacing one chain of 10 rules (SVC, jumped
-#      to from INPUT) in the same ruleset, against one `-A`.
+#      to from INPUT) in the same ruleset, against one `-A`;
+#   4. with VIA=unix and python3: the `-A` request of 1. from one process, 200 times on a new
+#      connection each and 200 times on one connection (cli/benches/local_conn.py): what a new
+#      connection costs vallumd without the process per call.
 # Usage: cli/benches/dropin.sh [TARGET_DIR] [N]   (TARGET_DIR default target/release)
 # DB_DIR: where vallumd's database lives (default a temporary directory; /dev/shm shows
 # what the commit costs without the disk's fsync). CORES: vallumd's --cores (default 1);
@@ -45,6 +48,8 @@ printf 'vallum-iptables -A: '; ms calls "$W/bin/iptables"
 printf 'vallum-iptables-restore --noflush, one chain of 10 rules: '; ms chain "$W/bin/iptables-restore"
 B=$(ls "$T"/deps/edit_channel-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 if [ -n "$B" ]; then "$B"; else echo 'EditRuleset over one channel: not built (cargo bench -p vallum-cli --bench edit_channel --no-run)'; fi
+# What a new connection costs vallumd, without a process per call (needs python3; unix only).
+if [ "$SOCK" != none ] && command -v python3 >/dev/null; then python3 "$(dirname "$0")/local_conn.py" "$SOCK" "$CALLS"; fi
 [ "${KERNEL:-1}" = 0 ] && exit 0
 if command -v iptables-legacy >/dev/null && command -v unshare >/dev/null; then
   printf 'iptables-legacy -A: '

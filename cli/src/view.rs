@@ -406,7 +406,7 @@ pub fn counters_json(cs: &[RuleCounter]) -> Value {
                 json!({
                     "ruleset": c.ruleset, "family": family(c.family), "table": c.table,
                     "chain": c.chain, "rule": c.rule, "packets": c.packets, "bytes": c.bytes,
-                    "text": c.text,
+                    "text": c.text, "nft_rule": c.nft_rule,
                 })
             })
             .collect(),
@@ -536,7 +536,9 @@ fn row(num: Option<&str>, pkts: &str, bytes: &str, c: &Columns) -> String {
 /// `Chain NAME (policy P N packets, M bytes)` (builtin) or `Chain NAME (N references)` (user
 /// chain), then one row per rule: pkts bytes target prot opt in out source destination and the
 /// remaining options of the rule text. With `line_numbers`, each row starts with the rule's
-/// number in its chain (a `num` column, as `iptables -L --line-numbers`).
+/// number in its chain (a `num` column, as `iptables -L --line-numbers`). An nft ruleset's
+/// table (`nft`) has rows of pkts, bytes, the nft rule's position in its nft chain (`nft`:
+/// what it enforces; one nft rule may be several engine rules) and its nft text.
 pub fn counters_text(cs: &[RuleCounter], line_numbers: bool) -> String {
     // (ruleset, family, table) -> chain -> (policy, rules), in first-seen order of chains.
     type Chains<'a> = Vec<(&'a str, Option<&'a RuleCounter>, Vec<&'a RuleCounter>)>;
@@ -579,6 +581,10 @@ pub fn counters_text(cs: &[RuleCounter], line_numbers: bool) -> String {
                     let _ = writeln!(s, "Chain {name} ({refs} references)");
                 }
             }
+            if *table == "nft" {
+                nft_rows(&mut s, rules, line_numbers);
+                continue;
+            }
             let header = Columns {
                 target: "target".into(),
                 prot: "prot".into(),
@@ -610,6 +616,37 @@ pub fn counters_text(cs: &[RuleCounter], line_numbers: bool) -> String {
         }
     }
     s
+}
+
+/// The rows of an nft chain's rules (see [`counters_text`]): pkts, bytes, the nft rule's
+/// position and its nft text.
+fn nft_rows(s: &mut String, rules: &[&RuleCounter], line_numbers: bool) {
+    let num = |n: &str| match line_numbers {
+        true => format!("{n:<4} "),
+        false => String::new(),
+    };
+    let _ = writeln!(
+        s,
+        "{}{:>8} {:>10} {:>4}  rule",
+        num("num"),
+        "pkts",
+        "bytes",
+        "nft"
+    );
+    let mut rules = rules.to_vec();
+    rules.sort_by_key(|r| r.rule);
+    for r in rules {
+        let _ = writeln!(
+            s,
+            "{}{:>8} {:>10} {:>4}  {}",
+            num(&r.rule.to_string()),
+            r.packets,
+            r.bytes,
+            r.nft_rule,
+            r.text
+        );
+    }
+    s.push('\n');
 }
 
 /// A trace as JSON.
@@ -835,6 +872,38 @@ pub fn packet_event_text(e: &PacketEvent) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nft_counters_print_the_nft_rule_and_its_text() {
+        let c = |rule: u32, nft_rule: u32, text: &str, packets: u64| RuleCounter {
+            ruleset: "web".into(),
+            family: vallum_proto::v1::Family::Ipv4 as i32,
+            table: "nft".into(),
+            chain: "inet filter input".into(),
+            rule,
+            packets,
+            bytes: packets * 60,
+            text: text.into(),
+            nft_rule,
+        };
+        let out = counters_text(
+            &[
+                c(0, 0, "DROP", 4),
+                c(2, 3, "tcp dport 80 accept", 2),
+                c(1, 1, "ip saddr @allowed tcp dport 22 accept", 7),
+            ],
+            true,
+        );
+        assert_eq!(
+            out,
+            "# ruleset web, table nft (ipv4)\n\
+             Chain inet filter input (policy DROP 4 packets, 240 bytes)\n\
+             num      pkts      bytes  nft  rule\n\
+             1           7        420    1  ip saddr @allowed tcp dport 22 accept\n\
+             2           2        120    3  tcp dport 80 accept\n\n"
+        );
+        assert_eq!(counters_json(&[c(2, 3, "x", 1)])[0]["nft_rule"], 3);
+    }
 
     #[test]
     fn deadlines_are_rfc3339_with_time_left() {

@@ -368,7 +368,7 @@ fn has_counters(rs: &Ruleset) -> bool {
     rs.tables
         .iter()
         .flat_map(|t| &t.chains)
-        .any(|c| c.counters != Counters::default() || c.rules.iter().any(|r| r.counters.is_some()))
+        .any(|c| c.counters != Counters::default() || c.rules.has_counters())
 }
 
 impl Prepared {

@@ -690,6 +690,10 @@ impl Snapshot {
         // every packet and base chain cost ~6% of a 1k-rule lookup, and most packets never jump.
         let mut stack = [MaybeUninit::<(u32, u32)>::uninit(); MAX_CALL_DEPTH];
         let mut depth = 0usize;
+        // Verdict-map dispatches of this walk: an element added without a commit may close a
+        // `goto` loop that validation never saw; past MAX_CALL_DEPTH the packet is dropped
+        // (the kernel refuses such an element instead).
+        let mut vmap_hops = 0usize;
         let mut chain = base;
         let mut next = 0u32;
         loop {
@@ -742,7 +746,23 @@ impl Snapshot {
             next = at + 1;
             let r = &rules[at as usize];
             obs.rule(c.body.slots[at as usize] as usize, c, next, p);
-            match &r.target {
+            // A named verdict map's rule acts as its element's verdict; no element: the
+            // next rule.
+            let target = match &r.target {
+                CTarget::Vmap(v) => match v.target(p, now) {
+                    Some(t) => {
+                        vmap_hops += 1;
+                        if vmap_hops > MAX_CALL_DEPTH {
+                            obs.outcome(StepOutcome::Drop);
+                            return Some(Verdict::Drop);
+                        }
+                        t
+                    }
+                    None => continue,
+                },
+                t => t,
+            };
+            match target {
                 CTarget::Continue => {}
                 CTarget::Accept => {
                     obs.outcome(StepOutcome::Accept);
@@ -795,6 +815,8 @@ impl Snapshot {
                 }
                 CTarget::Mark(m) => p.mark = m.apply(p.mark),
                 CTarget::Connmark(cm) => connmark(cm, p),
+                // A map element's verdict is never another map.
+                CTarget::Vmap(_) => {}
             }
         }
     }

@@ -587,15 +587,44 @@ pub fn parse_after(
 /// As [`parse_after`], when `previous_text` is also the canonical print of `previous`'s tables
 /// of the family (`print(.., &PrintOptions::default())` gives it back byte for byte): returns
 /// the tables and, when it can be made from `previous_text` by printing only the new rules
-/// in place of the changed lines, the canonical print of those tables (exactly what
-/// [`print()`] returns for them); `None` for the print otherwise (print them in full).
+/// in place of the changed lines, the canonical print of those tables as a [`TextSplice`] of
+/// `previous_text` (applied, exactly what [`print()`] returns for them); `None` for the print
+/// otherwise (print them in full).
+///
+/// Cost: a comparison of the two texts (their common first and last bytes), a count of their
+/// newlines, the changed lines and the lines above them in their table block, a copy of the
+/// rule chunk lists, and the rules whose lines moved (a change in line count moves the lines
+/// of every rule below it). The previous text is trusted to be a plain dump, as a canonical
+/// print is: its lines are not read one by one (that pass is [`parse_after`]'s).
 pub fn parse_after_canonical(
     previous_text: &str,
     previous: &[Table],
     text: &str,
     opts: &ParseOptions<'_>,
-) -> Option<(Vec<Table>, Option<String>)> {
+) -> Option<(Vec<Table>, Option<TextSplice>)> {
     tables::reparse(previous_text, previous, text, opts, true)
+}
+
+/// A change to a text: bytes `range` of the text replaced by `text`
+/// ([`parse_after_canonical`]'s print, as a change to the previous print).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextSplice {
+    /// The bytes of the previous text replaced (line boundaries).
+    pub range: std::ops::Range<usize>,
+    /// What replaces them.
+    pub text: String,
+}
+
+impl TextSplice {
+    /// The text `previous` with this change made. Panics when [`TextSplice::range`] is not a
+    /// range of char boundaries of `previous` (it is for the text it was made from).
+    pub fn apply(&self, previous: &str) -> String {
+        let mut out = String::with_capacity(previous.len() - self.range.len() + self.text.len());
+        out.push_str(&previous[..self.range.start]);
+        out.push_str(&self.text);
+        out.push_str(&previous[self.range.end..]);
+        out
+    }
 }
 
 /// Parses `text` as `iptables-restore --noflush` input applied to `base`: the complete tables

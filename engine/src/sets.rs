@@ -7,7 +7,8 @@
 //! [`IpSet`] the trait object, whose `contains` must not block. [`FrozenSet`] is an immutable
 //! implementation for rulesets whose sets do not change between commits; [`SetManager`]
 //! (in [`ipset`]) holds ipset-style sets that change without a ruleset commit, and [`save`]
-//! reads and writes their `ipset save` text.
+//! reads and writes their `ipset save` text; [`verdict`] numbers the verdicts of nft verdict
+//! maps' elements.
 //!
 //! Time: [`IpSet::contains`] takes the caller's `now` (ns, same clock as the packet path), so
 //! an element with a timeout stops matching exactly when it expires; [`SetManager::gc`] only
@@ -15,6 +16,7 @@
 
 pub mod ipset;
 pub mod save;
+pub mod verdict;
 
 pub use ipset::{
     AddOptions, Element, ListedElement, Prepared, SetError, SetHandle, SetInfo, SetManager,

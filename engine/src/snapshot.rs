@@ -741,6 +741,44 @@ pub(crate) enum CTarget {
     Mark(MarkValue),
     /// `-j CONNMARK` outside the raw table (in raw it compiles to `Continue`: no entry yet).
     Connmark(ConnmarkTarget),
+    /// nft's `KEY vmap @MAP` ([`crate::model::Target::Vmap`]): boxed, as LOG.
+    Vmap(Box<CVmap>),
+}
+
+/// A compiled named verdict map: the set, how the key is read, and the chain verdicts the
+/// map's elements may carry, by verdict number ([`crate::sets::verdict`]).
+#[derive(Debug, Clone)]
+pub(crate) struct CVmap {
+    pub(crate) set: Arc<crate::sets::SetHandle>,
+    pub(crate) dirs: Box<[SetDir]>,
+    pub(crate) chains: rustc_hash::FxHashMap<u32, CTarget>,
+}
+
+/// What an element's verdict that names no chain of the compiled table does (it cannot be
+/// added after the compile; see [`CVmap::target`]): the packet is dropped, never let through.
+static VMAP_UNRESOLVED: CTarget = CTarget::Drop;
+/// `accept`, `drop`, `return`, `continue` of a map element.
+static VMAP_ACCEPT: CTarget = CTarget::Accept;
+static VMAP_DROP: CTarget = CTarget::Drop;
+static VMAP_RETURN: CTarget = CTarget::Return;
+static VMAP_CONTINUE: CTarget = CTarget::Continue;
+
+impl CVmap {
+    /// The target of the element the packet's key finds; `None` when none does (the next
+    /// rule runs, as nft's lookup that finds nothing). Packet path: one set probe, and one
+    /// hash probe for a `jump`/`goto` verdict.
+    #[inline]
+    pub(crate) fn target(&self, p: &PacketMeta, now: u64) -> Option<&CTarget> {
+        use crate::sets::verdict;
+        Some(match self.set.lookup_verdict(p, &self.dirs, now) {
+            verdict::NONE => return None,
+            verdict::ACCEPT => &VMAP_ACCEPT,
+            verdict::DROP => &VMAP_DROP,
+            verdict::RETURN => &VMAP_RETURN,
+            verdict::CONTINUE => &VMAP_CONTINUE,
+            id => self.chains.get(&id).unwrap_or(&VMAP_UNRESOLVED),
+        })
+    }
 }
 
 /// Where a chain of a new snapshot came from in its predecessor, for [`Snapshot::reuse`]:

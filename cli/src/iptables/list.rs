@@ -297,6 +297,8 @@ fn target_name(t: &Target) -> String {
         Target::Mark(_) => "MARK",
         Target::Connmark(_) => "CONNMARK",
         Target::Opaque(o) => &o.name,
+        // Only nft tables hold it; `iptables -L` shows no nft table.
+        Target::Vmap(_) => "VMAP",
     }
     .to_owned()
 }

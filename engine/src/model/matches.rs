@@ -630,7 +630,8 @@ pub struct IprangeMatch {
 pub struct SetMatch {
     /// `!` before `--match-set`.
     pub negated: bool,
-    /// Set name, at most 31 bytes (IPSET_MAXNAMELEN - 1).
+    /// Set name, at most 31 bytes (IPSET_MAXNAMELEN - 1), or an nft set's longer
+    /// `FAMILY.TABLE.SET` ([`crate::sets::ipset::check_name`]).
     pub name: String,
     /// One flag per element dimension.
     pub dirs: Vec<SetDir>,

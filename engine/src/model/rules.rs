@@ -15,7 +15,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::iter::FusedIterator;
 use std::ops::{Index, IndexMut, Range};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{Location, Match, Rule, Target};
 
@@ -31,12 +31,54 @@ struct Chunk {
     /// ([`needs_rescan`]): [`diff`] skips a shared chunk without that flag unread. Set
     /// conservatively (`true`) when a rule is handed out mutably.
     special: bool,
+    /// What a commit asks of every rule, for the chunk's rules ([`Summary`]), computed on
+    /// first use and kept while the chunk is shared; cleared by [`Chunk::make_mut`].
+    summary: OnceLock<Summary>,
+}
+
+/// What a commit needs to know of all the rules of a chunk, kept with it so that a list
+/// edited from a clone of another is summed up from one figure per shared chunk.
+#[derive(Clone, Copy, Debug)]
+struct Summary {
+    /// The bytes of a packet the rules read ([`RuleList::packet_reads`]).
+    reads: u32,
+    /// Some rule carries counters from its text ([`RuleList::has_counters`]).
+    counters: bool,
+}
+
+impl Summary {
+    fn of(rules: &[Rule]) -> Summary {
+        Summary {
+            reads: rules
+                .iter()
+                .map(crate::snapshot::copy_range::rule_reads)
+                .max()
+                .unwrap_or(0),
+            counters: rules.iter().any(|r| r.counters.is_some()),
+        }
+    }
 }
 
 impl Chunk {
     fn new(rules: Vec<Rule>) -> Chunk {
         let special = rules.iter().any(needs_rescan);
-        Chunk { rules, special }
+        Chunk {
+            rules,
+            special,
+            summary: OnceLock::new(),
+        }
+    }
+
+    /// The chunk for writing (copied first when shared, as `Arc::make_mut`), its cached
+    /// [`Chunk::summary`] cleared: every change to a chunk's rules goes through here.
+    fn make_mut(c: &mut Arc<Chunk>) -> &mut Chunk {
+        let c = Arc::make_mut(c);
+        c.summary = OnceLock::new();
+        c
+    }
+
+    fn summary(&self) -> Summary {
+        *self.summary.get_or_init(|| Summary::of(&self.rules))
     }
 }
 
@@ -107,7 +149,7 @@ impl RuleList {
             return None;
         }
         let (c, o) = self.locate(i);
-        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let chunk = Chunk::make_mut(&mut self.chunks[c]);
         chunk.special = true;
         Some(&mut chunk.rules[o])
     }
@@ -182,7 +224,7 @@ impl RuleList {
         let special = needs_rescan(&rule);
         match self.chunks.last_mut() {
             Some(last) if last.rules.len() < CHUNK => {
-                let last = Arc::make_mut(last);
+                let last = Chunk::make_mut(last);
                 last.special |= special;
                 last.rules.push(rule);
             }
@@ -197,7 +239,11 @@ impl RuleList {
                 };
                 rules.push(rule);
                 self.starts.push(self.len);
-                self.chunks.push(Arc::new(Chunk { rules, special }));
+                self.chunks.push(Arc::new(Chunk {
+                    rules,
+                    special,
+                    summary: OnceLock::new(),
+                }));
             }
         }
         self.len += 1;
@@ -219,7 +265,7 @@ impl RuleList {
             return;
         }
         let (c, o) = self.locate(i);
-        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let chunk = Chunk::make_mut(&mut self.chunks[c]);
         chunk.rules.insert(o, rule);
         let split = chunk.rules.len() >= 2 * CHUNK;
         if split {
@@ -249,7 +295,7 @@ impl RuleList {
             self.len
         );
         let (c, o) = self.locate(i);
-        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let chunk = Chunk::make_mut(&mut self.chunks[c]);
         let rule = chunk.rules.remove(o);
         let after = if chunk.rules.is_empty() {
             self.chunks.remove(c);
@@ -276,7 +322,7 @@ impl RuleList {
             self.len
         );
         let (c, o) = self.locate(i);
-        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let chunk = Chunk::make_mut(&mut self.chunks[c]);
         let old = std::mem::replace(&mut chunk.rules[o], rule);
         chunk.special = chunk.rules.iter().any(needs_rescan);
         old
@@ -340,7 +386,7 @@ impl RuleList {
                 continue;
             }
             let skip = from.saturating_sub(start);
-            for r in &mut Arc::make_mut(c).rules[skip..] {
+            for r in &mut Chunk::make_mut(c).rules[skip..] {
                 r.location = f(r.location);
             }
         }
@@ -368,6 +414,25 @@ impl RuleList {
             }
         }
         v
+    }
+
+    /// The bytes of a packet, from its IP header on, that these rules read beyond the headers
+    /// (the largest [`crate::snapshot::copy_range::rule_reads`] of them; 0 for none). Each
+    /// chunk's figure is computed once and kept while the chunk is shared, so a list edited
+    /// from a clone of another costs a walk of the chunks plus the rules of the chunks the edit
+    /// copied.
+    pub(crate) fn packet_reads(&self) -> u32 {
+        self.chunks
+            .iter()
+            .map(|c| c.summary().reads)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether some rule carries counters from its text ([`Rule::counters`]); kept per chunk as
+    /// [`RuleList::packet_reads`] is.
+    pub fn has_counters(&self) -> bool {
+        self.chunks.iter().any(|c| c.summary().counters)
     }
 
     /// How many of this list's chunks `other` holds too (the same storage, not equal rules).
@@ -604,7 +669,7 @@ pub struct IterMut<'a> {
 }
 
 fn chunk_mut(c: &mut Arc<Chunk>) -> std::slice::IterMut<'_, Rule> {
-    let c = Arc::make_mut(c);
+    let c = Chunk::make_mut(c);
     c.special = true;
     c.rules.iter_mut()
 }

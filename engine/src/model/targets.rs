@@ -1,7 +1,7 @@
 //! The `-j`/`-g` targets: [`Target`] and the options of LOG, NFLOG, REJECT, CONNMARK and CT.
 //! Plain data, on both paths.
 
-use super::{CtZoneSpec, MarkValue, Opaque, OpaqueOption};
+use super::{CtZoneSpec, MarkValue, Opaque, OpaqueOption, SetDir};
 
 /// What a rule does when all its matches hold.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -40,8 +40,25 @@ pub enum Target {
     /// mark, and the next rule runs. A packet without an entry (INVALID, UNTRACKED, or in the
     /// raw table) is left as it is, as connmark_tg.
     Connmark(ConnmarkTarget),
+    /// nft's `KEY vmap @MAP` on a named verdict map: the verdict of the element the packet's
+    /// key finds in engine set `map` (a verdict map, [`crate::sets::verdict`]); no element:
+    /// the next rule runs. The map's elements change without a commit (as `nft add element`).
+    /// Only the nft front end makes it ([`crate::nft::lower()`]); no iptables syntax has it.
+    Vmap(VmapTarget),
     /// A target extension the engine does not implement, kept verbatim.
     Opaque(Opaque),
+}
+
+/// A [`Target::Vmap`]: the map, how the packet's key is read, and where its chain verdicts go.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct VmapTarget {
+    /// The engine set (a verdict map), as [`SetMatch::name`](super::SetMatch).
+    pub map: String,
+    /// How the key is read from the packet, one flag per dimension (as [`super::SetMatch`]).
+    pub dirs: Vec<SetDir>,
+    /// The chains an element's `jump NAME` / `goto NAME` can reach: the model chains named
+    /// `chain_prefix` + NAME (the nft table's chains, `ip kube-proxy ` + NAME).
+    pub chain_prefix: String,
 }
 
 /// The answer of `-j REJECT`. IPv4 names are `icmp-*`, IPv6 names `icmp6-*`.

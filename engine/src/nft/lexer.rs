@@ -51,9 +51,19 @@ pub(crate) fn tokenize(file: &str, text: &str) -> Result<Vec<Token>, NftError> {
     let mut line_start = 0usize;
     let bytes = text.as_bytes();
     let mut i = 0usize;
-    let pos_at = |line: u32, line_start: usize, i: usize| Pos {
-        line,
-        column: (text[line_start..i].chars().count() + 1) as u32,
+    // (line start, byte, its column): positions are asked for in increasing order, so the
+    // column is counted on from the last one (a 10,000-element set on one line stays linear).
+    let memo = std::cell::Cell::new((0usize, 0usize, 1u32));
+    let pos_at = |line: u32, line_start: usize, i: usize| {
+        let (start, at, col) = memo.get();
+        let (from, base) = if start == line_start && at <= i {
+            (at, col)
+        } else {
+            (line_start, 1)
+        };
+        let column = base + text[from..i].chars().count() as u32;
+        memo.set((line_start, i, column));
+        Pos { line, column }
     };
     while i < bytes.len() {
         let c = text[i..].chars().next().unwrap_or(' ');
@@ -244,5 +254,30 @@ mod tests {
             tokenize("f", "a \"b\nc").unwrap_err().kind,
             ErrorKind::UnterminatedString
         ));
+    }
+
+    #[test]
+    fn columns_count_characters_on_each_line() {
+        // Columns are characters, counted on from the previous token of the line.
+        let t = tokenize("f", "comment \"éé\" accept 24:dport\n  drop\n").unwrap();
+        let at: Vec<(String, u32, u32)> = t
+            .iter()
+            .map(|t| (t.tok.text(), t.pos.line, t.pos.column))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                ("comment".into(), 1, 1),
+                ("\"éé\"".into(), 1, 9),
+                ("accept".into(), 1, 14),
+                ("24".into(), 1, 21),
+                (":".into(), 1, 23),
+                ("dport".into(), 1, 24),
+                ("".into(), 1, 29),
+                ("drop".into(), 2, 3),
+                ("".into(), 2, 7),
+                ("".into(), 3, 1),
+            ]
+        );
     }
 }

@@ -32,14 +32,18 @@
 //! - an anonymous set of ports is one multiport match (up to its 15 slots); other anonymous
 //!   sets and verdict maps become one model rule per element (nft's interval sets
 //!   hold disjoint elements, so a packet matches at most one of them), sized before they are
-//!   built ([`MAX_EXPANDED_RULES`]); a named verdict map is lowered with the elements it has
-//!   at the commit, so changing them is a commit (not a set update), and so is a named set
-//!   of ports (`type inet_service`: no engine set type holds ports alone);
+//!   built ([`MAX_EXPANDED_RULES`]); a named verdict map whose key an engine set holds (as
+//!   named sets below) is an engine verdict map ([`crate::sets::verdict`]) and one rule with
+//!   [`crate::model::Target::Vmap`], its elements changed without a commit; one whose key
+//!   no engine set holds (`oifname`) is lowered with the elements it has at the commit, so
+//!   changing them is a commit;
 //! - `notrack` in a chain that runs after conntrack does nothing, as in the kernel (the
 //!   packet has its entry already);
 //! - named sets become engine sets ([`Lowered::sets`]) named `FAMILY.TABLE.SET`
 //!   ([`set_name`]): `ipv4_addr`/`ipv6_addr` sets as `hash:ip` (`hash:net` with `flags
-//!   interval`), `ADDR . inet_proto . inet_service` sets as `hash:ip,port`. Their elements
+//!   interval`), `ADDR . inet_proto . inet_service` sets as `hash:ip,port`, `inet_service`
+//!   sets (`tcp dport @ports`, behind the protocol) as `bitmap:port`; the elements of a
+//!   verdict map carry their verdicts (`jump`/`goto` a chain of the table). Their elements
 //!   change without a commit through the sets API, as `nft add element` changes them
 //!   (`nft add element inet filter allowed { 10.0.0.1 }` is an add to `inet.filter.allowed`).
 //!
@@ -132,7 +136,8 @@ pub fn chain_name(family: super::Family, table: &str, chain: &str) -> String {
 }
 
 /// The engine set name of named set `@set` of nft table `FAMILY TABLE`: `FAMILY.TABLE.SET`
-/// (at most 31 bytes, as every engine set name; a longer one is refused where it is used).
+/// (at most [`crate::sets::ipset::MAX_NFT_NAME_LEN`] bytes; a longer one is refused where it
+/// is used).
 pub fn set_name(family: super::Family, table: &str, set: &str) -> String {
     format!("{}.{table}.{set}", family.name())
 }

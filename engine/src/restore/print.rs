@@ -1195,6 +1195,10 @@ fn print_target(o: &mut Parts<'_>, t: &Target, family: Family) {
             o.out.push_str(&op.name);
             opaque_opts(o, &op.options);
         }
+        // No iptables syntax: printed as nft writes it (only nft tables hold it).
+        Target::Vmap(v) => {
+            o.push_fmt(format_args!("vmap @{}", v.map));
+        }
     }
 }
 

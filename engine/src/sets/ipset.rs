@@ -1,6 +1,8 @@
 //! ipset-style sets: `hash:ip`, `hash:net`, `hash:ip,port`, `hash:net,port`, one family each,
-//! with optional per-element timeouts and counters, managed by a [`SetManager`] without a
-//! ruleset commit.
+//! and `bitmap:port` (ports of either family), with optional per-element timeouts and
+//! counters, managed by a [`SetManager`] without a ruleset commit. A set whose elements carry
+//! a verdict (`KEY : VERDICT`, [`crate::sets::verdict`]) is an nft verdict map, which a
+//! compiled `vmap` rule looks the packet's key up in.
 //!
 //! # Reads without a lock: two copies, retired through the dataplane's generations
 //!
@@ -49,6 +51,8 @@ mod manager;
 mod tests;
 
 pub use content::SetHandle;
-pub use element::{AddOptions, Element, MAX_NAME_LEN, SetError, SetSpec, SetType, check_name};
+pub use element::{
+    AddOptions, Element, MAX_NAME_LEN, MAX_NFT_NAME_LEN, SetError, SetSpec, SetType, check_name,
+};
 pub(super) use manager::Staged;
 pub use manager::{ListedElement, Prepared, SetInfo, SetManager, SetSummary};

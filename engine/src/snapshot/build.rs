@@ -93,13 +93,15 @@ fn has_state(r: &CRule) -> bool {
 }
 
 fn has_set(r: &CRule) -> bool {
-    r.matches.iter().any(|m| match m {
-        CMatch::Set { .. } => true,
-        CMatch::AddrType(a) => a.addrs.is_some(),
-        CMatch::Rpfilter { .. } => true,
-        CMatch::PktType { addrs, .. } => addrs.is_some(),
-        _ => false,
-    })
+    // A verdict map holds its set too (and chain indices resolved at its compile).
+    matches!(r.target, CTarget::Vmap(_))
+        || r.matches.iter().any(|m| match m {
+            CMatch::Set { .. } => true,
+            CMatch::AddrType(a) => a.addrs.is_some(),
+            CMatch::Rpfilter { .. } => true,
+            CMatch::PktType { addrs, .. } => addrs.is_some(),
+            _ => false,
+        })
 }
 
 /// What a chain body is compiled with: the table's chain names (table-local indices), the set

@@ -14,7 +14,7 @@
 //! extension the engine keeps verbatim ([`Match::Opaque`], [`Target::Opaque`]): for those
 //! the range is the whole packet, [`MAX_COPY_RANGE`].
 
-use crate::model::{Match, Ruleset, Target};
+use crate::model::{Match, Rule, Ruleset, Target};
 
 /// Bytes that hold every header the classifier reads (see the module docs).
 pub const HEADER_BYTES: u32 = 256;
@@ -27,32 +27,39 @@ pub const MAX_COPY_RANGE: u32 = 0xffff;
 /// `skb_find_text` searches `[from, to)`), and [`MAX_COPY_RANGE`] for `-j NFLOG`, `-m sctp
 /// --chunk-types`, `-m u32` and for
 /// extensions kept verbatim. A pure function of the rules; at most [`MAX_COPY_RANGE`].
+///
+/// Each chain's figure is kept with its rule chunks ([`crate::model::RuleList`]), so a commit
+/// that shares chunks with the model before it reads only the rules of the chunks it changed
+/// (and one cached figure per other chunk), not every rule.
 pub fn copy_range<'a>(rulesets: impl IntoIterator<Item = &'a Ruleset>) -> u32 {
-    let mut need = HEADER_BYTES;
-    for rs in rulesets {
-        for rule in rs
-            .tables
-            .iter()
-            .flat_map(|t| &t.chains)
-            .flat_map(|c| c.rules.iter())
-        {
-            if matches!(rule.target, Target::Nflog(_) | Target::Opaque(_)) {
-                return MAX_COPY_RANGE;
-            }
-            for m in rule.matches.iter() {
-                match m {
-                    Match::String(s) => need = need.max(u32::from(s.to)),
-                    // xt_sctp reads chunk headers to the end of the packet.
-                    Match::Sctp(s) if s.chunks.is_some() => return MAX_COPY_RANGE,
-                    // xt_u32 reads anywhere in the packet.
-                    Match::U32(_) => return MAX_COPY_RANGE,
-                    Match::Opaque(_) => return MAX_COPY_RANGE,
-                    _ => {}
-                }
-            }
-        }
+    rulesets
+        .into_iter()
+        .flat_map(|rs| rs.tables.iter().flat_map(|t| &t.chains))
+        .map(|c| c.rules.packet_reads())
+        .fold(HEADER_BYTES, u32::max)
+        .min(MAX_COPY_RANGE)
+}
+
+/// The bytes of a packet, from its IP header on, that `rule` reads beyond what
+/// [`HEADER_BYTES`] covers: 0 for a rule that reads only headers, `--to` for `-m string`,
+/// [`MAX_COPY_RANGE`] for `-j NFLOG`, `-m sctp --chunk-types`, `-m u32` and extensions kept
+/// verbatim (see [`copy_range`]).
+pub(crate) fn rule_reads(rule: &Rule) -> u32 {
+    if matches!(rule.target, Target::Nflog(_) | Target::Opaque(_)) {
+        return MAX_COPY_RANGE;
     }
-    need.min(MAX_COPY_RANGE)
+    rule.matches
+        .iter()
+        .map(|m| match m {
+            Match::String(s) => u32::from(s.to),
+            // xt_sctp reads chunk headers to the end of the packet.
+            Match::Sctp(s) if s.chunks.is_some() => MAX_COPY_RANGE,
+            // xt_u32 reads anywhere in the packet.
+            Match::U32(_) | Match::Opaque(_) => MAX_COPY_RANGE,
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

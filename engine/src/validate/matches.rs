@@ -228,10 +228,11 @@ impl TableCheck<'_> {
                 }
                 Match::Set(s) => {
                     if s.name.is_empty()
-                        || s.name.len() > 31
-                        || s.name
-                            .chars()
-                            .any(|ch| ch.is_whitespace() || ch.is_control())
+                        || crate::sets::ipset::check_name(&s.name).is_err()
+                            && (s.name.len() > 31
+                                || s.name
+                                    .chars()
+                                    .any(|ch| ch.is_whitespace() || ch.is_control()))
                     {
                         errs.push(ViolationKind::TooLong {
                             what: "set name",

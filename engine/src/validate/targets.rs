@@ -140,6 +140,15 @@ impl TableCheck<'_> {
                     warns.push(ViolationKind::NoConntrackInRaw("-j CONNMARK"));
                 }
             }
+            Target::Vmap(v) => {
+                if table.kind != TableKind::Nft {
+                    errs.push(ViolationKind::Unsupported {
+                        what: "target",
+                        name: format!("vmap @{} outside an nft table", v.map),
+                        table: table.kind,
+                    });
+                }
+            }
             Target::None
             | Target::Accept
             | Target::Drop

@@ -397,7 +397,8 @@ fn limit_over_and_negated_sets_return_from_a_helper() {
 }
 
 /// A concatenated key (kube-proxy's `ip daddr . meta l4proto . th dport`) in an anonymous set
-/// or a verdict map: one rule per element, each part of the key one match.
+/// (one rule per element, each part of the key one match) or a named verdict map (an engine
+/// verdict map: one rule, elements changed without a commit, as `nft add element`).
 #[test]
 fn concatenated_keys_in_sets_and_verdict_maps() {
     let l = lowered(
@@ -409,12 +410,68 @@ fn concatenated_keys_in_sets_and_verdict_maps() {
          \t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services\n\
          \t\tip saddr . tcp dport { 192.0.2.1 . 22, 192.0.2.2 . 2222 } drop\n\t}\n}\n",
     );
-    let s = compile(vec![l.ruleset], &NoSets);
+    let m = SetManager::new();
+    for s in &l.sets {
+        m.create(&s.name, s.spec).unwrap();
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    // A map without `size` takes elements up to nft's own bound, not ipset's 65536.
+    assert_eq!(l.sets[0].spec.maxelem as usize, nft::MAX_SET_ELEMENTS);
+    // One rule for the map, one per element of the anonymous set.
+    assert_eq!(l.ruleset.tables[0].chains[1].rules.len(), 3);
+    let s = compile(vec![l.ruleset], &m);
     let at = |src: &str, dst: &str, proto, dport| v4(Hook::Input, src, dst, proto, dport);
+    let reject = Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable);
+    assert_eq!(verdict(&s, at("10.0.0.1", "172.30.0.44", 6, 80)), reject);
+    // One element added and one deleted, without a commit: the same snapshot sees both.
+    let map = "ip.kp.no-endpoint-services";
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.46", 6, 443)),
+        Verdict::Accept
+    );
+    m.add_str(map, &["172.30.0.46,tcp:443 : goto reject-chain"], 0)
+        .unwrap();
+    assert_eq!(verdict(&s, at("10.0.0.1", "172.30.0.46", 6, 443)), reject);
+    m.add_str(map, &["172.30.0.46,tcp:443 : drop"], 0).unwrap();
+    assert_eq!(
+        verdict(&s, at("10.0.0.1", "172.30.0.46", 6, 443)),
+        Verdict::Drop,
+        "a new verdict replaces the old one"
+    );
+    assert_eq!(m.delete_str(map, &["172.30.0.44,tcp:80"]).unwrap(), 1);
     assert_eq!(
         verdict(&s, at("10.0.0.1", "172.30.0.44", 6, 80)),
-        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+        Verdict::Accept
     );
+    // Listed with their verdicts; a chain the table does not have, an element without a
+    // verdict, and a verdict in a plain set are refused, and change nothing.
+    let listed: Vec<String> = m
+        .list(map, 0)
+        .unwrap()
+        .elements
+        .into_iter()
+        .map(|e| e.text)
+        .collect();
+    assert_eq!(
+        listed,
+        ["172.30.0.45,udp:53 : drop", "172.30.0.46,tcp:443 : drop"]
+    );
+    for bad in [
+        "172.30.0.47,tcp:80 : goto no-such-chain",
+        "172.30.0.47,tcp:80",
+        "172.30.0.47,tcp:80 : queue",
+    ] {
+        let e = m.add_str(map, &[bad], 0).expect_err(bad);
+        assert!(e.to_string().contains("172.30.0.47"), "{e}");
+    }
+    assert_eq!(m.list(map, 0).unwrap().elements.len(), 2);
+    m.create(
+        "plain",
+        vallum_engine::sets::SetSpec::new(vallum_engine::sets::SetType::HashIp, Family::Ipv4),
+    )
+    .unwrap();
+    m.add_str("plain", &["10.0.0.1"], 0).unwrap();
+    assert!(m.add_str("plain", &["10.0.0.2 : drop"], 0).is_err());
     assert_eq!(
         verdict(&s, at("10.0.0.1", "172.30.0.44", 17, 80)),
         Verdict::Accept
@@ -500,4 +557,111 @@ fn th_after_a_protocol_set_reads_each_protocol() {
     assert_eq!(verdict(&s, at(17, 53)), Verdict::Accept);
     assert_eq!(verdict(&s, at(17, 54)), Verdict::Drop);
     assert_eq!(verdict(&s, at(132, 53)), Verdict::Drop);
+}
+
+/// A named set of ports and a verdict map keyed by port (`type inet_service`) are
+/// `bitmap:port` engine sets behind the protocol the expression names, in both families of an
+/// inet table; their elements change without a commit.
+#[test]
+fn port_sets_and_port_maps_change_without_a_commit() {
+    let l = lowered(
+        "t",
+        "table inet filter {\n\tset ports {\n\t\ttype inet_service\n\t\tflags interval\n\
+         \t\telements = { 22, 8000-8001 }\n\t}\n\
+         \tmap dispatch {\n\t\ttype inet_service : verdict\n\t\telements = { 80 : jump web, 443 : drop }\n\t}\n\
+         \tchain web {\n\t\tip saddr 10.0.0.0/8 accept\n\t\tdrop\n\t}\n\
+         \tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n\
+         \t\ttcp dport @ports drop\n\t\ttcp dport vmap @dispatch\n\t}\n}\n",
+    );
+    let m = SetManager::new();
+    for s in &l.sets {
+        m.create(&s.name, s.spec).unwrap();
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    let s = compile(vec![l.ruleset], &m);
+    let at = |src: &str, proto, dport| v4(Hook::Input, src, "198.51.100.1", proto, dport);
+    let v6 = |proto, dport| PacketMeta {
+        family: Family::Ipv6,
+        src: "2001:db8::1".parse().unwrap(),
+        dst: "2001:db8::2".parse().unwrap(),
+        ..v4(Hook::Input, "192.0.2.1", "198.51.100.1", proto, dport)
+    };
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 22)), Verdict::Drop);
+    assert_eq!(verdict(&s, v6(6, 22)), Verdict::Drop, "inet: IPv6 too");
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", 17, 22)),
+        Verdict::Accept,
+        "tcp only"
+    );
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 8001)), Verdict::Drop);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 9000)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("10.1.1.1", 6, 80)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 80)), Verdict::Drop);
+    assert_eq!(
+        verdict(&s, at("192.0.2.1", 17, 80)),
+        Verdict::Accept,
+        "tcp only"
+    );
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 443)), Verdict::Drop);
+    m.add_str("inet.filter.ports", &["9000"], 0).unwrap();
+    m.add_str("inet.filter.dispatch", &["8443 : jump web"], 0)
+        .unwrap();
+    assert_eq!(m.delete_str("inet.filter.ports", &["22"]).unwrap(), 1);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 9000)), Verdict::Drop);
+    assert_eq!(verdict(&s, v6(6, 9000)), Verdict::Drop);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 22)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("10.1.1.1", 6, 8443)), Verdict::Accept);
+    assert_eq!(verdict(&s, at("192.0.2.1", 6, 8443)), Verdict::Drop);
+    let listed: Vec<String> = m
+        .list("inet.filter.dispatch", 0)
+        .unwrap()
+        .elements
+        .into_iter()
+        .map(|e| e.text)
+        .collect();
+    assert_eq!(listed, ["80 : jump web", "443 : drop", "8443 : jump web"]);
+}
+
+/// A commit that adds a chain and a map element that goes to it, the chain holding the `vmap`
+/// rule unchanged: the snapshot built from its predecessor resolves the new chain (the vmap's
+/// body is compiled again, never shared).
+#[test]
+fn a_map_element_to_a_chain_of_the_next_commit_resolves() {
+    let text = |extra: &str, elems: &str| {
+        format!(
+            "table ip kp {{\n\tmap m {{\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\
+             \t\telements = {{ {elems} }}\n\t}}\n\
+             \tchain input {{\n\t\ttype filter hook input priority 0; policy accept;\n\
+             \t\tip daddr . meta l4proto . th dport vmap @m\n\t}}\n\
+             \tchain a {{\n\t\tdrop\n\t}}\n{extra}}}\n"
+        )
+    };
+    let one = lowered("kp", &text("", "10.0.0.1 . tcp . 80 : goto a"));
+    let m = SetManager::new();
+    for s in &one.sets {
+        m.create(&s.name, s.spec).unwrap();
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    let first = compile(vec![one.ruleset], &m);
+    let two = lowered(
+        "kp",
+        &text(
+            "\tchain b {\n\t\treject\n\t}\n",
+            "10.0.0.1 . tcp . 80 : goto a, 10.0.0.2 . tcp . 80 : goto b",
+        ),
+    );
+    // As the server's commit: the listed elements may name the new chain.
+    for s in &two.sets {
+        m.handle(&s.name)
+            .unwrap()
+            .allow_verdicts(s.elements.iter().map(|(e, _)| e.verdict()));
+        m.add(&s.name, s.elements.iter().copied(), 0).unwrap();
+    }
+    let next = Snapshot::compile_after(&first, &[Arc::new(two.ruleset)], &m, 1).expect("compiles");
+    let at = |dst: &str| v4(Hook::Input, "192.0.2.1", dst, 6, 80);
+    assert_eq!(verdict(&next, at("10.0.0.1")), Verdict::Drop);
+    assert_eq!(
+        verdict(&next, at("10.0.0.2")),
+        Verdict::Reject(vallum_engine::model::RejectWith::PortUnreachable)
+    );
 }

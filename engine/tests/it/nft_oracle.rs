@@ -432,3 +432,88 @@ fn lowered_expressions_count_and_order_as_in_the_kernel() {
         "every probe reaches at least one counting rule"
     );
 }
+
+/// The filter side of kube-proxy's nftables mode: services without endpoints in a named
+/// verdict map (`goto reject-chain` or `drop`), reached for new connections.
+const NO_ENDPOINTS: &str = r#"table ip kube-proxy {
+	map no-endpoint-services {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		comment "vmap to drop or reject packets to services with no endpoints"
+		elements = { 10.99.0.1 . tcp . 80 comment "ns1/svc1:p80" : goto reject-chain,
+			     10.99.0.1 . udp . 53 comment "ns2/svc2:dns" : drop }
+	}
+
+	chain filter-input {
+		type filter hook input priority -110; policy accept;
+		ct state new counter jump service-endpoints-check
+	}
+
+	chain service-endpoints-check {
+		ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+	}
+
+	chain reject-chain {
+		counter reject
+	}
+}
+"#;
+
+/// A named verdict map's elements added and deleted without a commit (the engine's sets API,
+/// `nft add element` / `nft delete element` in the kernel): after each change the same probes
+/// get the same verdicts and counts from both.
+#[test]
+#[ignore = "needs root, nft, conntrack and iptables-legacy"]
+fn verdict_map_elements_change_as_nft_add_element_changes_them() {
+    let o = match KernelOracle::setup() {
+        Ok(Setup::Ready(o)) => o,
+        Ok(Setup::Skip(why)) => panic!("the kernel oracle cannot run: {why}"),
+        Err(e) => panic!("oracle setup failed: {e}"),
+    };
+    let rs = nft::parse("kp", NO_ENDPOINTS).unwrap_or_else(|e| panic!("{e}"));
+    let lowered = nft::lower(&rs, "kp", NO_ENDPOINTS, "t", 0).unwrap_or_else(|e| panic!("{e}"));
+    let sets = SetManager::new();
+    sets.node_addrs().replace(oracle_local_table());
+    sets.node_addrs().replace_routes(Some(fw_routes()));
+    let engine = Engine::new(&rs, lowered, Vec::new(), &sets);
+    knft::load(&o, NO_ENDPOINTS).unwrap_or_else(|e| panic!("{e}"));
+    let map = "ip.kube-proxy.no-endpoint-services";
+    let mut sport = 40_000;
+    let outcome = |port: u16, proto: Proto| {
+        let p = spec("x", proto, "192.0.2.7", "10.99.0.1", port, 0);
+        engine.outcome(&build_frame(&p, FW_MAC))
+    };
+    compare(&o, &engine, "as loaded", &mut sport);
+    assert_eq!(outcome(80, Proto::Tcp), Outcome::RejectIcmp);
+    assert_eq!(outcome(8080, Proto::Tcp), Outcome::Accept);
+
+    knft::apply(
+        &o,
+        "add element ip kube-proxy no-endpoint-services { 10.99.0.1 . tcp . 8080 : goto reject-chain, 10.99.0.1 . udp . 8080 : drop }\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    sets.add_str(
+        map,
+        &[
+            "10.99.0.1,tcp:8080 : goto reject-chain",
+            "10.99.0.1,udp:8080 : drop",
+        ],
+        0,
+    )
+    .expect("add elements");
+    compare(&o, &engine, "after add element", &mut sport);
+    assert_eq!(outcome(8080, Proto::Tcp), Outcome::RejectIcmp);
+    assert_eq!(outcome(8080, Proto::Udp), Outcome::Drop);
+
+    knft::apply(
+        &o,
+        "delete element ip kube-proxy no-endpoint-services { 10.99.0.1 . tcp . 80, 10.99.0.1 . udp . 53 }\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        sets.delete_str(map, &["10.99.0.1,tcp:80", "10.99.0.1,udp:53"])
+            .expect("delete elements"),
+        2
+    );
+    compare(&o, &engine, "after delete element", &mut sport);
+    assert_eq!(outcome(80, Proto::Tcp), Outcome::Accept);
+}

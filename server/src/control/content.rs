@@ -258,9 +258,12 @@ pub struct SourceText {
     pub family: Family,
     /// The text exactly as parsed.
     pub text: Arc<String>,
-    /// The text is the canonical content of its family (as `iptables-save` output of the
-    /// model is): the next check can then also splice the content instead of printing it.
-    pub canonical: bool,
+    /// When the text is the canonical content of its family (as `iptables-save` output of
+    /// the model is): that content, as its chunks (shared with the revision's, not copied).
+    /// The next check then parses without reading the previous text line by line
+    /// (`restore::parse_after_canonical`) and splices the content from these chunks instead of
+    /// printing and hashing it whole.
+    pub canonical: Option<Text>,
 }
 
 /// The texts a ruleset's model was parsed from and that model, for [`check_after`] to parse
@@ -286,7 +289,9 @@ impl Checked {
             .into_iter()
             .filter(|p| !skip.contains(&p.family))
             .map(|p| SourceText {
-                canonical: self.content.text(p.family) == p.text.as_str(),
+                canonical: Some(self.content.text(p.family))
+                    .filter(|t| *t == p.text.as_str())
+                    .cloned(),
                 family: p.family,
                 text: Arc::new(p.text),
             })
@@ -531,7 +536,7 @@ pub fn check_with(
     let mut not_reusable = Vec::new();
     let reuse = previous.and_then(|p| Some((p, p.model.upgrade()?)));
     // Per part, the canonical content spliced by `parse_after_canonical`, if it was.
-    let mut spliced: Vec<(Family, Option<String>)> = Vec::new();
+    let mut spliced: Vec<(Family, Option<Text>)> = Vec::new();
     for part in &input.parts {
         let opts = ParseOptions {
             family: part.family,
@@ -547,10 +552,15 @@ pub fn check_with(
         }
         let incremental = reuse.as_ref().and_then(|(p, model)| {
             let src = p.texts.iter().find(|s| s.family == part.family)?;
-            if src.canonical {
-                restore::parse_after_canonical(&src.text, &model.tables, &part.text, &opts)
-            } else {
-                restore::parse_after(&src.text, &model.tables, &part.text, &opts).map(|t| (t, None))
+            match &src.canonical {
+                // The content is the previous one's chunks with the changed lines' chunks cut
+                // again (and hashed when asked): no print or hash of the whole text.
+                Some(content) => {
+                    restore::parse_after_canonical(&src.text, &model.tables, &part.text, &opts)
+                        .map(|(t, print)| (t, print.map(|s| content.splice(&[(s.range, s.text)]))))
+                }
+                None => restore::parse_after(&src.text, &model.tables, &part.text, &opts)
+                    .map(|t| (t, None)),
             }
         });
         if let Some((t, print)) = incremental {
@@ -650,7 +660,7 @@ fn finish(
     ruleset: Ruleset,
     input: &RulesetInput,
     parse_warnings: Vec<Finding>,
-    spliced: Vec<(Family, Option<String>)>,
+    spliced: Vec<(Family, Option<Text>)>,
     not_reusable: Vec<Family>,
     base_label: &str,
 ) -> Checked {
@@ -658,7 +668,7 @@ fn finish(
     let content = if spliced.iter().all(|(_, p)| p.is_some()) {
         let mut c = Content::default();
         for (family, print) in spliced {
-            c.set(family, Text::new(print.unwrap_or_default()));
+            c.set(family, print.unwrap_or_default());
         }
         c
     } else {

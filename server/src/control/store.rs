@@ -10,7 +10,9 @@
 //! One driver, rusqlite (with its own bundled SQLite), for everything: every write
 //! transaction runs on one writer connection and every read in one read transaction on one of
 //! a few reader connections, each in one hop to a blocking thread (see `writer` for why
-//! not sqlx, with the measurements); migrations run on the writer at open (`migrate`).
+//! not sqlx, with the measurements), except the read of one ruleset's row, which every edit
+//! makes and which runs on the calling thread when a reader is free ([`Store::get_ruleset`]);
+//! migrations run on the writer at open (`migrate`).
 //! Writers are serialised by the writer connection (and by the pipeline's write lock before
 //! it); readers never wait (WAL).
 //!
@@ -716,19 +718,24 @@ impl Store {
         }
     }
 
-    /// One ruleset.
+    /// One ruleset. Read on the calling thread when a reader connection is free (a point
+    /// read costs microseconds, a hop to a blocking thread and back more), else on a blocking
+    /// thread.
     ///
     /// Errors: [`Error::Store`].
     pub async fn get_ruleset(&self, name: &str) -> Result<Option<RulesetRow>> {
+        fn read(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<Option<RulesetRow>> {
+            Ok(tx
+                .prepare_cached("SELECT * FROM rulesets WHERE name = ?1")?
+                .query_row([name], ruleset_row)
+                .optional()?)
+        }
+        // One row by its key: on this thread when a reader is free (every edit reads it).
+        if let Some(row) = self.readers.run_here(|tx| read(tx, name)) {
+            return row;
+        }
         let name = name.to_string();
-        self.readers
-            .run(move |tx| {
-                Ok(tx
-                    .prepare_cached("SELECT * FROM rulesets WHERE name = ?1")?
-                    .query_row([name], ruleset_row)
-                    .optional()?)
-            })
-            .await
+        self.readers.run(move |tx| read(tx, &name)).await
     }
 
     /// Every ruleset, by name.

@@ -14,8 +14,9 @@
 //! 6. refused: a commit request's refusal is reported to the pipeline
 //!    ([`crate::control::pipeline::Pipeline::refused`]: watch stream and metrics).
 //!
-//! A mutating call runs on a task of its own ([`to_completion`]), so a client that gives up
-//! cannot stop it between its durable store write and the engine's publish. A `validate_only`
+//! A mutating call runs on a task of its own ([`to_completion`]; a local call on its
+//! connection's, [`on_own_task`]), so a client that gives up cannot stop it between its
+//! durable store write and the engine's publish. A `validate_only`
 //! call ([`Mutation::validate_only`]) is checked as the real one (ready, grant) but neither
 //! answers from nor writes to the idempotency keys, writes no audit record and reports no
 //! refusal.
@@ -344,23 +345,58 @@ async fn scoped_priority(state: &State, grant: &Grant, target: &Target) -> Resul
     })
 }
 
+tokio::task_local! {
+    /// Set while a call runs on a task that nothing cancels ([`on_own_task`]).
+    static ON_OWN_TASK: ();
+}
+
+/// Runs `call` (a whole request through the service stack) marked as running on a task of
+/// its own that is never cancelled while it runs, so [`to_completion`] needs no second task.
+/// For the local socket's connections ([`crate::grpc::local_call`]): a connection's task
+/// awaits each call it reads to the end (no deadline, no select around it), whether or not
+/// the client is still there. Not for HTTP/2, whose streams are dropped when the client
+/// resets them.
+pub async fn on_own_task<F: std::future::Future>(call: F) -> F::Output {
+    ON_OWN_TASK.scope((), call).await
+}
+
 /// Runs a call's work on a task of its own and waits for it. A gRPC handler's future is
 /// dropped when the client gives up (deadline, disconnect); a commit dropped between its
 /// durable store write and the engine's publish would leave the store naming a revision the
 /// engine does not run (found by review: Apply with a short deadline). A spawned task is not
-/// cancelled with the caller, so the call ends as a whole: published, or reverted.
+/// cancelled with the caller, so the call ends as a whole: published, or reverted. A call
+/// that already runs on such a task ([`on_own_task`]: a local call) runs here, without the
+/// spawn and the wakeup of its join (a hop between threads on a multi-thread runtime).
 ///
 /// The task runs in the caller's span (the call's, crate::telemetry::metrics::traces), so the
 /// commit's spans stay children of the call's.
 ///
-/// Errors: the call's own; [`Error::TaskFailed`] (INTERNAL) when the task panicked (logged;
-/// the RPC metrics count it under its code).
+/// Errors: the call's own; [`Error::TaskFailed`] (INTERNAL) when the task panicked, or
+/// [`Error::Invariant`] (INTERNAL) when a call run in place panicked (logged; the RPC metrics
+/// count it under its code).
 pub async fn to_completion<T, F>(call: F) -> Result<T, Status>
 where
     T: Send + 'static,
     F: std::future::Future<Output = Result<T, Status>> + Send + 'static,
 {
+    use futures_util::FutureExt as _;
     use tracing::Instrument as _;
+    if ON_OWN_TASK.try_with(|_| ()).is_ok() {
+        // AssertUnwindSafe: after a panic nothing of the call is used again (its state was
+        // its own), as when its spawned task panicked.
+        return match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(panic = %what, "call panicked");
+                Err(Error::invariant("the call panicked; vallumd's log says why").into())
+            }
+        };
+    }
     match tokio::spawn(call.in_current_span()).await {
         Ok(r) => r,
         Err(e) => {

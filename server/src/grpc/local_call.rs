@@ -3,8 +3,10 @@
 //!
 //! [`incoming`] accepts the socket's connections and tells them apart by their first byte
 //! (the HTTP/2 preface begins `P`, a local-call connection `V`): an HTTP/2 connection goes to
-//! tonic's server ([`Http2Conn`], the first byte read back first); a local-call connection is
-//! served here, one call after another, each by the same tower stack that serves gRPC (the
+//! tonic's server ([`Http2Conn`], the bytes read so far read back first); a local-call
+//! connection is served here, on its own task, one call after another (each awaited to its
+//! end on that task, which is the task [`crate::grpc::call::to_completion`] needs: no second
+//! one), each by the same tower stack that serves gRPC (the
 //! connection layer's byte budget, RPC metrics, the request-size answer, auth with the peer's
 //! `SO_PEERCRED` credentials as tonic's `UdsConnectInfo`, the routes and their handlers), so
 //! an edit takes the one path every edit takes. A call becomes an HTTP/2-less `http::Request`
@@ -34,7 +36,9 @@ use std::time::Duration;
 
 use futures_util::Stream;
 use http_body_util::{BodyExt, Full};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf,
+};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tonic::body::Body;
@@ -50,6 +54,10 @@ use crate::grpc::limits::LimitError;
 const HTTP2_QUEUE: usize = 64;
 /// The pause after an `accept` that failed for lack of descriptors or memory.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
+/// The read buffer of a connection: one `read` takes the magic, a request frame's length
+/// and a short frame whole (a drop-in command's EditRuleset is ~130 bytes), where reading
+/// each part on its own costs a system call (and a wakeup when it is not there yet).
+const READ_BUFFER: usize = 8 << 10;
 
 /// What local calls are served with.
 #[derive(Clone, Debug)]
@@ -103,35 +111,27 @@ where
     )
 }
 
-/// Reads `io`'s first byte and hands it to tonic (HTTP/2) or serves its local calls.
-async fn sort<S>(
-    mut io: UnixStream,
-    tx: mpsc::Sender<Http2Conn>,
-    service: S,
-    config: LocalCallConfig,
-) where
+/// Reads `io`'s first bytes and hands it to tonic (HTTP/2) or serves its local calls.
+async fn sort<S>(io: UnixStream, tx: mpsc::Sender<Http2Conn>, service: S, config: LocalCallConfig)
+where
     S: Service<http::Request<Body>, Response = http::Response<Body>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: std::fmt::Display + Send + 'static,
 {
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(config.handshake_timeout, io.read(&mut first)).await {
-        Ok(Ok(1)) => {}
+    let mut io = BufReader::with_capacity(READ_BUFFER, io);
+    let first = match tokio::time::timeout(config.handshake_timeout, io.fill_buf()).await {
+        Ok(Ok([b, ..])) => *b,
         // Closed, failed, or silent for --handshake-timeout.
         _ => return,
-    }
-    if first[0] != local::MAGIC[0] {
-        let _ = tx
-            .send(Http2Conn {
-                first: Some(first[0]),
-                io,
-            })
-            .await;
+    };
+    if first != local::MAGIC[0] {
+        let read = Bytes::copy_from_slice(io.buffer());
+        let io = io.into_inner();
+        let _ = tx.send(Http2Conn { read, io }).await;
         return;
     }
     let mut magic = [0u8; local::MAGIC.len()];
-    magic[0] = first[0];
-    let rest = tokio::time::timeout(config.handshake_timeout, io.read_exact(&mut magic[1..]));
+    let rest = tokio::time::timeout(config.handshake_timeout, io.read_exact(&mut magic));
     if !matches!(rest.await, Ok(Ok(_))) || &magic != local::MAGIC {
         tracing::debug!("local socket: neither HTTP/2 nor a local call; closed");
         return;
@@ -148,7 +148,7 @@ enum ReadError {
 }
 
 /// The body of the next frame of `io`, at most `limit` bytes.
-async fn read_frame(io: &mut UnixStream, limit: usize) -> Result<Vec<u8>, ReadError> {
+async fn read_frame(io: &mut BufReader<UnixStream>, limit: usize) -> Result<Vec<u8>, ReadError> {
     let mut len = [0u8; 4];
     io.read_exact(&mut len).await.map_err(|_| ReadError::Gone)?;
     let len = u32::from_be_bytes(len) as usize;
@@ -171,7 +171,7 @@ async fn read_frame(io: &mut UnixStream, limit: usize) -> Result<Vec<u8>, ReadEr
 /// Serves the local calls of `io` until it closes, a deadline passes, or tonic's server
 /// stops (`tx` closed).
 async fn serve<S>(
-    mut io: UnixStream,
+    mut io: BufReader<UnixStream>,
     tx: mpsc::Sender<Http2Conn>,
     mut service: S,
     config: LocalCallConfig,
@@ -180,7 +180,7 @@ async fn serve<S>(
     S::Future: Send + 'static,
     S::Error: std::fmt::Display + Send + 'static,
 {
-    let info = io.connect_info();
+    let info = io.get_ref().connect_info();
     let limit = local::request_frame_limit(config.max_message);
     let mut wait = config.handshake_timeout;
     loop {
@@ -189,13 +189,13 @@ async fn serve<S>(
             f = tokio::time::timeout(wait, read_frame(&mut io, limit)) => f,
         };
         let answer = match frame {
-            Ok(Ok(body)) => call(&mut service, &info, body).await,
+            Ok(Ok(body)) => crate::grpc::call::on_own_task(call(&mut service, &info, body)).await,
             Ok(Err(ReadError::TooLarge(size))) => {
                 let status = Status::from(LimitError::RequestTooLarge {
                     size,
                     max: config.max_message,
                 });
-                let _ = io
+                let _ = (io.get_mut())
                     .write_all(&local::encode_refusal(&rpc_status(&status)))
                     .await;
                 return;
@@ -208,7 +208,7 @@ async fn serve<S>(
                 return;
             }
         };
-        if io.write_all(&answer).await.is_err() {
+        if io.get_mut().write_all(&answer).await.is_err() {
             return;
         }
         wait = config.idle_timeout;
@@ -307,11 +307,12 @@ fn rpc_status(status: &Status) -> local::RpcStatus {
 
 // === impl Http2Conn ===
 
-/// A local-socket connection that speaks HTTP/2, for tonic's server: the byte [`incoming`]
-/// read to tell the protocols apart comes first.
+/// A local-socket connection that speaks HTTP/2, for tonic's server: the bytes [`incoming`]
+/// read to tell the protocols apart come first.
 #[derive(Debug)]
 pub struct Http2Conn {
-    first: Option<u8>,
+    /// Read from `io` already, not yet by tonic.
+    read: Bytes,
     io: UnixStream,
 }
 
@@ -330,11 +331,10 @@ impl AsyncRead for Http2Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if buf.remaining() > 0 {
-            if let Some(b) = this.first.take() {
-                buf.put_slice(&[b]);
-                return Poll::Ready(Ok(()));
-            }
+        if !this.read.is_empty() && buf.remaining() > 0 {
+            let n = this.read.len().min(buf.remaining());
+            buf.put_slice(&this.read.split_to(n));
+            return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.io).poll_read(cx, buf)
     }

@@ -223,7 +223,7 @@ fn local_call<M: prost::Message>(
     path: &str,
     msg: &M,
 ) -> Result<Vec<u8>, vallum_proto::local::RpcStatus> {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use vallum_proto::local;
     let mut out = Vec::new();
     if greet {
@@ -231,6 +231,15 @@ fn local_call<M: prost::Message>(
     }
     out.extend(local::encode_request(path, b"", msg).expect("frame"));
     io.write_all(&out).expect("send the call");
+    read_answer(io)
+}
+
+/// The next answer frame on `io`: the response message, or the refusal.
+fn read_answer(
+    io: &mut std::os::unix::net::UnixStream,
+) -> Result<Vec<u8>, vallum_proto::local::RpcStatus> {
+    use std::io::Read;
+    use vallum_proto::local;
     let mut len = [0u8; 4];
     io.read_exact(&mut len).expect("answer length");
     let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
@@ -327,12 +336,49 @@ fn local_calls_on_the_socket() {
     );
     let why = refused.first_violation().expect("a field violation");
     assert!(why.contains("NOPE"), "{why}");
+    // vallumd reads what is there at once: two calls sent in one write are both answered, in
+    // order, and a call that arrives a byte at a time is answered when it is whole.
+    let mut two = local::encode_request(GET, b"", &get).expect("frame");
+    two.extend(
+        local::encode_request(EDIT, b"", &edit("-A INPUT -p tcp --dport 23 -j ACCEPT"))
+            .expect("frame"),
+    );
+    io.write_all(&two).expect("two calls");
+    for want in [1, 2] {
+        let answer = read_answer(&mut io).expect("answered");
+        let number = match want {
+            1 => {
+                <pb::Ruleset as prost::Message>::decode(answer.as_slice())
+                    .expect("Ruleset")
+                    .active_revision
+            }
+            _ => {
+                (<pb::CommitResult as prost::Message>::decode(answer.as_slice()))
+                    .expect("CommitResult")
+                    .revision
+                    .expect("a revision")
+                    .number
+            }
+        };
+        assert_eq!(number, want);
+    }
+    let mut slow = UnixStream::connect(&sock).expect("connect");
+    let mut call = local::MAGIC.to_vec();
+    call.extend(local::encode_request(GET, b"", &get).expect("frame"));
+    for b in &call {
+        slow.write_all(std::slice::from_ref(b)).expect("one byte");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let rs = read_answer(&mut slow).expect("GetRuleset a byte at a time");
+    let rs = <pb::Ruleset as prost::Message>::decode(rs.as_slice()).expect("Ruleset");
+    assert_eq!(rs.active_revision, 2);
+    drop(slow);
     // Calls within --idle-timeout keep the connection for more than three of its periods.
     for _ in 0..8 {
         std::thread::sleep(Duration::from_millis(450));
         let rs = local_call(&mut io, false, GET, &get).expect("GetRuleset");
         let rs = <pb::Ruleset as prost::Message>::decode(rs.as_slice()).expect("Ruleset");
-        assert_eq!(rs.active_revision, 1);
+        assert_eq!(rs.active_revision, 2);
     }
     // Then silence: closed, nothing sent.
     assert_eq!(until_closed(&mut io), b"");

@@ -599,3 +599,144 @@ async fn vallumctl_reads_nft_by_format_and_by_detection() {
     assert_eq!(revisions, 3, "{}", r.stdout);
     d.stop().await;
 }
+
+/// kube-proxy's filter side: services without endpoints in a named verdict map.
+const NO_ENDPOINTS: &str = "table ip kube-proxy {
+\tmap no-endpoint-services {
+\t\ttype ipv4_addr . inet_proto . inet_service : verdict
+\t\telements = { 198.51.100.1 . tcp . 80 : goto reject-chain }
+\t}
+
+\tchain filter-input {
+\t\ttype filter hook input priority -110; policy accept;
+\t\tct state new jump service-endpoints-check
+\t}
+
+\tchain service-endpoints-check {
+\t\tip daddr . meta l4proto . th dport vmap @no-endpoint-services
+\t}
+
+\tchain reject-chain {
+\t\treject
+\t}
+}
+";
+
+/// A named verdict map's elements (`KEY : VERDICT`) added, changed and deleted through the
+/// sets API change verdicts without a revision, are refused when their chain is not in the
+/// table, and are what a restarted vallumd loads back (one stored row per element); the map
+/// takes up to `--max-set-elements`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_map_elements_change_without_a_commit_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v.db");
+    let d = Daemon::start(&db, &[]);
+    d.wait_serving().await;
+    let mut rs = d.rulesets().await;
+    rs.apply(pb::ApplyRequest {
+        ruleset: "kp".into(),
+        source: Some(nft_source(NO_ENDPOINTS, "kp.nft", false)),
+        ..Default::default()
+    })
+    .await
+    .expect("applies");
+    let verdict = |t: &pb::TracePacketResponse| pb::Verdict::try_from(t.verdict).unwrap();
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 80).await),
+        pb::Verdict::Reject
+    );
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 443).await),
+        pb::Verdict::Accept
+    );
+    let map = "ip.kube-proxy.no-endpoint-services";
+    let mut sets = pb::set_service_client::SetServiceClient::new(d.channel().await);
+    let element = |text: &str| pb::SetElement {
+        text: text.into(),
+        ..Default::default()
+    };
+    let add = |texts: &[&str], exist: bool| pb::AddElementsRequest {
+        set: map.into(),
+        elements: texts.iter().map(|t| element(t)).collect(),
+        exist,
+        ..Default::default()
+    };
+    // `nft add element ip kube-proxy no-endpoint-services { 198.51.100.1 . tcp . 443 : drop }`
+    sets.add_elements(add(&["198.51.100.1,tcp:443 : drop"], false))
+        .await
+        .expect("add");
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 443).await),
+        pb::Verdict::Drop
+    );
+    // Its verdict changed (an add with `exist` replaces it).
+    sets.add_elements(add(&["198.51.100.1,tcp:443 : goto reject-chain"], true))
+        .await
+        .expect("change");
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 443).await),
+        pb::Verdict::Reject
+    );
+    // A chain the table does not have, an element without a verdict: refused, nothing changes.
+    for bad in ["198.51.100.1,tcp:22 : goto nowhere", "198.51.100.1,tcp:22"] {
+        let s = sets.add_elements(add(&[bad], false)).await.expect_err(bad);
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    }
+    sets.delete_elements(pb::DeleteElementsRequest {
+        set: map.into(),
+        elements: vec![element("198.51.100.1,tcp:80")],
+        ..Default::default()
+    })
+    .await
+    .expect("delete");
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 80).await),
+        pb::Verdict::Accept
+    );
+    let ruleset = rs
+        .get_ruleset(pb::GetRulesetRequest {
+            name: "rulesets/kp".into(),
+        })
+        .await
+        .expect("ruleset")
+        .into_inner();
+    assert_eq!(
+        ruleset.latest_revision, 1,
+        "no revision for element changes"
+    );
+    // The active revision dispatches through the map: it cannot be destroyed.
+    let e = sets
+        .destroy_set(pb::DestroySetRequest {
+            name: map.into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("in use");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    d.stop().await;
+
+    let d = Daemon::start(&db, &[]);
+    d.wait_serving().await;
+    let mut sets = pb::set_service_client::SetServiceClient::new(d.channel().await);
+    let listed = sets
+        .get_set(pb::GetSetRequest {
+            name: map.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("get set")
+        .into_inner();
+    let texts: Vec<&str> = listed.elements.iter().map(|e| e.text.as_str()).collect();
+    assert_eq!(texts, ["198.51.100.1,tcp:443 : goto reject-chain"]);
+    // A map without `size` takes up to --max-set-elements (default 262144), not 65536.
+    assert_eq!(listed.set.expect("set").maxelem, 262_144);
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 443).await),
+        pb::Verdict::Reject
+    );
+    assert_eq!(
+        verdict(&trace(&d, "192.0.2.1", 80).await),
+        pb::Verdict::Accept
+    );
+    d.stop().await;
+}

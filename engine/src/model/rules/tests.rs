@@ -244,3 +244,122 @@ fn moved_locations_copy_only_their_chunks() {
 fn insert_past_the_end_panics() {
     RuleList::new().insert(1, rule(1));
 }
+
+/// A rule that reads `to` bytes of the packet (`-m string --to`), told apart by `id`.
+fn reading(id: u32, to: u16) -> Rule {
+    let mut r = rule(id);
+    r.matches
+        .push(Match::String(Box::new(crate::model::StringMatch {
+            negated: false,
+            pattern: b"x".to_vec(),
+            algo: crate::model::StringAlgo::Bm,
+            from: 0,
+            to,
+            icase: false,
+        })));
+    r
+}
+
+/// The bytes a list's rules read, by a walk of every rule (what the cache must equal).
+fn reads_of(rules: &[Rule]) -> u32 {
+    rules
+        .iter()
+        .map(crate::snapshot::copy_range::rule_reads)
+        .max()
+        .unwrap_or(0)
+}
+
+/// [`RuleList::packet_reads`] and [`RuleList::has_counters`] keep one figure per chunk; every
+/// way of changing a chunk's
+/// rules (insert, remove, set, splice, push, `IndexMut`, `iter_mut`) must drop the figure of
+/// the chunk it copies, and a clone's edit must leave the original's figure alone.
+#[test]
+fn packet_reads_follow_every_edit() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut next = 0u32;
+    let mut fresh = |rng: &mut Rng| {
+        next += 1;
+        match rng.below(12) {
+            0 => reading(next, 100 + rng.below(60_000) as u16),
+            1 => Rule {
+                counters: Some(crate::model::Counters {
+                    packets: 1,
+                    bytes: 2,
+                }),
+                ..rule(next)
+            },
+            _ => rule(next),
+        }
+    };
+    for round in 0..40 {
+        let n = [0, 1, CHUNK, 3 * CHUNK + 17][round % 4];
+        let flat: Vec<Rule> = (0..n).map(|_| fresh(&mut rng)).collect();
+        let base = RuleList::from(flat.clone());
+        // Warm every chunk's figure before the edits.
+        assert_eq!(base.packet_reads(), reads_of(&flat));
+        let (mut list, mut vec) = (base.clone(), flat.clone());
+        for step in 0..1 + rng.below(30) {
+            let len = vec.len();
+            match rng.below(7) {
+                0 => {
+                    let at = rng.below(len + 1);
+                    let r = fresh(&mut rng);
+                    vec.insert(at, r.clone());
+                    list.insert(at, r);
+                }
+                1 if len > 0 => {
+                    let at = rng.below(len);
+                    vec.remove(at);
+                    list.remove(at);
+                }
+                2 if len > 0 => {
+                    let at = rng.below(len);
+                    let r = fresh(&mut rng);
+                    vec[at] = r.clone();
+                    list.set(at, r);
+                }
+                3 if len > 0 => {
+                    // In place, through `IndexMut`: the rule's matches change.
+                    let at = rng.below(len);
+                    let to = 200 + rng.below(65_000) as u16;
+                    for r in [&mut vec[at], &mut list[at]] {
+                        *r = reading(id(r), to);
+                    }
+                }
+                4 if len > 0 => {
+                    // Every rule through `iter_mut`: drop the string matches.
+                    for r in vec.iter_mut().chain(list.iter_mut()) {
+                        *r = rule(id(r));
+                    }
+                }
+                5 => {
+                    let at = rng.below(len + 1);
+                    let del = rng.below(CHUNK).min(len - at);
+                    let add: Vec<Rule> = (0..rng.below(CHUNK)).map(|_| fresh(&mut rng)).collect();
+                    vec.splice(at..at + del, add.clone());
+                    list.splice(at..at + del, add);
+                }
+                _ => {
+                    let r = fresh(&mut rng);
+                    vec.push(r.clone());
+                    list.push(r);
+                }
+            }
+            assert_eq!(
+                list.packet_reads(),
+                reads_of(&vec),
+                "round {round}, step {step}"
+            );
+            assert_eq!(
+                list.has_counters(),
+                vec.iter().any(|r| r.counters.is_some()),
+                "round {round}, step {step}"
+            );
+        }
+        assert_eq!(base.packet_reads(), reads_of(&flat), "round {round}: base");
+        assert_eq!(
+            base.has_counters(),
+            flat.iter().any(|r| r.counters.is_some())
+        );
+    }
+}

@@ -746,22 +746,74 @@ impl Cx<'_> {
     ) -> Step<Vec<model::Rule>> {
         let elems = match map {
             SetRhs::Set(e) => e,
-            // A named verdict map's elements as they are now: a change to them is a change of
-            // the lowered rules (a commit), not of an engine set.
-            SetRhs::Ref(name) => match self.table.sets.iter().find(|s| &s.name == name) {
-                Some(m) if m.is_map && m.data == Some(NftSetType::Verdict) => &m.elements,
-                _ => {
+            // A named verdict map: an engine verdict map whose elements change without a
+            // commit (as `nft add element`), one rule per alternative.
+            SetRhs::Ref(name) => {
+                let m = self.table.sets.iter().find(|s| &s.name == name);
+                let Some(m) = m.filter(|m| m.is_map && m.data == Some(NftSetType::Verdict)) else {
                     return Err(self.unsupported(
                         at,
                         "vmap",
                         format!("`vmap @{name}` (no such verdict map)"),
                     ));
+                };
+                // A key no engine set holds (`oifname`, `tcp dport`): the map's elements
+                // as they are now, one rule each; changing them is a commit.
+                if matches::set_key(key, &matches::key_types(m)).is_none() {
+                    return self.expand_vmap(at, key, &m.elements, alts);
                 }
-            },
+                let (engine, dirs) = self.engine_set(at, key, name, true)?;
+                // `tcp dport vmap @ports`: the protocol the key implies, on each alternative.
+                let mut alts = alts;
+                if let Expr::Payload(
+                    p @ Payload {
+                        field: "sport" | "dport",
+                        ..
+                    },
+                ) = key
+                {
+                    let mut kept = Vec::with_capacity(alts.len());
+                    for mut a in alts {
+                        match self.transport(at, p.proto, &mut a) {
+                            Ok(_) => kept.push(a),
+                            Err(Ok(Omit)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    if kept.is_empty() {
+                        return Err(Ok(Omit));
+                    }
+                    alts = kept;
+                }
+                let target = Target::Vmap(model::VmapTarget {
+                    map: engine,
+                    dirs,
+                    chain_prefix: self.chain(""),
+                });
+                return Ok(alts
+                    .into_iter()
+                    .map(|mut r| {
+                        r.target = target.clone();
+                        r
+                    })
+                    .collect());
+            }
             SetRhs::Value(_) => {
                 return Err(self.unsupported(at, "vmap", "`vmap` of one value".into()));
             }
         };
+        self.expand_vmap(at, key, elems, alts)
+    }
+
+    /// `KEY vmap { e : verdict, ... }` with these elements: one alternative per (alternative,
+    /// element).
+    fn expand_vmap(
+        &mut self,
+        at: Pos,
+        key: &Expr,
+        elems: &[crate::nft::SetElem],
+        alts: Vec<model::Rule>,
+    ) -> Step<Vec<model::Rule>> {
         if alts.len().saturating_mul(elems.len()) > MAX_EXPANDED_RULES {
             return Err(Err(self.err(
                 at,

@@ -489,12 +489,9 @@ fn nearest_target<'a>(name: &str, chains: impl Iterator<Item = &'a str>) -> Opti
         .map(|(_, c)| c.to_owned())
 }
 
-/// Rule equality for `-D CHAIN rulespec`: everything but location and counters.
+/// Rule equality for `-D CHAIN rulespec`: everything but location and counters
+/// ([`Rule::same_content`], which compares in place: `-D` by rulespec walks the chain, as
+/// iptables does, and a copy of each rule it passes made that walk ~6 ms at 100k rules).
 fn same_rule(a: &Rule, b: &Rule) -> bool {
-    let strip = |r: &Rule| Rule {
-        location: Location::default(),
-        counters: None,
-        ..r.clone()
-    };
-    strip(a) == strip(b)
+    a.same_content(b)
 }

@@ -17,10 +17,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::super::ParseOptions;
 use super::super::lexer::{Token, tokenize_into};
 use super::super::print::{self, PrintOptions};
 use super::super::rule::{Command, Ctx};
+use super::super::{ParseOptions, TextSplice};
 use super::read_command;
 use crate::model::{Chain, Hook, Location, Rule, RuleList, Table, TableKind, Target};
 
@@ -84,31 +84,32 @@ pub(crate) fn reparse(
     text: &str,
     opts: &ParseOptions<'_>,
     canonical: bool,
-) -> Option<(Vec<Table>, Option<String>)> {
+) -> Option<(Vec<Table>, Option<TextSplice>)> {
     if opts.noflush || opts.set_exists.is_some() {
         return None;
     }
     let family = opts.family;
     let old: Vec<&Table> = previous.iter().filter(|t| t.family == family).collect();
     let (ob, nb) = (previous_text.as_bytes(), text.as_bytes());
-    // Lines as the parser splits them: `n` newlines make `n + 1` lines.
-    let (n_old, n_new) = (newlines(ob) + 1, newlines(nb) + 1);
     // The common first lines end at the last newline both texts share before they differ;
     // the common last lines start after a newline in the common end that lies past them.
     let differ = common_prefix(ob, nb);
-    let head = ob[..differ]
-        .iter()
-        .rposition(|&c| c == b'\n')
-        .map_or(0, |i| i + 1);
+    let head = memchr::memrchr(b'\n', &ob[..differ]).map_or(0, |i| i + 1);
     let same = newlines(&ob[..head]);
     let room = ob.len().min(nb.len()) - head;
     let end = common_suffix(ob, nb).min(room);
+    let common_end = newlines(&ob[ob.len() - end..]);
+    // Lines as the parser splits them: `n` newlines make `n + 1` lines. The texts share the
+    // newlines before `head` and those of the common end (`end <= room`: it starts at or
+    // after `head` in both), so only the bytes between are counted for each.
+    let n_old = same + newlines(&ob[head..ob.len() - end]) + common_end + 1;
+    let n_new = same + newlines(&nb[head..nb.len() - end]) + common_end + 1;
     // Each newline in the common end starts a common line; so does the start of the common
     // end itself when it is a line start in both texts (it then reaches back to the first
     // changed line of the shorter text).
     let line_start = |b: &[u8]| b.len() == end || b[b.len() - end - 1] == b'\n';
     let start_counts = end == room && line_start(ob) && line_start(nb);
-    let tail = newlines(&ob[ob.len() - end..]) + usize::from(start_counts);
+    let tail = common_end + usize::from(start_counts);
     // Where the old text's common last lines start (its end when there are none).
     let from = ob.len() - end;
     let old_tail_start = if tail == 0 {
@@ -124,93 +125,13 @@ pub(crate) fn reparse(
     // The changed lines: [same, old_end) of the old text, [same, new_end) of the new one.
     let (old_end, new_end) = (n_old - tail, n_new - tail);
 
-    // The previous text must be a plain dump: as many command lines as rules, each table
-    // written once, each chain declared once (`:X` again flushes a user chain, moves a
-    // builtin's location). The same pass finds the block the changed lines are in: the last
-    // `*table` before them, not closed since.
-    let mut commands = 0usize;
-    let mut tables_seen: Vec<TableKind> = Vec::new();
-    let mut declared: HashSet<(TableKind, &str)> = HashSet::new();
-    let mut block = None;
-    let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
-    // An `-I` below the change that appended to its chain would insert elsewhere (or fail)
-    // once the change moves that chain's rule count. Only the lines that hold `-I`,
-    // `--insert` or a quote (which can hide one) are read for it: a byte search.
-    let below = &previous_text[old_tail_start..];
-    let mut checked = usize::MAX;
-    for pat in ["-I", "--insert", "\""] {
-        for at in memchr::memmem::find_iter(below.as_bytes(), pat.as_bytes()) {
-            let start = below[..at].rfind('\n').map_or(0, |i| i + 1);
-            if start == checked {
-                continue;
-            }
-            checked = start;
-            let line = below[start..].split('\n').next().unwrap_or("");
-            if kind(line) == LineKind::Command && may_insert(line, &mut toks) {
-                return None;
-            }
-        }
-    }
-    for (idx, raw) in previous_text.split('\n').enumerate() {
-        let k = kind(raw);
-        if (same..old_end).contains(&idx) {
-            // The changed lines hold only commands (and comments): the block structure is
-            // the same.
-            if !matches!(k, LineKind::Command | LineKind::Skip) {
-                return None;
-            }
-        }
-        match k {
-            LineKind::Command => commands += 1,
-            LineKind::Table(Some(t)) => {
-                if tables_seen.contains(&t) {
-                    return None;
-                }
-                tables_seen.push(t);
-                if idx < same {
-                    block = Some(t);
-                }
-            }
-            LineKind::Table(None) => return None,
-            LineKind::Structure => {
-                let lead = raw.trim_start_matches([' ', '\t']);
-                if let Some(decl) = lead.strip_prefix(':') {
-                    let name = decl.split([' ', '\t', '\r']).next().unwrap_or("");
-                    let t = *tables_seen.last()?;
-                    if !declared.insert((t, name)) {
-                        return None;
-                    }
-                } else if idx < same {
-                    // COMMIT
-                    block = None;
-                }
-            }
-            LineKind::Skip => {}
-        }
-    }
-    let block = block?;
-    let rules: usize = old
-        .iter()
-        .flat_map(|t| &t.chains)
-        .map(|c| c.rules.len())
-        .sum();
-    if rules != commands {
-        return None;
-    }
-    // ... and every rule after the one before it in its chain, in line order (so that each
-    // command appended its rule).
-    let in_order = old.iter().flat_map(|t| &t.chains).all(|c| {
-        let mut last = 0;
-        c.rules.iter().all(|r| {
-            let after = r.location.line > last;
-            last = r.location.line;
-            after
-        })
-    });
-    if !in_order {
-        return None;
-    }
+    let block = if canonical {
+        canonical_block(previous_text, head, old_tail_start)?
+    } else {
+        dump_block(previous_text, &old, same, old_end, old_tail_start)?
+    };
     let table = old.iter().position(|t| t.kind == block)?;
+    let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
 
     // Lines 1..=above are unchanged above the change, old lines after `below` are below it
     // and move by `delta`.
@@ -333,10 +254,137 @@ pub(crate) fn reparse(
     Some((out, print))
 }
 
-/// The canonical print of the new tables: `previous` (the canonical print of the old ones)
-/// with its changed lines `[head, old_end)` (all rule lines of `table`, each the print of an
-/// old rule) replaced by the print of the `added` rules, grouped by chain in print order;
-/// `None` unless that is where the print puts them: every chain with added rules must lie
+/// The `*table` block the changed lines `[same, old_end)` of `previous_text` are in, when
+/// `previous_text` is a plain dump of `old` (as many command lines as rules, each table
+/// written once, each chain declared once, every rule after the one before it in its chain,
+/// no `-I` below the change) and the changed lines hold only commands and comments; `None`
+/// otherwise. One pass over the previous text's lines.
+fn dump_block(
+    previous_text: &str,
+    old: &[&Table],
+    same: usize,
+    old_end: usize,
+    old_tail_start: usize,
+) -> Option<TableKind> {
+    // The previous text must be a plain dump: as many command lines as rules, each table
+    // written once, each chain declared once (`:X` again flushes a user chain, moves a
+    // builtin's location). The same pass finds the block the changed lines are in: the last
+    // `*table` before them, not closed since.
+    let mut commands = 0usize;
+    let mut tables_seen: Vec<TableKind> = Vec::new();
+    let mut declared: HashSet<(TableKind, &str)> = HashSet::new();
+    let mut block = None;
+    let mut toks: Vec<Token<'_>> = Vec::with_capacity(32);
+    // An `-I` below the change that appended to its chain would insert elsewhere (or fail)
+    // once the change moves that chain's rule count. Only the lines that hold `-I`,
+    // `--insert` or a quote (which can hide one) are read for it: a byte search.
+    let below = &previous_text[old_tail_start..];
+    let mut checked = usize::MAX;
+    for pat in ["-I", "--insert", "\""] {
+        for at in memchr::memmem::find_iter(below.as_bytes(), pat.as_bytes()) {
+            let start = below[..at].rfind('\n').map_or(0, |i| i + 1);
+            if start == checked {
+                continue;
+            }
+            checked = start;
+            let line = below[start..].split('\n').next().unwrap_or("");
+            if kind(line) == LineKind::Command && may_insert(line, &mut toks) {
+                return None;
+            }
+        }
+    }
+    for (idx, raw) in previous_text.split('\n').enumerate() {
+        let k = kind(raw);
+        if (same..old_end).contains(&idx) {
+            // The changed lines hold only commands (and comments): the block structure is
+            // the same.
+            if !matches!(k, LineKind::Command | LineKind::Skip) {
+                return None;
+            }
+        }
+        match k {
+            LineKind::Command => commands += 1,
+            LineKind::Table(Some(t)) => {
+                if tables_seen.contains(&t) {
+                    return None;
+                }
+                tables_seen.push(t);
+                if idx < same {
+                    block = Some(t);
+                }
+            }
+            LineKind::Table(None) => return None,
+            LineKind::Structure => {
+                let lead = raw.trim_start_matches([' ', '\t']);
+                if let Some(decl) = lead.strip_prefix(':') {
+                    let name = decl.split([' ', '\t', '\r']).next().unwrap_or("");
+                    let t = *tables_seen.last()?;
+                    if !declared.insert((t, name)) {
+                        return None;
+                    }
+                } else if idx < same {
+                    // COMMIT
+                    block = None;
+                }
+            }
+            LineKind::Skip => {}
+        }
+    }
+    let rules: usize = old
+        .iter()
+        .flat_map(|t| &t.chains)
+        .map(|c| c.rules.len())
+        .sum();
+    if rules != commands {
+        return None;
+    }
+    // ... and every rule after the one before it in its chain, in line order (so that each
+    // command appended its rule).
+    let in_order = old.iter().flat_map(|t| &t.chains).all(|c| {
+        let mut last = 0;
+        c.rules.iter().all(|r| {
+            let after = r.location.line > last;
+            last = r.location.line;
+            after
+        })
+    });
+    if !in_order {
+        return None;
+    }
+    block
+}
+
+/// [`dump_block`] for a canonical `previous_text` (the print of `old`, which is a plain dump
+/// by construction: one `-A` line per rule, in chain order, each table and chain once, no
+/// `-I`): only the changed lines (bytes `[head, old_tail_start)`) and the lines above them
+/// back to their `*table` line are read, not the whole text.
+fn canonical_block(previous_text: &str, head: usize, old_tail_start: usize) -> Option<TableKind> {
+    let changed = previous_text.get(head..old_tail_start)?;
+    if !changed
+        .split('\n')
+        .all(|l| matches!(kind(l), LineKind::Command | LineKind::Skip))
+    {
+        return None;
+    }
+    let above = &previous_text.as_bytes()[..head];
+    // The last line above that starts with `*` (a byte search from the end; `*` is rare
+    // elsewhere in a print).
+    let start = memchr::memrchr_iter(b'*', above).find(|&i| i == 0 || above[i - 1] == b'\n')?;
+    // A COMMIT between that `*table` line and the change closes its block.
+    if memchr::memmem::find(&above[start..], b"\nCOMMIT").is_some() {
+        return None;
+    }
+    let line = previous_text[start..].split('\n').next().unwrap_or("");
+    match kind(line) {
+        LineKind::Table(t) => t,
+        _ => None,
+    }
+}
+
+/// The canonical print of the new tables as a change to `previous` (the canonical print of
+/// the old ones): its changed lines, bytes `[head, old_end)` (all rule lines of `table`, each
+/// the print of an old rule), replaced by the print of the `added` rules, grouped by chain in
+/// print order; `None` unless that is where the print puts them: every chain with added rules must lie
 /// between the chain of the rule line before the change and that of the rule line after it
 /// (in a canonical print, the chains between have no other rules).
 fn splice_print(
@@ -345,7 +393,7 @@ fn splice_print(
     added: &HashMap<usize, Vec<Rule>>,
     head: usize,
     old_end: usize,
-) -> Option<String> {
+) -> Option<TextSplice> {
     let order = print::chain_order_index(table);
     let ord = |line: &str| -> Option<usize> {
         let name = line.strip_prefix("-A ")?.split(' ').next()?;
@@ -388,11 +436,10 @@ fn splice_print(
             );
         }
     }
-    let mut out = String::with_capacity(previous.len() - (old_end - head) + region.len());
-    out.push_str(&previous[..head]);
-    out.push_str(&region);
-    out.push_str(&previous[old_end..]);
-    Some(out)
+    Some(TextSplice {
+        range: head..old_end,
+        text: region,
+    })
 }
 
 /// The position of the first rule of `rules` (in line order) written after line `line`.
@@ -430,14 +477,15 @@ fn newlines(b: &[u8]) -> usize {
     n + blocks.remainder().iter().filter(|&&x| x == b'\n').count()
 }
 
-/// The length of the longest common prefix of `a` and `b`, in bytes.
+/// The length of the longest common prefix of `a` and `b`, in bytes: 4 KiB blocks (each a
+/// memcmp), then 64-byte blocks within the first that differs, then bytes.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const STEP: usize = 64;
     let n = a.len().min(b.len());
     let mut i = 0;
-    // Whole blocks first (a slice comparison is a memcmp), then bytes.
-    while i + STEP <= n && a[i..i + STEP] == b[i..i + STEP] {
-        i += STEP;
+    for step in [4096, 64] {
+        while i + step <= n && a[i..i + step] == b[i..i + step] {
+            i += step;
+        }
     }
     i + a[i..n]
         .iter()
@@ -446,14 +494,16 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
         .count()
 }
 
-/// The length of the longest common suffix of `a` and `b`, in bytes.
+/// The length of the longest common suffix of `a` and `b`, in bytes (as [`common_prefix`],
+/// from the ends).
 fn common_suffix(a: &[u8], b: &[u8]) -> usize {
-    const STEP: usize = 64;
     let n = a.len().min(b.len());
     let (a, b) = (&a[a.len() - n..], &b[b.len() - n..]);
     let mut i = 0;
-    while i + STEP <= n && a[n - i - STEP..n - i] == b[n - i - STEP..n - i] {
-        i += STEP;
+    for step in [4096, 64] {
+        while i + step <= n && a[n - i - step..n - i] == b[n - i - step..n - i] {
+            i += step;
+        }
     }
     i + a[..n - i]
         .iter()

@@ -15,7 +15,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -42,6 +42,8 @@ pub(in crate::sets) struct Entry {
     /// Expiry in ns of the caller's clock; `u64::MAX` never expires.
     pub(in crate::sets) expires: u64,
     pub(in crate::sets) counters: Option<Arc<Counters>>,
+    /// The element's verdict in a verdict map ([`crate::sets::verdict`]); 0 in a plain set.
+    pub(in crate::sets) verdict: u32,
 }
 
 /// Options that travel with the content (and so with `swap`, as in ipset).
@@ -65,6 +67,7 @@ fn unkey_v4(k: u64) -> Element {
         prefix: (k >> 24) as u8,
         proto: (k >> 16) as u8,
         port: k as u16,
+        verdict: 0,
     }
 }
 
@@ -82,10 +85,12 @@ fn mask_v4(addr: u32, prefix: u8) -> u32 {
 static NO_TIMEOUT_NO_COUNTERS: Entry = Entry {
     expires: u64::MAX,
     counters: None,
+    verdict: 0,
 };
 
 /// A hash table of one family's keys: keys only while every element never expires and has no
-/// counters, with entries once one does (it converts, once, when such an element arrives).
+/// counters or verdict, with entries once one does (it converts, once, when such an element
+/// arrives).
 #[derive(Debug, Clone)]
 enum Table<K> {
     Keys(FxHashSet<K>),
@@ -115,7 +120,7 @@ impl<K: std::hash::Hash + Eq + Copy> Table<K> {
     /// Whether `k` was new.
     fn insert(&mut self, k: K, entry: Entry) -> bool {
         if let Table::Keys(t) = self {
-            if entry.expires == u64::MAX && entry.counters.is_none() {
+            if entry.expires == u64::MAX && entry.counters.is_none() && entry.verdict == 0 {
                 return t.insert(k);
             }
             let keys = std::mem::take(t);
@@ -201,9 +206,11 @@ impl Content {
         }
     }
 
-    /// Every element with its entry (expired ones too), in no order.
+    /// Every element (with its verdict) and its entry (expired ones too), in no order.
     pub(in crate::sets) fn iter(&self) -> impl Iterator<Item = (Element, &Entry)> {
-        (self.v4.iter().map(|(k, v)| (unkey_v4(k), v))).chain(self.v6.iter())
+        (self.v4.iter().map(|(k, v)| (unkey_v4(k), v)))
+            .chain(self.v6.iter())
+            .map(|(k, v)| (k.with_verdict(v.verdict), v))
     }
 
     fn insert(&mut self, e: Element, entry: Entry) {
@@ -261,6 +268,7 @@ impl Content {
                 prefix,
                 proto,
                 port,
+                verdict: 0,
             };
             self.v6.get(&key).filter(|e| now < e.expires)
         })
@@ -319,7 +327,22 @@ pub struct SetHandle {
     pub(in crate::sets) kind: SetType,
     pub(in crate::sets) family: Family,
     pub(in crate::sets) content: LeftRight<Content, Delta>,
+    /// Whether the set is a verdict map: [`UNDECIDED`] until its first element (or a compiled
+    /// `vmap` on it) decides, then [`PLAIN`] or [`MAP`] for good. Every element of a map has
+    /// a verdict, no element of a plain set has one.
+    pub(in crate::sets) map: AtomicU8,
+    /// The `jump`/`goto` verdict numbers the last compiled `vmap` on this map resolves
+    /// ([`SetHandle::resolve_verdicts`]); `None` before any compile. An element whose verdict
+    /// is not among them is refused (its chain is not in the table).
+    pub(in crate::sets) resolvable: std::sync::RwLock<Option<Arc<rustc_hash::FxHashSet<u32>>>>,
 }
+
+/// [`SetHandle::map`]: not decided yet.
+pub(in crate::sets) const UNDECIDED: u8 = 0;
+/// [`SetHandle::map`]: a plain set.
+pub(in crate::sets) const PLAIN: u8 = 1;
+/// [`SetHandle::map`]: a verdict map.
+pub(in crate::sets) const MAP: u8 = 2;
 
 impl fmt::Debug for SetHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -338,6 +361,8 @@ impl SetHandle {
             kind: spec.kind,
             family: spec.family,
             content: LeftRight::new(Content::new(spec), Content::new(spec), readers),
+            map: AtomicU8::new(UNDECIDED),
+            resolvable: std::sync::RwLock::new(None),
         }
     }
 
@@ -363,19 +388,117 @@ impl SetHandle {
             .is_some_and(|e| now < e.expires)
     }
 
+    /// The verdict the element with `element`'s key has now (0 in a plain set), expired or
+    /// not; `None` when the set has no such element. What a store keyed by element text needs
+    /// to find the row of a map element whose verdict changes or that is deleted.
+    pub fn verdict_of(&self, element: &Element) -> Option<u32> {
+        (self.content.lock().live()).get(element).map(|e| e.verdict)
+    }
+
     /// [`IpSet::contains`] without the trait object: what compiled `-m set` matches call
     /// (through [`crate::sets::SetRef`]). Inside a batch of the dataplane the set's manager was
     /// built for, the content is read through one pointer load (no lock, no reference count);
     /// elsewhere under a read lock.
     #[inline]
     pub fn lookup(&self, packet: &PacketMeta, dirs: &[SetDir], now: u64) -> bool {
+        self.probe(packet, dirs, now) != NOT_FOUND
+    }
+
+    /// The verdict ([`crate::sets::verdict`]) of the element the packet's key finds in this
+    /// verdict map, counting it as [`SetHandle::lookup`] does; [`crate::sets::verdict::NONE`]
+    /// when none does. Packet path, as `lookup`.
+    #[inline]
+    pub fn lookup_verdict(&self, packet: &PacketMeta, dirs: &[SetDir], now: u64) -> u32 {
+        match self.probe(packet, dirs, now) {
+            NOT_FOUND => crate::sets::verdict::NONE,
+            v => v as u32,
+        }
+    }
+
+    /// Whether this set is (or is now made) a verdict map: false when it already holds, or
+    /// held, elements without a verdict. What a compiled `vmap` asks of its set.
+    pub fn bind_map(&self) -> bool {
+        match self
+            .map
+            .compare_exchange(UNDECIDED, MAP, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => true,
+            Err(now) => now == MAP,
+        }
+    }
+
+    /// Records the `jump`/`goto` verdict numbers a compiled `vmap` on this map resolves: from
+    /// now on an element may only carry one of them (or `accept`, `drop`, `return`,
+    /// `continue`). Commit path.
+    pub fn resolve_verdicts(&self, ids: rustc_hash::FxHashSet<u32>) {
+        *self
+            .resolvable
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(ids));
+    }
+
+    /// Adds `ids` to the verdicts an element may carry (after a compile recorded them): the
+    /// chain verdicts of a ruleset's listed elements, added before the ruleset's commit
+    /// compiles (its chains exist then). Commit path.
+    pub fn allow_verdicts(&self, ids: impl IntoIterator<Item = u32>) {
+        let mut r = (self.resolvable.write()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(have) = r.as_mut() {
+            let more: Vec<u32> = ids
+                .into_iter()
+                .filter(|i| *i > crate::sets::verdict::CONTINUE && !have.contains(i))
+                .collect();
+            if !more.is_empty() {
+                Arc::make_mut(have).extend(more);
+            }
+        }
+    }
+
+    /// Whether an element may carry verdict `id` (see [`SetHandle::resolve_verdicts`]).
+    pub(in crate::sets) fn may_carry(&self, id: u32) -> bool {
+        id <= crate::sets::verdict::CONTINUE
+            || (self.resolvable.read())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_ref()
+                .is_none_or(|r| r.contains(&id))
+    }
+
+    /// The found element's verdict (0 in a plain set), or [`NOT_FOUND`].
+    #[inline]
+    fn probe(&self, packet: &PacketMeta, dirs: &[SetDir], now: u64) -> u64 {
         let dir_ip = match dirs.first() {
             Some(SetDir::Src) => packet.src,
             Some(SetDir::Dst) | None => packet.dst,
         };
+        let bump = |entry: &Entry| {
+            if let Some(c) = &entry.counters {
+                // Relaxed: statistics only; nothing else is published through them.
+                c.packets.fetch_add(1, Ordering::Relaxed);
+                c.bytes.fetch_add(u64::from(packet.len), Ordering::Relaxed);
+            }
+            u64::from(entry.verdict)
+        };
+        let has_ports = proto_name(packet.protocol).is_some() && !packet.fragment;
+        if self.kind.port_only() {
+            // The port of the first flag, in either family; elements are keyed by port alone.
+            if !has_ports {
+                return NOT_FOUND;
+            }
+            let port = match dirs.first() {
+                Some(SetDir::Src) => packet.sport,
+                Some(SetDir::Dst) | None => packet.dport,
+            };
+            return match self.family {
+                Family::Ipv4 => {
+                    (self.content).read(|c| c.find_v4(0, 0, port, now).map_or(NOT_FOUND, bump))
+                }
+                Family::Ipv6 => {
+                    (self.content).read(|c| c.find_v6(0, 0, port, now).map_or(NOT_FOUND, bump))
+                }
+            };
+        }
         let (proto, port) = if self.kind.has_port() {
-            if proto_name(packet.protocol).is_none() || packet.fragment {
-                return false;
+            if !has_ports {
+                return NOT_FOUND;
             }
             // Fewer flags than dimensions is refused by validation; reuse the last one.
             let port = match dirs.get(1).or(dirs.last()) {
@@ -386,28 +509,23 @@ impl SetHandle {
         } else {
             (0, 0)
         };
-        let bump = |entry: &Entry| {
-            if let Some(c) = &entry.counters {
-                // Relaxed: statistics only; nothing else is published through them.
-                c.packets.fetch_add(1, Ordering::Relaxed);
-                c.bytes.fetch_add(u64::from(packet.len), Ordering::Relaxed);
-            }
-            true
-        };
         match (dir_ip, self.family) {
             (std::net::IpAddr::V4(a), Family::Ipv4) => {
                 let a = u32::from(a);
-                (self.content).read(|c| c.find_v4(a, proto, port, now).is_some_and(bump))
+                (self.content).read(|c| c.find_v4(a, proto, port, now).map_or(NOT_FOUND, bump))
             }
             (std::net::IpAddr::V6(a), Family::Ipv6) => {
                 let a = u128::from(a);
-                (self.content).read(|c| c.find_v6(a, proto, port, now).is_some_and(bump))
+                (self.content).read(|c| c.find_v6(a, proto, port, now).map_or(NOT_FOUND, bump))
             }
             // The other family never matches.
-            _ => false,
+            _ => NOT_FOUND,
         }
     }
 }
+
+/// What [`SetHandle::probe`] returns when no element matches (a verdict is a `u32`).
+const NOT_FOUND: u64 = u64::MAX;
 
 impl IpSet for SetHandle {
     fn contains(&self, packet: &PacketMeta, dirs: &[SetDir], now: u64) -> bool {
@@ -430,6 +548,7 @@ mod tests {
             prefix: 24,
             proto: 6,
             port: 443,
+            verdict: 0,
         };
         assert_eq!(unkey_v4(key_v4(0xc000_0200, 24, 6, 443)), e);
         assert_eq!(mask_v4(0xc000_02ff, 24), 0xc000_0200);

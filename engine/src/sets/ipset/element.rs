@@ -9,16 +9,27 @@ use crate::model::Family;
 /// Longest set name in bytes (IPSET_MAXNAMELEN - 1).
 pub const MAX_NAME_LEN: usize = 31;
 
+/// Longest name in bytes of the engine set an nft named set or map becomes,
+/// `FAMILY.TABLE.SET` ([`crate::nft::lower::set_name`]; nft allows 255-byte table and set
+/// names).
+pub const MAX_NFT_NAME_LEN: usize = 5 + 1 + 255 + 1 + 255;
+
 /// The one grammar of set names, for creating a set (API, `ipset restore` text) and for
 /// naming it in a rule (`-m set --match-set NAME`): 1 to [`MAX_NAME_LEN`] bytes (ipset's
-/// limit), not starting with `-` (the rule parser would read an option), without whitespace,
-/// control characters, `"` or `\` (none survives a rule or `ipset save` line). A name that
-/// fails here could be created but never used in a rule.
+/// limit; up to [`MAX_NFT_NAME_LEN`] for a name of an nft set, `ip.`, `ip6.` or `inet.`
+/// followed by `TABLE.SET`), not starting with `-` (the rule parser would read an option),
+/// without whitespace, control characters, `"` or `\` (none survives a rule or `ipset save`
+/// line). A name that fails here could be created but never used in a rule.
 ///
 /// Errors: what is wrong, for a message (`set name "-x": ...`).
 pub fn check_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        Err("a set name has 1 to 31 bytes")
+    let nft = ["ip.", "ip6.", "inet."]
+        .iter()
+        .any(|f| name.strip_prefix(f).is_some_and(|rest| rest.contains('.')));
+    if nft && name.len() > MAX_NFT_NAME_LEN {
+        Err("the set name of an nft set has at most 517 bytes")
+    } else if name.is_empty() || (!nft && name.len() > MAX_NAME_LEN) {
+        Err("a set name has 1 to 31 bytes (an nft set's FAMILY.TABLE.SET up to 517)")
     } else if name.starts_with('-') {
         Err("a set name must not start with '-'")
     } else if name
@@ -85,6 +96,10 @@ pub enum SetType {
     HashIpPort,
     /// `hash:net,port`: network, protocol and port.
     HashNetPort,
+    /// `bitmap:port`: ports alone (the packet's protocol is not part of the key; nft's
+    /// `type inet_service` sets, whose rule names the protocol). Its family only says which
+    /// table holds the ports: a port matches packets of both families.
+    BitmapPort,
 }
 
 impl SetType {
@@ -95,6 +110,7 @@ impl SetType {
             SetType::HashNet => "hash:net",
             SetType::HashIpPort => "hash:ip,port",
             SetType::HashNetPort => "hash:net,port",
+            SetType::BitmapPort => "bitmap:port",
         }
     }
 
@@ -105,6 +121,7 @@ impl SetType {
             SetType::HashNet,
             SetType::HashIpPort,
             SetType::HashNetPort,
+            SetType::BitmapPort,
         ]
         .into_iter()
         .find(|t| t.name() == name)
@@ -116,6 +133,11 @@ impl SetType {
 
     pub(in crate::sets) fn has_port(self) -> bool {
         matches!(self, SetType::HashIpPort | SetType::HashNetPort)
+    }
+
+    /// Ports alone, no address (`bitmap:port`).
+    pub(in crate::sets) fn port_only(self) -> bool {
+        self == SetType::BitmapPort
     }
 }
 
@@ -167,8 +189,11 @@ pub(in crate::sets) fn expiry(default: Option<u32>, add: &AddOptions, now: u64) 
 
 // === Element ===
 
-/// One exact element: address (masked to `prefix`), and protocol/port on `*,port` types.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// One exact element: address (masked to `prefix`), and protocol/port on `*,port` types;
+/// in a verdict map also its verdict ([`Element::verdict`]), which is the element's value,
+/// not part of its key: equality, hash and order ignore it (`delete` finds `10.0.0.1 : drop`
+/// by `10.0.0.1`).
+#[derive(Clone, Copy, Debug)]
 pub struct Element {
     /// Address bits (an IPv4 address in the low 32 bits), masked to `prefix`.
     pub(in crate::sets) addr: u128,
@@ -178,6 +203,40 @@ pub struct Element {
     pub(in crate::sets) proto: u8,
     /// Port (0 on types without port).
     pub(in crate::sets) port: u16,
+    /// The verdict of a verdict-map element ([`crate::sets::verdict`]); 0 in a plain set.
+    pub(in crate::sets) verdict: u32,
+}
+
+impl Element {
+    fn key(&self) -> (u128, u8, u8, u16) {
+        (self.addr, self.prefix, self.proto, self.port)
+    }
+}
+
+impl PartialEq for Element {
+    fn eq(&self, other: &Element) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Element {}
+
+impl std::hash::Hash for Element {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for Element {
+    fn partial_cmp(&self, other: &Element) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Element {
+    fn cmp(&self, other: &Element) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
 }
 
 pub(in crate::sets) fn width(family: Family) -> u8 {
@@ -236,13 +295,68 @@ impl Element {
             prefix,
             proto,
             port,
+            verdict: 0,
         }
+    }
+
+    /// The element of port `port` in a `bitmap:port` set.
+    pub fn port(port: u16) -> Element {
+        Element {
+            addr: 0,
+            prefix: 0,
+            proto: 0,
+            port,
+            verdict: 0,
+        }
+    }
+
+    /// This element with verdict `verdict` (a number of [`crate::sets::verdict`]).
+    pub fn with_verdict(self, verdict: u32) -> Element {
+        Element { verdict, ..self }
+    }
+
+    /// The verdict of a verdict-map element ([`crate::sets::verdict`]); 0 in a plain set.
+    pub fn verdict(&self) -> u32 {
+        self.verdict
     }
 
     /// Parses ipset element syntax for `spec` (`192.0.2.1`, `10.0.0.0/8`, `2001:db8::/32`,
     /// `192.0.2.1,tcp:80`, `10.0.0.0/8,udp:53-54`; a port without protocol is tcp). On
-    /// `hash:ip*` a CIDR or a port range expands to its elements (at most 65536).
+    /// `hash:ip*` a CIDR or a port range expands to its elements (at most 65536). An element
+    /// of a verdict map ends in ` : VERDICT` as nft writes it (`10.0.0.1,tcp:80 : goto svc`,
+    /// [`crate::sets::verdict::parse`]); every element it expands to has that verdict.
     pub fn parse(spec: &SetSpec, text: &str) -> Result<Vec<Element>, String> {
+        let (text, verdict) = match text.split_once(" : ") {
+            Some((key, v)) => (key.trim(), crate::sets::verdict::parse(v)?),
+            None => (text, crate::sets::verdict::NONE),
+        };
+        let mut out = Self::parse_key(spec, text)?;
+        for e in &mut out {
+            e.verdict = verdict;
+        }
+        Ok(out)
+    }
+
+    fn parse_key(spec: &SetSpec, text: &str) -> Result<Vec<Element>, String> {
+        if spec.kind.port_only() {
+            let port = |s: &str| s.parse::<u16>().map_err(|_| format!("bad port {s:?}"));
+            let (lo, hi) = match text.split_once('-') {
+                Some((lo, hi)) => (port(lo)?, port(hi)?),
+                None => (port(text)?, port(text)?),
+            };
+            if lo > hi {
+                return Err(format!("bad port range {text:?}"));
+            }
+            return Ok((lo..=hi)
+                .map(|port| Element {
+                    addr: 0,
+                    prefix: 0,
+                    proto: 0,
+                    port,
+                    verdict: 0,
+                })
+                .collect());
+        }
         let (addr_text, port_text) = match (spec.kind.has_port(), text.split_once(',')) {
             (true, Some((a, p))) => (a, Some(p)),
             (true, None) => return Err("expected ADDRESS,[PROTO:]PORT".into()),
@@ -313,6 +427,7 @@ impl Element {
                     prefix,
                     proto,
                     port,
+                    verdict: 0,
                 })
             })
             .collect())
@@ -320,6 +435,14 @@ impl Element {
 
     /// The element in `ipset save` syntax.
     pub fn display(&self, spec: &SetSpec) -> String {
+        if spec.kind.port_only() {
+            let mut s = self.port.to_string();
+            if self.verdict != 0 {
+                s.push_str(" : ");
+                s.push_str(&crate::sets::verdict::text(self.verdict));
+            }
+            return s;
+        }
         let ip = match spec.family {
             Family::Ipv4 => IpAddr::V4(Ipv4Addr::from(self.addr as u32)),
             Family::Ipv6 => IpAddr::V6(Ipv6Addr::from(self.addr)),
@@ -331,6 +454,10 @@ impl Element {
         if spec.kind.has_port() {
             let proto = proto_name(self.proto).unwrap_or("tcp");
             s.push_str(&format!(",{proto}:{}", self.port));
+        }
+        if self.verdict != 0 {
+            s.push_str(" : ");
+            s.push_str(&crate::sets::verdict::text(self.verdict));
         }
         s
     }

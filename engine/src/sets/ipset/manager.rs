@@ -566,8 +566,13 @@ impl Staged {
                     }),
                     None => old.and_then(|o| o.counters.clone()).unwrap_or_default(),
                 });
-                Entry { expires, counters }
+                Entry {
+                    expires,
+                    counters,
+                    verdict: e.verdict,
+                }
             };
+            self.check_verdict(name, &e)?;
             self.put_with(w.live(), name, e, make)?;
             if let Some(log) = &mut self.log {
                 log.push((e, expires));
@@ -587,9 +592,48 @@ impl Staged {
         let w = handle.content.lock();
         for (e, expires) in elements {
             let counters = counters.then(Arc::default);
-            self.put_with(w.live(), name, e, |_| Entry { expires, counters })?;
+            self.check_verdict(name, &e)?;
+            self.put_with(w.live(), name, e, |_| Entry {
+                expires,
+                counters,
+                verdict: e.verdict,
+            })?;
         }
         Ok(())
+    }
+
+    /// Refuses an element without a verdict in a verdict map and one with a verdict in a
+    /// plain set; the first element a set ever gets decides which it is
+    /// ([`SetHandle::map`]).
+    fn check_verdict(&self, name: &str, e: &Element) -> Result<(), SetError> {
+        use super::content::{MAP, PLAIN, UNDECIDED};
+        let want = if e.verdict != 0 { MAP } else { PLAIN };
+        // Relaxed: the flag guards no other memory; writers of one set are serialized.
+        let bad = |reason: String| SetError::BadElement {
+            set: name.into(),
+            element: e.display(&self.spec()),
+            reason,
+        };
+        if !self.handle.may_carry(e.verdict) {
+            return Err(bad(format!(
+                "`{}`: no such chain in the map's table",
+                crate::sets::verdict::text(e.verdict)
+            )));
+        }
+        match (self.handle.map).compare_exchange(
+            UNDECIDED,
+            want,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => Ok(()),
+            Err(now) if now == want => Ok(()),
+            Err(now) => Err(bad(if now == MAP {
+                "the set is a verdict map: each element needs ` : VERDICT`".into()
+            } else {
+                "the set is not a verdict map: an element takes no verdict".into()
+            })),
+        }
     }
 
     /// Keeps a log of every element [`Staged::add`] inserts, with its expiry.

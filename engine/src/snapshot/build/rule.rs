@@ -43,6 +43,53 @@ impl RuleError {
     }
 }
 
+/// A named verdict map: its set (which becomes a verdict map here, refused when it holds
+/// elements without a verdict) and every `jump`/`goto` verdict number of the chains named
+/// `chain_prefix` + NAME, resolved to this table's chain indices (a verdict added to the map
+/// later can only name a chain that exists now).
+fn compile_vmap(
+    v: &crate::model::VmapTarget,
+    chains: &HashMap<&str, u32>,
+    sets: &dyn SetRegistry,
+) -> Result<CVmap, RuleError> {
+    use crate::sets::{SetRef, verdict};
+    let set = sets
+        .lookup(&v.map)
+        .ok_or_else(|| RuleError::UnknownSet(v.map.clone()))?;
+    let SetRef::Handle(set) = SetRef::new(set) else {
+        return Err(RuleError::Unsupported(format!(
+            "vmap @{}: not a managed set",
+            v.map
+        )));
+    };
+    if !set.bind_map() {
+        return Err(RuleError::Unsupported(format!(
+            "vmap @{}: the set holds elements without a verdict",
+            v.map
+        )));
+    }
+    let mut targets = rustc_hash::FxHashMap::default();
+    for (&name, &index) in chains {
+        let Some(local) = name.strip_prefix(v.chain_prefix.as_str()) else {
+            continue;
+        };
+        // Helper chains (`NAME #N`) are the lowering's own; no verdict names them.
+        if local.contains(" #") {
+            continue;
+        }
+        for (goto, t) in [(false, CTarget::Jump(index)), (true, CTarget::Goto(index))] {
+            let id = verdict::chain(goto, local).map_err(RuleError::Unsupported)?;
+            targets.insert(id, t);
+        }
+    }
+    set.resolve_verdicts(targets.keys().copied().collect());
+    Ok(CVmap {
+        set,
+        dirs: v.dirs.clone().into_boxed_slice(),
+        chains: targets,
+    })
+}
+
 fn iface_pattern(i: &Neg<crate::model::Iface>) -> Option<(bool, IfacePattern)> {
     let (name, wildcard) = match i.value.name.strip_suffix('+') {
         Some(p) => (p, true),
@@ -320,6 +367,7 @@ pub(crate) fn compile_rule(
                 dirs: crate::model::CtZone::ORIG | crate::model::CtZone::REPLY,
             }))
         }
+        Target::Vmap(v) => CTarget::Vmap(Box::new(compile_vmap(v, chains, sets)?)),
         Target::Opaque(o) => return Err(RuleError::Unsupported(o.name.clone())),
     };
     let iface = |i: &Option<Neg<crate::model::Iface>>| -> Result<_, RuleError> {

@@ -163,3 +163,9 @@ pub fn hits(o: &KernelOracle, frame: &[u8]) -> Result<NftHits, String> {
         counted: ra.iter().zip(&rb).map(|(a, b)| a - b).collect(),
     })
 }
+
+/// Runs nft commands `text` (`add element ...`, `delete element ...`) on the firewall
+/// namespace's loaded ruleset, in one transaction.
+pub fn apply(o: &KernelOracle, text: &str) -> Result<(), String> {
+    run_in(&fw(o), &["nft", "-f", "-"], Some(text)).map(drop)
+}

@@ -145,9 +145,10 @@ fn check_after_equals_check() {
         (input(printed.v4().into(), printed.v6().into()), true),
     ] {
         let mut c = check("a", 0, &first, &NoSets).unwrap();
+        let before = c.content.clone();
         let texts: Vec<String> = first.parts.iter().map(|p| p.text.clone()).collect();
         c.keep_sources(first);
-        assert!(c.sources.iter().all(|s| s.canonical == canonical));
+        assert!(c.sources.iter().all(|s| s.canonical.is_some() == canonical));
         let model = Arc::new(c.ruleset);
         let previous = PreviousParse {
             texts: c.sources,
@@ -173,6 +174,20 @@ fn check_after_equals_check() {
                 (Ok(f), Ok(a)) => {
                     assert_eq!(a.ruleset, f.ruleset, "{extra}");
                     assert_eq!(a.content, f.content, "{extra}");
+                    if canonical && extra.starts_with("-A INPUT -p udp") {
+                        // Spliced from the previous content: every chunk but the one or two
+                        // around the new line is the previous one's, not a copy.
+                        for family in [Family::Ipv4, Family::Ipv6] {
+                            let (new, old) = (a.content.text(family), before.text(family));
+                            assert!(new.chunk_count() > 3);
+                            assert!(
+                                new.shared_chunks(old) + 2 >= new.chunk_count(),
+                                "{extra}: {} of {} chunks shared",
+                                new.shared_chunks(old),
+                                new.chunk_count()
+                            );
+                        }
+                    }
                     assert_eq!(a.findings, f.findings);
                 }
                 (Err(f), Err(a)) => assert_eq!(format!("{a:?}"), format!("{f:?}")),
@@ -608,7 +623,7 @@ fn check_after_refuses_what_check_refuses_for_an_insert() {
         texts: vec![SourceText {
             family: Family::Ipv4,
             text: Arc::new(old.to_string()),
-            canonical: false,
+            canonical: None,
         }],
         model: Arc::downgrade(&model),
     };

@@ -123,6 +123,17 @@ impl Text {
             .collect()
     }
 
+    /// How many of its chunks are `other`'s own (the same bytes in memory, not copies: tests
+    /// check what a splice shares).
+    #[cfg(test)]
+    pub(crate) fn shared_chunks(&self, other: &Text) -> usize {
+        (self.pieces.iter())
+            .filter(|p| {
+                (other.pieces.iter()).any(|q| Arc::ptr_eq(&p.src, &q.src) && p.range == q.range)
+            })
+            .count()
+    }
+
     /// How many chunks it has.
     pub fn chunk_count(&self) -> usize {
         self.pieces.len()
@@ -279,8 +290,15 @@ impl PartialEq for Text {
 impl Eq for Text {}
 
 impl PartialEq<str> for Text {
+    /// Compared chunk by chunk against the string's bytes: a spliced text is not joined
+    /// (copied whole) to be compared.
     fn eq(&self, other: &str) -> bool {
-        self.len() == other.len() && self.as_str() == other
+        let o = other.as_bytes();
+        self.len() == o.len()
+            && self
+                .pieces
+                .iter()
+                .all(|p| p.text().as_bytes() == &o[p.start()..p.end])
     }
 }
 
@@ -366,6 +384,13 @@ mod tests {
         for (i, changes) in cases.iter().enumerate() {
             let want = apply(&base, changes);
             let got = t.splice(changes);
+            // Compared with a string chunk by chunk (before anything joins it), both ways.
+            assert!(got == *want.as_str(), "case {i}");
+            if let Some(last) = want.len().checked_sub(1) {
+                let mut off = want.clone();
+                off.replace_range(last.., "#");
+                assert!(!(got == *off.as_str()), "case {i}: one byte off");
+            }
             let full = Text::new(want.clone());
             assert_eq!(got.as_str(), want, "case {i}");
             assert_eq!(got.chunks(), full.chunks(), "case {i}");

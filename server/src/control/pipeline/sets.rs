@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vallum_engine::echo::quoted;
-use vallum_engine::model::{Match, Ruleset};
+use vallum_engine::model::{Match, Ruleset, Target};
 use vallum_engine::nft::LoweredSet;
 use vallum_engine::sets::ipset::check_name;
 use vallum_engine::sets::{
@@ -157,17 +157,33 @@ fn set_error(e: SetError) -> Error {
     }
 }
 
-/// Whether a rule of `rs` matches set `name`.
+/// Whether a rule of `rs` matches set `name` or dispatches through it (an nft verdict map).
 fn references(rs: &Ruleset, name: &str) -> bool {
     rs.tables.iter().any(|t| {
         t.chains.iter().any(|c| {
             c.rules.iter().any(|r| {
-                r.matches
-                    .iter()
-                    .any(|m| matches!(m, Match::Set(s) if s.name == name))
+                matches!(&r.target, Target::Vmap(v) if v.map == name)
+                    || r.matches
+                        .iter()
+                        .any(|m| matches!(m, Match::Set(s) if s.name == name))
             })
         })
     })
+}
+
+/// The stored texts of the map elements among `elements` that the set holds with another
+/// verdict now (their rows are replaced; an element's text holds its verdict).
+fn replaced_rows<'a>(
+    handle: &vallum_engine::sets::SetHandle,
+    spec: &SetSpec,
+    elements: impl Iterator<Item = &'a Element>,
+) -> Vec<String> {
+    elements
+        .filter_map(|e| {
+            let now = handle.verdict_of(e)?;
+            (now != e.verdict()).then(|| e.with_verdict(now).display(spec))
+        })
+        .collect()
 }
 
 /// An engine expiry (ns on the engine clock, `u64::MAX` never) as a wall-clock expiry.
@@ -300,10 +316,21 @@ impl Pipeline {
         let mut created = Vec::new();
         for s in sets {
             let existed = self.sets.summary(&s.name).is_some();
+            // An nft set without `size` (bounded by memory only, MAX_SET_ELEMENTS in the
+            // engine's lowering) takes up to `--max-set-elements`, or its listed elements.
+            let mut spec = s.spec;
+            if spec.maxelem as usize == vallum_engine::nft::MAX_SET_ELEMENTS {
+                let listed = u32::try_from(s.elements.len()).unwrap_or(u32::MAX);
+                spec.maxelem = self.hooks.limits.max_set_elements.max(listed);
+            }
             let step = async {
-                self.create_set(&s.name, s.spec, true).await?;
+                self.create_set(&s.name, spec, true).await?;
                 if !existed {
                     created.push(s.name.clone());
+                }
+                // A verdict map's listed elements may name chains this commit brings.
+                if let Some(h) = self.sets.handle(&s.name) {
+                    h.allow_verdicts(s.elements.iter().map(|(e, _)| e.verdict()));
                 }
                 self.add_listed(&s.name, &s.elements).await
             };
@@ -351,11 +378,17 @@ impl Pipeline {
                 expires_at: wall_expiry(spec.expiry(opts, now), now, wall),
             })
             .collect();
+        let replaced = match self.sets.handle(set) {
+            Some(h) => replaced_rows(&h, &spec, elements.iter().map(|(e, _)| e)),
+            None => Vec::new(),
+        };
         let prepared = self
             .sets
             .prepare_update(set, elements.iter().copied(), [], now)
             .map_err(set_error)?;
-        self.store.change_elements(set, &stored, &[], None).await?;
+        self.store
+            .change_elements(set, &stored, &replaced, None)
+            .await?;
         prepared.publish();
         Ok(())
     }
@@ -481,6 +514,9 @@ impl Pipeline {
                 }
             }
         }
+        // A map element stored with another verdict: its old row goes (the store keys
+        // elements by their text, which holds the verdict).
+        let replaced = replaced_rows(&handle, &spec, parsed.iter().map(|(_, e, _)| e));
         drop(handle);
         let stored: Vec<StoredElement> = parsed
             .iter()
@@ -493,7 +529,9 @@ impl Pipeline {
             .sets
             .prepare_update(set, parsed.iter().map(|(_, e, o)| (*e, *o)), [], now)
             .map_err(set_error)?;
-        self.store.change_elements(set, &stored, &[], etag).await?;
+        self.store
+            .change_elements(set, &stored, &replaced, etag)
+            .await?;
         prepared.publish();
         Ok(ElementsChanged {
             changed: stored.len() as u64,
@@ -535,8 +573,15 @@ impl Pipeline {
                 }
             }
         }
+        // A map element's row holds its verdict: the one it has now (`DELETE KEY` as nft).
+        let texts: Vec<String> = parsed
+            .iter()
+            .map(|(_, e, _)| {
+                let verdict = handle.verdict_of(e).unwrap_or(e.verdict());
+                e.with_verdict(verdict).display(&spec)
+            })
+            .collect();
         drop(handle);
-        let texts: Vec<String> = parsed.iter().map(|(_, e, _)| e.display(&spec)).collect();
         let prepared = self
             .sets
             .prepare_update(set, [], parsed.iter().map(|(_, e, _)| *e), now)

@@ -455,7 +455,7 @@ async fn apply_keeps_the_parse_for_the_next_check() {
     let source = SourceText {
         family: Family::Ipv4,
         text,
-        canonical: false,
+        canonical: None,
     };
     c.sources = vec![source.clone()];
     p.apply(c, "me", "m", None, None, &mut None)

@@ -240,3 +240,57 @@ async fn a_failed_digest_task_still_leaves_an_audit_record() {
     cx.join_audit().await.expect("joined");
     assert_eq!(cx.audit.map(|a| a.request_digest), Some("d".to_string()));
 }
+
+/// A call marked as running on a task of its own ([`on_own_task`], a local call's
+/// connection) runs in place: on the caller's task, its answer unchanged; any other call runs
+/// on a task spawned for it (a gRPC handler's future may be dropped by its client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_on_its_own_task_runs_in_place_and_others_on_a_spawned_task() {
+    let id = || async { Ok::<_, Status>(tokio::task::id()) };
+    let outer = tokio::spawn(async move {
+        let here = tokio::task::id();
+        let spawned = to_completion(id()).await.expect("spawned call");
+        let in_place = on_own_task(async { to_completion(id()).await })
+            .await
+            .expect("call in place");
+        (here, spawned, in_place)
+    });
+    let (here, spawned, in_place) = outer.await.expect("outer task");
+    assert_ne!(spawned, here, "a gRPC call runs on a task of its own");
+    assert_eq!(in_place, here, "a call on its own task runs there");
+    // An error is the call's own either way.
+    let refused = on_own_task(to_completion(async {
+        Err::<(), _>(Status::failed_precondition("no"))
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+}
+
+/// A handler that panics when `bug`.
+fn handler_bug(bug: bool) -> Result<(), Status> {
+    assert!(!bug, "a bug in a handler");
+    Ok(())
+}
+
+/// A call run in place that panics answers INTERNAL, as one whose spawned task panicked, and
+/// the task it ran on goes on (the next call on that connection is served).
+#[tokio::test]
+async fn a_call_in_place_that_panics_is_internal_and_the_task_goes_on() {
+    let panicked = on_own_task(to_completion(async { handler_bug(true) }))
+        .await
+        .unwrap_err();
+    assert_eq!(panicked.code(), tonic::Code::Internal);
+    assert_eq!(reason(&panicked), "INTERNAL");
+    assert!(
+        !panicked.message().contains("a bug in a handler"),
+        "the panic's text stays in the log: {}",
+        panicked.message()
+    );
+    let spawned = to_completion(async { handler_bug(true) })
+        .await
+        .unwrap_err();
+    assert_eq!(spawned.code(), tonic::Code::Internal);
+    let next = on_own_task(to_completion(async { Ok::<_, Status>(7) })).await;
+    assert_eq!(next.expect("the next call"), 7);
+}

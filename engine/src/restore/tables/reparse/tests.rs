@@ -134,7 +134,7 @@ fn agrees(old: &str, new: &str, opts: &ParseOptions<'_>) -> bool {
             );
             if let Some(p) = spliced {
                 assert_eq!(
-                    p,
+                    p.apply(old),
                     print(&tables, &PrintOptions::default()),
                     "old:\n{old}\nnew:\n{new}"
                 );
