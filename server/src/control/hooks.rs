@@ -47,6 +47,10 @@ pub trait Observer: Send + Sync + 'static {
     /// After every commit outcome (every [`Outcome`]: also refusals, failures, rollbacks,
     /// reverts and confirmations).
     fn on_commit(&self, _record: &CommitRecord) {}
+    /// Once per published commit, after the snapshots it replaced were retired (after the
+    /// reply, see `Engine::settle`): how long that waited for cores that were mid-batch, ns,
+    /// and how many cores were mid-batch at its publish.
+    fn on_retired(&self, _quiesce_ns: u64, _cores_waited: usize) {}
     /// When a ruleset's active revision changes: `Some(n)` after a commit, rollback or load,
     /// `None` when the ruleset is deactivated or deleted.
     fn on_active(&self, _ruleset: &str, _revision: Option<u64>) {}
@@ -70,6 +74,12 @@ impl Observer for Observers {
     fn on_commit(&self, record: &CommitRecord) {
         for o in &self.0 {
             o.on_commit(record);
+        }
+    }
+
+    fn on_retired(&self, quiesce_ns: u64, cores_waited: usize) {
+        for o in &self.0 {
+            o.on_retired(quiesce_ns, cores_waited);
         }
     }
 
@@ -113,6 +123,10 @@ impl Observer for MetricsObserver {
     fn on_commit(&self, record: &CommitRecord) {
         self.metrics
             .record_commit(&record.ruleset, record.outcome, &record.phases);
+    }
+
+    fn on_retired(&self, quiesce_ns: u64, cores_waited: usize) {
+        self.metrics.record_retired(quiesce_ns, cores_waited);
     }
 
     fn on_active(&self, ruleset: &str, revision: Option<u64>) {

@@ -509,13 +509,18 @@ impl Pipeline {
             prepared.set_revision(name, *number);
         }
         let engine = self.engine.clone();
-        let committed = tokio::task::spawn_blocking(move || engine.publish(prepared))
-            .await
-            .map_err(|e| Error::TaskFailed {
-                task: "load",
-                source: e,
-            })?
-            .map_err(|e| Error::Commit(e.to_string()))?;
+        // At start no packet source runs yet: the replaced (empty) snapshot retires at once.
+        let committed = tokio::task::spawn_blocking(move || {
+            let published = engine.publish(prepared);
+            drop(engine.settle());
+            published
+        })
+        .await
+        .map_err(|e| Error::TaskFailed {
+            task: "load",
+            source: e,
+        })?
+        .map_err(|e| Error::Commit(e.to_string()))?;
         drop(committed);
         for (name, (_, number, _)) in &loading {
             self.hooks.observer.on_active(name, Some(*number));

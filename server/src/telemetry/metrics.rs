@@ -347,17 +347,18 @@ impl Metrics {
             .push(instrument);
     }
 
-    /// Records one commit: each phase and `total` into `vallum_commit_duration_seconds`, the
-    /// cores waited for, and one `vallum_commits_total{ruleset, outcome}` (outcome: an
-    /// [`Outcome::label`]). For other outcomes than `committed` only the phases that ran
-    /// (non-zero) are recorded, `total` included: a refusal or a confirmation has no phases
-    /// and must not pull the latency quantiles down with zeros.
+    /// Records one commit: each phase and `total` into `vallum_commit_duration_seconds`, and
+    /// one `vallum_commits_total{ruleset, outcome}` (outcome: an [`Outcome::label`]). For other
+    /// outcomes than `committed` only the phases that ran (non-zero) are recorded, `total`
+    /// included: a refusal or a confirmation has no phases and must not pull the latency
+    /// quantiles down with zeros. The `quiesce` phase and the cores waited for are recorded
+    /// when the replaced snapshot is retired, after the reply ([`Metrics::record_retired`]).
     pub fn record_commit(&self, ruleset: &str, outcome: Outcome, phases: &Phases) {
         let i = &self.inner;
         let outcome_kv = KeyValue::new("outcome", outcome.label());
         let total = ("total", phases.total_ns);
         for (phase, ns) in phases.labelled().into_iter().chain([total]) {
-            if ns == 0 && outcome != Outcome::Committed {
+            if (ns == 0 && outcome != Outcome::Committed) || phase == "quiesce" {
                 continue;
             }
             i.commit_duration.record(
@@ -365,13 +366,26 @@ impl Metrics {
                 &[KeyValue::new("phase", phase), outcome_kv.clone()],
             );
         }
-        if outcome == Outcome::Committed {
-            i.cores_waited.record(u64::from(phases.cores_waited), &[]);
-        }
         i.commits.add(
             1,
             &[KeyValue::new("ruleset", ruleset.to_owned()), outcome_kv],
         );
+    }
+
+    /// Records the retirement of published commits' replaced snapshots (after the reply):
+    /// the wait for cores that were mid-batch as `vallum_commit_duration_seconds{phase=
+    /// "quiesce", outcome="committed"}`, the cores as `vallum_commit_quiesce_cores_waited`.
+    pub fn record_retired(&self, quiesce_ns: u64, cores_waited: usize) {
+        let i = &self.inner;
+        i.commit_duration.record(
+            ns_to_s(quiesce_ns),
+            &[
+                KeyValue::new("phase", "quiesce"),
+                KeyValue::new("outcome", Outcome::Committed.label()),
+            ],
+        );
+        i.cores_waited
+            .record(u64::try_from(cores_waited).unwrap_or(u64::MAX), &[]);
     }
 
     /// Sets `vallum_rulesets_not_loaded`: how many stored active revisions did not load.

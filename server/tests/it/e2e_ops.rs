@@ -143,7 +143,14 @@ async fn scrape_under_traffic(promtool: bool) {
     while tokio::time::Instant::now() < until {
         body = scrape(&d.metrics_addr).await;
         let s = samples(&body);
-        if sum(&s, "vallum_packet_barrier_seconds_count", &[]) > 0.0 {
+        // The quiesce phase is recorded when the replaced snapshot is retired, after the
+        // reply: wait for both commits' (the example's and the Apply's).
+        let quiesced = sum(
+            &s,
+            "vallum_commit_duration_seconds_count",
+            &[("phase", "quiesce"), ("outcome", "committed")],
+        );
+        if sum(&s, "vallum_packet_barrier_seconds_count", &[]) > 0.0 && quiesced >= 2.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -140,6 +140,8 @@ async fn every_design_metric(promtool: bool) {
         cores_waited: 1,
     };
     metrics.record_commit("web", Outcome::Committed, &phases);
+    // Its replaced snapshot retired after the reply: the quiesce phase and the cores.
+    metrics.record_retired(phases.quiesce_ns, phases.cores_waited as usize);
     metrics.record_commit(
         "web",
         Outcome::Failed,

@@ -16,8 +16,13 @@
 //!    ([`Pipeline::persist`]), then the compile joined ([`Compile::join`]);
 //! 6. kernel tables: written to the kernel; when it refuses them the store is reverted and
 //!    nothing is published ([`Pipeline::kernel_apply`]);
-//! 7. publish, quiesce, carry: the engine swaps the snapshot, waits for every core that could
-//!    hold the old one and carries the counters, on a blocking thread ([`Pipeline::publish`]);
+//! 7. publish: the engine swaps the snapshot on a blocking thread ([`Pipeline::publish`]);
+//!    every batch that begins after it, so every packet a source hands to a worker after the
+//!    reply, runs the new rules. The wait for cores that were mid-batch (quiesce), the carry
+//!    of counters that needs it and the drop of the replaced snapshot run after, on another
+//!    blocking thread ([`Pipeline::retire_later`], `Engine::settle`): a worker preempted
+//!    mid-batch on a busy host no longer holds up the reply. Counter reads and the next
+//!    publish wait for a carry still pending (the engine's module docs);
 //! 8. record: the active revision, the parse kept for the next Apply, the phase columns
 //!    (after the reply), the commit event and the metrics ([`Pipeline::record`]).
 //!
@@ -337,9 +342,10 @@ impl Pipeline {
     }
 
     /// Phase 7: publishes `prepared` (made from a model at `priority`) as revision `persisted`
-    /// of `ruleset` (swap, quiesce, carry
-    /// counters), only now that the revision is durable, numbered with the store's revision so
-    /// that the engine's answer to "which revision is active" changes with what the cores run.
+    /// of `ruleset` (the swap; quiesce, carry and the free of the replaced snapshot follow off
+    /// the caller's path, [`Pipeline::retire_later`]), only now that the revision is durable,
+    /// numbered with the store's revision so that the engine's answer to "which revision is
+    /// active" changes with what the cores run.
     ///
     /// Errors: [`Error::Commit`] when the compile or the publish failed (a publish refused as
     /// stale); [`Error::Invariant`] when the priority changed, [`Error::TaskFailed`] when the task
@@ -378,10 +384,12 @@ impl Pipeline {
                 published
             });
             published.map(|c| {
-                // Free the old snapshot off the async workers, and after the reply: no core
-                // reads it any more (publish waited for them).
+                // Earlier replaced snapshots no core reads any more: freed off the async
+                // workers, after the reply.
                 let retired = c.retired;
-                tokio::task::spawn_blocking(move || drop(retired));
+                if !retired.is_empty() {
+                    tokio::task::spawn_blocking(move || drop(retired));
+                }
                 c.report
             })
         })
@@ -390,7 +398,25 @@ impl Pipeline {
             task: "commit",
             source: e,
         })?;
-        published.map_err(|e| Error::Commit(e.to_string()))
+        let report = published.map_err(|e| Error::Commit(e.to_string()))?;
+        self.retire_later(report.cores_waited);
+        Ok(report)
+    }
+
+    /// After a publish at which `cores_waited` cores were mid-batch: retires the snapshots it
+    /// replaced on a blocking thread, off the caller's path (`Engine::settle`: waits for those
+    /// cores, finishes a pending counter carry, drops the snapshots there), and records that
+    /// wait as the commit's `quiesce` phase in the metrics
+    /// ([`crate::control::hooks::Observer::on_retired`]; 0 when the publish found no core
+    /// mid-batch and retired them itself).
+    pub(super) fn retire_later(&self, cores_waited: usize) {
+        let engine = self.engine.clone();
+        let observer = self.hooks.observer.clone();
+        tokio::task::spawn_blocking(move || {
+            let settled = engine.settle();
+            observer.on_retired(settled.quiesce_ns, cores_waited);
+            drop(settled);
+        });
     }
 
     /// Phase 8: a published commit of `ruleset` told to its readers: the active revision, the
