@@ -115,14 +115,17 @@ use crate::sets::SetRegistry;
 use crate::snapshot::{CompileError, DiffHint, LogEvent, LogRecord, SlotCounters, Snapshot, Trace};
 use crate::validate::{Severity, Violation, ViolationKind, validate, validate_after};
 
+mod outgoing;
 mod shadow;
 mod worker;
 
+pub use outgoing::Settled;
+use outgoing::{Outgoing, PendingCarry};
+use shadow::ShadowSlot;
 pub use shadow::{
     DEFAULT_SHADOW_FLOWS, MAX_SHADOW_FLOWS, SHADOW_SAMPLE_CAPACITY, ShadowConfig, ShadowEnd,
     ShadowFlow, ShadowReport, ShadowSample, VerdictPair,
 };
-use shadow::{Shadow, ShadowSlot};
 use worker::VerdictCounts;
 pub use worker::{Batch, EngineWorker, LOG_RING_CAPACITY, LogDrops};
 
@@ -259,49 +262,6 @@ pub struct Published {
     /// Earlier outgoing snapshots that no core could reach any more when this published
     /// (found without waiting): drop them off the commit path.
     pub retired: Vec<Retired<Snapshot>>,
-}
-
-/// What [`Engine::settle`] did: the outgoing snapshots it retired and what waiting for them
-/// cost.
-#[derive(Debug, Default)]
-pub struct Settled {
-    /// The snapshots retired, oldest first, unreachable by any core: drop them.
-    pub retired: Vec<Retired<Snapshot>>,
-    /// Time spent waiting for cores that were mid-batch at their publish, ns.
-    pub quiesce_ns: u64,
-    /// Time spent carrying counters (a pending carry), ns.
-    pub carry_ns: u64,
-    /// Cores that were mid-batch at the publishes of the retired snapshots (summed).
-    pub cores_waited: usize,
-    /// Counter slots carried by a pending carry this finished.
-    pub carried: usize,
-}
-
-/// A snapshot replaced by a publish and not yet retired (the engine's outgoing queue).
-struct Outgoing {
-    old: Unpublished<Snapshot>,
-    /// The carry into the snapshot that replaced `old` (the active one: only the newest
-    /// outgoing snapshot can have one) still to run once no core can write `old`.
-    carry: Option<PendingCarry>,
-}
-
-/// A carry that waits for the cores (module docs, "Publish now, retire later").
-struct PendingCarry {
-    /// Whether [`Snapshot::carry_from`] reads the old snapshot's counts (fresh cells).
-    counts: bool,
-    /// The rulesets whose model counters start ([`Prepared`]'s `start_counters`).
-    start_counters: Vec<String>,
-}
-
-impl Settled {
-    /// Adds `other`'s costs and counts (not its snapshots) to these.
-    fn absorb(&mut self, other: Settled) {
-        self.quiesce_ns += other.quiesce_ns;
-        self.carry_ns += other.carry_ns;
-        self.cores_waited += other.cores_waited;
-        self.carried += other.carried;
-        self.retired.extend(other.retired);
-    }
 }
 
 /// A validated change, not compiled yet: made by [`Engine::validate_change`] (whose verdict it
@@ -893,211 +853,6 @@ impl Engine {
             now.retired,
             ours,
         ))
-    }
-
-    /// Finishes the pending carry of the newest outgoing snapshot, if it has one: waits for
-    /// the cores that were mid-batch at its publish, then carries its counters into the active
-    /// snapshot and starts the counters its commit set. Callers hold the `outgoing` lock, so
-    /// no publish replaces the active snapshot meanwhile.
-    fn finish_carry(&self, outgoing: &mut VecDeque<Outgoing>) -> Settled {
-        let mut done = Settled::default();
-        let Some(last) = outgoing.back_mut() else {
-            return done;
-        };
-        let Some(carry) = last.carry.take() else {
-            return done;
-        };
-        let t0 = self.clock.now_ns();
-        (self.dataplane.quiescence()).wait(last.old.grace(), &self.dataplane.backoff());
-        let t1 = self.clock.now_ns();
-        let old = last.old.get();
-        // No core writes `old` any more (the wait): its totals are final. `with_active`: the
-        // snapshot that replaced `old` (only the newest outgoing snapshot has a carry).
-        done.carried = self.dataplane.with_active(|new| {
-            let carried = if carry.counts { new.carry_from(old) } else { 0 };
-            new.start_counters(&carry.start_counters);
-            carried
-        });
-        done.quiesce_ns = t1.saturating_sub(t0);
-        done.carry_ns = self.clock.now_ns().saturating_sub(t1);
-        done
-    }
-
-    /// Retires the outgoing snapshots (module docs, "Publish now, retire later"): for each,
-    /// oldest first, waits until no core that was mid-batch at its publish can still read it
-    /// (without holding the queue's lock, so publishes go on meanwhile), finishes its pending
-    /// carry and hands it back. Returns when the queue is empty; run it off the commit's path
-    /// (a blocking thread) after each publish, and drop what it returns there too.
-    pub fn settle(&self) -> Settled {
-        let mut settled = Settled::default();
-        loop {
-            let grace = {
-                let mut outgoing = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
-                self.retire_quiescent(&mut outgoing, &mut settled);
-                match outgoing.front() {
-                    None => return settled,
-                    Some(o) => o.old.grace().clone(),
-                }
-            };
-            let t = self.clock.now_ns();
-            (self.dataplane.quiescence()).wait(&grace, &self.dataplane.backoff());
-            settled.quiesce_ns += self.clock.now_ns().saturating_sub(t);
-        }
-    }
-
-    /// Retires outgoing snapshots from the front of the queue for as long as no core can reach
-    /// them any more (a look at the generations, never a wait), into `settled`; the newest one's
-    /// pending carry is finished first (its grace is over: that waits for nothing).
-    fn retire_quiescent(&self, outgoing: &mut VecDeque<Outgoing>, settled: &mut Settled) {
-        while outgoing.front().is_some_and(|o| o.old.is_quiescent()) {
-            if outgoing.len() == 1 {
-                let last = self.finish_carry(outgoing);
-                settled.absorb(last);
-            }
-            if let Some(o) = outgoing.pop_front() {
-                settled.cores_waited += o.old.cores_waited();
-                settled.retired.push(o.old.retire());
-            }
-        }
-    }
-
-    /// Runs `f` on the active snapshot once its counters are complete: an outgoing
-    /// snapshot's pending carry is finished first, and no publish happens until `f` returns.
-    fn with_counted<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
-        let mut outgoing = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
-        self.finish_carry(&mut outgoing);
-        self.dataplane.with_active(f)
-    }
-
-    /// Makes `ruleset` (numbered `revision` by the caller) the shadow of the active ruleset
-    /// of its name: validated as a commit of it would be, compiled beside the other active
-    /// rulesets into a snapshot of its own, and classified by every worker beside the active
-    /// snapshot until [`Engine::end_shadow`], the next publish, or the next `start_shadow`
-    /// (module `shadow` docs: what it sees and what it cannot change). One shadow per engine
-    /// at a time; the one it replaces comes back with its report ([`ShadowEnd::Replaced`]). Nothing changes on the
-    /// packet path but the counting; `config.max_flows` above [`MAX_SHADOW_FLOWS`] is clamped.
-    ///
-    /// Errors: as [`Engine::prepare`] of `Change::Put(ruleset)`; the shadow slot is then
-    /// unchanged.
-    pub fn start_shadow(
-        &self,
-        ruleset: Ruleset,
-        revision: u64,
-        config: ShadowConfig,
-        sets: &dyn SetRegistry,
-    ) -> Result<Option<ShadowReport>, CommitError> {
-        let name = ruleset.name.clone();
-        let validated = self.validate_change(Change::Put(ruleset), sets)?;
-        let list: Vec<Arc<Ruleset>> = validated.next.values().cloned().collect();
-        let with = WithFacts {
-            sets,
-            facts: &validated.facts,
-        };
-        // From scratch: cells of its own (its counters count only what it matched).
-        let snapshot = Snapshot::compile_with(
-            &list,
-            &with,
-            self.dataplane.cores(),
-            self.dataplane.with_active(|s| s.classifier),
-        )?;
-        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        if active.version != validated.base {
-            return Err(CommitError::Stale);
-        }
-        let sh = Arc::new(Shadow::new(
-            name,
-            revision,
-            self.clock.now_ns(),
-            snapshot,
-            config,
-        ));
-        let old = self.shadow.replace(
-            Some(sh),
-            |_| false,
-            self.dataplane.quiescence(),
-            &self.dataplane.backoff(),
-        );
-        drop(active);
-        Ok(old.map(|old| {
-            let report = self.report_of(&old, Some(ShadowEnd::Replaced));
-            self.keep_last(&report);
-            report
-        }))
-    }
-
-    /// Ends the shadow, if any, and returns its last report ([`ShadowEnd::Ended`]); no
-    /// worker classifies with it once this returns.
-    pub fn end_shadow(&self) -> Option<ShadowReport> {
-        self.end_shadow_as(ShadowEnd::Ended)
-    }
-
-    /// [`Engine::end_shadow`], the report saying `why` (the caller's timer ends a shadow as
-    /// [`ShadowEnd::Expired`]).
-    pub fn end_shadow_as(&self, why: ShadowEnd) -> Option<ShadowReport> {
-        let old = self.retire_shadow()?;
-        let report = self.report_of(&old, Some(why));
-        self.keep_last(&report);
-        Some(report)
-    }
-
-    /// The running shadow's report so far, or else the last report of the shadow that ended
-    /// last ([`ShadowReport::ended`] says why); `None` when no shadow ran. Off the packet path:
-    /// it traces each differing flow's first packet on both snapshots for its rule paths.
-    pub fn shadow_report(&self) -> Option<ShadowReport> {
-        match self.shadow.current() {
-            Some(sh) => Some(self.report_of(&sh, None)),
-            None => self
-                .shadow_last
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-        }
-    }
-
-    fn keep_last(&self, report: &ShadowReport) {
-        *self.shadow_last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
-    }
-
-    /// The running shadow's ruleset, revision and packets by verdict pair, or else those of
-    /// the last shadow that ended (its totals stay until the next one starts); cheap: no
-    /// flows, no traces; for metrics.
-    pub fn shadow_pairs(&self) -> Option<(String, u64, Vec<VerdictPair>)> {
-        match self.shadow.current() {
-            Some(sh) => Some((sh.ruleset.clone(), sh.revision, sh.pairs())),
-            None => {
-                let last = self.shadow_last.lock().unwrap_or_else(|e| e.into_inner());
-                let r = last.as_ref()?;
-                Some((r.ruleset.clone(), r.revision, r.pairs.clone()))
-            }
-        }
-    }
-
-    /// The running shadow's ruleset and revision.
-    pub fn shadow_revision(&self) -> Option<(String, u64)> {
-        let sh = self.shadow.current()?;
-        Some((sh.ruleset.clone(), sh.revision))
-    }
-
-    /// The sampled differing packets of the running shadow since the last drain
-    /// ([`ShadowConfig::sample`]), per core, oldest first; empty without a shadow.
-    pub fn drain_shadow_samples(&self) -> Vec<ShadowSample> {
-        self.shadow
-            .current()
-            .map_or_else(Vec::new, |sh| sh.drain_samples())
-    }
-
-    fn retire_shadow(&self) -> Option<Arc<Shadow>> {
-        self.shadow.replace(
-            None,
-            |_| false,
-            self.dataplane.quiescence(),
-            &self.dataplane.backoff(),
-        )
-    }
-
-    fn report_of(&self, sh: &Shadow, ended: Option<ShadowEnd>) -> ShadowReport {
-        let ct = self.conntrack.as_ref();
-        self.dataplane.with_active(|s| sh.report(s, ct, ended))
     }
 
     /// The kernel-decided expressions the active snapshot reads and their facts-field bits

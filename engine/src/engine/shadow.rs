@@ -35,10 +35,13 @@ use std::sync::{Arc, Mutex};
 use crate::conntrack::{Conntrack, Track};
 use crate::dataplane::{Backoff, Quiescence};
 use crate::eval::{StepOutcome, TraceStep};
-use crate::model::Family;
+use crate::model::{Family, Ruleset};
 use crate::packet::{Packet, PacketFacts, PacketMeta};
+use crate::sets::SetRegistry;
 use crate::snapshot::{LogHit, LogSink, SlotCounters, Snapshot, Verdict};
 use crate::sync::{AtomicPtr, Ordering as SyncOrdering};
+
+use super::{Change, CommitError, Engine, WithFacts};
 
 /// The flows a shadow keeps per core by default ([`ShadowConfig::max_flows`]).
 pub const DEFAULT_SHADOW_FLOWS: usize = 1024;
@@ -733,6 +736,139 @@ impl CtSeen {
             p.ct_mark = self.ct_mark;
             p.ct_reply = self.ct_reply;
         }
+    }
+}
+
+impl Engine {
+    /// Makes `ruleset` (numbered `revision` by the caller) the shadow of the active ruleset
+    /// of its name: validated as a commit of it would be, compiled beside the other active
+    /// rulesets into a snapshot of its own, and classified by every worker beside the active
+    /// snapshot until [`Engine::end_shadow`], the next publish, or the next `start_shadow`
+    /// (module `shadow` docs: what it sees and what it cannot change). One shadow per engine
+    /// at a time; the one it replaces comes back with its report ([`ShadowEnd::Replaced`]). Nothing changes on the
+    /// packet path but the counting; `config.max_flows` above [`MAX_SHADOW_FLOWS`] is clamped.
+    ///
+    /// Errors: as [`Engine::prepare`] of `Change::Put(ruleset)`; the shadow slot is then
+    /// unchanged.
+    pub fn start_shadow(
+        &self,
+        ruleset: Ruleset,
+        revision: u64,
+        config: ShadowConfig,
+        sets: &dyn SetRegistry,
+    ) -> Result<Option<ShadowReport>, CommitError> {
+        let name = ruleset.name.clone();
+        let validated = self.validate_change(Change::Put(ruleset), sets)?;
+        let list: Vec<Arc<Ruleset>> = validated.next.values().cloned().collect();
+        let with = WithFacts {
+            sets,
+            facts: &validated.facts,
+        };
+        // From scratch: cells of its own (its counters count only what it matched).
+        let snapshot = Snapshot::compile_with(
+            &list,
+            &with,
+            self.dataplane.cores(),
+            self.dataplane.with_active(|s| s.classifier),
+        )?;
+        let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        if active.version != validated.base {
+            return Err(CommitError::Stale);
+        }
+        let sh = Arc::new(Shadow::new(
+            name,
+            revision,
+            self.clock.now_ns(),
+            snapshot,
+            config,
+        ));
+        let old = self.shadow.replace(
+            Some(sh),
+            |_| false,
+            self.dataplane.quiescence(),
+            &self.dataplane.backoff(),
+        );
+        drop(active);
+        Ok(old.map(|old| {
+            let report = self.report_of(&old, Some(ShadowEnd::Replaced));
+            self.keep_last(&report);
+            report
+        }))
+    }
+
+    /// Ends the shadow, if any, and returns its last report ([`ShadowEnd::Ended`]); no
+    /// worker classifies with it once this returns.
+    pub fn end_shadow(&self) -> Option<ShadowReport> {
+        self.end_shadow_as(ShadowEnd::Ended)
+    }
+
+    /// [`Engine::end_shadow`], the report saying `why` (the caller's timer ends a shadow as
+    /// [`ShadowEnd::Expired`]).
+    pub fn end_shadow_as(&self, why: ShadowEnd) -> Option<ShadowReport> {
+        let old = self.retire_shadow()?;
+        let report = self.report_of(&old, Some(why));
+        self.keep_last(&report);
+        Some(report)
+    }
+
+    /// The running shadow's report so far, or else the last report of the shadow that ended
+    /// last ([`ShadowReport::ended`] says why); `None` when no shadow ran. Off the packet path:
+    /// it traces each differing flow's first packet on both snapshots for its rule paths.
+    pub fn shadow_report(&self) -> Option<ShadowReport> {
+        match self.shadow.current() {
+            Some(sh) => Some(self.report_of(&sh, None)),
+            None => self
+                .shadow_last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+
+    pub(super) fn keep_last(&self, report: &ShadowReport) {
+        *self.shadow_last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
+    }
+
+    /// The running shadow's ruleset, revision and packets by verdict pair, or else those of
+    /// the last shadow that ended (its totals stay until the next one starts); cheap: no
+    /// flows, no traces; for metrics.
+    pub fn shadow_pairs(&self) -> Option<(String, u64, Vec<VerdictPair>)> {
+        match self.shadow.current() {
+            Some(sh) => Some((sh.ruleset.clone(), sh.revision, sh.pairs())),
+            None => {
+                let last = self.shadow_last.lock().unwrap_or_else(|e| e.into_inner());
+                let r = last.as_ref()?;
+                Some((r.ruleset.clone(), r.revision, r.pairs.clone()))
+            }
+        }
+    }
+
+    /// The running shadow's ruleset and revision.
+    pub fn shadow_revision(&self) -> Option<(String, u64)> {
+        let sh = self.shadow.current()?;
+        Some((sh.ruleset.clone(), sh.revision))
+    }
+
+    /// The sampled differing packets of the running shadow since the last drain
+    /// ([`ShadowConfig::sample`]), per core, oldest first; empty without a shadow.
+    pub fn drain_shadow_samples(&self) -> Vec<ShadowSample> {
+        self.shadow
+            .current()
+            .map_or_else(Vec::new, |sh| sh.drain_samples())
+    }
+
+    pub(super) fn retire_shadow(&self) -> Option<Arc<Shadow>> {
+        self.shadow.replace(
+            None,
+            |_| false,
+            self.dataplane.quiescence(),
+            &self.dataplane.backoff(),
+        )
+    }
+
+    pub(super) fn report_of(&self, sh: &Shadow, ended: Option<ShadowEnd>) -> ShadowReport {
+        let ct = self.conntrack.as_ref();
+        self.dataplane.with_active(|s| sh.report(s, ct, ended))
     }
 }
 
