@@ -12,7 +12,7 @@
 //! | scraped name | kind | labels | fed by |
 //! |---|---|---|---|
 //! | `vallum_commit_duration_seconds` | histogram | phase, outcome | [`Metrics::record_commit`] |
-//! | `vallum_commit_quiesce_cores_waited` | histogram | | [`Metrics::record_commit`] |
+//! | `vallum_commit_quiesce_cores_waited` | histogram | | [`Metrics::record_retired`] |
 //! | `vallum_commits_total` | counter | ruleset, outcome | [`Metrics::record_commit`] |
 //! | `vallum_active_revision` | gauge | ruleset | [`Metrics::set_active_revision`] |
 //! | `vallum_rulesets_not_loaded` | gauge | | [`Metrics::set_rulesets_not_loaded`] |

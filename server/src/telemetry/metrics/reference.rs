@@ -164,6 +164,7 @@ mod tests {
         metrics.observe_store(|| (2, 1));
         metrics.observe_events(Events::start(crate::clock::Clock::system()).unwrap());
         metrics.record_commit("web", Outcome::Committed, &Phases::default());
+        metrics.record_retired(0, 0);
         metrics.set_active_revision("web", Some(1));
         metrics.set_rulesets_not_loaded(0);
         for code in [0, 13] {
