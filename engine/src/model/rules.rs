@@ -430,7 +430,7 @@ impl RuleList {
     }
 
     /// Whether some rule carries counters from its text ([`Rule::counters`]); kept per chunk as
-    /// [`RuleList::packet_reads`] is.
+    /// the bytes the rules read are.
     pub fn has_counters(&self) -> bool {
         self.chunks.iter().any(|c| c.summary().counters)
     }

@@ -17,7 +17,7 @@ pub struct LineChange {
     pub text: String,
 }
 
-/// The line changes that turn [`print()`] of `old` (default options) into [`print()`] of `new`,
+/// The line changes that turn [`super::print()`] of `old` (default options) into [`super::print()`] of `new`,
 /// in order and not overlapping, and the number of lines `old` prints as: for each table, its
 /// `*table` / `:CHAIN` head when it differs, the rules that `crate::model::diff_rules` finds
 /// changed in each chain (a shared chunk is skipped unread), a chain created or deleted. Only
