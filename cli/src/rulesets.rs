@@ -327,6 +327,31 @@ impl RulesetCommand {
     }
 }
 
+/// The `StageRevisionRequest` of `vallumctl stage` and of `vallumctl apply --shadow-for`: FILE
+/// read as [`source`] reads it, the change flags as given.
+///
+/// Errors: as [`source`].
+fn stage_request(
+    ruleset: &str,
+    file: &Path,
+    src: &SourceArgs,
+    change: &ChangeArgs,
+    priority: i32,
+    validate_only: bool,
+    allow_empty: bool,
+) -> Result<StageRevisionRequest, CliError> {
+    Ok(StageRevisionRequest {
+        ruleset: ruleset.to_owned(),
+        source: Some(source(file, src)?),
+        message: change.message.clone(),
+        priority,
+        etag: change.etag.clone().unwrap_or_default(),
+        request_id: change.request_id.clone().unwrap_or_default(),
+        validate_only,
+        allow_empty,
+    })
+}
+
 /// The `source` of a request from FILE (and `--v6 FILE`); at most one of them may be `-`.
 pub fn source(file: &Path, args: &SourceArgs) -> Result<RulesetSource, CliError> {
     if let Some(v6) = &args.v6 {
@@ -454,16 +479,15 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             allow_empty,
         } => {
             let r = c
-                .stage_revision(StageRevisionRequest {
-                    ruleset: ruleset.clone(),
-                    source: Some(source(file, src)?),
-                    message: change.message.clone(),
-                    priority: *priority,
-                    etag: change.etag.clone().unwrap_or_default(),
-                    request_id: change.request_id.clone().unwrap_or_default(),
-                    validate_only: *validate_only,
-                    allow_empty: *allow_empty,
-                })
+                .stage_revision(stage_request(
+                    ruleset,
+                    file,
+                    src,
+                    change,
+                    *priority,
+                    *validate_only,
+                    *allow_empty,
+                )?)
                 .await
                 .map_err(with_file(file))?
                 .into_inner();
@@ -578,16 +602,15 @@ pub async fn run(c: &mut Client, out: Output, cmd: &RulesetCommand) -> Result<()
             max_changed_flows,
         } => {
             let staged = c
-                .stage_revision(StageRevisionRequest {
-                    ruleset: ruleset.clone(),
-                    source: Some(source(file, src)?),
-                    message: change.message.clone(),
-                    priority: *priority,
-                    etag: change.etag.clone().unwrap_or_default(),
-                    request_id: change.request_id.clone().unwrap_or_default(),
-                    validate_only: false,
-                    allow_empty: *allow_empty,
-                })
+                .stage_revision(stage_request(
+                    ruleset,
+                    file,
+                    src,
+                    change,
+                    *priority,
+                    false,
+                    *allow_empty,
+                )?)
                 .await
                 .map_err(with_file(file))?
                 .into_inner();
