@@ -6,18 +6,17 @@
 //! `cargo test -p vallum-engine --test it -- retire::`.
 
 use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-use vallum_engine::dataplane::BarrierStrategy;
-use vallum_engine::engine::{Change, Engine, EngineConfig};
+use vallum_engine::engine::{Change, Engine};
 use vallum_engine::model::{Family, Hook};
 use vallum_engine::packet::PacketMeta;
 use vallum_engine::restore::{ParseOptions, parse_ruleset};
 use vallum_engine::sets::NoSets;
 use vallum_engine::snapshot::{Snapshot, Verdict};
 
-use crate::support::seeded::ZeroClock;
+use crate::support::seeded;
 
 /// Rules replaced by every commit (each takes a new counter slot), so the shared cells run
 /// out of slots every ten commits or so and a snapshot gets fresh ones.
@@ -84,14 +83,7 @@ impl Drop for StopOnDrop<'_> {
 #[test]
 fn counters_are_exact_across_back_to_back_commits_under_traffic() {
     let cores = 2;
-    let engine = Engine::new(
-        EngineConfig {
-            cores,
-            barrier: BarrierStrategy::SeqCst,
-            conntrack: None,
-        },
-        Arc::new(ZeroClock),
-    );
+    let engine = seeded::engine(cores);
     let opts = ParseOptions::default();
     let parse = |k: usize| parse_ruleset("host", &text(k), &opts).unwrap();
     drop(engine.commit(Change::Put(parse(0)), &NoSets).unwrap());
@@ -185,14 +177,7 @@ fn ports_upto(k: usize) -> String {
 #[test]
 fn every_batch_that_begins_after_publish_returns_runs_the_new_rules() {
     let cores = 2;
-    let engine = Engine::new(
-        EngineConfig {
-            cores,
-            barrier: BarrierStrategy::SeqCst,
-            conntrack: None,
-        },
-        Arc::new(ZeroClock),
-    );
+    let engine = seeded::engine(cores);
     let opts = ParseOptions::default();
     let parse = |k: usize| parse_ruleset("host", &ports_upto(k), &opts).unwrap();
     drop(engine.commit(Change::Put(parse(0)), &NoSets).unwrap());

@@ -3,7 +3,11 @@
 //! own crate); not every file uses every item.
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
 use vallum_engine::Clock;
+use vallum_engine::dataplane::BarrierStrategy;
+use vallum_engine::engine::{Engine, EngineConfig};
 
 /// A clock that always reads 0 ns: the tests send no time-dependent traffic.
 pub struct ZeroClock;
@@ -12,6 +16,18 @@ impl Clock for ZeroClock {
     fn now_ns(&self) -> u64 {
         0
     }
+}
+
+/// An engine of `cores` cores on [`ZeroClock`], with the SeqCst barrier and no conntrack.
+pub fn engine(cores: usize) -> Engine {
+    Engine::new(
+        EngineConfig {
+            cores,
+            barrier: BarrierStrategy::SeqCst,
+            conntrack: None,
+        },
+        Arc::new(ZeroClock),
+    )
 }
 
 /// splitmix64: a small deterministic generator, enough to spread rules and headers.
