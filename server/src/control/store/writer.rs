@@ -109,13 +109,7 @@ impl Readers {
         F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
     {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        on_blocking(self.conns.clone(), start, move |conn| {
-            let tx = conn.transaction()?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
-        })
-        .await
+        on_blocking(self.conns.clone(), start, move |conn| in_read_tx(conn, f)).await
     }
 
     /// [`Readers::run`] on the calling thread when a reader connection is free, else as
@@ -132,13 +126,20 @@ impl Readers {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let n = self.conns.len();
         let mut conn = (0..n).find_map(|i| self.conns[(start + i) % n].try_lock().ok())?;
-        Some((|| {
-            let tx = conn.transaction()?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
-        })())
+        Some(in_read_tx(&mut conn, f))
     }
+}
+
+/// `f` in one read transaction of `conn` (one snapshot of the database), the transaction
+/// ended when `f` returns Ok. Errors: those of `f`, [`Error::Store`].
+fn in_read_tx<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Transaction<'_>) -> Result<T>,
+) -> Result<T> {
+    let tx = conn.transaction()?;
+    let out = f(&tx)?;
+    tx.commit()?;
+    Ok(out)
 }
 
 /// The writer connection and its group flusher (cheap to clone: shared).
